@@ -1,0 +1,122 @@
+"""Streaming cost of the output parser: is `OutputParser.feed` O(len(chunk))? (protocol.md P-STREAM-5)
+
+Feeds a composed 200,000-character turn (reasoning, a tool call whose string value is a long source file,
+then a long answer) in 4-character chunks and prints:
+
+- the mean time per chunk over the first and the last 10% of chunks, and their ratio (a parser that
+  re-scans what it has already seen gets slower as the turn grows; target ratio < 1.5);
+- the overall throughput in MB/s of decoded text (target > 5 MB/s).
+
+Run: python bench/protocol_stream.py [--chars N] [--chunk N] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from glimmer.protocol import OutputParser, ParsedOutput, parse_output
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "files.write",
+            "description": "Write a file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            },
+        },
+    }
+]
+
+_PROSE = (
+    "The user wants the report rewritten so that totals are computed per region; first check which "
+    "columns exist, then decide whether the fiscal year starts in April or in January. "
+)
+_CODE = (
+    "def total(rows: list[dict]) -> float:\n"
+    "    # sum amounts where 0 < amount < limit and region != 'test'\n"
+    "    return sum(r['amount'] for r in rows if 0 < r['amount'] < LIMIT)\n\n"
+)
+_ANSWER = "Totals are now grouped by region, and the fiscal year starts in April as the ledger shows. "
+
+
+def composed_turn(total_chars: int) -> str:
+    """A realistic turn of about `total_chars` characters: reasoning, one tool call, an answer."""
+    share = total_chars // 3
+    reasoning = (_PROSE * (share // len(_PROSE) + 1))[:share]
+    code = (_CODE * (share // len(_CODE) + 1))[:share]
+    answer = (_ANSWER * (share // len(_ANSWER) + 1))[:share]
+    return (
+        f" to=self<|message|>{reasoning}<|eom|>"
+        "<|start|>assistant to=files.write<|message|><atem:function_calls>\n"
+        '<atem:invoke name="files.write">\n'
+        '<atem:parameter name="path">report.py</atem:parameter>\n'
+        f'<atem:parameter name="content">{code}</atem:parameter>\n'
+        "</atem:invoke>\n</atem:function_calls><|eom|>"
+        f"<|start|>assistant to=user<|message|>{answer}<|eot|>"
+    )
+
+
+def timed_feed(text: str, chunk_chars: int) -> tuple[list[float], ParsedOutput]:
+    parser = OutputParser(TOOLS)
+    chunks = [text[start:start + chunk_chars] for start in range(0, len(text), chunk_chars)]
+    durations = []
+    deltas = []
+    clock = time.perf_counter
+    for chunk in chunks:
+        started = clock()
+        delta = parser.feed(chunk)
+        durations.append(clock() - started)
+        deltas.append(delta)
+    deltas.append(parser.finish())
+    return durations, ParsedOutput.from_deltas(deltas)
+
+
+def throughput_seconds(text: str, chunk_chars: int) -> float:
+    chunks = [text[start:start + chunk_chars] for start in range(0, len(text), chunk_chars)]
+    parser = OutputParser(TOOLS)
+    feed = parser.feed
+    started = time.perf_counter()
+    for chunk in chunks:
+        feed(chunk)
+    parser.finish()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    arguments.add_argument("--chars", type=int, default=200_000)
+    arguments.add_argument("--chunk", type=int, default=4)
+    arguments.add_argument("--repeat", type=int, default=5)
+    options = arguments.parse_args()
+
+    text = composed_turn(options.chars)
+    one_shot = parse_output(text, TOOLS)
+    durations, streamed = timed_feed(text, options.chunk)
+    same = (
+        streamed.reasoning == one_shot.reasoning
+        and streamed.content == one_shot.content
+        and [(call.name, call.arguments) for call in streamed.tool_calls]
+        == [(call.name, call.arguments) for call in one_shot.tool_calls]
+    )
+    assert same, "streaming and one-shot results differ"
+    assert json.loads(streamed.tool_calls[0].arguments)["content"].startswith("def total")
+
+    tenth = max(1, len(durations) // 10)
+    first = sum(durations[:tenth]) / tenth
+    last = sum(durations[-tenth:]) / tenth
+    best = min(throughput_seconds(text, options.chunk) for _ in range(options.repeat))
+    print(f"turn: {len(text):,} characters in {len(durations):,} chunks of {options.chunk}")
+    print(f"per-chunk time, first 10%: {first * 1e6:.3f} us")
+    print(f"per-chunk time, last 10%:  {last * 1e6:.3f} us")
+    print(f"ratio last/first: {last / first:.2f} (target < 1.5)")
+    print(f"throughput: {len(text.encode('utf-8')) / best / 1e6:.2f} MB/s "
+          f"(best of {options.repeat}; target > 5 MB/s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Glimmer: an exact, fast inference engine and OpenAI-compatible server for Meta's Muse Glimmer models.
+
+`from glimmer import LLM, SamplingParams` gives the Python API. The names are resolved lazily so that
+`glimmer.protocol` (pure text, no torch) can be imported on its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LLM": "glimmer.engine.llm",
+    "SamplingParams": "glimmer.engine.sampling_params",
+    "RequestOutput": "glimmer.engine.outputs",
+    "CompletionOutput": "glimmer.engine.outputs",
+    "ChatOutput": "glimmer.engine.llm",
+}
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ChatOutput", "__version__"]
+
+if TYPE_CHECKING:
+    from glimmer.engine.llm import LLM, ChatOutput
+    from glimmer.engine.outputs import CompletionOutput, RequestOutput
+    from glimmer.engine.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'glimmer' has no attribute {name!r}")

@@ -1,0 +1,116 @@
+"""Finding the chat template a checkpoint should be rendered with (P-TMPL-1).
+
+Glimmer never invents a prompt format (P-TMPL-4): the template comes from the operator or from the
+checkpoint. Search order: the operator's `--chat-template FILE`, then `chat_template.jinja`, then the
+`chat_template` field of `tokenizer_config.json` (a string, or a list of named templates from which
+`default` is taken). GGUF metadata (`tokenizer.chat_template`) would come last; GGUF checkpoints are not
+supported yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from glimmer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+OVERRIDE_OPTION = "--chat-template FILE"
+
+
+@dataclass(frozen=True)
+class ChatTemplateSource:
+    """A chat template and where it came from. `sha256` is of the UTF-8 text (for a file: its bytes)."""
+
+    text: str
+    origin: str
+    sha256: str
+
+
+def find_chat_template(
+    checkpoint_dir: str | os.PathLike[str], override: str | os.PathLike[str] | None = None
+) -> ChatTemplateSource:
+    """The template to render with, by the P-TMPL-1 order. Logs its origin and sha256.
+
+    Raises CheckpointError when the override file cannot be read, when a template found is empty or
+    unreadable, or when no template exists anywhere searched.
+    """
+    directory = Path(checkpoint_dir)
+    if override is not None:
+        override_file = Path(override)
+        source = _source(_read_template_file(override_file), f"--chat-template {override_file}")
+    else:
+        source = _from_checkpoint(directory)
+    logger.info("chat template from %s (sha256 %s)", source.origin, source.sha256)
+    return source
+
+
+def _from_checkpoint(directory: Path) -> ChatTemplateSource:
+    jinja_file = directory / CHAT_TEMPLATE_FILE
+    if jinja_file.is_file():
+        return _source(_read_template_file(jinja_file), str(jinja_file))
+    config_file = directory / TOKENIZER_CONFIG_FILE
+    if config_file.is_file():
+        source = _from_tokenizer_config(config_file)
+        if source is not None:
+            return source
+    raise CheckpointError(
+        f"no chat template found; searched {jinja_file}, the 'chat_template' field of {config_file}, "
+        f"and GGUF metadata (not supported yet). Pass the model's template with {OVERRIDE_OPTION}"
+    )
+
+
+def _read_template_file(path: Path) -> str:
+    try:
+        # bytes, not read_text: newline translation would change the text and its sha256
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"chat template file {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"chat template file {path} is not readable UTF-8 text: {exc}") from exc
+    return text
+
+
+def _from_tokenizer_config(config_file: Path) -> ChatTemplateSource | None:
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{config_file} is not readable JSON: {exc}") from exc
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if template is None:
+        return None
+    if isinstance(template, str):
+        return _source(template, f"{config_file} (chat_template)")
+    if isinstance(template, list):
+        named = {
+            entry.get("name"): entry.get("template")
+            for entry in template
+            if isinstance(entry, dict) and isinstance(entry.get("template"), str)
+        }
+        if "default" not in named:
+            raise CheckpointError(
+                f"{config_file}: chat_template lists templates {sorted(map(str, named))} but none named "
+                f"'default'; pass the one to use with {OVERRIDE_OPTION}"
+            )
+        return _source(named["default"], f"{config_file} (chat_template 'default')")
+    raise CheckpointError(
+        f"{config_file}: chat_template is a {type(template).__name__}; expected a string or a list of "
+        "{name, template} objects"
+    )
+
+
+def _source(text: str, origin: str) -> ChatTemplateSource:
+    if not text.strip():
+        raise CheckpointError(
+            f"the chat template from {origin} is empty; pass the model's template with {OVERRIDE_OPTION}"
+        )
+    return ChatTemplateSource(
+        text=text, origin=origin, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest()
+    )

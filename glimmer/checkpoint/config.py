@@ -1,0 +1,288 @@
+"""The validated, layout-independent model configuration.
+
+Every checkpoint layout is normalized (see `config_layouts.py`) into these dataclasses before anything
+else sees it. They have no defaults: the normalizer must state every architecture field, so a field can
+never be silently defaulted by accident. Each dataclass validates itself in `__post_init__` and raises
+`ConfigError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from glimmer.errors import ConfigError
+
+SUPPORTED_TEXT_ACTIVATIONS = ("silu",)
+SUPPORTED_VISION_ACTIVATIONS = ("gelu",)
+TEXT_LAYER_TYPES = ("full_attention", "sliding_attention")
+VISION_LAYER_TYPES = ("full_attention", "window_attention")
+
+
+def reference_text_layer_types(num_layers: int) -> tuple[str, ...]:
+    """Full attention on every 4th layer counted backward from the last — architecture.md §1.1."""
+    return tuple(
+        "full_attention" if (num_layers - 1 - i) % 4 == 0 else "sliding_attention" for i in range(num_layers)
+    )
+
+
+def reference_rope_layers(num_layers: int) -> tuple[bool, ...]:
+    """RoPE everywhere except every 4th layer counted backward from the last (NoPE) — §1.1."""
+    return tuple((num_layers - 1 - i) % 4 != 0 for i in range(num_layers))
+
+
+def reference_vision_layer_types(num_layers: int) -> tuple[str, ...]:
+    """Full attention on layers 3, 7, 11, … and always on the last one — architecture.md §1.2."""
+    return tuple(
+        "full_attention" if (i + 1) % 4 == 0 or i == num_layers - 1 else "window_attention"
+        for i in range(num_layers)
+    )
+
+
+def _require_positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive integer")
+
+
+def _require_positive_float(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive finite number")
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """The text decoder (architecture.md §1.1, §2)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_activation: str
+    rms_norm_eps: float
+    # post-attention and post-FFN norms use this eps (1e-8 in the release), not rms_norm_eps — §2.1
+    post_norm_eps: float
+    rope_theta: float
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    # rope_layers[i] is False on NoPE layers (the reference's layer_rope_theta[i] == 0) — §2.5
+    rope_layers: tuple[bool, ...]
+    # the folded multiplier applied to q after QK-norm (3.87), on top of 1/sqrt(head_dim) — §15.1
+    qk_scale_factor: float
+    output_multiplier: float
+    final_logit_softcapping: float
+    attention_bias: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    bos_token_id: int | None
+    eos_token_id: tuple[int, ...]
+    pad_token_id: int | None
+
+    def __post_init__(self) -> None:
+        owner = "text_config"
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "sliding_window",
+            "max_position_embeddings",
+        ):
+            _require_positive_int(owner, name, getattr(self, name))
+        for name in (
+            "rms_norm_eps",
+            "post_norm_eps",
+            "rope_theta",
+            "qk_scale_factor",
+            "output_multiplier",
+            "final_logit_softcapping",
+        ):
+            _require_positive_float(owner, name, getattr(self, name))
+        if self.hidden_activation not in SUPPORTED_TEXT_ACTIVATIONS:
+            raise ConfigError(
+                f"{owner}.hidden_activation={self.hidden_activation!r} is not supported; "
+                f"Muse Glimmer uses {SUPPORTED_TEXT_ACTIVATIONS[0]!r}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"{owner}.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}; grouped-query attention needs whole groups"
+            )
+        if self.hidden_size % self.num_attention_heads:
+            # the reference's validate_architecture refuses this too (§1.1)
+            raise ConfigError(
+                f"{owner}.hidden_size={self.hidden_size} is not a multiple of "
+                f"num_attention_heads={self.num_attention_heads}; the reference refuses this config"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"{owner}.head_dim={self.head_dim} is odd; rotary embeddings need an even head_dim")
+        n = self.num_hidden_layers
+        if len(self.layer_types) != n:
+            raise ConfigError(
+                f"{owner}.layer_types has {len(self.layer_types)} entries but num_hidden_layers={n}; "
+                "give one entry per layer or remove it to derive the reference pattern"
+            )
+        bad = sorted({t for t in self.layer_types if t not in TEXT_LAYER_TYPES})
+        if bad:
+            raise ConfigError(f"{owner}.layer_types contains {bad}; allowed values are {list(TEXT_LAYER_TYPES)}")
+        if len(self.rope_layers) != n:
+            raise ConfigError(
+                f"{owner}: the NoPE pattern has {len(self.rope_layers)} entries but num_hidden_layers={n}"
+            )
+        mismatched = [
+            i
+            for i, (kind, rope) in enumerate(zip(self.layer_types, self.rope_layers, strict=True))
+            if (kind == "full_attention") == rope
+        ]
+        if mismatched:
+            raise ConfigError(
+                f"{owner}.layer_types is inconsistent with the NoPE pattern at layers {mismatched}: Muse Glimmer "
+                "uses full attention exactly on its NoPE layers and sliding-window attention on its RoPE layers; "
+                "fix layer_types or the NoPE flags (layer_rope_theta / no_rope_layers)"
+            )
+        if not self.eos_token_id:
+            raise ConfigError(f"{owner}.eos_token_id is empty; set the end-of-text token id")
+        for name in ("bos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a token id or null")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+    @property
+    def sliding_attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "sliding_attention")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """The vision tower (architecture.md §1.2, §4)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    patch_size: int
+    patch_temporal: int
+    merge_size: int
+    # the learned position grid is square in every released checkpoint; the reference assumes it (§1.2)
+    pos_emb_size: int
+    rope_theta: float
+    layer_norm_eps: float
+    hidden_act: str
+    layer_types: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        owner = "vision_config"
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "patch_size",
+            "patch_temporal",
+            "merge_size",
+            "pos_emb_size",
+        ):
+            _require_positive_int(owner, name, getattr(self, name))
+        for name in ("rope_theta", "layer_norm_eps"):
+            _require_positive_float(owner, name, getattr(self, name))
+        if self.hidden_act not in SUPPORTED_VISION_ACTIVATIONS:
+            raise ConfigError(
+                f"{owner}.hidden_act={self.hidden_act!r} is not supported; Muse Glimmer's vision tower uses 'gelu'"
+            )
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"{owner}.hidden_size={self.hidden_size} is not a multiple of "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.head_dim % 4:
+            raise ConfigError(
+                f"{owner}: head_dim={self.head_dim} (hidden_size / num_attention_heads) must be a multiple of 4 "
+                "for the 2-D axial rotary embedding"
+            )
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"{owner}.layer_types has {len(self.layer_types)} entries but "
+                f"num_hidden_layers={self.num_hidden_layers}"
+            )
+        bad = sorted({t for t in self.layer_types if t not in VISION_LAYER_TYPES})
+        if bad:
+            raise ConfigError(f"{owner}.layer_types contains {bad}; allowed values are {list(VISION_LAYER_TYPES)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened (t, c, py, px) patch row."""
+        return self.patch_temporal * 3 * self.patch_size**2
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A whole Muse Glimmer checkpoint: the text decoder and, when present, the vision path."""
+
+    text: TextConfig
+    vision: VisionConfig | None
+    image_token_id: int | None
+    video_token_id: int | None
+    out_hidden_size: int | None
+    projector_hidden_size: int | None
+    projector_hidden_act: str | None
+    # how config.json was laid out, and what the normalizer had to say about it
+    config_layout: str = field(default="canonical", compare=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.vision is None:
+            stray = [
+                name
+                for name in ("image_token_id", "video_token_id", "out_hidden_size", "projector_hidden_size",
+                             "projector_hidden_act")
+                if getattr(self, name) is not None
+            ]
+            if stray:
+                raise ConfigError(f"{', '.join(stray)} set on a config without a vision tower; leave them None")
+            return
+        for name in ("image_token_id", "video_token_id", "out_hidden_size", "projector_hidden_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name}={value!r} is invalid; a checkpoint with a vision tower needs it")
+        merged = self.vision.hidden_size * self.vision.merge_size**2
+        if self.out_hidden_size != merged:
+            raise ConfigError(
+                f"out_hidden_size={self.out_hidden_size} does not match the merged vision width "
+                f"vision_config.hidden_size × merge_size² = {merged}; the adapter weights cannot be formed"
+            )
+        if self.projector_hidden_act not in SUPPORTED_VISION_ACTIVATIONS:
+            raise ConfigError(
+                f"projector_hidden_act={self.projector_hidden_act!r} is not supported; expected 'gelu'"
+            )
+
+    @property
+    def has_vision(self) -> bool:
+        return self.vision is not None
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly view for `glimmer inspect`."""
+        out = asdict(self)
+        out.pop("warnings")
+        return out

@@ -1,0 +1,177 @@
+"""Generation defaults of a checkpoint: stop ids, bos/pad, and sampling defaults from generation_config.json.
+
+Stop ids follow P-TOK-2. The release's generation_config.json lists `eos_token_id: [<|end_of_text|>,
+<|eot|>]`; checkpoints converted by other tools often keep only the model config's single eos, under
+which a chat turn would never stop at `<|eot|>`, so a lone configured id is completed with `<|eot|>`.
+Ids are resolved through the tokenizer, never hard-coded (P-TOK-1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glimmer.checkpoint.config import TextConfig
+from glimmer.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+GENERATION_CONFIG_FILE = "generation_config.json"
+EOT_TOKEN = "<|eot|>"
+EOM_TOKEN = "<|eom|>"
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What a checkpoint says about generating from it. Sampling fields are None when not configured."""
+
+    stop_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int | None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    do_sample: bool | None = None
+    max_new_tokens: int | None = None
+    max_length: int | None = None
+
+
+def load_generation_defaults(
+    checkpoint_dir: str | os.PathLike[str],
+    text_config: TextConfig,
+    token_to_id: Callable[[str], int | None],
+) -> GenerationDefaults:
+    """Read `generation_config.json` (optional) and resolve the stop ids (P-TOK-2).
+
+    Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, or no
+    stop id remains.
+    """
+    path = Path(checkpoint_dir) / GENERATION_CONFIG_FILE
+    config = _read_generation_config(path)
+    fields = _Fields(config, path)
+
+    configured_eos = fields.token_ids("eos_token_id")
+    if configured_eos is None:
+        configured_eos = text_config.eos_token_id
+        origin = "config.json eos_token_id"
+    else:
+        origin = f"{path} eos_token_id"
+    stop_ids = _stop_token_ids(configured_eos, origin, token_to_id)
+    out_of_range = [i for i in stop_ids if i >= text_config.vocab_size]
+    if out_of_range:
+        raise ConfigError(
+            f"{origin}: stop ids {out_of_range} are outside the model's vocabulary "
+            f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match"
+        )
+
+    bos = fields.token_ids("bos_token_id", single=True)
+    pad = fields.token_ids("pad_token_id", single=True)
+    return GenerationDefaults(
+        stop_token_ids=stop_ids,
+        bos_token_id=bos[0] if bos is not None else text_config.bos_token_id,
+        pad_token_id=pad[0] if pad is not None else text_config.pad_token_id,
+        temperature=fields.number("temperature", minimum=0.0),
+        top_p=fields.number("top_p", minimum=0.0, maximum=1.0),
+        top_k=fields.integer("top_k", minimum=0),
+        do_sample=fields.boolean("do_sample"),
+        max_new_tokens=fields.integer("max_new_tokens", minimum=1),
+        max_length=fields.integer("max_length", minimum=1),
+    )
+
+
+def _stop_token_ids(
+    configured: tuple[int, ...], origin: str, token_to_id: Callable[[str], int | None]
+) -> tuple[int, ...]:
+    stop_ids = tuple(dict.fromkeys(configured))
+    eom_id = token_to_id(EOM_TOKEN)
+    if eom_id is not None and eom_id in stop_ids:
+        # <|eom|> ends a message but not the turn: the reasoning message and every non-final tool call
+        # end with it, and the model goes on with the next message. Stopping there would end every turn
+        # right after its reasoning (P-TOK-2, architecture.md §5.5).
+        logger.warning(
+            "%s lists %s (id %d) as a stop token; ignoring it, since the turn continues after it",
+            origin,
+            EOM_TOKEN,
+            eom_id,
+        )
+        stop_ids = tuple(i for i in stop_ids if i != eom_id)
+    if len(stop_ids) <= 1:
+        eot_id = token_to_id(EOT_TOKEN)
+        if eot_id is None:
+            logger.warning("the tokenizer has no %s; turns stop only at %s", EOT_TOKEN, origin)
+        elif eot_id not in stop_ids:
+            stop_ids = (*stop_ids, eot_id)
+    if not stop_ids:
+        raise ConfigError(
+            f"{origin} leaves no stop token; set eos_token_id to the end-of-text and {EOT_TOKEN} ids"
+        )
+    return stop_ids
+
+
+def _read_generation_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        logger.info("%s not found; stop ids come from config.json", path)
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object, not {type(config).__name__}")
+    return config
+
+
+class _Fields:
+    """Typed access to generation_config.json fields; a null or absent field reads as None."""
+
+    def __init__(self, config: dict[str, Any], path: Path):
+        self._config = config
+        self._path = path
+
+    def _invalid(self, name: str, expected: str) -> ConfigError:
+        return ConfigError(f"{self._path}: {name}={self._config[name]!r} is invalid; expected {expected}")
+
+    def token_ids(self, name: str, single: bool = False) -> tuple[int, ...] | None:
+        value = self._config.get(name)
+        if value is None:
+            return None
+        ids = value if isinstance(value, list) and not single else [value]
+        if not ids or not all(_is_int(i) and i >= 0 for i in ids):
+            raise self._invalid(
+                name, "a token id" if single else "a token id or a non-empty list of token ids"
+            )
+        return tuple(ids)
+
+    def number(self, name: str, minimum: float, maximum: float = math.inf) -> float | None:
+        value = self._config.get(name)
+        if value is None:
+            return None
+        if not (_is_int(value) or isinstance(value, float)) or not minimum <= value <= maximum:
+            raise self._invalid(name, f"a number in [{minimum}, {maximum}]")
+        return float(value)
+
+    def integer(self, name: str, minimum: int) -> int | None:
+        value = self._config.get(name)
+        if value is None:
+            return None
+        if not _is_int(value) or value < minimum:
+            raise self._invalid(name, f"an integer ≥ {minimum}")
+        return value
+
+    def boolean(self, name: str) -> bool | None:
+        value = self._config.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise self._invalid(name, "true or false")
+        return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,43 @@
+"""Turn what a user typed as the model (a directory or a Hugging Face Hub id) into a local directory."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from glimmer.errors import CheckpointError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+
+
+def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None) -> Path:
+    """A local checkpoint directory for `model`.
+
+    A path that exists is used as it is. Otherwise a Hub id (`owner/name`) is downloaded (or found in the
+    local Hugging Face cache). Raises CheckpointError saying what was tried and how to fix it.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"model path {path} is a file; pass the checkpoint directory that holds config.json")
+    text = str(model)
+    if not _HUB_ID.match(text):
+        raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id (owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
+        raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
+    try:
+        return Path(snapshot_download(text, revision=revision, allow_patterns=_HUB_FILES))
+    except LocalEntryNotFoundError as exc:
+        raise CheckpointError(
+            f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "
+            "(offline, or HF_HUB_OFFLINE is set, and it is not in the local cache); download it first, "
+            "e.g. `huggingface-cli download " + text + "`, and pass the directory"
+        ) from exc
+    except Exception as exc:  # network, auth, missing repo: the hub client raises many types
+        raise CheckpointError(f"could not download {text!r} from the Hugging Face Hub: {exc}") from exc

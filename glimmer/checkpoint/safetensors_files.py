@@ -1,0 +1,111 @@
+"""Lazy, memory-mapped access to a checkpoint's safetensors files, single or sharded.
+
+Only headers are read up front (names, shapes, dtypes). Tensors are read one at a time when the loader
+asks for them, so peak memory while loading stays near the size of the model being filled. Every lookup
+goes through the index's `weight_map` when there is one: published checkpoints put tensors that belong
+together into different shards (architecture.md §15.2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from glimmer.errors import CheckpointError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    file: Path
+
+
+class SafetensorsCheckpoint:
+    """The tensors of one checkpoint directory, by name."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.tensors: dict[str, TensorInfo] = {}
+        for file, names in self._files_and_names().items():
+            try:
+                with safe_open(file, framework="pt") as handle:
+                    present = set(handle.keys())
+                    for name in names if names is not None else sorted(present):
+                        if name not in present:
+                            raise CheckpointError(
+                                f"{self.directory / INDEX_FILE} maps {name!r} to {file.name}, "
+                                "but that shard does not contain it; the index and the shards disagree"
+                            )
+                        sliced = handle.get_slice(name)
+                        self._add(TensorInfo(name, tuple(sliced.get_shape()), sliced.get_dtype(), file))
+            except CheckpointError:
+                raise
+            except Exception as exc:  # safetensors raises several unrelated types for a damaged file
+                raise CheckpointError(f"cannot read safetensors file {file}: {exc}") from exc
+
+    def _add(self, info: TensorInfo) -> None:
+        if info.name in self.tensors:
+            raise CheckpointError(
+                f"tensor {info.name!r} appears in both {self.tensors[info.name].file.name} and {info.file.name}"
+            )
+        self.tensors[info.name] = info
+
+    def _files_and_names(self) -> dict[Path, list[str] | None]:
+        """Shard path → the names the index assigns to it (None: every tensor in the file)."""
+        index_path = self.directory / INDEX_FILE
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
+            by_file: dict[Path, list[str]] = {}
+            for name, shard in weight_map.items():
+                path = self.directory / shard
+                if not path.is_file():
+                    raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
+                by_file.setdefault(path, []).append(name)
+            return dict(by_file)
+        if (self.directory / SINGLE_FILE).is_file():
+            return {self.directory / SINGLE_FILE: None}
+        files = sorted(self.directory.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(
+                f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
+                "or *.safetensors files"
+            )
+        return dict.fromkeys(files)
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def read(self, name: str) -> torch.Tensor:
+        """Read one tensor from its shard (memory-mapped; the returned tensor owns a copy)."""
+        info = self.tensors[name]
+        with safe_open(info.file, framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    def read_many(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Read several tensors, opening each shard once."""
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.tensors[name].file, []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for file, file_names in by_file.items():
+            with safe_open(file, framework="pt") as handle:
+                for name in file_names:
+                    out[name] = handle.get_tensor(name)
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.stat().st_size for f in {t.file for t in self.tensors.values()})

@@ -1,0 +1,164 @@
+"""Strict weight loading: plan every canonical parameter's source, check all of it, then fill the model.
+
+The model is built on the meta device, so nothing is allocated until the plan has been checked; then
+it is materialized on the target device and filled one source tensor at a time from memory-mapped
+shards, keeping peak host memory near one tensor above the model itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from glimmer.checkpoint.config import ModelConfig
+from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
+from glimmer.checkpoint.weight_layouts import (
+    SourceSlice,
+    interleaved_to_rotate_half,
+    locate,
+)
+from glimmer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+_FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
+_VISION_PREFIXES = ("model.vision_tower.", "model.vision_adapter.", "model.vision_projection.")
+_TIED_LM_HEAD = "lm_head.weight"
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    layout: str
+    slices: dict[str, SourceSlice]
+    unexpected: tuple[str, ...]
+
+
+def expected_parameters(model: nn.Module, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical name → shape of every tensor the checkpoint must provide."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if config.text.tie_word_embeddings:
+        expected.pop(_TIED_LM_HEAD, None)
+    return expected
+
+
+def drop_vision_if_absent(config: ModelConfig, files: SafetensorsCheckpoint, layout: str) -> ModelConfig:
+    """A checkpoint whose config describes a vision tower but that ships no vision tensors is text-only."""
+    if config.vision is None:
+        return config
+    probe = locate(layout, "model.vision_projection.weight", config)
+    vision_sources = {probe.source} if probe else set()
+    present = [n for n in files.names() if n in vision_sources or n.startswith(("vision_", "model.vision_"))]
+    if present:
+        return config
+    warning = "config.json describes a vision tower but the checkpoint has no vision weights; loading text-only"
+    logger.warning(warning)
+    return dataclasses.replace(
+        config,
+        vision=None,
+        image_token_id=None,
+        video_token_id=None,
+        out_hidden_size=None,
+        projector_hidden_size=None,
+        projector_hidden_act=None,
+        warnings=(*config.warnings, warning),
+    )
+
+
+def plan_weights(
+    config: ModelConfig, files: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]], layout: str
+) -> WeightPlan:
+    """Map every expected parameter to its source; raise one error listing every problem found."""
+    missing: list[str] = []
+    unmapped: list[str] = []
+    slices: dict[str, SourceSlice] = {}
+    for target in expected:
+        where = locate(layout, target, config)
+        if where is None:
+            unmapped.append(target)
+        elif where.source not in files.tensors:
+            missing.append(f"{where.source} (for {target}, shape {_expected_source_shape(where, expected[target])})")
+        else:
+            slices[target] = where
+
+    by_source: dict[str, list[str]] = defaultdict(list)
+    for target, where in slices.items():
+        by_source[where.source].append(target)
+    mismatched: list[str] = []
+    for source, targets in by_source.items():
+        info = files.tensors[source]
+        if info.dtype not in _FLOAT_DTYPES:
+            mismatched.append(f"{source}: dtype {info.dtype} is not a float type (quantized weights are not supported)")
+            continue
+        want = _source_shape(source, targets, slices, expected)
+        if want != info.shape:
+            mismatched.append(f"{source}: expected shape {list(want)}, found {list(info.shape)}")
+
+    unexpected = tuple(sorted(set(files.names()) - set(by_source)))
+    problems = []
+    if unmapped:
+        problems.append(f"parameters with no source in the {layout} layout: " + ", ".join(unmapped))
+    if missing:
+        problems.append("missing tensors:\n    " + "\n    ".join(missing))
+    if unexpected:
+        listed = (f"{n} {list(files.tensors[n].shape)}" for n in unexpected)
+        problems.append("unexpected tensors:\n    " + "\n    ".join(listed))
+    if mismatched:
+        problems.append("shape mismatches:\n    " + "\n    ".join(mismatched))
+    if problems:
+        raise CheckpointError(
+            f"the weights in {files.directory} ({layout} layout) do not match config.json:\n  " + "\n  ".join(problems)
+        )
+    return WeightPlan(layout=layout, slices=slices, unexpected=unexpected)
+
+
+def _expected_source_shape(where: SourceSlice, target_shape: tuple[int, ...]) -> list[int] | str:
+    if where.rows is None:
+        return list(target_shape)
+    return f"rows {where.rows[0]}:{where.rows[1]} of a fused tensor"
+
+
+def _source_shape(
+    source: str, targets: list[str], slices: dict[str, SourceSlice], expected: dict[str, tuple[int, ...]]
+) -> tuple[int, ...]:
+    """The shape a source must have to hold all of its targets (fused sources stack them along dim 0)."""
+    first = expected[targets[0]]
+    if slices[targets[0]].rows is None:
+        return first
+    return (max(slices[t].rows[1] for t in targets), *first[1:])
+
+
+def fill_parameters(
+    model: nn.Module, plan: WeightPlan, files: SafetensorsCheckpoint, *, progress: bool = True
+) -> None:
+    """Copy every planned source into the (already materialized) model parameters."""
+    params = dict(model.state_dict(keep_vars=True))
+    by_source: dict[str, list[str]] = defaultdict(list)
+    for target, where in plan.slices.items():
+        by_source[where.source].append(target)
+    order = sorted(by_source, key=lambda s: (str(files.tensors[s].file), s))
+    total = sum(_numel(files.tensors[s].shape) for s in order)
+    with torch.no_grad(), tqdm(total=total, unit="param", unit_scale=True, desc="Loading weights",
+                               disable=not progress) as bar:
+        for source in order:
+            tensor = files.read(source)
+            for target in by_source[source]:
+                where = plan.slices[target]
+                part = tensor if where.rows is None else tensor[where.rows[0] : where.rows[1]]
+                if where.rope_heads is not None:
+                    part = interleaved_to_rotate_half(part, where.rope_heads)
+                params[target].copy_(part)
+            bar.update(tensor.numel())
+            del tensor
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,0 +1,48 @@
+"""Streaming detokenization: generated token ids → text deltas, whole characters only (P-TOK-3).
+
+A byte-level BPE token is a run of bytes, and a multi-byte UTF-8 character may be split across tokens
+(an emoji is often four byte tokens). Each token's bytes therefore go through an incremental UTF-8
+decoder that holds back an incomplete character until its last byte arrives. The cost per token is the
+length of its bytes; the growing sequence is never decoded again.
+
+The deltas concatenate to exactly `Tokenizer.decode(ids)`: special tokens are kept, nothing is inserted
+between tokens, and invalid bytes become U+FFFD under the same rule (one per maximal invalid subpart)
+that Rust's `String::from_utf8_lossy` applies inside `decode`.
+
+Only byte-level tokenizers are accepted — every Muse Glimmer tokenizer is one (architecture.md §5.5).
+Other decoders (SentencePiece's Metaspace, WordPiece) would need a re-decoding window whose output can
+differ from a one-shot decode; Glimmer refuses them rather than stream text that may not add up.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import CheckpointError
+
+
+class IncrementalDetokenizer:
+    """Turns one sequence's generated ids into text deltas. One instance per sequence."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        if not tokenizer.is_byte_level:
+            raise CheckpointError(
+                f"{tokenizer.tokenizer_file} does not use a ByteLevel decoder; Glimmer streams text only "
+                "from byte-level BPE tokenizers, which every Muse Glimmer checkpoint ships"
+            )
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token_id: int) -> str:
+        """The text completed by this token; "" while a character is still incomplete."""
+        return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+
+    def add_many(self, token_ids: Iterable[int]) -> str:
+        """The text completed by these tokens, as one delta."""
+        return self._utf8.decode(b"".join(self._tokenizer.token_bytes(token_id) for token_id in token_ids))
+
+    def flush(self) -> str:
+        """End of sequence: the held-back bytes, as U+FFFD since they never formed a character."""
+        return self._utf8.decode(b"", final=True)

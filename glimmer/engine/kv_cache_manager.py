@@ -1,0 +1,166 @@
+"""Block accounting for the two KV layer groups (architecture.md §2.6).
+
+Full-attention layers keep a block for every position of a sequence. Sliding-window layers only read
+the last W positions, so blocks entirely before the window of the next query are released as soon as
+the sequence moves past them: a long conversation costs what the full-attention layers cost.
+
+Prefix caching hashes each full block by its content (the parent block's hash, its token ids and the
+media in it). A new sequence reuses the longest run of cached blocks that covers, in every group, what
+its first uncomputed position needs: all earlier blocks for the full group, and the last W positions
+for the sliding group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glimmer.engine.block_pool import KVBlockPool
+from glimmer.engine.sequence import Sequence
+
+FULL = "full"
+SLIDING = "sliding"
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    block_size: int
+    num_blocks: dict[str, int]  # per group present in the model
+    sliding_window: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, layout: KVCacheLayout, enable_prefix_caching: bool = True):
+        self.block_size = layout.block_size
+        self.sliding_window = layout.sliding_window
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pools = {group: KVBlockPool(n) for group, n in layout.num_blocks.items()}
+
+    def first_needed_block(self, group: str, first_query_position: int) -> int:
+        """The earliest logical block a query at `first_query_position` (or later) can read."""
+        if group == SLIDING:
+            return max(0, first_query_position - self.sliding_window + 1) // self.block_size
+        return 0
+
+    def _plan(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[int, int, list[int]]:
+        """(first needed block, end block, blocks now held but no longer needed)."""
+        first = self.first_needed_block(group, seq.num_computed_tokens)
+        end = _ceil_div(seq.num_computed_tokens + num_new_tokens, self.block_size)
+        held = seq.blocks.get(group, [])
+        stale = [b for b in held[:first] if b is not None]
+        return first, end, stale
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        for group, pool in self.pools.items():
+            first, end, stale = self._plan(seq, group, num_new_tokens)
+            held = seq.blocks.get(group, [])
+            missing = sum(1 for i in range(first, end) if i >= len(held) or held[i] is None)
+            reclaimable = sum(1 for b in stale if pool.ref_counts[b] == 1)
+            if missing > pool.num_free + reclaimable:
+                return False
+        return True
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Release blocks the step cannot read any more, then take the blocks its new tokens need."""
+        for group, pool in self.pools.items():
+            first, end, _ = self._plan(seq, group, num_new_tokens)
+            held = seq.blocks.setdefault(group, [])
+            for i in range(min(first, len(held))):
+                if held[i] is not None:
+                    pool.release(held[i])
+                    held[i] = None
+            while len(held) < end:
+                held.append(None)
+            for i in range(first, end):
+                if held[i] is None:
+                    held[i] = pool.allocate()
+
+    def free(self, seq: Sequence) -> None:
+        for group, pool in self.pools.items():
+            for block in seq.blocks.get(group, []):
+                if block is not None:
+                    pool.release(block)
+        seq.blocks = {}
+
+    def blocks_needed_for(self, num_tokens: int) -> dict[str, int]:
+        """Blocks a sequence of `num_tokens` needs in each group to make progress alone, one token at a time
+        if it must (the scheduler shrinks prefill chunks to fit): the admission check."""
+        total = _ceil_div(num_tokens, self.block_size)
+        needs = {}
+        for group in self.pools:
+            if group == FULL:
+                needs[group] = total
+            else:
+                needs[group] = min(total, _ceil_div(self.sliding_window, self.block_size) + 1)
+        return needs
+
+    # prefix caching ----------------------------------------------------------------------------------
+
+    def update_block_hashes(self, seq: Sequence) -> None:
+        """Extend `seq.block_hashes` to every full block of its current tokens."""
+        bs = self.block_size
+        tokens = seq.all_token_ids
+        while (len(seq.block_hashes) + 1) * bs <= len(tokens):
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else 0
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            seq.block_hashes.append(hash((parent, chunk, seq.multimodal_hashes_in(i * bs, (i + 1) * bs))))
+
+    def register_computed_blocks(self, seq: Sequence) -> None:
+        """Make every fully computed block of `seq` findable by its content hash."""
+        if not self.enable_prefix_caching:
+            return
+        self.update_block_hashes(seq)
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        for group, pool in self.pools.items():
+            held = seq.blocks.get(group, [])
+            for i in range(min(num_full, len(held))):
+                if held[i] is not None:
+                    pool.register(held[i], seq.block_hashes[i])
+
+    def acquire_cached_prefix(self, seq: Sequence) -> int:
+        """Attach the longest usable cached prefix to a sequence with no blocks; returns its token count.
+
+        At least one token is always left to compute, so the step that follows produces logits.
+        """
+        if not self.enable_prefix_caching or seq.blocks:
+            return 0
+        self.update_block_hashes(seq)
+        bs = self.block_size
+        max_blocks = min(len(seq.block_hashes), (seq.num_tokens - 1) // bs)
+        found = {
+            group: [pool.lookup(h) for h in seq.block_hashes[:max_blocks]] for group, pool in self.pools.items()
+        }
+        best = 0
+        for k in range(max_blocks, 0, -1):
+            if all(
+                all(b is not None for b in found[group][self.first_needed_block(group, k * bs) : k])
+                for group in self.pools
+            ):
+                best = k
+                break
+        for pool in self.pools.values():
+            pool.record_lookup(max_blocks, best)
+        if best == 0:
+            return 0
+        for group, pool in self.pools.items():
+            first = self.first_needed_block(group, best * bs)
+            held: list[int | None] = [None] * best
+            for i in range(first, best):
+                held[i] = found[group][i]
+                pool.acquire_cached(held[i])
+            seq.blocks[group] = held
+        seq.num_computed_tokens = best * bs
+        return best * bs
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """Per group: (blocks in use, blocks free)."""
+        return {group: (pool.num_used, pool.num_free) for group, pool in self.pools.items()}
+
+    def prefix_cache_hit_rate(self) -> float:
+        queries = sum(p.cache_queries for p in self.pools.values())
+        hits = sum(p.cache_hits for p in self.pools.values())
+        return hits / queries if queries else 0.0

@@ -1,0 +1,327 @@
+"""The synchronous engine: requests in, step deltas out. `LLM` and the server both drive it.
+
+Each `step()` schedules a batch (continuous batching: requests join and leave between steps), runs
+it, samples, and turns new tokens into text deltas with stop handling. Nothing here blocks on I/O;
+the async server calls `step()` from one background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
+from glimmer.checkpoint.resolve import resolve_checkpoint
+from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.model_loader import LoadedModel, load_model
+from glimmer.engine.model_runner import ModelRunner, kv_bytes_per_block
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.scheduler import Scheduler, SchedulerConfig
+from glimmer.engine.sequence import MultimodalItem, Sequence
+from glimmer.engine.stop_strings import StopStringMatcher
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import ConfigError, RequestError
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_DEFAULT_KV_BYTES = 2 << 30
+
+
+@dataclass
+class EngineConfig:
+    """How to load and run a model. `None` fields are derived from the model and the device."""
+
+    model: str
+    dtype: str | None = None  # float32 | bfloat16 | float16; default bfloat16 on CUDA, float32 on CPU
+    device: str | None = None  # cpu | cuda | cuda:N; default cuda when available
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes for the KV cache; default from free device memory
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    chat_template: str | None = None  # operator override file (P-TMPL-1)
+    progress: bool = True
+
+    def resolved_device(self) -> torch.device:
+        name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(name)
+        except RuntimeError as exc:
+            raise ConfigError(f"device={name!r} is not a valid torch device; use 'cpu', 'cuda' or 'cuda:N'") from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device='cuda' was requested but CUDA is not available here; use device='cpu'")
+        if device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device={name!r} is not supported; use 'cpu' or 'cuda'")
+        return device
+
+    def resolved_dtype(self, device: torch.device) -> torch.dtype:
+        name = self.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        if name not in _DTYPES:
+            raise ConfigError(f"dtype={name!r} is not supported; choose one of {sorted(_DTYPES)}")
+        return _DTYPES[name]
+
+
+@dataclass
+class _Completion:
+    """Output-side state of one sequence: text released so far, stop handling, logprobs."""
+
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    text: str = ""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype(self.device)
+        self.checkpoint_dir = resolve_checkpoint(config.model)
+        self.loaded: LoadedModel = load_model(
+            self.checkpoint_dir, dtype=self.dtype, device=self.device, progress=config.progress
+        )
+        self.model_config = self.loaded.config
+        self.tokenizer = Tokenizer.from_dir(self.checkpoint_dir)
+        text = self.model_config.text
+        if self.tokenizer.vocab_size > text.vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {self.tokenizer.vocab_size} tokens but text_config.vocab_size="
+                f"{text.vocab_size}; the tokenizer does not belong to this model"
+            )
+        self.generation_defaults: GenerationDefaults = load_generation_defaults(
+            self.checkpoint_dir, text, self.tokenizer.token_to_id
+        )
+        self.max_model_len = self._resolve_max_model_len()
+        on_cuda = self.device.type == "cuda"
+        self.scheduler_config = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs or (256 if on_cuda else 64),
+            max_num_batched_tokens=config.max_num_batched_tokens or (8192 if on_cuda else 2048),
+            max_model_len=self.max_model_len,
+        )
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self.scheduler_config, name) < 1:
+                raise ConfigError(f"{name} must be >= 1")
+        self.kv_layout = self._plan_kv_cache()
+        self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=config.enable_prefix_caching)
+        self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv)
+        self._rng = torch.Generator().manual_seed(config.seed)
+        self._seqs: dict[str, list[Sequence]] = {}
+        self._completions: dict[int, _Completion] = {}
+        logger.info(
+            "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
+            self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
+            self.kv_layout.block_size,
+        )
+
+    # configuration ----------------------------------------------------------------------------------
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.model_config.text.max_position_embeddings
+        requested = self.config.max_model_len
+        if requested is None:
+            return limit
+        if requested < 2 or requested > limit:
+            raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}")
+        return requested
+
+    def _plan_kv_cache(self) -> KVCacheLayout:
+        text = self.model_config.text
+        bs = self.config.block_size
+        if bs < 1 or bs & (bs - 1):
+            raise ConfigError(f"block_size={bs} must be a power of two")
+        groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
+                  if layers]
+        per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in groups}
+        budget = self._kv_budget_bytes(per_block)
+        num_blocks: dict[str, int] = {}
+        if SLIDING in per_block:
+            window_blocks = math.ceil(min(text.sliding_window, self.max_model_len) / bs) + 1
+            chunk_blocks = math.ceil(self.scheduler_config.max_num_batched_tokens / bs)
+            target = self.scheduler_config.max_num_seqs * window_blocks + chunk_blocks
+            share = budget if FULL not in per_block else budget // 2
+            num_blocks[SLIDING] = max(1, min(target, share // per_block[SLIDING]))
+            budget -= num_blocks[SLIDING] * per_block[SLIDING]
+        if FULL in per_block:
+            num_blocks[FULL] = max(1, budget // per_block[FULL])
+        return KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window)
+
+    def _kv_budget_bytes(self, per_block: dict[str, int]) -> int:
+        if self.config.kv_cache_memory is not None:
+            if self.config.kv_cache_memory <= 0:
+                raise ConfigError("kv_cache_memory must be a positive number of bytes")
+            return self.config.kv_cache_memory
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserve = (1 - self.config.gpu_memory_utilization) * total
+            return max(int(free - reserve), sum(per_block.values()))
+        # on the CPU, enough for every sequence at full length, capped so the default stays modest
+        per_token = sum(per_block.values()) / self.config.block_size
+        want = int(per_token * self.max_model_len * (self.config.max_num_seqs or 64))
+        return min(_CPU_DEFAULT_KV_BYTES, want)
+
+    # requests ---------------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        multimodal: list[MultimodalItem] | None = None,
+    ) -> None:
+        """Queue a request; raises RequestError (naming the field) if it can never be served."""
+        if request_id in self._seqs:
+            raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not prompt_token_ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        vocab = self.model_config.text.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
+        prompt_len = len(prompt_token_ids)
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise RequestError(
+                f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
+                f"max_model_len={self.max_model_len}",
+                param="messages",
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if max_tokens > room:
+            raise RequestError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_model_len="
+                f"{self.max_model_len}; lower max_tokens to at most {room}",
+                param="max_tokens",
+            )
+        needs = self.kv.blocks_needed_for(prompt_len + max_tokens)
+        for group, need in needs.items():
+            if need > self.kv_layout.num_blocks[group]:
+                raise RequestError(
+                    f"this request needs {need} KV blocks in the {group}-attention group but the cache has "
+                    f"{self.kv_layout.num_blocks[group]}; lower max_tokens or start the server with more KV memory",
+                    param="max_tokens",
+                )
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= set(self.generation_defaults.stop_token_ids)
+        seqs = []
+        for index in range(params.n):
+            seed = params.seed + index if params.seed is not None else int(
+                torch.randint(0, 2**62, (1,), generator=self._rng)
+            )
+            seq = Sequence(
+                request_id=request_id,
+                prompt_token_ids=list(prompt_token_ids),
+                params=params,
+                stop_token_ids=frozenset(stop_ids),
+                max_total_tokens=prompt_len + max_tokens,
+                generator=torch.Generator(self.device).manual_seed(seed),
+                multimodal=list(multimodal or []),
+                index=index,
+            )
+            self._completions[id(seq)] = _Completion(
+                detokenizer=IncrementalDetokenizer(self.tokenizer),
+                stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
+                num_prompt_tokens=prompt_len,
+            )
+            seqs.append(seq)
+        self._seqs[request_id] = seqs
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> list[StepDelta]:
+        """Stop a request now and free its KV blocks; returns its final deltas (finish_reason 'abort')."""
+        deltas = []
+        for seq in self._seqs.pop(request_id, []):
+            if seq.is_finished:
+                continue
+            self.scheduler.finish(seq)
+            done = self._completions.pop(id(seq))
+            deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
+                                    num_prompt_tokens=done.num_prompt_tokens))
+        return deltas
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work
+
+    # stepping ---------------------------------------------------------------------------------------
+
+    def step(self) -> list[StepDelta]:
+        step = self.scheduler.schedule()
+        if step.is_empty:
+            return []
+        logits, sampling = self.runner.execute(step)
+        for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.kv.register_computed_blocks(seq)
+        if not sampling:
+            return []
+        rows = []
+        for i in sampling:
+            seq = step.seqs[i]
+            banned = tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ()
+            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned))
+        result = sample(logits, rows)
+        deltas = []
+        for i, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            deltas.append(self._append_token(step.seqs[i], token, logprobs))
+        return deltas
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepDelta:
+        done = self._completions[id(seq)]
+        seq.output_token_ids.append(token)
+        if logprobs is not None:
+            done.logprobs.append(logprobs)
+        text, stop_string = done.stops.feed(done.detokenizer.add(token))
+        finish_reason: str | None = None
+        stop_reason: int | str | None = None
+        if stop_string is not None:
+            finish_reason, stop_reason = "stop", stop_string
+        elif token in seq.stop_token_ids:
+            finish_reason, stop_reason = "stop", token
+        elif seq.num_tokens >= seq.max_total_tokens:
+            finish_reason = "length"
+        if finish_reason is not None:
+            if stop_string is None:
+                text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
+            self.scheduler.finish(seq)
+            self._completions.pop(id(seq))
+            remaining = [s for s in self._seqs.get(seq.request_id, []) if not s.is_finished]
+            if not remaining:
+                self._seqs.pop(seq.request_id, None)
+        done.text += text
+        return StepDelta(
+            request_id=seq.request_id,
+            index=seq.index,
+            token_ids=[token],
+            text=text,
+            logprobs=[logprobs] if logprobs is not None else [],
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+            num_prompt_tokens=done.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    # introspection ----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "waiting": len(self.scheduler.waiting),
+            "running": len(self.scheduler.running),
+            "kv_blocks": self.kv.usage(),
+            "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate(),
+            "preemptions": self.scheduler.num_preemptions,
+        }
+

@@ -1,0 +1,155 @@
+"""Runs scheduled steps on the model: owns the KV tensors, lays out the batch, computes logits.
+
+The scheduler decides which tokens run; this file turns that decision into tensors (flat token ids,
+positions, per-group block tables and slot mappings in a `ForwardContext`) and back into the hidden
+states of the positions that need a next token.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from glimmer.checkpoint.config import TextConfig
+from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.scheduler import ScheduledStep
+from glimmer.engine.sequence import MultimodalItem
+from glimmer.model.context import ForwardContext, KVGroupView
+from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+
+def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of `group` occupies across all of the group's layers (keys and values)."""
+    layers = text.full_attention_layers if group == FULL else text.sliding_attention_layers
+    element = torch.empty((), dtype=dtype).element_size()
+    return len(layers) * 2 * block_size * text.num_key_value_heads * text.head_dim * element
+
+
+class EncoderCache:
+    """Vision features by content hash, so an image repeated across requests or turns is encoded once."""
+
+    def __init__(self, max_items: int = 256):
+        self.max_items = max_items
+        self._items: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def get(self, key: int) -> torch.Tensor | None:
+        if key in self._items:
+            self._items.move_to_end(key)
+        return self._items.get(key)
+
+    def put(self, key: int, value: torch.Tensor) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: MuseGlimmerForConditionalGeneration,
+        layout: KVCacheLayout,
+        kv: KVCacheManager,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.dtype = dtype
+        self.block_size = layout.block_size
+        text = model.config.text
+        shape_tail = (layout.block_size, text.num_key_value_heads, text.head_dim)
+        self.kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i, kind in enumerate(text.layer_types):
+            group = SLIDING if kind == "sliding_attention" else FULL
+            shape = (layout.num_blocks[group], *shape_tail)
+            self.kv_caches[i] = (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+        self.encoder_cache = EncoderCache()
+
+    def _group_view(self, group: str, step: ScheduledStep, positions: list[list[int]]) -> KVGroupView:
+        bs = self.block_size
+        rows: list[list[int]] = []
+        starts: list[int] = []
+        slots: list[int] = []
+        for seq, n, pos in zip(step.seqs, step.num_new_tokens, positions, strict=True):
+            held = seq.blocks[group]
+            first = self.kv.first_needed_block(group, seq.num_computed_tokens)
+            end = -(-(seq.num_computed_tokens + n) // bs)
+            rows.append([b for b in held[first:end]])  # all present: allocate() guarantees it
+            starts.append(first * bs)
+            slots.extend(held[p // bs] * bs + p % bs for p in pos)
+        width = max(len(r) for r in rows)
+        table = [r + [0] * (width - len(r)) for r in rows]
+        return KVGroupView(
+            block_size=bs,
+            block_tables=torch.tensor(table, dtype=torch.int64, device=self.device),
+            kv_start_pos=torch.tensor(starts, dtype=torch.int64, device=self.device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+        )
+
+    def _multimodal_inputs(
+        self, step: ScheduledStep, flat_len: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Vision rows for the placeholder positions computed in this step, and where they go."""
+        pieces: list[torch.Tensor] = []
+        mask = torch.zeros(flat_len, dtype=torch.bool)
+        offset = 0
+        for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            for item in seq.multimodal:
+                lo, hi = max(start, item.offset), min(end, item.offset + item.length)
+                if lo >= hi:
+                    continue
+                features = self._features(item)
+                pieces.append(features[lo - item.offset : hi - item.offset])
+                mask[offset + lo - start : offset + hi - start] = True
+            offset += n
+        if not pieces:
+            return None, None
+        return torch.cat(pieces), mask.to(self.device)
+
+    def _features(self, item: MultimodalItem) -> torch.Tensor:
+        cached = self.encoder_cache.get(item.content_hash)
+        if cached is None:
+            pixels = item.pixel_values.to(self.device)
+            grid = item.grid_thw.to(self.device)
+            cached = torch.cat(self.model.encode_vision(pixels, grid))
+            self.encoder_cache.put(item.content_hash, cached)
+        return cached
+
+    @torch.inference_mode()
+    def execute(self, step: ScheduledStep) -> tuple[torch.Tensor, list[int]]:
+        """Run one step; returns next-token logits (one row per sampling sequence) and their indices."""
+        positions = [
+            list(range(seq.num_computed_tokens, seq.num_computed_tokens + n))
+            for seq, n in zip(step.seqs, step.num_new_tokens, strict=True)
+        ]
+        token_ids = [seq.token_at(p) for seq, pos in zip(step.seqs, positions, strict=True) for p in pos]
+        query_start = [0]
+        for n in step.num_new_tokens:
+            query_start.append(query_start[-1] + n)
+        ctx = ForwardContext(
+            query_start_loc=torch.tensor(query_start, dtype=torch.int64, device=self.device),
+            seq_lens=torch.tensor(
+                [s.num_computed_tokens + n for s, n in zip(step.seqs, step.num_new_tokens, strict=True)],
+                dtype=torch.int64,
+                device=self.device,
+            ),
+            positions=torch.tensor([p for pos in positions for p in pos], dtype=torch.int64, device=self.device),
+            max_query_len=max(step.num_new_tokens),
+            kv_caches=self.kv_caches,
+            groups={group: self._group_view(group, step, positions) for group in self.kv.pools},
+        )
+        mm_embeds, mm_mask = self._multimodal_inputs(step, len(token_ids))
+        input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, ctx, mm_embeds, mm_mask)
+        sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
+        last_rows = torch.tensor([query_start[i + 1] - 1 for i in sampling], dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden[last_rows]) if sampling else hidden.new_zeros((0, 0))
+        return logits, sampling
+

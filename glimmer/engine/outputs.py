@@ -1,0 +1,76 @@
+"""What generation returns: whole results (`RequestOutput`) and per-step increments (`StepDelta`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from glimmer.engine.sampler import TokenLogprobs
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a prompt (there are `n` per request)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" | "length" | "abort", None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logprobs: list[TokenLogprobs] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's prompt and its completions, as vLLM's `RequestOutput`.
+
+    `text`, `token_ids`, `finish_reason` and `logprobs` are shortcuts to the first completion.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finished for o in self.outputs)
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        return self.outputs[0].logprobs
+
+
+@dataclass
+class StepDelta:
+    """What one step added to one completion: new tokens, the text they released, and whether it ended.
+
+    `text` may lag `token_ids`: bytes of a character split across tokens, and text that might be the
+    start of a stop string, are held back until decided, and are never retracted once released.
+    """
+
+    request_id: str
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0

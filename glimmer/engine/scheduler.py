@@ -1,0 +1,135 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each computes.
+
+Each step first serves the running sequences (a decode token, or the next chunk of a long prompt),
+then admits waiting ones while the token budget, the sequence limit and the KV pools allow. When a
+running sequence cannot get blocks, the most recently admitted other sequence is preempted: its blocks
+are freed and it goes back to the front of the queue to be recomputed later (prefix caching usually
+makes that cheap). Knows nothing of tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from glimmer.engine.kv_cache_manager import KVCacheManager
+from glimmer.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+@dataclass
+class ScheduledStep:
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    def samples(self, i: int) -> bool:
+        """Whether sequence i's chunk reaches its last token, so the step yields its next token."""
+        seq = self.seqs[i]
+        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledStep:
+        budget = self.config.max_num_batched_tokens
+        step = ScheduledStep([], [])
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            while n == 0:
+                victim = self._pick_victim(exclude=seq, scheduled=step.seqs)
+                if victim is None:
+                    break
+                self._preempt(victim)
+                n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            if n == 0:
+                self._preempt(seq)
+                continue
+            self.kv.allocate(seq, n)
+            step.seqs.append(seq)
+            step.num_new_tokens.append(n)
+            budget -= n
+            index += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.blocks:
+                cached = self.kv.acquire_cached_prefix(seq)
+                if seq.num_preemptions == 0:
+                    seq.num_cached_tokens = cached
+            n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            if n == 0:
+                break
+            self.waiting.popleft()
+            self.kv.allocate(seq, n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            step.seqs.append(seq)
+            step.num_new_tokens.append(n)
+            budget -= n
+        return step
+
+    def _fit_chunk(self, seq: Sequence, n: int) -> int:
+        """The largest chunk of at most n tokens whose blocks can be allocated now (0 if none can).
+
+        Shrinking a prefill chunk lets a long prompt progress through a small sliding-window pool.
+        """
+        if self.kv.can_allocate(seq, n):
+            return n
+        low, high = 0, n - 1
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.kv.can_allocate(seq, mid):
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _pick_victim(self, exclude: Sequence, scheduled: list[Sequence]) -> Sequence | None:
+        for seq in reversed(self.running):
+            if seq is not exclude and seq not in scheduled:
+                return seq
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks and requeue it at the front, to be recomputed."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Retire a sequence (finished or aborted), wherever it is."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,43 @@
+"""Stop-string matching over streamed text that never retracts what it released.
+
+Text that could still be the start of a stop string is held back; once a stop string appears, the
+text before it (and, if asked, the stop string) is released and generation ends. Each call costs
+O(len(new text) + longest stop string).
+"""
+
+from __future__ import annotations
+
+
+class StopStringMatcher:
+    def __init__(self, stop: list[str], include_in_output: bool = False):
+        self.stop = stop
+        self.include_in_output = include_in_output
+        self._pending = ""
+
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """Add decoded text; returns (text safe to release, the stop string matched or None)."""
+        if not self.stop:
+            return text, None
+        buffer = self._pending + text
+        match: tuple[int, str] | None = None
+        for s in self.stop:
+            at = buffer.find(s)
+            if at >= 0 and (match is None or at < match[0]):
+                match = (at, s)
+        if match is not None:
+            at, s = match
+            self._pending = ""
+            return buffer[: at + len(s)] if self.include_in_output else buffer[:at], s
+        hold = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(buffer)), hold, -1):
+                if buffer.endswith(s[:k]):
+                    hold = k
+                    break
+        self._pending = buffer[len(buffer) - hold :]
+        return buffer[: len(buffer) - hold], None
+
+    def flush(self) -> str:
+        """Release whatever was held back (generation ended for another reason)."""
+        pending, self._pending = self._pending, ""
+        return pending

@@ -1,0 +1,262 @@
+"""The checkpoint's tokenizer: text ↔ token ids, special tokens resolved by name.
+
+A thin layer over the `tokenizers` library that reads a checkpoint's `tokenizer.json` and the special
+token names from `tokenizer_config.json` (or `special_tokens_map.json`). It behaves like transformers'
+fast tokenizer with `skip_special_tokens=False, clean_up_tokenization_spaces=False`, the only mode an
+engine wants: special tokens carry the turn framing (P-TOK-3).
+
+Ids are never hard-coded anywhere in Glimmer (P-TOK-1); callers resolve them here by token string.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from glimmer.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+# the named special tokens a chat template may use, in the order transformers passes them
+TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+class Tokenizer:
+    """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
+
+    def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path):
+        self._backend = backend
+        self._named_tokens = named_tokens
+        self.tokenizer_file = tokenizer_file
+        self._byte_level_decode = _ByteLevelInverse.for_backend(backend)
+        self._token_bytes_cache: dict[int, bytes] = {}
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Load `tokenizer.json` and the special token names from a checkpoint directory.
+
+        Raises CheckpointError when tokenizer.json is missing or unreadable, when a config file is not
+        valid JSON, or when a named special token is not in the vocabulary.
+        """
+        directory = Path(path)
+        tokenizer_file = directory / TOKENIZER_FILE
+        if not tokenizer_file.is_file():
+            raise CheckpointError(
+                f"{tokenizer_file} not found; a checkpoint needs the tokenizer.json that came with the model"
+            )
+        try:
+            backend = HFTokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # the Rust side raises a bare Exception for any parse failure
+            raise CheckpointError(f"{tokenizer_file} is not a valid tokenizers file: {exc}") from exc
+
+        named_tokens = _read_named_tokens(directory)
+        for name, token in named_tokens.items():
+            if backend.token_to_id(token) is None:
+                raise CheckpointError(
+                    f"{name}={token!r} (from {TOKENIZER_CONFIG_FILE} or {SPECIAL_TOKENS_MAP_FILE} in "
+                    f"{directory}) is not a token of {tokenizer_file}; the files do not belong together"
+                )
+        tokenizer = cls(backend, named_tokens, tokenizer_file)
+        logger.info(
+            "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
+            tokenizer_file,
+            tokenizer.vocab_size,
+            tokenizer.bos_token,
+            tokenizer.eos_token,
+            tokenizer.pad_token,
+        )
+        return tokenizer
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`. Special-token spellings in the text become those special tokens.
+
+        Rendered chat prompts already hold their BOS, so the default adds nothing (P-TMPL-5); with
+        `add_special_tokens=True` the post-processor prepends another, as transformers' tokenizer call does.
+        """
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens kept verbatim with nothing inserted between tokens (P-TOK-3).
+
+        Incomplete or invalid UTF-8 renders as U+FFFD; ids outside the vocabulary are dropped, as
+        transformers does.
+        """
+        return self._backend.decode(list(ids), skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of `token_id` (byte-level spelling, e.g. 'Ġthe'), or None if out of range."""
+        if token_id < 0:
+            return None
+        return self._backend.id_to_token(token_id)
+
+    def require_token_id(self, token: str) -> int:
+        """The id of a token the caller cannot work without. Raises ConfigError naming it and the file."""
+        token_id = self._backend.token_to_id(token)
+        if token_id is None:
+            raise ConfigError(
+                f"the tokenizer in {self.tokenizer_file} has no token {token!r}, which Muse Glimmer needs; "
+                "use the tokenizer that came with the checkpoint"
+            )
+        return token_id
+
+    @property
+    def bos_token(self) -> str | None:
+        return self._named_tokens.get("bos_token")
+
+    @property
+    def eos_token(self) -> str | None:
+        return self._named_tokens.get("eos_token")
+
+    @property
+    def pad_token(self) -> str | None:
+        return self._named_tokens.get("pad_token")
+
+    @property
+    def unk_token(self) -> str | None:
+        return self._named_tokens.get("unk_token")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._named_token_id("bos_token")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._named_token_id("eos_token")
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._named_token_id("pad_token")
+
+    @property
+    def unk_token_id(self) -> int | None:
+        return self._named_token_id("unk_token")
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The named tokens a chat template receives as variables (`bos_token`, …), those that are set."""
+        return {name: self._named_tokens[name] for name in TEMPLATE_TOKEN_NAMES if name in self._named_tokens}
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens, added tokens included (transformers' `len(tokenizer)`)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def all_special_ids(self) -> tuple[int, ...]:
+        """Ids of every added token flagged special in tokenizer.json, ascending.
+
+        This is the set `skip_special_tokens` would drop, wider than transformers' `all_special_ids`
+        (named tokens only): for Muse it includes the framing and media tokens and the reserved ones.
+        """
+        decoder = self._backend.get_added_tokens_decoder()
+        return tuple(sorted(token_id for token_id, added in decoder.items() if added.special))
+
+    @property
+    def is_byte_level(self) -> bool:
+        """True when tokens map to raw bytes through the ByteLevel alphabet (GPT-2 style; Muse is)."""
+        return self._byte_level_decode is not None
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes `decode` produces for this token alone, before UTF-8 decoding.
+
+        Only for byte-level tokenizers (see `is_byte_level`). Ids outside the vocabulary give b"", as
+        `decode` drops them. Cached: the incremental detokenizer calls this once per generated token.
+        """
+        cached = self._token_bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        if self._byte_level_decode is None:
+            raise CheckpointError(
+                f"{self.tokenizer_file} is not byte-level; its tokens have no byte spelling"
+            )
+        token = self.id_to_token(token_id)
+        token_bytes = b"" if token is None else self._byte_level_decode(token)
+        self._token_bytes_cache[token_id] = token_bytes
+        return token_bytes
+
+    def _named_token_id(self, name: str) -> int | None:
+        token = self._named_tokens.get(name)
+        return None if token is None else self._backend.token_to_id(token)
+
+
+class _ByteLevelInverse:
+    """Token string → bytes, exactly as tokenizers' ByteLevel decoder does it.
+
+    GPT-2's byte-level alphabet maps each byte to a printable character: printable Latin-1 bytes to
+    themselves, the other 68 bytes to U+0100 onwards in byte order. The decoder maps a token back
+    character by character; a token with any character outside the alphabet (an added token holding a
+    space, say) contributes its UTF-8 bytes unchanged.
+    """
+
+    def __init__(self) -> None:
+        printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+        chars = {byte: chr(byte) for byte in printable}
+        for offset, byte in enumerate(b for b in range(256) if b not in chars):
+            chars[byte] = chr(256 + offset)
+        self._byte_of_char = {char: byte for byte, char in chars.items()}
+
+    def __call__(self, token: str) -> bytes:
+        try:
+            return bytes(self._byte_of_char[char] for char in token)
+        except KeyError:
+            return token.encode("utf-8")
+
+    @classmethod
+    def for_backend(cls, backend: HFTokenizer) -> _ByteLevelInverse | None:
+        """The inverse if `backend` decodes with a lone ByteLevel decoder, else None."""
+        decoder = backend.decoder
+        if decoder is None:
+            return None
+        decoder_type = json.loads(decoder.__getstate__()).get("type")
+        return cls() if decoder_type == "ByteLevel" else None
+
+
+def _read_named_tokens(directory: Path) -> dict[str, str]:
+    """bos/eos/pad/unk token strings; tokenizer_config.json wins, special_tokens_map.json fills gaps.
+
+    transformers ≥ 5 ignores special_tokens_map.json when tokenizer_config.json carries
+    `added_tokens_decoder` (every current checkpoint); filling only missing names agrees with that and
+    still serves older checkpoints whose names live in the map alone.
+    """
+    named: dict[str, str] = {}
+    for filename in (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE):
+        config = _read_json_object(directory / filename)
+        for name in TEMPLATE_TOKEN_NAMES:
+            if name not in named and config.get(name) is not None:
+                named[name] = _token_content(config[name], directory / filename, name)
+    return named
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or {} when the file does not exist."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _token_content(value: object, path: Path, name: str) -> str:
+    """A special token given as a string or as an AddedToken dict (`{"content": ...}`)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    if not isinstance(value, str) or not value:
+        raise CheckpointError(f"{path}: {name}={value!r} is invalid; expected a token string or AddedToken")
+    return value

@@ -1,0 +1,29 @@
+"""Exceptions that are part of Glimmer's interface.
+
+Every error names the field or file at fault and, where one exists, the fix. The server maps them to
+OpenAI-style error bodies; the CLI prints them without a traceback. Pure Python: safe to import from
+`glimmer.protocol`.
+"""
+
+
+class GlimmerError(Exception):
+    """Base class of every error Glimmer raises on purpose."""
+
+
+class ConfigError(GlimmerError, ValueError):
+    """A checkpoint's config.json (or generation_config.json) cannot be turned into a valid model config."""
+
+
+class CheckpointError(GlimmerError):
+    """A checkpoint's files are missing, unreadable, or do not match its config."""
+
+
+class RequestError(GlimmerError, ValueError):
+    """A generation request (sampling parameters, prompt, messages) is invalid.
+
+    `param` names the offending field, as OpenAI error bodies do.
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -1,0 +1,120 @@
+"""Building blocks of the Muse Glimmer text decoder: its three RMSNorm kinds, rotary tables, the MLP.
+
+Each formula follows architecture.md §2 to the dtype: where the reference computes in fp32 and casts
+back, so do we, in the same order, because bf16 parity depends on where the rounding happens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = x · (mean(x²) + eps)^(−1/2), in fp32, cast back — the embed, QK and perception norms (§2.1.1).
+
+    The reference uses `pow(·, −0.5)` rather than `rsqrt`; we keep it for bit-parity.
+    """
+    h = x.float()
+    return (h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
+
+
+class ScaledRMSNorm(nn.Module):
+    """Plain-scale RMSNorm, y = x̂ · w: the final norm only (§2.1.2). No 1+w here — pitfall §14.1."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        return (h * self.weight.float()).to(x.dtype)
+
+
+class CenteredRMSNorm(nn.Module):
+    """Gemma-style y = x̂ · (1 + w), multiplied in fp32 before the downcast: the four sandwich norms (§2.1.3)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class NormedEmbedding(nn.Embedding):
+    """Token embedding followed by a weightless RMSNorm, with no √H scale (§2.2).
+
+    The norm is not folded into the table because the DFlash drafter needs the raw rows (§11);
+    `raw()` returns them.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, eps: float):
+        super().__init__(num_embeddings, embedding_dim)
+        self.eps = eps
+
+    def raw(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return weightless_rms_norm(self.raw(input_ids), self.eps)
+
+
+class RotaryTable(nn.Module):
+    """Default (unscaled) RoPE in the rotate-half layout used by HF-layout weights (§2.5.4).
+
+    One table from the global theta serves every RoPE layer; per-layer thetas only mark NoPE layers.
+    cos/sin are computed in fp32 and cast to the activation dtype before use, as the reference does.
+    The inverse frequencies are derived, not stored, so a model materialized from the meta device
+    needs no buffer initialization.
+    """
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim = head_dim
+        self.theta = theta
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            # computed on the CPU like the reference, so every device gets the same bits
+            exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
+            self._inv_freq[device] = (1.0 / (self.theta**exponents)).to(device)
+        return self._inv_freq[device]
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (tokens, heads, head_dim); cos/sin: (tokens, head_dim). Pairs (j, j + d/2)."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class GatedMLP(nn.Module):
+    """down_proj(silu(gate_proj(x)) · up_proj(x)), no biases (§2.4)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,115 @@
+"""The Muse Glimmer text decoder (architecture.md §2), named as the canonical checkpoint names it.
+
+Deltas from a Gemma2-style decoder, each visible below: weightless embedding norm; four centered
+(1+w) sandwich norms with two eps values; weightless fp32 QK-norm, then q·qk_scale_factor, then RoPE,
+then the usual 1/sqrt(head_dim); NoPE full-attention layers and sliding-window RoPE layers; an
+elementwise sigmoid output gate before o_proj; a plain-scale final norm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from glimmer.checkpoint.config import TextConfig
+from glimmer.model.attention import paged_attention
+from glimmer.model.context import ForwardContext
+from glimmer.model.layers import (
+    CenteredRMSNorm,
+    GatedMLP,
+    NormedEmbedding,
+    RotaryTable,
+    ScaledRMSNorm,
+    apply_rotary,
+    weightless_rms_norm,
+)
+
+
+class TextAttention(nn.Module):
+    def __init__(self, config: TextConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.qk_norm_eps = config.rms_norm_eps
+        self.qk_scale_factor = config.qk_scale_factor
+        self.uses_rope = config.rope_layers[layer_idx]
+        is_sliding = config.layer_types[layer_idx] == "sliding_attention"
+        self.group_name = "sliding" if is_sliding else "full"
+        self.sliding_window = config.sliding_window if is_sliding else None
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        # the output gate never has a bias, whatever attention_bias says (§3)
+        self.gate_proj = nn.Linear(config.hidden_size, config.q_size, bias=False)
+
+    def forward(
+        self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
+    ) -> torch.Tensor:
+        n = hidden.shape[0]
+        q = self.q_proj(hidden).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+        # QK-norm in fp32, cast back, then the extra q scale in the model dtype (§2.5.2-3)
+        q = weightless_rms_norm(q, self.qk_norm_eps) * self.qk_scale_factor
+        k = weightless_rms_norm(k, self.qk_norm_eps)
+        if self.uses_rope:
+            cos, sin = rotary
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = paged_attention(
+            q,
+            k,
+            v,
+            ctx,
+            layer_idx=self.layer_idx,
+            group_name=self.group_name,
+            sliding_window=self.sliding_window,
+            scale=self.head_dim**-0.5,
+        )
+        out = out.reshape(n, self.num_heads * self.head_dim)
+        # elementwise gate from the same normed input, before o_proj (§2.5.8)
+        return self.o_proj(out * torch.sigmoid(self.gate_proj(hidden)))
+
+
+class TextDecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = TextAttention(config, layer_idx)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        # the two post norms use post_norm_eps (1e-8 in the release), not rms_norm_eps — §2.1, §14.2
+        self.post_attention_layernorm = CenteredRMSNorm(config.hidden_size, config.post_norm_eps)
+        self.pre_feedforward_layernorm = CenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_feedforward_layernorm = CenteredRMSNorm(config.hidden_size, config.post_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
+    ) -> torch.Tensor:
+        h = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rotary, ctx))
+        x = x + h
+        h = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        return x + h
+
+
+class TextModel(nn.Module):
+    """Embedding → decoder layers → final norm. Returns the final-normed hidden states."""
+
+    def __init__(self, config: TextConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = NormedEmbedding(config.vocab_size, config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(TextDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = ScaledRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryTable(config.head_dim, config.rope_theta)
+
+    def forward(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = inputs_embeds
+        rotary = self.rotary(ctx.positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rotary, ctx)
+            if i in ctx.capture_layers:
+                ctx.captured[i] = x
+        return self.norm(x)

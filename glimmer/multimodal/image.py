@@ -1,0 +1,154 @@
+"""Images → patch rows for the vision tower — architecture.md §6.
+
+Accepted inputs: encoded bytes (PNG, JPEG, WebP, GIF, BMP, ... whatever Pillow reads), a file path, a
+PIL image, or a uint8 array (H, W), (H, W, 1), (H, W, 3) or (H, W, 4).
+
+Conversion to RGB follows the reference image processor given a PIL image: transparency is composited
+onto white, grey is replicated. (transformers' `load_image`, used for URLs, instead drops alpha with
+`convert("RGB")`; white matches the processor itself and what other engines do.) Encoded files are
+turned upright by their EXIF orientation, as `load_image` does. Animated images use their first frame.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
+from glimmer.multimodal.patches import patch_rows
+from glimmer.multimodal.resize import resize_frames, smart_resize
+from glimmer.multimodal.settings import MediaLimits, MediaSettings
+
+ImageInput = Union[bytes, bytearray, memoryview, str, os.PathLike, Image.Image, np.ndarray]  # noqa: UP007
+
+
+@dataclass(frozen=True)
+class ProcessedImage:
+    pixel_values: torch.Tensor  # (grid_h·grid_w, T·3·p·p) float32 in [−1, 1]
+    grid_thw: tuple[int, int, int]  # (1, grid_h, grid_w) in patches
+    num_tokens: int  # `<|patch|>` placeholders: grid_h·grid_w / merge²
+
+
+def image_grid(height: int, width: int, settings: MediaSettings) -> tuple[int, int, int]:
+    """The (1, grid_h, grid_w) patch grid an image of this size gets, without touching pixels."""
+    target_height, target_width = smart_resize(height, width, settings.resize_factor, settings.max_image_tokens)
+    return 1, target_height // settings.patch_size, target_width // settings.patch_size
+
+
+def _check_pixels(width: int, height: int, index: int, limits: MediaLimits) -> None:
+    if width <= 0 or height <= 0:
+        raise MediaDecodeError("image", index, f"the image is empty ({width}×{height} pixels)")
+    if width * height > limits.max_image_pixels:
+        raise MediaLimitError(
+            "image",
+            index,
+            f"{width}×{height} = {width * height:,} pixels exceeds the limit of {limits.max_image_pixels:,}; "
+            "downscale the image before sending it",
+        )
+
+
+def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLimits) -> Image.Image:
+    """Open and fully decode an encoded image, upright per EXIF; every failure becomes MediaDecodeError."""
+    try:
+        with warnings.catch_warnings():
+            # we enforce our own pixel limit below, before decoding; Pillow's bomb *error* (above twice its
+            # own threshold) still fires for files far past any sane limit
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+            _check_pixels(image.width, image.height, index, limits)
+            image.load()
+            return ImageOps.exif_transpose(image)
+    except MediaLimitError:
+        raise
+    except Image.DecompressionBombError as error:
+        raise MediaLimitError("image", index, f"{error}; downscale the image before sending it") from None
+    except FileNotFoundError:
+        raise MediaDecodeError("image", index, f"no such file: {os.fspath(source)!r}") from None
+    except Image.UnidentifiedImageError:
+        raise MediaDecodeError(
+            "image", index, "the data is not an image format Pillow can read (PNG, JPEG, WebP, GIF, BMP, ...)"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as error:
+        # Pillow reports truncated or corrupt data as OSError, and some broken headers as SyntaxError
+        raise MediaDecodeError("image", index, f"the image data is corrupt or truncated ({error})") from None
+
+
+def pil_to_rgb(image: Image.Image) -> np.ndarray:
+    """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does."""
+    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return np.asarray(Image.alpha_composite(white, rgba).convert("RGB"))
+    return np.asarray(image.convert("RGB"))
+
+
+def _array_to_rgb(array: np.ndarray, index: int) -> np.ndarray:
+    if array.dtype != np.uint8:
+        raise MediaDecodeError("image", index, f"an image array must be uint8, got {array.dtype}")
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim == 2:
+        return np.repeat(array[:, :, None], 3, axis=2)
+    if array.ndim == 3 and array.shape[2] == 3:
+        return array
+    if array.ndim == 3 and array.shape[2] == 4:
+        return pil_to_rgb(Image.fromarray(array))  # (H, W, 4) uint8 → RGBA
+    raise MediaDecodeError(
+        "image", index, f"an image array must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4); got {array.shape}"
+    )
+
+
+def load_rgb(image: ImageInput, index: int, limits: MediaLimits) -> np.ndarray:
+    """Decode any accepted input into an (H, W, 3) uint8 RGB array.
+
+    Raises MediaDecodeError for unreadable or unsupported input, MediaLimitError for too many pixels.
+    """
+    if isinstance(image, bytearray | memoryview):
+        image = bytes(image)
+    if isinstance(image, bytes | str | os.PathLike):
+        image = _open_encoded(image, index, limits)
+    if isinstance(image, Image.Image):
+        _check_pixels(image.width, image.height, index, limits)
+        try:
+            return pil_to_rgb(image)
+        except (OSError, ValueError) as error:
+            raise MediaDecodeError("image", index, f"cannot convert the image to RGB ({error})") from None
+    if isinstance(image, np.ndarray):
+        if image.ndim >= 2:
+            _check_pixels(image.shape[1], image.shape[0], index, limits)
+        return _array_to_rgb(image, index)
+    raise MediaDecodeError(
+        "image",
+        index,
+        f"unsupported image input of type {type(image).__name__}; send encoded bytes, a path, "
+        "a PIL image or a uint8 array",
+    )
+
+
+def as_frame_tensor(frames: np.ndarray) -> torch.Tensor:
+    """(F, H, W, 3) uint8 array → (F, 3, H, W) uint8 tensor sharing memory where it can (channels-last strides)."""
+    frames = np.ascontiguousarray(frames)
+    if not frames.flags.writeable:  # Pillow's and callers' read-only buffers; torch wants writable memory
+        frames = frames.copy()
+    return torch.from_numpy(frames).permute(0, 3, 1, 2)
+
+
+def process_image(image: ImageInput, settings: MediaSettings, limits: MediaLimits, index: int = 0) -> ProcessedImage:
+    """Decode, resize (aspect-preserving, multiples of 28 px), normalise and patchify one image.
+
+    `index` is the image's position in the request, used in error messages.
+    """
+    rgb = load_rgb(image, index, limits)
+    height, width = rgb.shape[:2]
+    target_height, target_width = smart_resize(height, width, settings.resize_factor, settings.max_image_tokens)
+    frames = as_frame_tensor(rgb[None])
+    rows, grid = patch_rows(resize_frames(frames, target_height, target_width), settings)
+    return ProcessedImage(pixel_values=rows, grid_thw=grid, num_tokens=grid[1] * grid[2] // settings.merge_size**2)

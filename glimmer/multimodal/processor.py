@@ -1,0 +1,107 @@
+"""One request's media → expanded prompt plus vision-tower inputs (the reference's MuseGlimmerProcessor).
+
+`MediaProcessor.process` takes the rendered prompt (one `<|patch|>` per image, one `<|video|>` per video,
+in order) and the items, and returns `MultimodalPrompt`: the prompt with placeholders expanded, ready to
+tokenise with add_special_tokens=False, and the packed `pixel_values` / `grid_thw` tensors that
+`glimmer.model.vision.project_vision_features` consumes (images and videos separately, as the reference
+keeps them; the model scatters image rows into `<|patch|>` positions and video rows into `<|video|>`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from glimmer.multimodal.errors import MediaLimitError
+from glimmer.multimodal.image import ImageInput, ProcessedImage, image_grid, process_image
+from glimmer.multimodal.placeholders import (
+    check_placeholder_counts,
+    expand_placeholders,
+    image_expansion,
+    video_expansion,
+)
+from glimmer.multimodal.settings import MediaLimits, MediaSettings
+from glimmer.multimodal.video import ProcessedVideo, VideoInput, process_video
+
+
+def _pack(items: Sequence[ProcessedImage | ProcessedVideo], patch_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not items:
+        return torch.zeros((0, patch_dim)), torch.zeros((0, 3), dtype=torch.long)
+    return torch.cat([item.pixel_values for item in items]), torch.tensor([item.grid_thw for item in items])
+
+
+@dataclass(frozen=True)
+class MultimodalPrompt:
+    text: str  # the prompt with every placeholder expanded
+    images: tuple[ProcessedImage, ...]
+    videos: tuple[ProcessedVideo, ...]
+    image_pixel_values: torch.Tensor  # (Σ image patches, patch_dim) float32
+    image_grid_thw: torch.Tensor  # (num_images, 3) long
+    video_pixel_values: torch.Tensor  # (Σ video patches, patch_dim) float32
+    video_grid_thw: torch.Tensor  # (num_videos, 3) long
+
+    @property
+    def num_media_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.images) + sum(item.num_tokens for item in self.videos)
+
+
+class MediaProcessor:
+    def __init__(self, settings: MediaSettings | None = None, limits: MediaLimits | None = None):
+        self.settings = settings or MediaSettings()
+        self.limits = limits or MediaLimits()
+
+    @property
+    def patch_dim(self) -> int:
+        return self.settings.temporal_patch_size * 3 * self.settings.patch_size**2
+
+    def image_tokens(self, height: int, width: int) -> int:
+        """`<|patch|>` tokens for an image of this size, without processing it."""
+        _, grid_h, grid_w = image_grid(height, width, self.settings)
+        return grid_h * grid_w // self.settings.merge_size**2
+
+    def process(
+        self, prompt: str, images: Sequence[ImageInput] = (), videos: Sequence[VideoInput] = ()
+    ) -> MultimodalPrompt:
+        """Process every item and expand the prompt.
+
+        Raises MediaDecodeError / MediaLimitError naming the item, PlaceholderMismatchError when the
+        placeholders do not match the items, and MediaLimitError when all items together exceed
+        `limits.max_media_tokens`. All are RequestErrors.
+        """
+        check_placeholder_counts(prompt, len(images), len(videos))  # before the expensive decoding
+        processed_images = tuple(
+            process_image(image, self.settings, self.limits, index) for index, image in enumerate(images)
+        )
+        processed_videos = tuple(
+            process_video(video, self.settings, self.limits, index) for index, video in enumerate(videos)
+        )
+        text = expand_placeholders(
+            prompt,
+            [image_expansion(image.num_tokens) for image in processed_images],
+            [
+                video_expansion(video.group_timestamps_s, video.tokens_per_group, self.settings.frame_timestamp_format)
+                for video in processed_videos
+            ],
+        )
+        image_pixels, image_grids = _pack(processed_images, self.patch_dim)
+        video_pixels, video_grids = _pack(processed_videos, self.patch_dim)
+        result = MultimodalPrompt(
+            text=text,
+            images=processed_images,
+            videos=processed_videos,
+            image_pixel_values=image_pixels,
+            image_grid_thw=image_grids,
+            video_pixel_values=video_pixels,
+            video_grid_thw=video_grids,
+        )
+        limit = self.limits.max_media_tokens
+        if limit is not None and result.num_media_tokens > limit:
+            raise MediaLimitError(
+                "request",
+                None,
+                f"the images and videos need {result.num_media_tokens:,} tokens together, more than the limit of "
+                f"{limit:,}; send fewer or smaller items, or lower max_image_tokens / max_video_frame_tokens",
+            )
+        return result

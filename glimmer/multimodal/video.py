@@ -1,0 +1,262 @@
+"""Videos → patch rows and per-group timestamps — architecture.md §7.
+
+Decoding uses PyAV (`av` on PyPI), whose wheels bundle their own FFmpeg. The reference decodes with
+torchcodec, which links against a system FFmpeg that must match the torch build; that makes it hard to
+install reproducibly, so we do not use it. Both decode through FFmpeg, but the YUV→RGB conversion can
+differ slightly between them (PyAV's swscale `rgb24` path versus torchcodec's own).
+
+What we do, and where it departs from the reference:
+
+* Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does; the
+  container header's count (`stream.frames`, used by transformers' PyAV reader) can be missing or wrong.
+* Frame rate: the stream's average rate, then its guessed rate, then 24 as the reference does.
+* Sampling: the reference's rule — n = min(⌊total·fps/video_fps⌋, num_frames, total), rounded down to an
+  even count but at least 2 (and at most total), at `linspace(0, total−1, n)` truncated.
+* Timestamps: the reference prints frame_index / fps. We print each sampled frame's real presentation
+  timestamp, relative to the first frame, so variable-frame-rate video and streams with gaps get true
+  times. For constant-rate video they are equal. Decoded frame arrays (`DecodedVideo`) have no
+  timestamps, so they use index / fps.
+* Only a demuxer allow-list of ordinary video containers is opened (no playlists or concat scripts,
+  which could make FFmpeg open other files).
+* Rotation metadata is not applied (the reference does not either).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import av
+import numpy as np
+import torch
+from PIL import Image
+
+from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
+from glimmer.multimodal.image import as_frame_tensor, pil_to_rgb
+from glimmer.multimodal.patches import patch_rows
+from glimmer.multimodal.resize import resize_frames, smart_resize
+from glimmer.multimodal.settings import MediaLimits, MediaSettings
+
+logger = logging.getLogger(__name__)
+
+# the reference's fallback when a video's frame rate is unknown — §7 sampling step 1
+DEFAULT_VIDEO_FPS = 24.0
+
+# FFmpeg demuxers we open (names as in `ffmpeg -demuxers`; "mov" covers mp4/m4v/3gp/mj2)
+ALLOWED_DEMUXERS = "mov,matroska,webm,avi,mpegts,flv,ogg,gif,mpeg,asf,ivf,nut,h264,hevc,m4v"
+
+
+@dataclass(frozen=True)
+class DecodedVideo:
+    """Frames already decoded by the caller: a (T, H, W, 3) uint8 array or a list of PIL images.
+
+    `fps` is the frames' rate; None means unknown, and the reference's 24 is assumed (with a warning).
+    """
+
+    frames: np.ndarray | Sequence[Image.Image]
+    fps: float | None = None
+
+
+VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo]  # noqa: UP007
+
+
+@dataclass(frozen=True)
+class ProcessedVideo:
+    pixel_values: torch.Tensor  # (grid_t·grid_h·grid_w, T·3·p·p) float32 in [−1, 1]
+    grid_thw: tuple[int, int, int]  # (grid_t, grid_h, grid_w): grid_t = frame groups of temporal_patch_size
+    tokens_per_group: int  # `<|video|>` placeholders per frame group: grid_h·grid_w / merge²
+    group_timestamps_s: tuple[float, ...]  # one per frame group: its first frame's time
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid_thw[0] * self.tokens_per_group
+
+
+def sample_frame_indices(total_frames: int, video_fps: float, settings: MediaSettings) -> list[int]:
+    """Indices of the frames to keep — the reference's `sample_frames` (architecture.md §7)."""
+    temporal = settings.temporal_patch_size
+    count = min(int(total_frames * settings.video_sample_fps / video_fps), settings.video_max_frames, total_frames)
+    count = max(temporal, count // temporal * temporal)
+    count = min(count, total_frames)
+    return torch.linspace(0, total_frames - 1, count).long().tolist()
+
+
+def group_timestamps(frame_timestamps_s: Sequence[float], grid_t: int, temporal_patch_size: int) -> tuple[float, ...]:
+    """One timestamp per frame group: every temporal_patch_size-th sampled frame, padded with the last."""
+    stamps = list(frame_timestamps_s[::temporal_patch_size])[:grid_t]
+    while len(stamps) < grid_t:
+        stamps.append(stamps[-1] if stamps else 0.0)
+    return tuple(stamps)
+
+
+def _frame_rate(stream: av.video.stream.VideoStream) -> float | None:
+    for rate in (stream.average_rate, stream.guessed_rate):
+        if rate is not None and rate > 0:
+            return float(rate)
+    return None
+
+
+def _open(source: bytes | str | os.PathLike) -> av.container.InputContainer:
+    return av.open(
+        io.BytesIO(source) if isinstance(source, bytes) else os.fspath(source),
+        options={"format_whitelist": ALLOWED_DEMUXERS},
+    )
+
+
+def _target_size(height: int, width: int, settings: MediaSettings) -> tuple[int, int]:
+    return smart_resize(height, width, settings.resize_factor, settings.max_video_frame_tokens)
+
+
+def _check_frame_pixels(width: int, height: int, index: int, limits: MediaLimits) -> None:
+    if width <= 0 or height <= 0:
+        raise MediaDecodeError("video", index, f"the video frames are empty ({width}×{height} pixels)")
+    if width * height > limits.max_image_pixels:
+        raise MediaLimitError(
+            "video",
+            index,
+            f"{width}×{height} = {width * height:,} pixels per frame exceeds the limit of "
+            f"{limits.max_image_pixels:,}; downscale the video before sending it",
+        )
+
+
+def _check_source_frames(count: int, index: int, limits: MediaLimits) -> None:
+    if count > limits.max_video_source_frames:
+        raise MediaLimitError(
+            "video",
+            index,
+            f"the video has more than {limits.max_video_source_frames:,} frames, the most this server decodes; "
+            "send a shorter clip",
+        )
+
+
+def decode_video_file(
+    source: bytes | str | os.PathLike, settings: MediaSettings, limits: MediaLimits, index: int = 0
+) -> tuple[torch.Tensor, list[float]]:
+    """Decode the sampled frames of an encoded video, already resized: (F, 3, h, w) uint8 and their times.
+
+    Raises MediaDecodeError for unreadable or unsupported data, MediaLimitError for too many pixels or frames.
+    """
+    try:
+        with _open(source) as container:
+            if not container.streams.video:
+                raise MediaDecodeError("video", index, "the file has no video stream")
+            stream = container.streams.video[0]
+            header_width, header_height = stream.codec_context.width, stream.codec_context.height
+            if header_width and header_height:  # some containers leave it to the first decoded frame
+                _check_frame_pixels(header_width, header_height, index, limits)
+            video_fps = _frame_rate(stream)
+            total_frames = 0
+            for packet in container.demux(stream):
+                if packet.size and packet.pts is not None:
+                    total_frames += 1
+                    _check_source_frames(total_frames, index, limits)
+        if total_frames == 0:
+            raise MediaDecodeError("video", index, "the video stream has no frames")
+        if video_fps is None:
+            logger.warning(
+                "video %d: unknown frame rate; assuming %s fps as the reference does", index, DEFAULT_VIDEO_FPS
+            )
+            video_fps = DEFAULT_VIDEO_FPS
+        wanted = sample_frame_indices(total_frames, video_fps, settings)
+        wanted_set, last_wanted = set(wanted), wanted[-1]
+
+        frames, times, decoded = [], [], 0
+        with _open(source) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            target = None
+            for frame_index, frame in enumerate(container.decode(stream)):
+                decoded += 1
+                if frame_index in wanted_set:
+                    _check_frame_pixels(frame.width, frame.height, index, limits)
+                    target = target or _target_size(frame.height, frame.width, settings)
+                    rgb = as_frame_tensor(frame.to_ndarray(format="rgb24")[None])
+                    frames.append(resize_frames(rgb, *target))
+                    times.append(frame.time if frame.time is not None else frame_index / video_fps)
+                if frame_index >= last_wanted:
+                    break
+    except (MediaDecodeError, MediaLimitError):
+        raise
+    except FileNotFoundError:
+        raise MediaDecodeError("video", index, f"no such file: {os.fspath(source)!r}") from None
+    except (av.FFmpegError, OSError, ValueError, EOFError) as error:
+        raise MediaDecodeError(
+            "video", index, f"the data is not a decodable video (MP4, WebM, MKV, AVI, MPEG-TS, ...): {error}"
+        ) from None
+    if len(frames) < len(wanted):
+        raise MediaDecodeError(
+            "video",
+            index,
+            f"only {decoded} of the {total_frames} frames in the container could be decoded; the file is "
+            "corrupt or truncated",
+        )
+    first = times[0]
+    return torch.cat(frames), [time - first for time in times]
+
+
+def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaLimits, index: int):
+    frames = video.frames
+    if isinstance(frames, np.ndarray):
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
+            raise MediaDecodeError(
+                "video", index, f"frames must be a (T, H, W, 3) uint8 array; got {frames.dtype} {frames.shape}"
+            )
+        total_frames, height, width = frames.shape[:3]
+    else:
+        if not all(isinstance(frame, Image.Image) for frame in frames):
+            raise MediaDecodeError("video", index, "frames must be a (T, H, W, 3) uint8 array or a list of PIL images")
+        sizes = {frame.size for frame in frames}
+        if len(sizes) > 1:
+            raise MediaDecodeError("video", index, f"all frames must have the same size; got {sorted(sizes)}")
+        total_frames = len(frames)
+        width, height = sizes.pop() if sizes else (0, 0)
+    if total_frames == 0:
+        raise MediaDecodeError("video", index, "the video has no frames")
+    _check_frame_pixels(width, height, index, limits)
+    _check_source_frames(total_frames, index, limits)
+    fps = video.fps
+    if fps is None:
+        logger.warning(
+            "video %d: no fps given with the frames; assuming %s as the reference does", index, DEFAULT_VIDEO_FPS
+        )
+        fps = DEFAULT_VIDEO_FPS
+    elif not fps > 0:
+        raise MediaDecodeError("video", index, f"fps={fps!r} is invalid; expected a positive number")
+    wanted = sample_frame_indices(total_frames, fps, settings)
+    if isinstance(frames, np.ndarray):
+        selected = frames[wanted]
+    else:
+        selected = np.stack([pil_to_rgb(frames[i]) for i in wanted])
+    resized = resize_frames(as_frame_tensor(selected), *_target_size(height, width, settings))
+    return resized, [i / fps for i in wanted]
+
+
+def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0) -> ProcessedVideo:
+    """Decode, sample, resize (one size per video), normalise and patchify one video.
+
+    `index` is the video's position in the request, used in error messages.
+    """
+    if isinstance(video, bytearray | memoryview):
+        video = bytes(video)
+    if isinstance(video, DecodedVideo):
+        frames, times = _decoded_frames(video, settings, limits, index)
+    elif isinstance(video, bytes | str | os.PathLike):
+        frames, times = decode_video_file(video, settings, limits, index)
+    else:
+        raise MediaDecodeError(
+            "video",
+            index,
+            f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path or "
+            "DecodedVideo frames",
+        )
+    rows, grid = patch_rows(frames, settings)
+    return ProcessedVideo(
+        pixel_values=rows,
+        grid_thw=grid,
+        tokens_per_group=grid[1] * grid[2] // settings.merge_size**2,
+        group_timestamps_s=group_timestamps(times, grid[0], settings.temporal_patch_size),
+    )

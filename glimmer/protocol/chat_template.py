@@ -1,0 +1,210 @@
+"""Rendering a chat with the checkpoint's (or operator's) jinja template, as HF `apply_chat_template` does.
+
+`ChatTemplate` compiles a template once; `render` passes the template exactly what transformers passes it
+(P-TMPL-2, P-TMPL-3): `messages`, `tools` (None when there are none), `documents` (None),
+`add_generation_prompt`, the special-token variables (`bos_token`, `eos_token`, …), `reasoning_strength`
+when the request resolved one (P-EFF-1), and then the request's extra template kwargs (`current_date`,
+`knowledge_cutoff`, `tool_namespace_descriptions`, …). A kwarg that would replace one of the fixed variables
+is a request error naming it.
+
+Inputs are rebuilt from plain JSON types before the template sees them, so the template can neither reach
+methods of rich objects nor modify the caller's messages. Like transformers 5, a message's reasoning given
+as `thinking` or `reasoning` is also offered as `reasoning_content` (and `thinking`).
+
+The rendered prompt contains the bos text the template writes: tokenize it **without** adding special tokens
+(P-TMPL-5, architecture.md §14.22), or the model sees a second bos.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+
+from glimmer.errors import GlimmerError, RequestError
+from glimmer.protocol.jinja_sandbox import make_environment
+from glimmer.protocol.tokens import BOS, EOS, PAD
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SPECIAL_TOKENS: Mapping[str, str] = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+"""The Muse Glimmer tokenizer's named tokens, used when the caller passes none."""
+
+TOKEN_VARIABLES = frozenset(
+    {"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
+     "additional_special_tokens"}
+)
+"""Template variables that carry token spellings; request kwargs may not replace them (P-TMPL-3)."""
+
+FIXED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
+"""Template variables the renderer owns; request kwargs may not replace them (P-TMPL-3)."""
+
+# Names under which clients send a message's reasoning; the first is the one chat templates read.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class ChatTemplateError(GlimmerError, ValueError):
+    """The chat template failed to compile or to render; `template_message` is the template's own message.
+
+    The server answers 400 with this message: the usual cause is a request the template rejects (for
+    example tool-call arguments that are not an object, or a `raise_exception` in the template).
+    """
+
+    def __init__(self, template_message: str):
+        super().__init__(f"chat template error: {template_message}")
+        self.template_message = template_message
+
+
+class ChatTemplate:
+    """A compiled chat template. Compile once per source (it is immutable and safe to share)."""
+
+    def __init__(self, source: str):
+        """Raises ChatTemplateError when the source is not a valid jinja template."""
+        if not isinstance(source, str):
+            raise ChatTemplateError(f"the template source must be a string, got {type(source).__name__}")
+        self.source = source
+        self.sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        try:
+            self._template = make_environment().from_string(source)
+        except jinja2.TemplateSyntaxError as error:
+            raise ChatTemplateError(f"line {error.lineno}: {error.message}") from error
+        except jinja2.TemplateError as error:
+            raise ChatTemplateError(str(error)) from error
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        special_tokens: Mapping[str, str] | None = None,
+        reasoning_strength: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """The prompt text for `messages`.
+
+        `special_tokens` maps token variable names to spellings (default: the Muse Glimmer tokenizer's
+        `bos_token`, `eos_token`, `pad_token`). `reasoning_strength` is passed only when not None (the
+        template's own default applies otherwise); it replaces a `reasoning_strength` inside
+        `chat_template_kwargs`, from which the server resolved it (P-EFF-1). `chat_template_kwargs` (the
+        request's field) and `template_kwargs` are further template variables.
+
+        Raises RequestError when `messages` is not a list of mappings or a kwarg would replace `messages`,
+        `tools`, `add_generation_prompt` or a token variable (P-TMPL-3); ChatTemplateError when the
+        template fails.
+        """
+        tokens = dict(DEFAULT_SPECIAL_TOKENS if special_tokens is None else special_tokens)
+        extra = {**(chat_template_kwargs or {}), **template_kwargs}
+        _refuse_fixed_kwargs(extra, tokens)
+        context: dict[str, Any] = {**tokens}
+        context["documents"] = None
+        context.update(_plain(extra))
+        if reasoning_strength is not None:
+            context["reasoning_strength"] = reasoning_strength
+        context["messages"] = _template_messages(messages)
+        context["tools"] = _plain(list(tools)) if tools else None
+        context["add_generation_prompt"] = bool(add_generation_prompt)
+        try:
+            return self._template.render(**context)
+        except jinja2.TemplateError as error:
+            raise ChatTemplateError(error.message or type(error).__name__) from error
+        except Exception as error:  # a template can fail in any Python operation it performs
+            raise ChatTemplateError(f"{type(error).__name__}: {error}") from error
+
+
+@lru_cache(maxsize=32)
+def compiled_template(source: str) -> ChatTemplate:
+    """The ChatTemplate for `source`, compiled once per distinct source text."""
+    return ChatTemplate(source)
+
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    template: str,
+    add_generation_prompt: bool = True,
+    special_tokens: Mapping[str, str] | None = None,
+    reasoning_strength: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    **template_kwargs: Any,
+) -> str:
+    """Render `messages` with the template source `template` (compiled once and cached).
+
+    Same arguments and errors as `ChatTemplate.render`.
+    """
+    return compiled_template(template).render(
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        special_tokens=special_tokens,
+        reasoning_strength=reasoning_strength,
+        chat_template_kwargs=chat_template_kwargs,
+        **template_kwargs,
+    )
+
+
+def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str, str]) -> None:
+    for name in template_kwargs:
+        if name in FIXED_VARIABLES or name in TOKEN_VARIABLES or name in tokens:
+            raise RequestError(
+                f"chat_template_kwargs may not set {name!r}: the server sets it (pass messages, tools and "
+                "add_generation_prompt as request fields; token variables come from the tokenizer)",
+                param="chat_template_kwargs",
+            )
+
+
+def _template_messages(messages: Any) -> list[dict[str, Any]]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise RequestError("messages must be a list of message objects", param="messages")
+    plain_messages = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise RequestError(f"messages[{index}] must be an object, got {type(message).__name__}",
+                               param="messages")
+        plain_messages.append(_with_reasoning_aliases(_plain(message)))
+    return plain_messages
+
+
+def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
+    # transformers 5 offers reasoning under every name templates read; a template written for `thinking` and
+    # one written for `reasoning_content` both see it.
+    reasoning = next((message[field] for field in _REASONING_FIELDS if message.get(field) is not None), None)
+    if reasoning is None:
+        return message
+    aliased = {"thinking": reasoning}
+    aliased.update(message)
+    aliased["reasoning_content"] = reasoning
+    return aliased
+
+
+def _plain(value: Any) -> Any:
+    """`value` rebuilt from JSON-like types; anything else becomes an inert `<TypeName>` placeholder."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        return _plain(model_dump())
+    return f"<{type(value).__name__}>"

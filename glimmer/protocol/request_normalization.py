@@ -1,0 +1,176 @@
+"""Turning an OpenAI-style request's messages and tools into what the chat template expects.
+
+Clients send history the OpenAI way: tool-call `arguments` as JSON strings, reasoning as `reasoning`, media
+as `image_url` parts, tools with optional fields. The template wants mappings, `reasoning_content`,
+`image`/`video` parts and complete tool objects (P-TMPL-6). Everything is normalized before rendering, so
+a request the template cannot render fails here with a message naming the field instead of deep inside
+jinja. Nothing is modified in place.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from glimmer.errors import RequestError
+from glimmer.protocol.tokens import RECIPIENT_MAX
+from glimmer.protocol.tool_registry import function_of
+
+logger = logging.getLogger(__name__)
+
+RENDERED_ROLES = frozenset({"system", "user", "assistant", "tool"})
+"""Roles the Muse Glimmer template renders; others render nothing (P-TMPL-7)."""
+
+EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
+"""The schema a tool without `parameters` gets (P-TMPL-6)."""
+
+_MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video"}
+
+
+def normalize_messages(messages: Any, *, developer_as_system: bool = False) -> list[dict[str, Any]]:
+    """Copies of `messages` ready to render (P-TMPL-6, P-TMPL-7).
+
+    - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
+      not a JSON object raise RequestError naming the message index and field;
+    - `reasoning` fills a missing `reasoning_content`;
+    - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
+      `image_url` / `video_url` entry for the media layer;
+    - roles the template does not render pass unchanged (they render nothing) with a warning;
+      `developer_as_system` maps `developer` to `system` instead (a server option, off by default).
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise RequestError("messages must be a list of message objects", param="messages")
+    normalized = []
+    unrendered_roles: list[str] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise RequestError(f"messages[{index}] must be an object, got {type(message).__name__}",
+                               param="messages")
+        message = dict(message)
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise RequestError(f"messages[{index}].role must be a string", param=f"messages[{index}].role")
+        if role == "developer" and developer_as_system:
+            message["role"] = role = "system"
+        if role not in RENDERED_ROLES and role not in unrendered_roles:
+            unrendered_roles.append(role)
+        if isinstance(message.get("content"), list):
+            message["content"] = [_normalized_part(part) for part in message["content"]]
+        if message.get("reasoning_content") is None and message.get("reasoning") is not None:
+            message["reasoning_content"] = message["reasoning"]
+        if message.get("tool_calls") is not None:
+            message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
+        normalized.append(message)
+    if unrendered_roles:
+        logger.warning("messages with role(s) %s are not rendered by the chat template and are dropped "
+                       "from the prompt", ", ".join(repr(role) for role in unrendered_roles))
+    return normalized
+
+
+def _normalized_part(part: Any) -> Any:
+    if isinstance(part, Mapping) and part.get("type") in _MEDIA_PART_TYPES:
+        return {**part, "type": _MEDIA_PART_TYPES[part["type"]]}
+    return part
+
+
+def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str, Any]]:
+    field = f"messages[{message_index}].tool_calls"
+    if not isinstance(tool_calls, list):
+        raise RequestError(f"{field} must be a list", param=field)
+    normalized = []
+    for call_index, call in enumerate(tool_calls):
+        call_field = f"{field}[{call_index}]"
+        if not isinstance(call, Mapping):
+            raise RequestError(f"{call_field} must be an object", param=call_field)
+        function = function_of(call)
+        assert function is not None
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"{call_field}.function.name must be a non-empty string",
+                               param=f"{call_field}.function.name")
+        arguments = _decoded_arguments(function.get("arguments"), f"{call_field}.function.arguments")
+        call = dict(call)
+        if call.get("function") is function:
+            call["function"] = {**function, "arguments": arguments}
+        else:
+            call["arguments"] = arguments
+        normalized.append(call)
+    return normalized
+
+
+def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
+    if arguments is None:
+        return {}
+    if isinstance(arguments, Mapping):
+        return dict(arguments)
+    if not isinstance(arguments, str):
+        raise RequestError(f"{field} must be a JSON object or a string holding one, got "
+                           f"{type(arguments).__name__}", param=field)
+    if not arguments.strip():
+        return {}
+    try:
+        decoded = json.loads(arguments)
+    except (ValueError, RecursionError) as error:
+        raise RequestError(f"{field} is not valid JSON: {error}", param=field) from error
+    if not isinstance(decoded, dict):
+        raise RequestError(f"{field} must encode a JSON object, got {type(decoded).__name__}", param=field)
+    return decoded
+
+
+def normalize_tools(tools: Any) -> list[dict[str, Any]]:
+    """The request's tools as complete OpenAI-style objects (P-TMPL-6), validated by P-REQ-8.
+
+    Accepts `{"type": "function", "function": {...}}` and bare function objects. A missing description
+    becomes `""`, missing parameters an empty object schema. Names must be unique, 1..RECIPIENT_MAX
+    characters, without whitespace, `<` or `"` (they are written into headers and ATEM tags); anything else
+    raises RequestError with param `tools`. None gives `[]`.
+    """
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        raise RequestError("tools must be a list of tool objects", param="tools")
+    normalized = []
+    seen_names: set[str] = set()
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise RequestError(f"tools[{index}] must be an object", param="tools")
+        if "function" in tool and tool.get("type", "function") != "function":
+            raise RequestError(f"tools[{index}].type {tool.get('type')!r} is not supported; only 'function' "
+                               "tools are", param="tools")
+        function = function_of(tool)
+        if function is None or ("function" in tool and not isinstance(tool["function"], Mapping)):
+            raise RequestError(f"tools[{index}].function must be an object", param="tools")
+        name = function.get("name")
+        _check_tool_name(name, index, seen_names)
+        seen_names.add(name)
+        description = function.get("description")
+        if description is None:
+            description = ""
+        elif not isinstance(description, str):
+            raise RequestError(f"tools[{index}].function.description must be a string", param="tools")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = dict(EMPTY_PARAMETERS_SCHEMA)
+        elif not isinstance(parameters, Mapping):
+            raise RequestError(f"tools[{index}].function.parameters must be a JSON schema object",
+                               param="tools")
+        complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}
+        normalized.append({"type": "function", "function": complete})
+    return normalized
+
+
+def _check_tool_name(name: Any, index: int, seen_names: set[str]) -> None:
+    """P-REQ-8: unique, 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`."""
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"tools[{index}].function.name must be a non-empty string", param="tools")
+    if len(name) > RECIPIENT_MAX:
+        raise RequestError(f"tools[{index}].function.name {name[:RECIPIENT_MAX]!r}… is {len(name)} "
+                           f"characters; the limit is {RECIPIENT_MAX}", param="tools")
+    if any(character.isspace() or character in '<"' for character in name):
+        raise RequestError(f"tools[{index}].function.name {name!r} may not contain whitespace, '<' or '\"'",
+                           param="tools")
+    if name in seen_names:
+        raise RequestError(f"tools[{index}].function.name {name!r} is declared twice; names must be unique",
+                           param="tools")

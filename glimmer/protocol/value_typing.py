@@ -1,0 +1,166 @@
+"""Typing an ATEM parameter value by the tool's JSON schema (protocol.md §4.5, P-VAL-1..4).
+
+ATEM values are raw text: the template writes strings as they are and lists/objects as JSON. The schema of
+the parameter decides how the text is read back, so a string parameter keeps text that merely looks like
+JSON, a number or `true`, and an integer parameter gets a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+_JSON_TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+_MAX_SCHEMA_DEPTH = 32
+
+
+class _NotJson(Exception):
+    """The text is not strict, finite JSON."""
+
+
+def parameter_value_json(raw: str, schema: Any, root: Mapping[str, Any]) -> str:
+    """The JSON text of a parameter value given its raw ATEM text.
+
+    `schema` is the parameter's schema (None when the parameter is undeclared), `root` the tool's whole
+    parameters schema (for local `$ref`). The result is always valid JSON: non-finite numbers and
+    anything that cannot be serialized fall back to the raw text as a string (P-VAL-4).
+    """
+    value = typed_value(raw, schema, root)
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return json.dumps(raw, ensure_ascii=False)
+
+
+def typed_value(raw: str, schema: Any, root: Mapping[str, Any]) -> Any:
+    allowed = allowed_types(schema, root)
+    if not allowed:
+        return _untyped_value(raw)
+    if "string" in allowed:
+        # P-VAL-1: verbatim and untrimmed; only the exact text null is null, and only if null is allowed.
+        return None if raw == "null" and "null" in allowed else raw
+    try:
+        parsed = _strict_json(raw.strip())
+    except _NotJson:
+        return raw
+    return _fitted(parsed, allowed, raw)
+
+
+def allowed_types(schema: Any, root: Mapping[str, Any], depth: int = 0) -> set[str]:
+    """JSON type names a schema admits, from `type`, `enum`/`const` values and `anyOf`/`oneOf` members.
+
+    Empty when the schema says nothing about types (no schema at all, `{}`, only a description).
+    """
+    if depth > _MAX_SCHEMA_DEPTH or not isinstance(schema, Mapping):
+        return set()
+    types: set[str] = set()
+    reference = schema.get("$ref")
+    if isinstance(reference, str):
+        types |= allowed_types(_local_reference(reference, root), root, depth + 1)
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        types.add(declared)
+    elif isinstance(declared, list):
+        types.update(name for name in declared if isinstance(name, str))
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        types.update(_json_type_of(member) for member in enum)
+    if "const" in schema:
+        types.add(_json_type_of(schema["const"]))
+    for combinator in ("anyOf", "oneOf"):
+        members = schema.get(combinator)
+        if isinstance(members, list):
+            for member in members:
+                types |= allowed_types(member, root, depth + 1)
+    return types & _JSON_TYPE_NAMES
+
+
+def _untyped_value(raw: str) -> Any:
+    # P-VAL-3: without a schema only an unmistakable object or array is decoded.
+    stripped = raw.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            parsed = _strict_json(stripped)
+        except _NotJson:
+            return raw
+        if isinstance(parsed, (dict, list)):
+            return parsed
+    return raw
+
+
+def _fitted(parsed: Any, allowed: set[str], raw: str) -> Any:
+    if isinstance(parsed, bool):
+        return parsed if "boolean" in allowed else raw
+    if parsed is None:
+        return None if "null" in allowed else raw
+    if isinstance(parsed, int):
+        return parsed if allowed & {"integer", "number"} else raw
+    if isinstance(parsed, float):
+        if "number" in allowed:
+            return parsed
+        if "integer" in allowed and parsed.is_integer():
+            return int(parsed)
+        return raw
+    if isinstance(parsed, dict):
+        return parsed if "object" in allowed else raw
+    if isinstance(parsed, list):
+        return parsed if "array" in allowed else raw
+    return raw
+
+
+def _strict_json(text: str) -> Any:
+    """json.loads without NaN/Infinity and without overflowing floats (1e400 would become inf)."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as error:
+        raise _NotJson from error
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} overflows a double")
+    return number
+
+
+def _json_type_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _local_reference(reference: str, root: Mapping[str, Any]) -> Any:
+    """The schema a local `$ref` (`#`, `#/$defs/Name`, …) points to inside `root`, or None."""
+    if not reference.startswith("#"):
+        return None
+    target: Any = root
+    pointer = reference[1:]
+    if not pointer:
+        return target
+    if not pointer.startswith("/"):
+        return None
+    for token in pointer[1:].split("/"):
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, Mapping) and token in target:
+            target = target[token]
+        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+            target = target[int(token)]
+        else:
+            return None
+    return target

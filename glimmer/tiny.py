@@ -1,0 +1,223 @@
+"""Write small random Muse Glimmer checkpoints: the test fixtures and the embedded default model.
+
+A tiny checkpoint is a complete model directory — config.json in the chosen layout, weights in the
+matching weight layout, a byte-level BPE tokenizer whose special tokens sit at ids of its own, a
+generation config, and the project's own chat template — so every code path a real checkpoint takes
+is exercised. Every weight is random, norms included (architecture.md §12.2: a freshly initialized
+reference model has all-ones norms, which hides norm bugs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from glimmer.checkpoint.config import (
+    ModelConfig,
+    TextConfig,
+    VisionConfig,
+    reference_rope_layers,
+    reference_text_layer_types,
+    reference_vision_layer_types,
+)
+from glimmer.checkpoint.config_layouts import config_to_dict
+from glimmer.checkpoint.safetensors_files import INDEX_FILE, SINGLE_FILE
+from glimmer.checkpoint.tiny_tokenizer import TinyTokenizerInfo, write_tiny_tokenizer
+from glimmer.checkpoint.weight_layouts import CANONICAL, LEGACY, NATIVE, locate, rotate_half_to_interleaved
+from glimmer.errors import ConfigError
+from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+# `glimmer make-tiny --layout X` → (config.json layout, weight layout)
+TINY_LAYOUTS: dict[str, tuple[str, str]] = {
+    "canonical": ("canonical", CANONICAL),
+    "legacy": ("canonical-text", LEGACY),
+    "flat": ("flat", CANONICAL),
+    "native": ("vendor", NATIVE),
+}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Sizes of a tiny model. The defaults give 8 layers (NoPE full attention at 3 and 7), GQA 2:1 and a
+    32-token window, so ordinary test prompts cross the window."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    sliding_window: int = 32
+    max_position_embeddings: int = 4096
+    rope_theta: float = 500000.0
+    vocab_multiple: int = 64
+    vision_hidden_size: int = 32
+    vision_intermediate_size: int = 64
+    vision_num_hidden_layers: int = 4
+    vision_num_attention_heads: int = 2
+    # a 4×4 learned position grid gives 4×4-patch attention windows, so small images have ragged windows
+    vision_pos_emb_size: int = 4
+    projector_hidden_size: int = 48
+
+
+def tiny_model_config(tokens: TinyTokenizerInfo, spec: TinySpec = TinySpec(), *, vision: bool = False) -> ModelConfig:
+    n = spec.num_hidden_layers
+    vocab = math.ceil(tokens.vocab_size / spec.vocab_multiple) * spec.vocab_multiple
+    text = TextConfig(
+        vocab_size=vocab,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=n,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        hidden_activation="silu",
+        rms_norm_eps=1e-5,
+        post_norm_eps=1e-8,
+        rope_theta=spec.rope_theta,
+        sliding_window=spec.sliding_window,
+        layer_types=reference_text_layer_types(n),
+        rope_layers=reference_rope_layers(n),
+        qk_scale_factor=3.87,
+        output_multiplier=1 / math.sqrt(spec.hidden_size / 16),
+        final_logit_softcapping=20.0,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokens.bos_token_id,
+        eos_token_id=(tokens.eos_token_id,),
+        pad_token_id=None,
+    )
+    if not vision:
+        return ModelConfig(text=text, vision=None, image_token_id=None, video_token_id=None, out_hidden_size=None,
+                           projector_hidden_size=None, projector_hidden_act=None)
+    merge = 2
+    vision_config = VisionConfig(
+        hidden_size=spec.vision_hidden_size,
+        intermediate_size=spec.vision_intermediate_size,
+        num_hidden_layers=spec.vision_num_hidden_layers,
+        num_attention_heads=spec.vision_num_attention_heads,
+        patch_size=14,
+        patch_temporal=2,
+        merge_size=merge,
+        pos_emb_size=spec.vision_pos_emb_size,
+        rope_theta=10000.0,
+        layer_norm_eps=1e-5,
+        hidden_act="gelu",
+        layer_types=reference_vision_layer_types(spec.vision_num_hidden_layers),
+    )
+    return ModelConfig(
+        text=text,
+        vision=vision_config,
+        image_token_id=tokens.image_token_id,
+        video_token_id=tokens.video_token_id,
+        out_hidden_size=spec.vision_hidden_size * merge**2,
+        projector_hidden_size=spec.projector_hidden_size,
+        projector_hidden_act="gelu",
+    )
+
+
+def _is_plain_scale(name: str) -> bool:
+    """Norm weights whose neutral value is 1 (the final norm and LayerNorms); centered norms are 0-neutral."""
+    return name.endswith(("language_model.norm.weight", "ln_pre.weight", "ln_post.weight", "norm1.weight",
+                          "norm2.weight"))
+
+
+def random_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every canonical parameter drawn at random, scaled to keep activations O(1)."""
+    with torch.device("meta"):
+        model = MuseGlimmerForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, meta in model.state_dict().items():
+        shape = tuple(meta.shape)
+        noise = torch.randn(shape, generator=generator)
+        if name.endswith("embedding_table.weight") or "embed_tokens" in name:
+            tensor = noise
+        elif len(shape) == 2:
+            tensor = noise / math.sqrt(shape[1])
+        elif name.endswith(".bias"):
+            tensor = noise * 0.1
+        else:
+            tensor = (1.0 if _is_plain_scale(name) else 0.0) + noise * 0.3
+        out[name] = tensor.contiguous()
+    return out
+
+
+def to_weight_layout(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout: str) -> dict[str, torch.Tensor]:
+    """Re-express canonical tensors in another weight layout (fusing and permuting as that layout does)."""
+    sources: dict[str, list[tuple[tuple[int, int] | None, torch.Tensor]]] = {}
+    for target, tensor in state_dict.items():
+        where = locate(layout, target, config)
+        if where is None:
+            raise ConfigError(f"the {layout} weight layout cannot hold {target}")
+        if where.rope_heads is not None:
+            tensor = rotate_half_to_interleaved(tensor, where.rope_heads)
+        sources.setdefault(where.source, []).append((where.rows, tensor))
+    out = {}
+    for source, parts in sources.items():
+        if parts[0][0] is None:
+            out[source] = parts[0][1].contiguous()
+        else:
+            out[source] = torch.cat([t for _, t in sorted(parts, key=lambda p: p[0][0])]).contiguous()
+    return out
+
+
+def save_weights(tensors: dict[str, torch.Tensor], out_dir: Path, num_shards: int = 1) -> None:
+    """model.safetensors, or num_shards files with a model.safetensors.index.json."""
+    names = sorted(tensors)
+    if num_shards <= 1:
+        save_file(tensors, str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    per_shard = math.ceil(len(names) / num_shards)
+    for shard in range(num_shards):
+        chunk = names[shard * per_shard : (shard + 1) * per_shard]
+        file = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
+        save_file({n: tensors[n] for n in chunk}, str(out_dir / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(chunk, file))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def write_tiny_checkpoint(
+    out_dir: str | os.PathLike,
+    *,
+    layout: str = "canonical",
+    vision: bool = False,
+    seed: int = 0,
+    spec: TinySpec = TinySpec(),
+    num_shards: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write a complete tiny checkpoint directory and return its path."""
+    if layout not in TINY_LAYOUTS:
+        raise ConfigError(f"layout={layout!r} is not one of {sorted(TINY_LAYOUTS)}")
+    config_layout, weight_layout = TINY_LAYOUTS[layout]
+    if vision and weight_layout == LEGACY:
+        raise ConfigError("the legacy layout is text-only; use --layout canonical, flat or native with --vision")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokens = write_tiny_tokenizer(out)
+    config = tiny_model_config(tokens, spec, vision=vision)
+    (out / "config.json").write_text(json.dumps(config_to_dict(config, config_layout), indent=2) + "\n")
+    generation = {
+        "bos_token_id": tokens.bos_token_id,
+        "eos_token_id": [tokens.eos_token_id, tokens.eot_token_id],
+        "pad_token_id": tokens.pad_token_id,
+        "do_sample": False,
+    }
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    from glimmer.protocol.builtin_template import builtin_template_source
+
+    (out / "chat_template.jinja").write_text(builtin_template_source())
+    weights = {k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}
+    save_weights(to_weight_layout(weights, config, weight_layout), out, num_shards)
+    return out

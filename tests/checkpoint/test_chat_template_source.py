@@ -1,0 +1,104 @@
+"""P-TMPL-1: where the chat template comes from."""
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from glimmer.checkpoint.chat_template_source import find_chat_template
+from glimmer.errors import CheckpointError
+
+JINJA = (
+    "{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>{% endfor %}"
+)
+
+
+def write_config(directory: Path, **fields) -> None:
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", **fields}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def test_override_file_wins_over_the_checkpoint(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text("from jinja", encoding="utf-8")
+    write_config(tmp_path, chat_template="from config")
+    override = tmp_path / "operator.jinja"
+    override.write_text("from operator", encoding="utf-8")
+    source = find_chat_template(tmp_path, override=str(override))
+    assert source.text == "from operator"
+    assert "--chat-template" in source.origin and str(override) in source.origin
+
+
+def test_chat_template_jinja_wins_over_tokenizer_config(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
+    write_config(tmp_path, chat_template="from config")
+    source = find_chat_template(tmp_path)
+    assert source.text == JINJA
+    assert source.origin == str(tmp_path / "chat_template.jinja")
+
+
+def test_tokenizer_config_string_template(tmp_path):
+    write_config(tmp_path, chat_template=JINJA)
+    source = find_chat_template(tmp_path)
+    assert source.text == JINJA
+    assert "tokenizer_config.json" in source.origin
+
+
+def test_tokenizer_config_named_list_takes_default(tmp_path):
+    write_config(
+        tmp_path,
+        chat_template=[{"name": "tool_use", "template": "tools"}, {"name": "default", "template": JINJA}],
+    )
+    source = find_chat_template(tmp_path)
+    assert source.text == JINJA
+    assert "default" in source.origin
+
+
+def test_named_list_without_default_is_an_error_listing_the_names(tmp_path):
+    write_config(tmp_path, chat_template=[{"name": "tool_use", "template": "tools"}])
+    with pytest.raises(CheckpointError, match=r"\['tool_use'\].*--chat-template FILE"):
+        find_chat_template(tmp_path)
+
+
+def test_sha256_is_of_the_file_bytes_with_newlines_untouched(tmp_path):
+    raw = b"line one\r\nline two\n"
+    (tmp_path / "chat_template.jinja").write_bytes(raw)
+    source = find_chat_template(tmp_path)
+    assert source.text.encode() == raw
+    assert source.sha256 == hashlib.sha256(raw).hexdigest()
+
+
+def test_origin_and_sha256_are_logged(tmp_path, caplog):
+    (tmp_path / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
+    with caplog.at_level(logging.INFO, logger="glimmer.checkpoint.chat_template_source"):
+        source = find_chat_template(tmp_path)
+    assert source.sha256 in caplog.text and source.origin in caplog.text
+
+
+def test_no_template_names_every_place_searched_and_the_option(tmp_path):
+    write_config(tmp_path)
+    with pytest.raises(CheckpointError) as excinfo:
+        find_chat_template(tmp_path)
+    message = str(excinfo.value)
+    for expected in ("chat_template.jinja", "tokenizer_config.json", "GGUF", "--chat-template FILE"):
+        assert expected in message
+
+
+def test_missing_override_file_is_named(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
+    missing = tmp_path / "nope.jinja"
+    with pytest.raises(CheckpointError, match="nope.jinja"):
+        find_chat_template(tmp_path, override=missing)
+
+
+def test_empty_template_is_an_error(tmp_path):
+    (tmp_path / "chat_template.jinja").write_text("\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="empty"):
+        find_chat_template(tmp_path)
+
+
+def test_unreadable_tokenizer_config_is_named(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text("{oops", encoding="utf-8")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json"):
+        find_chat_template(tmp_path)

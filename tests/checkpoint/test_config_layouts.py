@@ -1,0 +1,813 @@
+"""config.json layouts → ModelConfig and back (glimmer/checkpoint/config_layouts.py).
+
+transformers 5.23 is the oracle for the canonical layouts: its config classes must accept what we write,
+derive the same layer patterns, and what it saves must normalize without a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import MuseGlimmerConfig, MuseGlimmerTextConfig
+
+from glimmer.checkpoint.config import (
+    ModelConfig,
+    TextConfig,
+    VisionConfig,
+    reference_rope_layers,
+    reference_text_layer_types,
+    reference_vision_layer_types,
+)
+from glimmer.checkpoint.config_layouts import CONFIG_LAYOUTS, config_to_dict, load_config, normalize_config
+from glimmer.errors import ConfigError
+
+RELEASE_THETA = {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+RELEASE_FULL_LAYERS = tuple(range(3, 52, 4))
+# TextConfig fields that MuseGlimmerTextConfig holds under the same name and meaning
+SAME_NAMED_TEXT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_activation",
+    "rms_norm_eps",
+    "post_norm_eps",
+    "sliding_window",
+    "qk_scale_factor",
+    "output_multiplier",
+    "final_logit_softcapping",
+    "attention_bias",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "bos_token_id",
+    "pad_token_id",
+)
+
+
+def tiny_text(**changes) -> TextConfig:
+    n = changes.pop("num_hidden_layers", 4)
+    rope_layers = changes.pop("rope_layers", reference_rope_layers(n))
+    fields = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=n,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_activation="silu",
+        rms_norm_eps=1e-5,
+        post_norm_eps=1e-8,
+        rope_theta=500000.0,
+        sliding_window=8,
+        layer_types=tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers),
+        rope_layers=rope_layers,
+        qk_scale_factor=3.87,
+        output_multiplier=0.19611613513818404,
+        final_logit_softcapping=20.0,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=(2,),
+        pad_token_id=None,
+    )
+    return TextConfig(**(fields | changes))
+
+
+def tiny_vision(**changes) -> VisionConfig:
+    n = changes.pop("num_hidden_layers", 4)
+    fields = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=n,
+        num_attention_heads=2,
+        patch_size=14,
+        patch_temporal=2,
+        merge_size=2,
+        pos_emb_size=4,
+        rope_theta=10000.0,
+        layer_norm_eps=1e-5,
+        hidden_act="gelu",
+        layer_types=reference_vision_layer_types(n),
+    )
+    return VisionConfig(**(fields | changes))
+
+
+def tiny_model(vision: bool = True, **text_changes) -> ModelConfig:
+    if not vision:
+        return ModelConfig(tiny_text(**text_changes), None, None, None, None, None, None)
+    return ModelConfig(tiny_text(**text_changes), tiny_vision(), 10, 11, 128, 48, "gelu")
+
+
+def text_only(config: ModelConfig) -> ModelConfig:
+    return replace(
+        config,
+        vision=None,
+        image_token_id=None,
+        video_token_id=None,
+        out_hidden_size=None,
+        projector_hidden_size=None,
+        projector_hidden_act=None,
+    )
+
+
+def assert_same_config(got: ModelConfig, expected: ModelConfig) -> None:
+    assert replace(got, config_layout=expected.config_layout) == expected
+
+
+def hf_tiny_config() -> MuseGlimmerConfig:
+    """The tiny VLM of architecture.md §12.3, built by the reference classes."""
+    text = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        **RELEASE_THETA,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        patch_size=14,
+        patch_temporal=2,
+        merge_size=2,
+        pos_emb_height=4,
+        pos_emb_width=4,
+        max_position_embeddings=16,
+    )
+    return MuseGlimmerConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=10,
+        video_token_id=11,
+        out_hidden_size=128,
+        projector_hidden_size=48,
+    )
+
+
+def release_config() -> ModelConfig:
+    return normalize_config(MuseGlimmerConfig(text_config=RELEASE_THETA).to_dict())
+
+
+def expect_error(raw: dict, *fragments: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        normalize_config(raw)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Round trips
+
+
+@st.composite
+def model_configs(draw, *, any_nope_pattern: bool = False) -> ModelConfig:
+    n = draw(st.integers(1, 9))
+    kv_heads = draw(st.sampled_from([1, 2]))
+    heads = kv_heads * draw(st.integers(1, 3))
+    head_dim = draw(st.sampled_from([16, 32, 64, 128]))
+    if any_nope_pattern:
+        rope_layers = tuple(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    else:
+        rope_layers = reference_rope_layers(n)
+    text = tiny_text(
+        vocab_size=draw(st.integers(16, 1024)),
+        hidden_size=heads * draw(st.integers(1, 6)) * 8,
+        intermediate_size=draw(st.integers(1, 300)),
+        num_hidden_layers=n,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=draw(st.sampled_from([1e-5, 1e-6])),
+        post_norm_eps=draw(st.sampled_from([1e-8, 1e-6])),
+        rope_theta=draw(st.sampled_from([10000.0, 500000.0, 123456.5])),
+        sliding_window=draw(st.integers(1, 64)),
+        rope_layers=rope_layers,
+        # the canonical layouts need qk < √head_dim, the flat ones qk ≥ 1 with ≤ 12 significant digits
+        qk_scale_factor=draw(st.sampled_from([3.87, 1.0, 2.5, 1.234567])),
+        output_multiplier=draw(st.sampled_from([0.19611613513818404, 0.5])),
+        final_logit_softcapping=draw(st.sampled_from([20.0, 30.0])),
+        attention_bias=draw(st.booleans()),
+        tie_word_embeddings=draw(st.booleans()),
+        max_position_embeddings=draw(st.integers(1, 4096)),
+        bos_token_id=draw(st.none() | st.integers(0, 15)),
+        eos_token_id=tuple(draw(st.lists(st.integers(0, 15), min_size=1, max_size=3))),
+        pad_token_id=draw(st.none() | st.integers(0, 15)),
+    )
+    if not draw(st.booleans()):
+        return ModelConfig(text, None, None, None, None, None, None)
+    vision_layers = draw(st.integers(1, 7))
+    vision_heads = draw(st.integers(1, 3))
+    merge = draw(st.sampled_from([1, 2]))
+    period = draw(st.integers(1, 5))
+    vision = tiny_vision(
+        hidden_size=vision_heads * draw(st.sampled_from([4, 8, 12])),
+        intermediate_size=draw(st.integers(1, 200)),
+        num_hidden_layers=vision_layers,
+        num_attention_heads=vision_heads,
+        patch_size=draw(st.sampled_from([2, 14])),
+        patch_temporal=draw(st.sampled_from([1, 2])),
+        merge_size=merge,
+        pos_emb_size=draw(st.integers(1, 8)),
+        layer_types=tuple(
+            "full_attention" if (i + 1) % period == 0 or i == vision_layers - 1 else "window_attention"
+            for i in range(vision_layers)
+        ),
+    )
+    return ModelConfig(
+        text,
+        vision,
+        image_token_id=draw(st.integers(0, 15)),
+        video_token_id=draw(st.integers(0, 15)),
+        out_hidden_size=vision.hidden_size * merge**2,
+        projector_hidden_size=draw(st.integers(1, 64)),
+        projector_hidden_act="gelu",
+    )
+
+
+def expressible_layouts(config: ModelConfig) -> tuple[str, ...]:
+    layouts = ["canonical", "vendor"]
+    if config.vision is None:
+        layouts.append("canonical-text")
+    if config.text.rope_layers == reference_rope_layers(config.text.num_hidden_layers):
+        layouts.append("flat")
+    return tuple(layouts)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(model_configs())
+def test_reference_pattern_configs_round_trip_through_every_layout_that_can_express_them(config):
+    assert set(expressible_layouts(config)) == set(CONFIG_LAYOUTS) - ({"canonical-text"} if config.vision else set())
+    for layout in expressible_layouts(config):
+        written = config_to_dict(config, layout)
+        json.dumps(written)  # it is config.json content
+        read = normalize_config(written)
+        assert read.config_layout == layout
+        assert read.warnings == ()
+        assert_same_config(read, config)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(model_configs(any_nope_pattern=True))
+def test_any_nope_pattern_round_trips_where_expressible_and_is_refused_elsewhere(config):
+    for layout in expressible_layouts(config):
+        assert_same_config(normalize_config(config_to_dict(config, layout)), config)
+    if "flat" not in expressible_layouts(config):
+        with pytest.raises(ConfigError, match="NoPE pattern other than the reference"):
+            config_to_dict(config, "flat")
+
+
+def test_layout_names_are_the_interface():
+    assert CONFIG_LAYOUTS == ("canonical", "canonical-text", "flat", "vendor")
+
+
+def test_vision_config_cannot_be_written_in_the_text_only_layout():
+    with pytest.raises(ConfigError, match="canonical-text layout .* is text-only"):
+        config_to_dict(tiny_model(), "canonical-text")
+
+
+def test_unknown_layout_name_is_refused_by_the_writer():
+    with pytest.raises(ConfigError, match="unknown config layout 'native'"):
+        config_to_dict(tiny_model(), "native")
+
+
+def test_qk_outside_a_layouts_convention_cannot_be_written():
+    small = tiny_model(qk_scale_factor=0.5)
+    assert_same_config(normalize_config(config_to_dict(small, "canonical")), small)
+    with pytest.raises(ConfigError, match="qk_scale_factor=0.5 cannot be written in the flat layout"):
+        config_to_dict(small, "flat")
+    large = tiny_model(qk_scale_factor=5.0)  # ≥ √16
+    assert_same_config(normalize_config(config_to_dict(large, "vendor")), large)
+    with pytest.raises(ConfigError, match="not below √head_dim"):
+        config_to_dict(large, "canonical")
+
+
+def test_vision_constants_the_flat_layouts_lack_cannot_be_written_there():
+    config = replace(tiny_model(), vision=tiny_vision(rope_theta=20000.0))
+    assert_same_config(normalize_config(config_to_dict(config, "canonical")), config)
+    with pytest.raises(ConfigError, match="vision_config.rope_theta=20000.0 cannot be written in the flat layout"):
+        config_to_dict(config, "flat")
+    irregular = replace(
+        tiny_model(),
+        vision=tiny_vision(layer_types=("full_attention", "window_attention", "window_attention", "full_attention")),
+    )
+    with pytest.raises(ConfigError, match="vision_sparse_attention_factor"):
+        config_to_dict(irregular, "vendor")
+
+
+def test_text_only_config_with_vision_path_ids_is_refused():
+    with pytest.raises(ConfigError, match="image_token_id set on a config without a vision tower"):
+        replace(tiny_model(vision=False), image_token_id=10)
+
+
+def test_vendor_writer_states_the_nope_period_when_there_is_one():
+    written = config_to_dict(tiny_model(num_hidden_layers=8), "vendor")
+    assert written["every_n_layers_nope"] == 4
+    assert written["no_rope_layers"] == [1, 1, 1, 0, 1, 1, 1, 0]
+    assert written["rope_is_neox_style"] is False
+    irregular = (True, False, False, True, False)
+    assert "every_n_layers_nope" not in config_to_dict(tiny_model(num_hidden_layers=5, rope_layers=irregular), "vendor")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transformers as the oracle
+
+
+def test_canonical_dict_is_accepted_by_transformers_with_the_same_layer_patterns():
+    irregular = (True, False, True, True, False, True)
+    for config in (tiny_model(), tiny_model(num_hidden_layers=6, rope_layers=irregular)):
+        written = config_to_dict(config, "canonical")
+        for hf in (MuseGlimmerConfig(**copy.deepcopy(written)), MuseGlimmerConfig.from_dict(copy.deepcopy(written))):
+            assert tuple(hf.text_config.layer_types) == config.text.layer_types
+            assert tuple(theta != 0 for theta in hf.text_config.layer_rope_theta) == config.text.rope_layers
+            assert hf.text_config.rope_parameters["rope_theta"] == config.text.rope_theta
+            for name in SAME_NAMED_TEXT_FIELDS:
+                assert getattr(hf.text_config, name) == getattr(config.text, name), name
+            for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "merge_size"):
+                assert getattr(hf.vision_config, name) == getattr(config.vision, name), name
+            assert hf.vision_config.pos_emb_height == hf.vision_config.pos_emb_width == config.vision.pos_emb_size
+            assert tuple(hf.vision_config.layer_types) == config.vision.layer_types
+            assert hf.vision_config.rope_parameters["rope_theta"] == config.vision.rope_theta
+            assert hf.out_hidden_size == config.out_hidden_size
+        hf_text = MuseGlimmerTextConfig(**config_to_dict(text_only(config), "canonical-text"))
+        assert tuple(hf_text.layer_types) == config.text.layer_types
+
+
+@pytest.mark.parametrize("num_layers", range(1, 14))
+def test_absent_layer_patterns_are_derived_exactly_as_transformers_derives_them(num_layers):
+    written = config_to_dict(tiny_model(vision=False, num_hidden_layers=num_layers), "canonical-text")
+    del written["layer_types"], written["layer_rope_theta"]
+    hf = MuseGlimmerTextConfig(**copy.deepcopy(written))
+    ours = normalize_config(written).text
+    assert ours.layer_types == tuple(hf.layer_types)
+    assert ours.rope_layers == tuple(theta != 0 for theta in hf.layer_rope_theta)
+    assert ours.layer_types == reference_text_layer_types(num_layers)
+
+
+def test_transformers_saved_config_normalizes_to_the_expected_config_without_warnings(tmp_path, caplog):
+    hf_tiny_config().save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        config = load_config(tmp_path)
+    assert config.config_layout == "canonical"
+    assert config.warnings == ()
+    assert not caplog.records
+    assert_same_config(config, tiny_model())
+    # the full to_dict() (every base-class key) is just as quiet
+    assert normalize_config(hf_tiny_config().to_dict()).warnings == ()
+
+
+def test_transformers_saved_text_config_normalizes_as_canonical_text(tmp_path):
+    hf_tiny_config().text_config.save_pretrained(tmp_path)
+    config = load_config(tmp_path)
+    assert config.config_layout == "canonical-text"
+    assert config.warnings == ()
+    assert_same_config(config, tiny_model(vision=False))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The released hyper-parameters (architecture.md §1)
+
+
+def assert_release_text(text: TextConfig) -> None:
+    assert text.num_hidden_layers == 52
+    assert text.full_attention_layers == RELEASE_FULL_LAYERS
+    assert len(text.sliding_attention_layers) == 39
+    assert text.rope_layers == tuple(i not in RELEASE_FULL_LAYERS for i in range(52))
+    assert text.rope_theta == 500000.0
+    assert abs(text.qk_scale_factor - 3.87) < 1e-9
+    assert (text.hidden_size, text.head_dim, text.num_attention_heads, text.num_key_value_heads) == (6656, 128, 32, 2)
+    assert (text.rms_norm_eps, text.post_norm_eps, text.final_logit_softcapping) == (1e-5, 1e-8, 20.0)
+
+
+def test_release_hyper_parameters_survive_every_layout():
+    release = release_config()
+    assert release.warnings == ()
+    assert_release_text(release.text)
+    assert [i for i, t in enumerate(release.vision.layer_types) if t == "full_attention"] == [*range(3, 48, 4), 49]
+    assert (release.image_token_id, release.out_hidden_size, release.projector_hidden_size) == (200092, 6144, 4096)
+    for layout in CONFIG_LAYOUTS:
+        source = text_only(release) if layout == "canonical-text" else release
+        read = normalize_config(config_to_dict(source, layout))
+        assert_release_text(read.text)
+        assert_same_config(read, source)
+    assert config_to_dict(release, "flat")["qk_scale_factor"] == pytest.approx(43.7840518911)
+
+
+def flat_release_dict() -> dict:
+    """A legacy flat config.json with the released values, as the older converter wrote it."""
+    return {
+        "architectures": ["MuseGlimmerForConditionalGeneration"],
+        "model_type": "muse_glimmer",
+        "vocab_size": 202048,
+        "hidden_size": 6656,
+        "intermediate_size": 19968,
+        "num_hidden_layers": 52,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "post_norm_eps": 1e-8,
+        "rope_theta": 500000.0,
+        "sliding_window": 2048,
+        "qk_scale_factor": 43.7840518911,
+        "output_multiplier": 0.19611613513818404,
+        "output_soft_cap_temp": 20.0,
+        "use_qk_norm": True,
+        "use_attn_output_gate": True,
+        "normalize_tok_embeddings": True,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 200000,
+        "eos_token_id": 200001,
+        "vision_latent_dim": 1536,
+        "vision_output_dim": 6144,
+        "vision_layers": 50,
+        "vision_heads": 16,
+        "vision_mlp_ratio": 8960 / 1536,
+        "vision_patch_size": 14,
+        "vision_patch_temporal": 2,
+        "vision_downsample_factor": 2,
+        "vision_sparse_attention_factor": 4,
+        "vision_pos_emb_grid_h": 32,
+        "vision_pos_emb_grid_w": 32,
+        "vision_adapter_dim": 4096,
+        "patch_token_id": 200092,
+        "video_token_id": 200091,
+        "vid_start_id": 200082,
+        "video_sampling_fps": 2.0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def test_flat_release_config_folds_the_raw_qk_scale_and_matches_the_canonical_release():
+    config = normalize_config(flat_release_dict())
+    assert config.config_layout == "flat"
+    assert config.warnings == ()
+    assert abs(config.text.qk_scale_factor - 3.87) < 1e-9
+    assert_release_text(config.text)
+    assert config.vision.intermediate_size == 8960
+    assert_same_config(config, release_config())
+
+
+def test_vendor_markers_make_a_flat_config_vendor():
+    raw = flat_release_dict() | {
+        "no_rope_layers": [int(i not in RELEASE_FULL_LAYERS) for i in range(52)],
+        "every_n_layers_nope": 4,
+        "rope_is_neox_style": False,
+    }
+    config = normalize_config(raw)
+    assert config.config_layout == "vendor"
+    assert_same_config(config, release_config())
+
+
+def test_vendor_config_may_nest_its_vision_tower_in_a_canonical_vision_config():
+    raw = config_to_dict(tiny_model(), "vendor")
+    for key in [key for key in raw if key.startswith("vision_")]:
+        del raw[key]
+    raw |= {
+        "vision_config": config_to_dict(tiny_model(), "canonical")["vision_config"],
+        "out_hidden_size": 128,
+        "projector_hidden_size": 48,
+    }
+    assert_same_config(normalize_config(raw), tiny_model())
+
+
+def test_rc_nested_schema_is_read_as_canonical_with_its_folded_qk():
+    # the vendor's "RC nested" text_config (SGLang's flatten_rc_config input) is the canonical schema
+    raw = {
+        "model_type": "muse_glimmer",
+        "text_config": config_to_dict(tiny_model(qk_scale_factor=0.5), "canonical")["text_config"],
+    }
+    config = normalize_config(raw)
+    assert config.config_layout == "canonical"
+    assert config.text.qk_scale_factor == 0.5
+    assert config.vision is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the normalizer accepts
+
+
+def test_vendor_period_without_an_explicit_pattern_derives_the_nope_layers():
+    raw = config_to_dict(tiny_model(vision=False, num_hidden_layers=6), "vendor")
+    del raw["no_rope_layers"], raw["layer_types"]
+    raw["every_n_layers_nope"] = 2
+    text = normalize_config(raw).text
+    assert text.rope_layers == (True, False, True, False, True, False)
+    assert text.full_attention_layers == (1, 3, 5)
+
+
+def test_vendor_layer_rope_theta_marks_nope_layers_by_zero():
+    raw = config_to_dict(tiny_model(vision=False), "vendor")
+    del raw["no_rope_layers"], raw["every_n_layers_nope"]
+    raw["layer_rope_theta"] = [500000.0, 500000.0, 500000.0, 0]
+    config = normalize_config(raw)
+    assert config.config_layout == "vendor"
+    assert config.text.rope_layers == (True, True, True, False)
+
+
+def test_sliding_window_pattern_gives_the_layer_types_of_a_flat_config():
+    raw = config_to_dict(tiny_model(vision=False, num_hidden_layers=6), "flat")
+    del raw["layer_types"]
+    raw["sliding_window_pattern"] = [8, 8, 8, 0]
+    assert normalize_config(raw).text.full_attention_layers == (1, 5)
+
+
+def test_per_layer_theta_values_other_than_the_global_one_give_one_warning():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["layer_rope_theta"] = [1.0, 2.0, 3.0, 0]
+    config = normalize_config(raw)
+    assert config.text.rope_layers == (True, True, True, False)
+    assert config.text.rope_theta == 500000.0
+    assert len(config.warnings) == 1
+    assert "only distinguishes 0 (NoPE) from non-zero" in config.warnings[0]
+
+
+def test_unknown_keys_give_exactly_one_warning_listing_them_all(caplog):
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["mystery"] = 1
+    raw["text_config"]["query_pre_attn_scalar"] = 256
+    raw["vision_config"]["spatial_merge"] = 2
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.config_layouts"):
+        config = normalize_config(raw)
+    assert len(config.warnings) == 1
+    for key in ("mystery", "text_config.query_pre_attn_scalar", "vision_config.spatial_merge"):
+        assert key in config.warnings[0]
+    assert [record.getMessage() for record in caplog.records] == list(config.warnings)
+
+
+def test_bookkeeping_and_training_keys_are_accepted_silently():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw |= {"torch_dtype": "bfloat16", "transformers_version": "5.9.0", "_name_or_path": "x", "use_cache": True}
+    raw["text_config"] |= {"attention_dropout": 0.1, "initializer_range": 0.02, "architectures": None}
+    assert normalize_config(raw).warnings == ()
+
+
+def test_absent_optional_canonical_fields_take_the_reference_defaults_with_one_warning():
+    raw = config_to_dict(tiny_model(), "canonical")
+    for key in ("rms_norm_eps", "post_norm_eps", "qk_scale_factor", "hidden_activation"):
+        del raw["text_config"][key]
+    del raw["vision_config"]["layer_norm_eps"], raw["projector_hidden_act"]
+    config = normalize_config(raw)
+    assert_same_config(config, tiny_model())
+    (warning,) = config.warnings
+    for fragment in (
+        "text_config.rms_norm_eps=1e-05",
+        "text_config.post_norm_eps=1e-08",
+        "text_config.qk_scale_factor=3.87",
+        "vision_config.layer_norm_eps=1e-05",
+        "projector_hidden_act='gelu'",
+    ):
+        assert fragment in warning
+
+
+def test_token_ids_may_be_lists_or_null():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"] |= {"eos_token_id": [2, 7], "bos_token_id": None, "pad_token_id": None}
+    text = normalize_config(raw).text
+    assert (text.eos_token_id, text.bos_token_id, text.pad_token_id) == ((2, 7), None, None)
+    raw["text_config"]["eos_token_id"] = 2
+    assert normalize_config(raw).text.eos_token_id == (2,)
+
+
+def test_null_or_absent_vision_config_means_text_only():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["vision_config"] = None
+    config = normalize_config(raw)
+    assert config.vision is None and config.image_token_id is None and config.warnings == ()
+    del raw["vision_config"]
+    assert normalize_config(raw).vision is None
+
+
+def test_has_vision_false_makes_a_flat_config_text_only_with_a_warning():
+    raw = config_to_dict(tiny_model(), "flat") | {"has_vision": False}
+    config = normalize_config(raw)
+    assert config.vision is None
+    assert any("has_vision is false" in w for w in config.warnings)
+
+
+def test_input_dict_is_not_modified():
+    raw = config_to_dict(tiny_model(), "canonical")
+    before = copy.deepcopy(raw)
+    normalize_config(raw)
+    assert raw == before
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Refusals: each names the field (as spelled in the file) and the fix
+
+
+def test_unrecognized_model_type_is_refused_naming_the_layouts_looked_for():
+    message = expect_error({"model_type": "llama", "hidden_size": 64}, "model_type='llama'", "canonical-text", "flat")
+    for layout in CONFIG_LAYOUTS:
+        assert layout in message
+
+
+def test_config_without_recognizable_fields_is_refused():
+    expect_error({"model_type": "muse_glimmer", "foo": 1}, "unrecognized config layout", "text_config")
+    expect_error({"hidden_size": 64, "num_hidden_layers": 2}, "no model_type")
+
+
+def test_packaged_mlx_artifact_is_refused():
+    raw = config_to_dict(tiny_model(), "vendor") | {"muse_glimmer_mlx_format": 1}
+    expect_error(raw, "muse_glimmer_mlx_format", "MLX", "not support")
+
+
+def test_quantized_checkpoint_is_refused():
+    raw = config_to_dict(tiny_model(), "canonical") | {"quantization_config": {"quant_method": "compressed-tensors"}}
+    expect_error(raw, "quantization_config", "not supported yet")
+
+
+@pytest.mark.parametrize("layout", ["canonical", "flat"])
+def test_missing_required_fields_are_named(layout):
+    raw = config_to_dict(tiny_model(), layout)
+    text = raw["text_config"] if layout == "canonical" else raw
+    del text["head_dim"], text["sliding_window"]
+    prefix = "text_config." if layout == "canonical" else ""
+    expect_error(raw, f"{prefix}head_dim", f"{prefix}sliding_window", "add them")
+
+
+@pytest.mark.parametrize("layout", ["canonical", "canonical-text", "flat", "vendor"])
+def test_missing_rope_theta_is_refused_never_defaulted(layout):
+    raw = config_to_dict(tiny_model(vision=False), layout)
+    text = raw["text_config"] if layout == "canonical" else raw
+    text.pop("rope_parameters", None)
+    text.pop("rope_theta", None)
+    expect_error(raw, "rope_theta", "never defaulted", "500000")
+
+
+def test_flat_layouts_require_the_head_fields_whose_conventions_differ():
+    raw = config_to_dict(tiny_model(vision=False), "flat")
+    del raw["qk_scale_factor"], raw["output_soft_cap_temp"], raw["output_multiplier"]
+    expect_error(raw, "qk_scale_factor", "output_soft_cap_temp", "output_multiplier")
+
+
+def test_missing_vision_shape_fields_are_named():
+    raw = config_to_dict(tiny_model(), "canonical")
+    del raw["vision_config"]["patch_size"], raw["out_hidden_size"]
+    expect_error(raw, "vision_config.patch_size", "out_hidden_size")
+
+
+def test_unsupported_activation_is_refused_with_the_name_in_the_file():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["hidden_activation"] = "gelu"
+    expect_error(raw, "text_config.hidden_activation='gelu' is not supported; Muse Glimmer uses 'silu'")
+    raw = config_to_dict(tiny_model(), "flat") | {"hidden_act": "gelu"}
+    message = expect_error(raw, "hidden_act='gelu' is not supported; Muse Glimmer uses 'silu'")
+    assert "hidden_activation" not in message
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["vision_config"]["hidden_act"] = "quick_gelu"
+    expect_error(raw, "vision_config.hidden_act='quick_gelu' is not supported")
+
+
+def test_layer_types_inconsistent_with_the_nope_pattern_are_refused():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["layer_types"] = ["sliding_attention"] * 4
+    expect_error(raw, "text_config.layer_types is inconsistent with the NoPE pattern at layers [3]", "fix layer_types")
+    raw = config_to_dict(tiny_model(), "flat") | {"layer_types": ["full_attention"] * 4}
+    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [0, 1, 2]")
+
+
+def test_sliding_window_pattern_inconsistent_with_the_nope_pattern_is_refused_by_name():
+    raw = config_to_dict(tiny_model(vision=False), "flat") | {"sliding_window_pattern": [8, 0, 8, 8]}
+    del raw["layer_types"]
+    expect_error(raw, "sliding_window_pattern is inconsistent with the NoPE pattern at layers [1, 3]")
+
+
+def test_non_binary_nope_flags_are_refused():
+    raw = config_to_dict(tiny_model(), "vendor") | {"no_rope_layers": [1, 2, 1, 0]}
+    raw.pop("every_n_layers_nope")
+    expect_error(raw, "no_rope_layers contains non-binary entries 2", "1 (RoPE + sliding window) or 0 (NoPE")
+
+
+def test_nope_sources_that_disagree_are_refused():
+    raw = config_to_dict(tiny_model(), "vendor") | {"every_n_layers_nope": 2}
+    expect_error(raw, "every_n_layers_nope=2 disagrees with no_rope_layers at layers [1]", "remove every_n_layers_nope")
+    raw = config_to_dict(tiny_model(), "vendor") | {"layer_rope_theta": [0, 500000.0, 500000.0, 0]}
+    expect_error(raw, "disagrees with layer_rope_theta at layers [0]")
+    raw = config_to_dict(tiny_model(), "canonical")
+    del raw["text_config"]["layer_rope_theta"]
+    raw["text_config"]["no_rope_layers"] = [0, 1, 1, 1]
+    expect_error(raw, "text_config.no_rope_layers disagrees with the reference NoPE pattern", "at layers [0, 3]")
+
+
+def test_per_layer_lists_of_the_wrong_length_are_refused():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["layer_rope_theta"] = [500000.0, 0]
+    expect_error(raw, "text_config.layer_rope_theta has 2 entries but num_hidden_layers=4")
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragments"),
+    [
+        ({"hidden_size": 66}, ("text_config.hidden_size=66 is not a multiple of text_config.num_attention_heads=4",)),
+        (
+            {"num_key_value_heads": 3},
+            ("text_config.num_attention_heads=4 is not a multiple of text_config.num_key_value_heads=3",),
+        ),
+        ({"head_dim": 15}, ("head_dim=15 is odd",)),
+        ({"num_attention_heads": 0}, ("num_attention_heads=0 is invalid",)),
+    ],
+)
+def test_head_and_hidden_sizes_that_cannot_form_the_weights_are_refused(changes, fragments):
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"] |= changes
+    expect_error(raw, *fragments)
+
+
+def test_vision_geometry_that_cannot_form_the_weights_is_refused():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["vision_config"]["num_attention_heads"] = 3
+    expect_error(raw, "vision_config.hidden_size=32 is not a multiple of vision_config.num_attention_heads=3")
+    raw = config_to_dict(tiny_model(), "flat") | {"vision_heads": 3}
+    expect_error(raw, "vision_latent_dim=32 is not a multiple of vision_heads=3")
+    raw = config_to_dict(tiny_model(), "flat") | {"vision_output_dim": 100}
+    expect_error(raw, "vision_output_dim=100 does not match the merged vision width")
+    raw = config_to_dict(tiny_model(), "flat") | {"vision_mlp_ratio": 1.9}
+    expect_error(raw, "vision_mlp_ratio=1.9 × vision_latent_dim=32", "not a whole number")
+    raw = config_to_dict(tiny_model(), "flat") | {"vision_pos_emb_grid_w": 8}
+    expect_error(raw, "vision_pos_emb_grid_h=4 and vision_pos_emb_grid_w=8 differ", "square")
+
+
+def test_canonical_qk_scale_in_the_raw_convention_is_refused():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["qk_scale_factor"] = 15.48  # 3.87·√16
+    expect_error(
+        raw,
+        "text_config.qk_scale_factor=15.48",
+        "raw vendor convention",
+        "folded multiplier",
+        "divide the value by √head_dim",
+    )
+
+
+def test_flat_qk_scale_in_the_folded_convention_is_refused():
+    raw = config_to_dict(tiny_model(), "flat") | {"qk_scale_factor": 3.87}
+    expect_error(
+        raw, "qk_scale_factor=3.87 is below √head_dim=4", "raw value 3.87·√head_dim", "multiply the value by √head_dim"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("use_qk_norm", False, "use_qk_norm=False is not supported"),
+        ("use_attn_output_gate", False, "use_attn_output_gate=False is not supported"),
+        ("attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0 is not supported"),
+        ("output_soft_cap_temp", None, "output_soft_cap_temp=None is invalid"),
+    ],
+)
+def test_architecture_variants_glimmer_does_not_have_are_refused(key, value, fragment):
+    expect_error(config_to_dict(tiny_model(), "vendor") | {key: value}, fragment)
+
+
+def test_unsupported_rope_type_is_refused():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}
+    expect_error(raw, "text_config.rope_parameters.rope_type='yarn' is not supported")
+
+
+def test_aliases_that_disagree_are_refused():
+    raw = config_to_dict(tiny_model(), "flat") | {"image_token_id": 12}
+    expect_error(raw, "patch_token_id=10 and image_token_id=12 disagree")
+
+
+def test_load_config_names_the_path_of_a_missing_or_broken_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"config\.json: not found"):
+        load_config(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"config\.json: not valid JSON \(line 1"):
+        load_config(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        load_config(tmp_path)
+
+
+def test_errors_name_the_source_file(tmp_path):
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["hidden_activation"] = "gelu"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=str(tmp_path / "config.json")):
+        load_config(tmp_path)

@@ -1,0 +1,179 @@
+"""P-TOK-2: stop ids, and the other generation defaults of a checkpoint."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from glimmer.checkpoint.config import TextConfig, reference_rope_layers, reference_text_layer_types
+from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
+from glimmer.checkpoint.tiny_tokenizer import TinyTokenizerInfo, write_tiny_tokenizer
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[TinyTokenizerInfo, Tokenizer]:
+    out = tmp_path_factory.mktemp("tokenizer")
+    info = write_tiny_tokenizer(out)
+    return info, Tokenizer.from_dir(out)
+
+
+def text_config(info: TinyTokenizerInfo, eos: tuple[int, ...] | None = None) -> TextConfig:
+    return TextConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_activation="silu",
+        rms_norm_eps=1e-5,
+        post_norm_eps=1e-8,
+        rope_theta=500000.0,
+        sliding_window=8,
+        layer_types=reference_text_layer_types(4),
+        rope_layers=reference_rope_layers(4),
+        qk_scale_factor=3.87,
+        output_multiplier=0.196116,
+        final_logit_softcapping=20.0,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+        bos_token_id=info.bos_token_id,
+        eos_token_id=eos if eos is not None else (info.eos_token_id,),
+        pad_token_id=None,
+    )
+
+
+def load(directory: Path, tiny, generation_config: dict | None, eos: tuple[int, ...] | None = None):
+    info, tok = tiny
+    if generation_config is not None:
+        (directory / "generation_config.json").write_text(json.dumps(generation_config), encoding="utf-8")
+    return load_generation_defaults(directory, text_config(info, eos), tok.token_to_id)
+
+
+def test_listed_eos_ids_are_the_stop_ids(tmp_path, tiny):
+    info, _ = tiny
+    listed = [info.eos_token_id, info.eot_token_id, info.special_token_ids["<|reserved_special_token_2|>"]]
+    defaults = load(tmp_path, tiny, {"eos_token_id": listed})
+    assert defaults.stop_token_ids == tuple(listed)
+
+
+@pytest.mark.parametrize("form", ["int", "list"])
+def test_a_single_eos_is_completed_with_eot(tmp_path, tiny, form):
+    info, _ = tiny
+    eos = info.eos_token_id if form == "int" else [info.eos_token_id]
+    defaults = load(tmp_path, tiny, {"eos_token_id": eos})
+    assert defaults.stop_token_ids == (info.eos_token_id, info.eot_token_id)
+
+
+def test_without_generation_config_the_model_eos_and_eot_stop(tmp_path, tiny):
+    info, _ = tiny
+    defaults = load(tmp_path, tiny, None)
+    assert defaults == GenerationDefaults(
+        stop_token_ids=(info.eos_token_id, info.eot_token_id),
+        bos_token_id=info.bos_token_id,
+        pad_token_id=None,
+    )
+
+
+def test_generation_config_without_eos_falls_back_to_the_model_eos(tmp_path, tiny):
+    info, _ = tiny
+    defaults = load(tmp_path, tiny, {"do_sample": False}, eos=(info.eos_token_id, info.eot_token_id))
+    assert defaults.stop_token_ids == (info.eos_token_id, info.eot_token_id)
+
+
+def test_eom_is_never_a_stop_id(tmp_path, tiny, caplog):
+    info, _ = tiny
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.generation_config"):
+        defaults = load(
+            tmp_path, tiny, {"eos_token_id": [info.eos_token_id, info.eot_token_id, info.eom_token_id]}
+        )
+    assert defaults.stop_token_ids == (info.eos_token_id, info.eot_token_id)
+    assert "<|eom|>" in caplog.text
+
+
+def test_eom_dropped_from_a_pair_leaves_eos_completed_with_eot(tmp_path, tiny):
+    info, _ = tiny
+    defaults = load(tmp_path, tiny, {"eos_token_id": [info.eos_token_id, info.eom_token_id]})
+    assert defaults.stop_token_ids == (info.eos_token_id, info.eot_token_id)
+
+
+def test_tokenizer_without_eot_stops_at_eos_only(tmp_path, tiny, caplog):
+    info, _ = tiny
+    token_to_id = lambda token: None if token == "<|eot|>" else tiny[1].token_to_id(token)
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.generation_config"):
+        defaults = load_generation_defaults(tmp_path, text_config(info), token_to_id)
+    assert defaults.stop_token_ids == (info.eos_token_id,)
+    assert "<|eot|>" in caplog.text
+
+
+def test_sampling_defaults_and_token_ids_are_read(tmp_path, tiny):
+    info, _ = tiny
+    defaults = load(
+        tmp_path,
+        tiny,
+        {
+            "bos_token_id": info.bos_token_id,
+            "eos_token_id": [info.eos_token_id, info.eot_token_id],
+            "pad_token_id": info.pad_token_id,
+            "temperature": 0.6,
+            "top_p": 0.9,
+            "top_k": 20,
+            "do_sample": True,
+            "max_new_tokens": 64,
+            "max_length": 131072,
+            "transformers_version": "5.23.0",
+        },
+    )
+    assert defaults == GenerationDefaults(
+        stop_token_ids=(info.eos_token_id, info.eot_token_id),
+        bos_token_id=info.bos_token_id,
+        pad_token_id=info.pad_token_id,
+        temperature=0.6,
+        top_p=0.9,
+        top_k=20,
+        do_sample=True,
+        max_new_tokens=64,
+        max_length=131072,
+    )
+
+
+def test_invalid_json_names_the_file(tmp_path, tiny):
+    info, tok = tiny
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [1,', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"generation_config\.json is not valid JSON"):
+        load_generation_defaults(tmp_path, text_config(info), tok.token_to_id)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("eos_token_id", "2"),
+        ("eos_token_id", []),
+        ("eos_token_id", [1, True]),
+        ("pad_token_id", [3]),
+        ("temperature", "hot"),
+        ("top_p", 1.5),
+        ("top_k", 2.5),
+        ("do_sample", 1),
+        ("max_new_tokens", 0),
+    ],
+)
+def test_invalid_field_names_the_file_and_field(tmp_path, tiny, field, value):
+    with pytest.raises(ConfigError, match=rf"generation_config\.json: {field}="):
+        load(tmp_path, tiny, {field: value})
+
+
+def test_stop_id_outside_the_model_vocabulary_is_an_error(tmp_path, tiny):
+    with pytest.raises(ConfigError, match="outside the model's vocabulary"):
+        load(tmp_path, tiny, {"eos_token_id": [200001, 200008]})
+
+
+def test_only_eom_configured_leaves_eot(tmp_path, tiny):
+    info, _ = tiny
+    defaults = load(tmp_path, tiny, {"eos_token_id": [info.eom_token_id]})
+    assert defaults.stop_token_ids == (info.eot_token_id,)

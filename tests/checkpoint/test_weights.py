@@ -1,0 +1,202 @@
+"""Strict weight loading across layouts (architecture.md §3, §5, §15.2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from glimmer.checkpoint.weight_layouts import (
+    detect_weight_layout,
+    interleaved_to_rotate_half,
+    rotate_half_to_interleaved,
+)
+from glimmer.engine.model_loader import load_model
+from glimmer.errors import CheckpointError
+from glimmer.model.context import ForwardContext
+from glimmer.tiny import TinySpec
+
+IDS = list(range(3, 60))
+
+
+def _logits(path) -> torch.Tensor:
+    model = load_model(path, progress=False).model
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(IDS), ForwardContext.without_cache([len(IDS)])))
+
+
+@pytest.mark.parametrize("layout", ["legacy", "flat", "native"])
+def test_every_layout_gives_the_canonical_logits(make_tiny, layout):
+    expected = _logits(make_tiny("canonical", seed=7))
+    assert torch.equal(_logits(make_tiny(layout, seed=7)), expected)
+
+
+def test_sharded_checkpoint_with_index_loads_identically(make_tiny):
+    assert torch.equal(_logits(make_tiny("canonical", seed=7, num_shards=3)), _logits(make_tiny("canonical", seed=7)))
+
+
+def test_rope_permutation_follows_the_converter_formula():
+    """HF row (c·d/2 + j) = native row (2j + c), per head (§5.4)."""
+    heads, head_dim = 3, 8
+    native = torch.arange(heads * head_dim, dtype=torch.float32)[:, None].repeat(1, 2)
+    hf = interleaved_to_rotate_half(native, heads)
+    for h in range(heads):
+        for c in range(2):
+            for j in range(head_dim // 2):
+                assert hf[h * head_dim + c * head_dim // 2 + j, 0] == native[h * head_dim + 2 * j + c, 0]
+    assert torch.equal(rotate_half_to_interleaved(hf, heads), native)
+    bias = torch.arange(heads * head_dim, dtype=torch.float32)
+    assert torch.equal(interleaved_to_rotate_half(bias, heads), hf[:, 0])
+
+
+def test_legacy_post_attention_layernorm_is_the_pre_feedforward_norm(make_tiny):
+    """Legacy names: post_attn_norm = post-attention, post_attention_layernorm = PRE-feedforward (§15.2)."""
+    path = make_tiny("legacy", seed=7)
+    files = load_file(path / "model.safetensors")
+    layer = load_model(path, progress=False).model.model.language_model.layers[2]
+    assert torch.equal(layer.pre_feedforward_layernorm.weight, files["model.layers.2.post_attention_layernorm.weight"])
+    assert torch.equal(layer.post_attention_layernorm.weight, files["model.layers.2.post_attn_norm.weight"])
+    assert torch.equal(layer.post_feedforward_layernorm.weight, files["model.layers.2.post_ffn_norm.weight"])
+
+
+def _copy_checkpoint(src, dst, edit):
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_mismatches_are_all_listed_in_one_error(make_tiny, tmp_path):
+    def damage(t):
+        del t["model.language_model.layers.1.mlp.up_proj.weight"]
+        t["model.language_model.layers.0.self_attn.extra.weight"] = torch.zeros(2, 2)
+        t["model.language_model.layers.3.self_attn.k_proj.weight"] = torch.zeros(5, 64)
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "bad", damage)
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    message = str(err.value)
+    assert "missing tensors" in message and "model.language_model.layers.1.mlp.up_proj.weight" in message
+    assert "shape [128, 64]" in message
+    assert "unexpected tensors" in message and "model.language_model.layers.0.self_attn.extra.weight [2, 2]" in message
+    assert "model.language_model.layers.3.self_attn.k_proj.weight: expected shape [32, 64], found [5, 64]" in message
+
+
+def test_fused_native_tensor_with_wrong_rows_is_refused(make_tiny, tmp_path):
+    def damage(t):
+        t["layers.0.attention.qkv_proj.weight"] = t["layers.0.attention.qkv_proj.weight"][:-1]
+
+    src = make_tiny("native", seed=7)
+    path = _copy_checkpoint(src, tmp_path / "bad", damage)
+    with pytest.raises(CheckpointError, match=r"layers\.0\.attention\.qkv_proj\.weight: expected shape \[192, 64\]"):
+        load_model(path, progress=False)
+
+
+def test_quantized_integer_weights_are_refused(make_tiny, tmp_path):
+    def damage(t):
+        t["lm_head.weight"] = torch.zeros_like(t["lm_head.weight"], dtype=torch.uint8)
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "bad", damage)
+    with pytest.raises(CheckpointError, match="lm_head.weight: dtype U8 is not a float type"):
+        load_model(path, progress=False)
+
+
+def test_vision_config_without_vision_weights_loads_text_only(make_tiny, tmp_path):
+    path = make_tiny("canonical", vision=True, seed=7)
+
+    def drop_vision(t):
+        for name in [n for n in t if n.startswith("model.vision")]:
+            del t[name]
+
+    stripped = _copy_checkpoint(path, tmp_path / "textonly", drop_vision)
+    loaded = load_model(stripped, progress=False)
+    assert loaded.config.vision is None
+    assert any("no vision weights" in w for w in loaded.config.warnings)
+
+
+def test_partial_vision_weights_are_an_error_not_text_only(make_tiny, tmp_path):
+    def drop_one(t):
+        del t["model.vision_tower.ln_post.weight"]
+
+    path = _copy_checkpoint(make_tiny("canonical", vision=True, seed=7), tmp_path / "partial", drop_one)
+    with pytest.raises(CheckpointError, match="model.vision_tower.ln_post.weight"):
+        load_model(path, progress=False)
+
+
+def test_unknown_and_mixed_weight_layouts_are_refused():
+    with pytest.raises(CheckpointError, match="unrecognized weight layout"):
+        detect_weight_layout(["transformer.h.0.attn.c_attn.weight"])
+    with pytest.raises(CheckpointError, match="mixes weight layouts"):
+        detect_weight_layout(["model.language_model.norm.weight", "model.layers.0.mlp.up_proj.weight"])
+
+
+def test_missing_weights_file_is_a_clear_error(make_tiny, tmp_path):
+    target = tmp_path / "noweights"
+    target.mkdir()
+    (target / "config.json").write_text((make_tiny() / "config.json").read_text())
+    with pytest.raises(CheckpointError, match="no weights found"):
+        load_model(target, progress=False)
+
+
+def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
+    src = make_tiny("canonical", seed=7, num_shards=2)
+    dst = tmp_path / "broken"
+    dst.mkdir()
+    for f in src.iterdir():
+        if not f.name.startswith("model-00002"):
+            (dst / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(CheckpointError, match="names shard 'model-00002-of-00002.safetensors', which does not exist"):
+        load_model(dst, progress=False)
+
+
+PEAK_RSS_SCRIPT = """
+import resource, sys, torch
+from glimmer.engine.model_loader import load_model
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+model = load_model(sys.argv[1], progress=False).model
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+size = sum(p.numel() * p.element_size() for p in model.parameters())
+print(before, after, size)
+"""
+
+
+def test_peak_memory_while_loading_stays_near_the_model_size(make_tiny):
+    """Weights are memory-mapped and copied one tensor at a time (no second full copy in memory)."""
+    spec = TinySpec(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
+                    num_key_value_heads=2, head_dim=64)
+    path = make_tiny(spec=spec, seed=1)
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(path)], capture_output=True, text=True,
+                         check=True)
+    before, after, size = map(int, out.stdout.split())
+    assert size > 80 << 20
+    assert after - before < 1.3 * size, (after - before, size)
+
+
+def test_inspect_reports_layouts_counts_and_warnings(make_tiny, capsys):
+    from glimmer.cli import main
+
+    assert main(["inspect", str(make_tiny("native", seed=7)), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config_layout"] == "vendor"
+    assert report["weight_layout"] == "native"
+    assert report["rope_layout"].startswith("interleaved")
+    assert report["parameters"]["total"] == report["parameters"]["text backbone (incl. embedding)"] + \
+        report["parameters"]["lm_head"]
+    assert report["warnings"] == []
+
+
+def test_cli_reports_a_bad_checkpoint_without_a_traceback(tmp_path, capsys):
+    from glimmer.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glimmer: error: ConfigError") and "Traceback" not in err

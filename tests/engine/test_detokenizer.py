@@ -1,0 +1,133 @@
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models
+
+from glimmer.checkpoint.tiny_tokenizer import SPECIAL_TOKENS, write_tiny_tokenizer
+from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import CheckpointError
+
+REPLACEMENT = "\ufffd"
+TRICKY = [
+    "😀",
+    "🦀",
+    "👩\u200d👩\u200d👧",
+    "東京の天気",
+    "한국어",
+    "e\u0301",
+    "a\u0308\u0323",
+    "ﬁ",
+    "½°C",
+    " to=self",
+]
+TEXT = st.lists(
+    st.one_of(st.text(max_size=10), st.sampled_from(SPECIAL_TOKENS), st.sampled_from(TRICKY)), max_size=10
+).map("".join)
+PROPERTY_SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Tokenizer:
+    out = tmp_path_factory.mktemp("tokenizer")
+    write_tiny_tokenizer(out)
+    return Tokenizer.from_dir(out)
+
+
+def stream(tok: Tokenizer, ids: list[int]) -> tuple[list[str], str]:
+    detok = IncrementalDetokenizer(tok)
+    return [detok.add(i) for i in ids], detok.flush()
+
+
+def assert_stream_invariants(tok: Tokenizer, ids: list[int]) -> None:
+    deltas, tail = stream(tok, ids)
+    full = tok.decode(ids)
+    assert "".join(deltas) + tail == full
+    emitted = ""
+    for k, delta in enumerate(deltas, start=1):
+        assert not any(0xD800 <= ord(c) <= 0xDFFF for c in delta)
+        emitted += delta
+        decoded_so_far = tok.decode(ids[:k])
+        # never rewrites, never emits a U+FFFD the full text lacks at that place
+        assert full.startswith(emitted)
+        # holds back at most one (incomplete) character, which decode shows as U+FFFD
+        assert decoded_so_far.startswith(emitted)
+        assert len(decoded_so_far) - len(emitted) in (0, 1)
+        if not decoded_so_far.endswith(REPLACEMENT):
+            assert emitted == decoded_so_far  # the byte stream is complete here
+
+
+@PROPERTY_SETTINGS
+@given(text=TEXT)
+def test_deltas_of_encoded_text_concatenate_to_decode(tok, text):
+    ids = tok.encode(text)
+    assert_stream_invariants(tok, ids)
+    deltas, tail = stream(tok, ids)
+    assert "".join(deltas) == text and tail == ""
+    assert REPLACEMENT not in "".join(deltas) or REPLACEMENT in text
+
+
+@PROPERTY_SETTINGS
+@given(ids=st.lists(st.integers(min_value=0, max_value=505), max_size=24))
+def test_deltas_of_arbitrary_ids_concatenate_to_decode(tok, ids):
+    # random byte tokens give invalid and truncated UTF-8; ids past the vocabulary decode to nothing
+    assert_stream_invariants(tok, ids)
+
+
+@PROPERTY_SETTINGS
+@given(ids=st.lists(st.integers(min_value=0, max_value=498), max_size=24), split=st.integers(0, 24))
+def test_add_many_equals_the_sum_of_adds(tok, ids, split):
+    one_by_one, tail = stream(tok, ids)
+    detok = IncrementalDetokenizer(tok)
+    batched = detok.add_many(ids[:split]) + detok.add_many(ids[split:])
+    assert batched == "".join(one_by_one)
+    assert detok.flush() == tail
+
+
+def test_multi_byte_character_is_held_until_complete(tok):
+    ids = tok.encode("🦀")
+    assert len(ids) > 1, "the tiny vocabulary has no token for the crab; pick a rarer character"
+    deltas, tail = stream(tok, ids)
+    assert deltas == [""] * (len(ids) - 1) + ["🦀"]
+    assert tail == ""
+
+
+def test_flush_renders_a_truncated_character_as_one_replacement(tok):
+    ids = tok.encode("ok 🦀")[:-1]
+    deltas, tail = stream(tok, ids)
+    assert "".join(deltas) == "ok "
+    assert tail == REPLACEMENT
+    assert "".join(deltas) + tail == tok.decode(ids)
+
+
+def test_special_tokens_stream_verbatim(tok):
+    """P-TOK-3: special tokens kept, nothing inserted between them."""
+    text = "<|start|>assistant to=user<|message|>Bonjour 😀<|eot|><|end_of_text|>"
+    deltas, _ = stream(tok, tok.encode(text))
+    assert "".join(deltas) == text
+    assert "<|eot|>" in deltas and "<|end_of_text|>" in deltas
+
+
+def test_detokenizer_never_decodes_the_sequence_again(tok, monkeypatch):
+    # O(1) per token: only the token's own bytes are looked up
+    ids = tok.encode("The weather in 東京 is 😀 today. " * 20)
+    expected = tok.decode(ids)
+
+    def no_decode(_ids):
+        raise AssertionError("the detokenizer re-decoded the sequence")
+
+    monkeypatch.setattr(tok, "decode", no_decode)
+    deltas, tail = stream(tok, ids)
+    assert "".join(deltas) + tail == expected
+
+
+def test_non_byte_level_tokenizer_is_refused(tmp_path: Path):
+    backend = HFTokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    backend.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(CheckpointError, match="ByteLevel"):
+        IncrementalDetokenizer(Tokenizer.from_dir(tmp_path))

@@ -1,0 +1,64 @@
+"""`LLM.generate` against the reference's greedy `generate` and logprobs (float32, tiny random models)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from oracle import reference_greedy, reference_logits, reference_model
+
+from glimmer import LLM, SamplingParams
+from glimmer.tiny import TinySpec
+
+NEW_TOKENS = 72
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_tiny):
+    # window 16 so prompt + generation crosses it several times
+    return make_tiny(spec=TinySpec(sliding_window=16), seed=11)
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint):
+    return LLM(str(checkpoint), progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    return reference_model(checkpoint)
+
+
+def _prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 480, (n,), generator=generator).tolist() for n in (3, 40, 17, 1, 25)]
+
+
+def test_batched_greedy_generation_matches_reference_token_for_token(llm, reference):
+    prompts = _prompts()
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.token_ids == reference_greedy(reference, prompt, NEW_TOKENS)
+        assert output.finish_reason == "length"
+
+
+def test_logprobs_match_reference(llm, reference):
+    prompt = _prompts()[1]
+    output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, logprobs=5, ignore_eos=True))[0]
+    full = prompt + output.token_ids
+    expected = torch.log_softmax(reference_logits(reference, full), dim=-1)
+    assert len(output.logprobs) == 20
+    for step, entry in enumerate(output.logprobs):
+        row = expected[len(prompt) - 1 + step]
+        assert entry.token_id == output.token_ids[step]
+        assert abs(entry.logprob - row[entry.token_id].item()) < 1e-4
+        top_values, top_ids = row.topk(5)
+        assert list(entry.top) == top_ids.tolist()
+        assert max(abs(entry.top[i] - v) for i, v in zip(top_ids.tolist(), top_values.tolist(), strict=True)) < 1e-4
+
+
+def test_generation_is_identical_one_at_a_time_and_batched(llm):
+    prompts = _prompts()
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    batched = [o.token_ids for o in llm.generate(prompts, params)]
+    single = [llm.generate([p], params)[0].token_ids for p in prompts]
+    assert batched == single

@@ -1,0 +1,258 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+from transformers import AutoTokenizer
+
+from glimmer.checkpoint.tiny_tokenizer import SPECIAL_TOKENS, write_tiny_tokenizer
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import CheckpointError, ConfigError
+
+VARIED_TEXTS = (
+    "",
+    "The weather in Paris is nice today.",
+    "  leading and trailing spaces  ",
+    "line one\nline two\r\n\n\ttabbed",
+    "def f(x):\n    return {'a': [1, 2, 3]}\n",
+    '{"city": "Paris", "days": 2, "ok": true, "none": null}',
+    '<atem:invoke name="calendar.lookup">\n<atem:parameter name="day">Friday</atem:parameter>\n',
+    "Un café crème, naïve façade — 東京の天気は晴れ 😀🦀👩‍👩‍👧 e\u0301 ½°C",
+    "12345678901234567890 3.14159 -42",
+    "<|begin_of_text|><|start|>user<|message|>Hi!<|eot|><|start|>assistant",
+    "text<|eom|>more text<|patch|><|image_start|><|image_end|>",
+    "<|not_a_token|> <| start |> <|start",
+    "<|reserved_special_token_1818|><|video|><|vid_frame_separator|>",
+)
+SPECIAL_TEXT = st.sampled_from(SPECIAL_TOKENS)
+MIXED_TEXT = st.lists(
+    st.one_of(
+        st.text(max_size=12), SPECIAL_TEXT, st.sampled_from(["😀", "東京", "e\u0301", " to=self", "\n"])
+    ),
+    max_size=8,
+).map("".join)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tokenizer")
+    write_tiny_tokenizer(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_dir):
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def copy_tokenizer(tiny_dir: Path, dest: Path) -> Path:
+    shutil.copytree(tiny_dir, dest)
+    return dest
+
+
+@pytest.mark.parametrize("text", VARIED_TEXTS)
+def test_encode_matches_transformers(tok, hf, text):
+    assert tok.encode(text) == hf(text, add_special_tokens=False)["input_ids"]
+    assert tok.encode(text, add_special_tokens=True) == hf(text)["input_ids"]
+
+
+@pytest.mark.parametrize("text", VARIED_TEXTS)
+def test_decode_matches_transformers_and_round_trips(tok, hf, text):
+    ids = tok.encode(text)
+    expected = hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert tok.decode(ids) == expected == text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=MIXED_TEXT)
+def test_encode_and_decode_match_transformers_on_random_text(tok, hf, text):
+    ids = tok.encode(text)
+    assert ids == hf(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.integers(min_value=0, max_value=520), max_size=16))
+def test_decode_of_arbitrary_ids_matches_transformers(tok, hf, ids):
+    # byte tokens in any order make invalid UTF-8; ids past the vocabulary are dropped by both
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+@pytest.mark.parametrize("token", SPECIAL_TOKENS)
+def test_special_token_spelled_in_text_encodes_as_that_token(tok, token):
+    token_id = tok.token_to_id(token)
+    assert tok.encode(f"a{token}b")[1:-1] == [token_id]
+    assert tok.encode(token) == [token_id]
+
+
+def test_rendered_prompt_keeps_exactly_one_bos_at_position_zero(tok):
+    """P-TMPL-5: the template writes the bos; encoding must not add another."""
+    prompt = "<|begin_of_text|><|start|>user<|message|>What is the weather?<|eot|><|start|>assistant"
+    ids = tok.encode(prompt)
+    assert ids[0] == tok.bos_token_id
+    assert ids.count(tok.bos_token_id) == 1
+
+
+def test_adding_special_tokens_to_a_rendered_prompt_doubles_the_bos(tok):
+    """architecture.md §14.22: the trap P-TMPL-5 avoids is real with this tokenizer."""
+    ids = tok.encode("<|begin_of_text|><|start|>user<|message|>Hi<|eot|>", add_special_tokens=True)
+    assert ids[:2] == [tok.bos_token_id, tok.bos_token_id]
+
+
+def test_decode_keeps_adjacent_special_tokens_without_spaces(tok, hf):
+    """P-TOK-3."""
+    names = ("<|eom|>", "<|start|>", "<|message|>", "<|eot|>", "<|end_of_text|>")
+    ids = [tok.token_to_id(t) for t in names]
+    assert tok.decode(ids) == "".join(names)
+    assert hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == "".join(names)
+
+
+def test_named_special_tokens_come_from_tokenizer_config(tok, hf):
+    assert (tok.bos_token, tok.eos_token, tok.pad_token, tok.unk_token) == (
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|finetune_right_pad|>",
+        None,
+    )
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id) == (
+        hf.bos_token_id,
+        hf.eos_token_id,
+        hf.pad_token_id,
+        None,
+    )
+
+
+def test_special_tokens_are_the_template_variables_that_are_set(tok):
+    assert tok.special_tokens == {
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|end_of_text|>",
+        "pad_token": "<|finetune_right_pad|>",
+    }
+
+
+def test_vocab_size_counts_added_tokens_like_transformers(tok, hf):
+    assert tok.vocab_size == len(hf) == max(tok.all_special_ids) + 1
+
+
+def test_all_special_ids_are_the_added_special_tokens(tok, hf):
+    assert tok.all_special_ids == tuple(sorted(tok.token_to_id(t) for t in SPECIAL_TOKENS))
+    assert set(hf.all_special_ids) <= set(tok.all_special_ids)
+
+
+def test_token_lookup_both_ways(tok):
+    eot = tok.token_to_id("<|eot|>")
+    assert eot is not None and tok.id_to_token(eot) == "<|eot|>"
+    assert tok.token_to_id("<|call|>") is None
+    assert tok.id_to_token(tok.vocab_size) is None
+    assert tok.id_to_token(-1) is None
+    assert tok.id_to_token(tok.encode(" the")[0]) == "Ġthe"
+
+
+def test_require_token_id_names_the_missing_token_and_file(tok, tiny_dir):
+    assert tok.require_token_id("<|patch|>") == tok.token_to_id("<|patch|>")
+    with pytest.raises(ConfigError, match=r"<\|call\|>") as excinfo:
+        tok.require_token_id("<|call|>")
+    assert str(tiny_dir / "tokenizer.json") in str(excinfo.value)
+
+
+def test_token_bytes_reproduce_decode_for_every_token(tok):
+    for token_id in range(tok.vocab_size + 3):
+        assert tok.token_bytes(token_id).decode("utf-8", errors="replace") == tok.decode([token_id]), token_id
+
+
+def test_byte_level_alphabet_covers_every_byte_once(tok):
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_tokens = [tok.token_to_id(char) for char in alphabet]
+    assert sorted(b"".join(tok.token_bytes(i) for i in byte_tokens)) == list(range(256))
+
+
+def test_token_bytes_of_an_added_token_holding_a_space_are_its_utf8(tmp_path):
+    # tokenizers' ByteLevel decoder passes a token with characters outside the alphabet through as UTF-8
+    backend = HFTokenizer(models.BPE())
+    backend.decoder = decoders.ByteLevel()
+    backend.add_tokens([" héllo", "é"])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.token_bytes(0) == " héllo".encode()
+    assert tok.token_bytes(1) == b"\xe9"
+    assert tok.decode([0, 1]) == " héllo\ufffd"
+
+
+def test_byte_level_is_detected_from_the_decoder(tok, tmp_path):
+    assert tok.is_byte_level
+    backend = HFTokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    backend.save(str(tmp_path / "tokenizer.json"))
+    assert not Tokenizer.from_dir(tmp_path).is_byte_level
+
+
+def test_missing_tokenizer_json_names_the_file(tmp_path):
+    with pytest.raises(CheckpointError, match="tokenizer.json") as excinfo:
+        Tokenizer.from_dir(tmp_path)
+    assert str(tmp_path) in str(excinfo.value)
+
+
+def test_corrupt_tokenizer_json_names_the_file(tiny_dir, tmp_path):
+    bad = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    (bad / "tokenizer.json").write_text('{"version": "1.0", "model": ', encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json is not a valid tokenizers file"):
+        Tokenizer.from_dir(bad)
+
+
+def test_invalid_tokenizer_config_json_names_the_file(tiny_dir, tmp_path):
+    bad = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    (bad / "tokenizer_config.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json is not readable JSON"):
+        Tokenizer.from_dir(bad)
+
+
+def test_special_tokens_given_as_added_token_objects(tiny_dir, tmp_path):
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["eos_token"] = {"__type": "AddedToken", "content": "<|eot|>", "special": True}
+    config_file.write_text(json.dumps(config))
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.eos_token == "<|eot|>"
+    assert tok.eos_token_id == tok.token_to_id("<|eot|>")
+
+
+def test_special_tokens_map_fills_names_the_config_lacks(tiny_dir, tmp_path):
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["bos_token"], config["pad_token"]
+    config["eos_token"] = "<|eot|>"
+    config_file.write_text(json.dumps(config))
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.bos_token == "<|begin_of_text|>"  # from special_tokens_map.json
+    assert tok.pad_token == "<|finetune_right_pad|>"
+    assert tok.eos_token == "<|eot|>"  # tokenizer_config.json wins
+
+
+def test_without_config_files_no_tokens_are_named(tiny_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    shutil.copy(tiny_dir / "tokenizer.json", ckpt)
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.bos_token is None and tok.bos_token_id is None
+    assert tok.special_tokens == {}
+    assert tok.token_to_id("<|begin_of_text|>") is not None
+
+
+def test_named_token_missing_from_vocabulary_is_an_error(tiny_dir, tmp_path):
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["pad_token"] = "<pad>"
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"pad_token='<pad>'.*do not belong together"):
+        Tokenizer.from_dir(ckpt)

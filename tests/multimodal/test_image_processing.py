@@ -1,0 +1,184 @@
+"""Image → patch rows — architecture.md §6, pitfalls 14.18–14.19."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import glimmer.multimodal.resize as resize_module
+from glimmer.errors import RequestError
+from glimmer.multimodal import (
+    MediaDecodeError,
+    MediaLimitError,
+    MediaLimits,
+    MediaSettings,
+    process_image,
+)
+
+SETTINGS = MediaSettings()
+LIMITS = MediaLimits()
+PATCH = 14
+ROW = 2 * 3 * PATCH * PATCH  # 1176
+
+
+def noise_image(height: int, width: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    array = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
+    return Image.fromarray(array[:, :, 0] if mode == "L" else array)
+
+
+def reference_pipeline(rgb: np.ndarray, max_tokens: int, reference_smart_resize, reference_image_patchify):
+    """The reference's steps: smart_resize, torchvision's CPU uint8 LANCZOS (which is this very
+    F.interpolate call, see glimmer/multimodal/resize.py), fused rescale+normalise, patchify."""
+    image = torch.from_numpy(rgb.copy()).permute(2, 0, 1)[None]
+    height, width = image.shape[-2:]
+    target = reference_smart_resize(height, width, 28, max_tokens)
+    if target != (height, width):
+        image = F.interpolate(image, size=target, mode="lanczos", antialias=True, align_corners=False)
+    mean = torch.tensor([0.5, 0.5, 0.5]) * (1.0 / (1 / 255))
+    std = torch.tensor([0.5, 0.5, 0.5]) * (1.0 / (1 / 255))
+    normalised = (image.float() - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
+    patches, grid_h, grid_w = reference_image_patchify(normalised, PATCH, 2)
+    return patches[0], (1, grid_h, grid_w)
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "max_tokens"),
+    [(480, 640, 4096), (150, 230, 64), (37, 53, 4096), (1, 1, 4096), (300, 5, 4096), (20, 4000, 4096), (56, 84, 4096)],
+)
+def test_pixel_values_equal_the_reference_pipeline(
+    height, width, max_tokens, reference_smart_resize, reference_image_patchify
+) -> None:
+    image = noise_image(height, width, seed=height + width)
+    result = process_image(image, MediaSettings(max_image_tokens=max_tokens), LIMITS)
+    expected, grid = reference_pipeline(np.asarray(image), max_tokens, reference_smart_resize, reference_image_patchify)
+    assert result.grid_thw == grid
+    assert result.num_tokens == grid[1] * grid[2] // 4
+    assert result.pixel_values.dtype == torch.float32
+    assert torch.equal(result.pixel_values, expected)
+
+
+def test_coco_sized_image_gives_391_tokens() -> None:
+    result = process_image(noise_image(480, 640), SETTINGS, LIMITS)
+    assert result.grid_thw == (1, 34, 46)
+    assert result.num_tokens == 391
+    assert result.pixel_values.shape == (34 * 46, ROW)
+
+
+def test_patch_rows_are_raster_order_and_flattened_t_c_py_px() -> None:
+    """Pixels encode their coordinates (R = row, G = column, B = 7); a 56×84 image is not resized."""
+    height, width = 56, 84
+    rows, cols = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
+    array = np.stack([rows, cols, np.full_like(rows, 7)], axis=-1).astype(np.uint8)
+    result = process_image(array, SETTINGS, LIMITS)
+    assert result.grid_thw == (1, 4, 6)
+    values = torch.round(result.pixel_values * 127.5 + 127.5).to(torch.int64)  # back to 0…255
+    patches = values.view(4 * 6, 2, 3, PATCH, PATCH)  # (row, t, c, py, px)
+    for grid_row in range(4):
+        for grid_col in range(6):
+            patch = patches[grid_row * 6 + grid_col]
+            expected_rows = torch.arange(PATCH)[:, None].expand(PATCH, PATCH) + grid_row * PATCH
+            expected_cols = torch.arange(PATCH)[None, :].expand(PATCH, PATCH) + grid_col * PATCH
+            for t in range(2):  # the image is duplicated across the temporal patch
+                assert torch.equal(patch[t, 0], expected_rows)
+                assert torch.equal(patch[t, 1], expected_cols)
+                assert torch.all(patch[t, 2] == 7)
+
+
+def test_normalisation_maps_0_to_minus_1_and_255_to_1() -> None:
+    array = np.zeros((28, 56, 3), dtype=np.uint8)
+    array[:, 28:] = 255
+    values = process_image(array, SETTINGS, LIMITS).pixel_values
+    assert values.shape == (2 * 4, ROW)
+    assert values.min() == -1.0 and values.max() == 1.0
+    noisy = process_image(noise_image(300, 200), SETTINGS, LIMITS).pixel_values
+    assert noisy.min() >= -1.0 and noisy.max() <= 1.0
+
+
+def test_both_temporal_halves_of_an_image_row_are_equal() -> None:
+    values = process_image(noise_image(100, 90), SETTINGS, LIMITS).pixel_values
+    assert torch.equal(values[:, : ROW // 2], values[:, ROW // 2 :])
+
+
+def test_transparency_is_composited_onto_white() -> None:
+    array = np.zeros((28, 28, 4), dtype=np.uint8)  # fully transparent black
+    values = process_image(Image.fromarray(array), SETTINGS, LIMITS).pixel_values
+    assert torch.all(values == 1.0)
+
+
+def test_greyscale_is_replicated_to_rgb() -> None:
+    image = noise_image(28, 28, mode="L")
+    values = process_image(image, SETTINGS, LIMITS).pixel_values.view(-1, 2, 3, PATCH, PATCH)
+    assert torch.equal(values[:, :, 0], values[:, :, 1]) and torch.equal(values[:, :, 0], values[:, :, 2])
+
+
+def test_encoded_bytes_equal_the_decoded_image() -> None:
+    image = noise_image(90, 120)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    from_bytes = process_image(buffer.getvalue(), SETTINGS, LIMITS)
+    assert torch.equal(from_bytes.pixel_values, process_image(image, SETTINGS, LIMITS).pixel_values)
+
+
+def test_exif_orientation_is_applied_to_encoded_images(tmp_path) -> None:
+    image = noise_image(56, 112)  # 112 wide, 56 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise to view
+    path = tmp_path / "rotated.jpg"
+    image.save(path, format="JPEG", exif=exif)
+    assert process_image(path, SETTINGS, LIMITS).grid_thw == (1, 8, 4)  # upright: 56 wide, 112 high
+    assert process_image(str(path), SETTINGS, LIMITS).grid_thw == (1, 8, 4)
+
+
+def test_pillow_fallback_stays_close_to_torch_lanczos(monkeypatch) -> None:
+    image = noise_image(300, 410, seed=3)
+    exact = process_image(image, SETTINGS, LIMITS).pixel_values
+    monkeypatch.setattr(resize_module, "torch_has_lanczos", lambda: False)
+    fallback = process_image(image, SETTINGS, LIMITS).pixel_values
+    levels = (fallback - exact).abs() * 127.5
+    assert levels.max() <= 3  # 410×300 → 420×308 grows both axes: Pillow and torch agree within a few levels
+    assert levels.mean() < 0.1
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        pytest.param(b"definitely not an image", "not an image format", id="garbage-bytes"),
+        pytest.param(b"", "not an image format", id="empty-bytes"),
+        pytest.param("MISSING", "no such file", id="missing-file"),
+        pytest.param(np.zeros((10, 10, 3), dtype=np.float32), "must be uint8", id="float-array"),
+        pytest.param(np.zeros((10, 10, 2), dtype=np.uint8), "must be (H, W)", id="two-channel-array"),
+        pytest.param(np.zeros((0, 10, 3), dtype=np.uint8), "empty", id="empty-array"),
+        pytest.param(12345, "unsupported image input of type int", id="wrong-type"),
+    ],
+)
+def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, tmp_path) -> None:
+    if isinstance(payload, str) and payload == "MISSING":
+        payload = tmp_path / "missing.png"
+    with pytest.raises(MediaDecodeError) as raised:
+        process_image(payload, SETTINGS, LIMITS, index=3)
+    assert str(raised.value).startswith("image 3: ")
+    assert problem in str(raised.value)
+    assert isinstance(raised.value, RequestError)
+    assert raised.value.param == "messages"
+
+
+def test_truncated_png_raises_a_decode_error() -> None:
+    buffer = io.BytesIO()
+    noise_image(64, 64).save(buffer, format="PNG")
+    with pytest.raises(MediaDecodeError, match="image 0: the image data is corrupt or truncated"):
+        process_image(buffer.getvalue()[:200], SETTINGS, LIMITS)
+
+
+def test_too_many_pixels_raises_a_limit_error_before_decoding() -> None:
+    buffer = io.BytesIO()
+    noise_image(100, 100).save(buffer, format="PNG")
+    limits = MediaLimits(max_image_pixels=9_999)
+    for payload in (buffer.getvalue(), noise_image(100, 100), np.zeros((100, 100, 3), dtype=np.uint8)):
+        with pytest.raises(MediaLimitError, match=r"image 1: 100×100 = 10,000 pixels exceeds the limit of 9,999"):
+            process_image(payload, SETTINGS, limits, index=1)

@@ -1,0 +1,112 @@
+"""Preprocessor settings from checkpoint files, and request limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from glimmer.checkpoint.config import VisionConfig, reference_vision_layer_types
+from glimmer.errors import ConfigError
+from glimmer.multimodal import MediaLimits, MediaSettings, load_media_settings
+
+# what transformers' save_pretrained writes for the released processors (architecture.md §6, §7)
+IMAGE_CONFIG = {
+    "image_processor_type": "MuseGlimmerImageProcessor",
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "max_image_tokens": 4096,
+    "merge_size": 2,
+    "patch_size": 14,
+    "processor_class": "MuseGlimmerProcessor",
+    "resample": 1,
+    "rescale_factor": 0.00392156862745098,
+    "size": None,
+    "temporal_patch_size": 2,
+}
+VIDEO_CONFIG = {
+    "video_processor_type": "MuseGlimmerVideoProcessor",
+    "do_sample_frames": True,
+    "fps": 2.0,
+    "frame_timestamp_format": "Time: {timestamp:.1f}s",
+    "max_video_frame_tokens": 144,
+    "merge_size": 2,
+    "num_frames": 96,
+    "patch_size": 14,
+    "resample": 1,
+    "temporal_patch_size": 2,
+}
+
+
+def vision_config(patch_size: int = 14) -> VisionConfig:
+    return VisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        patch_size=patch_size,
+        patch_temporal=2,
+        merge_size=2,
+        pos_emb_size=4,
+        rope_theta=10000.0,
+        layer_norm_eps=1e-5,
+        hidden_act="gelu",
+        layer_types=reference_vision_layer_types(4),
+    )
+
+
+def test_released_configs_give_the_defaults() -> None:
+    assert load_media_settings(IMAGE_CONFIG, VIDEO_CONFIG) == MediaSettings()
+    assert load_media_settings() == MediaSettings()
+
+
+def test_defaults_are_the_released_values() -> None:
+    settings = MediaSettings()
+    assert (settings.patch_size, settings.temporal_patch_size, settings.merge_size) == (14, 2, 2)
+    assert (settings.max_image_tokens, settings.max_video_frame_tokens) == (4096, 144)
+    assert (settings.video_max_frames, settings.video_sample_fps) == (96, 2.0)
+    assert settings.resize_factor == 28
+
+
+def test_checkpoint_values_are_honoured() -> None:
+    settings = load_media_settings(
+        {**IMAGE_CONFIG, "max_image_tokens": 1024}, {**VIDEO_CONFIG, "num_frames": 32, "fps": 1.0}
+    )
+    assert settings.max_image_tokens == 1024
+    assert settings.video_max_frames == 32 and settings.video_sample_fps == 1.0
+
+
+def test_nested_processor_config_is_read() -> None:
+    nested = {"image_processor": {**IMAGE_CONFIG, "max_image_tokens": 256}, "video_processor": VIDEO_CONFIG}
+    assert load_media_settings(nested).max_image_tokens == 256
+
+
+@pytest.mark.parametrize(
+    ("image", "video", "message"),
+    [
+        ({**IMAGE_CONFIG, "resample": 3}, {}, "resample=3 is not supported"),
+        ({**IMAGE_CONFIG, "do_normalize": False}, {}, "do_normalize=False is not supported"),
+        ({}, {**VIDEO_CONFIG, "do_sample_frames": False}, "do_sample_frames=False is not supported"),
+        ({**IMAGE_CONFIG, "patch_size": 16}, VIDEO_CONFIG, "disagree on patch_size"),
+        ({**IMAGE_CONFIG, "max_image_tokens": 0}, {}, "max_image_tokens=0 is invalid"),
+        ({}, {**VIDEO_CONFIG, "frame_timestamp_format": "Time: {ts}"}, "frame_timestamp_format"),
+        ({**IMAGE_CONFIG, "image_std": [0.5, 0.5]}, {}, "image_std"),
+    ],
+)
+def test_unsupported_or_inconsistent_values_raise_config_error(image, video, message) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_media_settings(image, video)
+
+
+def test_patch_geometry_must_match_the_vision_tower() -> None:
+    MediaSettings().check_matches(vision_config())
+    with pytest.raises(ConfigError, match="patch_size=14 disagrees with vision_config.patch_size=16"):
+        MediaSettings().check_matches(vision_config(patch_size=16))
+
+
+def test_limits_validate_themselves() -> None:
+    assert MediaLimits().max_media_tokens is None
+    with pytest.raises(ConfigError, match="max_video_source_frames=0"):
+        MediaLimits(max_video_source_frames=0)

@@ -1,0 +1,130 @@
+"""Placeholder expansion and the whole-request processor — architecture.md §8."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from glimmer.errors import RequestError
+from glimmer.multimodal import (
+    DecodedVideo,
+    MediaLimitError,
+    MediaLimits,
+    MediaProcessor,
+    MediaSettings,
+    PlaceholderMismatchError,
+    expand_placeholders,
+    image_expansion,
+    video_expansion,
+)
+
+TIME_FORMAT = "Time: {timestamp:.1f}s"
+
+
+def test_spec_video_example() -> None:
+    expected = (
+        "<|vid_start|>Time: 0.0s"
+        + "<|video|>" * 12
+        + "<|vid_frame_separator|>Time: 1.0s"
+        + "<|video|>" * 12
+        + "<|vid_end|>"
+    )
+    assert video_expansion((0.0, 1.0), 12, TIME_FORMAT) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(grid_h=st.integers(1, 20).map(lambda n: 2 * n), grid_w=st.integers(1, 20).map(lambda n: 2 * n))
+def test_image_expansion_matches_the_reference(grid_h, grid_w, reference_processor) -> None:
+    assert image_expansion(grid_h * grid_w // 4) == reference_processor.image([1, grid_h, grid_w])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    total=st.integers(1, 400),
+    video_fps=st.sampled_from([4.0, 24.0, 29.97, 30.0]),
+    grid_h=st.integers(1, 6).map(lambda n: 2 * n),
+    grid_w=st.integers(1, 6).map(lambda n: 2 * n),
+)
+def test_video_expansion_matches_the_reference(total, video_fps, grid_h, grid_w, reference_processor) -> None:
+    from glimmer.multimodal import sample_frame_indices
+    from glimmer.multimodal.video import group_timestamps
+
+    indices = sample_frame_indices(total, video_fps, MediaSettings())
+    grid_t = -(-len(indices) // 2)
+    ours = video_expansion(
+        group_timestamps([i / video_fps for i in indices], grid_t, 2), grid_h * grid_w // 4, TIME_FORMAT
+    )
+    assert ours == reference_processor.video([grid_t, grid_h, grid_w], indices, video_fps)
+
+
+def test_each_placeholder_gets_its_own_item_in_order() -> None:
+    prompt = "a<|patch|>b<|video|>c<|patch|>d"
+    text = expand_placeholders(
+        prompt, [image_expansion(1), image_expansion(2)], [video_expansion((0.0,), 1, TIME_FORMAT)]
+    )
+    assert text == (
+        "a<|image_start|><|patch|><|image_end|>"
+        "b<|vid_start|>Time: 0.0s<|video|><|vid_end|>"
+        "c<|image_start|><|patch|><|patch|><|image_end|>d"
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompt", "images", "videos", "message"),
+    [
+        ("no placeholders", 1, 0, "0 <|patch|> placeholder(s) but 1 image(s)"),
+        ("<|patch|><|patch|>", 1, 0, "2 <|patch|> placeholder(s) but 1 image(s)"),
+        ("<|video|>", 0, 0, "1 <|video|> placeholder(s) but 0 video(s)"),
+        ("<|patch|>", 1, 1, "0 <|video|> placeholder(s) but 1 video(s)"),
+    ],
+)
+def test_count_mismatch_raises(prompt, images, videos, message) -> None:
+    with pytest.raises(PlaceholderMismatchError) as raised:
+        expand_placeholders(prompt, [image_expansion(1)] * images, [video_expansion((0.0,), 1, TIME_FORMAT)] * videos)
+    assert message in str(raised.value)
+    assert isinstance(raised.value, RequestError)
+
+
+def test_processor_packs_items_and_expands_the_prompt() -> None:
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)
+    large = rng.integers(0, 256, (150, 230, 3), dtype=np.uint8)
+    video = DecodedVideo(rng.integers(0, 256, (8, 90, 120, 3), dtype=np.uint8), fps=4.0)
+    processor = MediaProcessor(MediaSettings(max_image_tokens=64, max_video_frame_tokens=16))
+    result = processor.process("<|start|>user<|message|><|patch|> and <|video|> and <|patch|>", [small, large], [video])
+    assert result.image_grid_thw.tolist() == [[1, 4, 6], [1, 12, 18]]
+    assert result.image_pixel_values.shape == (4 * 6 + 12 * 18, 1176)
+    assert result.video_grid_thw.tolist() == [[2, 6, 8]]
+    assert result.video_pixel_values.shape == (2 * 6 * 8, 1176)
+    assert result.text.count("<|patch|>") == 6 + 54
+    assert result.text.count("<|video|>") == 24
+    assert result.num_media_tokens == 6 + 54 + 24
+    first, second = result.text.split(" and ")[0], result.text.split(" and ")[2]
+    assert first.endswith("<|image_start|>" + "<|patch|>" * 6 + "<|image_end|>")
+    assert second == "<|image_start|>" + "<|patch|>" * 54 + "<|image_end|>"
+    assert processor.image_tokens(150, 230) == 54
+
+
+def test_processor_text_only_request_has_empty_tensors() -> None:
+    result = MediaProcessor().process("just text")
+    assert result.text == "just text"
+    assert result.image_pixel_values.shape == (0, 1176) and result.image_grid_thw.shape == (0, 3)
+    assert result.video_grid_thw.dtype == torch.long
+
+
+def test_processor_checks_placeholders_before_decoding() -> None:
+    with pytest.raises(PlaceholderMismatchError):
+        MediaProcessor().process("no placeholder", [b"not even an image"])
+
+
+def test_processor_enforces_the_request_token_limit() -> None:
+    image = np.zeros((150, 230, 3), dtype=np.uint8)
+    processor = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=100))
+    assert processor.process("<|patch|>", [image]).num_media_tokens == 54
+    with pytest.raises(
+        MediaLimitError, match="request: the images and videos need 108 tokens together, more than the limit of 100"
+    ):
+        processor.process("<|patch|><|patch|>", [image, image])

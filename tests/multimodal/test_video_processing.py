@@ -1,0 +1,193 @@
+"""Video → sampled frames, patch rows and timestamps — architecture.md §7. Test videos are made with PyAV."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from glimmer.errors import RequestError
+from glimmer.multimodal import (
+    DecodedVideo,
+    MediaDecodeError,
+    MediaLimitError,
+    MediaLimits,
+    MediaSettings,
+    process_image,
+    process_video,
+    sample_frame_indices,
+)
+from glimmer.multimodal.patches import patch_rows
+
+LIMITS = MediaLimits()
+SMALL = MediaSettings(max_video_frame_tokens=16)  # 120×90 frames → 6×8 patches, 12 tokens per group
+
+
+def distinct_frames(count: int, height: int = 90, width: int = 120, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, height, width, 3), dtype=np.uint8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    total=st.integers(1, 3000),
+    video_fps=st.sampled_from([1.0, 2.0, 4.0, 10.0, 23.976, 24.0, 25.0, 29.97, 30.0, 59.94, 60.0, 120.0]),
+    fps=st.sampled_from([0.5, 1.0, 2.0, 3.0, 4.0]),
+    max_frames=st.sampled_from([2, 8, 32, 96]),
+)
+def test_sampling_matches_the_reference(total, video_fps, fps, max_frames, reference_sample_frames) -> None:
+    ours = sample_frame_indices(total, video_fps, MediaSettings(video_sample_fps=fps, video_max_frames=max_frames))
+    assert ours == reference_sample_frames(total, video_fps, fps, max_frames, 2)
+
+
+def test_sampling_example_8_frames_at_4_fps_sampled_at_2() -> None:
+    assert sample_frame_indices(8, 4.0, MediaSettings()) == [0, 2, 4, 7]
+
+
+def test_sampling_caps_at_num_frames() -> None:
+    indices = sample_frame_indices(30 * 600, 30.0, MediaSettings())  # ten minutes
+    assert len(indices) == 96 and indices[0] == 0 and indices[-1] == 30 * 600 - 1
+
+
+def test_spec_example_from_a_file(tmp_path, video_writer) -> None:
+    """8 frames of 120×90 at 4 fps, sampled at 2 fps: 4 frames, grid [2, 6, 8], groups at 0.0 s and 1.0 s."""
+    frames = distinct_frames(8)
+    path = video_writer(tmp_path / "clip.mkv", frames, fps=4)
+    video = process_video(path, SMALL, LIMITS)
+    assert video.grid_thw == (2, 6, 8)
+    assert video.tokens_per_group == 12 and video.num_tokens == 24
+    assert video.group_timestamps_s == (0.0, 1.0)
+    assert video.pixel_values.shape == (2 * 6 * 8, 1176)
+
+
+def test_file_and_decoded_frames_give_identical_rows(tmp_path, video_writer) -> None:
+    """ffv1 is lossless, so the decoded file must give exactly the rows of the same frames passed as arrays."""
+    frames = distinct_frames(8, seed=1)
+    from_file = process_video(video_writer(tmp_path / "clip.mkv", frames, fps=4), SMALL, LIMITS)
+    from_array = process_video(DecodedVideo(frames, fps=4.0), SMALL, LIMITS)
+    from_pil = process_video(DecodedVideo([Image.fromarray(f) for f in frames], fps=4.0), SMALL, LIMITS)
+    assert torch.equal(from_file.pixel_values, from_array.pixel_values)
+    assert torch.equal(from_pil.pixel_values, from_array.pixel_values)
+    assert from_file.group_timestamps_s == from_array.group_timestamps_s == (0.0, 1.0)
+
+
+def test_encoded_bytes_are_accepted(tmp_path, video_writer) -> None:
+    path = video_writer(tmp_path / "clip.mp4", distinct_frames(8), fps=4, codec="libx264", container="mp4")
+    video = process_video(path.read_bytes(), SMALL, LIMITS)
+    assert video.grid_thw == (2, 6, 8)
+    assert video.group_timestamps_s == (0.0, 1.0)
+
+
+def test_rows_pair_consecutive_sampled_frames(reference_video_patchify) -> None:
+    """Group g holds sampled frames 2g and 2g+1 in its (t, c, py, px) rows — the reference's patchify."""
+    frames = np.stack([np.full((28, 56, 3), 10 * i, dtype=np.uint8) for i in range(8)])
+    video = process_video(DecodedVideo(frames, fps=2.0), MediaSettings(), LIMITS)
+    assert video.grid_thw == (4, 2, 4)
+    values = torch.round(video.pixel_values * 127.5 + 127.5).view(4, 2 * 4, 2, 3 * 14 * 14)
+    for group in range(4):
+        assert torch.all(values[group, :, 0] == 10 * (2 * group))
+        assert torch.all(values[group, :, 1] == 10 * (2 * group + 1))
+
+    normalised = (torch.from_numpy(frames).permute(0, 3, 1, 2).float() - 127.5) / 127.5
+    expected, *grid = reference_video_patchify(normalised[None], 14, 2)
+    assert tuple(grid) == video.grid_thw
+    assert torch.equal(video.pixel_values, expected[0])
+
+
+def test_odd_frame_count_repeats_the_last_frame(reference_video_patchify) -> None:
+    frames = torch.from_numpy(distinct_frames(3, 28, 28)).permute(0, 3, 1, 2)
+    rows, grid = patch_rows(frames, MediaSettings())
+    assert grid == (2, 2, 2)
+    normalised = (frames.float() - 127.5) / 127.5
+    expected, *reference_grid = reference_video_patchify(normalised[None], 14, 2)
+    assert tuple(reference_grid) == grid
+    assert torch.equal(rows, expected[0])
+    last_group = rows[4:].view(4, 2, -1)
+    assert torch.equal(last_group[:, 0], last_group[:, 1])
+
+
+def test_single_frame_video_is_one_group_like_an_image(tmp_path, video_writer) -> None:
+    frames = distinct_frames(1, 56, 84)
+    video = process_video(video_writer(tmp_path / "one.mkv", frames), MediaSettings(), LIMITS)
+    assert video.grid_thw[0] == 1
+    assert video.group_timestamps_s == (0.0,)
+    image = process_image(frames[0], MediaSettings(max_image_tokens=144), LIMITS)
+    assert torch.equal(video.pixel_values, image.pixel_values)
+
+
+def test_timestamps_are_the_real_presentation_times(tmp_path, video_writer) -> None:
+    """A variable-frame-rate clip: the reference would print index/fps (0.0, 0.5, 1.0); we print true times."""
+    times_ms = [0, 250, 500, 2000, 2250, 2500]
+    path = video_writer(tmp_path / "vfr.mkv", distinct_frames(6), fps=4, times_ms=times_ms)
+    video = process_video(path, MediaSettings(max_video_frame_tokens=16, video_sample_fps=4.0), LIMITS)
+    assert video.grid_thw[0] == 3
+    assert video.group_timestamps_s == (0.0, 0.5, 2.25)
+
+
+def test_timestamps_start_at_zero_when_the_stream_does_not(tmp_path, video_writer) -> None:
+    path = video_writer(tmp_path / "late.mkv", distinct_frames(4), fps=4, times_ms=[1000, 1250, 1500, 1750])
+    video = process_video(path, MediaSettings(max_video_frame_tokens=16, video_sample_fps=4.0), LIMITS)
+    assert video.group_timestamps_s == (0.0, 0.5)
+
+
+def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        video = process_video(DecodedVideo(distinct_frames(48), fps=None), SMALL, LIMITS)
+    assert "assuming 24.0" in caplog.text
+    assert video.grid_thw[0] == 2  # 48 frames at 24 fps = 2 s → 4 frames at 2 fps
+    assert video.group_timestamps_s == (0.0, 31 / 24)
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        pytest.param(b"not a video at all" * 20, "not a decodable video", id="garbage-bytes"),
+        pytest.param(b"", "not a decodable video", id="empty-bytes"),
+        pytest.param("PNG", "no video stream|not a decodable video", id="an-image-file"),
+        pytest.param("MISSING", "no such file", id="missing-file"),
+        pytest.param(
+            DecodedVideo(np.zeros((4, 8, 8), dtype=np.uint8), fps=2.0), r"\(T, H, W, 3\) uint8", id="3d-array"
+        ),
+        pytest.param(DecodedVideo(np.zeros((0, 8, 8, 3), dtype=np.uint8), fps=2.0), "no frames", id="no-frames"),
+        pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=0.0), "fps=0.0", id="zero-fps"),
+        pytest.param(
+            DecodedVideo([Image.new("RGB", (8, 8)), Image.new("RGB", (9, 8))], fps=2.0), "same size", id="mixed-sizes"
+        ),
+        pytest.param(3.5, "unsupported video input of type float", id="wrong-type"),
+    ],
+)
+def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, tmp_path) -> None:
+    if isinstance(payload, str) and payload == "PNG":
+        payload = tmp_path / "still.png"
+        Image.new("RGB", (32, 32)).save(payload)
+    elif isinstance(payload, str) and payload == "MISSING":
+        payload = tmp_path / "missing.mp4"
+    with pytest.raises(MediaDecodeError, match=problem) as raised:
+        process_video(payload, SMALL, LIMITS, index=2)
+    assert str(raised.value).startswith("video 2: ")
+    assert isinstance(raised.value, RequestError)
+
+
+def test_truncated_file_raises_a_decode_error(tmp_path, video_writer) -> None:
+    data = video_writer(tmp_path / "clip.mp4", distinct_frames(8), codec="libx264", container="mp4").read_bytes()
+    with pytest.raises(MediaDecodeError, match="video 0: "):
+        process_video(data[: len(data) // 3], SMALL, LIMITS)
+
+
+def test_too_many_source_frames_raises_a_limit_error(tmp_path, video_writer) -> None:
+    path = video_writer(tmp_path / "clip.mkv", distinct_frames(8, 28, 28))
+    limits = MediaLimits(max_video_source_frames=7)
+    with pytest.raises(MediaLimitError, match="video 0: the video has more than 7 frames"):
+        process_video(path, SMALL, limits)
+    with pytest.raises(MediaLimitError, match="more than 7 frames"):
+        process_video(DecodedVideo(distinct_frames(8, 28, 28), fps=4.0), SMALL, limits)
+
+
+def test_too_many_pixels_per_frame_raises_a_limit_error(tmp_path, video_writer) -> None:
+    path = video_writer(tmp_path / "clip.mkv", distinct_frames(2))
+    with pytest.raises(MediaLimitError, match="video 0: 120×90 = 10,800 pixels per frame exceeds"):
+        process_video(path, SMALL, MediaLimits(max_image_pixels=10_000))

@@ -1,0 +1,55 @@
+"""The test oracle: the reference implementation in transformers 5.23, built from a tiny checkpoint.
+
+Only tests import transformers; the package never does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+
+def reference_model(canonical_checkpoint: Path, dtype: torch.dtype = torch.float32):
+    """transformers' MuseGlimmerForConditionalGeneration with the checkpoint's exact tensors.
+
+    The checkpoint must be in the canonical layout (config and weights). Tensors are copied, not
+    re-initialized: HF's random init would set every centered norm to 1 (architecture.md §12.2).
+    """
+    from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
+
+    raw = json.loads((canonical_checkpoint / "config.json").read_text())
+    if raw.get("vision_config") is None:
+        # text-only: HF would build its full-size default vision tower; a minimal one changes nothing
+        raw["vision_config"] = {"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+                                "num_attention_heads": 1, "pos_emb_height": 2, "pos_emb_width": 2}
+        raw["out_hidden_size"], raw["projector_hidden_size"] = 32, 8
+    config = MuseGlimmerConfig.from_dict(raw)
+    model = MuseGlimmerForConditionalGeneration(config).eval()
+    state = {}
+    for file in sorted(canonical_checkpoint.glob("*.safetensors")):
+        state.update(load_file(file))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # a text-only checkpoint leaves the (unused) vision tower at its random init
+    assert not unexpected, unexpected
+    assert all(name.startswith("model.vision") for name in missing), missing
+    return model.to(dtype)
+
+
+@torch.no_grad()
+def reference_logits(model, token_ids: list[int]) -> torch.Tensor:
+    return model(input_ids=torch.tensor([token_ids])).logits[0].float()
+
+
+@torch.no_grad()
+def reference_greedy(model, token_ids: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(
+        torch.tensor([token_ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(token_ids):].tolist()
