@@ -64,6 +64,10 @@ class TinySpec:
     # a 4×4 learned position grid gives 4×4-patch attention windows, so small images have ragged windows
     vision_pos_emb_size: int = 4
     projector_hidden_size: int = 48
+    # small media budgets keep test prompts short
+    max_image_tokens: int = 64
+    max_video_frame_tokens: int = 16
+    video_max_frames: int = 8
 
 
 def tiny_model_config(tokens: TinyTokenizerInfo, spec: TinySpec = TinySpec(), *, vision: bool = False) -> ModelConfig:
@@ -218,6 +222,24 @@ def write_tiny_checkpoint(
     from glimmer.protocol.builtin_template import builtin_template_source
 
     (out / "chat_template.jinja").write_text(builtin_template_source())
+    if vision:
+        for name, settings in _preprocessor_configs(spec).items():
+            (out / name).write_text(json.dumps(settings, indent=2) + "\n")
     weights = {k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}
     save_weights(to_weight_layout(weights, config, weight_layout), out, num_shards)
     return out
+
+
+def _preprocessor_configs(spec: TinySpec) -> dict[str, dict]:
+    """Image and video processor configs in the reference processors' keys (architecture.md §6-7)."""
+    common = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+              "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255, "resample": 1, "do_resize": True,
+              "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
+    return {
+        "preprocessor_config.json": {**common, "image_processor_type": "MuseGlimmerImageProcessor",
+                                     "max_image_tokens": spec.max_image_tokens},
+        "video_preprocessor_config.json": {**common, "video_processor_type": "MuseGlimmerVideoProcessor",
+                                           "max_video_frame_tokens": spec.max_video_frame_tokens,
+                                           "num_frames": spec.video_max_frames, "fps": 2.0,
+                                           "do_sample_frames": True},
+    }

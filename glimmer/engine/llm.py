@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -14,10 +15,37 @@ from tqdm.auto import tqdm
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
+from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference
+from glimmer.protocol import (
+    ToolCall,
+    normalize_messages,
+    normalize_tools,
+    parse_output,
+    resolve_reasoning_strength,
+)
 
 PromptType = str | list[int] | dict[str, Any]
+_Prepared = tuple[str | None, list[int], list[MultimodalItem]]
+
+
+@dataclass
+class ChatOutput:
+    """One conversation's reply, parsed by the protocol: reasoning, answer and tool calls, plus the raw output."""
+
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[ToolCall]
+    output: RequestOutput
+
+    @property
+    def finish_reason(self) -> str | None:
+        """As the OpenAI API reports it: `length`, else `tool_calls` when calls were made, else `stop`."""
+        if self.output.finish_reason == "length":
+            return "length"
+        return "tool_calls" if self.tool_calls else self.output.finish_reason
 
 
 class LLM:
@@ -29,21 +57,46 @@ class LLM:
     max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template).
     """
 
-    def __init__(self, model: str, *, dtype: str | None = None, device: str | None = None, **engine_options: Any):
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str | None = None,
+        device: str | None = None,
+        allowed_local_media_path: list[str] | None = None,
+        allow_remote_media: bool = False,
+        **engine_options: Any,
+    ):
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, device=device, **engine_options))
+        self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Token ids of a text prompt. BOS is added, unless the text already starts with it (a prompt
-        rendered by the chat template does: a second BOS silently alters the output, P-TMPL-5)."""
-        tokenizer = self.engine.tokenizer
-        has_bos = tokenizer.bos_token is not None and text.startswith(tokenizer.bos_token)
-        return tokenizer.encode(text, add_special_tokens=not has_bos)
+        """Token ids of a text prompt; BOS is added unless the text already starts with it (P-TMPL-5)."""
+        return self.engine.encode_prompt(text)
 
-    def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[tuple[str | None, list[int]]]:
+    def _prepare_dict_prompt(self, prompt: dict[str, Any], i: int) -> _Prepared:
+        if "prompt_token_ids" in prompt:
+            if prompt.get("multi_modal_data"):
+                raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
+                                   param=f"prompts[{i}].multi_modal_data")
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"]), []
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            raise RequestError(f"prompts[{i}] needs a 'prompt' string or 'prompt_token_ids'", param=f"prompts[{i}]")
+        data = prompt.get("multi_modal_data") or {}
+        unknown = set(data) - {"image", "video"}
+        if unknown:
+            raise RequestError(f"multi_modal_data keys {sorted(unknown)} are not supported; use 'image' and 'video'",
+                               param=f"prompts[{i}].multi_modal_data")
+        images, videos = (_as_list(data.get(kind)) for kind in ("image", "video"))
+        ids, items = self.engine.prepare_prompt(text, images, videos)
+        return text, ids, items
+
+    def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
         ):
@@ -51,19 +104,14 @@ class LLM:
         if not isinstance(prompts, SequenceABC) or isinstance(prompts, str):
             raise RequestError("prompts must be a string, a list of token ids, a prompt dict, or a list of them",
                                param="prompts")
-        out: list[tuple[str | None, list[int]]] = []
+        out: list[_Prepared] = []
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
-                out.append((prompt, self.encode_prompt(prompt)))
+                out.append((prompt, self.encode_prompt(prompt), []))
             elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                out.append((None, list(prompt)))
-            elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-                out.append((prompt.get("prompt"), list(prompt["prompt_token_ids"])))
-            elif isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
-                if prompt.get("multi_modal_data"):
-                    raise RequestError("multi_modal_data needs a checkpoint with a vision tower and is handled "
-                                       "by the multimodal prompt path", param=f"prompts[{i}].multi_modal_data")
-                out.append((prompt["prompt"], self.encode_prompt(prompt["prompt"])))
+                out.append((None, list(prompt), []))
+            elif isinstance(prompt, dict):
+                out.append(self._prepare_dict_prompt(prompt, i))
             else:
                 raise RequestError(f"prompts[{i}] is not a string, a list of token ids or a prompt dict",
                                    param=f"prompts[{i}]")
@@ -90,14 +138,12 @@ class LLM:
                 )
         return self._run(normalized, params_list, use_tqdm)
 
-    def _run(
-        self, prompts: list[tuple[str | None, list[int]]], params_list: list[SamplingParams], use_tqdm: bool
-    ) -> list[RequestOutput]:
+    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         order = []
-        for (text, ids), params in zip(prompts, params_list, strict=True):
+        for (text, ids, items), params in zip(prompts, params_list, strict=True):
             request_id = f"llm-{next(self._ids)}"
-            self.engine.add_request(request_id, ids, params)
+            self.engine.add_request(request_id, ids, params, items)
             order.append(request_id)
             results[request_id] = RequestOutput(
                 request_id=request_id,
@@ -128,3 +174,56 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return [results[r] for r in order]
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[ChatOutput]:
+        """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
+
+        `messages` is one conversation (a list of message dicts) or a list of them. Content parts may hold
+        images and videos: OpenAI `image_url` / `video_url` parts (data: URLs, or local paths under
+        `allowed_local_media_path`), or `{"type": "image", "image": <PIL image>}`. Returns one ChatOutput
+        per conversation, in order.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        normalized_tools = normalize_tools(tools) if tools else None
+        strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
+                                              chat_template_kwargs=chat_template_kwargs)
+        kwargs = {k: v for k, v in (chat_template_kwargs or {}).items()
+                  if k not in ("reasoning_strength", "reasoning_effort", "enable_thinking")}
+        prepared: list[_Prepared] = []
+        for conversation in conversations:
+            normalized = normalize_messages(conversation)
+            text = self.engine.chat_template.render(
+                normalized,
+                tools=normalized_tools,
+                special_tokens=self.engine.tokenizer.special_tokens,
+                reasoning_strength=strength,
+                chat_template_kwargs=kwargs,
+            )
+            images, videos = [], []
+            for kind, reference in collect_media(normalized):
+                target = images if kind == "image" else videos
+                target.append(load_media_reference(reference, kind, len(target), self.media_policy))
+            ids, items = self.engine.prepare_prompt(text, images, videos)
+            prepared.append((text, ids, items))
+        params = sampling_params or SamplingParams()
+        outputs = self._run(prepared, [params] * len(prepared), use_tqdm)
+        chats = []
+        for output in outputs:
+            parsed = parse_output(output.text, normalized_tools)
+            chats.append(ChatOutput(parsed.reasoning, parsed.content, list(parsed.tool_calls), output))
+        return chats
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]

@@ -7,26 +7,33 @@ the async server calls `step()` from one background thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.model_loader import LoadedModel, load_model
 from glimmer.engine.model_runner import ModelRunner, kv_bytes_per_block
+from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import Scheduler, SchedulerConfig
-from glimmer.engine.sequence import MultimodalItem, Sequence
+from glimmer.engine.sequence import MultimodalItem, Sequence, TokenController
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
+from glimmer.multimodal import MediaLimits, MediaProcessor, load_media_settings
+from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +57,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     chat_template: str | None = None  # operator override file (P-TMPL-1)
+    media_limits: MediaLimits = field(default_factory=MediaLimits)
     progress: bool = True
 
     def resolved_device(self) -> torch.device:
@@ -116,6 +124,8 @@ class LLMEngine:
         self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=config.enable_prefix_caching)
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
+        self.media = self._media_processor()
+        self._chat_template: ChatTemplate | None = None
         self._rng = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
@@ -171,6 +181,50 @@ class LLMEngine:
         want = int(per_token * self.max_model_len * (self.config.max_num_seqs or 64))
         return min(_CPU_DEFAULT_KV_BYTES, want)
 
+    def _media_processor(self) -> MediaProcessor | None:
+        vision = self.model_config.vision
+        if vision is None:
+            return None
+        files = [_read_optional_json(self.checkpoint_dir / name)
+                 for name in ("preprocessor_config.json", "video_preprocessor_config.json")]
+        if files[0] is None:
+            files[0] = _read_optional_json(self.checkpoint_dir / "processor_config.json")
+        settings = load_media_settings(*files)
+        settings.check_matches(vision)
+        return MediaProcessor(settings, self.config.media_limits)
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The checkpoint's (or the operator's) chat template, compiled once (P-TMPL-1)."""
+        if self._chat_template is None:
+            source = find_chat_template(self.checkpoint_dir, self.config.chat_template)
+            logger.info("chat template from %s (sha256 %s)", source.origin, source.sha256)
+            self._chat_template = ChatTemplate(source.text)
+        return self._chat_template
+
+    # prompts ----------------------------------------------------------------------------------------
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a text prompt. BOS is added unless the text already starts with it: a prompt rendered
+        by the chat template does, and a second BOS silently alters the output (P-TMPL-5)."""
+        bos = self.tokenizer.bos_token
+        return self.tokenizer.encode(text, add_special_tokens=not (bos is not None and text.startswith(bos)))
+
+    def prepare_prompt(
+        self, text: str, images: list | tuple = (), videos: list | tuple = ()
+    ) -> tuple[list[int], list[MultimodalItem]]:
+        """Token ids and media items for a text prompt whose `<|patch|>` / `<|video|>` placeholders match the
+        images and videos given (one placeholder per item, in order)."""
+        if not images and not videos:
+            return self.encode_prompt(text), []
+        if self.media is None:
+            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used",
+                               param="messages")
+        processed = self.media.process(text, images, videos)
+        token_ids = self.encode_prompt(processed.text)
+        config = self.model_config
+        return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)
+
     # requests ---------------------------------------------------------------------------------------
 
     def add_request(
@@ -179,8 +233,12 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         multimodal: list[MultimodalItem] | None = None,
+        controller_factory: Callable[[], TokenController] | None = None,
     ) -> None:
-        """Queue a request; raises RequestError (naming the field) if it can never be served."""
+        """Queue a request; raises RequestError (naming the field) if it can never be served.
+
+        controller_factory, if given, builds one TokenController per completion to steer its tokens.
+        """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
         if not prompt_token_ids:
@@ -189,6 +247,9 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
+        if not multimodal:
+            refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,
+                                      self.model_config.video_token_id)
         prompt_len = len(prompt_token_ids)
         room = self.max_model_len - prompt_len
         if room < 1:
@@ -229,6 +290,7 @@ class LLMEngine:
                 generator=torch.Generator(self.device).manual_seed(seed),
                 multimodal=list(multimodal or []),
                 index=index,
+                controller=controller_factory() if controller_factory is not None else None,
             )
             self._completions[id(seq)] = _Completion(
                 detokenizer=IncrementalDetokenizer(self.tokenizer),
@@ -272,7 +334,9 @@ class LLMEngine:
         for i in sampling:
             seq = step.seqs[i]
             banned = tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ()
-            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned))
+            allowed = seq.controller.allowed_token_ids() if seq.controller is not None else None
+            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned,
+                                    allowed))
         result = sample(logits, rows)
         deltas = []
         for i, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
@@ -287,12 +351,15 @@ class LLMEngine:
         text, stop_string = done.stops.feed(done.detokenizer.add(token))
         finish_reason: str | None = None
         stop_reason: int | str | None = None
+        controller_stop = seq.controller is not None and seq.controller.observe(token)
         if stop_string is not None:
             finish_reason, stop_reason = "stop", stop_string
         elif token in seq.stop_token_ids:
             finish_reason, stop_reason = "stop", token
         elif seq.num_tokens >= seq.max_total_tokens:
             finish_reason = "length"
+        elif controller_stop:
+            finish_reason = "stop"
         if finish_reason is not None:
             if stop_string is None:
                 text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
@@ -325,3 +392,15 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
         }
 
+
+
+def _read_optional_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return value

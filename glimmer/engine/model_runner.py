@@ -95,23 +95,27 @@ class ModelRunner:
     def _multimodal_inputs(
         self, step: ScheduledStep, flat_len: int
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Vision rows for the placeholder positions computed in this step, and where they go."""
-        pieces: list[torch.Tensor] = []
+        """Vision rows for the placeholder positions computed in this step, in flat token order, and where
+        they go."""
+        pieces: list[tuple[int, torch.Tensor]] = []
         mask = torch.zeros(flat_len, dtype=torch.bool)
         offset = 0
         for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             for item in seq.multimodal:
-                lo, hi = max(start, item.offset), min(end, item.offset + item.length)
-                if lo >= hi:
+                slices = item.feature_slices(start, end)
+                if not slices:
                     continue
                 features = self._features(item)
-                pieces.append(features[lo - item.offset : hi - item.offset])
-                mask[offset + lo - start : offset + hi - start] = True
+                for position, row, count in slices:
+                    flat = offset + position - start
+                    pieces.append((flat, features[row : row + count]))
+                    mask[flat : flat + count] = True
             offset += n
         if not pieces:
             return None, None
-        return torch.cat(pieces), mask.to(self.device)
+        pieces.sort(key=lambda piece: piece[0])
+        return torch.cat([rows for _, rows in pieces]), mask.to(self.device)
 
     def _features(self, item: MultimodalItem) -> torch.Tensor:
         cached = self.encoder_cache.get(item.content_hash)

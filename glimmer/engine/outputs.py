@@ -27,7 +27,7 @@ class CompletionOutput:
 class RequestOutput:
     """A request's prompt and its completions, as vLLM's `RequestOutput`.
 
-    `text`, `token_ids`, `finish_reason` and `logprobs` are shortcuts to the first completion.
+    `text`, `token_ids`, `finish_reason`, `stop_reason` and `logprobs` are shortcuts to the first completion.
     """
 
     request_id: str
@@ -51,6 +51,10 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+    @property
+    def stop_reason(self) -> int | str | None:
+        return self.outputs[0].stop_reason
 
     @property
     def logprobs(self) -> list[TokenLogprobs] | None:

@@ -24,6 +24,8 @@ class SamplingRow:
     generator: torch.Generator | None
     # ids that may not be sampled yet (stop ids while fewer than min_tokens were generated)
     banned_ids: tuple[int, ...] = ()
+    # if set, the only ids that may be sampled (a TokenController's constraint)
+    allowed_ids: list[int] | None = None
 
 
 @dataclass
@@ -87,12 +89,17 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
-    if any(r.params.uses_penalties or r.banned_ids for r in rows):
+    if any(r.params.uses_penalties or r.banned_ids or r.allowed_ids is not None for r in rows):
         logits = logits.clone()
         _apply_penalties(logits, rows)
         for i, row in enumerate(rows):
             if row.banned_ids:
                 logits[i, list(row.banned_ids)] = float("-inf")
+            if row.allowed_ids is not None:
+                keep = torch.full_like(logits[i], float("-inf"))
+                allowed = torch.tensor(row.allowed_ids, dtype=torch.int64, device=logits.device)
+                keep[allowed] = logits[i, allowed]
+                logits[i] = keep
 
     tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -19,19 +20,46 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class TokenController(Protocol):
+    """Steers one sequence token by token (e.g. into a tool channel for `tool_choice`).
+
+    Called on the engine thread, once per generated token; must cost O(1) amortized per call.
+    """
+
+    def allowed_token_ids(self) -> list[int] | None:
+        """Ids the next token must be one of, or None for no constraint."""
+
+    def observe(self, token_id: int) -> bool:
+        """Record the token just generated; return True to end generation now (finish_reason 'stop')."""
+
+
 @dataclass
 class MultimodalItem:
-    """One image or video whose features fill a run of placeholder positions in the prompt.
+    """One image or video whose features fill runs of placeholder positions in the prompt.
 
-    offset/length: the placeholder positions [offset, offset + length) in the prompt.
+    runs: (offset, length) of each run of placeholder tokens the item fills, in order (an image has one
+        run; a video has one per temporal group, separated by timestamps); feature rows fill them in order.
     content_hash: identifies the pixels, for the encoder cache and for prefix-cache block hashes.
     """
 
-    offset: int
-    length: int
+    runs: tuple[tuple[int, int], ...]
     content_hash: int
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
+
+    def overlaps(self, start: int, end: int) -> bool:
+        return any(offset < end and offset + length > start for offset, length in self.runs)
+
+    def feature_slices(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """For positions [start, end): (first position, first feature row, count) of each overlapping piece."""
+        pieces = []
+        row = 0
+        for offset, length in self.runs:
+            lo, hi = max(start, offset), min(end, offset + length)
+            if lo < hi:
+                pieces.append((lo, row + lo - offset, hi - lo))
+            row += length
+        return pieces
 
 
 @dataclass
@@ -43,6 +71,7 @@ class Sequence:
     max_total_tokens: int
     generator: torch.Generator | None = None
     multimodal: list[MultimodalItem] = field(default_factory=list)
+    controller: TokenController | None = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
@@ -81,4 +110,4 @@ class Sequence:
 
     def multimodal_hashes_in(self, start: int, end: int) -> tuple[int, ...]:
         """Content hashes of the media whose placeholders overlap positions [start, end)."""
-        return tuple(m.content_hash for m in self.multimodal if m.offset < end and m.offset + m.length > start)
+        return tuple(m.content_hash for m in self.multimodal if m.overlaps(start, end))

@@ -1,0 +1,189 @@
+"""The engine for concurrent clients: one background thread steps `LLMEngine`; asyncio callers stream.
+
+Every touch of the engine happens on that thread. Callers submit commands (add, abort) through a queue
+and receive their request's `StepDelta`s on an asyncio queue of their own event loop. A caller that
+stops listening (a disconnected client) aborts its request: its KV blocks are freed and the engine
+stops computing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.sequence import MultimodalItem, TokenController
+from glimmer.errors import GlimmerError
+
+logger = logging.getLogger(__name__)
+
+
+class EngineOverloadedError(GlimmerError):
+    """Too many requests are waiting; the client should retry later (HTTP 429)."""
+
+
+class EngineDeadError(GlimmerError):
+    """The engine thread failed; requests cannot be served (HTTP 500)."""
+
+
+@dataclass
+class _Listener:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    remaining: int  # completions not yet finished (engine-thread bookkeeping)
+
+
+@dataclass
+class EngineMetrics:
+    """Counters the engine thread updates; read by /metrics (plain ints: reads need no lock)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    step_seconds: float = 0.0
+    errors: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, *, max_waiting_requests: int = 1024):
+        self.engine = LLMEngine(config)
+        self.max_waiting_requests = max_waiting_requests
+        self.metrics = EngineMetrics()
+        self._commands: queue.Queue = queue.Queue()
+        self._listeners: dict[str, _Listener] = {}
+        self._stopped = threading.Event()
+        self._dead: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="glimmer-engine", daemon=True)
+        self._thread.start()
+
+    # public, called from asyncio code --------------------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        multimodal: list[MultimodalItem] | None = None,
+        controller_factory: Callable[[], TokenController] | None = None,
+    ) -> AsyncIterator[StepDelta]:
+        """Stream a request's deltas until every completion finishes.
+
+        Raises RequestError (invalid request), EngineOverloadedError (queue full) or EngineDeadError
+        before the first delta. Closing the iterator early aborts the request.
+        """
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine stopped after an internal error: {self._dead}")
+        if self.num_waiting_requests >= self.max_waiting_requests:
+            raise EngineOverloadedError(
+                f"{self.num_waiting_requests} requests are already waiting; retry later"
+            )
+        loop = asyncio.get_running_loop()
+        listener = _Listener(loop=loop, queue=asyncio.Queue(), remaining=params.n)
+        accepted: Future = Future()
+        self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
+                            listener, accepted))
+        await asyncio.wrap_future(accepted)
+        finished = False
+        unfinished = params.n
+        try:
+            while True:
+                item = await listener.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finish_reason is not None:
+                    unfinished -= 1
+                    finished = unfinished == 0
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (thread-safe, returns at once)."""
+        self._commands.put(("abort", request_id, None, None, None))
+
+    @property
+    def num_waiting_requests(self) -> int:
+        return len(self.engine.scheduler.waiting) + self._commands.qsize()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        self._stopped.set()
+        self._commands.put(("wake", "", None, None, None))
+        self._thread.join(timeout_s)
+
+    # the engine thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                self._drain_commands(block=not self.engine.has_unfinished_requests)
+                if self.engine.has_unfinished_requests:
+                    start = time.monotonic()
+                    deltas = self.engine.step()
+                    self.metrics.steps += 1
+                    self.metrics.step_seconds += time.monotonic() - start
+                    self._dispatch(deltas)
+        except BaseException as exc:  # the loop must never die silently: fail every waiting caller
+            logger.exception("engine thread failed")
+            self._dead = exc
+            self.metrics.errors += 1
+            error = EngineDeadError(f"internal engine error: {type(exc).__name__}")
+            for request_id, listener in list(self._listeners.items()):
+                listener.loop.call_soon_threadsafe(listener.queue.put_nowait, error)
+                self._listeners.pop(request_id, None)
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._execute(*command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _execute(self, kind: str, request_id: str, args, listener: _Listener | None, accepted: Future | None) -> None:
+        if kind == "add":
+            prompt_token_ids, params, multimodal, controller_factory = args
+            try:
+                self.engine.add_request(request_id, prompt_token_ids, params, multimodal, controller_factory)
+            except BaseException as exc:
+                accepted.set_exception(exc)
+                return
+            self.metrics.prompt_tokens += len(prompt_token_ids)
+            self._listeners[request_id] = listener
+            accepted.set_result(None)
+        elif kind == "abort":
+            deltas = self.engine.abort(request_id)
+            self._listeners.pop(request_id, None)
+            del deltas  # the caller stopped listening
+
+    def _dispatch(self, deltas: list[StepDelta]) -> None:
+        for delta in deltas:
+            self.metrics.generation_tokens += len(delta.token_ids)
+            listener = self._listeners.get(delta.request_id)
+            if listener is None:
+                continue
+            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, delta)
+            if delta.finish_reason is not None:
+                listener.remaining -= 1
+                if listener.remaining == 0:
+                    self._listeners.pop(delta.request_id, None)

@@ -1,0 +1,83 @@
+"""Tie processed images and videos to the placeholder runs of a tokenized prompt.
+
+The processor expands each `<|patch|>` into `<|image_start|>` + N `<|patch|>` + `<|image_end|>` and each
+`<|video|>` into timestamped groups of `<|video|>` tokens (architecture.md §8). After tokenization, the
+i-th run of image placeholder ids belongs to the i-th image, and each video owns as many consecutive
+runs of video placeholder ids as it has temporal groups. Anything else is a malformed request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from glimmer.engine.sequence import MultimodalItem
+from glimmer.errors import RequestError
+from glimmer.multimodal import MultimodalPrompt
+
+
+def placeholder_runs(token_ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """(offset, length) of every maximal run of `token_id`."""
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, t in enumerate(token_ids):
+        if t == token_id and start is None:
+            start = i
+        elif t != token_id and start is not None:
+            runs.append((start, i - start))
+            start = None
+    if start is not None:
+        runs.append((start, len(token_ids) - start))
+    return runs
+
+
+def content_hash(pixel_values: torch.Tensor, grid_thw: list[int] | tuple[int, ...]) -> int:
+    """A 64-bit digest of the exact vision-tower input (same pixels and grid → same features)."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(repr(tuple(int(g) for g in grid_thw)).encode())
+    digest.update(pixel_values.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
+    return int.from_bytes(digest.digest(), "little", signed=True)
+
+
+def attach_media(
+    token_ids: list[int], prompt: MultimodalPrompt, image_token_id: int, video_token_id: int
+) -> list[MultimodalItem]:
+    """One MultimodalItem per image and video, placed on its placeholder runs; RequestError if they don't fit."""
+    items: list[MultimodalItem] = []
+    image_runs = placeholder_runs(token_ids, image_token_id)
+    if len(image_runs) != len(prompt.images):
+        raise RequestError(
+            f"the tokenized prompt has {len(image_runs)} image placeholder runs for {len(prompt.images)} images; "
+            "image placeholders must not be written as text next to each other",
+            param="messages",
+        )
+    for index, (image, run) in enumerate(zip(prompt.images, image_runs, strict=True)):
+        if run[1] != image.num_tokens:
+            raise RequestError(f"image {index}: its placeholder run has {run[1]} tokens, expected "
+                               f"{image.num_tokens}", param="messages")
+        items.append(MultimodalItem((run,), content_hash(image.pixel_values, image.grid_thw), image.pixel_values,
+                                    torch.tensor([image.grid_thw])))
+    video_runs = iter(placeholder_runs(token_ids, video_token_id))
+    for index, video in enumerate(prompt.videos):
+        groups = video.grid_thw[0]
+        runs = tuple(next(video_runs, (0, -1)) for _ in range(groups))
+        if any(length != video.tokens_per_group for _, length in runs):
+            raise RequestError(f"video {index}: its placeholder runs do not match its {groups} frame groups of "
+                               f"{video.tokens_per_group} tokens", param="messages")
+        items.append(MultimodalItem(runs, content_hash(video.pixel_values, video.grid_thw), video.pixel_values,
+                                    torch.tensor([video.grid_thw])))
+    if next(video_runs, None) is not None:
+        raise RequestError("the prompt has more video placeholder tokens than the videos given", param="messages")
+    return items
+
+
+def refuse_stray_placeholders(token_ids: list[int], image_token_id: int | None, video_token_id: int | None) -> None:
+    """A prompt without media must not contain placeholder ids: they would be embedded as token 0."""
+    for name, token_id in (("image", image_token_id), ("video", video_token_id)):
+        if token_id is not None and token_id in token_ids:
+            raise RequestError(
+                f"the prompt contains {name} placeholder tokens (id {token_id}) but no {name} was given; pass the "
+                f"{name} with the prompt (multi_modal_data / content parts) or remove the placeholder",
+                param="prompt",
+            )

@@ -1,0 +1,145 @@
+"""Sampling parameters, the sampler, stop handling and seeds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from glimmer import LLM, SamplingParams
+from glimmer.engine.sampler import SamplingRow, sample
+from glimmer.engine.stop_strings import StopStringMatcher
+from glimmer.errors import RequestError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint), progress=False)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", -1), ("temperature", float("nan")), ("top_p", 0), ("top_p", 1.5), ("top_k", -2),
+     ("min_p", 2), ("max_tokens", 0), ("max_tokens", 2.5), ("logprobs", 21), ("presence_penalty", 3),
+     ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("n", 0), ("seed", "x"), ("stop", [""]),
+     ("stop_token_ids", [-1]), ("min_tokens", -1)],
+)
+def test_invalid_sampling_params_name_the_field(field, value):
+    with pytest.raises(RequestError) as err:
+        SamplingParams(**{field: value})
+    assert err.value.param == field and field in str(err.value)
+
+
+def _row(**kwargs) -> SamplingRow:
+    return SamplingRow(SamplingParams(**kwargs), [], [], torch.Generator().manual_seed(0))
+
+
+def test_top_k_top_p_and_min_p_restrict_the_draw():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    for _ in range(50):
+        assert sample(logits, [_row(top_k=2)]).token_ids[0] in (0, 1)
+        assert sample(logits, [_row(top_p=0.7)]).token_ids[0] in (0, 1)
+        assert sample(logits, [_row(min_p=0.5)]).token_ids[0] in (0, 1)
+        assert sample(logits, [_row(top_p=0.1)]).token_ids[0] == 0
+
+
+def test_sampling_follows_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    row = _row(temperature=1.0)
+    counts = [0, 0, 0]
+    for _ in range(2000):
+        counts[sample(logits, [row]).token_ids[0]] += 1
+    assert abs(counts[0] / 2000 - 0.7) < 0.05 and abs(counts[2] / 2000 - 0.1) < 0.03
+
+
+def test_penalties_change_the_greedy_choice():
+    logits = torch.tensor([[2.0, 1.9, 0.0]])
+    assert sample(logits, [_row(temperature=0)]).token_ids == [0]
+    penalized = SamplingRow(SamplingParams(temperature=0, presence_penalty=0.5), [], [0], None)
+    assert sample(logits, [penalized]).token_ids == [1]
+    repeated = SamplingRow(SamplingParams(temperature=0, repetition_penalty=1.2), [0], [], None)
+    assert sample(logits, [repeated]).token_ids == [1]
+
+
+def test_allowed_ids_constrain_and_banned_ids_exclude():
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
+    greedy = SamplingParams(temperature=0)
+    assert sample(logits, [SamplingRow(greedy, [], [], None, allowed_ids=[2, 3])]).token_ids == [2]
+    assert sample(logits, [SamplingRow(greedy, [], [], None, banned_ids=(0,))]).token_ids == [1]
+
+
+def test_logprobs_are_the_raw_distribution():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    result = sample(logits, [_row(temperature=0.5, logprobs=2)])
+    expected = torch.log_softmax(logits, -1)[0]
+    entry = result.logprobs[0]
+    assert math.isclose(entry.logprob, expected[entry.token_id].item(), abs_tol=1e-6)
+    assert list(entry.top) == [2, 1]
+
+
+def test_a_seed_gives_the_same_tokens_whatever_shares_the_batch(llm):
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=1234, ignore_eos=True)
+    alone = llm.generate(["hello there"], params)[0].token_ids
+    crowd = llm.generate(["other", "hello there", "more text"],
+                         [SamplingParams(temperature=1.0, max_tokens=24), params, SamplingParams(temperature=0.7)])
+    assert crowd[1].token_ids == alone
+    assert llm.generate(["hello there"], SamplingParams(temperature=1.0, max_tokens=24, seed=99,
+                                                        ignore_eos=True))[0].token_ids != alone
+
+
+def test_stop_token_ids_and_max_tokens_set_the_finish_reason(llm):
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    stop_at = free.token_ids[5]
+    stopped = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at],
+                                                   ignore_eos=True))[0]
+    first = free.token_ids.index(stop_at)
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at
+    assert stopped.token_ids == free.token_ids[: first + 1]
+
+
+def test_min_tokens_holds_off_stop_ids(llm):
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    stop_at = free.token_ids[0]
+    held = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, min_tokens=4,
+                                                stop_token_ids=[stop_at], ignore_eos=True))[0]
+    assert len(held.token_ids) >= 4 and stop_at not in held.token_ids[:4]
+
+
+def test_stop_strings_cut_the_text_and_end_generation(llm):
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+    needle = free.text[10:13]
+    stopped = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=30, stop=[needle],
+                                                   ignore_eos=True))[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == needle
+    assert stopped.text == free.text[: free.text.index(needle)]
+
+
+def test_n_completions_are_independent(llm):
+    out = llm.generate(["abc"], SamplingParams(temperature=1.0, max_tokens=10, n=3, seed=5, ignore_eos=True))[0]
+    assert len(out.outputs) == 3 and all(len(o.token_ids) == 10 for o in out.outputs)
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+
+
+def test_text_prompt_gets_exactly_one_bos(llm):
+    tokenizer = llm.get_tokenizer()
+    plain = llm.generate(["hello"], SamplingParams(max_tokens=1))[0].prompt_token_ids
+    rendered = llm.generate([tokenizer.bos_token + "hello"], SamplingParams(max_tokens=1))[0].prompt_token_ids
+    assert plain == rendered and plain.count(tokenizer.bos_token_id) == 1 and plain[0] == tokenizer.bos_token_id
+
+
+def test_stop_string_matcher_holds_back_only_possible_prefixes():
+    matcher = StopStringMatcher(["END", "xyz"])
+    assert matcher.feed("hello E") == ("hello ", None)
+    assert matcher.feed("N") == ("", None)
+    assert matcher.feed("D tail") == ("", "END")
+    other = StopStringMatcher(["END"])
+    assert other.feed("hello EN") == ("hello ", None)
+    assert other.feed("X") == ("ENX", None)
+    assert other.flush() == ""
+    tail = StopStringMatcher(["END"])
+    tail.feed("abc E")
+    assert tail.flush() == "E"
+    included = StopStringMatcher(["END"], include_in_output=True)
+    assert included.feed("abcEND") == ("abcEND", "END")

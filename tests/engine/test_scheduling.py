@@ -1,0 +1,131 @@
+"""Continuous batching, preemption, prefix caching and the hybrid KV cache (issue 4's engine part)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glimmer import LLM, SamplingParams
+from glimmer.engine.kv_cache_manager import FULL, SLIDING
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.errors import RequestError
+from glimmer.tiny import TinySpec
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+SPEC = TinySpec(sliding_window=16)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_tiny):
+    return make_tiny(spec=SPEC, seed=21)
+
+
+def _prompts(count: int = 6) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(9)
+    return [torch.randint(0, 480, (int(n),), generator=generator).tolist()
+            for n in torch.randint(1, 70, (count,), generator=generator)]
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(checkpoint) -> list[list[int]]:
+    llm = LLM(str(checkpoint), progress=False, enable_prefix_caching=False)
+    return [llm.generate([p], GREEDY)[0].token_ids for p in _prompts()]
+
+
+def _drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]]) -> dict[str, list[int]]:
+    """Step the engine, adding requests at the given step numbers; collect tokens per request."""
+    tokens: dict[str, list[int]] = {}
+    step = 0
+    while arrivals or engine.has_unfinished_requests:
+        for request_id, prompt in arrivals.pop(step, []):
+            engine.add_request(request_id, prompt, GREEDY)
+            tokens[request_id] = []
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+        step += 1
+    return tokens
+
+
+def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one_at_a_time):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_num_batched_tokens=48))
+    prompts = _prompts()
+    arrivals: dict[int, list[tuple[str, list[int]]]] = {}
+    for i, prompt in enumerate(prompts):
+        arrivals.setdefault(i * 7, []).append((f"r{i}", prompt))
+    tokens = _drive(engine, arrivals)
+    assert [tokens[f"r{i}"] for i in range(len(prompts))] == one_at_a_time
+
+
+def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time):
+    # 4 sliding blocks (two sequences' windows) and 12 full-attention blocks (192 positions) for three
+    # running sequences of up to 99 positions each: both pools run out mid-generation
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+                                    max_num_batched_tokens=32))
+    assert engine.kv_layout.num_blocks == {SLIDING: 4, FULL: 12}
+    prompts = _prompts()
+    tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]})
+    assert engine.scheduler.num_preemptions > 0
+    assert [tokens[f"r{i}"] for i in range(len(prompts))] == one_at_a_time
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
+def test_prefix_cache_hits_give_identical_outputs(checkpoint):
+    llm = LLM(str(checkpoint), progress=False)
+    shared = list(range(20, 100))  # 80 tokens = 5 full blocks
+    first = llm.generate([shared + [7, 8]], GREEDY)[0]
+    second = llm.generate([shared + [7, 8]], GREEDY)[0]
+    third = llm.generate([shared + [9]], GREEDY)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 80
+    assert third.num_cached_tokens == 80
+    assert second.token_ids == first.token_ids
+    uncached = LLM(str(checkpoint), progress=False, enable_prefix_caching=False)
+    assert third.token_ids == uncached.generate([shared + [9]], GREEDY)[0].token_ids
+    assert llm.engine.kv.prefix_cache_hit_rate() > 0
+
+
+def test_sliding_window_blocks_are_released_as_the_sequence_grows(checkpoint):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, enable_prefix_caching=False))
+    engine.add_request("long", [5] * 10, SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))
+    sliding_peak = 0
+    full_used = []
+    while engine.has_unfinished_requests:
+        engine.step()
+        usage = engine.kv.usage()
+        sliding_peak = max(sliding_peak, usage[SLIDING][0])
+        full_used.append(usage[FULL][0])
+    window_blocks = SPEC.sliding_window // 16
+    assert sliding_peak <= window_blocks + 2  # bounded by the window, not the 310 positions
+    assert max(full_used) == -(-309 // 16)  # the full-attention group keeps every position
+
+
+def test_request_that_cannot_fit_max_model_len_is_rejected_up_front(checkpoint):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_model_len=64))
+    with pytest.raises(RequestError) as err:
+        engine.add_request("big", list(range(50)), SamplingParams(max_tokens=20))
+    assert err.value.param == "max_tokens" and "max_model_len=64" in str(err.value)
+
+
+def test_request_that_can_never_get_its_kv_blocks_is_rejected_up_front(checkpoint):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000))
+    with pytest.raises(RequestError, match="KV blocks"):
+        engine.add_request("big", list(range(200)), SamplingParams(max_tokens=500))
+
+
+def test_abort_frees_blocks_and_stops_computing(checkpoint):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
+    engine.add_request("a", list(range(40)), SamplingParams(max_tokens=200, ignore_eos=True))
+    engine.step()
+    assert any(used for used, _ in engine.kv.usage().values())
+    deltas = engine.abort("a")
+    assert [d.finish_reason for d in deltas] == ["abort"]
+    assert not engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
+@pytest.mark.parametrize("bad", [[], [-1], [10**9]])
+def test_invalid_prompts_are_refused(checkpoint, bad):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
+    with pytest.raises(RequestError) as err:
+        engine.add_request("bad", bad, SamplingParams())
+    assert err.value.param == "prompt"
