@@ -165,7 +165,16 @@ class LLMEngine:
             budget -= num_blocks[SLIDING] * per_block[SLIDING]
         if FULL in per_block:
             num_blocks[FULL] = max(1, budget // per_block[FULL])
-        return KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window)
+        layout = KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window)
+        needs = KVCacheManager(layout).blocks_needed_for(self.max_model_len)
+        short = {g: (n, needs[g]) for g, n in num_blocks.items() if n < needs[g]}
+        if short:
+            raise ConfigError(
+                f"the KV cache ({self._kv_budget_bytes(per_block):,} bytes) cannot hold one sequence of "
+                f"max_model_len={self.max_model_len} tokens (blocks available/needed per group: {short}); "
+                "lower max_model_len, free device memory, or raise kv_cache_memory / gpu_memory_utilization"
+            )
+        return layout
 
     def _kv_budget_bytes(self, per_block: dict[str, int]) -> int:
         if self.config.kv_cache_memory is not None:
@@ -265,14 +274,6 @@ class LLMEngine:
                 f"{self.max_model_len}; lower max_tokens to at most {room}",
                 param="max_tokens",
             )
-        needs = self.kv.blocks_needed_for(prompt_len + max_tokens)
-        for group, need in needs.items():
-            if need > self.kv_layout.num_blocks[group]:
-                raise RequestError(
-                    f"this request needs {need} KV blocks in the {group}-attention group but the cache has "
-                    f"{self.kv_layout.num_blocks[group]}; lower max_tokens or start the server with more KV memory",
-                    param="max_tokens",
-                )
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.generation_defaults.stop_token_ids)

@@ -78,9 +78,10 @@ class _OpenInvoke:
         return self.tool if self.tool is not None else self.tag_name
 
 
-def _could_become(fragment: str, tags: tuple[str, ...]) -> bool:
-    """True when `fragment` is a proper prefix of one of `tags`."""
-    return any(len(fragment) < len(tag) and tag.startswith(fragment) for tag in tags)
+def _could_become(text: str, start: int, tags: tuple[str, ...]) -> bool:
+    """True when `text[start:]` (the end of the text) is a proper prefix of one of `tags`."""
+    rest_length = len(text) - start
+    return any(rest_length < len(tag) and tag.startswith(text[start:]) for tag in tags)
 
 
 class AtemChannel:
@@ -100,17 +101,17 @@ class AtemChannel:
 
     @property
     def accepts_plain_value_text(self) -> bool:
-        """True when text without `<` can be appended to the open value as is (the streaming fast path)."""
+        """True when text without `</` or a trailing `<` can be appended to the open value as is."""
         return self._state is _VALUE and not self._pending
 
     @property
     def append_plain_value_text(self) -> Callable[[str], None]:
-        """Appends text without `<` to the open value; valid while `accepts_plain_value_text` holds."""
+        """Appends text without `</` or a trailing `<` to the open value; see `accepts_plain_value_text`."""
         return self._value_parts.append
 
     def feed(self, text: str) -> None:
         """Scan more body text (framing already removed)."""
-        if self._state is _VALUE and not self._pending and "<" not in text:
+        if self._state is _VALUE and not self._pending and "</" not in text and text[-1:] != "<":
             self._value_parts.append(text)
             return
         self._scan(self._pending + text, final=False)
@@ -170,7 +171,7 @@ class AtemChannel:
             if text.startswith(tag, tag_start):
                 self._note_prose(tag)
                 return tag_start + len(tag)
-        if not final and _could_become(text[tag_start:], _OUTSIDE_TAGS):
+        if not final and _could_become(text, tag_start, _OUTSIDE_TAGS):
             return tag_start
         self._note_prose("<")
         return tag_start + 1
@@ -180,18 +181,21 @@ class AtemChannel:
     def _scan_name(self, text: str, position: int, final: bool) -> int:
         """Read a name attribute up to its `">` (P-ATEM-1), repairing a fumbled `<|message|>` (P-ATEM-7).
 
-        Nothing is consumed until the opener is decided; a name is at most NAME_MAX characters.
+        Nothing is consumed until the opener is decided. The attribute's raw text is at most NAME_MAX
+        characters; past that it is no name, which bounds both the wait and the search.
         """
+        limit = position + NAME_MAX
+        horizon = limit + len(MESSAGE)  # every marker starting within the limit is complete by here
         pieces: list[str] = []
         scan = position
         while True:
-            quote = text.find('"', scan)
-            marker = text.find(MESSAGE, scan)
+            quote = text.find('"', scan, limit + 1)
+            marker = text.find(MESSAGE, scan, horizon)
             if marker >= 0 and (quote < 0 or marker < quote):
                 pieces.append(text[scan:marker])
                 after = marker + len(MESSAGE)
-                continuation = _NAME_CHARACTERS.match(text, after).end()
-                if continuation == len(text) and continuation - after <= NAME_MAX and not final:
+                continuation = _NAME_CHARACTERS.match(text, after, after + NAME_MAX + 1).end()
+                if continuation == len(text) and not final:
                     return position
                 if continuation < len(text) and text[continuation] == '"':
                     scan = after  # the marker sits inside the name: drop it and read on
@@ -206,7 +210,7 @@ class AtemChannel:
                 if text.startswith(">", quote + 1):
                     return self._name_complete("".join(pieces), quote + 2)
                 return self._name_invalid(position)
-            if len(text) - position > NAME_MAX or final:
+            if final or len(text) >= horizon:
                 return self._name_invalid(position)
             return position
 
@@ -217,8 +221,6 @@ class AtemChannel:
         return name_start
 
     def _name_complete(self, name: str, end: int) -> int:
-        if len(name) > NAME_MAX:
-            return self._name_invalid(end)
         if self._state is _INVOKE_NAME:
             self._open_invoke(name)
         else:
@@ -255,19 +257,16 @@ class AtemChannel:
         """After `<atem:invoke name="H.P">`: a value right away means the parameter opener was swallowed."""
         invoke = self._invoke
         assert invoke is not None and invoke.swallowed_key is not None
-        first_visible = _WHITESPACE.match(text, position).end()
+        first_visible = _WHITESPACE.match(text, position, position + LOOKAHEAD_WHITESPACE_MAX + 1).end()
         if first_visible - position <= LOOKAHEAD_WHITESPACE_MAX:
-            rest = text[first_visible:]
-            if first_visible == len(text):
-                if not final:
-                    return position
-                rest = None
-            if rest is None or any(rest.startswith(tag) for tag in _INVOKE_TAGS):
+            if first_visible == len(text) and not final:
+                return position
+            if first_visible == len(text) or any(text.startswith(tag, first_visible) for tag in _INVOKE_TAGS):
                 invoke.tool = self._tool_for(invoke.tag_name, None)
                 invoke.swallowed_key = None
                 self._state = _INVOKE
                 return position
-            if not final and _could_become(rest, _INVOKE_TAGS):
+            if not final and _could_become(text, first_visible, _INVOKE_TAGS):
                 return position
         logger.warning("invoke %r has no parameter opener; reading it as %r with parameter %r (P-ATEM-6)",
                        invoke.tag_name, invoke.tool, invoke.swallowed_key)
@@ -300,7 +299,7 @@ class AtemChannel:
                            self._invoke_name())
             self._close_invoke()
             return tag_start
-        if not final and _could_become(text[tag_start:], _INVOKE_TAGS):
+        if not final and _could_become(text, tag_start, _INVOKE_TAGS):
             return tag_start
         next_tag = text.find("<", tag_start + 1)
         end = len(text) if next_tag < 0 else next_tag
@@ -333,14 +332,14 @@ class AtemChannel:
     @staticmethod
     def _closer_is_legal(text: str, after: int, final: bool, followers: tuple[str, ...]) -> bool | None:
         """Whether the closer ending at `after` really closes (P-ATEM-2); None while undecided."""
-        next_tag = _WHITESPACE.match(text, after).end()
+        next_tag = _WHITESPACE.match(text, after, after + LOOKAHEAD_WHITESPACE_MAX + 1).end()
         if next_tag - after > LOOKAHEAD_WHITESPACE_MAX:
             return True
         if next_tag == len(text):
             return True if final else None
         if any(text.startswith(follower, next_tag) for follower in followers):
             return True
-        if not final and _could_become(text[next_tag:], followers):
+        if not final and _could_become(text, next_tag, followers):
             return None
         return False
 

@@ -58,7 +58,7 @@ from glimmer.protocol.tool_registry import ToolRegistry
 
 logger = logging.getLogger(__name__)
 
-_EMPTY_DELTA = Delta()
+_new_delta = tuple.__new__  # Delta is a tuple; the fast path builds it directly
 
 _MARKER = re.compile("|".join(re.escape(marker) for marker in FRAMING_MARKERS))
 _MARKER_PREFIXES = frozenset(marker[:cut] for marker in FRAMING_MARKERS for cut in range(1, len(marker)))
@@ -129,7 +129,7 @@ class OutputParser:
     @property
     def channel(self) -> OpenChannel | None:
         """Class of the open message; None between messages and inside a header (P-REQ-6, P-REQ-7)."""
-        if self._mode is _HEADER or self._channel is _ORPHAN:
+        if self._mode is _HEADER or self._channel == _ORPHAN:
             return None
         return self._channel  # type: ignore[return-value]
 
@@ -171,32 +171,40 @@ class OutputParser:
         """Parse the next piece of decoded text; returns what it decided."""
         fast = self._fast_channel
         if fast is not None:
-            # The streaming fast path: text with no `<|`, no `to=` and no trailing `<` can hold no framing;
-            # only a trailing `\s`, `\st` or `\sto` may still become a headerless switch, and stays held.
-            # In a tool value any `<` may start a closer, so the value path takes text without `<` only.
+            # The streaming fast path, for plain text in the middle of a reasoning, content or value body.
+            # Text without `<|` and `to=` holds no framing; only its end may still grow into some: a `<`
+            # before `|`, or whitespace, `\st`, `\sto` before a headerless switch (then held back).
             text = self._buffer + chunk if self._buffer else chunk
-            if text and "to=" not in text and (
-                "<" not in text or (fast != "value" and "<|" not in text and text[-1] != "<")
-            ):
-                self._fed += len(chunk)
+            if text and "to=" not in text and "<|" not in text:
                 last = text[-1]
-                if last.isspace():
-                    self._buffer = last
-                    text = text[:-1]
-                elif last == "t" and len(text) > 1 and text[-2].isspace():
-                    self._buffer = text[-2:]
-                    text = text[:-2]
-                elif last == "o" and len(text) > 2 and text[-2] == "t" and text[-3].isspace():
-                    self._buffer = text[-3:]
-                    text = text[:-3]
-                else:
-                    self._buffer = ""
-                if not text:
-                    return _EMPTY_DELTA
-                if fast == "value":
-                    self._append_value_text(text)
-                    return _EMPTY_DELTA
-                return Delta.single(fast, text)  # type: ignore[arg-type]
+                held = 0
+                if last <= " " or last in "<to" or (last >= "\x85" and last.isspace()):
+                    if last.isspace():
+                        held = 1
+                    elif last == "t":
+                        held = 2 if len(text) > 1 and text[-2].isspace() else 0
+                    elif last == "o":
+                        held = 3 if len(text) > 2 and text[-2] == "t" and text[-3].isspace() else 0
+                    elif last == "<":
+                        held = -1
+                decided = text[:-held] if held > 0 else text
+                # Reasoning/content ending in `<` could spell a marker with text after a removed piece:
+                # MarkerSafeText on the slow path tracks that.
+                if held >= 0 and (fast == "value" or decided[-1:] != "<"):
+                    self._fed += len(chunk)
+                    self._buffer = text[-held:] if held else ""
+                    if fast == "content":
+                        return _new_delta(Delta, ("", decided, [], None))
+                    if fast == "reasoning":
+                        return _new_delta(Delta, (decided, "", [], None))
+                    # No ATEM closer can start in it (a `<` right before held whitespace starts none).
+                    if "</" not in decided and (held > 0 or decided[-1:] != "<"):
+                        self._append_value_text(decided)
+                        return _new_delta(Delta, ("", "", [], None))
+                    self._events = []
+                    self._atem.feed(decided)  # type: ignore[union-attr]
+                    self._fast_channel = self._fast_path_channel()
+                    return self._delta()
         if not chunk or self._finished:
             return Delta()
         self._fed += len(chunk)
@@ -262,8 +270,9 @@ class OutputParser:
 
     def _void_header(self, position: int, reason: str) -> int:
         # P-HDR-5: not a header. Its `<|start|>` is dropped and its text continues the interrupted context.
+        # (Debug level: a model looping on stray markers would otherwise flood the log.)
         if self._header_is_real:
-            logger.warning("ignoring a <|start|> that opens no header: %s", reason)
+            logger.debug("ignoring a <|start|> that opens no header: %s", reason)
         self._mode = _BODY
         return position
 
@@ -282,7 +291,7 @@ class OutputParser:
         length = len(text)
         if position >= length:
             return ~position
-        if self._residue or (self._at_body_start and self._channel is _ORPHAN):
+        if self._residue or (self._at_body_start and self._channel == _ORPHAN):
             dropped_end = (_RESIDUE_RUN if self._residue else _WHITESPACE).match(text, position).end()
             if dropped_end > position:
                 return dropped_end
@@ -420,7 +429,7 @@ class OutputParser:
                     text = "\n" + text
                 self._reasoning_seen = True
             self._emit_text("reasoning", self._reasoning_text.accept(text))
-        elif channel == "content" or channel is _ORPHAN:
+        elif channel == "content" or channel == _ORPHAN:
             self._emit_text("content", self._content_text.accept(text))
         elif channel == "tool" and self._atem is not None:
             self._atem.feed(text)
@@ -457,7 +466,7 @@ class OutputParser:
         if "<" in self._buffer or self._mode is _HEADER or self._at_body_start or self._residue:
             return None
         channel = self._channel
-        if channel == "content" or channel is _ORPHAN:
+        if channel == "content" or channel == _ORPHAN:
             return "content" if self._content_text.is_settled else None
         if channel == "reasoning":
             settled = self._reasoning_block_has_text and self._reasoning_text.is_settled
@@ -486,8 +495,8 @@ def _ignore_text(text: str) -> None:
 
 
 def _could_become_closing_tag(text: str, position: int) -> bool:
-    rest = text[position:]
-    return any(len(rest) < len(tag) and tag.startswith(rest) for tag in CLOSING_TAGS)
+    rest_length = len(text) - position
+    return any(rest_length < len(tag) and tag.startswith(text[position:]) for tag in CLOSING_TAGS)
 
 
 def parse_output(text: str, tools: Iterable[Mapping[str, Any]] | None = None) -> ParsedOutput:

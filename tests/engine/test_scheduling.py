@@ -8,7 +8,7 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine.kv_cache_manager import FULL, SLIDING
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 from glimmer.tiny import TinySpec
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -60,7 +60,7 @@ def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one
     # 4 sliding blocks (two sequences' windows) and 12 full-attention blocks (192 positions) for three
     # running sequences of up to 99 positions each: both pools run out mid-generation
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
-                                    max_num_batched_tokens=32))
+                                    max_num_batched_tokens=32, max_model_len=160))
     assert engine.kv_layout.num_blocks == {SLIDING: 4, FULL: 12}
     prompts = _prompts()
     tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]})
@@ -106,10 +106,10 @@ def test_request_that_cannot_fit_max_model_len_is_rejected_up_front(checkpoint):
     assert err.value.param == "max_tokens" and "max_model_len=64" in str(err.value)
 
 
-def test_request_that_can_never_get_its_kv_blocks_is_rejected_up_front(checkpoint):
-    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000))
-    with pytest.raises(RequestError, match="KV blocks"):
-        engine.add_request("big", list(range(200)), SamplingParams(max_tokens=500))
+def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup(checkpoint):
+    """Every request within max_model_len must be able to run alone, so none can wait forever."""
+    with pytest.raises(ConfigError, match="cannot hold one sequence of max_model_len=4096"):
+        LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000))
 
 
 def test_abort_frees_blocks_and_stops_computing(checkpoint):

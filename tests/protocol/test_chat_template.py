@@ -1,0 +1,259 @@
+"""ChatTemplate / render_chat: HF apply_chat_template semantics in a sandbox (P-TMPL-2, P-TMPL-3)."""
+
+import datetime
+import hashlib
+import json
+
+import pytest
+
+from glimmer.errors import GlimmerError, RequestError
+from glimmer.protocol import (
+    DEFAULT_SPECIAL_TOKENS,
+    ChatTemplate,
+    ChatTemplateError,
+    builtin_template_source,
+    compiled_template,
+    render_chat,
+)
+
+transformers_templates = pytest.importorskip("transformers.utils.chat_template_utils")
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def reference_render(template: str, messages, *, tools=None, add_generation_prompt=True, **kwargs) -> str:
+    """transformers 5.23's own rendering, the oracle (special tokens passed as kwargs, as it does)."""
+    rendered, _ = transformers_templates.render_jinja_template(
+        [messages],
+        tools=tools,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        **{**DEFAULT_SPECIAL_TOKENS, **kwargs},
+    )
+    return rendered[0]
+
+
+# Templates exercising the environment's settings and helpers one by one.
+ENVIRONMENT_TEMPLATES = {
+    "trim_and_lstrip_blocks": "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n"
+    "    {% endif %}\n{% endfor %}",
+    "loop_controls": "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+    "{% if m.role == 'system' %}{% continue %}{% endif %}{{ m.content }}{% endfor %}",
+    "tojson_keeps_html_and_unicode": "{{ tools | tojson }}|{{ messages | tojson(indent=2) }}",
+    "tojson_options": "{{ {'b': 1, 'a': [1, 2]} | tojson(separators=(',', ':'), sort_keys=true) }}",
+    "namespace_and_dict": "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+    "{% endfor %}{{ ns.n }}{{ dict(a=1) | tojson }}",
+    "generation_block": "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}"
+    "{% endfor %}",
+    "special_tokens_and_defaults": "{{ bos_token }}{{ eos_token }}{{ pad_token }}|{{ documents }}|"
+    "{{ tools }}|"
+    "{{ add_generation_prompt }}",
+    "reasoning_aliases": "{% for m in messages %}{{ m.reasoning_content }}/{{ m.thinking }}/"
+    "{{ m.reasoning }};"
+    "{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENVIRONMENT_TEMPLATES))
+def test_renders_exactly_as_transformers_apply_chat_template(name):
+    """P-TMPL-2: trim/lstrip blocks, loop controls, HF tojson, namespaces, {% generation %}, tokens."""
+    template = ENVIRONMENT_TEMPLATES[name]
+    messages = [
+        {"role": "system", "content": "sys <b>&amp;</b> é"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "a", "reasoning": "why"},
+        {"role": "assistant", "content": "b", "thinking": "how"},
+    ]
+    tools = [
+        {"type": "function", "function": {"name": "f", "description": "<tag> & 'quote' ü", "parameters": {}}}
+    ]
+    assert render_chat(messages, tools=tools, template=template) == reference_render(
+        template, messages, tools=tools
+    )
+
+
+def test_tojson_does_not_escape_html_like_jinjas_builtin_filter():
+    """P-TMPL-2 / §2.1: HF tojson is json.dumps(ensure_ascii=False), unsorted, no HTML escaping."""
+    rendered = render_chat([], tools=[{"z": "<a href='x'>&</a>", "a": "ü"}], template="{{ tools | tojson }}")
+    assert rendered == json.dumps([{"z": "<a href='x'>&</a>", "a": "ü"}], ensure_ascii=False)
+
+
+def test_raise_exception_becomes_chat_template_error_carrying_the_template_message():
+    """P-TMPL-2: template errors reach the client (HTTP 400) with the template's own message."""
+    with pytest.raises(ChatTemplateError) as caught:
+        render_chat(USER, template="{{ raise_exception('Only user and assistant roles are supported!') }}")
+    assert caught.value.template_message == "Only user and assistant roles are supported!"
+    assert "Only user and assistant roles are supported!" in str(caught.value)
+    assert isinstance(caught.value, GlimmerError) and isinstance(caught.value, ValueError)
+
+
+def test_syntax_error_is_a_chat_template_error_with_the_line():
+    with pytest.raises(ChatTemplateError, match="line 2"):
+        ChatTemplate("ok\n{% if %}")
+
+
+def test_python_errors_inside_the_template_become_chat_template_errors():
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        render_chat(USER, template="{{ 'a' + 1 }}")
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ messages.__class__.__init__.__globals__ }}",
+        "{% set ns = namespace() %}{% set ns.__class__ = 1 %}",
+        "{{ namespace(_hidden=1) }}",
+        "{{ dict(_x=1) }}",
+        "{% set x = messages.append(1) %}",
+        "{{ messages[0].update({'role': 'x'}) }}",
+    ],
+)
+def test_template_is_sandboxed_untrusted_code(escape):
+    """P-TMPL-2: the template cannot reach Python internals nor modify its inputs."""
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ChatTemplateError):
+        render_chat(messages, template=escape)
+    assert messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    "probe", ["{{ raise_exception.__globals__ }}", "{{ strftime_now.__code__ }}", "{{ messages.__class__ }}"]
+)
+def test_unsafe_attributes_render_as_undefined(probe):
+    assert render_chat(USER, template=probe) == ""
+
+
+def test_strftime_now_formats_the_local_clock():
+    before = datetime.datetime.now().strftime("%Y-%m-%d")
+    rendered = render_chat([], template="{{ strftime_now('%Y-%m-%d') }}")
+    after = datetime.datetime.now().strftime("%Y-%m-%d")
+    assert rendered in (before, after)
+
+
+def test_template_sees_plain_copies_of_rich_inputs():
+    """Inputs are rebuilt from JSON types, so a template reaches no methods of caller objects."""
+
+    class Opaque:
+        pass
+
+    class Name(str):
+        def shout(self):  # pragma: no cover - must be unreachable from the template
+            return "LEAK"
+
+    messages = [{"role": "user", "content": Name("hi"), "extra": Opaque()}]
+    assert (
+        render_chat(messages, template="{{ messages[0].content }}|{{ messages[0].extra }}") == "hi|<Opaque>"
+    )
+    with pytest.raises(ChatTemplateError):
+        render_chat(messages, template="{{ messages[0].content.shout() }}")
+
+
+def test_empty_tools_are_passed_as_none():
+    """P-TMPL-3: `tools` is null when there are none."""
+    assert render_chat(USER, tools=[], template="{{ tools is none }}") == "True"
+    assert render_chat(USER, tools=None, template="{{ tools is none }}") == "True"
+
+
+def test_fixed_variables_and_kwargs_reach_the_template():
+    """P-TMPL-3: messages, tools, add_generation_prompt, bos/eos tokens, reasoning_strength, then kwargs."""
+    template = (
+        "{{ messages | length }} {{ tools | length }} {{ add_generation_prompt }} {{ bos_token }} "
+        "{{ eos_token }} {{ reasoning_strength }} {{ current_date }} {{ knowledge_cutoff }}"
+    )
+    rendered = render_chat(
+        USER,
+        tools=[{"name": "f"}],
+        template=template,
+        add_generation_prompt=False,
+        reasoning_strength="low",
+        current_date="2026-02-03",
+        knowledge_cutoff="2025-01-01",
+    )
+    assert rendered == "1 1 False <|begin_of_text|> <|end_of_text|> low 2026-02-03 2025-01-01"
+
+
+def test_reasoning_strength_is_not_passed_when_unset():
+    """P-EFF-1: with no strength resolved, the template's own default applies."""
+    assert render_chat(USER, template="{{ reasoning_strength is defined }}") == "False"
+
+
+def test_special_tokens_come_from_the_caller():
+    rendered = render_chat(
+        USER, template="{{ bos_token }}|{{ eos_token is defined }}", special_tokens={"bos_token": "<s>"}
+    )
+    assert rendered == "<s>|False"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "additional_special_tokens",
+    ],
+)
+def test_kwargs_replacing_fixed_variables_are_request_errors_naming_them(name):
+    """P-TMPL-3: chat_template_kwargs may not replace messages, tools, add_generation_prompt or tokens."""
+    with pytest.raises(RequestError) as caught:
+        render_chat(USER, template="x", chat_template_kwargs={name: "hijack"})
+    assert repr(name) in str(caught.value)
+    assert caught.value.param == "chat_template_kwargs"
+
+
+def test_token_variables_cannot_be_replaced_by_keyword_either():
+    with pytest.raises(RequestError, match="bos_token"):
+        render_chat(USER, template="x", bos_token="<s><s>")
+
+
+def test_explicit_reasoning_strength_replaces_the_one_in_chat_template_kwargs():
+    """P-EFF-1: the server resolves the strength from chat_template_kwargs and passes the checked value."""
+    rendered = render_chat(
+        USER,
+        template="{{ reasoning_strength }}|{{ current_date }}",
+        reasoning_strength="low",
+        chat_template_kwargs={"reasoning_strength": "LOW", "current_date": "2026-01-02"},
+    )
+    assert rendered == "low|2026-01-02"
+
+
+def test_kwarg_replacing_a_caller_supplied_token_variable_is_refused():
+    with pytest.raises(RequestError, match="image_token"):
+        render_chat(
+            USER,
+            template="x",
+            special_tokens={"bos_token": "<s>", "image_token": "<|patch|>"},
+            image_token="<img>",
+        )
+
+
+@pytest.mark.parametrize("messages", ["hello", [["role", "user"]], None, [{"role": "user"}, "x"]])
+def test_messages_that_are_not_a_list_of_objects_are_request_errors(messages):
+    with pytest.raises(RequestError) as caught:
+        render_chat(messages, template="x")
+    assert caught.value.param == "messages"
+
+
+def test_compiled_template_exposes_the_source_sha256_for_logging():
+    """P-TMPL-1: the source and sha256 of the template in use are logged."""
+    source = builtin_template_source()
+    template = ChatTemplate(source)
+    assert template.sha256 == hashlib.sha256(source.encode("utf-8")).hexdigest()
+    assert template.source == source
+
+
+def test_render_chat_compiles_each_source_once():
+    source = "{{ messages[0].content }}"
+    assert compiled_template(source) is compiled_template(source)
+    assert render_chat(USER, template=source) == "hi"
+
+
+def test_chat_template_is_reusable_across_renders():
+    template = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert template.render(USER) == "hi"
+    assert template.render([{"role": "user", "content": "again"}]) == "again"

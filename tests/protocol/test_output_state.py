@@ -1,0 +1,168 @@
+"""Parser state the engine reads while generating (P-REQ-4, P-REQ-6, P-REQ-7, P-API-5, P-TMPL-8)."""
+
+import pytest
+from protocol_support import CALENDAR_TOOLS, atem, calls, parse_all_ways, tool_message
+
+from glimmer.protocol import OutputParser, count_reasoning_tokens
+
+TURN = (
+    " to=self<|message|>think<|eom|>"
+    + tool_message("calendar.lookup", atem("calendar.lookup", {"day": "Fri"}))
+    + "<|eom|><|start|>assistant to=self<|message|>again<|eom|>"
+    "<|start|>assistant to=user<|message|>Answer.<|eot|>"
+)
+
+
+def channels_after_each_character(text, tools=CALENDAR_TOOLS):
+    parser = OutputParser(tools)
+    seen = []
+    for character in text:
+        parser.feed(character)
+        if not seen or seen[-1] != parser.channel:
+            seen.append(parser.channel)
+    return seen
+
+
+def test_channel_reports_the_open_message_class_and_none_between_messages():
+    """P-REQ-6/7: the structured-output gate opens at a content header's <|message|>, from O(1) state."""
+    assert channels_after_each_character(TURN) == [
+        None,
+        "reasoning",
+        None,
+        "tool",
+        None,
+        "reasoning",
+        None,
+        "content",
+        None,
+    ]
+
+
+def test_the_bare_first_header_opens_the_content_gate():
+    """P-REQ-6 (vLLM's gate fired only on tool channels): `to=user` or no recipient, bare header included."""
+    for text in (" to=user<|message|>{", "<|message|>{", " to=self<|message|>r to=user<|message|>{"):
+        parser = OutputParser()
+        parser.feed(text)
+        assert parser.channel == "content"
+
+
+def test_channel_is_discarded_for_ill_formed_headers_and_none_inside_a_header():
+    parser = OutputParser()
+    assert parser.channel is None
+    parser.feed("assistantto=x<|message|>")
+    assert parser.channel == "discarded"
+    parser.feed("<|start|>assistant to=us")
+    assert parser.channel is None
+
+
+def test_reasoning_spans_run_from_header_start_or_turn_start_through_the_terminator():
+    """P-API-5: spans are absolute offsets into the fed text, the same for every chunking."""
+    second = TURN.index("<|start|>assistant to=self")
+    expected = [
+        (0, TURN.index("<|eom|>") + len("<|eom|>")),
+        (second, TURN.index("<|eom|>", second) + len("<|eom|>")),
+    ]
+    for size in (1, 3, 8, len(TURN)):
+        parser = OutputParser(CALENDAR_TOOLS)
+        for position in range(0, len(TURN), size):
+            parser.feed(TURN[position : position + size])
+        parser.finish()
+        assert parser.reasoning_spans == expected
+
+
+def test_an_open_reasoning_span_ends_at_the_text_fed_so_far():
+    parser = OutputParser()
+    parser.feed(" to=self<|message|>abc")
+    assert parser.reasoning_spans == [(0, 22)]
+    parser.feed("def to=user<|message|>x")
+    assert parser.reasoning_spans == [(0, 25)]
+
+
+def test_reasoning_span_after_a_headerless_switch_starts_at_the_switch():
+    text = " to=user<|message|>a to=self<|message|>r<|eom|>"
+    parser = OutputParser()
+    parser.feed(text)
+    assert parser.reasoning_spans == [(text.index(" to=self"), len(text))]
+
+
+def test_reasoning_token_count_from_spans_is_never_zero_when_reasoning_is_not():
+    """P-API-5: tokens overlapping a reasoning message, header or turn start through <|eom|>."""
+    tokens = [
+        " to",
+        "=self",
+        "<|message|>",
+        "think",
+        "<|eom|>",
+        "<|start|>",
+        "assistant",
+        " to",
+        "=user",
+        "<|message|>",
+        "Answer",
+        ".",
+        "<|eot|>",
+    ]
+    text = "".join(tokens)
+    offsets, position = [], 0
+    for token in tokens:
+        offsets.append((position, position + len(token)))
+        position += len(token)
+    parser = OutputParser()
+    for token in tokens:
+        parser.feed(token)
+    parser.finish()
+    assert parse_all_ways(text).reasoning == "think"
+    assert count_reasoning_tokens(offsets, parser.reasoning_spans) == 5
+
+
+def test_valid_calls_are_finished_calls_with_declared_names():
+    """P-REQ-4: required/named tool_choice needs at least one valid call (resolved name, object args)."""
+    parser = OutputParser(CALENDAR_TOOLS)
+    parser.feed(tool_message("calendar.lookup", atem("calendar.lookup", {"day": "Fri"}), first=True))
+    assert parser.valid_call_names == ["calendar.lookup"] and parser.has_valid_call
+    parser.feed("<|eom|>" + tool_message("nope", atem("nope.fn", {"a": "b"})) + "<|eom|>")
+    parser.feed(tool_message("lookup.lookup", atem("lookup.lookup", {"query": "q"})))
+    parser.finish()
+    assert parser.valid_call_names == ["calendar.lookup", "lookup"]
+    assert parser.unresolved_call_count == 1
+
+
+def test_a_call_kept_at_truncation_counts_as_valid():
+    parser = OutputParser(CALENDAR_TOOLS)
+    parser.feed(
+        tool_message(
+            "calendar.lookup",
+            '<atem:invoke name="calendar.lookup"><atem:parameter name="day">'
+            'Fri</atem:parameter><atem:parameter name="limit">2',
+            first=True,
+        )
+    )
+    assert not parser.has_valid_call
+    parser.finish()
+    assert parser.valid_call_names == ["calendar.lookup"]
+
+
+@pytest.mark.parametrize(
+    ("recipient", "channel", "field"), [("self", "reasoning", "reasoning"), ("user", "content", "content")]
+)
+def test_a_continued_final_message_starts_inside_its_channel(recipient, channel, field):
+    """P-TMPL-8: when the last assistant message is continued, the parser starts in its channel."""
+    parser = OutputParser(continue_recipient=recipient)
+    assert parser.channel == channel
+    result = parse_all_ways(
+        "more text<|eom|><|start|>assistant to=user<|message|>end", continue_recipient=recipient
+    )
+    assert getattr(result, field).startswith("more text")
+
+
+def test_a_continued_tool_message_continues_its_atem_body():
+    text = '<atem:invoke name="calendar.lookup"><atem:parameter name="day">Fri</atem:parameter></atem:invoke>'
+    result = parse_all_ways(text, CALENDAR_TOOLS, continue_recipient="calendar.lookup")
+    assert calls(result) == [("calendar.lookup", {"day": "Fri"})]
+
+
+def test_turn_ended_after_eot_or_eos_but_not_eom():
+    for terminator, ended in (("<|eom|>", False), ("<|eot|>", True), ("<|end_of_text|>", True)):
+        parser = OutputParser()
+        parser.feed(" to=user<|message|>x" + terminator)
+        assert parser.turn_ended is ended

@@ -1,0 +1,220 @@
+"""normalize_messages / normalize_tools: requests made renderable (P-TMPL-6, P-TMPL-7, P-REQ-8)."""
+
+import copy
+import logging
+
+import pytest
+
+from glimmer.errors import RequestError
+from glimmer.protocol import builtin_template_source, normalize_messages, normalize_tools, render_chat
+
+
+def assistant_call(arguments, **function_fields):
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "calendar.lookup", "arguments": arguments, **function_fields},
+            }
+        ],
+    }
+
+
+def arguments_of(messages):
+    return messages[0]["tool_calls"][0]["function"]["arguments"]
+
+
+# -- messages ----------------------------------------------------------------------------------------------
+
+
+def test_string_arguments_are_json_decoded():
+    """P-TMPL-6: OpenAI history carries arguments as JSON text; the template needs a mapping."""
+    assert arguments_of(normalize_messages([assistant_call('{"day": "Fri", "limit": 3}')])) == {
+        "day": "Fri",
+        "limit": 3,
+    }
+
+
+@pytest.mark.parametrize("empty", ["", "   ", None])
+def test_empty_arguments_become_an_empty_object(empty):
+    assert arguments_of(normalize_messages([assistant_call(empty)])) == {}
+
+
+def test_mapping_arguments_are_kept():
+    assert arguments_of(normalize_messages([assistant_call({"day": "Fri"})])) == {"day": "Fri"}
+
+
+@pytest.mark.parametrize("bad", ['{"day": ', "[1, 2]", '"text"', "3", 7, ["a"]])
+def test_invalid_or_non_object_arguments_are_request_errors_naming_index_and_field(bad):
+    messages = [{"role": "user", "content": "hi"}, assistant_call(bad)]
+    with pytest.raises(RequestError) as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert "messages[1].tool_calls[0].function.arguments" in str(caught.value)
+
+
+def test_tool_call_without_a_name_is_a_request_error():
+    with pytest.raises(RequestError, match=r"messages\[0\].tool_calls\[0\].function.name"):
+        normalize_messages(
+            [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}]
+        )
+
+
+def test_reasoning_fills_a_missing_reasoning_content():
+    normalized = normalize_messages(
+        [
+            {"role": "assistant", "reasoning": "why", "content": "a"},
+            {"role": "assistant", "reasoning": "x", "reasoning_content": "kept"},
+        ]
+    )
+    assert normalized[0]["reasoning_content"] == "why"
+    assert normalized[1]["reasoning_content"] == "kept"
+
+
+def test_image_url_and_video_url_parts_become_image_and_video_parts_keeping_the_url():
+    content = [
+        {"type": "text", "text": "see"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+        {"type": "video_url", "video_url": {"url": "https://example.org/v.mp4"}},
+    ]
+    normalized = normalize_messages([{"role": "user", "content": content}])
+    assert normalized[0]["content"] == [
+        {"type": "text", "text": "see"},
+        {"type": "image", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+        {"type": "video", "video_url": {"url": "https://example.org/v.mp4"}},
+    ]
+    rendered = render_chat(normalized, template=builtin_template_source(), current_date="2026-01-01")
+    assert rendered.endswith("<|start|>user<|message|>see<|patch|><|video|><|eot|><|start|>assistant")
+
+
+def test_normalization_copies_and_never_modifies_the_request():
+    messages = [
+        assistant_call('{"a": 1}'),
+        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+    ]
+    original = copy.deepcopy(messages)
+    normalize_messages(messages)
+    assert messages == original
+
+
+def test_unrendered_roles_pass_unchanged_with_a_warning_naming_them(caplog):
+    """P-TMPL-7: dropped roles are passed unchanged (they render nothing), with a warning."""
+    messages = [{"role": "developer", "content": "secret"}, {"role": "user", "content": "hi"}]
+    with caplog.at_level(logging.WARNING, logger="glimmer.protocol.request_normalization"):
+        normalized = normalize_messages(messages)
+    assert normalized == messages
+    assert "'developer'" in caplog.text
+
+
+def test_developer_maps_to_system_when_the_server_option_is_on():
+    """P-TMPL-7: a server option MAY map developer to system; off by default."""
+    normalized = normalize_messages([{"role": "developer", "content": "Be terse."}], developer_as_system=True)
+    assert normalized[0]["role"] == "system"
+    assert normalize_messages([{"role": "developer", "content": "x"}])[0]["role"] == "developer"
+
+
+@pytest.mark.parametrize("bad", ["text", None, [1], [{"content": "no role"}], [{"role": 3}]])
+def test_malformed_messages_are_request_errors(bad):
+    with pytest.raises(RequestError):
+        normalize_messages(bad)
+
+
+def test_normalized_history_renders_with_the_template():
+    messages = normalize_messages(
+        [
+            {"role": "user", "content": "Friday?"},
+            assistant_call('{"day": "Friday", "limit": 3}'),
+            {"role": "tool", "tool_call_id": "c1", "content": "one event"},
+        ]
+    )
+    rendered = render_chat(
+        messages,
+        tools=normalize_tools([{"name": "calendar.lookup"}]),
+        template=builtin_template_source(),
+        current_date="2026-01-01",
+    )
+    assert '<atem:parameter name="limit">3</atem:parameter>' in rendered
+    assert "<|start|>tool calendar.lookup<|message|>" in rendered
+
+
+# -- tools -------------------------------------------------------------------------------------------------
+
+
+def test_tools_are_completed_with_empty_description_and_empty_schema():
+    """P-TMPL-6: a missing description becomes "", missing parameters an empty object schema."""
+    normalized = normalize_tools(
+        [{"type": "function", "function": {"name": "a"}}, {"name": "b", "description": None}]
+    )
+    assert normalized == [
+        {
+            "type": "function",
+            "function": {"name": "a", "description": "", "parameters": {"type": "object", "properties": {}}},
+        },
+        {
+            "type": "function",
+            "function": {"name": "b", "description": "", "parameters": {"type": "object", "properties": {}}},
+        },
+    ]
+
+
+def test_wrapped_and_bare_tools_are_accepted_and_extra_fields_kept():
+    schema = {"type": "object", "properties": {"x": {"type": "string"}}}
+    normalized = normalize_tools(
+        [
+            {
+                "type": "function",
+                "function": {"name": "a", "description": "d", "parameters": schema, "strict": True},
+            },
+            {"name": "b", "description": "e", "parameters": schema},
+        ]
+    )
+    assert normalized[0]["function"] == {
+        "name": "a",
+        "description": "d",
+        "parameters": schema,
+        "strict": True,
+    }
+    assert normalized[1]["function"] == {"name": "b", "description": "e", "parameters": schema}
+
+
+def test_no_tools_is_an_empty_list():
+    assert normalize_tools(None) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["", "a" * 65, "has space", "tab\tname", "new\nline", "a<b", 'quo"te', None, 3]
+)
+def test_tool_names_are_validated(name):
+    """P-REQ-8: 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; else 400 with param `tools`."""
+    with pytest.raises(RequestError) as caught:
+        normalize_tools([{"name": name}])
+    assert caught.value.param == "tools"
+
+
+def test_tool_names_must_be_unique():
+    with pytest.raises(RequestError, match="twice") as caught:
+        normalize_tools([{"name": "a"}, {"type": "function", "function": {"name": "a"}}])
+    assert caught.value.param == "tools"
+
+
+def test_the_longest_legal_tool_name_passes():
+    assert normalize_tools([{"name": "n." + "x" * 62}])[0]["function"]["name"] == "n." + "x" * 62
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "code_interpreter", "function": {"name": "a"}},
+        {"type": "function", "function": "a"},
+        {"name": "a", "parameters": "not a schema"},
+        {"name": "a", "description": 3},
+        "a",
+    ],
+)
+def test_malformed_tools_are_request_errors(bad):
+    with pytest.raises(RequestError) as caught:
+        normalize_tools([bad])
+    assert caught.value.param == "tools"
