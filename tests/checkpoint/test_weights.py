@@ -200,3 +200,35 @@ def test_cli_reports_a_bad_checkpoint_without_a_traceback(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("glimmer: error: ConfigError") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("layout", ["flat", "native"])
+def test_vision_weights_in_every_layout_give_the_canonical_features(make_tiny, layout):
+    """Including the native q/k (weights and biases) RoPE permutation of the vision tower (§5.3-5.4)."""
+    pixels = torch.randn(1 * 6 * 10, 2 * 3 * 14 * 14, generator=torch.Generator().manual_seed(0))
+    grid = torch.tensor([[1, 6, 10]])
+
+    def features(path):
+        model = load_model(path, progress=False).model
+        with torch.no_grad():
+            return torch.cat(model.encode_vision(pixels, grid))
+
+    assert torch.equal(features(make_tiny(layout, vision=True, seed=7)),
+                       features(make_tiny("canonical", vision=True, seed=7)))
+
+
+def test_make_tiny_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
+    from glimmer.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "t"), "--layout", "native", "--vision", "--shards", "2"]) == 0
+    assert "native-layout checkpoint with vision" in capsys.readouterr().out
+    names = sorted(p.name for p in (tmp_path / "t").iterdir())
+    assert "model.safetensors.index.json" in names and "chat_template.jinja" in names
+    assert load_model(tmp_path / "t", progress=False).config.has_vision
+
+
+def test_make_tiny_refuses_vision_in_the_text_only_legacy_layout(tmp_path, capsys):
+    from glimmer.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "t"), "--layout", "legacy", "--vision"]) == 2
+    assert "legacy layout is text-only" in capsys.readouterr().err

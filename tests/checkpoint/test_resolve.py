@@ -1,0 +1,32 @@
+"""Resolving what the user typed as the model: a directory or a Hub id (no network in tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from glimmer.checkpoint.resolve import resolve_checkpoint
+from glimmer.errors import CheckpointError
+
+
+def test_existing_directory_is_used_as_is(tmp_path):
+    assert resolve_checkpoint(tmp_path) == tmp_path
+
+
+def test_a_file_is_refused_with_the_fix(tmp_path):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="pass the checkpoint directory"):
+        resolve_checkpoint(file)
+
+
+def test_offline_hub_id_fails_with_a_clear_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(CheckpointError, match="could not be downloaded|could not download") as err:
+        resolve_checkpoint("meta-models/Muse-Glimmer-30B")
+    assert "meta-models/Muse-Glimmer-30B" in str(err.value)
+
+
+def test_neither_path_nor_hub_id_is_refused():
+    with pytest.raises(CheckpointError, match="neither an existing directory nor a Hugging Face Hub id"):
+        resolve_checkpoint("/no/such/dir/../x y")

@@ -1,0 +1,77 @@
+"""`LLM.chat`: render with the checkpoint's template, generate, parse with the protocol."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from glimmer import LLM, SamplingParams
+from glimmer.errors import RequestError
+
+KWARGS = {"current_date": "2026-01-01"}
+
+
+@pytest.fixture(scope="module")
+def llm(make_tiny):
+    return LLM(str(make_tiny("canonical", vision=True, seed=17)), progress=False)
+
+
+def _data_url(seed: int) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray((np.random.RandomState(seed).rand(60, 90, 3) * 255).astype("uint8")).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_chat_renders_with_the_checkpoint_template_and_parses_the_reply(llm):
+    out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=12),
+                   chat_template_kwargs=KWARGS)[0]
+    tokenizer = llm.get_tokenizer()
+    prompt = tokenizer.decode(out.output.prompt_token_ids)
+    assert prompt.endswith("<|start|>assistant") and prompt.count("<|begin_of_text|>") == 1
+    assert "Reasoning strength: high." in prompt
+    assert out.finish_reason in ("stop", "length", "tool_calls")
+    assert (out.reasoning or "") + (out.content or "") or out.tool_calls or out.output.token_ids
+
+
+def test_reasoning_effort_maps_to_the_template_strength(llm):
+    out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), reasoning_effort="minimal",
+                   chat_template_kwargs=KWARGS)[0]
+    assert "Reasoning strength: low." in llm.get_tokenizer().decode(out.output.prompt_token_ids)
+    with pytest.raises(RequestError) as err:
+        llm.chat([{"role": "user", "content": "hi"}], reasoning_effort="maximum")
+    assert err.value.param == "reasoning_effort"
+
+
+def test_several_conversations_come_back_in_order(llm):
+    outs = llm.chat([[{"role": "user", "content": "a"}], [{"role": "user", "content": "bb"}]],
+                    SamplingParams(temperature=0, max_tokens=3), chat_template_kwargs=KWARGS)
+    assert len(outs) == 2 and outs[0].output.prompt_token_ids != outs[1].output.prompt_token_ids
+
+
+def test_image_url_data_parts_are_processed(llm):
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(1)}},
+                                             {"type": "text", "text": "what?"}]}]
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=3), chat_template_kwargs=KWARGS)[0]
+    image_start = llm.get_tokenizer().token_to_id("<|image_start|>")
+    assert out.output.prompt_token_ids.count(image_start) == 1
+
+
+def test_corrupt_images_and_forbidden_paths_are_request_errors(llm, tmp_path):
+    corrupt = [{"role": "user", "content": [{"type": "image_url",
+                                             "image_url": {"url": "data:image/png;base64,aGVsbG8="}}]}]
+    with pytest.raises(RequestError, match="image 0"):
+        llm.chat(corrupt, chat_template_kwargs=KWARGS)
+    local = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}]}]
+    with pytest.raises(RequestError, match="allowed-local-media-path"):
+        llm.chat(local, chat_template_kwargs=KWARGS)
+
+
+def test_images_on_a_text_only_checkpoint_are_refused(tiny_checkpoint):
+    text_only = LLM(str(tiny_checkpoint), progress=False)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(1)}}]}]
+    with pytest.raises(RequestError, match="no vision tower"):
+        text_only.chat(messages, chat_template_kwargs=KWARGS)

@@ -1,0 +1,86 @@
+"""Media references from requests: data URLs, allowed local files, remote fetching policy."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from PIL import Image
+
+from glimmer.errors import RequestError
+from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, media_from_part
+
+
+def _png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_data_url_is_decoded():
+    url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+    assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("data:image/png;base64,@@@", "not valid base64"), ("data:image/png;base64", "malformed data URL"),
+     ("data:image/png;base64,", "empty")],
+)
+def test_bad_data_urls_are_request_errors(url, message):
+    with pytest.raises(RequestError, match=message) as err:
+        load_media_reference(url, "image", 2, MediaFetchPolicy())
+    assert str(err.value).startswith("image 2:")
+
+
+def test_data_url_over_the_size_limit_is_refused_before_decoding():
+    url = "data:image/png;base64," + "A" * 4000
+    with pytest.raises(RequestError, match="larger than the limit"):
+        load_media_reference(url, "image", 0, MediaFetchPolicy(max_bytes=1000))
+
+
+def test_local_files_need_an_allowed_directory(tmp_path):
+    image = tmp_path / "allowed" / "cat.png"
+    image.parent.mkdir()
+    image.write_bytes(_png())
+    with pytest.raises(RequestError, match="--allowed-local-media-path"):
+        load_media_reference(str(image), "image", 0, MediaFetchPolicy())
+    policy = MediaFetchPolicy.create([tmp_path / "allowed"])
+    assert load_media_reference(str(image), "image", 0, policy) == _png()
+    assert load_media_reference(f"file://{image}", "image", 0, policy) == _png()
+
+
+def test_paths_escaping_the_allowed_directory_are_refused(tmp_path):
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(_png())
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "link.png").symlink_to(secret)
+    policy = MediaFetchPolicy.create([allowed])
+    for reference in (str(allowed / ".." / "secret.png"), str(allowed / "link.png")):
+        with pytest.raises(RequestError, match="outside the allowed media directories"):
+            load_media_reference(reference, "image", 0, policy)
+    with pytest.raises(RequestError, match="does not exist"):
+        load_media_reference(str(allowed / "nope.png"), "image", 0, policy)
+
+
+def test_remote_fetching_is_off_unless_enabled():
+    with pytest.raises(RequestError, match="--allow-remote-media"):
+        load_media_reference("https://example.com/cat.png", "image", 0, MediaFetchPolicy())
+
+
+def test_unknown_schemes_are_refused():
+    with pytest.raises(RequestError, match="unsupported URL scheme 'ftp'"):
+        load_media_reference("ftp://host/cat.png", "image", 0, MediaFetchPolicy())
+
+
+def test_media_parts_are_collected_in_message_order():
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image_url": {"url": "u1"}}]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "video", "video_url": {"url": "v1"}}, {"type": "image", "image": "p"}]},
+    ]
+    assert collect_media(messages) == [("image", "u1"), ("video", "v1"), ("image", "p")]
+    with pytest.raises(RequestError, match="has no image"):
+        media_from_part({"type": "image"})
