@@ -31,7 +31,6 @@ from glimmer.model.context import ForwardContext  # noqa: E402
 from glimmer.multimodal import DecodedVideo  # noqa: E402
 from glimmer.tiny import TinySpec, write_tiny_checkpoint  # noqa: E402
 
-
 KV_BYTES = 4 << 30
 
 
