@@ -8,7 +8,6 @@ Ids are resolved through the tokenizer, never hard-coded (P-TOK-1).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.config import TextConfig
+from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -115,15 +115,10 @@ def _stop_token_ids(
 
 
 def _read_generation_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    config = read_json_object(path)
+    if config is None:
         logger.info("%s not found; stop ids come from config.json", path)
         return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path} must hold a JSON object, not {type(config).__name__}")
     return config
 
 

@@ -7,17 +7,16 @@ the async server calls `step()` from one background thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
+from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
@@ -194,10 +193,10 @@ class LLMEngine:
         vision = self.model_config.vision
         if vision is None:
             return None
-        files = [_read_optional_json(self.checkpoint_dir / name)
+        files = [read_json_object(self.checkpoint_dir / name)
                  for name in ("preprocessor_config.json", "video_preprocessor_config.json")]
         if files[0] is None:
-            files[0] = _read_optional_json(self.checkpoint_dir / "processor_config.json")
+            files[0] = read_json_object(self.checkpoint_dir / "processor_config.json")
         settings = load_media_settings(*files)
         settings.check_matches(vision)
         return MediaProcessor(settings, self.config.media_limits)
@@ -394,14 +393,3 @@ class LLMEngine:
         }
 
 
-
-def _read_optional_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ConfigError(f"{path} must hold a JSON object")
-    return value

@@ -16,10 +16,10 @@ import os
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -233,24 +233,11 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
     """
     named: dict[str, str] = {}
     for filename in (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE):
-        config = _read_json_object(directory / filename)
+        config = read_json_object(directory / filename, error=CheckpointError) or {}
         for name in TEMPLATE_TOKEN_NAMES:
             if name not in named and config.get(name) is not None:
                 named[name] = _token_content(config[name], directory / filename, name)
     return named
-
-
-def _read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`, or {} when the file does not exist."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path} must hold a JSON object, not {type(value).__name__}")
-    return value
 
 
 def _token_content(value: object, path: Path, name: str) -> str:

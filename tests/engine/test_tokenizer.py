@@ -210,7 +210,7 @@ def test_corrupt_tokenizer_json_names_the_file(tiny_dir, tmp_path):
 def test_invalid_tokenizer_config_json_names_the_file(tiny_dir, tmp_path):
     bad = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
     (bad / "tokenizer_config.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json is not readable JSON"):
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json is not valid JSON"):
         Tokenizer.from_dir(bad)
 
 

@@ -1,0 +1,25 @@
+"""Reading the small JSON files of a checkpoint directory, with errors that name the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from glimmer.errors import ConfigError, GlimmerError
+
+
+def read_json_object(path: Path, *, error: type[GlimmerError] = ConfigError) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when the file does not exist.
+
+    Raises `error` naming the file when it is unreadable, not JSON, or not an object.
+    """
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise error(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise error(f"{path} must hold a JSON object, not {type(value).__name__}")
+    return value
