@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from glimmer.errors import GlimmerError
+from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -63,10 +67,139 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
+    """(AsyncEngine, served name, whether it is the embedded default) for `serve` and in-process `chat`."""
+    from glimmer.default_model import default_model_dir
+    from glimmer.engine.async_engine import AsyncEngine
+    from glimmer.engine.llm_engine import EngineConfig
+
+    is_default = args.model is None
+    model = str(default_model_dir()) if is_default else args.model
+    local = Path(model).expanduser()
+    name = local.resolve().name if local.is_dir() else model
+    config = EngineConfig(
+        model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
+        kv_cache_memory=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    import glimmer
+    from glimmer.server.app import create_app
+    from glimmer.server.settings import ServerSettings
+
+    engine, name, is_default = _engine_from_args(args)
+    try:
+        settings = ServerSettings(
+            served_model_names=tuple(args.served_model_name or [name]),
+            api_key=args.api_key or os.environ.get("GLIMMER_API_KEY") or None,
+            max_request_bytes=args.max_request_bytes,
+            default_reasoning_strength=args.default_reasoning_strength,
+            developer_as_system=args.developer_as_system,
+        )
+        app = create_app(engine, settings)
+        llm_engine = engine.engine
+        print(f"Glimmer {glimmer.__version__} serving {', '.join(map(repr, settings.served_model_names))} "
+              f"from {llm_engine.checkpoint_dir} on {llm_engine.device} ({llm_engine.dtype}), "
+              f"max_model_len {llm_engine.max_model_len}")
+        if is_default:
+            print("No MODEL given: this is the embedded default, a tiny random demo model; its replies are noise. "
+                  "Run `glimmer serve MODEL` with a checkpoint directory or Hub id to serve a real model.")
+        print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
+              f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics", flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+                    timeout_graceful_shutdown=5)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from glimmer.server.chat_client import run_chat
+
+    options: dict[str, Any] = {}
+    for field in ("max_tokens", "temperature", "reasoning_effort"):
+        if getattr(args, field) is not None:
+            options[field] = getattr(args, field)
+    tools = json.loads(Path(args.tools).read_text()) if args.tools else None
+    color = not args.no_color and sys.stdout.isatty()
+    chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
+                color=color)
+    if args.url:
+        run_chat(args.url, model=args.served_model, api_key=args.api_key, **chat)
+        return 0
+    from glimmer.server.app import create_app
+    from glimmer.server.background import BackgroundServer
+    from glimmer.server.settings import ServerSettings
+
+    logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+    engine, name, is_default = _engine_from_args(args)
+    try:
+        app = create_app(engine, ServerSettings(served_model_names=(name,)))
+        if is_default:
+            print("No MODEL given: chatting with the embedded default, a tiny random demo model (its replies are "
+                  "noise).")
+        with BackgroundServer(app) as server:
+            run_chat(server.url, model=name, api_key=None, **chat)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None,
+                        help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny demo model)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="default bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
+    parser.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size (default: from free memory)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--chat-template", default=None, help="render with this template file (P-TMPL-1)")
+    parser.add_argument("--max-waiting-requests", type=int, default=1024,
+                        help="queue length beyond which requests get HTTP 429")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
+    _add_engine_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None,
+                       help="require `Authorization: Bearer KEY` on /v1 (default: $GLIMMER_API_KEY, else none)")
+    serve.add_argument("--served-model-name", nargs="+", default=None,
+                       help="name(s) clients use as `model` (default: the directory name or Hub id)")
+    serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                       help="larger request bodies get HTTP 413")
+    serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
+                       help="when a request names none (default: the template's own, high)")
+    serve.add_argument("--developer-as-system", action="store_true",
+                       help="render `developer` messages as `system` (default: they render nothing)")
+    serve.set_defaults(func=_cmd_serve)
+
+    chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")
+    _add_engine_options(chat)
+    chat.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (default: in-process)")
+    chat.add_argument("--api-key", default=os.environ.get("GLIMMER_API_KEY"), help="for --url")
+    chat.add_argument("--served-model", default=None, help="the `model` to ask a --url server for")
+    chat.add_argument("--system", default=None, help="a system prompt")
+    chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations")
+    chat.add_argument("--reasoning-effort", default=None, help="none, minimal, low, medium, high or xhigh")
+    chat.add_argument("--max-tokens", type=int, default=None)
+    chat.add_argument("--temperature", type=float, default=None)
+    chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
+    chat.set_defaults(func=_cmd_chat)
 
     inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes")
     inspect.add_argument("model", help="checkpoint directory or Hugging Face Hub id")

@@ -1,0 +1,137 @@
+"""The FastAPI app: routes, the API key, error bodies and request metrics.
+
+`create_app(engine, settings)` builds an app around an `AsyncEngine` that the caller owns (starts and shuts
+down). Everything per-app — template, steering tables, the metrics registry — lives in a `ServingContext`,
+so several apps can run in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import glimmer
+from glimmer.engine.async_engine import AsyncEngine
+from glimmer.errors import GlimmerError
+from glimmer.server.auth import check_api_key
+from glimmer.server.chat import create_chat_completion
+from glimmer.server.completions import create_completion
+from glimmer.server.context import ServingContext
+from glimmer.server.errors import error_body, error_response
+from glimmer.server.metrics import ServerMetrics
+from glimmer.server.settings import ServerSettings
+from glimmer.server.streaming import ClientDisconnected
+
+logger = logging.getLogger(__name__)
+
+_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_CLIENT_CLOSED_REQUEST = 499
+
+
+def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    """Raises CheckpointError (no chat template) or ConfigError (a template that breaks the protocol)."""
+    context = ServingContext.create(engine, settings)
+    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None)
+    app.state.context = context
+    app.include_router(_v1_router(context))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_alive:
+            return JSONResponse(error_body("the engine has stopped", "internal_error"), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(context.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.exception_handler(GlimmerError)
+    async def glimmer_error(request: Request, exc: GlimmerError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        code = "not_found" if exc.status_code == 404 else None
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error", None, code),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(ClientDisconnected)
+    async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        return Response(status_code=_CLIENT_CLOSED_REQUEST)
+
+    app.add_middleware(_RequestAccounting, metrics=context.metrics)
+    return app
+
+
+def _v1_router(context: ServingContext) -> APIRouter:
+    def authorized(request: Request) -> None:
+        check_api_key(request, context.settings.api_key)
+
+    router = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+
+    @router.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request, context)
+
+    @router.post("/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request, context)
+
+    @router.get("/models")
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(context, name)
+                                                          for name in context.settings.served_model_names]})
+
+    @router.get("/models/{model:path}")
+    async def model(model: str) -> Response:
+        return JSONResponse(_model_card(context, context.check_model(model)))
+
+    return router
+
+
+def _model_card(context: ServingContext, name: str) -> dict:
+    return {"id": name, "object": "model", "created": context.created, "owned_by": "glimmer",
+            "max_model_len": context.engine.engine.max_model_len}
+
+
+class _RequestAccounting:
+    """Counts requests by endpoint and status, and turns an unexpected exception into a generic 500
+    (logged here with its traceback; the client never sees one)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = False
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                status, started = message["status"], True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        except Exception as exc:
+            if started:
+                logger.error("internal error after the response started", exc_info=exc)
+            else:
+                await error_response(exc)(scope, receive, send_and_record)
+        finally:
+            self.metrics.requests.labels(_endpoint(scope["path"]), str(status)).inc()
+
+
+def _endpoint(path: str) -> str:
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{model}"
+    return path if path in _ENDPOINTS else "other"
+

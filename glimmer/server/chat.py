@@ -1,0 +1,170 @@
+"""POST /v1/chat/completions: render, generate, parse, and answer as one JSON body or as an SSE stream.
+
+Both shapes come from the same loop over the engine's deltas (`_updates`), so the concatenated stream equals
+the non-streaming response, ids aside (P-API-4). Errors before the first token (invalid request, overload)
+are HTTP statuses; after it, a streaming response can only report them as an error event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampler import TokenLogprobs
+from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
+from glimmer.protocol.deltas import Delta, Event
+from glimmer.server.body import read_body
+from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
+from glimmer.server.choice_stream import ChoiceStream
+from glimmer.server.context import ServingContext
+from glimmer.server.errors import ToolChoiceUnsatisfiedError, describe_error
+from glimmer.server.logprobs import chat_logprobs
+from glimmer.server.metrics import RequestTimer
+from glimmer.server.sampling import chat_sampling_params, stop_strings
+from glimmer.server.schemas import ChatCompletionRequest, parse_body
+from glimmer.server.streaming import DONE_EVENT, SSEResponse, sse_event, until_disconnect
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _ChatRun:
+    context: ServingContext
+    request: ChatCompletionRequest
+    prompt: ChatPrompt
+    model_name: str
+    choices: list[ChoiceStream]
+    timer: RequestTimer
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_tool_choice(self, choice: ChoiceStream) -> None:
+        required = self.prompt.tools.required_names
+        if required is not None and not choice.satisfies(required):
+            self.context.metrics.tool_choice_unsatisfied.inc()
+            what = f"a call of {required[0]!r}" if len(required) == 1 else "a tool call"
+            raise ToolChoiceUnsatisfiedError(
+                f"tool_choice asked for {what}, but choice {choice.index} ended ({choice.finish_reason}) without a "
+                "valid one; raise max_tokens or retry")
+
+    def logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
+        return chat_logprobs(entries, self.context.tokenizer) if self.request.logprobs else None
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(choice.num_tokens for choice in self.choices)
+        prompt = len(self.prompt.token_ids)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": max(choice.num_cached_tokens for choice in self.choices)},
+            "completion_tokens_details": {"reasoning_tokens": sum(c.reasoning_tokens for c in self.choices)},
+        }
+
+    def chunk(self, index: int, delta: dict[str, Any], *, logprobs: dict[str, Any] | None = None,
+              finish_reason: str | None = None) -> str:
+        chunk: dict[str, Any] = {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_name,
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return sse_event(chunk)
+
+    @property
+    def include_usage(self) -> bool:
+        options = self.request.stream_options
+        return options is not None and options.include_usage
+
+
+async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
+    arrival = time.monotonic()
+    request = parse_body(ChatCompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    model_name = context.check_model(request.model)
+    params = chat_sampling_params(request, context)
+    prompt = await run_in_threadpool(build_chat_prompt, request, context)
+    stop = stop_strings(request)
+    choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False)
+               for i in range(params.n)]
+    run = _ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
+    stream = context.engine.generate(run.id, prompt.token_ids, params, controller_factory=prompt.controller_factory)
+    try:
+        first = await until_disconnect(raw_request, anext(stream))
+    except BaseException:
+        await stream.aclose()
+        raise
+    if request.stream:
+        return SSEResponse(_stream(run, first, stream))
+    return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
+
+
+async def _updates(run: _ChatRun, first: StepDelta,
+                   stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Event], StepDelta]]:
+    """Each engine delta as (its choice, the events it released, the delta), until every choice is done."""
+    delta: StepDelta | None = first
+    while delta is not None:
+        choice = run.choices[delta.index]
+        if not choice.done:
+            run.timer.token(delta.index)
+            released = choice.feed(delta)
+            if choice.done and choice.parser.unresolved_call_count:
+                run.context.metrics.unresolved_tool_calls.inc(choice.parser.unresolved_call_count)
+            yield choice, released, delta
+        if all(choice.done for choice in run.choices):
+            break
+        delta = await anext(stream, None)
+    run.timer.done()
+
+
+async def _collect(run: _ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
+    events: dict[int, list[Event]] = {choice.index: [] for choice in run.choices}
+    async with contextlib.aclosing(stream):
+        async for choice, released, _ in _updates(run, first, stream):
+            events[choice.index].extend(released)
+    include_reasoning = run.request.include_reasoning
+    response_choices = []
+    for choice in run.choices:
+        run.check_tool_choice(choice)
+        parsed = ParsedOutput.from_deltas([Delta.from_events(events[choice.index])])
+        response_choices.append({
+            "index": choice.index,
+            "message": assistant_message(parsed, include_reasoning=include_reasoning),
+            "logprobs": run.logprobs(choice.logprobs),
+            "finish_reason": choice.finish_reason,
+        })
+    return {"id": run.id, "object": "chat.completion", "created": run.created, "model": run.model_name,
+            "choices": response_choices, "usage": run.usage()}
+
+
+async def _stream(run: _ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
+    include_reasoning = run.request.include_reasoning
+    async with contextlib.aclosing(stream):
+        try:
+            for choice in run.choices:
+                yield run.chunk(choice.index, {"role": "assistant"})
+            async for choice, released, delta in _updates(run, first, stream):
+                objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
+                logprobs = run.logprobs(delta.logprobs)
+                if logprobs is not None and not objects:
+                    objects = [{}]  # tokens that released no text still report their logprobs
+                for position, obj in enumerate(objects):
+                    yield run.chunk(choice.index, obj, logprobs=logprobs if position == 0 else None)
+                if choice.done:
+                    run.check_tool_choice(choice)
+                    yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason)
+            if run.include_usage:
+                yield sse_event({"id": run.id, "object": "chat.completion.chunk", "created": run.created,
+                                 "model": run.model_name, "choices": [], "usage": run.usage()})
+        except Exception as exc:  # the status line is sent: report the error as an event (P-REQ-4)
+            yield sse_event(describe_error(exc)[1])
+    yield DONE_EVENT

@@ -1,0 +1,169 @@
+"""`glimmer chat`: a terminal chat against a Glimmer (or any OpenAI-compatible) server, streaming.
+
+Reasoning shows dimmed, the answer plain, tool calls as `→ name(arguments)` as their arguments stream. The
+conversation keeps each reply's reasoning and tool calls in its history, as the protocol renders them back.
+Standard library only (urllib), so it runs wherever Glimmer is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO
+
+from glimmer.errors import GlimmerError
+
+DIM = "\x1b[2m"
+TOOL = "\x1b[36m"
+RESET = "\x1b[0m"
+
+
+class ChatClientError(GlimmerError):
+    """The server refused the request or reported an error mid-stream."""
+
+
+class StreamRenderer:
+    """Writes chat completion chunks (choice 0) to a terminal and assembles the assistant message."""
+
+    def __init__(self, out: TextIO, *, color: bool = True):
+        self._out = out
+        self._color = color
+        self._section: str | None = None
+        self.reasoning = ""
+        self.content = ""
+        self.tool_calls: list[dict[str, Any]] = []
+        self.finish_reason: str | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            raise ChatClientError(chunk["error"].get("message", "the server reported an error"))
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                self._enter("reasoning")
+                self._write(reasoning, DIM)
+                self.reasoning += reasoning
+            if delta.get("content"):
+                self._enter("content")
+                self._write(delta["content"])
+                self.content += delta["content"]
+            for call in delta.get("tool_calls") or []:
+                self._tool_call_piece(call)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def finish(self) -> dict[str, Any]:
+        """Close the output and return the assistant message for the history."""
+        self._enter(None)
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        return message
+
+    def _tool_call_piece(self, call: dict[str, Any]) -> None:
+        function = call.get("function") or {}
+        if call.get("id"):
+            self._enter("tool")
+            self.tool_calls.append({"id": call["id"], "type": "function",
+                                    "function": {"name": function.get("name", ""), "arguments": ""}})
+            self._write(f"→ {function.get('name', '')}(", TOOL)
+        if self.tool_calls and function.get("arguments"):
+            self.tool_calls[-1]["function"]["arguments"] += function["arguments"]
+            self._write(function["arguments"], TOOL)
+
+    def _enter(self, section: str | None) -> None:
+        if section == self._section and section != "tool":
+            return
+        if self._section == "tool":
+            self._write(")", TOOL)
+        if self._section is not None:
+            self._out.write("\n")
+        self._section = section
+
+    def _write(self, text: str, style: str = "") -> None:
+        self._out.write(f"{style}{text}{RESET}" if self._color and style else text)
+        self._out.flush()
+
+
+def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,
+                           timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
+    """POST a streaming chat request to `url` (the server's base, e.g. http://127.0.0.1:8000) and yield its
+    chunks. Raises ChatClientError with the server's message for an HTTP error."""
+    body = json.dumps({**payload, "stream": True}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", body, headers, method="POST")
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError as error:
+        raise ChatClientError(f"HTTP {error.code}: {_error_message(error.read())}") from None
+    except urllib.error.URLError as error:
+        raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
+    with response:
+        yield from parse_sse_lines(line.decode("utf-8") for line in response)
+
+
+def parse_sse_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON payloads of `data:` lines, up to `data: [DONE]`."""
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body.decode("utf-8", errors="replace")[:500]
+
+
+def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, read_line: Callable[[str], str],
+             system: str | None = None, tools: list[dict[str, Any]] | None = None,
+             request_options: dict[str, Any] | None = None, color: bool = True) -> None:
+    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    out.write("Type a message; /reset clears the conversation, /exit (or Ctrl-D) leaves.\n")
+    while True:
+        try:
+            line = read_line("you> ")
+        except EOFError:
+            out.write("\n")
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            history = history[:1] if system else []
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        payload: dict[str, Any] = {"messages": history, **(request_options or {})}
+        if model:
+            payload["model"] = model
+        if tools:
+            payload["tools"] = tools
+        renderer = StreamRenderer(out, color=color)
+        try:
+            for chunk in stream_chat_completion(url, payload, api_key):
+                renderer.feed(chunk)
+        except ChatClientError as error:
+            renderer.finish()
+            history.pop()
+            out.write(f"error: {error}\n")
+            continue
+        history.append(renderer.finish())
+        if renderer.finish_reason == "length":
+            out.write("[stopped at max_tokens]\n")

@@ -1,0 +1,117 @@
+"""One choice of a chat completion: the engine's text deltas in, protocol events out.
+
+Each choice has its own `OutputParser` (P-API-1..3). On top of the parser the server applies what the
+request asked for, the same way whether the response streams or not (P-API-4):
+
+- `stop` strings match the answer (content) text only, never reasoning or tool bodies (P-REQ-2). Content
+  that may be the start of a stop string is held until decided; a stop string does not span an event of
+  another kind (held content is released before it). A match ends the choice with `stop`.
+- `parallel_tool_calls: false` keeps the first call only and ends the choice once it is finished.
+- A header naming another role (`user`, `tool`, `system`) ends the choice: the model is inventing the next
+  turn (P-HDR-8).
+
+A choice that ends for one of these reasons is `done` while the engine may still be generating it; the
+handler aborts the request once every choice is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampler import TokenLogprobs
+from glimmer.engine.stop_strings import StopStringMatcher
+from glimmer.protocol import OutputParser, count_reasoning_tokens, finish_reason
+from glimmer.protocol.deltas import Event
+
+
+class ChoiceStream:
+    def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
+                 single_call: bool):
+        self.index = index
+        self.parser = OutputParser(tools)
+        self.finish_reason: str | None = None
+        self.num_tokens = 0
+        self.num_cached_tokens = 0
+        self.logprobs: list[TokenLogprobs] = []
+        self._stops = StopStringMatcher(stop) if stop else None
+        self._stop_matched = False
+        self._single_call = single_call
+        self._has_calls = False
+        self._token_spans: list[tuple[int, int]] = []
+        self._characters_fed = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Generated tokens that overlap a reasoning message (P-API-5)."""
+        return count_reasoning_tokens(self._token_spans, self.parser.reasoning_spans)
+
+    def satisfies(self, required_names: list[str]) -> bool:
+        """Whether the choice holds a valid call of one of `required_names` (P-REQ-4)."""
+        return not set(required_names).isdisjoint(self.parser.valid_call_names)
+
+    def feed(self, delta: StepDelta) -> list[Event]:
+        """The events one engine delta releases; the last ones of the choice if it ends here."""
+        self._count_tokens(delta)
+        events = self._route(self.parser.feed(delta.text).events)
+        if self._stop_matched:
+            return events + self._end("stop", flush_parser=False)
+        parser = self.parser
+        if parser.other_role_header_seen:
+            return events + self._end("stop")
+        if self._single_call and (parser.valid_call_names or parser.unresolved_call_count):
+            return events + self._end("stop")
+        if delta.finish_reason is not None:
+            return events + self._end(delta.finish_reason)
+        return events
+
+    def _count_tokens(self, delta: StepDelta) -> None:
+        # A delta's text belongs to its last token; tokens whose text is still held get an empty span there.
+        start = self._characters_fed
+        self._characters_fed += len(delta.text)
+        count = len(delta.token_ids)
+        self._token_spans.extend((start, start) for _ in range(count - 1))
+        if count:
+            self._token_spans.append((start, self._characters_fed))
+        self.num_tokens += count
+        self.num_cached_tokens = delta.num_cached_tokens
+        self.logprobs.extend(delta.logprobs)
+
+    def _route(self, events: list[Event]) -> list[Event]:
+        routed: list[Event] = []
+        for kind, payload in events:
+            if kind == "content" and self._stops is not None:
+                released, stop = self._stops.feed(payload)
+                if released:
+                    routed.append(("content", released))
+                if stop is not None:
+                    self._stop_matched = True
+                    break
+                continue
+            self._release_held_content(routed)
+            if kind == "tool_call":
+                if self._single_call and payload.index > 0:
+                    continue
+                self._has_calls = True
+            routed.append((kind, payload))
+        return routed
+
+    def _release_held_content(self, routed: list[Event]) -> None:
+        if self._stops is not None:
+            held = self._stops.flush()
+            if held:
+                routed.append(("content", held))
+
+    def _end(self, engine_reason: str, *, flush_parser: bool = True) -> list[Event]:
+        tail: list[Event] = []
+        if flush_parser:
+            tail = self._route(self.parser.finish().events)
+            if not self._stop_matched:
+                self._release_held_content(tail)
+        self.finish_reason = finish_reason(has_tool_calls=self._has_calls, length_limited=engine_reason == "length")
+        return tail

@@ -1,0 +1,179 @@
+"""POST /v1/completions: raw text in and out (special tokens kept, P-REQ-1), no chat template, no parsing.
+
+A prompt is a string (bos added unless it starts with one), token ids, or a list of either (a batch; choice
+`i * n + j` is completion j of prompt i). `stop` strings go to the engine and match the raw text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampler import TokenLogprobs
+from glimmer.errors import RequestError
+from glimmer.server.body import read_body
+from glimmer.server.context import ServingContext
+from glimmer.server.errors import describe_error
+from glimmer.server.logprobs import completion_logprobs
+from glimmer.server.metrics import RequestTimer
+from glimmer.server.sampling import completion_sampling_params
+from glimmer.server.schemas import CompletionRequest, parse_body
+from glimmer.server.settings import MAX_BATCH_PROMPTS
+from glimmer.server.streaming import DONE_EVENT, SSEResponse, sse_event, until_disconnect
+
+
+@dataclass
+class _Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    num_tokens: int = 0
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)  # where each token's text starts in `text`
+
+    def add(self, delta: StepDelta) -> None:
+        self.text_offsets.extend(len(self.text) for _ in delta.logprobs)
+        self.logprobs.extend(delta.logprobs)
+        self.text += delta.text
+        self.num_tokens += len(delta.token_ids)
+        self.finish_reason = delta.finish_reason
+
+
+@dataclass
+class _CompletionRun:
+    context: ServingContext
+    request: CompletionRequest
+    model_name: str
+    prompt_tokens: int
+    choices: list[_Choice]
+    timer: RequestTimer
+    id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_name,
+                "choices": choices}
+
+    def choice(self, index: int, text: str, finish_reason: str | None, entries: list[TokenLogprobs],
+               offsets: list[int]) -> dict[str, Any]:
+        logprobs = None
+        if self.request.logprobs is not None:
+            logprobs = completion_logprobs(entries, offsets, self.context.tokenizer)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(choice.num_tokens for choice in self.choices)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        prompt = [prompt]  # type: ignore[list-item]
+    if not prompt:
+        raise RequestError("prompt: must not be empty", param="prompt")
+    if len(prompt) > MAX_BATCH_PROMPTS:
+        raise RequestError(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
+    encode = context.engine.engine.encode_prompt
+    return [encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+async def create_completion(raw_request: Request, context: ServingContext) -> Response:
+    arrival = time.monotonic()
+    request = parse_body(CompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    model_name = context.check_model(request.model)
+    params = completion_sampling_params(request, context)
+    prompts = await run_in_threadpool(_prompts, request.prompt, context)
+    run = _CompletionRun(context, request, model_name, sum(map(len, prompts)),
+                         [_Choice() for _ in range(len(prompts) * params.n)], RequestTimer(context.metrics, arrival))
+    streams = [context.engine.generate(f"{run.id}-{i}", ids, params) for i, ids in enumerate(prompts)]
+    try:
+        firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),
+                                                                     return_exceptions=True))
+        failed = [first for first in firsts if isinstance(first, BaseException)]
+        if failed:
+            raise failed[0]
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
+    updates = _merge(streams, firsts, params.n)
+    if request.stream:
+        return SSEResponse(_stream(run, updates))
+    return JSONResponse(await until_disconnect(raw_request, _collect(run, updates)))
+
+
+async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDelta]]) -> dict[str, Any]:
+    async with contextlib.aclosing(updates):
+        async for index, delta in updates:
+            run.timer.token(index)
+            run.choices[index].add(delta)
+    run.timer.done()
+    choices = [run.choice(i, c.text, c.finish_reason, c.logprobs, c.text_offsets) for i, c in enumerate(run.choices)]
+    return {**run.envelope(choices), "usage": run.usage()}
+
+
+async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDelta]]) -> AsyncIterator[str]:
+    options = run.request.stream_options
+    include_usage = options is not None and options.include_usage
+    async with contextlib.aclosing(updates):
+        try:
+            async for index, delta in updates:
+                run.timer.token(index)
+                choice = run.choices[index]
+                choice.add(delta)
+                offsets = choice.text_offsets[len(choice.text_offsets) - len(delta.logprobs):]
+                chunk = run.envelope([run.choice(index, delta.text, delta.finish_reason, delta.logprobs, offsets)])
+                yield sse_event({**chunk, "usage": None} if include_usage else chunk)
+            run.timer.done()
+            if include_usage:
+                yield sse_event({**run.envelope([]), "usage": run.usage()})
+        except Exception as exc:  # the status line is sent: report the error as an event
+            yield sse_event(describe_error(exc)[1])
+    yield DONE_EVENT
+
+
+async def _merge(streams: list[AsyncIterator[StepDelta]], firsts: list[StepDelta],
+                 n: int) -> AsyncIterator[tuple[int, StepDelta]]:
+    """(choice index, delta) from every prompt's stream as they come; closing this closes them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(prompt_index: int, stream: AsyncIterator[StepDelta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((prompt_index, delta))
+        except Exception as exc:
+            await queue.put((prompt_index, exc))
+        finally:
+            await queue.put((prompt_index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        for i, first in enumerate(firsts):
+            yield i * n + first.index, first
+        remaining = len(tasks)
+        while remaining:
+            prompt_index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield prompt_index * n + item.index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:  # a stream whose pump never ran is still open: closing it aborts its request
+            await stream.aclose()

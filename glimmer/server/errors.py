@@ -1,0 +1,68 @@
+"""Errors as OpenAI-style bodies: `{"error": {"message", "type", "param", "code"}}` with the right HTTP status.
+
+Every exception a request can raise maps to one status here. Errors Glimmer raises on purpose carry their
+own message (it names the field and the fix); anything else is an internal error: logged with its traceback
+on the server, answered with a generic 500 that reveals nothing of the code.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from glimmer.engine.async_engine import EngineDeadError, EngineOverloadedError
+from glimmer.errors import GlimmerError, RequestError
+from glimmer.protocol import ChatTemplateError
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_ERROR_MESSAGE = "internal server error; the server log has the details"
+
+
+class APIError(GlimmerError):
+    """An error the HTTP layer itself decides (auth, size limit, unknown model, …)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+
+class ToolChoiceUnsatisfiedError(GlimmerError):
+    """`tool_choice` required or named, and the response holds no valid call of an allowed tool (P-REQ-4)."""
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, OpenAI error body) for an exception raised while serving a request."""
+    if isinstance(exc, APIError):
+        return exc.status, error_body(str(exc), exc.type, exc.param, exc.code)
+    if isinstance(exc, ChatTemplateError):
+        return 400, error_body(str(exc), "invalid_request_error", "messages", "chat_template_error")
+    if isinstance(exc, RequestError):
+        return 400, error_body(str(exc), "invalid_request_error", exc.param)
+    if isinstance(exc, EngineOverloadedError):
+        return 429, error_body(f"the server is overloaded: {exc}", "overloaded_error", None, "engine_overloaded")
+    if isinstance(exc, ToolChoiceUnsatisfiedError):
+        return 500, error_body(str(exc), "tool_choice_unsatisfied", "tool_choice")
+    if isinstance(exc, EngineDeadError):
+        logger.error("request failed: %s", exc)
+        return 500, error_body(str(exc), "internal_error")
+    if isinstance(exc, GlimmerError):
+        logger.error("request failed: %s: %s", type(exc).__name__, exc)
+        return 500, error_body(f"{type(exc).__name__}: {exc}", "internal_error")
+    logger.error("internal error while serving a request", exc_info=exc)
+    return 500, error_body(INTERNAL_ERROR_MESSAGE, "internal_error")
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = describe_error(exc)
+    return JSONResponse(body, status_code=status)

@@ -1,0 +1,97 @@
+"""Prometheus metrics of one app, in a registry of its own (several apps can live in one process).
+
+The server counts requests and measures latencies as it serves; the engine's counters and gauges (tokens,
+queue, running sequences, KV blocks, prefix-cache hit rate) are read from the engine at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from glimmer.engine.async_engine import AsyncEngine
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: AsyncEngine):
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine
+        counters = engine.metrics
+        stats = engine.engine.stats()
+        yield CounterMetricFamily("glimmer_prompt_tokens", "Prompt tokens of admitted requests",
+                                  value=counters.prompt_tokens)
+        yield CounterMetricFamily("glimmer_generation_tokens", "Generated tokens", value=counters.generation_tokens)
+        yield CounterMetricFamily("glimmer_preemptions", "Sequences preempted for lack of KV blocks",
+                                  value=stats["preemptions"])
+        yield GaugeMetricFamily("glimmer_num_requests_waiting", "Sequences waiting to be scheduled",
+                                value=stats["waiting"])
+        yield GaugeMetricFamily("glimmer_num_requests_running", "Sequences running", value=stats["running"])
+        used = GaugeMetricFamily("glimmer_kv_blocks_used", "KV cache blocks in use, per attention group",
+                                 labels=["group"])
+        free = GaugeMetricFamily("glimmer_kv_blocks_free", "KV cache blocks free, per attention group",
+                                 labels=["group"])
+        for group, (in_use, available) in stats["kv_blocks"].items():
+            used.add_metric([group], in_use)
+            free.add_metric([group], available)
+        yield used
+        yield free
+        yield GaugeMetricFamily("glimmer_prefix_cache_hit_rate", "Prompt blocks found in the prefix cache / looked up",
+                                value=stats["prefix_cache_hit_rate"])
+        yield GaugeMetricFamily("glimmer_engine_alive", "1 while the engine thread serves requests",
+                                value=1 if engine.is_alive else 0)
+
+
+class ServerMetrics:
+    def __init__(self, engine: AsyncEngine):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("glimmer_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=self.registry)
+        self.time_to_first_token = Histogram(
+            "glimmer_time_to_first_token_seconds", "From request arrival to its first generated token",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.inter_token_latency = Histogram(
+            "glimmer_inter_token_latency_seconds", "Between consecutive tokens of one completion",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.request_latency = Histogram(
+            "glimmer_request_duration_seconds", "From request arrival to its last token",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry)
+        self.unresolved_tool_calls = Counter(
+            "glimmer_unresolved_tool_calls", "Tool calls naming no declared tool, passed through (P-NAME-3)",
+            registry=self.registry)
+        self.tool_choice_unsatisfied = Counter(
+            "glimmer_tool_choice_unsatisfied", "Required or named tool_choice requests that ended without a call",
+            registry=self.registry)
+        self.registry.register(_EngineCollector(engine))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Observes one request's time to first token, the gaps between each completion's tokens, and its
+    duration (arrival is `time.monotonic()` when the request came in)."""
+
+    def __init__(self, metrics: ServerMetrics, arrival: float):
+        self._metrics = metrics
+        self._arrival = arrival
+        self._last_token_at: dict[int, float] = {}
+
+    def token(self, completion_index: int) -> None:
+        now = time.monotonic()
+        if not self._last_token_at:
+            self._metrics.time_to_first_token.observe(now - self._arrival)
+        previous = self._last_token_at.get(completion_index)
+        if previous is not None:
+            self._metrics.inter_token_latency.observe(now - previous)
+        self._last_token_at[completion_index] = now
+
+    def done(self) -> None:
+        self._metrics.request_latency.observe(time.monotonic() - self._arrival)

@@ -1,0 +1,79 @@
+"""OpenAI sampling fields → `SamplingParams` (which validates values and names the field at fault).
+
+Fields a request leaves out take the checkpoint's `generation_config.json` value where it has one
+(temperature, top_p, top_k), else the OpenAI default. Chat `stop` strings are not given to the engine: the
+server matches them against the answer text only (P-REQ-2, see `choice_stream`).
+"""
+
+from __future__ import annotations
+
+from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from glimmer.errors import RequestError
+from glimmer.server.context import ServingContext
+from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest
+from glimmer.server.settings import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+
+
+def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> list[str]:
+    """The request's stop strings; RequestError beyond MAX_STOP_STRINGS or MAX_STOP_STRING_CHARS."""
+    stop = request.stop
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(strings) > MAX_STOP_STRINGS:
+        raise RequestError(f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed", param="stop")
+    for s in strings:
+        if not s or len(s) > MAX_STOP_STRING_CHARS:
+            raise RequestError(f"stop: each stop string must hold 1 to {MAX_STOP_STRING_CHARS} characters",
+                               param="stop")
+    return strings
+
+
+def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext) -> SamplingParams:
+    max_tokens = request.max_completion_tokens
+    if request.max_tokens is not None:
+        if max_tokens is not None and max_tokens != request.max_tokens:
+            raise RequestError("max_tokens and max_completion_tokens disagree; give one of them", param="max_tokens")
+        max_tokens = request.max_tokens
+    logprobs = None
+    if request.top_logprobs is not None:
+        if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"top_logprobs: must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
+        if not request.logprobs:
+            raise RequestError("top_logprobs: needs logprobs set to true", param="top_logprobs")
+    if request.logprobs:
+        logprobs = request.top_logprobs or 0
+    stop_strings(request)  # validated here, matched by the server against the answer
+    return _params(request, context, max_tokens=max_tokens, logprobs=logprobs, stop=[])
+
+
+def completion_sampling_params(request: CompletionRequest, context: ServingContext) -> SamplingParams:
+    return _params(request, context, max_tokens=request.max_tokens, logprobs=request.logprobs,
+                   stop=stop_strings(request))
+
+
+def _params(request: ChatCompletionRequest | CompletionRequest, context: ServingContext, *,
+            max_tokens: int | None, logprobs: int | None, stop: list[str]) -> SamplingParams:
+    if not 1 <= request.n <= context.settings.max_n:
+        raise RequestError(f"n: must be between 1 and {context.settings.max_n}", param="n")
+    if request.seed is not None and not -(2**63) <= request.seed < 2**63 - request.n:
+        raise RequestError("seed: must fit in a signed 64-bit integer", param="seed")
+    defaults = context.engine.engine.generation_defaults
+    return SamplingParams(
+        temperature=_first(request.temperature, defaults.temperature, 1.0),
+        top_p=_first(request.top_p, defaults.top_p, 1.0),
+        top_k=_first(request.top_k, defaults.top_k, 0),
+        min_p=_first(request.min_p, 0.0),
+        max_tokens=max_tokens,
+        min_tokens=request.min_tokens,
+        stop=stop,
+        ignore_eos=request.ignore_eos,
+        seed=request.seed,
+        logprobs=logprobs,
+        presence_penalty=_first(request.presence_penalty, 0.0),
+        frequency_penalty=_first(request.frequency_penalty, 0.0),
+        repetition_penalty=_first(request.repetition_penalty, 1.0),
+        n=request.n,
+    )
+
+
+def _first(*values):
+    return next(value for value in values if value is not None)

@@ -1,0 +1,184 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated once at the edge.
+
+Unknown fields are refused (400 naming them) rather than ignored: a field Glimmer does not know might change
+the output, and silently ignoring it (structured outputs, say) gives a client a wrong answer that looks
+right. Three groups of known fields:
+
+- honored: everything that maps to rendering, sampling or the response shape;
+- accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
+  `safety_identifier`, `prompt_cache_key`; and `skip_special_tokens` / `spaces_between_special_tokens`, which
+  the server always overrides to false (P-REQ-1);
+- refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): `response_format`
+  other than `text` (structured outputs are not supported yet), non-empty `logit_bias`, the legacy
+  `functions` / `function_call`, audio, predicted outputs, `echo`, `suffix`, `best_of`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from glimmer.errors import RequestError
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ReasoningOptions(_Body):
+    """The Responses-style `reasoning: {"effort": ...}` some clients send to chat completions (P-EFF-1)."""
+
+    effort: str | None = None
+
+
+class _SamplingFields(_Body):
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    # accepted and ignored: they cannot change the output
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    skip_special_tokens: bool | None = None  # P-REQ-1: always false
+    spaces_between_special_tokens: bool | None = None  # P-REQ-1: always false
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    reasoning_strength: str | None = None
+    reasoning: ReasoningOptions | None = None
+    enable_thinking: bool | None = None
+    include_reasoning: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    # refused unless default (see REFUSED_UNLESS_DEFAULT)
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    # refused unless default (see REFUSED_UNLESS_DEFAULT)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+REFUSED_UNLESS_DEFAULT: dict[str, str] = {
+    "functions": "the legacy `functions` field is not supported; declare `tools` instead",
+    "function_call": "the legacy `function_call` field is not supported; use `tool_choice` instead",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "verbosity": "`verbosity` is not supported; ask for brevity in the messages instead",
+    "echo": "`echo` is not supported",
+    "suffix": "`suffix` (insertion) is not supported",
+}
+
+
+def parse_body(model: type[_Body], body: bytes) -> Any:
+    """Validate a JSON body; raises RequestError naming the first field at fault (HTTP 400)."""
+    try:
+        request = model.model_validate_json(body)
+    except ValidationError as error:
+        raise _request_error(error) from None
+    _refuse_unsupported(request)
+    return request
+
+
+_UNION_FIELD_HINTS = {
+    "tool_choice": "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": NAME}}",
+    "stop": "must be a string or a list of strings",
+    "prompt": "must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+}
+
+
+def _request_error(error: ValidationError) -> RequestError:
+    first = error.errors(include_url=False)[0]
+    loc = first["loc"]
+    if first["type"] == "json_invalid":
+        return RequestError(f"the request body is not valid JSON: {first['msg']}", param=None)
+    if not loc:
+        return RequestError("the request body must be a JSON object", param=None)
+    if loc[0] in _UNION_FIELD_HINTS:
+        return RequestError(f"{loc[0]}: {_UNION_FIELD_HINTS[loc[0]]}", param=str(loc[0]))
+    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    if first["type"] == "extra_forbidden":
+        return RequestError(f"{param}: unknown field; Glimmer refuses fields it does not know rather than "
+                            "ignore something that might change the output", param=param)
+    return RequestError(f"{param}: {first['msg']}", param=param)
+
+
+def _refuse_unsupported(request: _Body) -> None:
+    for name, reason in REFUSED_UNLESS_DEFAULT.items():
+        if name in type(request).model_fields and getattr(request, name) not in (None, False):
+            raise RequestError(f"{name}: {reason}", param=name)
+    if request.logit_bias:
+        raise RequestError("logit_bias: not supported yet; remove it (an empty object is accepted)",
+                           param="logit_bias")
+    if request.stream_options is not None and not request.stream:
+        raise RequestError("stream_options: only allowed when stream is true", param="stream_options")
+    if isinstance(request, ChatCompletionRequest):
+        _refuse_unsupported_chat(request)
+    elif request.best_of not in (None, 1, request.n):
+        raise RequestError("best_of: not supported; leave it unset or equal to n", param="best_of")
+
+
+def _refuse_unsupported_chat(request: ChatCompletionRequest) -> None:
+    if request.response_format is not None:
+        kind = request.response_format.get("type")
+        if kind in ("json_schema", "json_object"):
+            raise RequestError(f"response_format: type {kind!r} (structured output) is not supported yet; "
+                               "Glimmer refuses it rather than return unconstrained text",
+                               param="response_format")
+        if kind != "text":
+            raise RequestError(f"response_format: unknown type {kind!r}; only 'text' is supported",
+                               param="response_format")
+    if request.modalities is not None and request.modalities != ["text"]:
+        raise RequestError(f"modalities: {request.modalities} is not supported; only ['text'] is",
+                           param="modalities")

@@ -1,0 +1,50 @@
+"""What an operator decides about a server, validated once when the app is created."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from glimmer.errors import ConfigError
+from glimmer.protocol import REASONING_STRENGTHS
+
+DEFAULT_MAX_REQUEST_BYTES = 4 << 20
+"""Request bodies above this are refused with 413 before any JSON is parsed."""
+DEFAULT_MAX_N = 16
+"""The most completions one chat or completion request may ask for (`n`)."""
+MAX_BATCH_PROMPTS = 64
+"""The most prompts one /v1/completions request may carry."""
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """served_model_names: the names clients may put in `model` (the first is reported in responses).
+    api_key: if set, every /v1 request needs `Authorization: Bearer <api_key>`.
+    default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
+    developer_as_system: render `developer` messages as `system` (P-TMPL-7; off by default).
+    """
+
+    served_model_names: tuple[str, ...]
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_n: int = DEFAULT_MAX_N
+    default_reasoning_strength: str | None = None
+    developer_as_system: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):
+            raise ConfigError("served_model_names must hold at least one non-empty name")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("api_key must not be empty; leave it unset to serve without a key")
+        if self.max_request_bytes < 1024:
+            raise ConfigError(f"max_request_bytes={self.max_request_bytes} is too small; use at least 1024")
+        if self.max_n < 1:
+            raise ConfigError(f"max_n={self.max_n} must be at least 1")
+        strength = self.default_reasoning_strength
+        if strength is not None and strength not in REASONING_STRENGTHS:
+            raise ConfigError(f"default_reasoning_strength={strength!r} is not one of {', '.join(REASONING_STRENGTHS)}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]

@@ -1,0 +1,68 @@
+"""Server-sent events, and what a client that goes away does to its request.
+
+A streaming response is a `StreamingResponse` of `data: {json}` events ending with `data: [DONE]`. When the
+client disconnects, the stream is cancelled and its body iterator closed at once, which closes the engine
+iterator and so aborts the request: its KV blocks are freed and the engine stops computing for it. A
+non-streaming request is run under `until_disconnect`, which does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+def sse_event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its response was ready (HTTP 499 in the metrics)."""
+
+
+class SSEResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(self, content: Any):
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # close the body (and the engine iterator inside it) now, not whenever it is garbage-collected
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first (then raises ClientDisconnected)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnected()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,141 @@
+"""Helpers shared by the server tests: a live server on a loopback port, and a scripted token source.
+
+`live_server` starts the real stack — engine thread, FastAPI app, uvicorn — on a free port. With a
+`ScriptedRunner` only the neural network is replaced: the scheduler, KV cache, sampler, detokenizer,
+protocol parser and HTTP layers stay real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.scheduler import ScheduledStep
+from glimmer.protocol.tokens import EOT
+from glimmer.server.app import create_app
+from glimmer.server.background import BackgroundServer
+from glimmer.server.settings import ServerSettings
+
+MODEL = "tiny"
+PINNED_DATE = {"current_date": "2026-01-01"}  # P-TMPL-3: tests pin the date
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                       "required": ["city"]},
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {"name": "get_time", "description": "The time in a city.",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+@dataclass
+class LiveServer:
+    url: str
+    engine: AsyncEngine
+    app: Any
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        samples = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    def wait_for_idle(self, timeout_s: float = 10.0) -> dict[str, float]:
+        """Poll /metrics until no sequence runs or waits and no KV block is in use; returns the last sample."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            samples = self.metrics()
+            busy = [k for k, v in samples.items() if v and re.match(
+                r"glimmer_(kv_blocks_used|num_requests_running|num_requests_waiting)\b", k)]
+            if not busy or time.monotonic() > deadline:
+                return samples
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_requests: int = 1024,
+                **settings: Any) -> Iterator[LiveServer]:
+    config = EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=32 << 20, max_model_len=2048,
+                          max_num_seqs=64)
+    engine = AsyncEngine(config, max_waiting_requests=max_waiting_requests)
+    try:
+        if scripted:
+            engine.engine.runner = ScriptedRunner(engine.engine)
+        app = create_app(engine, ServerSettings(served_model_names=(MODEL, "tiny-alias"), **settings))
+        with BackgroundServer(app) as server:
+            yield LiveServer(server.url, engine, app)
+    finally:
+        engine.shutdown()
+
+
+class ScriptedRunner:
+    """Stands in for `ModelRunner`: the next-token logits prefer what given transcripts say comes next.
+
+    `add(key, *texts)` registers transcripts (protocol text, tokenized with the checkpoint's tokenizer) for
+    every request whose prompt contains `key`. A sequence's preferences are the next tokens of the transcripts
+    its output still agrees with, the first transcript most (logit 100, then 90, …); with none left it
+    prefers `<|eot|>`. Under greedy sampling the output follows the first transcript the token controller
+    (if any) lets it follow: a transcript listed second is the model's fallback when the first is steered off.
+    """
+
+    def __init__(self, engine: LLMEngine):
+        self.tokenizer = engine.tokenizer
+        self.vocab_size = engine.model_config.text.vocab_size
+        self.eot_id = self.tokenizer.require_token_id(EOT)
+        self.prompts: list[str] = []
+        self._scripts: dict[str, list[list[int]]] = {}
+        self._by_sequence: dict[tuple[str, int], list[list[int]]] = {}
+
+    def add(self, key: str, *texts: str) -> None:
+        self._scripts[key] = [self.tokenizer.encode(text) for text in texts]
+
+    def _transcripts(self, seq) -> list[list[int]]:
+        ident = (seq.request_id, seq.index)
+        if ident not in self._by_sequence:
+            prompt = self.tokenizer.decode(seq.prompt_token_ids)
+            self.prompts.append(prompt)
+            found = [ids for key, ids in self._scripts.items() if key in prompt]
+            self._by_sequence[ident] = found[0] if found else []
+        return self._by_sequence[ident]
+
+    def execute(self, step: ScheduledStep) -> tuple[torch.Tensor, list[int]]:
+        sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
+        logits = torch.zeros(len(sampling), self.vocab_size)
+        for row, i in enumerate(sampling):
+            seq = step.seqs[i]
+            output = seq.output_token_ids
+            preference = 100.0
+            preferred = False
+            for ids in self._transcripts(seq):
+                if len(ids) > len(output) and ids[:len(output)] == output:
+                    token = ids[len(output)]
+                    logits[row, token] = max(float(logits[row, token]), preference)
+                    preferred = True
+                preference -= 10.0
+            if not preferred:
+                logits[row, self.eot_id] = 100.0
+        return logits, sampling

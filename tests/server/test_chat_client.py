@@ -1,0 +1,92 @@
+"""`glimmer chat`: rendering a stream to the terminal, and a whole exchange with a live (scripted) server."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from server_support import live_server
+
+from glimmer.server.chat_client import DIM, RESET, TOOL, ChatClientError, StreamRenderer, parse_sse_lines, run_chat
+
+
+def chunk(**delta):
+    finish = delta.pop("finish_reason", None)
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+STREAM = [
+    chunk(role="assistant"),
+    chunk(reasoning_content="Let me ", reasoning="Let me "),
+    chunk(reasoning_content="check.", reasoning="check."),
+    chunk(content="Checking now."),
+    chunk(tool_calls=[{"index": 0, "id": "call_1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"'}}]),
+    chunk(tool_calls=[{"index": 0, "function": {"arguments": "}"}}]),
+    chunk(tool_calls=[{"index": 1, "id": "call_2", "type": "function",
+                       "function": {"name": "get_time", "arguments": "{}"}}]),
+    chunk(finish_reason="tool_calls"),
+]
+
+
+def render(chunks, color=False):
+    out = io.StringIO()
+    renderer = StreamRenderer(out, color=color)
+    for piece in chunks:
+        renderer.feed(piece)
+    message = renderer.finish()
+    return out.getvalue(), message, renderer
+
+
+def test_a_stream_renders_reasoning_answer_and_calls_in_order():
+    text, _, _ = render(STREAM)
+    assert text == 'Let me check.\nChecking now.\n→ get_weather({"city": "Paris"})\n→ get_time({})\n'
+
+
+def test_reasoning_is_dimmed_and_calls_colored():
+    text, _, _ = render(STREAM, color=True)
+    assert f"{DIM}Let me {RESET}" in text and f"{TOOL}→ get_weather({RESET}" in text
+    assert "Checking now." in text.replace(DIM, "").split(RESET)[2]
+
+
+def test_the_assembled_message_goes_back_into_the_history():
+    _, message, renderer = render(STREAM)
+    assert message == {
+        "role": "assistant", "content": "Checking now.", "reasoning_content": "Let me check.",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+        ],
+    }
+    assert renderer.finish_reason == "tool_calls"
+
+
+def test_an_error_event_raises():
+    with pytest.raises(ChatClientError, match="no call"):
+        render([chunk(role="assistant"), {"error": {"message": "no call", "type": "tool_choice_unsatisfied"}}])
+
+
+def test_sse_lines_parse_until_done():
+    lines = ['data: {"a": 1}', "", ": comment", 'data: {"b": 2}', "data: [DONE]", 'data: {"c": 3}']
+    assert list(parse_sse_lines(lines)) == [{"a": 1}, {"b": 2}]
+
+
+def test_a_chat_exchange_against_a_live_server(make_tiny):
+    with live_server(make_tiny(), scripted=True) as server:
+        server.engine.engine.runner.add("[hello]", " to=self<|message|>A greeting.<|eom|>"
+                                                   "<|start|>assistant to=user<|message|>Hi!<|eot|>")
+        lines = iter(["[hello] hello", "", "/exit"])
+        out = io.StringIO()
+        run_chat(server.url, model="tiny", api_key=None, out=out, read_line=lambda prompt: next(lines),
+                 request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
+                 color=False)
+    assert "A greeting.\nHi!\n" in out.getvalue()
+
+
+def test_a_refused_request_is_reported_and_the_chat_goes_on(make_tiny):
+    with live_server(make_tiny()) as server:
+        lines = iter(["hello", "/exit"])
+        out = io.StringIO()
+        run_chat(server.url, model="no-such-model", api_key=None, out=out, read_line=lambda prompt: next(lines),
+                 color=False)
+    assert "error: HTTP 404" in out.getvalue()

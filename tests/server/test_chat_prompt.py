@@ -1,0 +1,97 @@
+"""The request path from chat request to prompt ids: tool plans, media refusal, strength, roles, one bos."""
+
+from __future__ import annotations
+
+import pytest
+
+from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.llm_engine import EngineConfig
+from glimmer.errors import RequestError
+from glimmer.protocol import normalize_tools
+from glimmer.server.chat_prompt import build_chat_prompt, plan_tools, refuse_media
+from glimmer.server.context import ServingContext
+from glimmer.server.schemas import ChatCompletionRequest
+from glimmer.server.settings import ServerSettings
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "get_time"}}]
+DATE = {"current_date": "2026-01-01"}
+
+
+def request(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint):
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    yield engine
+    engine.shutdown()
+
+
+def context(engine, **settings) -> ServingContext:
+    return ServingContext.create(engine, ServerSettings(served_model_names=("tiny",), **settings))
+
+
+def prompt_text(engine, ctx, **fields) -> str:
+    return engine.engine.tokenizer.decode(build_chat_prompt(request(**fields), ctx).token_ids)
+
+
+@pytest.mark.parametrize(("tool_choice", "rendered", "parsed", "required"), [
+    (None, True, True, None),
+    ("auto", True, True, None),
+    ("none", False, False, None),
+    ("required", True, True, ["get_weather", "get_time"]),
+    ({"type": "function", "function": {"name": "get_time"}}, True, True, ["get_time"]),
+])
+def test_tool_choice_decides_what_is_rendered_parsed_and_required(tool_choice, rendered, parsed, required):
+    fields = {"tools": TOOLS} | ({"tool_choice": tool_choice} if tool_choice is not None else {})
+    plan = plan_tools(request(**fields), normalize_tools(TOOLS))
+    assert (plan.render_tools is not None, plan.parser_tools is not None, plan.required_names) == (
+        rendered, parsed, required)
+
+
+def test_no_tools_means_nothing_to_render_or_parse():
+    plan = plan_tools(request(), [])
+    assert (plan.render_tools, plan.parser_tools, plan.required_names) == (None, None, None)
+
+
+@pytest.mark.parametrize("has_vision", [False, True])
+def test_media_parts_are_refused_naming_the_part(has_vision):
+    messages = [{"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "video", "video": "x"}]}]
+    with pytest.raises(RequestError) as raised:
+        refuse_media(messages, model_has_vision=has_vision)
+    assert raised.value.param == "messages[1].content[1]"
+    assert ("not supported by the server yet" in str(raised.value)) == has_vision
+
+
+def test_required_and_named_choices_come_with_a_controller(engine):
+    ctx = context(engine)
+    assert build_chat_prompt(request(tools=TOOLS), ctx).controller_factory is None
+    factory = build_chat_prompt(request(tools=TOOLS, tool_choice="required"), ctx).controller_factory
+    assert factory is not None and factory().allowed_token_ids()
+
+
+def test_the_prompt_has_one_bos_and_ends_with_the_generation_prompt(engine):
+    ctx = context(engine)
+    ids = build_chat_prompt(request(chat_template_kwargs=DATE), ctx).token_ids
+    tokenizer = engine.engine.tokenizer
+    assert ids.count(tokenizer.bos_token_id) == 1 and ids[0] == tokenizer.bos_token_id  # P-TMPL-5
+    assert tokenizer.decode(ids).endswith("<|start|>assistant")  # P-TMPL-8
+
+
+def test_reasoning_strength_precedence_and_server_default(engine):
+    ctx = context(engine, default_reasoning_strength="medium")
+    assert "Reasoning strength: medium." in prompt_text(engine, ctx, chat_template_kwargs=DATE)
+    assert "Reasoning strength: xhigh." in prompt_text(engine, ctx, reasoning_effort="xhigh")
+    assert "Reasoning strength: low." in prompt_text(engine, ctx, reasoning={"effort": "none"})
+    assert "Reasoning strength: low." in prompt_text(engine, ctx, enable_thinking=False)
+    assert "Reasoning strength: high." in prompt_text(engine, ctx, reasoning_strength="HIGH", reasoning_effort="low")
+
+
+def test_developer_messages_render_only_when_mapped_to_system(engine):
+    fields = {"messages": [{"role": "developer", "content": "Be brief, DEVNOTE."},
+                           {"role": "user", "content": "hi"}], "chat_template_kwargs": DATE}
+    assert "DEVNOTE" not in prompt_text(engine, context(engine), **fields)  # P-TMPL-7
+    assert "DEVNOTE" in prompt_text(engine, context(engine, developer_as_system=True), **fields)

@@ -1,0 +1,85 @@
+"""`glimmer serve` and `glimmer chat` as a user runs them (subprocesses), and their options."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+import glimmer
+from glimmer.cli import build_parser
+from glimmer.default_model import DEFAULT_MODEL_NAME
+
+
+@pytest.fixture(scope="module")
+def cache_env(make_tiny, tmp_path_factory):
+    """An environment whose user cache already holds the default model (copied, not regenerated)."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    shutil.copytree(make_tiny(), cache / "glimmer" / glimmer.__version__ / DEFAULT_MODEL_NAME)
+    return {**os.environ, "XDG_CACHE_HOME": str(cache)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_options_parse():
+    args = build_parser().parse_args(["serve", "/models/glimmer", "--port", "9000", "--served-model-name", "a", "b",
+                                      "--api-key", "k", "--max-model-len", "4096", "--max-num-seqs", "8",
+                                      "--dtype", "bfloat16", "--device", "cpu", "--max-request-bytes", "2048"])
+    assert (args.model, args.host, args.port, args.served_model_name, args.api_key) == (
+        "/models/glimmer", "127.0.0.1", 9000, ["a", "b"], "k")
+    assert (args.max_model_len, args.max_num_seqs, args.dtype, args.device, args.max_request_bytes) == (
+        4096, 8, "bfloat16", "cpu", 2048)
+    assert build_parser().parse_args(["serve"]).model is None
+
+
+def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
+                                "--max-model-len", "2048", "--kv-cache-gib", "0.05"],
+                               env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL_NAME]
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=30)[0]
+    assert "tiny random demo model" in output
+    assert f"http://127.0.0.1:{port}/v1" in output
+    assert process.returncode == 0
+
+
+def test_chat_in_process_with_the_default_model(cache_env):
+    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "4", "--no-color",
+                             "--max-model-len", "2048", "--kv-cache-gib", "0.05"],
+                            input="hello\n/exit\n", env=cache_env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "tiny random demo model" in result.stdout
+    assert "error" not in result.stdout
+
+
+def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing")],
+                            env=cache_env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "glimmer: error: CheckpointError" in result.stderr and "Traceback" not in result.stderr

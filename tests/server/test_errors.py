@@ -1,0 +1,228 @@
+"""Every error status, as an OpenAI-style body, through the real server; and bad requests never hurt good ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import openai
+import pytest
+from server_support import PINNED_DATE, WEATHER_TOOL, live_server
+
+from glimmer.protocol import ChatTemplateError
+from glimmer.server.errors import describe_error
+
+KEY = "sk-test-key"
+LIMIT = 64 * 1024
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), api_key=KEY, max_request_bytes=LIMIT, max_n=4) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
+
+
+def post(server, body, *, path="/chat/completions", key=KEY, **kwargs) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if not isinstance(body, dict):
+        return httpx.post(server.base_url + path, content=body, headers=headers, timeout=30, **kwargs)
+    return httpx.post(server.base_url + path, json=body, headers=headers, timeout=30, **kwargs)
+
+
+def chat(**fields):
+    return {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "chat_template_kwargs": PINNED_DATE, **fields}
+
+
+def sdk_chat(**fields):
+    return {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "extra_body": {"chat_template_kwargs": PINNED_DATE},
+            **fields}
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_a_valid_request_with_the_key_succeeds(client):
+    assert client.chat.completions.create(**sdk_chat()).choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("key", [None, "sk-wrong"])
+def test_missing_or_wrong_api_key_is_401(server, key):
+    error = error_of(post(server, chat(), key=key), 401)
+    assert error["code"] == "invalid_api_key"
+    if key is not None:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
+
+
+def test_health_and_metrics_need_no_key(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 200
+
+
+def test_malformed_json_is_400(server):
+    error = error_of(post(server, b'{"model": "tiny", "messages": ['), 400)
+    assert "not valid JSON" in error["message"]
+    error_of(post(server, b"[1, 2]"), 400)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"messages": None}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": ["hi"]}, "messages[0]"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"top_p": 0}, "top_p"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"stop": [1]}, "stop"),
+    ({"frobnicate": True}, "frobnicate"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"n": 5}, "n"),
+    ({"seed": 2**70}, "seed"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "[1]"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+])
+def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param):
+    error = error_of(post(server, chat(**fields)), 400)
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format",
+     "not supported yet"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "not supported yet"),
+    ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+    ({"functions": [{"name": "f"}]}, "functions", "tools"),
+    ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not among the declared tools"),
+])
+def test_fields_that_would_change_the_output_are_refused_not_ignored(server, fields, param, words):
+    error = error_of(post(server, chat(**fields)), 400)
+    assert error["param"] == param and words in error["message"]
+
+
+def test_harmless_fields_and_neutral_values_are_accepted(client):
+    response = client.chat.completions.create(**sdk_chat(extra_body={"skip_special_tokens": True}), user="u1",
+                                              metadata={"k": "v"}, store=False, response_format={"type": "text"},
+                                              logit_bias={})
+    assert response.choices
+
+
+def test_prompt_plus_max_tokens_over_max_model_len_is_400(server):
+    error = error_of(post(server, chat(max_tokens=5000)), 400)
+    assert error["param"] == "max_tokens" and "max_model_len" in error["message"]
+    streamed = post(server, chat(max_tokens=5000, stream=True))
+    assert streamed.status_code == 400  # refused before the stream starts, so still a status
+
+
+def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
+    content = [{"type": "text", "text": "what is this?"},
+               {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    error = error_of(post(server, chat(messages=[{"role": "user", "content": content}])), 400)
+    assert error["param"] == "messages[0].content[1]" and "vision" in error["message"]
+
+
+def test_a_second_bos_in_message_text_is_400(server):
+    error = error_of(post(server, chat(messages=[{"role": "user", "content": "<|begin_of_text|>hi"}])), 400)
+    assert error["param"] == "messages"  # P-TMPL-5
+
+
+def test_unknown_model_is_404(server, client):
+    error = error_of(post(server, chat(model="gpt-4o")), 404)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    assert error_of(httpx.get(server.url + "/v1/nothing-here", headers={"Authorization": f"Bearer {KEY}"}),
+                    404)["code"] == "not_found"
+
+
+def test_a_wrong_method_is_405_with_an_error_body(server):
+    response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
+    assert error_of(response, 405)["type"] == "invalid_request_error"
+
+
+def test_a_body_over_the_size_limit_is_413(server):
+    big = chat(messages=[{"role": "user", "content": "x" * (LIMIT + 10)}])
+    assert error_of(post(server, big), 413)["code"] == "request_too_large"
+
+    def chunks():  # chunked transfer: no Content-Length, the limit applies while reading
+        yield b'{"model": "tiny", "messages": [{"role": "user", "content": "'
+        for _ in range(LIMIT // 1024 + 2):
+            yield b"y" * 1024
+        yield b'"}]}'
+
+    assert error_of(post(server, chunks()), 413)["code"] == "request_too_large"
+
+
+def test_overload_is_429(server, client):
+    engine = server.engine
+    engine.max_waiting_requests = 0
+    try:
+        error = error_of(post(server, chat()), 429)
+        assert error["code"] == "engine_overloaded"
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(**sdk_chat(), stream=True)
+    finally:
+        engine.max_waiting_requests = 1024
+    assert client.chat.completions.create(**sdk_chat()).choices
+
+
+def test_an_internal_failure_is_500_without_a_stack_trace_and_is_logged(server, monkeypatch, caplog):
+    context = server.app.state.context
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the secret internals")
+
+    monkeypatch.setattr(context.template, "render", broken)
+    with caplog.at_level(logging.ERROR):
+        response = post(server, chat())
+    error = error_of(response, 500)
+    assert error["type"] == "internal_error"
+    assert "secret" not in response.text and "Traceback" not in response.text
+    assert any("the secret internals" in (record.exc_text or "") or record.exc_info for record in caplog.records)
+
+
+def test_template_errors_map_to_400_with_the_template_message():
+    status, body = describe_error(ChatTemplateError("tool call arguments must be an object"))
+    assert status == 400
+    assert "tool call arguments must be an object" in body["error"]["message"]
+
+
+def test_bad_requests_never_affect_good_ones(server):
+    async def run():
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=60) as http:
+            good = [http.post("/chat/completions", json=chat(max_tokens=8, seed=i)) for i in range(4)]
+            bad = [http.post("/chat/completions", content=b"{nope"),
+                   http.post("/chat/completions", json=chat(max_tokens=5000)),
+                   http.post("/chat/completions", json=chat(model="other")),
+                   http.post("/chat/completions", json=chat(logit_bias={"1": 5}))]
+            return await asyncio.gather(*good, *bad)
+
+    responses = asyncio.run(run())
+    assert [r.status_code for r in responses] == [200] * 4 + [400, 400, 404, 400]
+    assert server.engine.is_alive
+    assert server.wait_for_idle()['glimmer_kv_blocks_used{group="full"}'] == 0
+
+
+def test_error_statuses_are_counted_in_metrics(server):
+    post(server, chat(model="missing"))
+    samples = server.metrics()
+    assert samples['glimmer_requests_total{endpoint="/v1/chat/completions",status="404"}'] >= 1
+    assert samples['glimmer_requests_total{endpoint="/v1/chat/completions",status="401"}'] >= 1

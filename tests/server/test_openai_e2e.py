@@ -1,0 +1,236 @@
+"""End to end: the real server on a loopback port, the random tiny checkpoint, the official `openai` SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, live_server
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
+EXTRA = {"chat_template_kwargs": PINNED_DATE}
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny()) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def test_chat_completion_has_the_openai_shape_and_usage(client):
+    response = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0,
+                                              extra_body=EXTRA)
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-")
+    assert response.model == "tiny"
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    usage = response.usage
+    assert 0 < usage.completion_tokens <= 12
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.completion_tokens_details.reasoning_tokens >= 0
+    assert usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_greedy_generation_is_deterministic_and_truncation_says_length(client):
+    def ask():
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=7, temperature=0,
+                                              extra_body={**EXTRA, "ignore_eos": True})
+
+    first, second = ask(), ask()
+    assert first.choices[0].message == second.choices[0].message
+    assert first.choices[0].finish_reason == "length" and first.usage.completion_tokens == 7
+
+
+def test_streaming_chat_ends_with_finish_reason_usage_and_done(server, client):
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body=EXTRA))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens <= 10
+    raw = httpx.post(server.base_url + "/chat/completions", timeout=30, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 3, "stream": True, **EXTRA})
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.rstrip().endswith("data: [DONE]")
+
+
+def test_streamed_text_equals_the_non_streamed_text(client):
+    request = dict(model="tiny", messages=MESSAGES, max_tokens=24, temperature=0, extra_body=EXTRA)
+    whole = client.chat.completions.create(**request).choices[0].message
+    content, reasoning = [], []
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            reasoning.append(choice.delta.model_extra.get("reasoning_content") or "")
+    assert ("".join(content) or None) == whole.content
+    assert ("".join(reasoning) or None) == whole.model_extra["reasoning_content"]
+
+
+def test_declared_tools_with_auto_choice_give_a_well_formed_response(client):
+    response = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL],
+                                              max_tokens=16, temperature=0, extra_body=EXTRA)
+    choice = response.choices[0]
+    for call in choice.message.tool_calls or []:
+        assert call.id.startswith("call_")
+        json.loads(call.function.arguments)
+    if choice.message.tool_calls and choice.finish_reason != "length":
+        assert choice.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_named_choice_on_a_random_model_gives_that_call_or_a_clear_error(client, seed):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    try:
+        response = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL],
+                                                  tool_choice=named, max_tokens=48, seed=seed, extra_body=EXTRA)
+    except openai.InternalServerError as error:
+        assert error.body["type"] == "tool_choice_unsatisfied"
+        return
+    calls = response.choices[0].message.tool_calls
+    assert calls and any(call.function.name == "get_weather" for call in calls)
+
+
+def test_n_logprobs_seed_and_model_alias(client):
+    response = client.chat.completions.create(model="tiny-alias", messages=MESSAGES, max_tokens=5, n=2, seed=7,
+                                              logprobs=True, top_logprobs=3, extra_body=EXTRA)
+    assert response.model == "tiny-alias"
+    assert [c.index for c in response.choices] == [0, 1]
+    for choice in response.choices:
+        assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in choice.logprobs.content)
+    assert sum(len(c.logprobs.content) for c in response.choices) == response.usage.completion_tokens
+
+
+def test_models_lists_every_served_name(client):
+    assert [model.id for model in client.models.list().data] == ["tiny", "tiny-alias"]
+    assert client.models.retrieve("tiny-alias").id == "tiny-alias"
+
+
+def test_health(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_completions_from_text_and_token_ids(server, client):
+    text = client.completions.create(model="tiny", prompt="The lighthouse keeper", max_tokens=6, temperature=0,
+                                     logprobs=2)
+    choice = text.choices[0]
+    assert text.object == "text_completion" and choice.finish_reason == "length"
+    assert len(choice.logprobs.tokens) == 6 and len(choice.logprobs.top_logprobs[0]) == 2
+    assert choice.logprobs.text_offset[0] == 0
+    ids = server.engine.engine.encode_prompt("The lighthouse keeper")
+    same = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0)
+    assert same.choices[0].text == choice.text
+    assert same.usage.prompt_tokens == len(ids)
+
+
+def test_completions_batch_and_stream(client):
+    batch = client.completions.create(model="tiny", prompt=["one", "two"], max_tokens=3, n=2, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert batch.choices[0].text == batch.choices[1].text  # greedy: both completions of prompt 0 agree
+    assert batch.usage.completion_tokens == 12
+    pieces = {}
+    for chunk in client.completions.create(model="tiny", prompt=["one", "two"], max_tokens=3, temperature=0,
+                                           stream=True):
+        for choice in chunk.choices:
+            pieces[choice.index] = pieces.get(choice.index, "") + choice.text
+    assert pieces == {0: batch.choices[0].text, 1: batch.choices[2].text}
+
+
+def test_completions_stop_strings_end_the_text(client):
+    free = client.completions.create(model="tiny", prompt="The lighthouse keeper", max_tokens=12, temperature=0)
+    text = free.choices[0].text
+    stop = text[4:6]
+    stopped = client.completions.create(model="tiny", prompt="The lighthouse keeper", max_tokens=12,
+                                        temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[:text.index(stop)]
+
+
+def test_32_concurrent_streams_all_complete(server):
+    async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str | None, int]:
+        finish, count = None, 0
+        stream = await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=16, seed=i,
+            stream=True, stream_options={"include_usage": True}, extra_body=EXTRA)
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+            if chunk.usage:
+                count = chunk.usage.completion_tokens
+        return finish, count
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
+
+    results = asyncio.run(run())
+    assert len(results) == 32
+    assert all(finish in ("stop", "length") and 0 < count <= 16 for finish, count in results)
+    assert server.wait_for_idle()['glimmer_kv_blocks_used{group="full"}'] == 0
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
+    request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "stream": True,
+               "ignore_eos": True, **EXTRA}
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
+                                                       json=request) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(lines)
+        during = server.metrics()
+    # the connection is closed here, long before 1500 tokens
+    assert during['glimmer_kv_blocks_used{group="full"}'] > 0
+    after = server.wait_for_idle()
+    assert after['glimmer_kv_blocks_used{group="full"}'] == 0
+    assert after['glimmer_kv_blocks_used{group="sliding"}'] == 0
+    assert after["glimmer_num_requests_running"] == 0
+    generated = after["glimmer_generation_tokens_total"]
+    time.sleep(0.3)
+    assert server.metrics()["glimmer_generation_tokens_total"] == generated  # the engine stopped computing
+    assert generated - during["glimmer_generation_tokens_total"] < 1000
+
+
+def test_metrics_expose_requests_tokens_latencies_and_cache(server, client):
+    client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, extra_body=EXTRA)
+    samples = server.metrics()
+    assert samples['glimmer_requests_total{endpoint="/v1/chat/completions",status="200"}'] >= 1
+    assert samples["glimmer_prompt_tokens_total"] > 0 and samples["glimmer_generation_tokens_total"] > 0
+    assert samples["glimmer_time_to_first_token_seconds_count"] >= 1
+    assert samples["glimmer_inter_token_latency_seconds_count"] >= 1
+    for name in ("glimmer_num_requests_waiting", "glimmer_num_requests_running", "glimmer_prefix_cache_hit_rate",
+                 'glimmer_kv_blocks_free{group="full"}', 'glimmer_kv_blocks_used{group="sliding"}'):
+        assert name in samples
+    assert samples["glimmer_prefix_cache_hit_rate"] > 0  # the same system prompt came back many times
+
+
+def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(server):
+    before = server.metrics()["glimmer_generation_tokens_total"]
+    request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, **EXTRA}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/chat/completions", json=request, timeout=0.5)
+    after = server.wait_for_idle()
+    assert after['glimmer_kv_blocks_used{group="full"}'] == 0
+    assert after["glimmer_generation_tokens_total"] - before < 1000
+
+
+def test_closing_a_streamed_completions_batch_aborts_every_prompt(server):
+    request = {"model": "tiny", "prompt": ["one", "two", "three"], "max_tokens": 1500, "stream": True,
+               "ignore_eos": True}
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/completions",
+                                                       json=request) as response:
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert server.metrics()["glimmer_num_requests_running"] == 3
+    after = server.wait_for_idle()
+    assert after['glimmer_kv_blocks_used{group="full"}'] == 0 and after["glimmer_num_requests_running"] == 0

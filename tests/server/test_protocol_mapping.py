@@ -1,0 +1,303 @@
+"""Protocol mapping through the real server: the model's turn → reasoning_content, content and tool_calls.
+
+Only the network is scripted (`ScriptedRunner`); the engine, sampler, tool-choice controller, parser and HTTP
+layers are the real ones, and the client is the official `openai` SDK. Each script is checked streamed and
+not streamed, and the two must agree (P-API-4).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, live_server
+
+REASON_THEN_ANSWER = (" to=self<|message|>The user greets me.<|eom|>"
+                      "<|start|>assistant to=user<|message|>Hello there!<|eot|>")
+WEATHER_CALL_BODY = ('<atem:function_calls>\n<atem:invoke name="get_weather">\n'
+                     '<atem:parameter name="city">Paris</atem:parameter>\n'
+                     '<atem:parameter name="days">3</atem:parameter>\n'
+                     '</atem:invoke>\n</atem:function_calls>')
+REASON_THEN_CALL = (" to=self<|message|>I should look the weather up.<|eom|>"
+                    f"<|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
+WEATHER_CALL = f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>"
+TIME_CALL = (' to=get_time<|message|><atem:function_calls>\n<atem:invoke name="get_time">\n'
+             '<atem:parameter name="city">Oslo</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
+ANSWER_DIRECTLY = " to=user<|message|>It is sunny in Paris.<|eot|>"
+TWO_CALLS = (f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eom|><|start|>assistant" + TIME_CALL)
+INVENTED_USER_TURN = (" to=user<|message|>Sure, done.<|eom|><|start|>user<|message|>Thanks! Now tell me a joke."
+                      "<|eot|>")
+STOP_IN_BOTH = (" to=self<|message|>Never say HALT too early.<|eom|>"
+                "<|start|>assistant to=user<|message|>one two HALT three<|eot|>")
+UNKNOWN_TOOL_CALL = (' to=send_mail<|message|><atem:function_calls>\n<atem:invoke name="send_mail">\n'
+                     '<atem:parameter name="to">ann@example.org</atem:parameter>\n</atem:invoke>\n'
+                     '</atem:function_calls><|eot|>')
+SCRIPTS = {
+    "[reason-answer]": [REASON_THEN_ANSWER],
+    "[reason-call]": [REASON_THEN_CALL],
+    "[answer-or-call]": [ANSWER_DIRECTLY, REASON_THEN_CALL],
+    "[answer-only]": [ANSWER_DIRECTLY],
+    "[time-or-weather]": [TIME_CALL, WEATHER_CALL],
+    "[two-calls]": [TWO_CALLS],
+    "[invent-user]": [INVENTED_USER_TURN],
+    "[stop-both]": [STOP_IN_BOTH],
+    "[unknown-call]": [UNKNOWN_TOOL_CALL],
+}
+TOOLS = [WEATHER_TOOL, TIME_TOOL]
+WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), scripted=True) as live:
+        for key, transcripts in SCRIPTS.items():
+            live.engine.engine.runner.add(key, *transcripts)
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def _request(key: str, **overrides: Any) -> dict[str, Any]:
+    request = {"model": "tiny", "messages": [{"role": "user", "content": f"{key} What is the weather in Paris?"}],
+               "temperature": 0, "max_tokens": 200, "extra_body": {"chat_template_kwargs": PINNED_DATE}}
+    request.update(overrides)
+    return request
+
+
+def _non_streamed(client, **request: Any) -> dict[str, Any]:
+    response = client.chat.completions.create(**request)
+    choice = response.choices[0]
+    message = choice.message
+    return {
+        "reasoning": message.model_extra.get("reasoning_content"),
+        "reasoning_mirror": message.model_extra.get("reasoning"),
+        "content": message.content,
+        "calls": [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or []],
+        "ids": [call.id for call in message.tool_calls or []],
+        "finish_reason": choice.finish_reason,
+        "usage": response.usage,
+    }
+
+
+def _streamed(client, **request: Any) -> dict[str, Any]:
+    reasoning, content, calls, ids = [], [], {}, []
+    finish_reason = usage = None
+    roles = []
+    stream = client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **request)
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.role:
+                roles.append(delta.role)
+            if delta.model_extra.get("reasoning_content"):
+                assert delta.model_extra["reasoning"] == delta.model_extra["reasoning_content"]
+                reasoning.append(delta.model_extra["reasoning_content"])
+            if delta.content:
+                content.append(delta.content)
+            for call in delta.tool_calls or []:
+                if call.id:
+                    ids.append(call.id)
+                    calls[call.index] = [call.function.name, ""]
+                calls[call.index][1] += call.function.arguments or ""
+            if choice.finish_reason:
+                finish_reason = choice.finish_reason
+    assert roles == ["assistant"]
+    return {
+        "reasoning": "".join(reasoning) or None,
+        "content": "".join(content) or None,
+        "calls": [(name, json.loads(arguments)) for _, (name, arguments) in sorted(calls.items())],
+        "ids": ids,
+        "finish_reason": finish_reason,
+        "usage": usage,
+    }
+
+
+def _both(client, **request: Any) -> dict[str, Any]:
+    """Non-streamed result, after checking the stream says the same (P-API-4)."""
+    whole = _non_streamed(client, **request)
+    streamed = _streamed(client, **request)
+    for field in ("reasoning", "content", "calls", "finish_reason"):
+        assert streamed[field] == whole[field], field
+    assert streamed["usage"].completion_tokens == whole["usage"].completion_tokens
+    assert (streamed["usage"].completion_tokens_details.reasoning_tokens
+            == whole["usage"].completion_tokens_details.reasoning_tokens)
+    return whole
+
+
+def _token_count(server, text: str) -> int:
+    return len(server.engine.engine.tokenizer.encode(text))
+
+
+def test_reasoning_and_answer_map_to_reasoning_content_and_content(client, server):
+    result = _both(client, **_request("[reason-answer]"))
+    assert result["reasoning"] == "The user greets me."
+    assert result["reasoning_mirror"] == "The user greets me."  # P-API-1
+    assert result["content"] == "Hello there!"
+    assert result["calls"] == []
+    assert result["finish_reason"] == "stop"
+
+
+def test_usage_counts_every_generated_token_and_the_reasoning_ones(client, server):
+    # P-API-5: reasoning tokens are those of the reasoning message, from the turn start through <|eom|>
+    usage = _non_streamed(client, **_request("[reason-answer]"))["usage"]
+    assert usage.completion_tokens == _token_count(server, REASON_THEN_ANSWER)
+    assert usage.completion_tokens_details.reasoning_tokens == _token_count(
+        server, " to=self<|message|>The user greets me.<|eom|>")
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def test_tool_call_maps_to_tool_calls_with_ids_and_finish_reason_tool_calls(client):
+    result = _both(client, **_request("[reason-call]", tools=TOOLS))
+    assert result["reasoning"] == "I should look the weather up."
+    assert result["content"] is None
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
+    assert all(call_id.startswith("call_") for call_id in result["ids"])
+    assert result["finish_reason"] == "tool_calls"
+
+
+def test_parallel_calls_arrive_in_wire_order_with_distinct_ids(client):
+    result = _both(client, **_request("[two-calls]", tools=TOOLS))
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS), ("get_time", {"city": "Oslo"})]
+    assert len(set(result["ids"])) == 2
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_and_stops(client, server):
+    result = _both(client, **_request("[two-calls]", tools=TOOLS, parallel_tool_calls=False))
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
+    assert result["finish_reason"] == "tool_calls"
+    assert result["usage"].completion_tokens < _token_count(server, TWO_CALLS)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_required_and_named_choice_pass_when_the_model_calls(client, tool_choice):
+    result = _both(client, **_request("[reason-call]", tools=TOOLS, tool_choice=tool_choice))
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
+    assert result["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_model_that_would_answer_directly_is_steered_into_the_call(client, tool_choice):
+    # P-REQ-5: the model prefers ` to=user`; the controller refuses that header, so the model's next choice
+    # (reasoning, then the call) is what it writes
+    result = _both(client, **_request("[answer-or-call]", tools=TOOLS, tool_choice=tool_choice))
+    assert result["content"] is None
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
+    assert result["finish_reason"] == "tool_calls"
+
+
+def test_auto_choice_lets_the_same_model_answer_directly(client):
+    result = _both(client, **_request("[answer-or-call]", tools=TOOLS, tool_choice="auto"))
+    assert result["content"] == "It is sunny in Paris."
+    assert result["calls"] == []
+
+
+def test_named_choice_steers_away_from_another_tool(client):
+    # the model prefers get_time; once the header reaches `get_`, only `weather` may follow
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    result = _both(client, **_request("[time-or-weather]", tools=TOOLS, tool_choice=named))
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
+
+
+def test_required_choice_without_a_call_fails_clearly_not_with_empty_tool_calls(client, server):
+    # P-REQ-4: the model only knows how to answer; steering keeps it out of the answer channel, it never
+    # completes a call within max_tokens, and the request fails instead of succeeding without calls
+    request = _request("[answer-only]", tools=TOOLS, tool_choice="required", max_tokens=40)
+    with pytest.raises(openai.InternalServerError) as raised:
+        client.chat.completions.create(**request)
+    assert raised.value.status_code == 500
+    assert raised.value.body["type"] == "tool_choice_unsatisfied"
+    assert server.metrics()["glimmer_tool_choice_unsatisfied_total"] >= 1
+    with pytest.raises(openai.APIError) as raised:
+        for _ in client.chat.completions.create(stream=True, **request):
+            pass
+    assert raised.value.body["type"] == "tool_choice_unsatisfied"
+
+
+def test_tool_choice_none_hides_the_tools_and_returns_no_calls(client, server):
+    # P-REQ-3 / P-NAME-4
+    result = _both(client, **_request("[reason-call]", tools=TOOLS, tool_choice="none"))
+    assert result["calls"] == []
+    assert result["finish_reason"] == "stop"
+    assert result["reasoning"] == "I should look the weather up."
+    prompt = server.engine.engine.runner.prompts[-1]
+    assert "[reason-call]" in prompt and "get_weather" not in prompt
+
+
+def test_tools_are_declared_in_the_prompt_for_auto(client, server):
+    _non_streamed(client, **_request("[reason-call]", tools=TOOLS))
+    prompt = server.engine.engine.runner.prompts[-1]
+    assert '"name": "get_weather"' in prompt and "Valid recipients" in prompt
+
+
+def test_a_header_for_another_role_ends_the_generation(client, server):
+    # P-HDR-8: the model starts inventing the user's next turn; the server stops it there
+    result = _both(client, **_request("[invent-user]"))
+    assert result["content"] == "Sure, done."
+    assert result["finish_reason"] == "stop"
+    assert result["usage"].completion_tokens < _token_count(server, INVENTED_USER_TURN)
+
+
+def test_stop_strings_match_the_answer_only(client):
+    # P-REQ-2: the stop string in the reasoning does not end the turn; the one in the answer does
+    result = _both(client, **_request("[stop-both]", stop=["HALT"]))
+    assert result["reasoning"] == "Never say HALT too early."
+    assert result["content"] == "one two "
+    assert result["finish_reason"] == "stop"
+
+
+def test_truncation_mid_call_reports_length_and_keeps_valid_json(client, server):
+    cut = _token_count(server, f" to=get_weather<|message|>{WEATHER_CALL_BODY}") - 8
+    result = _both(client, **_request("[two-calls]", tools=TOOLS, max_tokens=cut))
+    assert result["finish_reason"] == "length"  # P-API-2, even with calls
+    assert result["calls"] == [("get_weather", {"city": "Paris"})]  # P-ATEM-5: kept with its complete parameter
+
+
+def test_include_reasoning_false_hides_reasoning(client):
+    result = _both(client, **_request("[reason-answer]", extra_body={"include_reasoning": False,
+                                                                       "chat_template_kwargs": PINNED_DATE}))
+    assert result["reasoning"] is None
+    assert result["content"] == "Hello there!"
+    assert result["usage"].completion_tokens_details.reasoning_tokens > 0
+
+
+def test_each_of_n_choices_has_its_own_parser(client, server):
+    response = client.chat.completions.create(n=3, **_request("[reason-call]", tools=TOOLS))
+    assert [choice.index for choice in response.choices] == [0, 1, 2]
+    for choice in response.choices:
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+            ("get_weather", WEATHER_ARGUMENTS)]
+        assert choice.message.model_extra["reasoning_content"] == "I should look the weather up."
+    ids = [choice.message.tool_calls[0].id for choice in response.choices]
+    assert len(set(ids)) == 3
+    assert response.usage.completion_tokens == 3 * _token_count(server, REASON_THEN_CALL)
+
+
+def test_reasoning_effort_reaches_the_template_as_strength(client, server):
+    _non_streamed(client, **_request("[reason-answer]", reasoning_effort="minimal"))
+    assert "Reasoning strength: low." in server.engine.engine.runner.prompts[-1]  # P-EFF-2
+
+
+def test_logprobs_cover_every_generated_token_streamed_and_not(client, server):
+    request = _request("[reason-answer]", logprobs=True, top_logprobs=2)
+    response = client.chat.completions.create(**request)
+    entries = response.choices[0].logprobs.content
+    assert len(entries) == response.usage.completion_tokens
+    assert entries[0].token == " to" and len(entries[0].top_logprobs) == 2
+    assert "".join(entry.token for entry in entries) == REASON_THEN_ANSWER
+    streamed = [entry.token for chunk in client.chat.completions.create(stream=True, **request)
+                for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
+    assert streamed == [entry.token for entry in entries]
+
+
+def test_a_call_of_an_undeclared_tool_passes_through_and_is_counted(client, server):
+    # P-NAME-3: unresolved names pass through unchanged, with a warning and a counter
+    result = _both(client, **_request("[unknown-call]", tools=TOOLS))
+    assert result["calls"] == [("send_mail", {"to": "ann@example.org"})]
+    assert server.metrics()["glimmer_unresolved_tool_calls_total"] >= 2
