@@ -90,17 +90,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     import glimmer
+    from glimmer.multimodal.sources import MediaFetchPolicy
     from glimmer.server.app import create_app
-    from glimmer.server.settings import ServerSettings
+    from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
     engine, name, is_default = _engine_from_args(args)
     try:
+        has_vision = engine.engine.model_config.has_vision
+        max_request_bytes = args.max_request_bytes or (
+            DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA if has_vision else DEFAULT_MAX_REQUEST_BYTES)
         settings = ServerSettings(
             served_model_names=tuple(args.served_model_name or [name]),
             api_key=args.api_key or os.environ.get("GLIMMER_API_KEY") or None,
-            max_request_bytes=args.max_request_bytes,
+            max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
             developer_as_system=args.developer_as_system,
+            media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media),
+            max_images_per_request=args.max_images_per_request,
+            max_videos_per_request=args.max_videos_per_request,
         )
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -180,8 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require `Authorization: Bearer KEY` on /v1 (default: $GLIMMER_API_KEY, else none)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
-    serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                       help="larger request bodies get HTTP 413")
+    serve.add_argument("--max-request-bytes", type=int, default=None,
+                       help="larger request bodies get HTTP 413 (default 4 MiB, 32 MiB for a model with vision)")
+    serve.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
+                       help="let requests name image/video files under DIR (repeatable; default: none)")
+    serve.add_argument("--allow-remote-media", action="store_true",
+                       help="let requests name http(s) image/video URLs (fetched with size, time and redirect limits)")
+    serve.add_argument("--max-images-per-request", type=int, default=16)
+    serve.add_argument("--max-videos-per-request", type=int, default=2)
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
     serve.add_argument("--developer-as-system", action="store_true",

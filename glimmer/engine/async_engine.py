@@ -92,7 +92,11 @@ class AsyncEngine:
         accepted: Future = Future()
         self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
                             listener, accepted))
-        await asyncio.wrap_future(accepted)
+        try:
+            await asyncio.wrap_future(accepted)
+        except asyncio.CancelledError:  # the client left while the request was being queued
+            self.abort(request_id)
+            raise
         finished = False
         unfinished = params.n
         try:
@@ -110,9 +114,12 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request (thread-safe, returns at once)."""
-        self._commands.put(("abort", request_id, None, None, None))
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Stop a request, or only its completion `index` (thread-safe, returns at once).
+
+        A stopped completion's listener receives its final delta (finish_reason 'abort').
+        """
+        self._commands.put(("abort", request_id, index, None, None))
 
     @property
     def num_waiting_requests(self) -> int:
@@ -172,9 +179,12 @@ class AsyncEngine:
             self._listeners[request_id] = listener
             accepted.set_result(None)
         elif kind == "abort":
-            deltas = self.engine.abort(request_id)
-            self._listeners.pop(request_id, None)
-            del deltas  # the caller stopped listening
+            index = args
+            deltas = self.engine.abort(request_id, index)
+            if index is None:
+                self._listeners.pop(request_id, None)  # the caller stopped listening
+            else:
+                self._dispatch(deltas)
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
         for delta in deltas:

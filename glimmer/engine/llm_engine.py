@@ -302,16 +302,22 @@ class LLMEngine:
         for seq in seqs:
             self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> list[StepDelta]:
-        """Stop a request now and free its KV blocks; returns its final deltas (finish_reason 'abort')."""
+    def abort(self, request_id: str, index: int | None = None) -> list[StepDelta]:
+        """Stop a request (or only its completion `index`) now and free its KV blocks.
+
+        Returns the final deltas of what it stopped (finish_reason 'abort').
+        """
+        seqs = self._seqs.get(request_id, [])
         deltas = []
-        for seq in self._seqs.pop(request_id, []):
-            if seq.is_finished:
+        for seq in seqs:
+            if seq.is_finished or (index is not None and seq.index != index):
                 continue
             self.scheduler.finish(seq)
             done = self._completions.pop(id(seq))
             deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
                                     num_prompt_tokens=done.num_prompt_tokens))
+        if all(seq.is_finished for seq in seqs):
+            self._seqs.pop(request_id, None)
         return deltas
 
     @property
@@ -334,7 +340,10 @@ class LLMEngine:
         for i in sampling:
             seq = step.seqs[i]
             banned = tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ()
-            allowed = seq.controller.allowed_token_ids() if seq.controller is not None else None
+            allowed = None
+            if seq.controller is not None:
+                allowed = seq.controller.allowed_token_ids()
+                banned += tuple(seq.controller.banned_token_ids())
             rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned,
                                     allowed))
         result = sample(logits, rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,7 +28,10 @@ class TokenController(Protocol):
     """
 
     def allowed_token_ids(self) -> list[int] | None:
-        """Ids the next token must be one of, or None for no constraint."""
+        """Ids the next token must be one of, or None for no constraint (keep it short: it is per step)."""
+
+    def banned_token_ids(self) -> SequenceABC[int]:
+        """Ids the next token must not be (empty for none)."""
 
     def observe(self, token_id: int) -> bool:
         """Record the token just generated; return True to end generation now (finish_reason 'stop')."""

@@ -68,7 +68,7 @@ class ToolChoiceSteering:
         refused = {tokenizer.require_token_id(token) for token in (EOT, EOS, START, MESSAGE, BOS)}
         refused.update(stop_token_ids)
         refused.discard(self.eom_id)
-        self.body_allowed: list[int] = [i for i in range(tokenizer.vocab_size) if i not in refused]
+        self.body_refused: tuple[int, ...] = tuple(sorted(refused))
 
     def controller_factory(
         self, tools: list[Mapping[str, Any]], allowed_names: list[str]
@@ -95,11 +95,14 @@ class ToolChoiceController:
         self.satisfied = False
 
     def allowed_token_ids(self) -> list[int] | None:
-        if self.satisfied:
+        if self.satisfied or self._header is None:
             return None
-        if self._header is not None:
-            return self._header.allowed
-        return self._steering.body_allowed
+        return self._header.allowed
+
+    def banned_token_ids(self) -> tuple[int, ...]:
+        if self.satisfied or self._header is not None:
+            return ()
+        return self._steering.body_refused
 
     def observe(self, token_id: int) -> bool:
         if self.satisfied:

@@ -97,7 +97,8 @@ async def create_chat_completion(raw_request: Request, context: ServingContext) 
     choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False)
                for i in range(params.n)]
     run = _ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
-    stream = context.engine.generate(run.id, prompt.token_ids, params, controller_factory=prompt.controller_factory)
+    stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,
+                                     controller_factory=prompt.controller_factory)
     try:
         first = await until_disconnect(raw_request, anext(stream))
     except BaseException:
@@ -117,6 +118,8 @@ async def _updates(run: _ChatRun, first: StepDelta,
         if not choice.done:
             run.timer.token(delta.index)
             released = choice.feed(delta)
+            if choice.done and delta.finish_reason is None:  # the server ended it (stop string, P-HDR-8, ...)
+                run.context.engine.abort(run.id, index=choice.index)
             if choice.done and choice.parser.unresolved_call_count:
                 run.context.metrics.unresolved_tool_calls.inc(choice.parser.unresolved_call_count)
             yield choice, released, delta

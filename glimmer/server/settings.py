@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glimmer.errors import ConfigError
+from glimmer.multimodal.sources import MediaFetchPolicy
 from glimmer.protocol import REASONING_STRENGTHS
 
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 """Request bodies above this are refused with 413 before any JSON is parsed."""
+DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA = 32 << 20
+"""The default for a model with a vision tower: images arrive base64-encoded in the body."""
 DEFAULT_MAX_N = 16
 """The most completions one chat or completion request may ask for (`n`)."""
 MAX_BATCH_PROMPTS = 64
@@ -23,6 +26,9 @@ class ServerSettings:
     api_key: if set, every /v1 request needs `Authorization: Bearer <api_key>`.
     default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
     developer_as_system: render `developer` messages as `system` (P-TMPL-7; off by default).
+    media_policy: where images and videos may come from (data URLs always; local files and http(s) only
+        as the operator allows).
+    max_images_per_request / max_videos_per_request: more items in one request are refused with 400.
     """
 
     served_model_names: tuple[str, ...]
@@ -31,6 +37,9 @@ class ServerSettings:
     max_n: int = DEFAULT_MAX_N
     default_reasoning_strength: str | None = None
     developer_as_system: bool = False
+    media_policy: MediaFetchPolicy = field(default_factory=MediaFetchPolicy)
+    max_images_per_request: int = 16
+    max_videos_per_request: int = 2
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):
@@ -39,6 +48,9 @@ class ServerSettings:
             raise ConfigError("api_key must not be empty; leave it unset to serve without a key")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes={self.max_request_bytes} is too small; use at least 1024")
+        for name in ("max_images_per_request", "max_videos_per_request"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must not be negative")
         if self.max_n < 1:
             raise ConfigError(f"max_n={self.max_n} must be at least 1")
         strength = self.default_reasoning_strength

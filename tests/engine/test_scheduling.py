@@ -129,3 +129,20 @@ def test_invalid_prompts_are_refused(checkpoint, bad):
     with pytest.raises(RequestError) as err:
         engine.add_request("bad", bad, SamplingParams())
     assert err.value.param == "prompt"
+
+
+def test_aborting_one_completion_leaves_the_others_running(checkpoint):
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, enable_prefix_caching=False))
+    engine.add_request("n3", list(range(20)), SamplingParams(max_tokens=30, n=3, seed=1, ignore_eos=True))
+    engine.step()
+    used_before = engine.kv.usage()[FULL][0]
+    deltas = engine.abort("n3", index=1)
+    assert [(d.index, d.finish_reason) for d in deltas] == [(1, "abort")]
+    assert engine.kv.usage()[FULL][0] < used_before
+    finished = {}
+    while engine.has_unfinished_requests:
+        for delta in engine.step():
+            assert delta.index != 1
+            if delta.finish_reason:
+                finished[delta.index] = delta.finish_reason
+    assert finished == {0: "length", 2: "length"}

@@ -36,6 +36,7 @@ def drive(controller, tokenizer, text: str) -> None:
     for token_id in tokenizer.encode(text):
         allowed = controller.allowed_token_ids()
         assert allowed is None or token_id in allowed, (text, tokenizer.decode([token_id]))
+        assert token_id not in controller.banned_token_ids(), (text, tokenizer.decode([token_id]))
         assert controller.observe(token_id) is False
 
 
@@ -61,10 +62,11 @@ def test_a_body_may_not_end_the_turn_or_open_another_header(engine, steering):
     tokenizer = engine.tokenizer
     controller = steering.controller_factory(TOOLS, ["get_weather"])()
     drive(controller, tokenizer, " to=self<|message|>thinking")
-    body = set(controller.allowed_token_ids())
+    assert controller.allowed_token_ids() is None
+    refused = set(controller.banned_token_ids())
     for token in ("<|eot|>", "<|end_of_text|>", "<|start|>", "<|message|>", "<|begin_of_text|>"):
-        assert tokenizer.token_to_id(token) not in body, token
-    assert tokenizer.token_to_id("<|eom|>") in body
+        assert tokenizer.token_to_id(token) in refused, token
+    assert tokenizer.token_to_id("<|eom|>") not in refused
     drive(controller, tokenizer, "<|eom|>")
     assert controller.allowed_token_ids() == [tokenizer.token_to_id("<|start|>")]
     drive(controller, tokenizer, "<|start|>assistant to=")
@@ -78,6 +80,7 @@ def test_the_controller_lets_go_once_the_named_call_is_complete(engine, steering
     drive(controller, tokenizer, CALL.format(name="get_weather"))
     assert controller.satisfied
     assert controller.allowed_token_ids() is None  # <|eot|> (and anything else) may follow
+    assert controller.banned_token_ids() == ()
 
 
 def test_a_call_of_another_tool_does_not_satisfy_a_named_choice(engine, steering):
@@ -96,14 +99,14 @@ def test_an_invoke_of_an_unknown_name_in_the_forced_channel_counts_as_that_tool(
     assert controller.satisfied
 
 
-def test_the_body_allow_list_is_built_once_and_shared(steering):
+def test_the_body_refusals_are_built_once_and_shared(steering):
     first = steering.controller_factory(TOOLS, ["get_weather"])()
     second = steering.controller_factory(TOOLS, ["get_time"])()
     first.observe(first.allowed_token_ids()[0])
     for controller in (first, second):
         while controller._header is not None:
             controller.observe(controller.allowed_token_ids()[-1])
-    assert first.allowed_token_ids() is second.allowed_token_ids() is steering.body_allowed
+    assert first.banned_token_ids() is second.banned_token_ids() is steering.body_refused
 
 
 @pytest.mark.parametrize("seed", range(4))

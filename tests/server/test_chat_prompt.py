@@ -1,4 +1,4 @@
-"""The request path from chat request to prompt ids: tool plans, media refusal, strength, roles, one bos."""
+"""The request path from chat request to prompt ids: tool plans, media checks, strength, roles, one bos."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
-from glimmer.server.chat_prompt import build_chat_prompt, plan_tools, refuse_media
+from glimmer.server.chat_prompt import build_chat_prompt, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest
 from glimmer.server.settings import ServerSettings
@@ -56,14 +56,12 @@ def test_no_tools_means_nothing_to_render_or_parse():
     assert (plan.render_tools, plan.parser_tools, plan.required_names) == (None, None, None)
 
 
-@pytest.mark.parametrize("has_vision", [False, True])
-def test_media_parts_are_refused_naming_the_part(has_vision):
+def test_media_parts_on_a_text_only_model_are_refused_naming_the_part(engine):
     messages = [{"role": "system", "content": "s"},
                 {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "video", "video": "x"}]}]
-    with pytest.raises(RequestError) as raised:
-        refuse_media(messages, model_has_vision=has_vision)
+    with pytest.raises(RequestError, match="no vision tower") as raised:
+        build_chat_prompt(ChatCompletionRequest.model_validate({"messages": messages}), context(engine))
     assert raised.value.param == "messages[1].content[1]"
-    assert ("not supported by the server yet" in str(raised.value)) == has_vision
 
 
 def test_required_and_named_choices_come_with_a_controller(engine):

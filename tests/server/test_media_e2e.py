@@ -1,0 +1,110 @@
+"""Images through the real server with the `openai` SDK (issue 5's serving part)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+from server_support import PINNED_DATE, live_server
+
+from glimmer import LLM, SamplingParams
+from glimmer.multimodal.sources import MediaFetchPolicy
+
+EXTRA = {"chat_template_kwargs": PINNED_DATE}
+
+
+def _png(seed: int, size=(90, 60)) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray((np.random.RandomState(seed).rand(size[1], size[0], 3) * 255).astype("uint8")).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _messages(*urls: str) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in the picture?"}]}]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_tiny):
+    return make_tiny("canonical", vision=True, seed=17)
+
+
+@pytest.fixture(scope="module")
+def media_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("media")
+    (directory / "cat.png").write_bytes(_png(3))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, media_dir):
+    policy = MediaFetchPolicy.create([media_dir])
+    with live_server(checkpoint, media_policy=policy, max_images_per_request=2) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def test_an_image_sent_as_a_data_url_is_seen_by_the_model(client, checkpoint):
+    messages = _messages(_data_url(_png(1)))
+    response = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0,
+                                              extra_body={**EXTRA, "ignore_eos": True})
+    offline = LLM(str(checkpoint), progress=False).chat(
+        messages, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), chat_template_kwargs=PINNED_DATE)[0]
+    assert response.usage.prompt_tokens == len(offline.output.prompt_token_ids)
+    assert response.usage.completion_tokens == 16
+    message = response.choices[0].message
+    assert (message.content, getattr(message, "reasoning_content", None)) == (offline.content, offline.reasoning)
+
+
+def test_streaming_with_an_image_matches_non_streaming(client):
+    messages = _messages(_data_url(_png(2)))
+    kwargs = dict(model="tiny", messages=messages, max_tokens=12, temperature=0,
+                  extra_body={**EXTRA, "ignore_eos": True})
+    whole = client.chat.completions.create(**kwargs).choices[0].message
+    content = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+        stream=True, **kwargs) if chunk.choices)
+    assert content == (whole.content or "")
+
+
+def test_a_file_under_an_allowed_directory_works_and_others_are_refused(client, media_dir, tmp_path):
+    ok = client.chat.completions.create(model="tiny", messages=_messages(str(media_dir / "cat.png")),
+                                        max_tokens=2, extra_body=EXTRA)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(_png(4))
+    with pytest.raises(openai.BadRequestError, match="outside the allowed media directories"):
+        client.chat.completions.create(model="tiny", messages=_messages(str(outside)), max_tokens=2, extra_body=EXTRA)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("data:image/png;base64,aGVsbG8=", "image 0"), ("https://example.com/cat.png", "--allow-remote-media"),
+     ("data:image/png;base64,@@", "not valid base64")],
+)
+def test_bad_images_are_400_not_500(client, url, message):
+    with pytest.raises(openai.BadRequestError, match=message):
+        client.chat.completions.create(model="tiny", messages=_messages(url), max_tokens=2, extra_body=EXTRA)
+
+
+def test_too_many_images_is_a_400_naming_the_limit(client):
+    url = _data_url(_png(5, size=(30, 30)))
+    with pytest.raises(openai.BadRequestError, match="more than 2 images"):
+        client.chat.completions.create(model="tiny", messages=_messages(url, url, url), max_tokens=2, extra_body=EXTRA)
+
+
+def test_the_server_keeps_serving_after_bad_media(client):
+    response = client.chat.completions.create(model="tiny", messages=_messages(_data_url(_png(6))), max_tokens=2,
+                                              extra_body=EXTRA)
+    assert response.choices[0].finish_reason in ("stop", "length")
