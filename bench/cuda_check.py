@@ -100,22 +100,31 @@ def speed(tmp: Path, batch: int = 64, prompt_len: int = 256, new_tokens: int = 1
     spec = TinySpec(hidden_size=2048, intermediate_size=6144, num_hidden_layers=16, num_attention_heads=16,
                     num_key_value_heads=2, head_dim=128, sliding_window=512, max_position_embeddings=8192)
     path = write_tiny_checkpoint(tmp / "mid", spec=spec, seed=1, dtype=torch.bfloat16)
-    llm = LLM(str(path), device="cuda", dtype="bfloat16", progress=False, kv_cache_memory=KV_BYTES)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 480, (prompt_len,), generator=generator).tolist() for _ in range(batch)]
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    llm.generate(prompts[:4], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    llm.generate(prompts, params)
-    torch.cuda.synchronize()
-    ours_batch = batch * new_tokens / (time.perf_counter() - start)
-    start = time.perf_counter()
-    llm.generate(prompts[:1], params)
-    torch.cuda.synchronize()
-    ours_single = new_tokens / (time.perf_counter() - start)
-    del llm
-    torch.cuda.empty_cache()
+    figures = {}
+    tokens = {}
+    for mode, eager in (("graphs", False), ("eager", True)):
+        llm = LLM(str(path), device="cuda", dtype="bfloat16", progress=False, kv_cache_memory=KV_BYTES,
+                  enforce_eager=eager)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up / capture
+        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+        torch.cuda.synchronize()
+        figures[f"ours_{mode}_batch_tokens_per_s"] = round(batch * new_tokens / (time.perf_counter() - start), 1)
+        start = time.perf_counter()
+        llm.generate(prompts[:1], params)
+        torch.cuda.synchronize()
+        figures[f"ours_{mode}_single_tokens_per_s"] = round(new_tokens / (time.perf_counter() - start), 1)
+        del llm
+        torch.cuda.empty_cache()
+    pairs = zip(tokens["graphs"], tokens["eager"], strict=True)
+    figures["graphs_and_eager_tokens_identical"] = sum(a == b for a, b in pairs)
+    ours_batch = figures["ours_graphs_batch_tokens_per_s"]
+    ours_single = figures["ours_graphs_single_tokens_per_s"]
 
     reference = reference_model(path, dtype=torch.bfloat16).cuda()
     batch_ids = torch.tensor(prompts, device="cuda")
@@ -135,11 +144,9 @@ def speed(tmp: Path, batch: int = 64, prompt_len: int = 256, new_tokens: int = 1
     ref_single = new_tokens / (time.perf_counter() - start)
     return {
         "model_parameters": sum(p.numel() for p in reference.parameters()),
-        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
-        "ours_batch_tokens_per_s": round(ours_batch, 1), "reference_batch_tokens_per_s": round(ref_batch, 1),
-        "batch_ratio": round(ours_batch / ref_batch, 2),
-        "ours_single_tokens_per_s": round(ours_single, 1), "reference_single_tokens_per_s": round(ref_single, 1),
-        "single_ratio": round(ours_single / ref_single, 2),
+        "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens, **figures,
+        "reference_batch_tokens_per_s": round(ref_batch, 1), "batch_ratio": round(ours_batch / ref_batch, 2),
+        "reference_single_tokens_per_s": round(ref_single, 1), "single_ratio": round(ours_single / ref_single, 2),
     }
 
 

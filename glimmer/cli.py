@@ -81,7 +81,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
         kv_cache_memory=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
     )
     return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
 
@@ -172,6 +172,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
                         help="queue length beyond which requests get HTTP 429")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
 
 
 def build_parser() -> argparse.ArgumentParser:

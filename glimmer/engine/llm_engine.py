@@ -54,6 +54,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV cache; default from free device memory
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
     seed: int = 0
     chat_template: str | None = None  # operator override file (P-TMPL-1)
     media_limits: MediaLimits = field(default_factory=MediaLimits)
@@ -121,7 +122,9 @@ class LLMEngine:
                 raise ConfigError(f"{name} must be >= 1")
         self.kv_layout = self._plan_kv_cache()
         self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=config.enable_prefix_caching)
-        self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype)
+        self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
+                                  max_num_seqs=self.scheduler_config.max_num_seqs,
+                                  use_cuda_graphs=not config.enforce_eager)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None

@@ -12,6 +12,7 @@ from collections import OrderedDict
 import torch
 
 from glimmer.checkpoint.config import TextConfig
+from glimmer.engine.cuda_graphs import DecodeGraphs
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem
@@ -53,6 +54,9 @@ class ModelRunner:
         kv: KVCacheManager,
         device: torch.device,
         dtype: torch.dtype,
+        *,
+        max_num_seqs: int = 256,
+        use_cuda_graphs: bool = True,
     ):
         self.model = model
         self.kv = kv
@@ -62,14 +66,19 @@ class ModelRunner:
         text = model.config.text
         shape_tail = (layout.block_size, text.num_key_value_heads, text.head_dim)
         self.kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # one spare block per pool, owned by no sequence: padding rows of captured steps write there
+        self.null_blocks = dict(layout.num_blocks)
         for i, kind in enumerate(text.layer_types):
             group = SLIDING if kind == "sliding_attention" else FULL
-            shape = (layout.num_blocks[group], *shape_tail)
+            shape = (layout.num_blocks[group] + 1, *shape_tail)
             self.kv_caches[i] = (
                 torch.zeros(shape, dtype=dtype, device=device),
                 torch.zeros(shape, dtype=dtype, device=device),
             )
         self.encoder_cache = EncoderCache()
+        self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda" and use_cuda_graphs:
+            self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, device)
 
     def _group_view(self, group: str, step: ScheduledStep, positions: list[list[int]]) -> KVGroupView:
         bs = self.block_size
@@ -129,6 +138,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: ScheduledStep) -> tuple[torch.Tensor, list[int]]:
         """Run one step; returns next-token logits (one row per sampling sequence) and their indices."""
+        if self.graphs is not None and self.graphs.can_run(step):
+            return self.graphs.run(step), list(range(len(step.seqs)))
         positions = [
             list(range(seq.num_computed_tokens, seq.num_computed_tokens + n))
             for seq, n in zip(step.seqs, step.num_new_tokens, strict=True)

@@ -45,10 +45,9 @@ def _visibility_mask(
     key = f"mask:{group_name}:{group is not None}"
     if key in ctx.derived:
         return ctx.derived[key]
-    seq_of_token, row_of_token = _token_layout(ctx)
     query_pos = _to_padded(ctx.positions, ctx)
-    query_valid = torch.zeros_like(query_pos, dtype=torch.bool)
-    query_valid[seq_of_token, row_of_token] = True
+    rows = torch.arange(ctx.max_query_len, device=query_pos.device)
+    query_valid = rows[None, :] < ctx.query_lens[:, None]
     if group is not None:
         num_keys = group.block_tables.shape[1] * group.block_size
         key_pos = group.kv_start_pos[:, None] + torch.arange(num_keys, device=query_pos.device)[None, :]

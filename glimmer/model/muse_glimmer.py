@@ -36,6 +36,7 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
         self.multimodal_token_ids = tuple(
             t for t in (config.image_token_id, config.video_token_id) if t is not None and config.has_vision
         )
+        self._placeholder_ids: dict[torch.device, torch.Tensor] = {}  # per device, made outside graph capture
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -53,8 +54,10 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
         are already normed by the perception norm and are not normed again.
         """
         if self.multimodal_token_ids:
-            placeholders = torch.isin(input_ids, torch.tensor(self.multimodal_token_ids, device=input_ids.device))
-            input_ids = input_ids.masked_fill(placeholders, 0)
+            device = input_ids.device
+            if device not in self._placeholder_ids:
+                self._placeholder_ids[device] = torch.tensor(self.multimodal_token_ids, device=device)
+            input_ids = input_ids.masked_fill(torch.isin(input_ids, self._placeholder_ids[device]), 0)
         embeds = self.embed_tokens(input_ids)
         if multimodal_embeds is not None and multimodal_mask is not None:
             embeds = embeds.masked_scatter(multimodal_mask[:, None], multimodal_embeds.to(embeds.dtype))
