@@ -208,8 +208,7 @@ class LLMEngine:
     def chat_template(self) -> ChatTemplate:
         """The checkpoint's (or the operator's) chat template, compiled once (P-TMPL-1)."""
         if self._chat_template is None:
-            source = find_chat_template(self.checkpoint_dir, self.config.chat_template)
-            logger.info("chat template from %s (sha256 %s)", source.origin, source.sha256)
+            source = find_chat_template(self.checkpoint_dir, self.config.chat_template)  # logs origin and sha256
             self._chat_template = ChatTemplate(source.text)
         return self._chat_template
 
