@@ -58,3 +58,18 @@ def test_bfloat16_error_is_the_reference_own_bfloat16_error(tiny_checkpoint):
         reference_error = (reference_logits(reference16, ids) - exact).abs().max().item()
     assert got.dtype == torch.bfloat16
     assert (got.float() - exact).abs().max().item() < 1.5 * reference_error + 0.05
+
+
+def test_captured_layer_outputs_are_the_reference_hidden_states(tiny_checkpoint):
+    """For drafters that read the target's residual stream (architecture.md §2.7, §10): layer i's output is
+    the reference's hidden_states[i + 1] (before the final norm, except for the last layer)."""
+    ours = load_model(tiny_checkpoint, progress=False).model
+    reference = reference_model(tiny_checkpoint)
+    ids = list(range(11, 60))
+    ctx = ForwardContext.without_cache([len(ids)])
+    ctx.capture_layers = (0, 2, 5)
+    with torch.no_grad():
+        ours(torch.tensor(ids), ctx)
+        expected = reference(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for layer in ctx.capture_layers:
+        assert (ctx.captured[layer] - expected[layer + 1][0]).abs().max().item() < 1e-4

@@ -108,3 +108,33 @@ def test_the_server_keeps_serving_after_bad_media(client):
     response = client.chat.completions.create(model="tiny", messages=_messages(_data_url(_png(6))), max_tokens=2,
                                               extra_body=EXTRA)
     assert response.choices[0].finish_reason in ("stop", "length")
+
+
+def _mkv_video(tmp_path) -> bytes:
+    """8 lossless frames at 4 fps (Matroska/FFV1), like a client would upload."""
+    import av
+
+    frames = (np.random.RandomState(8).rand(8, 60, 90, 3) * 255).astype("uint8")
+    path = tmp_path / "clip.mkv"
+    with av.open(str(path), "w", format="matroska") as output:
+        stream = output.add_stream("ffv1", rate=4)
+        stream.height, stream.width, stream.pix_fmt = 60, 90, "bgr0"
+        for array in frames:
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+        output.mux(stream.encode())
+    return path.read_bytes()
+
+
+def test_a_video_sent_as_a_data_url_is_expanded_into_timestamped_groups(client, checkpoint, tmp_path):
+    url = "data:video/x-matroska;base64," + base64.b64encode(_mkv_video(tmp_path)).decode()
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
+                                             {"type": "text", "text": "What happens?"}]}]
+    response = client.chat.completions.create(model="tiny", messages=messages, max_tokens=3, extra_body=EXTRA)
+    assert response.choices[0].finish_reason in ("stop", "length")
+    offline = LLM(str(checkpoint), progress=False)
+    reply = offline.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=PINNED_DATE)[0]
+    ids = reply.output.prompt_token_ids
+    assert response.usage.prompt_tokens == len(ids)
+    # 8 frames at 4 fps sampled at 2 fps: 4 frames, 2 temporal groups stamped 0.0 s and 1.0 s (§7-8)
+    prompt = offline.get_tokenizer().decode(ids)
+    assert "<|vid_start|>Time: 0.0s<|video|>" in prompt and "<|vid_frame_separator|>Time: 1.0s<|video|>" in prompt
