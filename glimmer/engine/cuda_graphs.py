@@ -79,7 +79,9 @@ class DecodeGraphs:
         return (
             all(n == 1 for n in step.num_new_tokens)
             and all(step.samples(i) for i in range(len(step.seqs)))
-            and not any(seq.multimodal for seq in step.seqs)
+            # decode positions lie after the media of a prompt, except while a preempted one recomputes
+            and not any(item.overlaps(seq.num_computed_tokens, seq.num_computed_tokens + 1)
+                        for seq in step.seqs for item in seq.multimodal)
             and _bucket(len(step.seqs), self.batch_buckets) is not None
             and self._widths(step) is not None
         )
