@@ -83,6 +83,10 @@ class Scheduler:
                     seq.num_cached_tokens = cached
             n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
             if n == 0:
+                # a waiting sequence holds no blocks: cached ones it found go back (still findable by hash),
+                # so they can never keep the sequences ahead of it from running
+                self.kv.free(seq)
+                seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             self.kv.allocate(seq, n)

@@ -146,3 +146,28 @@ def test_aborting_one_completion_leaves_the_others_running(checkpoint):
             if delta.finish_reason:
                 finished[delta.index] = delta.finish_reason
     assert finished == {0: "length", 2: "length"}
+
+
+def test_shared_prefixes_under_a_tiny_pool_never_stall_and_match_one_at_a_time(checkpoint):
+    """Prefix-cache hits, chunked prefill and preemption together: every step makes progress."""
+    generator = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, 480, (40,), generator=generator).tolist()
+    prompts = [shared[: int(k)] + torch.randint(0, 480, (int(m),), generator=generator).tolist()
+               for k, m in zip(torch.randint(16, 41, (8,), generator=generator),
+                               torch.randint(1, 30, (8,), generator=generator), strict=True)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    reference = LLM(str(checkpoint), progress=False, enable_prefix_caching=False)
+    expected = [reference.generate([p], params)[0].token_ids for p in prompts]
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=4,
+                                    max_num_batched_tokens=24, max_model_len=160))
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    for _ in range(2000):
+        if not engine.has_unfinished_requests:
+            break
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    assert not engine.has_unfinished_requests, "the scheduler stalled"
+    assert [tokens[f"r{i}"] for i in range(len(prompts))] == expected
+    assert engine.kv.prefix_cache_hit_rate() > 0

@@ -1,0 +1,49 @@
+"""The scheduler and block accounting alone, without a model (every step "computes" what it schedules)."""
+
+from __future__ import annotations
+
+from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.scheduler import Scheduler, SchedulerConfig
+from glimmer.engine.sequence import Sequence
+
+
+def _seq(name: str, tokens: list[int], max_total: int) -> Sequence:
+    return Sequence(name, tokens, SamplingParams(), frozenset(), max_total)
+
+
+def _run_step(scheduler: Scheduler) -> list[str]:
+    step = scheduler.schedule()
+    for i, (seq, n) in enumerate(zip(step.seqs, step.num_new_tokens, strict=True)):
+        sampled = step.samples(i)
+        seq.num_computed_tokens += n
+        scheduler.kv.register_computed_blocks(seq)
+        if sampled:
+            seq.output_token_ids.append(7)
+            if seq.num_tokens >= seq.max_total_tokens:
+                scheduler.finish(seq)
+    return [s.request_id for s in step.seqs]
+
+
+def test_a_waiting_sequence_never_holds_cached_blocks_that_block_the_queue():
+    """B runs and fills the pool; A, waiting, finds cached prefix blocks but cannot run; B then preempts
+    itself and goes back ahead of A. If A kept its cached blocks, B could never fit again: a stall."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 6}, sliding_window=64))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64), kv)
+    prefix = list(range(100, 108))  # two full blocks
+    warm = _seq("warm", prefix + [1], max_total=10)
+    scheduler.add(warm)
+    while scheduler.has_work:
+        _run_step(scheduler)
+    b = _seq("B", list(range(200, 215)), max_total=24)  # needs all 6 blocks by the end
+    scheduler.add(b)
+    _run_step(scheduler)
+    a = _seq("A", prefix + list(range(300, 313)), max_total=22)
+    scheduler.add(a)
+    for _ in range(200):
+        if not scheduler.has_work:
+            break
+        _run_step(scheduler)
+    assert not scheduler.has_work, "the scheduler stalled"
+    assert b.is_finished and a.is_finished
+    assert kv.usage()[FULL] == (0, 6)
