@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from glimmer.cli import parse_size
 from glimmer.default_model import default_model_dir
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm import LLM
@@ -92,7 +93,7 @@ async def run_clients(url: str, args: argparse.Namespace) -> tuple[list[RequestT
 
 def sequential_baseline(model: str, args: argparse.Namespace) -> tuple[int, float]:
     llm = LLM(model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              kv_cache_memory=kv_cache_bytes(args), progress=False)
+              kv_cache_memory=args.kv_cache_memory, progress=False)
     template, tokenizer = llm.engine.chat_template, llm.engine.tokenizer
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=0)
     prompts = [tokenizer.encode(template.render(messages_for(i, args.prompt_words),
@@ -103,10 +104,6 @@ def sequential_baseline(model: str, args: argparse.Namespace) -> tuple[int, floa
     start = time.perf_counter()
     tokens = sum(len(llm.generate([ids], params)[0].token_ids) for ids in prompts)
     return tokens, time.perf_counter() - start
-
-
-def kv_cache_bytes(args: argparse.Namespace) -> int | None:
-    return int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None
 
 
 def percentiles(values: list[float]) -> str:
@@ -129,7 +126,8 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=None)
-    parser.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size (default: the engine's)")
+    parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
+                        help="KV cache size, e.g. 8GiB (default: the engine's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # a random model's output makes the parser warn a lot
     model = args.model or str(default_model_dir())
@@ -138,7 +136,7 @@ def main() -> None:
         results, elapsed = asyncio.run(run_clients(args.url, args))
     else:
         config = EngineConfig(model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                              max_num_seqs=args.max_num_seqs, kv_cache_memory=kv_cache_bytes(args), progress=False)
+                              max_num_seqs=args.max_num_seqs, kv_cache_memory=args.kv_cache_memory, progress=False)
         engine = AsyncEngine(config)
         try:
             app = create_app(engine, ServerSettings(served_model_names=(MODEL_NAME,)))

@@ -10,12 +10,14 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from glimmer.errors import GlimmerError
+from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -72,6 +74,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     from glimmer.default_model import default_model_dir
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
+    from glimmer.multimodal import MediaLimits
 
     is_default = args.model is None
     model = str(default_model_dir()) if is_default else args.model
@@ -80,8 +83,10 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     config = EngineConfig(
         model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
-        kv_cache_memory=int(args.kv_cache_gib * (1 << 30)) if args.kv_cache_gib else None,
+        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        media_limits=MediaLimits(max_image_pixels=args.max_image_pixels,
+                                 max_video_source_frames=args.max_video_frames),
     )
     return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
 
@@ -166,7 +171,14 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
-    parser.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache size (default: from free memory)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="token budget of one step; longer prompts are prefilled in chunks")
+    parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
+                        help="KV cache size, e.g. 8GiB or 512MiB (default: a fraction of free device memory)")
+    parser.add_argument("--max-image-pixels", type=int, default=MediaLimits.max_image_pixels,
+                        help="larger images or video frames are refused (HTTP 400)")
+    parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
+                        help="videos with more source frames are refused (HTTP 400)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--chat-template", default=None, help="render with this template file (P-TMPL-1)")
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
@@ -174,6 +186,18 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '8GiB', '512MB', '1.5gib' or a plain number of bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 8GiB, 512MiB or a number of bytes")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def build_parser() -> argparse.ArgumentParser:

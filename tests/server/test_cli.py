@@ -46,7 +46,7 @@ def test_serve_options_parse():
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
-                                "--max-model-len", "2048", "--kv-cache-gib", "0.05"],
+                                "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
                                env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -71,7 +71,7 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
 
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "4", "--no-color",
-                             "--max-model-len", "2048", "--kv-cache-gib", "0.05"],
+                             "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
                             input="hello\n/exit\n", env=cache_env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "tiny random demo model" in result.stdout
@@ -83,3 +83,21 @@ def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
                             env=cache_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "glimmer: error: CheckpointError" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("text", "expected"), [("8GiB", 8 << 30), ("512MiB", 512 << 20), ("1.5gib", 3 << 29),
+                                                ("1000", 1000), ("2GB", 2 * 10**9)])
+def test_sizes_parse(text, expected):
+    from glimmer.cli import parse_size
+
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8 parsecs", "", "GiB", "-1GiB"])
+def test_bad_sizes_are_refused(text):
+    import argparse
+
+    from glimmer.cli import parse_size
+
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a size"):
+        parse_size(text)
