@@ -84,3 +84,53 @@ def test_media_parts_are_collected_in_message_order():
     assert collect_media(messages) == [("image", "u1"), ("video", "v1"), ("image", "p")]
     with pytest.raises(RequestError, match="has no image"):
         media_from_part({"type": "image"})
+
+
+@pytest.fixture
+def http_server():
+    """A loopback HTTP server: /cat.png (an image), /big (too large), /loop (redirects forever), /slow."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            if self.path == "/loop":
+                self.send_response(302)
+                self.send_header("Location", "/loop")
+                self.end_headers()
+                return
+            if self.path == "/slow":
+                self.send_response(200)
+                self.end_headers()
+                for _ in range(40):
+                    self.wfile.write(b"x" * 10)
+                    self.wfile.flush()
+                    time.sleep(0.05)
+                return
+            body = _png() if self.path == "/cat.png" else b"y" * 5000
+            self.send_response(200 if self.path in ("/cat.png", "/big") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_remote_fetching_when_enabled_is_bounded(http_server):
+    policy = MediaFetchPolicy(allow_remote=True, max_bytes=1000, timeout_s=1.0, max_redirects=2)
+    assert load_media_reference(f"{http_server}/cat.png", "image", 0, policy) == _png()
+    with pytest.raises(RequestError, match="larger than the limit of 1,000 bytes"):
+        load_media_reference(f"{http_server}/big", "image", 0, policy)
+    with pytest.raises(RequestError, match="redirected more than 2 times"):
+        load_media_reference(f"{http_server}/loop", "image", 0, policy)
+    with pytest.raises(RequestError, match="HTTP 404"):
+        load_media_reference(f"{http_server}/missing", "image", 0, policy)
+    with pytest.raises(RequestError, match="took longer than 1.0 s"):
+        load_media_reference(f"{http_server}/slow", "image", 0, policy)
