@@ -111,13 +111,11 @@ class DecodeGraphs:
         for group in self.kv.pools:
             null = self.null_blocks[group]
             rows, starts, slots = [], [], []
-            for seq, position in zip(step.seqs, positions, strict=False):
-                held = seq.blocks[group]
-                first = self.kv.first_needed_block(group, position)
-                row = held[first : position // bs + 1]
+            for seq in step.seqs:
+                row, start, new_slots = self.kv.step_blocks(seq, group, 1)
                 rows.append(row + [null] * (widths[group] - len(row)))
-                starts.append(first * bs)
-                slots.append(held[position // bs] * bs + position % bs)
+                starts.append(start)
+                slots.extend(new_slots)
             for _ in range(batch - real):
                 rows.append([null] * widths[group])
                 starts.append(0)

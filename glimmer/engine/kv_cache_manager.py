@@ -78,6 +78,17 @@ class KVCacheManager:
                 if held[i] is None:
                     held[i] = pool.allocate()
 
+    def step_blocks(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[list[int | None], int, list[int]]:
+        """Where a step's `num_new_tokens` of `seq` read and write in `group` (after `allocate`): the visible
+        block ids in order, the position of the first one's first slot, and the slot of each new token."""
+        bs = self.block_size
+        start = seq.num_computed_tokens
+        first = self.first_needed_block(group, start)
+        held = seq.blocks[group]
+        visible = held[first : _ceil_div(start + num_new_tokens, bs)]  # all present: allocate() took them
+        slots = [held[p // bs] * bs + p % bs for p in range(start, start + num_new_tokens)]
+        return visible, first * bs, slots
+
     def free(self, seq: Sequence) -> None:
         for group, pool in self.pools.items():
             for block in seq.blocks.get(group, []):

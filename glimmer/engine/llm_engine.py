@@ -156,7 +156,7 @@ class LLMEngine:
         groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
                   if layers]
         per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in groups}
-        budget = self._kv_budget_bytes(per_block)
+        total_budget = budget = self._kv_budget_bytes(per_block)
         num_blocks: dict[str, int] = {}
         if SLIDING in per_block:
             window_blocks = math.ceil(min(text.sliding_window, self.max_model_len) / bs) + 1
@@ -172,7 +172,7 @@ class LLMEngine:
         short = {g: (n, needs[g]) for g, n in num_blocks.items() if n < needs[g]}
         if short:
             raise ConfigError(
-                f"the KV cache ({self._kv_budget_bytes(per_block):,} bytes) cannot hold one sequence of "
+                f"the KV cache ({total_budget:,} bytes) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (blocks available/needed per group: {short}); "
                 "lower max_model_len, free device memory, or raise kv_cache_memory / gpu_memory_utilization"
             )

@@ -80,22 +80,19 @@ class ModelRunner:
         if device.type == "cuda" and use_cuda_graphs:
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, device)
 
-    def _group_view(self, group: str, step: ScheduledStep, positions: list[list[int]]) -> KVGroupView:
-        bs = self.block_size
+    def _group_view(self, group: str, step: ScheduledStep) -> KVGroupView:
         rows: list[list[int]] = []
         starts: list[int] = []
         slots: list[int] = []
-        for seq, n, pos in zip(step.seqs, step.num_new_tokens, positions, strict=True):
-            held = seq.blocks[group]
-            first = self.kv.first_needed_block(group, seq.num_computed_tokens)
-            end = -(-(seq.num_computed_tokens + n) // bs)
-            rows.append([b for b in held[first:end]])  # all present: allocate() guarantees it
-            starts.append(first * bs)
-            slots.extend(held[p // bs] * bs + p % bs for p in pos)
+        for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
+            visible, start, new_slots = self.kv.step_blocks(seq, group, n)
+            rows.append(visible)
+            starts.append(start)
+            slots.extend(new_slots)
         width = max(len(r) for r in rows)
-        table = [r + [0] * (width - len(r)) for r in rows]
+        table = [r + [0] * (width - len(r)) for r in rows]  # padding keys lie past seq_lens: masked
         return KVGroupView(
-            block_size=bs,
+            block_size=self.block_size,
             block_tables=torch.tensor(table, dtype=torch.int64, device=self.device),
             kv_start_pos=torch.tensor(starts, dtype=torch.int64, device=self.device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
@@ -158,7 +155,7 @@ class ModelRunner:
             positions=torch.tensor([p for pos in positions for p in pos], dtype=torch.int64, device=self.device),
             max_query_len=max(step.num_new_tokens),
             kv_caches=self.kv_caches,
-            groups={group: self._group_view(group, step, positions) for group in self.kv.pools},
+            groups={group: self._group_view(group, step) for group in self.kv.pools},
         )
         mm_embeds, mm_mask = self._multimodal_inputs(step, len(token_ids))
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
