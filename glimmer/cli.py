@@ -64,8 +64,14 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from glimmer.tiny import write_tiny_checkpoint
 
     path = write_tiny_checkpoint(args.dir, layout=args.layout, vision=args.vision, seed=args.seed,
-                                 num_shards=args.shards)
-    print(f"wrote a tiny random {args.layout}-layout checkpoint{' with vision' if args.vision else ''} to {path}")
+                                 num_shards=args.shards, preset=args.preset, config_only=args.config_only)
+    what = "the released 30B geometry" if args.preset == "30b" else "a tiny random"
+    with_vision = " with vision" if args.vision or args.preset == "30b" else ""
+    if args.config_only:
+        print(f"wrote {what} {args.layout}-layout config{with_vision} (no weights: load it with "
+              f"--load-format dummy) to {path}")
+    else:
+        print(f"wrote {what} {args.layout}-layout checkpoint{with_vision} to {path}")
     return 0
 
 
@@ -85,6 +91,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        load_format=args.load_format,
         media_limits=MediaLimits(max_image_pixels=args.max_image_pixels,
                                  max_video_source_frames=args.max_video_frames),
     )
@@ -186,6 +193,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
+    parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                        help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -251,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--vision", action="store_true", help="include a vision tower")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--shards", type=int, default=1, help="number of safetensors shards (with an index)")
+    tiny.add_argument("--preset", choices=["tiny", "30b"], default="tiny",
+                      help="30b: the released Muse-Glimmer-30B geometry (needs --config-only)")
+    tiny.add_argument("--config-only", action="store_true",
+                      help="write config, tokenizer and templates but no weights (use --load-format dummy)")
     tiny.set_defaults(func=_cmd_make_tiny)
     return parser
 

@@ -27,6 +27,7 @@ from glimmer.checkpoint.config import (
     reference_vision_layer_types,
 )
 from glimmer.checkpoint.config_layouts import config_to_dict
+from glimmer.checkpoint.random_weights import fill_random_
 from glimmer.checkpoint.safetensors_files import INDEX_FILE, SINGLE_FILE
 from glimmer.checkpoint.tiny_tokenizer import TinyTokenizerInfo, write_tiny_tokenizer
 from glimmer.checkpoint.weight_layouts import CANONICAL, LEGACY, NATIVE, locate, rotate_half_to_interleaved
@@ -127,31 +128,13 @@ def tiny_model_config(tokens: TinyTokenizerInfo, spec: TinySpec = TinySpec(), *,
     )
 
 
-def _is_plain_scale(name: str) -> bool:
-    """Norm weights whose neutral value is 1 (the final norm and LayerNorms); centered norms are 0-neutral."""
-    return name.endswith(("language_model.norm.weight", "ln_pre.weight", "ln_post.weight", "norm1.weight",
-                          "norm2.weight"))
-
-
 def random_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Every canonical parameter drawn at random, scaled to keep activations O(1)."""
+    """Every canonical parameter drawn at random, scaled to keep activations O(1) (see random_weights)."""
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config)
     generator = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, meta in model.state_dict().items():
-        shape = tuple(meta.shape)
-        noise = torch.randn(shape, generator=generator)
-        if name.endswith("embedding_table.weight") or "embed_tokens" in name:
-            tensor = noise
-        elif len(shape) == 2:
-            tensor = noise / math.sqrt(shape[1])
-        elif name.endswith(".bias"):
-            tensor = noise * 0.1
-        else:
-            tensor = (1.0 if _is_plain_scale(name) else 0.0) + noise * 0.3
-        out[name] = tensor.contiguous()
-    return out
+    return {name: fill_random_(torch.empty(tuple(meta.shape)), name, generator).contiguous()
+            for name, meta in model.state_dict().items()}
 
 
 def to_weight_layout(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout: str) -> dict[str, torch.Tensor]:
@@ -191,6 +174,46 @@ def save_weights(tensors: dict[str, torch.Tensor], out_dir: Path, num_shards: in
     (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
+# `glimmer make-tiny --preset`: the tiny test geometry, or the released 30B one (config only: its random
+# weights are drawn on the device at load time with load_format="dummy")
+PRESETS = ("tiny", "30b")
+RELEASE_MEDIA_LIMITS = {"max_image_tokens": 4096, "max_video_frame_tokens": 144, "num_frames": 96}  # §6, §7
+
+
+def released_30b_config() -> ModelConfig:
+    """The released Muse-Glimmer-30B geometry, every field as the converter sets it (architecture.md §1.1–1.3)."""
+    n = 52
+    text = TextConfig(
+        vocab_size=202048, hidden_size=6656, intermediate_size=19968, num_hidden_layers=n,
+        num_attention_heads=32, num_key_value_heads=2, head_dim=128, hidden_activation="silu",
+        rms_norm_eps=1e-5, post_norm_eps=1e-8, rope_theta=500000.0, sliding_window=2048,
+        layer_types=reference_text_layer_types(n), rope_layers=reference_rope_layers(n),
+        qk_scale_factor=3.87, output_multiplier=0.19611613513818404, final_logit_softcapping=20.0,
+        attention_bias=False, tie_word_embeddings=False, max_position_embeddings=131072,
+        bos_token_id=200000, eos_token_id=(200001,), pad_token_id=None,
+    )
+    vision = VisionConfig(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=50, num_attention_heads=16, patch_size=14,
+        patch_temporal=2, merge_size=2, pos_emb_size=32, rope_theta=10000.0, layer_norm_eps=1e-5,
+        hidden_act="gelu", layer_types=reference_vision_layer_types(50),
+    )
+    return ModelConfig(text=text, vision=vision, image_token_id=200092, video_token_id=200091, out_hidden_size=6144,
+                       projector_hidden_size=4096, projector_hidden_act="gelu")
+
+
+def released_assistant_config() -> dict:
+    """config.json of the released DFlash drafter, Muse-Glimmer-30B-assistant (architecture.md §1.4)."""
+    return {
+        "model_type": "muse_glimmer_assistant", "architectures": ["MuseGlimmerAssistantModel"],
+        "hidden_size": 6656, "intermediate_size": 19968, "num_hidden_layers": 5, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}, "max_position_embeddings": 131072,
+        "sliding_window": 2048, "layer_types": ["sliding_attention"] * 5, "attention_dropout": 0.0,
+        "hidden_act": "silu", "bos_token_id": 200000, "eos_token_id": 200001, "pad_token_id": 200018,
+        "block_size": 16, "mask_token_id": 201818, "target_layer_ids": [1, 13, 25, 37, 49],
+    }
+
+
 def write_tiny_checkpoint(
     out_dir: str | os.PathLike,
     *,
@@ -200,17 +223,30 @@ def write_tiny_checkpoint(
     spec: TinySpec = TinySpec(),
     num_shards: int = 1,
     dtype: torch.dtype = torch.float32,
+    preset: str = "tiny",
+    config_only: bool = False,
 ) -> Path:
-    """Write a complete tiny checkpoint directory and return its path."""
+    """Write a complete tiny checkpoint directory and return its path.
+
+    preset "30b" writes the released geometry (vision tower and a drafter config in `assistant/`
+    included) with a tokenizer at the release's ids; it needs `config_only`, since its weights are drawn
+    at load time (`load_format="dummy"`). `config_only` writes everything but the weights.
+    """
     if layout not in TINY_LAYOUTS:
         raise ConfigError(f"layout={layout!r} is not one of {sorted(TINY_LAYOUTS)}")
+    if preset not in PRESETS:
+        raise ConfigError(f"preset={preset!r} is not one of {list(PRESETS)}")
+    if preset == "30b" and not config_only:
+        raise ConfigError("preset '30b' would write about 60 GB of random weights; pass --config-only and load it "
+                          "with --load-format dummy, which draws the weights on the device")
     config_layout, weight_layout = TINY_LAYOUTS[layout]
-    if vision and weight_layout == LEGACY:
+    release = preset == "30b"
+    if (vision or release) and weight_layout == LEGACY:
         raise ConfigError("the legacy layout is text-only; use --layout canonical, flat or native with --vision")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokens = write_tiny_tokenizer(out)
-    config = tiny_model_config(tokens, spec, vision=vision)
+    tokens = write_tiny_tokenizer(out, release_ids=release)
+    config = released_30b_config() if release else tiny_model_config(tokens, spec, vision=vision)
     (out / "config.json").write_text(json.dumps(config_to_dict(config, config_layout), indent=2) + "\n")
     generation = {
         "bos_token_id": tokens.bos_token_id,
@@ -218,28 +254,36 @@ def write_tiny_checkpoint(
         "pad_token_id": tokens.pad_token_id,
         "do_sample": False,
     }
+    if release:
+        generation["max_length"] = config.text.max_position_embeddings
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     from glimmer.protocol.builtin_template import builtin_template_source
 
     (out / "chat_template.jinja").write_text(builtin_template_source())
-    if vision:
-        for name, settings in _preprocessor_configs(spec).items():
+    if config.has_vision:
+        limits = RELEASE_MEDIA_LIMITS if release else {
+            "max_image_tokens": spec.max_image_tokens, "max_video_frame_tokens": spec.max_video_frame_tokens,
+            "num_frames": spec.video_max_frames}
+        for name, settings in _preprocessor_configs(**limits).items():
             (out / name).write_text(json.dumps(settings, indent=2) + "\n")
-    weights = {k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}
-    save_weights(to_weight_layout(weights, config, weight_layout), out, num_shards)
+    if release:
+        (out / "assistant").mkdir(exist_ok=True)
+        (out / "assistant" / "config.json").write_text(json.dumps(released_assistant_config(), indent=2) + "\n")
+    if not config_only:
+        weights = {k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}
+        save_weights(to_weight_layout(weights, config, weight_layout), out, num_shards)
     return out
 
 
-def _preprocessor_configs(spec: TinySpec) -> dict[str, dict]:
+def _preprocessor_configs(max_image_tokens: int, max_video_frame_tokens: int, num_frames: int) -> dict[str, dict]:
     """Image and video processor configs in the reference processors' keys (architecture.md §6-7)."""
     common = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
               "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255, "resample": 1, "do_resize": True,
               "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
     return {
         "preprocessor_config.json": {**common, "image_processor_type": "MuseGlimmerImageProcessor",
-                                     "max_image_tokens": spec.max_image_tokens},
+                                     "max_image_tokens": max_image_tokens},
         "video_preprocessor_config.json": {**common, "video_processor_type": "MuseGlimmerVideoProcessor",
-                                           "max_video_frame_tokens": spec.max_video_frame_tokens,
-                                           "num_frames": spec.video_max_frames, "fps": 2.0,
-                                           "do_sample_frames": True},
+                                           "max_video_frame_tokens": max_video_frame_tokens,
+                                           "num_frames": num_frames, "fps": 2.0, "do_sample_frames": True},
     }

@@ -9,14 +9,16 @@ from pathlib import Path
 from glimmer.errors import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+_HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
+_HUB_WEIGHTS = ["*.safetensors"]
 
 
-def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None) -> Path:
+def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True) -> Path:
     """A local checkpoint directory for `model`.
 
     A path that exists is used as it is. Otherwise a Hub id (`owner/name`) is downloaded (or found in the
-    local Hugging Face cache). Raises CheckpointError saying what was tried and how to fix it.
+    local Hugging Face cache); with `weights=False` only its config, tokenizer and template files are.
+    Raises CheckpointError saying what was tried and how to fix it.
     """
     path = Path(model).expanduser()
     if path.is_dir():
@@ -31,8 +33,9 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None)
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
+    patterns = _HUB_FILES + (_HUB_WEIGHTS if weights else [])
     try:
-        return Path(snapshot_download(text, revision=revision, allow_patterns=_HUB_FILES))
+        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "

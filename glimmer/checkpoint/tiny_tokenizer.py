@@ -59,6 +59,32 @@ SPECIAL_TOKENS = (
 BASE_VOCAB_SIZE = 480
 MODEL_MAX_LENGTH = 131072
 
+# The release tokenizer's geometry (architecture.md §5.5, §9): 200,000 base tokens, then 2,048 specials at
+# 200000 + i; those not kept are named <|reserved_special_token_i|>. A tokenizer written with
+# `release_ids=True` has exactly these ids, so the released config's token ids (bos 200000, <|patch|>
+# 200092, …) hold for it; its base vocabulary is the tiny one padded with unreachable filler entries.
+RELEASE_BASE_VOCAB_SIZE = 200_000
+RELEASE_NUM_SPECIAL_TOKENS = 2048
+RELEASE_SPECIAL_IDS = {
+    BOS_TOKEN: 200000,
+    EOS_TOKEN: 200001,
+    EOM_TOKEN: 200007,
+    EOT_TOKEN: 200008,
+    PAD_TOKEN: 200018,
+    "<|start|>": 200022,
+    "<|message|>": 200023,
+    "<|image_start|>": 200080,
+    "<|image_end|>": 200081,
+    "<|vid_start|>": 200082,
+    "<|vid_end|>": 200083,
+    "<|vid_frame_separator|>": 200087,
+    "<|image|>": 200090,
+    VIDEO_TOKEN: 200091,
+    IMAGE_TOKEN: 200092,
+}
+# U+2581 lies outside the byte-level alphabet, so no text ever pre-tokenizes into a filler entry
+_FILLER_PREFIX = "\u2581unused"
+
 # The o200k split: letters with attached case/contractions, 1–3 digit groups, punctuation runs, newlines,
 # and whitespace that leaves one space to lead the next word.
 SPLIT_PATTERN = "|".join(
@@ -190,7 +216,13 @@ class TinyTokenizerInfo:
         return self.special_token_ids[DFLASH_MASK_TOKEN]
 
 
-def _train_tokenizer() -> Tokenizer:
+def release_special_tokens() -> list[str]:
+    """The 2,048 special tokens of the release, in id order (index i has id 200000 + i)."""
+    by_id = {token_id - RELEASE_BASE_VOCAB_SIZE: token for token, token_id in RELEASE_SPECIAL_IDS.items()}
+    return [by_id.get(i, f"<|reserved_special_token_{i}|>") for i in range(RELEASE_NUM_SPECIAL_TOKENS)]
+
+
+def _train_tokenizer(*, release_ids: bool = False) -> Tokenizer:
     """Train the tiny tokenizer in memory. Deterministic: the BPE trainer breaks count ties by pair."""
     tokenizer = Tokenizer(models.BPE(ignore_merges=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -212,9 +244,10 @@ def _train_tokenizer() -> Tokenizer:
             f"the tiny tokenizer's corpus yields {tokenizer.get_vocab_size()} tokens, not {BASE_VOCAB_SIZE}; "
             "extend TRAINING_CORPUS"
         )
-    tokenizer.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS]
-    )
+    if release_ids:
+        tokenizer = _pad_base_vocabulary(tokenizer, RELEASE_BASE_VOCAB_SIZE)
+    specials = release_special_tokens() if release_ids else SPECIAL_TOKENS
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in specials])
     bos_id = tokenizer.token_to_id(BOS_TOKEN)
     # like the release: one BOS before each segment — architecture.md §5.5
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -223,6 +256,15 @@ def _train_tokenizer() -> Tokenizer:
         special_tokens=[(BOS_TOKEN, bos_id)],
     )
     return tokenizer
+
+
+def _pad_base_vocabulary(tokenizer: Tokenizer, size: int) -> Tokenizer:
+    """The same tokenizer with filler entries up to `size` base tokens, so added tokens start at `size`."""
+    state = json.loads(tokenizer.to_str())
+    vocab = state["model"]["vocab"]
+    for token_id in range(len(vocab), size):
+        vocab[f"{_FILLER_PREFIX}{token_id}"] = token_id
+    return Tokenizer.from_str(json.dumps(state))
 
 
 def _added_token_entry(token: str) -> dict[str, object]:
@@ -249,15 +291,18 @@ def _write_json(path: Path, value: object) -> None:
     _write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_tiny_tokenizer(out_dir: str | os.PathLike[str]) -> TinyTokenizerInfo:
+def write_tiny_tokenizer(out_dir: str | os.PathLike[str], *, release_ids: bool = False) -> TinyTokenizerInfo:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`.
 
-    Two calls write byte-identical files. The directory is created if needed; existing files are replaced.
+    With `release_ids`, the vocabulary has the release's size and special-token ids (202,048 tokens;
+    see RELEASE_SPECIAL_IDS). Two calls write byte-identical files. The directory is created if needed;
+    existing files are replaced.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer()
-    special_token_ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    tokenizer = _train_tokenizer(release_ids=release_ids)
+    specials = release_special_tokens() if release_ids else SPECIAL_TOKENS
+    special_token_ids = {token: tokenizer.token_to_id(token) for token in specials}
 
     _write_text(out / "tokenizer.json", tokenizer.to_str(pretty=True) + "\n")
     _write_json(
@@ -265,7 +310,7 @@ def write_tiny_tokenizer(out_dir: str | os.PathLike[str]) -> TinyTokenizerInfo:
         {
             "added_tokens_decoder": {
                 str(special_token_ids[token]): _added_token_entry(token)
-                for token in sorted(SPECIAL_TOKENS, key=special_token_ids.__getitem__)
+                for token in sorted(specials, key=special_token_ids.__getitem__)
             },
             "bos_token": BOS_TOKEN,
             "clean_up_tokenization_spaces": False,

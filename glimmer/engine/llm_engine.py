@@ -55,6 +55,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
+    load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
     seed: int = 0
     chat_template: str | None = None  # operator override file (P-TMPL-1)
     media_limits: MediaLimits = field(default_factory=MediaLimits)
@@ -95,9 +96,10 @@ class LLMEngine:
         self.config = config
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
-        self.checkpoint_dir = resolve_checkpoint(config.model)
+        self.checkpoint_dir = resolve_checkpoint(config.model, weights=config.load_format != "dummy")
         self.loaded: LoadedModel = load_model(
-            self.checkpoint_dir, dtype=self.dtype, device=self.device, progress=config.progress
+            self.checkpoint_dir, dtype=self.dtype, device=self.device, progress=config.progress,
+            load_format=config.load_format, seed=config.seed,
         )
         self.model_config = self.loaded.config
         self.tokenizer = Tokenizer.from_dir(self.checkpoint_dir)

@@ -1,4 +1,8 @@
-"""Build a Muse Glimmer model from a checkpoint directory: config, strict weight plan, fill."""
+"""Build a Muse Glimmer model from a checkpoint directory: config, strict weight plan, fill.
+
+With load_format "dummy" only config.json is read and every weight is drawn at random where the model
+lives (as vLLM's flag does): any geometry, the released 30B one included, builds on a GPU in seconds.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +14,14 @@ import torch
 
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
+from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import detect_weight_layout
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
+from glimmer.errors import ConfigError
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+LOAD_FORMATS = ("auto", "dummy")
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +39,18 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> LoadedModel:
-    """Load and validate a checkpoint; raises ConfigError or CheckpointError naming what is wrong."""
+    """Load and validate a checkpoint; raises ConfigError or CheckpointError naming what is wrong.
+
+    load_format "auto" reads the safetensors weights; "dummy" draws them at random (from `seed`).
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ConfigError(f"load_format={load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
     config = load_config(checkpoint_dir)
+    if load_format == "dummy":
+        return _dummy_model(config, dtype, device, seed)
     files = SafetensorsCheckpoint(checkpoint_dir)
     layout = detect_weight_layout(files.names())
     config = drop_vision_if_absent(config, files, layout)
@@ -48,3 +65,15 @@ def load_model(
     logger.info("loaded %s (%s weights, %s config) on %s as %s", checkpoint_dir, layout, config.config_layout,
                 device, dtype)
     return LoadedModel(model=model, config=config, weight_layout=layout)
+
+
+def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int) -> LoadedModel:
+    with torch.device("meta"):
+        model = MuseGlimmerForConditionalGeneration(config).to(dtype)
+    model = model.to_empty(device=device)
+    if config.text.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    randomize_parameters_(model, seed)
+    model.eval().requires_grad_(False)
+    logger.info("built %s with random (dummy) weights on %s as %s", config.config_layout, device, dtype)
+    return LoadedModel(model=model, config=config, weight_layout="dummy")
