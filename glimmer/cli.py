@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from glimmer.errors import GlimmerError
+from glimmer.errors import ConfigError, GlimmerError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
@@ -61,8 +61,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    from glimmer.tiny import write_tiny_checkpoint
+    from glimmer.tiny import write_tiny_checkpoint, write_tiny_drafter
 
+    if args.drafter_for is not None:
+        if args.vision or args.shards != 1:
+            raise ConfigError("--drafter-for writes a DFlash drafter: --vision and --shards do not apply")
+        path = write_tiny_drafter(args.dir, args.drafter_for, layout=args.layout, seed=args.seed)
+        print(f"wrote a tiny random {args.layout}-layout DFlash drafter for {args.drafter_for} to {path}")
+        return 0
     path = write_tiny_checkpoint(args.dir, layout=args.layout, vision=args.vision, seed=args.seed,
                                  num_shards=args.shards, preset=args.preset, config_only=args.config_only)
     what = "the released 30B geometry" if args.preset == "30b" else "a tiny random"
@@ -264,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="30b: the released Muse-Glimmer-30B geometry (needs --config-only)")
     tiny.add_argument("--config-only", action="store_true",
                       help="write config, tokenizer and templates but no weights (use --load-format dummy)")
+    tiny.add_argument("--drafter-for", default=None, metavar="TARGET",
+                      help="write a tiny DFlash drafter fitting the checkpoint TARGET instead "
+                           "(--layout canonical: HF safetensors; native: head.pt)")
     tiny.set_defaults(func=_cmd_make_tiny)
     return parser
 

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from glimmer.checkpoint.config import (
+    DrafterConfig,
     ModelConfig,
     TextConfig,
     VisionConfig,
@@ -30,8 +31,17 @@ from glimmer.checkpoint.config_layouts import config_to_dict
 from glimmer.checkpoint.random_weights import fill_random_
 from glimmer.checkpoint.safetensors_files import INDEX_FILE, SINGLE_FILE
 from glimmer.checkpoint.tiny_tokenizer import TinyTokenizerInfo, write_tiny_tokenizer
-from glimmer.checkpoint.weight_layouts import CANONICAL, LEGACY, NATIVE, locate, rotate_half_to_interleaved
+from glimmer.checkpoint.weight_layouts import (
+    CANONICAL,
+    DRAFTER_CANONICAL,
+    DRAFTER_NATIVE,
+    LEGACY,
+    NATIVE,
+    locate,
+    rotate_half_to_interleaved,
+)
 from glimmer.errors import ConfigError
+from glimmer.model.drafter import DFlashDrafter
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 # `glimmer make-tiny --layout X` → (config.json layout, weight layout)
@@ -132,12 +142,23 @@ def random_state_dict(config: ModelConfig, seed: int = 0) -> dict[str, torch.Ten
     """Every canonical parameter drawn at random, scaled to keep activations O(1) (see random_weights)."""
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config)
+    return _random_parameters(model, seed)
+
+
+def _random_parameters(
+    model: torch.nn.Module, seed: int, norm_neutral: float | None = None
+) -> dict[str, torch.Tensor]:
+    """Random tensors for every entry of `model.state_dict()`, drawn as random_weights.fill_random_ draws them
+    (norm_neutral: the neutral value of every 1-D norm weight, when the names do not decide it)."""
     generator = torch.Generator().manual_seed(seed)
-    return {name: fill_random_(torch.empty(tuple(meta.shape)), name, generator).contiguous()
+    return {name: fill_random_(torch.empty(tuple(meta.shape)), name, generator,
+                               norm_neutral=norm_neutral).contiguous()
             for name, meta in model.state_dict().items()}
 
 
-def to_weight_layout(state_dict: dict[str, torch.Tensor], config: ModelConfig, layout: str) -> dict[str, torch.Tensor]:
+def to_weight_layout(
+    state_dict: dict[str, torch.Tensor], config: ModelConfig | DrafterConfig, layout: str
+) -> dict[str, torch.Tensor]:
     """Re-express canonical tensors in another weight layout (fusing and permuting as that layout does)."""
     sources: dict[str, list[tuple[tuple[int, int] | None, torch.Tensor]]] = {}
     for target, tensor in state_dict.items():
@@ -287,3 +308,82 @@ def _preprocessor_configs(max_image_tokens: int, max_video_frame_tokens: int, nu
                                            "max_video_frame_tokens": max_video_frame_tokens,
                                            "num_frames": num_frames, "fps": 2.0, "do_sample_frames": True},
     }
+
+
+# `glimmer make-tiny --drafter-for TARGET --layout X` → the drafter's weight layout
+TINY_DRAFTER_LAYOUTS = {"canonical": DRAFTER_CANONICAL, "native": DRAFTER_NATIVE}
+
+
+@dataclass(frozen=True)
+class TinyDrafterSpec:
+    """Sizes of a tiny DFlash drafter. Its hidden size is the target's; the small window makes ordinary
+    test contexts cross it; block 6 drafts 5 tokens per step."""
+
+    intermediate_size: int = 96
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    sliding_window: int = 24
+    block_size: int = 6
+    target_layer_ids: tuple[int, ...] = (1, 4, 6)
+    rope_theta: float = 500000.0
+
+
+def tiny_drafter_config(target: ModelConfig, mask_token_id: int, spec: TinyDrafterSpec = TinyDrafterSpec()
+                        ) -> DrafterConfig:
+    return DrafterConfig(
+        hidden_size=target.text.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+        rope_theta=spec.rope_theta,
+        sliding_window=spec.sliding_window,
+        layer_types=("sliding_attention",) * spec.num_hidden_layers,
+        max_position_embeddings=target.text.max_position_embeddings,
+        block_size=spec.block_size,
+        mask_token_id=mask_token_id,
+        target_layer_ids=spec.target_layer_ids,
+    )
+
+
+def random_drafter_state_dict(config: DrafterConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every drafter parameter random; all its norms are plain-scale (neutral 1)."""
+    with torch.device("meta"):
+        model = DFlashDrafter(config)
+    return _random_parameters(model, seed, norm_neutral=1.0)
+
+
+def write_tiny_drafter(
+    out_dir: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    *,
+    layout: str = "canonical",
+    seed: int = 0,
+    spec: TinyDrafterSpec = TinyDrafterSpec(),
+) -> Path:
+    """Write a random DFlash drafter that fits the checkpoint at `target_dir`: config.json (HF keys) with
+    model.safetensors (canonical) or head.pt (native: fused wqkv/fc1, interleaved RoPE rows)."""
+    from glimmer.checkpoint.config_layouts import load_config
+    from glimmer.checkpoint.drafter import NATIVE_FILE, RELEASED_MASK_TOKEN, drafter_config_to_dict
+    from glimmer.engine.tokenizer import Tokenizer
+
+    if layout not in TINY_DRAFTER_LAYOUTS:
+        raise ConfigError(f"drafter layout={layout!r} is not one of {sorted(TINY_DRAFTER_LAYOUTS)}")
+    target = load_config(target_dir)
+    mask_token_id = Tokenizer.from_dir(target_dir).require_token_id(RELEASED_MASK_TOKEN)
+    config = tiny_drafter_config(target, mask_token_id, spec)
+    config.check_fits(target.text)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(drafter_config_to_dict(config), indent=2) + "\n")
+    weights = random_drafter_state_dict(config, seed)
+    if layout == "native":
+        torch.save(to_weight_layout(weights, config, DRAFTER_NATIVE), out / NATIVE_FILE)
+    else:
+        save_weights(weights, out)
+    return out

@@ -53,3 +53,13 @@ def reference_greedy(model, token_ids: list[int], max_new_tokens: int) -> list[i
         pad_token_id=0,
     )
     return out[0, len(token_ids):].tolist()
+
+
+def reference_drafter(canonical_drafter: Path, dtype: torch.dtype = torch.float32):
+    """transformers' MuseGlimmerAssistantModel with the tiny drafter checkpoint's exact tensors (HF layout)."""
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    config = MuseGlimmerAssistantConfig.from_dict(json.loads((canonical_drafter / "config.json").read_text()))
+    model = MuseGlimmerAssistantModel(config).eval()
+    model.load_state_dict(load_file(canonical_drafter / "model.safetensors"), strict=True)
+    return model.to(dtype)

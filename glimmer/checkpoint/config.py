@@ -50,8 +50,24 @@ def _require_positive_float(owner: str, name: str, value: Any) -> None:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive finite number")
 
 
+class _AttentionWidths:
+    """Row counts of the q and k/v projections, for decoders with num_(key_value_)heads and head_dim."""
+
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
 @dataclass(frozen=True)
-class TextConfig:
+class TextConfig(_AttentionWidths):
     """The text decoder (architecture.md §1.1, §2)."""
 
     vocab_size: int
@@ -152,14 +168,6 @@ class TextConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a token id or null")
-
-    @property
-    def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
 
     @property
     def full_attention_layers(self) -> tuple[int, ...]:
@@ -286,3 +294,107 @@ class ModelConfig:
         out = asdict(self)
         out.pop("warnings")
         return out
+
+
+DRAFTER_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True)
+class DrafterConfig(_AttentionWidths):
+    """The DFlash drafter, `muse_glimmer_assistant` (architecture.md §1.4, §10).
+
+    It has no embedding table and no lm_head of its own: it reads raw rows of the target's embedding
+    and its output goes through the target's lm_head, so it only fits a target whose hidden size and
+    vocabulary match (`check_fits`).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_act: str
+    rms_norm_eps: float
+    rope_theta: float
+    # every layer attends bidirectionally; a sliding layer only to keys with |Δposition| <= sliding_window
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    max_position_embeddings: int
+    # 1 anchor + (block_size - 1) mask tokens per draft: block_size - 1 drafted tokens
+    block_size: int
+    mask_token_id: int
+    # 0-indexed target decoder layers whose outputs are concatenated, in this order, as the context
+    target_layer_ids: tuple[int, ...]
+    # only when the config states one (the reference's config class has no such field)
+    vocab_size: int | None = None
+    config_layout: str = field(default="canonical", compare=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        owner = "drafter config"
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "sliding_window", "max_position_embeddings"):
+            _require_positive_int(owner, name, getattr(self, name))
+        for name in ("rms_norm_eps", "rope_theta"):
+            _require_positive_float(owner, name, getattr(self, name))
+        if self.hidden_act != "silu":
+            raise ConfigError(
+                f"{owner}.hidden_act={self.hidden_act!r} is not supported; the DFlash drafter uses 'silu'"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"{owner}.num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"{owner}.head_dim={self.head_dim} is odd; rotary embeddings need an even head_dim")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"{owner}.layer_types has {len(self.layer_types)} entries but num_hidden_layers="
+                f"{self.num_hidden_layers}"
+            )
+        bad = sorted({t for t in self.layer_types if t not in DRAFTER_LAYER_TYPES})
+        if bad:
+            raise ConfigError(f"{owner}.layer_types contains {bad}; allowed values are {list(DRAFTER_LAYER_TYPES)}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2:
+            raise ConfigError(f"{owner}.block_size={self.block_size!r} is invalid; expected an integer >= 2 "
+                              "(one anchor and at least one mask token)")
+        if isinstance(self.mask_token_id, bool) or not isinstance(self.mask_token_id, int) or self.mask_token_id < 0:
+            raise ConfigError(f"{owner}.mask_token_id={self.mask_token_id!r} is invalid; expected a token id")
+        if not self.target_layer_ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.target_layer_ids
+        ):
+            raise ConfigError(f"{owner}.target_layer_ids={list(self.target_layer_ids)!r} is invalid; expected a "
+                              "non-empty list of target layer indices")
+        if self.vocab_size is not None:
+            _require_positive_int(owner, "vocab_size", self.vocab_size)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens one drafter step proposes: the block minus its anchor."""
+        return self.block_size - 1
+
+    @property
+    def max_visible_distance(self) -> int | None:
+        """How far (in positions, either way) a drafter query may look: the sliding window, or None when a
+        layer attends without a window."""
+        return None if "full_attention" in self.layer_types else self.sliding_window
+
+    def check_fits(self, target: TextConfig) -> None:
+        """Raise ConfigError, with the numbers, unless this drafter can run on `target`."""
+        problems = []
+        if self.hidden_size != target.hidden_size:
+            problems.append(f"hidden_size={self.hidden_size} but the target's hidden_size is {target.hidden_size} "
+                            "(the drafter reads the target's embeddings and feeds its lm_head)")
+        if self.vocab_size is not None and self.vocab_size != target.vocab_size:
+            problems.append(f"vocab_size={self.vocab_size} but the target's vocab_size is {target.vocab_size}")
+        if self.mask_token_id >= target.vocab_size:
+            problems.append(f"mask_token_id={self.mask_token_id} is outside the target's vocabulary "
+                            f"[0, {target.vocab_size})")
+        outside = [i for i in self.target_layer_ids if i >= target.num_hidden_layers]
+        if outside:
+            problems.append(f"target_layer_ids={list(self.target_layer_ids)} name layers {outside} but the target "
+                            f"has {target.num_hidden_layers} layers (0-{target.num_hidden_layers - 1})")
+        if problems:
+            raise ConfigError("the drafter does not fit the target model: " + "; ".join(problems))

@@ -21,8 +21,12 @@ def _is_embedding(name: str) -> bool:
     return name.endswith("embedding_table.weight") or "embed_tokens" in name
 
 
-def fill_random_(tensor: torch.Tensor, name: str, generator: torch.Generator) -> torch.Tensor:
-    """Overwrite `tensor` (the canonical parameter `name`) in place with random values; returns it."""
+def fill_random_(
+    tensor: torch.Tensor, name: str, generator: torch.Generator, *, norm_neutral: float | None = None
+) -> torch.Tensor:
+    """Overwrite `tensor` (the canonical parameter `name`) in place with random values; returns it.
+
+    norm_neutral overrides the neutral value of 1-D norm weights (a DFlash drafter's norms are all plain)."""
     tensor.normal_(generator=generator)
     if _is_embedding(name):
         return tensor
@@ -30,7 +34,9 @@ def fill_random_(tensor: torch.Tensor, name: str, generator: torch.Generator) ->
         return tensor.div_(math.sqrt(tensor.shape[1]))
     if name.endswith(".bias"):
         return tensor.mul_(0.1)
-    return tensor.mul_(0.3).add_(1.0 if name.endswith(_PLAIN_SCALE_NORMS) else 0.0)
+    if norm_neutral is None:
+        norm_neutral = 1.0 if name.endswith(_PLAIN_SCALE_NORMS) else 0.0
+    return tensor.mul_(0.3).add_(norm_neutral)
 
 
 @torch.no_grad()

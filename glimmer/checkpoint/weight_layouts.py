@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from glimmer.checkpoint.config import ModelConfig
+from glimmer.checkpoint.config import DrafterConfig, ModelConfig
 from glimmer.errors import CheckpointError
 
 CANONICAL = "canonical"
 LEGACY = "legacy"
 NATIVE = "native"
 WEIGHT_LAYOUTS = (CANONICAL, LEGACY, NATIVE)
+# the DFlash drafter's two layouts (architecture.md §10.2)
+DRAFTER_CANONICAL = "drafter"
+DRAFTER_NATIVE = "drafter-native"
 
 ROPE_LAYOUT = {CANONICAL: "rotate-half", LEGACY: "rotate-half", NATIVE: "interleaved (permuted to rotate-half on load)"}
 
@@ -30,16 +33,16 @@ ROPE_LAYOUT = {CANONICAL: "rotate-half", LEGACY: "rotate-half", NATIVE: "interle
 class Rule:
     """canonical name pattern → source name template (`\\1`… refer to the pattern's groups).
 
-    fused: the parts stacked along dim 0 in the source, as the TextConfig fields giving their row counts,
+    fused: the parts stacked along dim 0 in the source, as the config fields giving their row counts,
         and the position of this parameter's part among them.
     rope_heads: if set, the rows are per-head interleaved RoPE pairs to permute to rotate-half; the value
-        names the config field giving the number of heads.
+        names the config field giving the number of heads (or is the number itself).
     """
 
     target: str
     source: str
     fused: tuple[tuple[str, ...], int] | None = None
-    rope_heads: str | None = None
+    rope_heads: str | int | None = None
 
 
 _LM = r"model\.language_model\."
@@ -105,10 +108,35 @@ _NATIVE_RULES = (
     Rule(r"model\.vision_adapter\.fc2\.weight", "vision_adapter.c_proj.weight"),
 )
 
+# the vendor drafter file (§10.2): wqkv stacks [q, k, v], fc1 stacks [gate, up]; q/k rows and the q/k norm
+# weights (one "head" spanning head_dim) are in the interleaved RoPE layout
+_DRAFTER_QKV = ("q_size", "kv_size", "kv_size")
+_DRAFTER_LAYER = r"layers\.(\d+)\."
+_DRAFTER_NATIVE_RULES = (
+    Rule(_DRAFTER_LAYER + r"self_attn\.q_proj\.weight", r"layers.\1.attention.wqkv.weight",
+         fused=(_DRAFTER_QKV, 0), rope_heads="num_attention_heads"),
+    Rule(_DRAFTER_LAYER + r"self_attn\.k_proj\.weight", r"layers.\1.attention.wqkv.weight",
+         fused=(_DRAFTER_QKV, 1), rope_heads="num_key_value_heads"),
+    Rule(_DRAFTER_LAYER + r"self_attn\.v_proj\.weight", r"layers.\1.attention.wqkv.weight", fused=(_DRAFTER_QKV, 2)),
+    Rule(_DRAFTER_LAYER + r"self_attn\.(q|k)_norm\.weight", r"layers.\1.attention.\2_norm.weight", rope_heads=1),
+    Rule(_DRAFTER_LAYER + r"self_attn\.o_proj\.weight", r"layers.\1.attention.wo.weight"),
+    Rule(_DRAFTER_LAYER + r"mlp\.gate_proj\.weight", r"layers.\1.feed_forward.mlp.fc1_weight", fused=(_GATE_UP, 0)),
+    Rule(_DRAFTER_LAYER + r"mlp\.up_proj\.weight", r"layers.\1.feed_forward.mlp.fc1_weight", fused=(_GATE_UP, 1)),
+    Rule(_DRAFTER_LAYER + r"mlp\.down_proj\.weight", r"layers.\1.feed_forward.mlp.fc2_weight"),
+    Rule(_DRAFTER_LAYER + r"input_layernorm\.weight", r"layers.\1.attention.input_layernorm.weight"),
+    Rule(_DRAFTER_LAYER + r"post_attention_layernorm\.weight", r"layers.\1.feed_forward.mlp.layer_norm_weight"),
+    Rule(r"encoder\.output_norm_enc\.weight", "hidden_norm.weight"),
+    Rule(r"encoder\.fc\.weight", "W_c.weight"),
+    Rule(r"norm\.weight", "norm.weight"),
+)
+
+_IDENTITY = (Rule(r"(.*)", r"\1"),)
 _RULES: dict[str, tuple[Rule, ...]] = {
-    CANONICAL: (Rule(r"(.*)", r"\1"),),
+    CANONICAL: _IDENTITY,
     LEGACY: _LEGACY_RULES,
     NATIVE: _NATIVE_RULES,
+    DRAFTER_CANONICAL: _IDENTITY,
+    DRAFTER_NATIVE: _DRAFTER_NATIVE_RULES,
 }
 
 # a name that only one layout uses, checked in order
@@ -142,13 +170,17 @@ class SourceSlice:
     rope_heads: int | None
 
 
-def _config_value(config: ModelConfig, field: str) -> int:
+def _config_value(config: ModelConfig | DrafterConfig, field: str | int) -> int:
+    if isinstance(field, int):
+        return field
+    if isinstance(config, DrafterConfig):
+        return getattr(config, field)
     if field.startswith("vision."):
         return getattr(config.vision, field.removeprefix("vision."))
     return getattr(config.text, field)
 
 
-def locate(layout: str, target: str, config: ModelConfig) -> SourceSlice | None:
+def locate(layout: str, target: str, config: ModelConfig | DrafterConfig) -> SourceSlice | None:
     """Where `target` lives in a checkpoint of `layout`, or None if the layout has no rule for it."""
     for rule in _RULES[layout]:
         match = re.fullmatch(rule.target, target)
@@ -157,9 +189,9 @@ def locate(layout: str, target: str, config: ModelConfig) -> SourceSlice | None:
         rows = None
         if rule.fused is not None:
             sizes, index = rule.fused
-            start = sum(getattr(config.text, f) for f in sizes[:index])
-            rows = (start, start + getattr(config.text, sizes[index]))
-        heads = _config_value(config, rule.rope_heads) if rule.rope_heads else None
+            start = sum(_config_value(config, f) for f in sizes[:index])
+            rows = (start, start + _config_value(config, sizes[index]))
+        heads = _config_value(config, rule.rope_heads) if rule.rope_heads is not None else None
         return SourceSlice(match.expand(rule.source), rows, heads)
     return None
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from glimmer.checkpoint.config import ModelConfig
+from glimmer.checkpoint.config import DrafterConfig, ModelConfig
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import (
     SourceSlice,
@@ -71,7 +71,8 @@ def drop_vision_if_absent(config: ModelConfig, files: SafetensorsCheckpoint, lay
 
 
 def plan_weights(
-    config: ModelConfig, files: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]], layout: str
+    config: ModelConfig | DrafterConfig, files: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]],
+    layout: str,
 ) -> WeightPlan:
     """Map every expected parameter to its source; raise one error listing every problem found."""
     missing: list[str] = []
@@ -112,7 +113,7 @@ def plan_weights(
         problems.append("shape mismatches:\n    " + "\n    ".join(mismatched))
     if problems:
         raise CheckpointError(
-            f"the weights in {files.directory} ({layout} layout) do not match config.json:\n  " + "\n  ".join(problems)
+            f"the weights in {files.directory} ({layout} layout) do not match the config:\n  " + "\n  ".join(problems)
         )
     return WeightPlan(layout=layout, slices=slices, unexpected=unexpected)
 

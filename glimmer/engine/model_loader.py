@@ -1,4 +1,4 @@
-"""Build a Muse Glimmer model from a checkpoint directory: config, strict weight plan, fill.
+"""Build a Muse Glimmer model (or its DFlash drafter) from a checkpoint: config, strict weight plan, fill.
 
 With load_format "dummy" only config.json is read and every weight is drawn at random where the model
 lives (as vLLM's flag does): any geometry, the released 30B one included, builds on a GPU in seconds.
@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from glimmer.checkpoint.config import ModelConfig
+from glimmer.checkpoint.config import DrafterConfig, ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
+from glimmer.checkpoint.drafter import open_drafter_checkpoint
 from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import detect_weight_layout
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
 from glimmer.errors import ConfigError
+from glimmer.model.drafter import DFlashDrafter
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -77,3 +80,39 @@ def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
     model.eval().requires_grad_(False)
     logger.info("built %s with random (dummy) weights on %s as %s", config.config_layout, device, dtype)
     return LoadedModel(model=model, config=config, weight_layout="dummy")
+
+
+@dataclass
+class LoadedDrafter:
+    model: DFlashDrafter
+    config: DrafterConfig
+    weight_layout: str
+
+
+def load_drafter(
+    path: str | os.PathLike,
+    target: ModelConfig,
+    mask_token_id: Callable[[], int],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> LoadedDrafter:
+    """Load a DFlash drafter (HF or native layout) for `target`, strictly: a config that does not fit the
+    target (hidden size, vocabulary, target layers, mask token) or weights that do not match the config are
+    refused with the numbers (ConfigError / CheckpointError). `mask_token_id()` gives the target tokenizer's
+    id of the released mask token, for configs that omit it."""
+    checkpoint = open_drafter_checkpoint(path, mask_token_id=mask_token_id)
+    config = checkpoint.config
+    config.check_fits(target.text)
+    with torch.device("meta"):
+        model = DFlashDrafter(config).to(dtype)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    plan = plan_weights(config, checkpoint.files, expected, checkpoint.weight_layout)
+    model = model.to_empty(device=device)
+    fill_parameters(model, plan, checkpoint.files, progress=progress)
+    model.eval().requires_grad_(False)
+    logger.info("loaded DFlash drafter %s (%s weights; %d layers, block %d, target layers %s) on %s as %s",
+                checkpoint.location, checkpoint.weight_layout, config.num_hidden_layers, config.block_size,
+                list(config.target_layer_ids), device, dtype)
+    return LoadedDrafter(model=model, config=config, weight_layout=checkpoint.weight_layout)

@@ -1,0 +1,250 @@
+"""Finding and reading a DFlash drafter checkpoint: its config and its tensors, in either layout.
+
+Two layouts exist (architecture.md §10.2):
+- **HF** (`muse_glimmer_assistant`): `config.json` plus safetensors with the reference's parameter names.
+- **native** (the vendor export): one torch file, `head.pt` (`pytorch_weights/dflash/head.pt` in a vendor
+  checkout), with fused qkv and gate/up tensors and q/k in the interleaved RoPE layout. It is read with
+  `torch.load(weights_only=True)` only. A `config.json` beside it (HF keys) describes its geometry; without
+  one, the converter's constants (the released drafter, §1.4) are used and the tensor shapes must match them.
+
+The mapping of native names onto canonical ones is a table in `weight_layouts.py`, like the target's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glimmer.checkpoint.config import DrafterConfig
+from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
+from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
+from glimmer.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+ASSISTANT_MODEL_TYPE = "muse_glimmer_assistant"
+NATIVE_FILE = "head.pt"
+NATIVE_FILE_IN_VENDOR_CHECKOUT = Path("pytorch_weights") / "dflash" / NATIVE_FILE
+# the drafter's mask token in the release (architecture.md §1.4); its id comes from the target's tokenizer
+RELEASED_MASK_TOKEN = "<|reserved_special_token_1818|>"
+
+# HF config key → the value transformers uses when the key is absent (the class defaults, which are the
+# released values, architecture.md §1.4). mask_token_id and the rope theta are handled apart.
+_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 6656,
+    "intermediate_size": 19968,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "sliding_window": 2048,
+    "max_position_embeddings": 131072,
+    "block_size": 16,
+    "target_layer_ids": [1, 13, 25, 37, 49],
+}
+_RELEASED_ROPE_THETA = 500000.0  # the assistant class's default_theta (§1.4)
+# keys that change nothing a drafter computes at inference
+_IGNORED = frozenset(
+    """model_type transformers_version architectures auto_map dtype torch_dtype _name_or_path attention_dropout
+    bos_token_id eos_token_id pad_token_id use_cache initializer_range tie_word_embeddings output_attentions
+    output_hidden_states return_dict""".split()
+)
+
+
+def read_drafter_config(
+    raw: Mapping[str, Any], *, source: str, mask_token_id: Callable[[], int]
+) -> DrafterConfig:
+    """Validate a `muse_glimmer_assistant` config.json. Absent fields take transformers' defaults (logged);
+    an absent mask_token_id is the target tokenizer's id of the released mask token (`mask_token_id()`).
+    Raises ConfigError naming the key and the fix."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+    if raw.get("model_type") != ASSISTANT_MODEL_TYPE:
+        raise ConfigError(f"{source}: model_type={raw.get('model_type')!r} is not a DFlash drafter config; expected "
+                          f"{ASSISTANT_MODEL_TYPE!r} (speculative_config.model must name the drafter, not a target)")
+    values = {key: raw.get(key, default) for key, default in _DEFAULTS.items()}
+    defaulted = [key for key in _DEFAULTS if key not in raw]
+    theta = _rope_theta(raw, source)
+    if theta is None:
+        theta, defaulted = _RELEASED_ROPE_THETA, [*defaulted, "rope_parameters.rope_theta"]
+    if "mask_token_id" in raw:
+        mask = raw["mask_token_id"]
+    else:
+        mask, defaulted = mask_token_id(), [*defaulted, "mask_token_id"]
+    layer_types = raw.get("layer_types") or ["sliding_attention"] * _as_count(values["num_hidden_layers"])
+    for key in ("layer_types", "target_layer_ids"):
+        value = layer_types if key == "layer_types" else values[key]
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: {key}={value!r} is invalid; expected a JSON list")
+    vocab = raw.get("vocab_size")
+    unknown = sorted(set(raw) - set(_DEFAULTS) - _IGNORED - {"rope_parameters", "rope_theta", "mask_token_id",
+                                                               "layer_types", "vocab_size"})
+    warnings = []
+    if defaulted:
+        warnings.append(f"{source}: absent fields took transformers' defaults: {', '.join(defaulted)}")
+    if unknown:
+        warnings.append(f"{source}: ignoring unknown keys: {', '.join(unknown)}")
+    for warning in warnings:
+        logger.warning("%s", warning)
+    try:
+        return DrafterConfig(
+            **{key: values[key] for key in _DEFAULTS if key != "target_layer_ids"},
+            rope_theta=float(theta) if isinstance(theta, int) and not isinstance(theta, bool) else theta,
+            layer_types=tuple(layer_types),
+            mask_token_id=mask,
+            target_layer_ids=tuple(values["target_layer_ids"]),
+            vocab_size=vocab,
+            config_layout="hf",
+            warnings=tuple(warnings),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}".replace("drafter config.", "")) from None
+
+
+def _rope_theta(raw: Mapping[str, Any], source: str) -> Any:
+    """rope_parameters.rope_theta (rope_type 'default' only) or a bare rope_theta; None when neither is given."""
+    params = raw.get("rope_parameters")
+    found = []
+    if params is not None:
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"{source}: rope_parameters must be a JSON object, got {type(params).__name__}")
+        kind = params.get("rope_type", "default")
+        if kind != "default":
+            raise ConfigError(f"{source}: rope_parameters.rope_type={kind!r} is not supported; the DFlash drafter "
+                              "uses plain 'default' RoPE")
+        if "rope_theta" in params:
+            found.append(params["rope_theta"])
+    if raw.get("rope_theta") is not None:
+        found.append(raw["rope_theta"])
+    if len(set(map(repr, found))) > 1:
+        raise ConfigError(f"{source}: rope_parameters.rope_theta and rope_theta disagree ({found}); keep one")
+    return found[0] if found else None
+
+
+def _as_count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def released_drafter_config(mask_token_id: int) -> DrafterConfig:
+    """The converter's constants: what a native file with no config.json beside it is (§1.4, §10.2)."""
+    values = dict(_DEFAULTS)
+    return DrafterConfig(
+        **{key: values[key] for key in _DEFAULTS if key != "target_layer_ids"},
+        rope_theta=_RELEASED_ROPE_THETA,
+        layer_types=("sliding_attention",) * values["num_hidden_layers"],
+        mask_token_id=mask_token_id,
+        target_layer_ids=tuple(values["target_layer_ids"]),
+        config_layout="native (converter constants)",
+    )
+
+
+def drafter_config_to_dict(config: DrafterConfig) -> dict[str, Any]:
+    """config.json content in the HF layout (what `save_pretrained` writes, minus bookkeeping)."""
+    out: dict[str, Any] = {"model_type": ASSISTANT_MODEL_TYPE}
+    out.update({key: getattr(config, key) for key in _DEFAULTS})
+    out["target_layer_ids"] = list(config.target_layer_ids)
+    out["layer_types"] = list(config.layer_types)
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": config.rope_theta}
+    out["mask_token_id"] = config.mask_token_id
+    if config.vocab_size is not None:
+        out["vocab_size"] = config.vocab_size
+    return out
+
+
+class TorchFileTensors:
+    """The tensors of a native drafter file, with the interface of `SafetensorsCheckpoint`.
+
+    Loaded with `torch.load(weights_only=True)` (never arbitrary unpickling), memory-mapped when the file
+    format allows it.
+    """
+
+    _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+
+    def __init__(self, file: Path):
+        self.directory = file.parent
+        self.file = file
+        try:
+            try:
+                loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                loaded = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # unpickling refused, truncated file, not a torch file: many types
+            raise CheckpointError(
+                f"cannot read the native drafter file {file} with torch.load(weights_only=True): {exc}"
+            ) from exc
+        if not isinstance(loaded, Mapping):
+            raise CheckpointError(f"{file} holds a {type(loaded).__name__}, not a mapping of tensor names to tensors")
+        stray = sorted(str(k) for k, v in loaded.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor))
+        if stray:
+            raise CheckpointError(f"{file} holds entries that are not named tensors: {', '.join(stray[:8])}")
+        self._tensors: dict[str, torch.Tensor] = dict(loaded)
+        self.tensors = {
+            name: TensorInfo(name, tuple(t.shape), self._DTYPE_NAMES.get(t.dtype, str(t.dtype)), file)
+            for name, t in self._tensors.items()
+        }
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+
+@dataclass
+class DrafterCheckpoint:
+    """A drafter's config and tensors, and the weight layout they are in."""
+
+    config: DrafterConfig
+    files: SafetensorsCheckpoint | TorchFileTensors
+    weight_layout: str
+    location: Path
+
+
+def open_drafter_checkpoint(path: str | os.PathLike, *, mask_token_id: Callable[[], int]) -> DrafterCheckpoint:
+    """Find a drafter's config and weights at `path`: an HF directory (config.json + safetensors), a native
+    directory (head.pt, or pytorch_weights/dflash/head.pt, with or without config.json), or a native .pt file.
+
+    `mask_token_id()` gives the target tokenizer's id of the released mask token, for configs that omit it.
+    Raises CheckpointError / ConfigError saying what was looked for.
+    """
+    location = Path(path).expanduser()
+    if location.is_file():
+        if location.suffix != ".pt":
+            raise CheckpointError(f"drafter path {location} is a file but not a native .pt file; pass the drafter's "
+                                  "directory (config.json and safetensors) or its head.pt")
+        native, directory = location, location.parent
+    elif location.is_dir():
+        directory = location
+        native = next((directory / p for p in (Path(NATIVE_FILE), NATIVE_FILE_IN_VENDOR_CHECKOUT)
+                       if (directory / p).is_file()), None)
+    else:
+        raise CheckpointError(f"drafter path {location} does not exist; speculative_config.model must be a local "
+                              "drafter directory or a native head.pt file")
+    config_path = directory / "config.json"
+    if config_path.is_file():
+        try:
+            raw = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{config_path}: cannot be read as JSON ({exc})") from None
+        config = read_drafter_config(raw, source=str(config_path), mask_token_id=mask_token_id)
+    elif native is not None:
+        logger.info("%s has no config.json: using the released drafter's hyper-parameters (converter constants)",
+                    native)
+        config = released_drafter_config(mask_token_id())
+    else:
+        raise CheckpointError(f"{directory} holds no DFlash drafter: expected config.json with safetensors (HF "
+                              f"layout), or {NATIVE_FILE} / {NATIVE_FILE_IN_VENDOR_CHECKOUT} (native layout)")
+    if native is not None:
+        return DrafterCheckpoint(config, TorchFileTensors(native), DRAFTER_NATIVE, native)
+    return DrafterCheckpoint(config, SafetensorsCheckpoint(directory), DRAFTER_CANONICAL, directory)

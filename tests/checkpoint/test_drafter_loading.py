@@ -1,0 +1,119 @@
+"""Loading a DFlash drafter: both layouts, the strict fit to the target, and clear refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glimmer.checkpoint.config_layouts import load_config
+from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
+from glimmer.engine.model_loader import load_drafter
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import CheckpointError, ConfigError
+from glimmer.tiny import write_tiny_drafter
+
+
+@pytest.fixture(scope="module")
+def target(make_tiny):
+    return make_tiny()
+
+
+def _load(path, target):
+    tokenizer = Tokenizer.from_dir(target)
+    return load_drafter(path, load_config(target), lambda: tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+                        progress=False)
+
+
+def _edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key)
+        else:
+            config[key] = value
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def test_both_layouts_load_the_same_parameters(target, tmp_path):
+    hf = _load(write_tiny_drafter(tmp_path / "hf", target, seed=3), target)
+    native = _load(write_tiny_drafter(tmp_path / "native", target, layout="native", seed=3), target)
+    assert (hf.weight_layout, native.weight_layout) == ("drafter", "drafter-native")
+    for (name, a), (_, b) in zip(hf.model.state_dict().items(), native.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_cli_writes_a_drafter_for_a_target(target, tmp_path):
+    out = tmp_path / "cli-drafter"
+    subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(out), "--drafter-for", str(target),
+                    "--layout", "native"], check=True, capture_output=True)
+    assert (out / "head.pt").is_file()
+    assert _load(out, target).config.block_size == 6
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"hidden_size": 96}, "hidden_size=96 but the target's hidden_size is 64"),
+        ({"target_layer_ids": [1, 8, 6]}, "name layers [8] but the target has 8 layers"),
+        ({"mask_token_id": 512}, "mask_token_id=512 is outside the target's vocabulary [0, 512)"),
+        ({"vocab_size": 1000}, "vocab_size=1000 but the target's vocab_size is 512"),
+        ({"model_type": "muse_glimmer"}, "is not a DFlash drafter config"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type='llama3' is not supported"),
+        ({"block_size": 1}, "block_size=1 is invalid"),
+    ],
+)
+def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_path, changes, message):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, **changes)
+    with pytest.raises(ConfigError) as error:
+        _load(path, target)
+    assert message in str(error.value)
+
+
+def test_weights_that_do_not_match_the_config_are_refused(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, intermediate_size=64)
+    with pytest.raises(CheckpointError, match=r"layers\.0\.mlp\.gate_proj\.weight: expected shape \[64, 64\], "
+                                              r"found \[96, 64\]"):
+        _load(path, target)
+
+
+def test_absent_mask_token_id_comes_from_the_target_tokenizer(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, mask_token_id=None)
+    expected = Tokenizer.from_dir(target).token_to_id(RELEASED_MASK_TOKEN)
+    assert _load(path, target).config.mask_token_id == expected
+
+
+def test_native_file_without_config_must_have_the_released_geometry(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    (path / "config.json").unlink()
+    with pytest.raises(ConfigError, match="hidden_size=6656 but the target's hidden_size is 64"):
+        _load(path / "head.pt", target)
+
+
+def test_native_file_with_foreign_content_is_refused(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    torch.save({"layers.0.attention.wqkv.weight": torch.zeros(2), "step": 3}, path / "head.pt")
+    with pytest.raises(CheckpointError, match="not named tensors: step"):
+        _load(path, target)
+
+
+def test_native_file_is_never_unpickled_beyond_tensors(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    torch.save({"w": torch.zeros(2), "extra": _Arbitrary()}, path / "head.pt")
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        _load(path, target)
+
+
+class _Arbitrary:
+    pass
+
+
+def test_a_directory_without_a_drafter_is_refused(tmp_path, target):
+    with pytest.raises(CheckpointError, match="holds no DFlash drafter"):
+        _load(tmp_path, target)
