@@ -32,17 +32,26 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model)
+    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, mmproj=args.mmproj,
+                                allow_pickle=args.allow_pickle)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
         return 0
     config = report.config
     text = config.text
     print(f"checkpoint:      {args.model}")
+    print(f"format:          {report.format}")
+    if report.tensor_types:
+        from glimmer.checkpoint.gguf_model import gguf_quantization_summary
+
+        print(f"tensor types:    {gguf_quantization_summary(report.tensor_types)}")
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")
-    print(f"vision:          {'yes' if config.has_vision else 'no (text-only)'}")
+    vision = "no (text-only)"
+    if config.has_vision:
+        vision = f"yes (images only: {config.video_unsupported_reason})" if config.video_unsupported_reason else "yes"
+    print(f"vision:          {vision}")
     print(f"layers:          {text.num_hidden_layers} ({len(text.full_attention_layers)} full-attention NoPE at "
           f"{list(text.full_attention_layers)}, {len(text.sliding_attention_layers)} sliding-window RoPE, "
           f"window {text.sliding_window})")
@@ -98,6 +107,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         load_format=args.load_format,
+        mmproj=args.mmproj, allow_pickle=args.allow_pickle,
         media_limits=MediaLimits(max_image_pixels=args.max_image_pixels,
                                  max_video_source_frames=args.max_video_frames),
     )
@@ -178,7 +188,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
-                        help="checkpoint directory or Hugging Face Hub id (default: the embedded tiny demo model)")
+                        help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded tiny "
+                             "demo model)")
+    _add_format_options(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="default bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
@@ -201,6 +213,15 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                         help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
+
+
+def _add_format_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mmproj", default=None, metavar="FILE",
+                        help="with a GGUF model: its vision projector GGUF, for images (videos need the safetensors "
+                             "checkpoint's vision tower)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read *.bin / *.pt weights (only through torch.load(weights_only=True)); off by default "
+                             "because unpickling can run code")
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -256,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(func=_cmd_chat)
 
     inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes")
-    inspect.add_argument("model", help="checkpoint directory or Hugging Face Hub id")
+    inspect.add_argument("model", help="checkpoint directory, .gguf file or Hugging Face Hub id")
+    _add_format_options(inspect)
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=_cmd_inspect)
 

@@ -3,8 +3,8 @@
 Glimmer never invents a prompt format (P-TMPL-4): the template comes from the operator or from the
 checkpoint. Search order: the operator's `--chat-template FILE`, then `chat_template.jinja`, then the
 `chat_template` field of `tokenizer_config.json` (a string, or a list of named templates from which
-`default` is taken). GGUF metadata (`tokenizer.chat_template`) would come last; GGUF checkpoints are not
-supported yet.
+`default` is taken). A GGUF checkpoint carries its template in its metadata (`tokenizer.chat_template`),
+which the GGUF reader hands over as `embedded`.
 """
 
 from __future__ import annotations
@@ -35,10 +35,15 @@ class ChatTemplateSource:
 
 
 def find_chat_template(
-    checkpoint_dir: str | os.PathLike[str], override: str | os.PathLike[str] | None = None
+    checkpoint_dir: str | os.PathLike[str],
+    override: str | os.PathLike[str] | None = None,
+    *,
+    embedded: str | None = None,
+    is_file: bool = False,
 ) -> ChatTemplateSource:
     """The template to render with, by the P-TMPL-1 order. Logs its origin and sha256.
 
+    For a single-file checkpoint (`is_file`, a GGUF) the template is `embedded` (its metadata's), not a file.
     Raises CheckpointError when the override file cannot be read, when a template found is empty or
     unreadable, or when no template exists anywhere searched.
     """
@@ -46,6 +51,11 @@ def find_chat_template(
     if override is not None:
         override_file = Path(override)
         source = _source(_read_template_file(override_file), f"--chat-template {override_file}")
+    elif is_file:
+        if embedded is None:
+            raise CheckpointError(f"{directory} has no tokenizer.chat_template in its metadata; pass the model's "
+                                  f"template with {OVERRIDE_OPTION}")
+        source = _source(embedded, f"{directory} (tokenizer.chat_template)")
     else:
         source = _from_checkpoint(directory)
     logger.info("chat template from %s (sha256 %s)", source.origin, source.sha256)
@@ -62,8 +72,8 @@ def _from_checkpoint(directory: Path) -> ChatTemplateSource:
         if source is not None:
             return source
     raise CheckpointError(
-        f"no chat template found; searched {jinja_file}, the 'chat_template' field of {config_file}, "
-        f"and GGUF metadata (not supported yet). Pass the model's template with {OVERRIDE_OPTION}"
+        f"no chat template found; searched {jinja_file} and the 'chat_template' field of {config_file}. "
+        f"Pass the model's template with {OVERRIDE_OPTION}"
     )
 
 

@@ -258,6 +258,10 @@ class ModelConfig:
     # how config.json was laid out, and what the normalizer had to say about it
     config_layout: str = field(default="canonical", compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # set when the vision weights cannot encode videos: a GGUF mmproj's patch embedding has the two temporal
+    # slabs summed, which is exact for images (one frame duplicated) and wrong for videos. The engine
+    # refuses video inputs with this text.
+    video_unsupported_reason: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.vision is None:

@@ -2,8 +2,9 @@
 
 Layouts (`CONFIG_LAYOUTS`) and how they are told apart, first match wins (architecture.md §15.1):
 
-1. A `muse_glimmer_mlx_format` key is refused (packaged MLX artifacts fold the norms and fuse the gate),
-   and so is a `quantization_config` (quantized checkpoints are not supported yet).
+1. A `muse_glimmer_mlx_format` key is refused here (packaged MLX artifacts are opened by `mlx.py`, which
+   strips its packaging keys before calling `normalize_config`), and so is a `quantization_config`
+   (quantized safetensors checkpoints are not supported yet).
 2. `model_type: "muse_glimmer_text"` → **canonical-text**: what `MuseGlimmerTextConfig.save_pretrained`
    writes, text fields at the top level. Text-only.
 3. `model_type: "muse_glimmer"` with a `text_config` object → **canonical**: what
@@ -115,7 +116,7 @@ _LAYOUTS_LOOKED_FOR = (
 # computes at inference, so they are accepted at every level without a warning.
 _IGNORED_KEYS = frozenset(
     """
-    transformers_version architectures auto_map dtype torch_dtype _name_or_path name_or_path _commit_hash
+    transformers_version architectures dtype torch_dtype _name_or_path name_or_path _commit_hash
     _attn_implementation _attn_implementation_autoset attn_implementation output_attentions output_hidden_states
     return_dict chunk_size_feed_forward is_encoder_decoder is_decoder add_cross_attention cross_attention_hidden_size
     tie_encoder_decoder id2label label2id num_labels problem_type finetuning_task task_specific_params prefix
@@ -124,9 +125,10 @@ _IGNORED_KEYS = frozenset(
     """.split()
 )
 # Processor and packaging facts some flat configs carry (video sampling, mlx-lm's custom model file).
-_FLAT_IGNORED_KEYS = tuple(
-    "vid_start_id vid_end_id vid_frame_sep_id video_num_frames video_sampling_fps model_file".split()
-)
+_FLAT_IGNORED_KEYS = tuple("vid_start_id vid_end_id vid_frame_sep_id video_num_frames video_sampling_fps".split())
+# Keys that point at code shipped with the checkpoint (transformers' remote code, mlx-lm's custom model
+# file). Glimmer never imports or executes such code; the keys are accepted with a warning saying so.
+_CODE_KEYS = ("auto_map", "model_file")
 
 _SIZE_FIELDS = (
     "vocab_size",
@@ -293,7 +295,9 @@ class _Section:
     def finish(self) -> None:
         """Record the keys nobody read as unknown."""
         self.notes.unknown.extend(
-            self.path(key) for key in sorted(self.data) if key not in self.read and key not in _IGNORED_KEYS
+            self.path(key)
+            for key in sorted(self.data)
+            if key not in self.read and key not in _IGNORED_KEYS and key not in _CODE_KEYS
         )
 
 
@@ -339,6 +343,9 @@ def normalize_config(raw: dict[str, Any], *, source: str = "config.json") -> Mod
         raise ConfigError(f"{source}: expected a JSON object at the top level, got {type(raw).__name__}")
     layout = _detect_layout(raw, source)
     notes = _Notes(source, layout)
+    code = [f"{key}={raw[key]!r}" for key in _CODE_KEYS if key in raw]
+    if code:
+        notes.warnings.append(f"ignoring {', '.join(code)}: Glimmer never executes code shipped with a checkpoint")
     if layout == "canonical-text":
         config = _read_canonical_text(raw, notes)
     elif layout == "canonical":
@@ -395,8 +402,7 @@ def _detect_layout(raw: Mapping[str, Any], source: str) -> str:
     if "muse_glimmer_mlx_format" in raw:
         raise ConfigError(
             f"{source}: muse_glimmer_mlx_format={raw['muse_glimmer_mlx_format']!r} marks a packaged MLX artifact, "
-            "which Glimmer does not support (its norms have the +1 folded in and the attention gate fused into "
-            "q_proj); load the original Hugging Face export of the checkpoint instead"
+            "whose config is read by the MLX reader (glimmer.checkpoint.mlx), not as a plain config.json"
         )
     text_config = raw.get("text_config")
     for where, section in (("", raw), ("text_config.", text_config)):

@@ -46,14 +46,20 @@ def load_generation_defaults(
     checkpoint_dir: str | os.PathLike[str],
     text_config: TextConfig,
     token_to_id: Callable[[str], int | None],
+    embedded: dict[str, Any] | None = None,
 ) -> GenerationDefaults:
     """Read `generation_config.json` (optional) and resolve the stop ids (P-TOK-2).
 
+    `embedded`: the same fields carried by the checkpoint itself (a GGUF's tokenizer metadata), used
+    instead of the file; `checkpoint_dir` then names the checkpoint in errors.
     Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, or no
     stop id remains.
     """
-    path = Path(checkpoint_dir) / GENERATION_CONFIG_FILE
-    config = _read_generation_config(path)
+    if embedded is not None:
+        path, config = Path(checkpoint_dir), embedded
+    else:
+        path = Path(checkpoint_dir) / GENERATION_CONFIG_FILE
+        config = _read_generation_config(path)
     fields = _Fields(config, path)
 
     configured_eos = fields.token_ids("eos_token_id")

@@ -7,9 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glimmer.checkpoint.config import ModelConfig
-from glimmer.checkpoint.config_layouts import load_config
-from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
-from glimmer.checkpoint.weight_layouts import ROPE_LAYOUT, detect_weight_layout
+from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
 
 PARAMETER_GROUPS = (
@@ -24,37 +22,48 @@ PARAMETER_GROUPS = (
 @dataclass
 class CheckpointReport:
     config: ModelConfig
+    format: str
     weight_layout: str
     rope_layout: str
     parameter_counts: dict[str, int]
     checkpoint_bytes: int
     warnings: list[str]
+    # GGUF / MLX storage types → tensor count (None for safetensors and pickle weights)
+    tensor_types: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "format": self.format,
             "config_layout": self.config.config_layout,
             "weight_layout": self.weight_layout,
             "rope_layout": self.rope_layout,
             "parameters": self.parameter_counts,
             "checkpoint_bytes": self.checkpoint_bytes,
             "config": self.config.summary(),
+            "tensor_types": self.tensor_types,
+            "video_unsupported_reason": self.config.video_unsupported_reason,
             "warnings": self.warnings,
         }
 
 
-def inspect_checkpoint(checkpoint_dir: str | os.PathLike, model_factory: Any) -> CheckpointReport:
+def inspect_checkpoint(
+    checkpoint: str | os.PathLike,
+    model_factory: Any,
+    *,
+    mmproj: str | os.PathLike | None = None,
+    allow_pickle: bool = False,
+) -> CheckpointReport:
     """Validate config and weight plan exactly as loading would, and count parameters per part.
 
     model_factory(config) must build the model (on the meta device) whose parameters are expected.
     Raises ConfigError / CheckpointError like loading does.
     """
-    config = load_config(checkpoint_dir)
-    files = SafetensorsCheckpoint(checkpoint_dir)
-    layout = detect_weight_layout(files.names())
-    config = drop_vision_if_absent(config, files, layout)
+    opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle)
+    layout = opened.weight_layout
+    config = drop_vision_if_absent(opened.config, opened.tensors, layout)
     model = model_factory(config)
     expected = expected_parameters(model, config)
-    plan_weights(config, files, expected, layout)
+    plan_weights(config, opened.tensors, expected, layout)
     counts: dict[str, int] = {}
     for label, prefix in PARAMETER_GROUPS:
         n = sum(_numel(shape) for name, shape in expected.items() if name.startswith(prefix))
@@ -63,11 +72,13 @@ def inspect_checkpoint(checkpoint_dir: str | os.PathLike, model_factory: Any) ->
     counts["total"] = sum(_numel(shape) for shape in expected.values())
     return CheckpointReport(
         config=config,
+        format=opened.format,
         weight_layout=layout,
-        rope_layout=ROPE_LAYOUT[layout],
+        rope_layout=opened.rope_layout,
         parameter_counts=counts,
-        checkpoint_bytes=files.total_bytes,
+        checkpoint_bytes=opened.tensors.total_bytes,
         warnings=list(config.warnings),
+        tensor_types=opened.tensor_types,
     )
 
 

@@ -1,4 +1,4 @@
-"""Turn what a user typed as the model (a directory or a Hugging Face Hub id) into a local directory."""
+"""Turn what a user typed as the model (a directory, a GGUF file or a Hugging Face Hub id) into a local path."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.errors import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -14,17 +15,20 @@ _HUB_WEIGHTS = ["*.safetensors"]
 
 
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True) -> Path:
-    """A local checkpoint directory for `model`.
+    """A local checkpoint directory (or GGUF file) for `model`.
 
-    A path that exists is used as it is. Otherwise a Hub id (`owner/name`) is downloaded (or found in the
-    local Hugging Face cache); with `weights=False` only its config, tokenizer and template files are.
-    Raises CheckpointError saying what was tried and how to fix it.
+    A directory or a GGUF file that exists is used as it is. Otherwise a Hub id (`owner/name`) is downloaded
+    (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and template
+    files are. Raises CheckpointError saying what was tried and how to fix it.
     """
     path = Path(model).expanduser()
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"model path {path} is a file; pass the checkpoint directory that holds config.json")
+        if is_gguf_path(path):
+            return path
+        raise CheckpointError(f"model path {path} is a file but not a GGUF file; pass the checkpoint directory "
+                              "that holds config.json, or a .gguf file")
     text = str(model)
     if not _HUB_ID.match(text):
         raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id (owner/name)")
@@ -44,3 +48,4 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
         ) from exc
     except Exception as exc:  # network, auth, missing repo: the hub client raises many types
         raise CheckpointError(f"could not download {text!r} from the Hugging Face Hub: {exc}") from exc
+

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from glimmer.checkpoint.chat_template_source import find_chat_template
+from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
@@ -58,6 +59,8 @@ class EngineConfig:
     load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
     seed: int = 0
     chat_template: str | None = None  # operator override file (P-TMPL-1)
+    mmproj: str | None = None  # a GGUF model's vision projector file (images only)
+    allow_pickle: bool = False  # read *.bin / *.pt weights, through torch.load(weights_only=True) only
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     progress: bool = True
 
@@ -97,12 +100,18 @@ class LLMEngine:
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
         self.checkpoint_dir = resolve_checkpoint(config.model, weights=config.load_format != "dummy")
-        self.loaded: LoadedModel = load_model(
-            self.checkpoint_dir, dtype=self.dtype, device=self.device, progress=config.progress,
-            load_format=config.load_format, seed=config.seed,
-        )
+        # a directory, or a GGUF file; with dummy weights only the config, tokenizer and template are read
+        self.checkpoint = open_checkpoint(self.checkpoint_dir, mmproj=config.mmproj, allow_pickle=config.allow_pickle,
+                                          weights=config.load_format != "dummy")
+        self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
+                                              progress=config.progress, load_format=config.load_format,
+                                              seed=config.seed)
         self.model_config = self.loaded.config
-        self.tokenizer = Tokenizer.from_dir(self.checkpoint_dir)
+        embedded = self.checkpoint.tokenizer
+        self.tokenizer = (
+            Tokenizer.from_backend(embedded.backend, embedded.named_tokens, self.checkpoint_dir)
+            if embedded is not None else Tokenizer.from_dir(self.checkpoint_dir)
+        )
         text = self.model_config.text
         if self.tokenizer.vocab_size > text.vocab_size:
             raise ConfigError(
@@ -110,7 +119,8 @@ class LLMEngine:
                 f"{text.vocab_size}; the tokenizer does not belong to this model"
             )
         self.generation_defaults: GenerationDefaults = load_generation_defaults(
-            self.checkpoint_dir, text, self.tokenizer.token_to_id
+            self.checkpoint_dir, text, self.tokenizer.token_to_id,
+            embedded=embedded.generation_config if embedded is not None else None,
         )
         self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
@@ -198,6 +208,10 @@ class LLMEngine:
         vision = self.model_config.vision
         if vision is None:
             return None
+        if self.checkpoint.preprocessor_config is not None:
+            settings = load_media_settings(self.checkpoint.preprocessor_config)
+            settings.check_matches(vision)
+            return MediaProcessor(settings, self.config.media_limits)
         files = [read_json_object(self.checkpoint_dir / name)
                  for name in ("preprocessor_config.json", "video_preprocessor_config.json")]
         if files[0] is None:
@@ -210,7 +224,11 @@ class LLMEngine:
     def chat_template(self) -> ChatTemplate:
         """The checkpoint's (or the operator's) chat template, compiled once (P-TMPL-1)."""
         if self._chat_template is None:
-            source = find_chat_template(self.checkpoint_dir, self.config.chat_template)  # logs origin and sha256
+            embedded = self.checkpoint.tokenizer
+            source = find_chat_template(  # logs origin and sha256
+                self.checkpoint_dir, self.config.chat_template, is_file=self.checkpoint_dir.is_file(),
+                embedded=embedded.chat_template if embedded is not None else None,
+            )
             self._chat_template = ChatTemplate(source.text)
         return self._chat_template
 
@@ -231,6 +249,9 @@ class LLMEngine:
             return self.encode_prompt(text), []
         if self.media is None:
             raise RequestError("this checkpoint has no vision tower; images and videos cannot be used",
+                               param="messages")
+        if videos and self.model_config.video_unsupported_reason:
+            raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
                                param="messages")
         processed = self.media.process(text, images, videos)
         token_ids = self.encode_prompt(processed.text)

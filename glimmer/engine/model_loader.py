@@ -1,4 +1,5 @@
-"""Build a Muse Glimmer model (or its DFlash drafter) from a checkpoint: config, strict weight plan, fill.
+"""Build a Muse Glimmer model (or its DFlash drafter) from a checkpoint in any format `glimmer.checkpoint.formats`
+opens (safetensors, GGUF, MLX, pickle on request): config, strict weight plan, fill.
 
 With load_format "dummy" only config.json is read and every weight is drawn at random where the model
 lives (as vLLM's flag does): any geometry, the released 30B one included, builds on a GPU in seconds.
@@ -14,11 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
-from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.drafter import open_drafter_checkpoint
+from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
 from glimmer.checkpoint.random_weights import randomize_parameters_
-from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
-from glimmer.checkpoint.weight_layouts import detect_weight_layout
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
 from glimmer.errors import ConfigError
 from glimmer.model.drafter import DFlashDrafter
@@ -37,26 +36,29 @@ class LoadedModel:
 
 
 def load_model(
-    checkpoint_dir: str | os.PathLike,
+    checkpoint: str | os.PathLike | OpenedCheckpoint,
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     progress: bool = True,
     load_format: str = "auto",
     seed: int = 0,
+    mmproj: str | os.PathLike | None = None,
+    allow_pickle: bool = False,
 ) -> LoadedModel:
     """Load and validate a checkpoint; raises ConfigError or CheckpointError naming what is wrong.
 
-    load_format "auto" reads the safetensors weights; "dummy" draws them at random (from `seed`).
+    load_format "auto" reads the checkpoint's weights; "dummy" draws them at random (from `seed`).
     """
     if load_format not in LOAD_FORMATS:
         raise ConfigError(f"load_format={load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
-    config = load_config(checkpoint_dir)
-    if load_format == "dummy":
-        return _dummy_model(config, dtype, device, seed)
-    files = SafetensorsCheckpoint(checkpoint_dir)
-    layout = detect_weight_layout(files.names())
-    config = drop_vision_if_absent(config, files, layout)
+    dummy = load_format == "dummy"
+    opened = checkpoint if isinstance(checkpoint, OpenedCheckpoint) else open_checkpoint(
+        checkpoint, mmproj=mmproj, allow_pickle=allow_pickle, weights=not dummy)
+    if dummy:
+        return _dummy_model(opened.config, dtype, device, seed)
+    files, layout = opened.tensors, opened.weight_layout
+    config = drop_vision_if_absent(opened.config, files, layout)
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config).to(dtype)
     plan = plan_weights(config, files, expected_parameters(model, config), layout)
@@ -65,8 +67,8 @@ def load_model(
     if config.text.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.eval().requires_grad_(False)
-    logger.info("loaded %s (%s weights, %s config) on %s as %s", checkpoint_dir, layout, config.config_layout,
-                device, dtype)
+    logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format, layout,
+                config.config_layout, device, dtype)
     return LoadedModel(model=model, config=config, weight_layout=layout)
 
 

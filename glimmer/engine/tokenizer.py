@@ -77,6 +77,20 @@ class Tokenizer:
         )
         return tokenizer
 
+    @classmethod
+    def from_backend(cls, backend: HFTokenizer, named_tokens: dict[str, str], origin: Path) -> Tokenizer:
+        """A tokenizer built by a checkpoint reader (a GGUF's `tokenizer.ggml.*`); `origin` names it in errors.
+
+        Raises CheckpointError when a named special token is not in the vocabulary.
+        """
+        for name, token in named_tokens.items():
+            if backend.token_to_id(token) is None:
+                raise CheckpointError(f"{name}={token!r} is not a token of the tokenizer in {origin}")
+        tokenizer = cls(backend, named_tokens, origin)
+        logger.info("built tokenizer from %s: %d tokens, bos=%r eos=%r", origin, tokenizer.vocab_size,
+                    tokenizer.bos_token, tokenizer.eos_token)
+        return tokenizer
+
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Special-token spellings in the text become those special tokens.
 

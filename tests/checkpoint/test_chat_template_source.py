@@ -81,8 +81,22 @@ def test_no_template_names_every_place_searched_and_the_option(tmp_path):
     with pytest.raises(CheckpointError) as excinfo:
         find_chat_template(tmp_path)
     message = str(excinfo.value)
-    for expected in ("chat_template.jinja", "tokenizer_config.json", "GGUF", "--chat-template FILE"):
+    for expected in ("chat_template.jinja", "tokenizer_config.json", "--chat-template FILE"):
         assert expected in message
+
+
+def test_single_file_checkpoint_uses_its_embedded_template(tmp_path):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    source = find_chat_template(gguf, is_file=True, embedded=JINJA)
+    assert source.text == JINJA and "tokenizer.chat_template" in source.origin
+
+
+def test_single_file_checkpoint_without_template_names_the_key_and_the_option(tmp_path):
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.chat_template.*--chat-template FILE"):
+        find_chat_template(gguf, is_file=True, embedded=None)
 
 
 def test_missing_override_file_is_named(tmp_path):

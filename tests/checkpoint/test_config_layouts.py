@@ -630,9 +630,16 @@ def test_config_without_recognizable_fields_is_refused():
     expect_error({"hidden_size": 64, "num_hidden_layers": 2}, "no model_type")
 
 
-def test_packaged_mlx_artifact_is_refused():
+def test_packaged_mlx_config_is_left_to_the_mlx_reader():
     raw = config_to_dict(tiny_model(), "vendor") | {"muse_glimmer_mlx_format": 1}
-    expect_error(raw, "muse_glimmer_mlx_format", "MLX", "not support")
+    expect_error(raw, "muse_glimmer_mlx_format", "MLX reader")
+
+
+def test_checkpoint_code_keys_are_ignored_with_a_warning():
+    raw = config_to_dict(tiny_model(), "canonical") | {"auto_map": {"AutoModel": "modeling.Muse"}}
+    config = normalize_config(raw)
+    assert config == tiny_model()
+    assert any("auto_map" in w and "never executes code" in w for w in config.warnings)
 
 
 def test_quantized_checkpoint_is_refused():

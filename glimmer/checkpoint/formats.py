@@ -1,0 +1,137 @@
+"""Open any checkpoint Glimmer reads — a safetensors directory, a GGUF file, an MLX artifact or, when the
+user allows it, pickle weights — as one validated config plus a source of tensors.
+
+Which reader runs is decided by what is on disk, never guessed from names alone:
+
+* a file → GGUF (by suffix or magic), with an optional `--mmproj` vision GGUF;
+* a directory whose config.json carries `muse_glimmer_mlx_format` → a packaged MLX artifact (`mlx.py`);
+* a directory with `*.safetensors` → the safetensors layouts (`config_layouts.py`, `weight_layouts.py`);
+* a directory with only `*.bin` / `*.pt` → refused unless `allow_pickle`, then `pickle_files.py`.
+
+Safety rules (README "Checkpoints"): safetensors and GGUF only by default; pickle only on request and
+only through `torch.load(weights_only=True)`; checkpoint code (`auto_map`, `model_file`, `*.py` files,
+remote code) is never imported or executed — a warning says it was ignored; every size read from a file
+is bounded before anything is allocated for it (`gguf_file.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glimmer.checkpoint.config import ModelConfig
+from glimmer.checkpoint.config_layouts import load_config
+from glimmer.checkpoint.gguf_file import is_gguf_path
+from glimmer.checkpoint.json_files import read_json_object
+from glimmer.checkpoint.pickle_files import PickleCheckpoint, pickle_files
+from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
+from glimmer.checkpoint.weight_layouts import CANONICAL, ROPE_LAYOUT, detect_weight_layout
+from glimmer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+SAFETENSORS, GGUF, MLX, PICKLE = "safetensors", "gguf", "mlx", "pickle"
+
+
+@dataclass
+class OpenedCheckpoint:
+    """What a reader found. Tensors are named in `weight_layout` (foreign formats hand canonical names)."""
+
+    path: Path
+    format: str
+    config: ModelConfig
+    tensors: Any  # SafetensorsCheckpoint, PickleCheckpoint or MappedTensors: names(), tensors, read(name)
+    weight_layout: str
+    rope_layout: str
+    # GGML / MLX storage type → tensor count, for `glimmer inspect` (None: the tensors' own dtypes)
+    tensor_types: dict[str, int] | None = None
+    # GGUF: the embedded tokenizer (a GGUFTokenizer); None: tokenizer.json etc. in the directory
+    tokenizer: Any = None
+    # GGUF with --mmproj: the preprocessing settings as a preprocessor_config.json dict
+    preprocessor_config: dict[str, Any] | None = None
+
+
+def open_checkpoint(
+    path: str | os.PathLike,
+    *,
+    mmproj: str | os.PathLike | None = None,
+    allow_pickle: bool = False,
+    weights: bool = True,
+) -> OpenedCheckpoint:
+    """Open `path` with the reader its contents call for. Raises ConfigError / CheckpointError.
+
+    weights=False (dummy weights): a directory's config alone is read; `tensors` is then None.
+    """
+    path = Path(path)
+    if path.is_file():
+        if not is_gguf_path(path):
+            raise CheckpointError(f"model path {path} is a file but not a GGUF file; pass a checkpoint directory "
+                                  "(config.json + weights) or a .gguf file")
+        return _open_gguf(path, mmproj)
+    if mmproj is not None:
+        raise CheckpointError("--mmproj (mmproj=) applies to GGUF models only; this checkpoint is a directory, "
+                              "whose vision weights live beside its text weights")
+    if not path.is_dir():
+        raise CheckpointError(f"model path {path} does not exist")
+    raw = read_json_object(path / "config.json")
+    if raw is not None and "muse_glimmer_mlx_format" in raw:
+        from glimmer.checkpoint.mlx import open_mlx_artifact
+
+        opened = open_mlx_artifact(path, raw)
+    elif not weights:
+        opened = OpenedCheckpoint(path, SAFETENSORS, load_config(path), None, CANONICAL, ROPE_LAYOUT[CANONICAL])
+    else:
+        opened = _open_directory(path, allow_pickle)
+    return _with_code_warning(opened)
+
+
+def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
+    config = load_config(path)
+    if any(path.glob("*.safetensors")):
+        files: Any = SafetensorsCheckpoint(path)
+        kind = SAFETENSORS
+    elif pickle_files(path):
+        names = ", ".join(p.name for p in pickle_files(path)[:3])
+        if not allow_pickle:
+            raise CheckpointError(
+                f"{path} holds pickle weights only ({names}); unpickling can execute code, so Glimmer reads them "
+                "only with --allow-pickle (LLM(..., allow_pickle=True)), and then through "
+                "torch.load(weights_only=True). Prefer a safetensors or GGUF copy of the checkpoint"
+            )
+        logger.warning("reading pickle weights %s with torch.load(weights_only=True) (--allow-pickle)", names)
+        files = PickleCheckpoint(path)
+        kind = PICKLE
+    else:
+        files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
+        kind = SAFETENSORS
+    layout = detect_weight_layout(files.names())
+    return OpenedCheckpoint(path, kind, config, files, layout, ROPE_LAYOUT[layout])
+
+
+def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint:
+    from glimmer.checkpoint.gguf_file import GGUFFile
+    from glimmer.checkpoint.gguf_model import GGUF_ROPE_LAYOUT, read_gguf_model
+    from glimmer.checkpoint.gguf_tokenizer import read_gguf_tokenizer
+
+    file = GGUFFile(path)
+    model = read_gguf_model(file, mmproj)
+    tokenizer = read_gguf_tokenizer(file)
+    return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT,
+                            tensor_types=model.tensor_types, tokenizer=tokenizer,
+                            preprocessor_config=model.preprocessor_config)
+
+
+def _with_code_warning(opened: OpenedCheckpoint) -> OpenedCheckpoint:
+    """Checkpoint code is never executed; say so when the checkpoint ships some (README, safety rules)."""
+    code = sorted(p.name for p in opened.path.glob("*.py"))
+    if not code:
+        return opened
+    warning = (f"{opened.path}: ignoring checkpoint code {', '.join(code)}: Glimmer never imports or executes code "
+               "shipped with a checkpoint")
+    logger.warning("%s", warning)
+    config = dataclasses.replace(opened.config, warnings=(*opened.config.warnings, warning))
+    return dataclasses.replace(opened, config=config)

@@ -1,0 +1,358 @@
+"""A GGUF file, opened safely: every count, length, shape and offset is bounded before anything is read.
+
+The `gguf` package's `GGUFReader` memory-maps the file and trusts its header: an array that claims 10^18
+items makes it loop (appending an empty numpy view per item) until memory runs out, and a string length
+past the end of the file yields a short read it does not notice. So `scan_header` first walks the whole
+header with `struct` against the file size — magic, version, tensor and key counts, every string and array
+length, nesting, tensor ranks, dimensions, types and data ranges — and refuses anything out of bounds with
+one line naming the problem. Only then is `GGUFReader` handed the file, and every loop it runs is bounded
+by what was checked. Tensor data stays memory-mapped; a tensor is dequantized (with `gguf.quants`, the
+format's own dequantizers) only when it is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from glimmer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+
+# Bounds on what a header may declare. A released Muse Glimmer GGUF has about 900 tensors, 50 keys and
+# arrays of 202,048 tokens and about 200k merges; these leave an order of magnitude of room and keep the
+# reader's per-item bookkeeping (a few hundred bytes each) well under a gigabyte for any file.
+MAX_TENSORS = 65_536
+MAX_KEYS = 65_536
+MAX_KEY_BYTES = 65_535
+MAX_STRING_BYTES = 64 << 20
+MAX_ARRAY_ITEMS = 4_194_304
+MAX_TOTAL_ARRAY_ITEMS = 8_388_608
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_TENSOR_ELEMENTS = 1 << 40
+MAX_ALIGNMENT = 1 << 20
+
+# GGUF value types (gguf.GGUFValueType) → struct format of one scalar
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING = 8
+_ARRAY = 9
+_TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32", 7: "BOOL",
+               8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
+_UNSIGNED = {0, 2, 4, 10}
+_SIGNED = {1, 3, 5, 11}
+_FLOATS = {6, 12}
+
+# Tensor types Glimmer reads: the float types exactly, the classic and K quants dequantized on load with
+# gguf.quants. Each is exercised by a round trip in tests/checkpoint/test_gguf.py.
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def is_gguf_path(path: Path) -> bool:
+    """A file named *.gguf, or any file that starts with the GGUF magic."""
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as handle:
+            return handle.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor's header entry. `shape` is in torch order (GGUF stores the dimensions reversed)."""
+
+    name: str
+    shape: tuple[int, ...]
+    type_name: str
+    offset: int  # absolute position of the data in the file
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    byte_order: str  # "<" or ">"
+    metadata: dict[str, Any]
+    metadata_types: dict[str, str]
+    tensors: dict[str, TensorEntry]
+    alignment: int
+
+
+class _Cursor:
+    """Reads the header of one mapped file, refusing to run past its end."""
+
+    def __init__(self, data: mmap.mmap | bytes, path: Path, order: str):
+        self.data = data
+        self.size = len(data)
+        self.pos = 0
+        self.path = path
+        self.order = order
+
+    def fail(self, problem: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: {problem}")
+
+    def take(self, fmt: str, what: str) -> Any:
+        width = struct.calcsize(fmt)
+        if self.pos + width > self.size:
+            raise self.fail(f"truncated GGUF file: it ends inside {what} (at byte {self.pos} of {self.size})")
+        (value,) = struct.unpack_from(self.order + fmt, self.data, self.pos)
+        self.pos += width
+        return value
+
+    def string(self, what: str, limit: int) -> str:
+        length = self.take("Q", f"the length of {what}")
+        if length > limit:
+            raise self.fail(f"{what} claims {length:,} bytes, more than the {limit:,} allowed")
+        if self.pos + length > self.size:
+            raise self.fail(f"truncated GGUF file: {what} claims {length:,} bytes but only "
+                            f"{self.size - self.pos:,} remain")
+        raw = bytes(self.data[self.pos : self.pos + length])
+        self.pos += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+
+def scan_header(path: Path) -> GGUFHeader:
+    """Validate the whole header of `path` against its size and return its metadata and tensor table.
+
+    Raises CheckpointError (one line, naming the file and the problem) for anything malformed or out of
+    bounds; nothing is allocated in proportion to a size the file declares before that size is checked.
+    """
+    try:
+        with path.open("rb") as handle:
+            size = path.stat().st_size
+            if size < 24:
+                raise CheckpointError(f"{path}: not a GGUF file ({size} bytes is shorter than a GGUF header)")
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read: {exc}") from None
+    try:
+        return _scan(data, path)
+    finally:
+        data.close()
+
+
+def _scan(data: mmap.mmap, path: Path) -> GGUFHeader:
+    if bytes(data[:4]) != GGUF_MAGIC:
+        raise CheckpointError(f"{path}: not a GGUF file (wrong magic {bytes(data[:4])!r}, expected b'GGUF')")
+    (version,) = struct.unpack_from("<I", data, 4)
+    order = "<"
+    if version & 0xFFFF == 0:  # written on a big-endian host, as GGUFReader detects it
+        order = ">"
+        (version,) = struct.unpack_from(">I", data, 4)
+    if order == ">":
+        raise CheckpointError(f"{path}: big-endian GGUF files are not supported; convert it on a little-endian host")
+    if version not in SUPPORTED_VERSIONS:
+        raise CheckpointError(f"{path}: GGUF version {version} is not supported (supported: {SUPPORTED_VERSIONS})")
+    cursor = _Cursor(data, path, order)
+    cursor.pos = 8
+    tensor_count = cursor.take("Q", "the tensor count")
+    key_count = cursor.take("Q", "the metadata key count")
+    if tensor_count > MAX_TENSORS:
+        raise cursor.fail(f"the header claims {tensor_count:,} tensors, more than the {MAX_TENSORS:,} allowed")
+    if key_count > MAX_KEYS:
+        raise cursor.fail(f"the header claims {key_count:,} metadata keys, more than the {MAX_KEYS:,} allowed")
+
+    metadata: dict[str, Any] = {}
+    types: dict[str, str] = {}
+    budget = [MAX_TOTAL_ARRAY_ITEMS]
+    for index in range(key_count):
+        key = cursor.string(f"metadata key #{index}", MAX_KEY_BYTES)
+        if key in metadata:
+            raise cursor.fail(f"metadata key {key!r} appears twice")
+        value_type = cursor.take("I", f"the type of metadata key {key!r}")
+        metadata[key], types[key] = _value(cursor, key, value_type, budget)
+
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if "general.alignment" in metadata and (
+        types["general.alignment"] != "UINT32" or alignment == 0 or alignment & (alignment - 1)
+        or alignment > MAX_ALIGNMENT
+    ):
+        raise cursor.fail(f"general.alignment={alignment!r} is invalid; expected a power of two (UINT32)")
+
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    entries = []
+    for index in range(tensor_count):
+        name = cursor.string(f"the name of tensor #{index}", MAX_KEY_BYTES)
+        n_dims = cursor.take("I", f"the rank of tensor {name!r}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cursor.fail(f"tensor {name!r} has rank {n_dims}; GGUF allows 1 to {MAX_DIMS}")
+        dims = [cursor.take("Q", f"the dimensions of tensor {name!r}") for _ in range(n_dims)]
+        raw_type = cursor.take("I", f"the type of tensor {name!r}")
+        offset = cursor.take("Q", f"the data offset of tensor {name!r}")
+        if any(d == 0 for d in dims) or math.prod(dims) > MAX_TENSOR_ELEMENTS:
+            raise cursor.fail(f"tensor {name!r} has absurd dimensions {dims}")
+        try:
+            qtype = GGMLQuantizationType(raw_type)
+        except ValueError:
+            raise cursor.fail(f"tensor {name!r} has unknown type {raw_type}") from None
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        if dims[0] % block:
+            raise cursor.fail(f"tensor {name!r} ({qtype.name}) has a row of {dims[0]} values, not a multiple "
+                              f"of its block size {block}")
+        entries.append((name, dims, qtype.name, offset, math.prod(dims) // block * type_size))
+
+    data_start = -(-cursor.pos // alignment) * alignment
+    tensors: dict[str, TensorEntry] = {}
+    for name, dims, type_name, offset, num_bytes in entries:
+        if name in tensors:
+            raise cursor.fail(f"tensor {name!r} appears twice")
+        start = data_start + offset
+        if offset % alignment:
+            raise cursor.fail(f"tensor {name!r} starts at offset {offset}, not a multiple of the alignment "
+                              f"{alignment}")
+        if start + num_bytes > cursor.size:
+            raise cursor.fail(f"truncated GGUF file: tensor {name!r} needs bytes {start:,}..{start + num_bytes:,} "
+                              f"but the file has {cursor.size:,}")
+        tensors[name] = TensorEntry(name, tuple(reversed(dims)), type_name, start, num_bytes)
+    return GGUFHeader(version, order, metadata, types, tensors, alignment)
+
+
+def _value(cursor: _Cursor, key: str, value_type: int, budget: list[int]) -> tuple[Any, str]:
+    if value_type in _SCALARS:
+        return cursor.take(_SCALARS[value_type], f"the value of {key!r}"), _TYPE_NAMES[value_type]
+    if value_type == _STRING:
+        return cursor.string(f"the value of {key!r}", MAX_STRING_BYTES), "STRING"
+    if value_type != _ARRAY:
+        raise cursor.fail(f"metadata key {key!r} has unknown value type {value_type}")
+    item_type = cursor.take("I", f"the item type of {key!r}")
+    count = cursor.take("Q", f"the length of {key!r}")
+    if item_type == _ARRAY:
+        raise cursor.fail(f"metadata key {key!r} is an array of arrays, which Glimmer does not read")
+    if item_type not in _SCALARS and item_type != _STRING:
+        raise cursor.fail(f"metadata key {key!r} is an array of unknown type {item_type}")
+    if count > MAX_ARRAY_ITEMS or count > budget[0]:
+        raise cursor.fail(f"metadata key {key!r} claims {count:,} items, more than the "
+                          f"{min(MAX_ARRAY_ITEMS, budget[0]):,} allowed")
+    budget[0] -= count
+    if item_type == _STRING:
+        if count * 8 > cursor.size - cursor.pos:
+            raise cursor.fail(f"truncated GGUF file: {key!r} claims {count:,} strings but the file ends first")
+        items = [cursor.string(f"item {i} of {key!r}", MAX_STRING_BYTES) for i in range(count)]
+        return items, "ARRAY[STRING]"
+    fmt = _SCALARS[item_type]
+    width = struct.calcsize(fmt)
+    if cursor.pos + count * width > cursor.size:
+        raise cursor.fail(f"truncated GGUF file: {key!r} claims {count:,} items but the file ends first")
+    dtype = np.dtype(cursor.order + ("?" if fmt == "?" else np.dtype(fmt).str[1:]))
+    items = np.frombuffer(cursor.data, dtype=dtype, count=count, offset=cursor.pos).tolist()
+    cursor.pos += count * width
+    return items, f"ARRAY[{_TYPE_NAMES[item_type]}]"
+
+
+class GGUFFile:
+    """A validated GGUF file: typed metadata access and tensors read on demand.
+
+    Metadata comes from the bounded scan; tensor data is read through `gguf.GGUFReader` (memory-mapped)
+    and dequantized with `gguf.quants`. Raises CheckpointError for anything malformed.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.header = scan_header(self.path)
+        self._reader: Any = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.header.metadata
+
+    @property
+    def tensors(self) -> dict[str, TensorEntry]:
+        return self.header.tensors
+
+    def error(self, problem: str) -> CheckpointError:
+        return CheckpointError(f"{self.path}: {problem}")
+
+    def has(self, key: str) -> bool:
+        return key in self.header.metadata
+
+    def type_of(self, key: str) -> str:
+        return self.header.metadata_types[key]
+
+    def string(self, key: str) -> str:
+        self._require(key)
+        if self.type_of(key) != "STRING":
+            raise self.error(f"metadata {key} is {self.type_of(key)}, expected a string")
+        return self.metadata[key]
+
+    def integer(self, key: str) -> int:
+        """An integer-typed value (any width or signedness); refuses floats, booleans and arrays."""
+        self._require(key)
+        kind = self.type_of(key)
+        if kind not in {_TYPE_NAMES[t] for t in _UNSIGNED | _SIGNED}:
+            raise self.error(f"metadata {key} is {kind}, expected an integer")
+        return int(self.metadata[key])
+
+    def number(self, key: str) -> float:
+        self._require(key)
+        kind = self.type_of(key)
+        if kind not in {_TYPE_NAMES[t] for t in _UNSIGNED | _SIGNED | _FLOATS}:
+            raise self.error(f"metadata {key} is {kind}, expected a number")
+        value = self.metadata[key]
+        if kind == "FLOAT32":
+            # the shortest decimal that round-trips float32: 3.87 and 1e-05, not 3.869999885559082
+            return float(str(np.float32(value)))
+        return float(value)
+
+    def array(self, key: str, item_kind: str) -> list[Any]:
+        """An array whose items are `item_kind`: "STRING", "INTEGER", "NUMBER" or "BOOL"."""
+        self._require(key)
+        kind = self.type_of(key)
+        item = kind[len("ARRAY[") : -1] if kind.startswith("ARRAY[") else None
+        allowed = {
+            "STRING": {"STRING"},
+            "INTEGER": {_TYPE_NAMES[t] for t in _UNSIGNED | _SIGNED},
+            "NUMBER": {_TYPE_NAMES[t] for t in _UNSIGNED | _SIGNED | _FLOATS},
+            "BOOL": {"BOOL"},
+        }[item_kind]
+        if item not in allowed:
+            raise self.error(f"metadata {key} is {kind}, expected an array of {item_kind.lower()}s")
+        return self.metadata[key]
+
+    def _require(self, key: str) -> None:
+        if key not in self.metadata:
+            raise self.error(f"required metadata key {key} is missing")
+
+    def read(self, name: str) -> torch.Tensor:
+        """Tensor `name` as float32 (F16/BF16 widened exactly, quantized types dequantized), torch order."""
+        entry = self.tensors[name]
+        if entry.type_name not in FLOAT_TYPES + QUANTIZED_TYPES:
+            raise self.error(
+                f"tensor {name} has type {entry.type_name}, which Glimmer does not read; supported types are "
+                f"{', '.join(FLOAT_TYPES + QUANTIZED_TYPES)}"
+            )
+        from gguf.quants import dequantize
+
+        raw = self._reader_tensor(name)
+        values = dequantize(raw.data, raw.tensor_type)
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(entry.shape)  # a copy: data is mapped
+
+    def _reader_tensor(self, name: str) -> Any:
+        if self._reader is None:
+            from gguf import GGUFReader
+
+            try:
+                self._reader = GGUFReader(self.path, "r")
+            except (ValueError, KeyError) as exc:  # the scan should have caught it first
+                raise self.error(f"gguf could not read the file: {exc}") from None
+            self._by_name = {t.name: t for t in self._reader.tensors}
+        return self._by_name[name]

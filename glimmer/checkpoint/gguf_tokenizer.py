@@ -1,0 +1,137 @@
+"""The tokenizer, chat template and stop ids a Muse Glimmer GGUF carries in its `tokenizer.*` metadata.
+
+llama.cpp's converter writes Muse Glimmer's tokenizer with `_set_vocab_gpt2` (conversion/muse_glimmer.py):
+`tokenizer.ggml.model = "gpt2"` (byte-level BPE), the token strings in id order, their types (1 normal,
+3 control = special, 4 user-defined = added non-special, 5 unused = padding up to the embedding rows),
+the merges as "left right" strings, the bos / eos / eot / pad ids and `tokenizer.chat_template`. The
+pre-tokenizer is named, not stored: Muse Glimmer's tokenizer is Llama 4's 200k tiktoken vocabulary
+(architecture.md §5.5), which llama.cpp names 'llama4' and splits with the GPT-4o (o200k) pattern,
+'gpt-4o' being the same split. Any other name is refused rather than guessed.
+
+The rebuilt `tokenizers` tokenizer matches the Hugging Face tokenizer.json the GGUF was converted from:
+byte-level BPE whose vocabulary holds every token at its GGUF id, `ignore_merges` as transformers sets it
+for tiktoken vocabularies (a pre-token that is a whole vocabulary entry is not re-merged), the specials as
+added tokens matched before the split, and a post-processor that prepends BOS when
+`tokenizer.ggml.add_bos_token` is true (as the release's does, §5.5).
+
+Stop ids: eos and eot (`<|eot|>` ends the assistant turn), never eom (`<|eom|>` ends a message inside
+the turn — architecture.md §5.5, §14.21).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from glimmer.checkpoint.gguf_file import GGUFFile
+
+logger = logging.getLogger(__name__)
+
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O split (llama-vocab.cpp), used for 'gpt-4o' and 'llama4'
+O200K_SPLIT = "|".join(
+    [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
+PRE_TOKENIZERS = {"llama4": O200K_SPLIT, "gpt-4o": O200K_SPLIT}
+
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+_NAMED_IDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+}
+
+
+@dataclass(frozen=True)
+class GGUFTokenizer:
+    backend: Tokenizer
+    # bos_token / eos_token / pad_token / unk_token → token string, as tokenizer_config.json names them
+    named_tokens: dict[str, str]
+    chat_template: str | None
+    # a generation_config.json equivalent (eos_token_id: [eos, eot], bos_token_id, pad_token_id)
+    generation_config: dict[str, Any]
+
+
+def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
+    """Rebuild the tokenizer from `tokenizer.ggml.*`; CheckpointError names the key at fault."""
+    model = file.string("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise file.error(f"tokenizer.ggml.model={model!r} is not supported; Muse Glimmer's tokenizer is byte-level "
+                         "BPE ('gpt2')")
+    pre = file.string("tokenizer.ggml.pre") if file.has("tokenizer.ggml.pre") else None
+    if pre not in PRE_TOKENIZERS:
+        raise file.error(f"tokenizer.ggml.pre={pre!r} is not a pre-tokenizer Glimmer knows for Muse Glimmer; "
+                         f"expected one of {sorted(PRE_TOKENIZERS)}")
+    tokens = file.array("tokenizer.ggml.tokens", "STRING")
+    types = file.array("tokenizer.ggml.token_type", "INTEGER") if file.has("tokenizer.ggml.token_type") else None
+    if types is not None and len(types) != len(tokens):
+        raise file.error(f"tokenizer.ggml.token_type has {len(types)} entries but tokenizer.ggml.tokens has "
+                         f"{len(tokens)}")
+    types = types or [NORMAL] * len(tokens)
+    merges = []
+    for index, merge in enumerate(file.array("tokenizer.ggml.merges", "STRING")):
+        parts = merge.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise file.error(f"tokenizer.ggml.merges[{index}]={merge!r} is not two tokens separated by a space")
+        merges.append((parts[0], parts[1]))
+
+    vocab: dict[str, int] = {}
+    for token_id, (token, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind == UNUSED:
+            continue  # the converter's [PAD{i}] rows between the tokenizer's size and the embedding's
+        if token in vocab:
+            raise file.error(f"tokenizer.ggml.tokens lists {token!r} twice (ids {vocab[token]} and {token_id})")
+        vocab[token] = token_id
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZERS[pre]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    added = [(tokens[i], kind) for i, kind in enumerate(types) if kind in (CONTROL, USER_DEFINED)]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in added if k == CONTROL])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in added if k == USER_DEFINED])
+
+    named = {}
+    for name, key in _NAMED_IDS.items():
+        if file.has(key):
+            token_id = file.integer(key)
+            if not 0 <= token_id < len(tokens) or types[token_id] == UNUSED:
+                raise file.error(f"{key}={token_id} is not a token of tokenizer.ggml.tokens")
+            named[name] = tokens[token_id]
+    if "eos_token" not in named:
+        raise file.error("required metadata key tokenizer.ggml.eos_token_id is missing")
+    add_bos = True
+    if file.has("tokenizer.ggml.add_bos_token"):
+        add_bos = file.metadata["tokenizer.ggml.add_bos_token"] is True
+    else:
+        logger.warning("%s: tokenizer.ggml.add_bos_token is absent; prepending BOS as Muse Glimmer's tokenizer does",
+                       file.path)
+    if add_bos:
+        if "bos_token" not in named:
+            raise file.error("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is missing")
+        bos = named["bos_token"]
+        # one BOS before each segment, as the release's post-processor does (§5.5)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, vocab[bos])]
+        )
+    stop = [file.integer("tokenizer.ggml.eos_token_id")]
+    if file.has("tokenizer.ggml.eot_token_id"):
+        stop.append(file.integer("tokenizer.ggml.eot_token_id"))
+    generation: dict[str, Any] = {"eos_token_id": stop}
+    for key, name in (("bos_token_id", "bos_token"), ("pad_token_id", "pad_token")):
+        if name in named:
+            generation[key] = vocab[named[name]]
+    template = file.string("tokenizer.chat_template") if file.has("tokenizer.chat_template") else None
+    return GGUFTokenizer(backend, named, template, generation)

@@ -1,0 +1,94 @@
+"""PyTorch pickle weights (`*.bin`, `*.pt`), read only when the user allows it and only as plain tensors.
+
+Unpickling can run arbitrary code, so a checkpoint that ships only pickle files is refused unless the user
+passes `--allow-pickle` (`LLM(..., allow_pickle=True)`), and even then every file goes through
+`torch.load(weights_only=True)`, whose restricted unpickler admits tensors and plain containers only.
+The files are memory-mapped where torch can (the zip format); names are read up front, data on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glimmer.checkpoint.safetensors_files import TensorInfo
+from glimmer.errors import CheckpointError
+
+PICKLE_INDEX_FILE = "pytorch_model.bin.index.json"
+PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth")
+_DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
+# wrappers some exporters put around the state dict (the native vendor shards nest it under "weights", §5.1)
+_WRAPPER_KEYS = ("state_dict", "weights", "model")
+
+
+def pickle_files(directory: Path) -> list[Path]:
+    """The pickle weight files of a directory (an index's shards when there is one)."""
+    index = directory / PICKLE_INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{index} is not a valid index: {exc}") from None
+        return sorted({directory / shard for shard in weight_map.values()})
+    return sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file())
+
+
+class PickleCheckpoint:
+    """The tensors of a directory's pickle files, by name (the same interface as SafetensorsCheckpoint)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.tensors: dict[str, TensorInfo] = {}
+        self._state: dict[Path, dict[str, torch.Tensor]] = {}
+        for file in pickle_files(directory):
+            state = _load(file)
+            self._state[file] = state
+            for name, tensor in state.items():
+                if name in self.tensors:
+                    raise CheckpointError(f"tensor {name!r} appears in both {self.tensors[name].file.name} and "
+                                          f"{file.name}")
+                dtype = _DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
+                self.tensors[name] = TensorInfo(name, tuple(tensor.shape), dtype, file)
+
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def read(self, name: str) -> torch.Tensor:
+        return self._state[self.tensors[name].file][name].clone()
+
+    def read_many(self, names: list[str]) -> dict[str, torch.Tensor]:
+        return {name: self.read(name) for name in names}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self._state)
+
+
+def _load(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        try:
+            state: Any = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            state = torch.load(file, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{file}: refused by torch.load(weights_only=True), which only admits tensors and plain containers: "
+            f"{str(exc).splitlines()[0]}"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"{file}: not a readable PyTorch weights file: {exc}") from None
+    for key in _WRAPPER_KEYS:
+        if isinstance(state, dict) and set(state) == {key} and isinstance(state[key], dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds a {type(state).__name__}, not a dict of tensors")
+    bad = [name for name, value in state.items() if not isinstance(name, str) or not isinstance(value, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"{file}: entry {bad[0]!r} is not a named tensor; expected a flat dict of tensors")
+    return state

@@ -1,0 +1,152 @@
+"""GGUF checkpoints (architecture.md §15.2): tiny safetensors checkpoints written as GGUF with gguf.GGUFWriter
+following llama.cpp's converter (gguf_export.py), read back through Glimmer's public loaders.
+
+Float types are exact: the loaded parameters give bitwise-identical logits (the +1-folded norms unfold to
+the very 1 + w the model forms). Quantized types are checked against each quantizer's own bound, in units
+of the quantization step of the weight's (sub-)block read from the packed bytes (STEP_BOUND): half a step
+for the rounding quantizers; one step for Q4_0 / Q5_0, whose levels −8..7 (−16..15) are scaled to the
+largest magnitude so a value of the opposite sign clips at the last level; and a little over half where
+gguf stores the block scale (and offset) in float16 after choosing the levels (≤ 127·2⁻¹¹ of a step).
+The loaded weights come through Glimmer's reader (dequantize, then un-permute q/k, in canonical order).
+(Logits are not compared for quantized files: a tiny random model is chaotic — weight noise of Q8_0's size
+moves its logits by ~0.5 — so only the weights carry a meaningful bound.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf_export import block_steps, canonical_state, export_text_gguf
+
+from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.tiny_tokenizer import TRAINING_CORPUS
+from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
+from glimmer.engine.llm import LLM
+from glimmer.engine.model_loader import load_model
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.model.context import ForwardContext
+from glimmer.tiny import TinySpec, write_tiny_checkpoint
+
+IDS = list(range(3, 70))
+K_SPEC = TinySpec(hidden_size=256, intermediate_size=512, num_hidden_layers=4, head_dim=64, sliding_window=16)
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(IDS), ForwardContext.without_cache([len(IDS)])))
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tiny_checkpoint, tmp_path_factory) -> Path:
+    return export_text_gguf(tiny_checkpoint, tmp_path_factory.mktemp("gguf") / "model-f32.gguf")
+
+
+def test_f32_gguf_gives_the_safetensors_logits_exactly(tiny_checkpoint, f32_gguf):
+    assert torch.equal(logits(load_model(f32_gguf, progress=False).model),
+                       logits(load_model(tiny_checkpoint, progress=False).model))
+
+
+@pytest.mark.parametrize("dtype, qtype", [(torch.bfloat16, Q.BF16), (torch.float16, Q.F16)])
+def test_half_precision_gguf_equals_the_same_precision_checkpoint(tmp_path, dtype, qtype):
+    checkpoint = write_tiny_checkpoint(tmp_path / "ck", seed=4, dtype=dtype)
+    path = export_text_gguf(checkpoint, tmp_path / "m.gguf", qtype)
+    file = GGUFFile(path)
+    assert {file.tensors[n].type_name for n in ("token_embd.weight", "blk.0.attn_q.weight")} == {qtype.name}
+    assert torch.equal(logits(load_model(path, progress=False).model),
+                       logits(load_model(checkpoint, progress=False).model))
+
+
+def test_greedy_tokens_and_stop_ids_match_the_safetensors_checkpoint(tiny_checkpoint, f32_gguf):
+    """Through LLM: same tokens; stops are eos + eot, never eom (P-TOK-2); template from the metadata."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    from_dir, from_gguf = LLM(str(tiny_checkpoint)), LLM(str(f32_gguf))
+    prompt = "The lighthouse keeper wrote"
+    assert from_gguf.generate(prompt, params)[0].outputs[0].token_ids == \
+        from_dir.generate(prompt, params)[0].outputs[0].token_ids
+    tokenizer = from_gguf.get_tokenizer()
+    stops = from_gguf.engine.generation_defaults.stop_token_ids
+    assert stops == (tokenizer.token_to_id("<|end_of_text|>"), tokenizer.token_to_id("<|eot|>"))
+    assert stops == from_dir.engine.generation_defaults.stop_token_ids
+    assert from_gguf.engine.chat_template.source == from_dir.engine.chat_template.source
+
+
+def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_checkpoint, f32_gguf):
+    expected = Tokenizer.from_dir(tiny_checkpoint)
+    rebuilt = LLM(str(f32_gguf)).get_tokenizer()
+    specials = "<|begin_of_text|><|start|>assistant<|message|>hi<|eom|><|eot|><|patch|><|end_of_text|>"
+    corpus = [TRAINING_CORPUS, specials, "  leading spaces\n\n\ttabs 12345 ÿ😀 ½", specials + TRAINING_CORPUS[:300]]
+    for text in corpus:
+        for add_special in (False, True):
+            ids = expected.encode(text, add_special_tokens=add_special)
+            assert rebuilt.encode(text, add_special_tokens=add_special) == ids
+            assert rebuilt.decode(ids) == expected.decode(ids)
+    assert rebuilt.vocab_size == expected.vocab_size
+    assert rebuilt.all_special_ids == expected.all_special_ids
+    assert rebuilt.special_tokens == expected.special_tokens
+    assert [rebuilt.token_bytes(i) for i in range(expected.vocab_size)] == \
+        [expected.token_bytes(i) for i in range(expected.vocab_size)]
+
+
+CLASSIC = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+STEP_BOUND = {Q.Q8_0: 0.57, Q.Q4_0: 1.07, Q.Q5_0: 1.07, Q.Q4_1: 0.6, Q.Q5_1: 0.6} | dict.fromkeys(K_QUANTS, 0.5)
+
+
+@pytest.fixture(scope="module")
+def k_checkpoint(make_tiny) -> Path:
+    return make_tiny(spec=K_SPEC, seed=5)
+
+
+@pytest.mark.parametrize("qtype", CLASSIC + K_QUANTS, ids=lambda q: q.name)
+def test_quantized_weights_are_within_half_a_step_of_the_originals(make_tiny, k_checkpoint, tmp_path, qtype):
+    checkpoint = k_checkpoint if qtype in K_QUANTS else make_tiny(seed=5)
+    path = export_text_gguf(checkpoint, tmp_path / f"m-{qtype.name}.gguf", qtype)
+    reader = gguf.GGUFReader(path)
+    stored = {t.name: t for t in reader.tensors}
+    model = load_model(path, progress=False).model
+    loaded = model.state_dict()
+    original = canonical_state(checkpoint)
+    config = model.config.text
+    assert stored["blk.0.attn_q.weight"].tensor_type == qtype  # rows of 64 or 256 values: no fallback
+    checked = 0
+    for name, tensor in original.items():
+        layer = name.split(".")[3] if ".layers." in name else None
+        short = name.rsplit(".", 2)[-2]
+        source = {"embed_tokens": "token_embd.weight", "lm_head": "output.weight"}.get(short)
+        source = source or {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+                            "gate_proj": "attn_gate" if "self_attn" in name else "ffn_gate", "up_proj": "ffn_up",
+                            "down_proj": "ffn_down"}.get(short)
+        if source is None or tensor.dim() != 2:
+            continue
+        raw = stored[source if layer is None else f"blk.{layer}.{source}.weight"]
+        step = torch.from_numpy(block_steps(raw.data, raw.tensor_type)).reshape(tensor.shape)
+        if short in ("q_proj", "k_proj"):
+            heads = config.num_attention_heads if short == "q_proj" else config.num_key_value_heads
+            step = interleaved_to_rotate_half(step, heads)
+        assert ((loaded[name] - tensor).abs() <= STEP_BOUND[raw.tensor_type] * step + 1e-7).all(), name
+        checked += 1
+    assert checked == 2 + 8 * config.num_hidden_layers  # every matrix: the embedding, lm_head and 8 per layer
+
+
+def test_inspect_reports_a_gguf(f32_gguf, capsys):
+    from glimmer.cli import main
+
+    assert main(["inspect", str(f32_gguf)]) == 0
+    out = capsys.readouterr().out
+    assert "format:          gguf" in out and "F32 ×" in out and "interleaved" in out
+
+
+def test_quantization_bounds_are_not_vacuous():
+    """The packers really lose precision (a zero-error bound check would prove nothing)."""
+    from gguf_export import K_PACKERS
+
+    x = np.random.default_rng(0).standard_normal((2, 512)).astype(np.float32)
+    for qtype, pack in K_PACKERS.items():
+        error = np.abs(gguf.quants.dequantize(pack(x), qtype) - x)
+        assert 0.01 < error.max() <= 0.5 * block_steps(pack(x), qtype).max()
