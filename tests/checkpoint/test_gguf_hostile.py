@@ -1,0 +1,180 @@
+"""Hostile and broken GGUF files: each is one line of error from `glimmer inspect` (exit 2), never a crash, a
+hang or a large allocation. All files are inspected by the CLI's `main` in one subprocess whose address
+space is capped at 2 GiB (the files claim terabytes), under a time limit."""
+
+from __future__ import annotations
+
+import json
+import resource
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf_export import export_text_gguf
+
+ADDRESS_SPACE_BYTES = 2 << 30
+
+
+_RUNNER = """
+import contextlib, io, json, sys
+from glimmer.cli import main
+results = {}
+for path in sys.argv[1:]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--log-level", "ERROR", "inspect", path, "--json"])
+    results[path] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def inspect_all(paths: list[Path]) -> dict[str, subprocess.CompletedProcess]:
+    """`glimmer inspect --json` on each file, in one subprocess under the address-space cap."""
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
+
+    result = subprocess.run([sys.executable, "-c", _RUNNER, *map(str, paths)], capture_output=True, text=True,
+                            timeout=300, preexec_fn=cap_memory)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {path: subprocess.CompletedProcess([], code, out, err)
+            for path, (code, out, err) in json.loads(result.stdout.splitlines()[-1]).items()}
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("glimmer: error: "), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def raw_gguf(*, tensor_count: int = 0, kv: bytes = b"", kv_count: int = 0, tensors: bytes = b"",
+             magic: bytes = b"GGUF") -> bytes:
+    return magic + struct.pack("<IQQ", 3, tensor_count, kv_count) + kv + tensors
+
+
+ARCH_KV = _string("general.architecture") + struct.pack("<I", 8) + _string("muse-glimmer")
+
+
+def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = ()) -> Path:
+    """Copy a GGUF with some metadata changed or dropped, using gguf's own reader and writer."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(out, "muse-glimmer")
+    for field in reader.fields.values():
+        name = field.name
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
+            continue
+        value = change.get(name, field.contents())
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _write(directory: Path, name: str, data: bytes) -> Path:
+    path = directory / f"{name}.gguf"
+    path.write_bytes(data)
+    return path
+
+
+def _tensor(name: str, dims: tuple[int, ...]) -> bytes:
+    return _string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, 0, 0)
+
+
+def _bad_k_norm(good: Path, directory: Path) -> Path:
+    reader = gguf.GGUFReader(good)
+    data = bytearray(good.read_bytes())
+    entry = next(t for t in reader.tensors if t.name == "blk.2.attn_k_norm.weight")
+    struct.pack_into("<f", data, entry.data_offset, 2.0)
+    return _write(directory, "bad_k_norm", bytes(data))
+
+
+# name → (builder(good file, directory) → path, fragments the one-line error must contain)
+CASES = {
+    "wrong_magic": (lambda g, d: _write(d, "wrong_magic", raw_gguf(magic=b"GGML")), ("not a GGUF file", "wrong magic")),
+    "truncated_in_metadata": (lambda g, d: _write(d, "t1", g.read_bytes()[: int(g.stat().st_size * 0.3)]),
+                              ("truncated GGUF file",)),
+    "truncated_in_tensor_data": (lambda g, d: _write(d, "t2", g.read_bytes()[: int(g.stat().st_size * 0.97)]),
+                                 ("truncated GGUF file",)),
+    "absurd_tensor_count": (lambda g, d: _write(d, "tc", raw_gguf(tensor_count=1 << 62, kv=ARCH_KV, kv_count=1)),
+                            ("tensors", "more than")),
+    "absurd_key_count": (lambda g, d: _write(d, "kc", raw_gguf(kv_count=1 << 60)), ("metadata keys", "more than")),
+    "absurd_array_length": (
+        lambda g, d: _write(d, "al", raw_gguf(kv=ARCH_KV + _string("tokenizer.ggml.tokens")
+                                               + struct.pack("<IIQ", 9, 8, 1 << 59), kv_count=2)),
+        ("tokenizer.ggml.tokens", "items")),
+    "absurd_string_length": (
+        lambda g, d: _write(d, "sl", raw_gguf(kv=ARCH_KV + _string("general.name") + struct.pack("<IQ", 8, 1 << 50),
+                                              kv_count=2)),
+        ("general.name", "bytes")),
+    "absurd_tensor_shape": (
+        lambda g, d: _write(d, "ts", raw_gguf(tensor_count=1, kv=ARCH_KV, kv_count=1,
+                                              tensors=_tensor("token_embd.weight", (1 << 40, 1 << 40))) + bytes(64)),
+        ("token_embd.weight", "absurd dimensions")),
+    "tensor_past_the_end": (
+        lambda g, d: _write(d, "te", raw_gguf(tensor_count=1, kv=ARCH_KV, kv_count=1,
+                                              tensors=_tensor("token_embd.weight", (64, 1 << 20))) + bytes(64)),
+        ("truncated GGUF file", "token_embd.weight")),
+    "pattern_disagrees_with_block_count": (
+        lambda g, d: _rewrite(g, d / "p9.gguf", {"muse-glimmer.block_count": 9}),
+        ("sliding_window_pattern has 8 entries but block_count=9",)),
+    "block_count_too_large": (
+        lambda g, d: _rewrite(g, d / "b9.gguf", {"muse-glimmer.block_count": 9,
+                                                  "muse-glimmer.attention.sliding_window_pattern": [True] * 9}),
+        ("tensor blk.8.attn_q_norm.weight is missing",)),
+    "block_count_too_small": (
+        lambda g, d: _rewrite(g, d / "b4.gguf", {"muse-glimmer.block_count": 4,
+                                                  "muse-glimmer.attention.sliding_window_pattern": [True] * 4}),
+        ("tensors for layer 4 exist but muse-glimmer.block_count=4",)),
+    "head_count_mismatch": (lambda g, d: _rewrite(g, d / "hc.gguf", {"muse-glimmer.attention.head_count": 8}),
+                            ("blk.0.attn_q.weight has shape", "metadata needs")),
+    "missing_required_key": (lambda g, d: _rewrite(g, d / "nk.gguf", {}, drop=("muse-glimmer.logit_scale",)),
+                             ("required metadata key muse-glimmer.logit_scale is missing",)),
+    "k_norm_not_ones": (_bad_k_norm, ("blk.2.attn_k_norm.weight is not all ones",)),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tiny_checkpoint, tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    directory = tmp_path_factory.mktemp("hostile")
+    good = export_text_gguf(tiny_checkpoint, directory / "good.gguf", Q.Q8_0)
+    defaulted = _rewrite(good, directory / "defaulted.gguf", {},
+                         drop=("muse-glimmer.final_logit_softcapping", "muse-glimmer.attention.sliding_window"))
+    paths = {"good": good, "defaulted": defaulted} | {name: build(good, directory)
+                                                       for name, (build, _) in CASES.items()}
+    outcome = inspect_all(list(paths.values()))
+    return {name: outcome[str(path)] for name, path in paths.items()}
+
+
+def test_the_capped_cli_reads_a_good_file(results):
+    assert results["good"].returncode == 0, results["good"].stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hostile_file_is_one_line_of_error(results, case):
+    assert_one_line_error(results[case], *CASES[case][1])
+
+
+def test_optional_keys_are_defaulted_in_one_warning(results):
+    result = results["defaulted"]
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    defaulted = [w for w in report["warnings"] if "reference defaults" in w]
+    assert len(defaulted) == 1
+    assert "final_logit_softcapping=20.0" in defaulted[0] and "sliding_window=2048" in defaulted[0]
+    assert report["config"]["text"]["final_logit_softcapping"] == 20.0
