@@ -150,3 +150,33 @@ def test_quantization_bounds_are_not_vacuous():
     for qtype, pack in K_PACKERS.items():
         error = np.abs(gguf.quants.dequantize(pack(x), qtype) - x)
         assert 0.01 < error.max() <= 0.5 * block_steps(pack(x), qtype).max()
+
+
+def test_mmproj_encodes_images_like_the_safetensors_tower_and_refuses_videos(make_tiny, tmp_path):
+    from gguf_export import export_mmproj_gguf
+    from PIL import Image
+
+    from glimmer.errors import RequestError
+
+    checkpoint = make_tiny(vision=True, seed=6)
+    model_file = export_text_gguf(checkpoint, tmp_path / "m.gguf")
+    mmproj = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    reference = load_model(checkpoint, progress=False).model
+    loaded = load_model(model_file, mmproj=mmproj, progress=False).model
+    # an image: one frame duplicated into both temporal slabs (§4.1), in (t, c, py, px) rows
+    vision = reference.config.vision
+    frame = torch.randn(16, 3 * vision.patch_size**2, generator=torch.Generator().manual_seed(0))
+    pixels, grid = torch.cat([frame, frame], dim=1), torch.tensor([[1, 4, 4]])
+    with torch.no_grad():
+        expected, got = reference.encode_vision(pixels, grid)[0], loaded.encode_vision(pixels, grid)[0]
+    # the summed slabs change only the float32 summation order of the patch embedding
+    assert (got - expected).abs().max() < 1e-5 * expected.abs().max()
+    assert loaded.config.image_token_id == reference.config.image_token_id
+
+    llm = LLM(str(model_file), mmproj=str(mmproj))
+    image = Image.new("RGB", (60, 40), (200, 30, 90))
+    out = llm.generate({"prompt": "Look: <|patch|>", "multi_modal_data": {"image": image}},
+                       SamplingParams(max_tokens=3, temperature=0.0))
+    assert len(out[0].outputs[0].token_ids) == 3
+    with pytest.raises(RequestError, match="safetensors"):
+        llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": [image, image]}})
