@@ -81,7 +81,9 @@ def open_checkpoint(
     if raw is not None and "muse_glimmer_mlx_format" in raw:
         from glimmer.checkpoint.mlx import open_mlx_artifact
 
-        opened = open_mlx_artifact(path, raw)
+        artifact = open_mlx_artifact(path, raw)
+        opened = OpenedCheckpoint(path, MLX, artifact.config, artifact.tensors, CANONICAL, artifact.rope_layout,
+                                  tensor_types=artifact.tensor_types)
     elif not weights:
         opened = OpenedCheckpoint(path, SAFETENSORS, load_config(path), None, CANONICAL, ROPE_LAYOUT[CANONICAL])
     else:

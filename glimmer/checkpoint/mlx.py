@@ -1,0 +1,244 @@
+"""Packaged MLX artifacts of Muse Glimmer (`"muse_glimmer_mlx_format": 1` in config.json), read into canonical
+tensors (architecture.md §15.2 "Packaged MLX artifact"; the vendor MLX loader's `sanitize()`, seed 001).
+
+The packaging, version 1, as the packager writes it and this reader undoes it:
+
+* config.json: the flat/vendor schema (or the canonical nested one) plus `muse_glimmer_mlx_format: 1` and,
+  when quantized, mlx-lm's `quantization` (`{"group_size": G, "bits": B}`, optionally per-module
+  overrides `"<module>": {"group_size", "bits"}` or `false`, and `"mode": "affine"`). Any other format
+  version is refused: the packing is not self-describing, so only a regenerated artifact is safe.
+* Tensor names are the MLX model's, i.e. the vendor/legacy names (§15.2): `model.embed_tokens`,
+  `model.norm`, `lm_head`, `model.layers.N.self_attn.{q,k,v,o}_proj`, `model.layers.N.mlp.{gate,up,down}_proj`
+  and the positional sandwich-norm names `input_layernorm`, `post_attn_norm` (post-attention),
+  `post_attention_layernorm` (really the PRE-feedforward norm) and `post_ffn_norm`.
+* The +1 of the four per-layer centered norms is folded into their weights (w + 1); the final norm is
+  plain (§2.1, §14.1). Loading subtracts the 1.
+* The attention gate is fused into q_proj per head: rows [q_head; gate_head] for each head, so q_proj has
+  2·heads·head_dim rows. Loading splits them.
+* q/k rows follow `rope_is_neox_style`: true = rotate-half (the HF pairing), false = the native
+  interleaved pairing, permuted on load (§5.4). The flat schemas must state it (the vendor loader's two
+  generations of exports are byte-identical otherwise, seed 001); the nested schema is rotate-half.
+* Quantized modules (any Linear or the embedding) hold `weight` (uint32 words packing B-bit codes as a
+  little-endian bit stream along each row), `scales` and `biases` (one per group of G inputs):
+  w = scale · q + bias — MLX's affine quantization, dequantized here with exactly that formula.
+* Text only: the artifact carries no vision tower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from glimmer.checkpoint.config import ModelConfig, TextConfig
+from glimmer.checkpoint.config_layouts import normalize_config
+from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
+from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
+from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
+from glimmer.errors import CheckpointError
+
+MLX_FORMAT_VERSION = 1
+_PACKAGING_KEYS = ("muse_glimmer_mlx_format", "quantization", "quantization_config")
+_SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+
+
+@dataclass(frozen=True)
+class MlxArtifact:
+    config: ModelConfig
+    tensors: MappedTensors
+    rope_layout: str
+    tensor_types: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Quantization:
+    group_size: int
+    bits: int
+
+
+def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
+    """Read a packaged MLX artifact directory; ConfigError / CheckpointError name the field or tensor."""
+    source = path / "config.json"
+    version = raw["muse_glimmer_mlx_format"]
+    if version != MLX_FORMAT_VERSION or isinstance(version, bool):
+        raise CheckpointError(f"{source}: muse_glimmer_mlx_format={version!r} is not supported (Glimmer reads version "
+                              f"{MLX_FORMAT_VERSION}); regenerate the artifact with a packager that writes version "
+                              f"{MLX_FORMAT_VERSION}, or load the original Hugging Face export")
+    default, overrides = _quantization(raw, source)
+    config = normalize_config({k: v for k, v in raw.items() if k not in _PACKAGING_KEYS}, source=str(source))
+    interleaved = _interleaved_rope(raw, config, source)
+    files = SafetensorsCheckpoint(path)
+    entries, types = _entries(files, config.text, default, overrides, interleaved)
+    rope = "interleaved (permuted to rotate-half on load)" if interleaved else "rotate-half"
+    return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types)
+
+
+def _quantization(raw: dict[str, Any], source: Path) -> tuple[_Quantization | None, dict[str, _Quantization | None]]:
+    spec = raw.get("quantization", raw.get("quantization_config"))
+    if spec is None:
+        return None, {}
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"{source}: quantization must be an object with group_size and bits")
+    mode = spec.get("mode", "affine")
+    if mode != "affine":
+        raise CheckpointError(f"{source}: quantization mode {mode!r} is not supported; Glimmer reads MLX's affine "
+                              "quantization (scales and biases per group)")
+    default = _parse_quantization(spec, "quantization", source)
+    overrides: dict[str, _Quantization | None] = {}
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            overrides[key] = _parse_quantization(value, f"quantization.{key}", source)
+        elif value is False:
+            overrides[key] = None
+    return default, overrides
+
+
+def _parse_quantization(spec: dict[str, Any], name: str, source: Path) -> _Quantization:
+    group, bits = spec.get("group_size"), spec.get("bits")
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+        raise CheckpointError(f"{source}: {name}.group_size={group!r} is invalid; expected a positive integer")
+    if bits not in _SUPPORTED_BITS:
+        raise CheckpointError(f"{source}: {name}.bits={bits!r} is invalid; MLX affine quantization uses "
+                              f"{list(_SUPPORTED_BITS)}")
+    return _Quantization(group, bits)
+
+
+def _interleaved_rope(raw: dict[str, Any], config: ModelConfig, source: Path) -> bool:
+    neox = raw.get("rope_is_neox_style")
+    if config.config_layout in ("flat", "vendor"):
+        if not isinstance(neox, bool):
+            raise CheckpointError(f"{source}: rope_is_neox_style is {'absent' if neox is None else repr(neox)}; a flat "
+                                  "MLX artifact must state its q/k RoPE pairing (true or false); regenerate the "
+                                  "artifact")
+        return not neox
+    return neox is False
+
+
+# canonical suffix under model.language_model.layers.N. ← MLX module under model.layers.N., norm folded?
+_NORMS = {
+    "input_layernorm": "input_layernorm",
+    "post_attention_layernorm": "post_attn_norm",
+    "pre_feedforward_layernorm": "post_attention_layernorm",
+    "post_feedforward_layernorm": "post_ffn_norm",
+}
+
+
+def _entries(
+    files: SafetensorsCheckpoint,
+    text: TextConfig,
+    default: _Quantization | None,
+    overrides: dict[str, _Quantization | None],
+    interleaved: bool,
+) -> tuple[dict[str, MappedTensor], dict[str, int]]:
+    used: set[str] = set()
+    types: dict[str, int] = {}
+    h, heads, kv_heads, d = text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim
+
+    def matrix(module: str, shape: tuple[int, int]) -> Callable[[], torch.Tensor]:
+        """A Linear/Embedding weight of `shape` (out, in), quantized or not."""
+        weight = f"{module}.weight"
+        if weight not in files.tensors:
+            raise CheckpointError(f"{files.directory}: tensor {weight} is missing")
+        used.add(weight)
+        scheme = overrides.get(module, default)
+        if f"{module}.scales" not in files.tensors:
+            _check_shape(files, weight, shape)
+            types[files.tensors[weight].dtype] = types.get(files.tensors[weight].dtype, 0) + 1
+            return lambda: files.read(weight).float()
+        if scheme is None:
+            raise CheckpointError(f"{files.directory}: {module} has scales but config.json's quantization does not "
+                                  "quantize it")
+        out, columns = shape
+        if columns % scheme.group_size or (columns * scheme.bits) % 32:
+            raise CheckpointError(f"{files.directory}: {module} has {columns} inputs, not a whole number of groups of "
+                                  f"{scheme.group_size} {scheme.bits}-bit codes")
+        _check_shape(files, weight, (out, columns * scheme.bits // 32))
+        for part in ("scales", "biases"):
+            _check_shape(files, f"{module}.{part}", (out, columns // scheme.group_size))
+            used.add(f"{module}.{part}")
+        label = f"affine {scheme.bits}-bit g{scheme.group_size}"
+        types[label] = types.get(label, 0) + 1
+        return lambda: dequantize_affine(files.read(weight), files.read(f"{module}.scales"),
+                                         files.read(f"{module}.biases"), scheme.group_size, scheme.bits)
+
+    def vector(name: str, unfold: bool) -> Callable[[], torch.Tensor]:
+        if name not in files.tensors:
+            raise CheckpointError(f"{files.directory}: tensor {name} is missing")
+        _check_shape(files, name, (h,))
+        used.add(name)
+        types[files.tensors[name].dtype] = types.get(files.tensors[name].dtype, 0) + 1
+        return lambda: files.read(name).float() - (1.0 if unfold else 0.0)
+
+    readers: dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]] = {
+        "model.language_model.embed_tokens.weight": ((text.vocab_size, h),
+                                                     matrix("model.embed_tokens", (text.vocab_size, h))),
+        "model.language_model.norm.weight": ((h,), vector("model.norm.weight", unfold=False)),
+        "lm_head.weight": ((text.vocab_size, h), matrix("lm_head", (text.vocab_size, h))),
+    }
+    for i in range(text.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"model.language_model.layers.{i}."
+        fused = matrix(src + "self_attn.q_proj", (2 * heads * d, h))
+        readers[dst + "self_attn.q_proj.weight"] = ((heads * d, h), _gate_split(fused, heads, d, 0, interleaved))
+        readers[dst + "self_attn.gate_proj.weight"] = ((heads * d, h), _gate_split(fused, heads, d, 1, False))
+        k = matrix(src + "self_attn.k_proj", (kv_heads * d, h))
+        readers[dst + "self_attn.k_proj.weight"] = ((kv_heads * d, h), _permuted(k, kv_heads) if interleaved else k)
+        readers[dst + "self_attn.v_proj.weight"] = ((kv_heads * d, h), matrix(src + "self_attn.v_proj",
+                                                                            (kv_heads * d, h)))
+        readers[dst + "self_attn.o_proj.weight"] = ((h, heads * d), matrix(src + "self_attn.o_proj", (h, heads * d)))
+        for name, shape in (("gate_proj", (text.intermediate_size, h)), ("up_proj", (text.intermediate_size, h)),
+                            ("down_proj", (h, text.intermediate_size))):
+            readers[dst + f"mlp.{name}.weight"] = (shape, matrix(src + f"mlp.{name}", shape))
+        for canonical, stored in _NORMS.items():
+            readers[dst + f"{canonical}.weight"] = ((h,), vector(src + f"{stored}.weight", unfold=True))
+    stray = sorted(set(files.names()) - used)
+    if stray:
+        raise CheckpointError(f"{files.directory}: unexpected tensor {stray[0]}"
+                              + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else "")
+                              + "; a packaged MLX artifact holds the text model only")
+    entries = {name: MappedTensor(TensorInfo(name, shape, "F32", files.directory), read)
+               for name, (shape, read) in readers.items()}
+    return entries, types
+
+
+def _check_shape(files: SafetensorsCheckpoint, name: str, shape: tuple[int, ...]) -> None:
+    info = files.tensors.get(name)
+    if info is None:
+        raise CheckpointError(f"{files.directory}: tensor {name} is missing")
+    if info.shape != shape:
+        raise CheckpointError(f"{files.directory}: tensor {name} has shape {list(info.shape)} but config.json "
+                              f"needs {list(shape)}")
+
+
+def _gate_split(
+    fused: Callable[[], torch.Tensor], heads: int, head_dim: int, part: int, interleaved: bool
+) -> Callable[[], torch.Tensor]:
+    """q (part 0) or gate (part 1) from q_proj's per-head [q_head; gate_head] rows."""
+
+    def read() -> torch.Tensor:
+        rows = fused().reshape(heads, 2, head_dim, -1)[:, part].reshape(heads * head_dim, -1)
+        return interleaved_to_rotate_half(rows, heads) if interleaved else rows
+
+    return read
+
+
+def _permuted(read: Callable[[], torch.Tensor], heads: int) -> Callable[[], torch.Tensor]:
+    return lambda: interleaved_to_rotate_half(read(), heads)
+
+
+def dequantize_affine(
+    packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, group_size: int, bits: int
+) -> torch.Tensor:
+    """MLX affine dequantization: codes are `bits`-wide fields of a little-endian bit stream over each row's
+    uint32 words; w = scale · q + bias per group of `group_size` inputs. Returns float32 (out, in)."""
+    rows = packed.shape[0]
+    raw = packed.contiguous().view(torch.uint8).numpy().reshape(rows, -1)
+    stream = np.unpackbits(raw, axis=1, bitorder="little")
+    columns = stream.shape[1] // bits
+    weights = (1 << np.arange(bits, dtype=np.int32)).astype(np.int32)
+    codes = stream[:, : columns * bits].reshape(rows, columns, bits).astype(np.int32) @ weights
+    q = torch.from_numpy(codes.astype(np.float32)).reshape(rows, -1, group_size)
+    return (q * scales.float()[:, :, None] + biases.float()[:, :, None]).reshape(rows, columns)

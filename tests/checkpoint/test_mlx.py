@@ -1,0 +1,77 @@
+"""Packaged MLX artifacts (architecture.md §15.2), written with `mlx` itself and read by Glimmer: float
+artifacts give the safetensors checkpoint's logits exactly; quantized ones give exactly mlx's own
+dequantization (up to float32 rounding) and stay within its quantizer's bound — one step (the group's scale)
+of the original weight: mx.quantize snaps the group's larger-magnitude extreme onto a level, so values near
+the other extreme can be up to a step off (measured: 0.98 steps at most, 1% of values beyond half a step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf_export import canonical_state
+
+from glimmer.engine.llm import LLM
+from glimmer.engine.model_loader import load_model
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.errors import CheckpointError
+from glimmer.model.context import ForwardContext
+
+mx = pytest.importorskip("mlx.core")
+from mlx_export import export_mlx_artifact  # noqa: E402 - needs mlx
+
+IDS = list(range(3, 70))
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(IDS), ForwardContext.without_cache([len(IDS)])))
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+def test_float_artifact_gives_the_safetensors_logits_exactly(tiny_checkpoint, tmp_path, interleaved):
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint),
+                                   interleaved=interleaved)
+    assert torch.equal(logits(load_model(artifact, progress=False).model),
+                       logits(load_model(tiny_checkpoint, progress=False).model))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_artifact_matches_mlx_dequantization(tiny_checkpoint, tmp_path, bits):
+    state = canonical_state(tiny_checkpoint)
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", state, bits=bits, group_size=32)
+    loaded = load_model(artifact, progress=False).model.state_dict()
+    weights = mx.load(str(artifact / "model.safetensors"))
+    heads, d = 4, 16
+    for layer in (0, 5):
+        module = f"model.layers.{layer}.self_attn.q_proj"
+        mlx_rows = torch.tensor(mx.dequantize(weights[module + ".weight"], weights[module + ".scales"],
+                                              weights[module + ".biases"], group_size=32, bits=bits).tolist())
+        scales = torch.tensor(weights[module + ".scales"].tolist()).repeat_interleave(32, dim=1)
+        for part, name in ((0, "q_proj"), (1, "gate_proj")):
+            canonical = f"model.language_model.layers.{layer}.self_attn.{name}.weight"
+            expected = mlx_rows.reshape(heads, 2, d, -1)[:, part].reshape(heads * d, -1)
+            step = scales.reshape(heads, 2, d, -1)[:, part].reshape(heads * d, -1)
+            assert (loaded[canonical] - expected).abs().max() < 1e-6
+            assert ((loaded[canonical] - state[canonical]).abs() <= step.abs() + 1e-6).all()
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    assert len(LLM(str(artifact)).generate("The sea", params)[0].outputs[0].token_ids) == 4
+
+
+def test_other_format_versions_are_refused_with_regenerate(tiny_checkpoint, tmp_path, capsys):
+    from glimmer.cli import main
+
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint), version=2)
+    with pytest.raises(CheckpointError, match="muse_glimmer_mlx_format=2.*regenerate the artifact"):
+        load_model(artifact, progress=False)
+    assert main(["inspect", str(artifact)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "regenerate the artifact" in lines[0]
+
+
+def test_inspect_reports_an_mlx_artifact(tiny_checkpoint, tmp_path, capsys):
+    from glimmer.cli import main
+
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint), bits=4)
+    assert main(["inspect", str(artifact)]) == 0
+    out = capsys.readouterr().out
+    assert "format:          mlx" in out and "affine 4-bit g32" in out
