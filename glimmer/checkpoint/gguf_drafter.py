@@ -1,0 +1,111 @@
+"""A DFlash drafter GGUF (llama.cpp architecture 'dflash') as the Hugging Face `muse_glimmer_assistant` config and
+canonical state dict (architecture.md §1.4, §10.1), for the drafter loader to consume.
+
+llama.cpp's converter (`conversion/muse_glimmer.py`, class `MuseGlimmerAssistantModel`) only renames:
+`encoder.fc` → `fc`, `encoder.output_norm_enc` → `enc.output_norm`, and the Llama-style per-layer names
+(blk.N.attn_norm / attn_q / attn_k / attn_v / attn_output / attn_q_norm / attn_k_norm / ffn_norm /
+ffn_gate / ffn_up / ffn_down, output_norm). Unlike the target's, the drafter's q/k rows are NOT
+un-permuted, so they stay in the HF rotate-half layout and load unchanged; its q_norm / k_norm are real
+weights (§10.1). `dflash.target_layers` holds the target layer ids + 1 (the converter records the inputs
+of the next layer), so 1 is subtracted. The drafter has no embedding table and no LM head: it borrows the
+target's (§10.1), so the file must hold none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from glimmer.checkpoint.gguf_file import GGUFFile
+
+ARCH = "dflash"
+_GLOBAL = {"output_norm.weight": "norm.weight", "fc.weight": "encoder.fc.weight",
+           "enc.output_norm.weight": "encoder.output_norm_enc.weight"}
+_LAYER = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+
+
+def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json dict of model_type muse_glimmer_assistant, canonical float32 state dict).
+
+    Raises CheckpointError (one line) for a missing key or tensor, a wrong shape or a stray tensor.
+    """
+    file = GGUFFile(path)
+    arch = file.string("general.architecture")
+    if arch != ARCH:
+        raise file.error(f"general.architecture={arch!r} is not a DFlash drafter ({ARCH!r})")
+
+    def key(name: str) -> str:
+        return f"{ARCH}.{name}"
+
+    n = file.integer(key("block_count"))
+    hidden, inner = file.integer(key("embedding_length")), file.integer(key("feed_forward_length"))
+    heads, kv_heads = file.integer(key("attention.head_count")), file.integer(key("attention.head_count_kv"))
+    head_dim = file.integer(key("attention.key_length"))
+    targets = [t - 1 for t in file.array(key("target_layers"), "INTEGER")]
+    if any(t < 0 for t in targets):
+        raise file.error(f"{key('target_layers')} must hold target layer ids + 1 (≥ 1)")
+    window = file.integer(key("attention.sliding_window")) if file.has(key("attention.sliding_window")) else None
+    pattern = (file.array(key("attention.sliding_window_pattern"), "BOOL")
+               if file.has(key("attention.sliding_window_pattern")) else [True] * n)
+    if len(pattern) != n:
+        raise file.error(f"{key('attention.sliding_window_pattern')} has {len(pattern)} entries but block_count={n}")
+    config: dict[str, Any] = {
+        "model_type": "muse_glimmer_assistant",
+        "architectures": ["MuseGlimmerAssistantModel"],
+        "hidden_size": hidden,
+        "intermediate_size": inner,
+        "num_hidden_layers": n,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": file.number(key("attention.layer_norm_rms_epsilon")),
+        "rope_parameters": {"rope_type": "default", "rope_theta": file.number(key("rope.freq_base"))},
+        "max_position_embeddings": file.integer(key("context_length")),
+        "layer_types": ["sliding_attention" if swa else "full_attention" for swa in pattern],
+        "block_size": file.integer(key("block_size")),
+        "mask_token_id": file.integer("tokenizer.ggml.mask_token_id"),
+        "target_layer_ids": targets,
+    }
+    if window is not None:
+        config["sliding_window"] = window
+    for name, stored in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                         ("pad_token_id", "padding_token_id")):
+        if file.has(f"tokenizer.ggml.{stored}"):
+            config[name] = file.integer(f"tokenizer.ggml.{stored}")
+
+    shapes = {"norm.weight": (hidden,), "encoder.fc.weight": (hidden, len(targets) * hidden),
+              "encoder.output_norm_enc.weight": (hidden,)}
+    layer_shapes = {
+        "input_layernorm": (hidden,), "self_attn.q_proj": (heads * head_dim, hidden),
+        "self_attn.k_proj": (kv_heads * head_dim, hidden), "self_attn.v_proj": (kv_heads * head_dim, hidden),
+        "self_attn.o_proj": (hidden, heads * head_dim), "self_attn.q_norm": (head_dim,),
+        "self_attn.k_norm": (head_dim,), "post_attention_layernorm": (hidden,), "mlp.gate_proj": (inner, hidden),
+        "mlp.up_proj": (inner, hidden), "mlp.down_proj": (hidden, inner),
+    }
+    sources = dict(_GLOBAL)
+    for i in range(n):
+        for stored, canonical in _LAYER.items():
+            sources[f"blk.{i}.{stored}.weight"] = f"layers.{i}.{canonical}.weight"
+            shapes[f"layers.{i}.{canonical}.weight"] = layer_shapes[canonical]
+    stray = sorted(set(file.tensors) - set(sources))
+    if stray:
+        raise file.error(f"unexpected tensor {stray[0]} in a DFlash drafter (it borrows the target's embedding and "
+                         "LM head)")
+    state = {}
+    for stored, canonical in sources.items():
+        entry = file.tensors.get(stored)
+        if entry is None:
+            raise file.error(f"tensor {stored} is missing")
+        if entry.shape != shapes[canonical]:
+            raise file.error(f"tensor {stored} has shape {list(entry.shape)} but the metadata needs "
+                             f"{list(shapes[canonical])}")
+        state[canonical] = file.read(stored)
+    return config, state

@@ -1,0 +1,104 @@
+"""A DFlash drafter GGUF written the way llama.cpp's converter writes one (MuseGlimmerAssistantModel: renames
+only, target_layers + 1) reads back as the HF muse_glimmer_assistant config and state dict — checked by
+loading both strictly into transformers' MuseGlimmerAssistantModel (the oracle)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from glimmer.checkpoint.gguf_drafter import read_gguf_drafter
+from glimmer.errors import CheckpointError
+
+transformers = pytest.importorskip("transformers")
+
+# the tiny drafter of architecture.md §12.3
+CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, block_size=4, mask_token_id=500, target_layer_ids=[0, 2], bos_token_id=1, eos_token_id=2,
+              pad_token_id=3, sliding_window=8, rms_norm_eps=1e-5, max_position_embeddings=256,
+              rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+
+
+def write_drafter_gguf(path, state, config, *, extra_tensor: bool = False):
+    writer = gguf.GGUFWriter(path, "dflash")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_uint32("dflash.block_size", config["block_size"])
+    writer.add_array("dflash.target_layers", [t + 1 for t in config["target_layer_ids"]])
+    writer.add_sliding_window(config["sliding_window"])
+    writer.add_sliding_window_pattern([True] * config["num_hidden_layers"])
+    writer.add_uint32("tokenizer.ggml.mask_token_id", config["mask_token_id"])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    renames = {"norm.weight": "output_norm.weight", "encoder.fc.weight": "fc.weight",
+               "encoder.output_norm_enc.weight": "enc.output_norm.weight"}
+    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, tensor in state.items():
+        if name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            stored = f"blk.{i}.{layer[rest.removesuffix('.weight')]}.weight"
+        else:
+            stored = renames[name]
+        writer.add_tensor(stored, tensor.numpy().astype(np.float32))
+    if extra_tensor:
+        writer.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    torch.manual_seed(0)
+    model = MuseGlimmerAssistantModel(MuseGlimmerAssistantConfig(**CONFIG))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter))
+    return model
+
+
+def test_drafter_gguf_gives_the_assistant_config_and_state_dict(reference, tmp_path):
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    config, loaded = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
+    assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
+    rebuilt = MuseGlimmerAssistantConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    for field in ("hidden_size", "num_key_value_heads", "head_dim", "block_size", "mask_token_id", "target_layer_ids",
+                  "sliding_window", "layer_types", "rope_parameters", "pad_token_id"):
+        assert getattr(rebuilt, field) == getattr(reference.config, field), field
+    MuseGlimmerAssistantModel(rebuilt).load_state_dict(loaded, strict=True)
+
+
+def test_a_drafter_with_an_embedding_is_refused(reference, tmp_path):
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG, extra_tensor=True)
+    with pytest.raises(CheckpointError, match="unexpected tensor token_embd.weight"):
+        read_gguf_drafter(path)
+
+
+def test_a_drafter_is_not_taken_for_a_model(reference, tmp_path):
+    from glimmer.engine.model_loader import load_model
+
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG)
+    with pytest.raises(CheckpointError, match="DFlash drafter GGUF"):
+        load_model(path, progress=False)
