@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import DrafterConfig
+from glimmer.checkpoint.gguf_file import is_gguf_path
+from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
@@ -206,19 +208,27 @@ class DrafterCheckpoint:
     """A drafter's config and tensors, and the weight layout they are in."""
 
     config: DrafterConfig
-    files: SafetensorsCheckpoint | TorchFileTensors
+    files: SafetensorsCheckpoint | TorchFileTensors | MappedTensors
     weight_layout: str
     location: Path
 
 
 def open_drafter_checkpoint(path: str | os.PathLike, *, mask_token_id: Callable[[], int]) -> DrafterCheckpoint:
     """Find a drafter's config and weights at `path`: an HF directory (config.json + safetensors), a native
-    directory (head.pt, or pytorch_weights/dflash/head.pt, with or without config.json), or a native .pt file.
+    directory (head.pt, or pytorch_weights/dflash/head.pt, with or without config.json), a native .pt file,
+    or a llama.cpp DFlash GGUF.
 
     `mask_token_id()` gives the target tokenizer's id of the released mask token, for configs that omit it.
     Raises CheckpointError / ConfigError saying what was looked for.
     """
     location = Path(path).expanduser()
+    if is_gguf_path(location):
+        # a llama.cpp DFlash drafter GGUF, handed over under the HF names (gguf_drafter.py)
+        from glimmer.checkpoint.gguf_drafter import read_gguf_drafter
+
+        raw, tensors = read_gguf_drafter(location)
+        config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
+        return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":
             raise CheckpointError(f"drafter path {location} is a file but not a native .pt file; pass the drafter's "

@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
+from glimmer.checkpoint.safetensors_files import TensorInfo
 
 ARCH = "dflash"
 _GLOBAL = {"output_norm.weight": "norm.weight", "fc.weight": "encoder.fc.weight",
@@ -31,8 +31,9 @@ _LAYER = {
 }
 
 
-def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json dict of model_type muse_glimmer_assistant, canonical float32 state dict).
+def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
+    """(config.json dict of model_type muse_glimmer_assistant, its tensors under the canonical HF names, read
+    on demand as float32). Feeds `glimmer.checkpoint.drafter.open_drafter_checkpoint`.
 
     Raises CheckpointError (one line) for a missing key or tensor, a wrong shape or a stray tensor.
     """
@@ -71,9 +72,10 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], dict[str, torch
         "max_position_embeddings": file.integer(key("context_length")),
         "layer_types": ["sliding_attention" if swa else "full_attention" for swa in pattern],
         "block_size": file.integer(key("block_size")),
-        "mask_token_id": file.integer("tokenizer.ggml.mask_token_id"),
         "target_layer_ids": targets,
     }
+    if file.has("tokenizer.ggml.mask_token_id"):  # else the drafter loader resolves the released mask token
+        config["mask_token_id"] = file.integer("tokenizer.ggml.mask_token_id")
     if window is not None:
         config["sliding_window"] = window
     for name, stored in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -99,7 +101,7 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], dict[str, torch
     if stray:
         raise file.error(f"unexpected tensor {stray[0]} in a DFlash drafter (it borrows the target's embedding and "
                          "LM head)")
-    state = {}
+    entries = {}
     for stored, canonical in sources.items():
         entry = file.tensors.get(stored)
         if entry is None:
@@ -107,5 +109,6 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], dict[str, torch
         if entry.shape != shapes[canonical]:
             raise file.error(f"tensor {stored} has shape {list(entry.shape)} but the metadata needs "
                              f"{list(shapes[canonical])}")
-        state[canonical] = file.read(stored)
-    return config, state
+        entries[canonical] = MappedTensor(TensorInfo(canonical, entry.shape, "F32", file.path),
+                                          lambda stored=stored: file.read(stored))
+    return config, MappedTensors(file.path, entries, file.path.stat().st_size)

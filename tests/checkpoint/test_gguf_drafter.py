@@ -1,6 +1,7 @@
 """A DFlash drafter GGUF written the way llama.cpp's converter writes one (MuseGlimmerAssistantModel: renames
 only, target_layers + 1) reads back as the HF muse_glimmer_assistant config and state dict — checked by
-loading both strictly into transformers' MuseGlimmerAssistantModel (the oracle)."""
+loading both strictly into transformers' MuseGlimmerAssistantModel (the oracle) — and loads through the
+drafter loader exactly as the HF drafter it came from."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_drafter_gguf_gives_the_assistant_config_and_state_dict(reference, tmp_p
     from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
     state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
-    config, loaded = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
+    config, tensors = read_gguf_drafter(write_drafter_gguf(tmp_path / "drafter.gguf", state, CONFIG))
+    loaded = {name: tensors.read(name) for name in tensors.names()}
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
     rebuilt = MuseGlimmerAssistantConfig(**{k: v for k, v in config.items() if k != "model_type"})
     for field in ("hidden_size", "num_key_value_heads", "head_dim", "block_size", "mask_token_id", "target_layer_ids",
@@ -102,3 +104,38 @@ def test_a_drafter_is_not_taken_for_a_model(reference, tmp_path):
     path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG)
     with pytest.raises(CheckpointError, match="DFlash drafter GGUF"):
         load_model(path, progress=False)
+
+
+def test_drafter_loader_reads_a_gguf_like_the_hf_drafter(make_tiny, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from glimmer.checkpoint.config_layouts import load_config
+    from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
+    from glimmer.engine.model_loader import load_drafter
+    from glimmer.engine.tokenizer import Tokenizer
+    from glimmer.tiny import write_tiny_drafter
+
+    target = make_tiny()
+    hf = write_tiny_drafter(tmp_path / "hf", target, seed=3)
+    config = json.loads((hf / "config.json").read_text())
+    state = {}
+    for shard in sorted(hf.glob("*.safetensors")):
+        state |= load_file(shard)
+    config.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 500000.0})
+    config.setdefault("rms_norm_eps", 1e-5)
+    config.setdefault("max_position_embeddings", 131072)
+    path = write_drafter_gguf(tmp_path / "drafter.gguf", state, config | {"pad_token_id": 0, "bos_token_id": 0,
+                                                                            "eos_token_id": 0})
+    tokenizer = Tokenizer.from_dir(target)
+
+    def load(p):
+        return load_drafter(p, load_config(target), lambda: tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+                            progress=False)
+
+    from_gguf, from_hf = load(path), load(hf)
+    assert from_gguf.config == from_hf.config
+    for (name, a), (_, b) in zip(from_gguf.model.state_dict().items(), from_hf.model.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
