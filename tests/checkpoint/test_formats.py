@@ -1,0 +1,86 @@
+"""Which reader opens a checkpoint, and the safety rules: pickle only on request and only through
+torch.load(weights_only=True); checkpoint code never executed, with a warning (README "Checkpoints")."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+
+import pytest
+import torch
+from gguf_export import canonical_state
+
+from glimmer.checkpoint.formats import open_checkpoint
+from glimmer.cli import main
+from glimmer.engine.model_loader import load_model
+from glimmer.errors import CheckpointError
+from glimmer.model.context import ForwardContext
+
+IDS = list(range(3, 40))
+SIDE_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json", "chat_template.jinja")
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(IDS), ForwardContext.without_cache([len(IDS)])))
+
+
+@pytest.fixture
+def pickle_checkpoint(tiny_checkpoint, tmp_path):
+    out = tmp_path / "pickled"
+    out.mkdir()
+    for name in SIDE_FILES:
+        shutil.copy(tiny_checkpoint / name, out / name)
+    torch.save(canonical_state(tiny_checkpoint), out / "pytorch_model.bin")
+    return out
+
+
+def test_pickle_weights_are_refused_without_allow_pickle(pickle_checkpoint, capsys):
+    with pytest.raises(CheckpointError, match="pickle weights only.*--allow-pickle.*weights_only=True"):
+        load_model(pickle_checkpoint, progress=False)
+    assert main(["inspect", str(pickle_checkpoint)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_allowed_pickle_weights_load_like_the_safetensors(tiny_checkpoint, pickle_checkpoint):
+    loaded = load_model(pickle_checkpoint, progress=False, allow_pickle=True)
+    assert torch.equal(logits(loaded.model), logits(load_model(tiny_checkpoint, progress=False).model))
+    assert open_checkpoint(pickle_checkpoint, allow_pickle=True).format == "pickle"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("pickle code ran",))
+
+
+def test_a_pickle_that_would_run_code_is_refused_even_when_allowed(pickle_checkpoint, capsys):
+    (pickle_checkpoint / "pytorch_model.bin").write_bytes(pickle.dumps({"x": _RunsCode()}))
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        load_model(pickle_checkpoint, progress=False, allow_pickle=True)
+    assert "pickle code ran" not in capsys.readouterr().out
+
+
+def test_checkpoint_code_is_ignored_with_a_warning(tiny_checkpoint, tmp_path):
+    out = tmp_path / "with-code"
+    shutil.copytree(tiny_checkpoint, out)
+    marker = tmp_path / "executed"
+    (out / "modeling_muse.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"auto_map": {"AutoModel": "modeling_muse.Model"}}))
+    opened = open_checkpoint(out)
+    warnings = " ".join(opened.config.warnings)
+    assert "modeling_muse.py" in warnings and "auto_map" in warnings and "never" in warnings
+    load_model(opened, progress=False)
+    assert not marker.exists()
+
+
+def test_mmproj_is_refused_for_a_directory(tiny_checkpoint):
+    with pytest.raises(CheckpointError, match="--mmproj.*GGUF models only"):
+        open_checkpoint(tiny_checkpoint, mmproj=tiny_checkpoint / "config.json")
+
+
+def test_a_file_that_is_not_gguf_is_refused(tiny_checkpoint):
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        open_checkpoint(tiny_checkpoint / "tokenizer.json")
