@@ -100,7 +100,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     is_default = args.model is None
     model = str(default_model_dir()) if is_default else args.model
     local = Path(model).expanduser()
-    name = local.resolve().name if local.is_dir() else model
+    name = local.resolve().name if local.exists() else model  # a directory's or a GGUF file's name
     config = EngineConfig(
         model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,

@@ -14,6 +14,7 @@ moves its logits by ~0.5 — so only the weights carry a meaningful bound.)
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import gguf
@@ -47,6 +48,12 @@ def f32_gguf(tiny_checkpoint, tmp_path_factory) -> Path:
     return export_text_gguf(tiny_checkpoint, tmp_path_factory.mktemp("gguf") / "model-f32.gguf")
 
 
+@pytest.fixture(scope="module")
+def llms(tiny_checkpoint, f32_gguf) -> tuple[LLM, LLM]:
+    """(from the safetensors directory, from its F32 GGUF)."""
+    return LLM(str(tiny_checkpoint)), LLM(str(f32_gguf))
+
+
 def test_f32_gguf_gives_the_safetensors_logits_exactly(tiny_checkpoint, f32_gguf):
     assert torch.equal(logits(load_model(f32_gguf, progress=False).model),
                        logits(load_model(tiny_checkpoint, progress=False).model))
@@ -62,10 +69,10 @@ def test_half_precision_gguf_equals_the_same_precision_checkpoint(tmp_path, dtyp
                        logits(load_model(checkpoint, progress=False).model))
 
 
-def test_greedy_tokens_and_stop_ids_match_the_safetensors_checkpoint(tiny_checkpoint, f32_gguf):
+def test_greedy_tokens_and_stop_ids_match_the_safetensors_checkpoint(llms):
     """Through LLM: same tokens; stops are eos + eot, never eom (P-TOK-2); template from the metadata."""
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    from_dir, from_gguf = LLM(str(tiny_checkpoint)), LLM(str(f32_gguf))
+    from_dir, from_gguf = llms
     prompt = "The lighthouse keeper wrote"
     assert from_gguf.generate(prompt, params)[0].outputs[0].token_ids == \
         from_dir.generate(prompt, params)[0].outputs[0].token_ids
@@ -76,9 +83,9 @@ def test_greedy_tokens_and_stop_ids_match_the_safetensors_checkpoint(tiny_checkp
     assert from_gguf.engine.chat_template.source == from_dir.engine.chat_template.source
 
 
-def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_checkpoint, f32_gguf):
+def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_checkpoint, llms):
     expected = Tokenizer.from_dir(tiny_checkpoint)
-    rebuilt = LLM(str(f32_gguf)).get_tokenizer()
+    rebuilt = llms[1].get_tokenizer()
     specials = "<|begin_of_text|><|start|>assistant<|message|>hi<|eom|><|eot|><|patch|><|end_of_text|>"
     corpus = [TRAINING_CORPUS, specials, "  leading spaces\n\n\ttabs 12345 ÿ😀 ½", specials + TRAINING_CORPUS[:300]]
     for text in corpus:
@@ -180,3 +187,69 @@ def test_mmproj_encodes_images_like_the_safetensors_tower_and_refuses_videos(mak
     assert len(out[0].outputs[0].token_ids) == 3
     with pytest.raises(RequestError, match="safetensors"):
         llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": [image, image]}})
+
+
+def test_glimmer_serve_a_gguf_with_mmproj(make_tiny, tmp_path):
+    """`glimmer serve model.gguf --mmproj FILE` as a user runs it: an image chat answers, a video is HTTP 400."""
+    import base64
+    import io
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    import httpx
+    from gguf_export import export_mmproj_gguf
+    from PIL import Image
+
+    checkpoint = make_tiny(vision=True, seed=6)
+    model_file = export_text_gguf(checkpoint, tmp_path / "tiny.gguf", Q.Q8_0)
+    mmproj = export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(model_file), "--mmproj", str(mmproj),
+                                "--port", str(port), "--max-model-len", "1024", "--kv-cache-memory", "32MiB"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        buffer = io.BytesIO()
+        Image.new("RGB", (56, 56), (10, 200, 30)).save(buffer, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        body = {"model": "tiny.gguf", "max_tokens": 3, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] >= 1
+        body["messages"][0]["content"][1] = {"type": "video_url", "video_url": {"url": _video_data_url(tmp_path)}}
+        refused = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
+        assert refused.status_code == 400 and "safetensors" in refused.json()["error"]["message"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+
+
+def _video_data_url(tmp_path) -> str:
+    """4 lossless frames (Matroska/FFV1), as a client uploads a video."""
+    import base64
+
+    import av
+
+    path = tmp_path / "clip.mkv"
+    with av.open(str(path), "w", format="matroska") as output:
+        stream = output.add_stream("ffv1", rate=4)
+        stream.height, stream.width, stream.pix_fmt = 56, 56, "bgr0"
+        for value in range(4):
+            frame = np.full((56, 56, 3), 60 * value, dtype=np.uint8)
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        output.mux(stream.encode())
+    return "data:video/x-matroska;base64," + base64.b64encode(path.read_bytes()).decode()
