@@ -5,10 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 DEFAULT_SPEC = TinySpec()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` (kernels, CUDA graphs) run only where a CUDA GPU is present."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

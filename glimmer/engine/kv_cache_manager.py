@@ -95,6 +95,7 @@ class KVCacheManager:
                 if block is not None:
                     pool.release(block)
         seq.blocks = {}
+        seq.num_registered_blocks = 0
 
     def blocks_needed_for(self, num_tokens: int) -> dict[str, int]:
         """Blocks a sequence of `num_tokens` needs in each group to make progress alone, one token at a time
@@ -113,24 +114,27 @@ class KVCacheManager:
     def update_block_hashes(self, seq: Sequence) -> None:
         """Extend `seq.block_hashes` to every full block of its current tokens."""
         bs = self.block_size
-        tokens = seq.all_token_ids
-        while (len(seq.block_hashes) + 1) * bs <= len(tokens):
+        while (len(seq.block_hashes) + 1) * bs <= seq.num_tokens:
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else 0
-            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            chunk = tuple(seq.tokens_in(i * bs, (i + 1) * bs))
             seq.block_hashes.append(hash((parent, chunk, seq.multimodal_hashes_in(i * bs, (i + 1) * bs))))
 
     def register_computed_blocks(self, seq: Sequence) -> None:
         """Make every fully computed block of `seq` findable by its content hash."""
         if not self.enable_prefix_caching:
             return
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_registered_blocks:
+            return  # a decode step that completed no block: nothing new to register (once per token)
         self.update_block_hashes(seq)
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        num_full = min(num_full, len(seq.block_hashes))
         for group, pool in self.pools.items():
             held = seq.blocks.get(group, [])
-            for i in range(min(num_full, len(held))):
+            for i in range(seq.num_registered_blocks, min(num_full, len(held))):
                 if held[i] is not None:
                     pool.register(held[i], seq.block_hashes[i])
+        seq.num_registered_blocks = num_full
 
     def acquire_cached_prefix(self, seq: Sequence) -> int:
         """Attach the longest usable cached prefix to a sequence with no blocks; returns its token count.

@@ -136,7 +136,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=config.enable_prefix_caching)
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
                                   max_num_seqs=self.scheduler_config.max_num_seqs,
-                                  use_cuda_graphs=not config.enforce_eager)
+                                  max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None

@@ -66,6 +66,7 @@ def load_model(
     fill_parameters(model, plan, files, progress=progress)
     if config.text.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    _prepare_for_device(model, device)
     model.eval().requires_grad_(False)
     logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format, layout,
                 config.config_layout, device, dtype)
@@ -79,9 +80,16 @@ def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
     if config.text.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     randomize_parameters_(model, seed)
+    _prepare_for_device(model, device)
     model.eval().requires_grad_(False)
     logger.info("built %s with random (dummy) weights on %s as %s", config.config_layout, device, dtype)
     return LoadedModel(model=model, config=config, weight_layout="dummy")
+
+
+def _prepare_for_device(model: MuseGlimmerForConditionalGeneration, device: torch.device | str) -> None:
+    """On CUDA, projections that share an input become one GEMM and norms fuse (the CPU keeps the plain math)."""
+    if torch.device(device).type == "cuda":
+        model.fuse_for_inference()
 
 
 @dataclass

@@ -1,12 +1,14 @@
 """Runs scheduled steps on the model: owns the KV tensors, lays out the batch, computes logits.
 
 The scheduler decides which tokens run; this file turns that decision into tensors (flat token ids,
-positions, per-group block tables and slot mappings in a `ForwardContext`) and back into the hidden
-states of the positions that need a next token.
+positions, per-group block tables and slot mappings in a `ForwardContext`, laid out once by
+`step_inputs`) and back into the logits of the positions that need a next token. Decode steps replay
+captured CUDA graphs where they can (`cuda_graphs`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import torch
@@ -16,7 +18,7 @@ from glimmer.engine.cuda_graphs import DecodeGraphs
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.model.context import ForwardContext, KVGroupView
+from glimmer.engine.step_inputs import build_step_inputs
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 
@@ -56,6 +58,7 @@ class ModelRunner:
         dtype: torch.dtype,
         *,
         max_num_seqs: int = 256,
+        max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
     ):
         self.model = model
@@ -77,26 +80,9 @@ class ModelRunner:
             )
         self.encoder_cache = EncoderCache()
         self.graphs: DecodeGraphs | None = None
-        if device.type == "cuda" and use_cuda_graphs:
-            self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, device)
-
-    def _group_view(self, group: str, step: ScheduledStep) -> KVGroupView:
-        rows: list[list[int]] = []
-        starts: list[int] = []
-        slots: list[int] = []
-        for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
-            visible, start, new_slots = self.kv.step_blocks(seq, group, n)
-            rows.append(visible)
-            starts.append(start)
-            slots.extend(new_slots)
-        width = max(len(r) for r in rows)
-        table = [r + [0] * (width - len(r)) for r in rows]  # padding keys lie past seq_lens: masked
-        return KVGroupView(
-            block_size=self.block_size,
-            block_tables=torch.tensor(table, dtype=torch.int64, device=self.device),
-            kv_start_pos=torch.tensor(starts, dtype=torch.int64, device=self.device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
-        )
+        if device.type == "cuda" and use_cuda_graphs and DecodeGraphs.supported(self.kv_caches):
+            max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
+            self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device)
 
     def _multimodal_inputs(
         self, step: ScheduledStep, flat_len: int
@@ -136,32 +122,19 @@ class ModelRunner:
     def execute(self, step: ScheduledStep) -> tuple[torch.Tensor, list[int]]:
         """Run one step; returns next-token logits (one row per sampling sequence) and their indices."""
         if self.graphs is not None and self.graphs.can_run(step):
-            return self.graphs.run(step), list(range(len(step.seqs)))
-        positions = [
-            list(range(seq.num_computed_tokens, seq.num_computed_tokens + n))
-            for seq, n in zip(step.seqs, step.num_new_tokens, strict=True)
-        ]
-        token_ids = [seq.token_at(p) for seq, pos in zip(step.seqs, positions, strict=True) for p in pos]
-        query_start = [0]
-        for n in step.num_new_tokens:
-            query_start.append(query_start[-1] + n)
-        ctx = ForwardContext(
-            query_start_loc=torch.tensor(query_start, dtype=torch.int64, device=self.device),
-            seq_lens=torch.tensor(
-                [s.num_computed_tokens + n for s, n in zip(step.seqs, step.num_new_tokens, strict=True)],
-                dtype=torch.int64,
-                device=self.device,
-            ),
-            positions=torch.tensor([p for pos in positions for p in pos], dtype=torch.int64, device=self.device),
-            max_query_len=max(step.num_new_tokens),
-            kv_caches=self.kv_caches,
-            groups={group: self._group_view(group, step) for group in self.kv.pools},
-        )
-        mm_embeds, mm_mask = self._multimodal_inputs(step, len(token_ids))
-        input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+            inputs = build_step_inputs(step, self.kv, self.null_blocks, self.graphs.padded_size(len(step.seqs)))
+            return self.graphs.run(inputs)[: len(step.seqs)], list(range(len(step.seqs)))
+        inputs = build_step_inputs(step, self.kv, self.null_blocks)
+        flat = inputs.flat.to(self.device, non_blocking=True)
+        tables = {g: t.to(self.device, non_blocking=True) for g, t in inputs.tables.items()}
+        input_ids, ctx = inputs.context(flat, tables, self.block_size, self.kv_caches)
+        mm_embeds, mm_mask = self._multimodal_inputs(step, inputs.num_tokens)
         hidden = self.model(input_ids, ctx, mm_embeds, mm_mask)
         sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
-        last_rows = torch.tensor([query_start[i + 1] - 1 for i in sampling], dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden[last_rows]) if sampling else hidden.new_zeros((0, 0))
-        return logits, sampling
-
+        if not sampling:
+            return hidden.new_zeros((0, 0)), sampling
+        if len(sampling) == len(step.seqs) and inputs.max_query_len == 1:
+            return self.model.compute_logits(hidden), sampling
+        ends = list(itertools.accumulate(step.num_new_tokens))
+        last_rows = torch.tensor([ends[i] - 1 for i in sampling], dtype=torch.int64, device=self.device)
+        return self.model.compute_logits(hidden[last_rows]), sampling

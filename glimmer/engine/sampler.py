@@ -3,6 +3,10 @@
 Order per row (as vLLM): penalties, min_tokens masking, then greedy argmax, or temperature → top-k →
 top-p → min-p → a draw. Draws use one generator per seeded request, so a seeded request samples the
 same tokens whatever else shares its batch. Logprobs come from the model's raw distribution.
+
+Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
+(and their logprobs): every decision that depends on the parameters is taken on the host from them.
+When every row has a top-k, the candidates come from `topk` rather than a sort of the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -43,36 +47,54 @@ class SampleResult:
     logprobs: list[TokenLogprobs | None]
 
 
+def _ids_on(device: torch.device, ids: list[int] | set[int]) -> torch.Tensor:
+    """A host list as a device index tensor, copied without waiting for the GPU."""
+    return torch.tensor(list(ids), dtype=torch.int64).to(device, non_blocking=True)
+
+
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     vocab = logits.shape[1]
+    device = logits.device
     for i, row in enumerate(rows):
         p = row.params
         if not p.uses_penalties:
             continue
-        device = logits.device
-        out = torch.tensor(row.output_ids, dtype=torch.int64, device=device)
-        out = out[out < vocab]
         if p.repetition_penalty != 1:
-            seen = torch.tensor(row.prompt_ids + row.output_ids, dtype=torch.int64, device=device)
-            seen = torch.unique(seen[seen < vocab])
-            values = logits[i, seen]
-            logits[i, seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-        if out.numel() and (p.frequency_penalty or p.presence_penalty):
-            counts = torch.bincount(out, minlength=vocab).to(logits.dtype)
+            seen = {t for t in row.prompt_ids if t < vocab} | {t for t in row.output_ids if t < vocab}
+            if seen:
+                index = _ids_on(device, seen)
+                values = logits[i, index]
+                logits[i, index] = torch.where(values > 0, values / p.repetition_penalty,
+                                               values * p.repetition_penalty)
+        out = [t for t in row.output_ids if t < vocab]
+        if out and (p.frequency_penalty or p.presence_penalty):
+            counts = torch.zeros(vocab, dtype=logits.dtype, device=device)
+            counts.index_add_(0, _ids_on(device, out), torch.ones(len(out), dtype=logits.dtype, device=device))
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+# beyond this many candidates per row, a full sort is as cheap as topk
+MAX_TOPK_CANDIDATES = 1024
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """top-k, top-p and min-p on temperature-scaled logits; filtered entries become -inf."""
     vocab = logits.shape[1]
     device = logits.device
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows], device=device)
-    top_p = torch.tensor([r.params.top_p for r in rows], device=device, dtype=logits.dtype)
-    min_p = torch.tensor([r.params.min_p for r in rows], device=device, dtype=logits.dtype)
-    if bool((top_k >= vocab).all()) and bool((top_p >= 1).all()) and bool((min_p <= 0).all()):
+    ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
+    if all(k == vocab for k in ks) and all(r.params.top_p >= 1 for r in rows) and all(
+            r.params.min_p <= 0 for r in rows):
         return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=device)[None, :]
+    top_k = torch.tensor(ks).to(device, non_blocking=True)
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype).to(device, non_blocking=True)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype).to(device, non_blocking=True)
+    width = max(ks)
+    if width <= MAX_TOPK_CANDIDATES:
+        # every row keeps at most `width` tokens: the candidates, sorted, without sorting the vocabulary
+        sorted_logits, order = logits.topk(width, dim=-1)
+    else:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(sorted_logits.shape[1], device=device)[None, :]
     drop = rank >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep a token if the mass strictly before it is below top_p (the first token is always kept)
@@ -80,7 +102,7 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     drop |= probs < min_p[:, None] * probs[:, :1]
     drop[:, 0] = False
     filtered = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, filtered)
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, filtered)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
@@ -101,33 +123,39 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
                 keep[allowed] = logits[i, allowed]
                 logits[i] = keep
 
-    tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-    if greedy:
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
-    if random_rows:
+    if not random_rows:
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
+        if greedy:
+            index = _ids_on(logits.device, greedy)
+            tokens[index] = logits[index].argmax(dim=-1)
         sub_rows = [rows[i] for i in random_rows]
-        temps = torch.tensor([r.params.temperature for r in sub_rows], device=logits.device)
-        scaled = _filter(logits[random_rows] / temps[:, None], sub_rows)
+        index = _ids_on(logits.device, random_rows)
+        temps = torch.tensor([r.params.temperature for r in sub_rows]).to(logits.device, non_blocking=True)
+        scaled = _filter(logits[index] / temps[:, None], sub_rows)
         probs = torch.softmax(scaled, dim=-1)
         # exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, one generator per row
         noise = torch.empty_like(probs)
         for j, row in enumerate(sub_rows):
             noise[j].exponential_(generator=row.generator)
-        tokens[random_rows] = (probs / noise).argmax(dim=-1)
+        tokens[index] = (probs / noise).argmax(dim=-1)
 
-    token_list = tokens.tolist()
     logprob_list: list[TokenLogprobs | None] = [None] * len(rows)
-    if raw_logprobs is not None:
-        for i, row in enumerate(rows):
-            k = row.params.logprobs
-            if k is None:
-                continue
-            chosen = float(raw_logprobs[i, token_list[i]])
-            top: dict[int, float] = {}
-            if k > 0:
-                values, ids = raw_logprobs[i].topk(k)
-                top = dict(zip(ids.tolist(), values.tolist(), strict=True))
-            logprob_list[i] = TokenLogprobs(token_id=token_list[i], logprob=chosen, top=top)
+    if raw_logprobs is None:
+        return SampleResult(token_ids=tokens.tolist(), logprobs=logprob_list)
+    # one read of the chosen tokens, their logprobs and every row's top alternatives
+    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+    k_max = max(r.params.logprobs or 0 for r in rows)
+    top_values, top_ids = raw_logprobs.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
+    token_list, chosen_list, top_value_list, top_id_list = (
+        t.tolist() for t in (tokens, chosen, top_values, top_ids))
+    for i, row in enumerate(rows):
+        k = row.params.logprobs
+        if k is None:
+            continue
+        top = dict(zip(top_id_list[i][:k], top_value_list[i][:k], strict=True)) if k > 0 else {}
+        logprob_list[i] = TokenLogprobs(token_id=token_list[i], logprob=chosen_list[i], top=top)
     return SampleResult(token_ids=token_list, logprobs=logprob_list)

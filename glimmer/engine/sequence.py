@@ -83,6 +83,8 @@ class Sequence:
     blocks: dict[str, list[int | None]] = field(default_factory=dict)
     # content hashes of the full blocks of all_token_ids, computed incrementally
     block_hashes: list[int] = field(default_factory=list)
+    # leading full blocks already made findable by their hash (register_computed_blocks' progress)
+    num_registered_blocks: int = 0
     num_preemptions: int = 0
     # prompt tokens found in the prefix cache when the sequence was first admitted
     num_cached_tokens: int = 0
@@ -97,6 +99,15 @@ class Sequence:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def tokens_in(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end), without copying the whole sequence."""
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
 
     def token_at(self, position: int) -> int:
         prompt_len = len(self.prompt_token_ids)

@@ -10,6 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glimmer.model.kernels.residual_norm import NormSpec
+from glimmer.model.kernels.silu_mul import silu_mul
+
 
 def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """y = x · (mean(x²) + eps)^(−1/2), in fp32, cast back — the embed, QK and perception norms (§2.1.1).
@@ -33,6 +36,10 @@ class ScaledRMSNorm(nn.Module):
         h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
         return (h * self.weight.float()).to(x.dtype)
 
+    @property
+    def spec(self) -> NormSpec:
+        return NormSpec(self.weight, self.eps, offset=0.0)
+
 
 class CenteredRMSNorm(nn.Module):
     """Gemma-style y = x̂ · (1 + w), multiplied in fp32 before the downcast: the four sandwich norms (§2.1.3)."""
@@ -46,6 +53,10 @@ class CenteredRMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+    @property
+    def spec(self) -> NormSpec:
+        return NormSpec(self.weight, self.eps, offset=1.0)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -107,6 +118,27 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
+def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears that share an input, so they run as one GEMM.
+
+    Each linear's parameters become views of the fused tensors: state_dict names and values are unchanged
+    and no memory is duplicated. A linear without a bias contributes zeros when another has one.
+    """
+    weight = torch.cat([m.weight.detach() for m in linears])
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features)
+                          for m in linears])
+    offset = 0
+    for m in linears:
+        rows = slice(offset, offset + m.out_features)
+        m.weight = nn.Parameter(weight[rows], requires_grad=False)
+        if m.bias is not None:
+            m.bias = nn.Parameter(bias[rows], requires_grad=False)
+        offset += m.out_features
+    return weight, bias
+
+
 class GatedMLP(nn.Module):
     """down_proj(silu(gate_proj(x)) · up_proj(x)), no biases (§2.4)."""
 
@@ -115,6 +147,13 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        """gate_proj and up_proj as one GEMM (a device path; the CPU keeps the two products)."""
+        self.gate_up_weight, _ = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is not None:
+            return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

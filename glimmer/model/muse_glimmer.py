@@ -38,6 +38,10 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
         )
         self._placeholder_ids: dict[torch.device, torch.Tensor] = {}  # per device, made outside graph capture
 
+    def fuse_for_inference(self) -> None:
+        """Shared-input projections as single GEMMs and fused norm passes: the device path (CPU stays unfused)."""
+        self.model.language_model.fuse_for_inference()
+
     @property
     def embed_tokens(self) -> nn.Module:
         return self.model.language_model.embed_tokens

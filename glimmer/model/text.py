@@ -9,11 +9,14 @@ elementwise sigmoid output gate before o_proj; a plain-scale final norm.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from glimmer.checkpoint.config import TextConfig
+from glimmer.model import kernels
 from glimmer.model.attention import paged_attention
 from glimmer.model.context import ForwardContext
+from glimmer.model.kernels.qk_norm_rope import HeadLayout
 from glimmer.model.layers import (
     CenteredRMSNorm,
     GatedMLP,
@@ -21,6 +24,7 @@ from glimmer.model.layers import (
     RotaryTable,
     ScaledRMSNorm,
     apply_rotary,
+    fuse_linears,
     weightless_rms_norm,
 )
 
@@ -45,10 +49,20 @@ class TextAttention(nn.Module):
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
         # the output gate never has a bias, whatever attention_bias says (§3)
         self.gate_proj = nn.Linear(config.hidden_size, config.q_size, bias=False)
+        self.layout = HeadLayout(self.num_heads, self.num_kv_heads, self.head_dim)
+        self.qkvg_weight: torch.Tensor | None = None
+        self.qkvg_bias: torch.Tensor | None = None
+
+    def fuse_projections(self) -> None:
+        """q, k, v and the gate share their input: one GEMM (a device path; the CPU keeps four products)."""
+        self.qkvg_weight, self.qkvg_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj, self.gate_proj)
 
     def forward(
         self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
     ) -> torch.Tensor:
+        caches = ctx.kv_caches.get(self.layer_idx)
+        if self.qkvg_weight is not None and caches is not None:
+            return self._forward_fused(hidden, rotary, ctx, caches)
         n = hidden.shape[0]
         q = self.q_proj(hidden).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
@@ -59,6 +73,7 @@ class TextAttention(nn.Module):
         if self.uses_rope:
             cos, sin = rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # elementwise gate from the same normed input, applied before o_proj (§2.5.8)
         out = paged_attention(
             q,
             k,
@@ -68,10 +83,28 @@ class TextAttention(nn.Module):
             group_name=self.group_name,
             sliding_window=self.sliding_window,
             scale=self.head_dim**-0.5,
+            gate=self.gate_proj(hidden),
         )
-        out = out.reshape(n, self.num_heads * self.head_dim)
-        # elementwise gate from the same normed input, before o_proj (§2.5.8)
-        return self.o_proj(out * torch.sigmoid(self.gate_proj(hidden)))
+        return self.o_proj(out)
+
+    def _forward_fused(
+        self,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        ctx: ForwardContext,
+        caches: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """The same formulas in three launches and two GEMMs: projection, norm+RoPE+cache store, attention+gate."""
+        qkvg = F.linear(hidden, self.qkvg_weight, self.qkvg_bias)
+        key_cache, value_cache = caches
+        group = ctx.groups[self.group_name]
+        q = kernels.qk_norm_rope_store(qkvg, self.layout, self.qk_norm_eps, self.qk_scale_factor,
+                                       rotary if self.uses_rope else None, key_cache, value_cache,
+                                       group.slot_mapping)
+        gate = qkvg[:, qkvg.shape[1] - self.layout.q_size :]
+        out = kernels.paged_attention(q, key_cache, value_cache, group, ctx, self.sliding_window,
+                                      self.head_dim**-0.5, gate)
+        return self.o_proj(out)
 
 
 class TextDecoderLayer(nn.Module):
@@ -104,8 +137,18 @@ class TextModel(nn.Module):
         self.layers = nn.ModuleList(TextDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = ScaledRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
+        self.fused = False
+
+    def fuse_for_inference(self) -> None:
+        """Fused projections and the one-pass sandwich norms of `_forward_fused` (a device path)."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+        self.fused = True
 
     def forward(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if self.fused:
+            return self._forward_fused(inputs_embeds, ctx)
         x = inputs_embeds
         rotary = self.rotary(ctx.positions, x.dtype)
         for i, layer in enumerate(self.layers):
@@ -113,3 +156,20 @@ class TextModel(nn.Module):
             if i in ctx.capture_layers:
                 ctx.captured[i] = x
         return self.norm(x)
+
+    def _forward_fused(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """The decoder layers of §2.4 with each post-norm, residual add and the next pre-norm in one pass."""
+        rotary = self.rotary(ctx.positions, inputs_embeds.dtype)
+        layers = self.layers
+        residual, h = kernels.residual_norm(None, inputs_embeds, None, layers[0].input_layernorm.spec)
+        for i, layer in enumerate(layers):
+            a = layer.self_attn(h, rotary, ctx)
+            residual, h = kernels.residual_norm(a, residual, layer.post_attention_layernorm.spec,
+                                                layer.pre_feedforward_layernorm.spec)
+            m = layer.mlp(h)
+            following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+            residual, h = kernels.residual_norm(m, residual, layer.post_feedforward_layernorm.spec,
+                                                following.spec)
+            if i in ctx.capture_layers:
+                ctx.captured[i] = residual
+        return h

@@ -143,3 +143,15 @@ def test_stop_string_matcher_holds_back_only_possible_prefixes():
     assert tail.flush() == "E"
     included = StopStringMatcher(["END"], include_in_output=True)
     assert included.feed("abcEND") == ("abcEND", "END")
+
+
+def test_top_k_candidates_filter_exactly_as_a_full_sort(monkeypatch):
+    """topk over the candidates gives the same kept set and values as sorting the whole vocabulary."""
+    import glimmer.engine.sampler as sampler
+
+    logits = torch.randn((4, 3000), generator=torch.Generator().manual_seed(1)) * 3
+    rows = [_row(top_k=k, top_p=p, min_p=m) for k, p, m in ((5, 1.0, 0.0), (50, 0.8, 0.0), (900, 0.95, 0.05),
+                                                            (1, 0.5, 0.0))]
+    fast = sampler._filter(logits, rows)
+    monkeypatch.setattr(sampler, "MAX_TOPK_CANDIDATES", 0)
+    assert torch.equal(fast, sampler._filter(logits, rows))

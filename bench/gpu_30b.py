@@ -1,0 +1,395 @@
+"""Muse Glimmer 30B on one H200: Glimmer against the hardware's own limits, measured in the same run.
+
+Random weights at the released geometry (`glimmer make-tiny --preset 30b --config-only`, loaded with
+`load_format="dummy"`), bf16. Every timed run uses fresh random prompts, so the prefix cache never hides a
+prefill. Prints, in order:
+
+- floors: device-to-device copy bandwidth; bf16 matmul rate; one decode step's weight matmuls alone (every
+  layer's fused projections and the lm_head, in one CUDA graph) at batch 1, 64 and 256;
+- transformers' batch-1 decode (its own random init; freed before Glimmer loads);
+- Glimmer: batch-1 decode at 1K and 32K context, 64- and 256-way 1K-in/256-out output throughput (and
+  the decode phase alone), time to first token of an 8K prompt;
+- the real HTTP server (`glimmer serve --load-format dummy` in a subprocess): single-stream inter-token
+  latency and 64-client throughput on the same load as the 64-way engine run;
+
+each figure beside its floor, and a table at the end. Figures go to --json as well.
+
+    python bench/gpu_30b.py [--skip-transformers] [--skip-server] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from glimmer import LLM, SamplingParams  # noqa: E402
+from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
+
+VOCAB_TEXT = 200_000  # random prompt ids stay among the base tokens
+RESULTS: dict[str, object] = {}
+
+
+def log(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+def record(name: str, value: float, unit: str, floor: float | None = None, floor_name: str = "") -> None:
+    RESULTS[name] = {"value": round(value, 3), "unit": unit}
+    text = f"{name}: {value:,.2f} {unit}"
+    if floor:
+        RESULTS[name] |= {"floor": round(floor, 3), "ratio": round(value / floor, 3), "floor_name": floor_name}
+        text += f"  ({value / floor:.2f} of {floor_name} {floor:,.2f})"
+    log(text)
+
+
+def fresh_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB_TEXT, (count, length), generator=generator).tolist()
+
+
+def cuda_time(fn, repeats: int = 10) -> float:
+    """Median seconds of fn() timed with CUDA events (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return sorted(times)[len(times) // 2]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# floors
+
+
+def copy_bandwidth() -> float:
+    source = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    target = torch.empty_like(source)
+    seconds = cuda_time(lambda: target.copy_(source))
+    return 2 * source.numel() * source.element_size() / seconds
+
+
+def matmul_rate() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    seconds = cuda_time(lambda: a @ b)
+    return 2 * 8192**3 / seconds
+
+
+def weight_matmul_step(weights: list[torch.Tensor], batch: int) -> float:
+    """Seconds for one step's weight matmuls alone at `batch` rows, replayed from one CUDA graph."""
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device="cuda", dtype=w.dtype) for w in weights}
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for w in weights:
+            F.linear(inputs[w.shape[1]], w)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        for w in weights:
+            F.linear(inputs[w.shape[1]], w)
+    seconds = cuda_time(graph.replay, repeats=5)
+    del graph
+    return seconds
+
+
+def step_weights(llm: LLM) -> list[torch.Tensor]:
+    """The matrices one decode step multiplies by: fused q|k|v|gate, o, fused gate|up, down per layer; lm_head."""
+    model = llm.engine.loaded.model
+    weights = []
+    for layer in model.model.language_model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        weights += [attn.qkvg_weight, attn.o_proj.weight, mlp.gate_up_weight, mlp.down_proj.weight]
+    return weights + [model.lm_head.weight]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# transformers
+
+
+def transformers_decode(path: Path, prompt_len: int = 1024, new_tokens: int = 24) -> float | None:
+    try:
+        from transformers import AutoConfig, MuseGlimmerForConditionalGeneration
+    except ImportError as exc:
+        log(f"transformers: not available ({exc})")
+        return None
+    config = AutoConfig.from_pretrained(path)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = MuseGlimmerForConditionalGeneration(config).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    log(f"transformers: built {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters "
+        f"({torch.cuda.memory_allocated() / 1e9:.1f} GB)")
+
+    def generate(tokens: int, seed: int) -> float:
+        ids = torch.tensor(fresh_prompts(1, prompt_len, seed), device="cuda")
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    generate(2, seed=100)  # warm-up
+    one = generate(1, seed=101)
+    many = generate(new_tokens + 1, seed=102)
+    return new_tokens / (many - one)  # the model is freed with this frame
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Glimmer engine
+
+
+def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    """Drive the engine as LLM.generate does, timing the first token of each request and the decode phase."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params)
+    first: dict[str, float] = {}
+    produced = 0
+    while engine.has_unfinished_requests:
+        deltas = engine.step()
+        now = time.perf_counter()
+        for delta in deltas:
+            produced += len(delta.token_ids)
+            first.setdefault(delta.request_id, now)
+    end = time.perf_counter()
+    prefill_done = max(first.values())
+    decode_tokens = produced - len(prompts)
+    return {
+        "seconds": end - start,
+        "output_tokens": produced,
+        "output_tokens_per_s": produced / (end - start),
+        "ttft_s": min(first.values()) - start,
+        "decode_tokens_per_s": decode_tokens / (end - prefill_done) if decode_tokens else 0.0,
+        "decode_step_s": (end - prefill_done) / (max_tokens - 1) if max_tokens > 1 else 0.0,
+    }
+
+
+def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[str, float]:
+    started = time.perf_counter()
+    llm = LLM(str(path), dtype="bfloat16", load_format="dummy", progress=False, max_model_len=34 * 1024,
+              max_num_seqs=256)
+    log(f"glimmer: loaded dummy 30B in {time.perf_counter() - started:.1f} s, KV blocks "
+        f"{llm.engine.kv_layout.num_blocks} of {llm.engine.kv_layout.block_size} tokens")
+    weights = step_weights(llm)
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    floors["weight_gb_per_step"] = weight_bytes / 1e9
+    floors["copy_floor_s"] = weight_bytes / floors["copy_bytes_per_s"]
+    for batch in (1, 64, 256):
+        floors[f"matmul_step_s_{batch}"] = weight_matmul_step(weights, batch)
+        log(f"floor: weight matmuls alone at batch {batch}: {floors[f'matmul_step_s_{batch}'] * 1e3:.2f} ms/step")
+    log(f"floor: {weight_bytes / 1e9:.1f} GB of weights per step at the copy rate: "
+        f"{floors['copy_floor_s'] * 1e3:.2f} ms ({1 / floors['copy_floor_s']:.1f} tok/s)")
+    del weights
+
+    out: dict[str, float] = {}
+    # warm-up: compile every kernel specialization and capture the graphs the timed runs use
+    run_engine(llm, fresh_prompts(1, 1024, 1), 8)
+    run_engine(llm, fresh_prompts(64, 1024, 2), 4)
+    if not quick:
+        run_engine(llm, fresh_prompts(256, 64, 3), 4)
+        run_engine(llm, fresh_prompts(1, 8192, 4), 2)
+
+    result = run_engine(llm, fresh_prompts(1, 1024, 10), 129)
+    out["decode_1k_tok_s"] = result["decode_tokens_per_s"]
+    out["decode_1k_step_s"] = result["decode_step_s"]
+    record("batch-1 decode, 1K context", result["decode_tokens_per_s"], "tok/s", 1 / floors["copy_floor_s"],
+           "copy-rate ceiling")
+
+    if not quick:
+        result = run_engine(llm, fresh_prompts(1, 32 * 1024, 11), 129)
+        out["decode_32k_tok_s"] = result["decode_tokens_per_s"]
+        record("batch-1 decode, 32K context", result["decode_tokens_per_s"], "tok/s", out["decode_1k_tok_s"],
+               "the 1K figure")
+
+    for batch in (64,) if quick else (64, 256):
+        result = run_engine(llm, fresh_prompts(batch, 1024, 20 + batch), 256)
+        out[f"batch_{batch}_output_tok_s"] = result["output_tokens_per_s"]
+        out[f"batch_{batch}_decode_tok_s"] = result["decode_tokens_per_s"]
+        floor = batch / floors[f"matmul_step_s_{batch}"]
+        record(f"{batch}-way 1K-in/256-out, output", result["output_tokens_per_s"], "tok/s", floor,
+               f"matmul floor at batch {batch}")
+        record(f"{batch}-way, decode phase alone", result["decode_tokens_per_s"], "tok/s", floor,
+               f"matmul floor at batch {batch}")
+
+    graphs = llm.engine.runner.graphs
+    for batch in (b for b in (1, 64, 256) if b in graphs.captured_sizes):
+        # the decode step's GPU time alone (graph replay, no host work): the rest of a step is host time
+        gpu = cuda_time(lambda b=batch: graphs.replay(b), repeats=5)
+        out[f"graph_replay_s_{batch}"] = gpu
+        record(f"decode step on the GPU alone (graph replay), batch {batch}", gpu * 1e3, "ms",
+               floors[f"matmul_step_s_{batch}"] * 1e3, "weight-matmul step")
+    if quick:
+        return out
+
+    ttfts = [run_engine(llm, fresh_prompts(1, 8192, 40 + i), 1)["ttft_s"] for i in range(3)]
+    out["ttft_8k_s"] = sorted(ttfts)[1]
+    prefill_flops = 2 * 8192 * floors["weight_gb_per_step"] * 1e9 / 2  # bf16: 2 bytes per weight
+    record("8K-token prompt, time to first token", out["ttft_8k_s"], "s", prefill_flops / floors["matmul_flops"],
+           "matmul-rate floor")
+    return out  # the engine is freed with this frame
+
+
+# ---------------------------------------------------------------------------------------------------------
+# server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stream_completion(client, url: str, prompt: list[int], max_tokens: int) -> tuple[list[float], int]:
+    """Arrival times of the streamed chunks that carry text, and the completion tokens the usage reports."""
+    body = {"model": "glimmer-30b", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    times = []
+    tokens = 0
+    with client.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0].get("text") is not None:
+                    times.append(time.perf_counter())
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    return times, tokens
+
+
+def server(path: Path, engine_figures: dict[str, float]) -> dict[str, float]:
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "glimmer.cli", "--log-level", "WARNING", "serve", str(path), "--load-format",
+               "dummy", "--port", str(port), "--max-model-len", "4096", "--max-num-seqs", "64",
+               "--served-model-name", "glimmer-30b"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                   [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    out: dict[str, float] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError("the server exited:\n" + "".join(lines[-30:]))
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not start in 300 s:\n" + "".join(lines[-30:]))
+            time.sleep(0.5)
+        with httpx.Client() as client:
+            stream_completion(client, url, fresh_prompts(1, 1024, 50)[0], 16)  # warm-up: the batch-1 graph
+            warm = [threading.Thread(target=stream_completion, args=(client, url, p, 8))
+                    for p in fresh_prompts(64, 16, 52)]  # and the batch-64 one
+            for t in warm:
+                t.start()
+            for t in warm:
+                t.join()
+            times, _ = stream_completion(client, url, fresh_prompts(1, 1024, 51)[0], 129)
+        gaps = sorted(b - a for a, b in zip(times[1:], times[2:], strict=False))
+        out["server_itl_s"] = gaps[len(gaps) // 2]
+        record("server single-stream inter-token latency (median)", out["server_itl_s"] * 1e3, "ms",
+               engine_figures["decode_1k_step_s"] * 1e3, "the engine's decode step")
+
+        def client_run(prompt: list[int], counts: list[int]) -> None:
+            with httpx.Client() as client:
+                counts.append(stream_completion(client, url, prompt, 256)[1])
+
+        def load(seed: int) -> float:
+            counts: list[int] = []
+            threads = [threading.Thread(target=client_run, args=(p, counts)) for p in fresh_prompts(64, 1024, seed)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return sum(counts) / (time.perf_counter() - start)
+
+        out["server_64_tok_s"] = load(61)
+        record("server, 64 clients 1K-in/256-out, output", out["server_64_tok_s"], "tok/s",
+               engine_figures["batch_64_output_tok_s"], "LLM.generate on the same load")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--skip-server", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="only what the server comparison needs: 1K batch-1 decode and the 64-way load")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    args = parser.parse_args()
+    log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_checkpoint(Path(tmp) / "glimmer-30b", preset="30b", config_only=True)
+        floors = {"copy_bytes_per_s": copy_bandwidth(), "matmul_flops": matmul_rate()}
+        log(f"floor: copy bandwidth {floors['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write); "
+            f"bf16 matmul {floors['matmul_flops'] / 1e12:.0f} TFLOP/s")
+        sections = []
+        if not args.skip_transformers and not args.quick:
+            sections.append(("transformers", lambda: {"transformers_tok_s": transformers_decode(path)}))
+        engine: dict[str, float] = {}
+        sections.append(("glimmer", lambda: engine.update(glimmer_engine(path, floors, args.quick)) or engine))
+        if not args.skip_server:
+            sections.append(("server", lambda: server(path, engine)))
+        figures: dict[str, float | None] = {}
+        for name, run in sections:
+            try:
+                figures.update(run())
+            except Exception as exc:  # one broken section must not lose the others' figures
+                log(f"{name}: FAILED: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
+            gc.collect()  # each section's model goes before the next one loads
+            torch.cuda.empty_cache()
+        if figures.get("transformers_tok_s") and figures.get("decode_1k_tok_s"):
+            record("transformers batch-1 decode, 1K context", figures["transformers_tok_s"], "tok/s")
+            log(f"Glimmer / transformers at batch 1: {figures['decode_1k_tok_s'] / figures['transformers_tok_s']:.1f}x")
+    RESULTS["floors"] = {k: round(v, 6) for k, v in floors.items()}
+    log(f"total {time.perf_counter() - started:.0f} s")
+    log(json.dumps(RESULTS, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""A scheduled step's batch layout as host tensors: built once, then copied to the device in a few copies.
+
+The eager runner copies them into fresh device tensors; CUDA-graph replay copies them into the graph's
+static buffers. Either way the step costs one copy of the flat integer fields and one per KV group's
+block table, from pinned memory and without waiting for the GPU.
+
+Rows past the real batch (`padded_seqs`) are graph padding: one token each at position 0 that reads and
+writes only slot 0 of the spare "null" block of each pool, which no sequence owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glimmer.engine.kv_cache_manager import KVCacheManager
+from glimmer.engine.scheduler import ScheduledStep
+from glimmer.model.context import ForwardContext, KVGroupView
+
+
+@dataclass
+class StepInputs:
+    """Host copies of a step's inputs. `flat` packs, in order: input_ids (N), positions (N),
+    query_start_loc (B + 1), seq_lens (B), then per group (in `groups` order) kv_start_pos (B) and
+    slot_mapping (N); `tables` holds each group's (B, width) block table."""
+
+    num_seqs: int
+    num_tokens: int
+    max_query_len: int
+    groups: tuple[str, ...]
+    flat: torch.Tensor
+    tables: dict[str, torch.Tensor]
+
+    @staticmethod
+    def flat_size(num_seqs: int, num_tokens: int, num_groups: int) -> int:
+        return 2 * num_tokens + 2 * num_seqs + 1 + num_groups * (num_seqs + num_tokens)
+
+    def context(
+        self,
+        flat: torch.Tensor,
+        tables: dict[str, torch.Tensor],
+        block_size: int,
+        kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, ForwardContext]:
+        """(input_ids, ForwardContext) over a device copy of `flat` and device block tables."""
+        n, b = self.num_tokens, self.num_seqs
+        sizes = [n, n, b + 1, b] + [b, n] * len(self.groups)
+        fields = flat.split(sizes)
+        groups = {
+            group: KVGroupView(block_size, tables[group], fields[4 + 2 * i], fields[5 + 2 * i])
+            for i, group in enumerate(self.groups)
+        }
+        return fields[0], ForwardContext(
+            query_start_loc=fields[2],
+            seq_lens=fields[3],
+            positions=fields[1],
+            max_query_len=self.max_query_len,
+            kv_caches=kv_caches,
+            groups=groups,
+        )
+
+
+def build_step_inputs(
+    step: ScheduledStep, kv: KVCacheManager, null_blocks: dict[str, int], padded_seqs: int | None = None
+) -> StepInputs:
+    """Lay out `step` (after the scheduler allocated its blocks), padded with null rows to `padded_seqs`."""
+    groups = tuple(kv.pools)
+    bs = kv.block_size
+    ids: list[int] = []
+    positions: list[int] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    starts: dict[str, list[int]] = {g: [] for g in groups}
+    slots: dict[str, list[int]] = {g: [] for g in groups}
+    rows: dict[str, list[list[int]]] = {g: [] for g in groups}
+    for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
+        first = seq.num_computed_tokens
+        ids.extend(seq.token_at(p) for p in range(first, first + n))
+        positions.extend(range(first, first + n))
+        query_start.append(query_start[-1] + n)
+        seq_lens.append(first + n)
+        for group in groups:
+            visible, start, new_slots = kv.step_blocks(seq, group, n)
+            rows[group].append(visible)
+            starts[group].append(start)
+            slots[group].extend(new_slots)
+    padding = (padded_seqs or len(step.seqs)) - len(step.seqs)
+    if padding:
+        ids.extend([0] * padding)
+        positions.extend([0] * padding)
+        query_start.extend(range(query_start[-1] + 1, query_start[-1] + padding + 1))
+        seq_lens.extend([1] * padding)
+        for group in groups:
+            rows[group].extend([null_blocks[group]] for _ in range(padding))
+            starts[group].extend([0] * padding)
+            slots[group].extend([null_blocks[group] * bs] * padding)
+    flat = ids + positions + query_start + seq_lens
+    tables = {}
+    for group in groups:
+        flat += starts[group] + slots[group]
+        width = max(map(len, rows[group]))
+        # columns past a row's blocks lie past its seq_len: never read in place, masked by the reference
+        padding_row = [null_blocks[group]] * width
+        table: list[int] = []
+        for row in rows[group]:
+            table += row
+            table += padding_row[len(row) :]
+        tables[group] = _pinned(table).view(-1, width)
+    return StepInputs(
+        num_seqs=len(seq_lens),
+        num_tokens=len(ids),
+        max_query_len=max(step.num_new_tokens),
+        groups=groups,
+        flat=_pinned(flat),
+        tables=tables,
+    )
+
+
+def _pinned(values: list) -> torch.Tensor:
+    tensor = torch.tensor(values, dtype=torch.int64)
+    return tensor.pin_memory() if torch.cuda.is_available() else tensor

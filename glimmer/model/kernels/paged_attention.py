@@ -1,0 +1,225 @@
+"""Causal (optionally sliding-window) GQA attention of a flat batch over the paged KV cache.
+
+A step's queries arrive flat: N tokens of B sequences, sequence b owning rows [qsl[b], qsl[b+1]), whose
+positions are the last q_len of its seq_len positions (a prefill chunk, one decode token, or several
+tokens to verify). A query at position p sees the cached keys j ≤ p, with a window W only p − W < j ≤ p
+(architecture.md §2.6); query head h reads key head ⌊h / group⌋ (§2.5.6). The scale is the model's
+SDPA scale, 1/√head_dim; q arrives already multiplied by qk_scale_factor (§2.5.3). With `gate`, the
+result is multiplied by sigmoid(gate) before it is returned (the output gate, §2.5.8).
+
+`paged_attention_torch` is the reference: it gathers each sequence's visible blocks into a dense copy and
+runs one masked `scaled_dot_product_attention`. `paged_attention_triton` reads the blocks in place through
+the block table (no copy, no dense mask), one program per (query tile, KV head, KV split). A query tile
+packs BLOCK_Q tokens × the group's query heads into the rows of one matrix product, so each key tile is
+loaded once for the whole group. At small batch the key range is split across programs (flash-decoding)
+and a second kernel merges the partial softmaxes. `paged_attention` picks one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from glimmer.model.context import ForwardContext, KVGroupView
+from glimmer.model.kernels.support import multiprocessor_count, next_power_of_2, use_triton
+
+MAX_KV_SPLITS = 128
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: KVGroupView,
+    ctx: ForwardContext,
+    sliding_window: int | None,
+    scale: float,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """query (N, q_heads, d); caches (blocks, block_size, kv_heads, d) already holding this step's keys.
+
+    Returns (N, q_heads · d), gated by sigmoid(gate) when gate (N, q_heads · d) is given.
+    """
+    if use_triton(query, key_cache) and triton_supports(query, key_cache):
+        return paged_attention_triton(query, key_cache, value_cache, group, ctx, sliding_window, scale, gate)
+    return paged_attention_torch(query, key_cache, value_cache, group, ctx, sliding_window, scale, gate)
+
+
+def triton_supports(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+    head_dim = query.shape[-1]
+    return (
+        query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and key_cache.dtype == query.dtype
+        and head_dim >= 16
+        and head_dim == next_power_of_2(head_dim)
+        and query.shape[1] % key_cache.shape[2] == 0
+        and query.stride(-1) == 1
+        and key_cache.stride(-1) == 1
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reference
+
+
+def token_layout(ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (N,) sequence index and row-within-sequence of every token, computed once per step."""
+    if "seq_of_token" not in ctx.derived:
+        n = ctx.positions.shape[0]
+        device = ctx.positions.device
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(ctx.num_seqs, device=device), ctx.query_lens, output_size=n
+        )
+        ctx.derived["seq_of_token"] = seq_of_token
+        ctx.derived["row_of_token"] = torch.arange(n, device=device) - ctx.query_start_loc[seq_of_token]
+    return ctx.derived["seq_of_token"], ctx.derived["row_of_token"]
+
+
+def to_padded(flat: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    """(N, …) → (B, max_query_len, …), zero-filled."""
+    seq_of_token, row_of_token = token_layout(ctx)
+    padded = flat.new_zeros((ctx.num_seqs, ctx.max_query_len, *flat.shape[1:]))
+    padded[seq_of_token, row_of_token] = flat
+    return padded
+
+
+def visibility_mask(ctx: ForwardContext, group: KVGroupView | None, sliding_window: int | None) -> torch.Tensor:
+    """(B, 1, Tq, Tk) boolean mask shared by all layers of a group in this step.
+
+    With a cache the keys are the group's gathered blocks; without one, each sequence's own new tokens.
+    """
+    key = f"mask:{sliding_window}:{group is not None}"
+    if key in ctx.derived:
+        return ctx.derived[key]
+    query_pos = to_padded(ctx.positions, ctx)
+    rows = torch.arange(ctx.max_query_len, device=query_pos.device)
+    query_valid = rows[None, :] < ctx.query_lens[:, None]
+    if group is not None:
+        num_keys = group.block_tables.shape[1] * group.block_size
+        key_pos = group.kv_start_pos[:, None] + torch.arange(num_keys, device=query_pos.device)[None, :]
+        key_valid = key_pos < ctx.seq_lens[:, None]
+    else:
+        key_pos, key_valid = query_pos, query_valid
+    visible = key_valid[:, None, :] & (key_pos[:, None, :] <= query_pos[:, :, None])
+    if sliding_window is not None:
+        visible &= key_pos[:, None, :] > query_pos[:, :, None] - sliding_window
+    # padded query rows must see something, or softmax over an empty row yields NaN
+    visible[:, :, 0] |= ~query_valid
+    ctx.derived[key] = visible[:, None, :, :]
+    return ctx.derived[key]
+
+
+def dense_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    ctx: ForwardContext,
+    scale: float,
+    gate: torch.Tensor | None,
+) -> torch.Tensor:
+    """SDPA of the padded queries against (B, Tk, kv_heads, d) keys/values under `mask`; flat (N, q_heads · d)."""
+    out = F.scaled_dot_product_attention(
+        to_padded(query, ctx).transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=query.shape[1] != keys.shape[2],
+    )
+    seq_of_token, row_of_token = token_layout(ctx)
+    out = out.transpose(1, 2)[seq_of_token, row_of_token].reshape(query.shape[0], -1)
+    # elementwise gate in the model dtype, as the reference applies it (§2.5.8)
+    return out if gate is None else out * torch.sigmoid(gate)
+
+
+def paged_attention_torch(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: KVGroupView,
+    ctx: ForwardContext,
+    sliding_window: int | None,
+    scale: float,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    blocks_k = key_cache[group.block_tables]
+    blocks_v = value_cache[group.block_tables]
+    b, m, bs, num_kv_heads, head_dim = blocks_k.shape
+    keys = blocks_k.reshape(b, m * bs, num_kv_heads, head_dim)
+    values = blocks_v.reshape(b, m * bs, num_kv_heads, head_dim)
+    mask = visibility_mask(ctx, group, sliding_window)
+    return dense_attention(query, keys, values, mask, ctx, scale, gate)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Triton
+
+
+def kv_splits(num_query_programs: int, device: torch.device) -> int:
+    """How many programs share one query tile's keys: enough programs to fill the GPU twice over.
+
+    A function of the batch shape only (never of context lengths), so a captured graph stays valid for
+    any context: each program works out its share of the keys at run time, and surplus programs exit.
+    """
+    want = 2 * multiprocessor_count(device.index or 0)
+    if num_query_programs >= want:
+        return 1
+    return min(MAX_KV_SPLITS, next_power_of_2(-(-want // num_query_programs)))
+
+
+def paged_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: KVGroupView,
+    ctx: ForwardContext,
+    sliding_window: int | None,
+    scale: float,
+    gate: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    from glimmer.model.kernels.jit import paged_attention as impl
+
+    n, num_q_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    group_size = num_q_heads // num_kv_heads
+    decode = ctx.max_query_len == 1
+    wide = head_dim > 128 or (query.dtype == torch.float32 and head_dim > 32)  # keep tiles in shared memory
+    block_m = max(16 if decode or wide else 64, next_power_of_2(group_size))
+    block_q = block_m // group_size
+    num_seqs = ctx.num_seqs
+    num_tiles = num_seqs if decode else -(-n // block_q) + num_seqs
+    if num_splits is None:
+        num_splits = kv_splits(num_tiles * num_kv_heads, query.device)
+    out = torch.empty((n, num_q_heads * head_dim), dtype=query.dtype, device=query.device)
+    if num_splits > 1:
+        partial_acc = torch.empty((num_splits, n, num_q_heads, head_dim), dtype=torch.float32, device=query.device)
+        partial_max_sum = torch.empty((num_splits, n, num_q_heads, 2), dtype=torch.float32, device=query.device)
+    else:
+        partial_acc = partial_max_sum = out  # unused
+    gate_arg = gate if gate is not None else out
+    tile_n = 32 if wide else 64
+    impl.attention_tiles[(num_tiles, num_kv_heads, num_splits)](
+        query, query.stride(0), query.stride(1),
+        key_cache, value_cache,
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        group.block_tables, group.block_tables.stride(0),
+        group.kv_start_pos, ctx.seq_lens, ctx.query_start_loc,
+        out, out.stride(0), gate_arg, gate_arg.stride(0),
+        partial_acc, partial_max_sum,
+        num_seqs, n, num_q_heads,
+        scale * 1.4426950408889634,  # softmax in base 2
+        sliding_window or 0,
+        BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, GROUP=group_size, BLOCK_Q=block_q, BLOCK_M=block_m,
+        TILE_N=tile_n, NUM_SPLITS=num_splits, DECODE=decode, SLIDING=sliding_window is not None,
+        HAS_GATE=gate is not None, IEEE=query.dtype == torch.float32,
+        num_warps=4 if block_m <= 32 else 8, num_stages=2,
+    )
+    if num_splits > 1:
+        impl.merge_splits[(n, num_q_heads)](
+            partial_acc, partial_max_sum, out, out.stride(0), gate_arg, gate_arg.stride(0), n, num_q_heads,
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, HAS_GATE=gate is not None, num_warps=4,
+        )
+    return out

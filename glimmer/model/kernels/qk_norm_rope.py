@@ -1,0 +1,107 @@
+"""The attention inputs of one layer from its fused q|k|v|gate projection, with k and v stored in the cache.
+
+Per token: split the projection into heads; QK-norm q and k (weightless RMSNorm in fp32, cast back,
+architecture.md §2.5.2); q · qk_scale_factor in the model dtype (§2.5.3); RoPE on both unless the layer
+is NoPE (§2.5.4; rotate-half pairs (j, j + d/2), cos/sin already in the model dtype); then write k and v
+to their cache slots. Returns q (N, q_heads, d). The Triton kernel does all of it in one launch and
+rounds to the model dtype after each op exactly where the reference does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from glimmer.model.kernels.support import next_power_of_2, use_triton
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where q, k, v and the gate sit in a fused projection row: [q heads | k heads | v heads | gate]."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def split(self, qkvg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views q (N, h, d), k (N, kv, d), v (N, kv, d), gate (N, h·d) of a fused projection."""
+        n = qkvg.shape[0]
+        q, k, v, gate = qkvg.split((self.q_size, self.kv_size, self.kv_size, self.q_size), dim=-1)
+        return (q.view(n, self.num_heads, self.head_dim), k.view(n, self.num_kv_heads, self.head_dim),
+                v.view(n, self.num_kv_heads, self.head_dim), gate)
+
+
+def qk_norm_rope_store(
+    qkvg: torch.Tensor,
+    layout: HeadLayout,
+    eps: float,
+    q_scale: float,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """q (N, heads, d) ready for attention; k and v written at `slot_mapping`. rotary None: a NoPE layer."""
+    if use_triton(qkvg, key_cache) and layout.head_dim == next_power_of_2(layout.head_dim) and qkvg.stride(-1) == 1:
+        return qk_norm_rope_store_triton(qkvg, layout, eps, q_scale, rotary, key_cache, value_cache, slot_mapping)
+    return qk_norm_rope_store_torch(qkvg, layout, eps, q_scale, rotary, key_cache, value_cache, slot_mapping)
+
+
+def qk_norm_rope_store_torch(
+    qkvg: torch.Tensor,
+    layout: HeadLayout,
+    eps: float,
+    q_scale: float,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    from glimmer.model.attention import write_kv_cache
+    from glimmer.model.layers import apply_rotary, weightless_rms_norm
+
+    q, k, v, _ = layout.split(qkvg)
+    q = weightless_rms_norm(q, eps) * q_scale
+    k = weightless_rms_norm(k, eps)
+    if rotary is not None:
+        cos, sin = rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    write_kv_cache(key_cache, value_cache, slot_mapping, k, v)
+    return q
+
+
+def qk_norm_rope_store_triton(
+    qkvg: torch.Tensor,
+    layout: HeadLayout,
+    eps: float,
+    q_scale: float,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    from glimmer.model.kernels.jit import qk_norm_rope as impl
+
+    n = qkvg.shape[0]
+    q = torch.empty((n, layout.num_heads, layout.head_dim), dtype=qkvg.dtype, device=qkvg.device)
+    if n == 0:
+        return q
+    cos, sin = rotary if rotary is not None else (q, q)
+    impl.qk_norm_rope_store[(n, layout.num_heads + layout.num_kv_heads)](
+        qkvg, qkvg.stride(0), cos, sin, cos.stride(0), q, q.stride(0), q.stride(1),
+        key_cache, value_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), slot_mapping,
+        eps, q_scale,
+        NUM_HEADS=layout.num_heads, NUM_KV_HEADS=layout.num_kv_heads, HEAD_DIM=layout.head_dim,
+        BLOCK_SIZE=key_cache.shape[1], USE_ROPE=rotary is not None, num_warps=1,
+    )
+    return q

@@ -1,0 +1,122 @@
+"""The CUDA engine path (fused weights, Triton kernels, CUDA graphs) against the CPU torch path, the oracle.
+
+Skipped without CUDA. float32 greedy decoding on the GPU is token-identical to the CPU path (which the
+CPU suite holds token-identical to transformers 5.23), through ragged batches, chunked prefill, prefix-cache
+hits, window crossings, graph padding and contexts past the old 32K graph limit; bf16 at the released
+geometry stays within the reference's own bf16 error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from glimmer import LLM, SamplingParams
+from glimmer.checkpoint.config_layouts import config_to_dict, load_config
+from glimmer.model.context import ForwardContext
+from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+from glimmer.tiny import TinySpec, released_30b_config, write_tiny_checkpoint
+
+pytestmark = pytest.mark.cuda
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    spec = TinySpec(sliding_window=16, max_position_embeddings=65536)
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("cuda-tiny"), spec=spec, seed=11)
+
+
+def _prompts(count: int, seed: int = 0, lengths: tuple[int, ...] = (3, 40, 17, 1, 25, 64, 9)) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 480, (lengths[i % len(lengths)],), generator=generator).tolist() for i in range(count)]
+
+
+def _tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+def test_float32_greedy_on_the_gpu_equals_the_cpu_path(windowed):
+    prompts = _prompts(11)
+    cpu = _tokens(LLM(str(windowed), device="cpu", progress=False, kv_cache_memory=64 << 20), prompts)
+    options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)
+    graphs = LLM(str(windowed), max_num_batched_tokens=48, **options)  # chunked prefill
+    assert graphs.engine.runner.graphs is not None
+    assert _tokens(graphs, prompts) == cpu
+    assert _tokens(graphs, prompts[:5]) == cpu[:5]  # prefix-cache hits, a smaller padded graph
+    assert graphs.engine.kv.prefix_cache_hit_rate() > 0
+    eager = LLM(str(windowed), enforce_eager=True, **options)
+    assert _tokens(eager, prompts) == cpu
+    assert len(graphs.engine.runner.graphs.captured_sizes) >= 2
+
+
+def test_graphs_decode_contexts_past_32k(windowed):
+    prompt = _prompts(1, seed=5, lengths=(33000,))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", progress=False, max_model_len=34000, kv_cache_memory=1 << 30)
+    graphs = LLM(str(windowed), **options)
+    eager = LLM(str(windowed), enforce_eager=True, **options)
+    assert _tokens(graphs, prompt, params) == _tokens(eager, prompt, params)
+    assert graphs.engine.runner.graphs.captured_sizes  # the decode steps replayed a graph
+
+
+def test_sampling_on_the_gpu_is_seeded_and_respects_top_k(windowed):
+    llm = LLM(str(windowed), device="cuda", progress=False, kv_cache_memory=256 << 20)
+    params = SamplingParams(temperature=1.0, top_k=5, top_p=0.9, max_tokens=16, seed=7, ignore_eos=True,
+                            logprobs=5)
+    first = llm.generate(_prompts(3), params)
+    again = llm.generate(_prompts(3), params)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    for out in first:
+        for lp in out.logprobs:
+            assert len(lp.top) == 5
+
+
+def _released_geometry(tmp_path, num_layers: int):
+    path = write_tiny_checkpoint(tmp_path, preset="30b", config_only=True)
+    full = released_30b_config()
+    n = num_layers
+    text = dataclasses.replace(full.text, num_hidden_layers=n, layer_types=full.text.layer_types[-n:],
+                               rope_layers=full.text.rope_layers[-n:])
+    config = dataclasses.replace(full, text=text, vision=None, image_token_id=None, video_token_id=None,
+                                 out_hidden_size=None, projector_hidden_size=None, projector_hidden_act=None)
+    (path / "config.json").write_text(json.dumps(config_to_dict(config, "canonical")))
+    return path
+
+
+def test_bf16_at_the_released_geometry_stays_within_the_references_own_error(tmp_path):
+    """4 layers of the 30B (3 sliding-window, 1 NoPE full), GQA 16:1, a prompt across the 2048 window, chunked."""
+    path = _released_geometry(tmp_path, 4)
+    llm = LLM(str(path), device="cuda", dtype="bfloat16", load_format="dummy", progress=False, max_model_len=4096,
+              max_num_batched_tokens=1024, kv_cache_memory=2 << 30)
+    prompt = _prompts(1, seed=3, lengths=(2600,))[0]
+    steps = 4
+    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, logprobs=20)
+    out = llm.generate([prompt], params)[0]
+
+    config = load_config(path)
+    weights = {k: v.float() for k, v in llm.engine.loaded.model.state_dict().items()}
+    del llm
+    torch.cuda.empty_cache()
+    with torch.device("meta"):
+        model = MuseGlimmerForConditionalGeneration(config)
+    model = model.to_empty(device="cuda").eval()
+    model.load_state_dict(weights)
+    ours, references = [], []
+    for i, logprobs in enumerate(out.logprobs):
+        ids = torch.tensor(prompt + out.token_ids[:i], device="cuda")
+        with torch.no_grad():
+            exact = torch.log_softmax(model.compute_logits(
+                model(ids, ForwardContext.without_cache([len(ids)], device="cuda"))[-1:]).float(), -1)[0]
+            model.to(torch.bfloat16)
+            half = torch.log_softmax(model.compute_logits(
+                model(ids, ForwardContext.without_cache([len(ids)], device="cuda"))[-1:]).float(), -1)[0]
+            model.float().load_state_dict(weights)
+        top = torch.tensor(list(logprobs.top), device="cuda")
+        ours.append((torch.tensor(list(logprobs.top.values()), device="cuda") - exact[top]).abs().max().item())
+        references.append((half[top] - exact[top]).abs().max().item())
+    assert max(ours) <= 1.5 * max(references) + 0.02, (ours, references)

@@ -1,0 +1,48 @@
+"""A step's layout, built once: flat fields in order, block tables, and graph padding onto the null blocks."""
+
+from __future__ import annotations
+
+import torch
+
+from glimmer import SamplingParams
+from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.scheduler import Scheduler, SchedulerConfig
+from glimmer.engine.sequence import Sequence
+from glimmer.engine.step_inputs import build_step_inputs
+
+
+def _scheduled(lengths: list[int]):
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 40, SLIDING: 40}, sliding_window=6))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64), kv)
+    for n in lengths:
+        scheduler.add(Sequence("r", list(range(1, n + 1)), SamplingParams(), frozenset(), 64))
+    return kv, scheduler.schedule()
+
+
+def test_flat_fields_and_tables_describe_the_step():
+    kv, step = _scheduled([5, 10])
+    inputs = build_step_inputs(step, kv, {FULL: 40, SLIDING: 40})
+    input_ids, ctx = inputs.context(inputs.flat, inputs.tables, 4, {})
+    assert input_ids.tolist() == list(range(1, 6)) + list(range(1, 11))
+    assert ctx.positions.tolist() == list(range(5)) + list(range(10))
+    assert ctx.query_start_loc.tolist() == [0, 5, 15] and ctx.seq_lens.tolist() == [5, 10]
+    assert ctx.max_query_len == 10
+    full = ctx.groups[FULL]
+    assert full.block_tables.shape == (2, 3)
+    assert full.block_tables[0, 2].item() == 40  # a short row is padded with the null block
+    slots = full.slot_mapping.tolist()
+    assert slots[:5] == [full.block_tables[0, p // 4].item() * 4 + p % 4 for p in range(5)]
+
+
+def test_graph_padding_rows_touch_only_the_null_blocks():
+    kv, step = _scheduled([3])
+    inputs = build_step_inputs(step, kv, {FULL: 40, SLIDING: 41}, padded_seqs=4)
+    input_ids, ctx = inputs.context(inputs.flat, inputs.tables, 4, {})
+    assert inputs.num_seqs == 4 and inputs.num_tokens == 6
+    assert ctx.seq_lens.tolist() == [3, 1, 1, 1]
+    assert ctx.query_start_loc.tolist() == [0, 3, 4, 5, 6]
+    for group, null in ((FULL, 40), (SLIDING, 41)):
+        view = ctx.groups[group]
+        assert view.block_tables[1:, 0].tolist() == [null] * 3
+        assert view.slot_mapping[3:].tolist() == [null * 4] * 3
+    assert torch.equal(input_ids[3:], torch.zeros(3, dtype=torch.int64))

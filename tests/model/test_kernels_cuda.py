@@ -1,0 +1,123 @@
+"""Every Triton kernel against its plain-torch reference, on the GPU (skipped without CUDA).
+
+Attention cases cover ragged batches, prefill chunks after a cached prefix (prefix-cache hits and chunked
+prefill look alike to a kernel), decode, window and block boundaries, GQA 16:1 at head_dim 128 and the tiny
+ratios, split-KV and the fused output gate; unused cache slots hold NaN, so a kernel that reads one fails.
+float32 agrees to rounding; bf16 stays within the reference's own bf16 error against float32.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from paged_cases import make_case  # noqa: E402
+
+from glimmer.model.kernels.paged_attention import paged_attention_torch, paged_attention_triton  # noqa: E402
+from glimmer.model.kernels.qk_norm_rope import (  # noqa: E402
+    HeadLayout,
+    qk_norm_rope_store_torch,
+    qk_norm_rope_store_triton,
+)
+from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch, residual_norm_triton  # noqa: E402
+from glimmer.model.kernels.silu_mul import silu_mul_torch, silu_mul_triton  # noqa: E402
+from glimmer.model.layers import RotaryTable  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+ATTENTION_CASES = {
+    "decode-ragged": ([(37, 1), (5, 1), (16, 1), (0, 1), (300, 1)], None),
+    "decode-window": ([(37, 1), (5, 1), (70, 1), (31, 1), (32, 1), (33, 1)], 32),
+    "prefill-ragged": ([(0, 23), (0, 1), (0, 64), (0, 17)], None),
+    "chunk-after-prefix": ([(48, 16), (17, 9), (40, 1), (64, 33)], None),
+    "chunk-window": ([(0, 100), (40, 70), (33, 31), (95, 2)], 32),
+    "verify-window": ([(200, 16), (31, 16), (1000, 8)], 64),
+}
+
+
+def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize("heads", [(4, 2, 16), (32, 2, 128), (8, 8, 64)], ids=["gqa2-d16", "gqa16-d128", "mha-d64"])
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+@pytest.mark.parametrize("num_splits", [None, 1, 8])
+def test_paged_attention_matches_the_reference_in_float32(name, heads, num_splits):
+    lengths, window = ATTENTION_CASES[name]
+    num_q_heads, num_kv_heads, head_dim = heads
+    case = make_case(lengths, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     sliding_window=window, device="cuda", seed=len(name))
+    scale = head_dim**-0.5 * 3.0
+    gate = torch.randn((case.query.shape[0], num_q_heads * head_dim), device="cuda")
+    for g in (None, gate):
+        ref = paged_attention_torch(case.query, case.key_cache, case.value_cache, case.group, case.ctx, window,
+                                    scale, g)
+        out = paged_attention_triton(case.query, case.poisoned_key_cache, case.poisoned_value_cache, case.group,
+                                     case.ctx, window, scale, g, num_splits=num_splits)
+        assert torch.isfinite(out).all()
+        # float32 up to summation order (exp amplifies it on the largest logits): tight in norm, loose per element
+        assert _error(out, ref) < 1e-5
+        torch.testing.assert_close(out, ref, rtol=1e-3, atol=5e-5)
+
+
+@pytest.mark.parametrize("name", list(ATTENTION_CASES))
+def test_paged_attention_in_bf16_stays_within_the_references_own_error(name):
+    lengths, window = ATTENTION_CASES[name]
+    case = make_case(lengths, num_q_heads=32, num_kv_heads=2, head_dim=128, sliding_window=window,
+                     device="cuda", seed=3)
+    scale = 128**-0.5 * 3.87
+    exact = paged_attention_torch(case.query, case.key_cache, case.value_cache, case.group, case.ctx, window, scale)
+    half = lambda t: t.to(torch.bfloat16)  # noqa: E731
+    ref = paged_attention_torch(half(case.query), half(case.key_cache), half(case.value_cache), case.group,
+                                case.ctx, window, scale)
+    out = paged_attention_triton(half(case.query), half(case.poisoned_key_cache), half(case.poisoned_value_cache),
+                                 case.group, case.ctx, window, scale)
+    assert torch.isfinite(out).all()
+    assert _error(out, exact) <= 1.5 * _error(ref, exact) + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "nope"])
+def test_qk_norm_rope_store_matches_the_reference(dtype, rope):
+    layout = HeadLayout(32, 2, 128)
+    n = 37
+    qkvg = (torch.randn((n, 2 * 32 * 128 + 2 * 2 * 128), device="cuda") * 3).to(dtype)
+    rotary = RotaryTable(128, 500000.0)(torch.randint(0, 100000, (n,), device="cuda"), dtype) if rope else None
+    slots = torch.randperm(40 * 16, device="cuda")[:n]
+    caches = [torch.full((40, 16, 2, 128), float("nan"), dtype=dtype, device="cuda") for _ in range(4)]
+    q_ref = qk_norm_rope_store_torch(qkvg, layout, 1e-5, 3.87, rotary, caches[0], caches[1], slots)
+    q_out = qk_norm_rope_store_triton(qkvg, layout, 1e-5, 3.87, rotary, caches[2], caches[3], slots)
+    exact = dtype == torch.float32
+    tolerance = {"rtol": 1e-6, "atol": 1e-6} if exact else {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(q_out, q_ref, **tolerance)
+    torch.testing.assert_close(caches[2], caches[0], equal_nan=True, **tolerance)
+    torch.testing.assert_close(caches[3], caches[1], equal_nan=True, rtol=0, atol=0)
+    if not exact:  # the rounding steps follow the reference: nearly every element is bit-identical
+        assert (q_out != q_ref).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [64, 6656])
+def test_residual_norm_matches_the_reference(dtype, width):
+    rows = 19
+    h = torch.randn((rows, width), device="cuda").to(dtype)
+    residual = (torch.randn((rows, width), device="cuda") * 10).to(dtype)
+    post = NormSpec((torch.randn(width, device="cuda") * 0.3).to(dtype), 1e-8, 1.0)
+    following = NormSpec((torch.randn(width, device="cuda") * 0.3).to(dtype), 1e-5, 1.0)
+    final = NormSpec((1 + torch.randn(width, device="cuda") * 0.3).to(dtype), 1e-5, 0.0)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    for args in ((h, residual, post, following), (h, residual, post, final), (None, residual, None, following)):
+        for got, want in zip(residual_norm_triton(*args), residual_norm_torch(*args), strict=True):
+            torch.testing.assert_close(got, want, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_the_reference(dtype):
+    gate_up = (torch.randn((13, 2 * 19968), device="cuda") * 4).to(dtype)
+    tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(silu_mul_triton(gate_up), silu_mul_torch(gate_up), **tolerance)
