@@ -13,14 +13,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.engine.sequence import MultimodalItem, TokenController
+from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import GlimmerError
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class AsyncEngine:
         params: SamplingParams,
         *,
         multimodal: list[MultimodalItem] | None = None,
-        controller_factory: Callable[[], TokenController] | None = None,
+        controller_factory: ControllerFactory | None = None,
     ) -> AsyncIterator[StepDelta]:
         """Stream a request's deltas until every completion finishes.
 

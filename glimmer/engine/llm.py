@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from glimmer.engine.grammar import ControllerFactory, answer_grammar
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
-from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
@@ -26,6 +27,7 @@ from glimmer.protocol import (
     parse_output,
     resolve_reasoning_strength,
 )
+from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
@@ -138,12 +140,13 @@ class LLM:
                 )
         return self._run(normalized, params_list, use_tqdm)
 
-    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool,
+             controller_factory: ControllerFactory | None = None) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         order = []
         for (text, ids, items), params in zip(prompts, params_list, strict=True):
             request_id = f"llm-{next(self._ids)}"
-            self.engine.add_request(request_id, ids, params, items)
+            self.engine.add_request(request_id, ids, params, items, controller_factory)
             order.append(request_id)
             results[request_id] = RequestOutput(
                 request_id=request_id,
@@ -181,6 +184,10 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         *,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
+        response_format: dict[str, Any] | None = None,
+        thinking_token_budget: int | None = None,
         reasoning_effort: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         use_tqdm: bool = False,
@@ -191,9 +198,18 @@ class LLM:
         images and videos: OpenAI `image_url` / `video_url` parts (data: URLs, or local paths under
         `allowed_local_media_path`), or `{"type": "image", "image": <PIL image>}`. Returns one ChatOutput
         per conversation, in order.
+
+        As in the OpenAI API: `tool_choice` ("auto", "none", "required" or {"type": "function", "function":
+        {"name": ...}}) with `parallel_tool_calls`, and `response_format` (or `sampling_params.structured_outputs`)
+        to constrain the answer while reasoning stays free; `thinking_token_budget` caps reasoning (0: none).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        normalized_tools = normalize_tools(tools) if tools else None
+        params = sampling_params or SamplingParams()
+        plan = plan_tools(normalize_tools(tools), tool_choice)
+        controller_factory = self._turn_controller_factory(plan, params, response_format, parallel_tool_calls,
+                                                           thinking_token_budget)
+        params = replace(params, structured_outputs=None)  # the turn grammar constrains the answer
+        normalized_tools = plan.render_tools
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items()
@@ -214,13 +230,33 @@ class LLM:
                 target.append(load_media_reference(reference, kind, len(target), self.media_policy))
             ids, items = self.engine.prepare_prompt(text, images, videos)
             prepared.append((text, ids, items))
-        params = sampling_params or SamplingParams()
-        outputs = self._run(prepared, [params] * len(prepared), use_tqdm)
+        outputs = self._run(prepared, [params] * len(prepared), use_tqdm, controller_factory)
         chats = []
         for output in outputs:
-            parsed = parse_output(output.text, normalized_tools)
+            parsed = parse_output(output.text, plan.parser_tools)
             chats.append(ChatOutput(parsed.reasoning, parsed.content, list(parsed.tool_calls), output))
         return chats
+
+
+    def _turn_controller_factory(self, plan: ToolPlan, params: SamplingParams, response_format: Any,
+                                 parallel_tool_calls: bool, thinking_token_budget: int | None
+                                 ) -> ControllerFactory | None:
+        structured, param = params.structured_outputs, "structured_outputs"
+        if response_format is not None:
+            requested = StructuredOutputsParams.from_response_format(response_format)
+            if requested is not None and structured is not None:
+                raise RequestError("response_format: give it or sampling_params.structured_outputs, not both",
+                                   param="response_format")
+            if requested is not None:
+                structured, param = requested, "response_format"
+        if thinking_token_budget is not None and (
+                not isinstance(thinking_token_budget, int) or isinstance(thinking_token_budget, bool)
+                or thinking_token_budget < 0):
+            raise RequestError("thinking_token_budget: must be an integer >= 0", param="thinking_token_budget")
+        answer = answer_grammar(structured, param) if structured is not None else None
+        constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
+                                          thinking_token_budget=thinking_token_budget)
+        return self.engine.grammars.turn(constraint, param) if constraint is not None else None
 
 
 def _as_list(value: Any) -> list:

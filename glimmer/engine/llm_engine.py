@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +20,7 @@ from glimmer.checkpoint.generation_config import GenerationDefaults, load_genera
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.model_loader import LoadedModel, load_model
 from glimmer.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -28,7 +29,7 @@ from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import Scheduler, SchedulerConfig
-from glimmer.engine.sequence import MultimodalItem, Sequence, TokenController
+from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
@@ -140,6 +141,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None
+        # grammars of structured outputs and tool_choice (indexing the vocabulary takes a moment: do it once, here)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.text.vocab_size,
+                                        self.generation_defaults.stop_token_ids)
+        self._grammar_masks: GrammarMasks | None = None
         self._rng = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
@@ -266,11 +271,12 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         multimodal: list[MultimodalItem] | None = None,
-        controller_factory: Callable[[], TokenController] | None = None,
+        controller_factory: ControllerFactory | None = None,
     ) -> None:
         """Queue a request; raises RequestError (naming the field) if it can never be served.
 
-        controller_factory, if given, builds one TokenController per completion to steer its tokens.
+        controller_factory, if given, builds one grammar controller per completion to constrain its tokens (a
+        chat turn's grammar); otherwise `params.structured_outputs`, if set, constrains the raw text.
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -298,6 +304,11 @@ class LLMEngine:
                 f"{self.max_model_len}; lower max_tokens to at most {room}",
                 param="max_tokens",
             )
+        if controller_factory is None and params.structured_outputs is not None:
+            controller_factory = self.grammars.structured_outputs(params.structured_outputs)
+        if controller_factory is not None and params.min_tokens:
+            raise RequestError("min_tokens: cannot be combined with structured outputs or a forced tool choice: "
+                               "the grammar decides where the text ends", param="min_tokens")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.generation_defaults.stop_token_ids)
@@ -355,6 +366,7 @@ class LLMEngine:
         step = self.scheduler.schedule()
         if step.is_empty:
             return []
+        masks = self._start_grammar_masks(step)
         logits, sampling = self.runner.execute(step)
         for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
@@ -365,17 +377,21 @@ class LLMEngine:
         for i in sampling:
             seq = step.seqs[i]
             banned = tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ()
-            allowed = None
-            if seq.controller is not None:
-                allowed = seq.controller.allowed_token_ids()
-                banned += tuple(seq.controller.banned_token_ids())
-            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned,
-                                    allowed))
-        result = sample(logits, rows)
+            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned))
+        result = sample(logits, rows, masks.result() if masks is not None else None)
         deltas = []
         for i, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
             deltas.append(self._append_token(step.seqs[i], token, logprobs))
         return deltas
+
+    def _start_grammar_masks(self, step) -> Future | None:
+        """Fill the grammar masks of the rows this step samples, on a worker thread while the model runs."""
+        controllers = [seq.controller for i, seq in enumerate(step.seqs) if step.samples(i)]
+        if all(controller is None for controller in controllers):
+            return None
+        if self._grammar_masks is None:
+            self._grammar_masks = GrammarMasks(self.model_config.text.vocab_size, self.scheduler_config.max_num_seqs)
+        return self._grammar_masks.fill_async(controllers)
 
     def _append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepDelta:
         done = self._completions[id(seq)]

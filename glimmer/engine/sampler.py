@@ -1,8 +1,8 @@
 """Turn a batch of next-token logits into tokens, each row under its own sampling parameters.
 
-Order per row (as vLLM): penalties, min_tokens masking, then greedy argmax, or temperature → top-k →
-top-p → min-p → a draw. Draws use one generator per seeded request, so a seeded request samples the
-same tokens whatever else shares its batch. Logprobs come from the model's raw distribution.
+Order per row (as vLLM): penalties, min_tokens masking, the grammar's token bitmask, then greedy argmax, or
+temperature → top-k → top-p → min-p → a draw. Draws use one generator per seeded request, so a seeded request
+samples the same tokens whatever else shares its batch. Logprobs come from the model's raw distribution.
 
 Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
 (and their logprobs): every decision that depends on the parameters is taken on the host from them.
@@ -28,8 +28,6 @@ class SamplingRow:
     generator: torch.Generator | None
     # ids that may not be sampled yet (stop ids while fewer than min_tokens were generated)
     banned_ids: tuple[int, ...] = ()
-    # if set, the only ids that may be sampled (a TokenController's constraint)
-    allowed_ids: list[int] | None = None
 
 
 @dataclass
@@ -105,23 +103,31 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter_(1, order, filtered)
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
-    """logits: (M, V), one row per sequence that needs a token this step."""
+def unpack_token_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(M, ceil(V/32)) int32, bit j of word w allowing id 32w+j (llguidance's layout) → (M, V) bool."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None) -> SampleResult:
+    """logits: (M, V), one row per sequence that needs a token this step.
+
+    token_bitmask: (M, ceil(V/32)) int32 of the ids each row may sample (all bits set for a free row), or None.
+    """
     logits = logits.float()
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
 
-    if any(r.params.uses_penalties or r.banned_ids or r.allowed_ids is not None for r in rows):
+    if any(r.params.uses_penalties or r.banned_ids for r in rows):
         logits = logits.clone()
         _apply_penalties(logits, rows)
         for i, row in enumerate(rows):
             if row.banned_ids:
                 logits[i, list(row.banned_ids)] = float("-inf")
-            if row.allowed_ids is not None:
-                keep = torch.full_like(logits[i], float("-inf"))
-                allowed = torch.tensor(row.allowed_ids, dtype=torch.int64, device=logits.device)
-                keep[allowed] = logits[i, allowed]
-                logits[i] = keep
+    if token_bitmask is not None:
+        allowed = unpack_token_bitmask(token_bitmask.to(logits.device, non_blocking=True), logits.shape[1])
+        logits = logits.masked_fill(~allowed, float("-inf"))
 
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from glimmer.errors import RequestError
 
 MAX_LOGPROBS = 20
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -17,6 +18,91 @@ def _check(condition: bool, param: str, message: str) -> None:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What the generated text must be, in vLLM's shape: exactly one of the constraints.
+
+    json: a JSON schema (a dict or its JSON text); the text is one JSON value valid against it.
+    regex: the text matches this regular expression (Rust `regex` syntax), whole.
+    choice: the text is one of these strings.
+    grammar: a context-free grammar, in Lark or GBNF (llama.cpp) syntax.
+    json_object: the text is one JSON object.
+    strict: for `json`, False ignores JSON-schema keywords the grammar engine does not implement (OpenAI's
+        non-strict `response_format`); True refuses such a schema.
+
+    With `LLM.generate` (and /v1/completions) the constraint applies to the raw text; with `LLM.chat` (and
+    /v1/chat/completions) to the answer only, after free reasoning.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    strict: bool = True
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in _STRUCTURED_KINDS if getattr(self, kind) not in (None, False)]
+        _check(len(given) == 1, "structured_outputs",
+               f"give exactly one of {', '.join(_STRUCTURED_KINDS)} (got {', '.join(given) or 'none'})")
+        _check(self.json is None or isinstance(self.json, str | dict), "structured_outputs.json",
+               "must be a JSON schema (an object or its JSON text)")
+        _check(self.regex is None or (isinstance(self.regex, str) and self.regex != ""), "structured_outputs.regex",
+               "must be a non-empty string")
+        _check(self.choice is None or (isinstance(self.choice, list) and self.choice != []
+                                       and all(isinstance(c, str) for c in self.choice)),
+               "structured_outputs.choice", "must be a non-empty list of strings")
+        _check(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
+               "structured_outputs.grammar", "must be a non-empty grammar text")
+        _check(self.json_object in (None, True, False), "structured_outputs.json_object", "must be a boolean")
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in _STRUCTURED_KINDS if getattr(self, kind) not in (None, False))
+
+    @classmethod
+    def from_response_format(cls, response_format: object) -> StructuredOutputsParams | None:
+        """OpenAI's `response_format` (`text`, `json_object`, `json_schema`); None for text.
+
+        Raises RequestError naming the field at fault.
+        """
+        if not isinstance(response_format, dict):
+            raise RequestError("response_format: must be an object with a `type`", param="response_format")
+        kind = response_format.get("type")
+        allowed_keys = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+        if kind not in allowed_keys:
+            raise RequestError(f"response_format.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'",
+                               param="response_format.type")
+        unknown = sorted(set(response_format) - allowed_keys[kind])
+        if unknown:
+            raise RequestError(f"response_format.{unknown[0]}: unknown field for type {kind!r}",
+                               param=f"response_format.{unknown[0]}")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return cls(json_object=True)
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise RequestError("response_format.json_schema: required for type 'json_schema'; an object with "
+                               "`name` and `schema`", param="response_format.json_schema")
+        unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
+        if unknown:
+            raise RequestError(f"response_format.json_schema.{unknown[0]}: unknown field",
+                               param=f"response_format.json_schema.{unknown[0]}")
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise RequestError("response_format.json_schema.name: required, a non-empty string",
+                               param="response_format.json_schema.name")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise RequestError("response_format.json_schema.schema: must be a JSON schema object",
+                               param="response_format.json_schema.schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise RequestError("response_format.json_schema.strict: must be a boolean",
+                               param="response_format.json_schema.strict")
+        return cls(json=schema, strict=strict is True)
 
 
 @dataclass
@@ -35,6 +121,7 @@ class SamplingParams:
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt.
+    structured_outputs: constrain the text by a grammar (see StructuredOutputsParams).
     """
 
     temperature: float = 1.0
@@ -53,6 +140,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     n: int = 1
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -99,6 +187,8 @@ class SamplingParams:
             "must be a number > 0",
         )
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "must be >= 1")
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", "must be a StructuredOutputsParams")
 
     @property
     def greedy(self) -> bool:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from glimmer.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from glimmer.engine.grammar import GrammarController
 
 _arrival_counter = itertools.count()
 
@@ -19,22 +21,6 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class TokenController(Protocol):
-    """Steers one sequence token by token (e.g. into a tool channel for `tool_choice`).
-
-    Called on the engine thread, once per generated token; must cost O(1) amortized per call.
-    """
-
-    def allowed_token_ids(self) -> list[int] | None:
-        """Ids the next token must be one of, or None for no constraint (keep it short: it is per step)."""
-
-    def banned_token_ids(self) -> SequenceABC[int]:
-        """Ids the next token must not be (empty for none)."""
-
-    def observe(self, token_id: int) -> bool:
-        """Record the token just generated; return True to end generation now (finish_reason 'stop')."""
 
 
 @dataclass
@@ -75,7 +61,7 @@ class Sequence:
     max_total_tokens: int
     generator: torch.Generator | None = None
     multimodal: list[MultimodalItem] = field(default_factory=list)
-    controller: TokenController | None = None
+    controller: GrammarController | None = None  # constrains the tokens (structured outputs, tool_choice)
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

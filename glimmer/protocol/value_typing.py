@@ -58,7 +58,7 @@ def allowed_types(schema: Any, root: Mapping[str, Any], depth: int = 0) -> set[s
     types: set[str] = set()
     reference = schema.get("$ref")
     if isinstance(reference, str):
-        types |= allowed_types(_local_reference(reference, root), root, depth + 1)
+        types |= allowed_types(resolve_local_reference(reference, root), root, depth + 1)
     declared = schema.get("type")
     if isinstance(declared, str):
         types.add(declared)
@@ -145,7 +145,7 @@ def _json_type_of(value: Any) -> str:
     return "object"
 
 
-def _local_reference(reference: str, root: Mapping[str, Any]) -> Any:
+def resolve_local_reference(reference: str, root: Mapping[str, Any]) -> Any:
     """The schema a local `$ref` (`#`, `#/$defs/Name`, …) points to inside `root`, or None."""
     if not reference.startswith("#"):
         return None

@@ -1,7 +1,7 @@
 """The FastAPI app: routes, the API key, error bodies and request metrics.
 
 `create_app(engine, settings)` builds an app around an `AsyncEngine` that the caller owns (starts and shuts
-down). Everything per-app — template, steering tables, the metrics registry — lives in a `ServingContext`,
+down). Everything per-app — template, the metrics registry — lives in a `ServingContext`,
 so several apps can run in one process.
 """
 

@@ -49,8 +49,9 @@ class _ChatRun:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_tool_choice(self, choice: ChoiceStream) -> None:
+        """P-REQ-4. The turn grammar makes every call valid; a choice cut short by max_tokens is a `length`."""
         required = self.prompt.tools.required_names
-        if required is not None and not choice.satisfies(required):
+        if required is not None and choice.finish_reason != "length" and not choice.satisfies(required):
             self.context.metrics.tool_choice_unsatisfied.inc()
             what = f"a call of {required[0]!r}" if len(required) == 1 else "a tool call"
             raise ToolChoiceUnsatisfiedError(

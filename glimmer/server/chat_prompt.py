@@ -1,48 +1,37 @@
 """From a chat request to prompt token ids, along the one path protocol.md describes.
 
 normalize messages and tools (P-TMPL-6, P-REQ-8) → decide what `tool_choice` means for this request
-(P-REQ-3..5) → load the images and videos (data URLs; local files and http(s) only as the operator
-allows) → reasoning strength (P-EFF-1) → render with the checkpoint's template (P-TMPL-1..3) → expand
-media placeholders and tokenize without adding special tokens, and check the single bos (P-TMPL-5).
+(P-REQ-3..5) and compile the turn's grammar (tool_choice, structured outputs, thinking budget) → load the
+images and videos (data URLs; local files and http(s) only as the operator allows) → reasoning strength
+(P-EFF-1) → render with the checkpoint's template (P-TMPL-1..3) → expand media placeholders and tokenize
+without adding special tokens, and check the single bos (P-TMPL-5).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from glimmer.engine.grammar import ControllerFactory, answer_grammar
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.engine.tool_choice import ToolChoiceController
 from glimmer.errors import RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part
 from glimmer.protocol import normalize_messages, normalize_tools, resolve_reasoning_strength
+from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
+from glimmer.server.structured_outputs import requested_structured_outputs
 
 # Knobs the server resolves into `reasoning_strength` itself; the template gets the result, not them.
 _REASONING_KNOBS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
 
 
 @dataclass
-class ToolPlan:
-    """What `tool_choice` means for one request.
-
-    render_tools: declared in the prompt (None hides them: `none`, P-REQ-3).
-    parser_tools: what the output parser resolves calls against (None: no calls, P-NAME-4).
-    required_names: for `required` / named, the tools a valid call must name (P-REQ-4); else None.
-    """
-
-    render_tools: list[dict[str, Any]] | None
-    parser_tools: list[dict[str, Any]] | None
-    required_names: list[str] | None
-
-
-@dataclass
 class ChatPrompt:
     token_ids: list[int]
     tools: ToolPlan
-    controller_factory: Callable[[], ToolChoiceController] | None
+    controller_factory: ControllerFactory | None
     multimodal: list[MultimodalItem]
 
 
@@ -50,7 +39,9 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext) -
     """Raises RequestError (400 naming the field) or ChatTemplateError (400 with the template's message)."""
     settings = context.settings
     messages = normalize_messages(request.messages, developer_as_system=settings.developer_as_system)
-    tools = plan_tools(request, normalize_tools(request.tools))
+    choice = request.tool_choice
+    tools = plan_tools(normalize_tools(request.tools),
+                       choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
     images, videos = load_media(messages, context)
     template_kwargs = dict(request.chat_template_kwargs or {})
     effort = request.reasoning_effort
@@ -74,30 +65,22 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext) -
     else:
         token_ids = tokenizer.encode(text, add_special_tokens=False)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
-    factory = None
-    if tools.required_names is not None:
-        factory = context.steering.controller_factory(tools.parser_tools or [], tools.required_names)
-    return ChatPrompt(token_ids, tools, factory, multimodal)
+    return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context), multimodal)
 
 
-def plan_tools(request: ChatCompletionRequest, tools: list[dict[str, Any]]) -> ToolPlan:
-    """Raises RequestError for a `tool_choice` that needs tools the request does not declare."""
-    choice = request.tool_choice
-    if choice is None:
-        choice = "auto"
-    if choice == "none" or (choice == "auto" and not tools):
-        return ToolPlan(None, None, None)
-    if choice == "auto":
-        return ToolPlan(tools, tools, None)
-    if not tools:
-        raise RequestError("tool_choice: a required or named tool choice needs `tools`", param="tool_choice")
-    names = [tool["function"]["name"] for tool in tools]
-    if isinstance(choice, NamedToolChoice):
-        if choice.function.name not in names:
-            raise RequestError(f"tool_choice: function {choice.function.name!r} is not among the declared tools "
-                               f"({', '.join(names)})", param="tool_choice")
-        return ToolPlan(tools, tools, [choice.function.name])
-    return ToolPlan(tools, tools, names)
+def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan,
+                            context: ServingContext) -> ControllerFactory | None:
+    """The turn's grammar (P-REQ-5, P-REQ-6), compiled; None when nothing constrains the turn.
+
+    Raises RequestError naming the field whose schema, regex or grammar the grammar engine refuses.
+    """
+    structured, param = requested_structured_outputs(request)
+    answer = answer_grammar(structured, param) if structured is not None else None
+    constraint = tools.turn_constraint(answer, parallel_calls=request.parallel_tool_calls is not False,
+                                       thinking_token_budget=request.thinking_token_budget)
+    if constraint is None:
+        return None
+    return context.engine.engine.grammars.turn(constraint, param or "tools")
 
 
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext) -> tuple[list[Any], list[Any]]:

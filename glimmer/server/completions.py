@@ -1,7 +1,8 @@
 """POST /v1/completions: raw text in and out (special tokens kept, P-REQ-1), no chat template, no parsing.
 
 A prompt is a string (bos added unless it starts with one), token ids, or a list of either (a batch; choice
-`i * n + j` is completion j of prompt i). `stop` strings go to the engine and match the raw text.
+`i * n + j` is completion j of prompt i). `stop` strings go to the engine and match the raw text; so does a
+structured-output constraint (`response_format`, `structured_outputs`, `guided_*`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.errors import RequestError
@@ -30,6 +32,7 @@ from glimmer.server.sampling import completion_sampling_params
 from glimmer.server.schemas import CompletionRequest, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, sse_event, until_disconnect
+from glimmer.server.structured_outputs import requested_structured_outputs
 
 
 @dataclass
@@ -89,15 +92,25 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: Ser
     return [encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
 
+def _controller_factory(request: CompletionRequest, context: ServingContext) -> ControllerFactory | None:
+    """The raw text's grammar, compiled off the engine thread; RequestError naming the field if invalid."""
+    structured, param = requested_structured_outputs(request)
+    if structured is None:
+        return None
+    return context.engine.engine.grammars.structured_outputs(structured, param)
+
+
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(CompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
     model_name = context.check_model(request.model)
     params = completion_sampling_params(request, context)
     prompts = await run_in_threadpool(_prompts, request.prompt, context)
+    factory = await run_in_threadpool(_controller_factory, request, context)
     run = _CompletionRun(context, request, model_name, sum(map(len, prompts)),
                          [_Choice() for _ in range(len(prompts) * params.n)], RequestTimer(context.metrics, arrival))
-    streams = [context.engine.generate(f"{run.id}-{i}", ids, params) for i, ids in enumerate(prompts)]
+    streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory)
+               for i, ids in enumerate(prompts)]
     try:
         firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),
                                                                      return_exceptions=True))

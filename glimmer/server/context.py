@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.engine.tool_choice import ToolChoiceSteering
 from glimmer.errors import ConfigError
 from glimmer.protocol import GENERATION_PROMPT, ChatTemplate
 from glimmer.server.errors import APIError
@@ -23,7 +22,6 @@ class ServingContext:
     settings: ServerSettings
     tokenizer: Tokenizer
     template: ChatTemplate
-    steering: ToolChoiceSteering
     metrics: ServerMetrics
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -34,8 +32,7 @@ class ServingContext:
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
         _check_template(template, tokenizer)
-        steering = ToolChoiceSteering(tokenizer, llm_engine.generation_defaults.stop_token_ids)
-        return cls(engine, settings, tokenizer, template, steering, ServerMetrics(engine))
+        return cls(engine, settings, tokenizer, template, ServerMetrics(engine))
 
     @property
     def model_has_vision(self) -> bool:

@@ -8,9 +8,10 @@ right. Three groups of known fields:
 - accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
   `safety_identifier`, `prompt_cache_key`; and `skip_special_tokens` / `spaces_between_special_tokens`, which
   the server always overrides to false (P-REQ-1);
-- refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): `response_format`
-  other than `text` (structured outputs are not supported yet), non-empty `logit_bias`, the legacy
-  `functions` / `function_call`, audio, predicted outputs, `echo`, `suffix`, `best_of`.
+- refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): non-empty `logit_bias`,
+  the legacy `functions` / `function_call`, audio, predicted outputs, `echo`, `suffix`, `best_of`.
+
+Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are checked in `structured_outputs.py`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,20 @@ class ReasoningOptions(_Body):
     effort: str | None = None
 
 
+class StructuredOutputsFields(_Body):
+    """vLLM's `structured_outputs` object: one of the constraints (see StructuredOutputsParams)."""
+
+    json_schema: str | dict[str, Any] | None = Field(default=None, alias="json")  # `json` would shadow BaseModel's
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def constraints(self) -> dict[str, Any]:
+        """The constraints given, by their StructuredOutputsParams names."""
+        return {name: value for name, value in self.model_dump(by_alias=True).items() if value not in (None, False)}
+
+
 class _SamplingFields(_Body):
     model: str | None = None
     temperature: float | None = None
@@ -62,6 +77,12 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputsFields | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # accepted and ignored: they cannot change the output
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -88,7 +109,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
     functions: Any = None
     function_call: Any = None
@@ -170,15 +191,6 @@ def _refuse_unsupported(request: _Body) -> None:
 
 
 def _refuse_unsupported_chat(request: ChatCompletionRequest) -> None:
-    if request.response_format is not None:
-        kind = request.response_format.get("type")
-        if kind in ("json_schema", "json_object"):
-            raise RequestError(f"response_format: type {kind!r} (structured output) is not supported yet; "
-                               "Glimmer refuses it rather than return unconstrained text",
-                               param="response_format")
-        if kind != "text":
-            raise RequestError(f"response_format: unknown type {kind!r}; only 'text' is supported",
-                               param="response_format")
     if request.modalities is not None and request.modalities != ["text"]:
         raise RequestError(f"modalities: {request.modalities} is not supported; only ['text'] is",
                            param="modalities")

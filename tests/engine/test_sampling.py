@@ -62,11 +62,34 @@ def test_penalties_change_the_greedy_choice():
     assert sample(logits, [repeated]).token_ids == [1]
 
 
-def test_allowed_ids_constrain_and_banned_ids_exclude():
+def test_banned_ids_exclude():
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
     greedy = SamplingParams(temperature=0)
-    assert sample(logits, [SamplingRow(greedy, [], [], None, allowed_ids=[2, 3])]).token_ids == [2]
     assert sample(logits, [SamplingRow(greedy, [], [], None, banned_ids=(0,))]).token_ids == [1]
+
+
+def _bitmask(allowed_per_row: list[list[int] | None], vocab: int) -> torch.Tensor:
+    words = (vocab + 31) // 32
+    bitmask = torch.zeros(len(allowed_per_row), words, dtype=torch.int64)
+    for row, allowed in enumerate(allowed_per_row):
+        for token in range(vocab) if allowed is None else allowed:
+            bitmask[row, token // 32] |= 1 << (token % 32)
+    # int32 words with the sign bit as bit 31, as llguidance writes them
+    return torch.where(bitmask >= 2**31, bitmask - 2**32, bitmask).to(torch.int32)
+
+
+def test_the_token_bitmask_constrains_its_rows_only():
+    vocab = 70  # three words, the last one partial; ids 31, 32 and 63 sit at word edges and on the sign bit
+    logits = torch.zeros(3, vocab)
+    logits[:, 5] = 9.0
+    bitmask = _bitmask([[31, 63], None, [32]], vocab)
+    greedy = SamplingParams(temperature=0)
+    rows = [SamplingRow(greedy, [], [], None) for _ in range(3)]
+    assert sample(logits, rows, bitmask).token_ids == [31, 5, 32]
+    seeded = [SamplingRow(SamplingParams(temperature=1.0), [], [], torch.Generator().manual_seed(i)) for i in range(3)]
+    for _ in range(20):
+        drawn = sample(logits, seeded, bitmask).token_ids
+        assert drawn[0] in (31, 63) and drawn[2] == 32
 
 
 def test_logprobs_are_the_raw_distribution():

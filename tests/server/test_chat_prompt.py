@@ -7,8 +7,7 @@ import pytest
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import RequestError
-from glimmer.protocol import normalize_tools
-from glimmer.server.chat_prompt import build_chat_prompt, plan_tools
+from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest
 from glimmer.server.settings import ServerSettings
@@ -37,25 +36,6 @@ def prompt_text(engine, ctx, **fields) -> str:
     return engine.engine.tokenizer.decode(build_chat_prompt(request(**fields), ctx).token_ids)
 
 
-@pytest.mark.parametrize(("tool_choice", "rendered", "parsed", "required"), [
-    (None, True, True, None),
-    ("auto", True, True, None),
-    ("none", False, False, None),
-    ("required", True, True, ["get_weather", "get_time"]),
-    ({"type": "function", "function": {"name": "get_time"}}, True, True, ["get_time"]),
-])
-def test_tool_choice_decides_what_is_rendered_parsed_and_required(tool_choice, rendered, parsed, required):
-    fields = {"tools": TOOLS} | ({"tool_choice": tool_choice} if tool_choice is not None else {})
-    plan = plan_tools(request(**fields), normalize_tools(TOOLS))
-    assert (plan.render_tools is not None, plan.parser_tools is not None, plan.required_names) == (
-        rendered, parsed, required)
-
-
-def test_no_tools_means_nothing_to_render_or_parse():
-    plan = plan_tools(request(), [])
-    assert (plan.render_tools, plan.parser_tools, plan.required_names) == (None, None, None)
-
-
 def test_media_parts_on_a_text_only_model_are_refused_naming_the_part(engine):
     messages = [{"role": "system", "content": "s"},
                 {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "video", "video": "x"}]}]
@@ -64,11 +44,13 @@ def test_media_parts_on_a_text_only_model_are_refused_naming_the_part(engine):
     assert raised.value.param == "messages[1].content[1]"
 
 
-def test_required_and_named_choices_come_with_a_controller(engine):
+def test_forced_tool_choices_and_structured_answers_come_with_a_grammar(engine):
     ctx = context(engine)
     assert build_chat_prompt(request(tools=TOOLS), ctx).controller_factory is None
-    factory = build_chat_prompt(request(tools=TOOLS, tool_choice="required"), ctx).controller_factory
-    assert factory is not None and factory().allowed_token_ids()
+    for fields in ({"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+                   {"response_format": {"type": "json_object"}}, {"thinking_token_budget": 8}):
+        factory = build_chat_prompt(request(tools=TOOLS, **fields), ctx).controller_factory
+        assert factory is not None and factory() is not factory(), fields  # one controller per completion
 
 
 def test_the_prompt_has_one_bos_and_ends_with_the_generation_prompt(engine):

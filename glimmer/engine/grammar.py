@@ -1,0 +1,148 @@
+"""Grammar-constrained decoding with llguidance: grammars compiled per request, masks filled per step.
+
+- `GrammarCompiler` (one per engine) wraps the tokenizer for llguidance once and compiles a request's grammar,
+  refusing an invalid one with a RequestError naming the field. Compiling can take milliseconds for a large
+  schema, so the server does it off the engine thread; what it returns builds one controller per completion
+  from a copy of the compiled matcher.
+- `GrammarController` (one per completion) is a sequence's token controller: it consumes each generated token
+  and ends the sequence when the grammar admits nothing more.
+- `GrammarMasks` fills one packed bitmask (32 token ids per int32) for every sampled row of a step, the
+  grammar rows in parallel on llguidance's threads, and can do so while the model runs: the matchers only
+  move when tokens are appended, after sampling. The sampler applies the bitmask; it knows nothing of grammars.
+
+Which grammar a chat turn gets (channel structure, typed ATEM calls, the answer) is protocol knowledge:
+`glimmer.protocol.turn_grammar`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import llguidance
+import torch
+
+from glimmer.engine.sampling_params import StructuredOutputsParams
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import RequestError
+from glimmer.protocol.turn_grammar import JSON_LAYOUT, TurnConstraint, turn_grammar
+
+logger = logging.getLogger(__name__)
+
+_ERROR_MESSAGE_MAX = 300
+
+
+class GrammarController:
+    """Constrains one completion by a grammar (the sequence's controller)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher):
+        self.matcher = matcher
+
+    def observe(self, token_id: int) -> bool:
+        """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
+        if not self.matcher.consume_token(token_id):
+            # runs on the engine thread: the sampler only draws allowed tokens, so this is a bug or a limit of
+            # the grammar engine; end this completion rather than continue unconstrained
+            logger.error("grammar rejected token %d: %s", token_id, self.matcher.get_error()[:_ERROR_MESSAGE_MAX])
+            return True
+        return self.matcher.is_stopped()
+
+
+ControllerFactory = Callable[[], GrammarController]
+
+
+class GrammarCompiler:
+    """Compiles grammars for one tokenizer; ids of special tokens come from the tokenizer itself (P-TOK-1)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]):
+        """vocab_size: the model's logit rows (at least the tokenizer's); stop ids end a grammar that is done."""
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size,
+                                                eos_token=sorted(set(stop_token_ids)))
+
+    def compile(self, grammar: dict[str, Any], param: str) -> ControllerFactory:
+        """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid."""
+        text = json.dumps(grammar, ensure_ascii=False)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
+        matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        if matcher is None or matcher.is_error():
+            message = messages[0] if is_error else matcher.get_error()
+            raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+        return lambda: GrammarController(matcher.deep_copy())
+
+    def structured_outputs(self, params: StructuredOutputsParams, param: str = "structured_outputs"
+                           ) -> ControllerFactory:
+        """Controllers that constrain the raw text (LLM.generate, /v1/completions)."""
+        return self.compile({"grammars": [answer_grammar(params, param)]}, param)
+
+    def turn(self, constraint: TurnConstraint, answer_param: str = "response_format") -> ControllerFactory:
+        """Controllers that constrain a chat turn: the answer is checked first, so its errors name `answer_param`."""
+        if constraint.answer is not None:
+            self.compile({"grammars": [dict(constraint.answer)]}, answer_param)
+        return self.compile(turn_grammar(constraint), "tools")
+
+
+def answer_grammar(params: StructuredOutputsParams, param: str = "structured_outputs") -> dict[str, Any]:
+    """The llguidance grammar object of one structured-output constraint; RequestError(param) when malformed."""
+    kind = params.kind
+    if kind in ("json", "json_object"):
+        schema: Any = {"type": "object"} if kind == "json_object" else params.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
+        if not isinstance(schema, dict):
+            raise RequestError(f"{param}: a JSON schema must be an object", param=param)
+        layout = {**JSON_LAYOUT, "lenient": not params.strict}
+        custom = schema.get("x-guidance")
+        return {"json_schema": {**schema, "x-guidance": {**layout, **(custom if isinstance(custom, dict) else {})}}}
+    try:
+        if kind == "regex":
+            grammar = llguidance.grammar_from("regex", params.regex)
+        elif kind == "choice":
+            grammar = llguidance.grammar_from("choice", json.dumps(params.choice))
+        else:
+            grammar = llguidance.grammar_from("grammar", params.grammar)
+    except ValueError as exc:
+        raise RequestError(f"{param}: {_first_lines(str(exc))}", param=param) from None
+    if not grammar.lstrip().startswith("{"):  # llguidance hands Lark grammars back as they are
+        return {"lark_grammar": grammar}
+    entry = json.loads(grammar)["grammars"][0]
+    return {k: v for k, v in entry.items() if v is not None and k != "name"}
+
+
+class GrammarMasks:
+    """One packed bitmask for a step's sampled rows: all ones for free rows, the grammar's for constrained ones."""
+
+    def __init__(self, vocab_size: int, max_rows: int):
+        words = (vocab_size + 31) // 32
+        self._buffer = torch.full((max_rows, words), -1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+        self._executor = llguidance.LLExecutor()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="glimmer-grammar")
+
+    def fill(self, controllers: list[GrammarController | None]) -> torch.Tensor | None:
+        """The bitmask of rows whose controllers are given (None: a free row); None when no row is constrained."""
+        constrained = [(c.matcher, row) for row, c in enumerate(controllers) if c is not None]
+        if not constrained:
+            return None
+        if len(controllers) > self._buffer.shape[0]:
+            self._buffer = torch.full((len(controllers), self._buffer.shape[1]), -1, dtype=torch.int32,
+                                      pin_memory=self._buffer.is_pinned())
+        bitmask = self._buffer[:len(controllers)]
+        bitmask.fill_(-1)
+        self._executor.unsafe_compute_mask_ptr(constrained, bitmask.data_ptr(), bitmask.shape[1] * 4,
+                                               bitmask.shape[0])
+        return bitmask
+
+    def fill_async(self, controllers: list[GrammarController | None]) -> Future:
+        """`fill` on a worker thread, to overlap the model's forward pass; the Future holds its result."""
+        return self._thread.submit(self.fill, controllers)
+
+
+def _first_lines(message: str) -> str:
+    text = " ".join(line.strip() for line in message.strip().splitlines()[:3])
+    return text[:_ERROR_MESSAGE_MAX]

@@ -1,0 +1,193 @@
+"""The grammar of a constrained turn: channel structure, ATEM calls typed by their tools, a constrained answer.
+
+Written in llguidance's dialect of Lark (special tokens as `<|start|>`, `%json {schema}` for a JSON value,
+`@name` for a nested grammar, `rule[max_tokens=N]` for a bounded lexeme) and returned as llguidance's top-level
+grammar object. Pure data: the engine compiles it against the tokenizer (engine/grammar.py).
+
+A constrained turn reads (protocol.md §3; the prompt ends with `<|start|>assistant`, so the first header is bare):
+
+    turn     := [reasoning <|eom|> <|start|>assistant] (answer | calls)
+    reasoning := " to=self" <|message|> TEXT
+    answer   := [" to=user"] <|message|> BODY <|eot|>                    (P-REQ-6: the gate is the answer's header)
+    calls    := call {<|eom|> <|start|>assistant [reasoning <|eom|> <|start|>assistant] call} <|eot|>
+    call     := " to=NAME" <|message|> <atem:function_calls> invoke+ </atem:function_calls>  (P-REQ-5)
+
+BODY is the requested answer grammar (a JSON schema, a regex, …) or free text; after it only `<|eot|>` may follow.
+An invoke holds exactly the tool's declared parameters (required ones always, optional ones in declaration
+order), each value shaped so that value typing (P-VAL-1, P-VAL-2) reads it back as a value of its schema: a
+parameter that admits strings takes raw text (an enum's members verbatim, `maxLength` honoured), any other takes
+JSON of its schema. Free text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6)
+and raw values never hold `</` (the closer is positional, P-ATEM-2).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from glimmer.protocol.atem import BLOCK_CLOSE, BLOCK_OPEN, INVOKE_CLOSE, INVOKE_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN
+from glimmer.protocol.tokens import EOM, EOT, MESSAGE, START
+from glimmer.protocol.value_typing import allowed_types, resolve_local_reference
+
+ANSWER_GRAMMAR = "answer"
+"""Name under which the answer's grammar is nested in a turn grammar (referenced as `@answer`)."""
+
+REASONING_RECIPIENT = "self"
+ANSWER_RECIPIENT = "user"
+
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How constrained JSON is laid out: as `json.dumps` and the template's `tojson` write it, with no free whitespace
+(a model that may add whitespace at will can loop on it)."""
+
+# Text without `<|` (no framing marker can be spelled): every run of `<` is followed by a character that is
+# neither `<` nor `|`, and the text does not end in `<`.
+_FREE_TEXT = r"([^<]|<+[^<|])*"
+# A raw parameter value and its closer as one lexeme, so the value cannot swallow the closer: no `</` and no `<|`.
+_RAW_VALUE_AND_CLOSER = r"([^<]|<+[^<\/|])*<\/atem:parameter>"
+
+
+@dataclass(frozen=True)
+class TurnConstraint:
+    """What a turn must look like.
+
+    answer: the llguidance grammar object (`{"json_schema": ...}`, `{"lark_grammar": ...}`) of the answer body,
+        or None for free text.
+    call_tools: the tools the turn may call (normalized, `{"type": "function", "function": {...}}`); empty: none.
+    must_call: the turn ends with calls and has no answer (`tool_choice` required or named, P-REQ-4).
+    parallel_calls: more than one call may be made (`parallel_tool_calls`).
+    thinking_token_budget: None: reasoning is free; N: one reasoning message of at most N tokens, before the
+        answer or the first call (0: none).
+    """
+
+    answer: Mapping[str, Any] | None = None
+    call_tools: Sequence[Mapping[str, Any]] = ()
+    must_call: bool = False
+    parallel_calls: bool = True
+    thinking_token_budget: int | None = None
+
+
+def turn_grammar(constraint: TurnConstraint) -> dict[str, Any]:
+    """The llguidance top-level grammar of a turn under `constraint`."""
+    rules = _GrammarRules()
+    budget = constraint.thinking_token_budget
+    reasoning = None
+    if budget != 0:
+        think = "think"
+        rules.add(f"{think}[max_tokens={budget}]" if budget is not None else think, f"/{_FREE_TEXT}/")
+        reasoning = rules.add("reasoning", f"{_string(' to=' + REASONING_RECIPIENT)} {MESSAGE} {think} {EOM} "
+                                           f"{START} {_string('assistant')}")
+    finals = []
+    if not constraint.must_call:
+        body = f"@{ANSWER_GRAMMAR}" if constraint.answer is not None else f"/{_FREE_TEXT}/"
+        finals.append(rules.add("answer", f"{_string(' to=' + ANSWER_RECIPIENT)}? {MESSAGE} {body} {EOT}"))
+    if constraint.call_tools:
+        finals.append(_calls(rules, constraint, reasoning if budget is None else None))
+    if not finals:
+        raise ValueError("a turn that must call needs tools to call")
+    rules.add("final", " | ".join(finals))
+    rules.add("start", f"{reasoning} final | final" if reasoning else "final", first=True)
+    grammars: list[dict[str, Any]] = [{"lark_grammar": rules.text()}]
+    if constraint.answer is not None and not constraint.must_call:
+        grammars.append({**constraint.answer, "name": ANSWER_GRAMMAR})
+    return {"grammars": grammars}
+
+
+def _calls(rules: _GrammarRules, constraint: TurnConstraint, reasoning_between: str | None) -> str:
+    call_rules = [_call(rules, index, tool, constraint.parallel_calls)
+                  for index, tool in enumerate(constraint.call_tools)]
+    call = rules.add("call", " | ".join(call_rules))
+    if not constraint.parallel_calls:
+        return rules.add("calls", f"{call} {EOT}")
+    next_header = f"{EOM} {START} {_string('assistant')}"
+    between = f"({reasoning_between})?" if reasoning_between else ""
+    return rules.add("calls", f"{call} ({next_header} {between} {call})* {EOT}")
+
+
+def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: bool) -> str:
+    function = tool["function"]
+    name = function["name"]
+    parameters = function.get("parameters")
+    root = parameters if isinstance(parameters, Mapping) else {}
+    properties = root.get("properties")
+    properties = properties if isinstance(properties, Mapping) else {}
+    required = root.get("required")
+    required = set(required) if isinstance(required, list) else set()
+    items = []
+    for position, (key, schema) in enumerate(properties.items()):
+        if '"' in key:  # an ATEM name ends at the first `"` (P-ATEM-1): such a key cannot be written
+            continue
+        rule = rules.add(f"parameter_{index}_{position}",
+                         f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {_value(schema, root)} {_string(chr(10))}")
+        items.append(rule if key in required else f"{rule}?")
+    invoke = rules.add(f"invoke_{index}", f"{_string(INVOKE_OPEN + name + chr(34) + '>' + chr(10))} {' '.join(items)} "
+                                          f"{_string(INVOKE_CLOSE + chr(10))}")
+    invokes = f"{invoke}+" if parallel else invoke
+    return rules.add(f"call_{index}", f"{_string(' to=' + name)} {MESSAGE} {_string(BLOCK_OPEN + chr(10))} "
+                                      f"{invokes} {_string(BLOCK_CLOSE)}")
+
+
+def _value(schema: Any, root: Mapping[str, Any]) -> str:
+    """A parameter value followed by its closer, shaped by the parameter's schema (P-VAL-1..3)."""
+    resolved = _resolved(schema, root)
+    types = allowed_types(schema, root)
+    if types and "string" not in types:
+        return f"%json {json.dumps(_standalone(resolved, root), ensure_ascii=False)} {_string(PARAMETER_CLOSE)}"
+    members = resolved.get("enum") if "enum" in resolved else (
+        [resolved["const"]] if "const" in resolved else None)
+    if isinstance(members, list) and members and all(isinstance(m, str) and "<" not in m for m in members):
+        return f"({' | '.join(_string(m) for m in dict.fromkeys(members))}) {_string(PARAMETER_CLOSE)}"
+    if types == {"string"} and ("maxLength" in resolved or "minLength" in resolved):
+        low = _count(resolved.get("minLength"), 0)
+        high = _count(resolved.get("maxLength"), None)
+        return f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/"
+    return f"/{_RAW_VALUE_AND_CLOSER}/"
+
+
+def _resolved(schema: Any, root: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not isinstance(schema, Mapping):
+        return {}
+    reference = schema.get("$ref")
+    if isinstance(reference, str):
+        target = resolve_local_reference(reference, root)
+        if isinstance(target, Mapping):
+            return {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
+
+
+def _standalone(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameter's schema as a document of its own: the tool's definitions come along for its `$ref`s."""
+    document = dict(schema)
+    for key in ("$defs", "definitions"):
+        if isinstance(root.get(key), Mapping) and key not in document:
+            document[key] = root[key]
+    document.setdefault("x-guidance", JSON_LAYOUT)
+    return document
+
+
+def _count(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _string(text: str) -> str:
+    """A Lark string literal (JSON escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _GrammarRules:
+    """Lark rules in order, the start rule first."""
+
+    def __init__(self) -> None:
+        self._rules: list[str] = []
+
+    def add(self, head: str, body: str, *, first: bool = False) -> str:
+        rule = f"{head}: {body}"
+        if first:
+            self._rules.insert(0, rule)
+        else:
+            self._rules.append(rule)
+        return head.split("[", 1)[0]
+
+    def text(self) -> str:
+        return "\n".join(self._rules) + "\n"

@@ -1,0 +1,169 @@
+"""Turn grammars compiled with the tiny tokenizer: which transcripts a constrained turn admits (P-REQ-4..6).
+
+Transcripts are tokenized with the tiny tokenizer, whose special tokens sit at ids unlike the release's (P-TOK-1);
+a transcript is admitted when every token is allowed in turn. The last case drives the bitmask fill the engine
+uses, so the masks the sampler applies are the ones these tests reason about.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glimmer.engine.grammar import GrammarCompiler, GrammarMasks, answer_grammar
+from glimmer.engine.sampler import unpack_token_bitmask
+from glimmer.engine.sampling_params import StructuredOutputsParams
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import RequestError
+from glimmer.protocol import normalize_tools
+from glimmer.protocol.turn_grammar import TurnConstraint
+
+LOOKUP = normalize_tools([{"name": "lookup", "parameters": {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]},
+                   "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}}},
+    "required": ["city", "days"],
+    "$defs": {"tag": {"type": "string", "maxLength": 3}}}}])[0]
+CLOCK = normalize_tools([{"name": "clock", "parameters": {"type": "object", "properties": {}}}])[0]
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+JSON_ANSWER = answer_grammar(StructuredOutputsParams(json=SCHEMA))
+
+
+def call(name: str, *parameters: tuple[str, str]) -> str:
+    body = "".join(f'<atem:parameter name="{key}">{value}</atem:parameter>\n' for key, value in parameters)
+    return (f' to={name}<|message|><atem:function_calls>\n<atem:invoke name="{name}">\n{body}</atem:invoke>\n'
+            "</atem:function_calls>")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer) -> GrammarCompiler:
+    stops = [tokenizer.require_token_id(token) for token in ("<|eot|>", "<|end_of_text|>")]
+    return GrammarCompiler(tokenizer, 512, stops)
+
+
+def allowed_ids(matcher) -> list[int]:
+    bitmask = GrammarMasks(512, 1).fill([_Controller(matcher)])
+    return unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist()
+
+
+def admits(compiler, tokenizer, constraint: TurnConstraint, text: str) -> bool:
+    matcher = compiler.turn(constraint)().matcher
+    ids = tokenizer.encode(text)
+    eot = tokenizer.require_token_id("<|eot|>")
+    if ids[-1] == eot:  # llguidance takes the stop token as the end, not as a token to consume: ask the mask
+        return matcher.try_consume_tokens(ids[:-1]) == len(ids) - 1 and eot in allowed_ids(matcher)
+    return matcher.try_consume_tokens(ids) == len(ids)
+
+
+def test_a_json_answer_may_follow_free_reasoning_and_only_the_end_of_turn_may_follow_it(compiler, tokenizer):
+    constraint = TurnConstraint(answer=JSON_ANSWER)
+    for text in ('<|message|>{"ok": true}<|eot|>',  # bare first header (P-REQ-6)
+                 ' to=user<|message|>{"ok": false}<|eot|>',
+                 ' to=self<|message|>Think {"ok": 3} < 4.<|eom|>'
+                 '<|start|>assistant to=user<|message|>{"ok": true}<|eot|>'):
+        assert admits(compiler, tokenizer, constraint, text), text
+    for text in (' to=user<|message|>{"ok": 1}<|eot|>',  # not the schema
+                 ' to=user<|message|>{"ok": true} and more',  # after the JSON only <|eot|>
+                 ' to=user<|message|>{"ok": true}<|eom|>',
+                 ' to=self<|message|>a<|eot|>',  # reasoning ends with <|eom|>, not the turn
+                 ' to=self<|message|>a <|eom|> spelled<|eom|>',  # no framing marker spelled in text
+                 ' to=lookup<|message|>'):  # no tools to call
+        assert not admits(compiler, tokenizer, constraint, text), text
+
+
+def test_with_tools_declared_a_call_is_free_of_the_answer_schema(compiler, tokenizer):
+    constraint = TurnConstraint(answer=JSON_ANSWER, call_tools=[LOOKUP, CLOCK])
+    assert admits(compiler, tokenizer, constraint, call("clock") + "<|eot|>")
+    assert admits(compiler, tokenizer, constraint, '<|message|>{"ok": true}<|eot|>')
+
+
+def test_a_forced_call_has_exactly_the_tools_parameters_typed_by_their_schemas(compiler, tokenizer):
+    constraint = TurnConstraint(call_tools=[LOOKUP], must_call=True)
+    good = [
+        call("lookup", ("city", "Oslo"), ("days", "3")) + "<|eot|>",
+        # P-VAL-1: a string parameter is raw text, even when it looks like JSON
+        call("lookup", ("city", '{"a": 1}'), ("days", "-2"), ("unit", "f"), ("tags", '["ab", "c"]')) + "<|eot|>",
+        ' to=self<|message|>Which city?<|eom|><|start|>assistant' + call("lookup", ("city", "Bergen"), ("days", "0"))
+        + "<|eot|>",
+    ]
+    for text in good:
+        assert admits(compiler, tokenizer, constraint, text), text
+    bad = [
+        ' to=user<|message|>Sunny.<|eot|>',  # no answer
+        call("lookup", ("city", "Oslo")) + "<|eot|>",  # a required parameter missing
+        call("lookup", ("city", "Oslo"), ("days", "three")) + "<|eot|>",  # not an integer
+        call("lookup", ("city", "Oslo"), ("days", "3"), ("unit", "k")) + "<|eot|>",  # not in the enum
+        call("lookup", ("city", "Oslo"), ("days", "3"), ("tags", '["long"]')) + "<|eot|>",  # $ref'd maxLength
+        call("lookup", ("city", "Oslo"), ("days", "3"), ("mood", "x")) + "<|eot|>",  # undeclared
+        call("lookup", ("days", "3"), ("city", "Oslo")) + "<|eot|>",  # out of order
+        call("lookup", ("city", "a</atem:parameter>"), ("days", "3")),  # the closer cannot hide in a value
+        call("clock") + "<|eot|>",  # not among the callable tools
+    ]
+    for text in bad:
+        assert not admits(compiler, tokenizer, constraint, text), text
+
+
+def test_parallel_calls_follow_the_request(compiler, tokenizer):
+    two = call("clock") + "<|eom|><|start|>assistant" + call("clock") + "<|eot|>"
+    assert admits(compiler, tokenizer, TurnConstraint(call_tools=[CLOCK], must_call=True), two)
+    single = TurnConstraint(call_tools=[CLOCK], must_call=True, parallel_calls=False)
+    assert not admits(compiler, tokenizer, single, two)
+    assert admits(compiler, tokenizer, single, call("clock") + "<|eot|>")
+
+
+def test_the_thinking_budget_bounds_reasoning_and_zero_forbids_it(compiler, tokenizer):
+    constraint = TurnConstraint(answer=JSON_ANSWER, thinking_token_budget=4)
+    matcher = compiler.turn(constraint)().matcher
+    eom = tokenizer.require_token_id("<|eom|>")
+    ids = tokenizer.encode(" to=self<|message|>a b c d")
+    assert matcher.try_consume_tokens(ids) == len(ids)
+    assert allowed_ids(matcher) == [eom]
+    assert not admits(compiler, tokenizer, TurnConstraint(answer=JSON_ANSWER, thinking_token_budget=0),
+                      " to=self<|message|>")
+
+
+def test_masks_of_a_batch_constrain_only_their_rows(compiler, tokenizer):
+    masks = GrammarMasks(512, 2)
+    matcher = compiler.structured_outputs(StructuredOutputsParams(choice=["yes", "no"]))().matcher
+    allowed = unpack_token_bitmask(masks.fill([None, _Controller(matcher), None]), 512)
+    assert allowed[0].all() and allowed[2].all()
+    first = {tokenizer.decode([i]) for i in allowed[1].nonzero().flatten().tolist()}
+    assert first and all("yes".startswith(text) or "no".startswith(text) for text in first)
+    assert masks.fill([None, None]) is None
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "wat"}}}), "response_format"),
+    (StructuredOutputsParams(json="{not json"), "response_format"),
+    (StructuredOutputsParams(regex="(unclosed"), "response_format"),
+    (StructuredOutputsParams(grammar="start: missing_rule"), "response_format"),
+])
+def test_an_invalid_schema_regex_or_grammar_is_refused_naming_the_field(compiler, params, field):
+    with pytest.raises(RequestError) as raised:
+        compiler.turn(TurnConstraint(answer=answer_grammar(params, field)), field)
+    assert raised.value.param == field
+
+
+def test_structured_outputs_params_take_exactly_one_constraint():
+    with pytest.raises(RequestError, match="exactly one"):
+        StructuredOutputsParams(json={}, regex="a")
+    with pytest.raises(RequestError, match="exactly one"):
+        StructuredOutputsParams()
+    assert StructuredOutputsParams(choice=["a"]).kind == "choice"
+
+
+class _Controller:
+    def __init__(self, matcher):
+        self.matcher = matcher
+
+
+def test_unpacking_reads_llguidance_bit_order():
+    bitmask = torch.tensor([[1 | (1 << 31)]], dtype=torch.int64)
+    packed = torch.where(bitmask >= 2**31, bitmask - 2**32, bitmask).to(torch.int32)
+    assert unpack_token_bitmask(packed, 32)[0].nonzero().flatten().tolist() == [0, 31]

@@ -1,0 +1,51 @@
+"""What `tool_choice` means for a request (P-REQ-3..5), and the turn constraint it implies."""
+
+from __future__ import annotations
+
+import pytest
+
+from glimmer.errors import RequestError
+from glimmer.protocol import normalize_tools
+from glimmer.protocol.tool_choice import plan_tools
+
+TOOLS = normalize_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+                         {"type": "function", "function": {"name": "get_time"}}])
+
+
+@pytest.mark.parametrize(("tool_choice", "rendered", "parsed", "required"), [
+    (None, True, True, None),
+    ("auto", True, True, None),
+    ("none", False, False, None),  # P-REQ-3
+    ("required", True, True, ["get_weather", "get_time"]),
+    ({"type": "function", "function": {"name": "get_time"}}, True, True, ["get_time"]),
+])
+def test_tool_choice_decides_what_is_rendered_parsed_and_required(tool_choice, rendered, parsed, required):
+    plan = plan_tools(TOOLS, tool_choice)
+    assert (plan.render_tools is not None, plan.parser_tools is not None, plan.required_names) == (
+        rendered, parsed, required)
+
+
+def test_no_tools_means_nothing_to_render_or_parse():
+    plan = plan_tools([], None)
+    assert (plan.render_tools, plan.parser_tools, plan.required_names) == (None, None, None)
+
+
+@pytest.mark.parametrize(("tools", "choice", "message"), [
+    ([], "required", "needs `tools`"),
+    (TOOLS, {"type": "function", "function": {"name": "send_mail"}}, "not among the declared tools"),
+    (TOOLS, "sometimes", "is not"),
+    (TOOLS, {"type": "function"}, "must be"),
+])
+def test_choices_that_cannot_be_met_are_refused(tools, choice, message):
+    with pytest.raises(RequestError, match=message) as raised:
+        plan_tools(tools, choice)
+    assert raised.value.param == "tool_choice"
+
+
+def test_a_free_auto_turn_has_no_constraint_and_a_named_one_calls_only_that_tool():
+    assert plan_tools(TOOLS, "auto").turn_constraint(None) is None
+    named = plan_tools(TOOLS, {"type": "function", "function": {"name": "get_time"}}).turn_constraint(None)
+    assert named.must_call and [tool["function"]["name"] for tool in named.call_tools] == ["get_time"]
+    answer = plan_tools(TOOLS, "auto").turn_constraint({"json_schema": {}}, parallel_calls=False)
+    assert not answer.must_call and len(answer.call_tools) == 2 and not answer.parallel_calls
+    assert plan_tools(TOOLS, "none").turn_constraint(None, thinking_token_budget=0).call_tools == []

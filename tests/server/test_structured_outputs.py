@@ -1,0 +1,230 @@
+"""Structured outputs and forced tool calls on a random tiny model, which follows no instruction (P-REQ-4..6).
+
+Every answer must parse and validate against its schema (jsonschema), streamed and not, with reasoning and
+without, with tools declared; every forced tool choice must return a valid call of an allowed tool. The schemas
+bound what the grammar lets the model write (enums, bounded numbers and strings), so a random model finishes
+within a few dozen tokens; `thinking_token_budget` bounds its reasoning, which it would never end by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from server_support import PINNED_DATE, live_server
+
+ANSWER_SCHEMAS = [
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 6},
+                                      "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+     "required": ["city", "days"], "additionalProperties": False},
+    {"type": "object", "properties": {"mood": {"enum": ["calm", "grey", "stormy"]}, "ok": {"type": "boolean"},
+                                      "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "maxItems": 2}},
+     "required": ["mood", "ok", "tags"], "additionalProperties": False,
+     "$defs": {"tag": {"type": "string", "enum": ["a", "b"]}}},
+    {"type": "object", "properties": {"answer": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 99},
+                                                           {"type": "null"}]}},
+     "required": ["answer"], "additionalProperties": False},
+]
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a city up.", "parameters": {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 5},
+                   "unit": {"enum": ["c", "f"]}, "detail": {"type": "boolean"}},
+    "required": ["city", "days"]}}}
+CLOCK = {"type": "function", "function": {"name": "clock", "description": "The time.", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}}}
+TOOLS = [LOOKUP, CLOCK]
+PARAMETERS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny()) as live:
+        yield live
+
+
+def _messages(i: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": f"Request {i}: answer in JSON."}]
+
+
+async def _complete(client: openai.AsyncOpenAI, stream: bool, **request: Any) -> dict[str, Any]:
+    """The message fields of one choice, collected from a stream or a single response."""
+    if not stream:
+        response = await client.chat.completions.create(stream=False, **request)
+        choice = response.choices[0]
+        message = choice.message
+        return {"content": message.content, "reasoning": message.model_extra.get("reasoning_content"),
+                "calls": [(c.function.name, c.function.arguments) for c in message.tool_calls or []],
+                "finish_reason": choice.finish_reason}
+    content, reasoning, calls, finish_reason = [], [], {}, None
+    async for chunk in await client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            reasoning.append(delta.model_extra.get("reasoning_content") or "")
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, ["", ""])
+                entry[0] += call.function.name or ""
+                entry[1] += call.function.arguments or ""
+            finish_reason = choice.finish_reason or finish_reason
+    return {"content": "".join(content) or None, "reasoning": "".join(reasoning) or None,
+            "calls": [tuple(entry) for _, entry in sorted(calls.items())], "finish_reason": finish_reason}
+
+
+def _gather(server, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def run() -> list[dict[str, Any]]:
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as client:
+            return await asyncio.gather(*(_complete(client, **request) for request in requests))
+    return asyncio.run(run())
+
+
+def test_two_hundred_json_schema_answers_all_parse_and_validate(server):
+    # P-REQ-6: reasoning free (here bounded), the answer body constrained, streamed and not, with tools declared
+    rng = random.Random(0)
+    requests, schemas = [], []
+    for i in range(200):
+        schema = ANSWER_SCHEMAS[i % len(ANSWER_SCHEMAS)]
+        reasoning = i % 2 == 0
+        extra = {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 12 if reasoning else 0}
+        request = {"model": "tiny", "messages": _messages(i), "max_tokens": 120, "seed": rng.randrange(2**31),
+                   "stream": i % 4 in (0, 3), "reasoning_effort": "high" if reasoning else "none",
+                   "response_format": {"type": "json_schema",
+                                       "json_schema": {"name": "answer", "schema": schema, "strict": i % 3 == 0}},
+                   "extra_body": extra}
+        if i % 5 == 1:  # tools declared, not callable
+            request.update(tools=TOOLS, tool_choice="none")
+        requests.append(request)
+        schemas.append(schema)
+    results = _gather(server, requests)
+    for schema, result in zip(schemas, results, strict=True):
+        assert result["finish_reason"] == "stop", result
+        assert result["calls"] == []
+        jsonschema.validate(json.loads(result["content"]), schema)
+    with_reasoning = [r for r, q in zip(results, requests, strict=True) if q["extra_body"]["thinking_token_budget"]]
+    assert sum(r["reasoning"] is not None for r in with_reasoning) >= 20  # the random model does reason
+    assert all(r["reasoning"] is None for r in results if r not in with_reasoning)
+
+
+def test_with_callable_tools_a_turn_is_a_valid_call_or_a_valid_answer(server):
+    # tools declared with tool_choice auto: a call is not held to the answer schema, an answer always is
+    schema = ANSWER_SCHEMAS[0]
+    requests = [{"model": "tiny", "messages": _messages(i), "max_tokens": 200, "seed": i, "stream": i % 2 == 0,
+                 "tools": TOOLS, "parallel_tool_calls": False,
+                 "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+                 "extra_body": {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 6}}
+                for i in range(16)]
+    results = _gather(server, requests)
+    answers = 0
+    for result in results:
+        if result["calls"]:
+            assert result["finish_reason"] == "tool_calls" and result["content"] is None
+            ((name, arguments),) = result["calls"]
+            jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+        else:
+            assert result["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(result["content"]), schema)
+            answers += 1
+    assert answers >= 2
+
+
+def test_every_forced_tool_choice_returns_a_valid_call_of_an_allowed_tool(server):
+    # P-REQ-4/5: `required` or named, parallel or not, streamed or not: valid by construction
+    named_clock = {"type": "function", "function": {"name": "clock"}}
+    requests = []
+    for i in range(36):
+        choice = ("required", named_clock, {"type": "function", "function": {"name": "lookup"}})[i % 3]
+        requests.append({"model": "tiny", "messages": _messages(i), "max_tokens": 400, "seed": i,
+                         "stream": i % 2 == 1, "tools": TOOLS, "tool_choice": choice,
+                         "parallel_tool_calls": i % 4 < 2,
+                         "extra_body": {"chat_template_kwargs": PINNED_DATE,
+                                        "thinking_token_budget": 8 if i % 5 else 0}})
+    results = _gather(server, requests)
+    for request, result in zip(requests, results, strict=True):
+        choice = request["tool_choice"]
+        allowed = {"lookup", "clock"} if choice == "required" else {choice["function"]["name"]}
+        assert result["content"] is None and result["calls"]
+        complete = result["calls"]
+        if request["parallel_tool_calls"]:
+            # a random model may chain calls until max_tokens cuts the last one short (P-ATEM-5 keeps it)
+            assert result["finish_reason"] in ("tool_calls", "length"), result
+            if result["finish_reason"] == "length":
+                complete = complete[:-1]
+        else:
+            assert result["finish_reason"] == "tool_calls", result
+            assert len(complete) == 1
+        assert complete
+        assert {name for name, _ in result["calls"]} <= allowed
+        for name, arguments in complete:
+            jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+
+
+def test_vllm_fields_constrain_the_answer_too(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    base = {"model": "tiny", "messages": _messages(0), "max_tokens": 60}
+    budget = {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0}
+    cases = [({"structured_outputs": {"choice": ["yes", "no"]}}, lambda text: text in ("yes", "no")),
+             ({"guided_choice": ["left", "right"]}, lambda text: text in ("left", "right")),
+             ({"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}, lambda text: len(text) == 6 and text[3] == "-"),
+             ({"guided_regex": "(ab)+c"}, lambda text: text.endswith("c")),
+             ({"guided_json": ANSWER_SCHEMAS[2]}, lambda text: "answer" in json.loads(text)),
+             ({"guided_grammar": 'start: "x" DIGIT\nDIGIT: /[0-9]/'}, lambda text: text[0] == "x" and len(text) == 2)]
+    for i, (fields, check) in enumerate(cases):
+        response = client.chat.completions.create(**base, seed=i, extra_body={**budget, **fields})
+        assert check(response.choices[0].message.content), (fields, response.choices[0].message.content)
+    # any object: its keys are unbounded strings, which a random model may not close within max_tokens
+    for fields in ({"response_format": {"type": "json_object"}}, {"structured_outputs": {"json_object": True}}):
+        for seed in range(3):
+            response = client.chat.completions.create(**base, seed=seed, extra_body={**budget, **fields})
+            content, finish_reason = response.choices[0].message.content, response.choices[0].finish_reason
+            assert content.startswith("{")
+            if finish_reason == "stop":
+                assert isinstance(json.loads(content), dict)
+
+
+def test_completions_constrain_the_raw_text(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    schema = ANSWER_SCHEMAS[1]
+    for stream in (False, True):
+        kwargs = {"model": "tiny", "prompt": "The weather:", "max_tokens": 80, "seed": 3,
+                  "extra_body": {"response_format": {"type": "json_schema",
+                                                     "json_schema": {"name": "w", "schema": schema}}}}
+        if stream:
+            text = "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs)
+                           if chunk.choices)
+        else:
+            response = client.completions.create(**kwargs)
+            assert response.choices[0].finish_reason == "stop"
+            text = response.choices[0].text
+        jsonschema.validate(json.loads(text), schema)
+    text = client.completions.create(model="tiny", prompt="x", max_tokens=10,
+                                     extra_body={"structured_outputs": {"regex": "[a-c]{4}"}}).choices[0].text
+    assert len(text) == 4 and set(text) <= set("abc")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"structured_outputs": {"regex": "(open"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "start: nowhere"}}, "structured_outputs.grammar"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
+    ({"guided_json": "{nope"}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
+    ({"thinking_token_budget": -1}, "thinking_token_budget"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": "x"}}}}}], "tool_choice": "required"},
+     "tools"),
+])
+def test_an_invalid_constraint_is_a_400_naming_the_field(server, fields, param):
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, extra_body=fields)
+    assert raised.value.body["param"] == param, raised.value.body
+    client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=2)  # the engine lives on
