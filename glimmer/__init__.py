@@ -13,17 +13,19 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "glimmer.engine.llm",
     "SamplingParams": "glimmer.engine.sampling_params",
+    "StructuredOutputsParams": "glimmer.engine.sampling_params",
     "RequestOutput": "glimmer.engine.outputs",
     "CompletionOutput": "glimmer.engine.outputs",
     "ChatOutput": "glimmer.engine.llm",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ChatOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "ChatOutput",
+           "__version__"]
 
 if TYPE_CHECKING:
     from glimmer.engine.llm import LLM, ChatOutput
     from glimmer.engine.outputs import CompletionOutput, RequestOutput
-    from glimmer.engine.sampling_params import SamplingParams
+    from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

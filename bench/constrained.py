@@ -1,0 +1,97 @@
+"""Per-token cost of grammar-constrained decoding against unconstrained decoding, in the same run.
+
+    python bench/constrained.py [--model DIR] [--batches 1,64] [--max-tokens 64] [--hidden-size 64 --layers 8]
+
+For each batch size, generates `--max-tokens` tokens for every sequence twice with `LLM.generate`: free, and
+constrained by a JSON schema (an array of objects that cannot end within the budget, so both runs generate the
+same number of tokens). Prints the time per decode step of each, the overhead ratio, and how long filling the
+batch's grammar bitmask took per step (the engine fills it on a worker thread while the model runs, so the
+overhead can be smaller than the fill time). Without --model it writes a random tiny checkpoint (sizes from
+--hidden-size / --layers) with the tiny test tokenizer; its vocabulary is small, so a real checkpoint's masks
+cost more per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer.engine.grammar import GrammarMasks
+from glimmer.tiny import TinySpec, write_tiny_checkpoint
+
+SCHEMA = {
+    "type": "array", "minItems": 100000,
+    "items": {"type": "object", "properties": {"name": {"type": "string"}, "count": {"type": "integer"},
+                                               "ok": {"type": "boolean"}, "tags": {"type": "array",
+                                                                                   "items": {"type": "string"}}},
+              "required": ["name", "count", "ok"]},
+}
+PROMPT = "List the items as JSON:"
+
+
+class _TimedMasks(GrammarMasks):
+    """GrammarMasks that records how long each fill takes."""
+
+    seconds: list[float] = []
+
+    def fill(self, controllers):
+        start = time.perf_counter()
+        bitmask = super().fill(controllers)
+        _TimedMasks.seconds.append(time.perf_counter() - start)
+        return bitmask
+
+
+def run(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsParams | None) -> float:
+    """Seconds per decode step for `batch` sequences of `max_tokens` tokens (prefill excluded)."""
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, structured_outputs=structured)
+              for i in range(batch)]
+    prefill = [SamplingParams(max_tokens=1, ignore_eos=True, seed=i, structured_outputs=structured)
+               for i in range(batch)]
+    start = time.perf_counter()
+    llm.generate([PROMPT] * batch, prefill)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    outputs = llm.generate([PROMPT] * batch, params)
+    elapsed = time.perf_counter() - start - first
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outputs), "a sequence ended early"
+    return elapsed / (max_tokens - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="checkpoint directory (default: a random tiny checkpoint)")
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    batches = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model
+        if model is None:
+            spec = TinySpec(hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
+                            num_hidden_layers=args.layers, head_dim=args.hidden_size // 4)
+            model = str(write_tiny_checkpoint(Path(scratch), spec=spec))
+        llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=1024)
+        llm.engine._grammar_masks = _TimedMasks(llm.engine.model_config.text.vocab_size, max(batches))
+        structured = StructuredOutputsParams(json=SCHEMA)
+        print(f"device {llm.engine.device}, vocab {llm.engine.model_config.text.vocab_size}, "
+              f"{args.max_tokens} tokens per sequence, best of {args.repeats}")
+        run(llm, 2, 4, structured)  # warm-up: compile paths, thread pools
+        for batch in batches:
+            free = min(run(llm, batch, args.max_tokens, None) for _ in range(args.repeats))
+            _TimedMasks.seconds.clear()
+            constrained = min(run(llm, batch, args.max_tokens, structured) for _ in range(args.repeats))
+            fill_ms = 1000 * sum(_TimedMasks.seconds) / max(len(_TimedMasks.seconds), 1)
+            print(f"batch {batch:3d}: free {1000 * free:8.3f} ms/step, constrained {1000 * constrained:8.3f} ms/step, "
+                  f"overhead {100 * (constrained / free - 1):+6.1f}%  (mask fill {fill_ms:.3f} ms/step)")
+
+
+if __name__ == "__main__":
+    main()

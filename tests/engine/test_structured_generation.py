@@ -1,0 +1,72 @@
+"""Structured outputs through the Python API: `SamplingParams(structured_outputs=...)` on raw text with
+`LLM.generate`, and on the answer (reasoning free) with `LLM.chat`, plus `tool_choice` and `response_format`."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer.errors import RequestError
+
+KWARGS = {"current_date": "2026-01-01"}
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                           "sky": {"enum": ["clear", "grey"]}},
+          "required": ["n", "sky"], "additionalProperties": False}
+TOOL = {"type": "function", "function": {"name": "clock", "description": "The time.", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}, "exact": {"type": "boolean"}},
+    "required": ["zone"]}}}
+MESSAGES = [{"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=2048)
+
+
+def test_generate_constrains_the_raw_text(llm):
+    params = [SamplingParams(max_tokens=40, seed=seed, structured_outputs=StructuredOutputsParams(json=SCHEMA))
+              for seed in range(4)]
+    for output in llm.generate(["The weather as JSON:"] * 4, params):
+        assert output.outputs[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(output.outputs[0].text), SCHEMA)
+    regex = SamplingParams(max_tokens=10, structured_outputs=StructuredOutputsParams(regex=r"[0-9]{2}:[0-9]{2}"))
+    text = llm.generate("Time:", regex)[0].outputs[0].text
+    assert len(text) == 5 and text[2] == ":"
+
+
+def test_chat_constrains_the_answer_and_leaves_reasoning_free(llm):
+    outputs = llm.chat([MESSAGES] * 4, SamplingParams(max_tokens=60, seed=3),
+                       response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}},
+                       thinking_token_budget=10, chat_template_kwargs=KWARGS)
+    for output in outputs:
+        assert output.finish_reason == "stop" and not output.tool_calls
+        jsonschema.validate(json.loads(output.content), SCHEMA)
+    choice = SamplingParams(max_tokens=30, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    assert llm.chat(MESSAGES, choice, thinking_token_budget=0, chat_template_kwargs=KWARGS)[0].content in ("yes", "no")
+
+
+def test_chat_forces_a_valid_call_with_tool_choice(llm):
+    for tool_choice in ("required", {"type": "function", "function": {"name": "clock"}}):
+        output = llm.chat(MESSAGES, SamplingParams(max_tokens=100, seed=1), tools=[TOOL], tool_choice=tool_choice,
+                          parallel_tool_calls=False, thinking_token_budget=4, chat_template_kwargs=KWARGS)[0]
+        assert output.finish_reason == "tool_calls" and output.content is None
+        ((call),) = output.tool_calls
+        assert call.name == "clock"
+        jsonschema.validate(json.loads(call.arguments), TOOL["function"]["parameters"])
+
+
+def test_conflicting_or_impossible_requests_are_refused(llm):
+    structured = SamplingParams(structured_outputs=StructuredOutputsParams(json_object=True))
+    with pytest.raises(RequestError) as raised:
+        llm.chat(MESSAGES, structured, response_format={"type": "json_object"})
+    assert raised.value.param == "response_format"
+    with pytest.raises(RequestError) as raised:
+        llm.generate("x", SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+")))
+    assert raised.value.param == "min_tokens"
+    with pytest.raises(RequestError) as raised:
+        llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": 7})))
+    assert raised.value.param == "structured_outputs"
+    assert not llm.engine.has_unfinished_requests
