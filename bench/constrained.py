@@ -1,14 +1,16 @@
 """Per-token cost of grammar-constrained decoding against unconstrained decoding, in the same run.
 
     python bench/constrained.py [--model DIR] [--batches 1,64] [--max-tokens 64] [--hidden-size 64 --layers 8]
+    python bench/constrained.py --preset 30b      # the released geometry and vocabulary, dummy weights (GPU)
 
 For each batch size, generates `--max-tokens` tokens for every sequence twice with `LLM.generate`: free, and
 constrained by a JSON schema (an array of objects that cannot end within the budget, so both runs generate the
 same number of tokens). Prints the time per decode step of each, the overhead ratio, and how long filling the
 batch's grammar bitmask took per step (the engine fills it on a worker thread while the model runs, so the
 overhead can be smaller than the fill time). Without --model it writes a random tiny checkpoint (sizes from
---hidden-size / --layers) with the tiny test tokenizer; its vocabulary is small, so a real checkpoint's masks
-cost more per row.
+--hidden-size / --layers) with the tiny test tokenizer, whose vocabulary is small: a real checkpoint's masks cost
+more per row. `--preset 30b` writes the released geometry with a tokenizer of the release's 202,048 ids and loads
+random weights on the device (about 60 GB in bfloat16).
 """
 
 from __future__ import annotations
@@ -69,16 +71,20 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--preset", choices=("tiny", "30b"), default="tiny")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
-        model = args.model
-        if model is None:
+        model, load_format = args.model, "auto"
+        if model is None and args.preset == "30b":
+            model = str(write_tiny_checkpoint(Path(scratch), preset="30b", config_only=True))
+            load_format = "dummy"
+        elif model is None:
             spec = TinySpec(hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
                             num_hidden_layers=args.layers, head_dim=args.hidden_size // 4)
             model = str(write_tiny_checkpoint(Path(scratch), spec=spec))
-        llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=1024)
+        llm = LLM(model, progress=False, max_num_seqs=max(batches), max_model_len=1024, load_format=load_format)
         llm.engine._grammar_masks = _TimedMasks(llm.engine.model_config.text.vocab_size, max(batches))
         structured = StructuredOutputsParams(json=SCHEMA)
         print(f"device {llm.engine.device}, vocab {llm.engine.model_config.text.vocab_size}, "

@@ -58,10 +58,14 @@ class GrammarCompiler:
     """Compiles grammars for one tokenizer; ids of special tokens come from the tokenizer itself (P-TOK-1)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]):
-        """vocab_size: the model's logit rows (at least the tokenizer's); stop ids end a grammar that is done."""
+        """vocab_size: the model's logit rows (at least the tokenizer's); stop ids end a grammar that is done.
+
+        Takes a few seconds for a 200k vocabulary (llguidance indexes every token's bytes).
+        """
         self.vocab_size = vocab_size
-        self.tokenizer = llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size,
-                                                eos_token=sorted(set(stop_token_ids)))
+        stops = sorted(set(stop_token_ids))
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(tokenizer, stops[0])),
+                                                n_vocab=vocab_size, eos_token=stops)
 
     def compile(self, grammar: dict[str, Any], param: str) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid."""
@@ -83,6 +87,29 @@ class GrammarCompiler:
         if constraint.answer is not None:
             self.compile({"grammars": [dict(constraint.answer)]}, answer_param)
         return self.compile(turn_grammar(constraint), "tools")
+
+
+class _TokenTable:
+    """What llguidance needs of a tokenizer: every token's bytes, which ids are special, and an encoder.
+
+    Byte-level tokens come from `Tokenizer.token_bytes` (what detokenization produces); special tokens are given
+    by their text and flagged, so grammars name them (`<|message|>`) and text never matches them. Building from
+    this table is much faster than letting llguidance parse tokenizer.json itself.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int):
+        special = set(tokenizer.all_special_ids)
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = sorted(special)
+        self.tokens = [(tokenizer.id_to_token(i) or "").encode() if i in special else tokenizer.token_bytes(i)
+                       for i in range(tokenizer.vocab_size)]
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError("text, not bytes")  # tells llguidance's wrapper to pass text
+        return self._tokenizer.encode(text)
 
 
 def answer_grammar(params: StructuredOutputsParams, param: str = "structured_outputs") -> dict[str, Any]:

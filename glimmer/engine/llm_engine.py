@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -141,9 +142,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None
-        # grammars of structured outputs and tool_choice (indexing the vocabulary takes a moment: do it once, here)
-        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.text.vocab_size,
-                                        self.generation_defaults.stop_token_ids)
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
         self._grammar_masks: GrammarMasks | None = None
         self._rng = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, list[Sequence]] = {}
@@ -236,6 +236,16 @@ class LLMEngine:
             )
             self._chat_template = ChatTemplate(source.text)
         return self._chat_template
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles structured-output and tool_choice grammars; built on first use (it indexes the vocabulary,
+        seconds for a large one) and shared by the threads that compile requests."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.model_config.text.vocab_size,
+                                                 self.generation_defaults.stop_token_ids)
+            return self._grammars
 
     # prompts ----------------------------------------------------------------------------------------
 

@@ -107,10 +107,6 @@ class Tokenizer:
         """
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
-    def to_json(self) -> str:
-        """The tokenizer as `tokenizer.json` text (what a grammar engine builds its token table from)."""
-        return self._backend.to_str()
-
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 

@@ -80,7 +80,7 @@ def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan,
                                        thinking_token_budget=request.thinking_token_budget)
     if constraint is None:
         return None
-    return context.engine.engine.grammars.turn(constraint, param or "tools")
+    return context.grammars.turn(constraint, param or "tools")
 
 
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext) -> tuple[list[Any], list[Any]]:

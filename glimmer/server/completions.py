@@ -97,7 +97,7 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
     structured, param = requested_structured_outputs(request)
     if structured is None:
         return None
-    return context.engine.engine.grammars.structured_outputs(structured, param)
+    return context.grammars.structured_outputs(structured, param)
 
 
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:

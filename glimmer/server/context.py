@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError
 from glimmer.protocol import GENERATION_PROMPT, ChatTemplate
@@ -23,6 +24,7 @@ class ServingContext:
     tokenizer: Tokenizer
     template: ChatTemplate
     metrics: ServerMetrics
+    grammars: GrammarCompiler
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
@@ -32,7 +34,8 @@ class ServingContext:
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
         _check_template(template, tokenizer)
-        return cls(engine, settings, tokenizer, template, ServerMetrics(engine))
+        # index the vocabulary for the grammar engine at startup, not on the first structured request
+        return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars)
 
     @property
     def model_has_vision(self) -> bool:

@@ -38,7 +38,7 @@ def test_generate_constrains_the_raw_text(llm):
 
 
 def test_chat_constrains_the_answer_and_leaves_reasoning_free(llm):
-    outputs = llm.chat([MESSAGES] * 4, SamplingParams(max_tokens=60, seed=3),
+    outputs = llm.chat([MESSAGES] * 3, SamplingParams(max_tokens=50, seed=3),
                        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}},
                        thinking_token_budget=10, chat_template_kwargs=KWARGS)
     for output in outputs:
