@@ -29,7 +29,7 @@ from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placehol
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.engine.scheduler import Scheduler, SchedulerConfig
+from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import Tokenizer
@@ -394,7 +394,7 @@ class LLMEngine:
             deltas.append(self._append_token(step.seqs[i], token, logprobs))
         return deltas
 
-    def _start_grammar_masks(self, step) -> Future | None:
+    def _start_grammar_masks(self, step: ScheduledStep) -> Future | None:
         """Fill the grammar masks of the rows this step samples, on a worker thread while the model runs."""
         controllers = [seq.controller for i, seq in enumerate(step.seqs) if step.samples(i)]
         if all(controller is None for controller in controllers):
