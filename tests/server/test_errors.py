@@ -103,9 +103,10 @@ def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param)
 
 
 @pytest.mark.parametrize(("fields", "param", "words"), [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format",
-     "not supported yet"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "not supported yet"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+     "response_format.json_schema.schema", "grammar engine refused"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", "not one of"),
     ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
     ({"functions": [{"name": "f"}]}, "functions", "tools"),
     ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
