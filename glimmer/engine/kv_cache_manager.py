@@ -4,10 +4,10 @@ Full-attention layers keep a block for every position of a sequence. Sliding-win
 the last W positions, so blocks entirely before the window of the next query are released as soon as
 the sequence moves past them: a long conversation costs what the full-attention layers cost.
 
-Prefix caching hashes each full block by its content (the parent block's hash, its token ids and the
-media in it). A new sequence reuses the longest run of cached blocks that covers, in every group, what
-its first uncomputed position needs: all earlier blocks for the full group, and the last W positions
-for the sliding group.
+Prefix caching keys each full block by its content (cache_keys: the parent block's key — for the first
+block, the request's cache salt — its token ids and the media in it). A new sequence reuses the longest
+run of cached blocks that covers, in every group, what its first uncomputed position needs: all earlier
+blocks for the full group, and the last W positions for the sliding group.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glimmer.engine.block_pool import KVBlockPool
+from glimmer.engine.cache_keys import block_key, root_key, token_bytes
 from glimmer.engine.sequence import Sequence
 
 FULL = "full"
@@ -111,30 +112,34 @@ class KVCacheManager:
 
     # prefix caching ----------------------------------------------------------------------------------
 
+    def _block_tokens(self, seq: Sequence, i: int) -> bytes:
+        return token_bytes(seq.tokens_in(i * self.block_size, (i + 1) * self.block_size))
+
     def update_block_hashes(self, seq: Sequence) -> None:
-        """Extend `seq.block_hashes` to every full block of its current tokens."""
+        """Extend `seq.block_hashes` to every full block of its current tokens (work only for new blocks)."""
         bs = self.block_size
         while (len(seq.block_hashes) + 1) * bs <= seq.num_tokens:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else 0
-            chunk = tuple(seq.tokens_in(i * bs, (i + 1) * bs))
-            seq.block_hashes.append(hash((parent, chunk, seq.multimodal_hashes_in(i * bs, (i + 1) * bs))))
+            parent = seq.block_hashes[-1] if seq.block_hashes else root_key(seq.params.cache_salt)
+            media = seq.multimodal_hashes_in(i * bs, (i + 1) * bs)
+            seq.block_hashes.append(block_key(parent, self._block_tokens(seq, i), media))
 
     def register_computed_blocks(self, seq: Sequence) -> None:
-        """Make every fully computed block of `seq` findable by its content hash."""
+        """Make the newly computed full blocks of `seq` findable by their content keys."""
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_registered_blocks:
             return  # a decode step that completed no block: nothing new to register (once per token)
         self.update_block_hashes(seq)
-        num_full = min(num_full, len(seq.block_hashes))
-        for group, pool in self.pools.items():
-            held = seq.blocks.get(group, [])
-            for i in range(seq.num_registered_blocks, min(num_full, len(held))):
-                if held[i] is not None:
-                    pool.register(held[i], seq.block_hashes[i])
-        seq.num_registered_blocks = num_full
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        for i in range(seq.num_registered_blocks, num_full):
+            tokens = self._block_tokens(seq, i)
+            for group, pool in self.pools.items():
+                held = seq.blocks.get(group, [])
+                if i < len(held) and held[i] is not None:
+                    pool.register(held[i], seq.block_hashes[i], tokens)
+        seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
     def acquire_cached_prefix(self, seq: Sequence) -> int:
         """Attach the longest usable cached prefix to a sequence with no blocks; returns its token count.
@@ -146,9 +151,8 @@ class KVCacheManager:
         self.update_block_hashes(seq)
         bs = self.block_size
         max_blocks = min(len(seq.block_hashes), (seq.num_tokens - 1) // bs)
-        found = {
-            group: [pool.lookup(h) for h in seq.block_hashes[:max_blocks]] for group, pool in self.pools.items()
-        }
+        keys = [(seq.block_hashes[i], self._block_tokens(seq, i)) for i in range(max_blocks)]
+        found = {group: [pool.lookup(key, tokens) for key, tokens in keys] for group, pool in self.pools.items()}
         best = 0
         for k in range(max_blocks, 0, -1):
             if all(
@@ -169,6 +173,7 @@ class KVCacheManager:
                 pool.acquire_cached(held[i])
             seq.blocks[group] = held
         seq.num_computed_tokens = best * bs
+        seq.num_registered_blocks = best
         return best * bs
 
     def usage(self) -> dict[str, tuple[int, int]]:

@@ -34,14 +34,14 @@ class EncoderCache:
 
     def __init__(self, max_items: int = 256):
         self.max_items = max_items
-        self._items: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._items: OrderedDict[bytes, torch.Tensor] = OrderedDict()
 
-    def get(self, key: int) -> torch.Tensor | None:
+    def get(self, key: bytes) -> torch.Tensor | None:
         if key in self._items:
             self._items.move_to_end(key)
         return self._items.get(key)
 
-    def put(self, key: int, value: torch.Tensor) -> None:
+    def put(self, key: bytes, value: torch.Tensor) -> None:
         self._items[key] = value
         self._items.move_to_end(key)
         while len(self._items) > self.max_items:

@@ -8,10 +8,11 @@ runs of video placeholder ids as it has temporal groups. Anything else is a malf
 
 from __future__ import annotations
 
-import hashlib
+import struct
 
 import torch
 
+from glimmer.engine.cache_keys import digest
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal import MultimodalPrompt
@@ -32,12 +33,12 @@ def placeholder_runs(token_ids: list[int], token_id: int) -> list[tuple[int, int
     return runs
 
 
-def content_hash(pixel_values: torch.Tensor, grid_thw: list[int] | tuple[int, ...]) -> int:
-    """A 64-bit digest of the exact vision-tower input (same pixels and grid → same features)."""
-    digest = hashlib.blake2b(digest_size=8)
-    digest.update(repr(tuple(int(g) for g in grid_thw)).encode())
-    digest.update(pixel_values.detach().to(torch.float32).contiguous().cpu().numpy().tobytes())
-    return int.from_bytes(digest.digest(), "little", signed=True)
+def content_hash(pixel_values: torch.Tensor, grid_thw: list[int] | tuple[int, ...]) -> bytes:
+    """The key of the exact vision-tower input (same pixels and grid → same features): grid, pixel shape and
+    float32 little-endian pixels, hashed like prefix-cache blocks (cache_keys)."""
+    shape = (*(int(g) for g in grid_thw), *pixel_values.shape)
+    pixels = pixel_values.detach().to(torch.float32).contiguous().cpu().numpy().astype("<f4", copy=False)
+    return digest(struct.pack(f"<I{len(shape)}q", len(shape), *shape), pixels.tobytes())
 
 
 def attach_media(

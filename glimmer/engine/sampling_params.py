@@ -122,6 +122,9 @@ class SamplingParams:
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt.
     structured_outputs: constrain the text by a grammar (see StructuredOutputsParams).
+    cache_salt: a non-empty string mixed into the prefix-cache key of the prompt's first block: only requests
+        with the same salt share cached KV blocks (one salt per tenant keeps tenants apart). None: shared with
+        every other request that has no salt.
     """
 
     temperature: float = 1.0
@@ -141,6 +144,7 @@ class SamplingParams:
     n: int = 1
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -189,6 +193,9 @@ class SamplingParams:
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "must be >= 1")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
+        if self.cache_salt is not None:
+            _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
+                   "must be a non-empty string (or None for no salt)")
 
     @property
     def greedy(self) -> bool:

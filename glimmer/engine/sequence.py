@@ -29,11 +29,11 @@ class MultimodalItem:
 
     runs: (offset, length) of each run of placeholder tokens the item fills, in order (an image has one
         run; a video has one per temporal group, separated by timestamps); feature rows fill them in order.
-    content_hash: identifies the pixels, for the encoder cache and for prefix-cache block hashes.
+    content_hash: the key of the pixels (cache_keys), for the encoder cache and for prefix-cache block keys.
     """
 
     runs: tuple[tuple[int, int], ...]
-    content_hash: int
+    content_hash: bytes
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
 
@@ -67,9 +67,9 @@ class Sequence:
     num_computed_tokens: int = 0
     # per KV group, logical block index → physical block id (None once a sliding block is released)
     blocks: dict[str, list[int | None]] = field(default_factory=dict)
-    # content hashes of the full blocks of all_token_ids, computed incrementally
-    block_hashes: list[int] = field(default_factory=list)
-    # leading full blocks already made findable by their hash (register_computed_blocks' progress)
+    # content keys (cache_keys.block_key) of the full blocks of all_token_ids, computed incrementally
+    block_hashes: list[bytes] = field(default_factory=list)
+    # leading full blocks already offered to the prefix cache (reset when the blocks are freed)
     num_registered_blocks: int = 0
     num_preemptions: int = 0
     # prompt tokens found in the prefix cache when the sequence was first admitted
@@ -109,6 +109,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def multimodal_hashes_in(self, start: int, end: int) -> tuple[int, ...]:
+    def multimodal_hashes_in(self, start: int, end: int) -> tuple[bytes, ...]:
         """Content hashes of the media whose placeholders overlap positions [start, end)."""
         return tuple(m.content_hash for m in self.multimodal if m.overlaps(start, end))

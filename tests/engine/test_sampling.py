@@ -23,7 +23,7 @@ def llm(tiny_checkpoint):
     [("temperature", -1), ("temperature", float("nan")), ("top_p", 0), ("top_p", 1.5), ("top_k", -2),
      ("min_p", 2), ("max_tokens", 0), ("max_tokens", 2.5), ("logprobs", 21), ("presence_penalty", 3),
      ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("n", 0), ("seed", "x"), ("stop", [""]),
-     ("stop_token_ids", [-1]), ("min_tokens", -1)],
+     ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7)],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(RequestError) as err:
