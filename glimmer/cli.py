@@ -136,6 +136,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media),
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
+            require_cache_salt=args.require_cache_salt,
         )
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="when a request names none (default: the template's own, high)")
     serve.add_argument("--developer-as-system", action="store_true",
                        help="render `developer` messages as `system` (default: they render nothing)")
+    serve.add_argument("--require-cache-salt", action="store_true",
+                       help="refuse requests without a cache_salt (only requests with the same salt share "
+                            "cached prompt blocks)")
     serve.set_defaults(func=_cmd_serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")

@@ -40,6 +40,7 @@ class _Choice:
     text: str = ""
     finish_reason: str | None = None
     num_tokens: int = 0
+    num_cached_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     text_offsets: list[int] = field(default_factory=list)  # where each token's text starts in `text`
 
@@ -48,6 +49,7 @@ class _Choice:
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text
         self.num_tokens += len(delta.token_ids)
+        self.num_cached_tokens = delta.num_cached_tokens
         self.finish_reason = delta.finish_reason
 
 
@@ -75,8 +77,10 @@ class _CompletionRun:
 
     def usage(self) -> dict[str, Any]:
         completion = sum(choice.num_tokens for choice in self.choices)
+        n = self.request.n  # choices i*n .. i*n+n-1 complete prompt i
+        cached = sum(max(c.num_cached_tokens for c in self.choices[i : i + n]) for i in range(0, len(self.choices), n))
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext) -> list[list[int]]:

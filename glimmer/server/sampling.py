@@ -56,6 +56,9 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         raise RequestError(f"n: must be between 1 and {context.settings.max_n}", param="n")
     if request.seed is not None and not -(2**63) <= request.seed < 2**63 - request.n:
         raise RequestError("seed: must fit in a signed 64-bit integer", param="seed")
+    if request.cache_salt is None and context.settings.require_cache_salt:
+        raise RequestError("cache_salt: this server requires a cache_salt on every request (a non-empty string; "
+                           "only requests with the same salt share cached prompt blocks)", param="cache_salt")
     defaults = context.engine.engine.generation_defaults
     return SamplingParams(
         temperature=_first(request.temperature, defaults.temperature, 1.0),
@@ -72,6 +75,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         frequency_penalty=_first(request.frequency_penalty, 0.0),
         repetition_penalty=_first(request.repetition_penalty, 1.0),
         n=request.n,
+        cache_salt=request.cache_salt,
     )
 
 

@@ -83,6 +83,7 @@ class _SamplingFields(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    cache_salt: str | None = None
     # accepted and ignored: they cannot change the output
     user: str | None = None
     metadata: dict[str, Any] | None = None

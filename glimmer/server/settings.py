@@ -29,6 +29,8 @@ class ServerSettings:
     media_policy: where images and videos may come from (data URLs always; local files and http(s) only
         as the operator allows).
     max_images_per_request / max_videos_per_request: more items in one request are refused with 400.
+    require_cache_salt: refuse (400) chat and completion requests without a `cache_salt`, so no request
+        shares cached prompt blocks with another unless they name the same salt.
     """
 
     served_model_names: tuple[str, ...]
@@ -40,6 +42,7 @@ class ServerSettings:
     media_policy: MediaFetchPolicy = field(default_factory=MediaFetchPolicy)
     max_images_per_request: int = 16
     max_videos_per_request: int = 2
+    require_cache_salt: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):

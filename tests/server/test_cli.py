@@ -46,7 +46,7 @@ def test_serve_options_parse():
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
-                                "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
+                                "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--require-cache-salt"],
                                env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -61,6 +61,8 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
             time.sleep(0.2)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL_NAME]
+        unsalted = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        assert unsalted.status_code == 400 and unsalted.json()["error"]["param"] == "cache_salt"
     finally:
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=30)[0]
