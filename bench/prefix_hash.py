@@ -1,6 +1,8 @@
 """Prefix-cache keys: SHA-256 chains (now) against Python's `hash((parent, chunk, media))` (before), same run.
 
-    python bench/prefix_hash.py [--model DIR] [--repeats 5] [--prompts 32] [--prefix-tokens 256]
+    python bench/prefix_hash.py [--model DIR] [--repeats 5] [--prompts 16] [--prefix-tokens 256]
+
+On a shared CPU machine, OMP_NUM_THREADS=1 keeps torch's threads from spinning against other load.
 
 1. Hashing cost: the keys of a fresh 8,192-token prompt, in microseconds per 1K prompt tokens, for the old key
    function (verbatim) and for `KVCacheManager.update_block_hashes`; then the cost per generated token of
