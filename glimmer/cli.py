@@ -132,7 +132,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("GLIMMER_API_KEY") or None,
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
-            developer_as_system=args.developer_as_system,
             media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media),
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
@@ -260,8 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-videos-per-request", type=int, default=2)
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
-    serve.add_argument("--developer-as-system", action="store_true",
-                       help="render `developer` messages as `system` (default: they render nothing)")
     serve.add_argument("--require-cache-salt", action="store_true",
                        help="refuse requests without a cache_salt (only requests with the same salt share "
                             "cached prompt blocks)")

@@ -41,6 +41,12 @@ class GenerationDefaults:
     max_new_tokens: int | None = None
     max_length: int | None = None
 
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """The sampling fields the checkpoint configures (temperature, top_p, top_k), as the defaults of a
+        request that leaves them out: the server's and `LLM`'s (vLLM's `generation_config="auto"`)."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {name: value for name, value in fields.items() if value is not None}
+
 
 def load_generation_defaults(
     checkpoint_dir: str | os.PathLike[str],

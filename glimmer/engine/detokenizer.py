@@ -5,7 +5,8 @@ A byte-level BPE token is a run of bytes, and a multi-byte UTF-8 character may b
 decoder that holds back an incomplete character until its last byte arrives. The cost per token is the
 length of its bytes; the growing sequence is never decoded again.
 
-The deltas concatenate to exactly `Tokenizer.decode(ids)`: special tokens are kept, nothing is inserted
+The deltas concatenate to exactly `Tokenizer.decode(ids)`: special tokens are kept (unless listed to skip:
+`skip_special_tokens`, which drops them before their bytes are decoded, as `decode` does), nothing is inserted
 between tokens, and invalid bytes become U+FFFD under the same rule (one per maximal invalid subpart)
 that Rust's `String::from_utf8_lossy` applies inside `decode`.
 
@@ -26,22 +27,26 @@ from glimmer.errors import CheckpointError
 class IncrementalDetokenizer:
     """Turns one sequence's generated ids into text deltas. One instance per sequence."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, skip_token_ids: frozenset[int] = frozenset()):
         if not tokenizer.is_byte_level:
             raise CheckpointError(
                 f"{tokenizer.tokenizer_file} does not use a ByteLevel decoder; Glimmer streams text only "
                 "from byte-level BPE tokenizers, which every Muse Glimmer checkpoint ships"
             )
         self._tokenizer = tokenizer
+        self._skip_token_ids = skip_token_ids
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token_id: int) -> str:
-        """The text completed by this token; "" while a character is still incomplete."""
+        """The text completed by this token; "" while a character is still incomplete or the token is skipped."""
+        if token_id in self._skip_token_ids:
+            return ""
         return self._utf8.decode(self._tokenizer.token_bytes(token_id))
 
     def add_many(self, token_ids: Iterable[int]) -> str:
         """The text completed by these tokens, as one delta."""
-        return self._utf8.decode(b"".join(self._tokenizer.token_bytes(token_id) for token_id in token_ids))
+        return self._utf8.decode(b"".join(self._tokenizer.token_bytes(token_id) for token_id in token_ids
+                                          if token_id not in self._skip_token_ids))
 
     def flush(self) -> str:
         """End of sequence: the held-back bytes, as U+FFFD since they never formed a character."""

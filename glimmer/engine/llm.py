@@ -18,7 +18,7 @@ from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference
 from glimmer.protocol import (
     ToolCall,
@@ -30,6 +30,7 @@ from glimmer.protocol import (
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
+GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 
 
@@ -55,6 +56,9 @@ class LLM:
 
     model: a checkpoint directory or a Hugging Face Hub id. dtype: "float32" | "bfloat16" | "float16"
     (default bfloat16 on CUDA, float32 on CPU). device: "cpu" | "cuda" (default: cuda if available).
+    generation_config: "auto" (default) takes the sampling defaults of a call without SamplingParams from
+    the checkpoint's generation_config.json (temperature, top_p, top_k), as the server does; "vllm" uses
+    plain `SamplingParams()`.
     Other keyword arguments are `EngineConfig` fields (max_model_len, max_num_seqs,
     max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template).
     """
@@ -67,11 +71,23 @@ class LLM:
         device: str | None = None,
         allowed_local_media_path: list[str] | None = None,
         allow_remote_media: bool = False,
+        generation_config: str = "auto",
         **engine_options: Any,
     ):
+        if generation_config not in GENERATION_CONFIG_MODES:
+            raise ConfigError(f"generation_config={generation_config!r} is not supported; use "
+                              f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, device=device, **engine_options))
         self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media)
+        self.generation_config = generation_config
         self._ids = itertools.count()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
+        sampling fields under generation_config="auto", plain `SamplingParams()` under "vllm"."""
+        if self.generation_config == "vllm":
+            return SamplingParams()
+        return SamplingParams(**self.engine.generation_defaults.sampling_defaults())
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
@@ -129,7 +145,7 @@ class LLM:
         """Generate completions for every prompt, batched continuously; outputs keep the prompts' order."""
         normalized = self._normalize_prompts(prompts)
         if sampling_params is None:
-            params_list = [SamplingParams()] * len(normalized)
+            params_list = [self.get_default_sampling_params()] * len(normalized)
         elif isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(normalized)
         else:
@@ -167,6 +183,8 @@ class LLM:
                         if out.logprobs is not None:
                             out.logprobs.extend(delta.logprobs)
                         request.num_cached_tokens = delta.num_cached_tokens
+                        if delta.prompt_logprobs is not None and delta.index == 0:
+                            request.prompt_logprobs = delta.prompt_logprobs
                         if delta.finish_reason is not None:
                             out.finish_reason = delta.finish_reason
                             out.stop_reason = delta.stop_reason
@@ -204,7 +222,7 @@ class LLM:
         to constrain the answer while reasoning stays free; `thinking_token_budget` caps reasoning (0: none).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         plan = plan_tools(normalize_tools(tools), tool_choice)
         controller_factory = self._turn_controller_factory(plan, params, response_format, parallel_tool_calls,
                                                            thinking_token_budget)

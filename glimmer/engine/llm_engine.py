@@ -94,6 +94,15 @@ class _Completion:
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_prompt_tokens: int = 0
+    # per prompt position when prompt logprobs were asked for (the first is None); delivered with the first delta
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs_sent: bool = False
+
+    def take_prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
 
 class LLMEngine:
@@ -301,7 +310,7 @@ class LLMEngine:
                                       self.model_config.video_token_id)
         prompt_len = len(prompt_token_ids)
         room = self.max_model_len - prompt_len
-        if room < 1:
+        if room < 1 and not (params.max_tokens == 0 and room == 0):
             raise RequestError(
                 f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
                 f"max_model_len={self.max_model_len}",
@@ -338,10 +347,12 @@ class LLMEngine:
                 index=index,
                 controller=controller_factory() if controller_factory is not None else None,
             )
+            skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(
-                detokenizer=IncrementalDetokenizer(self.tokenizer),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 num_prompt_tokens=prompt_len,
+                prompt_logprobs=[None] * prompt_len if params.prompt_logprobs is not None else None,
             )
             seqs.append(seq)
         self._seqs[request_id] = seqs
@@ -362,8 +373,7 @@ class LLMEngine:
             done = self._completions.pop(id(seq))
             deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
                                     num_prompt_tokens=done.num_prompt_tokens))
-        if all(seq.is_finished for seq in seqs):
-            self._seqs.pop(request_id, None)
+        self._forget_if_done(request_id)
         return deltas
 
     @property
@@ -377,19 +387,37 @@ class LLMEngine:
         if step.is_empty:
             return []
         masks = self._start_grammar_masks(step)
-        logits, sampling = self.runner.execute(step)
+        logits, sampling, prompt_logprobs = self.runner.execute(step)
+        for i, scored in prompt_logprobs.items():
+            seq = step.seqs[i]
+            recorded = self._completions[id(seq)].prompt_logprobs
+            start = seq.num_computed_tokens + 1  # the row at position p scores the token at p + 1
+            recorded[start : start + len(scored)] = scored
         for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.kv.register_computed_blocks(seq)
+        bitmask = masks.result() if masks is not None else None
+        deltas = []
+        if any(step.seqs[i].max_total_tokens == len(step.seqs[i].prompt_token_ids) for i in sampling):
+            # max_tokens=0: the prompt is computed (and scored); nothing is sampled
+            keep = []
+            for row, i in enumerate(sampling):
+                seq = step.seqs[i]
+                if seq.max_total_tokens == len(seq.prompt_token_ids):
+                    deltas.append(self._finish_unsampled(seq))
+                else:
+                    keep.append(row)
+            logits, sampling = logits[keep], [sampling[row] for row in keep]
+            if bitmask is not None:
+                bitmask = bitmask[keep]
         if not sampling:
-            return []
+            return deltas
         rows = []
         for i in sampling:
             seq = step.seqs[i]
             banned = tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ()
             rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned))
-        result = sample(logits, rows, masks.result() if masks is not None else None)
-        deltas = []
+        result = sample(logits, rows, bitmask)
         for i, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
             deltas.append(self._append_token(step.seqs[i], token, logprobs))
         return deltas
@@ -402,6 +430,18 @@ class LLMEngine:
         if self._grammar_masks is None:
             self._grammar_masks = GrammarMasks(self.model_config.text.vocab_size, self.scheduler_config.max_num_seqs)
         return self._grammar_masks.fill_async(controllers)
+
+    def _finish_unsampled(self, seq: Sequence) -> StepDelta:
+        done = self._completions.pop(id(seq))
+        self.scheduler.finish(seq)
+        self._forget_if_done(seq.request_id)
+        return StepDelta(seq.request_id, seq.index, [], "", finish_reason="length",
+                         num_prompt_tokens=done.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
+                         prompt_logprobs=done.take_prompt_logprobs())
+
+    def _forget_if_done(self, request_id: str) -> None:
+        if all(s.is_finished for s in self._seqs.get(request_id, [])):
+            self._seqs.pop(request_id, None)
 
     def _append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepDelta:
         done = self._completions[id(seq)]
@@ -425,9 +465,7 @@ class LLMEngine:
                 text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
             self.scheduler.finish(seq)
             self._completions.pop(id(seq))
-            remaining = [s for s in self._seqs.get(seq.request_id, []) if not s.is_finished]
-            if not remaining:
-                self._seqs.pop(seq.request_id, None)
+            self._forget_if_done(seq.request_id)
         done.text += text
         return StepDelta(
             request_id=seq.request_id,
@@ -439,6 +477,7 @@ class LLMEngine:
             stop_reason=stop_reason,
             num_prompt_tokens=done.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            prompt_logprobs=done.take_prompt_logprobs(),
         )
 
     # introspection ----------------------------------------------------------------------------------

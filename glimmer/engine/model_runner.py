@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 
 from glimmer.checkpoint.config import TextConfig
 from glimmer.engine.cuda_graphs import DecodeGraphs
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.sampler import TokenLogprobs, scored_token_logprobs
 from glimmer.engine.scheduler import ScheduledStep
-from glimmer.engine.sequence import MultimodalItem
+from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.step_inputs import build_step_inputs
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -27,6 +29,28 @@ def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: tor
     layers = text.full_attention_layers if group == FULL else text.sliding_attention_layers
     element = torch.empty((), dtype=dtype).element_size()
     return len(layers) * 2 * block_size * text.num_key_value_heads * text.head_dim * element
+
+
+PROMPT_LOGITS_ROWS = 512
+"""Prompt positions scored per slice: bounds the (rows, vocab) logits held at once."""
+
+
+class StepLogits(NamedTuple):
+    """What one step computed: next-token logits (one row per sampling sequence) and their step indices,
+    and for sequences scoring their prompt, the logprobs of the prompt tokens this step's chunk predicts."""
+
+    logits: torch.Tensor
+    sampling: list[int]
+    prompt_logprobs: dict[int, list[TokenLogprobs]]
+
+
+def prompt_positions_scored(seq: Sequence, num_new_tokens: int) -> range:
+    """Positions of a chunk whose logits predict a prompt token, for a sequence that wants prompt logprobs
+    (position p predicts token p + 1; the last prompt position predicts the first generated token)."""
+    if not seq.scores_prompt:
+        return range(0)
+    start = seq.num_computed_tokens
+    return range(start, min(start + num_new_tokens, len(seq.prompt_token_ids) - 1))
 
 
 class EncoderCache:
@@ -119,22 +143,49 @@ class ModelRunner:
         return cached
 
     @torch.inference_mode()
-    def execute(self, step: ScheduledStep) -> tuple[torch.Tensor, list[int]]:
-        """Run one step; returns next-token logits (one row per sampling sequence) and their indices."""
+    def execute(self, step: ScheduledStep) -> StepLogits:
+        """Run one step; returns next-token logits (one row per sampling sequence), their indices, and the
+        prompt logprobs of sequences that score their prompt."""
         if self.graphs is not None and self.graphs.can_run(step):
             inputs = build_step_inputs(step, self.kv, self.null_blocks, self.graphs.padded_size(len(step.seqs)))
-            return self.graphs.run(inputs)[: len(step.seqs)], list(range(len(step.seqs)))
+            return StepLogits(self.graphs.run(inputs)[: len(step.seqs)], list(range(len(step.seqs))), {})
         inputs = build_step_inputs(step, self.kv, self.null_blocks)
         flat = inputs.flat.to(self.device, non_blocking=True)
         tables = {g: t.to(self.device, non_blocking=True) for g, t in inputs.tables.items()}
         input_ids, ctx = inputs.context(flat, tables, self.block_size, self.kv_caches)
         mm_embeds, mm_mask = self._multimodal_inputs(step, inputs.num_tokens)
         hidden = self.model(input_ids, ctx, mm_embeds, mm_mask)
+        prompt_logprobs = self._prompt_logprobs(step, hidden)
         sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
         if not sampling:
-            return hidden.new_zeros((0, 0)), sampling
-        if len(sampling) == len(step.seqs) and inputs.max_query_len == 1:
-            return self.model.compute_logits(hidden), sampling
-        ends = list(itertools.accumulate(step.num_new_tokens))
-        last_rows = torch.tensor([ends[i] - 1 for i in sampling], dtype=torch.int64, device=self.device)
-        return self.model.compute_logits(hidden[last_rows]), sampling
+            logits = hidden.new_zeros((0, 0))
+        elif len(sampling) == len(step.seqs) and inputs.max_query_len == 1:
+            logits = self.model.compute_logits(hidden)
+        else:
+            ends = list(itertools.accumulate(step.num_new_tokens))
+            last_rows = torch.tensor([ends[i] - 1 for i in sampling], dtype=torch.int64, device=self.device)
+            logits = self.model.compute_logits(hidden[last_rows])
+        return StepLogits(logits, sampling, prompt_logprobs)
+
+    def _prompt_logprobs(self, step: ScheduledStep, hidden: torch.Tensor) -> dict[int, list[TokenLogprobs]]:
+        """Per step row that scores its prompt: the logprobs of the prompt tokens this step's rows predict."""
+        scored_rows: dict[int, list[TokenLogprobs]] = {}
+        row_start = 0
+        for i, (seq, n) in enumerate(zip(step.seqs, step.num_new_tokens, strict=True)):
+            scored = prompt_positions_scored(seq, n)
+            if scored:
+                first_row = row_start + scored.start - seq.num_computed_tokens
+                scored_rows[i] = self._score(seq, hidden[first_row : first_row + len(scored)], scored)
+            row_start += n
+        return scored_rows
+
+    def _score(self, seq: Sequence, hidden: torch.Tensor, positions: range) -> list[TokenLogprobs]:
+        """Logprobs of the prompt tokens at `positions + 1`, from the hidden states at `positions`."""
+        k = seq.params.prompt_logprobs or 0
+        scored: list[TokenLogprobs] = []
+        for offset in range(0, len(positions), PROMPT_LOGITS_ROWS):
+            rows = hidden[offset : offset + PROMPT_LOGITS_ROWS]
+            targets = [seq.prompt_token_ids[p + 1] for p in positions[offset : offset + PROMPT_LOGITS_ROWS]]
+            scored.extend(scored_token_logprobs(self.model.compute_logits(rows), targets, k))
+        return scored
+

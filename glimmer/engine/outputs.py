@@ -35,6 +35,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
+    # with SamplingParams(prompt_logprobs=k): one entry per prompt token, the first None (nothing predicts it)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -78,3 +80,5 @@ class StepDelta:
     stop_reason: int | str | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # on a completion's first delta, when prompt logprobs were asked for: one entry per prompt token, the first None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -165,3 +165,16 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
         top = dict(zip(top_id_list[i][:k], top_value_list[i][:k], strict=True)) if k > 0 else {}
         logprob_list[i] = TokenLogprobs(token_id=token_list[i], logprob=chosen_list[i], top=top)
     return SampleResult(token_ids=token_list, logprobs=logprob_list)
+
+
+def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[TokenLogprobs]:
+    """Logprobs of given tokens (prompt scoring): row i's distribution, raw as for sampled tokens, evaluated at
+    `token_ids[i]`, with its `k` most likely alternatives."""
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor(token_ids, dtype=torch.int64, device=raw.device)
+    chosen = raw.gather(1, targets[:, None]).squeeze(1).tolist()
+    tops: list[dict[int, float]] = [{} for _ in token_ids]
+    if k > 0:
+        values, ids = raw.topk(k, dim=-1)
+        tops = [dict(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    return [TokenLogprobs(token_id=t, logprob=lp, top=top) for t, lp, top in zip(token_ids, chosen, tops, strict=True)]

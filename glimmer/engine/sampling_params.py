@@ -111,13 +111,20 @@ class SamplingParams:
 
     temperature: 0 means greedy (argmax); otherwise logits are divided by it before sampling.
     top_p, top_k, min_p: nucleus, top-k (0 or -1 = off) and min-p filtering, applied after temperature.
-    max_tokens: the most tokens to generate (None: up to the model's context length).
+    max_tokens: the most tokens to generate (None: up to the model's context length; 0: none, the prompt
+        is only scored, see prompt_logprobs).
     stop: strings that end generation; the stop string itself is not included in the text.
     stop_token_ids: extra token ids that end generation (the checkpoint's stop ids always apply
         unless ignore_eos is set).
     seed: per-request seed; the same seed gives the same tokens whatever else runs in the batch.
     logprobs: if set, return each generated token's logprob and the `logprobs` most likely
         alternatives, from the model's own distribution (before temperature and penalties).
+    prompt_logprobs: if set, also return each prompt token's logprob (the first is None: nothing predicts
+        it) and the `prompt_logprobs` most likely alternatives at its position, from the same distribution.
+        The prompt is then computed in full: the prefix cache is not used for it.
+    skip_special_tokens: leave special tokens out of the text (default: keep them, P-TOK-3; token ids and
+        logprobs are unaffected).
+    include_stop_str_in_output: keep the matched stop string at the end of the text.
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt.
@@ -145,6 +152,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
     cache_salt: str | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -161,9 +170,9 @@ class SamplingParams:
         _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         if self.max_tokens is not None:
             _check(
-                isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1,
+                isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 0,
                 "max_tokens",
-                "must be an integer >= 1",
+                "must be an integer >= 0",
             )
         _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None:
@@ -176,12 +185,14 @@ class SamplingParams:
         )
         if self.seed is not None:
             _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "must be an integer")
-        if self.logprobs is not None:
-            _check(
-                isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS,
-                "logprobs",
-                f"must be an integer between 0 and {MAX_LOGPROBS}",
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(
+                    isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOGPROBS,
+                    name,
+                    f"must be an integer between 0 and {MAX_LOGPROBS}",
+                )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_is_number(value) and -2 <= value <= 2, name, "must be in [-2, 2]")

@@ -77,7 +77,7 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if not seq.blocks:
+            if not seq.blocks and not seq.scores_prompt:
                 cached = self.kv.acquire_cached_prefix(seq)
                 if seq.num_preemptions == 0:
                     seq.num_cached_tokens = cached

@@ -106,6 +106,12 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt's logits are still wanted (prompt logprobs not yet delivered): such a sequence
+        computes its whole prompt, since cached prefix blocks carry no logits."""
+        return self.params.prompt_logprobs is not None and not self.output_token_ids
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 

@@ -27,18 +27,23 @@ EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}
 """The schema a tool without `parameters` gets (P-TMPL-6)."""
 
 _MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video"}
+RENDERED_PART_TYPES = frozenset({"text", "image", "video"})
+"""Content part types the template renders (text, `<|patch|>`, `<|video|>`); other parts would render nothing."""
 
 
-def normalize_messages(messages: Any, *, developer_as_system: bool = False) -> list[dict[str, Any]]:
+def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> list[dict[str, Any]]:
     """Copies of `messages` ready to render (P-TMPL-6, P-TMPL-7).
 
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
       not a JSON object raise RequestError naming the message index and field;
     - `reasoning` fills a missing `reasoning_content`;
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
-      `image_url` / `video_url` entry for the media layer;
-    - roles the template does not render pass unchanged (they render nothing) with a warning;
-      `developer_as_system` maps `developer` to `system` instead (a server option, off by default).
+      `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
+      `file`, an unknown type) raises RequestError naming it: it would render nothing;
+    - `developer` messages are instructions, rendered as the system message (`developer_as_system`, on by
+      default): with no system message the first developer message becomes one; every other developer
+      message's text joins the first system message's, after a blank line, in message order;
+    - other roles the template does not render pass unchanged (they render nothing) with a warning.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise RequestError("messages must be a list of message objects", param="messages")
@@ -52,12 +57,12 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = False) -> l
         role = message.get("role")
         if not isinstance(role, str):
             raise RequestError(f"messages[{index}].role must be a string", param=f"messages[{index}].role")
-        if role == "developer" and developer_as_system:
-            message["role"] = role = "system"
-        if role not in RENDERED_ROLES and role not in unrendered_roles:
+        if role not in RENDERED_ROLES and role not in unrendered_roles and not (
+                role == "developer" and developer_as_system):
             unrendered_roles.append(role)
         if isinstance(message.get("content"), list):
-            message["content"] = [_normalized_part(part) for part in message["content"]]
+            message["content"] = [_normalized_part(part, f"messages[{index}].content[{j}]")
+                                  for j, part in enumerate(message["content"])]
         if message.get("reasoning_content") is None and message.get("reasoning") is not None:
             message["reasoning_content"] = message["reasoning"]
         if message.get("tool_calls") is not None:
@@ -66,12 +71,41 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = False) -> l
     if unrendered_roles:
         logger.warning("messages with role(s) %s are not rendered by the chat template and are dropped "
                        "from the prompt", ", ".join(repr(role) for role in unrendered_roles))
-    return normalized
+    return _merged_instructions(normalized) if developer_as_system else normalized
 
 
-def _normalized_part(part: Any) -> Any:
-    if isinstance(part, Mapping) and part.get("type") in _MEDIA_PART_TYPES:
-        return {**part, "type": _MEDIA_PART_TYPES[part["type"]]}
+def _merged_instructions(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Developer messages folded into the first system message (one becomes it when there is none)."""
+    instructions = [i for i, m in enumerate(messages) if m["role"] in ("system", "developer")]
+    if not any(messages[i]["role"] == "developer" for i in instructions):
+        return messages
+    systems = [i for i in instructions if messages[i]["role"] == "system"]
+    target = systems[0] if systems else instructions[0]
+    merged = [i for i in instructions if i == target or messages[i]["role"] == "developer"]
+    texts = [_instruction_text(messages[i].get("content"), i) for i in merged]
+    system = {**messages[target], "role": "system", "content": "\n\n".join(t for t in texts if t)}
+    dropped = set(merged) - {target}
+    return [system if i == target else m for i, m in enumerate(messages) if i not in dropped]
+
+
+def _instruction_text(content: Any, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text") or "") for p in content)
+    raise RequestError(f"messages[{index}].content: system and developer messages take text only",
+                       param=f"messages[{index}].content")
+
+
+def _normalized_part(part: Any, param: str) -> Any:
+    if not isinstance(part, Mapping):
+        raise RequestError(f"{param} must be a content part object", param=param)
+    kind = part.get("type")
+    if kind in _MEDIA_PART_TYPES:
+        return {**part, "type": _MEDIA_PART_TYPES[kind]}
+    if kind not in RENDERED_PART_TYPES:
+        raise RequestError(f"{param}: content parts of type {kind!r} are not supported (this model takes "
+                           "text, image_url and video_url parts); remove the part", param=param)
     return part
 
 

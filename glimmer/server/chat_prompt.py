@@ -18,6 +18,7 @@ from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part
 from glimmer.protocol import normalize_messages, normalize_tools, resolve_reasoning_strength
+from glimmer.protocol.request_normalization import RENDERED_ROLES
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -38,7 +39,8 @@ class ChatPrompt:
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext) -> ChatPrompt:
     """Raises RequestError (400 naming the field) or ChatTemplateError (400 with the template's message)."""
     settings = context.settings
-    messages = normalize_messages(request.messages, developer_as_system=settings.developer_as_system)
+    messages = normalize_messages(request.messages)
+    _refuse_unrendered_roles(messages)
     choice = request.tool_choice
     tools = plan_tools(normalize_tools(request.tools),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
@@ -110,6 +112,13 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext) -> tu
                                    f"--max-{kind}s-per-request limit)", param=param)
             found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy))
     return found["image"], found["video"]
+
+
+def _refuse_unrendered_roles(messages: list[dict[str, Any]]) -> None:
+    for i, message in enumerate(messages):
+        if message["role"] not in RENDERED_ROLES:
+            raise RequestError(f"messages[{i}].role: {message['role']!r} is not a role this model takes (system, "
+                               "developer, user, assistant, tool)", param=f"messages[{i}].role")
 
 
 def _check_single_bos(token_ids: list[int], bos_id: int | None, bos_token: str | None) -> None:

@@ -59,11 +59,11 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
     if request.cache_salt is None and context.settings.require_cache_salt:
         raise RequestError("cache_salt: this server requires a cache_salt on every request (a non-empty string; "
                            "only requests with the same salt share cached prompt blocks)", param="cache_salt")
-    defaults = context.engine.engine.generation_defaults
+    defaults = context.engine.engine.generation_defaults.sampling_defaults()
     return SamplingParams(
-        temperature=_first(request.temperature, defaults.temperature, 1.0),
-        top_p=_first(request.top_p, defaults.top_p, 1.0),
-        top_k=_first(request.top_k, defaults.top_k, 0),
+        temperature=_first(request.temperature, defaults.get("temperature"), 1.0),
+        top_p=_first(request.top_p, defaults.get("top_p"), 1.0),
+        top_k=_first(request.top_k, defaults.get("top_k"), 0),
         min_p=_first(request.min_p, 0.0),
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,

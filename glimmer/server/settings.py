@@ -25,7 +25,6 @@ class ServerSettings:
     """served_model_names: the names clients may put in `model` (the first is reported in responses).
     api_key: if set, every /v1 request needs `Authorization: Bearer <api_key>`.
     default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
-    developer_as_system: render `developer` messages as `system` (P-TMPL-7; off by default).
     media_policy: where images and videos may come from (data URLs always; local files and http(s) only
         as the operator allows).
     max_images_per_request / max_videos_per_request: more items in one request are refused with 400.
@@ -38,7 +37,6 @@ class ServerSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_n: int = DEFAULT_MAX_N
     default_reasoning_strength: str | None = None
-    developer_as_system: bool = False
     media_policy: MediaFetchPolicy = field(default_factory=MediaFetchPolicy)
     max_images_per_request: int = 16
     max_videos_per_request: int = 2

@@ -134,3 +134,13 @@ def test_non_byte_level_tokenizer_is_refused(tmp_path: Path):
     backend.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(CheckpointError, match="ByteLevel"):
         IncrementalDetokenizer(Tokenizer.from_dir(tmp_path))
+
+
+@given(ids=st.lists(st.integers(0, 400), max_size=30))
+@PROPERTY_SETTINGS
+def test_skipped_special_tokens_leave_the_text_as_decode_without_them(tok, ids):
+    specials = frozenset(tok.all_special_ids)
+    ids = [i for i in ids if i < tok.vocab_size]
+    detokenizer = IncrementalDetokenizer(tok, skip_token_ids=specials)
+    text = "".join(detokenizer.add(i) for i in ids) + detokenizer.flush()
+    assert text == tok.decode([i for i in ids if i not in specials])

@@ -10,7 +10,7 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine.sampler import SamplingRow, sample
 from glimmer.engine.stop_strings import StopStringMatcher
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,8 @@ def llm(tiny_checkpoint):
 @pytest.mark.parametrize(
     ("field", "value"),
     [("temperature", -1), ("temperature", float("nan")), ("top_p", 0), ("top_p", 1.5), ("top_k", -2),
-     ("min_p", 2), ("max_tokens", 0), ("max_tokens", 2.5), ("logprobs", 21), ("presence_penalty", 3),
+     ("min_p", 2), ("max_tokens", -1), ("max_tokens", 2.5), ("prompt_logprobs", 21), ("logprobs", 21),
+     ("presence_penalty", 3),
      ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("n", 0), ("seed", "x"), ("stop", [""]),
      ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7)],
 )
@@ -178,3 +179,36 @@ def test_top_k_candidates_filter_exactly_as_a_full_sort(monkeypatch):
     fast = sampler._filter(logits, rows)
     monkeypatch.setattr(sampler, "MAX_TOPK_CANDIDATES", 0)
     assert torch.equal(fast, sampler._filter(logits, rows))
+def test_skip_special_tokens_leaves_them_out_of_the_text_only(llm):
+    tokenizer = llm.get_tokenizer()
+    specials = set(tokenizer.all_special_ids)
+    params = dict(temperature=1.0, seed=3, max_tokens=30, ignore_eos=True)
+    kept = llm.generate(["Hello"], SamplingParams(**params))[0]
+    assert specials & set(kept.token_ids)  # the random model emits some
+    skipped = llm.generate(["Hello"], SamplingParams(**params, skip_special_tokens=True))[0]
+    assert skipped.token_ids == kept.token_ids
+    assert kept.text == tokenizer.decode(kept.token_ids)
+    assert skipped.text == tokenizer.decode([t for t in kept.token_ids if t not in specials])
+
+
+def _with_generation_config(checkpoint, tmp_path, **fields):
+    import json
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(checkpoint, copy)
+    config = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps({**config, **fields}))
+    return copy
+
+
+def test_llm_defaults_come_from_generation_config_unless_vllm_style_is_asked(tiny_checkpoint, tmp_path):
+    model = _with_generation_config(tiny_checkpoint, tmp_path, temperature=0.0, top_k=7, top_p=0.5)
+    auto = LLM(str(model), progress=False)
+    assert (auto.get_default_sampling_params().temperature, auto.get_default_sampling_params().top_k) == (0.0, 7)
+    greedy = auto.generate(["Hi"], SamplingParams(temperature=0, top_k=7, top_p=0.5))[0].token_ids
+    assert auto.generate(["Hi"])[0].token_ids == greedy
+    plain = LLM(str(model), progress=False, generation_config="vllm").get_default_sampling_params()
+    assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
+    with pytest.raises(ConfigError, match="generation_config"):
+        LLM(str(model), progress=False, generation_config="hf")

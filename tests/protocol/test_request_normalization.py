@@ -102,18 +102,36 @@ def test_normalization_copies_and_never_modifies_the_request():
 
 def test_unrendered_roles_pass_unchanged_with_a_warning_naming_them(caplog):
     """P-TMPL-7: dropped roles are passed unchanged (they render nothing), with a warning."""
-    messages = [{"role": "developer", "content": "secret"}, {"role": "user", "content": "hi"}]
+    messages = [{"role": "critic", "content": "secret"}, {"role": "user", "content": "hi"}]
     with caplog.at_level(logging.WARNING, logger="glimmer.protocol.request_normalization"):
         normalized = normalize_messages(messages)
     assert normalized == messages
-    assert "'developer'" in caplog.text
+    assert "'critic'" in caplog.text
 
 
-def test_developer_maps_to_system_when_the_server_option_is_on():
-    """P-TMPL-7: a server option MAY map developer to system; off by default."""
-    normalized = normalize_messages([{"role": "developer", "content": "Be terse."}], developer_as_system=True)
-    assert normalized[0]["role"] == "system"
-    assert normalize_messages([{"role": "developer", "content": "x"}])[0]["role"] == "developer"
+def test_a_developer_message_becomes_the_system_message():
+    normalized = normalize_messages([{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "x"}])
+    assert normalized == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "x"}]
+    kept = normalize_messages([{"role": "developer", "content": "x"}], developer_as_system=False)
+    assert kept[0]["role"] == "developer"
+
+
+def test_developer_text_joins_the_first_system_message_in_message_order():
+    normalized = normalize_messages([
+        {"role": "system", "content": "Rules."}, {"role": "user", "content": "q"},
+        {"role": "developer", "content": [{"type": "text", "text": "Be terse."}]},
+        {"role": "system", "content": "Second."}])
+    assert normalized == [{"role": "system", "content": "Rules.\n\nBe terse."}, {"role": "user", "content": "q"},
+                          {"role": "system", "content": "Second."}]
+
+
+@pytest.mark.parametrize("part", [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+                                  {"type": "file", "file": {"file_id": "f"}}, {"type": "hologram"}, "text"])
+def test_content_parts_the_model_cannot_take_are_refused_naming_the_part(part):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}]
+    with pytest.raises(RequestError, match=r"messages\[0\]\.content\[1\]") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[0].content[1]"
 
 
 @pytest.mark.parametrize("bad", ["text", None, [1], [{"content": "no role"}], [{"role": 3}]])

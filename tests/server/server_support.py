@@ -20,6 +20,7 @@ import torch
 
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.model_runner import StepLogits
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.protocol.tokens import EOT
 from glimmer.server.app import create_app
@@ -122,7 +123,7 @@ class ScriptedRunner:
             self._by_sequence[ident] = found[0] if found else []
         return self._by_sequence[ident]
 
-    def execute(self, step: ScheduledStep) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, step: ScheduledStep) -> StepLogits:
         sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
         logits = torch.zeros(len(sampling), self.vocab_size)
         for row, i in enumerate(sampling):
@@ -138,4 +139,4 @@ class ScriptedRunner:
                 preference -= 10.0
             if not preferred:
                 logits[row, self.eot_id] = 100.0
-        return logits, sampling
+        return StepLogits(logits, sampling, {})

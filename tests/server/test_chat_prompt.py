@@ -70,8 +70,23 @@ def test_reasoning_strength_precedence_and_server_default(engine):
     assert "Reasoning strength: high." in prompt_text(engine, ctx, reasoning_strength="HIGH", reasoning_effort="low")
 
 
-def test_developer_messages_render_only_when_mapped_to_system(engine):
-    fields = {"messages": [{"role": "developer", "content": "Be brief, DEVNOTE."},
-                           {"role": "user", "content": "hi"}], "chat_template_kwargs": DATE}
-    assert "DEVNOTE" not in prompt_text(engine, context(engine), **fields)  # P-TMPL-7
-    assert "DEVNOTE" in prompt_text(engine, context(engine, developer_as_system=True), **fields)
+def test_a_developer_message_changes_the_prompt_exactly_as_a_system_message_would(engine):
+    ctx = context(engine)
+    user = {"role": "user", "content": "hi"}
+
+    def rendered(*messages):
+        return prompt_text(engine, ctx, messages=[*messages, user], chat_template_kwargs=DATE)
+
+    developer, system = {"role": "developer", "content": "Be brief."}, {"role": "system", "content": "Be brief."}
+    assert rendered(developer) == rendered(system)
+    assert rendered({"role": "system", "content": "Rules."}, {"role": "developer", "content": "Be brief."}) == (
+        rendered({"role": "system", "content": "Rules.\n\nBe brief."}))
+    assert rendered({"role": "developer", "content": "Be brief."}) != rendered()
+
+
+def test_a_role_the_model_does_not_take_is_refused(engine):
+    with pytest.raises(RequestError, match="critic") as caught:
+        prompt_text(engine, context(engine), messages=[{"role": "critic", "content": "x"}])
+    assert caught.value.param == "messages[0].role"
+
+
