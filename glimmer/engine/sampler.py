@@ -37,6 +37,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: dict[int, float]
+    rank: int | None = None  # 1 for the most likely token; computed for scored prompt tokens
 
 
 @dataclass
@@ -172,9 +173,11 @@ def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) ->
     `token_ids[i]`, with its `k` most likely alternatives."""
     raw = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor(token_ids, dtype=torch.int64, device=raw.device)
-    chosen = raw.gather(1, targets[:, None]).squeeze(1).tolist()
+    chosen = raw.gather(1, targets[:, None])
+    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
     tops: list[dict[int, float]] = [{} for _ in token_ids]
     if k > 0:
         values, ids = raw.topk(k, dim=-1)
         tops = [dict(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
-    return [TokenLogprobs(token_id=t, logprob=lp, top=top) for t, lp, top in zip(token_ids, chosen, tops, strict=True)]
+    return [TokenLogprobs(token_id=t, logprob=lp, top=top, rank=rank)
+            for t, lp, top, rank in zip(token_ids, chosen.squeeze(1).tolist(), tops, ranks, strict=True)]

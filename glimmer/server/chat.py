@@ -28,7 +28,7 @@ from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
 from glimmer.server.choice_stream import ChoiceStream
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import ToolChoiceUnsatisfiedError, describe_error
-from glimmer.server.logprobs import chat_logprobs
+from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import chat_sampling_params, stop_strings
 from glimmer.server.schemas import ChatCompletionRequest, parse_body
@@ -38,7 +38,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class _ChatRun:
+class ChatRun:
+    """One chat request on its way through the engine: what the chat and Responses endpoints share."""
+
     context: ServingContext
     request: ChatCompletionRequest
     prompt: ChatPrompt
@@ -47,6 +49,7 @@ class _ChatRun:
     timer: RequestTimer
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     def check_tool_choice(self, choice: ChoiceStream) -> None:
         """P-REQ-4. The turn grammar makes every call valid; a choice cut short by max_tokens is a `length`."""
@@ -72,11 +75,19 @@ class _ChatRun:
             "completion_tokens_details": {"reasoning_tokens": sum(c.reasoning_tokens for c in self.choices)},
         }
 
+    def vllm_prompt_logprobs(self) -> dict[str, Any]:
+        """`{"prompt_logprobs": [...]}` in vLLM's shape when the request asked for them, else {}."""
+        k = self.request.prompt_logprobs
+        if k is None or self.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.prompt_logprobs, self.context.tokenizer, k)}
+
     def chunk(self, index: int, delta: dict[str, Any], *, logprobs: dict[str, Any] | None = None,
-              finish_reason: str | None = None) -> str:
+              finish_reason: str | None = None, extra: dict[str, Any] | None = None) -> str:
         chunk: dict[str, Any] = {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_name,
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+            **(extra or {}),
         }
         if self.include_usage:
             chunk["usage"] = None
@@ -91,13 +102,25 @@ class _ChatRun:
 async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(ChatCompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    run, first, stream = await start_chat_run(raw_request, context, request, arrival)
+    if request.stream:
+        return SSEResponse(_stream(run, first, stream))
+    return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
+
+
+async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
+                         arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
+    """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
+    overloaded or stopped engine, or a client that left (the request is then aborted)."""
     model_name = context.check_model(request.model)
     params = chat_sampling_params(request, context)
     prompt = await run_in_threadpool(build_chat_prompt, request, context)
     stop = stop_strings(request)
-    choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False)
+    hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
+    choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
+                            include_stop=request.include_stop_str_in_output, hidden_tokens=hidden)
                for i in range(params.n)]
-    run = _ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
+    run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
     stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory)
     try:
@@ -105,13 +128,13 @@ async def create_chat_completion(raw_request: Request, context: ServingContext) 
     except BaseException:
         await stream.aclose()
         raise
-    if request.stream:
-        return SSEResponse(_stream(run, first, stream))
-    return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
+    if first.prompt_logprobs is not None and request.prompt_logprobs is not None:
+        run.prompt_logprobs = first.prompt_logprobs
+    return run, first, stream
 
 
-async def _updates(run: _ChatRun, first: StepDelta,
-                   stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Event], StepDelta]]:
+async def chat_updates(run: ChatRun, first: StepDelta,
+                       stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Event], StepDelta]]:
     """Each engine delta as (its choice, the events it released, the delta), until every choice is done."""
     delta: StepDelta | None = first
     while delta is not None:
@@ -130,10 +153,10 @@ async def _updates(run: _ChatRun, first: StepDelta,
     run.timer.done()
 
 
-async def _collect(run: _ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
+async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     events: dict[int, list[Event]] = {choice.index: [] for choice in run.choices}
     async with contextlib.aclosing(stream):
-        async for choice, released, _ in _updates(run, first, stream):
+        async for choice, released, _ in chat_updates(run, first, stream):
             events[choice.index].extend(released)
     include_reasoning = run.request.include_reasoning
     response_choices = []
@@ -146,17 +169,19 @@ async def _collect(run: _ChatRun, first: StepDelta, stream: AsyncIterator[StepDe
             "logprobs": run.logprobs(choice.logprobs),
             "finish_reason": choice.finish_reason,
         })
-    return {"id": run.id, "object": "chat.completion", "created": run.created, "model": run.model_name,
-            "choices": response_choices, "usage": run.usage()}
+    response = {"id": run.id, "object": "chat.completion", "created": run.created, "model": run.model_name,
+                "choices": response_choices, "usage": run.usage()}
+    return {**response, **run.vllm_prompt_logprobs()}
 
 
-async def _stream(run: _ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
+async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
     include_reasoning = run.request.include_reasoning
     async with contextlib.aclosing(stream):
         try:
             for choice in run.choices:
-                yield run.chunk(choice.index, {"role": "assistant"})
-            async for choice, released, delta in _updates(run, first, stream):
+                yield run.chunk(choice.index, {"role": "assistant"},
+                                extra=run.vllm_prompt_logprobs() if choice.index == 0 else None)
+            async for choice, released, delta in chat_updates(run, first, stream):
                 objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
                 logprobs = run.logprobs(delta.logprobs)
                 if logprobs is not None and not objects:

@@ -9,6 +9,9 @@ request asked for, the same way whether the response streams or not (P-API-4):
 - `parallel_tool_calls: false` keeps the first call only and ends the choice once it is finished.
 - A header naming another role (`user`, `tool`, `system`) ends the choice: the model is inventing the next
   turn (P-HDR-8).
+- Special tokens other than the framing markers (`<|image_end|>`, say) are left out of the parser's input,
+  so reasoning and content never show them, unless the request sets `skip_special_tokens: false`. The
+  engine still detokenizes with every special token kept (P-REQ-1): the framing must reach the parser.
 
 A choice that ends for one of these reasons is `done` while the engine may still be generating it; the
 handler aborts the request once every choice is done.
@@ -28,14 +31,15 @@ from glimmer.protocol.deltas import Event
 
 class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
-                 single_call: bool):
+                 single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None):
         self.index = index
+        self._hidden_tokens = hidden_tokens or {}
         self.parser = OutputParser(tools)
         self.finish_reason: str | None = None
         self.num_tokens = 0
         self.num_cached_tokens = 0
         self.logprobs: list[TokenLogprobs] = []
-        self._stops = StopStringMatcher(stop) if stop else None
+        self._stops = StopStringMatcher(stop, include_stop) if stop else None
         self._stop_matched = False
         self._single_call = single_call
         self._has_calls = False
@@ -58,7 +62,7 @@ class ChoiceStream:
     def feed(self, delta: StepDelta) -> list[Event]:
         """The events one engine delta releases; the last ones of the choice if it ends here."""
         self._count_tokens(delta)
-        events = self._route(self.parser.feed(delta.text).events)
+        events = self._route(self.parser.feed(self._visible_text(delta)).events)
         if self._stop_matched:
             return events + self._end("stop", flush_parser=False)
         parser = self.parser
@@ -69,6 +73,21 @@ class ChoiceStream:
         if delta.finish_reason is not None:
             return events + self._end(delta.finish_reason)
         return events
+
+    def _visible_text(self, delta: StepDelta) -> str:
+        """The delta's text without the special tokens the answer must not show (all but the framing the parser
+        reads), removed by token identity: model text that merely spells one stays."""
+        text = delta.text
+        if not self._hidden_tokens:
+            return text
+        cursor = 0
+        for token_id in delta.token_ids:
+            spelling = self._hidden_tokens.get(token_id)
+            if spelling is not None:
+                at = text.find(spelling, cursor)
+                if at >= 0:
+                    text, cursor = text[:at] + text[at + len(spelling):], at
+        return text
 
     def _count_tokens(self, delta: StepDelta) -> None:
         # A delta's text belongs to its last token; tokens whose text is still held get an empty span there.

@@ -3,6 +3,11 @@
 A prompt is a string (bos added unless it starts with one), token ids, or a list of either (a batch; choice
 `i * n + j` is completion j of prompt i). `stop` strings go to the engine and match the raw text; so does a
 structured-output constraint (`response_format`, `structured_outputs`, `guided_*`).
+
+Scoring: `echo` puts the prompt, as the model read it (with the bos Glimmer added to a text prompt), before
+each choice's text; with `logprobs` its tokens come first in `logprobs`, the first with null logprobs since
+nothing predicts it. `max_tokens: 0` scores the prompt without generating. vLLM's `prompt_logprobs: k`
+adds each choice's `prompt_logprobs` in vLLM's shape.
 """
 
 from __future__ import annotations
@@ -20,19 +25,30 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from glimmer.engine.grammar import ControllerFactory
+from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.errors import RequestError
 from glimmer.server.body import read_body
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
-from glimmer.server.logprobs import completion_logprobs
+from glimmer.server.logprobs import completion_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import completion_sampling_params
 from glimmer.server.schemas import CompletionRequest, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, sse_event, until_disconnect
 from glimmer.server.structured_outputs import requested_structured_outputs
+
+
+@dataclass
+class _Piece:
+    """Text with the tokens it came from: their ids, logprob entries and where each token's text starts."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -43,6 +59,9 @@ class _Choice:
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     text_offsets: list[int] = field(default_factory=list)  # where each token's text starts in `text`
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    started: bool = False  # streaming: the first chunk (which carries the echo) was sent
+    echo_chars: int = 0  # streaming: length of the echoed prompt that comes before `text`
 
     def add(self, delta: StepDelta) -> None:
         self.text_offsets.extend(len(self.text) for _ in delta.logprobs)
@@ -51,6 +70,8 @@ class _Choice:
         self.num_tokens += len(delta.token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
         self.finish_reason = delta.finish_reason
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
 
 
 @dataclass
@@ -58,7 +79,8 @@ class _CompletionRun:
     context: ServingContext
     request: CompletionRequest
     model_name: str
-    prompt_tokens: int
+    prompts: list[list[int]]
+    n: int
     choices: list[_Choice]
     timer: RequestTimer
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
@@ -68,19 +90,42 @@ class _CompletionRun:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_name,
                 "choices": choices}
 
-    def choice(self, index: int, text: str, finish_reason: str | None, entries: list[TokenLogprobs],
-               offsets: list[int]) -> dict[str, Any]:
+    def echo(self, index: int, prompt_logprobs: list[TokenLogprobs | None] | None) -> _Piece:
+        """The echoed prompt of choice `index` (empty without `echo`), with its tokens' logprobs."""
+        if not self.request.echo:
+            return _Piece()
+        ids = self.prompts[index // self.n]
+        skipped = frozenset(self.context.tokenizer.all_special_ids) if self.request.skip_special_tokens else frozenset()
+        detokenizer = IncrementalDetokenizer(self.context.tokenizer, skip_token_ids=skipped)
+        piece = _Piece(token_ids=ids, logprobs=list(prompt_logprobs or [None] * len(ids)))
+        for token_id in ids:
+            piece.text_offsets.append(len(piece.text))
+            piece.text += detokenizer.add(token_id)
+        piece.text += detokenizer.flush()
+        return piece
+
+    def choice(self, index: int, echo: _Piece, text: str, finish_reason: str | None, entries: list[TokenLogprobs],
+               offsets: list[int], prompt_logprobs: list[TokenLogprobs | None] | None) -> dict[str, Any]:
+        request = self.request
         logprobs = None
-        if self.request.logprobs is not None:
-            logprobs = completion_logprobs(entries, offsets, self.context.tokenizer)
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if request.logprobs is not None:
+            token_ids = echo.token_ids + [entry.token_id for entry in entries]
+            shifted = echo.text_offsets + [len(echo.text) + offset for offset in offsets]
+            logprobs = completion_logprobs(token_ids, echo.logprobs + list(entries), shifted,
+                                           self.context.tokenizer, request.logprobs)
+        choice = {"index": index, "text": echo.text + text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if request.prompt_logprobs is not None and prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt_logprobs, self.context.tokenizer,
+                                                             request.prompt_logprobs)
+        return choice
 
     def usage(self) -> dict[str, Any]:
         completion = sum(choice.num_tokens for choice in self.choices)
-        n = self.request.n  # choices i*n .. i*n+n-1 complete prompt i
+        prompt_tokens = sum(map(len, self.prompts))
+        n = self.n  # choices i*n .. i*n+n-1 complete prompt i
         cached = sum(max(c.num_cached_tokens for c in self.choices[i : i + n]) for i in range(0, len(self.choices), n))
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext) -> list[list[int]]:
@@ -111,7 +156,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     params = completion_sampling_params(request, context)
     prompts = await run_in_threadpool(_prompts, request.prompt, context)
     factory = await run_in_threadpool(_controller_factory, request, context)
-    run = _CompletionRun(context, request, model_name, sum(map(len, prompts)),
+    run = _CompletionRun(context, request, model_name, prompts, params.n,
                          [_Choice() for _ in range(len(prompts) * params.n)], RequestTimer(context.metrics, arrival))
     streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory)
                for i, ids in enumerate(prompts)]
@@ -137,7 +182,9 @@ async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDe
             run.timer.token(index)
             run.choices[index].add(delta)
     run.timer.done()
-    choices = [run.choice(i, c.text, c.finish_reason, c.logprobs, c.text_offsets) for i, c in enumerate(run.choices)]
+    choices = [run.choice(i, run.echo(i, c.prompt_logprobs), c.text, c.finish_reason, c.logprobs, c.text_offsets,
+                          c.prompt_logprobs)
+               for i, c in enumerate(run.choices)]
     return {**run.envelope(choices), "usage": run.usage()}
 
 
@@ -150,8 +197,16 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
                 run.timer.token(index)
                 choice = run.choices[index]
                 choice.add(delta)
-                offsets = choice.text_offsets[len(choice.text_offsets) - len(delta.logprobs):]
-                chunk = run.envelope([run.choice(index, delta.text, delta.finish_reason, delta.logprobs, offsets)])
+                echo = _Piece()
+                if not choice.started:
+                    echo = run.echo(index, delta.prompt_logprobs)
+                    choice.started, choice.echo_chars = True, len(echo.text)
+                # offsets count from the start of the choice's whole text, the echo included
+                shift = choice.echo_chars - len(echo.text)
+                offsets = [shift + offset
+                           for offset in choice.text_offsets[len(choice.text_offsets) - len(delta.logprobs):]]
+                chunk = run.envelope([run.choice(index, echo, delta.text, delta.finish_reason, delta.logprobs,
+                                                 offsets, delta.prompt_logprobs)])
                 yield sse_event({**chunk, "usage": None} if include_usage else chunk)
             run.timer.done()
             if include_usage:

@@ -10,6 +10,7 @@ from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError
 from glimmer.protocol import GENERATION_PROMPT, ChatTemplate
+from glimmer.protocol.tokens import FRAMING_MARKERS
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.settings import ServerSettings
@@ -26,6 +27,8 @@ class ServingContext:
     metrics: ServerMetrics
     grammars: GrammarCompiler
     created: int = field(default_factory=lambda: int(time.time()))
+    hidden_special_tokens: dict[int, str] = field(default_factory=dict)
+    """Special tokens chat answers do not show (every one but the framing markers): id → spelling."""
 
     @classmethod
     def create(cls, engine: AsyncEngine, settings: ServerSettings) -> ServingContext:
@@ -34,8 +37,11 @@ class ServingContext:
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
         _check_template(template, tokenizer)
+        hidden = {i: tokenizer.decode([i]) for i in tokenizer.all_special_ids}
+        hidden = {i: text for i, text in hidden.items() if text not in FRAMING_MARKERS}
         # index the vocabulary for the grammar engine at startup, not on the first structured request
-        return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars)
+        return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars,
+                   hidden_special_tokens=hidden)
 
     @property
     def model_has_vision(self) -> bool:

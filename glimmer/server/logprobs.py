@@ -33,12 +33,38 @@ def chat_logprobs(entries: list[TokenLogprobs], tokenizer: Tokenizer) -> dict[st
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(entries: list[TokenLogprobs], text_offsets: list[int], tokenizer: Tokenizer) -> dict[str, Any]:
-    """`text_offsets`: where each token's text starts in the choice's text."""
+def completion_logprobs(token_ids: list[int], entries: list[TokenLogprobs | None], text_offsets: list[int],
+                        tokenizer: Tokenizer, k: int) -> dict[str, Any]:
+    """Legacy completions logprobs: one position per token; `text_offsets` tell where each token's text starts
+    in the choice's text. An entry is None where nothing predicted the token (an echoed prompt's first token):
+    its logprob and top logprobs are null. At most `k` alternatives per position."""
     tokens, token_logprobs, top_logprobs = [], [], []
-    for entry in entries:
-        tokens.append(_token(tokenizer, entry.token_id)[0])
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        tokens.append(_token(tokenizer, token_id)[0])
+        if entry is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
         token_logprobs.append(_finite(entry.logprob))
-        top_logprobs.append({_token(tokenizer, t)[0]: _finite(lp) for t, lp in entry.top.items()})
+        top_logprobs.append({_token(tokenizer, t)[0]: _finite(lp) for t, lp in list(entry.top.items())[:k]})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offsets}
+
+
+def vllm_prompt_logprobs(entries: list[TokenLogprobs | None], tokenizer: Tokenizer, k: int) -> list[Any]:
+    """vLLM's `prompt_logprobs`: per prompt token, null for the first, else `{token_id: {logprob, rank,
+    decoded_token}}` holding the prompt token and its `k` most likely alternatives."""
+    out: list[Any] = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        position = {str(entry.token_id): _vllm_entry(tokenizer, entry.token_id, entry.logprob, entry.rank)}
+        for rank, (token_id, logprob) in enumerate(list(entry.top.items())[:k], start=1):
+            position.setdefault(str(token_id), _vllm_entry(tokenizer, token_id, logprob, rank))
+        out.append(position)
+    return out
+
+
+def _vllm_entry(tokenizer: Tokenizer, token_id: int, logprob: float, rank: int | None) -> dict[str, Any]:
+    return {"logprob": _finite(logprob), "rank": rank, "decoded_token": _token(tokenizer, token_id)[0]}

@@ -33,6 +33,9 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
         if max_tokens is not None and max_tokens != request.max_tokens:
             raise RequestError("max_tokens and max_completion_tokens disagree; give one of them", param="max_tokens")
         max_tokens = request.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError("max_tokens: must be at least 1 in a chat request (to score a prompt without generating, "
+                           "use /v1/completions with echo and max_tokens 0)", param="max_tokens")
     logprobs = None
     if request.top_logprobs is not None:
         if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
@@ -42,16 +45,23 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
     if request.logprobs:
         logprobs = request.top_logprobs or 0
     stop_strings(request)  # validated here, matched by the server against the answer
-    return _params(request, context, max_tokens=max_tokens, logprobs=logprobs, stop=[])
+    # P-REQ-1: the engine keeps special tokens, the framing the parser needs; the chat choice drops the others
+    return _params(request, context, max_tokens=max_tokens, logprobs=logprobs, stop=[],
+                   prompt_logprobs=request.prompt_logprobs, skip_special_tokens=False)
 
 
 def completion_sampling_params(request: CompletionRequest, context: ServingContext) -> SamplingParams:
+    prompt_logprobs = request.prompt_logprobs
+    if request.echo and request.logprobs is not None:  # the echoed prompt carries its logprobs too
+        prompt_logprobs = max(prompt_logprobs or 0, request.logprobs)
     return _params(request, context, max_tokens=request.max_tokens, logprobs=request.logprobs,
-                   stop=stop_strings(request))
+                   stop=stop_strings(request), prompt_logprobs=prompt_logprobs,
+                   skip_special_tokens=bool(request.skip_special_tokens))
 
 
 def _params(request: ChatCompletionRequest | CompletionRequest, context: ServingContext, *,
-            max_tokens: int | None, logprobs: int | None, stop: list[str]) -> SamplingParams:
+            max_tokens: int | None, logprobs: int | None, stop: list[str], prompt_logprobs: int | None,
+            skip_special_tokens: bool) -> SamplingParams:
     if not 1 <= request.n <= context.settings.max_n:
         raise RequestError(f"n: must be between 1 and {context.settings.max_n}", param="n")
     if request.seed is not None and not -(2**63) <= request.seed < 2**63 - request.n:
@@ -68,6 +78,10 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,
         stop=stop,
+        stop_token_ids=request.stop_token_ids or [],
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=skip_special_tokens,
+        prompt_logprobs=prompt_logprobs,
         ignore_eos=request.ignore_eos,
         seed=request.seed,
         logprobs=logprobs,

@@ -4,12 +4,14 @@ Unknown fields are refused (400 naming them) rather than ignored: a field Glimme
 the output, and silently ignoring it (structured outputs, say) gives a client a wrong answer that looks
 right. Three groups of known fields:
 
-- honored: everything that maps to rendering, sampling or the response shape;
+- honored: everything that maps to rendering, sampling or the response shape, vLLM's sampling extras
+  included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
+  `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`);
 - accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
-  `safety_identifier`, `prompt_cache_key`; and `skip_special_tokens` / `spaces_between_special_tokens`, which
-  the server always overrides to false (P-REQ-1);
+  `safety_identifier`, `prompt_cache_key`; and `spaces_between_special_tokens`, which the server always
+  overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): non-empty `logit_bias`,
-  the legacy `functions` / `function_call`, audio, predicted outputs, `echo`, `suffix`, `best_of`.
+  the legacy `functions` / `function_call`, audio, predicted outputs, `suffix`, `best_of`.
 
 Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are checked in `structured_outputs.py`.
 """
@@ -74,6 +76,10 @@ class _SamplingFields(_Body):
     stop: str | list[str] | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool | None = None  # chat: default true (framing aside, see choice_stream); completions: false
+    prompt_logprobs: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -91,7 +97,6 @@ class _SamplingFields(_Body):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    skip_special_tokens: bool | None = None  # P-REQ-1: always false
     spaces_between_special_tokens: bool | None = None  # P-REQ-1: always false
 
 
@@ -125,8 +130,8 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
-    # refused unless default (see REFUSED_UNLESS_DEFAULT)
     echo: bool = False
+    # refused unless default (see REFUSED_UNLESS_DEFAULT)
     suffix: str | None = None
     best_of: int | None = None
 
@@ -138,7 +143,6 @@ REFUSED_UNLESS_DEFAULT: dict[str, str] = {
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "verbosity": "`verbosity` is not supported; ask for brevity in the messages instead",
-    "echo": "`echo` is not supported",
     "suffix": "`suffix` (insertion) is not supported",
 }
 

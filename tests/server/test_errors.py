@@ -95,6 +95,12 @@ def test_malformed_json_is_400(server):
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "[1]"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]}]},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {}}]}]},
+     "messages[0].content[1]"),
+    ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
+    ({"use_beam_search": True}, "use_beam_search"),
 ])
 def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param):
     error = error_of(post(server, chat(**fields)), 400)

@@ -34,7 +34,10 @@ STOP_IN_BOTH = (" to=self<|message|>Never say HALT too early.<|eom|>"
 UNKNOWN_TOOL_CALL = (' to=send_mail<|message|><atem:function_calls>\n<atem:invoke name="send_mail">\n'
                      '<atem:parameter name="to">ann@example.org</atem:parameter>\n</atem:invoke>\n'
                      '</atem:function_calls><|eot|>')
+WITH_MEDIA_MARKERS = (" to=self<|message|>Look<|image_end|>ing.<|eom|>"
+                      "<|start|>assistant to=user<|message|>Hi<|image_end|> there<|patch|>!<|eot|>")
 SCRIPTS = {
+    "[specials]": [WITH_MEDIA_MARKERS],
     "[reason-answer]": [REASON_THEN_ANSWER],
     "[reason-call]": [REASON_THEN_CALL],
     "[answer-or-call]": [ANSWER_DIRECTLY, REASON_THEN_CALL],
@@ -245,6 +248,21 @@ def test_stop_strings_match_the_answer_only(client):
     assert result["reasoning"] == "Never say HALT too early."
     assert result["content"] == "one two "
     assert result["finish_reason"] == "stop"
+
+
+def test_stop_strings_can_stay_in_the_answer(client):
+    result = _both(client, **_request("[stop-both]", stop=["HALT"],
+                                      extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                  "include_stop_str_in_output": True}))
+    assert (result["content"], result["finish_reason"]) == ("one two HALT", "stop")
+
+
+def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
+    result = _both(client, **_request("[specials]"))
+    assert (result["reasoning"], result["content"]) == ("Looking.", "Hi there!")
+    kept = _both(client, **_request("[specials]", extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                              "skip_special_tokens": False}))
+    assert (kept["reasoning"], kept["content"]) == ("Look<|image_end|>ing.", "Hi<|image_end|> there<|patch|>!")
 
 
 def test_truncation_mid_call_reports_length_and_keeps_valid_json(client, server):
