@@ -23,12 +23,13 @@ from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
 from glimmer.server.metrics import ServerMetrics
+from glimmer.server.responses import create_response, get_response
 from glimmer.server.settings import ServerSettings
 from glimmer.server.streaming import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
-_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
 _CLIENT_CLOSED_REQUEST = 499
 
 
@@ -80,6 +81,14 @@ def _v1_router(context: ServingContext) -> APIRouter:
     @router.post("/completions")
     async def completions(request: Request) -> Response:
         return await create_completion(request, context)
+
+    @router.post("/responses")
+    async def responses(request: Request) -> Response:
+        return await create_response(request, context)
+
+    @router.get("/responses/{response_id}")
+    async def stored_response(response_id: str) -> Response:
+        return get_response(response_id, context)
 
     @router.get("/models")
     async def models() -> Response:
@@ -133,5 +142,7 @@ class _RequestAccounting:
 def _endpoint(path: str) -> str:
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
+    if path.startswith("/v1/responses/"):
+        return "/v1/responses/{id}"
     return path if path in _ENDPOINTS else "other"
 

@@ -13,6 +13,7 @@ from glimmer.protocol import GENERATION_PROMPT, ChatTemplate
 from glimmer.protocol.tokens import FRAMING_MARKERS
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
+from glimmer.server.response_store import ResponseStore
 from glimmer.server.settings import ServerSettings
 
 _PROBE_KWARGS = {"current_date": "2026-01-01"}
@@ -29,6 +30,7 @@ class ServingContext:
     created: int = field(default_factory=lambda: int(time.time()))
     hidden_special_tokens: dict[int, str] = field(default_factory=dict)
     """Special tokens chat answers do not show (every one but the framing markers): id → spelling."""
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
 
     @classmethod
     def create(cls, engine: AsyncEngine, settings: ServerSettings) -> ServingContext:
@@ -41,7 +43,8 @@ class ServingContext:
         hidden = {i: text for i, text in hidden.items() if text not in FRAMING_MARKERS}
         # index the vocabulary for the grammar engine at startup, not on the first structured request
         return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars,
-                   hidden_special_tokens=hidden)
+                   hidden_special_tokens=hidden,
+                   responses=ResponseStore(settings.responses_store_bytes, settings.responses_store_age_s))
 
     @property
     def model_has_vision(self) -> bool:

@@ -148,13 +148,18 @@ REFUSED_UNLESS_DEFAULT: dict[str, str] = {
 
 
 def parse_body(model: type[_Body], body: bytes) -> Any:
-    """Validate a JSON body; raises RequestError naming the first field at fault (HTTP 400)."""
-    try:
-        request = model.model_validate_json(body)
-    except ValidationError as error:
-        raise _request_error(error) from None
+    """Validate a chat or completion body; raises RequestError naming the first field at fault (HTTP 400)."""
+    request = validate_json(model, body)
     _refuse_unsupported(request)
     return request
+
+
+def validate_json(model: type[BaseModel], body: bytes) -> Any:
+    """The body as `model`; raises RequestError naming the first field at fault (HTTP 400)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        raise _request_error(error) from None
 
 
 _UNION_FIELD_HINTS = {

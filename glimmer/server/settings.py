@@ -16,6 +16,9 @@ DEFAULT_MAX_N = 16
 """The most completions one chat or completion request may ask for (`n`)."""
 MAX_BATCH_PROMPTS = 64
 """The most prompts one /v1/completions request may carry."""
+DEFAULT_RESPONSES_STORE_BYTES = 64 << 20
+"""Stored responses (for previous_response_id) beyond this size, as JSON, evict the oldest."""
+DEFAULT_RESPONSES_STORE_AGE_S = 3600.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 
@@ -30,6 +33,8 @@ class ServerSettings:
     max_images_per_request / max_videos_per_request: more items in one request are refused with 400.
     require_cache_salt: refuse (400) chat and completion requests without a `cache_salt`, so no request
         shares cached prompt blocks with another unless they name the same salt.
+    responses_store_bytes / responses_store_age_s: how much of the stored /v1/responses (for
+        previous_response_id) is kept in memory, and for how long.
     """
 
     served_model_names: tuple[str, ...]
@@ -41,6 +46,8 @@ class ServerSettings:
     max_images_per_request: int = 16
     max_videos_per_request: int = 2
     require_cache_salt: bool = False
+    responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES
+    responses_store_age_s: float = DEFAULT_RESPONSES_STORE_AGE_S
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):

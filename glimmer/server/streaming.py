@@ -23,8 +23,10 @@ T = TypeVar("T")
 DONE_EVENT = "data: [DONE]\n\n"
 
 
-def sse_event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def sse_event(payload: dict[str, Any], event: str | None = None) -> str:
+    """One server-sent event; `event` names it (the Responses API does, chat chunks do not)."""
+    data = f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"event: {event}\n{data}" if event else data
 
 
 class ClientDisconnected(Exception):

@@ -1,0 +1,60 @@
+"""Stored responses, for `previous_response_id` and `GET /v1/responses/{id}`: in memory, bounded.
+
+A stored response keeps the conversation it ends (the input items, its own and those of the responses before
+it, followed by its output items) and its response object. The store holds at most `max_bytes` of them (sized
+as JSON) and forgets each after `max_age_s`; the oldest go first. A server restart forgets everything.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    items: list[dict[str, Any]]
+    response: dict[str, Any]
+    size_bytes: int
+    stored_at: float
+
+
+class ResponseStore:
+    def __init__(self, max_bytes: int, max_age_s: float, clock: Callable[[], float] = time.monotonic):
+        self.max_bytes = max_bytes
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._size_bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any]) -> None:
+        """Keep a response; one larger than the whole store is not kept."""
+        size = len(json.dumps(items, ensure_ascii=False)) + len(json.dumps(response, ensure_ascii=False))
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            self._entries[response_id] = StoredResponse(items, response, size, self._clock())
+            self._size_bytes += size
+            while self._size_bytes > self.max_bytes:
+                self._evict_oldest()
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response, or None if it was never stored, was evicted or is older than max_age_s."""
+        with self._lock:
+            now = self._clock()
+            while self._entries and now - next(iter(self._entries.values())).stored_at > self.max_age_s:
+                self._evict_oldest()
+            return self._entries.get(response_id)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _evict_oldest(self) -> None:
+        _, entry = self._entries.popitem(last=False)
+        self._size_bytes -= entry.size_bytes

@@ -1,0 +1,291 @@
+"""POST /v1/responses (and GET /v1/responses/{id}): the Responses API over the chat machinery.
+
+The request becomes a chat request (`responses_input`, `responses_schemas`): the same rendering, engine run,
+parser and tool-choice checks as /v1/chat/completions (`chat.start_chat_run`, `chat.chat_updates`). The
+parser's events, in wire order, drive one `OutputBuilder`: reasoning text opens a `reasoning` item (its text
+in `content` as `reasoning_text`), answer text a `message` item (`output_text`), each call a `function_call`
+item. Streaming sends the builder's events as they happen (response.created, response.in_progress,
+response.output_item.added, response.content_part.added, response.*_text.delta / .done,
+response.function_call_arguments.delta / .done, response.content_part.done, response.output_item.done,
+then response.completed, or response.incomplete when max_output_tokens ran out); the non-streamed response
+is the final snapshot of the same builder, so both agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from glimmer.engine.outputs import StepDelta
+from glimmer.errors import RequestError
+from glimmer.protocol.deltas import Event
+from glimmer.server.body import read_body
+from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
+from glimmer.server.context import ServingContext
+from glimmer.server.errors import APIError, describe_error
+from glimmer.server.response_store import ResponseStore
+from glimmer.server.responses_input import chat_messages, input_items
+from glimmer.server.responses_schemas import ResponsesRequest, chat_tools, check_supported
+from glimmer.server.schemas import ChatCompletionRequest, validate_json
+from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
+
+_PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "seed", "reasoning_strength", "chat_template_kwargs", "parallel_tool_calls",
+                   "skip_special_tokens")
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@dataclass
+class _Conversation:
+    """The request's items after those of the response it continues, and the chat request they make."""
+
+    items: list[dict[str, Any]]
+    chat: ChatCompletionRequest
+
+
+def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
+    """Raises RequestError for an unknown previous response or anything the model cannot take."""
+    check_supported(request)
+    items = input_items(request.input)
+    if request.previous_response_id is not None:
+        previous = store.get(request.previous_response_id)
+        if previous is None:
+            raise RequestError(f"previous_response_id: no stored response {request.previous_response_id!r} (never "
+                               "stored, expired, or evicted; responses are kept in memory)",
+                               param="previous_response_id")
+        items = previous.items + items
+    fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
+                              if getattr(request, name) is not None}
+    fields["messages"] = chat_messages(items, request.instructions)
+    if not fields["messages"]:
+        raise RequestError("input: holds no message", param="input")
+    if request.tools is not None:
+        fields["tools"] = chat_tools(request.tools)
+    choice = request.tool_choice
+    if choice is not None:
+        fields["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                         "function": {"name": choice.name}}
+    if request.max_output_tokens is not None:
+        fields["max_completion_tokens"] = request.max_output_tokens
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        fields["reasoning_effort"] = request.reasoning.effort
+    return _Conversation(items, ChatCompletionRequest.model_validate(fields, strict=False))
+
+
+@dataclass
+class OutputBuilder:
+    """Parser events → Responses output items, and the stream events that build them."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    _open: dict[str, Any] | None = None  # the item being written
+    _calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # parser call index → its item
+
+    def feed(self, events: list[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for kind, payload in events:
+            if kind == "tool_call":
+                out += self._call(payload)
+            else:
+                out += self._text(kind, payload)
+        return out
+
+    def finish(self) -> list[dict[str, Any]]:
+        return self._close()
+
+    def _index(self, item: dict[str, Any]) -> int:
+        return self.items.index(item)
+
+    def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        wanted = "reasoning" if kind == "reasoning" else "message"
+        if self._open is None or self._open["type"] != wanted:
+            out += self._close()
+            out += self._start_text_item(wanted)
+        item = self._open
+        part = item["content"][0]
+        part["text"] += text
+        event_type = "response.reasoning_text.delta" if wanted == "reasoning" else "response.output_text.delta"
+        event = {"type": event_type, "item_id": item["id"], "output_index": self._index(item), "content_index": 0,
+                 "delta": text}
+        if wanted == "message":
+            event["logprobs"] = []
+        return [*out, event]
+
+    def _start_text_item(self, kind: str) -> list[dict[str, Any]]:
+        if kind == "reasoning":
+            item = {"id": _new_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            item = {"id": _new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress",
+                    "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self.items.append(item)
+        self._open = item
+        index = self._index(item)
+        added = {"type": "response.output_item.added", "output_index": index, "item": _copy(item)}
+        item["content"].append(part)
+        part_added = {"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
+                      "content_index": 0, "part": dict(part)}
+        return [added, part_added]
+
+    def _call(self, piece: Any) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if piece.is_start:
+            out += self._close()
+            item = {"id": _new_id("fc"), "type": "function_call", "call_id": piece.id, "name": piece.name,
+                    "arguments": "", "status": "in_progress"}
+            self.items.append(item)
+            self._open = self._calls[piece.index] = item
+            out.append({"type": "response.output_item.added", "output_index": self._index(item), "item": _copy(item)})
+        item = self._calls.get(piece.index)
+        if item is None or not piece.arguments:
+            return out
+        item["arguments"] += piece.arguments
+        return [*out, {"type": "response.function_call_arguments.delta", "item_id": item["id"],
+                       "output_index": self._index(item), "delta": piece.arguments}]
+
+    def _close(self) -> list[dict[str, Any]]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        index = self._index(item)
+        item["status"] = "completed"
+        out: list[dict[str, Any]] = []
+        if item["type"] == "function_call":
+            out.append({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
+                        "arguments": item["arguments"]})
+        else:
+            part = item["content"][0]
+            done_type = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
+            done = {"type": done_type, "item_id": item["id"], "output_index": index, "content_index": 0,
+                    "text": part["text"]}
+            if item["type"] == "message":
+                done["logprobs"] = []
+            out.append(done)
+            out.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
+                        "content_index": 0, "part": dict(part)})
+        out.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
+        return out
+
+
+def _copy(item: dict[str, Any]) -> dict[str, Any]:
+    return {**item, **({"content": [dict(part) for part in item["content"]]} if "content" in item else {})}
+
+
+@dataclass
+class _ResponseRun:
+    request: ResponsesRequest
+    conversation: _Conversation
+    chat: ChatRun
+    store: ResponseStore
+    builder: OutputBuilder = field(default_factory=OutputBuilder)
+    id: str = field(default_factory=lambda: _new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    sequence_number: int = 0
+
+    def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        request, choice = self.request, self.chat.choices[0]
+        done = status in ("completed", "incomplete")
+        return {
+            "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            "model": self.chat.model_name, "output": [_copy(item) for item in self.builder.items] if done else [],
+            "instructions": request.instructions, "previous_response_id": request.previous_response_id,
+            "tools": request.tools or [], "tool_choice": _tool_choice(request),
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "temperature": request.temperature, "top_p": request.top_p,
+            "max_output_tokens": request.max_output_tokens,
+            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
+            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": request.store is not False,
+            "metadata": request.metadata or {}, "user": request.user, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "usage": self.usage(choice) if done else None,
+        }
+
+    def usage(self, choice: Any) -> dict[str, Any]:
+        prompt = len(self.chat.prompt.token_ids)
+        return {"input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": choice.num_cached_tokens, "cache_write_tokens": 0},
+                "output_tokens": choice.num_tokens,
+                "output_tokens_details": {"reasoning_tokens": choice.reasoning_tokens},
+                "total_tokens": prompt + choice.num_tokens}
+
+    def final_status(self) -> str:
+        self.chat.check_tool_choice(self.chat.choices[0])
+        return "incomplete" if self.chat.choices[0].finish_reason == "length" else "completed"
+
+    def keep(self, response: dict[str, Any]) -> None:
+        if self.request.store is not False:
+            self.store.put(self.id, self.conversation.items + response["output"], response)
+
+    def event(self, payload: dict[str, Any]) -> str:
+        payload = {**payload, "sequence_number": self.sequence_number}
+        self.sequence_number += 1
+        return sse_event(payload, event=payload["type"])
+
+
+def _tool_choice(request: ResponsesRequest) -> Any:
+    choice = request.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+async def create_response(raw_request: Request, context: ServingContext) -> Response:
+    arrival = time.monotonic()
+    request = validate_json(ResponsesRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    conversation = _conversation(request, context.responses)
+    chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
+    run = _ResponseRun(request, conversation, chat, context.responses)
+    if request.stream:
+        return SSEResponse(_stream(run, first, stream))
+    return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
+
+
+def get_response(response_id: str, context: ServingContext) -> Response:
+    stored = context.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, or evicted)",
+                       param="response_id", code="not_found")
+    return JSONResponse(stored.response)
+
+
+async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
+    async with contextlib.aclosing(stream):
+        async for _, released, _ in chat_updates(run.chat, first, stream):
+            run.builder.feed(released)
+    run.builder.finish()
+    response = run.snapshot(run.final_status())
+    run.keep(response)
+    return response
+
+
+async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
+    async with contextlib.aclosing(stream):
+        yield run.event({"type": "response.created", "response": run.snapshot("in_progress")})
+        yield run.event({"type": "response.in_progress", "response": run.snapshot("in_progress")})
+        try:
+            async for _, released, _ in chat_updates(run.chat, first, stream):
+                for event in run.builder.feed(released):
+                    yield run.event(event)
+            for event in run.builder.finish():
+                yield run.event(event)
+            status = run.final_status()
+            response = run.snapshot(status)
+            run.keep(response)
+            yield run.event({"type": f"response.{status}", "response": response})
+        except Exception as exc:  # the status line is sent: report the error as events
+            error = describe_error(exc)[1]["error"]
+            yield run.event({"type": "error", "code": error["type"], "message": error["message"],
+                             "param": error["param"]})
+            failed = run.snapshot("failed", {"code": "server_error", "message": error["message"]})
+            yield run.event({"type": "response.failed", "response": failed})

@@ -1,0 +1,133 @@
+"""The body of `POST /v1/responses`, validated once at the edge, and its translation to a chat request.
+
+As for chat, unknown fields are refused (400 naming them), fields that cannot change the output are accepted
+and ignored (`user`, `metadata`, `service_tier`, `safety_identifier`, `prompt_cache_key`,
+`prompt_cache_retention`, `stream_options`), and fields Glimmer cannot honour are refused unless they hold a
+value that changes nothing: `background`, `conversation`, `prompt`, `max_tool_calls`, `context_management`,
+`top_logprobs`, `truncation: "auto"`, `text.format` other than `text`, `text.verbosity`, tools other than
+functions. `include` may name `reasoning.encrypted_content` (reasoning items carry their text in `content`
+instead, which round-trips through `input`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from glimmer.errors import RequestError
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ResponsesReasoning(_Body):
+    effort: str | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text is returned instead
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesFunctionChoice(_Body):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesRequest(_Body):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    reasoning: ResponsesReasoning | None = None
+    stream: bool = False
+    store: bool | None = None
+    include: list[str] | None = None
+    text: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    # Glimmer / vLLM extras, as on chat completions
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    reasoning_strength: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    skip_special_tokens: bool | None = None
+    # accepted and ignored: they cannot change the output
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    stream_options: dict[str, Any] | None = None
+    # refused unless unset (see _REFUSED)
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    max_tool_calls: int | None = None
+    context_management: Any = None
+    top_logprobs: int | None = None
+
+
+_REFUSED = {
+    "background": "background responses are not supported; leave `background` unset",
+    "conversation": "conversations are not supported; chain responses with `previous_response_id`",
+    "prompt": "stored prompt templates are not supported; send `input` and `instructions`",
+    "max_tool_calls": "`max_tool_calls` is not supported (it limits built-in tools, which Glimmer has none of)",
+    "context_management": "`context_management` (compaction) is not supported",
+    "top_logprobs": "`top_logprobs` is not supported on /v1/responses; use /v1/chat/completions for logprobs",
+}
+_INCLUDABLE = ("reasoning.encrypted_content",)
+
+
+def check_supported(request: ResponsesRequest) -> None:
+    """Raises RequestError naming a field Glimmer cannot honour (HTTP 400) rather than ignore it."""
+    for name, reason in _REFUSED.items():
+        if getattr(request, name) not in (None, False):
+            raise RequestError(f"{name}: {reason}", param=name)
+    if request.truncation == "auto":
+        raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
+                           "over the context instead", param="truncation")
+    for value in request.include or []:
+        if value not in _INCLUDABLE:
+            raise RequestError(f"include: {value!r} is not supported (only {', '.join(_INCLUDABLE)})",
+                               param="include")
+    text = request.text or {}
+    unknown = set(text) - {"format", "verbosity"}
+    if unknown:
+        raise RequestError(f"text.{sorted(unknown)[0]}: unknown field", param="text")
+    kind = (text.get("format") or {"type": "text"}).get("type")
+    if kind != "text":
+        raise RequestError(f"text.format: type {kind!r} (structured output) is not supported yet; Glimmer refuses "
+                           "it rather than return unconstrained text", param="text.format")
+    if text.get("verbosity") is not None:
+        raise RequestError("text.verbosity: not supported; ask for brevity in the instructions instead",
+                           param="text.verbosity")
+    if request.max_output_tokens is not None and request.max_output_tokens < 1:
+        raise RequestError("max_output_tokens: must be at least 1", param="max_output_tokens")
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Responses function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) in the
+    chat shape. `strict` is accepted: arguments are typed by the schema (P-VAL-*), not grammar-constrained."""
+    if tools is None:
+        return None
+    converted = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise RequestError(f"tools[{i}].type: {tool.get('type')!r} tools are not supported; only 'function' "
+                               "tools are", param=f"tools[{i}].type")
+        unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        if unknown:
+            raise RequestError(f"tools[{i}].{sorted(unknown)[0]}: unknown field", param=f"tools[{i}]")
+        function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+        converted.append({"type": "function", "function": function})
+    return converted

@@ -1,0 +1,157 @@
+"""POST /v1/responses through the real server and the official `openai` SDK's `responses.create`.
+
+The network is scripted (`ScriptedRunner`): the model's turn is known, everything after it is real.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from server_support import PINNED_DATE, live_server
+
+from glimmer.server.response_store import ResponseStore
+
+WEATHER_CALL = (' to=self<|message|>I should look the weather up.<|eom|><|start|>assistant to=get_weather<|message|>'
+                '<atem:function_calls>\n<atem:invoke name="get_weather">\n'
+                '<atem:parameter name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
+SCRIPTS = {  # the first key found in the prompt wins: tool results before the questions that led to them
+    "[sunny-result]": " to=self<|message|>The tool says sunny.<|eom|><|start|>assistant to=user<|message|>"
+                      "It is sunny in Paris.<|eot|>",
+    "[weather]": WEATHER_CALL,
+    "[greet]": " to=self<|message|>The user greets me.<|eom|><|start|>assistant to=user<|message|>Hello there!<|eot|>",
+}
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                "strict": True}
+EXTRA = {"chat_template_kwargs": PINNED_DATE}
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), scripted=True) as live:
+        for key, transcript in SCRIPTS.items():
+            live.engine.engine.runner.add(key, transcript)
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def _create(client, **fields):
+    return client.responses.create(model="tiny", temperature=0, extra_body=EXTRA, **fields)
+
+
+def test_a_response_holds_a_reasoning_item_then_the_message_with_usage(client):
+    response = _create(client, input="[greet] Hello!", instructions="Be warm.")
+    assert response.object == "response" and response.id.startswith("resp_") and response.status == "completed"
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "The user greets me."
+    assert message.type == "message" and message.role == "assistant"
+    assert response.output_text == "Hello there!"
+    usage = response.usage
+    assert usage.output_tokens_details.reasoning_tokens > 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert response.instructions == "Be warm."
+
+
+def test_the_stream_sends_the_documented_events_and_ends_as_the_whole_response(client):
+    whole = _create(client, input="[greet] Hello!")
+    events = list(_create(client, input="[greet] Hello!", stream=True))
+    types = [event.type for event in events]
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    collapsed = [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]  # runs of deltas as one
+    assert collapsed == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert (reasoning, text) == ("The user greets me.", "Hello there!")
+    final = events[-1].response
+    assert [(item.type, item.model_dump(exclude={"id"})) for item in final.output] == [
+        (item.type, item.model_dump(exclude={"id"})) for item in whole.output]
+    added = [e.item.id for e in events if e.type == "response.output_item.added"]
+    assert added == [item.id for item in final.output]
+
+
+def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    result = {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny [sunny-result]"}
+    history = [{"role": "user", "content": "[weather] Weather in Paris?"},
+               *[item.model_dump(exclude_none=True) for item in first.output], result]
+    second = _create(client, input=history, tools=[WEATHER_TOOL])
+    assert second.output_text == "It is sunny in Paris."
+    chained = _create(client, input=[result], previous_response_id=first.id, tools=[WEATHER_TOOL])
+    assert chained.output_text == "It is sunny in Paris." and chained.previous_response_id == first.id
+    assert chained.usage.input_tokens == second.usage.input_tokens  # the same conversation was rendered
+
+
+def test_a_streamed_call_sends_argument_deltas(client):
+    events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads(arguments) == {"city": "Paris"} and done[0].arguments == arguments
+
+
+def test_max_output_tokens_makes_the_response_incomplete(client):
+    response = _create(client, input="[greet] Hello!", max_output_tokens=3)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    events = list(_create(client, input="[greet] Hello!", max_output_tokens=3, stream=True))
+    assert events[-1].type == "response.incomplete"
+
+
+def test_instructions_and_developer_input_render_as_the_system_message(server, client):
+    runner = server.engine.engine.runner
+    _create(client, input=[{"role": "developer", "content": "DEVNOTE"}, {"role": "user", "content": "[greet]"}],
+            instructions="INSTRUCTED")
+    assert "INSTRUCTED\n\nDEVNOTE" in runner.prompts[-1]
+
+
+def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, client):
+    response = _create(client, input="[greet] Hi")
+    assert client.responses.retrieve(response.id).output_text == "Hello there!"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_missing")
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        _create(client, input="[greet]", previous_response_id="resp_missing")
+    unstored = _create(client, input="[greet] Hi", store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"background": True}, "background"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param):
+    body = {"model": "tiny", "input": "[greet]", **fields}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_the_store_is_bounded_by_size_and_age():
+    now = [0.0]
+    store = ResponseStore(max_bytes=200, max_age_s=10, clock=lambda: now[0])
+    for i in range(5):
+        store.put(f"r{i}", [{"text": "x" * 50}], {"id": f"r{i}"})
+    assert store.get("r0") is None and store.get("r4") is not None and len(store) < 5
+    now[0] = 11.0
+    assert store.get("r4") is None and len(store) == 0
