@@ -45,6 +45,19 @@ TIME_TOOL = {
                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
 }
 
+_AGENT_WEATHER_CALL = (' to=self<|message|>I should look the weather up.<|eom|>'
+                       '<|start|>assistant to=get_weather<|message|><atem:function_calls>\n'
+                       '<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris</atem:parameter>\n'
+                       '</atem:invoke>\n</atem:function_calls><|eot|>')
+# Turns for the Responses and agent tests. The first key found in the prompt wins: tool results come before the
+# questions that led to them.
+AGENT_SCRIPTS = {
+    "[sunny-result]": " to=self<|message|>The tool says sunny.<|eom|><|start|>assistant to=user<|message|>"
+                      "It is sunny in Paris.<|eot|>",
+    "[weather]": _AGENT_WEATHER_CALL,
+    "[greet]": " to=self<|message|>The user greets me.<|eom|><|start|>assistant to=user<|message|>Hello there!<|eot|>",
+}
+
 
 @dataclass
 class LiveServer:

@@ -10,19 +10,10 @@ import json
 import httpx
 import openai
 import pytest
-from server_support import PINNED_DATE, live_server
+from server_support import AGENT_SCRIPTS, PINNED_DATE, live_server
 
 from glimmer.server.response_store import ResponseStore
 
-WEATHER_CALL = (' to=self<|message|>I should look the weather up.<|eom|><|start|>assistant to=get_weather<|message|>'
-                '<atem:function_calls>\n<atem:invoke name="get_weather">\n'
-                '<atem:parameter name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
-SCRIPTS = {  # the first key found in the prompt wins: tool results before the questions that led to them
-    "[sunny-result]": " to=self<|message|>The tool says sunny.<|eom|><|start|>assistant to=user<|message|>"
-                      "It is sunny in Paris.<|eot|>",
-    "[weather]": WEATHER_CALL,
-    "[greet]": " to=self<|message|>The user greets me.<|eom|><|start|>assistant to=user<|message|>Hello there!<|eot|>",
-}
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
                 "strict": True}
@@ -32,7 +23,7 @@ EXTRA = {"chat_template_kwargs": PINNED_DATE}
 @pytest.fixture(scope="module")
 def server(make_tiny):
     with live_server(make_tiny(), scripted=True) as live:
-        for key, transcript in SCRIPTS.items():
+        for key, transcript in AGENT_SCRIPTS.items():
             live.engine.engine.runner.add(key, transcript)
         yield live
 
