@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,10 @@ from typing import Any
 from glimmer.errors import ConfigError, GlimmerError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
+
+
+class UsageError(GlimmerError):
+    """A mistake in the command line (a missing file, a busy port, …): printed as one line, exit code 2."""
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -72,6 +77,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from glimmer.tiny import write_tiny_checkpoint, write_tiny_drafter
 
+    out = Path(args.dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise UsageError(f"{out} is not empty; choose an empty directory or pass --force to overwrite its files")
     if args.drafter_for is not None:
         if args.vision or args.shards != 1:
             raise ConfigError("--drafter-for writes a DFlash drafter: --vision and --shards do not apply")
@@ -122,6 +132,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from glimmer.server.app import create_app
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
+    listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
     engine, name, is_default = _engine_from_args(args)
     try:
         has_vision = engine.engine.model_config.has_vision
@@ -147,11 +158,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                   "Run `glimmer serve MODEL` with a checkpoint directory or Hub id to serve a real model.")
         print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics", flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                    timeout_graceful_shutdown=5)
+        config = uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[listener])
     finally:
         engine.shutdown()
+        listener.close()
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port for the server; UsageError if the address is taken or invalid."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --port "
+                         "or --host") from None
+    return listener
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
@@ -161,11 +186,14 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     for field in ("max_tokens", "temperature", "reasoning_effort"):
         if getattr(args, field) is not None:
             options[field] = getattr(args, field)
-    tools = json.loads(Path(args.tools).read_text()) if args.tools else None
+    tools = _read_tools(args.tools) if args.tools else None
     color = not args.no_color and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color)
     if args.url:
+        from glimmer.server.chat_client import check_server
+
+        check_server(args.url, args.api_key)
         run_chat(args.url, model=args.served_model, api_key=args.api_key, **chat)
         return 0
     from glimmer.server.app import create_app
@@ -186,6 +214,23 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_tools(path: str) -> list[dict[str, Any]]:
+    """The tool declarations of a JSON file; UsageError naming the file when it cannot be used."""
+    from glimmer.protocol import normalize_tools
+
+    try:
+        tools = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise UsageError(f"--tools {path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise UsageError(f"--tools {path}: not valid JSON ({error})") from None
+    try:
+        normalize_tools(tools)
+    except GlimmerError as error:
+        raise UsageError(f"--tools {path}: {error}") from None
+    return tools
+
+
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded tiny "
@@ -204,11 +249,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="larger images or video frames are refused (HTTP 400)")
     parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
                         help="videos with more source frames are refused (HTTP 400)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="fraction of the GPU's memory Glimmer may use, KV cache included (default 0.9)")
     parser.add_argument("--chat-template", default=None, help="render with this template file (P-TMPL-1)")
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
                         help="queue length beyond which requests get HTTP 429")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the engine's sampling for requests without their own seed (default 0)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
@@ -238,13 +285,14 @@ def parse_size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
     _add_engine_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--api-key", default=None,
                        help="require `Authorization: Bearer KEY` on /v1 (default: $GLIMMER_API_KEY, else none)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
@@ -255,8 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let requests name image/video files under DIR (repeatable; default: none)")
     serve.add_argument("--allow-remote-media", action="store_true",
                        help="let requests name http(s) image/video URLs (fetched with size, time and redirect limits)")
-    serve.add_argument("--max-images-per-request", type=int, default=16)
-    serve.add_argument("--max-videos-per-request", type=int, default=2)
+    serve.add_argument("--max-images-per-request", type=int, default=16,
+                       help="more images in one request get HTTP 400 (default 16)")
+    serve.add_argument("--max-videos-per-request", type=int, default=2,
+                       help="more videos in one request get HTTP 400 (default 2)")
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
     serve.add_argument("--require-cache-salt", action="store_true",
@@ -272,8 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="a system prompt")
     chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations")
     chat.add_argument("--reasoning-effort", default=None, help="none, minimal, low, medium, high or xhigh")
-    chat.add_argument("--max-tokens", type=int, default=None)
-    chat.add_argument("--temperature", type=float, default=None)
+    chat.add_argument("--max-tokens", type=int, default=None, help="most tokens per reply (default: up to the context)")
+    chat.add_argument("--temperature", type=float, default=None,
+                      help="sampling temperature (default: the model's generation_config, else 1)")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
     chat.set_defaults(func=_cmd_chat)
 
@@ -285,9 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tiny = sub.add_parser("make-tiny", help="write a small random checkpoint (for tests and demos)")
     tiny.add_argument("dir", help="output directory")
-    tiny.add_argument("--layout", default="canonical", choices=["canonical", "legacy", "flat", "native"])
+    tiny.add_argument("--layout", default="canonical", choices=["canonical", "legacy", "flat", "native"],
+                      help="config and weight layout to write (default canonical)")
     tiny.add_argument("--vision", action="store_true", help="include a vision tower")
-    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    tiny.add_argument("--force", action="store_true", help="write into a directory that is not empty")
     tiny.add_argument("--shards", type=int, default=1, help="number of safetensors shards (with an index)")
     tiny.add_argument("--preset", choices=["tiny", "30b"], default="tiny",
                       help="30b: the released Muse-Glimmer-30B geometry (needs --config-only)")
@@ -306,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"glimmer: error: {exc}", file=sys.stderr)
+        return 2
     except GlimmerError as exc:
         print(f"glimmer: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -111,6 +111,20 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
         yield from parse_sse_lines(line.decode("utf-8") for line in response)
 
 
+def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> None:
+    """Ask `url` for its models; raises ChatClientError (one line) when it cannot be reached or refuses."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as error:
+        raise ChatClientError(f"{url} answered HTTP {error.code}: {_error_message(error.read())}") from None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise ChatClientError(f"cannot reach {url}: {reason}") from None
+
+
 def parse_sse_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
     """The JSON payloads of `data:` lines, up to `data: [DONE]`."""
     for line in lines:

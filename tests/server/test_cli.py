@@ -103,3 +103,64 @@ def test_bad_sizes_are_refused(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="is not a size"):
         parse_size(text)
+
+
+def _subcommands():
+    import argparse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [("glimmer", parser), *sub.choices.items()]
+
+
+@pytest.mark.parametrize(("name", "parser"), _subcommands(), ids=lambda value: value if isinstance(value, str) else "")
+def test_every_option_has_help_text(name, parser):
+    missing = [action.dest for action in parser._actions if not action.help]
+    assert missing == [], f"{name}: options without help: {missing}"
+
+
+def _fails_with_one_line(capsys, argv, *words):
+    from glimmer.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    for word in words:
+        assert word in err
+    return err
+
+
+def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
+    _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--tools", str(tmp_path / "missing.json")],
+                         "missing.json", "No such file")
+    (tmp_path / "bad.json").write_text("{not json")
+    _fails_with_one_line(capsys, ["chat", "--tools", str(tmp_path / "bad.json")], "not valid JSON")
+    (tmp_path / "nameless.json").write_text('[{"type": "function", "function": {}}]')
+    _fails_with_one_line(capsys, ["chat", "--tools", str(tmp_path / "nameless.json")], "name")
+
+
+def test_an_unreachable_url_is_one_line_and_a_failure(capsys):
+    _fails_with_one_line(capsys, ["chat", "--url", f"http://127.0.0.1:{free_port()}"], "cannot reach")
+
+
+def test_a_busy_port_is_reported_before_the_model_loads(capsys, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # the model does not exist either: the port is checked first
+        _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(port)], f":{port}", "--port")
+
+
+def test_make_tiny_refuses_a_non_empty_directory_without_force(capsys, tmp_path):
+    from glimmer.cli import main
+
+    (tmp_path / "notes.txt").write_text("keep me")
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path)], "not empty", "--force")
+    assert main(["make-tiny", str(tmp_path), "--force"]) == 0
+    assert (tmp_path / "config.json").exists() and (tmp_path / "notes.txt").exists()
+
+
+def test_a_missing_checkpoint_is_one_line(capsys, tmp_path):
+    _fails_with_one_line(capsys, ["inspect", str(tmp_path / "missing")], "missing")
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port())], "missing")
