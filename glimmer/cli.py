@@ -157,7 +157,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             print("No MODEL given: this is the embedded default, a tiny random demo model; its replies are noise. "
                   "Run `glimmer serve MODEL` with a checkpoint directory or Hub id to serve a real model.")
         print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
-              f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics", flush=True)
+              f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
+              f"chat page at http://{args.host}:{args.port}/", flush=True)
         config = uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[listener])
     finally:

@@ -1,4 +1,4 @@
-"""The FastAPI app: routes, the API key, error bodies and request metrics.
+"""The FastAPI app: routes, the API key, error bodies, request metrics, and the chat page at `/`.
 
 `create_app(engine, settings)` builds an app around an `AsyncEngine` that the caller owns (starts and shuts
 down). Everything per-app — template, the metrics registry — lives in a `ServingContext`,
@@ -8,9 +8,11 @@ so several apps can run in one process.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,8 +31,10 @@ from glimmer.server.streaming import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 
-_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
 _CLIENT_CLOSED_REQUEST = 499
+STATIC_DIR = Path(__file__).parent / "static"
+"""The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
 
 
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
@@ -39,6 +43,12 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None)
     app.state.context = context
     app.include_router(_v1_router(context))
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> Response:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/health")
     async def health() -> Response:
@@ -144,5 +154,7 @@ def _endpoint(path: str) -> str:
         return "/v1/models/{model}"
     if path.startswith("/v1/responses/"):
         return "/v1/responses/{id}"
+    if path.startswith("/static/"):
+        return "/static"
     return path if path in _ENDPOINTS else "other"
 

@@ -1,0 +1,225 @@
+// Glimmer's chat page: streams /v1/chat/completions and shows reasoning (folded), the answer and tool calls.
+// Plain JavaScript, no build step, nothing fetched from elsewhere.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [] };
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  if (state.key) h.Authorization = `Bearer ${state.key}`;
+  return h;
+}
+
+function showError(message) {
+  $("error").textContent = message;
+  $("error").hidden = !message;
+}
+
+async function connect() {
+  const response = await fetch("v1/models", { headers: headers() });
+  if (response.status === 401) {
+    $("key-form").hidden = false;
+    showError(state.key ? "That API key was refused." : "");
+    return;
+  }
+  $("key-form").hidden = true;
+  const models = await response.json();
+  state.model = models.data[0].id;
+  $("model").textContent = state.model;
+}
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text) node.textContent = text;
+  return node;
+}
+
+function addUserTurn(text, images) {
+  const turn = element("div", "turn user");
+  for (const url of images) {
+    const img = element("img");
+    img.src = url;
+    turn.append(img);
+  }
+  turn.append(document.createTextNode(text));
+  $("log").append(turn);
+}
+
+// One assistant turn on the page, filled as the stream arrives.
+class AssistantTurn {
+  constructor() {
+    this.node = element("div", "turn assistant");
+    this.reasoning = null;
+    this.content = element("div", "content");
+    this.node.append(this.content);
+    this.calls = [];
+    this.message = { role: "assistant", content: "", reasoning_content: "", tool_calls: [] };
+    $("log").append(this.node);
+  }
+
+  addReasoning(text) {
+    if (!this.reasoning) {
+      this.reasoning = element("details", "reasoning");
+      this.reasoning.append(element("summary", null, "Reasoning"));
+      this.reasoningText = element("div", "reasoning-text");
+      this.reasoning.append(this.reasoningText);
+      this.node.insertBefore(this.reasoning, this.content);
+    }
+    this.reasoningText.textContent += text;
+    this.message.reasoning_content += text;
+  }
+
+  addContent(text) {
+    this.content.textContent += text;
+    this.message.content += text;
+  }
+
+  addToolCall(piece) {
+    if (piece.id) {
+      const call = { id: piece.id, type: "function", function: { name: piece.function.name, arguments: "" } };
+      this.message.tool_calls.push(call);
+      const node = element("div", "tool-call");
+      this.node.append(node);
+      this.calls[piece.index] = { call, node };
+    }
+    const entry = this.calls[piece.index];
+    if (!entry) return;
+    entry.call.function.arguments += piece.function.arguments || "";
+    entry.node.textContent = `→ ${entry.call.function.name}(${entry.call.function.arguments})`;
+  }
+
+  historyMessage() {
+    const m = { role: "assistant", content: this.message.content || null };
+    if (this.message.reasoning_content) m.reasoning_content = this.message.reasoning_content;
+    if (this.message.tool_calls.length) m.tool_calls = this.message.tool_calls;
+    return m;
+  }
+}
+
+function requestBody() {
+  const body = { model: state.model, messages: [], stream: true };
+  const system = $("system").value.trim();
+  if (system) body.messages.push({ role: "system", content: system });
+  body.messages.push(...state.history);
+  if ($("effort").value) body.reasoning_effort = $("effort").value;
+  const tools = $("tools").value.trim();
+  if (tools) body.tools = JSON.parse(tools);
+  return body;
+}
+
+async function* serverSentEvents(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") return;
+        yield JSON.parse(data);
+      }
+    }
+  }
+}
+
+async function send(text) {
+  showError("");
+  const content = state.images.length
+    ? [...state.images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+    : text;
+  addUserTurn(text, state.images);
+  state.history.push({ role: "user", content });
+  state.images = [];
+  $("attachments").textContent = "";
+  let body;
+  try {
+    body = requestBody();
+  } catch (error) {
+    state.history.pop();
+    showError(`Tools are not valid JSON: ${error.message}`);
+    return;
+  }
+  const response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+  if (!response.ok) {
+    state.history.pop();
+    const error = await response.json().catch(() => ({}));
+    showError((error.error && error.error.message) || `HTTP ${response.status}`);
+    if (response.status === 401) $("key-form").hidden = false;
+    return;
+  }
+  const turn = new AssistantTurn();
+  turn.node.classList.add("streaming");
+  for await (const chunk of serverSentEvents(response)) {
+    if (chunk.error) {
+      showError(chunk.error.message);
+      break;
+    }
+    for (const choice of chunk.choices || []) {
+      const delta = choice.delta || {};
+      if (delta.reasoning_content) turn.addReasoning(delta.reasoning_content);
+      if (delta.content) turn.addContent(delta.content);
+      for (const piece of delta.tool_calls || []) turn.addToolCall(piece);
+      if (choice.finish_reason) turn.node.dataset.finishReason = choice.finish_reason;
+    }
+  }
+  turn.node.classList.remove("streaming");
+  turn.node.classList.add("done");
+  state.history.push(turn.historyMessage());
+}
+
+$("composer").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = $("prompt").value.trim();
+  if (!text || !state.model) return;
+  $("prompt").value = "";
+  $("send").disabled = true;
+  try {
+    await send(text);
+  } catch (error) {
+    showError(String(error));
+  } finally {
+    $("send").disabled = false;
+  }
+});
+
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("composer").requestSubmit();
+  }
+});
+
+$("image").addEventListener("change", () => {
+  for (const file of $("image").files) {
+    const reader = new FileReader();
+    reader.onload = () => {
+      state.images.push(reader.result);
+      $("attachments").textContent = `${state.images.length} image(s) attached`;
+    };
+    reader.readAsDataURL(file);
+  }
+  $("image").value = "";
+});
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.key = $("key").value;
+  sessionStorage.setItem("glimmer-api-key", state.key);
+  connect();
+});
+
+$("reset").addEventListener("click", () => {
+  state.history = [];
+  $("log").textContent = "";
+});
+
+connect().catch((error) => showError(`Cannot reach the server: ${error}`));

@@ -1,0 +1,119 @@
+"""The chat page at `/` in a real browser: Debian's headless Chromium driven by Selenium (chromium-driver).
+
+The served model follows scripted turns (`ScriptedRunner`), so the page sees a known reply: reasoning, an
+answer, a tool call. The server requires an API key, which the page asks for.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+from server_support import AGENT_SCRIPTS, live_server
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+    pytest.skip("Debian's chromium and chromium-driver are not installed (.ci/run installs them)",
+                allow_module_level=True)
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+KEY = "page-test-key"
+TOOLS_JSON = ('[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", '
+              '"properties": {"city": {"type": "string"}}}}}]')
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(vision=True), scripted=True, api_key=KEY) as live:
+        for key, transcript in AGENT_SCRIPTS.items():
+            live.engine.engine.runner.add(key, transcript)
+        yield live
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def _wait(browser, condition, timeout_s: float = 30):
+    return WebDriverWait(browser, timeout_s).until(lambda _: condition())
+
+
+def _last_assistant_turn(browser):
+    _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.done"))
+    return browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.done")[-1]
+
+
+def _send(browser, text: str):
+    before = len(browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.done"))
+    browser.find_element(By.ID, "prompt").send_keys(text)
+    browser.find_element(By.ID, "send").click()
+    _wait(browser, lambda: len(browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.done")) > before)
+    return _last_assistant_turn(browser)
+
+
+def test_the_page_is_served_as_static_files_without_a_key(server):
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "chat.js" in page.text
+    assert "http" not in httpx.get(server.url + "/static/chat.js").text.split("//")[0]  # nothing fetched from afar
+    assert httpx.get(server.url + "/static/style.css").status_code == 200
+
+
+def test_a_conversation_in_the_browser(server, browser, tmp_path):
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed())  # the server needs a key
+    browser.find_element(By.ID, "key").send_keys(KEY)
+    browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+
+    # streamed text: every change of the answer is recorded as it happens
+    browser.execute_script("""
+        window.seen = [];
+        new MutationObserver(() => {
+          const turns = document.querySelectorAll('.turn.assistant .content');
+          if (turns.length) window.seen.push(turns[turns.length - 1].textContent);
+        }).observe(document.getElementById('log'), {subtree: true, childList: true, characterData: true});""")
+    turn = _send(browser, "[greet] Hello!")
+    assert turn.find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    seen = [text for text in browser.execute_script("return window.seen") if text]
+    assert len(set(seen)) > 1 and all("Hello there!".startswith(text) for text in seen)  # it grew piece by piece
+
+    reasoning = turn.find_element(By.CSS_SELECTOR, "details.reasoning")
+    assert reasoning.get_attribute("open") is None  # folded
+    assert not turn.find_element(By.CSS_SELECTOR, ".reasoning-text").is_displayed()
+    reasoning.find_element(By.TAG_NAME, "summary").click()
+    _wait(browser, lambda: turn.find_element(By.CSS_SELECTOR, ".reasoning-text").is_displayed())
+    assert turn.find_element(By.CSS_SELECTOR, ".reasoning-text").text == "The user greets me."
+
+    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    browser.find_element(By.ID, "tools").send_keys(TOOLS_JSON)
+    browser.find_element(By.ID, "effort").send_keys("low")
+    call = _send(browser, "[weather] Weather in Paris?").find_element(By.CSS_SELECTOR, ".tool-call")
+    assert call.text == '→ get_weather({"city": "Paris"})'
+    assert "Reasoning strength: low." in server.engine.engine.runner.prompts[-1]
+
+    browser.find_element(By.ID, "reset").click()  # a new conversation: the scripts key on the whole prompt
+    image = tmp_path / "red.png"
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(image)
+    browser.find_element(By.ID, "image").send_keys(str(image))
+    _wait(browser, lambda: "1 image" in browser.find_element(By.ID, "attachments").text)
+    turn = _send(browser, "[greet] What is this?")
+    assert browser.find_elements(By.CSS_SELECTOR, ".turn.user img")
+    assert "<|image_start|>" in server.engine.engine.runner.prompts[-1]
+    assert turn.find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    assert not browser.find_element(By.ID, "error").is_displayed()
