@@ -7,6 +7,7 @@ clear message and exit code 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -159,12 +160,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
               f"chat page at http://{args.host}:{args.port}/", flush=True)
-        config = uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[listener])
+        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5))
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it shut down for
+            server.run(sockets=[listener])
     finally:
         engine.shutdown()
         listener.close()
-    return 0
+    return 0 if server.started else 1
 
 
 def _bind(host: str, port: int) -> socket.socket:
