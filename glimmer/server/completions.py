@@ -24,8 +24,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.errors import RequestError
