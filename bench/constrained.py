@@ -3,14 +3,14 @@
     python bench/constrained.py [--model DIR] [--batches 1,64] [--max-tokens 64] [--hidden-size 64 --layers 8]
     python bench/constrained.py --preset 30b      # the released geometry and vocabulary, dummy weights (GPU)
 
-For each batch size, generates `--max-tokens` tokens for every sequence twice with `LLM.generate`: free, and
-constrained by a JSON schema (an array of objects that cannot end within the budget, so both runs generate the
-same number of tokens). Prints the time per decode step of each, the overhead ratio, and how long filling the
-batch's grammar bitmask took per step (the engine fills it on a worker thread while the model runs, so the
-overhead can be smaller than the fill time). Without --model it writes a random tiny checkpoint (sizes from
---hidden-size / --layers) with the tiny test tokenizer, whose vocabulary is small: a real checkpoint's masks cost
-more per row. `--preset 30b` writes the released geometry with a tokenizer of the release's 202,048 ids and loads
-random weights on the device (about 60 GB in bfloat16).
+For each batch size, times `LLM.generate` of `--max-tokens` and of twice as many tokens for every sequence (the
+difference is decode alone: prefill and request set-up cancel out), free and constrained by a JSON schema (an array
+of objects that cannot end within the budget, so both runs generate the same number of tokens). Prints the time per
+decode step of each, the overhead ratio, and how long filling the batch's grammar bitmask took per step (the engine
+fills it on a worker thread while the model runs, so the overhead can be smaller than the fill time). Without
+--model it writes a random tiny checkpoint (sizes from --hidden-size / --layers) with the tiny test tokenizer, whose
+vocabulary is small: a real checkpoint's masks cost more per row. `--preset 30b` writes the released geometry with a
+tokenizer of the release's 202,048 ids and loads random weights on the device (about 60 GB in bfloat16).
 """
 
 from __future__ import annotations
@@ -47,20 +47,22 @@ class _TimedMasks(GrammarMasks):
         return bitmask
 
 
-def run(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsParams | None) -> float:
-    """Seconds per decode step for `batch` sequences of `max_tokens` tokens (prefill excluded)."""
+def timed_generate(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsParams | None) -> float:
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=i, structured_outputs=structured)
               for i in range(batch)]
-    prefill = [SamplingParams(max_tokens=1, ignore_eos=True, seed=i, structured_outputs=structured)
-               for i in range(batch)]
-    start = time.perf_counter()
-    llm.generate([PROMPT] * batch, prefill)
-    first = time.perf_counter() - start
     start = time.perf_counter()
     outputs = llm.generate([PROMPT] * batch, params)
-    elapsed = time.perf_counter() - start - first
+    elapsed = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == max_tokens for o in outputs), "a sequence ended early"
-    return elapsed / (max_tokens - 1)
+    return elapsed
+
+
+def run(llm: LLM, batch: int, max_tokens: int, structured: StructuredOutputsParams | None) -> float:
+    """Seconds per decode step for `batch` sequences: the time of `2 * max_tokens` tokens less that of `max_tokens`
+    (the same prompts, prefill and request set-up in both), over `max_tokens`."""
+    short = timed_generate(llm, batch, max_tokens, structured)
+    long = timed_generate(llm, batch, 2 * max_tokens, structured)
+    return (long - short) / max_tokens
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """Grammar-constrained decoding with llguidance: grammars compiled per request, masks filled per step.
 
-- `GrammarCompiler` (one per engine) wraps the tokenizer for llguidance once and compiles a request's grammar,
-  refusing an invalid one with a RequestError naming the field. Compiling can take milliseconds for a large
-  schema, so the server does it off the engine thread; what it returns builds one controller per completion
-  from a copy of the compiled matcher.
+- `GrammarCompiler` (one per engine) wraps the tokenizer for llguidance once and compiles a request's grammar (kept
+  for reuse by later requests), refusing an invalid one with a RequestError naming the field. Compiling can take
+  milliseconds for a large schema, so the server does it off the engine thread; what it returns builds one
+  controller per completion from a copy of the compiled matcher.
 - `GrammarController` (one per completion) is a sequence's token controller: it consumes each generated token
   and ends the sequence when the grammar admits nothing more.
 - `GrammarMasks` fills one packed bitmask (32 token ids per int32) for every sampled row of a step, the
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -33,6 +35,8 @@ from glimmer.protocol.turn_grammar import JSON_LAYOUT, TurnConstraint, turn_gram
 logger = logging.getLogger(__name__)
 
 _ERROR_MESSAGE_MAX = 300
+COMPILED_CACHE_SIZE = 256
+"""Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
 
 
 class GrammarController:
@@ -63,18 +67,33 @@ class GrammarCompiler:
         Takes a few seconds for a 200k vocabulary (llguidance indexes every token's bytes).
         """
         self.vocab_size = vocab_size
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
         stops = sorted(set(stop_token_ids))
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(tokenizer, stops[0])),
                                                 n_vocab=vocab_size, eos_token=stops)
 
     def compile(self, grammar: dict[str, Any], param: str) -> ControllerFactory:
-        """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid."""
+        """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
+
+        Compiled grammars are kept (the last `COMPILED_CACHE_SIZE`), so requests repeating a schema, a tool set
+        or a regex start from a copy instead of compiling again.
+        """
         text = json.dumps(grammar, ensure_ascii=False)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
-        matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
-        if matcher is None or matcher.is_error():
-            message = messages[0] if is_error else matcher.get_error()
-            raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+        with self._lock:
+            matcher = self._compiled.get(text)
+            if matcher is not None:
+                self._compiled.move_to_end(text)
+        if matcher is None:
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
+            matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+            if matcher is None or matcher.is_error():
+                message = messages[0] if is_error else matcher.get_error()
+                raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+            with self._lock:
+                self._compiled[text] = matcher
+                while len(self._compiled) > COMPILED_CACHE_SIZE:
+                    self._compiled.popitem(last=False)
         return lambda: GrammarController(matcher.deep_copy())
 
     def structured_outputs(self, params: StructuredOutputsParams, param: str = "structured_outputs"

@@ -138,6 +138,31 @@ def test_masks_of_a_batch_constrain_only_their_rows(compiler, tokenizer):
     assert masks.fill([None, None]) is None
 
 
+def test_a_repeated_grammar_is_compiled_once_and_each_completion_gets_its_own_matcher(compiler, tokenizer,
+                                                                                        monkeypatch):
+    params = StructuredOutputsParams(choice=["north", "south"])
+    first = compiler.structured_outputs(params)
+    built = []
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            built.append(args)
+
+        @staticmethod
+        def validate_grammar_with_warnings(*args):
+            built.append(args)
+            return False, []
+
+    monkeypatch.setattr("glimmer.engine.grammar.llguidance.LLMatcher", Counting)
+    again = compiler.structured_outputs(params)  # from the cache: nothing validated or built
+    assert built == []
+    one, two = first(), again()
+    assert one.matcher is not two.matcher
+    for token in tokenizer.encode("north"):
+        assert one.matcher.consume_token(token)
+    assert one.matcher.is_accepting() and not two.matcher.is_accepting()  # the copies move independently
+
+
 @pytest.mark.parametrize(("params", "field"), [
     (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "wat"}}}), "response_format"),
     (StructuredOutputsParams(json="{not json"), "response_format"),
