@@ -161,11 +161,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
               f"chat page at http://{args.host}:{args.port}/", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5))
+        # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
+        # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
+        engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it shut down for
             server.run(sockets=[listener])
     finally:
         engine.shutdown()
         listener.close()
+    if engine.failure is not None:
+        print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
+              f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
+        return 1
     return 0 if server.started else 1
 
 

@@ -3,7 +3,13 @@
 Every touch of the engine happens on that thread. Callers submit commands (add, abort) through a queue
 and receive their request's `StepDelta`s on an asyncio queue of their own event loop. A caller that
 stops listening (a disconnected client) aborts its request: its KV blocks are freed and the engine
-stops computing for it.
+stops computing for it. A caller may leave at any moment, even while its request is still being admitted.
+
+Failures stay with the requests they belong to: an invalid request is refused to its caller, and a step
+that fails ends the requests of its batch (each caller gets EngineStepError) while the loop goes on. Only a
+failure outside any step, or several failing steps in a row, stops the thread; then every caller gets
+EngineDeadError and the callbacks registered with `notify_when_dead` run (the server exits, so that a
+supervisor can restart it).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from glimmer.engine.grammar import ControllerFactory
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.sequence import MultimodalItem
@@ -33,6 +39,15 @@ class EngineOverloadedError(GlimmerError):
 
 class EngineDeadError(GlimmerError):
     """The engine thread failed; requests cannot be served (HTTP 500)."""
+
+
+class EngineStepError(GlimmerError):
+    """A step failed while this request was in its batch; the request was stopped (HTTP 500)."""
+
+
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+"""Steps in a row whose model or sampler run failed, after which the engine is taken for broken (a device
+fault such as a sticky CUDA error, not one bad request: each failure already ended its batch's requests)."""
 
 
 @dataclass
@@ -63,6 +78,8 @@ class AsyncEngine:
         self._listeners: dict[str, _Listener] = {}
         self._stopped = threading.Event()
         self._dead: BaseException | None = None
+        self._death_callbacks: list[Callable[[BaseException], None]] = []
+        self._death_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="glimmer-engine", daemon=True)
         self._thread.start()
 
@@ -80,10 +97,9 @@ class AsyncEngine:
         """Stream a request's deltas until every completion finishes.
 
         Raises RequestError (invalid request), EngineOverloadedError (queue full) or EngineDeadError
-        before the first delta. Closing the iterator early aborts the request.
+        before the first delta, and EngineStepError or EngineDeadError after it. Closing the iterator early
+        aborts the request, as does cancelling the caller at any point.
         """
-        if self._dead is not None:
-            raise EngineDeadError(f"the engine stopped after an internal error: {self._dead}")
         if self.num_waiting_requests >= self.max_waiting_requests:
             raise EngineOverloadedError(
                 f"{self.num_waiting_requests} requests are already waiting; retry later"
@@ -91,8 +107,11 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         listener = _Listener(loop=loop, queue=asyncio.Queue(), remaining=params.n)
         accepted: Future = Future()
-        self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
-                            listener, accepted))
+        with self._death_lock:  # a dying thread fails every admission queued before it died
+            if self._dead is not None:
+                raise EngineDeadError(f"the engine stopped after an internal error: {type(self._dead).__name__}")
+            self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
+                                listener, accepted))
         try:
             await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:  # the client left while the request was being queued
@@ -130,6 +149,20 @@ class AsyncEngine:
     def is_alive(self) -> bool:
         return self._dead is None and self._thread.is_alive()
 
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the engine thread, or None while it serves (or after a clean shutdown)."""
+        return self._dead
+
+    def notify_when_dead(self, callback: Callable[[BaseException], None]) -> None:
+        """Call `callback(failure)` once if the engine thread dies (at once if it already has). It runs on
+        the engine thread: keep it short and thread-safe."""
+        with self._death_lock:
+            if self._dead is None:
+                self._death_callbacks.append(callback)
+                return
+        callback(self._dead)
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
         self._stopped.set()
         self._commands.put(("wake", "", None, None, None))
@@ -138,23 +171,67 @@ class AsyncEngine:
     # the engine thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        consecutive_failures = 0
         try:
             while not self._stopped.is_set():
                 self._drain_commands(block=not self.engine.has_unfinished_requests)
-                if self.engine.has_unfinished_requests:
-                    start = time.monotonic()
+                if not self.engine.has_unfinished_requests:
+                    continue
+                start = time.monotonic()
+                try:
                     deltas = self.engine.step()
-                    self.metrics.steps += 1
-                    self.metrics.step_seconds += time.monotonic() - start
-                    self._dispatch(deltas)
+                except StepError as exc:
+                    consecutive_failures = consecutive_failures + 1 if exc.whole_batch else 0
+                    if consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                        raise
+                    self._dispatch(exc.deltas)
+                    self._fail_requests(exc)
+                    continue
+                consecutive_failures = 0
+                self.metrics.steps += 1
+                self.metrics.step_seconds += time.monotonic() - start
+                self._dispatch(deltas)
         except BaseException as exc:  # the loop must never die silently: fail every waiting caller
             logger.exception("engine thread failed")
-            self._dead = exc
-            self.metrics.errors += 1
-            error = EngineDeadError(f"internal engine error: {type(exc).__name__}")
-            for request_id, listener in list(self._listeners.items()):
+            self._die(exc)
+
+    def _fail_requests(self, exc: StepError) -> None:
+        """End the requests of a failed step; their callers get EngineStepError, the loop goes on."""
+        logger.error("a step failed; stopping its %d request(s)", len(exc.request_ids), exc_info=exc)
+        self.metrics.errors += 1
+        error = EngineStepError(f"internal error while generating ({type(exc.__cause__).__name__}); "
+                                "the request was stopped")
+        for request_id in exc.request_ids:
+            self.engine.abort(request_id)
+            listener = self._listeners.pop(request_id, None)
+            if listener is not None:
                 listener.loop.call_soon_threadsafe(listener.queue.put_nowait, error)
-                self._listeners.pop(request_id, None)
+
+    def _die(self, exc: BaseException) -> None:
+        with self._death_lock:
+            self._dead = exc
+            callbacks, self._death_callbacks = self._death_callbacks, []
+        self.metrics.errors += 1
+        error = EngineDeadError(f"internal engine error: {type(exc).__name__}")
+        for request_id, listener in list(self._listeners.items()):
+            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, error)
+            self._listeners.pop(request_id, None)
+        self._fail_queued_admissions(error)
+        for callback in callbacks:
+            try:
+                callback(exc)
+            except Exception:
+                logger.exception("a callback for the engine's death failed")
+
+    def _fail_queued_admissions(self, error: EngineDeadError) -> None:
+        """Callers whose request was still queued for admission learn at once that it never will be."""
+        while True:
+            try:
+                kind, _, _, _, accepted = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add" and accepted.set_running_or_notify_cancel():
+                accepted.set_exception(error)
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -170,6 +247,8 @@ class AsyncEngine:
 
     def _execute(self, kind: str, request_id: str, args, listener: _Listener | None, accepted: Future | None) -> None:
         if kind == "add":
+            if not accepted.set_running_or_notify_cancel():
+                return  # the caller left while its request was queued: it is never added
             prompt_token_ids, params, multimodal, controller_factory = args
             try:
                 self.engine.add_request(request_id, prompt_token_ids, params, multimodal, controller_factory)

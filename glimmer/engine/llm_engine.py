@@ -33,7 +33,7 @@ from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import ConfigError, RequestError
+from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, load_media_settings
 from glimmer.protocol import ChatTemplate
 
@@ -83,6 +83,20 @@ class EngineConfig:
         if name not in _DTYPES:
             raise ConfigError(f"dtype={name!r} is not supported; choose one of {sorted(_DTYPES)}")
         return _DTYPES[name]
+
+
+class StepError(GlimmerError):
+    """A step failed after it was scheduled. The state of `request_ids` is unknown, so the caller aborts them;
+    the rest of the engine (other requests, the KV cache) is unharmed, and `deltas` holds what the step gave
+    the other requests. `whole_batch`: the model or the sampler failed, not one sequence's own steering or
+    bookkeeping, so the device itself may be at fault."""
+
+    def __init__(self, request_ids: list[str], cause: BaseException, *, whole_batch: bool,
+                 deltas: list[StepDelta] | None = None):
+        super().__init__(f"a step failed for {len(request_ids)} request(s): {type(cause).__name__}: {cause}")
+        self.request_ids = request_ids
+        self.whole_batch = whole_batch
+        self.deltas = deltas or []
 
 
 @dataclass
@@ -383,9 +397,23 @@ class LLMEngine:
     # stepping ---------------------------------------------------------------------------------------
 
     def step(self) -> list[StepDelta]:
+        """Run one scheduled batch.
+
+        Raises StepError naming the requests at fault: those whose grammar masks, steering or bookkeeping failed
+        (the others' deltas ride on the error), or every request of the batch if running the model or the
+        sampler failed.
+        """
         step = self.scheduler.schedule()
         if step.is_empty:
             return []
+        try:
+            return self._run_step(step)
+        except StepError:
+            raise
+        except Exception as exc:
+            raise StepError(sorted({seq.request_id for seq in step.seqs}), exc, whole_batch=True) from exc
+
+    def _run_step(self, step: ScheduledStep) -> list[StepDelta]:
         masks = self._start_grammar_masks(step)
         logits, sampling, prompt_logprobs = self.runner.execute(step)
         for i, scored in prompt_logprobs.items():
@@ -396,30 +424,41 @@ class LLMEngine:
         for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.kv.register_computed_blocks(seq)
-        bitmask = masks.result() if masks is not None else None
+        failures: dict[str, Exception] = {}
+        try:
+            bitmask = masks.result() if masks is not None else None
+            grammar_failure = None
+        except Exception as exc:  # the grammar engine failed: the constrained requests end, the others sample
+            bitmask, grammar_failure = None, exc
         deltas = []
-        if any(step.seqs[i].max_total_tokens == len(step.seqs[i].prompt_token_ids) for i in sampling):
-            # max_tokens=0: the prompt is computed (and scored); nothing is sampled
-            keep = []
-            for row, i in enumerate(sampling):
-                seq = step.seqs[i]
-                if seq.max_total_tokens == len(seq.prompt_token_ids):
-                    deltas.append(self._finish_unsampled(seq))
-                else:
-                    keep.append(row)
-            logits, sampling = logits[keep], [sampling[row] for row in keep]
-            if bitmask is not None:
-                bitmask = bitmask[keep]
-        if not sampling:
-            return deltas
-        rows = []
-        for i in sampling:
+        kept = []
+        for row, i in enumerate(sampling):
             seq = step.seqs[i]
-            banned = tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ()
-            rows.append(SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned))
-        result = sample(logits, rows, bitmask)
-        for i, token, logprobs in zip(sampling, result.token_ids, result.logprobs, strict=True):
-            deltas.append(self._append_token(step.seqs[i], token, logprobs))
+            if seq.max_total_tokens == len(seq.prompt_token_ids):
+                deltas.append(self._finish_unsampled(seq))  # max_tokens=0: computed (and scored), nothing sampled
+            elif grammar_failure is not None and seq.controller is not None:
+                failures.setdefault(seq.request_id, grammar_failure)
+            else:
+                kept.append(row)
+        if len(kept) < len(sampling):
+            logits = logits[kept]
+            if bitmask is not None:
+                bitmask = bitmask[kept]
+        seqs = [step.seqs[sampling[row]] for row in kept]
+        rows = [SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator,
+                            tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ())
+                for seq in seqs]
+        if rows:
+            result = sample(logits, rows, bitmask)
+            for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
+                try:
+                    deltas.append(self._append_token(seq, token, logprobs))
+                except Exception as exc:  # one sequence's steering or bookkeeping failed: its request alone ends
+                    failures.setdefault(seq.request_id, exc)
+        if failures:
+            cause = next(iter(failures.values()))
+            raise StepError(sorted(failures), cause, whole_batch=False,
+                            deltas=[d for d in deltas if d.request_id not in failures]) from cause
         return deltas
 
     def _start_grammar_masks(self, step: ScheduledStep) -> Future | None:

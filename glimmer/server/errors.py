@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from glimmer.engine.async_engine import EngineDeadError, EngineOverloadedError
+from glimmer.engine.async_engine import EngineDeadError, EngineOverloadedError, EngineStepError
 from glimmer.errors import GlimmerError, RequestError
 from glimmer.protocol import ChatTemplateError
 
@@ -53,7 +53,7 @@ def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 429, error_body(f"the server is overloaded: {exc}", "overloaded_error", None, "engine_overloaded")
     if isinstance(exc, ToolChoiceUnsatisfiedError):
         return 500, error_body(str(exc), "tool_choice_unsatisfied", "tool_choice")
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, EngineDeadError | EngineStepError):
         logger.error("request failed: %s", exc)
         return 500, error_body(str(exc), "internal_error")
     if isinstance(exc, GlimmerError):
