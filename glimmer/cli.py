@@ -148,6 +148,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
             require_cache_salt=args.require_cache_salt,
+            allowed_origins=tuple(args.allowed_origins),
+            metrics_require_api_key=args.metrics_require_api_key,
+            allow_control_tokens_in_content=args.allow_control_tokens_in_content,
         )
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -322,6 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--require-cache-salt", action="store_true",
                        help="refuse requests without a cache_salt (only requests with the same salt share "
                             "cached prompt blocks)")
+    serve.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                       help="web origins (e.g. https://app.example.com, or *) whose pages may call the API from a "
+                            "browser (CORS; default: none)")
+    serve.add_argument("--metrics-require-api-key", action="store_true",
+                       help="require the API key on /metrics too (default: /metrics is open)")
+    serve.add_argument("--allow-control-tokens-in-content", action="store_true",
+                       help="trusted callers only: control-token text in messages and chat_template_kwargs "
+                            "(<|start|>, <|eot|>, ...) becomes those tokens (default: it stays plain text)")
     serve.set_defaults(func=_cmd_serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")

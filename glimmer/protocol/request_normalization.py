@@ -30,6 +30,10 @@ _MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video"}
 RENDERED_PART_TYPES = frozenset({"text", "image", "video"})
 """Content part types the template renders (text, `<|patch|>`, `<|video|>`); other parts would render nothing."""
 
+MAX_ARGUMENTS_DEPTH = 64
+"""Tool-call arguments may nest objects and arrays this deep; deeper ones are refused (they only serve to
+exhaust the renderer's recursion)."""
+
 
 def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> list[dict[str, Any]]:
     """Copies of `messages` ready to render (P-TMPL-6, P-TMPL-7).
@@ -61,8 +65,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
         if isinstance(message.get("content"), list):
-            message["content"] = [_normalized_part(part, f"messages[{index}].content[{j}]")
-                                  for j, part in enumerate(message["content"])]
+            message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")
+                                  for part_index, part in enumerate(message["content"])]
         if message.get("reasoning_content") is None and message.get("reasoning") is not None:
             message["reasoning_content"] = message["reasoning"]
         if message.get("tool_calls") is not None:
@@ -97,15 +101,16 @@ def _instruction_text(content: Any, index: int) -> str:
                        param=f"messages[{index}].content")
 
 
-def _normalized_part(part: Any, param: str) -> Any:
-    if not isinstance(part, Mapping):
-        raise RequestError(f"{param} must be a content part object", param=param)
-    kind = part.get("type")
+def _normalized_part(part: Any, field: str) -> Any:
+    if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+        raise RequestError(f'{field} must be an object with a string "type" (text, image_url, video_url)',
+                           param=field)
+    kind = part["type"]
     if kind in _MEDIA_PART_TYPES:
         return {**part, "type": _MEDIA_PART_TYPES[kind]}
     if kind not in RENDERED_PART_TYPES:
-        raise RequestError(f"{param}: content parts of type {kind!r} are not supported (this model takes "
-                           "text, image_url and video_url parts); remove the part", param=param)
+        raise RequestError(f"{field}: content parts of type {kind!r} are not supported (this model takes "
+                           "text, image_url and video_url parts); remove the part", param=field)
     return part
 
 
@@ -138,6 +143,7 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
     if arguments is None:
         return {}
     if isinstance(arguments, Mapping):
+        _check_arguments_value(arguments, field)
         return dict(arguments)
     if not isinstance(arguments, str):
         raise RequestError(f"{field} must be a JSON object or a string holding one, got "
@@ -147,10 +153,42 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
     try:
         decoded = json.loads(arguments)
     except (ValueError, RecursionError) as error:
-        raise RequestError(f"{field} is not valid JSON: {error}", param=field) from error
+        raise RequestError(f"{field} is not valid JSON: {error}", param=field) from None
     if not isinstance(decoded, dict):
         raise RequestError(f"{field} must encode a JSON object, got {type(decoded).__name__}", param=field)
+    _check_arguments_value(decoded, field)
     return decoded
+
+
+def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
+    """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH or holding a lone surrogate
+    (JSON's `\\ud800` escape decodes to one, and no tokenizer can encode it)."""
+    pending: list[tuple[Any, int]] = [(arguments, 1)]
+    while pending:  # iterative: the point is not to recurse on hostile depth
+        value, depth = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _is_encodable(value):
+                raise RequestError(f"{field} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
+                                   "send valid Unicode text", param=field)
+            continue
+        if not isinstance(value, Mapping | list):
+            continue
+        if depth > MAX_ARGUMENTS_DEPTH:
+            raise RequestError(f"{field} nests objects and arrays more than {MAX_ARGUMENTS_DEPTH} levels deep",
+                               param=field)
+        items = list(value.items()) if isinstance(value, Mapping) else [(None, item) for item in value]
+        for key, item in items:
+            pending.append((item, depth + 1))
+            if key is not None:
+                pending.append((key, depth + 1))
+
+
+def _is_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def normalize_tools(tools: Any) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
@@ -57,7 +58,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if settings.metrics_require_api_key:
+            check_api_key(request, settings.api_key)
         return Response(context.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.exception_handler(GlimmerError)
@@ -74,6 +77,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
         return Response(status_code=_CLIENT_CLOSED_REQUEST)
 
+    if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 

@@ -1,10 +1,18 @@
-"""Reading a request body with a size limit, before any JSON is parsed (HTTP 413 beyond it)."""
+"""Reading a JSON request body: its media type first (415 unless JSON), then its bytes with a size limit
+(413 beyond it), before any JSON is parsed.
+
+Requiring `Content-Type: application/json` is also a cross-site guard: a browser sends `text/plain` POSTs to
+any origin without asking first, so a page could otherwise submit requests to a server on the visitor's
+machine or network.
+"""
 
 from __future__ import annotations
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from glimmer.server.errors import APIError
+from glimmer.server.streaming import ClientDisconnected
 
 
 def _too_large(max_bytes: int) -> APIError:
@@ -12,9 +20,22 @@ def _too_large(max_bytes: int) -> APIError:
                     code="request_too_large")
 
 
+def check_json_content_type(request: Request) -> None:
+    """Raises APIError 415 unless the request declares a JSON body (`application/json`, any parameters)."""
+    declared = request.headers.get("content-type", "")
+    if declared.split(";", 1)[0].strip().lower() != "application/json":
+        shown = repr(declared) if declared else "none"
+        raise APIError(415, f"the request body must be JSON sent with `Content-Type: application/json` (got "
+                            f"{shown})", code="unsupported_media_type")
+
+
 async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The body, refused as soon as it is known to exceed `max_bytes`: by its Content-Length, or while it
-    streams in (chunked uploads carry no length)."""
+    """The body of a JSON request, refused as soon as it is known to exceed `max_bytes`: by its
+    Content-Length, or while it streams in (chunked uploads carry no length).
+
+    Raises APIError (415, 413, 400) or ClientDisconnected when the client leaves during the upload.
+    """
+    check_json_content_type(request)
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -23,9 +44,12 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise _too_large(max_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise _too_large(max_bytes)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise _too_large(max_bytes)
+            chunks.append(chunk)
+    except ClientDisconnect:  # an ordinary event, not an internal error
+        raise ClientDisconnected() from None
     return b"".join(chunks)

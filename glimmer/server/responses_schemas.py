@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from glimmer.errors import RequestError
+from glimmer.server.schemas import Count, LogprobCount, PositiveCount, Seed, TopK
 
 
 class _Body(BaseModel):
@@ -41,7 +42,7 @@ class ResponsesRequest(_Body):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: PositiveCount | None = None
     temperature: float | None = None
     top_p: float | None = None
     reasoning: ResponsesReasoning | None = None
@@ -51,12 +52,12 @@ class ResponsesRequest(_Body):
     text: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     # Glimmer / vLLM extras, as on chat completions
-    top_k: int | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     reasoning_strength: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     skip_special_tokens: bool | None = None
@@ -72,9 +73,9 @@ class ResponsesRequest(_Body):
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
-    max_tool_calls: int | None = None
+    max_tool_calls: Count | None = None
     context_management: Any = None
-    top_logprobs: int | None = None
+    top_logprobs: LogprobCount | None = None
 
 
 _REFUSED = {

@@ -18,11 +18,23 @@ Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are che
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from glimmer.engine.sampling_params import MAX_LOGPROBS
 from glimmer.errors import RequestError
+
+# Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
+# a top_k of 2**63 once overflowed inside the sampler and stopped the engine. Tighter, server-specific limits
+# (n, max_tokens against the context length) are checked later with messages that name them.
+INT32_MAX = 2**31 - 1
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+PositiveCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 class _Body(BaseModel):
@@ -66,20 +78,20 @@ class _SamplingFields(_Body):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: TopK | None = None
     min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    seed: int | None = None
-    n: int = 1
+    seed: Seed | None = None
+    n: PositiveCount = 1
     stop: str | list[str] | None = None
-    min_tokens: int = 0
+    min_tokens: Count = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None  # chat: default true (framing aside, see choice_stream); completions: false
-    prompt_logprobs: int | None = None
+    prompt_logprobs: LogprobCount | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
@@ -111,11 +123,11 @@ class ChatCompletionRequest(_SamplingFields):
     enable_thinking: bool | None = None
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: PositiveCount | None = None
+    max_completion_tokens: PositiveCount | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
-    thinking_token_budget: int | None = Field(default=None, ge=0)
+    top_logprobs: LogprobCount | None = None
+    thinking_token_budget: Count | None = None
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
     functions: Any = None
     function_call: Any = None
@@ -127,13 +139,14 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Count | None = 16  # 0 scores the prompt (echo, prompt_logprobs) without sampling
+    logprobs: LogprobCount | None = None
+    # refused unless default (see REFUSED_UNLESS_DEFAULT)
     echo: bool = False
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: PositiveCount | None = None
 
 
 REFUSED_UNLESS_DEFAULT: dict[str, str] = {

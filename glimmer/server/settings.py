@@ -35,6 +35,10 @@ class ServerSettings:
         shares cached prompt blocks with another unless they name the same salt.
     responses_store_bytes / responses_store_age_s: how much of the stored /v1/responses (for
         previous_response_id) is kept in memory, and for how long.
+    allowed_origins: web origins whose pages may call the API from a browser (CORS); none by default, "*" for any.
+    metrics_require_api_key: /metrics also needs the API key (it tells who else uses the server, and how much).
+    allow_control_tokens_in_content: render control-token text in messages and template variables as those
+        control tokens, as before Glimmer 0.2 (only for trusted callers: a user could forge turns).
     """
 
     served_model_names: tuple[str, ...]
@@ -48,6 +52,9 @@ class ServerSettings:
     require_cache_salt: bool = False
     responses_store_bytes: int = DEFAULT_RESPONSES_STORE_BYTES
     responses_store_age_s: float = DEFAULT_RESPONSES_STORE_AGE_S
+    allowed_origins: tuple[str, ...] = ()
+    metrics_require_api_key: bool = False
+    allow_control_tokens_in_content: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):
@@ -59,6 +66,8 @@ class ServerSettings:
         for name in ("max_images_per_request", "max_videos_per_request"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must not be negative")
+        if self.metrics_require_api_key and self.api_key is None:
+            raise ConfigError("metrics_require_api_key needs an api_key (--api-key) to require")
         if self.max_n < 1:
             raise ConfigError(f"max_n={self.max_n} must be at least 1")
         strength = self.default_reasoning_strength

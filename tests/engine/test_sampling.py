@@ -45,6 +45,14 @@ def test_top_k_top_p_and_min_p_restrict_the_draw():
         assert sample(logits, [_row(top_p=0.1)]).token_ids[0] == 0
 
 
+def test_a_top_k_far_beyond_the_vocabulary_keeps_every_token():
+    """Issue 8: top_k = 2**63 overflowed int64 inside the sampler and stopped the engine."""
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.25, 0.25]]))
+    row = _row(top_k=2**63, top_p=0.99)
+    seen = {sample(logits, [row]).token_ids[0] for _ in range(200)}
+    assert seen == {0, 1, 2, 3}
+
+
 def test_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
     row = _row(temperature=1.0)

@@ -32,6 +32,7 @@ def client(server):
 def post(server, body, *, path="/chat/completions", key=KEY, **kwargs) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if not isinstance(body, dict):
+        headers["Content-Type"] = "application/json"
         return httpx.post(server.base_url + path, content=body, headers=headers, timeout=30, **kwargs)
     return httpx.post(server.base_url + path, json=body, headers=headers, timeout=30, **kwargs)
 
@@ -216,7 +217,7 @@ def test_bad_requests_never_affect_good_ones(server):
         headers = {"Authorization": f"Bearer {KEY}"}
         async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=60) as http:
             good = [http.post("/chat/completions", json=chat(max_tokens=8, seed=i)) for i in range(4)]
-            bad = [http.post("/chat/completions", content=b"{nope"),
+            bad = [http.post("/chat/completions", content=b"{nope", headers={"Content-Type": "application/json"}),
                    http.post("/chat/completions", json=chat(max_tokens=5000)),
                    http.post("/chat/completions", json=chat(model="other")),
                    http.post("/chat/completions", json=chat(logit_bias={"1": 5}))]

@@ -1,0 +1,162 @@
+"""Requests an attacker or a broken client sends get clean 4xx answers and leave the server unharmed (issue 8).
+
+Each case is a regression test of a failure seen through the real server: a 500, a dead engine, or work done
+before a limit applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import httpx
+import pytest
+from reliability_support import assert_healthy, chat_body, raw_request, send_and_hang_up
+from server_support import live_server
+
+KEY = "sk-reliability"
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny()) as live:
+        yield live
+
+
+def post(server, body: dict | bytes, path: str = "/chat/completions", **headers: str) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **headers}
+    return httpx.post(server.base_url + path, content=content, headers=headers, timeout=60)
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "Traceback" not in response.text
+    return error
+
+
+HUGE = 2**63
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), [
+    ("/chat/completions", {"top_k": HUGE}, "top_k"),
+    ("/chat/completions", {"top_k": -2}, "top_k"),
+    ("/chat/completions", {"seed": 2**64}, "seed"),
+    ("/chat/completions", {"n": HUGE}, "n"),
+    ("/chat/completions", {"min_tokens": HUGE}, "min_tokens"),
+    ("/chat/completions", {"max_tokens": HUGE}, "max_tokens"),
+    ("/chat/completions", {"max_completion_tokens": -1}, "max_completion_tokens"),
+    ("/chat/completions", {"logprobs": True, "top_logprobs": HUGE}, "top_logprobs"),
+    ("/completions", {"prompt": "x", "logprobs": HUGE}, "logprobs"),
+    ("/completions", {"prompt": "x", "best_of": HUGE}, "best_of"),
+    ("/completions", {"prompt": "x", "max_tokens": HUGE}, "max_tokens"),
+    ("/completions", {"prompt": "x", "top_k": HUGE}, "top_k"),
+])
+def test_every_integer_field_is_range_checked_before_any_work(server, path, fields, param):
+    body = chat_body(**fields) if path == "/chat/completions" else {"model": "tiny", **fields}
+    error = error_of(post(server, body, path), 400)
+    assert error["param"] == param
+    assert server.engine.is_alive
+
+
+@pytest.mark.parametrize("prompt", [[HUGE], [[1, 2], [HUGE]], [-1]])
+def test_prompt_token_ids_out_of_range_are_400(server, prompt):
+    error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 2}, "/completions"), 400)
+
+
+def test_the_top_k_that_killed_the_engine_is_refused_and_the_engine_lives(server):
+    """Issue 8: top_k = 2**63 overflowed inside the sampler and stopped the engine for good."""
+    assert error_of(post(server, chat_body(top_k=2**63)), 400)["param"] == "top_k"
+    assert_healthy(server)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          None, "application/jsonp"])
+def test_a_json_endpoint_refuses_other_media_types_with_415(server, content_type):
+    """A browser sends text/plain POSTs cross-site without a preflight; they must not run."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    response = httpx.post(server.base_url + "/chat/completions", content=json.dumps(chat_body(top_k=2**63)),
+                          headers=headers, timeout=30)
+    assert error_of(response, 415)["code"] == "unsupported_media_type"
+    response = httpx.post(server.base_url + "/completions", content=b'{"prompt": "x"}', headers=headers, timeout=30)
+    assert response.status_code == 415
+
+
+def test_json_with_a_charset_parameter_is_accepted(server):
+    response = post(server, chat_body(), **{"Content-Type": "Application/JSON; charset=utf-8"})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("part_type", [["text"], {"a": 1}, 5, None])
+def test_a_content_part_whose_type_is_not_a_string_is_400(server, part_type):
+    messages = [{"role": "user", "content": [{"type": part_type, "text": "x"}]}]
+    error = error_of(post(server, chat_body(messages=messages)), 400)
+    assert error["param"] == "messages[0].content[0]"
+
+
+def _with_call_arguments(arguments: str) -> dict:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return chat_body(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}])
+
+
+def test_a_lone_surrogate_inside_tool_call_arguments_is_400(server):
+    error = error_of(post(server, _with_call_arguments('{"a": "x\\ud800y"}')), 400)
+    assert error["param"] == "messages[1].tool_calls[0].function.arguments"
+    assert "surrogate" in error["message"]
+
+
+def test_tool_call_arguments_nested_500_deep_are_400(server):
+    error = error_of(post(server, _with_call_arguments('{"a": ' + "[" * 500 + "]" * 500 + "}")), 400)
+    assert "levels deep" in error["message"]
+    deep_object = {"a": 1}
+    for _ in range(150):
+        deep_object = {"a": deep_object}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep_object}}
+    body = chat_body(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}])
+    assert "levels deep" in error_of(post(server, body), 400)["message"]
+    assert_healthy(server)
+
+
+def test_a_client_that_leaves_during_the_upload_is_no_internal_error(server, caplog):
+    before = server.metrics()
+    body = json.dumps(chat_body()).encode()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            send_and_hang_up(server.url, raw_request(server.base_url, "/chat/completions", body[:20],
+                                                     declared_length=len(body)), after_s=0.05)
+        time.sleep(0.5)
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
+    after = server.metrics()
+    key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
+    assert after.get(key % 499, 0) - before.get(key % 499, 0) == 3
+    assert after.get(key % 500, 0) == before.get(key % 500, 0)
+    assert_healthy(server)
+
+
+def test_cors_is_off_by_default(server):
+    preflight = httpx.options(server.base_url + "/chat/completions", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in preflight.headers
+    response = post(server, chat_body(), Origin="https://evil.example")
+    assert "access-control-allow-origin" not in response.headers
+
+
+def test_cors_allows_only_the_configured_origins(make_tiny):
+    with live_server(make_tiny(), allowed_origins=("https://app.example",)) as live:
+        allowed = httpx.options(live.base_url + "/chat/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type,authorization"})
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+        other = httpx.options(live.base_url + "/chat/completions", headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_metrics_can_require_the_api_key(make_tiny):
+    with live_server(make_tiny(), api_key=KEY, metrics_require_api_key=True) as live:
+        assert error_of(httpx.get(live.url + "/metrics"), 401)["code"] == "invalid_api_key"
+        assert httpx.get(live.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+        assert httpx.get(live.url + "/health").status_code == 200  # probes stay open
