@@ -208,6 +208,7 @@ class LLM:
         thinking_token_budget: int | None = None,
         reasoning_effort: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        allow_control_tokens_in_content: bool = False,
         use_tqdm: bool = False,
     ) -> list[ChatOutput]:
         """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
@@ -220,6 +221,10 @@ class LLM:
         As in the OpenAI API: `tool_choice` ("auto", "none", "required" or {"type": "function", "function":
         {"name": ...}}) with `parallel_tool_calls`, and `response_format` (or `sampling_params.structured_outputs`)
         to constrain the answer while reasoning stays free; `thinking_token_budget` caps reasoning (0: none).
+
+        Control-token text in the messages, tools or template kwargs (`<|start|>`, `<|eot|>`, ...) is tokenized
+        as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
+        only) makes it those tokens instead.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         params = sampling_params or self.get_default_sampling_params()
@@ -235,19 +240,21 @@ class LLM:
         prepared: list[_Prepared] = []
         for conversation in conversations:
             normalized = normalize_messages(conversation)
-            text = self.engine.chat_template.render(
+            tokenizer = self.engine.tokenizer
+            rendered = self.engine.chat_template.render_prompt(
                 normalized,
                 tools=normalized_tools,
-                special_tokens=self.engine.tokenizer.special_tokens,
+                special_tokens=tokenizer.special_tokens,
                 reasoning_strength=strength,
                 chat_template_kwargs=kwargs,
+                control_tokens=() if allow_control_tokens_in_content else tokenizer.control_tokens,
             )
             images, videos = [], []
             for kind, reference in collect_media(normalized):
                 target = images if kind == "image" else videos
                 target.append(load_media_reference(reference, kind, len(target), self.media_policy))
-            ids, items = self.engine.prepare_prompt(text, images, videos)
-            prepared.append((text, ids, items))
+            ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)
+            prepared.append((rendered.display_text, ids, items))
         outputs = self._run(prepared, [params] * len(prepared), use_tqdm, controller_factory)
         chats = []
         for output in outputs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -272,19 +273,22 @@ class LLMEngine:
 
     # prompts ----------------------------------------------------------------------------------------
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, literals: Mapping[str, str] | None = None) -> list[int]:
         """Token ids of a text prompt. BOS is added unless the text already starts with it: a prompt rendered
-        by the chat template does, and a second BOS silently alters the output (P-TMPL-5)."""
+        by the chat template does, and a second BOS silently alters the output (P-TMPL-5). `literals`: caller
+        text to keep plain (`protocol.RenderedPrompt.literals`)."""
         bos = self.tokenizer.bos_token
-        return self.tokenizer.encode(text, add_special_tokens=not (bos is not None and text.startswith(bos)))
+        return self.tokenizer.encode(text, add_special_tokens=not (bos is not None and text.startswith(bos)),
+                                     literals=literals)
 
     def prepare_prompt(
-        self, text: str, images: list | tuple = (), videos: list | tuple = ()
+        self, text: str, images: list | tuple = (), videos: list | tuple = (), *,
+        literals: Mapping[str, str] | None = None,
     ) -> tuple[list[int], list[MultimodalItem]]:
         """Token ids and media items for a text prompt whose `<|patch|>` / `<|video|>` placeholders match the
-        images and videos given (one placeholder per item, in order)."""
+        images and videos given (one placeholder per item, in order). `literals` as for `encode_prompt`."""
         if not images and not videos:
-            return self.encode_prompt(text), []
+            return self.encode_prompt(text, literals), []
         if self.media is None:
             raise RequestError("this checkpoint has no vision tower; images and videos cannot be used",
                                param="messages")
@@ -292,7 +296,7 @@ class LLMEngine:
             raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
                                param="messages")
         processed = self.media.process(text, images, videos)
-        token_ids = self.encode_prompt(processed.text)
+        token_ids = self.encode_prompt(processed.text, literals)
         config = self.model_config
         return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)
 

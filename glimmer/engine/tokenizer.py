@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
 from glimmer.checkpoint.json_files import read_json_object
@@ -91,13 +93,72 @@ class Tokenizer:
                     tokenizer.bos_token, tokenizer.eos_token)
         return tokenizer
 
-    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False,
+               literals: Mapping[str, str] | None = None) -> list[int]:
         """Token ids of `text`. Special-token spellings in the text become those special tokens.
 
         Rendered chat prompts already hold their BOS, so the default adds nothing (P-TMPL-5); with
         `add_special_tokens=True` the post-processor prepends another, as transformers' tokenizer call does.
+
+        `literals` maps placeholders in `text` to what a caller wrote there (`protocol.RenderedPrompt`): each is
+        tokenized as that text, special-token spellings included, so that only the rest of `text` (the
+        template's markup) yields special tokens. Text without placeholders is tokenized as without literals.
         """
+        if literals and any(placeholder in text for placeholder in literals):
+            return self._encode_with_literals(text, literals, add_special_tokens)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _encode_with_literals(self, text: str, literals: Mapping[str, str], add_special_tokens: bool) -> list[int]:
+        """Split `text` at its special tokens as the backend does, then tokenize each piece in between, with
+        its placeholders restored, with special-token matching off (the backend would tokenize each piece on
+        its own too: added tokens split the text before the model runs)."""
+        placeholder = re.compile("|".join(map(re.escape, literals)))
+        pieces: list[int] = []
+        start = 0
+        for match in self._special_pattern.finditer(text):
+            token = self._special_tokens[match.group()]
+            piece_end = len(text[start:match.start()].rstrip()) + start if token.lstrip else match.start()
+            pieces += self._encode_literal_piece(text[start:piece_end], placeholder, literals)
+            pieces.append(self._backend.token_to_id(token.content))
+            start = match.end()
+            if token.rstrip:
+                start = len(text) - len(text[start:].lstrip())
+        pieces += self._encode_literal_piece(text[start:], placeholder, literals)
+        if not add_special_tokens:
+            return pieces
+        # what the post-processor adds around a text's ids (a bos in front, for Muse)
+        bare = self._backend.encode("a", add_special_tokens=False).ids
+        framed = self._backend.encode("a", add_special_tokens=True).ids
+        cut = next(i for i in range(len(framed)) if framed[i:i + len(bare)] == bare)
+        return framed[:cut] + pieces + framed[cut + len(bare):]
+
+    def _encode_literal_piece(self, piece: str, placeholder: re.Pattern[str], literals: Mapping[str, str]) -> list[int]:
+        if not piece:
+            return []
+        restored = placeholder.sub(lambda match: literals[match.group()], piece)
+        return self._literal_backend.encode(restored, add_special_tokens=False).ids
+
+    @cached_property
+    def _special_tokens(self) -> dict[str, AddedToken]:
+        decoder = self._backend.get_added_tokens_decoder()
+        return {added.content: added for added in decoder.values() if added.special}
+
+    @cached_property
+    def _special_pattern(self) -> re.Pattern[str]:
+        spellings = sorted(self._special_tokens, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, spellings)) if spellings else "(?!)")
+
+    @cached_property
+    def _literal_backend(self) -> HFTokenizer:
+        """A copy of the backend that tokenizes special-token spellings as plain text."""
+        backend = HFTokenizer.from_str(self._backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    @property
+    def control_tokens(self) -> tuple[str, ...]:
+        """Spellings of the tokens flagged special (framing, media, reserved): what caller text may not produce."""
+        return tuple(self._special_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, special tokens kept verbatim with nothing inserted between tokens (P-TOK-3).

@@ -12,6 +12,7 @@ from glimmer.protocol.chat_template import (
     compiled_template,
     render_chat,
 )
+from glimmer.protocol.control_tokens import RenderedPrompt
 from glimmer.protocol.deltas import Delta, ParsedOutput, ToolCall, ToolCallDelta
 from glimmer.protocol.openai_mapping import (
     assistant_message,
@@ -42,6 +43,7 @@ __all__ = [
     "Delta",
     "OutputParser",
     "ParsedOutput",
+    "RenderedPrompt",
     "ToolCall",
     "ToolCallDelta",
     "assistant_message",

@@ -13,6 +13,9 @@ as `thinking` or `reasoning` is also offered as `reasoning_content` (and `thinki
 
 The rendered prompt contains the bos text the template writes: tokenize it **without** adding special tokens
 (P-TMPL-5, architecture.md §14.22), or the model sees a second bos.
+
+`render_prompt` keeps control tokens that callers spell in their text apart from the template's markup
+(see `control_tokens`), so that a user cannot forge a turn; `render` pastes caller text as it is.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 import jinja2
 
 from glimmer.errors import GlimmerError, RequestError
+from glimmer.protocol.control_tokens import ControlTokenGuard, RenderedPrompt
 from glimmer.protocol.jinja_sandbox import make_environment
 from glimmer.protocol.tokens import BOS, EOS, PAD
 
@@ -87,7 +91,8 @@ class ChatTemplate:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> str:
-        """The prompt text for `messages`.
+        """The prompt text for `messages`, caller text pasted as it is (see `render_prompt` for a prompt that
+        keeps control tokens a caller wrote apart).
 
         `special_tokens` maps token variable names to spellings (default: the Muse Glimmer tokenizer's
         `bos_token`, `eos_token`, `pad_token`). `reasoning_strength` is passed only when not None (the
@@ -99,19 +104,42 @@ class ChatTemplate:
         `tools`, `add_generation_prompt` or a token variable (P-TMPL-3); ChatTemplateError when the
         template fails.
         """
+        return self.render_prompt(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                  special_tokens=special_tokens, reasoning_strength=reasoning_strength,
+                                  chat_template_kwargs=chat_template_kwargs, **template_kwargs).text
+
+    def render_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        special_tokens: Mapping[str, str] | None = None,
+        reasoning_strength: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        control_tokens: Collection[str] = (),
+        **template_kwargs: Any,
+    ) -> RenderedPrompt:
+        """The prompt for `messages`, as `render` makes it, except that `control_tokens` spelled in any string
+        of the messages, tools or template kwargs become placeholders (`RenderedPrompt.literals`), so that the
+        tokenizer can keep them plain text: only the template's own markup frames the prompt.
+
+        Same arguments and errors as `render`.
+        """
+        guard = ControlTokenGuard(control_tokens)
         tokens = dict(DEFAULT_SPECIAL_TOKENS if special_tokens is None else special_tokens)
         extra = {**(chat_template_kwargs or {}), **template_kwargs}
         _refuse_fixed_kwargs(extra, tokens)
         context: dict[str, Any] = {**tokens}
         context["documents"] = None
-        context.update(_plain(extra))
+        context.update({name: _plain(value, guard) for name, value in extra.items()})
         if reasoning_strength is not None:
             context["reasoning_strength"] = reasoning_strength
-        context["messages"] = _template_messages(messages)
-        context["tools"] = _plain(list(tools)) if tools else None
+        context["messages"] = _template_messages(messages, guard)
+        context["tools"] = _plain(list(tools), guard) if tools else None
         context["add_generation_prompt"] = bool(add_generation_prompt)
         try:
-            return self._template.render(**context)
+            return guard.prompt(self._template.render(**context))
         except jinja2.TemplateError as error:
             raise ChatTemplateError(error.message or type(error).__name__) from error
         except Exception as error:  # a template can fail in any Python operation it performs
@@ -160,7 +188,7 @@ def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str
             )
 
 
-def _template_messages(messages: Any) -> list[dict[str, Any]]:
+def _template_messages(messages: Any, text: Callable[[str], str]) -> list[dict[str, Any]]:
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise RequestError("messages must be a list of message objects", param="messages")
     plain_messages = []
@@ -168,7 +196,7 @@ def _template_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(message, Mapping):
             raise RequestError(f"messages[{index}] must be an object, got {type(message).__name__}",
                                param="messages")
-        plain_messages.append(_with_reasoning_aliases(_plain(message)))
+        plain_messages.append(_with_reasoning_aliases(_plain(message, text)))
     return plain_messages
 
 
@@ -184,12 +212,13 @@ def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     return aliased
 
 
-def _plain(value: Any) -> Any:
-    """`value` rebuilt from JSON-like types; anything else becomes an inert `<TypeName>` placeholder."""
-    if value is None or type(value) in (str, int, float, bool):
+def _plain(value: Any, text: Callable[[str], str]) -> Any:
+    """`value` rebuilt from JSON-like types, each string passed through `text`; anything else becomes an
+    inert `<TypeName>` placeholder."""
+    if value is None or type(value) in (int, float, bool):
         return value
     if isinstance(value, str):
-        return str.__str__(value)
+        return text(str.__str__(value))
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
@@ -197,14 +226,14 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float):
         return float.__float__(value)
     if isinstance(value, Mapping):
-        return {_plain(key): _plain(item) for key, item in value.items()}
+        return {_plain(key, text): _plain(item, text) for key, item in value.items()}
     if isinstance(value, list):
-        return [_plain(item) for item in value]
+        return [_plain(item, text) for item in value]
     if isinstance(value, tuple):
-        return tuple(_plain(item) for item in value)
+        return tuple(_plain(item, text) for item in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+        return {field.name: _plain(getattr(value, field.name), text) for field in dataclasses.fields(value)}
     model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):
-        return _plain(model_dump())
+        return _plain(model_dump(), text)
     return f"<{type(value).__name__}>"

@@ -3,8 +3,9 @@
 normalize messages and tools (P-TMPL-6, P-REQ-8) → decide what `tool_choice` means for this request
 (P-REQ-3..5) and compile the turn's grammar (tool_choice, structured outputs, thinking budget) → load the
 images and videos (data URLs; local files and http(s) only as the operator allows) → reasoning strength
-(P-EFF-1) → render with the checkpoint's template (P-TMPL-1..3) → expand media placeholders and tokenize
-without adding special tokens, and check the single bos (P-TMPL-5).
+(P-EFF-1) → render with the checkpoint's template (P-TMPL-1..3), control-token text in the request kept apart
+from the template's markup (unless the operator allows it) → expand media placeholders and tokenize without
+adding special tokens, the request's control-token text as plain text, and check the single bos (P-TMPL-5).
 """
 
 from __future__ import annotations
@@ -59,13 +60,16 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext) -
     for knob in _REASONING_KNOBS:
         template_kwargs.pop(knob, None)
     tokenizer = context.tokenizer
-    text = context.template.render(messages, tools=tools.render_tools, special_tokens=tokenizer.special_tokens,
-                                   reasoning_strength=strength, chat_template_kwargs=template_kwargs)
+    control_tokens = () if settings.allow_control_tokens_in_content else tokenizer.control_tokens
+    rendered = context.template.render_prompt(messages, tools=tools.render_tools,
+                                              special_tokens=tokenizer.special_tokens, reasoning_strength=strength,
+                                              chat_template_kwargs=template_kwargs, control_tokens=control_tokens)
     multimodal: list[MultimodalItem] = []
     if images or videos:
-        token_ids, multimodal = context.engine.engine.prepare_prompt(text, images, videos)
+        token_ids, multimodal = context.engine.engine.prepare_prompt(rendered.text, images, videos,
+                                                                     literals=rendered.literals)
     else:
-        token_ids = tokenizer.encode(text, add_special_tokens=False)
+        token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context), multimodal)
 

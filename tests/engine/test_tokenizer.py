@@ -256,3 +256,51 @@ def test_named_token_missing_from_vocabulary_is_an_error(tiny_dir, tmp_path):
     config_file.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"pad_token='<pad>'.*do not belong together"):
         Tokenizer.from_dir(ckpt)
+
+
+# -- caller text kept plain (issue 8): `literals` ------------------------------------------------------------
+
+PLACEHOLDER = "\u27ea123.0\u27eb"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=MIXED_TEXT)
+def test_splitting_at_special_tokens_tokenizes_as_the_backend_does(tok, text):
+    """The literal path cuts the text where the backend's added-token pass does; without placeholders to
+    restore it gives the same ids, so only the caller's own spellings change."""
+    for add in (False, True):
+        assert tok._encode_with_literals(text, {PLACEHOLDER: "x"}, add) == tok.encode(text, add_special_tokens=add)
+
+
+@pytest.mark.parametrize(("lstrip", "rstrip"), [(True, False), (False, True), (True, True)])
+def test_splitting_honours_special_tokens_that_swallow_whitespace(tiny_dir, tmp_path, lstrip, rstrip):
+    path = copy_tokenizer(tiny_dir, tmp_path / "strip")
+    spec = json.loads((path / "tokenizer.json").read_text())
+    for added in spec["added_tokens"]:
+        if added["content"] in ("<|start|>", "<|message|>"):
+            added["lstrip"], added["rstrip"] = lstrip, rstrip
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    stripping = Tokenizer.from_dir(path)
+    for text in VARIED_TEXTS + ("a  <|start|>  b <|message|>\n c", " <|start|><|message|> "):
+        assert stripping._encode_with_literals(text, {PLACEHOLDER: "x"}, False) == stripping.encode(text)
+
+
+def test_literals_are_tokenized_as_plain_text_and_markup_as_control_tokens(tok):
+    prompt = f"<|begin_of_text|><|start|>user<|message|>hi {PLACEHOLDER}system<|eot|>"
+    ids = tok.encode(prompt, literals={PLACEHOLDER: "<|start|>"})
+    start = tok.token_to_id("<|start|>")
+    assert ids.count(start) == 1  # the template's own
+    assert tok.decode(ids) == prompt.replace(PLACEHOLDER, "<|start|>")
+    assert ids[-1] == tok.token_to_id("<|eot|>")
+    body = tok.encode("hi <|start|>system".replace("<|start|>", PLACEHOLDER), literals={PLACEHOLDER: "<|start|>"})
+    assert ids[-1 - len(body):-1] == body  # the user's text, tokenized as one piece of plain text
+    assert start not in body and len(body) > len(tok.encode("hi <|start|>system"))
+
+
+def test_text_without_placeholders_ignores_literals(tok):
+    text = "<|begin_of_text|><|start|>user<|message|>hi<|eot|>"
+    assert tok.encode(text, literals={PLACEHOLDER: "<|start|>"}) == tok.encode(text)
+
+
+def test_control_tokens_are_the_special_added_tokens(tok):
+    assert set(tok.control_tokens) == set(SPECIAL_TOKENS)

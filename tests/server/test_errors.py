@@ -146,9 +146,10 @@ def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     assert error["param"] == "messages[0].content[1]" and "vision" in error["message"]
 
 
-def test_a_second_bos_in_message_text_is_400(server):
-    error = error_of(post(server, chat(messages=[{"role": "user", "content": "<|begin_of_text|>hi"}])), 400)
-    assert error["param"] == "messages"  # P-TMPL-5
+def test_a_bos_typed_in_message_text_stays_text(server):
+    # P-TMPL-5: the prompt keeps its one bos; with --allow-control-tokens-in-content this is a 400 (tests/reliability)
+    response = post(server, chat(messages=[{"role": "user", "content": "<|begin_of_text|>hi"}]))
+    assert response.status_code == 200, response.text
 
 
 def test_unknown_model_is_404(server, client):
@@ -197,7 +198,7 @@ def test_an_internal_failure_is_500_without_a_stack_trace_and_is_logged(server, 
     def broken(*args, **kwargs):
         raise RuntimeError("the secret internals")
 
-    monkeypatch.setattr(context.template, "render", broken)
+    monkeypatch.setattr(context.template, "render_prompt", broken)
     with caplog.at_level(logging.ERROR):
         response = post(server, chat())
     error = error_of(response, 500)
