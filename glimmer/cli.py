@@ -119,7 +119,9 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         load_format=args.load_format,
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
-        media_limits=MediaLimits(max_image_pixels=args.max_image_pixels,
+        media_limits=MediaLimits(max_image_pixels=args.max_image_pixels, max_image_side=args.max_image_side,
+                                 max_image_aspect_ratio=args.max_image_aspect_ratio,
+                                 max_video_frame_pixels=args.max_video_frame_pixels,
                                  max_video_source_frames=args.max_video_frames),
     )
     return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
@@ -144,7 +146,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("GLIMMER_API_KEY") or None,
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
-            media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media),
+            media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media,
+                                                 allowed_domains=args.allowed_media_domains),
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
             require_cache_salt=args.require_cache_salt,
@@ -260,6 +263,12 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="KV cache size, e.g. 8GiB or 512MiB (default: a fraction of free device memory)")
     parser.add_argument("--max-image-pixels", type=int, default=MediaLimits.max_image_pixels,
                         help="larger images or video frames are refused (HTTP 400)")
+    parser.add_argument("--max-image-side", type=int, default=MediaLimits.max_image_side,
+                        help="images or video frames with a longer side are refused (HTTP 400)")
+    parser.add_argument("--max-image-aspect-ratio", type=int, default=MediaLimits.max_image_aspect_ratio,
+                        help="images or video frames more elongated than this many to one are refused (HTTP 400)")
+    parser.add_argument("--max-video-frame-pixels", type=int, default=MediaLimits.max_video_frame_pixels,
+                        help="videos with larger frames are refused (HTTP 400)")
     parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
                         help="videos with more source frames are refused (HTTP 400)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
@@ -315,7 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
                        help="let requests name image/video files under DIR (repeatable; default: none)")
     serve.add_argument("--allow-remote-media", action="store_true",
-                       help="let requests name http(s) image/video URLs (fetched with size, time and redirect limits)")
+                       help="let requests name http(s) image/video URLs on public addresses (fetched with size, time "
+                            "and redirect limits; loopback, link-local and private addresses are refused)")
+    serve.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+                       help="let requests fetch http(s) media from these hosts, even on private addresses (an internal "
+                            "image store); alone, it allows only these hosts")
     serve.add_argument("--max-images-per-request", type=int, default=16,
                        help="more images in one request get HTTP 400 (default 16)")
     serve.add_argument("--max-videos-per-request", type=int, default=2,

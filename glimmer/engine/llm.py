@@ -72,13 +72,15 @@ class LLM:
         allowed_local_media_path: list[str] | None = None,
         allow_remote_media: bool = False,
         generation_config: str = "auto",
+        allowed_media_domains: list[str] | None = None,
         **engine_options: Any,
     ):
         if generation_config not in GENERATION_CONFIG_MODES:
             raise ConfigError(f"generation_config={generation_config!r} is not supported; use "
                               f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, device=device, **engine_options))
-        self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media)
+        self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
+                                                    allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
         self._ids = itertools.count()
 

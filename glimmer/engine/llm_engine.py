@@ -7,6 +7,7 @@ the async server calls `step()` from one background thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from glimmer.cancellation import CancelToken
 from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
@@ -247,7 +249,10 @@ class LLMEngine:
             files[0] = read_json_object(self.checkpoint_dir / "processor_config.json")
         settings = load_media_settings(*files)
         settings.check_matches(vision)
-        return MediaProcessor(settings, self.config.media_limits)
+        limits = self.config.media_limits
+        # media tokens beyond the context can never be served: stop decoding a request's items there
+        context_bound = min(limits.max_media_tokens or self.max_model_len, self.max_model_len)
+        return MediaProcessor(settings, dataclasses.replace(limits, max_media_tokens=context_bound))
 
     @property
     def chat_template(self) -> ChatTemplate:
@@ -273,20 +278,38 @@ class LLMEngine:
 
     # prompts ----------------------------------------------------------------------------------------
 
+    @property
+    def max_prompt_chars(self) -> int:
+        """Longer prompt texts cannot fit the context with room for one token, whatever they say: they are
+        refused before the tokenizer spends time on them."""
+        return (self.max_model_len - 1) * self.tokenizer.max_token_chars
+
+    def check_prompt_chars(self, text: str) -> None:
+        """Raises RequestError for a prompt text longer than `max_prompt_chars`."""
+        if len(text) > self.max_prompt_chars:
+            raise RequestError(
+                f"the prompt has {len(text):,} characters, more than max_model_len={self.max_model_len} tokens "
+                f"can hold (at most {self.max_prompt_chars:,}); shorten the messages", param="messages")
+
     def encode_prompt(self, text: str, literals: Mapping[str, str] | None = None) -> list[int]:
         """Token ids of a text prompt. BOS is added unless the text already starts with it: a prompt rendered
         by the chat template does, and a second BOS silently alters the output (P-TMPL-5). `literals`: caller
-        text to keep plain (`protocol.RenderedPrompt.literals`)."""
+        text to keep plain (`protocol.RenderedPrompt.literals`).
+
+        Raises RequestError, before tokenizing, for a text longer than `max_prompt_chars`.
+        """
+        self.check_prompt_chars(text)
         bos = self.tokenizer.bos_token
         return self.tokenizer.encode(text, add_special_tokens=not (bos is not None and text.startswith(bos)),
                                      literals=literals)
 
     def prepare_prompt(
         self, text: str, images: list | tuple = (), videos: list | tuple = (), *,
-        literals: Mapping[str, str] | None = None,
+        literals: Mapping[str, str] | None = None, cancel: CancelToken | None = None,
     ) -> tuple[list[int], list[MultimodalItem]]:
         """Token ids and media items for a text prompt whose `<|patch|>` / `<|video|>` placeholders match the
-        images and videos given (one placeholder per item, in order). `literals` as for `encode_prompt`."""
+        images and videos given (one placeholder per item, in order). `literals` as for `encode_prompt`;
+        `cancel` stops the media processing between items and frames (raising Cancelled)."""
         if not images and not videos:
             return self.encode_prompt(text, literals), []
         if self.media is None:
@@ -295,7 +318,8 @@ class LLMEngine:
         if videos and self.model_config.video_unsupported_reason:
             raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
                                param="messages")
-        processed = self.media.process(text, images, videos)
+        self.check_prompt_chars(text)  # before decoding media that could not fit anyway
+        processed = self.media.process(text, images, videos, cancel=cancel)
         token_ids = self.encode_prompt(processed.text, literals)
         config = self.model_config
         return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)

@@ -155,6 +155,13 @@ class Tokenizer:
         backend.encode_special_tokens = True
         return backend
 
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for, so that a text of C characters has at least
+        C / max_token_chars tokens. A byte-level token string spells one byte per character, and a text has
+        at least as many bytes as characters; an added token stands for its own spelling."""
+        return max(len(token) for token in self._backend.get_vocab(with_added_tokens=True))
+
     @property
     def control_tokens(self) -> tuple[str, ...]:
         """Spellings of the tokens flagged special (framing, media, reserved): what caller text may not produce."""

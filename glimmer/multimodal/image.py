@@ -42,18 +42,6 @@ def image_grid(height: int, width: int, settings: MediaSettings) -> tuple[int, i
     return 1, target_height // settings.patch_size, target_width // settings.patch_size
 
 
-def _check_pixels(width: int, height: int, index: int, limits: MediaLimits) -> None:
-    if width <= 0 or height <= 0:
-        raise MediaDecodeError("image", index, f"the image is empty ({width}×{height} pixels)")
-    if width * height > limits.max_image_pixels:
-        raise MediaLimitError(
-            "image",
-            index,
-            f"{width}×{height} = {width * height:,} pixels exceeds the limit of {limits.max_image_pixels:,}; "
-            "downscale the image before sending it",
-        )
-
-
 def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLimits) -> Image.Image:
     """Open and fully decode an encoded image, upright per EXIF; every failure becomes MediaDecodeError."""
     try:
@@ -62,10 +50,10 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
             # own threshold) still fires for files far past any sane limit
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
-            _check_pixels(image.width, image.height, index, limits)
+            limits.check_frame_size("image", index, image.width, image.height)  # the header's size: nothing decoded
             image.load()
             return ImageOps.exif_transpose(image)
-    except MediaLimitError:
+    except (MediaLimitError, MediaDecodeError):
         raise
     except Image.DecompressionBombError as error:
         raise MediaLimitError("image", index, f"{error}; downscale the image before sending it") from None
@@ -78,6 +66,19 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         # Pillow reports truncated or corrupt data as OSError, and some broken headers as SyntaxError
         raise MediaDecodeError("image", index, f"the image data is corrupt or truncated ({error})") from None
+
+
+def is_image_data(data: bytes) -> bool:
+    """Whether Pillow recognizes `data` as an image from its header (nothing is decoded)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            Image.open(io.BytesIO(data)).close()
+    except Image.DecompressionBombError:
+        return True  # an image, if a far too large one: the size limits will say so
+    except Exception:  # Pillow raises many kinds for data that is not an image
+        return False
+    return True
 
 
 def pil_to_rgb(image: Image.Image) -> np.ndarray:
@@ -116,14 +117,14 @@ def load_rgb(image: ImageInput, index: int, limits: MediaLimits) -> np.ndarray:
     if isinstance(image, bytes | str | os.PathLike):
         image = _open_encoded(image, index, limits)
     if isinstance(image, Image.Image):
-        _check_pixels(image.width, image.height, index, limits)
+        limits.check_frame_size("image", index, image.width, image.height)
         try:
             return pil_to_rgb(image)
         except (OSError, ValueError) as error:
             raise MediaDecodeError("image", index, f"cannot convert the image to RGB ({error})") from None
     if isinstance(image, np.ndarray):
         if image.ndim >= 2:
-            _check_pixels(image.shape[1], image.shape[0], index, limits)
+            limits.check_frame_size("image", index, image.shape[1], image.shape[0])
         return _array_to_rgb(image, index)
     raise MediaDecodeError(
         "image",

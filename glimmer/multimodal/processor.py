@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaLimitError
 from glimmer.multimodal.image import ImageInput, ProcessedImage, image_grid, process_image
 from glimmer.multimodal.placeholders import (
@@ -62,21 +63,26 @@ class MediaProcessor:
         return grid_h * grid_w // self.settings.merge_size**2
 
     def process(
-        self, prompt: str, images: Sequence[ImageInput] = (), videos: Sequence[VideoInput] = ()
+        self, prompt: str, images: Sequence[ImageInput] = (), videos: Sequence[VideoInput] = (), *,
+        cancel: CancelToken | None = None,
     ) -> MultimodalPrompt:
         """Process every item and expand the prompt.
 
         Raises MediaDecodeError / MediaLimitError naming the item, PlaceholderMismatchError when the
-        placeholders do not match the items, and MediaLimitError when all items together exceed
-        `limits.max_media_tokens`. All are RequestErrors.
+        placeholders do not match the items, and MediaLimitError as soon as the items so far exceed
+        `limits.max_media_tokens` together. All are RequestErrors. With `cancel`, stops between items and
+        between video frames with Cancelled once it is cancelled.
         """
         check_placeholder_counts(prompt, len(images), len(videos))  # before the expensive decoding
-        processed_images = tuple(
-            process_image(image, self.settings, self.limits, index) for index, image in enumerate(images)
-        )
-        processed_videos = tuple(
-            process_video(video, self.settings, self.limits, index) for index, video in enumerate(videos)
-        )
+        budget = _TokenBudget(self.limits.max_media_tokens)
+        processed_images = []
+        for index, image in enumerate(images):
+            if cancel is not None:
+                cancel.check()
+            processed_images.append(budget.spend(process_image(image, self.settings, self.limits, index)))
+        processed_videos = []
+        for index, video in enumerate(videos):
+            processed_videos.append(budget.spend(process_video(video, self.settings, self.limits, index, cancel)))
         text = expand_placeholders(
             prompt,
             [image_expansion(image.num_tokens) for image in processed_images],
@@ -87,21 +93,32 @@ class MediaProcessor:
         )
         image_pixels, image_grids = _pack(processed_images, self.patch_dim)
         video_pixels, video_grids = _pack(processed_videos, self.patch_dim)
-        result = MultimodalPrompt(
+        return MultimodalPrompt(
             text=text,
-            images=processed_images,
-            videos=processed_videos,
+            images=tuple(processed_images),
+            videos=tuple(processed_videos),
             image_pixel_values=image_pixels,
             image_grid_thw=image_grids,
             video_pixel_values=video_pixels,
             video_grid_thw=video_grids,
         )
-        limit = self.limits.max_media_tokens
-        if limit is not None and result.num_media_tokens > limit:
+
+
+class _TokenBudget:
+    """The media tokens of one request so far, refused as soon as they pass the limit (None: no limit), so a
+    request of many items stops at the first one too many instead of decoding them all."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.spent = 0
+
+    def spend(self, item: ProcessedImage | ProcessedVideo) -> ProcessedImage | ProcessedVideo:
+        self.spent += item.num_tokens
+        if self.limit is not None and self.spent > self.limit:
             raise MediaLimitError(
                 "request",
                 None,
-                f"the images and videos need {result.num_media_tokens:,} tokens together, more than the limit of "
-                f"{limit:,}; send fewer or smaller items, or lower max_image_tokens / max_video_frame_tokens",
+                f"the images and videos need {self.spent:,} tokens together, more than the limit of {self.limit:,}; "
+                "send fewer or smaller items, or lower max_image_tokens / max_video_frame_tokens",
             )
-        return result
+        return item

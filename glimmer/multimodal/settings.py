@@ -9,13 +9,18 @@ reference has no such limits.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.config import VisionConfig
 from glimmer.errors import ConfigError
+from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 
 # PIL's (and transformers' PILImageResampling) code for LANCZOS, the only resampling the released
 # processors use — architecture.md §6.
@@ -91,10 +96,21 @@ class MediaSettings:
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """Bounds on the work one request may cause. Exceeding one raises MediaLimitError (HTTP 400)."""
+    """Bounds on the work one request may cause. Exceeding one raises MediaLimitError (HTTP 400).
 
-    # pixels of one decoded image or video frame, checked before the pixels are decoded
+    The size of an image or video frame is checked against the first three from the file's header, before
+    any pixel is decoded: a 74-byte PNG may claim 1 × 100,000,000 pixels.
+    """
+
+    # pixels of one decoded image or video frame
     max_image_pixels: int = 100_000_000
+    # the longer side of an image or video frame, in pixels
+    max_image_side: int = 16_384
+    # longer side / shorter side; the resized image must still hold at least one patch row (the reference's
+    # Qwen-style processors refuse 200:1 as well)
+    max_image_aspect_ratio: int = 200
+    # pixels of one video frame (every frame up to the last sampled one is decoded): 4096×2160
+    max_video_frame_pixels: int = 8_847_360
     # frames in a video stream before sampling; bounds decode time (10 minutes at 30 fps)
     max_video_source_frames: int = 18_000
     # placeholder tokens of all images and videos of one request together; None = no limit (the engine
@@ -108,6 +124,78 @@ class MediaLimits:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"media limits: {item.name}={value!r} is invalid; expected a positive integer")
+
+    @property
+    def max_frame_pixels(self) -> int:
+        return min(self.max_image_pixels, self.max_video_frame_pixels)
+
+    def check_frame_size(self, kind: str, index: int, width: int, height: int) -> None:
+        """Raises MediaDecodeError for an empty frame, MediaLimitError for one beyond the pixel, side or aspect
+        limits (each limit value itself is allowed)."""
+        what = "the video frames are" if kind == "video" else "the image is"
+        if width <= 0 or height <= 0:
+            raise MediaDecodeError(kind, index, f"{what} empty ({width}×{height} pixels)")
+        per_frame = " per frame" if kind == "video" else ""
+        longer, shorter = max(width, height), min(width, height)
+        pixel_limit = self.max_frame_pixels if kind == "video" else self.max_image_pixels
+        if longer > self.max_image_side:
+            problem = f"{width}×{height}{per_frame}: a side of {longer:,} pixels exceeds the limit of " \
+                      f"{self.max_image_side:,}"
+        elif longer > self.max_image_aspect_ratio * shorter:
+            problem = f"{width}×{height}{per_frame}: the aspect ratio exceeds the limit of " \
+                      f"{self.max_image_aspect_ratio}:1"
+        elif width * height > pixel_limit:
+            problem = f"{width}×{height} = {width * height:,} pixels{per_frame} exceeds the limit of {pixel_limit:,}"
+        else:
+            return
+        raise MediaLimitError(kind, index, f"{problem}; downscale or crop the {kind} before sending it")
+
+
+@dataclass(frozen=True)
+class MediaFetchPolicy:
+    """Where a request's images and videos may come from, besides data URLs (always allowed).
+
+    allowed_local_paths: directories (resolved) whose files requests may name; none by default.
+    allow_remote: fetch http(s) URLs from any host whose addresses are all public.
+    allowed_domains: hosts (exact names) that may be fetched over http(s) even when they resolve to loopback,
+        link-local or private addresses (an internal image store the operator vouches for).
+    max_bytes, timeout_s, max_redirects: bounds on one remote download.
+    """
+
+    allowed_local_paths: tuple[Path, ...] = ()
+    allow_remote: bool = False
+    allowed_domains: tuple[str, ...] = ()
+    max_bytes: int = 64 << 20
+    timeout_s: float = 10.0
+    max_redirects: int = 3
+
+    @classmethod
+    def create(cls, allowed_local_paths: list[str | os.PathLike] | None = None, *,
+               allowed_domains: list[str] | None = None, **kwargs: Any) -> MediaFetchPolicy:
+        """A policy from operator input: paths resolved, domain names normalized (lower case, no final dot)."""
+        roots = tuple(Path(p).expanduser().resolve() for p in (allowed_local_paths or []))
+        domains = tuple(_host_name(name) for name in (allowed_domains or []))
+        return cls(allowed_local_paths=roots, allowed_domains=domains, **kwargs)
+
+    @property
+    def allows_remote(self) -> bool:
+        return self.allow_remote or bool(self.allowed_domains)
+
+    def allows_host(self, host: str) -> bool:
+        return self.allow_remote or host in self.allowed_domains
+
+
+def _host_name(name: str) -> str:
+    """`name` as URLs spell a host once parsed: lower case, no final dot, IPv6 without brackets."""
+    host = name.strip().lower().rstrip(".").removeprefix("[").removesuffix("]")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*", host):
+        raise ConfigError(f"allowed media domain {name!r} is not a host name; give names like images.internal or "
+                          "10.0.0.5, without scheme, port or path")
+    return host
 
 
 # preprocessor-config key → MediaSettings field, per file; keys not listed (processor class names,

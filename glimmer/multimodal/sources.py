@@ -2,39 +2,34 @@
 
 Media references are untrusted input. Local files are read only under directories the operator allowed
 (`--allowed-local-media-path`), after resolving symlinks; remote fetching is off unless the operator
-enables it (`--allow-remote-media`), and then bounded in size, time and redirects. Every refusal is a
-RequestError (HTTP 400) naming the item.
+enables it (`--allow-remote-media`, `--allowed-media-domains`), and then bounded in size, time and
+redirects and kept off the server's own network (`remote_fetch`). Every refusal is a RequestError (HTTP 400)
+naming the item, and says no more than the client may learn: whether a file exists outside the allowed
+directories, or whether a port is open, reads the same as any other failure.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import os
-import time
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
+from glimmer.multimodal.image import is_image_data
+from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote
+from glimmer.multimodal.settings import MediaFetchPolicy
+from glimmer.multimodal.video import is_video_data
+
+__all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part"]
+
+logger = logging.getLogger(__name__)
 
 MEDIA_KINDS = ("image", "video")
-
-
-@dataclass(frozen=True)
-class MediaFetchPolicy:
-    allowed_local_paths: tuple[Path, ...] = ()
-    allow_remote: bool = False
-    max_bytes: int = 64 << 20
-    timeout_s: float = 10.0
-    max_redirects: int = 3
-
-    @classmethod
-    def create(cls, allowed_local_paths: list[str | os.PathLike] | None = None, **kwargs: Any) -> MediaFetchPolicy:
-        roots = tuple(Path(p).expanduser().resolve() for p in (allowed_local_paths or []))
-        return cls(allowed_local_paths=roots, **kwargs)
 
 
 def _error(kind: str, index: int, message: str) -> RequestError:
@@ -63,59 +58,57 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
     if not policy.allowed_local_paths:
         raise _error(kind, index, "local files are not allowed; the server operator can allow a directory with "
                                   "--allowed-local-media-path")
-    path = Path(path_text).expanduser()
+    # One answer for a missing file, one outside the allowed directories and one that is not a regular file,
+    # so that a request cannot learn which files exist on the machine.
+    refused = _error(kind, index, f"{path_text!r} is not a readable file under the allowed media directories")
     try:
-        resolved = path.resolve(strict=True)
-    except (OSError, RuntimeError):
-        raise _error(kind, index, f"file {path_text!r} does not exist") from None
-    if not any(resolved.is_relative_to(root) for root in policy.allowed_local_paths):
-        raise _error(kind, index, f"file {path_text!r} is outside the allowed media directories")
-    if not resolved.is_file():
-        raise _error(kind, index, f"{path_text!r} is not a regular file")
-    size = resolved.stat().st_size
+        resolved = Path(path_text).expanduser().resolve(strict=True)
+        allowed = any(resolved.is_relative_to(root) for root in policy.allowed_local_paths) and resolved.is_file()
+        size = resolved.stat().st_size if allowed else 0
+    except (OSError, RuntimeError, ValueError):  # missing, unreadable, a NUL byte, a symlink loop
+        allowed = False
+    if not allowed:
+        raise refused
     if size > policy.max_bytes:
         raise _error(kind, index, f"file is {size:,} bytes, more than the limit of {policy.max_bytes:,}")
-    return resolved.read_bytes()
+    try:
+        return resolved.read_bytes()
+    except OSError:
+        raise refused from None
 
 
-def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
-    if not policy.allow_remote:
+def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, cancel: CancelToken | None) -> bytes:
+    if not policy.allows_remote:
         raise _error(kind, index, "fetching media over http(s) is disabled; send a data: URL, or start the server "
                                   "with --allow-remote-media")
-    import httpx
-
     try:
-        client = httpx.Client(follow_redirects=True, max_redirects=policy.max_redirects, timeout=policy.timeout_s)
-        with client, client.stream("GET", url) as response:
-            if response.status_code != 200:
-                raise _error(kind, index, f"fetching {url} returned HTTP {response.status_code}")
-            chunks, total = [], 0
-            deadline = time.monotonic() + policy.timeout_s
-            for chunk in response.iter_bytes():
-                if time.monotonic() > deadline:  # httpx's timeout is per read; bound the whole download
-                    raise httpx.ReadTimeout("total time")
-                total += len(chunk)
-                if total > policy.max_bytes:
-                    raise _error(kind, index, f"{url} is larger than the limit of {policy.max_bytes:,} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
-    except httpx.TooManyRedirects:
-        raise _error(kind, index, f"{url} redirected more than {policy.max_redirects} times") from None
-    except httpx.TimeoutException:
-        raise _error(kind, index, f"fetching {url} took longer than {policy.timeout_s} s") from None
-    except httpx.HTTPError as exc:
-        raise _error(kind, index, f"fetching {url} failed: {type(exc).__name__}") from None
+        data = fetch_remote(url, policy, cancel)
+        if not (is_image_data(data) if kind == "image" else is_video_data(data)):
+            # a decoding error would tell the client that something answered 200 there
+            raise RemoteMediaError(f"the body ({len(data):,} bytes) is not a recognizable {kind}")
+        return data
+    except RemoteMediaError as error:
+        logger.info("%s %d: fetching %s failed: %s", kind, index, url[:200], error.reason)
+        what = "an image" if kind == "image" else "a video"
+        raise _error(kind, index, f"{url[:200]} could not be fetched (an unreachable or refused address, an "
+                                  f"answer other than HTTP 200 with {what}, more than {policy.max_redirects} "
+                                  f"redirects, more than {policy.max_bytes:,} bytes or more than {policy.timeout_s} "
+                                  "s)") from None
 
 
-def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFetchPolicy) -> Any:
-    """Bytes for a URL or path string; anything else (PIL image, frames array, bytes) passes through."""
+def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFetchPolicy,
+                         cancel: CancelToken | None = None) -> Any:
+    """Bytes for a URL or path string; anything else (PIL image, frames array, bytes) passes through.
+
+    Raises RequestError naming the item, or Cancelled (during a download) once `cancel` is cancelled.
+    """
     if not isinstance(reference, str):
         return reference
     scheme = urlparse(reference).scheme.lower()
     if scheme == "data":
         return _decode_data_url(reference, kind, index, policy)
     if scheme in ("http", "https"):
-        return _fetch_remote(reference, kind, index, policy)
+        return _fetch_remote(reference, kind, index, policy, cancel)
     if scheme == "file":
         return _read_local(unquote(urlparse(reference).path), kind, index, policy)
     if scheme and len(scheme) > 1:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.image import as_frame_tensor, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows
@@ -107,20 +108,17 @@ def _open(source: bytes | str | os.PathLike) -> av.container.InputContainer:
     )
 
 
+def is_video_data(data: bytes) -> bool:
+    """Whether FFmpeg recognizes `data` as a container with a video stream from its header."""
+    try:
+        with _open(data) as container:
+            return bool(container.streams.video)
+    except Exception:  # PyAV raises many kinds for data that is not a video
+        return False
+
+
 def _target_size(height: int, width: int, settings: MediaSettings) -> tuple[int, int]:
     return smart_resize(height, width, settings.resize_factor, settings.max_video_frame_tokens)
-
-
-def _check_frame_pixels(width: int, height: int, index: int, limits: MediaLimits) -> None:
-    if width <= 0 or height <= 0:
-        raise MediaDecodeError("video", index, f"the video frames are empty ({width}×{height} pixels)")
-    if width * height > limits.max_image_pixels:
-        raise MediaLimitError(
-            "video",
-            index,
-            f"{width}×{height} = {width * height:,} pixels per frame exceeds the limit of "
-            f"{limits.max_image_pixels:,}; downscale the video before sending it",
-        )
 
 
 def _check_source_frames(count: int, index: int, limits: MediaLimits) -> None:
@@ -134,11 +132,13 @@ def _check_source_frames(count: int, index: int, limits: MediaLimits) -> None:
 
 
 def decode_video_file(
-    source: bytes | str | os.PathLike, settings: MediaSettings, limits: MediaLimits, index: int = 0
+    source: bytes | str | os.PathLike, settings: MediaSettings, limits: MediaLimits, index: int = 0,
+    cancel: CancelToken | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
     """Decode the sampled frames of an encoded video, already resized: (F, 3, h, w) uint8 and their times.
 
-    Raises MediaDecodeError for unreadable or unsupported data, MediaLimitError for too many pixels or frames.
+    Raises MediaDecodeError for unreadable or unsupported data, MediaLimitError for too many pixels or frames,
+    Cancelled (checked at every packet and frame) once `cancel` is cancelled.
     """
     try:
         with _open(source) as container:
@@ -147,10 +147,12 @@ def decode_video_file(
             stream = container.streams.video[0]
             header_width, header_height = stream.codec_context.width, stream.codec_context.height
             if header_width and header_height:  # some containers leave it to the first decoded frame
-                _check_frame_pixels(header_width, header_height, index, limits)
+                limits.check_frame_size("video", index, header_width, header_height)
             video_fps = _frame_rate(stream)
             total_frames = 0
             for packet in container.demux(stream):
+                if cancel is not None:
+                    cancel.check()
                 if packet.size and packet.pts is not None:
                     total_frames += 1
                     _check_source_frames(total_frames, index, limits)
@@ -170,9 +172,11 @@ def decode_video_file(
             stream.thread_type = "AUTO"
             target = None
             for frame_index, frame in enumerate(container.decode(stream)):
+                if cancel is not None:
+                    cancel.check()
                 decoded += 1
                 if frame_index in wanted_set:
-                    _check_frame_pixels(frame.width, frame.height, index, limits)
+                    limits.check_frame_size("video", index, frame.width, frame.height)
                     target = target or _target_size(frame.height, frame.width, settings)
                     rgb = as_frame_tensor(frame.to_ndarray(format="rgb24")[None])
                     frames.append(resize_frames(rgb, *target))
@@ -216,7 +220,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
         width, height = sizes.pop() if sizes else (0, 0)
     if total_frames == 0:
         raise MediaDecodeError("video", index, "the video has no frames")
-    _check_frame_pixels(width, height, index, limits)
+    limits.check_frame_size("video", index, width, height)
     _check_source_frames(total_frames, index, limits)
     fps = video.fps
     if fps is None:
@@ -235,17 +239,18 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     return resized, [i / fps for i in wanted]
 
 
-def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0) -> ProcessedVideo:
+def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,
+                  cancel: CancelToken | None = None) -> ProcessedVideo:
     """Decode, sample, resize (one size per video), normalise and patchify one video.
 
-    `index` is the video's position in the request, used in error messages.
+    `index` is the video's position in the request, used in error messages; `cancel` stops the decoding.
     """
     if isinstance(video, bytearray | memoryview):
         video = bytes(video)
     if isinstance(video, DecodedVideo):
         frames, times = _decoded_frames(video, settings, limits, index)
     elif isinstance(video, bytes | str | os.PathLike):
-        frames, times = decode_video_file(video, settings, limits, index)
+        frames, times = decode_video_file(video, settings, limits, index, cancel)
     else:
         raise MediaDecodeError(
             "video",

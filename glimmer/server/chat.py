@@ -17,7 +17,6 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
@@ -32,7 +31,7 @@ from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import chat_sampling_params, stop_strings
 from glimmer.server.schemas import ChatCompletionRequest, parse_body
-from glimmer.server.streaming import DONE_EVENT, SSEResponse, sse_event, until_disconnect
+from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     overloaded or stopped engine, or a client that left (the request is then aborted)."""
     model_name = context.check_model(request.model)
     params = chat_sampling_params(request, context)
-    prompt = await run_in_threadpool(build_chat_prompt, request, context)
+    prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
     stop = stop_strings(request)
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
     choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,

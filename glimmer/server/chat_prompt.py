@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from glimmer.cancellation import CancelToken
 from glimmer.engine.grammar import ControllerFactory, answer_grammar
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
@@ -37,15 +38,16 @@ class ChatPrompt:
     multimodal: list[MultimodalItem]
 
 
-def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext) -> ChatPrompt:
-    """Raises RequestError (400 naming the field) or ChatTemplateError (400 with the template's message)."""
+def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
+                      cancel: CancelToken | None = None) -> ChatPrompt:
+    """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
+    Cancelled once `cancel` is cancelled (checked between media items and frames)."""
     settings = context.settings
     messages = normalize_messages(request.messages)
     _refuse_unrendered_roles(messages)
     choice = request.tool_choice
     tools = plan_tools(normalize_tools(request.tools),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
-    images, videos = load_media(messages, context)
     template_kwargs = dict(request.chat_template_kwargs or {})
     effort = request.reasoning_effort
     if effort is None and request.reasoning is not None:
@@ -64,10 +66,13 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext) -
     rendered = context.template.render_prompt(messages, tools=tools.render_tools,
                                               special_tokens=tokenizer.special_tokens, reasoning_strength=strength,
                                               chat_template_kwargs=template_kwargs, control_tokens=control_tokens)
+    engine = context.engine.engine
+    engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
+    images, videos = load_media(messages, context, cancel)
     multimodal: list[MultimodalItem] = []
     if images or videos:
-        token_ids, multimodal = context.engine.engine.prepare_prompt(rendered.text, images, videos,
-                                                                     literals=rendered.literals)
+        token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
+                                                      cancel=cancel)
     else:
         token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
@@ -89,7 +94,8 @@ def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan,
     return context.grammars.turn(constraint, param or "tools")
 
 
-def load_media(messages: list[Mapping[str, Any]], context: ServingContext) -> tuple[list[Any], list[Any]]:
+def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
+               cancel: CancelToken | None = None) -> tuple[list[Any], list[Any]]:
     """The images and videos of the messages, in the order the template renders their placeholders.
 
     Raises RequestError naming the part: on a model without a vision tower, over the per-request limits,
@@ -114,7 +120,10 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext) -> tu
             if len(found[kind]) == limits[kind]:
                 raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
                                    f"--max-{kind}s-per-request limit)", param=param)
-            found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy))
+            if cancel is not None:
+                cancel.check()
+            found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
+                                                    cancel))
     return found["image"], found["video"]
 
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.cancellation import CancelToken
 from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
@@ -37,7 +37,7 @@ from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import completion_sampling_params
 from glimmer.server.schemas import CompletionRequest, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
-from glimmer.server.streaming import DONE_EVENT, SSEResponse, sse_event, until_disconnect
+from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 from glimmer.server.structured_outputs import requested_structured_outputs
 
 
@@ -128,7 +128,8 @@ class _CompletionRun:
                 "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext) -> list[list[int]]:
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext,
+             cancel: CancelToken) -> list[list[int]]:
     if isinstance(prompt, str):
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):
@@ -138,7 +139,11 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: Ser
     if len(prompt) > MAX_BATCH_PROMPTS:
         raise RequestError(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
     encode = context.engine.engine.encode_prompt
-    return [encode(p) if isinstance(p, str) else list(p) for p in prompt]
+    ids = []
+    for text_or_ids in prompt:
+        cancel.check()
+        ids.append(encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids))
+    return ids
 
 
 def _controller_factory(request: CompletionRequest, context: ServingContext) -> ControllerFactory | None:
@@ -154,8 +159,8 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     request = parse_body(CompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
     model_name = context.check_model(request.model)
     params = completion_sampling_params(request, context)
-    prompts = await run_in_threadpool(_prompts, request.prompt, context)
-    factory = await run_in_threadpool(_controller_factory, request, context)
+    prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(request.prompt, context, cancel))
+    factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run = _CompletionRun(context, request, model_name, prompts, params.n,
                          [_Choice() for _ in range(len(prompts) * params.n)], RequestTimer(context.metrics, arrival))
     streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory)

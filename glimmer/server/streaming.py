@@ -3,7 +3,8 @@
 A streaming response is a `StreamingResponse` of `data: {json}` events ending with `data: [DONE]`. When the
 client disconnects, the stream is cancelled and its body iterator closed at once, which closes the engine
 iterator and so aborts the request: its KV blocks are freed and the engine stops computing for it. A
-non-streaming request is run under `until_disconnect`, which does the same.
+non-streaming request is run under `until_disconnect`, which does the same, and the work before the engine
+(media, tokenizing) runs `in_worker_thread`, which also stops when the client leaves.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
+
+from glimmer.cancellation import CancelToken
 
 T = TypeVar("T")
 
@@ -49,14 +53,32 @@ class SSEResponse(StreamingResponse):
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the client disconnects first (then raises ClientDisconnected)."""
-    task = asyncio.ensure_future(work)
+    return await _until_disconnect(request, asyncio.ensure_future(work), None)
+
+
+async def in_worker_thread(request: Request, function: Callable[[CancelToken], T]) -> T:
+    """`function(cancel)` run on a worker thread, off the event loop. If the client disconnects (or the server
+    stops the request) first, `cancel` is cancelled so the work stops at its next check, and ClientDisconnected
+    (or CancelledError) is raised at once."""
+    cancel = CancelToken()
+    try:
+        return await _until_disconnect(request, asyncio.ensure_future(run_in_threadpool(function, cancel)),
+                                       cancel.cancel)
+    finally:
+        cancel.cancel()
+
+
+async def _until_disconnect(request: Request, task: asyncio.Future[T],
+                            on_disconnect: Callable[[], None] | None) -> T:
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
+        if on_disconnect is not None:
+            on_disconnect()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # the client is gone: its outcome is moot
             await task
         raise ClientDisconnected()
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 
 import pytest
 from PIL import Image
@@ -59,10 +60,22 @@ def test_paths_escaping_the_allowed_directory_are_refused(tmp_path):
     (allowed / "link.png").symlink_to(secret)
     policy = MediaFetchPolicy.create([allowed])
     for reference in (str(allowed / ".." / "secret.png"), str(allowed / "link.png")):
-        with pytest.raises(RequestError, match="outside the allowed media directories"):
+        with pytest.raises(RequestError, match="is not a readable file under the allowed media directories"):
             load_media_reference(reference, "image", 0, policy)
-    with pytest.raises(RequestError, match="does not exist"):
-        load_media_reference(str(allowed / "nope.png"), "image", 0, policy)
+
+
+def test_a_missing_file_reads_the_same_as_a_forbidden_one(tmp_path):
+    """Issue 8: the answer must not tell whether a file exists outside the allowed directories."""
+    (tmp_path / "secret.png").write_bytes(_png())
+    (tmp_path / "allowed").mkdir()
+    policy = MediaFetchPolicy.create([tmp_path / "allowed"])
+    messages = set()
+    for path in (tmp_path / "secret.png", tmp_path / "missing.png", tmp_path, tmp_path / "allowed" / "nope.png",
+                 tmp_path / "a\x00b.png"):
+        with pytest.raises(RequestError) as raised:
+            load_media_reference(str(path), "image", 0, policy)
+        messages.add(str(raised.value).replace(repr(str(path)), "PATH"))
+    assert messages == {"image 0: PATH is not a readable file under the allowed media directories"}
 
 
 def test_remote_fetching_is_off_unless_enabled():
@@ -123,14 +136,15 @@ def http_server():
     server.shutdown()
 
 
-def test_remote_fetching_when_enabled_is_bounded(http_server):
-    policy = MediaFetchPolicy(allow_remote=True, max_bytes=1000, timeout_s=1.0, max_redirects=2)
+def test_remote_fetching_when_enabled_is_bounded(http_server, caplog):
+    """The bounds hold, and every failure reads the same to the client (issue 8); the log has the reason."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], max_bytes=1000, timeout_s=1.0, max_redirects=2)
     assert load_media_reference(f"{http_server}/cat.png", "image", 0, policy) == _png()
-    with pytest.raises(RequestError, match="larger than the limit of 1,000 bytes"):
-        load_media_reference(f"{http_server}/big", "image", 0, policy)
-    with pytest.raises(RequestError, match="redirected more than 2 times"):
-        load_media_reference(f"{http_server}/loop", "image", 0, policy)
-    with pytest.raises(RequestError, match="HTTP 404"):
-        load_media_reference(f"{http_server}/missing", "image", 0, policy)
-    with pytest.raises(RequestError, match="took longer than 1.0 s"):
-        load_media_reference(f"{http_server}/slow", "image", 0, policy)
+    for path, reason in (("/big", "larger than 1,000 bytes"), ("/loop", "more than 2 redirects"),
+                         ("/missing", "HTTP 404"), ("/slow", "took longer than 1.0 s")):
+        with caplog.at_level(logging.INFO), pytest.raises(RequestError) as raised:
+            load_media_reference(f"{http_server}{path}", "image", 0, policy)
+        assert str(raised.value) == (
+            f"image 0: {http_server}{path} could not be fetched (an unreachable or refused address, an answer other "
+            "than HTTP 200 with an image, more than 2 redirects, more than 1,000 bytes or more than 1.0 s)")
+        assert reason in caplog.text

@@ -84,7 +84,7 @@ def test_a_file_under_an_allowed_directory_works_and_others_are_refused(client, 
     assert ok.choices[0].finish_reason in ("stop", "length")
     outside = tmp_path / "secret.png"
     outside.write_bytes(_png(4))
-    with pytest.raises(openai.BadRequestError, match="outside the allowed media directories"):
+    with pytest.raises(openai.BadRequestError, match="is not a readable file under the allowed media directories"):
         client.chat.completions.create(model="tiny", messages=_messages(str(outside)), max_tokens=2, extra_body=EXTRA)
 
 

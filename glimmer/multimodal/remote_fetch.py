@@ -1,0 +1,132 @@
+"""Fetching a request's media over http(s) without lending the server's network position to the request.
+
+A server that fetches URLs for its clients can be aimed at what only it can reach: its own /metrics, a cloud
+metadata service at 169.254.169.254, a database port on the private network. So every connection, the first
+and each redirect's, goes through `_GuardedBackend`: it resolves the host once, refuses loopback,
+link-local, private, shared, reserved and multicast addresses unless the operator vouched for the host
+(`MediaFetchPolicy.allowed_domains`), and connects to the very address it checked, so that a second DNS
+answer (rebinding) cannot slip another address in. TLS still verifies the certificate against the host name.
+Proxy environment variables are not used: the check must see the address that is connected.
+
+Every failure, from a refused address to a closed port, a 404 or a download over the size limit, reads the
+same to the client (`RemoteMediaError`), so that errors cannot map the network; the server log has the
+reason.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import ssl
+import time
+from urllib.parse import urljoin, urlsplit
+
+import httpcore
+
+from glimmer.cancellation import Cancelled, CancelToken
+from glimmer.multimodal.settings import MediaFetchPolicy
+
+logger = logging.getLogger(__name__)
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+class RemoteMediaError(Exception):
+    """The URL could not be fetched; `reason` is for the server log only."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def is_public_address(address: str) -> bool:
+    """True for a globally routable unicast address, also when an IPv4 address hides inside an IPv6 one."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None and not is_public_address(str(embedded)):
+            return False
+    return ip.is_global and not ip.is_multicast
+
+
+class _GuardedBackend(httpcore.SyncBackend):
+    def __init__(self, policy: MediaFetchPolicy):
+        self._policy = policy
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options=None) -> httpcore.NetworkStream:
+        host = host.lower().rstrip(".")
+        try:
+            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as error:
+            raise RemoteMediaError(f"cannot resolve {host!r}: {error}") from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+        if host not in self._policy.allowed_domains:
+            refused = [address for address in addresses if not is_public_address(address)]
+            if refused:  # all or nothing: a name with one private address is a name pointed inward
+                raise RemoteMediaError(f"{host!r} resolves to non-public address(es) {refused}; list the host in "
+                                       "--allowed-media-domains to allow it")
+        error: Exception | None = None
+        for address in addresses:  # connect to an address that was checked, never to the name again
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as failure:
+                error = failure
+        raise RemoteMediaError(f"cannot connect to {host!r} port {port}: {error!r}")
+
+
+def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None = None) -> bytes:
+    """The body of a 200 response to GET `url`, following redirects.
+
+    Raises RemoteMediaError for any failure (with the reason for the log), Cancelled once `cancel` is.
+    """
+    deadline = time.monotonic() + policy.timeout_s
+    timeouts = {"connect": policy.timeout_s, "read": policy.timeout_s, "write": policy.timeout_s,
+                "pool": policy.timeout_s}
+    with httpcore.ConnectionPool(ssl_context=ssl.create_default_context(), max_connections=1,
+                                 network_backend=_GuardedBackend(policy)) as pool:
+        for _ in range(policy.max_redirects + 1):
+            parts = urlsplit(url)
+            host = (parts.hostname or "").rstrip(".")
+            if parts.scheme not in ("http", "https") or not host:
+                raise RemoteMediaError(f"not an http(s) URL with a host: {url!r}")
+            if not policy.allows_host(host):
+                raise RemoteMediaError(f"{host!r} is not among --allowed-media-domains")
+            try:
+                with pool.stream("GET", url, headers={"Accept": "*/*", "User-Agent": "glimmer"},
+                                 extensions={"timeout": timeouts}) as response:
+                    if response.status in _REDIRECTS:
+                        location = dict(response.headers).get(b"Location")
+                        if location is None:
+                            raise RemoteMediaError(f"HTTP {response.status} without a Location header")
+                        url = urljoin(url, location.decode("latin-1"))
+                        continue
+                    if response.status != 200:
+                        raise RemoteMediaError(f"HTTP {response.status}")
+                    return _read_body(response, policy, deadline, cancel)
+            except (RemoteMediaError, Cancelled):
+                raise
+            except httpcore.TimeoutException:
+                raise RemoteMediaError(f"no answer within {policy.timeout_s} s") from None
+            except Exception as error:  # network, TLS, protocol and URL errors of every kind
+                raise RemoteMediaError(f"{type(error).__name__}: {error}") from None
+    raise RemoteMediaError(f"more than {policy.max_redirects} redirects")
+
+
+def _read_body(response: httpcore.Response, policy: MediaFetchPolicy, deadline: float,
+               cancel: CancelToken | None) -> bytes:
+    chunks, total = [], 0
+    for chunk in response.iter_stream():
+        if cancel is not None:
+            cancel.check()
+        if time.monotonic() > deadline:  # the read timeout is per read; this bounds the whole download
+            raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
+        total += len(chunk)
+        if total > policy.max_bytes:
+            raise RemoteMediaError(f"the body is larger than {policy.max_bytes:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,79 @@
+"""The guarded http(s) fetcher: which addresses it refuses, and that it connects to the address it checked."""
+
+from __future__ import annotations
+
+import socket
+
+import httpcore
+import pytest
+
+from glimmer.errors import ConfigError
+from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, is_public_address
+from glimmer.multimodal.settings import MediaFetchPolicy
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254",
+                                     "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "192.0.2.1", "::1",
+                                     "fe80::1", "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "64:ff9b::7f00:1",
+                                     "2002:7f00:1::", "::", "ff02::1"])
+def test_non_public_addresses_are_refused(address):
+    assert not is_public_address(address)
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "1.1.1.1", "2001:4860:4860::8888", "::ffff:8.8.8.8"])
+def test_public_addresses_are_allowed(address):
+    assert is_public_address(address)
+
+
+def record_connections(monkeypatch) -> list[str]:
+    """The hosts the fetcher connects to (each attempt then fails: the tests have no network)."""
+    connected: list[str] = []
+
+    def record(self, host, port, *args, **kwargs):
+        connected.append(host)
+        raise httpcore.ConnectError("no network in tests")
+
+    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", record)
+    return connected
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
+    """DNS rebinding: a name that first resolves to a public address and then to loopback must not reach
+    loopback; the fetcher resolves once and connects to what it checked."""
+    answers = iter(["93.184.216.34", "127.0.0.1"])
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))])
+    connected = record_connections(monkeypatch)
+    policy = MediaFetchPolicy.create(allow_remote=True, timeout_s=1.0)
+    with pytest.raises(RemoteMediaError, match="cannot connect"):
+        fetch_remote("http://rebind.example/cat.png", policy)
+    assert connected == ["93.184.216.34"]
+
+
+def test_a_name_with_any_private_address_is_refused(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
+    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", lambda *a, **k: pytest.fail("connected"))
+    with pytest.raises(RemoteMediaError, match="non-public"):
+        fetch_remote("http://mixed.example/x.png", MediaFetchPolicy.create(allow_remote=True))
+
+
+def test_allowed_domains_may_be_private_but_only_they_are_fetched(monkeypatch):
+    policy = MediaFetchPolicy.create(allowed_domains=["Images.Internal."])
+    assert policy.allowed_domains == ("images.internal",) and policy.allows_remote
+    assert policy.allows_host("images.internal") and not policy.allows_host("example.com")
+    with pytest.raises(RemoteMediaError, match="not among --allowed-media-domains"):
+        fetch_remote("http://example.com/x.png", policy)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
+    connected = record_connections(monkeypatch)
+    with pytest.raises(RemoteMediaError, match="cannot connect"):
+        fetch_remote("http://images.internal/x.png", policy)
+    assert connected == ["10.0.0.7"]
+
+
+@pytest.mark.parametrize("name", ["http://x.org", "x.org/path", "a b", ""])
+def test_allowed_domains_must_be_host_names(name):
+    with pytest.raises(ConfigError, match="not a host name"):
+        MediaFetchPolicy.create(allowed_domains=[name])
