@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from glimmer.protocol.atem import CLOSING_TAGS, AtemChannel
+from glimmer.protocol.atem_markup import AtemMarkupFilter, trailing_tag_start
 from glimmer.protocol.call_ledger import CallLedger
 from glimmer.protocol.deltas import Delta, ParsedOutput, ToolCallDelta
 from glimmer.protocol.headers import (
@@ -109,7 +110,7 @@ class OutputParser:
         self._at_body_start = True
         self._atem: AtemChannel | None = None
         self._dropped_characters = 0
-        self._residue = False
+        self._markup = AtemMarkupFilter()
 
         self._reasoning_seen = False
         self._reasoning_block_has_text = False
@@ -189,8 +190,8 @@ class OutputParser:
                         held = -1
                 decided = text[:-held] if held > 0 else text
                 # Reasoning/content ending in `<` could spell a marker with text after a removed piece:
-                # MarkerSafeText on the slow path tracks that.
-                if held >= 0 and (fast == "value" or decided[-1:] != "<"):
+                # MarkerSafeText on the slow path tracks that; a trailing ATEM tag fragment is held there too.
+                if held >= 0 and (fast == "value" or (decided[-1:] != "<" and trailing_tag_start(decided) < 0)):
                     self._fed += len(chunk)
                     self._buffer = text[-held:] if held else ""
                     if fast == "content":
@@ -291,15 +292,18 @@ class OutputParser:
         length = len(text)
         if position >= length:
             return ~position
-        if self._residue or (self._at_body_start and self._channel == _ORPHAN):
-            dropped_end = (_RESIDUE_RUN if self._residue else _WHITESPACE).match(text, position).end()
+        # After an interrupted call, reasoning and content text passes the markup filter in residue mode (see
+        # `_deliver`); a tool body only drops a leading run of closing tags.
+        tool_residue = self._markup.residue and self._channel in ("tool", "discarded")
+        if tool_residue or (self._at_body_start and self._channel == _ORPHAN and not self._markup.residue):
+            dropped_end = (_RESIDUE_RUN if tool_residue else _WHITESPACE).match(text, position).end()
             if dropped_end > position:
                 return dropped_end
-            if self._residue:
+            if tool_residue:
                 if not final and _could_become_closing_tag(text, position):
                     return ~position
                 if not self._framing_at(text, position, final):
-                    self._residue = False  # P-CHAN-7: the first other character ends the rule
+                    self._markup.end_residue()  # P-CHAN-7: in a tool body the first other character ends it
         scan = position
         while True:
             marker_start = text.find("<|", scan)
@@ -399,10 +403,12 @@ class OutputParser:
 
     def _end_body(self, end_offset: int) -> None:
         channel = self._channel
+        if channel not in ("tool", "discarded"):
+            self._route(self._markup.end_body())
         if channel == "tool":
             if self._atem is not None:
                 if self._atem.close():
-                    self._residue = True
+                    self._markup.start_residue()
                 self._atem = None
             else:
                 logger.warning("tool channel without declared tools: its body (%d characters) yields no "
@@ -420,6 +426,13 @@ class OutputParser:
         if not text:
             return
         self._at_body_start = False
+        if self._channel in ("reasoning", "content", _ORPHAN):
+            text = self._markup.accept(text)  # P-CHAN-2, P-CHAN-7: no cut or residual ATEM tag shows
+        self._route(text)
+
+    def _route(self, text: str) -> None:
+        if not text:
+            return
         channel = self._channel
         if channel == "reasoning":
             if not self._reasoning_block_has_text:
@@ -463,7 +476,7 @@ class OutputParser:
 
     def _fast_path_channel(self) -> str | None:
         """Which channel plain text can go to without scanning, or None (see `feed`)."""
-        if "<" in self._buffer or self._mode is _HEADER or self._at_body_start or self._residue:
+        if "<" in self._buffer or self._mode is _HEADER or self._at_body_start or not self._markup.is_settled:
             return None
         channel = self._channel
         if channel == "content" or channel == _ORPHAN:

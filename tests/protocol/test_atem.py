@@ -200,7 +200,7 @@ def test_framing_sits_above_atem_inside_values():
         tool_message("write", body + "<|eot|>rest</atem:parameter></atem:invoke>", first=True), TOOLS
     )
     assert calls(result) == [("write", {"path": "p"})]
-    assert result.content == "rest</atem:parameter></atem:invoke>"
+    assert result.content == "rest"  # P-CHAN-7: the broken call's closing tags are residue (issue 8)
 
 
 # -- P-ATEM-3: numbering -------------------------------------------------------------------------------------

@@ -176,11 +176,14 @@ def test_closing_tag_residue_after_a_mid_invoke_switch_is_dropped():
     assert result.tool_calls == []
 
 
-def test_residue_rule_ends_at_the_first_other_character():
-    """P-CHAN-7 (round 4): a real reply flows at once; a later closing tag is reply text."""
+def test_a_reply_after_an_interrupted_call_flows_at_once_without_its_later_tags():
+    """P-CHAN-7 (round 4, issue 8): a real reply flows at once; ATEM tags later in that body are the broken
+    call's remains and are dropped with the whitespace after them, so no markup reaches content."""
     body = '<atem:invoke name="calendar.lookup"><atem:parameter name="day">x to=user<|message|>'
     text = tool_message("calendar.lookup", body, first=True) + "Reply </atem:invoke> kept"
-    assert parse_all_ways(text, TOOLS).content == "Reply </atem:invoke> kept"
+    assert parse_all_ways(text, TOOLS).content == "Reply kept"
+    parser = OutputParser(TOOLS)
+    assert parser.feed(text[:-len("</atem:invoke> kept")]).content == "Reply"  # streams before the tag comes
 
 
 def test_residue_rule_applies_after_a_terminator_too():
