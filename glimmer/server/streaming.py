@@ -58,8 +58,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 async def in_worker_thread(request: Request, function: Callable[[CancelToken], T]) -> T:
     """`function(cancel)` run on a worker thread, off the event loop. If the client disconnects (or the server
-    stops the request) first, `cancel` is cancelled so the work stops at its next check, and ClientDisconnected
-    (or CancelledError) is raised at once."""
+    stops the request) first, `cancel` is cancelled, so the work stops at its next check (a thread cannot be
+    interrupted), and ClientDisconnected (or CancelledError) is raised once it has."""
     cancel = CancelToken()
     try:
         return await _until_disconnect(request, asyncio.ensure_future(run_in_threadpool(function, cancel)),

@@ -130,8 +130,8 @@ def test_in_residue_mode_no_tag_survives_any_chunking(pieces, cut, sizes):
 RESIDUE_PREFIX = tool_message("calendar.lookup", OPEN_INVOKE + "x to=user<|message|>", first=True)
 
 
-@pytest.mark.parametrize("unit", ["Prose of a reply. ", " \n\t ", '</atem:parameter>\n<atem:parameter name="k">v',
+@pytest.mark.parametrize("unit", ["Prose of a reply.\n ", '</atem:parameter>\n<atem:parameter name="k">v',
                                   "a < b <atem:inv c "])
 def test_the_residue_filter_keeps_feeding_linear(unit):
     """P-STREAM-5: 4x the text costs about 4x the time (sizes large enough to time reliably)."""
-    assert feed_seconds(RESIDUE_PREFIX, unit, 1600) / feed_seconds(RESIDUE_PREFIX, unit, 400) < 8
+    assert feed_seconds(RESIDUE_PREFIX, unit, 4000) / feed_seconds(RESIDUE_PREFIX, unit, 1000) < 8
