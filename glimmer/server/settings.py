@@ -38,7 +38,7 @@ class ServerSettings:
     allowed_origins: web origins whose pages may call the API from a browser (CORS); none by default, "*" for any.
     metrics_require_api_key: /metrics also needs the API key (it tells who else uses the server, and how much).
     allow_control_tokens_in_content: render control-token text in messages and template variables as those
-        control tokens, as before Glimmer 0.2 (only for trusted callers: a user could forge turns).
+        control tokens (only for trusted callers: a user could forge turns); by default it stays plain text.
     """
 
     served_model_names: tuple[str, ...]
