@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from reliability_support import assert_healthy, chat_body, open_connection, raw_request, send_and_hang_up
-from server_support import WEATHER_TOOL, live_server
+from server_support import live_server
 
-from glimmer.engine.tool_choice import ToolChoiceController
+from glimmer.engine.grammar import GrammarController, GrammarMasks
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +53,14 @@ def test_requests_closed_while_queued_never_stop_the_engine(server):
     assert_healthy(server)
 
 
-def test_a_failure_in_one_requests_steering_ends_that_request_alone(server, monkeypatch):
-    def broken(self):
-        raise RuntimeError("steering broke")
+@pytest.mark.parametrize(("target", "method"), [(GrammarController, "observe"), (GrammarMasks, "fill")])
+def test_a_failure_in_one_requests_grammar_ends_that_request_alone(server, monkeypatch, target, method):
+    """The grammar engine failing for a constrained request (while filling its mask, or consuming its token)
+    ends that request with a 500; a plain request in the same batches runs to the end."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("grammar broke")
 
-    monkeypatch.setattr(ToolChoiceController, "allowed_token_ids", broken)
+    monkeypatch.setattr(target, method, broken)
     results: dict[str, httpx.Response] = {}
 
     def plain() -> None:
@@ -66,12 +69,12 @@ def test_a_failure_in_one_requests_steering_ends_that_request_alone(server, monk
 
     thread = threading.Thread(target=plain)
     thread.start()
-    steered = httpx.post(server.base_url + "/chat/completions", timeout=60, json=chat_body(
-        max_tokens=16, tools=[WEATHER_TOOL], tool_choice="required"))
+    constrained = httpx.post(server.base_url + "/chat/completions", timeout=60, json=chat_body(
+        max_tokens=16, response_format={"type": "json_object"}))
     thread.join(60)
-    assert steered.status_code == 500, steered.text
-    assert "internal error while generating" in steered.json()["error"]["message"]
-    assert "steering broke" not in steered.text  # the cause stays in the server log
+    assert constrained.status_code == 500, constrained.text
+    assert "internal error while generating" in constrained.json()["error"]["message"]
+    assert "grammar broke" not in constrained.text  # the cause stays in the server log
     assert results["plain"].status_code == 200
     assert results["plain"].json()["usage"]["completion_tokens"] == 48
     monkeypatch.undo()
