@@ -23,8 +23,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.cancellation import CancelToken
+from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
