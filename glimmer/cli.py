@@ -119,6 +119,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         load_format=args.load_format,
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
+        speculative_config=args.speculative_config,
         media_limits=MediaLimits(max_image_pixels=args.max_image_pixels, max_image_side=args.max_image_side,
                                  max_image_aspect_ratio=args.max_image_aspect_ratio,
                                  max_video_frame_pixels=args.max_video_frame_pixels,
@@ -278,6 +279,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="queue length beyond which requests get HTTP 429")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the engine's sampling for requests without their own seed (default 0)")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding, as vLLM: \'{"method": "dflash", "model": DRAFTER_DIR, '
+                             '"num_speculative_tokens": 15}\' (keys: method, model, num_speculative_tokens, '
+                             'draft_policy adaptive|always, disable_by_batch_size)')
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",

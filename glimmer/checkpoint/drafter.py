@@ -208,15 +208,17 @@ class DrafterCheckpoint:
     """A drafter's config and tensors, and the weight layout they are in."""
 
     config: DrafterConfig
-    files: SafetensorsCheckpoint | TorchFileTensors | MappedTensors
+    files: SafetensorsCheckpoint | TorchFileTensors | MappedTensors | None  # None: config only
     weight_layout: str
     location: Path
 
 
-def open_drafter_checkpoint(path: str | os.PathLike, *, mask_token_id: Callable[[], int]) -> DrafterCheckpoint:
+def open_drafter_checkpoint(
+    path: str | os.PathLike, *, mask_token_id: Callable[[], int], weights: bool = True
+) -> DrafterCheckpoint:
     """Find a drafter's config and weights at `path`: an HF directory (config.json + safetensors), a native
     directory (head.pt, or pytorch_weights/dflash/head.pt, with or without config.json), a native .pt file,
-    or a llama.cpp DFlash GGUF.
+    or a llama.cpp DFlash GGUF. With `weights=False` (dummy weights) a directory needs only its config.json.
 
     `mask_token_id()` gives the target tokenizer's id of the released mask token, for configs that omit it.
     Raises CheckpointError / ConfigError saying what was looked for.
@@ -256,5 +258,6 @@ def open_drafter_checkpoint(path: str | os.PathLike, *, mask_token_id: Callable[
         raise CheckpointError(f"{directory} holds no DFlash drafter: expected config.json with safetensors (HF "
                               f"layout), or {NATIVE_FILE} / {NATIVE_FILE_IN_VENDOR_CHECKOUT} (native layout)")
     if native is not None:
-        return DrafterCheckpoint(config, TorchFileTensors(native), DRAFTER_NATIVE, native)
-    return DrafterCheckpoint(config, SafetensorsCheckpoint(directory), DRAFTER_CANONICAL, directory)
+        return DrafterCheckpoint(config, TorchFileTensors(native) if weights else None, DRAFTER_NATIVE, native)
+    files = SafetensorsCheckpoint(directory) if weights else None
+    return DrafterCheckpoint(config, files, DRAFTER_CANONICAL, directory)

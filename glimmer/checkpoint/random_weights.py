@@ -40,12 +40,13 @@ def fill_random_(
 
 
 @torch.no_grad()
-def randomize_parameters_(model: nn.Module, seed: int = 0) -> None:
-    """Fill every parameter and buffer of `model` where it lives (on the GPU: in seconds, at any size)."""
+def randomize_parameters_(model: nn.Module, seed: int = 0, *, norm_neutral: float | None = None) -> None:
+    """Fill every parameter and buffer of `model` where it lives (on the GPU: in seconds, at any size);
+    `norm_neutral` as for `fill_random_`."""
     tensors = model.state_dict(keep_vars=True)
     if not tensors:
         return
     device = next(iter(tensors.values())).device
     generator = torch.Generator(device).manual_seed(seed)
     for name, tensor in tensors.items():
-        fill_random_(tensor.data, name, generator)
+        fill_random_(tensor.data, name, generator, norm_neutral=norm_neutral)

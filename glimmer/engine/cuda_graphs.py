@@ -10,18 +10,25 @@ The attention kernels read the paged cache in place through the block tables, so
 context length: its tables are as wide as max_model_len needs, and each step copies in only the columns
 it uses (columns past a row's length are never read). The inputs live in static buffers shared by all
 graphs; a step fills them with one copy of the flat fields and one per block table (`step_inputs`).
+
+With speculative decoding a step verifies k proposed tokens per sequence: every sequence computes
+q = 1 + k tokens. Such a step is a graph of its own, per (batch size, q); it returns the final hidden
+states, and the logits are computed outside it (B · q rows of the vocabulary would otherwise stay
+allocated in every graph). Steps whose sequences compute different numbers of tokens run eagerly. Every
+graph also returns the outputs of the layers a drafter reads (`capture_layers`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
-from glimmer.engine.step_inputs import StepInputs
+from glimmer.engine.step_inputs import StepInputs, target_groups
 from glimmer.model.kernels.paged_attention import triton_supports
 from glimmer.model.kernels.support import use_triton
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
@@ -36,10 +43,25 @@ def batch_size_ladder(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s < max_num_seqs + 8)
 
 
+def record(forward: Callable[[], object], device: torch.device, pool: tuple) -> tuple[Callable[[], None], object]:
+    """Capture `forward` into a CUDA graph; returns (its replay, what the captured forward returned)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        forward()  # warm-up: kernel compilation and lazy initializations must not happen inside the capture
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = forward()
+    return graph.replay, outputs
+
+
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
-    logits: torch.Tensor
+    replay: Callable[[], None]
+    logits: torch.Tensor | None  # q == 1: computed in the graph
+    final: torch.Tensor | None  # q > 1: the final-normed hidden states, for logits outside
+    hidden: list[torch.Tensor]  # the outputs of the captured layers
 
 
 class DecodeGraphs:
@@ -52,22 +74,30 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_blocks: dict[str, int],
         device: torch.device,
+        *,
+        capture_layers: tuple[int, ...] = (),
+        max_query_len: int = 1,
+        eager_replay: bool = False,
     ):
         self.model = model
         self.kv_caches = kv_caches
         self.kv = kv
         self.null_blocks = null_blocks
         self.device = device
+        self.capture_layers = capture_layers
+        self.max_query_len = max_query_len
         self.sizes = batch_size_ladder(max_num_seqs)
-        self.groups = tuple(kv.pools)
+        self.groups = target_groups(kv)
         largest = self.sizes[-1]
-        self._flat = torch.zeros(StepInputs.flat_size(largest, largest, len(self.groups)), dtype=torch.int64,
-                                 device=device)
-        self._tables = {g: torch.full((largest, max_blocks[g]), null_blocks[g], dtype=torch.int64, device=device)
-                        for g in self.groups}
-        self._graphs: dict[int, _Graph] = {}
+        self._flat = torch.zeros(StepInputs.flat_size(largest, largest * max_query_len, len(self.groups)),
+                                 dtype=torch.int64, device=device)
+        # a verification graph's rows reach q − 1 positions further
+        extra = -(-(max_query_len - 1) // kv.block_size)
+        self._tables = {g: torch.full((largest, max_blocks[g] + extra), null_blocks[g], dtype=torch.int64,
+                                      device=device) for g in self.groups}
+        self._graphs: dict[tuple[int, int], _Graph] = {}
         self._last_inputs: dict[int, StepInputs] = {}
-        self._pool = torch.cuda.graph_pool_handle()
+        self._pool = None if eager_replay else torch.cuda.graph_pool_handle()
 
     @staticmethod
     def supported(kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> bool:
@@ -79,27 +109,36 @@ class DecodeGraphs:
     def padded_size(self, num_seqs: int) -> int:
         return next(s for s in self.sizes if s >= num_seqs)
 
+    def query_len(self, step: ScheduledStep) -> int:
+        """Tokens per sequence of a step these graphs can run (see `can_run`)."""
+        return step.num_new_tokens[0]
+
     def can_run(self, step: ScheduledStep) -> bool:
+        q = step.num_new_tokens[0]
         return (
             len(step.seqs) <= self.sizes[-1]
-            and all(n == 1 for n in step.num_new_tokens)
-            and all(step.samples(i) for i in range(len(step.seqs)))
+            and q <= self.max_query_len
+            and all(n == q for n in step.num_new_tokens)
+            # every sequence computes its last token and q − 1 proposed ones: all q rows are sampled
+            and all(step.samples(i) and step.spec_tokens(i) == q - 1 for i in range(len(step.seqs)))
             # decode positions lie after the media of a prompt, except while a preempted one recomputes
-            and not any(item.overlaps(seq.num_computed_tokens, seq.num_computed_tokens + 1)
+            and not any(item.overlaps(seq.num_computed_tokens, seq.num_computed_tokens + q)
                         for seq in step.seqs for item in seq.multimodal)
         )
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits (padded batch, vocab) of one decode step laid out for `padded_size`; the caller checked
-        `can_run`."""
-        size = inputs.num_seqs
+    def run(self, inputs: StepInputs, num_seqs: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits of the first `num_seqs` sequences of a step laid out for `padded_size` (q rows each) and the
+        captured layers' outputs (padded rows included); the caller checked `can_run`."""
+        size, q = inputs.num_seqs, inputs.max_query_len
         self._load(inputs)
-        graph = self._graphs.get(size)
+        graph = self._graphs.get((size, q))
         if graph is None:
-            graph = self._graphs[size] = self._capture(inputs)
-        graph.graph.replay()
-        self._last_inputs[size] = inputs
-        return graph.logits
+            graph = self._graphs[(size, q)] = self._capture(inputs)
+        graph.replay()
+        if q == 1:
+            self._last_inputs[size] = inputs
+            return graph.logits[:num_seqs], graph.hidden
+        return self.model.compute_logits(graph.final[: num_seqs * q]), graph.hidden
 
     def _load(self, inputs: StepInputs) -> None:
         self._flat[: inputs.flat.numel()].copy_(inputs.flat, non_blocking=True)
@@ -108,7 +147,8 @@ class DecodeGraphs:
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
+        """Batch sizes with a captured decode (one token per sequence) graph."""
+        return tuple(sorted(size for size, q in self._graphs if q == 1))
 
     def replay(self, size: int) -> None:
         """Replay the last step run at `size` again, inputs included (to time the GPU side alone).
@@ -117,25 +157,30 @@ class DecodeGraphs:
         rewrites that step's KV slots: call it only while no request runs (benchmarks).
         """
         self._load(self._last_inputs[size])
-        self._graphs[size].graph.replay()
+        self._graphs[(size, 1)].replay()
 
     @torch.inference_mode()
     def _capture(self, inputs: StepInputs) -> _Graph:
-        size = inputs.num_seqs
+        size, q = inputs.num_seqs, inputs.max_query_len
         tables = {g: self._tables[g][:size] for g in self.groups}
+        num_layers = self.model.config.text.num_hidden_layers
 
-        def forward() -> torch.Tensor:
+        def forward() -> _Graph:
             input_ids, ctx = inputs.context(self._flat[: inputs.flat.numel()], tables, self.kv.block_size,
                                             self.kv_caches)
-            return self.model.compute_logits(self.model(input_ids, ctx))
+            ctx.capture_layers = self.capture_layers
+            final = self.model(input_ids, ctx)
+            logits = self.model.compute_logits(final) if q == 1 else None
+            return _Graph(lambda: None, logits, None if q == 1 else final, ctx.captured_outputs(final, num_layers))
 
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            forward()  # warm-up: kernel compilation and lazy initializations must not happen inside the capture
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = forward()
-        logger.info("captured a decode CUDA graph for batch size %d", size)
-        return _Graph(graph, logits)
+        if self._pool is None:  # eager replay (tests without CUDA): every replay runs the forward again
+            graph = forward()
+
+            def replay() -> None:
+                fresh = forward()
+                graph.logits, graph.final, graph.hidden = fresh.logits, fresh.final, fresh.hidden
+        else:
+            replay, graph = record(forward, self.device, self._pool)
+        graph.replay = replay
+        logger.info("captured a CUDA graph for batch size %d, %d token(s) per sequence", size, q)
+        return graph

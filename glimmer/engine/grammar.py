@@ -188,6 +188,42 @@ class GrammarMasks:
         """`fill` on a worker thread, to overlap the model's forward pass; the Future holds its result."""
         return self._thread.submit(self.fill, controllers)
 
+    def fill_verification(self, controllers: list[GrammarController | None], proposed: list[list[int]]
+                          ) -> torch.Tensor | None:
+        """Masks for verifying proposed tokens (speculative decoding): per sequence one row for each of its
+        proposals and one after them, each the grammar's mask once the proposals before it are consumed.
+
+        The matcher walks through the proposals it accepts and is rolled back. Rows after a proposal the grammar
+        refuses (or after it stops) allow everything: that proposal is rejected, so they are never used.
+        """
+        if all(c is None for c in controllers):
+            return None
+        words = self._buffer.shape[1]
+        bitmask = torch.full((sum(len(p) + 1 for p in proposed), words), -1, dtype=torch.int32)
+        row = 0
+        for controller, drafts in zip(controllers, proposed, strict=True):
+            if controller is not None:
+                matcher = controller.matcher
+                valid = matcher.validate_tokens(drafts) if drafts else 0
+                consumed = 0
+                for j in range(valid + 1):
+                    if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used
+                        break
+                    mask = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
+                    bitmask[row + j] = mask[:words]
+                    if j == valid:
+                        break
+                    matcher.consume_token(drafts[j])
+                    consumed += 1
+                matcher.rollback(consumed)
+            row += len(drafts) + 1
+        return bitmask
+
+    def fill_verification_async(self, controllers: list[GrammarController | None], proposed: list[list[int]]
+                                ) -> Future:
+        """`fill_verification` on the worker thread, to overlap the model's forward pass."""
+        return self._thread.submit(self.fill_verification, controllers, proposed)
+
 
 def _first_lines(message: str) -> str:
     text = " ".join(line.strip() for line in message.strip().splitlines()[:3])

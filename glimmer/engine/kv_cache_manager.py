@@ -1,4 +1,4 @@
-"""Block accounting for the two KV layer groups (architecture.md §2.6).
+"""Block accounting for the KV layer groups (architecture.md §2.6, §10).
 
 Full-attention layers keep a block for every position of a sequence. Sliding-window layers only read
 the last W positions, so blocks entirely before the window of the next query are released as soon as
@@ -8,6 +8,9 @@ Prefix caching keys each full block by its content (cache_keys: the parent block
 block, the request's cache salt — its token ids and the media in it). A new sequence reuses the longest
 run of cached blocks that covers, in every group, what its first uncomputed position needs: all earlier
 blocks for the full group, and the last W positions for the sliding group.
+
+With speculative decoding a third group holds the DFlash drafter's context keys and values, one entry per
+committed position like the target's; its queries see keys up to `draft_window` positions back (None: all).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from glimmer.engine.sequence import Sequence
 
 FULL = "full"
 SLIDING = "sliding"
+DRAFT = "draft"
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class KVCacheLayout:
     block_size: int
     num_blocks: dict[str, int]  # per group present in the model
     sliding_window: int
+    # positions a drafter query may see, its own included (the drafter's window + 1), or None for all
+    draft_window: int | None = None
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -37,13 +43,16 @@ class KVCacheManager:
     def __init__(self, layout: KVCacheLayout, enable_prefix_caching: bool = True):
         self.block_size = layout.block_size
         self.sliding_window = layout.sliding_window
+        # positions a query sees, its own included, per windowed group
+        self.windows = {SLIDING: layout.sliding_window, DRAFT: layout.draft_window}
         self.enable_prefix_caching = enable_prefix_caching
         self.pools = {group: KVBlockPool(n) for group, n in layout.num_blocks.items()}
 
     def first_needed_block(self, group: str, first_query_position: int) -> int:
         """The earliest logical block a query at `first_query_position` (or later) can read."""
-        if group == SLIDING:
-            return max(0, first_query_position - self.sliding_window + 1) // self.block_size
+        window = self.windows.get(group)
+        if window is not None:
+            return max(0, first_query_position - window + 1) // self.block_size
         return 0
 
     def _plan(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[int, int, list[int]]:
@@ -82,12 +91,17 @@ class KVCacheManager:
     def step_blocks(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[list[int | None], int, list[int]]:
         """Where a step's `num_new_tokens` of `seq` read and write in `group` (after `allocate`): the visible
         block ids in order, the position of the first one's first slot, and the slot of each new token."""
-        bs = self.block_size
         start = seq.num_computed_tokens
+        return self.blocks_for(seq, group, start, start + num_new_tokens)
+
+    def blocks_for(self, seq: Sequence, group: str, start: int, end: int) -> tuple[list[int | None], int, list[int]]:
+        """For queries at positions >= `start` over keys before `end`: the visible block ids (held: `allocate`
+        took them), the position of the first one's first slot, and the slots of positions [start, end)."""
+        bs = self.block_size
         first = self.first_needed_block(group, start)
         held = seq.blocks[group]
-        visible = held[first : _ceil_div(start + num_new_tokens, bs)]  # all present: allocate() took them
-        slots = [held[p // bs] * bs + p % bs for p in range(start, start + num_new_tokens)]
+        visible = held[first : _ceil_div(end, bs)]
+        slots = [held[p // bs] * bs + p % bs for p in range(start, end)]
         return visible, first * bs, slots
 
     def free(self, seq: Sequence) -> None:
@@ -104,10 +118,8 @@ class KVCacheManager:
         total = _ceil_div(num_tokens, self.block_size)
         needs = {}
         for group in self.pools:
-            if group == FULL:
-                needs[group] = total
-            else:
-                needs[group] = min(total, _ceil_div(self.sliding_window, self.block_size) + 1)
+            window = self.windows.get(group)
+            needs[group] = total if window is None else min(total, _ceil_div(window, self.block_size) + 1)
         return needs
 
     # prefix caching ----------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """The synchronous engine: requests in, step deltas out. `LLM` and the server both drive it.
 
 Each `step()` schedules a batch (continuous batching: requests join and leave between steps), runs
-it, samples, and turns new tokens into text deltas with stop handling. Nothing here blocks on I/O;
-the async server calls `step()` from one background thread.
+it, samples, and turns new tokens into text deltas with stop handling. With speculative decoding a step
+verifies the tokens proposed for each sequence and may yield several tokens per sequence (each its own
+delta, stop rules applied token by token). Nothing here blocks on I/O; the async server calls `step()`
+from one background thread.
 """
 
 from __future__ import annotations
@@ -11,29 +13,35 @@ import dataclasses
 import logging
 import math
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from glimmer.cancellation import CancelToken
 from glimmer.checkpoint.chat_template_source import find_chat_template
+from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
-from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
-from glimmer.engine.model_loader import LoadedModel, load_model
-from glimmer.engine.model_runner import ModelRunner, kv_bytes_per_block
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model
+from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
 from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
+from glimmer.engine.proposers import DFlashProposer
+from glimmer.engine.rejection_sampler import Proposal, verify
 from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
+from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, GlimmerError, RequestError
@@ -68,6 +76,8 @@ class EngineConfig:
     allow_pickle: bool = False  # read *.bin / *.pt weights, through torch.load(weights_only=True) only
     media_limits: MediaLimits = field(default_factory=MediaLimits)
     progress: bool = True
+    # vLLM's shape: {"method": "dflash", "model": DIR, "num_speculative_tokens": 15, ...} (spec_decode.py)
+    speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
 
     def resolved_device(self) -> torch.device:
         name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -122,6 +132,16 @@ class _Completion:
         return self.prompt_logprobs
 
 
+@dataclass
+class _StepOutcome:
+    """What a step gives back as it appends tokens: deltas, the sequences it finished, and the requests whose
+    own steering or bookkeeping failed (with the error)."""
+
+    deltas: list[StepDelta]
+    finished: list[Sequence]
+    failures: dict[str, Exception]
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -160,11 +180,25 @@ class LLMEngine:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self.scheduler_config, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
+        self.drafter: LoadedDrafter | None = None
+        self.num_speculative_tokens = 0
+        spec_config = None
+        if config.speculative_config is not None:
+            spec_config = SpeculativeConfig.parse(config.speculative_config)
+            self._load_drafter(spec_config)
         self.kv_layout = self._plan_kv_cache()
         self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=config.enable_prefix_caching)
+        capture = self.drafter.config.target_layer_ids if self.drafter else ()
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
                                   max_num_seqs=self.scheduler_config.max_num_seqs,
-                                  max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager)
+                                  max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
+                                  capture_layers=capture, max_query_len=1 + self.num_speculative_tokens)
+        self.speculator: SpeculativeDecoder | None = None
+        if self.drafter is not None:
+            proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,
+                                      max_num_seqs=self.scheduler_config.max_num_seqs,
+                                      use_cuda_graphs=not config.enforce_eager)
+            self.speculator = SpeculativeDecoder(spec_config, proposer, self.num_speculative_tokens, capture)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None
@@ -191,6 +225,42 @@ class LLMEngine:
             raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}")
         return requested
 
+    def _load_drafter(self, spec: SpeculativeConfig) -> None:
+        """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
+        self.drafter = load_drafter(
+            spec.model, self.model_config, lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+            dtype=self.dtype, device=self.device, progress=self.config.progress,
+            load_format=self.config.load_format, seed=self.config.seed,
+        )
+        most = self.drafter.config.num_draft_tokens
+        k = spec.num_speculative_tokens or most
+        if k > most:
+            raise ConfigError(f"speculative_config.num_speculative_tokens={k} exceeds what the drafter proposes per "
+                              f"step: its block_size is {self.drafter.config.block_size}, so at most {most}")
+        budget = self.scheduler_config.max_num_batched_tokens
+        if budget < k + 1:
+            raise ConfigError(f"max_num_batched_tokens={budget} cannot hold one sequence's verification step "
+                              f"(1 + num_speculative_tokens = {k + 1} tokens); raise it or lower "
+                              "num_speculative_tokens")
+        if budget < self.scheduler_config.max_num_seqs * (k + 1):
+            logger.warning("max_num_batched_tokens=%d is below max_num_seqs x (1 + num_speculative_tokens) = %d: "
+                           "steps with many sequences verify fewer proposed tokens", budget,
+                           self.scheduler_config.max_num_seqs * (k + 1))
+        self.num_speculative_tokens = k
+
+    def _draft_bytes_per_block(self, block_size: int) -> int:
+        config = self.drafter.config
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return config.num_hidden_layers * 2 * block_size * config.num_key_value_heads * config.head_dim * element
+
+    def _speculation_reserve_bytes(self) -> int:
+        """Device memory verification needs besides the KV cache at most: float32 logits (raw, constrained and
+        as probabilities) for every verified position of a full batch, and the proposals' distributions."""
+        if self.drafter is None:
+            return 0
+        seqs, k = self.scheduler_config.max_num_seqs, self.num_speculative_tokens
+        return 4 * self.model_config.text.vocab_size * seqs * (3 * (k + 1) + k)
+
     def _plan_kv_cache(self) -> KVCacheLayout:
         text = self.model_config.text
         bs = self.config.block_size
@@ -199,8 +269,22 @@ class LLMEngine:
         groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
                   if layers]
         per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in groups}
+        if self.drafter is not None:
+            per_block[DRAFT] = self._draft_bytes_per_block(bs)
         total_budget = budget = self._kv_budget_bytes(per_block)
         num_blocks: dict[str, int] = {}
+        draft_window = None
+        if self.drafter is not None:
+            # the drafter's context gets the share of the budget its bytes per token are of all groups'
+            distance = self.drafter.config.max_visible_distance
+            draft_window = distance + 1 if distance is not None and distance + 1 < self.max_model_len else None
+            share = budget * per_block[DRAFT] // sum(per_block.values())
+            num_blocks[DRAFT] = max(1, share // per_block[DRAFT])
+            if draft_window is not None:
+                wanted = self.scheduler_config.max_num_seqs * (math.ceil(draft_window / bs) + 1) + math.ceil(
+                    self.scheduler_config.max_num_batched_tokens / bs)
+                num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted)
+            budget -= num_blocks[DRAFT] * per_block[DRAFT]
         if SLIDING in per_block:
             window_blocks = math.ceil(min(text.sliding_window, self.max_model_len) / bs) + 1
             chunk_blocks = math.ceil(self.scheduler_config.max_num_batched_tokens / bs)
@@ -210,12 +294,17 @@ class LLMEngine:
             budget -= num_blocks[SLIDING] * per_block[SLIDING]
         if FULL in per_block:
             num_blocks[FULL] = max(1, budget // per_block[FULL])
-        layout = KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window)
+        layout = KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window,
+                               draft_window=draft_window)
         needs = KVCacheManager(layout).blocks_needed_for(self.max_model_len)
         short = {g: (n, needs[g]) for g, n in num_blocks.items() if n < needs[g]}
         if short:
+            reserved = self._speculation_reserve_bytes()
+            spec_note = (f" after {reserved:,} bytes set aside for verifying {self.num_speculative_tokens} proposed "
+                         f"tokens of up to max_num_seqs={self.scheduler_config.max_num_seqs} sequences"
+                         if reserved and self.config.kv_cache_memory is None and self.device.type == "cuda" else "")
             raise ConfigError(
-                f"the KV cache ({total_budget:,} bytes) cannot hold one sequence of "
+                f"the KV cache ({total_budget:,} bytes{spec_note}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (blocks available/needed per group: {short}); "
                 "lower max_model_len, free device memory, or raise kv_cache_memory / gpu_memory_utilization"
             )
@@ -228,7 +317,7 @@ class LLMEngine:
             return self.config.kv_cache_memory
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            reserve = (1 - self.config.gpu_memory_utilization) * total
+            reserve = (1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
             return max(int(free - reserve), sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
         per_token = sum(per_block.values()) / self.config.block_size
@@ -431,77 +520,153 @@ class LLMEngine:
         (the others' deltas ride on the error), or every request of the batch if running the model or the
         sampler failed.
         """
+        started = time.perf_counter()
         step = self.scheduler.schedule()
         if step.is_empty:
             return []
         try:
-            return self._run_step(step)
+            return self._run_step(step, started)
         except StepError:
             raise
         except Exception as exc:
             raise StepError(sorted({seq.request_id for seq in step.seqs}), exc, whole_batch=True) from exc
 
-    def _run_step(self, step: ScheduledStep) -> list[StepDelta]:
+    def _run_step(self, step: ScheduledStep, started: float) -> list[StepDelta]:
         masks = self._start_grammar_masks(step)
-        logits, sampling, prompt_logprobs = self.runner.execute(step)
-        for i, scored in prompt_logprobs.items():
-            seq = step.seqs[i]
-            recorded = self._completions[id(seq)].prompt_logprobs
-            start = seq.num_computed_tokens + 1  # the row at position p scores the token at p + 1
-            recorded[start : start + len(scored)] = scored
-        for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.kv.register_computed_blocks(seq)
-        failures: dict[str, Exception] = {}
+        output = self.runner.execute(step)
+        self._record_prompt_logprobs(step, output.prompt_logprobs)
         try:
             bitmask = masks.result() if masks is not None else None
             grammar_failure = None
         except Exception as exc:  # the grammar engine failed: the constrained requests end, the others sample
             bitmask, grammar_failure = None, exc
-        deltas = []
-        kept = []
-        for row, i in enumerate(sampling):
+        outcome = _StepOutcome([], [], {})
+        committed = self._emit(step, output, bitmask, grammar_failure, outcome)
+        for seq, count in zip(step.seqs, committed, strict=True):
+            seq.num_computed_tokens += count
+        if self.speculator is not None:
+            decoding = [step.seqs[i] for i in output.sampling
+                        if step.seqs[i] not in outcome.finished and step.seqs[i].request_id not in outcome.failures]
+            running = len(self.scheduler.running) - len(outcome.finished)
+            self.speculator.after_step(step, output, committed, decoding, running, started)
+        # after the drafter has cached its context: a registered block is complete in every group
+        for seq in step.seqs:
+            self.kv.register_computed_blocks(seq)
+        for seq in outcome.finished:
+            self._retire(seq)
+        if outcome.failures:
+            cause = next(iter(outcome.failures.values()))
+            raise StepError(sorted(outcome.failures), cause, whole_batch=False,
+                            deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
+        return outcome.deltas
+
+    def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
+        """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""
+        for i, scored in scored_rows.items():
             seq = step.seqs[i]
-            if seq.max_total_tokens == len(seq.prompt_token_ids):
-                deltas.append(self._finish_unsampled(seq))  # max_tokens=0: computed (and scored), nothing sampled
-            elif grammar_failure is not None and seq.controller is not None:
-                failures.setdefault(seq.request_id, grammar_failure)
-            else:
-                kept.append(row)
-        if len(kept) < len(sampling):
-            logits = logits[kept]
-            if bitmask is not None:
-                bitmask = bitmask[kept]
-        seqs = [step.seqs[sampling[row]] for row in kept]
-        rows = [SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator,
-                            tuple(seq.stop_token_ids) if len(seq.output_token_ids) < seq.params.min_tokens else ())
-                for seq in seqs]
-        if rows:
-            result = sample(logits, rows, bitmask)
-            for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
-                try:
-                    deltas.append(self._append_token(seq, token, logprobs))
-                except Exception as exc:  # one sequence's steering or bookkeeping failed: its request alone ends
-                    failures.setdefault(seq.request_id, exc)
-        if failures:
-            cause = next(iter(failures.values()))
-            raise StepError(sorted(failures), cause, whole_batch=False,
-                            deltas=[d for d in deltas if d.request_id not in failures]) from cause
-        return deltas
+            recorded = self._completions[id(seq)].prompt_logprobs
+            start = seq.num_computed_tokens + 1  # the row at position p scores the token at p + 1
+            recorded[start : start + len(scored)] = scored
 
     def _start_grammar_masks(self, step: ScheduledStep) -> Future | None:
-        """Fill the grammar masks of the rows this step samples, on a worker thread while the model runs."""
-        controllers = [seq.controller for i, seq in enumerate(step.seqs) if step.samples(i)]
-        if all(controller is None for controller in controllers):
+        """Fill the grammar masks of the rows this step samples, on a worker thread while the model runs
+        (with speculative decoding, one row per verified position)."""
+        sampled = [seq for i, seq in enumerate(step.seqs) if step.samples(i)]
+        if all(seq.controller is None for seq in sampled):
             return None
         if self._grammar_masks is None:
             self._grammar_masks = GrammarMasks(self.model_config.text.vocab_size, self.scheduler_config.max_num_seqs)
-        return self._grammar_masks.fill_async(controllers)
+        controllers = [seq.controller for seq in sampled]
+        if self.speculator is None:
+            return self._grammar_masks.fill_async(controllers)
+        return self._grammar_masks.fill_verification_async(controllers, [list(seq.spec_token_ids) for seq in sampled])
+
+    def _emit(
+        self, step: ScheduledStep, output: StepLogits, bitmask: torch.Tensor | None,
+        grammar_failure: Exception | None, outcome: _StepOutcome,
+    ) -> list[int]:
+        """Choose the next token(s) of every sequence that samples and append them (never past a stop); return
+        how many of each sequence's scheduled tokens are now committed (proposed tokens that were rejected,
+        or dropped at a stop, are not). A sequence whose grammar or bookkeeping failed goes to
+        `outcome.failures` (its request ends; the others go on)."""
+        committed = list(step.num_new_tokens)
+        dropped = set()
+        for i in output.sampling:
+            seq = step.seqs[i]
+            if seq.max_total_tokens == len(seq.prompt_token_ids):
+                # max_tokens=0: the prompt is computed (and scored); nothing is sampled
+                outcome.deltas.append(self._finish_unsampled(seq))
+                outcome.finished.append(seq)
+                dropped.add(i)
+            elif grammar_failure is not None and seq.controller is not None:
+                outcome.failures.setdefault(seq.request_id, grammar_failure)
+                committed[i] -= step.spec_tokens(i)  # its proposals are never verified
+                seq.keep_spec_tokens(0)
+                dropped.add(i)
+        if dropped:
+            output, bitmask = self._without_rows_of(step, output, bitmask, dropped)
+        if not output.sampling:
+            return committed
+        if self.speculator is None:
+            result = sample(output.logits, [self._sampling_row(step.seqs[i]) for i in output.sampling], bitmask)
+            for i, token, logprobs in zip(output.sampling, result.token_ids, result.logprobs, strict=True):
+                self._emit_tokens(step.seqs[i], [token], [logprobs], outcome)
+            return committed
+        proposals = []
+        for i in output.sampling:
+            seq = step.seqs[i]
+            drafts = list(seq.spec_token_ids)
+            proposals.append(Proposal([self._sampling_row(seq, drafts[:j]) for j in range(len(drafts) + 1)], drafts,
+                                      seq.spec_draft_probs))
+        for i, verdict in zip(output.sampling, verify(output.logits, proposals, bitmask), strict=True):
+            seq, proposed = step.seqs[i], step.spec_tokens(i)
+            appended = self._emit_tokens(seq, verdict.token_ids, verdict.logprobs, outcome)
+            committed[i] += min(verdict.num_accepted, appended) - proposed
+            self.speculator.record_verification(proposed, verdict.num_accepted)
+            seq.keep_spec_tokens(0)
+        return committed
+
+    def _sampling_row(self, seq: Sequence, proposed: list[int] | tuple[int, ...] = ()) -> SamplingRow:
+        """What sampling the next token needs — after the `proposed` tokens, when verifying them."""
+        outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
+        banned = tuple(seq.stop_token_ids) if len(outputs) < seq.params.min_tokens else ()
+        return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned)
+
+    def _emit_tokens(
+        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None], outcome: _StepOutcome
+    ) -> int:
+        """Append tokens one by one, each its own delta, until one finishes the sequence (or its steering or
+        bookkeeping fails: its request alone ends); returns how many were appended."""
+        for j, (token, entry) in enumerate(zip(tokens, logprobs, strict=True)):
+            try:
+                delta = self._append_token(seq, token, entry)
+            except Exception as exc:
+                outcome.failures.setdefault(seq.request_id, exc)
+                return j
+            outcome.deltas.append(delta)
+            if delta.finish_reason is not None:
+                outcome.finished.append(seq)
+                return j + 1
+        return len(tokens)
+
+    @staticmethod
+    def _without_rows_of(
+        step: ScheduledStep, output: StepLogits, bitmask: torch.Tensor | None, dropped: set[int]
+    ) -> tuple[StepLogits, torch.Tensor | None]:
+        """The step's logits (and grammar mask rows) without those of the sequence indices `dropped`."""
+        keep, sampling, row = [], [], 0
+        for i in output.sampling:
+            rows = 1 + step.spec_tokens(i)
+            if i not in dropped:
+                keep.extend(range(row, row + rows))
+                sampling.append(i)
+            row += rows
+        kept = StepLogits(output.logits[keep], sampling, output.prompt_logprobs, output.hidden)
+        return kept, bitmask[keep] if bitmask is not None else None
 
     def _finish_unsampled(self, seq: Sequence) -> StepDelta:
-        done = self._completions.pop(id(seq))
-        self.scheduler.finish(seq)
-        self._forget_if_done(seq.request_id)
+        """The final delta of a max_tokens=0 sequence, whose prompt is computed (the caller retires it)."""
+        done = self._completions[id(seq)]
         return StepDelta(seq.request_id, seq.index, [], "", finish_reason="length",
                          num_prompt_tokens=done.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
                          prompt_logprobs=done.take_prompt_logprobs())
@@ -527,12 +692,8 @@ class LLMEngine:
             finish_reason = "length"
         elif controller_stop:
             finish_reason = "stop"
-        if finish_reason is not None:
-            if stop_string is None:
-                text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
-            self.scheduler.finish(seq)
-            self._completions.pop(id(seq))
-            self._forget_if_done(seq.request_id)
+        if finish_reason is not None and stop_string is None:
+            text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
         done.text += text
         return StepDelta(
             request_id=seq.request_id,
@@ -547,6 +708,12 @@ class LLMEngine:
             prompt_logprobs=done.take_prompt_logprobs(),
         )
 
+    def _retire(self, seq: Sequence) -> None:
+        """Free a finished sequence's blocks and forget it (its request too, once every completion is done)."""
+        self.scheduler.finish(seq)
+        self._completions.pop(id(seq))
+        self._forget_if_done(seq.request_id)
+
     # introspection ----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, object]:
@@ -556,6 +723,7 @@ class LLMEngine:
             "kv_blocks": self.kv.usage(),
             "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate(),
             "preemptions": self.scheduler.num_preemptions,
+            "spec_decode": self.speculator.stats if self.speculator is not None else None,
         }
 
 

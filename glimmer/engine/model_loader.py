@@ -107,22 +107,31 @@ def load_drafter(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     progress: bool = True,
+    load_format: str = "auto",
+    seed: int = 0,
 ) -> LoadedDrafter:
-    """Load a DFlash drafter (HF or native layout) for `target`, strictly: a config that does not fit the
+    """Load a DFlash drafter (HF, native or GGUF layout) for `target`, strictly: a config that does not fit the
     target (hidden size, vocabulary, target layers, mask token) or weights that do not match the config are
     refused with the numbers (ConfigError / CheckpointError). `mask_token_id()` gives the target tokenizer's
-    id of the released mask token, for configs that omit it."""
-    checkpoint = open_drafter_checkpoint(path, mask_token_id=mask_token_id)
+    id of the released mask token, for configs that omit it. With load_format "dummy" only the config is read
+    and the weights are drawn at random on the device."""
+    if load_format not in LOAD_FORMATS:
+        raise ConfigError(f"load_format={load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
+    checkpoint = open_drafter_checkpoint(path, mask_token_id=mask_token_id, weights=load_format != "dummy")
     config = checkpoint.config
     config.check_fits(target.text)
     with torch.device("meta"):
         model = DFlashDrafter(config).to(dtype)
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    plan = plan_weights(config, checkpoint.files, expected, checkpoint.weight_layout)
-    model = model.to_empty(device=device)
-    fill_parameters(model, plan, checkpoint.files, progress=progress)
+    if checkpoint.files is None:
+        model = model.to_empty(device=device)
+        randomize_parameters_(model, seed, norm_neutral=1.0)  # every drafter norm is plain-scale (§10.1)
+    else:
+        expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        plan = plan_weights(config, checkpoint.files, expected, checkpoint.weight_layout)
+        model = model.to_empty(device=device)
+        fill_parameters(model, plan, checkpoint.files, progress=progress)
     model.eval().requires_grad_(False)
     logger.info("loaded DFlash drafter %s (%s weights; %d layers, block %d, target layers %s) on %s as %s",
-                checkpoint.location, checkpoint.weight_layout, config.num_hidden_layers, config.block_size,
-                list(config.target_layer_ids), device, dtype)
+                checkpoint.location, "dummy" if checkpoint.files is None else checkpoint.weight_layout,
+                config.num_hidden_layers, config.block_size, list(config.target_layer_ids), device, dtype)
     return LoadedDrafter(model=model, config=config, weight_layout=checkpoint.weight_layout)

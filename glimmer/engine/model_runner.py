@@ -2,15 +2,17 @@
 
 The scheduler decides which tokens run; this file turns that decision into tensors (flat token ids,
 positions, per-group block tables and slot mappings in a `ForwardContext`, laid out once by
-`step_inputs`) and back into the logits of the positions that need a next token. Decode steps replay
-captured CUDA graphs where they can (`cuda_graphs`).
+`step_inputs`) and back into logits: one row for each sequence whose chunk reaches its last token, or,
+with speculative decoding, one row for each of its last 1 + k positions (the last token and the k proposed
+after it). For a drafter it also returns the outputs of the requested decoder layers at every computed
+position. Decode and verification steps replay captured CUDA graphs where they can (`cuda_graphs`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,13 +37,18 @@ PROMPT_LOGITS_ROWS = 512
 """Prompt positions scored per slice: bounds the (rows, vocab) logits held at once."""
 
 
-class StepLogits(NamedTuple):
-    """What one step computed: next-token logits (one row per sampling sequence) and their step indices,
-    and for sequences scoring their prompt, the logprobs of the prompt tokens this step's chunk predicts."""
+@dataclass
+class StepLogits:
+    """What one step computed. logits: for each sequence index in `sampling`, 1 + (its proposed tokens)
+    rows, in that order. prompt_logprobs: for sequences scoring their prompt, the logprobs of the prompt
+    tokens this step's chunk predicts. hidden: per layer the drafter reads (in the order asked), its output
+    at every token of the step (flat order; a CUDA graph's padding rows follow the real ones); the last
+    decoder layer's is the final-normed state, as the reference reports it (§10.1)."""
 
     logits: torch.Tensor
     sampling: list[int]
     prompt_logprobs: dict[int, list[TokenLogprobs]]
+    hidden: list[torch.Tensor] = field(default_factory=list)
 
 
 def prompt_positions_scored(seq: Sequence, num_new_tokens: int) -> range:
@@ -84,8 +91,11 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
+        capture_layers: tuple[int, ...] = (),
+        max_query_len: int = 1,
     ):
         self.model = model
+        self.capture_layers = capture_layers
         self.kv = kv
         self.device = device
         self.dtype = dtype
@@ -106,7 +116,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if device.type == "cuda" and use_cuda_graphs and DecodeGraphs.supported(self.kv_caches):
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
-            self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device)
+            self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,
+                                       capture_layers=capture_layers, max_query_len=max_query_len)
 
     def _multimodal_inputs(
         self, step: ScheduledStep, flat_len: int
@@ -144,28 +155,32 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: ScheduledStep) -> StepLogits:
-        """Run one step; returns next-token logits (one row per sampling sequence), their indices, and the
-        prompt logprobs of sequences that score their prompt."""
+        """Run one step: logits for the sequences that sample (see `StepLogits`), the prompt logprobs of
+        sequences that score their prompt, and the captured layers."""
         if self.graphs is not None and self.graphs.can_run(step):
-            inputs = build_step_inputs(step, self.kv, self.null_blocks, self.graphs.padded_size(len(step.seqs)))
-            return StepLogits(self.graphs.run(inputs)[: len(step.seqs)], list(range(len(step.seqs))), {})
+            q = self.graphs.query_len(step)
+            inputs = build_step_inputs(step, self.kv, self.null_blocks, self.graphs.padded_size(len(step.seqs)), q)
+            logits, hidden = self.graphs.run(inputs, len(step.seqs))
+            return StepLogits(logits, list(range(len(step.seqs))), {}, hidden)
         inputs = build_step_inputs(step, self.kv, self.null_blocks)
         flat = inputs.flat.to(self.device, non_blocking=True)
         tables = {g: t.to(self.device, non_blocking=True) for g, t in inputs.tables.items()}
         input_ids, ctx = inputs.context(flat, tables, self.block_size, self.kv_caches)
+        ctx.capture_layers = self.capture_layers
         mm_embeds, mm_mask = self._multimodal_inputs(step, inputs.num_tokens)
-        hidden = self.model(input_ids, ctx, mm_embeds, mm_mask)
-        prompt_logprobs = self._prompt_logprobs(step, hidden)
+        final = self.model(input_ids, ctx, mm_embeds, mm_mask)
+        hidden = ctx.captured_outputs(final, self.model.config.text.num_hidden_layers)
+        prompt_logprobs = self._prompt_logprobs(step, final)
         sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
         if not sampling:
-            logits = hidden.new_zeros((0, 0))
+            logits = final.new_zeros((0, 0))
         elif len(sampling) == len(step.seqs) and inputs.max_query_len == 1:
-            logits = self.model.compute_logits(hidden)
+            logits = self.model.compute_logits(final)
         else:
             ends = list(itertools.accumulate(step.num_new_tokens))
-            last_rows = torch.tensor([ends[i] - 1 for i in sampling], dtype=torch.int64, device=self.device)
-            logits = self.model.compute_logits(hidden[last_rows])
-        return StepLogits(logits, sampling, prompt_logprobs)
+            rows = [r for i in sampling for r in range(ends[i] - 1 - step.spec_tokens(i), ends[i])]
+            logits = self.model.compute_logits(final[torch.tensor(rows, dtype=torch.int64, device=self.device)])
+        return StepLogits(logits, sampling, prompt_logprobs, hidden)
 
     def _prompt_logprobs(self, step: ScheduledStep, hidden: torch.Tensor) -> dict[int, list[TokenLogprobs]]:
         """Per step row that scores its prompt: the logprobs of the prompt tokens this step's rows predict."""
@@ -188,4 +203,3 @@ class ModelRunner:
             targets = [seq.prompt_token_ids[p + 1] for p in positions[offset : offset + PROMPT_LOGITS_ROWS]]
             scored.extend(scored_token_logprobs(self.model.compute_logits(rows), targets, k))
         return scored
-

@@ -111,15 +111,9 @@ def unpack_token_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None) -> SampleResult:
-    """logits: (M, V), one row per sequence that needs a token this step.
-
-    token_bitmask: (M, ceil(V/32)) int32 of the ids each row may sample (all bits set for a free row), or None.
-    """
-    logits = logits.float()
-    want_logprobs = any(r.params.logprobs is not None for r in rows)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-
+def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """Penalties, banned ids and the grammar's bitmask applied to float logits (a copy when any applies)."""
     if any(r.params.uses_penalties or r.banned_ids for r in rows):
         logits = logits.clone()
         _apply_penalties(logits, rows)
@@ -129,6 +123,54 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
     if token_bitmask is not None:
         allowed = unpack_token_bitmask(token_bitmask.to(logits.device, non_blocking=True), logits.shape[1])
         logits = logits.masked_fill(~allowed, float("-inf"))
+    return logits
+
+
+def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, then top-k, top-p, min-p."""
+    temps = torch.tensor([r.params.temperature for r in rows]).to(logits.device, non_blocking=True)
+    return torch.softmax(_filter(logits / temps[:, None], rows), dim=-1)
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of (unnormalized, non-negative) `probs`, each from its own generator.
+
+    Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p).
+    """
+    noise = torch.empty_like(probs)
+    for j, generator in enumerate(generators):
+        noise[j].exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def chosen_logprobs(
+    raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]
+) -> tuple[list[int], list[TokenLogprobs | None]]:
+    """The tokens, and each row's chosen-token logprob and top-k alternatives (None where k is None), in one
+    read of the device."""
+    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+    k_max = max(k or 0 for k in ks)
+    top_values, top_ids = raw_logprobs.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
+    token_list, chosen_list, top_value_list, top_id_list = (
+        t.tolist() for t in (tokens, chosen, top_values, top_ids))
+    out: list[TokenLogprobs | None] = [None] * len(ks)
+    for i, k in enumerate(ks):
+        if k is None:
+            continue
+        top = dict(zip(top_id_list[i][:k], top_value_list[i][:k], strict=True)) if k > 0 else {}
+        out[i] = TokenLogprobs(token_id=token_list[i], logprob=chosen_list[i], top=top)
+    return token_list, out
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None) -> SampleResult:
+    """logits: (M, V), one row per sequence that needs a token this step.
+
+    token_bitmask: (M, ceil(V/32)) int32 of the ids each row may sample (all bits set for a free row), or None.
+    """
+    logits = logits.float()
+    want_logprobs = any(r.params.logprobs is not None for r in rows)
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+    logits = constrain(logits, rows, token_bitmask)
 
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
@@ -141,31 +183,12 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
             tokens[index] = logits[index].argmax(dim=-1)
         sub_rows = [rows[i] for i in random_rows]
         index = _ids_on(logits.device, random_rows)
-        temps = torch.tensor([r.params.temperature for r in sub_rows]).to(logits.device, non_blocking=True)
-        scaled = _filter(logits[index] / temps[:, None], sub_rows)
-        probs = torch.softmax(scaled, dim=-1)
-        # exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p, one generator per row
-        noise = torch.empty_like(probs)
-        for j, row in enumerate(sub_rows):
-            noise[j].exponential_(generator=row.generator)
-        tokens[index] = (probs / noise).argmax(dim=-1)
+        tokens[index] = draw(sampling_probs(logits[index], sub_rows), [r.generator for r in sub_rows])
 
-    logprob_list: list[TokenLogprobs | None] = [None] * len(rows)
     if raw_logprobs is None:
-        return SampleResult(token_ids=tokens.tolist(), logprobs=logprob_list)
-    # one read of the chosen tokens, their logprobs and every row's top alternatives
-    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
-    k_max = max(r.params.logprobs or 0 for r in rows)
-    top_values, top_ids = raw_logprobs.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
-    token_list, chosen_list, top_value_list, top_id_list = (
-        t.tolist() for t in (tokens, chosen, top_values, top_ids))
-    for i, row in enumerate(rows):
-        k = row.params.logprobs
-        if k is None:
-            continue
-        top = dict(zip(top_id_list[i][:k], top_value_list[i][:k], strict=True)) if k > 0 else {}
-        logprob_list[i] = TokenLogprobs(token_id=token_list[i], logprob=chosen_list[i], top=top)
-    return SampleResult(token_ids=token_list, logprobs=logprob_list)
+        return SampleResult(token_ids=tokens.tolist(), logprobs=[None] * len(rows))
+    token_list, logprobs = chosen_logprobs(raw_logprobs, tokens, [r.params.logprobs for r in rows])
+    return SampleResult(token_ids=token_list, logprobs=logprobs)
 
 
 def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[TokenLogprobs]:

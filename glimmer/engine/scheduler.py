@@ -1,16 +1,17 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each computes.
 
-Each step first serves the running sequences (a decode token, or the next chunk of a long prompt),
-then admits waiting ones while the token budget, the sequence limit and the KV pools allow. When a
-running sequence cannot get blocks, the most recently admitted other sequence is preempted: its blocks
-are freed and it goes back to the front of the queue to be recomputed later (prefix caching usually
-makes that cheap). Knows nothing of tensors.
+Each step first serves the running sequences (a decode token, or the next chunk of a long prompt; with
+speculative decoding a decode also carries the tokens proposed for verification, as far as the token
+budget and the KV pools allow — what does not fit is dropped), then admits waiting ones while the token
+budget, the sequence limit and the KV pools allow. When a running sequence cannot get blocks, the most
+recently admitted other sequence is preempted: its blocks are freed and it goes back to the front of the
+queue to be recomputed later (prefix caching usually makes that cheap). Knows nothing of tensors.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.sequence import Sequence, SequenceStatus
@@ -26,16 +27,25 @@ class SchedulerConfig:
 @dataclass
 class ScheduledStep:
     seqs: list[Sequence]
-    num_new_tokens: list[int]
+    num_new_tokens: list[int]  # including the proposed tokens to verify
+    num_spec_tokens: list[int] = field(default_factory=list)  # proposed tokens among them (default: none)
 
     @property
     def is_empty(self) -> bool:
         return not self.seqs
 
+    def spec_tokens(self, i: int) -> int:
+        return self.num_spec_tokens[i] if self.num_spec_tokens else 0
+
     def samples(self, i: int) -> bool:
-        """Whether sequence i's chunk reaches its last token, so the step yields its next token."""
+        """Whether sequence i's chunk reaches its last token, so the step yields its next token(s)."""
         seq = self.seqs[i]
-        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens
+        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens + self.spec_tokens(i)
+
+    def add(self, seq: Sequence, num_new_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+        self.num_spec_tokens.append(len(seq.spec_token_ids))
 
 
 class Scheduler:
@@ -59,19 +69,20 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
-            n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
+            n = self._fit_chunk(seq, min(wanted, budget))
             while n == 0:
                 victim = self._pick_victim(exclude=seq, scheduled=step.seqs)
                 if victim is None:
                     break
                 self._preempt(victim)
-                n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
+                n = self._fit_chunk(seq, min(wanted, budget))
             if n == 0:
                 self._preempt(seq)
                 continue
+            seq.keep_spec_tokens(max(0, n - seq.num_uncomputed_tokens))
             self.kv.allocate(seq, n)
-            step.seqs.append(seq)
-            step.num_new_tokens.append(n)
+            step.add(seq, n)
             budget -= n
             index += 1
 
@@ -92,8 +103,7 @@ class Scheduler:
             self.kv.allocate(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            step.seqs.append(seq)
-            step.num_new_tokens.append(n)
+            step.add(seq, n)
             budget -= n
         return step
 
@@ -124,6 +134,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.keep_spec_tokens(0)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -136,4 +147,5 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv.free(seq)
+        seq.keep_spec_tokens(0)
         seq.status = SequenceStatus.FINISHED

@@ -77,6 +77,10 @@ class Sequence:
     # which of the request's `n` completions this is
     index: int = 0
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
+    # speculative decoding: tokens proposed after the last one, to be verified by the next step, and the
+    # (k, vocab) distribution each was drawn from (None: chosen deterministically, e.g. an argmax)
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_draft_probs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -96,10 +100,19 @@ class Sequence:
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
 
     def token_at(self, position: int) -> int:
+        """The token at `position`; positions past the last token are the proposed (speculative) ones."""
         prompt_len = len(self.prompt_token_ids)
         if position < prompt_len:
             return self.prompt_token_ids[position]
-        return self.output_token_ids[position - prompt_len]
+        if position < self.num_tokens:
+            return self.output_token_ids[position - prompt_len]
+        return self.spec_token_ids[position - self.num_tokens]
+
+    def keep_spec_tokens(self, count: int) -> None:
+        """Drop the proposed tokens after the first `count`."""
+        del self.spec_token_ids[count:]
+        if self.spec_draft_probs is not None:
+            self.spec_draft_probs = self.spec_draft_probs[:count] if count else None
 
     @property
     def num_uncomputed_tokens(self) -> int:

@@ -4,8 +4,9 @@ The eager runner copies them into fresh device tensors; CUDA-graph replay copies
 static buffers. Either way the step costs one copy of the flat integer fields and one per KV group's
 block table, from pinned memory and without waiting for the GPU.
 
-Rows past the real batch (`padded_seqs`) are graph padding: one token each at position 0 that reads and
-writes only slot 0 of the spare "null" block of each pool, which no sequence owns.
+Rows past the real batch (`padded_seqs`) are graph padding: `padding_tokens` tokens each (one for a decode
+graph, 1 + k for a graph verifying k proposed tokens) at positions 0, 1, … that read and write only the
+spare "null" block of each pool, which no sequence owns.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glimmer.engine.kv_cache_manager import KVCacheManager
+from glimmer.engine.kv_cache_manager import DRAFT, KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.model.context import ForwardContext, KVGroupView
 
@@ -61,11 +62,17 @@ class StepInputs:
         )
 
 
+def target_groups(kv: KVCacheManager) -> tuple[str, ...]:
+    """The KV groups of the target model's layers (the drafter's group is read by the drafter alone)."""
+    return tuple(g for g in kv.pools if g != DRAFT)
+
+
 def build_step_inputs(
-    step: ScheduledStep, kv: KVCacheManager, null_blocks: dict[str, int], padded_seqs: int | None = None
+    step: ScheduledStep, kv: KVCacheManager, null_blocks: dict[str, int], padded_seqs: int | None = None,
+    padding_tokens: int = 1,
 ) -> StepInputs:
     """Lay out `step` (after the scheduler allocated its blocks), padded with null rows to `padded_seqs`."""
-    groups = tuple(kv.pools)
+    groups = target_groups(kv)
     bs = kv.block_size
     ids: list[int] = []
     positions: list[int] = []
@@ -87,14 +94,16 @@ def build_step_inputs(
             slots[group].extend(new_slots)
     padding = (padded_seqs or len(step.seqs)) - len(step.seqs)
     if padding:
-        ids.extend([0] * padding)
-        positions.extend([0] * padding)
-        query_start.extend(range(query_start[-1] + 1, query_start[-1] + padding + 1))
-        seq_lens.extend([1] * padding)
+        q = padding_tokens
+        ids.extend([0] * (q * padding))
+        positions.extend(list(range(q)) * padding)
+        query_start.extend(range(query_start[-1] + q, query_start[-1] + q * padding + 1, q))
+        seq_lens.extend([q] * padding)
         for group in groups:
-            rows[group].extend([null_blocks[group]] for _ in range(padding))
+            null = null_blocks[group]
+            rows[group].extend([null] * -(-q // bs) for _ in range(padding))
             starts[group].extend([0] * padding)
-            slots[group].extend([null_blocks[group] * bs] * padding)
+            slots[group].extend([null * bs + j % bs for j in range(q)] * padding)
     flat = ids + positions + query_start + seq_lens
     tables = {}
     for group in groups:
@@ -110,7 +119,7 @@ def build_step_inputs(
     return StepInputs(
         num_seqs=len(seq_lens),
         num_tokens=len(ids),
-        max_query_len=max(step.num_new_tokens),
+        max_query_len=max([*step.num_new_tokens, padding_tokens if padding else 1]),
         groups=groups,
         flat=_pinned(flat),
         tables=tables,

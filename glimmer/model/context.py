@@ -46,7 +46,8 @@ class ForwardContext:
         slice attends only to itself (used by tests and one-shot scoring).
     groups: "full" and "sliding" KVGroupView, present whenever kv_caches is.
     capture_layers: decoder layer indices whose outputs (the residual stream, before the final norm)
-        are recorded into `captured` — for speculative drafters that read the target's hidden states.
+        are recorded into `captured` — for speculative drafters that read the target's hidden states
+        (`captured_outputs`).
     """
 
     query_start_loc: torch.Tensor
@@ -59,6 +60,11 @@ class ForwardContext:
     captured: dict[int, torch.Tensor] = field(default_factory=dict)
     # tensors derived from the layout once per step and shared by every layer (masks, index maps)
     derived: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def captured_outputs(self, final_hidden: torch.Tensor, num_layers: int) -> list[torch.Tensor]:
+        """The outputs of `capture_layers`, in their order, after a forward; the last layer's is the
+        final-normed state `final_hidden`, as the reference reports its last hidden state (§10.1)."""
+        return [final_hidden if layer == num_layers - 1 else self.captured[layer] for layer in self.capture_layers]
 
     @property
     def num_seqs(self) -> int:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from glimmer.engine.async_engine import AsyncEngine
@@ -47,6 +47,28 @@ class _EngineCollector(Collector):
                                 value=stats["prefix_cache_hit_rate"])
         yield GaugeMetricFamily("glimmer_engine_alive", "1 while the engine thread serves requests",
                                 value=1 if engine.is_alive else 0)
+        spec = stats.get("spec_decode")
+        if spec is not None:
+            yield from _spec_decode_metrics(spec)
+
+
+def _spec_decode_metrics(spec) -> Iterator[Metric]:
+    """Speculative decoding: verifications, proposed and accepted tokens, and tokens emitted per verification."""
+    yield CounterMetricFamily("glimmer_spec_decode_num_drafts", "Verifications of proposed tokens (one per "
+                              "sequence and step)", value=spec.num_drafts)
+    yield CounterMetricFamily("glimmer_spec_decode_num_draft_tokens", "Proposed tokens verified",
+                              value=spec.num_draft_tokens)
+    yield CounterMetricFamily("glimmer_spec_decode_num_accepted_tokens", "Proposed tokens accepted",
+                              value=spec.num_accepted_tokens)
+    cumulative, buckets, total = 0, [], 0
+    for length, count in enumerate(spec.acceptance_lengths):
+        if length:
+            cumulative += count
+            total += length * count
+            buckets.append((str(length), cumulative))
+    buckets.append(("+Inf", cumulative))
+    yield HistogramMetricFamily("glimmer_spec_decode_acceptance_length", "Tokens one verification emitted "
+                                "(accepted proposals + 1)", buckets=buckets, sum_value=total)
 
 
 class ServerMetrics:

@@ -1,0 +1,173 @@
+"""Drafter steps of decoding batches replayed from CUDA graphs (cuda_graphs.py does the same for the target).
+
+In a decoding batch every sequence brings 1 … T new context rows (the positions its last step committed)
+and denoises one block of T = block_size rows. Padding each sequence's context to T rows gives the step a
+fixed shape per batch bucket and block-table width, so the drafter's few hundred kernels replay as one
+launch. Padding rows write into a null block of the drafter's cache that no sequence owns; padding
+sequences read nothing but it. A step that proposes nothing (speculation off) still caches the context:
+with one new position per sequence it is a small graph of its own. Other steps (a prompt's context,
+sequences that do not all decode) run eagerly. `eager_replay` runs the same static-buffer forward without
+capturing (tests without CUDA).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from glimmer.engine.cuda_graphs import batch_size_ladder, record
+from glimmer.model.drafter import DFlashDrafter, DraftStep
+
+logger = logging.getLogger(__name__)
+
+WIDTH_BUCKETS = tuple(2**i for i in range(2, 12))
+
+
+def bucket(value: int, buckets: tuple[int, ...]) -> int | None:
+    return next((b for b in buckets if b >= value), None)
+
+
+@dataclass
+class DraftLayout:
+    """One drafter step as lists: each sequence's new context rows (positions, cache slots, rows of the
+    target's hidden states) and, for the sequences that draft, the block's anchor and what it sees."""
+
+    context_positions: list[list[int]] = field(default_factory=list)
+    context_slots: list[list[int]] = field(default_factory=list)
+    context_rows: list[list[int]] = field(default_factory=list)
+    anchor_ids: list[int] = field(default_factory=list)
+    anchor_positions: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    table_starts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Graph:
+    states: torch.Tensor
+    context_positions: torch.Tensor
+    context_slots: torch.Tensor
+    ids: torch.Tensor
+    block_positions: torch.Tensor
+    tables: torch.Tensor
+    starts: torch.Tensor
+    lens: torch.Tensor
+    replay: Callable[[], None] = lambda: None
+    out: torch.Tensor | None = None
+
+
+class DraftGraphs:
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        null_block: int,
+        max_num_seqs: int,
+        device: torch.device,
+        eager_replay: bool = False,
+    ):
+        self.drafter = drafter
+        self.embed = embed
+        self.kv_caches = kv_caches
+        self.null_block = null_block
+        self.cache_block_size = kv_caches[0][0].shape[1]
+        self.block = drafter.config.block_size
+        self.mask_token_id = drafter.config.mask_token_id
+        self.device = device
+        self.batch_buckets = batch_size_ladder(max_num_seqs)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool = None if eager_replay else torch.cuda.graph_pool_handle()
+
+    def can_run(self, layout: DraftLayout) -> bool:
+        """Every sequence brings context (at most one block's worth) and either every one drafts (the same
+        sequences, in order: the caller checks) or none does."""
+        n = len(layout.context_rows)
+        return (
+            n > 0
+            and len(layout.anchor_ids) in (0, n)
+            and all(0 < len(rows) <= self.block for rows in layout.context_rows)
+            and bucket(n, self.batch_buckets) is not None
+            and (not layout.anchor_ids or bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) is not None)
+        )
+
+    def run(self, layout: DraftLayout, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """The blocks' final hidden states (B, T, H), B = 0 when none drafts; the caller checked `can_run`."""
+        drafting = len(layout.anchor_ids)
+        batch = bucket(len(layout.context_rows), self.batch_buckets)
+        width = bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) if drafting else 0
+        # context rows per sequence: a block's worth, or one when none drafts and each brings one position
+        per_seq = 1 if not drafting and all(len(rows) == 1 for rows in layout.context_rows) else self.block
+        key = (batch, width, per_seq)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(batch, width, per_seq, sum(h.shape[1] for h in hidden), hidden[0].dtype)
+            self._graphs[key] = graph
+        self._fill(graph, layout, hidden, per_seq)
+        graph.replay()
+        return graph.out[:drafting]
+
+    def _fill(self, graph: _Graph, layout: DraftLayout, hidden: list[torch.Tensor], per_seq: int) -> None:
+        t, cbs = self.block, self.cache_block_size
+        padding = graph.lens.shape[0] - len(layout.context_rows)
+        null_slots = [self.null_block * cbs + j % cbs for j in range(per_seq)]
+        rows, positions, slots = [], [], []
+        for seq_rows, seq_positions, seq_slots in zip(layout.context_rows, layout.context_positions,
+                                                      layout.context_slots, strict=True):
+            pad = per_seq - len(seq_rows)
+            rows += seq_rows + [0] * pad
+            positions += seq_positions + [0] * pad
+            slots += seq_slots + null_slots[len(seq_rows):]
+        rows += [0] * (per_seq * padding)
+        positions += [0] * (per_seq * padding)
+        slots += null_slots * padding
+        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        graph.states.copy_(torch.cat([h[index] for h in hidden], dim=-1))
+        graph.context_positions.copy_(torch.tensor(positions), non_blocking=True)
+        graph.context_slots.copy_(torch.tensor(slots), non_blocking=True)
+        if not graph.tables.shape[1]:
+            return  # nothing drafts: the graph only caches the context
+        batch, width = graph.tables.shape
+        ids = [[a] + [self.mask_token_id] * (t - 1) for a in layout.anchor_ids] + [[0] * t] * padding
+        graph.ids.copy_(torch.tensor(ids), non_blocking=True)
+        anchors = layout.anchor_positions + [0] * padding
+        graph.block_positions.copy_(torch.tensor([list(range(a, a + t)) for a in anchors]), non_blocking=True)
+        tables = [row + [self.null_block] * (width - len(row)) for row in layout.tables]
+        graph.tables.copy_(torch.tensor(tables + [[self.null_block] * width] * padding), non_blocking=True)
+        graph.starts.copy_(torch.tensor(layout.table_starts + [0] * padding), non_blocking=True)
+        # context positions before the anchor exist; padding sequences see no cached key
+        graph.lens.copy_(torch.tensor(layout.anchor_positions + [0] * padding), non_blocking=True)
+
+    @torch.inference_mode()
+    def _capture(self, batch: int, width: int, per_seq: int, state_width: int, dtype: torch.dtype) -> _Graph:
+        """A graph for `batch` sequences of `per_seq` context rows each, and their blocks when width > 0."""
+        t, device = self.block, self.device
+        blocks = batch if width else 0
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
+        graph = _Graph(
+            states=torch.zeros((batch * per_seq, state_width), dtype=dtype, device=device),
+            context_positions=zeros(batch * per_seq),
+            context_slots=torch.full((batch * per_seq,), self.null_block * self.cache_block_size,
+                                     dtype=torch.int64, device=device),
+            ids=zeros(blocks, t),
+            block_positions=torch.arange(t, device=device).repeat(blocks, 1),
+            tables=torch.full((blocks, width), self.null_block, dtype=torch.int64, device=device),
+            starts=zeros(blocks),
+            lens=zeros(batch),
+        )
+
+        def forward() -> None:
+            step = DraftStep(self.cache_block_size, graph.context_positions, graph.context_slots,
+                             graph.block_positions, graph.tables, graph.starts, graph.lens[:blocks])
+            graph.out = self.drafter.forward_paged(graph.states, self.embed(graph.ids), step, self.kv_caches)
+
+        if self._pool is None:  # eager replay (tests without CUDA): every replay runs the forward again
+            forward()
+            graph.replay = forward
+        else:
+            graph.replay, _ = record(forward, device, self._pool)
+        logger.info("captured a drafter CUDA graph for batch %d, %d context rows each, block-table width %d", batch,
+                    per_seq, width)
+        return graph

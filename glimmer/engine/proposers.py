@@ -1,0 +1,221 @@
+"""Proposers: where the tokens a speculative step verifies come from.
+
+A proposer sees, after every step, the target's hidden states of the positions the step committed, and
+proposes tokens for the sequences that will decode next. `DFlashProposer` runs the DFlash drafter
+(architecture.md §10): it caches each committed position's drafter keys and values in the paged pool's
+draft group, then denoises one block [anchor, mask, …] per sequence. `ReplayProposer` is for tests and
+benchmarks: it proposes a known continuation with mistakes where a schedule puts them, so a run has a
+chosen acceptance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from glimmer.engine.draft_graphs import DraftGraphs, DraftLayout
+from glimmer.engine.kv_cache_manager import DRAFT, KVCacheManager
+from glimmer.engine.sampler import SamplingRow, draw, sampling_probs
+from glimmer.engine.sequence import Sequence
+from glimmer.model.drafter import DFlashDrafter, DraftStep
+from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+
+@dataclass
+class CommittedContext:
+    """The positions a step committed, with the target hidden states the drafter reads.
+
+    For sequence i, positions starts[i] … starts[i] + counts[i] − 1 were committed; their hidden states
+    are rows rows[i] … rows[i] + counts[i] − 1 of each tensor of `hidden` (the step's flat token order),
+    one tensor per target layer of the drafter, in its `target_layer_ids` order.
+    """
+
+    seqs: list[Sequence]
+    starts: list[int]
+    counts: list[int]
+    rows: list[int]
+    hidden: list[torch.Tensor]
+
+
+@dataclass
+class Draft:
+    token_ids: list[int]
+    probs: torch.Tensor | None  # (k, vocab) the distribution each token was drawn from; None: deterministic
+
+
+class Proposer(Protocol):
+    max_draft_tokens: int
+
+    def propose(self, context: CommittedContext, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        """Record the committed context; return up to k tokens for each (sequence, k) of `requests`, whose
+        last token (the anchor, not yet scored by the target) sits at position num_tokens − 1."""
+
+
+class DFlashProposer:
+    """The DFlash drafter in the engine: its context keys/values live in the KV pool's draft group.
+
+    On CUDA, the drafter steps of decoding batches replay from CUDA graphs (draft_graphs.py).
+    """
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        target: MuseGlimmerForConditionalGeneration,
+        kv: KVCacheManager,
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        max_num_seqs: int = 256,
+        use_cuda_graphs: bool = True,
+    ):
+        config = drafter.config
+        self.drafter = drafter
+        self.target = target
+        self.kv = kv
+        self.device = device
+        self.max_draft_tokens = config.num_draft_tokens
+        self.block_size = config.block_size
+        self.mask_token_id = config.mask_token_id
+        # one spare block, owned by no sequence: padding rows of captured steps write there
+        null_block = kv.pools[DRAFT].num_blocks
+        shape = (null_block + 1, kv.block_size, config.num_key_value_heads, config.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(config.num_hidden_layers)
+        ]
+        self.graphs: DraftGraphs | None = None
+        if device.type == "cuda" and use_cuda_graphs:
+            self.graphs = DraftGraphs(drafter, target.embed_tokens.raw, self.kv_caches, null_block, max_num_seqs,
+                                      device)
+
+    @torch.inference_mode()
+    def propose(self, context: CommittedContext, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        seqs = [seq for seq, _ in requests]
+        layout = self._layout(context, seqs)
+        # a graph serves steps where every sequence drafts (the same ones that brought context) or none does
+        aligned = not seqs or (len(context.seqs) == len(seqs)
+                               and all(a is b for a, b in zip(context.seqs, seqs, strict=True)))
+        if self.graphs is not None and aligned and self.graphs.can_run(layout):
+            hidden = self.graphs.run(layout, context.hidden)
+        else:
+            hidden = self._forward(layout, context.hidden)
+        if not requests:
+            return []
+        most = max(k for _, k in requests)
+        # raw lm_head: no output multiplier, no softcap (§10.1)
+        logits = self.target.lm_head(hidden[:, 1 : 1 + most])
+        return self._choose(logits, requests)
+
+    def _layout(self, context: CommittedContext, seqs: list[Sequence]) -> DraftLayout:
+        layout = DraftLayout()
+        for seq, start, count, row in zip(context.seqs, context.starts, context.counts, context.rows, strict=True):
+            layout.context_positions.append(list(range(start, start + count)))
+            layout.context_slots.append(self.kv.blocks_for(seq, DRAFT, start, start + count)[2])
+            layout.context_rows.append(list(range(row, row + count)))
+        for seq in seqs:
+            anchor = seq.num_tokens - 1  # the last token: not yet scored by the target
+            visible, first, _ = self.kv.blocks_for(seq, DRAFT, anchor, anchor)
+            layout.anchor_ids.append(seq.output_token_ids[-1])
+            layout.anchor_positions.append(anchor)
+            layout.tables.append(visible)
+            layout.table_starts.append(first)
+        return layout
+
+    def _forward(self, layout: DraftLayout, hidden: list[torch.Tensor]) -> torch.Tensor:
+        n, t = len(layout.anchor_ids), self.block_size
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
+        rows = [r for seq_rows in layout.context_rows for r in seq_rows]
+        states = torch.zeros((0, sum(h.shape[1] for h in hidden)), device=self.device)
+        if rows:
+            index = as_tensor(rows)
+            states = torch.cat([h[index] for h in hidden], dim=-1)
+        width = max([len(table) for table in layout.tables] + [1])
+        step = DraftStep(
+            block_size=self.kv.block_size,
+            context_positions=as_tensor([p for seq in layout.context_positions for p in seq]),
+            context_slots=as_tensor([s for seq in layout.context_slots for s in seq]),
+            block_positions=as_tensor([list(range(a, a + t)) for a in layout.anchor_positions]).reshape(n, t),
+            block_tables=as_tensor([row + [0] * (width - len(row)) for row in layout.tables]).reshape(n, width),
+            kv_start_pos=as_tensor(layout.table_starts),
+            context_lens=as_tensor(layout.anchor_positions),
+        )
+        ids = as_tensor([[a] + [self.mask_token_id] * (t - 1) for a in layout.anchor_ids]).reshape(n, t)
+        # raw embedding rows: the drafter bypasses the target's embedding norm (§10.1, §14.3)
+        return self.drafter.forward_paged(states, self.target.embed_tokens.raw(ids), step, self.kv_caches)
+
+    def _choose(self, logits: torch.Tensor, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        """Greedy requests take the drafter's argmax; sampled ones draw from its own softmax under the request's
+        temperature and top-k/top-p/min-p (that distribution is what verification compares against)."""
+        drafts: list[Draft | None] = [None] * len(requests)
+        greedy = [i for i, (seq, _) in enumerate(requests) if seq.params.greedy]
+        if greedy:
+            chosen = logits[greedy].argmax(dim=-1).tolist()
+            for i, ids in zip(greedy, chosen, strict=True):
+                drafts[i] = Draft(ids[: requests[i][1]], None)
+        for i, (seq, k) in enumerate(requests):
+            if seq.params.greedy:
+                continue
+            row = SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator)
+            probs = sampling_probs(logits[i, :k].float(), [row] * k)
+            drafts[i] = Draft(draw(probs, [seq.generator] * k).tolist(), probs)
+        return drafts
+
+
+class ReplayProposer:
+    """Proposes a known continuation of each prompt with chosen mistakes (tests and benchmarks only).
+
+    continuation(seq) gives the tokens the target will produce after the prompt (e.g. recorded from a run
+    without speculation), or None to propose nothing; correct(seq, k) says how many of the k proposed
+    tokens of this step are right — the next one is replaced by mistake(seq, output index, right token)
+    (default: the next id). If `inner` is given, it runs first (so a step costs what the real drafter
+    costs) and its proposals are discarded.
+    """
+
+    def __init__(
+        self,
+        continuation: Callable[[Sequence], list[int] | None],
+        correct: Callable[[Sequence, int], int],
+        vocab_size: int,
+        max_draft_tokens: int,
+        inner: Proposer | None = None,
+        mistake: Callable[[Sequence, int, int], int] | None = None,
+    ):
+        self.continuation = continuation
+        self.correct = correct
+        self.vocab_size = vocab_size
+        self.max_draft_tokens = max_draft_tokens
+        self.inner = inner
+        self.mistake = mistake or (lambda seq, index, right: (right + 1) % vocab_size)
+
+    def propose(self, context: CommittedContext, requests: list[tuple[Sequence, int]]) -> list[Draft]:
+        if self.inner is not None:
+            self.inner.propose(context, requests)
+        drafts = []
+        for seq, k in requests:
+            known = self.continuation(seq)
+            if known is None:
+                drafts.append(Draft([], None))
+                continue
+            done = len(seq.output_token_ids)
+            ahead = known[done:]
+            good = min(self.correct(seq, k), k, len(ahead))
+            wrong = [self.mistake(seq, done + j, t) for j, t in enumerate((ahead + [0] * k)[good:k], start=good)]
+            drafts.append(Draft(ahead[:good] + wrong, None))
+        return drafts
+
+
+def forced_acceptance(mean_accepted: float) -> Callable[[Sequence, int], int]:
+    """A `correct` schedule for ReplayProposer whose long-run mean of correct tokens per step is
+    `mean_accepted` (so the mean acceptance length is mean_accepted + 1): floor((t+1)·m) − floor(t·m) at a
+    sequence's t-th proposal."""
+    counts: dict[int, int] = {}
+
+    def correct(seq: Sequence, k: int) -> int:
+        t = counts.get(id(seq), 0)
+        counts[id(seq)] = t + 1
+        return int((t + 1) * mean_accepted) - int(t * mean_accepted)
+
+    return correct

@@ -1,0 +1,170 @@
+"""Speculative decoding, the engine's part: configuration, proposing after a step, counting what verifies.
+
+With `speculative_config={"method": "dflash", "model": DIR, "num_speculative_tokens": 15}` each decode step
+scores, for every sequence of the batch at once, its last token followed by the tokens proposed for it.
+Verification (`rejection_sampler.py`) keeps the longest acceptable run plus one token from the target, so a
+step yields 1 … k + 1 tokens per sequence and the output is what decoding without speculation gives (greedy:
+token for token; sampling: the same distribution). After the step the proposer reads the target's hidden
+states at the positions the step committed and proposes tokens for the next step; `draft_policy.py`
+decides how many, 0 where speculation cannot pay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from glimmer.engine.draft_policy import DraftPolicy
+from glimmer.engine.model_runner import StepLogits
+from glimmer.engine.proposers import CommittedContext, Proposer
+from glimmer.engine.scheduler import ScheduledStep
+from glimmer.engine.sequence import Sequence
+from glimmer.errors import ConfigError
+
+SPECULATIVE_METHODS = ("dflash",)
+DRAFT_POLICIES = ("adaptive", "always")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's `speculative_config`, validated.
+
+    method: "dflash" (the Muse Glimmer assistant).
+    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory).
+    num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
+        drafter's block_size − 1).
+    draft_policy: "adaptive" (measure acceptance and step times; propose fewer or none where it cannot
+        pay) or "always" (the maximum every step).
+    disable_by_batch_size: no speculation in steps with more decoding sequences than this.
+    """
+
+    method: str
+    model: str
+    num_speculative_tokens: int | None = None
+    draft_policy: str = "adaptive"
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | Mapping[str, Any] | str) -> SpeculativeConfig:
+        """From a mapping or a JSON object string (the CLI's --speculative-config); ConfigError on any bad key."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"speculative_config is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"speculative_config must be a JSON object / dict, got {type(value).__name__}")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"speculative_config has unknown key(s) {unknown}; allowed: {sorted(known)}")
+        for key in ("method", "model"):
+            if key not in value:
+                raise ConfigError(f"speculative_config needs {key!r} (e.g. {{\"method\": \"dflash\", \"model\": "
+                                  "\"/path/to/Muse-Glimmer-30B-assistant\"}})")
+        return cls(**value)
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ConfigError(f"speculative_config.method={self.method!r} is not supported; use one of "
+                              f"{list(SPECULATIVE_METHODS)}")
+        if not isinstance(self.model, str) or not self.model:
+            raise ConfigError("speculative_config.model must name the drafter (a directory or a head.pt file)")
+        n = self.num_speculative_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"speculative_config.num_speculative_tokens={n!r} must be an integer >= 1")
+        if self.draft_policy not in DRAFT_POLICIES:
+            raise ConfigError(f"speculative_config.draft_policy={self.draft_policy!r} is not one of "
+                              f"{list(DRAFT_POLICIES)}")
+        b = self.disable_by_batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"speculative_config.disable_by_batch_size={b!r} must be an integer >= 1")
+
+
+@dataclass
+class SpecDecodeStats:
+    """Counters for /metrics: verifications, proposed and accepted tokens, and how many tokens each
+    verification emitted (acceptance length: accepted + 1, before stop handling)."""
+
+    max_draft_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    acceptance_lengths: list[int] = field(default_factory=list)  # index L: verifications that emitted L tokens
+
+    def __post_init__(self) -> None:
+        self.acceptance_lengths = [0] * (self.max_draft_tokens + 2)
+
+    def record(self, num_proposed: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_proposed
+        self.num_accepted_tokens += num_accepted
+        self.acceptance_lengths[num_accepted + 1] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts if self.num_drafts else 0.0
+
+
+class SpeculativeDecoder:
+    """Owns the proposer and the draft policy; the engine calls it after verifying a step."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_draft_tokens: int,
+                 target_layer_ids: tuple[int, ...]):
+        self.config = config
+        self.proposer = proposer
+        self.max_draft_tokens = max_draft_tokens
+        self.target_layer_ids = target_layer_ids
+        self.policy = DraftPolicy(max_draft_tokens, adaptive=config.draft_policy == "adaptive",
+                                  disable_by_batch_size=config.disable_by_batch_size)
+        self.stats = SpecDecodeStats(max_draft_tokens)
+        self._step_drafts = 0  # tokens proposed per sequence for the step being run
+
+    def record_verification(self, num_proposed: int, num_accepted: int) -> None:
+        if num_proposed:
+            self.stats.record(num_proposed, num_accepted)
+            self.policy.observe_verification(num_proposed, num_accepted)
+
+    def after_step(
+        self,
+        step: ScheduledStep,
+        output: StepLogits,
+        committed: list[int],
+        decoding: list[Sequence],
+        num_running: int,
+        started_s: float,
+    ) -> None:
+        """Hand the step's committed positions to the proposer and get proposals for `decoding` (the sequences
+        that sampled and go on; `num_running` sequences run next step); then time the step for the policy.
+
+        committed[i]: positions of step.seqs[i] committed this step (they end at its num_computed_tokens).
+        """
+        starts, counts, rows, seqs = [], [], [], []
+        row = 0
+        for seq, n, count in zip(step.seqs, step.num_new_tokens, committed, strict=True):
+            if count:
+                seqs.append(seq)
+                starts.append(seq.num_computed_tokens - count)
+                counts.append(count)
+                rows.append(row)
+            row += n
+        k = self.policy.choose(num_running) if decoding else 0
+        requests = []
+        for seq in decoding:
+            room = seq.max_total_tokens - seq.num_tokens - 1  # a step emits at most k + 1 tokens
+            fitted = self.policy.fit(min(k, room))
+            if fitted:
+                requests.append((seq, fitted))
+        drafts = self.proposer.propose(CommittedContext(seqs, starts, counts, rows, output.hidden), requests)
+        for (seq, _), draft in zip(requests, drafts, strict=True):
+            seq.spec_token_ids = list(draft.token_ids)
+            seq.spec_draft_probs = draft.probs
+        all_decode = all(n - step.spec_tokens(i) == 1 for i, n in enumerate(step.num_new_tokens))
+        if all_decode and len(output.sampling) == len(step.seqs):
+            self.policy.observe_step(len(step.seqs), self._step_drafts, time.perf_counter() - started_s)
+        self._step_drafts = k if requests else 0

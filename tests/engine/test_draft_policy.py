@@ -1,0 +1,84 @@
+"""The adaptive draft policy: how many tokens to propose, from measured acceptance and step times."""
+
+from __future__ import annotations
+
+import random
+
+from glimmer.engine.draft_policy import PROBE_INTERVAL, DraftPolicy
+
+
+def _simulate(policy: DraftPolicy, batch: int, acceptance: float, step_time, steps: int = 200) -> list[int]:
+    """Run the policy against a model world: each proposed token is accepted with probability `acceptance`
+    (a seeded generator), a step of b sequences with k proposed tokens takes step_time(b, k) seconds."""
+    world = random.Random(0)
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose(batch)
+        chosen.append(k)
+        for _ in range(batch if k else 0):
+            accepted = 0
+            while accepted < k and world.random() < acceptance:
+                accepted += 1
+            policy.observe_verification(k, accepted)
+        policy.observe_step(batch, k, step_time(batch, k))
+    return chosen
+
+
+def memory_bound(batch: int, k: int) -> float:
+    """A large model at small batches: reading the weights dominates; tokens are almost free."""
+    return 0.013 + 0.00002 * batch * (1 + k) + (0.002 if k else 0)
+
+
+def compute_bound(batch: int, k: int) -> float:
+    """Large batches: every token costs its arithmetic (at 64 sequences a step of 16 tokens each costs 4.6x a
+    step of one)."""
+    return 0.010 + 0.00005 * batch * (1 + k)
+
+
+def test_probes_cost_at_most_two_percent_where_a_proposing_step_is_expensive():
+    def expensive_drafter(batch: int, k: int) -> float:
+        return compute_bound(batch, k) + (0.02 if k else 0)  # a probe step costs ~2.7x a plain one
+
+    for world in (compute_bound, expensive_drafter):
+        chosen = _simulate(DraftPolicy(15), 64, 0.0, world, steps=600)[100:]
+        overhead = sum(world(64, k) - world(64, 0) for k in chosen) / (len(chosen) * world(64, 0))
+        assert any(chosen) and overhead <= 0.025
+
+
+def test_with_nothing_accepted_speculation_goes_off_and_is_probed_now_and_then():
+    policy = DraftPolicy(15)
+    chosen = _simulate(policy, 4, 0.0, memory_bound)
+    settled = chosen[60:]
+    assert policy.acceptance[1] < 0.01
+    assert settled.count(0) >= len(settled) * (PROBE_INTERVAL - 1) / PROBE_INTERVAL - 1
+    assert any(settled)  # the probes
+
+
+def test_when_tokens_are_almost_free_it_proposes_the_most():
+    policy = DraftPolicy(15)
+    chosen = _simulate(policy, 1, 0.9, memory_bound)
+    assert chosen[60:].count(15) > 0.9 * len(chosen[60:])
+
+
+def test_in_a_compute_bound_batch_it_proposes_fewer():
+    policy = DraftPolicy(15)
+    chosen = _simulate(policy, 64, 0.75, compute_bound)
+    settled = chosen[60:]
+    assert all(0 < k < 15 for k in settled)
+    assert _simulate(DraftPolicy(15), 64, 0.2, compute_bound)[60:].count(0) > 100  # and none when few pass
+
+
+def test_the_first_step_of_a_choice_is_a_warm_up_and_not_measured():
+    policy = DraftPolicy(4)
+    policy.observe_step(8, 2, 100.0)  # e.g. a CUDA graph captured
+    policy.observe_step(8, 2, 1.0)
+    policy.observe_step(8, 2, 1.0)
+    assert policy._time[(8, 2)] == (1.0, 2)
+
+
+def test_disable_by_batch_size_and_the_always_policy():
+    assert DraftPolicy(5, disable_by_batch_size=8).choose(9) == 0
+    always = DraftPolicy(5, adaptive=False)
+    for _ in range(3):
+        always.observe_verification(5, 0)
+    assert always.choose(100) == 5

@@ -1,0 +1,457 @@
+"""Speculative decoding with the DFlash drafter: exact at any batch size (issue 10).
+
+Greedy decoding with speculation must be token-identical to greedy decoding without it, whatever the
+batch, arrivals, window crossings, chunked prefill, preemption, prefix-cache hits, images or controllers.
+A random tiny drafter rarely agrees with a random tiny target, so most tests also use `ReplayProposer`,
+which proposes the target's own continuation (recorded without speculation) with mistakes where a schedule
+puts them: full, partial and zero acceptance all happen. Sampling is checked statistically in
+test_rejection_sampler.py (and end to end here).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from oracle import reference_drafter, reference_model
+
+from glimmer import LLM, SamplingParams
+from glimmer.engine.kv_cache_manager import DRAFT
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.proposers import ReplayProposer
+from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
+from glimmer.engine.sampling_params import StructuredOutputsParams
+from glimmer.errors import ConfigError
+from glimmer.model.context import ForwardContext
+from glimmer.tiny import TinyDrafterSpec, TinySpec, write_tiny_drafter
+
+TARGET = TinySpec(sliding_window=16)
+DRAFTER = TinyDrafterSpec(sliding_window=12)  # contexts cross the drafter's window too
+K = DRAFTER.block_size - 1
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def target(make_tiny):
+    return make_tiny(spec=TARGET, seed=21)
+
+
+@pytest.fixture(scope="module")
+def drafter(target, tmp_path_factory):
+    return write_tiny_drafter(tmp_path_factory.mktemp("drafter"), target, seed=5, spec=DRAFTER)
+
+
+def speculative(drafter, **policy) -> dict:
+    return {"method": "dflash", "model": str(drafter), "draft_policy": "always", **policy}
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return LLM(str(target), progress=False, enable_prefix_caching=False)
+
+
+def _prompts(count: int, seed: int = 9) -> list[list[int]]:
+    """Mixed lengths, most of them longer than the target's (16) and the drafter's (12) windows."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 480, (int(n),), generator=generator).tolist()
+            for n in torch.randint(1, 70, (count,), generator=generator)]
+
+
+def _continuations(plain: LLM, prompts: list[list[int]], params: SamplingParams) -> dict[tuple[int, ...], list[int]]:
+    return {tuple(p): o.token_ids for p, o in zip(prompts, plain.generate(prompts, params), strict=True)}
+
+
+def _replay(engine: LLMEngine, known: dict[tuple[int, ...], list[int]], correct, keep_drafter: bool = True,
+            mistake=None) -> None:
+    spec = engine.speculator
+    spec.proposer = ReplayProposer(lambda seq: known.get(tuple(seq.prompt_token_ids)), correct,
+                                   engine.model_config.text.vocab_size, K,
+                                   inner=spec.proposer if keep_drafter else None, mistake=mistake)
+
+
+def _cycle(*pattern: int):
+    """Correct tokens per proposal, cycling through `pattern` per sequence (K means all)."""
+    counters: dict[int, itertools.cycle] = {}
+    return lambda seq, k: next(counters.setdefault(id(seq), itertools.cycle(pattern)))
+
+
+def _drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]], params=GREEDY):
+    tokens: dict[str, list[int]] = {}
+    step = 0
+    while arrivals or engine.has_unfinished_requests:
+        for request_id, prompt in arrivals.pop(step, []):
+            engine.add_request(request_id, prompt, params)
+            tokens[request_id] = []
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+        step += 1
+    return tokens
+
+
+def _generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """The tokens of each prompt, run together through `engine`."""
+    tokens = _drive(engine, {0: [(f"g{i}", p) for i, p in enumerate(prompts)]}, params)
+    return [tokens[f"g{i}"] for i in range(len(prompts))]
+
+
+def _record_drafts(engine: LLMEngine) -> list[list[int]]:
+    recorded: list[list[int]] = []
+    proposer = engine.speculator.proposer
+    inner = proposer.propose
+
+    def propose(context, requests):
+        drafts = inner(context, requests)
+        recorded.extend(d.token_ids for d in drafts)
+        return drafts
+
+    proposer.propose = propose
+    return recorded
+
+
+# --- against transformers ------------------------------------------------------------------------------
+
+
+def test_drafts_and_tokens_match_transformers_dflash_generate_at_batch_1(make_tiny, tmp_path):
+    """generate(assistant_model=..., speculation_type="dflash"): the same candidates at every step, the same
+    tokens (the prompt and output stay within the target's window, where transformers' cache is exact, §12.2;
+    they cross the drafter's window of 12)."""
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+    checkpoint = make_tiny(seed=11)
+    drafter_dir = write_tiny_drafter(tmp_path / "d", checkpoint, seed=3, spec=DRAFTER)
+    prompt = torch.randint(0, 480, (8,), generator=torch.Generator().manual_seed(4)).tolist()
+    theirs: list[list[int]] = []
+    original = DFlashTokenCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, *args, **kwargs):
+        out = original(self, input_ids, *args, **kwargs)
+        if out[0].shape[1] > input_ids.shape[1]:
+            theirs.append(out[0][0, input_ids.shape[1] :].tolist())
+        return out
+
+    DFlashTokenCandidateGenerator.get_candidates = spy
+    try:
+        with torch.no_grad():
+            out = reference_model(checkpoint).generate(
+                torch.tensor([prompt]), assistant_model=reference_drafter(drafter_dir), speculation_type="dflash",
+                do_sample=False, max_new_tokens=22, eos_token_id=None, pad_token_id=0)
+    finally:
+        DFlashTokenCandidateGenerator.get_candidates = original
+    llm = LLM(str(checkpoint), progress=False, speculative_config=speculative(drafter_dir))
+    ours = _record_drafts(llm.engine)
+    output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=22, ignore_eos=True))[0]
+    assert output.token_ids == out[0, len(prompt) :].tolist()
+    # near max_tokens we propose only what can still be emitted; transformers always drafts a full block
+    assert len(ours) == len(theirs) and all(t[: len(o)] == o for o, t in zip(ours, theirs, strict=True))
+    assert sum(map(len, ours)) > 3 * len(ours)
+
+
+# --- greedy exactness -----------------------------------------------------------------------------------
+
+
+def test_batch_16_staggered_arrivals_with_the_drafter_match_greedy_without(target, drafter, plain):
+    prompts = _prompts(16)
+    expected = [o.token_ids for o in plain.generate(prompts, GREEDY)]
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    arrivals: dict[int, list] = {}
+    for i, prompt in enumerate(prompts):
+        arrivals.setdefault(i * 3, []).append((f"r{i}", prompt))
+    tokens = _drive(engine, arrivals)
+    assert [tokens[f"r{i}"] for i in range(16)] == expected
+    assert engine.speculator.stats.num_draft_tokens > 0
+
+
+def test_full_partial_and_zero_acceptance_match_greedy_without(target, drafter, plain):
+    prompts = _prompts(16, seed=2)
+    known = _continuations(plain, prompts, GREEDY)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    _replay(engine, known, _cycle(K, 2, 0))
+    arrivals: dict[int, list] = {}
+    for i, prompt in enumerate(prompts):
+        arrivals.setdefault(i * 2, []).append((f"r{i}", prompt))
+    tokens = _drive(engine, arrivals)
+    assert [tokens[f"r{i}"] for i in range(16)] == [known[tuple(p)] for p in prompts]
+    lengths = engine.speculator.stats.acceptance_lengths
+    assert lengths[1] and lengths[3] and lengths[K + 1]  # zero, partial (2 of K) and full acceptance
+    assert engine.speculator.stats.mean_acceptance_length > 2
+
+
+def test_verification_steps_replayed_from_static_graph_buffers_match_greedy_without(target, drafter, plain):
+    """The CUDA-graph path lays out q = 1 + k tokens per sequence in static buffers with padding rows; here it
+    runs without capturing (no CUDA on the test machine), batch buckets and padding included."""
+    from glimmer.engine.cuda_graphs import DecodeGraphs
+
+    prompts = _prompts(5, seed=13)
+    known = _continuations(plain, prompts, GREEDY)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    runner = engine.runner
+    runner.graphs = DecodeGraphs(engine.loaded.model, runner.kv_caches, engine.kv, runner.null_blocks, 8,
+                                 engine.kv.blocks_needed_for(engine.max_model_len), engine.device,
+                                 capture_layers=runner.capture_layers, max_query_len=1 + K, eager_replay=True)
+    _replay(engine, known, _cycle(K, 2, 0))
+    tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:3])],
+                             2: [(f"r{i}", p) for i, p in enumerate(prompts[3:], start=3)]})
+    assert [tokens[f"r{i}"] for i in range(5)] == [known[tuple(p)] for p in prompts]
+    query_lens = {key[1] for key in runner.graphs._graphs}
+    assert 1 + K in query_lens and engine.speculator.stats.acceptance_lengths[K + 1] > 0
+
+    # and one token per sequence: plain decode steps, with the drafter's layers captured
+    engine.speculator.policy.max_draft_tokens = 0
+    engine.speculator.policy.choose = lambda batch: 0
+    tokens = _drive(engine, {0: [(f"s{i}", p) for i, p in enumerate(prompts[:3])]})
+    assert [tokens[f"s{i}"] for i in range(3)] == [known[tuple(p)] for p in prompts[:3]]
+    assert 1 in {key[1] for key in runner.graphs._graphs}
+
+
+def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_steps_do(target, drafter, plain):
+    from glimmer.engine.draft_graphs import DraftGraphs
+
+    prompts = _prompts(3, seed=14)
+    recorded = []
+    for graphs in (False, True):
+        engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+        proposer = engine.speculator.proposer
+        if graphs:
+            proposer.graphs = DraftGraphs(proposer.drafter, engine.loaded.model.embed_tokens.raw, proposer.kv_caches,
+                                          engine.kv.pools[DRAFT].num_blocks, 8, engine.device, eager_replay=True)
+        steps = itertools.count()  # speculation on and off: the off steps only cache the drafter's context
+        engine.speculator.policy.choose = lambda batch, steps=steps: K if next(steps) % 3 else 0
+        drafts = _record_drafts(engine)
+        tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:2])], 3: [("r2", prompts[2])]})
+        recorded.append((drafts, tokens))
+    assert recorded[0] == recorded[1]
+    assert sum(map(len, recorded[0][0])) > 20
+    assert {key[1] > 0 for key in proposer.graphs._graphs} == {True, False}  # drafting and context-only graphs
+
+
+def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(target, drafter, plain):
+    prompts = _prompts(6)
+    longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    known = _continuations(plain, prompts, longer)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=340_000, max_num_seqs=3,
+                                    max_num_batched_tokens=32, max_model_len=160,
+                                    speculative_config=speculative(drafter)))
+    _replay(engine, known, _cycle(K, 1, 3))
+    tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]}, longer)
+    assert engine.scheduler.num_preemptions > 0
+    assert [tokens[f"r{i}"] for i in range(len(prompts))] == [known[tuple(p)] for p in prompts]
+    assert all(used == 0 for used, _ in engine.kv.usage().values())  # the drafter's blocks too
+
+
+def test_a_prefix_cache_hit_restores_the_drafter_context(target, drafter):
+    """The drafter's keys/values of cached blocks come back with them: the drafts after a hit are those of a
+    run without the cache."""
+    shared = list(range(20, 100))  # 5 full blocks
+    runs = []
+    for caching in (True, False):
+        llm = LLM(str(target), progress=False, enable_prefix_caching=caching, speculative_config=speculative(drafter))
+        first = llm.generate([shared + [7, 8]], GREEDY)[0]
+        recorded = _record_drafts(llm.engine)
+        second = llm.generate([shared + [9]], GREEDY)[0]
+        runs.append((first.token_ids, second.token_ids, second.num_cached_tokens, recorded))
+    (first, second, cached, drafts), (first_plain, second_plain, _, drafts_plain) = runs
+    assert cached == 80
+    assert (first, second) == (first_plain, second_plain)
+    assert drafts == drafts_plain
+
+
+def test_an_image_prompt_matches_greedy_without(make_tiny, tmp_path):
+    from PIL import Image
+
+    checkpoint = make_tiny(vision=True, seed=17)
+    drafter_dir = write_tiny_drafter(tmp_path / "d", checkpoint, seed=2, spec=DRAFTER)
+    pixels = torch.Generator().manual_seed(3)
+    image = Image.fromarray(torch.randint(0, 256, (90, 120, 3), generator=pixels, dtype=torch.uint8).numpy())
+    prompt = {"prompt": "<|begin_of_text|>Look: <|patch|> What is it?", "multi_modal_data": {"image": image}}
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    expected = LLM(str(checkpoint), progress=False).generate(prompt, params)[0].token_ids
+    llm = LLM(str(checkpoint), progress=False, speculative_config=speculative(drafter_dir))
+    ids = llm.engine.prepare_prompt(prompt["prompt"], [image])[0]
+    _replay(llm.engine, {tuple(ids): expected}, _cycle(3, K, 0))
+    output = llm.generate(prompt, params)[0]
+    assert output.token_ids == expected
+    assert llm.engine.speculator.stats.num_accepted_tokens > 0
+
+
+# --- stops, limits, logprobs and controllers inside an accepted run -------------------------------------
+
+
+def test_stops_max_tokens_and_logprobs_inside_an_accepted_run(target, drafter, plain):
+    prompt = _prompts(1, seed=4)[0]
+    free = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    known = plain.generate([prompt], free)[0]
+    tokenizer = plain.get_tokenizer()
+    stop_token = known.token_ids[13]
+    stop_text = tokenizer.decode(known.token_ids[20:22]).strip()
+    cases = [
+        SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_token], logprobs=2),
+        SamplingParams(temperature=0, max_tokens=40, stop=[stop_text] if stop_text else [], ignore_eos=True,
+                       logprobs=0),
+        SamplingParams(temperature=0, max_tokens=11, ignore_eos=True, logprobs=3),
+    ]
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    _replay(llm.engine, {tuple(prompt): known.token_ids}, lambda seq, k: k)  # every proposal right
+    for params in cases:
+        expected = plain.generate([prompt], params)[0]
+        got = llm.generate([prompt], params)[0]
+        assert (got.token_ids, got.text, got.finish_reason, got.stop_reason) == (
+            expected.token_ids, expected.text, expected.finish_reason, expected.stop_reason)
+        assert [(e.token_id, e.top.keys()) for e in got.logprobs] == [(e.token_id, e.top.keys())
+                                                                       for e in expected.logprobs]
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(got.logprobs, expected.logprobs, strict=True)) < 1e-4
+    assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
+
+
+LETTERS = SamplingParams(temperature=0, max_tokens=24, structured_outputs=StructuredOutputsParams(regex="[a-z ]{40}"))
+
+
+def _favourites(engine: LLMEngine, prompt: list[int], output: list[int]) -> list[int]:
+    """The target's unconstrained argmax at each position of `output` (after the prompt)."""
+    model = engine.loaded.model
+    ids = prompt + output
+    with torch.no_grad():
+        hidden = model(torch.tensor(ids), ForwardContext.without_cache([len(ids)]))
+        return model.compute_logits(hidden[len(prompt) - 1 :]).argmax(-1).tolist()
+
+
+def test_a_grammar_mask_applies_to_every_verified_position(target, drafter):
+    """Structured output (lower-case letters and spaces only). The proposals' mistakes are the target's
+    unconstrained favourites, which the grammar refuses there: accepted without its mask at every verified
+    position, they would pass the greedy comparison."""
+    prompts = _prompts(3, seed=6)
+    plain = LLMEngine(EngineConfig(str(target), progress=False))
+    expected = _generate(plain, prompts, LETTERS)
+    favourites = {tuple(p): _favourites(plain, p, o) for p, o in zip(prompts, expected, strict=True)}
+    assert sum(f != t for p, o in zip(prompts, expected, strict=True)
+               for f, t in zip(favourites[tuple(p)], o, strict=False)) > 10
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, _cycle(2, 0, K),
+            mistake=lambda seq, index, right: favourites[tuple(seq.prompt_token_ids)][index])
+    got = _generate(engine, prompts, LETTERS)
+    assert got == expected
+    stats = engine.speculator.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_a_chat_turn_steered_into_a_tool_call_matches_without(target, drafter):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    params = SamplingParams(temperature=0, max_tokens=40)
+    kwargs = {"tools": tools, "tool_choice": "required", "chat_template_kwargs": {"current_date": "2026-01-01"}}
+    expected = LLM(str(target), progress=False).chat(messages, params, **kwargs)[0].output
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    prompt = tuple(expected.prompt_token_ids)
+    _replay(llm.engine, {prompt: expected.token_ids}, _cycle(K, 0, 2))
+    got = llm.chat(messages, params, **kwargs)[0].output
+    assert (got.token_ids, got.finish_reason) == (expected.token_ids, expected.finish_reason)
+    assert llm.engine.speculator.stats.num_accepted_tokens > 0
+
+
+# --- sampling ----------------------------------------------------------------------------------------------
+
+
+def _chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    keep = probs > 0
+    assert counts[~keep].sum() == 0
+    expected = probs[keep] * counts.sum()
+    statistic = ((counts[keep] - expected) ** 2 / expected).sum()
+    return float(torch.special.gammaincc(torch.tensor((int(keep.sum()) - 1) / 2), statistic / 2))
+
+
+@pytest.mark.parametrize("proposer", ["drafter", "replay"])
+def test_sampled_tokens_follow_the_target_distribution(target, drafter, plain, proposer):
+    """End to end, 600 seeded completions of one prompt (temperature 0.8, top-k 4). The first token is
+    ordinary sampling; the second is decided by verifying proposals — drafts sampled from the drafter's
+    softmax, or deterministic ones (the greedy continuation) that are often right. Its counts, among the
+    completions whose first token is the most frequent one, against the target's processed distribution."""
+    prompt = _prompts(1, seed=8)[0]
+    # max_tokens 3: after the first token one proposal fits (a step emits at most k + 1 tokens)
+    params = SamplingParams(temperature=0.8, top_k=4, max_tokens=3, ignore_eos=True, n=600, seed=100)
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter), max_num_seqs=128)
+    if proposer == "replay":
+        _replay(llm.engine, _continuations(plain, [prompt], GREEDY), lambda seq, k: k, keep_drafter=False)
+    outputs = llm.generate([prompt], params)[0].outputs
+    first = max(set(o.token_ids[0] for o in outputs), key=[o.token_ids[0] for o in outputs].count)
+    model = llm.engine.loaded.model
+    ids = prompt + [first]
+    with torch.no_grad():
+        logits = model.compute_logits(model(torch.tensor(ids), ForwardContext.without_cache([len(ids)]))[-1:])
+    row = SamplingRow(params, prompt, [first], None)
+    expected = sampling_probs(constrain(logits.float(), [row]), [row])[0]
+    second = [o.token_ids[1] for o in outputs if o.token_ids[0] == first]
+    counts = torch.bincount(torch.tensor(second), minlength=expected.numel()).float()
+    assert counts.sum() > 100
+    assert _chi_square_p_value(counts, expected) > 1e-3
+    stats = llm.engine.speculator.stats
+    assert stats.num_draft_tokens > 0
+    if proposer == "replay":
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_a_seeded_request_is_reproducible_with_speculation(target, drafter):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=42)
+    prompt = _prompts(1, seed=3)[0]
+    runs = []
+    for others in (0, 3):  # alone, then with other requests in the batch
+        llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+        batch = [prompt] + _prompts(others, seed=12)
+        runs.append(llm.generate(batch, params)[0].token_ids)
+    assert runs[0] == runs[1]
+
+
+# --- resources, configuration and interface --------------------------------------------------------------
+
+
+def test_the_drafter_context_lives_in_its_own_pool_and_is_freed_with_the_request(target, drafter):
+    engine = LLMEngine(EngineConfig(str(target), progress=False, enable_prefix_caching=False,
+                                    speculative_config=speculative(drafter)))
+    assert DRAFT in engine.kv_layout.num_blocks and engine.kv_layout.draft_window == DRAFTER.sliding_window + 1
+    engine.add_request("a", list(range(60)), SamplingParams(max_tokens=40, ignore_eos=True))
+    engine.step()
+    assert engine.kv.usage()[DRAFT][0] > 0
+    engine.abort("a")
+    assert engine.kv.usage()[DRAFT][0] == 0
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"method": "eagle", "model": "x"}, "method='eagle' is not supported"),
+        ({"method": "dflash"}, "needs 'model'"),
+        ({"method": "dflash", "model": "x", "num_speculative_tokens": 0}, "must be an integer >= 1"),
+        ({"method": "dflash", "model": "x", "draft_tensor_parallel_size": 1}, "unknown key(s)"),
+        ({"method": "dflash", "model": "x", "draft_policy": "sometimes"}, "draft_policy='sometimes'"),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_bad_speculative_configs_are_refused(target, config, message):
+    with pytest.raises(ConfigError) as error:
+        LLMEngine(EngineConfig(str(target), progress=False, speculative_config=config))
+    assert message in str(error.value)
+
+
+def test_configurations_that_cannot_verify_are_refused_with_the_numbers(target, drafter):
+    with pytest.raises(ConfigError, match=r"exceeds what the drafter proposes per step: its block_size is 6, so at "
+                                          r"most 5"):
+        LLMEngine(EngineConfig(str(target), progress=False,
+                               speculative_config=speculative(drafter, num_speculative_tokens=8)))
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens=4 cannot hold one sequence's verification step "
+                                          r"\(1 \+ num_speculative_tokens = 6 tokens\)"):
+        LLMEngine(EngineConfig(str(target), progress=False, max_num_batched_tokens=4,
+                               speculative_config=speculative(drafter)))
+
+
+def test_the_adaptive_policy_measures_acceptance_from_verifications(target, drafter, plain):
+    """(The choice itself, from acceptance and step times, is tested in test_draft_policy.py: wall times on a
+    shared test machine are too noisy to assert on here.)"""
+    prompts = _prompts(4, seed=5)
+    known = _continuations(plain, prompts, GREEDY)
+    engine = LLMEngine(EngineConfig(str(target), progress=False,
+                                    speculative_config={"method": "dflash", "model": str(drafter)}))
+    _replay(engine, known, lambda seq, k: 0)  # every proposal wrong
+    tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]})
+    assert [tokens[f"r{i}"] for i in range(4)] == [known[tuple(p)] for p in prompts]
+    assert engine.speculator.policy.acceptance[1] < 0.1
+    assert engine.speculator.stats.num_drafts > 0 and engine.speculator.stats.num_accepted_tokens == 0

@@ -1,0 +1,53 @@
+"""Speculative decoding through the server: the same replies and usage, metrics for what verifies, and
+`glimmer serve --speculative-config` refusing a bad configuration before it starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import openai
+import pytest
+from server_support import PINNED_DATE, live_server
+
+from glimmer.tiny import TinyDrafterSpec, write_tiny_drafter
+
+MESSAGES = [{"role": "user", "content": "Count with me: one, two, three."}]
+
+
+@pytest.fixture(scope="module")
+def drafter(make_tiny, tmp_path_factory):
+    return write_tiny_drafter(tmp_path_factory.mktemp("drafter"), make_tiny(), spec=TinyDrafterSpec())
+
+
+def _reply(live) -> tuple[str | None, object]:
+    client = openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0)
+    response = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, temperature=0,
+                                              extra_body={"chat_template_kwargs": PINNED_DATE, "ignore_eos": True})
+    return response.choices[0].message.content, response.usage
+
+
+def test_replies_usage_and_metrics_with_speculation(make_tiny, drafter):
+    with live_server(make_tiny()) as plain:
+        expected_reply, expected_usage = _reply(plain)
+    config = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4, "draft_policy": "always"}
+    with live_server(make_tiny(), engine_options={"speculative_config": config}) as live:
+        reply, usage = _reply(live)
+        samples = live.wait_for_idle()
+    assert reply == expected_reply
+    assert (usage.prompt_tokens, usage.completion_tokens) == (expected_usage.prompt_tokens,
+                                                              expected_usage.completion_tokens)
+    assert samples["glimmer_generation_tokens_total"] == usage.completion_tokens
+    drafts = samples["glimmer_spec_decode_num_drafts_total"]
+    assert drafts > 0 and samples["glimmer_spec_decode_num_draft_tokens_total"] <= 4 * drafts
+    assert samples["glimmer_spec_decode_num_accepted_tokens_total"] >= 0
+    assert samples["glimmer_spec_decode_acceptance_length_count"] == drafts
+    assert samples['glimmer_spec_decode_acceptance_length_bucket{le="+Inf"}'] == drafts
+    assert samples['glimmer_kv_blocks_used{group="draft"}'] == 0
+
+
+def test_serve_refuses_a_bad_speculative_config_before_starting(make_tiny):
+    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(make_tiny()), "--speculative-config",
+                             '{"method": "medusa", "model": "x"}'], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "speculative_config.method='medusa' is not supported; use one of ['dflash']" in result.stderr
