@@ -42,8 +42,18 @@ COMPILED_CACHE_SIZE = 256
 class GrammarController:
     """Constrains one completion by a grammar (the sequence's controller)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher):
+    def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int):
         self.matcher = matcher
+        self.num_token_ids = num_token_ids  # the tokenizer's ids; the model's logit rows may be padded beyond
+
+    def accepted_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in a row, the grammar would accept from here, without consuming them. An id
+        beyond the tokenizer's (a padded logit row, never allowed by the mask) ends the prefix: llguidance would
+        put the matcher in its error state for good."""
+        known = 0
+        while known < len(tokens) and 0 <= tokens[known] < self.num_token_ids:
+            known += 1
+        return self.matcher.validate_tokens(tokens[:known]) if known else 0
 
     def observe(self, token_id: int) -> bool:
         """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
@@ -94,7 +104,7 @@ class GrammarCompiler:
                 self._compiled[text] = matcher
                 while len(self._compiled) > COMPILED_CACHE_SIZE:
                     self._compiled.popitem(last=False)
-        return lambda: GrammarController(matcher.deep_copy())
+        return lambda: GrammarController(matcher.deep_copy(), self.tokenizer.vocab_size)
 
     def structured_outputs(self, params: StructuredOutputsParams, param: str = "structured_outputs"
                            ) -> ControllerFactory:
@@ -204,7 +214,7 @@ class GrammarMasks:
         for controller, drafts in zip(controllers, proposed, strict=True):
             if controller is not None:
                 matcher = controller.matcher
-                valid = matcher.validate_tokens(drafts) if drafts else 0
+                valid = controller.accepted_prefix(drafts)
                 consumed = 0
                 for j in range(valid + 1):
                     if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used

@@ -192,3 +192,21 @@ def test_unpacking_reads_llguidance_bit_order():
     bitmask = torch.tensor([[1 | (1 << 31)]], dtype=torch.int64)
     packed = torch.where(bitmask >= 2**31, bitmask - 2**32, bitmask).to(torch.int32)
     assert unpack_token_bitmask(packed, 32)[0].nonzero().flatten().tolist() == [0, 31]
+
+
+def test_verification_masks_walk_the_proposals_and_survive_ids_beyond_the_tokenizer(compiler, tokenizer):
+    """Speculative decoding: one row per proposal and one after; a proposal past the tokenizer's ids (a padded
+    logit row a drafter can propose) ends the walk without breaking the matcher, which is left where it was."""
+    controller = compiler.structured_outputs(StructuredOutputsParams(regex="[a-z ]{40}"))()
+    letters = tokenizer.encode("ab")
+    assert tokenizer.vocab_size < 512
+    padded = 511
+    masks = GrammarMasks(512, 4)
+    allowed = unpack_token_bitmask(masks.fill_verification([None, controller], [[7], letters + [padded, 3]]), 512)
+    assert allowed.shape[0] == 2 + len(letters) + 3
+    assert allowed[:2].all()  # the free sequence's rows
+    rows = allowed[2:]
+    assert all(rows[j, t] for j, t in enumerate(letters)) and not rows[len(letters), padded]
+    assert not controller.matcher.is_error()
+    assert controller.accepted_prefix(letters) == len(letters)
+    assert not controller.observe(letters[0])

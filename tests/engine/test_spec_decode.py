@@ -327,7 +327,7 @@ def test_a_grammar_mask_applies_to_every_verified_position(target, drafter):
                for f, t in zip(favourites[tuple(p)], o, strict=False)) > 10
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
     _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, _cycle(2, 0, K),
-            mistake=lambda seq, index, right: favourites[tuple(seq.prompt_token_ids)][index])
+            mistake=lambda seq, index, right: (favourites[tuple(seq.prompt_token_ids)] + [right + 1] * K)[index])
     got = _generate(engine, prompts, LETTERS)
     assert got == expected
     stats = engine.speculator.stats
