@@ -12,8 +12,8 @@ mistake where a schedule puts it, for mean acceptance lengths (tokens per verifi
 (its proposals are discarded), so a step costs what it costs with the drafter. For each batch size it
 prints, against the baseline measured in the same run on the same engine (speculation detached):
 - "always": the maximum number of proposed tokens (15) every step;
-- "adaptive": the default policy, which proposes fewer or none where verification cannot pay (after a
-  warm-up run with the same acceptance, so its measurements are in place);
+- "adaptive": the default policy, which proposes fewer or none where verification cannot pay (after
+  warm-up runs with the same acceptance, so its measurements are in place);
 - the measured acceptance length (bf16 rounding can make the target's greedy continuation drift from the
   recorded one, which lowers it) and the real drafter's cost per step.
 """
@@ -193,7 +193,10 @@ def main() -> None:
                         tuple(seq.prompt_token_ids)), forced_acceptance(tau - 1), vocab, k, inner=drafter)
                     speculator.policy = DraftPolicy(k, adaptive=mode == "adaptive")
                     if mode == "adaptive":
-                        run(engine, prompts, args.new_tokens)  # warm-up: the policy measures its choices
+                        # warm-up: the policy measures each of its choices (a few steady steps each) and their CUDA
+                        # graphs are captured, as in a server that has run for a while
+                        for _ in range(3):
+                            run(engine, prompts, args.new_tokens)
                     else:
                         run(engine, prompts, 4)
                     before = (speculator.stats.num_drafts, speculator.stats.num_accepted_tokens)

@@ -3,7 +3,8 @@
 Blocks are found generically, so new ones are covered as they are added. They run in README order in one
 shared namespace (a later example may use an earlier one's `llm` or `tools`), with two stand-ins:
 `/path/to/Muse-Glimmer-30B` is a tiny random checkpoint (the embedded default's recipe, with a vision tower
-so the image and video examples run), and `http://127.0.0.1:8000` is a live server of it, serving the
+so the image and video examples run), `/path/to/Muse-Glimmer-30B-assistant` a tiny random DFlash drafter for it
+(block 16, as the release's), and `http://127.0.0.1:8000` is a live server of it, serving the
 README's model name `muse-glimmer` with the API key in `GLIMMER_API_KEY`. A block that truly cannot run here
 (it needs a GPU or a real model) is marked by an HTML comment on the line before its fence:
 `<!-- readme-test: skip REASON -->`; the test reports it as skipped with that reason.
@@ -19,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MODEL_PATH = "/path/to/Muse-Glimmer-30B"
+DRAFTER_PATH = "/path/to/Muse-Glimmer-30B-assistant"
 SERVER_URL = "http://127.0.0.1:8000"
 API_KEY = "readme-key"
 _BLOCK = re.compile(r"(?:<!--\s*readme-test:\s*skip\s*(?P<reason>[^>]*?)\s*-->\s*\n)?```python\n(?P<code>.*?)^```",
@@ -51,20 +53,24 @@ def test_python_blocks_are_found():
 
 
 @pytest.fixture(scope="module")
-def namespace(make_tiny, monkeypatch_module):
+def namespace(make_tiny, monkeypatch_module, tmp_path_factory):
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
     from glimmer.server.app import create_app
     from glimmer.server.background import BackgroundServer
     from glimmer.server.settings import ServerSettings
+    from glimmer.tiny import TinyDrafterSpec, write_tiny_drafter
 
     checkpoint = make_tiny(vision=True)
+    drafter = write_tiny_drafter(tmp_path_factory.mktemp("readme-drafter"), checkpoint,
+                                 spec=TinyDrafterSpec(block_size=16))
     monkeypatch_module.setenv("GLIMMER_API_KEY", API_KEY)
     engine = AsyncEngine(EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=32 << 20))
     app = create_app(engine, ServerSettings(served_model_names=("muse-glimmer",), api_key=API_KEY))
     try:
         with BackgroundServer(app) as server:
-            yield {"__name__": "readme", "_checkpoint": str(checkpoint), "_url": server.url}
+            yield {"__name__": "readme", "_checkpoint": str(checkpoint), "_drafter": str(drafter),
+                   "_url": server.url}
     finally:
         engine.shutdown()
 
@@ -80,5 +86,6 @@ def monkeypatch_module():
 def test_readme_python_block_runs(namespace, line, code, skip_reason):
     if skip_reason is not None:
         pytest.skip(f"README.md:{line}: {skip_reason}")
-    code = code.replace(MODEL_PATH, namespace["_checkpoint"]).replace(SERVER_URL, namespace["_url"])
+    code = code.replace(DRAFTER_PATH, namespace["_drafter"]).replace(MODEL_PATH, namespace["_checkpoint"])
+    code = code.replace(SERVER_URL, namespace["_url"])
     exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own examples

@@ -5,13 +5,17 @@ reading its weights, so they are nearly free; in a large batch the target is bou
 cost what they compute. The adaptive policy weighs that with two measurements:
 
 - acceptance: a_j, the rate at which proposed token j is accepted when tokens 1 … j−1 were (an
-  exponential moving average per position, starting optimistic at 1). With k tokens a sequence gains
-  E(k) = 1 + Σ_{i≤k} Π_{j≤i} a_j tokens per step.
+  exponential moving average per position, starting optimistic at 1, taken as non-increasing in j since
+  deep positions are rarely measured). With k tokens a sequence gains E(k) = 1 + Σ_{i≤k} Π_{j≤i} a_j tokens
+  per step.
 - step time: T(b, k), an exponential moving average of the wall time of whole decode steps (target, drafter,
   sampling, bookkeeping) with a batch of b sequences (in power-of-two buckets) and k proposed tokens each.
 
-It picks the k (from a short menu up to the maximum) with the most tokens per second, E(k) · b / T(b, k);
-a choice not yet measured at this batch bucket is tried first. While speculation is off, a step now and
+It picks the k (from a short menu up to the maximum) with the most tokens per second, E(k) · b / T(b, k),
+when that beats not proposing by at least `SPEEDUP_MARGIN` (measurements are noisy, and where speculation
+pays little it must not risk being slower); a choice not yet measured at this batch bucket is tried first.
+A step's time covers verifying this step's proposals and proposing the next step's, so a step is measured
+only when both are the same choice (steady state). While speculation is off, a step now and
 then still proposes (the best k > 0), so that acceptance keeps being measured: every `PROBE_INTERVAL`-th
 step, or rarer where a probe step costs more, so that probing costs at most `PROBE_OVERHEAD` of the time.
 The "always" policy proposes the maximum every step (reproducible runs; measurements).
@@ -23,6 +27,7 @@ import math
 
 PROBE_INTERVAL = 16
 PROBE_OVERHEAD = 0.02
+SPEEDUP_MARGIN = 0.05
 _EMA = 0.1
 _MIN_SAMPLES = 2  # measured steps before a choice is compared (its first step, a warm-up, is not counted)
 
@@ -48,9 +53,12 @@ class DraftPolicy:
         return max(k for k in self.choices if k <= max(most, 0))
 
     def expected_tokens(self, k: int) -> float:
-        total, run = 1.0, 1.0
+        total, run, rate = 1.0, 1.0, 1.0
         for j in range(1, k + 1):
-            run *= self.acceptance[j]
+            # rates of deep positions are measured rarely (only after every earlier token was accepted) and keep
+            # their optimistic start: no position is taken to be accepted more readily than an earlier one
+            rate = min(rate, self.acceptance[j])
+            run *= rate
             total += run
         return total
 
@@ -66,7 +74,7 @@ class DraftPolicy:
                 return k
         rate = {k: self.expected_tokens(k) / self._time[(bucket, k)][0] for k in self.choices}
         best = max(rate, key=rate.get)
-        if best:
+        if best and rate[best] > rate[0] * (1 + SPEEDUP_MARGIN):
             self._steps_off = 0
             return best
         self._steps_off += 1

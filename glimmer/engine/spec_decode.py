@@ -164,7 +164,10 @@ class SpeculativeDecoder:
         for (seq, _), draft in zip(requests, drafts, strict=True):
             seq.spec_token_ids = list(draft.token_ids)
             seq.spec_draft_probs = draft.probs
+        proposed_next = k if requests else 0
+        # the step's time covers verifying its proposals and proposing the next step's: measured in steady state
+        steady = self._step_drafts == proposed_next
         all_decode = all(n - step.spec_tokens(i) == 1 for i, n in enumerate(step.num_new_tokens))
-        if all_decode and len(output.sampling) == len(step.seqs):
+        if steady and all_decode and len(output.sampling) == len(step.seqs):
             self.policy.observe_step(len(step.seqs), self._step_drafts, time.perf_counter() - started_s)
-        self._step_drafts = k if requests else 0
+        self._step_drafts = proposed_next

@@ -303,6 +303,41 @@ def test_stops_max_tokens_and_logprobs_inside_an_accepted_run(target, drafter, p
     assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
 
 
+def test_scoring_with_max_tokens_0_and_prompt_logprobs_beside_speculating_requests(target, drafter, plain):
+    """A scored prompt (prompt logprobs, nothing generated) in the same steps as requests that verify proposals:
+    its logprobs and the others' tokens are those of a run without speculation."""
+    prompts = _prompts(3, seed=15)
+    scored = SamplingParams(max_tokens=0, prompt_logprobs=2)
+    expected_scores = plain.generate([prompts[0]], scored)[0].prompt_logprobs
+    known = _continuations(plain, prompts[1:], GREEDY)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    _replay(engine, known, _cycle(K, 1))
+    engine.add_request("g1", prompts[1], GREEDY)
+    engine.step()  # g1 decodes (and verifies proposals) while the scored prompt and g2 arrive
+    engine.add_request("s", prompts[0], scored)
+    engine.add_request("g2", prompts[2], GREEDY)
+    tokens: dict[str, list[int]] = {"g1": [], "s": [], "g2": []}
+    scores = None
+    while engine.has_unfinished_requests:
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+            if delta.request_id == "s" and delta.prompt_logprobs is not None:
+                scores = delta.prompt_logprobs
+    assert tokens["s"] == [] and scores is not None
+    assert [None if e is None else (e.token_id, e.top.keys()) for e in scores] == [
+        None if e is None else (e.token_id, e.top.keys()) for e in expected_scores]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(scores[1:], expected_scores[1:], strict=True)) < 1e-4
+    assert tokens["g2"] == known[tuple(prompts[2])]
+    assert engine.speculator.stats.num_accepted_tokens > 0
+
+
+def test_a_kv_budget_that_cannot_hold_the_drafter_context_of_one_sequence_is_refused(target, drafter):
+    with pytest.raises(ConfigError, match=r"cannot hold one sequence of max_model_len=2048 tokens \(blocks "
+                                          r"available/needed per group: .*'draft'"):
+        LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=60_000, max_model_len=2048,
+                               speculative_config=speculative(drafter)))
+
+
 LETTERS = SamplingParams(temperature=0, max_tokens=24, structured_outputs=StructuredOutputsParams(regex="[a-z ]{40}"))
 
 
