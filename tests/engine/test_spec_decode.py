@@ -17,8 +17,9 @@ import torch
 from oracle import reference_drafter, reference_model
 
 from glimmer import LLM, SamplingParams
+from glimmer.engine.grammar import GrammarController, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.proposers import ReplayProposer
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
@@ -367,6 +368,45 @@ def test_a_grammar_mask_applies_to_every_verified_position(target, drafter):
     assert got == expected
     stats = engine.speculator.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+@pytest.mark.parametrize(("broken_class", "method"), [(GrammarController, "observe"),
+                                                      (GrammarMasks, "fill_verification")])
+def test_a_grammar_failing_mid_run_ends_its_request_alone(target, drafter, plain, monkeypatch, broken_class,
+                                                          method):
+    """Containment (issue 8) with speculation: a constrained request whose grammar fails after a few steps, while
+    it verifies proposals, ends alone; the request beside it decodes on, exactly, and every block is freed."""
+    prompts = _prompts(2, seed=16)
+    known = {**_continuations(plain, prompts[:1], GREEDY), **_continuations(plain, prompts[1:], LETTERS)}
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    _replay(engine, known, _cycle(K, 1))
+    real = getattr(broken_class, method)
+    calls = itertools.count()
+
+    def fails_on_the_fourth_call(*args, **kwargs):
+        if next(calls) == 3:
+            raise RuntimeError("grammar broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(broken_class, method, fails_on_the_fourth_call)
+    engine.add_request("plain", prompts[0], GREEDY)
+    engine.add_request("constrained", prompts[1], LETTERS)
+    tokens: list[int] = []
+    failed: list[str] = []
+    while engine.has_unfinished_requests:
+        try:
+            deltas = engine.step()
+        except StepError as error:
+            assert not error.whole_batch and "grammar broke" in str(error)
+            failed.extend(error.request_ids)
+            for request_id in error.request_ids:
+                engine.abort(request_id)
+            deltas = error.deltas
+        tokens.extend(t for delta in deltas if delta.request_id == "plain" for t in delta.token_ids)
+    assert failed == ["constrained"]
+    assert tokens == known[tuple(prompts[0])]
+    assert engine.speculator.stats.num_accepted_tokens > 0
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
 def test_a_chat_turn_steered_into_a_tool_call_matches_without(target, drafter):
