@@ -67,6 +67,8 @@ class TinySpec:
     sliding_window: int = 32
     max_position_embeddings: int = 4096
     rope_theta: float = 500000.0
+    # logits are scaled by 1/sqrt(hidden_size / output_base_width); the release's base width is 256 (§1.1)
+    output_base_width: int = 16
     vocab_multiple: int = 64
     vision_hidden_size: int = 32
     vision_intermediate_size: int = 64
@@ -100,7 +102,7 @@ def tiny_model_config(tokens: TinyTokenizerInfo, spec: TinySpec = TinySpec(), *,
         layer_types=reference_text_layer_types(n),
         rope_layers=reference_rope_layers(n),
         qk_scale_factor=3.87,
-        output_multiplier=1 / math.sqrt(spec.hidden_size / 16),
+        output_multiplier=1 / math.sqrt(spec.hidden_size / spec.output_base_width),
         final_logit_softcapping=20.0,
         attention_bias=False,
         tie_word_embeddings=False,
@@ -268,19 +270,8 @@ def write_tiny_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tokens = write_tiny_tokenizer(out, release_ids=release)
     config = released_30b_config() if release else tiny_model_config(tokens, spec, vision=vision)
-    (out / "config.json").write_text(json.dumps(config_to_dict(config, config_layout), indent=2) + "\n")
-    generation = {
-        "bos_token_id": tokens.bos_token_id,
-        "eos_token_id": [tokens.eos_token_id, tokens.eot_token_id],
-        "pad_token_id": tokens.pad_token_id,
-        "do_sample": False,
-    }
-    if release:
-        generation["max_length"] = config.text.max_position_embeddings
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    from glimmer.protocol.builtin_template import builtin_template_source
-
-    (out / "chat_template.jinja").write_text(builtin_template_source())
+    release_defaults = {"max_length": config.text.max_position_embeddings} if release else None
+    write_model_config_files(out, config, tokens, config_layout=config_layout, generation_defaults=release_defaults)
     if config.has_vision:
         limits = RELEASE_MEDIA_LIMITS if release else {
             "max_image_tokens": spec.max_image_tokens, "max_video_frame_tokens": spec.max_video_frame_tokens,
@@ -294,6 +285,30 @@ def write_tiny_checkpoint(
         weights = {k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}
         save_weights(to_weight_layout(weights, config, weight_layout), out, num_shards)
     return out
+
+
+def write_model_config_files(
+    out: Path,
+    config: ModelConfig,
+    tokens: TinyTokenizerInfo,
+    *,
+    config_layout: str = "canonical",
+    generation_defaults: dict[str, object] | None = None,
+) -> None:
+    """config.json, generation_config.json (stop ids per P-TOK-2, plus `generation_defaults` such as a
+    default temperature) and the project's chat_template.jinja, for a model whose tokenizer is in `out`."""
+    (out / "config.json").write_text(json.dumps(config_to_dict(config, config_layout), indent=2) + "\n")
+    generation = {
+        "bos_token_id": tokens.bos_token_id,
+        "eos_token_id": [tokens.eos_token_id, tokens.eot_token_id],
+        "pad_token_id": tokens.pad_token_id,
+        "do_sample": False,
+        **(generation_defaults or {}),
+    }
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    from glimmer.protocol.builtin_template import builtin_template_source
+
+    (out / "chat_template.jinja").write_text(builtin_template_source())
 
 
 def _preprocessor_configs(max_image_tokens: int, max_video_frame_tokens: int, num_frames: int) -> dict[str, dict]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,8 +216,8 @@ def release_special_tokens() -> list[str]:
     return [by_id.get(i, f"<|reserved_special_token_{i}|>") for i in range(RELEASE_NUM_SPECIAL_TOKENS)]
 
 
-def _train_tokenizer(*, release_ids: bool = False) -> Tokenizer:
-    """Train the tiny tokenizer in memory. Deterministic: the BPE trainer breaks count ties by pair."""
+def _train_tokenizer(corpus: Iterable[str], base_vocab_size: int, *, release_ids: bool = False) -> Tokenizer:
+    """Train the tokenizer in memory. Deterministic: the BPE trainer breaks count ties by pair."""
     tokenizer = Tokenizer(models.BPE(ignore_merges=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -226,16 +227,16 @@ def _train_tokenizer(*, release_ids: bool = False) -> Tokenizer:
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=BASE_VOCAB_SIZE,
+        vocab_size=base_vocab_size,
         min_frequency=2,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator([TRAINING_CORPUS], trainer=trainer)
-    if tokenizer.get_vocab_size() != BASE_VOCAB_SIZE:
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    if tokenizer.get_vocab_size() != base_vocab_size:
         raise RuntimeError(
-            f"the tiny tokenizer's corpus yields {tokenizer.get_vocab_size()} tokens, not {BASE_VOCAB_SIZE}; "
-            "extend TRAINING_CORPUS"
+            f"the tokenizer's corpus yields {tokenizer.get_vocab_size()} tokens, not {base_vocab_size}; "
+            "extend the corpus or ask for fewer tokens"
         )
     if release_ids:
         tokenizer = _pad_base_vocabulary(tokenizer, RELEASE_BASE_VOCAB_SIZE)
@@ -284,16 +285,25 @@ def _write_json(path: Path, value: object) -> None:
     _write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_tiny_tokenizer(out_dir: str | os.PathLike[str], *, release_ids: bool = False) -> TinyTokenizerInfo:
+def write_tiny_tokenizer(
+    out_dir: str | os.PathLike[str],
+    corpus: Iterable[str] = (TRAINING_CORPUS,),
+    base_vocab_size: int = BASE_VOCAB_SIZE,
+    *,
+    release_ids: bool = False,
+) -> TinyTokenizerInfo:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out_dir`.
 
-    With `release_ids`, the vocabulary has the release's size and special-token ids (202,048 tokens;
-    see RELEASE_SPECIAL_IDS). Two calls write byte-identical files. The directory is created if needed;
-    existing files are replaced.
+    The merges are trained on `corpus` (default: the small embedded one) up to `base_vocab_size` tokens
+    before the special tokens; the nano model trains its tokenizer on its own conversations. With
+    `release_ids`, the vocabulary has the release's size and special-token ids (202,048 tokens; see
+    RELEASE_SPECIAL_IDS). Two calls with the same corpus write byte-identical files. The directory is
+    created if needed; existing files are replaced. Raises RuntimeError when the corpus is too small for
+    `base_vocab_size`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(release_ids=release_ids)
+    tokenizer = _train_tokenizer(corpus, base_vocab_size, release_ids=release_ids)
     specials = release_special_tokens() if release_ids else SPECIAL_TOKENS
     special_token_ids = {token: tokenizer.token_to_id(token) for token in specials}
 

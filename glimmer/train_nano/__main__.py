@@ -1,0 +1,43 @@
+"""`python -m glimmer.train_nano OUT_DIR`: regenerate the corpus and retrain the nano model and its drafter.
+
+Writes OUT_DIR/glimmer-nano (the target checkpoint) and OUT_DIR/glimmer-nano-dflash (the drafter), plus
+loss curves as CSV. The shipped model was trained with `--recipe nano --device cuda` on one H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from glimmer.train_nano.pipeline import train_all
+from glimmer.train_nano.recipe import RECIPES
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m glimmer.train_nano", description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="nano")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1),
+                        help="processes generating the corpus")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--target-steps", type=int, default=None,
+                        help="optimizer steps of the target (default: fit the recipe's time budget)")
+    parser.add_argument("--drafter-steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
+    recipe = RECIPES[args.recipe]
+    overrides = {key: value for key, value in (("seed", args.seed), ("conversations", args.conversations),
+                                               ("target_steps", args.target_steps),
+                                               ("drafter_steps", args.drafter_steps)) if value is not None}
+    train_all(replace(recipe, **overrides), args.out_dir, device=args.device, workers=args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

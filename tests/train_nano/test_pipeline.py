@@ -1,0 +1,42 @@
+"""`python -m glimmer.train_nano --recipe micro`: the whole pipeline at a size a CPU runs in seconds."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from glimmer import LLM, SamplingParams
+from glimmer.checkpoint.config_layouts import load_config
+from glimmer.train_nano.__main__ import main
+from glimmer.train_nano.pipeline import TARGET_DIR
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro")
+    assert main([str(out), "--recipe", "micro", "--device", "cpu", "--workers", "1"]) == 0
+    return out
+
+
+def _curve(path):
+    with path.open() as handle:
+        return [float(row["loss"]) for row in csv.DictReader(handle)]
+
+
+def test_the_target_learns(trained):
+    losses = _curve(trained / "target_loss.csv")
+    assert len(losses) == 5 and losses[-1] < losses[0]
+
+
+def test_the_target_is_a_complete_checkpoint_of_the_real_architecture(trained):
+    target = trained / TARGET_DIR
+    assert {"config.json", "generation_config.json", "chat_template.jinja", "tokenizer.json", "tokenizer_config.json",
+            "special_tokens_map.json", "model.safetensors"} <= {p.name for p in target.iterdir()}
+    text = load_config(target).text
+    assert set(text.layer_types) == {"full_attention", "sliding_attention"}
+    assert not all(text.rope_layers) and any(text.rope_layers)  # NoPE and RoPE layers
+    assert text.num_key_value_heads < text.num_attention_heads  # GQA
+    llm = LLM(str(target), progress=False)
+    output = llm.chat([{"role": "user", "content": "Hi!"}], SamplingParams(max_tokens=5))[0]
+    assert len(output.output.token_ids) == 5
