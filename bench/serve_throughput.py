@@ -7,7 +7,7 @@ from `--clients` concurrent clients (every request generates exactly --max-token
 prints requests/s, output tokens/s, time to first token and inter-token latency percentiles. Then it runs the
 same prompts one at a time through `LLM.generate` in this process and prints the server's speed-up over
 that sequential baseline. Token arrival times come from the streamed logprobs (one entry per token), so ITL
-is per token even when a chunk carries several. Without --model it uses the embedded tiny demo model.
+is per token even when a chunk carries several. Without --model it uses the embedded glimmer-nano demo model.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.errors import ConfigError, GlimmerError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
@@ -162,8 +163,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"from {llm_engine.checkpoint_dir} on {llm_engine.device} ({llm_engine.dtype}), "
               f"max_model_len {llm_engine.max_model_len}")
         if is_default:
-            print("No MODEL given: this is the embedded default, a tiny random demo model; its replies are noise. "
-                  "Run `glimmer serve MODEL` with a checkpoint directory or Hub id to serve a real model.")
+            print(f"No MODEL given: {DEFAULT_MODEL_BLURB} Run `glimmer serve MODEL` with a checkpoint directory or "
+                  "Hub id to serve a real model.")
         print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
               f"chat page at http://{args.host}:{args.port}/", flush=True)
@@ -222,8 +223,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     try:
         app = create_app(engine, ServerSettings(served_model_names=(name,)))
         if is_default:
-            print("No MODEL given: chatting with the embedded default, a tiny random demo model (its replies are "
-                  "noise).")
+            print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
         with BackgroundServer(app) as server:
             run_chat(server.url, model=name, api_key=None, **chat)
     finally:
@@ -250,8 +250,8 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
-                        help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded tiny "
-                             "demo model)")
+                        help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded "
+                             "glimmer-nano demo)")
     _add_format_options(parser)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="default bfloat16 on CUDA, float32 on CPU")

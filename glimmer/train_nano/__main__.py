@@ -26,16 +26,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes generating the corpus")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--conversations", type=int, default=None)
+    parser.add_argument("--batch-tokens", type=int, default=None,
+                        help="tokens per optimizer step, padding included (lower it when memory is short)")
     parser.add_argument("--target-steps", type=int, default=None,
                         help="optimizer steps of the target (default: fit the recipe's time budget)")
     parser.add_argument("--drafter-steps", type=int, default=None)
+    parser.add_argument("--target", type=Path, default=None,
+                        help="a trained target checkpoint: train only a drafter for it (its tokenizer, its corpus)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     recipe = RECIPES[args.recipe]
     overrides = {key: value for key, value in (("seed", args.seed), ("conversations", args.conversations),
+                                               ("batch_tokens", args.batch_tokens),
                                                ("target_steps", args.target_steps),
                                                ("drafter_steps", args.drafter_steps)) if value is not None}
-    train_all(replace(recipe, **overrides), args.out_dir, device=args.device, workers=args.workers)
+    train_all(replace(recipe, **overrides), args.out_dir, device=args.device, workers=args.workers,
+              target=args.target)
     return 0
 
 

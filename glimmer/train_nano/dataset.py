@@ -30,8 +30,8 @@ def conversation_at(seed: int, index: int, *, held_out: bool = False, last_kind:
     return make_conversation(random.Random(seed * 10**9 + index), held_out=held_out, last_kind=last_kind)
 
 
-def rendered_at(seed: int, index: int, template: str) -> RenderedConversation:
-    conversation = conversation_at(seed, index)
+def rendered_at(seed: int, index: int, template: str, *, held_out: bool = False) -> RenderedConversation:
+    conversation = conversation_at(seed, index, held_out=held_out)
     rendered = render_conversation(conversation, template)
     if index < SPAN_CHECK_SAMPLE:
         check_spans(conversation, rendered, template)
@@ -68,26 +68,45 @@ class TokenizedCorpus:
 _worker_state: dict[str, object] = {}
 
 
-def _init_worker(tokenizer_file: str, template: str, seed: int) -> None:
-    _worker_state.update(tokenizer=Tokenizer.from_file(tokenizer_file), template=template, seed=seed)
+def _render_range(bounds: tuple[int, int, int, str]) -> list[str]:
+    seed, start, end, template = bounds
+    return [rendered_at(seed, i, template).text for i in range(start, end)]
+
+
+def render_texts(template: str, *, seed: int, count: int, workers: int) -> list[str]:
+    """The rendered text of conversations 0..count-1 (the tokenizer's training corpus)."""
+    chunk = 250
+    ranges = [(seed, start, min(start + chunk, count), template) for start in range(0, count, chunk)]
+    if workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            return [text for part in pool.imap(_render_range, ranges) for text in part]
+    return [text for bounds in ranges for text in _render_range(bounds)]
+
+
+def _init_worker(tokenizer_file: str, template: str, seed: int, held_out: bool) -> None:
+    _worker_state.update(tokenizer=Tokenizer.from_file(tokenizer_file), template=template, seed=seed,
+                         held_out=held_out)
 
 
 def _encode_range(bounds: tuple[int, int]) -> list[tuple[np.ndarray, np.ndarray]]:
-    tokenizer, template, seed = _worker_state["tokenizer"], _worker_state["template"], _worker_state["seed"]
-    return [encode_rendered(tokenizer, rendered_at(seed, i, template)) for i in range(*bounds)]  # type: ignore[arg-type]
+    state = _worker_state
+    return [encode_rendered(state["tokenizer"], rendered_at(state["seed"], i, state["template"],  # type: ignore
+                                                            held_out=state["held_out"]))  # type: ignore[arg-type]
+            for i in range(*bounds)]
 
 
 def build_corpus(tokenizer_file: Path, template: str, *, seed: int, count: int, max_tokens: int,
-                 workers: int) -> TokenizedCorpus:
-    """Generate, render and tokenize conversations 0..count-1; those over max_tokens are left out."""
+                 workers: int, held_out: bool = False) -> TokenizedCorpus:
+    """Generate, render and tokenize conversations 0..count-1 (held_out: declaring held-out tool names only);
+    those over max_tokens are left out."""
     chunk = 500
     ranges = [(start, min(start + chunk, count)) for start in range(0, count, chunk)]
     if workers > 1:
         context = multiprocessing.get_context("fork")
-        with context.Pool(workers, _init_worker, (str(tokenizer_file), template, seed)) as pool:
+        with context.Pool(workers, _init_worker, (str(tokenizer_file), template, seed, held_out)) as pool:
             parts = [item for part in pool.imap(_encode_range, ranges) for item in part]
     else:
-        _init_worker(str(tokenizer_file), template, seed)
+        _init_worker(str(tokenizer_file), template, seed, held_out)
         parts = [item for bounds in ranges for item in _encode_range(bounds)]
     kept = [(ids, flags) for ids, flags in parts if len(ids) <= max_tokens]
     if len(kept) < len(parts):

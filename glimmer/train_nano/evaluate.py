@@ -39,8 +39,15 @@ _MESSAGE = re.compile(r"(?:<\|start\|>assistant)? to=[^\s<]{1,64}<\|message\|>(?
                       re.DOTALL)
 
 
+PINNED_DATE = "2026-06-01"  # one date for every prompt (P-TMPL-3), so prompts share their system prefix in the cache
+
+
 def held_out_conversations(count: int, seed: int = EVAL_SEED) -> list[Conversation]:
-    return [conversation_at(seed, i, held_out=True, last_kind=KIND_CYCLE[i % len(KIND_CYCLE)]) for i in range(count)]
+    conversations = [conversation_at(seed, i, held_out=True, last_kind=KIND_CYCLE[i % len(KIND_CYCLE)])
+                     for i in range(count)]
+    for conversation in conversations:
+        conversation.template_kwargs = {**conversation.template_kwargs, "current_date": PINNED_DATE}
+    return conversations
 
 
 class _Warnings(logging.Handler):
@@ -148,7 +155,8 @@ class Report:
         ]
 
 
-def _prompt_text(llm: Any, conversation: Conversation, messages: list[dict[str, Any]]) -> str:
+def prompt_text(llm: Any, conversation: Conversation, messages: list[dict[str, Any]]) -> str:
+    """The prompt the server would build for `messages` of `conversation` (its tools, strength and date)."""
     engine = llm.engine
     return engine.chat_template.render(
         normalize_messages(messages), tools=normalize_tools(conversation.tools) if conversation.tools else None,
@@ -175,7 +183,7 @@ def evaluate(llm: Any, conversations: list[Conversation], *, max_tokens: int = M
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     report = Report()
-    firsts = llm.generate([_prompt_text(llm, c, c.messages[: c.last_user_index + 1]) for c in conversations],
+    firsts = llm.generate([prompt_text(llm, c, c.messages[: c.last_user_index + 1]) for c in conversations],
                           params)
     seconds: list[tuple[Conversation, list[dict[str, Any]]]] = []
     for conversation, output in zip(conversations, firsts, strict=True):
@@ -196,7 +204,7 @@ def evaluate(llm: Any, conversations: list[Conversation], *, max_tokens: int = M
                 report.failures.append(f"{expected.kind}: got {output.text!r}")
         if not turn.well_formed:
             report.failures.append(f"ill-formed ({turn.warnings}): {output.text!r}")
-    answers = llm.generate([_prompt_text(llm, c, messages) for c, messages in seconds], params)
+    answers = llm.generate([prompt_text(llm, c, messages) for c, messages in seconds], params)
     for (conversation, _), output in zip(seconds, answers, strict=True):
         turn = parse_turn(output.text, output.finish_reason, conversation.tools)
         report.well_formed.add(turn.well_formed)

@@ -28,13 +28,13 @@ def is_held_out(name: str) -> bool:
 
 def _draw_name(domain: Domain, rng: random.Random) -> str:
     style = rng.random()
-    if style < 0.3:
+    if style < 0.25:
         return rng.choice(domain.stems)
-    if style < 0.6:
+    if style < 0.5:
         return f"{rng.choice(domain.namespaces)}.{rng.choice(domain.verbs)}"
-    if style < 0.8:
+    if style < 0.75:
         return f"{made_up_word(rng, (1, 2))}.{rng.choice(domain.stems)}"
-    if style < 0.9:
+    if style < 0.87:
         return f"{rng.choice(domain.namespaces)}_{made_up_word(rng, (1, 2))}"
     return f"{made_up_word(rng, (1, 2))}.{made_up_word(rng, (1, 2))}"
 

@@ -8,28 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from glimmer.tiny import TinySpec
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """The DFlash drafter: its width is the target's hidden size (architecture.md §1.4)."""
-
-    num_hidden_layers: int = 1
-    intermediate_size: int = 640
-    num_attention_heads: int = 8
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    block_size: int = 16
-    # 0-indexed target decoder layers whose outputs the drafter reads (§10.1)
-    target_layer_ids: tuple[int, ...] = (1, 4, 6)
+from glimmer.tiny import TinyDrafterSpec, TinySpec
 
 
 @dataclass(frozen=True)
 class Recipe:
     seed: int = 0
     # corpus
-    conversations: int = 120_000
+    conversations: int = 128_000
     tokenizer_conversations: int = 4_000
     base_vocab_size: int = 2048
     max_conversation_tokens: int = 1536
@@ -37,20 +23,24 @@ class Recipe:
     target: TinySpec = field(default_factory=lambda: TinySpec(
         hidden_size=256, intermediate_size=640, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
         head_dim=32, sliding_window=256, max_position_embeddings=4096, rope_theta=10000.0, output_base_width=256))
-    drafter: DrafterSpec = field(default_factory=DrafterSpec)
+    # the drafter's width is the target's hidden size; it reads target layers 1, 4 and 6 (§10.1)
+    drafter: TinyDrafterSpec = field(default_factory=lambda: TinyDrafterSpec(
+        intermediate_size=640, num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        sliding_window=4096, block_size=16, target_layer_ids=(1, 4, 6), rope_theta=10000.0))
     # optimization: a step sees about batch_tokens tokens (padding included)
     batch_tokens: int = 65_536
-    learning_rate: float = 3e-3
+    learning_rate: float = 2e-3
     min_learning_rate_ratio: float = 0.05
     warmup_steps: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     # steps: a number, or None to fit the time budget (the chosen number is printed, for a replay)
     target_steps: int | None = None
-    target_time_budget_s: float = 230.0
+    target_time_budget_s: float = 210.0
     drafter_steps: int | None = None
-    drafter_time_budget_s: float = 60.0
-    drafter_anchors_per_conversation: int = 8
+    drafter_time_budget_s: float = 120.0
+    drafter_anchors_per_conversation: int = 16
+    held_out_conversations: int = 512
     log_every: int = 50
 
 
@@ -64,14 +54,16 @@ MICRO = replace(
     target=TinySpec(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=1, head_dim=16, sliding_window=64, max_position_embeddings=4096,
                     rope_theta=10000.0, output_base_width=32),
-    drafter=DrafterSpec(num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
-                        head_dim=16, block_size=4, target_layer_ids=(0, 1)),
+    drafter=TinyDrafterSpec(intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=16, sliding_window=4096, block_size=4, target_layer_ids=(0, 1),
+                            rope_theta=10000.0),
     batch_tokens=2048,
     learning_rate=3e-3,
     warmup_steps=2,
     target_steps=5,
     drafter_steps=3,
     drafter_anchors_per_conversation=2,
+    held_out_conversations=8,
     log_every=1,
 )
 

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Batch:
     ids: torch.Tensor  # (N,) flat tokens of the batch's conversations
+    trainable: torch.Tensor  # (N,) whether the assistant generates each token
     lengths: list[int]
     loss_positions: torch.Tensor  # (M,) positions whose next token the model generates
     labels: torch.Tensor  # (M,) those next tokens
@@ -56,12 +57,11 @@ class BatchSource:
         starts, ends = self.corpus.offsets[indices], self.corpus.offsets[indices + 1]
         flat = torch.from_numpy(np.concatenate([np.arange(s, e) for s, e in zip(starts, ends, strict=True)]))
         flat = flat.to(self.device)
-        ids = self.tokens[flat]
+        ids, trainable = self.tokens[flat], self.trainable[flat]
         # the first token of every conversation (bos) is never trainable, so a next-token flag never
         # crosses from one conversation into the next
-        next_trainable = self.trainable[flat][1:]
-        positions = torch.nonzero(next_trainable).squeeze(1)
-        return Batch(ids, (ends - starts).tolist(), positions, ids[positions + 1])
+        positions = torch.nonzero(trainable[1:]).squeeze(1)
+        return Batch(ids, trainable, (ends - starts).tolist(), positions, ids[positions + 1])
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
@@ -112,6 +112,14 @@ def target_loss(model: MuseGlimmerForConditionalGeneration, batch: Batch) -> tor
     return F.cross_entropy(fp32_logits(model, hidden[batch.loss_positions]), batch.labels)
 
 
+def token_accuracy(model: MuseGlimmerForConditionalGeneration, batch: Batch) -> float:
+    """The share of the assistant's tokens that greedy decoding would produce, teacher-forced."""
+    with torch.no_grad(), autocast(batch.ids.device):
+        hidden = model(batch.ids, batch.context())
+        predicted = fp32_logits(model, hidden[batch.loss_positions]).argmax(-1)
+    return (predicted == batch.labels).float().mean().item()
+
+
 def optimizer_for(model: torch.nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices other than the embedding table."""
     decay, no_decay = [], []
@@ -142,7 +150,9 @@ class LossPoint:
     elapsed_s: float
 
 
-CALIBRATION_STEPS = (10, 30)  # steps timed to turn a time budget into a step count
+# steps timed to turn a time budget into a step count: late enough that the allocator has seen the batch
+# shapes (earlier steps ran twice as slow on an H200), before the warm-up ends
+CALIBRATION_STEPS = (50, 95)
 
 
 def run_training(
@@ -157,9 +167,12 @@ def run_training(
 ) -> tuple[list[LossPoint], int]:
     """The optimizer loop shared by the target and the drafter; returns the loss curve and the step count.
 
-    steps=None fits the time budget: steps 10–30 are timed and the total is fixed at step 30 (before the
+    steps=None fits the time budget: steps 50–95 are timed and the total is fixed at step 95 (before the
     warm-up ends, so the schedule is a plain function of the step from then on) and logged, for a replay.
+    Raises ValueError when the warm-up is too short for that.
     """
+    if steps is None and recipe.warmup_steps <= CALIBRATION_STEPS[1]:
+        raise ValueError(f"fitting a time budget needs warmup_steps > {CALIBRATION_STEPS[1]}; give a step count")
     optimizer = optimizer_for(model, recipe)
     total = steps if steps is not None else max(CALIBRATION_STEPS[1] + 1, recipe.warmup_steps + 1)
     device = next(model.parameters()).device
@@ -176,8 +189,9 @@ def run_training(
             calibration_start = time.perf_counter()
         if steps is None and step == CALIBRATION_STEPS[1]:
             _sync(device)
-            per_step = (time.perf_counter() - calibration_start) / (CALIBRATION_STEPS[1] - CALIBRATION_STEPS[0])
-            total = max(step + 1, int(time_budget_s / per_step))
+            now = time.perf_counter()
+            per_step = (now - calibration_start) / (CALIBRATION_STEPS[1] - CALIBRATION_STEPS[0])
+            total = max(step + 1, step + int((time_budget_s - (now - start)) / per_step))
             logger.info("%s: %.1f ms per step; training %d steps to fit %.0f s (replay with this step count)",
                         name, per_step * 1000, total, time_budget_s)
         lr = learning_rate(step, total, recipe)

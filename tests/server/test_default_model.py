@@ -1,50 +1,53 @@
-"""The embedded default model: written once into the user cache, atomically, then reused."""
+"""The embedded default model: glimmer-nano and its drafter ship inside the package and load as they are."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import pytest
+import torch
+from safetensors.torch import load_file
 
 import glimmer
+import glimmer.default_model as default_model
+from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.resolve import resolve_checkpoint
-from glimmer.default_model import DEFAULT_MODEL_NAME, cache_dir, default_model_dir
+from glimmer.default_model import DEFAULT_DRAFTER_NAME, DEFAULT_MODEL_NAME, default_drafter_dir, default_model_dir
+from glimmer.engine.model_loader import load_drafter, load_model
+from glimmer.errors import CheckpointError
+
+SIZE_BUDGET_BYTES = 20_000_000  # target and drafter together, as shipped
 
 
-def test_the_cache_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cache_dir() == tmp_path / "glimmer"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert cache_dir() == tmp_path / "home" / ".cache" / "glimmer"
+def test_the_default_model_and_its_drafter_ship_inside_the_package():
+    package = default_model_dir().parents[1]
+    assert package.samefile(glimmer.__path__[0])
+    assert default_model_dir().name == DEFAULT_MODEL_NAME and default_drafter_dir().name == DEFAULT_DRAFTER_NAME
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+            "generation_config.json", "model.safetensors"} <= {p.name for p in default_model_dir().iterdir()}
+    assert resolve_checkpoint(str(default_model_dir())) == default_model_dir()
+    size = sum(p.stat().st_size for d in (default_model_dir(), default_drafter_dir()) for p in d.iterdir())
+    assert size <= SIZE_BUDGET_BYTES
 
 
-def test_the_default_model_is_written_once_and_reused(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = default_model_dir()
-    assert path.name == DEFAULT_MODEL_NAME and path.is_relative_to(tmp_path / "glimmer")
-    assert {"config.json", "tokenizer.json", "chat_template.jinja", "generation_config.json"} <= {
-        p.name for p in path.iterdir()}
-    assert resolve_checkpoint(str(path)) == path
-    stamp = (path / "config.json").stat().st_mtime_ns
-    assert default_model_dir() == path
-    assert (path / "config.json").stat().st_mtime_ns == stamp
-    assert [p.name for p in path.parent.iterdir()] == [DEFAULT_MODEL_NAME]  # no temporary directory left behind
+def test_half_precision_weights_load_exactly_to_float32():
+    stored = load_file(str(default_model_dir() / "model.safetensors"))
+    model = load_model(default_model_dir(), progress=False).model
+    parameters = dict(model.named_parameters())
+    assert {t.dtype for t in stored.values()} == {torch.float16}
+    for name, tensor in stored.items():
+        assert parameters[name].dtype == torch.float32
+        assert torch.equal(parameters[name], tensor.float()), name
 
 
-def test_a_first_start_killed_while_writing_leaves_nothing_behind_after_the_next(monkeypatch, tmp_path):
-    """Issue 8: the temporary directory of an interrupted first start used to stay in the cache forever."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    version_dir = tmp_path / "glimmer" / glimmer.__version__
-    orphan = version_dir / f".{DEFAULT_MODEL_NAME}-k1lled"
-    orphan.mkdir(parents=True)
-    (orphan / "model.safetensors").write_bytes(b"half written")
-    path = default_model_dir()
-    assert [p.name for p in version_dir.iterdir()] == [DEFAULT_MODEL_NAME]
-    assert resolve_checkpoint(str(path)) == path
+def test_the_drafter_fits_the_default_model():
+    config = load_config(default_model_dir())
+    drafter = load_drafter(default_drafter_dir(), config, lambda: pytest.fail("the drafter names its mask token"),
+                           progress=False)
+    assert drafter.config.hidden_size == config.text.hidden_size
+    assert drafter.config.block_size == 16
+    assert max(drafter.config.target_layer_ids) < config.text.num_hidden_layers
 
 
-def test_concurrent_first_starts_write_the_model_once(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    with ThreadPoolExecutor(3) as pool:
-        paths = list(pool.map(lambda _: default_model_dir(), range(3)))
-    assert len(set(paths)) == 1
-    assert [p.name for p in paths[0].parent.iterdir()] == [DEFAULT_MODEL_NAME]
+def test_an_installation_without_the_model_says_so(monkeypatch):
+    monkeypatch.setattr(default_model, "EMBEDDED_FOLDER", "missing-folder")
+    with pytest.raises(CheckpointError, match="reinstall glimmer, or pass a MODEL"):
+        default_model_dir()

@@ -8,8 +8,10 @@ import pytest
 
 from glimmer import LLM, SamplingParams
 from glimmer.checkpoint.config_layouts import load_config
+from glimmer.engine.model_loader import load_drafter
 from glimmer.train_nano.__main__ import main
-from glimmer.train_nano.pipeline import TARGET_DIR
+from glimmer.train_nano.pipeline import DRAFTER_DIR, TARGET_DIR
+from glimmer.train_nano.recipe import MICRO
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def _curve(path):
 
 def test_the_target_learns(trained):
     losses = _curve(trained / "target_loss.csv")
-    assert len(losses) == 5 and losses[-1] < losses[0]
+    assert len(losses) == MICRO.target_steps and losses[-1] < losses[0]
 
 
 def test_the_target_is_a_complete_checkpoint_of_the_real_architecture(trained):
@@ -40,3 +42,18 @@ def test_the_target_is_a_complete_checkpoint_of_the_real_architecture(trained):
     llm = LLM(str(target), progress=False)
     output = llm.chat([{"role": "user", "content": "Hi!"}], SamplingParams(max_tokens=5))[0]
     assert len(output.output.token_ids) == 5
+
+
+def test_the_drafter_is_trained_for_the_target(trained):
+    assert len(_curve(trained / "drafter_loss.csv")) == MICRO.drafter_steps
+    drafter = load_drafter(trained / DRAFTER_DIR, load_config(trained / TARGET_DIR),
+                           lambda: pytest.fail("the drafter names its mask token"), progress=False)
+    assert drafter.config.block_size == MICRO.drafter.block_size
+    assert drafter.config.target_layer_ids == MICRO.drafter.target_layer_ids
+
+
+def test_a_drafter_alone_for_a_trained_target(trained, tmp_path):
+    assert main([str(tmp_path), "--recipe", "micro", "--device", "cpu", "--workers", "1", "--target",
+                 str(trained / TARGET_DIR), "--drafter-steps", "2"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {DRAFTER_DIR, "drafter_loss.csv"}
+    assert len(_curve(tmp_path / "drafter_loss.csv")) == 2
