@@ -8,6 +8,10 @@ so the image and video examples run), `/path/to/Muse-Glimmer-30B-assistant` a ti
 README's model name `muse-glimmer` with the API key in `GLIMMER_API_KEY`. A block that truly cannot run here
 (it needs a GPU or a real model) is marked by an HTML comment on the line before its fence:
 `<!-- readme-test: skip REASON -->`; the test reports it as skipped with that reason.
+
+A block marked `<!-- readme-test: default-model -->` shows what the embedded default model (glimmer-nano)
+really answers: it runs on its own against a live server of that model as `glimmer serve` with no MODEL
+serves it (no API key, model name `glimmer-nano`), and what it prints must equal its `# ` comment lines.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ MODEL_PATH = "/path/to/Muse-Glimmer-30B"
 DRAFTER_PATH = "/path/to/Muse-Glimmer-30B-assistant"
 SERVER_URL = "http://127.0.0.1:8000"
 API_KEY = "readme-key"
-_BLOCK = re.compile(r"(?:<!--\s*readme-test:\s*skip\s*(?P<reason>[^>]*?)\s*-->\s*\n)?```python\n(?P<code>.*?)^```",
-                    re.S | re.M)
+_BLOCK = re.compile(r"(?:<!--\s*readme-test:\s*(?P<mode>skip|default-model)\s*(?P<reason>[^>]*?)\s*-->\s*\n)?"
+                    r"```python\n(?P<code>.*?)^```", re.S | re.M)
 
 
 def _readme_test_command() -> str:
@@ -40,16 +44,24 @@ def test_ci_runs_the_readme_test_command():
     assert command in ci_lines
 
 
-def python_blocks() -> list[tuple[int, str, str | None]]:
-    """(line of the fence, code, skip reason or None) for each ```python block, in order."""
+def _blocks(mode: str | None) -> list[tuple[int, str, str | None]]:
+    """(line of the fence, code, skip reason or None) for each ```python block of `mode`, in order
+    (mode None: the plain and skipped blocks)."""
     text = README.read_text()
-    return [(text.count("\n", 0, match.start("code")), match.group("code"), match.group("reason"))
-            for match in _BLOCK.finditer(text)]
+    modes = {mode} if mode is not None else {None, "skip"}
+    return [(text.count("\n", 0, match.start("code")), match.group("code"),
+             match.group("reason") if match.group("mode") == "skip" else None)
+            for match in _BLOCK.finditer(text) if match.group("mode") in modes]
+
+
+def python_blocks() -> list[tuple[int, str, str | None]]:
+    return _blocks(None)
 
 
 def test_python_blocks_are_found():
     blocks = python_blocks()
     assert len(blocks) >= 6 and all(code.strip() for _, code, _ in blocks)
+    assert _blocks("default-model"), "the quick start's round trip with the embedded model"
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +101,36 @@ def test_readme_python_block_runs(namespace, line, code, skip_reason):
     code = code.replace(DRAFTER_PATH, namespace["_drafter"]).replace(MODEL_PATH, namespace["_checkpoint"])
     code = code.replace(SERVER_URL, namespace["_url"])
     exec(compile(code, f"README.md:{line}", "exec"), namespace)  # noqa: S102 - the README's own examples
+
+
+def _shown_output(code: str) -> list[str]:
+    """The `# ` comment lines of a block: what its prints show."""
+    return [line[2:] for line in code.splitlines() if line.startswith("# ")]
+
+
+@pytest.mark.parametrize(("line", "code"), [(line, code) for line, code, _ in _blocks("default-model")],
+                         ids=lambda v: f"line{v}" if isinstance(v, int) else "")
+def test_readme_default_model_block_prints_what_it_shows(line, code):
+    """The quick start's round trip (P-ATEM tool call, tool result, answer) with the real embedded model."""
+    import contextlib
+    import io
+
+    from glimmer.default_model import DEFAULT_MODEL_NAME, default_model_dir
+    from glimmer.engine.async_engine import AsyncEngine
+    from glimmer.engine.llm_engine import EngineConfig
+    from glimmer.server.app import create_app
+    from glimmer.server.background import BackgroundServer
+    from glimmer.server.settings import ServerSettings
+
+    shown = _shown_output(code)
+    assert shown, f"README.md:{line}: a default-model block shows its output in `# ` comment lines"
+    assert SERVER_URL in code
+    printed = io.StringIO()
+    engine = AsyncEngine(EngineConfig(model=str(default_model_dir()), progress=False, kv_cache_memory=32 << 20))
+    try:
+        app = create_app(engine, ServerSettings(served_model_names=(DEFAULT_MODEL_NAME,)))
+        with BackgroundServer(app) as server, contextlib.redirect_stdout(printed):
+            exec(compile(code.replace(SERVER_URL, server.url), f"README.md:{line}", "exec"), {"__name__": "readme"})
+    finally:
+        engine.shutdown()
+    assert printed.getvalue().splitlines() == shown
