@@ -51,11 +51,24 @@ def encode_rendered(tokenizer: Tokenizer, rendered: RenderedConversation) -> tup
 
 @dataclass
 class TokenizedCorpus:
-    """Conversations laid end to end: conversation i is tokens[offsets[i]:offsets[i + 1]]."""
+    """Conversations laid end to end: conversation i is tokens[offsets[i]:offsets[i + 1]], generated as
+    conversation sources[i] of its seed (the generator's index: too long ones are left out)."""
 
     tokens: np.ndarray  # int32
     trainable: np.ndarray  # bool
     offsets: np.ndarray  # int64, len = count + 1
+    sources: np.ndarray | None = None  # int64, len = count (default: 0, 1, 2, …)
+
+    def __post_init__(self) -> None:
+        if self.sources is None:
+            self.sources = np.arange(len(self.offsets) - 1, dtype=np.int64)
+
+    def first(self, count: int) -> TokenizedCorpus:
+        """The conversations generated as 0..count-1: the corpus build_corpus(count=count) gives."""
+        kept = int(np.searchsorted(self.sources, count))
+        end = self.offsets[kept]
+        return TokenizedCorpus(self.tokens[:end], self.trainable[:end], self.offsets[: kept + 1],
+                               self.sources[:kept])
 
     @property
     def lengths(self) -> np.ndarray:
@@ -108,12 +121,14 @@ def build_corpus(tokenizer_file: Path, template: str, *, seed: int, count: int, 
     else:
         _init_worker(str(tokenizer_file), template, seed, held_out)
         parts = [item for bounds in ranges for item in _encode_range(bounds)]
-    kept = [(ids, flags) for ids, flags in parts if len(ids) <= max_tokens]
-    if len(kept) < len(parts):
-        logger.info("left out %d conversations longer than %d tokens", len(parts) - len(kept), max_tokens)
+    sources = [i for i, (ids, _) in enumerate(parts) if len(ids) <= max_tokens]
+    if len(sources) < len(parts):
+        logger.info("left out %d conversations longer than %d tokens", len(parts) - len(sources), max_tokens)
+    kept = [parts[i] for i in sources]
     offsets = np.zeros(len(kept) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(ids) for ids, _ in kept])
-    return TokenizedCorpus(np.concatenate([ids for ids, _ in kept]), np.concatenate([f for _, f in kept]), offsets)
+    return TokenizedCorpus(np.concatenate([ids for ids, _ in kept]), np.concatenate([f for _, f in kept]), offsets,
+                           np.asarray(sources, dtype=np.int64))
 
 
 def length_batches(lengths: np.ndarray, batch_tokens: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -150,11 +150,6 @@ class LossPoint:
     elapsed_s: float
 
 
-# steps timed to turn a time budget into a step count: late enough that the allocator has seen the batch
-# shapes (earlier steps ran twice as slow on an H200), before the warm-up ends
-CALIBRATION_STEPS = (50, 95)
-
-
 def run_training(
     name: str,
     model: torch.nn.Module,
@@ -162,39 +157,19 @@ def run_training(
     loss_fn: Callable[[object], torch.Tensor],
     recipe: Recipe,
     *,
-    steps: int | None,
-    time_budget_s: float,
-) -> tuple[list[LossPoint], int]:
-    """The optimizer loop shared by the target and the drafter; returns the loss curve and the step count.
-
-    steps=None fits the time budget: steps 50–95 are timed and the total is fixed at step 95 (before the
-    warm-up ends, so the schedule is a plain function of the step from then on) and logged, for a replay.
-    Raises ValueError when the warm-up is too short for that.
-    """
-    if steps is None and recipe.warmup_steps <= CALIBRATION_STEPS[1]:
-        raise ValueError(f"fitting a time budget needs warmup_steps > {CALIBRATION_STEPS[1]}; give a step count")
+    steps: int,
+) -> list[LossPoint]:
+    """The optimizer loop shared by the target and the drafter; returns the loss curve."""
     optimizer = optimizer_for(model, recipe)
-    total = steps if steps is not None else max(CALIBRATION_STEPS[1] + 1, recipe.warmup_steps + 1)
     device = next(model.parameters()).device
     curve: list[LossPoint] = []
     running = torch.zeros((), device=device)
     since_log = 0
     start = time.perf_counter()
-    calibration_start = start
     step = 0
     model.train()
-    while step < total:
-        if steps is None and step == CALIBRATION_STEPS[0]:
-            _sync(device)
-            calibration_start = time.perf_counter()
-        if steps is None and step == CALIBRATION_STEPS[1]:
-            _sync(device)
-            now = time.perf_counter()
-            per_step = (now - calibration_start) / (CALIBRATION_STEPS[1] - CALIBRATION_STEPS[0])
-            total = max(step + 1, step + int((time_budget_s - (now - start)) / per_step))
-            logger.info("%s: %.1f ms per step; training %d steps to fit %.0f s (replay with this step count)",
-                        name, per_step * 1000, total, time_budget_s)
-        lr = learning_rate(step, total, recipe)
+    while step < steps:
+        lr = learning_rate(step, steps, recipe)
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss = loss_fn(next(batches))
@@ -205,18 +180,13 @@ def run_training(
         running += loss.detach()
         since_log += 1
         step += 1
-        if step % recipe.log_every == 0 or step == total:
+        if step % recipe.log_every == 0 or step == steps:
             # the mean over the steps since the last line, read once (a .item() per step would sync)
             point = LossPoint(step, running.item() / since_log, lr, time.perf_counter() - start)
             running.zero_()
             since_log = 0
             curve.append(point)
-            logger.info("%s step %5d/%d  loss %.4f  lr %.2e  %.0f s", name, step, total, point.loss, lr,
+            logger.info("%s step %5d/%d  loss %.4f  lr %.2e  %.0f s", name, step, steps, point.loss, lr,
                         point.elapsed_s)
     model.eval()
-    return curve, total
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return curve
