@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=500)
     parser.add_argument("--seed", type=int, default=EVAL_SEED)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="default bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--show-failures", type=int, default=5)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
@@ -231,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     from glimmer.engine.llm import LLM
 
     model = args.model or str(default_model_dir())
-    llm = LLM(model, device=args.device)
+    llm = LLM(model, device=args.device, dtype=args.dtype, progress=False)
+    started = time.perf_counter()
     report = evaluate(llm, held_out_conversations(args.prompts, args.seed))
-    print(f"{model}: {args.prompts} held-out conversations (seed {args.seed}, unseen tool names), greedy")
+    print(f"{model}: {args.prompts} held-out conversations (seed {args.seed}, unseen tool names), greedy, "
+          f"{llm.engine.device} {llm.engine.dtype}, {time.perf_counter() - started:.0f} s")
     for line in report.lines():
         print(line)
     for failure in report.failures[: args.show_failures]:
