@@ -22,6 +22,8 @@ from glimmer.engine.llm import LLM
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.train_nano.evaluate import held_out_conversations, prompt_text
 
+KV_CACHE_BYTES = 1 << 30
+
 
 def timed(llm: LLM, prompts: list[str], params: SamplingParams, one_at_a_time: bool) -> tuple[list[list[int]], float]:
     start = time.perf_counter()
@@ -41,10 +43,12 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    baseline = LLM(str(default_model_dir()), device=args.device, progress=False)
+    # two engines in one process: each gets a KV cache of its own size, not a share of free device memory
+    memory = {"kv_cache_memory": KV_CACHE_BYTES}
+    baseline = LLM(str(default_model_dir()), device=args.device, progress=False, **memory)
     conversations = held_out_conversations(args.prompts)
     prompts = [prompt_text(baseline, c, c.messages[: c.last_user_index + 1]) for c in conversations]
-    speculative = LLM(str(default_model_dir()), device=args.device, progress=False, speculative_config={
+    speculative = LLM(str(default_model_dir()), device=args.device, progress=False, **memory, speculative_config={
         "method": "dflash", "model": str(default_drafter_dir()), "num_speculative_tokens": 15,
         "draft_policy": "always"})
     print(f"glimmer-nano on {args.device}, greedy, up to {args.max_tokens} new tokens; drafter proposes 15 per step")
