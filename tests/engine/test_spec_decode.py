@@ -15,6 +15,7 @@ import itertools
 import pytest
 import torch
 from oracle import reference_drafter, reference_model
+from spec_support import record_drafts
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.grammar import GrammarController, GrammarMasks
@@ -96,20 +97,6 @@ def _generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
     return [tokens[f"g{i}"] for i in range(len(prompts))]
 
 
-def _record_drafts(engine: LLMEngine) -> list[list[int]]:
-    recorded: list[list[int]] = []
-    proposer = engine.speculator.proposer
-    inner = proposer.propose
-
-    def propose(context, requests):
-        drafts = inner(context, requests)
-        recorded.extend(d.token_ids for d in drafts)
-        return drafts
-
-    proposer.propose = propose
-    return recorded
-
-
 # --- against transformers ------------------------------------------------------------------------------
 
 
@@ -140,7 +127,7 @@ def test_drafts_and_tokens_match_transformers_dflash_generate_at_batch_1(make_ti
     finally:
         DFlashTokenCandidateGenerator.get_candidates = original
     llm = LLM(str(checkpoint), progress=False, speculative_config=speculative(drafter_dir))
-    ours = _record_drafts(llm.engine)
+    ours = record_drafts(llm.engine)
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=22, ignore_eos=True))[0]
     assert output.token_ids == out[0, len(prompt) :].tolist()
     # near max_tokens we propose only what can still be emitted; transformers always drafts a full block
@@ -218,7 +205,7 @@ def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_ste
                                           engine.kv.pools[DRAFT].num_blocks, 8, engine.device, eager_replay=True)
         steps = itertools.count()  # speculation on and off: the off steps only cache the drafter's context
         engine.speculator.policy.choose = lambda batch, steps=steps: K if next(steps) % 3 else 0
-        drafts = _record_drafts(engine)
+        drafts = record_drafts(engine)
         tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:2])], 3: [("r2", prompts[2])]})
         recorded.append((drafts, tokens))
     assert recorded[0] == recorded[1]
@@ -248,7 +235,7 @@ def test_a_prefix_cache_hit_restores_the_drafter_context(target, drafter):
     for caching in (True, False):
         llm = LLM(str(target), progress=False, enable_prefix_caching=caching, speculative_config=speculative(drafter))
         first = llm.generate([shared + [7, 8]], GREEDY)[0]
-        recorded = _record_drafts(llm.engine)
+        recorded = record_drafts(llm.engine)
         second = llm.generate([shared + [9]], GREEDY)[0]
         runs.append((first.token_ids, second.token_ids, second.num_cached_tokens, recorded))
     (first, second, cached, drafts), (first_plain, second_plain, _, drafts_plain) = runs

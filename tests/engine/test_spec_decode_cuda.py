@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 import torch
+from spec_support import record_drafts
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.proposers import ReplayProposer
@@ -40,33 +41,19 @@ def _speculative(drafter) -> dict:
     return {"method": "dflash", "model": str(drafter), "draft_policy": "always"}
 
 
-def _record_drafts(llm: LLM) -> list[list[int]]:
-    recorded: list[list[int]] = []
-    proposer = llm.engine.speculator.proposer
-    inner = proposer.propose
-
-    def propose(context, requests):
-        drafts = inner(context, requests)
-        recorded.extend(d.token_ids for d in drafts)
-        return drafts
-
-    proposer.propose = propose
-    return recorded
-
-
 def test_speculation_from_cuda_graphs_equals_greedy_on_the_cpu(models):
     target, drafter = models
     prompts = _prompts(8)
     cpu_options = dict(device="cpu", progress=False, kv_cache_memory=64 << 20)
     expected = [o.token_ids for o in LLM(str(target), **cpu_options).generate(prompts, GREEDY)]
     cpu_spec = LLM(str(target), speculative_config=_speculative(drafter), **cpu_options)
-    cpu_drafts = _record_drafts(cpu_spec)
+    cpu_drafts = record_drafts(cpu_spec.engine)
     assert [o.token_ids for o in cpu_spec.generate(prompts, GREEDY)] == expected
 
     gpu = LLM(str(target), device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20,
               speculative_config=_speculative(drafter))
     assert gpu.engine.runner.graphs is not None and gpu.engine.speculator.proposer.graphs is not None
-    gpu_drafts = _record_drafts(gpu)
+    gpu_drafts = record_drafts(gpu.engine)
     assert [o.token_ids for o in gpu.generate(prompts, GREEDY)] == expected
     assert gpu_drafts == cpu_drafts  # the drafter, replayed from its graphs, proposes what it does on the CPU
 

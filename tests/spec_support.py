@@ -1,0 +1,20 @@
+"""Helpers shared by the speculative-decoding tests (CPU and CUDA)."""
+
+from __future__ import annotations
+
+from glimmer.engine.llm_engine import LLMEngine
+
+
+def record_drafts(engine: LLMEngine) -> list[list[int]]:
+    """Wrap the engine's proposer so that every draft it proposes from now on is appended to the returned list."""
+    recorded: list[list[int]] = []
+    proposer = engine.speculator.proposer
+    inner = proposer.propose
+
+    def propose(context, requests):
+        drafts = inner(context, requests)
+        recorded.extend(d.token_ids for d in drafts)
+        return drafts
+
+    proposer.propose = propose
+    return recorded
