@@ -205,19 +205,23 @@ def _arguments_phrase(arguments: list[Argument], tool: DeclaredTool, *, detailed
 
 def _call_reasoning(strength: str, tool: DeclaredTool, description: str, intents: list[str],
                     argument_sets: list[list[Argument]], all_names: list[str], rng: random.Random) -> str:
+    """The reasoning before a call. At every strength it restates the chosen tool's declared description
+    before its name: the description is found by what the user asks, and the name is then copied from the
+    declaration that carries that description (a name is not guessed from the request)."""
     intent = " and ".join(intents)
-    twice = len(argument_sets) > 1
+    twice = " twice" if len(argument_sets) > 1 else ""
+    what = description.rstrip(".")
     if strength == "low":
-        return f"Call {tool.name}{' twice' if twice else ''} for {intent}."
+        return f"{what}: {tool.name}. Call it{twice} for {intent}."
     if strength == "medium":
-        return rng.choice((f"The user wants {intent}. {tool.name} does that, so I call it{' twice' if twice else ''}.",
-                           f"The user asks for {intent}; {tool.name} can do it."))
+        return rng.choice((f"The user wants {intent}. {what}: that is {tool.name}, so I call it{twice}.",
+                           f"The user asks for {intent}. The tool for that ({what}) is {tool.name}."))
     detailed = strength == "xhigh"
     argument_text = " Then ".join(_arguments_phrase(a, tool, detailed=detailed) + "." for a in argument_sets)
     text = f"The user wants {intent}. "
     if detailed:
         text += f"Declared tools: {', '.join(all_names)}. "
-    text += f"The tool {tool.name} fits: {description} Arguments: {argument_text}"
+    text += f"The tool that fits: {what}. That is {tool.name}. Arguments: {argument_text}"
     if detailed:
         text += " When the result comes back I will answer with its values."
     return text

@@ -1,8 +1,10 @@
 """Tool names for the synthetic corpus, split once and for all into training names and held-out names.
 
 A name is drawn in one of several styles — a bare function (`get_weather`), a namespaced one
-(`weather.current`), a domain function under an invented namespace (`drelvan.get_weather`), or wholly
-invented (`quoxi.skel`) — so the model learns to read the declared tools instead of recalling names.
+(`weather.current`), a domain function under an invented namespace (`drelvan.get_weather`), a domain
+word with an invented one (`weather_skel`, `get_skel`), or wholly invented (`quoxiskel`, `quoxi.skel`) —
+most of them carrying an invented word, so the model learns to read the declared tools instead of
+recalling names.
 Whether a name is held out is a fixed function of the name itself (`is_held_out`): training never declares a
 held-out name and the evaluation declares only held-out names, so every evaluated name is unseen.
 """
@@ -27,15 +29,21 @@ def is_held_out(name: str) -> bool:
 
 
 def _draw_name(domain: Domain, rng: random.Random) -> str:
+    # Most names carry an invented word, so the model must copy the declared name: with many plain domain
+    # names (`get_weather`) it learns to recall names from the request instead.
     style = rng.random()
-    if style < 0.25:
+    if style < 0.12:
         return rng.choice(domain.stems)
-    if style < 0.5:
+    if style < 0.22:
         return f"{rng.choice(domain.namespaces)}.{rng.choice(domain.verbs)}"
-    if style < 0.75:
+    if style < 0.44:
         return f"{made_up_word(rng, (1, 2))}.{rng.choice(domain.stems)}"
-    if style < 0.87:
+    if style < 0.58:
         return f"{rng.choice(domain.namespaces)}_{made_up_word(rng, (1, 2))}"
+    if style < 0.68:
+        return f"{rng.choice(domain.verbs)}_{made_up_word(rng, (1, 2))}"
+    if style < 0.78:
+        return made_up_word(rng, (2, 3))
     return f"{made_up_word(rng, (1, 2))}.{made_up_word(rng, (1, 2))}"
 
 

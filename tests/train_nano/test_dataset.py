@@ -15,8 +15,8 @@ def test_the_first_conversations_of_a_corpus_are_the_corpus_of_that_count(tmp_pa
     write_tiny_tokenizer(tmp_path, render_texts(TEMPLATE, seed=3, count=12, workers=1), 600)
     tokenizer_file = tmp_path / "tokenizer.json"
     lengths = build_corpus(tokenizer_file, TEMPLATE, seed=3, count=30, max_tokens=10**6, workers=1).lengths
-    # a cap that leaves some conversations out, so generator indices and corpus indices differ
-    cap = int(np.sort(lengths)[-6])
+    # a cap that leaves some conversations out (so generator indices and corpus indices differ) and keeps the last
+    cap = int(max(np.sort(lengths)[-6], lengths[-1]))
     large = build_corpus(tokenizer_file, TEMPLATE, seed=3, count=30, max_tokens=cap, workers=1)
     assert len(large) < 30 and large.sources[-1] == 29
     for count in (7, 20, 30):
