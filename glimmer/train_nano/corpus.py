@@ -32,6 +32,15 @@ STRENGTHS = ("low", "medium", "high", "xhigh")
 RELATED = {frozenset(pair) for pair in (("weather", "forecast"), ("email", "group_message"),
                                         ("flights", "directions"), ("lights", "thermostat"))}
 
+# Most declarations add a detail of their own to the domain's description, so the reasoning's restatement of
+# the chosen tool's description is copied from the declaration (not recalled from the request), which is
+# also what tells a declared tool from an undeclared one.
+DESCRIPTION_DETAILS = (
+    "Provided by {word}.", "Uses the {word} service.", "Part of the {word} toolkit.", "Maintained by the {word} team.",
+    "Backed by {word}.", "From the {word} plugin.", "Version {number}.", "Rate limit: {number} calls a minute.",
+    "Runs on {word} servers.", "Added in release {number}.",
+)
+
 SYSTEM_PROMPTS = (
     "You are a helpful assistant.", "You are a concise assistant. Keep answers short.",
     "You help users with everyday tasks using the tools you are given.", "Be friendly and precise.",
@@ -257,7 +266,7 @@ class _Builder:
 
     def declare_tools(self) -> None:
         rng = self.rng
-        count = rng.choices((0, 1, 2, 3, 4, 5), weights=(12, 22, 24, 20, 13, 9))[0]
+        count = rng.choices((0, 1, 2, 3, 4, 5), weights=(10, 16, 20, 21, 18, 15))[0]
         taken: set[str] = set()
         for domain in rng.sample(DOMAINS, count):
             name = draw_tool_name(domain, rng, held_out=self.held_out, taken=taken)
@@ -268,7 +277,12 @@ class _Builder:
                 keys[slot.id] = rng.choice([k for k in slot.keys if k not in keys.values()])
             tool = DeclaredTool(domain, name, keys, slots)
             self.tools.append(tool)
-            self.descriptions[name] = rng.choice(domain.descriptions)
+            description = rng.choice(domain.descriptions)
+            if rng.random() < 0.6:
+                detail = rng.choice(DESCRIPTION_DETAILS).format(word=made_up_word(rng, (1, 2)).capitalize(),
+                                                                number=rng.randint(2, 99))
+                description = f"{description} {detail}"
+            self.descriptions[name] = description
 
     def openai_tools(self) -> list[dict[str, Any]] | None:
         return [t.as_openai_tool(self.descriptions[t.name]) for t in self.tools] or None

@@ -35,8 +35,8 @@ class Recipe:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     # optimizer steps (on one H200: about 0.16 s a target step, 0.18 s a drafter step)
-    target_steps: int = 1200
-    drafter_steps: int = 617
+    target_steps: int = 1500
+    drafter_steps: int = 500
     # the drafter trains on the first conversations of the corpus (it sees fewer tokens than one epoch of them)
     drafter_conversations: int = 64_000
     drafter_anchors_per_conversation: int = 16
