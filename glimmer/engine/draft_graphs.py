@@ -93,8 +93,9 @@ class DraftGraphs:
             and (not layout.anchor_ids or bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) is not None)
         )
 
-    def run(self, layout: DraftLayout, hidden: list[torch.Tensor]) -> torch.Tensor:
-        """The blocks' final hidden states (B, T, H), B = 0 when none drafts; the caller checked `can_run`."""
+    def run(self, layout: DraftLayout, states: torch.Tensor) -> torch.Tensor:
+        """The blocks' final hidden states (B, T, H), B = 0 when none drafts; the caller checked `can_run`.
+        states: the context rows' concatenated target hidden states, indexed by layout.context_rows."""
         drafting = len(layout.anchor_ids)
         batch = bucket(len(layout.context_rows), self.batch_buckets)
         width = bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) if drafting else 0
@@ -103,13 +104,13 @@ class DraftGraphs:
         key = (batch, width, per_seq)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(batch, width, per_seq, sum(h.shape[1] for h in hidden), hidden[0].dtype)
+            graph = self._capture(batch, width, per_seq, states.shape[1], states.dtype)
             self._graphs[key] = graph
-        self._fill(graph, layout, hidden, per_seq)
+        self._fill(graph, layout, states, per_seq)
         graph.replay()
         return graph.out[:drafting]
 
-    def _fill(self, graph: _Graph, layout: DraftLayout, hidden: list[torch.Tensor], per_seq: int) -> None:
+    def _fill(self, graph: _Graph, layout: DraftLayout, states: torch.Tensor, per_seq: int) -> None:
         t, cbs = self.block, self.cache_block_size
         padding = graph.lens.shape[0] - len(layout.context_rows)
         null_slots = [self.null_block * cbs + j % cbs for j in range(per_seq)]
@@ -123,8 +124,8 @@ class DraftGraphs:
         rows += [0] * (per_seq * padding)
         positions += [0] * (per_seq * padding)
         slots += null_slots * padding
-        index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-        graph.states.copy_(torch.cat([h[index] for h in hidden], dim=-1))
+        index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
+        torch.index_select(states, 0, index, out=graph.states)
         graph.context_positions.copy_(torch.tensor(positions), non_blocking=True)
         graph.context_slots.copy_(torch.tensor(slots), non_blocking=True)
         if not graph.tables.shape[1]:

@@ -144,15 +144,17 @@ class KVCacheManager:
             media = seq.multimodal_hashes_in(i * bs, (i + 1) * bs)
             seq.block_hashes.append(block_key(parent, self._block_tokens(seq, i), media))
 
-    def register_computed_blocks(self, seq: Sequence) -> None:
-        """Make the newly computed full blocks of `seq` findable by their content keys."""
+    def register_computed_blocks(self, seq: Sequence, num_complete_tokens: int | None = None) -> None:
+        """Make the newly computed full blocks of `seq` findable by their content keys: those within its first
+        `num_complete_tokens` positions (default: every computed one), whose keys/values every group holds."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        computed = seq.num_computed_tokens if num_complete_tokens is None else num_complete_tokens
+        num_full = computed // self.block_size
         if num_full <= seq.num_registered_blocks:
             return  # a decode step that completed no block: nothing new to register (once per token)
         self.update_block_hashes(seq)
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        num_full = min(num_full, len(seq.block_hashes))
         for i in range(seq.num_registered_blocks, num_full):
             tokens = self._block_tokens(seq, i)
             for group, pool in self.pools.items():

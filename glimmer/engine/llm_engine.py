@@ -259,7 +259,10 @@ class LLMEngine:
         if self.drafter is None:
             return 0
         seqs, k = self.scheduler_config.max_num_seqs, self.num_speculative_tokens
-        return 4 * self.model_config.text.vocab_size * seqs * (3 * (k + 1) + k)
+        config, element = self.drafter.config, torch.empty((), dtype=self.dtype).element_size()
+        # steps without proposals keep up to a block of target hidden states per sequence (draft_context.py)
+        pending = seqs * config.block_size * len(config.target_layer_ids) * config.hidden_size * element
+        return 4 * self.model_config.text.vocab_size * seqs * (3 * (k + 1) + k) + pending
 
     def _plan_kv_cache(self) -> KVCacheLayout:
         text = self.model_config.text
@@ -500,7 +503,7 @@ class LLMEngine:
         for seq in seqs:
             if seq.is_finished or (index is not None and seq.index != index):
                 continue
-            self.scheduler.finish(seq)
+            self._finish(seq)
             done = self._completions.pop(id(seq))
             deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
                                     num_prompt_tokens=done.num_prompt_tokens))
@@ -549,9 +552,10 @@ class LLMEngine:
                         if step.seqs[i] not in outcome.finished and step.seqs[i].request_id not in outcome.failures]
             running = len(self.scheduler.running) - len(outcome.finished)
             self.speculator.after_step(step, output, committed, decoding, running, started)
-        # after the drafter has cached its context: a registered block is complete in every group
+        # a registered block is complete in every group: the drafter's context too (it can lag, draft_context.py)
         for seq in step.seqs:
-            self.kv.register_computed_blocks(seq)
+            complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
+            self.kv.register_computed_blocks(seq, complete)
         for seq in outcome.finished:
             self._retire(seq)
         if outcome.failures:
@@ -607,7 +611,8 @@ class LLMEngine:
             output, bitmask = self._without_rows_of(step, output, bitmask, dropped)
         if not output.sampling:
             return committed
-        if self.speculator is None:
+        if self.speculator is None or not any(step.spec_tokens(i) for i in output.sampling):
+            # nothing to verify: ordinary sampling (the same draws as verifying no proposal)
             result = sample(output.logits, [self._sampling_row(step.seqs[i]) for i in output.sampling], bitmask)
             for i, token, logprobs in zip(output.sampling, result.token_ids, result.logprobs, strict=True):
                 self._emit_tokens(step.seqs[i], [token], [logprobs], outcome)
@@ -710,9 +715,14 @@ class LLMEngine:
 
     def _retire(self, seq: Sequence) -> None:
         """Free a finished sequence's blocks and forget it (its request too, once every completion is done)."""
-        self.scheduler.finish(seq)
+        self._finish(seq)
         self._completions.pop(id(seq))
         self._forget_if_done(seq.request_id)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.speculator is not None:
+            self.speculator.proposer.release(seq)
 
     # introspection ----------------------------------------------------------------------------------
 

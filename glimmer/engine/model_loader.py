@@ -86,7 +86,8 @@ def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
     return LoadedModel(model=model, config=config, weight_layout="dummy")
 
 
-def _prepare_for_device(model: MuseGlimmerForConditionalGeneration, device: torch.device | str) -> None:
+def _prepare_for_device(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str
+                        ) -> None:
     """On CUDA, projections that share an input become one GEMM and norms fuse (the CPU keeps the plain math)."""
     if torch.device(device).type == "cuda":
         model.fuse_for_inference()
@@ -131,6 +132,7 @@ def load_drafter(
         model = model.to_empty(device=device)
         fill_parameters(model, plan, checkpoint.files, progress=progress)
     model.eval().requires_grad_(False)
+    _prepare_for_device(model, device)
     logger.info("loaded DFlash drafter %s (%s weights; %d layers, block %d, target layers %s) on %s as %s",
                 checkpoint.location, "dummy" if checkpoint.files is None else checkpoint.weight_layout,
                 config.num_hidden_layers, config.block_size, list(config.target_layer_ids), device, dtype)

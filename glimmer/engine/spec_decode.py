@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from glimmer.engine.draft_context import CommittedContext
 from glimmer.engine.draft_policy import DraftPolicy
 from glimmer.engine.model_runner import StepLogits
-from glimmer.engine.proposers import CommittedContext, Proposer
+from glimmer.engine.proposers import Proposer
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import Sequence
 from glimmer.errors import ConfigError
@@ -125,6 +126,12 @@ class SpeculativeDecoder:
         self.stats = SpecDecodeStats(max_draft_tokens)
         self._step_drafts = 0  # tokens proposed per sequence for the step being run
 
+    def context_complete_through(self, seq: Sequence) -> int:
+        """How many leading positions of `seq` have their keys/values in every group, the drafter's included
+        (a step without proposals leaves the drafter's for later: draft_context.py)."""
+        pending = self.proposer.first_pending(seq)
+        return seq.num_computed_tokens if pending is None else pending
+
     def record_verification(self, num_proposed: int, num_accepted: int) -> None:
         if num_proposed:
             self.stats.record(num_proposed, num_accepted)
@@ -155,7 +162,7 @@ class SpeculativeDecoder:
             row += n
         k = self.policy.choose(num_running) if decoding else 0
         requests = []
-        for seq in decoding:
+        for seq in decoding if k else ():
             room = seq.max_total_tokens - seq.num_tokens - 1  # a step emits at most k + 1 tokens
             fitted = self.policy.fit(min(k, room))
             if fitted:

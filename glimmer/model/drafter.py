@@ -96,15 +96,17 @@ class DrafterAttention(nn.Module):
         k, v = self.keys_values(rows, rotary)  # the block's own rows, after input_layernorm
         keys = torch.cat([context_keys, k.view(b, t, self.num_kv_heads, self.head_dim)], dim=1)
         values = torch.cat([context_values, v.view(b, t, self.num_kv_heads, self.head_dim)], dim=1)
-        out = F.scaled_dot_product_attention(
-            q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=mask,
-            scale=self.head_dim**-0.5,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        # grouped-query attention as one attention per key/value head over group × T query rows: query head h
+        # reads key head h // group, like SDPA's enable_gqa, without expanding the keys (and on CUDA it takes a
+        # fused kernel, where enable_gqa with a mask falls back to the unfused math)
+        group, kv_heads, d = self.num_heads // self.num_kv_heads, self.num_kv_heads, self.head_dim
+        queries = q.view(b, t, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * t, d)
+        s = mask.shape[-1]
+        rows_mask = mask[:, :, None].expand(b, 1, group, t, s).reshape(b, 1, group * t, s)
+        out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=rows_mask, scale=d**-0.5)
+        out = out.view(b, kv_heads, group, t, d).permute(0, 3, 1, 2, 4)
+        return self.o_proj(out.reshape(b, t, self.num_heads * d))
 
 
 class DrafterDecoderLayer(nn.Module):
@@ -161,6 +163,11 @@ class DFlashDrafter(nn.Module):
         self.norm = DrafterRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.encoder = ContextProjection(config)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
+
+    def fuse_for_inference(self) -> None:
+        """gate_proj and up_proj of every layer as one GEMM (the device path; the CPU keeps the two products)."""
+        for layer in self.layers:
+            layer.mlp.fuse_projections()
 
     def _masks(self, make: Callable[[int | None], torch.Tensor]) -> dict[int | None, torch.Tensor]:
         """One mask per distinct window among the layers."""

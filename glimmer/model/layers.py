@@ -154,6 +154,7 @@ class GatedMLP(nn.Module):
         self.gate_up_weight, _ = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_weight is not None:
-            return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
+        if self.gate_up_weight is not None:  # rows of any leading shape, as one matrix for the fused kernel
+            rows = x.reshape(-1, x.shape[-1])
+            return self.down_proj(silu_mul(F.linear(rows, self.gate_up_weight))).view(*x.shape[:-1], -1)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

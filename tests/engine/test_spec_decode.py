@@ -203,8 +203,10 @@ def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_ste
         if graphs:
             proposer.graphs = DraftGraphs(proposer.drafter, engine.loaded.model.embed_tokens.raw, proposer.kv_caches,
                                           engine.kv.pools[DRAFT].num_blocks, 8, engine.device, eager_replay=True)
-        steps = itertools.count()  # speculation on and off: the off steps only cache the drafter's context
-        engine.speculator.policy.choose = lambda batch, steps=steps: K if next(steps) % 3 else 0
+        # speculation on and off: the off steps leave the drafter's context pending, written when a step proposes
+        # again or (after 15 off steps) by a context-only forward
+        steps = itertools.count()
+        engine.speculator.policy.choose = lambda batch, steps=steps: K if next(steps) % 20 in (0, 1, 5) else 0
         drafts = record_drafts(engine)
         tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:2])], 3: [("r2", prompts[2])]})
         recorded.append((drafts, tokens))
@@ -517,3 +519,119 @@ def test_the_adaptive_policy_measures_acceptance_from_verifications(target, draf
     assert [tokens[f"r{i}"] for i in range(4)] == [known[tuple(p)] for p in prompts]
     assert engine.speculator.policy.acceptance[1] < 0.1
     assert engine.speculator.stats.num_drafts > 0 and engine.speculator.stats.num_accepted_tokens == 0
+
+
+# --- steps without proposals: the drafter's context caught up later (draft_context.py) -----------------------
+
+
+def _visible_draft_cache(engine: LLMEngine, seq) -> torch.Tensor:
+    """The drafter keys/values a block of `seq` reads now: every layer, at the positions of its visible blocks
+    before the anchor."""
+    proposer = engine.speculator.proposer
+    anchor = seq.num_tokens - 1
+    start = engine.kv.first_needed_block(DRAFT, anchor) * engine.kv.block_size
+    slots = engine.kv.blocks_for(seq, DRAFT, start, anchor)[2]
+    return torch.stack([cache.flatten(0, 1)[slots] for pair in proposer.kv_caches for cache in pair])
+
+
+def _run_lazy_and_eager(target, drafter, prompts, choose, **config):
+    """Drafts, tokens and the drafter cache each drafting step reads, with the context of steps without
+    proposals left pending (as the engine runs) and written at once (max_rows 0: never pending)."""
+    runs = []
+    for max_rows in (K, 0):
+        engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter),
+                                        **config))
+        spec = engine.speculator
+        spec.proposer.pending.max_rows = max_rows
+        steps = itertools.count()
+        spec.policy.choose = lambda batch, steps=steps: choose(next(steps))
+        drafts, caches = [], []
+        inner = spec.proposer.propose
+
+        def propose(context, requests, engine=engine, inner=inner, drafts=drafts, caches=caches):
+            out = inner(context, requests)
+            drafts.extend(d.token_ids for d in out)
+            caches.extend(_visible_draft_cache(engine, seq) for seq, _ in requests)
+            return out
+
+        spec.proposer.propose = propose
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:3])],
+                                 5: [(f"r{i}", p) for i, p in enumerate(prompts[3:], start=3)]}, params)
+        runs.append((drafts, tokens, caches, engine))
+    return runs
+
+
+def test_context_left_pending_by_steps_without_proposals_is_caught_up_exactly(target, drafter):
+    """Runs of steps without proposals shorter and longer than a block (the longer ones write their context in a
+    context-only forward): the same drafts, tokens and drafter cache as writing the context every step."""
+    prompts = _prompts(5, seed=31)
+    (drafts, tokens, caches, engine), (drafts_now, tokens_now, caches_now, _) = _run_lazy_and_eager(
+        target, drafter, prompts, lambda step: K if step % 11 in (3, 10) else 0)
+    assert drafts == drafts_now and tokens == tokens_now
+    assert len(caches) == len(caches_now) > 10
+    for cache, cache_now in zip(caches, caches_now, strict=True):
+        torch.testing.assert_close(cache, cache_now, rtol=1e-3, atol=1e-4)  # float32 rounding
+    assert engine.speculator.proposer.pending.num_pending == 0  # finished sequences leave nothing behind
+
+
+def test_pending_context_under_preemption_and_chunked_prefill_is_caught_up_exactly(target, drafter):
+    prompts = _prompts(6)
+    runs = _run_lazy_and_eager(target, drafter, prompts, lambda step: K if step % 9 == 8 else 0,
+                               kv_cache_memory=340_000, max_num_seqs=3, max_num_batched_tokens=32, max_model_len=160)
+    (drafts, tokens, caches, engine), (drafts_now, tokens_now, caches_now, _) = runs
+    assert engine.scheduler.num_preemptions > 0
+    assert drafts == drafts_now and tokens == tokens_now and len(drafts) > 5
+    for cache, cache_now in zip(caches, caches_now, strict=True):
+        torch.testing.assert_close(cache, cache_now, rtol=1e-3, atol=1e-4)  # float32 rounding
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
+def test_a_block_is_registered_in_the_prefix_cache_only_once_its_drafter_context_is_written(target, drafter):
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    spec = engine.speculator
+    spec.policy.choose = lambda batch: 0
+    engine.add_request("r", list(range(20, 50)), SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    seq = engine._seqs["r"][0]
+    while seq.num_computed_tokens < 34:  # decoding: positions 30 … 33 committed, their drafter context pending
+        engine.step()
+    assert spec.proposer.first_pending(seq) == 30
+    assert seq.num_registered_blocks == 1  # block 1 (positions 16 … 31) is complete in the target's groups only
+    spec.policy.choose = lambda batch: K
+    engine.step()  # proposes: the pending context is written first
+    assert spec.proposer.first_pending(seq) is None
+    engine.step()
+    assert seq.num_registered_blocks == 2
+
+
+def test_a_prefix_cache_hit_on_blocks_decoded_without_proposals_restores_the_drafter_context(target, drafter):
+    """The second prompt continues the first one's output, whose blocks were decoded mostly without proposals (the
+    last one completed by the final step, its drafter context never written): after a hit the drafter reads
+    the cache, and drafts, of a run without the prefix cache."""
+    prompt = list(range(20, 40))
+    params = SamplingParams(temperature=0, max_tokens=45, ignore_eos=True)  # 64 positions computed at the end
+    runs = []
+    for caching in (True, False):
+        llm = LLM(str(target), progress=False, enable_prefix_caching=caching, speculative_config=speculative(drafter))
+        engine = llm.engine
+        steps = itertools.count()
+        engine.speculator.policy.choose = lambda batch, steps=steps: K if next(steps) % 7 == 6 else 0
+        first = llm.generate([prompt], params)[0].token_ids
+        engine.speculator.policy.choose = lambda batch: K
+        recorded, caches = record_drafts(engine), []
+        inner = engine.speculator.proposer.propose
+
+        def propose(context, requests, engine=engine, inner=inner, caches=caches):
+            out = inner(context, requests)
+            caches.extend(_visible_draft_cache(engine, seq) for seq, _ in requests)
+            return out
+
+        engine.speculator.proposer.propose = propose
+        second = llm.generate([prompt + first + [7]], GREEDY)[0]
+        runs.append((first, second.token_ids, second.num_cached_tokens, recorded, caches))
+    (first, second, cached, drafts, caches), (first_plain, second_plain, _, drafts_plain, caches_plain) = runs
+    assert cached == 48  # blocks completed while decoding are found; the last one, never complete, is not
+    assert (first, second) == (first_plain, second_plain)
+    assert drafts == drafts_plain and drafts
+    for cache, cache_plain in zip(caches, caches_plain, strict=True):
+        torch.testing.assert_close(cache, cache_plain, rtol=1e-3, atol=1e-4)  # float32 rounding

@@ -131,3 +131,14 @@ def test_paged_forward_matches_dense_forward(drafter):
         for i, context in enumerate(contexts):
             expected = drafter(noise[i : i + 1], context[None])
             assert (got[i] - expected[0]).abs().max().item() < TOLERANCE
+
+
+def test_fused_projections_compute_what_the_plain_ones_do(target, tmp_path):
+    """The device path's one gate-and-up GEMM per layer (fuse_for_inference), here through its torch fallback."""
+    path = write_tiny_drafter(tmp_path / "d", target, seed=7, spec=SPEC)
+    plain, fused = (load_drafter(path, load_config(target), lambda: 0, progress=False).model for _ in range(2))
+    fused.fuse_for_inference()
+    context, noise = _inputs(3, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(noise, context), plain(noise, context), rtol=1e-5, atol=1e-5)
+    assert fused.state_dict().keys() == plain.state_dict().keys()
