@@ -11,6 +11,7 @@ mistake where a schedule puts it, for mean acceptance lengths (tokens per verifi
 (`calm_for_replay`: same shapes and kernels, so the same costs). The real drafter still runs every step
 (its proposals are discarded), so a step costs what it costs with the drafter. For each batch size it
 prints, against the baseline measured in the same run on the same engine (speculation detached):
+- "off": speculation attached but nothing ever proposed (what the steps where the policy turns it off cost);
 - "always": the maximum number of proposed tokens (15) every step;
 - "adaptive": the default policy, which proposes fewer or none where verification cannot pay (after
   warm-up runs with the same acceptance, so its measurements are in place);
@@ -25,7 +26,7 @@ import itertools
 import logging
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -127,19 +128,29 @@ def check_exactness(device: str, root: Path) -> None:
 
 
 class TimedProposer:
-    """Wraps the real drafter to time its step (with a device sync on each side)."""
+    """Wraps the real drafter to time its proposing steps (with a device sync on each side; steps without
+    proposals are counted, not timed, so that they run as they do without the bench)."""
 
     def __init__(self, engine: LLMEngine, inner):
         self.engine, self.inner = engine, inner
         self.max_draft_tokens = inner.max_draft_tokens
-        self.calls: list[tuple[int, float]] = []
+        self.calls: list[tuple[int, int, float]] = []  # (sequences proposed for, most tokens, seconds)
+
+    def first_pending(self, seq):
+        return self.inner.first_pending(seq)
+
+    def release(self, seq):
+        self.inner.release(seq)
 
     def propose(self, context, requests):
+        if not requests:
+            self.calls.append((0, 0, 0.0))
+            return self.inner.propose(context, requests)
         sync(self.engine)
         start = time.perf_counter()
         drafts = self.inner.propose(context, requests)
         sync(self.engine)
-        self.calls.append((len(requests), time.perf_counter() - start))
+        self.calls.append((len(requests), max(k for _, k in requests), time.perf_counter() - start))
         return drafts
 
 
@@ -187,11 +198,13 @@ def main() -> None:
             engine.speculator = speculator
             continuation = {tuple(p): known[i] for i, p in enumerate(prompts)}
             drafter_seconds: list[float] = []
-            for mode, levels in (("always", args.acceptance), ("adaptive", args.adaptive_acceptance)):
+            for mode, levels in (("off", [1.0]), ("always", args.acceptance), ("adaptive", args.adaptive_acceptance)):
                 for tau in levels:
                     speculator.proposer = ReplayProposer(lambda seq, known=continuation: known.get(
                         tuple(seq.prompt_token_ids)), forced_acceptance(tau - 1), vocab, k, inner=drafter)
                     speculator.policy = DraftPolicy(k, adaptive=mode == "adaptive")
+                    if mode == "off":  # speculation attached, nothing proposed: what a step without proposals costs
+                        speculator.policy.choose = lambda batch: 0
                     if mode == "adaptive":
                         # warm-up: the policy measures each of its choices (a few steady steps each) and their CUDA
                         # graphs are captured, as in a server that has run for a while
@@ -207,12 +220,14 @@ def main() -> None:
                     measured = (accepted + drafts) / drafts if drafts else float("nan")
                     same = sum(out[i] == known[i] for i in range(batch))
                     rate = tokens / seconds
-                    drafted = [n for n, _ in drafter.calls if n]
                     if mode == "always":
-                        drafter_seconds += [s for n, s in drafter.calls if n == batch]
+                        drafter_seconds += [s for n, _, s in drafter.calls if n == batch]
                     note = f"{same}/{batch} outputs = baseline"
                     if mode == "adaptive":
-                        note += f"; {len(drafted)}/{len(drafter.calls)} steps proposed"
+                        chosen = Counter(most for _, most, _ in drafter.calls)
+                        times = speculator.policy.step_times(batch)
+                        note += (f"; steps proposing k: {dict(sorted(chosen.items()))}; policy's step ms here: "
+                                 + ", ".join(f"k={k} {1000 * t:.1f}" for k, t in times.items()))
                     print(f"{batch:>5} {mode:>9} {tau:>6.2f} {measured:>8.2f} {rate:>9.1f} {rate / base:>7.2f}  "
                           f"{note}", flush=True)
             if drafter_seconds:
