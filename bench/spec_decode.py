@@ -210,8 +210,8 @@ def main() -> None:
                         # graphs are captured, as in a server that has run for a while
                         for _ in range(3):
                             run(engine, prompts, args.new_tokens)
-                    else:
-                        run(engine, prompts, 4)
+                    else:  # long enough for the drafter's context-only graph (after a block of pending steps)
+                        run(engine, prompts, 24)
                     before = (speculator.stats.num_drafts, speculator.stats.num_accepted_tokens)
                     drafter.calls.clear()
                     out, seconds, tokens = run(engine, prompts, args.new_tokens)
