@@ -1,13 +1,13 @@
 """Drafter steps of decoding batches replayed from CUDA graphs (cuda_graphs.py does the same for the target).
 
-In a decoding batch every sequence brings 1 … T new context rows (the positions its last step committed)
-and denoises one block of T = block_size rows. Padding each sequence's context to T rows gives the step a
-fixed shape per batch bucket and block-table width, so the drafter's few hundred kernels replay as one
-launch. Padding rows write into a null block of the drafter's cache that no sequence owns; padding
-sequences read nothing but it. A step that proposes nothing (speculation off) still caches the context:
-with one new position per sequence it is a small graph of its own. Other steps (a prompt's context,
-sequences that do not all decode) run eagerly. `eager_replay` runs the same static-buffer forward without
-capturing (tests without CUDA).
+In a decoding batch every sequence brings 1 … T new context rows (the positions its last step committed,
+with those that steps without proposals left pending) and denoises one block of T = block_size rows.
+Padding each sequence's context to T rows gives the step a fixed shape per batch bucket and block-table
+width, so the drafter's few hundred kernels replay as one launch. Padding rows write into a null block of
+the drafter's cache that no sequence owns; padding sequences read nothing but it. A step that only writes
+context (once a sequence holds a block's worth of pending positions: draft_context.py) is a graph of its
+own, without blocks. Other steps (a prompt's context, sequences that do not all decode) run eagerly.
+`eager_replay` runs the same static-buffer forward without capturing (tests without CUDA).
 """
 
 from __future__ import annotations
@@ -99,30 +99,28 @@ class DraftGraphs:
         drafting = len(layout.anchor_ids)
         batch = bucket(len(layout.context_rows), self.batch_buckets)
         width = bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) if drafting else 0
-        # context rows per sequence: a block's worth, or one when none drafts and each brings one position
-        per_seq = 1 if not drafting and all(len(rows) == 1 for rows in layout.context_rows) else self.block
-        key = (batch, width, per_seq)
+        key = (batch, width)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(batch, width, per_seq, states.shape[1], states.dtype)
+            graph = self._capture(batch, width, states.shape[1], states.dtype)
             self._graphs[key] = graph
-        self._fill(graph, layout, states, per_seq)
+        self._fill(graph, layout, states)
         graph.replay()
         return graph.out[:drafting]
 
-    def _fill(self, graph: _Graph, layout: DraftLayout, states: torch.Tensor, per_seq: int) -> None:
+    def _fill(self, graph: _Graph, layout: DraftLayout, states: torch.Tensor) -> None:
         t, cbs = self.block, self.cache_block_size
         padding = graph.lens.shape[0] - len(layout.context_rows)
-        null_slots = [self.null_block * cbs + j % cbs for j in range(per_seq)]
+        null_slots = [self.null_block * cbs + j % cbs for j in range(t)]
         rows, positions, slots = [], [], []
         for seq_rows, seq_positions, seq_slots in zip(layout.context_rows, layout.context_positions,
                                                       layout.context_slots, strict=True):
-            pad = per_seq - len(seq_rows)
+            pad = t - len(seq_rows)
             rows += seq_rows + [0] * pad
             positions += seq_positions + [0] * pad
             slots += seq_slots + null_slots[len(seq_rows):]
-        rows += [0] * (per_seq * padding)
-        positions += [0] * (per_seq * padding)
+        rows += [0] * (t * padding)
+        positions += [0] * (t * padding)
         slots += null_slots * padding
         index = torch.tensor(rows, dtype=torch.int64).to(self.device, non_blocking=True)
         torch.index_select(states, 0, index, out=graph.states)
@@ -142,15 +140,15 @@ class DraftGraphs:
         graph.lens.copy_(torch.tensor(layout.anchor_positions + [0] * padding), non_blocking=True)
 
     @torch.inference_mode()
-    def _capture(self, batch: int, width: int, per_seq: int, state_width: int, dtype: torch.dtype) -> _Graph:
-        """A graph for `batch` sequences of `per_seq` context rows each, and their blocks when width > 0."""
+    def _capture(self, batch: int, width: int, state_width: int, dtype: torch.dtype) -> _Graph:
+        """A graph for `batch` sequences of a block's worth of context rows each, and their blocks when width > 0."""
         t, device = self.block, self.device
         blocks = batch if width else 0
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
         graph = _Graph(
-            states=torch.zeros((batch * per_seq, state_width), dtype=dtype, device=device),
-            context_positions=zeros(batch * per_seq),
-            context_slots=torch.full((batch * per_seq,), self.null_block * self.cache_block_size,
+            states=torch.zeros((batch * t, state_width), dtype=dtype, device=device),
+            context_positions=zeros(batch * t),
+            context_slots=torch.full((batch * t,), self.null_block * self.cache_block_size,
                                      dtype=torch.int64, device=device),
             ids=zeros(blocks, t),
             block_positions=torch.arange(t, device=device).repeat(blocks, 1),
@@ -169,6 +167,5 @@ class DraftGraphs:
             graph.replay = forward
         else:
             graph.replay, _ = record(forward, device, self._pool)
-        logger.info("captured a drafter CUDA graph for batch %d, %d context rows each, block-table width %d", batch,
-                    per_seq, width)
+        logger.info("captured a drafter CUDA graph for batch %d, block-table width %d", batch, width)
         return graph

@@ -254,14 +254,16 @@ class LLMEngine:
         return config.num_hidden_layers * 2 * block_size * config.num_key_value_heads * config.head_dim * element
 
     def _speculation_reserve_bytes(self) -> int:
-        """Device memory verification needs besides the KV cache at most: float32 logits (raw, constrained and
-        as probabilities) for every verified position of a full batch, and the proposals' distributions."""
+        """Device memory speculation needs besides the KV cache at most: float32 logits (raw, constrained and
+        as probabilities) for every verified position of a full batch, the proposals' distributions, and the
+        target hidden states kept for the drafter's pending context."""
         if self.drafter is None:
             return 0
         seqs, k = self.scheduler_config.max_num_seqs, self.num_speculative_tokens
         config, element = self.drafter.config, torch.empty((), dtype=self.dtype).element_size()
-        # steps without proposals keep up to a block of target hidden states per sequence (draft_context.py)
-        pending = seqs * config.block_size * len(config.target_layer_ids) * config.hidden_size * element
+        # steps without proposals keep up to a block of target hidden states per sequence (draft_context.py), and
+        # a catch-up concatenates them once more
+        pending = 2 * seqs * config.block_size * len(config.target_layer_ids) * config.hidden_size * element
         return 4 * self.model_config.text.vocab_size * seqs * (3 * (k + 1) + k) + pending
 
     def _plan_kv_cache(self) -> KVCacheLayout:
