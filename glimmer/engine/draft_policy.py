@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 
-PROBE_INTERVAL = 32
-PROBE_OVERHEAD = 0.01
+PROBE_INTERVAL = 64
+PROBE_OVERHEAD = 0.005
 SPEEDUP_MARGIN = 0.05
 _EMA = 0.1
 _MIN_SAMPLES = 2  # measured steps before a choice is compared (its first step, a warm-up, is not counted)
