@@ -40,6 +40,12 @@ _EMA = 0.1
 _MIN_SAMPLES = 2  # measured steps before a choice is compared (its first step, a warm-up, is not counted)
 
 
+def _mean_then_ema(mean: float, samples: int, value: float) -> tuple[float, int]:
+    """(mean, samples) after one more sample: a plain mean of the first samples, then the moving average."""
+    weight = max(_EMA, 1 / (samples + 1))
+    return mean + weight * (value - mean), samples + 1
+
+
 def _bucket(batch: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(batch, 1))))
 
@@ -82,17 +88,16 @@ class DraftPolicy:
             return 0
         if not self.adaptive:
             return self.max_draft_tokens
-        bucket = _bucket(batch)
-        times = {k: t for k in self.choices if (t := self._time.get((bucket, k), (0.0, 0)))[1] >= _MIN_SAMPLES}
+        times = self.step_times(batch)
         if 0 not in times:
             return 0
         expected = self._expected()
-        rate = {k: expected[k] / times[k][0] for k in times}
+        rate = {k: expected[k] / times[k] for k in times}
         best = max(rate, key=rate.get)
-        floor = times[0][0]  # T(b, k) >= T(b, k') for k > k': proposing more never costs less
+        floor = times[0]  # T(b, k) >= T(b, k') for k > k': proposing more never costs less
         for k in self.choices[1:]:
             if k in times:
-                floor = times[k][0]
+                floor = times[k]
             elif k == self.choices[1] or expected[k] / floor > rate[best] * (1 + SPEEDUP_MARGIN):
                 return k  # not measured yet and could win (the smallest is measured anyway: it is the probe)
         if best and rate[best] > rate[0] * (1 + SPEEDUP_MARGIN):
@@ -100,24 +105,24 @@ class DraftPolicy:
             return best
         self._steps_off += 1
         probe = max((k for k in times if k), key=rate.get)
-        extra = times[probe][0] / times[0][0] - 1
+        extra = times[probe] / times[0] - 1
         if self._steps_off % max(PROBE_INTERVAL, math.ceil(extra / PROBE_OVERHEAD)) == 0:
             return probe
         return 0
 
     def step_times(self, batch: int) -> dict[int, float]:
-        """The measured step time (seconds) of each choice compared at `batch`'s bucket."""
+        """The measured step time (seconds) of each choice compared at `batch`'s bucket, in increasing k."""
         bucket = _bucket(batch)
-        return {k: t for (b, k), (t, n) in sorted(self._time.items()) if b == bucket and n >= _MIN_SAMPLES}
+        measured = {k: self._time.get((bucket, k), (0.0, 0)) for k in self.choices}
+        return {k: seconds for k, (seconds, samples) in measured.items() if samples >= _MIN_SAMPLES}
 
     def observe_verification(self, num_proposed: int, num_accepted: int) -> None:
         """One sequence's verification: tokens 1 … num_accepted accepted, the next (if proposed) rejected."""
         for j in range(1, min(num_accepted + 1, num_proposed) + 1):
             hit = 1.0 if j <= num_accepted else 0.0
-            samples = self._acceptance_samples[j]
-            self._acceptance_samples[j] = samples + 1
-            # a plain mean of the first verifications (the optimistic start counts for none), then the EMA
-            self.acceptance[j] += max(_EMA, 1 / (samples + 1)) * (hit - self.acceptance[j])
+            # the optimistic start counts for no sample
+            self.acceptance[j], self._acceptance_samples[j] = _mean_then_ema(
+                self.acceptance[j], self._acceptance_samples[j], hit)
 
     def observe_step(self, batch: int, k: int, seconds: float) -> None:
         """The wall time of a decode step of `batch` sequences that each verified k proposed tokens."""
@@ -125,6 +130,4 @@ class DraftPolicy:
         if key not in self._warmed_up:  # the first such step may capture graphs or grow the allocator
             self._warmed_up.add(key)
             return
-        mean, samples = self._time.get(key, (seconds, 0))
-        weight = max(_EMA, 1 / (samples + 1))  # a plain mean until the moving average takes over
-        self._time[key] = (mean + weight * (seconds - mean), samples + 1)
+        self._time[key] = _mean_then_ema(*self._time.get(key, (seconds, 0)), seconds)

@@ -95,18 +95,18 @@ class DFlashProposer:
     def propose(self, context: CommittedContext, requests: list[tuple[Sequence, int]]) -> list[Draft]:
         if not requests and self.pending.defer(context):
             return []
-        rows = self.pending.take(context)
-        if not requests and not rows.seqs:
+        written = self.pending.take(context)
+        if not requests and not written.seqs:
             return []
         seqs = [seq for seq, _ in requests]
-        layout = self._layout(rows, seqs)
+        layout = self._layout(written, seqs)
         # a graph serves steps where every sequence drafts (the same ones that bring context) or none does
-        aligned = not seqs or (len(rows.seqs) == len(seqs)
-                               and all(a is b for a, b in zip(rows.seqs, seqs, strict=True)))
+        aligned = not seqs or (len(written.seqs) == len(seqs)
+                               and all(a is b for a, b in zip(written.seqs, seqs, strict=True)))
         if self.graphs is not None and aligned and self.graphs.can_run(layout):
-            hidden = self.graphs.run(layout, rows.states)
+            hidden = self.graphs.run(layout, written.states)
         else:
-            hidden = self._forward(layout, rows.states)
+            hidden = self._forward(layout, written.states)
         if not requests:
             return []
         most = max(k for _, k in requests)
