@@ -479,6 +479,22 @@ def test_the_drafter_context_lives_in_its_own_pool_and_is_freed_with_the_request
     assert engine.kv.usage()[DRAFT][0] == 0
 
 
+def test_aborting_while_the_drafter_context_is_pending_frees_everything(target, drafter):
+    """Cancellation mid-decode, after steps without proposals: the kept hidden states and every block go."""
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    engine.speculator.policy.choose = lambda batch: 0  # speculation attached, nothing proposed
+    for name in ("a", "b"):
+        engine.add_request(name, list(range(3, 30)), SamplingParams(max_tokens=40, ignore_eos=True))
+    for _ in range(5):
+        engine.step()
+    pending = engine.speculator.proposer.pending
+    assert pending.num_pending > 0
+    engine.abort("a")
+    engine.abort("b")
+    assert pending.num_pending == 0 and not engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
