@@ -61,6 +61,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
+    # text of step N's tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
+    async_scheduling: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
     seed: int = 0
     chat_template: str | None = None  # operator override file (P-TMPL-1)
@@ -100,6 +102,17 @@ class StepError(GlimmerError):
         self.request_ids = request_ids
         self.whole_batch = whole_batch
         self.deltas = deltas or []
+
+
+@dataclass
+class _AcceptedToken:
+    """A sampled token already appended to its sequence, whose text is not made yet (`_release_text`)."""
+
+    seq: Sequence
+    token: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | None
 
 
 @dataclass
@@ -174,6 +187,8 @@ class LLMEngine:
         self._rng = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
+        self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
+        self._unreleased: list[_AcceptedToken] = []
         logger.info(
             "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
@@ -420,48 +435,60 @@ class LLMEngine:
 
     @property
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self._unreleased)
 
     # stepping ---------------------------------------------------------------------------------------
 
     def step(self) -> list[StepDelta]:
         """Run one scheduled batch.
 
+        Tokens are appended and their token-level stops (stop ids, max_tokens, grammar) decided as soon as they
+        are sampled; their text (detokenizing, stop strings, deltas) is made in the same call, or with
+        `async_scheduling` in the next one, while the device computes that step. A stop string found then
+        finishes its sequence, and the token the sequence got in the running step is dropped: the output is the
+        same either way.
+
         Raises StepError naming the requests at fault: those whose grammar masks, steering or bookkeeping failed
         (the others' deltas ride on the error), or every request of the batch if running the model or the
         sampler failed.
         """
         step = self.scheduler.schedule()
-        if step.is_empty:
-            return []
+        failures: dict[str, Exception] = {}
         try:
-            return self._run_step(step)
-        except StepError:
-            raise
+            deltas = self._run_step(step, failures) if not step.is_empty else self._release_text(failures)
         except Exception as exc:
             raise StepError(sorted({seq.request_id for seq in step.seqs}), exc, whole_batch=True) from exc
+        if failures:
+            cause = next(iter(failures.values()))
+            raise StepError(sorted(failures), cause, whole_batch=False,
+                            deltas=[d for d in deltas if d.request_id not in failures]) from cause
+        return deltas
 
-    def _run_step(self, step: ScheduledStep) -> list[StepDelta]:
+    def _run_step(self, step: ScheduledStep, failures: dict[str, Exception]) -> list[StepDelta]:
         masks = self._start_grammar_masks(step)
         logits, sampling, prompt_logprobs = self.runner.execute(step)
+        deltas = self._release_text(failures)  # the previous step's text, while the device runs this one
         for i, scored in prompt_logprobs.items():
             seq = step.seqs[i]
+            if seq.is_finished:
+                continue
             recorded = self._completions[id(seq)].prompt_logprobs
             start = seq.num_computed_tokens + 1  # the row at position p scores the token at p + 1
             recorded[start : start + len(scored)] = scored
         for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.kv.register_computed_blocks(seq)
-        failures: dict[str, Exception] = {}
+            if not seq.is_finished:
+                seq.num_computed_tokens += n
+                self.kv.register_computed_blocks(seq)
         try:
             bitmask = masks.result() if masks is not None else None
             grammar_failure = None
         except Exception as exc:  # the grammar engine failed: the constrained requests end, the others sample
             bitmask, grammar_failure = None, exc
-        deltas = []
         kept = []
         for row, i in enumerate(sampling):
             seq = step.seqs[i]
+            if seq.is_finished:
+                continue  # by a stop string in the previous step's text: this step's token is dropped
             if seq.max_total_tokens == len(seq.prompt_token_ids):
                 deltas.append(self._finish_unsampled(seq))  # max_tokens=0: computed (and scored), nothing sampled
             elif grammar_failure is not None and seq.controller is not None:
@@ -480,13 +507,11 @@ class LLMEngine:
             result = sample(logits, rows, bitmask)
             for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
                 try:
-                    deltas.append(self._append_token(seq, token, logprobs))
+                    self._accept_token(seq, token, logprobs)
                 except Exception as exc:  # one sequence's steering or bookkeeping failed: its request alone ends
                     failures.setdefault(seq.request_id, exc)
-        if failures:
-            cause = next(iter(failures.values()))
-            raise StepError(sorted(failures), cause, whole_batch=False,
-                            deltas=[d for d in deltas if d.request_id not in failures]) from cause
+        if not self.async_scheduling:
+            deltas += self._release_text(failures)
         return deltas
 
     def _start_grammar_masks(self, step: ScheduledStep) -> Future | None:
@@ -510,36 +535,64 @@ class LLMEngine:
         if all(s.is_finished for s in self._seqs.get(request_id, [])):
             self._seqs.pop(request_id, None)
 
-    def _append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepDelta:
-        done = self._completions[id(seq)]
+    def _accept_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> None:
+        """Append a sampled token and decide the stops that need no text; the text waits for `_release_text`."""
         seq.output_token_ids.append(token)
-        if logprobs is not None:
-            done.logprobs.append(logprobs)
-        text, stop_string = done.stops.feed(done.detokenizer.add(token))
         finish_reason: str | None = None
-        stop_reason: int | str | None = None
+        stop_reason: int | None = None
         controller_stop = seq.controller is not None and seq.controller.observe(token)
-        if stop_string is not None:
-            finish_reason, stop_reason = "stop", stop_string
-        elif token in seq.stop_token_ids:
+        if token in seq.stop_token_ids:
             finish_reason, stop_reason = "stop", token
         elif seq.num_tokens >= seq.max_total_tokens:
             finish_reason = "length"
         elif controller_stop:
             finish_reason = "stop"
         if finish_reason is not None:
+            self.scheduler.finish(seq)
+        self._unreleased.append(_AcceptedToken(seq, token, logprobs, finish_reason, stop_reason))
+
+    def _release_text(self, failures: dict[str, Exception]) -> list[StepDelta]:
+        """The deltas of the accepted tokens: their text, with stop strings (which may finish a sequence). A
+        sequence whose text fails is recorded in `failures`; the others go on."""
+        accepted, self._unreleased = self._unreleased, []
+        deltas = []
+        for item in accepted:
+            try:
+                delta = self._release_token_text(item)
+            except Exception as exc:
+                failures.setdefault(item.seq.request_id, exc)
+                if item.seq.is_finished:  # the abort that follows skips finished sequences
+                    self._completions.pop(id(item.seq), None)
+                continue
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    def _release_token_text(self, item: _AcceptedToken) -> StepDelta | None:
+        seq = item.seq
+        done = self._completions.get(id(seq))
+        if done is None:
+            return None  # aborted since it was sampled
+        if item.logprobs is not None:
+            done.logprobs.append(item.logprobs)
+        text, stop_string = done.stops.feed(done.detokenizer.add(item.token))
+        finish_reason, stop_reason = item.finish_reason, item.stop_reason
+        if stop_string is not None:
+            finish_reason, stop_reason = "stop", stop_string
+        if finish_reason is not None:
             if stop_string is None:
                 text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
-            self.scheduler.finish(seq)
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
             self._completions.pop(id(seq))
             self._forget_if_done(seq.request_id)
         done.text += text
         return StepDelta(
             request_id=seq.request_id,
             index=seq.index,
-            token_ids=[token],
+            token_ids=[item.token],
             text=text,
-            logprobs=[logprobs] if logprobs is not None else [],
+            logprobs=[item.logprobs] if item.logprobs is not None else [],
             finish_reason=finish_reason,
             stop_reason=stop_reason,
             num_prompt_tokens=done.num_prompt_tokens,
