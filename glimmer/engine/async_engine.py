@@ -119,9 +119,19 @@ class AsyncEngine:
             raise
         finished = False
         unfinished = params.n
+        held = None
         try:
             while True:
-                item = await listener.queue.get()
+                item = held if held is not None else await listener.queue.get()
+                held = None
+                # a caller slower than the engine finds several deltas waiting: those of one completion go as one
+                while isinstance(item, StepDelta) and item.finish_reason is None and not listener.queue.empty():
+                    following = listener.queue.get_nowait()
+                    if isinstance(following, StepDelta) and following.index == item.index:
+                        item = item.merged(following)
+                    else:
+                        held = following
+                        break
                 if isinstance(item, BaseException):
                     raise item
                 if item.finish_reason is not None:
@@ -260,20 +270,28 @@ class AsyncEngine:
             accepted.set_result(None)
         elif kind == "abort":
             index = args
-            deltas = self.engine.abort(request_id, index)
             if index is None:
                 self._listeners.pop(request_id, None)  # the caller stopped listening
-            else:
-                self._dispatch(deltas)
+            # the deltas of other requests whose text the abort released go out too
+            self._dispatch(self.engine.abort(request_id, index))
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
+        """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepDelta]]] = {}
         for delta in deltas:
             self.metrics.generation_tokens += len(delta.token_ids)
             listener = self._listeners.get(delta.request_id)
             if listener is None:
                 continue
-            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, delta)
+            by_loop.setdefault(listener.loop, []).append((listener.queue, delta))
             if delta.finish_reason is not None:
                 listener.remaining -= 1
                 if listener.remaining == 0:
                     self._listeners.pop(delta.request_id, None)
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, StepDelta]]) -> None:
+    for target, delta in items:
+        target.put_nowait(delta)

@@ -82,3 +82,28 @@ class StepDelta:
     num_cached_tokens: int = 0
     # on a completion's first delta, when prompt logprobs were asked for: one entry per prompt token, the first None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # where each token's released text ends in `text`; empty: all of it ends with the last token (one step's delta)
+    token_text_ends: list[int] = field(default_factory=list)
+
+    def text_ends(self) -> list[int]:
+        """Per token, the end of the text it released within `text` (earlier tokens of one step release none)."""
+        if self.token_text_ends:
+            return self.token_text_ends
+        return [0] * (len(self.token_ids) - 1) + [len(self.text)] if self.token_ids else []
+
+    def merged(self, later: StepDelta) -> StepDelta:
+        """This delta followed by the next one of the same completion, as one (a slow client's coalesced deltas)."""
+        offset = len(self.text)
+        return StepDelta(
+            request_id=self.request_id,
+            index=self.index,
+            token_ids=self.token_ids + later.token_ids,
+            text=self.text + later.text,
+            logprobs=self.logprobs + later.logprobs,
+            finish_reason=later.finish_reason,
+            stop_reason=later.stop_reason,
+            num_prompt_tokens=later.num_prompt_tokens,
+            num_cached_tokens=later.num_cached_tokens,
+            prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+            token_text_ends=self.text_ends() + [offset + end for end in later.text_ends()],
+        )

@@ -90,14 +90,14 @@ class ChoiceStream:
         return text
 
     def _count_tokens(self, delta: StepDelta) -> None:
-        # A delta's text belongs to its last token; tokens whose text is still held get an empty span there.
+        # A token's span is the text it released; tokens whose text is still held get an empty one.
         start = self._characters_fed
         self._characters_fed += len(delta.text)
-        count = len(delta.token_ids)
-        self._token_spans.extend((start, start) for _ in range(count - 1))
-        if count:
-            self._token_spans.append((start, self._characters_fed))
-        self.num_tokens += count
+        previous = 0
+        for end in delta.text_ends():
+            self._token_spans.append((start + previous, start + end))
+            previous = end
+        self.num_tokens += len(delta.token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
         self.logprobs.extend(delta.logprobs)
 

@@ -64,7 +64,9 @@ class _Choice:
     echo_chars: int = 0  # streaming: length of the echoed prompt that comes before `text`
 
     def add(self, delta: StepDelta) -> None:
-        self.text_offsets.extend(len(self.text) for _ in delta.logprobs)
+        # each token's text starts where the previous token's released text ended
+        starts = [0, *delta.text_ends()][: len(delta.logprobs)]
+        self.text_offsets.extend(len(self.text) + start for start in starts)
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text
         self.num_tokens += len(delta.token_ids)
