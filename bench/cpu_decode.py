@@ -1,0 +1,117 @@
+"""CPU decode speed: Glimmer against transformers' `generate` on the same small model, in the same run.
+
+    python bench/cpu_decode.py [--batches 1,8] [--prompt-tokens 32] [--new-tokens 128] [--threads N]
+
+Writes a random checkpoint of hidden size 512 and 8 layers with `glimmer.tiny` (float32, every weight random),
+then for each batch size decodes `--new-tokens` greedy tokens from fresh random prompts (no prefix-cache hit)
+with `LLM.generate` and with transformers' `generate` (static shapes: same-length prompts, no padding, no
+early stop). Prints decode tokens/s of both and the ratio; the figure times whole generate calls, prefill
+included, measured after one warm-up call each. Needs transformers with the Muse Glimmer model (the test
+oracle); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from glimmer.engine.llm import LLM
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.tiny import TinySpec, write_tiny_checkpoint
+
+SPEC = TinySpec(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=64, sliding_window=128)
+
+
+def reference_model(checkpoint: Path):
+    """transformers' model with the checkpoint's exact tensors (as tests/oracle.py builds it)."""
+    from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
+
+    raw = json.loads((checkpoint / "config.json").read_text())
+    raw["vision_config"] = {"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+                            "num_attention_heads": 1, "pos_emb_height": 2, "pos_emb_width": 2}
+    raw["out_hidden_size"], raw["projector_hidden_size"] = 32, 8
+    model = MuseGlimmerForConditionalGeneration(MuseGlimmerConfig.from_dict(raw)).eval()
+    state = {}
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        state.update(load_file(file))
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def random_prompts(batch: int, length: int, vocab: int, generator: torch.Generator) -> list[list[int]]:
+    # ids from 1 up: id 0 and the special tokens sit low in the tiny vocabulary; stops are ignored anyway
+    return torch.randint(300, vocab, (batch, length), generator=generator).tolist()
+
+
+def time_glimmer(llm: LLM, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return elapsed, [o.outputs[0].token_ids for o in outputs]
+
+
+@torch.inference_mode()
+def time_transformers(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    ids = torch.tensor(prompts)
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    elapsed = time.perf_counter() - start
+    return elapsed, out[:, ids.shape[1]:].tolist()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs per engine and batch; the best counts")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--target", type=float, default=2.0, help="the ratio to transformers to reach")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",")]
+    generator = torch.Generator().manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = write_tiny_checkpoint(Path(tmp) / "cpu-bench", spec=SPEC)
+        llm = LLM(str(checkpoint), device="cpu", dtype="float32", max_num_seqs=max(batches),
+                  max_model_len=args.prompt_tokens + args.new_tokens + 8, progress=False)
+        reference = reference_model(checkpoint)
+    vocab = llm.engine.model_config.text.vocab_size
+    print(f"model: hidden {SPEC.hidden_size}, {SPEC.num_hidden_layers} layers, vocab {vocab}, float32; "
+          f"torch threads {torch.get_num_threads()}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens")
+    met = True
+    for batch in batches:
+        warm = random_prompts(batch, args.prompt_tokens, vocab, generator)
+        time_glimmer(llm, warm, 4)
+        time_transformers(reference, warm, 4)
+        ours, theirs = [], []
+        for _ in range(args.repeats):
+            prompts = random_prompts(batch, args.prompt_tokens, vocab, generator)
+            seconds, tokens = time_glimmer(llm, prompts, args.new_tokens)
+            ours.append(seconds)
+            ref_seconds, ref_tokens = time_transformers(reference, prompts, args.new_tokens)
+            theirs.append(ref_seconds)
+            same = sum(a == b for a, b in zip(tokens, ref_tokens, strict=True))
+        glimmer_rate = batch * args.new_tokens / min(ours)
+        reference_rate = batch * args.new_tokens / min(theirs)
+        ratio = glimmer_rate / reference_rate
+        met &= ratio >= args.target
+        print(f"batch {batch:>3}: Glimmer {glimmer_rate:8.1f} tok/s  transformers {reference_rate:8.1f} tok/s  "
+              f"ratio {ratio:5.2f}x (target {args.target:.1f}x: {'met' if ratio >= args.target else 'NOT met'})  "
+              f"greedy outputs identical: {same}/{batch}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
