@@ -190,6 +190,54 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict[str,
     }
 
 
+def host_breakdown(llm: LLM, batch: int, max_tokens: int = 96) -> dict[str, float]:
+    """Where a decode step's wall time goes on the host: each engine phase timed around its call (the sampler's
+    time includes waiting for the GPU to finish the step, since it reads the tokens). Short prompts, so the
+    steps are almost all decode steps."""
+    import glimmer.engine.llm_engine as llm_engine
+
+    engine = llm.engine
+    spent: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    originals = []
+
+    def timed(owner, name: str, label: str) -> None:
+        original = getattr(owner, name)
+        originals.append((owner, name, original))
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+                calls[label] = calls.get(label, 0) + 1
+        setattr(owner, name, wrapper)
+
+    timed(engine.scheduler, "schedule", "schedule")
+    timed(engine.runner, "execute", "inputs + launch")
+    timed(llm_engine, "sample", "sample (waits for the GPU)")
+    timed(engine, "_accept_token", "append tokens, token stops")
+    timed(engine, "_release_text", "detokenize, stop strings, deltas")
+    timed(engine, "step", "whole step")
+    try:
+        run_engine(llm, fresh_prompts(batch, 16, 70 + batch), max_tokens)
+    finally:
+        for owner, name, original in reversed(originals):
+            if owner is llm_engine:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # the bound-method attribute hid the class's
+    out = {}
+    steps = calls["whole step"]
+    log(f"host breakdown at batch {batch} ({steps} steps, async_scheduling={engine.async_scheduling}):")
+    for label, seconds in spent.items():
+        out[f"host_{label.split()[0].rstrip(',')}_ms_{batch}"] = seconds / steps * 1e3
+        log(f"  {label:<36} {seconds / steps * 1e3:7.2f} ms/step")
+    RESULTS[f"host_breakdown_{batch}"] = {k: round(v / steps * 1e3, 3) for k, v in spent.items()}
+    return out
+
+
 def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[str, float]:
     started = time.perf_counter()
     llm = LLM(str(path), dtype="bfloat16", load_format="dummy", progress=False, max_model_len=34 * 1024,
@@ -244,6 +292,7 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
         out[f"graph_replay_s_{batch}"] = gpu
         record(f"decode step on the GPU alone (graph replay), batch {batch}", gpu * 1e3, "ms",
                floors[f"matmul_step_s_{batch}"] * 1e3, "weight-matmul step")
+    out.update(host_breakdown(llm, 64))
     if quick:
         return out
 
