@@ -270,10 +270,11 @@ class AsyncEngine:
             accepted.set_result(None)
         elif kind == "abort":
             index = args
+            deltas = self.engine.abort(request_id, index)
             if index is None:
                 self._listeners.pop(request_id, None)  # the caller stopped listening
-            # the deltas of other requests whose text the abort released go out too
-            self._dispatch(self.engine.abort(request_id, index))
+            else:
+                self._dispatch(deltas)
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
         """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""

@@ -72,7 +72,7 @@ def test_async_scheduling_releases_a_steps_text_during_the_next_step(engines):
     assert released[True] == [[]] + released[False]
 
 
-def test_abort_releases_other_requests_pending_text(engines):
+def test_abort_keeps_other_requests_pending_text(engines):
     engine = engines[True].engine
     prompts = _prompts(2)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -83,10 +83,11 @@ def test_abort_releases_other_requests_pending_text(engines):
     for _ in range(3):
         for delta in engine.step():
             tokens[delta.request_id].extend(delta.token_ids)
-    for delta in engine.abort("drop"):
-        tokens[delta.request_id].extend(delta.token_ids)
+    aborted = engine.abort("drop")
+    assert [d.finish_reason for d in aborted] == ["abort"]
     while engine.has_unfinished_requests:
         for delta in engine.step():
+            assert delta.request_id == "keep"  # the aborted request's unreleased token is dropped
             tokens[delta.request_id].extend(delta.token_ids)
     assert tokens["keep"] == reference
 
