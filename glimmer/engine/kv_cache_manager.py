@@ -46,20 +46,29 @@ class KVCacheManager:
             return max(0, first_query_position - self.sliding_window + 1) // self.block_size
         return 0
 
-    def _plan(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[int, int, list[int]]:
-        """(first needed block, end block, blocks now held but no longer needed)."""
+    def _plan(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[int, int, range]:
+        """(first needed block, end block, indices of blocks now held but no longer needed).
+
+        A sequence's held blocks are None below the first block its last allocation needed and present from
+        there on (allocate and acquire_cached_prefix keep it so), so both ends are found without scanning the
+        whole list: a decode step costs the same at any context length.
+        """
         first = self.first_needed_block(group, seq.num_computed_tokens)
         end = _ceil_div(seq.num_computed_tokens + num_new_tokens, self.block_size)
         held = seq.blocks.get(group, [])
-        stale = [b for b in held[:first] if b is not None]
-        return first, end, stale
+        stale_end = stale_start = min(first, len(held))
+        while stale_start > 0 and held[stale_start - 1] is not None:
+            stale_start -= 1
+        return first, end, range(stale_start, stale_end)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         for group, pool in self.pools.items():
             first, end, stale = self._plan(seq, group, num_new_tokens)
             held = seq.blocks.get(group, [])
-            missing = sum(1 for i in range(first, end) if i >= len(held) or held[i] is None)
-            reclaimable = sum(1 for b in stale if pool.ref_counts[b] == 1)
+            missing = max(0, end - max(first, len(held)))
+            if missing == 0:
+                continue
+            reclaimable = sum(1 for i in stale if pool.ref_counts[held[i]] == 1)
             if missing > pool.num_free + reclaimable:
                 return False
         return True
@@ -67,17 +76,16 @@ class KVCacheManager:
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Release blocks the step cannot read any more, then take the blocks its new tokens need."""
         for group, pool in self.pools.items():
-            first, end, _ = self._plan(seq, group, num_new_tokens)
+            first, end, stale = self._plan(seq, group, num_new_tokens)
             held = seq.blocks.setdefault(group, [])
-            for i in range(min(first, len(held))):
-                if held[i] is not None:
-                    pool.release(held[i])
-                    held[i] = None
+            for i in stale:
+                pool.release(held[i])
+                held[i] = None
+            start = max(first, len(held))
             while len(held) < end:
                 held.append(None)
-            for i in range(first, end):
-                if held[i] is None:
-                    held[i] = pool.allocate()
+            for i in range(start, end):
+                held[i] = pool.allocate()
 
     def step_blocks(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[list[int | None], int, list[int]]:
         """Where a step's `num_new_tokens` of `seq` read and write in `group` (after `allocate`): the visible

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
@@ -118,5 +119,6 @@ def build_step_inputs(
 
 
 def _pinned(values: list) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=torch.int64)
+    # through numpy: several times faster than torch.tensor on a long list of ints
+    tensor = torch.from_numpy(np.array(values, dtype=np.int64))
     return tensor.pin_memory() if torch.cuda.is_available() else tensor
