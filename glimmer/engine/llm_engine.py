@@ -454,20 +454,26 @@ class LLMEngine:
         """
         step = self.scheduler.schedule()
         failures: dict[str, Exception] = {}
+        deltas: list[StepDelta] = []  # filled as the step goes: what it released before a failure still goes out
         try:
-            deltas = self._run_step(step, failures) if not step.is_empty else self._release_text(failures)
+            self._run_step(step, failures, deltas)
         except Exception as exc:
-            raise StepError(sorted({seq.request_id for seq in step.seqs}), exc, whole_batch=True) from exc
+            failed = sorted({seq.request_id for seq in step.seqs})
+            raise StepError(failed, exc, whole_batch=True,
+                            deltas=[d for d in deltas if d.request_id not in failed]) from exc
         if failures:
             cause = next(iter(failures.values()))
             raise StepError(sorted(failures), cause, whole_batch=False,
                             deltas=[d for d in deltas if d.request_id not in failures]) from cause
         return deltas
 
-    def _run_step(self, step: ScheduledStep, failures: dict[str, Exception]) -> list[StepDelta]:
+    def _run_step(self, step: ScheduledStep, failures: dict[str, Exception], deltas: list[StepDelta]) -> None:
+        if step.is_empty:
+            deltas += self._release_text(failures)
+            return
         masks = self._start_grammar_masks(step)
         logits, sampling, prompt_logprobs = self.runner.execute(step)
-        deltas = self._release_text(failures)  # the previous step's text, while the device runs this one
+        deltas += self._release_text(failures)  # the previous step's text, while the device runs this one
         for i, scored in prompt_logprobs.items():
             seq = step.seqs[i]
             if seq.is_finished:
@@ -512,7 +518,6 @@ class LLMEngine:
                     failures.setdefault(seq.request_id, exc)
         if not self.async_scheduling:
             deltas += self._release_text(failures)
-        return deltas
 
     def _start_grammar_masks(self, step: ScheduledStep) -> Future | None:
         """Fill the grammar masks of the rows this step samples, on a worker thread while the model runs."""

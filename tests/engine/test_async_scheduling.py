@@ -9,7 +9,7 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.async_engine import AsyncEngine
-from glimmer.engine.llm_engine import EngineConfig
+from glimmer.engine.llm_engine import EngineConfig, StepError
 from glimmer.engine.outputs import StepDelta
 
 
@@ -123,3 +123,22 @@ def test_a_slow_caller_gets_coalesced_deltas_with_the_same_text(tiny_checkpoint,
     assert sum((d.token_ids for d in received), []) == expected.token_ids
     assert "".join(d.text for d in received) == expected.text
     assert received[-1].finish_reason == "length"
+
+
+def test_a_failing_step_still_delivers_the_text_it_released(engines, monkeypatch):
+    engine = engines[True].engine
+    prompts = _prompts(2)
+    engine.add_request("short", prompts[0], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    engine.add_request("long", prompts[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert engine.step() == []  # both sampled; "short" finished by length, its text not released yet
+
+    def broken_sampler(*args, **kwargs):
+        raise RuntimeError("sampler failed")
+
+    monkeypatch.setattr("glimmer.engine.llm_engine.sample", broken_sampler)
+    with pytest.raises(StepError) as failure:
+        engine.step()
+    assert failure.value.whole_batch and failure.value.request_ids == ["long"]
+    assert [(d.request_id, d.finish_reason) for d in failure.value.deltas] == [("short", "length")]
+    engine.abort("long")
+    assert not engine.has_unfinished_requests
