@@ -91,6 +91,30 @@ class StepDelta:
             return self.token_text_ends
         return [0] * (len(self.token_ids) - 1) + [len(self.text)] if self.token_ids else []
 
+    def pieces(self) -> list[StepDelta]:
+        """A coalesced delta as the one-token deltas it was made of (a step's own delta stays whole), so a
+        reader that decides per step (the server's stop rules) decides as it would have without coalescing."""
+        if not self.token_text_ends:
+            return [self]
+        pieces = []
+        start = 0
+        last = len(self.token_ids) - 1
+        for i, (token, end) in enumerate(zip(self.token_ids, self.token_text_ends, strict=True)):
+            pieces.append(StepDelta(
+                request_id=self.request_id,
+                index=self.index,
+                token_ids=[token],
+                text=self.text[start:end],
+                logprobs=self.logprobs[i : i + 1],
+                finish_reason=self.finish_reason if i == last else None,
+                stop_reason=self.stop_reason if i == last else None,
+                num_prompt_tokens=self.num_prompt_tokens,
+                num_cached_tokens=self.num_cached_tokens,
+                prompt_logprobs=self.prompt_logprobs if i == 0 else None,
+            ))
+            start = end
+        return pieces
+
     def merged(self, later: StepDelta) -> StepDelta:
         """This delta followed by the next one of the same completion, as one (a slow client's coalesced deltas)."""
         offset = len(self.text)

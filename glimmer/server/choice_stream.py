@@ -60,7 +60,16 @@ class ChoiceStream:
         return not set(required_names).isdisjoint(self.parser.valid_call_names)
 
     def feed(self, delta: StepDelta) -> list[Event]:
-        """The events one engine delta releases; the last ones of the choice if it ends here."""
+        """The events one engine delta releases; the last ones of the choice if it ends here. A coalesced delta
+        is read token by token, so the choice ends (and counts its tokens) exactly where it would have."""
+        events: list[Event] = []
+        for piece in delta.pieces():
+            events += self._feed_step(piece)
+            if self.done:
+                break
+        return events
+
+    def _feed_step(self, delta: StepDelta) -> list[Event]:
         self._count_tokens(delta)
         events = self._route(self.parser.feed(self._visible_text(delta)).events)
         if self._stop_matched:

@@ -100,6 +100,9 @@ def test_merged_deltas_keep_each_tokens_text_span():
     assert (merged.token_ids, merged.text, merged.finish_reason, merged.stop_reason) == ([1, 2, 3, 4], "abcd",
                                                                                           "stop", 4)
     assert merged.text_ends() == [2, 2, 2, 4]
+    # read back token by token, as the server's stop rules read it
+    assert [(p.token_ids, p.text, p.finish_reason) for p in merged.pieces()] == [
+        ([1], "ab", None), ([2], "", None), ([3], "", None), ([4], "cd", "stop")]
 
 
 def test_a_slow_caller_gets_coalesced_deltas_with_the_same_text(tiny_checkpoint, engines):
