@@ -217,7 +217,8 @@ def host_breakdown(llm: LLM, batch: int, max_tokens: int = 96) -> dict[str, floa
     timed(engine.scheduler, "schedule", "schedule")
     timed(engine.runner, "execute", "inputs + launch")
     timed(llm_engine, "sample", "sample (waits for the GPU)")
-    timed(engine, "_append_token", "append, detokenize, stops, deltas")
+    timed(engine, "_accept_token", "append tokens, token stops")
+    timed(engine, "_release_text", "detokenize, stop strings, deltas")
     timed(engine, "step", "whole step")
     try:
         run_engine(llm, fresh_prompts(batch, 16, 70 + batch), max_tokens)
@@ -229,7 +230,7 @@ def host_breakdown(llm: LLM, batch: int, max_tokens: int = 96) -> dict[str, floa
                 delattr(owner, name)  # the bound-method attribute hid the class's
     out = {}
     steps = calls["whole step"]
-    log(f"host breakdown at batch {batch} ({steps} steps):")
+    log(f"host breakdown at batch {batch} ({steps} steps, async_scheduling={engine.async_scheduling}):")
     for label, seconds in spent.items():
         out[f"host_{label.split()[0].rstrip(',')}_ms_{batch}"] = seconds / steps * 1e3
         log(f"  {label:<36} {seconds / steps * 1e3:7.2f} ms/step")

@@ -118,7 +118,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-        load_format=args.load_format,
+        async_scheduling=args.async_scheduling, load_format=args.load_format,
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
         speculative_config=args.speculative_config,
         media_limits=MediaLimits(max_image_pixels=args.max_image_pixels, max_image_side=args.max_image_side,
@@ -285,6 +285,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                              'draft_policy adaptive|always, disable_by_batch_size)')
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="make each step's text (detokenizing, stop strings) while the device runs the next "
+                             "step (default: on with CUDA, off on the CPU)")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                         help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
 

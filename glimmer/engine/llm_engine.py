@@ -69,6 +69,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
+    # text of step N's tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
+    async_scheduling: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
     seed: int = 0
     chat_template: str | None = None  # operator override file (P-TMPL-1)
@@ -110,6 +112,17 @@ class StepError(GlimmerError):
         self.request_ids = request_ids
         self.whole_batch = whole_batch
         self.deltas = deltas or []
+
+
+@dataclass
+class _AcceptedToken:
+    """A sampled token already appended to its sequence, whose text is not made yet (`_release_text`)."""
+
+    seq: Sequence
+    token: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | None
 
 
 @dataclass
@@ -208,6 +221,8 @@ class LLMEngine:
         self._rng = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
+        self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
+        self._unreleased: list[_AcceptedToken] = []
         logger.info(
             "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
@@ -506,20 +521,27 @@ class LLMEngine:
             if seq.is_finished or (index is not None and seq.index != index):
                 continue
             self._finish(seq)
-            done = self._completions.pop(id(seq))
-            deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
-                                    num_prompt_tokens=done.num_prompt_tokens))
+            done = self._completions.pop(id(seq), None)
+            if done is not None:  # else its final delta went out already (its text ended in a failed step)
+                deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
+                                        num_prompt_tokens=done.num_prompt_tokens))
         self._forget_if_done(request_id)
         return deltas
 
     @property
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self._unreleased)
 
     # stepping ---------------------------------------------------------------------------------------
 
     def step(self) -> list[StepDelta]:
         """Run one scheduled batch.
+
+        Tokens are appended and their token-level stops (stop ids, max_tokens, grammar) decided as soon as they
+        are sampled; their text (detokenizing, stop strings, deltas) is made in the same call, or with
+        `async_scheduling` in the next one, while the device computes that step. A stop string found then
+        finishes its sequence, and the token the sequence got in the running step is dropped: the output is the
+        same either way.
 
         Raises StepError naming the requests at fault: those whose grammar masks, steering or bookkeeping failed
         (the others' deltas ride on the error), or every request of the batch if running the model or the
@@ -527,44 +549,51 @@ class LLMEngine:
         """
         started = time.perf_counter()
         step = self.scheduler.schedule()
-        if step.is_empty:
-            return []
+        outcome = _StepOutcome([], [], {})  # filled as the step goes: what it released before a failure goes out
         try:
-            return self._run_step(step, started)
-        except StepError:
-            raise
+            self._run_step(step, started, outcome)
         except Exception as exc:
-            raise StepError(sorted({seq.request_id for seq in step.seqs}), exc, whole_batch=True) from exc
-
-    def _run_step(self, step: ScheduledStep, started: float) -> list[StepDelta]:
-        masks = self._start_grammar_masks(step)
-        output = self.runner.execute(step)
-        self._record_prompt_logprobs(step, output.prompt_logprobs)
-        try:
-            bitmask = masks.result() if masks is not None else None
-            grammar_failure = None
-        except Exception as exc:  # the grammar engine failed: the constrained requests end, the others sample
-            bitmask, grammar_failure = None, exc
-        outcome = _StepOutcome([], [], {})
-        committed = self._emit(step, output, bitmask, grammar_failure, outcome)
-        for seq, count in zip(step.seqs, committed, strict=True):
-            seq.num_computed_tokens += count
-        if self.speculator is not None:
-            decoding = [step.seqs[i] for i in output.sampling
-                        if step.seqs[i] not in outcome.finished and step.seqs[i].request_id not in outcome.failures]
-            running = len(self.scheduler.running) - len(outcome.finished)
-            self.speculator.after_step(step, output, committed, decoding, running, started)
-        # a registered block is complete in every group: the drafter's context too (it can lag, draft_context.py)
-        for seq in step.seqs:
-            complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
-            self.kv.register_computed_blocks(seq, complete)
-        for seq in outcome.finished:
-            self._retire(seq)
+            self._retire_finished(outcome)  # those that ended before the failure (their final delta is out)
+            failed = sorted({seq.request_id for seq in step.seqs} | set(outcome.failures))
+            raise StepError(failed, exc, whole_batch=True,
+                            deltas=[d for d in outcome.deltas if d.request_id not in failed]) from exc
         if outcome.failures:
             cause = next(iter(outcome.failures.values()))
             raise StepError(sorted(outcome.failures), cause, whole_batch=False,
                             deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
         return outcome.deltas
+
+    def _run_step(self, step: ScheduledStep, started: float, outcome: _StepOutcome) -> None:
+        if step.is_empty:  # only text left to release
+            self._release_text(outcome)
+            self._retire_finished(outcome)
+            return
+        masks = self._start_grammar_masks(step)
+        output = self.runner.execute(step)
+        self._record_prompt_logprobs(step, output.prompt_logprobs)
+        if self.async_scheduling:
+            self._release_text(outcome)  # the previous step's text, while the device runs this one
+        try:
+            bitmask = masks.result() if masks is not None else None
+            grammar_failure = None
+        except Exception as exc:  # the grammar engine failed: the constrained requests end, the others sample
+            bitmask, grammar_failure = None, exc
+        committed = self._emit(step, output, bitmask, grammar_failure, outcome)
+        if not self.async_scheduling:
+            self._release_text(outcome)
+        for seq, count in zip(step.seqs, committed, strict=True):
+            seq.num_computed_tokens += count
+        if self.speculator is not None:
+            ending = {id(seq) for seq in outcome.finished}
+            decoding = [step.seqs[i] for i in output.sampling
+                        if id(step.seqs[i]) not in ending and step.seqs[i].request_id not in outcome.failures]
+            running = len(self.scheduler.running) - len(ending)
+            self.speculator.after_step(step, output, committed, decoding, running, started)
+        # a registered block is complete in every group: the drafter's context too (it can lag, draft_context.py)
+        for seq in step.seqs:
+            complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
+            self.kv.register_computed_blocks(seq, complete)
+        self._retire_finished(outcome)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
         """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""
@@ -594,12 +623,18 @@ class LLMEngine:
         """Choose the next token(s) of every sequence that samples and append them (never past a stop); return
         how many of each sequence's scheduled tokens are now committed (proposed tokens that were rejected,
         or dropped at a stop, are not). A sequence whose grammar or bookkeeping failed goes to
-        `outcome.failures` (its request ends; the others go on)."""
+        `outcome.failures` (its request ends; the others go on). Token-level stops end a sequence here;
+        stop strings end it when its text is released (`_release_text`)."""
         committed = list(step.num_new_tokens)
         dropped = set()
+        stopped = {id(seq) for seq in outcome.finished}  # by a stop string in the previous step's text (async)
         for i in output.sampling:
             seq = step.seqs[i]
-            if seq.max_total_tokens == len(seq.prompt_token_ids):
+            if id(seq) in stopped:  # the token it would get now comes after its end
+                committed[i] -= step.spec_tokens(i)
+                seq.keep_spec_tokens(0)
+                dropped.add(i)
+            elif seq.max_total_tokens == len(seq.prompt_token_ids):
                 # max_tokens=0: the prompt is computed (and scored); nothing is sampled
                 outcome.deltas.append(self._finish_unsampled(seq))
                 outcome.finished.append(seq)
@@ -642,16 +677,15 @@ class LLMEngine:
     def _emit_tokens(
         self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None], outcome: _StepOutcome
     ) -> int:
-        """Append tokens one by one, each its own delta, until one finishes the sequence (or its steering or
+        """Append tokens one by one until one finishes the sequence by a token-level stop (or its steering or
         bookkeeping fails: its request alone ends); returns how many were appended."""
         for j, (token, entry) in enumerate(zip(tokens, logprobs, strict=True)):
             try:
-                delta = self._append_token(seq, token, entry)
+                finished = self._accept_token(seq, token, entry)
             except Exception as exc:
                 outcome.failures.setdefault(seq.request_id, exc)
                 return j
-            outcome.deltas.append(delta)
-            if delta.finish_reason is not None:
+            if finished:
                 outcome.finished.append(seq)
                 return j + 1
         return len(tokens)
@@ -673,7 +707,7 @@ class LLMEngine:
 
     def _finish_unsampled(self, seq: Sequence) -> StepDelta:
         """The final delta of a max_tokens=0 sequence, whose prompt is computed (the caller retires it)."""
-        done = self._completions[id(seq)]
+        done = self._completions.pop(id(seq))
         return StepDelta(seq.request_id, seq.index, [], "", finish_reason="length",
                          num_prompt_tokens=done.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
                          prompt_logprobs=done.take_prompt_logprobs())
@@ -682,44 +716,76 @@ class LLMEngine:
         if all(s.is_finished for s in self._seqs.get(request_id, [])):
             self._seqs.pop(request_id, None)
 
-    def _append_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> StepDelta:
-        done = self._completions[id(seq)]
+    def _accept_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> bool:
+        """Append a sampled token and decide the stops that need no text (True: the sequence ends); the text
+        waits for `_release_text`."""
         seq.output_token_ids.append(token)
-        if logprobs is not None:
-            done.logprobs.append(logprobs)
-        text, stop_string = done.stops.feed(done.detokenizer.add(token))
         finish_reason: str | None = None
-        stop_reason: int | str | None = None
+        stop_reason: int | None = None
         controller_stop = seq.controller is not None and seq.controller.observe(token)
-        if stop_string is not None:
-            finish_reason, stop_reason = "stop", stop_string
-        elif token in seq.stop_token_ids:
+        if token in seq.stop_token_ids:
             finish_reason, stop_reason = "stop", token
         elif seq.num_tokens >= seq.max_total_tokens:
             finish_reason = "length"
         elif controller_stop:
             finish_reason = "stop"
-        if finish_reason is not None and stop_string is None:
+        self._unreleased.append(_AcceptedToken(seq, token, logprobs, finish_reason, stop_reason))
+        return finish_reason is not None
+
+    def _release_text(self, outcome: _StepOutcome) -> None:
+        """Make the deltas of the accepted tokens: their text, with stop strings. A stop string ends its
+        sequence (into `outcome.finished`, unless a token-level stop already ended it); the tokens after it
+        are never released. A sequence whose text fails goes to `outcome.failures`; the others go on."""
+        accepted, self._unreleased = self._unreleased, []
+        ending = {id(seq) for seq in outcome.finished}
+        for item in accepted:
+            seq = item.seq
+            done = self._completions.get(id(seq))
+            if done is None:
+                continue  # aborted, failed or ended by a stop string since it was sampled
+            try:
+                delta = self._release_token_text(item, done)
+            except Exception as exc:
+                outcome.failures.setdefault(seq.request_id, exc)
+                self._completions.pop(id(seq), None)  # its request is aborted: nothing more of it goes out
+                continue
+            outcome.deltas.append(delta)
+            if delta.finish_reason is not None:
+                self._completions.pop(id(seq))
+                if item.finish_reason is None and not seq.is_finished and id(seq) not in ending:
+                    outcome.finished.append(seq)  # a stop string: the token it got since is dropped
+                    ending.add(id(seq))
+                self._forget_if_done(seq.request_id)
+
+    def _release_token_text(self, item: _AcceptedToken, done: _Completion) -> StepDelta:
+        if item.logprobs is not None:
+            done.logprobs.append(item.logprobs)
+        text, stop_string = done.stops.feed(done.detokenizer.add(item.token))
+        finish_reason, stop_reason = item.finish_reason, item.stop_reason
+        if stop_string is not None:
+            finish_reason, stop_reason = "stop", stop_string
+        elif finish_reason is not None:
             text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
         done.text += text
         return StepDelta(
-            request_id=seq.request_id,
-            index=seq.index,
-            token_ids=[token],
+            request_id=item.seq.request_id,
+            index=item.seq.index,
+            token_ids=[item.token],
             text=text,
-            logprobs=[logprobs] if logprobs is not None else [],
+            logprobs=[item.logprobs] if item.logprobs is not None else [],
             finish_reason=finish_reason,
             stop_reason=stop_reason,
             num_prompt_tokens=done.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_tokens,
+            num_cached_tokens=item.seq.num_cached_tokens,
             prompt_logprobs=done.take_prompt_logprobs(),
         )
 
-    def _retire(self, seq: Sequence) -> None:
-        """Free a finished sequence's blocks and forget it (its request too, once every completion is done)."""
-        self._finish(seq)
-        self._completions.pop(id(seq))
-        self._forget_if_done(seq.request_id)
+    def _retire_finished(self, outcome: _StepOutcome) -> None:
+        """Free the blocks of the sequences this step ended; their text may still wait (`_release_text`)."""
+        for seq in outcome.finished:
+            if not seq.is_finished:
+                self._finish(seq)
+            self._forget_if_done(seq.request_id)
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

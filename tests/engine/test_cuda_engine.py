@@ -54,6 +54,20 @@ def test_float32_greedy_on_the_gpu_equals_the_cpu_path(windowed):
     assert len(graphs.engine.runner.graphs.captured_sizes) >= 2
 
 
+def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed):
+    prompts = _prompts(9, seed=3)
+    options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)
+    sync = LLM(str(windowed), async_scheduling=False, **options)
+    free = sync.generate(prompts, GREEDY)
+    params = [SamplingParams(temperature=0, max_tokens=40, stop=[o.text[10:13]] if len(o.text) > 16 else [])
+              if i % 2 else SamplingParams(temperature=0.8, seed=i, max_tokens=5 + 3 * i, ignore_eos=True)
+              for i, o in enumerate(free)]
+    overlapped = LLM(str(windowed), **options)
+    assert overlapped.engine.async_scheduling  # the default on CUDA
+    assert ([(o.token_ids, o.text, o.finish_reason) for o in overlapped.generate(prompts, params)]
+            == [(o.token_ids, o.text, o.finish_reason) for o in sync.generate(prompts, params)])
+
+
 def test_graphs_decode_contexts_past_32k(windowed):
     prompt = _prompts(1, seed=5, lengths=(33000,))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -293,6 +293,36 @@ def test_stops_max_tokens_and_logprobs_inside_an_accepted_run(target, drafter, p
     assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
 
 
+@pytest.mark.parametrize("pattern", [(K,), (3, 0, K, 1)], ids=["all-accepted", "mixed"])
+def test_async_scheduling_with_speculation_matches_synchronous_plain_decoding(target, drafter, plain, pattern):
+    """Text made a step late: a stop string found inside an accepted run ends the sequence, its later tokens
+    and the verification already running for it are dropped, and every block goes back."""
+    prompts = _prompts(6, seed=12)
+    free = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    known = _continuations(plain, prompts, free)
+    tokenizer = plain.get_tokenizer()
+    texts = [tokenizer.decode(known[tuple(p)][18:21]).strip() for p in prompts]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, stop=[texts[0]] if texts[0] else [], ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=40, stop=[texts[1]] if texts[1] else [], ignore_eos=True,
+                       include_stop_str_in_output=True, logprobs=1),
+        SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[known[tuple(prompts[2])][9]]),
+        SamplingParams(temperature=0, max_tokens=13, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=0),
+        SamplingParams(temperature=0, max_tokens=40, stop=[texts[5], "zz"] if texts[5] else ["zz"], ignore_eos=True),
+    ]
+    llm = LLM(str(target), progress=False, async_scheduling=True, speculative_config=speculative(drafter))
+    _replay(llm.engine, known, _cycle(*pattern))
+    expected = plain.generate(prompts, params)
+    got = llm.generate(prompts, params)
+    assert [(o.token_ids, o.text, o.finish_reason, o.stop_reason) for r in got for o in r.outputs] == [
+        (o.token_ids, o.text, o.finish_reason, o.stop_reason) for r in expected for o in r.outputs]
+    assert sum(r.outputs[0].finish_reason == "stop" for r in expected) >= 3  # the stops did cut runs short
+    assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
+    assert not llm.engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+
+
 def test_scoring_with_max_tokens_0_and_prompt_logprobs_beside_speculating_requests(target, drafter, plain):
     """A scored prompt (prompt logprobs, nothing generated) in the same steps as requests that verify proposals:
     its logprobs and the others' tokens are those of a run without speculation."""

@@ -1,0 +1,147 @@
+"""Async scheduling (a step's text is made while the next step runs) and coalesced deltas for slow callers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from glimmer import LLM, SamplingParams
+from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.llm_engine import EngineConfig, StepError
+from glimmer.engine.outputs import StepDelta
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint):
+    return {mode: LLM(str(tiny_checkpoint), progress=False, async_scheduling=mode) for mode in (False, True)}
+
+
+def _prompts(count: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(1, 480, (int(n),), generator=generator).tolist()
+            for n in torch.randint(3, 40, (count,), generator=generator)]
+
+
+def _outputs(results) -> list[list[tuple]]:
+    return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason,
+              [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs or []]) for o in r.outputs]
+            for r in results]
+
+
+def test_async_scheduling_on_and_off_give_identical_outputs(engines):
+    prompts = _prompts(8)
+    free_running = engines[False].generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    # stop strings that occur mid-way through the free-running texts, so they end those completions early
+    stops = [[r.text[12:15]] if len(r.text) > 20 else [] for r in free_running]
+    params = [
+        SamplingParams(temperature=0, max_tokens=30, stop=stops[0]),
+        SamplingParams(temperature=0, max_tokens=30, stop=stops[1], include_stop_str_in_output=True, logprobs=2),
+        SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=25, stop=stops[2]),
+        SamplingParams(temperature=0, max_tokens=7),
+        SamplingParams(temperature=1.0, seed=4, top_k=20, min_tokens=5, max_tokens=20, repetition_penalty=1.3,
+                       presence_penalty=0.5),
+        SamplingParams(temperature=0, max_tokens=0),
+        SamplingParams(temperature=0, max_tokens=18, stop_token_ids=[free_running[6].token_ids[9]]),
+        SamplingParams(temperature=0, max_tokens=30, stop=stops[7] + ["zzz"], ignore_eos=True),
+    ]
+    sync = engines[False].generate(prompts, params)
+    overlapped = engines[True].generate(prompts, params)
+    assert _outputs(overlapped) == _outputs(sync)
+    # the stop strings and the stop id did end completions early, so the dropped-token path ran
+    assert sum(o.stop_reason in (s[0] if s else None for s in stops) for r in sync for o in r.outputs) >= 3
+    assert sync[6].outputs[0].stop_reason == free_running[6].token_ids[9]
+    for llm in engines.values():
+        assert not llm.engine.has_unfinished_requests
+        assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+
+
+def test_async_scheduling_releases_a_steps_text_during_the_next_step(engines):
+    prompt = _prompts(1)[0]
+    released = {}
+    for mode, llm in engines.items():
+        engine = llm.engine
+        engine.add_request(f"lag-{mode}", prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        per_step = []
+        while engine.has_unfinished_requests:
+            per_step.append([d.token_ids for d in engine.step()])
+        released[mode] = per_step
+    assert [len(deltas) for deltas in released[False]] == [1, 1, 1]
+    # the same tokens, one step later: the first step yields nothing, a last step only releases text
+    assert released[True] == [[]] + released[False]
+
+
+def test_abort_keeps_other_requests_pending_text(engines):
+    engine = engines[True].engine
+    prompts = _prompts(2)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    reference = engines[False].generate([prompts[1]], params)[0].token_ids
+    engine.add_request("keep", prompts[1], params)
+    engine.add_request("drop", prompts[0], params)
+    tokens: dict[str, list[int]] = {"keep": [], "drop": []}
+    for _ in range(3):
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    aborted = engine.abort("drop")
+    assert [d.finish_reason for d in aborted] == ["abort"]
+    while engine.has_unfinished_requests:
+        for delta in engine.step():
+            assert delta.request_id == "keep"  # the aborted request's unreleased token is dropped
+            tokens[delta.request_id].extend(delta.token_ids)
+    assert tokens["keep"] == reference
+
+
+def test_merged_deltas_keep_each_tokens_text_span():
+    first = StepDelta("r", 0, [1], "ab")
+    held = StepDelta("r", 0, [2], "")  # a character still incomplete
+    last = StepDelta("r", 0, [3, 4], "cd", finish_reason="stop", stop_reason=4)
+    merged = first.merged(held).merged(last)
+    assert (merged.token_ids, merged.text, merged.finish_reason, merged.stop_reason) == ([1, 2, 3, 4], "abcd",
+                                                                                          "stop", 4)
+    assert merged.text_ends() == [2, 2, 2, 4]
+    # read back token by token, as the server's stop rules read it
+    assert [(p.token_ids, p.text, p.finish_reason) for p in merged.pieces()] == [
+        ([1], "ab", None), ([2], "", None), ([3], "", None), ([4], "cd", "stop")]
+
+
+def test_a_slow_caller_gets_coalesced_deltas_with_the_same_text(tiny_checkpoint, engines):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = _prompts(1)[0]
+    expected = engines[False].generate([prompt], params)[0]
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False))
+
+    async def slow_caller() -> list[StepDelta]:
+        received = []
+        async for delta in engine.generate("slow", prompt, params):
+            received.append(delta)
+            await asyncio.sleep(0.2)  # the engine runs on: later deltas wait in the queue
+        return received
+
+    try:
+        received = asyncio.run(slow_caller())
+    finally:
+        engine.shutdown()
+    assert len(received) < len(expected.token_ids)
+    assert sum((d.token_ids for d in received), []) == expected.token_ids
+    assert "".join(d.text for d in received) == expected.text
+    assert received[-1].finish_reason == "length"
+
+
+def test_a_failing_step_still_delivers_the_text_it_released(engines, monkeypatch):
+    engine = engines[True].engine
+    prompts = _prompts(2)
+    engine.add_request("short", prompts[0], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    engine.add_request("long", prompts[1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert engine.step() == []  # both sampled; "short" finished by length, its text not released yet
+
+    def broken_sampler(*args, **kwargs):
+        raise RuntimeError("sampler failed")
+
+    monkeypatch.setattr("glimmer.engine.llm_engine.sample", broken_sampler)
+    with pytest.raises(StepError) as failure:
+        engine.step()
+    assert failure.value.whole_batch and failure.value.request_ids == ["long"]
+    assert [(d.request_id, d.finish_reason) for d in failure.value.deltas] == [("short", "length")]
+    engine.abort("long")
+    assert not engine.has_unfinished_requests
