@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import sys
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
+from glimmer.engine.config_checks import parse_size as engine_parse_size
 from glimmer.errors import ConfigError, GlimmerError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
@@ -301,16 +301,12 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
                              "because unpickling can run code")
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
 def parse_size(text: str) -> int:
     """Bytes from '8GiB', '512MB', '1.5gib' or a plain number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _SIZE_UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 8GiB, 512MiB or a number of bytes")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    try:
+        return engine_parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
+from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
@@ -65,7 +66,7 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes for the KV cache; default from free device memory
+    kv_cache_memory: int | str | None = None  # bytes ('8GiB' as text) for the KV cache; default from free memory
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
@@ -80,6 +81,9 @@ class EngineConfig:
     progress: bool = True
     # vLLM's shape: {"method": "dflash", "model": DIR, "num_speculative_tokens": 15, ...} (spec_decode.py)
     speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
+
+    def __post_init__(self) -> None:
+        check_engine_config(self)
 
     def resolved_device(self) -> torch.device:
         name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,0 +1,69 @@
+"""Checks of the engine options a Python caller passes (`LLM(...)`, `EngineConfig`): a wrong type or value is
+a ConfigError naming the option and what it takes, before anything loads, never a TypeError from deep inside
+the engine or an option silently taken for something else."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING
+
+from glimmer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from glimmer.engine.llm_engine import EngineConfig
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '8GiB', '512MB', '1.5gib' or a plain number of bytes; ValueError if `text` is not a size."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{text!r} is not a size; use e.g. 8GiB, 512MiB or a number of bytes")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_engine_config(config: EngineConfig) -> None:
+    """Raise ConfigError for the first option of `config` of the wrong type or out of range; a size given as
+    text (kv_cache_memory='8GiB') is turned into bytes."""
+    if not isinstance(config.model, (str, os.PathLike)):
+        raise ConfigError(f"model={config.model!r} must be a directory, a file or a Hub id (a string)")
+    for name in ("dtype", "device", "chat_template", "mmproj"):
+        value = getattr(config, name)
+        if value is not None and not isinstance(value, (str, os.PathLike) if name in ("chat_template", "mmproj")
+                                                else str):
+            raise ConfigError(f"{name}={value!r} must be a string or None")
+    for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        value = getattr(config, name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ConfigError(f"{name}={value!r} must be a positive integer (or None for the default)")
+    if not _is_int(config.block_size) or config.block_size < 1:
+        raise ConfigError(f"block_size={config.block_size!r} must be a positive integer (a power of two)")
+    if isinstance(config.kv_cache_memory, str):
+        try:
+            config.kv_cache_memory = parse_size(config.kv_cache_memory)
+        except ValueError as exc:
+            raise ConfigError(f"kv_cache_memory: {exc}") from None
+    if config.kv_cache_memory is not None and (not _is_int(config.kv_cache_memory) or config.kv_cache_memory <= 0):
+        raise ConfigError(f"kv_cache_memory={config.kv_cache_memory!r} must be a positive number of bytes or a size "
+                          "such as '8GiB' (or None: a share of free device memory)")
+    utilization = config.gpu_memory_utilization
+    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization={utilization!r} must be a fraction in (0, 1]")
+    for name in ("enable_prefix_caching", "enforce_eager", "allow_pickle", "progress"):
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{name}={getattr(config, name)!r} must be True or False")
+    if config.async_scheduling is not None and not isinstance(config.async_scheduling, bool):
+        raise ConfigError(f"async_scheduling={config.async_scheduling!r} must be True, False or None (on with CUDA)")
+    if config.load_format not in LOAD_FORMATS:
+        raise ConfigError(f"load_format={config.load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
+    if not _is_int(config.seed):
+        raise ConfigError(f"seed={config.seed!r} must be an integer")
