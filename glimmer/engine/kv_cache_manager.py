@@ -85,16 +85,36 @@ class KVCacheManager:
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Release blocks the step cannot read any more, then take the blocks its new tokens need."""
         for group, pool in self.pools.items():
+            self._apply(seq, group, pool, *self._plan(seq, group, num_new_tokens))
+
+    def try_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """`allocate` if `can_allocate`, planning each group once (the scheduler's common case); False, and
+        nothing changed, if a pool is short."""
+        changes = []
+        for group, pool in self.pools.items():
             first, end, stale = self._plan(seq, group, num_new_tokens)
-            held = seq.blocks.setdefault(group, [])
-            for i in stale:
-                pool.release(held[i])
-                held[i] = None
-            start = max(first, len(held))
-            while len(held) < end:
-                held.append(None)
-            for i in range(start, end):
-                held[i] = pool.allocate()
+            held = seq.blocks.get(group, [])
+            missing = max(0, end - max(first, len(held)))
+            if missing > pool.num_free and missing > pool.num_free + sum(
+                    1 for i in stale if pool.ref_counts[held[i]] == 1):
+                return False
+            if missing or stale:  # else the step writes into blocks it holds already (most decode steps)
+                changes.append((group, pool, first, end, stale))
+        for change in changes:
+            self._apply(seq, *change)
+        return True
+
+    @staticmethod
+    def _apply(seq: Sequence, group: str, pool: KVBlockPool, first: int, end: int, stale: range) -> None:
+        held = seq.blocks.setdefault(group, [])
+        for i in stale:
+            pool.release(held[i])
+            held[i] = None
+        start = max(first, len(held))
+        while len(held) < end:
+            held.append(None)
+        for i in range(start, end):
+            held[i] = pool.allocate()
 
     def step_blocks(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[list[int | None], int, list[int]]:
         """Where a step's `num_new_tokens` of `seq` read and write in `group` (after `allocate`): the visible

@@ -70,18 +70,20 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             wanted = seq.num_uncomputed_tokens + len(seq.spec_token_ids)
-            n = self._fit_chunk(seq, min(wanted, budget))
-            while n == 0:
-                victim = self._pick_victim(exclude=seq, scheduled=step.seqs)
-                if victim is None:
-                    break
-                self._preempt(victim)
-                n = self._fit_chunk(seq, min(wanted, budget))
-            if n == 0:
-                self._preempt(seq)
-                continue
+            n = min(wanted, budget)
+            if not self.kv.try_allocate(seq, n):
+                n = self._fit_chunk(seq, n)
+                while n == 0:
+                    victim = self._pick_victim(exclude=seq, scheduled=step.seqs)
+                    if victim is None:
+                        break
+                    self._preempt(victim)
+                    n = self._fit_chunk(seq, min(wanted, budget))
+                if n == 0:
+                    self._preempt(seq)
+                    continue
+                self.kv.allocate(seq, n)
             seq.keep_spec_tokens(max(0, n - seq.num_uncomputed_tokens))
-            self.kv.allocate(seq, n)
             step.add(seq, n)
             budget -= n
             index += 1

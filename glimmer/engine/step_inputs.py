@@ -84,15 +84,25 @@ def build_step_inputs(
     rows: dict[str, list[list[int]]] = {g: [] for g in groups}
     for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
         first = seq.num_computed_tokens
-        ids.extend(seq.token_at(p) for p in range(first, first + n))
-        positions.extend(range(first, first + n))
+        if n == 1:  # a decode token: the same layout without the per-position loops
+            ids.append(seq.token_at(first))
+            positions.append(first)
+            for group in groups:
+                held = seq.blocks[group]
+                needed = kv.first_needed_block(group, first)
+                rows[group].append(held[needed : first // bs + 1])
+                starts[group].append(needed * bs)
+                slots[group].append(held[first // bs] * bs + first % bs)
+        else:
+            ids.extend(seq.token_at(p) for p in range(first, first + n))
+            positions.extend(range(first, first + n))
+            for group in groups:
+                visible, start, new_slots = kv.step_blocks(seq, group, n)
+                rows[group].append(visible)
+                starts[group].append(start)
+                slots[group].extend(new_slots)
         query_start.append(query_start[-1] + n)
         seq_lens.append(first + n)
-        for group in groups:
-            visible, start, new_slots = kv.step_blocks(seq, group, n)
-            rows[group].append(visible)
-            starts[group].append(start)
-            slots[group].extend(new_slots)
     padding = (padded_seqs or len(step.seqs)) - len(step.seqs)
     if padding:
         q = padding_tokens

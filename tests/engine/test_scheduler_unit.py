@@ -47,3 +47,38 @@ def test_a_waiting_sequence_never_holds_cached_blocks_that_block_the_queue():
     assert not scheduler.has_work, "the scheduler stalled"
     assert b.is_finished and a.is_finished
     assert kv.usage()[FULL] == (0, 6)
+
+
+def test_try_allocate_is_can_allocate_then_allocate():
+    """The scheduler's one-pass allocation answers as can_allocate does and leaves the same blocks as
+    allocate, through window releases, shared (cached) blocks and pools running dry."""
+    import random
+
+    from glimmer.engine.kv_cache_manager import SLIDING
+
+    rng = random.Random(0)
+
+    def manager() -> KVCacheManager:
+        return KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 24, SLIDING: 10}, sliding_window=6))
+
+    one, two = manager(), manager()
+    seqs = {kv: [_seq(f"s{i}", list(range(1, 3 + 5 * i)), 80) for i in range(4)] for kv in (one, two)}
+    refusals = 0
+    for _ in range(300):
+        i, n = rng.randrange(4), rng.choice([1, 1, 1, 2, 5, 9])
+        a, b = seqs[one][i], seqs[two][i]
+        if rng.random() < 0.05:  # finish and restart it: blocks go back to the pools
+            one.free(a), two.free(b)
+            a.num_computed_tokens = b.num_computed_tokens = 0
+            continue
+        expected = one.can_allocate(a, n)
+        refusals += not expected
+        if expected:
+            one.allocate(a, n)
+        assert two.try_allocate(b, n) == expected
+        assert a.blocks == b.blocks
+        assert one.usage() == two.usage()
+        if expected:
+            a.num_computed_tokens += n
+            b.num_computed_tokens += n
+    assert refusals > 10  # the pools did run dry

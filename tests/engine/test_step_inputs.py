@@ -46,3 +46,35 @@ def test_graph_padding_rows_touch_only_the_null_blocks():
         assert view.block_tables[1:, 0].tolist() == [null] * 3
         assert view.slot_mapping[3:].tolist() == [null * 4] * 3
     assert torch.equal(input_ids[3:], torch.zeros(3, dtype=torch.int64))
+
+
+def test_decode_rows_match_the_general_layout_across_window_and_block_boundaries():
+    """Decode tokens take a shortcut through the layout; it must give what the per-position path gives, at
+    every offset within a block and as the sliding window drops blocks."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 80, SLIDING: 80}, sliding_window=6))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64), kv)
+    seqs = [Sequence(f"r{n}", list(range(1, n + 1)), SamplingParams(), frozenset(), 64) for n in (1, 3, 4, 7, 9)]
+    for seq in seqs:
+        scheduler.add(seq)
+    for step_index in range(12):
+        step = scheduler.schedule()
+        assert step.num_new_tokens == ([1] * 5 if step_index else [1, 3, 4, 7, 9])
+        inputs = build_step_inputs(step, kv, {FULL: 80, SLIDING: 80})
+        input_ids, ctx = inputs.context(inputs.flat, inputs.tables, 4, {})
+        expected_ids = [s.token_at(s.num_computed_tokens + p)
+                        for s, n in zip(step.seqs, step.num_new_tokens, strict=True) for p in range(n)]
+        assert input_ids.tolist() == expected_ids
+        for group in (FULL, SLIDING):
+            view = ctx.groups[group]
+            slots, row_starts = [], []
+            for i, (seq, n) in enumerate(zip(step.seqs, step.num_new_tokens, strict=True)):
+                visible, start, new_slots = kv.step_blocks(seq, group, n)
+                assert view.block_tables[i, : len(visible)].tolist() == visible
+                slots += new_slots
+                row_starts.append(start)
+            assert view.slot_mapping.tolist() == slots
+            assert view.kv_start_pos.tolist() == row_starts
+        for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.output_token_ids.append(100 + step_index)
