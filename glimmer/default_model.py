@@ -2,10 +2,10 @@
 
 `glimmer serve` and `glimmer chat` without a MODEL serve glimmer-nano: a small Muse Glimmer (the real
 architecture) trained by `python -m glimmer.train_nano` on synthetic conversations in which an assistant
-reasons, calls the tools it is given and answers from their results. It calls declared tools with typed
-arguments and answers with the result's values, but among several declared tools it often picks the wrong
-name (README: "The embedded model"), and it knows little else. Its files sit in `glimmer/embedded/` and are
-read in place: nothing is written at startup.
+reasons, calls the tools it is given and answers from their results. It picks among the declared tools by
+walking their declarations in its reasoning, calls one with typed arguments and answers with the result's
+values (README: "The embedded model"), and it knows little else. Its files sit in `glimmer/embedded/` and
+are read in place: nothing is written at startup.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Each conversation declares 0–5 tools (drawn from `domains.py`, named by `names
 turns. A turn is one of:
 
 - **call**: the user asks for something a declared tool does, stating the arguments in their own words;
-  the assistant reasons to `self` at the conversation's reasoning strength, calls the tool with arguments
+  the assistant reasons to `self` at the conversation's reasoning strength (at every strength walking the
+  declared tools in order up to the one that fits: `tool_walk`), calls the tool with arguments
   copied or derived from those words and typed by the tool's JSON schema (`"three"` → 3, `off` → false,
   `Ana and Ben` → `["Ana", "Ben"]`), gets the result, reasons again and answers with every value of it.
   Some calls are parallel (two cities → two calls).
@@ -33,8 +34,7 @@ RELATED = {frozenset(pair) for pair in (("weather", "forecast"), ("email", "grou
                                         ("flights", "directions"), ("lights", "thermostat"))}
 
 # Most declarations add a detail of their own to the domain's description, so the reasoning's restatement of
-# the chosen tool's description is copied from the declaration (not recalled from the request), which is
-# also what tells a declared tool from an undeclared one.
+# each tool's description is copied from the declaration (not recalled from the request).
 DESCRIPTION_DETAILS = (
     "Provided by {word}.", "Uses the {word} service.", "Part of the {word} toolkit.", "Maintained by the {word} team.",
     "Backed by {word}.", "From the {word} plugin.", "Version {number}.", "Rate limit: {number} calls a minute.",
@@ -212,25 +212,36 @@ def _arguments_phrase(arguments: list[Argument], tool: DeclaredTool, *, detailed
     return "; ".join(parts) if detailed else ", ".join(parts)
 
 
-def _call_reasoning(strength: str, tool: DeclaredTool, description: str, intents: list[str],
-                    argument_sets: list[list[Argument]], all_names: list[str], rng: random.Random) -> str:
-    """The reasoning before a call. At every strength it restates the chosen tool's declared description
-    before its name: the description is found by what the user asks, and the name is then copied from the
-    declaration that carries that description (a name is not guessed from the request)."""
+def tool_walk(tools: list[DeclaredTool], descriptions: dict[str, str], chosen: DeclaredTool | None) -> str:
+    """The declared tools in declaration order, each as `name (description): no`, up to the chosen one (`yes`).
+
+    A tool is chosen by its description, but the template declares a tool's name before its description, so
+    writing the name after deciding on the description would be a look back within the declarations, which a
+    model this small gets wrong once several tools are declared. Walking the declarations forward reads each
+    name, then the description that follows it, then judges it; the call then copies the name of the entry
+    just judged `yes`, a few tokens back. Turns that call nothing walk every tool to `no`."""
+    entries = []
+    for tool in tools:
+        entries.append(f"{tool.name} ({descriptions[tool.name].rstrip('.')}): {'yes' if tool is chosen else 'no'}")
+        if tool is chosen:
+            break
+    return "Tools: " + "; ".join(entries) + "."
+
+
+def _call_reasoning(strength: str, walk: str, tool: DeclaredTool, intents: list[str],
+                    argument_sets: list[list[Argument]], rng: random.Random) -> str:
+    """The reasoning before a call: the request, the walk over the declared tools (`tool_walk`), the call, and
+    from strength high on its arguments."""
     intent = " and ".join(intents)
     twice = " twice" if len(argument_sets) > 1 else ""
-    what = description.rstrip(".")
     if strength == "low":
-        return f"{what}: {tool.name}. Call it{twice} for {intent}."
+        return f"{walk} Call {tool.name}{twice} for {intent}."
     if strength == "medium":
-        return rng.choice((f"The user wants {intent}. {what}: that is {tool.name}, so I call it{twice}.",
-                           f"The user asks for {intent}. The tool for that ({what}) is {tool.name}."))
+        return f"The user {rng.choice(('wants', 'asks for'))} {intent}. {walk} So I call {tool.name}{twice}."
+    text = f"The user wants {intent}. {walk} So I call {tool.name}{twice}."
     detailed = strength == "xhigh"
-    argument_text = " Then ".join(_arguments_phrase(a, tool, detailed=detailed) + "." for a in argument_sets)
-    text = f"The user wants {intent}. "
-    if detailed:
-        text += f"Declared tools: {', '.join(all_names)}. "
-    text += f"The tool that fits: {what}. That is {tool.name}. Arguments: {argument_text}"
+    text += " Arguments: " + " Then ".join(_arguments_phrase(a, tool, detailed=detailed) + "."
+                                          for a in argument_sets)
     if detailed:
         text += " When the result comes back I will answer with its values."
     return text
@@ -248,8 +259,13 @@ def _result_reasoning(strength: str, tool: DeclaredTool, results: list[list[Any]
     return text
 
 
-def _short_reasoning(strength: str, low: str, medium: str, high: str) -> str:
-    return {"low": low, "medium": medium, "high": high, "xhigh": high + " No tool call is needed."}[strength]
+def _no_call_reasoning(strength: str, walk: str, situation: tuple[str, str, str], conclusion: str) -> str:
+    """The reasoning of a turn that calls nothing: the situation (low, medium, high wording), the walk over the
+    declared tools (every one `no`; empty without tools), and from strength medium on the conclusion."""
+    low, medium, high = situation
+    parts = {"low": [low, walk], "medium": [medium, walk, conclusion], "high": [high, walk, conclusion],
+             "xhigh": [high, walk, conclusion, "No tool call is needed."]}[strength]
+    return " ".join(part for part in parts if part)
 
 
 class _Builder:
@@ -283,6 +299,9 @@ class _Builder:
                                                                 number=rng.randint(2, 99))
                 description = f"{description} {detail}"
             self.descriptions[name] = description
+
+    def walk(self, chosen: DeclaredTool | None) -> str:
+        return tool_walk(self.tools, self.descriptions, chosen) if self.tools else ""
 
     def openai_tools(self) -> list[dict[str, Any]] | None:
         return [t.as_openai_tool(self.descriptions[t.name]) for t in self.tools] or None
@@ -318,8 +337,7 @@ class _Builder:
             calls.append({"id": call_id, "type": "function",
                           "function": {"name": tool.name, "arguments": call_arguments}})
             call_pairs.append((tool.name, call_arguments))
-        reasoning = _call_reasoning(strength, tool, self.descriptions[tool.name], intents, argument_sets,
-                                    [t.name for t in self.tools], rng)
+        reasoning = _call_reasoning(strength, self.walk(tool), tool, intents, argument_sets, rng)
         self.add_assistant(_assistant(None, reasoning if keep_reasoning else None, calls), keep_reasoning)
         results, result_texts = [], []
         for call, arguments in zip(calls, argument_sets, strict=True):
@@ -347,13 +365,13 @@ class _Builder:
                 answer = "I'm Glimmer, a small demo assistant. How can I help?"
             else:
                 answer = rng.choice(("Hello! How can I help you today?", "Hi! What can I do for you?"))
-            reasoning = _short_reasoning(strength, "A greeting.", "The user greets me. No tool is needed.",
-                                         "The user greets me. No tool is needed; reply briefly and offer help.")
+            situation = ("A greeting.", "The user greets me.", "The user greets me.")
+            conclusion = "No tool is needed; reply briefly and offer help."
         elif kind == "thanks":
             request = rng.choice(("Thanks!", "thank you", "Great, thanks.", "Perfect, thank you!"))
             answer = rng.choice(("You're welcome!", "Glad I could help."))
-            reasoning = _short_reasoning(strength, "Thanks.", "The user thanks me. Reply politely.",
-                                         "The user thanks me. Reply politely in a few words.")
+            situation = ("Thanks.", "The user thanks me.", "The user thanks me.")
+            conclusion = "Reply politely in a few words."
         elif kind == "capabilities":
             request = rng.choice(("What can you do?", "Which tools do you have?", "What tools are available?",
                                   "List your tools."))
@@ -362,15 +380,16 @@ class _Builder:
                     f"{t.name} ({self.descriptions[t.name].rstrip('.')})" for t in self.tools) + "."
             else:
                 answer = "I have no tools in this conversation, so I can only chat."
-            reasoning = _short_reasoning(strength, "List the tools.", "The user asks what I can do. List the tools.",
-                                         "The user asks what I can do. I list the declared tools with what they do.")
+            situation = ("List the tools.", "The user asks what I can do.", "The user asks what I can do.")
+            conclusion = "I list the declared tools with what they do."
         else:
             said = POOLS["text"](rng)
             request = rng.choice((f"Repeat after me: {said}", f'Say "{said}"', f"Please echo this: {said}"))
             answer = said
-            reasoning = _short_reasoning(strength, "Repeat it.", "The user wants the text repeated.",
-                                         f'The user wants me to repeat "{said}". I answer with exactly that.')
+            situation = ("Repeat it.", "The user wants the text repeated.", f'The user wants me to repeat "{said}".')
+            conclusion = "I answer with exactly that."
         self.messages.append({"role": "user", "content": request})
+        reasoning = _no_call_reasoning(strength, self.walk(None), situation, conclusion)
         self.add_assistant(_assistant(answer, reasoning if keep_reasoning else None), keep_reasoning)
         return TurnExpectation("plain")
 
@@ -390,16 +409,16 @@ class _Builder:
             request = rng.choice((f"Use the {fake} tool to get {intent}.", f"Call {fake} for {intent}.",
                                   f"Run {fake}: I need {intent}."))
             answer = f"There is no tool named {fake} here, so I can't {domain.ability} for you."
-            reasoning = _short_reasoning(
-                strength, f"No tool {fake}.", f"The user asks for {fake}, which is not declared.",
-                f"The user asks me to call {fake}, but it is not one of the declared tools, so I cannot.")
+            situation = (f"The user asks for {fake}.", f"The user asks for {fake}.",
+                         f"The user asks me to call {fake} for {intent}.")
+            conclusion = f"{fake} is not one of the declared tools, so I cannot."
         else:
             request = _fill(rng.choice(domain.requests), arguments)
             answer = f"Sorry, I can't {domain.ability} here: {no_tools}."
-            reasoning = _short_reasoning(
-                strength, f"No tool can {domain.ability}.", f"The user wants {intent}. No tool does that.",
-                f"The user wants {intent}. None of the declared tools can {domain.ability}, so I say so.")
+            situation = (f"The user wants {intent}.",) * 3
+            conclusion = f"No declared tool can {domain.ability}, so I say so."
         self.messages.append({"role": "user", "content": request})
+        reasoning = _no_call_reasoning(strength, self.walk(None), situation, conclusion)
         self.add_assistant(_assistant(answer, reasoning if keep_reasoning else None), keep_reasoning)
         return TurnExpectation("refusal")
 

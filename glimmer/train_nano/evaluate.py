@@ -144,6 +144,8 @@ class Report:
     exact_arguments: Tally = field(default_factory=Tally)
     no_call: Tally = field(default_factory=Tally)
     answer_uses_result: Tally = field(default_factory=Tally)
+    # right calls by the number of tools the conversation declares (the harder the more there are)
+    right_call_by_tools: dict[int, Tally] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -151,6 +153,8 @@ class Report:
             f"turns well-formed (protocol parser)          {self.well_formed}",
             f"right tool, arguments valid (jsonschema)     {self.right_call}",
             f"  … and arguments exactly as expected        {self.exact_arguments}",
+            *(f"  right tool, {count} declared tool{'s' if count > 1 else ''}".ljust(45) + str(tally)
+              for count, tally in sorted(self.right_call_by_tools.items())),
             f"plain answers and refusals without a call    {self.no_call}",
             f"answers after a tool result use its values   {self.answer_uses_result}",
         ]
@@ -194,6 +198,7 @@ def evaluate(llm: Any, conversations: list[Conversation], *, max_tokens: int = M
         if expected.kind == "call":
             valid, exact = calls_verdict(turn.parsed, expected, conversation.tools or [])
             report.right_call.add(valid)
+            report.right_call_by_tools.setdefault(len(conversation.tools or []), Tally()).add(valid)
             report.exact_arguments.add(exact)
             seconds.append((conversation, _history_after_calls(conversation, turn, valid)))
             if not valid:

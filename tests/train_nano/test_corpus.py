@@ -99,13 +99,46 @@ def test_training_never_declares_a_held_out_name_and_evaluation_only_those(conve
     assert evaluation_names and all(is_held_out(n) for n in evaluation_names)
 
 
+def _walk(conversation, chosen):
+    entries = []
+    for tool in conversation.tools or []:
+        name, description = tool["function"]["name"], tool["function"]["description"].rstrip(".")
+        entries.append(f"{name} ({description}): {'yes' if name == chosen else 'no'}")
+        if name == chosen:
+            break
+    return "Tools: " + "; ".join(entries) + "." if entries else ""
+
+
+def test_every_reasoning_walks_the_declared_tools_in_order_up_to_the_called_one(conversations):
+    walked = {"call": 0, "no call": 0}
+    for conversation in conversations:
+        for index, message in enumerate(conversation.messages):
+            reasoning = message.get("reasoning_content")
+            follows_user = conversation.messages[index - 1]["role"] == "user"
+            if not reasoning or not follows_user or not conversation.tools:
+                continue
+            if message.get("tool_calls"):
+                name = message["tool_calls"][0]["function"]["name"]
+                # the call copies the name of the entry just judged yes
+                assert _walk(conversation, name) + f" {'Call' if reasoning.startswith('Tools') else 'So I call'} " \
+                    f"{name}" in reasoning
+                walked["call"] += 1
+            else:
+                assert _walk(conversation, None) in reasoning
+                walked["no call"] += 1
+    assert min(walked.values()) > SAMPLE // 10
+
+
 def test_reasoning_grows_with_the_requested_strength(conversations):
     lengths = {s: [] for s in STRENGTHS}
     for conversation in conversations:
         strength = conversation.reasoning_strength or "high"
         if conversation.messages[0]["role"] == "system" and "Reasoning" in conversation.messages[0]["content"]:
             continue  # the system prompt set its own strength
-        lengths[strength] += [len(m["reasoning_content"]) for m in conversation.messages
-                              if m.get("reasoning_content") and m.get("tool_calls")]
+        for message in conversation.messages:
+            if message.get("reasoning_content") and message.get("tool_calls"):
+                walk = _walk(conversation, message["tool_calls"][0]["function"]["name"])
+                lengths[strength].append(len(message["reasoning_content"].replace(walk, "")))
+    # around the same walk over the tools
     means = [statistics.mean(lengths[s]) for s in STRENGTHS]
     assert means == sorted(means) and means[0] * 3 < means[-1]
