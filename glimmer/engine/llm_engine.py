@@ -577,6 +577,8 @@ class LLMEngine:
         self._record_prompt_logprobs(step, output.prompt_logprobs)
         if self.async_scheduling:
             self._release_text(outcome)  # the previous step's text, while the device runs this one
+        if self.speculator is not None:
+            self.speculator.stage_context(step, output)  # a step without proposals: its drafter context, too
         try:
             bitmask = masks.result() if masks is not None else None
             grammar_failure = None

@@ -125,6 +125,7 @@ class SpeculativeDecoder:
                                   disable_by_batch_size=config.disable_by_batch_size)
         self.stats = SpecDecodeStats(max_draft_tokens)
         self._step_drafts = 0  # tokens proposed per sequence for the step being run
+        self._staged = False  # the running step's committed positions were handed over (stage_context)
 
     def context_complete_through(self, seq: Sequence) -> int:
         """How many leading positions of `seq` have their keys/values in every group, the drafter's included
@@ -137,6 +138,33 @@ class SpeculativeDecoder:
             self.stats.record(num_proposed, num_accepted)
             self.policy.observe_verification(num_proposed, num_accepted)
 
+    def stage_context(self, step: ScheduledStep, output: StepLogits) -> None:
+        """Hand a step without proposals its committed positions now, while the device computes it (their
+        hidden states are the step's outputs, read in stream order): with nothing to verify every scheduled
+        token is committed, so the proposer's bookkeeping — keeping them pending, or writing them when a
+        sequence has a block's worth — need not wait for the sampled tokens. `after_step` then proposes only."""
+        self._staged = False
+        if any(step.num_spec_tokens):
+            return
+        context = self._committed(step, step.num_new_tokens, output, lambda seq, count: seq.num_computed_tokens)
+        if context.seqs:
+            self.proposer.propose(context, [])
+        self._staged = True
+
+    @staticmethod
+    def _committed(step: ScheduledStep, committed: list[int], output: StepLogits, start) -> CommittedContext:
+        """The positions the step committed: `committed[i]` of step.seqs[i], from start(seq, count)."""
+        starts, counts, rows, seqs = [], [], [], []
+        row = 0
+        for seq, n, count in zip(step.seqs, step.num_new_tokens, committed, strict=True):
+            if count:
+                seqs.append(seq)
+                starts.append(start(seq, count))
+                counts.append(count)
+                rows.append(row)
+            row += n
+        return CommittedContext(seqs, starts, counts, rows, output.hidden)
+
     def after_step(
         self,
         step: ScheduledStep,
@@ -146,20 +174,17 @@ class SpeculativeDecoder:
         num_running: int,
         started_s: float,
     ) -> None:
-        """Hand the step's committed positions to the proposer and get proposals for `decoding` (the sequences
-        that sampled and go on; `num_running` sequences run next step); then time the step for the policy.
+        """Hand the step's committed positions to the proposer (unless `stage_context` did) and get proposals for
+        `decoding` (the sequences that sampled and go on; `num_running` sequences run next step); then time the
+        step for the policy.
 
         committed[i]: positions of step.seqs[i] committed this step (they end at its num_computed_tokens).
         """
-        starts, counts, rows, seqs = [], [], [], []
-        row = 0
-        for seq, n, count in zip(step.seqs, step.num_new_tokens, committed, strict=True):
-            if count:
-                seqs.append(seq)
-                starts.append(seq.num_computed_tokens - count)
-                counts.append(count)
-                rows.append(row)
-            row += n
+        if self._staged:  # handed over while the device ran the step (stage_context)
+            context = CommittedContext([], [], [], [], output.hidden)
+        else:
+            context = self._committed(step, committed, output, lambda seq, count: seq.num_computed_tokens - count)
+        self._staged = False
         k = self.policy.choose(num_running) if decoding else 0
         requests = []
         for seq in decoding if k else ():
@@ -167,7 +192,7 @@ class SpeculativeDecoder:
             fitted = self.policy.fit(min(k, room))
             if fitted:
                 requests.append((seq, fitted))
-        drafts = self.proposer.propose(CommittedContext(seqs, starts, counts, rows, output.hidden), requests)
+        drafts = self.proposer.propose(context, requests) if requests or context.seqs else []
         for (seq, _), draft in zip(requests, drafts, strict=True):
             seq.spec_token_ids = list(draft.token_ids)
             seq.spec_draft_probs = draft.probs

@@ -633,6 +633,31 @@ def test_pending_context_under_preemption_and_chunked_prefill_is_caught_up_exact
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+def test_a_step_without_proposals_hands_over_its_drafter_context_before_its_tokens_are_read(target, drafter,
+                                                                                          monkeypatch):
+    """The bookkeeping of the drafter context runs while the device computes the step (stage_context), not on
+    the host's critical path after the sampled tokens are read."""
+    import glimmer.engine.llm_engine as engine_module
+
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    engine = llm.engine
+    engine.speculator.policy.choose = lambda batch: 0  # never propose: every step leaves its context pending
+    pending_at_sampling = []
+    original = engine_module.sample
+
+    def sample(*args, **kwargs):
+        pending_at_sampling.append(engine.speculator.proposer.pending.num_pending)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "sample", sample)
+    engine.add_request("a", _prompts(1, seed=3)[0][:5], GREEDY)
+    while engine.has_unfinished_requests:
+        engine.step()
+    # the 5 prompt positions, then one more per decode step, already pending when the step's token is read;
+    # the step that would make K + 1 writes them all with its own, and the count starts again
+    assert pending_at_sampling[:K - 2] == list(range(5, K + 1)) + [0, 1]
+
+
 def test_a_block_is_registered_in_the_prefix_cache_only_once_its_drafter_context_is_written(target, drafter):
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
     spec = engine.speculator
