@@ -52,7 +52,7 @@ class MultimodalItem:
         return pieces
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: compared (and found in the scheduler's queues) by identity
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]

@@ -82,3 +82,16 @@ def test_try_allocate_is_can_allocate_then_allocate():
             a.num_computed_tokens += n
             b.num_computed_tokens += n
     assert refusals > 10  # the pools did run dry
+
+
+def test_sequences_are_found_by_identity_not_by_their_fields():
+    """Two completions of one request (n > 1) have equal fields until their index: the scheduler must never
+    take one for the other, nor compare whole prompts to tell them apart."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 8}, sliding_window=8))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64), kv)
+    first, second = _seq("r", [1, 2, 3], 10), _seq("r", [1, 2, 3], 10)
+    assert first != second and len({first, second}) == 2
+    scheduler.add(first)
+    scheduler.add(second)
+    scheduler.finish(second)
+    assert scheduler.waiting == type(scheduler.waiting)([first]) and not second.blocks
