@@ -43,8 +43,9 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    # two engines in one process: each gets a KV cache of its own size, not a share of free device memory
-    memory = {"kv_cache_memory": KV_CACHE_BYTES}
+    # two engines in one process: each gets a KV cache of its own size, not a share of free device memory;
+    # no prefix cache, so that no timed prompt finds its prefill done by the warm-up or the batch row
+    memory = {"kv_cache_memory": KV_CACHE_BYTES, "enable_prefix_caching": False}
     baseline = LLM(str(default_model_dir()), device=args.device, progress=False, **memory)
     conversations = held_out_conversations(args.prompts)
     prompts = [prompt_text(baseline, c, c.messages[: c.last_user_index + 1]) for c in conversations]
