@@ -36,10 +36,10 @@ def check_engine_config(config: EngineConfig) -> None:
     text (kv_cache_memory='8GiB') is turned into bytes."""
     if not isinstance(config.model, (str, os.PathLike)):
         raise ConfigError(f"model={config.model!r} must be a directory, a file or a Hub id (a string)")
-    for name in ("dtype", "device", "chat_template", "mmproj"):
+    for name, types in (("dtype", str), ("device", str), ("chat_template", (str, os.PathLike)),
+                        ("mmproj", (str, os.PathLike))):
         value = getattr(config, name)
-        if value is not None and not isinstance(value, (str, os.PathLike) if name in ("chat_template", "mmproj")
-                                                else str):
+        if value is not None and not isinstance(value, types):
             raise ConfigError(f"{name}={value!r} must be a string or None")
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         value = getattr(config, name)

@@ -71,16 +71,18 @@ class KVCacheManager:
         return first, end, range(stale_start, stale_end)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        for group, pool in self.pools.items():
-            first, end, stale = self._plan(seq, group, num_new_tokens)
-            held = seq.blocks.get(group, [])
-            missing = max(0, end - max(first, len(held)))
-            if missing == 0:
-                continue
-            reclaimable = sum(1 for i in stale if pool.ref_counts[held[i]] == 1)
-            if missing > pool.num_free + reclaimable:
-                return False
-        return True
+        return all(self._fits(seq, group, pool, *self._plan(seq, group, num_new_tokens))[0]
+                   for group, pool in self.pools.items())
+
+    @staticmethod
+    def _fits(seq: Sequence, group: str, pool: KVBlockPool, first: int, end: int, stale: range) -> tuple[bool, int]:
+        """Whether the pool can give the blocks the plan (first, end, stale) is missing, counting the stale
+        blocks it releases first; and how many are missing."""
+        held = seq.blocks.get(group, [])
+        missing = max(0, end - max(first, len(held)))
+        if missing <= pool.num_free:
+            return True, missing
+        return missing <= pool.num_free + sum(1 for i in stale if pool.ref_counts[held[i]] == 1), missing
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Release blocks the step cannot read any more, then take the blocks its new tokens need."""
@@ -93,10 +95,8 @@ class KVCacheManager:
         changes = []
         for group, pool in self.pools.items():
             first, end, stale = self._plan(seq, group, num_new_tokens)
-            held = seq.blocks.get(group, [])
-            missing = max(0, end - max(first, len(held)))
-            if missing > pool.num_free and missing > pool.num_free + sum(
-                    1 for i in stale if pool.ref_counts[held[i]] == 1):
+            fits, missing = self._fits(seq, group, pool, first, end, stale)
+            if not fits:
                 return False
             if missing or stale:  # else the step writes into blocks it holds already (most decode steps)
                 changes.append((group, pool, first, end, stale))
@@ -131,6 +131,14 @@ class KVCacheManager:
         visible = held[first : _ceil_div(end, bs)]
         slots = [held[p // bs] * bs + p % bs for p in range(start, end)]
         return visible, first * bs, slots
+
+    def decode_blocks(self, seq: Sequence, group: str, position: int) -> tuple[list[int | None], int, int]:
+        """`blocks_for(seq, group, position, position + 1)` with its one slot, without the per-position loop
+        (a decode step lays out every running sequence this way)."""
+        bs = self.block_size
+        first = self.first_needed_block(group, position)
+        held = seq.blocks[group]
+        return held[first : position // bs + 1], first * bs, held[position // bs] * bs + position % bs
 
     def free(self, seq: Sequence) -> None:
         for group, pool in self.pools.items():

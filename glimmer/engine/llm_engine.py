@@ -154,9 +154,19 @@ class _StepOutcome:
     """What a step gives back as it appends tokens: deltas, the sequences it finished, and the requests whose
     own steering or bookkeeping failed (with the error)."""
 
-    deltas: list[StepDelta]
-    finished: list[Sequence]
-    failures: dict[str, Exception]
+    deltas: list[StepDelta] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+    failures: dict[str, Exception] = field(default_factory=dict)
+    _ending: set[int] = field(default_factory=set)  # ids of `finished`
+
+    def end(self, seq: Sequence) -> None:
+        """`seq` ends with this step (once, whichever stop comes first)."""
+        if id(seq) not in self._ending:
+            self._ending.add(id(seq))
+            self.finished.append(seq)
+
+    def ends(self, seq: Sequence) -> bool:
+        return id(seq) in self._ending
 
 
 class LLMEngine:
@@ -194,9 +204,6 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens or (8192 if on_cuda else 2048),
             max_model_len=self.max_model_len,
         )
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self.scheduler_config, name) < 1:
-                raise ConfigError(f"{name} must be >= 1")
         self.drafter: LoadedDrafter | None = None
         self.num_speculative_tokens = 0
         spec_config = None
@@ -335,9 +342,7 @@ class LLMEngine:
         return layout
 
     def _kv_budget_bytes(self, per_block: dict[str, int]) -> int:
-        if self.config.kv_cache_memory is not None:
-            if self.config.kv_cache_memory <= 0:
-                raise ConfigError("kv_cache_memory must be a positive number of bytes")
+        if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)
             return self.config.kv_cache_memory
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -553,7 +558,7 @@ class LLMEngine:
         """
         started = time.perf_counter()
         step = self.scheduler.schedule()
-        outcome = _StepOutcome([], [], {})  # filled as the step goes: what it released before a failure goes out
+        outcome = _StepOutcome()  # filled as the step goes: what it released before a failure goes out
         try:
             self._run_step(step, started, outcome)
         except Exception as exc:
@@ -590,10 +595,9 @@ class LLMEngine:
         for seq, count in zip(step.seqs, committed, strict=True):
             seq.num_computed_tokens += count
         if self.speculator is not None:
-            ending = {id(seq) for seq in outcome.finished}
             decoding = [step.seqs[i] for i in output.sampling
-                        if id(step.seqs[i]) not in ending and step.seqs[i].request_id not in outcome.failures]
-            running = len(self.scheduler.running) - len(ending)
+                        if not outcome.ends(step.seqs[i]) and step.seqs[i].request_id not in outcome.failures]
+            running = len(self.scheduler.running) - len(outcome.finished)
             self.speculator.after_step(step, output, committed, decoding, running, started)
         # a registered block is complete in every group: the drafter's context too (it can lag, draft_context.py)
         for seq in step.seqs:
@@ -633,17 +637,16 @@ class LLMEngine:
         stop strings end it when its text is released (`_release_text`)."""
         committed = list(step.num_new_tokens)
         dropped = set()
-        stopped = {id(seq) for seq in outcome.finished}  # by a stop string in the previous step's text (async)
         for i in output.sampling:
             seq = step.seqs[i]
-            if id(seq) in stopped:  # the token it would get now comes after its end
+            if outcome.ends(seq):  # by a stop string in the previous step's text (async): this token comes after
                 committed[i] -= step.spec_tokens(i)
                 seq.keep_spec_tokens(0)
                 dropped.add(i)
             elif seq.max_total_tokens == len(seq.prompt_token_ids):
                 # max_tokens=0: the prompt is computed (and scored); nothing is sampled
                 outcome.deltas.append(self._finish_unsampled(seq))
-                outcome.finished.append(seq)
+                outcome.end(seq)
                 dropped.add(i)
             elif grammar_failure is not None and seq.controller is not None:
                 outcome.failures.setdefault(seq.request_id, grammar_failure)
@@ -692,7 +695,7 @@ class LLMEngine:
                 outcome.failures.setdefault(seq.request_id, exc)
                 return j
             if finished:
-                outcome.finished.append(seq)
+                outcome.end(seq)
                 return j + 1
         return len(tokens)
 
@@ -743,7 +746,6 @@ class LLMEngine:
         sequence (into `outcome.finished`, unless a token-level stop already ended it); the tokens after it
         are never released. A sequence whose text fails goes to `outcome.failures`; the others go on."""
         accepted, self._unreleased = self._unreleased, []
-        ending = {id(seq) for seq in outcome.finished}
         for item in accepted:
             seq = item.seq
             done = self._completions.get(id(seq))
@@ -758,9 +760,8 @@ class LLMEngine:
             outcome.deltas.append(delta)
             if delta.finish_reason is not None:
                 self._completions.pop(id(seq))
-                if item.finish_reason is None and not seq.is_finished and id(seq) not in ending:
-                    outcome.finished.append(seq)  # a stop string: the token it got since is dropped
-                    ending.add(id(seq))
+                if not seq.is_finished:  # (retired already if a token-level stop ended it a step ago)
+                    outcome.end(seq)  # by a stop string: the token it got since is dropped
                 self._forget_if_done(seq.request_id)
 
     def _release_token_text(self, item: _AcceptedToken, done: _Completion) -> StepDelta:

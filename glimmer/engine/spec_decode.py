@@ -146,20 +146,21 @@ class SpeculativeDecoder:
         self._staged = False
         if any(step.num_spec_tokens):
             return
-        context = self._committed(step, step.num_new_tokens, output, lambda seq, count: seq.num_computed_tokens)
+        context = self._committed(step, step.num_new_tokens, output, counted=False)
         if context.seqs:
             self.proposer.propose(context, [])
         self._staged = True
 
     @staticmethod
-    def _committed(step: ScheduledStep, committed: list[int], output: StepLogits, start) -> CommittedContext:
-        """The positions the step committed: `committed[i]` of step.seqs[i], from start(seq, count)."""
+    def _committed(step: ScheduledStep, committed: list[int], output: StepLogits, counted: bool) -> CommittedContext:
+        """The positions the step committed: `committed[i]` of step.seqs[i], which end at its num_computed_tokens
+        if they are `counted` there already, else start there."""
         starts, counts, rows, seqs = [], [], [], []
         row = 0
         for seq, n, count in zip(step.seqs, step.num_new_tokens, committed, strict=True):
             if count:
                 seqs.append(seq)
-                starts.append(start(seq, count))
+                starts.append(seq.num_computed_tokens - count if counted else seq.num_computed_tokens)
                 counts.append(count)
                 rows.append(row)
             row += n
@@ -183,7 +184,7 @@ class SpeculativeDecoder:
         if self._staged:  # handed over while the device ran the step (stage_context)
             context = CommittedContext([], [], [], [], output.hidden)
         else:
-            context = self._committed(step, committed, output, lambda seq, count: seq.num_computed_tokens - count)
+            context = self._committed(step, committed, output, counted=True)
         self._staged = False
         k = self.policy.choose(num_running) if decoding else 0
         requests = []

@@ -88,11 +88,10 @@ def build_step_inputs(
             ids.append(seq.token_at(first))
             positions.append(first)
             for group in groups:
-                held = seq.blocks[group]
-                needed = kv.first_needed_block(group, first)
-                rows[group].append(held[needed : first // bs + 1])
-                starts[group].append(needed * bs)
-                slots[group].append(held[first // bs] * bs + first % bs)
+                visible, start, slot = kv.decode_blocks(seq, group, first)
+                rows[group].append(visible)
+                starts[group].append(start)
+                slots[group].append(slot)
         else:
             ids.extend(seq.token_at(p) for p in range(first, first + n))
             positions.extend(range(first, first + n))

@@ -1,16 +1,12 @@
-"""Async scheduling (a step's text is made while the next step runs) and coalesced deltas for slow callers."""
+"""Async scheduling: a step's text is made while the next step runs (coalesced deltas: test_delta_coalescing.py)."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.async_engine import AsyncEngine
-from glimmer.engine.llm_engine import EngineConfig, StepError
-from glimmer.engine.outputs import StepDelta
+from glimmer.engine.llm_engine import StepError
 
 
 @pytest.fixture(scope="module")
@@ -90,42 +86,6 @@ def test_abort_keeps_other_requests_pending_text(engines):
             assert delta.request_id == "keep"  # the aborted request's unreleased token is dropped
             tokens[delta.request_id].extend(delta.token_ids)
     assert tokens["keep"] == reference
-
-
-def test_merged_deltas_keep_each_tokens_text_span():
-    first = StepDelta("r", 0, [1], "ab")
-    held = StepDelta("r", 0, [2], "")  # a character still incomplete
-    last = StepDelta("r", 0, [3, 4], "cd", finish_reason="stop", stop_reason=4)
-    merged = first.merged(held).merged(last)
-    assert (merged.token_ids, merged.text, merged.finish_reason, merged.stop_reason) == ([1, 2, 3, 4], "abcd",
-                                                                                          "stop", 4)
-    assert merged.text_ends() == [2, 2, 2, 4]
-    # read back token by token, as the server's stop rules read it
-    assert [(p.token_ids, p.text, p.finish_reason) for p in merged.pieces()] == [
-        ([1], "ab", None), ([2], "", None), ([3], "", None), ([4], "cd", "stop")]
-
-
-def test_a_slow_caller_gets_coalesced_deltas_with_the_same_text(tiny_checkpoint, engines):
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prompt = _prompts(1)[0]
-    expected = engines[False].generate([prompt], params)[0]
-    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False))
-
-    async def slow_caller() -> list[StepDelta]:
-        received = []
-        async for delta in engine.generate("slow", prompt, params):
-            received.append(delta)
-            await asyncio.sleep(0.2)  # the engine runs on: later deltas wait in the queue
-        return received
-
-    try:
-        received = asyncio.run(slow_caller())
-    finally:
-        engine.shutdown()
-    assert len(received) < len(expected.token_ids)
-    assert sum((d.token_ids for d in received), []) == expected.token_ids
-    assert "".join(d.text for d in received) == expected.text
-    assert received[-1].finish_reason == "length"
 
 
 def test_a_failing_step_still_delivers_the_text_it_released(engines, monkeypatch):
