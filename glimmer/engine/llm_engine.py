@@ -32,7 +32,7 @@ from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
-from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model
+from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, pack_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
 from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
@@ -181,6 +181,7 @@ class LLMEngine:
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=config.load_format,
                                               seed=config.seed)
+        pack_for_cpu(self.loaded.model, self.device, self.dtype)
         self.model_config = self.loaded.config
         embedded = self.checkpoint.tokenizer
         self.tokenizer = (
@@ -258,6 +259,7 @@ class LLMEngine:
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self.config.load_format, seed=self.config.seed,
         )
+        pack_for_cpu(self.drafter.model, self.device, self.dtype)
         most = self.drafter.config.num_draft_tokens
         k = spec.num_speculative_tokens or most
         if k > most:

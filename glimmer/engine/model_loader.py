@@ -21,6 +21,7 @@ from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
 from glimmer.errors import ConfigError
 from glimmer.model.drafter import DFlashDrafter
+from glimmer.model.kernels.packed_linear import packs
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -88,9 +89,22 @@ def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
 
 def _prepare_for_device(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str
                         ) -> None:
-    """On CUDA, projections that share an input become one GEMM and norms fuse (the CPU keeps the plain math)."""
+    """On CUDA, projections that share an input become one GEMM and norms fuse (the weights stay the same tensors,
+    so the plain forward still runs); the CPU keeps the plain math here (see `pack_for_cpu`)."""
     if torch.device(device).type == "cuda":
         model.fuse_for_inference()
+
+
+def pack_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str,
+                 dtype: torch.dtype) -> bool:
+    """The engine's CPU fast path: fuse as on CUDA, with the projections' weights packed for oneDNN
+    (`packed_linear`), where oneDNN works for `dtype` and GLIMMER_KERNELS is not `torch`. The packed weights
+    replace the dense ones, so a packed model runs only the engine's cached forward: `load_model` leaves this
+    to the engine, and its callers keep a model whose every forward and parameter is there. True if packed."""
+    if not packs(device, dtype):
+        return False
+    model.fuse_for_inference()
+    return True
 
 
 @dataclass

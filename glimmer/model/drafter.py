@@ -165,7 +165,7 @@ class DFlashDrafter(nn.Module):
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
 
     def fuse_for_inference(self) -> None:
-        """gate_proj and up_proj of every layer as one GEMM (the device path; the CPU keeps the two products)."""
+        """gate_proj and up_proj of every layer as one GEMM (packed for oneDNN on the CPU, as `GatedMLP` does)."""
         for layer in self.layers:
             layer.mlp.fuse_projections()
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glimmer.model.kernels.packed_linear import PackedLinear, can_pack, linear
 from glimmer.model.kernels.residual_norm import NormSpec
 from glimmer.model.kernels.silu_mul import silu_mul
 
@@ -19,8 +20,9 @@ def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
     The reference uses `pow(·, −0.5)` rather than `rsqrt`; we keep it for bit-parity.
     """
-    h = x.float()
-    return (h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
+    h = x if x.dtype == torch.float32 else x.float()  # (a no-op cast is still a dispatched op on the CPU)
+    h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    return h if x.dtype == torch.float32 else h.to(x.dtype)
 
 
 class ScaledRMSNorm(nn.Module):
@@ -139,6 +141,17 @@ def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None
     return weight, bias
 
 
+def release_packed(*linears: nn.Linear) -> None:
+    """Drop dense weights that now live on only as packed copies, so the model's memory does not double.
+
+    Shapes stay (on the meta device) for `repr` and shape checks; the modules' own forward can no longer run.
+    """
+    for m in linears:
+        m.weight = nn.Parameter(torch.empty(m.weight.shape, dtype=m.weight.dtype, device="meta"), requires_grad=False)
+        if m.bias is not None:
+            m.bias = nn.Parameter(torch.empty(m.bias.shape, dtype=m.bias.dtype, device="meta"), requires_grad=False)
+
+
 class GatedMLP(nn.Module):
     """down_proj(silu(gate_proj(x)) · up_proj(x)), no biases (§2.4)."""
 
@@ -147,14 +160,22 @@ class GatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None
+        self.gate_up_weight: torch.Tensor | PackedLinear | None = None
+        self.down_packed: PackedLinear | None = None
 
     def fuse_projections(self) -> None:
-        """gate_proj and up_proj as one GEMM (a device path; the CPU keeps the two products)."""
-        self.gate_up_weight, _ = fuse_linears(self.gate_proj, self.up_proj)
+        """gate_proj and up_proj as one GEMM; on the CPU both products read weights packed for oneDNN."""
+        if self.gate_up_weight is not None:
+            return
+        fused, _ = fuse_linears(self.gate_proj, self.up_proj)
+        self.gate_up_weight = fused
+        if can_pack(fused):
+            self.gate_up_weight, self.down_packed = PackedLinear(fused, None), PackedLinear(self.down_proj.weight, None)
+            release_packed(self.gate_proj, self.up_proj, self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:  # rows of any leading shape, as one matrix for the fused kernel
             rows = x.reshape(-1, x.shape[-1])
-            return self.down_proj(silu_mul(F.linear(rows, self.gate_up_weight))).view(*x.shape[:-1], -1)
+            down = self.down_packed if self.down_packed is not None else self.down_proj
+            return down(silu_mul(linear(rows, self.gate_up_weight))).view(*x.shape[:-1], -1)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

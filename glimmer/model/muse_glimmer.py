@@ -39,7 +39,7 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
         self._placeholder_ids: dict[torch.device, torch.Tensor] = {}  # per device, made outside graph capture
 
     def fuse_for_inference(self) -> None:
-        """Shared-input projections as single GEMMs and fused norm passes: the device path (CPU stays unfused)."""
+        """Shared-input projections as single GEMMs (packed for oneDNN on the CPU) and fused norm passes."""
         self.model.language_model.fuse_for_inference()
 
     @property

@@ -9,14 +9,15 @@ elementwise sigmoid output gate before o_proj; a plain-scale final norm.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from glimmer.checkpoint.config import TextConfig
 from glimmer.model import kernels
 from glimmer.model.attention import paged_attention
 from glimmer.model.context import ForwardContext
+from glimmer.model.kernels.packed_linear import PackedLinear, can_pack, linear
 from glimmer.model.kernels.qk_norm_rope import HeadLayout
+from glimmer.model.kernels.residual_norm import NormSpec
 from glimmer.model.layers import (
     CenteredRMSNorm,
     GatedMLP,
@@ -25,6 +26,7 @@ from glimmer.model.layers import (
     ScaledRMSNorm,
     apply_rotary,
     fuse_linears,
+    release_packed,
     weightless_rms_norm,
 )
 
@@ -50,12 +52,21 @@ class TextAttention(nn.Module):
         # the output gate never has a bias, whatever attention_bias says (§3)
         self.gate_proj = nn.Linear(config.hidden_size, config.q_size, bias=False)
         self.layout = HeadLayout(self.num_heads, self.num_kv_heads, self.head_dim)
-        self.qkvg_weight: torch.Tensor | None = None
+        self.qkvg_weight: torch.Tensor | PackedLinear | None = None
         self.qkvg_bias: torch.Tensor | None = None
+        self.o_packed: PackedLinear | None = None
 
     def fuse_projections(self) -> None:
-        """q, k, v and the gate share their input: one GEMM (a device path; the CPU keeps four products)."""
+        """q, k, v and the gate share their input: one GEMM. On the CPU it and o_proj may read weights packed for
+        oneDNN, which then replace the dense ones (every forward reads the packed ones)."""
+        if self.qkvg_weight is not None:
+            return
         self.qkvg_weight, self.qkvg_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj, self.gate_proj)
+        if can_pack(self.qkvg_weight):
+            self.qkvg_weight = PackedLinear(self.qkvg_weight, self.qkvg_bias)
+            self.qkvg_bias = None
+            self.o_packed = PackedLinear(self.o_proj.weight, self.o_proj.bias)
+            release_packed(self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.o_proj)
 
     def forward(
         self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
@@ -64,16 +75,20 @@ class TextAttention(nn.Module):
         if self.qkvg_weight is not None and caches is not None:
             return self._forward_fused(hidden, rotary, ctx, caches)
         n = hidden.shape[0]
-        q = self.q_proj(hidden).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+        if self.qkvg_weight is not None:  # fused (and maybe packed) weights: the same products, one GEMM
+            q, k, v, gate = self.layout.split(linear(hidden, self.qkvg_weight, self.qkvg_bias))
+        else:
+            q = self.q_proj(hidden).view(n, self.num_heads, self.head_dim)
+            k = self.k_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+            gate = self.gate_proj(hidden)
         # QK-norm in fp32, cast back, then the extra q scale in the model dtype (§2.5.2-3)
         q = weightless_rms_norm(q, self.qk_norm_eps) * self.qk_scale_factor
         k = weightless_rms_norm(k, self.qk_norm_eps)
         if self.uses_rope:
             cos, sin = rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        # elementwise gate from the same normed input, applied before o_proj (§2.5.8)
+        # elementwise gate (from the same normed input) applied before o_proj (§2.5.8)
         out = paged_attention(
             q,
             k,
@@ -83,9 +98,9 @@ class TextAttention(nn.Module):
             group_name=self.group_name,
             sliding_window=self.sliding_window,
             scale=self.head_dim**-0.5,
-            gate=self.gate_proj(hidden),
+            gate=gate,
         )
-        return self.o_proj(out)
+        return self.o_packed(out) if self.o_packed is not None else self.o_proj(out)
 
     def _forward_fused(
         self,
@@ -95,7 +110,7 @@ class TextAttention(nn.Module):
         caches: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """The same formulas in three launches and two GEMMs: projection, norm+RoPE+cache store, attention+gate."""
-        qkvg = F.linear(hidden, self.qkvg_weight, self.qkvg_bias)
+        qkvg = linear(hidden, self.qkvg_weight, self.qkvg_bias)
         key_cache, value_cache = caches
         group = ctx.groups[self.group_name]
         q = kernels.qk_norm_rope_store(qkvg, self.layout, self.qk_norm_eps, self.qk_scale_factor,
@@ -104,7 +119,7 @@ class TextAttention(nn.Module):
         gate = qkvg[:, qkvg.shape[1] - self.layout.q_size :]
         out = kernels.paged_attention(q, key_cache, value_cache, group, ctx, self.sliding_window,
                                       self.head_dim**-0.5, gate)
-        return self.o_proj(out)
+        return self.o_packed(out) if self.o_packed is not None else self.o_proj(out)
 
 
 class TextDecoderLayer(nn.Module):
@@ -138,12 +153,24 @@ class TextModel(nn.Module):
         self.norm = ScaledRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
         self.fused = False
+        self.sandwich_specs: list[tuple[NormSpec, NormSpec, NormSpec, NormSpec]] = []
 
     def fuse_for_inference(self) -> None:
-        """Fused projections and the one-pass sandwich norms of `_forward_fused` (a device path)."""
+        """Fused projections (packed on the CPU) and the one-pass sandwich norms of `_forward_fused`.
+
+        Reads the weights once: norms' scales and packed projections are formed here, so an inference model
+        is fused after its weights are loaded and not changed after. Fusing twice changes nothing."""
+        if self.fused:
+            return
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+        following = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        self.sandwich_specs = [
+            (layer.input_layernorm.spec, layer.post_attention_layernorm.spec, layer.pre_feedforward_layernorm.spec,
+             layer.post_feedforward_layernorm.spec) for layer in self.layers
+        ]
+        self.following_specs = [norm.spec for norm in following]
         self.fused = True
 
     def forward(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -160,16 +187,14 @@ class TextModel(nn.Module):
     def _forward_fused(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The decoder layers of §2.4 with each post-norm, residual add and the next pre-norm in one pass."""
         rotary = self.rotary(ctx.positions, inputs_embeds.dtype)
-        layers = self.layers
-        residual, h = kernels.residual_norm(None, inputs_embeds, None, layers[0].input_layernorm.spec)
-        for i, layer in enumerate(layers):
+        specs = self.sandwich_specs
+        residual, h = kernels.residual_norm(None, inputs_embeds, None, specs[0][0])
+        for i, layer in enumerate(self.layers):
+            _, post_attention, pre_feedforward, post_feedforward = specs[i]
             a = layer.self_attn(h, rotary, ctx)
-            residual, h = kernels.residual_norm(a, residual, layer.post_attention_layernorm.spec,
-                                                layer.pre_feedforward_layernorm.spec)
+            residual, h = kernels.residual_norm(a, residual, post_attention, pre_feedforward)
             m = layer.mlp(h)
-            following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-            residual, h = kernels.residual_norm(m, residual, layer.post_feedforward_layernorm.spec,
-                                                following.spec)
+            residual, h = kernels.residual_norm(m, residual, post_feedforward, self.following_specs[i])
             if i in ctx.capture_layers:
                 ctx.captured[i] = residual
         return h

@@ -1,17 +1,36 @@
-"""The device path's fused math (one GEMM for q|k|v|gate and gate|up, one pass per sandwich norm), run with
-its torch references on the CPU: the same tokens and logprobs as the plain path, and the same parameters."""
+"""The fused math (one GEMM for q|k|v|gate and gate|up, one pass per sandwich norm), run with its torch
+references on the CPU: the same tokens and logprobs as the plain path, and the same parameters; and the CPU's
+fast path (the same, with weights packed for oneDNN), which agrees with the plain path to fp32 rounding."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
+from glimmer.model.context import ForwardContext
+from glimmer.model.kernels.packed_linear import PackedLinear, packs
+from glimmer.model.kernels.paged_attention import (
+    decode_attention,
+    decode_visibility_mask,
+    dense_attention,
+    general_visibility_mask,
+    paged_attention_torch,
+)
+from glimmer.model.kernels.qk_norm_rope import HeadLayout, qk_norm_rope_store_torch
 from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch
-from glimmer.model.layers import CenteredRMSNorm, ScaledRMSNorm
+from glimmer.model.layers import CenteredRMSNorm, RotaryTable, ScaledRMSNorm, apply_rotary, weightless_rms_norm
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
+sys.path.insert(0, str(Path(__file__).parent))
+from paged_cases import make_case  # noqa: E402
 
-def test_fused_projections_and_norms_give_the_plain_paths_tokens(tmp_path):
+
+def test_fused_projections_and_norms_give_the_plain_paths_tokens(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLIMMER_KERNELS", "torch")  # both engines load the plain path; one is fused by hand
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=4)
     prompts = [list(range(5, 5 + n)) for n in (3, 40, 17, 1)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
@@ -41,3 +60,78 @@ def test_residual_norm_reference_is_the_modules_arithmetic():
     _, final_normed = residual_norm_torch(None, residual, None, final.spec)
     torch.testing.assert_close(final_normed, final(residual), rtol=1e-6, atol=1e-6)  # rsqrt vs pow(·, −0.5)
     assert final.spec == NormSpec(final.weight, 1e-5, 0.0)
+
+
+def _plain_and_fast(tmp_path, monkeypatch, **options):
+    path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
+    options = dict(progress=False, kv_cache_memory=8 << 20, max_num_batched_tokens=32, **options)
+    monkeypatch.setenv("GLIMMER_KERNELS", "torch")
+    plain = LLM(str(path), **options)
+    monkeypatch.delenv("GLIMMER_KERNELS")
+    return plain, LLM(str(path), **options)
+
+
+@pytest.mark.skipif(not packs("cpu", torch.float32), reason="this torch build has no working oneDNN")
+def test_cpu_fast_path_gives_the_plain_paths_greedy_tokens_and_close_logprobs(tmp_path, monkeypatch):
+    plain, fast = _plain_and_fast(tmp_path, monkeypatch)
+    attention = fast.engine.loaded.model.model.language_model.layers[0].self_attn
+    assert isinstance(attention.qkvg_weight, PackedLinear) and attention.o_packed is not None
+    assert not plain.engine.loaded.model.model.language_model.fused
+    # ragged prompts (chunked prefill), sliding-window crossings, then batched decode
+    prompts = [list(range(5, 5 + n)) for n in (3, 40, 17, 1, 25)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    want, got = plain.generate(prompts, params), fast.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    diffs = [abs(a.logprob - b.logprob) for x, y in zip(got, want, strict=True)
+             for a, b in zip(x.logprobs, y.logprobs, strict=True)]
+    assert max(diffs) < 1e-4
+
+
+@pytest.mark.skipif(not packs("cpu", torch.float32), reason="this torch build has no working oneDNN")
+def test_packed_weights_replace_the_dense_ones_and_the_cacheless_forward_still_runs(tmp_path, monkeypatch):
+    plain, fast = _plain_and_fast(tmp_path, monkeypatch)
+    model = fast.engine.loaded.model
+    layer = model.model.language_model.layers[0]
+    for linear in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.down_proj):
+        assert linear.weight.is_meta  # one copy of each weight: the packed one
+    model.fuse_for_inference()  # a second call changes nothing
+    ids = torch.arange(5, 45)
+    want, got = (m.compute_logits(m(ids, ForwardContext.without_cache([40])))
+                 for m in (plain.engine.loaded.model, model))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rope", [True, False])
+def test_qk_norm_rope_reference_is_the_modules_arithmetic_bit_for_bit(dtype, rope):
+    torch.manual_seed(1)
+    layout, n = HeadLayout(num_heads=4, num_kv_heads=2, head_dim=16), 5
+    qkvg = (torch.randn(n, 2 * layout.q_size + 2 * layout.kv_size) * 3).to(dtype)
+    cache_shape = (4, 4, layout.num_kv_heads, layout.head_dim)
+    key_cache, value_cache = torch.zeros(cache_shape, dtype=dtype), torch.zeros(cache_shape, dtype=dtype)
+    slots = torch.tensor([3, 0, 9, 14, 5])
+    rotary = RotaryTable(layout.head_dim, 10000.0)(torch.tensor([7, 0, 130, 2, 64]), dtype) if rope else None
+    q = qk_norm_rope_store_torch(qkvg, layout, 1e-6, 0.7, rotary, key_cache, value_cache, slots)
+    q_raw, k_raw, v, _ = layout.split(qkvg)
+    want_q, want_k = weightless_rms_norm(q_raw, 1e-6) * 0.7, weightless_rms_norm(k_raw, 1e-6)
+    if rope:
+        want_q, want_k = apply_rotary(want_q, *rotary), apply_rotary(want_k, *rotary)
+    assert torch.equal(q, want_q)
+    assert torch.equal(key_cache.view(-1, 2, 16)[slots], want_k)
+    assert torch.equal(value_cache.view(-1, 2, 16)[slots], v)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_steps_mask_and_attention_are_the_general_paths_bit_for_bit(window, dtype):
+    lengths = [(0, 1), (15, 1), (16, 1), (47, 1), (70, 1)]  # one token each: block and window boundaries
+    case = make_case(lengths, num_q_heads=8, num_kv_heads=2, head_dim=16, sliding_window=window, dtype=dtype)
+    mask = decode_visibility_mask(case.ctx, case.group, window)
+    assert torch.equal(mask, general_visibility_mask(case.ctx, case.group, window))
+    keys = case.key_cache[case.group.block_tables].flatten(1, 2)
+    values = case.value_cache[case.group.block_tables].flatten(1, 2)
+    gate = torch.randn(len(lengths), 8 * 16).to(dtype)
+    got = decode_attention(case.query, keys, values, mask, 0.25, gate)
+    assert torch.equal(got, dense_attention(case.query, keys, values, mask, case.ctx, 0.25, gate))
+    assert torch.equal(got, paged_attention_torch(case.query, case.key_cache, case.value_cache, case.group, case.ctx,
+                                                  window, 0.25, gate))

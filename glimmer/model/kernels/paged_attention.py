@@ -91,6 +91,15 @@ def visibility_mask(ctx: ForwardContext, group: KVGroupView | None, sliding_wind
     key = f"mask:{sliding_window}:{group is not None}"
     if key in ctx.derived:
         return ctx.derived[key]
+    if group is not None and ctx.max_query_len == 1 and ctx.positions.shape[0] == ctx.num_seqs:
+        ctx.derived[key] = decode_visibility_mask(ctx, group, sliding_window)
+    else:
+        ctx.derived[key] = general_visibility_mask(ctx, group, sliding_window)
+    return ctx.derived[key]
+
+
+def general_visibility_mask(ctx: ForwardContext, group: KVGroupView | None, sliding_window: int | None
+                            ) -> torch.Tensor:
     query_pos = to_padded(ctx.positions, ctx)
     rows = torch.arange(ctx.max_query_len, device=query_pos.device)
     query_valid = rows[None, :] < ctx.query_lens[:, None]
@@ -105,8 +114,19 @@ def visibility_mask(ctx: ForwardContext, group: KVGroupView | None, sliding_wind
         visible &= key_pos[:, None, :] > query_pos[:, :, None] - sliding_window
     # padded query rows must see something, or softmax over an empty row yields NaN
     visible[:, :, 0] |= ~query_valid
-    ctx.derived[key] = visible[:, None, :, :]
-    return ctx.derived[key]
+    return visible[:, None, :, :]
+
+
+def decode_visibility_mask(ctx: ForwardContext, group: KVGroupView, sliding_window: int | None) -> torch.Tensor:
+    """`general_visibility_mask` when each sequence brings one query, at position seq_len − 1: key j is visible
+    when j < seq_len (and j ≥ seq_len − W in a window). The same booleans in a third of the ops."""
+    num_keys = group.block_tables.shape[1] * group.block_size
+    key_pos = group.kv_start_pos[:, None] + torch.arange(num_keys, device=group.kv_start_pos.device)
+    seq_lens = ctx.seq_lens[:, None]
+    visible = key_pos < seq_lens
+    if sliding_window is not None:
+        visible &= key_pos >= seq_lens - sliding_window
+    return visible[:, None, None, :]
 
 
 def dense_attention(
@@ -143,13 +163,32 @@ def paged_attention_torch(
     scale: float,
     gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    blocks_k = key_cache[group.block_tables]
-    blocks_v = value_cache[group.block_tables]
-    b, m, bs, num_kv_heads, head_dim = blocks_k.shape
-    keys = blocks_k.reshape(b, m * bs, num_kv_heads, head_dim)
-    values = blocks_v.reshape(b, m * bs, num_kv_heads, head_dim)
+    b, m = group.block_tables.shape
+    num_keys, kv_row = m * key_cache.shape[1], key_cache.shape[2:]
+    keys = key_cache.index_select(0, group.block_tables.reshape(-1)).view(b, num_keys, *kv_row)
+    values = value_cache.index_select(0, group.block_tables.reshape(-1)).view(b, num_keys, *kv_row)
     mask = visibility_mask(ctx, group, sliding_window)
+    if ctx.max_query_len == 1 and query.shape[0] == b:
+        return decode_attention(query, keys, values, mask, scale, gate)
     return dense_attention(query, keys, values, mask, ctx, scale, gate)
+
+
+def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                      scale: float, gate: torch.Tensor | None) -> torch.Tensor:
+    """`dense_attention` when every sequence brings one token: the flat rows are already the padded batch, so
+    the same SDPA runs without scattering the queries in and gathering the outputs back (fewer ops: the CPU's
+    decode step is made of small ones)."""
+    b, num_q_heads, head_dim = query.shape
+    out = F.scaled_dot_product_attention(
+        query.view(b, 1, num_q_heads, head_dim).transpose(1, 2),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=num_q_heads != keys.shape[2],
+    )
+    out = out.transpose(1, 2).reshape(b, num_q_heads * head_dim)
+    return out if gate is None else out * torch.sigmoid(gate)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -69,14 +69,18 @@ def qk_norm_rope_store_torch(
     from glimmer.model.attention import write_kv_cache
     from glimmer.model.layers import apply_rotary, weightless_rms_norm
 
-    q, k, v, _ = layout.split(qkvg)
-    q = weightless_rms_norm(q, eps) * q_scale
-    k = weightless_rms_norm(k, eps)
+    # q and k heads side by side as one (N, q_heads + kv_heads, d) view: each head is normed and rotated on its
+    # own, so one pass over both gives the bits of two (and half the ops, which is what costs on the CPU)
+    n, num_heads, qk_size = qkvg.shape[0], layout.num_heads, layout.q_size + layout.kv_size
+    v = qkvg[:, qk_size : qk_size + layout.kv_size].view(n, layout.num_kv_heads, layout.head_dim)
+    qk = weightless_rms_norm(qkvg[:, :qk_size].view(n, num_heads + layout.num_kv_heads, layout.head_dim), eps)
+    if q_scale != 1.0:
+        qk[:, :num_heads].mul_(q_scale)
     if rotary is not None:
         cos, sin = rotary
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    write_kv_cache(key_cache, value_cache, slot_mapping, k, v)
-    return q
+        qk = apply_rotary(qk, cos, sin)
+    write_kv_cache(key_cache, value_cache, slot_mapping, qk[:, num_heads:], v)
+    return qk[:, :num_heads]
 
 
 def qk_norm_rope_store_triton(

@@ -23,9 +23,9 @@ def triton_importable() -> bool:
 
 def use_triton(*tensors: torch.Tensor) -> bool:
     """Whether the Triton version of an op should run on these tensors."""
-    if os.environ.get("GLIMMER_KERNELS", "").lower() == "torch":
+    if not all(t.is_cuda for t in tensors):  # first: the CPU's decode step calls this hundreds of times
         return False
-    return all(t.is_cuda for t in tensors) and triton_importable()
+    return os.environ.get("GLIMMER_KERNELS", "").lower() != "torch" and triton_importable()
 
 
 @functools.cache
