@@ -142,7 +142,9 @@ def merge_splits(
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     weight = tl.exp2(m - m_safe)
     total = tl.sum(weight * l_s, 0)
-    acc = tl.load(PartialAcc + where[:, None] * HEAD_DIM + offs_d[None, :])
+    # a split that saw no key left l = 0 and acc = 0: skipping its row changes no bit and reads only the
+    # splits a short context reaches (the split count is fixed by the batch shape, for CUDA graphs)
+    acc = tl.load(PartialAcc + where[:, None] * HEAD_DIM + offs_d[None, :], mask=(l_s > 0)[:, None], other=0.0)
     o = tl.sum(acc * weight[:, None], 0) / total
     tokens = tl.full((1,), 0, tl.int32) + token
     heads = tl.full((1,), 0, tl.int32) + head
