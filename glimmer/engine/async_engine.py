@@ -10,6 +10,11 @@ that fails ends the requests of its batch (each caller gets EngineStepError) whi
 failure outside any step, or several failing steps in a row, stops the thread; then every caller gets
 EngineDeadError and the callbacks registered with `notify_when_dead` run (the server exits, so that a
 supervisor can restart it).
+
+The engine thread shares the interpreter lock with the event loop, which formats and writes every stream's
+chunks; when the loop holds the lock, a thread that wants it waits for the switch interval (5 ms by default)
+before the loop is made to yield. Starting the engine shortens the interval to ENGINE_SWITCH_INTERVAL_S, so a
+step is launched at most about a millisecond late (64 streaming clients on an H200: 1,154 → 1,270 tok/s).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +37,9 @@ from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import GlimmerError
 
 logger = logging.getLogger(__name__)
+
+ENGINE_SWITCH_INTERVAL_S = 0.001
+"""The longest the engine thread waits for the interpreter lock while other threads run Python (see above)."""
 
 
 class EngineOverloadedError(GlimmerError):
@@ -80,6 +89,8 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._death_lock = threading.Lock()
+        if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:  # never lengthen one a host process chose
+            sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._run, name="glimmer-engine", daemon=True)
         self._thread.start()
 

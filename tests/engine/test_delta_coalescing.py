@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
+import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.async_engine import ENGINE_SWITCH_INTERVAL_S, AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.engine.outputs import StepDelta
 
@@ -51,3 +53,20 @@ def test_a_slow_caller_gets_coalesced_deltas_with_the_same_text(tiny_checkpoint)
     assert sum((d.token_ids for d in received), []) == expected.token_ids
     assert "".join(d.text for d in received) == expected.text
     assert received[-1].finish_reason == "length"
+
+
+def test_starting_the_engine_thread_shortens_the_switch_interval_and_never_lengthens_it(tiny_checkpoint):
+    """The engine thread must not wait 5 ms (CPython's default) for the interpreter lock each time the event
+    loop is busy writing chunks; a process that chose a shorter interval keeps it."""
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False))
+        engine.shutdown()
+        assert sys.getswitchinterval() == pytest.approx(ENGINE_SWITCH_INTERVAL_S)
+        sys.setswitchinterval(0.0002)
+        engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False))
+        engine.shutdown()
+        assert sys.getswitchinterval() == pytest.approx(0.0002)
+    finally:
+        sys.setswitchinterval(before)
