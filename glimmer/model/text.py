@@ -153,7 +153,9 @@ class TextModel(nn.Module):
         self.norm = ScaledRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
         self.fused = False
+        # per layer: its four sandwich norms, and the norm after it (the next layer's input norm, or the final one)
         self.sandwich_specs: list[tuple[NormSpec, NormSpec, NormSpec, NormSpec]] = []
+        self.following_specs: list[NormSpec] = []
 
     def fuse_for_inference(self) -> None:
         """Fused projections (packed on the CPU) and the one-pass sandwich norms of `_forward_fused`.
