@@ -104,6 +104,8 @@ def pack_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, dev
     if not packs(device, dtype):
         return False
     model.fuse_for_inference()
+    logger.info("%s: projections packed for oneDNN (the CPU fast path; GLIMMER_KERNELS=torch keeps the plain math)",
+                type(model).__name__)
     return True
 
 
