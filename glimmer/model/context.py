@@ -71,6 +71,11 @@ class ForwardContext:
         return self.query_start_loc.numel() - 1
 
     @property
+    def one_query_per_sequence(self) -> bool:
+        """A decode step: every sequence brings exactly one token (so the flat rows are the batch's rows)."""
+        return self.max_query_len == 1 and self.positions.shape[0] == self.num_seqs
+
+    @property
     def query_lens(self) -> torch.Tensor:
         return self.query_start_loc[1:] - self.query_start_loc[:-1]
 

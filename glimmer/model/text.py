@@ -68,6 +68,9 @@ class TextAttention(nn.Module):
             self.o_packed = PackedLinear(self.o_proj.weight, self.o_proj.bias)
             release_packed(self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.o_proj)
 
+    def _output_projection(self, out: torch.Tensor) -> torch.Tensor:
+        return self.o_packed(out) if self.o_packed is not None else self.o_proj(out)
+
     def forward(
         self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext
     ) -> torch.Tensor:
@@ -100,7 +103,7 @@ class TextAttention(nn.Module):
             scale=self.head_dim**-0.5,
             gate=gate,
         )
-        return self.o_packed(out) if self.o_packed is not None else self.o_proj(out)
+        return self._output_projection(out)
 
     def _forward_fused(
         self,
@@ -119,7 +122,7 @@ class TextAttention(nn.Module):
         gate = qkvg[:, qkvg.shape[1] - self.layout.q_size :]
         out = kernels.paged_attention(q, key_cache, value_cache, group, ctx, self.sliding_window,
                                       self.head_dim**-0.5, gate)
-        return self.o_packed(out) if self.o_packed is not None else self.o_proj(out)
+        return self._output_projection(out)
 
 
 class TextDecoderLayer(nn.Module):
@@ -153,9 +156,10 @@ class TextModel(nn.Module):
         self.norm = ScaledRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
         self.fused = False
-        # per layer: its four sandwich norms, and the norm after it (the next layer's input norm, or the final one)
-        self.sandwich_specs: list[tuple[NormSpec, NormSpec, NormSpec, NormSpec]] = []
-        self.following_specs: list[NormSpec] = []
+        # formed by fuse_for_inference: the first layer's input norm, then per layer its post-attention,
+        # pre-feedforward and post-feedforward norms and the norm after it (the next input norm, or the final one)
+        self.input_spec: NormSpec | None = None
+        self.layer_specs: list[tuple[NormSpec, NormSpec, NormSpec, NormSpec]] = []
 
     def fuse_for_inference(self) -> None:
         """Fused projections (packed on the CPU) and the one-pass sandwich norms of `_forward_fused`.
@@ -168,11 +172,12 @@ class TextModel(nn.Module):
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
         following = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        self.sandwich_specs = [
-            (layer.input_layernorm.spec, layer.post_attention_layernorm.spec, layer.pre_feedforward_layernorm.spec,
-             layer.post_feedforward_layernorm.spec) for layer in self.layers
+        self.input_spec = self.layers[0].input_layernorm.spec
+        self.layer_specs = [
+            (layer.post_attention_layernorm.spec, layer.pre_feedforward_layernorm.spec,
+             layer.post_feedforward_layernorm.spec, after.spec)
+            for layer, after in zip(self.layers, following, strict=True)
         ]
-        self.following_specs = [norm.spec for norm in following]
         self.fused = True
 
     def forward(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -189,14 +194,13 @@ class TextModel(nn.Module):
     def _forward_fused(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The decoder layers of §2.4 with each post-norm, residual add and the next pre-norm in one pass."""
         rotary = self.rotary(ctx.positions, inputs_embeds.dtype)
-        specs = self.sandwich_specs
-        residual, h = kernels.residual_norm(None, inputs_embeds, None, specs[0][0])
-        for i, layer in enumerate(self.layers):
-            _, post_attention, pre_feedforward, post_feedforward = specs[i]
+        residual, h = kernels.residual_norm(None, inputs_embeds, None, self.input_spec)
+        for i, (layer, specs) in enumerate(zip(self.layers, self.layer_specs, strict=True)):
+            post_attention, pre_feedforward, post_feedforward, following = specs
             a = layer.self_attn(h, rotary, ctx)
             residual, h = kernels.residual_norm(a, residual, post_attention, pre_feedforward)
             m = layer.mlp(h)
-            residual, h = kernels.residual_norm(m, residual, post_feedforward, self.following_specs[i])
+            residual, h = kernels.residual_norm(m, residual, post_feedforward, following)
             if i in ctx.capture_layers:
                 ctx.captured[i] = residual
         return h

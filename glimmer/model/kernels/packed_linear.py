@@ -14,10 +14,11 @@ bf16) rounding, not bit for bit; `GLIMMER_KERNELS=torch` keeps the dense weights
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
+
+from glimmer.model.kernels.support import references_forced
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 BATCH_HINT = 64
@@ -63,7 +64,7 @@ def _packing_works(dtype: torch.dtype) -> bool:
 def packs(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether weights on `device` in `dtype` are packed: the CPU, a packed dtype, oneDNN working, and
     GLIMMER_KERNELS not set to torch."""
-    if os.environ.get("GLIMMER_KERNELS", "").lower() == "torch":
+    if references_forced():
         return False
     return torch.device(device).type == "cpu" and dtype in PACKED_DTYPES and _packing_works(dtype)
 

@@ -91,7 +91,7 @@ def visibility_mask(ctx: ForwardContext, group: KVGroupView | None, sliding_wind
     key = f"mask:{sliding_window}:{group is not None}"
     if key in ctx.derived:
         return ctx.derived[key]
-    if group is not None and ctx.max_query_len == 1 and ctx.positions.shape[0] == ctx.num_seqs:
+    if group is not None and ctx.one_query_per_sequence:
         ctx.derived[key] = decode_visibility_mask(ctx, group, sliding_window)
     else:
         ctx.derived[key] = general_visibility_mask(ctx, group, sliding_window)
@@ -168,7 +168,7 @@ def paged_attention_torch(
     keys = key_cache.index_select(0, group.block_tables.reshape(-1)).view(b, num_keys, *kv_row)
     values = value_cache.index_select(0, group.block_tables.reshape(-1)).view(b, num_keys, *kv_row)
     mask = visibility_mask(ctx, group, sliding_window)
-    if ctx.max_query_len == 1 and query.shape[0] == b:
+    if ctx.one_query_per_sequence:
         return decode_attention(query, keys, values, mask, scale, gate)
     return dense_attention(query, keys, values, mask, ctx, scale, gate)
 

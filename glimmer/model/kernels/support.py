@@ -21,11 +21,16 @@ def triton_importable() -> bool:
     return True
 
 
+def references_forced() -> bool:
+    """GLIMMER_KERNELS=torch: every op runs its plain-torch reference (no Triton, no packed CPU weights)."""
+    return os.environ.get("GLIMMER_KERNELS", "").lower() == "torch"
+
+
 def use_triton(*tensors: torch.Tensor) -> bool:
     """Whether the Triton version of an op should run on these tensors."""
     if not all(t.is_cuda for t in tensors):  # first: the CPU's decode step calls this hundreds of times
         return False
-    return os.environ.get("GLIMMER_KERNELS", "").lower() != "torch" and triton_importable()
+    return not references_forced() and triton_importable()
 
 
 @functools.cache
