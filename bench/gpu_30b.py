@@ -38,6 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from glimmer import LLM, SamplingParams  # noqa: E402
+from glimmer.engine.lookahead import LaunchedStep  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
 
 VOCAB_TEXT = 200_000  # random prompt ids stay among the base tokens
@@ -217,6 +218,7 @@ def host_breakdown(llm: LLM, batch: int, max_tokens: int = 96) -> dict[str, floa
     timed(engine.scheduler, "schedule", "schedule")
     timed(engine.runner, "execute", "inputs + launch")
     timed(llm_engine, "sample", "sample (waits for the GPU)")
+    timed(LaunchedStep, "read", "read tokens run ahead (waits for the GPU)")
     timed(engine, "_accept_token", "append tokens, token stops")
     timed(engine, "_release_text", "detokenize, stop strings, deltas")
     timed(engine, "step", "whole step")
@@ -224,7 +226,7 @@ def host_breakdown(llm: LLM, batch: int, max_tokens: int = 96) -> dict[str, floa
         run_engine(llm, fresh_prompts(batch, 16, 70 + batch), max_tokens)
     finally:
         for owner, name, original in reversed(originals):
-            if owner is llm_engine:
+            if owner is llm_engine or isinstance(owner, type):
                 setattr(owner, name, original)
             else:
                 delattr(owner, name)  # the bound-method attribute hid the class's

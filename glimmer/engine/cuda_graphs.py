@@ -126,11 +126,15 @@ class DecodeGraphs:
                         for seq in step.seqs for item in seq.multimodal)
         )
 
-    def run(self, inputs: StepInputs, num_seqs: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def run(self, inputs: StepInputs, num_seqs: int, input_ids: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits of the first `num_seqs` sequences of a step laid out for `padded_size` (q rows each) and the
-        captured layers' outputs (padded rows included); the caller checked `can_run`."""
+        captured layers' outputs (padded rows included); the caller checked `can_run`. `input_ids`: a decode
+        step's input tokens on the device, in place of the zeros `inputs` holds for them."""
         size, q = inputs.num_seqs, inputs.max_query_len
         self._load(inputs)
+        if input_ids is not None:
+            self._flat[:num_seqs].copy_(input_ids)
         graph = self._graphs.get((size, q))
         if graph is None:
             graph = self._graphs[(size, q)] = self._capture(inputs)

@@ -32,13 +32,14 @@ from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, pack_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
 from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
-from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample
+from glimmer.engine.sampler import SamplingRow, TokenLogprobs, choose_tokens, sample
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
@@ -235,6 +236,7 @@ class LLMEngine:
         self._completions: dict[int, _Completion] = {}
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
         self._unreleased: list[_AcceptedToken] = []
+        self._launched: LaunchedStep | None = None  # a decode step running ahead of the host (lookahead.py)
         logger.info(
             "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
@@ -552,14 +554,19 @@ class LLMEngine:
         are sampled; their text (detokenizing, stop strings, deltas) is made in the same call, or with
         `async_scheduling` in the next one, while the device computes that step. A stop string found then
         finishes its sequence, and the token the sequence got in the running step is dropped: the output is the
-        same either way.
+        same either way. With `async_scheduling`, plain decode steps also run ahead of the host: the next one is
+        launched before this one's tokens are read (`lookahead.py`).
 
         Raises StepError naming the requests at fault: those whose grammar masks, steering or bookkeeping failed
         (the others' deltas ride on the error), or every request of the batch if running the model or the
         sampler failed.
         """
         started = time.perf_counter()
+        if self._launched is not None:
+            return self._step_ahead(self._successor(self._launched), self._launched)
         step = self.scheduler.schedule()
+        if self._can_launch_ahead(step):
+            return self._step_ahead(step, None)
         outcome = _StepOutcome()  # filled as the step goes: what it released before a failure goes out
         try:
             self._run_step(step, started, outcome)
@@ -606,6 +613,85 @@ class LLMEngine:
             complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
             self.kv.register_computed_blocks(seq, complete)
         self._retire_finished(outcome)
+
+    # running ahead (lookahead.py) ------------------------------------------------------------------------
+
+    def _can_launch_ahead(self, step: ScheduledStep) -> bool:
+        """Whether `step` (just scheduled) may run ahead of the host: every running sequence decodes one plain
+        token, and no waiting request could join the batch before the step after it."""
+        scheduler = self.scheduler
+        return (
+            self.async_scheduling
+            and self.speculator is None
+            and not step.is_empty
+            and len(step.seqs) == len(scheduler.running)
+            and not (scheduler.waiting and len(scheduler.running) < scheduler.config.max_num_seqs)
+            and all(n == 1 and step.samples(i) and runs_ahead(seq)
+                    for i, (seq, n) in enumerate(zip(step.seqs, step.num_new_tokens, strict=True)))
+        )
+
+    def _successor(self, launched: LaunchedStep) -> ScheduledStep | None:
+        """The decode step after `launched`, planned before its tokens are read; None when that step must be
+        read first (a waiting request could be admitted, or the KV pools are short)."""
+        scheduler = self.scheduler
+        if scheduler.waiting and len(scheduler.running) < scheduler.config.max_num_seqs:
+            return None
+        step = ScheduledStep([], [])
+        for seq in launched.step.seqs:
+            if seq.is_finished or seq.num_tokens + seq.num_pending_tokens >= seq.max_total_tokens:
+                continue  # ended (aborted, or a stop since), or the token on its way is its last
+            if not self.kv.try_allocate(seq, 1):
+                return None  # (blocks it took stay its own: the step planned after the read uses them)
+            step.add(seq, 1)
+        return step if step.seqs else None
+
+    def _step_ahead(self, step: ScheduledStep | None, launched: LaunchedStep | None) -> list[StepDelta]:
+        """Launch `step` (if any) with the tokens of `launched` as its inputs, then read `launched` (if any)
+        and release the text, while `step` runs."""
+        outcome = _StepOutcome()
+        self._launched = None
+        released = False
+        try:
+            if step is not None:
+                self._launched = self._launch(step, launched)
+            if launched is not None:
+                self._accept_launched(launched, outcome)
+            released = True
+            self._release_text(outcome)
+        except Exception as exc:
+            if not released:  # the text made before the failure still goes out (to the requests not at fault)
+                self._release_text(outcome)
+            self._retire_finished(outcome)
+            self._launched = None  # its sequences are among the failed ones
+            seqs = [*(step.seqs if step is not None else []), *(launched.step.seqs if launched is not None else [])]
+            failed = sorted({seq.request_id for seq in seqs} | set(outcome.failures))
+            raise StepError(failed, exc, whole_batch=True,
+                            deltas=[d for d in outcome.deltas if d.request_id not in failed]) from exc
+        self._retire_finished(outcome)
+        if outcome.failures:
+            cause = next(iter(outcome.failures.values()))
+            raise StepError(sorted(outcome.failures), cause, whole_batch=False,
+                            deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
+        return outcome.deltas
+
+    def _launch(self, step: ScheduledStep, previous: LaunchedStep | None) -> LaunchedStep:
+        """Run a plain decode step and choose its tokens on the device; its inputs are `previous`'s tokens."""
+        output = self.runner.execute(step, previous.input_ids_for(step) if previous is not None else None)
+        tokens = choose_tokens(output.logits, [self._sampling_row(seq) for seq in step.seqs])
+        launched = LaunchedStep.start(step, tokens)
+        for seq in step.seqs:
+            seq.num_computed_tokens += 1
+            seq.num_pending_tokens += 1
+        return launched
+
+    def _accept_launched(self, launched: LaunchedStep, outcome: _StepOutcome) -> None:
+        """Append the tokens `launched` chose, except to sequences that ended since it was launched."""
+        for seq, token in zip(launched.step.seqs, launched.read(), strict=True):
+            seq.num_pending_tokens -= 1
+            if seq.is_finished or seq.request_id in outcome.failures:
+                continue
+            if self._emit_tokens(seq, [token], [None], outcome) and not outcome.ends(seq):
+                self.kv.register_computed_blocks(seq)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
         """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""
@@ -682,7 +768,8 @@ class LLMEngine:
     def _sampling_row(self, seq: Sequence, proposed: list[int] | tuple[int, ...] = ()) -> SamplingRow:
         """What sampling the next token needs — after the `proposed` tokens, when verifying them."""
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
-        banned = tuple(seq.stop_token_ids) if len(outputs) < seq.params.min_tokens else ()
+        # a token chosen by a step launched ahead counts, though the host has not appended it yet
+        banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
         return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned)
 
     def _emit_tokens(

@@ -154,16 +154,23 @@ class ModelRunner:
         return cached
 
     @torch.inference_mode()
-    def execute(self, step: ScheduledStep) -> StepLogits:
+    def execute(self, step: ScheduledStep, input_ids: torch.Tensor | None = None) -> StepLogits:
         """Run one step: logits for the sequences that sample (see `StepLogits`), the prompt logprobs of
-        sequences that score their prompt, and the captured layers."""
+        sequences that score their prompt, and the captured layers.
+
+        `input_ids`: a decode step's input tokens as a device tensor, one per sequence (the tokens the step
+        before sampled, not yet read by the host: `lookahead.py`)."""
+        on_device = input_ids is not None
         if self.graphs is not None and self.graphs.can_run(step):
             q = self.graphs.query_len(step)
-            inputs = build_step_inputs(step, self.kv, self.null_blocks, self.graphs.padded_size(len(step.seqs)), q)
-            logits, hidden = self.graphs.run(inputs, len(step.seqs))
+            inputs = build_step_inputs(step, self.kv, self.null_blocks, self.graphs.padded_size(len(step.seqs)), q,
+                                       ids_on_device=on_device)
+            logits, hidden = self.graphs.run(inputs, len(step.seqs), input_ids)
             return StepLogits(logits, list(range(len(step.seqs))), {}, hidden)
-        inputs = build_step_inputs(step, self.kv, self.null_blocks)
+        inputs = build_step_inputs(step, self.kv, self.null_blocks, ids_on_device=on_device)
         flat = inputs.flat.to(self.device, non_blocking=True)
+        if on_device:
+            flat[: len(step.seqs)].copy_(input_ids)  # the ids lead the flat fields, one per decode sequence
         tables = {g: t.to(self.device, non_blocking=True) for g, t in inputs.tables.items()}
         input_ids, ctx = inputs.context(flat, tables, self.block_size, self.kv_caches)
         ctx.capture_layers = self.capture_layers

@@ -170,8 +170,17 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
     logits = logits.float()
     want_logprobs = any(r.params.logprobs is not None for r in rows)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-    logits = constrain(logits, rows, token_bitmask)
+    tokens = choose_tokens(logits, rows, token_bitmask)
+    if raw_logprobs is None:
+        return SampleResult(token_ids=tokens.tolist(), logprobs=[None] * len(rows))
+    token_list, logprobs = chosen_logprobs(raw_logprobs, tokens, [r.params.logprobs for r in rows])
+    return SampleResult(token_ids=token_list, logprobs=logprobs)
 
+
+def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """The chosen token of each row, as a device tensor (nothing is read back): what `sample` reads."""
+    logits = constrain(logits.float(), rows, token_bitmask)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:
@@ -184,11 +193,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
         sub_rows = [rows[i] for i in random_rows]
         index = _ids_on(logits.device, random_rows)
         tokens[index] = draw(sampling_probs(logits[index], sub_rows), [r.generator for r in sub_rows])
-
-    if raw_logprobs is None:
-        return SampleResult(token_ids=tokens.tolist(), logprobs=[None] * len(rows))
-    token_list, logprobs = chosen_logprobs(raw_logprobs, tokens, [r.params.logprobs for r in rows])
-    return SampleResult(token_ids=token_list, logprobs=logprobs)
+    return tokens
 
 
 def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[TokenLogprobs]:

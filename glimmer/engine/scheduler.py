@@ -40,7 +40,8 @@ class ScheduledStep:
     def samples(self, i: int) -> bool:
         """Whether sequence i's chunk reaches its last token, so the step yields its next token(s)."""
         seq = self.seqs[i]
-        return seq.num_computed_tokens + self.num_new_tokens[i] == seq.num_tokens + self.spec_tokens(i)
+        return (seq.num_computed_tokens + self.num_new_tokens[i]
+                == seq.num_tokens + seq.num_pending_tokens + self.spec_tokens(i))
 
     def add(self, seq: Sequence, num_new_tokens: int) -> None:
         self.seqs.append(seq)

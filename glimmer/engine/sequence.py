@@ -65,6 +65,8 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
+    # tokens chosen on the device by a step launched ahead (lookahead.py), not yet appended by the host
+    num_pending_tokens: int = 0
     # per KV group, logical block index → physical block id (None once a sliding block is released)
     blocks: dict[str, list[int | None]] = field(default_factory=dict)
     # content keys (cache_keys.block_key) of the full blocks of all_token_ids, computed incrementally

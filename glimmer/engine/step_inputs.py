@@ -70,9 +70,12 @@ def target_groups(kv: KVCacheManager) -> tuple[str, ...]:
 
 def build_step_inputs(
     step: ScheduledStep, kv: KVCacheManager, null_blocks: dict[str, int], padded_seqs: int | None = None,
-    padding_tokens: int = 1,
+    padding_tokens: int = 1, ids_on_device: bool = False,
 ) -> StepInputs:
-    """Lay out `step` (after the scheduler allocated its blocks), padded with null rows to `padded_seqs`."""
+    """Lay out `step` (after the scheduler allocated its blocks), padded with null rows to `padded_seqs`.
+
+    `ids_on_device`: a decode step launched before its input tokens reach the host (`lookahead.py`); its
+    input ids are left 0 here and copied in on the device."""
     groups = target_groups(kv)
     bs = kv.block_size
     ids: list[int] = []
@@ -85,7 +88,7 @@ def build_step_inputs(
     for seq, n in zip(step.seqs, step.num_new_tokens, strict=True):
         first = seq.num_computed_tokens
         if n == 1:  # a decode token: the same layout without the per-position loops
-            ids.append(seq.token_at(first))
+            ids.append(0 if ids_on_device else seq.token_at(first))
             positions.append(first)
             for group in groups:
                 visible, start, slot = kv.decode_blocks(seq, group, first)

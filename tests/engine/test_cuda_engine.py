@@ -16,6 +16,7 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.checkpoint.config_layouts import config_to_dict, load_config
+from glimmer.engine.lookahead import LaunchedStep
 from glimmer.model.context import ForwardContext
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 from glimmer.tiny import TinySpec, released_30b_config, write_tiny_checkpoint
@@ -54,7 +55,11 @@ def test_float32_greedy_on_the_gpu_equals_the_cpu_path(windowed):
     assert len(graphs.engine.runner.graphs.captured_sizes) >= 2
 
 
-def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed):
+def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed, monkeypatch):
+    launched_rows = []
+    start = LaunchedStep.start.__func__
+    monkeypatch.setattr(LaunchedStep, "start", classmethod(
+        lambda cls, step, tokens: launched_rows.append(len(step.seqs)) or start(cls, step, tokens)))
     prompts = _prompts(9, seed=3)
     options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)
     sync = LLM(str(windowed), async_scheduling=False, **options)
@@ -66,6 +71,9 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed):
     assert overlapped.engine.async_scheduling  # the default on CUDA
     assert ([(o.token_ids, o.text, o.finish_reason) for o in overlapped.generate(prompts, params)]
             == [(o.token_ids, o.text, o.finish_reason) for o in sync.generate(prompts, params)])
+    # decode steps ran ahead of the host (lookahead), through CUDA graphs of several sizes
+    assert sum(launched_rows) > 100 and len(set(launched_rows)) > 3
+    assert overlapped.engine.runner.graphs.captured_sizes
 
 
 def test_graphs_decode_contexts_past_32k(windowed):

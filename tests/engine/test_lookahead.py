@@ -1,0 +1,142 @@
+"""Lookahead (async scheduling): a plain decode step is launched before the host reads the tokens of the one
+running; outputs equal synchronous stepping's (glimmer/engine/lookahead.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glimmer import LLM, SamplingParams
+from glimmer.engine.lookahead import LaunchedStep
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint):
+    return {mode: LLM(str(tiny_checkpoint), progress=False, async_scheduling=mode) for mode in (False, True)}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """How many steps were launched ahead (the spy keeps LaunchedStep.start's behaviour)."""
+    counted = {"steps": 0, "rows": 0, "rows_past_max_tokens": 0}
+    start = LaunchedStep.start.__func__
+
+    def spy(cls, step, tokens):
+        counted["steps"] += 1
+        counted["rows"] += len(step.seqs)
+        # a row's token would be the sequence's (num_tokens + pending + 1)-th: never past max_tokens
+        counted["rows_past_max_tokens"] += sum(s.num_tokens + s.num_pending_tokens >= s.max_total_tokens
+                                               for s in step.seqs)
+        return start(cls, step, tokens)
+
+    monkeypatch.setattr(LaunchedStep, "start", classmethod(spy))
+    return counted
+
+
+def _prompts(count: int, seed: int = 11) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 480, (int(n),), generator=generator).tolist()
+            for n in torch.randint(3, 50, (count,), generator=generator)]
+
+
+def _outputs(results) -> list[list[tuple]]:
+    return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in r.outputs] for r in results]
+
+
+def _idle(llm: LLM) -> None:
+    engine = llm.engine
+    assert not engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+    assert all(seq.num_pending_tokens == 0 for seqs in engine._seqs.values() for seq in seqs)
+
+
+def test_steps_run_ahead_with_the_outputs_of_synchronous_steps(engines, launches):
+    prompts = _prompts(8)
+    free = engines[False].generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    # a stop id allowed from exactly min_tokens on: the first token of the free run not seen before it
+    greedy5 = free[5].outputs[0].token_ids
+    at = next(j for j in range(4, 40) if greedy5[j] not in greedy5[:j])
+    stops = [[r.outputs[0].text[10:13]] if len(r.outputs[0].text) > 16 else [] for r in free]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, stop=stops[0]),
+        SamplingParams(temperature=0.8, seed=1, top_k=30, top_p=0.9, max_tokens=33, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=2, n=2, min_p=0.05, max_tokens=29, stop=stops[2]),
+        SamplingParams(temperature=0, max_tokens=1),
+        SamplingParams(temperature=0, max_tokens=2),
+        # the stop id is banned below min_tokens: the count includes the token still on the device
+        SamplingParams(temperature=0, max_tokens=40, min_tokens=at, stop_token_ids=[greedy5[at]]),
+        SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[free[6].outputs[0].token_ids[12]]),
+        SamplingParams(temperature=0, max_tokens=37, stop=stops[7] + ["zz"], include_stop_str_in_output=True),
+    ]
+    sync = engines[False].generate(prompts, params)
+    ahead = engines[True].generate(prompts, params)
+    assert _outputs(ahead) == _outputs(sync)
+    assert launches["steps"] > 20 and launches["rows"] > 100
+    assert launches["rows_past_max_tokens"] == 0
+    # banned below min_tokens (never chosen there anyway), allowed and chosen at exactly min_tokens
+    assert sync[5].outputs[0].token_ids == greedy5[: at + 1] and sync[5].outputs[0].finish_reason == "stop"
+    assert len(sync[6].outputs[0].token_ids) == 13  # ended by its stop id mid-way
+    assert sum(o.finish_reason == "stop" and isinstance(o.stop_reason, str) for r in sync for o in r.outputs) >= 2
+    for llm in engines.values():
+        _idle(llm)
+
+
+def test_requests_that_arrive_while_steps_run_ahead_join_and_hit_the_prefix_cache(engines, launches):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    first, joining = _prompts(3, seed=21), _prompts(2, seed=22)
+    reference = engines[False].generate(first + joining, params)
+    engine = engines[True].engine
+    tokens: dict[str, list[int]] = {}
+    for i, prompt in enumerate(first):
+        engine.add_request(f"early-{i}", prompt, params)
+    steps = 0
+    while engine.has_unfinished_requests:
+        if steps == 8:  # mid-way: the early ones run ahead when these arrive
+            assert engine._launched is not None
+            for i, prompt in enumerate(joining):
+                engine.add_request(f"late-{i}", prompt, params)
+        for delta in engine.step():
+            tokens.setdefault(delta.request_id, []).extend(delta.token_ids)
+        steps += 1
+    names = [f"early-{i}" for i in range(3)] + [f"late-{i}" for i in range(2)]
+    assert [tokens[name] for name in names] == [r.outputs[0].token_ids for r in reference]
+    # prompts extending the early ones with what they generated: their blocks were written by steps run ahead
+    extended = [p + r.outputs[0].token_ids[:20] + [7, 8, 9] for p, r in zip(first, reference[:3], strict=True)]
+    hits = engines[True].generate(extended, params)
+    assert _outputs(hits) == _outputs(engines[False].generate(extended, params))
+    assert all(r.num_cached_tokens > len(p) for r, p in zip(hits, first, strict=True))
+    assert launches["steps"] > 20
+    _idle(engines[True])
+
+
+def test_abort_while_a_step_runs_ahead(engines, launches):
+    engine = engines[True].engine
+    prompts = _prompts(2, seed=31)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    reference = engines[False].generate([prompts[0]], params)[0].outputs[0].token_ids
+    engine.add_request("keep", prompts[0], params)
+    engine.add_request("drop", prompts[1], params)
+    tokens: dict[str, list[int]] = {"keep": [], "drop": []}
+    for _ in range(4):
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    assert engine._launched is not None and len(engine._launched.step.seqs) == 2
+    assert [d.finish_reason for d in engine.abort("drop")] == ["abort"]
+    while engine.has_unfinished_requests:
+        for delta in engine.step():
+            assert delta.request_id == "keep"  # the aborted request's row in the running step is dropped
+            tokens[delta.request_id].extend(delta.token_ids)
+    assert tokens["keep"] == reference
+    assert 0 < len(tokens["drop"]) < 12
+    _idle(engines[True])
+
+
+def test_steps_that_need_the_hosts_view_of_the_tokens_do_not_run_ahead(engines, launches):
+    prompts = _prompts(2, seed=41)
+    for params in (SamplingParams(temperature=0, max_tokens=8, logprobs=2),
+                   SamplingParams(temperature=1.0, seed=3, max_tokens=8, repetition_penalty=1.2)):
+        sync = engines[False].generate(prompts, params)
+        ahead = engines[True].generate(prompts, params)
+        assert _outputs(ahead) == _outputs(sync)
+    assert launches["steps"] == 0
+    _idle(engines[True])
