@@ -2,9 +2,10 @@
 
 A decode step (one new token per sequence, no media) launches hundreds of small kernels; on a GPU their
 launch cost, not the arithmetic, would set the speed. A CUDA graph records one such step and replays it
-with a single launch. Graphs are captured lazily, one per size of a ladder (1, 2, 4, 8, then every 8,
-as vLLM does); a batch runs in the smallest size that holds it, padded with rows that read and write
-only the spare "null" block of each pool.
+with a single launch. One graph per size of a ladder (1, 2, 4, 8, then every 8, as vLLM does), all captured
+when the engine starts (`capture_decode_graphs`: a batch that shrinks as its requests finish would otherwise
+pay a capture at each new size, while it runs); a batch runs in the smallest size that holds it, padded with
+rows that read and write only the spare "null" block of each pool.
 
 The attention kernels read the paged cache in place through the block tables, so one graph serves every
 context length: its tables are as wide as max_model_len needs, and each step copies in only the columns
@@ -21,6 +22,7 @@ graph also returns the outputs of the layers a drafter reads (`capture_layers`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,7 +30,7 @@ import torch
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
-from glimmer.engine.step_inputs import StepInputs, target_groups
+from glimmer.engine.step_inputs import StepInputs, build_step_inputs, target_groups
 from glimmer.model.kernels.paged_attention import triton_supports
 from glimmer.model.kernels.support import use_triton
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
@@ -149,6 +151,16 @@ class DecodeGraphs:
         for group, table in inputs.tables.items():
             self._tables[group][: inputs.num_seqs, : table.shape[1]].copy_(table, non_blocking=True)
 
+    def capture_decode_graphs(self) -> None:
+        """Capture the decode graph (one token per sequence) of every ladder size now, largest first so the
+        smaller ones reuse its memory in the shared pool. Each is captured over padding rows alone."""
+        started = time.perf_counter()
+        for size in reversed(self.sizes):
+            if (size, 1) not in self._graphs:
+                self.run(build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size), 0)
+        logger.info("captured %d decode graphs (batch sizes %d to %d) in %.1f s", len(self.sizes), self.sizes[0],
+                    self.sizes[-1], time.perf_counter() - started)
+
     @property
     def captured_sizes(self) -> tuple[int, ...]:
         """Batch sizes with a captured decode (one token per sequence) graph."""
@@ -186,5 +198,5 @@ class DecodeGraphs:
         else:
             replay, graph = record(forward, self.device, self._pool)
         graph.replay = replay
-        logger.info("captured a CUDA graph for batch size %d, %d token(s) per sequence", size, q)
+        logger.debug("captured a CUDA graph for batch size %d, %d token(s) per sequence", size, q)
         return graph

@@ -16,6 +16,7 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.checkpoint.config_layouts import config_to_dict, load_config
+from glimmer.engine.cuda_graphs import batch_size_ladder
 from glimmer.engine.lookahead import LaunchedStep
 from glimmer.model.context import ForwardContext
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
@@ -53,6 +54,16 @@ def test_float32_greedy_on_the_gpu_equals_the_cpu_path(windowed):
     eager = LLM(str(windowed), enforce_eager=True, **options)
     assert _tokens(eager, prompts) == cpu
     assert len(graphs.engine.runner.graphs.captured_sizes) >= 2
+
+
+def test_every_decode_graph_is_captured_when_the_engine_starts(windowed):
+    llm = LLM(str(windowed), device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20,
+              max_num_seqs=40)
+    graphs = llm.engine.runner.graphs
+    assert graphs.captured_sizes == batch_size_ladder(40) == (1, 2, 4, 8, 16, 24, 32, 40)
+    before = dict(graphs._graphs)
+    llm.generate(_prompts(23, seed=5), SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+    assert graphs._graphs == before  # no capture while requests run
 
 
 def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed, monkeypatch):

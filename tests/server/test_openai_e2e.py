@@ -15,9 +15,11 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 EXTRA = {"chat_template_kwargs": PINNED_DATE}
 
 
-@pytest.fixture(scope="module")
-def server(make_tiny):
-    with live_server(make_tiny()) as live:
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "lookahead"])
+def server(make_tiny, request):
+    # with async scheduling (CUDA's default) decode steps run ahead of the host (engine/lookahead.py): the
+    # whole API, disconnects and aborts included, must behave the same
+    with live_server(make_tiny(), engine_options={"async_scheduling": request.param}) as live:
         yield live
 
 
