@@ -39,7 +39,14 @@ from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placehol
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
-from glimmer.engine.sampler import SamplingRow, TokenLogprobs, choose_tokens, sample
+from glimmer.engine.sampler import (
+    SamplingRow,
+    TokenLogprobs,
+    choose_tokens,
+    logprob_tensors,
+    sample,
+    token_logprobs,
+)
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
@@ -677,8 +684,11 @@ class LLMEngine:
     def _launch(self, step: ScheduledStep, previous: LaunchedStep | None) -> LaunchedStep:
         """Run a plain decode step and choose its tokens on the device; its inputs are `previous`'s tokens."""
         output = self.runner.execute(step, previous.input_ids_for(step) if previous is not None else None)
+        ks = [seq.params.logprobs for seq in step.seqs]
+        raw_logprobs = torch.log_softmax(output.logits.float(), dim=-1) if any(k is not None for k in ks) else None
         tokens = choose_tokens(output.logits, [self._sampling_row(seq) for seq in step.seqs])
-        launched = LaunchedStep.start(step, tokens)
+        extra = logprob_tensors(raw_logprobs, tokens, ks) if raw_logprobs is not None else ()
+        launched = LaunchedStep.start(step, tokens, extra)
         for seq in step.seqs:
             seq.num_computed_tokens += 1
             seq.num_pending_tokens += 1
@@ -686,11 +696,15 @@ class LLMEngine:
 
     def _accept_launched(self, launched: LaunchedStep, outcome: _StepOutcome) -> None:
         """Append the tokens `launched` chose, except to sequences that ended since it was launched."""
-        for seq, token in zip(launched.step.seqs, launched.read(), strict=True):
+        tokens, *logprob_fields = launched.read()
+        seqs = launched.step.seqs
+        logprobs = (token_logprobs(tokens, *logprob_fields, [seq.params.logprobs for seq in seqs]) if logprob_fields
+                    else [None] * len(seqs))
+        for seq, token, entry in zip(seqs, tokens, logprobs, strict=True):
             seq.num_pending_tokens -= 1
             if seq.is_finished or seq.request_id in outcome.failures:
                 continue
-            if self._emit_tokens(seq, [token], [None], outcome) and not outcome.ends(seq):
+            if self._emit_tokens(seq, [token], [entry], outcome) and not outcome.ends(seq):
                 self.kv.register_computed_blocks(seq)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:

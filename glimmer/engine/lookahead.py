@@ -13,10 +13,10 @@ running step ends (a stop id, a stop string, an abort) has a row in the successo
 A sequence whose next token is its last by `max_tokens` gets no row. Draws stay in order: each sequence
 has its own generator, and the successor's draw comes after the running step's, as without lookahead.
 
-Only steps whose every row is a plain decode run ahead: no grammar, penalties or logprobs (those need the
-host's view of the tokens before the next step samples), no speculative decoding, and no request waiting
-that could join the batch (the scheduler admits it once the running step is read). Anything else runs the
-step synchronously, as before.
+Only steps whose every row is a plain decode run ahead: no grammar or penalties (those need the host's view
+of the tokens before the next step samples), no speculative decoding, and no request waiting that could join
+the batch (the scheduler admits it once the running step is read). Anything else runs the step
+synchronously, as before. Logprobs are computed with the tokens and read back with them.
 """
 
 from __future__ import annotations
@@ -36,36 +36,40 @@ def runs_ahead(seq: Sequence) -> bool:
     return (
         seq.controller is None
         and not params.uses_penalties
-        and params.logprobs is None
         and not any(item.overlaps(position, position + 1) for item in seq.multimodal)
     )
 
 
 @dataclass
 class LaunchedStep:
-    """A decode step on the device whose tokens the host has not read yet."""
+    """A decode step on the device whose tokens (and logprobs) the host has not read yet."""
 
     step: ScheduledStep
     tokens: torch.Tensor  # (B,) the chosen tokens, on the step's device
-    host_tokens: torch.Tensor  # their copy in pinned host memory, complete once `ready` fires
-    ready: torch.cuda.Event | None  # None on the CPU: the tokens are there already
+    host: list[torch.Tensor]  # the tokens, then any `extra` tensors, in host memory once `ready` fires
+    ready: torch.cuda.Event | None  # None on the CPU: they are there already
 
     @classmethod
-    def start(cls, step: ScheduledStep, tokens: torch.Tensor) -> LaunchedStep:
-        """Queue the copy of `tokens` to the host behind the step's work (nothing waits here)."""
+    def start(cls, step: ScheduledStep, tokens: torch.Tensor, extra: tuple[torch.Tensor, ...] = ()) -> LaunchedStep:
+        """Queue the copies of `tokens` and `extra` (e.g. their logprobs) to pinned host memory behind the step's
+        work; nothing waits here."""
         if not tokens.is_cuda:
-            return cls(step, tokens, tokens, None)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return cls(step, tokens, [tokens, *extra], None)
+        host = []
+        for tensor in (tokens, *extra):
+            copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            copy.copy_(tensor, non_blocking=True)
+            host.append(copy)
         ready = torch.cuda.Event()
         ready.record()
         return cls(step, tokens, host, ready)
 
-    def read(self) -> list[int]:
-        """The chosen tokens, one per sequence of the step; waits for this step alone, not for later ones."""
+    def read(self) -> list[list]:
+        """The tokens (one per sequence of the step), then the `extra` fields, as lists; waits for this step
+        alone, not for the ones launched after it."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.host_tokens.tolist()
+        return [tensor.tolist() for tensor in self.host]
 
     def input_ids_for(self, successor: ScheduledStep) -> torch.Tensor:
         """The successor's input tokens on the device: those this step chose for the same sequences."""

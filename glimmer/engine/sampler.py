@@ -148,18 +148,30 @@ def chosen_logprobs(
 ) -> tuple[list[int], list[TokenLogprobs | None]]:
     """The tokens, and each row's chosen-token logprob and top-k alternatives (None where k is None), in one
     read of the device."""
+    fields = logprob_tensors(raw_logprobs, tokens, ks)
+    token_list, *host = (t.tolist() for t in (tokens, *fields))
+    return token_list, token_logprobs(token_list, *host, ks)
+
+
+def logprob_tensors(raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the device: each row's chosen-token logprob, and its top max(ks) logprobs and their ids."""
     chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
     k_max = max(k or 0 for k in ks)
     top_values, top_ids = raw_logprobs.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
-    token_list, chosen_list, top_value_list, top_id_list = (
-        t.tolist() for t in (tokens, chosen, top_values, top_ids))
+    return chosen, top_values, top_ids
+
+
+def token_logprobs(tokens: list[int], chosen: list[float], top_values: list[list[float]], top_ids: list[list[int]],
+                   ks: list[int | None]) -> list[TokenLogprobs | None]:
+    """`logprob_tensors`' fields, read to the host, as one entry per row (None where k is None)."""
     out: list[TokenLogprobs | None] = [None] * len(ks)
     for i, k in enumerate(ks):
         if k is None:
             continue
-        top = dict(zip(top_id_list[i][:k], top_value_list[i][:k], strict=True)) if k > 0 else {}
-        out[i] = TokenLogprobs(token_id=token_list[i], logprob=chosen_list[i], top=top)
-    return token_list, out
+        top = dict(zip(top_ids[i][:k], top_values[i][:k], strict=True)) if k > 0 else {}
+        out[i] = TokenLogprobs(token_id=tokens[i], logprob=chosen[i], top=top)
+    return out
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None) -> SampleResult:

@@ -70,18 +70,22 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed, mon
     launched_rows = []
     start = LaunchedStep.start.__func__
     monkeypatch.setattr(LaunchedStep, "start", classmethod(
-        lambda cls, step, tokens: launched_rows.append(len(step.seqs)) or start(cls, step, tokens)))
+        lambda cls, step, tokens, extra=(): launched_rows.append(len(step.seqs)) or start(cls, step, tokens, extra)))
     prompts = _prompts(9, seed=3)
     options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)
     sync = LLM(str(windowed), async_scheduling=False, **options)
     free = sync.generate(prompts, GREEDY)
-    params = [SamplingParams(temperature=0, max_tokens=40, stop=[o.text[10:13]] if len(o.text) > 16 else [])
+    params = [SamplingParams(temperature=0, max_tokens=40, stop=[o.text[10:13]] if len(o.text) > 16 else [],
+                             logprobs=i % 4 or None)
               if i % 2 else SamplingParams(temperature=0.8, seed=i, max_tokens=5 + 3 * i, ignore_eos=True)
               for i, o in enumerate(free)]
     overlapped = LLM(str(windowed), **options)
     assert overlapped.engine.async_scheduling  # the default on CUDA
-    assert ([(o.token_ids, o.text, o.finish_reason) for o in overlapped.generate(prompts, params)]
-            == [(o.token_ids, o.text, o.finish_reason) for o in sync.generate(prompts, params)])
+    def outputs(llm: LLM) -> list[tuple]:
+        return [(o.token_ids, o.text, o.finish_reason, [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs or []])
+                for o in llm.generate(prompts, params)]
+
+    assert outputs(overlapped) == outputs(sync)
     # decode steps ran ahead of the host (lookahead), through CUDA graphs of several sizes
     assert sum(launched_rows) > 100 and len(set(launched_rows)) > 3
     assert overlapped.engine.runner.graphs.captured_sizes

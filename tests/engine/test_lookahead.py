@@ -21,13 +21,13 @@ def launches(monkeypatch):
     counted = {"steps": 0, "rows": 0, "rows_past_max_tokens": 0}
     start = LaunchedStep.start.__func__
 
-    def spy(cls, step, tokens):
+    def spy(cls, step, tokens, extra=()):
         counted["steps"] += 1
         counted["rows"] += len(step.seqs)
         # a row's token would be the sequence's (num_tokens + pending + 1)-th: never past max_tokens
         counted["rows_past_max_tokens"] += sum(s.num_tokens + s.num_pending_tokens >= s.max_total_tokens
                                                for s in step.seqs)
-        return start(cls, step, tokens)
+        return start(cls, step, tokens, extra)
 
     monkeypatch.setattr(LaunchedStep, "start", classmethod(spy))
     return counted
@@ -40,7 +40,9 @@ def _prompts(count: int, seed: int = 11) -> list[list[int]]:
 
 
 def _outputs(results) -> list[list[tuple]]:
-    return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in r.outputs] for r in results]
+    return [[(o.token_ids, o.text, o.finish_reason, o.stop_reason,
+              [(lp.token_id, lp.logprob, lp.top) for lp in o.logprobs or []]) for o in r.outputs]
+            for r in results]
 
 
 def _idle(llm: LLM) -> None:
@@ -58,8 +60,8 @@ def test_steps_run_ahead_with_the_outputs_of_synchronous_steps(engines, launches
     at = next(j for j in range(4, 40) if greedy5[j] not in greedy5[:j])
     stops = [[r.outputs[0].text[10:13]] if len(r.outputs[0].text) > 16 else [] for r in free]
     params = [
-        SamplingParams(temperature=0, max_tokens=40, stop=stops[0]),
-        SamplingParams(temperature=0.8, seed=1, top_k=30, top_p=0.9, max_tokens=33, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=40, stop=stops[0], logprobs=3),
+        SamplingParams(temperature=0.8, seed=1, top_k=30, top_p=0.9, max_tokens=33, ignore_eos=True, logprobs=0),
         SamplingParams(temperature=1.0, seed=2, n=2, min_p=0.05, max_tokens=29, stop=stops[2]),
         SamplingParams(temperature=0, max_tokens=1),
         SamplingParams(temperature=0, max_tokens=2),
@@ -73,6 +75,8 @@ def test_steps_run_ahead_with_the_outputs_of_synchronous_steps(engines, launches
     assert _outputs(ahead) == _outputs(sync)
     assert launches["steps"] > 20 and launches["rows"] > 100
     assert launches["rows_past_max_tokens"] == 0
+    assert len(ahead[0].outputs[0].logprobs) == len(ahead[0].outputs[0].token_ids)
+    assert all(len(lp.top) == 3 for lp in ahead[0].outputs[0].logprobs)
     # banned below min_tokens (never chosen there anyway), allowed and chosen at exactly min_tokens
     assert sync[5].outputs[0].token_ids == greedy5[: at + 1] and sync[5].outputs[0].finish_reason == "stop"
     assert len(sync[6].outputs[0].token_ids) == 13  # ended by its stop id mid-way
@@ -133,8 +137,8 @@ def test_abort_while_a_step_runs_ahead(engines, launches):
 
 def test_steps_that_need_the_hosts_view_of_the_tokens_do_not_run_ahead(engines, launches):
     prompts = _prompts(2, seed=41)
-    for params in (SamplingParams(temperature=0, max_tokens=8, logprobs=2),
-                   SamplingParams(temperature=1.0, seed=3, max_tokens=8, repetition_penalty=1.2)):
+    for params in (SamplingParams(temperature=1.0, seed=3, max_tokens=8, repetition_penalty=1.2),
+                   SamplingParams(temperature=0, max_tokens=8, frequency_penalty=0.5, logprobs=1)):
         sync = engines[False].generate(prompts, params)
         ahead = engines[True].generate(prompts, params)
         assert _outputs(ahead) == _outputs(sync)
