@@ -6,8 +6,10 @@ Writes a random checkpoint of hidden size 512 and 8 layers with `glimmer.tiny` (
 then for each batch size decodes `--new-tokens` greedy tokens from fresh random prompts (no prefix-cache hit)
 with `LLM.generate` and with transformers' `generate` (static shapes: same-length prompts, no padding, no
 early stop). Prints decode tokens/s of both and the ratio; the figure times whole generate calls, prefill
-included, measured after one warm-up call each. Needs transformers with the Muse Glimmer model (the test
-oracle); nothing is downloaded.
+included, measured after one warm-up call each. Beside them, the floor on this machine, in the same run:
+one decode step's weight products alone (every projection and the lm_head, the input `batch` rows), with
+the faster of PyTorch's `F.linear` and oneDNN's packed product, and the tokens/s that floor allows.
+Needs transformers with the Muse Glimmer model (the test oracle); nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from glimmer.engine.llm import LLM
@@ -49,6 +52,38 @@ def reference_model(checkpoint: Path):
 def random_prompts(batch: int, length: int, vocab: int, generator: torch.Generator) -> list[list[int]]:
     # ids from 1 up: id 0 and the special tokens sit low in the tiny vocabulary; stops are ignored anyway
     return torch.randint(300, vocab, (batch, length), generator=generator).tolist()
+
+
+def weight_matrices(checkpoint: Path) -> list[torch.Tensor]:
+    """The matrices one decode step multiplies by: every 2-D weight but the embedding table (a lookup), which
+    counts once as the lm_head when the checkpoint ties them."""
+    state = {}
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        state.update(load_file(file))
+    matrices = [t for name, t in state.items() if t.dim() == 2 and "embed_tokens" not in name]
+    if not any(name.endswith("lm_head.weight") for name in state):
+        matrices += [t for name, t in state.items() if name.endswith("embed_tokens.weight")]
+    return [m.float().contiguous() for m in matrices]
+
+
+def weight_products_seconds(matrices: list[torch.Tensor], batch: int, repeats: int = 20) -> float:
+    """Seconds for one step's weight products alone at `batch` rows: the best of dense `F.linear` and, where
+    PyTorch has oneDNN, weights packed for it (as the engine packs them)."""
+    inputs = {m.shape[1]: torch.randn(batch, m.shape[1]) for m in matrices}
+    ways = {"F.linear": lambda: [F.linear(inputs[m.shape[1]], m) for m in matrices]}
+    if torch.backends.mkldnn.is_available():
+        packed = [(m.shape[1], torch.ops.mkldnn._reorder_linear_weight(m, 64)) for m in matrices]
+        ways["oneDNN"] = lambda: [torch.ops.mkldnn._linear_pointwise(inputs[k], w, None, "none", [], "")
+                                  for k, w in packed]
+    best = float("inf")
+    for run in ways.values():
+        run()
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                run()
+            best = min(best, (time.perf_counter() - start) / repeats)
+    return best
 
 
 def time_glimmer(llm: LLM, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -87,6 +122,7 @@ def main() -> int:
         llm = LLM(str(checkpoint), device="cpu", dtype="float32", max_num_seqs=max(batches),
                   max_model_len=args.prompt_tokens + args.new_tokens + 8, progress=False)
         reference = reference_model(checkpoint)
+        matrices = weight_matrices(checkpoint)
     vocab = llm.engine.model_config.text.vocab_size
     print(f"model: hidden {SPEC.hidden_size}, {SPEC.num_hidden_layers} layers, vocab {vocab}, float32; "
           f"torch threads {torch.get_num_threads()}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens")
@@ -110,6 +146,12 @@ def main() -> int:
         print(f"batch {batch:>3}: Glimmer {glimmer_rate:8.1f} tok/s  transformers {reference_rate:8.1f} tok/s  "
               f"ratio {ratio:5.2f}x (target {args.target:.1f}x: {'met' if ratio >= args.target else 'NOT met'})  "
               f"greedy outputs identical: {same}/{batch}")
+        floor = weight_products_seconds(matrices, batch)
+        ceiling = batch / floor
+        rate_gb_s = sum(m.numel() for m in matrices) * 4 / floor / 1e9
+        print(f"           floor: the weight products alone {floor * 1e3:.2f} ms a step ({rate_gb_s:.1f} GB/s of "
+              f"fp32 weights) = {ceiling:,.0f} tok/s, {ceiling / reference_rate:.2f}x transformers; Glimmer at "
+              f"{glimmer_rate / ceiling:.2f} of it")
     return 0 if met else 1
 
 
