@@ -244,6 +244,7 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
         self._unreleased: list[_AcceptedToken] = []
         self._launched: LaunchedStep | None = None  # a decode step running ahead of the host (lookahead.py)
+        self._proposals_next: int | None = None  # drafts per sequence the policy chose for the step after it
         logger.info(
             "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
@@ -629,7 +630,6 @@ class LLMEngine:
         scheduler = self.scheduler
         return (
             self.async_scheduling
-            and self.speculator is None
             and not step.is_empty
             and len(step.seqs) == len(scheduler.running)
             and not (scheduler.waiting and len(scheduler.running) < scheduler.config.max_num_seqs)
@@ -639,8 +639,10 @@ class LLMEngine:
 
     def _successor(self, launched: LaunchedStep) -> ScheduledStep | None:
         """The decode step after `launched`, planned before its tokens are read; None when that step must be
-        read first (a waiting request could be admitted, or the KV pools are short)."""
+        read first (a waiting request could be admitted, the KV pools are short, or the draft policy wants
+        proposals, which are drafted from the tokens)."""
         scheduler = self.scheduler
+        self._proposals_next = None
         if scheduler.waiting and len(scheduler.running) < scheduler.config.max_num_seqs:
             return None
         step = ScheduledStep([], [])
@@ -650,6 +652,10 @@ class LLMEngine:
             if not self.kv.try_allocate(seq, 1):
                 return None  # (blocks it took stay its own: the step planned after the read uses them)
             step.add(seq, 1)
+        if step.seqs and self.speculator is not None:
+            self._proposals_next = self.speculator.policy.choose(len(step.seqs))
+            if self._proposals_next:
+                return None
         return step if step.seqs else None
 
     def _step_ahead(self, step: ScheduledStep | None, launched: LaunchedStep | None) -> list[StepDelta]:
@@ -660,9 +666,16 @@ class LLMEngine:
         released = False
         try:
             if step is not None:
+                if launched is not None and self.speculator is not None:
+                    # the running step proposes nothing for the one launched now: its drafter bookkeeping is
+                    # done before that step stages its own context
+                    self.speculator.after_step(launched.step, launched.output, [1] * len(launched.step.seqs), [],
+                                               0, launched.launched_s, proposals=0)
                 self._launched = self._launch(step, launched)
             if launched is not None:
                 self._accept_launched(launched, outcome)
+                if step is None and self.speculator is not None:
+                    self._propose_after(launched, outcome)
             released = True
             self._release_text(outcome)
         except Exception as exc:
@@ -683,12 +696,15 @@ class LLMEngine:
 
     def _launch(self, step: ScheduledStep, previous: LaunchedStep | None) -> LaunchedStep:
         """Run a plain decode step and choose its tokens on the device; its inputs are `previous`'s tokens."""
+        launched_s = time.perf_counter()
         output = self.runner.execute(step, previous.input_ids_for(step) if previous is not None else None)
+        if self.speculator is not None:
+            self.speculator.stage_context(step, output)  # the drafter's context, from the device's hidden states
         ks = [seq.params.logprobs for seq in step.seqs]
         raw_logprobs = torch.log_softmax(output.logits.float(), dim=-1) if any(k is not None for k in ks) else None
         tokens = choose_tokens(output.logits, [self._sampling_row(seq) for seq in step.seqs])
         extra = logprob_tensors(raw_logprobs, tokens, ks) if raw_logprobs is not None else ()
-        launched = LaunchedStep.start(step, tokens, extra)
+        launched = LaunchedStep.start(step, output, tokens, extra, launched_s)
         for seq in step.seqs:
             seq.num_computed_tokens += 1
             seq.num_pending_tokens += 1
@@ -705,7 +721,17 @@ class LLMEngine:
             if seq.is_finished or seq.request_id in outcome.failures:
                 continue
             if self._emit_tokens(seq, [token], [entry], outcome) and not outcome.ends(seq):
-                self.kv.register_computed_blocks(seq)
+                complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
+                self.kv.register_computed_blocks(seq, complete)
+
+    def _propose_after(self, launched: LaunchedStep, outcome: _StepOutcome) -> None:
+        """`launched` was read with no step after it: the drafter proposes for the next step (as after a
+        synchronous step), with the number the policy chose when it declined to run a step ahead."""
+        decoding = [seq for seq in launched.step.seqs
+                    if not seq.is_finished and not outcome.ends(seq) and seq.request_id not in outcome.failures]
+        running = len(self.scheduler.running) - len(outcome.finished)
+        self.speculator.after_step(launched.step, launched.output, [1] * len(launched.step.seqs), decoding, running,
+                                   launched.launched_s, proposals=self._proposals_next)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
         """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""

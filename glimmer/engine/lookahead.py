@@ -14,9 +14,11 @@ A sequence whose next token is its last by `max_tokens` gets no row. Draws stay 
 has its own generator, and the successor's draw comes after the running step's, as without lookahead.
 
 Only steps whose every row is a plain decode run ahead: no grammar or penalties (those need the host's view
-of the tokens before the next step samples), no speculative decoding, and no request waiting that could join
-the batch (the scheduler admits it once the running step is read). Anything else runs the step
-synchronously, as before. Logprobs are computed with the tokens and read back with them.
+of the tokens before the next step samples), no proposed tokens to verify, and no request waiting that could
+join the batch (the scheduler admits it once the running step is read). With speculative decoding, a step
+runs ahead while the draft policy proposes nothing for it (drafts are made from the tokens); its drafter
+context is staged from the device's hidden states at launch. Anything else runs the step synchronously, as
+before. Logprobs are computed with the tokens and read back with them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from glimmer.engine.model_runner import StepLogits
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import Sequence
 
@@ -45,16 +48,19 @@ class LaunchedStep:
     """A decode step on the device whose tokens (and logprobs) the host has not read yet."""
 
     step: ScheduledStep
+    output: StepLogits  # what the runner returned (the drafter's context reads its hidden states)
     tokens: torch.Tensor  # (B,) the chosen tokens, on the step's device
     host: list[torch.Tensor]  # the tokens, then any `extra` tensors, in host memory once `ready` fires
     ready: torch.cuda.Event | None  # None on the CPU: they are there already
+    launched_s: float  # perf_counter when it was launched (the draft policy times steps)
 
     @classmethod
-    def start(cls, step: ScheduledStep, tokens: torch.Tensor, extra: tuple[torch.Tensor, ...] = ()) -> LaunchedStep:
+    def start(cls, step: ScheduledStep, output: StepLogits, tokens: torch.Tensor, extra: tuple[torch.Tensor, ...] = (),
+              launched_s: float = 0.0) -> LaunchedStep:
         """Queue the copies of `tokens` and `extra` (e.g. their logprobs) to pinned host memory behind the step's
         work; nothing waits here."""
         if not tokens.is_cuda:
-            return cls(step, tokens, [tokens, *extra], None)
+            return cls(step, output, tokens, [tokens, *extra], None, launched_s)
         host = []
         for tensor in (tokens, *extra):
             copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -62,7 +68,7 @@ class LaunchedStep:
             host.append(copy)
         ready = torch.cuda.Event()
         ready.record()
-        return cls(step, tokens, host, ready)
+        return cls(step, output, tokens, host, ready, launched_s)
 
     def read(self) -> list[list]:
         """The tokens (one per sequence of the step), then the `extra` fields, as lists; waits for this step

@@ -174,19 +174,23 @@ class SpeculativeDecoder:
         decoding: list[Sequence],
         num_running: int,
         started_s: float,
+        *,
+        proposals: int | None = None,
     ) -> None:
         """Hand the step's committed positions to the proposer (unless `stage_context` did) and get proposals for
         `decoding` (the sequences that sampled and go on; `num_running` sequences run next step); then time the
         step for the policy.
 
         committed[i]: positions of step.seqs[i] committed this step (they end at its num_computed_tokens).
+        proposals: tokens per sequence to propose, when the engine asked the policy already (a step run ahead,
+        lookahead.py); else the policy chooses here.
         """
         if self._staged:  # handed over while the device ran the step (stage_context)
             context = CommittedContext([], [], [], [], output.hidden)
         else:
             context = self._committed(step, committed, output, counted=True)
         self._staged = False
-        k = self.policy.choose(num_running) if decoding else 0
+        k = (self.policy.choose(num_running) if proposals is None else proposals) if decoding else 0
         requests = []
         for seq in decoding if k else ():
             room = seq.max_total_tokens - seq.num_tokens - 1  # a step emits at most k + 1 tokens

@@ -70,7 +70,7 @@ def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed, mon
     launched_rows = []
     start = LaunchedStep.start.__func__
     monkeypatch.setattr(LaunchedStep, "start", classmethod(
-        lambda cls, step, tokens, extra=(): launched_rows.append(len(step.seqs)) or start(cls, step, tokens, extra)))
+        lambda cls, step, *args: launched_rows.append(len(step.seqs)) or start(cls, step, *args)))
     prompts = _prompts(9, seed=3)
     options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)
     sync = LLM(str(windowed), async_scheduling=False, **options)

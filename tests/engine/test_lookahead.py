@@ -21,13 +21,13 @@ def launches(monkeypatch):
     counted = {"steps": 0, "rows": 0, "rows_past_max_tokens": 0}
     start = LaunchedStep.start.__func__
 
-    def spy(cls, step, tokens, extra=()):
+    def spy(cls, step, *args, **kwargs):
         counted["steps"] += 1
         counted["rows"] += len(step.seqs)
         # a row's token would be the sequence's (num_tokens + pending + 1)-th: never past max_tokens
         counted["rows_past_max_tokens"] += sum(s.num_tokens + s.num_pending_tokens >= s.max_total_tokens
                                                for s in step.seqs)
-        return start(cls, step, tokens, extra)
+        return start(cls, step, *args, **kwargs)
 
     monkeypatch.setattr(LaunchedStep, "start", classmethod(spy))
     return counted

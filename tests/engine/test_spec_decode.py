@@ -21,6 +21,7 @@ from glimmer import LLM, SamplingParams
 from glimmer.engine.grammar import GrammarController, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
+from glimmer.engine.lookahead import LaunchedStep
 from glimmer.engine.proposers import ReplayProposer
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
@@ -706,3 +707,43 @@ def test_a_prefix_cache_hit_on_blocks_decoded_without_proposals_restores_the_dra
     assert drafts == drafts_plain and drafts
     for cache, cache_plain in zip(caches, caches_plain, strict=True):
         torch.testing.assert_close(cache, cache_plain, rtol=1e-3, atol=1e-4)  # float32 rounding
+
+
+@pytest.mark.parametrize("every", [3, 11])
+def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_and_tokens(target, drafter, plain,
+                                                                                        monkeypatch, every):
+    """With async scheduling a step without proposals runs ahead of the host (lookahead.py), its drafter context
+    staged at launch: the drafts, the tokens and the drafter cache each drafting step reads equal synchronous
+    stepping's."""
+    starts = []
+    start = LaunchedStep.start.__func__
+    monkeypatch.setattr(LaunchedStep, "start", classmethod(
+        lambda cls, step, *args: starts.append(len(step.seqs)) or start(cls, step, *args)))
+    prompts = _prompts(5, seed=33)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    runs = {}
+    for mode in (False, True):
+        engine = LLMEngine(EngineConfig(str(target), progress=False, async_scheduling=mode,
+                                        speculative_config=speculative(drafter)))
+        spec = engine.speculator
+        calls = itertools.count()
+        spec.policy.choose = lambda batch, calls=calls: K if next(calls) % every == every - 1 else 0
+        drafts, caches = [], []
+        inner = spec.proposer.propose
+
+        def propose(context, requests, engine=engine, inner=inner, drafts=drafts, caches=caches):
+            out = inner(context, requests)
+            drafts.extend(d.token_ids for d in out)
+            caches.extend(_visible_draft_cache(engine, seq) for seq, _ in requests)
+            return out
+
+        spec.proposer.propose = propose
+        runs[mode] = (_generate(engine, prompts, params), drafts, caches)
+        assert spec.proposer.pending.num_pending == 0
+        assert all(used == 0 for used, _ in engine.kv.usage().values())
+    (tokens, drafts, caches), (tokens_ahead, drafts_ahead, caches_ahead) = runs[False], runs[True]
+    assert tokens_ahead == tokens == [o.token_ids for o in plain.generate(prompts, params)]
+    assert drafts_ahead == drafts and len(drafts) > 10
+    for cache, cache_ahead in zip(caches, caches_ahead, strict=True):
+        torch.testing.assert_close(cache_ahead, cache, rtol=0, atol=0)
+    assert sum(starts) > 50  # (the synchronous run launches nothing ahead)
