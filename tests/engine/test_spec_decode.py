@@ -581,6 +581,21 @@ def _visible_draft_cache(engine: LLMEngine, seq) -> torch.Tensor:
     return torch.stack([cache.flatten(0, 1)[slots] for pair in proposer.kv_caches for cache in pair])
 
 
+def _record_drafts(engine: LLMEngine) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Lists that fill, as the engine runs, with each proposal's drafts and the drafter cache it read."""
+    drafts, caches = [], []
+    inner = engine.speculator.proposer.propose
+
+    def propose(context, requests):
+        out = inner(context, requests)
+        drafts.extend(d.token_ids for d in out)
+        caches.extend(_visible_draft_cache(engine, seq) for seq, _ in requests)
+        return out
+
+    engine.speculator.proposer.propose = propose
+    return drafts, caches
+
+
 def _run_lazy_and_eager(target, drafter, prompts, choose, **config):
     """Drafts, tokens and the drafter cache each drafting step reads, with the context of steps without
     proposals left pending (as the engine runs) and written at once (max_rows 0: never pending)."""
@@ -592,16 +607,7 @@ def _run_lazy_and_eager(target, drafter, prompts, choose, **config):
         spec.proposer.pending.max_rows = max_rows
         steps = itertools.count()
         spec.policy.choose = lambda batch, steps=steps: choose(next(steps))
-        drafts, caches = [], []
-        inner = spec.proposer.propose
-
-        def propose(context, requests, engine=engine, inner=inner, drafts=drafts, caches=caches):
-            out = inner(context, requests)
-            drafts.extend(d.token_ids for d in out)
-            caches.extend(_visible_draft_cache(engine, seq) for seq, _ in requests)
-            return out
-
-        spec.proposer.propose = propose
+        drafts, caches = _record_drafts(engine)
         params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
         tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:3])],
                                  5: [(f"r{i}", p) for i, p in enumerate(prompts[3:], start=3)]}, params)
@@ -728,16 +734,7 @@ def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_an
         spec = engine.speculator
         calls = itertools.count()
         spec.policy.choose = lambda batch, calls=calls: K if next(calls) % every == every - 1 else 0
-        drafts, caches = [], []
-        inner = spec.proposer.propose
-
-        def propose(context, requests, engine=engine, inner=inner, drafts=drafts, caches=caches):
-            out = inner(context, requests)
-            drafts.extend(d.token_ids for d in out)
-            caches.extend(_visible_draft_cache(engine, seq) for seq, _ in requests)
-            return out
-
-        spec.proposer.propose = propose
+        drafts, caches = _record_drafts(engine)
         runs[mode] = (_generate(engine, prompts, params), drafts, caches)
         assert spec.proposer.pending.num_pending == 0
         assert all(used == 0 for used, _ in engine.kv.usage().values())
