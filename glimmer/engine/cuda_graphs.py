@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
@@ -151,11 +152,11 @@ class DecodeGraphs:
         for group, table in inputs.tables.items():
             self._tables[group][: inputs.num_seqs, : table.shape[1]].copy_(table, non_blocking=True)
 
-    def capture_decode_graphs(self) -> None:
+    def capture_decode_graphs(self, progress: bool = False) -> None:
         """Capture the decode graph (one token per sequence) of every ladder size now, largest first so the
         smaller ones reuse its memory in the shared pool. Each is captured over padding rows alone."""
         started = time.perf_counter()
-        for size in reversed(self.sizes):
+        for size in tqdm(list(reversed(self.sizes)), desc="Capturing CUDA graphs", unit="graph", disable=not progress):
             if (size, 1) not in self._graphs:
                 self.run(build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size), 0)
         logger.info("captured %d decode graphs (batch sizes %d to %d) in %.1f s", len(self.sizes), self.sizes[0],

@@ -225,7 +225,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
                                   max_num_seqs=self.scheduler_config.max_num_seqs,
                                   max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
-                                  capture_layers=capture, max_query_len=1 + self.num_speculative_tokens)
+                                  capture_layers=capture, max_query_len=1 + self.num_speculative_tokens,
+                                  progress=config.progress)
         self.speculator: SpeculativeDecoder | None = None
         if self.drafter is not None:
             proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,

@@ -93,6 +93,7 @@ class ModelRunner:
         use_cuda_graphs: bool = True,
         capture_layers: tuple[int, ...] = (),
         max_query_len: int = 1,
+        progress: bool = False,
     ):
         self.model = model
         self.capture_layers = capture_layers
@@ -118,7 +119,7 @@ class ModelRunner:
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,
                                        capture_layers=capture_layers, max_query_len=max_query_len)
-            self.graphs.capture_decode_graphs()
+            self.graphs.capture_decode_graphs(progress)
 
     def _multimodal_inputs(
         self, step: ScheduledStep, flat_len: int
