@@ -12,7 +12,9 @@ prefill. Prints, in order:
 - the real HTTP server (`glimmer serve --load-format dummy` in a subprocess): single-stream inter-token
   latency and 64-client throughput on the same load as the 64-way engine run;
 
-each figure beside its floor, and a table at the end. Figures go to --json as well.
+each figure beside its floor, and a table at the end; then the GPU's SM clock and power through the run
+(`nvidia-smi`, once a second): under sustained load an H200 reaches its power cap and lowers its clock, while
+the floors are measured in short bursts at full clock. Figures go to --json as well.
 
     python bench/gpu_30b.py [--skip-transformers] [--skip-server] [--json out.json]
 """
@@ -156,6 +158,50 @@ def transformers_decode(path: Path, prompt_len: int = 1024, new_tokens: int = 24
     one = generate(1, seed=101)
     many = generate(new_tokens + 1, seed=102)
     return new_tokens / (many - one)  # the model is freed with this frame
+
+
+class ClockSampler:
+    """`nvidia-smi` sampling the SM clock, power and throttle reasons once a second, in the background."""
+
+    QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
+    SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
+
+    def __init__(self) -> None:
+        try:
+            self.process = subprocess.Popen(
+                ["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits", "-lms", "1000",
+                 "-i", str(torch.cuda.current_device())],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError as exc:
+            log(f"clocks: not sampled ({exc})")
+            self.process = None
+
+    def summary(self) -> dict[str, float] | None:
+        """Over the samples taken under load (power above 300 W): median and lowest SM clock, share at the cap."""
+        if self.process is None:
+            return None
+        self.process.terminate()
+        try:
+            out, _ = self.process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return None
+        busy = []
+        for line in out.splitlines():
+            try:
+                clock, power, reasons = (field.strip() for field in line.split(","))
+                sample = (float(clock), float(power), int(reasons, 16))
+            except ValueError:
+                continue
+            if sample[1] > 300:
+                busy.append(sample)
+        if not busy:
+            return None
+        clocks = sorted(clock for clock, _, _ in busy)
+        capped = sum(1 for _, _, reasons in busy if reasons & self.SW_POWER_CAP)
+        return {"busy_samples": len(busy), "sm_clock_median_mhz": clocks[len(clocks) // 2],
+                "sm_clock_min_mhz": clocks[0], "power_max_w": max(power for _, power, _ in busy),
+                "share_at_power_cap": capped / len(busy)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -411,6 +457,7 @@ def main() -> None:
     args = parser.parse_args()
     log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     started = time.perf_counter()
+    clocks = ClockSampler()
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_checkpoint(Path(tmp) / "glimmer-30b", preset="30b", config_only=True)
         floors = {"copy_bytes_per_s": copy_bandwidth(), "matmul_flops": matmul_rate()}
@@ -436,6 +483,12 @@ def main() -> None:
             record("transformers batch-1 decode, 1K context", figures["transformers_tok_s"], "tok/s")
             log(f"Glimmer / transformers at batch 1: {figures['decode_1k_tok_s'] / figures['transformers_tok_s']:.1f}x")
     RESULTS["floors"] = {k: round(v, 6) for k, v in floors.items()}
+    under_load = clocks.summary()
+    if under_load is not None:
+        RESULTS["clocks_under_load"] = under_load
+        log(f"clocks under load ({under_load['busy_samples']} samples above 300 W): SM clock median "
+            f"{under_load['sm_clock_median_mhz']:.0f} MHz, lowest {under_load['sm_clock_min_mhz']:.0f}, power up to "
+            f"{under_load['power_max_w']:.0f} W, at the power cap in {under_load['share_at_power_cap']:.0%} of them")
     log(f"total {time.perf_counter() - started:.0f} s")
     log(json.dumps(RESULTS, indent=1))
     if args.json:
