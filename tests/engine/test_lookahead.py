@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
+from glimmer.engine.kv_cache_manager import FULL
 from glimmer.engine.lookahead import LaunchedStep
+from glimmer.tiny import TinySpec
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +159,40 @@ def test_steps_that_need_the_hosts_view_of_the_tokens_do_not_run_ahead(engines, 
         _same_outputs(ahead, sync)
     assert launches["steps"] == 0
     _idle(engines[True])
+
+
+def test_a_step_run_ahead_that_finds_the_kv_pools_short_lets_the_scheduler_preempt(make_tiny, launches):
+    """Two sequences outgrow a 12-block full-attention pool with nothing waiting: the step planned ahead cannot
+    get its blocks, so the running step is read first and the scheduler preempts; outputs are unchanged."""
+    checkpoint = make_tiny(spec=TinySpec(sliding_window=16), seed=21)
+    prompts = [list(range(100, 160)), list(range(200, 255))]
+    params = SamplingParams(temperature=0, max_tokens=70, ignore_eos=True)
+    outputs = {}
+    refused_ahead = []
+    for mode in (False, True):
+        llm = LLM(str(checkpoint), progress=False, async_scheduling=mode, kv_cache_memory=200_000, max_num_seqs=2,
+                  max_num_batched_tokens=32, max_model_len=160)
+        engine = llm.engine
+        assert engine.kv_layout.num_blocks[FULL] == 12
+        plan, allocate = engine._successor, engine.kv.try_allocate
+        planning = []
+
+        def try_allocate(seq, n, allocate=allocate, planning=planning):
+            granted = allocate(seq, n)
+            if planning and not granted:
+                refused_ahead.append(seq.request_id)
+            return granted
+
+        def successor(launched, plan=plan, planning=planning):
+            planning.append(True)
+            try:
+                return plan(launched)
+            finally:
+                planning.clear()
+
+        engine.kv.try_allocate, engine._successor = try_allocate, successor
+        outputs[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert engine.scheduler.num_preemptions > 0
+        _idle(llm)
+    assert outputs[True] == outputs[False]
+    assert refused_ahead and launches["steps"] > 20
