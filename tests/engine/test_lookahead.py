@@ -196,3 +196,19 @@ def test_a_step_run_ahead_that_finds_the_kv_pools_short_lets_the_scheduler_preem
         _idle(llm)
     assert outputs[True] == outputs[False]
     assert refused_ahead and launches["steps"] > 20
+
+
+def test_image_prompts_decode_ahead_with_the_outputs_of_synchronous_steps(make_tiny, launches):
+    from PIL import Image
+
+    checkpoint = make_tiny(vision=True, seed=17)
+    pixels = torch.Generator().manual_seed(3)
+    images = [Image.fromarray(torch.randint(0, 256, (h, 120, 3), generator=pixels, dtype=torch.uint8).numpy())
+              for h in (90, 60)]
+    prompts = [{"prompt": "<|begin_of_text|>Look: <|patch|> What is it?", "multi_modal_data": {"image": image}}
+               for image in images] + [[5, 6, 7] * 5]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    sync, ahead = (LLM(str(checkpoint), progress=False, async_scheduling=mode).generate(prompts, params)
+                   for mode in (False, True))
+    _same_outputs(ahead, sync)
+    assert launches["steps"] > 10
