@@ -286,8 +286,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                        help="make each step's text (detokenizing, stop strings) while the device runs the next "
-                             "step (default: on with CUDA, off on the CPU)")
+                        help="launch each plain decode step before the previous one's tokens are read, and make "
+                             "each step's text (detokenizing, stop strings) while the device runs the next step "
+                             "(default: on with CUDA, off on the CPU)")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                         help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
 

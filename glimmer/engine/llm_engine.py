@@ -78,7 +78,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
-    # text of step N's tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
+    # plain decode step N+1 is launched before step N's tokens are read (lookahead.py), and the text of step N's
+    # tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
     async_scheduling: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
     seed: int = 0
