@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random checkpoints written once per session into a temporary directory."""
+"""Shared fixtures: tiny random checkpoints written once per session into a temporary directory, and a record
+of the decode steps launched ahead (engine/lookahead.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from glimmer.engine.lookahead import LaunchedStep
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 DEFAULT_SPEC = TinySpec()
@@ -43,3 +45,24 @@ def make_tiny(tmp_path_factory):
 def tiny_checkpoint(make_tiny) -> Path:
     """The default tiny text checkpoint (canonical layout)."""
     return make_tiny()
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The decode steps launched ahead of the host, recorded as they start (LaunchedStep.start keeps its
+    behaviour): "steps", "rows", each step's size in "sizes", and "rows_past_max_tokens" (rows whose token would
+    come after their sequence's max_tokens)."""
+    counted = {"steps": 0, "rows": 0, "rows_past_max_tokens": 0, "sizes": []}
+    start = LaunchedStep.start.__func__
+
+    def spy(cls, step, *args, **kwargs):
+        counted["steps"] += 1
+        counted["rows"] += len(step.seqs)
+        counted["sizes"].append(len(step.seqs))
+        # a row's token would be the sequence's (num_tokens + pending + 1)-th: never past max_tokens
+        counted["rows_past_max_tokens"] += sum(s.num_tokens + s.num_pending_tokens >= s.max_total_tokens
+                                               for s in step.seqs)
+        return start(cls, step, *args, **kwargs)
+
+    monkeypatch.setattr(LaunchedStep, "start", classmethod(spy))
+    return counted

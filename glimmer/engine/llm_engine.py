@@ -39,14 +39,7 @@ from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placehol
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
-from glimmer.engine.sampler import (
-    SamplingRow,
-    TokenLogprobs,
-    choose_tokens,
-    logprob_tensors,
-    sample,
-    token_logprobs,
-)
+from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample, sample_on_device
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
@@ -178,6 +171,28 @@ class _StepOutcome:
         return id(seq) in self._ending
 
 
+def _going_on(seqs: list[Sequence], outcome: _StepOutcome) -> list[Sequence]:
+    """Those of `seqs` that sampled this step and go on: not ended (by it or before) and not failed."""
+    return [seq for seq in seqs
+            if not seq.is_finished and not outcome.ends(seq) and seq.request_id not in outcome.failures]
+
+
+def _whole_batch_error(seqs: list[Sequence], cause: Exception, outcome: _StepOutcome) -> StepError:
+    """The error of a step whose model or sampler failed: every request of `seqs` is at fault."""
+    failed = sorted({seq.request_id for seq in seqs} | set(outcome.failures))
+    return StepError(failed, cause, whole_batch=True, deltas=[d for d in outcome.deltas if d.request_id not in failed])
+
+
+def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
+    """A finished step's deltas; or, if some requests' own steering or bookkeeping failed, the error naming them
+    (the others' deltas ride on it)."""
+    if outcome.failures:
+        cause = next(iter(outcome.failures.values()))
+        raise StepError(sorted(outcome.failures), cause, whole_batch=False,
+                        deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
+    return outcome.deltas
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -246,7 +261,6 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
         self._unreleased: list[_AcceptedToken] = []
         self._launched: LaunchedStep | None = None  # a decode step running ahead of the host (lookahead.py)
-        self._proposals_next: int | None = None  # drafts per sequence the policy chose for the step after it
         logger.info(
             "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
@@ -573,23 +587,17 @@ class LLMEngine:
         """
         started = time.perf_counter()
         if self._launched is not None:
-            return self._step_ahead(self._successor(self._launched), self._launched)
+            return self._step_ahead(*self._successor(self._launched), self._launched)
         step = self.scheduler.schedule()
         if self._can_launch_ahead(step):
-            return self._step_ahead(step, None)
+            return self._step_ahead(step, None, None)
         outcome = _StepOutcome()  # filled as the step goes: what it released before a failure goes out
         try:
             self._run_step(step, started, outcome)
         except Exception as exc:
             self._retire_finished(outcome)  # those that ended before the failure (their final delta is out)
-            failed = sorted({seq.request_id for seq in step.seqs} | set(outcome.failures))
-            raise StepError(failed, exc, whole_batch=True,
-                            deltas=[d for d in outcome.deltas if d.request_id not in failed]) from exc
-        if outcome.failures:
-            cause = next(iter(outcome.failures.values()))
-            raise StepError(sorted(outcome.failures), cause, whole_batch=False,
-                            deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
-        return outcome.deltas
+            raise _whole_batch_error(step.seqs, exc, outcome) from exc
+        return _deltas_or_failure(outcome)
 
     def _run_step(self, step: ScheduledStep, started: float, outcome: _StepOutcome) -> None:
         if step.is_empty:  # only text left to release
@@ -614,15 +622,18 @@ class LLMEngine:
         for seq, count in zip(step.seqs, committed, strict=True):
             seq.num_computed_tokens += count
         if self.speculator is not None:
-            decoding = [step.seqs[i] for i in output.sampling
-                        if not outcome.ends(step.seqs[i]) and step.seqs[i].request_id not in outcome.failures]
+            decoding = _going_on([step.seqs[i] for i in output.sampling], outcome)
             running = len(self.scheduler.running) - len(outcome.finished)
             self.speculator.after_step(step, output, committed, decoding, running, started)
-        # a registered block is complete in every group: the drafter's context too (it can lag, draft_context.py)
         for seq in step.seqs:
-            complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
-            self.kv.register_computed_blocks(seq, complete)
+            self._register_computed_blocks(seq)
         self._retire_finished(outcome)
+
+    def _register_computed_blocks(self, seq: Sequence) -> None:
+        """Offer `seq`'s newly computed full blocks to the prefix cache: a registered block is complete in every
+        group, the drafter's context included (it can lag, draft_context.py)."""
+        complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
+        self.kv.register_computed_blocks(seq, complete)
 
     # running ahead (lookahead.py) ------------------------------------------------------------------------
 
@@ -639,30 +650,33 @@ class LLMEngine:
                     for i, (seq, n) in enumerate(zip(step.seqs, step.num_new_tokens, strict=True)))
         )
 
-    def _successor(self, launched: LaunchedStep) -> ScheduledStep | None:
-        """The decode step after `launched`, planned before its tokens are read; None when that step must be
+    def _successor(self, launched: LaunchedStep) -> tuple[ScheduledStep | None, int | None]:
+        """The decode step after `launched`, planned before its tokens are read, or None when that step must be
         read first (a waiting request could be admitted, the KV pools are short, or the draft policy wants
-        proposals, which are drafted from the tokens)."""
+        proposals, which are drafted from the tokens); and the drafts per sequence the policy chose for it, if
+        it was asked."""
         scheduler = self.scheduler
-        self._proposals_next = None
         if scheduler.waiting and len(scheduler.running) < scheduler.config.max_num_seqs:
-            return None
+            return None, None
         step = ScheduledStep([], [])
         for seq in launched.step.seqs:
             if seq.is_finished or seq.num_tokens + seq.num_pending_tokens >= seq.max_total_tokens:
                 continue  # ended (aborted, or a stop since), or the token on its way is its last
             if not self.kv.try_allocate(seq, 1):
-                return None  # (blocks it took stay its own: the step planned after the read uses them)
+                return None, None  # (blocks it took stay its own: the step planned after the read uses them)
             step.add(seq, 1)
-        if step.seqs and self.speculator is not None:
-            self._proposals_next = self.speculator.policy.choose(len(step.seqs))
-            if self._proposals_next:
-                return None
-        return step if step.seqs else None
+        if not step.seqs:
+            return None, None
+        if self.speculator is None:
+            return step, None
+        proposals = self.speculator.policy.choose(len(step.seqs))
+        return (None if proposals else step), proposals
 
-    def _step_ahead(self, step: ScheduledStep | None, launched: LaunchedStep | None) -> list[StepDelta]:
+    def _step_ahead(self, step: ScheduledStep | None, proposals: int | None, launched: LaunchedStep | None
+                    ) -> list[StepDelta]:
         """Launch `step` (if any) with the tokens of `launched` as its inputs, then read `launched` (if any)
-        and release the text, while `step` runs."""
+        and release the text, while `step` runs. `proposals`: what the draft policy chose for the step after
+        `launched` when it was asked (`_successor`)."""
         outcome = _StepOutcome()
         self._launched = None
         released = False
@@ -671,13 +685,17 @@ class LLMEngine:
                 if launched is not None and self.speculator is not None:
                     # the running step proposes nothing for the one launched now: its drafter bookkeeping is
                     # done before that step stages its own context
-                    self.speculator.after_step(launched.step, launched.output, [1] * len(launched.step.seqs), [],
+                    self.speculator.after_step(launched.step, launched.output, launched.step.num_new_tokens, [],
                                                0, launched.launched_s, proposals=0)
                 self._launched = self._launch(step, launched)
             if launched is not None:
                 self._accept_launched(launched, outcome)
                 if step is None and self.speculator is not None:
-                    self._propose_after(launched, outcome)
+                    # read with no step after it: the drafter proposes for the next one, as after a synchronous step
+                    running = len(self.scheduler.running) - len(outcome.finished)
+                    self.speculator.after_step(launched.step, launched.output, launched.step.num_new_tokens,
+                                               _going_on(launched.step.seqs, outcome), running, launched.launched_s,
+                                               proposals=proposals)
             released = True
             self._release_text(outcome)
         except Exception as exc:
@@ -686,15 +704,9 @@ class LLMEngine:
             self._retire_finished(outcome)
             self._launched = None  # its sequences are among the failed ones
             seqs = [*(step.seqs if step is not None else []), *(launched.step.seqs if launched is not None else [])]
-            failed = sorted({seq.request_id for seq in seqs} | set(outcome.failures))
-            raise StepError(failed, exc, whole_batch=True,
-                            deltas=[d for d in outcome.deltas if d.request_id not in failed]) from exc
+            raise _whole_batch_error(seqs, exc, outcome) from exc
         self._retire_finished(outcome)
-        if outcome.failures:
-            cause = next(iter(outcome.failures.values()))
-            raise StepError(sorted(outcome.failures), cause, whole_batch=False,
-                            deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
-        return outcome.deltas
+        return _deltas_or_failure(outcome)
 
     def _launch(self, step: ScheduledStep, previous: LaunchedStep | None) -> LaunchedStep:
         """Run a plain decode step and choose its tokens on the device; its inputs are `previous`'s tokens."""
@@ -702,11 +714,8 @@ class LLMEngine:
         output = self.runner.execute(step, previous.input_ids_for(step) if previous is not None else None)
         if self.speculator is not None:
             self.speculator.stage_context(step, output)  # the drafter's context, from the device's hidden states
-        ks = [seq.params.logprobs for seq in step.seqs]
-        raw_logprobs = torch.log_softmax(output.logits.float(), dim=-1) if any(k is not None for k in ks) else None
-        tokens = choose_tokens(output.logits, [self._sampling_row(seq) for seq in step.seqs])
-        extra = logprob_tensors(raw_logprobs, tokens, ks) if raw_logprobs is not None else ()
-        launched = LaunchedStep.start(step, output, tokens, extra, launched_s)
+        rows = [self._sampling_row(seq) for seq in step.seqs]
+        launched = LaunchedStep.start(step, output, rows, *sample_on_device(output.logits, rows), launched_s)
         for seq in step.seqs:
             seq.num_computed_tokens += 1
             seq.num_pending_tokens += 1
@@ -714,26 +723,13 @@ class LLMEngine:
 
     def _accept_launched(self, launched: LaunchedStep, outcome: _StepOutcome) -> None:
         """Append the tokens `launched` chose, except to sequences that ended since it was launched."""
-        tokens, *logprob_fields = launched.read()
-        seqs = launched.step.seqs
-        logprobs = (token_logprobs(tokens, *logprob_fields, [seq.params.logprobs for seq in seqs]) if logprob_fields
-                    else [None] * len(seqs))
-        for seq, token, entry in zip(seqs, tokens, logprobs, strict=True):
+        result = launched.read()
+        for seq, token, entry in zip(launched.step.seqs, result.token_ids, result.logprobs, strict=True):
             seq.num_pending_tokens -= 1
             if seq.is_finished or seq.request_id in outcome.failures:
                 continue
             if self._emit_tokens(seq, [token], [entry], outcome) and not outcome.ends(seq):
-                complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
-                self.kv.register_computed_blocks(seq, complete)
-
-    def _propose_after(self, launched: LaunchedStep, outcome: _StepOutcome) -> None:
-        """`launched` was read with no step after it: the drafter proposes for the next step (as after a
-        synchronous step), with the number the policy chose when it declined to run a step ahead."""
-        decoding = [seq for seq in launched.step.seqs
-                    if not seq.is_finished and not outcome.ends(seq) and seq.request_id not in outcome.failures]
-        running = len(self.scheduler.running) - len(outcome.finished)
-        self.speculator.after_step(launched.step, launched.output, [1] * len(launched.step.seqs), decoding, running,
-                                   launched.launched_s, proposals=self._proposals_next)
+                self._register_computed_blocks(seq)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
         """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from glimmer.engine.model_runner import StepLogits
+from glimmer.engine.sampler import SampleResult, SamplingRow, sample_result
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import Sequence
 
@@ -49,33 +50,34 @@ class LaunchedStep:
 
     step: ScheduledStep
     output: StepLogits  # what the runner returned (the drafter's context reads its hidden states)
+    rows: list[SamplingRow]  # how each sequence sampled (which logprobs it asked for)
     tokens: torch.Tensor  # (B,) the chosen tokens, on the step's device
-    host: list[torch.Tensor]  # the tokens, then any `extra` tensors, in host memory once `ready` fires
+    host: list[torch.Tensor]  # the tokens, then the logprob fields, in host memory once `ready` fires
     ready: torch.cuda.Event | None  # None on the CPU: they are there already
     launched_s: float  # perf_counter when it was launched (the draft policy times steps)
 
     @classmethod
-    def start(cls, step: ScheduledStep, output: StepLogits, tokens: torch.Tensor, extra: tuple[torch.Tensor, ...] = (),
-              launched_s: float = 0.0) -> LaunchedStep:
-        """Queue the copies of `tokens` and `extra` (e.g. their logprobs) to pinned host memory behind the step's
-        work; nothing waits here."""
+    def start(cls, step: ScheduledStep, output: StepLogits, rows: list[SamplingRow], tokens: torch.Tensor,
+              logprob_fields: tuple[torch.Tensor, ...], launched_s: float) -> LaunchedStep:
+        """Queue the copies of `tokens` and `logprob_fields` (`sample_on_device`'s) to pinned host memory
+        behind the step's work; nothing waits here."""
         if not tokens.is_cuda:
-            return cls(step, output, tokens, [tokens, *extra], None, launched_s)
+            return cls(step, output, rows, tokens, [tokens, *logprob_fields], None, launched_s)
         host = []
-        for tensor in (tokens, *extra):
+        for tensor in (tokens, *logprob_fields):
             copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             copy.copy_(tensor, non_blocking=True)
             host.append(copy)
         ready = torch.cuda.Event()
         ready.record()
-        return cls(step, output, tokens, host, ready, launched_s)
+        return cls(step, output, rows, tokens, host, ready, launched_s)
 
-    def read(self) -> list[list]:
-        """The tokens (one per sequence of the step), then the `extra` fields, as lists; waits for this step
-        alone, not for the ones launched after it."""
+    def read(self) -> SampleResult:
+        """The tokens (one per sequence of the step) and their logprobs; waits for this step alone, not for the
+        ones launched after it."""
         if self.ready is not None:
             self.ready.synchronize()
-        return [tensor.tolist() for tensor in self.host]
+        return sample_result([tensor.tolist() for tensor in self.host], self.rows)
 
     def input_ids_for(self, successor: ScheduledStep) -> torch.Tensor:
         """The successor's input tokens on the device: those this step chose for the same sequences."""

@@ -179,14 +179,27 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
 
     token_bitmask: (M, ceil(V/32)) int32 of the ids each row may sample (all bits set for a free row), or None.
     """
+    tokens, fields = sample_on_device(logits, rows, token_bitmask)
+    return sample_result([t.tolist() for t in (tokens, *fields)], rows)
+
+
+def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """`sample` without reading the device: the chosen tokens, and `logprob_tensors`' fields when a row asks
+    for logprobs (else none)."""
     logits = logits.float()
-    want_logprobs = any(r.params.logprobs is not None for r in rows)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+    ks = [r.params.logprobs for r in rows]
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(k is not None for k in ks) else None
     tokens = choose_tokens(logits, rows, token_bitmask)
-    if raw_logprobs is None:
-        return SampleResult(token_ids=tokens.tolist(), logprobs=[None] * len(rows))
-    token_list, logprobs = chosen_logprobs(raw_logprobs, tokens, [r.params.logprobs for r in rows])
-    return SampleResult(token_ids=token_list, logprobs=logprobs)
+    return tokens, logprob_tensors(raw_logprobs, tokens, ks) if raw_logprobs is not None else ()
+
+
+def sample_result(host: list[list], rows: list[SamplingRow]) -> SampleResult:
+    """`sample_on_device`'s tensors, read to the host (tokens first), as a SampleResult."""
+    tokens, *fields = host
+    ks = [r.params.logprobs for r in rows]
+    return SampleResult(token_ids=tokens,
+                        logprobs=token_logprobs(tokens, *fields, ks) if fields else [None] * len(rows))
 
 
 def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None

@@ -99,7 +99,7 @@ def test_a_failing_step_still_delivers_the_text_it_released(engines, monkeypatch
         raise RuntimeError("sampler failed")
 
     monkeypatch.setattr("glimmer.engine.llm_engine.sample", broken_sampler)
-    monkeypatch.setattr("glimmer.engine.llm_engine.choose_tokens", broken_sampler)  # a step launched ahead
+    monkeypatch.setattr("glimmer.engine.llm_engine.sample_on_device", broken_sampler)  # a step launched ahead
     with pytest.raises(StepError) as failure:
         engine.step()
     assert failure.value.whole_batch and failure.value.request_ids == ["long"]

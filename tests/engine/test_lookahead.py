@@ -8,31 +8,12 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.kv_cache_manager import FULL
-from glimmer.engine.lookahead import LaunchedStep
 from glimmer.tiny import TinySpec
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint):
     return {mode: LLM(str(tiny_checkpoint), progress=False, async_scheduling=mode) for mode in (False, True)}
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """How many steps were launched ahead (the spy keeps LaunchedStep.start's behaviour)."""
-    counted = {"steps": 0, "rows": 0, "rows_past_max_tokens": 0}
-    start = LaunchedStep.start.__func__
-
-    def spy(cls, step, *args, **kwargs):
-        counted["steps"] += 1
-        counted["rows"] += len(step.seqs)
-        # a row's token would be the sequence's (num_tokens + pending + 1)-th: never past max_tokens
-        counted["rows_past_max_tokens"] += sum(s.num_tokens + s.num_pending_tokens >= s.max_total_tokens
-                                               for s in step.seqs)
-        return start(cls, step, *args, **kwargs)
-
-    monkeypatch.setattr(LaunchedStep, "start", classmethod(spy))
-    return counted
 
 
 def _prompts(count: int, seed: int = 11) -> list[list[int]]:

@@ -8,7 +8,6 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine.kv_cache_manager import FULL, SLIDING
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
-from glimmer.engine.lookahead import LaunchedStep
 from glimmer.errors import ConfigError, RequestError
 from glimmer.tiny import TinySpec
 
@@ -58,21 +57,17 @@ def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one
 
 
 @pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "lookahead"])
-def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, monkeypatch):
+def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, launches):
     # 4 sliding blocks (two sequences' windows) and 12 full-attention blocks (192 positions) for three
     # running sequences of up to 99 positions each: both pools run out mid-generation. With lookahead, a step
     # launched ahead finds the pools short and lets the scheduler preempt after its read.
-    launched = []
-    start = LaunchedStep.start.__func__
-    monkeypatch.setattr(LaunchedStep, "start", classmethod(
-        lambda cls, step, *args: launched.append(len(step.seqs)) or start(cls, step, *args)))
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160, async_scheduling=lookahead))
     assert engine.kv_layout.num_blocks == {SLIDING: 4, FULL: 12}
     prompts = _prompts()
     tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]})
     assert engine.scheduler.num_preemptions > 0
-    assert bool(launched) == lookahead
+    assert bool(launches["steps"]) == lookahead
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == one_at_a_time
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
