@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from glimmer.model.kernels.packed_linear import PackedLinear, can_pack, linear
+from glimmer.model.kernels.linear import linear
+from glimmer.model.kernels.packed_linear import PackedLinear, can_pack
 from glimmer.model.kernels.residual_norm import NormSpec
 from glimmer.model.kernels.silu_mul import silu_mul
 
@@ -176,6 +177,6 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:  # rows of any leading shape, as one matrix for the fused kernel
             rows = x.reshape(-1, x.shape[-1])
-            down = self.down_packed if self.down_packed is not None else self.down_proj
-            return down(silu_mul(linear(rows, self.gate_up_weight))).view(*x.shape[:-1], -1)
+            down = self.down_packed if self.down_packed is not None else self.down_proj.weight
+            return linear(silu_mul(linear(rows, self.gate_up_weight)), down).view(*x.shape[:-1], -1)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -12,6 +12,7 @@ from torch import nn
 
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.model.context import ForwardContext
+from glimmer.model.kernels.linear import linear
 from glimmer.model.text import TextModel
 
 
@@ -95,7 +96,7 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """logits = cap · tanh(multiplier · z / cap), in the model dtype and in this order (§2.7, §14.9)."""
         text = self.config.text
-        logits = self.lm_head(hidden)
+        logits = linear(hidden, self.lm_head.weight)
         logits = logits * text.output_multiplier
         logits = logits / text.final_logit_softcapping
         logits = torch.tanh(logits)

@@ -15,7 +15,8 @@ from glimmer.checkpoint.config import TextConfig
 from glimmer.model import kernels
 from glimmer.model.attention import paged_attention
 from glimmer.model.context import ForwardContext
-from glimmer.model.kernels.packed_linear import PackedLinear, can_pack, linear
+from glimmer.model.kernels.linear import linear
+from glimmer.model.kernels.packed_linear import PackedLinear, can_pack
 from glimmer.model.kernels.qk_norm_rope import HeadLayout
 from glimmer.model.kernels.residual_norm import NormSpec
 from glimmer.model.layers import (
@@ -69,7 +70,9 @@ class TextAttention(nn.Module):
             release_packed(self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.o_proj)
 
     def _output_projection(self, out: torch.Tensor) -> torch.Tensor:
-        return self.o_packed(out) if self.o_packed is not None else self.o_proj(out)
+        if self.o_packed is not None:
+            return self.o_packed(out)
+        return linear(out, self.o_proj.weight, self.o_proj.bias)
 
     def forward(
         self, hidden: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], ctx: ForwardContext

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from glimmer.model.kernels.packed_linear import PackedLinear, linear, packs
+from glimmer.model.kernels.linear import linear
+from glimmer.model.kernels.packed_linear import PackedLinear, packs
 
 pytestmark = pytest.mark.skipif(not packs("cpu", torch.float32), reason="this torch build has no working oneDNN")
 

@@ -71,10 +71,3 @@ def packs(device: torch.device | str, dtype: torch.dtype) -> bool:
 
 def can_pack(weight: torch.Tensor) -> bool:
     return packs(weight.device, weight.dtype)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x · Wᵀ + b with a dense weight (the reference, `F.linear`) or a packed one (its bias is its own)."""
-    if isinstance(weight, PackedLinear):
-        return weight(x)
-    return F.linear(x, weight, bias)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from glimmer.model.context import ForwardContext, KVGroupView
-from glimmer.model.kernels.support import multiprocessor_count, next_power_of_2, use_triton
+from glimmer.model.kernels.support import launch_options, multiprocessor_count, next_power_of_2, use_triton
 
 MAX_KV_SPLITS = 128
 
@@ -254,11 +254,12 @@ def paged_attention_triton(
         BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, GROUP=group_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE_N=tile_n, NUM_SPLITS=num_splits, DECODE=decode, SLIDING=sliding_window is not None,
         HAS_GATE=gate is not None, IEEE=query.dtype == torch.float32,
-        num_warps=4 if block_m <= 32 else 8, num_stages=2,
+        num_warps=4 if block_m <= 32 else 8, num_stages=2, **launch_options(query),
     )
     if num_splits > 1:
         impl.merge_splits[(n, num_q_heads)](
             partial_acc, partial_max_sum, out, out.stride(0), gate_arg, gate_arg.stride(0), n, num_q_heads,
             HEAD_DIM=head_dim, NUM_SPLITS=num_splits, HAS_GATE=gate is not None, num_warps=4,
+            **launch_options(query),
         )
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glimmer.model.kernels.support import next_power_of_2, use_triton
+from glimmer.model.kernels.support import launch_options, next_power_of_2, use_triton
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,6 @@ def qk_norm_rope_store_triton(
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), slot_mapping,
         eps, q_scale,
         NUM_HEADS=layout.num_heads, NUM_KV_HEADS=layout.num_kv_heads, HEAD_DIM=layout.head_dim,
-        BLOCK_SIZE=key_cache.shape[1], USE_ROPE=rotary is not None, num_warps=1,
+        BLOCK_SIZE=key_cache.shape[1], USE_ROPE=rotary is not None, num_warps=1, **launch_options(qkvg),
     )
     return q

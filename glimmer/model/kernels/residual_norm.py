@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glimmer.model.kernels.support import next_power_of_2, use_triton
+from glimmer.model.kernels.support import launch_options, next_power_of_2, use_triton
 
 MAX_TRITON_WIDTH = 32768
 
@@ -71,6 +71,6 @@ def residual_norm_triton(
     impl.residual_norm[(rows,)](
         h if h is not None else residual, residual, first.weight, following.weight, new_residual, normed,
         width, first.eps, first.offset, following.eps, following.offset,
-        HAS_H=h is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)),
+        HAS_H=h is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)), **launch_options(residual),
     )
     return new_residual, normed

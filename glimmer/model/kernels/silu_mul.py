@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from glimmer.model.kernels.support import use_triton
+from glimmer.model.kernels.support import launch_options, use_triton
 
 BLOCK = 1024
 
@@ -32,5 +32,6 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     half = width // 2
     out = torch.empty((rows, half), dtype=gate_up.dtype, device=gate_up.device)
     if rows:
-        impl.silu_mul[(rows, -(-half // BLOCK))](gate_up, out, half, BLOCK=BLOCK, num_warps=4)
+        impl.silu_mul[(rows, -(-half // BLOCK))](gate_up, out, half, BLOCK=BLOCK, num_warps=4,
+                                                 **launch_options(gate_up))
     return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from glimmer.model.kernels.jit import wait_for_previous_kernel
+
 
 @triton.jit
 def _store_output(Out, stride_on, Gate, stride_gn, acc, tokens, heads, offs_d, rows_valid,
@@ -34,8 +36,9 @@ def attention_tiles(
     window,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DECODE: tl.constexpr,
-    SLIDING: tl.constexpr, HAS_GATE: tl.constexpr, IEEE: tl.constexpr,
+    SLIDING: tl.constexpr, HAS_GATE: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     tile_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -128,9 +131,10 @@ def attention_tiles(
 @triton.jit(do_not_specialize=["num_tokens"])
 def merge_splits(
     PartialAcc, PartialMaxSum, Out, stride_on, Gate, stride_gn, num_tokens, num_q_heads,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_GATE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     """One (token, head): combine the splits' (max, sum, acc) into the softmax-weighted output."""
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, NUM_SPLITS)

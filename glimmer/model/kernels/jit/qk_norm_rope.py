@@ -5,6 +5,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from glimmer.model.kernels.jit import wait_for_previous_kernel
+
 
 @triton.jit
 def _round(x, dtype: tl.constexpr):
@@ -18,9 +20,10 @@ def qk_norm_rope_store(
     KCache, VCache, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, Slots,
     eps, q_scale,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    USE_ROPE: tl.constexpr,
+    USE_ROPE: tl.constexpr, PDL: tl.constexpr,
 ):
     """One (token, head): heads [0, NUM_HEADS) are query heads, the rest key heads (which also copy v)."""
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dtype = QOut.dtype.element_ty

@@ -5,12 +5,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from glimmer.model.kernels.jit import wait_for_previous_kernel
+
 
 @triton.jit
 def residual_norm(
     H, Residual, WPost, WNext, ResidualOut, Normed, width, eps_post, offset_post, eps_next, offset_next,
-    HAS_H: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_H: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64) * width
     cols = tl.arange(0, BLOCK)
     mask = cols < width

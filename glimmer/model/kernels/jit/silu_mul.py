@@ -5,9 +5,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from glimmer.model.kernels.jit import wait_for_previous_kernel
+
 
 @triton.jit
-def silu_mul(GateUp, Out, half, BLOCK: tl.constexpr):
+def silu_mul(GateUp, Out, half, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < half
