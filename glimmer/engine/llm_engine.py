@@ -345,10 +345,12 @@ class LLMEngine:
                 num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted)
             budget -= num_blocks[DRAFT] * per_block[DRAFT]
         if SLIDING in per_block:
-            window_blocks = math.ceil(min(text.sliding_window, self.max_model_len) / bs) + 1
-            chunk_blocks = math.ceil(self.scheduler_config.max_num_batched_tokens / bs)
-            target = self.scheduler_config.max_num_seqs * window_blocks + chunk_blocks
-            share = budget if FULL not in per_block else budget // 2
+            target = self._wanted_blocks()[SLIDING]
+            share = budget
+            if FULL in per_block:
+                # the full-attention group keeps half the budget, or all it can use if that is less: a budget that
+                # holds every sequence at full length then holds every window too
+                share -= min(budget // 2, self._wanted_blocks()[FULL] * per_block[FULL])
             num_blocks[SLIDING] = max(1, min(target, share // per_block[SLIDING]))
             budget -= num_blocks[SLIDING] * per_block[SLIDING]
         if FULL in per_block:
@@ -377,9 +379,26 @@ class LLMEngine:
             reserve = (1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
             return max(int(free - reserve), sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
-        per_token = sum(per_block.values()) / self.config.block_size
-        want = int(per_token * self.max_model_len * (self.config.max_num_seqs or 64))
-        return min(_CPU_DEFAULT_KV_BYTES, want)
+        wanted = self._wanted_blocks()
+        return min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
+
+    def _wanted_blocks(self) -> dict[str, int]:
+        """Blocks per group for max_num_seqs sequences at max_model_len at once: every position in the
+        full-attention group (and the drafter's, unless its context is bounded), a window and the block it
+        grows into per sequence in a windowed group, plus one step's chunk of new tokens there."""
+        bs = self.config.block_size
+        seqs = self.scheduler_config.max_num_seqs
+        chunk_blocks = math.ceil(self.scheduler_config.max_num_batched_tokens / bs)
+        every_position = seqs * math.ceil(self.max_model_len / bs)
+
+        def windowed(window: int) -> int:
+            return seqs * (math.ceil(min(window, self.max_model_len) / bs) + 1) + chunk_blocks
+
+        wanted = {FULL: every_position, SLIDING: windowed(self.model_config.text.sliding_window or self.max_model_len)}
+        if self.drafter is not None:
+            distance = self.drafter.config.max_visible_distance
+            wanted[DRAFT] = windowed(distance + 1) if distance is not None else every_position
+        return wanted
 
     def _media_processor(self) -> MediaProcessor | None:
         vision = self.model_config.vision

@@ -72,6 +72,23 @@ def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+def test_the_cpu_default_kv_cache_runs_max_num_seqs_sequences_to_max_model_len_without_preemption(checkpoint):
+    # sliding-window layers hold a window plus the block it grows into per sequence, however short the context:
+    # a budget sized by positions alone (and split in half between the groups) left the sliding pool short, so
+    # eight sequences decoding together were preempted and recomputed over and over (175 steps for 128 tokens)
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_num_seqs=8, max_model_len=40))
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    generator = torch.Generator().manual_seed(5)
+    for i in range(8):
+        engine.add_request(f"r{i}", torch.randint(20, 400, (8,), generator=generator).tolist(), params)
+    steps = 0
+    while engine.has_unfinished_requests:
+        engine.step()
+        steps += 1
+    assert engine.scheduler.num_preemptions == 0
+    assert steps == 32  # one prefill step for all eight, then 31 decode steps of eight
+
+
 def test_prefix_cache_hits_give_identical_outputs(checkpoint):
     llm = LLM(str(checkpoint), progress=False)
     shared = list(range(20, 100))  # 80 tokens = 5 full blocks
