@@ -225,7 +225,9 @@ def paged_attention_triton(
     group_size = num_q_heads // num_kv_heads
     decode = ctx.max_query_len == 1
     wide = head_dim > 128 or (query.dtype == torch.float32 and head_dim > 32)  # keep tiles in shared memory
-    block_m = max(16 if decode or wide else 64, next_power_of_2(group_size))
+    # prefill tiles of 128 rows (8 tokens × 16 heads at GQA 16:1) with 8 warps: an 8K prompt's attention at
+    # the 30B's heads takes 2.3 ms a full layer and 1.1 ms a window-2048 layer on an H200, 4.4 and 2.1 with 64
+    block_m = max(16 if decode else 64 if wide else 128, next_power_of_2(group_size))
     block_q = block_m // group_size
     num_seqs = ctx.num_seqs
     num_tiles = num_seqs if decode else -(-n // block_q) + num_seqs
