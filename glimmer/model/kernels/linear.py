@@ -42,8 +42,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Ten
 
 
 def matvec_supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the GEMV computes this product (any device: the caller checks for CUDA). It has no backward, so a
+    product that autograd records stays with `F.linear`."""
+    tracked = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     return (
-        x.numel() == x.shape[-1]  # one row, whatever the leading shape
+        not tracked
+        and x.numel() == x.shape[-1]  # one row, whatever the leading shape
         and x.dtype in MATVEC_DTYPES
         and weight.dtype == x.dtype
         and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
