@@ -330,7 +330,8 @@ class LLMEngine:
         per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in groups}
         if self.drafter is not None:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)
-        total_budget = budget = self._kv_budget_bytes(per_block)
+        wanted = self._wanted_blocks()
+        total_budget = budget = self._kv_budget_bytes(per_block, wanted)
         num_blocks: dict[str, int] = {}
         draft_window = None
         if self.drafter is not None:
@@ -340,18 +341,15 @@ class LLMEngine:
             share = budget * per_block[DRAFT] // sum(per_block.values())
             num_blocks[DRAFT] = max(1, share // per_block[DRAFT])
             if draft_window is not None:
-                wanted = self.scheduler_config.max_num_seqs * (math.ceil(draft_window / bs) + 1) + math.ceil(
-                    self.scheduler_config.max_num_batched_tokens / bs)
-                num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted)
+                num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted[DRAFT])
             budget -= num_blocks[DRAFT] * per_block[DRAFT]
         if SLIDING in per_block:
-            target = self._wanted_blocks()[SLIDING]
             share = budget
             if FULL in per_block:
                 # the full-attention group keeps half the budget, or all it can use if that is less: a budget that
                 # holds every sequence at full length then holds every window too
-                share -= min(budget // 2, self._wanted_blocks()[FULL] * per_block[FULL])
-            num_blocks[SLIDING] = max(1, min(target, share // per_block[SLIDING]))
+                share -= min(budget // 2, wanted[FULL] * per_block[FULL])
+            num_blocks[SLIDING] = max(1, min(wanted[SLIDING], share // per_block[SLIDING]))
             budget -= num_blocks[SLIDING] * per_block[SLIDING]
         if FULL in per_block:
             num_blocks[FULL] = max(1, budget // per_block[FULL])
@@ -371,7 +369,7 @@ class LLMEngine:
             )
         return layout
 
-    def _kv_budget_bytes(self, per_block: dict[str, int]) -> int:
+    def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
         if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)
             return self.config.kv_cache_memory
         if self.device.type == "cuda":
@@ -379,7 +377,6 @@ class LLMEngine:
             reserve = (1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
             return max(int(free - reserve), sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
-        wanted = self._wanted_blocks()
         return min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
 
     def _wanted_blocks(self) -> dict[str, int]:
