@@ -71,7 +71,9 @@ def test_paged_attention_matches_the_reference_in_float32(name, heads, num_split
 
 
 @pytest.mark.parametrize("name", list(ATTENTION_CASES))
-def test_paged_attention_in_bf16_stays_within_the_references_own_error(name):
+@pytest.mark.parametrize("num_splits", [None, 1, 4], ids=["splits-auto", "splits-1", "splits-4"])
+def test_paged_attention_in_bf16_stays_within_the_references_own_error(name, num_splits):
+    # the 30B's heads; 1 and 4 splits take the decode tiles of large batches (`decode_tiles`)
     lengths, window = ATTENTION_CASES[name]
     case = make_case(lengths, num_q_heads=32, num_kv_heads=2, head_dim=128, sliding_window=window,
                      device="cuda", seed=3)
@@ -81,7 +83,7 @@ def test_paged_attention_in_bf16_stays_within_the_references_own_error(name):
     ref = paged_attention_torch(half(case.query), half(case.key_cache), half(case.value_cache), case.group,
                                 case.ctx, window, scale)
     out = paged_attention_triton(half(case.query), half(case.poisoned_key_cache), half(case.poisoned_value_cache),
-                                 case.group, case.ctx, window, scale)
+                                 case.group, case.ctx, window, scale, num_splits=num_splits)
     assert torch.isfinite(out).all()
     assert _error(out, exact) <= 1.5 * _error(ref, exact) + 1e-3
 
