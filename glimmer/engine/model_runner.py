@@ -23,6 +23,7 @@ from glimmer.engine.sampler import TokenLogprobs, scored_token_logprobs
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.step_inputs import build_step_inputs
+from glimmer.model.kernels.support import dependent_launch
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 
@@ -115,6 +116,8 @@ class ModelRunner:
             )
         self.encoder_cache = EncoderCache()
         self.graphs: DecodeGraphs | None = None
+        if device.type == "cuda":
+            dependent_launch(device.index or 0)  # probed now, before any graph capture (kernels.support)
         if device.type == "cuda" and use_cuda_graphs and DecodeGraphs.supported(self.kv_caches):
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,

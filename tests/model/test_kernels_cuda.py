@@ -8,6 +8,7 @@ float32 agrees to rounding; bf16 stays within the reference's own bf16 error aga
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from paged_cases import make_case  # noqa: E402
 
+from glimmer.model.kernels import support  # noqa: E402
 from glimmer.model.kernels.linear import linear, matvec_triton  # noqa: E402
 from glimmer.model.kernels.paged_attention import paged_attention_torch, paged_attention_triton  # noqa: E402
 from glimmer.model.kernels.qk_norm_rope import (  # noqa: E402
@@ -30,7 +32,7 @@ from glimmer.model.kernels.qk_norm_rope import (  # noqa: E402
 )
 from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch, residual_norm_triton  # noqa: E402
 from glimmer.model.kernels.silu_mul import silu_mul_torch, silu_mul_triton  # noqa: E402
-from glimmer.model.kernels.support import dependent_launch  # noqa: E402
+from glimmer.model.kernels.support import dependent_launch, dependent_launch_failure  # noqa: E402
 from glimmer.model.layers import RotaryTable  # noqa: E402
 
 pytestmark = pytest.mark.cuda
@@ -207,3 +209,20 @@ def test_kernels_launch_as_dependent_launches_on_hopper_and_a_graph_replays_them
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+def test_dependent_launch_is_probed_and_a_driver_that_refuses_it_gets_plain_launches(monkeypatch, caplog):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+")
+    assert dependent_launch_failure(torch.cuda.current_device()) is None
+    counter = torch.zeros(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # asked inside a capture, it says so and leaves the capture intact
+        counter.add_(1)
+        assert "capture" in dependent_launch_failure(torch.cuda.current_device())
+    graph.replay()
+    assert counter.item() == 1
+    monkeypatch.setattr(support, "dependent_launch_failure", lambda index: "RuntimeError: not supported")
+    with caplog.at_level(logging.WARNING, logger="glimmer.model.kernels.support"):
+        assert support.dependent_launch.__wrapped__(torch.cuda.current_device()) is False  # past the cache
+    assert "not supported" in caplog.text and "launch plainly" in caplog.text

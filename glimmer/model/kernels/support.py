@@ -7,15 +7,20 @@ On Hopper and newer GPUs the kernels are launched as programmatic dependent laun
 scheduled while the one before it drains, and waits (`griddepcontrol.wait`) for that one's completion and
 memory before it reads or writes anything, so only the launch latency overlaps, never the work. A decode step
 at batch 1 is some 600 kernels of a few microseconds each, and the gap between two of them is a large part
-of theirs. `GLIMMER_PDL=0` launches them plainly (for A/B timing).
+of theirs. `GLIMMER_PDL=0` launches them plainly (for A/B timing). Whether the driver takes such launches,
+eagerly and inside a captured CUDA graph (programmatic edges in graphs need a CUDA 12.3+ driver), is probed
+once per GPU before the first kernel runs; where it does not, kernels launch plainly, with a warning.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -61,7 +66,47 @@ def dependent_launch(device_index: int) -> bool:
         from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
     except ImportError:  # a Triton without grid dependency control
         return False
+    failure = dependent_launch_failure(device_index)
+    if failure is not None:
+        logger.warning("GPU %d does not take programmatic dependent launches (%s); kernels launch plainly",
+                       device_index, failure)
+        return False
     return True
+
+
+def dependent_launch_failure(device_index: int) -> str | None:
+    """Run two kernels as dependent launches, the second reading the first's output, eagerly and then from a
+    captured CUDA graph. None when both work and agree; else what went wrong. Called once per GPU through
+    `dependent_launch`, which the model runner resolves before it captures anything (a capture cannot be
+    probed from inside another)."""
+    from glimmer.model.kernels.jit import silu_mul as impl
+
+    if torch.cuda.is_current_stream_capturing():
+        return "first asked during a CUDA graph capture, where it cannot be probed"
+    device = torch.device("cuda", device_index)
+    try:
+        with torch.cuda.device(device):
+            gate_up = torch.randn((2, 2048), device=device)
+            middle = torch.empty((2, 1024), device=device)
+            out = torch.empty((2, 512), device=device)
+
+            def chain() -> None:  # the model's own specialization of the kernel (BLOCK 1024, 4 warps)
+                impl.silu_mul[(2, 1)](gate_up, middle, 1024, BLOCK=1024, num_warps=4, PDL=True, launch_pdl=True)
+                impl.silu_mul[(2, 1)](middle, out, 512, BLOCK=1024, num_warps=4, PDL=True, launch_pdl=True)
+
+            chain()
+            eager = out.clone()
+            out.zero_()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                chain()
+            graph.replay()
+            torch.cuda.synchronize(device)
+            if not torch.equal(out, eager):
+                return "a captured graph of dependent launches gave other results than launching them eagerly"
+    except Exception as exc:  # the driver's or Triton's refusal, whichever form it takes
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def launch_options(tensor: torch.Tensor) -> dict[str, bool]:
