@@ -83,6 +83,12 @@ def qk_norm_rope_store_torch(
     return qk[:, :num_heads]
 
 
+def heads_per_program(num_heads: int) -> int:
+    """Heads one program takes: 8 (the 30B's 34 q and k heads in 5 programs a token, not 34 one-warp programs
+    whose launch and wait cost more than their work at large batches), fewer for models with fewer heads."""
+    return min(8, next_power_of_2(num_heads))
+
+
 def qk_norm_rope_store_triton(
     qkvg: torch.Tensor,
     layout: HeadLayout,
@@ -100,12 +106,14 @@ def qk_norm_rope_store_triton(
     if n == 0:
         return q
     cos, sin = rotary if rotary is not None else (q, q)
-    impl.qk_norm_rope_store[(n, layout.num_heads + layout.num_kv_heads)](
+    heads = heads_per_program(layout.num_heads + layout.num_kv_heads)
+    impl.qk_norm_rope_store[(n, -(-(layout.num_heads + layout.num_kv_heads) // heads))](
         qkvg, qkvg.stride(0), cos, sin, cos.stride(0), q, q.stride(0), q.stride(1),
         key_cache, value_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), slot_mapping,
         eps, q_scale,
         NUM_HEADS=layout.num_heads, NUM_KV_HEADS=layout.num_kv_heads, HEAD_DIM=layout.head_dim,
-        BLOCK_SIZE=key_cache.shape[1], USE_ROPE=rotary is not None, num_warps=1, **launch_options(qkvg),
+        BLOCK_SIZE=key_cache.shape[1], HEADS=heads, USE_ROPE=rotary is not None, num_warps=4 if heads >= 8 else 1,
+        **launch_options(qkvg),
     )
     return q
