@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from glimmer.errors import ConfigError
+from glimmer.model.kernels.support import check_environment
 
 if TYPE_CHECKING:
     from glimmer.engine.llm_engine import EngineConfig
@@ -34,6 +35,7 @@ def _is_int(value: object) -> bool:
 def check_engine_config(config: EngineConfig) -> None:
     """Raise ConfigError for the first option of `config` of the wrong type or out of range; a size given as
     text (kv_cache_memory='8GiB') is turned into bytes."""
+    check_environment()  # GLIMMER_KERNELS / GLIMMER_PDL: a typo is an error here, not a silent default later
     if not isinstance(config.model, (str, os.PathLike)):
         raise ConfigError(f"model={config.model!r} must be a directory, a file or a Hub id (a string)")
     for name, types in (("dtype", str), ("device", str), ("chat_template", (str, os.PathLike)),

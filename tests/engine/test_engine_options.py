@@ -42,3 +42,26 @@ def test_sizes_as_text_are_bytes_as_on_the_command_line(tiny_checkpoint):
     assert [parse_size(t) for t in ("8GiB", "100", "2kb")] == [8 * 2**30, 100, 2000]
     with pytest.raises(ValueError, match="is not a size"):
         parse_size("8 gigs")
+
+
+@pytest.mark.parametrize(("variable", "value"), [("GLIMMER_KERNELS", "triton"), ("GLIMMER_KERNELS", "off"),
+                                                 ("GLIMMER_PDL", "false-ish"), ("GLIMMER_PDL", "2")])
+def test_a_kernel_switch_that_is_not_a_setting_is_refused_naming_it(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"{variable}='{value}' is not a setting"):
+        LLM("/nonexistent/model/dir", progress=False)  # before the model is looked for
+
+
+@pytest.mark.parametrize(("variable", "value", "forced", "pdl"), [
+    ("GLIMMER_KERNELS", "torch", True, True), ("GLIMMER_KERNELS", " Torch ", True, True),
+    ("GLIMMER_KERNELS", "auto", False, True), ("GLIMMER_KERNELS", "", False, True),
+    ("GLIMMER_PDL", "0", False, False), ("GLIMMER_PDL", "off", False, False), ("GLIMMER_PDL", "FALSE", False, False),
+    ("GLIMMER_PDL", "1", False, True), ("GLIMMER_PDL", "on", False, True),
+])
+def test_kernel_switch_settings(monkeypatch, variable, value, forced, pdl):
+    from glimmer.model.kernels.support import dependent_launch_allowed, references_forced
+
+    monkeypatch.delenv("GLIMMER_KERNELS", raising=False)
+    monkeypatch.delenv("GLIMMER_PDL", raising=False)
+    monkeypatch.setenv(variable, value)
+    assert (references_forced(), dependent_launch_allowed()) == (forced, pdl)

@@ -163,3 +163,9 @@ def test_make_tiny_refuses_a_non_empty_directory_without_force(capsys, tmp_path)
 def test_a_missing_checkpoint_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["inspect", str(tmp_path / "missing")], "missing")
     _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port())], "missing")
+
+
+def test_a_kernel_switch_that_is_not_a_setting_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("GLIMMER_KERNELS", "fast")
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port())],
+                         "GLIMMER_KERNELS='fast'", "'torch'")

@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from glimmer.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,8 +35,33 @@ def triton_importable() -> bool:
 
 
 def references_forced() -> bool:
-    """GLIMMER_KERNELS=torch: every op runs its plain-torch reference (no Triton, no packed CPU weights)."""
-    return os.environ.get("GLIMMER_KERNELS", "").lower() == "torch"
+    """GLIMMER_KERNELS=torch: every op runs its plain-torch reference (no Triton, no packed CPU weights);
+    unset or `auto`: the fastest path. Any other value is a ConfigError, never silently the default."""
+    value = os.environ.get("GLIMMER_KERNELS", "").strip().lower()
+    if value in ("", "auto"):
+        return False
+    if value == "torch":
+        return True
+    raise ConfigError(f"GLIMMER_KERNELS={os.environ['GLIMMER_KERNELS']!r} is not a setting: 'torch' runs the "
+                      "plain-torch reference of every op, 'auto' (or leaving it unset) the fastest kernels")
+
+
+def dependent_launch_allowed() -> bool:
+    """GLIMMER_PDL: unset, 1/on/true/yes allow programmatic dependent launches; 0/off/false/no forbid them.
+    Any other value is a ConfigError."""
+    value = os.environ.get("GLIMMER_PDL", "").strip().lower()
+    if value in ("", "1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ConfigError(f"GLIMMER_PDL={os.environ['GLIMMER_PDL']!r} is not a setting: 0 (or off/false/no) launches "
+                      "kernels plainly, 1 (or on/true/yes, or leaving it unset) as dependent launches on Hopper+")
+
+
+def check_environment() -> None:
+    """Raise ConfigError for a GLIMMER_KERNELS or GLIMMER_PDL value that is not a setting (engine start-up)."""
+    references_forced()
+    dependent_launch_allowed()
 
 
 def use_triton(*tensors: torch.Tensor) -> bool:
@@ -58,7 +85,7 @@ def next_power_of_2(n: int) -> int:
 @functools.cache
 def dependent_launch(device_index: int) -> bool:
     """Whether kernels on this GPU launch as programmatic dependent launches (see the module's docstring)."""
-    if os.environ.get("GLIMMER_PDL", "1") == "0" or not torch.cuda.is_available():
+    if not dependent_launch_allowed() or not torch.cuda.is_available():
         return False
     if torch.cuda.get_device_capability(device_index)[0] < 9:
         return False
