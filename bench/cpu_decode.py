@@ -8,7 +8,8 @@ with `LLM.generate` and with transformers' `generate` (static shapes: same-lengt
 early stop). Prints decode tokens/s of both and the ratio; the figure times whole generate calls, prefill
 included, measured after one warm-up call each. Beside them, the floor on this machine, in the same run:
 one decode step's weight products alone (every projection and the lm_head, the input `batch` rows), with
-the faster of PyTorch's `F.linear` and oneDNN's packed product, and the tokens/s that floor allows.
+the fastest of PyTorch's `F.linear`, `torch.mv` (one row) and oneDNN's packed product, and the tokens/s that
+floor allows.
 Needs transformers with the Muse Glimmer model (the test oracle); nothing is downloaded.
 """
 
@@ -67,10 +68,13 @@ def weight_matrices(checkpoint: Path) -> list[torch.Tensor]:
 
 
 def weight_products_seconds(matrices: list[torch.Tensor], batch: int, repeats: int = 20) -> float:
-    """Seconds for one step's weight products alone at `batch` rows: the best of dense `F.linear` and, where
+    """Seconds for one step's weight products alone at `batch` rows: the best of dense `F.linear`, at one row
+    `torch.mv` (BLAS's matrix-vector product, on some machines faster than both others there) and, where
     PyTorch has oneDNN, weights packed for it (as the engine packs them)."""
     inputs = {m.shape[1]: torch.randn(batch, m.shape[1]) for m in matrices}
     ways = {"F.linear": lambda: [F.linear(inputs[m.shape[1]], m) for m in matrices]}
+    if batch == 1:
+        ways["mv"] = lambda: [torch.mv(m, inputs[m.shape[1]][0]) for m in matrices]
     if torch.backends.mkldnn.is_available():
         packed = [(m.shape[1], torch.ops.mkldnn._reorder_linear_weight(m, 64)) for m in matrices]
         ways["oneDNN"] = lambda: [torch.ops.mkldnn._linear_pointwise(inputs[k], w, None, "none", [], "")
