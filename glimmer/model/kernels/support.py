@@ -34,28 +34,32 @@ def triton_importable() -> bool:
     return True
 
 
+KERNEL_SETTINGS = {"": False, "auto": False, "torch": True}
+PDL_SETTINGS = {"": True, "1": True, "on": True, "true": True, "yes": True,
+                "0": False, "off": False, "false": False, "no": False}
+
+
+def _switch(name: str, settings: dict[str, bool], meaning: str) -> bool:
+    """The setting an environment variable names (case and surrounding spaces ignored); ConfigError naming the
+    variable and `meaning` for a value that is not one, never silently the default."""
+    raw = os.environ.get(name, "")
+    value = settings.get(raw.strip().lower())
+    if value is None:
+        raise ConfigError(f"{name}={raw!r} is not a setting: {meaning}")
+    return value
+
+
 def references_forced() -> bool:
     """GLIMMER_KERNELS=torch: every op runs its plain-torch reference (no Triton, no packed CPU weights);
-    unset or `auto`: the fastest path. Any other value is a ConfigError, never silently the default."""
-    value = os.environ.get("GLIMMER_KERNELS", "").strip().lower()
-    if value in ("", "auto"):
-        return False
-    if value == "torch":
-        return True
-    raise ConfigError(f"GLIMMER_KERNELS={os.environ['GLIMMER_KERNELS']!r} is not a setting: 'torch' runs the "
-                      "plain-torch reference of every op, 'auto' (or leaving it unset) the fastest kernels")
+    unset or `auto`: the fastest path."""
+    return _switch("GLIMMER_KERNELS", KERNEL_SETTINGS, "'torch' runs the plain-torch reference of every op, "
+                   "'auto' (or leaving it unset) the fastest kernels")
 
 
 def dependent_launch_allowed() -> bool:
-    """GLIMMER_PDL: unset, 1/on/true/yes allow programmatic dependent launches; 0/off/false/no forbid them.
-    Any other value is a ConfigError."""
-    value = os.environ.get("GLIMMER_PDL", "").strip().lower()
-    if value in ("", "1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise ConfigError(f"GLIMMER_PDL={os.environ['GLIMMER_PDL']!r} is not a setting: 0 (or off/false/no) launches "
-                      "kernels plainly, 1 (or on/true/yes, or leaving it unset) as dependent launches on Hopper+")
+    """GLIMMER_PDL: unset, 1/on/true/yes allow programmatic dependent launches; 0/off/false/no forbid them."""
+    return _switch("GLIMMER_PDL", PDL_SETTINGS, "0 (or off/false/no) launches kernels plainly, 1 (or "
+                   "on/true/yes, or leaving it unset) as dependent launches on Hopper+")
 
 
 def check_environment() -> None:
