@@ -11,6 +11,8 @@ position. Decode and verification steps replay captured CUDA graphs where they c
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -23,8 +25,11 @@ from glimmer.engine.sampler import TokenLogprobs, scored_token_logprobs
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.step_inputs import build_step_inputs
+from glimmer.model.kernels.paged_attention import prefill_warmup_batches
 from glimmer.model.kernels.support import dependent_launch
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+logger = logging.getLogger(__name__)
 
 
 def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: torch.dtype) -> int:
@@ -123,6 +128,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,
                                        capture_layers=capture_layers, max_query_len=max_query_len)
             self.graphs.capture_decode_graphs(progress)
+        if device.type == "cuda" and DecodeGraphs.supported(self.kv_caches):
+            self._compile_prefill_kernels()
 
     def _multimodal_inputs(
         self, step: ScheduledStep, flat_len: int
@@ -157,6 +164,24 @@ class ModelRunner:
             cached = torch.cat(self.model.encode_vision(pixels, grid))
             self.encoder_cache.put(item.content_hash, cached)
         return cached
+
+    @torch.inference_mode()
+    def _compile_prefill_kernels(self) -> None:
+        """Run one prefill step of padding rows (two tokens each, written to the null blocks) for each batch of
+        `prefill_warmup_batches`: every attention variant a prefill or mixed step can launch is compiled now,
+        not in the middle of serving, where one compile stalls every request of the batch."""
+        text = self.model.config.text
+        started = time.perf_counter()
+        batches = prefill_warmup_batches(text.num_attention_heads, text.num_key_value_heads, text.head_dim,
+                                         self.dtype, self.device)
+        for num_seqs in batches:
+            inputs = build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, num_seqs, padding_tokens=2)
+            tables = {g: t.to(self.device) for g, t in inputs.tables.items()}
+            input_ids, ctx = inputs.context(inputs.flat.to(self.device), tables, self.block_size, self.kv_caches)
+            self.model(input_ids, ctx)
+        torch.cuda.synchronize(self.device)
+        logger.info("compiled the prefill kernels (%d warm-up steps) in %.1f s", len(batches),
+                    time.perf_counter() - started)
 
     @torch.inference_mode()
     def execute(self, step: ScheduledStep, input_ids: torch.Tensor | None = None) -> StepLogits:

@@ -25,7 +25,8 @@ from glimmer.model.context import ForwardContext, KVGroupView
 class StepInputs:
     """Host copies of a step's inputs. `flat` packs, in order: input_ids (N), positions (N),
     query_start_loc (B + 1), seq_lens (B), then per group (in `groups` order) kv_start_pos (B) and
-    slot_mapping (N); `tables` holds each group's (B, width) block table."""
+    slot_mapping (N), each padded to an even length (`_aligned`); `tables` holds each group's (B, width) block
+    table."""
 
     num_seqs: int
     num_tokens: int
@@ -35,8 +36,12 @@ class StepInputs:
     tables: dict[str, torch.Tensor]
 
     @staticmethod
+    def field_sizes(num_seqs: int, num_tokens: int, num_groups: int) -> list[int]:
+        return [num_tokens, num_tokens, num_seqs + 1, num_seqs] + [num_seqs, num_tokens] * num_groups
+
+    @staticmethod
     def flat_size(num_seqs: int, num_tokens: int, num_groups: int) -> int:
-        return 2 * num_tokens + 2 * num_seqs + 1 + num_groups * (num_seqs + num_tokens)
+        return sum(map(_aligned, StepInputs.field_sizes(num_seqs, num_tokens, num_groups)))
 
     def context(
         self,
@@ -46,9 +51,8 @@ class StepInputs:
         kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[torch.Tensor, ForwardContext]:
         """(input_ids, ForwardContext) over a device copy of `flat` and device block tables."""
-        n, b = self.num_tokens, self.num_seqs
-        sizes = [n, n, b + 1, b] + [b, n] * len(self.groups)
-        fields = flat.split(sizes)
+        sizes = self.field_sizes(self.num_seqs, self.num_tokens, len(self.groups))
+        fields = [field[:size] for field, size in zip(flat.split([_aligned(s) for s in sizes]), sizes, strict=True)]
         groups = {
             group: KVGroupView(block_size, tables[group], fields[4 + 2 * i], fields[5 + 2 * i])
             for i, group in enumerate(self.groups)
@@ -117,10 +121,12 @@ def build_step_inputs(
             rows[group].extend([null] * -(-q // bs) for _ in range(padding))
             starts[group].extend([0] * padding)
             slots[group].extend([null * bs + j % bs for j in range(q)] * padding)
-    flat = ids + positions + query_start + seq_lens
+    flat: list[int] = []
+    for field in [ids, positions, query_start, seq_lens] + [f for g in groups for f in (starts[g], slots[g])]:
+        flat += field
+        flat += [0] * (_aligned(len(field)) - len(field))
     tables = {}
     for group in groups:
-        flat += starts[group] + slots[group]
         width = max(map(len, rows[group]))
         # columns past a row's blocks lie past its seq_len: never read in place, masked by the reference
         padding_row = [null_blocks[group]] * width
@@ -137,6 +143,13 @@ def build_step_inputs(
         flat=_pinned(flat),
         tables=tables,
     )
+
+
+def _aligned(size: int) -> int:
+    """A field's length in `flat`: rounded up to even, so every field starts 16 bytes in (int64). A kernel reading
+    a field then sees the same pointer alignment at every step shape: Triton compiles a variant per alignment,
+    and a mixed step whose seq_lens started 8 bytes off compiled one while every request of the batch waited."""
+    return size + size % 2
 
 
 def _pinned(values: list) -> torch.Tensor:

@@ -65,6 +65,46 @@ def test_every_decode_graph_is_captured_when_the_engine_starts(windowed):
     assert graphs._graphs == before  # no capture while requests run
 
 
+def _compiled_variants(kernel) -> int:
+    """Specializations of a Triton kernel compiled in this process (Triton keeps a cache per device)."""
+    if hasattr(kernel, "device_caches"):
+        return sum(len(entry[0]) for entry in kernel.device_caches.values())
+    return sum(len(cache) for cache in kernel.cache.values())
+
+
+def _forget_compiled(kernel) -> None:
+    if hasattr(kernel, "device_caches"):
+        kernel.device_caches.clear()
+    else:
+        kernel.cache.clear()
+
+
+def test_no_prefill_or_mixed_step_waits_for_a_kernel_compile(windowed):
+    # a prefill or mixed step's split count follows its shape, and the step's integer fields start wherever its
+    # shape puts them: the engine compiles every attention variant it can meet when it starts
+    # (ModelRunner._compile_prefill_kernels) and lays the fields out 16-byte aligned (step_inputs._aligned),
+    # so no kernel compiles while requests wait
+    import importlib
+
+    import triton
+
+    modules = [importlib.import_module(f"glimmer.model.kernels.jit.{name}")
+               for name in ("paged_attention", "qk_norm_rope", "residual_norm", "silu_mul", "matvec")]
+    kernels = {f"{m.__name__}.{name}": k for m in modules for name, k in vars(m).items()
+               if isinstance(k, triton.runtime.jit.JITFunction)}
+    for kernel in kernels.values():
+        _forget_compiled(kernel)  # what engines of earlier tests compiled does not count
+    llm = LLM(str(windowed), device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20,
+              max_num_seqs=40, max_num_batched_tokens=512)
+    started = {name: _compiled_variants(kernel) for name, kernel in kernels.items()}
+    assert started["glimmer.model.kernels.jit.paged_attention.attention_tiles"] >= 4
+    short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    for count in (1, 2, 3, 5, 8, 13, 21, 34, 40):  # ragged prefills and mixed steps of every size
+        llm.generate(_prompts(count, seed=count, lengths=(2, 9, 33, 70, 5, 130, 1)), short)
+    llm.generate(_prompts(3, seed=99, lengths=(900, 2, 300)), short)  # chunked: 512-token steps
+    assert {name: _compiled_variants(kernel) for name, kernel in kernels.items()} == started
+
+
 def test_async_scheduling_on_the_gpu_gives_the_synchronous_outputs(windowed, launches):
     prompts = _prompts(9, seed=3)
     options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)

@@ -217,6 +217,38 @@ def decode_tiles(num_splits: int) -> tuple[int, int]:
     return (32, 3) if num_splits <= 4 else (64, 3)
 
 
+def wide_tiles(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether a head is too wide for the default key tiles to stay in shared memory."""
+    return head_dim > 128 or (dtype == torch.float32 and head_dim > 32)
+
+
+def query_tile(group_size: int, wide: bool, decode: bool) -> tuple[int, int]:
+    """(rows, tokens) of one program's query tile: the tokens × the group's query heads. Prefill tiles of 128
+    rows (8 tokens × 16 heads at GQA 16:1) with 8 warps: an 8K prompt's attention at the 30B's heads takes
+    2.3 ms a full layer and 1.1 ms a window-2048 layer on an H200, 4.4 and 2.1 with 64."""
+    block_m = max(16 if decode else 64 if wide else 128, next_power_of_2(group_size))
+    return block_m, block_m // group_size
+
+
+def prefill_warmup_batches(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                           device: torch.device) -> list[int]:
+    """Batch sizes of two-token sequences whose prefill steps, one each, launch every Triton variant a prefill
+    or mixed step can need: the attention kernel split and unsplit (the split count itself is a run-time
+    argument) and the merge of each split count (compiled for each power of two up to MAX_KV_SPLITS).
+    `ModelRunner` runs them once at start-up, so no step in service waits for a compile: on an H200 the
+    first mixed step of a 64-way batch that met a new split count stalled every request 1.7 s (30B heads)."""
+    block_q = query_tile(num_q_heads // num_kv_heads, wide_tiles(head_dim, dtype), decode=False)[1]
+    batches: dict[int, int] = {}
+    num_seqs = 1
+    while True:
+        tiles = -(-2 * num_seqs // block_q) + num_seqs  # as `paged_attention_triton` counts them
+        splits = kv_splits(tiles * num_kv_heads, device)
+        batches.setdefault(splits, num_seqs)
+        if splits == 1:
+            return sorted(batches.values())
+        num_seqs += 1
+
+
 def paged_attention_triton(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -234,11 +266,8 @@ def paged_attention_triton(
     num_kv_heads = key_cache.shape[2]
     group_size = num_q_heads // num_kv_heads
     decode = ctx.max_query_len == 1
-    wide = head_dim > 128 or (query.dtype == torch.float32 and head_dim > 32)  # keep tiles in shared memory
-    # prefill tiles of 128 rows (8 tokens × 16 heads at GQA 16:1) with 8 warps: an 8K prompt's attention at
-    # the 30B's heads takes 2.3 ms a full layer and 1.1 ms a window-2048 layer on an H200, 4.4 and 2.1 with 64
-    block_m = max(16 if decode else 64 if wide else 128, next_power_of_2(group_size))
-    block_q = block_m // group_size
+    wide = wide_tiles(head_dim, query.dtype)
+    block_m, block_q = query_tile(group_size, wide, decode)
     num_seqs = ctx.num_seqs
     num_tiles = num_seqs if decode else -(-n // block_q) + num_seqs
     if num_splits is None:
@@ -260,11 +289,11 @@ def paged_attention_triton(
         group.kv_start_pos, ctx.seq_lens, ctx.query_start_loc,
         out, out.stride(0), gate_arg, gate_arg.stride(0),
         partial_acc, partial_max_sum,
-        num_seqs, n, num_q_heads,
+        num_seqs, n, num_q_heads, num_splits,
         scale * 1.4426950408889634,  # softmax in base 2
         sliding_window or 0,
         BLOCK_SIZE=key_cache.shape[1], HEAD_DIM=head_dim, GROUP=group_size, BLOCK_Q=block_q, BLOCK_M=block_m,
-        TILE_N=tile_n, NUM_SPLITS=num_splits, DECODE=decode, SLIDING=sliding_window is not None,
+        TILE_N=tile_n, SPLIT=num_splits > 1, DECODE=decode, SLIDING=sliding_window is not None,
         HAS_GATE=gate is not None, IEEE=query.dtype == torch.float32,
         num_warps=4 if block_m <= 32 else 8, num_stages=num_stages, **launch_options(query),
     )

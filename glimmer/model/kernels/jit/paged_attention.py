@@ -23,7 +23,7 @@ def _store_output(Out, stride_on, Gate, stride_gn, acc, tokens, heads, offs_d, r
 
 
 # batch-shape integers vary step to step: specializing on them (== 1, % 16) would recompile mid-serving
-@triton.jit(do_not_specialize=["stride_t", "num_seqs", "num_tokens"])
+@triton.jit(do_not_specialize=["stride_t", "num_seqs", "num_tokens", "num_splits"])
 def attention_tiles(
     Q, stride_qn, stride_qh,
     KCache, VCache, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -31,11 +31,11 @@ def attention_tiles(
     KvStart, SeqLens, QueryStart,
     Out, stride_on, Gate, stride_gn,
     PartialAcc, PartialMaxSum,
-    num_seqs, num_tokens, num_q_heads,
+    num_seqs, num_tokens, num_q_heads, num_splits,
     scale_log2e,
     window,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DECODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr, DECODE: tl.constexpr,
     SLIDING: tl.constexpr, HAS_GATE: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -80,7 +80,7 @@ def attention_tiles(
     lo = kv_start
     if SLIDING:
         lo = tl.maximum(lo, context_len + row0 - window + 1)
-    share = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), TILE_N) * TILE_N
+    share = tl.cdiv(tl.cdiv(hi - lo, num_splits), TILE_N) * TILE_N
     split_lo = lo + split * share
     split_hi = tl.minimum(split_lo + share, hi)
 
@@ -118,7 +118,7 @@ def attention_tiles(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         acc = acc / l_i[:, None]
         _store_output(Out, stride_on, Gate, stride_gn, acc, tokens, heads, offs_d, rows_valid, HEAD_DIM, HAS_GATE)
     else:
