@@ -24,9 +24,10 @@ from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCach
 from glimmer.engine.sampler import TokenLogprobs, scored_token_logprobs
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem, Sequence
-from glimmer.engine.step_inputs import build_step_inputs
+from glimmer.engine.step_inputs import StepInputs, build_step_inputs
+from glimmer.model.context import ForwardContext
 from glimmer.model.kernels.paged_attention import prefill_warmup_batches
-from glimmer.model.kernels.support import dependent_launch
+from glimmer.model.kernels.support import dependent_launch, use_triton
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
@@ -121,14 +122,16 @@ class ModelRunner:
             )
         self.encoder_cache = EncoderCache()
         self.graphs: DecodeGraphs | None = None
-        if device.type == "cuda":
+        key_cache = next(iter(self.kv_caches.values()))[0]
+        if use_triton(key_cache):
             dependent_launch(device.index or 0)  # probed now, before any graph capture (kernels.support)
-        if device.type == "cuda" and use_cuda_graphs and DecodeGraphs.supported(self.kv_caches):
+        in_place_attention = device.type == "cuda" and DecodeGraphs.supported(self.kv_caches)
+        if in_place_attention and use_cuda_graphs:
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,
                                        capture_layers=capture_layers, max_query_len=max_query_len)
             self.graphs.capture_decode_graphs(progress)
-        if device.type == "cuda" and DecodeGraphs.supported(self.kv_caches):
+        if in_place_attention:
             self._compile_prefill_kernels()
 
     def _multimodal_inputs(
@@ -165,6 +168,16 @@ class ModelRunner:
             self.encoder_cache.put(item.content_hash, cached)
         return cached
 
+    def _device_context(self, inputs: StepInputs, input_ids: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, ForwardContext]:
+        """(input_ids, ForwardContext) of an eagerly run step, its inputs copied to the device. `input_ids`: a
+        decode step's tokens already on the device (`execute`), written over the zeros `inputs` holds for them."""
+        flat = inputs.flat.to(self.device, non_blocking=True)
+        if input_ids is not None:
+            flat[: input_ids.shape[0]].copy_(input_ids)  # the ids lead the flat fields, one per decode sequence
+        tables = {g: t.to(self.device, non_blocking=True) for g, t in inputs.tables.items()}
+        return inputs.context(flat, tables, self.block_size, self.kv_caches)
+
     @torch.inference_mode()
     def _compile_prefill_kernels(self) -> None:
         """Run one prefill step of padding rows (two tokens each, written to the null blocks) for each batch of
@@ -176,9 +189,7 @@ class ModelRunner:
                                          self.dtype, self.device)
         for num_seqs in batches:
             inputs = build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, num_seqs, padding_tokens=2)
-            tables = {g: t.to(self.device) for g, t in inputs.tables.items()}
-            input_ids, ctx = inputs.context(inputs.flat.to(self.device), tables, self.block_size, self.kv_caches)
-            self.model(input_ids, ctx)
+            self.model(*self._device_context(inputs))
         torch.cuda.synchronize(self.device)
         logger.info("compiled the prefill kernels (%d warm-up steps) in %.1f s", len(batches),
                     time.perf_counter() - started)
@@ -198,11 +209,7 @@ class ModelRunner:
             logits, hidden = self.graphs.run(inputs, len(step.seqs), input_ids)
             return StepLogits(logits, list(range(len(step.seqs))), {}, hidden)
         inputs = build_step_inputs(step, self.kv, self.null_blocks, ids_on_device=on_device)
-        flat = inputs.flat.to(self.device, non_blocking=True)
-        if on_device:
-            flat[: len(step.seqs)].copy_(input_ids)  # the ids lead the flat fields, one per decode sequence
-        tables = {g: t.to(self.device, non_blocking=True) for g, t in inputs.tables.items()}
-        input_ids, ctx = inputs.context(flat, tables, self.block_size, self.kv_caches)
+        input_ids, ctx = self._device_context(inputs, input_ids)
         ctx.capture_layers = self.capture_layers
         mm_embeds, mm_mask = self._multimodal_inputs(step, inputs.num_tokens)
         final = self.model(input_ids, ctx, mm_embeds, mm_mask)

@@ -230,6 +230,12 @@ def query_tile(group_size: int, wide: bool, decode: bool) -> tuple[int, int]:
     return block_m, block_m // group_size
 
 
+def query_tiles(num_tokens: int, num_seqs: int, block_q: int, decode: bool) -> int:
+    """Query tiles of a step (the kernel grid's first dimension): one a sequence at decode, else an upper bound,
+    tokens / block_q rounded up plus one a sequence; a tile past its sequence's rows exits."""
+    return num_seqs if decode else -(-num_tokens // block_q) + num_seqs
+
+
 def prefill_warmup_batches(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                            device: torch.device) -> list[int]:
     """Batch sizes of two-token sequences whose prefill steps, one each, launch every Triton variant a prefill
@@ -241,8 +247,7 @@ def prefill_warmup_batches(num_q_heads: int, num_kv_heads: int, head_dim: int, d
     batches: dict[int, int] = {}
     num_seqs = 1
     while True:
-        tiles = -(-2 * num_seqs // block_q) + num_seqs  # as `paged_attention_triton` counts them
-        splits = kv_splits(tiles * num_kv_heads, device)
+        splits = kv_splits(query_tiles(2 * num_seqs, num_seqs, block_q, decode=False) * num_kv_heads, device)
         batches.setdefault(splits, num_seqs)
         if splits == 1:
             return sorted(batches.values())
@@ -269,7 +274,7 @@ def paged_attention_triton(
     wide = wide_tiles(head_dim, query.dtype)
     block_m, block_q = query_tile(group_size, wide, decode)
     num_seqs = ctx.num_seqs
-    num_tiles = num_seqs if decode else -(-n // block_q) + num_seqs
+    num_tiles = query_tiles(n, num_seqs, block_q, decode)
     if num_splits is None:
         num_splits = kv_splits(num_tiles * num_kv_heads, query.device)
     out = torch.empty((n, num_q_heads * head_dim), dtype=query.dtype, device=query.device)
