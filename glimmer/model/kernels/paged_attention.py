@@ -217,6 +217,18 @@ def decode_tiles(num_splits: int) -> tuple[int, int]:
     return (32, 3) if num_splits <= 4 else (64, 3)
 
 
+def merge_launch(num_splits: int, head_dim: int) -> tuple[bool, int]:
+    """(skip empty splits, warps) of the merge of one (token, head)'s splits. As few warps as hold its splits × head
+    at up to 128 fp32 values a thread: the reduction over splits then stays within a warp instead of crossing warps
+    through shared memory. Empty splits (no key in their share) are skipped above 32 splits, where a short
+    context leaves most of them empty; below, their rows are read in the same load as the rest, which does not
+    wait for the (max, sum) loads. Measured on an H200 at the 30B's heads, attention with its merge, µs a layer
+    against one 4-warp program skipping empty splits: batch 64 at 1K context (4 splits) 28.3 vs 32.2, at 1 key 8.3
+    vs 12.1; batch 32 (8 splits) 14.9 vs 19.8; batch 8 (32 splits) 9.0 vs 12.1. Batch 1 (128 splits) keeps the
+    4 warps and the skipping (one warp took 15.6 against 7.4 at 1K)."""
+    return num_splits > 32, min(4, max(1, num_splits * head_dim // (32 * 128)))
+
+
 def wide_tiles(head_dim: int, dtype: torch.dtype) -> bool:
     """Whether a head is too wide for the default key tiles to stay in shared memory."""
     return head_dim > 128 or (dtype == torch.float32 and head_dim > 32)
@@ -303,9 +315,10 @@ def paged_attention_triton(
         num_warps=4 if block_m <= 32 else 8, num_stages=num_stages, **launch_options(query),
     )
     if num_splits > 1:
+        skip_empty, warps = merge_launch(num_splits, head_dim)
         impl.merge_splits[(n, num_q_heads)](
             partial_acc, partial_max_sum, out, out.stride(0), gate_arg, gate_arg.stride(0), n, num_q_heads,
-            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, HAS_GATE=gate is not None, num_warps=4,
-            **launch_options(query),
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, SKIP_EMPTY=skip_empty, HAS_GATE=gate is not None,
+            num_warps=warps, **launch_options(query),
         )
     return out

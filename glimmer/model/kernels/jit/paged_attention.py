@@ -131,7 +131,8 @@ def attention_tiles(
 @triton.jit(do_not_specialize=["num_tokens"])
 def merge_splits(
     PartialAcc, PartialMaxSum, Out, stride_on, Gate, stride_gn, num_tokens, num_q_heads,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SKIP_EMPTY: tl.constexpr, HAS_GATE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (token, head): combine the splits' (max, sum, acc) into the softmax-weighted output."""
     wait_for_previous_kernel(PDL)
@@ -142,13 +143,17 @@ def merge_splits(
     where = (offs_s * num_tokens + token) * num_q_heads + head
     m = tl.load(PartialMaxSum + where * 2)
     l_s = tl.load(PartialMaxSum + where * 2 + 1)
+    acc_ptrs = PartialAcc + where[:, None] * HEAD_DIM + offs_d[None, :]
+    if SKIP_EMPTY:
+        # a split that saw no key left l = 0 and acc = 0: skipping its row changes no bit, and with many splits
+        # reads only those a short context reaches (the split count is fixed by the batch shape, for CUDA graphs)
+        acc = tl.load(acc_ptrs, mask=(l_s > 0)[:, None], other=0.0)
+    else:  # with few splits, one load issued beside the (max, sum) loads instead of one waiting for them
+        acc = tl.load(acc_ptrs)
     m_max = tl.max(m, 0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     weight = tl.exp2(m - m_safe)
     total = tl.sum(weight * l_s, 0)
-    # a split that saw no key left l = 0 and acc = 0: skipping its row changes no bit and reads only the
-    # splits a short context reaches (the split count is fixed by the batch shape, for CUDA graphs)
-    acc = tl.load(PartialAcc + where[:, None] * HEAD_DIM + offs_d[None, :], mask=(l_s > 0)[:, None], other=0.0)
     o = tl.sum(acc * weight[:, None], 0) / total
     tokens = tl.full((1,), 0, tl.int32) + token
     heads = tl.full((1,), 0, tl.int32) + head
