@@ -3,7 +3,7 @@
 A decode step (one new token per sequence, no media) launches hundreds of small kernels; on a GPU their
 launch cost, not the arithmetic, would set the speed. A CUDA graph records one such step and replays it
 with a single launch. One graph per size of a ladder (1, 2, 4, 8, then every 8, as vLLM does), all captured
-when the engine starts (`capture_decode_graphs`: a batch that shrinks as its requests finish would otherwise
+when the engine starts (`capture_graphs`: a batch that shrinks as its requests finish would otherwise
 pay a capture at each new size, while it runs); a batch runs in the smallest size that holds it, padded with
 rows that read and write only the spare "null" block of each pool.
 
@@ -15,7 +15,9 @@ graphs; a step fills them with one copy of the flat fields and one per block tab
 With speculative decoding a step verifies k proposed tokens per sequence: every sequence computes
 q = 1 + k tokens. Such a step is a graph of its own, per (batch size, q); it returns the final hidden
 states, and the logits are computed outside it (B · q rows of the vocabulary would otherwise stay
-allocated in every graph). Steps whose sequences compute different numbers of tokens run eagerly. Every
+allocated in every graph). These too are captured at start-up, for every k the draft policy can choose
+(draft_policy.py): captured on first use, each stalled its batch (80–150 ms at the 30B on an H200, against
+20–33 ms steps). Steps whose sequences compute different numbers of tokens run eagerly. Every
 graph also returns the outputs of the layers a drafter reads (`capture_layers`).
 """
 
@@ -152,15 +154,17 @@ class DecodeGraphs:
         for group, table in inputs.tables.items():
             self._tables[group][: inputs.num_seqs, : table.shape[1]].copy_(table, non_blocking=True)
 
-    def capture_decode_graphs(self, progress: bool = False) -> None:
-        """Capture the decode graph (one token per sequence) of every ladder size now, largest first so the
-        smaller ones reuse its memory in the shared pool. Each is captured over padding rows alone."""
+    def capture_graphs(self, query_lens: tuple[int, ...] = (1,), progress: bool = False) -> None:
+        """Capture now the graph of every ladder size for each tokens-per-sequence q of `query_lens` (1: decode,
+        1 + k: verifying k proposed tokens; those above max_query_len are left out), most tokens first so the
+        smaller ones reuse their memory in the shared pool. Each is captured over padding rows alone."""
         started = time.perf_counter()
-        for size in tqdm(list(reversed(self.sizes)), desc="Capturing CUDA graphs", unit="graph", disable=not progress):
-            if (size, 1) not in self._graphs:
-                self.run(build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size), 0)
-        logger.info("captured %d decode graphs (batch sizes %d to %d) in %.1f s", len(self.sizes), self.sizes[0],
-                    self.sizes[-1], time.perf_counter() - started)
+        shapes = sorted(((size, q) for size in self.sizes for q in set(query_lens) if q <= self.max_query_len
+                         and (size, q) not in self._graphs), key=lambda shape: (-shape[0] * shape[1], -shape[1]))
+        for size, q in tqdm(shapes, desc="Capturing CUDA graphs", unit="graph", disable=not progress):
+            self.run(build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size, padding_tokens=q), 0)
+        logger.info("captured %d CUDA graphs (batch sizes %d to %d, tokens per sequence %s) in %.1f s", len(shapes),
+                    self.sizes[0], self.sizes[-1], sorted({q for _, q in shapes}), time.perf_counter() - started)
 
     @property
     def captured_sizes(self) -> tuple[int, ...]:

@@ -7,16 +7,27 @@ width, so the drafter's few hundred kernels replay as one launch. Padding rows w
 the drafter's cache that no sequence owns; padding sequences read nothing but it. A step that only writes
 context (once a sequence holds a block's worth of pending positions: draft_context.py) is a graph of its
 own, without blocks. Other steps (a prompt's context, sequences that do not all decode) run eagerly.
+Table widths come in powers of two, the last one cut to the most blocks a windowed drafter's block can
+read (the released drafter's 2,049 visible positions: 130 blocks of 16, not 256).
+
+The graphs are captured when the engine starts (`capture_graphs`): every batch bucket's context-only graph,
+and the drafting graphs whose gathered context (batch × width blocks) stays within `STARTUP_DRAFT_BLOCKS`
+(the attention gathers the visible blocks into dense keys and values, several copies a layer, and a graph
+keeps its peak memory for good: the 30B's largest, 256 sequences at 256 blocks, ran the H200 out of memory
+at start-up). Captured on first use, each stalled its batch (80–220 ms at the 30B on an H200); the larger
+shapes still are, when a large batch first decodes at long context.
 `eager_replay` runs the same static-buffer forward without capturing (tests without CUDA).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from tqdm.auto import tqdm
 
 from glimmer.engine.cuda_graphs import batch_size_ladder, record
 from glimmer.model.drafter import DFlashDrafter, DraftStep
@@ -24,6 +35,7 @@ from glimmer.model.drafter import DFlashDrafter, DraftStep
 logger = logging.getLogger(__name__)
 
 WIDTH_BUCKETS = tuple(2**i for i in range(2, 12))
+STARTUP_DRAFT_BLOCKS = 4096
 
 
 def bucket(value: int, buckets: tuple[int, ...]) -> int | None:
@@ -68,7 +80,10 @@ class DraftGraphs:
         max_num_seqs: int,
         device: torch.device,
         eager_replay: bool = False,
+        *,
+        widest: int | None = None,
     ):
+        """widest: the most cache blocks a block's visible context spans (a windowed drafter); None: unbounded."""
         self.drafter = drafter
         self.embed = embed
         self.kv_caches = kv_caches
@@ -78,6 +93,9 @@ class DraftGraphs:
         self.mask_token_id = drafter.config.mask_token_id
         self.device = device
         self.batch_buckets = batch_size_ladder(max_num_seqs)
+        self.width_buckets = WIDTH_BUCKETS
+        if widest is not None and widest <= WIDTH_BUCKETS[-1]:
+            self.width_buckets = (*(w for w in WIDTH_BUCKETS if w < widest), widest)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None if eager_replay else torch.cuda.graph_pool_handle()
 
@@ -90,7 +108,7 @@ class DraftGraphs:
             and len(layout.anchor_ids) in (0, n)
             and all(0 < len(rows) <= self.block for rows in layout.context_rows)
             and bucket(n, self.batch_buckets) is not None
-            and (not layout.anchor_ids or bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) is not None)
+            and (not layout.anchor_ids or bucket(max(map(len, layout.tables)), self.width_buckets) is not None)
         )
 
     def run(self, layout: DraftLayout, states: torch.Tensor) -> torch.Tensor:
@@ -98,7 +116,7 @@ class DraftGraphs:
         states: the context rows' concatenated target hidden states, indexed by layout.context_rows."""
         drafting = len(layout.anchor_ids)
         batch = bucket(len(layout.context_rows), self.batch_buckets)
-        width = bucket(max(map(len, layout.tables)), WIDTH_BUCKETS) if drafting else 0
+        width = bucket(max(map(len, layout.tables)), self.width_buckets) if drafting else 0
         key = (batch, width)
         graph = self._graphs.get(key)
         if graph is None:
@@ -107,6 +125,20 @@ class DraftGraphs:
         self._fill(graph, layout, states)
         graph.replay()
         return graph.out[:drafting]
+
+    def capture_graphs(self, state_width: int, dtype: torch.dtype, progress: bool = False) -> None:
+        """Capture now every batch bucket's context-only graph and its drafting graphs within STARTUP_DRAFT_BLOCKS,
+        over padding sequences alone, largest first so the smaller ones reuse their memory in the pool.
+        state_width: the concatenated target hidden states' width (the drafter's context projection input)."""
+        started = time.perf_counter()
+        shapes = sorted(((batch, width) for batch in self.batch_buckets for width in (0, *self.width_buckets)
+                         if batch * width <= STARTUP_DRAFT_BLOCKS and (batch, width) not in self._graphs),
+                        key=lambda shape: (-shape[0] * shape[1], -shape[0]))
+        for batch, width in tqdm(shapes, desc="Capturing drafter CUDA graphs", unit="graph", disable=not progress):
+            self._graphs[(batch, width)] = self._capture(batch, width, state_width, dtype)
+        logger.info("captured %d drafter CUDA graphs (batch sizes %d to %d, %d to %d blocks of context) in %.1f s",
+                    len(shapes), self.batch_buckets[0], self.batch_buckets[-1], self.width_buckets[0],
+                    self.width_buckets[-1], time.perf_counter() - started)
 
     def _fill(self, graph: _Graph, layout: DraftLayout, states: torch.Tensor) -> None:
         t, cbs = self.block, self.cache_block_size
@@ -167,5 +199,5 @@ class DraftGraphs:
             graph.replay = forward
         else:
             graph.replay, _ = record(forward, device, self._pool)
-        logger.info("captured a drafter CUDA graph for batch %d, block-table width %d", batch, width)
+        logger.debug("captured a drafter CUDA graph for batch %d, block-table width %d", batch, width)
         return graph

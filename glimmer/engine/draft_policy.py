@@ -46,6 +46,12 @@ def _mean_then_ema(mean: float, samples: int, value: float) -> tuple[float, int]
     return mean + weight * (value - mean), samples + 1
 
 
+def draft_choices(max_draft_tokens: int) -> tuple[int, ...]:
+    """The proposed-token counts a step can verify (0: none), for `max_draft_tokens` at most: the policy's menu
+    (each a CUDA graph per batch size of its own: cuda_graphs.py)."""
+    return tuple(sorted({0, *(k for k in (1, 2, 4, 8) if k < max_draft_tokens), max_draft_tokens}))
+
+
 def _bucket(batch: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(batch, 1))))
 
@@ -55,7 +61,7 @@ class DraftPolicy:
         self.max_draft_tokens = max_draft_tokens
         self.adaptive = adaptive
         self.disable_by_batch_size = disable_by_batch_size
-        self.choices = tuple(sorted({0, *(k for k in (1, 2, 4, 8) if k < max_draft_tokens), max_draft_tokens}))
+        self.choices = draft_choices(max_draft_tokens)
         self.acceptance = [1.0] * (max_draft_tokens + 1)  # index j: draft j (1-based)
         self._acceptance_samples = [0] * (max_draft_tokens + 1)
         self._time: dict[tuple[int, int], tuple[float, int]] = {}  # (bucket, k) → (EMA seconds, samples)

@@ -30,6 +30,7 @@ from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
@@ -241,13 +242,14 @@ class LLMEngine:
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
                                   max_num_seqs=self.scheduler_config.max_num_seqs,
                                   max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
-                                  capture_layers=capture, max_query_len=1 + self.num_speculative_tokens,
+                                  capture_layers=capture,
+                                  query_lens=tuple(1 + k for k in draft_choices(self.num_speculative_tokens)),
                                   progress=config.progress)
         self.speculator: SpeculativeDecoder | None = None
         if self.drafter is not None:
             proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,
                                       max_num_seqs=self.scheduler_config.max_num_seqs,
-                                      use_cuda_graphs=not config.enforce_eager)
+                                      use_cuda_graphs=not config.enforce_eager, progress=config.progress)
             self.speculator = SpeculativeDecoder(spec_config, proposer, self.num_speculative_tokens, capture)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()

@@ -99,9 +99,11 @@ class ModelRunner:
         max_model_len: int | None = None,
         use_cuda_graphs: bool = True,
         capture_layers: tuple[int, ...] = (),
-        max_query_len: int = 1,
+        query_lens: tuple[int, ...] = (1,),
         progress: bool = False,
     ):
+        """query_lens: the tokens per sequence of the decode-shaped steps to replay from CUDA graphs, all captured
+        here: 1 (decode) and, with speculative decoding, 1 + k for each k the draft policy can choose."""
         self.model = model
         self.capture_layers = capture_layers
         self.kv = kv
@@ -129,8 +131,8 @@ class ModelRunner:
         if in_place_attention and use_cuda_graphs:
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,
-                                       capture_layers=capture_layers, max_query_len=max_query_len)
-            self.graphs.capture_decode_graphs(progress)
+                                       capture_layers=capture_layers, max_query_len=max(query_lens))
+            self.graphs.capture_graphs(query_lens, progress)
         if in_place_attention:
             self._compile_prefill_kernels()
 

@@ -1,4 +1,5 @@
-"""Decode graphs: every ladder size captured at start-up, over padding rows that touch only the spare block.
+"""Decode and verification graphs: every ladder size captured at start-up, over padding rows that touch only
+the spare block.
 
 Runs on the CPU through `eager_replay` (the same static buffers and layout, the forward run instead of
 replayed); the CUDA engine tests (test_cuda_engine.py) check the captured graphs themselves."""
@@ -13,6 +14,8 @@ from glimmer.engine.kv_cache_manager import FULL, SLIDING
 
 
 def test_capturing_every_size_writes_only_the_spare_blocks_and_leaves_decoding_unchanged(tiny_checkpoint):
+    """Decode graphs (1 token per sequence) and verification graphs (here 3) of every ladder size; 5 tokens
+    per sequence is above max_query_len and left out."""
     llm = LLM(str(tiny_checkpoint), progress=False)
     engine, runner = llm.engine, llm.engine.runner
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -22,9 +25,11 @@ def test_capturing_every_size_writes_only_the_spare_blocks_and_leaves_decoding_u
     engine.step()  # a live sequence's keys and values are in the cache while the graphs are captured
     before = {layer: (k.clone(), v.clone()) for layer, (k, v) in runner.kv_caches.items()}
     graphs = DecodeGraphs(engine.loaded.model, runner.kv_caches, engine.kv, runner.null_blocks, 20,
-                          engine.kv.blocks_needed_for(engine.max_model_len), engine.device, eager_replay=True)
-    graphs.capture_decode_graphs()
+                          engine.kv.blocks_needed_for(engine.max_model_len), engine.device, max_query_len=3,
+                          eager_replay=True)
+    graphs.capture_graphs((1, 3, 5))
     assert graphs.captured_sizes == batch_size_ladder(20) == (1, 2, 4, 8, 16, 24)
+    assert set(graphs._graphs) == {(size, q) for size in batch_size_ladder(20) for q in (1, 3)}
     layer_types = engine.model_config.text.layer_types
     for layer, (keys, values) in runner.kv_caches.items():
         null = runner.null_blocks[SLIDING if layer_types[layer] == "sliding_attention" else FULL]  # the last block

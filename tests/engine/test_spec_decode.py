@@ -202,7 +202,10 @@ def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_ste
         proposer = engine.speculator.proposer
         if graphs:
             proposer.graphs = DraftGraphs(proposer.drafter, engine.loaded.model.embed_tokens.raw, proposer.kv_caches,
-                                          engine.kv.pools[DRAFT].num_blocks, 8, engine.device, eager_replay=True)
+                                          engine.kv.pools[DRAFT].num_blocks, 8, engine.device, eager_replay=True,
+                                          widest=proposer.widest_table())
+            proposer.capture_graphs()  # as at start-up on CUDA: every batch bucket and width, over padding alone
+            captured = set(proposer.graphs._graphs)
         # speculation on and off: the off steps leave the drafter's context pending, written when a step proposes
         # again or (after 15 off steps) by a context-only forward
         steps = itertools.count()
@@ -213,6 +216,10 @@ def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_ste
     assert recorded[0] == recorded[1]
     assert sum(map(len, recorded[0][0])) > 20
     assert {key[1] > 0 for key in proposer.graphs._graphs} == {True, False}  # drafting and context-only graphs
+    assert set(proposer.graphs._graphs) == captured  # no step met a shape start-up had not captured
+    # the drafter's window (13 positions) spans at most 2 cache blocks of 16: the one width; 0 is context-only
+    assert engine.kv.windows[DRAFT] == 13 and engine.kv.block_size == 16 and proposer.graphs.width_buckets == (2,)
+    assert captured == {(batch, width) for batch in (1, 2, 4, 8) for width in (0, 2)}
 
 
 def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(target, drafter, plain):

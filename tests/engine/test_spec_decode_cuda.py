@@ -66,3 +66,29 @@ def test_speculation_from_cuda_graphs_equals_greedy_on_the_cpu(models):
     lengths = gpu.engine.speculator.stats.acceptance_lengths
     assert lengths[1] and lengths[3] and lengths[K + 1]
     assert 1 + K in {key[1] for key in gpu.engine.runner.graphs._graphs}  # verification replayed from graphs
+
+
+@pytest.mark.parametrize("policy", ["always", "adaptive"])
+def test_no_step_waits_for_a_graph_capture_while_serving(models, policy):
+    """Start-up captures a verification graph for each k the draft policy can choose at every batch size, and
+    the drafter's graphs for every batch bucket (its window spans at most 2 cache blocks: one table width):
+    serving ragged batches whose requests end at different lengths (their last steps propose fewer tokens)
+    captures nothing more. Captured on first use, each of these stalled its batch (80–220 ms at the 30B on an
+    H200)."""
+    from glimmer.engine.cuda_graphs import batch_size_ladder
+    from glimmer.engine.draft_policy import draft_choices
+
+    target, drafter = models
+    llm = LLM(str(target), device="cuda", dtype="bfloat16", progress=False, kv_cache_memory=256 << 20,
+              max_num_seqs=12, speculative_config={**_speculative(drafter), "draft_policy": policy})
+    graphs, drafter_graphs = llm.engine.runner.graphs, llm.engine.speculator.proposer.graphs
+    assert set(graphs._graphs) == {(size, 1 + k) for size in batch_size_ladder(12) for k in draft_choices(K)}
+    captured = (set(graphs._graphs), set(drafter_graphs._graphs))
+    assert captured[1] == {(batch, width) for batch in batch_size_ladder(12) for width in (0, 2)}
+    prompts = _prompts(8) * 2
+    for count in (1, 3, 12, 5, 16):
+        params = [SamplingParams(temperature=0, max_tokens=7 + 5 * (i % 6), ignore_eos=True) for i in range(count)]
+        outputs = llm.generate(prompts[:count], params)
+        assert [len(o.token_ids) for o in outputs] == [7 + 5 * (i % 6) for i in range(count)]
+    assert llm.engine.speculator.stats.num_drafts > 0
+    assert (set(graphs._graphs), set(drafter_graphs._graphs)) == captured
