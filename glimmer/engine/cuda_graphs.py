@@ -48,9 +48,17 @@ def batch_size_ladder(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(s for s in sizes if s < max_num_seqs + 8)
 
 
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
 def record(forward: Callable[[], object], device: torch.device, pool: tuple) -> tuple[Callable[[], None], object]:
-    """Capture `forward` into a CUDA graph; returns (its replay, what the captured forward returned)."""
-    stream = torch.cuda.Stream(device)
+    """Capture `forward` into a CUDA graph; returns (its replay, what the captured forward returned).
+
+    Every warm-up runs on one side stream per device: the caching allocator reuses a freed block only on the
+    stream that freed it, so with a stream per capture no warm-up reused the memory of the one before."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         forward()  # warm-up: kernel compilation and lazy initializations must not happen inside the capture

@@ -10,12 +10,9 @@ own, without blocks. Other steps (a prompt's context, sequences that do not all 
 Table widths come in powers of two, the last one cut to the most blocks a windowed drafter's block can
 read (the released drafter's 2,049 visible positions: 130 blocks of 16, not 256).
 
-The graphs are captured when the engine starts (`capture_graphs`): every batch bucket's context-only graph,
-and the drafting graphs whose gathered context (batch × width blocks) stays within `STARTUP_DRAFT_BLOCKS`
-(the attention gathers the visible blocks into dense keys and values, several copies a layer, and a graph
-keeps its peak memory for good: the 30B's largest, 256 sequences at 256 blocks, ran the H200 out of memory
-at start-up). Captured on first use, each stalled its batch (80–220 ms at the 30B on an H200); the larger
-shapes still are, when a large batch first decodes at long context.
+The graphs are captured when the engine starts (`capture_graphs`), every batch bucket and every width:
+captured on first use, each stalled its batch (80–220 ms at the 30B on an H200). Their memory is bounded:
+the drafter gathers at most `drafter.GATHER_BLOCKS` blocks of context at once.
 `eager_replay` runs the same static-buffer forward without capturing (tests without CUDA).
 """
 
@@ -35,7 +32,6 @@ from glimmer.model.drafter import DFlashDrafter, DraftStep
 logger = logging.getLogger(__name__)
 
 WIDTH_BUCKETS = tuple(2**i for i in range(2, 12))
-STARTUP_DRAFT_BLOCKS = 4096
 
 
 def bucket(value: int, buckets: tuple[int, ...]) -> int | None:
@@ -97,6 +93,7 @@ class DraftGraphs:
         if widest is not None and widest <= WIDTH_BUCKETS[-1]:
             self.width_buckets = (*(w for w in WIDTH_BUCKETS if w < widest), widest)
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._states: torch.Tensor | None = None
         self._pool = None if eager_replay else torch.cuda.graph_pool_handle()
 
     def can_run(self, layout: DraftLayout) -> bool:
@@ -127,13 +124,12 @@ class DraftGraphs:
         return graph.out[:drafting]
 
     def capture_graphs(self, state_width: int, dtype: torch.dtype, progress: bool = False) -> None:
-        """Capture now every batch bucket's context-only graph and its drafting graphs within STARTUP_DRAFT_BLOCKS,
-        over padding sequences alone, largest first so the smaller ones reuse their memory in the pool.
-        state_width: the concatenated target hidden states' width (the drafter's context projection input)."""
+        """Capture now every batch bucket's context-only graph and its drafting graph at every width, over padding
+        sequences alone, largest first so the smaller ones reuse their memory in the pool. state_width: the
+        concatenated target hidden states' width (the drafter's context projection input)."""
         started = time.perf_counter()
         shapes = sorted(((batch, width) for batch in self.batch_buckets for width in (0, *self.width_buckets)
-                         if batch * width <= STARTUP_DRAFT_BLOCKS and (batch, width) not in self._graphs),
-                        key=lambda shape: (-shape[0] * shape[1], -shape[0]))
+                         if (batch, width) not in self._graphs), key=lambda shape: (-shape[0] * shape[1], -shape[0]))
         for batch, width in tqdm(shapes, desc="Capturing drafter CUDA graphs", unit="graph", disable=not progress):
             self._graphs[(batch, width)] = self._capture(batch, width, state_width, dtype)
         logger.info("captured %d drafter CUDA graphs (batch sizes %d to %d, %d to %d blocks of context) in %.1f s",
@@ -177,8 +173,13 @@ class DraftGraphs:
         t, device = self.block, self.device
         blocks = batch if width else 0
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
+        largest = self.batch_buckets[-1] * t
+        if self._states is None or self._states.shape != (largest, state_width) or self._states.dtype != dtype:
+            # one buffer for every graph's context rows (a step fills its own graph's rows just before its replay):
+            # one each would take 36 GB at the 30B's 280 shapes with max_num_seqs=256
+            self._states = torch.zeros((largest, state_width), dtype=dtype, device=device)
         graph = _Graph(
-            states=torch.zeros((batch * t, state_width), dtype=dtype, device=device),
+            states=self._states[: batch * t],
             context_positions=zeros(batch * t),
             context_slots=torch.full((batch * t,), self.null_block * self.cache_block_size,
                                      dtype=torch.int64, device=device),

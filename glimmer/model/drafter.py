@@ -30,6 +30,10 @@ from glimmer.model.layers import GatedMLP, RotaryTable, apply_rotary
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 
+GATHER_BLOCKS = 4096
+"""Most cache blocks `forward_paged` gathers into dense keys and values at once, per layer (a batch is attended
+a few sequences at a time): at the 30B's drafter, 4,096 blocks of 16 are 134 MB of keys."""
+
 
 class DrafterRMSNorm(nn.Module):
     """y = w · cast(x · rsqrt(mean(x²) + eps)): the downcast comes BEFORE the weight (Llama style), unlike
@@ -89,13 +93,49 @@ class DrafterAttention(nn.Module):
         mask: torch.Tensor,
     ) -> torch.Tensor:
         """hidden (B, T, H), normed; context keys/values (B, S, kv_heads, d); mask (B, 1, T, S + T)."""
+        q, k, v = self._project(hidden, rotary)
+        return self.o_proj(self._attend(q, k, v, context_keys, context_values, mask))
+
+    def forward_paged(
+        self,
+        hidden: torch.Tensor,
+        rotary: Rotary,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` with the context's keys/values gathered from the paged cache through block_tables (B, M),
+        a few sequences at a time: at most GATHER_BLOCKS blocks are held as dense keys and values at once (256
+        sequences at 130 blocks each, gathered whole, took several GB a layer at the 30B)."""
+        b, width = block_tables.shape
+        q, k, v = self._project(hidden, rotary)
+        chunk = max(1, GATHER_BLOCKS // max(width, 1))
+        outs = []
+        for lo in range(0, b, chunk):
+            tables = block_tables[lo : lo + chunk]
+            shape = (tables.shape[0], width * key_cache.shape[1], self.num_kv_heads, self.head_dim)
+            outs.append(self._attend(q[lo : lo + chunk], k[lo : lo + chunk], v[lo : lo + chunk],
+                                     key_cache[tables].reshape(shape), value_cache[tables].reshape(shape),
+                                     mask[lo : lo + chunk]))
+        return self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _project(self, hidden: torch.Tensor, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, T, heads, d) and the block's own keys and values (B, T, kv_heads, d), normed and rotated."""
         b, t, _ = hidden.shape
         rows = hidden.reshape(b * t, -1)
         q = self.q_norm(self.q_proj(rows).view(b * t, self.num_heads, self.head_dim))
         q = apply_rotary(q, *rotary)
         k, v = self.keys_values(rows, rotary)  # the block's own rows, after input_layernorm
-        keys = torch.cat([context_keys, k.view(b, t, self.num_kv_heads, self.head_dim)], dim=1)
-        values = torch.cat([context_values, v.view(b, t, self.num_kv_heads, self.head_dim)], dim=1)
+        kv_shape = (b, t, self.num_kv_heads, self.head_dim)
+        return q.view(b, t, self.num_heads, self.head_dim), k.view(kv_shape), v.view(kv_shape)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_keys: torch.Tensor,
+                context_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The attention output (B, T, heads · d) of queries over the context's keys, then the block's own."""
+        b, t = q.shape[:2]
+        keys = torch.cat([context_keys, k], dim=1)
+        values = torch.cat([context_values, v], dim=1)
         # grouped-query attention as one attention per key/value head over group × T query rows: query head h
         # reads key head h // group, like SDPA's enable_gqa, without expanding the keys (and on CUDA it takes a
         # fused kernel, where enable_gqa with a mask falls back to the unfused math)
@@ -106,7 +146,7 @@ class DrafterAttention(nn.Module):
         out = F.scaled_dot_product_attention(queries, keys.transpose(1, 2), values.transpose(1, 2),
                                              attn_mask=rows_mask, scale=d**-0.5)
         out = out.view(b, kv_heads, group, t, d).permute(0, 3, 1, 2, 4)
-        return self.o_proj(out.reshape(b, t, self.num_heads * d))
+        return out.reshape(b, t, self.num_heads * d)
 
 
 class DrafterDecoderLayer(nn.Module):
@@ -122,6 +162,12 @@ class DrafterDecoderLayer(nn.Module):
         mask: torch.Tensor,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rotary, context_keys, context_values, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_paged(self, x: torch.Tensor, rotary: Rotary, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      block_tables: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.forward_paged(self.input_layernorm(x), rotary, key_cache, value_cache, block_tables,
+                                             mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -243,7 +289,6 @@ class DFlashDrafter(nn.Module):
                 key_cache.view(shape).index_copy_(0, step.context_slots, k)
                 value_cache.view(shape).index_copy_(0, step.context_slots, v)
             if b:
-                keys = key_cache[step.block_tables].reshape(b, width, attn.num_kv_heads, attn.head_dim)
-                values = value_cache[step.block_tables].reshape(b, width, attn.num_kv_heads, attn.head_dim)
-                x = layer(x, block_rotary, keys, values, masks[attn.window])
+                x = layer.forward_paged(x, block_rotary, key_cache, value_cache, step.block_tables,
+                                        masks[attn.window])
         return self.norm(x)

@@ -14,6 +14,7 @@ from oracle import reference_drafter
 
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.engine.model_loader import load_drafter
+from glimmer.model import drafter as drafter_module
 from glimmer.model.drafter import DraftStep
 from glimmer.tiny import TinyDrafterSpec, write_tiny_drafter
 
@@ -91,9 +92,10 @@ def test_later_drafts_match_reference_with_its_cache(drafter, reference):
         assert (got - expected).abs().max().item() < TOLERANCE
 
 
-def test_paged_forward_matches_dense_forward(drafter):
+def test_paged_forward_matches_dense_forward(drafter, monkeypatch):
     """Context written into a paged cache in pieces, then blocks of two sequences read it, one crossing
-    the window: the same hidden states as the dense forward."""
+    the window: the same hidden states as the dense forward; and the same bits when the context is gathered
+    one sequence at a time (GATHER_BLOCKS below two sequences' tables)."""
     block_size, num_blocks = 4, 16
     config = drafter.config
     caches = [(torch.zeros(num_blocks, block_size, config.num_key_value_heads, config.head_dim),
@@ -131,6 +133,8 @@ def test_paged_forward_matches_dense_forward(drafter):
         for i, context in enumerate(contexts):
             expected = drafter(noise[i : i + 1], context[None])
             assert (got[i] - expected[0]).abs().max().item() < TOLERANCE
+        monkeypatch.setattr(drafter_module, "GATHER_BLOCKS", width + 1)
+        assert torch.equal(drafter.forward_paged(torch.zeros(0, contexts[0].shape[1]), noise, step, caches), got)
 
 
 def test_fused_projections_compute_what_the_plain_ones_do(target, tmp_path):
