@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    # 140 + 64 + 16 positions stay within one block-table width bucket (16 blocks): one CUDA graph per shape
+    # 140 + 64 + 16 positions stay within one block-table width bucket (16 blocks): the drafter's steps keep one shape
     parser.add_argument("--prompt-len", type=int, default=140)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--acceptance", type=float, nargs="+", default=[1.0, 2.96, 4.4, 15.0])
@@ -189,7 +189,7 @@ def main() -> None:
             prompts = [torch.randint(*ordinary, (args.prompt_len,), generator=generator).tolist()
                        for _ in range(batch)]
             engine.speculator = None  # the baseline: the same engine and weights without speculation
-            run(engine, prompts, 4)  # warm-up: CUDA graphs for this batch
+            run(engine, prompts, 4)  # warm-up (every CUDA graph was captured at start-up; the allocator grows here)
             known, seconds, tokens = run(engine, prompts, args.new_tokens)
             base = tokens / seconds
             step_ms = 1000 * seconds / max(1, args.new_tokens - 1)
@@ -206,11 +206,11 @@ def main() -> None:
                     if mode == "off":  # speculation attached, nothing proposed: what a step without proposals costs
                         speculator.policy.choose = lambda batch: 0
                     if mode == "adaptive":
-                        # warm-up: the policy measures each of its choices (a few steady steps each) and their CUDA
-                        # graphs are captured, as in a server that has run for a while
+                        # warm-up: the policy measures each of its choices (a few steady steps each), as in a server
+                        # that has run for a while
                         for _ in range(3):
                             run(engine, prompts, args.new_tokens)
-                    else:  # long enough for the drafter's context-only graph (after a block of pending steps)
+                    else:  # long enough to reach the drafter's context-only steps (after a block of pending steps)
                         run(engine, prompts, 24)
                     before = (speculator.stats.num_drafts, speculator.stats.num_accepted_tokens)
                     drafter.calls.clear()
