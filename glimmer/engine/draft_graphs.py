@@ -93,7 +93,13 @@ class DraftGraphs:
         if widest is not None and widest <= WIDTH_BUCKETS[-1]:
             self.width_buckets = (*(w for w in WIDTH_BUCKETS if w < widest), widest)
         self._graphs: dict[tuple[int, int], _Graph] = {}
-        self._states: torch.Tensor | None = None
+        # one buffer for every graph's context rows, the target's hidden states at the drafter's target layers (a
+        # step fills its own graph's rows just before its replay): one each would take 36 GB at the 30B's 280
+        # shapes with max_num_seqs=256
+        config = drafter.config
+        self._states = torch.zeros((self.batch_buckets[-1] * self.block,
+                                    len(config.target_layer_ids) * config.hidden_size),
+                                   dtype=kv_caches[0][0].dtype, device=device)
         self._pool = None if eager_replay else torch.cuda.graph_pool_handle()
 
     def can_run(self, layout: DraftLayout) -> bool:
@@ -117,21 +123,20 @@ class DraftGraphs:
         key = (batch, width)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._capture(batch, width, states.shape[1], states.dtype)
+            graph = self._capture(batch, width)
             self._graphs[key] = graph
         self._fill(graph, layout, states)
         graph.replay()
         return graph.out[:drafting]
 
-    def capture_graphs(self, state_width: int, dtype: torch.dtype, progress: bool = False) -> None:
+    def capture_graphs(self, progress: bool = False) -> None:
         """Capture now every batch bucket's context-only graph and its drafting graph at every width, over padding
-        sequences alone, largest first so the smaller ones reuse their memory in the pool. state_width: the
-        concatenated target hidden states' width (the drafter's context projection input)."""
+        sequences alone, largest first so the smaller ones reuse their memory in the pool."""
         started = time.perf_counter()
         shapes = sorted(((batch, width) for batch in self.batch_buckets for width in (0, *self.width_buckets)
                          if (batch, width) not in self._graphs), key=lambda shape: (-shape[0] * shape[1], -shape[0]))
         for batch, width in tqdm(shapes, desc="Capturing drafter CUDA graphs", unit="graph", disable=not progress):
-            self._graphs[(batch, width)] = self._capture(batch, width, state_width, dtype)
+            self._graphs[(batch, width)] = self._capture(batch, width)
         logger.info("captured %d drafter CUDA graphs (batch sizes %d to %d, %d to %d blocks of context) in %.1f s",
                     len(shapes), self.batch_buckets[0], self.batch_buckets[-1], self.width_buckets[0],
                     self.width_buckets[-1], time.perf_counter() - started)
@@ -168,16 +173,11 @@ class DraftGraphs:
         graph.lens.copy_(torch.tensor(layout.anchor_positions + [0] * padding), non_blocking=True)
 
     @torch.inference_mode()
-    def _capture(self, batch: int, width: int, state_width: int, dtype: torch.dtype) -> _Graph:
+    def _capture(self, batch: int, width: int) -> _Graph:
         """A graph for `batch` sequences of a block's worth of context rows each, and their blocks when width > 0."""
         t, device = self.block, self.device
         blocks = batch if width else 0
         zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=device)  # noqa: E731
-        largest = self.batch_buckets[-1] * t
-        if self._states is None or self._states.shape != (largest, state_width) or self._states.dtype != dtype:
-            # one buffer for every graph's context rows (a step fills its own graph's rows just before its replay):
-            # one each would take 36 GB at the 30B's 280 shapes with max_num_seqs=256
-            self._states = torch.zeros((largest, state_width), dtype=dtype, device=device)
         graph = _Graph(
             states=self._states[: batch * t],
             context_positions=zeros(batch * t),

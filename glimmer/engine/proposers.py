@@ -85,19 +85,13 @@ class DFlashProposer:
         if device.type == "cuda" and use_cuda_graphs:
             self.graphs = DraftGraphs(drafter, target.embed_tokens.raw, self.kv_caches, null_block, max_num_seqs,
                                       device, widest=self.widest_table())
-            self.capture_graphs(progress)
+            self.graphs.capture_graphs(progress)  # now, not while requests wait
 
     def widest_table(self) -> int | None:
         """The most cache blocks one block's visible context spans (a window's worth, plus one where it straddles
         a block boundary); None where the drafter sees its whole context."""
         window = self.kv.windows[DRAFT]
         return None if window is None else -(-window // self.kv.block_size) + 1
-
-    def capture_graphs(self, progress: bool = False) -> None:
-        """Capture the drafter's CUDA graphs now (draft_graphs.py), not while requests wait."""
-        config = self.drafter.config
-        self.graphs.capture_graphs(len(config.target_layer_ids) * config.hidden_size, self.kv_caches[0][0].dtype,
-                                   progress)
 
     def first_pending(self, seq: Sequence) -> int | None:
         return self.pending.first_pending(seq)

@@ -204,7 +204,7 @@ def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_ste
             proposer.graphs = DraftGraphs(proposer.drafter, engine.loaded.model.embed_tokens.raw, proposer.kv_caches,
                                           engine.kv.pools[DRAFT].num_blocks, 8, engine.device, eager_replay=True,
                                           widest=proposer.widest_table())
-            proposer.capture_graphs()  # as at start-up on CUDA: every batch bucket and width, over padding alone
+            proposer.graphs.capture_graphs()  # as at start-up on CUDA: every batch bucket and width, over padding alone
             captured = set(proposer.graphs._graphs)
         # speculation on and off: the off steps leave the drafter's context pending, written when a step proposes
         # again or (after 15 off steps) by a context-only forward
