@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from glimmer.checkpoint.gguf_file import is_gguf_path
+from glimmer.default_model import DEFAULT_DRAFTER_NAME, DEFAULT_MODEL_NAME, default_drafter_dir, default_model_dir
 from glimmer.errors import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -17,13 +18,17 @@ _HUB_WEIGHTS = ["*.safetensors"]
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True) -> Path:
     """A local checkpoint directory (or GGUF file) for `model`.
 
-    A directory or a GGUF file that exists is used as it is. Otherwise a Hub id (`owner/name`) is downloaded
-    (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and template
-    files are. Raises CheckpointError saying what was tried and how to fix it.
+    A directory or a GGUF file that exists is used as it is. The names of the embedded models (`glimmer-nano`,
+    `glimmer-nano-dflash`, the names the server reports) are those models. Otherwise a Hub id (`owner/name`) is
+    downloaded (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and
+    template files are. Raises CheckpointError saying what was tried and how to fix it.
     """
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    embedded = {DEFAULT_MODEL_NAME: default_model_dir, DEFAULT_DRAFTER_NAME: default_drafter_dir}.get(str(model))
+    if embedded is not None:
+        return embedded()
     if path.exists():
         if is_gguf_path(path):
             return path
@@ -31,7 +36,8 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
                               "that holds config.json, or a .gguf file")
     text = str(model)
     if not _HUB_ID.match(text):
-        raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id (owner/name)")
+        raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id "
+                              f"(owner/name), nor {DEFAULT_MODEL_NAME!r} (the embedded model)")
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError

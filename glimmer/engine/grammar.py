@@ -44,12 +44,11 @@ class GrammarController:
 
     def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int):
         self.matcher = matcher
-        self.num_token_ids = num_token_ids  # the tokenizer's ids; the model's logit rows may be padded beyond
+        self.num_token_ids = num_token_ids  # the ids llguidance indexed: every logit row of the model
 
     def accepted_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens`, in a row, the grammar would accept from here, without consuming them. An id
-        beyond the tokenizer's (a padded logit row, never allowed by the mask) ends the prefix: llguidance would
-        put the matcher in its error state for good."""
+        outside the indexed rows ends the prefix: llguidance would put the matcher in its error state for good."""
         known = 0
         while known < len(tokens) and 0 <= tokens[known] < self.num_token_ids:
             known += 1
@@ -80,8 +79,13 @@ class GrammarCompiler:
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         stops = sorted(set(stop_token_ids))
-        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_TokenTable(tokenizer, stops[0])),
-                                                n_vocab=vocab_size, eos_token=stops)
+        if vocab_size < tokenizer.vocab_size:
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size} ids")
+        table = _TokenTable(tokenizer, stops[0], vocab_size)
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(table), n_vocab=vocab_size,
+                                                eos_token=stops)
+        if self.tokenizer.vocab_size != vocab_size:  # the masks are sized by the model's rows (GrammarMasks)
+            raise RuntimeError(f"llguidance indexed {self.tokenizer.vocab_size} tokens for {vocab_size} logit rows")
 
     def compile(self, grammar: dict[str, Any], param: str) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
@@ -124,15 +128,21 @@ class _TokenTable:
     Byte-level tokens come from `Tokenizer.token_bytes` (what detokenization produces); special tokens are given
     by their text and flagged, so grammars name them (`<|message|>`) and text never matches them. Building from
     this table is much faster than letting llguidance parse tokenizer.json itself.
+
+    The table has one entry per logit row (`vocab_size`): rows past the tokenizer's ids (a checkpoint's padded
+    vocabulary, glimmer-nano's 2,112 rows for 2,067 tokens) are special tokens no grammar names, so every mask
+    forbids them. llguidance sizes its masks by this table, not by its `n_vocab` argument.
     """
 
-    def __init__(self, tokenizer: Tokenizer, eos_token_id: int):
-        special = set(tokenizer.all_special_ids)
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int, vocab_size: int):
+        known = tokenizer.vocab_size
+        special = set(tokenizer.all_special_ids) | set(range(known, vocab_size))
         self.eos_token_id = eos_token_id
         self.bos_token_id = tokenizer.bos_token_id
         self.special_token_ids = sorted(special)
-        self.tokens = [(tokenizer.id_to_token(i) or "").encode() if i in special else tokenizer.token_bytes(i)
-                       for i in range(tokenizer.vocab_size)]
+        self.tokens = [(tokenizer.id_to_token(i) or "").encode() if i in special and i < known
+                       else f"<|glimmer_padded_row_{i}|>".encode() if i >= known else tokenizer.token_bytes(i)
+                       for i in range(vocab_size)]
         self._tokenizer = tokenizer
 
     def __call__(self, text: str) -> list[int]:

@@ -138,6 +138,8 @@ class _Completion:
 
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
+    min_tokens: int = 0
+    num_tokens: int = 0  # released so far
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_prompt_tokens: int = 0
@@ -511,6 +513,10 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:  # could never be sampled: the request would silently run past where it was meant to stop
+            raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+                               param="stop_token_ids")
         if not multimodal:
             refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,
                                       self.model_config.video_token_id)
@@ -557,6 +563,7 @@ class LLMEngine:
             self._completions[id(seq)] = _Completion(
                 detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
+                min_tokens=params.min_tokens,
                 num_prompt_tokens=prompt_len,
                 prompt_logprobs=[None] * prompt_len if params.prompt_logprobs is not None else None,
             )
@@ -912,7 +919,8 @@ class LLMEngine:
     def _release_token_text(self, item: _AcceptedToken, done: _Completion) -> StepDelta:
         if item.logprobs is not None:
             done.logprobs.append(item.logprobs)
-        text, stop_string = done.stops.feed(done.detokenizer.add(item.token))
+        done.num_tokens += 1
+        text, stop_string = done.stops.feed(done.detokenizer.add(item.token), armed=done.num_tokens >= done.min_tokens)
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         if stop_string is not None:
             finish_reason, stop_reason = "stop", stop_string

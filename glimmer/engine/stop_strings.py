@@ -14,13 +14,17 @@ class StopStringMatcher:
         self.include_in_output = include_in_output
         self._pending = ""
 
-    def feed(self, text: str) -> tuple[str, str | None]:
-        """Add decoded text; returns (text safe to release, the stop string matched or None)."""
+    def feed(self, text: str, *, armed: bool = True) -> tuple[str, str | None]:
+        """Add decoded text; returns (text safe to release, the stop string matched or None).
+
+        Unarmed text (the tokens before `min_tokens`) matches nothing, as in vLLM, where a stop string counts
+        only if it ends in a token from the min_tokens-th on; its tail that could start one is held as usual,
+        so a stop string that ends in armed text is cut cleanly."""
         if not self.stop:
             return text, None
         buffer = self._pending + text
         match: tuple[int, str] | None = None
-        for s in self.stop:
+        for s in self.stop if armed else ():
             at = buffer.find(s)
             if at >= 0 and (match is None or at < match[0]):
                 match = (at, s)

@@ -331,7 +331,11 @@ class AtemChannel:
 
     @staticmethod
     def _closer_is_legal(text: str, after: int, final: bool, followers: tuple[str, ...]) -> bool | None:
-        """Whether the closer ending at `after` really closes (P-ATEM-2); None while undecided."""
+        """Whether the closer ending at `after` really closes (P-ATEM-2); None while undecided.
+
+        At the end of the body, a follower cut short (`</atem:parameter>` then `\n</`, max_tokens) counts as
+        the end of the body: only a legal tag could have followed, and the parameter or invoke it closes is kept
+        (P-ATEM-5)."""
         next_tag = _WHITESPACE.match(text, after, after + LOOKAHEAD_WHITESPACE_MAX + 1).end()
         if next_tag - after > LOOKAHEAD_WHITESPACE_MAX:
             return True
@@ -339,8 +343,8 @@ class AtemChannel:
             return True if final else None
         if any(text.startswith(follower, next_tag) for follower in followers):
             return True
-        if not final and _could_become(text, next_tag, followers):
-            return None
+        if _could_become(text, next_tag, followers):
+            return True if final else None
         return False
 
     # -- calls ----------------------------------------------------------------------------------------------

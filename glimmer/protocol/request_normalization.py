@@ -41,6 +41,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
       not a JSON object raise RequestError naming the message index and field;
     - `reasoning` fills a missing `reasoning_content`;
+    - content is a string, a list of content parts or None (anything else raises RequestError); a text part
+      needs a string `text`;
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
       `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
       `file`, an unknown type) raises RequestError naming it: it would render nothing;
@@ -64,9 +66,13 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if role not in RENDERED_ROLES and role not in unrendered_roles and not (
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
-        if isinstance(message.get("content"), list):
+        content = message.get("content")
+        if isinstance(content, list):
             message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")
-                                  for part_index, part in enumerate(message["content"])]
+                                  for part_index, part in enumerate(content)]
+        elif content is not None and not isinstance(content, str):
+            raise RequestError(f"messages[{index}].content must be a string or a list of content parts, got "
+                               f"{type(content).__name__}", param=f"messages[{index}].content")
         if message.get("reasoning_content") is None and message.get("reasoning") is not None:
             message["reasoning_content"] = message["reasoning"]
         if message.get("tool_calls") is not None:
@@ -106,6 +112,8 @@ def _normalized_part(part: Any, field: str) -> Any:
         raise RequestError(f'{field} must be an object with a string "type" (text, image_url, video_url)',
                            param=field)
     kind = part["type"]
+    if kind == "text" and not isinstance(part.get("text"), str):
+        raise RequestError(f'{field}: a text part needs a string "text"', param=field)
     if kind in _MEDIA_PART_TYPES:
         return {**part, "type": _MEDIA_PART_TYPES[kind]}
     if kind not in RENDERED_PART_TYPES:

@@ -31,8 +31,11 @@ from glimmer.protocol.deltas import Event
 
 class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
-                 single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None):
+                 single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None,
+                 min_tokens: int = 0):
+        """min_tokens: stop strings are looked for in the answer once that many tokens were generated."""
         self.index = index
+        self._min_tokens = min_tokens
         self._hidden_tokens = hidden_tokens or {}
         self.parser = OutputParser(tools)
         self.finish_reason: str | None = None
@@ -114,7 +117,7 @@ class ChoiceStream:
         routed: list[Event] = []
         for kind, payload in events:
             if kind == "content" and self._stops is not None:
-                released, stop = self._stops.feed(payload)
+                released, stop = self._stops.feed(payload, armed=self.num_tokens >= self._min_tokens)
                 if released:
                     routed.append(("content", released))
                 if stop is not None:

@@ -99,8 +99,9 @@ class OutputBuilder:
                 out += self._text(kind, payload)
         return out
 
-    def finish(self) -> list[dict[str, Any]]:
-        return self._close()
+    def finish(self, incomplete: bool = False) -> list[dict[str, Any]]:
+        """Close the item being written: `incomplete` when max_output_tokens cut it (as OpenAI marks it)."""
+        return self._close("incomplete" if incomplete else "completed")
 
     def _index(self, item: dict[str, Any]) -> int:
         return self.items.index(item)
@@ -154,12 +155,12 @@ class OutputBuilder:
         return [*out, {"type": "response.function_call_arguments.delta", "item_id": item["id"],
                        "output_index": self._index(item), "delta": piece.arguments}]
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         item, self._open = self._open, None
         if item is None:
             return []
         index = self._index(item)
-        item["status"] = "completed"
+        item["status"] = status
         out: list[dict[str, Any]] = []
         if item["type"] == "function_call":
             out.append({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
@@ -263,8 +264,9 @@ async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[St
     async with contextlib.aclosing(stream):
         async for _, released, _ in chat_updates(run.chat, first, stream):
             run.builder.feed(released)
-    run.builder.finish()
-    response = run.snapshot(run.final_status())
+    status = run.final_status()
+    run.builder.finish(incomplete=status == "incomplete")
+    response = run.snapshot(status)
     run.keep(response)
     return response
 
@@ -277,9 +279,9 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
             async for _, released, _ in chat_updates(run.chat, first, stream):
                 for event in run.builder.feed(released):
                     yield run.event(event)
-            for event in run.builder.finish():
-                yield run.event(event)
             status = run.final_status()
+            for event in run.builder.finish(incomplete=status == "incomplete"):
+                yield run.event(event)
             response = run.snapshot(status)
             run.keep(response)
             yield run.event({"type": f"response.{status}", "response": response})

@@ -138,6 +138,24 @@ def test_masks_of_a_batch_constrain_only_their_rows(compiler, tokenizer):
     assert masks.fill([None, None]) is None
 
 
+def test_masks_fit_a_padded_vocabulary_and_forbid_its_padding(tokenizer):
+    """A model whose logit rows outnumber the tokenizer's ids in another count of 32-bit words (glimmer-nano:
+    2,112 rows, 2,067 tokens) gets masks of its own width, with every padded row forbidden."""
+    rows = -(-tokenizer.vocab_size // 32) * 32 + 64
+    stops = [tokenizer.require_token_id("<|eot|>")]
+    padded = GrammarCompiler(tokenizer, rows, stops)
+    assert padded.tokenizer.vocab_size == rows
+    controller = padded.structured_outputs(StructuredOutputsParams(regex="[a-z]+"))()
+    allowed = unpack_token_bitmask(GrammarMasks(rows, 2).fill([controller, None]), rows)
+    assert allowed.shape == (2, rows) and allowed[1].all()
+    ids = allowed[0].nonzero().flatten().tolist()
+    assert ids and max(ids) < tokenizer.vocab_size
+    assert all(tokenizer.decode([i]).isalpha() for i in ids)
+    assert controller.accepted_prefix([rows - 1]) == 0 and not controller.matcher.is_error()
+    with pytest.raises(ValueError, match="smaller than the tokenizer"):
+        GrammarCompiler(tokenizer, tokenizer.vocab_size - 1, stops)
+
+
 def test_a_repeated_grammar_is_compiled_once_and_each_completion_gets_its_own_matcher(compiler, tokenizer,
                                                                                         monkeypatch):
     params = StructuredOutputsParams(choice=["north", "south"])

@@ -131,12 +131,41 @@ def test_stop_token_ids_and_max_tokens_set_the_finish_reason(llm):
     assert stopped.token_ids == free.token_ids[: first + 1]
 
 
+def test_stop_token_ids_outside_the_vocabulary_are_refused(llm):
+    vocab = llm.engine.model_config.text.vocab_size
+    with pytest.raises(RequestError) as err:
+        llm.generate(["abc"], SamplingParams(max_tokens=2, stop_token_ids=[3, vocab]))
+    assert err.value.param == "stop_token_ids" and str(vocab) in str(err.value)
+    assert not llm.engine.has_unfinished_requests
+
+
 def test_min_tokens_holds_off_stop_ids(llm):
     free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     stop_at = free.token_ids[0]
     held = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, min_tokens=4,
                                                 stop_token_ids=[stop_at], ignore_eos=True))[0]
     assert len(held.token_ids) >= 4 and stop_at not in held.token_ids[:4]
+
+
+def test_min_tokens_holds_off_stop_strings(llm):
+    """As vLLM: stop strings are looked for from the min_tokens-th token on (a stop string in the first token's
+    text used to end a min_tokens=4 request after one token)."""
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    needle = llm.get_tokenizer().decode(free.token_ids[:1])
+    assert needle and free.text.startswith(needle)
+    cut = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, stop=[needle], ignore_eos=True))[0]
+    assert cut.text == "" and cut.finish_reason == "stop"
+    held = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, min_tokens=4, stop=[needle],
+                                                ignore_eos=True))[0]
+    assert len(held.token_ids) >= 4 and held.token_ids[:4] == free.token_ids[:4]
+    assert held.text.startswith(llm.get_tokenizer().decode(free.token_ids[:3]))
+
+
+def test_a_stop_string_counts_only_if_it_ends_in_armed_text():
+    matcher = StopStringMatcher(["END"])
+    assert matcher.feed("END", armed=False) == ("END", None)
+    assert matcher.feed("xEN", armed=False) == ("x", None)  # held: it could start a stop string
+    assert matcher.feed("D!END") == ("", "END")
 
 
 def test_stop_strings_cut_the_text_and_end_generation(llm):

@@ -349,6 +349,22 @@ def test_truncation_anywhere_yields_valid_json_arguments(cut):
         assert name == "write" and isinstance(arguments, dict)
 
 
+ONE_PARAMETER_CLOSED = atem("write", {"path": "a.txt", "content": "x"})
+FIRST_CLOSED = ONE_PARAMETER_CLOSED.index("</atem:parameter>") + len("</atem:parameter>")
+SECOND_CLOSED = ONE_PARAMETER_CLOSED.index("</atem:parameter>", FIRST_CLOSED) + len("</atem:parameter>")
+
+
+@pytest.mark.parametrize("end", range(FIRST_CLOSED, len(ONE_PARAMETER_CLOSED) + 1))
+def test_a_parameter_whose_closer_is_complete_survives_any_later_cut(end):
+    """P-ATEM-2 + P-ATEM-5: a body that ends (max_tokens, or a terminator) while the text after a closer is
+    still a proper prefix of a legal follower (`</atem:parameter>` then `\n</`) keeps the closer, as the end
+    of the body itself would. The call used to be dropped at such cuts."""
+    expected = {"path": "a.txt", "content": "x"} if end >= SECOND_CLOSED else {"path": "a.txt"}
+    for closer in ("", "<|eom|>"):
+        text = tool_message("write", ONE_PARAMETER_CLOSED[:end], first=True) + closer
+        assert calls(parse_all_ways(text, TOOLS)) == [("write", expected)]
+
+
 # -- P-ATEM-6: swallowed parameter opener --------------------------------------------------------------------
 
 

@@ -134,6 +134,18 @@ def test_content_parts_the_model_cannot_take_are_refused_naming_the_part(part):
     assert caught.value.param == "messages[0].content[1]"
 
 
+@pytest.mark.parametrize(("content", "param"), [
+    ({"type": "text", "text": "an object, not a list"}, "messages[0].content"), (5, "messages[0].content"),
+    (True, "messages[0].content"), ([{"type": "text", "text": None}], "messages[0].content[0]"),
+    ([{"type": "text"}], "messages[0].content[0]"), ([{"type": "text", "text": 7}], "messages[0].content[0]")])
+def test_content_that_would_render_wrong_or_nothing_is_refused(content, param):
+    """An object for a list, a number, a text part without string text: refused, never rendered as nothing
+    or as the word None."""
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([{"role": "user", "content": content}])
+    assert caught.value.param == param
+
+
 @pytest.mark.parametrize("bad", ["text", None, [1], [{"content": "no role"}], [{"role": 3}]])
 def test_malformed_messages_are_request_errors(bad):
     with pytest.raises(RequestError):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import glimmer
 import glimmer.default_model as default_model
+from glimmer import LLM, SamplingParams, StructuredOutputsParams
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.default_model import DEFAULT_DRAFTER_NAME, DEFAULT_MODEL_NAME, default_drafter_dir, default_model_dir
@@ -51,3 +55,25 @@ def test_an_installation_without_the_model_says_so(monkeypatch):
     monkeypatch.setattr(default_model, "EMBEDDED_FOLDER", "missing-folder")
     with pytest.raises(CheckpointError, match="reinstall glimmer, or pass a MODEL"):
         default_model_dir()
+
+
+def test_the_embedded_names_resolve_to_the_embedded_models():
+    assert resolve_checkpoint(DEFAULT_MODEL_NAME) == default_model_dir()
+    assert resolve_checkpoint(DEFAULT_DRAFTER_NAME) == default_drafter_dir()
+
+
+def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
+    """glimmer-nano has 2,112 logit rows for 2,067 tokens: the grammar masks must cover the padded rows (every
+    constrained request failed with "Invalid buffer size" when they did not)."""
+    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=1024)
+    assert llm.engine.model_config.text.vocab_size > llm.get_tokenizer().vocab_size
+    choice = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    assert llm.generate(["Is the sky blue?"], choice)[0].outputs[0].text in ("yes", "no")
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    output = llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=200), tools=[weather],
+                      tool_choice="required")[0]
+    assert output.finish_reason == "tool_calls"
+    ((call),) = output.tool_calls
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), weather["function"]["parameters"])

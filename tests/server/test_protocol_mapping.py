@@ -257,6 +257,19 @@ def test_stop_strings_can_stay_in_the_answer(client):
     assert (result["content"], result["finish_reason"]) == ("one two HALT", "stop")
 
 
+def test_min_tokens_holds_off_stop_strings_in_the_answer(client, server):
+    """As vLLM: stop strings are looked for once min_tokens tokens were generated; an earlier one stays text."""
+    tokenizer = server.engine.engine.tokenizer
+    halt = len(tokenizer.encode(STOP_IN_BOTH[:STOP_IN_BOTH.index("HALT three") + len("HALT")],
+                                add_special_tokens=False))  # the token that completes the answer's HALT
+    held = _both(client, **_request("[stop-both]", stop=["HALT"], extra_body={
+        "chat_template_kwargs": PINNED_DATE, "min_tokens": halt + 1}))
+    assert (held["content"], held["finish_reason"]) == ("one two HALT three", "stop")
+    armed = _both(client, **_request("[stop-both]", stop=["HALT"], extra_body={
+        "chat_template_kwargs": PINNED_DATE, "min_tokens": halt}))
+    assert armed["content"] == "one two "
+
+
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
     result = _both(client, **_request("[specials]"))
     assert (result["reasoning"], result["content"]) == ("Looking.", "Hi there!")
@@ -269,7 +282,12 @@ def test_truncation_mid_call_reports_length_and_keeps_valid_json(client, server)
     cut = _token_count(server, f" to=get_weather<|message|>{WEATHER_CALL_BODY}") - 8
     result = _both(client, **_request("[two-calls]", tools=TOOLS, max_tokens=cut))
     assert result["finish_reason"] == "length"  # P-API-2, even with calls
-    assert result["calls"] == [("get_weather", {"city": "Paris"})]  # P-ATEM-5: kept with its complete parameter
+    # P-ATEM-5: kept with its complete parameters; the cut falls in the closers after `days` (`...</`)
+    assert result["calls"] == [("get_weather", {"city": "Paris", "days": 3})]
+    days = WEATHER_CALL_BODY.index('<atem:parameter name="days"') + len('<atem:parameter name="da')
+    short_cut = _token_count(server, f" to=get_weather<|message|>{WEATHER_CALL_BODY[:days]}")
+    short = _both(client, **_request("[two-calls]", tools=TOOLS, max_tokens=short_cut))
+    assert short["calls"] == [("get_weather", {"city": "Paris"})]  # cut inside `days`: its value is dropped
 
 
 def test_include_reasoning_false_hides_reasoning(client):

@@ -98,8 +98,10 @@ def test_a_streamed_call_sends_argument_deltas(client):
 def test_max_output_tokens_makes_the_response_incomplete(client):
     response = _create(client, input="[greet] Hello!", max_output_tokens=3)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output and response.output[-1].status == "incomplete"  # the item the limit cut, as OpenAI
     events = list(_create(client, input="[greet] Hello!", max_output_tokens=3, stream=True))
-    assert events[-1].type == "response.incomplete"
+    assert events[-1].type == "response.incomplete" and events[-1].response.output[-1].status == "incomplete"
+    assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
 
 
 def test_instructions_and_developer_input_render_as_the_system_message(server, client):
