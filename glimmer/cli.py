@@ -19,7 +19,7 @@ from typing import Any
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
-from glimmer.errors import ConfigError, GlimmerError
+from glimmer.errors import GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
@@ -39,7 +39,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, mmproj=args.mmproj,
+    def load_tokenizer(opened):  # as LLMEngine loads it: a GGUF's embedded one, else the directory's tokenizer.json
+        from glimmer.engine.tokenizer import Tokenizer
+
+        embedded = opened.tokenizer
+        if embedded is not None:
+            return Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
+        return Tokenizer.from_dir(opened.path)
+
+    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_tokenizer, mmproj=args.mmproj,
                                 allow_pickle=args.allow_pickle)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
@@ -80,18 +88,28 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from glimmer.tiny import write_tiny_checkpoint, write_tiny_drafter
 
     out = Path(args.dir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not args.force:
-        raise UsageError(f"{out} is not empty; choose an empty directory or pass --force to overwrite its files")
     if args.drafter_for is not None:
-        if args.vision or args.shards != 1:
-            raise ConfigError("--drafter-for writes a DFlash drafter: --vision and --shards do not apply")
-        path = write_tiny_drafter(args.dir, args.drafter_for, layout=args.layout, seed=args.seed)
-        print(f"wrote a tiny random {args.layout}-layout DFlash drafter for {args.drafter_for} to {path}")
-        return 0
-    path = write_tiny_checkpoint(args.dir, layout=args.layout, vision=args.vision, seed=args.seed,
-                                 num_shards=args.shards, preset=args.preset, config_only=args.config_only)
+        given = {"--vision": args.vision, "--shards": args.shards != 1, "--preset": args.preset != "tiny",
+                 "--config-only": args.config_only}
+        inapplicable = [flag for flag, is_given in given.items() if is_given]
+        if inapplicable:
+            raise UsageError(f"--drafter-for writes a DFlash drafter; leave out {', '.join(inapplicable)} (options "
+                             "of a model checkpoint)")
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{out} exists and is not a directory")
+        if out.is_dir() and any(out.iterdir()) and not args.force:
+            raise UsageError(f"{out} is not empty; choose an empty directory or pass --force to overwrite its files")
+        if args.drafter_for is not None:
+            path = write_tiny_drafter(args.dir, args.drafter_for, layout=args.layout, seed=args.seed)
+            print(f"wrote a tiny random {args.layout}-layout DFlash drafter for {args.drafter_for} to {path}")
+            return 0
+        path = write_tiny_checkpoint(args.dir, layout=args.layout, vision=args.vision, seed=args.seed,
+                                     num_shards=args.shards, preset=args.preset, config_only=args.config_only)
+    except OSError as error:  # a parent that is a file, a read-only or virtual file system, a full disk, ...
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(out) else ""
+        raise UsageError(f"cannot write to {out}: {error.strerror or error}{where}; choose a directory you can "
+                         "create and write") from None
     what = "the released 30B geometry" if args.preset == "30b" else "a tiny random"
     with_vision = " with vision" if args.vision or args.preset == "30b" else ""
     if args.config_only:
@@ -137,6 +155,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from glimmer.server.app import create_app
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
+    _check_engine_options(args)
     listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
     engine, name, is_default = _engine_from_args(args)
     try:
@@ -184,8 +203,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0 if server.started else 1
 
 
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """UsageError naming the option, for engine options the engine would accept but that leave it useless."""
+    if args.max_waiting_requests < 1:
+        raise UsageError(f"--max-waiting-requests {args.max_waiting_requests} would refuse every request with HTTP "
+                         "429; give at least 1")
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound to host:port for the server; UsageError if the address is taken or invalid."""
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port {port} is not a TCP port; choose one from 1 to 65535")
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -200,10 +228,15 @@ def _bind(host: str, port: int) -> socket.socket:
 def _cmd_chat(args: argparse.Namespace) -> int:
     from glimmer.server.chat_client import run_chat
 
-    options: dict[str, Any] = {}
-    for field in ("max_tokens", "temperature", "reasoning_effort"):
-        if getattr(args, field) is not None:
-            options[field] = getattr(args, field)
+    options = _chat_request_options(args)
+    _check_engine_options(args)
+    if args.url:
+        from glimmer.server.chat_client import ChatClientError, check_server_url
+
+        try:
+            check_server_url(args.url)
+        except ChatClientError as error:
+            raise UsageError(f"--url {error}") from None
     tools = _read_tools(args.tools) if args.tools else None
     color = not args.no_color and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
@@ -229,6 +262,33 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     return 0
+
+
+def _chat_request_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields `chat` sends with every message, checked now as the server checks them (UsageError naming the
+    option), so that a bad value is not found one refused message at a time."""
+    from glimmer.engine.sampling_params import SamplingParams
+    from glimmer.protocol import strength_for_effort
+    from glimmer.server.schemas import INT32_MAX
+
+    options: dict[str, Any] = {}
+    if args.max_tokens is not None:
+        if not 1 <= args.max_tokens <= INT32_MAX:
+            raise UsageError(f"--max-tokens {args.max_tokens} is out of range; give at least 1 (at most {INT32_MAX})")
+        options["max_tokens"] = args.max_tokens
+    if args.temperature is not None:
+        try:
+            SamplingParams(temperature=args.temperature)
+        except RequestError as error:
+            raise UsageError(f"--temperature {args.temperature}: {str(error).removeprefix('temperature: ')}") from None
+        options["temperature"] = args.temperature
+    if args.reasoning_effort is not None:
+        try:
+            strength_for_effort(args.reasoning_effort, param="--reasoning-effort")
+        except RequestError as error:
+            raise UsageError(str(error)) from None
+        options["reasoning_effort"] = args.reasoning_effort
+    return options
 
 
 def _read_tools(path: str) -> list[dict[str, Any]]:
@@ -379,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="config and weight layout to write (default canonical)")
     tiny.add_argument("--vision", action="store_true", help="include a vision tower")
     tiny.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    tiny.add_argument("--force", action="store_true", help="write into a directory that is not empty")
+    tiny.add_argument("--force", action="store_true",
+                      help="write into a directory that is not empty, replacing the weights of a checkpoint there")
     tiny.add_argument("--shards", type=int, default=1, help="number of safetensors shards (with an index)")
     tiny.add_argument("--preset", choices=["tiny", "30b"], default="tiny",
                       help="30b: the released Muse-Glimmer-30B geometry (needs --config-only)")

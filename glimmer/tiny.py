@@ -10,6 +10,7 @@ reference model has all-ones norms, which hides norm bugs).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from glimmer.checkpoint.config import (
     reference_vision_layer_types,
 )
 from glimmer.checkpoint.config_layouts import config_to_dict
+from glimmer.checkpoint.drafter import NATIVE_FILE
 from glimmer.checkpoint.random_weights import fill_random_
 from glimmer.checkpoint.safetensors_files import INDEX_FILE, SINGLE_FILE
 from glimmer.checkpoint.tiny_tokenizer import TinyTokenizerInfo, write_tiny_tokenizer
@@ -43,6 +45,8 @@ from glimmer.checkpoint.weight_layouts import (
 from glimmer.errors import ConfigError
 from glimmer.model.drafter import DFlashDrafter
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+logger = logging.getLogger(__name__)
 
 # `glimmer make-tiny --layout X` → (config.json layout, weight layout)
 TINY_LAYOUTS: dict[str, tuple[str, str]] = {
@@ -179,6 +183,28 @@ def to_weight_layout(
     return out
 
 
+SEED_LIMIT = 2**64
+"""Seeds of the random weights are 0 .. 2**64 - 1, what a torch generator takes (a negative seed would alias one)."""
+
+
+def check_seed(seed: int) -> None:
+    """Raises ConfigError unless `seed` can seed the random weights."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"seed={seed} (--seed) is out of range; choose a seed from 0 to 2**64 - 1")
+
+
+def remove_weight_files(out: Path) -> list[Path]:
+    """Delete the weights an earlier checkpoint left in `out` — every *.safetensors, the safetensors index and a
+    native drafter's head.pt — and return them: a loader would read them instead of (or beside) new weights.
+    Nothing else in `out` is touched."""
+    stale = [p for p in (*sorted(out.glob("*.safetensors")), out / INDEX_FILE, out / NATIVE_FILE) if p.is_file()]
+    for path in stale:
+        path.unlink()
+    if stale:
+        logger.info("removed the earlier weights in %s: %s", out, ", ".join(p.name for p in stale))
+    return stale
+
+
 def save_weights(tensors: dict[str, torch.Tensor], out_dir: Path, num_shards: int = 1) -> None:
     """model.safetensors, or num_shards files with a model.safetensors.index.json."""
     names = sorted(tensors)
@@ -253,7 +279,9 @@ def write_tiny_checkpoint(
 
     preset "30b" writes the released geometry (vision tower and a drafter config in `assistant/`
     included) with a tokenizer at the release's ids; it needs `config_only`, since its weights are drawn
-    at load time (`load_format="dummy"`). `config_only` writes everything but the weights.
+    at load time (`load_format="dummy"`). `config_only` writes everything but the weights. Weights an
+    earlier checkpoint left in `out_dir` are removed (see remove_weight_files). Raises ConfigError for an
+    option out of range or that does not apply.
     """
     if layout not in TINY_LAYOUTS:
         raise ConfigError(f"layout={layout!r} is not one of {sorted(TINY_LAYOUTS)}")
@@ -262,12 +290,19 @@ def write_tiny_checkpoint(
     if preset == "30b" and not config_only:
         raise ConfigError("preset '30b' would write about 60 GB of random weights; pass --config-only and load it "
                           "with --load-format dummy, which draws the weights on the device")
+    if num_shards < 1:
+        raise ConfigError(f"num_shards={num_shards} (--shards) must be at least 1")
+    if config_only and num_shards != 1:
+        raise ConfigError(f"num_shards={num_shards} (--shards) does not apply with config_only (--config-only), "
+                          "which writes no weights; leave one of them out")
+    check_seed(seed)
     config_layout, weight_layout = TINY_LAYOUTS[layout]
     release = preset == "30b"
     if (vision or release) and weight_layout == LEGACY:
         raise ConfigError("the legacy layout is text-only; use --layout canonical, flat or native with --vision")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_weight_files(out)
     tokens = write_tiny_tokenizer(out, release_ids=release)
     config = released_30b_config() if release else tiny_model_config(tokens, spec, vision=vision)
     release_defaults = {"max_length": config.text.max_position_embeddings} if release else None
@@ -382,19 +417,22 @@ def write_tiny_drafter(
     spec: TinyDrafterSpec = TinyDrafterSpec(),
 ) -> Path:
     """Write a random DFlash drafter that fits the checkpoint at `target_dir`: config.json (HF keys) with
-    model.safetensors (canonical) or head.pt (native: fused wqkv/fc1, interleaved RoPE rows)."""
+    model.safetensors (canonical) or head.pt (native: fused wqkv/fc1, interleaved RoPE rows). Weights an
+    earlier checkpoint left in `out_dir` are removed (see remove_weight_files)."""
     from glimmer.checkpoint.config_layouts import load_config
-    from glimmer.checkpoint.drafter import NATIVE_FILE, RELEASED_MASK_TOKEN, drafter_config_to_dict
+    from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN, drafter_config_to_dict
     from glimmer.engine.tokenizer import Tokenizer
 
     if layout not in TINY_DRAFTER_LAYOUTS:
         raise ConfigError(f"drafter layout={layout!r} is not one of {sorted(TINY_DRAFTER_LAYOUTS)}")
+    check_seed(seed)
     target = load_config(target_dir)
     mask_token_id = Tokenizer.from_dir(target_dir).require_token_id(RELEASED_MASK_TOKEN)
     config = tiny_drafter_config(target, mask_token_id, spec)
     config.check_fits(target.text)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_weight_files(out)
     (out / "config.json").write_text(json.dumps(drafter_config_to_dict(config), indent=2) + "\n")
     weights = random_drafter_state_dict(config, seed)
     if layout == "native":

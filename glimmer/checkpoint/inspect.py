@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from glimmer.checkpoint.config import ModelConfig
-from glimmer.checkpoint.formats import open_checkpoint
+from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
+from glimmer.checkpoint.generation_config import load_generation_defaults
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
 
 PARAMETER_GROUPS = (
@@ -49,14 +51,17 @@ class CheckpointReport:
 def inspect_checkpoint(
     checkpoint: str | os.PathLike,
     model_factory: Any,
+    tokenizer_factory: Callable[[OpenedCheckpoint], Any],
     *,
     mmproj: str | os.PathLike | None = None,
     allow_pickle: bool = False,
 ) -> CheckpointReport:
-    """Validate config and weight plan exactly as loading would, and count parameters per part.
+    """Validate config, weight plan, tokenizer and generation config exactly as loading would, and count
+    parameters per part.
 
-    model_factory(config) must build the model (on the meta device) whose parameters are expected.
-    Raises ConfigError / CheckpointError like loading does.
+    model_factory(config) must build the model (on the meta device) whose parameters are expected;
+    tokenizer_factory(opened) must load the checkpoint's tokenizer as the engine does (anything with
+    `token_to_id`). Raises ConfigError / CheckpointError like loading does.
     """
     opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle)
     layout = opened.weight_layout
@@ -64,6 +69,9 @@ def inspect_checkpoint(
     model = model_factory(config)
     expected = expected_parameters(model, config)
     plan_weights(config, opened.tensors, expected, layout)
+    tokenizer = tokenizer_factory(opened)
+    embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
+    load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)
     counts: dict[str, int] = {}
     for label, prefix in PARAMETER_GROUPS:
         n = sum(_numel(shape) for name, shape in expected.items() if name.startswith(prefix))

@@ -3,7 +3,8 @@
 Only headers are read up front (names, shapes, dtypes). Tensors are read one at a time when the loader
 asks for them, so peak memory while loading stays near the size of the model being filled. Every lookup
 goes through the index's `weight_map` when there is one: published checkpoints put tensors that belong
-together into different shards (architecture.md §15.2).
+together into different shards (architecture.md §15.2). A `model.safetensors` beside an index that does not
+name it is refused: one of the two is another checkpoint's, and reading either could be the wrong model.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class SafetensorsCheckpoint:
                 if not path.is_file():
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
                 by_file.setdefault(path, []).append(name)
+            single = self.directory / SINGLE_FILE
+            if single.is_file() and single not in by_file:
+                # two checkpoints' weights in one directory (one written over the other): reading either could
+                # silently be the wrong model
+                shards = ", ".join(sorted(p.name for p in by_file))
+                raise CheckpointError(
+                    f"{self.directory} holds both {SINGLE_FILE} and {INDEX_FILE}, whose shards ({shards}) do not "
+                    f"include it: the weights of two checkpoints; remove the stale ones ({SINGLE_FILE}, or the "
+                    "index and its shards)"
+                )
             return dict(by_file)
         if (self.directory / SINGLE_FILE).is_file():
             return {self.directory / SINGLE_FILE: None}

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError
 from glimmer.model.kernels.support import check_environment
 
@@ -43,6 +45,9 @@ def check_engine_config(config: EngineConfig) -> None:
         value = getattr(config, name)
         if value is not None and not isinstance(value, types):
             raise ConfigError(f"{name}={value!r} must be a string or None")
+    if config.chat_template is not None and not Path(config.chat_template).expanduser().is_file():
+        raise ConfigError(f"chat_template={str(config.chat_template)!r} is not a file; pass the path of a Jinja "
+                          "template file (or None for the checkpoint's own template)")
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
         value = getattr(config, name)
         if value is not None and (not _is_int(value) or value < 1):
@@ -67,5 +72,5 @@ def check_engine_config(config: EngineConfig) -> None:
         raise ConfigError(f"async_scheduling={config.async_scheduling!r} must be True, False or None (on with CUDA)")
     if config.load_format not in LOAD_FORMATS:
         raise ConfigError(f"load_format={config.load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
-    if not _is_int(config.seed):
-        raise ConfigError(f"seed={config.seed!r} must be an integer")
+    if not _is_int(config.seed) or not SEED_RANGE[0] <= config.seed < SEED_RANGE[1]:
+        raise ConfigError(f"seed={config.seed!r} must be an integer in [-2**63, 2**64)")

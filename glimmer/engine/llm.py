@@ -5,7 +5,9 @@ Generation of many prompts runs on the same continuous-batching engine as the se
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,9 +29,11 @@ from glimmer.protocol import (
     parse_output,
     resolve_reasoning_strength,
 )
+from glimmer.protocol.request_normalization import refuse_unrendered_roles
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data"})
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 
@@ -78,6 +82,11 @@ class LLM:
         if generation_config not in GENERATION_CONFIG_MODES:
             raise ConfigError(f"generation_config={generation_config!r} is not supported; use "
                               f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
+        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "dtype", "device"}
+        unknown = sorted(set(engine_options) - known)
+        if unknown:
+            raise TypeError(f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; engine "
+                            f"options are {', '.join(sorted(known))}")
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, device=device, **engine_options))
         self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
                                                     allowed_domains=allowed_media_domains)
@@ -99,11 +108,20 @@ class LLM:
         return self.engine.encode_prompt(text)
 
     def _prepare_dict_prompt(self, prompt: dict[str, Any], i: int) -> _Prepared:
+        unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
+        if unknown:
+            raise RequestError(f"prompts[{i}]: unknown key(s) {unknown}; a prompt dict takes "
+                               f"{', '.join(sorted(PROMPT_KEYS))}", param=f"prompts[{i}]")
         if "prompt_token_ids" in prompt:
             if prompt.get("multi_modal_data"):
                 raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
                                    param=f"prompts[{i}].multi_modal_data")
-            return prompt.get("prompt"), list(prompt["prompt_token_ids"]), []
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in ids):
+                raise RequestError(f"prompts[{i}].prompt_token_ids must be a list of token ids (integers)",
+                                   param=f"prompts[{i}].prompt_token_ids")
+            return prompt.get("prompt"), list(ids), []
         text = prompt.get("prompt")
         if not isinstance(text, str):
             raise RequestError(f"prompts[{i}] needs a 'prompt' string or 'prompt_token_ids'", param=f"prompts[{i}]")
@@ -151,11 +169,15 @@ class LLM:
         elif isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(normalized)
         else:
+            if not isinstance(sampling_params, SequenceABC) or isinstance(sampling_params, str):
+                raise RequestError("sampling_params must be a SamplingParams or a list of them (one per prompt), "
+                                   f"not {type(sampling_params).__name__}", param="sampling_params")
             params_list = list(sampling_params)
             if len(params_list) != len(normalized):
                 raise RequestError(
                     f"got {len(params_list)} SamplingParams for {len(normalized)} prompts", param="sampling_params"
                 )
+            _check_sampling_params(params_list)
         return self._run(normalized, params_list, use_tqdm)
 
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool,
@@ -228,8 +250,14 @@ class LLM:
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
         only) makes it those tokens instead.
         """
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = _conversations(messages)
+        if sampling_params is not None:
+            _check_sampling_params([sampling_params])
         params = sampling_params or self.get_default_sampling_params()
+        if not isinstance(parallel_tool_calls, bool):
+            raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+            raise RequestError("chat_template_kwargs must be a dict (or None)", param="chat_template_kwargs")
         plan = plan_tools(normalize_tools(tools), tool_choice)
         controller_factory = self._turn_controller_factory(plan, params, response_format, parallel_tool_calls,
                                                            thinking_token_budget)
@@ -242,6 +270,7 @@ class LLM:
         prepared: list[_Prepared] = []
         for conversation in conversations:
             normalized = normalize_messages(conversation)
+            refuse_unrendered_roles(normalized)
             tokenizer = self.engine.tokenizer
             rendered = self.engine.chat_template.render_prompt(
                 normalized,
@@ -284,6 +313,28 @@ class LLM:
         constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
                                           thinking_token_budget=thinking_token_budget)
         return self.engine.grammars.turn(constraint, param) if constraint is not None else None
+
+
+def _check_sampling_params(params_list: list[Any]) -> None:
+    for i, params in enumerate(params_list):
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling_params[{i}] must be a SamplingParams, not {type(params).__name__} (build "
+                               "one with SamplingParams(max_tokens=..., ...))", param="sampling_params")
+
+
+def _conversations(messages: Any) -> list[Any]:
+    """`messages` as a list of conversations: one conversation (a list of message dicts) or a list of them."""
+    if isinstance(messages, Mapping):
+        raise RequestError("messages must be a list of message objects; got one message object: wrap it in a list",
+                           param="messages")
+    if not isinstance(messages, list | tuple) or not messages:
+        raise RequestError("messages must be a non-empty list of message objects (one conversation) or a list of "
+                           "such lists", param="messages")
+    conversations = [messages] if isinstance(messages[0], Mapping) else list(messages)
+    for i, conversation in enumerate(conversations):
+        if isinstance(conversation, list | tuple) and not conversation:
+            raise RequestError(f"messages[{i}]: a conversation needs at least one message", param="messages")
+    return conversations
 
 
 def _as_list(value: Any) -> list:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
+from glimmer.default_model import DEFAULT_DRAFTER_NAME, default_drafter_dir
 from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
@@ -284,8 +286,11 @@ class LLMEngine:
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:
         """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
+        model = spec.model
+        if model == DEFAULT_DRAFTER_NAME and not Path(model).exists():  # the embedded drafter, by its name
+            model = str(default_drafter_dir())
         self.drafter = load_drafter(
-            spec.model, self.model_config, lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+            model, self.model_config, lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self.config.load_format, seed=self.config.seed,
         )
@@ -451,7 +456,15 @@ class LLMEngine:
         return (self.max_model_len - 1) * self.tokenizer.max_token_chars
 
     def check_prompt_chars(self, text: str) -> None:
-        """Raises RequestError for a prompt text longer than `max_prompt_chars`."""
+        """Raises RequestError for a prompt that is not a string of valid Unicode (a lone surrogate cannot be
+        tokenized) or is longer than `max_prompt_chars`."""
+        if not isinstance(text, str):
+            raise RequestError(f"the prompt must be a string, not {type(text).__name__}", param="prompt")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(f"the prompt is not valid Unicode: {exc.reason} at character {exc.start}",
+                               param="prompt") from None
         if len(text) > self.max_prompt_chars:
             raise RequestError(
                 f"the prompt has {len(text):,} characters, more than max_model_len={self.max_model_len} tokens "
@@ -507,6 +520,10 @@ class LLMEngine:
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
+                               param="sampling_params")
+        params.validate()  # a SamplingParams is mutable: fields set after construction are checked here
         if not prompt_token_ids:
             raise RequestError("the prompt is empty", param="prompt")
         vocab = self.model_config.text.vocab_size

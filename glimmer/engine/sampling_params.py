@@ -1,4 +1,5 @@
-"""Sampling parameters, in the shape vLLM users know, validated once at construction."""
+"""Sampling parameters, in the shape vLLM users know, validated at construction and again when a request
+is submitted (the dataclass is mutable)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from dataclasses import dataclass, field
 from glimmer.errors import RequestError
 
 MAX_LOGPROBS = 20
+MAX_N = 16384
+"""Most completions of one prompt: a bound, so that an absurd `n` is refused instead of building that many
+sequences (the server's own limit, `--max-n`, is lower)."""
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy (vLLM's threshold): dividing logits by a subnormal one overflows them."""
+SEED_RANGE = (-(2**63), 2**64)
+"""Seeds a torch generator takes: [-2^63, 2^64)."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -18,6 +26,10 @@ def _check(condition: bool, param: str, message: str) -> None:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -109,7 +121,8 @@ class StructuredOutputsParams:
 class SamplingParams:
     """How to pick tokens and when to stop.
 
-    temperature: 0 means greedy (argmax); otherwise logits are divided by it before sampling.
+    temperature: 0 means greedy (argmax), as does any temperature below 1e-5; otherwise logits are divided by
+        it before sampling.
     top_p, top_k, min_p: nucleus, top-k (0 or -1 = off) and min-p filtering, applied after temperature.
     max_tokens: the most tokens to generate (None: up to the model's context length; 0: none, the prompt
         is only scored, see prompt_logprobs).
@@ -127,7 +140,7 @@ class SamplingParams:
     include_stop_str_in_output: keep the matched stop string at the end of the text.
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
-    n: number of independent completions of the same prompt.
+    n: number of independent completions of the same prompt (at most 16384).
     structured_outputs: constrain the text by a grammar (see StructuredOutputsParams).
     cache_salt: a non-empty string mixed into the prefix-cache key of the prompt's first block: only requests
         with the same salt share cached KV blocks (one salt per tenant keeps tenants apart). None: shared with
@@ -158,8 +171,16 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.stop is None or isinstance(self.stop, tuple):
+            self.stop = list(self.stop or [])
+        if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise RequestError naming the first invalid field (run at construction and on submission)."""
+        _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
+        _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
         _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         _check(
@@ -174,7 +195,7 @@ class SamplingParams:
                 "max_tokens",
                 "must be an integer >= 0",
             )
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
+        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
@@ -184,7 +205,12 @@ class SamplingParams:
             "must be non-negative integers",
         )
         if self.seed is not None:
-            _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "must be an integer")
+            _check(_is_int(self.seed) and SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed",
+                   "must be an integer in [-2**63, 2**64)")
+            last = self.seed + (self.n - 1 if _is_int(self.n) and self.n > 1 else 0)
+            _check(last < SEED_RANGE[1], "seed", "+ n - 1 must be below 2**64 (completion i draws with seed + i)")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _check(isinstance(getattr(self, name), bool), name, "must be a boolean")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -201,7 +227,7 @@ class SamplingParams:
             "repetition_penalty",
             "must be a number > 0",
         )
-        _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "must be >= 1")
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
         if self.cache_salt is not None:
@@ -210,7 +236,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def uses_penalties(self) -> bool:

@@ -84,6 +84,15 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     return _merged_instructions(normalized) if developer_as_system else normalized
 
 
+def refuse_unrendered_roles(messages: list[dict[str, Any]]) -> None:
+    """RequestError naming the first message (of `normalize_messages`' output) whose role the template does not
+    render: a serving API refuses it rather than drop it from the prompt."""
+    for i, message in enumerate(messages):
+        if message["role"] not in RENDERED_ROLES:
+            raise RequestError(f"messages[{i}].role: {message['role']!r} is not a role this model takes (system, "
+                               "developer, user, assistant, tool)", param=f"messages[{i}].role")
+
+
 def _merged_instructions(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Developer messages folded into the first system message (one becomes it when there is none)."""
     instructions = [i for i, m in enumerate(messages) if m["role"] in ("system", "developer")]
@@ -216,7 +225,7 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
     for index, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise RequestError(f"tools[{index}] must be an object", param="tools")
-        if "function" in tool and tool.get("type", "function") != "function":
+        if tool.get("type", "function") != "function":
             raise RequestError(f"tools[{index}].type {tool.get('type')!r} is not supported; only 'function' "
                                "tools are", param="tools")
         function = function_of(tool)

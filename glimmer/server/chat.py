@@ -82,11 +82,12 @@ class ChatRun:
         return {"prompt_logprobs": vllm_prompt_logprobs(self.prompt_logprobs, self.context.tokenizer, k)}
 
     def chunk(self, index: int, delta: dict[str, Any], *, logprobs: dict[str, Any] | None = None,
-              finish_reason: str | None = None, extra: dict[str, Any] | None = None) -> str:
+              finish_reason: str | None = None, extra: dict[str, Any] | None = None,
+              extra_choice: dict[str, Any] | None = None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         chunk: dict[str, Any] = {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_name,
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
-            **(extra or {}),
+            "choices": [{**choice, **(extra_choice or {})}], **(extra or {}),
         }
         if self.include_usage:
             chunk["usage"] = None
@@ -168,6 +169,7 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
             "message": assistant_message(parsed, include_reasoning=include_reasoning),
             "logprobs": run.logprobs(choice.logprobs),
             "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
         })
     response = {"id": run.id, "object": "chat.completion", "created": run.created, "model": run.model_name,
                 "choices": response_choices, "usage": run.usage()}
@@ -190,7 +192,8 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
                     yield run.chunk(choice.index, obj, logprobs=logprobs if position == 0 else None)
                 if choice.done:
                     run.check_tool_choice(choice)
-                    yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason)
+                    yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason,
+                                    extra_choice={"stop_reason": choice.stop_reason})
             if run.include_usage:
                 yield sse_event({"id": run.id, "object": "chat.completion.chunk", "created": run.created,
                                  "model": run.model_name, "choices": [], "usage": run.usage()})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
@@ -111,8 +112,23 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
         yield from parse_sse_lines(line.decode("utf-8") for line in response)
 
 
+def check_server_url(url: str) -> None:
+    """Raises ChatClientError unless `url` is an http(s) URL with a host (and a valid port, if it names one)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, _ = parts.hostname, parts.port  # .port raises ValueError for a port out of range
+    except ValueError as error:
+        raise ChatClientError(f"{url!r} is not a valid URL ({error}); give the server's address, e.g. "
+                              "http://127.0.0.1:8000") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ChatClientError(f"{url!r} is not an http(s) URL with a host; give the server's address, e.g. "
+                              "http://127.0.0.1:8000")
+
+
 def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> None:
-    """Ask `url` for its models; raises ChatClientError (one line) when it cannot be reached or refuses."""
+    """Ask `url` for its models; raises ChatClientError (one line) when it is not an http(s) URL, cannot be
+    reached or refuses."""
+    check_server_url(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=headers)
     try:

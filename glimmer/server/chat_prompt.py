@@ -20,7 +20,7 @@ from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part
 from glimmer.protocol import normalize_messages, normalize_tools, resolve_reasoning_strength
-from glimmer.protocol.request_normalization import RENDERED_ROLES
+from glimmer.protocol.request_normalization import refuse_unrendered_roles
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -44,7 +44,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
     settings = context.settings
     messages = normalize_messages(request.messages)
-    _refuse_unrendered_roles(messages)
+    refuse_unrendered_roles(messages)
     choice = request.tool_choice
     tools = plan_tools(normalize_tools(request.tools),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
@@ -125,13 +125,6 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
             found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
                                                     cancel))
     return found["image"], found["video"]
-
-
-def _refuse_unrendered_roles(messages: list[dict[str, Any]]) -> None:
-    for i, message in enumerate(messages):
-        if message["role"] not in RENDERED_ROLES:
-            raise RequestError(f"messages[{i}].role: {message['role']!r} is not a role this model takes (system, "
-                               "developer, user, assistant, tool)", param=f"messages[{i}].role")
 
 
 def _check_single_bos(token_ids: list[int], bos_id: int | None, bos_token: str | None) -> None:

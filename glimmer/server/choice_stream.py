@@ -39,6 +39,7 @@ class ChoiceStream:
         self._hidden_tokens = hidden_tokens or {}
         self.parser = OutputParser(tools)
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's field)
         self.num_tokens = 0
         self.num_cached_tokens = 0
         self.logprobs: list[TokenLogprobs] = []
@@ -83,6 +84,7 @@ class ChoiceStream:
         if self._single_call and (parser.valid_call_names or parser.unresolved_call_count):
             return events + self._end("stop")
         if delta.finish_reason is not None:
+            self.stop_reason = delta.stop_reason
             return events + self._end(delta.finish_reason)
         return events
 
@@ -122,6 +124,7 @@ class ChoiceStream:
                     routed.append(("content", released))
                 if stop is not None:
                     self._stop_matched = True
+                    self.stop_reason = stop
                     break
                 continue
             self._release_held_content(routed)

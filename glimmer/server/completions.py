@@ -55,6 +55,7 @@ class _Piece:
 class _Choice:
     text: str = ""
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's field)
     num_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -72,6 +73,7 @@ class _Choice:
         self.num_tokens += len(delta.token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
         self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
         if delta.prompt_logprobs is not None:
             self.prompt_logprobs = delta.prompt_logprobs
 
@@ -107,7 +109,8 @@ class _CompletionRun:
         return piece
 
     def choice(self, index: int, echo: _Piece, text: str, finish_reason: str | None, entries: list[TokenLogprobs],
-               offsets: list[int], prompt_logprobs: list[TokenLogprobs | None] | None) -> dict[str, Any]:
+               offsets: list[int], prompt_logprobs: list[TokenLogprobs | None] | None,
+               stop_reason: int | str | None = None) -> dict[str, Any]:
         request = self.request
         logprobs = None
         if request.logprobs is not None:
@@ -115,7 +118,8 @@ class _CompletionRun:
             shifted = echo.text_offsets + [len(echo.text) + offset for offset in offsets]
             logprobs = completion_logprobs(token_ids, echo.logprobs + list(entries), shifted,
                                            self.context.tokenizer, request.logprobs)
-        choice = {"index": index, "text": echo.text + text, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "text": echo.text + text, "logprobs": logprobs, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}
         if request.prompt_logprobs is not None and prompt_logprobs is not None:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt_logprobs, self.context.tokenizer,
                                                              request.prompt_logprobs)
@@ -190,7 +194,7 @@ async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDe
             run.choices[index].add(delta)
     run.timer.done()
     choices = [run.choice(i, run.echo(i, c.prompt_logprobs), c.text, c.finish_reason, c.logprobs, c.text_offsets,
-                          c.prompt_logprobs)
+                          c.prompt_logprobs, c.stop_reason)
                for i, c in enumerate(run.choices)]
     return {**run.envelope(choices), "usage": run.usage()}
 
@@ -213,7 +217,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
                 offsets = [shift + offset
                            for offset in choice.text_offsets[len(choice.text_offsets) - len(delta.logprobs):]]
                 chunk = run.envelope([run.choice(index, echo, delta.text, delta.finish_reason, delta.logprobs,
-                                                 offsets, delta.prompt_logprobs)])
+                                                 offsets, delta.prompt_logprobs, delta.stop_reason)])
                 yield sse_event({**chunk, "usage": None} if include_usage else chunk)
             run.timer.done()
             if include_usage:

@@ -27,7 +27,9 @@ from glimmer.errors import ConfigError
     ("async_scheduling", "on", "async_scheduling='on' must be True, False or None"),
     ("load_format", "pt", "load_format='pt' is not supported; use one of \\['auto', 'dummy'\\]"),
     ("seed", "a", "seed='a' must be an integer"),
+    ("seed", 2**64, "seed=18446744073709551616 must be an integer in"),
     ("dtype", 16, "dtype=16 must be a string or None"),
+    ("chat_template", "/nonexistent/template.jinja", "chat_template='/nonexistent/template.jinja' is not a file"),
 ])
 def test_a_wrong_option_is_refused_naming_it_before_anything_loads(option, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -65,3 +67,8 @@ def test_kernel_switch_settings(monkeypatch, variable, value, forced, pdl):
     monkeypatch.delenv("GLIMMER_PDL", raising=False)
     monkeypatch.setenv(variable, value)
     assert (references_forced(), dependent_launch_allowed()) == (forced, pdl)
+
+
+def test_an_unknown_keyword_is_refused_naming_it_and_the_options():
+    with pytest.raises(TypeError, match="LLM\\(\\) got unexpected keyword argument\\(s\\) 'max_num_seq'.*max_num_seqs"):
+        LLM("/nonexistent/model/dir", progress=False, max_num_seq=4)

@@ -248,3 +248,10 @@ def test_malformed_tools_are_request_errors(bad):
     with pytest.raises(RequestError) as caught:
         normalize_tools([bad])
     assert caught.value.param == "tools"
+
+
+@pytest.mark.parametrize("kind", ["code_interpreter", "retrieval", "web_search"])
+def test_a_tool_of_another_type_is_named_as_unsupported(kind):
+    """Not "function.name must be a non-empty string": the type is what is wrong."""
+    with pytest.raises(RequestError, match=f"tools\\[0\\].type '{kind}' is not supported"):
+        normalize_tools([{"type": kind}])

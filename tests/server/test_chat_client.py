@@ -7,7 +7,17 @@ import io
 import pytest
 from server_support import live_server
 
-from glimmer.server.chat_client import DIM, RESET, TOOL, ChatClientError, StreamRenderer, parse_sse_lines, run_chat
+from glimmer.server.chat_client import (
+    DIM,
+    RESET,
+    TOOL,
+    ChatClientError,
+    StreamRenderer,
+    check_server,
+    check_server_url,
+    parse_sse_lines,
+    run_chat,
+)
 
 
 def chunk(**delta):
@@ -90,3 +100,14 @@ def test_a_refused_request_is_reported_and_the_chat_goes_on(make_tiny):
         run_chat(server.url, model="no-such-model", api_key=None, out=out, read_line=lambda prompt: next(lines),
                  color=False)
     assert "error: HTTP 404" in out.getvalue()
+
+
+@pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "file:///etc/passwd", "http://", "http://h:99999"])
+def test_a_url_that_is_not_an_http_server_address_is_refused_before_any_request(url):
+    with pytest.raises(ChatClientError, match="http://127.0.0.1:8000"):
+        check_server(url)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://glimmer.example.com/base/", "http://[::1]:80"])
+def test_http_server_addresses_pass_the_url_check(url):
+    check_server_url(url)

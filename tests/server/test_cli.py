@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from glimmer.cli import build_parser
 from glimmer.default_model import DEFAULT_MODEL_NAME
@@ -169,3 +170,87 @@ def test_a_kernel_switch_that_is_not_a_setting_is_one_line(capsys, monkeypatch, 
     monkeypatch.setenv("GLIMMER_KERNELS", "fast")
     _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port())],
                          "GLIMMER_KERNELS='fast'", "'torch'")
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "0"])
+def test_a_port_out_of_range_is_one_line(capsys, tmp_path, port):
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", port], f"--port {port}", "65535")
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_a_queue_that_would_refuse_every_request_is_refused_before_the_model_loads(capsys, tmp_path, value):
+    # 0 as well: AsyncEngine answers 429 whenever num_waiting >= max_waiting_requests
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
+                                  "--max-waiting-requests", value], f"--max-waiting-requests {value}", "at least 1")
+
+
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8000", "ftp://127.0.0.1", "http://", "http://[::1",
+                                 "http://127.0.0.1:99999"])
+def test_a_url_that_is_not_an_http_server_address_is_one_line(capsys, url):
+    _fails_with_one_line(capsys, ["chat", "--url", url], "--url", repr(url), "http://127.0.0.1:8000")
+
+
+@pytest.mark.parametrize(("option", "value"), [("--max-tokens", "-5"), ("--max-tokens", "0"),
+                                               ("--max-tokens", str(2**31)), ("--temperature", "-1"),
+                                               ("--temperature", "nan"), ("--temperature", "inf"),
+                                               ("--reasoning-effort", "ultra")])
+def test_chat_options_the_server_would_refuse_are_one_line_before_the_model_loads(capsys, tmp_path, option, value):
+    # the model does not exist: the options are checked first, so nothing loads and no message is sent
+    _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), option, value], option)
+
+
+def test_chat_options_the_server_takes_pass_the_checks():
+    from glimmer.cli import _chat_request_options
+
+    args = build_parser().parse_args(["chat", "--max-tokens", "1", "--temperature", "0", "--reasoning-effort", "HIGH"])
+    assert _chat_request_options(args) == {"max_tokens": 1, "temperature": 0.0, "reasoning_effort": "HIGH"}
+    assert _chat_request_options(build_parser().parse_args(["chat"])) == {}
+
+
+def test_make_tiny_into_a_path_under_a_file_is_one_line(capsys, tmp_path):
+    (tmp_path / "afile").write_text("")
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "afile" / "sub")], "afile/sub", "Not a directory")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_make_tiny_into_a_path_that_cannot_be_created_is_one_line(capsys):
+    _fails_with_one_line(capsys, ["make-tiny", "/proc/glimmer-tiny"], "/proc/glimmer-tiny", "No such file")
+
+
+@pytest.mark.parametrize("seed", [str(2**64), "99999999999999999999999", "-1"])
+def test_make_tiny_refuses_a_seed_out_of_range(capsys, tmp_path, seed):
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "t"), "--seed", seed], f"seed={seed}", "--seed")
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("options", [["--shards", "0"], ["--shards", "-2"], ["--shards", "2", "--config-only"]])
+def test_make_tiny_refuses_shard_counts_that_would_be_ignored(capsys, tmp_path, options):
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "t"), *options], "--shards")
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("options", [["--config-only"], ["--preset", "30b"], ["--vision"], ["--shards", "2"],
+                                     ["--preset", "30b", "--config-only"]])
+def test_make_tiny_drafter_refuses_options_of_a_model_checkpoint(capsys, tmp_path, tiny_checkpoint, options):
+    out = tmp_path / "drafter"
+    err = _fails_with_one_line(capsys, ["make-tiny", str(out), "--drafter-for", str(tiny_checkpoint), *options],
+                               "--drafter-for")
+    assert all(option in err for option in options if option.startswith("--"))
+    assert not out.exists()
+
+
+def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, tmp_path):
+    from safetensors.torch import load_file
+
+    from glimmer.cli import main
+    from glimmer.engine.model_loader import load_model
+
+    out = tmp_path / "st"
+    assert main(["make-tiny", str(out), "--shards", "3"]) == 0
+    (out / "notes.txt").write_text("keep me")
+    assert main(["make-tiny", str(out), "--force", "--seed", "5"]) == 0
+    assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
+    assert (out / "notes.txt").read_text() == "keep me"
+    loaded = load_model(out, progress=False).model.state_dict()
+    written = load_file(out / "model.safetensors")
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in written.items())

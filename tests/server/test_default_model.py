@@ -77,3 +77,11 @@ def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
     ((call),) = output.tool_calls
     assert call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), weather["function"]["parameters"])
+
+
+def test_the_embedded_drafter_is_named_in_a_speculative_config():
+    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=512,
+              speculative_config={"method": "dflash", "model": DEFAULT_DRAFTER_NAME})
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert llm.engine.drafter.config.block_size == 16
+    assert len(llm.generate(["Hello"], params)[0].outputs[0].token_ids) == 12

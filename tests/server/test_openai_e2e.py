@@ -155,6 +155,11 @@ def test_completions_stop_strings_end_the_text(client):
                                         temperature=0, stop=[stop])
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].text == text[:text.index(stop)]
+    assert stopped.choices[0].stop_reason == stop and free.choices[0].stop_reason is None  # vLLM's field
+    streamed = [c.choices[0] for c in client.completions.create(model="tiny", prompt="The lighthouse keeper",
+                                                                 max_tokens=12, temperature=0, stop=[stop],
+                                                                 stream=True)]
+    assert streamed[-1].finish_reason == "stop" and streamed[-1].stop_reason == stop
 
 
 def test_32_concurrent_streams_all_complete(server):

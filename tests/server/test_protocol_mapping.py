@@ -250,6 +250,14 @@ def test_stop_strings_match_the_answer_only(client):
     assert result["finish_reason"] == "stop"
 
 
+def test_the_stop_string_that_ended_the_answer_is_its_stop_reason(client):
+    request = _request("[stop-both]", stop=["HALT"])
+    assert client.chat.completions.create(**request).choices[0].stop_reason == "HALT"
+    last = [chunk.choices[0] for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices][-1]
+    assert last.finish_reason == "stop" and last.stop_reason == "HALT"
+    assert client.chat.completions.create(**_request("[reason-answer]")).choices[0].stop_reason is not None  # <|eot|>
+
+
 def test_stop_strings_can_stay_in_the_answer(client):
     result = _both(client, **_request("[stop-both]", stop=["HALT"],
                                       extra_body={"chat_template_kwargs": PINNED_DATE,

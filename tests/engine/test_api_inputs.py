@@ -1,0 +1,97 @@
+"""Bad input to the Python API (`LLM.generate`, `LLM.chat`, `SamplingParams`): a RequestError naming the field,
+never an internal exception, a hang or a silent wrong answer; and the engine is left with nothing pending."""
+
+from __future__ import annotations
+
+import pytest
+
+from glimmer import LLM, SamplingParams
+from glimmer.engine.sampling_params import MAX_N
+from glimmer.errors import RequestError
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=256)
+
+
+def _refused(call, param: str) -> RequestError:
+    with pytest.raises(RequestError) as caught:
+        call()
+    assert caught.value.param == param, caught.value
+    return caught.value
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("stop", 5), ("stop_token_ids", 5), ("seed", 2**64), ("seed", -(2**63) - 1), ("n", MAX_N + 1),
+    ("n", 10**30), ("ignore_eos", "yes"), ("skip_special_tokens", "no"), ("include_stop_str_in_output", 1),
+    ("min_tokens", True)])
+def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
+    _refused(lambda: SamplingParams(**{field: value}), field)
+
+
+def test_seeds_at_the_ends_of_the_range_work(llm):
+    for seed in (-(2**63), 2**64 - 1):
+        assert len(llm.generate("a", SamplingParams(seed=seed, max_tokens=2))[0].outputs[0].token_ids) == 2
+    _refused(lambda: SamplingParams(seed=2**64 - 2, n=3), "seed")  # completion 2 would draw with 2**64
+    assert len(llm.generate("a", SamplingParams(seed=2**64 - 3, n=3, max_tokens=1))[0].outputs) == 3
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("temperature", -1), ("max_tokens", -5), ("n", 0), ("top_p", 5), ("logprobs", 100), ("stop", "ab")])
+def test_fields_changed_after_construction_are_checked_on_submission(llm, field, value):
+    params = SamplingParams(max_tokens=4)
+    setattr(params, field, value)
+    _refused(lambda: llm.generate("a", params), field)
+    assert not llm.engine.has_unfinished_requests
+
+
+def test_temperatures_below_1e_5_are_greedy(llm):
+    """Dividing the logits by a subnormal temperature overflowed them: every draw was token 0."""
+    greedy = llm.generate("a", SamplingParams(temperature=0, max_tokens=6))[0].outputs[0].token_ids
+    for temperature in (1e-39, 1e-20, 9e-6):
+        params = SamplingParams(temperature=temperature, max_tokens=6, seed=1)
+        assert llm.generate("a", params)[0].outputs[0].token_ids == greedy
+    assert SamplingParams(temperature=1e-5).greedy is False
+
+
+def test_generate_refuses_what_is_not_a_sampling_params(llm):
+    _refused(lambda: llm.generate(["a"], {"max_tokens": 4}), "sampling_params")
+    _refused(lambda: llm.generate(["a", "b"], [SamplingParams(), {"max_tokens": 4}]), "sampling_params")
+
+
+@pytest.mark.parametrize(("prompt", "param"), [
+    ({"prompt_token_ids": "abc"}, "prompts[0].prompt_token_ids"),
+    ({"prompt_token_ids": [[1, 2]]}, "prompts[0].prompt_token_ids"),
+    ({"prompt": "hello", "lora_request": "x"}, "prompts[0]")])
+def test_prompt_dicts_are_checked(llm, prompt, param):
+    _refused(lambda: llm.generate(prompt, SamplingParams(max_tokens=2)), param)
+
+
+def test_text_that_is_not_valid_unicode_is_refused(llm):
+    assert "surrogate" in str(_refused(lambda: llm.generate("a\ud800b", SamplingParams(max_tokens=2)), "prompt"))
+    _refused(lambda: llm.chat([{"role": "user", "content": "a\ud800b"}], SamplingParams(max_tokens=2)), "prompt")
+    _refused(lambda: llm.encode_prompt(5), "prompt")
+    _refused(lambda: llm.encode_prompt(None), "prompt")
+
+
+@pytest.mark.parametrize("messages", [{"role": "user", "content": "hi"}, None, [], [[]], "hi"])
+def test_chat_refuses_what_is_not_a_list_of_conversations(llm, messages):
+    _refused(lambda: llm.chat(messages, SamplingParams(max_tokens=2)), "messages")
+
+
+def test_chat_refuses_a_role_the_template_would_drop(llm):
+    """The server refused it; LLM.chat used to render the conversation without the message."""
+    _refused(lambda: llm.chat([{"role": "wizard", "content": "What's the weather?"}], SamplingParams(max_tokens=2)),
+             "messages[0].role")
+
+
+def test_chat_checks_its_own_arguments(llm):
+    _refused(lambda: llm.chat(MESSAGES, SamplingParams(max_tokens=2), chat_template_kwargs="x"),
+             "chat_template_kwargs")
+    _refused(lambda: llm.chat(MESSAGES, SamplingParams(max_tokens=2), parallel_tool_calls="no"),
+             "parallel_tool_calls")
+    _refused(lambda: llm.chat(MESSAGES, {"max_tokens": 2}), "sampling_params")
+    assert not llm.engine.has_unfinished_requests
