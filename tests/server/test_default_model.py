@@ -72,7 +72,7 @@ def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     output = llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=200), tools=[weather],
-                      tool_choice="required")[0]
+                      tool_choice="required", parallel_tool_calls=False)[0]
     assert output.finish_reason == "tool_calls"
     ((call),) = output.tool_calls
     assert call.name == "get_weather"
@@ -80,7 +80,7 @@ def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
 
 
 def test_the_embedded_drafter_is_named_in_a_speculative_config():
-    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=512,
+    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=512, device="cpu", max_num_seqs=4,
               speculative_config={"method": "dflash", "model": DEFAULT_DRAFTER_NAME})
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     assert llm.engine.drafter.config.block_size == 16
