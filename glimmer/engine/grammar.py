@@ -213,8 +213,10 @@ class GrammarMasks:
         """Masks for verifying proposed tokens (speculative decoding): per sequence one row for each of its
         proposals and one after them, each the grammar's mask once the proposals before it are consumed.
 
-        The matcher walks through the proposals it accepts and is rolled back. Rows after a proposal the grammar
-        refuses (or after it stops) allow everything: that proposal is rejected, so they are never used.
+        A copy of the matcher walks through the proposals it accepts; the matcher itself is left as it was (a
+        rollback is refused by llguidance for grammars with `max_tokens=` or `stop=` lexemes, a thinking budget's
+        among them, and leaves the matcher in its error state). Rows after a proposal the grammar refuses (or
+        after it stops) allow everything: that proposal is rejected, so they are never used.
         """
         if all(c is None for c in controllers):
             return None
@@ -223,9 +225,8 @@ class GrammarMasks:
         row = 0
         for controller, drafts in zip(controllers, proposed, strict=True):
             if controller is not None:
-                matcher = controller.matcher
                 valid = controller.accepted_prefix(drafts)
-                consumed = 0
+                matcher = controller.matcher.deep_copy() if valid else controller.matcher
                 for j in range(valid + 1):
                     if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used
                         break
@@ -234,8 +235,6 @@ class GrammarMasks:
                     if j == valid:
                         break
                     matcher.consume_token(drafts[j])
-                    consumed += 1
-                matcher.rollback(consumed)
             row += len(drafts) + 1
         return bitmask
 

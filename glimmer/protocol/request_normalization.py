@@ -42,7 +42,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
       not a JSON object raise RequestError naming the message index and field;
     - `reasoning` fills a missing `reasoning_content`;
     - content is a string, a list of content parts or None (anything else raises RequestError); a text part
-      needs a string `text`;
+      needs a string `text`; a tool message needs a `tool_call_id` or a `name` (it names the result's tool);
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
       `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
       `file`, an unknown type) raises RequestError naming it: it would render nothing;
@@ -66,6 +66,10 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if role not in RENDERED_ROLES and role not in unrendered_roles and not (
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
+        if role == "tool" and not message.get("tool_call_id") and not message.get("name"):
+            raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
+                               "(or the tool's name); without it the result would name no tool",
+                               param=f"messages[{index}].tool_call_id")
         content = message.get("content")
         if isinstance(content, list):
             message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")

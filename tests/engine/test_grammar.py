@@ -228,3 +228,19 @@ def test_verification_masks_walk_the_proposals_and_survive_ids_beyond_the_tokeni
     assert not controller.matcher.is_error()
     assert controller.accepted_prefix(letters) == len(letters)
     assert not controller.observe(letters[0])
+
+
+def test_verification_masks_leave_a_thinking_budget_grammar_usable(compiler, tokenizer):
+    """A thinking budget is a `max_tokens=` lexeme, which llguidance cannot roll back: verifying proposals used
+    to roll the matcher back, leaving it in its error state, and the speculative server ended such turns early
+    with a stray header as their answer. The proposals are now walked on a copy."""
+    controller = compiler.turn(TurnConstraint(thinking_token_budget=20))()
+    proposals = tokenizer.encode(" to=self<|message|>abc def", add_special_tokens=False)
+    masks = GrammarMasks(512, 1)
+    for _ in range(2):  # twice: the first walk left the matcher where it was
+        allowed = unpack_token_bitmask(masks.fill_verification([controller], [proposals]), 512)
+        assert all(allowed[j, t] for j, t in enumerate(proposals))
+        assert not controller.matcher.is_error()
+    for token in proposals:  # the tokens verification accepted, consumed one by one as the engine does
+        assert not controller.observe(token)
+    assert not controller.matcher.is_error()

@@ -255,3 +255,11 @@ def test_a_tool_of_another_type_is_named_as_unsupported(kind):
     """Not "function.name must be a non-empty string": the type is what is wrong."""
     with pytest.raises(RequestError, match=f"tools\\[0\\].type '{kind}' is not supported"):
         normalize_tools([{"type": kind}])
+
+
+def test_a_tool_message_that_names_no_tool_is_refused():
+    """Neither tool_call_id nor name: the template would render `<tool_output name="">` (OpenAI refuses it too)."""
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([{"role": "user", "content": "q"}, {"role": "tool", "content": "sunny"}])
+    assert caught.value.param == "messages[1].tool_call_id"
+    assert normalize_messages([{"role": "tool", "name": "get_weather", "content": "sunny"}])[0]["name"] == "get_weather"

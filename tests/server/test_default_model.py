@@ -85,3 +85,22 @@ def test_the_embedded_drafter_is_named_in_a_speculative_config():
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     assert llm.engine.drafter.config.block_size == 16
     assert len(llm.generate(["Hello"], params)[0].outputs[0].token_ids) == 12
+
+
+def test_speculative_decoding_keeps_a_thinking_budget_turn_exact():
+    """The budget's grammar cannot be rolled back in llguidance; verification used to try, and the speculative
+    engine answered `to=self` with no call where the plain one called the tool."""
+    options = {"progress": False, "max_model_len": 1024, "device": "cpu", "max_num_seqs": 4}
+    plain = LLM(DEFAULT_MODEL_NAME, **options)
+    spec = LLM(DEFAULT_MODEL_NAME, **options, speculative_config={"method": "dflash", "model": DEFAULT_DRAFTER_NAME,
+                                                                   "draft_policy": "always"})
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather.",
+                                                "parameters": {"type": "object", "properties": {
+                                                    "city": {"type": "string"}}, "required": ["city"]}}}
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    params = SamplingParams(temperature=0, max_tokens=120)
+    for budget in (5, 40, 1000):
+        want, got = (llm.chat(messages, params, tools=[weather], thinking_token_budget=budget)[0]
+                     for llm in (plain, spec))
+        assert got.output.outputs[0].token_ids == want.output.outputs[0].token_ids, budget
+    assert want.tool_calls and spec.engine.speculator.stats.num_accepted_tokens > 0
