@@ -39,13 +39,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    def load_tokenizer(opened):  # as LLMEngine loads it: a GGUF's embedded one, else the directory's tokenizer.json
-        from glimmer.engine.tokenizer import Tokenizer
+    def load_tokenizer(opened, config):  # as LLMEngine loads and checks it: a GGUF's embedded one, else tokenizer.json
+        from glimmer.engine.tokenizer import Tokenizer, check_tokenizer_fits
 
         embedded = opened.tokenizer
         if embedded is not None:
-            return Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
-        return Tokenizer.from_dir(opened.path)
+            tokenizer = Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
+        else:
+            tokenizer = Tokenizer.from_dir(opened.path)
+        check_tokenizer_fits(tokenizer, config)
+        return tokenizer
 
     report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_tokenizer, mmproj=args.mmproj,
                                 allow_pickle=args.allow_pickle)

@@ -93,7 +93,11 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
         if token in vocab:
             raise file.error(f"tokenizer.ggml.tokens lists {token!r} twice (ids {vocab[token]} and {token_id})")
         vocab[token] = token_id
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    try:
+        backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    except Exception as exc:  # the tokenizers library raises a bare Exception (e.g. a merge of unlisted tokens)
+        raise file.error(f"tokenizer.ggml.tokens and tokenizer.ggml.merges do not form a BPE tokenizer: "
+                         f"{exc}") from None
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRE_TOKENIZERS[pre]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

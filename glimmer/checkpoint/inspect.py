@@ -51,7 +51,7 @@ class CheckpointReport:
 def inspect_checkpoint(
     checkpoint: str | os.PathLike,
     model_factory: Any,
-    tokenizer_factory: Callable[[OpenedCheckpoint], Any],
+    tokenizer_factory: Callable[[OpenedCheckpoint, ModelConfig], Any],
     *,
     mmproj: str | os.PathLike | None = None,
     allow_pickle: bool = False,
@@ -60,8 +60,8 @@ def inspect_checkpoint(
     parameters per part.
 
     model_factory(config) must build the model (on the meta device) whose parameters are expected;
-    tokenizer_factory(opened) must load the checkpoint's tokenizer as the engine does (anything with
-    `token_to_id`). Raises ConfigError / CheckpointError like loading does.
+    tokenizer_factory(opened, config) must load the checkpoint's tokenizer as the engine does and check that it
+    fits the config (anything with `token_to_id`). Raises ConfigError / CheckpointError like loading does.
     """
     opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle)
     layout = opened.weight_layout
@@ -69,7 +69,7 @@ def inspect_checkpoint(
     model = model_factory(config)
     expected = expected_parameters(model, config)
     plan_weights(config, opened.tensors, expected, layout)
-    tokenizer = tokenizer_factory(opened)
+    tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
     load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)
     counts: dict[str, int] = {}

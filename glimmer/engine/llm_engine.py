@@ -48,7 +48,7 @@ from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
 from glimmer.engine.stop_strings import StopStringMatcher
-from glimmer.engine.tokenizer import Tokenizer
+from glimmer.engine.tokenizer import Tokenizer, check_tokenizer_fits
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, load_media_settings
 from glimmer.protocol import ChatTemplate
@@ -218,11 +218,7 @@ class LLMEngine:
             if embedded is not None else Tokenizer.from_dir(self.checkpoint_dir)
         )
         text = self.model_config.text
-        if self.tokenizer.vocab_size > text.vocab_size:
-            raise ConfigError(
-                f"the tokenizer has {self.tokenizer.vocab_size} tokens but text_config.vocab_size="
-                f"{text.vocab_size}; the tokenizer does not belong to this model"
-            )
+        check_tokenizer_fits(self.tokenizer, self.model_config)
         self.generation_defaults: GenerationDefaults = load_generation_defaults(
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,

@@ -17,12 +17,17 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import CheckpointError, ConfigError
+from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+
+if TYPE_CHECKING:
+    from glimmer.checkpoint.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +36,25 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # the named special tokens a chat template may use, in the order transformers passes them
 TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
+    """ConfigError unless `tokenizer` belongs to the model of `config`: no more tokens than its vocabulary, and
+    its media placeholder ids (`image_token_id`, `video_token_id`, when the model has a vision tower) are the
+    tokenizer's `<|patch|>` and `<|video|>`. Otherwise the model would load and every image request fail with
+    an error blaming the request."""
+    text = config.text
+    if tokenizer.vocab_size > text.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but text_config.vocab_size="
+                          f"{text.vocab_size}; the tokenizer does not belong to this model")
+    if config.vision is None:
+        return
+    for field, token in (("image_token_id", IMAGE_PLACEHOLDER), ("video_token_id", VIDEO_PLACEHOLDER)):
+        configured, actual = getattr(config, field), tokenizer.token_to_id(token)
+        if configured is not None and configured != actual:
+            found = f"is {actual}" if actual is not None else "is not in the tokenizer"
+            raise ConfigError(f"{field}={configured} but the tokenizer's {token} {found}: the config and the "
+                              "tokenizer do not belong together")
 
 
 class Tokenizer:

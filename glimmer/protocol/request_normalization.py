@@ -74,6 +74,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if isinstance(content, list):
             message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")
                                   for part_index, part in enumerate(content)]
+            if role in ("system", "developer"):
+                _instruction_text(message["content"], index)  # text only, as developer messages always were
         elif content is not None and not isinstance(content, str):
             raise RequestError(f"messages[{index}].content must be a string or a list of content parts, got "
                                f"{type(content).__name__}", param=f"messages[{index}].content")

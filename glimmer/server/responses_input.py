@@ -122,7 +122,8 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
         if isinstance(part, dict) and part.get("type") == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
-                raise RequestError(f"{param}: only `image_url` images are supported (not file ids)", param=param)
+                raise RequestError(f"{param}: an input_image needs `image_url` as a string (a data: or https: URL); "
+                                   "file ids and other forms are not supported", param=param)
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             parts.append({"type": "text", "text": _part_text(part, param)})

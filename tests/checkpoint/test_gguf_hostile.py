@@ -104,6 +104,14 @@ def _bad_k_norm(good: Path, directory: Path) -> Path:
     return _write(directory, "bad_k_norm", bytes(data))
 
 
+def _short_vocabulary(good: Path, directory: Path) -> Path:
+    """The first 100 tokens only: the merges name tokens the list no longer has (the tokenizers library raised a
+    bare Exception, a traceback)."""
+    fields = gguf.GGUFReader(good).fields
+    change = {name: fields[name].contents()[:100] for name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")}
+    return _rewrite(good, directory / "short_vocabulary.gguf", change)
+
+
 # name → (builder(good file, directory) → path, fragments the one-line error must contain)
 CASES = {
     "wrong_magic": (lambda g, d: _write(d, "wrong_magic", raw_gguf(magic=b"GGML")), ("not a GGUF file", "wrong magic")),
@@ -146,6 +154,7 @@ CASES = {
     "missing_required_key": (lambda g, d: _rewrite(g, d / "nk.gguf", {}, drop=("muse-glimmer.logit_scale",)),
                              ("required metadata key muse-glimmer.logit_scale is missing",)),
     "k_norm_not_ones": (_bad_k_norm, ("blk.2.attn_k_norm.weight is not all ones",)),
+    "tokens_that_miss_the_merges": (_short_vocabulary, ("do not form a BPE tokenizer",)),
 }
 
 

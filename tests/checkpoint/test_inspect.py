@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -70,3 +71,41 @@ def test_an_index_that_names_the_single_file_is_one_checkpoint(make_tiny, tmp_pa
     weight_map = dict.fromkeys(tensors, "model.safetensors")
     (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     assert load_model(checkpoint, progress=False).config.text.num_hidden_layers == 8
+
+
+def _config_change(**fields):
+    def change(path):
+        config = json.loads((path / "config.json").read_text())
+        config.update({k: (config[v] if isinstance(v, str) else v) for k, v in fields.items()})
+        (path / "config.json").write_text(json.dumps(config))
+    change.__name__ = "_".join(fields)
+    return change
+
+
+def _foreign_tokenizer(path):
+    from glimmer.default_model import default_model_dir
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(default_model_dir() / name, path / name)
+
+
+@pytest.mark.parametrize(("breakage", "words"), [
+    (_config_change(image_token_id=300), "image_token_id=300 but the tokenizer's <|patch|> is"),
+    (_config_change(video_token_id="image_token_id"), "video_token_id="),
+    (_foreign_tokenizer, "the tokenizer has 2067 tokens but text_config.vocab_size=512"),
+], ids=["image_id", "video_id_is_image_id", "foreign_tokenizer"])
+def test_a_tokenizer_that_does_not_fit_the_config_is_refused_by_inspect_and_loading(make_tiny, tmp_path, capsys,
+                                                                                    breakage, words):
+    """Media placeholder ids that are not the tokenizer's `<|patch|>` / `<|video|>` loaded, and every image
+    request then failed blaming the request; inspect passed such checkpoints too."""
+    from glimmer import LLM
+    from glimmer.errors import ConfigError
+
+    checkpoint = tmp_path / "broken"
+    shutil.copytree(make_tiny("canonical", vision=True, seed=17), checkpoint)
+    breakage(checkpoint)
+    assert main(["inspect", str(checkpoint)]) == 2
+    captured = capsys.readouterr()
+    assert words in captured.err and "Traceback" not in captured.err
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        LLM(str(checkpoint), progress=False)

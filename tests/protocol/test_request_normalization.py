@@ -263,3 +263,13 @@ def test_a_tool_message_that_names_no_tool_is_refused():
         normalize_messages([{"role": "user", "content": "q"}, {"role": "tool", "content": "sunny"}])
     assert caught.value.param == "messages[1].tool_call_id"
     assert normalize_messages([{"role": "tool", "name": "get_weather", "content": "sunny"}])[0]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_instructions_take_text_only(role):
+    """A system message with an image used to be rendered with it while a developer one was refused."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(RequestError, match="take text only") as caught:
+        normalize_messages([{"role": role, "content": [{"type": "text", "text": "Rules."}, image]},
+                            {"role": "user", "content": "q"}])
+    assert caught.value.param == "messages[0].content"
