@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from glimmer.engine.outputs import StepDelta
 from glimmer.errors import RequestError
@@ -31,9 +32,9 @@ from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
-from glimmer.server.responses_input import chat_messages, input_items
+from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
 from glimmer.server.responses_schemas import ResponsesRequest, chat_tools, check_supported
-from glimmer.server.schemas import ChatCompletionRequest, validate_json
+from glimmer.server.schemas import ChatCompletionRequest, request_error, validate_json
 from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
 
 _PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -51,6 +52,7 @@ class _Conversation:
 
     items: list[dict[str, Any]]
     chat: ChatCompletionRequest
+    sources: list[MessageSource]  # where each chat message came from, for errors naming the request's fields
 
 
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
@@ -66,7 +68,8 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
         items = previous.items + items
     fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
                               if getattr(request, name) is not None}
-    fields["messages"] = chat_messages(items, request.instructions)
+    sources: list[MessageSource] = []
+    fields["messages"] = chat_messages(items, request.instructions, sources)
     if not fields["messages"]:
         raise RequestError("input: holds no message", param="input")
     if request.tools is not None:
@@ -79,7 +82,11 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
         fields["max_completion_tokens"] = request.max_output_tokens
     if request.reasoning is not None and request.reasoning.effort is not None:
         fields["reasoning_effort"] = request.reasoning.effort
-    return _Conversation(items, ChatCompletionRequest.model_validate(fields, strict=False))
+    try:
+        chat = ChatCompletionRequest.model_validate(fields, strict=False)
+    except ValidationError as exc:
+        raise responses_error(request_error(exc), sources) from None
+    return _Conversation(items, chat, sources)
 
 
 @dataclass
@@ -245,7 +252,10 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     arrival = time.monotonic()
     request = validate_json(ResponsesRequest, await read_body(raw_request, context.settings.max_request_bytes))
     conversation = _conversation(request, context.responses)
-    chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
+    try:
+        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
+    except RequestError as exc:  # raised naming chat fields: name the Responses request's own
+        raise responses_error(exc, conversation.sources) from None
     run = _ResponseRun(request, conversation, chat, context.responses)
     if request.stream:
         return SSEResponse(_stream(run, first, stream))

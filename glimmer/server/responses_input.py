@@ -12,6 +12,8 @@ Anything else is refused with 400 naming `input[i]`: nothing is silently dropped
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from glimmer.errors import RequestError
@@ -27,16 +29,61 @@ def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(value)
 
 
-def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
-    """Raises RequestError naming the item or part the model cannot take."""
+@dataclass
+class MessageSource:
+    """Where one chat message came from in the Responses request: its item (or `instructions`), and the
+    `function_call` items of its tool calls, in order."""
+
+    path: str
+    tool_calls: list[str] = field(default_factory=list)
+
+
+# chat fields that the Responses API names otherwise
+_RESPONSES_FIELDS = {"reasoning_effort": "reasoning.effort", "max_completion_tokens": "max_output_tokens",
+                     "messages": "input"}
+_MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?")
+
+
+def responses_error(error: RequestError, sources: list[MessageSource]) -> RequestError:
+    """`error` (raised by the chat layer, naming chat fields such as `messages[2].content[0]`) naming the
+    Responses request's own fields instead (`input[3].content[0]`, `reasoning.effort`)."""
+    param = error.param
+    if param is None:
+        return error
+    renamed = _RESPONSES_FIELDS.get(param)
+    match = _MESSAGE_PARAM.match(param)
+    if renamed is None and match is not None and int(match[1]) < len(sources):
+        source = sources[int(match[1])]
+        call = int(match[2]) if match[2] is not None else None
+        head = source.tool_calls[call] if call is not None and call < len(source.tool_calls) else source.path
+        renamed = head + param[match.end():]
+    if renamed is None:
+        return error
+    return RequestError(str(error).replace(param, renamed, 1), param=renamed)
+
+
+def chat_messages(items: list[dict[str, Any]], instructions: str | None,
+                  sources: list[MessageSource] | None = None) -> list[dict[str, Any]]:
+    """Raises RequestError naming the item or part the model cannot take. `sources`, if given, receives where
+    each message came from (for `responses_error`)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
+    assistant_origin = MessageSource("input")
 
     def flush() -> None:
         nonlocal assistant
         if assistant is not None:
             messages.append(assistant)
+            origins.append(assistant_origin)
             assistant = None
+
+    def open_assistant(where: str) -> dict[str, Any]:
+        nonlocal assistant_origin
+        if assistant is None:
+            assistant_origin = MessageSource(where)
+            return {"role": "assistant", "content": None}
+        return assistant
 
     for i, item in enumerate(items):
         where = f"input[{i}]"
@@ -44,17 +91,19 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
-            assistant = assistant or {"role": "assistant", "content": None}
+            assistant = open_assistant(where)
             text = _reasoning_text(item, where)
             previous = assistant.get("reasoning_content")
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
-            assistant = assistant or {"role": "assistant", "content": None}
+            assistant = open_assistant(where)
             assistant.setdefault("tool_calls", []).append(_tool_call(item, where))
+            assistant_origin.tool_calls.append(where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
-            assistant = assistant or {"role": "assistant", "content": None}
+            assistant = open_assistant(where)
+            assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), where)
         elif kind == "message":
             flush()
@@ -63,16 +112,20 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
                 raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(_MESSAGE_ROLES)}",
                                    param=f"{where}.role")
             messages.append({"role": role, "content": _content(item.get("content"), where)})
+            origins.append(MessageSource(where))
         elif kind == "function_call_output":
             flush()
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{where}.call_id: must name the function call answered", param=f"{where}.call_id")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(item.get("output"), where)})
+            origins.append(MessageSource(where))
         else:
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "
                                "function_call and function_call_output are)", param=f"{where}.type")
     flush()
+    if sources is not None:
+        sources[:] = origins
     return messages
 
 

@@ -172,7 +172,7 @@ def validate_json(model: type[BaseModel], body: bytes) -> Any:
     try:
         return model.model_validate_json(body)
     except ValidationError as error:
-        raise _request_error(error) from None
+        raise request_error(error) from None
 
 
 _UNION_FIELD_HINTS = {
@@ -182,7 +182,8 @@ _UNION_FIELD_HINTS = {
 }
 
 
-def _request_error(error: ValidationError) -> RequestError:
+def request_error(error: ValidationError) -> RequestError:
+    """The RequestError naming the first field of a pydantic validation error (HTTP 400)."""
     first = error.errors(include_url=False)[0]
     loc = first["loc"]
     if first["type"] == "json_invalid":

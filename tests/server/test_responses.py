@@ -140,6 +140,27 @@ def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param)
     assert response.json()["error"]["param"] == param
 
 
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "[greet]"}, IMAGE]}]},
+     "input[0].content[1]"),  # a text-only model: the chat layer named messages[0].content[1]
+    ({"instructions": "Be brief.", "input": [{"role": "user", "content": "[greet]"},
+                                             {"role": "user", "content": [IMAGE]}]}, "input[1].content[0]"),
+    ({"input": [{"role": "user", "content": "[weather]"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{not json"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].arguments"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+])
+def test_errors_the_chat_layer_finds_name_the_responses_fields(server, fields, param):
+    body = {"model": "tiny", "input": "[greet]", **fields}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "messages" not in error["message"], error
+
+
 def test_the_store_is_bounded_by_size_and_age():
     now = [0.0]
     store = ResponseStore(max_bytes=200, max_age_s=10, clock=lambda: now[0])
