@@ -171,8 +171,9 @@ class AtemChannel:
             if text.startswith(tag, tag_start):
                 self._note_prose(tag)
                 return tag_start + len(tag)
-        if not final and _could_become(text, tag_start, _OUTSIDE_TAGS):
-            return tag_start
+        if _could_become(text, tag_start, _OUTSIDE_TAGS):
+            # undecided; at the end of the body a tag cut short (max_tokens), which is not prose
+            return len(text) if final else tag_start
         self._note_prose("<")
         return tag_start + 1
 
@@ -205,11 +206,17 @@ class AtemChannel:
                 return self._name_complete("".join(pieces), end)
             if quote >= 0:
                 pieces.append(text[scan:quote])
-                if quote + 1 == len(text) and not final:
-                    return position
+                if quote + 1 == len(text):
+                    if not final:
+                        return position
+                    self._state = _OUTSIDE if self._state is _INVOKE_NAME else _INVOKE  # cut short before `>`
+                    return len(text)
                 if text.startswith(">", quote + 1):
                     return self._name_complete("".join(pieces), quote + 2)
                 return self._name_invalid(position)
+            if final and len(text) < horizon:  # the body ended inside the name: an opener cut short, not prose
+                self._state = _OUTSIDE if self._state is _INVOKE_NAME else _INVOKE
+                return len(text)
             if final or len(text) >= horizon:
                 return self._name_invalid(position)
             return position
@@ -299,8 +306,8 @@ class AtemChannel:
                            self._invoke_name())
             self._close_invoke()
             return tag_start
-        if not final and _could_become(text, tag_start, _INVOKE_TAGS):
-            return tag_start
+        if _could_become(text, tag_start, _INVOKE_TAGS):
+            return len(text) if final else tag_start  # at the end of the body: a tag cut short, not prose
         next_tag = text.find("<", tag_start + 1)
         end = len(text) if next_tag < 0 else next_tag
         self._note_prose(text[tag_start:end])

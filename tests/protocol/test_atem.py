@@ -365,6 +365,14 @@ def test_a_parameter_whose_closer_is_complete_survives_any_later_cut(end):
         assert calls(parse_all_ways(text, TOOLS)) == [("write", expected)]
 
 
+def test_a_tag_cut_short_at_the_end_of_the_body_is_not_reported_as_prose(caplog):
+    """`...</atem:parameter>\n</atem:inv` at max_tokens: the cut tag is framing, not text outside the tags."""
+    for end in range(FIRST_CLOSED, len(ONE_PARAMETER_CLOSED)):
+        caplog.clear()
+        parse_all_ways(tool_message("write", ONE_PARAMETER_CLOSED[:end], first=True), TOOLS)
+        assert "outside ATEM tags" not in caplog.text, ONE_PARAMETER_CLOSED[FIRST_CLOSED:end]
+
+
 # -- P-ATEM-6: swallowed parameter opener --------------------------------------------------------------------
 
 
