@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -40,12 +40,16 @@ _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 
 @dataclass
 class ChatOutput:
-    """One conversation's reply, parsed by the protocol: reasoning, answer and tool calls, plus the raw output."""
+    """One conversation's reply, parsed by the protocol: reasoning, answer and tool calls, plus the raw output.
+
+    The fields are the first completion's; `choices` holds every completion (`n` of the SamplingParams) parsed
+    the same way, each with its own one-completion `output`."""
 
     reasoning: str | None
     content: str | None
     tool_calls: list[ToolCall]
     output: RequestOutput
+    choices: list[ChatOutput] = field(default_factory=list)
 
     @property
     def finish_reason(self) -> str | None:
@@ -289,8 +293,13 @@ class LLM:
         outputs = self._run(prepared, [params] * len(prepared), use_tqdm, controller_factory)
         chats = []
         for output in outputs:
-            parsed = parse_output(output.text, plan.parser_tools)
-            chats.append(ChatOutput(parsed.reasoning, parsed.content, list(parsed.tool_calls), output))
+            choices = []
+            for completion in output.outputs:
+                parsed = parse_output(completion.text, plan.parser_tools)
+                alone = replace(output, outputs=[completion])
+                choices.append(ChatOutput(parsed.reasoning, parsed.content, list(parsed.tool_calls), alone))
+            first = choices[0]
+            chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices))
         return chats
 
 

@@ -95,3 +95,14 @@ def test_chat_checks_its_own_arguments(llm):
              "parallel_tool_calls")
     _refused(lambda: llm.chat(MESSAGES, {"max_tokens": 2}), "sampling_params")
     assert not llm.engine.has_unfinished_requests
+
+
+def test_chat_parses_every_one_of_n_completions(llm):
+    """`n=3` used to come back as the first completion's parse only."""
+    (reply,) = llm.chat(MESSAGES, SamplingParams(n=3, seed=4, max_tokens=12))
+    assert len(reply.choices) == 3 and len(reply.output.outputs) == 3
+    for choice, completion in zip(reply.choices, reply.output.outputs, strict=True):
+        assert choice.output.outputs == [completion] and choice.output.outputs[0].text == completion.text
+    assert (reply.reasoning, reply.content) == (reply.choices[0].reasoning, reply.choices[0].content)
+    assert len({c.output.outputs[0].text for c in reply.choices}) > 1  # seed + i: different draws
+    assert len(llm.chat(MESSAGES, SamplingParams(max_tokens=4))[0].choices) == 1
