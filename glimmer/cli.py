@@ -163,7 +163,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     engine, name, is_default = _engine_from_args(args)
     try:
         has_vision = engine.engine.model_config.has_vision
-        max_request_bytes = args.max_request_bytes or (
+        max_request_bytes = args.max_request_bytes if args.max_request_bytes is not None else (
             DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA if has_vision else DEFAULT_MAX_REQUEST_BYTES)
         settings = ServerSettings(
             served_model_names=tuple(args.served_model_name or [name]),
@@ -190,7 +190,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
               f"chat page at http://{args.host}:{args.port}/", flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5))
+        server = _shutdown_server(engine, uvicorn.Config(app, log_level=args.log_level.lower(),
+                                                         timeout_graceful_shutdown=5))
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
         engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
@@ -204,6 +205,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def _shutdown_server(engine: Any, config: Any) -> Any:
+    """A uvicorn server that, at the first shutdown signal, stops the engine's requests: each open stream ends
+    with an error event and `[DONE]` and each waiting non-streamed request gets a 503 body, instead of generating
+    on until uvicorn's grace period runs out and cuts them (truncated streams, plain-text 500s)."""
+    import uvicorn
+
+    class ShutdownServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            engine.stop_serving("the server is shutting down; retry on another replica or after restart")
+            super().handle_exit(sig, frame)
+
+    return ShutdownServer(config)
 
 
 def _check_engine_options(args: argparse.Namespace) -> None:

@@ -50,6 +50,10 @@ class EngineDeadError(GlimmerError):
     """The engine thread failed; requests cannot be served (HTTP 500)."""
 
 
+class EngineShuttingDownError(GlimmerError):
+    """The server is shutting down: the request was stopped, or not admitted (HTTP 503)."""
+
+
 class EngineStepError(GlimmerError):
     """A step failed while this request was in its batch; the request was stopped (HTTP 500)."""
 
@@ -89,6 +93,7 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._death_lock = threading.Lock()
+        self._closing: str | None = None  # why new requests are refused (stop_serving), None while serving
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:  # never lengthen one a host process chose
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._run, name="glimmer-engine", daemon=True)
@@ -121,6 +126,8 @@ class AsyncEngine:
         with self._death_lock:  # a dying thread fails every admission queued before it died
             if self._dead is not None:
                 raise EngineDeadError(f"the engine stopped after an internal error: {type(self._dead).__name__}")
+            if self._closing is not None:
+                raise EngineShuttingDownError(self._closing)
             self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
                                 listener, accepted))
         try:
@@ -184,6 +191,16 @@ class AsyncEngine:
                 return
         callback(self._dead)
 
+    def stop_serving(self, reason: str = "the server is shutting down") -> None:
+        """Refuse new requests and stop every running one, whose caller gets EngineShuttingDownError(reason)
+        (thread-safe, returns at once; a server's first shutdown signal calls it, so that open streams end
+        with an error event instead of being cut when the server stops waiting for them)."""
+        with self._death_lock:
+            if self._closing is not None:
+                return
+            self._closing = reason
+            self._commands.put(("stop_all", "", reason, None, None))
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
         self._stopped.set()
         self._commands.put(("wake", "", None, None, None))
@@ -226,7 +243,7 @@ class AsyncEngine:
             self.engine.abort(request_id)
             listener = self._listeners.pop(request_id, None)
             if listener is not None:
-                listener.loop.call_soon_threadsafe(listener.queue.put_nowait, error)
+                _call_soon(listener.loop, listener.queue.put_nowait, error)
 
     def _die(self, exc: BaseException) -> None:
         with self._death_lock:
@@ -235,7 +252,7 @@ class AsyncEngine:
         self.metrics.errors += 1
         error = EngineDeadError(f"internal engine error: {type(exc).__name__}")
         for request_id, listener in list(self._listeners.items()):
-            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, error)
+            _call_soon(listener.loop, listener.queue.put_nowait, error)
             self._listeners.pop(request_id, None)
         self._fail_queued_admissions(error)
         for callback in callbacks:
@@ -279,6 +296,12 @@ class AsyncEngine:
             self.metrics.prompt_tokens += len(prompt_token_ids)
             self._listeners[request_id] = listener
             accepted.set_result(None)
+        elif kind == "stop_all":
+            error = EngineShuttingDownError(args)
+            for stopped_id, stopped in list(self._listeners.items()):
+                self.engine.abort(stopped_id)
+                _call_soon(stopped.loop, stopped.queue.put_nowait, error)
+            self._listeners.clear()
         elif kind == "abort":
             index = args
             deltas = self.engine.abort(request_id, index)
@@ -301,7 +324,16 @@ class AsyncEngine:
                 if listener.remaining == 0:
                     self._listeners.pop(delta.request_id, None)
         for loop, items in by_loop.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            _call_soon(loop, _deliver, items)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object) -> None:
+    """`loop.call_soon_threadsafe`, except that a caller whose event loop has closed (a server forced to quit)
+    is dropped instead of stopping the engine thread."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # "Event loop is closed": nobody is left to receive it
+        logger.debug("dropped output for a closed event loop")
 
 
 def _deliver(items: list[tuple[asyncio.Queue, StepDelta]]) -> None:

@@ -168,7 +168,8 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
     out.write("Type a message; /reset clears the conversation, /exit (or Ctrl-D) leaves.\n")
     while True:
         try:
-            line = read_line("you> ")
+            # bytes that are not UTF-8 reach Python as lone surrogates, which no JSON body can carry: U+FFFD
+            line = read_line("you> ").encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         except EOFError:
             out.write("\n")
             return

@@ -160,12 +160,22 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
     return context.grammars.structured_outputs(structured, param)
 
 
+def _naming_the_prompt(error: RequestError) -> RequestError:
+    """The engine names a prompt that cannot fit `messages` (the chat field); this endpoint's field is `prompt`."""
+    if error.param != "messages":
+        return error
+    return RequestError(str(error).replace("shorten the messages", "shorten the prompt"), param="prompt")
+
+
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(CompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
     model_name = context.check_model(request.model)
     params = completion_sampling_params(request, context)
-    prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(request.prompt, context, cancel))
+    try:
+        prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(request.prompt, context, cancel))
+    except RequestError as exc:
+        raise _naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run = _CompletionRun(context, request, model_name, prompts, params.n,
                          [_Choice() for _ in range(len(prompts) * params.n)], RequestTimer(context.metrics, arrival))
@@ -176,7 +186,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
                                                                      return_exceptions=True))
         failed = [first for first in firsts if isinstance(first, BaseException)]
         if failed:
-            raise failed[0]
+            raise _naming_the_prompt(failed[0]) if isinstance(failed[0], RequestError) else failed[0]
     except BaseException:
         for stream in streams:
             await stream.aclose()

@@ -12,7 +12,12 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from glimmer.engine.async_engine import EngineDeadError, EngineOverloadedError, EngineStepError
+from glimmer.engine.async_engine import (
+    EngineDeadError,
+    EngineOverloadedError,
+    EngineShuttingDownError,
+    EngineStepError,
+)
 from glimmer.errors import GlimmerError, RequestError
 from glimmer.protocol import ChatTemplateError
 
@@ -49,6 +54,8 @@ def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return 400, error_body(str(exc), "invalid_request_error", "messages", "chat_template_error")
     if isinstance(exc, RequestError):
         return 400, error_body(str(exc), "invalid_request_error", exc.param)
+    if isinstance(exc, EngineShuttingDownError):
+        return 503, error_body(str(exc), "service_unavailable", None, "shutting_down")
     if isinstance(exc, EngineOverloadedError):
         return 429, error_body(f"the server is overloaded: {exc}", "overloaded_error", None, "engine_overloaded")
     if isinstance(exc, ToolChoiceUnsatisfiedError):

@@ -40,7 +40,7 @@ class MessageSource:
 
 # chat fields that the Responses API names otherwise
 _RESPONSES_FIELDS = {"reasoning_effort": "reasoning.effort", "max_completion_tokens": "max_output_tokens",
-                     "messages": "input"}
+                     "max_tokens": "max_output_tokens", "messages": "input"}
 _MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.function)?)?")
 
 
@@ -59,7 +59,7 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
         renamed = head + param[match.end():]
     if renamed is None:
         return error
-    return RequestError(str(error).replace(param, renamed, 1), param=renamed)
+    return RequestError(str(error).replace(param, renamed), param=renamed)
 
 
 def chat_messages(items: list[dict[str, Any]], instructions: str | None,

@@ -85,12 +85,12 @@ def test_a_chat_exchange_against_a_live_server(make_tiny):
     with live_server(make_tiny(), scripted=True) as server:
         server.engine.engine.runner.add("[hello]", " to=self<|message|>A greeting.<|eom|>"
                                                    "<|start|>assistant to=user<|message|>Hi!<|eot|>")
-        lines = iter(["[hello] hello", "", "/exit"])
+        lines = iter(["[hello] h\udcffello", "", "/exit"])  # a byte that is not UTF-8, as Python reads it
         out = io.StringIO()
         run_chat(server.url, model="tiny", api_key=None, out=out, read_line=lambda prompt: next(lines),
                  request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
                  color=False)
-    assert "A greeting.\nHi!\n" in out.getvalue()
+    assert "A greeting.\nHi!\n" in out.getvalue() and "error" not in out.getvalue()
 
 
 def test_a_refused_request_is_reported_and_the_chat_goes_on(make_tiny):

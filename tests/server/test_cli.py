@@ -254,3 +254,13 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
     loaded = load_model(out, progress=False).model.state_dict()
     written = load_file(out / "model.safetensors")
     assert all(torch.equal(loaded[name], tensor) for name, tensor in written.items())
+
+
+@pytest.mark.parametrize("size", ["0", "100"])
+def test_a_request_size_limit_below_1024_is_refused_zero_included(tiny_checkpoint, capsys, size):
+    """`--max-request-bytes 0` used to mean the default, silently."""
+    from glimmer.cli import main
+
+    assert main(["serve", str(tiny_checkpoint), "--port", str(free_port()), "--device", "cpu",
+                 "--max-request-bytes", size]) == 2
+    assert f"max_request_bytes={size} is too small" in capsys.readouterr().err

@@ -139,6 +139,15 @@ def test_prompt_plus_max_tokens_over_max_model_len_is_400(server):
     assert streamed.status_code == 400  # refused before the stream starts, so still a status
 
 
+def test_a_completions_prompt_too_long_names_the_prompt(server):
+    """The engine names `messages` (the chat field) for a prompt that cannot fit; /v1/completions has `prompt`."""
+    for words in (1500, 5500):  # over max_model_len in tokens, and far over (under the body size limit)
+        response = post(server, {"model": "tiny", "prompt": "lighthouse " * words, "max_tokens": 1},
+                        path="/completions")
+        error = error_of(response, 400)
+        assert error["param"] == "prompt" and "messages" not in error["message"], error
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]

@@ -152,6 +152,7 @@ IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=
                 {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{not json"},
                 {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].arguments"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"max_output_tokens": 5000}, "max_output_tokens"),  # over max_model_len: the engine names max_tokens
 ])
 def test_errors_the_chat_layer_finds_name_the_responses_fields(server, fields, param):
     body = {"model": "tiny", "input": "[greet]", **fields}

@@ -1,0 +1,55 @@
+"""Shutting the server down while requests run: the first shutdown signal stops the engine's requests, so open
+streams end with an error event and `[DONE]` and waiting non-streamed requests get a 503 body, instead of
+generating on until the server stops waiting and cuts them (truncated chunked bodies, plain-text 500s)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from glimmer.engine.async_engine import _call_soon
+from server_support import live_server
+
+LONG = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True,
+        "temperature": 0}
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_stopping_ends_open_streams_with_an_error_event_and_waiting_requests_with_503(make_tiny):
+    with live_server(make_tiny()) as server, ThreadPoolExecutor(1) as pool:
+        url = server.base_url + "/chat/completions"
+        whole = pool.submit(httpx.post, url, json=LONG, timeout=60)
+        with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=60) as stream:
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"]
+            _wait_until(lambda: len(server.engine.engine.scheduler.running) == 2)
+            server.engine.stop_serving("shutting down for the test")
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2][6:])["error"]
+        assert error["code"] == "shutting_down" and "shutting down for the test" in error["message"]
+        response = whole.result()
+        assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
+        refused = httpx.post(url, json={**LONG, "max_tokens": 2}, timeout=30)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+        _wait_until(lambda: not server.engine.engine.has_unfinished_requests)
+        assert server.engine.is_alive and server.engine.failure is None
+
+
+def test_output_for_a_closed_event_loop_is_dropped_not_fatal():
+    """A forced quit closes the server's event loop while the engine thread still delivers: that used to raise
+    in the engine thread, which then reported an internal error and exited 1."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+    _call_soon(loop, print, "never delivered")
