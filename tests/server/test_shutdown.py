@@ -10,9 +10,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from server_support import live_server
 
 from glimmer.engine.async_engine import _call_soon
-from server_support import live_server
 
 LONG = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 1900, "ignore_eos": True,
         "temperature": 0}
