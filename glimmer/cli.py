@@ -158,15 +158,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from glimmer.server.app import create_app
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
-    _check_engine_options(args)
-    listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
-    engine, name, is_default = _engine_from_args(args)
-    try:
-        has_vision = engine.engine.model_config.has_vision
+    def server_settings(served_name: str, has_vision: bool) -> ServerSettings:
         max_request_bytes = args.max_request_bytes if args.max_request_bytes is not None else (
             DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA if has_vision else DEFAULT_MAX_REQUEST_BYTES)
-        settings = ServerSettings(
-            served_model_names=tuple(args.served_model_name or [name]),
+        return ServerSettings(
+            served_model_names=tuple(args.served_model_name or [served_name]),
             api_key=args.api_key or os.environ.get("GLIMMER_API_KEY") or None,
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
@@ -179,6 +175,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             metrics_require_api_key=args.metrics_require_api_key,
             allow_control_tokens_in_content=args.allow_control_tokens_in_content,
         )
+
+    _check_engine_options(args)
+    server_settings("model", has_vision=False)  # the server's options are refused before the model loads
+    listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
+    engine, name, is_default = _engine_from_args(args)
+    try:
+        settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
         llm_engine = engine.engine
         print(f"Glimmer {glimmer.__version__} serving {', '.join(map(repr, settings.served_model_names))} "

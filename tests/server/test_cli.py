@@ -256,11 +256,15 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
     assert all(torch.equal(loaded[name], tensor) for name, tensor in written.items())
 
 
-@pytest.mark.parametrize("size", ["0", "100"])
-def test_a_request_size_limit_below_1024_is_refused_zero_included(tiny_checkpoint, capsys, size):
-    """`--max-request-bytes 0` used to mean the default, silently."""
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--max-request-bytes", "0"], "max_request_bytes=0 is too small"),  # it used to mean the default, silently
+    (["--max-request-bytes", "100"], "max_request_bytes=100 is too small"),
+    (["--metrics-require-api-key"], "metrics_require_api_key needs an api_key")])
+def test_server_options_are_refused_before_the_model_loads(tmp_path, capsys, flags, words, monkeypatch):
+    """Refused at once, not after loading a checkpoint (the path here does not even exist)."""
     from glimmer.cli import main
 
-    assert main(["serve", str(tiny_checkpoint), "--port", str(free_port()), "--device", "cpu",
-                 "--max-request-bytes", size]) == 2
-    assert f"max_request_bytes={size} is too small" in capsys.readouterr().err
+    monkeypatch.delenv("GLIMMER_API_KEY", raising=False)
+    assert main(["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()), *flags]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "no-such-model" not in err
