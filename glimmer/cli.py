@@ -33,25 +33,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     from glimmer.checkpoint.inspect import inspect_checkpoint
     from glimmer.checkpoint.resolve import resolve_checkpoint
+    from glimmer.engine.tokenizer import load_checkpoint_tokenizer
     from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
     def meta_model(config):
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    def load_tokenizer(opened, config):  # as LLMEngine loads and checks it: a GGUF's embedded one, else tokenizer.json
-        from glimmer.engine.tokenizer import Tokenizer, check_tokenizer_fits
-
-        embedded = opened.tokenizer
-        if embedded is not None:
-            tokenizer = Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
-        else:
-            tokenizer = Tokenizer.from_dir(opened.path)
-        check_tokenizer_fits(tokenizer, config)
-        return tokenizer
-
-    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_tokenizer, mmproj=args.mmproj,
-                                allow_pickle=args.allow_pickle)
+    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_checkpoint_tokenizer,
+                                mmproj=args.mmproj, allow_pickle=args.allow_pickle)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
         return 0

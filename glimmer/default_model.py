@@ -39,3 +39,9 @@ def default_model_dir() -> Path:
 def default_drafter_dir() -> Path:
     """The directory of the embedded DFlash drafter. Raises CheckpointError if the install lacks it."""
     return _embedded(DEFAULT_DRAFTER_NAME, "model.safetensors")
+
+
+def embedded_model_dir(name: str) -> Path | None:
+    """The directory of the embedded model called `name` (the names the server reports), None for other names."""
+    find = {DEFAULT_MODEL_NAME: default_model_dir, DEFAULT_DRAFTER_NAME: default_drafter_dir}.get(name)
+    return find() if find is not None else None

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from glimmer.checkpoint.gguf_file import is_gguf_path
-from glimmer.default_model import DEFAULT_DRAFTER_NAME, DEFAULT_MODEL_NAME, default_drafter_dir, default_model_dir
+from glimmer.default_model import DEFAULT_MODEL_NAME, embedded_model_dir
 from glimmer.errors import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -26,9 +26,9 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    embedded = {DEFAULT_MODEL_NAME: default_model_dir, DEFAULT_DRAFTER_NAME: default_drafter_dir}.get(str(model))
+    embedded = embedded_model_dir(str(model))
     if embedded is not None:
-        return embedded()
+        return embedded
     if path.exists():
         if is_gguf_path(path):
             return path

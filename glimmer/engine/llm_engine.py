@@ -29,7 +29,7 @@ from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
-from glimmer.default_model import DEFAULT_DRAFTER_NAME, default_drafter_dir
+from glimmer.default_model import embedded_model_dir
 from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
@@ -48,7 +48,7 @@ from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
 from glimmer.engine.stop_strings import StopStringMatcher
-from glimmer.engine.tokenizer import Tokenizer, check_tokenizer_fits
+from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, load_media_settings
 from glimmer.protocol import ChatTemplate
@@ -213,12 +213,8 @@ class LLMEngine:
         pack_for_cpu(self.loaded.model, self.device, self.dtype)
         self.model_config = self.loaded.config
         embedded = self.checkpoint.tokenizer
-        self.tokenizer = (
-            Tokenizer.from_backend(embedded.backend, embedded.named_tokens, self.checkpoint_dir)
-            if embedded is not None else Tokenizer.from_dir(self.checkpoint_dir)
-        )
+        self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.model_config)
         text = self.model_config.text
-        check_tokenizer_fits(self.tokenizer, self.model_config)
         self.generation_defaults: GenerationDefaults = load_generation_defaults(
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
@@ -282,11 +278,9 @@ class LLMEngine:
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:
         """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
-        model = spec.model
-        if model == DEFAULT_DRAFTER_NAME and not Path(model).exists():  # the embedded drafter, by its name
-            model = str(default_drafter_dir())
+        embedded = None if Path(spec.model).exists() else embedded_model_dir(spec.model)  # by the name served
         self.drafter = load_drafter(
-            model, self.model_config, lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+            embedded or spec.model, self.model_config, lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self.config.load_format, seed=self.config.seed,
         )

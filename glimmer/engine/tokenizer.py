@@ -28,6 +28,7 @@ from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 if TYPE_CHECKING:
     from glimmer.checkpoint.config import ModelConfig
+    from glimmer.checkpoint.formats import OpenedCheckpoint
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,18 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # the named special tokens a chat template may use, in the order transformers passes them
 TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+
+
+def load_checkpoint_tokenizer(opened: OpenedCheckpoint, config: ModelConfig) -> Tokenizer:
+    """The tokenizer of an opened checkpoint (a GGUF's embedded one, else the directory's tokenizer.json), checked
+    against `config` by `check_tokenizer_fits`: what loading and `glimmer inspect` both use."""
+    embedded = opened.tokenizer
+    if embedded is not None:
+        tokenizer = Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
+    else:
+        tokenizer = Tokenizer.from_dir(opened.path)
+    check_tokenizer_fits(tokenizer, config)
+    return tokenizer
 
 
 def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
