@@ -188,19 +188,19 @@ class LLM:
              controller_factory: ControllerFactory | None = None) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         order = []
-        for (text, ids, items), params in zip(prompts, params_list, strict=True):
-            request_id = f"llm-{next(self._ids)}"
-            self.engine.add_request(request_id, ids, params, items, controller_factory)
-            order.append(request_id)
-            results[request_id] = RequestOutput(
-                request_id=request_id,
-                prompt=text,
-                prompt_token_ids=ids,
-                outputs=[CompletionOutput(index=i, text="", token_ids=[], finish_reason=None,
-                                          logprobs=[] if params.logprobs is not None else None)
-                         for i in range(params.n)],
-            )
-        try:
+        try:  # a request refused (or an interrupt) after others were queued aborts those too
+            for (text, ids, items), params in zip(prompts, params_list, strict=True):
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.add_request(request_id, ids, params, items, controller_factory)
+                order.append(request_id)
+                results[request_id] = RequestOutput(
+                    request_id=request_id,
+                    prompt=text,
+                    prompt_token_ids=ids,
+                    outputs=[CompletionOutput(index=i, text="", token_ids=[], finish_reason=None,
+                                              logprobs=[] if params.logprobs is not None else None)
+                             for i in range(params.n)],
+                )
             with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished_requests:
                     for delta in self.engine.step():

@@ -106,3 +106,13 @@ def test_chat_parses_every_one_of_n_completions(llm):
     assert (reply.reasoning, reply.content) == (reply.choices[0].reasoning, reply.choices[0].content)
     assert len({c.output.outputs[0].text for c in reply.choices}) > 1  # seed + i: different draws
     assert len(llm.chat(MESSAGES, SamplingParams(max_tokens=4))[0].choices) == 1
+
+
+def test_a_request_refused_after_others_were_queued_leaves_nothing_behind(llm):
+    """The second prompt's params are refused on submission; the first, already queued, used to stay in the
+    engine and run in the next call."""
+    bad = SamplingParams(max_tokens=4)
+    bad.temperature = -1
+    _refused(lambda: llm.generate(["a", "b"], [SamplingParams(max_tokens=4), bad]), "temperature")
+    assert not llm.engine.has_unfinished_requests
+    assert len(llm.generate(["a"], SamplingParams(max_tokens=2))) == 1
