@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from glimmer.engine.grammar import ControllerFactory
+from glimmer.engine.grammar import ControllerFactory, GrammarFailure
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
@@ -94,6 +94,11 @@ class AsyncEngine:
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._death_lock = threading.Lock()
         self._closing: str | None = None  # why new requests are refused (stop_serving), None while serving
+        # what `num_waiting_requests` counts: requests (not their n completions) queued for admission, and those
+        # the scheduler holds waiting (counted by the engine thread after each drain and step)
+        self._queued_adds = 0
+        self._queued_lock = threading.Lock()
+        self._waiting_requests = 0
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:  # never lengthen one a host process chose
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._run, name="glimmer-engine", daemon=True)
@@ -128,6 +133,8 @@ class AsyncEngine:
                 raise EngineDeadError(f"the engine stopped after an internal error: {type(self._dead).__name__}")
             if self._closing is not None:
                 raise EngineShuttingDownError(self._closing)
+            with self._queued_lock:
+                self._queued_adds += 1
             self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
                                 listener, accepted))
         try:
@@ -171,7 +178,9 @@ class AsyncEngine:
 
     @property
     def num_waiting_requests(self) -> int:
-        return len(self.engine.scheduler.waiting) + self._commands.qsize()
+        """Requests not yet running: queued for admission, or waiting in the scheduler (a request of n completions
+        counts once, and so does a running one whose completions were pushed back to wait for memory)."""
+        return self._waiting_requests + self._queued_adds
 
     @property
     def is_alive(self) -> bool:
@@ -213,6 +222,7 @@ class AsyncEngine:
         try:
             while not self._stopped.is_set():
                 self._drain_commands(block=not self.engine.has_unfinished_requests)
+                self._count_waiting()
                 if not self.engine.has_unfinished_requests:
                     continue
                 start = time.monotonic()
@@ -226,6 +236,7 @@ class AsyncEngine:
                     self._fail_requests(exc)
                     continue
                 consecutive_failures = 0
+                self._count_waiting()
                 self.metrics.steps += 1
                 self.metrics.step_seconds += time.monotonic() - start
                 self._dispatch(deltas)
@@ -233,12 +244,19 @@ class AsyncEngine:
             logger.exception("engine thread failed")
             self._die(exc)
 
+    def _count_waiting(self) -> None:
+        self._waiting_requests = len({seq.request_id for seq in self.engine.scheduler.waiting})
+
     def _fail_requests(self, exc: StepError) -> None:
         """End the requests of a failed step; their callers get EngineStepError, the loop goes on."""
         logger.error("a step failed; stopping its %d request(s)", len(exc.request_ids), exc_info=exc)
         self.metrics.errors += 1
-        error = EngineStepError(f"internal error while generating ({type(exc.__cause__).__name__}); "
-                                "the request was stopped")
+        cause = exc.__cause__
+        if isinstance(cause, GrammarFailure):  # a limit of the grammar engine: its reason is the request's to know
+            error = EngineStepError(f"{cause}; the request was stopped")
+        else:
+            error = EngineStepError(f"internal error while generating ({type(cause).__name__}); "
+                                    "the request was stopped")
         for request_id in exc.request_ids:
             self.engine.abort(request_id)
             listener = self._listeners.pop(request_id, None)
@@ -285,6 +303,8 @@ class AsyncEngine:
 
     def _execute(self, kind: str, request_id: str, args, listener: _Listener | None, accepted: Future | None) -> None:
         if kind == "add":
+            with self._queued_lock:
+                self._queued_adds -= 1
             if not accepted.set_running_or_notify_cancel():
                 return  # the caller left while its request was queued: it is never added
             prompt_token_ids, params, multimodal, controller_factory = args

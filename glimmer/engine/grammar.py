@@ -29,7 +29,7 @@ import torch
 
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import RequestError
+from glimmer.errors import GlimmerError, RequestError
 from glimmer.protocol.turn_grammar import JSON_LAYOUT, TurnConstraint, turn_grammar
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 _ERROR_MESSAGE_MAX = 300
 COMPILED_CACHE_SIZE = 256
 """Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
+
+
+class GrammarFailure(GlimmerError):
+    """The grammar engine failed while constraining a completion (a limit it hit): that request fails."""
 
 
 class GrammarController:
@@ -57,10 +61,12 @@ class GrammarController:
     def observe(self, token_id: int) -> bool:
         """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
         if not self.matcher.consume_token(token_id):
-            # runs on the engine thread: the sampler only draws allowed tokens, so this is a bug or a limit of
-            # the grammar engine; end this completion rather than continue unconstrained
-            logger.error("grammar rejected token %d: %s", token_id, self.matcher.get_error()[:_ERROR_MESSAGE_MAX])
-            return True
+            # the sampler only draws allowed tokens, so this is a limit of the grammar engine (or a bug): the
+            # request fails with the engine's reason rather than end as if its output were complete
+            error = _first_lines(self.matcher.get_error())
+            logger.error("grammar rejected token %d: %s", token_id, error)
+            raise GrammarFailure(f"the grammar engine stopped on this request's constraint ({error}); its output "
+                                 "so far would not satisfy it")
         return self.matcher.is_stopped()
 
 
@@ -148,7 +154,7 @@ class _TokenTable:
     def __call__(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError("text, not bytes")  # tells llguidance's wrapper to pass text
-        return self._tokenizer.encode(text)
+        return self._tokenizer.encode_text(text)  # text a grammar spells out stays text, `<|eot|>` included
 
 
 def answer_grammar(params: StructuredOutputsParams, param: str = "structured_outputs") -> dict[str, Any]:
@@ -159,6 +165,8 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
+            except RecursionError:
+                raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
             except ValueError as exc:
                 raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
         if not isinstance(schema, dict):
@@ -170,7 +178,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         if kind == "regex":
             grammar = llguidance.grammar_from("regex", params.regex)
         elif kind == "choice":
-            grammar = llguidance.grammar_from("choice", json.dumps(params.choice))
+            return {"lark_grammar": _choice_grammar(params.choice)}
         else:
             grammar = llguidance.grammar_from("grammar", params.grammar)
     except ValueError as exc:
@@ -179,6 +187,29 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         return {"lark_grammar": grammar}
     entry = json.loads(grammar)["grammars"][0]
     return {k: v for k, v in entry.items() if v is not None and k != "name"}
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    """One of `choices`, as one lexeme: an alternation of literals in a terminal (a regular language, matched by
+    the lexer) rather than of rules, whose parser rows grow with the choices until the grammar engine's limit
+    (2,000 items) stops generation in the middle of a choice."""
+    literals = sorted({json.dumps(choice, ensure_ascii=False) for choice in choices if choice})
+    if not literals:
+        return 'start: ""'
+    optional = "?" if "" in choices else ""
+    return f"start: CHOICE{optional}\nCHOICE: {' | '.join(literals)}"
+
+
+def chat_answer_grammar(params: StructuredOutputsParams, param: str = "structured_outputs") -> dict[str, Any]:
+    """`answer_grammar` for the answer of a chat turn, whose text cannot hold a framing marker's opening `<|`: the
+    output parser reads framing in text (P-CHAN-6), so an answer spelling `<|eot|>` would end there, cut short. A
+    constraint that names such text is refused (RequestError(param)); /v1/completions constrains raw text and
+    takes it."""
+    grammar = answer_grammar(params, param)
+    if "<|" in json.dumps(grammar, ensure_ascii=False):
+        raise RequestError(f"{param}: a chat answer cannot contain '<|' (text spelling a framing marker ends or "
+                           "breaks the message); constrain the raw text on /v1/completions instead", param=param)
+    return grammar
 
 
 class GrammarMasks:

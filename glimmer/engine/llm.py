@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from glimmer.engine.grammar import ControllerFactory, answer_grammar
+from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -29,7 +29,7 @@ from glimmer.protocol import (
     parse_output,
     resolve_reasoning_strength,
 )
-from glimmer.protocol.request_normalization import refuse_unrendered_roles
+from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
@@ -50,13 +50,38 @@ class ChatOutput:
     tool_calls: list[ToolCall]
     output: RequestOutput
     choices: list[ChatOutput] = field(default_factory=list)
+    stop_string: str | None = None  # the stop string that ended the answer (stop strings match the answer only)
 
     @property
     def finish_reason(self) -> str | None:
-        """As the OpenAI API reports it: `length`, else `tool_calls` when calls were made, else `stop`."""
+        """As the OpenAI API reports it: `stop` when a stop string ended the answer, else `length`, else
+        `tool_calls` when calls were made, else `stop`."""
+        if self.stop_string is not None:
+            return "stop"
         if self.output.finish_reason == "length":
             return "length"
         return "tool_calls" if self.tool_calls else self.output.finish_reason
+
+
+@dataclass
+class _ChatTurn:
+    """How `LLM.chat` generates and reads one conversation's turn under one SamplingParams."""
+
+    params: SamplingParams  # what the engine runs: no stop strings, the grammar in `controller_factory`
+    controller_factory: ControllerFactory | None
+    constrained_answer: bool
+    stop: list[str]
+    include_stop: bool
+
+
+def _cut_at_stop(content: str | None, stop: list[str], include: bool) -> tuple[str | None, str | None]:
+    """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None)."""
+    found = [(content.find(s), s) for s in stop] if content else []
+    found = [(at, s) for at, s in found if at >= 0]
+    if not found:
+        return content, None
+    at, matched = min(found, key=lambda item: item[0])
+    return content[: at + len(matched) if include else at] or None, matched
 
 
 class LLM:
@@ -185,13 +210,14 @@ class LLM:
         return self._run(normalized, params_list, use_tqdm)
 
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool,
-             controller_factory: ControllerFactory | None = None) -> list[RequestOutput]:
+             controller_factories: list[ControllerFactory | None] | None = None) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         order = []
+        factories = controller_factories or [None] * len(prompts)
         try:  # a request refused (or an interrupt) after others were queued aborts those too
-            for (text, ids, items), params in zip(prompts, params_list, strict=True):
+            for (text, ids, items), params, factory in zip(prompts, params_list, factories, strict=True):
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, ids, params, items, controller_factory)
+                self.engine.add_request(request_id, ids, params, items, factory)
                 order.append(request_id)
                 results[request_id] = RequestOutput(
                     request_id=request_id,
@@ -227,7 +253,7 @@ class LLM:
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
@@ -241,7 +267,8 @@ class LLM:
     ) -> list[ChatOutput]:
         """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
 
-        `messages` is one conversation (a list of message dicts) or a list of them. Content parts may hold
+        `messages` is one conversation (a list of message dicts) or a list of them; `sampling_params` one
+        SamplingParams for all or a list of one per conversation (as vLLM's). Content parts may hold
         images and videos: OpenAI `image_url` / `video_url` parts (data: URLs, or local paths under
         `allowed_local_media_path`), or `{"type": "image", "image": <PIL image>}`. Returns one ChatOutput
         per conversation, in order.
@@ -249,23 +276,32 @@ class LLM:
         As in the OpenAI API: `tool_choice` ("auto", "none", "required" or {"type": "function", "function":
         {"name": ...}}) with `parallel_tool_calls`, and `response_format` (or `sampling_params.structured_outputs`)
         to constrain the answer while reasoning stays free; `thinking_token_budget` caps reasoning (0: none).
+        `parallel_tool_calls=False` returns at most one call. The SamplingParams' `stop` strings end the answer
+        only, as on the server (P-REQ-2): reasoning and tool calls may hold them; the answer is cut at the first
+        (`ChatOutput.stop_string` names it; the turn itself is generated to its end).
 
         Control-token text in the messages, tools or template kwargs (`<|start|>`, `<|eot|>`, ...) is tokenized
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
         only) makes it those tokens instead.
         """
         conversations = _conversations(messages)
-        if sampling_params is not None:
-            _check_sampling_params([sampling_params])
-        params = sampling_params or self.get_default_sampling_params()
+        if isinstance(sampling_params, list | tuple):
+            if len(sampling_params) != len(conversations):
+                raise RequestError(f"sampling_params: {len(sampling_params)} for {len(conversations)} conversations; "
+                                   "give one, or one per conversation", param="sampling_params")
+            _check_sampling_params(list(sampling_params))
+            requested = list(sampling_params)
+        else:
+            if sampling_params is not None:
+                _check_sampling_params([sampling_params])
+            requested = [sampling_params or self.get_default_sampling_params()] * len(conversations)
         if not isinstance(parallel_tool_calls, bool):
             raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise RequestError("chat_template_kwargs must be a dict (or None)", param="chat_template_kwargs")
         plan = plan_tools(normalize_tools(tools), tool_choice)
-        controller_factory = self._turn_controller_factory(plan, params, response_format, parallel_tool_calls,
-                                                           thinking_token_budget)
-        params = replace(params, structured_outputs=None)  # the turn grammar constrains the answer
+        turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
+                                             thinking_token_budget) for params in requested}
         normalized_tools = plan.render_tools
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
@@ -274,7 +310,7 @@ class LLM:
         prepared: list[_Prepared] = []
         for conversation in conversations:
             normalized = normalize_messages(conversation)
-            refuse_unrendered_roles(normalized)
+            refuse_unrendered(conversation)
             tokenizer = self.engine.tokenizer
             rendered = self.engine.chat_template.render_prompt(
                 normalized,
@@ -290,18 +326,35 @@ class LLM:
                 target.append(load_media_reference(reference, kind, len(target), self.media_policy))
             ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)
             prepared.append((rendered.display_text, ids, items))
-        outputs = self._run(prepared, [params] * len(prepared), use_tqdm, controller_factory)
+        chat_turns = [turns[id(params)] for params in requested]
+        outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
+                            [turn.controller_factory for turn in chat_turns])
         chats = []
-        for output in outputs:
+        for output, turn in zip(outputs, chat_turns, strict=True):
             choices = []
             for completion in output.outputs:
-                parsed = parse_output(completion.text, plan.parser_tools)
+                parsed = parse_output(completion.text, plan.parser_tools, verbatim_content=turn.constrained_answer)
                 alone = replace(output, outputs=[completion])
-                choices.append(ChatOutput(parsed.reasoning, parsed.content, list(parsed.tool_calls), alone))
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop)
+                # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
+                calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
+                choices.append(ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string))
             first = choices[0]
-            chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices))
+            chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices,
+                                    first.stop_string))
         return chats
 
+
+    def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,
+                   thinking_token_budget: int | None) -> _ChatTurn:
+        factory = self._turn_controller_factory(plan, params, response_format, parallel_tool_calls,
+                                                thinking_token_budget)
+        constrained = params.structured_outputs is not None or (
+            response_format is not None and StructuredOutputsParams.from_response_format(response_format) is not None)
+        # the turn grammar constrains the answer; stop strings match the answer only (P-REQ-2), so they are looked
+        # for in the parsed content, not in the raw turn, where reasoning or a tool call could hold them
+        return _ChatTurn(replace(params, structured_outputs=None, stop=[]), factory, constrained, list(params.stop),
+                         params.include_stop_str_in_output)
 
     def _turn_controller_factory(self, plan: ToolPlan, params: SamplingParams, response_format: Any,
                                  parallel_tool_calls: bool, thinking_token_budget: int | None
@@ -318,7 +371,7 @@ class LLM:
                 not isinstance(thinking_token_budget, int) or isinstance(thinking_token_budget, bool)
                 or thinking_token_budget < 0):
             raise RequestError("thinking_token_budget: must be an integer >= 0", param="thinking_token_budget")
-        answer = answer_grammar(structured, param) if structured is not None else None
+        answer = chat_answer_grammar(structured, param) if structured is not None else None
         constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
                                           thinking_token_budget=thinking_token_budget)
         return self.engine.grammars.turn(constraint, param) if constraint is not None else None

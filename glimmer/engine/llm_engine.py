@@ -141,6 +141,9 @@ class _Completion:
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher
     min_tokens: int = 0
+    # the request's own stop ids whose text is left out when one ends it (vLLM's include_stop_str_in_output=False);
+    # special tokens stay in the text whatever ended the turn (P-TOK-3)
+    silent_stop_ids: frozenset[int] = frozenset()
     num_tokens: int = 0  # released so far
     text: str = ""
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -297,7 +300,8 @@ class LLMEngine:
                               "num_speculative_tokens")
         if budget < self.scheduler_config.max_num_seqs * (k + 1):
             logger.warning("max_num_batched_tokens=%d is below max_num_seqs x (1 + num_speculative_tokens) = %d: "
-                           "steps with many sequences verify fewer proposed tokens", budget,
+                           "steps with many sequences verify fewer proposed tokens, and a seeded sampled request "
+                           "is then reproducible in distribution, not token for token", budget,
                            self.scheduler_config.max_num_seqs * (k + 1))
         self.num_speculative_tokens = k
 
@@ -524,6 +528,10 @@ class LLMEngine:
         if bad:  # could never be sampled: the request would silently run past where it was meant to stop
             raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                                param="stop_token_ids")
+        bad = [t for t in params.logit_bias or {} if t >= vocab]
+        if bad:
+            raise RequestError(f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+                               param="logit_bias")
         if not multimodal:
             refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,
                                       self.model_config.video_token_id)
@@ -571,6 +579,8 @@ class LLMEngine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 min_tokens=params.min_tokens,
+                silent_stop_ids=frozenset() if params.include_stop_str_in_output else
+                frozenset(params.stop_token_ids) - frozenset(self.tokenizer.all_special_ids),
                 num_prompt_tokens=prompt_len,
                 prompt_logprobs=[None] * prompt_len if params.prompt_logprobs is not None else None,
             )
@@ -927,8 +937,10 @@ class LLMEngine:
         if item.logprobs is not None:
             done.logprobs.append(item.logprobs)
         done.num_tokens += 1
-        text, stop_string = done.stops.feed(done.detokenizer.add(item.token), armed=done.num_tokens >= done.min_tokens)
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
+        silent = stop_reason is not None and item.token in done.silent_stop_ids
+        text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token),
+                                            armed=done.num_tokens >= done.min_tokens)
         if stop_string is not None:
             finish_reason, stop_reason = "stop", stop_string
         elif finish_reason is not None:

@@ -1,8 +1,9 @@
 """Turn a batch of next-token logits into tokens, each row under its own sampling parameters.
 
-Order per row (as vLLM): penalties, min_tokens masking, the grammar's token bitmask, then greedy argmax, or
-temperature → top-k → top-p → min-p → a draw. Draws use one generator per seeded request, so a seeded request
-samples the same tokens whatever else shares its batch. Logprobs come from the model's raw distribution.
+Order per row (as vLLM): logit bias, penalties, min_tokens masking, the grammar's token bitmask, then greedy
+argmax, or temperature → min-p → top-k → top-p (on what min-p and top-k left) → a draw. Draws use one generator
+per seeded request, so a seeded request samples the same tokens whatever else shares its batch. Logprobs come
+from the model's raw distribution.
 
 Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
 (and their logprobs): every decision that depends on the parameters is taken on the host from them.
@@ -77,7 +78,9 @@ MAX_TOPK_CANDIDATES = 1024
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """top-k, top-p and min-p on temperature-scaled logits; filtered entries become -inf."""
+    """min-p, top-k, then top-p (on the distribution the first two left, renormalized), as vLLM applies them to
+    temperature-scaled logits; filtered entries become -inf. (min-p compares each probability to the largest,
+    a ratio no renormalization changes, so it may be read before or after top-k; top-p may not.)"""
     vocab = logits.shape[1]
     device = logits.device
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
@@ -95,10 +98,11 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(sorted_logits.shape[1], device=device)[None, :]
     drop = rank >= top_k[:, None]
+    # min-p: below min_p times the most likely token's probability, i.e. more than -log(min_p) below its logit
+    drop |= sorted_logits < sorted_logits[:, :1] + torch.log(min_p)[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep a token if the mass strictly before it is below top_p (the first token is always kept)
     drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
-    drop |= probs < min_p[:, None] * probs[:, :1]
     drop[:, 0] = False
     filtered = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter_(1, order, filtered)
@@ -111,11 +115,21 @@ def unpack_token_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    for i, row in enumerate(rows):
+        if row.params.logit_bias:
+            ids, biases = zip(*row.params.logit_bias.items(), strict=True)
+            logits[i, _ids_on(logits.device, list(ids))] += torch.tensor(biases, dtype=logits.dtype).to(
+                logits.device, non_blocking=True)
+
+
 def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
               ) -> torch.Tensor:
-    """Penalties, banned ids and the grammar's bitmask applied to float logits (a copy when any applies)."""
-    if any(r.params.uses_penalties or r.banned_ids for r in rows):
+    """Logit bias, penalties, banned ids and the grammar's bitmask applied to float logits (a copy when any
+    applies), in vLLM's order: the bias first, then the penalties."""
+    if any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias for r in rows):
         logits = logits.clone()
+        _apply_logit_bias(logits, rows)
         _apply_penalties(logits, rows)
         for i, row in enumerate(rows):
             if row.banned_ids:
@@ -127,7 +141,7 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
 
 
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """The distribution each (non-greedy) row samples from: temperature, then top-k, top-p, min-p."""
+    """The distribution each (non-greedy) row samples from: temperature, then min-p, top-k, top-p."""
     temps = torch.tensor([r.params.temperature for r in rows]).to(logits.device, non_blocking=True)
     return torch.softmax(_filter(logits / temps[:, None], rows), dim=-1)
 

@@ -16,6 +16,9 @@ GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are greedy (vLLM's threshold): dividing logits by a subnormal one overflows them."""
 SEED_RANGE = (-(2**63), 2**64)
 """Seeds a torch generator takes: [-2^63, 2^64)."""
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+"""What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
+MAX_LOGIT_BIAS_ENTRIES = 4096
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -123,7 +126,8 @@ class SamplingParams:
 
     temperature: 0 means greedy (argmax), as does any temperature below 1e-5; otherwise logits are divided by
         it before sampling.
-    top_p, top_k, min_p: nucleus, top-k (0 or -1 = off) and min-p filtering, applied after temperature.
+    top_p, top_k, min_p: nucleus, top-k (0 or -1 = off) and min-p filtering, applied after temperature in
+        vLLM's order: min-p, top-k, then top-p on what those two left.
     max_tokens: the most tokens to generate (None: up to the model's context length; 0: none, the prompt
         is only scored, see prompt_logprobs).
     stop: strings that end generation; the stop string itself is not included in the text.
@@ -137,7 +141,10 @@ class SamplingParams:
         The prompt is then computed in full: the prefix cache is not used for it.
     skip_special_tokens: leave special tokens out of the text (default: keep them, P-TOK-3; token ids and
         logprobs are unaffected).
-    include_stop_str_in_output: keep the matched stop string at the end of the text.
+    include_stop_str_in_output: keep the matched stop string at the end of the text, and the text of a
+        `stop_token_ids` token that ended it (special tokens, the turn framing, are always kept: P-TOK-3).
+    logit_bias: token id → a bias in [-100, 100] added to its logit before penalties, temperature and
+        filtering, as OpenAI and vLLM apply it (greedy decoding included; logprobs stay the model's own).
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt (at most 16384).
@@ -167,6 +174,7 @@ class SamplingParams:
     cache_salt: str | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = False
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -233,6 +241,15 @@ class SamplingParams:
         if self.cache_salt is not None:
             _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
                    "must be a non-empty string (or None for no salt)")
+        if self.logit_bias is not None:
+            _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
+                   f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+            low, high = LOGIT_BIAS_RANGE
+            for token, bias in self.logit_bias.items():
+                _check(_is_int(token) and token >= 0, "logit_bias",
+                       f"key {token!r} is not a token id (an integer >= 0)")
+                _check(_is_number(bias) and low <= bias <= high, "logit_bias",
+                       f"the bias of token {token} must be a number in [{low:g}, {high:g}]")
 
     @property
     def greedy(self) -> bool:

@@ -145,6 +145,10 @@ class Tokenizer:
             return self._encode_with_literals(text, literals, add_special_tokens)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` as plain text: special-token spellings stay text (`<|eot|>` is its characters)."""
+        return self._literal_backend.encode(text, add_special_tokens=False).ids
+
     def _encode_with_literals(self, text: str, literals: Mapping[str, str], add_special_tokens: bool) -> list[int]:
         """Split `text` at its special tokens as the backend does, then tokenize each piece in between, with
         its placeholders restored, with special-token matching off (the backend would tokenize each piece on

@@ -83,15 +83,18 @@ class OutputParser:
     `tools` are the request's declared tools (OpenAI-style or bare function objects); with none, tool
     channels yield no calls (P-NAME-4; pass None for `tool_choice="none"`). `continue_recipient` is for a
     continued final assistant message (P-TMPL-8): the parser then starts inside that message's channel
-    (`"self"`, `"user"` or a tool name) instead of header-open.
+    (`"self"`, `"user"` or a tool name) instead of header-open. `verbatim_content`: the answer is grammar-
+    constrained (structured outputs), so content bodies are delivered as written, ATEM-like text included
+    (P-CHAN-2), without the markup filter that drops a tag cut short at a body's end.
 
     State the engine reads (all O(1)): `channel`, `other_role_header_seen`, `reasoning_spans`,
     `valid_call_names`, `has_valid_call`, `unresolved_call_count`, `turn_ended`.
     """
 
     def __init__(self, tools: Iterable[Mapping[str, Any]] | None = None, *,
-                 continue_recipient: str | None = None):
+                 continue_recipient: str | None = None, verbatim_content: bool = False):
         self._tools = ToolRegistry(tools)
+        self._verbatim_content = verbatim_content
         self._events: list[list[Any]] = []
         self._ledger = CallLedger(self._emit_call)
         self._reasoning_text = MarkerSafeText()
@@ -426,7 +429,7 @@ class OutputParser:
         if not text:
             return
         self._at_body_start = False
-        if self._channel in ("reasoning", "content", _ORPHAN):
+        if self._channel in ("reasoning", _ORPHAN) or (self._channel == "content" and not self._verbatim_content):
             text = self._markup.accept(text)  # P-CHAN-2, P-CHAN-7: no cut or residual ATEM tag shows
         self._route(text)
 
@@ -512,7 +515,8 @@ def _could_become_closing_tag(text: str, position: int) -> bool:
     return any(rest_length < len(tag) and tag.startswith(text[position:]) for tag in CLOSING_TAGS)
 
 
-def parse_output(text: str, tools: Iterable[Mapping[str, Any]] | None = None) -> ParsedOutput:
+def parse_output(text: str, tools: Iterable[Mapping[str, Any]] | None = None, *,
+                 verbatim_content: bool = False) -> ParsedOutput:
     """Parse a whole turn: by definition, an OutputParser fed all of `text` at once, then finished."""
-    parser = OutputParser(tools)
+    parser = OutputParser(tools, verbatim_content=verbatim_content)
     return ParsedOutput.from_deltas([parser.feed(text), parser.finish()])

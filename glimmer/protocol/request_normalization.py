@@ -9,14 +9,15 @@ jinja. Nothing is modified in place.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
+from glimmer.protocol.value_typing import strict_json_loads
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,10 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                                f"{type(content).__name__}", param=f"messages[{index}].content")
         if message.get("reasoning_content") is None and message.get("reasoning") is not None:
             message["reasoning_content"] = message["reasoning"]
+        for key in ("reasoning_content", "thinking"):
+            if message.get(key) is not None and not isinstance(message[key], str):
+                raise RequestError(f"messages[{index}].{key} must be a string, got {type(message[key]).__name__}",
+                                   param=f"messages[{index}].{key}")
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
         normalized.append(message)
@@ -90,13 +95,43 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     return _merged_instructions(normalized) if developer_as_system else normalized
 
 
-def refuse_unrendered_roles(messages: list[dict[str, Any]]) -> None:
-    """RequestError naming the first message (of `normalize_messages`' output) whose role the template does not
-    render: a serving API refuses it rather than drop it from the prompt."""
+# Message fields the template renders, by role (`role` and `content` for every role). A field it would drop is
+# refused by a serving API; `name` on a message other than a tool result has no place in the chat format.
+RENDERED_FIELDS: Mapping[str, frozenset[str]] = {
+    "system": frozenset(),
+    "developer": frozenset(),
+    "user": frozenset(),
+    "assistant": frozenset({"reasoning_content", "reasoning", "thinking", "tool_calls", "recipient", "end_turn"}),
+    "tool": frozenset({"tool_call_id", "name"}),
+}
+# Fields of an assistant message that clients send back as they got them, and that say nothing when empty
+# (`annotations` only annotate the content they came with).
+_ECHOED_EMPTY_FIELDS = frozenset({"refusal", "audio", "function_call", "annotations"})
+
+
+def refuse_unrendered(messages: Sequence[Mapping[str, Any]]) -> None:
+    """RequestError naming the first message of a request (as sent, before `normalize_messages` merges developer
+    messages) whose role the template does not render, or that carries a field the template would drop: a
+    serving API refuses them rather than drop them from the prompt. A field sent as null counts as not sent."""
     for i, message in enumerate(messages):
-        if message["role"] not in RENDERED_ROLES:
-            raise RequestError(f"messages[{i}].role: {message['role']!r} is not a role this model takes (system, "
+        role = message["role"]
+        if role not in RENDERED_ROLES and role != "developer":
+            raise RequestError(f"messages[{i}].role: {role!r} is not a role this model takes (system, "
                                "developer, user, assistant, tool)", param=f"messages[{i}].role")
+        rendered = RENDERED_FIELDS[role]
+        for key, value in message.items():
+            if key in ("role", "content") or key in rendered or value is None:
+                continue
+            if role == "assistant" and key in _ECHOED_EMPTY_FIELDS and not value:
+                continue
+            if key == "name":
+                reason = ("participant names have no place in Muse Glimmer's chat format; leave `name` out or say "
+                          "who speaks in the content")
+            elif role == "assistant" and key in _ECHOED_EMPTY_FIELDS:
+                reason = f"an assistant message's {key} cannot be rendered; leave it out or null"
+            else:
+                reason = f"unknown field of a {role} message; Glimmer refuses it rather than drop it from the prompt"
+            raise RequestError(f"messages[{i}].{key}: {reason}", param=f"messages[{i}].{key}")
 
 
 def _merged_instructions(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -174,7 +209,7 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
     if not arguments.strip():
         return {}
     try:
-        decoded = json.loads(arguments)
+        decoded = strict_json_loads(arguments)  # NaN, Infinity or 1e400 would render as nan / inf
     except (ValueError, RecursionError) as error:
         raise RequestError(f"{field} is not valid JSON: {error}", param=field) from None
     if not isinstance(decoded, dict):
@@ -251,13 +286,16 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
         elif not isinstance(parameters, Mapping):
             raise RequestError(f"tools[{index}].function.parameters must be a JSON schema object",
                                param="tools")
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
+            raise RequestError(f"tools[{index}].function.strict must be a boolean", param="tools")
         complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}
         normalized.append({"type": "function", "function": complete})
     return normalized
 
 
 def _check_tool_name(name: Any, index: int, seen_names: set[str]) -> None:
-    """P-REQ-8: unique, 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`."""
+    """P-REQ-8: unique, 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; and not `self` or `user`, which
+    header recipients read as the reasoning and answer channels (P-HDR-2)."""
     if not isinstance(name, str) or not name:
         raise RequestError(f"tools[{index}].function.name must be a non-empty string", param="tools")
     if len(name) > RECIPIENT_MAX:
@@ -269,3 +307,6 @@ def _check_tool_name(name: Any, index: int, seen_names: set[str]) -> None:
     if name in seen_names:
         raise RequestError(f"tools[{index}].function.name {name!r} is declared twice; names must be unique",
                            param="tools")
+    if channel_of_recipient(name) != "tool":
+        raise RequestError(f"tools[{index}].function.name {name!r} is a channel's recipient (`to={name}` addresses "
+                           "the reasoning or the answer, never a tool); rename the tool", param="tools")

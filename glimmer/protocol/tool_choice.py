@@ -1,8 +1,9 @@
 """What `tool_choice` means for one request (P-REQ-3, P-REQ-4, P-REQ-5), and the turn grammar it implies.
 
-`auto` (the default with tools) leaves the turn free; `none` hides the tools (P-REQ-3); `required` and a named
-function force the turn into a call, by grammar over the channel structure (turn_grammar.py), never by a JSON
-grammar (P-REQ-5).
+`auto` (the default with tools) leaves the turn free (P-REQ-3), unless a tool is declared `strict`: then the turn
+may still answer or call, but a call's arguments follow its tool's schema, as OpenAI's strict mode promises;
+`none` hides the tools (P-REQ-3); `required` and a named function force the turn into a call, by grammar over the
+channel structure (turn_grammar.py), never by a JSON grammar (P-REQ-5).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ class ToolPlan:
     render_tools: declared in the prompt (None hides them: `none`, P-REQ-3).
     parser_tools: what the output parser resolves calls against (None: no calls, P-NAME-4).
     required_names: for `required` / named, the tools a valid call must name (P-REQ-4); else None.
+    strict: a tool is declared with `"strict": true`, so calls are grammar-constrained under `auto` too.
     """
 
     render_tools: list[dict[str, Any]] | None
     parser_tools: list[dict[str, Any]] | None
     required_names: list[str] | None
+    strict: bool = False
 
     def turn_constraint(self, answer: Mapping[str, Any] | None, *, parallel_calls: bool = True,
                         thinking_token_budget: int | None = None) -> TurnConstraint | None:
@@ -34,7 +37,7 @@ class ToolPlan:
 
         answer: the answer body's grammar object (structured outputs), or None for a free answer.
         """
-        if answer is None and self.required_names is None and thinking_token_budget is None:
+        if answer is None and self.required_names is None and thinking_token_budget is None and not self.strict:
             return None
         tools = self.parser_tools or []
         if self.required_names is not None:
@@ -50,7 +53,7 @@ def plan_tools(tools: list[dict[str, Any]], tool_choice: Any) -> ToolPlan:
     if choice == "none" or (choice == "auto" and not tools):
         return ToolPlan(None, None, None)
     if choice == "auto":
-        return ToolPlan(tools, tools, None)
+        return ToolPlan(tools, tools, None, strict=any(tool["function"].get("strict") is True for tool in tools))
     names = [tool["function"]["name"] for tool in tools]
     if isinstance(choice, Mapping):
         function = choice.get("function")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from glimmer.protocol.value_typing import object_shape
+
 
 def function_of(tool: Any) -> Mapping[str, Any] | None:
     """The function object of a wrapped or bare tool, or None when `tool` is neither."""
@@ -24,6 +26,7 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Any] | None):
         self._parameters: dict[str, Mapping[str, Any]] = {}
+        self._properties: dict[str, dict[str, Any]] = {}  # through a root `$ref` and `allOf` (object_shape)
         for tool in tools or ():
             function = function_of(tool)
             name = function.get("name") if function is not None else None
@@ -31,6 +34,7 @@ class ToolRegistry:
                 continue
             parameters = function.get("parameters")
             self._parameters[name] = parameters if isinstance(parameters, Mapping) else {}
+            self._properties[name] = object_shape(self._parameters[name])[0]
 
     def __bool__(self) -> bool:
         return bool(self._parameters)
@@ -57,13 +61,8 @@ class ToolRegistry:
         return None
 
     def declares_parameter(self, tool_name: str, key: str) -> bool:
-        properties = self._parameters.get(tool_name, {}).get("properties")
-        return isinstance(properties, Mapping) and key in properties
+        return key in self._properties.get(tool_name, {})
 
     def parameter_schema(self, tool_name: str, key: str) -> tuple[Any, Mapping[str, Any]]:
         """(schema of parameter `key` or None when undeclared, the tool's whole parameters schema)."""
-        root = self._parameters.get(tool_name, {})
-        properties = root.get("properties")
-        if not isinstance(properties, Mapping):
-            return None, root
-        return properties.get(key), root
+        return self._properties.get(tool_name, {}).get(key), self._parameters.get(tool_name, {})

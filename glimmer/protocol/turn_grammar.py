@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from glimmer.errors import RequestError
 from glimmer.protocol.atem import BLOCK_CLOSE, BLOCK_OPEN, INVOKE_CLOSE, INVOKE_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE, START
-from glimmer.protocol.value_typing import allowed_types, resolve_local_reference
+from glimmer.protocol.value_typing import allowed_types, object_shape, resolve_local_reference
 
 ANSWER_GRAMMAR = "answer"
 """Name under which the answer's grammar is nested in a turn grammar (referenced as `@answer`)."""
@@ -110,13 +111,15 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
     name = function["name"]
     parameters = function.get("parameters")
     root = parameters if isinstance(parameters, Mapping) else {}
-    properties = root.get("properties")
-    properties = properties if isinstance(properties, Mapping) else {}
-    required = root.get("required")
-    required = set(required) if isinstance(required, list) else set()
+    properties, required = object_shape(root)
+    for key in sorted(required - set(properties)):  # required but not described: a value of any type
+        properties[key] = {}
     items = []
     for position, (key, schema) in enumerate(properties.items()):
         if '"' in key:  # an ATEM name ends at the first `"` (P-ATEM-1): such a key cannot be written
+            if key in required:
+                raise RequestError(f"tools: parameter {key!r} of {name!r} is required, but a name holding '\"' cannot "
+                                   "be written in an ATEM tag (P-ATEM-1); rename it", param="tools")
             continue
         rule = rules.add(f"parameter_{index}_{position}",
                          f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {_value(schema, root)} {_string(chr(10))}")
@@ -136,13 +139,26 @@ def _value(schema: Any, root: Mapping[str, Any]) -> str:
         return f"%json {json.dumps(_standalone(resolved, root), ensure_ascii=False)} {_string(PARAMETER_CLOSE)}"
     members = resolved.get("enum") if "enum" in resolved else (
         [resolved["const"]] if "const" in resolved else None)
-    if isinstance(members, list) and members and all(isinstance(m, str) and "<" not in m for m in members):
-        return f"({' | '.join(_string(m) for m in dict.fromkeys(members))}) {_string(PARAMETER_CLOSE)}"
-    if types == {"string"} and ("maxLength" in resolved or "minLength" in resolved):
+    spelled = _spelled_members(members) if isinstance(members, list) else []
+    if spelled:
+        return f"({' | '.join(_string(m) for m in spelled)}) {_string(PARAMETER_CLOSE)}"
+    if types and types <= {"string", "null"} and ("maxLength" in resolved or "minLength" in resolved):
         low = _count(resolved.get("minLength"), 0)
         high = _count(resolved.get("maxLength"), None)
-        return f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/"
+        bounded = f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/"
+        return f"({bounded} | {_string('null' + PARAMETER_CLOSE)})" if "null" in types else bounded
     return f"/{_RAW_VALUE_AND_CLOSER}/"
+
+
+def _spelled_members(members: list[Any]) -> list[str]:
+    """The raw values that read back as enum members (P-VAL-1: a parameter admitting strings reads raw text as
+    the string, and the exact text null as null when null is a member): string members without `</` or `<|`,
+    and `null`. Other members (a number beside strings) cannot be written so that they read back as themselves.
+    """
+    spelled = [m for m in members if isinstance(m, str) and "</" not in m and "<|" not in m]
+    if None in members:
+        spelled.append("null")
+    return list(dict.fromkeys(spelled))
 
 
 def _resolved(schema: Any, root: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -49,7 +49,8 @@ def typed_value(raw: str, schema: Any, root: Mapping[str, Any]) -> Any:
 
 
 def allowed_types(schema: Any, root: Mapping[str, Any], depth: int = 0) -> set[str]:
-    """JSON type names a schema admits, from `type`, `enum`/`const` values and `anyOf`/`oneOf` members.
+    """JSON type names a schema admits, from `type`, `enum`/`const` values, `anyOf`/`oneOf` members and the types
+    common to its `allOf` members.
 
     Empty when the schema says nothing about types (no schema at all, `{}`, only a description).
     """
@@ -74,7 +75,45 @@ def allowed_types(schema: Any, root: Mapping[str, Any], depth: int = 0) -> set[s
         if isinstance(members, list):
             for member in members:
                 types |= allowed_types(member, root, depth + 1)
+    every = schema.get("allOf")
+    if isinstance(every, list):  # a value is of every member's types at once
+        for member in every:
+            required = allowed_types(member, root, depth + 1)
+            if required:
+                types = _common_types(types, required) if types else required
     return types & _JSON_TYPE_NAMES
+
+
+def _common_types(first: set[str], second: set[str]) -> set[str]:
+    """Types a value of both sets has (an integer is a number)."""
+    common = first & second
+    if ("integer" in first and "number" in second) or ("number" in first and "integer" in second):
+        common.add("integer")
+    return common
+
+
+def object_shape(root: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """An object schema's properties and required names, through a `$ref` at its root and its `allOf` members
+    (a tool's parameters may be written either way)."""
+    properties: dict[str, Any] = {}
+    required: set[str] = set()
+    pending: list[Any] = [root]
+    for _ in range(_MAX_SCHEMA_DEPTH):
+        if not pending:
+            break
+        schema = pending.pop(0)
+        if isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
+            target = resolve_local_reference(schema["$ref"], root)
+            schema = {**target, **schema} if isinstance(target, Mapping) else schema
+        if not isinstance(schema, Mapping):
+            continue
+        if isinstance(schema.get("properties"), Mapping):
+            properties.update(schema["properties"])
+        if isinstance(schema.get("required"), list):
+            required.update(key for key in schema["required"] if isinstance(key, str))
+        if isinstance(schema.get("allOf"), list):
+            pending.extend(schema["allOf"])
+    return properties, required
 
 
 def _untyped_value(raw: str) -> Any:
@@ -111,11 +150,24 @@ def _fitted(parsed: Any, allowed: set[str], raw: str) -> Any:
 
 
 def _strict_json(text: str) -> Any:
-    """json.loads without NaN/Infinity and without overflowing floats (1e400 would become inf)."""
+    """`strict_json_loads`, raising _NotJson."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return strict_json_loads(text)
     except (ValueError, RecursionError) as error:
         raise _NotJson from error
+
+
+def strict_json_loads(text: str) -> Any:
+    """json.loads without NaN/Infinity, without overflowing floats (1e400 would become inf) and without lone
+    surrogates (JSON's `\\ud800` escape decodes to one; such text cannot be encoded as UTF-8, so a value holding
+    one could not be sent back). Raises ValueError (or RecursionError) for anything else."""
+    value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    if "\\u" in text:
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ValueError("the JSON holds a lone UTF-16 surrogate") from None
+    return value
 
 
 def _refuse_constant(name: str) -> Any:

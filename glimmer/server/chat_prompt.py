@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from glimmer.cancellation import CancelToken
-from glimmer.engine.grammar import ControllerFactory, answer_grammar
+from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part
 from glimmer.protocol import normalize_messages, normalize_tools, resolve_reasoning_strength
-from glimmer.protocol.request_normalization import refuse_unrendered_roles
+from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -36,6 +36,7 @@ class ChatPrompt:
     tools: ToolPlan
     controller_factory: ControllerFactory | None
     multimodal: list[MultimodalItem]
+    constrained_answer: bool = False  # structured outputs: the answer's text is the grammar's, taken as written
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
@@ -44,13 +45,16 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
     settings = context.settings
     messages = normalize_messages(request.messages)
-    refuse_unrendered_roles(messages)
+    refuse_unrendered(request.messages)
     choice = request.tool_choice
     tools = plan_tools(normalize_tools(request.tools),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
     template_kwargs = dict(request.chat_template_kwargs or {})
     effort = request.reasoning_effort
-    if effort is None and request.reasoning is not None:
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        if effort is not None and effort != request.reasoning.effort:
+            raise RequestError(f"reasoning.effort: {request.reasoning.effort!r} contradicts reasoning_effort "
+                               f"{effort!r}; send one of them", param="reasoning.effort")
         effort = request.reasoning.effort
     strength = resolve_reasoning_strength(
         reasoning_strength=request.reasoning_strength,
@@ -76,7 +80,8 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     else:
         token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
-    return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context), multimodal)
+    constrained = requested_structured_outputs(request)[0] is not None
+    return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context), multimodal, constrained)
 
 
 def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan,
@@ -86,7 +91,7 @@ def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan,
     Raises RequestError naming the field whose schema, regex or grammar the grammar engine refuses.
     """
     structured, param = requested_structured_outputs(request)
-    answer = answer_grammar(structured, param) if structured is not None else None
+    answer = chat_answer_grammar(structured, param) if structured is not None else None
     constraint = tools.turn_constraint(answer, parallel_calls=request.parallel_tool_calls is not False,
                                        thinking_token_budget=request.thinking_token_budget)
     if constraint is None:

@@ -63,11 +63,16 @@ class _Choice:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     started: bool = False  # streaming: the first chunk (which carries the echo) was sent
     echo_chars: int = 0  # streaming: length of the echoed prompt that comes before `text`
+    # with logprobs: the tokens' own text, decoded one by one, for `text_offsets` (the released text can lag a
+    # token's: text that might begin a stop string is held back and released with a later token)
+    detokenizer: IncrementalDetokenizer | None = None
+    decoded_chars: int = 0
 
     def add(self, delta: StepDelta) -> None:
-        # each token's text starts where the previous token's released text ended
-        starts = [0, *delta.text_ends()][: len(delta.logprobs)]
-        self.text_offsets.extend(len(self.text) + start for start in starts)
+        if self.detokenizer is not None:
+            for token_id in delta.token_ids:
+                self.text_offsets.append(self.decoded_chars)
+                self.decoded_chars += len(self.detokenizer.add(token_id))
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text
         self.num_tokens += len(delta.token_ids)
@@ -94,13 +99,17 @@ class _CompletionRun:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_name,
                 "choices": choices}
 
+    def detokenizer(self) -> IncrementalDetokenizer:
+        """A fresh detokenizer that decodes as the engine does for this request (special tokens kept or skipped)."""
+        skipped = frozenset(self.context.tokenizer.all_special_ids) if self.request.skip_special_tokens else frozenset()
+        return IncrementalDetokenizer(self.context.tokenizer, skip_token_ids=skipped)
+
     def echo(self, index: int, prompt_logprobs: list[TokenLogprobs | None] | None) -> _Piece:
         """The echoed prompt of choice `index` (empty without `echo`), with its tokens' logprobs."""
         if not self.request.echo:
             return _Piece()
         ids = self.prompts[index // self.n]
-        skipped = frozenset(self.context.tokenizer.all_special_ids) if self.request.skip_special_tokens else frozenset()
-        detokenizer = IncrementalDetokenizer(self.context.tokenizer, skip_token_ids=skipped)
+        detokenizer = self.detokenizer()
         piece = _Piece(token_ids=ids, logprobs=list(prompt_logprobs or [None] * len(ids)))
         for token_id in ids:
             piece.text_offsets.append(len(piece.text))
@@ -177,8 +186,9 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     except RequestError as exc:
         raise _naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
-    run = _CompletionRun(context, request, model_name, prompts, params.n,
-                         [_Choice() for _ in range(len(prompts) * params.n)], RequestTimer(context.metrics, arrival))
+    run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
+    run.choices = [_Choice(detokenizer=run.detokenizer() if request.logprobs is not None else None)
+                   for _ in range(len(prompts) * params.n)]
     streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory)
                for i, ids in enumerate(prompts)]
     try:

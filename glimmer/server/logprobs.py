@@ -37,7 +37,8 @@ def completion_logprobs(token_ids: list[int], entries: list[TokenLogprobs | None
                         tokenizer: Tokenizer, k: int) -> dict[str, Any]:
     """Legacy completions logprobs: one position per token; `text_offsets` tell where each token's text starts
     in the choice's text. An entry is None where nothing predicted the token (an echoed prompt's first token):
-    its logprob and top logprobs are null. At most `k` alternatives per position."""
+    its logprob and top logprobs are null. Per position the `k` most likely tokens and, as OpenAI and vLLM do, the
+    token itself when it is not among them (up to k + 1)."""
     tokens, token_logprobs, top_logprobs = [], [], []
     for token_id, entry in zip(token_ids, entries, strict=True):
         tokens.append(_token(tokenizer, token_id)[0])
@@ -46,7 +47,13 @@ def completion_logprobs(token_ids: list[int], entries: list[TokenLogprobs | None
             top_logprobs.append(None)
             continue
         token_logprobs.append(_finite(entry.logprob))
-        top_logprobs.append({_token(tokenizer, t)[0]: _finite(lp) for t, lp in list(entry.top.items())[:k]})
+        top = list(entry.top.items())[:k]
+        if all(t != token_id for t, _ in top):
+            top.append((token_id, entry.logprob))
+        alternatives: dict[str, float] = {}
+        for t, lp in top:  # tokens spelled alike share a key: the most likely one keeps it
+            alternatives.setdefault(_token(tokenizer, t)[0], _finite(lp))
+        top_logprobs.append(alternatives)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offsets}
 

@@ -33,7 +33,13 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
-from glimmer.server.responses_schemas import ResponsesRequest, chat_tools, check_supported
+from glimmer.server.responses_schemas import (
+    RESPONSES_FIELD_HINTS,
+    ResponsesRequest,
+    chat_response_format,
+    chat_tools,
+    check_supported,
+)
 from glimmer.server.schemas import ChatCompletionRequest, request_error, validate_json
 from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
 
@@ -80,6 +86,9 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
                                                                          "function": {"name": choice.name}}
     if request.max_output_tokens is not None:
         fields["max_completion_tokens"] = request.max_output_tokens
+    response_format = chat_response_format(request)
+    if response_format is not None:
+        fields["response_format"] = response_format
     if request.reasoning is not None and request.reasoning.effort is not None:
         fields["reasoning_effort"] = request.reasoning.effort
     try:
@@ -213,7 +222,8 @@ class _ResponseRun:
             "temperature": request.temperature, "top_p": request.top_p,
             "max_output_tokens": request.max_output_tokens,
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": request.store is not False,
+            "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
+            "store": request.store is not False,
             "metadata": request.metadata or {}, "user": request.user, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": self.usage(choice) if done else None,
@@ -250,7 +260,8 @@ def _tool_choice(request: ResponsesRequest) -> Any:
 
 async def create_response(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
-    request = validate_json(ResponsesRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    request = validate_json(ResponsesRequest, await read_body(raw_request, context.settings.max_request_bytes),
+                            RESPONSES_FIELD_HINTS)
     conversation = _conversation(request, context.responses)
     try:
         chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)

@@ -51,6 +51,9 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     if param is None:
         return error
     renamed = _RESPONSES_FIELDS.get(param)
+    for chat_prefix in ("response_format.json_schema", "response_format"):  # text.format holds both levels
+        if renamed is None and (param == chat_prefix or param.startswith(chat_prefix + ".")):
+            renamed = "text.format" + param[len(chat_prefix):]
     match = _MESSAGE_PARAM.match(param)
     if renamed is None and match is not None and int(match[1]) < len(sources):
         source = sources[int(match[1])]
@@ -88,6 +91,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message")
+        _refuse_unknown_fields(item, kind, where)
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
@@ -104,7 +108,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                 flush()
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
-            assistant["content"] = _text_of(item.get("content"), where)
+            assistant["content"] = _text_of(item.get("content"), f"{where}.content")
         elif kind == "message":
             flush()
             role = item.get("role")
@@ -118,7 +122,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{where}.call_id: must name the function call answered", param=f"{where}.call_id")
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(item.get("output"), where)})
+            messages.append({"role": "tool", "tool_call_id": call_id,
+                             "content": _text_of(item.get("output"), f"{where}.output")})
             origins.append(MessageSource(where))
         else:
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "
@@ -127,6 +132,25 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     if sources is not None:
         sources[:] = origins
     return messages
+
+
+# The fields of each input item kind (besides `type`); `id` and `status` are what output items carry back.
+_ITEM_FIELDS = {
+    "message": frozenset({"role", "content", "id", "status"}),
+    "reasoning": frozenset({"summary", "content", "encrypted_content", "id", "status"}),
+    "function_call": frozenset({"call_id", "name", "arguments", "id", "status"}),
+    "function_call_output": frozenset({"call_id", "output", "id", "status"}),
+}
+
+
+def _refuse_unknown_fields(item: dict[str, Any], kind: Any, where: str) -> None:
+    known = _ITEM_FIELDS.get(kind) if isinstance(kind, str) else None
+    if known is None:
+        return  # the item's type is refused next, naming it
+    unknown = sorted(key for key, value in item.items() if key != "type" and key not in known and value is not None)
+    if unknown:
+        raise RequestError(f"{where}.{unknown[0]}: unknown field of a {kind} item; Glimmer refuses it rather than "
+                           "drop it from the prompt", param=f"{where}.{unknown[0]}")
 
 
 def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
@@ -155,12 +179,12 @@ def _part_text(part: Any, where: str) -> str:
     raise RequestError(f"{where}: parts of type {kind!r} are not supported here (text parts are)", param=where)
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: Any, field: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(_part_text(part, f"{where}.content[{j}]") for j, part in enumerate(content))
-    raise RequestError(f"{where}.content: must be a string or a list of text parts", param=f"{where}.content")
+        return "".join(_part_text(part, f"{field}[{j}]") for j, part in enumerate(content))
+    raise RequestError(f"{field}: must be a string or a list of text parts", param=field)
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, Any]]:

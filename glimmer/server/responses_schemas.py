@@ -13,14 +13,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from glimmer.errors import RequestError
-from glimmer.server.schemas import Count, LogprobCount, PositiveCount, Seed, TopK
+from glimmer.server.schemas import Count, LogprobCount, PositiveCount, Seed, TopK, drop_nulls
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        return drop_nulls(data)
+
+
+RESPONSES_FIELD_HINTS = {
+    "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "name": NAME}',
+    "input": "must be a string or a list of input items",
+}
 
 
 class ResponsesReasoning(_Body):
@@ -105,10 +116,7 @@ def check_supported(request: ResponsesRequest) -> None:
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
         raise RequestError(f"text.{sorted(unknown)[0]}: unknown field", param="text")
-    kind = (text.get("format") or {"type": "text"}).get("type")
-    if kind != "text":
-        raise RequestError(f"text.format: type {kind!r} (structured output) is not supported yet; Glimmer refuses "
-                           "it rather than return unconstrained text", param="text.format")
+    chat_response_format(request)  # checks text.format's shape
     if text.get("verbosity") is not None:
         raise RequestError("text.verbosity: not supported; ask for brevity in the instructions instead",
                            param="text.verbosity")
@@ -116,9 +124,31 @@ def check_supported(request: ResponsesRequest) -> None:
         raise RequestError("max_output_tokens: must be at least 1", param="max_output_tokens")
 
 
+def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format`: `json_object` as it is, `json_schema` (`name`, `schema`,
+    `description`, `strict` beside `type`) nested under `json_schema`; None for `text` or no format. The chat layer
+    checks the rest (errors it raises are renamed to text.format by `responses_error`)."""
+    text_format = (request.text or {}).get("format")
+    if text_format is None:
+        return None
+    if not isinstance(text_format, dict):
+        raise RequestError("text.format: must be an object with a `type`", param="text.format")
+    kind = text_format.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise RequestError(f"text.format.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'",
+                           param="text.format.type")
+    if kind != "json_schema":
+        unknown = sorted(set(text_format) - {"type"})
+        if unknown:
+            raise RequestError(f"text.format.{unknown[0]}: unknown field for type {kind!r}",
+                               param=f"text.format.{unknown[0]}")
+        return None if kind == "text" else {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {key: value for key, value in text_format.items() if key != "type"}}
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """Responses function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) in the
-    chat shape. `strict` is accepted: arguments are typed by the schema (P-VAL-*), not grammar-constrained."""
+    chat shape, `strict` included (true: calls follow the schema, by grammar, under any tool_choice)."""
     if tools is None:
         return None
     converted = []
@@ -129,6 +159,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
         if unknown:
             raise RequestError(f"tools[{i}].{sorted(unknown)[0]}: unknown field", param=f"tools[{i}]")
-        function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
+                    if tool.get(key) is not None}
         converted.append({"type": "function", "function": function})
     return converted

@@ -64,8 +64,6 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
             skip_special_tokens: bool) -> SamplingParams:
     if not 1 <= request.n <= context.settings.max_n:
         raise RequestError(f"n: must be between 1 and {context.settings.max_n}", param="n")
-    if request.seed is not None and not -(2**63) <= request.seed < 2**63 - request.n:
-        raise RequestError("seed: must fit in a signed 64-bit integer", param="seed")
     if request.cache_salt is None and context.settings.require_cache_salt:
         raise RequestError("cache_salt: this server requires a cache_salt on every request (a non-empty string; "
                            "only requests with the same salt share cached prompt blocks)", param="cache_salt")
@@ -90,7 +88,21 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         repetition_penalty=_first(request.repetition_penalty, 1.0),
         n=request.n,
         cache_salt=request.cache_salt,
+        logit_bias=_logit_bias(request.logit_bias),
     )
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias` (token ids as JSON object keys) keyed by int; SamplingParams checks the values."""
+    if not bias:
+        return None
+    ids = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()) or len(key) > 10:
+            raise RequestError(f"logit_bias: key {key!r} is not a token id (a non-negative integer)",
+                               param="logit_bias")
+        ids[int(key)] = value
+    return ids
 
 
 def _first(*values):

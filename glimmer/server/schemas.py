@@ -4,14 +4,14 @@ Unknown fields are refused (400 naming them) rather than ignored: a field Glimme
 the output, and silently ignoring it (structured outputs, say) gives a client a wrong answer that looks
 right. Three groups of known fields:
 
-- honored: everything that maps to rendering, sampling or the response shape, vLLM's sampling extras
-  included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
+- honored: everything that maps to rendering, sampling (`logit_bias` included) or the response shape, vLLM's
+  sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`);
 - accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
   `safety_identifier`, `prompt_cache_key`; and `spaces_between_special_tokens`, which the server always
   overrides to false (P-REQ-1);
-- refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): non-empty `logit_bias`,
-  the legacy `functions` / `function_call`, audio, predicted outputs, `suffix`, `best_of`.
+- refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
+  `function_call`, audio, predicted outputs, `suffix`, `best_of`.
 
 Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are checked in `structured_outputs.py`.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from glimmer.engine.sampling_params import MAX_LOGPROBS
+from glimmer.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE
 from glimmer.errors import RequestError
 
 # Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
@@ -32,13 +32,24 @@ INT32_MAX = 2**31 - 1
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 PositiveCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Seed = Annotated[int, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]  # seed + n - 1 is checked by SamplingParams
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        return drop_nulls(data)
+
+
+def drop_nulls(data: Any) -> Any:
+    """A field sent as null is a field not sent, as the OpenAI reference types its optional fields ("… or null")
+    and SDKs send None that way: `n: null` means the default n, not a 400."""
+    return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
 
 
 class StreamOptions(_Body):
@@ -167,12 +178,13 @@ def parse_body(model: type[_Body], body: bytes) -> Any:
     return request
 
 
-def validate_json(model: type[BaseModel], body: bytes) -> Any:
-    """The body as `model`; raises RequestError naming the first field at fault (HTTP 400)."""
+def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | None = None) -> Any:
+    """The body as `model`; raises RequestError naming the first field at fault (HTTP 400). `hints`: see
+    `request_error` (the chat and completion fields' by default)."""
     try:
         return model.model_validate_json(body)
     except ValidationError as error:
-        raise request_error(error) from None
+        raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints) from None
 
 
 _UNION_FIELD_HINTS = {
@@ -182,20 +194,21 @@ _UNION_FIELD_HINTS = {
 }
 
 
-def request_error(error: ValidationError) -> RequestError:
-    """The RequestError naming the first field of a pydantic validation error (HTTP 400)."""
+def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_HINTS) -> RequestError:
+    """The RequestError naming the first field of a pydantic validation error (HTTP 400); `hints`: what a field
+    whose value matches none of its union's shapes must be."""
     first = error.errors(include_url=False)[0]
     loc = first["loc"]
     if first["type"] == "json_invalid":
         return RequestError(f"the request body is not valid JSON: {first['msg']}", param=None)
     if not loc:
         return RequestError("the request body must be a JSON object", param=None)
-    if loc[0] in _UNION_FIELD_HINTS:
-        return RequestError(f"{loc[0]}: {_UNION_FIELD_HINTS[loc[0]]}", param=str(loc[0]))
     param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
     if first["type"] == "extra_forbidden":
         return RequestError(f"{param}: unknown field; Glimmer refuses fields it does not know rather than "
                             "ignore something that might change the output", param=param)
+    if loc[0] in hints:
+        return RequestError(f"{loc[0]}: {hints[loc[0]]}", param=str(loc[0]))
     return RequestError(f"{param}: {first['msg']}", param=param)
 
 
@@ -203,9 +216,6 @@ def _refuse_unsupported(request: _Body) -> None:
     for name, reason in REFUSED_UNLESS_DEFAULT.items():
         if name in type(request).model_fields and getattr(request, name) not in (None, False):
             raise RequestError(f"{name}: {reason}", param=name)
-    if request.logit_bias:
-        raise RequestError("logit_bias: not supported yet; remove it (an empty object is accepted)",
-                           param="logit_bias")
     if request.stream_options is not None and not request.stream:
         raise RequestError("stream_options: only allowed when stream is true", param="stream_options")
     if isinstance(request, ChatCompletionRequest):

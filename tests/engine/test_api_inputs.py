@@ -27,7 +27,8 @@ def _refused(call, param: str) -> RequestError:
 @pytest.mark.parametrize(("field", "value"), [
     ("stop", 5), ("stop_token_ids", 5), ("seed", 2**64), ("seed", -(2**63) - 1), ("n", MAX_N + 1),
     ("n", 10**30), ("ignore_eos", "yes"), ("skip_special_tokens", "no"), ("include_stop_str_in_output", 1),
-    ("min_tokens", True)])
+    ("min_tokens", True), ("logit_bias", {"5": 1.0}), ("logit_bias", {5: 101}), ("logit_bias", {-1: 1}),
+    ("logit_bias", {5: float("nan")}), ("logit_bias", [(5, 1.0)])])
 def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     _refused(lambda: SamplingParams(**{field: value}), field)
 
@@ -86,6 +87,21 @@ def test_chat_refuses_a_role_the_template_would_drop(llm):
     """The server refused it; LLM.chat used to render the conversation without the message."""
     _refused(lambda: llm.chat([{"role": "wizard", "content": "What's the weather?"}], SamplingParams(max_tokens=2)),
              "messages[0].role")
+    _refused(lambda: llm.chat([{"role": "user", "content": "hi", "name": "ann"}], SamplingParams(max_tokens=2)),
+             "messages[0].name")
+
+
+def test_logit_bias_steers_generate_and_ids_outside_the_vocabulary_are_refused(llm):
+    greedy = llm.generate("a", SamplingParams(temperature=0, max_tokens=1, logprobs=2))[0].outputs[0]
+    first, second = list(greedy.logprobs[0].top)
+    banned = llm.generate("a", SamplingParams(temperature=0, max_tokens=1, logprobs=2,
+                                              logit_bias={first: -100}))[0].outputs[0]
+    assert banned.token_ids == [second] and banned.logprobs[0].logprob == greedy.logprobs[0].top[second]
+    forced = SamplingParams(temperature=1.0, max_tokens=3, seed=3, logit_bias={second: 100})
+    assert llm.generate("a", forced)[0].outputs[0].token_ids == [second] * 3
+    vocab = llm.engine.model_config.text.vocab_size
+    _refused(lambda: llm.generate("a", SamplingParams(max_tokens=1, logit_bias={vocab: 1})), "logit_bias")
+    assert not llm.engine.has_unfinished_requests
 
 
 def test_chat_checks_its_own_arguments(llm):
@@ -116,3 +132,14 @@ def test_a_request_refused_after_others_were_queued_leaves_nothing_behind(llm):
     _refused(lambda: llm.generate(["a", "b"], [SamplingParams(max_tokens=4), bad]), "temperature")
     assert not llm.engine.has_unfinished_requests
     assert len(llm.generate(["a"], SamplingParams(max_tokens=2))) == 1
+
+
+def test_chat_takes_one_sampling_params_per_conversation(llm):
+    """As vLLM's LLM.chat: a list of SamplingParams, one per conversation."""
+    conversations = [MESSAGES, [{"role": "user", "content": "hello there"}]]
+    outs = llm.chat(conversations, [SamplingParams(max_tokens=2, ignore_eos=True),
+                                    SamplingParams(max_tokens=5, ignore_eos=True, n=2)])
+    assert [len(out.output.outputs[0].token_ids) for out in outs] == [2, 5] and len(outs[1].choices) == 2
+    _refused(lambda: llm.chat(conversations, [SamplingParams(max_tokens=2)]), "sampling_params")
+    _refused(lambda: llm.chat(conversations, [SamplingParams(max_tokens=2), {"max_tokens": 2}]), "sampling_params")
+    assert not llm.engine.has_unfinished_requests

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glimmer.engine.grammar import GrammarCompiler, GrammarMasks, answer_grammar
+from glimmer.engine.grammar import GrammarCompiler, GrammarFailure, GrammarMasks, answer_grammar
 from glimmer.engine.sampler import unpack_token_bitmask
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
@@ -244,3 +244,11 @@ def test_verification_masks_leave_a_thinking_budget_grammar_usable(compiler, tok
     for token in proposals:  # the tokens verification accepted, consumed one by one as the engine does
         assert not controller.observe(token)
     assert not controller.matcher.is_error()
+
+
+def test_a_token_the_grammar_refuses_fails_the_completion_instead_of_ending_it(compiler, tokenizer):
+    """The sampler draws only allowed tokens, so a refusal is a limit of the grammar engine: the request must
+    fail with its reason, not finish as if its output were complete."""
+    controller = compiler.structured_outputs(StructuredOutputsParams(choice=["yes", "no"]))()
+    with pytest.raises(GrammarFailure, match="grammar engine stopped"):
+        controller.observe(tokenizer.encode_text("maybe")[0])

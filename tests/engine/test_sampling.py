@@ -249,3 +249,18 @@ def test_llm_defaults_come_from_generation_config_unless_vllm_style_is_asked(tin
     assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
     with pytest.raises(ConfigError, match="generation_config"):
         LLM(str(model), progress=False, generation_config="hf")
+
+
+def test_min_p_filters_before_top_p_as_vllm_does():
+    """vLLM: temperature → min-p → top-k → top-p, top-p on what min-p left. Probabilities 0.4, 0.3, 0.15, 0.1,
+    0.05: min_p 0.3 keeps the first three (0.15 is 0.375 of the top), renormalized 0.47, 0.35, 0.18; top_p 0.75
+    then drops the third (0.82 comes before it). Top-p on the raw probabilities would have kept it (0.7 before)."""
+    from glimmer.engine.sampler import sampling_probs
+
+    logits = torch.tensor([[0.4, 0.3, 0.15, 0.1, 0.05]]).log()
+    probs = sampling_probs(logits, [_row(temperature=1.0, min_p=0.3, top_p=0.75)])
+    kept = (probs[0] > 0).nonzero().flatten().tolist()
+    assert kept == [0, 1]
+    assert probs[0, :2].tolist() == pytest.approx([0.4 / 0.7, 0.3 / 0.7])
+    only_min_p = sampling_probs(logits, [_row(temperature=1.0, min_p=0.3)])
+    assert (only_min_p[0] > 0).nonzero().flatten().tolist() == [0, 1, 2]

@@ -47,7 +47,8 @@ def test_mapping_arguments_are_kept():
     assert arguments_of(normalize_messages([assistant_call({"day": "Fri"})])) == {"day": "Fri"}
 
 
-@pytest.mark.parametrize("bad", ['{"day": ', "[1, 2]", '"text"', "3", 7, ["a"]])
+@pytest.mark.parametrize("bad", ['{"day": ', "[1, 2]", '"text"', "3", 7, ["a"], '{"a": NaN}', '{"b": 1e400}',
+                                 '{"c": Infinity}'])
 def test_invalid_or_non_object_arguments_are_request_errors_naming_index_and_field(bad):
     messages = [{"role": "user", "content": "hi"}, assistant_call(bad)]
     with pytest.raises(RequestError) as caught:
@@ -273,3 +274,18 @@ def test_instructions_take_text_only(role):
         normalize_messages([{"role": role, "content": [{"type": "text", "text": "Rules."}, image]},
                             {"role": "user", "content": "q"}])
     assert caught.value.param == "messages[0].content"
+
+
+@pytest.mark.parametrize("name", ["self", "user"])
+def test_tools_named_like_the_reasoning_or_answer_recipient_are_refused(name):
+    """`to=self` and `to=user` open the reasoning and the answer: such a tool could never be called (P-REQ-8)."""
+    with pytest.raises(RequestError, match="recipient") as caught:
+        normalize_tools([{"type": "function", "function": {"name": name}}])
+    assert caught.value.param == "tools"
+
+
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning", "thinking"])
+def test_reasoning_that_is_not_text_is_refused(key):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", key: {"a": 1}}]
+    with pytest.raises(RequestError, match="must be a string"):
+        normalize_messages(messages)

@@ -49,3 +49,15 @@ def test_a_free_auto_turn_has_no_constraint_and_a_named_one_calls_only_that_tool
     answer = plan_tools(TOOLS, "auto").turn_constraint({"json_schema": {}}, parallel_calls=False)
     assert not answer.must_call and len(answer.call_tools) == 2 and not answer.parallel_calls
     assert plan_tools(TOOLS, "none").turn_constraint(None, thinking_token_budget=0).call_tools == []
+
+
+def test_a_strict_tool_constrains_calls_under_auto_and_strict_must_be_a_boolean():
+    strict = normalize_tools([{"type": "function", "function": {"name": "get_weather", "strict": True}},
+                              {"type": "function", "function": {"name": "get_time", "strict": False}}])
+    constraint = plan_tools(strict, "auto").turn_constraint(None)
+    assert constraint is not None and not constraint.must_call and constraint.answer is None
+    assert [tool["function"]["name"] for tool in constraint.call_tools] == ["get_weather", "get_time"]
+    assert plan_tools(strict, "none").turn_constraint(None) is None
+    assert plan_tools(normalize_tools([{"name": "f", "strict": False}]), "auto").turn_constraint(None) is None
+    with pytest.raises(RequestError, match="strict must be a boolean"):
+        normalize_tools([{"name": "f", "strict": "yes"}])

@@ -123,3 +123,11 @@ def test_recursive_ref_does_not_loop_forever():
 def test_deeply_nested_json_never_raises():
     deep = "[" * 5000 + "]" * 5000
     assert typed(deep, {"type": "array"}) == deep
+
+
+@pytest.mark.parametrize("raw", ['{"x": "\\ud800"}', '["\\udfff"]', '"\\ud83d"'])
+def test_json_holding_a_lone_surrogate_falls_back_to_the_raw_string(raw):
+    """A lone surrogate cannot be encoded as UTF-8: arguments holding one could not be sent (P-VAL-4)."""
+    for schema in ({"type": "object"}, {"type": "array"}, None):
+        text = parameter_value_json(raw, schema, {})
+        assert json.loads(text) == raw and text.encode()

@@ -104,3 +104,27 @@ def test_speculative_decoding_keeps_a_thinking_budget_turn_exact():
                      for llm in (plain, spec))
         assert got.output.outputs[0].token_ids == want.output.outputs[0].token_ids, budget
     assert want.tool_calls and spec.engine.speculator.stats.num_accepted_tokens > 0
+
+
+def test_llm_chat_keeps_one_call_without_parallel_calls_and_stops_only_the_answer():
+    """As the server does: `parallel_tool_calls=False` returns one call under `auto` too, and stop strings end
+    the answer only (P-REQ-2): reasoning and calls may hold them."""
+    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=1024)
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    greedy = SamplingParams(temperature=0, max_tokens=300)
+    two = [{"role": "user", "content": "What's the weather in Paris and in Rome?"}]
+    both = llm.chat(two, greedy, tools=[weather])[0]
+    assert len(both.tool_calls) == 2
+    (first,) = llm.chat(two, greedy, tools=[weather], parallel_tool_calls=False)[0].tool_calls
+    assert (first.name, first.arguments) == (both.tool_calls[0].name, both.tool_calls[0].arguments)
+    one = [{"role": "user", "content": "What's the weather in Paris?"}]
+    stopped = llm.chat(one, SamplingParams(temperature=0, max_tokens=300, stop=["Paris"]), tools=[weather])[0]
+    assert "Paris" in stopped.reasoning and json.loads(stopped.tool_calls[0].arguments) == {"city": "Paris"}
+    answer = llm.chat([{"role": "user", "content": "Hi! Who are you?"}], greedy)[0]
+    word = answer.content.split()[1]
+    for include in (False, True):
+        params = SamplingParams(temperature=0, max_tokens=300, stop=[word], include_stop_str_in_output=include)
+        cut = llm.chat([{"role": "user", "content": "Hi! Who are you?"}], params)[0]
+        end = answer.content.index(word) + (len(word) if include else 0)
+        assert (cut.content, cut.stop_string, cut.finish_reason) == (answer.content[:end] or None, word, "stop")

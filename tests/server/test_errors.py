@@ -114,7 +114,6 @@ def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param)
      "response_format.json_schema.schema", "grammar engine refused"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
     ({"response_format": {"type": "yaml"}}, "response_format.type", "not one of"),
-    ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
     ({"functions": [{"name": "f"}]}, "functions", "tools"),
     ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
@@ -230,7 +229,7 @@ def test_bad_requests_never_affect_good_ones(server):
             bad = [http.post("/chat/completions", content=b"{nope", headers={"Content-Type": "application/json"}),
                    http.post("/chat/completions", json=chat(max_tokens=5000)),
                    http.post("/chat/completions", json=chat(model="other")),
-                   http.post("/chat/completions", json=chat(logit_bias={"1": 5}))]
+                   http.post("/chat/completions", json=chat(logit_bias={"x": 5}))]
             return await asyncio.gather(*good, *bad)
 
     responses = asyncio.run(run())

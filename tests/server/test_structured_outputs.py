@@ -131,6 +131,23 @@ def test_with_callable_tools_a_turn_is_a_valid_call_or_a_valid_answer(server):
     assert answers >= 2
 
 
+def test_strict_tools_hold_calls_to_their_schema_under_auto(server):
+    # OpenAI's strict mode: with tool_choice auto the turn may answer or call, but every call follows the schema
+    strict_tools = [{"type": "function", "function": {**tool["function"], "strict": True}} for tool in TOOLS]
+    requests = [{"model": "tiny", "messages": _messages(i), "max_tokens": 120, "seed": i, "stream": i % 2 == 0,
+                 "tools": strict_tools, "temperature": 1.0,
+                 "extra_body": {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 4}}
+                for i in range(24)]
+    results = _gather(server, requests)
+    calls = 0
+    for result in results:
+        complete = result["calls"][:-1] if result["finish_reason"] == "length" else result["calls"]
+        for name, arguments in complete:
+            jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+            calls += 1
+    assert calls >= 3  # (a random model calls in some turns and answers in others)
+
+
 def test_every_forced_tool_choice_returns_a_valid_call_of_an_allowed_tool(server):
     # P-REQ-4/5: `required` or named, parallel or not, streamed or not: valid by construction
     named_clock = {"type": "function", "function": {"name": "clock"}}
@@ -160,6 +177,30 @@ def test_every_forced_tool_choice_returns_a_valid_call_of_an_allowed_tool(server
         assert {name for name, _ in result["calls"]} <= allowed
         for name, arguments in complete:
             jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+
+
+SHAPED = {"type": "function", "function": {"name": "shaped", "description": "Schemas the call grammar resolves.",
+                                           "parameters": {"$ref": "#/$defs/args", "$defs": {
+    "args": {"allOf": [{"type": "object", "properties": {
+        "level": {"allOf": [{"type": "integer", "minimum": 0, "maximum": 9}]},
+        "mode": {"enum": ["low", "high", 1, None]},
+        "op": {"enum": ["a<b", "c"]},
+        "note": {"type": ["string", "null"], "maxLength": 5}}, "required": ["level", "mode", "op", "note"]},
+        {"properties": {"extra": {"type": "boolean"}}, "required": ["extra"]}]}}}}}
+
+
+def test_forced_calls_follow_refs_all_of_mixed_enums_and_nullable_bounds(server):
+    schema = {**SHAPED["function"]["parameters"]["$defs"]["args"], "$defs": SHAPED["function"]["parameters"]["$defs"]}
+    requests = [{"model": "tiny", "messages": _messages(i), "max_tokens": 200, "seed": i, "tools": [SHAPED],
+                 "stream": i % 2 == 0,
+                 "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+                 "extra_body": {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0}}
+                for i in range(12)]
+    for result in _gather(server, requests):
+        assert result["finish_reason"] == "tool_calls", result
+        ((name, arguments),) = result["calls"]
+        jsonschema.validate(json.loads(arguments), schema)
+        assert "extra" in json.loads(arguments)
 
 
 def test_vllm_fields_constrain_the_answer_too(server):
@@ -218,6 +259,12 @@ def test_completions_constrain_the_raw_text(server):
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
     ({"thinking_token_budget": -1}, "thinking_token_budget"),
+    ({"structured_outputs": {"json": "[" * 3000 + "]" * 3000}}, "structured_outputs.json"),  # (deeper than json's
+    ({"guided_json": "[" * 3000 + "]" * 3000}, "guided_json"),                               # recursion limit)
+    # a chat answer spelling a framing marker would end there (P-CHAN-6); completions take it
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": "<|eot|>"}}}},
+     "response_format.json_schema.schema"),
+    ({"structured_outputs": {"choice": ["a<|start|>b", "c"]}}, "structured_outputs.choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": "x"}}}}}], "tool_choice": "required"},
      "tools"),
@@ -228,3 +275,30 @@ def test_an_invalid_constraint_is_a_400_naming_the_field(server, fields, param):
         client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, extra_body=fields)
     assert raised.value.body["param"] == param, raised.value.body
     client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=2)  # the engine lives on
+
+
+def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
+    """Text a grammar spells out is text, special-token spellings included (on completions); a choice among
+    thousands is one of them; a chat answer keeps ATEM-like text as written (P-CHAN-2)."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    eot = {"type": "object", "properties": {"tag": {"const": "<|eot|>"}}, "required": ["tag"],
+           "additionalProperties": False}
+    for seed in range(3):
+        response = client.completions.create(model="tiny", prompt="x", max_tokens=40, seed=seed, extra_body={
+            "structured_outputs": {"json": eot}})
+        assert json.loads(response.choices[0].text) == {"tag": "<|eot|>"}, response.choices[0].text
+        assert response.choices[0].finish_reason == "stop"
+    choices = [f"c{i}" for i in range(3000)]
+    for seed in range(3):
+        text = client.completions.create(model="tiny", prompt="x", max_tokens=20, seed=seed, extra_body={
+            "structured_outputs": {"choice": choices}}).choices[0].text
+        # (a choice that may go on, c5 → c50, ends with a stop token, which completions text keeps)
+        assert text.removesuffix("<|eot|>").removesuffix("<|end_of_text|>") in choices, text
+    atem = {"type": "object", "properties": {"tag": {"const": '<atem:invoke name="'}}, "required": ["tag"],
+            "additionalProperties": False}
+    for stream in (False, True):
+        result = _gather(server, [{"model": "tiny", "messages": _messages(0), "max_tokens": 60, "seed": 1,
+                                   "stream": stream, "response_format": {
+                                       "type": "json_schema", "json_schema": {"name": "a", "schema": atem}},
+                                   "extra_body": {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0}}])
+        assert json.loads(result[0]["content"]) == {"tag": '<atem:invoke name="'}, result

@@ -1,0 +1,185 @@
+"""Request fields as OpenAI and vLLM define them, through the real server on a random tiny model: null means
+unset, `logit_bias` changes the choice, legacy completion logprobs (offsets, the sampled token among the top
+ones), stop ids and `include_stop_str_in_output`, message fields the template would drop, conflicting knobs.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+from oracle import reference_logits, reference_model
+from server_support import PINNED_DATE, live_server
+
+PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny()) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def next_logits(make_tiny) -> torch.Tensor:
+    """The reference's logits after PROMPT."""
+    return reference_logits(reference_model(make_tiny()), PROMPT)[-1]
+
+
+def complete(server, **fields) -> dict:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "temperature": 0, **fields}
+    response = httpx.post(server.base_url + "/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]
+
+
+def chat_error(server, **fields) -> dict:
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2, "chat_template_kwargs": PINNED_DATE, **fields}
+    response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    return response.json()["error"]
+
+
+def test_fields_sent_as_null_take_their_defaults(server, client):
+    # the OpenAI reference types these "… or null"; the SDK sends None as null
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, n=None, logprobs=None,
+                                          stream=None, temperature=None, seed=None,
+                                          extra_body={"chat_template_kwargs": PINNED_DATE, "min_tokens": None,
+                                                      "ignore_eos": None, "stream_options": None})
+    assert len(chat.choices) == 1 and chat.choices[0].logprobs is None
+    plain = complete(server, echo=None, n=None, logprobs=None, stream=None)
+    assert plain["text"] == complete(server)["text"] and plain["logprobs"] is None
+
+
+def test_seeds_take_the_whole_range_sampling_params_takes(server):
+    assert complete(server, temperature=1, seed=2**64 - 1)["text"] is not None
+    assert complete(server, temperature=1, seed=2**63, n=2)["text"] is not None
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "seed": 2**64 - 1, "n": 2}
+    error = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()["error"]
+    assert error["param"] == "seed" and "2**64" in error["message"]
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), [
+    ("/chat/completions", {"prompt": "hi"}, "prompt"),
+    ("/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("/responses", {"stop": ["x"]}, "stop"),
+])
+def test_a_field_of_another_endpoint_is_an_unknown_field(server, path, fields, param):
+    base = {"/chat/completions": {"messages": MESSAGES, "max_tokens": 2}, "/completions": {"prompt": "hi"},
+            "/responses": {"input": "hi"}}[path]
+    response = httpx.post(server.base_url + path, json={"model": "tiny", **base, **fields}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "unknown field" in error["message"]
+
+
+def test_a_responses_tool_choice_of_the_chat_shape_gets_the_responses_shape_as_the_hint(server):
+    body = {"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    error = httpx.post(server.base_url + "/responses", json=body, timeout=60).json()["error"]
+    assert error["param"] == "tool_choice" and '{"type": "function", "name": NAME}' in error["message"]
+
+
+def test_logit_bias_bans_and_forces_tokens_greedy_and_sampled(server, next_logits):
+    top = next_logits.topk(2).indices.tolist()
+    assert complete(server, logprobs=0)["logprobs"]["top_logprobs"][0]  # the greedy token is the reference's
+    greedy = complete(server, logprobs=1)
+    assert greedy["logprobs"]["token_logprobs"][0] == pytest.approx(
+        torch.log_softmax(next_logits, -1)[top[0]].item(), abs=1e-4)
+    banned = complete(server, logprobs=1, logit_bias={str(top[0]): -100})
+    second = complete(server, logprobs=1, logit_bias={str(top[1]): 100})
+    assert banned["logprobs"]["tokens"] == second["logprobs"]["tokens"] != greedy["logprobs"]["tokens"]
+    # logprobs stay the model's own distribution
+    assert banned["logprobs"]["token_logprobs"][0] == pytest.approx(
+        torch.log_softmax(next_logits, -1)[top[1]].item(), abs=1e-4)
+    forced = {str(top[1]): 100}
+    for seed in range(4):
+        assert complete(server, temperature=1.5, seed=seed, logprobs=0, logit_bias=forced)["logprobs"]["tokens"] \
+            == second["logprobs"]["tokens"]
+
+
+@pytest.mark.parametrize(("bias", "words"), [
+    ({"abc": 1}, "not a token id"), ({"-3": 1}, "not a token id"), ({"5": 101}, "[-100, 100]"),
+    ({"99999": 1}, "outside the vocabulary"),
+])
+def test_a_bad_logit_bias_is_400(server, bias, words):
+    error = chat_error(server, logit_bias=bias)
+    assert error["param"] == "logit_bias" and words in error["message"]
+
+
+def test_text_offsets_are_where_each_token_starts_even_when_a_stop_string_held_text_back(server):
+    free = complete(server, max_tokens=12, logprobs=0, ignore_eos=True)
+    tokens, offsets, text = free["logprobs"]["tokens"], free["logprobs"]["text_offset"], free["text"]
+    # (a token holding part of a character shows as U+FFFD on its own, and the text the next token completes
+    # starts with that character: check the others)
+    whole = [i for i, token in enumerate(tokens) if "\ufffd" not in token and (i == 0 or "\ufffd" not in tokens[i - 1])]
+    for i in whole:
+        assert text[offsets[i] : offsets[i] + len(tokens[i])] == tokens[i]
+    # a stop string from inside token k into token k + 1: token k's tail is held back (it might begin the stop
+    # string) and released with token k + 1, which ends the text
+    k = next(i for i in whole if i >= 3 and i + 1 in whole and len(tokens[i]) >= 2
+             and text.find(tokens[i][1:] + tokens[i + 1][:1]) == offsets[i] + 1)
+    stop = tokens[k][1:] + tokens[k + 1][:1]
+    stopped = complete(server, max_tokens=12, logprobs=0, ignore_eos=True, stop=[stop])
+    assert stopped["text"] == text[: offsets[k] + 1] and stopped["finish_reason"] == "stop"
+    assert stopped["logprobs"]["text_offset"] == offsets[: k + 2]
+
+
+def test_completion_top_logprobs_hold_the_sampled_token_too(server):
+    for seed in range(6):
+        choice = complete(server, temperature=3.0, seed=seed, max_tokens=4, logprobs=1)
+        logprobs = choice["logprobs"]
+        for token, value, top in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"],
+                                     strict=True):
+            # (tokens spelled alike share a key, which the more likely one keeps)
+            assert top[token] >= value and 1 <= len(top) <= 2
+    zero = complete(server, max_tokens=3, logprobs=0, temperature=0)["logprobs"]
+    assert [list(top) for top in zero["top_logprobs"]] == [[token] for token in zero["tokens"]]
+
+
+def test_a_stop_token_id_leaves_its_text_out_unless_include_stop_str_in_output(server):
+    # as vLLM: the text of a stop id from the request goes only with include_stop_str_in_output
+    tokens = complete(server, max_tokens=8, logprobs=0, ignore_eos=True)["logprobs"]["tokens"]
+    tokenizer = server.engine.engine.tokenizer
+    special = set(tokenizer.all_special_ids)
+    stop_id = next(i for i in range(server.engine.engine.model_config.text.vocab_size)
+                   if i not in special and tokenizer.decode([i]) == tokens[2])
+    left_out = complete(server, max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id])
+    kept = complete(server, max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id], include_stop_str_in_output=True)
+    assert left_out["stop_reason"] == kept["stop_reason"] == stop_id
+    assert left_out["text"] == "".join(tokens[:2]) and kept["text"] == "".join(tokens[:3])
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "user", "content": "x", "name": "bob"}], "messages[0].name"),
+    ([{"role": "system", "content": "x", "name": "ops"}, *MESSAGES], "messages[0].name"),
+    ([{"role": "user", "content": "x", "bogus_key": 1}], "messages[0].bogus_key"),
+    ([*MESSAGES, {"role": "assistant", "content": None, "refusal": "I won't."}, *MESSAGES], "messages[1].refusal"),
+    ([{"role": "developer", "content": "a"}, {"role": "critic", "content": "x"}], "messages[1].role"),
+])
+def test_message_fields_the_template_would_drop_are_refused_naming_them(server, messages, param):
+    assert chat_error(server, messages=messages)["param"] == param
+
+
+def test_fields_clients_send_back_unchanged_are_accepted(client):
+    messages = [*MESSAGES, {"role": "assistant", "content": "hello", "refusal": None, "annotations": [],
+                            "audio": None, "function_call": None, "name": None, "reasoning": "r"},
+                {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "ok"}, *MESSAGES]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                           extra_body={"chat_template_kwargs": PINNED_DATE})
+    assert reply.choices
+
+
+def test_conflicting_reasoning_knobs_are_refused(server):
+    error = chat_error(server, reasoning_effort="high", reasoning={"effort": "low"})
+    assert error["param"] == "reasoning.effort" and "contradicts" in error["message"]
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2, "chat_template_kwargs": PINNED_DATE,
+            "reasoning_effort": "low", "reasoning": {"effort": "low"}}
+    assert httpx.post(server.base_url + "/chat/completions", json=body, timeout=60).status_code == 200
