@@ -114,14 +114,16 @@ class AsyncEngine:
         *,
         multimodal: list[MultimodalItem] | None = None,
         controller_factory: ControllerFactory | None = None,
+        queue_limit: bool = True,
     ) -> AsyncIterator[StepDelta]:
         """Stream a request's deltas until every completion finishes.
 
         Raises RequestError (invalid request), EngineOverloadedError (queue full) or EngineDeadError
         before the first delta, and EngineStepError or EngineDeadError after it. Closing the iterator early
-        aborts the request, as does cancelling the caller at any point.
+        aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
+        is skipped (the later prompts of one API request that passed it: they are one request to its client).
         """
-        if self.num_waiting_requests >= self.max_waiting_requests:
+        if queue_limit and self.num_waiting_requests >= self.max_waiting_requests:
             raise EngineOverloadedError(
                 f"{self.num_waiting_requests} requests are already waiting; retry later"
             )

@@ -43,12 +43,36 @@ class GrammarFailure(GlimmerError):
     """The grammar engine failed while constraining a completion (a limit it hit): that request fails."""
 
 
+class MarkerSpelling:
+    """Which tokens spell (part of) a framing marker's opening `<|` in text: a chat turn's text may not (the
+    output parser reads framing in text, P-CHAN-6), so a grammar that makes the answer spell one fails its
+    request rather than return an answer the parser cut. Special tokens are framing, not text, and pass."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        special = set(tokenizer.all_special_ids)
+        self.inside: set[int] = set()  # `<|` within the token
+        self.ends_open: set[int] = set()  # ends with `<`
+        self.starts_bar: set[int] = set()  # starts with `|`
+        for token_id in range(tokenizer.vocab_size):
+            if token_id in special:
+                continue
+            data = tokenizer.token_bytes(token_id)
+            if b"<|" in data:
+                self.inside.add(token_id)
+            if data.endswith(b"<"):
+                self.ends_open.add(token_id)
+            if data.startswith(b"|"):
+                self.starts_bar.add(token_id)
+
+
 class GrammarController:
     """Constrains one completion by a grammar (the sequence's controller)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int):
+    def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int, markers: MarkerSpelling | None = None):
         self.matcher = matcher
         self.num_token_ids = num_token_ids  # the ids llguidance indexed: every logit row of the model
+        self._markers = markers  # a chat turn's: its text may not spell `<|`
+        self._after_open = False  # the text so far ends with `<`
 
     def accepted_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens`, in a row, the grammar would accept from here, without consuming them. An id
@@ -60,6 +84,14 @@ class GrammarController:
 
     def observe(self, token_id: int) -> bool:
         """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
+        markers = self._markers
+        if markers is not None:
+            spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
+            self._after_open = token_id in markers.ends_open
+            if spelled:
+                raise GrammarFailure("the constrained answer spelled a framing marker's `<|` in text, which would end "
+                                     "or break the message (P-CHAN-6); constrain the raw text on /v1/completions "
+                                     "instead")
         if not self.matcher.consume_token(token_id):
             # the sampler only draws allowed tokens, so this is a limit of the grammar engine (or a bug): the
             # request fails with the engine's reason rather than end as if its output were complete
@@ -84,6 +116,8 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
+        self._text_tokenizer = tokenizer
+        self._markers: MarkerSpelling | None = None
         stops = sorted(set(stop_token_ids))
         if vocab_size < tokenizer.vocab_size:
             raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size} ids")
@@ -93,11 +127,12 @@ class GrammarCompiler:
         if self.tokenizer.vocab_size != vocab_size:  # the masks are sized by the model's rows (GrammarMasks)
             raise RuntimeError(f"llguidance indexed {self.tokenizer.vocab_size} tokens for {vocab_size} logit rows")
 
-    def compile(self, grammar: dict[str, Any], param: str) -> ControllerFactory:
+    def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
 
         Compiled grammars are kept (the last `COMPILED_CACHE_SIZE`), so requests repeating a schema, a tool set
-        or a regex start from a copy instead of compiling again.
+        or a regex start from a copy instead of compiling again. `guard_markers`: the text is a chat turn's, which
+        may not spell a framing marker (`MarkerSpelling`).
         """
         text = json.dumps(grammar, ensure_ascii=False)
         with self._lock:
@@ -114,7 +149,14 @@ class GrammarCompiler:
                 self._compiled[text] = matcher
                 while len(self._compiled) > COMPILED_CACHE_SIZE:
                     self._compiled.popitem(last=False)
-        return lambda: GrammarController(matcher.deep_copy(), self.tokenizer.vocab_size)
+        markers = self._marker_spelling() if guard_markers else None
+        return lambda: GrammarController(matcher.deep_copy(), self.tokenizer.vocab_size, markers)
+
+    def _marker_spelling(self) -> MarkerSpelling:
+        with self._lock:
+            if self._markers is None:
+                self._markers = MarkerSpelling(self._text_tokenizer)
+            return self._markers
 
     def structured_outputs(self, params: StructuredOutputsParams, param: str = "structured_outputs"
                            ) -> ControllerFactory:
@@ -125,7 +167,7 @@ class GrammarCompiler:
         """Controllers that constrain a chat turn: the answer is checked first, so its errors name `answer_param`."""
         if constraint.answer is not None:
             self.compile({"grammars": [dict(constraint.answer)]}, answer_param)
-        return self.compile(turn_grammar(constraint), "tools")
+        return self.compile(turn_grammar(constraint), "tools", guard_markers=constraint.answer is not None)
 
 
 class _TokenTable:

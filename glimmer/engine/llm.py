@@ -14,6 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
@@ -74,14 +75,35 @@ class _ChatTurn:
     include_stop: bool
 
 
-def _cut_at_stop(content: str | None, stop: list[str], include: bool) -> tuple[str | None, str | None]:
-    """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None)."""
-    found = [(content.find(s), s) for s in stop] if content else []
-    found = [(at, s) for at, s in found if at >= 0]
+def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: str = "",
+                 armed_after: int = -1) -> tuple[str | None, str | None]:
+    """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
+
+    As on the server, with `min_tokens` a stop string counts only if it ends after character `armed_after` of the
+    turn's `raw_text` (where the (min_tokens − 1)-th token's text ends); the answer is found in it by its text."""
+    if not content or not stop:
+        return content, None
+    base = raw_text.rfind(content) if armed_after >= 0 else -1
+    found = []
+    for s in stop:
+        at = content.find(s)
+        while at >= 0 and base >= 0 and base + at + len(s) <= armed_after:
+            at = content.find(s, at + 1)
+        if at >= 0:
+            found.append((at, s))
     if not found:
         return content, None
     at, matched = min(found, key=lambda item: item[0])
     return content[: at + len(matched) if include else at] or None, matched
+
+
+def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, skip_special: bool) -> int:
+    """Where the text of the (min_tokens − 1)-th generated token ends (-1: every stop string counts)."""
+    if min_tokens < 2:
+        return -1
+    detokenizer = IncrementalDetokenizer(tokenizer, frozenset(tokenizer.all_special_ids) if skip_special
+                                         else frozenset())
+    return len(detokenizer.add_many(token_ids[: min_tokens - 1]))
 
 
 class LLM:
@@ -335,7 +357,10 @@ class LLM:
             for completion in output.outputs:
                 parsed = parse_output(completion.text, plan.parser_tools, verbatim_content=turn.constrained_answer)
                 alone = replace(output, outputs=[completion])
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop)
+                armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,
+                                           turn.params.skip_special_tokens) if turn.stop else -1
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, completion.text,
+                                                    armed_after)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 choices.append(ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string))

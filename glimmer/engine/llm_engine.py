@@ -528,9 +528,10 @@ class LLMEngine:
         if bad:  # could never be sampled: the request would silently run past where it was meant to stop
             raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                                param="stop_token_ids")
-        bad = [t for t in params.logit_bias or {} if t >= vocab]
+        tokens = self.tokenizer.vocab_size  # (logit rows past the tokenizer's ids are padding, never a token)
+        bad = [t for t in params.logit_bias or {} if t >= tokens]
         if bad:
-            raise RequestError(f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+            raise RequestError(f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {tokens})",
                                param="logit_bias")
         if not multimodal:
             refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,

@@ -95,43 +95,30 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     return _merged_instructions(normalized) if developer_as_system else normalized
 
 
-# Message fields the template renders, by role (`role` and `content` for every role). A field it would drop is
-# refused by a serving API; `name` on a message other than a tool result has no place in the chat format.
-RENDERED_FIELDS: Mapping[str, frozenset[str]] = {
-    "system": frozenset(),
-    "developer": frozenset(),
-    "user": frozenset(),
-    "assistant": frozenset({"reasoning_content", "reasoning", "thinking", "tool_calls", "recipient", "end_turn"}),
-    "tool": frozenset({"tool_call_id", "name"}),
-}
-# Fields of an assistant message that clients send back as they got them, and that say nothing when empty
-# (`annotations` only annotate the content they came with).
-_ECHOED_EMPTY_FIELDS = frozenset({"refusal", "audio", "function_call", "annotations"})
+# Fields of an assistant message that hold something the model said, which the template cannot render: a
+# refusal, audio, a legacy function call. A serving API refuses them (non-empty) rather than drop what they hold.
+UNRENDERED_ASSISTANT_FIELDS = frozenset({"refusal", "audio", "function_call"})
 
 
 def refuse_unrendered(messages: Sequence[Mapping[str, Any]]) -> None:
     """RequestError naming the first message of a request (as sent, before `normalize_messages` merges developer
-    messages) whose role the template does not render, or that carries a field the template would drop: a
-    serving API refuses them rather than drop them from the prompt. A field sent as null counts as not sent."""
+    messages) whose role the template does not render, or whose assistant turn holds something it would drop (a
+    non-empty `refusal`, `audio` or legacy `function_call`): a serving API refuses them rather than drop them
+    from the prompt. Other fields the template does not read are metadata clients and agent frameworks send back
+    as they got them (`name`, `annotations`, litellm's `provider_specific_fields`, ids) and are ignored, as
+    OpenAI and vLLM ignore them."""
     for i, message in enumerate(messages):
         role = message["role"]
         if role not in RENDERED_ROLES and role != "developer":
             raise RequestError(f"messages[{i}].role: {role!r} is not a role this model takes (system, "
                                "developer, user, assistant, tool)", param=f"messages[{i}].role")
-        rendered = RENDERED_FIELDS[role]
-        for key, value in message.items():
-            if key in ("role", "content") or key in rendered or value is None:
-                continue
-            if role == "assistant" and key in _ECHOED_EMPTY_FIELDS and not value:
-                continue
-            if key == "name":
-                reason = ("participant names have no place in Muse Glimmer's chat format; leave `name` out or say "
-                          "who speaks in the content")
-            elif role == "assistant" and key in _ECHOED_EMPTY_FIELDS:
-                reason = f"an assistant message's {key} cannot be rendered; leave it out or null"
-            else:
-                reason = f"unknown field of a {role} message; Glimmer refuses it rather than drop it from the prompt"
-            raise RequestError(f"messages[{i}].{key}: {reason}", param=f"messages[{i}].{key}")
+        if role != "assistant":
+            continue
+        for key in sorted(UNRENDERED_ASSISTANT_FIELDS & set(message)):
+            if message[key]:
+                raise RequestError(f"messages[{i}].{key}: an assistant message's {key} cannot be rendered (Muse "
+                                   "Glimmer's chat format has no place for it); leave it out or null",
+                                   param=f"messages[{i}].{key}")
 
 
 def _merged_instructions(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -137,17 +137,66 @@ def _value(schema: Any, root: Mapping[str, Any]) -> str:
     types = allowed_types(schema, root)
     if types and "string" not in types:
         return f"%json {json.dumps(_standalone(resolved, root), ensure_ascii=False)} {_string(PARAMETER_CLOSE)}"
-    members = resolved.get("enum") if "enum" in resolved else (
-        [resolved["const"]] if "const" in resolved else None)
-    spelled = _spelled_members(members) if isinstance(members, list) else []
-    if spelled:
-        return f"({' | '.join(_string(m) for m in spelled)}) {_string(PARAMETER_CLOSE)}"
-    if types and types <= {"string", "null"} and ("maxLength" in resolved or "minLength" in resolved):
-        low = _count(resolved.get("minLength"), 0)
-        high = _count(resolved.get("maxLength"), None)
-        bounded = f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/"
-        return f"({bounded} | {_string('null' + PARAMETER_CLOSE)})" if "null" in types else bounded
-    return f"/{_RAW_VALUE_AND_CLOSER}/"
+    shapes = _raw_shapes(schema, root, 0)
+    if not shapes:
+        raise RequestError("tools: a parameter's schema admits no value that can be written as raw text (its string "
+                           "members hold `</` or `<|`, which end or break an ATEM value)", param="tools")
+    literals = sorted({text for shape in shapes if shape.literals is not None for text in shape.literals})
+    bounds = sorted({(shape.low, shape.high) for shape in shapes if shape.literals is None},
+                    key=lambda b: (b[0], -1 if b[1] is None else b[1]))
+    if (0, None) in bounds:  # any text: the other shapes add nothing it does not hold
+        return f"/{_RAW_VALUE_AND_CLOSER}/"
+    pieces = [f"({' | '.join(_string(text) for text in literals)}) {_string(PARAMETER_CLOSE)}"] if literals else []
+    pieces += [f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/" for low, high in bounds]
+    return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
+
+
+@dataclass(frozen=True)
+class _RawShape:
+    """Raw text a string-admitting parameter may hold: one of `literals` (None: any text of `low`..`high`
+    characters without `<`; (0, None): any text a raw value may hold)."""
+
+    literals: frozenset[str] | None = None
+    low: int = 0
+    high: int | None = None
+
+
+_ANY_TEXT = _RawShape()
+_MAX_SHAPE_DEPTH = 16
+
+
+def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int) -> list[_RawShape]:
+    """The raw texts `schema` admits, as alternatives (P-VAL-1: raw text reads back as the string itself, and the
+    exact text null as null where null is allowed). Follows `$ref`, `anyOf`/`oneOf` (the union of the members
+    that admit strings or null) and `allOf` (the intersection); an empty list admits nothing writable."""
+    resolved = _resolved(schema, root)
+    if depth > _MAX_SHAPE_DEPTH or not resolved:
+        return [_ANY_TEXT]
+    own_types = allowed_types({k: v for k, v in resolved.items() if k not in ("anyOf", "oneOf", "allOf")}, root)
+    shapes: list[_RawShape] = []
+    if "enum" in resolved or "const" in resolved:
+        members = resolved.get("enum") if "enum" in resolved else [resolved["const"]]
+        members = members if isinstance(members, list) else []
+        spelled = frozenset(_spelled_members(members))
+        shapes = [_RawShape(spelled)] if spelled else []
+    elif not own_types or "string" in own_types:
+        shapes = [_RawShape(None, _count(resolved.get("minLength"), 0), _count(resolved.get("maxLength"), None))]
+        if "null" in own_types:
+            shapes.append(_RawShape(frozenset({"null"})))
+    elif "null" in own_types:
+        shapes = [_RawShape(frozenset({"null"}))]
+    for combinator in ("anyOf", "oneOf"):
+        members = resolved.get(combinator)
+        if isinstance(members, list) and members:
+            union = [shape for member in members if _admits_raw(member, root)
+                     for shape in _raw_shapes(member, root, depth + 1)]
+            shapes = [joint for a in shapes for b in union if (joint := _both(a, b)) is not None]
+    every = resolved.get("allOf")
+    if isinstance(every, list):
+        for member in every:
+            member_shapes = _raw_shapes(member, root, depth + 1)
+            shapes = [joint for a in shapes for b in member_shapes if (joint := _both(a, b)) is not None]
+    return shapes
 
 
 def _spelled_members(members: list[Any]) -> list[str]:
@@ -159,6 +208,23 @@ def _spelled_members(members: list[Any]) -> list[str]:
     if None in members:
         spelled.append("null")
     return list(dict.fromkeys(spelled))
+
+
+def _admits_raw(schema: Any, root: Mapping[str, Any]) -> bool:
+    types = allowed_types(schema, root)
+    return not types or bool(types & {"string", "null"})
+
+
+def _both(a: _RawShape, b: _RawShape) -> _RawShape | None:
+    """Texts both shapes admit, or None."""
+    low = max(a.low, b.low)
+    high = a.high if b.high is None else b.high if a.high is None else min(a.high, b.high)
+    if a.literals is not None or b.literals is not None:
+        pool = a.literals if b.literals is None else b.literals if a.literals is None else a.literals & b.literals
+        kept = frozenset(text for text in pool if text == "null" or (low <= len(text) and (high is None or
+                                                                                        len(text) <= high)))
+        return _RawShape(kept) if kept else None
+    return _RawShape(None, low, high) if high is None or low <= high else None
 
 
 def _resolved(schema: Any, root: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -189,7 +189,8 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
     run.choices = [_Choice(detokenizer=run.detokenizer() if request.logprobs is not None else None)
                    for _ in range(len(prompts) * params.n)]
-    streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory)
+    # the queue limit counts this API request once, however many prompts it holds
+    streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory, queue_limit=i == 0)
                for i, ids in enumerate(prompts)]
     try:
         firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),

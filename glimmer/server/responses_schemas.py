@@ -25,7 +25,7 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
-        return drop_nulls(data)
+        return drop_nulls(cls, data)
 
 
 RESPONSES_FIELD_HINTS = {
@@ -159,6 +159,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
         if unknown:
             raise RequestError(f"tools[{i}].{sorted(unknown)[0]}: unknown field", param=f"tools[{i}]")
+        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
+            raise RequestError(f"tools[{i}].strict: must be a boolean", param=f"tools[{i}].strict")
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
                     if tool.get(key) is not None}
         converted.append({"type": "function", "function": function})

@@ -8,8 +8,8 @@ right. Three groups of known fields:
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`);
 - accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
-  `safety_identifier`, `prompt_cache_key`; and `spaces_between_special_tokens`, which the server always
-  overrides to false (P-REQ-1);
+  `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; and `spaces_between_special_tokens`,
+  which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
   `function_call`, audio, predicted outputs, `suffix`, `best_of`.
 
@@ -18,6 +18,7 @@ Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are che
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -43,13 +44,23 @@ class _Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
-        return drop_nulls(data)
+        return drop_nulls(cls, data)
 
 
-def drop_nulls(data: Any) -> Any:
-    """A field sent as null is a field not sent, as the OpenAI reference types its optional fields ("… or null")
-    and SDKs send None that way: `n: null` means the default n, not a 400."""
-    return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
+def drop_nulls(model: type[BaseModel], data: Any) -> Any:
+    """A field sent as null that cannot hold None is a field not sent, as the OpenAI reference types its optional
+    fields ("… or null") and SDKs send None that way: `n: null` means the default n, not a 400. A field that
+    can hold None keeps it, which may differ from its default (completions `max_tokens: null` is "up to the
+    context", its default 16)."""
+    if not isinstance(data, dict):
+        return data
+    fields = model.model_fields
+    return {key: value for key, value in data.items()
+            if value is not None or key not in fields or _takes_none(fields[key].annotation)}
+
+
+def _takes_none(annotation: Any) -> bool:
+    return annotation is None or type(None) in typing.get_args(annotation) or annotation is Any
 
 
 class StreamOptions(_Body):
@@ -120,6 +131,7 @@ class _SamplingFields(_Body):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     spaces_between_special_tokens: bool | None = None  # P-REQ-1: always false
 
 

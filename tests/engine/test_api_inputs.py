@@ -87,8 +87,9 @@ def test_chat_refuses_a_role_the_template_would_drop(llm):
     """The server refused it; LLM.chat used to render the conversation without the message."""
     _refused(lambda: llm.chat([{"role": "wizard", "content": "What's the weather?"}], SamplingParams(max_tokens=2)),
              "messages[0].role")
-    _refused(lambda: llm.chat([{"role": "user", "content": "hi", "name": "ann"}], SamplingParams(max_tokens=2)),
-             "messages[0].name")
+    _refused(lambda: llm.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "refusal": "No."},
+                               {"role": "user", "content": "hi"}], SamplingParams(max_tokens=2)),
+             "messages[1].refusal")
 
 
 def test_logit_bias_steers_generate_and_ids_outside_the_vocabulary_are_refused(llm):

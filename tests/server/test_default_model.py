@@ -16,7 +16,7 @@ from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.default_model import DEFAULT_DRAFTER_NAME, DEFAULT_MODEL_NAME, default_drafter_dir, default_model_dir
 from glimmer.engine.model_loader import load_drafter, load_model
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, RequestError
 
 SIZE_BUDGET_BYTES = 20_000_000  # target and drafter together, as shipped
 
@@ -67,6 +67,10 @@ def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
     constrained request failed with "Invalid buffer size" when they did not)."""
     llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=1024)
     assert llm.engine.model_config.text.vocab_size > llm.get_tokenizer().vocab_size
+    padded_row = llm.get_tokenizer().vocab_size  # a logit row that is no token: never biased towards
+    with pytest.raises(RequestError, match="outside the vocabulary") as refused:
+        llm.generate(["x"], SamplingParams(max_tokens=1, logit_bias={padded_row: 100}))
+    assert refused.value.param == "logit_bias"
     choice = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
     assert llm.generate(["Is the sky blue?"], choice)[0].outputs[0].text in ("yes", "no")
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -127,4 +131,8 @@ def test_llm_chat_keeps_one_call_without_parallel_calls_and_stops_only_the_answe
         params = SamplingParams(temperature=0, max_tokens=300, stop=[word], include_stop_str_in_output=include)
         cut = llm.chat([{"role": "user", "content": "Hi! Who are you?"}], params)[0]
         end = answer.content.index(word) + (len(word) if include else 0)
+        # min_tokens holds stop strings off until its last token, as on the server: the early word does not count
+        held = llm.chat([{"role": "user", "content": "Hi! Who are you?"}], SamplingParams(
+            temperature=0, max_tokens=300, stop=[word], min_tokens=len(answer.output.outputs[0].token_ids) - 1))[0]
+        assert (held.content, held.stop_string) == (answer.content, None)
         assert (cut.content, cut.stop_string, cut.finish_reason) == (answer.content[:end] or None, word, "stop")

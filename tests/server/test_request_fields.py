@@ -58,6 +58,23 @@ def test_fields_sent_as_null_take_their_defaults(server, client):
     assert plain["text"] == complete(server)["text"] and plain["logprobs"] is None
 
 
+def test_a_null_that_means_something_keeps_its_meaning(server):
+    # completions max_tokens: null is "up to the context" (vLLM), not the default 16
+    choice = complete(server, prompt=[5], max_tokens=None, ignore_eos=True)
+    assert len(choice["text"]) > 16 and choice["finish_reason"] == "length"
+
+
+def test_a_completion_of_several_prompts_counts_once_toward_the_queue_limit(server):
+    engine = server.engine
+    engine.max_waiting_requests = 2
+    try:
+        body = {"model": "tiny", "prompt": [PROMPT, PROMPT[:5], PROMPT[:7]], "max_tokens": 2}
+        response = httpx.post(server.base_url + "/completions", json=body, timeout=60)
+        assert response.status_code == 200 and len(response.json()["choices"]) == 3, response.text
+    finally:
+        engine.max_waiting_requests = 1024
+
+
 def test_seeds_take_the_whole_range_sampling_params_takes(server):
     assert complete(server, temperature=1, seed=2**64 - 1)["text"] is not None
     assert complete(server, temperature=1, seed=2**63, n=2)["text"] is not None
@@ -158,23 +175,30 @@ def test_a_stop_token_id_leaves_its_text_out_unless_include_stop_str_in_output(s
 
 
 @pytest.mark.parametrize(("messages", "param"), [
-    ([{"role": "user", "content": "x", "name": "bob"}], "messages[0].name"),
-    ([{"role": "system", "content": "x", "name": "ops"}, *MESSAGES], "messages[0].name"),
-    ([{"role": "user", "content": "x", "bogus_key": 1}], "messages[0].bogus_key"),
     ([*MESSAGES, {"role": "assistant", "content": None, "refusal": "I won't."}, *MESSAGES], "messages[1].refusal"),
+    ([*MESSAGES, {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+      *MESSAGES], "messages[1].function_call"),
     ([{"role": "developer", "content": "a"}, {"role": "critic", "content": "x"}], "messages[1].role"),
 ])
-def test_message_fields_the_template_would_drop_are_refused_naming_them(server, messages, param):
+def test_what_an_assistant_said_that_the_template_cannot_render_is_refused(server, messages, param):
     assert chat_error(server, messages=messages)["param"] == param
 
 
-def test_fields_clients_send_back_unchanged_are_accepted(client):
-    messages = [*MESSAGES, {"role": "assistant", "content": "hello", "refusal": None, "annotations": [],
-                            "audio": None, "function_call": None, "name": None, "reasoning": "r"},
-                {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "ok"}, *MESSAGES]
-    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
-                                           extra_body={"chat_template_kwargs": PINNED_DATE})
-    assert reply.choices
+def test_metadata_clients_and_frameworks_send_back_is_accepted_and_changes_nothing(server, client):
+    """Agent frameworks send messages back with fields of their own: LangGraph's agent `name`, litellm's
+    `provider_specific_fields`, `annotations`; the template renders none of them, as OpenAI's and vLLM's ignore
+    them (a 400 there broke every second turn of those frameworks)."""
+    plain = [*MESSAGES, {"role": "assistant", "content": "hello", "reasoning": "r"},
+             {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "ok"}, *MESSAGES]
+    decorated = [{**MESSAGES[0], "name": "ann"},
+                 {**plain[1], "refusal": None, "annotations": [], "audio": None, "function_call": None,
+                  "name": "weather_agent", "provider_specific_fields": {"reasoning": "r"}, "id": "m1"},
+                 plain[2], {**MESSAGES[0], "name": "ann"}]
+    replies = [client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0,
+                                              extra_body={"chat_template_kwargs": PINNED_DATE})
+               for messages in (plain, decorated)]
+    assert replies[0].usage.prompt_tokens == replies[1].usage.prompt_tokens
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
 
 
 def test_conflicting_reasoning_knobs_are_refused(server):

@@ -13,6 +13,7 @@ import json
 import random
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -181,11 +182,17 @@ def test_every_forced_tool_choice_returns_a_valid_call_of_an_allowed_tool(server
 
 SHAPED = {"type": "function", "function": {"name": "shaped", "description": "Schemas the call grammar resolves.",
                                            "parameters": {"$ref": "#/$defs/args", "$defs": {
+    "City": {"type": "string", "enum": ["Oslo", "Rome"]},
     "args": {"allOf": [{"type": "object", "properties": {
         "level": {"allOf": [{"type": "integer", "minimum": 0, "maximum": 9}]},
         "mode": {"enum": ["low", "high", 1, None]},
         "op": {"enum": ["a<b", "c"]},
-        "note": {"type": ["string", "null"], "maxLength": 5}}, "required": ["level", "mode", "op", "note"]},
+        "note": {"type": ["string", "null"], "maxLength": 5},
+        # as pydantic writes Optional[Literal[...]], a described $ref, and a union with a non-string member
+        "unit": {"anyOf": [{"enum": ["c", "f"], "type": "string"}, {"type": "null"}]},
+        "city": {"allOf": [{"$ref": "#/$defs/City"}], "description": "where"},
+        "code": {"oneOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}]}},
+        "required": ["level", "mode", "op", "note", "unit", "city", "code"]},
         {"properties": {"extra": {"type": "boolean"}}, "required": ["extra"]}]}}}}}
 
 
@@ -266,6 +273,9 @@ def test_completions_constrain_the_raw_text(server):
      "response_format.json_schema.schema"),
     ({"structured_outputs": {"choice": ["a<|start|>b", "c"]}}, "structured_outputs.choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"enum": ["a</b", "c<|d"]}}, "required": ["x"]}}}],
+      "tool_choice": "required"}, "tools"),  # no member can be written as a raw value
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": "x"}}}}}], "tool_choice": "required"},
      "tools"),
 ])
@@ -302,3 +312,17 @@ def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
                                        "type": "json_schema", "json_schema": {"name": "a", "schema": atem}},
                                    "extra_body": {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0}}])
         assert json.loads(result[0]["content"]) == {"tag": '<atem:invoke name="'}, result
+
+
+def test_a_chat_answer_whose_grammar_spells_a_framing_marker_fails_instead_of_being_cut(server):
+    """A regex can spell `<|` past the request-time check (`<\\|`, `<[|]`): the parser would read the text as
+    framing and cut the answer, so the request fails with the reason (P-CHAN-6)."""
+    for regex in (r"Hi <\|eot\|>", "Hi <[|]start[|]>user"):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": _messages(0), "max_tokens": 40, "structured_outputs": {"regex": regex},
+            "chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0})
+        assert response.status_code == 500, response.text
+        assert "framing marker" in response.json()["error"]["message"]
+    completion = httpx.post(server.base_url + "/completions", timeout=60, json={
+        "model": "tiny", "prompt": "x", "max_tokens": 20, "structured_outputs": {"regex": r"Hi <\|eot\|>"}})
+    assert completion.json()["choices"][0]["text"] == "Hi <|eot|>"  # raw text may spell it
