@@ -113,7 +113,7 @@ def test_speculative_decoding_keeps_a_thinking_budget_turn_exact():
 def test_llm_chat_keeps_one_call_without_parallel_calls_and_stops_only_the_answer():
     """As the server does: `parallel_tool_calls=False` returns one call under `auto` too, and stop strings end
     the answer only (P-REQ-2): reasoning and calls may hold them."""
-    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=1024)
+    llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=1024, kv_cache_memory="64MiB")  # beside others
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city.",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     greedy = SamplingParams(temperature=0, max_tokens=300)
