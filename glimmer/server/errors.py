@@ -70,6 +70,10 @@ def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
     return 500, error_body(INTERNAL_ERROR_MESSAGE, "internal_error")
 
 
+# headers HTTP asks of these statuses: how to authenticate (RFC 9110 §15.5.2), when to come back (§10.2.3)
+_STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}, 503: {"Retry-After": "1"}}
+
+
 def error_response(exc: BaseException) -> JSONResponse:
     status, body = describe_error(exc)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=_STATUS_HEADERS.get(status))

@@ -59,8 +59,9 @@ def test_a_valid_request_with_the_key_succeeds(client):
 
 @pytest.mark.parametrize("key", [None, "sk-wrong"])
 def test_missing_or_wrong_api_key_is_401(server, key):
-    error = error_of(post(server, chat(), key=key), 401)
-    assert error["code"] == "invalid_api_key"
+    response = post(server, chat(), key=key)
+    assert error_of(response, 401)["code"] == "invalid_api_key"
+    assert response.headers["WWW-Authenticate"] == "Bearer"
     if key is not None:
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
@@ -191,8 +192,9 @@ def test_overload_is_429(server, client):
     engine = server.engine
     engine.max_waiting_requests = 0
     try:
-        error = error_of(post(server, chat()), 429)
-        assert error["code"] == "engine_overloaded"
+        response = post(server, chat())
+        assert error_of(response, 429)["code"] == "engine_overloaded"
+        assert response.headers["Retry-After"] == "1"
         with pytest.raises(openai.RateLimitError):
             client.chat.completions.create(**sdk_chat(), stream=True)
     finally:
