@@ -82,7 +82,12 @@ def is_image_data(data: bytes) -> bool:
 
 
 def pil_to_rgb(image: Image.Image) -> np.ndarray:
-    """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does."""
+    """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does. A 16-bit
+    grey image (a 16-bit PNG opens so) is scaled to 8 bits: Pillow's `convert` clips it, every pixel above 255
+    turning white."""
+    if image.mode.startswith("I;16") or (image.mode == "I" and np.asarray(image).max(initial=0) > 255):
+        grey = (np.asarray(image).astype(np.int64).clip(0, 65535) >> 8).astype(np.uint8)
+        return np.repeat(grey[:, :, None], 3, axis=2)
     has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
     if has_alpha:
         rgba = image.convert("RGBA")

@@ -182,3 +182,19 @@ def test_too_many_pixels_raises_a_limit_error_before_decoding() -> None:
     for payload in (buffer.getvalue(), noise_image(100, 100), np.zeros((100, 100, 3), dtype=np.uint8)):
         with pytest.raises(MediaLimitError, match=r"image 1: 100×100 = 10,000 pixels exceeds the limit of 9,999"):
             process_image(payload, SETTINGS, limits, index=1)
+
+
+def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped_to_white():
+    """Pillow opens a 16-bit grey PNG as mode I;16 and its convert("RGB") clips every value above 255 to white."""
+    from glimmer.multimodal.image import pil_to_rgb
+
+    deep = (np.arange(32 * 32).reshape(32, 32) * 64).astype(np.uint16)
+    encoded = io.BytesIO()
+    Image.fromarray(deep).save(encoded, "PNG")
+    opened = Image.open(io.BytesIO(encoded.getvalue()))
+    assert opened.mode.startswith("I;16")
+    rgb = pil_to_rgb(opened)
+    assert rgb.shape == (32, 32, 3) and np.array_equal(rgb[:, :, 0], (deep >> 8).astype(np.uint8))
+    assert np.array_equal(rgb[:, :, 0], rgb[:, :, 2])
+    small = Image.fromarray(np.full((4, 4), 200, dtype=np.int32))  # mode I holding 8-bit values: kept
+    assert pil_to_rgb(small)[0, 0].tolist() == [200, 200, 200]
