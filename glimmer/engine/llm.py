@@ -369,21 +369,12 @@ class LLM:
                                     first.stop_string))
         return chats
 
-
     def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,
                    thinking_token_budget: int | None) -> _ChatTurn:
-        factory = self._turn_controller_factory(plan, params, response_format, parallel_tool_calls,
-                                                thinking_token_budget)
-        constrained = params.structured_outputs is not None or (
-            response_format is not None and StructuredOutputsParams.from_response_format(response_format) is not None)
-        # the turn grammar constrains the answer; stop strings match the answer only (P-REQ-2), so they are looked
-        # for in the parsed content, not in the raw turn, where reasoning or a tool call could hold them
-        return _ChatTurn(replace(params, structured_outputs=None, stop=[]), factory, constrained, list(params.stop),
-                         params.include_stop_str_in_output)
-
-    def _turn_controller_factory(self, plan: ToolPlan, params: SamplingParams, response_format: Any,
-                                 parallel_tool_calls: bool, thinking_token_budget: int | None
-                                 ) -> ControllerFactory | None:
+        """How one SamplingParams' conversations are generated and read: the turn's grammar (the answer's
+        constraint, from `response_format` or `params.structured_outputs`), and the stop strings, which match the
+        answer only (P-REQ-2): they are looked for in the parsed content, not in the raw turn, where reasoning or a
+        tool call could hold them."""
         structured, param = params.structured_outputs, "structured_outputs"
         if response_format is not None:
             requested = StructuredOutputsParams.from_response_format(response_format)
@@ -399,7 +390,9 @@ class LLM:
         answer = chat_answer_grammar(structured, param) if structured is not None else None
         constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
                                           thinking_token_budget=thinking_token_budget)
-        return self.engine.grammars.turn(constraint, param) if constraint is not None else None
+        factory = self.engine.grammars.turn(constraint, param) if constraint is not None else None
+        return _ChatTurn(replace(params, structured_outputs=None, stop=[]), factory, structured is not None,
+                         list(params.stop), params.include_stop_str_in_output)
 
 
 def _check_sampling_params(params_list: list[Any]) -> None:

@@ -176,8 +176,7 @@ class Tokenizer:
     def _encode_literal_piece(self, piece: str, placeholder: re.Pattern[str], literals: Mapping[str, str]) -> list[int]:
         if not piece:
             return []
-        restored = placeholder.sub(lambda match: literals[match.group()], piece)
-        return self._literal_backend.encode(restored, add_special_tokens=False).ids
+        return self.encode_text(placeholder.sub(lambda match: literals[match.group()], piece))
 
     @cached_property
     def _special_tokens(self) -> dict[str, AddedToken]:

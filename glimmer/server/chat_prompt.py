@@ -16,6 +16,7 @@ from typing import Any
 
 from glimmer.cancellation import CancelToken
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
+from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part
@@ -80,17 +81,18 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     else:
         token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
-    constrained = requested_structured_outputs(request)[0] is not None
-    return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context), multimodal, constrained)
+    structured, param = requested_structured_outputs(request)
+    return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
+                      multimodal, constrained_answer=structured is not None)
 
 
-def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan,
-                            context: ServingContext) -> ControllerFactory | None:
-    """The turn's grammar (P-REQ-5, P-REQ-6), compiled; None when nothing constrains the turn.
+def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, context: ServingContext,
+                            structured: StructuredOutputsParams | None, param: str) -> ControllerFactory | None:
+    """The turn's grammar (P-REQ-5, P-REQ-6), compiled; None when nothing constrains the turn. `structured`: the
+    answer's constraint and the field it came from (`requested_structured_outputs`).
 
     Raises RequestError naming the field whose schema, regex or grammar the grammar engine refuses.
     """
-    structured, param = requested_structured_outputs(request)
     answer = chat_answer_grammar(structured, param) if structured is not None else None
     constraint = tools.turn_constraint(answer, parallel_calls=request.parallel_tool_calls is not False,
                                        thinking_token_budget=request.thinking_token_budget)

@@ -13,20 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
-
 from glimmer.errors import RequestError
-from glimmer.server.schemas import Count, LogprobCount, PositiveCount, Seed, TopK, drop_nulls
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_unset(cls, data: Any) -> Any:
-        return drop_nulls(cls, data)
-
+from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
 
 RESPONSES_FIELD_HINTS = {
     "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "name": NAME}',
@@ -34,18 +22,18 @@ RESPONSES_FIELD_HINTS = {
 }
 
 
-class ResponsesReasoning(_Body):
+class ResponsesReasoning(RequestBody):
     effort: str | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text is returned instead
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-class ResponsesFunctionChoice(_Body):
+class ResponsesFunctionChoice(RequestBody):
     type: Literal["function"]
     name: str
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(RequestBody):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None

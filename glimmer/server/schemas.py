@@ -38,7 +38,9 @@ TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
-class _Body(BaseModel):
+class RequestBody(BaseModel):
+    """A request body (or a part of one): unknown fields refused, types strict, null as unset (`drop_nulls`)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     @model_validator(mode="before")
@@ -63,26 +65,26 @@ def _takes_none(annotation: Any) -> bool:
     return annotation is None or type(None) in typing.get_args(annotation) or annotation is Any
 
 
-class StreamOptions(_Body):
+class StreamOptions(RequestBody):
     include_usage: bool = False
 
 
-class NamedFunction(_Body):
+class NamedFunction(RequestBody):
     name: str
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(RequestBody):
     type: Literal["function"]
     function: NamedFunction
 
 
-class ReasoningOptions(_Body):
+class ReasoningOptions(RequestBody):
     """The Responses-style `reasoning: {"effort": ...}` some clients send to chat completions (P-EFF-1)."""
 
     effort: str | None = None
 
 
-class StructuredOutputsFields(_Body):
+class StructuredOutputsFields(RequestBody):
     """vLLM's `structured_outputs` object: one of the constraints (see StructuredOutputsParams)."""
 
     json_schema: str | dict[str, Any] | None = Field(default=None, alias="json")  # `json` would shadow BaseModel's
@@ -96,7 +98,7 @@ class StructuredOutputsFields(_Body):
         return {name: value for name, value in self.model_dump(by_alias=True).items() if value not in (None, False)}
 
 
-class _SamplingFields(_Body):
+class _SamplingFields(RequestBody):
     model: str | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -183,7 +185,7 @@ REFUSED_UNLESS_DEFAULT: dict[str, str] = {
 }
 
 
-def parse_body(model: type[_Body], body: bytes) -> Any:
+def parse_body(model: type[RequestBody], body: bytes) -> Any:
     """Validate a chat or completion body; raises RequestError naming the first field at fault (HTTP 400)."""
     request = validate_json(model, body)
     _refuse_unsupported(request)
@@ -224,7 +226,7 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
     return RequestError(f"{param}: {first['msg']}", param=param)
 
 
-def _refuse_unsupported(request: _Body) -> None:
+def _refuse_unsupported(request: RequestBody) -> None:
     for name, reason in REFUSED_UNLESS_DEFAULT.items():
         if name in type(request).model_fields and getattr(request, name) not in (None, False):
             raise RequestError(f"{name}: {reason}", param=name)
