@@ -11,15 +11,16 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
-from glimmer.errors import GlimmerError, RequestError
+from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
@@ -188,7 +189,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
         engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
-        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it shut down for
+        # uvicorn re-raises the signal it shut down for: Ctrl-C as KeyboardInterrupt, SIGTERM as _Terminated
+        with contextlib.suppress(KeyboardInterrupt, _Terminated), _sigterm_raises():
             server.run(sockets=[listener])
     finally:
         engine.shutdown()
@@ -198,6 +200,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises _Terminated inside the block. uvicorn shuts down gracefully on SIGTERM and then raises the
+    signal again to the handler it found: the default one would kill the process (status 143) before the engine
+    is shut down, where SIGTERM should end `glimmer serve` as cleanly as Ctrl-C does (status 0)."""
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _shutdown_server(engine: Any, config: Any) -> Any:
@@ -215,10 +236,18 @@ def _shutdown_server(engine: Any, config: Any) -> Any:
 
 
 def _check_engine_options(args: argparse.Namespace) -> None:
-    """UsageError naming the option, for engine options the engine would accept but that leave it useless."""
+    """UsageError naming the option, for engine options the engine would accept but that leave it useless, or would
+    refuse only once the model is loaded."""
     if args.max_waiting_requests < 1:
         raise UsageError(f"--max-waiting-requests {args.max_waiting_requests} would refuse every request with HTTP "
                          "429; give at least 1")
+    if args.speculative_config is not None:  # its JSON and keys, before minutes of loading the model
+        from glimmer.engine.spec_decode import SpeculativeConfig
+
+        try:
+            SpeculativeConfig.parse(args.speculative_config)
+        except ConfigError as error:
+            raise UsageError(f"--speculative-config: {error}") from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -381,10 +410,18 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
-    parser.add_argument("--log-level", default="INFO", type=str.upper,
+def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--log-level", default=default, type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import glimmer
+
+    parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {glimmer.__version__}",
+                        help="print Glimmer's version and exit")
+    _add_log_level(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
@@ -427,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")
     _add_engine_options(chat)
     chat.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (default: in-process)")
-    chat.add_argument("--api-key", default=os.environ.get("GLIMMER_API_KEY"), help="for --url")
+    chat.add_argument("--api-key", default=os.environ.get("GLIMMER_API_KEY"),
+                      help="the key of a --url server that requires one (default: $GLIMMER_API_KEY)")
     chat.add_argument("--served-model", default=None, help="the `model` to ask a --url server for")
     chat.add_argument("--system", default=None, help="a system prompt")
     chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations")
@@ -461,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write a tiny DFlash drafter fitting the checkpoint TARGET instead "
                            "(--layout canonical: HF safetensors; native: head.pt)")
     tiny.set_defaults(func=_cmd_make_tiny)
+    for command in (serve, chat, inspect, tiny):  # `glimmer serve --log-level DEBUG` as well as before the command
+        _add_log_level(command, argparse.SUPPRESS)  # not given there: the value before the command stands
     return parser
 
 

@@ -8,6 +8,7 @@ Standard library only (urllib), so it runs wherever Glimmer is installed.
 from __future__ import annotations
 
 import json
+import secrets
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -135,7 +136,12 @@ def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) 
         with urllib.request.urlopen(request, timeout=timeout_s):
             return
     except urllib.error.HTTPError as error:
-        raise ChatClientError(f"{url} answered HTTP {error.code}: {_error_message(error.read())}") from None
+        message = _error_message(error.read())
+        if error.code == 401:  # the server's message tells an HTTP client how to send a key; say how to give one
+            what = "refused the API key given" if api_key else "needs an API key"
+            raise ChatClientError(f"{url} {what} (HTTP 401: {message}); pass the server's key with --api-key KEY "
+                                  "or set GLIMMER_API_KEY") from None
+        raise ChatClientError(f"{url} answered HTTP {error.code}: {message}") from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         raise ChatClientError(f"cannot reach {url}: {reason}") from None
@@ -165,6 +171,11 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
              request_options: dict[str, Any] | None = None, color: bool = True) -> None:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends."""
     history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    # A cache_salt only partitions the server's prefix cache: requests share cached prompt blocks only with requests
+    # naming the same salt. One random salt per chat session keeps this conversation's turns reusing each other's
+    # blocks (each prompt starts with the previous one) and lets the chat work with a server started with
+    # --require-cache-salt.
+    cache_salt = secrets.token_hex(16)
     out.write("Type a message; /reset clears the conversation, /exit (or Ctrl-D) leaves.\n")
     while True:
         try:
@@ -181,7 +192,7 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        payload: dict[str, Any] = {"messages": history, **(request_options or {})}
+        payload: dict[str, Any] = {"messages": history, "cache_salt": cache_salt, **(request_options or {})}
         if model:
             payload["model"] = model
         if tools:

@@ -45,7 +45,7 @@ from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
 
 _PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "seed", "reasoning_strength", "chat_template_kwargs", "parallel_tool_calls",
-                   "skip_special_tokens")
+                   "skip_special_tokens", "cache_salt")
 
 
 def _new_id(prefix: str) -> str:
@@ -65,17 +65,18 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     """Raises RequestError for an unknown previous response or anything the model cannot take."""
     check_supported(request)
     items = input_items(request.input)
+    continued = 0  # items of the response continued, before the request's own input
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
         if previous is None:
             raise RequestError(f"previous_response_id: no stored response {request.previous_response_id!r} (never "
                                "stored, expired, or evicted; responses are kept in memory)",
                                param="previous_response_id")
-        items = previous.items + items
+        items, continued = previous.items + items, len(previous.items)
     fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
                               if getattr(request, name) is not None}
     sources: list[MessageSource] = []
-    fields["messages"] = chat_messages(items, request.instructions, sources)
+    fields["messages"] = chat_messages(items, request.instructions, sources, continued)
     if not fields["messages"]:
         raise RequestError("input: holds no message", param="input")
     if request.tools is not None:

@@ -6,7 +6,8 @@
   image_url parts; other parts (`input_file`, `input_audio`, …) are refused naming the part;
 - a `reasoning` item (its `content` text, else its summary text), the assistant message and the
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls;
-- a `function_call_output` item is a tool message answering its `call_id`.
+- a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
+  item of the input or of the responses it continues (OpenAI refuses an answer to no call, as does Glimmer).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
 
@@ -66,9 +67,11 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
 
 
 def chat_messages(items: list[dict[str, Any]], instructions: str | None,
-                  sources: list[MessageSource] | None = None) -> list[dict[str, Any]]:
+                  sources: list[MessageSource] | None = None, continued: int = 0) -> list[dict[str, Any]]:
     """Raises RequestError naming the item or part the model cannot take. `sources`, if given, receives where
-    each message came from (for `responses_error`)."""
+    each message came from (for `responses_error`). The first `continued` items are those of the response
+    named by `previous_response_id`; the request's own `input[0]` follows them."""
+    called = {item.get("call_id") for item in items if item.get("type") == "function_call"}
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -89,7 +92,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         return assistant
 
     for i, item in enumerate(items):
-        where = f"input[{i}]"
+        where = f"input[{i - continued}]" if i >= continued else "previous_response_id"
         kind = item.get("type", "message")
         _refuse_unknown_fields(item, kind, where)
         if kind == "reasoning":
@@ -122,6 +125,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{where}.call_id: must name the function call answered", param=f"{where}.call_id")
+            if call_id not in called:
+                raise RequestError(f"{where}.call_id: no function_call item with call_id {call_id!r} in the input "
+                                   "or the responses it continues (previous_response_id); send the call's item "
+                                   "before its output, or continue the response that made the call",
+                                   param=f"{where}.call_id")
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _text_of(item.get("output"), f"{where}.output")})
             origins.append(MessageSource(where))

@@ -60,6 +60,7 @@ class ResponsesRequest(RequestBody):
     reasoning_strength: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     skip_special_tokens: bool | None = None
+    cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
     # accepted and ignored: they cannot change the output
     user: str | None = None
     metadata: dict[str, Any] | None = None
@@ -145,6 +146,10 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise RequestError(f"tools[{i}].type: {tool.get('type')!r} tools are not supported; only 'function' "
                                "tools are", param=f"tools[{i}].type")
         unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        if "function" in unknown:  # the chat completions shape, the usual mistake
+            raise RequestError(f"tools[{i}].function: unknown field; Responses function tools are flat "
+                               '({"type": "function", "name": ..., "parameters": ...}), not nested under '
+                               '"function" as on chat completions', param=f"tools[{i}].function")
         if unknown:
             raise RequestError(f"tools[{i}].{sorted(unknown)[0]}: unknown field", param=f"tools[{i}]")
         if tool.get("strict") is not None and not isinstance(tool["strict"], bool):

@@ -28,7 +28,8 @@ from glimmer.errors import RequestError
 
 # Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
 # a top_k of 2**63 once overflowed inside the sampler and stopped the engine. Tighter, server-specific limits
-# (n, max_tokens against the context length) are checked later with messages that name them.
+# (max_tokens against the context length) are checked later with messages that name them; `n` has only its
+# server-specific range (1 to max_n), checked before any use, so that every bad n gets the same message.
 INT32_MAX = 2**31 - 1
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 PositiveCount = Annotated[int, Field(ge=1, le=INT32_MAX)]
@@ -108,7 +109,7 @@ class _SamplingFields(RequestBody):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     seed: Seed | None = None
-    n: PositiveCount = 1
+    n: int = 1  # its range (1 to the server's max_n) is checked first thing, by `sampling`, in one message
     stop: str | list[str] | None = None
     min_tokens: Count = 0
     ignore_eos: bool = False

@@ -31,7 +31,7 @@ class ServerSettings:
     media_policy: where images and videos may come from (data URLs always; local files and http(s) only
         as the operator allows).
     max_images_per_request / max_videos_per_request: more items in one request are refused with 400.
-    require_cache_salt: refuse (400) chat and completion requests without a `cache_salt`, so no request
+    require_cache_salt: refuse (400) chat, completion and responses requests without a `cache_salt`, so no request
         shares cached prompt blocks with another unless they name the same salt.
     responses_store_bytes / responses_store_age_s: how much of the stored /v1/responses (for
         previous_response_id) is kept in memory, and for how long.

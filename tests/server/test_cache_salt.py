@@ -56,3 +56,26 @@ def test_a_missing_or_invalid_cache_salt_is_400_naming_the_field(server, send, f
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "cache_salt" and words in error["message"]
+
+
+def _response(server, **fields) -> httpx.Response:
+    body = {"model": "tiny", "instructions": MESSAGES[0]["content"], "input": "Hi.", "max_output_tokens": 3,
+            "temperature": 0, "chat_template_kwargs": PINNED_DATE, **fields}
+    return httpx.post(server.base_url + "/responses", json=body, timeout=30)
+
+
+def test_responses_take_a_cache_salt_that_partitions_the_prefix_cache(server):
+    def cached_tokens(salt: str) -> int:
+        response = _response(server, cache_salt=salt)
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["input_tokens_details"]["cached_tokens"]
+
+    assert (cached_tokens("alice-responses"), cached_tokens("bob-responses")) == (0, 0)
+    assert cached_tokens("alice-responses") > 0
+
+
+def test_a_response_without_a_cache_salt_is_400_naming_the_field(server):
+    response = _response(server)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "cache_salt" and "requires a cache_salt" in error["message"]

@@ -93,6 +93,17 @@ def test_a_chat_exchange_against_a_live_server(make_tiny):
     assert "A greeting.\nHi!\n" in out.getvalue() and "error" not in out.getvalue()
 
 
+def test_the_chat_sends_one_cache_salt_per_session_so_salted_servers_take_it(make_tiny):
+    with live_server(make_tiny(), require_cache_salt=True) as server:
+        lines = iter(["Hello there, how are you today? " * 4, "And again?", "/exit"])
+        out = io.StringIO()
+        run_chat(server.url, model="tiny", api_key=None, out=out, read_line=lambda prompt: next(lines),
+                 request_options={"max_tokens": 2, "chat_template_kwargs": {"current_date": "2026-01-01"}},
+                 color=False)
+        assert "error" not in out.getvalue()
+        assert server.metrics()["glimmer_prefix_cache_hit_rate"] > 0  # the second turn reused the first's blocks
+
+
 def test_a_refused_request_is_reported_and_the_chat_goes_on(make_tiny):
     with live_server(make_tiny()) as server:
         lines = iter(["hello", "/exit"])
@@ -100,6 +111,15 @@ def test_a_refused_request_is_reported_and_the_chat_goes_on(make_tiny):
         run_chat(server.url, model="no-such-model", api_key=None, out=out, read_line=lambda prompt: next(lines),
                  color=False)
     assert "error: HTTP 404" in out.getvalue()
+
+
+@pytest.mark.parametrize("api_key", [None, "wrong-key"])
+def test_a_keyed_server_refusing_the_chat_says_how_to_give_the_key(make_tiny, api_key):
+    with live_server(make_tiny(), api_key="right-key") as server, pytest.raises(ChatClientError) as refused:
+        check_server(server.url, api_key)
+    message = str(refused.value)
+    assert ("refused the API key" if api_key else "needs an API key") in message
+    assert message.endswith("pass the server's key with --api-key KEY or set GLIMMER_API_KEY")
 
 
 @pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "file:///etc/passwd", "http://", "http://h:99999"])

@@ -1,7 +1,8 @@
 """The chat page at `/` in a real browser: Debian's headless Chromium driven by Selenium (chromium-driver).
 
 The served model follows scripted turns (`ScriptedRunner`), so the page sees a known reply: reasoning, an
-answer, a tool call. The server requires an API key, which the page asks for.
+answer, a tool call. The server requires an API key, which the page asks for, and a cache_salt, which the page
+sends.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ TOOLS_JSON = ('[{"type": "function", "function": {"name": "get_weather", "parame
 
 @pytest.fixture(scope="module")
 def server(make_tiny):
-    with live_server(make_tiny(vision=True), scripted=True, api_key=KEY) as live:
+    with live_server(make_tiny(vision=True), scripted=True, api_key=KEY, require_cache_salt=True) as live:
         for key, transcript in AGENT_SCRIPTS.items():
             live.engine.engine.runner.add(key, transcript)
         yield live

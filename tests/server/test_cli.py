@@ -41,22 +41,28 @@ def test_serve_options_parse():
     assert build_parser().parse_args(["serve"]).model is None
 
 
+@pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
+                                  ["make-tiny", "out", "--log-level", "DEBUG"]])
+def test_log_level_is_taken_before_or_after_the_command(argv):
+    assert build_parser().parse_args(argv).log_level == "DEBUG"
+    assert build_parser().parse_args(["serve"]).log_level == "INFO"  # given nowhere: the default
+
+
+def test_version_prints_the_package_version(capsys):
+    import glimmer
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"glimmer {glimmer.__version__}"
+
+
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
                                 "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--require-cache-salt"],
                                env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120  # imports alone can take a minute on a loaded machine
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        _wait_for_health(process, port)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL_NAME]
         unsalted = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 1})
@@ -68,6 +74,36 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     assert f"http://127.0.0.1:{port}/v1" in output
     assert process.returncode == 0
     assert not any(Path(cache_env["XDG_CACHE_HOME"]).iterdir())
+
+
+def _wait_for_health(process: subprocess.Popen, port: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s  # imports alone can take a minute on a loaded machine
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("shutdown_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutdown_signal):
+    """uvicorn raises the SIGTERM it shut down for again: unhandled, that killed the process with status 143
+    before the engine was shut down."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port",
+                                str(port), "--kv-cache-memory", "32MiB"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_health(process, port)
+    finally:
+        process.send_signal(shutdown_signal)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "Finished server process" in output and "Traceback" not in output
 
 
 def test_chat_in_process_with_the_default_model(cache_env):
@@ -182,6 +218,15 @@ def test_a_queue_that_would_refuse_every_request_is_refused_before_the_model_loa
     # 0 as well: AsyncEngine answers 429 whenever num_waiting >= max_waiting_requests
     _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
                                   "--max-waiting-requests", value], f"--max-waiting-requests {value}", "at least 1")
+
+
+@pytest.mark.parametrize(("value", "words"), [("{bad", "not valid JSON"), ("[1]", "must be a JSON object"),
+                                               ('{"method": "dflash"}', "needs 'model'")])
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_a_bad_speculative_config_is_one_line_before_the_model_loads(capsys, tmp_path, command, value, words):
+    err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), "--speculative-config", value],
+                               "--speculative-config", words)
+    assert "missing" not in err  # the model was never looked for
 
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8000", "ftp://127.0.0.1", "http://", "http://[::1",

@@ -125,6 +125,14 @@ def test_fields_that_would_change_the_output_are_refused_not_ignored(server, fie
     assert error["param"] == param and words in error["message"]
 
 
+@pytest.mark.parametrize("n", [0, -1, 5, 10**9, 2**70])
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_every_n_out_of_range_gets_one_message_naming_the_range(server, n, path):
+    body = chat(n=n) if path == "/chat/completions" else {"model": "tiny", "prompt": "hi", "max_tokens": 1, "n": n}
+    error = error_of(post(server, body, path=path), 400)
+    assert (error["param"], error["message"]) == ("n", "n: must be between 1 and 4")  # the server's max_n
+
+
 def test_harmless_fields_and_neutral_values_are_accepted(client):
     response = client.chat.completions.create(**sdk_chat(extra_body={"skip_special_tokens": True}), user="u1",
                                               metadata={"k": "v"}, store=False, response_format={"type": "text"},

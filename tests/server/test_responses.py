@@ -88,6 +88,30 @@ def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_
     assert chained.usage.input_tokens == second.usage.input_tokens  # the same conversation was rendered
 
 
+def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
+    def refused(**fields):
+        body = {"model": "tiny", "tools": [WEATHER_TOOL], **fields}
+        response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+        assert response.status_code == 400, response.text
+        return response.json()["error"]
+
+    stray = {"type": "function_call_output", "call_id": "call_nowhere", "output": "Sunny"}
+    error = refused(input=[{"role": "user", "content": "[weather] Weather in Paris?"}, stray])
+    assert error["param"] == "input[1].call_id" and "'call_nowhere'" in error["message"]
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    error = refused(input=[stray], previous_response_id=first.id)  # the chain holds another call
+    assert error["param"] == "input[0].call_id" and "'call_nowhere'" in error["message"]
+
+
+def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
+    chat_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    body = {"model": "tiny", "input": "[weather]", "tools": [chat_tool]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "tools[0].function" and "flat" in error["message"] and '"name"' in error["message"]
+
+
 def test_a_streamed_call_sends_argument_deltas(client):
     events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
     arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")

@@ -3,6 +3,12 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// A cache_salt only partitions the server's prefix cache: requests share cached prompt blocks only with requests
+// naming the same salt. One random salt per page load keeps this conversation's turns reusing each other's blocks
+// (each turn's prompt starts with the previous one) and lets the page work with a server started with
+// --require-cache-salt. (crypto.getRandomValues, unlike randomUUID, also works on a plain-http page.)
+const cacheSalt = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0"))
+  .join("");
 const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [] };
 
 function headers() {
@@ -99,7 +105,7 @@ class AssistantTurn {
 }
 
 function requestBody() {
-  const body = { model: state.model, messages: [], stream: true };
+  const body = { model: state.model, messages: [], stream: true, cache_salt: cacheSalt };
   const system = $("system").value.trim();
   if (system) body.messages.push({ role: "system", content: system });
   body.messages.push(...state.history);
