@@ -205,16 +205,25 @@ def remove_weight_files(out: Path) -> list[Path]:
     return stale
 
 
+def check_num_shards(num_shards: int, num_tensors: int) -> None:
+    """Raises ConfigError when `num_shards` shards of `num_tensors` tensors would leave a shard empty."""
+    if num_shards > num_tensors:
+        raise ConfigError(f"num_shards={num_shards} (--shards) is more than the {num_tensors} tensors of this "
+                          f"checkpoint, so some shards would be empty; choose at most {num_tensors}")
+
+
 def save_weights(tensors: dict[str, torch.Tensor], out_dir: Path, num_shards: int = 1) -> None:
-    """model.safetensors, or num_shards files with a model.safetensors.index.json."""
+    """model.safetensors, or num_shards files with a model.safetensors.index.json, each holding at least one
+    tensor. Raises ConfigError, before writing anything, when there are fewer tensors than shards."""
     names = sorted(tensors)
+    check_num_shards(num_shards, len(names))
     if num_shards <= 1:
         save_file(tensors, str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
         return
     weight_map = {}
-    per_shard = math.ceil(len(names) / num_shards)
     for shard in range(num_shards):
-        chunk = names[shard * per_shard : (shard + 1) * per_shard]
+        # even split: shard sizes differ by at most one, so none is empty
+        chunk = names[shard * len(names) // num_shards : (shard + 1) * len(names) // num_shards]
         file = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
         save_file({n: tensors[n] for n in chunk}, str(out_dir / file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(chunk, file))
@@ -305,6 +314,11 @@ def write_tiny_checkpoint(
     remove_weight_files(out)
     tokens = write_tiny_tokenizer(out, release_ids=release)
     config = released_30b_config() if release else tiny_model_config(tokens, spec, vision=vision)
+    weights = None
+    if not config_only:
+        weights = to_weight_layout({k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}, config,
+                                   weight_layout)
+        check_num_shards(num_shards, len(weights))
     release_defaults = {"max_length": config.text.max_position_embeddings} if release else None
     write_model_config_files(out, config, tokens, config_layout=config_layout, generation_defaults=release_defaults)
     if config.has_vision:
@@ -316,9 +330,8 @@ def write_tiny_checkpoint(
     if release:
         (out / "assistant").mkdir(exist_ok=True)
         (out / "assistant" / "config.json").write_text(json.dumps(released_assistant_config(), indent=2) + "\n")
-    if not config_only:
-        weights = {k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}
-        save_weights(to_weight_layout(weights, config, weight_layout), out, num_shards)
+    if weights is not None:
+        save_weights(weights, out, num_shards)
     return out
 
 
@@ -367,7 +380,8 @@ TINY_DRAFTER_LAYOUTS = {"canonical": DRAFTER_CANONICAL, "native": DRAFTER_NATIVE
 @dataclass(frozen=True)
 class TinyDrafterSpec:
     """Sizes of a tiny DFlash drafter. Its hidden size is the target's; the small window makes ordinary
-    test contexts cross it; block 6 drafts 5 tokens per step."""
+    test contexts cross it; block 6 drafts 5 tokens per step (tests stay fast; `RELEASE_BLOCK_DRAFTER` is
+    what `glimmer make-tiny --drafter-for` writes)."""
 
     intermediate_size: int = 96
     num_hidden_layers: int = 2
@@ -378,6 +392,11 @@ class TinyDrafterSpec:
     block_size: int = 6
     target_layer_ids: tuple[int, ...] = (1, 4, 6)
     rope_theta: float = 500000.0
+
+
+RELEASE_BLOCK_DRAFTER = TinyDrafterSpec(block_size=16)
+"""The tiny drafter with the release's block of 16 (architecture.md §1.4): up to 15 speculative tokens per
+step, as the README's speculative example asks for."""
 
 
 def tiny_drafter_config(target: ModelConfig, mask_token_id: int, spec: TinyDrafterSpec = TinyDrafterSpec()
@@ -414,7 +433,7 @@ def write_tiny_drafter(
     *,
     layout: str = "canonical",
     seed: int = 0,
-    spec: TinyDrafterSpec = TinyDrafterSpec(),
+    spec: TinyDrafterSpec = RELEASE_BLOCK_DRAFTER,
 ) -> Path:
     """Write a random DFlash drafter that fits the checkpoint at `target_dir`: config.json (HF keys) with
     model.safetensors (canonical) or head.pt (native: fused wqkv/fc1, interleaved RoPE rows). Weights an

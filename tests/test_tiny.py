@@ -59,3 +59,20 @@ def test_shard_counts_that_would_be_ignored_are_refused_before_writing(tmp_path,
     with pytest.raises(ConfigError, match=words):
         write_tiny_checkpoint(tmp_path / "t", **options)
     assert not (tmp_path / "t").exists()
+
+
+def test_more_shards_than_tensors_are_refused_before_writing_weights(tmp_path, capsys):
+    from glimmer.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "t"), "--shards", "1000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "num_shards=1000 (--shards) is more than the" in err and len(err.splitlines()) == 1
+    assert not list((tmp_path / "t").glob("*.safetensors"))
+
+
+def test_every_shard_holds_a_tensor(tmp_path):
+    # 99 tensors in 60 shards: a ceil-sized split (2 per shard) left the last ten shards empty
+    out = write_tiny_checkpoint(tmp_path / "t", num_shards=60)
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) == 60 and all(load_file(shard) for shard in shards)
+    load_model(out, progress=False)

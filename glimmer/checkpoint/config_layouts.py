@@ -54,9 +54,10 @@ Feature flags some engines write (`use_qk_norm`, `use_attn_output_gate`, `mlp_bi
 `attn_logit_softcapping`, `use_bidirectional_attention`, `rope_scaling`) are accepted when they describe
 Muse Glimmer and refused otherwise; `normalize_tok_embeddings: false` (older exports baked the embedding
 norm into the table) only warns, since the weightless norm is idempotent. `rope_is_neox_style` describes
-the weights' RoPE pairing, which the weight loader decides from the tensor names, so it is only checked to
-be a boolean. The vendor writer emits the native form: `rope_is_neox_style: false`, `no_rope_layers`, and
-`every_n_layers_nope` when the NoPE pattern has a period.
+the weights' RoPE pairing, which the weight loader decides from the tensor names, so here it is only checked
+to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer emits the native
+form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE pattern has a
+period.
 
 NoPE pattern (`rope_layers`) and layer types:
 * canonical: from `layer_rope_theta` (0 = NoPE; other non-zero values than the global theta are ignored by
@@ -123,7 +124,7 @@ _IGNORED_KEYS = frozenset(
     tokenizer_class pruned_heads torchscript decoder_start_token_id sep_token_id
     use_cache initializer_range attention_dropout
     """.split()
-)
+) | {"quantization_config"}  # only ever null here: `_detect_layout` refuses any other value
 # Processor and packaging facts some flat configs carry (video sampling, mlx-lm's custom model file).
 _FLAT_IGNORED_KEYS = tuple("vid_start_id vid_end_id vid_frame_sep_id video_num_frames video_sampling_fps".split())
 # Keys that point at code shipped with the checkpoint (transformers' remote code, mlx-lm's custom model
@@ -406,7 +407,8 @@ def _detect_layout(raw: Mapping[str, Any], source: str) -> str:
         )
     text_config = raw.get("text_config")
     for where, section in (("", raw), ("text_config.", text_config)):
-        if isinstance(section, Mapping) and "quantization_config" in section:
+        # null means no quantization (some exporters write it so)
+        if isinstance(section, Mapping) and section.get("quantization_config") is not None:
             raise ConfigError(
                 f"{source}: {where}quantization_config is present: quantized checkpoints are not supported yet; "
                 "use the unquantized (bf16) checkpoint"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from glimmer.checkpoint.config import DrafterConfig
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
+from glimmer.checkpoint.pickle_files import unpickling_refusal
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
@@ -181,10 +183,16 @@ class TorchFileTensors:
                 if "mmap" not in str(exc):
                     raise
                 loaded = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as exc:  # unpickling refused, truncated file, not a torch file: many types
+        except pickle.UnpicklingError as exc:
             raise CheckpointError(
-                f"cannot read the native drafter file {file} with torch.load(weights_only=True): {exc}"
-            ) from exc
+                f"{file}: refused by torch.load(weights_only=True), which only admits tensors and plain containers: "
+                f"{unpickling_refusal(exc)}"
+            ) from None
+        except Exception as exc:  # truncated file, not a torch file: many types
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(
+                f"cannot read the native drafter file {file} with torch.load(weights_only=True): {first_line}"
+            ) from None
         if not isinstance(loaded, Mapping):
             raise CheckpointError(f"{file} holds a {type(loaded).__name__}, not a mapping of tensor names to tensors")
         stray = sorted(str(k) for k, v in loaded.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor))

@@ -29,7 +29,7 @@ from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.pickle_files import PickleCheckpoint, pickle_files
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
-from glimmer.checkpoint.weight_layouts import CANONICAL, ROPE_LAYOUT, detect_weight_layout
+from glimmer.checkpoint.weight_layouts import CANONICAL, ROPE_IS_NEOX_STYLE, ROPE_LAYOUT, detect_weight_layout
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ def open_checkpoint(
                               "whose vision weights live beside its text weights")
     if not path.is_dir():
         raise CheckpointError(f"model path {path} does not exist")
+    _refuse_gguf_directory(path)
     raw = read_json_object(path / "config.json")
     if raw is not None and "muse_glimmer_mlx_format" in raw:
         from glimmer.checkpoint.mlx import open_mlx_artifact
@@ -89,6 +90,18 @@ def open_checkpoint(
     else:
         opened = _open_directory(path, allow_pickle)
     return _with_code_warning(opened)
+
+
+def _refuse_gguf_directory(path: Path) -> None:
+    """A directory with GGUF files but no config.json: the GGUF file itself is the model."""
+    if (path / "config.json").exists():
+        return
+    ggufs = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
+    if ggufs:
+        raise CheckpointError(
+            f"{path} has no config.json but holds the GGUF file{'s' * (len(ggufs) > 1)} {', '.join(ggufs)}; a GGUF "
+            f"is a whole model: pass the file itself (e.g. {path / ggufs[0]}), and a vision projector with --mmproj"
+        )
 
 
 def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
@@ -111,7 +124,32 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
     layout = detect_weight_layout(files.names())
+    _check_rope_flag(path, layout)
     return OpenedCheckpoint(path, kind, config, files, layout, ROPE_LAYOUT[layout])
+
+
+def _check_rope_flag(path: Path, layout: str) -> None:
+    """Refuse a `rope_is_neox_style` that contradicts the RoPE layout the tensor names imply.
+
+    In a weights directory the names decide the pairing (architecture.md §5.4, §15.2: HF exports are
+    rotate-half, the native vendor layout interleaved); the flag is authoritative only in a packaged MLX
+    artifact, whose names say nothing (`mlx.py`). Two disagreeing descriptions of the same q/k rows leave no
+    safe choice: loading either way may be a silently wrong model (§14.6).
+    """
+    raw = read_json_object(path / "config.json") or {}
+    text_config = raw.get("text_config")
+    for where, section in (("", raw), ("text_config.", text_config)):
+        flag = section.get("rope_is_neox_style") if isinstance(section, dict) else None
+        if isinstance(flag, bool) and flag != ROPE_IS_NEOX_STYLE[layout]:
+            said = "rotate-half (NEOX)" if flag else "interleaved (GPT-J)"
+            raise CheckpointError(
+                f"{path / 'config.json'}: {where}rope_is_neox_style={str(flag).lower()} says the q/k rows are "
+                f"{said}, but the tensor names are the {layout} weight layout, whose RoPE layout is "
+                f"{ROPE_LAYOUT[layout]}; the two disagree and either reading may be a wrong model. Set "
+                f"rope_is_neox_style to {str(not flag).lower()} if the weights are a true {layout} export, or "
+                "re-export the weights in the layout their pairing belongs to (interleaved rows: the native "
+                "vendor layout)"
+            )
 
 
 def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint:

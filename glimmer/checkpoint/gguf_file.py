@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,12 @@ _FLOATS = {6, 12}
 # gguf.quants. Each is exercised by a round trip in tests/checkpoint/test_gguf.py.
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+READABLE_TYPES = FLOAT_TYPES + QUANTIZED_TYPES
+
+# gguf-split's keys (gguf.Keys.Split) and file names: <prefix>-00001-of-00003.gguf
+SPLIT_COUNT = "split.count"
+SPLIT_NO = "split.no"
+_SPLIT_NAME = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf", re.IGNORECASE)
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -263,13 +270,45 @@ class GGUFFile:
     """A validated GGUF file: typed metadata access and tensors read on demand.
 
     Metadata comes from the bounded scan; tensor data is read through `gguf.GGUFReader` (memory-mapped)
-    and dequantized with `gguf.quants`. Raises CheckpointError for anything malformed.
+    and dequantized with `gguf.quants`. Raises CheckpointError, on opening, for anything malformed, for one part
+    of a split GGUF and for a tensor type Glimmer cannot decode (READABLE_TYPES).
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.header = scan_header(self.path)
         self._reader: Any = None
+        self._refuse_split()
+        self._refuse_unreadable_types()
+
+    def _refuse_split(self) -> None:
+        """One part of a split GGUF holds only some tensors (and, past the first, no model metadata): say so
+        rather than report what is missing from this part."""
+        count = self.metadata.get(SPLIT_COUNT, 1)
+        if not isinstance(count, int) or count <= 1:
+            return
+        number = self.metadata.get(SPLIT_NO)
+        part = f"part {number + 1} of {count}" if isinstance(number, int) else f"one of {count} parts"
+        match = _SPLIT_NAME.fullmatch(self.path.name)
+        first = f"{match.group(1)}-00001-of-{match.group(3)}.gguf" if match else "<first part>.gguf"
+        raise self.error(
+            f"this is {part} of a split GGUF ({SPLIT_COUNT}={count}); Glimmer reads one file: merge the parts with "
+            f"`llama-gguf-split --merge {first} merged.gguf` and pass merged.gguf"
+        )
+
+    def _refuse_unreadable_types(self) -> None:
+        """Every tensor must be of a type `read` can decode; checked from the header, before anything is loaded."""
+        by_type: dict[str, list[str]] = {}
+        for entry in self.tensors.values():
+            if entry.type_name not in READABLE_TYPES:
+                by_type.setdefault(entry.type_name, []).append(entry.name)
+        if not by_type:
+            return
+        found = "; ".join(f"{kind} ({len(names)} tensors, e.g. {names[0]})" for kind, names in sorted(by_type.items()))
+        raise self.error(
+            f"tensor types Glimmer does not read: {found}; supported types are {', '.join(READABLE_TYPES)}. "
+            "Quantize the original model to one of them (e.g. llama-quantize … Q4_K_M or Q8_0)"
+        )
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -335,11 +374,6 @@ class GGUFFile:
     def read(self, name: str) -> torch.Tensor:
         """Tensor `name` as float32 (F16/BF16 widened exactly, quantized types dequantized), torch order."""
         entry = self.tensors[name]
-        if entry.type_name not in FLOAT_TYPES + QUANTIZED_TYPES:
-            raise self.error(
-                f"tensor {name} has type {entry.type_name}, which Glimmer does not read; supported types are "
-                f"{', '.join(FLOAT_TYPES + QUANTIZED_TYPES)}"
-            )
         from gguf.quants import dequantize
 
         raw = self._reader_tensor(name)

@@ -353,10 +353,9 @@ def _text_tensors(file: GGUFFile, text: TextConfig) -> tuple[dict[str, MappedTen
         problems.insert(0, f"tensors for layer {layer_numbers[0]} exist but {_key('block_count')}="
                            f"{text.num_hidden_layers}")
     elif stray:
-        problems.append(f"unexpected tensor {stray[0]}" + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""))
+        problems.append(f"unexpected tensor{'s' * (len(stray) > 1)} {', '.join(stray)}")
     if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise file.error(f"{problems[0]}{more}")
+        raise file.error("; ".join(problems))
     types: dict[str, int] = {}
     for name in file.tensors:
         types[file.tensors[name].type_name] = types.get(file.tensors[name].type_name, 0) + 1

@@ -14,6 +14,9 @@ for tiktoken vocabularies (a pre-token that is a whole vocabulary entry is not r
 added tokens matched before the split, and a post-processor that prepends BOS when
 `tokenizer.ggml.add_bos_token` is true (as the release's does, §5.5).
 
+Sampling defaults: `general.sampling.temp` / `top_p` / `top_k`, which llama.cpp's converters copy from
+generation_config.json, become temperature / top_p / top_k, so a GGUF samples as its safetensors source.
+
 Stop ids: eos and eot (`<|eot|>` ends the assistant turn), never eom (`<|eom|>` ends a message inside
 the turn — architecture.md §5.5, §14.21).
 """
@@ -59,7 +62,8 @@ class GGUFTokenizer:
     # bos_token / eos_token / pad_token / unk_token → token string, as tokenizer_config.json names them
     named_tokens: dict[str, str]
     chat_template: str | None
-    # a generation_config.json equivalent (eos_token_id: [eos, eot], bos_token_id, pad_token_id)
+    # a generation_config.json equivalent (eos_token_id: [eos, eot], bos_token_id, pad_token_id and the
+    # general.sampling.* defaults as temperature, top_k, top_p)
     generation_config: dict[str, Any]
 
 
@@ -137,5 +141,21 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
     for key, name in (("bos_token_id", "bos_token"), ("pad_token_id", "pad_token")):
         if name in named:
             generation[key] = vocab[named[name]]
+    generation |= _sampling_defaults(file)
     template = file.string("tokenizer.chat_template") if file.has("tokenizer.chat_template") else None
     return GGUFTokenizer(backend, named, template, generation)
+
+
+# llama.cpp's converters write the model's sampling defaults (its generation_config.json) under these keys
+# (gguf.Keys.General.SAMPLING_*); they are the defaults of a request that leaves the field out, as
+# generation_config.json's are for a safetensors checkpoint
+_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p"}
+_SAMPLING_TOP_K = "general.sampling.top_k"
+
+
+def _sampling_defaults(file: GGUFFile) -> dict[str, Any]:
+    """temperature / top_p / top_k from general.sampling.*, where present (generation_config validates them)."""
+    defaults: dict[str, Any] = {name: file.number(key) for key, name in _SAMPLING_KEYS.items() if file.has(key)}
+    if file.has(_SAMPLING_TOP_K):
+        defaults["top_k"] = file.integer(_SAMPLING_TOP_K)
+    return defaults

@@ -196,10 +196,9 @@ def _vision_tensors(
                                            _reader(file, source, transform))
     stray = sorted(set(file.tensors) - {row[1] for row in table})
     if stray:
-        problems.append(f"unexpected tensor {stray[0]}" + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else ""))
+        problems.append(f"unexpected tensor{'s' * (len(stray) > 1)} {', '.join(stray)}")
     if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise file.error(problems[0] + more)
+        raise file.error("; ".join(problems))
     return entries
 
 

@@ -9,14 +9,18 @@ The files are memory-mapped where torch can (the zip format); names are read up 
 from __future__ import annotations
 
 import json
+import logging
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from glimmer.checkpoint.safetensors_files import TensorInfo
+from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, shard_path
 from glimmer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 PICKLE_INDEX_FILE = "pytorch_model.bin.index.json"
 PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth")
@@ -33,7 +37,9 @@ def pickle_files(directory: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index} is not a valid index: {exc}") from None
-        return sorted({directory / shard for shard in weight_map.values()})
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index} is not a valid index: weight_map is not an object")
+        return sorted({shard_path(directory, index, shard) for shard in weight_map.values()})
     return sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file())
 
 
@@ -48,6 +54,9 @@ class PickleCheckpoint:
             state = _load(file)
             self._state[file] = state
             for name, tensor in state.items():
+                if is_ignored_buffer(name):
+                    logger.debug("%s: ignoring %s, a buffer the model recomputes", file, name)
+                    continue
                 if name in self.tensors:
                     raise CheckpointError(f"tensor {name!r} appears in both {self.tensors[name].file.name} and "
                                           f"{file.name}")
@@ -79,7 +88,7 @@ def _load(file: Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{file}: refused by torch.load(weights_only=True), which only admits tensors and plain containers: "
-            f"{str(exc).splitlines()[0]}"
+            f"{unpickling_refusal(exc)}"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         raise CheckpointError(f"{file}: not a readable PyTorch weights file: {exc}") from None
@@ -92,3 +101,15 @@ def _load(file: Path) -> dict[str, torch.Tensor]:
     if bad:
         raise CheckpointError(f"{file}: entry {bad[0]!r} is not a named tensor; expected a flat dict of tensors")
     return state
+
+
+_UNPICKLER_REASON = re.compile(r"WeightsUnpickler error:\s*(.*?)(?:\.\s|\n|$)", re.DOTALL)
+
+
+def unpickling_refusal(exc: BaseException) -> str:
+    """The reason torch's restricted unpickler gave ("Unsupported global: GLOBAL x.Y was not an allowed global
+    by default"), in one line. torch's whole message also suggests re-running with weights_only=False or
+    allow-listing the class, which would run the file's code: advice Glimmer never passes on."""
+    match = _UNPICKLER_REASON.search(str(exc))
+    reason = match.group(1).strip() if match else ""
+    return " ".join(reason.split()) or "it holds objects other than tensors and plain containers"

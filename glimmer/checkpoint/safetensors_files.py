@@ -10,14 +10,18 @@ name it is refused: one of the two is another checkpoint's, and reading either c
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
 from safetensors import safe_open
 
 from glimmer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -31,6 +35,30 @@ class TensorInfo:
     file: Path
 
 
+# buffers older Hugging Face exports saved with the weights; transformers ignores them on load, and Glimmer
+# computes the RoPE frequencies from the config (rope_theta, head_dim) as the reference does
+_IGNORED_BUFFER = re.compile(r"(.*\.)?rotary_emb\.inv_freq")
+
+
+def is_ignored_buffer(name: str) -> bool:
+    """A saved buffer that is not a weight (`…rotary_emb.inv_freq`), skipped with a debug log."""
+    return _IGNORED_BUFFER.fullmatch(name) is not None
+
+
+def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
+    """The file an index's weight_map names, which must lie inside the checkpoint directory: an index that
+    points elsewhere ("../../x.safetensors", "/abs/x") would load another checkpoint's weights unnoticed.
+    Checked on the name, not the resolved path, so symlinked shards (the Hugging Face cache's blobs) still load.
+    Raises CheckpointError."""
+    if not isinstance(shard, str) or not shard:
+        raise CheckpointError(f"{index_path} names shard {shard!r}; expected a file name")
+    relative = PurePosixPath(shard.replace("\\", "/"))
+    if relative.is_absolute() or PureWindowsPath(shard).is_absolute() or ".." in relative.parts:
+        raise CheckpointError(f"{index_path} names shard {shard!r}, outside the checkpoint directory {directory}; "
+                              "an index may only name files inside its directory")
+    return directory / relative
+
+
 class SafetensorsCheckpoint:
     """The tensors of one checkpoint directory, by name."""
 
@@ -42,6 +70,9 @@ class SafetensorsCheckpoint:
                 with safe_open(file, framework="pt") as handle:
                     present = set(handle.keys())
                     for name in names if names is not None else sorted(present):
+                        if is_ignored_buffer(name):
+                            logger.debug("%s: ignoring %s, a buffer the model recomputes", file, name)
+                            continue
                         if name not in present:
                             raise CheckpointError(
                                 f"{self.directory / INDEX_FILE} maps {name!r} to {file.name}, "
@@ -69,9 +100,11 @@ class SafetensorsCheckpoint:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index_path} is not a valid safetensors index: weight_map is not an object")
             by_file: dict[Path, list[str]] = {}
             for name, shard in weight_map.items():
-                path = self.directory / shard
+                path = shard_path(self.directory, index_path, shard)
                 if not path.is_file():
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
                 by_file.setdefault(path, []).append(name)
@@ -92,9 +125,16 @@ class SafetensorsCheckpoint:
         if not files:
             raise CheckpointError(
                 f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
-                "or *.safetensors files"
+                f"or *.safetensors files{self._config_only_hint()}"
             )
         return dict.fromkeys(files)
+
+    def _config_only_hint(self) -> str:
+        """A directory with a config but no weights (`glimmer make-tiny --config-only`) runs with random weights."""
+        if not (self.directory / "config.json").is_file():
+            return ""
+        return ("; to run this config with random weights, pass --load-format dummy (glimmer serve / chat; "
+                "LLM(..., load_format=\"dummy\"))")
 
     def names(self) -> list[str]:
         return list(self.tensors)

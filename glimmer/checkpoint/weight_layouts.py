@@ -27,6 +27,8 @@ DRAFTER_CANONICAL = "drafter"
 DRAFTER_NATIVE = "drafter-native"
 
 ROPE_LAYOUT = {CANONICAL: "rotate-half", LEGACY: "rotate-half", NATIVE: "interleaved (permuted to rotate-half on load)"}
+# the `rope_is_neox_style` value a config beside each layout's weights may carry (true = rotate-half)
+ROPE_IS_NEOX_STYLE = {CANONICAL: True, LEGACY: True, NATIVE: False}
 
 
 @dataclass(frozen=True)

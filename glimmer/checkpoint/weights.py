@@ -91,10 +91,11 @@ def plan_weights(
     for target, where in slices.items():
         by_source[where.source].append(target)
     mismatched: list[str] = []
+    unsupported: list[str] = []
     for source, targets in by_source.items():
         info = files.tensors[source]
         if info.dtype not in _FLOAT_DTYPES:
-            mismatched.append(f"{source}: dtype {info.dtype} is not a float type (quantized weights are not supported)")
+            unsupported.append(f"{source}: dtype {info.dtype}")
             continue
         want = _source_shape(source, targets, slices, expected)
         if want != info.shape:
@@ -111,6 +112,10 @@ def plan_weights(
         problems.append("unexpected tensors:\n    " + "\n    ".join(listed))
     if mismatched:
         problems.append("shape mismatches:\n    " + "\n    ".join(mismatched))
+    if unsupported:
+        problems.append(f"unsupported dtypes (Glimmer loads {', '.join(sorted(_FLOAT_DTYPES))}; quantized int8/fp8 "
+                        "weights are not supported, use the unquantized checkpoint):\n    "
+                        + "\n    ".join(unsupported))
     if problems:
         raise CheckpointError(
             f"the weights in {files.directory} ({layout} layout) do not match the config:\n  " + "\n  ".join(problems)

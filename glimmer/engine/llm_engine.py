@@ -36,7 +36,7 @@ from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
-from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, pack_for_cpu
+from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
 from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 2 << 30
+CUDA_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS = 256, 64  # max_num_seqs when the config leaves it unset
 
 
 @dataclass
@@ -213,7 +214,7 @@ class LLMEngine:
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=config.load_format,
                                               seed=config.seed)
-        pack_for_cpu(self.loaded.model, self.device, self.dtype)
+        prepare_for_cpu(self.loaded.model, self.device, self.dtype, config.max_num_seqs or CPU_MAX_NUM_SEQS)
         self.model_config = self.loaded.config
         embedded = self.checkpoint.tokenizer
         self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.model_config)
@@ -225,7 +226,7 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(
-            max_num_seqs=config.max_num_seqs or (256 if on_cuda else 64),
+            max_num_seqs=config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS),
             max_num_batched_tokens=config.max_num_batched_tokens or (8192 if on_cuda else 2048),
             max_model_len=self.max_model_len,
         )
@@ -287,7 +288,7 @@ class LLMEngine:
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self.config.load_format, seed=self.config.seed,
         )
-        pack_for_cpu(self.drafter.model, self.device, self.dtype)
+        prepare_for_cpu(self.drafter.model, self.device, self.dtype, self.scheduler_config.max_num_seqs)
         most = self.drafter.config.num_draft_tokens
         k = spec.num_speculative_tokens or most
         if k > most:

@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
 from glimmer.checkpoint.drafter import open_drafter_checkpoint
 from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
+from glimmer.checkpoint.host_memory import check_fits_in_host_memory
 from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
 from glimmer.errors import ConfigError
 from glimmer.model.drafter import DFlashDrafter
-from glimmer.model.kernels.packed_linear import packs
+from glimmer.model.kernels.packed_linear import packing_pays, packs
+from glimmer.model.kernels.support import references_forced
+from glimmer.model.layers import GatedMLP
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+from glimmer.model.text import TextAttention
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -63,6 +68,7 @@ def load_model(
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config).to(dtype)
     plan = plan_weights(config, files, expected_parameters(model, config), layout)
+    check_fits_in_host_memory(model, device, dtype)
     model = model.to_empty(device=device)
     fill_parameters(model, plan, files, progress=progress)
     if config.text.tie_word_embeddings:
@@ -77,6 +83,7 @@ def load_model(
 def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int) -> LoadedModel:
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config).to(dtype)
+    check_fits_in_host_memory(model, device, dtype)
     model = model.to_empty(device=device)
     if config.text.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -90,23 +97,47 @@ def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device |
 def _prepare_for_device(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str
                         ) -> None:
     """On CUDA, projections that share an input become one GEMM and norms fuse (the weights stay the same tensors,
-    so the plain forward still runs); the CPU keeps the plain math here (see `pack_for_cpu`)."""
+    so the plain forward still runs); the CPU keeps the plain math here (see `prepare_for_cpu`)."""
     if torch.device(device).type == "cuda":
         model.fuse_for_inference()
 
 
-def pack_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str,
-                 dtype: torch.dtype) -> bool:
-    """The engine's CPU fast path: fuse as on CUDA, with the projections' weights packed for oneDNN
-    (`packed_linear`), where oneDNN works for `dtype` and GLIMMER_KERNELS is not `torch`. The packed weights
-    replace the dense ones, so a packed model runs only the engine's cached forward: `load_model` leaves this
-    to the engine, and its callers keep a model whose every forward and parameter is there. True if packed."""
-    if not packs(device, dtype):
+PROBE_MAX_ROWS = 8
+"""The largest decode batch the CPU's packing probe times (with one row): CPUs serve small batches."""
+
+
+def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str,
+                    dtype: torch.dtype, max_num_seqs: int) -> bool:
+    """The engine's CPU fast path: projections that share an input fused and the norms fused, as on CUDA (the C
+    kernels of `kernels/cpu` then take the small ops), unless GLIMMER_KERNELS is `torch`. The projections' weights
+    are then packed for oneDNN where oneDNN works for `dtype` and its packed product is faster than the dense one
+    on this machine, timed on the model's own weights at one row and at min(max_num_seqs, 8) rows (`packing_pays`).
+    Packed weights replace the dense ones, so a packed model runs only the engine's cached forward: `load_model`
+    leaves this to the engine, and its callers keep a model whose every forward and parameter is there. True if
+    packed."""
+    if torch.device(device).type != "cpu" or references_forced():
         return False
     model.fuse_for_inference()
-    logger.info("%s: projections packed for oneDNN (the CPU fast path; GLIMMER_KERNELS=torch keeps the plain math)",
-                type(model).__name__)
+    if not packs(device, dtype):
+        return False
+    rows = sorted({1, max(1, min(max_num_seqs, PROBE_MAX_ROWS))})
+    if not packing_pays(list(projection_weights(model)), rows):
+        logger.info("%s: projections keep their dense weights (faster than oneDNN's packed product here at %s "
+                    "rows)", type(model).__name__, " and ".join(map(str, rows)))
+        return False
+    model.pack_projections()
+    logger.info("%s: projections packed for oneDNN (faster here at %s rows; GLIMMER_KERNELS=torch keeps the plain "
+                "math)", type(model).__name__, " and ".join(map(str, rows)))
     return True
+
+
+def projection_weights(model: nn.Module) -> Iterator[torch.Tensor]:
+    """The dense weights a decode step multiplies by, fused as `fuse_for_inference` left them, in layer order."""
+    for module in model.modules():
+        if isinstance(module, TextAttention) and isinstance(module.qkvg_weight, torch.Tensor):
+            yield from (module.qkvg_weight, module.o_proj.weight)
+        elif isinstance(module, GatedMLP) and isinstance(module.gate_up_weight, torch.Tensor):
+            yield from (module.gate_up_weight, module.down_proj.weight)
 
 
 @dataclass

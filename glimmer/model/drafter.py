@@ -211,9 +211,14 @@ class DFlashDrafter(nn.Module):
         self.rotary = RotaryTable(config.head_dim, config.rope_theta)
 
     def fuse_for_inference(self) -> None:
-        """gate_proj and up_proj of every layer as one GEMM (packed for oneDNN on the CPU, as `GatedMLP` does)."""
+        """gate_proj and up_proj of every layer as one GEMM."""
         for layer in self.layers:
             layer.mlp.fuse_projections()
+
+    def pack_projections(self) -> None:
+        """After `fuse_for_inference`, on the CPU: the MLPs read weights packed for oneDNN, as `GatedMLP` does."""
+        for layer in self.layers:
+            layer.mlp.pack_projections()
 
     def _masks(self, make: Callable[[int | None], torch.Tensor]) -> dict[int | None, torch.Tensor]:
         """One mask per distinct window among the layers."""

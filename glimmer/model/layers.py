@@ -165,13 +165,16 @@ class GatedMLP(nn.Module):
         self.down_packed: PackedLinear | None = None
 
     def fuse_projections(self) -> None:
-        """gate_proj and up_proj as one GEMM; on the CPU both products read weights packed for oneDNN."""
-        if self.gate_up_weight is not None:
-            return
-        fused, _ = fuse_linears(self.gate_proj, self.up_proj)
-        self.gate_up_weight = fused
-        if can_pack(fused):
-            self.gate_up_weight, self.down_packed = PackedLinear(fused, None), PackedLinear(self.down_proj.weight, None)
+        """gate_proj and up_proj as one GEMM (the weights stay the modules' tensors, as views)."""
+        if self.gate_up_weight is None:
+            self.gate_up_weight, _ = fuse_linears(self.gate_proj, self.up_proj)
+
+    def pack_projections(self) -> None:
+        """After `fuse_projections`, on the CPU: both products read weights packed for oneDNN, which replace the
+        dense ones (only the fused forward runs after this)."""
+        if isinstance(self.gate_up_weight, torch.Tensor) and can_pack(self.gate_up_weight):
+            self.gate_up_weight = PackedLinear(self.gate_up_weight, None)
+            self.down_packed = PackedLinear(self.down_proj.weight, None)
             release_packed(self.gate_proj, self.up_proj, self.down_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

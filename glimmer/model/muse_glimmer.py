@@ -40,8 +40,12 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
         self._placeholder_ids: dict[torch.device, torch.Tensor] = {}  # per device, made outside graph capture
 
     def fuse_for_inference(self) -> None:
-        """Shared-input projections as single GEMMs (packed for oneDNN on the CPU) and fused norm passes."""
+        """Shared-input projections as single GEMMs and fused norm passes."""
         self.model.language_model.fuse_for_inference()
+
+    def pack_projections(self) -> None:
+        """After `fuse_for_inference`, on the CPU: projections read weights packed for oneDNN."""
+        self.model.language_model.pack_projections()
 
     @property
     def embed_tokens(self) -> nn.Module:

@@ -58,12 +58,14 @@ class TextAttention(nn.Module):
         self.o_packed: PackedLinear | None = None
 
     def fuse_projections(self) -> None:
-        """q, k, v and the gate share their input: one GEMM. On the CPU it and o_proj may read weights packed for
-        oneDNN, which then replace the dense ones (every forward reads the packed ones)."""
-        if self.qkvg_weight is not None:
-            return
-        self.qkvg_weight, self.qkvg_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj, self.gate_proj)
-        if can_pack(self.qkvg_weight):
+        """q, k, v and the gate share their input: one GEMM (the weights stay the modules' tensors, as views)."""
+        if self.qkvg_weight is None:
+            self.qkvg_weight, self.qkvg_bias = fuse_linears(self.q_proj, self.k_proj, self.v_proj, self.gate_proj)
+
+    def pack_projections(self) -> None:
+        """After `fuse_projections`, on the CPU: the fused product and o_proj read weights packed for oneDNN, which
+        replace the dense ones (every forward reads the packed ones)."""
+        if isinstance(self.qkvg_weight, torch.Tensor) and can_pack(self.qkvg_weight):
             self.qkvg_weight = PackedLinear(self.qkvg_weight, self.qkvg_bias)
             self.qkvg_bias = None
             self.o_packed = PackedLinear(self.o_proj.weight, self.o_proj.bias)
@@ -165,7 +167,7 @@ class TextModel(nn.Module):
         self.layer_specs: list[tuple[NormSpec, NormSpec, NormSpec, NormSpec]] = []
 
     def fuse_for_inference(self) -> None:
-        """Fused projections (packed on the CPU) and the one-pass sandwich norms of `_forward_fused`.
+        """Fused projections and the one-pass sandwich norms of `_forward_fused`.
 
         Reads the weights once: norms' scales and packed projections are formed here, so an inference model
         is fused after its weights are loaded and not changed after. Fusing twice changes nothing."""
@@ -182,6 +184,13 @@ class TextModel(nn.Module):
             for layer, after in zip(self.layers, following, strict=True)
         ]
         self.fused = True
+
+    def pack_projections(self) -> None:
+        """After `fuse_for_inference`, on the CPU: every projection reads weights packed for oneDNN (see
+        `engine.model_loader.prepare_for_cpu`, which decides whether that pays on this machine)."""
+        for layer in self.layers:
+            layer.self_attn.pack_projections()
+            layer.mlp.pack_projections()
 
     def forward(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self.fused:

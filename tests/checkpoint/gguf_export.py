@@ -5,7 +5,8 @@ K-quants that `gguf.quants` can only dequantize, following ggml's documented blo
 Converter conventions reproduced here: architecture 'muse-glimmer'; the four per-layer norms stored as
 w + 1; q/k rows un-permuted to the interleaved RoPE layout; synthetic attn_q_norm = qk_scale_factor and
 attn_k_norm = 1; logit_scale = output_multiplier; a bool sliding_window_pattern; the tokenizer as 'gpt2'
-with pre 'llama4', [PAD{i}] UNUSED rows up to the embedding size, eot as its own id; 1-D tensors in F32.
+with pre 'llama4', [PAD{i}] UNUSED rows up to the embedding size, eot as its own id; 1-D tensors in F32;
+generation_config.json's sampling defaults as general.sampling.*.
 The mmproj: architecture 'clip', projector 'muse-glimmer', the patch embedding's two temporal slabs summed
 into a (hidden, 3, p, p) conv weight, mm.0/1/2 for the adapter and projection.
 """
@@ -68,6 +69,7 @@ def export_text_gguf(checkpoint: Path, out: Path, tensor_type: Q = Q.F32, *, dro
     writer.add_sliding_window(text.sliding_window)
     writer.add_sliding_window_pattern([t == "sliding_attention" for t in text.layer_types])
     writer.add_file_type(int(tensor_type))
+    _add_sampling_defaults(writer, checkpoint)
     _add_tokenizer(writer, checkpoint, config)
     for name, tensor in _text_tensors(canonical_state(checkpoint), config).items():
         if name in drop:
@@ -113,6 +115,17 @@ def _text_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
         for hf, stored in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
             out[b + stored + ".weight"] = state[p + f"mlp.{hf}.weight"]
     return out
+
+
+def _add_sampling_defaults(writer: gguf.GGUFWriter, checkpoint: Path) -> None:
+    """generation_config.json's temperature / top_k / top_p as general.sampling.*, as llama.cpp's converter
+    writes them (gguf.Keys.General.SAMPLING_*)."""
+    path = checkpoint / "generation_config.json"
+    generation = json.loads(path.read_text()) if path.is_file() else {}
+    for field, add in (("temperature", writer.add_sampling_temp), ("top_k", writer.add_sampling_top_k),
+                       ("top_p", writer.add_sampling_top_p)):
+        if generation.get(field) is not None:
+            add(generation[field])
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter, checkpoint: Path, config: ModelConfig) -> None:

@@ -647,6 +647,16 @@ def test_quantized_checkpoint_is_refused():
     expect_error(raw, "quantization_config", "not supported yet")
 
 
+@pytest.mark.parametrize("layout", ["canonical", "canonical-text", "flat", "vendor"])
+def test_null_quantization_config_means_unquantized(layout):
+    config = tiny_model(vision=False)
+    raw = config_to_dict(config, layout) | {"quantization_config": None}
+    if "text_config" in raw:
+        raw["text_config"] = raw["text_config"] | {"quantization_config": None}
+    normalized = normalize_config(raw)
+    assert normalized.text == config.text and normalized.warnings == ()
+
+
 @pytest.mark.parametrize("layout", ["canonical", "flat"])
 def test_missing_required_fields_are_named(layout):
     raw = config_to_dict(tiny_model(), layout)

@@ -51,7 +51,17 @@ def test_cli_writes_a_drafter_for_a_target(target, tmp_path):
     subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(out), "--drafter-for", str(target),
                     "--layout", "native"], check=True, capture_output=True)
     assert (out / "head.pt").is_file()
-    assert _load(out, target).config.block_size == 6
+    assert _load(out, target).config.block_size == 16  # the release's block, as the README's example needs
+
+
+def test_the_cli_drafter_runs_the_readme_speculative_example(target, tmp_path):
+    from glimmer.engine.llm import LLM
+
+    out = tmp_path / "cli-drafter"
+    subprocess.run([sys.executable, "-m", "glimmer.cli", "make-tiny", str(out), "--drafter-for", str(target)],
+                   check=True, capture_output=True)
+    llm = LLM(str(target), speculative_config={"method": "dflash", "model": str(out), "num_speculative_tokens": 15})
+    assert llm.engine.drafter.config.block_size == 16
 
 
 @pytest.mark.parametrize(
@@ -106,8 +116,29 @@ def test_native_file_with_foreign_content_is_refused(target, tmp_path):
 def test_native_file_is_never_unpickled_beyond_tensors(target, tmp_path):
     path = write_tiny_drafter(tmp_path / "d", target, layout="native")
     torch.save({"w": torch.zeros(2), "extra": _Arbitrary()}, path / "head.pt")
-    with pytest.raises(CheckpointError, match="weights_only=True"):
+    with pytest.raises(CheckpointError, match="weights_only=True") as err:
         _load(path, target)
+    message = str(err.value)
+    assert "_Arbitrary was not an allowed global" in message and len(message.splitlines()) == 1
+    assert "weights_only` set to `False`" not in message and "add_safe_globals" not in message
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("drafter pickle code ran",))
+
+
+def test_a_malicious_head_pt_is_refused_in_one_line_without_unsafe_advice(target, tmp_path, capsys):
+    import pickle
+
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    (path / "head.pt").write_bytes(pickle.dumps({"w": _RunsCode()}))
+    with pytest.raises(CheckpointError) as err:
+        _load(path, target)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and "refused by torch.load(weights_only=True)" in message
+    assert "False" not in message and "trust" not in message
+    assert "drafter pickle code ran" not in capsys.readouterr().out
 
 
 class _Arbitrary:

@@ -57,9 +57,10 @@ class _RunsCode:
 
 def test_a_pickle_that_would_run_code_is_refused_even_when_allowed(pickle_checkpoint, capsys):
     (pickle_checkpoint / "pytorch_model.bin").write_bytes(pickle.dumps({"x": _RunsCode()}))
-    with pytest.raises(CheckpointError, match="weights_only=True"):
+    with pytest.raises(CheckpointError, match="weights_only=True") as err:
         load_model(pickle_checkpoint, progress=False, allow_pickle=True)
     assert "pickle code ran" not in capsys.readouterr().out
+    assert "False" not in str(err.value) and "trust" not in str(err.value)  # no advice to unpickle it anyway
 
 
 def test_checkpoint_code_is_ignored_with_a_warning(tiny_checkpoint, tmp_path):
@@ -84,3 +85,58 @@ def test_mmproj_is_refused_for_a_directory(tiny_checkpoint):
 def test_a_file_that_is_not_gguf_is_refused(tiny_checkpoint):
     with pytest.raises(CheckpointError, match="not a GGUF file"):
         open_checkpoint(tiny_checkpoint / "tokenizer.json")
+
+
+def _legacy_weights_with_config(make_tiny, tmp_path, **config_fields):
+    """The flat tiny config (plus `config_fields`) beside the same weights in the legacy HF layout."""
+    from glimmer.checkpoint.config_layouts import load_config
+    from glimmer.checkpoint.weight_layouts import LEGACY
+    from glimmer.tiny import save_weights, to_weight_layout
+
+    source = make_tiny("flat")
+    out = tmp_path / "legacy-named"
+    out.mkdir()
+    for name in SIDE_FILES:
+        shutil.copy(source / name, out / name)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | config_fields))
+    save_weights(to_weight_layout(canonical_state(source), load_config(source), LEGACY), out)
+    return out
+
+
+def test_rope_flag_that_contradicts_the_weight_names_is_refused(make_tiny, tmp_path, capsys):
+    checkpoint = _legacy_weights_with_config(make_tiny, tmp_path, rope_is_neox_style=False)
+    with pytest.raises(CheckpointError, match=r"rope_is_neox_style=false says the q/k rows are interleaved.*legacy "
+                                              r"weight layout, whose RoPE layout is rotate-half"):
+        load_model(checkpoint, progress=False)
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rope_is_neox_style" in err[0]
+
+
+def test_rope_flag_that_agrees_with_the_weight_names_loads(make_tiny, tmp_path):
+    checkpoint = _legacy_weights_with_config(make_tiny, tmp_path, rope_is_neox_style=True)
+    assert open_checkpoint(checkpoint).rope_layout == "rotate-half"
+    assert open_checkpoint(make_tiny("native")).weight_layout == "native"  # its vendor config says false
+
+
+def test_a_directory_holding_only_a_gguf_points_at_the_file(tiny_checkpoint, tmp_path, capsys):
+    from gguf_export import export_text_gguf
+
+    folder = tmp_path / "only-gguf"
+    folder.mkdir()
+    export_text_gguf(tiny_checkpoint, folder / "x.gguf")
+    with pytest.raises(CheckpointError, match=r"no config\.json but holds the GGUF file x\.gguf.*pass the file itself"):
+        open_checkpoint(folder)
+    assert main(["inspect", str(folder)]) == 2
+    assert "x.gguf" in capsys.readouterr().err
+
+
+def test_a_config_only_directory_suggests_dummy_weights(tmp_path, capsys):
+    out = tmp_path / "config-only"
+    assert main(["make-tiny", str(out), "--config-only"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no weights found" in err and "--load-format dummy" in err and len(err.splitlines()) == 1
+    assert load_model(out, progress=False, load_format="dummy").weight_layout == "dummy"

@@ -253,3 +253,18 @@ def _video_data_url(tmp_path) -> str:
             output.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         output.mux(stream.encode())
     return "data:video/x-matroska;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_sampling_defaults_come_from_general_sampling_keys_like_generation_config(tiny_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    source = tmp_path / "sampled"
+    shutil.copytree(tiny_checkpoint, source)
+    generation = json.loads((source / "generation_config.json").read_text())
+    (source / "generation_config.json").write_text(json.dumps(generation | {"temperature": 0.3, "top_k": 5,
+                                                                            "top_p": 0.9}))
+    path = export_text_gguf(source, tmp_path / "sampled.gguf")
+    assert GGUFFile(path).metadata["general.sampling.top_k"] == 5
+    defaults = [LLM(str(model)).engine.generation_defaults.sampling_defaults() for model in (source, path)]
+    assert defaults[0] == defaults[1] == {"temperature": 0.3, "top_p": 0.9, "top_k": 5}

@@ -9,9 +9,11 @@ import resource
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf_export import export_text_gguf
@@ -66,10 +68,12 @@ def raw_gguf(*, tensor_count: int = 0, kv: bytes = b"", kv_count: int = 0, tenso
 ARCH_KV = _string("general.architecture") + struct.pack("<I", 8) + _string("muse-glimmer")
 
 
-def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = ()) -> Path:
-    """Copy a GGUF with some metadata changed or dropped, using gguf's own reader and writer."""
+def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = (), *,
+             drop_tensors: tuple[str, ...] = (), split_max_tensors: int = 0) -> Path:
+    """Copy a GGUF with some metadata changed or dropped (and tensors dropped, or the copy split into parts of
+    `split_max_tensors` tensors as gguf-split does), using gguf's own reader and writer."""
     reader = gguf.GGUFReader(source)
-    writer = gguf.GGUFWriter(out, "muse-glimmer")
+    writer = gguf.GGUFWriter(out, "muse-glimmer", split_max_tensors=split_max_tensors)
     for field in reader.fields.values():
         name = field.name
         if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
@@ -78,7 +82,8 @@ def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = ()) 
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
     for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+        if tensor.name not in drop_tensors:
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -110,6 +115,42 @@ def _short_vocabulary(good: Path, directory: Path) -> Path:
     fields = gguf.GGUFReader(good).fields
     change = {name: fields[name].contents()[:100] for name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")}
     return _rewrite(good, directory / "short_vocabulary.gguf", change)
+
+
+def _iq4_nl_tensor(good: Path, directory: Path) -> Path:
+    """blk.1.attn_v.weight stored as IQ4_NL (a type gguf.quants cannot dequantize), zero bytes of the right size."""
+    reader = gguf.GGUFReader(good)
+    out = directory / "iq4_nl.gguf"
+    writer = gguf.GGUFWriter(out, "muse-glimmer")
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        if tensor.name == "blk.1.attn_v.weight":
+            rows, columns = (int(d) for d in reversed(tensor.shape))
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+            writer.add_tensor(tensor.name, np.zeros((rows, columns // block * size), np.uint8),
+                              raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+        else:
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _split_part(number: int) -> Callable[[Path, Path], Path]:
+    """Part `number` of the good file split in two, as `llama-gguf-split` (GGUFWriter(split_max_tensors)) names it."""
+
+    def build(good: Path, directory: Path) -> Path:
+        half = len(gguf.GGUFReader(good).tensors) // 2 + 1
+        (directory / f"split{number}").mkdir(exist_ok=True)
+        _rewrite(good, directory / f"split{number}" / "model.gguf", {}, split_max_tensors=half)
+        return directory / f"split{number}" / f"model-{number:05d}-of-00002.gguf"
+
+    return build
 
 
 # name → (builder(good file, directory) → path, fragments the one-line error must contain)
@@ -155,6 +196,15 @@ CASES = {
                              ("required metadata key muse-glimmer.logit_scale is missing",)),
     "k_norm_not_ones": (_bad_k_norm, ("blk.2.attn_k_norm.weight is not all ones",)),
     "tokens_that_miss_the_merges": (_short_vocabulary, ("do not form a BPE tokenizer",)),
+    "unsupported_tensor_type": (_iq4_nl_tensor, ("tensor types Glimmer does not read: IQ4_NL (1 tensors, e.g. "
+                                                 "blk.1.attn_v.weight)", "supported types are F32")),
+    "first_part_of_a_split_file": (_split_part(1), ("part 1 of 2 of a split GGUF (split.count=2)",
+                                                    "llama-gguf-split --merge model-00001-of-00002.gguf merged.gguf")),
+    "later_part_of_a_split_file": (_split_part(2), ("part 2 of 2 of a split GGUF",
+                                                    "--merge model-00001-of-00002.gguf")),
+    "several_problems": (lambda g, d: _rewrite(g, d / "several.gguf", {}, drop_tensors=(
+        "blk.0.attn_v.weight", "blk.5.ffn_up.weight")), ("tensor blk.0.attn_v.weight is missing; tensor "
+                                                          "blk.5.ffn_up.weight is missing",)),
 }
 
 

@@ -105,7 +105,19 @@ def test_quantized_integer_weights_are_refused(make_tiny, tmp_path):
         t["lm_head.weight"] = torch.zeros_like(t["lm_head.weight"], dtype=torch.uint8)
 
     path = _copy_checkpoint(make_tiny(), tmp_path / "bad", damage)
-    with pytest.raises(CheckpointError, match="lm_head.weight: dtype U8 is not a float type"):
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    assert "unsupported dtypes" in str(err.value) and "lm_head.weight: dtype U8" in str(err.value)
+    assert "shape mismatches" not in str(err.value)
+
+
+def test_fp8_weights_are_reported_as_an_unsupported_dtype(make_tiny, tmp_path):
+    def damage(t):
+        t["lm_head.weight"] = t["lm_head.weight"].to(torch.float8_e4m3fn)
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "fp8", damage)
+    with pytest.raises(CheckpointError, match=r"unsupported dtypes \(Glimmer loads BF16, F16, F32, F64; quantized "
+                                              r"int8/fp8 weights are not supported.*\n +lm_head.weight: dtype F8_E4M3"):
         load_model(path, progress=False)
 
 
@@ -232,3 +244,36 @@ def test_make_tiny_refuses_vision_in_the_text_only_legacy_layout(tmp_path, capsy
 
     assert main(["make-tiny", str(tmp_path / "t"), "--layout", "legacy", "--vision"]) == 2
     assert "legacy layout is text-only" in capsys.readouterr().err
+
+
+def test_a_stray_rotary_inv_freq_buffer_is_ignored(make_tiny, tmp_path):
+    def add_inv_freq(t):
+        t["model.language_model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "inv-freq", add_inv_freq)
+    assert torch.equal(_logits(path), _logits(make_tiny()))
+
+
+@pytest.mark.parametrize("shard", ["../../outside.safetensors", "/tmp/outside.safetensors", "sub/../../x.safetensors"])
+def test_index_naming_a_shard_outside_the_checkpoint_is_refused(make_tiny, tmp_path, shard):
+    import shutil
+
+    dst = tmp_path / "a" / "b" / "escaping"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), dst)
+    outside = (dst / shard).resolve() if not shard.startswith("/") else tmp_path / "abs.safetensors"
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(dst / "model-00002-of-00002.safetensors", outside)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {n: (str(outside) if shard.startswith("/") else shard) if f.startswith("model-00002") else f
+                           for n, f in index["weight_map"].items()}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+        load_model(dst, progress=False)
+
+
+def test_pickle_index_naming_a_shard_outside_the_checkpoint_is_refused(tmp_path):
+    from glimmer.checkpoint.pickle_files import pickle_files
+
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"w": "../outside.bin"}}))
+    with pytest.raises(CheckpointError, match=r"names shard '\.\./outside\.bin', outside the checkpoint directory"):
+        pickle_files(tmp_path)

@@ -35,10 +35,11 @@ def _logprob_values(results) -> list[float]:
 
 
 def _same_outputs(got, expected) -> None:
-    """Equal outputs; logprobs to 1e-6 (the synchronous and the lookahead engine lay out the same rows in
-    different batches, and the CPU's products need not round alike)."""
+    """Equal outputs; logprobs to 1e-5 (the synchronous and the lookahead engine lay out the same rows in
+    different batches, and the CPU's products need not round alike: MKL's dense product picks its kernel by the
+    row count, a few float32 ulps apart)."""
     assert _outputs(got) == _outputs(expected)
-    torch.testing.assert_close(_logprob_values(got), _logprob_values(expected), rtol=0, atol=1e-6)
+    torch.testing.assert_close(_logprob_values(got), _logprob_values(expected), rtol=0, atol=1e-5)
 
 
 def _idle(llm: LLM) -> None:

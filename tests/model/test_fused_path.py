@@ -1,6 +1,7 @@
 """The fused math (one GEMM for q|k|v|gate and gate|up, one pass per sandwich norm), run with its torch
 references on the CPU: the same tokens and logprobs as the plain path, and the same parameters; and the CPU's
-fast path (the same, with weights packed for oneDNN), which agrees with the plain path to fp32 rounding."""
+fast path (the same with the C kernels of kernels/cpu, and weights packed for oneDNN or dense, whichever is faster
+on the machine), which agrees with the plain path to fp32 rounding."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
+from glimmer.engine import model_loader
 from glimmer.model.context import ForwardContext
 from glimmer.model.kernels.packed_linear import PackedLinear, packs
 from glimmer.model.kernels.paged_attention import (
@@ -62,20 +64,28 @@ def test_residual_norm_reference_is_the_modules_arithmetic():
     assert final.spec == NormSpec(final.weight, 1e-5, 0.0)
 
 
-def _plain_and_fast(tmp_path, monkeypatch, **options):
+def _plain_and_fast(tmp_path, monkeypatch, packed=True, **options):
+    """The plain path (GLIMMER_KERNELS=torch) and the CPU's fast path, its weights packed for oneDNN or dense
+    (whichever the load-time timing would pick on this machine, forced here)."""
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
     options = dict(progress=False, kv_cache_memory=8 << 20, max_num_batched_tokens=32, **options)
     monkeypatch.setenv("GLIMMER_KERNELS", "torch")
     plain = LLM(str(path), **options)
     monkeypatch.delenv("GLIMMER_KERNELS")
+    monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows: packed)
     return plain, LLM(str(path), **options)
 
 
-@pytest.mark.skipif(not packs("cpu", torch.float32), reason="this torch build has no working oneDNN")
-def test_cpu_fast_path_gives_the_plain_paths_greedy_tokens_and_close_logprobs(tmp_path, monkeypatch):
-    plain, fast = _plain_and_fast(tmp_path, monkeypatch)
+@pytest.mark.parametrize("packed", [
+    pytest.param(True, marks=pytest.mark.skipif(not packs("cpu", torch.float32), reason="no working oneDNN")),
+    False,
+])
+def test_cpu_fast_path_gives_the_plain_paths_greedy_tokens_and_close_logprobs(tmp_path, monkeypatch, packed):
+    plain, fast = _plain_and_fast(tmp_path, monkeypatch, packed=packed)
     attention = fast.engine.loaded.model.model.language_model.layers[0].self_attn
-    assert isinstance(attention.qkvg_weight, PackedLinear) and attention.o_packed is not None
+    assert isinstance(attention.qkvg_weight, PackedLinear if packed else torch.Tensor)
+    assert (attention.o_packed is not None) == packed
+    assert fast.engine.loaded.model.model.language_model.fused
     assert not plain.engine.loaded.model.model.language_model.fused
     # ragged prompts (chunked prefill), sliding-window crossings, then batched decode
     prompts = [list(range(5, 5 + n)) for n in (3, 40, 17, 1, 25)]

@@ -1,11 +1,12 @@
 """A projection whose weight is pre-packed for the CPU's matrix library: y = x · Wᵀ + b.
 
-On the CPU, `F.linear` hands every call to a general matrix product that re-reads the weight in its
-stored row order; at decode shapes (a handful of rows against a large weight) that streams the weight at
-a third of the memory bandwidth. oneDNN, which ships inside PyTorch's x86 builds, can reorder a weight
-once into its own blocked layout, after which a product reads it at close to the memory rate — 2–3× fewer
-milliseconds per decode step on a small model (bench/cpu_decode.py). The reorder keeps one copy: the
-packed one replaces the dense weight, so the model's memory does not grow.
+oneDNN, which ships inside PyTorch's x86 builds, can reorder a weight once into its own blocked layout for its
+matrix products. Whether that beats `F.linear` on the dense weight depends on the machine and the row count: on
+some CPUs the dense product streams a decode step's weights at a third of the memory rate and the packed one at
+close to it (2–3× fewer milliseconds per decode step), on others (a 2-vCPU Intel Xeon) the dense product is
+1.3–1.5× faster at 1–8 rows and the packed one at 16 or more. So the engine times both on the model's own weights
+at load (`packing_pays`) and packs only where it pays (`engine.model_loader.prepare_for_cpu`). The reorder keeps
+one copy: the packed one replaces the dense weight, so the model's memory does not grow.
 
 `F.linear` is the reference. The packed product sums in another order, so results agree to fp32 (or
 bf16) rounding, not bit for bit; `GLIMMER_KERNELS=torch` keeps the dense weights and the reference.
@@ -14,6 +15,8 @@ bf16) rounding, not bit for bit; `GLIMMER_KERNELS=torch` keeps the dense weights
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,3 +74,44 @@ def packs(device: torch.device | str, dtype: torch.dtype) -> bool:
 
 def can_pack(weight: torch.Tensor) -> bool:
     return packs(weight.device, weight.dtype)
+
+
+PROBE_BYTES = 256 << 20
+"""Weights the probe streams at most: more than a CPU's caches hold, so it times memory-bound products as a decode
+step runs them, and a fraction of a second even for a large model."""
+
+
+def packing_pays(weights: Sequence[torch.Tensor], rows: Sequence[int], repeats: int = 5) -> bool:
+    """Whether products with these weights packed for oneDNN take less time than `F.linear` on them, summed over
+    one product of each row count in `rows`; each way timed `repeats` times, interleaved, the fastest counting.
+    Weights past PROBE_BYTES are left out of the timing."""
+    chosen, total = [], 0
+    for weight in weights:
+        if total >= PROBE_BYTES:
+            break
+        chosen.append(weight.detach())
+        total += weight.numel() * weight.element_size()
+    if not chosen:
+        return False
+    packed = [PackedLinear(w, None) for w in chosen]
+    inputs = {n: {w.shape[1]: torch.randn(n, w.shape[1]).to(w.dtype) for w in chosen} for n in rows}
+
+    def dense_pass(n: int) -> None:
+        for w in chosen:
+            F.linear(inputs[n][w.shape[1]], w)
+
+    def packed_pass(n: int) -> None:
+        for p in packed:
+            p(inputs[n][p.in_features])
+
+    best = {dense_pass: float("inf"), packed_pass: float("inf")}
+    for n in rows:  # one untimed pass each: first-touch and oneDNN's primitive creation
+        dense_pass(n)
+        packed_pass(n)
+    for _ in range(repeats):
+        for way in best:
+            start = time.perf_counter()
+            for n in rows:
+                way(n)
+            best[way] = min(best[way], time.perf_counter() - start)
+    return best[packed_pass] < best[dense_pass]

@@ -12,7 +12,9 @@ runs one masked `scaled_dot_product_attention`. `paged_attention_triton` reads t
 the block table (no copy, no dense mask), one program per (query tile, KV head, KV split). A query tile
 packs BLOCK_Q tokens × the group's query heads into the rows of one matrix product, so each key tile is
 loaded once for the whole group. At small batch the key range is split across programs (flash-decoding)
-and a second kernel merges the partial softmaxes. `paged_attention` picks one.
+and a second kernel merges the partial softmaxes. On the CPU, a decode step in float32 (one query per sequence)
+runs `decode_attention_cpu`, a C loop over each sequence's visible keys in place (`kernels/cpu`).
+`paged_attention` picks one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from glimmer.model.context import ForwardContext, KVGroupView
+from glimmer.model.kernels import cpu
 from glimmer.model.kernels.support import launch_options, multiprocessor_count, next_power_of_2, use_triton
 
 MAX_KV_SPLITS = 128
@@ -42,6 +45,8 @@ def paged_attention(
     """
     if use_triton(query, key_cache) and triton_supports(query, key_cache):
         return paged_attention_triton(query, key_cache, value_cache, group, ctx, sliding_window, scale, gate)
+    if ctx.one_query_per_sequence and cpu_decode_supports(query, key_cache, value_cache, gate):
+        return decode_attention_cpu(query, key_cache, value_cache, group, ctx, sliding_window, scale, gate)
     return paged_attention_torch(query, key_cache, value_cache, group, ctx, sliding_window, scale, gate)
 
 
@@ -189,6 +194,72 @@ def decode_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     )
     out = out.transpose(1, 2).reshape(b, num_q_heads * head_dim)
     return out if gate is None else out * torch.sigmoid(gate)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# C (the CPU's decode steps)
+
+
+def cpu_decode_supports(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        gate: torch.Tensor | None) -> bool:
+    b, num_q_heads, head_dim = query.shape
+    return (
+        query.is_contiguous()
+        and key_cache.is_contiguous() and value_cache.shape == key_cache.shape and value_cache.is_contiguous()
+        and key_cache.shape[3] == head_dim and num_q_heads % key_cache.shape[2] == 0
+        and (gate is None or (gate.shape == (b, num_q_heads * head_dim) and gate.stride(-1) == 1))
+        and cpu.runs(query, key_cache, value_cache, *([] if gate is None else [gate]))
+    )
+
+
+def decode_attention_cpu(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: KVGroupView,
+    ctx: ForwardContext,
+    sliding_window: int | None,
+    scale: float,
+    gate: torch.Tensor | None = None,
+    lib=None,
+) -> torch.Tensor:
+    """`paged_attention_torch` of a decode step (query b at position seq_lens[b] − 1) reading the cache in place."""
+    lib = cpu.library() if lib is None else lib
+    b, num_q_heads, head_dim = query.shape
+    out = query.new_empty((b, num_q_heads * head_dim))
+    tables = group.block_tables.to(torch.int64).contiguous()
+    starts, seq_lens = group.kv_start_pos.to(torch.int64).contiguous(), ctx.seq_lens.to(torch.int64).contiguous()
+    bad = lib.glimmer_decode_attention(
+        query.data_ptr(), b, num_q_heads, key_cache.shape[2], head_dim, key_cache.data_ptr(), value_cache.data_ptr(),
+        key_cache.shape[0], key_cache.shape[1], tables.data_ptr(), tables.shape[1], starts.data_ptr(),
+        seq_lens.data_ptr(), sliding_window or 0, scale, cpu.pointer(gate), 0 if gate is None else gate.stride(0),
+        out.data_ptr(), cpu.threads())
+    if bad < 0:
+        raise MemoryError("decode attention: no memory for the attention scores")
+    if bad:
+        row = bad - 1
+        raise IndexError(f"decode attention: sequence {row}'s block table does not hold its keys (seq_len "
+                         f"{int(seq_lens[row])}, first listed position {int(starts[row])}, {tables.shape[1]} blocks "
+                         f"of {key_cache.shape[1]} listed, {key_cache.shape[0]} in the cache)")
+    return out
+
+
+def probe_cpu(lib) -> str | None:
+    """The C kernel against the reference (cpu.library's load-time check): a full and a windowed layer, GQA 2:1,
+    a sequence whose listed blocks start past position 0, and the gate."""
+    generator = torch.Generator().manual_seed(0)
+    key_cache, value_cache = torch.randn(2, 6, 4, 2, 8, generator=generator)
+    query, gate = torch.randn(2, 4, 8, generator=generator), torch.randn(2, 32, generator=generator)
+    ctx = ForwardContext(query_start_loc=torch.tensor([0, 1, 2]), seq_lens=torch.tensor([7, 13]),
+                         positions=torch.tensor([6, 12]), max_query_len=1)
+    group = KVGroupView(block_size=4, block_tables=torch.tensor([[3, 1, 0, 0], [5, 2, 4, 0]]),
+                        kv_start_pos=torch.tensor([0, 4]), slot_mapping=torch.tensor([0, 0]))
+    for window in (None, 5):
+        got = decode_attention_cpu(query, key_cache, value_cache, group, ctx, window, 0.3, gate, lib=lib)
+        want = paged_attention_torch(query, key_cache, value_cache, group, ctx, window, 0.3, gate)
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+            return "decode_attention"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,167 @@
+"""C kernels for the CPU's decode step (`ops.c`), compiled at first use and called through ctypes.
+
+A decode step of a small model on the CPU is mostly small torch ops: a norm is some ten of them, QK-norm with
+RoPE and the cache store tens more, each 2–15 µs of dispatch around a few hundred floats of work, against
+projections that stream the weights in a few milliseconds. `ops.c` does each of those groups in one call: the
+residual norms, QK-norm + RoPE + cache store, decode attention over the paged cache in place, and SiLU·mul.
+
+The system C compiler (`CC`, else `cc`, `gcc` or `clang`) builds `ops.c` once per source, compiler and CPU into
+the user's cache (`$XDG_CACHE_HOME/glimmer/cpu-kernels`, else `~/.cache/...`); `-march=native` and OpenMP are used
+where the compiler takes them. After loading, every function is checked against its torch reference on a random
+probe. Where there is no compiler, the build or the probe fails, or `GLIMMER_KERNELS=torch`, every op runs its
+torch reference (the CPU path before these kernels existed): slower, never different beyond float32 rounding.
+Only float32 runs here; other dtypes take the references.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from glimmer.model.kernels.support import references_forced
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ops.c")
+BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]
+# tried in order; the first the compiler builds is used
+OPTIONAL_FLAGS = [["-march=native", "-fopenmp"], ["-march=native"], ["-fopenmp"], []]
+COMPILE_TIMEOUT_S = 120
+
+_P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+SIGNATURES = {
+    "glimmer_residual_norm": (None, [_P, _P, _P, _F, _P, _F, _I64, _I64, _P, _P, _INT]),
+    "glimmer_qk_norm_rope_store": (_INT, [_P, _I64, _I64, _I64, _I64, _I64, _F, _F, _P, _P, _P, _P, _I64, _P, _P,
+                                          _INT]),
+    "glimmer_decode_attention": (_INT, [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _I64, _F,
+                                        _P, _I64, _P, _INT]),
+    "glimmer_silu_mul": (None, [_P, _I64, _I64, _P, _INT]),
+}
+
+
+def runs(*tensors: torch.Tensor) -> bool:
+    """Whether the C kernels take an op on these tensors: all float32 on the CPU, the kernels built, and
+    GLIMMER_KERNELS not `torch`."""
+    for t in tensors:
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            return False
+    return library() is not None and not references_forced()
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, built or found in the cache; None (logged once) where they cannot run here."""
+    if os.name != "posix":
+        logger.info("CPU kernels: C kernels are built on POSIX systems only; the CPU runs the torch path")
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.warning("CPU kernels: no C compiler (set CC, or install gcc or clang); the CPU runs the torch path, "
+                       "which is slower at decode")
+        return None
+    try:
+        path = _build(compiler)
+        lib = ctypes.CDLL(str(path))
+        for name, (restype, argtypes) in SIGNATURES.items():
+            function = getattr(lib, name)
+            function.restype, function.argtypes = restype, argtypes
+    except (OSError, subprocess.SubprocessError, AttributeError) as error:
+        logger.warning("CPU kernels: could not build or load %s with %s (%s); the CPU runs the torch path",
+                       SOURCE.name, compiler, error)
+        return None
+    failure = _probe(lib)
+    if failure is not None:
+        logger.warning("CPU kernels: %s disagrees with its torch reference on a probe (%s); the CPU runs the "
+                       "torch path", path, failure)
+        return None
+    logger.info("CPU kernels: loaded %s", path)
+    return lib
+
+
+def pointer(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def threads() -> int:
+    return torch.get_num_threads()
+
+
+def _compiler() -> str | None:
+    for name in filter(None, [os.environ.get("CC"), "cc", "gcc", "clang"]):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "glimmer" / "cpu-kernels"
+
+
+def _machine_identity() -> str:
+    """What `-march=native` depends on: the architecture and, on Linux, the CPU's model and feature flags."""
+    parts = [platform.system(), platform.machine(), platform.processor()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            parts += sorted({line.strip() for line in f if line.startswith(("model name", "flags", "Features"))})
+    except OSError:
+        pass
+    return "\n".join(parts)
+
+
+def _build(compiler: str) -> Path:
+    """The shared library for this source, compiler and machine: from the cache, else compiled into it (written
+    under a temporary name and renamed, so processes building at once never load a partial file)."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), version.encode(), _machine_identity().encode(),
+                                     repr((BASE_FLAGS, OPTIONAL_FLAGS)).encode()])).hexdigest()[:24]
+    directory = _cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=directory, delete=True)
+        probe.close()
+    except OSError:
+        directory = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
+        directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"ops-{key}.so"
+    if target.exists():
+        return target
+    errors = []
+    for extra in OPTIONAL_FLAGS:
+        fd, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
+        os.close(fd)
+        result = subprocess.run([compiler, *BASE_FLAGS, *extra, str(SOURCE), "-o", partial, "-lm"],
+                                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        if result.returncode == 0:
+            os.replace(partial, target)
+            logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
+            return target
+        os.unlink(partial)
+        errors.append(result.stderr.strip().splitlines()[-1:] or ["(no message)"])
+    raise OSError(f"the compiler failed with every flag set: {errors[-1][0]}")
+
+
+def _probe(lib: ctypes.CDLL) -> str | None:
+    """Run each kernel once against its torch reference on random inputs; None when all agree."""
+    try:
+        for op in ("residual_norm", "qk_norm_rope", "paged_attention", "silu_mul"):
+            # (the kernels package exports functions of these names: the modules are reached by import_module)
+            failure = importlib.import_module(f"glimmer.model.kernels.{op}").probe_cpu(lib)
+            if failure is not None:
+                return failure
+    except RuntimeError as error:
+        return str(error)
+    return None

@@ -1,0 +1,144 @@
+"""The CPU's C kernels (glimmer/model/kernels/cpu) against their torch references, which stay the oracle: every
+kernel on random inputs (ragged decode batches, window and block boundaries, tables starting past position 0,
+poisoned unused cache slots, strided inputs, the OpenMP-sized shapes), bad indices refused, the dispatchers'
+choices, the build cache, and the fallback where no compiler works."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from glimmer.model import kernels
+from glimmer.model.kernels import cpu
+from glimmer.model.kernels.paged_attention import decode_attention_cpu, paged_attention_torch
+from glimmer.model.kernels.qk_norm_rope import HeadLayout, qk_norm_rope_store_cpu, qk_norm_rope_store_torch
+from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_cpu, residual_norm_torch
+from glimmer.model.kernels.silu_mul import silu_mul_cpu, silu_mul_torch
+from glimmer.model.layers import RotaryTable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from paged_cases import make_case  # noqa: E402
+
+pytestmark = pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+CLOSE = dict(rtol=1e-5, atol=1e-5)  # float32 rounding: the kernels sum in another order than torch
+
+
+@pytest.mark.parametrize("rows,width", [(1, 512), (7, 96), (600, 512)])  # the last runs the OpenMP loop
+@pytest.mark.parametrize("first_layer", [False, True])
+def test_residual_norm(rows, width, first_layer):
+    generator = torch.Generator().manual_seed(rows)
+    h = None if first_layer else torch.randn(rows, width, generator=generator) * 3
+    residual = torch.randn(rows, width, generator=generator) * 5
+    post = None if first_layer else NormSpec(torch.randn(width, generator=generator), 1e-8, 1.0)
+    following = NormSpec(torch.randn(width, generator=generator), 1e-6, 0.0 if first_layer else 1.0)
+    got_residual, got = residual_norm_cpu(h, residual, post, following)
+    want_residual, want = residual_norm_torch(h, residual, post, following)
+    torch.testing.assert_close(got_residual, want_residual, **CLOSE)
+    torch.testing.assert_close(got, want, **CLOSE)
+    if first_layer:
+        assert got_residual is residual  # no copy, as the reference
+
+
+@pytest.mark.parametrize("n", [1, 5, 700])
+@pytest.mark.parametrize("rope,q_scale", [(True, 0.7), (False, 1.0), (True, 1.0)])
+def test_qk_norm_rope_store(n, rope, q_scale):
+    generator = torch.Generator().manual_seed(n)
+    layout = HeadLayout(num_heads=8, num_kv_heads=2, head_dim=64)
+    width = 2 * (layout.q_size + layout.kv_size)
+    qkvg = (torch.randn(n, width + 3, generator=generator) * 3)[:, 3:]  # rows strided, as a view of a wider GEMM
+    num_blocks, block_size = -(-n * 2 // 16), 16
+    slots = torch.randperm(num_blocks * block_size, generator=generator)[:n]
+    rotary = RotaryTable(layout.head_dim, 10000.0)(torch.randint(0, 5000, (n,), generator=generator),
+                                                   torch.float32) if rope else None
+    shape = (num_blocks, block_size, layout.num_kv_heads, layout.head_dim)
+    caches = [torch.full(shape, float("nan")) for _ in range(4)]
+    got = qk_norm_rope_store_cpu(qkvg, layout, 1e-6, q_scale, rotary, caches[0], caches[1], slots)
+    want = qk_norm_rope_store_torch(qkvg, layout, 1e-6, q_scale, rotary, caches[2], caches[3], slots)
+    torch.testing.assert_close(got, want, **CLOSE)
+    torch.testing.assert_close(caches[0], caches[2], equal_nan=True, **CLOSE)  # slots not written stay NaN
+    assert torch.equal(caches[1].nan_to_num(7.0), caches[3].nan_to_num(7.0))  # values are copied as they are
+
+
+DECODE_CASES = {
+    "ragged": [(0, 1), (15, 1), (16, 1), (40, 1), (130, 1)],  # block boundaries at 16
+    "one": [(999, 1)],
+    "long": [(3000, 1), (2500, 1)],  # enough work for the OpenMP loop
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECODE_CASES))
+@pytest.mark.parametrize("window", [None, 16, 33])
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("gated", [True, False])
+def test_decode_attention(case, window, heads, gated):
+    num_q_heads, num_kv_heads = heads
+    c = make_case(DECODE_CASES[case], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=64,
+                  sliding_window=window, seed=len(case))
+    gate = torch.randn(c.query.shape[0], num_q_heads * 64 + 5)[:, 5:] if gated else None  # strided, as in the model
+    got = decode_attention_cpu(c.query, c.poisoned_key_cache, c.poisoned_value_cache, c.group, c.ctx, window, 0.125,
+                               gate)
+    want = paged_attention_torch(c.query, c.key_cache, c.value_cache, c.group, c.ctx, window, 0.125, gate)
+    assert not got.isnan().any()  # no unused slot was read
+    torch.testing.assert_close(got, want, **CLOSE)
+
+
+def test_silu_mul_with_the_exponentials_tails():
+    gate_up = torch.randn(9, 2 * 300, generator=torch.Generator().manual_seed(0)) * 6
+    gate_up[0, :6] = torch.tensor([-1e4, 1e4, -90.0, 90.0, -87.4, 0.0])
+    torch.testing.assert_close(silu_mul_cpu(gate_up), silu_mul_torch(gate_up), rtol=1e-5, atol=1e-6)
+    rows = torch.randn(600, 2 * 512)  # the OpenMP loop
+    torch.testing.assert_close(silu_mul_cpu(rows), silu_mul_torch(rows), rtol=1e-5, atol=1e-6)
+
+
+def test_indices_outside_the_cache_are_refused_not_followed():
+    layout = HeadLayout(num_heads=2, num_kv_heads=1, head_dim=8)
+    qkvg = torch.randn(2, 2 * (layout.q_size + layout.kv_size))
+    key_cache, value_cache = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
+    with pytest.raises(IndexError, match=r"slot_mapping\[1\] = 8 is outside the KV cache's 8 slots"):
+        qk_norm_rope_store_cpu(qkvg, layout, 1e-6, 1.0, None, key_cache, value_cache, torch.tensor([3, 8]))
+    assert not key_cache.any() and not value_cache.any()  # nothing written
+    c = make_case([(20, 1), (5, 1)], num_q_heads=2, num_kv_heads=1, head_dim=8)
+    c.group.block_tables[1, 0] = c.key_cache.shape[0]  # a block id past the pool
+    with pytest.raises(IndexError, match="sequence 1's block table does not hold its keys"):
+        decode_attention_cpu(c.query, c.key_cache, c.value_cache, c.group, c.ctx, None, 0.3)
+    c.ctx.seq_lens[0] = 200  # more positions than the table lists
+    with pytest.raises(IndexError, match="sequence 0's block table"):
+        decode_attention_cpu(c.query, c.key_cache, c.value_cache, c.group, c.ctx, None, 0.3)
+
+
+def test_dispatchers_take_the_c_kernels_for_float32_on_the_cpu_only(monkeypatch):
+    calls = []
+    real = kernels.residual_norm.__globals__["residual_norm_cpu"]
+    monkeypatch.setitem(kernels.residual_norm.__globals__, "residual_norm_cpu",
+                        lambda *args: calls.append(args) or real(*args))
+    spec = NormSpec(torch.randn(32), 1e-6, 1.0)
+    kernels.residual_norm(torch.randn(2, 32), torch.randn(2, 32), spec, spec)
+    assert len(calls) == 1
+    kernels.residual_norm(torch.randn(2, 32).bfloat16(), torch.randn(2, 32).bfloat16(), spec, spec)
+    kernels.residual_norm(torch.randn(2, 32).t().contiguous().t(), torch.randn(2, 32), spec, spec)  # strided h
+    monkeypatch.setenv("GLIMMER_KERNELS", "torch")
+    kernels.residual_norm(torch.randn(2, 32), torch.randn(2, 32), spec, spec)
+    assert len(calls) == 1  # bf16, a strided input and the forced reference took the torch path
+
+
+def test_the_build_is_cached_per_source_compiler_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    compiler = cpu._compiler()
+    first = cpu._build(compiler)
+    assert first.parent == tmp_path / "glimmer" / "cpu-kernels" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert cpu._build(compiler) == first and first.stat().st_mtime_ns == stamp  # found, not rebuilt
+    assert not list(first.parent.glob("*.partial"))
+
+
+def test_without_a_working_compiler_the_cpu_runs_the_torch_path(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")  # "builds" nothing, with every flag set
+    assert cpu.library.__wrapped__() is None
+    assert "could not build or load ops.c with /bin/false" in caplog.text
+    monkeypatch.setattr(cpu, "_compiler", lambda: None)
+    assert cpu.library.__wrapped__() is None
+    assert "no C compiler" in caplog.text
