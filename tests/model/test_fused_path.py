@@ -68,7 +68,7 @@ def _plain_and_fast(tmp_path, monkeypatch, packed=True, **options):
     """The plain path (GLIMMER_KERNELS=torch) and the CPU's fast path, its weights packed for oneDNN or dense
     (whichever the load-time timing would pick on this machine, forced here)."""
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
-    options = dict(progress=False, kv_cache_memory=8 << 20, max_num_batched_tokens=32, **options)
+    options = dict(device="cpu", progress=False, kv_cache_memory=8 << 20, max_num_batched_tokens=32, **options)
     monkeypatch.setenv("GLIMMER_KERNELS", "torch")
     plain = LLM(str(path), **options)
     monkeypatch.delenv("GLIMMER_KERNELS")
