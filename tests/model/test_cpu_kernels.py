@@ -142,3 +142,15 @@ def test_without_a_working_compiler_the_cpu_runs_the_torch_path(tmp_path, monkey
     monkeypatch.setattr(cpu, "_compiler", lambda: None)
     assert cpu.library.__wrapped__() is None
     assert "no C compiler" in caplog.text
+
+
+def test_a_plain_build_without_native_flags_or_openmp_passes_the_probe(tmp_path, monkeypatch):
+    """What a compiler without OpenMP (Apple's clang) or without -march=native builds: the same results."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu, "OPTIONAL_FLAGS", [[]])
+    lib = cpu.library.__wrapped__()
+    assert lib is not None
+    gate_up = torch.randn(4, 2 * 700) * 5
+    torch.testing.assert_close(silu_mul_cpu(gate_up, lib=lib), silu_mul_torch(gate_up), rtol=1e-5, atol=1e-6)
+    nan = torch.full((1, 8), float("nan"))
+    assert silu_mul_cpu(nan, lib=lib).isnan().all()  # NaN stays NaN through the exponential

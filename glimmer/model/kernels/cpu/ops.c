@@ -27,7 +27,8 @@ static inline float fast_exp(float x) {
     x = x > 88.0f ? 88.0f : x;
     /* n = round(x / ln2) by adding and taking away 1.5 * 2^23 (the sum rounds to an integer): no branch, so the
      * compiler vectorizes it */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float finite = x == x ? x : 0.0f; /* NaN takes n = 0 (converting NaN to an integer is undefined); r stays NaN */
+    float n = (finite * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     int32_t k = (int32_t)n;
     float r = x - n * 0.693359375f; /* ln2 in two parts: the high one exact in float */
     r = r + n * 2.12194440e-4f;
@@ -38,7 +39,7 @@ static inline float fast_exp(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = (k + 127) << 23;
+    uint32_t bits = (uint32_t)(k + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
