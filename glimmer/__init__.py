@@ -17,13 +17,14 @@ _LAZY = {
     "RequestOutput": "glimmer.engine.outputs",
     "CompletionOutput": "glimmer.engine.outputs",
     "ChatOutput": "glimmer.engine.llm",
+    "LLMTokenizer": "glimmer.engine.llm",
 }
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "ChatOutput",
-           "__version__"]
+           "LLMTokenizer", "__version__"]
 
 if TYPE_CHECKING:
-    from glimmer.engine.llm import LLM, ChatOutput
+    from glimmer.engine.llm import LLM, ChatOutput, LLMTokenizer
     from glimmer.engine.outputs import CompletionOutput, RequestOutput
     from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
@@ -168,6 +169,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
 
     _check_engine_options(args)
+    _check_serve_options(args)
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
     listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
     engine, name, is_default = _engine_from_args(args)
@@ -348,6 +350,32 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
     return tools
 
 
+def _check_serve_options(args: argparse.Namespace) -> None:
+    """UsageError naming the option, for serve options that would be accepted but never work: a media directory
+    that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches)."""
+    for directory in args.allowed_local_media_path:
+        if not Path(directory).expanduser().is_dir():
+            raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
+                             "directory whose images and videos requests may name")
+    for origin in args.allowed_origins:
+        if not _is_origin(origin):
+            raise UsageError(f"--allowed-origins {origin}: not a web origin; give scheme://host[:port] with no "
+                             "path (e.g. https://app.example.com), or * for any origin")
+
+
+def _is_origin(text: str) -> bool:
+    """Whether browsers could send `text` as an Origin header (scheme://host[:port], no path), or it is `*`."""
+    if text == "*":
+        return True
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or out of range
+    except ValueError:
+        return False
+    return bool(parts.scheme and parts.hostname) and not (parts.path or parts.query or parts.fragment
+                                                          or parts.username or parts.password)
+
+
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded "
@@ -357,26 +385,32 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="default bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    parser.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="most sequences in one batch (default 256 on CUDA, 64 on the CPU)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="token budget of one step; longer prompts are prefilled in chunks")
+                        help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
+                             "CUDA, 2048 on the CPU)")
     parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
                         help="KV cache size, e.g. 8GiB or 512MiB (default: a fraction of free device memory)")
     parser.add_argument("--max-image-pixels", type=int, default=MediaLimits.max_image_pixels,
-                        help="larger images or video frames are refused (HTTP 400)")
+                        help="larger images or video frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-image-side", type=int, default=MediaLimits.max_image_side,
-                        help="images or video frames with a longer side are refused (HTTP 400)")
+                        help="images or video frames with a longer side are refused (HTTP 400; default "
+                             "%(default)s)")
     parser.add_argument("--max-image-aspect-ratio", type=int, default=MediaLimits.max_image_aspect_ratio,
-                        help="images or video frames more elongated than this many to one are refused (HTTP 400)")
+                        help="images or video frames more elongated than this many to one are refused (HTTP 400; "
+                             "default %(default)s)")
     parser.add_argument("--max-video-frame-pixels", type=int, default=MediaLimits.max_video_frame_pixels,
-                        help="videos with larger frames are refused (HTTP 400)")
+                        help="videos with larger frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
-                        help="videos with more source frames are refused (HTTP 400)")
+                        help="videos with more source frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="fraction of the GPU's memory Glimmer may use, KV cache included (default 0.9)")
-    parser.add_argument("--chat-template", default=None, help="render with this template file (P-TMPL-1)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="render prompts with this Jinja chat template file instead of the checkpoint's own "
+                             "(default: the checkpoint's template)")
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
-                        help="queue length beyond which requests get HTTP 429")
+                        help="queue length beyond which requests get HTTP 429 (default 1024)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the engine's sampling for requests without their own seed (default 0)")
     parser.add_argument("--speculative-config", default=None, metavar="JSON",

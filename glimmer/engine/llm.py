@@ -5,9 +5,11 @@ Generation of many prompts runs on the same continuous-batching engine as the se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-from collections.abc import Mapping
+import operator
+from collections.abc import Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -22,8 +24,9 @@ from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsPara
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
-from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference
+from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
+    RenderedPrompt,
     ToolCall,
     normalize_messages,
     normalize_tools,
@@ -31,12 +34,14 @@ from glimmer.protocol import (
     resolve_reasoning_strength,
 )
 from glimmer.protocol.request_normalization import refuse_unrendered
+from glimmer.protocol.tokens import FRAMING_MARKERS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
 PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data"})
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
+_STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")  # resolved, not passed on
 
 
 @dataclass
@@ -44,7 +49,8 @@ class ChatOutput:
     """One conversation's reply, parsed by the protocol: reasoning, answer and tool calls, plus the raw output.
 
     The fields are the first completion's; `choices` holds every completion (`n` of the SamplingParams) parsed
-    the same way, each with its own one-completion `output`."""
+    the same way, each with its own one-completion `output`. `output` is the turn as generated, special tokens
+    (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1)."""
 
     reasoning: str | None
     content: str | None
@@ -73,6 +79,7 @@ class _ChatTurn:
     constrained_answer: bool
     stop: list[str]
     include_stop: bool
+    skip_special_tokens: bool | None  # the caller's: False shows every special token in the reply, else framing only
 
 
 def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: str = "",
@@ -97,20 +104,42 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: 
     return content[: at + len(matched) if include else at] or None, matched
 
 
-def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, skip_special: bool) -> int:
-    """Where the text of the (min_tokens − 1)-th generated token ends (-1: every stop string counts)."""
+def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, hidden: Mapping[int, str]) -> int:
+    """Where the text of the (min_tokens − 1)-th generated token ends in the visible turn (-1: every stop string
+    counts)."""
     if min_tokens < 2:
         return -1
-    detokenizer = IncrementalDetokenizer(tokenizer, frozenset(tokenizer.all_special_ids) if skip_special
-                                         else frozenset())
+    detokenizer = IncrementalDetokenizer(tokenizer, frozenset(hidden))
     return len(detokenizer.add_many(token_ids[: min_tokens - 1]))
+
+
+def _hidden_special_tokens(tokenizer: Tokenizer) -> dict[int, str]:
+    """The special tokens a chat reply does not show, id → spelling: every one but the framing markers the parser
+    reads (P-REQ-1, as the server's chat hides them)."""
+    spellings = {i: tokenizer.decode([i]) for i in tokenizer.all_special_ids}
+    return {i: text for i, text in spellings.items() if text not in FRAMING_MARKERS}
+
+
+def _visible_text(text: str, token_ids: list[int], hidden: Mapping[int, str]) -> str:
+    """The turn's text without the `hidden` special tokens, removed by token identity (model text that merely
+    spells one stays), as the server's chat stream does before parsing."""
+    cursor = 0
+    for token_id in token_ids:
+        spelling = hidden.get(token_id)
+        if spelling is not None:
+            at = text.find(spelling, cursor)
+            if at >= 0:
+                text, cursor = text[:at] + text[at + len(spelling):], at
+    return text
 
 
 class LLM:
     """Load a Muse Glimmer checkpoint and generate from it.
 
-    model: a checkpoint directory or a Hugging Face Hub id. dtype: "float32" | "bfloat16" | "float16"
-    (default bfloat16 on CUDA, float32 on CPU). device: "cpu" | "cuda" (default: cuda if available).
+    model: a checkpoint directory or a Hugging Face Hub id. dtype: "float32" | "bfloat16" | "float16" or that
+    torch.dtype ("float" and "half" as vLLM spells them); "auto" or None: bfloat16 on CUDA, float32 on CPU.
+    device: "cpu" | "cuda" (default: cuda if available). seed (default 0): where the seeds of requests without
+    their own come from, so a run repeats; None draws a fresh one each time (vLLM's seed=None).
     generation_config: "auto" (default) takes the sampling defaults of a call without SamplingParams from
     the checkpoint's generation_config.json (temperature, top_p, top_k), as the server does; "vllm" uses
     plain `SamplingParams()`.
@@ -122,7 +151,7 @@ class LLM:
         self,
         model: str,
         *,
-        dtype: str | None = None,
+        dtype: Any = None,
         device: str | None = None,
         allowed_local_media_path: list[str] | None = None,
         allow_remote_media: bool = False,
@@ -143,6 +172,7 @@ class LLM:
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
         self._ids = itertools.count()
+        self._hidden_special_tokens = _hidden_special_tokens(self.engine.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
@@ -151,8 +181,11 @@ class LLM:
             return SamplingParams()
         return SamplingParams(**self.engine.generation_defaults.sampling_defaults())
 
-    def get_tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
+    def get_tokenizer(self) -> LLMTokenizer:
+        """The tokenizer as vLLM's `get_tokenizer()` gives it, with Hugging Face's defaults: `encode(text)` adds
+        BOS, so `generate({"prompt_token_ids": tok.encode(text)})` is `generate(text)`. Its `.tokenizer` is the
+        engine's own `Tokenizer` (whose `encode` adds nothing unless asked)."""
+        return LLMTokenizer(self)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a text prompt; BOS is added unless the text already starts with it (P-TMPL-5)."""
@@ -168,11 +201,10 @@ class LLM:
                 raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
                                    param=f"prompts[{i}].multi_modal_data")
             ids = prompt["prompt_token_ids"]
-            if not isinstance(ids, list | tuple) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                             for t in ids):
+            if not isinstance(ids, list | tuple) or not all(map(_is_token_id, ids)):
                 raise RequestError(f"prompts[{i}].prompt_token_ids must be a list of token ids (integers)",
                                    param=f"prompts[{i}].prompt_token_ids")
-            return prompt.get("prompt"), list(ids), []
+            return prompt.get("prompt"), [operator.index(t) for t in ids], []
         text = prompt.get("prompt")
         if not isinstance(text, str):
             raise RequestError(f"prompts[{i}] needs a 'prompt' string or 'prompt_token_ids'", param=f"prompts[{i}]")
@@ -186,24 +218,24 @@ class LLM:
         return text, ids, items
 
     def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:
-        if isinstance(prompts, str | dict) or (
-            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
-        ):
+        single = _is_single_prompt(prompts)
+        if single:
             prompts = [prompts]  # type: ignore[list-item]
         if not isinstance(prompts, SequenceABC) or isinstance(prompts, str):
             raise RequestError("prompts must be a string, a list of token ids, a prompt dict, or a list of them",
                                param="prompts")
         out: list[_Prepared] = []
         for i, prompt in enumerate(prompts):
-            if isinstance(prompt, str):
-                out.append((prompt, self.encode_prompt(prompt), []))
-            elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                out.append((None, list(prompt), []))
-            elif isinstance(prompt, dict):
-                out.append(self._prepare_dict_prompt(prompt, i))
-            else:
-                raise RequestError(f"prompts[{i}] is not a string, a list of token ids or a prompt dict",
-                                   param=f"prompts[{i}]")
+            with _naming_the_prompt("prompt" if single else f"prompts[{i}]"):
+                if isinstance(prompt, str):
+                    out.append((prompt, self.encode_prompt(prompt), []))
+                elif isinstance(prompt, list | tuple) and all(map(_is_token_id, prompt)):
+                    out.append((None, [operator.index(t) for t in prompt], []))
+                elif isinstance(prompt, dict):
+                    out.append(self._prepare_dict_prompt(prompt, i))
+                else:
+                    raise RequestError(f"prompts[{i}] is not a string, a list of token ids (integers) or a prompt "
+                                       "dict", param=f"prompts[{i}]")
         return out
 
     def generate(
@@ -229,17 +261,25 @@ class LLM:
                     f"got {len(params_list)} SamplingParams for {len(normalized)} prompts", param="sampling_params"
                 )
             _check_sampling_params(params_list)
-        return self._run(normalized, params_list, use_tqdm)
+        return self._run(normalized, params_list, use_tqdm,
+                         prompt_field="prompt" if _is_single_prompt(prompts) else "prompts")
 
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool,
-             controller_factories: list[ControllerFactory | None] | None = None) -> list[RequestOutput]:
+             controller_factories: list[ControllerFactory | None] | None = None,
+             prompt_field: str = "messages") -> list[RequestOutput]:
+        """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
+        (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
+        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation)."""
         results: dict[str, RequestOutput] = {}
         order = []
         factories = controller_factories or [None] * len(prompts)
         try:  # a request refused (or an interrupt) after others were queued aborts those too
-            for (text, ids, items), params, factory in zip(prompts, params_list, factories, strict=True):
+            for i, ((text, ids, items), params, factory) in enumerate(
+                    zip(prompts, params_list, factories, strict=True)):
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(request_id, ids, params, items, factory)
+                with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
+                                        prompt_field == "messages" else f"{prompt_field}[{i}]"):
+                    self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True)
                 order.append(request_id)
                 results[request_id] = RequestOutput(
                     request_id=request_id,
@@ -300,7 +340,10 @@ class LLM:
         to constrain the answer while reasoning stays free; `thinking_token_budget` caps reasoning (0: none).
         `parallel_tool_calls=False` returns at most one call. The SamplingParams' `stop` strings end the answer
         only, as on the server (P-REQ-2): reasoning and tool calls may hold them; the answer is cut at the first
-        (`ChatOutput.stop_string` names it; the turn itself is generated to its end).
+        (`ChatOutput.stop_string` names it; the turn itself is generated to its end). As on the server (P-REQ-1),
+        the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
+        what the parsed reply shows: None (default) or True hides every special token but the framing, False
+        hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
 
         Control-token text in the messages, tools or template kwargs (`<|start|>`, `<|eot|>`, ...) is tokenized
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
@@ -327,26 +370,17 @@ class LLM:
         normalized_tools = plan.render_tools
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
-        kwargs = {k: v for k, v in (chat_template_kwargs or {}).items()
-                  if k not in ("reasoning_strength", "reasoning_effort", "enable_thinking")}
+        kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _STRENGTH_KWARGS}
         prepared: list[_Prepared] = []
         for conversation in conversations:
-            normalized = normalize_messages(conversation)
-            refuse_unrendered(conversation)
-            tokenizer = self.engine.tokenizer
-            rendered = self.engine.chat_template.render_prompt(
-                normalized,
-                tools=normalized_tools,
-                special_tokens=tokenizer.special_tokens,
-                reasoning_strength=strength,
-                chat_template_kwargs=kwargs,
-                control_tokens=() if allow_control_tokens_in_content else tokenizer.control_tokens,
-            )
+            normalized, rendered = self._render(conversation, normalized_tools, strength, kwargs,
+                                                allow_control_tokens_in_content)
             images, videos = [], []
-            for kind, reference in collect_media(normalized):
-                target = images if kind == "image" else videos
-                target.append(load_media_reference(reference, kind, len(target), self.media_policy))
-            ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)
+            with naming_media_parts(conversation):  # an item's error names its content part
+                for kind, reference in collect_media(normalized):
+                    target = images if kind == "image" else videos
+                    target.append(load_media_reference(reference, kind, len(target), self.media_policy))
+                ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)
             prepared.append((rendered.display_text, ids, items))
         chat_turns = [turns[id(params)] for params in requested]
         outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
@@ -354,13 +388,14 @@ class LLM:
         chats = []
         for output, turn in zip(outputs, chat_turns, strict=True):
             choices = []
+            hidden = {} if turn.skip_special_tokens is False else self._hidden_special_tokens
             for completion in output.outputs:
-                parsed = parse_output(completion.text, plan.parser_tools, verbatim_content=turn.constrained_answer)
+                text = _visible_text(completion.text, completion.token_ids, hidden)
+                parsed = parse_output(text, plan.parser_tools, verbatim_content=turn.constrained_answer)
                 alone = replace(output, outputs=[completion])
                 armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,
-                                           turn.params.skip_special_tokens) if turn.stop else -1
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, completion.text,
-                                                    armed_after)
+                                           hidden) if turn.stop else -1
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, text, armed_after)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 choices.append(ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string))
@@ -368,6 +403,24 @@ class LLM:
             chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices,
                                     first.stop_string))
         return chats
+
+    def _render(self, conversation: Any, tools: list[dict[str, Any]] | None, strength: str | None,
+                kwargs: Mapping[str, Any], allow_control_tokens: bool,
+                add_generation_prompt: bool = True) -> tuple[list[dict[str, Any]], RenderedPrompt]:
+        """One conversation's messages, normalized, and its prompt rendered with the checkpoint's template."""
+        normalized = normalize_messages(conversation)
+        refuse_unrendered(conversation)
+        tokenizer = self.engine.tokenizer
+        rendered = self.engine.chat_template.render_prompt(
+            normalized,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=tokenizer.special_tokens,
+            reasoning_strength=strength,
+            chat_template_kwargs=kwargs,
+            control_tokens=() if allow_control_tokens else tokenizer.control_tokens,
+        )
+        return normalized, rendered
 
     def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,
                    thinking_token_budget: int | None) -> _ChatTurn:
@@ -391,8 +444,107 @@ class LLM:
         constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
                                           thinking_token_budget=thinking_token_budget)
         factory = self.engine.grammars.turn(constraint, param) if constraint is not None else None
-        return _ChatTurn(replace(params, structured_outputs=None, stop=[]), factory, structured is not None,
-                         list(params.stop), params.include_stop_str_in_output)
+        # P-REQ-1: the engine keeps every special token (the framing the parser reads); the reply hides them after
+        return _ChatTurn(replace(params, structured_outputs=None, stop=[], skip_special_tokens=False), factory,
+                         structured is not None, list(params.stop), params.include_stop_str_in_output,
+                         params.skip_special_tokens)
+
+
+class LLMTokenizer:
+    """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
+    `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` keeps special tokens unless told, and
+    `apply_chat_template` renders with the checkpoint's template exactly as `LLM.chat` does. Other attributes
+    (`bos_token_id`, `eos_token_id`, `token_to_id`, `all_special_ids`, `vocab_size`, ...) are the `Tokenizer`'s."""
+
+    def __init__(self, llm: LLM):
+        self._llm = llm
+        self.tokenizer: Tokenizer = llm.engine.tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+    def __len__(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a string, not {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
+        """{"input_ids": ids} of a text, or a list of id lists for a list of texts (as transformers' call)."""
+        if isinstance(text, list | tuple):
+            return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+    def decode(self, ids: SequenceABC[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; `skip_special_tokens` leaves out every special token (`all_special_ids`)."""
+        if isinstance(ids, int):
+            ids = [ids]
+        if skip_special_tokens:
+            special = set(self.tokenizer.all_special_ids)
+            ids = [i for i in ids if i not in special]
+        return self.tokenizer.decode(ids)
+
+    def convert_ids_to_tokens(self, ids: int | SequenceABC[int]) -> str | None | list[str | None]:
+        if isinstance(ids, int):
+            return self.tokenizer.id_to_token(ids)
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | SequenceABC[str]) -> int | None | list[int | None]:
+        if isinstance(tokens, str):
+            return self.tokenizer.token_to_id(tokens)
+        return [self.tokenizer.token_to_id(t) for t in tokens]
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            tokenize: bool = True, add_generation_prompt: bool = True, *,
+                            allow_control_tokens_in_content: bool = False, **kwargs: Any) -> list[int] | str:
+        """The prompt of one conversation as `LLM.chat` renders it: its token ids (`tokenize=True`, BOS once, from
+        the template) or its text. `kwargs` are chat template kwargs (`reasoning_effort` included, as in
+        `LLM.chat`'s `chat_template_kwargs`); media parts are not expanded into placeholder tokens here."""
+        plan = plan_tools(normalize_tools(tools), None)
+        strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
+        template_kwargs = {k: v for k, v in kwargs.items() if k not in _STRENGTH_KWARGS}
+        _, rendered = self._llm._render(messages, plan.render_tools, strength, template_kwargs,
+                                        allow_control_tokens_in_content, add_generation_prompt)
+        if not tokenize:
+            return rendered.display_text
+        return self._llm.engine.encode_prompt(rendered.text, literals=rendered.literals)
+
+
+def _is_single_prompt(prompts: object) -> bool:
+    """Whether `generate` was given one prompt (a string, a prompt dict or one list of token ids), not a list."""
+    return isinstance(prompts, str | dict) or (
+        isinstance(prompts, list | tuple) and bool(prompts) and all(map(_is_token_id, prompts)))
+
+
+def _is_token_id(value: object) -> bool:
+    """An integer of any integral type (int, numpy.int64, ...) but not a bool."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _naming_the_prompt(name: str) -> Iterator[None]:
+    """Errors about the prompt (raised by the engine for chat messages or a prompt) re-raised naming `name`."""
+    try:
+        yield
+    except RequestError as error:
+        if error.param not in ("messages", "prompt") or error.param == name or name == "messages":
+            raise
+        message = str(error).replace("shorten the messages", "shorten the prompt")
+        raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
 
 
 def _check_sampling_params(params_list: list[Any]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -60,12 +61,27 @@ _CPU_DEFAULT_KV_BYTES = 2 << 30
 CUDA_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS = 256, 64  # max_num_seqs when the config leaves it unset
 
 
+def _dtype_name(dtype: object) -> object:
+    """`dtype` as EngineConfig keeps it: a name of `_DTYPES`, or None for the device's default. vLLM's spellings
+    ("auto", "float", "half") and torch dtypes are taken; anything else is left for the config check to refuse."""
+    if isinstance(dtype, torch.dtype):
+        names = {value: name for name, value in _DTYPES.items()}
+        if dtype not in names:
+            raise ConfigError(f"dtype={dtype} is not supported; choose one of {sorted(_DTYPES)} (or 'auto')")
+        return names[dtype]
+    if isinstance(dtype, str):
+        return {"auto": None, "float": "float32", "half": "float16"}.get(dtype, dtype)
+    return dtype
+
+
 @dataclass
 class EngineConfig:
     """How to load and run a model. `None` fields are derived from the model and the device."""
 
     model: str
-    dtype: str | None = None  # float32 | bfloat16 | float16; default bfloat16 on CUDA, float32 on CPU
+    # float32 | bfloat16 | float16 (or that torch.dtype; float and half as vLLM spells them); None or "auto":
+    # bfloat16 on CUDA, float32 on CPU
+    dtype: str | torch.dtype | None = None
     device: str | None = None  # cpu | cuda | cuda:N; default cuda when available
     max_model_len: int | None = None
     max_num_seqs: int | None = None
@@ -79,7 +95,7 @@ class EngineConfig:
     # tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
     async_scheduling: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
-    seed: int = 0
+    seed: int | None = 0  # seeds the seeds of unseeded requests (and dummy weights); None: a fresh one per engine
     chat_template: str | None = None  # operator override file (P-TMPL-1)
     mmproj: str | None = None  # a GGUF model's vision projector file (images only)
     allow_pickle: bool = False  # read *.bin / *.pt weights, through torch.load(weights_only=True) only
@@ -89,6 +105,9 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
+        self.dtype = _dtype_name(self.dtype)
+        if self.seed is None:  # vLLM's seed=None: unseeded requests (and dummy weights) differ from run to run
+            self.seed = random.SystemRandom().randrange(2**63)
         check_engine_config(self)
 
     def resolved_device(self) -> torch.device:
@@ -106,7 +125,7 @@ class EngineConfig:
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         name = self.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         if name not in _DTYPES:
-            raise ConfigError(f"dtype={name!r} is not supported; choose one of {sorted(_DTYPES)}")
+            raise ConfigError(f"dtype={name!r} is not supported; choose one of {sorted(_DTYPES)} (or 'auto')")
         return _DTYPES[name]
 
 
@@ -369,7 +388,9 @@ class LLMEngine:
             raise ConfigError(
                 f"the KV cache ({total_budget:,} bytes{spec_note}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (blocks available/needed per group: {short}); "
-                "lower max_model_len, free device memory, or raise kv_cache_memory / gpu_memory_utilization"
+                "lower the context (--max-model-len / max_model_len=), free device memory, or give the KV cache "
+                "more: --kv-cache-memory SIZE or --gpu-memory-utilization on the command line, kv_cache_memory= "
+                "or gpu_memory_utilization= in LLM(...) / EngineConfig(...)"
             )
         return layout
 
@@ -507,11 +528,15 @@ class LLMEngine:
         params: SamplingParams,
         multimodal: list[MultimodalItem] | None = None,
         controller_factory: ControllerFactory | None = None,
+        *,
+        clamp_max_tokens: bool = False,
     ) -> None:
         """Queue a request; raises RequestError (naming the field) if it can never be served.
 
         controller_factory, if given, builds one grammar controller per completion to constrain its tokens (a
         chat turn's grammar); otherwise `params.structured_outputs`, if set, constrains the raw text.
+        clamp_max_tokens: a max_tokens past max_model_len ends the output there (finish_reason "length"), as
+        vLLM's offline LLM does, instead of refusing the request as the server does (a 400).
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -546,6 +571,8 @@ class LLMEngine:
                 param="messages",
             )
         max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if clamp_max_tokens:
+            max_tokens = min(max_tokens, room)
         if max_tokens > room:
             raise RequestError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_model_len="
@@ -904,7 +931,10 @@ class LLMEngine:
         stop_reason: int | None = None
         controller_stop = seq.controller is not None and seq.controller.observe(token)
         if token in seq.stop_token_ids:
-            finish_reason, stop_reason = "stop", token
+            # as vLLM reports it: no stop_reason for the tokenizer's EOS (unless ignore_eos made it a caller's stop
+            # id), the id for stop_token_ids and the checkpoint's other stop ids (<|eot|>)
+            primary_eos = not seq.params.ignore_eos and token == self.tokenizer.eos_token_id
+            finish_reason, stop_reason = "stop", None if primary_eos else token
         elif seq.num_tokens >= seq.max_total_tokens:
             finish_reason = "length"
         elif controller_stop:

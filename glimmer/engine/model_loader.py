@@ -23,6 +23,7 @@ from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
 from glimmer.errors import ConfigError
 from glimmer.model.drafter import DFlashDrafter
+from glimmer.model.kernels import cpu as cpu_kernels
 from glimmer.model.kernels.packed_linear import packing_pays, packs
 from glimmer.model.kernels.support import references_forced
 from glimmer.model.layers import GatedMLP
@@ -118,6 +119,8 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
     if torch.device(device).type != "cpu" or references_forced():
         return False
     model.fuse_for_inference()
+    if dtype == torch.float32:
+        cpu_kernels.library()  # built (or found) and probed now, while loading, not in the first request
     if not packs(device, dtype):
         return False
     rows = sorted({1, max(1, min(max_num_seqs, PROBE_MAX_ROWS))})

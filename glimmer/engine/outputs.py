@@ -15,7 +15,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" | "length" | "abort", None while running
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it (None: EOS, length)
     logprobs: list[TokenLogprobs] | None = None
 
     @property

@@ -139,8 +139,9 @@ class SamplingParams:
     prompt_logprobs: if set, also return each prompt token's logprob (the first is None: nothing predicts
         it) and the `prompt_logprobs` most likely alternatives at its position, from the same distribution.
         The prompt is then computed in full: the prefix cache is not used for it.
-    skip_special_tokens: leave special tokens out of the text (default: keep them, P-TOK-3; token ids and
-        logprobs are unaffected).
+    skip_special_tokens: leave special tokens out of the text (token ids and logprobs are unaffected). None (the
+        default): `generate` keeps them (P-TOK-3); `LLM.chat` hides all but the turn framing from the parsed reply,
+        as the server's chat does (P-REQ-1). `LLM.chat` always generates with them and applies this to the reply.
     include_stop_str_in_output: keep the matched stop string at the end of the text, and the text of a
         `stop_token_ids` token that ended it (special tokens, the turn framing, are always kept: P-TOK-3).
     logit_bias: token id → a bias in [-100, 100] added to its logit before penalties, temperature and
@@ -173,7 +174,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     cache_salt: str | None = None
     prompt_logprobs: int | None = None
-    skip_special_tokens: bool = False
+    skip_special_tokens: bool | None = None
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
@@ -186,7 +187,10 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        """Raise RequestError naming the first invalid field (run at construction and on submission)."""
+        """Raise RequestError naming the first invalid field (run at construction and on submission). A `stop`
+        set to one string after construction is taken as a list of it, as at construction."""
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
         _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
         _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
         _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
@@ -217,8 +221,10 @@ class SamplingParams:
                    "must be an integer in [-2**63, 2**64)")
             last = self.seed + (self.n - 1 if _is_int(self.n) and self.n > 1 else 0)
             _check(last < SEED_RANGE[1], "seed", "+ n - 1 must be below 2**64 (completion i draws with seed + i)")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, "must be a boolean")
+        _check(self.skip_special_tokens is None or isinstance(self.skip_special_tokens, bool), "skip_special_tokens",
+               "must be a boolean (or None for the default)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:

@@ -271,6 +271,10 @@ class Tokenizer:
         """The named tokens a chat template receives as variables (`bos_token`, …), those that are set."""
         return {name: self._named_tokens[name] for name in TEMPLATE_TOKEN_NAMES if name in self._named_tokens}
 
+    def get_vocab(self) -> dict[str, int]:
+        """Every token's vocabulary entry → its id, added tokens included (transformers' `get_vocab()`)."""
+        return self._backend.get_vocab(with_added_tokens=True)
+
     @property
     def vocab_size(self) -> int:
         """Number of tokens, added tokens included (transformers' `len(tokenizer)`)."""

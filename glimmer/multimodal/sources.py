@@ -4,8 +4,9 @@ Media references are untrusted input. Local files are read only under directorie
 (`--allowed-local-media-path`), after resolving symlinks; remote fetching is off unless the operator
 enables it (`--allow-remote-media`, `--allowed-media-domains`), and then bounded in size, time and
 redirects and kept off the server's own network (`remote_fetch`). Every refusal is a RequestError (HTTP 400)
-naming the item, and says no more than the client may learn: whether a file exists outside the allowed
-directories, or whether a port is open, reads the same as any other failure.
+naming the item (`naming_media_parts` names its content part instead), and says no more than the client may
+learn: whether a file exists outside the allowed directories, or whether a port is open, reads the same as any
+other failure.
 """
 
 from __future__ import annotations
@@ -13,27 +14,32 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
+from glimmer.multimodal.errors import MediaError
 from glimmer.multimodal.image import is_image_data
 from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
 
-__all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part"]
+__all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part",
+           "media_part_paths", "naming_media_parts"]
 
 logger = logging.getLogger(__name__)
 
 MEDIA_KINDS = ("image", "video")
+# content part type → media kind, for parts as sent (OpenAI `image_url`) and as normalized (`image`)
+_PART_KINDS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
 
 
-def _error(kind: str, index: int, message: str) -> RequestError:
-    return RequestError(f"{kind} {index}: {message}", param="messages")
+def _error(kind: str, index: int, message: str) -> MediaError:
+    return MediaError(kind, index, message)
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
@@ -56,8 +62,8 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
 
 def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     if not policy.allowed_local_paths:
-        raise _error(kind, index, "local files are not allowed; the server operator can allow a directory with "
-                                  "--allowed-local-media-path")
+        raise _error(kind, index, "local files are not allowed; allow a directory with --allowed-local-media-path "
+                                  "(glimmer serve) or LLM(..., allowed_local_media_path=[...]) (Python)")
     # One answer for a missing file, one outside the allowed directories and one that is not a regular file,
     # so that a request cannot learn which files exist on the machine.
     refused = _error(kind, index, f"{path_text!r} is not a readable file under the allowed media directories")
@@ -79,8 +85,9 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
 
 def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, cancel: CancelToken | None) -> bytes:
     if not policy.allows_remote:
-        raise _error(kind, index, "fetching media over http(s) is disabled; send a data: URL, or start the server "
-                                  "with --allow-remote-media")
+        raise _error(kind, index, "fetching media over http(s) is disabled; send a data: URL, or enable it with "
+                                  "--allow-remote-media (glimmer serve) or LLM(..., allow_remote_media=True) "
+                                  "(Python)")
     try:
         data = fetch_remote(url, policy, cancel)
         if not (is_image_data(data) if kind == "image" else is_video_data(data)):
@@ -116,11 +123,12 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
     return _read_local(reference, kind, index, policy)
 
 
-def media_from_part(part: Mapping[str, Any]) -> tuple[str, Any] | None:
+def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[str, Any] | None:
     """(kind, reference) of a normalized `image` / `video` content part, or None for other parts.
 
     Accepts OpenAI parts kept by normalization ({"type": "image", "image_url": {"url": ...}}) and
-    HF-style parts ({"type": "image", "image": <PIL image | path | URL | bytes>}).
+    HF-style parts ({"type": "image", "image": <PIL image | path | URL | bytes>}). Raises RequestError
+    naming the missing field, under `where` (the part's path, `messages[i].content[j]`) when given.
     """
     kind = part.get("type")
     if kind not in MEDIA_KINDS:
@@ -129,20 +137,57 @@ def media_from_part(part: Mapping[str, Any]) -> tuple[str, Any] | None:
         if key in part and part[key] is not None:
             value = part[key]
             if isinstance(value, Mapping):
-                value = value.get("url")
+                if value.get("url") is None:  # `{"image_url": {}}`: OpenAI's shape without its url
+                    field = f"{where}.{key}.url" if where else f"{key}.url"
+                    raise RequestError(f"{field} is missing; send {{\"{key}\": {{\"url\": ...}}}} with a data: "
+                                       "URL, a local path or an http(s) URL", param=field if where else "messages")
+                value = value["url"]
             return kind, value
-    raise RequestError(f"a {kind} content part has no {kind}, {kind}_url.url or url field", param="messages")
+    article = "an" if kind == "image" else "a"
+    raise RequestError(f"{where or f'{article} {kind} content part'} has no {kind}, {kind}_url.url or url field",
+                       param=where or "messages")
+
+
+def _media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(kind, path, part) of every image and video part in message order, the order the template renders
+    their placeholders; `messages` as sent (`image_url` parts) or normalized (`image` parts)."""
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, Mapping) and part.get("type") in _PART_KINDS:
+                    yield _PART_KINDS[part["type"]], f"messages[{i}].content[{j}]", part
 
 
 def collect_media(messages: list[Mapping[str, Any]]) -> list[tuple[str, Any]]:
-    """Every (kind, reference) in message order, the order the template renders their placeholders."""
+    """Every (kind, reference) of normalized messages in message order, the order the template renders their
+    placeholders. Raises RequestError naming the part (`messages[i].content[j]`) that has no reference."""
     found = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            for part in content:
-                if isinstance(part, Mapping):
-                    media = media_from_part(part)
-                    if media is not None:
-                        found.append(media)
+    for _, path, part in _media_parts(messages):
+        media = media_from_part(part, path)
+        if media is not None:
+            found.append(media)
     return found
+
+
+def media_part_paths(messages: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """The content part path (`messages[i].content[j]`) of each image and each video, by kind, in order:
+    `media_part_paths(messages)["image"][n]` is where image n came from."""
+    paths: dict[str, list[str]] = {kind: [] for kind in MEDIA_KINDS}
+    for kind, path, _ in _media_parts(messages):
+        paths[kind].append(path)
+    return paths
+
+
+@contextmanager
+def naming_media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[None]:
+    """Re-raises a MediaError of one item (loading or processing image n / video n of `messages`) as the same
+    error naming its content part, `messages[i].content[j]`, in message and param. `messages` as the client
+    sent them, so the path points into the request; errors about all items together pass unchanged."""
+    try:
+        yield
+    except MediaError as error:
+        paths = media_part_paths(messages).get(error.kind, [])
+        if error.index is None or not 0 <= error.index < len(paths):
+            raise
+        raise error.at(paths[error.index]) from None

@@ -182,8 +182,10 @@ def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str
     for name in template_kwargs:
         if name in FIXED_VARIABLES or name in TOKEN_VARIABLES or name in tokens:
             raise RequestError(
-                f"chat_template_kwargs may not set {name!r}: the server sets it (pass messages, tools and "
-                "add_generation_prompt as request fields; token variables come from the tokenizer)",
+                f"chat_template_kwargs may not set {name!r}: the renderer sets it (pass messages, tools and "
+                "add_generation_prompt as request fields on the server, or as arguments in the Python API: "
+                "LLM.chat(messages, tools=...), tokenizer.apply_chat_template(messages, tools=..., "
+                "add_generation_prompt=...); token variables come from the tokenizer)",
                 param="chat_template_kwargs",
             )
 

@@ -89,9 +89,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
         normalized.append(message)
-    if unrendered_roles:
-        logger.warning("messages with role(s) %s are not rendered by the chat template and are dropped "
-                       "from the prompt", ", ".join(repr(role) for role in unrendered_roles))
+    if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
+        logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
+                       "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
 
 

@@ -183,9 +183,9 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
             for choice in run.choices:
                 yield run.chunk(choice.index, {"role": "assistant"},
                                 extra=run.vllm_prompt_logprobs() if choice.index == 0 else None)
-            async for choice, released, delta in chat_updates(run, first, stream):
+            async for choice, released, _ in chat_updates(run, first, stream):
                 objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
-                logprobs = run.logprobs(delta.logprobs)
+                logprobs = run.logprobs(choice.fed_logprobs)  # not the delta's: it may run past the choice's end
                 if logprobs is not None and not objects:
                     objects = [{}]  # tokens that released no text still report their logprobs
                 for position, obj in enumerate(objects):

@@ -19,7 +19,7 @@ from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
-from glimmer.multimodal.sources import load_media_reference, media_from_part
+from glimmer.multimodal.sources import load_media_reference, media_from_part, naming_media_parts
 from glimmer.protocol import normalize_messages, normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
@@ -73,13 +73,14 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                                               chat_template_kwargs=template_kwargs, control_tokens=control_tokens)
     engine = context.engine.engine
     engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
-    images, videos = load_media(messages, context, cancel)
-    multimodal: list[MultimodalItem] = []
-    if images or videos:
-        token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
-                                                      cancel=cancel)
-    else:
-        token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
+    with naming_media_parts(request.messages):  # an item's error names its content part
+        images, videos = load_media(messages, context, cancel)
+        multimodal: list[MultimodalItem] = []
+        if images or videos:
+            token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
+                                                          cancel=cancel)
+        else:
+            token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
     structured, param = requested_structured_outputs(request)
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
@@ -116,11 +117,11 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            media = media_from_part(part) if isinstance(part, Mapping) else None
+            param = f"messages[{i}].content[{j}]"
+            media = media_from_part(part, param) if isinstance(part, Mapping) else None
             if media is None:
                 continue
             kind, reference = media
-            param = f"messages[{i}].content[{j}]"
             if not context.model_has_vision:
                 raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input",
                                    param=param)

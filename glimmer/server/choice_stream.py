@@ -44,6 +44,8 @@ class ChoiceStream:
         self.num_tokens = 0
         self.num_cached_tokens = 0
         self.logprobs: list[TokenLogprobs] = []
+        # the logprobs of the tokens the last `feed` read: a coalesced delta's tokens past the choice's end are not
+        self.fed_logprobs: list[TokenLogprobs] = []
         self._stops = StopStringMatcher(stop, include_stop) if stop else None
         self._stop_matched = False
         self._single_call = single_call
@@ -68,10 +70,12 @@ class ChoiceStream:
         """The events one engine delta releases; the last ones of the choice if it ends here. A coalesced delta
         is read token by token, so the choice ends (and counts its tokens) exactly where it would have."""
         events: list[Event] = []
+        before = len(self.logprobs)
         for piece in delta.pieces():
             events += self._feed_step(piece)
             if self.done:
                 break
+        self.fed_logprobs = self.logprobs[before:]
         return events
 
     def _feed_step(self, delta: StepDelta) -> list[Event]:

@@ -214,9 +214,11 @@ class _ResponseRun:
     def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
         request, choice = self.request, self.chat.choices[0]
         done = status in ("completed", "incomplete")
+        # a failed response lists what was streamed before the failure, as OpenAI's does
+        listed = done or status == "failed"
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-            "model": self.chat.model_name, "output": [_copy(item) for item in self.builder.items] if done else [],
+            "model": self.chat.model_name, "output": [_copy(item) for item in self.builder.items] if listed else [],
             "instructions": request.instructions, "previous_response_id": request.previous_response_id,
             "tools": request.tools or [], "tool_choice": _tool_choice(request),
             "parallel_tool_calls": request.parallel_tool_calls is not False,
@@ -309,7 +311,8 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
             yield run.event({"type": f"response.{status}", "response": response})
         except Exception as exc:  # the status line is sent: report the error as events
             error = describe_error(exc)[1]["error"]
-            yield run.event({"type": "error", "code": error["type"], "message": error["message"],
+            # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
+            yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
                              "param": error["param"]})
             failed = run.snapshot("failed", {"code": "server_error", "message": error["message"]})
             yield run.event({"type": "response.failed", "response": failed})

@@ -84,6 +84,18 @@ def test_corrupt_images_and_forbidden_paths_are_request_errors(llm, tmp_path):
         llm.chat(local, chat_template_kwargs=KWARGS)
 
 
+def test_media_refusals_name_the_part_and_the_python_argument(llm, tmp_path):
+    """Audit: `{"image_url": {}}` said "unsupported image input of type NoneType"; a local path named only the
+    server's flag."""
+    empty = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}]
+    with pytest.raises(RequestError, match=r"messages\[0\]\.content\[1\]\.image_url\.url is missing") as err:
+        llm.chat(empty, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[0].content[1].image_url.url"
+    local = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}]}]
+    with pytest.raises(RequestError, match=r"LLM\(\.\.\., allowed_local_media_path="):
+        llm.chat(local, chat_template_kwargs=KWARGS)
+
+
 def test_images_on_a_text_only_checkpoint_are_refused(tiny_checkpoint):
     text_only = LLM(str(tiny_checkpoint), progress=False)
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(1)}}]}]

@@ -128,8 +128,12 @@ def test_request_that_cannot_fit_max_model_len_is_rejected_up_front(checkpoint):
 
 def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup(checkpoint):
     """Every request within max_model_len must be able to run alone, so none can wait forever."""
-    with pytest.raises(ConfigError, match="cannot hold one sequence of max_model_len=4096"):
+    with pytest.raises(ConfigError, match="cannot hold one sequence of max_model_len=4096") as err:
         LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=40_000))
+    # audit: the fix named only the Python arguments; `glimmer serve` users need the flags
+    for name in ("--max-model-len", "--kv-cache-memory", "--gpu-memory-utilization", "kv_cache_memory=",
+                 "gpu_memory_utilization="):
+        assert name in str(err.value), name
 
 
 def test_abort_frees_blocks_and_stops_computing(checkpoint):

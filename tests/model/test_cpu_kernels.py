@@ -5,6 +5,8 @@ choices, the build cache, and the fallback where no compiler works."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +156,44 @@ def test_a_plain_build_without_native_flags_or_openmp_passes_the_probe(tmp_path,
     torch.testing.assert_close(silu_mul_cpu(gate_up, lib=lib), silu_mul_torch(gate_up), rtol=1e-5, atol=1e-6)
     nan = torch.full((1, 8), float("nan"))
     assert silu_mul_cpu(nan, lib=lib).isnan().all()  # NaN stays NaN through the exponential
+
+
+def test_the_forced_reference_never_builds_the_kernels(tmp_path, monkeypatch):
+    """GLIMMER_KERNELS=torch, the oracle, must not depend on (or wait for) the C toolchain."""
+    monkeypatch.setenv("GLIMMER_KERNELS", "torch")
+    monkeypatch.setattr(cpu, "library", lambda: pytest.fail("the forced reference built the kernels"))
+    assert not cpu.runs(torch.zeros(2))
+
+
+def test_cc_may_carry_arguments_and_an_unusable_one_is_reported(monkeypatch, caplog):
+    monkeypatch.setenv("CC", "cc -O0")
+    assert cpu._compiler()[1:] == ["-O0"]
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert cpu._compiler() is not None and "names no program on PATH" in caplog.text
+
+
+def test_a_temporary_cache_directory_others_could_write_is_not_used(tmp_path, monkeypatch):
+    """Where the user's cache cannot be written, a library is only looked for in a private directory: one found
+    in a directory another user owns or may write could be anyone's code."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_dir))  # unwritable: a file where the directory would go
+    monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path))
+    shared = tmp_path / f"glimmer-cpu-kernels-{os.getuid()}"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # open to everyone: never used
+    chosen = cpu._writable_cache_dir()
+    assert chosen != shared and chosen.parent == tmp_path and (chosen.stat().st_mode & 0o077) == 0
+    shared.chmod(0o700)
+    assert cpu._writable_cache_dir() == shared
+
+
+def test_a_timed_out_build_leaves_no_partial_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    hanging = tmp_path / "hangcc"
+    hanging.write_text('#!/bin/sh\ncase "$1" in --version) echo fake;; *) sleep 30;; esac\n')
+    hanging.chmod(0o755)
+    monkeypatch.setattr(cpu, "COMPILE_TIMEOUT_S", 1)
+    with pytest.raises(subprocess.TimeoutExpired):
+        cpu._build([str(hanging)])
+    assert not list((tmp_path / "glimmer" / "cpu-kernels").glob("*.partial"))

@@ -10,7 +10,15 @@ import pytest
 from PIL import Image
 
 from glimmer.errors import RequestError
-from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, media_from_part
+from glimmer.multimodal import MediaError, MediaLimitError, MediaLimits, MediaProcessor
+from glimmer.multimodal.sources import (
+    MediaFetchPolicy,
+    collect_media,
+    load_media_reference,
+    media_from_part,
+    media_part_paths,
+    naming_media_parts,
+)
 
 
 def _png() -> bytes:
@@ -97,6 +105,55 @@ def test_media_parts_are_collected_in_message_order():
     assert collect_media(messages) == [("image", "u1"), ("video", "v1"), ("image", "p")]
     with pytest.raises(RequestError, match="has no image"):
         media_from_part({"type": "image"})
+
+
+def test_an_image_url_without_its_url_names_the_missing_field():
+    """Audit: `{"image_url": {}}` used to fail later as "unsupported image input of type NoneType"."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "image_url": {}}]}]
+    with pytest.raises(RequestError, match=r"messages\[0\]\.content\[1\]\.image_url\.url is missing") as err:
+        collect_media(messages)
+    assert err.value.param == "messages[0].content[1].image_url.url"
+
+
+def test_local_and_remote_refusals_name_the_server_flag_and_the_python_argument():
+    with pytest.raises(RequestError, match=r"LLM\(\.\.\., allowed_local_media_path=") as err:
+        load_media_reference("/tmp/cat.png", "image", 0, MediaFetchPolicy())
+    assert "--allowed-local-media-path" in str(err.value)
+    with pytest.raises(RequestError, match=r"LLM\(\.\.\., allow_remote_media=True\)"):
+        load_media_reference("https://example.com/cat.png", "image", 0, MediaFetchPolicy())
+
+
+AS_SENT = [
+    {"role": "developer", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}},
+                                 {"type": "video_url", "video_url": {"url": "v"}}]},
+    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "w"}}]},
+]
+
+
+def test_media_part_paths_point_into_the_request_as_sent():
+    assert media_part_paths(AS_SENT) == {"image": ["messages[1].content[1]", "messages[2].content[0]"],
+                                         "video": ["messages[1].content[2]"]}
+
+
+def test_item_errors_name_their_content_part():
+    """Audit: image errors said `image 1: …` with param "messages"; the part path is what the client can find."""
+    with pytest.raises(MediaError) as err, naming_media_parts(AS_SENT):
+        load_media_reference("data:image/png;base64,@@@", "image", 1, MediaFetchPolicy())
+    assert str(err.value).startswith("messages[2].content[0] (image 1): data URL is not valid base64")
+    assert err.value.param == "messages[2].content[0]"
+    thin = Image.new("RGB", (4, 800))
+    with pytest.raises(MediaLimitError) as err, naming_media_parts(AS_SENT):
+        MediaProcessor(limits=MediaLimits(max_image_pixels=1000)).process("<|patch|>", [thin])
+    assert str(err.value).startswith("messages[1].content[1] (image 0): ")
+    assert err.value.param == "messages[1].content[1]"
+
+
+def test_errors_about_all_items_together_are_left_as_they_are():
+    error = MediaLimitError("request", None, "too many tokens")
+    with pytest.raises(MediaLimitError) as err, naming_media_parts(AS_SENT):
+        raise error
+    assert err.value is error and err.value.param == "messages"
 
 
 @pytest.fixture

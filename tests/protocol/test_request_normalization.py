@@ -108,6 +108,8 @@ def test_unrendered_roles_pass_unchanged_with_a_warning_naming_them(caplog):
         normalized = normalize_messages(messages)
     assert normalized == messages
     assert "'critic'" in caplog.text
+    # audit: it said "dropped from the prompt", and LLM.chat and the server then refused the request
+    assert "dropped" not in caplog.text and "refuse" in caplog.text
 
 
 def test_a_developer_message_becomes_the_system_message():

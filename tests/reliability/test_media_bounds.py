@@ -165,7 +165,8 @@ def test_video_frames_are_bounded_from_the_container_header(checkpoint, tmp_path
         live.engine.engine.media.limits = MediaLimits(max_image_aspect_ratio=4)
         video = {"type": "video_url", "video_url": {"url": data_url(path.read_bytes(), "video/x-matroska")}}
         response = post(live, chat_body(messages=[{"role": "user", "content": [video]}]))
-        assert response.status_code == 400 and "video 0: 96×16 per frame: the aspect ratio" in response.text
+        assert response.status_code == 400
+        assert "messages[0].content[0] (video 0): 96×16 per frame: the aspect ratio" in response.text
 
 
 # -- local files ----------------------------------------------------------------------------------------------

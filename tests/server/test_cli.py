@@ -313,3 +313,45 @@ def test_server_options_are_refused_before_the_model_loads(tmp_path, capsys, fla
     assert main(["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()), *flags]) == 2
     err = capsys.readouterr().err
     assert words in err and "no-such-model" not in err
+
+
+@pytest.mark.parametrize("origin", ["notaurl", "app.example.com", "https://app.example.com/", "https://app.example.com/x",
+                                    "http://", "http://host:99999"])
+def test_an_origin_no_browser_sends_is_one_line_before_the_model_loads(capsys, tmp_path, origin):
+    """Audit: `--allowed-origins notaurl` was accepted, and CORS then never matched."""
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
+                                        "--allowed-origins", "*", origin], f"--allowed-origins {origin}",
+                               "https://app.example.com")
+    assert "missing" not in err  # the model was never looked for
+
+
+def test_origins_that_browsers_send_are_accepted():
+    from glimmer.cli import _is_origin
+
+    assert all(map(_is_origin, ["*", "https://app.example.com", "http://127.0.0.1:8000", "http://[::1]:3000"]))
+
+
+def test_a_media_directory_that_does_not_exist_is_one_line_before_the_model_loads(capsys, tmp_path):
+    """Audit: `--allowed-local-media-path /nonexistent` was accepted, and every local file was then refused."""
+    (tmp_path / "media").mkdir()
+    (tmp_path / "file.png").write_bytes(b"")
+    for directory in (tmp_path / "nonexistent", tmp_path / "file.png"):
+        err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port()),
+                                            "--allowed-local-media-path", str(tmp_path / "media"),
+                                            "--allowed-local-media-path", str(directory)],
+                                   f"--allowed-local-media-path {directory}", "no such directory")
+        assert "missing" not in err
+
+
+def test_help_gives_the_defaults_users_ask_for():
+    """Audit: these options' help left out their defaults; the template option cited an internal requirement id."""
+    parser = dict(_subcommands())["serve"]
+    helps = {action.option_strings[0]: action.help % {"default": action.default}
+             for action in parser._actions if action.option_strings}
+    assert "1024" in helps["--max-waiting-requests"]
+    assert "256 on CUDA" in helps["--max-num-seqs"] and "64 on the CPU" in helps["--max-num-seqs"]
+    assert "8192" in helps["--max-num-batched-tokens"] and "2048" in helps["--max-num-batched-tokens"]
+    for option in ("--max-image-pixels", "--max-image-side", "--max-image-aspect-ratio", "--max-video-frame-pixels",
+                   "--max-video-frames", "--max-images-per-request", "--max-videos-per-request"):
+        assert "default" in helps[option], option
+    assert "P-TMPL" not in helps["--chat-template"]

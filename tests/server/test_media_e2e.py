@@ -138,3 +138,17 @@ def test_a_video_sent_as_a_data_url_is_expanded_into_timestamped_groups(client, 
     # 8 frames at 4 fps sampled at 2 fps: 4 frames, 2 temporal groups stamped 0.0 s and 1.0 s (§7-8)
     prompt = offline.get_tokenizer().decode(ids)
     assert "<|vid_start|>Time: 0.0s<|video|>" in prompt and "<|vid_frame_separator|>Time: 1.0s<|video|>" in prompt
+
+
+def test_media_errors_name_the_content_part(client):
+    """Audit: image errors said `image 0: …` with param "messages"; `{"image_url": {}}` said NoneType."""
+    messages = _messages(_data_url(_png(7, size=(30, 30))), _data_url(_png(8, size=(2, 900))))
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=EXTRA)
+    assert err.value.body["param"] == "messages[0].content[1]"
+    assert err.value.body["message"].startswith("messages[0].content[1] (image 1): ")
+    empty = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=empty, max_tokens=2, extra_body=EXTRA)
+    assert err.value.body["param"] == "messages[0].content[1].image_url.url"
+    assert "is missing" in err.value.body["message"]

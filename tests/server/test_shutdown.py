@@ -53,3 +53,23 @@ def test_output_for_a_closed_event_loop_is_dropped_not_fatal():
     loop = asyncio.new_event_loop()
     loop.close()
     _call_soon(loop, print, "never delivered")
+
+
+def test_a_responses_stream_stopped_by_shutdown_reports_the_code_and_keeps_its_output(make_tiny):
+    """Audit: the `error` event said `service_unavailable` where chat and completions streams say `shutting_down`,
+    and `response.failed` listed no output although items had been streamed."""
+    body = {"model": "tiny", "input": "go", "max_output_tokens": 1900, "temperature": 0, "stream": True}
+    with live_server(make_tiny()) as server:
+        with httpx.stream("POST", server.base_url + "/responses", json=body, timeout=60) as stream:
+            events = []
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1]["type"] == "response.output_item.added":
+                        server.engine.stop_serving("shutting down for the test")
+        kinds = [event["type"] for event in events]
+        assert kinds[-2:] == ["error", "response.failed"]
+        assert events[-2]["code"] == "shutting_down" and "shutting down for the test" in events[-2]["message"]
+        added = [event["item"]["id"] for event in events if event["type"] == "response.output_item.added"]
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and [item["id"] for item in failed["output"]] == added

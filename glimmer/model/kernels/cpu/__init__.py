@@ -15,6 +15,7 @@ Only float32 runs here; other dtypes take the references.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -22,7 +23,9 @@ import importlib
 import logging
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -56,7 +59,7 @@ def runs(*tensors: torch.Tensor) -> bool:
     for t in tensors:
         if t.dtype != torch.float32 or t.device.type != "cpu":
             return False
-    return library() is not None and not references_forced()
+    return not references_forced() and library() is not None  # (the forced reference never builds them)
 
 
 @functools.cache
@@ -78,7 +81,7 @@ def library() -> ctypes.CDLL | None:
             function.restype, function.argtypes = restype, argtypes
     except (OSError, subprocess.SubprocessError, AttributeError) as error:
         logger.warning("CPU kernels: could not build or load %s with %s (%s); the CPU runs the torch path",
-                       SOURCE.name, compiler, error)
+                       SOURCE.name, " ".join(compiler), error)
         return None
     failure = _probe(lib)
     if failure is not None:
@@ -97,11 +100,19 @@ def threads() -> int:
     return torch.get_num_threads()
 
 
-def _compiler() -> str | None:
-    for name in filter(None, [os.environ.get("CC"), "cc", "gcc", "clang"]):
+def _compiler() -> list[str] | None:
+    """The compiler command: `CC` (split as a shell would: `ccache gcc` works), else cc, gcc or clang."""
+    configured = os.environ.get("CC", "").strip()
+    if configured:
+        command = shlex.split(configured)
+        found = shutil.which(command[0])
+        if found:
+            return [found, *command[1:]]
+        logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
+    for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
-            return found
+            return [found]
     return None
 
 
@@ -121,21 +132,15 @@ def _machine_identity() -> str:
     return "\n".join(parts)
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and machine: from the cache, else compiled into it (written
     under a temporary name and renamed, so processes building at once never load a partial file)."""
     source = SOURCE.read_bytes()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), version.encode(), _machine_identity().encode(),
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256(b"\0".join([source, " ".join(compiler).encode(), version.encode(),
+                                     _machine_identity().encode(),
                                      repr((BASE_FLAGS, OPTIONAL_FLAGS)).encode()])).hexdigest()[:24]
-    directory = _cache_dir()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=directory, delete=True)
-        probe.close()
-    except OSError:
-        directory = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
-        directory.mkdir(parents=True, exist_ok=True)
+    directory = _writable_cache_dir()
     target = directory / f"ops-{key}.so"
     if target.exists():
         return target
@@ -143,15 +148,41 @@ def _build(compiler: str) -> Path:
     for extra in OPTIONAL_FLAGS:
         fd, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
         os.close(fd)
-        result = subprocess.run([compiler, *BASE_FLAGS, *extra, str(SOURCE), "-o", partial, "-lm"],
-                                capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-        if result.returncode == 0:
-            os.replace(partial, target)
-            logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
-            return target
-        os.unlink(partial)
+        try:
+            result = subprocess.run([*compiler, *BASE_FLAGS, *extra, str(SOURCE), "-o", partial, "-lm"],
+                                    capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            if result.returncode == 0:
+                os.replace(partial, target)
+                logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
+                return target
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
         errors.append(result.stderr.strip().splitlines()[-1:] or ["(no message)"])
     raise OSError(f"the compiler failed with every flag set: {errors[-1][0]}")
+
+
+def _writable_cache_dir() -> Path:
+    """The user's cache directory; where it cannot be written, a directory of the temporary one that only this
+    user can write (a library found in a directory others can write could be anyone's code: it is loaded)."""
+    directory = _cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=directory, delete=True).close()
+        return directory
+    except OSError:
+        pass
+    shared = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        shared.mkdir(mode=0o700)
+    info = shared.lstat()
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077:
+        logger.info("CPU kernels: %s cannot be written; caching in %s", directory, shared)
+        return shared
+    private = Path(tempfile.mkdtemp(prefix="glimmer-cpu-kernels-"))  # not ours, or open to others: this process only
+    logger.warning("CPU kernels: %s cannot be written and %s is not a private directory of this user; building in "
+                   "%s for this process", directory, shared, private)
+    return private
 
 
 def _probe(lib: ctypes.CDLL) -> str | None:

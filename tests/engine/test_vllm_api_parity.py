@@ -1,0 +1,174 @@
+"""The offline API behaves as vLLM's where a vLLM user would rely on it: `LLM.chat` parses whatever
+`skip_special_tokens` says, `get_tokenizer()` has Hugging Face's defaults, a long max_tokens ends at max_model_len,
+`dtype="auto"` / torch dtypes / `seed=None` are taken, and errors name the prompt a caller gave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from glimmer import LLM, LLMTokenizer, SamplingParams
+from glimmer.errors import ConfigError, RequestError
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+KWARGS = {"current_date": "2026-01-01"}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint), device="cpu", progress=False, kv_cache_memory=16 << 20, max_model_len=1024)
+
+
+@pytest.fixture(scope="module")
+def nano():
+    return LLM("glimmer-nano", device="cpu", progress=False)
+
+
+# 1. LLM.chat generates with special tokens and applies skip_special_tokens to the parsed reply -----------------
+
+def test_chat_parses_the_turn_whatever_skip_special_tokens_says(nano):
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    replies = {skip: nano.chat(messages, SamplingParams(temperature=0, max_tokens=120, skip_special_tokens=skip),
+                               tools=[WEATHER_TOOL])[0] for skip in (True, False, None)}
+    kept = replies[False]
+    assert kept.reasoning and kept.content and "<|" not in kept.content
+    for skipped in (replies[True], replies[None]):
+        assert (skipped.reasoning, skipped.content, skipped.tool_calls) == (kept.reasoning, kept.content,
+                                                                           kept.tool_calls)
+
+
+def test_chat_hides_stray_special_tokens_by_token_identity_unless_told_to_keep_them():
+    from glimmer.engine.llm import _visible_text
+
+    hidden = {7: "<|patch|>"}
+    text = "a<|patch|>b<|patch|>"
+    assert _visible_text(text, [1, 7, 2, 5], hidden) == "ab<|patch|>"  # token 5 only spells it: it stays
+    assert _visible_text(text, [1, 7, 2, 7], hidden) == "ab"
+    assert _visible_text(text, [1, 7, 2, 7], {}) == text
+
+
+# 2. get_tokenizer() -----------------------------------------------------------------------------------------------
+
+def test_get_tokenizer_encodes_with_bos_as_hugging_face_does(llm):
+    tok = llm.get_tokenizer()
+    assert isinstance(tok, LLMTokenizer)
+    ids = tok.encode("Hello")
+    assert ids[0] == tok.bos_token_id and ids[1:] == tok.encode("Hello", add_special_tokens=False)
+    assert tok("Hello") == {"input_ids": ids} and tok(["Hello", "a"])["input_ids"][0] == ids
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    by_ids = llm.generate({"prompt_token_ids": tok.encode("Hello")}, greedy)[0]
+    by_text = llm.generate("Hello", greedy)[0]
+    assert by_ids.prompt_token_ids == by_text.prompt_token_ids and by_ids.token_ids == by_text.token_ids
+
+
+def test_get_tokenizer_has_the_hugging_face_calls(llm):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello")
+    assert tok.decode(ids) == tok.bos_token + "Hello" and tok.decode(ids, skip_special_tokens=True) == "Hello"
+    assert tok.convert_ids_to_tokens(ids[0]) == tok.bos_token and len(tok.convert_ids_to_tokens(ids)) == len(ids)
+    assert tok.get_vocab()[tok.bos_token] == tok.bos_token_id and len(tok) == tok.tokenizer.vocab_size
+    assert tok.eos_token_id is not None and tok.tokenizer is llm.engine.tokenizer
+
+
+def test_apply_chat_template_renders_as_chat_does(llm):
+    tok = llm.get_tokenizer()
+    out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), tools=[WEATHER_TOOL], chat_template_kwargs=KWARGS)[0]
+    ids = tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], **KWARGS)
+    assert ids == out.output.prompt_token_ids and ids.count(tok.bos_token_id) == 1
+    assert tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], tokenize=False, **KWARGS) == out.output.prompt
+    bare = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=False, **KWARGS)
+    assert not bare.endswith("<|start|>assistant")
+
+
+# 3. max_tokens past max_model_len ends the output there -------------------------------------------------------------
+
+def test_generate_stops_at_max_model_len_instead_of_refusing(llm):
+    prompt = [llm.get_tokenizer().bos_token_id] + [10] * (llm.engine.max_model_len - 5)
+    out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
+    unbounded = llm.generate([prompt], SamplingParams(max_tokens=None, ignore_eos=True))[0]
+    assert len(unbounded.token_ids) == 4
+
+
+def test_a_prompt_that_fills_max_model_len_is_refused_naming_it(llm):
+    with pytest.raises(RequestError) as caught:
+        llm.generate([[10] * llm.engine.max_model_len], SamplingParams(max_tokens=1))
+    assert caught.value.param == "prompts[0]" and "no room" in str(caught.value)
+    assert not llm.engine.has_unfinished_requests
+
+
+# 6. errors name the prompt; stop set late; numpy and tuple token ids ------------------------------------------------
+
+def test_prompt_errors_name_the_prompt(llm):
+    with pytest.raises(RequestError) as caught:
+        llm.generate(["fine", "a" * (llm.engine.max_prompt_chars + 1)])
+    assert caught.value.param == "prompts[1]" and "messages" not in str(caught.value)
+    image = Image.new("RGB", (32, 32))
+    with pytest.raises(RequestError) as caught:
+        llm.generate({"prompt": "<|patch|>", "multi_modal_data": {"image": image}})
+    assert caught.value.param == "prompt" and "vision" in str(caught.value)  # one prompt, not a list
+
+
+def test_stop_set_to_one_string_after_construction_is_taken(llm):
+    params = SamplingParams(temperature=0, max_tokens=8)
+    params.stop = "x"
+    llm.generate("Hello", params)
+    assert params.stop == ["x"]
+
+
+def test_token_ids_of_any_integral_type_are_taken(llm):
+    ids = llm.get_tokenizer().encode("Hello")
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    expected = llm.generate([ids], greedy)[0].token_ids
+    for prompt in (list(np.array(ids)), tuple(ids), {"prompt_token_ids": list(np.array(ids, dtype=np.int32))}):
+        got = llm.generate(prompt, greedy)[0]
+        assert got.token_ids == expected and all(type(t) is int for t in got.prompt_token_ids)
+    with pytest.raises(RequestError) as caught:
+        llm.generate([[1.0, 2.0]])
+    assert caught.value.param == "prompts[0]" and "integers" in str(caught.value)
+
+
+# 5. the template kwargs the renderer owns ---------------------------------------------------------------------------
+
+def test_add_generation_prompt_in_template_kwargs_names_the_python_api(llm):
+    with pytest.raises(RequestError) as caught:
+        llm.chat(MESSAGES, chat_template_kwargs={"add_generation_prompt": False})
+    assert caught.value.param == "chat_template_kwargs" and "apply_chat_template" in str(caught.value)
+
+
+# 4. stop_reason as vLLM reports it ----------------------------------------------------------------------------------
+
+def test_the_tokenizer_eos_reports_no_stop_reason_other_stop_ids_report_theirs(nano):
+    eos = nano.get_tokenizer().eos_token_id
+    out = nano.generate("hi", SamplingParams(temperature=0, max_tokens=3, logit_bias={eos: 100}))[0].outputs[0]
+    assert out.token_ids == [eos] and out.finish_reason == "stop" and out.stop_reason is None
+    eot = next(i for i in nano.engine.generation_defaults.stop_token_ids if i != eos)
+    out = nano.generate("hi", SamplingParams(temperature=0, max_tokens=3, logit_bias={eot: 100}))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == eot
+    listed = SamplingParams(temperature=0, max_tokens=3, logit_bias={eos: 100}, stop_token_ids=[eos], ignore_eos=True)
+    assert nano.generate("hi", listed)[0].outputs[0].stop_reason == eos
+
+
+# 7. dtype and seed as vLLM takes them -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("dtype", "expected"), [("auto", torch.float32), (torch.float32, torch.float32),
+                                                 (torch.bfloat16, torch.bfloat16), ("float", torch.float32)])
+def test_dtype_auto_and_torch_dtypes_are_taken(tiny_checkpoint, dtype, expected):
+    assert LLM(str(tiny_checkpoint), device="cpu", dtype=dtype, progress=False).engine.dtype == expected
+
+
+def test_unsupported_dtypes_are_refused_naming_the_choices(tiny_checkpoint):
+    for dtype in (torch.int8, "float64"):
+        with pytest.raises(ConfigError, match="dtype=.*'auto'"):
+            LLM(str(tiny_checkpoint), device="cpu", dtype=dtype, progress=False)
+
+
+def test_seed_none_draws_a_fresh_engine_seed(tiny_checkpoint):
+    first, second = (LLM(str(tiny_checkpoint), device="cpu", seed=None, progress=False) for _ in range(2))
+    assert isinstance(first.engine.config.seed, int) and first.engine.config.seed != second.engine.config.seed
+    assert len(first.generate("Hello", SamplingParams(max_tokens=2))[0].token_ids) == 2
