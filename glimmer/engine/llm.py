@@ -22,7 +22,7 @@ from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.engine.tokenizer import Tokenizer
+from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
@@ -34,7 +34,6 @@ from glimmer.protocol import (
     resolve_reasoning_strength,
 )
 from glimmer.protocol.request_normalization import refuse_unrendered
-from glimmer.protocol.tokens import FRAMING_MARKERS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
@@ -113,26 +112,6 @@ def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, hi
     return len(detokenizer.add_many(token_ids[: min_tokens - 1]))
 
 
-def _hidden_special_tokens(tokenizer: Tokenizer) -> dict[int, str]:
-    """The special tokens a chat reply does not show, id → spelling: every one but the framing markers the parser
-    reads (P-REQ-1, as the server's chat hides them)."""
-    spellings = {i: tokenizer.decode([i]) for i in tokenizer.all_special_ids}
-    return {i: text for i, text in spellings.items() if text not in FRAMING_MARKERS}
-
-
-def _visible_text(text: str, token_ids: list[int], hidden: Mapping[int, str]) -> str:
-    """The turn's text without the `hidden` special tokens, removed by token identity (model text that merely
-    spells one stays), as the server's chat stream does before parsing."""
-    cursor = 0
-    for token_id in token_ids:
-        spelling = hidden.get(token_id)
-        if spelling is not None:
-            at = text.find(spelling, cursor)
-            if at >= 0:
-                text, cursor = text[:at] + text[at + len(spelling):], at
-    return text
-
-
 class LLM:
     """Load a Muse Glimmer checkpoint and generate from it.
 
@@ -172,7 +151,6 @@ class LLM:
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
         self._ids = itertools.count()
-        self._hidden_special_tokens = _hidden_special_tokens(self.engine.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
@@ -388,9 +366,9 @@ class LLM:
         chats = []
         for output, turn in zip(outputs, chat_turns, strict=True):
             choices = []
-            hidden = {} if turn.skip_special_tokens is False else self._hidden_special_tokens
+            hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
-                text = _visible_text(completion.text, completion.token_ids, hidden)
+                text = without_hidden_tokens(completion.text, completion.token_ids, hidden)
                 parsed = parse_output(text, plan.parser_tools, verbatim_content=turn.constrained_answer)
                 alone = replace(output, outputs=[completion])
                 armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,

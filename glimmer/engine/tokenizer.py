@@ -25,6 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import CheckpointError, ConfigError
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from glimmer.protocol.tokens import FRAMING_MARKERS
 
 if TYPE_CHECKING:
     from glimmer.checkpoint.config import ModelConfig
@@ -290,6 +291,13 @@ class Tokenizer:
         decoder = self._backend.get_added_tokens_decoder()
         return tuple(sorted(token_id for token_id, added in decoder.items() if added.special))
 
+    @cached_property
+    def hidden_in_replies(self) -> dict[int, str]:
+        """The special tokens a chat reply does not show, id → spelling: every one but the framing markers the
+        output parser reads (P-REQ-1). The server's chat and `LLM.chat` hide them (`without_hidden_tokens`)."""
+        spellings = {i: self.decode([i]) for i in self.all_special_ids}
+        return {i: text for i, text in spellings.items() if text not in FRAMING_MARKERS}
+
     @property
     def is_byte_level(self) -> bool:
         """True when tokens map to raw bytes through the ByteLevel alphabet (GPT-2 style; Muse is)."""
@@ -316,6 +324,21 @@ class Tokenizer:
     def _named_token_id(self, name: str) -> int | None:
         token = self._named_tokens.get(name)
         return None if token is None else self._backend.token_to_id(token)
+
+
+def without_hidden_tokens(text: str, token_ids: Sequence[int], hidden: Mapping[int, str]) -> str:
+    """`text` (what `token_ids` released) without the `hidden` special tokens, removed by token identity: model text
+    that merely spells one stays."""
+    if not hidden:
+        return text
+    cursor = 0
+    for token_id in token_ids:
+        spelling = hidden.get(token_id)
+        if spelling is not None:
+            at = text.find(spelling, cursor)
+            if at >= 0:
+                text, cursor = text[:at] + text[at + len(spelling):], at
+    return text
 
 
 class _ByteLevelInverse:

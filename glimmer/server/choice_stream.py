@@ -25,6 +25,7 @@ from typing import Any
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
+from glimmer.engine.tokenizer import without_hidden_tokens
 from glimmer.protocol import OutputParser, count_reasoning_tokens, finish_reason
 from glimmer.protocol.deltas import Event
 
@@ -95,18 +96,8 @@ class ChoiceStream:
 
     def _visible_text(self, delta: StepDelta) -> str:
         """The delta's text without the special tokens the answer must not show (all but the framing the parser
-        reads), removed by token identity: model text that merely spells one stays."""
-        text = delta.text
-        if not self._hidden_tokens:
-            return text
-        cursor = 0
-        for token_id in delta.token_ids:
-            spelling = self._hidden_tokens.get(token_id)
-            if spelling is not None:
-                at = text.find(spelling, cursor)
-                if at >= 0:
-                    text, cursor = text[:at] + text[at + len(spelling):], at
-        return text
+        reads)."""
+        return without_hidden_tokens(delta.text, delta.token_ids, self._hidden_tokens)
 
     def _count_tokens(self, delta: StepDelta) -> None:
         # A token's span is the text it released; tokens whose text is still held get an empty one.

@@ -10,7 +10,6 @@ from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError
 from glimmer.protocol import GENERATION_PROMPT, ChatTemplate
-from glimmer.protocol.tokens import FRAMING_MARKERS
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.response_store import ResponseStore
@@ -39,11 +38,9 @@ class ServingContext:
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
         _check_template(template, tokenizer)
-        hidden = {i: tokenizer.decode([i]) for i in tokenizer.all_special_ids}
-        hidden = {i: text for i, text in hidden.items() if text not in FRAMING_MARKERS}
         # index the vocabulary for the grammar engine at startup, not on the first structured request
         return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars,
-                   hidden_special_tokens=hidden,
+                   hidden_special_tokens=tokenizer.hidden_in_replies,
                    responses=ResponseStore(settings.responses_store_bytes, settings.responses_store_age_s))
 
     @property

@@ -43,7 +43,7 @@ def test_chat_parses_the_turn_whatever_skip_special_tokens_says(nano):
 
 
 def test_chat_hides_stray_special_tokens_by_token_identity_unless_told_to_keep_them():
-    from glimmer.engine.llm import _visible_text
+    from glimmer.engine.tokenizer import without_hidden_tokens as _visible_text
 
     hidden = {7: "<|patch|>"}
     text = "a<|patch|>b<|patch|>"
