@@ -69,9 +69,11 @@ ARCH_KV = _string("general.architecture") + struct.pack("<I", 8) + _string("muse
 
 
 def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = (), *,
-             drop_tensors: tuple[str, ...] = (), split_max_tensors: int = 0) -> Path:
-    """Copy a GGUF with some metadata changed or dropped (and tensors dropped, or the copy split into parts of
-    `split_max_tensors` tensors as gguf-split does), using gguf's own reader and writer."""
+             drop_tensors: tuple[str, ...] = (), replace_tensors: dict | None = None,
+             split_max_tensors: int = 0) -> Path:
+    """Copy a GGUF with some metadata changed or dropped (and tensors dropped, replaced by name with (data,
+    raw_dtype), or the copy split into parts of `split_max_tensors` tensors as gguf-split does), using gguf's own
+    reader and writer."""
     reader = gguf.GGUFReader(source)
     writer = gguf.GGUFWriter(out, "muse-glimmer", split_max_tensors=split_max_tensors)
     for field in reader.fields.values():
@@ -83,7 +85,8 @@ def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = (), 
         writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
     for tensor in reader.tensors:
         if tensor.name not in drop_tensors:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+            data, raw_dtype = (replace_tensors or {}).get(tensor.name, (tensor.data, tensor.tensor_type))
+            writer.add_tensor(tensor.name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -119,26 +122,11 @@ def _short_vocabulary(good: Path, directory: Path) -> Path:
 
 def _iq4_nl_tensor(good: Path, directory: Path) -> Path:
     """blk.1.attn_v.weight stored as IQ4_NL (a type gguf.quants cannot dequantize), zero bytes of the right size."""
-    reader = gguf.GGUFReader(good)
-    out = directory / "iq4_nl.gguf"
-    writer = gguf.GGUFWriter(out, "muse-glimmer")
-    for field in reader.fields.values():
-        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
-    for tensor in reader.tensors:
-        if tensor.name == "blk.1.attn_v.weight":
-            rows, columns = (int(d) for d in reversed(tensor.shape))
-            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
-            writer.add_tensor(tensor.name, np.zeros((rows, columns // block * size), np.uint8),
-                              raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
-        else:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    tensor = next(t for t in gguf.GGUFReader(good).tensors if t.name == "blk.1.attn_v.weight")
+    rows, columns = (int(d) for d in reversed(tensor.shape))
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+    iq4_nl = (np.zeros((rows, columns // block * size), np.uint8), gguf.GGMLQuantizationType.IQ4_NL)
+    return _rewrite(good, directory / "iq4_nl.gguf", {}, replace_tensors={tensor.name: iq4_nl})
 
 
 def _split_part(number: int) -> Callable[[Path, Path], Path]:
