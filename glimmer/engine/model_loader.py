@@ -24,6 +24,7 @@ from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameter
 from glimmer.errors import ConfigError
 from glimmer.model.drafter import DFlashDrafter
 from glimmer.model.kernels import cpu as cpu_kernels
+from glimmer.model.kernels.decoder_stack import stack_products_pay
 from glimmer.model.kernels.packed_linear import packing_pays, packs
 from glimmer.model.kernels.support import references_forced
 from glimmer.model.layers import GatedMLP
@@ -110,27 +111,37 @@ PROBE_MAX_ROWS = 8
 def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, device: torch.device | str,
                     dtype: torch.dtype, max_num_seqs: int) -> bool:
     """The engine's CPU fast path: projections that share an input fused and the norms fused, as on CUDA (the C
-    kernels of `kernels/cpu` then take the small ops), unless GLIMMER_KERNELS is `torch`. The projections' weights
-    are then packed for oneDNN where oneDNN works for `dtype` and its packed product is faster than the dense one
-    on this machine, timed on the model's own weights at one row and at min(max_num_seqs, 8) rows (`packing_pays`).
-    Packed weights replace the dense ones, so a packed model runs only the engine's cached forward: `load_model`
-    leaves this to the engine, and its callers keep a model whose every forward and parameter is there. True if
-    packed."""
+    kernels of `kernels/cpu` then take the small ops), unless GLIMMER_KERNELS is `torch`. Then, timed on the model's
+    own weights at one row and at min(max_num_seqs, 8) rows:
+    - a float32 target model's decode steps run the C decoder stack (`kernels/decoder_stack.py`: every layer in one
+      call) where its products are about as fast as torch's (`stack_products_pay`);
+    - otherwise the projections' weights are packed for oneDNN where oneDNN works for `dtype` and its packed product
+      is faster than the dense one (`packing_pays`). Packed weights replace the dense ones, so a packed model runs
+      only the engine's cached forward: `load_model` leaves this to the engine, and its callers keep a model whose
+      every forward and parameter is there.
+    True if packed."""
     if torch.device(device).type != "cpu" or references_forced():
         return False
     model.fuse_for_inference()
-    if dtype == torch.float32:
-        cpu_kernels.library()  # built (or found) and probed now, while loading, not in the first request
+    rows = sorted({1, max(1, min(max_num_seqs, PROBE_MAX_ROWS))})
+    counts = " and ".join(map(str, rows))
+    if dtype == torch.float32 and cpu_kernels.library() is not None:  # built and probed now, not in a request
+        if isinstance(model, MuseGlimmerForConditionalGeneration):
+            if stack_products_pay(list(projection_weights(model)), rows) and model.bind_decoder_stack():
+                logger.info("%s: decode steps run the C decoder stack (its products as fast as torch's here at %s "
+                            "rows; GLIMMER_KERNELS=torch keeps the plain math)", type(model).__name__, counts)
+                return False
+            logger.info("%s: decode steps run op by op (torch's products faster than the C decoder stack's here at "
+                        "%s rows)", type(model).__name__, counts)
     if not packs(device, dtype):
         return False
-    rows = sorted({1, max(1, min(max_num_seqs, PROBE_MAX_ROWS))})
     if not packing_pays(list(projection_weights(model)), rows):
         logger.info("%s: projections keep their dense weights (faster than oneDNN's packed product here at %s "
-                    "rows)", type(model).__name__, " and ".join(map(str, rows)))
+                    "rows)", type(model).__name__, counts)
         return False
     model.pack_projections()
     logger.info("%s: projections packed for oneDNN (faster here at %s rows; GLIMMER_KERNELS=torch keeps the plain "
-                "math)", type(model).__name__, " and ".join(map(str, rows)))
+                "math)", type(model).__name__, counts)
     return True
 
 

@@ -47,6 +47,10 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
         """After `fuse_for_inference`, on the CPU: projections read weights packed for oneDNN."""
         self.model.language_model.pack_projections()
 
+    def bind_decoder_stack(self) -> bool:
+        """After `fuse_for_inference`, on the CPU in float32: decode steps run the decoder layers in one C call."""
+        return self.model.language_model.bind_decoder_stack()
+
     @property
     def embed_tokens(self) -> nn.Module:
         return self.model.language_model.embed_tokens

@@ -15,6 +15,7 @@ from glimmer.checkpoint.config import TextConfig
 from glimmer.model import kernels
 from glimmer.model.attention import paged_attention
 from glimmer.model.context import ForwardContext
+from glimmer.model.kernels.decoder_stack import DecoderStack, StackLayer, StackShape
 from glimmer.model.kernels.linear import linear
 from glimmer.model.kernels.packed_linear import PackedLinear, can_pack
 from glimmer.model.kernels.qk_norm_rope import HeadLayout
@@ -165,6 +166,7 @@ class TextModel(nn.Module):
         # pre-feedforward and post-feedforward norms and the norm after it (the next input norm, or the final one)
         self.input_spec: NormSpec | None = None
         self.layer_specs: list[tuple[NormSpec, NormSpec, NormSpec, NormSpec]] = []
+        self.decoder_stack: DecoderStack | None = None  # bound by bind_decoder_stack (CPU, float32)
 
     def fuse_for_inference(self) -> None:
         """Fused projections and the one-pass sandwich norms of `_forward_fused`.
@@ -192,6 +194,34 @@ class TextModel(nn.Module):
             layer.self_attn.pack_projections()
             layer.mlp.pack_projections()
 
+    def bind_decoder_stack(self) -> bool:
+        """After `fuse_for_inference`, with dense float32 weights on the CPU: decode steps run every layer in one C
+        call (`kernels/decoder_stack.py`), reading these weights in place. True if bound; False where the C kernels
+        do not run (another dtype or device, no compiler, packed weights, GLIMMER_KERNELS=torch)."""
+        if not self.fused:
+            raise RuntimeError("bind_decoder_stack needs the fused model: call fuse_for_inference first")
+        config = self.config
+        attention = self.layers[0].self_attn
+        shape = StackShape(hidden_size=config.hidden_size, num_heads=attention.num_heads,
+                           num_kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
+                           intermediate_size=config.intermediate_size, qk_norm_eps=attention.qk_norm_eps,
+                           qk_scale_factor=attention.qk_scale_factor)
+        layers = []
+        for layer, specs in zip(self.layers, self.layer_specs, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            if not (isinstance(attn.qkvg_weight, torch.Tensor) and isinstance(mlp.gate_up_weight, torch.Tensor)):
+                return False  # packed for oneDNN: no dense weights to read
+            layers.append(StackLayer(
+                layer_idx=attn.layer_idx, qkvg_weight=attn.qkvg_weight, qkvg_bias=attn.qkvg_bias,
+                o_weight=attn.o_proj.weight, o_bias=attn.o_proj.bias, gate_up_weight=mlp.gate_up_weight,
+                down_weight=mlp.down_proj.weight, post_attention=specs[0], pre_feedforward=specs[1],
+                post_feedforward=specs[2], following=specs[3], group_name=attn.group_name,
+                sliding_window=attn.sliding_window, uses_rope=attn.uses_rope))
+        if not DecoderStack.fits(shape, self.input_spec, layers):
+            return False
+        self.decoder_stack = DecoderStack(shape, self.input_spec, layers)
+        return True
+
     def forward(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self.fused:
             return self._forward_fused(inputs_embeds, ctx)
@@ -206,6 +236,8 @@ class TextModel(nn.Module):
     def _forward_fused(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """The decoder layers of §2.4 with each post-norm, residual add and the next pre-norm in one pass."""
         rotary = self.rotary(ctx.positions, inputs_embeds.dtype)
+        if self.decoder_stack is not None and self.decoder_stack.takes(inputs_embeds, ctx):
+            return self.decoder_stack(inputs_embeds, rotary, ctx)
         residual, h = kernels.residual_norm(None, inputs_embeds, None, self.input_spec)
         for i, (layer, specs) in enumerate(zip(self.layers, self.layer_specs, strict=True)):
             post_attention, pre_feedforward, post_feedforward, following = specs

@@ -1,7 +1,8 @@
 """The fused math (one GEMM for q|k|v|gate and gate|up, one pass per sandwich norm), run with its torch
 references on the CPU: the same tokens and logprobs as the plain path, and the same parameters; and the CPU's
-fast path (the same with the C kernels of kernels/cpu, and weights packed for oneDNN or dense, whichever is faster
-on the machine), which agrees with the plain path to fp32 rounding."""
+fast path (the same with the C kernels of kernels/cpu: decode steps through the C decoder stack, or op by op with
+weights packed for oneDNN or dense, whichever is faster on the machine), which agrees with the plain path to fp32
+rounding."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine import model_loader
 from glimmer.model.context import ForwardContext
+from glimmer.model.kernels import cpu, decoder_stack
+from glimmer.model.kernels.decoder_stack import DecoderStack
 from glimmer.model.kernels.packed_linear import PackedLinear, packs
 from glimmer.model.kernels.paged_attention import (
     decode_attention,
@@ -25,7 +28,7 @@ from glimmer.model.kernels.paged_attention import (
 from glimmer.model.kernels.qk_norm_rope import HeadLayout, qk_norm_rope_store_torch
 from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch
 from glimmer.model.layers import CenteredRMSNorm, RotaryTable, ScaledRMSNorm, apply_rotary, weightless_rms_norm
-from glimmer.tiny import TinySpec, write_tiny_checkpoint
+from glimmer.tiny import TinyDrafterSpec, TinySpec, write_tiny_checkpoint, write_tiny_drafter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paged_cases import make_case  # noqa: E402
@@ -64,33 +67,43 @@ def test_residual_norm_reference_is_the_modules_arithmetic():
     assert final.spec == NormSpec(final.weight, 1e-5, 0.0)
 
 
-def _plain_and_fast(tmp_path, monkeypatch, packed=True, **options):
-    """The plain path (GLIMMER_KERNELS=torch) and the CPU's fast path, its weights packed for oneDNN or dense
-    (whichever the load-time timing would pick on this machine, forced here)."""
+def _plain_and_fast(tmp_path, monkeypatch, way="packed", **options):
+    """The plain path (GLIMMER_KERNELS=torch) and the CPU's fast path, its decode steps through the C decoder stack
+    (`way` "stack") or op by op with weights packed for oneDNN ("packed") or dense ("dense"): whichever the load-time
+    timing would pick on this machine, forced here."""
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
     options = dict(device="cpu", progress=False, kv_cache_memory=8 << 20, max_num_batched_tokens=32, **options)
     monkeypatch.setenv("GLIMMER_KERNELS", "torch")
     plain = LLM(str(path), **options)
     monkeypatch.delenv("GLIMMER_KERNELS")
-    monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows: packed)
+    monkeypatch.setattr(model_loader, "stack_products_pay", lambda weights, rows: way == "stack")
+    monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows: way == "packed")
     return plain, LLM(str(path), **options)
 
 
-@pytest.mark.parametrize("packed", [
-    pytest.param(True, marks=pytest.mark.skipif(not packs("cpu", torch.float32), reason="no working oneDNN")),
-    False,
+@pytest.mark.parametrize("way", [
+    pytest.param("stack", marks=pytest.mark.skipif(cpu.library() is None, reason="no C compiler here")),
+    pytest.param("packed", marks=pytest.mark.skipif(not packs("cpu", torch.float32), reason="no working oneDNN")),
+    "dense",
 ])
-def test_cpu_fast_path_gives_the_plain_paths_greedy_tokens_and_close_logprobs(tmp_path, monkeypatch, packed):
-    plain, fast = _plain_and_fast(tmp_path, monkeypatch, packed=packed)
-    attention = fast.engine.loaded.model.model.language_model.layers[0].self_attn
-    assert isinstance(attention.qkvg_weight, PackedLinear if packed else torch.Tensor)
-    assert (attention.o_packed is not None) == packed
-    assert fast.engine.loaded.model.model.language_model.fused
+def test_cpu_fast_path_gives_the_plain_paths_greedy_tokens_and_close_logprobs(tmp_path, monkeypatch, way):
+    plain, fast = _plain_and_fast(tmp_path, monkeypatch, way=way)
+    text_model = fast.engine.loaded.model.model.language_model
+    attention = text_model.layers[0].self_attn
+    assert isinstance(attention.qkvg_weight, PackedLinear if way == "packed" else torch.Tensor)
+    assert (attention.o_packed is not None) == (way == "packed")
+    assert (text_model.decoder_stack is not None) == (way == "stack")
+    assert text_model.fused
     assert not plain.engine.loaded.model.model.language_model.fused
+    stack_steps = []
+    if way == "stack":
+        real = DecoderStack.__call__
+        monkeypatch.setattr(DecoderStack, "__call__", lambda *args: stack_steps.append(1) or real(*args))
     # ragged prompts (chunked prefill), sliding-window crossings, then batched decode
     prompts = [list(range(5, 5 + n)) for n in (3, 40, 17, 1, 25)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
     want, got = plain.generate(prompts, params), fast.generate(prompts, params)
+    assert len(stack_steps) >= (20 if way == "stack" else 0)  # the decode steps ran there
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     diffs = [abs(a.logprob - b.logprob) for x, y in zip(got, want, strict=True)
              for a, b in zip(x.logprobs, y.logprobs, strict=True)]
@@ -145,3 +158,40 @@ def test_decode_steps_mask_and_attention_are_the_general_paths_bit_for_bit(windo
     assert torch.equal(got, dense_attention(case.query, keys, values, mask, case.ctx, 0.25, gate))
     assert torch.equal(got, paged_attention_torch(case.query, case.key_cache, case.value_cache, case.group, case.ctx,
                                                   window, 0.25, gate))
+
+
+def test_the_stack_runs_where_its_products_keep_up_with_torchs_fastest(monkeypatch):
+    weights = [torch.randn(8, 8)]
+    for seconds, pays in [({"stack": 1.05, "dense": 1.0, "packed": 2.0}, True),
+                          ({"stack": 1.2, "dense": 1.0}, False),
+                          ({"stack": 1.0, "dense": 3.0, "packed": 0.5}, False)]:
+        monkeypatch.setattr(decoder_stack, "time_products", lambda *args, seconds=seconds: seconds)
+        assert decoder_stack.stack_products_pay(weights, [1, 8]) == pays
+    assert not decoder_stack.stack_products_pay([], [1])
+
+
+@pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+def test_the_stack_is_bound_for_float32_only_and_never_under_the_forced_reference(tmp_path, monkeypatch):
+    path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
+    monkeypatch.setattr(model_loader, "stack_products_pay", lambda weights, rows: True)
+    options = dict(device="cpu", progress=False, kv_cache_memory=8 << 20)
+    for dtype, forced, bound in [("float32", False, True), ("bfloat16", False, False), ("float32", True, False)]:
+        if forced:
+            monkeypatch.setenv("GLIMMER_KERNELS", "torch")
+        llm = LLM(str(path), dtype=dtype, **options)
+        assert (llm.engine.loaded.model.model.language_model.decoder_stack is not None) == bound, (dtype, forced)
+
+
+@pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+def test_speculative_decoding_through_the_stack_gives_the_plain_paths_greedy_tokens(tmp_path, monkeypatch):
+    """The drafter reads the target's hidden states of the layers it names: captured by the stack on decode steps."""
+    plain, _ = _plain_and_fast(tmp_path / "t", monkeypatch, way="stack")
+    path = Path(plain.engine.checkpoint_dir)
+    drafter = write_tiny_drafter(tmp_path / "d", path, seed=3, spec=TinyDrafterSpec(sliding_window=12))
+    spec = {"method": "dflash", "model": str(drafter)}
+    fast = LLM(str(path), device="cpu", progress=False, kv_cache_memory=8 << 20, speculative_config=spec)
+    assert fast.engine.loaded.model.model.language_model.decoder_stack is not None
+    prompts = [list(range(5, 5 + n)) for n in (3, 40, 17)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    want, got = plain.generate(prompts, params), fast.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]

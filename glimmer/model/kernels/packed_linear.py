@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -87,37 +87,49 @@ the dense weights stay, so that restarts on a busy machine do not flip between t
 rounding from one start to the next)."""
 
 
-def packing_pays(weights: Sequence[torch.Tensor], rows: Sequence[int], repeats: int = 5) -> bool:
-    """Whether products with these weights packed for oneDNN take clearly less time than `F.linear` on them
-    (PACKING_MARGIN), summed over one product of each row count in `rows`; each way timed `repeats` times,
-    interleaved, the fastest counting. Weights past PROBE_BYTES are left out of the timing."""
+def probe_weights(weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The weights a load-time timing streams: the first ones, up to PROBE_BYTES."""
     chosen, total = [], 0
     for weight in weights:
         if total >= PROBE_BYTES:
             break
         chosen.append(weight.detach())
         total += weight.numel() * weight.element_size()
+    return chosen
+
+
+Product = Callable[[torch.Tensor], torch.Tensor]
+
+
+def time_products(weights: Sequence[torch.Tensor], rows: Sequence[int], ways: dict[str, Sequence[Product]],
+                  repeats: int = 5) -> dict[str, float]:
+    """Seconds each way takes for one product with each weight at each row count in `rows` (way[i] multiplies by
+    weights[i]): one untimed pass each (first touch, primitive creation), then `repeats` timed passes interleaved
+    among the ways, the fastest counting."""
+    inputs = {n: {w.shape[1]: torch.randn(n, w.shape[1]).to(w.dtype) for w in weights} for n in rows}
+
+    def run(products: Sequence[Product]) -> None:
+        for n in rows:
+            for weight, product in zip(weights, products, strict=True):
+                product(inputs[n][weight.shape[1]])
+
+    for products in ways.values():
+        run(products)
+    best = dict.fromkeys(ways, float("inf"))
+    for _ in range(repeats):
+        for name, products in ways.items():
+            start = time.perf_counter()
+            run(products)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def packing_pays(weights: Sequence[torch.Tensor], rows: Sequence[int], repeats: int = 5) -> bool:
+    """Whether products with these weights packed for oneDNN take clearly less time than `F.linear` on them
+    (PACKING_MARGIN), summed over one product of each row count in `rows` (`time_products` on `probe_weights`)."""
+    chosen = probe_weights(weights)
     if not chosen:
         return False
-    packed = [PackedLinear(w, None) for w in chosen]
-    inputs = {n: {w.shape[1]: torch.randn(n, w.shape[1]).to(w.dtype) for w in chosen} for n in rows}
-
-    def dense_pass(n: int) -> None:
-        for w in chosen:
-            F.linear(inputs[n][w.shape[1]], w)
-
-    def packed_pass(n: int) -> None:
-        for p in packed:
-            p(inputs[n][p.in_features])
-
-    best = {dense_pass: float("inf"), packed_pass: float("inf")}
-    for n in rows:  # one untimed pass each: first-touch and oneDNN's primitive creation
-        dense_pass(n)
-        packed_pass(n)
-    for _ in range(repeats):
-        for way in best:
-            start = time.perf_counter()
-            for n in rows:
-                way(n)
-            best[way] = min(best[way], time.perf_counter() - start)
-    return best[packed_pass] < PACKING_MARGIN * best[dense_pass]
+    seconds = time_products(chosen, rows, {"dense": [functools.partial(F.linear, weight=w) for w in chosen],
+                                           "packed": [PackedLinear(w, None) for w in chosen]}, repeats)
+    return seconds["packed"] < PACKING_MARGIN * seconds["dense"]

@@ -1,11 +1,13 @@
-"""C kernels for the CPU's decode step (`ops.c`), compiled at first use and called through ctypes.
+"""C kernels for the CPU's decode step (`ops.c`, `decoder_stack.c`), compiled at first use and called through ctypes.
 
 A decode step of a small model on the CPU is mostly small torch ops: a norm is some ten of them, QK-norm with
 RoPE and the cache store tens more, each 2–15 µs of dispatch around a few hundred floats of work, against
 projections that stream the weights in a few milliseconds. `ops.c` does each of those groups in one call: the
 residual norms, QK-norm + RoPE + cache store, decode attention over the paged cache in place, and SiLU·mul.
+`decoder_stack.c` runs a float32 decode step's whole stack of decoder layers, products included, in one call
+(`kernels/decoder_stack.py`).
 
-The system C compiler (`CC`, else `cc`, `gcc` or `clang`) builds `ops.c` once per source, compiler and CPU into
+The system C compiler (`CC`, else `cc`, `gcc` or `clang`) builds both once per source, compiler and CPU into
 the user's cache (`$XDG_CACHE_HOME/glimmer/cpu-kernels`, else `~/.cache/...`); `-march=native` and OpenMP are used
 where the compiler takes them. After loading, every function is checked against its torch reference on a random
 probe. Where there is no compiler, the build or the probe fails, or `GLIMMER_KERNELS=torch`, every op runs its
@@ -36,7 +38,8 @@ from glimmer.model.kernels.support import references_forced
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ops.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("ops.c", "decoder_stack.c")]
+HEADERS = [Path(__file__).with_name("common.h")]
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]
 # tried in order; the first the compiler builds is used
 OPTIONAL_FLAGS = [["-march=native", "-fopenmp"], ["-march=native"], ["-fopenmp"], []]
@@ -50,6 +53,8 @@ SIGNATURES = {
     "glimmer_decode_attention": (_INT, [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _I64, _F,
                                         _P, _I64, _P, _INT]),
     "glimmer_silu_mul": (None, [_P, _I64, _I64, _P, _INT]),
+    "glimmer_decode_layers": (_INT, [_P, _P, _I64, _P, _P, _INT]),
+    "glimmer_linear": (None, [_P, _I64, _P, _P, _I64, _I64, _P, _INT]),
 }
 
 
@@ -81,7 +86,7 @@ def library() -> ctypes.CDLL | None:
             function.restype, function.argtypes = restype, argtypes
     except (OSError, subprocess.SubprocessError, AttributeError) as error:
         logger.warning("CPU kernels: could not build or load %s with %s (%s); the CPU runs the torch path",
-                       SOURCE.name, " ".join(compiler), error)
+                       " and ".join(s.name for s in SOURCES), " ".join(compiler), error)
         return None
     failure = _probe(lib)
     if failure is not None:
@@ -135,7 +140,7 @@ def _machine_identity() -> str:
 def _build(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and machine: from the cache, else compiled into it (written
     under a temporary name and renamed, so processes building at once never load a partial file)."""
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in [*SOURCES, *HEADERS])
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(compiler).encode(), version.encode(),
                                      _machine_identity().encode(),
@@ -149,7 +154,7 @@ def _build(compiler: list[str]) -> Path:
         fd, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
         os.close(fd)
         try:
-            result = subprocess.run([*compiler, *BASE_FLAGS, *extra, str(SOURCE), "-o", partial, "-lm"],
+            result = subprocess.run([*compiler, *BASE_FLAGS, *extra, *map(str, SOURCES), "-o", partial, "-lm"],
                                     capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             if result.returncode == 0:
                 os.replace(partial, target)
@@ -188,7 +193,7 @@ def _writable_cache_dir() -> Path:
 def _probe(lib: ctypes.CDLL) -> str | None:
     """Run each kernel once against its torch reference on random inputs; None when all agree."""
     try:
-        for op in ("residual_norm", "qk_norm_rope", "paged_attention", "silu_mul"):
+        for op in ("residual_norm", "qk_norm_rope", "paged_attention", "silu_mul", "decoder_stack"):
             # (the kernels package exports functions of these names: the modules are reached by import_module)
             failure = importlib.import_module(f"glimmer.model.kernels.{op}").probe_cpu(lib)
             if failure is not None:

@@ -1,0 +1,300 @@
+/* A CPU decode step's decoder layers in one call: every projection, norm, RoPE, cache store and attention of every
+ * layer, for float32 models whose each sequence brings one token.
+ *
+ * Called by glimmer/model/kernels/decoder_stack.py, whose reference is TextModel's per-op forward (the same
+ * formulas, op by op). Per layer, as architecture.md §2.4 orders them:
+ *
+ *     qkvg = h · [q | k | v | gate]ᵀ (+ bias)          one pass over the fused weight
+ *     q, k = RoPE(q_scale · norm(q)), RoPE(norm(k))     k and v stored in the paged cache (norm_rope_head)
+ *     a    = attention(q, cache) · sigmoid(gate)        (attend)
+ *     o    = a · o_projᵀ (+ bias)
+ *     residual, h = residual + post_attention(o), pre_feedforward(...)      (residual_norm_row)
+ *     m    = (silu(h · gateᵀ) · (h · upᵀ)) · downᵀ      silu and the product in the gate|up pass's epilogue
+ *     residual, h = residual + post_feedforward(m), the next layer's input norm (the final norm after the last)
+ *
+ * The step runs in one OpenMP parallel region: each phase splits its work (weight rows, heads, sequences) over the
+ * threads, with a barrier between phases, instead of tens of torch ops a layer with their dispatch each. The
+ * products stream each weight row once for up to eight sequences at once, with the summation order of their own
+ * (sums agree with torch's to float32 rounding, not bit for bit). Indices are checked before anything is written.
+ */
+#include <stdlib.h>
+
+#include "common.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(fast) /* fused multiply-adds in the products: sums differ from torch's order anyway */
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=fast")
+#endif
+
+/* A product's accumulators, ROWS x FEATURES vectors of LANES floats, stay in registers: 16 of AVX-512's 32, 8 of
+ * AVX2's 16 */
+#if defined(__AVX512F__)
+#define LANES 16
+#define ROWS 8 /* input rows a pass over the weights multiplies at once */
+#else
+#define LANES 8
+#define ROWS 4
+#endif
+#define FEATURES 2          /* weight rows a thread reads side by side */
+#define PREFETCH_FLOATS 1024 /* how far ahead of the reads in a weight row the next ones are requested (4 KB):
+                              * on a 2-vCPU Xeon 5-10% faster at one row than no prefetch or 2 KB */
+typedef float lanes __attribute__((vector_size(LANES * sizeof(float)), aligned(sizeof(float))));
+
+/* One decoder layer (mirrored field for field by `LayerArgs` in decoder_stack.py: every field 8 bytes). */
+typedef struct {
+    const float *qkvg_weight, *qkvg_bias; /* (2 q + 2 kv, hidden) rows q | k | v | gate; bias NULL or its rows */
+    const float *o_weight, *o_bias;       /* (hidden, q); bias NULL or (hidden,) */
+    const float *gate_up_weight;          /* (2 inter, hidden): gate rows, then up rows */
+    const float *down_weight;             /* (hidden, inter) */
+    const float *post_attention_scale, *pre_feedforward_scale, *post_feedforward_scale, *following_scale;
+    double post_attention_eps, pre_feedforward_eps, post_feedforward_eps, following_eps;
+    float *key_cache, *value_cache; /* (num_blocks, block_size, kv_heads, head_dim) */
+    int64_t num_blocks;
+    int64_t group;  /* which of the step's two block-table sets the layer's cache is read through */
+    int64_t window; /* sliding window, 0 for a full-attention layer */
+    int64_t rope;   /* 0: a NoPE layer */
+    float *capture; /* NULL, or (rows, hidden) receiving the residual stream after the layer */
+} glimmer_layer;
+
+/* The step (mirrored by `StepArgs`): rows = sequences, one token each. */
+typedef struct {
+    int64_t rows, hidden, heads, kv_heads, head_dim, inter;
+    double qk_eps, q_scale, attention_scale;
+    const float *cos, *sin;   /* (rows, head_dim): the tokens' RoPE angles; NULL when no layer rotates */
+    const int64_t *seq_lens;  /* (rows,): positions each sequence holds after this step */
+    int64_t block_size[2];    /* per block-table set (a KV group): positions a block holds */
+    const int64_t *tables[2]; /* (rows, table_width[g]) block ids */
+    int64_t table_width[2];
+    const int64_t *kv_start[2]; /* (rows,): the position of each row's first listed block */
+    const int64_t *slots[2];    /* (rows,): the cache slot each token's key and value go to */
+    const float *input_scale;   /* the first layer's input norm (1 + w) */
+    double input_eps;
+} glimmer_step;
+
+static inline lanes load(const float *p) {
+    lanes v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+typedef float eight_lanes __attribute__((vector_size(8 * sizeof(float)), aligned(sizeof(float))));
+typedef float four_lanes __attribute__((vector_size(4 * sizeof(float)), aligned(sizeof(float))));
+
+/* the lanes' sum by halving (vector adds, not a scalar add per lane: a pass's sums are a fifth of its work at
+ * hidden size 512) */
+static inline float lane_sum(lanes v) {
+    eight_lanes eight;
+#if LANES == 16
+    eight_lanes high;
+    memcpy(&eight, &v, sizeof eight);
+    memcpy(&high, (const char *)&v + sizeof eight, sizeof high);
+    eight += high;
+#else
+    eight = v;
+#endif
+    four_lanes four, upper;
+    memcpy(&four, &eight, sizeof four);
+    memcpy(&upper, (const char *)&eight + sizeof four, sizeof upper);
+    four += upper;
+    return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
+/* dots[r][f] = x row r · weight row f, for nr rows (x rows stride floats apart) and FEATURES weight rows
+ * starting at w (in floats each, consecutive). Inlined with constant nr, so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void dot_block(const float *x, int64_t stride, int nr, const float *w,
+                                                            int64_t in, float dots[ROWS][FEATURES]) {
+    lanes acc[ROWS][FEATURES];
+    for (int r = 0; r < nr; r++)
+        for (int f = 0; f < FEATURES; f++) acc[r][f] = (lanes){0};
+    const int64_t whole = in - in % LANES;
+    for (int64_t i = 0; i < whole; i += LANES) {
+        lanes wv[FEATURES];
+        for (int f = 0; f < FEATURES; f++) {
+            wv[f] = load(w + f * in + i);
+            __builtin_prefetch(w + f * in + i + PREFETCH_FLOATS);
+        }
+        for (int r = 0; r < nr; r++) {
+            lanes xv = load(x + r * stride + i);
+            for (int f = 0; f < FEATURES; f++) acc[r][f] += xv * wv[f];
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int f = 0; f < FEATURES; f++) {
+            float s = lane_sum(acc[r][f]);
+            for (int64_t i = whole; i < in; i++) s += x[r * stride + i] * w[f * in + i];
+            dots[r][f] = s;
+        }
+}
+
+static void dots_of(const float *x, int64_t stride, int nr, const float *w, int64_t in, float dots[ROWS][FEATURES]) {
+    switch (nr) {
+    case 1: dot_block(x, stride, 1, w, in, dots); break;
+    case 2: dot_block(x, stride, 2, w, in, dots); break;
+    case 3: dot_block(x, stride, 3, w, in, dots); break;
+#if ROWS > 4
+    case 4: dot_block(x, stride, 4, w, in, dots); break;
+    case 5: dot_block(x, stride, 5, w, in, dots); break;
+    case 6: dot_block(x, stride, 6, w, in, dots); break;
+    case 7: dot_block(x, stride, 7, w, in, dots); break;
+#endif
+    default: dot_block(x, stride, ROWS, w, in, dots); break;
+    }
+}
+
+/* y (rows, out) = x (rows, in) · wᵀ + bias (out >= FEATURES), the weight rows shared among the threads of the
+ * enclosing region. A last odd weight row is read with the row before it, whose sums that pass drops. */
+static void project(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y) {
+    const int64_t pairs = (out + FEATURES - 1) / FEATURES;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t first = p * FEATURES < out - FEATURES ? p * FEATURES : out - FEATURES;
+        float dots[ROWS][FEATURES];
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            const int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+            dots_of(x + r0 * in, in, nr, w + first * in, in, dots);
+            for (int r = 0; r < nr; r++)
+                for (int64_t f = p * FEATURES - first; f < FEATURES; f++)
+                    y[(r0 + r) * out + first + f] = dots[r][f] + (bias != NULL ? bias[first + f] : 0.0f);
+        }
+    }
+}
+
+/* act (rows, inter) = silu(x · gateᵀ) · (x · upᵀ) with the gate rows then the up rows of `w` (inter >= FEATURES):
+ * the MLP's fused product and silu_mul_torch in one pass */
+static void project_silu_mul(const float *x, int64_t rows, const float *w, int64_t inter, int64_t in, float *act) {
+    const int64_t pairs = (inter + FEATURES - 1) / FEATURES;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t first = p * FEATURES < inter - FEATURES ? p * FEATURES : inter - FEATURES;
+        float gate[ROWS][FEATURES], up[ROWS][FEATURES];
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            const int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+            dots_of(x + r0 * in, in, nr, w + first * in, in, gate);
+            dots_of(x + r0 * in, in, nr, w + (inter + first) * in, in, up);
+            for (int r = 0; r < nr; r++)
+                for (int64_t f = p * FEATURES - first; f < FEATURES; f++) {
+                    float g = gate[r][f];
+                    act[(r0 + r) * inter + first + f] = (g / (1.0f + fast_exp(-g))) * up[r][f];
+                }
+        }
+    }
+}
+
+/* y (rows, out) = x (rows, in) · wᵀ + bias: the stack's product alone, in a parallel region of its own (the engine
+ * times it against torch's products at load, `stack_products_pay`) */
+void glimmer_linear(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y,
+                    int threads) {
+#pragma omp parallel num_threads(threads)
+    project(x, rows, w, bias, out, in, y);
+}
+
+/* Check every index the layers will follow; 1 + the first offending row, or 0. */
+static int check_indices(const glimmer_step *s, const glimmer_layer *layers, int64_t num_layers, int64_t *max_keys) {
+    *max_keys = 1;
+    for (int64_t l = 0; l < num_layers; l++) {
+        const glimmer_layer *layer = &layers[l];
+        const int64_t g = layer->group, num_slots = layer->num_blocks * s->block_size[g];
+        for (int64_t b = 0; b < s->rows; b++) {
+            int64_t lo;
+            if (s->slots[g][b] < 0 || s->slots[g][b] >= num_slots) return (int)(b + 1);
+            if (visible_keys(s->seq_lens[b], s->kv_start[g][b], layer->window, s->tables[g] + b * s->table_width[g],
+                             s->table_width[g], s->block_size[g], layer->num_blocks, &lo))
+                return (int)(b + 1);
+            if (s->seq_lens[b] - lo > *max_keys) *max_keys = s->seq_lens[b] - lo;
+        }
+    }
+    return 0;
+}
+
+/* The decoder layers of a decode step: x (rows, hidden) is the embedded tokens (before the input norm); out
+ * (rows, hidden) receives the final-normed hidden states. Returns 0; 1 + a row whose slot or block table is out
+ * of range (nothing is written then); -1 when memory for the work buffers ran out. */
+int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, int64_t num_layers, const float *x,
+                          float *out, int threads) {
+    int64_t max_keys;
+    int bad = check_indices(s, layers, num_layers, &max_keys);
+    if (bad) return bad;
+    const int64_t rows = s->rows, hidden = s->hidden, heads = s->heads, kv_heads = s->kv_heads, d = s->head_dim;
+    const int64_t q_size = heads * d, kv_size = kv_heads * d, qkvg_width = 2 * q_size + 2 * kv_size;
+    const int64_t group = heads / kv_heads, inter = s->inter;
+    float *work = malloc((size_t)(rows * (qkvg_width + 2 * q_size + 3 * hidden + inter)) * sizeof(float));
+    if (work == NULL) return -1;
+    float *qkvg = work, *q = qkvg + rows * qkvg_width, *attended = q + rows * q_size;
+    float *residual = attended + rows * q_size, *h = residual + rows * hidden, *projected = h + rows * hidden;
+    float *act = projected + rows * hidden;
+    int out_of_memory = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        float *scores = malloc((size_t)(group * max_keys) * sizeof(float));
+        float *acc = malloc((size_t)(group * d) * sizeof(float));
+        if (scores == NULL || acc == NULL) {
+#pragma omp atomic write
+            out_of_memory = 1;
+        }
+#pragma omp barrier
+        if (!out_of_memory) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) {
+                memcpy(residual + r * hidden, x + r * hidden, (size_t)hidden * sizeof(float));
+                residual_norm_row(NULL, residual + r * hidden, NULL, 0.0f, s->input_scale, (float)s->input_eps,
+                                  hidden, residual + r * hidden, h + r * hidden);
+            }
+            for (int64_t l = 0; l < num_layers; l++) {
+                const glimmer_layer *layer = &layers[l];
+                const int64_t g = layer->group;
+                float *normed = l == num_layers - 1 ? out : h;
+                project(h, rows, layer->qkvg_weight, layer->qkvg_bias, qkvg_width, hidden, qkvg);
+#pragma omp for collapse(2) schedule(static)
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t head = 0; head <= heads + kv_heads; head++) {
+                        const float *row = qkvg + r * qkvg_width;
+                        const int64_t slot = s->slots[g][r];
+                        const float *cos = layer->rope ? s->cos + r * d : NULL, *sin = layer->rope ? s->sin + r * d : NULL;
+                        if (head < heads)
+                            norm_rope_head(row + head * d, d, (float)s->qk_eps, (float)s->q_scale, cos, sin,
+                                           q + (r * heads + head) * d);
+                        else if (head < heads + kv_heads)
+                            norm_rope_head(row + head * d, d, (float)s->qk_eps, 1.0f, cos, sin,
+                                           layer->key_cache + slot * kv_size + (head - heads) * d);
+                        else /* the values, as they are */
+                            memcpy(layer->value_cache + slot * kv_size, row + (heads + kv_heads) * d,
+                                   (size_t)kv_size * sizeof(float));
+                    }
+#pragma omp for collapse(2) schedule(dynamic)
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t kv_head = 0; kv_head < kv_heads; kv_head++) {
+                        int64_t lo;
+                        const int64_t *table = s->tables[g] + r * s->table_width[g];
+                        const int64_t head = kv_head * group;
+                        visible_keys(s->seq_lens[r], s->kv_start[g][r], layer->window, table, s->table_width[g],
+                                     s->block_size[g], layer->num_blocks, &lo);
+                        attend(q + (r * heads + head) * d, group, d, layer->key_cache, layer->value_cache, kv_heads,
+                               kv_head, table, s->block_size[g], s->kv_start[g][r], lo, s->seq_lens[r],
+                               (float)s->attention_scale, qkvg + r * qkvg_width + q_size + 2 * kv_size + head * d,
+                               attended + r * q_size + head * d, scores, acc);
+                    }
+                project(attended, rows, layer->o_weight, layer->o_bias, hidden, q_size, projected);
+#pragma omp for schedule(static)
+                for (int64_t r = 0; r < rows; r++)
+                    residual_norm_row(projected + r * hidden, residual + r * hidden, layer->post_attention_scale,
+                                      (float)layer->post_attention_eps, layer->pre_feedforward_scale,
+                                      (float)layer->pre_feedforward_eps, hidden, residual + r * hidden, h + r * hidden);
+                project_silu_mul(h, rows, layer->gate_up_weight, inter, hidden, act);
+                project(act, rows, layer->down_weight, NULL, hidden, inter, projected);
+#pragma omp for schedule(static)
+                for (int64_t r = 0; r < rows; r++) {
+                    residual_norm_row(projected + r * hidden, residual + r * hidden, layer->post_feedforward_scale,
+                                      (float)layer->post_feedforward_eps, layer->following_scale,
+                                      (float)layer->following_eps, hidden, residual + r * hidden, normed + r * hidden);
+                    if (layer->capture != NULL)
+                        memcpy(layer->capture + r * hidden, residual + r * hidden, (size_t)hidden * sizeof(float));
+                }
+            }
+        }
+        free(scores);
+        free(acc);
+    }
+    free(work);
+    return out_of_memory ? -1 : 0;
+}

@@ -1,0 +1,172 @@
+"""The C decoder stack (glimmer/model/kernels/decoder_stack.py) against its torch reference, the same layers op by op
+through each op's reference: ragged decode batches across block and window boundaries, tables that start past
+position 0, poisoned unused cache slots, batches past the product's eight-row blocks, odd widths, biases, captured
+layers; its product alone against F.linear; indices refused before anything is written; which steps it takes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from glimmer.model.context import ForwardContext
+from glimmer.model.kernels import cpu
+from glimmer.model.kernels.decoder_stack import (
+    DecoderStack,
+    StackShape,
+    decoder_stack_torch,
+    probe_cpu,
+    random_stack,
+    stack_linear,
+)
+from glimmer.model.layers import RotaryTable
+
+sys.path.insert(0, str(Path(__file__).parent))
+from paged_cases import make_case  # noqa: E402
+
+pytestmark = pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+CLOSE = dict(rtol=1e-4, atol=1e-4)  # float32 rounding through two layers: the products sum in another order
+
+# (context, 1) per sequence: first tokens, block (16) and window boundaries on both sides, long contexts
+DECODE_BATCHES = {
+    "one": [(40, 1)],
+    "first_token": [(0, 1), (3, 1)],
+    "block_edges": [(15, 1), (16, 1), (31, 1), (32, 1), (47, 1)],
+    "nine_rows": [(n, 1) for n in (5, 70, 16, 33, 1, 64, 17, 48, 90)],  # past the eight rows of a product pass
+    "seventeen_rows": [(3 * n + 1, 1) for n in range(17)],
+}
+LAYERS = [("sliding", 16, True), ("full", None, False), ("sliding", 16, True)]  # a NoPE full layer between
+
+
+def _step(lengths, shape: StackShape, window: int, seed: int):
+    """A decode step over both KV groups with one cache per layer: clean (zeros where nothing was written, for the
+    reference) and poisoned (NaN there, for the stack, so a read of one shows)."""
+    cases = {name: make_case(lengths, num_q_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                             head_dim=shape.head_dim, sliding_window=window if name == "sliding" else None,
+                             seed=seed + i)
+             for i, name in enumerate(("full", "sliding"))}
+    ctx = cases["full"].ctx
+    ctx.groups = {name: case.group for name, case in cases.items()}
+    clean = {i: (cases[name].key_cache.clone(), cases[name].value_cache.clone())
+             for i, (name, _, _) in enumerate(LAYERS)}
+    poisoned = {i: (cases[name].poisoned_key_cache.clone(), cases[name].poisoned_value_cache.clone())
+                for i, (name, _, _) in enumerate(LAYERS)}
+    rotary = RotaryTable(shape.head_dim, 10000.0)(ctx.positions, torch.float32)
+    inputs = torch.randn(len(lengths), shape.hidden_size, generator=torch.Generator().manual_seed(seed))
+    return ctx, clean, poisoned, rotary, inputs
+
+
+def _run(stack: DecoderStack, ctx: ForwardContext, caches, rotary, inputs, reference: bool):
+    ctx.kv_caches, ctx.captured = caches, {}
+    out = decoder_stack_torch(stack, inputs, rotary, ctx) if reference else stack(inputs, rotary, ctx)
+    return out, dict(ctx.captured)
+
+
+@pytest.mark.parametrize("batch", sorted(DECODE_BATCHES))
+@pytest.mark.parametrize("heads", [(4, 2), (4, 4), (8, 1)])
+def test_the_stack_computes_what_its_reference_does(batch, heads):
+    shape = StackShape(hidden_size=48, num_heads=heads[0], num_kv_heads=heads[1], head_dim=16, intermediate_size=40,
+                       qk_norm_eps=1e-6, qk_scale_factor=0.8)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(1))
+    ctx, clean, poisoned, rotary, inputs = _step(DECODE_BATCHES[batch], shape, window=16, seed=2)
+    ctx.capture_layers = (0, 2)
+    want, want_captured = _run(stack, ctx, clean, rotary, inputs, reference=True)
+    got, got_captured = _run(stack, ctx, poisoned, rotary, inputs, reference=False)
+    torch.testing.assert_close(got, want, **CLOSE)
+    assert got_captured.keys() == want_captured.keys() == {0, 2}
+    for layer in (0, 2):
+        torch.testing.assert_close(got_captured[layer], want_captured[layer], **CLOSE)
+    for layer, (key_cache, value_cache) in poisoned.items():  # this step's keys and values written where they go
+        torch.testing.assert_close(key_cache.nan_to_num(0.0), clean[layer][0], **CLOSE)
+        torch.testing.assert_close(value_cache.nan_to_num(0.0), clean[layer][1], **CLOSE)
+
+
+def test_odd_widths_biases_and_windows_that_cut_blocks():
+    """Widths no vector or weight-row pair divides, biases on every projection, a window of 33 over 16-blocks."""
+    shape = StackShape(hidden_size=37, num_heads=6, num_kv_heads=3, head_dim=10, intermediate_size=19,
+                       qk_norm_eps=1e-5, qk_scale_factor=1.0)
+    layers = [(name, 33 if window else None, rope) for name, window, rope in LAYERS]
+    stack = random_stack(shape, layers, torch.Generator().manual_seed(3), biases=True)
+    ctx, clean, poisoned, rotary, inputs = _step([(n, 1) for n in (2, 33, 34, 50, 66)], shape, window=33, seed=4)
+    want, _ = _run(stack, ctx, clean, rotary, inputs, reference=True)
+    got, _ = _run(stack, ctx, poisoned, rotary, inputs, reference=False)
+    torch.testing.assert_close(got, want, **CLOSE)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    """Each output is summed by one thread in a fixed order, so one thread and several give the same bits."""
+    shape = StackShape(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(5))
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, max(2, threads)):
+            torch.set_num_threads(count)
+            ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
+            results.append(_run(stack, ctx, poisoned, rotary, inputs, reference=False)[0])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+@pytest.mark.parametrize("out_features,in_features", [(2, 5), (3, 16), (33, 37), (256, 512)])
+def test_the_stacks_product_is_f_linear(rows, out_features, in_features):
+    generator = torch.Generator().manual_seed(rows * out_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    bias = torch.randn(out_features, generator=generator)
+    torch.testing.assert_close(stack_linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stack_linear(x, weight, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_indices_outside_the_caches_are_refused_with_nothing_written():
+    shape = StackShape(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(7))
+    for corrupt, message in [
+        (lambda ctx: ctx.groups["full"].slot_mapping.__setitem__(1, 10**6), "sequence 1's cache slot"),
+        (lambda ctx: ctx.groups["sliding"].block_tables.__setitem__((0, 0), -1), "sequence 0's cache slot"),
+        (lambda ctx: ctx.seq_lens.__setitem__(1, 500), "sequence 1's cache slot or block table"),
+    ]:
+        ctx, _, poisoned, rotary, inputs = _step([(20, 1), (3, 1)], shape, window=16, seed=8)
+        corrupt(ctx)
+        before = {layer: tuple(t.clone() for t in caches) for layer, caches in poisoned.items()}
+        with pytest.raises(IndexError, match=message):
+            _run(stack, ctx, poisoned, rotary, inputs, reference=False)
+        for layer, caches in poisoned.items():
+            unchanged = zip(caches, before[layer], strict=True)
+            assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in unchanged)
+
+
+def test_it_takes_float32_decode_steps_over_every_layers_cache_only():
+    shape = StackShape(hidden_size=32, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=24,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(9))
+    ctx, _, poisoned, _, inputs = _step([(20, 1), (3, 1)], shape, window=16, seed=10)
+    ctx.kv_caches = poisoned
+    assert stack.takes(inputs, ctx)
+    assert not stack.takes(inputs.bfloat16(), ctx)
+    assert not stack.takes(inputs.t().contiguous().t(), ctx)  # strided rows
+    ctx.kv_caches = {layer: caches for layer, caches in poisoned.items() if layer != 1}
+    assert not stack.takes(inputs, ctx)  # a layer without its cache (a cache-less forward has none)
+    prefill = make_case([(0, 5), (3, 1)], num_q_heads=2, num_kv_heads=1, head_dim=8).ctx
+    prefill.kv_caches, prefill.groups = poisoned, ctx.groups
+    assert not stack.takes(torch.randn(6, 32), prefill)  # a prefill chunk: several tokens of one sequence
+
+
+def test_the_load_time_probe_catches_a_stack_that_computes_nothing():
+    class Broken:
+        def __getattr__(self, name):
+            return getattr(cpu.library(), name)
+
+        @staticmethod
+        def glimmer_decode_layers(*args):
+            return 0  # "succeeds" without writing the output
+
+    assert probe_cpu(cpu.library()) is None
+    assert probe_cpu(Broken()) == "decoder_stack"
