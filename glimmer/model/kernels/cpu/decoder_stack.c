@@ -245,28 +245,25 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
                 const int64_t g = layer->group;
                 float *normed = l == num_layers - 1 ? out : h;
                 project(h, rows, layer->qkvg_weight, layer->qkvg_bias, qkvg_width, hidden, qkvg);
-#pragma omp for collapse(2) schedule(static)
-                for (int64_t r = 0; r < rows; r++)
-                    for (int64_t head = 0; head <= heads + kv_heads; head++) {
-                        const float *row = qkvg + r * qkvg_width;
-                        const int64_t slot = s->slots[g][r];
-                        const float *cos = layer->rope ? s->cos + r * d : NULL, *sin = layer->rope ? s->sin + r * d : NULL;
-                        if (head < heads)
-                            norm_rope_head(row + head * d, d, (float)s->qk_eps, (float)s->q_scale, cos, sin,
-                                           q + (r * heads + head) * d);
-                        else if (head < heads + kv_heads)
-                            norm_rope_head(row + head * d, d, (float)s->qk_eps, 1.0f, cos, sin,
-                                           layer->key_cache + slot * kv_size + (head - heads) * d);
-                        else /* the values, as they are */
-                            memcpy(layer->value_cache + slot * kv_size, row + (heads + kv_heads) * d,
-                                   (size_t)kv_size * sizeof(float));
-                    }
+/* one sequence's key head at a time: its query heads normed and rotated, its key and value stored, then the
+ * query heads attend. No barrier between storing and attending: an item reads only its own sequence's keys of its
+ * own key head, and the new keys of a sequence go to a block that sequence alone holds (shared prefix blocks are
+ * full, never written). */
 #pragma omp for collapse(2) schedule(dynamic)
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t kv_head = 0; kv_head < kv_heads; kv_head++) {
+                        const float *row = qkvg + r * qkvg_width;
+                        const int64_t slot = s->slots[g][r], head = kv_head * group;
+                        const float *cos = layer->rope ? s->cos + r * d : NULL, *sin = layer->rope ? s->sin + r * d : NULL;
+                        for (int64_t h = head; h < head + group; h++)
+                            norm_rope_head(row + h * d, d, (float)s->qk_eps, (float)s->q_scale, cos, sin,
+                                           q + (r * heads + h) * d);
+                        norm_rope_head(row + (heads + kv_head) * d, d, (float)s->qk_eps, 1.0f, cos, sin,
+                                       layer->key_cache + slot * kv_size + kv_head * d);
+                        memcpy(layer->value_cache + slot * kv_size + kv_head * d, row + (heads + kv_heads + kv_head) * d,
+                               (size_t)d * sizeof(float));
                         int64_t lo;
                         const int64_t *table = s->tables[g] + r * s->table_width[g];
-                        const int64_t head = kv_head * group;
                         visible_keys(s->seq_lens[r], s->kv_start[g][r], layer->window, table, s->table_width[g],
                                      s->block_size[g], layer->num_blocks, &lo);
                         attend(q + (r * heads + head) * d, group, d, layer->key_cache, layer->value_cache, kv_heads,
