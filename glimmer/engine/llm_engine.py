@@ -63,7 +63,8 @@ CUDA_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS = 256, 64  # max_num_seqs when the config le
 
 def _dtype_name(dtype: object) -> object:
     """`dtype` as EngineConfig keeps it: a name of `_DTYPES`, or None for the device's default. vLLM's spellings
-    ("auto", "float", "half") and torch dtypes are taken; anything else is left for the config check to refuse."""
+    ("auto", "float", "half") and torch dtypes are taken; other names are left for `resolved_dtype` to refuse, and
+    other types are refused here (ConfigError)."""
     if isinstance(dtype, torch.dtype):
         names = {value: name for name, value in _DTYPES.items()}
         if dtype not in names:
@@ -71,6 +72,9 @@ def _dtype_name(dtype: object) -> object:
         return names[dtype]
     if isinstance(dtype, str):
         return {"auto": None, "float": "float32", "half": "float16"}.get(dtype, dtype)
+    if dtype is not None:
+        raise ConfigError(f"dtype={dtype!r} is not supported; pass one of {sorted(_DTYPES)}, 'auto' (or None), or "
+                          "that torch dtype")
     return dtype
 
 

@@ -28,7 +28,7 @@ from glimmer.errors import ConfigError
     ("load_format", "pt", "load_format='pt' is not supported; use one of \\['auto', 'dummy'\\]"),
     ("seed", "a", "seed='a' must be an integer"),
     ("seed", 2**64, "seed=18446744073709551616 must be an integer in"),
-    ("dtype", 16, "dtype=16 must be a string or None"),
+    ("dtype", 16, "dtype=16 is not supported; pass one of \\['bfloat16', 'float16', 'float32'\\], 'auto'"),
     ("chat_template", "/nonexistent/template.jinja", "chat_template='/nonexistent/template.jinja' is not a file"),
 ])
 def test_a_wrong_option_is_refused_naming_it_before_anything_loads(option, value, message):
