@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,14 +23,15 @@ from glimmer.checkpoint.host_memory import check_fits_in_host_memory
 from glimmer.checkpoint.random_weights import randomize_parameters_
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
 from glimmer.errors import ConfigError
+from glimmer.model.context import ForwardContext, KVGroupView
 from glimmer.model.drafter import DFlashDrafter
 from glimmer.model.kernels import cpu as cpu_kernels
-from glimmer.model.kernels.decoder_stack import stack_products_pay
-from glimmer.model.kernels.packed_linear import packing_pays, packs
+from glimmer.model.kernels.decoder_stack import GROUPS
+from glimmer.model.kernels.packed_linear import PROBE_BYTES, packing_pays, packs
 from glimmer.model.kernels.support import references_forced
 from glimmer.model.layers import GatedMLP
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
-from glimmer.model.text import TextAttention
+from glimmer.model.text import TextAttention, TextModel
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -114,7 +116,7 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
     kernels of `kernels/cpu` then take the small ops), unless GLIMMER_KERNELS is `torch`. Then, timed on the model's
     own weights at one row and at min(max_num_seqs, 8) rows:
     - a float32 target model's decode steps run the C decoder stack (`kernels/decoder_stack.py`: every layer in one
-      call) where its products are about as fast as torch's (`stack_products_pay`);
+      call) where a decode step through it is about as fast as op by op, or faster (`decoder_stack_pays`);
     - otherwise the projections' weights are packed for oneDNN where oneDNN works for `dtype` and its packed product
       is faster than the dense one (`packing_pays`). Packed weights replace the dense ones, so a packed model runs
       only the engine's cached forward: `load_model` leaves this to the engine, and its callers keep a model whose
@@ -126,13 +128,15 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
     rows = sorted({1, max(1, min(max_num_seqs, PROBE_MAX_ROWS))})
     counts = " and ".join(map(str, rows))
     if dtype == torch.float32 and cpu_kernels.library() is not None:  # built and probed now, not in a request
-        if isinstance(model, MuseGlimmerForConditionalGeneration):
-            if stack_products_pay(list(projection_weights(model)), rows) and model.bind_decoder_stack():
-                logger.info("%s: decode steps run the C decoder stack (its products as fast as torch's here at %s "
-                            "rows; GLIMMER_KERNELS=torch keeps the plain math)", type(model).__name__, counts)
+        if isinstance(model, MuseGlimmerForConditionalGeneration) and model.bind_decoder_stack():
+            text = model.model.language_model
+            if decoder_stack_pays(text, rows):
+                logger.info("%s: decode steps run the C decoder stack (as fast as op by op here at %s rows, or "
+                            "faster; GLIMMER_KERNELS=torch keeps the plain math)", type(model).__name__, counts)
                 return False
-            logger.info("%s: decode steps run op by op (torch's products faster than the C decoder stack's here at "
-                        "%s rows)", type(model).__name__, counts)
+            text.decoder_stack = None
+            logger.info("%s: decode steps run op by op (faster than the C decoder stack here at %s rows)",
+                        type(model).__name__, counts)
     if not packs(device, dtype):
         return False
     if not packing_pays(list(projection_weights(model)), rows):
@@ -143,6 +147,62 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
     logger.info("%s: projections packed for oneDNN (faster here at %s rows; GLIMMER_KERNELS=torch keeps the plain "
                 "math)", type(model).__name__, counts)
     return True
+
+
+STACK_MARGIN = 1.1
+"""Decode steps run the C decoder stack where a step through it takes at most 1.1 times the op-by-op step's time: its
+results do not depend on the thread count, and within timing noise a restart should not flip between the two."""
+
+SCRATCH_BLOCK_SIZE = 16
+
+
+@torch.inference_mode()
+def decoder_stack_pays(text: TextModel, rows: Sequence[int], repeats: int = 5) -> bool:
+    """Whether a decode step of `text` (its decoder stack bound) through the stack takes at most STACK_MARGIN times
+    the op-by-op step's time on this machine: each sequence's first token over a scratch KV cache, at each row count
+    in `rows`, over the first layers whose weights fit PROBE_BYTES (a large model's step is timed in part, in a
+    fraction of a second); each way `repeats` times, interleaved, the fastest counting."""
+    stack = text.decoder_stack
+    count, total = 0, 0
+    for layer in stack.layers:
+        if count and total >= PROBE_BYTES:
+            break
+        count += 1
+        total += sum(w.numel() * w.element_size()
+                     for w in (layer.qkvg_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight))
+    part = stack.first(count)
+    steps = [_scratch_decode_step(text, n, count) for n in rows]
+    ways = {
+        "stack": lambda: [part(inputs, rotary, ctx) for inputs, rotary, ctx in steps],
+        "op by op": lambda: [text.layers_op_by_op(inputs, rotary, ctx, count) for inputs, rotary, ctx in steps],
+    }
+    best = dict.fromkeys(ways, float("inf"))
+    for way in ways.values():  # untimed: first touch of the weights and caches
+        way()
+    for _ in range(repeats):
+        for name, way in ways.items():
+            start = time.perf_counter()
+            way()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best["stack"] <= STACK_MARGIN * best["op by op"]
+
+
+def _scratch_decode_step(text: TextModel, rows: int, count: int
+                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], ForwardContext]:
+    """A decode step of `rows` sequences at their first position, each in a block of its own of a scratch cache for
+    the first `count` layers: (embedded tokens, rotary, context)."""
+    shape = text.decoder_stack.shape
+    index = torch.arange(rows, dtype=torch.int64)
+    table = index.view(rows, 1)
+    view = KVGroupView(SCRATCH_BLOCK_SIZE, table, torch.zeros(rows, dtype=torch.int64), index * SCRATCH_BLOCK_SIZE)
+    cache_shape = (rows, SCRATCH_BLOCK_SIZE, shape.num_kv_heads, shape.head_dim)
+    ctx = ForwardContext(query_start_loc=torch.arange(rows + 1), seq_lens=torch.ones(rows, dtype=torch.int64),
+                         positions=torch.zeros(rows, dtype=torch.int64), max_query_len=1,
+                         kv_caches={layer.self_attn.layer_idx: (torch.zeros(cache_shape), torch.zeros(cache_shape))
+                                    for layer in text.layers[:count]},
+                         groups=dict.fromkeys(GROUPS, view))
+    inputs = torch.randn(rows, shape.hidden_size)
+    return inputs, text.rotary(ctx.positions, inputs.dtype), ctx
 
 
 def projection_weights(model: nn.Module) -> Iterator[torch.Tensor]:

@@ -238,8 +238,14 @@ class TextModel(nn.Module):
         rotary = self.rotary(ctx.positions, inputs_embeds.dtype)
         if self.decoder_stack is not None and self.decoder_stack.takes(inputs_embeds, ctx):
             return self.decoder_stack(inputs_embeds, rotary, ctx)
+        return self.layers_op_by_op(inputs_embeds, rotary, ctx, len(self.layers))
+
+    def layers_op_by_op(self, inputs_embeds: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
+                        ctx: ForwardContext, count: int) -> torch.Tensor:
+        """The fused forward's first `count` layers op by op (all of them in a forward; fewer where the engine
+        times a decode step against the decoder stack's, `engine.model_loader.decoder_stack_pays`)."""
         residual, h = kernels.residual_norm(None, inputs_embeds, None, self.input_spec)
-        for i, (layer, specs) in enumerate(zip(self.layers, self.layer_specs, strict=True)):
+        for i, (layer, specs) in enumerate(zip(self.layers[:count], self.layer_specs[:count], strict=True)):
             post_attention, pre_feedforward, post_feedforward, following = specs
             a = layer.self_attn(h, rotary, ctx)
             residual, h = kernels.residual_norm(a, residual, post_attention, pre_feedforward)

@@ -15,7 +15,7 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine import model_loader
 from glimmer.model.context import ForwardContext
-from glimmer.model.kernels import cpu, decoder_stack
+from glimmer.model.kernels import cpu
 from glimmer.model.kernels.decoder_stack import DecoderStack
 from glimmer.model.kernels.packed_linear import PackedLinear, packs
 from glimmer.model.kernels.paged_attention import (
@@ -76,7 +76,7 @@ def _plain_and_fast(tmp_path, monkeypatch, way="packed", **options):
     monkeypatch.setenv("GLIMMER_KERNELS", "torch")
     plain = LLM(str(path), **options)
     monkeypatch.delenv("GLIMMER_KERNELS")
-    monkeypatch.setattr(model_loader, "stack_products_pay", lambda weights, rows: way == "stack")
+    monkeypatch.setattr(model_loader, "decoder_stack_pays", lambda text, rows: way == "stack")
     monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows: way == "packed")
     return plain, LLM(str(path), **options)
 
@@ -160,20 +160,41 @@ def test_decode_steps_mask_and_attention_are_the_general_paths_bit_for_bit(windo
                                                   window, 0.25, gate))
 
 
-def test_the_stack_runs_where_its_products_keep_up_with_torchs_fastest(monkeypatch):
-    weights = [torch.randn(8, 8)]
-    for seconds, pays in [({"stack": 1.05, "dense": 1.0, "packed": 2.0}, True),
-                          ({"stack": 1.2, "dense": 1.0}, False),
-                          ({"stack": 1.0, "dense": 3.0, "packed": 0.5}, False)]:
-        monkeypatch.setattr(decoder_stack, "time_products", lambda *args, seconds=seconds: seconds)
-        assert decoder_stack.stack_products_pay(weights, [1, 8]) == pays
-    assert not decoder_stack.stack_products_pay([], [1])
+@pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+def test_the_load_time_timing_runs_both_ways_and_a_losing_stack_is_unbound(tmp_path, monkeypatch):
+    path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
+    timed = []
+    real = model_loader.decoder_stack_pays
+
+    def spy(text, rows):
+        timed.append(rows)
+        assert isinstance(real(text, rows, repeats=1), bool)  # the timing itself runs on this model
+        return False
+
+    monkeypatch.setattr(model_loader, "decoder_stack_pays", spy)
+    llm = LLM(str(path), device="cpu", progress=False, kv_cache_memory=8 << 20, max_num_seqs=4)
+    assert timed == [[1, 4]]
+    assert llm.engine.loaded.model.model.language_model.decoder_stack is None  # op by op, as timed faster
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert len(llm.generate([[5, 6, 7]], params)[0].token_ids) == 4
+
+
+@pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+def test_the_timing_steps_only_the_first_layers_whose_weights_fit_the_probe(tmp_path, monkeypatch):
+    real = model_loader.decoder_stack_pays
+    _, fast = _plain_and_fast(tmp_path, monkeypatch, way="stack")  # (loads with the timing replaced)
+    text = fast.engine.loaded.model.model.language_model
+    steps = []
+    monkeypatch.setattr(model_loader, "PROBE_BYTES", 1)  # one layer already passes it
+    monkeypatch.setattr(text, "layers_op_by_op", lambda inputs, rotary, ctx, count: steps.append(count))
+    assert isinstance(real(text, [1, 2], repeats=1), bool)
+    assert steps and set(steps) == {1}
 
 
 @pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
 def test_the_stack_is_bound_for_float32_only_and_never_under_the_forced_reference(tmp_path, monkeypatch):
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
-    monkeypatch.setattr(model_loader, "stack_products_pay", lambda weights, rows: True)
+    monkeypatch.setattr(model_loader, "decoder_stack_pays", lambda text, rows: True)
     options = dict(device="cpu", progress=False, kv_cache_memory=8 << 20)
     for dtype, forced, bound in [("float32", False, True), ("bfloat16", False, False), ("float32", True, False)]:
         if forced:

@@ -15,8 +15,6 @@ float32 on the CPU with the C kernels built; every other step runs the per-op fo
 from __future__ import annotations
 
 import ctypes
-import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +22,6 @@ import torch.nn.functional as F
 
 from glimmer.model.context import ForwardContext, KVGroupView
 from glimmer.model.kernels import cpu
-from glimmer.model.kernels.packed_linear import PackedLinear, packs, probe_weights, time_products
 from glimmer.model.kernels.paged_attention import paged_attention_torch
 from glimmer.model.kernels.qk_norm_rope import HeadLayout, qk_norm_rope_store_torch
 from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch
@@ -32,10 +29,6 @@ from glimmer.model.kernels.silu_mul import silu_mul_torch
 
 GROUPS = ("full", "sliding")
 """The KV groups' names (ForwardContext.groups), in the order the C step's block-table sets are given."""
-
-STACK_MARGIN = 1.1
-"""The stack runs where its products take at most 1.1 times the time of torch's fastest (`stack_products_pay`): it also
-saves the per-op work around them, some milliseconds a step on a small model."""
 
 _P, _I64, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -117,6 +110,10 @@ class DecoderStack:
             args.group = GROUPS.index(layer.group_name)
             args.window = layer.sliding_window or 0
             args.rope = int(layer.uses_rope)
+
+    def first(self, count: int) -> DecoderStack:
+        """The stack of the first `count` layers (the last one's following norm stays the next layer's input norm)."""
+        return DecoderStack(self.shape, self.input_norm, self.layers[:count])
 
     @staticmethod
     def fits(shape: StackShape, input_norm: NormSpec, layers: list[StackLayer]) -> bool:
@@ -202,27 +199,12 @@ class DecoderStack:
 
 def stack_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (rows, in) · Wᵀ + b by the stack's own product (`glimmer_linear`), float32 contiguous tensors on the CPU with
-    the C kernels built and out_features >= 2: what `stack_products_pay` times, and what tests check against
-    `F.linear`."""
+    the C kernels built and out_features >= 2: what bench/cpu_decode.py times beside torch's products, and what tests
+    check against `F.linear`."""
     out = x.new_empty((x.shape[0], weight.shape[0]))
     cpu.library().glimmer_linear(x.data_ptr(), x.shape[0], weight.data_ptr(), cpu.pointer(bias), weight.shape[0],
                                  weight.shape[1], out.data_ptr(), cpu.threads())
     return out
-
-
-def stack_products_pay(weights: Sequence[torch.Tensor], rows: Sequence[int], repeats: int = 5) -> bool:
-    """Whether the stack's products with these float32 weights take at most STACK_MARGIN times the time of torch's
-    fastest on this machine: `F.linear` on the dense weights or, where oneDNN works, its packed product; timed at
-    each row count in `rows` (`time_products` on `probe_weights`)."""
-    chosen = probe_weights(weights)
-    if not chosen:
-        return False
-    ways = {"stack": [functools.partial(stack_linear, weight=w) for w in chosen],
-            "dense": [functools.partial(F.linear, weight=w) for w in chosen]}
-    if packs("cpu", torch.float32):
-        ways["packed"] = [PackedLinear(w, None) for w in chosen]
-    seconds = time_products(chosen, rows, ways, repeats)
-    return seconds["stack"] <= STACK_MARGIN * min(t for name, t in seconds.items() if name != "stack")
 
 
 def decoder_stack_torch(stack: DecoderStack, inputs_embeds: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],

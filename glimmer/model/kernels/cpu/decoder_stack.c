@@ -181,8 +181,8 @@ static void project_silu_mul(const float *x, int64_t rows, const float *w, int64
     }
 }
 
-/* y (rows, out) = x (rows, in) · wᵀ + bias: the stack's product alone, in a parallel region of its own (the engine
- * times it against torch's products at load, `stack_products_pay`) */
+/* y (rows, out) = x (rows, in) · wᵀ + bias: the stack's product alone, in a parallel region of its own (the CPU
+ * bench times it beside torch's products; tests check it against F.linear) */
 void glimmer_linear(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y,
                     int threads) {
 #pragma omp parallel num_threads(threads)
