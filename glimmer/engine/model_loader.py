@@ -116,7 +116,8 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
     kernels of `kernels/cpu` then take the small ops), unless GLIMMER_KERNELS is `torch`. Then, timed on the model's
     own weights at one row and at min(max_num_seqs, 8) rows:
     - a float32 target model's decode steps run the C decoder stack (`kernels/decoder_stack.py`: every layer in one
-      call) where a decode step through it is about as fast as op by op, or faster (`decoder_stack_pays`);
+      call) up to the batch where a decode step through it stops keeping up with the op-by-op step
+      (`decoder_stack_rows`);
     - otherwise the projections' weights are packed for oneDNN where oneDNN works for `dtype` and its packed product
       is faster than the dense one (`packing_pays`). Packed weights replace the dense ones, so a packed model runs
       only the engine's cached forward: `load_model` leaves this to the engine, and its callers keep a model whose
@@ -130,9 +131,11 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
     if dtype == torch.float32 and cpu_kernels.library() is not None:  # built and probed now, not in a request
         if isinstance(model, MuseGlimmerForConditionalGeneration) and model.bind_decoder_stack():
             text = model.model.language_model
-            if decoder_stack_pays(text, rows):
-                logger.info("%s: decode steps run the C decoder stack (as fast as op by op here at %s rows, or "
-                            "faster; GLIMMER_KERNELS=torch keeps the plain math)", type(model).__name__, counts)
+            limit = decoder_stack_rows(text, max_num_seqs)
+            if limit:
+                text.decoder_stack.max_rows = limit
+                logger.info("%s: decode steps of up to %d sequences run the C decoder stack, larger ones op by op "
+                            "(timed at load; GLIMMER_KERNELS=torch keeps the plain math)", type(model).__name__, limit)
                 return False
             text.decoder_stack = None
             logger.info("%s: decode steps run op by op (faster than the C decoder stack here at %s rows)",
@@ -150,18 +153,38 @@ def prepare_for_cpu(model: MuseGlimmerForConditionalGeneration | DFlashDrafter, 
 
 
 STACK_MARGIN = 1.1
-"""Decode steps run the C decoder stack where a step through it takes at most 1.1 times the op-by-op step's time: its
-results do not depend on the thread count, and within timing noise a restart should not flip between the two."""
+"""Decode steps of one and a few sequences run the C decoder stack where a step through it takes at most 1.1 times the
+op-by-op step's time: its results do not depend on the thread count, and within timing noise a restart should not
+flip between the two (larger batches need it faster: `decoder_stack_rows`)."""
 
 SCRATCH_BLOCK_SIZE = 16
 
 
+def decoder_stack_rows(text: TextModel, max_num_seqs: int, repeats: int = 5) -> int:
+    """The most sequences a decode step of `text` (its decoder stack bound) may have to run through the stack, as
+    timed on this machine; 0 where the stack loses already at one row and min(max_num_seqs, 8) rows together (with
+    STACK_MARGIN). Past those, batches of 16, 32, … up to max_num_seqs are timed in turn until the stack is no longer
+    faster at one (`stack_keeps_up` without a margin): its products stream the weights once per pass of up to eight
+    rows without a large GEMM's blocking, so at some batch the op-by-op step's products overtake it (on a 2-vCPU
+    Xeon at hidden size 512, 8 layers: 1.47 times the op-by-op rate at 16 sequences, 0.86 at 32)."""
+    rows = sorted({1, max(1, min(max_num_seqs, PROBE_MAX_ROWS))})
+    if not stack_keeps_up(text, rows, repeats):
+        return 0
+    limit = rows[-1]
+    while limit < max_num_seqs:
+        larger = min(2 * limit, max_num_seqs)
+        if not stack_keeps_up(text, [larger], max(1, repeats // 2), margin=1.0):
+            break
+        limit = larger
+    return limit
+
+
 @torch.inference_mode()
-def decoder_stack_pays(text: TextModel, rows: Sequence[int], repeats: int = 5) -> bool:
-    """Whether a decode step of `text` (its decoder stack bound) through the stack takes at most STACK_MARGIN times
-    the op-by-op step's time on this machine: each sequence's first token over a scratch KV cache, at each row count
-    in `rows`, over the first layers whose weights fit PROBE_BYTES (a large model's step is timed in part, in a
-    fraction of a second); each way `repeats` times, interleaved, the fastest counting."""
+def stack_keeps_up(text: TextModel, rows: Sequence[int], repeats: int = 5, margin: float = STACK_MARGIN) -> bool:
+    """Whether a decode step of `text` (its decoder stack bound) through the stack takes at most `margin` times the
+    op-by-op step's time on this machine, summed over a step at each row count in `rows`: each sequence's first
+    token over a scratch KV cache, over the first layers whose weights fit PROBE_BYTES (a large model's step is
+    timed in part, in a fraction of a second); each way `repeats` times, interleaved, the fastest counting."""
     stack = text.decoder_stack
     count, total = 0, 0
     for layer in stack.layers:
@@ -184,7 +207,7 @@ def decoder_stack_pays(text: TextModel, rows: Sequence[int], repeats: int = 5) -
             start = time.perf_counter()
             way()
             best[name] = min(best[name], time.perf_counter() - start)
-    return best["stack"] <= STACK_MARGIN * best["op by op"]
+    return best["stack"] <= margin * best["op by op"]
 
 
 def _scratch_decode_step(text: TextModel, rows: int, count: int

@@ -76,7 +76,7 @@ def _plain_and_fast(tmp_path, monkeypatch, way="packed", **options):
     monkeypatch.setenv("GLIMMER_KERNELS", "torch")
     plain = LLM(str(path), **options)
     monkeypatch.delenv("GLIMMER_KERNELS")
-    monkeypatch.setattr(model_loader, "decoder_stack_pays", lambda text, rows: way == "stack")
+    monkeypatch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: way == "stack")
     monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows: way == "packed")
     return plain, LLM(str(path), **options)
 
@@ -164,14 +164,14 @@ def test_decode_steps_mask_and_attention_are_the_general_paths_bit_for_bit(windo
 def test_the_load_time_timing_runs_both_ways_and_a_losing_stack_is_unbound(tmp_path, monkeypatch):
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
     timed = []
-    real = model_loader.decoder_stack_pays
+    real = model_loader.stack_keeps_up
 
-    def spy(text, rows):
+    def spy(text, rows, repeats=5, margin=1.1):
         timed.append(rows)
         assert isinstance(real(text, rows, repeats=1), bool)  # the timing itself runs on this model
         return False
 
-    monkeypatch.setattr(model_loader, "decoder_stack_pays", spy)
+    monkeypatch.setattr(model_loader, "stack_keeps_up", spy)
     llm = LLM(str(path), device="cpu", progress=False, kv_cache_memory=8 << 20, max_num_seqs=4)
     assert timed == [[1, 4]]
     assert llm.engine.loaded.model.model.language_model.decoder_stack is None  # op by op, as timed faster
@@ -181,7 +181,7 @@ def test_the_load_time_timing_runs_both_ways_and_a_losing_stack_is_unbound(tmp_p
 
 @pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
 def test_the_timing_steps_only_the_first_layers_whose_weights_fit_the_probe(tmp_path, monkeypatch):
-    real = model_loader.decoder_stack_pays
+    real = model_loader.stack_keeps_up
     _, fast = _plain_and_fast(tmp_path, monkeypatch, way="stack")  # (loads with the timing replaced)
     text = fast.engine.loaded.model.model.language_model
     steps = []
@@ -191,10 +191,47 @@ def test_the_timing_steps_only_the_first_layers_whose_weights_fit_the_probe(tmp_
     assert steps and set(steps) == {1}
 
 
+@pytest.mark.parametrize(("max_num_seqs", "wins_up_to", "timed", "limit"), [
+    (64, 32, [[1, 8], [16], [32], [64]], 32),  # batches past 32 run op by op
+    (64, 64, [[1, 8], [16], [32], [64]], 64),
+    (20, 100, [[1, 8], [16], [20]], 20),  # the ladder ends at max_num_seqs
+    (8, 100, [[1, 8]], 8),
+    (64, 0, [[1, 8]], 0),  # not bound
+])
+def test_the_stack_takes_batches_up_to_where_it_stops_keeping_up(monkeypatch, max_num_seqs, wins_up_to, timed, limit):
+    seen = []
+    monkeypatch.setattr(model_loader, "stack_keeps_up",
+                        lambda text, rows, repeats=5, margin=1.1: seen.append(rows) or max(rows) <= wins_up_to)
+    assert model_loader.decoder_stack_rows(None, max_num_seqs) == limit
+    assert seen == timed
+
+
+@pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
+def test_steps_past_the_stacks_rows_and_under_the_forced_reference_run_op_by_op(tmp_path, monkeypatch):
+    plain, fast = _plain_and_fast(tmp_path, monkeypatch, way="stack")
+    stack = fast.engine.loaded.model.model.language_model.decoder_stack
+    assert stack.max_rows == fast.engine.scheduler_config.max_num_seqs  # the timing "keeps up" at every batch
+    stack.max_rows = 2
+    rows = []
+    real = DecoderStack.__call__
+    monkeypatch.setattr(DecoderStack, "__call__",
+                        lambda self, x, *args: rows.append(x.shape[0]) or real(self, x, *args))
+    prompts = [list(range(5, 5 + n)) for n in (3, 40, 17, 1)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for batch in (prompts[:2], prompts):
+        want, got = plain.generate(batch, params), fast.generate(batch, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert rows and max(rows) == 2  # two sequences' decode steps ran in the stack; the four's op by op
+    rows.clear()
+    monkeypatch.setenv("GLIMMER_KERNELS", "torch")  # set after loading: the plain math from the next step on
+    assert [o.token_ids for o in fast.generate(prompts[:1], params)] == [want[0].token_ids]
+    assert not rows
+
+
 @pytest.mark.skipif(cpu.library() is None, reason="no C compiler builds the CPU kernels here")
 def test_the_stack_is_bound_for_float32_only_and_never_under_the_forced_reference(tmp_path, monkeypatch):
     path = write_tiny_checkpoint(tmp_path, spec=TinySpec(sliding_window=16), seed=5)
-    monkeypatch.setattr(model_loader, "decoder_stack_pays", lambda text, rows: True)
+    monkeypatch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: True)
     options = dict(device="cpu", progress=False, kv_cache_memory=8 << 20)
     for dtype, forced, bound in [("float32", False, True), ("bfloat16", False, False), ("float32", True, False)]:
         if forced:

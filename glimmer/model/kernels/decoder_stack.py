@@ -26,6 +26,7 @@ from glimmer.model.kernels.paged_attention import paged_attention_torch
 from glimmer.model.kernels.qk_norm_rope import HeadLayout, qk_norm_rope_store_torch
 from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch
 from glimmer.model.kernels.silu_mul import silu_mul_torch
+from glimmer.model.kernels.support import references_forced
 
 GROUPS = ("full", "sliding")
 """The KV groups' names (ForwardContext.groups), in the order the C step's block-table sets are given."""
@@ -94,10 +95,14 @@ class DecoderStack:
     """A text model's decoder layers bound to `glimmer_decode_layers`: the weights' addresses are taken once, so the
     model's weights must not be replaced after (an inference model is fused once, after loading)."""
 
-    def __init__(self, shape: StackShape, input_norm: NormSpec, layers: list[StackLayer]):
+    def __init__(self, shape: StackShape, input_norm: NormSpec, layers: list[StackLayer], max_rows: int | None = None):
         self.shape = shape
         self.layers = layers
         self.input_norm = input_norm
+        # the most sequences a step it takes may have (None: any): its products stream the weights once per pass of
+        # up to eight rows and compute the passes without the blocking of a large-batch GEMM, so past some batch
+        # the op-by-op step (torch's products) is faster; the engine times where (`decoder_stack_rows`)
+        self.max_rows = max_rows
         self._args = (LayerArgs * len(layers))()
         for args, layer in zip(self._args, layers, strict=True):
             args.qkvg_weight, args.qkvg_bias = layer.qkvg_weight.data_ptr(), cpu.pointer(layer.qkvg_bias)
@@ -113,7 +118,7 @@ class DecoderStack:
 
     def first(self, count: int) -> DecoderStack:
         """The stack of the first `count` layers (the last one's following norm stays the next layer's input norm)."""
-        return DecoderStack(self.shape, self.input_norm, self.layers[:count])
+        return DecoderStack(self.shape, self.input_norm, self.layers[:count], self.max_rows)
 
     @staticmethod
     def fits(shape: StackShape, input_norm: NormSpec, layers: list[StackLayer]) -> bool:
@@ -135,9 +140,12 @@ class DecoderStack:
         )
 
     def takes(self, inputs_embeds: torch.Tensor, ctx: ForwardContext) -> bool:
-        """Whether this step is one the stack runs: a decode step over every layer's cache, in float32 on the CPU."""
+        """Whether this step is one the stack runs: a decode step of at most `max_rows` sequences over every layer's
+        cache, in float32 on the CPU, with GLIMMER_KERNELS not `torch` (which may be set after loading)."""
         if not (ctx.one_query_per_sequence and inputs_embeds.dtype == torch.float32
-                and inputs_embeds.device.type == "cpu" and inputs_embeds.is_contiguous()):
+                and inputs_embeds.device.type == "cpu" and inputs_embeds.is_contiguous()
+                and (self.max_rows is None or inputs_embeds.shape[0] <= self.max_rows)
+                and not references_forced()):
             return False
         head = (self.shape.num_kv_heads, self.shape.head_dim)
         for layer in self.layers:
@@ -199,8 +207,8 @@ class DecoderStack:
 
 def stack_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (rows, in) · Wᵀ + b by the stack's own product (`glimmer_linear`), float32 contiguous tensors on the CPU with
-    the C kernels built and out_features >= 2: what bench/cpu_decode.py times beside torch's products, and what tests
-    check against `F.linear`."""
+    the C kernels built: what bench/cpu_decode.py times beside torch's products, and what tests check against
+    `F.linear`."""
     out = x.new_empty((x.shape[0], weight.shape[0]))
     cpu.library().glimmer_linear(x.data_ptr(), x.shape[0], weight.data_ptr(), cpu.pointer(bias), weight.shape[0],
                                  weight.shape[1], out.data_ptr(), cpu.threads())

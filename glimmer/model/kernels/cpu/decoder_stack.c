@@ -185,6 +185,15 @@ static void project_silu_mul(const float *x, int64_t rows, const float *w, int64
  * bench times it beside torch's products; tests check it against F.linear) */
 void glimmer_linear(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y,
                     int threads) {
+    if (out < FEATURES) { /* one weight row: too few for a pass, which reads them in pairs */
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < out; o++) {
+                float s = 0.0f;
+                for (int64_t i = 0; i < in; i++) s += x[r * in + i] * w[o * in + i];
+                y[r * out + o] = s + (bias != NULL ? bias[o] : 0.0f);
+            }
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     project(x, rows, w, bias, out, in, y);
 }
