@@ -12,7 +12,7 @@ from torch import nn
 
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.model.context import ForwardContext
-from glimmer.model.kernels.linear import linear
+from glimmer.model.kernels.logits import softcapped_logits
 from glimmer.model.text import TextModel
 
 
@@ -104,8 +104,8 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """logits = cap · tanh(multiplier · z / cap), in the model dtype and in this order (§2.7, §14.9)."""
         text = self.config.text
-        logits = linear(hidden, self.lm_head.weight)
-        logits = logits * text.output_multiplier
-        logits = logits / text.final_logit_softcapping
-        logits = torch.tanh(logits)
-        return logits * text.final_logit_softcapping
+        # where the engine bound the C decoder stack, as many rows as its decode steps take run the C kernel too
+        stack = self.model.language_model.decoder_stack
+        c_rows = stack.max_rows if stack is not None and stack.max_rows is not None else 0
+        return softcapped_logits(hidden, self.lm_head.weight, text.output_multiplier, text.final_logit_softcapping,
+                                 c_rows=c_rows)

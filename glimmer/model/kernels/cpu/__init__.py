@@ -55,6 +55,7 @@ SIGNATURES = {
     "glimmer_silu_mul": (None, [_P, _I64, _I64, _P, _INT]),
     "glimmer_decode_layers": (_INT, [_P, _P, _I64, _P, _P, _INT]),
     "glimmer_linear": (None, [_P, _I64, _P, _P, _I64, _I64, _P, _INT]),
+    "glimmer_logits": (None, [_P, _I64, _P, _I64, _I64, _F, _F, _P, _INT]),
 }
 
 
@@ -193,7 +194,7 @@ def _writable_cache_dir() -> Path:
 def _probe(lib: ctypes.CDLL) -> str | None:
     """Run each kernel once against its torch reference on random inputs; None when all agree."""
     try:
-        for op in ("residual_norm", "qk_norm_rope", "paged_attention", "silu_mul", "decoder_stack"):
+        for op in ("residual_norm", "qk_norm_rope", "paged_attention", "silu_mul", "decoder_stack", "logits"):
             # (the kernels package exports functions of these names: the modules are reached by import_module)
             failure = importlib.import_module(f"glimmer.model.kernels.{op}").probe_cpu(lib)
             if failure is not None:

@@ -181,21 +181,44 @@ static void project_silu_mul(const float *x, int64_t rows, const float *w, int64
     }
 }
 
+/* project() on the calling thread where `out` is below a pass's weight rows (it reads them in pairs) */
+static void project_few(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in,
+                        float *y) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < out; o++) {
+            float s = 0.0f;
+            for (int64_t i = 0; i < in; i++) s += x[r * in + i] * w[o * in + i];
+            y[r * out + o] = s + (bias != NULL ? bias[o] : 0.0f);
+        }
+}
+
 /* y (rows, out) = x (rows, in) · wᵀ + bias: the stack's product alone, in a parallel region of its own (the CPU
  * bench times it beside torch's products; tests check it against F.linear) */
 void glimmer_linear(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y,
                     int threads) {
-    if (out < FEATURES) { /* one weight row: too few for a pass, which reads them in pairs */
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t o = 0; o < out; o++) {
-                float s = 0.0f;
-                for (int64_t i = 0; i < in; i++) s += x[r * in + i] * w[o * in + i];
-                y[r * out + o] = s + (bias != NULL ? bias[o] : 0.0f);
-            }
+    if (out < FEATURES) {
+        project_few(x, rows, w, bias, out, in, y);
         return;
     }
 #pragma omp parallel num_threads(threads)
     project(x, rows, w, bias, out, in, y);
+}
+
+/* softcapped_logits_torch: logits (rows, vocab) = cap * tanh(((h · wᵀ) * multiplier) / cap), each operation rounded
+ * to float32 in the reference's order (architecture.md §2.7); tanhf is libm's */
+void glimmer_logits(const float *h, int64_t rows, const float *w, int64_t vocab, int64_t hidden, float multiplier,
+                    float cap, float *out, int threads) {
+    if (vocab < FEATURES) project_few(h, rows, w, NULL, vocab, hidden, out);
+#pragma omp parallel num_threads(threads)
+    {
+        if (vocab >= FEATURES) project(h, rows, w, NULL, vocab, hidden, out);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < rows * vocab; i++) {
+            float z = out[i] * multiplier;
+            z = z / cap;
+            out[i] = tanhf(z) * cap;
+        }
+    }
 }
 
 /* Check every index the layers will follow; 1 + the first offending row, or 0. */
