@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from glimmer.model.context import ForwardContext, KVGroupView
 from glimmer.model.drafter import DFlashDrafter
 from glimmer.model.kernels import cpu as cpu_kernels
 from glimmer.model.kernels.decoder_stack import GROUPS
-from glimmer.model.kernels.packed_linear import PROBE_BYTES, packing_pays, packs
+from glimmer.model.kernels.packed_linear import PROBE_BYTES, fastest_seconds, packing_pays, packs
 from glimmer.model.kernels.support import references_forced
 from glimmer.model.layers import GatedMLP
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
@@ -195,18 +194,10 @@ def stack_keeps_up(text: TextModel, rows: Sequence[int], repeats: int = 5, margi
                      for w in (layer.qkvg_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight))
     part = stack.first(count)
     steps = [_scratch_decode_step(text, n, count) for n in rows]
-    ways = {
+    best = fastest_seconds({
         "stack": lambda: [part(inputs, rotary, ctx) for inputs, rotary, ctx in steps],
         "op by op": lambda: [text.layers_op_by_op(inputs, rotary, ctx, count) for inputs, rotary, ctx in steps],
-    }
-    best = dict.fromkeys(ways, float("inf"))
-    for way in ways.values():  # untimed: first touch of the weights and caches
-        way()
-    for _ in range(repeats):
-        for name, way in ways.items():
-            start = time.perf_counter()
-            way()
-            best[name] = min(best[name], time.perf_counter() - start)
+    }, repeats)
     return best["stack"] <= margin * best["op by op"]
 
 

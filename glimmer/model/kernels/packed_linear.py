@@ -98,38 +98,30 @@ def probe_weights(weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return chosen
 
 
-Product = Callable[[torch.Tensor], torch.Tensor]
-
-
-def time_products(weights: Sequence[torch.Tensor], rows: Sequence[int], ways: dict[str, Sequence[Product]],
-                  repeats: int = 5) -> dict[str, float]:
-    """Seconds each way takes for one product with each weight at each row count in `rows` (way[i] multiplies by
-    weights[i]): one untimed pass each (first touch, primitive creation), then `repeats` timed passes interleaved
-    among the ways, the fastest counting."""
-    inputs = {n: {w.shape[1]: torch.randn(n, w.shape[1]).to(w.dtype) for w in weights} for n in rows}
-
-    def run(products: Sequence[Product]) -> None:
-        for n in rows:
-            for weight, product in zip(weights, products, strict=True):
-                product(inputs[n][weight.shape[1]])
-
-    for products in ways.values():
-        run(products)
+def fastest_seconds(ways: dict[str, Callable[[], object]], repeats: int = 5) -> dict[str, float]:
+    """The load-time timings' measure: seconds of each way's call, the fastest of `repeats` calls interleaved among
+    the ways, after one untimed call each (first touch of weights and caches, primitive creation)."""
+    for way in ways.values():
+        way()
     best = dict.fromkeys(ways, float("inf"))
     for _ in range(repeats):
-        for name, products in ways.items():
+        for name, way in ways.items():
             start = time.perf_counter()
-            run(products)
+            way()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
 def packing_pays(weights: Sequence[torch.Tensor], rows: Sequence[int], repeats: int = 5) -> bool:
     """Whether products with these weights packed for oneDNN take clearly less time than `F.linear` on them
-    (PACKING_MARGIN), summed over one product of each row count in `rows` (`time_products` on `probe_weights`)."""
+    (PACKING_MARGIN), summed over one product of each row count in `rows`, over `probe_weights`."""
     chosen = probe_weights(weights)
     if not chosen:
         return False
-    seconds = time_products(chosen, rows, {"dense": [functools.partial(F.linear, weight=w) for w in chosen],
-                                           "packed": [PackedLinear(w, None) for w in chosen]}, repeats)
+    packed = [PackedLinear(w, None) for w in chosen]
+    inputs = {n: [torch.randn(n, w.shape[1]).to(w.dtype) for w in chosen] for n in rows}
+    seconds = fastest_seconds({
+        "dense": lambda: [F.linear(x, w) for n in rows for x, w in zip(inputs[n], chosen, strict=True)],
+        "packed": lambda: [p(x) for n in rows for x, p in zip(inputs[n], packed, strict=True)],
+    }, repeats)
     return seconds["packed"] < PACKING_MARGIN * seconds["dense"]
