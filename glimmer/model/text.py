@@ -243,7 +243,7 @@ class TextModel(nn.Module):
     def layers_op_by_op(self, inputs_embeds: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor],
                         ctx: ForwardContext, count: int) -> torch.Tensor:
         """The fused forward's first `count` layers op by op (all of them in a forward; fewer where the engine
-        times a decode step against the decoder stack's, `engine.model_loader.decoder_stack_pays`)."""
+        times a decode step against the decoder stack's, `engine.model_loader.stack_keeps_up`)."""
         residual, h = kernels.residual_norm(None, inputs_embeds, None, self.input_spec)
         for i, (layer, specs) in enumerate(zip(self.layers[:count], self.layer_specs[:count], strict=True)):
             post_attention, pre_feedforward, post_feedforward, following = specs

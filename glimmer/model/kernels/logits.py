@@ -1,8 +1,9 @@
 """The logits of final hidden states: cap · tanh(multiplier · (h · lm_headᵀ) / cap), in the model dtype and in this
 order (architecture.md §2.7, §14.9).
 
-On the CPU in float32, a few rows (a decode step's) run in one C call (`glimmer_logits` in cpu/decoder_stack.c: the
-decoder stack's own product, then the soft-capping) where the engine bound the C decoder stack for such steps: the
+On the CPU in float32, where the engine bound the C decoder stack, as many rows as its decode steps take (a decode
+step's, or a prefill's last rows) run in one C call (`glimmer_logits` in cpu/decoder_stack.c: the decoder stack's own
+product, then the soft-capping): the
 five torch ops of the reference cost some hundred microseconds a step there, most of it finding their code and
 data evicted by the weights the step streamed. Sums run in another order than torch's, so results agree to float32
 rounding. Everything else, GPUs included, runs the reference (whose product is `linear`, the GEMV on a GPU).
