@@ -502,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the key of a --url server that requires one (default: $GLIMMER_API_KEY)")
     chat.add_argument("--served-model", default=None, help="the `model` to ask a --url server for")
     chat.add_argument("--system", default=None, help="a system prompt")
-    chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations")
+    chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations; you "
+                      "type each call's result when the model calls one")
     chat.add_argument("--reasoning-effort", default=None, help="none, minimal, low, medium, high or xhigh")
     chat.add_argument("--max-tokens", type=int, default=None, help="most tokens per reply (default: up to the context)")
     chat.add_argument("--temperature", type=float, default=None,

@@ -2,6 +2,8 @@
 
 Reasoning shows dimmed, the answer plain, tool calls as `→ name(arguments)` as their arguments stream. The
 conversation keeps each reply's reasoning and tool calls in its history, as the protocol renders them back.
+With `--tools`, you play the tools: after a reply that calls them, each call asks for its result (a line sent as
+the `tool` message answering it), and the model goes on from the results.
 Standard library only (urllib), so it runs wherever Glimmer is installed.
 """
 
@@ -169,7 +171,11 @@ def _error_message(body: bytes) -> str:
 def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, read_line: Callable[[str], str],
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
              request_options: dict[str, Any] | None = None, color: bool = True) -> None:
-    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends."""
+    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
+
+    A reply that calls tools is followed by one prompt per call for its result; the results go back as `tool`
+    messages and the reply continues, until a reply calls nothing. At a result prompt `/reset` and `/exit` work
+    too (the unanswered turn is dropped)."""
     history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     # A cache_salt only partitions the server's prefix cache: requests share cached prompt blocks only with requests
     # naming the same salt. One random salt per chat session keeps this conversation's turns reusing each other's
@@ -177,21 +183,9 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
     # --require-cache-salt.
     cache_salt = secrets.token_hex(16)
     out.write("Type a message; /reset clears the conversation, /exit (or Ctrl-D) leaves.\n")
-    while True:
-        try:
-            # bytes that are not UTF-8 reach Python as lone surrogates, which no JSON body can carry: U+FFFD
-            line = read_line("you> ").encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        except EOFError:
-            out.write("\n")
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            history = history[:1] if system else []
-            continue
-        if not line.strip():
-            continue
-        history.append({"role": "user", "content": line})
+
+    def reply() -> dict[str, Any] | None:
+        """Stream one reply to the history as it stands; None (the error written) if the request failed."""
         payload: dict[str, Any] = {"messages": history, "cache_salt": cache_salt, **(request_options or {})}
         if model:
             payload["model"] = model
@@ -203,9 +197,55 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                 renderer.feed(chunk)
         except ChatClientError as error:
             renderer.finish()
-            history.pop()
             out.write(f"error: {error}\n")
-            continue
-        history.append(renderer.finish())
+            return None
+        message = renderer.finish()
         if renderer.finish_reason == "length":
             out.write("[stopped at max_tokens]\n")
+        return message
+
+    while True:
+        line = _read(read_line, "you> ")
+        if line is None or line.strip() in ("/exit", "/quit"):
+            if line is None:
+                out.write("\n")
+            return
+        if line.strip() == "/reset":
+            history = history[:1] if system else []
+            continue
+        if not line.strip():
+            continue
+        turn_start = len(history)
+        history.append({"role": "user", "content": line})
+        while True:
+            message = reply()
+            if message is None:
+                del history[turn_start:]  # the turn failed: as if it had not been sent
+                break
+            history.append(message)
+            calls = message.get("tool_calls") or []
+            if not calls:
+                break
+            results = []
+            for call in calls:
+                result = _read(read_line, f"{call['function']['name']} result> ")
+                if result is None or result.strip() in ("/exit", "/quit"):
+                    if result is None:
+                        out.write("\n")
+                    return
+                if result.strip() == "/reset":
+                    break
+                results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+            if len(results) < len(calls):  # /reset at a result prompt
+                history = history[:1] if system else []
+                break
+            history.extend(results)
+
+
+def _read(read_line: Callable[[str], str], prompt: str) -> str | None:
+    """A line typed at `prompt`, None at end of input. Bytes that are not UTF-8 reach Python as lone surrogates,
+    which no JSON body can carry: they become U+FFFD."""
+    try:
+        return read_line(prompt).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except EOFError:
+        return None

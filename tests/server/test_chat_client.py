@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from server_support import live_server
+from server_support import AGENT_SCRIPTS, WEATHER_TOOL, live_server
 
 from glimmer.server.chat_client import (
     DIM,
@@ -91,6 +91,55 @@ def test_a_chat_exchange_against_a_live_server(make_tiny):
                  request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
                  color=False)
     assert "A greeting.\nHi!\n" in out.getvalue() and "error" not in out.getvalue()
+
+
+def scripted_tool_chat(make_tiny, lines):
+    """A chat with --tools against a scripted server: [weather] calls get_weather, [sunny-result] answers."""
+    with live_server(make_tiny(), scripted=True) as server:
+        runner = server.engine.engine.runner
+        for key, text in AGENT_SCRIPTS.items():
+            runner.add(key, text)
+        prompts = []
+        out = io.StringIO()
+
+        def read_line(prompt):
+            prompts.append(prompt)
+            return next(lines)
+
+        run_chat(server.url, model="tiny", api_key=None, out=out, read_line=read_line, tools=[WEATHER_TOOL],
+                 request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
+                 color=False)
+        return out.getvalue(), prompts, runner.prompts
+
+
+def test_a_tool_call_in_the_chat_asks_for_its_result_and_the_reply_goes_on_from_it(make_tiny):
+    text, prompts, model_prompts = scripted_tool_chat(make_tiny, iter(["[weather] in Paris?", "[sunny-result]",
+                                                                       "/exit"]))
+    assert prompts == ["you> ", "get_weather result> ", "you> "]
+    assert '→ get_weather({"city": "Paris"})' in text and "The tool says sunny.\nIt is sunny in Paris.\n" in text
+    assert "error" not in text
+    # the second request carried the call and its result: the model saw the result after the call
+    continued = model_prompts[-1]
+    assert continued.index("<atem:invoke") < continued.index("[sunny-result]")
+
+
+@pytest.mark.parametrize("answer", ["/exit", "/reset"])
+def test_exit_or_reset_at_a_result_prompt_drop_the_unanswered_turn(make_tiny, answer):
+    lines = iter(["[weather] in Paris?", answer, "[greet] hi", "/exit"])
+    text, prompts, model_prompts = scripted_tool_chat(make_tiny, lines)
+    if answer == "/exit":
+        assert prompts == ["you> ", "get_weather result> "] and len(model_prompts) == 1
+    else:  # the next message starts a new conversation: no trace of the call
+        assert prompts == ["you> ", "get_weather result> ", "you> ", "you> "]
+        assert "Hello there!" in text and "[weather]" not in model_prompts[-1]
+
+
+def test_end_of_input_at_a_result_prompt_ends_the_chat(make_tiny):
+    def lines():
+        yield "[weather] in Paris?"
+        raise EOFError
+    text, prompts, _ = scripted_tool_chat(make_tiny, lines())
+    assert prompts == ["you> ", "get_weather result> "] and text.endswith("\n")
 
 
 def test_the_chat_sends_one_cache_salt_per_session_so_salted_servers_take_it(make_tiny):
