@@ -242,7 +242,7 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
     Accepts `{"type": "function", "function": {...}}` and bare function objects. A missing description
     becomes `""`, missing parameters an empty object schema. Names must be unique, 1..RECIPIENT_MAX
     characters, without whitespace, `<` or `"` (they are written into headers and ATEM tags); anything else
-    raises RequestError with param `tools`. None gives `[]`.
+    raises RequestError whose param is the offending field (`tools[0].function.name`). None gives `[]`.
     """
     if tools is None:
         return []
@@ -252,48 +252,48 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
     seen_names: set[str] = set()
     for index, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
-            raise RequestError(f"tools[{index}] must be an object", param="tools")
+            raise RequestError(f"tools[{index}] must be an object", param=f"tools[{index}]")
         if tool.get("type", "function") != "function":
             raise RequestError(f"tools[{index}].type {tool.get('type')!r} is not supported; only 'function' "
-                               "tools are", param="tools")
+                               "tools are", param=f"tools[{index}].type")
         function = function_of(tool)
         if function is None or ("function" in tool and not isinstance(tool["function"], Mapping)):
-            raise RequestError(f"tools[{index}].function must be an object", param="tools")
+            raise RequestError(f"tools[{index}].function must be an object", param=f"tools[{index}].function")
+        # a nested declaration's fields sit under .function, a flat (Responses) one's on the tool itself
+        where = f"tools[{index}].function" if "function" in tool else f"tools[{index}]"
         name = function.get("name")
-        _check_tool_name(name, index, seen_names)
+        _check_tool_name(name, where, seen_names)
         seen_names.add(name)
         description = function.get("description")
         if description is None:
             description = ""
         elif not isinstance(description, str):
-            raise RequestError(f"tools[{index}].function.description must be a string", param="tools")
+            raise RequestError(f"{where}.description must be a string", param=f"{where}.description")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = dict(EMPTY_PARAMETERS_SCHEMA)
         elif not isinstance(parameters, Mapping):
-            raise RequestError(f"tools[{index}].function.parameters must be a JSON schema object",
-                               param="tools")
+            raise RequestError(f"{where}.parameters must be a JSON schema object", param=f"{where}.parameters")
         if function.get("strict") is not None and not isinstance(function["strict"], bool):
-            raise RequestError(f"tools[{index}].function.strict must be a boolean", param="tools")
+            raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
         complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}
         normalized.append({"type": "function", "function": complete})
     return normalized
 
 
-def _check_tool_name(name: Any, index: int, seen_names: set[str]) -> None:
+def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:
     """P-REQ-8: unique, 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; and not `self` or `user`, which
-    header recipients read as the reasoning and answer channels (P-HDR-2)."""
+    header recipients read as the reasoning and answer channels (P-HDR-2). `where`: the declaration holding it."""
+    field = f"{where}.name"
     if not isinstance(name, str) or not name:
-        raise RequestError(f"tools[{index}].function.name must be a non-empty string", param="tools")
+        raise RequestError(f"{field} must be a non-empty string", param=field)
     if len(name) > RECIPIENT_MAX:
-        raise RequestError(f"tools[{index}].function.name {name[:RECIPIENT_MAX]!r}… is {len(name)} "
-                           f"characters; the limit is {RECIPIENT_MAX}", param="tools")
+        raise RequestError(f"{field} {name[:RECIPIENT_MAX]!r}… is {len(name)} characters; the limit is "
+                           f"{RECIPIENT_MAX}", param=field)
     if any(character.isspace() or character in '<"' for character in name):
-        raise RequestError(f"tools[{index}].function.name {name!r} may not contain whitespace, '<' or '\"'",
-                           param="tools")
+        raise RequestError(f"{field} {name!r} may not contain whitespace, '<' or '\"'", param=field)
     if name in seen_names:
-        raise RequestError(f"tools[{index}].function.name {name!r} is declared twice; names must be unique",
-                           param="tools")
+        raise RequestError(f"{field} {name!r} is declared twice; names must be unique", param=field)
     if channel_of_recipient(name) != "tool":
-        raise RequestError(f"tools[{index}].function.name {name!r} is a channel's recipient (`to={name}` addresses "
-                           "the reasoning or the answer, never a tool); rename the tool", param="tools")
+        raise RequestError(f"{field} {name!r} is a channel's recipient (`to={name}` addresses the reasoning or "
+                           "the answer, never a tool); rename the tool", param=field)

@@ -221,16 +221,21 @@ def test_no_tools_is_an_empty_list():
     "name", ["", "a" * 65, "has space", "tab\tname", "new\nline", "a<b", 'quo"te', None, 3]
 )
 def test_tool_names_are_validated(name):
-    """P-REQ-8: 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; else 400 with param `tools`."""
+    """P-REQ-8: 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; else 400 naming the field, as param and
+    in the message, where the declaration holds it (flat, or under `function`)."""
     with pytest.raises(RequestError) as caught:
         normalize_tools([{"name": name}])
-    assert caught.value.param == "tools"
+    assert caught.value.param == "tools[0].name" and str(caught.value).startswith("tools[0].name ")
+    with pytest.raises(RequestError) as caught:
+        normalize_tools([{"type": "function", "function": {"name": "ok"}}, {"function": {"name": name}}])
+    assert caught.value.param == "tools[1].function.name"
+    assert str(caught.value).startswith("tools[1].function.name ")
 
 
 def test_tool_names_must_be_unique():
     with pytest.raises(RequestError, match="twice") as caught:
         normalize_tools([{"name": "a"}, {"type": "function", "function": {"name": "a"}}])
-    assert caught.value.param == "tools"
+    assert caught.value.param == "tools[1].function.name"
 
 
 def test_the_longest_legal_tool_name_passes():
@@ -238,19 +243,21 @@ def test_the_longest_legal_tool_name_passes():
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "param"),
     [
-        {"type": "code_interpreter", "function": {"name": "a"}},
-        {"type": "function", "function": "a"},
-        {"name": "a", "parameters": "not a schema"},
-        {"name": "a", "description": 3},
-        "a",
+        ({"type": "code_interpreter", "function": {"name": "a"}}, "tools[0].type"),
+        ({"type": "function", "function": "a"}, "tools[0].function"),
+        ({"name": "a", "parameters": "not a schema"}, "tools[0].parameters"),
+        ({"function": {"name": "a", "parameters": []}}, "tools[0].function.parameters"),
+        ({"name": "a", "description": 3}, "tools[0].description"),
+        ({"function": {"name": "a", "strict": "yes"}}, "tools[0].function.strict"),
+        ("a", "tools[0]"),
     ],
 )
-def test_malformed_tools_are_request_errors(bad):
+def test_malformed_tools_are_request_errors_naming_the_field(bad, param):
     with pytest.raises(RequestError) as caught:
         normalize_tools([bad])
-    assert caught.value.param == "tools"
+    assert caught.value.param == param and str(caught.value).startswith(param + " ")
 
 
 @pytest.mark.parametrize("kind", ["code_interpreter", "retrieval", "web_search"])
@@ -283,7 +290,7 @@ def test_tools_named_like_the_reasoning_or_answer_recipient_are_refused(name):
     """`to=self` and `to=user` open the reasoning and the answer: such a tool could never be called (P-REQ-8)."""
     with pytest.raises(RequestError, match="recipient") as caught:
         normalize_tools([{"type": "function", "function": {"name": name}}])
-    assert caught.value.param == "tools"
+    assert caught.value.param == "tools[0].function.name"
 
 
 @pytest.mark.parametrize("key", ["reasoning_content", "reasoning", "thinking"])

@@ -96,7 +96,7 @@ def test_malformed_json_is_400(server):
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "[1]"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
-    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]}]},
      "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {}}]}]},
