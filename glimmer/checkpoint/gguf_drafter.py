@@ -111,4 +111,4 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
                              f"{list(shapes[canonical])}")
         entries[canonical] = MappedTensor(TensorInfo(canonical, entry.shape, "F32", file.path),
                                           lambda stored=stored: file.read(stored))
-    return config, MappedTensors(file.path, entries, file.path.stat().st_size)
+    return config, MappedTensors(file.path, entries, file.total_bytes)

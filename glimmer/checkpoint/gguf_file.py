@@ -8,6 +8,11 @@ length, nesting, tensor ranks, dimensions, types and data ranges — and refuses
 one line naming the problem. Only then is `GGUFReader` handed the file, and every loop it runs is bounded
 by what was checked. Tensor data stays memory-mapped; a tensor is dequantized (with `gguf.quants`, the
 format's own dequantizers) only when it is read.
+
+A split GGUF (`llama-gguf-split`, as Hugging Face repositories ship files over 50 GB: `<prefix>-00001-of-00003.gguf`
+and its siblings) opens from any of its parts: the metadata is the first part's, the tensors those of every part,
+each read from its own file. Every part must sit beside the one given, under gguf-split's names, and say it is
+that part of that many (`split.no`, `split.count`); a tensor may live in one part only.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ READABLE_TYPES = FLOAT_TYPES + QUANTIZED_TYPES
 # gguf-split's keys (gguf.Keys.Split) and file names: <prefix>-00001-of-00003.gguf
 SPLIT_COUNT = "split.count"
 SPLIT_NO = "split.no"
+SPLIT_TENSORS = "split.tensors.count"
 _SPLIT_NAME = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf", re.IGNORECASE)
 
 
@@ -270,31 +276,71 @@ class GGUFFile:
     """A validated GGUF file: typed metadata access and tensors read on demand.
 
     Metadata comes from the bounded scan; tensor data is read through `gguf.GGUFReader` (memory-mapped)
-    and dequantized with `gguf.quants`. Raises CheckpointError, on opening, for anything malformed, for one part
-    of a split GGUF and for a tensor type Glimmer cannot decode (READABLE_TYPES).
+    and dequantized with `gguf.quants`. `path` may be any part of a split GGUF; `path` then becomes the first
+    part's and `parts` lists them all. Raises CheckpointError, on opening, for anything malformed, for a split
+    GGUF whose parts are missing or do not match, and for a tensor type Glimmer cannot decode (READABLE_TYPES).
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.header = scan_header(self.path)
-        self._reader: Any = None
-        self._refuse_split()
+        self.parts: tuple[Path, ...] = (self.path,)
+        self._part_of: dict[str, int] = {}  # tensor name → its part, for the parts past the first
+        self._readers: dict[int, Any] = {}
+        self._by_name: dict[str, Any] = {}
+        self._join_split()
         self._refuse_unreadable_types()
 
-    def _refuse_split(self) -> None:
-        """One part of a split GGUF holds only some tensors (and, past the first, no model metadata): say so
-        rather than report what is missing from this part."""
+    @property
+    def total_bytes(self) -> int:
+        """The size of the file, or of every part of a split one."""
+        return sum(part.stat().st_size for part in self.parts)
+
+    def _join_split(self) -> None:
+        """A part of a split GGUF: find its siblings, take the first part's metadata and every part's tensors."""
         count = self.metadata.get(SPLIT_COUNT, 1)
         if not isinstance(count, int) or count <= 1:
             return
         number = self.metadata.get(SPLIT_NO)
-        part = f"part {number + 1} of {count}" if isinstance(number, int) else f"one of {count} parts"
+        which = f"part {number + 1} of {count}" if isinstance(number, int) else f"one of {count} parts"
         match = _SPLIT_NAME.fullmatch(self.path.name)
-        first = f"{match.group(1)}-00001-of-{match.group(3)}.gguf" if match else "<first part>.gguf"
-        raise self.error(
-            f"this is {part} of a split GGUF ({SPLIT_COUNT}={count}); Glimmer reads one file: merge the parts with "
-            f"`llama-gguf-split --merge {first} merged.gguf` and pass merged.gguf"
-        )
+        if match is None or int(match.group(3)) != count:
+            raise self.error(
+                f"this is {which} of a split GGUF ({SPLIT_COUNT}={count}), but its name is not gguf-split's "
+                f"<prefix>-{(number or 0) + 1:05d}-of-{count:05d}.gguf, by which its other parts are found: "
+                f"restore the parts' names, or merge them with `llama-gguf-split --merge FIRST_PART merged.gguf`"
+            )
+        parts = tuple(self.path.with_name(f"{match.group(1)}-{i:05d}-of-{match.group(3)}.gguf")
+                      for i in range(1, count + 1))
+        missing = [part.name for part in parts if not part.is_file()]
+        if missing:
+            raise self.error(
+                f"this is {which} of a split GGUF, and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not beside it: every part must sit in {self.path.parent}"
+            )
+        headers = [self.header if part == self.path else scan_header(part) for part in parts]
+        tensors: dict[str, TensorEntry] = {}
+        for index, (part, header) in enumerate(zip(parts, headers, strict=True)):
+            said = (header.metadata.get(SPLIT_NO), header.metadata.get(SPLIT_COUNT))
+            if said != (index, count):
+                raise CheckpointError(
+                    f"{part}: is named part {index + 1} of {count} of a split GGUF but its metadata says "
+                    f"{SPLIT_NO}={said[0]!r}, {SPLIT_COUNT}={said[1]!r}: the parts come from different splits"
+                )
+            for name, entry in header.tensors.items():
+                if name in tensors:
+                    raise CheckpointError(f"{part}: tensor {name} is also in {parts[self._part_of.get(name, 0)]}")
+                tensors[name] = entry
+                if index:
+                    self._part_of[name] = index
+        first = headers[0]
+        declared = first.metadata.get(SPLIT_TENSORS)
+        if isinstance(declared, int) and declared != len(tensors):
+            raise CheckpointError(f"{parts[0]}: {SPLIT_TENSORS}={declared} but its {count} parts hold "
+                                  f"{len(tensors)} tensors")
+        self.path, self.parts = parts[0], parts
+        self.header = GGUFHeader(first.version, first.byte_order, first.metadata, first.metadata_types, tensors,
+                                 first.alignment)
 
     def _refuse_unreadable_types(self) -> None:
         """Every tensor must be of a type `read` can decode; checked from the header, before anything is loaded."""
@@ -381,12 +427,14 @@ class GGUFFile:
         return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(entry.shape)  # a copy: data is mapped
 
     def _reader_tensor(self, name: str) -> Any:
-        if self._reader is None:
+        index = self._part_of.get(name, 0)
+        if index not in self._readers:
             from gguf import GGUFReader
 
+            part = self.parts[index]
             try:
-                self._reader = GGUFReader(self.path, "r")
+                self._readers[index] = GGUFReader(part, "r")
             except (ValueError, KeyError) as exc:  # the scan should have caught it first
-                raise self.error(f"gguf could not read the file: {exc}") from None
-            self._by_name = {t.name: t for t in self._reader.tensors}
+                raise CheckpointError(f"{part}: gguf could not read the file: {exc}") from None
+            self._by_name.update({t.name: t for t in self._readers[index].tensors})
         return self._by_name[name]

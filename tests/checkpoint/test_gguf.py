@@ -59,6 +59,18 @@ def test_f32_gguf_gives_the_safetensors_logits_exactly(tiny_checkpoint, f32_gguf
                        logits(load_model(tiny_checkpoint, progress=False).model))
 
 
+def test_a_split_gguf_gives_the_whole_files_logits_exactly(f32_gguf, tmp_path):
+    """Tensors in either part of a gguf-split file are read from their own part (the hostile cases cover broken
+    splits)."""
+    from test_gguf_hostile import split_in_two
+
+    first, second = split_in_two(f32_gguf, tmp_path / "split")
+    file = GGUFFile(second)
+    assert file.path == first and file.parts == (first, second) and set(file.tensors) == set(GGUFFile(f32_gguf).tensors)
+    assert torch.equal(logits(load_model(second, progress=False).model),
+                       logits(load_model(f32_gguf, progress=False).model))
+
+
 @pytest.mark.parametrize("dtype, qtype", [(torch.bfloat16, Q.BF16), (torch.float16, Q.F16)])
 def test_half_precision_gguf_equals_the_same_precision_checkpoint(tmp_path, dtype, qtype):
     checkpoint = write_tiny_checkpoint(tmp_path / "ck", seed=4, dtype=dtype)

@@ -9,7 +9,6 @@ import resource
 import struct
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -129,16 +128,32 @@ def _iq4_nl_tensor(good: Path, directory: Path) -> Path:
     return _rewrite(good, directory / "iq4_nl.gguf", {}, replace_tensors={tensor.name: iq4_nl})
 
 
-def _split_part(number: int) -> Callable[[Path, Path], Path]:
-    """Part `number` of the good file split in two, as `llama-gguf-split` (GGUFWriter(split_max_tensors)) names it."""
+def split_in_two(good: Path, directory: Path) -> tuple[Path, Path]:
+    """The good file split in two, as `llama-gguf-split` (GGUFWriter(split_max_tensors)) writes and names it."""
+    half = len(gguf.GGUFReader(good).tensors) // 2 + 1
+    directory.mkdir(exist_ok=True)
+    _rewrite(good, directory / "model.gguf", {}, split_max_tensors=half)
+    return directory / "model-00001-of-00002.gguf", directory / "model-00002-of-00002.gguf"
 
-    def build(good: Path, directory: Path) -> Path:
-        half = len(gguf.GGUFReader(good).tensors) // 2 + 1
-        (directory / f"split{number}").mkdir(exist_ok=True)
-        _rewrite(good, directory / f"split{number}" / "model.gguf", {}, split_max_tensors=half)
-        return directory / f"split{number}" / f"model-{number:05d}-of-00002.gguf"
 
-    return build
+def _split_missing_part(good: Path, directory: Path) -> Path:
+    first, second = split_in_two(good, directory / "missing")
+    second.unlink()
+    return first
+
+
+def _split_renamed(good: Path, directory: Path) -> Path:
+    first, _ = split_in_two(good, directory / "renamed")
+    return first.rename(first.with_name("model.gguf"))
+
+
+def _split_parts_of_two_splits(good: Path, directory: Path) -> Path:
+    """Part 2 taken from a split into three, beside part 1 of a split into two."""
+    first, second = split_in_two(good, directory / "mixed")
+    third = len(gguf.GGUFReader(good).tensors) // 3 + 1
+    _rewrite(good, directory / "mixed" / "other.gguf", {}, split_max_tensors=third)
+    (directory / "mixed" / "other-00002-of-00003.gguf").replace(second)
+    return first
 
 
 # name → (builder(good file, directory) → path, fragments the one-line error must contain)
@@ -186,10 +201,13 @@ CASES = {
     "tokens_that_miss_the_merges": (_short_vocabulary, ("do not form a BPE tokenizer",)),
     "unsupported_tensor_type": (_iq4_nl_tensor, ("tensor types Glimmer does not read: IQ4_NL (1 tensors, e.g. "
                                                  "blk.1.attn_v.weight)", "supported types are F32")),
-    "first_part_of_a_split_file": (_split_part(1), ("part 1 of 2 of a split GGUF (split.count=2)",
-                                                    "llama-gguf-split --merge model-00001-of-00002.gguf merged.gguf")),
-    "later_part_of_a_split_file": (_split_part(2), ("part 2 of 2 of a split GGUF",
-                                                    "--merge model-00001-of-00002.gguf")),
+    "split_file_missing_a_part": (_split_missing_part, ("part 1 of 2 of a split GGUF, and "
+                                                        "model-00002-of-00002.gguf is not beside it",)),
+    "split_part_renamed": (_split_renamed, ("part 1 of 2 of a split GGUF (split.count=2), but its name is not "
+                                            "gguf-split's <prefix>-00001-of-00002.gguf", "llama-gguf-split --merge")),
+    "split_parts_of_different_splits": (_split_parts_of_two_splits, (
+        "model-00002-of-00002.gguf: is named part 2 of 2 of a split GGUF but its metadata says split.no=1, "
+        "split.count=3",)),
     "several_problems": (lambda g, d: _rewrite(g, d / "several.gguf", {}, drop_tensors=(
         "blk.0.attn_v.weight", "blk.5.ffn_up.weight")), ("tensor blk.0.attn_v.weight is missing; tensor "
                                                           "blk.5.ffn_up.weight is missing",)),
@@ -202,14 +220,24 @@ def results(tiny_checkpoint, tmp_path_factory) -> dict[str, subprocess.Completed
     good = export_text_gguf(tiny_checkpoint, directory / "good.gguf", Q.Q8_0)
     defaulted = _rewrite(good, directory / "defaulted.gguf", {},
                          drop=("muse-glimmer.final_logit_softcapping", "muse-glimmer.attention.sliding_window"))
-    paths = {"good": good, "defaulted": defaulted} | {name: build(good, directory)
-                                                       for name, (build, _) in CASES.items()}
+    first, second = split_in_two(good, directory / "split")
+    paths = {"good": good, "defaulted": defaulted, "split_first": first, "split_second": second}
+    paths |= {name: build(good, directory) for name, (build, _) in CASES.items()}
     outcome = inspect_all(list(paths.values()))
     return {name: outcome[str(path)] for name, path in paths.items()}
 
 
 def test_the_capped_cli_reads_a_good_file(results):
     assert results["good"].returncode == 0, results["good"].stderr[-2000:]
+
+
+@pytest.mark.parametrize("part", ["split_first", "split_second"])
+def test_a_split_file_reads_as_the_whole_from_any_part(results, part):
+    """gguf-split's parts (as Hub repositories ship GGUFs over 50 GB) read as the unsplit file: same report."""
+    assert results[part].returncode == 0, results[part].stderr[-2000:]
+    whole, split = json.loads(results["good"].stdout), json.loads(results[part].stdout)
+    for key in ("config", "parameters", "tensor_types", "warnings"):
+        assert split[key] == whole[key], key
 
 
 @pytest.mark.parametrize("case", list(CASES))
