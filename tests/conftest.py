@@ -3,6 +3,7 @@ of the decode steps launched ahead (engine/lookahead.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def _as_on_a_cpu_machine(item):
+    """On a machine with a GPU, a test not marked `cuda` runs as on the CPU-only machines CI uses: the engine would
+    otherwise default to the GPU (`device=None`), where these tests' sizes, budgets and stand-in runners do not
+    apply. Covers the fixtures its setup builds (module- and session-scoped ones too) and child processes."""
+    if "cuda" in item.keywords or not torch.cuda.is_available():
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _as_on_a_cpu_machine(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _as_on_a_cpu_machine(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    with _as_on_a_cpu_machine(item):
+        yield
 
 
 @pytest.fixture(scope="session")
