@@ -70,7 +70,8 @@ READABLE_TYPES = FLOAT_TYPES + QUANTIZED_TYPES
 SPLIT_COUNT = "split.count"
 SPLIT_NO = "split.no"
 SPLIT_TENSORS = "split.tensors.count"
-_SPLIT_NAME = re.compile(r"(.*)-(\d{5})-of-(\d{5})\.gguf", re.IGNORECASE)
+_SPLIT_NAME = re.compile(r"(.*)-(\d{5})(-of-)(\d{5})(\.gguf)", re.IGNORECASE)
+MISSING_PARTS_NAMED = 3  # a split that lacks more parts names this many of them
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -302,21 +303,25 @@ class GGUFFile:
         if not isinstance(count, int) or count <= 1:
             return
         number = self.metadata.get(SPLIT_NO)
-        which = f"part {number + 1} of {count}" if isinstance(number, int) else f"one of {count} parts"
+        numbered = isinstance(number, int) and not isinstance(number, bool) and 0 <= number < count
+        which = f"part {number + 1} of {count}" if numbered else f"one of {count} parts"
         match = _SPLIT_NAME.fullmatch(self.path.name)
-        if match is None or int(match.group(3)) != count:
+        if match is None or int(match.group(4)) != count:
             raise self.error(
                 f"this is {which} of a split GGUF ({SPLIT_COUNT}={count}), but its name is not gguf-split's "
-                f"<prefix>-{(number or 0) + 1:05d}-of-{count:05d}.gguf, by which its other parts are found: "
-                f"restore the parts' names, or merge them with `llama-gguf-split --merge FIRST_PART merged.gguf`"
+                f"<prefix>-{number + 1 if numbered else 1:05d}-of-{count:05d}.gguf, by which its other parts are "
+                f"found: restore the parts' names, or merge them with `llama-gguf-split --merge FIRST_PART merged.gguf`"
             )
-        parts = tuple(self.path.with_name(f"{match.group(1)}-{i:05d}-of-{match.group(3)}.gguf")
-                      for i in range(1, count + 1))
+        prefix, of, suffix = match.group(1), match.group(3), match.group(5)  # the spelling given (.GGUF stays)
+        parts = tuple(self.path.with_name(f"{prefix}-{i:05d}{of}{match.group(4)}{suffix}") for i in range(1, count + 1))
         missing = [part.name for part in parts if not part.is_file()]
         if missing:
+            named = ", ".join(missing[:MISSING_PARTS_NAMED])
+            if len(missing) > MISSING_PARTS_NAMED:
+                named += f" and {len(missing) - MISSING_PARTS_NAMED:,} more"
             raise self.error(
-                f"this is {which} of a split GGUF, and {', '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} not beside it: every part must sit in {self.path.parent}"
+                f"this is {which} of a split GGUF, and {named} {'is' if len(missing) == 1 else 'are'} not beside "
+                f"it: every part must sit in {self.path.parent}"
             )
         headers = [self.header if part == self.path else scan_header(part) for part in parts]
         tensors: dict[str, TensorEntry] = {}

@@ -166,7 +166,7 @@ def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = Non
         warnings=tuple(warnings),
         video_unsupported_reason=vision.video_unsupported_reason if vision else None,
     )
-    size = file.total_bytes + (Path(mmproj).stat().st_size if mmproj is not None else 0)
+    size = file.total_bytes + (vision.total_bytes if vision is not None else 0)
     return GGUFModel(config, MappedTensors(file.path, entries, size), types,
                      vision.preprocessor_config if vision else None)
 

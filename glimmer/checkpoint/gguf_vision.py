@@ -57,6 +57,7 @@ class MmprojVision:
     projector_hidden_size: int
     # preprocessor_config.json equivalent, read by glimmer.multimodal.load_media_settings
     preprocessor_config: dict[str, Any]
+    total_bytes: int  # the file's size, or every part's of a split one
     video_unsupported_reason: str = VIDEO_UNSUPPORTED
 
 
@@ -125,7 +126,8 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
     else:
         warnings.append(f"{file.path}: clip.vision.image_max_pixels is absent; images use the reference budget "
                         "of 4096 tokens")
-    return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor)
+    return MmprojVision(config, entries, types, warnings, out_hidden, projector_hidden, preprocessor,
+                        file.total_bytes)
 
 
 def _entry(file: GGUFFile, name: str, rank: int) -> Any:

@@ -9,6 +9,7 @@ Standard library only (urllib), so it runs wherever Glimmer is installed.
 
 from __future__ import annotations
 
+import http.client
 import json
 import secrets
 import urllib.error
@@ -38,6 +39,7 @@ class StreamRenderer:
         self.reasoning = ""
         self.content = ""
         self.tool_calls: list[dict[str, Any]] = []
+        self._call_key: object = None  # the index (or id) of the call whose deltas arrive
         self.finish_reason: str | None = None
 
     def feed(self, chunk: dict[str, Any]) -> None:
@@ -72,10 +74,14 @@ class StreamRenderer:
         return message
 
     def _tool_call_piece(self, call: dict[str, Any]) -> None:
+        """A delta of a call: a new `index` starts a call, the same index goes on with it (some servers repeat the
+        id in every delta; without an index, a new id starts a call)."""
         function = call.get("function") or {}
-        if call.get("id"):
+        key = call.get("index", call.get("id"))
+        if key is not None and key != self._call_key and (call.get("id") or "index" in call):
+            self._call_key = key
             self._enter("tool")
-            self.tool_calls.append({"id": call["id"], "type": "function",
+            self.tool_calls.append({"id": call.get("id") or f"call_{len(self.tool_calls)}", "type": "function",
                                     "function": {"name": function.get("name", ""), "arguments": ""}})
             self._write(f"→ {function.get('name', '')}(", TOOL)
         if self.tool_calls and function.get("arguments"):
@@ -99,7 +105,8 @@ class StreamRenderer:
 def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,
                            timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
     """POST a streaming chat request to `url` (the server's base, e.g. http://127.0.0.1:8000) and yield its
-    chunks. Raises ChatClientError with the server's message for an HTTP error."""
+    chunks. Raises ChatClientError with the server's message for an HTTP error, and for a stream that breaks:
+    a connection lost, an event that is not JSON, or an end before `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
@@ -111,8 +118,24 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
         raise ChatClientError(f"HTTP {error.code}: {_error_message(error.read())}") from None
     except urllib.error.URLError as error:
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
+    done = False
+
+    def lines() -> Iterator[str]:
+        nonlocal done
+        for line in response:
+            text = line.decode("utf-8", errors="replace")
+            done = done or text.strip() == "data: [DONE]"
+            yield text
+
     with response:
-        yield from parse_sse_lines(line.decode("utf-8") for line in response)
+        try:
+            yield from parse_sse_lines(lines())
+        except (OSError, http.client.HTTPException) as error:
+            raise ChatClientError(f"the connection to {url} broke mid-reply ({error})") from None
+        except ValueError as error:
+            raise ChatClientError(f"the server sent an event that is not JSON ({error})") from None
+    if not done:
+        raise ChatClientError(f"the reply from {url} ended before it finished (no [DONE])")
 
 
 def check_server_url(url: str) -> None:
@@ -173,9 +196,9 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
              request_options: dict[str, Any] | None = None, color: bool = True) -> None:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
 
-    A reply that calls tools is followed by one prompt per call for its result; the results go back as `tool`
-    messages and the reply continues, until a reply calls nothing. At a result prompt `/reset` and `/exit` work
-    too (the unanswered turn is dropped)."""
+    A reply that calls tools is followed by one prompt per call for its result (`name(arguments) result>`); the
+    results go back as `tool` messages and the reply continues, until a reply calls nothing. At a result prompt
+    `/reset` starts a new conversation and `/exit` leaves, as at `you>`."""
     history: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     # A cache_salt only partitions the server's prefix cache: requests share cached prompt blocks only with requests
     # naming the same salt. One random salt per chat session keeps this conversation's turns reusing each other's
@@ -228,7 +251,7 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                 break
             results = []
             for call in calls:
-                result = _read(read_line, f"{call['function']['name']} result> ")
+                result = _read(read_line, f"{call_label(call)} result> ")
                 if result is None or result.strip() in ("/exit", "/quit"):
                     if result is None:
                         out.write("\n")
@@ -240,6 +263,15 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                 history = history[:1] if system else []
                 break
             history.extend(results)
+
+
+def call_label(call: dict[str, Any], width: int = 60) -> str:
+    """`name(arguments)` of a call, the arguments cut to `width` characters: what a result prompt shows, so that two
+    calls of one tool can be told apart."""
+    arguments = call["function"].get("arguments") or ""
+    if len(arguments) > width:
+        arguments = arguments[: width - 1] + "…"
+    return f"{call['function'].get('name', '')}({arguments})"
 
 
 def _read(read_line: Callable[[str], str], prompt: str) -> str | None:

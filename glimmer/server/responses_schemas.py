@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from glimmer.errors import RequestError
+from glimmer.protocol import normalize_tools
 from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
 
 RESPONSES_FIELD_HINTS = {
@@ -151,10 +152,12 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                                '({"type": "function", "name": ..., "parameters": ...}), not nested under '
                                '"function" as on chat completions', param=f"tools[{i}].function")
         if unknown:
-            raise RequestError(f"tools[{i}].{sorted(unknown)[0]}: unknown field", param=f"tools[{i}]")
+            field = f"tools[{i}].{sorted(unknown)[0]}"
+            raise RequestError(f"{field}: unknown field", param=field)
         if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
             raise RequestError(f"tools[{i}].strict: must be a boolean", param=f"tools[{i}].strict")
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
                     if tool.get(key) is not None}
         converted.append({"type": "function", "function": function})
+    normalize_tools(tools)  # P-REQ-8 on the flat declarations, so errors name their fields (tools[0].name)
     return converted

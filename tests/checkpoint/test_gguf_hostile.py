@@ -69,7 +69,7 @@ ARCH_KV = _string("general.architecture") + struct.pack("<I", 8) + _string("muse
 
 def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = (), *,
              drop_tensors: tuple[str, ...] = (), replace_tensors: dict | None = None,
-             split_max_tensors: int = 0) -> Path:
+             split_max_tensors: int = 0, add: dict | None = None) -> Path:
     """Copy a GGUF with some metadata changed or dropped (and tensors dropped, replaced by name with (data,
     raw_dtype), or the copy split into parts of `split_max_tensors` tensors as gguf-split does), using gguf's own
     reader and writer."""
@@ -82,6 +82,8 @@ def _rewrite(source: Path, out: Path, change: dict, drop: tuple[str, ...] = (), 
         value = change.get(name, field.contents())
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+    for name, (value, value_type) in (add or {}).items():  # keys the source lacks
+        writer.add_key_value(name, value, value_type)
     for tensor in reader.tensors:
         if tensor.name not in drop_tensors:
             data, raw_dtype = (replace_tensors or {}).get(tensor.name, (tensor.data, tensor.tensor_type))
@@ -147,6 +149,14 @@ def _split_renamed(good: Path, directory: Path) -> Path:
     return first.rename(first.with_name("model.gguf"))
 
 
+def _split_upper_case(good: Path, directory: Path) -> Path:
+    """The parts named with an upper-case extension (.GGUF), the second given."""
+    first, second = split_in_two(good, directory / "upper")
+    for part in (first, second):
+        part.rename(part.with_suffix(".GGUF"))
+    return second.with_suffix(".GGUF")
+
+
 def _split_parts_of_two_splits(good: Path, directory: Path) -> Path:
     """Part 2 taken from a split into three, beside part 1 of a split into two."""
     first, second = split_in_two(good, directory / "mixed")
@@ -205,6 +215,14 @@ CASES = {
                                                         "model-00002-of-00002.gguf is not beside it",)),
     "split_part_renamed": (_split_renamed, ("part 1 of 2 of a split GGUF (split.count=2), but its name is not "
                                             "gguf-split's <prefix>-00001-of-00002.gguf", "llama-gguf-split --merge")),
+    "split_number_not_a_number": (lambda g, d: _rewrite(g, d / "split_no.gguf", {}, add={
+        "split.count": (3, gguf.GGUFValueType.UINT16), "split.no": ("x", gguf.GGUFValueType.STRING)}), (
+        "one of 3 parts of a split GGUF (split.count=3), but its name is not gguf-split's "
+        "<prefix>-00001-of-00003.gguf",)),
+    "split_with_thousands_of_parts_missing": (lambda g, d: _rewrite(g, d / "many-00001-of-60000.gguf", {}, add={
+        "split.count": (60000, gguf.GGUFValueType.UINT16), "split.no": (0, gguf.GGUFValueType.UINT16)}), (
+        "many-00002-of-60000.gguf, many-00003-of-60000.gguf, many-00004-of-60000.gguf and 59,996 more are not "
+        "beside it",)),
     "split_parts_of_different_splits": (_split_parts_of_two_splits, (
         "model-00002-of-00002.gguf: is named part 2 of 2 of a split GGUF but its metadata says split.no=1, "
         "split.count=3",)),
@@ -221,7 +239,8 @@ def results(tiny_checkpoint, tmp_path_factory) -> dict[str, subprocess.Completed
     defaulted = _rewrite(good, directory / "defaulted.gguf", {},
                          drop=("muse-glimmer.final_logit_softcapping", "muse-glimmer.attention.sliding_window"))
     first, second = split_in_two(good, directory / "split")
-    paths = {"good": good, "defaulted": defaulted, "split_first": first, "split_second": second}
+    paths = {"good": good, "defaulted": defaulted, "split_first": first, "split_second": second,
+             "split_upper_case": _split_upper_case(good, directory)}
     paths |= {name: build(good, directory) for name, (build, _) in CASES.items()}
     outcome = inspect_all(list(paths.values()))
     return {name: outcome[str(path)] for name, path in paths.items()}
@@ -231,7 +250,7 @@ def test_the_capped_cli_reads_a_good_file(results):
     assert results["good"].returncode == 0, results["good"].stderr[-2000:]
 
 
-@pytest.mark.parametrize("part", ["split_first", "split_second"])
+@pytest.mark.parametrize("part", ["split_first", "split_second", "split_upper_case"])
 def test_a_split_file_reads_as_the_whole_from_any_part(results, part):
     """gguf-split's parts (as Hub repositories ship GGUFs over 50 GB) read as the unsplit file: same report."""
     assert results[part].returncode == 0, results[part].stderr[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 from server_support import AGENT_SCRIPTS, WEATHER_TOOL, live_server
@@ -71,6 +72,60 @@ def test_the_assembled_message_goes_back_into_the_history():
     assert renderer.finish_reason == "tool_calls"
 
 
+def test_a_server_that_repeats_the_call_id_in_every_delta_gives_one_call():
+    """Deltas belong to calls by `index` (the OpenAI stream's key); some servers repeat the id in each delta."""
+    same = [chunk(tool_calls=[{"index": 0, "id": "call_x", "type": "function",
+                               "function": {"name": "get_weather", "arguments": piece}}])
+            for piece in ('{"city"', ': "Paris"}')]
+    text, message, _ = render([chunk(role="assistant"), *same, chunk(finish_reason="tool_calls")])
+    assert text == '→ get_weather({"city": "Paris"})\n'
+    assert message["tool_calls"] == [{"id": "call_x", "type": "function",
+                                      "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+
+
+def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
+    """A stream that is cut, sends an event that is not JSON, or ends without [DONE]: one error line, the chat
+    goes on without the turn (no traceback, no half reply in the history)."""
+    import http.server
+    import threading
+
+    bodies = iter([
+        b'data: {"choices": [{"index": 0, "delta": {"content": "hi"\n\n',  # not JSON
+        b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n',  # no [DONE]: cut short
+        b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+        b"data: [DONE]\n\n",
+    ])
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = next(bodies)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        lines = iter(["one", "two", "three", "/exit"])
+        out = io.StringIO()
+        run_chat(f"http://127.0.0.1:{server.server_address[1]}", model=None, api_key=None, out=out,
+                 read_line=lambda prompt: next(lines), color=False)
+    finally:
+        server.shutdown()
+    text = out.getvalue()
+    assert "error: the server sent an event that is not JSON" in text
+    assert "ended before it finished (no [DONE])" in text and "Traceback" not in text
+    # the third request carries only its own message: the broken turns were dropped
+    assert [m["content"] for m in seen[2]["messages"]] == ["three"]
+
+
 def test_an_error_event_raises():
     with pytest.raises(ChatClientError, match="no call"):
         render([chunk(role="assistant"), {"error": {"message": "no call", "type": "tool_choice_unsatisfied"}}])
@@ -91,6 +146,9 @@ def test_a_chat_exchange_against_a_live_server(make_tiny):
                  request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
                  color=False)
     assert "A greeting.\nHi!\n" in out.getvalue() and "error" not in out.getvalue()
+
+
+RESULT_PROMPT = 'get_weather({"city": "Paris"}) result> '
 
 
 def scripted_tool_chat(make_tiny, lines):
@@ -115,7 +173,7 @@ def scripted_tool_chat(make_tiny, lines):
 def test_a_tool_call_in_the_chat_asks_for_its_result_and_the_reply_goes_on_from_it(make_tiny):
     text, prompts, model_prompts = scripted_tool_chat(make_tiny, iter(["[weather] in Paris?", "[sunny-result]",
                                                                        "/exit"]))
-    assert prompts == ["you> ", "get_weather result> ", "you> "]
+    assert prompts == ["you> ", RESULT_PROMPT, "you> "]
     assert '→ get_weather({"city": "Paris"})' in text and "The tool says sunny.\nIt is sunny in Paris.\n" in text
     assert "error" not in text
     # the second request carried the call and its result: the model saw the result after the call
@@ -128,9 +186,9 @@ def test_exit_or_reset_at_a_result_prompt_drop_the_unanswered_turn(make_tiny, an
     lines = iter(["[weather] in Paris?", answer, "[greet] hi", "/exit"])
     text, prompts, model_prompts = scripted_tool_chat(make_tiny, lines)
     if answer == "/exit":
-        assert prompts == ["you> ", "get_weather result> "] and len(model_prompts) == 1
+        assert prompts == ["you> ", RESULT_PROMPT] and len(model_prompts) == 1
     else:  # the next message starts a new conversation: no trace of the call
-        assert prompts == ["you> ", "get_weather result> ", "you> ", "you> "]
+        assert prompts == ["you> ", RESULT_PROMPT, "you> ", "you> "]
         assert "Hello there!" in text and "[weather]" not in model_prompts[-1]
 
 
@@ -139,7 +197,7 @@ def test_end_of_input_at_a_result_prompt_ends_the_chat(make_tiny):
         yield "[weather] in Paris?"
         raise EOFError
     text, prompts, _ = scripted_tool_chat(make_tiny, lines())
-    assert prompts == ["you> ", "get_weather result> "] and text.endswith("\n")
+    assert prompts == ["you> ", RESULT_PROMPT] and text.endswith("\n")
 
 
 def test_the_chat_sends_one_cache_salt_per_session_so_salted_servers_take_it(make_tiny):

@@ -112,6 +112,20 @@ def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     assert error["param"] == "tools[0].function" and "flat" in error["message"] and '"name"' in error["message"]
 
 
+@pytest.mark.parametrize(("tools", "param"), [
+    ([{"type": "function", "name": "a b"}], "tools[0].name"),
+    ([{"type": "function", "name": "f", "parameters": 3}], "tools[0].parameters"),
+    ([{"type": "function", "name": "f"}, {"type": "function", "name": "f"}], "tools[1].name"),
+    ([{"type": "function", "name": "f", "color": "red"}], "tools[0].color"),
+])
+def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param):
+    body = {"model": "tiny", "input": "hi", "tools": tools}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param)
+
+
 def test_a_streamed_call_sends_argument_deltas(client):
     events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
     arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
