@@ -370,7 +370,10 @@ class GGUFFile:
         return self.header.tensors
 
     def error(self, problem: str) -> CheckpointError:
-        return CheckpointError(f"{self.path}: {problem}")
+        """A CheckpointError naming the file; in a split one, also the part of each later part's tensor it names."""
+        located = [f"{name} is in {self.parts[index].name}" for name, index in self._part_of.items()
+                   if re.search(re.escape(name) + r"(?![\w.])", problem)][:MISSING_PARTS_NAMED]
+        return CheckpointError(f"{self.path}: {problem}" + (f" ({'; '.join(located)})" if located else ""))
 
     def has(self, key: str) -> bool:
         return key in self.header.metadata

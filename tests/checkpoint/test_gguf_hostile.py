@@ -105,10 +105,10 @@ def _tensor(name: str, dims: tuple[int, ...]) -> bytes:
     return _string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, 0, 0)
 
 
-def _bad_k_norm(good: Path, directory: Path) -> Path:
+def _bad_k_norm(good: Path, directory: Path, layer: int = 2) -> Path:
     reader = gguf.GGUFReader(good)
     data = bytearray(good.read_bytes())
-    entry = next(t for t in reader.tensors if t.name == "blk.2.attn_k_norm.weight")
+    entry = next(t for t in reader.tensors if t.name == f"blk.{layer}.attn_k_norm.weight")
     struct.pack_into("<f", data, entry.data_offset, 2.0)
     return _write(directory, "bad_k_norm", bytes(data))
 
@@ -155,6 +155,13 @@ def _split_upper_case(good: Path, directory: Path) -> Path:
     for part in (first, second):
         part.rename(part.with_suffix(".GGUF"))
     return second.with_suffix(".GGUF")
+
+
+def _split_bad_k_norm(good: Path, directory: Path) -> Path:
+    """A bad K norm (the last layer's) in the second part of a split, the first given: the error names its part."""
+    (directory / "split_bad").mkdir()
+    first, _ = split_in_two(_bad_k_norm(good, directory / "split_bad", layer=7), directory / "split_bad")
+    return first
 
 
 def _split_parts_of_two_splits(good: Path, directory: Path) -> Path:
@@ -223,6 +230,9 @@ CASES = {
         "split.count": (60000, gguf.GGUFValueType.UINT16), "split.no": (0, gguf.GGUFValueType.UINT16)}), (
         "many-00002-of-60000.gguf, many-00003-of-60000.gguf, many-00004-of-60000.gguf and 59,996 more are not "
         "beside it",)),
+    "split_tensor_error_names_its_part": (_split_bad_k_norm, (
+        "model-00001-of-00002.gguf: tensor blk.7.attn_k_norm.weight is not all ones",
+        "(blk.7.attn_k_norm.weight is in model-00002-of-00002.gguf)")),
     "split_parts_of_different_splits": (_split_parts_of_two_splits, (
         "model-00002-of-00002.gguf: is named part 2 of 2 of a split GGUF but its metadata says split.no=1, "
         "split.count=3",)),
