@@ -294,6 +294,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from glimmer.server.settings import ServerSettings
 
     logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+    # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags) would
+    # land in the middle of the reply being printed, which shows the parsed call
+    logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     engine, name, is_default = _engine_from_args(args)
     try:
         app = create_app(engine, ServerSettings(served_model_names=(name,)))
