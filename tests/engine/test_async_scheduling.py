@@ -53,6 +53,22 @@ def test_async_scheduling_on_and_off_give_identical_outputs(engines):
         assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_max_tokens_0_samples_nothing_when_its_last_step_computes_one_token(engines, async_scheduling):
+    """A one-token prompt, and a prompt whose prefix-cache hit leaves one token to compute: a one-token step, which
+    must not run ahead (it sampled a token when it did)."""
+    llm = engines[async_scheduling]
+    prompt = list(range(100, 133))  # 33 tokens: sent again, 32 come from the cache
+    cached = []
+    for request in ([7], prompt, prompt):
+        result = llm.generate([request], SamplingParams(max_tokens=0))[0]
+        (output,) = result.outputs
+        assert output.token_ids == [] and output.text == "" and output.finish_reason == "length"
+        cached.append(result.num_cached_tokens)
+    assert cached[1:] == [0, 32]
+    assert not llm.engine.has_unfinished_requests
+
+
 def test_async_scheduling_releases_a_steps_text_during_the_next_step(engines):
     prompt = _prompts(1)[0]
     released = {}
