@@ -71,7 +71,7 @@ SPLIT_COUNT = "split.count"
 SPLIT_NO = "split.no"
 SPLIT_TENSORS = "split.tensors.count"
 _SPLIT_NAME = re.compile(r"(.*)-(\d{5})(-of-)(\d{5})(\.gguf)", re.IGNORECASE)
-MISSING_PARTS_NAMED = 3  # a split that lacks more parts names this many of them
+MOST_LISTED = 3  # an error about a split lists at most this many missing parts or misplaced tensors
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -312,13 +312,13 @@ class GGUFFile:
                 f"<prefix>-{number + 1 if numbered else 1:05d}-of-{count:05d}.gguf, by which its other parts are "
                 f"found: restore the parts' names, or merge them with `llama-gguf-split --merge FIRST_PART merged.gguf`"
             )
-        prefix, of, suffix = match.group(1), match.group(3), match.group(5)  # the spelling given (.GGUF stays)
-        parts = tuple(self.path.with_name(f"{prefix}-{i:05d}{of}{match.group(4)}{suffix}") for i in range(1, count + 1))
+        prefix, of, total, suffix = match.group(1, 3, 4, 5)  # the spelling given (.GGUF stays)
+        parts = tuple(self.path.with_name(f"{prefix}-{i:05d}{of}{total}{suffix}") for i in range(1, count + 1))
         missing = [part.name for part in parts if not part.is_file()]
         if missing:
-            named = ", ".join(missing[:MISSING_PARTS_NAMED])
-            if len(missing) > MISSING_PARTS_NAMED:
-                named += f" and {len(missing) - MISSING_PARTS_NAMED:,} more"
+            named = ", ".join(missing[:MOST_LISTED])
+            if len(missing) > MOST_LISTED:
+                named += f" and {len(missing) - MOST_LISTED:,} more"
             raise self.error(
                 f"this is {which} of a split GGUF, and {named} {'is' if len(missing) == 1 else 'are'} not beside "
                 f"it: every part must sit in {self.path.parent}"
@@ -372,7 +372,7 @@ class GGUFFile:
     def error(self, problem: str) -> CheckpointError:
         """A CheckpointError naming the file; in a split one, also the part of each later part's tensor it names."""
         located = [f"{name} is in {self.parts[index].name}" for name, index in self._part_of.items()
-                   if re.search(re.escape(name) + r"(?![\w.])", problem)][:MISSING_PARTS_NAMED]
+                   if re.search(re.escape(name) + r"(?![\w.])", problem)][:MOST_LISTED]
         return CheckpointError(f"{self.path}: {problem}" + (f" ({'; '.join(located)})" if located else ""))
 
     def has(self, key: str) -> bool:

@@ -844,8 +844,7 @@ class LLMEngine:
                 committed[i] -= step.spec_tokens(i)
                 seq.keep_spec_tokens(0)
                 dropped.add(i)
-            elif seq.max_total_tokens == len(seq.prompt_token_ids):
-                # max_tokens=0: the prompt is computed (and scored); nothing is sampled
+            elif seq.samples_nothing:
                 outcome.deltas.append(self._finish_unsampled(seq))
                 outcome.end(seq)
                 dropped.add(i)

@@ -34,13 +34,13 @@ from glimmer.engine.sequence import Sequence
 
 
 def runs_ahead(seq: Sequence) -> bool:
-    """Whether `seq`'s decode rows can be sampled before the host has read its previous token. Not a request that
-    samples nothing (`max_tokens=0`, whose last prompt token can be a one-token step: a prompt of one token, or a
-    prefix-cache hit or prefill chunk leaving one): the host finishes it without sampling (`_emit`)."""
+    """Whether `seq`'s decode rows can be sampled before the host has read its previous token. Not a sequence that
+    samples nothing, whose last prompt token can be a one-token step (a prompt of one token, or a prefix-cache hit
+    or prefill chunk leaving one): the host finishes it unsampled (`_emit`)."""
     params = seq.params
     position = seq.num_computed_tokens
     return (
-        seq.max_total_tokens > len(seq.prompt_token_ids)
+        not seq.samples_nothing
         and seq.controller is None
         and not params.uses_penalties
         and not any(item.overlaps(position, position + 1) for item in seq.multimodal)

@@ -89,6 +89,11 @@ class Sequence:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def samples_nothing(self) -> bool:
+        """max_tokens=0: the prompt is computed (and scored), and the host finishes it without sampling."""
+        return self.max_total_tokens == len(self.prompt_token_ids)
+
+    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

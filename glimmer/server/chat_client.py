@@ -227,42 +227,48 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
             out.write("[stopped at max_tokens]\n")
         return message
 
-    while True:
-        line = _read(read_line, "you> ")
+    def read(prompt: str) -> str | None:
+        """A typed line, or None after /reset (the history cleared in place); _Exit for /exit, /quit or end of
+        input (a newline written)."""
+        line = _read(read_line, prompt)
+        if line is None:
+            out.write("\n")
         if line is None or line.strip() in ("/exit", "/quit"):
-            if line is None:
-                out.write("\n")
-            return
+            raise _Exit
         if line.strip() == "/reset":
-            history = history[:1] if system else []
-            continue
-        if not line.strip():
-            continue
-        turn_start = len(history)
-        history.append({"role": "user", "content": line})
+            del history[1 if system else 0 :]
+            return None
+        return line
+
+    try:
         while True:
-            message = reply()
-            if message is None:
-                del history[turn_start:]  # the turn failed: as if it had not been sent
-                break
-            history.append(message)
-            calls = message.get("tool_calls") or []
-            if not calls:
-                break
-            results = []
-            for call in calls:
-                result = _read(read_line, f"{call_label(call)} result> ")
-                if result is None or result.strip() in ("/exit", "/quit"):
-                    if result is None:
-                        out.write("\n")
-                    return
-                if result.strip() == "/reset":
+            line = read("you> ")
+            if line is None or not line.strip():
+                continue
+            turn_start = len(history)
+            history.append({"role": "user", "content": line})
+            while True:
+                message = reply()
+                if message is None:
+                    del history[turn_start:]  # the turn failed: as if it had not been sent
                     break
-                results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-            if len(results) < len(calls):  # /reset at a result prompt
-                history = history[:1] if system else []
-                break
-            history.extend(results)
+                history.append(message)
+                calls = message.get("tool_calls") or []
+                results = []
+                for call in calls:
+                    result = read(f"{call_label(call)} result> ")
+                    if result is None:  # /reset: a new conversation
+                        break
+                    results.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+                if not calls or len(results) < len(calls):
+                    break
+                history.extend(results)
+    except _Exit:
+        return
+
+
+class _Exit(Exception):
+    """/exit, /quit or end of input at any prompt of the chat."""
 
 
 def call_label(call: dict[str, Any], width: int = 60) -> str:
