@@ -170,3 +170,16 @@ def test_the_load_time_probe_catches_a_stack_that_computes_nothing():
 
     assert probe_cpu(cpu.library()) is None
     assert probe_cpu(Broken()) == "decoder_stack"
+
+
+@pytest.mark.parametrize("rows", [4, 8, 9, 17])
+@pytest.mark.parametrize("in_features", [512, 37])
+def test_a_rows_sums_do_not_depend_on_the_rows_beside_it(rows, in_features):
+    """A pass sums up to eight rows at once, reducing their accumulators together from four rows up; each row's
+    sums are the same bits as when it is multiplied alone."""
+    generator = torch.Generator().manual_seed(rows + in_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(66, in_features, generator=generator) / in_features**0.5
+    together = stack_linear(x, weight)
+    for r in range(rows):
+        assert torch.equal(together[r], stack_linear(x[r : r + 1], weight)[0]), r
