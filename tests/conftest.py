@@ -3,7 +3,6 @@ of the decode steps launched ahead (engine/lookahead.py)."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -25,35 +24,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@contextlib.contextmanager
-def _as_on_a_cpu_machine(item):
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
     """On a machine with a GPU, a test not marked `cuda` runs as on the CPU-only machines CI uses: the engine would
     otherwise default to the GPU (`device=None`), where these tests' sizes, budgets and stand-in runners do not
-    apply. Covers the fixtures its setup builds (module- and session-scoped ones too) and child processes."""
+    apply. Covers the test's setup (module- and session-scoped fixtures it builds too), call, teardown and child
+    processes."""
     if "cuda" in item.keywords or not torch.cuda.is_available():
         yield
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: False)
         patch.setenv("CUDA_VISIBLE_DEVICES", "")
-        yield
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    with _as_on_a_cpu_machine(item):
-        yield
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    with _as_on_a_cpu_machine(item):
-        yield
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item):
-    with _as_on_a_cpu_machine(item):
         yield
 
 
