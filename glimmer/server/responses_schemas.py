@@ -154,10 +154,9 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         if unknown:
             field = f"tools[{i}].{sorted(unknown)[0]}"
             raise RequestError(f"{field}: unknown field", param=field)
-        if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
-            raise RequestError(f"tools[{i}].strict: must be a boolean", param=f"tools[{i}].strict")
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
                     if tool.get(key) is not None}
         converted.append({"type": "function", "function": function})
-    normalize_tools(tools)  # P-REQ-8 on the flat declarations, so errors name their fields (tools[0].name)
+    normalize_tools(tools)  # P-REQ-8 on the flat declarations (name, description, parameters, strict), so
+    # errors name their fields (tools[0].name)
     return converted
