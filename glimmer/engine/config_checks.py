@@ -37,7 +37,7 @@ def _is_int(value: object) -> bool:
 def check_engine_config(config: EngineConfig) -> None:
     """Raise ConfigError for the first option of `config` of the wrong type or out of range; a size given as
     text (kv_cache_memory='8GiB') is turned into bytes."""
-    check_environment()  # GLIMMER_KERNELS / GLIMMER_PDL: a typo is an error here, not a silent default later
+    check_environment()  # GLIMMER_KERNELS / _PDL / _GEMM: a typo is an error here, not a silent default later
     if not isinstance(config.model, (str, os.PathLike)):
         raise ConfigError(f"model={config.model!r} must be a directory, a file or a Hub id (a string)")
     for name, types in (("dtype", str), ("device", str), ("chat_template", (str, os.PathLike)),

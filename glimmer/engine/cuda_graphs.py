@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +36,7 @@ from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import StepInputs, build_step_inputs, target_groups
 from glimmer.model.kernels.paged_attention import triton_supports
 from glimmer.model.kernels.support import use_triton
+from glimmer.model.kernels.tuned_gemm import cublas_only, forgo
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,9 @@ def batch_size_ladder(max_num_seqs: int) -> tuple[int, ...]:
     sizes += range(8, max_num_seqs + 8, 8)
     return tuple(s for s in sizes if s < max_num_seqs + 8)
 
+
+STEP_MIN_GAIN = 0.005  # a batch size keeps its chosen products only if they make its decode step this much faster
+SHARED_POOL = object()  # `_capture`'s default: the memory pool every kept graph shares
 
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -162,15 +166,23 @@ class DecodeGraphs:
         for group, table in inputs.tables.items():
             self._tables[group][: inputs.num_seqs, : table.shape[1]].copy_(table, non_blocking=True)
 
-    def capture_graphs(self, query_lens: tuple[int, ...] = (1,), progress: bool = False) -> None:
+    def capture_graphs(self, query_lens: tuple[int, ...] = (1,), progress: bool = False,
+                       check_products: Collection[int] = ()) -> None:
         """Capture now the graph of every ladder size for each tokens-per-sequence q of `query_lens` (1: decode,
         1 + k: verifying k proposed tokens; those above max_query_len are left out), most tokens first so the
-        smaller ones reuse their memory in the shared pool. Each is captured over padding rows alone."""
+        smaller ones reuse their memory in the shared pool. Each is captured over padding rows alone.
+
+        check_products: batch sizes whose products were just chosen (kernels/tuned_gemm.py): their decode step is
+        timed with those products and with F.linear before it is captured, and the choices are kept only if the
+        step is faster with them (`keep_products_if_faster`)."""
         started = time.perf_counter()
         shapes = sorted(((size, q) for size in self.sizes for q in set(query_lens) if q <= self.max_query_len
                          and (size, q) not in self._graphs), key=lambda shape: (-shape[0] * shape[1], -shape[1]))
         for size, q in tqdm(shapes, desc="Capturing CUDA graphs", unit="graph", disable=not progress):
-            self.run(build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size, padding_tokens=q), 0)
+            inputs = build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size, padding_tokens=q)
+            if q == 1 and size in check_products and self._pool is not None:
+                self.keep_products_if_faster(inputs)
+            self.run(inputs, 0)
         logger.info("captured %d CUDA graphs (batch sizes %d to %d, tokens per sequence %s) in %.1f s", len(shapes),
                     self.sizes[0], self.sizes[-1], sorted({q for _, q in shapes}), time.perf_counter() - started)
 
@@ -188,8 +200,34 @@ class DecodeGraphs:
         self._load(self._last_inputs[size])
         self._graphs[(size, 1)].replay()
 
+    def keep_products_if_faster(self, inputs: StepInputs, replays: int = 6) -> None:
+        """Time this padding-row decode step from two graphs, one with the products chosen for its batch size and
+        one with F.linear, replayed alternately; where the chosen ones do not make the step `STEP_MIN_GAIN`
+        faster, they are forgone (for good: the cache file records it). A product timed alone can be faster and
+        the step around it not: the kernels beside it change how its start and its end overlap."""
+        device_index = self.device.index or 0
+        self._load(inputs)
+        chosen = self._capture(inputs, pool=None).replay  # private pools: freed with the graphs
+        with cublas_only(device_index, inputs.num_seqs):
+            plain = self._capture(inputs, pool=None).replay
+        times: dict[Callable[[], None], list[float]] = {chosen: [], plain: []}
+        for _ in range(replays):
+            for replay, spent in times.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                replay()
+                end.record()
+                end.synchronize()
+                spent.append(start.elapsed_time(end))
+        chosen_ms, plain_ms = min(times[chosen]), min(times[plain])
+        logger.debug("batch %d decode step: %.3f ms with the chosen products, %.3f with F.linear", inputs.num_seqs,
+                     chosen_ms, plain_ms)
+        if chosen_ms > (1 - STEP_MIN_GAIN) * plain_ms:
+            forgo(device_index, inputs.num_seqs, f"the decode step took {chosen_ms:.3f} ms with it and "
+                  f"{plain_ms:.3f} with F.linear")
+
     @torch.inference_mode()
-    def _capture(self, inputs: StepInputs) -> _Graph:
+    def _capture(self, inputs: StepInputs, pool: object = SHARED_POOL) -> _Graph:
         size, q = inputs.num_seqs, inputs.max_query_len
         tables = {g: self._tables[g][:size] for g in self.groups}
         num_layers = self.model.config.text.num_hidden_layers
@@ -202,6 +240,8 @@ class DecodeGraphs:
             logits = self.model.compute_logits(final) if q == 1 else None
             return _Graph(lambda: None, logits, None if q == 1 else final, ctx.captured_outputs(final, num_layers))
 
+        if pool is SHARED_POOL:
+            pool = self._pool
         if self._pool is None:  # eager replay (tests without CUDA): every replay runs the forward again
             graph = forward()
 
@@ -209,7 +249,7 @@ class DecodeGraphs:
                 fresh = forward()
                 graph.logits, graph.final, graph.hidden = fresh.logits, fresh.final, fresh.hidden
         else:
-            replay, graph = record(forward, self.device, self._pool)
+            replay, graph = record(forward, self.device, pool)
         graph.replay = replay
         logger.debug("captured a CUDA graph for batch size %d, %d token(s) per sequence", size, q)
         return graph

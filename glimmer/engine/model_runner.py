@@ -21,6 +21,7 @@ import torch
 from glimmer.checkpoint.config import TextConfig
 from glimmer.engine.cuda_graphs import DecodeGraphs
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.model_loader import projection_weights
 from glimmer.engine.sampler import TokenLogprobs, scored_token_logprobs
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem, Sequence
@@ -28,6 +29,7 @@ from glimmer.engine.step_inputs import StepInputs, build_step_inputs
 from glimmer.model.context import ForwardContext
 from glimmer.model.kernels.paged_attention import prefill_warmup_batches
 from glimmer.model.kernels.support import dependent_launch, use_triton
+from glimmer.model.kernels.tuned_gemm import choose_products
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
@@ -132,7 +134,10 @@ class ModelRunner:
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)
             self.graphs = DecodeGraphs(model, self.kv_caches, kv, self.null_blocks, max_num_seqs, max_blocks, device,
                                        capture_layers=capture_layers, max_query_len=max(query_lens))
-            self.graphs.capture_graphs(query_lens, progress)
+            # before any capture: each graph records the product chosen for its batch size (kernels/tuned_gemm.py)
+            choices = choose_products([*projection_weights(model), model.lm_head.weight], self.graphs.sizes, progress)
+            check = {c.shape.rows for c in choices if c.measured and c.algo_hex is not None}
+            self.graphs.capture_graphs(query_lens, progress, check_products=check)
         if in_place_attention:
             self._compile_prefill_kernels()
 

@@ -194,3 +194,36 @@ def test_bf16_at_the_released_geometry_stays_within_the_references_own_error(tmp
         ours.append((torch.tensor(list(logprobs.top.values()), device="cuda") - exact[top]).abs().max().item())
         references.append((half[top] - exact[top]).abs().max().item())
     assert max(ours) <= 1.5 * max(references) + 0.02, (ours, references)
+
+
+@pytest.mark.parametrize(("step_gain", "kept"), [(-1.0, True), (1.0, False)])
+def test_products_chosen_alone_are_kept_only_if_the_decode_step_is_faster_with_them(windowed, monkeypatch, tmp_path,
+                                                                                     step_gain, kept):
+    """An engine that measures its products times each batch size's decode step with them and without: a step that
+    is not faster by STEP_MIN_GAIN (here made impossible, or certain) gives them up, in the cache file too."""
+    from glimmer.engine import cuda_graphs
+    from glimmer.model.kernels import tuned_gemm
+
+    monkeypatch.setattr(tuned_gemm, "_chosen", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuned_gemm, "MIN_GAIN", -10.0)  # every shape takes cuBLASLt's fastest candidate
+    monkeypatch.setattr(cuda_graphs, "STEP_MIN_GAIN", step_gain)
+    llm = LLM(str(windowed), device="cuda", dtype="bfloat16", progress=False, kv_cache_memory=128 << 20,
+              max_num_seqs=8)
+    chosen = {shape: product for (_, shape), product in tuned_gemm._chosen.items()}
+    assert {shape.rows for shape in chosen} == {2, 4, 8}
+    assert all((product is not None) == kept for product in chosen.values())
+    saved = json.loads(next((tmp_path / "glimmer" / "gemm").glob("*.json")).read_text())["choices"]
+    assert all((entry["algo"] is not None) == kept for entry in saved.values())
+    assert all(("forgone" in entry) != kept for entry in saved.values())
+    # either way the engine decodes in bf16 as the plain path does, within the reference's own rounding
+    prompts = _prompts(6, seed=3)
+    options = dict(device="cuda", dtype="bfloat16", progress=False, kv_cache_memory=128 << 20, max_num_seqs=8)
+    monkeypatch.setenv("GLIMMER_GEMM", "cublas")
+    plain = LLM(str(windowed), **options)
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=0, ignore_eos=True)
+    for a, b in zip(llm.generate(prompts, params), plain.generate(prompts, params), strict=True):
+        for step, (x, y) in enumerate(zip(a.logprobs, b.logprobs, strict=True)):
+            assert abs(x.logprob - y.logprob) < 0.05  # greedy: the largest logprob, continuous in the logits
+            if a.token_ids[step] != b.token_ids[step]:  # a near tie: the contexts differ from here on
+                break

@@ -47,26 +47,30 @@ def test_sizes_as_text_are_bytes_as_on_the_command_line(tiny_checkpoint):
 
 
 @pytest.mark.parametrize(("variable", "value"), [("GLIMMER_KERNELS", "triton"), ("GLIMMER_KERNELS", "off"),
-                                                 ("GLIMMER_PDL", "false-ish"), ("GLIMMER_PDL", "2")])
+                                                 ("GLIMMER_PDL", "false-ish"), ("GLIMMER_PDL", "2"),
+                                                 ("GLIMMER_GEMM", "cublaslt"), ("GLIMMER_GEMM", "0")])
 def test_a_kernel_switch_that_is_not_a_setting_is_refused_naming_it(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=f"{variable}='{value}' is not a setting"):
         LLM("/nonexistent/model/dir", progress=False)  # before the model is looked for
 
 
-@pytest.mark.parametrize(("variable", "value", "forced", "pdl"), [
-    ("GLIMMER_KERNELS", "torch", True, True), ("GLIMMER_KERNELS", " Torch ", True, True),
-    ("GLIMMER_KERNELS", "auto", False, True), ("GLIMMER_KERNELS", "", False, True),
-    ("GLIMMER_PDL", "0", False, False), ("GLIMMER_PDL", "off", False, False), ("GLIMMER_PDL", "FALSE", False, False),
-    ("GLIMMER_PDL", "1", False, True), ("GLIMMER_PDL", "on", False, True),
+@pytest.mark.parametrize(("variable", "value", "forced", "pdl", "tuned"), [
+    ("GLIMMER_KERNELS", "torch", True, True, False), ("GLIMMER_KERNELS", " Torch ", True, True, False),
+    ("GLIMMER_KERNELS", "auto", False, True, True), ("GLIMMER_KERNELS", "", False, True, True),
+    ("GLIMMER_PDL", "0", False, False, True), ("GLIMMER_PDL", "off", False, False, True),
+    ("GLIMMER_PDL", "FALSE", False, False, True), ("GLIMMER_PDL", "1", False, True, True),
+    ("GLIMMER_PDL", "on", False, True, True),
+    ("GLIMMER_GEMM", "cublas", False, True, False), ("GLIMMER_GEMM", " CUBLAS", False, True, False),
+    ("GLIMMER_GEMM", "tuned", False, True, True), ("GLIMMER_GEMM", "auto", False, True, True),
 ])
-def test_kernel_switch_settings(monkeypatch, variable, value, forced, pdl):
-    from glimmer.model.kernels.support import dependent_launch_allowed, references_forced
+def test_kernel_switch_settings(monkeypatch, variable, value, forced, pdl, tuned):
+    from glimmer.model.kernels.support import dependent_launch_allowed, gemm_tuning_allowed, references_forced
 
-    monkeypatch.delenv("GLIMMER_KERNELS", raising=False)
-    monkeypatch.delenv("GLIMMER_PDL", raising=False)
+    for name in ("GLIMMER_KERNELS", "GLIMMER_PDL", "GLIMMER_GEMM"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(variable, value)
-    assert (references_forced(), dependent_launch_allowed()) == (forced, pdl)
+    assert (references_forced(), dependent_launch_allowed(), gemm_tuning_allowed()) == (forced, pdl, tuned)
 
 
 def test_an_unknown_keyword_is_refused_naming_it_and_the_options():

@@ -8,6 +8,8 @@ Three implementations, picked per call:
   some of these shapes (a second reduction kernel each) and reads the smaller weights at 3.2–3.5 TB/s on an
   H200; this kernel reads every shape of the 30B at 4.2–4.4 TB/s, and it is launched as a dependent launch
   (support.py), so the gap before it overlaps the kernel ahead of it;
+- a shape the engine measured at start-up where one of cuBLASLt's algorithms beats cuBLAS's default (a decode
+  step's few rows; tuned_gemm.py) runs that algorithm;
 - anything else is `F.linear`, the reference.
 
 The GEMV sums in another order than cuBLAS, so a bf16 output can differ from `F.linear`'s by one rounding step
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 from glimmer.model.kernels.packed_linear import PackedLinear
 from glimmer.model.kernels.support import launch_options, multiprocessor_count, next_power_of_2, use_triton
+from glimmer.model.kernels.tuned_gemm import tuned_linear, tuned_product
 
 MATVEC_DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_N, BLOCK_K, warps): the wide tile reads most shapes fastest; an H200 holds about 4 of its programs per
@@ -38,6 +41,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor | PackedLinear, bias: torch.Ten
         return weight(x)
     if use_triton(x, weight) and matvec_supports(x, weight, bias):
         return matvec_triton(x, weight, bias)
+    product = tuned_product(x, weight, bias)
+    if product is not None:
+        return tuned_linear(x, weight, product)
     return F.linear(x, weight, bias)
 
 

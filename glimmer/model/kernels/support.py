@@ -35,6 +35,7 @@ def triton_importable() -> bool:
 
 
 KERNEL_SETTINGS = {"": False, "auto": False, "torch": True}
+GEMM_SETTINGS = {"": True, "auto": True, "tuned": True, "cublas": False}
 PDL_SETTINGS = {"": True, "1": True, "on": True, "true": True, "yes": True,
                 "0": False, "off": False, "false": False, "no": False}
 
@@ -62,10 +63,19 @@ def dependent_launch_allowed() -> bool:
                    "on/true/yes, or leaving it unset) as dependent launches on Hopper+")
 
 
+def gemm_tuning_allowed() -> bool:
+    """GLIMMER_GEMM: unset, `tuned` or `auto` let measured cuBLASLt algorithms replace F.linear (tuned_gemm.py);
+    `cublas` keeps every product on cuBLAS's default kernel. GLIMMER_KERNELS=torch keeps them there too."""
+    return _switch("GLIMMER_GEMM", GEMM_SETTINGS, "'cublas' keeps every product on cuBLAS's default kernel, 'tuned' "
+                   "(or leaving it unset) lets measured cuBLASLt algorithms replace it") and not references_forced()
+
+
 def check_environment() -> None:
-    """Raise ConfigError for a GLIMMER_KERNELS or GLIMMER_PDL value that is not a setting (engine start-up)."""
+    """Raise ConfigError for a GLIMMER_KERNELS, GLIMMER_PDL or GLIMMER_GEMM value that is not a setting (engine
+    start-up)."""
     references_forced()
     dependent_launch_allowed()
+    gemm_tuning_allowed()
 
 
 def use_triton(*tensors: torch.Tensor) -> bool:
