@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,16 +310,20 @@ def write_tiny_checkpoint(
     release = preset == "30b"
     if (vision or release) and weight_layout == LEGACY:
         raise ConfigError("the legacy layout is text-only; use --layout canonical, flat or native with --vision")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    remove_weight_files(out)
-    tokens = write_tiny_tokenizer(out, release_ids=release)
+    # everything is built and checked before `out_dir` is touched: a refused option leaves it as it was
+    with tempfile.TemporaryDirectory() as scratch:
+        tokens = write_tiny_tokenizer(Path(scratch), release_ids=release)
     config = released_30b_config() if release else tiny_model_config(tokens, spec, vision=vision)
     weights = None
     if not config_only:
         weights = to_weight_layout({k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}, config,
                                    weight_layout)
         check_num_shards(num_shards, len(weights))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_weight_files(out)
+    if write_tiny_tokenizer(out, release_ids=release) != tokens:
+        raise RuntimeError("the tiny tokenizer came out differently twice")
     release_defaults = {"max_length": config.text.max_position_embeddings} if release else None
     write_model_config_files(out, config, tokens, config_layout=config_layout, generation_defaults=release_defaults)
     if config.has_vision:

@@ -44,13 +44,19 @@ def reference_logits(model, token_ids: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reference_greedy(model, token_ids: list[int], max_new_tokens: int) -> list[int]:
+def reference_greedy(model, token_ids: list[int], max_new_tokens: int, token_count: int | None = None) -> list[int]:
+    """transformers' greedy `generate`. token_count: the tokenizer's ids; the logit rows past them (a tiny
+    checkpoint's vocabulary is padded to a multiple) are suppressed, as Glimmer never samples a row that is no
+    token (a random model's argmax can land there; a trained one's does not)."""
+    vocab = model.config.get_text_config().vocab_size
+    suppress = list(range(token_count, vocab)) if token_count is not None and token_count < vocab else None
     out = model.generate(
         torch.tensor([token_ids]),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         eos_token_id=None,
         pad_token_id=0,
+        suppress_tokens=suppress,
     )
     return out[0, len(token_ids):].tolist()
 

@@ -61,13 +61,18 @@ def test_shard_counts_that_would_be_ignored_are_refused_before_writing(tmp_path,
     assert not (tmp_path / "t").exists()
 
 
-def test_more_shards_than_tensors_are_refused_before_writing_weights(tmp_path, capsys):
+def test_more_shards_than_tensors_are_refused_before_writing_anything(tmp_path, capsys):
     from glimmer.cli import main
 
     assert main(["make-tiny", str(tmp_path / "t"), "--shards", "1000"]) == 2
     err = capsys.readouterr().err.strip()
     assert "num_shards=1000 (--shards) is more than the" in err and len(err.splitlines()) == 1
-    assert not list((tmp_path / "t").glob("*.safetensors"))
+    assert not (tmp_path / "t").exists()
+    # over an earlier checkpoint, with --force: refused, and the earlier one is still whole
+    earlier = write_tiny_checkpoint(tmp_path / "earlier")
+    files = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    assert main(["make-tiny", str(earlier), "--force", "--shards", "1000"]) == 2
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == files
 
 
 def test_every_shard_holds_a_tensor(tmp_path):

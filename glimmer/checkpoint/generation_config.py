@@ -89,7 +89,7 @@ def load_generation_defaults(
         bos_token_id=bos[0] if bos is not None else text_config.bos_token_id,
         pad_token_id=pad[0] if pad is not None else text_config.pad_token_id,
         temperature=fields.number("temperature", minimum=0.0),
-        top_p=fields.number("top_p", minimum=0.0, maximum=1.0),
+        top_p=fields.number("top_p", minimum=0.0, maximum=1.0, above_minimum=True),
         top_k=fields.integer("top_k", minimum=0),
         do_sample=fields.boolean("do_sample"),
         max_new_tokens=fields.integer("max_new_tokens", minimum=1),
@@ -155,12 +155,15 @@ class _Fields:
             )
         return tuple(ids)
 
-    def number(self, name: str, minimum: float, maximum: float = math.inf) -> float | None:
+    def number(self, name: str, minimum: float, maximum: float = math.inf, *, above_minimum: bool = False
+               ) -> float | None:
+        """above_minimum: the minimum itself is out of range too (top_p=0 would keep no token at all)."""
         value = self._config.get(name)
         if value is None:
             return None
-        if not (_is_int(value) or isinstance(value, float)) or not minimum <= value <= maximum:
-            raise self._invalid(name, f"a number in [{minimum}, {maximum}]")
+        numeric = _is_int(value) or isinstance(value, float)
+        if not numeric or not ((minimum < value if above_minimum else minimum <= value) and value <= maximum):
+            raise self._invalid(name, f"a number in {'(' if above_minimum else '['}{minimum}, {maximum}]")
         return float(value)
 
     def integer(self, name: str, minimum: int) -> int | None:

@@ -73,6 +73,15 @@ class GrammarController:
         self.num_token_ids = num_token_ids  # the ids llguidance indexed: every logit row of the model
         self._markers = markers  # a chat turn's: its text may not spell `<|`
         self._after_open = False  # the text so far ends with `<`
+        self.failure: str | None = None  # the grammar engine's error, met while filling this completion's mask
+
+    def check_mask(self) -> None:
+        """After a mask was filled from the matcher: a matcher in its error state masks every token but the stop
+        ids, which would end the completion as if it were done; its error is kept, and `observe` fails the
+        request with it."""
+        if self.failure is None and self.matcher.is_error():
+            self.failure = _first_lines(self.matcher.get_error())
+            logger.error("grammar engine error while filling a mask: %s", self.failure)
 
     def accepted_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens`, in a row, the grammar would accept from here, without consuming them. An id
@@ -84,6 +93,9 @@ class GrammarController:
 
     def observe(self, token_id: int) -> bool:
         """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
+        if self.failure is not None:
+            raise GrammarFailure(f"the grammar engine stopped on this request's constraint ({self.failure}); its "
+                                 "output so far would not satisfy it")
         markers = self._markers
         if markers is not None:
             spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
@@ -140,17 +152,44 @@ class GrammarCompiler:
             if matcher is not None:
                 self._compiled.move_to_end(text)
         if matcher is None:
-            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
-            matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
-            if matcher is None or matcher.is_error():
-                message = messages[0] if is_error else matcher.get_error()
-                raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+            matcher = self._build(text, param)
             with self._lock:
                 self._compiled[text] = matcher
                 while len(self._compiled) > COMPILED_CACHE_SIZE:
                     self._compiled.popitem(last=False)
         markers = self._marker_spelling() if guard_markers else None
-        return lambda: GrammarController(matcher.deep_copy(), self.tokenizer.vocab_size, markers)
+        return lambda: GrammarController(self._copy(text, matcher), self.tokenizer.vocab_size, markers)
+
+    def _build(self, text: str, param: str) -> llguidance.LLMatcher:
+        """A matcher for `text`; RequestError(param) for a grammar llguidance refuses, or one whose first mask is
+        already an error (a grammar no text satisfies, such as `root ::= root`: llguidance finds out only there)."""
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
+        matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        if matcher is not None and not matcher.is_error():
+            probe = matcher.deep_copy()
+            probe.compute_bitmask()
+            if not probe.is_error():
+                return matcher
+            raise RequestError(f"{param}: no text satisfies this constraint; the grammar engine found no way to "
+                               f"begin it ({_first_lines(probe.get_error())})", param=param)
+        message = messages[0] if is_error else matcher.get_error()
+        raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+
+    def _copy(self, text: str, matcher: llguidance.LLMatcher) -> llguidance.LLMatcher:
+        """A copy of the kept matcher for one completion. llguidance's copies share their lexer, and a lexer that
+        hit one of its limits (a completion failed with GrammarFailure) leaves every later copy in its error
+        state from the start: such a copy is replaced by one of a matcher built afresh, which is kept instead, so
+        each request meets the grammar as the first one did."""
+        with self._lock:
+            matcher = self._compiled.get(text, matcher)
+        copy = matcher.deep_copy()
+        if copy.is_error():
+            matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+            with self._lock:
+                if text in self._compiled:
+                    self._compiled[text] = matcher
+            copy = matcher.deep_copy()
+        return copy
 
     def _marker_spelling(self) -> MarkerSpelling:
         with self._lock:
@@ -275,6 +314,9 @@ class GrammarMasks:
         bitmask.fill_(-1)
         self._executor.unsafe_compute_mask_ptr(constrained, bitmask.data_ptr(), bitmask.shape[1] * 4,
                                                bitmask.shape[0])
+        for controller in controllers:
+            if controller is not None:
+                controller.check_mask()
         return bitmask
 
     def fill_async(self, controllers: list[GrammarController | None]) -> Future:
@@ -304,6 +346,8 @@ class GrammarMasks:
                     if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used
                         break
                     mask = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
+                    if j == 0:  # the row the sequence samples from when every proposal is rejected
+                        controller.check_mask()
                     bitmask[row + j] = mask[:words]
                     if j == valid:
                         break

@@ -242,6 +242,9 @@ class LLMEngine:
         embedded = self.checkpoint.tokenizer
         self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.model_config)
         text = self.model_config.text
+        # the ids that are tokens: logit rows past the tokenizer's (a vocabulary padded to a multiple) are never
+        # sampled, and no request may name them
+        self.token_count = min(self.tokenizer.vocab_size, text.vocab_size)
         self.generation_defaults: GenerationDefaults = load_generation_defaults(
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
@@ -550,15 +553,14 @@ class LLMEngine:
         params.validate()  # a SamplingParams is mutable: fields set after construction are checked here
         if not prompt_token_ids:
             raise RequestError("the prompt is empty", param="prompt")
-        vocab = self.model_config.text.vocab_size
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        tokens = self.token_count
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < tokens]
         if bad:
-            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt")
-        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+            raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {tokens})", param="prompt")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < tokens]
         if bad:  # could never be sampled: the request would silently run past where it was meant to stop
-            raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+            raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {tokens})",
                                param="stop_token_ids")
-        tokens = self.tokenizer.vocab_size  # (logit rows past the tokenizer's ids are padding, never a token)
         bad = [t for t in params.logit_bias or {} if t >= tokens]
         if bad:
             raise RequestError(f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {tokens})",
@@ -882,7 +884,7 @@ class LLMEngine:
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
         # a token chosen by a step launched ahead counts, though the host has not appended it yet
         banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
-        return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned)
+        return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned, self.token_count)
 
     def _emit_tokens(
         self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None], outcome: _StepOutcome

@@ -29,6 +29,9 @@ class SamplingRow:
     generator: torch.Generator | None
     # ids that may not be sampled yet (stop ids while fewer than min_tokens were generated)
     banned_ids: tuple[int, ...] = ()
+    # the tokenizer's ids: logit rows from here on (a vocabulary padded to a multiple) are no token and are never
+    # sampled; their logprobs stay in the raw distribution, as the reference computes it
+    token_count: int | None = None
 
 
 @dataclass
@@ -125,15 +128,18 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 
 def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
               ) -> torch.Tensor:
-    """Logit bias, penalties, banned ids and the grammar's bitmask applied to float logits (a copy when any
-    applies), in vLLM's order: the bias first, then the penalties."""
-    if any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias for r in rows):
+    """Logit bias, penalties, banned ids, the vocabulary's padding rows and the grammar's bitmask applied to float
+    logits (a copy when any applies), in vLLM's order: the bias first, then the penalties."""
+    padding_from = min((r.token_count for r in rows if r.token_count is not None), default=logits.shape[1])
+    if padding_from < logits.shape[1] or any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias
+                                             for r in rows):
         logits = logits.clone()
         _apply_logit_bias(logits, rows)
         _apply_penalties(logits, rows)
         for i, row in enumerate(rows):
             if row.banned_ids:
                 logits[i, list(row.banned_ids)] = float("-inf")
+        logits[:, padding_from:] = float("-inf")
     if token_bitmask is not None:
         allowed = unpack_token_bitmask(token_bitmask.to(logits.device, non_blocking=True), logits.shape[1])
         logits = logits.masked_fill(~allowed, float("-inf"))

@@ -158,6 +158,7 @@ def test_invalid_json_names_the_file(tmp_path, tiny):
         ("pad_token_id", [3]),
         ("temperature", "hot"),
         ("top_p", 1.5),
+        ("top_p", 0.0),  # accepted by transformers, refused by every request it would become the default of
         ("top_k", 2.5),
         ("do_sample", 1),
         ("max_new_tokens", 0),
@@ -166,6 +167,12 @@ def test_invalid_json_names_the_file(tmp_path, tiny):
 def test_invalid_field_names_the_file_and_field(tmp_path, tiny, field, value):
     with pytest.raises(ConfigError, match=rf"generation_config\.json: {field}="):
         load(tmp_path, tiny, {field: value})
+
+
+def test_top_p_zero_is_refused_as_outside_the_open_interval(tmp_path, tiny):
+    with pytest.raises(ConfigError, match=r"top_p=0\.0 is invalid; expected a number in \(0\.0, 1\.0\]"):
+        load(tmp_path, tiny, {"top_p": 0.0})
+    assert load(tmp_path, tiny, {"top_p": 1e-9}).top_p == 1e-9
 
 
 def test_stop_id_outside_the_model_vocabulary_is_an_error(tmp_path, tiny):

@@ -37,8 +37,29 @@ def test_batched_greedy_generation_matches_reference_token_for_token(llm, refere
     prompts = _prompts()
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
     for prompt, output in zip(prompts, outputs, strict=True):
-        assert output.token_ids == reference_greedy(reference, prompt, NEW_TOKENS)
+        assert output.token_ids == reference_greedy(reference, prompt, NEW_TOKENS, llm.engine.token_count)
         assert output.finish_reason == "length"
+
+
+def test_padding_rows_of_the_vocabulary_are_never_sampled_but_keep_their_raw_logprobs(llm, reference):
+    """This random model's argmax falls on a logit row past the tokenizer's ids (its vocabulary is padded to a
+    multiple): such a row is no token, so Glimmer never samples it, greedy or not, while the logprobs stay those
+    of the reference's whole distribution."""
+    tokens = llm.engine.token_count
+    vocab = llm.engine.model_config.text.vocab_size
+    assert tokens < vocab
+    prompts = _prompts()
+    unmasked = [reference_greedy(reference, prompt, NEW_TOKENS) for prompt in prompts]
+    assert any(t >= tokens for ids in unmasked for t in ids)  # the case this test is about occurs
+    for params in (SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                   SamplingParams(temperature=50.0, max_tokens=NEW_TOKENS, ignore_eos=True, seed=3)):
+        for output in llm.generate(prompts, params):
+            assert max(output.token_ids) < tokens
+    prompt = prompts[1]
+    output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, logprobs=0, ignore_eos=True))[0]
+    expected = torch.log_softmax(reference_logits(reference, prompt + output.token_ids), dim=-1)
+    for step, entry in enumerate(output.logprobs):
+        assert abs(entry.logprob - expected[len(prompt) - 1 + step][entry.token_id].item()) < 1e-4
 
 
 def test_logprobs_match_reference(llm, reference):

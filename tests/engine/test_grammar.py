@@ -10,7 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glimmer.engine.grammar import GrammarCompiler, GrammarFailure, GrammarMasks, answer_grammar
+from glimmer.engine.grammar import (
+    GrammarCompiler,
+    GrammarController,
+    GrammarFailure,
+    GrammarMasks,
+    answer_grammar,
+)
 from glimmer.engine.sampler import unpack_token_bitmask
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
@@ -48,7 +54,7 @@ def compiler(tokenizer) -> GrammarCompiler:
 
 
 def allowed_ids(matcher) -> list[int]:
-    bitmask = GrammarMasks(512, 1).fill([_Controller(matcher)])
+    bitmask = GrammarMasks(512, 1).fill([_controller(matcher)])
     return unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist()
 
 
@@ -131,7 +137,7 @@ def test_the_thinking_budget_bounds_reasoning_and_zero_forbids_it(compiler, toke
 def test_masks_of_a_batch_constrain_only_their_rows(compiler, tokenizer):
     masks = GrammarMasks(512, 2)
     matcher = compiler.structured_outputs(StructuredOutputsParams(choice=["yes", "no"]))().matcher
-    allowed = unpack_token_bitmask(masks.fill([None, _Controller(matcher), None]), 512)
+    allowed = unpack_token_bitmask(masks.fill([None, _controller(matcher), None]), 512)
     assert allowed[0].all() and allowed[2].all()
     first = {tokenizer.decode([i]) for i in allowed[1].nonzero().flatten().tolist()}
     assert first and all("yes".startswith(text) or "no".startswith(text) for text in first)
@@ -201,9 +207,8 @@ def test_structured_outputs_params_take_exactly_one_constraint():
     assert StructuredOutputsParams(choice=["a"]).kind == "choice"
 
 
-class _Controller:
-    def __init__(self, matcher):
-        self.matcher = matcher
+def _controller(matcher) -> GrammarController:  # a controller around a bare matcher
+    return GrammarController(matcher, 512)
 
 
 def test_unpacking_reads_llguidance_bit_order():
@@ -252,3 +257,30 @@ def test_a_token_the_grammar_refuses_fails_the_completion_instead_of_ending_it(c
     controller = compiler.structured_outputs(StructuredOutputsParams(choice=["yes", "no"]))()
     with pytest.raises(GrammarFailure, match="grammar engine stopped"):
         controller.observe(tokenizer.encode_text("maybe")[0])
+
+
+@pytest.mark.parametrize("params", [
+    StructuredOutputsParams(grammar="root ::= root"),
+    StructuredOutputsParams(json={"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/A"}}}),
+])
+def test_a_constraint_no_text_satisfies_is_refused_naming_the_field(compiler, params):
+    """llguidance accepts these grammars and finds out only at the first mask, which would allow nothing but the
+    stop ids: an empty answer finished as if complete. The compiler computes that mask and refuses them."""
+    with pytest.raises(RequestError, match="no text satisfies this constraint") as raised:
+        compiler.structured_outputs(params, "structured_outputs.grammar")
+    assert raised.value.param == "structured_outputs.grammar"
+
+
+def test_a_lexer_limit_fails_every_request_of_that_grammar_not_only_the_first(compiler, tokenizer):
+    """A regex whose lexer hits llguidance's limit fails its completion; llguidance's copies of a compiled matcher
+    share the lexer, so later copies used to start in the error state, their masks allowing only the stop ids:
+    those requests ended at once, empty, as if complete. Each now fails with the engine's reason."""
+    factory = compiler.structured_outputs(StructuredOutputsParams(regex="c{999999999}"))
+    masks = GrammarMasks(512, 1)
+    for _ in range(3):
+        controller = factory()
+        with pytest.raises(GrammarFailure, match="too many expressions"):
+            for _ in range(3):  # the mask of each step, then the token drawn from it
+                bitmask = masks.fill([controller])
+                allowed = unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist()
+                controller.observe(allowed[0])

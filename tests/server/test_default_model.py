@@ -71,6 +71,14 @@ def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
     with pytest.raises(RequestError, match="outside the vocabulary") as refused:
         llm.generate(["x"], SamplingParams(max_tokens=1, logit_bias={padded_row: 100}))
     assert refused.value.param == "logit_bias"
+    # nor named in a prompt or as a stop id (it could never be sampled), nor sampled at any temperature
+    for prompt, params, param in (({"prompt_token_ids": [1, padded_row]}, SamplingParams(max_tokens=1), "prompts[0]"),
+                                  ("x", SamplingParams(max_tokens=1, stop_token_ids=[padded_row]), "stop_token_ids")):
+        with pytest.raises(RequestError, match=rf"\[{padded_row}\] are outside the vocabulary") as refused:
+            llm.generate([prompt], params)
+        assert refused.value.param == param
+    hot = llm.generate(["x"], SamplingParams(max_tokens=300, temperature=1e6, seed=7, ignore_eos=True))[0].outputs[0]
+    assert max(hot.token_ids) < padded_row
     choice = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
     assert llm.generate(["Is the sky blue?"], choice)[0].outputs[0].text in ("yes", "no")
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
