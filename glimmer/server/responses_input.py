@@ -184,6 +184,8 @@ def _part_text(part: Any, where: str) -> str:
     if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
         return part["refusal"]
     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    if kind in (*_TEXT_PARTS, "reasoning_text", "summary_text"):  # a text part without its text
+        raise RequestError(f"{where}.text: a part of type {kind!r} needs a string `text`", param=f"{where}.text")
     raise RequestError(f"{where}: parts of type {kind!r} are not supported here (text parts are)", param=where)
 
 

@@ -173,6 +173,7 @@ def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, 
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"frobnicate": 1}, "frobnicate"),
 ])
