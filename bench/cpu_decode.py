@@ -107,11 +107,16 @@ def time_glimmer(llm: LLM, prompts: list[list[int]], new_tokens: int) -> tuple[f
 
 
 @torch.inference_mode()
-def time_transformers(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+def time_transformers(model, prompts: list[list[int]], new_tokens: int, token_count: int
+                      ) -> tuple[float, list[list[int]]]:
+    """token_count: the tokenizer's ids; the logit rows past them (the tiny vocabulary is padded to a multiple) are
+    suppressed, as Glimmer never samples them, so the greedy outputs can be compared."""
     ids = torch.tensor(prompts)
+    padding = list(range(token_count, model.config.get_text_config().vocab_size))
     start = time.perf_counter()
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+                         min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+                         suppress_tokens=padding or None)
     elapsed = time.perf_counter() - start
     return elapsed, out[:, ids.shape[1]:].tolist()
 
@@ -136,21 +141,22 @@ def main() -> int:
         reference = reference_model(checkpoint)
         matrices = weight_matrices(checkpoint)
     vocab = llm.engine.model_config.text.vocab_size
+    token_count = llm.engine.token_count  # prompt ids are tokens (the rows past them are the vocabulary's padding)
     stacked = llm.engine.loaded.model.model.language_model.decoder_stack is not None
     print(f"model: hidden {SPEC.hidden_size}, {SPEC.num_hidden_layers} layers, vocab {vocab}, float32; "
           f"torch threads {torch.get_num_threads()}; {args.prompt_tokens}-token prompts, {args.new_tokens} new tokens; "
           f"Glimmer's decode steps {'in the C decoder stack' if stacked else 'op by op'}")
     met = True
     for batch in batches:
-        warm = random_prompts(batch, args.prompt_tokens, vocab, generator)
+        warm = random_prompts(batch, args.prompt_tokens, token_count, generator)
         time_glimmer(llm, warm, 4)
-        time_transformers(reference, warm, 4)
+        time_transformers(reference, warm, 4, token_count)
         ours, theirs = [], []
         for _ in range(args.repeats):
-            prompts = random_prompts(batch, args.prompt_tokens, vocab, generator)
+            prompts = random_prompts(batch, args.prompt_tokens, token_count, generator)
             seconds, tokens = time_glimmer(llm, prompts, args.new_tokens)
             ours.append(seconds)
-            ref_seconds, ref_tokens = time_transformers(reference, prompts, args.new_tokens)
+            ref_seconds, ref_tokens = time_transformers(reference, prompts, args.new_tokens, token_count)
             theirs.append(ref_seconds)
             same = sum(a == b for a, b in zip(tokens, ref_tokens, strict=True))
         glimmer_rate = batch * args.new_tokens / min(ours)

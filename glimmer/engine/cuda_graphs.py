@@ -55,8 +55,10 @@ SHARED_POOL = object()  # `_capture`'s default: the memory pool every kept graph
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def record(forward: Callable[[], object], device: torch.device, pool: tuple) -> tuple[Callable[[], None], object]:
-    """Capture `forward` into a CUDA graph; returns (its replay, what the captured forward returned).
+def record(forward: Callable[[], object], device: torch.device, pool: tuple | None
+           ) -> tuple[Callable[[], None], object]:
+    """Capture `forward` into a CUDA graph (in `pool`, or a private pool freed with the graph when None); returns
+    (its replay, what the captured forward returned).
 
     Every warm-up runs on one side stream per device: the caching allocator reuses a freed block only on the
     stream that freed it, so with a stream per capture no warm-up reused the memory of the one before."""
@@ -173,16 +175,18 @@ class DecodeGraphs:
         smaller ones reuse their memory in the shared pool. Each is captured over padding rows alone.
 
         check_products: batch sizes whose products were just chosen (kernels/tuned_gemm.py): their decode step is
-        timed with those products and with F.linear before it is captured, and the choices are kept only if the
-        step is faster with them (`keep_products_if_faster`)."""
+        timed with those products and with F.linear before any graph is captured (a verification graph of q
+        tokens per sequence runs products of size × q rows, which a decode size's check may give up), and the
+        choices are kept only if the step is faster with them (`keep_products_if_faster`)."""
         started = time.perf_counter()
+        if self._pool is not None:
+            for size in sorted(set(check_products) & set(self.sizes)):
+                self.keep_products_if_faster(
+                    build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size, padding_tokens=1))
         shapes = sorted(((size, q) for size in self.sizes for q in set(query_lens) if q <= self.max_query_len
                          and (size, q) not in self._graphs), key=lambda shape: (-shape[0] * shape[1], -shape[1]))
         for size, q in tqdm(shapes, desc="Capturing CUDA graphs", unit="graph", disable=not progress):
-            inputs = build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size, padding_tokens=q)
-            if q == 1 and size in check_products and self._pool is not None:
-                self.keep_products_if_faster(inputs)
-            self.run(inputs, 0)
+            self.run(build_step_inputs(ScheduledStep([], []), self.kv, self.null_blocks, size, padding_tokens=q), 0)
         logger.info("captured %d CUDA graphs (batch sizes %d to %d, tokens per sequence %s) in %.1f s", len(shapes),
                     self.sizes[0], self.sizes[-1], sorted({q for _, q in shapes}), time.perf_counter() - started)
 

@@ -68,8 +68,12 @@ class MarkerSpelling:
 class GrammarController:
     """Constrains one completion by a grammar (the sequence's controller)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int, markers: MarkerSpelling | None = None):
+    def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int, markers: MarkerSpelling | None = None,
+                 on_failure: Callable[[], None] | None = None):
+        """on_failure: called once when the grammar engine fails this completion (the compiler then drops the
+        grammar it keeps: llguidance's copies share a lexer, which stays broken for every later copy)."""
         self.matcher = matcher
+        self._on_failure = on_failure
         self.num_token_ids = num_token_ids  # the ids llguidance indexed: every logit row of the model
         self._markers = markers  # a chat turn's: its text may not spell `<|`
         self._after_open = False  # the text so far ends with `<`
@@ -80,8 +84,14 @@ class GrammarController:
         ids, which would end the completion as if it were done; its error is kept, and `observe` fails the
         request with it."""
         if self.failure is None and self.matcher.is_error():
-            self.failure = _first_lines(self.matcher.get_error())
+            self._fail(_first_lines(self.matcher.get_error()))
             logger.error("grammar engine error while filling a mask: %s", self.failure)
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        if self._on_failure is not None:
+            self._on_failure()
+            self._on_failure = None
 
     def accepted_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens`, in a row, the grammar would accept from here, without consuming them. An id
@@ -104,10 +114,12 @@ class GrammarController:
                 raise GrammarFailure("the constrained answer spelled a framing marker's `<|` in text, which would end "
                                      "or break the message (P-CHAN-6); constrain the raw text on /v1/completions "
                                      "instead")
-        if not self.matcher.consume_token(token_id):
+        if not self.matcher.consume_token(token_id) or self.matcher.is_error():
             # the sampler only draws allowed tokens, so this is a limit of the grammar engine (or a bug): the
-            # request fails with the engine's reason rather than end as if its output were complete
+            # request fails with the engine's reason rather than end as if its output were complete (a matcher in
+            # its error state takes any token and says it stopped)
             error = _first_lines(self.matcher.get_error())
+            self._fail(error)
             logger.error("grammar rejected token %d: %s", token_id, error)
             raise GrammarFailure(f"the grammar engine stopped on this request's constraint ({error}); its output "
                                  "so far would not satisfy it")
@@ -158,7 +170,24 @@ class GrammarCompiler:
                 while len(self._compiled) > COMPILED_CACHE_SIZE:
                     self._compiled.popitem(last=False)
         markers = self._marker_spelling() if guard_markers else None
-        return lambda: GrammarController(self._copy(text, matcher), self.tokenizer.vocab_size, markers)
+
+        def controller() -> GrammarController:
+            with self._lock:
+                kept = self._compiled.get(text)
+                if kept is None:  # dropped after a failure (or from the cache): built afresh and kept again
+                    kept = self._compiled[text] = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+            return GrammarController(kept.deep_copy(), self.tokenizer.vocab_size, markers,
+                                     on_failure=lambda: self._drop(text, kept))
+
+        return controller
+
+    def _drop(self, text: str, matcher: llguidance.LLMatcher) -> None:
+        """Forget `matcher` for `text` if it is still the kept one: llguidance's copies of a matcher share its lexer,
+        and a lexer that hit one of its limits fails every later copy at its first mask; the next request gets a
+        matcher built afresh, and so meets the grammar as the first request did."""
+        with self._lock:
+            if self._compiled.get(text) is matcher:
+                del self._compiled[text]
 
     def _build(self, text: str, param: str) -> llguidance.LLMatcher:
         """A matcher for `text`; RequestError(param) for a grammar llguidance refuses, or one whose first mask is
@@ -166,7 +195,8 @@ class GrammarCompiler:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
         matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
         if matcher is not None and not matcher.is_error():
-            probe = matcher.deep_copy()
+            # a matcher of its own: a copy of `matcher` would share (and spend) the lexer the requests will use
+            probe = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
             probe.compute_bitmask()
             if not probe.is_error():
                 return matcher
@@ -174,22 +204,6 @@ class GrammarCompiler:
                                f"begin it ({_first_lines(probe.get_error())})", param=param)
         message = messages[0] if is_error else matcher.get_error()
         raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
-
-    def _copy(self, text: str, matcher: llguidance.LLMatcher) -> llguidance.LLMatcher:
-        """A copy of the kept matcher for one completion. llguidance's copies share their lexer, and a lexer that
-        hit one of its limits (a completion failed with GrammarFailure) leaves every later copy in its error
-        state from the start: such a copy is replaced by one of a matcher built afresh, which is kept instead, so
-        each request meets the grammar as the first one did."""
-        with self._lock:
-            matcher = self._compiled.get(text, matcher)
-        copy = matcher.deep_copy()
-        if copy.is_error():
-            matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
-            with self._lock:
-                if text in self._compiled:
-                    self._compiled[text] = matcher
-            copy = matcher.deep_copy()
-        return copy
 
     def _marker_spelling(self) -> MarkerSpelling:
         with self._lock:

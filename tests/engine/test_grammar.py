@@ -271,16 +271,18 @@ def test_a_constraint_no_text_satisfies_is_refused_naming_the_field(compiler, pa
     assert raised.value.param == "structured_outputs.grammar"
 
 
-def test_a_lexer_limit_fails_every_request_of_that_grammar_not_only_the_first(compiler, tokenizer):
-    """A regex whose lexer hits llguidance's limit fails its completion; llguidance's copies of a compiled matcher
-    share the lexer, so later copies used to start in the error state, their masks allowing only the stop ids:
-    those requests ended at once, empty, as if complete. Each now fails with the engine's reason."""
+def test_a_lexer_limit_fails_every_request_of_that_grammar_as_it_failed_the_first(compiler, tokenizer):
+    """A regex whose lexer hits llguidance's limit fails its completion on its first token. llguidance's copies of
+    a kept matcher share its lexer, so later copies used to fail at their first mask, whose only allowed ids were
+    the stop ids: those requests ended at once, empty, as if complete. A failure drops the kept matcher, so each
+    request meets the grammar afresh and fails as the first did, at the same token, with the engine's reason."""
     factory = compiler.structured_outputs(StructuredOutputsParams(regex="c{999999999}"))
     masks = GrammarMasks(512, 1)
+    c = tokenizer.encode_text("c")[0]
     for _ in range(3):
         controller = factory()
+        bitmask = masks.fill([controller])
+        assert controller.failure is None  # the first mask is the grammar's own: `c` and nothing else
+        assert unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist() == [c]
         with pytest.raises(GrammarFailure, match="too many expressions"):
-            for _ in range(3):  # the mask of each step, then the token drawn from it
-                bitmask = masks.fill([controller])
-                allowed = unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist()
-                controller.observe(allowed[0])
+            controller.observe(c)

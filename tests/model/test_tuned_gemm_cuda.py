@@ -30,6 +30,7 @@ pytestmark = pytest.mark.cuda
 def fresh_choices(monkeypatch, tmp_path):
     """No choice of another test (or engine) in this process, and a cache directory of this test's own."""
     monkeypatch.setattr(tuned_gemm, "_chosen", {})
+    monkeypatch.setattr(tuned_gemm, "_geometry", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("GLIMMER_GEMM", raising=False)
     monkeypatch.delenv("GLIMMER_KERNELS", raising=False)
@@ -104,7 +105,8 @@ def test_linear_runs_the_chosen_product_for_its_shape_and_f_linear_for_any_other
         assert torch.equal(linear(x, weights[1], bias), F.linear(x, weights[1], bias))
     odd = torch.randn((5, 1024), device="cuda").bfloat16()
     assert tuned_product(odd, weights[0], None) is None
-    assert tuned_product(odd.float(), weights[0].float(), None) is None
+    measured = torch.randn((16, 1024), device="cuda")  # a measured row count, but float32
+    assert tuned_product(measured, weights[0].float(), None) is None
 
 
 def test_a_row_view_that_is_not_16_byte_aligned_stays_with_f_linear():

@@ -19,8 +19,9 @@ engine then times each batch size's whole decode step with the new choices and w
 step is not faster it gives them up (`forgo`; engine/cuda_graphs.py).
 
 The choices are kept in the user's cache (`$XDG_CACHE_HOME/glimmer/gemm/`, one file per GPU model, SM count,
-cuBLASLt and torch version), so a restart makes the same choices (the same products, the same bits) without
-measuring again; each kept algorithm is checked with cuBLASLt before use.
+cuBLASLt and torch version, and model geometry: a step check holds for one model's step), so a restart makes the
+same choices (the same products, the same bits) without measuring again; each kept algorithm is checked with
+cuBLASLt before use.
 
 cuBLASLt is reached through ctypes, in the library torch itself has loaded: no build step, no dependency.
 `GLIMMER_GEMM=cublas` keeps every product on `F.linear` (A/B timing, bisecting a numerical difference); so does
@@ -32,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -52,7 +54,9 @@ logger = logging.getLogger(__name__)
 
 MIN_GAIN = 0.03  # an algorithm must be this much faster than F.linear to replace it (timing noise is about 1%)
 MAX_HEURISTIC_ALGOS = 8
-WORKSPACE_BYTES = 16 << 20  # one per GPU, never freed: captured graphs keep its address
+# one per GPU, never freed (captured graphs keep its address), shared by every product: they all run on the
+# engine's one stream, one after another
+WORKSPACE_BYTES = 16 << 20
 TIMED_WEIGHTS = 8  # distinct weights of a shape timed in sequence (their sum is well over an H200's 50 MB of L2)
 ALIGNMENT_BYTES = 16  # the alignment every chosen algorithm is asked to accept, and each call checks
 DTYPES = {torch.bfloat16: 14, torch.float16: 2}  # cudaDataType_t: CUDA_R_16BF, CUDA_R_16F
@@ -213,8 +217,10 @@ class LtProduct:
         return out
 
 
-# the measured choices, per (GPU, shape): a memo of measurements, filled only by `choose_products`
+# the measured choices, per (GPU, shape): a memo of measurements, filled only by `choose_products`, and the
+# geometry (the model's product shapes, hashed) whose cache file holds them
 _chosen: dict[tuple[int, ProductShape], LtProduct | None] = {}
+_geometry: dict[int, str] = {}
 
 
 def tuned_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> LtProduct | None:
@@ -273,7 +279,10 @@ def choose_products(weights: Iterable[torch.Tensor], rows: Iterable[int], progre
         return []
     choices = []
     for device_index in sorted({key[0] for key in groups}):
-        cache = ChoiceCache(device_index)
+        shapes = sorted((n, k, str(dtype), len(members)) for (dev, n, k, dtype), members in groups.items()
+                        if dev == device_index)
+        _geometry[device_index] = hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]
+        cache = ChoiceCache(device_index, _geometry[device_index])
         work = [(count, key, members) for count in counts for key, members in groups.items() if key[0] == device_index]
         started, measured, kept = time.perf_counter(), 0, 0
         for count, (_, out_features, in_features, dtype), members in tqdm(
@@ -304,7 +313,10 @@ def _restore(shape: ProductShape, choice: ProductChoice, device_index: int) -> L
     """A cached choice as a product, if cuBLASLt still accepts its algorithm; None for F.linear or a refused one."""
     if choice.algo_hex is None:
         return None
-    raw = bytes.fromhex(choice.algo_hex)
+    try:
+        raw = bytes.fromhex(choice.algo_hex)
+    except ValueError:  # a damaged file: measured again
+        return None
     if len(raw) != ctypes.sizeof(_Algo):
         return None
     algo = _Algo.from_buffer_copy(raw)
@@ -346,9 +358,9 @@ def _measure(shape: ProductShape, weights: Sequence[torch.Tensor], device_index:
 
 def close_to_reference(out: torch.Tensor, exact: torch.Tensor, cublas_error: float) -> bool:
     """Whether a candidate's output is as close to the float32 product as F.linear's: its largest error within
-    twice F.linear's or two bf16 roundings of the largest output, whichever is larger."""
+    twice F.linear's or one rounding step (of its dtype) of the largest output, whichever is larger."""
     error = (out.float() - exact).abs().max().item()
-    return error <= max(2 * cublas_error, 2 * 2.0**-8 * exact.abs().max().item())
+    return error <= max(2 * cublas_error, torch.finfo(out.dtype).eps * exact.abs().max().item())
 
 
 def _graph_time_us(launches: Callable[[], object], device: torch.device, replays: int = 5) -> float:
@@ -393,7 +405,7 @@ def forgo(device_index: int, rows: int, reason: str) -> None:
                if key[0] == device_index and key[1].rows == rows and product is not None]
     if not forgone:
         return
-    cache = ChoiceCache(device_index)
+    cache = ChoiceCache(device_index, _geometry.get(device_index, ""))
     for key in forgone:
         _chosen[key] = None
         cache.forgo(key[1], reason)
@@ -407,11 +419,15 @@ class ChoiceCache:
     """The choices made on this kind of GPU with this cuBLASLt and torch, as JSON in the user's cache. An unreadable
     or foreign file is measured over; one that cannot be written leaves the choices in this process only."""
 
-    def __init__(self, device_index: int):
+    def __init__(self, device_index: int, geometry: str = ""):
+        """geometry: names the model's product shapes; a batch size's choices were checked in that model's step."""
         props = torch.cuda.get_device_properties(device_index)
         identity = (f"{props.name}-sm{props.major}{props.minor}-{props.multi_processor_count}sm-"
-                    f"cublasLt{library().cublasLtGetVersion()}-torch{torch.__version__}")
-        root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+                    f"cublasLt{library().cublasLtGetVersion()}-torch{torch.__version__}-{geometry}")
+        try:
+            root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        except RuntimeError:  # no home directory: the temporary one
+            root = Path(tempfile.gettempdir()) / f"glimmer-cache-{os.getuid()}"
         self.path = Path(root) / "glimmer" / "gemm" / (re.sub(r"[^A-Za-z0-9.+-]+", "_", identity) + ".json")
         self.entries: dict[str, dict] = {}
         self.dirty = False
