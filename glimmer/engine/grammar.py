@@ -84,7 +84,7 @@ class GrammarController:
         ids, which would end the completion as if it were done; its error is kept, and `observe` fails the
         request with it."""
         if self.failure is None and self.matcher.is_error():
-            self._fail(_first_lines(self.matcher.get_error()))
+            self._fail(_engine_error(self.matcher.get_error()))
             logger.error("grammar engine error while filling a mask: %s", self.failure)
 
     def _fail(self, reason: str) -> None:
@@ -118,7 +118,7 @@ class GrammarController:
             # the sampler only draws allowed tokens, so this is a limit of the grammar engine (or a bug): the
             # request fails with the engine's reason rather than end as if its output were complete (a matcher in
             # its error state takes any token and says it stopped)
-            error = _first_lines(self.matcher.get_error())
+            error = _engine_error(self.matcher.get_error())
             self._fail(error)
             logger.error("grammar rejected token %d: %s", token_id, error)
             raise GrammarFailure(f"the grammar engine stopped on this request's constraint ({error}); its output "
@@ -201,7 +201,7 @@ class GrammarCompiler:
             if not probe.is_error():
                 return matcher
             raise RequestError(f"{param}: no text satisfies this constraint; the grammar engine found no way to "
-                               f"begin it ({_first_lines(probe.get_error())})", param=param)
+                               f"begin it ({_engine_error(probe.get_error())})", param=param)
         message = messages[0] if is_error else matcher.get_error()
         raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
 
@@ -378,3 +378,9 @@ class GrammarMasks:
 def _first_lines(message: str) -> str:
     text = " ".join(line.strip() for line in message.strip().splitlines()[:3])
     return text[:_ERROR_MESSAGE_MAX]
+
+
+def _engine_error(message: str) -> str:
+    """A matcher's error without the state llguidance appends (`<state> Tokens: ⟦…⟧`: the completion's text so
+    far, reasoning included, which an error body should not repeat)."""
+    return _first_lines(message.split("<state>")[0])

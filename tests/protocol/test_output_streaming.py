@@ -187,7 +187,7 @@ def test_one_shot_parsing_is_linear_on_pathological_text(name):
     def seconds(repeats):
         text = prefix + unit * repeats
         best = float("inf")
-        for _ in range(3):
+        for _ in range(5):  # the best of five: a busy machine slows single runs, never the best one by 2x
             started = time.perf_counter()
             parse_output(text, tools)
             best = min(best, time.perf_counter() - started)
