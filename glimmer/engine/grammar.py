@@ -87,6 +87,10 @@ class GrammarController:
             self._fail(_engine_error(self.matcher.get_error()))
             logger.error("grammar engine error while filling a mask: %s", self.failure)
 
+    def _failure_error(self) -> GrammarFailure:
+        return GrammarFailure(f"the grammar engine stopped on this request's constraint ({self.failure}); its output "
+                              "so far would not satisfy it")
+
     def _fail(self, reason: str) -> None:
         self.failure = reason
         if self._on_failure is not None:
@@ -104,8 +108,7 @@ class GrammarController:
     def observe(self, token_id: int) -> bool:
         """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
         if self.failure is not None:
-            raise GrammarFailure(f"the grammar engine stopped on this request's constraint ({self.failure}); its "
-                                 "output so far would not satisfy it")
+            raise self._failure_error()
         markers = self._markers
         if markers is not None:
             spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
@@ -118,11 +121,9 @@ class GrammarController:
             # the sampler only draws allowed tokens, so this is a limit of the grammar engine (or a bug): the
             # request fails with the engine's reason rather than end as if its output were complete (a matcher in
             # its error state takes any token and says it stopped)
-            error = _engine_error(self.matcher.get_error())
-            self._fail(error)
-            logger.error("grammar rejected token %d: %s", token_id, error)
-            raise GrammarFailure(f"the grammar engine stopped on this request's constraint ({error}); its output "
-                                 "so far would not satisfy it")
+            self._fail(_engine_error(self.matcher.get_error()))
+            logger.error("grammar rejected token %d: %s", token_id, self.failure)
+            raise self._failure_error()
         return self.matcher.is_stopped()
 
 
@@ -175,11 +176,14 @@ class GrammarCompiler:
             with self._lock:
                 kept = self._compiled.get(text)
                 if kept is None:  # dropped after a failure (or from the cache): built afresh and kept again
-                    kept = self._compiled[text] = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+                    kept = self._compiled[text] = self._matcher(text)
             return GrammarController(kept.deep_copy(), self.tokenizer.vocab_size, markers,
                                      on_failure=lambda: self._drop(text, kept))
 
         return controller
+
+    def _matcher(self, text: str) -> llguidance.LLMatcher:
+        return llguidance.LLMatcher(self.tokenizer, text, log_level=0)
 
     def _drop(self, text: str, matcher: llguidance.LLMatcher) -> None:
         """Forget `matcher` for `text` if it is still the kept one: llguidance's copies of a matcher share its lexer,
@@ -193,10 +197,10 @@ class GrammarCompiler:
         """A matcher for `text`; RequestError(param) for a grammar llguidance refuses, or one whose first mask is
         already an error (a grammar no text satisfies, such as `root ::= root`: llguidance finds out only there)."""
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
-        matcher = None if is_error else llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        matcher = None if is_error else self._matcher(text)
         if matcher is not None and not matcher.is_error():
             # a matcher of its own: a copy of `matcher` would share (and spend) the lexer the requests will use
-            probe = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+            probe = self._matcher(text)
             probe.compute_bitmask()
             if not probe.is_error():
                 return matcher

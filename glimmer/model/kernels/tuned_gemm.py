@@ -284,14 +284,13 @@ def choose_products(weights: Iterable[torch.Tensor], rows: Iterable[int], progre
         _geometry[device_index] = hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]
         cache = ChoiceCache(device_index, _geometry[device_index])
         work = [(count, key, members) for count in counts for key, members in groups.items() if key[0] == device_index]
-        started, measured, kept = time.perf_counter(), 0, 0
+        started, measured = time.perf_counter(), 0
         for count, (_, out_features, in_features, dtype), members in tqdm(
                 work, desc="Choosing GEMM algorithms", unit="shape", disable=not progress):
             shape = ProductShape(count, out_features, in_features, dtype)
             if (device_index, shape) in _chosen:
                 product = _chosen[(device_index, shape)]
                 choices.append(ProductChoice(shape, product.algo_hex if product else None))
-                kept += product is not None
                 continue
             choice = cache.choice(shape)
             product = _restore(shape, choice, device_index) if choice is not None else None
@@ -301,8 +300,9 @@ def choose_products(weights: Iterable[torch.Tensor], rows: Iterable[int], progre
                 measured += 1
             _chosen[(device_index, shape)] = product
             choices.append(choice)
-            kept += product is not None
         cache.save()
+        kept = sum(_chosen[(device_index, ProductShape(count, n, k, dtype))] is not None
+                   for count, (_, n, k, dtype), _ in work)
         logger.info("GEMM algorithms on GPU %d: cuBLASLt's chosen for %d of %d decode product shapes (%d measured in "
                     "%.1f s, the rest from %s)", device_index, kept, len(work), measured,
                     time.perf_counter() - started, cache.path)
