@@ -42,10 +42,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_checkpoint_tokenizer,
+    loaded = []
+
+    def tokenizer(opened, config):
+        loaded.append((opened, load_checkpoint_tokenizer(opened, config)))
+        return loaded[-1][1]
+
+    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, tokenizer,
                                 mmproj=args.mmproj, allow_pickle=args.allow_pickle)
+    template = _checked_chat_template(*loaded[-1], args.chat_template)
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        print(json.dumps(report.as_dict() | {"chat_template": template}, indent=2))
         return 0
     config = report.config
     text = config.text
@@ -58,6 +65,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")
+    print(f"chat template:   {template['origin']} (sha256 {template['sha256'][:16]}…)")
     vision = "no (text-only)"
     if config.has_vision:
         vision = f"yes (images only: {config.video_unsupported_reason})" if config.video_unsupported_reason else "yes"
@@ -77,6 +85,19 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print("warnings: none")
     return 0
+
+
+def _checked_chat_template(opened, tokenizer, override: str | None) -> dict[str, str]:
+    """The template `glimmer serve` would render with, compiled and checked as the server checks it at start
+    (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256."""
+    from glimmer.checkpoint.chat_template_source import find_chat_template
+    from glimmer.protocol import ChatTemplate
+    from glimmer.server.context import check_chat_template
+
+    embedded = opened.tokenizer.chat_template if opened.tokenizer is not None else None
+    source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
+    check_chat_template(ChatTemplate(source.text), tokenizer)
+    return {"origin": source.origin, "sha256": source.sha256}
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
@@ -518,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", help="checkpoint directory, .gguf file or Hugging Face Hub id")
     _add_format_options(inspect)
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.add_argument("--chat-template", default=None, metavar="FILE",
+                         help="check this Jinja chat template instead of the checkpoint's (as serve would use it)")
     inspect.set_defaults(func=_cmd_inspect)
 
     tiny = sub.add_parser("make-tiny", help="write a small random checkpoint (for tests and demos)")

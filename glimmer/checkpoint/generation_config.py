@@ -37,14 +37,20 @@ class GenerationDefaults:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     do_sample: bool | None = None
     max_new_tokens: int | None = None
     max_length: int | None = None
 
     def sampling_defaults(self) -> dict[str, float | int]:
-        """The sampling fields the checkpoint configures (temperature, top_p, top_k), as the defaults of a
-        request that leaves them out: the server's and `LLM`'s (vLLM's `generation_config="auto"`)."""
-        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        """The fields the checkpoint configures, as the defaults of a request that leaves them out: the server's
+        and `LLM`'s, as vLLM's `generation_config="auto"` takes them (temperature, top_p, top_k, min_p,
+        repetition_penalty, and max_new_tokens as `max_tokens`). `do_sample` is not one: as in vLLM, a request
+        samples by its temperature (OpenAI's default 1), where transformers' `generate` with `do_sample: false`
+        decodes greedily; ask for temperature 0 to match it."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                  "repetition_penalty": self.repetition_penalty, "max_tokens": self.max_new_tokens}
         return {name: value for name, value in fields.items() if value is not None}
 
 
@@ -91,6 +97,8 @@ def load_generation_defaults(
         temperature=fields.number("temperature", minimum=0.0),
         top_p=fields.number("top_p", minimum=0.0, maximum=1.0, above_minimum=True),
         top_k=fields.integer("top_k", minimum=0),
+        min_p=fields.number("min_p", minimum=0.0, maximum=1.0),
+        repetition_penalty=fields.number("repetition_penalty", minimum=0.0, above_minimum=True),
         do_sample=fields.boolean("do_sample"),
         max_new_tokens=fields.integer("max_new_tokens", minimum=1),
         max_length=fields.integer("max_length", minimum=1),

@@ -149,12 +149,16 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
 # llama.cpp's converters write the model's sampling defaults (its generation_config.json) under these keys
 # (gguf.Keys.General.SAMPLING_*); they are the defaults of a request that leaves the field out, as
 # generation_config.json's are for a safetensors checkpoint
-_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p"}
+# (`general.sampling.penalty_repeat` is llama.cpp's penalty over the last `penalty_last_n` tokens, not
+# transformers' repetition_penalty over the whole sequence, so it is not read as one)
+_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                  "general.sampling.min_p": "min_p"}
 _SAMPLING_TOP_K = "general.sampling.top_k"
 
 
 def _sampling_defaults(file: GGUFFile) -> dict[str, Any]:
-    """temperature / top_p / top_k from general.sampling.*, where present (generation_config validates them)."""
+    """temperature / top_p / min_p / top_k from general.sampling.*, where present (generation_config validates
+    them)."""
     defaults: dict[str, Any] = {name: file.number(key) for key, name in _SAMPLING_KEYS.items() if file.has(key)}
     if file.has(_SAMPLING_TOP_K):
         defaults["top_k"] = file.integer(_SAMPLING_TOP_K)

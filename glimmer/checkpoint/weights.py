@@ -142,13 +142,16 @@ def _source_shape(
 def fill_parameters(
     model: nn.Module, plan: WeightPlan, files: SafetensorsCheckpoint, *, progress: bool = True
 ) -> None:
-    """Copy every planned source into the (already materialized) model parameters."""
+    """Copy every planned source into the (already materialized) model parameters, then refuse any that holds a
+    NaN or an infinity: a damaged checkpoint, or values past the load dtype's range (float16), would otherwise
+    load quietly and answer wrong. One device sync for the whole check."""
     params = dict(model.state_dict(keep_vars=True))
     by_source: dict[str, list[str]] = defaultdict(list)
     for target, where in plan.slices.items():
         by_source[where.source].append(target)
     order = sorted(by_source, key=lambda s: (str(files.tensors[s].file), s))
     total = sum(_numel(files.tensors[s].shape) for s in order)
+    finite: dict[str, torch.Tensor] = {}
     with torch.no_grad(), tqdm(total=total, unit="param", unit_scale=True, desc="Loading weights",
                                disable=not progress) as bar:
         for source in order:
@@ -159,8 +162,32 @@ def fill_parameters(
                 if where.rope_heads is not None:
                     part = interleaved_to_rotate_half(part, where.rope_heads)
                 params[target].copy_(part)
+                finite[target] = torch.isfinite(params[target]).all()
             bar.update(tensor.numel())
             del tensor
+    flags = torch.stack(list(finite.values())).tolist() if finite else []
+    if not all(flags):
+        raise _non_finite_error([t for t, ok in zip(finite, flags, strict=True) if not ok], params, plan, files)
+
+
+def _non_finite_error(targets: list[str], params: dict[str, torch.Tensor], plan: WeightPlan,
+                      files: SafetensorsCheckpoint) -> CheckpointError:
+    """Why these parameters are not finite: the checkpoint's own values, or the cast to the load dtype."""
+    target, source = targets[0], plan.slices[targets[0]].source
+    dtype = params[target].dtype
+    where = f"parameter {target} (checkpoint tensor {source!r} in {files.tensors[source].file})"
+    others = ""
+    if len(targets) > 1:
+        others = f" (so do {len(targets) - 1} more: {', '.join(targets[1:4])}{', …' if len(targets) > 4 else ''})"
+    stored = files.read(source)
+    if bool(torch.isfinite(stored).all()):
+        return CheckpointError(
+            f"{where} has values up to {stored.abs().max().item():.4g}, past the largest {dtype} "
+            f"({torch.finfo(dtype).max:.4g}): as {dtype} they would be infinite{others}; load with dtype "
+            "bfloat16 or float32")
+    return CheckpointError(
+        f"{where} holds {int(torch.isnan(stored).sum())} NaN and {int(torch.isinf(stored).sum())} infinite "
+        f"value(s) among {stored.numel()}{others}; the checkpoint is damaged: download or convert it again")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

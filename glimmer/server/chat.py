@@ -29,7 +29,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import ToolChoiceUnsatisfiedError, describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
-from glimmer.server.sampling import chat_sampling_params, stop_strings
+from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
 from glimmer.server.schemas import ChatCompletionRequest, parse_body
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 
@@ -115,6 +115,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     model_name = context.check_model(request.model)
     params = chat_sampling_params(request, context)
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
+    apply_default_max_tokens(params, context, len(prompt.token_ids))
     stop = stop_strings(request)
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
     choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,

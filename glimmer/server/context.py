@@ -37,7 +37,7 @@ class ServingContext:
         llm_engine = engine.engine
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
-        _check_template(template, tokenizer)
+        check_chat_template(template, tokenizer)
         # index the vocabulary for the grammar engine at startup, not on the first structured request
         return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars,
                    hidden_special_tokens=tokenizer.hidden_in_replies,
@@ -58,8 +58,9 @@ class ServingContext:
         return requested
 
 
-def _check_template(template: ChatTemplate, tokenizer: Tokenizer) -> None:
-    """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5)."""
+def check_chat_template(template: ChatTemplate, tokenizer: Tokenizer) -> None:
+    """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5).
+    Raises ConfigError, or ChatTemplateError where the template fails to render (`glimmer inspect` runs it too)."""
     prompt = template.render([{"role": "user", "content": "hello"}], special_tokens=tokenizer.special_tokens,
                              chat_template_kwargs=_PROBE_KWARGS)
     if not prompt.endswith(GENERATION_PROMPT):

@@ -1,7 +1,8 @@
 """OpenAI sampling fields → `SamplingParams` (which validates values and names the field at fault).
 
 Fields a request leaves out take the checkpoint's `generation_config.json` value where it has one
-(temperature, top_p, top_k), else the OpenAI default. Chat `stop` strings are not given to the engine: the
+(temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens as a chat request's max_tokens), else the
+OpenAI default (completions keep OpenAI's max_tokens default, 16). Chat `stop` strings are not given to the engine: the
 server matches them against the answer text only (P-REQ-2, see `choice_stream`).
 """
 
@@ -50,6 +51,16 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
                    prompt_logprobs=request.prompt_logprobs, skip_special_tokens=False)
 
 
+def apply_default_max_tokens(params: SamplingParams, context: ServingContext, prompt_len: int) -> None:
+    """A chat request without max_tokens stops at the checkpoint's `max_new_tokens` where it sets one, or where the
+    context ends if that comes first (a default never turns a request into a 400: the request did not ask for it).
+    Without the field it runs to the end of the context."""
+    default = context.engine.engine.generation_defaults.max_new_tokens
+    room = context.engine.engine.max_model_len - prompt_len
+    if params.max_tokens is None and default is not None and room >= 1:
+        params.max_tokens = min(default, room)
+
+
 def completion_sampling_params(request: CompletionRequest, context: ServingContext) -> SamplingParams:
     prompt_logprobs = request.prompt_logprobs
     if request.echo and request.logprobs is not None:  # the echoed prompt carries its logprobs too
@@ -72,7 +83,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         temperature=_first(request.temperature, defaults.get("temperature"), 1.0),
         top_p=_first(request.top_p, defaults.get("top_p"), 1.0),
         top_k=_first(request.top_k, defaults.get("top_k"), 0),
-        min_p=_first(request.min_p, 0.0),
+        min_p=_first(request.min_p, defaults.get("min_p"), 0.0),
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,
         stop=stop,
@@ -85,7 +96,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         logprobs=logprobs,
         presence_penalty=_first(request.presence_penalty, 0.0),
         frequency_penalty=_first(request.frequency_penalty, 0.0),
-        repetition_penalty=_first(request.repetition_penalty, 1.0),
+        repetition_penalty=_first(request.repetition_penalty, defaults.get("repetition_penalty"), 1.0),
         n=request.n,
         cache_salt=request.cache_salt,
         logit_bias=_logit_bias(request.logit_bias),

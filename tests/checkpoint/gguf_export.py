@@ -118,12 +118,12 @@ def _text_tensors(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
 
 
 def _add_sampling_defaults(writer: gguf.GGUFWriter, checkpoint: Path) -> None:
-    """generation_config.json's temperature / top_k / top_p as general.sampling.*, as llama.cpp's converter
-    writes them (gguf.Keys.General.SAMPLING_*)."""
+    """generation_config.json's temperature / top_k / top_p / min_p as general.sampling.*, as llama.cpp's
+    converter writes them (gguf.Keys.General.SAMPLING_*)."""
     path = checkpoint / "generation_config.json"
     generation = json.loads(path.read_text()) if path.is_file() else {}
     for field, add in (("temperature", writer.add_sampling_temp), ("top_k", writer.add_sampling_top_k),
-                       ("top_p", writer.add_sampling_top_p)):
+                       ("top_p", writer.add_sampling_top_p), ("min_p", writer.add_sampling_min_p)):
         if generation.get(field) is not None:
             add(generation[field])
 

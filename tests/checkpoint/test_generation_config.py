@@ -123,6 +123,8 @@ def test_sampling_defaults_and_token_ids_are_read(tmp_path, tiny):
             "temperature": 0.6,
             "top_p": 0.9,
             "top_k": 20,
+            "min_p": 0.05,
+            "repetition_penalty": 1.1,
             "do_sample": True,
             "max_new_tokens": 64,
             "max_length": 131072,
@@ -136,10 +138,14 @@ def test_sampling_defaults_and_token_ids_are_read(tmp_path, tiny):
         temperature=0.6,
         top_p=0.9,
         top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.1,
         do_sample=True,
         max_new_tokens=64,
         max_length=131072,
     )
+    assert defaults.sampling_defaults() == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+                                            "repetition_penalty": 1.1, "max_tokens": 64}
 
 
 def test_invalid_json_names_the_file(tmp_path, tiny):
@@ -162,6 +168,9 @@ def test_invalid_json_names_the_file(tmp_path, tiny):
         ("top_k", 2.5),
         ("do_sample", 1),
         ("max_new_tokens", 0),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0),  # would divide by zero
+        ("repetition_penalty", -1.0),
     ],
 )
 def test_invalid_field_names_the_file_and_field(tmp_path, tiny, field, value):

@@ -275,8 +275,8 @@ def test_sampling_defaults_come_from_general_sampling_keys_like_generation_confi
     shutil.copytree(tiny_checkpoint, source)
     generation = json.loads((source / "generation_config.json").read_text())
     (source / "generation_config.json").write_text(json.dumps(generation | {"temperature": 0.3, "top_k": 5,
-                                                                            "top_p": 0.9}))
+                                                                            "top_p": 0.9, "min_p": 0.05}))
     path = export_text_gguf(source, tmp_path / "sampled.gguf")
     assert GGUFFile(path).metadata["general.sampling.top_k"] == 5
     defaults = [LLM(str(model)).engine.generation_defaults.sampling_defaults() for model in (source, path)]
-    assert defaults[0] == defaults[1] == {"temperature": 0.3, "top_p": 0.9, "top_k": 5}
+    assert defaults[0] == defaults[1] == {"temperature": 0.3, "top_p": 0.9, "top_k": 5, "min_p": 0.05}

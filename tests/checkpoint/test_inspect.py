@@ -27,10 +27,22 @@ def _breakages():
     def list_generation_config(path):
         (path / "generation_config.json").write_text("[1, 2]")
 
+    def unclosed_template_tag(path):
+        (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
+
+    def template_without_generation_prompt(path):  # the server refuses it at start (P-TMPL-8)
+        (path / "chat_template.jinja").write_text("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+
+    def template_that_fails_to_render(path):
+        (path / "chat_template.jinja").write_text("{{ raise_exception('no chat here') }}")
+
     return [(no_tokenizer, "CheckpointError", "tokenizer.json not found"),
             (corrupt_tokenizer, "CheckpointError", "not a valid tokenizers file"),
             (hot_temperature, "ConfigError", "temperature='hot'"),
-            (list_generation_config, "ConfigError", "must hold a JSON object")]
+            (list_generation_config, "ConfigError", "must hold a JSON object"),
+            (unclosed_template_tag, "ChatTemplateError", "line 1: Unexpected end of template"),
+            (template_without_generation_prompt, "ConfigError", "P-TMPL-8"),
+            (template_that_fails_to_render, "ChatTemplateError", "no chat here")]
 
 
 @pytest.mark.parametrize(("breakage", "error", "words"), _breakages(), ids=lambda v: getattr(v, "__name__", ""))
@@ -49,7 +61,19 @@ def test_inspect_refuses_a_tokenizer_or_generation_config_that_loading_refuses(
 
 def test_inspect_of_a_sound_checkpoint_reports_no_warnings(tiny_checkpoint, capsys):
     assert main(["inspect", str(tiny_checkpoint)]) == 0
-    assert "warnings: none" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warnings: none" in out and f"chat template:   {tiny_checkpoint / 'chat_template.jinja'} (sha256 " in out
+
+
+def test_inspect_checks_the_chat_template_serve_would_be_given(tiny_checkpoint, tmp_path, capsys):
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if %}")
+    assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(broken)]) == 2
+    assert "ChatTemplateError" in capsys.readouterr().err
+    good = tmp_path / "good.jinja"
+    good.write_text((tiny_checkpoint / "chat_template.jinja").read_text())
+    assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(good), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["chat_template"]["origin"] == f"--chat-template {good}"
 
 
 def test_a_single_file_beside_an_index_of_other_shards_is_refused(make_tiny, tmp_path, capsys):

@@ -121,6 +121,39 @@ def test_fp8_weights_are_reported_as_an_unsupported_dtype(make_tiny, tmp_path):
         load_model(path, progress=False)
 
 
+def test_nan_and_infinite_weights_are_refused_naming_the_tensor(make_tiny, tmp_path):
+    """A damaged checkpoint would load and answer wrong (every logit NaN); it is refused, naming the tensor."""
+    name = "model.language_model.layers.1.mlp.down_proj.weight"
+
+    def damage(t):
+        t[name][3, 5] = float("nan")
+        t[name][0, 0] = float("inf")
+        t["model.language_model.layers.0.input_layernorm.weight"][2] = float("-inf")
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "nan", damage)
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    message = str(err.value)
+    assert "model.language_model.layers.0.input_layernorm.weight" in message  # the first, in load order
+    assert "holds 0 NaN and 1 infinite value(s)" in message and "so do 1 more: " + name in message
+    assert "damaged" in message
+
+
+def test_weights_past_float16_range_are_refused_as_float16_and_load_as_bfloat16(make_tiny, tmp_path):
+    """1e5 fits bfloat16 and float32 but is infinite as float16: refused at that dtype, naming the fix."""
+    name = "model.language_model.layers.0.mlp.up_proj.weight"
+
+    def damage(t):
+        t[name][1, 1] = 1e5
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "big", damage)
+    with pytest.raises(CheckpointError, match=rf"{name}.*values up to 1e\+05, past the largest torch\.float16 "
+                                              r"\(6\.55e\+04\).*load with dtype bfloat16 or float32"):
+        load_model(path, dtype=torch.float16, progress=False)
+    loaded = load_model(path, dtype=torch.bfloat16, progress=False).model
+    assert loaded.state_dict()[name][1, 1] == torch.tensor(1e5, dtype=torch.bfloat16)  # kept, rounded
+
+
 def test_vision_config_without_vision_weights_loads_text_only(make_tiny, tmp_path):
     path = make_tiny("canonical", vision=True, seed=7)
 

@@ -247,8 +247,23 @@ def test_llm_defaults_come_from_generation_config_unless_vllm_style_is_asked(tin
     assert auto.generate(["Hi"])[0].token_ids == greedy
     plain = LLM(str(model), progress=False, generation_config="vllm").get_default_sampling_params()
     assert (plain.temperature, plain.top_k, plain.top_p) == (1.0, 0, 1.0)
+    assert (plain.min_p, plain.repetition_penalty, plain.max_tokens) == (0.0, 1.0, 16)
     with pytest.raises(ConfigError, match="generation_config"):
         LLM(str(model), progress=False, generation_config="hf")
+
+
+def test_llm_takes_min_p_repetition_penalty_and_max_new_tokens_from_generation_config(tiny_checkpoint, tmp_path):
+    """vLLM's "auto" set: max_new_tokens is the default max_tokens (clamped at the context's end, as `LLM` clamps
+    any max_tokens), min_p and repetition_penalty the defaults of their fields."""
+    model = _with_generation_config(tiny_checkpoint, tmp_path, temperature=0.0, min_p=0.1, repetition_penalty=1.2,
+                                    max_new_tokens=5)
+    llm = LLM(str(model), progress=False, max_model_len=64)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.min_p, defaults.repetition_penalty, defaults.max_tokens) == (0.1, 1.2, 5)
+    out = llm.generate(["Hi"], SamplingParams(**{**vars(defaults), "ignore_eos": True}))[0].outputs[0]
+    assert len(out.token_ids) == 5 and out.finish_reason == "length"
+    explicit = SamplingParams(temperature=0, min_p=0.1, repetition_penalty=1.2, max_tokens=5)
+    assert llm.generate(["Hi"])[0].outputs[0].token_ids == llm.generate(["Hi"], explicit)[0].outputs[0].token_ids
 
 
 def test_min_p_filters_before_top_p_as_vllm_does():

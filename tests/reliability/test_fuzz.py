@@ -153,7 +153,9 @@ def server(make_tiny):
 @pytest.fixture(scope="module")
 def http(server):
     loop = asyncio.new_event_loop()
-    client = httpx.AsyncClient(base_url=server.base_url, timeout=60)
+    # idle pooled connections are dropped after 1 s, before uvicorn's 5 s keep-alive timeout closes them: a request
+    # sent on a connection the server is closing at that moment fails with a ReadError that no server could avoid
+    client = httpx.AsyncClient(base_url=server.base_url, timeout=60, limits=httpx.Limits(keepalive_expiry=1.0))
     yield loop, client
     loop.run_until_complete(client.aclose())
     loop.close()

@@ -5,6 +5,9 @@ ones), stop ids and `include_stop_str_in_output`, message fields the template wo
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import httpx
 import openai
 import pytest
@@ -207,3 +210,44 @@ def test_conflicting_reasoning_knobs_are_refused(server):
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2, "chat_template_kwargs": PINNED_DATE,
             "reasoning_effort": "low", "reasoning": {"effort": "low"}}
     assert httpx.post(server.base_url + "/chat/completions", json=body, timeout=60).status_code == 200
+
+
+def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stops_at_the_context_end(
+        make_tiny, tmp_path):
+    """A chat request that leaves them out takes generation_config.json's min_p, repetition_penalty and
+    max_new_tokens (as max_tokens), as vLLM's "auto" does; the default is clamped where the context ends
+    (the request asked for nothing past it), while an explicit max_tokens past it stays a 400."""
+    model = tmp_path / "model"
+    shutil.copytree(make_tiny(), model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation |= {"temperature": 0.0, "min_p": 0.1, "repetition_penalty": 1.2, "max_new_tokens": 60}
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    with live_server(model, engine_options={"max_model_len": 230}) as live:
+        seen = []
+        generate = live.engine.generate
+
+        def recording(request_id, ids, params, **options):
+            seen.append(params)
+            return generate(request_id, ids, params, **options)
+
+        live.engine.generate = recording
+
+        def chat(text, **fields):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "ignore_eos": True,
+                    "chat_template_kwargs": PINNED_DATE, **fields}
+            return httpx.post(live.base_url + "/chat/completions", json=body, timeout=60)
+
+        for text in ("hi", "hi " * 30):
+            reply = chat(text)
+            assert reply.status_code == 200, reply.text
+            usage = reply.json()["usage"]
+            assert usage["completion_tokens"] == min(60, 230 - usage["prompt_tokens"])
+            assert reply.json()["choices"][0]["finish_reason"] == "length"
+        assert 230 - usage["prompt_tokens"] < 60  # the second prompt left less room than the default
+        assert (seen[0].min_p, seen[0].repetition_penalty, seen[0].temperature) == (0.1, 1.2, 0.0)
+        assert chat("hi", max_tokens=3).json()["usage"]["completion_tokens"] == 3
+        assert (seen[-1].min_p, seen[-1].repetition_penalty) == (0.1, 1.2)
+        assert chat("hi", min_p=0, repetition_penalty=1).status_code == 200
+        assert (seen[-1].min_p, seen[-1].repetition_penalty) == (0.0, 1.0)
+        too_long = chat("hi " * 30, max_tokens=100)
+        assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
