@@ -204,9 +204,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB} Run `glimmer serve MODEL` with a checkpoint directory or "
                   "Hub id to serve a real model.")
-        print(f"OpenAI-compatible API at http://{args.host}:{args.port}/v1 "
+        address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"  # IPv6 in brackets
+        print(f"OpenAI-compatible API at http://{address}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
-              f"chat page at http://{args.host}:{args.port}/", flush=True)
+              f"chat page at http://{address}/", flush=True)
         server = _shutdown_server(engine, uvicorn.Config(app, log_level=args.log_level.lower(),
                                                          timeout_graceful_shutdown=5))
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
@@ -273,6 +274,17 @@ def _check_engine_options(args: argparse.Namespace) -> None:
             raise UsageError(f"--speculative-config: {error}") from None
 
 
+def _engine_options_given(args: argparse.Namespace) -> list[str]:
+    """The model and engine options of `args` that differ from their defaults (flags as typed)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    _add_engine_options(probe)
+    given = []
+    for action in probe._actions:
+        if getattr(args, action.dest, action.default) != action.default:
+            given.append(action.option_strings[0] if action.option_strings else action.dest.upper())
+    return given
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound to host:port for the server; UsageError if the address is taken or invalid."""
     if not 1 <= port <= 65535:
@@ -295,6 +307,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     _check_engine_options(args)
     if args.url:
         from glimmer.server.chat_client import ChatClientError, check_server_url
+
+        ignored = _engine_options_given(args)
+        if ignored:
+            raise UsageError(f"--url chats with the model the server at {args.url} serves; {', '.join(ignored)} "
+                             "would be ignored: leave them out, or leave out --url to load the model in-process")
 
         try:
             check_server_url(args.url)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,8 @@ from glimmer.model.kernels.support import check_environment
 if TYPE_CHECKING:
     from glimmer.engine.llm_engine import EngineConfig
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40}
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -27,7 +29,10 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
         raise ValueError(f"{text!r} is not a size; use e.g. 8GiB, 512MiB or a number of bytes")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    value = Decimal(match.group(1)) * _SIZE_UNITS[unit]  # exact: 1.1GB is 1,100,000,000 bytes, not 1.1e9 ± rounding
+    if value != int(value):  # '1.5' bytes would silently become 1
+        raise ValueError(f"{text!r} is not a whole number of bytes; use e.g. 1.5GiB or 1536MiB")
+    return int(value)
 
 
 def _is_int(value: object) -> bool:

@@ -28,6 +28,7 @@ from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
+from glimmer.checkpoint.host_memory import host_memory_bytes, parameter_bytes
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.default_model import embedded_model_dir
@@ -403,13 +404,35 @@ class LLMEngine:
 
     def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
         if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)
+            self._check_kv_cache_fits(self.config.kv_cache_memory)
             return self.config.kv_cache_memory
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             reserve = (1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
             return max(int(free - reserve), sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
+        if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
+            logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "
+                           "kv_cache_memory (--kv-cache-memory SIZE) instead", self.config.gpu_memory_utilization)
         return min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
+
+    def _check_kv_cache_fits(self, kv_bytes: int) -> None:
+        """ConfigError, before anything is allocated, for a requested KV cache that the device cannot hold: beside
+        the weights in the CPU's memory and swap, or in the GPU's free memory (the allocation would otherwise fail
+        with an allocator's traceback, or be killed later under load)."""
+        if self.device.type == "cuda":
+            room, what = torch.cuda.mem_get_info(self.device)[0], f"the {self.device} memory free after the weights"
+        else:
+            host = host_memory_bytes()
+            if host is None:
+                return
+            weights = parameter_bytes(self.loaded.model) + (parameter_bytes(self.drafter.model) if self.drafter else 0)
+            room = host - weights
+            what = (f"this machine's {host / 2**30:.1f} GiB of memory and swap less the weights' "
+                    f"{weights / 2**30:.1f} GiB")
+        if kv_bytes > room:
+            raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than {what} ({max(room, 0):,} bytes); "
+                              "give the KV cache less (--kv-cache-memory SIZE / kv_cache_memory=)")
 
     def _wanted_blocks(self) -> dict[str, int]:
         """Blocks per group for max_num_seqs sequences at max_model_len at once: every position in the

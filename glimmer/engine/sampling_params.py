@@ -109,7 +109,9 @@ class StructuredOutputsParams:
         if not isinstance(spec.get("name"), str) or not spec["name"]:
             raise RequestError("response_format.json_schema.name: required, a non-empty string",
                                param="response_format.json_schema.name")
-        schema = spec.get("schema", {})
+        schema = spec.get("schema")
+        if schema is None:  # optional in OpenAI's chat API (any JSON value); null is the field left out
+            schema = {}
         if not isinstance(schema, dict):
             raise RequestError("response_format.json_schema.schema: must be a JSON schema object",
                                param="response_format.json_schema.schema")

@@ -45,19 +45,19 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.state.context = context
     app.include_router(_v1_router(context))
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def chat_page() -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
     async def health() -> Response:
         if not engine.is_alive:
             return JSONResponse(error_body("the engine has stopped", "internal_error"), status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request) -> Response:
         if settings.metrics_require_api_key:
             check_api_key(request, settings.api_key)
@@ -106,7 +106,7 @@ def _v1_router(context: ServingContext) -> APIRouter:
     async def stored_response(response_id: str) -> Response:
         return get_response(response_id, context)
 
-    @router.get("/models")
+    @router.api_route("/models", methods=["GET", "HEAD"])
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)
                                                           for name in context.settings.served_model_names]})

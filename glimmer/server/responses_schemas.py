@@ -133,6 +133,9 @@ def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:
             raise RequestError(f"text.format.{unknown[0]}: unknown field for type {kind!r}",
                                param=f"text.format.{unknown[0]}")
         return None if kind == "text" else {"type": "json_object"}
+    if text_format.get("schema") is None:  # required in the Responses API (optional only in chat's response_format)
+        raise RequestError("text.format.schema: required for type 'json_schema', a JSON schema object",
+                           param="text.format.schema")
     return {"type": "json_schema", "json_schema": {key: value for key, value in text_format.items() if key != "type"}}
 
 

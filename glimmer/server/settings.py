@@ -59,6 +59,10 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):
             raise ConfigError("served_model_names must hold at least one non-empty name")
+        repeated = sorted({n for n in self.served_model_names if self.served_model_names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"served_model_names: {', '.join(map(repr, repeated))} given more than once "
+                              "(/v1/models would list it twice); give each name once")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must not be empty; leave it unset to serve without a key")
         if self.max_request_bytes < 1024:

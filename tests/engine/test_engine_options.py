@@ -46,6 +46,25 @@ def test_sizes_as_text_are_bytes_as_on_the_command_line(tiny_checkpoint):
         parse_size("8 gigs")
 
 
+def test_a_kv_cache_larger_than_memory_is_a_config_error_before_allocating(tiny_checkpoint, monkeypatch):
+    """An allocator's traceback (or an OOM kill under load) otherwise: the request is weighed against memory and
+    swap less the weights, with the numbers and the option to change."""
+    import glimmer.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(llm_engine, "host_memory_bytes", lambda: 64 << 20)
+    with pytest.raises(ConfigError, match=r"kv_cache_memory=104,857,600 bytes is more than this machine's 0\.1 GiB "
+                                          r"of memory and swap less the weights' .*--kv-cache-memory"):
+        LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="100MiB")
+    assert LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB").engine.kv_layout.num_blocks
+
+
+def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_checkpoint, caplog):
+    default = LLM(str(tiny_checkpoint), progress=False).engine.kv_layout.num_blocks
+    assert "gpu_memory_utilization" not in caplog.text
+    assert LLM(str(tiny_checkpoint), progress=False, gpu_memory_utilization=0.1).engine.kv_layout.num_blocks == default
+    assert "gpu_memory_utilization=0.1 sizes the KV cache on a GPU only" in caplog.text
+
+
 @pytest.mark.parametrize(("variable", "value"), [("GLIMMER_KERNELS", "triton"), ("GLIMMER_KERNELS", "off"),
                                                  ("GLIMMER_PDL", "false-ish"), ("GLIMMER_PDL", "2"),
                                                  ("GLIMMER_GEMM", "cublaslt"), ("GLIMMER_GEMM", "0")])

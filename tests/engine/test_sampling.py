@@ -279,3 +279,15 @@ def test_min_p_filters_before_top_p_as_vllm_does():
     assert probs[0, :2].tolist() == pytest.approx([0.4 / 0.7, 0.3 / 0.7])
     only_min_p = sampling_probs(logits, [_row(temperature=1.0, min_p=0.3)])
     assert (only_min_p[0] > 0).nonzero().flatten().tolist() == [0, 1, 2]
+
+
+def test_a_json_schema_format_without_a_schema_allows_any_json_and_a_null_schema_is_the_same():
+    """OpenAI's chat API makes `json_schema.schema` optional; null is the field left out (README: null fields)."""
+    from glimmer.engine.sampling_params import StructuredOutputsParams
+
+    absent = StructuredOutputsParams.from_response_format({"type": "json_schema", "json_schema": {"name": "x"}})
+    null = StructuredOutputsParams.from_response_format({"type": "json_schema",
+                                                         "json_schema": {"name": "x", "schema": None}})
+    assert absent == null and absent.json == {}
+    with pytest.raises(RequestError, match="json_schema.schema: must be a JSON schema object"):
+        StructuredOutputsParams.from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}})

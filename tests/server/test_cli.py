@@ -127,7 +127,8 @@ def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
 
 
 @pytest.mark.parametrize(("text", "expected"), [("8GiB", 8 << 30), ("512MiB", 512 << 20), ("1.5gib", 3 << 29),
-                                                ("1000", 1000), ("2GB", 2 * 10**9)])
+                                                ("1000", 1000), ("2GB", 2 * 10**9), ("1.1GB", 1_100_000_000),
+                                                ("2TiB", 2 << 40), ("0.5KiB", 512)])
 def test_sizes_parse(text, expected):
     from glimmer.cli import parse_size
 
@@ -141,6 +142,16 @@ def test_bad_sizes_are_refused(text):
     from glimmer.cli import parse_size
 
     with pytest.raises(argparse.ArgumentTypeError, match="is not a size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["1.5", "0.5b", "1.0001KiB"])
+def test_a_fraction_of_a_byte_is_refused_not_rounded(text):
+    import argparse
+
+    from glimmer.cli import parse_size
+
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a whole number of bytes"):
         parse_size(text)
 
 
@@ -180,6 +191,16 @@ def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
 
 def test_an_unreachable_url_is_one_line_and_a_failure(capsys):
     _fails_with_one_line(capsys, ["chat", "--url", f"http://127.0.0.1:{free_port()}"], "cannot reach")
+
+
+def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(capsys, tmp_path):
+    """The server chose its model and engine: a MODEL or --max-model-len beside --url would be silently ignored."""
+    _fails_with_one_line(capsys, ["chat", str(tmp_path), "--url", f"http://127.0.0.1:{free_port()}",
+                                  "--max-model-len", "100"], "MODEL, --max-model-len would be ignored")
+
+
+def test_a_served_model_name_given_twice_is_refused(capsys):
+    _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "b", "a"], "'a' given more than once")
 
 
 def test_a_busy_port_is_reported_before_the_model_loads(capsys, tmp_path):

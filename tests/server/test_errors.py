@@ -183,6 +183,15 @@ def test_a_wrong_method_is_405_with_an_error_body(server):
     assert error_of(response, 405)["type"] == "invalid_request_error"
 
 
+def test_head_answers_where_get_does_as_health_probes_send_it(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/metrics", {})):
+        head, get = httpx.head(server.url + path, headers=headers), httpx.get(server.url + path, headers=headers)
+        assert head.status_code == get.status_code == 200 and head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+    assert httpx.head(server.url + "/v1/models").status_code == 401  # the key is checked on HEAD too
+
+
 def test_a_body_over_the_size_limit_is_413(server):
     big = chat(messages=[{"role": "user", "content": "x" * (LIMIT + 10)}])
     assert error_of(post(server, big), 413)["code"] == "request_too_large"

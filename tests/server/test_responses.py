@@ -176,6 +176,8 @@ def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, 
     ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"frobnicate": 1}, "frobnicate"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),  # required here
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
 ])
 def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param):
     body = {"model": "tiny", "input": "[greet]", **fields}
