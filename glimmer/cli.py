@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
-from glimmer.errors import ConfigError, GlimmerError, RequestError
+from glimmer.errors import CheckpointError, ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
@@ -51,6 +51,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, tokenizer,
                                 mmproj=args.mmproj, allow_pickle=args.allow_pickle)
     template = _checked_chat_template(*loaded[-1], args.chat_template)
+    if template["origin"] is None:
+        report.warnings.append(template["warning"])
     if args.json:
         print(json.dumps(report.as_dict() | {"chat_template": template}, indent=2))
         return 0
@@ -65,7 +67,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")
-    print(f"chat template:   {template['origin']} (sha256 {template['sha256'][:16]}…)")
+    print("chat template:   " + (f"{template['origin']} (sha256 {template['sha256'][:16]}…)"
+                                 if template["origin"] else "none (see warnings)"))
     vision = "no (text-only)"
     if config.has_vision:
         vision = f"yes (images only: {config.video_unsupported_reason})" if config.video_unsupported_reason else "yes"
@@ -89,13 +92,20 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _checked_chat_template(opened, tokenizer, override: str | None) -> dict[str, str]:
     """The template `glimmer serve` would render with, compiled and checked as the server checks it at start
-    (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256."""
+    (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256. A checkpoint without a
+    template (a base model) gets a warning instead: it completes text, and only chat needs a template."""
     from glimmer.checkpoint.chat_template_source import find_chat_template
     from glimmer.protocol import ChatTemplate
     from glimmer.server.context import check_chat_template
 
     embedded = opened.tokenizer.chat_template if opened.tokenizer is not None else None
-    source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
+    try:
+        source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
+    except CheckpointError as error:
+        if override is not None:
+            raise
+        # a base model without a template still completes text; only the chat endpoints (and serve) need one
+        return {"origin": None, "sha256": None, "warning": f"no chat template: {error}"}
     check_chat_template(ChatTemplate(source.text), tokenizer)
     return {"origin": source.origin, "sha256": source.sha256}
 
@@ -281,7 +291,7 @@ def _engine_options_given(args: argparse.Namespace) -> list[str]:
     given = []
     for action in probe._actions:
         if getattr(args, action.dest, action.default) != action.default:
-            given.append(action.option_strings[0] if action.option_strings else action.dest.upper())
+            given.append("/".join(action.option_strings) if action.option_strings else action.dest.upper())
     return given
 
 
@@ -546,7 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--tools", default=None, help="a JSON file holding a list of OpenAI tool declarations; you "
                       "type each call's result when the model calls one")
     chat.add_argument("--reasoning-effort", default=None, help="none, minimal, low, medium, high or xhigh")
-    chat.add_argument("--max-tokens", type=int, default=None, help="most tokens per reply (default: up to the context)")
+    chat.add_argument("--max-tokens", type=int, default=None,
+                      help="most tokens per reply (default: the model's generation_config max_new_tokens, else up to "
+                           "the context)")
     chat.add_argument("--temperature", type=float, default=None,
                       help="sampling temperature (default: the model's generation_config, else 1)")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")

@@ -188,10 +188,14 @@ def _non_finite_error(targets: list[str], params: dict[str, torch.Tensor], plan:
         others = f" (so do {len(targets) - 1} more: {', '.join(targets[1:4])}{', …' if len(targets) > 4 else ''})"
     stored = files.read(source)
     if bool(torch.isfinite(stored).all()):
+        largest = stored.abs().max().item()
+        fitting = [name for name, wider in (("bfloat16", torch.bfloat16), ("float32", torch.float32))
+                   if wider != dtype and torch.finfo(wider).max >= largest]
+        fix = (f"load with dtype {' or '.join(fitting)}" if fitting else
+               "no dtype Glimmer computes in holds them: the checkpoint is damaged")
         return CheckpointError(
-            f"{where} has values up to {stored.abs().max().item():.4g}, past the largest {dtype} "
-            f"({torch.finfo(dtype).max:.4g}): as {dtype} they would be infinite{others}; load with dtype "
-            "bfloat16 or float32")
+            f"{where} has values up to {largest:.4g}, past the largest {dtype} ({torch.finfo(dtype).max:.4g}): "
+            f"as {dtype} they would be infinite{others}; {fix}")
     return CheckpointError(
         f"{where} holds {int(torch.isnan(stored).sum())} NaN and {int(torch.isinf(stored).sum())} infinite "
         f"value(s) among {stored.numel()}{others}; the checkpoint is damaged: download or convert it again")

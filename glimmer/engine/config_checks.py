@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,12 +25,12 @@ LOAD_FORMATS = ("auto", "dummy")
 
 def parse_size(text: str) -> int:
     """Bytes from '8GiB', '512MB', '1.5gib' or a plain number of bytes; ValueError if `text` is not a size."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    match = re.fullmatch(r"\s*([0-9]{0,20}\.?[0-9]{1,20})\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _SIZE_UNITS:
         raise ValueError(f"{text!r} is not a size; use e.g. 8GiB, 512MiB or a number of bytes")
-    value = Decimal(match.group(1)) * _SIZE_UNITS[unit]  # exact: 1.1GB is 1,100,000,000 bytes, not 1.1e9 ± rounding
-    if value != int(value):  # '1.5' bytes would silently become 1
+    value = Fraction(match.group(1)) * _SIZE_UNITS[unit]  # exact: 1.1GB is 1,100,000,000 bytes, not 1.1e9 ± rounding
+    if value.denominator != 1:  # '1.5' bytes would silently become 1
         raise ValueError(f"{text!r} is not a whole number of bytes; use e.g. 1.5GiB or 1536MiB")
     return int(value)
 

@@ -27,7 +27,11 @@ from glimmer.cancellation import CancelToken
 from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
 from glimmer.checkpoint.formats import open_checkpoint
-from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
+from glimmer.checkpoint.generation_config import (
+    GENERATION_CONFIG_FILE,
+    GenerationDefaults,
+    load_generation_defaults,
+)
 from glimmer.checkpoint.host_memory import host_memory_bytes, parameter_bytes
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
@@ -250,6 +254,11 @@ class LLMEngine:
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
         )
+        if (self.generation_defaults.repetition_penalty or 1.0) != 1.0:
+            logger.warning("%s sets repetition_penalty=%s: requests that leave it out are penalized, and penalized "
+                           "rows run without async scheduling and the sampler's fast path (slower decoding); "
+                           "send repetition_penalty 1 to turn it off", GENERATION_CONFIG_FILE,
+                           self.generation_defaults.repetition_penalty)
         self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(
@@ -421,7 +430,8 @@ class LLMEngine:
         the weights in the CPU's memory and swap, or in the GPU's free memory (the allocation would otherwise fail
         with an allocator's traceback, or be killed later under load)."""
         if self.device.type == "cuda":
-            room, what = torch.cuda.mem_get_info(self.device)[0], f"the {self.device} memory free after the weights"
+            room = torch.cuda.mem_get_info(self.device)[0] - self._speculation_reserve_bytes()
+            what = f"the GPU memory free after the weights ({self.device}) and the verification reserve"
         else:
             host = host_memory_bytes()
             if host is None:

@@ -58,7 +58,7 @@ def apply_default_max_tokens(params: SamplingParams, context: ServingContext, pr
     default = context.engine.engine.generation_defaults.max_new_tokens
     room = context.engine.engine.max_model_len - prompt_len
     if params.max_tokens is None and default is not None and room >= 1:
-        params.max_tokens = min(default, room)
+        params.max_tokens = min(max(default, params.min_tokens), room)  # a request's min_tokens outranks a default
 
 
 def completion_sampling_params(request: CompletionRequest, context: ServingContext) -> SamplingParams:

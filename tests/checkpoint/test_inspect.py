@@ -133,3 +133,19 @@ def test_a_tokenizer_that_does_not_fit_the_config_is_refused_by_inspect_and_load
     assert words in captured.err and "Traceback" not in captured.err
     with pytest.raises(ConfigError, match=re.escape(words)):
         LLM(str(checkpoint), progress=False)
+
+
+def test_a_checkpoint_without_a_chat_template_is_inspected_with_a_warning(tiny_checkpoint, tmp_path, capsys):
+    """A base model completes text without a template: inspect reports it (serve would refuse it) but passes."""
+    checkpoint = tmp_path / "base"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / "chat_template.jinja").unlink()
+    config = checkpoint / "tokenizer_config.json"
+    if config.exists():
+        config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "chat_template"}))
+    assert main(["inspect", str(checkpoint)]) == 0
+    out = capsys.readouterr().out
+    assert "chat template:   none (see warnings)" in out and "  - no chat template: " in out
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chat_template"]["origin"] is None and report["chat_template"]["warning"].startswith("no chat")

@@ -154,6 +154,19 @@ def test_weights_past_float16_range_are_refused_as_float16_and_load_as_bfloat16(
     assert loaded.state_dict()[name][1, 1] == torch.tensor(1e5, dtype=torch.bfloat16)  # kept, rounded
 
 
+def test_float64_values_past_every_compute_dtype_are_called_damaged(make_tiny, tmp_path):
+    name = "model.language_model.layers.0.mlp.up_proj.weight"
+
+    def damage(t):
+        t[name] = t[name].double()
+        t[name][0, 0] = 1e300
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "huge", damage)
+    with pytest.raises(CheckpointError, match=r"past the largest torch\.float32.*no dtype Glimmer computes in holds "
+                                              r"them: the checkpoint is damaged"):
+        load_model(path, dtype=torch.float32, progress=False)
+
+
 def test_vision_config_without_vision_weights_loads_text_only(make_tiny, tmp_path):
     path = make_tiny("canonical", vision=True, seed=7)
 

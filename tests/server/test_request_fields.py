@@ -246,6 +246,8 @@ def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stop
         assert 230 - usage["prompt_tokens"] < 60  # the second prompt left less room than the default
         assert (seen[0].min_p, seen[0].repetition_penalty, seen[0].temperature) == (0.1, 1.2, 0.0)
         assert chat("hi", max_tokens=3).json()["usage"]["completion_tokens"] == 3
+        # a request's min_tokens above the default is no conflict the request made: it gets min_tokens
+        assert chat("hi", min_tokens=70).json()["usage"]["completion_tokens"] == 70
         assert (seen[-1].min_p, seen[-1].repetition_penalty) == (0.1, 1.2)
         assert chat("hi", min_p=0, repetition_penalty=1).status_code == 200
         assert (seen[-1].min_p, seen[-1].repetition_penalty) == (0.0, 1.0)
