@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
-from glimmer.errors import CheckpointError, ConfigError, GlimmerError, RequestError
+from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
 
@@ -42,19 +42,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    loaded = []
-
-    def tokenizer(opened, config):
-        loaded.append((opened, load_checkpoint_tokenizer(opened, config)))
-        return loaded[-1][1]
-
-    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, tokenizer,
-                                mmproj=args.mmproj, allow_pickle=args.allow_pickle)
-    template = _checked_chat_template(*loaded[-1], args.chat_template)
-    if template["origin"] is None:
-        report.warnings.append(template["warning"])
+    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_checkpoint_tokenizer,
+                                mmproj=args.mmproj, allow_pickle=args.allow_pickle, chat_template=args.chat_template)
     if args.json:
-        print(json.dumps(report.as_dict() | {"chat_template": template}, indent=2))
+        print(json.dumps(report.as_dict(), indent=2))
         return 0
     config = report.config
     text = config.text
@@ -67,6 +58,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")
+    template = report.chat_template
     print("chat template:   " + (f"{template['origin']} (sha256 {template['sha256'][:16]}…)"
                                  if template["origin"] else "none (see warnings)"))
     vision = "no (text-only)"
@@ -88,26 +80,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print("warnings: none")
     return 0
-
-
-def _checked_chat_template(opened, tokenizer, override: str | None) -> dict[str, str]:
-    """The template `glimmer serve` would render with, compiled and checked as the server checks it at start
-    (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256. A checkpoint without a
-    template (a base model) gets a warning instead: it completes text, and only chat needs a template."""
-    from glimmer.checkpoint.chat_template_source import find_chat_template
-    from glimmer.protocol import ChatTemplate
-    from glimmer.server.context import check_chat_template
-
-    embedded = opened.tokenizer.chat_template if opened.tokenizer is not None else None
-    try:
-        source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
-    except CheckpointError as error:
-        if override is not None:
-            raise
-        # a base model without a template still completes text; only the chat endpoints (and serve) need one
-        return {"origin": None, "sha256": None, "warning": f"no chat template: {error}"}
-    check_chat_template(ChatTemplate(source.text), tokenizer)
-    return {"origin": source.origin, "sha256": source.sha256}
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:

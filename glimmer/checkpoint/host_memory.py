@@ -1,4 +1,4 @@
-"""Refuse, before anything is allocated, weights that cannot fit in the host's memory.
+"""Refuse, before anything is allocated, weights (or a KV cache beside them) that cannot fit in the host's memory.
 
 A model on the CPU lives in host memory; weights larger than physical memory plus swap end in the kernel's
 OOM killer (or a multi-line MemoryError) only after minutes of materializing them. The estimate is the
@@ -57,3 +57,17 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
         f"{available / _GIB:.1f} GiB of memory and swap (/proc/meminfo MemTotal + SwapTotal); load a smaller model "
         f"(e.g. glimmer make-tiny) or use a GPU with room for it (--device cuda){halve}"
     )
+
+
+def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -> None:
+    """Raises ConfigError when a KV cache of `kv_bytes` on the CPU would not fit beside `models`' weights in physical
+    memory plus swap (the allocation would fail with an allocator's traceback, or be killed later under load)."""
+    available = host_memory_bytes()
+    if available is None:
+        return
+    weights = sum(parameter_bytes(model) for model in models)
+    room = available - weights
+    if kv_bytes > room:
+        raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than this machine's {available / _GIB:.1f} GiB "
+                          f"of memory and swap less the weights' {weights / _GIB:.1f} GiB ({max(room, 0):,} bytes); "
+                          "give the KV cache less (--kv-cache-memory SIZE / kv_cache_memory=)")

@@ -7,10 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
 from glimmer.checkpoint.generation_config import load_generation_defaults
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
+from glimmer.errors import CheckpointError
+from glimmer.protocol import ChatTemplate, check_chat_template
 
 PARAMETER_GROUPS = (
     ("text backbone (incl. embedding)", "model.language_model."),
@@ -32,6 +35,9 @@ class CheckpointReport:
     warnings: list[str]
     # GGUF / MLX storage types → tensor count (None for safetensors and pickle weights)
     tensor_types: dict[str, int] | None = None
+    # the chat template `glimmer serve` would render with: origin and sha256 (None each, and a warning, where there
+    # is none)
+    chat_template: dict[str, str | None] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +49,7 @@ class CheckpointReport:
             "checkpoint_bytes": self.checkpoint_bytes,
             "config": self.config.summary(),
             "tensor_types": self.tensor_types,
+            "chat_template": self.chat_template,
             "video_unsupported_reason": self.config.video_unsupported_reason,
             "warnings": self.warnings,
         }
@@ -55,9 +62,10 @@ def inspect_checkpoint(
     *,
     mmproj: str | os.PathLike | None = None,
     allow_pickle: bool = False,
+    chat_template: str | os.PathLike | None = None,
 ) -> CheckpointReport:
-    """Validate config, weight plan, tokenizer and generation config exactly as loading would, and count
-    parameters per part.
+    """Validate config, weight plan, tokenizer, generation config and chat template (`chat_template`, a file, in
+    place of the checkpoint's) exactly as loading and serving would, and count parameters per part.
 
     model_factory(config) must build the model (on the meta device) whose parameters are expected;
     tokenizer_factory(opened, config) must load the checkpoint's tokenizer as the engine does and check that it
@@ -72,6 +80,8 @@ def inspect_checkpoint(
     tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
     load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)
+    warnings = list(config.warnings)
+    template = _checked_chat_template(opened, tokenizer, chat_template, warnings)
     counts: dict[str, int] = {}
     for label, prefix in PARAMETER_GROUPS:
         n = sum(_numel(shape) for name, shape in expected.items() if name.startswith(prefix))
@@ -85,9 +95,27 @@ def inspect_checkpoint(
         rope_layout=opened.rope_layout,
         parameter_counts=counts,
         checkpoint_bytes=opened.tensors.total_bytes,
-        warnings=list(config.warnings),
+        warnings=warnings,
         tensor_types=opened.tensor_types,
+        chat_template=template,
     )
+
+
+def _checked_chat_template(opened: OpenedCheckpoint, tokenizer: Any, override: str | os.PathLike | None,
+                           warnings: list[str]) -> dict[str, str | None]:
+    """The template `glimmer serve` would render with, compiled and probed as the server does at start
+    (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256. A checkpoint without a
+    template (a base model) gets a warning instead: it completes text, and only chat needs a template."""
+    embedded = opened.tokenizer.chat_template if opened.tokenizer is not None else None
+    try:
+        source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
+    except CheckpointError as error:
+        if override is not None:
+            raise
+        warnings.append(f"no chat template: {error}")
+        return {"origin": None, "sha256": None, "warning": warnings[-1]}
+    check_chat_template(ChatTemplate(source.text), tokenizer)
+    return {"origin": source.origin, "sha256": source.sha256}
 
 
 def _numel(shape: tuple[int, ...]) -> int:

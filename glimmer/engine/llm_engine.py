@@ -32,7 +32,7 @@ from glimmer.checkpoint.generation_config import (
     GenerationDefaults,
     load_generation_defaults,
 )
-from glimmer.checkpoint.host_memory import host_memory_bytes, parameter_bytes
+from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.default_model import embedded_model_dir
@@ -426,23 +426,17 @@ class LLMEngine:
         return min(_CPU_DEFAULT_KV_BYTES, sum(wanted[g] * per_block[g] for g in per_block))
 
     def _check_kv_cache_fits(self, kv_bytes: int) -> None:
-        """ConfigError, before anything is allocated, for a requested KV cache that the device cannot hold: beside
-        the weights in the CPU's memory and swap, or in the GPU's free memory (the allocation would otherwise fail
-        with an allocator's traceback, or be killed later under load)."""
-        if self.device.type == "cuda":
-            room = torch.cuda.mem_get_info(self.device)[0] - self._speculation_reserve_bytes()
-            what = f"the GPU memory free after the weights ({self.device}) and the verification reserve"
-        else:
-            host = host_memory_bytes()
-            if host is None:
-                return
-            weights = parameter_bytes(self.loaded.model) + (parameter_bytes(self.drafter.model) if self.drafter else 0)
-            room = host - weights
-            what = (f"this machine's {host / 2**30:.1f} GiB of memory and swap less the weights' "
-                    f"{weights / 2**30:.1f} GiB")
+        """ConfigError, before anything is allocated, for a requested KV cache the device cannot hold: beside the
+        weights in the CPU's memory and swap, or in the GPU's free memory less the verification reserve."""
+        if self.device.type != "cuda":
+            drafter = [self.drafter.model] if self.drafter is not None else []
+            check_kv_cache_fits_in_host_memory(kv_bytes, [self.loaded.model, *drafter])
+            return
+        room = torch.cuda.mem_get_info(self.device)[0] - self._speculation_reserve_bytes()
         if kv_bytes > room:
-            raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than {what} ({max(room, 0):,} bytes); "
-                              "give the KV cache less (--kv-cache-memory SIZE / kv_cache_memory=)")
+            raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the GPU memory free after the weights "
+                              f"({self.device}) and the verification reserve ({max(room, 0):,} bytes); give the KV "
+                              "cache less (--kv-cache-memory SIZE / kv_cache_memory=)")
 
     def _wanted_blocks(self) -> dict[str, int]:
         """Blocks per group for max_num_seqs sequences at max_model_len at once: every position in the

@@ -9,6 +9,7 @@ from glimmer.protocol.chat_template import (
     DEFAULT_SPECIAL_TOKENS,
     ChatTemplate,
     ChatTemplateError,
+    check_chat_template,
     compiled_template,
     render_chat,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "ToolCallDelta",
     "assistant_message",
     "builtin_template_source",
+    "check_chat_template",
     "compiled_template",
     "count_reasoning_tokens",
     "finish_reason",

@@ -25,14 +25,14 @@ import hashlib
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import jinja2
 
-from glimmer.errors import GlimmerError, RequestError
+from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.protocol.control_tokens import ControlTokenGuard, RenderedPrompt
 from glimmer.protocol.jinja_sandbox import make_environment
-from glimmer.protocol.tokens import BOS, EOS, PAD
+from glimmer.protocol.tokens import BOS, EOS, GENERATION_PROMPT, PAD
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,35 @@ class ChatTemplate:
             raise ChatTemplateError(error.message or type(error).__name__) from error
         except Exception as error:  # a template can fail in any Python operation it performs
             raise ChatTemplateError(f"{type(error).__name__}: {error}") from error
+
+
+class FramingTokenizer(Protocol):
+    """What the probe of `check_chat_template` needs of a tokenizer (the engine's `Tokenizer` has it)."""
+
+    special_tokens: Mapping[str, str]
+    bos_token: str | None
+    bos_token_id: int | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+_PROBE_KWARGS = {"current_date": "2026-01-01"}
+
+
+def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer) -> None:
+    """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5).
+    Raises ConfigError, or ChatTemplateError where the template fails to render (the server runs it at start,
+    `glimmer inspect` too)."""
+    prompt = template.render([{"role": "user", "content": "hello"}], special_tokens=tokenizer.special_tokens,
+                             chat_template_kwargs=_PROBE_KWARGS)
+    if not prompt.endswith(GENERATION_PROMPT):
+        raise ConfigError(f"the chat template's generation prompt must be exactly {GENERATION_PROMPT!r} "
+                          f"(P-TMPL-8); a probe prompt ends {prompt[-40:]!r}")
+    bos_id = tokenizer.bos_token_id
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    if bos_id is not None and (ids.count(bos_id) != 1 or ids[0] != bos_id):
+        raise ConfigError(f"the chat template must start the prompt with exactly one {tokenizer.bos_token!r} "
+                          f"(P-TMPL-5); a probe prompt has {ids.count(bos_id)}")
 
 
 @lru_cache(maxsize=32)

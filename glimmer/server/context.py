@@ -8,14 +8,11 @@ from dataclasses import dataclass, field
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import ConfigError
-from glimmer.protocol import GENERATION_PROMPT, ChatTemplate
+from glimmer.protocol import ChatTemplate, check_chat_template
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.settings import ServerSettings
-
-_PROBE_KWARGS = {"current_date": "2026-01-01"}
 
 
 @dataclass
@@ -56,18 +53,3 @@ class ServingContext:
             raise APIError(404, f"the model {requested!r} does not exist here; this server serves "
                            f"{', '.join(repr(n) for n in names)}", param="model", code="model_not_found")
         return requested
-
-
-def check_chat_template(template: ChatTemplate, tokenizer: Tokenizer) -> None:
-    """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5).
-    Raises ConfigError, or ChatTemplateError where the template fails to render (`glimmer inspect` runs it too)."""
-    prompt = template.render([{"role": "user", "content": "hello"}], special_tokens=tokenizer.special_tokens,
-                             chat_template_kwargs=_PROBE_KWARGS)
-    if not prompt.endswith(GENERATION_PROMPT):
-        raise ConfigError(f"the chat template's generation prompt must be exactly {GENERATION_PROMPT!r} "
-                          f"(P-TMPL-8); a probe prompt ends {prompt[-40:]!r}")
-    bos_id = tokenizer.bos_token_id
-    ids = tokenizer.encode(prompt, add_special_tokens=False)
-    if bos_id is not None and (ids.count(bos_id) != 1 or ids[0] != bos_id):
-        raise ConfigError(f"the chat template must start the prompt with exactly one {tokenizer.bos_token!r} "
-                          f"(P-TMPL-5); a probe prompt has {ids.count(bos_id)}")

@@ -49,9 +49,9 @@ def test_sizes_as_text_are_bytes_as_on_the_command_line(tiny_checkpoint):
 def test_a_kv_cache_larger_than_memory_is_a_config_error_before_allocating(tiny_checkpoint, monkeypatch):
     """An allocator's traceback (or an OOM kill under load) otherwise: the request is weighed against memory and
     swap less the weights, with the numbers and the option to change."""
-    import glimmer.engine.llm_engine as llm_engine
+    import glimmer.checkpoint.host_memory as host_memory
 
-    monkeypatch.setattr(llm_engine, "host_memory_bytes", lambda: 64 << 20)
+    monkeypatch.setattr(host_memory, "host_memory_bytes", lambda: 64 << 20)
     with pytest.raises(ConfigError, match=r"kv_cache_memory=104,857,600 bytes is more than this machine's 0\.1 GiB "
                                           r"of memory and swap less the weights' .*--kv-cache-memory"):
         LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="100MiB")
