@@ -207,8 +207,10 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], token_bitmas
                      ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """`sample` without reading the device: the chosen tokens, and `logprob_tensors`' fields when a row asks
     for logprobs (else none)."""
-    logits = logits.float()
     ks = [r.params.logprobs for r in rows]
+    if token_bitmask is None and all(k is None for k in ks) and all(plain_greedy(r) for r in rows):
+        return greedy_tokens(logits, rows), ()
+    logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(k is not None for k in ks) else None
     tokens = choose_tokens(logits, rows, token_bitmask)
     return tokens, logprob_tensors(raw_logprobs, tokens, ks) if raw_logprobs is not None else ()
@@ -220,6 +222,21 @@ def sample_result(host: list[list], rows: list[SamplingRow]) -> SampleResult:
     ks = [r.params.logprobs for r in rows]
     return SampleResult(token_ids=tokens,
                         logprobs=token_logprobs(tokens, *fields, ks) if fields else [None] * len(rows))
+
+
+def plain_greedy(row: SamplingRow) -> bool:
+    """A greedy row that nothing but the vocabulary's padding constrains (no bias, penalty or banned id)."""
+    p = row.params
+    return p.greedy and not (p.uses_penalties or row.banned_ids or p.logit_bias)
+
+
+def greedy_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """`choose_tokens` of `plain_greedy` rows without a grammar: the argmax of the logits in their own dtype (a
+    widening to float32 keeps their order) over the tokenizer's ids, read in place. The same tokens, without the
+    float32 copy, the clone and the -inf fill of the padding rows (at 256 rows of the 30B's vocabulary, 0.3 GB of
+    memory traffic a step)."""
+    padding_from = min((r.token_count for r in rows if r.token_count is not None), default=logits.shape[1])
+    return logits[:, :padding_from].argmax(dim=-1)
 
 
 def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None

@@ -291,3 +291,32 @@ def test_a_json_schema_format_without_a_schema_allows_any_json_and_a_null_schema
     assert absent == null and absent.json == {}
     with pytest.raises(RequestError, match="json_schema.schema: must be a JSON schema object"):
         StructuredOutputsParams.from_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": 3}})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_plain_greedy_rows_take_the_in_place_argmax_and_choose_what_the_float32_path_chooses(monkeypatch, dtype):
+    from glimmer.engine import sampler
+
+    generator = torch.Generator().manual_seed(3)
+    logits = (torch.randn(5, 300, generator=generator) * 4).to(dtype)
+    logits[0, 7] = logits[0, 250] = logits[0].max() + 1  # a tie: the first index wins on both paths
+    logits[1, 290] = logits[1].max() + 1  # the best logit of row 1 sits in the padding rows, never a token
+    logits[2, 100] = float("nan")  # NaN is the largest on both paths too
+    rows = [SamplingRow(SamplingParams(temperature=0), [], [], None, token_count=280) for _ in range(5)]
+    calls = []
+    real = sampler.greedy_tokens
+    monkeypatch.setattr(sampler, "greedy_tokens", lambda *args: calls.append(1) or real(*args))
+    fast = sample(logits, rows).token_ids
+    assert calls == [1] and fast[0] == 7 and fast[1] < 280 and fast[2] == 100
+    # the general path: float32, the padding rows filled with -inf, then argmax
+    general = sampler.choose_tokens(logits.float(), rows).tolist()
+    assert fast == general
+    # anything else a row asks for leaves the fast path
+    for other in (SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0, presence_penalty=0.5),
+                  SamplingParams(temperature=0, logit_bias={3: 1.0}), SamplingParams(temperature=0.7)):
+        calls.clear()
+        sample(logits, [*rows[:4], SamplingRow(other, [], [1], torch.Generator().manual_seed(0))])
+        assert calls == []
+    sample(logits, [SamplingRow(SamplingParams(temperature=0), [], [], None, banned_ids=(7,))] * 5)
+    sample(logits, rows, _bitmask([None] * 5, 300))
+    assert calls == []

@@ -22,8 +22,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from paged_cases import make_case  # noqa: E402
 
+from glimmer.model.kernels import logits as logits_kernels  # noqa: E402
 from glimmer.model.kernels import support, tuned_gemm  # noqa: E402
 from glimmer.model.kernels.linear import linear, matvec_triton  # noqa: E402
+from glimmer.model.kernels.logits import (  # noqa: E402
+    fused_softcap_exact,
+    softcap_triton_,
+    softcapped_logits,
+    softcapped_logits_torch,
+)
 from glimmer.model.kernels.paged_attention import paged_attention_torch, paged_attention_triton  # noqa: E402
 from glimmer.model.kernels.qk_norm_rope import (  # noqa: E402
     HeadLayout,
@@ -133,6 +140,54 @@ def test_silu_mul_matches_the_reference(dtype):
     gate_up = (torch.randn((13, 2 * 19968), device="cuda") * 4).to(dtype)
     tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
     torch.testing.assert_close(silu_mul_triton(gate_up), silu_mul_torch(gate_up), **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("multiplier,cap", [(1.0, 30.0), (0.25, 15.0), (3.0, 0.5)])
+def test_the_fused_softcap_gives_the_references_bits_on_every_16_bit_value(dtype, multiplier, cap):
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype).cuda()
+    got = softcap_triton_(every.clone(), multiplier, cap)
+    want = ((every * multiplier) / cap).tanh() * cap  # the reference's ops after its product
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert same.all(), every[~same][:8].tolist()
+    assert fused_softcap_exact(torch.cuda.current_device(), dtype, multiplier, cap)
+
+
+def test_softcapped_logits_fuse_the_cap_for_16_bit_cuda_rows_only_and_give_the_references_bits(monkeypatch):
+    for dtype in (torch.bfloat16, torch.float16):  # probed first, so the count below is the logits' calls only
+        for multiplier, cap in ((1.0, 30.0), (0.5, 2.0)):
+            assert fused_softcap_exact(torch.cuda.current_device(), dtype, multiplier, cap)
+    calls = []
+    real = logits_kernels.softcap_triton_
+    monkeypatch.setattr(logits_kernels, "softcap_triton_", lambda *args: calls.append(args[0].dtype) or real(*args))
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    hidden = torch.randn((7, 256), device="cuda", generator=generator)
+    weight = torch.randn((5000, 256), device="cuda", generator=generator) / 4  # saturates tanh at cap 2
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        h, w = hidden.to(dtype), weight.to(dtype)
+        for multiplier, cap in ((1.0, 30.0), (0.5, 2.0)):
+            assert torch.equal(softcapped_logits(h, w, multiplier, cap), softcapped_logits_torch(h, w, multiplier, cap))
+    assert calls == [torch.bfloat16] * 2 + [torch.float16] * 2
+
+
+def test_an_unprobed_or_inexact_fused_softcap_leaves_the_reference_to_run(monkeypatch, caplog):
+    monkeypatch.setattr(logits_kernels, "_exact", {})
+    h = torch.randn((3, 64), device="cuda").bfloat16()
+    w = torch.randn((100, 64), device="cuda").bfloat16()
+    calls = []
+    real = logits_kernels.softcap_triton_
+    monkeypatch.setattr(logits_kernels, "softcap_triton_", lambda *args: calls.append(1) or real(*args))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # unprobed inside a capture: the reference's ops are captured
+        captured = softcapped_logits(h, w, 1.0, 30.0)
+    graph.replay()
+    assert calls == [] and torch.equal(captured, softcapped_logits_torch(h, w, 1.0, 30.0))
+    # a kernel whose bits differ anywhere is found out by the probe and not used
+    monkeypatch.setattr(logits_kernels, "softcap_triton_", lambda x, m, c: real(x, m, c).mul_(1.0078125))
+    with caplog.at_level(logging.WARNING, logger="glimmer.model.kernels.logits"):
+        assert not fused_softcap_exact(torch.cuda.current_device(), torch.bfloat16, 1.0, 30.0)
+    assert "keep torch's ops" in caplog.text
+    assert torch.equal(softcapped_logits(h, w, 1.0, 30.0), softcapped_logits_torch(h, w, 1.0, 30.0))
 
 
 MATVEC_SHAPES = {  # (out, in): three of the 30B's projections (q|k|v|gate takes the narrow tile), tiny and ragged ones

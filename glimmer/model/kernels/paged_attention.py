@@ -279,12 +279,16 @@ def kv_splits(num_query_programs: int, device: torch.device) -> int:
 
 
 def decode_tiles(num_splits: int) -> tuple[int, int]:
-    """(keys per tile, pipeline stages) of a decode launch. Where the batch alone fills the GPU (few splits: each
-    program walks a whole context) 32-key tiles in 3 stages keep more programs resident per SM; where the keys
-    are split many ways, 64-key tiles. Measured on an H200 at the 30B's heads (GQA 16:1, head_dim 128, bf16),
-    µs a layer against the former 64-key tiles in 2 stages: batch 256 at 1K context 81 vs 114, at 2K 148 vs
-    209; batch 128 49 vs 67; batch 64 33 vs 38 (84 vs 110 at 4K); batch 1 at 32K 17.5 vs 18.2, at 1K 7.4 vs 7.7.
-    A function of the batch shape only, like the split count (CUDA graphs replay it at any context)."""
+    """(keys per tile, pipeline stages) of a decode launch. Where the batch alone fills the GPU (one split: each
+    program walks a whole context) 64-key tiles in 2 stages; where the keys are split 2–4 ways, 32-key tiles in 3
+    stages (more programs resident per SM); split more ways, 64-key tiles in 3 stages. Measured on an H200 at the
+    30B's heads (GQA 16:1, head_dim 128, bf16, 4 warps), µs a layer, one split, 64/2 against 32/3: batch 256 at 1.1K
+    context 75.4 against 84.5 (KV at the copy rate: 70.0), at 4K 255.5 against 291.8 (260.6); batch 192 at 2K
+    119.4 against 141.9; batch 140 at 1.1K 58.1 against 65.3. Batch 64 (4 splits) at 1.1K: 27.2 against 27.3, so
+    32/3 stays there. A function of the batch shape only, like the split count (CUDA graphs replay it at any
+    context)."""
+    if num_splits == 1:
+        return 64, 2
     return (32, 3) if num_splits <= 4 else (64, 3)
 
 
