@@ -306,8 +306,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     if args.url:
         from glimmer.server.chat_client import check_server
 
-        check_server(args.url, args.api_key)
-        run_chat(args.url, model=args.served_model, api_key=args.api_key, **chat)
+        # the --served-model is checked now, not when the first message is refused
+        max_model_len = check_server(args.url, args.api_key, args.served_model)
+        run_chat(args.url, model=args.served_model, api_key=args.api_key, max_model_len=max_model_len, **chat)
         return 0
     from glimmer.server.app import create_app
     from glimmer.server.background import BackgroundServer
@@ -323,7 +324,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
         with BackgroundServer(app) as server:
-            run_chat(server.url, model=name, api_key=None, **chat)
+            run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, **chat)
     finally:
         engine.shutdown()
     return 0
@@ -520,7 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")
     _add_engine_options(chat)
-    chat.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (default: in-process)")
+    chat.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (a trailing /v1 is "
+                      "fine; default: in-process)")
     chat.add_argument("--api-key", default=os.environ.get("GLIMMER_API_KEY"),
                       help="the key of a --url server that requires one (default: $GLIMMER_API_KEY)")
     chat.add_argument("--served-model", default=None, help="the `model` to ask a --url server for")

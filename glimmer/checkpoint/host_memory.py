@@ -4,11 +4,16 @@ A model on the CPU lives in host memory; weights larger than physical memory plu
 OOM killer (or a multi-line MemoryError) only after minutes of materializing them. The estimate is the
 parameters' bytes in the load dtype, known on the meta device before any tensor exists. Only the CPU is
 checked: a GPU's allocator refuses an oversized model at once with its own error.
+
+In a container the memory that counts is its cgroup's limit, not /proc/meminfo's totals: a 16 GiB container on
+a 256 GiB host is OOM-killed at 16 GiB. Each total is lowered to the smallest limit set on the process's cgroup or
+any of its ancestors (a parent's limit binds its children too), under cgroup v2 or v1.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 import torch
 from torch import nn
@@ -16,14 +21,77 @@ from torch import nn
 from glimmer.errors import ConfigError
 
 MEMINFO = Path("/proc/meminfo")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 _GIB = 1 << 30
 
+# Per hierarchy mounted under CGROUP_ROOT: the files limiting memory and swap. v2's unified hierarchy is
+# CGROUP_ROOT itself; v1's memory controller is CGROUP_ROOT/memory, and v1 has no swap-only limit
+# (memory.memsw.limit_in_bytes bounds memory and swap together). "No limit" is v2's "max" (not a number) and
+# v1's 9223372036854771712 (LONG_MAX rounded down to a page), which is above any MemTotal and so never binds.
+_LIMIT_FILES = {"": ("memory.max", "memory.swap.max"), "memory": ("memory.limit_in_bytes", None)}
 
-def host_memory_bytes() -> int | None:
-    """MemTotal + SwapTotal from /proc/meminfo, or None where that is unavailable (not Linux, unreadable)."""
+
+@dataclass(frozen=True)
+class CgroupLimit:
+    """A limit one file of the process's cgroup hierarchy sets."""
+
+    limit_bytes: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """The memory and swap this process may fill: /proc/meminfo's MemTotal and SwapTotal, each lowered to the
+    smallest cgroup limit on it. `cgroup_limits` are the limits that lowered one (empty outside a container)."""
+
+    memory_bytes: int
+    swap_bytes: int
+    host_bytes: int  # MemTotal + SwapTotal, whatever the cgroup allows
+    cgroup_limits: tuple[CgroupLimit, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.memory_bytes + self.swap_bytes
+
+    def describe(self) -> str:
+        """The figure and where it comes from, for an error message: the machine's, or the container's cgroup's."""
+        if not self.cgroup_limits:
+            return (f"this machine's {self.total_bytes / _GIB:.1f} GiB of memory and swap "
+                    "(/proc/meminfo MemTotal + SwapTotal)")
+        limits = ", ".join(f"{limit.path} = {limit.limit_bytes / _GIB:.1f} GiB" for limit in self.cgroup_limits)
+        return (f"the {self.total_bytes / _GIB:.1f} GiB of memory and swap this container's cgroup allows "
+                f"({limits}), not the host's {self.host_bytes / _GIB:.1f} GiB")
+
+
+def read_host_memory() -> HostMemory | None:
+    """The memory and swap this process may fill, or None where /proc/meminfo is unavailable (not Linux,
+    unreadable). Cgroup files that are missing, unreadable or odd are passed over: /proc/meminfo alone then."""
+    totals = _meminfo_totals()
+    if totals is None:
+        return None
+    mem_total, swap_total = totals
+    memory_files: list[Path] = []
+    swap_files: list[Path] = []
+    for mount, cgroup_path in _own_memory_cgroups().items():
+        memory_name, swap_name = _LIMIT_FILES[mount]
+        for folder in _self_and_ancestors(CGROUP_ROOT / mount, cgroup_path):
+            memory_files.append(folder / memory_name)
+            if swap_name is not None:
+                swap_files.append(folder / swap_name)
+    memory_limit = _smallest_limit_below(memory_files, mem_total)
+    swap_limit = _smallest_limit_below(swap_files, swap_total)
+    return HostMemory(memory_bytes=memory_limit.limit_bytes if memory_limit else mem_total,
+                      swap_bytes=swap_limit.limit_bytes if swap_limit else swap_total,
+                      host_bytes=mem_total + swap_total,
+                      cgroup_limits=tuple(limit for limit in (memory_limit, swap_limit) if limit is not None))
+
+
+def _meminfo_totals() -> tuple[int, int] | None:
+    """(MemTotal, SwapTotal) in bytes from /proc/meminfo; None without a readable MemTotal."""
     try:
         lines = MEMINFO.read_text().splitlines()
-    except OSError:
+    except (OSError, ValueError):
         return None
     sizes = {}
     for line in lines:
@@ -33,7 +101,49 @@ def host_memory_bytes() -> int | None:
             sizes[name] = int(parts[0]) * 1024
     if "MemTotal" not in sizes:
         return None
-    return sizes["MemTotal"] + sizes.get("SwapTotal", 0)
+    return sizes["MemTotal"], sizes.get("SwapTotal", 0)
+
+
+def _own_memory_cgroups() -> dict[str, str]:
+    """The process's cgroup path per hierarchy that limits memory, keyed by its mount under CGROUP_ROOT: v2's
+    line `0::/path` and v1's `N:memory:/path` of /proc/self/cgroup. Empty where that file is unreadable."""
+    try:
+        lines = PROC_SELF_CGROUP.read_text().splitlines()
+    except (OSError, ValueError):
+        return {}
+    paths = {}
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        # a cgroup outside the process's cgroup namespace shows as `/../..`: its files are not under the mount
+        if not path.startswith("/") or ".." in PurePosixPath(path).parts:
+            continue
+        if hierarchy == "0" and controllers == "":
+            paths[""] = path
+        elif "memory" in controllers.split(","):
+            paths["memory"] = path
+    return paths
+
+
+def _self_and_ancestors(mount: Path, cgroup_path: str) -> list[Path]:
+    """The cgroup's folder under `mount`, then each parent's up to the mount itself. In a container the mount is
+    often the container's own cgroup while the path names it from the host's root; the walk still reaches it."""
+    parts = PurePosixPath(cgroup_path).parts[1:]
+    return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
+
+
+def _smallest_limit_below(paths: list[Path], total_bytes: int) -> CgroupLimit | None:
+    """The smallest limit the files at `paths` set, if it is below `total_bytes` (else it does not bind). A file
+    that is missing, unreadable, "max" or not a byte count sets none."""
+    limits = []
+    for path in paths:
+        try:
+            text = path.read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if text.isascii() and text.isdigit() and int(text) < total_bytes:
+            limits.append(CgroupLimit(int(text), path))
+    return min(limits, key=lambda limit: limit.limit_bytes, default=None)
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -43,31 +153,33 @@ def parameter_bytes(model: nn.Module) -> int:
 
 def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> None:
     """Raises ConfigError (one line: the size, the memory, the fix) when `model`'s weights, materialized on the
-    CPU, would exceed physical memory plus swap. Does nothing on other devices or where the memory is unknown."""
+    CPU, would exceed the physical memory plus swap this process may use. Does nothing on other devices or where
+    the memory is unknown."""
     if torch.device(device).type != "cpu":
         return
-    available = host_memory_bytes()
+    memory = read_host_memory()
     needed = parameter_bytes(model)
-    if available is None or needed <= available:
+    if memory is None or needed <= memory.total_bytes:
         return
     dtype_name = str(dtype).removeprefix("torch.")
     halve = "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
     raise ConfigError(
-        f"the model's weights need {needed / _GIB:.1f} GiB as {dtype_name} on the CPU, more than this machine's "
-        f"{available / _GIB:.1f} GiB of memory and swap (/proc/meminfo MemTotal + SwapTotal); load a smaller model "
-        f"(e.g. glimmer make-tiny) or use a GPU with room for it (--device cuda){halve}"
+        f"the model's weights need {needed / _GIB:.1f} GiB as {dtype_name} on the CPU, more than "
+        f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "
+        f"(--device cuda){halve}"
     )
 
 
 def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -> None:
-    """Raises ConfigError when a KV cache of `kv_bytes` on the CPU would not fit beside `models`' weights in physical
-    memory plus swap (the allocation would fail with an allocator's traceback, or be killed later under load)."""
-    available = host_memory_bytes()
-    if available is None:
+    """Raises ConfigError when a KV cache of `kv_bytes` on the CPU would not fit beside `models`' weights in the
+    physical memory plus swap this process may use (the allocation would fail with an allocator's traceback, or be
+    killed later under load)."""
+    memory = read_host_memory()
+    if memory is None:
         return
     weights = sum(parameter_bytes(model) for model in models)
-    room = available - weights
+    room = memory.total_bytes - weights
     if kv_bytes > room:
-        raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than this machine's {available / _GIB:.1f} GiB "
-                          f"of memory and swap less the weights' {weights / _GIB:.1f} GiB ({max(room, 0):,} bytes); "
-                          "give the KV cache less (--kv-cache-memory SIZE / kv_cache_memory=)")
+        raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than {memory.describe()} less the weights' "
+                          f"{weights / _GIB:.1f} GiB ({max(room, 0):,} bytes); give the KV cache less "
+                          "(--kv-cache-memory SIZE / kv_cache_memory=)")

@@ -9,13 +9,22 @@ import contextlib
 import dataclasses
 import itertools
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from glimmer.engine.apply_chat_template import (
+    OutputShape,
+    checked_documents,
+    cut_at_final_message,
+    given_conversation,
+    split_conversations,
+    tag_final_message,
+    tool_schemas,
+)
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
@@ -26,8 +35,10 @@ from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
+    ChatTemplate,
     RenderedPrompt,
     ToolCall,
+    compiled_template,
     normalize_messages,
     normalize_tools,
     parse_output,
@@ -383,13 +394,14 @@ class LLM:
         return chats
 
     def _render(self, conversation: Any, tools: list[dict[str, Any]] | None, strength: str | None,
-                kwargs: Mapping[str, Any], allow_control_tokens: bool,
-                add_generation_prompt: bool = True) -> tuple[list[dict[str, Any]], RenderedPrompt]:
-        """One conversation's messages, normalized, and its prompt rendered with the checkpoint's template."""
+                kwargs: Mapping[str, Any], allow_control_tokens: bool, add_generation_prompt: bool = True,
+                template: ChatTemplate | None = None) -> tuple[list[dict[str, Any]], RenderedPrompt]:
+        """One conversation's messages, normalized, and its prompt rendered with `template` (default: the
+        checkpoint's)."""
         normalized = normalize_messages(conversation)
         refuse_unrendered(conversation)
         tokenizer = self.engine.tokenizer
-        rendered = self.engine.chat_template.render_prompt(
+        rendered = (template or self.engine.chat_template).render_prompt(
             normalized,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
@@ -480,20 +492,110 @@ class LLMTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            tokenize: bool = True, add_generation_prompt: bool = True, *,
-                            allow_control_tokens_in_content: bool = False, **kwargs: Any) -> list[int] | str:
-        """The prompt of one conversation as `LLM.chat` renders it: its token ids (`tokenize=True`, BOS once, from
-        the template) or its text. `kwargs` are chat template kwargs (`reasoning_effort` included, as in
-        `LLM.chat`'s `chat_template_kwargs`); media parts are not expanded into placeholder tokens here."""
-        plan = plan_tools(normalize_tools(tools), None)
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]] | list[list[dict[str, Any]]] | None = None,
+        tools: list[dict[str, Any] | Callable[..., Any]] | None = None,
+        *,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool | str = False,
+        tokenize: bool = True,
+        sanitize_control_tokens: bool | None = None,
+        padding: bool | str = False,
+        truncation: bool | str = False,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+        return_dict: bool = False,
+        return_assistant_tokens_mask: bool = False,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        allow_control_tokens_in_content: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """The prompt of a conversation (a list of message dicts) as `LLM.chat` renders it, or of each of a batch of
+        them (a list of such lists, giving a list): its token ids (`tokenize=True`, BOS once, from the template) or
+        its text. Media parts are not expanded into placeholder tokens here.
+
+        The named arguments are transformers 5's, with its meaning (glimmer/engine/apply_chat_template.py): `tools`
+        (schemas, or Python functions converted as transformers converts them), `documents` (the template's
+        variable), `chat_template` (a template source to render with instead of the checkpoint's),
+        `add_generation_prompt`, `continue_final_message`, `tokenize`, `sanitize_control_tokens`, `padding`,
+        `truncation`, `max_length`, `return_tensors` ('pt' or 'np') and `return_dict` ({"input_ids",
+        "attention_mask"}; only with `tokenize=True`, as in transformers). `conversation` may be passed as
+        `messages`. Every other keyword argument is a chat template variable, as in transformers and as
+        `LLM.chat`'s `chat_template_kwargs` (`reasoning_effort` included).
+
+        Defaults are Glimmer's, as before transformers 5: the ids as a list (`return_dict=False`), and the
+        generation prompt unless `continue_final_message` is set (`add_generation_prompt=None`).
+
+        `continue_final_message=True` ends the prompt inside the final message's content: what the template writes
+        after it (its `<|eot|>` or `<|eom|>`, whatever `end_turn` says) is left out, so the model continues the
+        body of that message's channel: `to=user` for an answer, the `recipient` for a message to another channel.
+        A string names the field to continue: `"reasoning_content"` ends the prompt inside the reasoning (a `to=self`
+        message) and leaves out the content that would follow it. As in transformers the final message may have
+        any role, it cannot be combined with `add_generation_prompt=True`, and a field the template leaves out
+        (the content of an assistant message with `tool_calls`) cannot be continued.
+
+        Control-token text in the messages, tools or template kwargs is tokenized as plain text (as transformers'
+        `sanitize_control_tokens=True`); `allow_control_tokens_in_content=True` or `sanitize_control_tokens=False`
+        (trusted input only) makes it those tokens. Padding and truncation are on the right; without `max_length`
+        their limit is the engine's `max_model_len` (transformers: the tokenizer's `model_max_length`).
+
+        Raises RequestError (a ValueError) naming the argument for values transformers refuses and for those not
+        supported here: `return_assistant_tokens_mask=True` (the template marks no `{% generation %}` spans),
+        `tokenizer_kwargs`, `return_tensors` other than 'pt' or 'np'.
+        """
+        conversations, batched = split_conversations(given_conversation(conversation, kwargs))
+        if return_assistant_tokens_mask:
+            raise RequestError("return_assistant_tokens_mask=True is not supported: the chat template marks no "
+                               "{% generation %} spans to build the mask from", param="return_assistant_tokens_mask")
+        if tokenizer_kwargs:
+            raise RequestError(f"tokenizer_kwargs {sorted(tokenizer_kwargs)} are not supported; padding, truncation, "
+                               "max_length and return_tensors are arguments of apply_chat_template",
+                               param="tokenizer_kwargs")
+        if continue_final_message and add_generation_prompt:
+            raise RequestError("continue_final_message=True with add_generation_prompt=True: the first ends the prompt "
+                               "inside the final message, the second after it with a new turn's header; give one",
+                               param="continue_final_message")
+        if sanitize_control_tokens and not tokenize:
+            raise RequestError("sanitize_control_tokens=True applies to token ids: it needs tokenize=True (the text "
+                               "of a prompt holds no tokens to sanitize)", param="sanitize_control_tokens")
+        if sanitize_control_tokens and allow_control_tokens_in_content:
+            raise RequestError("sanitize_control_tokens=True contradicts allow_control_tokens_in_content=True; give "
+                               "one", param="sanitize_control_tokens")
+        shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict) if tokenize else None
+        template = self._llm.engine.chat_template if chat_template is None else _template_argument(chat_template)
+        plan = plan_tools(normalize_tools(tool_schemas(tools)), None)
         strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
         template_kwargs = {k: v for k, v in kwargs.items() if k not in _STRENGTH_KWARGS}
-        _, rendered = self._llm._render(messages, plan.render_tools, strength, template_kwargs,
-                                        allow_control_tokens_in_content, add_generation_prompt)
-        if not tokenize:
-            return rendered.display_text
-        return self._llm.engine.encode_prompt(rendered.text, literals=rendered.literals)
+        if documents is not None:
+            template_kwargs["documents"] = checked_documents(documents)
+        allow_control_tokens = allow_control_tokens_in_content or sanitize_control_tokens is False
+        generation_prompt = not continue_final_message if add_generation_prompt is None else add_generation_prompt
+        prompts = []
+        for messages in conversations:
+            final = None
+            if continue_final_message:
+                messages, final = tag_final_message(messages, continue_final_message, template.source)
+            _, rendered = self._llm._render(messages, plan.render_tools, strength, template_kwargs,
+                                            allow_control_tokens, generation_prompt, template)
+            prompts.append(rendered if final is None else cut_at_final_message(rendered, final))
+        if shape is None:
+            texts = [prompt.display_text for prompt in prompts]
+            return texts if batched else texts[0]
+        ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
+        return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
+                           pad_token_id=self.tokenizer.pad_token_id)
+
+
+def _template_argument(source: Any) -> ChatTemplate:
+    """The `chat_template` argument compiled (transformers also takes the name of one of several templates a
+    tokenizer holds; a checkpoint gives Glimmer one, P-TMPL-1). Raises RequestError, ChatTemplateError."""
+    if not isinstance(source, str):
+        raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
+                           param="chat_template")
+    return compiled_template(source)
 
 
 def _is_single_prompt(prompts: object) -> bool:

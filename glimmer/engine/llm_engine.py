@@ -280,7 +280,7 @@ class LLMEngine:
                                   max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
                                   capture_layers=capture,
                                   query_lens=tuple(1 + k for k in draft_choices(self.num_speculative_tokens)),
-                                  progress=config.progress)
+                                  progress=config.progress, token_count=self.token_count)
         self.speculator: SpeculativeDecoder | None = None
         if self.drafter is not None:
             proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,

@@ -104,10 +104,14 @@ class ModelRunner:
         capture_layers: tuple[int, ...] = (),
         query_lens: tuple[int, ...] = (1,),
         progress: bool = False,
+        token_count: int | None = None,
     ):
         """query_lens: the tokens per sequence of the decode-shaped steps to replay from CUDA graphs, all captured
-        here: 1 (decode) and, with speculative decoding, 1 + k for each k the draft policy can choose."""
+        here: 1 (decode) and, with speculative decoding, 1 + k for each k the draft policy can choose.
+        token_count: the tokenizer's ids (logit columns from here on are vocabulary padding: never a prompt
+        logprob's alternative, never counted in its rank); None: every column is a token."""
         self.model = model
+        self.token_count = token_count
         self.capture_layers = capture_layers
         self.kv = kv
         self.device = device
@@ -255,5 +259,5 @@ class ModelRunner:
         for offset in range(0, len(positions), PROMPT_LOGITS_ROWS):
             rows = hidden[offset : offset + PROMPT_LOGITS_ROWS]
             targets = [seq.prompt_token_ids[p + 1] for p in positions[offset : offset + PROMPT_LOGITS_ROWS]]
-            scored.extend(scored_token_logprobs(self.model.compute_logits(rows), targets, k))
+            scored.extend(scored_token_logprobs(self.model.compute_logits(rows), targets, k, self.token_count))
         return scored

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from glimmer.engine.sampler import SamplingRow, TokenLogprobs, chosen_logprobs, constrain, draw, sampling_probs
+from glimmer.engine.sampler import (
+    SamplingRow,
+    TokenLogprobs,
+    chosen_logprobs,
+    constrain,
+    draw,
+    padding_start,
+    sampling_probs,
+)
 
 
 @dataclass
@@ -97,7 +105,8 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
         index = [starts[i] + j for i in wanted for j in range(len(tokens[i]))]
         emitted = torch.tensor([t for i in wanted for t in tokens[i]], dtype=torch.int64, device=logits.device)
         ks = [proposals[i].rows[0].params.logprobs for i in wanted for _ in tokens[i]]
-        _, entries = chosen_logprobs(raw_logprobs[index], emitted, ks)
+        token_count = padding_start([proposals[i].rows[0] for i in wanted], logits.shape[1])
+        _, entries = chosen_logprobs(raw_logprobs[index], emitted, ks, token_count)
         for i in wanted:
             logprobs[i], entries = entries[: len(tokens[i])], entries[len(tokens[i]) :]
     return [Verdict(tokens[i], accepted[i], logprobs[i]) for i in range(len(proposals))]

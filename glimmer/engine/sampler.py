@@ -41,7 +41,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: dict[int, float]
-    rank: int | None = None  # 1 for the most likely token; computed for scored prompt tokens
+    rank: int | None = None  # 1 for the most likely token id of the tokenizer's (vocabulary padding rows never count)
 
 
 @dataclass
@@ -111,6 +111,11 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter_(1, order, filtered)
 
 
+def padding_start(rows: list[SamplingRow], vocab: int) -> int:
+    """The first logit column that is no token of the rows' tokenizer (`vocab` when none is padding)."""
+    return min((r.token_count for r in rows if r.token_count is not None), default=vocab)
+
+
 def unpack_token_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(M, ceil(V/32)) int32, bit j of word w allowing id 32w+j (llguidance's layout) → (M, V) bool."""
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
@@ -130,7 +135,7 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
               ) -> torch.Tensor:
     """Logit bias, penalties, banned ids, the vocabulary's padding rows and the grammar's bitmask applied to float
     logits (a copy when any applies), in vLLM's order: the bias first, then the penalties."""
-    padding_from = min((r.token_count for r in rows if r.token_count is not None), default=logits.shape[1])
+    padding_from = padding_start(rows, logits.shape[1])
     if padding_from < logits.shape[1] or any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias
                                              for r in rows):
         logits = logits.clone()
@@ -164,33 +169,37 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
 
 
 def chosen_logprobs(
-    raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]
+    raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None], token_count: int | None = None
 ) -> tuple[list[int], list[TokenLogprobs | None]]:
-    """The tokens, and each row's chosen-token logprob and top-k alternatives (None where k is None), in one
+    """The tokens, and each row's chosen-token logprob, rank and top-k alternatives (None where k is None), in one
     read of the device."""
-    fields = logprob_tensors(raw_logprobs, tokens, ks)
+    fields = logprob_tensors(raw_logprobs, tokens, ks, token_count)
     token_list, *host = (t.tolist() for t in (tokens, *fields))
     return token_list, token_logprobs(token_list, *host, ks)
 
 
-def logprob_tensors(raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None]
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """On the device: each row's chosen-token logprob, and its top max(ks) logprobs and their ids."""
+def logprob_tensors(raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None],
+                    token_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the device: each row's chosen-token logprob, its top max(ks) logprobs and their ids, and the chosen
+    token's rank. Alternatives and ranks come from the tokenizer's ids only (the first `token_count` columns): the
+    rows a vocabulary is padded with are no token, though their logprobs stay in the raw distribution."""
     chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
-    k_max = max(k or 0 for k in ks)
-    top_values, top_ids = raw_logprobs.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
-    return chosen, top_values, top_ids
+    real = raw_logprobs if token_count is None else raw_logprobs[:, :token_count]
+    ranks = (real > chosen[:, None]).sum(dim=-1) + 1
+    k_max = min(max(k or 0 for k in ks), real.shape[1])
+    top_values, top_ids = real.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
+    return chosen, top_values, top_ids, ranks
 
 
 def token_logprobs(tokens: list[int], chosen: list[float], top_values: list[list[float]], top_ids: list[list[int]],
-                   ks: list[int | None]) -> list[TokenLogprobs | None]:
+                   ranks: list[int], ks: list[int | None]) -> list[TokenLogprobs | None]:
     """`logprob_tensors`' fields, read to the host, as one entry per row (None where k is None)."""
     out: list[TokenLogprobs | None] = [None] * len(ks)
     for i, k in enumerate(ks):
         if k is None:
             continue
         top = dict(zip(top_ids[i][:k], top_values[i][:k], strict=True)) if k > 0 else {}
-        out[i] = TokenLogprobs(token_id=tokens[i], logprob=chosen[i], top=top)
+        out[i] = TokenLogprobs(token_id=tokens[i], logprob=chosen[i], top=top, rank=ranks[i])
     return out
 
 
@@ -213,7 +222,9 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], token_bitmas
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(k is not None for k in ks) else None
     tokens = choose_tokens(logits, rows, token_bitmask)
-    return tokens, logprob_tensors(raw_logprobs, tokens, ks) if raw_logprobs is not None else ()
+    if raw_logprobs is None:
+        return tokens, ()
+    return tokens, logprob_tensors(raw_logprobs, tokens, ks, padding_start(rows, logits.shape[1]))
 
 
 def sample_result(host: list[list], rows: list[SamplingRow]) -> SampleResult:
@@ -235,8 +246,7 @@ def greedy_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor
     widening to float32 keeps their order) over the tokenizer's ids, read in place. The same tokens, without the
     float32 copy, the clone and the -inf fill of the padding rows (at 256 rows of the 30B's vocabulary, 0.3 GB of
     memory traffic a step)."""
-    padding_from = min((r.token_count for r in rows if r.token_count is not None), default=logits.shape[1])
-    return logits[:, :padding_from].argmax(dim=-1)
+    return logits[:, :padding_start(rows, logits.shape[1])].argmax(dim=-1)
 
 
 def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
@@ -258,16 +268,19 @@ def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: 
     return tokens
 
 
-def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int) -> list[TokenLogprobs]:
+def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int,
+                          token_count: int | None = None) -> list[TokenLogprobs]:
     """Logprobs of given tokens (prompt scoring): row i's distribution, raw as for sampled tokens, evaluated at
-    `token_ids[i]`, with its `k` most likely alternatives."""
+    `token_ids[i]`, with its rank and `k` most likely alternatives among the tokenizer's ids (the first
+    `token_count` columns, as `logprob_tensors`)."""
     raw = torch.log_softmax(logits.float(), dim=-1)
+    real = raw if token_count is None else raw[:, :token_count]
     targets = torch.tensor(token_ids, dtype=torch.int64, device=raw.device)
     chosen = raw.gather(1, targets[:, None])
-    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
+    ranks = ((real > chosen).sum(dim=-1) + 1).tolist()
     tops: list[dict[int, float]] = [{} for _ in token_ids]
     if k > 0:
-        values, ids = raw.topk(k, dim=-1)
+        values, ids = real.topk(min(k, real.shape[1]), dim=-1)
         tops = [dict(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
     return [TokenLogprobs(token_id=t, logprob=lp, top=top, rank=rank)
             for t, lp, top, rank in zip(token_ids, chosen.squeeze(1).tolist(), tops, ranks, strict=True)]

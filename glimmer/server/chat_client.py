@@ -29,6 +29,24 @@ class ChatClientError(GlimmerError):
     """The server refused the request or reported an error mid-stream."""
 
 
+class ServerRefusedError(ChatClientError):
+    """The server answered an HTTP error status; `message` and `code` are its OpenAI-style error body's (the body's
+    text, or the status's reason, where it has none)."""
+
+    def __init__(self, status: int, message: str, code: str | None = None):
+        super().__init__(f"the server answered HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.code = code
+
+    @property
+    def context_exceeded(self) -> bool:
+        """Whether the request did not fit the model's context: Glimmer names max_model_len in each such refusal,
+        vLLM says "maximum context length", OpenAI sends the code context_length_exceeded."""
+        return self.status == 400 and (self.code == "context_length_exceeded" or "max_model_len" in self.message
+                                       or "context length" in self.message.lower())
+
+
 class StreamRenderer:
     """Writes chat completion chunks (choice 0) to a terminal and assembles the assistant message."""
 
@@ -41,10 +59,13 @@ class StreamRenderer:
         self.tool_calls: list[dict[str, Any]] = []
         self._call_key: object = None  # the index (or id) of the call whose deltas arrive
         self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None  # the last chunk's (stream_options.include_usage)
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
             raise ChatClientError(chunk["error"].get("message", "the server reported an error"))
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -104,18 +125,19 @@ class StreamRenderer:
 
 def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,
                            timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
-    """POST a streaming chat request to `url` (the server's base, e.g. http://127.0.0.1:8000) and yield its
-    chunks. Raises ChatClientError with the server's message for an HTTP error, and for a stream that breaks:
-    a connection lost, an event that is not JSON, or an end before `data: [DONE]`."""
+    """POST a streaming chat request to `url` (the server's address, with or without `/v1`) and yield its
+    chunks. Raises ServerRefusedError for an HTTP error status, and ChatClientError for a server that cannot be
+    reached and for a stream that breaks: a connection lost, an event that is not JSON, or an end before
+    `data: [DONE]`."""
     body = json.dumps({**payload, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", body, headers, method="POST")
+    request = urllib.request.Request(f"{server_root(url)}/v1/chat/completions", body, headers, method="POST")
     try:
         response = urllib.request.urlopen(request, timeout=timeout_s)
     except urllib.error.HTTPError as error:
-        raise ChatClientError(f"HTTP {error.code}: {_error_message(error.read())}") from None
+        raise _refusal(error) from None
     except urllib.error.URLError as error:
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
     done = False
@@ -151,17 +173,28 @@ def check_server_url(url: str) -> None:
                               "http://127.0.0.1:8000")
 
 
-def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> None:
-    """Ask `url` for its models; raises ChatClientError (one line) when it is not an http(s) URL, cannot be
-    reached or refuses."""
+def server_root(url: str) -> str:
+    """The server's address without trailing slashes or a final `/v1`: OpenAI clients take the base URL with `/v1`
+    (http://127.0.0.1:8000/v1), Glimmer's examples give it without; both name the same server."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return urllib.parse.urlunsplit(parts._replace(path=path))
+
+
+def check_server(url: str, api_key: str | None = None, model: str | None = None, timeout_s: float = 10.0) -> int | None:
+    """Ask `url` (with or without `/v1`) for its models. Returns the context length in tokens of `model` (None: the
+    server's default) where the model list gives one (Glimmer's and vLLM's do), else None.
+
+    Raises ChatClientError (one line) when `url` is not an http(s) URL, cannot be reached, refuses, or lists its
+    models and `model` is not among them (the message names them)."""
     check_server_url(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(f"{url.rstrip('/')}/v1/models", headers=headers)
+    request = urllib.request.Request(f"{server_root(url)}/v1/models", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s):
-            return
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body = response.read()
     except urllib.error.HTTPError as error:
-        message = _error_message(error.read())
+        message = _refusal(error).message
         if error.code == 401:  # the server's message tells an HTTP client how to send a key; say how to give one
             what = "refused the API key given" if api_key else "needs an API key"
             raise ChatClientError(f"{url} {what} (HTTP 401: {message}); pass the server's key with --api-key KEY "
@@ -170,6 +203,19 @@ def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) 
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         raise ChatClientError(f"cannot reach {url}: {reason}") from None
+    try:
+        cards = [card for card in json.loads(body)["data"] if isinstance(card["id"], str)]
+    except (ValueError, KeyError, TypeError):
+        return None  # no OpenAI model list to check against: the first message will tell
+    served = [card["id"] for card in cards]
+    if model is not None and model not in served:
+        offered = ", ".join(repr(name) for name in served) or "none"
+        raise ChatClientError(f"{url} does not serve the model {model!r}; it serves {offered}: pass one of them with "
+                              "--served-model, or leave it out for the server's default")
+    # without a model the server picks one (Glimmer: its first name); its context length is known if all agree
+    lengths = {length if isinstance(length := card.get("max_model_len"), int) else None
+               for card in cards if model is None or card["id"] == model}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def parse_sse_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
@@ -184,17 +230,25 @@ def parse_sse_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         yield json.loads(data)
 
 
-def _error_message(body: bytes) -> str:
+def _refusal(error: urllib.error.HTTPError) -> ServerRefusedError:
+    """The HTTP error `error` with its OpenAI-style error body's message and code; a body that is not one gives its
+    text on one line (cut to 300 characters), an empty one the status's reason."""
+    body = error.read()
     try:
-        return json.loads(body)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return body.decode("utf-8", errors="replace")[:500]
+        detail = json.loads(body)["error"]
+        return ServerRefusedError(error.code, str(detail["message"]), detail.get("code"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = " ".join(body.decode("utf-8", errors="replace").split())
+        return ServerRefusedError(error.code, text[:300] or str(error.reason))
 
 
 def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, read_line: Callable[[str], str],
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
-             request_options: dict[str, Any] | None = None, color: bool = True) -> None:
+             request_options: dict[str, Any] | None = None, color: bool = True,
+             max_model_len: int | None = None) -> None:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
+    `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
+    max_tokens.
 
     A reply that calls tools is followed by one prompt per call for its result (`name(arguments) result>`); the
     results go back as `tool` messages and the reply continues, until a reply calls nothing. At a result prompt
@@ -207,9 +261,12 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
     cache_salt = secrets.token_hex(16)
     out.write("Type a message; /reset clears the conversation, /exit (or Ctrl-D) leaves.\n")
 
-    def reply() -> dict[str, Any] | None:
-        """Stream one reply to the history as it stands; None (the error written) if the request failed."""
-        payload: dict[str, Any] = {"messages": history, "cache_salt": cache_salt, **(request_options or {})}
+    def reply(turn_start: int) -> dict[str, Any] | None:
+        """Stream one reply to the history as it stands (this turn from `turn_start`); None (the error written) if
+        the request failed."""
+        # the usage tells which limit cut a reply short (length_notice)
+        payload: dict[str, Any] = {"messages": history, "cache_salt": cache_salt,
+                                   "stream_options": {"include_usage": True}, **(request_options or {})}
         if model:
             payload["model"] = model
         if tools:
@@ -221,10 +278,13 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         except ChatClientError as error:
             renderer.finish()
             out.write(f"error: {error}\n")
+            earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
+            if isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
+                out.write("The conversation no longer fits the model's context: /reset starts a new one.\n")
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":
-            out.write("[stopped at max_tokens]\n")
+            out.write(length_notice(renderer.usage, (request_options or {}).get("max_tokens"), max_model_len) + "\n")
         return message
 
     def read(prompt: str) -> str | None:
@@ -248,7 +308,7 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
             turn_start = len(history)
             history.append({"role": "user", "content": line})
             while True:
-                message = reply()
+                message = reply(turn_start)
                 if message is None:
                     del history[turn_start:]  # the turn failed: as if it had not been sent
                     break
@@ -265,6 +325,22 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                 history.extend(results)
     except _Exit:
         return
+
+
+def length_notice(usage: dict[str, Any] | None, max_tokens: int | None, max_model_len: int | None) -> str:
+    """The line after a reply cut short (finish_reason "length"): which limit cut it, where the usage (and the
+    max_tokens asked for, the context length if known) tells; else words that hold for either."""
+    prompt = (usage or {}).get("prompt_tokens")
+    completion = (usage or {}).get("completion_tokens")
+    if completion is None:
+        return "[stopped at a length limit: max_tokens or the end of the context window]"
+    if max_model_len is not None and prompt is not None and prompt + completion >= max_model_len:
+        return f"[stopped: the context window ({max_model_len} tokens) is full; /reset starts a new conversation]"
+    if max_tokens is not None and completion >= max_tokens:
+        return "[stopped at max_tokens]"
+    if max_tokens is None and max_model_len is not None:  # a limit of the server's (Glimmer: the checkpoint's)
+        return "[stopped at the server's default max_tokens]"
+    return "[stopped at a length limit: max_tokens or the end of the context window]"
 
 
 class _Exit(Exception):

@@ -1,51 +1,198 @@
-"""Weights that cannot fit in host memory are refused before anything is allocated (glimmer.checkpoint.host_memory)."""
+"""Weights that cannot fit in host memory are refused before anything is allocated (glimmer.checkpoint.host_memory).
+
+In a container the memory is its cgroup's limit: the tests build a fake /proc and /sys/fs/cgroup in tmp_path."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from glimmer.checkpoint import host_memory
+from glimmer.checkpoint.host_memory import CgroupLimit, HostMemory, read_host_memory
 from glimmer.engine.model_loader import load_model
 from glimmer.errors import ConfigError
 
+GIB = 1 << 30
+KB_PER_GIB = 1 << 20
+V1_UNLIMITED = "9223372036854771712"  # LONG_MAX rounded down to a 4 KiB page: cgroup v1's "no limit"
+
+
+class FakeHost:
+    """What /proc/meminfo, /proc/self/cgroup and the files under /sys/fs/cgroup say, written under `root`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def meminfo(self, mem_kb: int, swap_kb: int = 0) -> None:
+        self.write(host_memory.MEMINFO,
+                   f"MemTotal:       {mem_kb} kB\nMemFree:        1 kB\nSwapTotal:      {swap_kb} kB\n")
+
+    def own_cgroup(self, text: str | bytes) -> None:
+        self.write(host_memory.PROC_SELF_CGROUP, text)
+
+    def cgroup_file(self, path: str, text: str | bytes) -> Path:
+        """Writes `path` (relative to /sys/fs/cgroup) and returns where it lies."""
+        return self.write(host_memory.CGROUP_ROOT / path, text)
+
+    @staticmethod
+    def write(path: Path, text: str | bytes) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+        return path
+
 
 @pytest.fixture
-def meminfo(monkeypatch, tmp_path):
-    """set(mem_kb, swap_kb): what /proc/meminfo reports, for the rest of the test."""
+def host(monkeypatch, tmp_path) -> FakeHost:
+    """A fake host with no /proc or cgroup files yet, in place of this machine's for the rest of the test."""
+    monkeypatch.setattr(host_memory, "MEMINFO", tmp_path / "proc" / "meminfo")
+    monkeypatch.setattr(host_memory, "PROC_SELF_CGROUP", tmp_path / "proc" / "self" / "cgroup")
+    monkeypatch.setattr(host_memory, "CGROUP_ROOT", tmp_path / "sys" / "fs" / "cgroup")
+    return FakeHost(tmp_path)
 
-    def set_meminfo(mem_kb: int, swap_kb: int = 0) -> None:
-        path = tmp_path / "meminfo"
-        path.write_text(f"MemTotal:       {mem_kb} kB\nMemFree:        1 kB\nSwapTotal:      {swap_kb} kB\n")
-        monkeypatch.setattr(host_memory, "MEMINFO", path)
 
-    return set_meminfo
+def meta_linear_of_gib(gib: int) -> nn.Module:
+    """A float32 model of `gib` GiB of weights on the meta device (nothing is allocated)."""
+    return nn.Linear(1 << 15, gib << 13, bias=False, device="meta")
 
 
 @pytest.mark.parametrize("load_format", ["auto", "dummy"])
-def test_weights_larger_than_memory_and_swap_are_refused_before_loading(tiny_checkpoint, meminfo, load_format):
-    meminfo(mem_kb=64, swap_kb=64)
+def test_weights_larger_than_memory_and_swap_are_refused_before_loading(tiny_checkpoint, host, load_format):
+    host.meminfo(mem_kb=64, swap_kb=64)
     with pytest.raises(ConfigError, match=r"need 0\.0 GiB as float32 on the CPU, more than this machine's 0\.0 GiB "
-                                          r"of memory and swap.*smaller model.*GPU"):
+                                          r"of memory and swap \(/proc/meminfo.*smaller model.*GPU"):
         load_model(tiny_checkpoint, progress=False, load_format=load_format)
 
 
-def test_weights_that_fit_in_memory_plus_swap_load(tiny_checkpoint, meminfo):
+def test_weights_that_fit_in_memory_plus_swap_load(tiny_checkpoint, host):
     size = host_memory.parameter_bytes(load_model(tiny_checkpoint, progress=False).model)
-    meminfo(mem_kb=size // 2048, swap_kb=size // 1024)  # memory alone is too small, memory + swap is not
+    host.meminfo(mem_kb=size // 2048, swap_kb=size // 1024)  # memory alone is too small, memory + swap is not
     assert load_model(tiny_checkpoint, progress=False, load_format="dummy").weight_layout == "dummy"
 
 
-def test_unreadable_meminfo_skips_the_check(tiny_checkpoint, monkeypatch, tmp_path):
-    monkeypatch.setattr(host_memory, "MEMINFO", tmp_path / "absent")
-    assert host_memory.host_memory_bytes() is None
+def test_unreadable_meminfo_skips_the_check(tiny_checkpoint, host):
+    assert read_host_memory() is None
     load_model(tiny_checkpoint, progress=False)
 
 
+@pytest.mark.parametrize(("own_cgroup", "limit_folder"), [
+    ("0::/docker/abc\n", "docker/abc"),  # the host's view of the hierarchy
+    ("0::/\n", ""),  # a private cgroup namespace: the mount is the container's own cgroup
+    ("0::/docker/abc\n", ""),  # the path from the host's root, the mount the container's own cgroup
+])
+def test_cgroup_v2_memory_max_is_the_memory(host, own_cgroup, limit_folder):
+    host.meminfo(mem_kb=256 * KB_PER_GIB)
+    host.own_cgroup(own_cgroup)
+    limit = host.cgroup_file(f"{limit_folder}/memory.max".lstrip("/"), f"{16 * GIB}\n")
+    assert read_host_memory() == HostMemory(memory_bytes=16 * GIB, swap_bytes=0, host_bytes=256 * GIB,
+                                            cgroup_limits=(CgroupLimit(16 * GIB, limit),))
+
+
+def test_cgroup_v2_max_is_no_limit(host):
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=8 * KB_PER_GIB)
+    host.own_cgroup("0::/docker/abc\n")
+    host.cgroup_file("docker/abc/memory.max", "max\n")
+    host.cgroup_file("docker/abc/memory.swap.max", "max\n")
+    host.cgroup_file("docker/memory.max", "max\n")
+    assert read_host_memory() == HostMemory(memory_bytes=256 * GIB, swap_bytes=8 * GIB, host_bytes=264 * GIB)
+
+
+def test_a_parent_cgroup_limit_smaller_than_its_child_binds(host):
+    host.meminfo(mem_kb=256 * KB_PER_GIB)
+    host.own_cgroup("0::/kubepods/pod1/abc\n")
+    host.cgroup_file("kubepods/pod1/abc/memory.max", f"{16 * GIB}\n")
+    parent = host.cgroup_file("kubepods/pod1/memory.max", f"{8 * GIB}\n")
+    host.cgroup_file("kubepods/memory.max", f"{32 * GIB}\n")
+    memory = read_host_memory()
+    assert (memory.memory_bytes, memory.cgroup_limits) == (8 * GIB, (CgroupLimit(8 * GIB, parent),))
+
+
+@pytest.mark.parametrize(("swap_max", "swap_bytes"), [("0", 0), (str(GIB), GIB), ("max", 64 * GIB)])
+def test_cgroup_v2_memory_swap_max_is_the_swap(host, swap_max, swap_bytes):
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=64 * KB_PER_GIB)
+    host.own_cgroup("0::/docker/abc\n")
+    host.cgroup_file("docker/abc/memory.max", f"{16 * GIB}\n")
+    host.cgroup_file("docker/abc/memory.swap.max", f"{swap_max}\n")
+    assert read_host_memory().total_bytes == 16 * GIB + swap_bytes
+
+
+@pytest.mark.parametrize(("limit", "memory_bytes"), [(str(16 * GIB), 16 * GIB), (V1_UNLIMITED, 256 * GIB)])
+def test_cgroup_v1_memory_limit_in_bytes_is_the_memory(host, limit, memory_bytes):
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=8 * KB_PER_GIB)
+    host.own_cgroup("9:pids:/docker/abc\n4:memory:/docker/abc\n1:cpu,cpuacct:/docker/abc\n0::/\n")
+    host.cgroup_file("memory/docker/abc/memory.limit_in_bytes", f"{limit}\n")
+    host.cgroup_file("memory/memory.limit_in_bytes", f"{V1_UNLIMITED}\n")
+    memory = read_host_memory()
+    assert (memory.memory_bytes, memory.swap_bytes) == (memory_bytes, 8 * GIB)
+
+
+CGROUP = "proc/self/cgroup"
+MEMORY_MAX = "sys/fs/cgroup/docker/abc/memory.max"
+A_FOLDER = None
+
+
+@pytest.mark.parametrize("files", [
+    pytest.param({}, id="no-proc-self-cgroup"),
+    pytest.param({CGROUP: A_FOLDER}, id="proc-self-cgroup-a-folder"),
+    pytest.param({CGROUP: b"0::/docker/\xff\xfe\n", MEMORY_MAX: str(GIB)}, id="proc-self-cgroup-not-utf8"),
+    pytest.param({CGROUP: "nonsense\n::\n0:\n0::docker/abc\n", MEMORY_MAX: str(GIB)}, id="proc-self-cgroup-odd"),
+    pytest.param({CGROUP: "0::/docker/abc\n", MEMORY_MAX: A_FOLDER}, id="memory-max-a-folder"),
+    pytest.param({CGROUP: "0::/docker/abc\n", MEMORY_MAX: b"\xff\xfe"}, id="memory-max-not-utf8"),
+    pytest.param({CGROUP: "0::/docker/abc\n", MEMORY_MAX: "-1\n"}, id="memory-max-negative"),
+    pytest.param({CGROUP: "0::/docker/abc\n", MEMORY_MAX: "16G\n"}, id="memory-max-with-a-unit"),
+    pytest.param({CGROUP: "0::/docker/abc\n", MEMORY_MAX: ""}, id="memory-max-empty"),
+    # a cgroup outside the process's namespace: its path must not lead out of /sys/fs/cgroup
+    pytest.param({CGROUP: "0::/../../../escaped\n", "sys/fs/cgroup/memory.max": "max\n",
+                  "escaped/memory.max": str(GIB)}, id="path-outside-the-mount"),
+])
+def test_unreadable_or_odd_cgroup_files_leave_meminfo_alone(host, files):
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=8 * KB_PER_GIB)
+    for path, text in files.items():
+        if text is A_FOLDER:
+            (host.root / path).mkdir(parents=True)
+        else:
+            host.write(host.root / path, text)
+    assert read_host_memory() == HostMemory(memory_bytes=256 * GIB, swap_bytes=8 * GIB, host_bytes=264 * GIB)
+
+
+def test_weights_beyond_the_cgroup_limit_are_refused_naming_it(host):
+    host.meminfo(mem_kb=256 * KB_PER_GIB)
+    host.own_cgroup("0::/docker/abc\n")
+    limit = host.cgroup_file("docker/abc/memory.max", f"{8 * GIB}\n")
+    model = meta_linear_of_gib(16)
+    expected = (f"need 16.0 GiB as float32 on the CPU, more than the 8.0 GiB of memory and swap this container's "
+                f"cgroup allows ({limit} = 8.0 GiB), not the host's 256.0 GiB; load a smaller model")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        host_memory.check_fits_in_host_memory(model, "cpu", torch.float32)
+    limit.write_text("max\n")
+    host_memory.check_fits_in_host_memory(model, "cpu", torch.float32)
+
+
+def test_a_kv_cache_beyond_the_cgroup_limit_less_the_weights_is_refused_naming_it(host):
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=64 * KB_PER_GIB)
+    host.own_cgroup("0::/docker/abc\n")
+    memory_limit = host.cgroup_file("docker/abc/memory.max", f"{16 * GIB}\n")
+    swap_limit = host.cgroup_file("docker/abc/memory.swap.max", f"{4 * GIB}\n")
+    weights = [meta_linear_of_gib(8)]
+    expected = (f"kv_cache_memory={16 * GIB:,} bytes is more than the 20.0 GiB of memory and swap this container's "
+                f"cgroup allows ({memory_limit} = 16.0 GiB, {swap_limit} = 4.0 GiB), not the host's 320.0 GiB less the "
+                f"weights' 8.0 GiB ({12 * GIB:,} bytes)")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        host_memory.check_kv_cache_fits_in_host_memory(16 * GIB, weights)
+    host_memory.check_kv_cache_fits_in_host_memory(12 * GIB, weights)
+
+
 def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
-    if (host_memory.host_memory_bytes() or 1 << 60) > 100 << 30:
+    memory = read_host_memory()
+    if memory is None or memory.total_bytes > 100 << 30:
         pytest.skip("this machine could hold the 30B geometry's float32 weights")
     cli = [sys.executable, "-m", "glimmer.cli"]
     subprocess.run([*cli, "make-tiny", str(tmp_path / "t30"), "--preset", "30b", "--config-only"], check=True,

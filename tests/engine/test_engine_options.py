@@ -51,9 +51,11 @@ def test_a_kv_cache_larger_than_memory_is_a_config_error_before_allocating(tiny_
     swap less the weights, with the numbers and the option to change."""
     import glimmer.checkpoint.host_memory as host_memory
 
-    monkeypatch.setattr(host_memory, "host_memory_bytes", lambda: 64 << 20)
+    memory = host_memory.HostMemory(memory_bytes=64 << 20, swap_bytes=0, host_bytes=64 << 20)
+    monkeypatch.setattr(host_memory, "read_host_memory", lambda: memory)
     with pytest.raises(ConfigError, match=r"kv_cache_memory=104,857,600 bytes is more than this machine's 0\.1 GiB "
-                                          r"of memory and swap less the weights' .*--kv-cache-memory"):
+                                          r"of memory and swap \(/proc/meminfo MemTotal \+ SwapTotal\) less the "
+                                          r"weights' .*--kv-cache-memory"):
         LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="100MiB")
     assert LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB").engine.kv_layout.num_blocks
 

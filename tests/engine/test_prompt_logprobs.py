@@ -30,7 +30,8 @@ def _prompt(n: int, seed: int = 3) -> list[int]:
     return torch.randint(0, 480, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _check_against_reference(reference, prompt, scored, k):
+def _check_against_reference(reference, prompt, scored, k, token_count):
+    """`token_count`: the tokenizer's ids; the vocabulary's padding rows are no alternative and take no rank."""
     expected = torch.log_softmax(reference_logits(reference, prompt), dim=-1)
     assert scored[0] is None  # nothing predicts the first token
     assert len(scored) == len(prompt)
@@ -38,7 +39,8 @@ def _check_against_reference(reference, prompt, scored, k):
         entry, row = scored[position], expected[position - 1]
         assert entry.token_id == prompt[position]
         assert abs(entry.logprob - row[prompt[position]].item()) < TOLERANCE
-        top_values, top_ids = row.topk(k)
+        assert entry.rank == int((row[:token_count] > row[prompt[position]]).sum()) + 1
+        top_values, top_ids = row[:token_count].topk(k)
         assert list(entry.top) == top_ids.tolist()
         for i, value in zip(top_ids.tolist(), top_values.tolist(), strict=True):
             assert abs(entry.top[i] - value) < TOLERANCE
@@ -50,8 +52,11 @@ def test_prompt_logprobs_match_the_reference_also_across_prefill_chunks(checkpoi
     prompt = _prompt(40)
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=4,
                                                    ignore_eos=True))[0]
-    _check_against_reference(reference, prompt, output.prompt_logprobs, 4)
+    _check_against_reference(reference, prompt, output.prompt_logprobs, 4, llm.engine.token_count)
     assert len(output.token_ids) == 3
+    # a generated token's logprob entry has its rank too: 1 for a greedy choice
+    generated = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, logprobs=2, ignore_eos=True))[0]
+    assert [entry.rank for entry in generated.outputs[0].logprobs] == [1, 1, 1]
 
 
 def test_a_cached_prompt_is_computed_again_for_its_logprobs(checkpoint, reference):
@@ -61,7 +66,7 @@ def test_a_cached_prompt_is_computed_again_for_its_logprobs(checkpoint, referenc
     assert llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))[0].num_cached_tokens > 0
     scored = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))[0]
     assert scored.num_cached_tokens == 0
-    _check_against_reference(reference, prompt, scored.prompt_logprobs, 2)
+    _check_against_reference(reference, prompt, scored.prompt_logprobs, 2, llm.engine.token_count)
 
 
 def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(checkpoint, reference):
@@ -69,7 +74,7 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(checkpoint, ref
     prompt = _prompt(40, seed=5)  # fills the context: nothing would fit after it
     output = llm.generate([prompt], SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
     assert (output.token_ids, output.text, output.finish_reason) == ([], "", "length")
-    _check_against_reference(reference, prompt, output.prompt_logprobs, 0)
+    _check_against_reference(reference, prompt, output.prompt_logprobs, 0, llm.engine.token_count)
     assert llm.generate([prompt[:5]], SamplingParams(max_tokens=0))[0].prompt_logprobs is None
 
 

@@ -320,3 +320,23 @@ def test_plain_greedy_rows_take_the_in_place_argmax_and_choose_what_the_float32_
     sample(logits, [SamplingRow(SamplingParams(temperature=0), [], [], None, banned_ids=(7,))] * 5)
     sample(logits, rows, _bitmask([None] * 5, 300))
     assert calls == []
+
+
+def test_logprob_alternatives_and_ranks_come_from_the_tokenizers_ids_only():
+    """The vocabulary's padding rows (columns from token_count on) keep their mass in the raw distribution but are
+    never an alternative and never counted in a rank, for sampled and for scored tokens."""
+    from glimmer.engine.sampler import scored_token_logprobs
+
+    logits = torch.tensor([[0.0, 2.0, 1.0, 9.0, 8.0], [3.0, 0.5, 1.0, 7.0, 0.0]])  # columns 3 and 4: padding
+    raw = torch.log_softmax(logits, dim=-1)
+    rows = [SamplingRow(SamplingParams(temperature=0, logprobs=3), [], [], None, token_count=3) for _ in range(2)]
+    result = sample(logits, rows)
+    assert result.token_ids == [1, 0]  # never a padding row
+    first, second = result.logprobs
+    assert list(first.top) == [1, 2, 0] and first.rank == 1 and first.logprob == pytest.approx(raw[0, 1].item())
+    assert list(second.top) == [0, 2, 1] and second.rank == 1
+    scored = scored_token_logprobs(logits, [2, 1], 5, token_count=3)
+    assert [entry.rank for entry in scored] == [2, 3]
+    assert [list(entry.top) for entry in scored] == [[1, 2, 0], [0, 2, 1]]
+    assert scored[0].logprob == pytest.approx(raw[0, 2].item())  # the raw distribution, padding mass included
+    assert scored_token_logprobs(logits, [2, 1], 1)[0].rank == 4  # without a token count every column counts

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import io
 import json
+import threading
+from collections.abc import Iterator
 
 import pytest
 from server_support import AGENT_SCRIPTS, WEATHER_TOOL, live_server
@@ -13,11 +17,14 @@ from glimmer.server.chat_client import (
     RESET,
     TOOL,
     ChatClientError,
+    ServerRefusedError,
     StreamRenderer,
     check_server,
     check_server_url,
+    length_notice,
     parse_sse_lines,
     run_chat,
+    server_root,
 )
 
 
@@ -83,26 +90,23 @@ def test_a_server_that_repeats_the_call_id_in_every_delta_gives_one_call():
                                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
 
 
-def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
-    """A stream that is cut, sends an event that is not JSON, or ends without [DONE]: one error line, the chat
-    goes on without the turn (no traceback, no half reply in the history)."""
-    import http.server
-    import threading
-
-    bodies = iter([
-        b'data: {"choices": [{"index": 0, "delta": {"content": "hi"\n\n',  # not JSON
-        b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n',  # no [DONE]: cut short
-        b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
-        b"data: [DONE]\n\n",
-    ])
-    seen = []
+@contextlib.contextmanager
+def canned_server(replies: list[tuple[int, bytes]]) -> Iterator[tuple[str, list[dict]]]:
+    """A server answering each request with the next (status, body) of `replies` (a 200 to a POST as an event
+    stream); yields its address and the list the POSTs' JSON bodies are appended to."""
+    bodies, seen = iter(replies), []
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.do_POST()
+
         def do_POST(self):  # noqa: N802 (http.server's name)
-            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = next(bodies)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
+            if self.command == "POST":
+                seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            status, body = next(bodies)
+            self.send_response(status)
+            if status == 200 and self.command == "POST":
+                self.send_header("Content-Type", "text/event-stream")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -113,12 +117,24 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        lines = iter(["one", "two", "three", "/exit"])
-        out = io.StringIO()
-        run_chat(f"http://127.0.0.1:{server.server_address[1]}", model=None, api_key=None, out=out,
-                 read_line=lambda prompt: next(lines), color=False)
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
     finally:
         server.shutdown()
+
+
+def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
+    """A stream that is cut, sends an event that is not JSON, or ends without [DONE]: one error line, the chat
+    goes on without the turn (no traceback, no half reply in the history)."""
+    replies = [
+        (200, b'data: {"choices": [{"index": 0, "delta": {"content": "hi"\n\n'),  # not JSON
+        (200, b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'),  # no [DONE]: cut short
+        (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+              b"data: [DONE]\n\n"),
+    ]
+    with canned_server(replies) as (url, seen):
+        lines = iter(["one", "two", "three", "/exit"])
+        out = io.StringIO()
+        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
     text = out.getvalue()
     assert "error: the server sent an event that is not JSON" in text
     assert "ended before it finished (no [DONE])" in text and "Traceback" not in text
@@ -211,13 +227,15 @@ def test_the_chat_sends_one_cache_salt_per_session_so_salted_servers_take_it(mak
         assert server.metrics()["glimmer_prefix_cache_hit_rate"] > 0  # the second turn reused the first's blocks
 
 
-def test_a_refused_request_is_reported_and_the_chat_goes_on(make_tiny):
+def test_a_refused_request_is_one_line_with_the_servers_message_and_the_chat_goes_on(make_tiny):
     with live_server(make_tiny()) as server:
-        lines = iter(["hello", "/exit"])
+        lines = iter(["hello", "again", "/exit"])
         out = io.StringIO()
         run_chat(server.url, model="no-such-model", api_key=None, out=out, read_line=lambda prompt: next(lines),
                  color=False)
-    assert "error: HTTP 404" in out.getvalue()
+    refusal = ("error: the server answered HTTP 404: the model 'no-such-model' does not exist here; this server "
+               "serves 'tiny', 'tiny-alias'\n")
+    assert out.getvalue().split("\n", 1)[1] == refusal * 2
 
 
 @pytest.mark.parametrize("api_key", [None, "wrong-key"])
@@ -238,3 +256,133 @@ def test_a_url_that_is_not_an_http_server_address_is_refused_before_any_request(
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "https://glimmer.example.com/base/", "http://[::1]:80"])
 def test_http_server_addresses_pass_the_url_check(url):
     check_server_url(url)
+
+
+@pytest.mark.parametrize(("url", "root"), [
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/v1//", "http://127.0.0.1:8000"),
+    ("https://glimmer.example.com/base/v1/", "https://glimmer.example.com/base"),
+    ("http://v1:8000/v1", "http://v1:8000"),  # a host named v1 stays
+    ("http://127.0.0.1:8000/v10", "http://127.0.0.1:8000/v10"),
+])
+def test_the_server_root_drops_trailing_slashes_and_a_final_v1(url, root):
+    assert server_root(url) == root
+
+
+CHAT_OPTIONS = {"chat_template_kwargs": {"current_date": "2026-01-01"}}
+
+
+def chat(url, lines, *, request_options=None, max_model_len=None):
+    """The output of a chat at `url` (model tiny) typing `lines`."""
+    lines = iter(lines)
+    out = io.StringIO()
+    run_chat(url, model="tiny", api_key=None, out=out, read_line=lambda prompt: next(lines), color=False,
+             request_options={**CHAT_OPTIONS, **(request_options or {})}, max_model_len=max_model_len)
+    return out.getvalue().split("\n", 1)[1]  # after the greeting line
+
+
+@pytest.fixture(scope="module")
+def small_context_server(make_tiny):
+    """A scripted server whose context holds 256 tokens (a one-line chat's prompt is about 130): [hi] answers
+    `Hi!`, [long] answers more than the context holds."""
+    with live_server(make_tiny(), scripted=True, engine_options={"max_model_len": 256}) as server:
+        server.engine.engine.runner.add("[hi]", " to=user<|message|>Hi!<|eot|>")
+        server.engine.engine.runner.add("[long]", " to=user<|message|>" + "la " * 200 + "<|eot|>")
+        yield server
+
+
+@pytest.mark.parametrize("suffix", ["/", "/v1", "/v1/"])
+def test_a_base_url_with_v1_or_a_trailing_slash_reaches_the_same_server(small_context_server, suffix):
+    url = small_context_server.url + suffix
+    assert check_server(url, model="tiny") == 256
+    assert chat(url, ["[hi]", "/exit"]) == "Hi!\n"
+
+
+def test_a_model_the_server_does_not_serve_is_refused_by_the_check_naming_the_served_ones(small_context_server):
+    with pytest.raises(ChatClientError) as refused:
+        check_server(small_context_server.url, model="nope")
+    assert str(refused.value) == (f"{small_context_server.url} does not serve the model 'nope'; it serves 'tiny', "
+                                  "'tiny-alias': pass one of them with --served-model, or leave it out for the "
+                                  "server's default")
+
+
+def test_the_check_gives_the_context_length_of_the_server_default_when_no_model_is_named(small_context_server):
+    assert check_server(small_context_server.url) == 256
+
+
+def test_a_reply_cut_by_max_tokens_says_so(small_context_server):
+    text = chat(small_context_server.url, ["[long]", "/exit"], request_options={"max_tokens": 3}, max_model_len=256)
+    assert text.endswith("\n[stopped at max_tokens]\n")
+
+
+def test_a_reply_cut_by_the_full_context_window_says_so_and_names_reset(small_context_server):
+    text = chat(small_context_server.url, ["[long]", "/exit"], max_model_len=256)
+    assert text.endswith("\n[stopped: the context window (256 tokens) is full; /reset starts a new conversation]\n")
+
+
+def test_a_conversation_past_the_context_hints_at_reset_and_reset_starts_a_new_one(small_context_server):
+    text = chat(small_context_server.url, ["[hi]", "[hi] " + "word " * 50, "/reset", "[hi]", "/exit"])
+    lines = text.splitlines()
+    assert lines[0] == "Hi!" and lines[-1] == "Hi!"
+    assert lines[1].startswith("error: the server answered HTTP 400: the prompt has ")
+    assert lines[1].endswith("tokens, which leaves no room to generate within max_model_len=256")
+    assert lines[2:] == ["The conversation no longer fits the model's context: /reset starts a new one.", "Hi!"]
+
+
+def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_server):
+    """/reset would not help: the message alone does not fit."""
+    text = chat(small_context_server.url, ["[hi] " + "word " * 80, "/exit"])
+    assert text.startswith("error: the server answered HTTP 400: the prompt has ") and text.count("\n") == 1
+
+
+@pytest.mark.parametrize(("usage", "max_tokens", "max_model_len", "notice"), [
+    ({"prompt_tokens": 10, "completion_tokens": 5}, 5, 100, "[stopped at max_tokens]"),
+    ({"prompt_tokens": 10, "completion_tokens": 5}, 5, None, "[stopped at max_tokens]"),
+    ({"prompt_tokens": 95, "completion_tokens": 5}, None, 100,
+     "[stopped: the context window (100 tokens) is full; /reset starts a new conversation]"),
+    ({"prompt_tokens": 95, "completion_tokens": 5}, 5, 100,  # both: the full window is what the next turn meets
+     "[stopped: the context window (100 tokens) is full; /reset starts a new conversation]"),
+    ({"prompt_tokens": 10, "completion_tokens": 5}, None, 100, "[stopped at the server's default max_tokens]"),
+    ({"prompt_tokens": 10, "completion_tokens": 5}, None, None,
+     "[stopped at a length limit: max_tokens or the end of the context window]"),
+    (None, 5, 100, "[stopped at a length limit: max_tokens or the end of the context window]"),
+])
+def test_the_length_notice_names_the_limit_only_where_the_usage_tells(usage, max_tokens, max_model_len, notice):
+    assert length_notice(usage, max_tokens, max_model_len) == notice
+
+
+@pytest.mark.parametrize(("status", "body", "line"), [
+    (502, b"<html>\n<body>Bad gateway</body>\n</html>\n", "the server answered HTTP 502: <html> <body>Bad gateway"
+                                                           "</body> </html>"),
+    (503, b"", "the server answered HTTP 503: Service Unavailable"),
+    (400, b'{"error": {"message": "This model\'s maximum context length is 8 tokens", "code": null}}',
+     "the server answered HTTP 400: This model's maximum context length is 8 tokens"),
+])
+def test_an_error_from_another_server_is_one_line(status, body, line):
+    with canned_server([(status, body)]) as (url, _):
+        text = chat(f"{url}/v1", ["hello", "/exit"])
+    assert text == f"error: {line}\n"
+
+
+@pytest.mark.parametrize(("status", "message", "code", "exceeded"), [
+    (400, "the prompt has 300 tokens, which leaves no room to generate within max_model_len=256", None, True),
+    (400, "prompt (250 tokens) + max_tokens (10) exceeds max_model_len=256; lower max_tokens to at most 6", None,
+     True),
+    (400, "the prompt has 9,000 characters, more than max_model_len=256 tokens can hold (at most 2,000); shorten "
+          "the messages", None, True),
+    (400, "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens", None, True),
+    (400, "Your input is too long", "context_length_exceeded", True),
+    (400, "temperature: must be at least 0", None, False),
+    (500, "max_model_len=256 could not be read", None, False),
+])
+def test_a_refusal_for_the_context_length_is_told_from_other_refusals(status, message, code, exceeded):
+    assert ServerRefusedError(status, message, code).context_exceeded is exceeded
+
+
+def test_a_server_without_an_openai_model_list_passes_the_check_unchecked():
+    """Nothing to check the model against: the chat starts, as it did before the check, and the first message
+    tells."""
+    with canned_server([(200, b"<html>models</html>")]) as (url, _):
+        assert check_server(url, model="anything") is None

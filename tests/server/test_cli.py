@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from server_support import live_server
 
 from glimmer.cli import build_parser
 from glimmer.default_model import DEFAULT_MODEL_NAME
@@ -190,7 +191,26 @@ def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
 
 
 def test_an_unreachable_url_is_one_line_and_a_failure(capsys):
-    _fails_with_one_line(capsys, ["chat", "--url", f"http://127.0.0.1:{free_port()}"], "cannot reach")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    _fails_with_one_line(capsys, ["chat", "--url", url], f"cannot reach {url}: ")
+
+
+def test_chat_with_a_model_the_server_does_not_serve_is_one_line_naming_the_served_ones(capsys, monkeypatch,
+                                                                                       tiny_checkpoint):
+    monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("a message was asked for before the check"))
+    with live_server(tiny_checkpoint) as server:
+        _fails_with_one_line(capsys, ["chat", "--url", server.url, "--served-model", "nope"],
+                             f"{server.url} does not serve the model 'nope'; it serves 'tiny', 'tiny-alias'")
+
+
+def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeypatch, tiny_checkpoint):
+    from glimmer.cli import main
+
+    monkeypatch.setattr("builtins.input", lambda prompt: "/exit")
+    with live_server(tiny_checkpoint) as server:
+        assert main(["chat", "--url", server.url + "/v1/", "--served-model", "tiny-alias"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("Type a message;") and captured.err == ""
 
 
 def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(capsys, tmp_path):
