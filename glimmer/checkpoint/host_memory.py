@@ -27,8 +27,9 @@ _GIB = 1 << 30
 
 # Per hierarchy mounted under CGROUP_ROOT: the files limiting memory and swap. v2's unified hierarchy is
 # CGROUP_ROOT itself; v1's memory controller is CGROUP_ROOT/memory, and v1 has no swap-only limit
-# (memory.memsw.limit_in_bytes bounds memory and swap together). "No limit" is v2's "max" (not a number) and
-# v1's 9223372036854771712 (LONG_MAX rounded down to a page), which is above any MemTotal and so never binds.
+# (memory.memsw.limit_in_bytes bounds memory and swap together: read_host_memory takes the swap it leaves).
+# "No limit" is v2's "max" (not a number) and v1's 9223372036854771712 (LONG_MAX rounded down to a page),
+# which is above any MemTotal and so never binds.
 _LIMIT_FILES = {"": ("memory.max", "memory.swap.max"), "memory": ("memory.limit_in_bytes", None)}
 
 
@@ -55,13 +56,14 @@ class HostMemory:
         return self.memory_bytes + self.swap_bytes
 
     def describe(self) -> str:
-        """The figure and where it comes from, for an error message: the machine's, or the container's cgroup's."""
+        """The figure and where it comes from, for an error message: the machine's, or the process's cgroup's (a
+        container's, a systemd slice's, a batch job's)."""
         if not self.cgroup_limits:
             return (f"this machine's {self.total_bytes / _GIB:.1f} GiB of memory and swap "
                     "(/proc/meminfo MemTotal + SwapTotal)")
         limits = ", ".join(f"{limit.path} = {limit.limit_bytes / _GIB:.1f} GiB" for limit in self.cgroup_limits)
-        return (f"the {self.total_bytes / _GIB:.1f} GiB of memory and swap this container's cgroup allows "
-                f"({limits}), not the host's {self.host_bytes / _GIB:.1f} GiB")
+        return (f"the {self.total_bytes / _GIB:.1f} GiB of memory and swap this process's cgroup allows "
+                f"({limits}; the host has {self.host_bytes / _GIB:.1f} GiB)")
 
 
 def read_host_memory() -> HostMemory | None:
@@ -73,18 +75,25 @@ def read_host_memory() -> HostMemory | None:
     mem_total, swap_total = totals
     memory_files: list[Path] = []
     swap_files: list[Path] = []
+    combined_files: list[Path] = []  # v1's memory.memsw.limit_in_bytes: memory and swap together
     for mount, cgroup_path in _own_memory_cgroups().items():
         memory_name, swap_name = _LIMIT_FILES[mount]
         for folder in _self_and_ancestors(CGROUP_ROOT / mount, cgroup_path):
             memory_files.append(folder / memory_name)
             if swap_name is not None:
                 swap_files.append(folder / swap_name)
+            if mount == "memory":
+                combined_files.append(folder / "memory.memsw.limit_in_bytes")
     memory_limit = _smallest_limit_below(memory_files, mem_total)
+    memory_bytes = memory_limit.limit_bytes if memory_limit else mem_total
     swap_limit = _smallest_limit_below(swap_files, swap_total)
-    return HostMemory(memory_bytes=memory_limit.limit_bytes if memory_limit else mem_total,
-                      swap_bytes=swap_limit.limit_bytes if swap_limit else swap_total,
-                      host_bytes=mem_total + swap_total,
-                      cgroup_limits=tuple(limit for limit in (memory_limit, swap_limit) if limit is not None))
+    swap_bytes = swap_limit.limit_bytes if swap_limit else swap_total
+    # v1: the swap a combined limit leaves beside the memory (docker's --memory-swap equal to --memory: none)
+    combined = _smallest_limit_below(combined_files, memory_bytes + swap_bytes)
+    if combined is not None:
+        swap_bytes = max(0, combined.limit_bytes - memory_bytes)
+    return HostMemory(memory_bytes=memory_bytes, swap_bytes=swap_bytes, host_bytes=mem_total + swap_total,
+                      cgroup_limits=tuple(limit for limit in (memory_limit, swap_limit, combined) if limit is not None))
 
 
 def _meminfo_totals() -> tuple[int, int] | None:
@@ -180,6 +189,6 @@ def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -
     weights = sum(parameter_bytes(model) for model in models)
     room = memory.total_bytes - weights
     if kv_bytes > room:
-        raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than {memory.describe()} less the weights' "
-                          f"{weights / _GIB:.1f} GiB ({max(room, 0):,} bytes); give the KV cache less "
+        raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(room, 0):,} bytes the weights' "
+                          f"{weights / _GIB:.1f} GiB leave of {memory.describe()}; give the KV cache less "
                           "(--kv-cache-memory SIZE / kv_cache_memory=)")

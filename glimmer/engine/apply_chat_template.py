@@ -214,7 +214,8 @@ class OutputShape:
             lengths = sorted({len(sequence) for sequence in ids})
             if len(lengths) > 1:
                 raise RequestError(f"return_tensors={tensor_type!r}: the conversations' token ids differ in length "
-                                   f"({lengths}); pass padding=True to pad them to one length",
+                                   f"({lengths}); pass padding=True to pad them to the longest (with "
+                                   "padding='max_length', truncation=True cuts those past max_length)",
                                    param="return_tensors")
             input_ids, attention_mask = _as_tensor(ids, tensor_type), _as_tensor(masks, tensor_type)
         else:

@@ -280,7 +280,9 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
             out.write(f"error: {error}\n")
             earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
             if isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
-                out.write("The conversation no longer fits the model's context: /reset starts a new one.\n")
+                # a refusal that names max_tokens is also met by asking for fewer tokens
+                fewer = " (or a smaller --max-tokens leaves room)" if "max_tokens" in error.message else ""
+                out.write(f"The conversation no longer fits the model's context: /reset starts a new one{fewer}.\n")
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":
@@ -338,7 +340,7 @@ def length_notice(usage: dict[str, Any] | None, max_tokens: int | None, max_mode
         return f"[stopped: the context window ({max_model_len} tokens) is full; /reset starts a new conversation]"
     if max_tokens is not None and completion >= max_tokens:
         return "[stopped at max_tokens]"
-    if max_tokens is None and max_model_len is not None:  # a limit of the server's (Glimmer: the checkpoint's)
+    if max_tokens is None and max_model_len is not None and prompt is not None:  # the server's own default
         return "[stopped at the server's default max_tokens]"
     return "[stopped at a length limit: max_tokens or the end of the context window]"
 

@@ -134,6 +134,19 @@ def test_cgroup_v1_memory_limit_in_bytes_is_the_memory(host, limit, memory_bytes
     assert (memory.memory_bytes, memory.swap_bytes) == (memory_bytes, 8 * GIB)
 
 
+
+@pytest.mark.parametrize(("memsw", "swap_bytes"), [(str(16 * GIB), 0), (str(20 * GIB), 4 * GIB),
+                                                   (V1_UNLIMITED, 64 * GIB)])
+def test_cgroup_v1_memsw_limit_leaves_the_swap_beside_the_memory(host, memsw, swap_bytes):
+    """docker --memory=16g --memory-swap=16g under v1: no swap at all, though the host has 64 GiB of it."""
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=64 * KB_PER_GIB)
+    host.own_cgroup("4:memory:/docker/abc\n")
+    host.cgroup_file("memory/docker/abc/memory.limit_in_bytes", f"{16 * GIB}\n")
+    host.cgroup_file("memory/docker/abc/memory.memsw.limit_in_bytes", f"{memsw}\n")
+    memory = read_host_memory()
+    assert (memory.memory_bytes, memory.swap_bytes) == (16 * GIB, swap_bytes)
+    assert "memory.memsw.limit_in_bytes" in memory.describe() or memsw == V1_UNLIMITED
+
 CGROUP = "proc/self/cgroup"
 MEMORY_MAX = "sys/fs/cgroup/docker/abc/memory.max"
 A_FOLDER = None
@@ -168,8 +181,8 @@ def test_weights_beyond_the_cgroup_limit_are_refused_naming_it(host):
     host.own_cgroup("0::/docker/abc\n")
     limit = host.cgroup_file("docker/abc/memory.max", f"{8 * GIB}\n")
     model = meta_linear_of_gib(16)
-    expected = (f"need 16.0 GiB as float32 on the CPU, more than the 8.0 GiB of memory and swap this container's "
-                f"cgroup allows ({limit} = 8.0 GiB), not the host's 256.0 GiB; load a smaller model")
+    expected = (f"need 16.0 GiB as float32 on the CPU, more than the 8.0 GiB of memory and swap this process's "
+                f"cgroup allows ({limit} = 8.0 GiB; the host has 256.0 GiB); load a smaller model")
     with pytest.raises(ConfigError, match=re.escape(expected)):
         host_memory.check_fits_in_host_memory(model, "cpu", torch.float32)
     limit.write_text("max\n")
@@ -182,9 +195,9 @@ def test_a_kv_cache_beyond_the_cgroup_limit_less_the_weights_is_refused_naming_i
     memory_limit = host.cgroup_file("docker/abc/memory.max", f"{16 * GIB}\n")
     swap_limit = host.cgroup_file("docker/abc/memory.swap.max", f"{4 * GIB}\n")
     weights = [meta_linear_of_gib(8)]
-    expected = (f"kv_cache_memory={16 * GIB:,} bytes is more than the 20.0 GiB of memory and swap this container's "
-                f"cgroup allows ({memory_limit} = 16.0 GiB, {swap_limit} = 4.0 GiB), not the host's 320.0 GiB less the "
-                f"weights' 8.0 GiB ({12 * GIB:,} bytes)")
+    expected = (f"kv_cache_memory={16 * GIB:,} bytes is more than the {12 * GIB:,} bytes the weights' 8.0 GiB leave "
+                f"of the 20.0 GiB of memory and swap this process's cgroup allows ({memory_limit} = 16.0 GiB, "
+                f"{swap_limit} = 4.0 GiB; the host has 320.0 GiB)")
     with pytest.raises(ConfigError, match=re.escape(expected)):
         host_memory.check_kv_cache_fits_in_host_memory(16 * GIB, weights)
     host_memory.check_kv_cache_fits_in_host_memory(12 * GIB, weights)

@@ -51,3 +51,27 @@ def test_the_load_time_probe_catches_a_kernel_that_computes_nothing():
 
     assert probe_cpu(cpu.library()) is None
     assert probe_cpu(Broken()) == "softcapped_logits"
+
+
+def test_the_fused_softcap_is_chosen_only_without_autograd_and_for_the_probed_dtype(monkeypatch):
+    """The dispatch alone (the kernel's bits are tests/model/test_kernels_cuda.py's): a product autograd records,
+    or one an autocast returned in another dtype than the probed one, keeps torch's ops."""
+    monkeypatch.setattr(logits, "use_triton", lambda *tensors: True)
+    monkeypatch.setattr(logits, "_exact", {(0, torch.bfloat16, 1.0, 30.0): True})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(logits, "fused_softcap_exact", lambda *key: logits._exact.get(key, False))  # no GPU to probe
+    fused = []
+    reference = logits.softcap_torch
+    monkeypatch.setattr(logits, "softcap_triton_", lambda x, m, c: fused.append(x.dtype) or reference(x, m, c))
+    h, weight = torch.randn(2, 8).bfloat16(), torch.randn(5, 8).bfloat16()
+    assert logits.fused_softcap_runs(h, weight, 1.0, 30.0)
+    assert not logits.fused_softcap_runs(h, weight.requires_grad_(), 1.0, 30.0)
+    with torch.no_grad():
+        assert logits.fused_softcap_runs(h, weight, 1.0, 30.0)
+    weight = weight.detach()
+    assert not logits.fused_softcap_runs(h.half(), weight.half(), 1.0, 30.0)  # found inexact (here: unprobed)
+    want = softcapped_logits_torch(h, weight, 1.0, 30.0)
+    assert torch.equal(softcapped_logits(h, weight, 1.0, 30.0), want) and fused == [torch.bfloat16]
+    monkeypatch.setattr(logits, "linear", lambda x, w: torch.nn.functional.linear(x, w).half())  # as an autocast
+    assert torch.equal(softcapped_logits(h, weight, 1.0, 30.0), logits.softcap_torch(
+        torch.nn.functional.linear(h, weight).half(), 1.0, 30.0)) and fused == [torch.bfloat16]

@@ -331,6 +331,15 @@ def test_a_conversation_past_the_context_hints_at_reset_and_reset_starts_a_new_o
     assert lines[2:] == ["The conversation no longer fits the model's context: /reset starts a new one.", "Hi!"]
 
 
+def test_a_refusal_naming_max_tokens_also_hints_at_fewer_tokens(small_context_server):
+    text = chat(small_context_server.url, ["[hi]", "[hi] " + "word " * 30, "/exit"],
+                request_options={"max_tokens": 120})
+    lines = text.splitlines()
+    assert "lower max_tokens" in lines[1]
+    assert lines[2] == ("The conversation no longer fits the model's context: /reset starts a new one (or a smaller "
+                        "--max-tokens leaves room).")
+
+
 def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_server):
     """/reset would not help: the message alone does not fit."""
     text = chat(small_context_server.url, ["[hi] " + "word " * 80, "/exit"])

@@ -38,13 +38,20 @@ def softcapped_logits(hidden: torch.Tensor, weight: torch.Tensor, multiplier: fl
     """hidden (N, H) → logits (N, V); `c_rows`: at most this many rows run the C kernel (0: never)."""
     if 0 < hidden.shape[0] <= c_rows and cpu_supports(hidden, weight):
         return softcapped_logits_cpu(hidden, weight, multiplier, cap)
-    if fused_softcap_runs(hidden, weight, multiplier, cap):
-        return softcap_triton_(linear(hidden, weight), multiplier, cap)
-    return softcapped_logits_torch(hidden, weight, multiplier, cap)
+    if not fused_softcap_runs(hidden, weight, multiplier, cap):
+        return softcapped_logits_torch(hidden, weight, multiplier, cap)
+    logits = linear(hidden, weight)
+    if logits.dtype != hidden.dtype:  # an autocast changed the product's dtype: the probe was of another
+        return softcap_torch(logits, multiplier, cap)
+    return softcap_triton_(logits, multiplier, cap)
 
 
 def softcapped_logits_torch(hidden: torch.Tensor, weight: torch.Tensor, multiplier: float, cap: float) -> torch.Tensor:
-    logits = linear(hidden, weight)
+    return softcap_torch(linear(hidden, weight), multiplier, cap)
+
+
+def softcap_torch(logits: torch.Tensor, multiplier: float, cap: float) -> torch.Tensor:
+    """The reference's four ops after its product, each rounded to the logits' dtype."""
     logits = logits * multiplier
     logits = logits / cap
     logits = torch.tanh(logits)
@@ -52,9 +59,12 @@ def softcapped_logits_torch(hidden: torch.Tensor, weight: torch.Tensor, multipli
 
 
 def fused_softcap_runs(hidden: torch.Tensor, weight: torch.Tensor, multiplier: float, cap: float) -> bool:
-    """Whether the Triton soft-cap follows the product: CUDA, a 16-bit dtype, and the kernel found exact for it
-    (probed here unless a CUDA graph is being captured, where an unprobed kernel leaves the reference to run)."""
+    """Whether the Triton soft-cap follows the product: CUDA, a 16-bit dtype, no autograd recording (the kernel
+    writes in place and has no backward), and the kernel found exact for it (probed here unless a CUDA graph is
+    being captured, where an unprobed kernel leaves the reference to run)."""
     if not (use_triton(hidden, weight) and hidden.dtype in FUSED_DTYPES and weight.dtype == hidden.dtype):
+        return False
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return False
     key = (hidden.device.index or 0, hidden.dtype, float(multiplier), float(cap))
     if key not in _exact and torch.cuda.is_current_stream_capturing():
@@ -65,13 +75,20 @@ def fused_softcap_runs(hidden: torch.Tensor, weight: torch.Tensor, multiplier: f
 def fused_softcap_exact(device_index: int, dtype: torch.dtype, multiplier: float, cap: float) -> bool:
     """Whether the Triton soft-cap gives the reference's bits on every value of `dtype` (NaNs compare as NaNs),
     on this GPU with these constants; measured once, then remembered. The model runner asks before it captures
-    graphs."""
+    graphs. A kernel that fails to compile or run counts as inexact (a warning says why)."""
     key = (device_index, dtype, float(multiplier), float(cap))
     if key not in _exact:
         every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
         every = every.to(torch.device("cuda", device_index))
-        want = ((every * multiplier) / cap).tanh() * cap  # the reference's ops, without its product
-        got = softcap_triton_(every.clone(), multiplier, cap)
+        want = softcap_torch(every, multiplier, cap)
+        try:
+            got = softcap_triton_(every.clone(), multiplier, cap)
+            torch.cuda.synchronize(every.device)
+        except Exception as exc:  # Triton's or the driver's refusal, whichever form it takes
+            logger.warning("the fused soft-cap does not run on this GPU (%s: %s); the logits keep torch's ops",
+                           type(exc).__name__, exc)
+            _exact[key] = False
+            return False
         same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
         _exact[key] = bool(same.all())
         if not _exact[key]:

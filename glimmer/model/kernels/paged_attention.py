@@ -285,8 +285,9 @@ def decode_tiles(num_splits: int) -> tuple[int, int]:
     30B's heads (GQA 16:1, head_dim 128, bf16, 4 warps), µs a layer, one split, 64/2 against 32/3: batch 256 at 1.1K
     context 75.4 against 84.5 (KV at the copy rate: 70.0), at 4K 255.5 against 291.8 (260.6); batch 192 at 2K
     119.4 against 141.9; batch 140 at 1.1K 58.1 against 65.3. Batch 64 (4 splits) at 1.1K: 27.2 against 27.3, so
-    32/3 stays there. A function of the batch shape only, like the split count (CUDA graphs replay it at any
-    context)."""
+    32/3 stays there. (An earlier kernel measured the opposite at one split, batch 256 at 1K: 81 µs with 32/3
+    against 114 with 64/2; the same sweep on the current kernel reverses it.) A function of the batch shape only,
+    like the split count (CUDA graphs replay it at any context)."""
     if num_splits == 1:
         return 64, 2
     return (32, 3) if num_splits <= 4 else (64, 3)
