@@ -124,28 +124,26 @@ def test_cgroup_v2_memory_swap_max_is_the_swap(host, swap_max, swap_bytes):
     assert read_host_memory().total_bytes == 16 * GIB + swap_bytes
 
 
-@pytest.mark.parametrize(("limit", "memory_bytes"), [(str(16 * GIB), 16 * GIB), (V1_UNLIMITED, 256 * GIB)])
-def test_cgroup_v1_memory_limit_in_bytes_is_the_memory(host, limit, memory_bytes):
-    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=8 * KB_PER_GIB)
+@pytest.mark.parametrize(("limit", "memsw", "memory_bytes", "swap_bytes"), [
+    (str(16 * GIB), None, 16 * GIB, 64 * GIB),
+    (V1_UNLIMITED, None, 256 * GIB, 64 * GIB),
+    # docker --memory=16g --memory-swap=16g: no swap at all, though the host has 64 GiB of it
+    (str(16 * GIB), str(16 * GIB), 16 * GIB, 0),
+    (str(16 * GIB), str(20 * GIB), 16 * GIB, 4 * GIB),
+    (str(16 * GIB), V1_UNLIMITED, 16 * GIB, 64 * GIB),
+])
+def test_cgroup_v1_limit_in_bytes_is_the_memory_and_memsw_leaves_the_swap_beside_it(host, limit, memsw, memory_bytes,
+                                                                                     swap_bytes):
+    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=64 * KB_PER_GIB)
     host.own_cgroup("9:pids:/docker/abc\n4:memory:/docker/abc\n1:cpu,cpuacct:/docker/abc\n0::/\n")
     host.cgroup_file("memory/docker/abc/memory.limit_in_bytes", f"{limit}\n")
     host.cgroup_file("memory/memory.limit_in_bytes", f"{V1_UNLIMITED}\n")
+    if memsw is not None:
+        host.cgroup_file("memory/docker/abc/memory.memsw.limit_in_bytes", f"{memsw}\n")
     memory = read_host_memory()
-    assert (memory.memory_bytes, memory.swap_bytes) == (memory_bytes, 8 * GIB)
+    assert (memory.memory_bytes, memory.swap_bytes) == (memory_bytes, swap_bytes)
+    assert ("memory.memsw.limit_in_bytes" in memory.describe()) == (memsw is not None and memsw != V1_UNLIMITED)
 
-
-
-@pytest.mark.parametrize(("memsw", "swap_bytes"), [(str(16 * GIB), 0), (str(20 * GIB), 4 * GIB),
-                                                   (V1_UNLIMITED, 64 * GIB)])
-def test_cgroup_v1_memsw_limit_leaves_the_swap_beside_the_memory(host, memsw, swap_bytes):
-    """docker --memory=16g --memory-swap=16g under v1: no swap at all, though the host has 64 GiB of it."""
-    host.meminfo(mem_kb=256 * KB_PER_GIB, swap_kb=64 * KB_PER_GIB)
-    host.own_cgroup("4:memory:/docker/abc\n")
-    host.cgroup_file("memory/docker/abc/memory.limit_in_bytes", f"{16 * GIB}\n")
-    host.cgroup_file("memory/docker/abc/memory.memsw.limit_in_bytes", f"{memsw}\n")
-    memory = read_host_memory()
-    assert (memory.memory_bytes, memory.swap_bytes) == (16 * GIB, swap_bytes)
-    assert "memory.memsw.limit_in_bytes" in memory.describe() or memsw == V1_UNLIMITED
 
 CGROUP = "proc/self/cgroup"
 MEMORY_MAX = "sys/fs/cgroup/docker/abc/memory.max"
