@@ -103,6 +103,7 @@ class OutputParser:
         self._buffer_offset = 0  # offset of self._buffer[0] in the text fed so far
         self._fed = 0
         self._finished = False
+        self._channel_at_finish: OpenChannel | None = None
         self._fast_channel: str | None = None
         self._append_value_text: Callable[[str], None] = _ignore_text
 
@@ -136,6 +137,13 @@ class OutputParser:
         if self._mode is _HEADER or self._channel == _ORPHAN:
             return None
         return self._channel  # type: ignore[return-value]
+
+    @property
+    def channel_at_finish(self) -> OpenChannel | None:
+        """After `finish`: the class of the message the output ended inside (a limit or an abort cut it before its
+        terminator; an unfinished turn-start header counts as the content it is delivered as, P-HDR-6); None when
+        it ended between messages or inside a later message's header, every message before it whole."""
+        return self._channel_at_finish
 
     @property
     def other_role_header_seen(self) -> bool:
@@ -222,7 +230,10 @@ class OutputParser:
         if self._finished:
             return Delta()
         self._events = []
+        in_turn_start_header = self._mode is _HEADER and not self._header_is_real
         self._run(self._buffer, final=True)
+        # an unfinished turn-start header is delivered as the content it then is (P-HDR-6)
+        self._channel_at_finish = "content" if in_turn_start_header else self.channel
         self._end_body(self._fed)
         for kind, text in (("reasoning", self._reasoning_text), ("content", self._content_text)):
             held = text.flush()

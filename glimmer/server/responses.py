@@ -99,6 +99,10 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     return _Conversation(items, chat, sources)
 
 
+_ITEM_CHANNELS = {"reasoning": "reasoning", "message": "content", "function_call": "tool"}
+"""The parser's channel class (OpenChannel) of each output item type."""
+
+
 @dataclass
 class OutputBuilder:
     """Parser events → Responses output items, and the stream events that build them."""
@@ -116,9 +120,13 @@ class OutputBuilder:
                 out += self._text(kind, payload)
         return out
 
-    def finish(self, incomplete: bool = False) -> list[dict[str, Any]]:
-        """Close the item being written: `incomplete` when max_output_tokens cut it (as OpenAI marks it)."""
-        return self._close("incomplete" if incomplete else "completed")
+    def finish(self, incomplete: bool = False, cut_channel: str | None = None) -> list[dict[str, Any]]:
+        """Close the item being written: `incomplete` when max_output_tokens cut its message (as OpenAI marks the
+        item the limit cut), which is when the parser's output ended inside a message of the item's own channel
+        (`cut_channel`, OutputParser.channel_at_finish). An item whose message had ended before the cut (the cut
+        fell in the next message's header, or in a call not yet emitted) is complete."""
+        cut = incomplete and self._open is not None and _ITEM_CHANNELS[self._open["type"]] == cut_channel
+        return self._close("incomplete" if cut else "completed")
 
     def _index(self, item: dict[str, Any]) -> int:
         return self.items.index(item)
@@ -289,7 +297,7 @@ async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[St
         async for _, released, _ in chat_updates(run.chat, first, stream):
             run.builder.feed(released)
     status = run.final_status()
-    run.builder.finish(incomplete=status == "incomplete")
+    run.builder.finish(incomplete=status == "incomplete", cut_channel=run.chat.choices[0].parser.channel_at_finish)
     response = run.snapshot(status)
     run.keep(response)
     return response
@@ -304,7 +312,8 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
                 for event in run.builder.feed(released):
                     yield run.event(event)
             status = run.final_status()
-            for event in run.builder.finish(incomplete=status == "incomplete"):
+            cut_channel = run.chat.choices[0].parser.channel_at_finish
+            for event in run.builder.finish(incomplete=status == "incomplete", cut_channel=cut_channel):
                 yield run.event(event)
             response = run.snapshot(status)
             run.keep(response)

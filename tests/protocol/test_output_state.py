@@ -55,6 +55,28 @@ def test_channel_is_discarded_for_ill_formed_headers_and_none_inside_a_header():
     assert parser.channel is None
 
 
+def test_channel_at_finish_names_the_message_a_cut_fell_inside_and_none_between_messages():
+    """What a cut output (max_tokens, an abort) left open: the Responses API marks only that message's item
+    incomplete. An unfinished turn-start header is delivered as content (P-HDR-6), so it counts as content."""
+    call = TURN.index("<|start|>assistant to=calendar.lookup")
+    cuts = {
+        " to=se": "content",  # the turn-start header, cut: delivered as content
+        " to=self<|message|>thi": "reasoning",
+        " to=self<|message|>think<|eom|>": None,
+        TURN[: call + len("<|start|>assistant to=cal")]: None,  # a later header, cut: the reasoning was whole
+        TURN[: TURN.index("Fri")]: "tool",
+        TURN[: TURN.index("Answer.") + 3]: "content",
+        TURN: None,
+    }
+    for text, channel in cuts.items():
+        for chunks in ([text], list(text)):
+            parser = OutputParser(CALENDAR_TOOLS)
+            for chunk in chunks:
+                parser.feed(chunk)
+            parser.finish()
+            assert parser.channel_at_finish == channel, text
+
+
 def test_reasoning_spans_run_from_header_start_or_turn_start_through_the_terminator():
     """P-API-5: spans are absolute offsets into the fed text, the same for every chunking."""
     second = TURN.index("<|start|>assistant to=self")

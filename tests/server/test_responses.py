@@ -142,6 +142,25 @@ def test_max_output_tokens_makes_the_response_incomplete(client):
     assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
 
 
+def test_a_cut_after_a_finished_message_leaves_that_item_complete(client):
+    """max_output_tokens ending the output in the next message's header (or in a call not yet emitted) cuts no
+    item already written: the reasoning that ended with <|eom|> stays `completed`; the response is `incomplete`."""
+    whole = _create(client, input="[greet] Hello!")
+    reasoning_text = whole.output[0].content[0].text
+    seen = set()
+    for limit in range(1, whole.usage.output_tokens):
+        response = _create(client, input="[greet] Hello!", max_output_tokens=limit)
+        assert response.status == "incomplete"
+        items = response.output
+        assert all(item.status == "completed" for item in items[:-1])
+        if len(items) == 1 and items[0].type == "reasoning":
+            ended = items[0].status == "completed"
+            # complete only once the whole reasoning was read; a cut inside it leaves it incomplete
+            assert not ended or items[0].content[0].text == reasoning_text
+            seen.add(ended)
+    assert seen == {True, False}  # some cut fell inside the reasoning, some in the answer's header
+
+
 def test_instructions_and_developer_input_render_as_the_system_message(server, client):
     runner = server.engine.engine.runner
     _create(client, input=[{"role": "developer", "content": "DEVNOTE"}, {"role": "user", "content": "[greet]"}],
