@@ -252,6 +252,11 @@ class _ResponseRun:
         self.chat.check_tool_choice(self.chat.choices[0])
         return "incomplete" if self.chat.choices[0].finish_reason == "length" else "completed"
 
+    def close_output(self, status: str) -> list[dict[str, Any]]:
+        """Close the output item being written (OutputBuilder.finish) for a response ending with `status`."""
+        return self.builder.finish(incomplete=status == "incomplete",
+                                   cut_channel=self.chat.choices[0].parser.channel_at_finish)
+
     def keep(self, response: dict[str, Any]) -> None:
         if self.request.store is not False:
             self.store.put(self.id, self.conversation.items + response["output"], response)
@@ -297,7 +302,7 @@ async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[St
         async for _, released, _ in chat_updates(run.chat, first, stream):
             run.builder.feed(released)
     status = run.final_status()
-    run.builder.finish(incomplete=status == "incomplete", cut_channel=run.chat.choices[0].parser.channel_at_finish)
+    run.close_output(status)
     response = run.snapshot(status)
     run.keep(response)
     return response
@@ -312,8 +317,7 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
                 for event in run.builder.feed(released):
                     yield run.event(event)
             status = run.final_status()
-            cut_channel = run.chat.choices[0].parser.channel_at_finish
-            for event in run.builder.finish(incomplete=status == "incomplete", cut_channel=cut_channel):
+            for event in run.close_output(status):
                 yield run.event(event)
             response = run.snapshot(status)
             run.keep(response)

@@ -18,6 +18,7 @@ everything else run the reference.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -103,12 +104,18 @@ def softcap_triton_(logits: torch.Tensor, multiplier: float, cap: float) -> torc
 
     count = logits.numel()
     if count:
-        as_float = torch.tensor([multiplier, 1.0, cap], dtype=torch.float32)  # torch's host scalars, as float32
-        multiplier32, cap32 = as_float[0].item(), as_float[2].item()
-        inv_cap = (as_float[1] / as_float[2]).item()
+        multiplier32, inv_cap, cap32 = float32_constants(multiplier, cap)
         impl.softcap[(-(-count // SOFTCAP_BLOCK),)](logits, count, multiplier32, inv_cap, cap32, BLOCK=SOFTCAP_BLOCK,
                                                     num_warps=8, **launch_options(logits))
     return logits
+
+
+@functools.cache
+def float32_constants(multiplier: float, cap: float) -> tuple[float, float, float]:
+    """(multiplier, 1 / cap, cap) as torch's kernels take them from host scalars: each in float32, the reciprocal
+    computed in float32. Worked out once per model, not on every eager step's logits."""
+    as_float = torch.tensor([multiplier, 1.0, cap], dtype=torch.float32)
+    return as_float[0].item(), (as_float[1] / as_float[2]).item(), as_float[2].item()
 
 
 def cpu_supports(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
