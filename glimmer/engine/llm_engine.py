@@ -815,11 +815,14 @@ class LLMEngine:
     def _launch(self, step: ScheduledStep, previous: LaunchedStep | None) -> LaunchedStep:
         """Run a plain decode step and choose its tokens on the device; its inputs are `previous`'s tokens."""
         launched_s = time.perf_counter()
-        output = self.runner.execute(step, previous.input_ids_for(step) if previous is not None else None)
+        inputs = previous.input_ids_for(step) if previous is not None else None
+        output = self.runner.execute(step, inputs)
         if self.speculator is not None:
             self.speculator.stage_context(step, output)  # the drafter's context, from the device's hidden states
         rows = [self._sampling_row(seq) for seq in step.seqs]
-        launched = LaunchedStep.start(step, output, rows, *sample_on_device(output.logits, rows), launched_s)
+        # each row's input token is its pending token: penalties count it as the last output token
+        sampled = sample_on_device(output.logits, rows, pending=inputs)
+        launched = LaunchedStep.start(step, output, rows, *sampled, launched_s)
         for seq in step.seqs:
             seq.num_computed_tokens += 1
             seq.num_pending_tokens += 1
@@ -911,7 +914,8 @@ class LLMEngine:
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
         # a token chosen by a step launched ahead counts, though the host has not appended it yet
         banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
-        return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned, self.token_count)
+        return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned, self.token_count,
+                           seq.prompt_id_array if seq.params.repetition_penalty != 1 else None)
 
     def _emit_tokens(
         self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None], outcome: _StepOutcome

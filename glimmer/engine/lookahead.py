@@ -13,12 +13,13 @@ running step ends (a stop id, a stop string, an abort) has a row in the successo
 A sequence whose next token is its last by `max_tokens` gets no row. Draws stay in order: each sequence
 has its own generator, and the successor's draw comes after the running step's, as without lookahead.
 
-Only steps whose every row is a plain decode run ahead: no grammar or penalties (those need the host's view
-of the tokens before the next step samples), no proposed tokens to verify, and no request waiting that could
+Only steps whose every row is a plain decode run ahead: no grammar (it needs the host's view of the tokens
+before the next step samples), no proposed tokens to verify, and no request waiting that could
 join the batch (the scheduler admits it once the running step is read). With speculative decoding, a step
 runs ahead while the draft policy proposes nothing for it (drafts are made from the tokens); its drafter
 context is staged from the device's hidden states at launch. Anything else runs the step synchronously, as
-before. Logprobs are computed with the tokens and read back with them.
+before. Logprobs are computed with the tokens and read back with them. Penalties count the token on its way
+(the successor's input, on the device) as the row's last output token.
 """
 
 from __future__ import annotations
@@ -37,12 +38,10 @@ def runs_ahead(seq: Sequence) -> bool:
     """Whether `seq`'s decode rows can be sampled before the host has read its previous token. Not a sequence that
     samples nothing, whose last prompt token can be a one-token step (a prompt of one token, or a prefix-cache hit
     or prefill chunk leaving one): the host finishes it unsampled (`_emit`)."""
-    params = seq.params
     position = seq.num_computed_tokens
     return (
         not seq.samples_nothing
         and seq.controller is None
-        and not params.uses_penalties
         and not any(item.overlaps(position, position + 1) for item in seq.multimodal)
     )
 

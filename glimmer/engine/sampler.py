@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.model.kernels.exponential import exponential_rows_
 
 
 @dataclass
@@ -32,6 +34,13 @@ class SamplingRow:
     # the tokenizer's ids: logit rows from here on (a vocabulary padded to a multiple) are no token and are never
     # sampled; their logprobs stay in the raw distribution, as the reference computes it
     token_count: int | None = None
+    # the prompt's ids as an int64 array, made once per sequence (`Sequence.prompt_id_array`); None: from prompt_ids
+    prompt_ids_array: np.ndarray | None = None
+
+    def prompt_array(self) -> np.ndarray:
+        if self.prompt_ids_array is None:
+            self.prompt_ids_array = np.fromiter(self.prompt_ids, dtype=np.int64, count=len(self.prompt_ids))
+        return self.prompt_ids_array
 
 
 @dataclass
@@ -55,60 +64,138 @@ def _ids_on(device: torch.device, ids: list[int] | set[int]) -> torch.Tensor:
     return torch.tensor(list(ids), dtype=torch.int64).to(device, non_blocking=True)
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    vocab = logits.shape[1]
-    device = logits.device
-    for i, row in enumerate(rows):
-        p = row.params
-        if not p.uses_penalties:
-            continue
-        if p.repetition_penalty != 1:
-            seen = {t for t in row.prompt_ids if t < vocab} | {t for t in row.output_ids if t < vocab}
-            if seen:
-                index = _ids_on(device, seen)
-                values = logits[i, index]
-                logits[i, index] = torch.where(values > 0, values / p.repetition_penalty,
-                                               values * p.repetition_penalty)
-        out = [t for t in row.output_ids if t < vocab]
-        if out and (p.frequency_penalty or p.presence_penalty):
-            counts = torch.zeros(vocab, dtype=logits.dtype, device=device)
-            counts.index_add_(0, _ids_on(device, out), torch.ones(len(out), dtype=logits.dtype, device=device))
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+def _id_tensor(arrays: list[np.ndarray], vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids of several rows as one (row, id) index pair on `device`: each array's ids in [0, vocab), tagged
+    with the array's position."""
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    ids = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    owners = np.repeat(np.arange(len(arrays), dtype=np.int64), lengths)
+    valid = (ids >= 0) & (ids < vocab)
+    if not valid.all():
+        ids, owners = ids[valid], owners[valid]
+    return (torch.from_numpy(owners).to(device, non_blocking=True),
+            torch.from_numpy(ids).to(device, non_blocking=True))
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None = None) -> None:
+    """The repetition, frequency and presence penalties of every row that has one, as vLLM applies them, in one
+    batch of tensor operations (no work per row on the device): the output tokens' counts by id, the prompt's ids
+    where a repetition penalty reads them. `pending`: (M,) a token per row chosen on the device that the host
+    has not appended yet (a step launched ahead, lookahead.py); it counts as the row's last output token."""
+    index = [i for i, row in enumerate(rows) if row.params.uses_penalties]
+    if not index:
+        return
+    vocab, device, dtype = logits.shape[1], logits.device, logits.dtype
+    penalized = [rows[i] for i in index]
+    outputs = [np.fromiter(row.output_ids, dtype=np.int64, count=len(row.output_ids)) for row in penalized]
+    counts = torch.zeros(len(index), vocab, dtype=dtype, device=device)
+    one = torch.ones((), dtype=dtype, device=device)
+    counts.index_put_(_id_tensor(outputs, vocab, device), one, accumulate=True)
+    where = _ids_on(device, index)
+    if pending is not None:
+        counts.index_put_((torch.arange(len(index), device=device), pending[where]), one, accumulate=True)
+    every_row = index == list(range(len(rows)))
+    values = logits if every_row else logits[where]
+
+    def per_row(field: str) -> tuple[bool, torch.Tensor]:
+        floats = [getattr(row.params, field) for row in penalized]
+        return any(floats), torch.tensor(floats, dtype=dtype).to(device, non_blocking=True)[:, None]
+
+    repeating = [j for j, row in enumerate(penalized) if row.params.repetition_penalty != 1]
+    if repeating:
+        seen = counts > 0
+        prompts = [penalized[j].prompt_array() for j in repeating]
+        owners, ids = _id_tensor(prompts, vocab, device)
+        seen.index_put_((_ids_on(device, repeating)[owners], ids), torch.ones((), dtype=torch.bool, device=device))
+        _, repetition = per_row("repetition_penalty")
+        values = torch.where(seen, torch.where(values > 0, values / repetition, values * repetition), values)
+    any_frequency, frequency = per_row("frequency_penalty")
+    any_presence, presence = per_row("presence_penalty")
+    if any_frequency or any_presence:
+        values = values - (frequency * counts + presence * (counts > 0).to(dtype))
+    if every_row:
+        logits.copy_(values)
+    else:
+        logits[where] = values
 
 
 # beyond this many candidates per row, a full sort is as cheap as topk
 MAX_TOPK_CANDIDATES = 1024
+# the cumulative sums of top-p run in chunks of this many sorted tokens (a scan along a row of the whole
+# vocabulary is several times slower on a GPU than one over short rows)
+CUMSUM_CHUNK = 1024
 
 
-def _filter(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+def _cumsum_rows(values: torch.Tensor) -> torch.Tensor:
+    """Inclusive cumulative sums along each row, in chunks of CUMSUM_CHUNK: each chunk's own sums plus the sum
+    of the chunks before it (the same sums as a plain cumsum, in another order of additions)."""
+    rows, width = values.shape
+    chunks = -(-width // CUMSUM_CHUNK)
+    padded = torch.nn.functional.pad(values, (0, chunks * CUMSUM_CHUNK - width)).view(rows, chunks, CUMSUM_CHUNK)
+    inner = padded.cumsum(dim=-1)
+    before = inner[:, :, -1].cumsum(dim=-1) - inner[:, :, -1]
+    return (inner + before[:, :, None]).view(rows, -1)[:, :width]
+
+
+def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
     """min-p, top-k, then top-p (on the distribution the first two left, renormalized), as vLLM applies them to
-    temperature-scaled logits; filtered entries become -inf. (min-p compares each probability to the largest,
-    a ratio no renormalization changes, so it may be read before or after top-k; top-p may not.)"""
+    temperature-scaled logits; filtered entries become -inf.
+
+    Each filter is a threshold on the row's logits: min-p keeps the tokens within -log(min_p) of the largest
+    logit, top-k those at least the k-th largest, top-p those at least the last token of the shortest run of
+    the most likely (sorted) tokens whose mass reaches top_p. A token tied with the last one kept is kept too,
+    whatever order a sort put the ties in (as vLLM's top-k keeps them). Only top-p needs the order: the top
+    candidates (`topk`) when every top-p row has a top-k, else a sort of the vocabulary, of `keys` where given:
+    the model's 16-bit logits these were made of by the temperature and -inf alone (so in the same order where
+    these are finite), which sort in half the passes."""
     vocab = logits.shape[1]
     device = logits.device
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
-    if all(k == vocab for k in ks) and all(r.params.top_p >= 1 for r in rows) and all(
-            r.params.min_p <= 0 for r in rows):
+    by_k, by_p = any(k < vocab for k in ks), any(r.params.top_p < 1 for r in rows)
+    by_min_p = any(r.params.min_p > 0 for r in rows)
+    if not (by_k or by_p or by_min_p):
         return logits
-    top_k = torch.tensor(ks).to(device, non_blocking=True)
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype).to(device, non_blocking=True)
-    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype).to(device, non_blocking=True)
-    width = max(ks)
-    if width <= MAX_TOPK_CANDIDATES:
-        # every row keeps at most `width` tokens: the candidates, sorted, without sorting the vocabulary
-        sorted_logits, order = logits.topk(width, dim=-1)
-    else:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(sorted_logits.shape[1], device=device)[None, :]
-    drop = rank >= top_k[:, None]
-    # min-p: below min_p times the most likely token's probability, i.e. more than -log(min_p) below its logit
-    drop |= sorted_logits < sorted_logits[:, :1] + torch.log(min_p)[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    # keep a token if the mass strictly before it is below top_p (the first token is always kept)
-    drop |= (probs.cumsum(-1) - probs) >= top_p[:, None]
-    drop[:, 0] = False
-    filtered = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter_(1, order, filtered)
+    floor = torch.full((len(rows),), float("-inf"), dtype=logits.dtype, device=device)
+    if by_min_p:
+        # below min_p times the most likely token's probability: more than -log(min_p) below its logit
+        min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype).to(device, non_blocking=True)
+        floor = torch.maximum(floor, logits.amax(dim=-1) + torch.log(min_p))
+    ordered = order = None
+    if by_k or by_p:
+        candidates = [k for k, r in zip(ks, rows, strict=True) if k < vocab or r.params.top_p < 1]
+        width = max(candidates)
+        if width <= MAX_TOPK_CANDIDATES:
+            ordered, order = logits.topk(width, dim=-1)
+        elif keys is not None:
+            keys = keys.masked_fill(logits == float("-inf"), float("-inf"))  # what constrain (or overflow) ruled out
+            order = keys.sort(dim=-1, descending=True).indices
+            ordered = logits.gather(1, order)
+        else:
+            ordered, order = logits.sort(dim=-1, descending=True)
+    if by_k:
+        top_k = torch.tensor([min(k, ordered.shape[1]) for k in ks]).to(device, non_blocking=True)
+        kth = ordered.gather(1, (top_k - 1)[:, None])[:, 0]
+        has_k = torch.tensor([k < vocab for k in ks]).to(device, non_blocking=True)
+        floor = torch.where(has_k, torch.maximum(floor, kth), floor)
+    if by_p:
+        floor = torch.maximum(floor, _top_p_floor(logits, ordered, order, floor, rows))
+    return logits.masked_fill(logits < floor[:, None], float("-inf"))
+
+
+def _top_p_floor(logits: torch.Tensor, ordered: torch.Tensor, order: torch.Tensor, floor: torch.Tensor,
+                 rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row's top-p threshold (-inf for a row without top-p): the smallest of its most likely tokens
+    (`ordered` descending, their ids `order`) up to and including the first whose cumulative mass reaches top_p,
+    in the distribution of the tokens at least `floor` (what min-p and top-k kept), renormalized. That
+    distribution is a softmax over the whole vocabulary (`ordered` may hold only the top candidates), row by row,
+    so a row's threshold does not depend on the rows beside it."""
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype).to(logits.device, non_blocking=True)
+    kept = torch.softmax(logits.masked_fill(logits < floor[:, None], float("-inf")), dim=-1)
+    mass = _cumsum_rows(kept.gather(1, order))
+    reached = mass >= top_p[:, None]
+    last = torch.where(reached.any(dim=-1), reached.to(torch.int8).argmax(dim=-1), ordered.shape[1] - 1)
+    threshold = ordered.gather(1, last[:, None])[:, 0]
+    return torch.where(top_p < 1, threshold, float("-inf"))
 
 
 def padding_start(rows: list[SamplingRow], vocab: int) -> int:
@@ -131,16 +218,17 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
                 logits.device, non_blocking=True)
 
 
-def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
-              ) -> torch.Tensor:
+def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
+              pending: torch.Tensor | None = None) -> torch.Tensor:
     """Logit bias, penalties, banned ids, the vocabulary's padding rows and the grammar's bitmask applied to float
-    logits (a copy when any applies), in vLLM's order: the bias first, then the penalties."""
+    logits (a copy when any applies), in vLLM's order: the bias first, then the penalties. `pending`: see
+    `_apply_penalties`."""
     padding_from = padding_start(rows, logits.shape[1])
     if padding_from < logits.shape[1] or any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias
                                              for r in rows):
         logits = logits.clone()
         _apply_logit_bias(logits, rows)
-        _apply_penalties(logits, rows)
+        _apply_penalties(logits, rows, pending)
         for i, row in enumerate(rows):
             if row.banned_ids:
                 logits[i, list(row.banned_ids)] = float("-inf")
@@ -151,10 +239,11 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
     return logits
 
 
-def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """The distribution each (non-greedy) row samples from: temperature, then min-p, top-k, top-p."""
+def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, then min-p, top-k, top-p. `keys`: see
+    `_filter`."""
     temps = torch.tensor([r.params.temperature for r in rows]).to(logits.device, non_blocking=True)
-    return torch.softmax(_filter(logits / temps[:, None], rows), dim=-1)
+    return torch.softmax(_filter(logits / temps[:, None], rows, keys), dim=-1)
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
@@ -163,8 +252,9 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p).
     """
     noise = torch.empty_like(probs)
-    for j, generator in enumerate(generators):
-        noise[j].exponential_(generator=generator)
+    if not exponential_rows_(noise, generators):  # on a GPU, every row in one launch, with the same bits
+        for j, generator in enumerate(generators):
+            noise[j].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
 
@@ -212,19 +302,18 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.T
     return sample_result([t.tolist() for t in (tokens, *fields)], rows)
 
 
-def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
+                     pending: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """`sample` without reading the device: the chosen tokens, and `logprob_tensors`' fields when a row asks
-    for logprobs (else none)."""
+    for logprobs (else none). `pending`: see `_apply_penalties`."""
     ks = [r.params.logprobs for r in rows]
     if token_bitmask is None and all(k is None for k in ks) and all(plain_greedy(r) for r in rows):
         return greedy_tokens(logits, rows), ()
-    logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(k is not None for k in ks) else None
-    tokens = choose_tokens(logits, rows, token_bitmask)
-    if raw_logprobs is None:
+    tokens = choose_tokens(logits, rows, token_bitmask, pending)
+    if all(k is None for k in ks):
         return tokens, ()
-    return tokens, logprob_tensors(raw_logprobs, tokens, ks, padding_start(rows, logits.shape[1]))
+    logits = logits.float()
+    return tokens, logprob_tensors(torch.log_softmax(logits, dim=-1), tokens, ks, padding_start(rows, logits.shape[1]))
 
 
 def sample_result(host: list[list], rows: list[SamplingRow]) -> SampleResult:
@@ -249,22 +338,31 @@ def greedy_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor
     return logits[:, :padding_start(rows, logits.shape[1])].argmax(dim=-1)
 
 
-def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None
-                  ) -> torch.Tensor:
-    """The chosen token of each row, as a device tensor (nothing is read back): what `sample` reads."""
-    logits = constrain(logits.float(), rows, token_bitmask)
+def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
+                  pending: torch.Tensor | None = None) -> torch.Tensor:
+    """The chosen token of each row, as a device tensor (nothing is read back): what `sample` reads. `logits`
+    in the model's dtype or float32; `pending`: see `_apply_penalties`."""
+    constrained = constrain(logits.float(), rows, token_bitmask, pending)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:
-        tokens = logits.argmax(dim=-1)
-    else:
-        tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
-        if greedy:
-            index = _ids_on(logits.device, greedy)
-            tokens[index] = logits[index].argmax(dim=-1)
-        sub_rows = [rows[i] for i in random_rows]
-        index = _ids_on(logits.device, random_rows)
-        tokens[index] = draw(sampling_probs(logits[index], sub_rows), [r.generator for r in sub_rows])
+        return constrained.argmax(dim=-1)
+    tokens = torch.empty(len(rows), dtype=torch.int64, device=constrained.device)
+    if greedy:
+        greedy_index = _ids_on(constrained.device, greedy)
+        tokens[greedy_index] = constrained[greedy_index].argmax(dim=-1)
+    sub_rows = [rows[i] for i in random_rows]
+    every_row = len(random_rows) == len(rows)
+    index = None if every_row else _ids_on(constrained.device, random_rows)
+    keys = None
+    if logits.dtype in (torch.bfloat16, torch.float16) and not any(
+            r.params.uses_penalties or r.params.logit_bias for r in sub_rows):
+        keys = logits if every_row else logits[index]  # only -inf was written over them since
+    chosen = draw(sampling_probs(constrained if every_row else constrained[index], sub_rows, keys),
+                  [r.generator for r in sub_rows])
+    if every_row:
+        return chosen
+    tokens[index] = chosen
     return tokens
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from glimmer.engine.sampling_params import SamplingParams
@@ -87,6 +89,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @functools.cached_property
+    def prompt_id_array(self) -> np.ndarray:
+        """The prompt's ids as an int64 array, made once (the sampler's repetition penalty reads them each step)."""
+        return np.fromiter(self.prompt_token_ids, dtype=np.int64, count=len(self.prompt_token_ids))
 
     @property
     def samples_nothing(self) -> bool:

@@ -132,14 +132,26 @@ def test_abort_while_a_step_runs_ahead(engines, launches):
     _idle(engines[True])
 
 
-def test_steps_that_need_the_hosts_view_of_the_tokens_do_not_run_ahead(engines, launches):
-    prompts = _prompts(2, seed=41)
-    for params in (SamplingParams(temperature=1.0, seed=3, max_tokens=8, repetition_penalty=1.2),
-                   SamplingParams(temperature=0, max_tokens=8, frequency_penalty=0.5, logprobs=1)):
-        sync = engines[False].generate(prompts, params)
-        ahead = engines[True].generate(prompts, params)
-        _same_outputs(ahead, sync)
-    assert launches["steps"] == 0
+def test_penalized_steps_run_ahead_and_count_the_token_on_its_way(engines, launches, monkeypatch):
+    """Penalties need every output token, and a step run ahead samples before the host has the one on its way:
+    it counts that token on the device (`pending`). The outputs equal the synchronous engine's; without the
+    pending token they would not (negative penalties reward the last token, which only the pending one is)."""
+    import glimmer.engine.sampler as sampler
+
+    prompts = _prompts(3, seed=41)
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=24, repetition_penalty=1.3, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=24, frequency_penalty=-1.5, presence_penalty=-0.5, logprobs=1,
+                            ignore_eos=True)
+    plain = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    references = {}
+    for name, params in (("sampled", sampled), ("greedy", greedy), ("mixed", [greedy, plain, sampled])):
+        references[name] = engines[False].generate(prompts, params)
+        _same_outputs(engines[True].generate(prompts, params), references[name])
+    assert launches["steps"] > 20
+    counted = sampler._apply_penalties
+    monkeypatch.setattr(sampler, "_apply_penalties", lambda logits, rows, pending=None: counted(logits, rows))
+    unaware = engines[True].generate(prompts, greedy)
+    assert [r.outputs[0].token_ids for r in unaware] != [r.outputs[0].token_ids for r in references["greedy"]]
     _idle(engines[True])
 
 

@@ -340,3 +340,116 @@ def test_logprob_alternatives_and_ranks_come_from_the_tokenizers_ids_only():
     assert [list(entry.top) for entry in scored] == [[1, 2, 0], [0, 2, 1]]
     assert scored[0].logprob == pytest.approx(raw[0, 2].item())  # the raw distribution, padding mass included
     assert scored_token_logprobs(logits, [2, 1], 1)[0].rank == 4  # without a token count every column counts
+
+
+def _penalized_by_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The penalties row by row, as vLLM defines them: repetition on every id of the prompt and the output (divide
+    a positive logit, multiply the others), then frequency × count and presence of each output id."""
+    out = logits.clone()
+    vocab = logits.shape[1]
+    for i, row in enumerate(rows):
+        p = row.params
+        seen = {t for t in [*row.prompt_ids, *row.output_ids] if 0 <= t < vocab}
+        if p.repetition_penalty != 1 and seen:
+            index = torch.tensor(sorted(seen))
+            values, rp = out[i, index], torch.tensor(p.repetition_penalty, dtype=logits.dtype)
+            out[i, index] = torch.where(values > 0, values / rp, values * rp)
+        counts = torch.zeros(vocab)
+        for t in row.output_ids:
+            if 0 <= t < vocab:
+                counts[t] += 1
+        if p.frequency_penalty or p.presence_penalty:
+            out[i] -= torch.tensor(p.frequency_penalty) * counts + torch.tensor(p.presence_penalty) * (counts > 0)
+    return out
+
+
+def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row():
+    """The batched penalties (one scatter of every row's ids) give each row exactly its own penalties; rows
+    without any stay untouched; ids outside the vocabulary (a drafter's, a tokenizer's extra) count nowhere."""
+    from glimmer.engine.sampler import _apply_penalties
+
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 50, generator=generator) * 3
+    rows = [
+        SamplingRow(SamplingParams(repetition_penalty=1.3), [1, 2, 2, 40, 77], [3, 3, 9], None),
+        SamplingRow(SamplingParams(), [1, 2], [3], None),
+        SamplingRow(SamplingParams(frequency_penalty=0.7), [5], [5, 6, 6, 6, 49], None),
+        SamplingRow(SamplingParams(presence_penalty=-1.1, repetition_penalty=0.8), [], [0, 0, 60], None),
+        SamplingRow(SamplingParams(frequency_penalty=0.2, presence_penalty=0.4, repetition_penalty=1.5),
+                    list(range(0, 50, 3)), [7, 8, 7], None),
+        SamplingRow(SamplingParams(repetition_penalty=1.2), [], [], None),
+    ]
+    batched = logits.clone()
+    _apply_penalties(batched, rows)
+    assert torch.equal(batched, _penalized_by_rows(logits, rows))
+    assert torch.equal(batched[1], logits[1]) and torch.equal(batched[5], logits[5])
+    # a subset of the batch, and the cached prompt array, give the same rows
+    subset = logits[[0, 2]].clone()
+    rows[0].prompt_ids_array = None
+    _apply_penalties(subset, [rows[0], rows[2]])
+    assert torch.equal(subset, batched[[0, 2]])
+
+
+def test_a_pending_token_counts_as_the_last_output_token():
+    """lookahead.py: a step launched ahead samples before the host appended the token on its way."""
+    from glimmer.engine.sampler import _apply_penalties
+
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(6))
+    params = [SamplingParams(frequency_penalty=0.9, presence_penalty=0.3), SamplingParams(),
+              SamplingParams(repetition_penalty=1.4)]
+    outputs, pending = [[4, 4], [1], []], [4, 1, 17]
+    ahead = logits.clone()
+    _apply_penalties(ahead, [SamplingRow(p, [9], o, None) for p, o in zip(params, outputs, strict=True)],
+                     torch.tensor(pending))
+    appended = logits.clone()
+    _apply_penalties(appended, [SamplingRow(p, [9], [*o, t], None)
+                                for p, o, t in zip(params, outputs, pending, strict=True)])
+    assert torch.equal(ahead, appended)
+    assert not torch.equal(ahead[0], logits[0]) and torch.equal(ahead[1], logits[1])
+
+
+def test_top_p_keeps_the_shortest_run_that_reaches_it_and_every_token_tied_with_its_last():
+    """Probabilities 0.4, 0.2, 0.2, 0.1, 0.1: top_p 0.5 needs the first two, and the third ties with the second,
+    so it stays too, whatever order a sort gave the ties; top_p 0.4 needs only the first; 0.95 all five."""
+    from glimmer.engine.sampler import sampling_probs
+
+    logits = torch.tensor([[0.2, 0.4, 0.1, 0.2, 0.1]]).log()
+    kept = lambda **kw: (sampling_probs(logits, [_row(temperature=1.0, **kw)])[0] > 0).nonzero().flatten().tolist()
+    assert kept(top_p=0.5) == [0, 1, 3]
+    assert kept(top_p=0.4) == [1]
+    assert kept(top_p=0.95) == [0, 1, 2, 3, 4]
+    # top-k keeps the ties at its k-th logit (vLLM's top-k does too)
+    assert kept(top_k=2) == [0, 1, 3]
+    # top-p on what top-k kept, renormalized (0.5, 0.25, 0.25)
+    assert kept(top_k=2, top_p=0.45) == [1]
+    assert kept(top_k=2, top_p=0.6) == [0, 1, 3]
+
+
+def test_filters_are_the_same_for_a_row_whatever_shares_its_batch_and_whatever_orders_it():
+    """A row's kept set does not depend on its neighbours (which decide between candidates and a full sort, and
+    the candidates' width), nor on sorting the 16-bit model logits (`keys`) rather than the float32 ones."""
+    from glimmer.engine import sampler
+
+    generator = torch.Generator().manual_seed(8)
+    raw = (torch.randn(5, 3000, generator=generator) * 2).to(torch.bfloat16)
+    raw[:, 100:140] = raw[:, 7:8]  # ties
+    temps = torch.tensor([0.7, 1.0, 1.3, 0.5, 1.0])
+    scaled = raw.float() / temps[:, None]
+    rows = [_row(temperature=t, **kw) for t, kw in zip(temps.tolist(), (
+        dict(top_p=0.9), dict(top_k=40, top_p=0.8), dict(min_p=0.05, top_p=0.7), dict(top_k=2000), dict(top_p=0.3)),
+        strict=True)]
+    whole = sampler._filter(scaled, rows)
+    assert torch.equal(whole, sampler._filter(scaled, rows, keys=raw))
+    for i, row in enumerate(rows):
+        assert torch.equal(whole[i:i + 1], sampler._filter(scaled[i:i + 1], [row])), i
+    kept = (whole > float("-inf")).sum(dim=-1).tolist()
+    assert 1 < kept[1] < kept[0] < 3000 and kept[3] >= 2000
+
+
+@pytest.mark.parametrize("width", [1, 5, 1023, 1024, 1025, 3000])
+def test_chunked_cumulative_sums_match_a_plain_cumsum(width):
+    from glimmer.engine.sampler import _cumsum_rows
+
+    values = torch.rand(3, width, generator=torch.Generator().manual_seed(width), dtype=torch.float64)
+    assert torch.allclose(_cumsum_rows(values), values.cumsum(dim=-1), rtol=1e-12, atol=0)
+    assert _cumsum_rows(values).shape == (3, width)
