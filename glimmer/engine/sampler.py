@@ -77,14 +77,22 @@ def _id_tensor(arrays: list[np.ndarray], vocab: int, device: torch.device) -> tu
             torch.from_numpy(ids).to(device, non_blocking=True))
 
 
+# penalized rows are worked on this many at a time (each batch holds a few float32 rows of the vocabulary per row)
+PENALTY_ROWS = 64
+
+
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None = None) -> None:
-    """The repetition, frequency and presence penalties of every row that has one, as vLLM applies them, in one
-    batch of tensor operations (no work per row on the device): the output tokens' counts by id, the prompt's ids
-    where a repetition penalty reads them. `pending`: (M,) a token per row chosen on the device that the host
-    has not appended yet (a step launched ahead, lookahead.py); it counts as the row's last output token."""
+    """The repetition, frequency and presence penalties of every row that has one, as vLLM applies them, in place,
+    in a few tensor operations per PENALTY_ROWS rows (no work per row on the device): the output tokens' counts
+    by id, the prompt's ids where a repetition penalty reads them. `pending`: (M,) a token per row chosen on the
+    device that the host has not appended yet (a step launched ahead, lookahead.py); it counts as the row's last
+    output token."""
     index = [i for i, row in enumerate(rows) if row.params.uses_penalties]
-    if not index:
-        return
+    for start in range(0, len(index), PENALTY_ROWS):
+        _penalize(logits, rows, index[start:start + PENALTY_ROWS], pending)
+
+
+def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], pending: torch.Tensor | None) -> None:
     vocab, device, dtype = logits.shape[1], logits.device, logits.dtype
     penalized = [rows[i] for i in index]
     outputs = [np.fromiter(row.output_ids, dtype=np.int64, count=len(row.output_ids)) for row in penalized]
@@ -94,8 +102,8 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
     where = _ids_on(device, index)
     if pending is not None:
         counts.index_put_((torch.arange(len(index), device=device), pending[where]), one, accumulate=True)
-    every_row = index == list(range(len(rows)))
-    values = logits if every_row else logits[where]
+    consecutive = index == list(range(index[0], index[0] + len(index)))
+    values = logits[index[0]:index[0] + len(index)] if consecutive else logits[where]  # a view, or a copy
 
     def per_row(field: str) -> tuple[bool, torch.Tensor]:
         floats = [getattr(row.params, field) for row in penalized]
@@ -108,14 +116,16 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
         owners, ids = _id_tensor(prompts, vocab, device)
         seen.index_put_((_ids_on(device, repeating)[owners], ids), torch.ones((), dtype=torch.bool, device=device))
         _, repetition = per_row("repetition_penalty")
-        values = torch.where(seen, torch.where(values > 0, values / repetition, values * repetition), values)
+        scaled = values / repetition
+        torch.where(values > 0, scaled, values * repetition, out=scaled)
+        torch.where(seen, scaled, values, out=values)
+        del scaled, seen
     any_frequency, frequency = per_row("frequency_penalty")
     any_presence, presence = per_row("presence_penalty")
     if any_frequency or any_presence:
-        values = values - (frequency * counts + presence * (counts > 0).to(dtype))
-    if every_row:
-        logits.copy_(values)
-    else:
+        present = (counts > 0).to(dtype).mul_(presence)
+        values.sub_(counts.mul_(frequency).add_(present))  # frequency × count + presence, as one term
+    if not consecutive:
         logits[where] = values
 
 

@@ -363,10 +363,15 @@ def _penalized_by_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.T
     return out
 
 
-def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row():
+@pytest.mark.parametrize("chunk", [64, 2])
+def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row(monkeypatch, chunk):
     """The batched penalties (one scatter of every row's ids) give each row exactly its own penalties; rows
-    without any stay untouched; ids outside the vocabulary (a drafter's, a tokenizer's extra) count nowhere."""
+    without any stay untouched; ids outside the vocabulary (a drafter's, a tokenizer's extra) count nowhere;
+    the same in batches of `chunk` penalized rows (consecutive rows work in place, others on a copy)."""
+    from glimmer.engine import sampler
     from glimmer.engine.sampler import _apply_penalties
+
+    monkeypatch.setattr(sampler, "PENALTY_ROWS", chunk)
 
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 50, generator=generator) * 3

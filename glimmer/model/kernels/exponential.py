@@ -93,10 +93,10 @@ def exponential_exact(device_index: int) -> bool:
     Measured once, then remembered; a kernel that fails to compile or run counts as inexact (a warning says why)."""
     if device_index in _exact:
         return _exact[device_index]
-    from glimmer.model.kernels.jit import exponential as impl
-
     device = torch.device("cuda", device_index)
     try:
+        from glimmer.model.kernels.jit import exponential as impl
+
         wrong = 0
         guard = torch.tensor(-5.960464477539063e-08, device=device)
         for words in every_word_value(device):
