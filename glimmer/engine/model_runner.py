@@ -27,7 +27,6 @@ from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.step_inputs import StepInputs, build_step_inputs
 from glimmer.model.context import ForwardContext
-from glimmer.model.kernels.exponential import exponential_exact
 from glimmer.model.kernels.logits import FUSED_DTYPES, fused_softcap_exact
 from glimmer.model.kernels.paged_attention import prefill_warmup_batches
 from glimmer.model.kernels.support import dependent_launch, use_triton
@@ -137,7 +136,6 @@ class ModelRunner:
             dependent_launch(device.index or 0)  # probed now, before any graph capture (kernels.support)
             if dtype in FUSED_DTYPES:  # likewise the fused soft-cap's exactness (kernels/logits.py)
                 fused_softcap_exact(device.index or 0, dtype, text.output_multiplier, text.final_logit_softcapping)
-            exponential_exact(device.index or 0)  # and the sampler's noise kernel's (kernels/exponential.py)
         in_place_attention = device.type == "cuda" and DecodeGraphs.supported(self.kv_caches)
         if in_place_attention and use_cuda_graphs:
             max_blocks = kv.blocks_needed_for(max_model_len or text.max_position_embeddings)

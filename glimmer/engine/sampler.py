@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.model.kernels.exponential import exponential_rows_
 
 
 @dataclass
@@ -59,9 +58,18 @@ class SampleResult:
     logprobs: list[TokenLogprobs | None]
 
 
+def _on(device: torch.device, host: torch.Tensor) -> torch.Tensor:
+    """A small host tensor on `device`, copied without waiting for the GPU: through pinned memory on a GPU (a copy
+    from pageable memory first waits until the stream's queued work, the step's forward, is done, and the host,
+    which launches a step ahead of the one it reads, would stall there)."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _ids_on(device: torch.device, ids: list[int] | set[int]) -> torch.Tensor:
     """A host list as a device index tensor, copied without waiting for the GPU."""
-    return torch.tensor(list(ids), dtype=torch.int64).to(device, non_blocking=True)
+    return _on(device, torch.tensor(list(ids), dtype=torch.int64))
 
 
 def _id_tensor(arrays: list[np.ndarray], vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,8 +81,7 @@ def _id_tensor(arrays: list[np.ndarray], vocab: int, device: torch.device) -> tu
     valid = (ids >= 0) & (ids < vocab)
     if not valid.all():
         ids, owners = ids[valid], owners[valid]
-    return (torch.from_numpy(owners).to(device, non_blocking=True),
-            torch.from_numpy(ids).to(device, non_blocking=True))
+    return _on(device, torch.from_numpy(owners)), _on(device, torch.from_numpy(ids))
 
 
 # penalized rows are worked on this many at a time (each batch holds a few float32 rows of the vocabulary per row)
@@ -107,7 +114,7 @@ def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], p
 
     def per_row(field: str) -> tuple[bool, torch.Tensor]:
         floats = [getattr(row.params, field) for row in penalized]
-        return any(floats), torch.tensor(floats, dtype=dtype).to(device, non_blocking=True)[:, None]
+        return any(floats), _on(device, torch.tensor(floats, dtype=dtype))[:, None]
 
     repeating = [j for j, row in enumerate(penalized) if row.params.repetition_penalty != 1]
     if repeating:
@@ -168,7 +175,7 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
     floor = torch.full((len(rows),), float("-inf"), dtype=logits.dtype, device=device)
     if by_min_p:
         # below min_p times the most likely token's probability: more than -log(min_p) below its logit
-        min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype).to(device, non_blocking=True)
+        min_p = _on(device, torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype))
         floor = torch.maximum(floor, logits.amax(dim=-1) + torch.log(min_p))
     ordered = order = None
     if by_k or by_p:
@@ -183,9 +190,9 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
         else:
             ordered, order = logits.sort(dim=-1, descending=True)
     if by_k:
-        top_k = torch.tensor([min(k, ordered.shape[1]) for k in ks]).to(device, non_blocking=True)
+        top_k = _on(device, torch.tensor([min(k, ordered.shape[1]) for k in ks]))
         kth = ordered.gather(1, (top_k - 1)[:, None])[:, 0]
-        has_k = torch.tensor([k < vocab for k in ks]).to(device, non_blocking=True)
+        has_k = _on(device, torch.tensor([k < vocab for k in ks]))
         floor = torch.where(has_k, torch.maximum(floor, kth), floor)
     if by_p:
         floor = torch.maximum(floor, _top_p_floor(logits, ordered, order, floor, rows))
@@ -199,7 +206,7 @@ def _top_p_floor(logits: torch.Tensor, ordered: torch.Tensor, order: torch.Tenso
     in the distribution of the tokens at least `floor` (what min-p and top-k kept), renormalized. That
     distribution is a softmax over the whole vocabulary (`ordered` may hold only the top candidates), row by row,
     so a row's threshold does not depend on the rows beside it."""
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype).to(logits.device, non_blocking=True)
+    top_p = _on(logits.device, torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype))
     kept = torch.softmax(logits.masked_fill(logits < floor[:, None], float("-inf")), dim=-1)
     mass = _cumsum_rows(kept.gather(1, order))
     reached = mass >= top_p[:, None]
@@ -224,8 +231,7 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     for i, row in enumerate(rows):
         if row.params.logit_bias:
             ids, biases = zip(*row.params.logit_bias.items(), strict=True)
-            logits[i, _ids_on(logits.device, list(ids))] += torch.tensor(biases, dtype=logits.dtype).to(
-                logits.device, non_blocking=True)
+            logits[i, _ids_on(logits.device, list(ids))] += _on(logits.device, torch.tensor(biases, dtype=logits.dtype))
 
 
 def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
@@ -241,7 +247,7 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
         _apply_penalties(logits, rows, pending)
         for i, row in enumerate(rows):
             if row.banned_ids:
-                logits[i, list(row.banned_ids)] = float("-inf")
+                logits[i, _ids_on(logits.device, row.banned_ids)] = float("-inf")
         logits[:, padding_from:] = float("-inf")
     if token_bitmask is not None:
         allowed = unpack_token_bitmask(token_bitmask.to(logits.device, non_blocking=True), logits.shape[1])
@@ -252,7 +258,7 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
     """The distribution each (non-greedy) row samples from: temperature, then min-p, top-k, top-p. `keys`: see
     `_filter`."""
-    temps = torch.tensor([r.params.temperature for r in rows]).to(logits.device, non_blocking=True)
+    temps = _on(logits.device, torch.tensor([r.params.temperature for r in rows]))
     return torch.softmax(_filter(logits / temps[:, None], rows, keys), dim=-1)
 
 
@@ -262,9 +268,8 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p).
     """
     noise = torch.empty_like(probs)
-    if not exponential_rows_(noise, generators):  # on a GPU, every row in one launch, with the same bits
-        for j, generator in enumerate(generators):
-            noise[j].exponential_(generator=generator)
+    for j, generator in enumerate(generators):
+        noise[j].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
 
