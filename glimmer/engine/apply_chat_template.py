@@ -220,7 +220,25 @@ class OutputShape:
             input_ids, attention_mask = _as_tensor(ids, tensor_type), _as_tensor(masks, tensor_type)
         else:
             input_ids, attention_mask = (ids, masks) if batched else (ids[0], masks[0])
-        return {"input_ids": input_ids, "attention_mask": attention_mask} if self.return_dict else input_ids
+        return ChatEncoding(input_ids=input_ids, attention_mask=attention_mask) if self.return_dict else input_ids
+
+
+class ChatEncoding(dict):
+    """`return_dict=True`'s result: a dict of "input_ids" and "attention_mask" that code written for transformers'
+    `BatchEncoding` can use as it is: its keys read as attributes too (`enc.input_ids`), and `.to(device)` moves its
+    torch tensors (lists and numpy arrays stay) and returns it."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to(self, device: str | torch.device | int) -> ChatEncoding:
+        for key, value in self.items():
+            if isinstance(value, torch.Tensor):
+                self[key] = value.to(device)
+        return self
 
 
 def _padding_strategy(padding: Any) -> str | None:

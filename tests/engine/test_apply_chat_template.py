@@ -142,6 +142,20 @@ def test_return_dict_gives_input_ids_and_attention_mask_as_transformers(tok, hf)
     assert set(got) == {"input_ids", "attention_mask"}
 
 
+def test_the_dict_reads_like_transformers_batch_encoding(tok, hf):
+    """Code written for transformers: `.input_ids`, `.to(device)` (torch tensors moved, the dict returned)."""
+    got = tok.apply_chat_template(CHAT, return_dict=True, return_tensors="pt", add_generation_prompt=True, **KWARGS)
+    expected = hf.apply_chat_template(CHAT, return_dict=True, return_tensors="pt", add_generation_prompt=True,
+                                      **KWARGS)
+    moved = got.to("cpu")
+    assert moved is got and torch.equal(moved.input_ids, expected.to("cpu").input_ids)
+    assert torch.equal(got.attention_mask, expected.attention_mask)
+    lists = tok.apply_chat_template(CHAT, return_dict=True, **KWARGS)
+    assert lists.to(torch.device("cpu")).input_ids == lists["input_ids"]
+    with pytest.raises(AttributeError, match="pixel_values"):
+        got.pixel_values  # noqa: B018
+
+
 def test_return_dict_without_tokenize_gives_the_text_as_transformers(tok, hf):
     text = tok.apply_chat_template(CHAT, tokenize=False, return_dict=True, add_generation_prompt=False, **KWARGS)
     assert text == hf.apply_chat_template(CHAT, tokenize=False, return_dict=True, **KWARGS)
