@@ -145,8 +145,13 @@ CUMSUM_CHUNK = 1024
 
 
 def _cumsum_rows(values: torch.Tensor) -> torch.Tensor:
-    """Inclusive cumulative sums along each row, in chunks of CUMSUM_CHUNK: each chunk's own sums plus the sum
-    of the chunks before it (the same sums as a plain cumsum, in another order of additions)."""
+    """Inclusive cumulative sums along each row; on a GPU in chunks of CUMSUM_CHUNK: each chunk's own sums plus the
+    sum of the chunks before it (the same sums as a plain cumsum, in another order of additions). The CPU's plain
+    cumsum runs along the row once, faster than the chunks."""
+    return values.cumsum(dim=-1) if values.device.type == "cpu" else _chunked_cumsum(values)
+
+
+def _chunked_cumsum(values: torch.Tensor) -> torch.Tensor:
     rows, width = values.shape
     chunks = -(-width // CUMSUM_CHUNK)
     padded = torch.nn.functional.pad(values, (0, chunks * CUMSUM_CHUNK - width)).view(rows, chunks, CUMSUM_CHUNK)

@@ -453,8 +453,8 @@ def test_filters_are_the_same_for_a_row_whatever_shares_its_batch_and_whatever_o
 
 @pytest.mark.parametrize("width", [1, 5, 1023, 1024, 1025, 3000])
 def test_chunked_cumulative_sums_match_a_plain_cumsum(width):
-    from glimmer.engine.sampler import _cumsum_rows
+    from glimmer.engine.sampler import _chunked_cumsum
 
     values = torch.rand(3, width, generator=torch.Generator().manual_seed(width), dtype=torch.float64)
-    assert torch.allclose(_cumsum_rows(values), values.cumsum(dim=-1), rtol=1e-12, atol=0)
-    assert _cumsum_rows(values).shape == (3, width)
+    assert torch.allclose(_chunked_cumsum(values), values.cumsum(dim=-1), rtol=1e-12, atol=0)
+    assert _chunked_cumsum(values).shape == (3, width)
