@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -208,13 +209,15 @@ class ClockSampler:
 # Glimmer engine
 
 
-def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
-    """Drive the engine as LLM.generate does, timing the first token of each request and the decode phase."""
+def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
+               sampling: Callable[[int], dict] = lambda i: {"temperature": 0}) -> dict[str, float]:
+    """Drive the engine as LLM.generate does, timing the first token of each request and the decode phase.
+    `sampling(i)`: request i's sampling fields beside max_tokens (greedy by default)."""
     engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
+        params = SamplingParams(**sampling(i), max_tokens=max_tokens, ignore_eos=True)
         engine.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params)
     first: dict[str, float] = {}
     produced = 0

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -23,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_30b import fresh_prompts  # noqa: E402
+from gpu_30b import fresh_prompts, run_engine  # noqa: E402
 
-from glimmer import LLM, SamplingParams  # noqa: E402
+from glimmer import LLM  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
 
 NEW_TOKENS = 97
@@ -43,20 +42,7 @@ KINDS = {
 
 def decode_rate(llm: LLM, prompts: list[list[int]], kind: dict) -> float:
     """Decode-phase tokens per second of `prompts` under one kind of sampling (a seed per request)."""
-    engine = llm.engine
-    torch.cuda.synchronize()
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(**kind, seed=i, max_tokens=NEW_TOKENS, ignore_eos=True)
-        engine.add_request(f"sampling-{time.monotonic_ns()}-{i}", prompt, params)
-    first: dict[str, float] = {}
-    produced = 0
-    while engine.has_unfinished_requests:
-        deltas = engine.step()
-        now = time.perf_counter()
-        for delta in deltas:
-            produced += len(delta.token_ids)
-            first.setdefault(delta.request_id, now)
-    return (produced - len(prompts)) / (time.perf_counter() - max(first.values()))
+    return run_engine(llm, prompts, NEW_TOKENS, lambda i: {**kind, "seed": i})["decode_tokens_per_s"]
 
 
 def main() -> None:

@@ -107,11 +107,12 @@ def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], p
     counts = torch.zeros(len(index), vocab, dtype=dtype, device=device)
     one = torch.ones((), dtype=dtype, device=device)
     counts.index_put_(_id_tensor(outputs, vocab, device), one, accumulate=True)
-    where = _ids_on(device, index)
+    # consecutive rows (a batch of penalized rows alone) are a view worked on in place, others a copy written back
+    consecutive = index == list(range(index[0], index[0] + len(index)))
+    where = slice(index[0], index[0] + len(index)) if consecutive else _ids_on(device, index)
     if pending is not None:
         counts.index_put_((torch.arange(len(index), device=device), pending[where]), one, accumulate=True)
-    consecutive = index == list(range(index[0], index[0] + len(index)))
-    values = logits[index[0]:index[0] + len(index)] if consecutive else logits[where]  # a view, or a copy
+    values = logits[where]
 
     def per_row(field: str) -> tuple[bool, torch.Tensor]:
         floats = [getattr(row.params, field) for row in penalized]
