@@ -110,10 +110,13 @@ def test_requests_that_arrive_while_steps_run_ahead_join_and_hit_the_prefix_cach
     _idle(engines[True])
 
 
-def test_abort_while_a_step_runs_ahead(engines, launches):
+@pytest.mark.parametrize("penalties", [{}, {"frequency_penalty": -1.0, "presence_penalty": 0.5}])
+def test_abort_while_a_step_runs_ahead(engines, launches, penalties):
+    """With penalties too (their step runs ahead counting the token on its way): the dropped request's blocks come
+    back and the other's tokens are those of the synchronous engine."""
     engine = engines[True].engine
     prompts = _prompts(2, seed=31)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **penalties)
     reference = engines[False].generate([prompts[0]], params)[0].outputs[0].token_ids
     engine.add_request("keep", prompts[0], params)
     engine.add_request("drop", prompts[1], params)
