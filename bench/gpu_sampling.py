@@ -4,7 +4,7 @@ a batch under each kind of sampling, as a ratio to greedy decoding measured in t
 Batch 64 runs 1K-token prompts, batch 256 runs 256-token prompts (fresh random prompts each time, so the prefix
 cache never hides a prefill), 97 new tokens a request. The decode phase is every token after each request's first,
 over the time after the last request's first token (as `gpu_30b.py` counts it). Each kind runs once on short
-prompts first, so no kernel compiles inside a timed run.
+prompts first, so no kernel compiles inside a timed run. Requests carry no seed except in the last kind.
 
     python bench/gpu_sampling.py [--batches 64 256] [--json out.json]
 """
@@ -37,12 +37,16 @@ KINDS = {
     "penalties": dict(temperature=0.8, top_p=0.95, repetition_penalty=1.1, frequency_penalty=0.5,
                       presence_penalty=0.5),
     "greedy, 5 logprobs": dict(temperature=0, logprobs=5),
+    "temperature 0.8, seeded": dict(temperature=0.8, seeded=True),
 }
 
 
 def decode_rate(llm: LLM, prompts: list[list[int]], kind: dict) -> float:
-    """Decode-phase tokens per second of `prompts` under one kind of sampling (a seed per request)."""
-    return run_engine(llm, prompts, NEW_TOKENS, lambda i: {**kind, "seed": i})["decode_tokens_per_s"]
+    """Decode-phase tokens per second of `prompts` under one kind of sampling (`seeded`: a seed per request, each
+    then drawing from a generator of its own; unseeded requests share the engine's)."""
+    fields = {k: v for k, v in kind.items() if k != "seeded"}
+    return run_engine(llm, prompts, NEW_TOKENS,
+                      lambda i: {**fields, "seed": i} if kind.get("seeded") else fields)["decode_tokens_per_s"]
 
 
 def main() -> None:
@@ -63,7 +67,7 @@ def main() -> None:
             for k, (name, kind) in enumerate(KINDS.items()):
                 decode_rate(llm, fresh_prompts(batch, 64, 5 + k), kind)  # compiles what this kind needs
                 rates[name] = decode_rate(llm, fresh_prompts(batch, length, 100 + 13 * k + batch), kind)
-                print(f"batch {batch:3d}  {name:20s} {rates[name]:8.0f} tok/s  {rates[name] / rates['greedy']:.3f} "
+                print(f"batch {batch:3d}  {name:24s} {rates[name]:8.0f} tok/s  {rates[name] / rates['greedy']:.3f} "
                       "of greedy", flush=True)
             results[str(batch)] = rates
     if args.json:

@@ -293,7 +293,8 @@ class LLMEngine:
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._grammar_masks: GrammarMasks | None = None
-        self._rng = torch.Generator().manual_seed(config.seed)
+        # unseeded requests draw from one generator, in one launch a step (a seeded request has its own)
+        self._shared_generator = torch.Generator(self.device).manual_seed(config.seed)
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
@@ -622,16 +623,15 @@ class LLMEngine:
             stop_ids |= set(self.generation_defaults.stop_token_ids)
         seqs = []
         for index in range(params.n):
-            seed = params.seed + index if params.seed is not None else int(
-                torch.randint(0, 2**62, (1,), generator=self._rng)
-            )
+            generator = self._shared_generator if params.seed is None else torch.Generator(
+                self.device).manual_seed(params.seed + index)
             seq = Sequence(
                 request_id=request_id,
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
                 stop_token_ids=frozenset(stop_ids),
                 max_total_tokens=prompt_len + max_tokens,
-                generator=torch.Generator(self.device).manual_seed(seed),
+                generator=generator,
                 multimodal=list(multimodal or []),
                 index=index,
                 controller=controller_factory() if controller_factory is not None else None,

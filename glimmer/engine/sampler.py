@@ -7,7 +7,8 @@ from the model's raw distribution.
 
 Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
 (and their logprobs): every decision that depends on the parameters is taken on the host from them.
-When every row has a top-k, the candidates come from `topk` rather than a sort of the whole vocabulary.
+No filter sorts the vocabulary of a 16-bit model: top-k up to 1,024 takes its candidates from `topk`, and
+top-p and larger top-k count how many tokens carry each 16-bit logit (`glimmer.model.kernels.pattern_counts`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.model.kernels.pattern_counts import cumsum_rows, pattern_counts, pattern_ranks, pattern_thresholds
 
 
 @dataclass
@@ -140,25 +142,6 @@ def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], p
 
 # beyond this many candidates per row, a full sort is as cheap as topk
 MAX_TOPK_CANDIDATES = 1024
-# the cumulative sums of top-p run in chunks of this many sorted tokens (a scan along a row of the whole
-# vocabulary is several times slower on a GPU than one over short rows)
-CUMSUM_CHUNK = 1024
-
-
-def _cumsum_rows(values: torch.Tensor) -> torch.Tensor:
-    """Inclusive cumulative sums along each row; on a GPU in chunks of CUMSUM_CHUNK: each chunk's own sums plus the
-    sum of the chunks before it (the same sums as a plain cumsum, in another order of additions). The CPU's plain
-    cumsum runs along the row once, faster than the chunks."""
-    return values.cumsum(dim=-1) if values.device.type == "cpu" else _chunked_cumsum(values)
-
-
-def _chunked_cumsum(values: torch.Tensor) -> torch.Tensor:
-    rows, width = values.shape
-    chunks = -(-width // CUMSUM_CHUNK)
-    padded = torch.nn.functional.pad(values, (0, chunks * CUMSUM_CHUNK - width)).view(rows, chunks, CUMSUM_CHUNK)
-    inner = padded.cumsum(dim=-1)
-    before = inner[:, :, -1].cumsum(dim=-1) - inner[:, :, -1]
-    return (inner + before[:, :, None]).view(rows, -1)[:, :width]
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,9 +152,9 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
     logit, top-k those at least the k-th largest, top-p those at least the last token of the shortest run of
     the most likely (sorted) tokens whose mass reaches top_p. A token tied with the last one kept is kept too,
     whatever order a sort put the ties in (as vLLM's top-k keeps them). Only top-p needs the order: the top
-    candidates (`topk`) when every top-p row has a top-k, else a sort of the vocabulary, of `keys` where given:
-    the model's 16-bit logits these were made of by the temperature and -inf alone (so in the same order where
-    these are finite), which sort in half the passes."""
+    candidates (`topk`) when every top-p row has a top-k up to MAX_TOPK_CANDIDATES; else, where `keys` are given
+    (the model's 16-bit logits these were made of by the temperature and -inf alone), no order at all but how
+    many tokens carry each 16-bit value (`_thresholds_by_count`); else a sort of the vocabulary."""
     vocab = logits.shape[1]
     device = logits.device
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
@@ -191,9 +174,8 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
         if width <= MAX_TOPK_CANDIDATES:
             ordered, order = logits.topk(width, dim=-1)
         elif keys is not None:
-            keys = keys.masked_fill(logits == float("-inf"), float("-inf"))  # what constrain (or overflow) ruled out
-            order = keys.sort(dim=-1, descending=True).indices
-            ordered = logits.gather(1, order)
+            floor = _thresholds_by_count(logits, keys, rows, ks, floor, by_k, by_p)
+            return logits.masked_fill(logits < floor[:, None], float("-inf"))
         else:
             ordered, order = logits.sort(dim=-1, descending=True)
     if by_k:
@@ -215,11 +197,23 @@ def _top_p_floor(logits: torch.Tensor, ordered: torch.Tensor, order: torch.Tenso
     so a row's threshold does not depend on the rows beside it."""
     top_p = _on(logits.device, torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype))
     kept = torch.softmax(logits.masked_fill(logits < floor[:, None], float("-inf")), dim=-1)
-    mass = _cumsum_rows(kept.gather(1, order))
+    mass = cumsum_rows(kept.gather(1, order))
     reached = mass >= top_p[:, None]
     last = torch.where(reached.any(dim=-1), reached.to(torch.int8).argmax(dim=-1), ordered.shape[1] - 1)
     threshold = ordered.gather(1, last[:, None])[:, 0]
     return torch.where(top_p < 1, threshold, float("-inf"))
+
+
+def _thresholds_by_count(logits: torch.Tensor, keys: torch.Tensor, rows: list[SamplingRow], ks: list[int],
+                         floor: torch.Tensor, by_k: bool, by_p: bool) -> torch.Tensor:
+    """`floor` raised by top-k and top-p, found from how many tokens carry each 16-bit logit
+    (`glimmer.model.kernels.pattern_counts`) instead of an order of the tokens."""
+    device, vocab = logits.device, logits.shape[1]
+    counts = pattern_counts(keys, logits)
+    temps = _on(device, torch.tensor([r.params.temperature for r in rows]))
+    top_k = _on(device, torch.tensor([k if k < vocab else vocab + 1 for k in ks])) if by_k else None
+    top_p = _on(device, torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)) if by_p else None
+    return pattern_thresholds(counts, pattern_ranks(keys.dtype, device)[1], temps, floor, top_k, top_p)
 
 
 def padding_start(rows: list[SamplingRow], vocab: int) -> int:
@@ -272,12 +266,27 @@ def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Te
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token per row of (unnormalized, non-negative) `probs`, each from its own generator.
 
-    Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p).
+    Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p). The generator most rows share
+    (the engine's one for unseeded requests) fills the whole noise tensor in one launch; every other row is then
+    drawn from its own, so a seeded row's noise depends only on its generator.
     """
     noise = torch.empty_like(probs)
+    shared, rows_sharing = _most_shared(generators)
+    if rows_sharing > 1:
+        noise.exponential_(generator=shared)
     for j, generator in enumerate(generators):
-        noise[j].exponential_(generator=generator)
+        if rows_sharing == 1 or generator is not shared:
+            noise[j].exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
+
+
+def _most_shared(generators: list[torch.Generator | None]) -> tuple[torch.Generator | None, int]:
+    """The generator most rows use (None: torch's default) and how many rows use it."""
+    counts: dict[int, list] = {}
+    for generator in generators:
+        counts.setdefault(id(generator), [generator, 0])[1] += 1
+    generator, count = max(counts.values(), key=lambda entry: entry[1], default=(None, 0))
+    return generator, count
 
 
 def chosen_logprobs(

@@ -1,4 +1,5 @@
-"""The sampler on the GPU (skipped without CUDA): top-p's 16-bit sort keys and penalized steps run ahead."""
+"""The sampler on the GPU (skipped without CUDA): top-k and top-p from counted 16-bit logits (the kernels against
+their torch references and the float32 sort) and penalized steps run ahead."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.cuda
 VOCAB = 202_048  # the released model's
 
 
-def test_top_p_sorts_the_16_bit_logits_with_the_same_kept_sets_as_the_float32_sort():
+def test_top_p_from_counted_16_bit_logits_keeps_the_float32_sorts_sets():
     generator = torch.Generator("cuda").manual_seed(5)
     raw = (torch.randn(96, VOCAB, device="cuda", generator=generator) * 2).to(torch.bfloat16)
     raw[:, 1000:1100] = raw[:, 3:4]  # ties
@@ -27,6 +28,58 @@ def test_top_p_sorts_the_16_bit_logits_with_the_same_kept_sets_as_the_float32_so
     assert torch.equal(whole, sampler._filter(scaled, rows, keys=raw))
     for i in range(0, 96, 11):
         assert torch.equal(whole[i:i + 1], sampler._filter(scaled[i:i + 1], [rows[i]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_pattern_counts_kernel_equals_the_torch_reference(dtype):
+    from glimmer.model.kernels.pattern_counts import pattern_counts, pattern_counts_torch
+
+    generator = torch.Generator("cuda").manual_seed(6)
+    keys = (torch.randn(70, VOCAB + 5, device="cuda", generator=generator) * 3).to(dtype)[:, 3:VOCAB + 3]
+    keys[:, 500:900] = keys[:, 1:2]  # ties: many atomic additions to one pattern
+    keys[5, :] = 0.0
+    logits = keys.float().masked_fill(torch.rand(70, VOCAB, device="cuda", generator=generator) < 0.2,
+                                      float("-inf"))
+    counts = pattern_counts(keys, logits)
+    assert torch.equal(counts, pattern_counts_torch(keys, logits))
+    assert counts.sum(dim=-1).eq(VOCAB).all() and counts[5].max() == (logits[5] > float("-inf")).sum()
+
+
+def test_pattern_thresholds_kernel_equals_the_torch_reference_but_where_rounding_decides():
+    """Top-k exactly; top-p the same threshold, or, where they differ, one whose exact (float64) mass from the
+    top lies within float32 rounding of top_p (the kernel and the reference add the mass in other orders)."""
+    from glimmer.model.kernels.pattern_counts import (
+        pattern_counts,
+        pattern_ranks,
+        pattern_thresholds_torch,
+        pattern_thresholds_triton,
+    )
+
+    generator = torch.Generator("cuda").manual_seed(9)
+    rows = 96
+    keys = (torch.randn(rows, VOCAB, device="cuda", generator=generator)
+            * (torch.rand(rows, 1, device="cuda", generator=generator) * 5 + 0.5)).to(torch.bfloat16)
+    temps = torch.rand(rows, device="cuda", generator=generator) + 0.2
+    scaled = (keys.float() / temps[:, None]).masked_fill(
+        torch.rand(rows, VOCAB, device="cuda", generator=generator) < 0.05, float("-inf"))
+    counts = pattern_counts(keys, scaled)
+    values = pattern_ranks(torch.bfloat16, torch.device("cuda"))[1]
+    floor = torch.where(torch.arange(rows, device="cuda") % 3 == 0, scaled.amax(dim=-1) - 4, float("-inf"))
+    top_k = torch.tensor([[1, 50, 1025, 70000, VOCAB + 1][i % 5] for i in range(rows)], device="cuda")
+    top_p = torch.tensor([[0.3, 0.9, 0.95, 0.999, 1.0, 0.8][i % 6] for i in range(rows)], device="cuda")
+    for k, p in ((top_k, None), (None, top_p), (top_k, top_p)):
+        kernel = pattern_thresholds_triton(counts, values, temps, floor, k, p)
+        reference = pattern_thresholds_torch(counts, values, temps, floor, k, p)
+        if p is None:
+            assert torch.equal(kernel, reference)
+            continue
+        below = floor if k is None else pattern_thresholds_torch(counts, values, temps, floor, k, None)
+        for i in torch.nonzero(kernel != reference).flatten().tolist():
+            x = scaled[i].double()
+            probs = torch.softmax(x.masked_fill(x < below[i].double(), float("-inf")), dim=0)
+            mass = probs[x >= max(kernel[i], reference[i]).double()].sum().item()
+            assert abs(mass - top_p[i].item()) < 1e-5, (i, mass)
+        assert (kernel != reference).sum() <= rows // 10
 
 
 def test_penalized_steps_run_ahead_on_the_gpu_with_the_synchronous_outputs(tmp_path, launches):

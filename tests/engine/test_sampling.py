@@ -120,6 +120,31 @@ def test_a_seed_gives_the_same_tokens_whatever_shares_the_batch(llm):
                                                         ignore_eos=True))[0].token_ids != alone
 
 
+def test_rows_sharing_a_generator_draw_in_one_call_and_a_seeded_row_from_its_own():
+    from glimmer.engine.sampler import draw
+
+    probs = torch.softmax(torch.randn(5, 300, generator=torch.Generator().manual_seed(3)), dim=-1)
+    shared, seeded = torch.Generator().manual_seed(11), torch.Generator().manual_seed(12)
+    tokens = draw(probs, [shared, seeded, shared, shared, shared]).tolist()
+    noise = torch.empty_like(probs).exponential_(generator=torch.Generator().manual_seed(11))  # the whole tensor
+    expected = (probs / noise).argmax(dim=-1).tolist()
+    assert [tokens[i] for i in (0, 2, 3, 4)] == [expected[i] for i in (0, 2, 3, 4)]
+    assert tokens[1] == draw(probs[1:2], [torch.Generator().manual_seed(12)]).item()
+    # rows that each have their own generator: one call per row, as a row drawn alone
+    own = [torch.Generator().manual_seed(20 + i) for i in range(3)]
+    assert draw(probs[:3], own).tolist() == [
+        draw(probs[i:i + 1], [torch.Generator().manual_seed(20 + i)]).item() for i in range(3)]
+
+
+def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_differ(tiny_checkpoint):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, n=2)
+    runs = [LLM(str(tiny_checkpoint), seed=7, progress=False).generate(["hello there", "more"], params)
+            for _ in range(2)]
+    first, second = ([[c.token_ids for c in out.outputs] for out in run] for run in runs)
+    assert first == second  # the same engine seed and the same schedule: the same tokens
+    assert all(siblings[0] != siblings[1] for siblings in first)
+
+
 def test_stop_token_ids_and_max_tokens_set_the_finish_reason(llm):
     free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 12
@@ -451,10 +476,58 @@ def test_filters_are_the_same_for_a_row_whatever_shares_its_batch_and_whatever_o
     assert 1 < kept[1] < kept[0] < 3000 and kept[3] >= 2000
 
 
+def _exact_kept(scaled: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, float]:
+    """The float64 reference of a row's kept set (min-p, top-k, then top-p on what those left, ties kept), and
+    how far from top_p the cumulative mass around its threshold lies (where float32 rounding could decide)."""
+    x = scaled.double()
+    floor = float("-inf")
+    if params.min_p > 0:
+        floor = float(scaled.max() + torch.log(torch.tensor(params.min_p, dtype=torch.float32)))
+    ordered = x.sort(descending=True).values
+    if 0 < params.top_k < len(x):
+        floor = max(floor, float(ordered[params.top_k - 1]))
+    margin = math.inf
+    if params.top_p < 1:
+        kept = ordered[ordered >= floor]
+        mass = torch.softmax(kept, dim=0).cumsum(dim=0)
+        last = min(int((mass < params.top_p).sum()), len(kept) - 1)
+        floor = max(floor, float(kept[last]))
+        margin = min(abs(float(mass[last]) - params.top_p), abs(float(mass[last - 1]) - params.top_p) if last else 1)
+    return x >= floor, margin
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_thresholds_counted_from_16_bit_logits_are_the_exact_ones(dtype):
+    """Without a sort (`_thresholds_by_count`, taken where `keys` are given and a top-p or a top-k over 1,024
+    needs more than the top candidates): every row's kept set equals the float64 reference's, ties and -inf
+    (ruled-out) tokens included, as the float32 sort's does, wherever float32 rounding cannot decide."""
+    from glimmer.engine import sampler
+
+    generator = torch.Generator().manual_seed(1)
+    count, width = 300, 5000
+    raw = (torch.randn(count, width, generator=generator) * torch.rand(count, 1, generator=generator) * 6).to(dtype)
+    raw[:, 100:300] = raw[:, 7:8]  # ties
+    temps = torch.rand(count, generator=generator) * 1.5 + 0.05
+    scaled = (raw.float() / temps[:, None]).masked_fill(torch.rand(count, width, generator=generator) < 0.1,
+                                                       float("-inf"))
+    choices = [dict(top_p=p) for p in (0.1, 0.5, 0.9, 0.999, 0.9999)] + [
+        dict(top_k=2000), dict(top_k=4999, top_p=0.95), dict(top_k=1025, min_p=0.01), dict(min_p=0.1, top_p=0.9),
+        dict(top_k=3, top_p=0.99)]
+    rows = [_row(temperature=float(temps[i]), **choices[i % len(choices)]) for i in range(count)]
+    counted = sampler._filter(scaled, rows, keys=raw) > float("-inf")
+    sorted_ = sampler._filter(scaled, rows) > float("-inf")
+    close = 0
+    for i, row in enumerate(rows):
+        exact, margin = _exact_kept(scaled[i], row.params)
+        close += margin < 1e-6
+        assert margin < 1e-6 or (torch.equal(counted[i], exact) and torch.equal(sorted_[i], exact)), (i, row.params)
+    assert close <= count // 10  # only in the tail of top_p 0.9999 can float32 rounding decide
+
+
 @pytest.mark.parametrize("width", [1, 5, 1023, 1024, 1025, 3000])
 def test_chunked_cumulative_sums_match_a_plain_cumsum(width):
-    from glimmer.engine.sampler import _chunked_cumsum
+    from glimmer.model.kernels.pattern_counts import chunked_cumsum
 
     values = torch.rand(3, width, generator=torch.Generator().manual_seed(width), dtype=torch.float64)
-    assert torch.allclose(_chunked_cumsum(values), values.cumsum(dim=-1), rtol=1e-12, atol=0)
-    assert _chunked_cumsum(values).shape == (3, width)
+    assert torch.allclose(chunked_cumsum(values), values.cumsum(dim=-1), rtol=1e-12, atol=0)
+    assert chunked_cumsum(values).shape == (3, width)
