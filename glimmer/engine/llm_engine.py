@@ -104,7 +104,7 @@ class EngineConfig:
     # tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
     async_scheduling: bool | None = None
     load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
-    seed: int | None = 0  # seeds the seeds of unseeded requests (and dummy weights); None: a fresh one per engine
+    seed: int | None = 0  # seeds the generator unseeded requests share (and dummy weights); None: a fresh one
     chat_template: str | None = None  # operator override file (P-TMPL-1)
     mmproj: str | None = None  # a GGUF model's vision projector file (images only)
     allow_pickle: bool = False  # read *.bin / *.pt weights, through torch.load(weights_only=True) only
@@ -293,8 +293,10 @@ class LLMEngine:
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
         self._grammar_masks: GrammarMasks | None = None
-        # unseeded requests draw from one generator, in one launch a step (a seeded request has its own)
-        self._shared_generator = torch.Generator(self.device).manual_seed(config.seed)
+        # unseeded requests draw from one generator, in one launch a step (a seeded request has its own); its seed
+        # is drawn from the engine's, so that it is not the stream of a request whose seed equals the engine's
+        self._shared_generator = torch.Generator(self.device).manual_seed(
+            int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(config.seed))))
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda

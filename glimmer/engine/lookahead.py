@@ -10,8 +10,9 @@ always has the next step queued.
 What the host does not know yet when it launches the successor is decided when it reads: a sequence the
 running step ends (a stop id, a stop string, an abort) has a row in the successor that is dropped unread
 (its keys/values land in blocks it frees afterwards, overwritten only by later work on the same stream).
-A sequence whose next token is its last by `max_tokens` gets no row. Draws stay in order: each sequence
-has its own generator, and the successor's draw comes after the running step's, as without lookahead.
+A sequence whose next token is its last by `max_tokens` gets no row. Draws stay in order: a seeded
+sequence has its own generator, and the successor's draw comes after the running step's, as without
+lookahead (unseeded sequences share the engine's generator, whose draws follow the steps as they run).
 
 Only steps whose every row is a plain decode run ahead: no grammar (it needs the host's view of the tokens
 before the next step samples), no proposed tokens to verify, and no request waiting that could

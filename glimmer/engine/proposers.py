@@ -175,7 +175,8 @@ class DFlashProposer:
             if seq.params.greedy:
                 continue
             row = SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator)
-            probs = sampling_probs(logits[i, :k].float(), [row] * k)
+            keys = logits[i, :k] if logits.dtype in (torch.bfloat16, torch.float16) else None
+            probs = sampling_probs(logits[i, :k].float(), [row] * k, keys)
             drafts[i] = Draft(draw(probs, [seq.generator] * k).tolist(), probs)
         return drafts
 

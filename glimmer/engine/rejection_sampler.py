@@ -16,7 +16,8 @@ samples position by position:
   ordinary sampling would give it. Drafts chosen deterministically (an argmax, a replay) have a one-hot
   q: dj is accepted with probability p(dj) and the residual is p without dj.
 
-Randomness comes from each sequence's own generator, in a fixed order: k uniforms, then one draw.
+Randomness comes from each sequence's generator (a seeded request's own; unseeded ones share the engine's), in
+a fixed order: k uniforms, then one draw.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
            ) -> list[Verdict]:
     """logits: one row per row of each proposal, in order (the k + 1 scoring positions of each sequence);
     token_bitmask: the ids each of those rows may take (as `sample` takes it), or None."""
+    keys = logits if logits.dtype in (torch.bfloat16, torch.float16) else None  # top-p as `choose_tokens` finds it
     logits = logits.float()
     rows = [row for proposal in proposals for row in proposal.rows]
     if logits.shape[0] != len(rows):
@@ -97,7 +99,7 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
             tokens[i] = proposal.draft_ids[:m] + row_targets[m : m + 1]
     sampled = [i for i, p in enumerate(proposals) if not p.greedy]
     if sampled:
-        _rejection_sample(constrained, rows, proposals, sampled, starts, tokens, accepted)
+        _rejection_sample(constrained, keys, rows, proposals, sampled, starts, tokens, accepted)
 
     logprobs: list[list[TokenLogprobs | None]] = [[None] * len(t) for t in tokens]
     wanted = [i for i, p in enumerate(proposals) if p.rows[0].params.logprobs is not None]
@@ -145,6 +147,7 @@ def _uniforms(proposals: list[Proposal], device: torch.device) -> torch.Tensor:
 
 def _rejection_sample(
     constrained: torch.Tensor,
+    keys: torch.Tensor | None,
     rows: list[SamplingRow],
     proposals: list[Proposal],
     sampled: list[int],
@@ -155,7 +158,7 @@ def _rejection_sample(
     device = constrained.device
     as_index = lambda values: torch.tensor(values, dtype=torch.int64, device=device)  # noqa: E731
     index = [r for i in sampled for r in range(starts[i], starts[i + 1])]
-    probs = sampling_probs(constrained[index], [rows[r] for r in index])
+    probs = sampling_probs(constrained[index], [rows[r] for r in index], None if keys is None else keys[index])
     group = [proposals[i] for i in sampled]
     local = [0]  # each proposal's first row in `probs`
     for proposal in group:

@@ -7,8 +7,9 @@ from the model's raw distribution.
 
 Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
 (and their logprobs): every decision that depends on the parameters is taken on the host from them.
-No filter sorts the vocabulary of a 16-bit model: top-k up to 1,024 takes its candidates from `topk`, and
-top-p and larger top-k count how many tokens carry each 16-bit logit (`glimmer.model.kernels.pattern_counts`).
+A row of a 16-bit model that no penalty or logit bias changed never sorts the vocabulary: top-k up to 1,024
+takes its candidates from `topk`, and top-p and larger top-k count how many tokens carry each 16-bit logit
+(`glimmer.model.kernels.pattern_counts`); other rows with a top-p sort it.
 """
 
 from __future__ import annotations
@@ -150,11 +151,14 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
 
     Each filter is a threshold on the row's logits: min-p keeps the tokens within -log(min_p) of the largest
     logit, top-k those at least the k-th largest, top-p those at least the last token of the shortest run of
-    the most likely (sorted) tokens whose mass reaches top_p. A token tied with the last one kept is kept too,
-    whatever order a sort put the ties in (as vLLM's top-k keeps them). Only top-p needs the order: the top
-    candidates (`topk`) when every top-p row has a top-k up to MAX_TOPK_CANDIDATES; else, where `keys` are given
-    (the model's 16-bit logits these were made of by the temperature and -inf alone), no order at all but how
-    many tokens carry each 16-bit value (`_thresholds_by_count`); else a sort of the vocabulary."""
+    the most likely tokens whose mass reaches top_p. A token tied with the last one kept is kept too, whatever
+    order a sort put the ties in (as vLLM's top-k keeps them).
+
+    `keys`: the model's 16-bit logits of these rows, or None. A row they describe (`countable`: its logits were
+    made of them by the temperature and -inf alone) that has a top-p or a top-k over MAX_TOPK_CANDIDATES takes
+    its thresholds from how many tokens carry each 16-bit value (`_thresholds_by_count`); the other rows from
+    their top candidates (`topk`) or a sort (`_thresholds_by_order`). Which way a row goes depends on the row
+    alone, so its kept set does not depend on the rows beside it."""
     vocab = logits.shape[1]
     device = logits.device
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
@@ -167,25 +171,48 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
         # below min_p times the most likely token's probability: more than -log(min_p) below its logit
         min_p = _on(device, torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype))
         floor = torch.maximum(floor, logits.amax(dim=-1) + torch.log(min_p))
-    ordered = order = None
     if by_k or by_p:
-        candidates = [k for k, r in zip(ks, rows, strict=True) if k < vocab or r.params.top_p < 1]
-        width = max(candidates)
-        if width <= MAX_TOPK_CANDIDATES:
-            ordered, order = logits.topk(width, dim=-1)
-        elif keys is not None:
-            floor = _thresholds_by_count(logits, keys, rows, ks, floor, by_k, by_p)
-            return logits.masked_fill(logits < floor[:, None], float("-inf"))
-        else:
-            ordered, order = logits.sort(dim=-1, descending=True)
-    if by_k:
+        counted, ordered = [], []
+        for i, (k, r) in enumerate(zip(ks, rows, strict=True)):
+            if keys is not None and countable(r) and (r.params.top_p < 1 or MAX_TOPK_CANDIDATES < k < vocab):
+                counted.append(i)
+            elif k < vocab or r.params.top_p < 1:
+                ordered.append(i)
+        for group, find in ((counted, _thresholds_by_count), (ordered, _thresholds_by_order)):
+            if len(group) == len(rows):
+                floor = find(logits, keys, rows, ks, floor)
+            elif group:
+                index = _ids_on(device, group)
+                floor[index] = find(logits[index], None if keys is None else keys[index], [rows[i] for i in group],
+                                    [ks[i] for i in group], floor[index])
+    return logits.masked_fill(logits < floor[:, None], float("-inf"))
+
+
+def countable(row: SamplingRow) -> bool:
+    """Whether the sampler's logits of this row are the model's scaled by the temperature, with -inf written
+    over some (no penalty or logit bias changed them)."""
+    return not (row.params.uses_penalties or row.params.logit_bias)
+
+
+def _thresholds_by_order(logits: torch.Tensor, keys: torch.Tensor | None, rows: list[SamplingRow], ks: list[int],
+                         floor: torch.Tensor) -> torch.Tensor:
+    """`floor` raised by top-k and top-p from the rows' most likely tokens in order: the top candidates (`topk`)
+    when no row needs more than MAX_TOPK_CANDIDATES of them, else a sort of the vocabulary."""
+    vocab = logits.shape[1]
+    device = logits.device
+    width = max(ks)  # every row here has a top-k (k < vocab) or a top-p (k = vocab: the whole order)
+    if width <= MAX_TOPK_CANDIDATES:
+        ordered, order = logits.topk(width, dim=-1)
+    else:
+        ordered, order = logits.sort(dim=-1, descending=True)
+    if any(k < vocab for k in ks):
         top_k = _on(device, torch.tensor([min(k, ordered.shape[1]) for k in ks]))
         kth = ordered.gather(1, (top_k - 1)[:, None])[:, 0]
         has_k = _on(device, torch.tensor([k < vocab for k in ks]))
         floor = torch.where(has_k, torch.maximum(floor, kth), floor)
-    if by_p:
+    if any(r.params.top_p < 1 for r in rows):
         floor = torch.maximum(floor, _top_p_floor(logits, ordered, order, floor, rows))
-    return logits.masked_fill(logits < floor[:, None], float("-inf"))
+    return floor
 
 
 def _top_p_floor(logits: torch.Tensor, ordered: torch.Tensor, order: torch.Tensor, floor: torch.Tensor,
@@ -205,14 +232,16 @@ def _top_p_floor(logits: torch.Tensor, ordered: torch.Tensor, order: torch.Tenso
 
 
 def _thresholds_by_count(logits: torch.Tensor, keys: torch.Tensor, rows: list[SamplingRow], ks: list[int],
-                         floor: torch.Tensor, by_k: bool, by_p: bool) -> torch.Tensor:
+                         floor: torch.Tensor) -> torch.Tensor:
     """`floor` raised by top-k and top-p, found from how many tokens carry each 16-bit logit
     (`glimmer.model.kernels.pattern_counts`) instead of an order of the tokens."""
     device, vocab = logits.device, logits.shape[1]
     counts = pattern_counts(keys, logits)
     temps = _on(device, torch.tensor([r.params.temperature for r in rows]))
-    top_k = _on(device, torch.tensor([k if k < vocab else vocab + 1 for k in ks])) if by_k else None
-    top_p = _on(device, torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)) if by_p else None
+    top_k = _on(device, torch.tensor([k if k < vocab else vocab + 1 for k in ks])) if any(
+        k < vocab for k in ks) else None
+    top_p = _on(device, torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)) if any(
+        r.params.top_p < 1 for r in rows) else None
     return pattern_thresholds(counts, pattern_ranks(keys.dtype, device)[1], temps, floor, top_k, top_p)
 
 
@@ -264,7 +293,8 @@ def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Te
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token per row of (unnormalized, non-negative) `probs`, each from its own generator.
+    """One token per row of (unnormalized, non-negative) `probs`, each from its generator (`generators`, one per
+    row; rows may share one).
 
     Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p). The generator most rows share
     (the engine's one for unseeded requests) fills the whole noise tensor in one launch; every other row is then
@@ -386,9 +416,8 @@ def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: 
     every_row = len(random_rows) == len(rows)
     index = None if every_row else _ids_on(constrained.device, random_rows)
     keys = None
-    if logits.dtype in (torch.bfloat16, torch.float16) and not any(
-            r.params.uses_penalties or r.params.logit_bias for r in sub_rows):
-        keys = logits if every_row else logits[index]  # only -inf was written over them since
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        keys = logits if every_row else logits[index]  # `_filter` uses them for the `countable` rows alone
     chosen = draw(sampling_probs(constrained if every_row else constrained[index], sub_rows, keys),
                   [r.generator for r in sub_rows])
     if every_row:

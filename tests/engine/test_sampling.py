@@ -143,6 +143,11 @@ def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_
     first, second = ([[c.token_ids for c in out.outputs] for out in run] for run in runs)
     assert first == second  # the same engine seed and the same schedule: the same tokens
     assert all(siblings[0] != siblings[1] for siblings in first)
+    # the shared generator is not the stream of a request seeded with the engine's seed
+    unseeded, seeded = LLM(str(tiny_checkpoint), seed=7, progress=False).generate(
+        ["hello there"] * 2, [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True),
+                              SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=7)])
+    assert unseeded.token_ids != seeded.token_ids
 
 
 def test_stop_token_ids_and_max_tokens_set_the_finish_reason(llm):
@@ -522,6 +527,41 @@ def test_thresholds_counted_from_16_bit_logits_are_the_exact_ones(dtype):
         close += margin < 1e-6
         assert margin < 1e-6 or (torch.equal(counted[i], exact) and torch.equal(sorted_[i], exact)), (i, row.params)
     assert close <= count // 10  # only in the tail of top_p 0.9999 can float32 rounding decide
+
+
+def test_a_rows_way_to_its_thresholds_depends_on_the_row_alone():
+    """Counting (16-bit logits no penalty or bias changed, with a top-p or a top-k over 1,024) or an order (the
+    rest): chosen per row, so neighbours with penalties, or without a top-k, change neither its kept set nor a
+    seeded row's tokens. A long tail makes the two ways differ: 202,047 tokens 12 below one, top_p just under its
+    exact probability 0.44615 keep that one token alone; a float32 softmax summed along the row misplaces it."""
+    from glimmer.engine import sampler
+    from glimmer.engine.sampler import choose_tokens
+
+    vocab = 202_048
+    raw = torch.full((1, vocab), -12.0)
+    raw[0, 0] = 0.0
+    raw = raw.to(torch.bfloat16)
+
+    def seeded(seed: int, **fields) -> SamplingRow:
+        return SamplingRow(SamplingParams(temperature=1.0, seed=seed, **fields), [], [],
+                           torch.Generator().manual_seed(seed))
+
+    neighbours = [SamplingRow(SamplingParams(temperature=1.0, repetition_penalty=1.1), [5], [], None),
+                  _row(temperature=1.0, top_p=0.9), _row(temperature=1.0, top_k=3000)]
+    for seed in range(1, 5):
+        alone = choose_tokens(raw, [seeded(seed, top_p=0.446)]).tolist()
+        assert alone == [0]
+        for neighbour in neighbours:
+            crowd = choose_tokens(torch.cat([raw, raw]), [seeded(seed, top_p=0.446), neighbour]).tolist()
+            assert crowd[0] == 0, (seed, neighbour.params)
+    generator = torch.Generator().manual_seed(4)
+    for trial in range(20):  # a top-k under 1,024 with a top-p: counted alone and beside a top-p-only row
+        keys = (torch.randn(1, 5000, generator=generator) * 2).to(torch.bfloat16)
+        row = _row(temperature=1.0, top_k=200, top_p=0.3 + trial / 40)
+        alone = sampler._filter(keys.float(), [row], keys=keys)
+        both = sampler._filter(torch.cat([keys.float()] * 2), [row, _row(temperature=1.0, top_p=0.9)],
+                               keys=torch.cat([keys, keys]))
+        assert torch.equal(alone[0], both[0]), trial
 
 
 @pytest.mark.parametrize("width", [1, 5, 1023, 1024, 1025, 3000])

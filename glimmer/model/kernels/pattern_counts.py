@@ -7,8 +7,10 @@ pattern's count times its probability) reaches top_p of the row's mass (`glimmer
 Counting is one pass over the row; a sort of it is many.
 
 `pattern_counts` returns (rows, ranks) int32: tokens per pattern, by rank (largest value first; NaN patterns
-have no rank); a token whose scaled, filtered logit is -inf counts as -inf. Counts are integers, so the Triton
-kernel's atomic additions give the torch reference's counts exactly, in whatever order they run.
+have no rank); a token whose scaled, filtered logit is -inf is not counted (it weighs nothing, and a top-k that
+reaches no counted pattern falls to the last rank, -inf, as a sort would put the k-th token there). Counts are
+integers, so the Triton kernel's atomic additions give the torch reference's counts exactly, in whatever order
+they run.
 
 `pattern_thresholds` returns each row's floor raised by its top-k and top-p. A pattern's value divided by the
 row's temperature (rounded as torch divides) is exactly the logit of every token carrying it, so the
@@ -27,6 +29,7 @@ from glimmer.model.kernels.support import launch_options, use_triton
 
 PATTERNS = 1 << 16
 COUNT_BLOCK = 2048
+REFERENCE_ROWS = 64  # rows the torch reference counts at a time
 CHUNK = 1024  # the torch reference's chunked cumulative sums
 THRESHOLD_CHUNK = 4096  # ranks a step of the thresholds kernel's loops
 
@@ -43,11 +46,6 @@ def pattern_ranks(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tenso
     return ranks.to(device), values[order].to(device)
 
 
-def negative_infinity(dtype: torch.dtype) -> int:
-    """The unsigned bit pattern of -inf in `dtype`."""
-    return int(torch.tensor(float("-inf"), dtype=dtype).view(torch.int16).item()) & (PATTERNS - 1)
-
-
 def pattern_counts(keys: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """keys (R, V) bfloat16 or float16, logits (R, V) float32 (-inf where a token is ruled out) → (R, ranks)."""
     if use_triton(keys, logits) and keys.stride(1) == 1 and logits.stride(1) == 1:
@@ -57,11 +55,14 @@ def pattern_counts(keys: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 def pattern_counts_torch(keys: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     ranks, values = pattern_ranks(keys.dtype, keys.device)
-    patterns = (keys.view(torch.int16).to(torch.int64) & (PATTERNS - 1)).masked_fill(
-        logits == float("-inf"), negative_infinity(keys.dtype))
     counts = torch.zeros((keys.shape[0], len(values) + 1), dtype=torch.int32, device=keys.device)
-    ones = torch.ones((1, 1), dtype=torch.int32, device=keys.device).expand_as(patterns)
-    return counts.scatter_add_(1, ranks[patterns].to(torch.int64), ones)[:, :-1]
+    for start in range(0, keys.shape[0], REFERENCE_ROWS):  # bounds the int64 indices' memory
+        part = slice(start, start + REFERENCE_ROWS)
+        patterns = keys[part].view(torch.int16).to(torch.int32) & (PATTERNS - 1)
+        index = ranks[patterns].masked_fill_(logits[part] == float("-inf"), len(values)).to(torch.int64)
+        ones = torch.ones((1, 1), dtype=torch.int32, device=keys.device).expand_as(index)
+        counts[part].scatter_add_(1, index, ones)  # the last column (NaNs, -inf logits) is cut off
+    return counts[:, :-1]
 
 
 def pattern_counts_triton(keys: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -73,7 +74,7 @@ def pattern_counts_triton(keys: torch.Tensor, logits: torch.Tensor) -> torch.Ten
     if rows and width:
         impl.pattern_counts[(rows, -(-width // COUNT_BLOCK))](
             keys.view(torch.int16), logits, ranks, counts, width, keys.stride(0), logits.stride(0), counts.stride(0),
-            NEG_INF=negative_infinity(keys.dtype), BLOCK=COUNT_BLOCK, num_warps=8, **launch_options(keys))
+            BLOCK=COUNT_BLOCK, num_warps=8, **launch_options(keys))
     return counts[:, :-1]
 
 

@@ -10,15 +10,15 @@ from glimmer.model.kernels.jit import wait_for_previous_kernel
 
 @triton.jit
 def pattern_counts(Keys, Logits, Ranks, Counts, width, keys_stride, logits_stride, counts_stride,
-                   NEG_INF: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr):
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
+    logits = tl.load(Logits + row * logits_stride + cols, mask=mask, other=float("-inf"))
+    mask = mask & (logits != float("-inf"))  # ruled out: not counted
     keys = tl.load(Keys + row * keys_stride + cols, mask=mask, other=0)
-    logits = tl.load(Logits + row * logits_stride + cols, mask=mask, other=0.0)
-    patterns = tl.where(logits == float("-inf"), NEG_INF, keys.to(tl.int32) & 0xFFFF)
-    ranks = tl.load(Ranks + patterns, mask=mask, other=0)
+    ranks = tl.load(Ranks + (keys.to(tl.int32) & 0xFFFF), mask=mask, other=0)
     tl.atomic_add(Counts + row * counts_stride + ranks, tl.full([BLOCK], 1, tl.int32), mask=mask, sem="relaxed")
 
 
