@@ -555,9 +555,13 @@ def test_a_rows_way_to_its_thresholds_depends_on_the_row_alone():
             crowd = choose_tokens(torch.cat([raw, raw]), [seeded(seed, top_p=0.446), neighbour]).tolist()
             assert crowd[0] == 0, (seed, neighbour.params)
     generator = torch.Generator().manual_seed(4)
-    for trial in range(20):  # a top-k under 1,024 with a top-p: counted alone and beside a top-p-only row
-        keys = (torch.randn(1, 5000, generator=generator) * 2).to(torch.bfloat16)
-        row = _row(temperature=1.0, top_k=200, top_p=0.3 + trial / 40)
+    for trial in range(300):  # a top-k under 1,024 with a top-p: counted alone and beside a top-p-only row
+        keys = (torch.randn(1, 8000, generator=generator) * 1.5).to(torch.bfloat16)
+        # top_p at a float32 cumulative sum of the top candidates: where the ways of summing disagree
+        kept = torch.softmax(keys.float().masked_fill(keys.float() < keys.float().topk(1000).values[:, -1:],
+                                                      float("-inf")), dim=-1)
+        top_p = float(kept.gather(1, keys.float().topk(1000).indices).cumsum(dim=-1)[0, 20 + 3 * (trial % 300)])
+        row = _row(temperature=1.0, top_k=1000, top_p=top_p)
         alone = sampler._filter(keys.float(), [row], keys=keys)
         both = sampler._filter(torch.cat([keys.float()] * 2), [row, _row(temperature=1.0, top_p=0.9)],
                                keys=torch.cat([keys, keys]))
