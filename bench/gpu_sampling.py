@@ -6,7 +6,7 @@ cache never hides a prefill), 97 new tokens a request. The decode phase is every
 over the time after the last request's first token (as `gpu_30b.py` counts it). Each kind runs once on short
 prompts first, so no kernel compiles inside a timed run. Requests carry no seed except in the last kind.
 
-    python bench/gpu_sampling.py [--batches 64 256] [--json out.json]
+    python bench/gpu_sampling.py [--batches 64 256] [--kinds "top_p 0.95" ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ KINDS = {
     "temperature 0.8": dict(temperature=0.8),
     "top_p 0.95": dict(temperature=0.8, top_p=0.95),
     "top_k 50": dict(temperature=0.8, top_k=50),
+    "top_k 20, top_p 0.8": dict(temperature=0.7, top_k=20, top_p=0.8),
     "min_p 0.05": dict(temperature=0.8, min_p=0.05),
     "penalties": dict(temperature=0.8, top_p=0.95, repetition_penalty=1.1, frequency_penalty=0.5,
                       presence_penalty=0.5),
@@ -52,8 +53,11 @@ def decode_rate(llm: LLM, prompts: list[list[int]], kind: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS),
+                        help="the kinds to run (greedy, the baseline, always runs)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    kinds = {name: kind for name, kind in KINDS.items() if name == "greedy" or name in args.kinds}
     if not torch.cuda.is_available():
         sys.exit("gpu_sampling.py needs a CUDA GPU")
     results = {}
@@ -64,7 +68,7 @@ def main() -> None:
         for batch in args.batches:
             length = 1024 if batch <= 64 else 256
             rates = {}
-            for k, (name, kind) in enumerate(KINDS.items()):
+            for k, (name, kind) in enumerate(kinds.items()):
                 decode_rate(llm, fresh_prompts(batch, 64, 5 + k), kind)  # compiles what this kind needs
                 rates[name] = decode_rate(llm, fresh_prompts(batch, length, 100 + 13 * k + batch), kind)
                 print(f"batch {batch:3d}  {name:24s} {rates[name]:8.0f} tok/s  {rates[name] / rates['greedy']:.3f} "

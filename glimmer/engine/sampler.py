@@ -7,9 +7,10 @@ from the model's raw distribution.
 
 Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
 (and their logprobs): every decision that depends on the parameters is taken on the host from them.
-A row of a 16-bit model that no penalty or logit bias changed never sorts the vocabulary: top-k up to 1,024
-takes its candidates from `topk`, and top-p and larger top-k count how many tokens carry each 16-bit logit
-(`glimmer.model.kernels.pattern_counts`); other rows with a top-p sort it.
+A row of a 16-bit model never sorts the vocabulary: top-k up to 1,024 takes its candidates from `topk`, and
+top-p and larger top-k count how many tokens carry each 16-bit logit (`glimmer.model.kernels.pattern_counts`),
+with the few logits its penalties or logit bias moved off their 16-bit values taken apart and merged in (up to
+MAX_MOVED of them). Rows of float32 models with a top-p, and rows whose penalties may move more, sort it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import numpy as np
 import torch
 
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.model.kernels.pattern_counts import cumsum_rows, pattern_counts, pattern_ranks, pattern_thresholds
+from glimmer.model.kernels.pattern_counts import (
+    cumsum_rows,
+    pattern_counts,
+    pattern_counts_and_moved,
+    pattern_ranks,
+    pattern_thresholds,
+)
 
 
 @dataclass
@@ -143,6 +150,8 @@ def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], p
 
 # beyond this many candidates per row, a full sort is as cheap as topk
 MAX_TOPK_CANDIDATES = 1024
+# a row whose penalties and bias may move more logits than this sorts (their own sort nears the vocabulary's)
+MAX_MOVED = 32768
 
 
 def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,11 +163,13 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
     the most likely tokens whose mass reaches top_p. A token tied with the last one kept is kept too, whatever
     order a sort put the ties in (as vLLM's top-k keeps them).
 
-    `keys`: the model's 16-bit logits of these rows, or None. A row they describe (`countable`: its logits were
-    made of them by the temperature and -inf alone) that has a top-p or a top-k over MAX_TOPK_CANDIDATES takes
-    its thresholds from how many tokens carry each 16-bit value (`_thresholds_by_count`); the other rows from
-    their top candidates (`topk`) or a sort (`_thresholds_by_order`). Which way a row goes depends on the row
-    alone, so its kept set does not depend on the rows beside it."""
+    `keys`: the model's 16-bit logits of these rows, or None. Where they are given, a row with a top-p or a top-k
+    over MAX_TOPK_CANDIDATES takes its thresholds from how many tokens carry each 16-bit value
+    (`_thresholds_by_count`): a row whose logits were made of them by the temperature and -inf alone from the
+    counts alone, one whose penalties or logit bias may have moved some (`moved_bound`, at most MAX_MOVED) from
+    the counts of the rest and the moved logits merged; the other rows from their top candidates (`topk`) or a
+    sort (`_thresholds_by_order`). Which way a row goes depends on the row alone, so its kept set does not depend
+    on the rows beside it."""
     vocab = logits.shape[1]
     device = logits.device
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
@@ -172,13 +183,17 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
         min_p = _on(device, torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype))
         floor = torch.maximum(floor, logits.amax(dim=-1) + torch.log(min_p))
     if by_k or by_p:
-        counted, ordered = [], []
+        counted, merged, ordered = [], [], []
         for i, (k, r) in enumerate(zip(ks, rows, strict=True)):
-            if keys is not None and countable(r) and (r.params.top_p < 1 or MAX_TOPK_CANDIDATES < k < vocab):
-                counted.append(i)
-            elif k < vocab or r.params.top_p < 1:
+            if not (k < vocab or r.params.top_p < 1):
+                continue
+            bound = moved_bound(r)
+            if keys is not None and bound <= MAX_MOVED and (r.params.top_p < 1 or MAX_TOPK_CANDIDATES < k < vocab):
+                (merged if bound else counted).append(i)
+            else:
                 ordered.append(i)
-        for group, find in ((counted, _thresholds_by_count), (ordered, _thresholds_by_order)):
+        for group, find in ((counted, _thresholds_by_count), (merged, _thresholds_by_count),
+                            (ordered, _thresholds_by_order)):
             if len(group) == len(rows):
                 floor = find(logits, keys, rows, ks, floor)
             elif group:
@@ -188,10 +203,17 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
     return logits.masked_fill(logits < floor[:, None], float("-inf"))
 
 
-def countable(row: SamplingRow) -> bool:
-    """Whether the sampler's logits of this row are the model's scaled by the temperature, with -inf written
-    over some (no penalty or logit bias changed them)."""
-    return not (row.params.uses_penalties or row.params.logit_bias)
+def moved_bound(row: SamplingRow) -> int:
+    """At most how many of this row's logits its logit bias and penalties moved off the model's (scaled by the
+    temperature, with -inf written over some): the biased ids, the output's (and a pending token's) where a
+    penalty reads them, the prompt's where the repetition penalty does. 0: the logits are the model's."""
+    params = row.params
+    bound = len(params.logit_bias or ())
+    if params.uses_penalties:
+        bound += len(row.output_ids) + 1
+        if params.repetition_penalty != 1:
+            bound += len(row.prompt_ids) if row.prompt_ids_array is None else len(row.prompt_ids_array)
+    return bound
 
 
 def _thresholds_by_order(logits: torch.Tensor, keys: torch.Tensor | None, rows: list[SamplingRow], ks: list[int],
@@ -236,13 +258,18 @@ def _thresholds_by_count(logits: torch.Tensor, keys: torch.Tensor, rows: list[Sa
     """`floor` raised by top-k and top-p, found from how many tokens carry each 16-bit logit
     (`glimmer.model.kernels.pattern_counts`) instead of an order of the tokens."""
     device, vocab = logits.device, logits.shape[1]
-    counts = pattern_counts(keys, logits)
     temps = _on(device, torch.tensor([r.params.temperature for r in rows]))
+    capacity = max(moved_bound(r) for r in rows)
+    moved = None
+    if capacity:
+        counts, moved = pattern_counts_and_moved(keys, logits, temps, capacity)
+    else:
+        counts = pattern_counts(keys, logits)
     top_k = _on(device, torch.tensor([k if k < vocab else vocab + 1 for k in ks])) if any(
         k < vocab for k in ks) else None
     top_p = _on(device, torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)) if any(
         r.params.top_p < 1 for r in rows) else None
-    return pattern_thresholds(counts, pattern_ranks(keys.dtype, device)[1], temps, floor, top_k, top_p)
+    return pattern_thresholds(counts, pattern_ranks(keys.dtype, device)[1], temps, floor, top_k, top_p, moved)
 
 
 def padding_start(rows: list[SamplingRow], vocab: int) -> int:
@@ -417,7 +444,7 @@ def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: 
     index = None if every_row else _ids_on(constrained.device, random_rows)
     keys = None
     if logits.dtype in (torch.bfloat16, torch.float16):
-        keys = logits if every_row else logits[index]  # `_filter` uses them for the `countable` rows alone
+        keys = logits if every_row else logits[index]  # `_filter` counts them for rows with a top-p
     chosen = draw(sampling_probs(constrained if every_row else constrained[index], sub_rows, keys),
                   [r.generator for r in sub_rows])
     if every_row:

@@ -83,6 +83,53 @@ def test_pattern_thresholds_kernel_equals_the_torch_reference_but_where_rounding
         assert (kernel != reference).sum() <= rows // 10
 
 
+def _penalized(count: int, temps: torch.Tensor, generator: torch.Generator) -> list[SamplingRow]:
+    kinds = [dict(top_p=0.9, repetition_penalty=1.2), dict(top_p=0.8, frequency_penalty=0.5, presence_penalty=0.5),
+             dict(top_k=40, top_p=0.95, presence_penalty=1.0), dict(min_p=0.05, top_p=0.7, logit_bias={5: 3.0}),
+             dict(top_k=3000, repetition_penalty=0.9)]
+    prompts = torch.randint(0, VOCAB, (count, 2000), generator=generator).tolist()
+    outputs = torch.randint(0, 5000, (count, 300), generator=generator).tolist()
+    return [SamplingRow(SamplingParams(temperature=float(temps[i]), **kinds[i % len(kinds)]),
+                        prompts[i][: 100 + 19 * i], outputs[i][: 3 * i], None) for i in range(count)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_pattern_counts_kernel_sets_moved_logits_apart_as_the_torch_reference_does(dtype):
+    from glimmer.model.kernels.pattern_counts import pattern_counts_and_moved, pattern_counts_and_moved_torch
+
+    generator = torch.Generator().manual_seed(14)
+    count = 60
+    keys = (torch.randn(count, VOCAB, generator=generator) * 3).to(dtype).cuda()
+    keys[2, 5:9] = float("nan")
+    keys[::4] = keys[::4].round()  # penalties land on other tokens' values
+    temps = (torch.rand(count, generator=generator) + 0.3).cuda()
+    rows = _penalized(count, temps.cpu(), generator)
+    rows[3].banned_ids = (1, 2, 3)
+    scaled = sampler.constrain(keys.float(), rows) / temps[:, None]
+    capacity = max(sampler.moved_bound(r) for r in rows)
+    counts, moved = pattern_counts_and_moved(keys, scaled, temps, capacity)
+    reference = pattern_counts_and_moved_torch(keys, scaled, temps, capacity)
+    assert torch.equal(counts, reference[0]) and torch.equal(moved, reference[1])
+    assert (moved > float("-inf")).sum(dim=-1).max() > 100
+
+
+def test_top_p_of_penalized_rows_from_counted_16_bit_logits_keeps_the_float32_sorts_sets():
+    """Penalties and biases move some logits off their 16-bit values: those come apart and are merged in, and the
+    kept sets are the float32 sort's; a row's set is the same alone (other widths of the moved logits)."""
+    generator = torch.Generator().manual_seed(15)
+    count = 64
+    raw = (torch.randn(count, VOCAB, generator=generator) * 2).to(torch.bfloat16).cuda()
+    raw[:, 1000:1100] = raw[:, 3:4]  # ties
+    temps = (torch.rand(count, generator=generator) + 0.4).cuda()
+    rows = _penalized(count, temps.cpu(), generator)
+    scaled = sampler.constrain(raw.float(), rows) / temps[:, None]
+    whole = sampler._filter(scaled, rows)
+    counted = sampler._filter(scaled, rows, keys=raw)
+    assert torch.equal(whole, counted)
+    for i in range(0, count, 7):
+        assert torch.equal(counted[i:i + 1], sampler._filter(scaled[i:i + 1], [rows[i]], keys=raw[i:i + 1]))
+
+
 def test_penalized_steps_run_ahead_on_the_gpu_with_the_synchronous_outputs(tmp_path, launches):
     checkpoint = write_tiny_checkpoint(tmp_path / "tiny", spec=TinySpec(sliding_window=16), seed=3)
     options = dict(device="cuda", dtype="float32", progress=False, kv_cache_memory=256 << 20)

@@ -501,12 +501,27 @@ def _exact_kept(scaled: torch.Tensor, params: SamplingParams) -> tuple[torch.Ten
     return x >= floor, margin
 
 
+def _assert_counted_and_sorted_keep_the_exact_sets(scaled: torch.Tensor, keys: torch.Tensor,
+                                                  rows: list[SamplingRow]) -> None:
+    """Counted (`keys` given) and sorted, every row keeps the float64 reference's set, wherever float32 rounding
+    cannot decide (only in the tail of top_p 0.9999: at most a tenth of the rows)."""
+    from glimmer.engine import sampler
+
+    counted = sampler._filter(scaled, rows, keys=keys) > float("-inf")
+    sorted_ = sampler._filter(scaled, rows) > float("-inf")
+    close = 0
+    for i, row in enumerate(rows):
+        exact, margin = _exact_kept(scaled[i], row.params)
+        close += margin < 1e-6
+        assert margin < 1e-6 or (torch.equal(counted[i], exact) and torch.equal(sorted_[i], exact)), (i, row.params)
+    assert close <= len(rows) // 10
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_thresholds_counted_from_16_bit_logits_are_the_exact_ones(dtype):
     """Without a sort (`_thresholds_by_count`, taken where `keys` are given and a top-p or a top-k over 1,024
     needs more than the top candidates): every row's kept set equals the float64 reference's, ties and -inf
     (ruled-out) tokens included, as the float32 sort's does, wherever float32 rounding cannot decide."""
-    from glimmer.engine import sampler
 
     generator = torch.Generator().manual_seed(1)
     count, width = 300, 5000
@@ -519,14 +534,7 @@ def test_thresholds_counted_from_16_bit_logits_are_the_exact_ones(dtype):
         dict(top_k=2000), dict(top_k=4999, top_p=0.95), dict(top_k=1025, min_p=0.01), dict(min_p=0.1, top_p=0.9),
         dict(top_k=3, top_p=0.99)]
     rows = [_row(temperature=float(temps[i]), **choices[i % len(choices)]) for i in range(count)]
-    counted = sampler._filter(scaled, rows, keys=raw) > float("-inf")
-    sorted_ = sampler._filter(scaled, rows) > float("-inf")
-    close = 0
-    for i, row in enumerate(rows):
-        exact, margin = _exact_kept(scaled[i], row.params)
-        close += margin < 1e-6
-        assert margin < 1e-6 or (torch.equal(counted[i], exact) and torch.equal(sorted_[i], exact)), (i, row.params)
-    assert close <= count // 10  # only in the tail of top_p 0.9999 can float32 rounding decide
+    _assert_counted_and_sorted_keep_the_exact_sets(scaled, raw, rows)
 
 
 def test_a_rows_way_to_its_thresholds_depends_on_the_row_alone():
@@ -566,6 +574,129 @@ def test_a_rows_way_to_its_thresholds_depends_on_the_row_alone():
         both = sampler._filter(torch.cat([keys.float()] * 2), [row, _row(temperature=1.0, top_p=0.9)],
                                keys=torch.cat([keys, keys]))
         assert torch.equal(alone[0], both[0]), trial
+
+
+def _penalized_rows(count: int, width: int, temps: torch.Tensor, generator: torch.Generator) -> list[SamplingRow]:
+    """Rows with penalties and logit biases of every kind (and some with none), prompts and outputs drawn from
+    the first 300 ids (repeats included), beside top-p, top-k and min-p."""
+    assert count % 10 == 0 and count % 9 == 0  # every bias, penalty and filter meets every other
+    penalties = [dict(repetition_penalty=1.3), dict(frequency_penalty=1.0), dict(presence_penalty=0.5),
+                 dict(frequency_penalty=-0.5, presence_penalty=0.25, repetition_penalty=0.8), dict(),
+                 dict(repetition_penalty=1.1, frequency_penalty=0.5)]
+    filters = [dict(top_p=p) for p in (0.1, 0.5, 0.9, 0.999)] + [
+        dict(top_k=1500), dict(top_k=width - 1, top_p=0.95), dict(min_p=0.01, top_p=0.8), dict(top_k=5, top_p=0.99),
+        dict(top_k=3, top_p=0.999)]
+    rows = []
+    for i in range(count):
+        ids = lambda n: torch.randint(0, 300, (n,), generator=generator).tolist()  # noqa: E731
+        # some biases lift a token among the few largest: a top-k's k-th logit is then a moved one
+        lift = 8.0 if i % 10 == 0 else 0.0
+        bias = {int(t): float(b) + lift for t, b in zip(ids(3), torch.randn(3, generator=generator) * 2, strict=True)}
+        fields = {**penalties[i % len(penalties)], **filters[i % len(filters)]}
+        if i % 5 == 0:
+            fields["logit_bias"] = bias
+        rows.append(SamplingRow(SamplingParams(temperature=float(temps[i]), **fields), ids(40 + i % 7),
+                                ids(i % 23), None))
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_thresholds_of_penalized_and_biased_rows_counted_with_their_moved_logits_are_the_exact_ones(dtype):
+    """Rows whose penalties and logit bias moved some logits off their 16-bit values count the rest and merge the
+    moved ones in: every kept set equals the float64 reference's, as the float32 sort's does, wherever float32
+    rounding cannot decide. Integer logits make a penalty land some exactly on another token's value (ties
+    between a moved logit and a counted one)."""
+    from glimmer.engine import sampler
+    from glimmer.engine.sampler import constrain
+
+    generator = torch.Generator().manual_seed(11)
+    count, width = 270, 5000
+    raw = torch.randn(count, width, generator=generator) * torch.rand(count, 1, generator=generator) * 6
+    raw[::3] = raw[::3].round()  # integers: a penalty of 1 or 0.5 lands on another token's value
+    raw = raw.to(dtype)
+    raw[:, 400:600] = raw[:, 7:8]  # ties
+    temps = torch.rand(count, generator=generator) * 1.5 + 0.05
+    rows = _penalized_rows(count, width, temps, generator)
+    scaled = constrain(raw.float(), rows) / temps[:, None]
+    assert sampler.MAX_MOVED >= max(sampler.moved_bound(r) for r in rows) > 0
+    _assert_counted_and_sorted_keep_the_exact_sets(scaled, raw, rows)
+    moved = (scaled != raw.float() / temps[:, None]) & (scaled > float("-inf"))
+    assert moved.sum(dim=-1).min() == 0 and moved.sum(dim=-1).max() > 30
+
+
+def test_moved_logits_come_apart_from_the_counts_and_are_bounded_by_the_rows_penalized_ids():
+    """The moved logits of a row (penalized or biased, not -inf or NaN) come back sorted, the counts hold the
+    rest; the bound a row declares is never below the logits its penalties and bias moved."""
+    from glimmer.engine import sampler
+    from glimmer.engine.sampler import constrain
+    from glimmer.model.kernels.pattern_counts import pattern_counts_and_moved, pattern_counts_torch
+
+    generator = torch.Generator().manual_seed(12)
+    count, width = 90, 3000
+    raw = (torch.randn(count, width, generator=generator) * 3).to(torch.bfloat16)
+    raw[3, 10:20] = float("nan")
+    temps = torch.rand(count, generator=generator) + 0.3
+    rows = _penalized_rows(count, width, temps, generator)
+    rows[3].banned_ids = (1, 2, 3)
+    scaled = constrain(raw.float(), rows) / temps[:, None]
+    capacity = max(sampler.moved_bound(r) for r in rows)
+    counts, moved = pattern_counts_and_moved(raw, scaled, temps, capacity)
+    own = raw.float() / temps[:, None]
+    is_moved = (scaled != own) & (scaled > float("-inf")) & ~scaled.isnan()
+    for i, row in enumerate(rows):
+        values = scaled[i][is_moved[i]].sort(descending=True).values
+        assert is_moved[i].sum() <= sampler.moved_bound(row)
+        assert torch.equal(moved[i, :len(values)], values) and (moved[i, len(values):] == float("-inf")).all()
+    assert torch.equal(counts, pattern_counts_torch(raw, scaled.masked_fill(is_moved, float("-inf"))))
+    assert scaled[3, 10:20].isnan().all() and counts[3].sum() == (scaled[3] > float("-inf")).sum() - is_moved[3].sum()
+
+
+def test_a_moved_logit_between_counted_ones_can_be_the_top_k_or_top_p_threshold():
+    """Logits 5, 4, 3, 2, 1 and zeros; a bias of 3.01 moves a zero between 4 and 3, above the 16-bit value 3 that
+    a token holds: top-k 3 keeps 5, 4 and it, and a top-p whose mass the first three reach keeps the same three
+    (a threshold at the moved logit, not at the counted 3 below it), as the sort does."""
+    from glimmer.engine import sampler
+    from glimmer.engine.sampler import constrain
+
+    raw = torch.zeros(1, 2000)
+    raw[0, :5] = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0])
+    raw = raw.to(torch.bfloat16)
+    moved_id = 100
+    x = raw.float().clone()
+    x[0, moved_id] = 3.01
+    mass = torch.softmax(x[0], dim=0)
+    top3 = float(mass[0] + mass[1] + mass[moved_id])
+    for fields in (dict(top_k=3, top_p=0.9999), dict(top_p=top3 - 1e-4), dict(top_k=3, min_p=1e-9, top_p=0.9999)):
+        row = SamplingRow(SamplingParams(temperature=1.0, logit_bias={moved_id: 3.01}, **fields), [], [], None)
+        scaled = constrain(raw.float(), [row])
+        kept = sampler._filter(scaled, [row], keys=raw) > float("-inf")
+        assert sorted(torch.nonzero(kept[0]).flatten().tolist()) == [0, 1, moved_id], fields
+        assert torch.equal(kept, sampler._filter(scaled, [row]) > float("-inf"))
+    # moved logits far above every counted one (probabilities 0.88 and 0.12): the mass is taken from the largest
+    # of them (no overflow), and top-p 0.95 keeps both
+    row = SamplingRow(SamplingParams(temperature=0.5, logit_bias={moved_id: 100.0, moved_id + 1: 99.0}, top_p=0.95),
+                      [], [], None)
+    scaled = constrain(raw.float(), [row]) / 0.5
+    kept = sampler._filter(scaled, [row], keys=raw) > float("-inf")
+    assert torch.nonzero(kept[0]).flatten().tolist() == [moved_id, moved_id + 1]
+
+
+def test_a_penalized_rows_kept_set_is_the_same_alone_and_beside_rows_of_other_ways_and_bounds():
+    from glimmer.engine import sampler
+    from glimmer.engine.sampler import constrain
+
+    generator = torch.Generator().manual_seed(13)
+    width = 4000
+    raw = (torch.randn(4, width, generator=generator) * 2).to(torch.bfloat16)
+    rows = [SamplingRow(SamplingParams(temperature=0.8, top_p=0.9, presence_penalty=1.0), [5, 6], [7, 7, 8], None),
+            SamplingRow(SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.2),
+                        torch.randint(0, width, (900,), generator=generator).tolist(), [1, 2], None),
+            _row(temperature=0.8, top_p=0.9), _row(temperature=0.8, top_k=30)]
+    scaled = constrain(raw.float(), rows) / 0.8
+    whole = sampler._filter(scaled, rows, keys=raw)
+    for i, row in enumerate(rows):
+        assert torch.equal(whole[i:i + 1], sampler._filter(scaled[i:i + 1], [row], keys=raw[i:i + 1])), i
+    assert torch.equal(whole, sampler._filter(scaled, rows))  # as the float32 sort keeps them
 
 
 @pytest.mark.parametrize("width", [1, 5, 1023, 1024, 1025, 3000])

@@ -171,4 +171,5 @@ def test_unsupported_dtypes_are_refused_naming_the_choices(tiny_checkpoint):
 def test_seed_none_draws_a_fresh_engine_seed(tiny_checkpoint):
     first, second = (LLM(str(tiny_checkpoint), device="cpu", seed=None, progress=False) for _ in range(2))
     assert isinstance(first.engine.config.seed, int) and first.engine.config.seed != second.engine.config.seed
-    assert len(first.generate("Hello", SamplingParams(max_tokens=2))[0].token_ids) == 2
+    # a random seed may draw the end of the turn first: only the count of tokens is checked
+    assert len(first.generate("Hello", SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2

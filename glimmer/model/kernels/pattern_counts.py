@@ -17,6 +17,13 @@ row's temperature (rounded as torch divides) is exactly the logit of every token
 thresholds are logit values of the row. Top-p's mass is summed in another order than a sort's cumulative sum
 (and in another one by the kernel than by the reference); where the mass reaches top_p within float32 rounding,
 the three may choose neighbouring thresholds.
+
+A row whose penalties or logit bias moved some logits off their pattern's value (a float32 value between
+patterns) is counted with `pattern_counts_and_moved`: its tokens still at their pattern's value are counted as
+above, and the moved ones' logits come back apart, sorted (at most `capacity` a row, a bound the caller knows:
+the row's penalized and biased ids). Its thresholds come from the counts and the moved values merged in
+descending order (`merged_thresholds_torch`): the k-th largest, or the first whose running mass reaches top_p,
+of both together, as a sort of the whole row would put them, without sorting it.
 """
 
 from __future__ import annotations
@@ -74,15 +81,78 @@ def pattern_counts_triton(keys: torch.Tensor, logits: torch.Tensor) -> torch.Ten
     if rows and width:
         impl.pattern_counts[(rows, -(-width // COUNT_BLOCK))](
             keys.view(torch.int16), logits, ranks, counts, width, keys.stride(0), logits.stride(0), counts.stride(0),
-            BLOCK=COUNT_BLOCK, num_warps=8, **launch_options(keys))
+            values, logits, logits, counts, 0, 0, BLOCK=COUNT_BLOCK, MOVED=False, num_warps=8, **launch_options(keys))
     return counts[:, :-1]
 
 
+def pattern_counts_and_moved(keys: torch.Tensor, logits: torch.Tensor, temps: torch.Tensor, capacity: int
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys (R, V) bfloat16 or float16, logits (R, V) float32, the temperature-scaled logits made from them, some
+    moved by penalties or a bias; temps (R,) float32 → (counts (R, ranks) of the tokens whose logit is their
+    key's value divided by the row's temperature, the other logits (R, capacity) float32, largest first, -inf
+    after them). Neither holds -inf or NaN logits. `capacity`: at least the moved tokens of any row (past it, a
+    row's moved logits would be lost: the caller bounds them by the ids its penalties and bias touch)."""
+    if use_triton(keys, logits, temps) and keys.stride(1) == 1 and logits.stride(1) == 1:
+        return pattern_counts_and_moved_triton(keys, logits, temps, capacity)
+    return pattern_counts_and_moved_torch(keys, logits, temps, capacity)
+
+
+@functools.cache
+def values_by_rank_and_nan(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`pattern_ranks`' values with NaN at the NaN patterns' rank: every pattern's value, indexed by its rank."""
+    values = pattern_ranks(dtype, device)[1]
+    return torch.cat([values, values.new_full((1,), float("nan"))])
+
+
+def _moved(keys: torch.Tensor, logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """Which finite logits are not their key's value over the row's temperature (as torch divides)."""
+    ranks = pattern_ranks(keys.dtype, keys.device)[0]
+    own = values_by_rank_and_nan(keys.dtype, keys.device)[ranks[keys.view(torch.int16).to(torch.int32)
+                                                                & (PATTERNS - 1)]] / temps[:, None]
+    return (logits != own) & (logits == logits) & (logits != float("-inf"))
+
+
+def pattern_counts_and_moved_torch(keys: torch.Tensor, logits: torch.Tensor, temps: torch.Tensor, capacity: int
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    moved = torch.cat([_moved(keys[part], logits[part], temps[part])
+                       for part in (slice(s, s + REFERENCE_ROWS) for s in range(0, keys.shape[0], REFERENCE_ROWS))]
+                      ) if keys.shape[0] else torch.zeros_like(logits, dtype=torch.bool)
+    counts = pattern_counts_torch(keys, logits.masked_fill(moved, float("-inf")))
+    apart = logits.masked_fill(~moved, float("-inf"))
+    if capacity <= apart.shape[1]:
+        apart = apart.topk(capacity, dim=-1).values if capacity else apart[:, :0]
+    else:
+        apart = torch.nn.functional.pad(apart.sort(dim=-1, descending=True).values,
+                                        (0, capacity - apart.shape[1]), value=float("-inf"))
+    return counts, apart
+
+
+def pattern_counts_and_moved_triton(keys: torch.Tensor, logits: torch.Tensor, temps: torch.Tensor, capacity: int
+                                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    from glimmer.model.kernels.jit import pattern_counts as impl
+
+    ranks, values = pattern_ranks(keys.dtype, keys.device)
+    rows, width = keys.shape
+    counts = torch.zeros((rows, len(values) + 1), dtype=torch.int32, device=keys.device)
+    apart = torch.full((rows, max(capacity, 1)), float("-inf"), dtype=torch.float32, device=keys.device)
+    filled = torch.zeros((rows,), dtype=torch.int32, device=keys.device)
+    if rows and width:
+        impl.pattern_counts[(rows, -(-width // COUNT_BLOCK))](
+            keys.view(torch.int16), logits, ranks, counts, width, keys.stride(0), logits.stride(0), counts.stride(0),
+            values_by_rank_and_nan(keys.dtype, keys.device), temps, apart, filled, apart.stride(0), capacity,
+            BLOCK=COUNT_BLOCK, MOVED=True, num_warps=8, **launch_options(keys))
+    # the kernel appends in whatever order its programs run: sorted, the values are the same in every run
+    return counts[:, :-1], apart[:, :capacity].sort(dim=-1, descending=True).values
+
+
 def pattern_thresholds(counts: torch.Tensor, values: torch.Tensor, temps: torch.Tensor, floor: torch.Tensor,
-                       top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+                       top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                       moved: torch.Tensor | None = None) -> torch.Tensor:
     """`floor` (R,) float32 raised by each row's top-k (int64, R; a row without one: more than its tokens) and
     top-p (float32, R; 1 for a row without one), from `pattern_counts`' counts and `values` by rank; the rows'
-    temperatures `temps` (float32, R)."""
+    temperatures `temps` (float32, R). `moved`: the logits `pattern_counts_and_moved` gave apart, or None."""
+    if moved is not None:
+        return merged_thresholds_torch(counts, values, temps, floor, top_k, top_p, moved)
     if use_triton(counts, values, temps, floor):
         return pattern_thresholds_triton(counts, values, temps, floor, top_k, top_p)
     return pattern_thresholds_torch(counts, values, temps, floor, top_k, top_p)
@@ -103,6 +173,59 @@ def pattern_thresholds_torch(counts: torch.Tensor, values: torch.Tensor, temps: 
         mass = cumsum_rows(weight)
         reached = (mass < top_p[:, None] * mass[:, -1:]).sum(dim=-1).clamp_(max=last)
         floor = torch.where(top_p < 1, torch.maximum(floor, scaled.gather(1, reached[:, None])[:, 0]), floor)
+    return floor
+
+
+def merged_thresholds_torch(counts: torch.Tensor, values: torch.Tensor, temps: torch.Tensor, floor: torch.Tensor,
+                            top_k: torch.Tensor | None, top_p: torch.Tensor | None, moved: torch.Tensor
+                            ) -> torch.Tensor:
+    """`pattern_thresholds_torch` over the counted patterns and the `moved` logits (R, M; largest first, -inf
+    after them) together, in one descending order that puts a pattern before a moved logit equal to it. The
+    running count or mass at a pattern is the patterns' own up to it plus the moved logits' above it, and at a
+    moved logit the moved ones' up to it plus the patterns' at or above it (the same two partial sums, added
+    either way); a threshold is the first of the merged order to reach k or top_p of the mass: the larger of
+    the first pattern and the first moved logit to reach it."""
+    scaled = values[None, :] / temps[:, None]  # each pattern's logit, row by row (descending)
+    rows, last = scaled.shape[0], scaled.shape[1] - 1
+    valid = moved > float("-inf")
+    # moved logits above each pattern, and patterns at or above each moved logit
+    above = moved.shape[1] - torch.searchsorted(moved.flip(-1).contiguous(), scaled.contiguous(), right=True)
+    at_or_above = scaled.shape[1] - torch.searchsorted(scaled.flip(-1).contiguous(), moved.contiguous())
+    zero = torch.zeros((rows, 1), dtype=torch.int64, device=counts.device)
+    none = torch.full((rows,), float("-inf"), device=counts.device)
+
+    def first_reaching(pattern_run: torch.Tensor, moved_run: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The larger of the first pattern and the first moved logit whose running total reaches `target`."""
+        at_pattern = (pattern_run < target[:, None]).sum(dim=-1)
+        reached_moved = (moved_run >= target[:, None]) & valid
+        first_moved = reached_moved.to(torch.int8).argmax(dim=-1, keepdim=True)
+        pattern_value = scaled.gather(1, at_pattern.clamp(max=last)[:, None])[:, 0]
+        moved_value = torch.where(reached_moved.any(dim=-1), moved.gather(1, first_moved)[:, 0], none)
+        # neither reached (fewer tokens than k): the last rank, -inf, as the patterns alone give it
+        return torch.maximum(pattern_value, moved_value)
+
+    if top_k is not None:
+        pattern_count = torch.cat([zero, counts.cumsum(dim=-1)], dim=1)  # tokens at or above each rank, 0 first
+        moved_count = torch.cat([zero, valid.cumsum(dim=-1)], dim=1)
+        pattern_run = pattern_count[:, 1:] + moved_count.gather(1, above)
+        moved_run = moved_count[:, 1:] + pattern_count.gather(1, at_or_above)
+        floor = torch.maximum(floor, first_reaching(pattern_run, moved_run, top_k))
+    if top_p is not None:
+        counted = counts > 0
+        pattern_largest = torch.where(counted.any(dim=-1), scaled.gather(
+            1, counted.to(torch.int8).argmax(dim=-1, keepdim=True))[:, 0], none)
+        largest = torch.maximum(pattern_largest, moved[:, 0] if moved.shape[1] else none)
+        largest = torch.where(largest > float("-inf"), largest, 0.0)[:, None]  # a row without tokens weighs 0
+        weight = torch.exp(scaled - largest).mul_(counts)
+        weight.masked_fill_(~counted | (scaled < floor[:, None]), 0)
+        moved_weight = torch.exp(moved - largest).masked_fill_(~valid | (moved < floor[:, None]), 0)
+        pattern_mass = torch.cat([zero.to(weight.dtype), cumsum_rows(weight)], dim=1)
+        moved_mass = torch.cat([zero.to(weight.dtype), cumsum_rows(moved_weight)], dim=1)
+        pattern_run = pattern_mass[:, 1:] + moved_mass.gather(1, above)
+        moved_run = moved_mass[:, 1:] + pattern_mass.gather(1, at_or_above)
+        total = pattern_mass[:, -1] + moved_mass[:, -1]
+        threshold = first_reaching(pattern_run, moved_run, top_p * total)
+        floor = torch.where(top_p < 1, torch.maximum(floor, threshold), floor)
     return floor
 
 

@@ -8,9 +8,13 @@ import triton.language as tl
 from glimmer.model.kernels.jit import wait_for_previous_kernel
 
 
-@triton.jit
+# the moved logits' capacity follows the rows' histories: specializing on it would recompile mid-serving
+@triton.jit(do_not_specialize=["moved_stride", "capacity"])
 def pattern_counts(Keys, Logits, Ranks, Counts, width, keys_stride, logits_stride, counts_stride,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr):
+                   Values, Temps, Moved, Filled, moved_stride, capacity,
+                   BLOCK: tl.constexpr, MOVED: tl.constexpr, PDL: tl.constexpr):
+    """Tokens per rank of their 16-bit key; with MOVED, a logit that is not its key's value over the row's
+    temperature (moved by a penalty or bias) is appended to the row's Moved (Filled counts them) instead."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -19,6 +23,14 @@ def pattern_counts(Keys, Logits, Ranks, Counts, width, keys_stride, logits_strid
     mask = mask & (logits != float("-inf"))  # ruled out: not counted
     keys = tl.load(Keys + row * keys_stride + cols, mask=mask, other=0)
     ranks = tl.load(Ranks + (keys.to(tl.int32) & 0xFFFF), mask=mask, other=0)
+    if MOVED:
+        temp = tl.load(Temps + row)
+        # Values holds NaN at the NaN keys' rank; a NaN logit is neither counted nor moved
+        own = tl.math.div_rn(tl.load(Values + ranks, mask=mask, other=0.0), temp)
+        moved = mask & (logits != own) & (logits == logits)
+        mask = mask & ~moved
+        slots = tl.atomic_add(Filled + row + cols * 0, tl.full([BLOCK], 1, tl.int32), mask=moved, sem="relaxed")
+        tl.store(Moved + row * moved_stride + slots, logits, mask=moved & (slots < capacity))
     tl.atomic_add(Counts + row * counts_stride + ranks, tl.full([BLOCK], 1, tl.int32), mask=mask, sem="relaxed")
 
 
