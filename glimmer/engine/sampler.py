@@ -7,10 +7,10 @@ from the model's raw distribution.
 
 Everything stays on the logits' device, and the host waits for the GPU once, to read the chosen tokens
 (and their logprobs): every decision that depends on the parameters is taken on the host from them.
-A row of a 16-bit model never sorts the vocabulary: top-k up to 1,024 takes its candidates from `topk`, and
-top-p and larger top-k count how many tokens carry each 16-bit logit (`glimmer.model.kernels.pattern_counts`),
-with the few logits its penalties or logit bias moved off their 16-bit values taken apart and merged in (up to
-MAX_MOVED of them). Rows of float32 models with a top-p, and rows whose penalties may move more, sort it.
+In a row of a 16-bit model, top-k up to 1,024 takes its candidates from `topk`, and top-p and larger top-k
+count how many tokens carry each 16-bit logit (`glimmer.model.kernels.pattern_counts`), with the few logits its
+penalties or logit bias moved off their 16-bit values taken apart and merged in (up to MAX_MOVED of them): no
+sort of the vocabulary. Rows of float32 models with a top-p, and rows whose penalties may move more, sort it.
 """
 
 from __future__ import annotations

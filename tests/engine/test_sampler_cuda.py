@@ -83,6 +83,19 @@ def test_pattern_thresholds_kernel_equals_the_torch_reference_but_where_rounding
         assert (kernel != reference).sum() <= rows // 10
 
 
+@pytest.mark.parametrize("width", [700, 1024, 5000, 70000])
+def test_a_rows_chunked_cumulative_sums_are_the_same_alone_and_in_a_batch(width):
+    """torch scans a one-row tensor another way than several rows (CUB's whole-tensor scan): a row alone is
+    summed beside a row of zeros, so its sums keep their last bits in any batch."""
+    from glimmer.model.kernels.pattern_counts import chunked_cumsum
+
+    generator = torch.Generator("cuda").manual_seed(16)
+    values = torch.rand(9, width, device="cuda", generator=generator) * torch.logspace(-8, 0, width, device="cuda")
+    whole = chunked_cumsum(values)
+    for i in range(9):
+        assert torch.equal(chunked_cumsum(values[i:i + 1]), whole[i:i + 1]), i
+
+
 def _penalized(count: int, temps: torch.Tensor, generator: torch.Generator) -> list[SamplingRow]:
     kinds = [dict(top_p=0.9, repetition_penalty=1.2), dict(top_p=0.8, frequency_penalty=0.5, presence_penalty=0.5),
              dict(top_k=40, top_p=0.95, presence_penalty=1.0), dict(min_p=0.05, top_p=0.7, logit_bias={5: 3.0}),

@@ -90,8 +90,9 @@ def pattern_counts_and_moved(keys: torch.Tensor, logits: torch.Tensor, temps: to
     """keys (R, V) bfloat16 or float16, logits (R, V) float32, the temperature-scaled logits made from them, some
     moved by penalties or a bias; temps (R,) float32 → (counts (R, ranks) of the tokens whose logit is their
     key's value divided by the row's temperature, the other logits (R, capacity) float32, largest first, -inf
-    after them). Neither holds -inf or NaN logits. `capacity`: at least the moved tokens of any row (past it, a
-    row's moved logits would be lost: the caller bounds them by the ids its penalties and bias touch)."""
+    after them). A -inf logit is in neither; a NaN logit is not moved (it is counted at its key, as
+    `pattern_counts` counts it). `capacity`: at least the moved tokens of any row (past it, the kernel would keep
+    whichever came first: the caller bounds them by the ids its penalties and bias touch, `sampler.moved_bound`)."""
     if use_triton(keys, logits, temps) and keys.stride(1) == 1 and logits.stride(1) == 1:
         return pattern_counts_and_moved_triton(keys, logits, temps, capacity)
     return pattern_counts_and_moved_torch(keys, logits, temps, capacity)
@@ -238,8 +239,12 @@ def cumsum_rows(values: torch.Tensor) -> torch.Tensor:
 
 def chunked_cumsum(values: torch.Tensor) -> torch.Tensor:
     """Each chunk's own sums plus the sum of the chunks before it: the same sums as a plain cumsum, in another
-    order of additions."""
+    order of additions. One row is summed beside a row of zeros: torch scans a tensor that is one line along the
+    scanned dimension in another way (on CUDA, CUB's whole-tensor scan), which adds in another order than its
+    scan of several rows, so a row alone would get other last bits than in a batch."""
     rows, width = values.shape
+    if rows == 1:
+        return chunked_cumsum(torch.cat([values, values.new_zeros((1, width))]))[:1]
     chunks = -(-width // CHUNK)
     padded = torch.nn.functional.pad(values, (0, chunks * CHUNK - width)).view(rows, chunks, CHUNK)
     inner = padded.cumsum(dim=-1)
