@@ -83,17 +83,23 @@ def test_pattern_thresholds_kernel_equals_the_torch_reference_but_where_rounding
         assert (kernel != reference).sum() <= rows // 10
 
 
-@pytest.mark.parametrize("width", [700, 1024, 5000, 70000])
-def test_a_rows_chunked_cumulative_sums_are_the_same_alone_and_in_a_batch(width):
-    """torch scans a one-row tensor another way than several rows (CUB's whole-tensor scan): a row alone is
-    summed beside a row of zeros, so its sums keep their last bits in any batch."""
-    from glimmer.model.kernels.pattern_counts import chunked_cumsum
+@pytest.mark.parametrize("width", [700, 4096, 5000, 70000])
+def test_a_rows_cumulative_mass_is_the_same_alone_in_a_batch_and_in_a_wider_tensor(width):
+    """torch scans rows in an order that follows the tensor's shape (CUB's whole-tensor scan for one row); the
+    Triton kernel sums each row in its own order, so a row's sums keep their bits alone, in a batch and with
+    more columns after them, and stay within float32 rounding of the float64 sums."""
+    from glimmer.model.kernels.pattern_counts import cumsum_rows
 
     generator = torch.Generator("cuda").manual_seed(16)
-    values = torch.rand(9, width, device="cuda", generator=generator) * torch.logspace(-8, 0, width, device="cuda")
-    whole = chunked_cumsum(values)
+    values = torch.rand(9, width + 300, device="cuda", generator=generator) * torch.logspace(
+        -8, 0, width + 300, device="cuda")
+    whole = cumsum_rows(values[:, :width])
     for i in range(9):
-        assert torch.equal(chunked_cumsum(values[i:i + 1]), whole[i:i + 1]), i
+        assert torch.equal(cumsum_rows(values[i:i + 1, :width]), whole[i:i + 1]), i
+    assert torch.equal(cumsum_rows(values)[:, :width], whole)
+    exact = values[:, :width].double().cumsum(dim=-1)
+    assert ((whole.double() - exact).abs() <= 3e-5 * exact).all()  # float32 sums of up to 70,000 values
+    assert (whole[:, 1:] >= whole[:, :-1]).all()  # non-negative values: the sums never fall
 
 
 def _penalized(count: int, temps: torch.Tensor, generator: torch.Generator) -> list[SamplingRow]:

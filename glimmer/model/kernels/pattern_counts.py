@@ -196,11 +196,13 @@ def merged_thresholds_torch(counts: torch.Tensor, values: torch.Tensor, temps: t
     none = torch.full((rows,), float("-inf"), device=counts.device)
 
     def first_reaching(pattern_run: torch.Tensor, moved_run: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """The larger of the first pattern and the first moved logit whose running total reaches `target`."""
-        at_pattern = (pattern_run < target[:, None]).sum(dim=-1)
+        """The larger of the first pattern and the first moved logit whose running total reaches `target` (the
+        first, not the count of those below: the sums need not rise one step at a time in every rounding)."""
+        reached = pattern_run >= target[:, None]
+        at_pattern = torch.where(reached.any(dim=-1), reached.to(torch.int8).argmax(dim=-1), last)
         reached_moved = (moved_run >= target[:, None]) & valid
         first_moved = reached_moved.to(torch.int8).argmax(dim=-1, keepdim=True)
-        pattern_value = scaled.gather(1, at_pattern.clamp(max=last)[:, None])[:, 0]
+        pattern_value = scaled.gather(1, at_pattern[:, None])[:, 0]
         moved_value = torch.where(reached_moved.any(dim=-1), moved.gather(1, first_moved)[:, 0], none)
         # neither reached (fewer tokens than k): the last rank, -inf, as the patterns alone give it
         return torch.maximum(pattern_value, moved_value)
@@ -231,20 +233,34 @@ def merged_thresholds_torch(counts: torch.Tensor, values: torch.Tensor, temps: t
 
 
 def cumsum_rows(values: torch.Tensor) -> torch.Tensor:
-    """Inclusive cumulative sums along each row; on a GPU in chunks of CHUNK (`chunked_cumsum`), so that a row's
-    sums do not depend on how many rows the tensor has (torch's GPU scan picks its way by shape); the CPU's plain
-    cumsum runs along the row once, faster than the chunks."""
-    return values.cumsum(dim=-1) if values.device.type == "cpu" else chunked_cumsum(values)
+    """Inclusive cumulative sums along each row (float32, non-negative: masses), each row summed in an order of
+    its own: a row's sums do not depend on how many rows the tensor has, nor on how wide it is past them. On a
+    GPU one Triton program a row runs along it (torch's own scans pick their order by the tensor's shape: a
+    one-row tensor is scanned whole by CUB, and the rows of a batch in blocks that depend on its size), else
+    chunks of CHUNK (`chunked_cumsum`); the CPU's plain cumsum runs along the row once."""
+    if values.device.type == "cpu":
+        return values.cumsum(dim=-1)
+    if use_triton(values) and values.dtype == torch.float32:
+        return cumsum_rows_triton(values)
+    return chunked_cumsum(values)
+
+
+def cumsum_rows_triton(values: torch.Tensor) -> torch.Tensor:
+    from glimmer.model.kernels.jit import pattern_counts as impl
+
+    values = values.contiguous()
+    rows, width = values.shape
+    out = torch.empty_like(values)
+    if rows and width:
+        impl.cumsum_rows[(rows,)](values, out, width, values.stride(0), CHUNK=THRESHOLD_CHUNK, num_warps=8,
+                                  **launch_options(values))
+    return out
 
 
 def chunked_cumsum(values: torch.Tensor) -> torch.Tensor:
     """Each chunk's own sums plus the sum of the chunks before it: the same sums as a plain cumsum, in another
-    order of additions. One row is summed beside a row of zeros: torch scans a tensor that is one line along the
-    scanned dimension in another way (on CUDA, CUB's whole-tensor scan), which adds in another order than its
-    scan of several rows, so a row alone would get other last bits than in a batch."""
+    order of additions (the GPU's way where Triton is missing; its order can follow the tensor's shape)."""
     rows, width = values.shape
-    if rows == 1:
-        return chunked_cumsum(torch.cat([values, values.new_zeros((1, width))]))[:1]
     chunks = -(-width // CHUNK)
     padded = torch.nn.functional.pad(values, (0, chunks * CHUNK - width)).view(rows, chunks, CHUNK)
     inner = padded.cumsum(dim=-1)

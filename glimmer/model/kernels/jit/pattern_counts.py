@@ -87,3 +87,20 @@ def pattern_thresholds(Counts, Values, Temps, Floor, TopK, TopP, Out, ranks, cou
         if top_p < 1:
             floor = tl.maximum(floor, tl.math.div_rn(tl.load(Values + last), temp))
     tl.store(Out + row, floor)
+
+
+# the rows' width follows the step's shape: specializing on it would recompile mid-serving
+@triton.jit(do_not_specialize=["width", "stride"])
+def cumsum_rows(Values, Out, width, stride, CHUNK: tl.constexpr, PDL: tl.constexpr):
+    """One program per row, along it in chunks: each chunk's own sums plus the last sum before it (so the sums
+    run on from it: the next chunk starts from exactly that value)."""
+    wait_for_previous_kernel(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, CHUNK)
+    run = tl.zeros([], tl.float32)
+    for start in range(0, width, CHUNK):
+        idx = start + offs
+        x = tl.load(Values + row * stride + idx, mask=idx < width, other=0.0)
+        sums = run + tl.cumsum(x, axis=0)
+        tl.store(Out + row * stride + idx, sums, mask=idx < width)
+        run = tl.sum(tl.where(offs == CHUNK - 1, sums, 0.0), axis=0)
