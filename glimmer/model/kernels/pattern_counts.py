@@ -73,16 +73,25 @@ def pattern_counts_torch(keys: torch.Tensor, logits: torch.Tensor) -> torch.Tens
 
 
 def pattern_counts_triton(keys: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    from glimmer.model.kernels.jit import pattern_counts as impl
 
     ranks, values = pattern_ranks(keys.dtype, keys.device)
+    counts = torch.zeros((keys.shape[0], len(values) + 1), dtype=torch.int32, device=keys.device)
+    _launch_counts(keys, logits, ranks, counts, values, logits, logits, counts, 0, moved_apart=False)
+    return counts[:, :-1]
+
+
+def _launch_counts(keys: torch.Tensor, logits: torch.Tensor, ranks: torch.Tensor, counts: torch.Tensor,
+                   values: torch.Tensor, temps: torch.Tensor, moved: torch.Tensor, filled: torch.Tensor,
+                   capacity: int, *, moved_apart: bool) -> None:
+    """The count kernel over every row; `moved_apart`: its MOVED variant (temps, moved, filled, capacity used)."""
+    from glimmer.model.kernels.jit import pattern_counts as impl
+
     rows, width = keys.shape
-    counts = torch.zeros((rows, len(values) + 1), dtype=torch.int32, device=keys.device)
     if rows and width:
         impl.pattern_counts[(rows, -(-width // COUNT_BLOCK))](
             keys.view(torch.int16), logits, ranks, counts, width, keys.stride(0), logits.stride(0), counts.stride(0),
-            values, logits, logits, counts, 0, 0, BLOCK=COUNT_BLOCK, MOVED=False, num_warps=8, **launch_options(keys))
-    return counts[:, :-1]
+            values, temps, moved, filled, moved.stride(0), capacity,
+            BLOCK=COUNT_BLOCK, MOVED=moved_apart, num_warps=8, **launch_options(keys))
 
 
 def pattern_counts_and_moved(keys: torch.Tensor, logits: torch.Tensor, temps: torch.Tensor, capacity: int
@@ -130,18 +139,13 @@ def pattern_counts_and_moved_torch(keys: torch.Tensor, logits: torch.Tensor, tem
 
 def pattern_counts_and_moved_triton(keys: torch.Tensor, logits: torch.Tensor, temps: torch.Tensor, capacity: int
                                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    from glimmer.model.kernels.jit import pattern_counts as impl
-
     ranks, values = pattern_ranks(keys.dtype, keys.device)
-    rows, width = keys.shape
+    rows = keys.shape[0]
     counts = torch.zeros((rows, len(values) + 1), dtype=torch.int32, device=keys.device)
     apart = torch.full((rows, max(capacity, 1)), float("-inf"), dtype=torch.float32, device=keys.device)
     filled = torch.zeros((rows,), dtype=torch.int32, device=keys.device)
-    if rows and width:
-        impl.pattern_counts[(rows, -(-width // COUNT_BLOCK))](
-            keys.view(torch.int16), logits, ranks, counts, width, keys.stride(0), logits.stride(0), counts.stride(0),
-            values_by_rank_and_nan(keys.dtype, keys.device), temps, apart, filled, apart.stride(0), capacity,
-            BLOCK=COUNT_BLOCK, MOVED=True, num_warps=8, **launch_options(keys))
+    _launch_counts(keys, logits, ranks, counts, values_by_rank_and_nan(keys.dtype, keys.device), temps, apart, filled,
+                   capacity, moved_apart=True)
     # the kernel appends in whatever order its programs run: sorted, the values are the same in every run
     return counts[:, :-1], apart[:, :capacity].sort(dim=-1, descending=True).values
 
@@ -207,11 +211,17 @@ def merged_thresholds_torch(counts: torch.Tensor, values: torch.Tensor, temps: t
         # neither reached (fewer tokens than k): the last rank, -inf, as the patterns alone give it
         return torch.maximum(pattern_value, moved_value)
 
+    def running(pattern_total: torch.Tensor, moved_total: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The merged order's running totals at each pattern and at each moved logit, from each side's own
+        running totals (0 first), and the row's whole total."""
+        pattern_total = torch.cat([zero.to(pattern_total.dtype), pattern_total], dim=1)
+        moved_total = torch.cat([zero.to(moved_total.dtype), moved_total], dim=1)
+        return (pattern_total[:, 1:] + moved_total.gather(1, above),
+                moved_total[:, 1:] + pattern_total.gather(1, at_or_above), pattern_total[:, -1] + moved_total[:, -1])
+
     if top_k is not None:
-        pattern_count = torch.cat([zero, counts.cumsum(dim=-1)], dim=1)  # tokens at or above each rank, 0 first
-        moved_count = torch.cat([zero, valid.cumsum(dim=-1)], dim=1)
-        pattern_run = pattern_count[:, 1:] + moved_count.gather(1, above)
-        moved_run = moved_count[:, 1:] + pattern_count.gather(1, at_or_above)
+        pattern_run, moved_run, _ = running(counts.cumsum(dim=-1), valid.cumsum(dim=-1))
         floor = torch.maximum(floor, first_reaching(pattern_run, moved_run, top_k))
     if top_p is not None:
         counted = counts > 0
@@ -222,11 +232,7 @@ def merged_thresholds_torch(counts: torch.Tensor, values: torch.Tensor, temps: t
         weight = torch.exp(scaled - largest).mul_(counts)
         weight.masked_fill_(~counted | (scaled < floor[:, None]), 0)
         moved_weight = torch.exp(moved - largest).masked_fill_(~valid | (moved < floor[:, None]), 0)
-        pattern_mass = torch.cat([zero.to(weight.dtype), cumsum_rows(weight)], dim=1)
-        moved_mass = torch.cat([zero.to(weight.dtype), cumsum_rows(moved_weight)], dim=1)
-        pattern_run = pattern_mass[:, 1:] + moved_mass.gather(1, above)
-        moved_run = moved_mass[:, 1:] + pattern_mass.gather(1, at_or_above)
-        total = pattern_mass[:, -1] + moved_mass[:, -1]
+        pattern_run, moved_run, total = running(cumsum_rows(weight), cumsum_rows(moved_weight))
         threshold = first_reaching(pattern_run, moved_run, top_p * total)
         floor = torch.where(top_p < 1, torch.maximum(floor, threshold), floor)
     return floor
