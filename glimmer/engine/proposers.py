@@ -176,7 +176,7 @@ class DFlashProposer:
                 continue
             row = SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator)
             keys = logits[i, :k] if logits.dtype in (torch.bfloat16, torch.float16) else None
-            probs = sampling_probs(logits[i, :k].float(), [row] * k, keys)
+            probs = sampling_probs(logits[i, :k].float(), [row] * k, keys, moved=False)  # no penalty applies here
             drafts[i] = Draft(draw(probs, [seq.generator] * k).tolist(), probs)
         return drafts
 

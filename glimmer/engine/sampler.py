@@ -16,6 +16,7 @@ sort of the vocabulary. Rows of float32 models with a top-p, and rows whose pena
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -94,58 +95,53 @@ def _id_tensor(arrays: list[np.ndarray], vocab: int, device: torch.device) -> tu
     return _on(device, torch.from_numpy(owners)), _on(device, torch.from_numpy(ids))
 
 
-# penalized rows are worked on this many at a time (a batch holds about three float32 copies of its rows of
-# the vocabulary: 0.7 GB at 256 rows of the 30B's; batches of 64 made a 256-row step of the 30B 8 ms slower)
-PENALTY_ROWS = 256
-
-
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None = None) -> None:
     """The repetition, frequency and presence penalties of every row that has one, as vLLM applies them, in place,
-    in a few tensor operations per PENALTY_ROWS rows (no work per row on the device): the output tokens' counts
-    by id, the prompt's ids where a repetition penalty reads them. `pending`: (M,) a token per row chosen on the
-    device that the host has not appended yet (a step launched ahead, lookahead.py); it counts as the row's last
-    output token."""
+    on the ids they touch only (the output's and, where a repetition penalty reads them, the prompt's), in a few
+    tensor operations for the whole batch: no work per row on the device and nothing the size of the vocabulary.
+    `pending`: (M,) a token per row chosen on the device that the host has not appended yet (a step launched
+    ahead, lookahead.py); it counts as the row's last output token.
+
+    Each touched (row, id) is gathered, penalized and written back; an id touched twice (a repeated output or prompt
+    id) is written twice with the same value. The arithmetic per logit is that of penalizing every logit of the
+    rows (repetition, then minus frequency × count + presence), so each touched logit gets the same bits; an
+    untouched one, which that would only multiply by 1 and take 0 off, keeps its own (-0.0 included)."""
     index = [i for i, row in enumerate(rows) if row.params.uses_penalties]
-    for start in range(0, len(index), PENALTY_ROWS):
-        _penalize(logits, rows, index[start:start + PENALTY_ROWS], pending)
-
-
-def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], pending: torch.Tensor | None) -> None:
+    if not index:
+        return
     vocab, device, dtype = logits.shape[1], logits.device, logits.dtype
     penalized = [rows[i] for i in index]
+    where = _ids_on(device, index)
     outputs = [np.fromiter(row.output_ids, dtype=np.int64, count=len(row.output_ids)) for row in penalized]
-    counts = torch.zeros(len(index), vocab, dtype=dtype, device=device)
-    one = torch.ones((), dtype=dtype, device=device)
-    counts.index_put_(_id_tensor(outputs, vocab, device), one, accumulate=True)
-    # consecutive rows (a batch of penalized rows alone) are a view worked on in place, others a copy written back
-    consecutive = index == list(range(index[0], index[0] + len(index)))
-    where = slice(index[0], index[0] + len(index)) if consecutive else _ids_on(device, index)
+    owners, ids = _id_tensor(outputs, vocab, device)  # owners: positions in `index`
     if pending is not None:
-        counts.index_put_((torch.arange(len(index), device=device), pending[where]), one, accumulate=True)
-    values = logits[where]
+        owners = torch.cat([owners, torch.arange(len(index), device=device)])
+        ids = torch.cat([ids, pending[where]])
+    output_keys = owners * vocab + ids  # (row, id) as one integer
 
     def per_row(field: str) -> tuple[bool, torch.Tensor]:
         floats = [getattr(row.params, field) for row in penalized]
-        return any(floats), _on(device, torch.tensor(floats, dtype=dtype))[:, None]
+        return any(floats), _on(device, torch.tensor(floats, dtype=dtype))
 
     repeating = [j for j, row in enumerate(penalized) if row.params.repetition_penalty != 1]
+    if repeating:  # the prompt's ids too, for the rows that read them
+        prompt_owners, prompt_ids = _id_tensor([penalized[j].prompt_array() for j in repeating], vocab, device)
+        owners = torch.cat([owners, _ids_on(device, repeating)[prompt_owners]])
+        ids = torch.cat([ids, prompt_ids])
+    targets = (where[owners], ids)
+    values = logits[targets]
     if repeating:
-        seen = counts > 0
-        prompts = [penalized[j].prompt_array() for j in repeating]
-        owners, ids = _id_tensor(prompts, vocab, device)
-        seen.index_put_((_ids_on(device, repeating)[owners], ids), torch.ones((), dtype=torch.bool, device=device))
         _, repetition = per_row("repetition_penalty")
-        scaled = values / repetition
-        torch.where(values > 0, scaled, values * repetition, out=scaled)
-        torch.where(seen, scaled, values, out=values)
-        del scaled, seen
+        penalty = repetition[owners]
+        values = torch.where(values > 0, values / penalty, values * penalty)
     any_frequency, frequency = per_row("frequency_penalty")
     any_presence, presence = per_row("presence_penalty")
     if any_frequency or any_presence:
-        present = (counts > 0).to(dtype).mul_(presence)
-        values.sub_(counts.mul_(frequency).add_(present))  # frequency × count + presence, as one term
-    if not consecutive:
-        logits[where] = values
+        # how often each touched id is among its row's output ids: a search in their sorted keys
+        ordered, touched = output_keys.sort().values, owners * vocab + ids
+        count = (torch.searchsorted(ordered, touched, right=True) - torch.searchsorted(ordered, touched)).to(dtype)
+        values = values - (count * frequency[owners] + (count > 0).to(dtype) * presence[owners])
+    logits[targets] = values
 
 
 # beyond this many candidates per row, a full sort is as cheap as topk
@@ -154,7 +150,8 @@ MAX_TOPK_CANDIDATES = 1024
 MAX_MOVED = 32768
 
 
-def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
+def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None,
+            moved: bool = True) -> torch.Tensor:
     """min-p, top-k, then top-p (on the distribution the first two left, renormalized), as vLLM applies them to
     temperature-scaled logits; filtered entries become -inf.
 
@@ -169,7 +166,8 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
     counts alone, one whose penalties or logit bias may have moved some (`moved_bound`, at most MAX_MOVED) from
     the counts of the rest and the moved logits merged; the other rows from their top candidates (`topk`) or a
     sort (`_thresholds_by_order`). Which way a row goes depends on the row alone, so its kept set does not depend
-    on the rows beside it."""
+    on the rows beside it. `moved=False`: no penalty or bias was applied to these logits, whatever the rows ask
+    (the drafter's proposals), so every row counts its logits as they are."""
     vocab = logits.shape[1]
     device = logits.device
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
@@ -184,15 +182,17 @@ def _filter(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | 
         floor = torch.maximum(floor, logits.amax(dim=-1) + torch.log(min_p))
     if by_k or by_p:
         counted, merged, ordered = [], [], []
+        bounds = [moved_bound(r) if moved else 0 for r in rows]
         for i, (k, r) in enumerate(zip(ks, rows, strict=True)):
             if not (k < vocab or r.params.top_p < 1):
                 continue
-            bound = moved_bound(r)
-            if keys is not None and bound <= MAX_MOVED and (r.params.top_p < 1 or MAX_TOPK_CANDIDATES < k < vocab):
-                (merged if bound else counted).append(i)
+            if keys is not None and bounds[i] <= MAX_MOVED and (r.params.top_p < 1 or MAX_TOPK_CANDIDATES < k < vocab):
+                (merged if bounds[i] else counted).append(i)
             else:
                 ordered.append(i)
-        for group, find in ((counted, _thresholds_by_count), (merged, _thresholds_by_count),
+        merged_capacity = max((bounds[i] for i in merged), default=0)
+        for group, find in ((counted, partial(_thresholds_by_count, capacity=0)),
+                            (merged, partial(_thresholds_by_count, capacity=merged_capacity)),
                             (ordered, _thresholds_by_order)):
             if len(group) == len(rows):
                 floor = find(logits, keys, rows, ks, floor)
@@ -254,12 +254,12 @@ def _top_p_floor(logits: torch.Tensor, ordered: torch.Tensor, order: torch.Tenso
 
 
 def _thresholds_by_count(logits: torch.Tensor, keys: torch.Tensor, rows: list[SamplingRow], ks: list[int],
-                         floor: torch.Tensor) -> torch.Tensor:
+                         floor: torch.Tensor, capacity: int) -> torch.Tensor:
     """`floor` raised by top-k and top-p, found from how many tokens carry each 16-bit logit
-    (`glimmer.model.kernels.pattern_counts`) instead of an order of the tokens."""
+    (`glimmer.model.kernels.pattern_counts`) instead of an order of the tokens; `capacity`: at most how many
+    logits of a row were moved off their 16-bit values (0: none was)."""
     device, vocab = logits.device, logits.shape[1]
     temps = _on(device, torch.tensor([r.params.temperature for r in rows]))
-    capacity = max(moved_bound(r) for r in rows)
     moved = None
     if capacity:
         counts, moved = pattern_counts_and_moved(keys, logits, temps, capacity)
@@ -312,11 +312,12 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
     return logits
 
 
-def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None) -> torch.Tensor:
-    """The distribution each (non-greedy) row samples from: temperature, then min-p, top-k, top-p. `keys`: see
-    `_filter`."""
+def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None,
+                   moved: bool = True) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, then min-p, top-k, top-p. `keys` and
+    `moved`: see `_filter`."""
     temps = _on(logits.device, torch.tensor([r.params.temperature for r in rows]))
-    return torch.softmax(_filter(logits / temps[:, None], rows, keys), dim=-1)
+    return torch.softmax(_filter(logits / temps[:, None], rows, keys, moved), dim=-1)
 
 
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -393,15 +393,11 @@ def _penalized_by_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.T
     return out
 
 
-@pytest.mark.parametrize("chunk", [64, 2])
-def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row(monkeypatch, chunk):
-    """The batched penalties (one scatter of every row's ids) give each row exactly its own penalties; rows
-    without any stay untouched; ids outside the vocabulary (a drafter's, a tokenizer's extra) count nowhere;
-    the same in batches of `chunk` penalized rows (consecutive rows work in place, others on a copy)."""
-    from glimmer.engine import sampler
+def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row():
+    """The batched penalties (one gather and scatter of every row's touched ids) give each row exactly its own
+    penalties; rows without any stay untouched; ids outside the vocabulary (a drafter's, a tokenizer's extra)
+    count nowhere."""
     from glimmer.engine.sampler import _apply_penalties
-
-    monkeypatch.setattr(sampler, "PENALTY_ROWS", chunk)
 
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 50, generator=generator) * 3
@@ -423,6 +419,44 @@ def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row(monkeypatch, 
     rows[0].prompt_ids_array = None
     _apply_penalties(subset, [rows[0], rows[2]])
     assert torch.equal(subset, batched[[0, 2]])
+
+
+def test_penalties_touch_only_their_ids_and_give_them_the_bits_of_the_whole_row_arithmetic():
+    """Random rows of every penalty mix (negative ones included), repeated ids, -inf, ±0.0 and integer logits:
+    each touched logit equals, bit for bit, what penalizing the whole row gives (repetition on every logit it
+    reads, then minus frequency × count + presence on every logit); every other logit keeps its bits, where the
+    whole-row arithmetic would turn a -0.0 into +0.0 when both penalties are negative."""
+    from glimmer.engine.sampler import _apply_penalties
+
+    generator = torch.Generator().manual_seed(17)
+    vocab, count = 64, 40
+    logits = (torch.randn(count, vocab, generator=generator) * 3).round()
+    logits[logits == 0] = -0.0
+    logits[logits.abs() > 5] = float("-inf")
+    mixes = [dict(repetition_penalty=1.3), dict(frequency_penalty=-0.5, presence_penalty=-0.25),
+             dict(repetition_penalty=0.7, frequency_penalty=1.5, presence_penalty=0.5), dict(presence_penalty=2.0)]
+    ids = lambda n: torch.randint(0, 20, (n,), generator=generator).tolist()  # noqa: E731  (repeats)
+    rows = [SamplingRow(SamplingParams(**mixes[i % len(mixes)]), ids(i % 9), ids(i % 11), None) for i in range(count)]
+    pending = torch.randint(0, 20, (count,), generator=generator)
+    penalized = logits.clone()
+    _apply_penalties(penalized, rows, pending)
+    whole = logits.clone()
+    for i, row in enumerate(rows):
+        p, outputs = row.params, [*row.output_ids, int(pending[i])]
+        counts = torch.bincount(torch.tensor(outputs), minlength=vocab).float()
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        seen[[*row.prompt_ids, *outputs]] = True
+        rp = torch.tensor(p.repetition_penalty)
+        scaled = torch.where(whole[i] > 0, whole[i] / rp, whole[i] * rp)
+        if p.repetition_penalty != 1:
+            whole[i] = torch.where(seen, scaled, whole[i])
+        whole[i] -= counts * p.frequency_penalty + (counts > 0).float() * p.presence_penalty
+        touched = seen if p.repetition_penalty != 1 else counts > 0
+        assert torch.equal(penalized[i][touched].view(torch.int32), whole[i][touched].view(torch.int32))
+        assert torch.equal(penalized[i][~touched].view(torch.int32), logits[i][~touched].view(torch.int32))
+    assert torch.equal(penalized, whole)  # as values: only zeros' signs may differ
+    flipped = (penalized.view(torch.int32) != whole.view(torch.int32))
+    assert flipped.any() and (whole[flipped] == 0).all()  # the case the docstring names does occur here
 
 
 def test_a_pending_token_counts_as_the_last_output_token():
@@ -697,6 +731,30 @@ def test_a_penalized_rows_kept_set_is_the_same_alone_and_beside_rows_of_other_wa
     for i, row in enumerate(rows):
         assert torch.equal(whole[i:i + 1], sampler._filter(scaled[i:i + 1], [row], keys=raw[i:i + 1])), i
     assert torch.equal(whole, sampler._filter(scaled, rows))  # as the float32 sort keeps them
+
+
+def test_logits_no_penalty_was_applied_to_are_counted_as_they_are_whatever_the_rows_ask(monkeypatch):
+    """The drafter's proposals (`sampling_probs(..., moved=False)`) apply no penalty or bias: their rows count the
+    16-bit logits without taking any apart, and keep what the same rows without penalties keep."""
+    from glimmer.engine import sampler
+    from glimmer.model.kernels import pattern_counts
+
+    generator = torch.Generator().manual_seed(21)
+    raw = (torch.randn(6, 3000, generator=generator) * 2).to(torch.bfloat16)
+    asks = [dict(top_p=0.9, repetition_penalty=1.2), dict(top_p=0.5, frequency_penalty=0.5, logit_bias={3: 2.0}),
+            dict(top_k=1500, presence_penalty=1.0), dict(top_p=0.95, logit_bias={9: -1.0}),
+            dict(top_k=20, top_p=0.8, repetition_penalty=2),
+            dict(min_p=0.05, top_p=0.7, presence_penalty=-1.0)]
+    penalized = [SamplingRow(SamplingParams(temperature=0.7, **a), list(range(40)), [1, 2, 2], None) for a in asks]
+    plain = [SamplingRow(SamplingParams(temperature=0.7, **{k: v for k, v in a.items() if k in
+                                                            ("top_p", "top_k", "min_p")}), [], [], None) for a in asks]
+    expected = sampler.sampling_probs(raw.float(), plain, raw)
+    assert all(sampler.moved_bound(r) > 0 for r in penalized)
+    monkeypatch.setattr(pattern_counts, "pattern_counts_and_moved", None)  # a row taking moved logits apart fails
+    monkeypatch.setattr(sampler, "pattern_counts_and_moved", None)
+    assert torch.equal(sampler.sampling_probs(raw.float(), penalized, raw, moved=False), expected)
+    with pytest.raises(TypeError):
+        sampler.sampling_probs(raw.float(), penalized, raw)
 
 
 @pytest.mark.parametrize("width", [1, 5, 1023, 1024, 1025, 3000])
