@@ -48,7 +48,7 @@ from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placehol
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
-from glimmer.engine.sampler import SamplingRow, TokenLogprobs, sample, sample_on_device
+from glimmer.engine.sampler import PenaltyIds, SamplingRow, TokenLogprobs, sample, sample_on_device
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
@@ -255,9 +255,9 @@ class LLMEngine:
             embedded=embedded.generation_config if embedded is not None else None,
         )
         if (self.generation_defaults.repetition_penalty or 1.0) != 1.0:
-            logger.warning("%s sets repetition_penalty=%s: requests that leave it out are penalized, and penalized "
-                           "rows run without async scheduling and the sampler's fast path (slower decoding); "
-                           "send repetition_penalty 1 to turn it off", GENERATION_CONFIG_FILE,
+            logger.warning("%s sets repetition_penalty=%s: requests that leave it out are penalized, which reads "
+                           "their prompt's ids every step (somewhat slower decoding); send repetition_penalty 1 to "
+                           "turn it off", GENERATION_CONFIG_FILE,
                            self.generation_defaults.repetition_penalty)
         self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
@@ -916,8 +916,10 @@ class LLMEngine:
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
         # a token chosen by a step launched ahead counts, though the host has not appended it yet
         banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
+        if seq.params.uses_penalties and seq.penalty_ids is None:
+            seq.penalty_ids = PenaltyIds(seq.output_token_ids)
         return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned, self.token_count,
-                           seq.prompt_id_array if seq.params.repetition_penalty != 1 else None)
+                           seq.prompt_id_array if seq.params.repetition_penalty != 1 else None, seq.penalty_ids)
 
     def _emit_tokens(
         self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None], outcome: _StepOutcome

@@ -15,7 +15,7 @@ sort of the vocabulary. Rows of float32 models with a top-p, and rows whose pena
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -29,6 +29,43 @@ from glimmer.model.kernels.pattern_counts import (
     pattern_ranks,
     pattern_thresholds,
 )
+
+
+@dataclass(eq=False)
+class PenaltyIds:
+    """The ids a sequence's penalties read, kept across its steps, so that a step's work on the host follows the
+    ids appended since the last rather than all of them: the output's as a growing int64 array, filled from
+    `committed` (the sequence's own list of output ids, which only grows), and the prompt's ids within the
+    vocabulary on the device, copied there once per device and vocabulary."""
+
+    committed: list[int]
+    _outputs: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    _filled: int = 0
+    _prompts: dict[tuple[torch.device, int], torch.Tensor] = field(default_factory=dict)
+
+    def outputs(self, ids: list[int]) -> np.ndarray:
+        """`ids` as an int64 array: the committed ids (filled in since the last call) and whatever `ids` holds past
+        them (tokens proposed for verification, which are not kept)."""
+        n = len(self.committed)
+        if n < self._filled:  # (the list only grows; a shorter one is refilled, not trusted)
+            self._filled = 0
+        if n > len(self._outputs):
+            grown = np.empty(max(n, 2 * len(self._outputs), 64), dtype=np.int64)
+            grown[:self._filled] = self._outputs[:self._filled]
+            self._outputs = grown
+        if n > self._filled:
+            self._outputs[self._filled:n] = self.committed[self._filled:n]
+            self._filled = n
+        if len(ids) == n:
+            return self._outputs[:n]
+        return np.concatenate([self._outputs[:n], np.fromiter(ids[n:], dtype=np.int64, count=len(ids) - n)])
+
+    def prompt_on(self, prompt: np.ndarray, vocab: int, device: torch.device) -> torch.Tensor:
+        """The prompt's ids in [0, vocab) on `device`, copied once."""
+        key = (device, vocab)
+        if key not in self._prompts:
+            self._prompts[key] = _on(device, torch.from_numpy(prompt[(prompt >= 0) & (prompt < vocab)]))
+        return self._prompts[key]
 
 
 @dataclass
@@ -46,11 +83,18 @@ class SamplingRow:
     token_count: int | None = None
     # the prompt's ids as an int64 array, made once per sequence (`Sequence.prompt_id_array`); None: from prompt_ids
     prompt_ids_array: np.ndarray | None = None
+    # the sequence's penalty ids kept across steps (`Sequence.penalty_ids`); None: made from the lists each step
+    penalty_ids: PenaltyIds | None = None
 
     def prompt_array(self) -> np.ndarray:
         if self.prompt_ids_array is None:
             self.prompt_ids_array = np.fromiter(self.prompt_ids, dtype=np.int64, count=len(self.prompt_ids))
         return self.prompt_ids_array
+
+    def output_array(self) -> np.ndarray:
+        if self.penalty_ids is not None:
+            return self.penalty_ids.outputs(self.output_ids)
+        return np.fromiter(self.output_ids, dtype=np.int64, count=len(self.output_ids))
 
 
 @dataclass
@@ -112,8 +156,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
     vocab, device, dtype = logits.shape[1], logits.device, logits.dtype
     penalized = [rows[i] for i in index]
     where = _ids_on(device, index)
-    outputs = [np.fromiter(row.output_ids, dtype=np.int64, count=len(row.output_ids)) for row in penalized]
-    owners, ids = _id_tensor(outputs, vocab, device)  # owners: positions in `index`
+    owners, ids = _id_tensor([row.output_array() for row in penalized], vocab, device)  # owners: positions in `index`
     if pending is not None:
         owners = torch.cat([owners, torch.arange(len(index), device=device)])
         ids = torch.cat([ids, pending[where]])
@@ -125,9 +168,8 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
 
     repeating = [j for j, row in enumerate(penalized) if row.params.repetition_penalty != 1]
     if repeating:  # the prompt's ids too, for the rows that read them
-        prompt_owners, prompt_ids = _id_tensor([penalized[j].prompt_array() for j in repeating], vocab, device)
-        owners = torch.cat([owners, _ids_on(device, repeating)[prompt_owners]])
-        ids = torch.cat([ids, prompt_ids])
+        prompt_owners, prompt_ids = _prompt_ids(penalized, repeating, vocab, device)
+        owners, ids = torch.cat([owners, prompt_owners]), torch.cat([ids, prompt_ids])
     targets = (where[owners], ids)
     values = logits[targets]
     if repeating:
@@ -142,6 +184,20 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
         count = (torch.searchsorted(ordered, touched, right=True) - torch.searchsorted(ordered, touched)).to(dtype)
         values = values - (count * frequency[owners] + (count > 0).to(dtype) * presence[owners])
     logits[targets] = values
+
+
+def _prompt_ids(rows: list[SamplingRow], which: list[int], vocab: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompt ids in [0, vocab) of rows[j] for j in `which`, as an (owner j, id) pair on `device`: from the
+    copies a row's `penalty_ids` keeps there (no work on the host that follows the prompts' length), else from
+    the host."""
+    if any(rows[j].penalty_ids is None for j in which):
+        owners, ids = _id_tensor([rows[j].prompt_array() for j in which], vocab, device)
+        return _ids_on(device, which)[owners], ids
+    kept = [rows[j].penalty_ids.prompt_on(rows[j].prompt_array(), vocab, device) for j in which]
+    lengths = [len(t) for t in kept]
+    owners = torch.repeat_interleave(_ids_on(device, which), _ids_on(device, lengths), output_size=sum(lengths))
+    return owners, torch.cat(kept)
 
 
 # beyond this many candidates per row, a full sort is as cheap as topk

@@ -151,4 +151,5 @@ class Scheduler:
             self.waiting.remove(seq)
         self.kv.free(seq)
         seq.keep_spec_tokens(0)
+        seq.penalty_ids = None
         seq.status = SequenceStatus.FINISHED

@@ -15,6 +15,7 @@ from glimmer.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from glimmer.engine.grammar import GrammarController
+    from glimmer.engine.sampler import PenaltyIds
 
 _arrival_counter = itertools.count()
 
@@ -85,6 +86,9 @@ class Sequence:
     # (k, vocab) distribution each was drawn from (None: chosen deterministically, e.g. an argmax)
     spec_token_ids: list[int] = field(default_factory=list)
     spec_draft_probs: torch.Tensor | None = None
+    # the ids its penalties read, kept across steps by the sampler (made on its first penalized step, dropped when
+    # it finishes: it may hold a copy of the prompt on the device)
+    penalty_ids: PenaltyIds | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -457,6 +458,87 @@ def test_penalties_touch_only_their_ids_and_give_them_the_bits_of_the_whole_row_
     assert torch.equal(penalized, whole)  # as values: only zeros' signs may differ
     flipped = (penalized.view(torch.int32) != whole.view(torch.int32))
     assert flipped.any() and (whole[flipped] == 0).all()  # the case the docstring names does occur here
+
+
+def test_kept_penalty_ids_follow_their_growing_list_and_leave_proposed_tokens_out():
+    """`PenaltyIds` copies only the ids appended since its last call, grows past any length, returns tokens proposed
+    past the committed list without keeping them, and keeps one device copy of the prompt's ids in the vocabulary."""
+    from glimmer.engine.sampler import PenaltyIds
+
+    committed: list[int] = []
+    kept = PenaltyIds(committed)
+    assert kept.outputs(committed).tolist() == []
+    for step in range(300):
+        committed.extend([step % 17, step])
+        if step % 7 == 0:
+            proposed = [*committed, 999, 998]
+            assert kept.outputs(proposed).tolist() == proposed  # the proposed tail, then not kept:
+        assert kept.outputs(committed).tolist() == committed
+    prompt = np.array([5, -1, 70, 3, 100, 5], dtype=np.int64)
+    on = kept.prompt_on(prompt, 70, torch.device("cpu"))
+    assert on.tolist() == [5, 3, 5] and kept.prompt_on(prompt, 70, torch.device("cpu")) is on
+    assert kept.prompt_on(prompt, 101, torch.device("cpu")).tolist() == [5, 70, 3, 100, 5]
+
+
+def test_penalties_from_kept_ids_equal_penalties_from_the_lists_over_many_steps():
+    """Rows whose ids are kept across steps (`PenaltyIds`: the prompt on the device once, the outputs appended)
+    are penalized exactly as rows made from the lists, step after step as their outputs grow, verification's
+    proposed tokens included."""
+    from glimmer.engine.sampler import PenaltyIds, _apply_penalties
+
+    generator = torch.Generator().manual_seed(31)
+    vocab = 80
+    params = [SamplingParams(repetition_penalty=1.4), SamplingParams(frequency_penalty=0.6, presence_penalty=0.2),
+              SamplingParams(repetition_penalty=0.8, frequency_penalty=-0.3), SamplingParams(),
+              SamplingParams(repetition_penalty=1.2, presence_penalty=1.0)]
+    prompts = [torch.randint(-3, vocab + 5, (n,), generator=generator).tolist() for n in (9, 0, 30, 4, 15)]
+    outputs: list[list[int]] = [[] for _ in params]
+    kept = [PenaltyIds(o) for o in outputs]
+    for step in range(12):
+        for o in outputs:
+            o.append(int(torch.randint(0, vocab, (), generator=generator)))
+        proposed = [[1, 2]] * len(outputs) if step % 3 == 0 else [[]] * len(outputs)
+        logits = torch.randn(len(params), vocab, generator=generator) * 2
+        by_lists, by_kept = logits.clone(), logits.clone()
+        _apply_penalties(by_lists, [SamplingRow(p, pr, o + x, None) for p, pr, o, x in
+                                    zip(params, prompts, outputs, proposed, strict=True)])
+        _apply_penalties(by_kept, [SamplingRow(p, pr, o + x, None, penalty_ids=k) for p, pr, o, x, k in
+                                   zip(params, prompts, outputs, proposed, kept, strict=True)])
+        assert torch.equal(by_lists.view(torch.int32), by_kept.view(torch.int32)), step
+
+
+def test_an_engines_penalized_requests_keep_their_ids_while_running_and_drop_them_when_done(tiny_checkpoint,
+                                                                                          monkeypatch):
+    """Through `LLM.generate`: penalized greedy requests choose the same tokens with their ids kept across steps
+    as with the ids made from the lists every step, and a finished sequence holds none."""
+    from glimmer.engine import llm_engine
+
+    llm = LLM(str(tiny_checkpoint), max_num_seqs=4)
+    prompts = [[5, 9, 11, 13, 5, 9], [7, 7, 8], [20, 21, 22, 23, 24, 25, 26]]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **p) for p in
+              (dict(repetition_penalty=1.5), dict(frequency_penalty=0.8, presence_penalty=0.4),
+               dict(repetition_penalty=0.9, presence_penalty=1.0))]
+    seen, made = [], []
+    original = llm.engine.scheduler.finish
+
+    class Kept(llm_engine.PenaltyIds):
+        def outputs(self, ids):
+            made.append(self)
+            return super().outputs(ids)
+
+    monkeypatch.setattr(llm_engine, "PenaltyIds", Kept)
+
+    def finish(seq):
+        original(seq)
+        seen.append(seq.penalty_ids)
+
+    monkeypatch.setattr(llm.engine.scheduler, "finish", finish)
+    kept = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    assert len(seen) == 3 and all(ids is None for ids in seen)
+    assert len(set(made)) == 3 and len(made) >= 3 * 11  # one kept set a sequence, read every penalized step
+    monkeypatch.setattr(llm_engine, "PenaltyIds", lambda committed: None)
+    from_lists = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    assert kept == from_lists and all(len(t) == 12 for t in kept)
 
 
 def test_a_pending_token_counts_as_the_last_output_token():
