@@ -71,7 +71,8 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
     """logits: one row per row of each proposal, in order (the k + 1 scoring positions of each sequence);
     token_bitmask: the ids each of those rows may take (as `sample` takes it), or None."""
     keys = logits if logits.dtype in (torch.bfloat16, torch.float16) else None  # top-p as `choose_tokens` finds it
-    logits = logits.float()
+    widened = logits.float()
+    copied, logits = widened is not logits, widened  # a copy of 16-bit logits, which the constraints may change
     rows = [row for proposal in proposals for row in proposal.rows]
     if logits.shape[0] != len(rows):
         raise ValueError(f"verify got {logits.shape[0]} logit rows for {len(rows)} sampling rows")
@@ -79,7 +80,7 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
     for proposal in proposals:
         starts.append(starts[-1] + len(proposal.rows))
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(r.params.logprobs is not None for r in rows) else None
-    constrained = constrain(logits, rows, token_bitmask)
+    constrained = constrain(logits, rows, token_bitmask, in_place=copied)
 
     tokens: list[list[int]] = [[] for _ in proposals]
     accepted = [0] * len(proposals)

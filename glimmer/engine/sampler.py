@@ -348,14 +348,15 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 
 
 def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
-              pending: torch.Tensor | None = None) -> torch.Tensor:
+              pending: torch.Tensor | None = None, in_place: bool = False) -> torch.Tensor:
     """Logit bias, penalties, banned ids, the vocabulary's padding rows and the grammar's bitmask applied to float
-    logits (a copy when any applies), in vLLM's order: the bias first, then the penalties. `pending`: see
-    `_apply_penalties`."""
+    logits (a copy when any applies, unless `in_place`: the caller's own copy, a widening, may be changed), in
+    vLLM's order: the bias first, then the penalties. `pending`: see `_apply_penalties`."""
     padding_from = padding_start(rows, logits.shape[1])
     if padding_from < logits.shape[1] or any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias
                                              for r in rows):
-        logits = logits.clone()
+        if not in_place:
+            logits = logits.clone()
         _apply_logit_bias(logits, rows)
         _apply_penalties(logits, rows, pending)
         for i, row in enumerate(rows):
@@ -487,7 +488,8 @@ def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: 
                   pending: torch.Tensor | None = None) -> torch.Tensor:
     """The chosen token of each row, as a device tensor (nothing is read back): what `sample` reads. `logits`
     in the model's dtype or float32; `pending`: see `_apply_penalties`."""
-    constrained = constrain(logits.float(), rows, token_bitmask, pending)
+    widened = logits.float()  # a copy of 16-bit logits, which the constraints may then change in place
+    constrained = constrain(widened, rows, token_bitmask, pending, in_place=widened is not logits)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:

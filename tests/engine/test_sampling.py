@@ -541,6 +541,24 @@ def test_an_engines_penalized_requests_keep_their_ids_while_running_and_drop_the
     assert kept == from_lists and all(len(t) == 12 for t in kept)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_constraints_change_only_the_samplers_own_widened_copy(dtype):
+    """A 16-bit model's logits are widened to a float32 copy that the constraints then change in place; float32
+    logits are the caller's, so they are copied first: the caller's logits stay as they were, and the tokens are
+    those of constraining a copy."""
+    from glimmer.engine.sampler import choose_tokens, constrain
+
+    generator = torch.Generator().manual_seed(41)
+    logits = (torch.randn(4, 60, generator=generator) * 3).to(dtype)
+    before = logits.clone()
+    rows = [SamplingRow(SamplingParams(temperature=0, repetition_penalty=1.5, presence_penalty=2.0), [1, 2], [3, 3],
+                        None, banned_ids=(4,), token_count=50) for _ in range(4)]
+    tokens = choose_tokens(logits, rows)
+    assert torch.equal(logits, before)
+    assert torch.equal(tokens, constrain(logits.float().clone(), rows).argmax(dim=-1))
+    assert all(t < 50 and t != 4 for t in tokens.tolist())
+
+
 def test_a_pending_token_counts_as_the_last_output_token():
     """lookahead.py: a step launched ahead samples before the host appended the token on its way."""
     from glimmer.engine.sampler import _apply_penalties
