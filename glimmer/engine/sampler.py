@@ -142,17 +142,41 @@ def _id_tensor(arrays: list[np.ndarray], vocab: int, device: torch.device) -> tu
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None = None) -> None:
     """The repetition, frequency and presence penalties of every row that has one, as vLLM applies them, in place,
     on the ids they touch only (the output's and, where a repetition penalty reads them, the prompt's), in a few
-    tensor operations for the whole batch: no work per row on the device and nothing the size of the vocabulary.
+    tensor operations per run of rows: no work per row on the device and nothing the size of the vocabulary.
     `pending`: (M,) a token per row chosen on the device that the host has not appended yet (a step launched
     ahead, lookahead.py); it counts as the row's last output token.
 
     Each touched (row, id) is gathered, penalized and written back; an id touched twice (a repeated output or prompt
     id) is written twice with the same value. The arithmetic per logit is that of penalizing every logit of the
     rows (repetition, then minus frequency × count + presence), so each touched logit gets the same bits; an
-    untouched one, which that would only multiply by 1 and take 0 off, keeps its own (-0.0 included)."""
-    index = [i for i, row in enumerate(rows) if row.params.uses_penalties]
-    if not index:
-        return
+    untouched one, which that would only multiply by 1 and take 0 off, keeps its own (-0.0 included). Rows go in
+    runs of at most PENALTY_PAIRS touched ids (a row alone past it), so the temporaries stay bounded however many
+    rows read long prompts (speculative verification: k + 1 rows a sequence, each reading its prompt)."""
+    run: list[int] = []
+    pairs = 0
+    for i, row in enumerate(rows):
+        if not row.params.uses_penalties:
+            continue
+        touched = len(row.output_ids) + 1 + (_prompt_length(row) if row.params.repetition_penalty != 1 else 0)
+        if run and pairs + touched > PENALTY_PAIRS:
+            _penalize(logits, rows, run, pending)
+            run, pairs = [], 0
+        run.append(i)
+        pairs += touched
+    if run:
+        _penalize(logits, rows, run, pending)
+
+
+# penalized rows are worked on in runs of at most this many touched ids (about 70 bytes of temporaries each)
+PENALTY_PAIRS = 1 << 22
+
+
+def _prompt_length(row: SamplingRow) -> int:
+    return len(row.prompt_ids) if row.prompt_ids_array is None else len(row.prompt_ids_array)
+
+
+def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], pending: torch.Tensor | None) -> None:
+    """`_apply_penalties` of rows[i] for i in `index` (each with a penalty)."""
     vocab, device, dtype = logits.shape[1], logits.device, logits.dtype
     penalized = [rows[i] for i in index]
     where = _ids_on(device, index)
@@ -268,7 +292,7 @@ def moved_bound(row: SamplingRow) -> int:
     if params.uses_penalties:
         bound += len(row.output_ids) + 1
         if params.repetition_penalty != 1:
-            bound += len(row.prompt_ids) if row.prompt_ids_array is None else len(row.prompt_ids_array)
+            bound += _prompt_length(row)
     return bound
 
 

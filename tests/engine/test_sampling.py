@@ -422,12 +422,21 @@ def test_penalties_of_a_whole_batch_equal_the_penalties_row_by_row():
     assert torch.equal(subset, batched[[0, 2]])
 
 
-def test_penalties_touch_only_their_ids_and_give_them_the_bits_of_the_whole_row_arithmetic():
+@pytest.mark.parametrize("pairs", [1 << 22, 1, 25])
+def test_penalties_touch_only_their_ids_and_give_them_the_bits_of_the_whole_row_arithmetic(monkeypatch, pairs):
     """Random rows of every penalty mix (negative ones included), repeated ids, -inf, ±0.0 and integer logits:
     each touched logit equals, bit for bit, what penalizing the whole row gives (repetition on every logit it
     reads, then minus frequency × count + presence on every logit); every other logit keeps its bits, where the
-    whole-row arithmetic would turn a -0.0 into +0.0 when both penalties are negative."""
+    whole-row arithmetic would turn a -0.0 into +0.0 when both penalties are negative. The same in runs of rows
+    of at most `pairs` touched ids (a row alone, or a few together)."""
+    from glimmer.engine import sampler
     from glimmer.engine.sampler import _apply_penalties
+
+    monkeypatch.setattr(sampler, "PENALTY_PAIRS", pairs)
+    runs = []
+    penalize = sampler._penalize
+    monkeypatch.setattr(sampler, "_penalize", lambda logits, rows, index, pending: (
+        runs.append(index), penalize(logits, rows, index, pending)))
 
     generator = torch.Generator().manual_seed(17)
     vocab, count = 64, 40
@@ -458,6 +467,13 @@ def test_penalties_touch_only_their_ids_and_give_them_the_bits_of_the_whole_row_
     assert torch.equal(penalized, whole)  # as values: only zeros' signs may differ
     flipped = (penalized.view(torch.int32) != whole.view(torch.int32))
     assert flipped.any() and (whole[flipped] == 0).all()  # the case the docstring names does occur here
+    assert [i for run in runs for i in run] == list(range(count))
+    if pairs > 1000:
+        assert len(runs) == 1
+    elif pairs == 1:
+        assert len(runs) == count  # each row past the limit alone
+    else:
+        assert 1 < len(runs) < count
 
 
 def test_kept_penalty_ids_follow_their_growing_list_and_leave_proposed_tokens_out():
