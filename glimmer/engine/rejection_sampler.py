@@ -34,6 +34,7 @@ from glimmer.engine.sampler import (
     draw,
     padding_start,
     sampling_probs,
+    widen,
 )
 
 
@@ -71,8 +72,7 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
     """logits: one row per row of each proposal, in order (the k + 1 scoring positions of each sequence);
     token_bitmask: the ids each of those rows may take (as `sample` takes it), or None."""
     keys = logits if logits.dtype in (torch.bfloat16, torch.float16) else None  # top-p as `choose_tokens` finds it
-    widened = logits.float()
-    copied, logits = widened is not logits, widened  # a copy of 16-bit logits, which the constraints may change
+    logits, copied = widen(logits)
     rows = [row for proposal in proposals for row in proposal.rows]
     if logits.shape[0] != len(rows):
         raise ValueError(f"verify got {logits.shape[0]} logit rows for {len(rows)} sampling rows")

@@ -64,7 +64,7 @@ class PenaltyIds:
         """The prompt's ids in [0, vocab) on `device`, copied once."""
         key = (device, vocab)
         if key not in self._prompts:
-            self._prompts[key] = _on(device, torch.from_numpy(prompt[(prompt >= 0) & (prompt < vocab)]))
+            self._prompts[key] = _in_vocabulary_on(prompt, vocab, device)
         return self._prompts[key]
 
 
@@ -96,6 +96,20 @@ class SamplingRow:
             return self.penalty_ids.outputs(self.output_ids)
         return np.fromiter(self.output_ids, dtype=np.int64, count=len(self.output_ids))
 
+    def prompt_on(self, vocab: int, device: torch.device) -> torch.Tensor:
+        """The prompt's ids in [0, vocab) on `device`: the copy `penalty_ids` keeps, else copied now."""
+        if self.penalty_ids is not None:
+            return self.penalty_ids.prompt_on(self.prompt_array(), vocab, device)
+        return _in_vocabulary_on(self.prompt_array(), vocab, device)
+
+    def penalized_ids_bound(self) -> int:
+        """At most how many (row, id) its penalties touch: the output's ids and the pending token, and the prompt's
+        where the repetition penalty reads them (0 without a penalty)."""
+        if not self.params.uses_penalties:
+            return 0
+        prompt = len(self.prompt_ids) if self.prompt_ids_array is None else len(self.prompt_ids_array)
+        return len(self.output_ids) + 1 + (prompt if self.params.repetition_penalty != 1 else 0)
+
 
 @dataclass
 class TokenLogprobs:
@@ -120,6 +134,11 @@ def _on(device: torch.device, host: torch.Tensor) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def _in_vocabulary_on(ids: np.ndarray, vocab: int, device: torch.device) -> torch.Tensor:
+    """The ids of `ids` in [0, vocab) as a device tensor, copied without waiting for the GPU."""
+    return _on(device, torch.from_numpy(ids[(ids >= 0) & (ids < vocab)]))
 
 
 def _ids_on(device: torch.device, ids: list[int] | set[int]) -> torch.Tensor:
@@ -157,7 +176,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
     for i, row in enumerate(rows):
         if not row.params.uses_penalties:
             continue
-        touched = len(row.output_ids) + 1 + (_prompt_length(row) if row.params.repetition_penalty != 1 else 0)
+        touched = row.penalized_ids_bound()
         if run and pairs + touched > PENALTY_PAIRS:
             _penalize(logits, rows, run, pending)
             run, pairs = [], 0
@@ -169,10 +188,6 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], pending: tor
 
 # penalized rows are worked on in runs of at most this many touched ids (about 70 bytes of temporaries each)
 PENALTY_PAIRS = 1 << 22
-
-
-def _prompt_length(row: SamplingRow) -> int:
-    return len(row.prompt_ids) if row.prompt_ids_array is None else len(row.prompt_ids_array)
 
 
 def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], pending: torch.Tensor | None) -> None:
@@ -212,13 +227,9 @@ def _penalize(logits: torch.Tensor, rows: list[SamplingRow], index: list[int], p
 
 def _prompt_ids(rows: list[SamplingRow], which: list[int], vocab: int,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prompt ids in [0, vocab) of rows[j] for j in `which`, as an (owner j, id) pair on `device`: from the
-    copies a row's `penalty_ids` keeps there (no work on the host that follows the prompts' length), else from
-    the host."""
-    if any(rows[j].penalty_ids is None for j in which):
-        owners, ids = _id_tensor([rows[j].prompt_array() for j in which], vocab, device)
-        return _ids_on(device, which)[owners], ids
-    kept = [rows[j].penalty_ids.prompt_on(rows[j].prompt_array(), vocab, device) for j in which]
+    """The prompt ids in [0, vocab) of rows[j] for j in `which`, as an (owner j, id) pair on `device`, from the
+    copies the rows' `penalty_ids` keep there (no work on the host that follows the prompts' length)."""
+    kept = [rows[j].prompt_on(vocab, device) for j in which]
     lengths = [len(t) for t in kept]
     owners = torch.repeat_interleave(_ids_on(device, which), _ids_on(device, lengths), output_size=sum(lengths))
     return owners, torch.cat(kept)
@@ -287,13 +298,7 @@ def moved_bound(row: SamplingRow) -> int:
     """At most how many of this row's logits its logit bias and penalties moved off the model's (scaled by the
     temperature, with -inf written over some): the biased ids, the output's (and a pending token's) where a
     penalty reads them, the prompt's where the repetition penalty does. 0: the logits are the model's."""
-    params = row.params
-    bound = len(params.logit_bias or ())
-    if params.uses_penalties:
-        bound += len(row.output_ids) + 1
-        if params.repetition_penalty != 1:
-            bound += _prompt_length(row)
-    return bound
+    return len(row.params.logit_bias or ()) + row.penalized_ids_bound()
 
 
 def _thresholds_by_order(logits: torch.Tensor, keys: torch.Tensor | None, rows: list[SamplingRow], ks: list[int],
@@ -391,6 +396,13 @@ def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torc
         allowed = unpack_token_bitmask(token_bitmask.to(logits.device, non_blocking=True), logits.shape[1])
         logits = logits.masked_fill(~allowed, float("-inf"))
     return logits
+
+
+def widen(logits: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """`logits` as float32, and whether that is a copy (of 16-bit logits), which `constrain` may change in place;
+    float32 logits are the caller's own tensor."""
+    widened = logits.float()
+    return widened, widened is not logits
 
 
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow], keys: torch.Tensor | None = None,
@@ -512,8 +524,8 @@ def choose_tokens(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: 
                   pending: torch.Tensor | None = None) -> torch.Tensor:
     """The chosen token of each row, as a device tensor (nothing is read back): what `sample` reads. `logits`
     in the model's dtype or float32; `pending`: see `_apply_penalties`."""
-    widened = logits.float()  # a copy of 16-bit logits, which the constraints may then change in place
-    constrained = constrain(widened, rows, token_bitmask, pending, in_place=widened is not logits)
+    widened, copied = widen(logits)
+    constrained = constrain(widened, rows, token_bitmask, pending, in_place=copied)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not random_rows:
