@@ -169,3 +169,19 @@ def test_glimmer_gemm_cublas_keeps_every_product_on_f_linear(monkeypatch):
     assert choose_products(weights, rows=(8, 32)) == []
     x = torch.randn((8, 1024), device="cuda").bfloat16()
     assert tuned_product(x, weights[0], None) is None
+
+
+def test_measuring_a_large_weight_holds_no_whole_float32_copy_of_it():
+    """The choice is measured after the KV cache took the GPU's memory: the exactness check's float32 reference
+    widens the weight a slice at a time (the 30B's output embedding is 5.4 GB in float32), and gives the whole
+    product's values."""
+    weight = _weights(1, 65536, 4096)[0]  # 0.5 GiB in bf16, 1 GiB in float32
+    x = torch.randn((64, 4096), device="cuda").bfloat16()
+    whole = x.float() @ weight.float().T
+    assert torch.allclose(tuned_gemm._float32_product(x, weight), whole, rtol=1e-5, atol=1e-5)
+    del whole
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    choose_products([weight], rows=(64,))
+    assert torch.cuda.max_memory_allocated() - base < weight.numel() * 4 // 2
