@@ -10,7 +10,7 @@ jinja. Nothing is modified in place.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
@@ -20,6 +20,9 @@ from glimmer.protocol.tool_registry import function_of
 from glimmer.protocol.value_typing import strict_json_loads
 
 logger = logging.getLogger(__name__)
+
+SchemaCheck = Callable[[Mapping[str, Any], str], None]
+"""Checks a JSON schema given the field holding it; raises RequestError naming that field when it is invalid."""
 
 RENDERED_ROLES = frozenset({"system", "user", "assistant", "tool"})
 """Roles the Muse Glimmer template renders; others render nothing (P-TMPL-7)."""
@@ -236,13 +239,18 @@ def _is_encodable(text: str) -> bool:
     return True
 
 
-def normalize_tools(tools: Any) -> list[dict[str, Any]]:
+def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> list[dict[str, Any]]:
     """The request's tools as complete OpenAI-style objects (P-TMPL-6), validated by P-REQ-8.
 
     Accepts `{"type": "function", "function": {...}}` and bare function objects. A missing description
     becomes `""`, missing parameters an empty object schema. Names must be unique, 1..RECIPIENT_MAX
     characters, without whitespace, `<` or `"` (they are written into headers and ATEM tags); anything else
     raises RequestError whose param is the offending field (`tools[0].function.name`). None gives `[]`.
+
+    check_schema(parameters, field): called with each declared `parameters` schema and its field
+    (`tools[0].function.parameters`); raises RequestError for a schema that is not valid JSON schema. This layer
+    has no JSON-schema compiler (the grammar engine's is the engine's), and value typing reads an invalid schema
+    as "any value", so a serving API passes one: a bad schema is a bad request whatever `tool_choice` is.
     """
     if tools is None:
         return []
@@ -274,6 +282,8 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
             parameters = dict(EMPTY_PARAMETERS_SCHEMA)
         elif not isinstance(parameters, Mapping):
             raise RequestError(f"{where}.parameters must be a JSON schema object", param=f"{where}.parameters")
+        elif check_schema is not None:
+            check_schema(parameters, f"{where}.parameters")
         if function.get("strict") is not None and not isinstance(function["strict"], bool):
             raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
         complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}

@@ -260,6 +260,23 @@ def test_malformed_tools_are_request_errors_naming_the_field(bad, param):
     assert caught.value.param == param and str(caught.value).startswith(param + " ")
 
 
+def test_each_declared_parameters_schema_goes_to_the_schema_check_with_its_field():
+    """The protocol layer has no JSON-schema compiler; the caller's check sees every declared schema, wrapped or
+    flat, and its error stands (value typing would read an invalid schema as "any value")."""
+    seen = []
+    schema = {"type": "object", "properties": {"x": {"type": "nonsense"}}}
+    normalize_tools([{"type": "function", "function": {"name": "a", "parameters": schema}}, {"name": "b"},
+                     {"name": "c", "parameters": {}}], check_schema=lambda s, field: seen.append((s, field)))
+    assert seen == [(schema, "tools[0].function.parameters"), ({}, "tools[2].parameters")]
+
+    def refuse(schema, field):
+        raise RequestError(f"{field}: refused", param=field)
+
+    with pytest.raises(RequestError) as caught:
+        normalize_tools([{"name": "a", "parameters": schema}], check_schema=refuse)
+    assert caught.value.param == "tools[0].parameters"
+
+
 @pytest.mark.parametrize("kind", ["code_interpreter", "retrieval", "web_search"])
 def test_a_tool_of_another_type_is_named_as_unsupported(kind):
     """Not "function.name must be a non-empty string": the type is what is wrong."""

@@ -117,9 +117,13 @@ def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     ([{"type": "function", "name": "f", "parameters": 3}], "tools[0].parameters"),
     ([{"type": "function", "name": "f"}, {"type": "function", "name": "f"}], "tools[1].name"),
     ([{"type": "function", "name": "f", "color": "red"}], "tools[0].color"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}], "tools[0].parameters"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+        "city": {"$ref": "#/$defs/missing"}}}}], "tools[0].parameters"),
 ])
-def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param):
-    body = {"model": "tiny", "input": "hi", "tools": tools}
+@pytest.mark.parametrize("choice", [None, "required"])
+def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param, choice):
+    body = {"model": "tiny", "input": "hi", "tools": tools, "tool_choice": choice}
     response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
     assert response.status_code == 400
     error = response.json()["error"]
