@@ -187,6 +187,34 @@ def test_what_an_assistant_said_that_the_template_cannot_render_is_refused(serve
     assert chat_error(server, messages=messages)["param"] == param
 
 
+_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "zzz", "content": "18"}], "messages[2].tool_call_id"),
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": 5, "content": "18"}], "messages[2].tool_call_id"),
+    ([*MESSAGES, {"role": "tool", "tool_call_id": "abc", "content": "42"}], "messages[1].tool_call_id"),
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "user", "content": None}], "messages[0].content"),
+    ([{"role": "system"}, *MESSAGES], "messages[0].content"),
+    ([{"role": "developer", "content": None}, *MESSAGES], "messages[0].content"),
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1"}], "messages[2].content"),
+])
+def test_a_turn_the_template_would_render_empty_or_misnamed_is_refused(server, messages, param):
+    """A tool result answering no call of the history was rendered under its raw id as the tool's name (§2.1),
+    a message without content as an empty turn; both gave answers to questions nobody asked."""
+    error = chat_error(server, messages=messages)
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
+def test_a_tool_result_answering_a_call_of_the_history_is_accepted(server, client):
+    messages = [*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1", "content": "18"}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                           extra_body={"chat_template_kwargs": PINNED_DATE})
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_metadata_clients_and_frameworks_send_back_is_accepted_and_changes_nothing(server, client):
     """Agent frameworks send messages back with fields of their own: LangGraph's agent `name`, litellm's
     `provider_specific_fields`, `annotations`; the template renders none of them, as OpenAI's and vLLM's ignore
