@@ -615,6 +615,13 @@ class LLMEngine:
                 f"{self.max_model_len}; lower max_tokens to at most {room}",
                 param="max_tokens",
             )
+        if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
+            raise RequestError(
+                f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
+                f"the prompt's {prompt_len} leave {room} of max_model_len={self.max_model_len}); lower min_tokens to "
+                f"at most {max_tokens}",
+                param="min_tokens",
+            )
         if controller_factory is None and params.structured_outputs is not None:
             controller_factory = self.grammars.structured_outputs(params.structured_outputs)
         if controller_factory is not None and params.min_tokens:

@@ -281,3 +281,20 @@ def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stop
         assert (seen[-1].min_p, seen[-1].repetition_penalty) == (0.0, 1.0)
         too_long = chat("hi " * 30, max_tokens=100)
         assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+        # a min_tokens past the context is no default to clamp: the request asked for it
+        beyond = chat("hi", min_tokens=1000)
+        assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "min_tokens", beyond.text
+        assert "max_model_len=230" in beyond.json()["error"]["message"]  # not a max_tokens the request never sent
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_a_min_tokens_the_context_cannot_hold_is_400_without_max_tokens_too(server, path):
+    """With max_tokens it was a 400; without (chat, or completions' max_tokens null: up to the context) it was
+    capped silently and the request ran to the end of the context."""
+    body = {"model": "tiny", "min_tokens": 1_000_000, "chat_template_kwargs": PINNED_DATE, "messages": MESSAGES}
+    if path == "/completions":
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": None, "min_tokens": 1_000_000}
+    response = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "min_tokens" and error["message"].startswith("min_tokens: 1000000 is more than")
