@@ -589,7 +589,8 @@ class LLMEngine:
             raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {tokens})", param="prompt")
         bad = [t for t in params.stop_token_ids if not 0 <= t < tokens]
         if bad:  # could never be sampled: the request would silently run past where it was meant to stop
-            raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {tokens})",
+            raise RequestError(f"stop_token_ids: ids {bad[:5]} are outside the vocabulary [0, {tokens}); a stop id "
+                               "must be a token the model can generate",
                                param="stop_token_ids")
         bad = [t for t in params.logit_bias or {} if t >= tokens]
         if bad:

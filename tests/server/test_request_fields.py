@@ -83,7 +83,15 @@ def test_seeds_take_the_whole_range_sampling_params_takes(server):
     assert complete(server, temperature=1, seed=2**63, n=2)["text"] is not None
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "seed": 2**64 - 1, "n": 2}
     error = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()["error"]
-    assert error["param"] == "seed" and "2**64" in error["message"]
+    assert error["param"] == "seed" and error["message"].startswith("seed: seed + n - 1 must be below 2**64")
+    assert str(2**64 - 2) in error["message"]  # the largest seed n=2 allows
+
+
+def test_a_stop_token_id_outside_the_vocabulary_is_named_field_first(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "stop_token_ids": [10**9]}
+    error = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()["error"]
+    assert error["param"] == "stop_token_ids"
+    assert error["message"].startswith("stop_token_ids: ids [1000000000] are outside the vocabulary")
 
 
 @pytest.mark.parametrize(("path", "fields", "param"), [
