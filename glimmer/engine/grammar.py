@@ -20,7 +20,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -206,8 +206,7 @@ class GrammarCompiler:
                 return matcher
             raise RequestError(f"{param}: no text satisfies this constraint; the grammar engine found no way to "
                                f"begin it ({_engine_error(probe.get_error())})", param=param)
-        message = messages[0] if is_error else matcher.get_error()
-        raise RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+        raise _refused(param, messages[0] if is_error else matcher.get_error())
 
     def _marker_spelling(self) -> MarkerSpelling:
         with self._lock:
@@ -286,6 +285,25 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         return {"lark_grammar": grammar}
     entry = json.loads(grammar)["grammars"][0]
     return {k: v for k, v in entry.items() if v is not None and k != "name"}
+
+
+def check_json_schema(schema: Mapping[str, Any], param: str) -> None:
+    """RequestError(param) when the grammar engine refuses `schema` as a non-strict `response_format` schema is
+    refused: an unknown type, a `$ref` to nothing, a keyword holding a value of the wrong kind. Keywords the engine
+    does not implement are ignored, as for non-strict schemas. Needs no tokenizer and compiles nothing for tokens,
+    so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
+    grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=False), param)
+    try:
+        text = json.dumps({"grammars": [grammar]}, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        raise RequestError(f"{param}: the JSON schema is not JSON or is nested too deeply", param=param) from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
+    if is_error:
+        raise _refused(param, messages[0])
+
+
+def _refused(param: str, message: str) -> RequestError:
+    return RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
 
 
 def _choice_grammar(choices: list[str]) -> str:

@@ -26,7 +26,7 @@ from glimmer.engine.apply_chat_template import (
     tool_schemas,
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
-from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
+from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -353,7 +353,7 @@ class LLM:
             raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise RequestError("chat_template_kwargs must be a dict (or None)", param="chat_template_kwargs")
-        plan = plan_tools(normalize_tools(tools), tool_choice)
+        plan = plan_tools(normalize_tools(tools, check_schema=check_json_schema), tool_choice)
         turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
                                              thinking_token_budget) for params in requested}
         normalized_tools = plan.render_tools

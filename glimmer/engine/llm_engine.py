@@ -589,7 +589,8 @@ class LLMEngine:
             raise RequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {tokens})", param="prompt")
         bad = [t for t in params.stop_token_ids if not 0 <= t < tokens]
         if bad:  # could never be sampled: the request would silently run past where it was meant to stop
-            raise RequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {tokens})",
+            raise RequestError(f"stop_token_ids: ids {bad[:5]} are outside the vocabulary [0, {tokens}); a stop id "
+                               "must be a token the model can generate",
                                param="stop_token_ids")
         bad = [t for t in params.logit_bias or {} if t >= tokens]
         if bad:
@@ -614,6 +615,13 @@ class LLMEngine:
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_model_len="
                 f"{self.max_model_len}; lower max_tokens to at most {room}",
                 param="max_tokens",
+            )
+        if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
+            raise RequestError(
+                f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
+                f"the prompt's {prompt_len} leave {room} of max_model_len={self.max_model_len}); lower min_tokens to "
+                f"at most {max_tokens}",
+                param="min_tokens",
             )
         if controller_factory is None and params.structured_outputs is not None:
             controller_factory = self.grammars.structured_outputs(params.structured_outputs)

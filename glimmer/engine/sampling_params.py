@@ -221,8 +221,10 @@ class SamplingParams:
         if self.seed is not None:
             _check(_is_int(self.seed) and SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed",
                    "must be an integer in [-2**63, 2**64)")
-            last = self.seed + (self.n - 1 if _is_int(self.n) and self.n > 1 else 0)
-            _check(last < SEED_RANGE[1], "seed", "+ n - 1 must be below 2**64 (completion i draws with seed + i)")
+            extra = self.n - 1 if _is_int(self.n) and self.n > 1 else 0
+            _check(self.seed + extra < SEED_RANGE[1], "seed",
+                   f"seed + n - 1 must be below 2**64, since completion i draws with seed + i; with n={extra + 1} "
+                   f"the seed may be at most {SEED_RANGE[1] - 1 - extra}")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             _check(isinstance(getattr(self, name), bool), name, "must be a boolean")
         _check(self.skip_special_tokens is None or isinstance(self.skip_special_tokens, bool), "skip_special_tokens",

@@ -10,7 +10,7 @@ jinja. Nothing is modified in place.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
@@ -21,8 +21,15 @@ from glimmer.protocol.value_typing import strict_json_loads
 
 logger = logging.getLogger(__name__)
 
+SchemaCheck = Callable[[Mapping[str, Any], str], None]
+"""Checks a JSON schema given the field holding it; raises RequestError naming that field when it is invalid."""
+
 RENDERED_ROLES = frozenset({"system", "user", "assistant", "tool"})
 """Roles the Muse Glimmer template renders; others render nothing (P-TMPL-7)."""
+
+CONTENT_ROLES = frozenset({"system", "developer", "user", "tool"})
+"""Roles whose messages must carry content: the template would render a missing one as an empty turn. An assistant
+message may leave it null (beside tool calls or reasoning, or as a reply came back with nothing to show)."""
 
 EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 """The schema a tool without `parameters` gets (P-TMPL-6)."""
@@ -42,8 +49,10 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
       not a JSON object raise RequestError naming the message index and field;
     - `reasoning` fills a missing `reasoning_content`;
-    - content is a string, a list of content parts or None (anything else raises RequestError); a text part
-      needs a string `text`; a tool message needs a `tool_call_id` or a `name` (it names the result's tool);
+    - content is a string or a list of content parts (anything else raises RequestError); only an assistant
+      message may leave it out or null. A text part needs a string `text`;
+    - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
+      tool call has as its `id` (else RequestError naming `messages[i].tool_call_id`);
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
       `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
       `file`, an unknown type) raises RequestError naming it: it would render nothing;
@@ -56,6 +65,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         raise RequestError("messages must be a list of message objects", param="messages")
     normalized = []
     unrendered_roles: list[str] = []
+    call_ids: set[str] = set()  # of the assistant tool calls so far: what a tool message may answer
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise RequestError(f"messages[{index}] must be an object, got {type(message).__name__}",
@@ -67,11 +77,13 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if role not in RENDERED_ROLES and role not in unrendered_roles and not (
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
-        if role == "tool" and not message.get("tool_call_id") and not message.get("name"):
-            raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
-                               "(or the tool's name); without it the result would name no tool",
-                               param=f"messages[{index}].tool_call_id")
+        if role == "tool":
+            _check_tool_result(message, index, call_ids)
         content = message.get("content")
+        if content is None and role in CONTENT_ROLES:
+            raise RequestError(f"messages[{index}].content: a {role} message needs its content (a string or a list "
+                               "of content parts); only an assistant message may leave it out or null",
+                               param=f"messages[{index}].content")
         if isinstance(content, list):
             message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")
                                   for part_index, part in enumerate(content)]
@@ -88,11 +100,33 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                                    param=f"messages[{index}].{key}")
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
+            if role == "assistant":
+                call_ids.update(call["id"] for call in message["tool_calls"] if isinstance(call.get("id"), str))
         normalized.append(message)
     if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
+
+
+def _check_tool_result(message: Mapping[str, Any], index: int, call_ids: set[str]) -> None:
+    """A tool message names its tool (§2.1): by `name`, else by the `tool_call_id` of an earlier assistant tool
+    call. The template would otherwise render the raw id (or nothing) as the tool's name, and the model would read
+    a result of no call it made. RequestError naming `messages[i].tool_call_id`."""
+    field = f"messages[{index}].tool_call_id"
+    call_id = message.get("tool_call_id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise RequestError(f"{field} must be a string, the id of the tool call the result answers; got "
+                           f"{type(call_id).__name__}", param=field)
+    if message.get("name"):
+        return
+    if not call_id:
+        raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
+                           "(or the tool's name); without it the result would name no tool", param=field)
+    if call_id not in call_ids:
+        raise RequestError(f"{field}: no earlier assistant message holds a tool call with id {call_id!r}; send the "
+                           "assistant message with the call before its result (or give the tool's `name`)",
+                           param=field)
 
 
 # Fields of an assistant message that hold something the model said, which the template cannot render: a
@@ -236,13 +270,18 @@ def _is_encodable(text: str) -> bool:
     return True
 
 
-def normalize_tools(tools: Any) -> list[dict[str, Any]]:
+def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> list[dict[str, Any]]:
     """The request's tools as complete OpenAI-style objects (P-TMPL-6), validated by P-REQ-8.
 
     Accepts `{"type": "function", "function": {...}}` and bare function objects. A missing description
     becomes `""`, missing parameters an empty object schema. Names must be unique, 1..RECIPIENT_MAX
     characters, without whitespace, `<` or `"` (they are written into headers and ATEM tags); anything else
     raises RequestError whose param is the offending field (`tools[0].function.name`). None gives `[]`.
+
+    check_schema(parameters, field): called with each declared `parameters` schema and its field
+    (`tools[0].function.parameters`); raises RequestError for a schema that is not valid JSON schema. This layer
+    has no JSON-schema compiler (the grammar engine's is the engine's), and value typing reads an invalid schema
+    as "any value", so a serving API passes one: a bad schema is a bad request whatever `tool_choice` is.
     """
     if tools is None:
         return []
@@ -274,6 +313,8 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]]:
             parameters = dict(EMPTY_PARAMETERS_SCHEMA)
         elif not isinstance(parameters, Mapping):
             raise RequestError(f"{where}.parameters must be a JSON schema object", param=f"{where}.parameters")
+        elif check_schema is not None:
+            check_schema(parameters, f"{where}.parameters")
         if function.get("strict") is not None and not isinstance(function["strict"], bool):
             raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
         complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glimmer.cancellation import CancelToken
-from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar
+from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
@@ -48,7 +48,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     messages = normalize_messages(request.messages)
     refuse_unrendered(request.messages)
     choice = request.tool_choice
-    tools = plan_tools(normalize_tools(request.tools),
+    tools = plan_tools(normalize_tools(request.tools, check_schema=check_json_schema),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
     template_kwargs = dict(request.chat_template_kwargs or {})
     effort = request.reasoning_effort

@@ -7,7 +7,9 @@
 - a `reasoning` item (its `content` text, else its summary text), the assistant message and the
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls;
 - a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
-  item of the input or of the responses it continues (OpenAI refuses an answer to no call, as does Glimmer).
+  item before it, in the input or in the responses it continues (OpenAI refuses an answer to no call, as does
+  Glimmer; a result rendered before its call would be read as a result of nothing);
+- a string input must not be empty, and a message item needs its content (either would be an empty turn).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
 
@@ -24,7 +26,11 @@ _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def input_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The input as a list of items (a string is one user message)."""
+    """The input as a list of items (a string is one user message); RequestError for an empty string, which would
+    render an empty user turn."""
+    if value == "":
+        raise RequestError("input: an empty string holds no message; send the user's text or a list of input items",
+                           param="input")
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": value}]
     return list(value)
@@ -71,7 +77,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     """Raises RequestError naming the item or part the model cannot take. `sources`, if given, receives where
     each message came from (for `responses_error`). The first `continued` items are those of the response
     named by `previous_response_id`; the request's own `input[0]` follows them."""
-    called = {item.get("call_id") for item in items if item.get("type") == "function_call"}
+    called: set[str] = set()  # call_ids of the function_call items so far: an output answers an earlier call
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -104,8 +110,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
             assistant = open_assistant(where)
-            assistant.setdefault("tool_calls", []).append(_tool_call(item, where))
+            call = _tool_call(item, where)
+            assistant.setdefault("tool_calls", []).append(call)
             assistant_origin.tool_calls.append(where)
+            called.add(call["id"])
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
@@ -125,6 +133,12 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{where}.call_id: must name the function call answered", param=f"{where}.call_id")
+            later = next((j for j in range(i + 1, len(items)) if items[j].get("type") == "function_call"
+                          and items[j].get("call_id") == call_id), None)
+            if call_id not in called and later is not None:
+                raise RequestError(f"{where}.call_id: the function_call item with call_id {call_id!r} comes after "
+                                   f"its output (at input[{later - continued}]); send the call's item before its "
+                                   "output", param=f"{where}.call_id")
             if call_id not in called:
                 raise RequestError(f"{where}.call_id: no function_call item with call_id {call_id!r} in the input "
                                    "or the responses it continues (previous_response_id); send the call's item "
@@ -198,9 +212,13 @@ def _text_of(content: Any, field: str) -> str:
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
-    """A user / system / developer message's content in chat parts (images kept)."""
-    if content is None or isinstance(content, str):
-        return content or ""
+    """A user / system / developer message's content in chat parts (images kept); RequestError when it is missing
+    (it would render an empty turn)."""
+    if content is None:
+        raise RequestError(f"{where}.content: a message item needs its content (a string or a list of content "
+                           "parts)", param=f"{where}.content")
+    if isinstance(content, str):
+        return content
     if not isinstance(content, list):
         raise RequestError(f"{where}.content: must be a string or a list of content parts", param=f"{where}.content")
     parts: list[dict[str, Any]] = []

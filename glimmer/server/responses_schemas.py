@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from glimmer.engine.grammar import check_json_schema
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
 from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
@@ -160,6 +161,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         function = {key: tool[key] for key in ("name", "description", "parameters", "strict")
                     if tool.get(key) is not None}
         converted.append({"type": "function", "function": function})
-    normalize_tools(tools)  # P-REQ-8 on the flat declarations (name, description, parameters, strict), so
-    # errors name their fields (tools[0].name)
+    # P-REQ-8 and valid schemas on the flat declarations (name, description, parameters, strict), so errors name
+    # their fields (tools[0].name, tools[0].parameters)
+    normalize_tools(tools, check_schema=check_json_schema)
     return converted

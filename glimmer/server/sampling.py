@@ -54,10 +54,11 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
 def apply_default_max_tokens(params: SamplingParams, context: ServingContext, prompt_len: int) -> None:
     """A chat request without max_tokens stops at the checkpoint's `max_new_tokens` where it sets one, or where the
     context ends if that comes first (a default never turns a request into a 400: the request did not ask for it).
-    Without the field it runs to the end of the context."""
+    Without the field it runs to the end of the context. A `min_tokens` the context cannot hold is left to the
+    engine, which refuses it naming min_tokens (capping the default below it would blame a max_tokens never sent)."""
     default = context.engine.engine.generation_defaults.max_new_tokens
     room = context.engine.engine.max_model_len - prompt_len
-    if params.max_tokens is None and default is not None and room >= 1:
+    if params.max_tokens is None and default is not None and 1 <= room and params.min_tokens <= room:
         params.max_tokens = min(max(default, params.min_tokens), room)  # a request's min_tokens outranks a default
 
 

@@ -243,3 +243,29 @@ def _refuse_unsupported_chat(request: ChatCompletionRequest) -> None:
     if request.modalities is not None and request.modalities != ["text"]:
         raise RequestError(f"modalities: {request.modalities} is not supported; only ['text'] is",
                            param="modalities")
+    for index, tool in enumerate(request.tools or []):
+        _refuse_unknown_tool_fields(tool, index)
+
+
+TOOL_FIELDS = frozenset({"type", "function"})
+FUNCTION_FIELDS = frozenset({"name", "description", "parameters", "strict"})
+"""The fields of a chat tool declaration (`{"type": "function", "function": {...}}`) and of its function (also
+accepted bare, beside `type`). Their values are checked by `normalize_tools`."""
+
+
+def _refuse_unknown_tool_fields(tool: dict[str, Any], index: int) -> None:
+    """RequestError naming the first field of `tools[index]` (or of its `function`) that a tool declaration does
+    not have: as everywhere else, a field Glimmer does not know is refused rather than ignored. Null is unset."""
+    function = tool.get("function")
+    if isinstance(function, dict):
+        checked = [(f"tools[{index}]", tool, TOOL_FIELDS), (f"tools[{index}].function", function, FUNCTION_FIELDS)]
+    else:  # a bare function object; a `function` that is not an object is refused by normalize_tools
+        checked = [(f"tools[{index}]", tool, TOOL_FIELDS | FUNCTION_FIELDS)]
+    for where, fields, known in checked:
+        unknown = sorted(key for key, value in fields.items() if key not in known and value is not None)
+        if unknown:
+            field = f"{where}.{unknown[0]}"
+            raise RequestError(f"{field}: unknown field; a chat tool is {{\"type\": \"function\", \"function\": "
+                               "{\"name\", \"description\", \"parameters\", \"strict\"}}, and Glimmer refuses fields "
+                               "it does not know rather than ignore something that might change the output",
+                               param=field)

@@ -16,6 +16,7 @@ from glimmer.engine.grammar import (
     GrammarFailure,
     GrammarMasks,
     answer_grammar,
+    check_json_schema,
 )
 from glimmer.engine.sampler import unpack_token_bitmask
 from glimmer.engine.sampling_params import StructuredOutputsParams
@@ -197,6 +198,29 @@ def test_an_invalid_schema_regex_or_grammar_is_refused_naming_the_field(compiler
     with pytest.raises(RequestError) as raised:
         compiler.turn(TurnConstraint(answer=answer_grammar(params, field)), field)
     assert raised.value.param == field
+
+
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "object", "properties": {"city": {"type": "nonsense"}}}, "Invalid type: nonsense"),
+    ({"type": "object", "properties": {"city": {"$ref": "#/$defs/missing"}}}, "/$defs/missing"),
+    ({"type": "object", "properties": {"n": {"type": "integer", "minimum": "abc"}}}, "minimum"),
+])
+def test_a_schema_the_grammar_engine_refuses_is_refused_naming_the_field_without_a_tokenizer(schema, words):
+    """A tool's parameters get the check a non-strict response_format schema gets, with the same wording."""
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "tools[0].function.parameters")
+    assert raised.value.param == "tools[0].function.parameters"
+    assert str(raised.value).startswith("tools[0].function.parameters: the grammar engine refused it: ")
+    assert words in str(raised.value)
+
+
+@pytest.mark.parametrize("schema", [
+    {}, {"type": "object", "properties": {}},
+    {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}, "day": {"format": "weekday"}}},
+    LOOKUP["function"]["parameters"],
+])
+def test_a_valid_schema_passes_the_check_unimplemented_keywords_included(schema):
+    check_json_schema(schema, "tools[0].function.parameters")  # lenient, as a non-strict schema: no error
 
 
 def test_structured_outputs_params_take_exactly_one_constraint():

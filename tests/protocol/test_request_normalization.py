@@ -260,6 +260,23 @@ def test_malformed_tools_are_request_errors_naming_the_field(bad, param):
     assert caught.value.param == param and str(caught.value).startswith(param + " ")
 
 
+def test_each_declared_parameters_schema_goes_to_the_schema_check_with_its_field():
+    """The protocol layer has no JSON-schema compiler; the caller's check sees every declared schema, wrapped or
+    flat, and its error stands (value typing would read an invalid schema as "any value")."""
+    seen = []
+    schema = {"type": "object", "properties": {"x": {"type": "nonsense"}}}
+    normalize_tools([{"type": "function", "function": {"name": "a", "parameters": schema}}, {"name": "b"},
+                     {"name": "c", "parameters": {}}], check_schema=lambda s, field: seen.append((s, field)))
+    assert seen == [(schema, "tools[0].function.parameters"), ({}, "tools[2].parameters")]
+
+    def refuse(schema, field):
+        raise RequestError(f"{field}: refused", param=field)
+
+    with pytest.raises(RequestError) as caught:
+        normalize_tools([{"name": "a", "parameters": schema}], check_schema=refuse)
+    assert caught.value.param == "tools[0].parameters"
+
+
 @pytest.mark.parametrize("kind", ["code_interpreter", "retrieval", "web_search"])
 def test_a_tool_of_another_type_is_named_as_unsupported(kind):
     """Not "function.name must be a non-empty string": the type is what is wrong."""
@@ -273,6 +290,54 @@ def test_a_tool_message_that_names_no_tool_is_refused():
         normalize_messages([{"role": "user", "content": "q"}, {"role": "tool", "content": "sunny"}])
     assert caught.value.param == "messages[1].tool_call_id"
     assert normalize_messages([{"role": "tool", "name": "get_weather", "content": "sunny"}])[0]["name"] == "get_weather"
+
+
+USER = {"role": "user", "content": "Friday?"}
+
+
+@pytest.mark.parametrize(("messages", "index"), [
+    ([USER, assistant_call("{}"), {"role": "tool", "tool_call_id": "zzz", "content": "x"}], 2),
+    ([USER, {"role": "tool", "tool_call_id": "c1", "content": "x"}], 1),
+    ([USER, {"role": "tool", "tool_call_id": "c1", "content": "x"}, assistant_call("{}")], 1),  # call after it
+    ([USER, assistant_call("{}"), {"role": "tool", "tool_call_id": 5, "content": "x"}], 2),
+    ([USER, assistant_call("{}"), {"role": "tool", "tool_call_id": ["c1"], "name": "f", "content": "x"}], 2),
+    ([USER, {"role": "user", "content": "q", "tool_calls": [{"id": "c1", "function": {"name": "f"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "x"}], 2),  # only an assistant's calls are rendered
+])
+def test_a_tool_message_answering_no_earlier_call_is_refused(messages, index):
+    """§2.1: without `name`, the template names the result after the call whose id is `tool_call_id`, else after
+    the raw id: a result of a call the model never made, under a made-up tool name."""
+    with pytest.raises(RequestError) as caught:
+        normalize_messages(messages)
+    assert caught.value.param == f"messages[{index}].tool_call_id"
+    assert str(caught.value).startswith(f"messages[{index}].tool_call_id")
+
+
+def test_a_tool_message_with_a_name_or_a_matching_id_renders_that_name():
+    """§2.1: NAME = the message's `name`, else the function name of the earlier call with that id (last wins)."""
+    answered = normalize_messages([USER, assistant_call("{}"), {"role": "tool", "tool_call_id": "c1", "content": "x"}])
+    named = normalize_messages([USER, {"role": "tool", "tool_call_id": "elsewhere", "name": "calendar.lookup",
+                                       "content": "x"}])
+    for messages in (answered, named):
+        rendered = render_chat(messages, template=builtin_template_source(), current_date="2026-01-01")
+        assert "<|start|>tool calendar.lookup<|message|>" in rendered
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
+@pytest.mark.parametrize("absent", [{}, {"content": None}])
+def test_a_message_without_content_is_refused_unless_it_is_the_assistant_s(role, absent):
+    """The template renders a missing user content as an empty turn, and the model makes a question up."""
+    message = {"role": role, **absent, **({"name": "f"} if role == "tool" else {})}
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([USER, message])
+    assert caught.value.param == "messages[1].content"
+
+
+@pytest.mark.parametrize("assistant", [assistant_call("{}"), {"role": "assistant", "reasoning_content": "r"},
+                                       {"role": "assistant", "content": None}])
+def test_an_assistant_message_may_leave_content_null(assistant):
+    """Beside tool calls or reasoning, or as a reply came back with no content (P-API-1: content null when empty)."""
+    assert normalize_messages([USER, assistant])[1]["role"] == "assistant"
 
 
 @pytest.mark.parametrize("role", ["system", "developer"])

@@ -97,6 +97,9 @@ def test_malformed_json_is_400(server):
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "[1]"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "function", "foo": 1, "function": {"name": "f", "bar": 2}}]}, "tools[0].foo"),
+    ({"tools": [WEATHER_TOOL, {"type": "function", "function": {"name": "f", "bar": 2}}]}, "tools[1].function.bar"),
+    ({"tools": [{"name": "f", "parameters": {}, "color": "red"}]}, "tools[0].color"),  # a bare function object
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": ""}}]}]},
      "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {}}]}]},
@@ -131,6 +134,12 @@ def test_every_n_out_of_range_gets_one_message_naming_the_range(server, n, path)
     body = chat(n=n) if path == "/chat/completions" else {"model": "tiny", "prompt": "hi", "max_tokens": 1, "n": n}
     error = error_of(post(server, body, path=path), 400)
     assert (error["param"], error["message"]) == ("n", "n: must be between 1 and 4")  # the server's max_n
+
+
+def test_a_tool_declaration_with_every_field_it_may_have_is_accepted(client):
+    function = {**WEATHER_TOOL["function"], "strict": False, "description": None}  # null is unset
+    response = client.chat.completions.create(**sdk_chat(tools=[{"type": "function", "function": function}]))
+    assert response.choices
 
 
 def test_harmless_fields_and_neutral_values_are_accepted(client):

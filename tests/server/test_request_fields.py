@@ -83,7 +83,15 @@ def test_seeds_take_the_whole_range_sampling_params_takes(server):
     assert complete(server, temperature=1, seed=2**63, n=2)["text"] is not None
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "seed": 2**64 - 1, "n": 2}
     error = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()["error"]
-    assert error["param"] == "seed" and "2**64" in error["message"]
+    assert error["param"] == "seed" and error["message"].startswith("seed: seed + n - 1 must be below 2**64")
+    assert str(2**64 - 2) in error["message"]  # the largest seed n=2 allows
+
+
+def test_a_stop_token_id_outside_the_vocabulary_is_named_field_first(server):
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, "stop_token_ids": [10**9]}
+    error = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()["error"]
+    assert error["param"] == "stop_token_ids"
+    assert error["message"].startswith("stop_token_ids: ids [1000000000] are outside the vocabulary")
 
 
 @pytest.mark.parametrize(("path", "fields", "param"), [
@@ -187,6 +195,34 @@ def test_what_an_assistant_said_that_the_template_cannot_render_is_refused(serve
     assert chat_error(server, messages=messages)["param"] == param
 
 
+_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "zzz", "content": "18"}], "messages[2].tool_call_id"),
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": 5, "content": "18"}], "messages[2].tool_call_id"),
+    ([*MESSAGES, {"role": "tool", "tool_call_id": "abc", "content": "42"}], "messages[1].tool_call_id"),
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "user", "content": None}], "messages[0].content"),
+    ([{"role": "system"}, *MESSAGES], "messages[0].content"),
+    ([{"role": "developer", "content": None}, *MESSAGES], "messages[0].content"),
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1"}], "messages[2].content"),
+])
+def test_a_turn_the_template_would_render_empty_or_misnamed_is_refused(server, messages, param):
+    """A tool result answering no call of the history was rendered under its raw id as the tool's name (§2.1),
+    a message without content as an empty turn; both gave answers to questions nobody asked."""
+    error = chat_error(server, messages=messages)
+    assert error["param"] == param and error["message"].startswith(param), error
+
+
+def test_a_tool_result_answering_a_call_of_the_history_is_accepted(server, client):
+    messages = [*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1", "content": "18"}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                           extra_body={"chat_template_kwargs": PINNED_DATE})
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_metadata_clients_and_frameworks_send_back_is_accepted_and_changes_nothing(server, client):
     """Agent frameworks send messages back with fields of their own: LangGraph's agent `name`, litellm's
     `provider_specific_fields`, `annotations`; the template renders none of them, as OpenAI's and vLLM's ignore
@@ -253,3 +289,20 @@ def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stop
         assert (seen[-1].min_p, seen[-1].repetition_penalty) == (0.0, 1.0)
         too_long = chat("hi " * 30, max_tokens=100)
         assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+        # a min_tokens past the context is no default to clamp: the request asked for it
+        beyond = chat("hi", min_tokens=1000)
+        assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "min_tokens", beyond.text
+        assert "max_model_len=230" in beyond.json()["error"]["message"]  # not a max_tokens the request never sent
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_a_min_tokens_the_context_cannot_hold_is_400_without_max_tokens_too(server, path):
+    """With max_tokens it was a 400; without (chat, or completions' max_tokens null: up to the context) it was
+    capped silently and the request ran to the end of the context."""
+    body = {"model": "tiny", "min_tokens": 1_000_000, "chat_template_kwargs": PINNED_DATE, "messages": MESSAGES}
+    if path == "/completions":
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": None, "min_tokens": 1_000_000}
+    response = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "min_tokens" and error["message"].startswith("min_tokens: 1000000 is more than")

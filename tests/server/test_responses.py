@@ -103,6 +103,34 @@ def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     assert error["param"] == "input[0].call_id" and "'call_nowhere'" in error["message"]
 
 
+def test_an_output_before_its_call_is_400_naming_its_call_id(server):
+    """The result rendered before the call, named after the raw call_id, and the model answered in ATEM markup."""
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny [sunny-result]"}
+    body = {"model": "tiny", "tools": [WEATHER_TOOL],
+            "input": [{"role": "user", "content": "[weather] Weather in Paris?"}, output, call]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].call_id" and "input[2]" in error["message"]
+    assert "send the call's item before its output" in error["message"]
+    body["input"][1:] = [call, output]
+    assert httpx.post(server.base_url + "/responses", json=body, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize(("input_", "param"), [
+    ("", "input"),
+    ([{"role": "user"}], "input[0].content"),
+    ([{"type": "message", "role": "system", "content": None}, {"role": "user", "content": "[greet]"}],
+     "input[0].content"),
+])
+def test_an_input_that_would_render_an_empty_turn_is_400(server, input_, param):
+    body = {"model": "tiny", "input": input_, "max_output_tokens": 4}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
 def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     chat_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     body = {"model": "tiny", "input": "[weather]", "tools": [chat_tool]}
@@ -117,9 +145,13 @@ def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     ([{"type": "function", "name": "f", "parameters": 3}], "tools[0].parameters"),
     ([{"type": "function", "name": "f"}, {"type": "function", "name": "f"}], "tools[1].name"),
     ([{"type": "function", "name": "f", "color": "red"}], "tools[0].color"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}], "tools[0].parameters"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+        "city": {"$ref": "#/$defs/missing"}}}}], "tools[0].parameters"),
 ])
-def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param):
-    body = {"model": "tiny", "input": "hi", "tools": tools}
+@pytest.mark.parametrize("choice", [None, "required"])
+def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param, choice):
+    body = {"model": "tiny", "input": "hi", "tools": tools, "tool_choice": choice}
     response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
     assert response.status_code == 400
     error = response.json()["error"]

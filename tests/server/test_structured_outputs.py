@@ -277,7 +277,7 @@ def test_completions_constrain_the_raw_text(server):
       "tool_choice": "required"}, "tools"),  # no member can be written as a raw value
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": "x"}}}}}], "tool_choice": "required"},
-     "tools"),
+     "tools[0].function.parameters"),
 ])
 def test_an_invalid_constraint_is_a_400_naming_the_field(server, fields, param):
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
@@ -285,6 +285,25 @@ def test_an_invalid_constraint_is_a_400_naming_the_field(server, fields, param):
         client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, extra_body=fields)
     assert raised.value.body["param"] == param, raised.value.body
     client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=2)  # the engine lives on
+
+
+BAD_PARAMETERS = [{"type": "object", "properties": {"city": {"type": "nonsense"}}, "required": ["city"]},
+                  {"type": "object", "properties": {"city": {"$ref": "#/$defs/missing"}}, "required": ["city"]},
+                  {"type": "nonsense"}]
+
+
+@pytest.mark.parametrize("parameters", BAD_PARAMETERS)
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}, "auto", "none"])
+def test_an_invalid_tool_schema_is_a_400_naming_the_parameters_under_any_tool_choice(server, parameters, choice):
+    """As the same schema in response_format is: a string parameter of an unknown type or a dangling `$ref` was
+    read as "any raw text" and a forced call went ahead; under auto and none the schema was never looked at."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    tools = [CLOCK, {"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, tools=tools,
+                                       tool_choice=choice)
+    assert raised.value.body["param"] == "tools[1].function.parameters", raised.value.body
+    assert raised.value.body["message"].startswith("tools[1].function.parameters: the grammar engine refused it")
 
 
 def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
