@@ -10,6 +10,7 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.sampler import SamplingRow, sample
+from glimmer.engine.sampling_params import GREEDY_TEMPERATURE, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.errors import ConfigError, RequestError
 
@@ -25,7 +26,8 @@ def llm(tiny_checkpoint):
      ("min_p", 2), ("max_tokens", -1), ("max_tokens", 2.5), ("prompt_logprobs", 21), ("logprobs", 21),
      ("presence_penalty", 3),
      ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("n", 0), ("seed", "x"), ("stop", [""]),
-     ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7)],
+     ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7),
+     ("temperature", 3.5e38), ("temperature", 1e300), ("repetition_penalty", 1e-39), ("repetition_penalty", 1e39)],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(RequestError) as err:
@@ -310,6 +312,21 @@ def test_min_p_filters_before_top_p_as_vllm_does():
     assert probs[0, :2].tolist() == pytest.approx([0.4 / 0.7, 0.3 / 0.7])
     only_min_p = sampling_probs(logits, [_row(temperature=1.0, min_p=0.3)])
     assert (only_min_p[0] > 0).nonzero().flatten().tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("penalty", REPETITION_PENALTY_RANGE)
+@pytest.mark.parametrize("temperature", [GREEDY_TEMPERATURE, 1.0, MAX_TEMPERATURE])
+def test_the_extreme_temperatures_and_repetition_penalties_allowed_keep_the_distribution_finite(penalty, temperature):
+    """Outside these bounds float32 overflowed: the logits became inf or NaN and every draw was token 0."""
+    from glimmer.engine.sampler import constrain, sampling_probs
+
+    logits = torch.tensor([[29.0, 30.0, 0.0, -5.0, -1e4]])
+    row = SamplingRow(SamplingParams(temperature=temperature, repetition_penalty=penalty), [0, 1, 2, 3, 4], [],
+                      torch.Generator().manual_seed(0))
+    probs = sampling_probs(constrain(logits, [row]), [row])
+    assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
+    if temperature == GREEDY_TEMPERATURE and penalty < 1:
+        assert probs[0].argmax().item() == 1
 
 
 def test_a_json_schema_format_without_a_schema_allows_any_json_and_a_null_schema_is_the_same():
