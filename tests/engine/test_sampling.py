@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.sampler import SamplingRow, sample
+from glimmer.engine.sampler import SamplingRow, sample, seeded_generator
 from glimmer.engine.sampling_params import GREEDY_TEMPERATURE, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.errors import ConfigError, RequestError
@@ -151,6 +151,35 @@ def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_
         ["hello there"] * 2, [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True),
                               SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=7)])
     assert unseeded.token_ids != seeded.token_ids
+
+
+def test_cpu_seeds_below_2_to_the_32_keep_their_stream_and_those_beyond_get_streams_of_their_own():
+    """torch's CPU generator keeps a seed's low 32 bits only: 5, 5 + 2**32 and 5 + 2**63 drew the same tokens."""
+    cpu = torch.device("cpu")
+    for seed in (0, 5, 2**32 - 1):
+        assert torch.equal(seeded_generator(cpu, seed).get_state(), torch.Generator().manual_seed(seed).get_state())
+    seeds = (5, 5 + 2**32, 5 + 2**63, 5 - 2**32, -(2**63), 2**64 - 1, 2**32)
+    streams = {tuple(torch.rand(4, generator=seeded_generator(cpu, seed)).tolist()) for seed in seeds}
+    assert len(streams) == len(seeds)
+    again = torch.rand(4, generator=seeded_generator(cpu, 5 + 2**63)).tolist()
+    assert again == torch.rand(4, generator=seeded_generator(cpu, 5 + 2**63)).tolist()
+
+
+def test_seeds_that_differ_by_2_to_the_32_give_different_tokens(llm):
+    def tokens(seed: int) -> list[int]:
+        params = SamplingParams(temperature=1.0, max_tokens=16, seed=seed, ignore_eos=True)
+        return llm.generate(["hello there"], params)[0].outputs[0].token_ids
+
+    streams = [tuple(tokens(seed)) for seed in (5, 5 + 2**32, 5 + 2**63)]
+    assert len(set(streams)) == 3
+    assert tokens(5 + 2**32) == list(streams[1])
+
+
+def test_engine_seeds_that_differ_by_2_to_the_32_give_unseeded_requests_different_tokens(tiny_checkpoint):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    runs = [LLM(str(tiny_checkpoint), seed=seed, progress=False).generate(["hello there"], params)[0].token_ids
+            for seed in (7, 7 + 2**32)]
+    assert runs[0] != runs[1]
 
 
 def test_stop_token_ids_and_max_tokens_set_the_finish_reason(llm):
