@@ -431,6 +431,10 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     return (probs / noise).argmax(dim=-1)
 
 
+# torch's CPU generator seeds mt19937 with the low 32 bits of the seed only
+CPU_SEED_RANGE = 2**32
+
+
 def seeded_generator(device: torch.device, seed: int) -> torch.Generator:
     """A generator on `device` seeded with `seed`, an integer in [-2**63, 2**64) (SamplingParams.seed + i, or the
     engine's seed), whose stream differs from those of the seeds near it.
@@ -442,10 +446,6 @@ def seeded_generator(device: torch.device, seed: int) -> torch.Generator:
     if device.type == "cpu" and not 0 <= seed < CPU_SEED_RANGE:
         seed = _splitmix64(seed % 2**64) >> 32
     return torch.Generator(device).manual_seed(seed)
-
-
-# torch's CPU generator seeds mt19937 with the low 32 bits of the seed only
-CPU_SEED_RANGE = 2**32
 
 
 def _splitmix64(value: int) -> int:

@@ -204,7 +204,8 @@ class SamplingParams:
         _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
         _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
         _check(_is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
-               f"must be a number in [0, {MAX_TEMPERATURE:.7g}] (the sampler divides float32 logits by it)")
+               f"must be a number from 0 to float32's largest value, {MAX_TEMPERATURE!r} (the sampler divides "
+               "float32 logits by it)")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         _check(
             isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
