@@ -73,7 +73,8 @@ NoPE pattern (`rope_layers`) and layer types:
   do not put full attention exactly on the NoPE layers.
 
 Unknown keys produce one warning listing them all; keys that only bookkeep or train (`architectures`,
-`dtype`, `use_cache`, `attention_dropout`, …, see `_IGNORED_KEYS`) are accepted silently.
+`dtype`, `use_cache`, `attention_dropout`, …, see `_IGNORED_KEYS`) are accepted silently, except a `dtype` /
+`torch_dtype` that names no torch floating-point dtype (FLOAT_DTYPE_NAMES), which is ignored with a warning.
 """
 
 from __future__ import annotations
@@ -125,6 +126,13 @@ _IGNORED_KEYS = frozenset(
     use_cache initializer_range attention_dropout
     """.split()
 ) | {"quantization_config"}  # only ever null here: `_detect_layout` refuses any other value
+# What `dtype` / `torch_dtype` may say: torch's floating-point dtype names, as transformers writes them (and
+# "auto"). The field only records how the weights were saved: their own headers say what they hold, and Glimmer
+# picks its compute dtype itself (LLM(dtype=...)), so another value is a warning naming it, not a refusal.
+FLOAT_DTYPE_NAMES = frozenset(
+    """auto bfloat16 float16 half float32 float float64 double float8_e4m3fn float8_e4m3fnuz float8_e5m2
+    float8_e5m2fnuz float8_e8m0fnu float4_e2m1fn_x2""".split()
+)
 # Processor and packaging facts some flat configs carry (video sampling, mlx-lm's custom model file).
 _FLAT_IGNORED_KEYS = tuple("vid_start_id vid_end_id vid_frame_sep_id video_num_frames video_sampling_fps".split())
 # Keys that point at code shipped with the checkpoint (transformers' remote code, mlx-lm's custom model
@@ -294,12 +302,24 @@ class _Section:
         self.read.update(keys)
 
     def finish(self) -> None:
-        """Record the keys nobody read as unknown."""
+        """Record the keys nobody read as unknown, and a dtype field that names no floating-point dtype."""
         self.notes.unknown.extend(
             self.path(key)
             for key in sorted(self.data)
             if key not in self.read and key not in _IGNORED_KEYS and key not in _CODE_KEYS
         )
+        self.notes.warnings.extend(_dtype_field_warnings(self.data, self.prefix))
+
+
+def _dtype_field_warnings(section: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """A warning for each `dtype` / `torch_dtype` of `section` that is not a torch floating-point dtype name
+    (FLOAT_DTYPE_NAMES); `prefix`: the section's path in the file, dot-terminated ("text_config.")."""
+    return [
+        f"ignoring {prefix}{key}={section[key]!r}: not a torch floating-point dtype name (such as 'bfloat16', "
+        "'float16' or 'float32'); the weights' own dtypes are used, so fix the field if the file was edited"
+        for key in ("dtype", "torch_dtype")
+        if section.get(key) is not None and (not isinstance(section[key], str) or section[key] not in FLOAT_DTYPE_NAMES)
+    ]
 
 
 class _Fields:

@@ -27,8 +27,8 @@ from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
-from glimmer.checkpoint.pickle_files import PickleCheckpoint, pickle_files
-from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint
+from glimmer.checkpoint.pickle_files import PICKLE_INDEX_FILE, PICKLE_PATTERNS, PickleCheckpoint, pickle_files
+from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import CANONICAL, ROPE_IS_NEOX_STYLE, ROPE_LAYOUT, detect_weight_layout
 from glimmer.errors import CheckpointError
 
@@ -90,6 +90,16 @@ def open_checkpoint(
     else:
         opened = _open_directory(path, allow_pickle)
     return _with_code_warning(opened)
+
+
+def is_config_only(path: str | os.PathLike) -> bool:
+    """A directory with a config.json and no weight file at all, as `glimmer make-tiny --config-only` writes it:
+    `--load-format dummy` runs it with random weights, and `glimmer inspect` checks all but the weights."""
+    path = Path(path)
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return False
+    weight_files = ("*.safetensors", INDEX_FILE, PICKLE_INDEX_FILE, *PICKLE_PATTERNS, "*.gguf")
+    return not any(any(path.glob(pattern)) for pattern in weight_files)
 
 
 def _refuse_gguf_directory(path: Path) -> None:

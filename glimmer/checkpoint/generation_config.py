@@ -23,6 +23,10 @@ from glimmer.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 GENERATION_CONFIG_FILE = "generation_config.json"
+# SamplingParams' bounds (engine/sampling_params.py: MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, float32's limits
+# in the sampler), so that no default is one every request taking it would be refused for
+MAX_TEMPERATURE = 3.4028234663852886e38
+REPETITION_PENALTY_RANGE = (1e-8, 1e8)
 EOT_TOKEN = "<|eot|>"
 EOM_TOKEN = "<|eom|>"
 
@@ -89,16 +93,19 @@ def load_generation_defaults(
         )
 
     bos = fields.token_ids("bos_token_id", single=True)
+    if bos is not None and bos[0] >= text_config.vocab_size:
+        raise ConfigError(f"{path}: bos_token_id={bos[0]} is outside the model's vocabulary "
+                          f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match")
     pad = fields.token_ids("pad_token_id", single=True)
     return GenerationDefaults(
         stop_token_ids=stop_ids,
         bos_token_id=bos[0] if bos is not None else text_config.bos_token_id,
         pad_token_id=pad[0] if pad is not None else text_config.pad_token_id,
-        temperature=fields.number("temperature", minimum=0.0),
+        temperature=fields.number("temperature", minimum=0.0, maximum=MAX_TEMPERATURE),
         top_p=fields.number("top_p", minimum=0.0, maximum=1.0, above_minimum=True),
         top_k=fields.integer("top_k", minimum=0),
         min_p=fields.number("min_p", minimum=0.0, maximum=1.0),
-        repetition_penalty=fields.number("repetition_penalty", minimum=0.0, above_minimum=True),
+        repetition_penalty=fields.number("repetition_penalty", *REPETITION_PENALTY_RANGE),
         do_sample=fields.boolean("do_sample"),
         max_new_tokens=fields.integer("max_new_tokens", minimum=1),
         max_length=fields.integer("max_length", minimum=1),

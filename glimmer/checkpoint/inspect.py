@@ -9,12 +9,13 @@ from typing import Any
 
 from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.config import ModelConfig
-from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
+from glimmer.checkpoint.formats import OpenedCheckpoint, is_config_only, open_checkpoint
 from glimmer.checkpoint.generation_config import load_generation_defaults
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
 from glimmer.errors import CheckpointError
 from glimmer.protocol import ChatTemplate, check_chat_template
 
+CONFIG_ONLY = "config-only"  # the format reported for a directory without weights (`is_config_only`)
 PARAMETER_GROUPS = (
     ("text backbone (incl. embedding)", "model.language_model."),
     ("lm_head", "lm_head."),
@@ -71,16 +72,23 @@ def inspect_checkpoint(
     tokenizer_factory(opened, config) must load the checkpoint's tokenizer as the engine does and check that it
     fits the config (anything with `token_to_id`). Raises ConfigError / CheckpointError like loading does.
     """
-    opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle)
-    layout = opened.weight_layout
-    config = drop_vision_if_absent(opened.config, opened.tensors, layout)
-    model = model_factory(config)
-    expected = expected_parameters(model, config)
-    plan_weights(config, opened.tensors, expected, layout)
+    config_only = is_config_only(checkpoint)
+    opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle, weights=not config_only)
+    if config_only:  # the parameters are counted from the config, as `--load-format dummy` would draw them
+        config, file_format, layout = opened.config, CONFIG_ONLY, "none"
+        expected = expected_parameters(model_factory(config), config)
+    else:
+        file_format, layout = opened.format, opened.weight_layout
+        config = drop_vision_if_absent(opened.config, opened.tensors, layout)
+        expected = expected_parameters(model_factory(config), config)
+        plan_weights(config, opened.tensors, expected, layout)
     tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
     load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)
     warnings = list(config.warnings)
+    if config_only:
+        warnings.append(f"no weights: {opened.path} holds a config only (as `glimmer make-tiny --config-only` "
+                        f"writes); run it with random weights: glimmer serve {opened.path} --load-format dummy")
     template = _checked_chat_template(opened, tokenizer, chat_template, warnings)
     counts: dict[str, int] = {}
     for label, prefix in PARAMETER_GROUPS:
@@ -90,11 +98,11 @@ def inspect_checkpoint(
     counts["total"] = sum(_numel(shape) for shape in expected.values())
     return CheckpointReport(
         config=config,
-        format=opened.format,
+        format=file_format,
         weight_layout=layout,
         rope_layout=opened.rope_layout,
         parameter_counts=counts,
-        checkpoint_bytes=opened.tensors.total_bytes,
+        checkpoint_bytes=opened.tensors.total_bytes if opened.tensors is not None else 0,
         warnings=warnings,
         tensor_types=opened.tensor_types,
         chat_template=template,

@@ -43,8 +43,9 @@ def check_engine_config(config: EngineConfig) -> None:
     """Raise ConfigError for the first option of `config` of the wrong type or out of range; a size given as
     text (kv_cache_memory='8GiB') is turned into bytes."""
     check_environment()  # GLIMMER_KERNELS / _PDL / _GEMM: a typo is an error here, not a silent default later
-    if not isinstance(config.model, (str, os.PathLike)):
-        raise ConfigError(f"model={config.model!r} must be a directory, a file or a Hub id (a string)")
+    if not isinstance(config.model, (str, os.PathLike)) or not str(config.model).strip():
+        raise ConfigError(f"model={config.model!r}: required; pass a checkpoint directory, a .gguf file or a "
+                          "Hugging Face Hub id (a string or an os.PathLike)")
     for name, types in (("dtype", str), ("device", str), ("chat_template", (str, os.PathLike)),
                         ("mmproj", (str, os.PathLike))):
         value = getattr(config, name)

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import itertools
 import operator
+import os
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
@@ -139,7 +140,7 @@ class LLM:
 
     def __init__(
         self,
-        model: str,
+        model: str | os.PathLike[str],
         *,
         dtype: Any = None,
         device: str | None = None,
@@ -157,7 +158,9 @@ class LLM:
         if unknown:
             raise TypeError(f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; engine "
                             f"options are {', '.join(sorted(known))}")
-        self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, device=device, **engine_options))
+        # a path as its text; anything else as given, for the config check to name (str(None) was a path 'None')
+        model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))
         self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config

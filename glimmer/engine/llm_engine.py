@@ -48,7 +48,7 @@ from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placehol
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
 from glimmer.engine.rejection_sampler import Proposal, verify
-from glimmer.engine.sampler import PenaltyIds, SamplingRow, TokenLogprobs, sample, sample_on_device
+from glimmer.engine.sampler import PenaltyIds, SamplingRow, TokenLogprobs, sample, sample_on_device, seeded_generator
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
@@ -296,7 +296,7 @@ class LLMEngine:
         # unseeded requests draw from one generator, in one launch a step (a seeded request has its own); its seed
         # is drawn from the engine's, so that it is not the stream of a request whose seed equals the engine's
         self._shared_generator = torch.Generator(self.device).manual_seed(
-            int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(config.seed))))
+            int(torch.randint(0, 2**62, (1,), generator=seeded_generator(torch.device("cpu"), config.seed))))
         self._seqs: dict[str, list[Sequence]] = {}
         self._completions: dict[int, _Completion] = {}
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
@@ -633,8 +633,8 @@ class LLMEngine:
             stop_ids |= set(self.generation_defaults.stop_token_ids)
         seqs = []
         for index in range(params.n):
-            generator = self._shared_generator if params.seed is None else torch.Generator(
-                self.device).manual_seed(params.seed + index)
+            generator = self._shared_generator if params.seed is None else seeded_generator(
+                self.device, params.seed + index)
             seq = Sequence(
                 request_id=request_id,
                 prompt_token_ids=list(prompt_token_ids),

@@ -431,6 +431,33 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     return (probs / noise).argmax(dim=-1)
 
 
+# torch's CPU generator seeds mt19937 with the low 32 bits of the seed only
+CPU_SEED_RANGE = 2**32
+
+
+def seeded_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator on `device` seeded with `seed`, an integer in [-2**63, 2**64) (SamplingParams.seed + i, or the
+    engine's seed), whose stream differs from those of the seeds near it.
+
+    CUDA's Philox generator takes all 64 bits of a seed; the CPU's mt19937 keeps only the low 32, so on the CPU 5,
+    5 + 2**32 and 5 + 2**63 drew the same tokens. There a seed outside [0, 2**32) is mixed into 32 bits first
+    (splitmix64's finalizer over its 64-bit two's complement), and a seed inside keeps the stream it always had.
+    """
+    if device.type == "cpu" and not 0 <= seed < CPU_SEED_RANGE:
+        seed = _splitmix64(seed % 2**64) >> 32
+    return torch.Generator(device).manual_seed(seed)
+
+
+def _splitmix64(value: int) -> int:
+    """splitmix64's output function (Steele, Lea, Flood 2014): a bijection of [0, 2**64) whose every output bit
+    depends on every input bit."""
+    mask = 2**64 - 1
+    value = (value + 0x9E3779B97F4A7C15) & mask
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & mask
+    return value ^ (value >> 31)
+
+
 def _most_shared(generators: list[torch.Generator | None]) -> tuple[torch.Generator | None, int]:
     """The generator most rows use (None: torch's default) and how many rows use it."""
     counts: dict[int, list] = {}

@@ -14,6 +14,14 @@ MAX_N = 16384
 sequences (the server's own limit, `--max-n`, is lower)."""
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are greedy (vLLM's threshold): dividing logits by a subnormal one overflows them."""
+MAX_TEMPERATURE = 3.4028234663852886e38
+"""float32's largest value: the sampler divides float32 logits by the temperature, and a larger one becomes inf
+there (logits / inf are 0 and NaN, and every draw was token 0)."""
+REPETITION_PENALTY_RANGE = (1e-8, 1e8)
+"""Repetition penalties allowed. A logit divided by the penalty and then by a temperature (at least 1e-5) stays
+finite in float32 for any logit below 1e25 only within this range (a penalty below float32's smallest normal
+overflowed the repeated logits to inf, a NaN distribution: token 0 every step); past it nothing changes anyway,
+a repeated token's logit is already 1e8 times larger or smaller."""
 SEED_RANGE = (-(2**63), 2**64)
 """Seeds a torch generator takes: [-2^63, 2^64)."""
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
@@ -195,7 +203,9 @@ class SamplingParams:
             self.stop = [self.stop]
         _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
         _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
-        _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
+        _check(_is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+               f"must be a number from 0 to float32's largest value, {MAX_TEMPERATURE!r} (the sampler divides "
+               "float32 logits by it)")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         _check(
             isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
@@ -240,14 +250,17 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_is_number(value) and -2 <= value <= 2, name, "must be in [-2, 2]")
+        low, high = REPETITION_PENALTY_RANGE
         _check(
-            _is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+            _is_number(self.repetition_penalty) and low <= self.repetition_penalty <= high,
             "repetition_penalty",
-            "must be a number > 0",
+            f"must be a number in [{low:g}, {high:g}] (1 = off; beyond that range float32 logits overflow)",
         )
         _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
+        _check(self.structured_outputs is None or not self.min_tokens, "min_tokens",
+               "cannot be combined with structured_outputs: the grammar decides where the text ends; drop one")
         if self.cache_salt is not None:
             _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
                    "must be a non-empty string (or None for no salt)")

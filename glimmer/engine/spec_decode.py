@@ -67,7 +67,7 @@ class SpeculativeConfig:
         for key in ("method", "model"):
             if key not in value:
                 raise ConfigError(f"speculative_config needs {key!r} (e.g. {{\"method\": \"dflash\", \"model\": "
-                                  "\"/path/to/Muse-Glimmer-30B-assistant\"}})")
+                                  "\"/path/to/Muse-Glimmer-30B-assistant\"})")
         return cls(**value)
 
     def __post_init__(self) -> None:

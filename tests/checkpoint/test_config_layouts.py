@@ -565,6 +565,28 @@ def test_bookkeeping_and_training_keys_are_accepted_silently():
     assert normalize_config(raw).warnings == ()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float", "half", "auto", None])
+def test_dtype_fields_naming_a_floating_point_dtype_are_accepted_silently(dtype):
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw |= {"torch_dtype": dtype, "dtype": dtype}
+    raw["text_config"]["torch_dtype"] = dtype
+    assert normalize_config(raw).warnings == ()
+
+
+def test_dtype_fields_naming_no_floating_point_dtype_give_a_warning_each_naming_the_field():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw |= {"torch_dtype": "float128", "dtype": "complex64"}
+    raw["text_config"]["torch_dtype"] = "int4"
+    raw["vision_config"]["dtype"] = 16
+    config = normalize_config(raw)
+    assert_same_config(config, tiny_model())
+    assert len(config.warnings) == 4
+    for fragment in ("torch_dtype='float128'", "dtype='complex64'", "text_config.torch_dtype='int4'",
+                     "vision_config.dtype=16"):
+        assert any(fragment in warning and "not a torch floating-point dtype" in warning
+                   for warning in config.warnings), fragment
+
+
 def test_absent_optional_canonical_fields_take_the_reference_defaults_with_one_warning():
     raw = config_to_dict(tiny_model(), "canonical")
     for key in ("rms_norm_eps", "post_norm_eps", "qk_scale_factor", "hidden_activation"):
@@ -590,6 +612,18 @@ def test_token_ids_may_be_lists_or_null():
     assert (text.eos_token_id, text.bos_token_id, text.pad_token_id) == ((2, 7), None, None)
     raw["text_config"]["eos_token_id"] = 2
     assert normalize_config(raw).text.eos_token_id == (2,)
+
+
+@pytest.mark.parametrize("layout", ["canonical", "canonical-text", "flat", "vendor"])
+def test_bos_outside_the_vocabulary_is_refused_naming_the_field(layout):
+    raw = config_to_dict(tiny_model(vision=layout != "canonical-text"), layout)
+    text = raw["text_config"] if layout == "canonical" else raw
+    text["bos_token_id"] = text["vocab_size"]
+    name = "text_config.bos_token_id" if layout == "canonical" else "bos_token_id"
+    with pytest.raises(ConfigError, match=rf"(?<![\w.]){name}={text['vocab_size']} is outside the model's vocabulary"):
+        normalize_config(raw)
+    text["bos_token_id"] = text["vocab_size"] - 1
+    assert normalize_config(raw).text.bos_token_id == text["vocab_size"] - 1
 
 
 def test_null_or_absent_vision_config_means_text_only():

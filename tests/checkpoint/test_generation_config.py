@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from glimmer.checkpoint import generation_config
 from glimmer.checkpoint.config import TextConfig, reference_rope_layers, reference_text_layer_types
 from glimmer.checkpoint.generation_config import GenerationDefaults, load_generation_defaults
 from glimmer.checkpoint.tiny_tokenizer import TinyTokenizerInfo, write_tiny_tokenizer
+from glimmer.engine import sampling_params
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError
 
@@ -171,6 +173,9 @@ def test_invalid_json_names_the_file(tmp_path, tiny):
         ("min_p", 1.5),
         ("repetition_penalty", 0),  # would divide by zero
         ("repetition_penalty", -1.0),
+        ("repetition_penalty", 1e-39),  # float32 underflow: the penalized logits overflowed
+        ("temperature", 1e39),  # infinite in float32: every draw was token 0
+        ("bos_token_id", 512),
     ],
 )
 def test_invalid_field_names_the_file_and_field(tmp_path, tiny, field, value):
@@ -187,6 +192,17 @@ def test_top_p_zero_is_refused_as_outside_the_open_interval(tmp_path, tiny):
 def test_stop_id_outside_the_model_vocabulary_is_an_error(tmp_path, tiny):
     with pytest.raises(ConfigError, match="outside the model's vocabulary"):
         load(tmp_path, tiny, {"eos_token_id": [200001, 200008]})
+
+
+def test_sampling_bounds_are_those_of_sampling_params():
+    assert generation_config.MAX_TEMPERATURE == sampling_params.MAX_TEMPERATURE
+    assert generation_config.REPETITION_PENALTY_RANGE == sampling_params.REPETITION_PENALTY_RANGE
+
+
+def test_bos_outside_the_model_vocabulary_is_an_error(tmp_path, tiny):
+    with pytest.raises(ConfigError, match=r"bos_token_id=512 is outside the model's vocabulary \(vocab_size=512\)"):
+        load(tmp_path, tiny, {"bos_token_id": 512})
+    assert load(tmp_path, tiny, {"bos_token_id": 511}).bos_token_id == 511
 
 
 def test_only_eom_configured_leaves_eot(tmp_path, tiny):

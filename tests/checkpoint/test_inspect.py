@@ -149,3 +149,24 @@ def test_a_checkpoint_without_a_chat_template_is_inspected_with_a_warning(tiny_c
     assert main(["inspect", str(checkpoint), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["chat_template"]["origin"] is None and report["chat_template"]["warning"].startswith("no chat")
+
+
+def test_a_config_only_checkpoint_is_inspected_without_weights_and_says_so(tmp_path, capsys):
+    """`make-tiny --config-only` writes no weights: inspect checks the rest, counts the parameters `--load-format
+    dummy` would draw, and says how to run it (it refused, pointing at a flag inspect does not have)."""
+    config_only, full = tmp_path / "config-only", tmp_path / "full"
+    assert main(["make-tiny", str(config_only), "--config-only"]) == 0
+    assert main(["make-tiny", str(full)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(config_only)]) == 0
+    out = capsys.readouterr().out
+    assert "format:          config-only" in out and "weight layout:   none" in out
+    assert f"  - no weights: {config_only} holds a config only" in out
+    assert f"glimmer serve {config_only} --load-format dummy" in out
+    assert main(["inspect", str(config_only), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["inspect", str(full), "--json"]) == 0
+    assert report["parameters"] == json.loads(capsys.readouterr().out)["parameters"]
+    (config_only / "tokenizer.json").write_text("{}")
+    assert main(["inspect", str(config_only)]) == 2
+    assert "not a valid tokenizers file" in capsys.readouterr().err

@@ -98,7 +98,7 @@ def test_dummy_30b_geometry_forward_is_finite_in_bf16(config_30b):
 
     config = load_config(config_30b)
     text = dataclasses.replace(config.text, num_hidden_layers=52, hidden_size=128, intermediate_size=256,
-                               num_attention_heads=32, head_dim=4, vocab_size=1024)
+                               num_attention_heads=32, head_dim=4, vocab_size=1024, bos_token_id=None)
     small = dataclasses.replace(config, text=text, vision=None, image_token_id=None, video_token_id=None,
                                 out_hidden_size=None, projector_hidden_size=None, projector_hidden_act=None)
     from glimmer.checkpoint.random_weights import randomize_parameters_

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from glimmer import LLM, SamplingParams
-from glimmer.engine.sampling_params import MAX_N
+from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
 from glimmer.errors import RequestError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -56,6 +56,19 @@ def test_temperatures_below_1e_5_are_greedy(llm):
         params = SamplingParams(temperature=temperature, max_tokens=6, seed=1)
         assert llm.generate("a", params)[0].outputs[0].token_ids == greedy
     assert SamplingParams(temperature=1e-5).greedy is False
+
+
+def test_the_largest_float32_temperature_samples_and_a_larger_one_is_refused(llm):
+    """Above float32's largest value the temperature became inf in the sampler: every draw was token 0."""
+    params = SamplingParams(temperature=MAX_TEMPERATURE, max_tokens=8, seed=1, ignore_eos=True)
+    assert set(llm.generate("a", params)[0].outputs[0].token_ids) != {0}
+    for temperature in (3.5e38, 1e39, 1e300):
+        _refused(lambda t=temperature: SamplingParams(temperature=t), "temperature")
+
+
+def test_min_tokens_with_structured_outputs_is_refused_at_construction():
+    _refused(lambda: SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+")),
+             "min_tokens")
 
 
 def test_generate_refuses_what_is_not_a_sampling_params(llm):

@@ -3,9 +3,12 @@ naming the option before anything loads; sizes may be given as text like the CLI
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from glimmer import LLM
+from glimmer import LLM, SamplingParams
 from glimmer.engine.config_checks import parse_size
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import ConfigError
@@ -34,6 +37,17 @@ from glimmer.errors import ConfigError
 def test_a_wrong_option_is_refused_naming_it_before_anything_loads(option, value, message):
     with pytest.raises(ConfigError, match=message):
         LLM("/nonexistent/model/dir", progress=False, **{option: value})  # refused before the model is looked for
+
+
+@pytest.mark.parametrize("model", [None, 123, "", "  ", b"/models/x"])
+def test_a_missing_or_mistyped_model_is_refused_as_required_not_looked_up(model):
+    """LLM(None) was looked for as a directory named 'None'."""
+    with pytest.raises(ConfigError, match=rf"^model={re.escape(repr(model))}: required; pass a checkpoint directory"):
+        LLM(model, progress=False)
+
+
+def test_a_path_object_names_the_model(tiny_checkpoint):
+    assert LLM(Path(tiny_checkpoint), progress=False).generate("a", SamplingParams(max_tokens=1))[0].outputs
 
 
 def test_sizes_as_text_are_bytes_as_on_the_command_line(tiny_checkpoint):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.sampler import SamplingRow, sample
+from glimmer.engine.sampler import SamplingRow, sample, seeded_generator
+from glimmer.engine.sampling_params import GREEDY_TEMPERATURE, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.errors import ConfigError, RequestError
 
@@ -25,7 +26,8 @@ def llm(tiny_checkpoint):
      ("min_p", 2), ("max_tokens", -1), ("max_tokens", 2.5), ("prompt_logprobs", 21), ("logprobs", 21),
      ("presence_penalty", 3),
      ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("n", 0), ("seed", "x"), ("stop", [""]),
-     ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7)],
+     ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7),
+     ("temperature", 3.5e38), ("temperature", 1e300), ("repetition_penalty", 1e-39), ("repetition_penalty", 1e39)],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(RequestError) as err:
@@ -149,6 +151,35 @@ def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_
         ["hello there"] * 2, [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True),
                               SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=7)])
     assert unseeded.token_ids != seeded.token_ids
+
+
+def test_cpu_seeds_below_2_to_the_32_keep_their_stream_and_those_beyond_get_streams_of_their_own():
+    """torch's CPU generator keeps a seed's low 32 bits only: 5, 5 + 2**32 and 5 + 2**63 drew the same tokens."""
+    cpu = torch.device("cpu")
+    for seed in (0, 5, 2**32 - 1):
+        assert torch.equal(seeded_generator(cpu, seed).get_state(), torch.Generator().manual_seed(seed).get_state())
+    seeds = (5, 5 + 2**32, 5 + 2**63, 5 - 2**32, -(2**63), 2**64 - 1, 2**32)
+    streams = {tuple(torch.rand(4, generator=seeded_generator(cpu, seed)).tolist()) for seed in seeds}
+    assert len(streams) == len(seeds)
+    again = torch.rand(4, generator=seeded_generator(cpu, 5 + 2**63)).tolist()
+    assert again == torch.rand(4, generator=seeded_generator(cpu, 5 + 2**63)).tolist()
+
+
+def test_seeds_that_differ_by_2_to_the_32_give_different_tokens(llm):
+    def tokens(seed: int) -> list[int]:
+        params = SamplingParams(temperature=1.0, max_tokens=16, seed=seed, ignore_eos=True)
+        return llm.generate(["hello there"], params)[0].outputs[0].token_ids
+
+    streams = [tuple(tokens(seed)) for seed in (5, 5 + 2**32, 5 + 2**63)]
+    assert len(set(streams)) == 3
+    assert tokens(5 + 2**32) == list(streams[1])
+
+
+def test_engine_seeds_that_differ_by_2_to_the_32_give_unseeded_requests_different_tokens(tiny_checkpoint):
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    runs = [LLM(str(tiny_checkpoint), seed=seed, progress=False).generate(["hello there"], params)[0].token_ids
+            for seed in (7, 7 + 2**32)]
+    assert runs[0] != runs[1]
 
 
 def test_stop_token_ids_and_max_tokens_set_the_finish_reason(llm):
@@ -310,6 +341,21 @@ def test_min_p_filters_before_top_p_as_vllm_does():
     assert probs[0, :2].tolist() == pytest.approx([0.4 / 0.7, 0.3 / 0.7])
     only_min_p = sampling_probs(logits, [_row(temperature=1.0, min_p=0.3)])
     assert (only_min_p[0] > 0).nonzero().flatten().tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("penalty", REPETITION_PENALTY_RANGE)
+@pytest.mark.parametrize("temperature", [GREEDY_TEMPERATURE, 1.0, MAX_TEMPERATURE])
+def test_the_extreme_temperatures_and_repetition_penalties_allowed_keep_the_distribution_finite(penalty, temperature):
+    """Outside these bounds float32 overflowed: the logits became inf or NaN and every draw was token 0."""
+    from glimmer.engine.sampler import constrain, sampling_probs
+
+    logits = torch.tensor([[29.0, 30.0, 0.0, -5.0, -1e4]])
+    row = SamplingRow(SamplingParams(temperature=temperature, repetition_penalty=penalty), [0, 1, 2, 3, 4], [],
+                      torch.Generator().manual_seed(0))
+    probs = sampling_probs(constrain(logits, [row]), [row])
+    assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
+    if temperature == GREEDY_TEMPERATURE and penalty < 1:
+        assert probs[0].argmax().item() == 1
 
 
 def test_a_json_schema_format_without_a_schema_allows_any_json_and_a_null_schema_is_the_same():

@@ -11,6 +11,8 @@ test_rejection_sampler.py (and end to end here).
 from __future__ import annotations
 
 import itertools
+import json
+import re
 
 import pytest
 import torch
@@ -24,6 +26,7 @@ from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.proposers import ReplayProposer
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
+from glimmer.engine.spec_decode import SpeculativeConfig
 from glimmer.errors import ConfigError
 from glimmer.model.context import ForwardContext
 from glimmer.tiny import TinyDrafterSpec, TinySpec, write_tiny_drafter
@@ -547,6 +550,16 @@ def test_bad_speculative_configs_are_refused(target, config, message):
     with pytest.raises(ConfigError) as error:
         LLMEngine(EngineConfig(str(target), progress=False, speculative_config=config))
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("missing", ["method", "model"])
+def test_a_missing_speculative_config_key_shows_an_example_that_parses(missing):
+    config = {"method": "dflash", "model": "x"}
+    del config[missing]
+    with pytest.raises(ConfigError) as error:
+        SpeculativeConfig.parse(config)
+    example = re.search(r"\(e\.g\. (.*)\)$", str(error.value)).group(1)
+    assert json.loads(example) == {"method": "dflash", "model": "/path/to/Muse-Glimmer-30B-assistant"}
 
 
 def test_configurations_that_cannot_verify_are_refused_with_the_numbers(target, drafter):

@@ -83,6 +83,8 @@ def test_malformed_json_is_400(server):
     ({"messages": []}, "messages"),
     ({"messages": ["hi"]}, "messages[0]"),
     ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 1e39}, "temperature"),
+    ({"repetition_penalty": 1e-39}, "repetition_penalty"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"top_p": 0}, "top_p"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
