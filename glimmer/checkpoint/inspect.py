@@ -13,6 +13,7 @@ from glimmer.checkpoint.formats import OpenedCheckpoint, is_config_only, open_ch
 from glimmer.checkpoint.generation_config import load_generation_defaults
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
 from glimmer.errors import CheckpointError
+from glimmer.multimodal.settings import checkpoint_media_settings
 from glimmer.protocol import ChatTemplate, check_chat_template
 
 CONFIG_ONLY = "config-only"  # the format reported for a directory without weights (`is_config_only`)
@@ -65,8 +66,9 @@ def inspect_checkpoint(
     allow_pickle: bool = False,
     chat_template: str | os.PathLike | None = None,
 ) -> CheckpointReport:
-    """Validate config, weight plan, tokenizer, generation config and chat template (`chat_template`, a file, in
-    place of the checkpoint's) exactly as loading and serving would, and count parameters per part.
+    """Validate config, weight plan, preprocessor configs, tokenizer, generation config and chat template
+    (`chat_template`, a file, in place of the checkpoint's) exactly as loading and serving would, and count
+    parameters per part.
 
     model_factory(config) must build the model (on the meta device) whose parameters are expected;
     tokenizer_factory(opened, config) must load the checkpoint's tokenizer as the engine does and check that it
@@ -82,6 +84,8 @@ def inspect_checkpoint(
         config = drop_vision_if_absent(opened.config, opened.tensors, layout)
         expected = expected_parameters(model_factory(config), config)
         plan_weights(config, opened.tensors, expected, layout)
+    if config.vision is not None:
+        checkpoint_media_settings(opened.path, config.vision, opened.preprocessor_config)
     tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
     load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)

@@ -33,7 +33,6 @@ from glimmer.checkpoint.generation_config import (
     load_generation_defaults,
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
-from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.default_model import embedded_model_dir
 from glimmer.engine.config_checks import check_engine_config
@@ -56,7 +55,7 @@ from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.errors import ConfigError, GlimmerError, RequestError
-from glimmer.multimodal import MediaLimits, MediaProcessor, load_media_settings
+from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -463,16 +462,9 @@ class LLMEngine:
         vision = self.model_config.vision
         if vision is None:
             return None
+        settings = checkpoint_media_settings(self.checkpoint_dir, vision, self.checkpoint.preprocessor_config)
         if self.checkpoint.preprocessor_config is not None:
-            settings = load_media_settings(self.checkpoint.preprocessor_config)
-            settings.check_matches(vision)
             return MediaProcessor(settings, self.config.media_limits)
-        files = [read_json_object(self.checkpoint_dir / name)
-                 for name in ("preprocessor_config.json", "video_preprocessor_config.json")]
-        if files[0] is None:
-            files[0] = read_json_object(self.checkpoint_dir / "processor_config.json")
-        settings = load_media_settings(*files)
-        settings.check_matches(vision)
         limits = self.config.media_limits
         # media tokens beyond the context can never be served: stop decoding a request's items there
         context_bound = min(limits.max_media_tokens or self.max_model_len, self.max_model_len)

@@ -8,7 +8,7 @@ from glimmer.multimodal.image import ImageInput, ProcessedImage, image_grid, pro
 from glimmer.multimodal.placeholders import expand_placeholders, image_expansion, video_expansion
 from glimmer.multimodal.processor import MediaProcessor, MultimodalPrompt
 from glimmer.multimodal.resize import smart_resize
-from glimmer.multimodal.settings import MediaLimits, MediaSettings, load_media_settings
+from glimmer.multimodal.settings import MediaLimits, MediaSettings, checkpoint_media_settings, load_media_settings
 from glimmer.multimodal.video import DecodedVideo, ProcessedVideo, VideoInput, process_video, sample_frame_indices
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "ProcessedImage",
     "ProcessedVideo",
     "VideoInput",
+    "checkpoint_media_settings",
     "expand_placeholders",
     "image_expansion",
     "image_grid",

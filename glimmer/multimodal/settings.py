@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.config import VisionConfig
+from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import ConfigError
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 
@@ -265,3 +266,23 @@ def load_media_settings(
                 f"{video_values[name]!r}; Glimmer uses one value for both"
             )
     return MediaSettings(**{**image_values, **video_values})
+
+
+def checkpoint_media_settings(
+    checkpoint_dir: Path, vision: VisionConfig, embedded: Mapping[str, Any] | None = None
+) -> MediaSettings:
+    """The settings a vision checkpoint is served with, checked against its vision config (ConfigError otherwise).
+
+    `embedded` is the preprocessor config a GGUF `--mmproj` carries; without it they come from the directory's
+    `preprocessor_config.json` (or `processor_config.json`) and `video_preprocessor_config.json`.
+    """
+    if embedded is not None:
+        settings = load_media_settings(embedded)
+    else:
+        files = [read_json_object(checkpoint_dir / name)
+                 for name in ("preprocessor_config.json", "video_preprocessor_config.json")]
+        if files[0] is None:
+            files[0] = read_json_object(checkpoint_dir / "processor_config.json")
+        settings = load_media_settings(*files)
+    settings.check_matches(vision)
+    return settings

@@ -9,9 +9,10 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
+from glimmer import LLM
 from glimmer.cli import main
 from glimmer.engine.model_loader import load_model
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, ConfigError
 
 
 def _breakages():
@@ -170,3 +171,25 @@ def test_a_config_only_checkpoint_is_inspected_without_weights_and_says_so(tmp_p
     (config_only / "tokenizer.json").write_text("{}")
     assert main(["inspect", str(config_only)]) == 2
     assert "not a valid tokenizers file" in capsys.readouterr().err
+
+
+def _edit_json(path, **fields):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+@pytest.mark.parametrize(("file", "fields", "words"), [
+    ("preprocessor_config.json", {"max_image_tokens": 0}, "max_image_tokens=0"),
+    ("preprocessor_config.json", {"image_std": [0, 0, 0]}, "image_std"),
+    ("video_preprocessor_config.json", {"patch_size": 7}, "disagree on patch_size"),
+], ids=["token-limit", "std", "image-vs-video"])
+def test_inspect_refuses_preprocessor_configs_that_loading_refuses(make_tiny, tmp_path, capsys, file, fields, words):
+    checkpoint = tmp_path / "vision"
+    shutil.copytree(make_tiny(vision=True), checkpoint)
+    if not (checkpoint / file).exists():
+        (checkpoint / file).write_text("{}")
+    _edit_json(checkpoint / file, **fields)
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("glimmer: error: ConfigError: ") and words in err
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        LLM(str(checkpoint), device="cpu")
