@@ -137,10 +137,13 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
         if key in part and part[key] is not None:
             value = part[key]
             if isinstance(value, Mapping):
+                field = f"{where}.{key}.url" if where else f"{key}.url"
                 if value.get("url") is None:  # `{"image_url": {}}`: OpenAI's shape without its url
-                    field = f"{where}.{key}.url" if where else f"{key}.url"
                     raise RequestError(f"{field} is missing; send {{\"{key}\": {{\"url\": ...}}}} with a data: "
                                        "URL, a local path or an http(s) URL", param=field if where else "messages")
+                if not isinstance(value["url"], str):  # OpenAI's url is a string; 5 or [1] is no image
+                    raise RequestError(f"{field} must be a string (a data: URL, a local path or an http(s) URL), "
+                                       f"not {type(value['url']).__name__}", param=field if where else "messages")
                 value = value["url"]
             return kind, value
     article = "an" if kind == "image" else "a"

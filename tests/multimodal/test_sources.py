@@ -115,6 +115,17 @@ def test_an_image_url_without_its_url_names_the_missing_field():
     assert err.value.param == "messages[0].content[1].image_url.url"
 
 
+@pytest.mark.parametrize("url", [5, [1], {"a": 1}], ids=["int", "list", "dict"])
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_an_image_or_video_url_that_is_not_a_string_names_the_field(kind, url):
+    """QA: `{"image_url": {"url": 5}}` said "unsupported image input of type int" with param messages[0].content[0]."""
+    messages = [{"role": "user", "content": [{"type": kind, f"{kind}_url": {"url": url}}]}]
+    with pytest.raises(RequestError, match=rf"messages\[0\]\.content\[0\]\.{kind}_url\.url must be a string "
+                                           r"\(a data: URL") as err:
+        collect_media(messages)
+    assert err.value.param == f"messages[0].content[0].{kind}_url.url"
+
+
 def test_local_and_remote_refusals_name_the_server_flag_and_the_python_argument():
     with pytest.raises(RequestError, match=r"LLM\(\.\.\., allowed_local_media_path=") as err:
         load_media_reference("/tmp/cat.png", "image", 0, MediaFetchPolicy())

@@ -152,3 +152,8 @@ def test_media_errors_name_the_content_part(client):
         client.chat.completions.create(model="tiny", messages=empty, max_tokens=2, extra_body=EXTRA)
     assert err.value.body["param"] == "messages[0].content[1].image_url.url"
     assert "is missing" in err.value.body["message"]
+    not_a_string = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=not_a_string, max_tokens=2, extra_body=EXTRA)
+    assert err.value.body["param"] == "messages[0].content[0].image_url.url"
+    assert "must be a string" in err.value.body["message"]
