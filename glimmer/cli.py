@@ -93,6 +93,9 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         if inapplicable:
             raise UsageError(f"--drafter-for writes a DFlash drafter; leave out {', '.join(inapplicable)} (options "
                              "of a model checkpoint)")
+        if Path(args.drafter_for).is_file():  # the drafter is written from the target's config.json and tokenizer
+            raise UsageError(f"--drafter-for needs the target's checkpoint directory; {args.drafter_for} is a file "
+                             "(GGUF targets are not supported)")
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{out} exists and is not a directory")

@@ -328,6 +328,15 @@ def test_make_tiny_drafter_refuses_options_of_a_model_checkpoint(capsys, tmp_pat
     assert not out.exists()
 
 
+def test_make_tiny_drafter_for_a_file_asks_for_a_checkpoint_directory(capsys, tmp_path):
+    """QA: a GGUF target said "config.json: cannot be read as UTF-8 text ([Errno 20] Not a directory ...)"."""
+    target = tmp_path / "m.gguf"
+    target.write_bytes(b"GGUF")
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "drafter"), "--drafter-for", str(target)],
+                         "--drafter-for needs the target's checkpoint directory", "GGUF targets are not supported")
+    assert not (tmp_path / "drafter").exists()
+
+
 def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, tmp_path):
     from safetensors.torch import load_file
 
