@@ -19,7 +19,7 @@ from typing import Union
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import ExifTags, Image, ImageOps
 
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.patches import patch_rows
@@ -40,6 +40,34 @@ def image_grid(height: int, width: int, settings: MediaSettings) -> tuple[int, i
     """The (1, grid_h, grid_w) patch grid an image of this size gets, without touching pixels."""
     target_height, target_width = smart_resize(height, width, settings.resize_factor, settings.max_image_tokens)
     return 1, target_height // settings.patch_size, target_width // settings.patch_size
+
+
+def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits: MediaLimits) -> int | None:
+    """The `<|patch|>` tokens `process_image` would give, from the size in the file's header (no pixel decoded);
+    None where the header cannot be read or the size is beyond `limits` (processing would refuse it)."""
+    if isinstance(image, np.ndarray):
+        height, width = image.shape[:2] if image.ndim >= 2 else (0, 0)
+    elif isinstance(image, Image.Image):
+        height, width = image.height, image.width
+    elif isinstance(image, bytes | bytearray | memoryview | str | os.PathLike):
+        source = image if isinstance(image, str | os.PathLike) else io.BytesIO(bytes(image))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(source) as opened:
+                    # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding
+                    quarter_turn = opened.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+                    height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
+        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
+            return None
+    else:
+        return None
+    try:
+        limits.check_frame_size("image", 0, width, height)
+    except (MediaDecodeError, MediaLimitError):
+        return None
+    _, grid_h, grid_w = image_grid(height, width, settings)
+    return grid_h * grid_w // settings.merge_size**2
 
 
 def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLimits) -> Image.Image:

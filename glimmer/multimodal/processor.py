@@ -9,14 +9,15 @@ keeps them; the model scatters image rows into `<|patch|>` positions and video r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaLimitError
-from glimmer.multimodal.image import ImageInput, ProcessedImage, image_grid, process_image
+from glimmer.multimodal.image import ImageInput, ProcessedImage, image_grid, image_tokens_from_header, process_image
 from glimmer.multimodal.placeholders import (
     check_placeholder_counts,
     expand_placeholders,
@@ -62,6 +63,12 @@ class MediaProcessor:
         _, grid_h, grid_w = image_grid(height, width, self.settings)
         return grid_h * grid_w // self.settings.merge_size**2
 
+    def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> tuple[int, bool]:
+        """(tokens, whether all were counted) of items not yet processed: images from their headers; videos, which
+        need decoding to count, are not."""
+        counts = [image_tokens_from_header(image, self.settings, self.limits) for image in images]
+        return sum(n for n in counts if n is not None), None not in counts and not videos
+
     def process(
         self, prompt: str, images: Sequence[ImageInput] = (), videos: Sequence[VideoInput] = (), *,
         cancel: CancelToken | None = None,
@@ -70,8 +77,9 @@ class MediaProcessor:
 
         Raises MediaDecodeError / MediaLimitError naming the item, PlaceholderMismatchError when the
         placeholders do not match the items, and MediaLimitError as soon as the items so far exceed
-        `limits.max_media_tokens` together. All are RequestErrors. With `cancel`, stops between items and
-        between video frames with Cancelled once it is cancelled.
+        `limits.max_media_tokens` together (its total counts the later images from their headers). All are
+        RequestErrors. With `cancel`, stops between items and between video frames with Cancelled once it is
+        cancelled.
         """
         check_placeholder_counts(prompt, len(images), len(videos))  # before the expensive decoding
         budget = _TokenBudget(self.limits.max_media_tokens)
@@ -79,10 +87,12 @@ class MediaProcessor:
         for index, image in enumerate(images):
             if cancel is not None:
                 cancel.check()
-            processed_images.append(budget.spend(process_image(image, self.settings, self.limits, index)))
+            processed = process_image(image, self.settings, self.limits, index)
+            processed_images.append(budget.spend(processed, partial(self._later_tokens, images[index + 1:], videos)))
         processed_videos = []
         for index, video in enumerate(videos):
-            processed_videos.append(budget.spend(process_video(video, self.settings, self.limits, index, cancel)))
+            processed = process_video(video, self.settings, self.limits, index, cancel)
+            processed_videos.append(budget.spend(processed, partial(self._later_tokens, (), videos[index + 1:])))
         text = expand_placeholders(
             prompt,
             [image_expansion(image.num_tokens) for image in processed_images],
@@ -112,13 +122,17 @@ class _TokenBudget:
         self.limit = limit
         self.spent = 0
 
-    def spend(self, item: ProcessedImage | ProcessedVideo) -> ProcessedImage | ProcessedVideo:
+    def spend(self, item: ProcessedImage | ProcessedVideo, later_tokens: Callable[[], tuple[int, bool]]
+              ) -> ProcessedImage | ProcessedVideo:
+        """`later_tokens()`: (tokens, all counted) of the items not yet processed, so the error gives the total."""
         self.spent += item.num_tokens
         if self.limit is not None and self.spent > self.limit:
+            later, all_counted = later_tokens()
+            need = f"{self.spent + later:,}" if all_counted else f"at least {self.spent + later:,}"
             raise MediaLimitError(
                 "request",
                 None,
-                f"the images and videos need {self.spent:,} tokens together, more than the limit of {self.limit:,}; "
+                f"the images and videos need {need} tokens together, more than the limit of {self.limit:,}; "
                 "send fewer or smaller items, or lower max_image_tokens / max_video_frame_tokens",
             )
         return item

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from glimmer.errors import RequestError
 from glimmer.multimodal import (
@@ -128,3 +131,15 @@ def test_processor_enforces_the_request_token_limit() -> None:
         MediaLimitError, match="request: the images and videos need 108 tokens together, more than the limit of 100"
     ):
         processor.process("<|patch|><|patch|>", [image, image])
+
+
+def test_the_request_token_limit_error_gives_the_total_of_all_items() -> None:
+    """QA: 5 images of 54 tokens over a limit of 100 said "need 108 tokens together" (the sum so far)."""
+    image = np.zeros((150, 230, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(np.zeros((230, 150, 3), dtype=np.uint8)).save(png, format="PNG")
+    processor = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=100))
+    with pytest.raises(MediaLimitError, match="need 270 tokens together, more than the limit of 100"):
+        processor.process("<|patch|>" * 5, [image, image, png.getvalue(), image, image])
+    with pytest.raises(MediaLimitError, match="need at least 162 tokens together"):  # an unreadable one is not counted
+        processor.process("<|patch|>" * 4, [image, image, b"not an image", image])
