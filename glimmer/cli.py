@@ -302,6 +302,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             check_server_url(args.url)
         except ChatClientError as error:
             raise UsageError(f"--url {error}") from None
+    else:
+        remote_only = [flag for flag, value in (("--served-model", args.served_model), ("--api-key", args.api_key))
+                       if value is not None]
+        if remote_only:
+            raise UsageError(f"{', '.join(remote_only)} only apply to a --url server; without --url the model is "
+                             "loaded in-process: leave them out, or add --url")
     tools = _read_tools(args.tools) if args.tools else None
     color = not args.no_color and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
@@ -310,8 +316,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         from glimmer.server.chat_client import check_server
 
         # the --served-model is checked now, not when the first message is refused
-        max_model_len = check_server(args.url, args.api_key, args.served_model)
-        run_chat(args.url, model=args.served_model, api_key=args.api_key, max_model_len=max_model_len, **chat)
+        api_key = args.api_key or os.environ.get("GLIMMER_API_KEY")
+        max_model_len = check_server(args.url, api_key, args.served_model)
+        run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
         return 0
     from glimmer.server.app import create_app
     from glimmer.server.background import BackgroundServer
@@ -526,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(chat)
     chat.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000 (a trailing /v1 is "
                       "fine; default: in-process)")
-    chat.add_argument("--api-key", default=os.environ.get("GLIMMER_API_KEY"),
+    chat.add_argument("--api-key", default=None,
                       help="the key of a --url server that requires one (default: $GLIMMER_API_KEY)")
     chat.add_argument("--served-model", default=None, help="the `model` to ask a --url server for")
     chat.add_argument("--system", default=None, help="a system prompt")

@@ -219,6 +219,14 @@ def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(caps
                                   "--max-model-len", "100"], "MODEL, --max-model-len would be ignored")
 
 
+def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, monkeypatch, tmp_path):
+    """In-process there is no server to ask for --served-model or to send --api-key to: they would be ignored.
+    $GLIMMER_API_KEY alone is not a flag given, and stays the --url default."""
+    monkeypatch.setenv("GLIMMER_API_KEY", "from-env")
+    _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--served-model", "foo", "--api-key", "k"],
+                         "--served-model, --api-key only apply to a --url server")
+
+
 def test_a_served_model_name_given_twice_is_refused(capsys):
     _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "b", "a"], "'a' given more than once")
 
