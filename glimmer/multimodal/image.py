@@ -42,6 +42,12 @@ def image_grid(height: int, width: int, settings: MediaSettings) -> tuple[int, i
     return 1, target_height // settings.patch_size, target_width // settings.patch_size
 
 
+def image_token_count(height: int, width: int, settings: MediaSettings) -> int:
+    """`<|patch|>` tokens for an image of this size, without processing it."""
+    _, grid_h, grid_w = image_grid(height, width, settings)
+    return grid_h * grid_w // settings.merge_size**2
+
+
 def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits: MediaLimits) -> int | None:
     """The `<|patch|>` tokens `process_image` would give, from the size in the file's header (no pixel decoded);
     None where the header cannot be read or the size is beyond `limits` (processing would refuse it)."""
@@ -66,8 +72,7 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
         limits.check_frame_size("image", 0, width, height)
     except (MediaDecodeError, MediaLimitError):
         return None
-    _, grid_h, grid_w = image_grid(height, width, settings)
-    return grid_h * grid_w // settings.merge_size**2
+    return image_token_count(height, width, settings)
 
 
 def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLimits) -> Image.Image:

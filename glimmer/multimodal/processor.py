@@ -17,7 +17,13 @@ import torch
 
 from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaLimitError
-from glimmer.multimodal.image import ImageInput, ProcessedImage, image_grid, image_tokens_from_header, process_image
+from glimmer.multimodal.image import (
+    ImageInput,
+    ProcessedImage,
+    image_token_count,
+    image_tokens_from_header,
+    process_image,
+)
 from glimmer.multimodal.placeholders import (
     check_placeholder_counts,
     expand_placeholders,
@@ -60,8 +66,7 @@ class MediaProcessor:
 
     def image_tokens(self, height: int, width: int) -> int:
         """`<|patch|>` tokens for an image of this size, without processing it."""
-        _, grid_h, grid_w = image_grid(height, width, self.settings)
-        return grid_h * grid_w // self.settings.merge_size**2
+        return image_token_count(height, width, self.settings)
 
     def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> tuple[int, bool]:
         """(tokens, whether all were counted) of items not yet processed: images from their headers; videos, which
