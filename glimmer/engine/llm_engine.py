@@ -54,6 +54,7 @@ from glimmer.engine.sequence import MultimodalItem, Sequence
 from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
+from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.protocol import ChatTemplate
@@ -62,6 +63,7 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 2 << 30
+_REPLAN_MARGIN_BYTES = 256 << 20  # beyond the shortfall, when a KV cache is sized again (`_working_shortfall`)
 CUDA_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS = 256, 64  # max_num_seqs when the config leaves it unset
 
 
@@ -271,21 +273,17 @@ class LLMEngine:
         if config.speculative_config is not None:
             spec_config = SpeculativeConfig.parse(config.speculative_config)
             self._load_drafter(spec_config)
-        self.kv_layout = self._plan_kv_cache()
-        self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=config.enable_prefix_caching)
-        capture = self.drafter.config.target_layer_ids if self.drafter else ()
-        self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
-                                  max_num_seqs=self.scheduler_config.max_num_seqs,
-                                  max_model_len=self.max_model_len, use_cuda_graphs=not config.enforce_eager,
-                                  capture_layers=capture,
-                                  query_lens=tuple(1 + k for k in draft_choices(self.num_speculative_tokens)),
-                                  progress=config.progress, token_count=self.token_count)
-        self.speculator: SpeculativeDecoder | None = None
-        if self.drafter is not None:
-            proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,
-                                      max_num_seqs=self.scheduler_config.max_num_seqs,
-                                      use_cuda_graphs=not config.enforce_eager, progress=config.progress)
-            self.speculator = SpeculativeDecoder(spec_config, proposer, self.num_speculative_tokens, capture)
+        self._working: WorkingMemory | None = None  # measured when a GPU's free memory sizes the KV cache
+        self._build_cache_and_runner(spec_config)
+        shortfall = self._working_shortfall()
+        if shortfall > 0:
+            # start-up (graph capture, the products' workspaces) kept more than planned: size the cache again with
+            # that much more left free, or the largest steps would run out of memory in service
+            logger.warning("start-up kept %.2f GiB more device memory than planned beside the KV cache; sizing the "
+                           "cache again with that much more left free", shortfall / 2**30)
+            self.runner = self.speculator = self.kv = None
+            device_free_bytes(self.device)
+            self._build_cache_and_runner(spec_config, extra_reserve=shortfall + _REPLAN_MARGIN_BYTES)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
         self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None
@@ -306,6 +304,38 @@ class LLMEngine:
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
             self.kv_layout.block_size,
         )
+
+    def _build_cache_and_runner(self, spec_config: SpeculativeConfig | None, extra_reserve: int = 0) -> None:
+        """Size and allocate the KV cache, then the runner over it (its graphs captured) and the speculator."""
+        self.kv_layout = self._plan_kv_cache(extra_reserve)
+        self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=self.config.enable_prefix_caching)
+        capture = self.drafter.config.target_layer_ids if self.drafter else ()
+        self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
+                                  max_num_seqs=self.scheduler_config.max_num_seqs,
+                                  max_model_len=self.max_model_len, use_cuda_graphs=not self.config.enforce_eager,
+                                  capture_layers=capture, query_lens=self._graph_query_lens(),
+                                  progress=self.config.progress, token_count=self.token_count)
+        self.speculator = None
+        if self.drafter is not None:
+            proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,
+                                      max_num_seqs=self.scheduler_config.max_num_seqs,
+                                      use_cuda_graphs=not self.config.enforce_eager, progress=self.config.progress)
+            self.speculator = SpeculativeDecoder(spec_config, proposer, self.num_speculative_tokens, capture)
+
+    def _graph_query_lens(self) -> tuple[int, ...]:
+        """Tokens per sequence of the decode-shaped steps the runner replays from graphs (ModelRunner)."""
+        return tuple(1 + k for k in draft_choices(self.num_speculative_tokens))
+
+    def _working_shortfall(self) -> int:
+        """Bytes by which the memory left free once the engine started falls short of what was planned for its
+        steps beside the KV cache (0 or less: none), where a GPU's free memory sized the cache."""
+        if self._working is None:
+            return 0
+        free = device_free_bytes(self.device)
+        total = torch.cuda.mem_get_info(self.device)[1]
+        wanted = ((1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
+                  + self._working.steps)
+        return int(wanted - free)
 
     # configuration ----------------------------------------------------------------------------------
 
@@ -362,7 +392,7 @@ class LLMEngine:
         pending = 2 * seqs * config.block_size * len(config.target_layer_ids) * config.hidden_size * element
         return 4 * self.model_config.text.vocab_size * seqs * (3 * (k + 1) + k) + pending
 
-    def _plan_kv_cache(self) -> KVCacheLayout:
+    def _plan_kv_cache(self, extra_reserve: int = 0) -> KVCacheLayout:
         text = self.model_config.text
         bs = self.config.block_size
         if bs < 1 or bs & (bs - 1):
@@ -373,7 +403,7 @@ class LLMEngine:
         if self.drafter is not None:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)
         wanted = self._wanted_blocks()
-        total_budget = budget = self._kv_budget_bytes(per_block, wanted)
+        total_budget = budget = self._kv_budget_bytes(per_block, wanted, extra_reserve)
         num_blocks: dict[str, int] = {}
         draft_window = None
         if self.drafter is not None:
@@ -413,13 +443,26 @@ class LLMEngine:
             )
         return layout
 
-    def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
+    def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int], extra_reserve: int = 0) -> int:
         if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)
             self._check_kv_cache_fits(self.config.kv_cache_memory)
             return self.config.kv_cache_memory
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            reserve = (1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
+            if self._working is None:
+                self._working = measure_working_memory(
+                    self.loaded.model, self.device, self.dtype, block_size=self.config.block_size,
+                    max_num_seqs=self.scheduler_config.max_num_seqs,
+                    max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+                    capture_layers=self.drafter.config.target_layer_ids if self.drafter else (),
+                    query_lens=self._graph_query_lens(), graphs=not self.config.enforce_eager)
+                logger.info("steps beside the KV cache need up to %.2f GiB (prefill %.2f, decode %.2f, sampler "
+                            "%.2f, graph outputs %.2f)", self._working.total / 2**30,
+                            *(b / 2**30 for b in (self._working.prefill, self._working.decode,
+                                                  self._working.sampler, self._working.graph_outputs)))
+            free = device_free_bytes(self.device)
+            total = torch.cuda.mem_get_info(self.device)[1]
+            reserve = ((1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
+                       + self._working.total + extra_reserve)
             return max(int(free - reserve), sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
@@ -434,7 +477,7 @@ class LLMEngine:
             drafter = [self.drafter.model] if self.drafter is not None else []
             check_kv_cache_fits_in_host_memory(kv_bytes, [self.loaded.model, *drafter])
             return
-        room = torch.cuda.mem_get_info(self.device)[0] - self._speculation_reserve_bytes()
+        room = device_free_bytes(self.device) - self._speculation_reserve_bytes()
         if kv_bytes > room:
             raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the GPU memory free after the weights "
                               f"({self.device}) and the verification reserve ({max(room, 0):,} bytes); give the KV "

@@ -230,3 +230,40 @@ def test_products_chosen_alone_are_kept_only_if_the_decode_step_is_faster_with_t
             assert abs(x.logprob - y.logprob) < 0.05  # greedy: the largest logprob, continuous in the logits
             if a.token_ids[step] != b.token_ids[step]:  # a near tie: the contexts differ from here on
                 break
+
+
+def test_the_kv_cache_takes_the_memory_left_and_the_largest_steps_still_fit(tmp_path):
+    """8 layers of the 30B beside a ballast that leaves about 24 GiB, with almost every byte given to the engine:
+    memory freed before start-up (the ballast's cached blocks, the unfused projections) counts as free, and the
+    cache leaves room for the largest steps: full prefill chunks, 256 sequences sampled with penalties, top-p and
+    logprobs."""
+    from glimmer.engine.working_memory import device_free_bytes
+
+    path = _released_geometry(tmp_path, 8)
+    device = torch.device("cuda")
+    total = torch.cuda.mem_get_info(device)[1]
+    ballast = torch.empty(device_free_bytes(device) - (24 << 30), dtype=torch.uint8, device=device)
+    freed = torch.empty(8 << 30, dtype=torch.uint8, device=device)
+    del freed  # kept by the allocator's cache: free to the engine
+    assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 8 << 30
+    utilization = 1 - (1 << 30) / total
+    llm = LLM(str(path), device="cuda", dtype="bfloat16", load_format="dummy", progress=False, max_model_len=4096,
+              gpu_memory_utilization=utilization)
+    engine = llm.engine
+    working = engine._working
+    assert working is not None and working.prefill > 0 and working.decode > 0
+    left = device_free_bytes(device)
+    # what was planned stays free (to within what start-up keeps beside it), and little more than that
+    assert left >= (1 << 30) + working.steps, (left, working)
+    assert left <= (1 << 30) + working.total + (4 << 30), (left, working)
+
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 200_000, (300,), generator=generator).tolist() for _ in range(256)]
+    params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.2, presence_penalty=0.5, logprobs=5,
+                            max_tokens=3, ignore_eos=True, seed=1)
+    outs = llm.generate(prompts, params)
+    assert [len(o.token_ids) for o in outs] == [3] * 256
+    long = [torch.randint(0, 200_000, (4000,), generator=generator).tolist()]
+    scored = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    assert len(llm.generate(long, scored)[0].prompt_logprobs) == 4000
+    del llm, engine, ballast

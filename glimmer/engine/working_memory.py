@@ -1,0 +1,113 @@
+"""Device memory the engine's steps need beside the weights and the KV cache, measured before the cache exists.
+
+On a GPU the KV cache takes what `gpu_memory_utilization` leaves after the weights. What a step allocates while
+it runs must still fit beside it: a prefill chunk's activations, a full decode batch's logits, the sampler's
+float32 copies of them, and the outputs each captured CUDA graph keeps in its pool. This file measures the first
+two on a stand-in cache of one spare block per group (the steps' padding rows read and write only that block, as
+the captured graphs' padding rows do), and counts the other two from their shapes, so `LLMEngine` can leave that
+much free when it sizes the cache.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+
+import torch
+
+from glimmer.engine.cuda_graphs import batch_size_ladder
+from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.model_runner import PROMPT_LOGITS_ROWS
+from glimmer.engine.scheduler import ScheduledStep
+from glimmer.engine.step_inputs import build_step_inputs
+from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
+
+SAMPLER_ROW_COPIES = 6
+"""Float32 vocabulary-wide rows the sampler holds at once per sampled row, at most (sampler.py: the widened
+logits, their constrained or penalized copy, probabilities, the top-p sort's values and order, noise)."""
+
+
+@dataclass(frozen=True)
+class WorkingMemory:
+    """Bytes, beyond what is allocated when measured: `prefill`, the peak of the largest prefill chunk (as one
+    sequence, and spread over every sequence a step may hold) with its logits; `decode`, that of an eager decode
+    step of every sequence with its logits; `sampler`, the sampler's float32 rows for every sequence;
+    `graph_outputs`, the logits every captured decode graph keeps (0 without graphs)."""
+
+    prefill: int
+    decode: int
+    sampler: int
+    graph_outputs: int
+
+    @property
+    def steps(self) -> int:
+        """What an eager step needs at its peak beside the captured graphs' pool."""
+        return max(self.prefill, self.decode) + self.sampler
+
+    @property
+    def total(self) -> int:
+        """All of it: an eager step beside a pool that holds the largest decode step and every graph's outputs."""
+        return self.steps + (self.decode + self.graph_outputs if self.graph_outputs else 0)
+
+
+def device_free_bytes(device: torch.device) -> int:
+    """Free memory on `device` once the allocator's cache of freed blocks is handed back: blocks freed at load
+    (the unfused projections, say) stay reserved by PyTorch, and `mem_get_info` counts them as used."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def graph_output_bytes(max_num_seqs: int, query_lens: tuple[int, ...], vocab_size: int, element: int) -> int:
+    """The logits the decode graphs keep, one (size, vocab) tensor per captured batch size (graphs of 1 + k tokens
+    per sequence keep only hidden states; their logits are computed outside)."""
+    return sum(batch_size_ladder(max_num_seqs)) * vocab_size * element if 1 in query_lens else 0
+
+
+@torch.inference_mode()
+def measure_working_memory(
+    model: MuseGlimmerForConditionalGeneration, device: torch.device, dtype: torch.dtype, *, block_size: int,
+    max_num_seqs: int, max_num_batched_tokens: int, capture_layers: tuple[int, ...] = (),
+    query_lens: tuple[int, ...] = (1,), graphs: bool = True,
+) -> WorkingMemory:
+    """Run the largest steps over padding rows on a stand-in cache and measure their peaks (see the module)."""
+    text = model.config.text
+    groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
+              if layers]
+    kv = KVCacheManager(KVCacheLayout(block_size, {g: 1 for g in groups}, text.sliding_window),
+                        enable_prefix_caching=False)
+    null_blocks = {g: 1 for g in groups}
+    shape = (2, block_size, text.num_key_value_heads, text.head_dim)
+    kv_caches = {i: (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                 for i in range(text.num_hidden_layers)}
+
+    def peak(num_seqs: int, tokens_each: int, logits_rows: int) -> int:
+        inputs = build_step_inputs(ScheduledStep([], []), kv, null_blocks, num_seqs, padding_tokens=tokens_each)
+        device_free_bytes(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        flat = inputs.flat.to(device)
+        tables = {g: t.to(device) for g, t in inputs.tables.items()}
+        input_ids, ctx = inputs.context(flat, tables, block_size, kv_caches)
+        ctx.capture_layers = capture_layers
+        final = model(input_ids, ctx)
+        hidden = ctx.captured_outputs(final, text.num_hidden_layers)
+        logits = model.compute_logits(final[-logits_rows:])
+        torch.cuda.synchronize(device)
+        used = torch.cuda.max_memory_allocated(device) - base
+        del flat, tables, input_ids, ctx, final, hidden, logits
+        return used
+
+    chunk = max_num_batched_tokens
+    spread = min(max_num_seqs, chunk)
+    # a prompt scored for logprobs takes PROMPT_LOGITS_ROWS rows of logits at once
+    prefill = max(peak(1, chunk, min(chunk, PROMPT_LOGITS_ROWS)), peak(spread, chunk // spread, spread))
+    decode = peak(max_num_seqs, 1, max_num_seqs)
+    kv_caches.clear()
+    device_free_bytes(device)
+    element = torch.empty((), dtype=dtype).element_size()
+    return WorkingMemory(
+        prefill=prefill, decode=decode, sampler=SAMPLER_ROW_COPIES * max_num_seqs * text.vocab_size * 4,
+        graph_outputs=graph_output_bytes(max_num_seqs, query_lens, text.vocab_size, element) if graphs else 0,
+    )
