@@ -335,7 +335,8 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
         with BackgroundServer(app) as server:
-            run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, **chat)
+            run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, in_process=True,
+                     **chat)
     finally:
         engine.shutdown()
     return 0

@@ -362,6 +362,12 @@ def test_the_length_notice_names_the_limit_only_where_the_usage_tells(usage, max
     assert length_notice(usage, max_tokens, max_model_len) == notice
 
 
+def test_in_process_the_default_max_tokens_is_the_models():
+    usage = {"prompt_tokens": 10, "completion_tokens": 5}
+    assert length_notice(usage, None, 100, in_process=True) == ("[stopped at the model's default max_tokens "
+                                                               "(generation_config max_new_tokens)]")
+
+
 @pytest.mark.parametrize(("status", "body", "line"), [
     (502, b"<html>\n<body>Bad gateway</body>\n</html>\n", "the server answered HTTP 502: <html> <body>Bad gateway"
                                                            "</body> </html>"),

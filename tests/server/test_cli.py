@@ -354,6 +354,15 @@ def test_in_process_chat_limits_that_leave_a_reply_room_are_taken(chat_in_proces
     assert code == 0 and "error" not in out
 
 
+def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
+    """In-process there is no server the user started: a refused message is the engine's reason alone."""
+    code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "8"], ["word " * 80])
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2
+    assert lines[1].startswith("error: the prompt has ")
+    assert lines[1].endswith("tokens, which leaves no room to generate within max_model_len=200")
+
+
 def test_make_tiny_into_a_path_under_a_file_is_one_line(capsys, tmp_path):
     (tmp_path / "afile").write_text("")
     _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "afile" / "sub")], "afile/sub", "Not a directory")
