@@ -247,6 +247,7 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
              request_options: dict[str, Any] | None = None, color: bool = True,
              max_model_len: int | None = None, in_process: bool = False) -> None:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
+    Another `/command` is not sent: the chat lists the commands; `//text` sends `/text`.
     `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
     max_tokens. `in_process`: the server at `url` runs in this process for the chat alone (`glimmer chat` without
     --url), so messages speak of the engine's answers, not of a server the user never started.
@@ -294,16 +295,25 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
 
     def read(prompt: str) -> str | None:
         """A typed line, or None after /reset (the history cleared in place); _Exit for /exit, /quit or end of
-        input (a newline written)."""
-        line = _read(read_line, prompt)
-        if line is None:
-            out.write("\n")
-        if line is None or line.strip() in ("/exit", "/quit"):
-            raise _Exit
-        if line.strip() == "/reset":
-            del history[1 if system else 0 :]
-            return None
-        return line
+        input (a newline written). An unknown /command is answered with the commands and asked again; `//`
+        starts a line that is sent with one leading `/`."""
+        while True:
+            line = _read(read_line, prompt)
+            if line is None:
+                out.write("\n")
+                raise _Exit
+            command = line.strip()
+            if command in ("/exit", "/quit"):
+                raise _Exit
+            if command == "/reset":
+                del history[1 if system else 0 :]
+                return None
+            if command.startswith("//"):
+                return line.replace("/", "", 1)
+            if not command.startswith("/"):
+                return line
+            out.write(f"unknown command {command.split()[0]}: the commands are /reset, /exit and /quit; start with "
+                      "// to send a message that begins with /\n")
 
     try:
         while True:

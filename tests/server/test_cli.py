@@ -363,6 +363,13 @@ def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
     assert lines[1].endswith("tokens, which leaves no room to generate within max_model_len=200")
 
 
+def test_an_unknown_command_in_the_chat_lists_the_commands_and_sends_nothing(chat_in_process):
+    code, out, _ = chat_in_process(["--max-tokens", "4"], ["/foo bar"])
+    assert code == 0
+    assert out.splitlines()[1:] == ["unknown command /foo: the commands are /reset, /exit and /quit; start with // to "
+                                    "send a message that begins with /"]
+
+
 def test_make_tiny_into_a_path_under_a_file_is_one_line(capsys, tmp_path):
     (tmp_path / "afile").write_text("")
     _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "afile" / "sub")], "afile/sub", "Not a directory")
