@@ -331,10 +331,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     engine, name, is_default = _engine_from_args(args)
     try:
         app = create_app(engine, ServerSettings(served_model_names=(name,)))
+        _check_chat_fits_context(app.state.context, args, options, tools)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
         with BackgroundServer(app) as server:
-            run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, **chat)
+            run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, in_process=True,
+                     **chat)
     finally:
         engine.shutdown()
     return 0
@@ -365,6 +367,46 @@ def _chat_request_options(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(str(error)) from None
         options["reasoning_effort"] = args.reasoning_effort
     return options
+
+
+def _check_chat_fits_context(context: Any, args: argparse.Namespace, request_options: dict[str, Any],
+                             tools: list[dict[str, Any]] | None) -> None:
+    """UsageError naming the flag, for a --max-tokens or --max-model-len (or a --system) with which the server in
+    `context` would refuse every message of the in-process chat for the context length. It asks what the server
+    asks of a turn, of the shortest turn there can be: an empty message after the --system prompt, with the --tools
+    and the request options. Every real turn's prompt adds to that one, so its refusal holds for all of them."""
+    from glimmer.protocol.chat_template import ChatTemplateError
+    from glimmer.server.chat_prompt import build_chat_prompt
+    from glimmer.server.sampling import chat_sampling_params
+    from glimmer.server.schemas import ChatCompletionRequest
+
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    request = ChatCompletionRequest(messages=[*system, {"role": "user", "content": ""}], tools=tools,
+                                    **request_options)
+    engine = context.engine.engine
+    prompt_len = 0
+    try:
+        prompt_len = len(build_chat_prompt(request, context).token_ids)
+        engine.generation_budget(prompt_len, chat_sampling_params(request, context))
+    except ChatTemplateError:
+        return  # a template may refuse an empty message and take typed ones: the first message will tell
+    except RequestError as error:
+        if error.param not in ("max_tokens", "messages"):
+            return  # not the context length: as above
+        given = " with the --system prompt" * bool(args.system) + " and the --tools" * bool(tools)
+        # the engine's own fix ("lower max_tokens", "shorten the messages") is for an API client: the flags replace it
+        refused = f"even an empty message (the chat template{given}) is refused: {str(error).partition(';')[0]}"
+        larger_context = ", or a larger --max-model-len" if args.max_model_len is not None else ""
+        if error.param == "max_tokens":
+            raise UsageError(f"--max-tokens {args.max_tokens} would make every message fail: {refused}; give "
+                             f"--max-tokens {engine.max_model_len - prompt_len} or less{larger_context}") from None
+        fixes = [fix for fix, applies in (("a larger --max-model-len", args.max_model_len is not None),
+                                          ("a shorter --system", bool(args.system)), ("fewer --tools", bool(tools)))
+                 if applies]
+        context_given = (f"--max-model-len {args.max_model_len}" if args.max_model_len is not None
+                         else f"the model's context (max_model_len={engine.max_model_len})")
+        raise UsageError(f"{context_given} would make every message fail: {refused}; give "
+                         f"{' or '.join(fixes) or 'a model whose context holds its chat template'}") from None
 
 
 def _read_tools(path: str) -> list[dict[str, Any]]:

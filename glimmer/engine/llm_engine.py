@@ -635,29 +635,7 @@ class LLMEngine:
             refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,
                                       self.model_config.video_token_id)
         prompt_len = len(prompt_token_ids)
-        room = self.max_model_len - prompt_len
-        if room < 1 and not (params.max_tokens == 0 and room == 0):
-            raise RequestError(
-                f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
-                f"max_model_len={self.max_model_len}",
-                param="messages",
-            )
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if clamp_max_tokens:
-            max_tokens = min(max_tokens, room)
-        if max_tokens > room:
-            raise RequestError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_model_len="
-                f"{self.max_model_len}; lower max_tokens to at most {room}",
-                param="max_tokens",
-            )
-        if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
-            raise RequestError(
-                f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
-                f"the prompt's {prompt_len} leave {room} of max_model_len={self.max_model_len}); lower min_tokens to "
-                f"at most {max_tokens}",
-                param="min_tokens",
-            )
+        max_tokens = self.generation_budget(prompt_len, params, clamp_max_tokens=clamp_max_tokens)
         if controller_factory is None and params.structured_outputs is not None:
             controller_factory = self.grammars.structured_outputs(params.structured_outputs)
         if controller_factory is not None and params.min_tokens:
@@ -695,6 +673,38 @@ class LLMEngine:
         self._seqs[request_id] = seqs
         for seq in seqs:
             self.scheduler.add(seq)
+
+    def generation_budget(self, prompt_len: int, params: SamplingParams, *, clamp_max_tokens: bool = False) -> int:
+        """How many tokens a request whose prompt has `prompt_len` tokens may generate: its max_tokens, or the room
+        the context leaves where it sets none (`clamp_max_tokens` as for `add_request`).
+
+        Raises RequestError when max_model_len leaves the prompt no room to generate (param "messages"), or less
+        room than max_tokens (param "max_tokens") or min_tokens asks for.
+        """
+        room = self.max_model_len - prompt_len
+        if room < 1 and not (params.max_tokens == 0 and room == 0):
+            raise RequestError(
+                f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
+                f"max_model_len={self.max_model_len}",
+                param="messages",
+            )
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if clamp_max_tokens:
+            max_tokens = min(max_tokens, room)
+        if max_tokens > room:
+            raise RequestError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_model_len="
+                f"{self.max_model_len}; lower max_tokens to at most {room}",
+                param="max_tokens",
+            )
+        if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
+            raise RequestError(
+                f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
+                f"the prompt's {prompt_len} leave {room} of max_model_len={self.max_model_len}); lower min_tokens to "
+                f"at most {max_tokens}",
+                param="min_tokens",
+            )
+        return max_tokens
 
     def abort(self, request_id: str, index: int | None = None) -> list[StepDelta]:
         """Stop a request (or only its completion `index`) now and free its KV blocks.

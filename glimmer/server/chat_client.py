@@ -245,10 +245,12 @@ def _refusal(error: urllib.error.HTTPError) -> ServerRefusedError:
 def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, read_line: Callable[[str], str],
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
              request_options: dict[str, Any] | None = None, color: bool = True,
-             max_model_len: int | None = None) -> None:
+             max_model_len: int | None = None, in_process: bool = False) -> None:
     """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
+    Another `/command` is not sent: the chat lists the commands; `//text` sends `/text`.
     `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
-    max_tokens.
+    max_tokens. `in_process`: the server at `url` runs in this process for the chat alone (`glimmer chat` without
+    --url), so messages speak of the engine's answers, not of a server the user never started.
 
     A reply that calls tools is followed by one prompt per call for its result (`name(arguments) result>`); the
     results go back as `tool` messages and the reply continues, until a reply calls nothing. At a result prompt
@@ -277,7 +279,8 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                 renderer.feed(chunk)
         except ChatClientError as error:
             renderer.finish()
-            out.write(f"error: {error}\n")
+            refused_in_process = in_process and isinstance(error, ServerRefusedError)
+            out.write(f"error: {error.message if refused_in_process else error}\n")
             earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
             if isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
                 # a refusal that names max_tokens is also met by asking for fewer tokens
@@ -286,21 +289,31 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":
-            out.write(length_notice(renderer.usage, (request_options or {}).get("max_tokens"), max_model_len) + "\n")
+            out.write(length_notice(renderer.usage, (request_options or {}).get("max_tokens"), max_model_len,
+                                    in_process=in_process) + "\n")
         return message
 
     def read(prompt: str) -> str | None:
         """A typed line, or None after /reset (the history cleared in place); _Exit for /exit, /quit or end of
-        input (a newline written)."""
-        line = _read(read_line, prompt)
-        if line is None:
-            out.write("\n")
-        if line is None or line.strip() in ("/exit", "/quit"):
-            raise _Exit
-        if line.strip() == "/reset":
-            del history[1 if system else 0 :]
-            return None
-        return line
+        input (a newline written). An unknown /command is answered with the commands and asked again; `//`
+        starts a line that is sent with one leading `/`."""
+        while True:
+            line = _read(read_line, prompt)
+            if line is None:
+                out.write("\n")
+                raise _Exit
+            command = line.strip()
+            if command in ("/exit", "/quit"):
+                raise _Exit
+            if command == "/reset":
+                del history[1 if system else 0 :]
+                return None
+            if command.startswith("//"):
+                return line.replace("/", "", 1)
+            if not command.startswith("/"):
+                return line
+            out.write(f"unknown command {command.split()[0]}: the commands are /reset, /exit and /quit; start with "
+                      "// to send a message that begins with /\n")
 
     try:
         while True:
@@ -329,9 +342,11 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         return
 
 
-def length_notice(usage: dict[str, Any] | None, max_tokens: int | None, max_model_len: int | None) -> str:
+def length_notice(usage: dict[str, Any] | None, max_tokens: int | None, max_model_len: int | None, *,
+                  in_process: bool = False) -> str:
     """The line after a reply cut short (finish_reason "length"): which limit cut it, where the usage (and the
-    max_tokens asked for, the context length if known) tells; else words that hold for either."""
+    max_tokens asked for, the context length if known) tells; else words that hold for either. `in_process`: the
+    default max_tokens is Glimmer's own, the model's generation_config max_new_tokens."""
     prompt = (usage or {}).get("prompt_tokens")
     completion = (usage or {}).get("completion_tokens")
     if completion is None:
@@ -341,6 +356,8 @@ def length_notice(usage: dict[str, Any] | None, max_tokens: int | None, max_mode
     if max_tokens is not None and completion >= max_tokens:
         return "[stopped at max_tokens]"
     if max_tokens is None and max_model_len is not None and prompt is not None:  # the server's own default
+        if in_process:
+            return "[stopped at the model's default max_tokens (generation_config max_new_tokens)]"
         return "[stopped at the server's default max_tokens]"
     return "[stopped at a length limit: max_tokens or the end of the context window]"
 

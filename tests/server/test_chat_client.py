@@ -208,6 +208,14 @@ def test_exit_or_reset_at_a_result_prompt_drop_the_unanswered_turn(make_tiny, an
         assert "Hello there!" in text and "[weather]" not in model_prompts[-1]
 
 
+def test_an_unknown_command_at_a_result_prompt_asks_for_the_result_again(make_tiny):
+    lines = iter(["[weather] in Paris?", "/foo", "[sunny-result]", "/exit"])
+    text, prompts, _ = scripted_tool_chat(make_tiny, lines)
+    assert prompts == ["you> ", RESULT_PROMPT, RESULT_PROMPT, "you> "]
+    assert "unknown command /foo: the commands are /reset, /exit and /quit" in text
+    assert "It is sunny in Paris.\n" in text
+
+
 def test_end_of_input_at_a_result_prompt_ends_the_chat(make_tiny):
     def lines():
         yield "[weather] in Paris?"
@@ -360,6 +368,20 @@ def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_serve
 ])
 def test_the_length_notice_names_the_limit_only_where_the_usage_tells(usage, max_tokens, max_model_len, notice):
     assert length_notice(usage, max_tokens, max_model_len) == notice
+
+
+def test_in_process_the_default_max_tokens_is_the_models():
+    usage = {"prompt_tokens": 10, "completion_tokens": 5}
+    assert length_notice(usage, None, 100, in_process=True) == ("[stopped at the model's default max_tokens "
+                                                               "(generation_config max_new_tokens)]")
+
+
+def test_an_unknown_command_is_not_sent_and_a_double_slash_sends_one_slash():
+    stop = b'data: {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    with canned_server([(200, stop)]) as (url, seen):
+        text = chat(url, ["/foo", "//foo", "/exit"])
+    assert text.startswith("unknown command /foo: the commands are /reset, /exit and /quit")
+    assert [[m["content"] for m in body["messages"]] for body in seen] == [["/foo"]]
 
 
 @pytest.mark.parametrize(("status", "body", "line"), [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -302,6 +303,71 @@ def test_chat_options_the_server_takes_pass_the_checks():
     args = build_parser().parse_args(["chat", "--max-tokens", "1", "--temperature", "0", "--reasoning-effort", "HIGH"])
     assert _chat_request_options(args) == {"max_tokens": 1, "temperature": 0.0, "reasoning_effort": "HIGH"}
     assert _chat_request_options(build_parser().parse_args(["chat"])) == {}
+
+
+@pytest.fixture
+def chat_in_process(capsys, monkeypatch, tiny_checkpoint):
+    """chat(args, lines) runs `glimmer chat TINY ARGS` in this process, typing `lines` and then /exit: (exit code,
+    stdout, stderr). The loggers the chat quiets get their levels back afterwards."""
+    from glimmer.cli import main
+
+    quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]
+    levels = [logger.level for logger in quieted]
+
+    def chat(args: list[str], lines: list[str] = ()) -> tuple[int, str, str]:
+        typed = iter([*lines, "/exit"])
+        monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+        code = main(["chat", str(tiny_checkpoint), "--kv-cache-memory", "50MiB", "--no-color", *args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    yield chat
+    for logger, level in zip(quieted, levels, strict=True):
+        logger.setLevel(level)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--max-tokens", "5000"], ["--max-tokens 5000 would make every message fail", "exceeds max_model_len=",
+                                "give --max-tokens "]),
+    (["--max-model-len", "8"], ["--max-model-len 8 would make every message fail", "characters",
+                                "give a larger --max-model-len"]),
+    (["--max-model-len", "100"], ["--max-model-len 100 would make every message fail", "leaves no room",
+                                  "give a larger --max-model-len"]),
+    (["--max-model-len", "200", "--max-tokens", "100"], ["--max-tokens 100 would make every message fail",
+                                                         "or less, or a larger --max-model-len"]),
+    (["--max-model-len", "200", "--system", "word " * 100], ["--max-model-len 200", "with the --system prompt",
+                                                             "give a larger --max-model-len or a shorter --system"]),
+])
+def test_in_process_chat_limits_that_refuse_every_message_are_one_line_before_the_first(chat_in_process, args, words):
+    """Every turn's prompt holds the chat template (and the --system prompt) before the typed text: a context that
+    leaves no reply room even then, or less than --max-tokens, would answer each message with an error."""
+    code, out, err = chat_in_process(args, ["Hello"])
+    last = err.strip().splitlines()[-1]  # after the weights' progress bar
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert last.startswith("glimmer: error: ")
+    for word in words:
+        assert word in last
+
+
+def test_in_process_chat_limits_that_leave_a_reply_room_are_taken(chat_in_process):
+    code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "8"], ["Hello"])
+    assert code == 0 and "error" not in out
+
+
+def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
+    """In-process there is no server the user started: a refused message is the engine's reason alone."""
+    code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "8"], ["word " * 80])
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2
+    assert lines[1].startswith("error: the prompt has ")
+    assert lines[1].endswith("tokens, which leaves no room to generate within max_model_len=200")
+
+
+def test_an_unknown_command_in_the_chat_lists_the_commands_and_sends_nothing(chat_in_process):
+    code, out, _ = chat_in_process(["--max-tokens", "4"], ["/foo bar"])
+    assert code == 0
+    assert out.splitlines()[1:] == ["unknown command /foo: the commands are /reset, /exit and /quit; start with // to "
+                                    "send a message that begins with /"]
 
 
 def test_make_tiny_into_a_path_under_a_file_is_one_line(capsys, tmp_path):
