@@ -206,6 +206,22 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     assert generated - during["glimmer_generation_tokens_total"] < 1000
 
 
+def test_a_client_that_leaves_is_counted_as_499_whether_it_streams_or_not(server):
+    request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, **EXTRA}
+    key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
+    before = server.metrics()
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
+                                                       json={**request, "stream": True}) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(lines)
+    with pytest.raises(httpx.ReadTimeout):  # far sooner than 1500 tokens
+        httpx.post(server.base_url + "/chat/completions", json=request, timeout=httpx.Timeout(30, read=0.3))
+    after = server.wait_for_idle()
+    assert after.get(key % 499, 0) - before.get(key % 499, 0) == 2
+    assert after.get(key % 200, 0) == before.get(key % 200, 0)
+
+
 def test_metrics_expose_requests_tokens_latencies_and_cache(server, client):
     client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, extra_body=EXTRA)
     samples = server.metrics()
