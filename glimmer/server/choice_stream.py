@@ -80,8 +80,9 @@ class ChoiceStream:
         return events
 
     def _feed_step(self, delta: StepDelta) -> list[Event]:
-        self._count_tokens(delta)
-        events = self._route(self.parser.feed(self._visible_text(delta)).events)
+        visible = self._visible_text(delta)
+        self._count_tokens(delta, visible)
+        events = self._route(self.parser.feed(visible).events)
         if self._stop_matched:
             return events + self._end("stop", flush_parser=False)
         parser = self.parser
@@ -99,12 +100,17 @@ class ChoiceStream:
         reads)."""
         return without_hidden_tokens(delta.text, delta.token_ids, self._hidden_tokens)
 
-    def _count_tokens(self, delta: StepDelta) -> None:
-        # A token's span is the text it released; tokens whose text is still held get an empty one.
+    def _count_tokens(self, delta: StepDelta, visible: str) -> None:
+        # A token's span is the text it released to the parser (`visible`: the parser's offsets are in it); tokens
+        # whose text is still held, and hidden special tokens, get an empty one.
         start = self._characters_fed
-        self._characters_fed += len(delta.text)
+        self._characters_fed += len(visible)
+        ends = delta.text_ends()
+        if len(visible) != len(delta.text):
+            ends = [len(without_hidden_tokens(delta.text[:end], delta.token_ids[:i + 1], self._hidden_tokens))
+                    for i, end in enumerate(ends)]
         previous = 0
-        for end in delta.text_ends():
+        for end in ends:
             self._token_spans.append((start + previous, start + end))
             previous = end
         self.num_tokens += len(delta.token_ids)

@@ -286,6 +286,15 @@ def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client
     assert (kept["reasoning"], kept["content"]) == ("Look<|image_end|>ing.", "Hi<|image_end|> there<|patch|>!")
 
 
+def test_a_hidden_special_token_does_not_shift_the_reasoning_token_count(client, server):
+    # P-API-5: every token of the reasoning message counts, the hidden <|image_end|> and those after it too
+    reasoning_message = WITH_MEDIA_MARKERS[:WITH_MEDIA_MARKERS.index("<|eom|>") + len("<|eom|>")]
+    for skip in (True, False):
+        result = _both(client, **_request("[specials]", extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                                    "skip_special_tokens": skip}))
+        assert result["usage"].completion_tokens_details.reasoning_tokens == _token_count(server, reasoning_message)
+
+
 def test_truncation_mid_call_reports_length_and_keeps_valid_json(client, server):
     cut = _token_count(server, f" to=get_weather<|message|>{WEATHER_CALL_BODY}") - 8
     result = _both(client, **_request("[two-calls]", tools=TOOLS, max_tokens=cut))
