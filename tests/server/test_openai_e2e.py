@@ -109,7 +109,10 @@ def test_n_logprobs_seed_and_model_alias(client):
     assert [c.index for c in response.choices] == [0, 1]
     for choice in response.choices:
         assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in choice.logprobs.content)
-    assert sum(len(c.logprobs.content) for c in response.choices) == response.usage.completion_tokens
+        # the answer's tokens only: their bytes spell the content
+        spelled = b"".join(bytes(entry.bytes) for entry in choice.logprobs.content)
+        assert spelled.decode(errors="replace") == (choice.message.content or "")
+    assert sum(len(c.logprobs.content) for c in response.choices) <= response.usage.completion_tokens
 
 
 def test_models_lists_every_served_name(client):

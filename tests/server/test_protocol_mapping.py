@@ -332,16 +332,24 @@ def test_reasoning_effort_reaches_the_template_as_strength(client, server):
     assert "Reasoning strength: low." in server.engine.engine.runner.prompts[-1]  # P-EFF-2
 
 
-def test_logprobs_cover_every_generated_token_streamed_and_not(client, server):
-    request = _request("[reason-answer]", logprobs=True, top_logprobs=2)
+@pytest.mark.parametrize(("key", "content"), [("[reason-answer]", "Hello there!"), ("[specials]", "Hi there!"),
+                                              ("[reason-call]", "")])
+def test_logprobs_list_the_answer_tokens_only_streamed_and_not(client, key, content):
+    """OpenAI's `logprobs.content` holds the message content's tokens: the reasoning's, the call's, headers,
+    terminators and hidden special tokens are left out, so the tokens spell the content."""
+    request = _request(key, tools=TOOLS, logprobs=True, top_logprobs=2)
     response = client.chat.completions.create(**request)
     entries = response.choices[0].logprobs.content
-    assert len(entries) == response.usage.completion_tokens
-    assert entries[0].token == " to" and len(entries[0].top_logprobs) == 2
-    assert "".join(entry.token for entry in entries) == REASON_THEN_ANSWER
-    streamed = [entry.token for chunk in client.chat.completions.create(stream=True, **request)
-                for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
-    assert streamed == [entry.token for entry in entries]
+    assert (response.choices[0].message.content or "") == content
+    assert "".join(entry.token for entry in entries) == content
+    assert all(len(entry.top_logprobs) == 2 for entry in entries)
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            if choice.logprobs:
+                assert not choice.delta.model_extra.get("reasoning_content") and not choice.delta.tool_calls
+                streamed += [(entry.token, entry.logprob) for entry in choice.logprobs.content]
+    assert streamed == [(entry.token, entry.logprob) for entry in entries]
 
 
 def test_a_call_of_an_undeclared_tool_passes_through_and_is_counted(client, server):
