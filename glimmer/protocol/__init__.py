@@ -16,6 +16,7 @@ from glimmer.protocol.chat_template import (
 from glimmer.protocol.control_tokens import RenderedPrompt
 from glimmer.protocol.deltas import Delta, ParsedOutput, ToolCall, ToolCallDelta
 from glimmer.protocol.openai_mapping import (
+    ContentTokens,
     assistant_message,
     count_reasoning_tokens,
     finish_reason,
@@ -41,6 +42,7 @@ __all__ = [
     "RECIPIENT_MAX",
     "ChatTemplate",
     "ChatTemplateError",
+    "ContentTokens",
     "Delta",
     "OutputParser",
     "ParsedOutput",

@@ -1,16 +1,20 @@
 """The pure-text part of mapping parser output onto the OpenAI chat API (protocol.md §6, P-API-1..5).
 
 The server wraps these objects in its response and chunk envelopes; the shapes of the `message` and
-`delta` objects, the finish reason and the reasoning-token count are decided here so that streaming and
-non-streaming responses agree (P-API-4).
+`delta` objects, the finish reason, the reasoning-token count and which tokens `logprobs.content` lists are
+decided here so that streaming and non-streaming responses agree (P-API-4).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from glimmer.protocol.deltas import Delta, ParsedOutput
+from glimmer.protocol.output_parser import OutputParser
+
+T = TypeVar("T")
 
 
 def assistant_message(output: ParsedOutput, *, include_reasoning: bool = True) -> dict[str, Any]:
@@ -79,16 +83,61 @@ def count_reasoning_tokens(token_spans: Sequence[tuple[int, int]],
     """
     count = 0
     span_index = 0
-    for token_start, token_end in token_spans:
-        while span_index < len(reasoning_spans) and reasoning_spans[span_index][1] <= token_start:
+    for token in token_spans:
+        while span_index < len(reasoning_spans) and reasoning_spans[span_index][1] <= token[0]:
             span_index += 1
         if span_index == len(reasoning_spans):
             break
-        span_start, span_end = reasoning_spans[span_index]
-        if token_end > token_start:
-            overlaps = token_start < span_end and span_start < token_end
-        else:
-            overlaps = span_start <= token_start < span_end
-        if overlaps:
+        if token_overlaps(token, reasoning_spans[span_index]):
             count += 1
     return count
+
+
+def token_overlaps(token_span: tuple[int, int], span: tuple[int, int]) -> bool:
+    """Whether a generated token's text, (start, end) offsets in the text fed to the parser, shares a character with
+    `span`. An empty token (its text still held, a byte of a character the next token completes) overlaps when it
+    sits inside the span."""
+    token_start, token_end = token_span
+    span_start, span_end = span
+    if token_end > token_start:
+        return token_start < span_end and span_start < token_end
+    return span_start <= token_start < span_end
+
+
+class ContentTokens(Generic[T]):
+    """The generated tokens of the answer, picked as `parser` decides their text: what the chat API's
+    `logprobs.content` lists. OpenAI defines it as the message content's tokens, so reasoning, tool-call and framing
+    tokens (headers, `<|message|>`, terminators) are left out: the listed tokens' texts concatenate to `content`.
+
+    A token counts when its text overlaps `OutputParser.content_spans` (`token_overlaps`), so a token that is part
+    framing, part answer counts, and so do the tokens of a stop string that ended the answer (their text reached
+    the parser as content before the stop string was matched), as in vLLM.
+    """
+
+    def __init__(self, parser: OutputParser):
+        self._parser = parser
+        self._pending: deque[tuple[tuple[int, int], T]] = deque()
+        self._span_index = 0
+
+    def add(self, token_span: tuple[int, int], item: T) -> None:
+        """A generated token: its text's (start, end) offsets in the text fed to the parser, and what to list for it."""
+        self._pending.append((token_span, item))
+
+    def decided(self, *, final: bool = False) -> list[T]:
+        """The items of the tokens whose text the parser decided since the last call (every token left, when
+        `final`: the turn is over) that are answer tokens, in order. Linear in the tokens and spans it passes."""
+        spans = self._parser.content_spans
+        decided_offset = self._parser.decided_offset
+        picked = []
+        while self._pending:
+            token, item = self._pending[0]
+            start, end = token
+            if not final and (end > decided_offset or start == decided_offset):
+                break  # its text may still turn out to be framing
+            self._pending.popleft()
+            # a span that ends before a decided token can no longer grow: later text is delivered past it
+            while self._span_index < len(spans) and spans[self._span_index][1] <= start:
+                self._span_index += 1
+            if self._span_index < len(spans) and token_overlaps(token, spans[self._span_index]):
+                picked.append(item)
+        return picked

@@ -87,8 +87,8 @@ class OutputParser:
     constrained (structured outputs), so content bodies are delivered as written, ATEM-like text included
     (P-CHAN-2), without the markup filter that drops a tag cut short at a body's end.
 
-    State the engine reads (all O(1)): `channel`, `other_role_header_seen`, `reasoning_spans`,
-    `valid_call_names`, `has_valid_call`, `unresolved_call_count`, `turn_ended`.
+    State the engine reads (all O(1)): `channel`, `other_role_header_seen`, `reasoning_spans`, `content_spans`,
+    `decided_offset`, `valid_call_names`, `has_valid_call`, `unresolved_call_count`, `turn_ended`.
     """
 
     def __init__(self, tools: Iterable[Mapping[str, Any]] | None = None, *,
@@ -120,6 +120,7 @@ class OutputParser:
         self._reasoning_block_has_text = False
         self._reasoning_span_start = 0
         self._closed_reasoning_spans: list[tuple[int, int]] = []
+        self._content_spans: list[tuple[int, int]] = []
         self._other_role_header_seen = False
         self._turn_ended = False
 
@@ -157,6 +158,19 @@ class OutputParser:
         if self._channel == "reasoning" and not self._finished:
             return [*self._closed_reasoning_spans, (self._reasoning_span_start, self._fed)]
         return list(self._closed_reasoning_spans)
+
+    @property
+    def content_spans(self) -> list[tuple[int, int]]:
+        """(start, end) character offsets into the fed text of the body text delivered to content (content
+        messages and orphan text), in order, adjacent pieces merged. Framing, headers, the orphan whitespace left
+        out (P-CHAN-1) and the whitespace before a headerless switch lie outside them. Grows as text is decided;
+        the caller must not modify it."""
+        return self._content_spans
+
+    @property
+    def decided_offset(self) -> int:
+        """How much of the fed text is decided; what follows is held back (P-STREAM-3). All of it after `finish`."""
+        return self._fed - len(self._buffer)
 
     @property
     def valid_call_names(self) -> list[str]:
@@ -203,6 +217,8 @@ class OutputParser:
                 # Reasoning/content ending in `<` could spell a marker with text after a removed piece:
                 # MarkerSafeText on the slow path tracks that; a trailing ATEM tag fragment is held there too.
                 if held >= 0 and (fast == "value" or (decided[-1:] != "<" and trailing_tag_start(decided) < 0)):
+                    if fast == "content":
+                        self._add_content_span(self._fed - len(self._buffer), len(decided))
                     self._fed += len(chunk)
                     self._buffer = text[-held:] if held else ""
                     if fast == "content":
@@ -332,7 +348,7 @@ class OutputParser:
             scan = marker_start + 1
         end = length if final else self._undecided_start(text, position)
         if end > position:
-            self._deliver(text[position:end])
+            self._deliver(text, position, end)
         return ~end
 
     def _on_marker(self, text: str, position: int, marker: re.Match[str]) -> int:
@@ -341,18 +357,18 @@ class OutputParser:
         if token == MESSAGE:
             switch = self._headerless_switch(text, position, start)
             if switch is not None:
-                self._deliver(text[position:switch.start()])
+                self._deliver(text, position, switch.start())
                 switch_offset = self._buffer_offset + switch.start()
                 recipient = switch.group(2)
                 self._end_body(switch_offset)
                 self._open_message(channel_of_recipient(recipient), recipient, switch_offset)
             elif self._channel == "tool" and self._atem is not None:
                 # Inside a tool body a stray <|message|> is literal text (P-ATEM-2, P-ATEM-7).
-                self._deliver(text[position:marker.end()])
+                self._deliver(text, position, marker.end())
             else:
-                self._deliver(text[position:start])  # P-CHAN-6: a stray <|message|> is removed
+                self._deliver(text, position, start)  # P-CHAN-6: a stray <|message|> is removed
             return marker.end()
-        self._deliver(text[position:start])
+        self._deliver(text, position, start)
         if token == START:
             self._mode = _HEADER
             self._header_start = self._buffer_offset + start
@@ -435,10 +451,13 @@ class OutputParser:
         self._at_body_start = True
         self._dropped_characters = 0
 
-    def _deliver(self, text: str) -> None:
-        """Route decided body text to the open channel."""
-        if not text:
+    def _deliver(self, text: str, start: int, end: int) -> None:
+        """Route decided body text, `text[start:end]`, to the open channel."""
+        if end <= start:
             return
+        if self._channel == "content" or self._channel == _ORPHAN:
+            self._add_content_span(self._buffer_offset + start, end - start)
+        text = text[start:end]
         self._at_body_start = False
         if self._channel in ("reasoning", _ORPHAN) or (self._channel == "content" and not self._verbatim_content):
             text = self._markup.accept(text)  # P-CHAN-2, P-CHAN-7: no cut or residual ATEM tag shows
@@ -462,6 +481,13 @@ class OutputParser:
             self._atem.feed(text)
         else:
             self._dropped_characters += len(text)
+
+    def _add_content_span(self, start_offset: int, length: int) -> None:
+        spans = self._content_spans
+        if spans and spans[-1][1] == start_offset:
+            spans[-1] = (spans[-1][0], start_offset + length)
+        else:
+            spans.append((start_offset, start_offset + length))
 
     # -- output ---------------------------------------------------------------------------------------------
 

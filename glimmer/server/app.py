@@ -125,7 +125,10 @@ def _model_card(context: ServingContext, name: str) -> dict:
 
 class _RequestAccounting:
     """Counts requests by endpoint and status, and turns an unexpected exception into a generic 500
-    (logged here with its traceback; the client never sees one)."""
+    (logged here with its traceback; the client never sees one).
+
+    A request whose client left before its response was complete counts as 499, whatever status line was sent:
+    a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics):
         self.app = app
@@ -137,22 +140,35 @@ class _RequestAccounting:
             return
         status = 500
         started = False
+        finishing = False  # the response's last message is on its way
+        client_left = False
+
+        async def receive_and_watch() -> Message:
+            nonlocal client_left
+            message = await receive()
+            # once the last message is sent the server reports a disconnect to every receive: that one is no exit
+            if message["type"] == "http.disconnect" and not finishing:
+                client_left = True
+            return message
 
         async def send_and_record(message: Message) -> None:
-            nonlocal status, started
+            nonlocal status, started, finishing
             if message["type"] == "http.response.start":
                 status, started = message["status"], True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                finishing = True
             await send(message)
 
         try:
-            await self.app(scope, receive, send_and_record)
+            await self.app(scope, receive_and_watch, send_and_record)
         except Exception as exc:
             if started:
                 logger.error("internal error after the response started", exc_info=exc)
             else:
-                await error_response(exc)(scope, receive, send_and_record)
+                await error_response(exc)(scope, receive_and_watch, send_and_record)
         finally:
-            self.metrics.requests.labels(_endpoint(scope["path"]), str(status)).inc()
+            recorded = _CLIENT_CLOSED_REQUEST if client_left else status
+            self.metrics.requests.labels(_endpoint(scope["path"]), str(recorded)).inc()
 
 
 def _endpoint(path: str) -> str:

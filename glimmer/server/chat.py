@@ -61,6 +61,7 @@ class ChatRun:
                 "valid one; raise max_tokens or retry")
 
     def logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
+        """`logprobs` of a choice or chunk: `entries` are the answer's tokens (`ChoiceStream.content_logprobs`)."""
         return chat_logprobs(entries, self.context.tokenizer) if self.request.logprobs else None
 
     def usage(self) -> dict[str, Any]:
@@ -168,7 +169,7 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
         response_choices.append({
             "index": choice.index,
             "message": assistant_message(parsed, include_reasoning=include_reasoning),
-            "logprobs": run.logprobs(choice.logprobs),
+            "logprobs": run.logprobs(choice.content_logprobs),
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
         })
@@ -186,11 +187,14 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
                                 extra=run.vllm_prompt_logprobs() if choice.index == 0 else None)
             async for choice, released, _ in chat_updates(run, first, stream):
                 objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
-                logprobs = run.logprobs(choice.fed_logprobs)  # not the delta's: it may run past the choice's end
-                if logprobs is not None and not objects:
-                    objects = [{}]  # tokens that released no text still report their logprobs
+                logprobs = run.logprobs(choice.new_content_logprobs) if choice.new_content_logprobs else None
+                # the answer's tokens go with its text; where it is held back (a possible stop string), alone
+                carrier = next((i for i, obj in enumerate(objects) if "content" in obj), None)
+                if logprobs is not None and carrier is None:
+                    objects.append({})
+                    carrier = len(objects) - 1
                 for position, obj in enumerate(objects):
-                    yield run.chunk(choice.index, obj, logprobs=logprobs if position == 0 else None)
+                    yield run.chunk(choice.index, obj, logprobs=logprobs if position == carrier else None)
                 if choice.done:
                     run.check_tool_choice(choice)
                     yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason,

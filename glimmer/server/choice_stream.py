@@ -12,6 +12,8 @@ request asked for, the same way whether the response streams or not (P-API-4):
 - Special tokens other than the framing markers (`<|image_end|>`, say) are left out of the parser's input,
   so reasoning and content never show them, unless the request sets `skip_special_tokens: false`. The
   engine still detokenizes with every special token kept (P-REQ-1): the framing must reach the parser.
+- Logprobs are those of the answer's tokens (`ContentTokens`): a token's entry is released once the parser
+  has decided its text, so the entries streamed add up to the non-streamed list.
 
 A choice that ends for one of these reasons is `done` while the engine may still be generating it; the
 handler aborts the request once every choice is done.
@@ -26,7 +28,7 @@ from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import without_hidden_tokens
-from glimmer.protocol import OutputParser, count_reasoning_tokens, finish_reason
+from glimmer.protocol import ContentTokens, OutputParser, count_reasoning_tokens, finish_reason
 from glimmer.protocol.deltas import Event
 
 
@@ -44,9 +46,10 @@ class ChoiceStream:
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's field)
         self.num_tokens = 0
         self.num_cached_tokens = 0
-        self.logprobs: list[TokenLogprobs] = []
-        # the logprobs of the tokens the last `feed` read: a coalesced delta's tokens past the choice's end are not
-        self.fed_logprobs: list[TokenLogprobs] = []
+        # the logprobs of the answer's tokens (chat `logprobs.content`), and those of them the last `feed` decided
+        self.content_logprobs: list[TokenLogprobs] = []
+        self.new_content_logprobs: list[TokenLogprobs] = []
+        self._content_tokens: ContentTokens[TokenLogprobs] = ContentTokens(self.parser)
         self._stops = StopStringMatcher(stop, include_stop) if stop else None
         self._stop_matched = False
         self._single_call = single_call
@@ -71,17 +74,18 @@ class ChoiceStream:
         """The events one engine delta releases; the last ones of the choice if it ends here. A coalesced delta
         is read token by token, so the choice ends (and counts its tokens) exactly where it would have."""
         events: list[Event] = []
-        before = len(self.logprobs)
-        for piece in delta.pieces():
+        for piece in delta.pieces():  # a coalesced delta's tokens past the choice's end are never read
             events += self._feed_step(piece)
             if self.done:
                 break
-        self.fed_logprobs = self.logprobs[before:]
+        self.new_content_logprobs = self._content_tokens.decided(final=self.done)
+        self.content_logprobs += self.new_content_logprobs
         return events
 
     def _feed_step(self, delta: StepDelta) -> list[Event]:
-        self._count_tokens(delta)
-        events = self._route(self.parser.feed(self._visible_text(delta)).events)
+        visible = self._visible_text(delta)
+        self._count_tokens(delta, visible)
+        events = self._route(self.parser.feed(visible).events)
         if self._stop_matched:
             return events + self._end("stop", flush_parser=False)
         parser = self.parser
@@ -99,17 +103,27 @@ class ChoiceStream:
         reads)."""
         return without_hidden_tokens(delta.text, delta.token_ids, self._hidden_tokens)
 
-    def _count_tokens(self, delta: StepDelta) -> None:
-        # A token's span is the text it released; tokens whose text is still held get an empty one.
+    def _count_tokens(self, delta: StepDelta, visible: str) -> None:
+        # A token's span is the text it released to the parser (`visible`: the parser's offsets are in it); tokens
+        # whose text is still held, and hidden special tokens, get an empty one.
         start = self._characters_fed
-        self._characters_fed += len(delta.text)
+        self._characters_fed += len(visible)
+        ends = delta.text_ends()
+        if len(visible) != len(delta.text):
+            ends = [len(without_hidden_tokens(delta.text[:end], delta.token_ids[:i + 1], self._hidden_tokens))
+                    for i, end in enumerate(ends)]
         previous = 0
-        for end in delta.text_ends():
-            self._token_spans.append((start + previous, start + end))
+        spans = []
+        for end in ends:
+            spans.append((start + previous, start + end))
             previous = end
+        self._token_spans += spans
         self.num_tokens += len(delta.token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
-        self.logprobs.extend(delta.logprobs)
+        if delta.logprobs:  # only when the request asked for them
+            for token_id, span, entry in zip(delta.token_ids, spans, delta.logprobs, strict=True):
+                if token_id not in self._hidden_tokens:  # the answer never shows it
+                    self._content_tokens.add(span, entry)
 
     def _route(self, events: list[Event]) -> list[Event]:
         routed: list[Event] = []

@@ -1,11 +1,13 @@
 """The pure-text OpenAI mapping (protocol.md §6: P-API-1..5)."""
 
 import json
+import re
 
 import pytest
 from protocol_support import CALENDAR_TOOLS, atem, tool_message
 
 from glimmer.protocol import (
+    ContentTokens,
     OutputParser,
     ParsedOutput,
     ToolCall,
@@ -110,3 +112,49 @@ def test_reasoning_token_count_counts_tokens_overlapping_reasoning_spans():
     assert count_reasoning_tokens(tokens, spans) == 5
     assert count_reasoning_tokens([(5, 5), (10, 10)], spans) == 1
     assert count_reasoning_tokens(tokens, []) == 0
+
+
+def _answer_tokens(text, tokens):
+    """(step, token) for each token ContentTokens picks when `text`, split into `tokens`, is fed one token at a time:
+    step is the feed after which it was decided (len(tokens): at the end)."""
+    assert "".join(tokens) == text
+    parser = OutputParser(CALENDAR_TOOLS)
+    answer = ContentTokens(parser)
+    picked = []
+    offset = 0
+    for step, token in enumerate(tokens):
+        answer.add((offset, offset + len(token)), token)
+        offset += len(token)
+        parser.feed(token)
+        picked += [(step, decided) for decided in answer.decided()]
+    parser.finish()
+    picked += [(len(tokens), decided) for decided in answer.decided(final=True)]
+    return picked
+
+
+@pytest.mark.parametrize("split", [r"<\|[a-z_]+\|>|\s?\w+|\W", r"(?s)."], ids=["words", "characters"])
+def test_content_tokens_are_the_answer_tokens_and_spell_the_content(split):
+    """Chat `logprobs.content` lists the message content's tokens: no reasoning, header, tool-call or terminator."""
+    for text in (TURN, " to=user<|message|>Hi to=x stays text<|eom|>\n <|start|>assistant to=user<|message|>!<|eot|>"):
+        tokens = re.findall(split, text)
+        picked = _answer_tokens(text, tokens)
+        assert "".join(token for _, token in picked) == parse_output(text, CALENDAR_TOOLS).content
+        assert all(token not in ("<|message|>", "<|eot|>", "<|eom|>") for _, token in picked)
+
+
+def test_a_content_token_is_decided_once_its_text_cannot_become_framing():
+    """P-STREAM-3: `Hi` is answer text at once; ` to` may open a headerless switch and waits for the next token."""
+    picked = _answer_tokens(" to=user<|message|>Hi to=x now<|eot|>", [" to", "=user", "<|message|>", "Hi", " to",
+                                                                       "=x", " now", "<|eot|>"])
+    assert picked == [(3, "Hi"), (6, " to"), (6, "=x"), (6, " now")]
+
+
+def test_a_token_still_holding_a_partial_character_counts_with_the_character_it_starts():
+    parser = OutputParser()
+    answer = ContentTokens(parser)
+    parser.feed(" to=user<|message|>")
+    answer.add((19, 19), "first byte of é")  # released no text yet
+    answer.add((19, 20), "second byte")
+    parser.feed("é")
+    parser.finish()
+    assert answer.decided(final=True) == ["first byte of é", "second byte"]

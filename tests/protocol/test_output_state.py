@@ -3,7 +3,7 @@
 import pytest
 from protocol_support import CALENDAR_TOOLS, atem, calls, parse_all_ways, tool_message
 
-from glimmer.protocol import OutputParser, count_reasoning_tokens
+from glimmer.protocol import OutputParser, count_reasoning_tokens, parse_output
 
 TURN = (
     " to=self<|message|>think<|eom|>"
@@ -105,6 +105,34 @@ def test_reasoning_span_after_a_headerless_switch_starts_at_the_switch():
     parser = OutputParser()
     parser.feed(text)
     assert parser.reasoning_spans == [(text.index(" to=self"), len(text))]
+
+
+def test_content_spans_hold_exactly_the_answer_text_for_every_chunking():
+    """The answer's text by offsets into the fed text (what chat logprobs list): not the turn-start header, the
+    orphan whitespace (P-CHAN-1), a stray <|message|> (P-CHAN-6), nor the whitespace of a headerless switch."""
+    text = (" to=user<|message|>a<|message|>b to=self<|message|>r<|eom|>\n\n orphan<|start|>assistant"
+            " to=user<|message|>x<|eot|>")
+    content = parse_output(text).content
+    assert content == "aborphanx"
+    for size in (1, 2, 5, len(text)):
+        parser = OutputParser()
+        for position in range(0, len(text), size):
+            parser.feed(text[position : position + size])
+            assert parser.decided_offset <= position + size
+        parser.finish()
+        assert parser.decided_offset == len(text)
+        assert "".join(text[start:end] for start, end in parser.content_spans) == content
+
+
+def test_text_that_may_still_be_framing_is_not_decided():
+    """P-STREAM-3: a trailing marker prefix or possible headerless switch is held, so its offset is not decided."""
+    parser = OutputParser()
+    parser.feed(" to=user<|message|>Hi")
+    assert parser.decided_offset == len(" to=user<|message|>Hi")
+    parser.feed(" to")
+    assert parser.decided_offset == len(" to=user<|message|>Hi")
+    parser.feed("day<|eo")
+    assert parser.decided_offset == len(" to=user<|message|>Hi today")
 
 
 def test_reasoning_token_count_from_spans_is_never_zero_when_reasoning_is_not():

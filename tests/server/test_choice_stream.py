@@ -18,18 +18,29 @@ def _coalesced(pieces: list[str]) -> StepDelta:
 
 def test_a_choice_ended_by_a_stop_string_reports_only_the_logprobs_it_read():
     """Audit: a slow client's stream carried logprobs of tokens after the stop string that ended the choice
-    (2,600 entries against 2,500 tokens, where the non-streamed response had 2,500; P-API-4)."""
+    (2,600 entries against 2,500 tokens, where the non-streamed response had 2,500; P-API-4). The stop string's own
+    tokens are the answer's (as in vLLM); the header's are not."""
     choice = ChoiceStream(0, None, stop=["STOP"], single_call=False)
     choice.feed(_coalesced([" to=user<|message|>", "Hi ", "ST", "OP", " and", " more"]))
     assert choice.finish_reason == "stop" and choice.stop_reason == "STOP"
-    assert [entry.token_id for entry in choice.fed_logprobs] == [100, 101, 102, 103]
-    assert choice.fed_logprobs == choice.logprobs and choice.num_tokens == 4
+    assert [entry.token_id for entry in choice.new_content_logprobs] == [101, 102, 103]
+    assert choice.new_content_logprobs == choice.content_logprobs and choice.num_tokens == 4
 
 
-def test_every_delta_reports_the_logprobs_of_its_own_tokens():
+def test_each_delta_reports_the_logprobs_of_the_answer_tokens_it_decided():
     choice = ChoiceStream(0, None, stop=[], single_call=False)
     choice.feed(_coalesced([" to=user<|message|>", "Hi"]))
-    assert [entry.token_id for entry in choice.fed_logprobs] == [100, 101]
-    choice.feed(StepDelta("r", 0, [7], " there", logprobs=[TokenLogprobs(7, -0.5, {})]))
-    assert [entry.token_id for entry in choice.fed_logprobs] == [7]
-    assert len(choice.logprobs) == 3
+    assert [entry.token_id for entry in choice.new_content_logprobs] == [101]
+    choice.feed(StepDelta("r", 0, [7], " there ", logprobs=[TokenLogprobs(7, -0.5, {})]))
+    assert choice.new_content_logprobs == []  # its trailing space may start a headerless switch (P-STREAM-3)
+    choice.feed(StepDelta("r", 0, [8], "<|eot|>", logprobs=[TokenLogprobs(8, -0.1, {})], finish_reason="stop"))
+    assert [entry.token_id for entry in choice.new_content_logprobs] == [7]
+    assert [entry.token_id for entry in choice.content_logprobs] == [101, 7]
+
+
+def test_a_hidden_special_token_has_no_answer_logprob():
+    choice = ChoiceStream(0, None, stop=[], single_call=False, hidden_tokens={9: "<|image_end|>"})
+    for token_id, text in [(100, " to=user<|message|>"), (101, "Hi"), (9, "<|image_end|>"), (102, "!")]:
+        choice.feed(StepDelta("r", 0, [token_id], text, logprobs=[TokenLogprobs(token_id, -0.1, {})]))
+    choice.feed(StepDelta("r", 0, [8], "<|eot|>", logprobs=[TokenLogprobs(8, -0.1, {})], finish_reason="stop"))
+    assert [entry.token_id for entry in choice.content_logprobs] == [101, 102]

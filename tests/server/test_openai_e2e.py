@@ -109,7 +109,10 @@ def test_n_logprobs_seed_and_model_alias(client):
     assert [c.index for c in response.choices] == [0, 1]
     for choice in response.choices:
         assert all(len(entry.top_logprobs) == 3 and entry.logprob <= 0 for entry in choice.logprobs.content)
-    assert sum(len(c.logprobs.content) for c in response.choices) == response.usage.completion_tokens
+        # the answer's tokens only: their bytes spell the content
+        spelled = b"".join(bytes(entry.bytes) for entry in choice.logprobs.content)
+        assert spelled.decode(errors="replace") == (choice.message.content or "")
+    assert sum(len(c.logprobs.content) for c in response.choices) <= response.usage.completion_tokens
 
 
 def test_models_lists_every_served_name(client):
@@ -204,6 +207,22 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     time.sleep(0.3)
     assert server.metrics()["glimmer_generation_tokens_total"] == generated  # the engine stopped computing
     assert generated - during["glimmer_generation_tokens_total"] < 1000
+
+
+def test_a_client_that_leaves_is_counted_as_499_whether_it_streams_or_not(server):
+    request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, **EXTRA}
+    key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
+    before = server.metrics()
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
+                                                       json={**request, "stream": True}) as response:
+        lines = response.iter_lines()
+        for _ in range(3):
+            next(lines)
+    with pytest.raises(httpx.ReadTimeout):  # far sooner than 1500 tokens
+        httpx.post(server.base_url + "/chat/completions", json=request, timeout=httpx.Timeout(30, read=0.3))
+    after = server.wait_for_idle()
+    assert after.get(key % 499, 0) - before.get(key % 499, 0) == 2
+    assert after.get(key % 200, 0) == before.get(key % 200, 0)
 
 
 def test_metrics_expose_requests_tokens_latencies_and_cache(server, client):

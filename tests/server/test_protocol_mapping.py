@@ -286,6 +286,15 @@ def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client
     assert (kept["reasoning"], kept["content"]) == ("Look<|image_end|>ing.", "Hi<|image_end|> there<|patch|>!")
 
 
+def test_a_hidden_special_token_does_not_shift_the_reasoning_token_count(client, server):
+    # P-API-5: every token of the reasoning message counts, the hidden <|image_end|> and those after it too
+    reasoning_message = WITH_MEDIA_MARKERS[:WITH_MEDIA_MARKERS.index("<|eom|>") + len("<|eom|>")]
+    for skip in (True, False):
+        result = _both(client, **_request("[specials]", extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                                    "skip_special_tokens": skip}))
+        assert result["usage"].completion_tokens_details.reasoning_tokens == _token_count(server, reasoning_message)
+
+
 def test_truncation_mid_call_reports_length_and_keeps_valid_json(client, server):
     cut = _token_count(server, f" to=get_weather<|message|>{WEATHER_CALL_BODY}") - 8
     result = _both(client, **_request("[two-calls]", tools=TOOLS, max_tokens=cut))
@@ -323,16 +332,24 @@ def test_reasoning_effort_reaches_the_template_as_strength(client, server):
     assert "Reasoning strength: low." in server.engine.engine.runner.prompts[-1]  # P-EFF-2
 
 
-def test_logprobs_cover_every_generated_token_streamed_and_not(client, server):
-    request = _request("[reason-answer]", logprobs=True, top_logprobs=2)
+@pytest.mark.parametrize(("key", "content"), [("[reason-answer]", "Hello there!"), ("[specials]", "Hi there!"),
+                                              ("[reason-call]", "")])
+def test_logprobs_list_the_answer_tokens_only_streamed_and_not(client, key, content):
+    """OpenAI's `logprobs.content` holds the message content's tokens: the reasoning's, the call's, headers,
+    terminators and hidden special tokens are left out, so the tokens spell the content."""
+    request = _request(key, tools=TOOLS, logprobs=True, top_logprobs=2)
     response = client.chat.completions.create(**request)
     entries = response.choices[0].logprobs.content
-    assert len(entries) == response.usage.completion_tokens
-    assert entries[0].token == " to" and len(entries[0].top_logprobs) == 2
-    assert "".join(entry.token for entry in entries) == REASON_THEN_ANSWER
-    streamed = [entry.token for chunk in client.chat.completions.create(stream=True, **request)
-                for choice in chunk.choices if choice.logprobs for entry in choice.logprobs.content]
-    assert streamed == [entry.token for entry in entries]
+    assert (response.choices[0].message.content or "") == content
+    assert "".join(entry.token for entry in entries) == content
+    assert all(len(entry.top_logprobs) == 2 for entry in entries)
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            if choice.logprobs:
+                assert not choice.delta.model_extra.get("reasoning_content") and not choice.delta.tool_calls
+                streamed += [(entry.token, entry.logprob) for entry in choice.logprobs.content]
+    assert streamed == [(entry.token, entry.logprob) for entry in entries]
 
 
 def test_a_call_of_an_undeclared_tool_passes_through_and_is_counted(client, server):
