@@ -273,6 +273,7 @@ class LLMEngine:
         if config.speculative_config is not None:
             spec_config = SpeculativeConfig.parse(config.speculative_config)
             self._load_drafter(spec_config)
+        self.media = self._media_processor()
         self._working: WorkingMemory | None = None  # measured when a GPU's free memory sizes the KV cache
         self._build_cache_and_runner(spec_config)
         shortfall = self._working_shortfall()
@@ -285,7 +286,6 @@ class LLMEngine:
             device_free_bytes(self.device)
             self._build_cache_and_runner(spec_config, extra_reserve=shortfall + _REPLAN_MARGIN_BYTES)
         self.scheduler = Scheduler(self.scheduler_config, self.kv)
-        self.media = self._media_processor()
         self._chat_template: ChatTemplate | None = None
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
@@ -314,13 +314,23 @@ class LLMEngine:
                                   max_num_seqs=self.scheduler_config.max_num_seqs,
                                   max_model_len=self.max_model_len, use_cuda_graphs=not self.config.enforce_eager,
                                   capture_layers=capture, query_lens=self._graph_query_lens(),
-                                  progress=self.config.progress, token_count=self.token_count)
+                                  progress=self.config.progress, token_count=self.token_count,
+                                  encoder_cache_rows=self._encoder_cache_rows())
         self.speculator = None
         if self.drafter is not None:
             proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,
                                       max_num_seqs=self.scheduler_config.max_num_seqs,
                                       use_cuda_graphs=not self.config.enforce_eager, progress=self.config.progress)
             self.speculator = SpeculativeDecoder(spec_config, proposer, self.num_speculative_tokens, capture)
+
+    def _encoder_cache_rows(self) -> int | None:
+        """Vision feature rows the runner caches at most (None without vision): two full prefill chunks' worth, or
+        the largest item, if more, so that a step's items are encoded once however it is chunked."""
+        if self.media is None:
+            return None
+        merge = self.media.settings.merge_size**2
+        largest = max(t * h * w // merge for t, h, w in self.media.largest_grids())
+        return max(2 * self.scheduler_config.max_num_batched_tokens, largest)
 
     def _graph_query_lens(self) -> tuple[int, ...]:
         """Tokens per sequence of the decode-shaped steps the runner replays from graphs (ModelRunner)."""
@@ -454,11 +464,12 @@ class LLMEngine:
                     max_num_seqs=self.scheduler_config.max_num_seqs,
                     max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
                     capture_layers=self.drafter.config.target_layer_ids if self.drafter else (),
-                    query_lens=self._graph_query_lens(), graphs=not self.config.enforce_eager)
-                logger.info("steps beside the KV cache need up to %.2f GiB (prefill %.2f, decode %.2f, sampler "
-                            "%.2f, graph outputs %.2f)", self._working.total / 2**30,
-                            *(b / 2**30 for b in (self._working.prefill, self._working.decode,
-                                                  self._working.sampler, self._working.graph_outputs)))
+                    query_lens=self._graph_query_lens(), graphs=not self.config.enforce_eager,
+                    vision_grids=tuple(self.media.largest_grids()) if self.media is not None else (),
+                    encoder_cache_rows=self._encoder_cache_rows() or 0)
+                logger.info("steps beside the KV cache need up to %.2f GiB (%s)", self._working.total / 2**30,
+                            ", ".join(f"{name} {value / 2**30:.2f}" for name, value in
+                                      dataclasses.asdict(self._working).items()))
             free = device_free_bytes(self.device)
             total = torch.cuda.mem_get_info(self.device)[1]
             reserve = ((1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()

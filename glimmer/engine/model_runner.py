@@ -71,11 +71,15 @@ def prompt_positions_scored(seq: Sequence, num_new_tokens: int) -> range:
 
 
 class EncoderCache:
-    """Vision features by content hash, so an image repeated across requests or turns is encoded once."""
+    """Vision features by content hash, so an image repeated across requests or turns is encoded once. Holds at
+    most `max_items` items and `max_rows` feature rows (None: no bound) together, dropping the least recently
+    used first; the item just put always stays, however large."""
 
-    def __init__(self, max_items: int = 256):
+    def __init__(self, max_items: int = 256, max_rows: int | None = None):
         self.max_items = max_items
+        self.max_rows = max_rows
         self._items: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._rows = 0
 
     def get(self, key: bytes) -> torch.Tensor | None:
         if key in self._items:
@@ -83,10 +87,14 @@ class EncoderCache:
         return self._items.get(key)
 
     def put(self, key: bytes, value: torch.Tensor) -> None:
+        if key in self._items:
+            self._rows -= self._items[key].shape[0]
         self._items[key] = value
+        self._rows += value.shape[0]
         self._items.move_to_end(key)
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+        while len(self._items) > 1 and (len(self._items) > self.max_items
+                                        or (self.max_rows is not None and self._rows > self.max_rows)):
+            self._rows -= self._items.popitem(last=False)[1].shape[0]
 
 
 class ModelRunner:
@@ -105,11 +113,13 @@ class ModelRunner:
         query_lens: tuple[int, ...] = (1,),
         progress: bool = False,
         token_count: int | None = None,
+        encoder_cache_rows: int | None = None,
     ):
         """query_lens: the tokens per sequence of the decode-shaped steps to replay from CUDA graphs, all captured
         here: 1 (decode) and, with speculative decoding, 1 + k for each k the draft policy can choose.
         token_count: the tokenizer's ids (logit columns from here on are vocabulary padding: never a prompt
-        logprob's alternative, never counted in its rank); None: every column is a token."""
+        logprob's alternative, never counted in its rank); None: every column is a token.
+        encoder_cache_rows: the vision feature rows the encoder cache may hold (`EncoderCache`)."""
         self.model = model
         self.token_count = token_count
         self.capture_layers = capture_layers
@@ -129,7 +139,7 @@ class ModelRunner:
                 torch.zeros(shape, dtype=dtype, device=device),
                 torch.zeros(shape, dtype=dtype, device=device),
             )
-        self.encoder_cache = EncoderCache()
+        self.encoder_cache = EncoderCache(max_rows=encoder_cache_rows)
         self.graphs: DecodeGraphs | None = None
         key_cache = next(iter(self.kv_caches.values()))[0]
         if use_triton(key_cache):

@@ -1,16 +1,18 @@
 """Device memory the engine's steps need beside the weights and the KV cache, measured before the cache exists.
 
 On a GPU the KV cache takes what `gpu_memory_utilization` leaves after the weights. What a step allocates while
-it runs must still fit beside it: a prefill chunk's activations, a full decode batch's logits, the sampler's
-float32 copies of them, and the outputs each captured CUDA graph keeps in its pool. This file measures the first
-two on a stand-in cache of one spare block per group (the steps' padding rows read and write only that block, as
-the captured graphs' padding rows do), and counts the other two from their shapes, so `LLMEngine` can leave that
-much free when it sizes the cache.
+it runs must still fit beside it: a prefill chunk's activations, a full decode batch's logits, the vision encoder
+on the largest image or video, the sampler's float32 copies of the logits, the encoder's cache of features, and
+the outputs each captured CUDA graph keeps in its pool. This file measures the first three, the steps on a
+stand-in cache of one spare block per group (their padding rows read and write only that block, as the captured
+graphs' padding rows do), and counts the others from their shapes, so `LLMEngine` can leave that much free when it
+sizes the cache.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,17 +34,21 @@ class WorkingMemory:
     """Bytes, beyond what is allocated when measured: `prefill`, the peak of the largest prefill chunk (as one
     sequence, and spread over every sequence a step may hold) with its logits; `decode`, that of an eager decode
     step of every sequence with its logits; `sampler`, the sampler's float32 rows for every sequence;
-    `graph_outputs`, the logits every captured decode graph keeps (0 without graphs)."""
+    `graph_outputs`, the logits every captured decode graph keeps (0 without graphs); `vision`, the vision
+    encoder's peak on the largest item, its pixels included; `encoder_cache`, the cached features at most."""
 
     prefill: int
     decode: int
     sampler: int
     graph_outputs: int
+    vision: int = 0
+    encoder_cache: int = 0
 
     @property
     def steps(self) -> int:
-        """What an eager step needs at its peak beside the captured graphs' pool."""
-        return max(self.prefill, self.decode) + self.sampler
+        """What an eager step needs at its peak beside the captured graphs' pool (a prefill step encodes its
+        images before its forward runs, beside the features cached)."""
+        return max(self.prefill, self.decode, self.vision) + self.sampler + self.encoder_cache
 
     @property
     def total(self) -> int:
@@ -69,9 +75,11 @@ def graph_output_bytes(max_num_seqs: int, query_lens: tuple[int, ...], vocab_siz
 def measure_working_memory(
     model: MuseGlimmerForConditionalGeneration, device: torch.device, dtype: torch.dtype, *, block_size: int,
     max_num_seqs: int, max_num_batched_tokens: int, capture_layers: tuple[int, ...] = (),
-    query_lens: tuple[int, ...] = (1,), graphs: bool = True,
+    query_lens: tuple[int, ...] = (1,), graphs: bool = True, vision_grids: tuple[tuple[int, int, int], ...] = (),
+    encoder_cache_rows: int = 0,
 ) -> WorkingMemory:
-    """Run the largest steps over padding rows on a stand-in cache and measure their peaks (see the module)."""
+    """Run the largest steps over padding rows on a stand-in cache, and the vision encoder on each of
+    `vision_grids` (patch grids t, h, w), and measure their peaks (see the module)."""
     text = model.config.text
     groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
               if layers]
@@ -105,9 +113,25 @@ def measure_working_memory(
     prefill = max(peak(1, chunk, min(chunk, PROMPT_LOGITS_ROWS)), peak(spread, chunk // spread, spread))
     decode = peak(max_num_seqs, 1, max_num_seqs)
     kv_caches.clear()
+
+    def encoder_peak(grid: tuple[int, int, int]) -> int:
+        vision = model.config.vision
+        device_free_bytes(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        # float32 patch rows, as the media processor gives them
+        pixels = torch.zeros((math.prod(grid), vision.patch_temporal * 3 * vision.patch_size**2), device=device)
+        features = model.encode_vision(pixels, torch.tensor([grid], device=device))
+        torch.cuda.synchronize(device)
+        used = torch.cuda.max_memory_allocated(device) - base
+        del pixels, features
+        return used
+
+    vision = max(map(encoder_peak, vision_grids), default=0)
     device_free_bytes(device)
     element = torch.empty((), dtype=dtype).element_size()
     return WorkingMemory(
         prefill=prefill, decode=decode, sampler=SAMPLER_ROW_COPIES * max_num_seqs * text.vocab_size * 4,
         graph_outputs=graph_output_bytes(max_num_seqs, query_lens, text.vocab_size, element) if graphs else 0,
+        vision=vision, encoder_cache=encoder_cache_rows * text.hidden_size * element,
     )

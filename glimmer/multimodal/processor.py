@@ -20,6 +20,7 @@ from glimmer.multimodal.errors import MediaLimitError
 from glimmer.multimodal.image import (
     ImageInput,
     ProcessedImage,
+    image_grid,
     image_token_count,
     image_tokens_from_header,
     process_image,
@@ -30,6 +31,7 @@ from glimmer.multimodal.placeholders import (
     image_expansion,
     video_expansion,
 )
+from glimmer.multimodal.resize import smart_resize
 from glimmer.multimodal.settings import MediaLimits, MediaSettings
 from glimmer.multimodal.video import ProcessedVideo, VideoInput, process_video
 
@@ -67,6 +69,16 @@ class MediaProcessor:
     def image_tokens(self, height: int, width: int) -> int:
         """`<|patch|>` tokens for an image of this size, without processing it."""
         return image_token_count(height, width, self.settings)
+
+    def largest_grids(self) -> list[tuple[int, int, int]]:
+        """The patch grids (t, h, w) of the largest image and the largest video one item can have: an image at the
+        token cap, and a video of video_max_frames frames each at the frame cap (what the engine sizes the vision
+        encoder's memory and its cache of features by)."""
+        s, side = self.settings, self.limits.max_image_side
+        frame_height, frame_width = smart_resize(side, side, s.resize_factor, s.max_video_frame_tokens)
+        groups = -(-s.video_max_frames // s.temporal_patch_size)
+        video = (groups, frame_height // s.patch_size, frame_width // s.patch_size)
+        return [image_grid(side, side, s), video]
 
     def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> tuple[int, bool]:
         """(tokens, whether all were counted) of items not yet processed: images from their headers; videos, which

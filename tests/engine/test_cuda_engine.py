@@ -267,3 +267,24 @@ def test_the_kv_cache_takes_the_memory_left_and_the_largest_steps_still_fit(tmp_
     scored = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
     assert len(llm.generate(long, scored)[0].prompt_logprobs) == 4000
     del llm, engine, ballast
+
+
+def test_the_vision_encoder_and_its_cache_of_features_are_left_room_beside_the_kv_cache(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    path = write_tiny_checkpoint(tmp_path, vision=True, seed=3)
+    llm = LLM(str(path), device="cuda", dtype="bfloat16", progress=False)
+    engine = llm.engine
+    working, media = engine._working, engine.media
+    image_grid, video_grid = media.largest_grids()
+    patch_bytes = 4 * engine.model_config.vision.patch_temporal * 3 * engine.model_config.vision.patch_size**2
+    assert working.vision >= patch_bytes * max(np.prod(image_grid), np.prod(video_grid))  # its pixels at least
+    rows = engine.runner.encoder_cache.max_rows
+    assert working.encoder_cache == rows * engine.model_config.text.hidden_size * 2
+    # an image at the token cap encodes and decodes beside the cache, and is cached once
+    image = Image.fromarray((np.random.RandomState(1).rand(2000, 2000, 3) * 255).astype("uint8"))
+    out = llm.generate({"prompt": "<|patch|> what?", "multi_modal_data": {"image": image}},
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+    assert len(engine.runner.encoder_cache._items) == 1

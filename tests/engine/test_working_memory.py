@@ -1,8 +1,13 @@
-"""What the engine leaves free beside the KV cache on a GPU: the arithmetic of `WorkingMemory` and of the captured
-graphs' kept logits (the measured peaks run on the GPU: test_cuda_engine.py)."""
+"""What the engine leaves free beside the KV cache on a GPU: the arithmetic of `WorkingMemory`, of the captured
+graphs' kept logits and of the encoder's cache of features (the measured peaks run on the GPU:
+test_cuda_engine.py)."""
+
+import torch
 
 from glimmer.engine.cuda_graphs import batch_size_ladder
+from glimmer.engine.model_runner import EncoderCache
 from glimmer.engine.working_memory import WorkingMemory, graph_output_bytes
+from glimmer.multimodal import MediaProcessor, MediaSettings
 
 
 def test_each_captured_decode_graph_keeps_its_batch_of_logits():
@@ -20,3 +25,33 @@ def test_an_eager_step_runs_beside_the_pool_of_the_graphs():
     assert memory.total == 750 + 100 + 30  # the pool holds the largest decode step and every kept output
     eager = WorkingMemory(prefill=80, decode=100, sampler=50, graph_outputs=0)
     assert eager.steps == eager.total == 150  # no graphs: decode steps run eagerly, one at a time
+
+
+def test_vision_and_the_cache_of_features_count_beside_the_larger_step():
+    memory = WorkingMemory(prefill=700, decode=100, sampler=50, graph_outputs=30, vision=900, encoder_cache=40)
+    assert memory.steps == 900 + 50 + 40  # the encoder's peak is the larger, and the cached features stay
+    assert memory.total == memory.steps + 100 + 30
+
+
+def test_the_encoder_cache_holds_a_bounded_number_of_rows_and_always_the_newest_item():
+    cache = EncoderCache(max_items=3, max_rows=10)
+    cache.put(b"a", torch.zeros(4, 2))
+    cache.put(b"b", torch.zeros(4, 2))
+    assert cache.get(b"a") is not None  # a is now the most recent
+    cache.put(b"c", torch.zeros(4, 2))  # 12 rows: the least recently used (b) goes
+    assert cache.get(b"b") is None and cache.get(b"a") is not None and cache.get(b"c") is not None
+    cache.put(b"huge", torch.zeros(25, 2))  # larger than the bound alone: kept, the others go
+    assert cache.get(b"huge") is not None and cache.get(b"a") is None and cache.get(b"c") is None
+    cache.put(b"huge", torch.zeros(3, 2))  # put again: its old rows are not counted twice
+    for key in (b"d", b"e"):
+        cache.put(key, torch.zeros(3, 2))
+    assert all(cache.get(k) is not None for k in (b"huge", b"d", b"e"))
+    cache.put(b"f", torch.zeros(1, 2))  # four items: over max_items
+    assert cache.get(b"huge") is None
+
+
+def test_the_largest_items_are_an_image_at_the_token_cap_and_a_video_of_every_frame_at_the_frame_cap():
+    settings = MediaSettings(max_image_tokens=1024, max_video_frame_tokens=64, video_max_frames=9)
+    image, video = MediaProcessor(settings).largest_grids()
+    assert image == (1, 64, 64) and image[1] * image[2] // 4 == 1024
+    assert video == (5, 16, 16)  # 9 frames in groups of 2 (the last padded), 64 tokens a frame

@@ -130,6 +130,10 @@ def test_repeated_image_is_encoded_once(llm):
     size = len(cache._items)
     llm.generate({"prompt": "<|patch|>b", "multi_modal_data": {"image": image}}, params)
     assert len(cache._items) == size
+    # bounded in rows: two prefill chunks' worth, or the largest item the media settings allow if that is more
+    media = llm.engine.media
+    largest = max(t * h * w // media.settings.merge_size**2 for t, h, w in media.largest_grids())
+    assert cache.max_rows == max(2 * llm.engine.scheduler_config.max_num_batched_tokens, largest)
 
 
 def test_chat_with_an_image_renders_one_placeholder_per_image(llm):
