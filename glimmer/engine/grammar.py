@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -30,11 +31,12 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import GlimmerError, RequestError
-from glimmer.protocol.turn_grammar import JSON_LAYOUT, TurnConstraint, turn_grammar
+from glimmer.protocol.turn_grammar import TurnConstraint, laid_out_schema, turn_grammar
 
 logger = logging.getLogger(__name__)
 
 _ERROR_MESSAGE_MAX = 300
+_SOURCE_POSITION = re.compile(r"^at \d+\(\d+\): ")
 COMPILED_CACHE_SIZE = 256
 """Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
 
@@ -152,12 +154,14 @@ class GrammarCompiler:
         if self.tokenizer.vocab_size != vocab_size:  # the masks are sized by the model's rows (GrammarMasks)
             raise RuntimeError(f"llguidance indexed {self.tokenizer.vocab_size} tokens for {vocab_size} logit rows")
 
-    def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False) -> ControllerFactory:
+    def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False,
+                internal: bool = False) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
 
         Compiled grammars are kept (the last `COMPILED_CACHE_SIZE`), so requests repeating a schema, a tool set
         or a regex start from a copy instead of compiling again. `guard_markers`: the text is a chat turn's, which
-        may not spell a framing marker (`MarkerSpelling`).
+        may not spell a framing marker (`MarkerSpelling`). `internal`: the grammar is Glimmer's own (a turn's), whose
+        source a refusal does not quote.
         """
         text = json.dumps(grammar, ensure_ascii=False)
         with self._lock:
@@ -165,7 +169,7 @@ class GrammarCompiler:
             if matcher is not None:
                 self._compiled.move_to_end(text)
         if matcher is None:
-            matcher = self._build(text, param)
+            matcher = self._build(text, param, internal)
             with self._lock:
                 self._compiled[text] = matcher
                 while len(self._compiled) > COMPILED_CACHE_SIZE:
@@ -193,7 +197,7 @@ class GrammarCompiler:
             if self._compiled.get(text) is matcher:
                 del self._compiled[text]
 
-    def _build(self, text: str, param: str) -> llguidance.LLMatcher:
+    def _build(self, text: str, param: str, internal: bool) -> llguidance.LLMatcher:
         """A matcher for `text`; RequestError(param) for a grammar llguidance refuses, or one whose first mask is
         already an error (a grammar no text satisfies, such as `root ::= root`: llguidance finds out only there)."""
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
@@ -206,7 +210,7 @@ class GrammarCompiler:
                 return matcher
             raise RequestError(f"{param}: no text satisfies this constraint; the grammar engine found no way to "
                                f"begin it ({_engine_error(probe.get_error())})", param=param)
-        raise _refused(param, messages[0] if is_error else matcher.get_error())
+        raise _refused(param, messages[0] if is_error else matcher.get_error(), internal=internal)
 
     def _marker_spelling(self) -> MarkerSpelling:
         with self._lock:
@@ -223,7 +227,8 @@ class GrammarCompiler:
         """Controllers that constrain a chat turn: the answer is checked first, so its errors name `answer_param`."""
         if constraint.answer is not None:
             self.compile({"grammars": [dict(constraint.answer)]}, answer_param)
-        return self.compile(turn_grammar(constraint), "tools", guard_markers=constraint.answer is not None)
+        return self.compile(turn_grammar(constraint), "tools", guard_markers=constraint.answer is not None,
+                            internal=True)
 
 
 class _TokenTable:
@@ -269,9 +274,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
                 raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
-        layout = {**JSON_LAYOUT, "lenient": not params.strict}
-        custom = schema.get("x-guidance")
-        return {"json_schema": {**schema, "x-guidance": {**layout, **(custom if isinstance(custom, dict) else {})}}}
+        return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
     try:
         if kind == "regex":
             grammar = llguidance.grammar_from("regex", params.regex)
@@ -287,23 +290,29 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
     return {k: v for k, v in entry.items() if v is not None and k != "name"}
 
 
-def check_json_schema(schema: Mapping[str, Any], param: str) -> None:
-    """RequestError(param) when the grammar engine refuses `schema` as a non-strict `response_format` schema is
-    refused: an unknown type, a `$ref` to nothing, a keyword holding a value of the wrong kind. Keywords the engine
-    does not implement are ignored, as for non-strict schemas. Needs no tokenizer and compiles nothing for tokens,
-    so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
-    grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=False), param)
+def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = False) -> None:
+    """RequestError(param) when the grammar engine refuses `schema` as a `response_format` schema of the same
+    strictness is refused: an unknown type, a `$ref` to nothing, a keyword holding a value of the wrong kind, and,
+    when `strict` (a tool declared `"strict": true`), a keyword the engine does not implement (`uniqueItems`, which
+    pydantic writes for a set; `if`/`then`), which a non-strict schema ignores. Needs no tokenizer and compiles
+    nothing for tokens, so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
+    grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=strict), param)
     try:
         text = json.dumps({"grammars": [grammar]}, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
         raise RequestError(f"{param}: the JSON schema is not JSON or is nested too deeply", param=param) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
     if is_error:
-        raise _refused(param, messages[0])
+        hint = (" (a strict tool's calls follow every keyword of its schema; without \"strict\": true, keywords "
+                "the grammar engine does not implement are ignored)") if strict else ""
+        raise _refused(param, messages[0], hint=hint)
 
 
-def _refused(param: str, message: str) -> RequestError:
-    return RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+def _refused(param: str, message: str, *, internal: bool = False, hint: str = "") -> RequestError:
+    """The grammar engine's refusal of the constraint in `param`. `internal`: the grammar is Glimmer's own (a turn's),
+    whose source the engine lists after its error: only the error goes out, not that source."""
+    reason = _without_source(message) if internal else _first_lines(message)
+    return RequestError(f"{param}: the grammar engine refused it: {reason}{hint}", param=param)
 
 
 def _choice_grammar(choices: list[str]) -> str:
@@ -395,6 +404,12 @@ class GrammarMasks:
                                 ) -> Future:
         """`fill_verification` on the worker thread, to overlap the model's forward pass."""
         return self._thread.submit(self.fill_verification, controllers, proposed)
+
+
+def _without_source(message: str) -> str:
+    """The first line of llguidance's error, without the position in the grammar it begins with (`at 3(16): `)
+    or the listing of the grammar's source that follows it."""
+    return _first_lines(_SOURCE_POSITION.sub("", message.strip().splitlines()[0] if message.strip() else ""))
 
 
 def _first_lines(message: str) -> str:

@@ -21,8 +21,9 @@ from glimmer.protocol.value_typing import strict_json_loads
 
 logger = logging.getLogger(__name__)
 
-SchemaCheck = Callable[[Mapping[str, Any], str], None]
-"""Checks a JSON schema given the field holding it; raises RequestError naming that field when it is invalid."""
+SchemaCheck = Callable[[Mapping[str, Any], str, bool], None]
+"""Checks a JSON schema given the field holding it and whether it is strict (a tool declared `"strict": true`);
+raises RequestError naming that field when it is invalid."""
 
 RENDERED_ROLES = frozenset({"system", "user", "assistant", "tool"})
 """Roles the Muse Glimmer template renders; others render nothing (P-TMPL-7)."""
@@ -278,8 +279,9 @@ def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> l
     characters, without whitespace, `<` or `"` (they are written into headers and ATEM tags); anything else
     raises RequestError whose param is the offending field (`tools[0].function.name`). None gives `[]`.
 
-    check_schema(parameters, field): called with each declared `parameters` schema and its field
-    (`tools[0].function.parameters`); raises RequestError for a schema that is not valid JSON schema. This layer
+    check_schema(parameters, field, strict): called with each declared `parameters` schema, its field
+    (`tools[0].function.parameters`) and whether the tool is strict; raises RequestError for a schema that is not
+    valid JSON schema (for a strict tool, also one using keywords the caller cannot enforce). This layer
     has no JSON-schema compiler (the grammar engine's is the engine's), and value typing reads an invalid schema
     as "any value", so a serving API passes one: a bad schema is a bad request whatever `tool_choice` is.
     """
@@ -308,15 +310,15 @@ def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> l
             description = ""
         elif not isinstance(description, str):
             raise RequestError(f"{where}.description must be a string", param=f"{where}.description")
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
+            raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = dict(EMPTY_PARAMETERS_SCHEMA)
         elif not isinstance(parameters, Mapping):
             raise RequestError(f"{where}.parameters must be a JSON schema object", param=f"{where}.parameters")
         elif check_schema is not None:
-            check_schema(parameters, f"{where}.parameters")
-        if function.get("strict") is not None and not isinstance(function["strict"], bool):
-            raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
+            check_schema(parameters, f"{where}.parameters", function.get("strict") is True)
         complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}
         normalized.append({"type": "function", "function": complete})
     return normalized

@@ -116,6 +116,55 @@ def test_a_forced_call_has_exactly_the_tools_parameters_typed_by_their_schemas(c
         assert not admits(compiler, tokenizer, constraint, text), text
 
 
+# keywords llguidance does not implement; pydantic writes `uniqueItems` for a `set[...]` field
+UNIMPLEMENTED = {"tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                 "codes": {"type": "array", "contains": {"type": "integer"}},
+                 "labels": {"type": "object", "propertyNames": {"pattern": "^a"}},
+                 "level": {"type": "integer", "if": {"minimum": 3}, "then": {"maximum": 5}}}
+
+
+def _tagger(strict: bool | None = None) -> dict:
+    function = {"name": "tagger", "parameters": {"type": "object", "properties": UNIMPLEMENTED,
+                                                 "required": ["tags"]}}
+    return normalize_tools([{**function, **({} if strict is None else {"strict": strict})}])[0]
+
+
+def test_keywords_the_engine_does_not_implement_are_ignored_in_a_non_strict_tools_call(compiler, tokenizer):
+    """They failed every grammar-backed turn (a forced call, a thinking budget, an answer schema beside the tools)
+    with a 400 quoting the turn grammar; a non-strict tool's schema is a hint, as its response_format twin is."""
+    for constraint in (TurnConstraint(call_tools=[_tagger()], must_call=True),
+                       TurnConstraint(answer=JSON_ANSWER, call_tools=[_tagger(False)], thinking_token_budget=0)):
+        assert admits(compiler, tokenizer, constraint, call("tagger", ("tags", "[1, 1]"), ("level", "7")) + "<|eot|>")
+        assert not admits(compiler, tokenizer, constraint, call("tagger", ("tags", '["a"]')) + "<|eot|>")
+
+
+@pytest.mark.parametrize(("key", "keyword"), [("tags", "uniqueItems"), ("codes", "contains"),
+                                              ("labels", "propertyNames"), ("level", "if")])
+def test_a_strict_tool_using_keywords_the_engine_does_not_implement_is_refused_naming_them(key, keyword):
+    parameters = {"type": "object", "properties": {key: UNIMPLEMENTED[key]}}
+    check_json_schema(parameters, "tools[0].function.parameters")  # not strict: ignored
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(parameters, "tools[0].function.parameters", strict=True)
+    assert raised.value.param == "tools[0].function.parameters"
+    message = str(raised.value)
+    assert message.startswith("tools[0].function.parameters: the grammar engine refused it: Unimplemented keys")
+    assert f'"{keyword}"' in message and '"strict": true' in message
+
+
+def test_a_turn_grammar_the_engine_refuses_is_refused_without_quoting_its_source(compiler):
+    """llguidance lists the grammar's source after its error: for a turn that is Glimmer's own grammar (headers,
+    ATEM tags, channel rules), nothing a client wrote or should read."""
+    parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {  # a pointer the parameter's
+        "type": "array", "items": {"$ref": "#/properties/a"}}}, "required": ["b"]}  # own document lacks
+    tool = normalize_tools([{"name": "f", "parameters": parameters}])[0]
+    with pytest.raises(RequestError) as raised:
+        compiler.turn(TurnConstraint(call_tools=[tool], must_call=True))
+    assert raised.value.param == "tools"
+    message = str(raised.value)
+    assert message == "tools: the grammar engine refused it: failed to compile JSON schema: Pointer '/properties/a' " \
+                      "does not exist", message
+
+
 def test_parallel_calls_follow_the_request(compiler, tokenizer):
     two = call("clock") + "<|eom|><|start|>assistant" + call("clock") + "<|eot|>"
     assert admits(compiler, tokenizer, TurnConstraint(call_tools=[CLOCK], must_call=True), two)

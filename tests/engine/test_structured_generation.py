@@ -70,3 +70,18 @@ def test_conflicting_or_impossible_requests_are_refused(llm):
         llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": 7})))
     assert raised.value.param == "structured_outputs"
     assert not llm.engine.has_unfinished_requests
+
+
+def test_chat_forces_a_call_of_a_tool_whose_schema_uses_keywords_the_engine_does_not_implement(llm):
+    """`uniqueItems` (pydantic's `set[...]`) failed every grammar-backed turn; a non-strict tool ignores it, and a
+    strict one is refused naming its parameters."""
+    tagger = {"type": "function", "function": {"name": "tagger", "parameters": {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "uniqueItems": True}}, "required": ["tags"]}}}
+    output = llm.chat(MESSAGES, SamplingParams(max_tokens=60, seed=1), tools=[tagger], tool_choice="required",
+                      parallel_tool_calls=False, thinking_token_budget=0, chat_template_kwargs=KWARGS)[0]
+    ((call),) = output.tool_calls
+    assert call.name == "tagger" and set(json.loads(call.arguments)["tags"]) <= {"red", "blue"}
+    strict = {"type": "function", "function": {**tagger["function"], "strict": True}}
+    with pytest.raises(RequestError) as raised:
+        llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[strict], tool_choice="required")
+    assert raised.value.param == "tools[0].function.parameters" and "uniqueItems" in str(raised.value)

@@ -266,10 +266,12 @@ def test_each_declared_parameters_schema_goes_to_the_schema_check_with_its_field
     seen = []
     schema = {"type": "object", "properties": {"x": {"type": "nonsense"}}}
     normalize_tools([{"type": "function", "function": {"name": "a", "parameters": schema}}, {"name": "b"},
-                     {"name": "c", "parameters": {}}], check_schema=lambda s, field: seen.append((s, field)))
-    assert seen == [(schema, "tools[0].function.parameters"), ({}, "tools[2].parameters")]
+                     {"name": "c", "parameters": {}, "strict": True}],
+                    check_schema=lambda s, field, strict: seen.append((s, field, strict)))
+    # a strict tool's check is told so: keywords a non-strict schema may leave unenforced, it may not
+    assert seen == [(schema, "tools[0].function.parameters", False), ({}, "tools[2].parameters", True)]
 
-    def refuse(schema, field):
+    def refuse(schema, field, strict):
         raise RequestError(f"{field}: refused", param=field)
 
     with pytest.raises(RequestError) as caught:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 from server_support import PINNED_DATE, live_server
 
@@ -304,6 +305,51 @@ def test_an_invalid_tool_schema_is_a_400_naming_the_parameters_under_any_tool_ch
                                        tool_choice=choice)
     assert raised.value.body["param"] == "tools[1].function.parameters", raised.value.body
     assert raised.value.body["message"].startswith("tools[1].function.parameters: the grammar engine refused it")
+
+
+class _Tagging(pydantic.BaseModel):
+    tags: set[Literal["red", "blue"]]  # pydantic writes `uniqueItems`, a keyword the grammar engine lacks
+
+
+TAGGER = {"type": "function", "function": {"name": "tagger", "description": "Tag it.",
+                                           "parameters": _Tagging.model_json_schema()}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "tagger"}}},
+    {"thinking_token_budget": 0}, {"response_format": {"type": "json_object"}}])
+def test_a_tool_schema_with_keywords_the_engine_does_not_implement_serves_grammar_backed_turns(server, fields):
+    """Such keywords made every grammar-backed turn a 400 quoting the turn grammar; a non-strict tool ignores them."""
+    assert "uniqueItems" in json.dumps(TAGGER)
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 60, "seed": 0, "tools": [TAGGER, CLOCK],
+        "parallel_tool_calls": False, "chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0, **fields})
+    assert response.status_code == 200, response.text
+    if "tool_choice" in fields:
+        ((call),) = response.json()["choices"][0]["message"]["tool_calls"]
+        assert set(json.loads(call["function"]["arguments"])["tags"]) <= {"red", "blue"}
+
+
+def test_a_responses_forced_call_of_a_tool_with_keywords_the_engine_does_not_implement_is_served(server):
+    called = []
+    for seed in range(4):  # (reasoning is free here: a random model may spend max_output_tokens on it)
+        response = httpx.post(server.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "input": "Tag it.", "max_output_tokens": 60, "seed": seed, "tool_choice": "required",
+            "tools": [{"type": "function", **TAGGER["function"]}], "parallel_tool_calls": False})
+        assert response.status_code == 200, response.text
+        called += [item["name"] for item in response.json()["output"] if item["type"] == "function_call"]
+    assert called and set(called) == {"tagger"}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "none"])
+def test_a_strict_tool_with_keywords_the_engine_does_not_implement_is_a_400_naming_them(server, choice):
+    strict = {"type": "function", "function": {**TAGGER["function"], "strict": True}}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, "tools": [CLOCK, strict], "tool_choice": choice})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[1].function.parameters"
+    assert '"uniqueItems"' in error["message"] and "<|" not in error["message"] and "atem" not in error["message"]
 
 
 def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
