@@ -146,6 +146,7 @@ def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     ([{"type": "function", "name": "f"}, {"type": "function", "name": "f"}], "tools[1].name"),
     ([{"type": "function", "name": "f", "color": "red"}], "tools[0].color"),
     ([{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}], "tools[0].parameters"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools[0].parameters"),
     ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
         "city": {"$ref": "#/$defs/missing"}}}}], "tools[0].parameters"),
 ])

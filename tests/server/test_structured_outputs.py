@@ -352,6 +352,17 @@ def test_a_strict_tool_with_keywords_the_engine_does_not_implement_is_a_400_nami
     assert '"uniqueItems"' in error["message"] and "<|" not in error["message"] and "atem" not in error["message"]
 
 
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_a_tool_whose_parameters_are_not_an_object_schema_is_a_400_naming_them(server, choice):
+    """Forced calls of `{"type": "string"}` parameters came back as `{}`, which that schema refuses."""
+    tools = [CLOCK, {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, "tools": tools, "tool_choice": choice})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[1].function.parameters" and '"object"' in error["message"]
+
+
 def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
     """Text a grammar spells out is text, special-token spellings included (on completions); a choice among
     thousands is one of them; a chat answer keeps ATEM-like text as written (P-CHAN-2)."""
