@@ -16,6 +16,7 @@ from glimmer.engine.grammar import (
     GrammarFailure,
     GrammarMasks,
     answer_grammar,
+    chat_answer_grammar,
     check_json_schema,
 )
 from glimmer.engine.sampler import unpack_token_bitmask
@@ -345,18 +346,46 @@ def test_a_constraint_no_text_satisfies_is_refused_naming_the_field(compiler, pa
 
 
 def test_a_lexer_limit_fails_every_request_of_that_grammar_as_it_failed_the_first(compiler, tokenizer):
-    """A regex whose lexer hits llguidance's limit fails its completion on its first token. llguidance's copies of
-    a kept matcher share its lexer, so later copies used to fail at their first mask, whose only allowed ids were
-    the stop ids: those requests ended at once, empty, as if complete. A failure drops the kept matcher, so each
-    request meets the grammar afresh and fails as the first did, at the same token, with the engine's reason."""
-    factory = compiler.structured_outputs(StructuredOutputsParams(regex="c{999999999}"))
+    """A regex whose lexer hits llguidance's limit past the compiler's probe (which advances the lowest allowed
+    token, `c`; the `x`s fail at the second) fails its completion there, as the request's fault (GrammarFailure is
+    a RequestError naming the field). llguidance's copies of a kept matcher share its lexer, so later copies used to
+    fail at their first mask, whose only allowed ids were the stop ids: those requests ended at once, empty, as if
+    complete. A failure drops the kept matcher, so each request meets the grammar afresh and fails as the first
+    did, at the same token, with the engine's reason."""
+    factory = compiler.structured_outputs(StructuredOutputsParams(regex="(c|x{999999999})"), "structured_outputs.regex")
     masks = GrammarMasks(512, 1)
-    c = tokenizer.encode_text("c")[0]
+    c, x = tokenizer.encode_text("c")[0], tokenizer.encode_text("x")[0]
     for _ in range(3):
         controller = factory()
         bitmask = masks.fill([controller])
-        assert controller.failure is None  # the first mask is the grammar's own: `c` and nothing else
-        assert unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist() == [c]
+        assert controller.failure is None  # the first mask is the grammar's own: `c` or `x`s
+        allowed = unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist()
+        assert c in allowed and x in allowed
+        assert not controller.observe(x)
+        masks.fill([controller])
         with pytest.raises(GrammarFailure, match="too many expressions") as raised:
-            controller.observe(c)
+            controller.observe(x)
+        assert isinstance(raised.value, RequestError) and raised.value.param == "structured_outputs.regex"
+        assert str(raised.value).startswith("structured_outputs.regex: the grammar engine stopped on this constraint")
         assert "Tokens:" not in str(raised.value)  # not the completion's text, which llguidance's state spells
+
+
+def test_a_constraint_past_the_grammar_engines_limits_at_its_first_token_is_refused_naming_the_field(compiler):
+    """`c{999999999}` compiled, then failed every request at its first token, with a 500 (mid-stream after a 200)."""
+    with pytest.raises(RequestError, match="too many expressions") as raised:
+        compiler.structured_outputs(StructuredOutputsParams(regex="c{999999999}"), "structured_outputs.regex")
+    assert raised.value.param == "structured_outputs.regex" and not isinstance(raised.value, GrammarFailure)
+
+
+@pytest.mark.parametrize("params", [
+    StructuredOutputsParams(regex=r"a<\|b"), StructuredOutputsParams(grammar='root ::= "a<" "|b"'),
+    StructuredOutputsParams(json={"type": "string", "pattern": r"^<\|x$"}),
+])
+def test_a_chat_answer_that_must_spell_a_framing_marker_is_refused_before_it_runs(compiler, params):
+    """The grammar's text holds no `<|` (`chat_answer_grammar` takes it), but every answer would spell one, which
+    used to fail the request mid-generation with a 500; completions, whose raw text may hold it, take it."""
+    with pytest.raises(RequestError, match="a chat answer cannot contain") as raised:
+        compiler.turn(TurnConstraint(answer=chat_answer_grammar(params, "structured_outputs"), thinking_token_budget=0),
+                      "structured_outputs")
+    assert raised.value.param == "structured_outputs"
+    compiler.structured_outputs(params)
