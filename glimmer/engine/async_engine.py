@@ -5,8 +5,9 @@ and receive their request's `StepDelta`s on an asyncio queue of their own event 
 stops listening (a disconnected client) aborts its request: its KV blocks are freed and the engine
 stops computing for it. A caller may leave at any moment, even while its request is still being admitted.
 
-Failures stay with the requests they belong to: an invalid request is refused to its caller, and a step
-that fails ends the requests of its batch (each caller gets EngineStepError) while the loop goes on. Only a
+Failures stay with the requests they belong to: an invalid request is refused to its caller, a request whose
+constraint fails it while generating ends with a RequestError (GrammarFailure: its own fault), and a step that
+fails ends the requests of its batch (each caller gets EngineStepError) while the loop goes on. Only a
 failure outside any step, or several failing steps in a row, stops the thread; then every caller gets
 EngineDeadError and the callbacks registered with `notify_when_dead` run (the server exits, so that a
 supervisor can restart it).
@@ -34,7 +35,7 @@ from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import GlimmerError
+from glimmer.errors import GlimmerError, RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ class AsyncEngine:
         """Stream a request's deltas until every completion finishes.
 
         Raises RequestError (invalid request), EngineOverloadedError (queue full) or EngineDeadError
-        before the first delta, and EngineStepError or EngineDeadError after it. Closing the iterator early
+        before the first delta, and EngineStepError or EngineDeadError after it; RequestError at any point when
+        the request's constraint fails it while generating (GrammarFailure). Closing the iterator early
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the later prompts of one API request that passed it: they are one request to its client).
         """
@@ -250,16 +252,22 @@ class AsyncEngine:
         self._waiting_requests = len({seq.request_id for seq in self.engine.scheduler.waiting})
 
     def _fail_requests(self, exc: StepError) -> None:
-        """End the requests of a failed step; their callers get EngineStepError, the loop goes on."""
-        logger.error("a step failed; stopping its %d request(s)", len(exc.request_ids), exc_info=exc)
-        self.metrics.errors += 1
-        cause = exc.__cause__
-        if isinstance(cause, GrammarFailure):  # a limit of the grammar engine: its reason is the request's to know
-            error = EngineStepError(f"{cause}; the request was stopped")
-        else:
-            error = EngineStepError(f"internal error while generating ({type(cause).__name__}); "
-                                    "the request was stopped")
-        for request_id in exc.request_ids:
+        """End the requests of a failed step, the loop going on. A request whose own constraint failed it
+        (GrammarFailure) is at fault: its caller gets a RequestError naming the constraint's field; the others'
+        callers get EngineStepError, an internal error."""
+        causes = {request_id: exc.cause_of(request_id) for request_id in exc.request_ids}
+        internal = [request_id for request_id, cause in causes.items() if not isinstance(cause, GrammarFailure)]
+        if internal:
+            logger.error("a step failed; stopping its %d request(s)", len(internal), exc_info=exc)
+            self.metrics.errors += 1
+        for request_id, cause in causes.items():
+            error: GlimmerError
+            if isinstance(cause, GrammarFailure):
+                logger.warning("stopping request %s: %s", request_id, cause)
+                error = RequestError(f"{cause}; the request was stopped", param=cause.param)
+            else:
+                error = EngineStepError(f"internal error while generating ({type(cause).__name__}); "
+                                        "the request was stopped")
             self.engine.abort(request_id)
             listener = self._listeners.pop(request_id, None)
             if listener is not None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -29,18 +31,21 @@ import torch
 
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import GlimmerError, RequestError
-from glimmer.protocol.turn_grammar import JSON_LAYOUT, TurnConstraint, turn_grammar
+from glimmer.errors import RequestError
+from glimmer.protocol.turn_grammar import TurnConstraint, laid_out_schema, turn_grammar
 
 logger = logging.getLogger(__name__)
 
 _ERROR_MESSAGE_MAX = 300
+_SOURCE_POSITION = re.compile(r"^at \d+\(\d+\): ")
 COMPILED_CACHE_SIZE = 256
 """Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
 
 
-class GrammarFailure(GlimmerError):
-    """The grammar engine failed while constraining a completion (a limit it hit): that request fails."""
+class GrammarFailure(RequestError):
+    """A request's constraint failed its completion while generating: the grammar engine hit a limit on it, or it
+    made a chat answer spell a framing marker. The request's fault, not the server's (HTTP 400 naming `param`, the
+    field holding the constraint): the compiler refuses what it can foresee, this is what it could not."""
 
 
 class MarkerSpelling:
@@ -69,10 +74,12 @@ class GrammarController:
     """Constrains one completion by a grammar (the sequence's controller)."""
 
     def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int, markers: MarkerSpelling | None = None,
-                 on_failure: Callable[[], None] | None = None):
+                 on_failure: Callable[[], None] | None = None, param: str = "structured_outputs"):
         """on_failure: called once when the grammar engine fails this completion (the compiler then drops the
-        grammar it keeps: llguidance's copies share a lexer, which stays broken for every later copy)."""
+        grammar it keeps: llguidance's copies share a lexer, which stays broken for every later copy). param: the
+        request field whose constraint this is, named by a GrammarFailure."""
         self.matcher = matcher
+        self.param = param
         self._on_failure = on_failure
         self.num_token_ids = num_token_ids  # the ids llguidance indexed: every logit row of the model
         self._markers = markers  # a chat turn's: its text may not spell `<|`
@@ -85,11 +92,11 @@ class GrammarController:
         request with it."""
         if self.failure is None and self.matcher.is_error():
             self._fail(_engine_error(self.matcher.get_error()))
-            logger.error("grammar engine error while filling a mask: %s", self.failure)
+            logger.warning("grammar engine error while filling a mask: %s", self.failure)
 
     def _failure_error(self) -> GrammarFailure:
-        return GrammarFailure(f"the grammar engine stopped on this request's constraint ({self.failure}); its output "
-                              "so far would not satisfy it")
+        return GrammarFailure(f"{self.param}: the grammar engine stopped on this constraint while generating "
+                              f"({self.failure}); the output so far would not satisfy it", param=self.param)
 
     def _fail(self, reason: str) -> None:
         self.failure = reason
@@ -114,20 +121,29 @@ class GrammarController:
             spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
             self._after_open = token_id in markers.ends_open
             if spelled:
-                raise GrammarFailure("the constrained answer spelled a framing marker's `<|` in text, which would end "
-                                     "or break the message (P-CHAN-6); constrain the raw text on /v1/completions "
-                                     "instead")
+                raise GrammarFailure(f"{self.param}: the constrained answer spelled a framing marker's `<|` in text, "
+                                     "which would end or break the message (P-CHAN-6); constrain the raw text on "
+                                     "/v1/completions instead", param=self.param)
         if not self.matcher.consume_token(token_id) or self.matcher.is_error():
             # the sampler only draws allowed tokens, so this is a limit of the grammar engine (or a bug): the
             # request fails with the engine's reason rather than end as if its output were complete (a matcher in
             # its error state takes any token and says it stopped)
             self._fail(_engine_error(self.matcher.get_error()))
-            logger.error("grammar rejected token %d: %s", token_id, self.failure)
+            logger.warning("grammar rejected token %d: %s", token_id, self.failure)
             raise self._failure_error()
         return self.matcher.is_stopped()
 
 
 ControllerFactory = Callable[[], GrammarController]
+
+
+@dataclass
+class _Compiled:
+    """A grammar compiled for requests to copy, and the text every output of it begins with (llguidance's forced
+    bytes from its start: all of it for a regex `a<\\|b`, nothing for `(a|b)c`)."""
+
+    matcher: llguidance.LLMatcher
+    forced_text: bytes
 
 
 class GrammarCompiler:
@@ -139,11 +155,12 @@ class GrammarCompiler:
         Takes a few seconds for a 200k vocabulary (llguidance indexes every token's bytes).
         """
         self.vocab_size = vocab_size
-        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
         self._lock = threading.Lock()
         self._text_tokenizer = tokenizer
         self._markers: MarkerSpelling | None = None
         stops = sorted(set(stop_token_ids))
+        self._stop_token_ids = frozenset(stops)
         if vocab_size < tokenizer.vocab_size:
             raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size} ids")
         table = _TokenTable(tokenizer, stops[0], vocab_size)
@@ -152,61 +169,78 @@ class GrammarCompiler:
         if self.tokenizer.vocab_size != vocab_size:  # the masks are sized by the model's rows (GrammarMasks)
             raise RuntimeError(f"llguidance indexed {self.tokenizer.vocab_size} tokens for {vocab_size} logit rows")
 
-    def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False) -> ControllerFactory:
+    def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False, internal: bool = False,
+                failure_param: str | None = None) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
 
         Compiled grammars are kept (the last `COMPILED_CACHE_SIZE`), so requests repeating a schema, a tool set
         or a regex start from a copy instead of compiling again. `guard_markers`: the text is a chat turn's, which
-        may not spell a framing marker (`MarkerSpelling`).
+        may not spell a framing marker (`MarkerSpelling`). `internal`: the grammar is Glimmer's own (a turn's), whose
+        source a refusal does not quote. `failure_param`: the field a failure while generating names (`param` by
+        default).
         """
         text = json.dumps(grammar, ensure_ascii=False)
-        with self._lock:
-            matcher = self._compiled.get(text)
-            if matcher is not None:
-                self._compiled.move_to_end(text)
-        if matcher is None:
-            matcher = self._build(text, param)
-            with self._lock:
-                self._compiled[text] = matcher
-                while len(self._compiled) > COMPILED_CACHE_SIZE:
-                    self._compiled.popitem(last=False)
+        forced_text = self._kept(text, param, internal).forced_text
         markers = self._marker_spelling() if guard_markers else None
 
         def controller() -> GrammarController:
             with self._lock:
                 kept = self._compiled.get(text)
                 if kept is None:  # dropped after a failure (or from the cache): built afresh and kept again
-                    kept = self._compiled[text] = self._matcher(text)
-            return GrammarController(kept.deep_copy(), self.tokenizer.vocab_size, markers,
-                                     on_failure=lambda: self._drop(text, kept))
+                    kept = self._compiled[text] = _Compiled(self._matcher(text), forced_text)
+            return GrammarController(kept.matcher.deep_copy(), self.tokenizer.vocab_size, markers,
+                                     on_failure=lambda: self._drop(text, kept), param=failure_param or param)
 
         return controller
+
+    def _kept(self, text: str, param: str, internal: bool) -> _Compiled:
+        """The compiled grammar of `text`, kept from an earlier request or built (and kept); RequestError(param)
+        if invalid."""
+        with self._lock:
+            kept = self._compiled.get(text)
+            if kept is not None:
+                self._compiled.move_to_end(text)
+                return kept
+        kept = self._build(text, param, internal)
+        with self._lock:
+            self._compiled[text] = kept
+            while len(self._compiled) > COMPILED_CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return kept
 
     def _matcher(self, text: str) -> llguidance.LLMatcher:
         return llguidance.LLMatcher(self.tokenizer, text, log_level=0)
 
-    def _drop(self, text: str, matcher: llguidance.LLMatcher) -> None:
-        """Forget `matcher` for `text` if it is still the kept one: llguidance's copies of a matcher share its lexer,
+    def _drop(self, text: str, kept: _Compiled) -> None:
+        """Forget `kept` for `text` if it is still the kept one: llguidance's copies of a matcher share its lexer,
         and a lexer that hit one of its limits fails every later copy at its first mask; the next request gets a
         matcher built afresh, and so meets the grammar as the first request did."""
         with self._lock:
-            if self._compiled.get(text) is matcher:
+            if self._compiled.get(text) is kept:
                 del self._compiled[text]
 
-    def _build(self, text: str, param: str) -> llguidance.LLMatcher:
-        """A matcher for `text`; RequestError(param) for a grammar llguidance refuses, or one whose first mask is
-        already an error (a grammar no text satisfies, such as `root ::= root`: llguidance finds out only there)."""
+    def _build(self, text: str, param: str, internal: bool) -> _Compiled:
+        """The compiled grammar of `text`; RequestError(param) for a grammar llguidance refuses, one whose first
+        mask is already an error (a grammar no text satisfies, such as `root ::= root`: llguidance finds out only
+        there), or one whose first token already takes the grammar engine past a limit (a regex `a{1000000}`: its
+        lexer builds a repetition's expressions as it goes, and gives up after too many)."""
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
         matcher = None if is_error else self._matcher(text)
-        if matcher is not None and not matcher.is_error():
-            # a matcher of its own: a copy of `matcher` would share (and spend) the lexer the requests will use
-            probe = self._matcher(text)
-            probe.compute_bitmask()
-            if not probe.is_error():
-                return matcher
+        if matcher is None or matcher.is_error():
+            raise _refused(param, messages[0] if is_error else matcher.get_error(), internal=internal)
+        # a matcher of its own: a copy of `matcher` would share (and spend) the lexer the requests will use
+        probe = self._matcher(text)
+        mask = probe.compute_bitmask()
+        if probe.is_error():
             raise RequestError(f"{param}: no text satisfies this constraint; the grammar engine found no way to "
                                f"begin it ({_engine_error(probe.get_error())})", param=param)
-        raise _refused(param, messages[0] if is_error else matcher.get_error())
+        forced_text = probe.compute_ff_bytes()
+        first = _first_allowed(mask, self._stop_token_ids)
+        if first is not None and (not probe.consume_token(first) or probe.is_error()):
+            raise RequestError(f"{param}: the grammar engine cannot follow this constraint past its first token "
+                               f"({_engine_error(probe.get_error())}); a smaller one (fewer repetitions, a shorter "
+                               "pattern) may fit its limits", param=param)
+        return _Compiled(matcher, forced_text)
 
     def _marker_spelling(self) -> MarkerSpelling:
         with self._lock:
@@ -220,10 +254,19 @@ class GrammarCompiler:
         return self.compile({"grammars": [answer_grammar(params, param)]}, param)
 
     def turn(self, constraint: TurnConstraint, answer_param: str = "response_format") -> ControllerFactory:
-        """Controllers that constrain a chat turn: the answer is checked first, so its errors name `answer_param`."""
-        if constraint.answer is not None:
-            self.compile({"grammars": [dict(constraint.answer)]}, answer_param)
-        return self.compile(turn_grammar(constraint), "tools", guard_markers=constraint.answer is not None)
+        """Controllers that constrain a chat turn. The answer is checked first, so its errors name `answer_param`,
+        and so does a failure while generating (the answer's grammar is the request's own; with no answer, a tool's
+        schema is: `tools`). An answer whose every text begins by spelling `<|` (a regex's `<\\|`, a grammar's
+        `"a<" "|b"`, which `chat_answer_grammar` cannot see) is refused here; one that may spell it later fails its
+        request when it does (P-CHAN-6)."""
+        if constraint.answer is None:
+            return self.compile(turn_grammar(constraint), "tools", internal=True)
+        answer = self._kept(json.dumps({"grammars": [dict(constraint.answer)]}, ensure_ascii=False), answer_param,
+                            internal=False)
+        if b"<|" in answer.forced_text:
+            raise _marker_in_chat_answer(answer_param)
+        return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
+                            failure_param=answer_param)
 
 
 class _TokenTable:
@@ -269,9 +312,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
                 raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
-        layout = {**JSON_LAYOUT, "lenient": not params.strict}
-        custom = schema.get("x-guidance")
-        return {"json_schema": {**schema, "x-guidance": {**layout, **(custom if isinstance(custom, dict) else {})}}}
+        return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
     try:
         if kind == "regex":
             grammar = llguidance.grammar_from("regex", params.regex)
@@ -287,23 +328,29 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
     return {k: v for k, v in entry.items() if v is not None and k != "name"}
 
 
-def check_json_schema(schema: Mapping[str, Any], param: str) -> None:
-    """RequestError(param) when the grammar engine refuses `schema` as a non-strict `response_format` schema is
-    refused: an unknown type, a `$ref` to nothing, a keyword holding a value of the wrong kind. Keywords the engine
-    does not implement are ignored, as for non-strict schemas. Needs no tokenizer and compiles nothing for tokens,
-    so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
-    grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=False), param)
+def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = False) -> None:
+    """RequestError(param) when the grammar engine refuses `schema` as a `response_format` schema of the same
+    strictness is refused: an unknown type, a `$ref` to nothing, a keyword holding a value of the wrong kind, and,
+    when `strict` (a tool declared `"strict": true`), a keyword the engine does not implement (`uniqueItems`, which
+    pydantic writes for a set; `if`/`then`), which a non-strict schema ignores. Needs no tokenizer and compiles
+    nothing for tokens, so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
+    grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=strict), param)
     try:
         text = json.dumps({"grammars": [grammar]}, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
         raise RequestError(f"{param}: the JSON schema is not JSON or is nested too deeply", param=param) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
     if is_error:
-        raise _refused(param, messages[0])
+        hint = (" (a strict tool's calls follow every keyword of its schema; without \"strict\": true, keywords "
+                "the grammar engine does not implement are ignored)") if strict else ""
+        raise _refused(param, messages[0], hint=hint)
 
 
-def _refused(param: str, message: str) -> RequestError:
-    return RequestError(f"{param}: the grammar engine refused it: {_first_lines(message)}", param=param)
+def _refused(param: str, message: str, *, internal: bool = False, hint: str = "") -> RequestError:
+    """The grammar engine's refusal of the constraint in `param`. `internal`: the grammar is Glimmer's own (a turn's),
+    whose source the engine lists after its error: only the error goes out, not that source."""
+    reason = _without_source(message) if internal else _first_lines(message)
+    return RequestError(f"{param}: the grammar engine refused it: {reason}{hint}", param=param)
 
 
 def _choice_grammar(choices: list[str]) -> str:
@@ -324,9 +371,13 @@ def chat_answer_grammar(params: StructuredOutputsParams, param: str = "structure
     takes it."""
     grammar = answer_grammar(params, param)
     if "<|" in json.dumps(grammar, ensure_ascii=False):
-        raise RequestError(f"{param}: a chat answer cannot contain '<|' (text spelling a framing marker ends or "
-                           "breaks the message); constrain the raw text on /v1/completions instead", param=param)
+        raise _marker_in_chat_answer(param)
     return grammar
+
+
+def _marker_in_chat_answer(param: str) -> RequestError:
+    return RequestError(f"{param}: a chat answer cannot contain '<|' (text spelling a framing marker ends or breaks "
+                        "the message); constrain the raw text on /v1/completions instead", param=param)
 
 
 class GrammarMasks:
@@ -395,6 +446,25 @@ class GrammarMasks:
                                 ) -> Future:
         """`fill_verification` on the worker thread, to overlap the model's forward pass."""
         return self._thread.submit(self.fill_verification, controllers, proposed)
+
+
+def _first_allowed(mask: bytes, skipped: frozenset[int]) -> int | None:
+    """The lowest token id a packed mask (32 ids per little-endian 32-bit word) allows, other than `skipped`."""
+    words = memoryview(mask).cast("I")
+    for index, word in enumerate(words):
+        while word:
+            low = word & -word
+            token_id = index * 32 + low.bit_length() - 1
+            if token_id not in skipped:
+                return token_id
+            word ^= low
+    return None
+
+
+def _without_source(message: str) -> str:
+    """The first line of llguidance's error, without the position in the grammar it begins with (`at 3(16): `)
+    or the listing of the grammar's source that follows it."""
+    return _first_lines(_SOURCE_POSITION.sub("", message.strip().splitlines()[0] if message.strip() else ""))
 
 
 def _first_lines(message: str) -> str:

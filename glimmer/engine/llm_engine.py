@@ -146,11 +146,17 @@ class StepError(GlimmerError):
     bookkeeping, so the device itself may be at fault."""
 
     def __init__(self, request_ids: list[str], cause: BaseException, *, whole_batch: bool,
-                 deltas: list[StepDelta] | None = None):
+                 deltas: list[StepDelta] | None = None, causes: dict[str, Exception] | None = None):
         super().__init__(f"a step failed for {len(request_ids)} request(s): {type(cause).__name__}: {cause}")
         self.request_ids = request_ids
         self.whole_batch = whole_batch
         self.deltas = deltas or []
+        self._causes = causes or {}
+        self._cause = cause
+
+    def cause_of(self, request_id: str) -> BaseException:
+        """What failed `request_id`: its own steering or bookkeeping error where it had one, else the step's."""
+        return self._causes.get(request_id, self._cause)
 
 
 @dataclass
@@ -218,7 +224,8 @@ def _going_on(seqs: list[Sequence], outcome: _StepOutcome) -> list[Sequence]:
 def _whole_batch_error(seqs: list[Sequence], cause: Exception, outcome: _StepOutcome) -> StepError:
     """The error of a step whose model or sampler failed: every request of `seqs` is at fault."""
     failed = sorted({seq.request_id for seq in seqs} | set(outcome.failures))
-    return StepError(failed, cause, whole_batch=True, deltas=[d for d in outcome.deltas if d.request_id not in failed])
+    return StepError(failed, cause, whole_batch=True, deltas=[d for d in outcome.deltas if d.request_id not in failed],
+                     causes=outcome.failures)
 
 
 def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
@@ -227,7 +234,8 @@ def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
     if outcome.failures:
         cause = next(iter(outcome.failures.values()))
         raise StepError(sorted(outcome.failures), cause, whole_batch=False,
-                        deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures]) from cause
+                        deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures],
+                        causes=outcome.failures) from cause
     return outcome.deltas
 
 

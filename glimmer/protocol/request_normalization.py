@@ -17,12 +17,13 @@ from glimmer.errors import RequestError
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
-from glimmer.protocol.value_typing import strict_json_loads
+from glimmer.protocol.value_typing import allowed_types, strict_json_loads
 
 logger = logging.getLogger(__name__)
 
-SchemaCheck = Callable[[Mapping[str, Any], str], None]
-"""Checks a JSON schema given the field holding it; raises RequestError naming that field when it is invalid."""
+SchemaCheck = Callable[[Mapping[str, Any], str, bool], None]
+"""Checks a JSON schema given the field holding it and whether it is strict (a tool declared `"strict": true`);
+raises RequestError naming that field when it is invalid."""
 
 RENDERED_ROLES = frozenset({"system", "user", "assistant", "tool"})
 """Roles the Muse Glimmer template renders; others render nothing (P-TMPL-7)."""
@@ -274,12 +275,15 @@ def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> l
     """The request's tools as complete OpenAI-style objects (P-TMPL-6), validated by P-REQ-8.
 
     Accepts `{"type": "function", "function": {...}}` and bare function objects. A missing description
-    becomes `""`, missing parameters an empty object schema. Names must be unique, 1..RECIPIENT_MAX
+    becomes `""`, missing parameters an empty object schema; declared parameters must describe an object (a call's
+    arguments are one), as OpenAI requires: a schema whose types leave out `object` (`{"type": "string"}`) is refused,
+    one that names no type (`{}`, properties alone) is read as an object schema. Names must be unique, 1..RECIPIENT_MAX
     characters, without whitespace, `<` or `"` (they are written into headers and ATEM tags); anything else
     raises RequestError whose param is the offending field (`tools[0].function.name`). None gives `[]`.
 
-    check_schema(parameters, field): called with each declared `parameters` schema and its field
-    (`tools[0].function.parameters`); raises RequestError for a schema that is not valid JSON schema. This layer
+    check_schema(parameters, field, strict): called with each declared `parameters` schema, its field
+    (`tools[0].function.parameters`) and whether the tool is strict; raises RequestError for a schema that is not
+    valid JSON schema (for a strict tool, also one using keywords the caller cannot enforce). This layer
     has no JSON-schema compiler (the grammar engine's is the engine's), and value typing reads an invalid schema
     as "any value", so a serving API passes one: a bad schema is a bad request whatever `tool_choice` is.
     """
@@ -308,18 +312,31 @@ def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> l
             description = ""
         elif not isinstance(description, str):
             raise RequestError(f"{where}.description must be a string", param=f"{where}.description")
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
+            raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
         parameters = function.get("parameters")
         if parameters is None:
             parameters = dict(EMPTY_PARAMETERS_SCHEMA)
-        elif not isinstance(parameters, Mapping):
-            raise RequestError(f"{where}.parameters must be a JSON schema object", param=f"{where}.parameters")
-        elif check_schema is not None:
-            check_schema(parameters, f"{where}.parameters")
-        if function.get("strict") is not None and not isinstance(function["strict"], bool):
-            raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
+        else:
+            _check_parameters(parameters, f"{where}.parameters", function.get("strict") is True, check_schema)
         complete = {**function, "name": name, "description": description, "parameters": dict(parameters)}
         normalized.append({"type": "function", "function": complete})
     return normalized
+
+
+def _check_parameters(parameters: Any, field: str, strict: bool, check_schema: SchemaCheck | None) -> None:
+    """A tool's declared `parameters`: a JSON schema that admits an object, since a call's arguments are an object
+    of named parameters; under any other (`{"type": "string"}`) every call, a forced one's `{}` included, would be
+    invalid. Then `check_schema`'s verdict. Raises RequestError naming `field`."""
+    if not isinstance(parameters, Mapping):
+        raise RequestError(f"{field} must be a JSON schema object", param=field)
+    types = allowed_types(parameters, parameters)  # through a root `$ref`, `anyOf`/`oneOf` and `allOf`
+    if types and "object" not in types:
+        raise RequestError(f'{field} must be a JSON schema of type "object" (a call\'s arguments are an object of '
+                           f"named parameters), or be omitted or {{}} for a function without parameters; this one "
+                           f"admits {', '.join(sorted(types))}", param=field)
+    if check_schema is not None:
+        check_schema(parameters, field, strict)
 
 
 def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:

@@ -16,8 +16,9 @@ BODY is the requested answer grammar (a JSON schema, a regex, …) or free text;
 An invoke holds exactly the tool's declared parameters (required ones always, optional ones in declaration
 order), each value shaped so that value typing (P-VAL-1, P-VAL-2) reads it back as a value of its schema: a
 parameter that admits strings takes raw text (an enum's members verbatim, `maxLength` honoured), any other takes
-JSON of its schema. Free text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6)
-and raw values never hold `</` (the closer is positional, P-ATEM-2).
+JSON of its schema (keywords the grammar engine does not implement ignored, unless the tool is `strict`). Free
+text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6) and raw values never
+hold `</` (the closer is positional, P-ATEM-2).
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 _FREE_TEXT = r"([^<]|<+[^<|])*"
 # A raw parameter value and its closer as one lexeme, so the value cannot swallow the closer: no `</` and no `<|`.
 _RAW_VALUE_AND_CLOSER = r"([^<]|<+[^<\/|])*<\/atem:parameter>"
+
+
+def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
+    """`schema` with the grammar engine's options (`x-guidance`): JSON laid out as `JSON_LAYOUT` and, unless `strict`,
+    keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
+    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win."""
+    custom = schema.get("x-guidance")
+    return {**schema, "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
+                                     **(custom if isinstance(custom, Mapping) else {})}}
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,7 @@ def _calls(rules: _GrammarRules, constraint: TurnConstraint, reasoning_between: 
 def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: bool) -> str:
     function = tool["function"]
     name = function["name"]
+    strict = function.get("strict") is True  # OpenAI's strict mode: the whole schema holds, or it is refused
     parameters = function.get("parameters")
     root = parameters if isinstance(parameters, Mapping) else {}
     properties, required = object_shape(root)
@@ -121,8 +132,9 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
                 raise RequestError(f"tools: parameter {key!r} of {name!r} is required, but a name holding '\"' cannot "
                                    "be written in an ATEM tag (P-ATEM-1); rename it", param="tools")
             continue
+        value = _value(schema, root, strict)
         rule = rules.add(f"parameter_{index}_{position}",
-                         f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {_value(schema, root)} {_string(chr(10))}")
+                         f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {value} {_string(chr(10))}")
         items.append(rule if key in required else f"{rule}?")
     invoke = rules.add(f"invoke_{index}", f"{_string(INVOKE_OPEN + name + chr(34) + '>' + chr(10))} {' '.join(items)} "
                                           f"{_string(INVOKE_CLOSE + chr(10))}")
@@ -131,12 +143,13 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
                                       f"{invokes} {_string(BLOCK_CLOSE)}")
 
 
-def _value(schema: Any, root: Mapping[str, Any]) -> str:
-    """A parameter value followed by its closer, shaped by the parameter's schema (P-VAL-1..3)."""
+def _value(schema: Any, root: Mapping[str, Any], strict: bool) -> str:
+    """A parameter value followed by its closer, shaped by the parameter's schema (P-VAL-1..3); `strict`: the
+    tool's, whose JSON values follow every keyword of their schema."""
     resolved = _resolved(schema, root)
     types = allowed_types(schema, root)
     if types and "string" not in types:
-        return f"%json {json.dumps(_standalone(resolved, root), ensure_ascii=False)} {_string(PARAMETER_CLOSE)}"
+        return f"%json {json.dumps(_standalone(resolved, root, strict), ensure_ascii=False)} {_string(PARAMETER_CLOSE)}"
     shapes = _raw_shapes(schema, root, 0)
     if not shapes:
         raise RequestError("tools: a parameter's schema admits no value that can be written as raw text (its string "
@@ -238,14 +251,13 @@ def _resolved(schema: Any, root: Mapping[str, Any]) -> Mapping[str, Any]:
     return schema
 
 
-def _standalone(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, Any]:
+def _standalone(schema: Mapping[str, Any], root: Mapping[str, Any], strict: bool) -> dict[str, Any]:
     """The parameter's schema as a document of its own: the tool's definitions come along for its `$ref`s."""
     document = dict(schema)
     for key in ("$defs", "definitions"):
         if isinstance(root.get(key), Mapping) and key not in document:
             document[key] = root[key]
-    document.setdefault("x-guidance", JSON_LAYOUT)
-    return document
+    return laid_out_schema(document, strict=strict)
 
 
 def _count(value: Any, default: int | None) -> int | None:

@@ -299,8 +299,11 @@ def get_response(response_id: str, context: ServingContext) -> Response:
 
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     async with contextlib.aclosing(stream):
-        async for _, released, _ in chat_updates(run.chat, first, stream):
-            run.builder.feed(released)
+        try:
+            async for _, released, _ in chat_updates(run.chat, first, stream):
+                run.builder.feed(released)
+        except RequestError as exc:  # a constraint that failed while generating names the chat field
+            raise responses_error(exc, run.conversation.sources) from None
     status = run.final_status()
     run.close_output(status)
     response = run.snapshot(status)
@@ -323,6 +326,8 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
             run.keep(response)
             yield run.event({"type": f"response.{status}", "response": response})
         except Exception as exc:  # the status line is sent: report the error as events
+            if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
+                exc = responses_error(exc, run.conversation.sources)
             error = describe_error(exc)[1]["error"]
             # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
             yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],

@@ -16,6 +16,7 @@ from glimmer.engine.grammar import (
     GrammarFailure,
     GrammarMasks,
     answer_grammar,
+    chat_answer_grammar,
     check_json_schema,
 )
 from glimmer.engine.sampler import unpack_token_bitmask
@@ -114,6 +115,55 @@ def test_a_forced_call_has_exactly_the_tools_parameters_typed_by_their_schemas(c
     ]
     for text in bad:
         assert not admits(compiler, tokenizer, constraint, text), text
+
+
+# keywords llguidance does not implement; pydantic writes `uniqueItems` for a `set[...]` field
+UNIMPLEMENTED = {"tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+                 "codes": {"type": "array", "contains": {"type": "integer"}},
+                 "labels": {"type": "object", "propertyNames": {"pattern": "^a"}},
+                 "level": {"type": "integer", "if": {"minimum": 3}, "then": {"maximum": 5}}}
+
+
+def _tagger(strict: bool | None = None) -> dict:
+    function = {"name": "tagger", "parameters": {"type": "object", "properties": UNIMPLEMENTED,
+                                                 "required": ["tags"]}}
+    return normalize_tools([{**function, **({} if strict is None else {"strict": strict})}])[0]
+
+
+def test_keywords_the_engine_does_not_implement_are_ignored_in_a_non_strict_tools_call(compiler, tokenizer):
+    """They failed every grammar-backed turn (a forced call, a thinking budget, an answer schema beside the tools)
+    with a 400 quoting the turn grammar; a non-strict tool's schema is a hint, as its response_format twin is."""
+    for constraint in (TurnConstraint(call_tools=[_tagger()], must_call=True),
+                       TurnConstraint(answer=JSON_ANSWER, call_tools=[_tagger(False)], thinking_token_budget=0)):
+        assert admits(compiler, tokenizer, constraint, call("tagger", ("tags", "[1, 1]"), ("level", "7")) + "<|eot|>")
+        assert not admits(compiler, tokenizer, constraint, call("tagger", ("tags", '["a"]')) + "<|eot|>")
+
+
+@pytest.mark.parametrize(("key", "keyword"), [("tags", "uniqueItems"), ("codes", "contains"),
+                                              ("labels", "propertyNames"), ("level", "if")])
+def test_a_strict_tool_using_keywords_the_engine_does_not_implement_is_refused_naming_them(key, keyword):
+    parameters = {"type": "object", "properties": {key: UNIMPLEMENTED[key]}}
+    check_json_schema(parameters, "tools[0].function.parameters")  # not strict: ignored
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(parameters, "tools[0].function.parameters", strict=True)
+    assert raised.value.param == "tools[0].function.parameters"
+    message = str(raised.value)
+    assert message.startswith("tools[0].function.parameters: the grammar engine refused it: Unimplemented keys")
+    assert f'"{keyword}"' in message and '"strict": true' in message
+
+
+def test_a_turn_grammar_the_engine_refuses_is_refused_without_quoting_its_source(compiler):
+    """llguidance lists the grammar's source after its error: for a turn that is Glimmer's own grammar (headers,
+    ATEM tags, channel rules), nothing a client wrote or should read."""
+    parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {  # a pointer the parameter's
+        "type": "array", "items": {"$ref": "#/properties/a"}}}, "required": ["b"]}  # own document lacks
+    tool = normalize_tools([{"name": "f", "parameters": parameters}])[0]
+    with pytest.raises(RequestError) as raised:
+        compiler.turn(TurnConstraint(call_tools=[tool], must_call=True))
+    assert raised.value.param == "tools"
+    message = str(raised.value)
+    assert message == "tools: the grammar engine refused it: failed to compile JSON schema: Pointer '/properties/a' " \
+                      "does not exist", message
 
 
 def test_parallel_calls_follow_the_request(compiler, tokenizer):
@@ -296,18 +346,46 @@ def test_a_constraint_no_text_satisfies_is_refused_naming_the_field(compiler, pa
 
 
 def test_a_lexer_limit_fails_every_request_of_that_grammar_as_it_failed_the_first(compiler, tokenizer):
-    """A regex whose lexer hits llguidance's limit fails its completion on its first token. llguidance's copies of
-    a kept matcher share its lexer, so later copies used to fail at their first mask, whose only allowed ids were
-    the stop ids: those requests ended at once, empty, as if complete. A failure drops the kept matcher, so each
-    request meets the grammar afresh and fails as the first did, at the same token, with the engine's reason."""
-    factory = compiler.structured_outputs(StructuredOutputsParams(regex="c{999999999}"))
+    """A regex whose lexer hits llguidance's limit past the compiler's probe (which advances the lowest allowed
+    token, `c`; the `x`s fail at the second) fails its completion there, as the request's fault (GrammarFailure is
+    a RequestError naming the field). llguidance's copies of a kept matcher share its lexer, so later copies used to
+    fail at their first mask, whose only allowed ids were the stop ids: those requests ended at once, empty, as if
+    complete. A failure drops the kept matcher, so each request meets the grammar afresh and fails as the first
+    did, at the same token, with the engine's reason."""
+    factory = compiler.structured_outputs(StructuredOutputsParams(regex="(c|x{999999999})"), "structured_outputs.regex")
     masks = GrammarMasks(512, 1)
-    c = tokenizer.encode_text("c")[0]
+    c, x = tokenizer.encode_text("c")[0], tokenizer.encode_text("x")[0]
     for _ in range(3):
         controller = factory()
         bitmask = masks.fill([controller])
-        assert controller.failure is None  # the first mask is the grammar's own: `c` and nothing else
-        assert unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist() == [c]
+        assert controller.failure is None  # the first mask is the grammar's own: `c` or `x`s
+        allowed = unpack_token_bitmask(bitmask, 512)[0].nonzero().flatten().tolist()
+        assert c in allowed and x in allowed
+        assert not controller.observe(x)
+        masks.fill([controller])
         with pytest.raises(GrammarFailure, match="too many expressions") as raised:
-            controller.observe(c)
+            controller.observe(x)
+        assert isinstance(raised.value, RequestError) and raised.value.param == "structured_outputs.regex"
+        assert str(raised.value).startswith("structured_outputs.regex: the grammar engine stopped on this constraint")
         assert "Tokens:" not in str(raised.value)  # not the completion's text, which llguidance's state spells
+
+
+def test_a_constraint_past_the_grammar_engines_limits_at_its_first_token_is_refused_naming_the_field(compiler):
+    """`c{999999999}` compiled, then failed every request at its first token, with a 500 (mid-stream after a 200)."""
+    with pytest.raises(RequestError, match="too many expressions") as raised:
+        compiler.structured_outputs(StructuredOutputsParams(regex="c{999999999}"), "structured_outputs.regex")
+    assert raised.value.param == "structured_outputs.regex" and not isinstance(raised.value, GrammarFailure)
+
+
+@pytest.mark.parametrize("params", [
+    StructuredOutputsParams(regex=r"a<\|b"), StructuredOutputsParams(grammar='root ::= "a<" "|b"'),
+    StructuredOutputsParams(json={"type": "string", "pattern": r"^<\|x$"}),
+])
+def test_a_chat_answer_that_must_spell_a_framing_marker_is_refused_before_it_runs(compiler, params):
+    """The grammar's text holds no `<|` (`chat_answer_grammar` takes it), but every answer would spell one, which
+    used to fail the request mid-generation with a 500; completions, whose raw text may hold it, take it."""
+    with pytest.raises(RequestError, match="a chat answer cannot contain") as raised:
+        compiler.turn(TurnConstraint(answer=chat_answer_grammar(params, "structured_outputs"), thinking_token_budget=0),
+                      "structured_outputs")
+    assert raised.value.param == "structured_outputs"
+    compiler.structured_outputs(params)

@@ -9,6 +9,8 @@ import jsonschema
 import pytest
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer.engine.grammar import GrammarFailure
+from glimmer.engine.llm_engine import StepError
 from glimmer.errors import RequestError
 
 KWARGS = {"current_date": "2026-01-01"}
@@ -70,3 +72,50 @@ def test_conflicting_or_impossible_requests_are_refused(llm):
         llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": 7})))
     assert raised.value.param == "structured_outputs"
     assert not llm.engine.has_unfinished_requests
+
+
+def test_chat_forces_a_call_of_a_tool_whose_schema_uses_keywords_the_engine_does_not_implement(llm):
+    """`uniqueItems` (pydantic's `set[...]`) failed every grammar-backed turn; a non-strict tool ignores it, and a
+    strict one is refused naming its parameters."""
+    tagger = {"type": "function", "function": {"name": "tagger", "parameters": {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "uniqueItems": True}}, "required": ["tags"]}}}
+    output = llm.chat(MESSAGES, SamplingParams(max_tokens=60, seed=1), tools=[tagger], tool_choice="required",
+                      parallel_tool_calls=False, thinking_token_budget=0, chat_template_kwargs=KWARGS)[0]
+    ((call),) = output.tool_calls
+    assert call.name == "tagger" and set(json.loads(call.arguments)["tags"]) <= {"red", "blue"}
+    strict = {"type": "function", "function": {**tagger["function"], "strict": True}}
+    with pytest.raises(RequestError) as raised:
+        llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[strict], tool_choice="required")
+    assert raised.value.param == "tools[0].function.parameters" and "uniqueItems" in str(raised.value)
+
+
+def test_requests_failing_in_one_step_each_keep_their_own_cause(llm):
+    """A constraint's failure is its request's fault (GrammarFailure, a 400 on the server), any other is internal
+    (a 500): when both come in one step, each request is told its own, not the step's first."""
+    engine = llm.engine
+    compiled = engine.grammars.structured_outputs(StructuredOutputsParams(regex="[a-z]{8}"))
+
+    def failing_with(error: Exception):
+        def controller():
+            made = compiled()
+
+            def observe(token_id: int) -> bool:
+                raise error
+
+            made.observe = observe
+            return made
+        return controller
+
+    constraint = GrammarFailure("structured_outputs.regex: spelled a marker", param="structured_outputs.regex")
+    params = SamplingParams(max_tokens=4)
+    engine.add_request("faulty", [1, 5, 9], params, controller_factory=failing_with(constraint))
+    engine.add_request("broken", [1, 5, 9], params, controller_factory=failing_with(RuntimeError("broke")))
+    with pytest.raises(StepError) as failure:
+        while engine.has_unfinished_requests:
+            engine.step()
+    assert failure.value.request_ids == ["broken", "faulty"]
+    assert failure.value.cause_of("faulty") is constraint
+    assert isinstance(failure.value.cause_of("broken"), RuntimeError)
+    for request_id in failure.value.request_ids:
+        engine.abort(request_id)
+    assert not engine.has_unfinished_requests

@@ -260,16 +260,45 @@ def test_malformed_tools_are_request_errors_naming_the_field(bad, param):
     assert caught.value.param == param and str(caught.value).startswith(param + " ")
 
 
+@pytest.mark.parametrize("parameters", [
+    {"type": "string"}, {"type": "array", "items": {"type": "integer"}}, {"enum": ["a", "b"]}, {"const": 3},
+    {"type": ["string", "null"]}, {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+    {"$ref": "#/$defs/name", "$defs": {"name": {"type": "string"}}},
+])
+def test_parameters_that_admit_no_object_are_refused_naming_the_field(parameters):
+    """A call's arguments are an object: such a tool was taken, and its forced calls came back as `{}`, which its
+    schema refuses (OpenAI refuses the tool)."""
+    for tool, field in (({"function": {"name": "f", "parameters": parameters}}, "tools[0].function.parameters"),
+                        ({"name": "f", "parameters": parameters}, "tools[0].parameters")):
+        with pytest.raises(RequestError) as caught:
+            normalize_tools([tool])
+        assert caught.value.param == field
+        assert str(caught.value).startswith(f'{field} must be a JSON schema of type "object"')
+
+
+@pytest.mark.parametrize("parameters", [
+    None, {}, {"type": "object"}, {"type": ["object", "null"]}, {"properties": {"city": {"type": "string"}}},
+    {"description": "no arguments"}, {"$ref": "#/$defs/args", "$defs": {"args": {"type": "object"}}},
+    {"allOf": [{"type": "object"}, {"properties": {"n": {"type": "integer"}}}]},
+])
+def test_parameters_that_admit_an_object_or_name_no_type_are_taken(parameters):
+    declared = {"name": "f"} if parameters is None else {"name": "f", "parameters": parameters}
+    expected = {"type": "object", "properties": {}} if parameters is None else parameters  # P-TMPL-6
+    assert normalize_tools([declared])[0]["function"]["parameters"] == expected
+
+
 def test_each_declared_parameters_schema_goes_to_the_schema_check_with_its_field():
     """The protocol layer has no JSON-schema compiler; the caller's check sees every declared schema, wrapped or
     flat, and its error stands (value typing would read an invalid schema as "any value")."""
     seen = []
     schema = {"type": "object", "properties": {"x": {"type": "nonsense"}}}
     normalize_tools([{"type": "function", "function": {"name": "a", "parameters": schema}}, {"name": "b"},
-                     {"name": "c", "parameters": {}}], check_schema=lambda s, field: seen.append((s, field)))
-    assert seen == [(schema, "tools[0].function.parameters"), ({}, "tools[2].parameters")]
+                     {"name": "c", "parameters": {}, "strict": True}],
+                    check_schema=lambda s, field, strict: seen.append((s, field, strict)))
+    # a strict tool's check is told so: keywords a non-strict schema may leave unenforced, it may not
+    assert seen == [(schema, "tools[0].function.parameters", False), ({}, "tools[2].parameters", True)]
 
-    def refuse(schema, field):
+    def refuse(schema, field, strict):
         raise RequestError(f"{field}: refused", param=field)
 
     with pytest.raises(RequestError) as caught:

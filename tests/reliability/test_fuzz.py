@@ -132,8 +132,8 @@ def check_answer(response: httpx.Response) -> None:
         if response.headers["content-type"].startswith("text/event-stream"):
             assert response.text.endswith("data: [DONE]\n\n"), response.text[-300:]
             for event in sse_events(response.text):
-                if "error" in event:
-                    assert event["error"]["type"] in DOCUMENTED_5XX, event
+                if "error" in event:  # (a constraint that fails while generating is the request's fault)
+                    assert event["error"]["type"] in DOCUMENTED_5XX | {"invalid_request_error"}, event
         else:
             response.json()
         return

@@ -146,6 +146,7 @@ def test_a_chat_shaped_tool_is_400_saying_responses_tools_are_flat(server):
     ([{"type": "function", "name": "f"}, {"type": "function", "name": "f"}], "tools[1].name"),
     ([{"type": "function", "name": "f", "color": "red"}], "tools[0].color"),
     ([{"type": "function", "name": "f", "parameters": {"type": "nonsense"}}], "tools[0].parameters"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "string"}}], "tools[0].parameters"),
     ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
         "city": {"$ref": "#/$defs/missing"}}}}], "tools[0].parameters"),
 ])
@@ -267,3 +268,18 @@ def test_the_store_is_bounded_by_size_and_age():
     assert store.get("r0") is None and store.get("r4") is not None and len(store) < 5
     now[0] = 11.0
     assert store.get("r4") is None and len(store) == 0
+
+
+def test_a_constraint_that_fails_while_generating_names_the_responses_field(server):
+    """The answer may begin otherwise, so the constraint is not refused up front; once it spells `<|` the request
+    fails as its own fault, naming `text.format.schema` (the chat layer's name for it is response_format's)."""
+    server.engine.engine.runner.add("[marker]", ' to=user<|message|>"b')
+    text = {"format": {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": r"^[ab]<\|x$"}}}
+    body = {"model": "tiny", "input": "[marker]", "temperature": 0, "text": text, **EXTRA}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "text.format.schema"
+    with httpx.stream("POST", server.base_url + "/responses", json={**body, "stream": True}, timeout=30) as events:
+        lines = [line for line in events.iter_lines() if line.startswith("data: ")]
+    (error,) = [json.loads(line[6:]) for line in lines if '"type":"error"' in line]
+    assert (error["code"], error["param"]) == ("invalid_request_error", "text.format.schema")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 from server_support import PINNED_DATE, live_server
 
@@ -306,6 +307,62 @@ def test_an_invalid_tool_schema_is_a_400_naming_the_parameters_under_any_tool_ch
     assert raised.value.body["message"].startswith("tools[1].function.parameters: the grammar engine refused it")
 
 
+class _Tagging(pydantic.BaseModel):
+    tags: set[Literal["red", "blue"]]  # pydantic writes `uniqueItems`, a keyword the grammar engine lacks
+
+
+TAGGER = {"type": "function", "function": {"name": "tagger", "description": "Tag it.",
+                                           "parameters": _Tagging.model_json_schema()}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "tagger"}}},
+    {"thinking_token_budget": 0}, {"response_format": {"type": "json_object"}}])
+def test_a_tool_schema_with_keywords_the_engine_does_not_implement_serves_grammar_backed_turns(server, fields):
+    """Such keywords made every grammar-backed turn a 400 quoting the turn grammar; a non-strict tool ignores them."""
+    assert "uniqueItems" in json.dumps(TAGGER)
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 60, "seed": 0, "tools": [TAGGER, CLOCK],
+        "parallel_tool_calls": False, "chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0, **fields})
+    assert response.status_code == 200, response.text
+    if "tool_choice" in fields:
+        ((call),) = response.json()["choices"][0]["message"]["tool_calls"]
+        assert set(json.loads(call["function"]["arguments"])["tags"]) <= {"red", "blue"}
+
+
+def test_a_responses_forced_call_of_a_tool_with_keywords_the_engine_does_not_implement_is_served(server):
+    called = []
+    for seed in range(4):  # (reasoning is free here: a random model may spend max_output_tokens on it)
+        response = httpx.post(server.base_url + "/responses", timeout=60, json={
+            "model": "tiny", "input": "Tag it.", "max_output_tokens": 60, "seed": seed, "tool_choice": "required",
+            "tools": [{"type": "function", **TAGGER["function"]}], "parallel_tool_calls": False})
+        assert response.status_code == 200, response.text
+        called += [item["name"] for item in response.json()["output"] if item["type"] == "function_call"]
+    assert called and set(called) == {"tagger"}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "none"])
+def test_a_strict_tool_with_keywords_the_engine_does_not_implement_is_a_400_naming_them(server, choice):
+    strict = {"type": "function", "function": {**TAGGER["function"], "strict": True}}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, "tools": [CLOCK, strict], "tool_choice": choice})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[1].function.parameters"
+    assert '"uniqueItems"' in error["message"] and "<|" not in error["message"] and "atem" not in error["message"]
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_a_tool_whose_parameters_are_not_an_object_schema_is_a_400_naming_them(server, choice):
+    """Forced calls of `{"type": "string"}` parameters came back as `{}`, which that schema refuses."""
+    tools = [CLOCK, {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, "tools": tools, "tool_choice": choice})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[1].function.parameters" and '"object"' in error["message"]
+
+
 def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
     """Text a grammar spells out is text, special-token spellings included (on completions); a choice among
     thousands is one of them; a chat answer keeps ATEM-like text as written (P-CHAN-2)."""
@@ -333,15 +390,69 @@ def test_constrained_text_holds_exactly_what_the_grammar_allows(server):
         assert json.loads(result[0]["content"]) == {"tag": '<atem:invoke name="'}, result
 
 
-def test_a_chat_answer_whose_grammar_spells_a_framing_marker_fails_instead_of_being_cut(server):
-    """A regex can spell `<|` past the request-time check (`<\\|`, `<[|]`): the parser would read the text as
-    framing and cut the answer, so the request fails with the reason (P-CHAN-6)."""
-    for regex in (r"Hi <\|eot\|>", "Hi <[|]start[|]>user"):
+def _server_errors(server) -> float:
+    return sum(value for name, value in server.metrics().items()
+               if name.startswith("glimmer_requests_total") and 'status="500"' in name)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"structured_outputs": {"regex": r"Hi <\|eot\|>"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"regex": "Hi <[|]start[|]>user"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": 'root ::= "a<" "|b"'}}, "structured_outputs.grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": r"^<\|x$"}}}}, "response_format.json_schema.schema"),
+])
+def test_a_chat_answer_that_must_spell_a_framing_marker_is_a_400_before_it_runs(server, fields, param):
+    """A constraint can spell `<|` past the check of its text (`<\\|`, `<[|]`, two literals): the parser would read
+    the answer's text as framing and cut it (P-CHAN-6). Every answer of these begins by spelling it: they failed
+    mid-generation with a 500 (a 200 and an error event, streamed); they are refused before generation."""
+    errors = _server_errors(server)
+    for stream in (False, True):
         response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
-            "model": "tiny", "messages": _messages(0), "max_tokens": 40, "structured_outputs": {"regex": regex},
-            "chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0})
-        assert response.status_code == 500, response.text
-        assert "framing marker" in response.json()["error"]["message"]
+            "model": "tiny", "messages": _messages(0), "max_tokens": 40, "chat_template_kwargs": PINNED_DATE,
+            "thinking_token_budget": 0, "stream": stream, **fields})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+        assert "a chat answer cannot contain '<|'" in response.json()["error"]["message"]
     completion = httpx.post(server.base_url + "/completions", timeout=60, json={
         "model": "tiny", "prompt": "x", "max_tokens": 20, "structured_outputs": {"regex": r"Hi <\|eot\|>"}})
     assert completion.json()["choices"][0]["text"] == "Hi <|eot|>"  # raw text may spell it
+    assert _server_errors(server) == errors
+
+
+def test_a_chat_answer_that_spells_a_framing_marker_while_generating_fails_as_the_requests_fault(server):
+    """An answer that may begin otherwise (`[HJ]i`) is not refused up front; when it spells `<|` the request fails
+    rather than come back cut: a 400 naming the field (an error event of the same type once streaming), never a
+    500, for it is the constraint's fault, not the server's."""
+    errors = _server_errors(server)
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 40, "chat_template_kwargs": PINNED_DATE,
+            "thinking_token_budget": 0, "structured_outputs": {"regex": r"[HJ]i <\|eot\|>"}}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "structured_outputs.regex"
+    assert "framing marker" in error["message"]
+    streamed = {**body, "stream": True}
+    with httpx.stream("POST", server.base_url + "/chat/completions", timeout=60, json=streamed) as events:
+        assert events.status_code == 200  # the error comes once the answer has begun
+        lines = [line for line in events.iter_lines() if line.startswith("data: {")]
+    failures = [json.loads(line[6:])["error"] for line in lines if '"error"' in line]
+    assert [(f["type"], f["param"]) for f in failures] == [("invalid_request_error", "structured_outputs.regex")]
+    assert _server_errors(server) == errors
+
+
+def test_a_grammar_engine_limit_met_while_generating_fails_as_the_requests_fault(server):
+    """A regex past the lexer's limits on a branch the compiler's probe does not take (the `x`s, which the bias
+    makes the model write) fails its request when it gets there: a 400 naming the field, not a 500."""
+    errors = _server_errors(server)
+    x = server.engine.engine.tokenizer.encode_text("x")[0]
+    response = httpx.post(server.base_url + "/completions", timeout=60, json={
+        "model": "tiny", "prompt": "x", "max_tokens": 20, "logit_bias": {str(x): 100},
+        "structured_outputs": {"regex": "(c|x{999999999})"}})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "structured_outputs.regex" and "too many expressions" in error["message"]
+    refused = httpx.post(server.base_url + "/completions", timeout=60, json={  # past them at the first token:
+        "model": "tiny", "prompt": "x", "max_tokens": 20, "structured_outputs": {"regex": "a{1000000}"}})
+    assert refused.status_code == 400 and "first token" in refused.json()["error"]["message"]  # refused up front
+    assert _server_errors(server) == errors
