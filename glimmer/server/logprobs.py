@@ -21,6 +21,17 @@ def _token(tokenizer: Tokenizer, token_id: int) -> tuple[str, list[int]]:
     return data.decode("utf-8", errors="replace"), list(data)
 
 
+def _legacy_token(tokenizer: Tokenizer, token_id: int) -> str:
+    """The token as legacy completions spell it: its text, or, where its bytes are no UTF-8 text on their own (part
+    of a multi-byte character), `bytes:` and the bytes escaped (`bytes:\\xe2\\x80`), as OpenAI does: such tokens
+    would all read U+FFFD and share one `top_logprobs` key."""
+    data = tokenizer.token_bytes(token_id)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{byte:02x}" for byte in data)
+
+
 def chat_logprobs(entries: list[TokenLogprobs], tokenizer: Tokenizer) -> dict[str, Any]:
     content = []
     for entry in entries:
@@ -38,10 +49,10 @@ def completion_logprobs(token_ids: list[int], entries: list[TokenLogprobs | None
     """Legacy completions logprobs: one position per token; `text_offsets` tell where each token's text starts
     in the choice's text. An entry is None where nothing predicted the token (an echoed prompt's first token):
     its logprob and top logprobs are null. Per position the `k` most likely tokens and, as OpenAI and vLLM do, the
-    token itself when it is not among them (up to k + 1)."""
+    token itself when it is not among them (up to k + 1). Tokens are spelled by `_legacy_token`."""
     tokens, token_logprobs, top_logprobs = [], [], []
     for token_id, entry in zip(token_ids, entries, strict=True):
-        tokens.append(_token(tokenizer, token_id)[0])
+        tokens.append(_legacy_token(tokenizer, token_id))
         if entry is None:
             token_logprobs.append(None)
             top_logprobs.append(None)
@@ -52,7 +63,7 @@ def completion_logprobs(token_ids: list[int], entries: list[TokenLogprobs | None
             top.append((token_id, entry.logprob))
         alternatives: dict[str, float] = {}
         for t, lp in top:  # tokens spelled alike share a key: the most likely one keeps it
-            alternatives.setdefault(_token(tokenizer, t)[0], _finite(lp))
+            alternatives.setdefault(_legacy_token(tokenizer, t), _finite(lp))
         top_logprobs.append(alternatives)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offsets}

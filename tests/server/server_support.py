@@ -59,6 +59,14 @@ AGENT_SCRIPTS = {
 }
 
 
+def spelled_text(tokens: list[str]) -> str:
+    """The text legacy completions `logprobs.tokens` spell: a `bytes:\\xNN…` token (OpenAI's spelling of a piece of
+    a character) stands for its bytes; bytes that are no UTF-8 read U+FFFD, as in the choice's text."""
+    data = b"".join(bytes.fromhex(token[len("bytes:"):].replace("\\x", "")) if token.startswith("bytes:")
+                    else token.encode() for token in tokens)
+    return data.decode(errors="replace")
+
+
 @dataclass
 class LiveServer:
     url: str

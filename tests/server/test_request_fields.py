@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 from oracle import reference_logits, reference_model
-from server_support import PINNED_DATE, live_server
+from server_support import PINNED_DATE, live_server, spelled_text
 
 PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -145,9 +145,10 @@ def test_a_bad_logit_bias_is_400(server, bias, words):
 def test_text_offsets_are_where_each_token_starts_even_when_a_stop_string_held_text_back(server):
     free = complete(server, max_tokens=12, logprobs=0, ignore_eos=True)
     tokens, offsets, text = free["logprobs"]["tokens"], free["logprobs"]["text_offset"], free["text"]
-    # (a token holding part of a character shows as U+FFFD on its own, and the text the next token completes
-    # starts with that character: check the others)
-    whole = [i for i, token in enumerate(tokens) if "\ufffd" not in token and (i == 0 or "\ufffd" not in tokens[i - 1])]
+    # (a token holding part of a character shows as its bytes, `bytes:\\xe2\\x80`, and the text the next token
+    # completes starts with that character: check the others)
+    whole = [i for i, token in enumerate(tokens)
+             if not token.startswith("bytes:") and (i == 0 or not tokens[i - 1].startswith("bytes:"))]
     for i in whole:
         assert text[offsets[i] : offsets[i] + len(tokens[i])] == tokens[i]
     # a stop string from inside token k into token k + 1: token k's tail is held back (it might begin the stop
@@ -172,6 +173,23 @@ def test_completion_top_logprobs_hold_the_sampled_token_too(server):
     assert [list(top) for top in zero["top_logprobs"]] == [[token] for token in zero["tokens"]]
 
 
+def test_completion_logprobs_spell_pieces_of_characters_as_bytes_so_k_alternatives_keep_k_keys(server):
+    """As OpenAI: a token whose bytes are no UTF-8 text on their own is `bytes:\\xf0\\x9f`, chosen or alternative.
+    They all read U+FFFD before and shared one `top_logprobs` key, so fewer than k alternatives came back."""
+    choice = complete(server, prompt="I love 🍕 and 日本語", echo=True, max_tokens=8, logprobs=20, ignore_eos=True)
+    tokens, tops, offsets = (choice["logprobs"][field] for field in ("tokens", "top_logprobs", "text_offset"))
+    assert any(token.startswith("bytes:") for token in tokens)  # the pizza and the kanji are split into bytes
+    for token, top in zip(tokens[1:], tops[1:], strict=True):
+        assert len(top) in (20, 21) and token in top
+        assert not any("\ufffd" in key for key in top)
+    assert spelled_text(tokens) == choice["text"]
+    # each token starts where its text (or the character it is a piece of) starts in the choice's text
+    assert offsets == sorted(offsets) and offsets[-1] < len(choice["text"])
+    for token, offset in zip(tokens, offsets, strict=True):
+        if not token.startswith("bytes:"):
+            assert choice["text"][offset:offset + len(token)] == token
+
+
 def test_a_stop_token_id_leaves_its_text_out_unless_include_stop_str_in_output(server):
     # as vLLM: the text of a stop id from the request goes only with include_stop_str_in_output
     tokens = complete(server, max_tokens=8, logprobs=0, ignore_eos=True)["logprobs"]["tokens"]
@@ -182,7 +200,7 @@ def test_a_stop_token_id_leaves_its_text_out_unless_include_stop_str_in_output(s
     left_out = complete(server, max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id])
     kept = complete(server, max_tokens=8, ignore_eos=True, stop_token_ids=[stop_id], include_stop_str_in_output=True)
     assert left_out["stop_reason"] == kept["stop_reason"] == stop_id
-    assert left_out["text"] == "".join(tokens[:2]) and kept["text"] == "".join(tokens[:3])
+    assert left_out["text"] == spelled_text(tokens[:2]) and kept["text"] == spelled_text(tokens[:3])
 
 
 @pytest.mark.parametrize(("messages", "param"), [

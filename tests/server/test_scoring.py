@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 from oracle import reference_logits, reference_model
-from server_support import live_server
+from server_support import live_server, spelled_text
 
 from glimmer.engine.tokenizer import Tokenizer
 
@@ -53,7 +53,7 @@ def test_echo_with_logprobs_scores_every_prompt_token_the_first_null(client, exp
         assert logprobs.tokens[position] in logprobs.top_logprobs[position]
         assert max(logprobs.top_logprobs[position].values()) == pytest.approx(
             expected[position - 1, :token_count].max().item(), abs=1e-4)
-    assert choice.text.startswith("".join(logprobs.tokens[:len(PROMPT)]))
+    assert choice.text.startswith(spelled_text(logprobs.tokens[:len(PROMPT)]))
     assert logprobs.text_offset[:2] == [0, len(logprobs.tokens[0])]
     assert response.usage.completion_tokens == 1
 
@@ -61,7 +61,7 @@ def test_echo_with_logprobs_scores_every_prompt_token_the_first_null(client, exp
 def test_max_tokens_zero_with_echo_returns_the_scored_prompt_only(client):
     choice = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0, logprobs=0, echo=True).choices[0]
     assert len(choice.logprobs.tokens) == len(PROMPT)
-    assert choice.text == "".join(choice.logprobs.tokens)
+    assert choice.text == spelled_text(choice.logprobs.tokens)
     assert choice.finish_reason == "length"
 
 
