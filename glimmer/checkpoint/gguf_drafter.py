@@ -109,6 +109,6 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
         if entry.shape != shapes[canonical]:
             raise file.error(f"tensor {stored} has shape {list(entry.shape)} but the metadata needs "
                              f"{list(shapes[canonical])}")
-        entries[canonical] = MappedTensor(TensorInfo(canonical, entry.shape, "F32", file.path),
+        entries[canonical] = MappedTensor(TensorInfo(canonical, entry.shape, "F32", file.path, stored_name=stored),
                                           lambda stored=stored: file.read(stored))
     return config, MappedTensors(file.path, entries, file.total_bytes)

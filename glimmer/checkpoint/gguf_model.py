@@ -344,7 +344,7 @@ def _text_tensors(file: GGUFFile, text: TextConfig) -> tuple[dict[str, MappedTen
         heads = getattr(text, rule.rope_heads) if rule.rope_heads else None
         entries[rule.target] = MappedTensor(
             # F16/BF16 are widened exactly and quantized types dequantized: the reader always returns float32
-            TensorInfo(rule.target, want, "F32", file.path),
+            TensorInfo(rule.target, want, "F32", file.path, stored_name=rule.source),
             _reader(file, rule.source, rule.unfold, heads),
         )
     stray = sorted(set(file.tensors) - consumed)

@@ -194,7 +194,7 @@ def _vision_tensors(
             problems.append(f"tensor {source} has shape {list(entry.shape)} but the metadata needs "
                             f"{list(stored_shape)}")
         else:
-            entries[target] = MappedTensor(TensorInfo(target, canonical_shape, "F32", file.path),
+            entries[target] = MappedTensor(TensorInfo(target, canonical_shape, "F32", file.path, stored_name=source),
                                            _reader(file, source, transform))
     stray = sorted(set(file.tensors) - {row[1] for row in table})
     if stray:

@@ -33,6 +33,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: str
     file: Path
+    stored_name: str | None = None  # the file's own name, where a reader renamed it (GGUF's blk.2.ffn_up.weight)
 
 
 # buffers older Hugging Face exports saved with the weights; transformers ignores them on load, and Glimmer

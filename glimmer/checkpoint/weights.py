@@ -182,7 +182,9 @@ def _non_finite_error(targets: list[str], params: dict[str, torch.Tensor], plan:
     """Why these parameters are not finite: the checkpoint's own values, or the cast to the load dtype."""
     target, source = targets[0], plan.slices[targets[0]].source
     dtype = params[target].dtype
-    where = f"parameter {target} (checkpoint tensor {source!r} in {files.tensors[source].file})"
+    info = files.tensors[source]
+    renamed = f", stored as {info.stored_name!r}" if info.stored_name not in (None, source) else ""
+    where = f"parameter {target} (checkpoint tensor {source!r}{renamed} in {info.file})"
     others = ""
     if len(targets) > 1:
         others = f" (so do {len(targets) - 1} more: {', '.join(targets[1:4])}{', …' if len(targets) > 4 else ''})"

@@ -31,6 +31,7 @@ from glimmer.engine.llm import LLM
 from glimmer.engine.model_loader import load_model
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import CheckpointError
 from glimmer.model.context import ForwardContext
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
@@ -151,6 +152,23 @@ def test_quantized_weights_are_within_half_a_step_of_the_originals(make_tiny, k_
         assert ((loaded[name] - tensor).abs() <= STEP_BOUND[raw.tensor_type] * step + 1e-7).all(), name
         checked += 1
     assert checked == 2 + 8 * config.num_hidden_layers  # every matrix: the embedding, lm_head and 8 per layer
+
+
+def test_a_nan_weight_is_refused_naming_the_files_own_tensor_too(tiny_checkpoint, tmp_path):
+    """The canonical name leads to the model's code, the file's own name (`blk.2.ffn_up.weight`) to the bytes: a
+    Q8_0 block whose float16 scale is NaN dequantizes to 32 NaN."""
+    good = export_text_gguf(tiny_checkpoint, tmp_path / "q8.gguf", Q.Q8_0)
+    tensor = next(t for t in gguf.GGUFReader(good).tensors if t.name == "blk.2.ffn_up.weight")
+    data = bytearray(good.read_bytes())
+    data[tensor.data_offset : tensor.data_offset + 2] = np.float16("nan").tobytes()  # the first block's scale
+    damaged = tmp_path / "q8-nan.gguf"
+    damaged.write_bytes(data)
+    with pytest.raises(CheckpointError) as err:
+        load_model(damaged, progress=False)
+    assert str(err.value).startswith(
+        "parameter model.language_model.layers.2.mlp.up_proj.weight (checkpoint tensor "
+        f"'model.language_model.layers.2.mlp.up_proj.weight', stored as 'blk.2.ffn_up.weight' in {damaged}) holds 32 "
+        "NaN and 0 infinite value(s)")
 
 
 def test_inspect_reports_a_gguf(f32_gguf, capsys):
