@@ -145,20 +145,36 @@ class _CompletionRun:
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext,
              cancel: CancelToken) -> list[list[int]]:
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    elif prompt and isinstance(prompt[0], int):
-        prompt = [prompt]  # type: ignore[list-item]
-    if not prompt:
+    """Each prompt's token ids; raises RequestError naming the prompt of a batch (`prompt[1]`) or the token id
+    (`prompt[0]`, `prompt[1][0]`) at fault."""
+    if isinstance(prompt, list) and not prompt:
         raise RequestError("prompt: must not be empty", param="prompt")
-    if len(prompt) > MAX_BATCH_PROMPTS:
+    batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
+    prompts = prompt if batch else [prompt]
+    if len(prompts) > MAX_BATCH_PROMPTS:
         raise RequestError(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
-    encode = context.engine.engine.encode_prompt
+    engine = context.engine.engine
     ids = []
-    for text_or_ids in prompt:
+    for i, text_or_ids in enumerate(prompts):
         cancel.check()
-        ids.append(encode(text_or_ids) if isinstance(text_or_ids, str) else list(text_or_ids))
+        name = f"prompt[{i}]" if batch else "prompt"
+        if isinstance(text_or_ids, str):
+            ids.append(engine.encode_prompt(text_or_ids))
+        else:
+            ids.append(_checked_token_ids(text_or_ids, name, engine.token_count))
     return ids
+
+
+def _checked_token_ids(token_ids: list[int], name: str, vocabulary_size: int) -> list[int]:
+    """`token_ids`, the prompt `name`; raises RequestError for an empty one or the first id outside the vocabulary
+    (the engine's own check cannot say where it stands in the request)."""
+    if not token_ids:
+        raise RequestError(f"{name}: must not be empty", param=name)
+    for position, token_id in enumerate(token_ids):
+        if not 0 <= token_id < vocabulary_size:
+            raise RequestError(f"{name}[{position}]: token id {token_id} is outside the vocabulary "
+                               f"[0, {vocabulary_size})", param=f"{name}[{position}]")
+    return list(token_ids)
 
 
 def _controller_factory(request: CompletionRequest, context: ServingContext) -> ControllerFactory | None:

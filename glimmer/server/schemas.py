@@ -165,7 +165,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    # token ids are checked against the vocabulary before any use, naming the one at fault (`completions._prompts`)
+    prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Count | None = 16  # 0 scores the prompt (echo, prompt_logprobs) without sampling
     logprobs: LogprobCount | None = None
     # refused unless default (see REFUSED_UNLESS_DEFAULT)

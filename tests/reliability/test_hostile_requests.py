@@ -62,9 +62,15 @@ def test_every_integer_field_is_range_checked_before_any_work(server, path, fiel
     assert server.engine.is_alive
 
 
-@pytest.mark.parametrize("prompt", [[HUGE], [[1, 2], [HUGE]], [-1]])
-def test_prompt_token_ids_out_of_range_are_400(server, prompt):
-    error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 2}, "/completions"), 400)
+@pytest.mark.parametrize(("prompt", "param", "token_id"), [
+    ([HUGE], "prompt[0]", HUGE), ([[1, 2], [HUGE]], "prompt[1][0]", HUGE), ([-1], "prompt[0]", -1),
+    ([5, 7, -1], "prompt[2]", -1), ([[1, 2], [3, -1]], "prompt[1][1]", -1)])
+def test_prompt_token_ids_out_of_range_are_400_naming_the_id(server, prompt, param, token_id):
+    """As `LLM.generate([-1])` says, the id is outside the vocabulary; -1 got the generic "must be a string, ..."."""
+    error = error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 2}, "/completions"), 400)
+    vocabulary_size = server.engine.engine.token_count
+    assert error["param"] == param
+    assert error["message"] == f"{param}: token id {token_id} is outside the vocabulary [0, {vocabulary_size})"
 
 
 def test_the_top_k_that_killed_the_engine_is_refused_and_the_engine_lives(server):

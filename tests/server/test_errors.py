@@ -167,6 +167,12 @@ def test_a_completions_prompt_too_long_names_the_prompt(server):
         assert error["param"] == "prompt" and "messages" not in error["message"], error
 
 
+@pytest.mark.parametrize(("prompt", "param"), [([], "prompt"), ([[]], "prompt[0]"), ([[50], []], "prompt[1]")])
+def test_an_empty_completions_prompt_is_named(server, prompt, param):
+    error = error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 1}, path="/completions"), 400)
+    assert (error["param"], error["message"]) == (param, f"{param}: must not be empty")
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
