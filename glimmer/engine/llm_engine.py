@@ -697,11 +697,14 @@ class LLMEngine:
         """How many tokens a request whose prompt has `prompt_len` tokens may generate: its max_tokens, or the room
         the context leaves where it sets none (`clamp_max_tokens` as for `add_request`).
 
-        Raises RequestError when max_model_len leaves the prompt no room to generate (param "messages"), or less
-        room than max_tokens (param "max_tokens") or min_tokens asks for.
+        Raises RequestError when the prompt exceeds max_model_len or leaves no room to generate (param "messages"),
+        or less room than max_tokens (param "max_tokens") or min_tokens asks for.
         """
         room = self.max_model_len - prompt_len
-        if room < 1 and not (params.max_tokens == 0 and room == 0):
+        if room < 0:
+            raise RequestError(f"the prompt has {prompt_len} tokens, which exceeds max_model_len={self.max_model_len}; "
+                               "shorten the messages", param="messages")
+        if room == 0 and params.max_tokens != 0:
             raise RequestError(
                 f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
                 f"max_model_len={self.max_model_len}",

@@ -102,6 +102,15 @@ def test_a_prompt_that_fills_max_model_len_is_refused_naming_it(llm):
     assert not llm.engine.has_unfinished_requests
 
 
+def test_a_prompt_over_max_model_len_is_refused_as_exceeding_it(llm):
+    limit = llm.engine.max_model_len
+    with pytest.raises(RequestError) as caught:
+        llm.generate([10] * (limit + 1), SamplingParams(max_tokens=1))
+    assert caught.value.param == "prompt"
+    assert str(caught.value) == (f"the prompt has {limit + 1} tokens, which exceeds max_model_len={limit}; "
+                                 "shorten the prompt")
+
+
 # 6. errors name the prompt; stop set late; numpy and tuple token ids ------------------------------------------------
 
 def test_prompt_errors_name_the_prompt(llm):

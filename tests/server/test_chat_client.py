@@ -335,7 +335,7 @@ def test_a_conversation_past_the_context_hints_at_reset_and_reset_starts_a_new_o
     lines = text.splitlines()
     assert lines[0] == "Hi!" and lines[-1] == "Hi!"
     assert lines[1].startswith("error: the server answered HTTP 400: the prompt has ")
-    assert lines[1].endswith("tokens, which leaves no room to generate within max_model_len=256")
+    assert lines[1].endswith("tokens, which exceeds max_model_len=256; shorten the messages")
     assert lines[2:] == ["The conversation no longer fits the model's context: /reset starts a new one.", "Hi!"]
 
 
@@ -398,7 +398,8 @@ def test_an_error_from_another_server_is_one_line(status, body, line):
 
 
 @pytest.mark.parametrize(("status", "message", "code", "exceeded"), [
-    (400, "the prompt has 300 tokens, which leaves no room to generate within max_model_len=256", None, True),
+    (400, "the prompt has 256 tokens, which leaves no room to generate within max_model_len=256", None, True),
+    (400, "the prompt has 300 tokens, which exceeds max_model_len=256; shorten the messages", None, True),
     (400, "prompt (250 tokens) + max_tokens (10) exceeds max_model_len=256; lower max_tokens to at most 6", None,
      True),
     (400, "the prompt has 9,000 characters, more than max_model_len=256 tokens can hold (at most 2,000); shorten "

@@ -331,7 +331,7 @@ def chat_in_process(capsys, monkeypatch, tiny_checkpoint):
                                 "give --max-tokens "]),
     (["--max-model-len", "8"], ["--max-model-len 8 would make every message fail", "characters",
                                 "give a larger --max-model-len"]),
-    (["--max-model-len", "100"], ["--max-model-len 100 would make every message fail", "leaves no room",
+    (["--max-model-len", "100"], ["--max-model-len 100 would make every message fail", "exceeds max_model_len=100",
                                   "give a larger --max-model-len"]),
     (["--max-model-len", "200", "--max-tokens", "100"], ["--max-tokens 100 would make every message fail",
                                                          "or less, or a larger --max-model-len"]),
@@ -360,7 +360,7 @@ def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
     lines = out.splitlines()
     assert code == 0 and len(lines) == 2
     assert lines[1].startswith("error: the prompt has ")
-    assert lines[1].endswith("tokens, which leaves no room to generate within max_model_len=200")
+    assert lines[1].endswith("tokens, which exceeds max_model_len=200; shorten the messages")
 
 
 def test_an_unknown_command_in_the_chat_lists_the_commands_and_sends_nothing(chat_in_process):

@@ -173,6 +173,16 @@ def test_an_empty_completions_prompt_is_named(server, prompt, param):
     assert (error["param"], error["message"]) == (param, f"{param}: must not be empty")
 
 
+def test_a_prompt_over_max_model_len_is_said_to_exceed_it(server):
+    """A prompt longer than the context exceeds it (it said "leaves no room to generate", as for one that fills it)."""
+    limit = server.engine.engine.max_model_len
+    for length, words in ((limit + 1, f"which exceeds max_model_len={limit}; shorten the prompt"),
+                          (limit, f"which leaves no room to generate within max_model_len={limit}")):
+        error = error_of(post(server, {"model": "tiny", "prompt": [50] * length, "max_tokens": 1},
+                              path="/completions"), 400)
+        assert (error["param"], error["message"]) == ("prompt", f"the prompt has {length} tokens, {words}")
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
