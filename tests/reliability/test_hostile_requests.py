@@ -161,6 +161,19 @@ def test_cors_allows_only_the_configured_origins(make_tiny):
         assert "access-control-allow-origin" not in other.headers
 
 
+def test_cors_preflight_allows_the_headers_openai_sdks_send(make_tiny):
+    # the OpenAI JS SDK (any Stainless-generated SDK) sends X-Stainless-* on every request, OpenAI-Organization and
+    # OpenAI-Project when configured: a preflight refusing them keeps every browser client built on it out
+    sdk_headers = "authorization,content-type,x-stainless-os,x-stainless-retry-count,openai-organization"
+    with live_server(make_tiny(), allowed_origins=("https://app.example",)) as live:
+        preflight = httpx.options(live.base_url + "/chat/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": sdk_headers})
+        assert preflight.status_code == 200, preflight.text
+        allowed = {name.strip() for name in preflight.headers["access-control-allow-headers"].lower().split(",")}
+        assert set(sdk_headers.split(",")) <= allowed
+
+
 def test_metrics_can_require_the_api_key(make_tiny):
     with live_server(make_tiny(), api_key=KEY, metrics_require_api_key=True) as live:
         assert error_of(httpx.get(live.url + "/metrics"), 401)["code"] == "invalid_api_key"
