@@ -69,7 +69,9 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
         renamed = head + param[match.end():]
     if renamed is None:
         return error
-    return RequestError(str(error).replace(param, renamed), param=renamed)
+    # the field itself, not a longer name ending in it (chat_template_kwargs.reasoning_effort keeps its name)
+    message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", lambda _: renamed, str(error))
+    return RequestError(message, param=renamed)
 
 
 def chat_messages(items: list[dict[str, Any]], instructions: str | None,

@@ -12,7 +12,9 @@ import openai
 import pytest
 from server_support import AGENT_SCRIPTS, PINNED_DATE, live_server
 
+from glimmer.errors import RequestError
 from glimmer.server.response_store import ResponseStore
+from glimmer.server.responses_input import responses_error
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -258,6 +260,17 @@ def test_errors_the_chat_layer_finds_name_the_responses_fields(server, fields, p
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and "messages" not in error["message"], error
+
+
+def test_a_renamed_error_keeps_the_other_fields_it_quotes():
+    """reasoning_effort is reasoning.effort here, but chat_template_kwargs.reasoning_effort is a field the request has
+    under that very name: the message must not send the user looking for chat_template_kwargs.reasoning.effort."""
+    error = RequestError("reasoning_effort is given twice with different values ('low' and "
+                         "chat_template_kwargs.reasoning_effort='high'); give it once", param="reasoning_effort")
+    renamed = responses_error(error, [])
+    assert renamed.param == "reasoning.effort"
+    assert str(renamed) == ("reasoning.effort is given twice with different values ('low' and "
+                            "chat_template_kwargs.reasoning_effort='high'); give it once")
 
 
 def test_the_store_is_bounded_by_size_and_age():
