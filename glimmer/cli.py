@@ -161,7 +161,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA if has_vision else DEFAULT_MAX_REQUEST_BYTES)
         return ServerSettings(
             served_model_names=tuple(args.served_model_name or [served_name]),
-            api_key=args.api_key or os.environ.get("GLIMMER_API_KEY") or None,
+            # an empty --api-key (`--api-key "$KEY"` with KEY unset) is refused by the settings, not read as no key
+            api_key=args.api_key if args.api_key is not None else os.environ.get("GLIMMER_API_KEY") or None,
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
             media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media,

@@ -431,7 +431,8 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
 @pytest.mark.parametrize(("flags", "words"), [
     (["--max-request-bytes", "0"], "max_request_bytes=0 is too small"),  # it used to mean the default, silently
     (["--max-request-bytes", "100"], "max_request_bytes=100 is too small"),
-    (["--metrics-require-api-key"], "metrics_require_api_key needs an api_key")])
+    (["--metrics-require-api-key"], "metrics_require_api_key needs an api_key"),
+    (["--api-key", ""], "api_key must not be empty")])  # `--api-key "$KEY"` with KEY unset served with no key
 def test_server_options_are_refused_before_the_model_loads(tmp_path, capsys, flags, words, monkeypatch):
     """Refused at once, not after loading a checkpoint (the path here does not even exist)."""
     from glimmer.cli import main
