@@ -103,6 +103,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_LAYOUTS = ("canonical", "canonical-text", "flat", "vendor")
 
+_DRAFTER_MODEL_TYPE = "muse_glimmer_assistant"  # a DFlash drafter (checkpoint/drafter.py)
 _TEXT_MODEL_TYPE = "muse_glimmer_text"
 _MODEL_TYPE = "muse_glimmer"
 _VISION_MODEL_TYPE = "muse_glimmer_vision"
@@ -448,8 +449,11 @@ def _detect_layout(raw: Mapping[str, Any], source: str) -> str:
         found = "no model_type"
     else:
         found = f"model_type={model_type!r}"
-        if model_type in (_VISION_MODEL_TYPE, "muse_glimmer_assistant"):
+        if model_type == _VISION_MODEL_TYPE:
             found += " (a sub-model's config, not a Muse Glimmer model config)"
+        elif model_type == _DRAFTER_MODEL_TYPE:
+            found += (" (a DFlash drafter's config: a drafter runs beside its target model, e.g. glimmer serve TARGET "
+                      "--speculative-config '{\"model\": \"DRAFTER_DIR\"}')")
     raise ConfigError(
         f"{source}: unrecognized config layout: {found}. Glimmer looked for: {_LAYOUTS_LOOKED_FOR}. Point it "
         "at a Muse Glimmer checkpoint, or fix config.json"

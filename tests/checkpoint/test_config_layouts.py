@@ -659,6 +659,13 @@ def test_unrecognized_model_type_is_refused_naming_the_layouts_looked_for():
         assert layout in message
 
 
+def test_a_sub_models_config_is_refused_saying_what_it_is():
+    expect_error({"model_type": "muse_glimmer_vision", "hidden_size": 64}, "a sub-model's config")
+    # a drafter given where a model goes: the message says how a drafter is run
+    expect_error({"model_type": "muse_glimmer_assistant", "hidden_size": 64}, "a DFlash drafter's config",
+                 "--speculative-config")
+
+
 def test_config_without_recognizable_fields_is_refused():
     expect_error({"model_type": "muse_glimmer", "foo": 1}, "unrecognized config layout", "text_config")
     expect_error({"hidden_size": 64, "num_hidden_layers": 2}, "no model_type")
