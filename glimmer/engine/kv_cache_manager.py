@@ -16,14 +16,24 @@ committed position like the target's; its queries see keys up to `draft_window` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from glimmer.engine.block_pool import KVBlockPool
 from glimmer.engine.cache_keys import block_key, root_key, token_bytes
 from glimmer.engine.sequence import Sequence
 
+if TYPE_CHECKING:
+    from glimmer.checkpoint.config import TextConfig
+
 FULL = "full"
 SLIDING = "sliding"
 DRAFT = "draft"
+
+
+def attention_groups(text: TextConfig) -> list[str]:
+    """The KV groups the target model's layers fill: FULL and SLIDING, each where some layer has it."""
+    return [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
+            if layers]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
-from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager, attention_groups
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
 from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
@@ -336,9 +336,7 @@ class LLMEngine:
         the largest item, if more, so that a step's items are encoded once however it is chunked."""
         if self.media is None:
             return None
-        merge = self.media.settings.merge_size**2
-        largest = max(t * h * w // merge for t, h, w in self.media.largest_grids())
-        return max(2 * self.scheduler_config.max_num_batched_tokens, largest)
+        return max(2 * self.scheduler_config.max_num_batched_tokens, self.media.largest_item_tokens())
 
     def _graph_query_lens(self) -> tuple[int, ...]:
         """Tokens per sequence of the decode-shaped steps the runner replays from graphs (ModelRunner)."""
@@ -349,11 +347,13 @@ class LLMEngine:
         steps beside the KV cache (0 or less: none), where a GPU's free memory sized the cache."""
         if self._working is None:
             return 0
-        free = device_free_bytes(self.device)
+        return int(self._kept_free_bytes() + self._working.steps - device_free_bytes(self.device))
+
+    def _kept_free_bytes(self) -> int:
+        """What a GPU whose free memory sizes the KV cache keeps free besides the steps' working memory: the share
+        `gpu_memory_utilization` leaves out, and the verification reserve."""
         total = torch.cuda.mem_get_info(self.device)[1]
-        wanted = ((1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
-                  + self._working.steps)
-        return int(wanted - free)
+        return int((1 - self.config.gpu_memory_utilization) * total) + self._speculation_reserve_bytes()
 
     # configuration ----------------------------------------------------------------------------------
 
@@ -415,9 +415,7 @@ class LLMEngine:
         bs = self.config.block_size
         if bs < 1 or bs & (bs - 1):
             raise ConfigError(f"block_size={bs} must be a power of two")
-        groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
-                  if layers]
-        per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in groups}
+        per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in attention_groups(text)}
         if self.drafter is not None:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)
         wanted = self._wanted_blocks()
@@ -478,11 +476,8 @@ class LLMEngine:
                 logger.info("steps beside the KV cache need up to %.2f GiB (%s)", self._working.total / 2**30,
                             ", ".join(f"{name} {value / 2**30:.2f}" for name, value in
                                       dataclasses.asdict(self._working).items()))
-            free = device_free_bytes(self.device)
-            total = torch.cuda.mem_get_info(self.device)[1]
-            reserve = ((1 - self.config.gpu_memory_utilization) * total + self._speculation_reserve_bytes()
-                       + self._working.total + extra_reserve)
-            return max(int(free - reserve), sum(per_block.values()))
+            reserve = self._kept_free_bytes() + self._working.total + extra_reserve
+            return max(device_free_bytes(self.device) - reserve, sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
             logger.warning("gpu_memory_utilization=%s sizes the KV cache on a GPU only; on the CPU give "

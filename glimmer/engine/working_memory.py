@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from glimmer.engine.cuda_graphs import batch_size_ladder
-from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, attention_groups
 from glimmer.engine.model_runner import PROMPT_LOGITS_ROWS
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import build_step_inputs
@@ -65,6 +67,17 @@ def device_free_bytes(device: torch.device) -> int:
     return torch.cuda.mem_get_info(device)[0]
 
 
+def _peak_bytes(device: torch.device, run: Callable[[], object]) -> int:
+    """The most memory `run` allocated at once beyond what was allocated before it (what it returns included,
+    freed once measured)."""
+    device_free_bytes(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def graph_output_bytes(max_num_seqs: int, query_lens: tuple[int, ...], vocab_size: int, element: int) -> int:
     """The logits the decode graphs keep, one (size, vocab) tensor per captured batch size (graphs of 1 + k tokens
     per sequence keep only hidden states; their logits are computed outside)."""
@@ -81,8 +94,7 @@ def measure_working_memory(
     """Run the largest steps over padding rows on a stand-in cache, and the vision encoder on each of
     `vision_grids` (patch grids t, h, w), and measure their peaks (see the module)."""
     text = model.config.text
-    groups = [g for g, layers in ((FULL, text.full_attention_layers), (SLIDING, text.sliding_attention_layers))
-              if layers]
+    groups = attention_groups(text)
     kv = KVCacheManager(KVCacheLayout(block_size, {g: 1 for g in groups}, text.sliding_window),
                         enable_prefix_caching=False)
     null_blocks = {g: 1 for g in groups}
@@ -92,20 +104,16 @@ def measure_working_memory(
 
     def peak(num_seqs: int, tokens_each: int, logits_rows: int) -> int:
         inputs = build_step_inputs(ScheduledStep([], []), kv, null_blocks, num_seqs, padding_tokens=tokens_each)
-        device_free_bytes(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        flat = inputs.flat.to(device)
-        tables = {g: t.to(device) for g, t in inputs.tables.items()}
-        input_ids, ctx = inputs.context(flat, tables, block_size, kv_caches)
-        ctx.capture_layers = capture_layers
-        final = model(input_ids, ctx)
-        hidden = ctx.captured_outputs(final, text.num_hidden_layers)
-        logits = model.compute_logits(final[-logits_rows:])
-        torch.cuda.synchronize(device)
-        used = torch.cuda.max_memory_allocated(device) - base
-        del flat, tables, input_ids, ctx, final, hidden, logits
-        return used
+
+        def step() -> object:
+            flat = inputs.flat.to(device)
+            tables = {g: t.to(device) for g, t in inputs.tables.items()}
+            input_ids, ctx = inputs.context(flat, tables, block_size, kv_caches)
+            ctx.capture_layers = capture_layers
+            final = model(input_ids, ctx)
+            return ctx.captured_outputs(final, text.num_hidden_layers), model.compute_logits(final[-logits_rows:])
+
+        return _peak_bytes(device, step)
 
     chunk = max_num_batched_tokens
     spread = min(max_num_seqs, chunk)
@@ -114,20 +122,13 @@ def measure_working_memory(
     decode = peak(max_num_seqs, 1, max_num_seqs)
     kv_caches.clear()
 
-    def encoder_peak(grid: tuple[int, int, int]) -> int:
+    def encode(grid: tuple[int, int, int]) -> object:
         vision = model.config.vision
-        device_free_bytes(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
         # float32 patch rows, as the media processor gives them
         pixels = torch.zeros((math.prod(grid), vision.patch_temporal * 3 * vision.patch_size**2), device=device)
-        features = model.encode_vision(pixels, torch.tensor([grid], device=device))
-        torch.cuda.synchronize(device)
-        used = torch.cuda.max_memory_allocated(device) - base
-        del pixels, features
-        return used
+        return model.encode_vision(pixels, torch.tensor([grid], device=device))
 
-    vision = max(map(encoder_peak, vision_grids), default=0)
+    vision = max((_peak_bytes(device, partial(encode, grid)) for grid in vision_grids), default=0)
     device_free_bytes(device)
     element = torch.empty((), dtype=dtype).element_size()
     return WorkingMemory(

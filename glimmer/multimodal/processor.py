@@ -80,6 +80,10 @@ class MediaProcessor:
         video = (groups, frame_height // s.patch_size, frame_width // s.patch_size)
         return [image_grid(side, side, s), video]
 
+    def largest_item_tokens(self) -> int:
+        """Placeholder tokens (vision feature rows) of the larger of `largest_grids`."""
+        return max(t * h * w for t, h, w in self.largest_grids()) // self.settings.merge_size**2
+
     def _later_tokens(self, images: Sequence[ImageInput], videos: Sequence[VideoInput]) -> tuple[int, bool]:
         """(tokens, whether all were counted) of items not yet processed: images from their headers; videos, which
         need decoding to count, are not."""
