@@ -207,12 +207,14 @@ _UNION_FIELD_HINTS = {
     "tool_choice": "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": NAME}}",
     "stop": "must be a string or a list of strings",
     "prompt": "must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+    "guided_json": "must be a JSON schema (an object or its JSON text)",
+    "structured_outputs.json": "must be a JSON schema (an object or its JSON text)",
 }
 
 
 def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_HINTS) -> RequestError:
     """The RequestError naming the first field of a pydantic validation error (HTTP 400); `hints`: what a field
-    whose value matches none of its union's shapes must be."""
+    (by its dotted path) whose value matches none of its union's shapes must be."""
     first = error.errors(include_url=False)[0]
     loc = first["loc"]
     if first["type"] == "json_invalid":
@@ -223,8 +225,9 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
     if first["type"] == "extra_forbidden":
         return RequestError(f"{param}: unknown field; Glimmer refuses fields it does not know rather than "
                             "ignore something that might change the output", param=param)
-    if loc[0] in hints:
-        return RequestError(f"{loc[0]}: {hints[loc[0]]}", param=str(loc[0]))
+    hinted = next((field for field in hints if param == field or param.startswith((f"{field}.", f"{field}["))), None)
+    if hinted is not None:  # pydantic names the union member it tried last (`guided_json.str`), not a field
+        return RequestError(f"{hinted}: {hints[hinted]}", param=hinted)
     return RequestError(f"{param}: {first['msg']}", param=param)
 
 

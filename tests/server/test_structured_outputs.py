@@ -265,6 +265,8 @@ def test_completions_constrain_the_raw_text(server):
     ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
     ({"guided_json": "{nope"}, "guided_json"),
     ({"guided_choice": []}, "guided_choice"),
+    ({"guided_json": 5}, "guided_json"),  # not `guided_json.str`, the union member pydantic tried last
+    ({"structured_outputs": {"json": [1]}}, "structured_outputs.json"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
     ({"thinking_token_budget": -1}, "thinking_token_budget"),
     ({"structured_outputs": {"json": "[" * 3000 + "]" * 3000}}, "structured_outputs.json"),  # (deeper than json's
