@@ -1,7 +1,8 @@
 """Images → patch rows for the vision tower — architecture.md §6.
 
-Accepted inputs: encoded bytes (PNG, JPEG, WebP, GIF, BMP, ... whatever Pillow reads), a file path, a
-PIL image, or a uint8 array (H, W), (H, W, 1), (H, W, 3) or (H, W, 4).
+Accepted inputs: encoded bytes or a file path in one of `IMAGE_FORMATS`, a PIL image, or a uint8 array (H, W),
+(H, W, 1), (H, W, 3) or (H, W, 4). Pillow is asked for those formats only: it can read others, but some hand the
+data to another program (PostScript to Ghostscript), which a request's bytes must never reach.
 
 Conversion to RGB follows the reference image processor given a PIL image: transparency is composited
 onto white, grey is replicated. (transformers' `load_image`, used for URLs, instead drops alpha with
@@ -25,6 +26,9 @@ from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.patches import patch_rows
 from glimmer.multimodal.resize import resize_frames, smart_resize
 from glimmer.multimodal.settings import MediaLimits, MediaSettings
+
+# Pillow's names of the ordinary raster formats it may open (its JPEG reader opens phones' MPO files too)
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "ICO", "AVIF", "JPEG2000", "QOI", "PPM", "TGA")
 
 ImageInput = Union[bytes, bytearray, memoryview, str, os.PathLike, Image.Image, np.ndarray]  # noqa: UP007
 
@@ -60,7 +64,7 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(source) as opened:
+                with Image.open(source, formats=IMAGE_FORMATS) as opened:
                     # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding
                     quarter_turn = opened.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
@@ -82,7 +86,7 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
             # we enforce our own pixel limit below, before decoding; Pillow's bomb *error* (above twice its
             # own threshold) still fires for files far past any sane limit
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+            image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source, formats=IMAGE_FORMATS)
             limits.check_frame_size("image", index, image.width, image.height)  # the header's size: nothing decoded
             image.load()
             return ImageOps.exif_transpose(image)
@@ -94,7 +98,8 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
         raise MediaDecodeError("image", index, f"no such file: {os.fspath(source)!r}") from None
     except Image.UnidentifiedImageError:
         raise MediaDecodeError(
-            "image", index, "the data is not an image format Pillow can read (PNG, JPEG, WebP, GIF, BMP, ...)"
+            "image", index, "the data is not an image format Glimmer reads (PNG, JPEG, WebP, GIF, BMP, TIFF, ICO, "
+            "AVIF, JPEG 2000, QOI, PPM, TGA)"
         ) from None
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         # Pillow reports truncated or corrupt data as OSError, and some broken headers as SyntaxError
@@ -106,7 +111,7 @@ def is_image_data(data: bytes) -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            Image.open(io.BytesIO(data)).close()
+            Image.open(io.BytesIO(data), formats=IMAGE_FORMATS).close()
     except Image.DecompressionBombError:
         return True  # an image, if a far too large one: the size limits will say so
     except Exception:  # Pillow raises many kinds for data that is not an image

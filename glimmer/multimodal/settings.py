@@ -64,10 +64,15 @@ class MediaSettings:
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected a positive number")
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
-            if len(value) != 3 or not all(isinstance(v, int | float) and math.isfinite(v) for v in value):
+            if not isinstance(value, tuple | list) or len(value) != 3 or not all(
+                isinstance(v, int | float) and math.isfinite(v) for v in value
+            ):
                 raise ConfigError(f"preprocessor config: {name}={value!r} is invalid; expected three numbers (R, G, B)")
         if not all(v > 0 for v in self.image_std):
             raise ConfigError(f"preprocessor config: image_std={self.image_std!r} must be positive")
+        if not isinstance(self.frame_timestamp_format, str):
+            raise ConfigError(f"preprocessor config: frame_timestamp_format={self.frame_timestamp_format!r} is "
+                              "invalid; expected a str.format pattern with a {timestamp} field")
         try:
             self.frame_timestamp_format.format(timestamp=0.0)
         except (KeyError, IndexError, ValueError) as error:
@@ -239,6 +244,8 @@ def _read(config: Mapping[str, Any], keys: Mapping[str, str], file: str) -> dict
     for key, name in keys.items():
         if key in config and config[key] is not None:
             value = config[key]
+            if name in ("image_mean", "image_std") and isinstance(value, int | float) and not isinstance(value, bool):
+                value = [value] * 3  # one number for every channel, as the reference processors read it
             values[name] = tuple(value) if isinstance(value, list) else value
     return values
 

@@ -48,7 +48,7 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
     if len(payload) > policy.max_bytes * 4 // 3 + 4:
         raise _error(kind, index, f"data URL is larger than the limit of {policy.max_bytes:,} bytes")
-    if header.endswith(";base64"):
+    if header.lower().endswith(";base64"):  # the marker is case-insensitive, as in browsers (WHATWG fetch)
         try:
             data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):

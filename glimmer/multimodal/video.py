@@ -94,8 +94,11 @@ def group_timestamps(frame_timestamps_s: Sequence[float], grid_t: int, temporal_
     return tuple(stamps)
 
 
-def _frame_rate(stream: av.video.stream.VideoStream) -> float | None:
-    for rate in (stream.average_rate, stream.guessed_rate):
+def _frame_rate(stream: av.video.stream.VideoStream, timestamped: bool) -> float | None:
+    # a raw elementary stream (.h264, .hevc) has no timestamps: its average rate is the demuxer's assumed 25,
+    # its guessed rate the one the bitstream declares
+    rates = (stream.average_rate, stream.guessed_rate) if timestamped else (stream.guessed_rate, stream.average_rate)
+    for rate in rates:
         if rate is not None and rate > 0:
             return float(rate)
     return None
@@ -148,14 +151,17 @@ def decode_video_file(
             header_width, header_height = stream.codec_context.width, stream.codec_context.height
             if header_width and header_height:  # some containers leave it to the first decoded frame
                 limits.check_frame_size("video", index, header_width, header_height)
-            video_fps = _frame_rate(stream)
-            total_frames = 0
+            total_frames = timed_frames = 0
             for packet in container.demux(stream):
                 if cancel is not None:
                     cancel.check()
-                if packet.size and packet.pts is not None:
+                if packet.size:
                     total_frames += 1
+                    timed_frames += packet.pts is not None
                     _check_source_frames(total_frames, index, limits)
+            # in a container only timed packets are frames; in a raw elementary stream no packet is timed
+            total_frames = timed_frames or total_frames
+            video_fps = _frame_rate(stream, timestamped=timed_frames > 0)
         if total_frames == 0:
             raise MediaDecodeError("video", index, "the video stream has no frames")
         if video_fps is None:

@@ -198,3 +198,24 @@ def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped_to_white():
     assert np.array_equal(rgb[:, :, 0], rgb[:, :, 2])
     small = Image.fromarray(np.full((4, 4), 200, dtype=np.int32))  # mode I holding 8-bit values: kept
     assert pil_to_rgb(small)[0, 0].tolist() == [200, 200, 200]
+
+
+def test_postscript_is_refused_without_reaching_ghostscript(monkeypatch) -> None:
+    """Pillow reads EPS by running Ghostscript on it; a request's bytes must never reach another program."""
+    from PIL import EpsImagePlugin
+
+    ran = []
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: True)
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", lambda *args, **kwargs: ran.append(args))
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nnewpath 0 0 moveto 10 10 lineto stroke\n%%EOF\n"
+    with pytest.raises(MediaDecodeError, match="image 0: the data is not an image format Glimmer reads"):
+        process_image(eps, SETTINGS, LIMITS)
+    assert ran == []
+
+
+@pytest.mark.parametrize("format_name", ["PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "ICO", "AVIF", "JPEG2000",
+                                         "QOI", "PPM", "TGA"])
+def test_ordinary_image_formats_are_read(format_name) -> None:
+    encoded = io.BytesIO()
+    noise_image(48, 48).save(encoded, format=format_name)
+    assert process_image(encoded.getvalue(), SETTINGS, LIMITS).grid_thw == (1, 2, 2)

@@ -78,6 +78,12 @@ def test_checkpoint_values_are_honoured() -> None:
     assert settings.video_max_frames == 32 and settings.video_sample_fps == 1.0
 
 
+def test_one_number_for_mean_and_std_is_every_channels() -> None:
+    """HF processors take `image_mean: 0.5` as (0.5, 0.5, 0.5), in both files."""
+    one_number = {"image_mean": 0.5, "image_std": 0.5}
+    assert load_media_settings({**IMAGE_CONFIG, **one_number}, {**VIDEO_CONFIG, **one_number}) == MediaSettings()
+
+
 def test_nested_processor_config_is_read() -> None:
     nested = {"image_processor": {**IMAGE_CONFIG, "max_image_tokens": 256}, "video_processor": VIDEO_CONFIG}
     assert load_media_settings(nested).max_image_tokens == 256
@@ -93,6 +99,8 @@ def test_nested_processor_config_is_read() -> None:
         ({**IMAGE_CONFIG, "max_image_tokens": 0}, {}, "max_image_tokens=0 is invalid"),
         ({}, {**VIDEO_CONFIG, "frame_timestamp_format": "Time: {ts}"}, "frame_timestamp_format"),
         ({**IMAGE_CONFIG, "image_std": [0.5, 0.5]}, {}, "image_std"),
+        ({**IMAGE_CONFIG, "image_mean": True}, {}, "image_mean=True is invalid"),
+        ({}, {**VIDEO_CONFIG, "frame_timestamp_format": 5}, "frame_timestamp_format=5 is invalid"),
     ],
 )
 def test_unsupported_or_inconsistent_values_raise_config_error(image, video, message) -> None:

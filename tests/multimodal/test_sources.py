@@ -32,6 +32,11 @@ def test_data_url_is_decoded():
     assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
 
 
+def test_data_url_base64_marker_is_case_insensitive():
+    url = "DATA:image/PNG;BASE64," + base64.b64encode(_png()).decode()
+    assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [("data:image/png;base64,@@@", "not valid base64"), ("data:image/png;base64", "malformed data URL"),

@@ -82,6 +82,15 @@ def test_encoded_bytes_are_accepted(tmp_path, video_writer) -> None:
     assert video.group_timestamps_s == (0.0, 1.0)
 
 
+def test_raw_h264_stream_without_timestamps_is_decoded_at_its_own_rate(tmp_path, video_writer) -> None:
+    """A raw .h264 stream (an allowed demuxer) has no packet timestamps; each packet is a frame, and its rate is
+    the bitstream's 4 fps, not the demuxer's assumed 25."""
+    path = video_writer(tmp_path / "clip.h264", distinct_frames(8), fps=4, codec="libx264", container="h264")
+    video = process_video(path.read_bytes(), SMALL, LIMITS)
+    assert video.grid_thw == (2, 6, 8)
+    assert video.group_timestamps_s == (0.0, 1.0)
+
+
 def test_rows_pair_consecutive_sampled_frames(reference_video_patchify) -> None:
     """Group g holds sampled frames 2g and 2g+1 in its (t, c, py, px) rows — the reference's patchify."""
     frames = np.stack([np.full((28, 56, 3), 10 * i, dtype=np.uint8) for i in range(8)])
