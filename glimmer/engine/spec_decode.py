@@ -12,6 +12,7 @@ decides how many, 0 where speculation cannot pay.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ class SpeculativeConfig:
     """vLLM's `speculative_config`, validated.
 
     method: "dflash" (the Muse Glimmer assistant).
-    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory).
+    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory), as a
+        string or a path object (kept as a string).
     num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
         drafter's block_size − 1).
     draft_policy: "adaptive" (measure acceptance and step times; propose fewer or none where it cannot
@@ -74,6 +76,8 @@ class SpeculativeConfig:
         if self.method not in SPECULATIVE_METHODS:
             raise ConfigError(f"speculative_config.method={self.method!r} is not supported; use one of "
                               f"{list(SPECULATIVE_METHODS)}")
+        if isinstance(self.model, os.PathLike):  # as LLM(model=...) takes one
+            object.__setattr__(self, "model", os.fspath(self.model))
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("speculative_config.model must name the drafter (a directory or a head.pt file)")
         n = self.num_speculative_tokens
