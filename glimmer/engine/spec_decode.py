@@ -63,7 +63,7 @@ class SpeculativeConfig:
         if not isinstance(value, Mapping):
             raise ConfigError(f"speculative_config must be a JSON object / dict, got {type(value).__name__}")
         known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(set(value) - known, key=str)  # a Python dict's keys may be of any type
         if unknown:
             raise ConfigError(f"speculative_config has unknown key(s) {unknown}; allowed: {sorted(known)}")
         for key in ("method", "model"):

@@ -559,6 +559,12 @@ def test_a_path_object_names_the_drafter(target, drafter):
     assert llm.engine.speculator.config.model == str(drafter)
 
 
+def test_unknown_keys_of_mixed_types_are_refused_naming_them():
+    """sorted() compared an int key with a str key and raised TypeError instead."""
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \[1, 'foo'\]"):
+        SpeculativeConfig.parse({"method": "dflash", "model": "x", 1: "y", "foo": 2})
+
+
 @pytest.mark.parametrize("missing", ["method", "model"])
 def test_a_missing_speculative_config_key_shows_an_example_that_parses(missing):
     config = {"method": "dflash", "model": "x"}
