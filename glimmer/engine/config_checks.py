@@ -10,7 +10,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from glimmer.default_model import DEFAULT_DRAFTER_NAME, embedded_model_dir
 from glimmer.engine.sampling_params import SEED_RANGE
+from glimmer.engine.spec_decode import SpeculativeConfig
 from glimmer.errors import ConfigError
 from glimmer.model.kernels.support import check_environment
 
@@ -41,7 +43,7 @@ def _is_int(value: object) -> bool:
 
 def check_engine_config(config: EngineConfig) -> None:
     """Raise ConfigError for the first option of `config` of the wrong type or out of range; a size given as
-    text (kv_cache_memory='8GiB') is turned into bytes."""
+    text (kv_cache_memory='8GiB') is turned into bytes, and a speculative_config into a SpeculativeConfig."""
     check_environment()  # GLIMMER_KERNELS / _PDL / _GEMM: a typo is an error here, not a silent default later
     if not isinstance(config.model, (str, os.PathLike)) or not str(config.model).strip():
         raise ConfigError(f"model={config.model!r}: required; pass a checkpoint directory, a .gguf file or a "
@@ -80,3 +82,9 @@ def check_engine_config(config: EngineConfig) -> None:
         raise ConfigError(f"load_format={config.load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
     if not _is_int(config.seed) or not SEED_RANGE[0] <= config.seed < SEED_RANGE[1]:
         raise ConfigError(f"seed={config.seed!r} must be an integer in [-2**63, 2**64)")
+    if config.speculative_config is not None:
+        config.speculative_config = SpeculativeConfig.parse(config.speculative_config)
+        drafter = config.speculative_config.model
+        if not Path(drafter).expanduser().exists() and embedded_model_dir(drafter) is None:
+            raise ConfigError(f"speculative_config.model={drafter!r} does not exist; pass the drafter's directory, its "
+                              f"head.pt or .gguf file, or {DEFAULT_DRAFTER_NAME!r} (the embedded drafter)")

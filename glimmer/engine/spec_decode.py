@@ -12,6 +12,7 @@ decides how many, 0 where speculation cannot pay.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ class SpeculativeConfig:
     """vLLM's `speculative_config`, validated.
 
     method: "dflash" (the Muse Glimmer assistant).
-    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory).
+    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory), as a
+        string or a path object (kept as a string).
     num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
         drafter's block_size − 1).
     draft_policy: "adaptive" (measure acceptance and step times; propose fewer or none where it cannot
@@ -61,7 +63,7 @@ class SpeculativeConfig:
         if not isinstance(value, Mapping):
             raise ConfigError(f"speculative_config must be a JSON object / dict, got {type(value).__name__}")
         known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(value) - known)
+        unknown = sorted(set(value) - known, key=str)  # a Python dict's keys may be of any type
         if unknown:
             raise ConfigError(f"speculative_config has unknown key(s) {unknown}; allowed: {sorted(known)}")
         for key in ("method", "model"):
@@ -74,6 +76,8 @@ class SpeculativeConfig:
         if self.method not in SPECULATIVE_METHODS:
             raise ConfigError(f"speculative_config.method={self.method!r} is not supported; use one of "
                               f"{list(SPECULATIVE_METHODS)}")
+        if isinstance(self.model, os.PathLike):  # as LLM(model=...) takes one
+            object.__setattr__(self, "model", os.fspath(self.model))
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("speculative_config.model must name the drafter (a directory or a head.pt file)")
         n = self.num_speculative_tokens

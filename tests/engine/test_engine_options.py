@@ -33,6 +33,10 @@ from glimmer.errors import ConfigError
     ("seed", 2**64, "seed=18446744073709551616 must be an integer in"),
     ("dtype", 16, "dtype=16 is not supported; pass one of \\['bfloat16', 'float16', 'float32'\\], 'auto'"),
     ("chat_template", "/nonexistent/template.jinja", "chat_template='/nonexistent/template.jinja' is not a file"),
+    ("speculative_config", {"method": "eagle", "model": "x"}, "speculative_config.method='eagle' is not supported"),
+    ("speculative_config", "{bad", "speculative_config is not valid JSON"),
+    ("speculative_config", {"method": "dflash", "model": "/nonexistent/drafter"},
+     "speculative_config.model='/nonexistent/drafter' does not exist; pass the drafter's directory"),
 ])
 def test_a_wrong_option_is_refused_naming_it_before_anything_loads(option, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -550,6 +551,18 @@ def test_bad_speculative_configs_are_refused(target, config, message):
     with pytest.raises(ConfigError) as error:
         LLMEngine(EngineConfig(str(target), progress=False, speculative_config=config))
     assert message in str(error.value)
+
+
+def test_a_path_object_names_the_drafter(target, drafter):
+    """As LLM(model=...) takes one; it was refused as naming no drafter."""
+    llm = LLM(str(target), progress=False, speculative_config={"method": "dflash", "model": Path(drafter)})
+    assert llm.engine.speculator.config.model == str(drafter)
+
+
+def test_unknown_keys_of_mixed_types_are_refused_naming_them():
+    """sorted() compared an int key with a str key and raised TypeError instead."""
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \[1, 'foo'\]"):
+        SpeculativeConfig.parse({"method": "dflash", "model": "x", 1: "y", "foo": 2})
 
 
 @pytest.mark.parametrize("missing", ["method", "model"])

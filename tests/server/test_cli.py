@@ -282,6 +282,13 @@ def test_a_bad_speculative_config_is_one_line_before_the_model_loads(capsys, tmp
     assert "missing" not in err  # the model was never looked for
 
 
+def test_a_drafter_that_does_not_exist_is_one_line_before_the_model_loads(capsys, tmp_path):
+    config = '{"method": "dflash", "model": "/nonexistent/drafter"}'
+    err = _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--speculative-config", config],
+                               "speculative_config.model='/nonexistent/drafter' does not exist")
+    assert "missing" not in err  # the model was never looked for
+
+
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8000", "ftp://127.0.0.1", "http://", "http://[::1",
                                  "http://127.0.0.1:99999"])
 def test_a_url_that_is_not_an_http_server_address_is_one_line(capsys, url):
