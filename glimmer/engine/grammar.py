@@ -5,7 +5,9 @@
   milliseconds for a large schema, so the server does it off the engine thread; what it returns builds one
   controller per completion from a copy of the compiled matcher.
 - `GrammarController` (one per completion) is a sequence's token controller: it consumes each generated token
-  and ends the sequence when the grammar admits nothing more.
+  and ends the sequence when the grammar admits nothing more. It also guards where the grammar may place tokens
+  that end or frame the output (`SpecialTokens`): a stop token only where it completes the grammar, and in a chat
+  answer no special token but the `<|eot|>` that completes the turn.
 - `GrammarMasks` fills one packed bitmask (32 token ids per int32) for every sampled row of a step, the
   grammar rows in parallel on llguidance's threads, and can do so while the model runs: the matchers only
   move when tokens are appended, after sampling. The sampler applies the bitmask; it knows nothing of grammars.
@@ -21,18 +23,20 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import llguidance
+import numpy as np
 import torch
 
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
-from glimmer.protocol.turn_grammar import TurnConstraint, laid_out_schema, turn_grammar
+from glimmer.protocol.tokens import MESSAGE
+from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, turn_grammar
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +74,82 @@ class MarkerSpelling:
                 self.starts_bar.add(token_id)
 
 
+class SpecialTokens:
+    """The tokenizer's special tokens (P-TOK-1: ids from the tokenizer, never constants) and their spellings, for
+    guarding where a grammar may place them: llguidance's Lark names any token by id (`<[2049]>`), and text
+    checks cannot see that."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.ids = frozenset(tokenizer.all_special_ids)
+        self._tokenizer = tokenizer
+
+    def spelled(self, token_ids: Iterable[int]) -> str:
+        """`<|eot|>, <|start|>`: the tokens' text, for error messages."""
+        return ", ".join(self._tokenizer.decode([token_id]) or f"<[{token_id}]>" for token_id in token_ids)
+
+
+class _TokenBits:
+    """A set of token ids located in packed masks (32 ids per 32-bit word, lowest id in the lowest bit)."""
+
+    def __init__(self, token_ids: Iterable[int], num_token_ids: int):
+        self.id_set = frozenset(t for t in token_ids if 0 <= t < num_token_ids)
+        ids = np.array(sorted(self.id_set), dtype=np.int64)
+        self._ids = ids
+        self._words = ids >> 5
+        self._bits = np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+
+    def __contains__(self, token_id: int) -> bool:
+        return token_id in self.id_set
+
+    def __bool__(self) -> bool:
+        return bool(self.id_set)
+
+    def allowed(self, words: np.ndarray) -> list[int]:
+        """Which of the ids a mask row (as uint32 words) allows."""
+        return self._ids[(words[self._words] & self._bits) != 0].tolist()
+
+
+@dataclass(frozen=True)
+class AnswerGate:
+    """Where a chat turn's answer opens: at the `opener` token (the id of `<|message|>`) that completes the answer's
+    header, which the turn grammar's matcher records as `capture` (`ANSWER_HEADER`). llguidance records a capture as
+    soon as its forced text reaches the rule's end, which may be before that token is sampled: both are needed."""
+
+    capture: str
+    opener: int
+
+    def opens(self, matcher: llguidance.LLMatcher, token_id: int) -> bool:
+        """Whether `token_id`, just consumed by `matcher`, opened the answer."""
+        return token_id == self.opener and matcher.get_capture(self.capture) is not None
+
+
+def _set_bits(words: np.ndarray, token_ids: list[int], allowed: bool) -> None:
+    for token_id in token_ids:
+        bit = np.uint32(1 << (token_id & 31))
+        words[token_id >> 5] = words[token_id >> 5] | bit if allowed else words[token_id >> 5] & ~bit
+
+
+def _completes(matcher: llguidance.LLMatcher, token_id: int) -> bool:
+    """Whether consuming `token_id` leaves the grammar complete (tried on a copy: the matcher stays where it is)."""
+    probe = matcher.deep_copy()
+    return probe.consume_token(token_id) and not probe.is_error() and probe.is_accepting()
+
+
 class GrammarController:
     """Constrains one completion by a grammar (the sequence's controller)."""
 
     def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int, markers: MarkerSpelling | None = None,
-                 on_failure: Callable[[], None] | None = None, param: str = "structured_outputs"):
+                 on_failure: Callable[[], None] | None = None, param: str = "structured_outputs", *,
+                 stop_token_ids: Iterable[int] = (), special: SpecialTokens | None = None,
+                 answer_gate: AnswerGate | None = None):
         """on_failure: called once when the grammar engine fails this completion (the compiler then drops the
         grammar it keeps: llguidance's copies share a lexer, which stays broken for every later copy). param: the
-        request field whose constraint this is, named by a GrammarFailure."""
+        request field whose constraint this is, named by a GrammarFailure.
+
+        stop_token_ids: the ids that end this completion; the grammar may place one only where it completes (one it
+        needs earlier would end the output with the constraint unmet). answer_gate: where a chat turn's answer opens;
+        from then on no special token of `special` may be taken but one completing the turn (its `<|eot|>`):
+        framing or control tokens inside an answer end or break it."""
         self.matcher = matcher
         self.param = param
         self._on_failure = on_failure
@@ -85,14 +157,56 @@ class GrammarController:
         self._markers = markers  # a chat turn's: its text may not spell `<|`
         self._after_open = False  # the text so far ends with `<`
         self.failure: str | None = None  # the grammar engine's error, met while filling this completion's mask
+        self._stops = _TokenBits(stop_token_ids, num_token_ids)
+        self._special = special
+        self._answer_gate = answer_gate
+        self._in_answer_guard = (_TokenBits(special.ids | self._stops.id_set, num_token_ids)
+                                 if special is not None and answer_gate is not None else None)
+        self.answer_open = False  # the answer's header was consumed: its own grammar runs
+        self.refusal: GrammarFailure | None = None  # every token the grammar allowed here was one it may not take
 
-    def check_mask(self) -> None:
-        """After a mask was filled from the matcher: a matcher in its error state masks every token but the stop
-        ids, which would end the completion as if it were done; its error is kept, and `observe` fails the
-        request with it."""
+    def check_mask(self, row: torch.Tensor) -> None:
+        """After `row` (this completion's packed mask) was filled from the matcher: a matcher in its error state
+        masks every token but the stop ids, which would end the completion as if it were done; its error is kept,
+        and `observe` fails the request with it. Otherwise the tokens the grammar may not place here are cleared
+        from `row` (`guard_row`); when nothing else was allowed, `observe` fails the request saying so."""
         if self.failure is None and self.matcher.is_error():
             self._fail(_engine_error(self.matcher.get_error()))
             logger.warning("grammar engine error while filling a mask: %s", self.failure)
+            return
+        if self.refusal is None:
+            self.refusal = self.guard_row(row, self.matcher, self.answer_open)
+
+    def guard_row(self, row: torch.Tensor, matcher: llguidance.LLMatcher, in_answer: bool) -> GrammarFailure | None:
+        """Clear from `row`, the mask filled from `matcher` (this completion's, or a copy walked through proposed
+        tokens), the stop tokens that would end the output before the grammar is complete and, `in_answer` (a chat
+        answer's open), the special tokens that would not complete the turn. When those were all the row allowed,
+        the row is left as it was (the sampler needs an allowed token) and the refusal returned: its request fails."""
+        if (not self._stops and self._in_answer_guard is None) or matcher.is_accepting():
+            return None
+        words = row.numpy().view(np.uint32)
+        refused = [t for t in self._guarded(in_answer).allowed(words) if not _completes(matcher, t)]
+        if not refused:
+            return None
+        _set_bits(words, refused, allowed=False)
+        if words.any():
+            return None
+        _set_bits(words, refused, allowed=True)
+        return self._refused(refused, in_answer)
+
+    def _guarded(self, in_answer: bool) -> _TokenBits:
+        return self._in_answer_guard if in_answer and self._in_answer_guard is not None else self._stops
+
+    def opens_answer(self, matcher: llguidance.LLMatcher, token_id: int) -> bool:
+        """Whether `token_id`, just consumed by `matcher` (this completion's or a copy), opened a chat answer."""
+        return self._answer_gate is not None and self._answer_gate.opens(matcher, token_id)
+
+    def _refused(self, token_ids: list[int], in_answer: bool) -> GrammarFailure:
+        spelled = self._special.spelled(token_ids) if self._special is not None else str(token_ids)
+        if in_answer:
+            return _special_in_chat_answer(self.param, spelled)
+        return GrammarFailure(f"{self.param}: the constraint needs {spelled} before it is complete, which ends "
+                              "generation there: the output would not satisfy it", param=self.param)
 
     def _failure_error(self) -> GrammarFailure:
         return GrammarFailure(f"{self.param}: the grammar engine stopped on this constraint while generating "
@@ -113,9 +227,18 @@ class GrammarController:
         return self.matcher.validate_tokens(tokens[:known]) if known else 0
 
     def observe(self, token_id: int) -> bool:
-        """Consume the token just generated; True ends generation (the grammar admits nothing more)."""
+        """Consume the token just generated; True ends generation (the grammar admits nothing more).
+
+        Raises GrammarFailure when the grammar engine failed, when the last mask allowed only tokens the
+        completion may not take (`guard_row`), or when the token is one of those (a proposal of speculative
+        decoding is verified against masks, but checked here once more, as every token is)."""
         if self.failure is not None:
             raise self._failure_error()
+        if self.refusal is not None:
+            raise self.refusal
+        in_answer = self.answer_open
+        # a stop token taken where the grammar is complete just ends it; elsewhere it must complete the grammar
+        guarded = token_id in self._guarded(in_answer) and not self.matcher.is_accepting()
         markers = self._markers
         if markers is not None:
             spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
@@ -131,19 +254,26 @@ class GrammarController:
             self._fail(_engine_error(self.matcher.get_error()))
             logger.warning("grammar rejected token %d: %s", token_id, self.failure)
             raise self._failure_error()
+        if guarded and not self.matcher.is_accepting():
+            raise self._refused([token_id], in_answer)
+        self.answer_open = in_answer or self.opens_answer(self.matcher, token_id)
         return self.matcher.is_stopped()
 
 
-ControllerFactory = Callable[[], GrammarController]
+class ControllerFactory(Protocol):
+    def __call__(self, stop_token_ids: Collection[int] | None = None) -> GrammarController:
+        """A controller for one completion whose generation ends at `stop_token_ids` (None: the checkpoint's stop
+        ids); RequestError when every output of the grammar needs one of them before it is complete."""
 
 
 @dataclass
 class _Compiled:
-    """A grammar compiled for requests to copy, and the text every output of it begins with (llguidance's forced
-    bytes from its start: all of it for a regex `a<\\|b`, nothing for `(a|b)c`)."""
+    """A grammar compiled for requests to copy, and the text and tokens every output of it begins with
+    (llguidance's forced bytes and tokens from its start: all of it for a regex `a<\\|b`, nothing for `(a|b)c`)."""
 
     matcher: llguidance.LLMatcher
     forced_text: bytes
+    forced_tokens: tuple[int, ...]
 
 
 class GrammarCompiler:
@@ -159,6 +289,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._text_tokenizer = tokenizer
         self._markers: MarkerSpelling | None = None
+        self.special = SpecialTokens(tokenizer)
         stops = sorted(set(stop_token_ids))
         self._stop_token_ids = frozenset(stops)
         if vocab_size < tokenizer.vocab_size:
@@ -170,26 +301,32 @@ class GrammarCompiler:
             raise RuntimeError(f"llguidance indexed {self.tokenizer.vocab_size} tokens for {vocab_size} logit rows")
 
     def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False, internal: bool = False,
-                failure_param: str | None = None) -> ControllerFactory:
+                failure_param: str | None = None, answer_gate: AnswerGate | None = None) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
 
         Compiled grammars are kept (the last `COMPILED_CACHE_SIZE`), so requests repeating a schema, a tool set
         or a regex start from a copy instead of compiling again. `guard_markers`: the text is a chat turn's, which
         may not spell a framing marker (`MarkerSpelling`). `internal`: the grammar is Glimmer's own (a turn's), whose
         source a refusal does not quote. `failure_param`: the field a failure while generating names (`param` by
-        default).
+        default). `answer_gate`: the grammar is a chat turn's whose answer is the request's constraint, guarded
+        from where the gate opens (`GrammarController`).
         """
         text = json.dumps(grammar, ensure_ascii=False)
-        forced_text = self._kept(text, param, internal).forced_text
+        compiled = self._kept(text, param, internal)
         markers = self._marker_spelling() if guard_markers else None
+        failure_param = failure_param or param
 
-        def controller() -> GrammarController:
+        def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
+            stops = self._stop_token_ids if stop_token_ids is None else frozenset(stop_token_ids)
+            _refuse_forced_stop(compiled.forced_tokens, stops, self.special, failure_param)
             with self._lock:
                 kept = self._compiled.get(text)
                 if kept is None:  # dropped after a failure (or from the cache): built afresh and kept again
-                    kept = self._compiled[text] = _Compiled(self._matcher(text), forced_text)
+                    kept = self._compiled[text] = _Compiled(self._matcher(text), compiled.forced_text,
+                                                            compiled.forced_tokens)
             return GrammarController(kept.matcher.deep_copy(), self.tokenizer.vocab_size, markers,
-                                     on_failure=lambda: self._drop(text, kept), param=failure_param or param)
+                                     on_failure=lambda: self._drop(text, kept), param=failure_param,
+                                     stop_token_ids=stops, special=self.special, answer_gate=answer_gate)
 
         return controller
 
@@ -235,12 +372,13 @@ class GrammarCompiler:
             raise RequestError(f"{param}: no text satisfies this constraint; the grammar engine found no way to "
                                f"begin it ({_engine_error(probe.get_error())})", param=param)
         forced_text = probe.compute_ff_bytes()
+        forced_tokens = tuple(probe.compute_ff_tokens())
         first = _first_allowed(mask, self._stop_token_ids)
         if first is not None and (not probe.consume_token(first) or probe.is_error()):
             raise RequestError(f"{param}: the grammar engine cannot follow this constraint past its first token "
                                f"({_engine_error(probe.get_error())}); a smaller one (fewer repetitions, a shorter "
                                "pattern) may fit its limits", param=param)
-        return _Compiled(matcher, forced_text)
+        return _Compiled(matcher, forced_text, forced_tokens)
 
     def _marker_spelling(self) -> MarkerSpelling:
         with self._lock:
@@ -258,15 +396,21 @@ class GrammarCompiler:
         and so does a failure while generating (the answer's grammar is the request's own; with no answer, a tool's
         schema is: `tools`). An answer whose every text begins by spelling `<|` (a regex's `<\\|`, a grammar's
         `"a<" "|b"`, which `chat_answer_grammar` cannot see) is refused here; one that may spell it later fails its
-        request when it does (P-CHAN-6)."""
+        request when it does (P-CHAN-6). So is an answer that names a special token by id (Lark's `<[2049]>`):
+        refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
+        """
         if constraint.answer is None:
             return self.compile(turn_grammar(constraint), "tools", internal=True)
         answer = self._kept(json.dumps({"grammars": [dict(constraint.answer)]}, ensure_ascii=False), answer_param,
                             internal=False)
         if b"<|" in answer.forced_text:
             raise _marker_in_chat_answer(answer_param)
+        forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
+        if forced_special:
+            raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
         return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
-                            failure_param=answer_param)
+                            failure_param=answer_param,
+                            answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
 
 
 class _TokenTable:
@@ -375,6 +519,23 @@ def chat_answer_grammar(params: StructuredOutputsParams, param: str = "structure
     return grammar
 
 
+def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:
+    return GrammarFailure(f"{param}: a chat answer cannot contain special tokens, and this constraint puts {spelled} "
+                          "inside it (framing and control tokens end or break the message, P-CHAN-6); constrain "
+                          "the raw text on /v1/completions instead", param=param)
+
+
+def _refuse_forced_stop(forced_tokens: tuple[int, ...], stop_token_ids: frozenset[int], special: SpecialTokens,
+                        param: str) -> None:
+    """RequestError(param) when every output of a grammar spells a stop token with more forced after it: generation
+    would end there, the constraint unmet."""
+    for token_id in forced_tokens[:-1]:
+        if token_id in stop_token_ids:
+            raise RequestError(f"{param}: every output of this constraint holds {special.spelled([token_id])} "
+                               f"before its end, a stop token that ends generation there; leave it out (or out of "
+                               "the stop tokens, with ignore_eos)", param=param)
+
+
 def _marker_in_chat_answer(param: str) -> RequestError:
     return RequestError(f"{param}: a chat answer cannot contain '<|' (text spelling a framing marker ends or breaks "
                         "the message); constrain the raw text on /v1/completions instead", param=param)
@@ -401,9 +562,9 @@ class GrammarMasks:
         bitmask.fill_(-1)
         self._executor.unsafe_compute_mask_ptr(constrained, bitmask.data_ptr(), bitmask.shape[1] * 4,
                                                bitmask.shape[0])
-        for controller in controllers:
+        for row, controller in enumerate(controllers):
             if controller is not None:
-                controller.check_mask()
+                controller.check_mask(bitmask[row])
         return bitmask
 
     def fill_async(self, controllers: list[GrammarController | None]) -> Future:
@@ -429,16 +590,20 @@ class GrammarMasks:
             if controller is not None:
                 valid = controller.accepted_prefix(drafts)
                 matcher = controller.matcher.deep_copy() if valid else controller.matcher
+                in_answer = controller.answer_open
                 for j in range(valid + 1):
                     if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used
                         break
                     mask = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
-                    if j == 0:  # the row the sequence samples from when every proposal is rejected
-                        controller.check_mask()
                     bitmask[row + j] = mask[:words]
+                    if j == 0:  # the row the sequence samples from when every proposal is rejected
+                        controller.check_mask(bitmask[row])
+                    else:
+                        controller.guard_row(bitmask[row + j], matcher, in_answer)
                     if j == valid:
                         break
                     matcher.consume_token(drafts[j])
+                    in_answer = in_answer or controller.opens_answer(matcher, drafts[j])
             row += len(drafts) + 1
         return bitmask
 

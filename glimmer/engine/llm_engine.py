@@ -671,7 +671,7 @@ class LLMEngine:
                 generator=generator,
                 multimodal=list(multimodal or []),
                 index=index,
-                controller=controller_factory() if controller_factory is not None else None,
+                controller=controller_factory(stop_ids) if controller_factory is not None else None,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(

@@ -36,6 +36,10 @@ from glimmer.protocol.value_typing import allowed_types, object_shape, resolve_l
 ANSWER_GRAMMAR = "answer"
 """Name under which the answer's grammar is nested in a turn grammar (referenced as `@answer`)."""
 
+ANSWER_HEADER = "answer_header"
+"""Name of the capture a turn grammar's matcher records once the answer's header is complete (its `<|message|>`
+read): from then on the answer's own grammar runs, whose tokens the engine guards (engine/grammar.py)."""
+
 REASONING_RECIPIENT = "self"
 ANSWER_RECIPIENT = "user"
 
@@ -92,7 +96,8 @@ def turn_grammar(constraint: TurnConstraint) -> dict[str, Any]:
     finals = []
     if not constraint.must_call:
         body = f"@{ANSWER_GRAMMAR}" if constraint.answer is not None else f"/{_FREE_TEXT}/"
-        finals.append(rules.add("answer", f"{_string(' to=' + ANSWER_RECIPIENT)}? {MESSAGE} {body} {EOT}"))
+        header = rules.add(f"{ANSWER_HEADER}[capture]", f"{_string(' to=' + ANSWER_RECIPIENT)}? {MESSAGE}")
+        finals.append(rules.add("answer", f"{header} {body} {EOT}"))
     if constraint.call_tools:
         finals.append(_calls(rules, constraint, reasoning if budget is None else None))
     if not finals:

@@ -389,3 +389,79 @@ def test_a_chat_answer_that_must_spell_a_framing_marker_is_refused_before_it_run
                       "structured_outputs")
     assert raised.value.param == "structured_outputs"
     compiler.structured_outputs(params)
+
+
+def _allowed_after(controller: GrammarController, tokens: list[int]) -> list[int]:
+    """The ids the engine's mask allows once `tokens` were generated (each observed after its own mask)."""
+    masks = GrammarMasks(512, 1)
+    for token in tokens:
+        masks.fill([controller])
+        controller.observe(token)
+    return unpack_token_bitmask(masks.fill([controller]), 512)[0].nonzero().flatten().tolist()
+
+
+def _answer_turn(compiler, grammar: str) -> GrammarController:
+    answer = chat_answer_grammar(StructuredOutputsParams(grammar=grammar), "guided_grammar")
+    return compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0), "guided_grammar")()
+
+
+@pytest.mark.parametrize("token", ["<|eot|>", "<|start|>", "<|reserved_special_token_0|>"])
+def test_a_chat_answer_that_must_hold_a_special_token_by_id_is_refused_before_it_runs(compiler, tokenizer, token):
+    """Lark names a token by id (`<[N]>`), which the text check for `<|` cannot see: `"ok" <[eot]> "more"` ended
+    the answer at `ok` as a normal stop, and `<[start]>` put framing inside the answer. Every answer of these holds
+    one, so the constraint is refused up front; completions, whose raw text may hold special tokens, take it."""
+    grammar = f'start: "ok" <[{tokenizer.require_token_id(token)}]> "more"'
+    with pytest.raises(RequestError, match="a chat answer cannot contain special tokens") as raised:
+        _answer_turn(compiler, grammar)
+    assert raised.value.param == "guided_grammar" and token in str(raised.value)
+
+
+@pytest.mark.parametrize("token", ["<|eot|>", "<|start|>", "<|eom|>", "<|message|>", "<|reserved_special_token_0|>"])
+def test_a_chat_answer_never_takes_a_special_token_its_grammar_offers(compiler, tokenizer, token):
+    """Where the answer's grammar offers a special token beside text, the mask keeps only the text; the answer's
+    header (`<|message|>`) and the `<|eot|>` that completes the turn stay allowed."""
+    special = tokenizer.require_token_id(token)
+    controller = _answer_turn(compiler, f'start: "ok" (<[{special}]> | "x") "more"')
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+    allowed = _allowed_after(controller, header + tokenizer.encode_text("ok"))
+    assert allowed == tokenizer.encode_text("x")[:1] and controller.refusal is None
+    assert tokenizer.require_token_id("<|eot|>") in _allowed_after(controller, tokenizer.encode_text("xmore"))
+
+
+@pytest.mark.parametrize("token", ["<|eot|>", "<|start|>"])
+def test_a_chat_answer_that_needs_a_special_token_while_generating_fails_as_the_requests_fault(compiler, tokenizer,
+                                                                                               token):
+    """A branch the answer may take (`a` or `ok`) that needs a special token fails its request there, naming the
+    field, rather than end the answer (`<|eot|>`: a normal stop) or put framing inside it (`<|start|>`)."""
+    special = tokenizer.require_token_id(token)
+    controller = _answer_turn(compiler, f'start: "a" | "ok" <[{special}]> "more"')
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+    assert _allowed_after(controller, header + tokenizer.encode_text("ok")) == [special]
+    with pytest.raises(GrammarFailure, match="a chat answer cannot contain special tokens") as raised:
+        controller.observe(special)
+    assert raised.value.param == "guided_grammar" and token in str(raised.value)
+
+
+def test_a_completion_takes_a_special_token_but_no_stop_token_before_its_grammar_is_complete(compiler, tokenizer):
+    """Raw text may hold special tokens, but a stop token ends generation: one the grammar needs before it is
+    complete ended the completion as a normal stop with the constraint unmet. It is refused up front when every
+    output holds it, steered around where text is offered beside it, and fails its request where it is needed;
+    where it completes the grammar, or where it stops nothing (`ignore_eos`), it is taken."""
+    eot, reserved = (tokenizer.require_token_id(t) for t in ("<|eot|>", "<|reserved_special_token_0|>"))
+    stops = frozenset(tokenizer.require_token_id(t) for t in ("<|eot|>", "<|end_of_text|>"))
+
+    def completion(grammar: str, stop_token_ids=stops) -> GrammarController:
+        return compiler.structured_outputs(StructuredOutputsParams(grammar=grammar), "guided_grammar")(stop_token_ids)
+
+    with pytest.raises(RequestError, match="a stop token that ends generation there") as raised:
+        completion(f'start: "ok" <[{eot}]> "more"')
+    assert raised.value.param == "guided_grammar"
+    ok = tokenizer.encode_text("ok")
+    assert _allowed_after(completion(f'start: "ok" (<[{eot}]> | "x") "more"'), ok) == tokenizer.encode_text("x")[:1]
+    needed = completion(f'start: "ok" <[{eot}]> ("a" | "b")')
+    assert _allowed_after(needed, ok) == [eot]
+    with pytest.raises(GrammarFailure, match="needs <\\|eot\\|> before it is complete"):
+        needed.observe(eot)
+    assert eot in _allowed_after(completion(f'start: "ok" <[{eot}]>'), ok)
+    assert _allowed_after(completion(f'start: "ok" <[{eot}]> "more"', frozenset()), ok) == [eot]
+    assert _allowed_after(completion(f'start: "ok" <[{reserved}]> "x"'), ok) == [reserved]

@@ -96,8 +96,8 @@ def test_requests_failing_in_one_step_each_keep_their_own_cause(llm):
     compiled = engine.grammars.structured_outputs(StructuredOutputsParams(regex="[a-z]{8}"))
 
     def failing_with(error: Exception):
-        def controller():
-            made = compiled()
+        def controller(stop_token_ids=None):
+            made = compiled(stop_token_ids)
 
             def observe(token_id: int) -> bool:
                 raise error

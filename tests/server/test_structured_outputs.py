@@ -458,3 +458,28 @@ def test_a_grammar_engine_limit_met_while_generating_fails_as_the_requests_fault
         "model": "tiny", "prompt": "x", "max_tokens": 20, "structured_outputs": {"regex": "a{1000000}"}})
     assert refused.status_code == 400 and "first token" in refused.json()["error"]["message"]  # refused up front
     assert _server_errors(server) == errors
+
+
+def test_a_constraint_naming_a_special_token_by_id_is_a_400_not_a_cut_or_framed_answer(server):
+    """Lark's `<[N]>` names a token by id, past the check for `<|`: a chat answer `ok<|eot|>more` came back as
+    `ok`, finish_reason stop, and `<[start]>` put framing inside the answer; on /v1/completions `<|eot|>` ended the
+    text before the grammar was complete, as a normal stop. Each is a 400 naming the field before it runs; raw
+    text still takes a special token that does not end it (here `<|eot|>` under `ignore_eos`)."""
+    errors = _server_errors(server)
+    tokenizer = server.engine.engine.tokenizer
+    eot, start, reserved = (tokenizer.require_token_id(t) for t in ("<|eot|>", "<|start|>",
+                                                                     "<|reserved_special_token_0|>"))
+    for grammar in (f'start: "ok" <[{eot}]> "more"', f'start: "ok" <[{reserved}]> "to=functions.x" <[{start}]> "hi"'):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": _messages(0), "max_tokens": 40, "chat_template_kwargs": PINNED_DATE,
+            "thinking_token_budget": 0, "guided_grammar": grammar})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "guided_grammar" and "cannot contain special tokens" in error["message"]
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 20, "guided_grammar": f'start: "ok" <[{eot}]> "more"'}
+    refused = httpx.post(server.base_url + "/completions", timeout=60, json=body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "guided_grammar" and "stop token" in refused.json()["error"]["message"]
+    taken = httpx.post(server.base_url + "/completions", timeout=60, json={**body, "ignore_eos": True}).json()
+    assert (taken["choices"][0]["text"], taken["choices"][0]["finish_reason"]) == ("ok<|eot|>more", "stop")
+    assert _server_errors(server) == errors
