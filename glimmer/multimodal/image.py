@@ -65,8 +65,11 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 with Image.open(source, formats=IMAGE_FORMATS) as opened:
-                    # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding
-                    quarter_turn = opened.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+                    # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding;
+                    # the base class's getexif reads what the header holds, where PNG's decodes every pixel first
+                    # to look for EXIF after them
+                    exif = Image.Image.getexif(opened)
+                    quarter_turn = exif.get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
         except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
             return None

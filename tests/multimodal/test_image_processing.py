@@ -135,6 +135,22 @@ def test_exif_orientation_is_applied_to_encoded_images(tmp_path) -> None:
     assert process_image(str(path), SETTINGS, LIMITS).grid_thw == (1, 8, 4)
 
 
+def test_tokens_from_a_png_header_decode_no_pixels(monkeypatch) -> None:
+    """Pillow's PNG getexif decodes the whole image to look for EXIF after the pixels; counting from the header must
+    not (it runs on images a request may never get to process, before their size is checked)."""
+    from PIL import ImageFile
+
+    from glimmer.multimodal.image import image_tokens_from_header
+
+    encoded = io.BytesIO()
+    noise_image(56, 112).save(encoded, format="PNG")  # no EXIF: Pillow's PNG getexif looks past the pixels
+    expected = process_image(encoded.getvalue(), SETTINGS, LIMITS).num_tokens
+    decoded = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self.size))
+    assert image_tokens_from_header(encoded.getvalue(), SETTINGS, LIMITS) == expected
+    assert decoded == []
+
+
 def test_pillow_fallback_stays_close_to_torch_lanczos(monkeypatch) -> None:
     image = noise_image(300, 410, seed=3)
     exact = process_image(image, SETTINGS, LIMITS).pixel_values
