@@ -24,7 +24,7 @@ from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
 from glimmer.multimodal.errors import MediaError
 from glimmer.multimodal.image import is_image_data
-from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote
+from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
 
@@ -95,9 +95,9 @@ def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, can
             raise RemoteMediaError(f"the body ({len(data):,} bytes) is not a recognizable {kind}")
         return data
     except RemoteMediaError as error:
-        logger.info("%s %d: fetching %s failed: %s", kind, index, url[:200], error.reason)
+        logger.info("%s %d: fetching %s failed: %s", kind, index, loggable_url(url), error.reason)
         what = "an image" if kind == "image" else "a video"
-        raise _error(kind, index, f"{url[:200]} could not be fetched (an unreachable or refused address, an "
+        raise _error(kind, index, f"{loggable_url(url)} could not be fetched (an unreachable or refused address, an "
                                   f"answer other than HTTP 200 with {what}, more than {policy.max_redirects} "
                                   f"redirects, more than {policy.max_bytes:,} bytes or more than {policy.timeout_s} "
                                   "s)") from None

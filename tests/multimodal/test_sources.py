@@ -221,3 +221,14 @@ def test_remote_fetching_when_enabled_is_bounded(http_server, caplog):
             f"image 0: {http_server}{path} could not be fetched (an unreachable or refused address, an answer other "
             "than HTTP 200 with an image, more than 2 redirects, more than 1,000 bytes or more than 1.0 s)")
         assert reason in caplog.text
+
+
+def test_a_failed_fetch_is_logged_and_refused_without_the_urls_userinfo(http_server, caplog):
+    """`user:password@` in a media URL is a credential: neither the log nor the error repeats it."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=1.0)
+    url = http_server.replace("http://", "http://alice:s3cret@") + "/missing"
+    with caplog.at_level(logging.INFO), pytest.raises(RequestError) as raised:
+        load_media_reference(url, "image", 0, policy)
+    assert "HTTP 404" in caplog.text and f"fetching {http_server}/missing failed" in caplog.text
+    assert str(raised.value).startswith(f"image 0: {http_server}/missing could not be fetched")
+    assert "s3cret" not in caplog.text + str(raised.value) and "alice" not in caplog.text + str(raised.value)
