@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,19 +39,38 @@ MEDIA_KINDS = ("image", "video")
 _PART_KINDS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
 
 
+# WHATWG forgiving-base64: ASCII whitespace (tab, LF, FF, CR, space) is dropped; the alphabet has no - or _
+_BASE64_WHITESPACE = str.maketrans("", "", "\t\n\f\r ")
+_BASE64_ALPHABET = re.compile(r"[A-Za-z0-9+/]*")
+
+
 def _error(kind: str, index: int, message: str) -> MediaError:
     return MediaError(kind, index, message)
+
+
+def _forgiving_base64(text: str) -> bytes:
+    """WHATWG's forgiving-base64 decode (what browsers do with a data: URL) of `text` whose ASCII whitespace is
+    already dropped (`_BASE64_WHITESPACE`): the final `=` padding may be left out; a character outside A-Z a-z 0-9
+    + / (the URL-safe - and _ included) or a misplaced `=` raises binascii.Error."""
+    if len(text) % 4 == 0 and text.endswith("="):
+        text = text[:-2] if text.endswith("==") else text[:-1]
+    if len(text) % 4 == 1 or not _BASE64_ALPHABET.fullmatch(text):
+        raise binascii.Error("not forgiving-base64")
+    return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     header, sep, payload = url.partition(",")
     if not sep:
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
+    base64_encoded = header.lower().endswith(";base64")  # case-insensitive, as in browsers (WHATWG fetch)
+    if base64_encoded:
+        payload = payload.translate(_BASE64_WHITESPACE)  # `base64` breaks lines; the size is the data's
     if len(payload) > policy.max_bytes * 4 // 3 + 4:
         raise _error(kind, index, f"data URL is larger than the limit of {policy.max_bytes:,} bytes")
-    if header.lower().endswith(";base64"):  # the marker is case-insensitive, as in browsers (WHATWG fetch)
+    if base64_encoded:
         try:
-            data = base64.b64decode(payload, validate=True)
+            data = _forgiving_base64(payload)
         except (binascii.Error, ValueError):
             raise _error(kind, index, "data URL is not valid base64") from None
     else:

@@ -37,10 +37,25 @@ def test_data_url_base64_marker_is_case_insensitive():
     assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
 
 
+@pytest.mark.parametrize("spell", [
+    pytest.param(lambda data: base64.encodebytes(data).decode(), id="line-breaks"),  # what `base64` prints
+    pytest.param(lambda data: base64.b64encode(data).decode().rstrip("="), id="no-padding"),
+    pytest.param(lambda data: " \t" + "\r\n".join(base64.encodebytes(data).decode().rstrip("=\n").split("\n")),
+                 id="crlf-spaces-no-padding"),
+])
+def test_data_url_base64_is_read_forgivingly_as_browsers_do(spell):
+    """WHATWG forgiving-base64: ASCII whitespace is ignored and the final padding may be left out."""
+    data = _png()
+    assert len(base64.b64encode(data)) % 4 == 0 and base64.b64encode(data).endswith(b"=")  # padding to leave out
+    assert load_media_reference("data:image/png;base64," + spell(data), "image", 0, MediaFetchPolicy()) == data
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [("data:image/png;base64,@@@", "not valid base64"), ("data:image/png;base64", "malformed data URL"),
-     ("data:image/png;base64,", "empty")],
+     ("data:image/png;base64,", "empty"), ("data:image/png;base64,QUJD-_==", "not valid base64"),
+     ("data:image/png;base64,QUJDR", "not valid base64"), ("data:image/png;base64,QU=JD", "not valid base64"),
+     ("data:image/png;base64,QUI===", "not valid base64"), ("data:image/png;base64,QUJ\vD", "not valid base64")],
 )
 def test_bad_data_urls_are_request_errors(url, message):
     with pytest.raises(RequestError, match=message) as err:
