@@ -86,7 +86,10 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
                                   "(glimmer serve) or LLM(..., allowed_local_media_path=[...]) (Python)")
     # One answer for a missing file, one outside the allowed directories and one that is not a regular file,
     # so that a request cannot learn which files exist on the machine.
-    refused = _error(kind, index, f"{path_text!r} is not a readable file under the allowed media directories")
+    # The text is the client's own (never the resolved path), and the same for every refusal; cut like a URL, so
+    # that a mistyped data URL (`data;...`, no scheme) is not sent back whole.
+    shown = repr(path_text) if len(path_text) <= 200 else f"{path_text[:200]!r}…"
+    refused = _error(kind, index, f"{shown} is not a readable file under the allowed media directories")
     try:
         resolved = Path(path_text).expanduser().resolve(strict=True)
         allowed = any(resolved.is_relative_to(root) for root in policy.allowed_local_paths) and resolved.is_file()

@@ -106,6 +106,16 @@ def test_a_missing_file_reads_the_same_as_a_forbidden_one(tmp_path):
     assert messages == {"image 0: PATH is not a readable file under the allowed media directories"}
 
 
+def test_a_refused_path_is_shown_cut_not_whole(tmp_path):
+    """A data URL without its `data:` is a path; its refusal repeats 200 characters of it, not megabytes."""
+    policy = MediaFetchPolicy.create([tmp_path])
+    mistyped = "data;image/png;base64," + base64.b64encode(_png() * 100).decode()
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(mistyped, "image", 0, policy)
+    assert str(raised.value) == (f"image 0: {mistyped[:200]!r}… is not a readable file under the allowed media "
+                                 "directories")
+
+
 def test_remote_fetching_is_off_unless_enabled():
     with pytest.raises(RequestError, match="--allow-remote-media"):
         load_media_reference("https://example.com/cat.png", "image", 0, MediaFetchPolicy())
