@@ -140,10 +140,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         async_scheduling=args.async_scheduling, load_format=args.load_format,
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
         speculative_config=args.speculative_config,
-        media_limits=MediaLimits(max_image_pixels=args.max_image_pixels, max_image_side=args.max_image_side,
-                                 max_image_aspect_ratio=args.max_image_aspect_ratio,
-                                 max_video_frame_pixels=args.max_video_frame_pixels,
-                                 max_video_source_frames=args.max_video_frames),
+        media_limits=MediaLimits(**{field: getattr(args, dest) for dest, field in _MEDIA_LIMIT_OPTIONS.items()}),
     )
     return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
 
@@ -245,9 +242,19 @@ def _shutdown_server(engine: Any, config: Any) -> Any:
     return ShutdownServer(config)
 
 
+# media limit option (argparse dest; the flag with dashes) → MediaLimits field
+_MEDIA_LIMIT_OPTIONS = {"max_image_pixels": "max_image_pixels", "max_image_side": "max_image_side",
+                        "max_image_aspect_ratio": "max_image_aspect_ratio",
+                        "max_video_frame_pixels": "max_video_frame_pixels",
+                        "max_video_frames": "max_video_source_frames"}
+
+
 def _check_engine_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for engine options the engine would accept but that leave it useless, or would
     refuse only once the model is loaded."""
+    for dest in _MEDIA_LIMIT_OPTIONS:  # MediaLimits would name its field, not the flag typed
+        if getattr(args, dest) < 1:
+            raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive integer")
     if args.max_waiting_requests < 1:
         raise UsageError(f"--max-waiting-requests {args.max_waiting_requests} would refuse every request with HTTP "
                          "429; give at least 1")

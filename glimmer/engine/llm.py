@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlparse
 
 from tqdm.auto import tqdm
 
@@ -205,9 +206,16 @@ class LLM:
         if unknown:
             raise RequestError(f"multi_modal_data keys {sorted(unknown)} are not supported; use 'image' and 'video'",
                                param=f"prompts[{i}].multi_modal_data")
-        images, videos = (_as_list(data.get(kind)) for kind in ("image", "video"))
+        images, videos = (self._decoded_data_urls(_as_list(data.get(kind)), kind) for kind in ("image", "video"))
         ids, items = self.engine.prepare_prompt(text, images, videos)
         return text, ids, items
+
+    def _decoded_data_urls(self, items: list, kind: str) -> list:
+        """multi_modal_data items with each data: URL decoded to its bytes, as `chat` reads it (RequestError if it is
+        malformed); paths, bytes, images and frames are left for the engine to open."""
+        return [load_media_reference(item, kind, index, self.media_policy)
+                if isinstance(item, str) and urlparse(item).scheme.lower() == "data" else item
+                for index, item in enumerate(items)]
 
     def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:
         single = _is_single_prompt(prompts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Union
@@ -31,6 +32,22 @@ from glimmer.multimodal.settings import MediaLimits, MediaSettings
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "ICO", "AVIF", "JPEG2000", "QOI", "PPM", "TGA")
 
 ImageInput = Union[bytes, bytearray, memoryview, str, os.PathLike, Image.Image, np.ndarray]  # noqa: UP007
+
+_pillow_threshold_lock = threading.Lock()
+
+
+def _let_pillow_open(max_image_pixels: int) -> None:
+    """Make Pillow's own decompression-bomb error (a size above 2 × `Image.MAX_IMAGE_PIXELS`, a process-wide
+    setting with no per-call form) fire only above twice `max_image_pixels`, so that Glimmer's limit, checked on
+    the header before decoding, decides.
+
+    Pillow's check stays as the backstop for sizes read inside a file before Glimmer can see them (a WebP canvas
+    allocated while opening, an ICO entry's embedded PNG, a GIF frame wider than its screen). The threshold is
+    only ever raised, never lowered or restored, so no thread sees it lower than its own limit needs; None
+    (Pillow's check switched off by the program) is left as it is."""
+    with _pillow_threshold_lock:
+        if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_image_pixels:
+            Image.MAX_IMAGE_PIXELS = max_image_pixels
 
 
 @dataclass(frozen=True)
@@ -61,12 +78,16 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
         height, width = image.height, image.width
     elif isinstance(image, bytes | bytearray | memoryview | str | os.PathLike):
         source = image if isinstance(image, str | os.PathLike) else io.BytesIO(bytes(image))
+        _let_pillow_open(limits.max_image_pixels)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
                 with Image.open(source, formats=IMAGE_FORMATS) as opened:
-                    # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding
-                    quarter_turn = opened.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+                    # orientations 5-8 turn the image a quarter, as `ImageOps.exif_transpose` does in decoding;
+                    # the base class's getexif reads what the header holds, where PNG's decodes every pixel first
+                    # to look for EXIF after them
+                    exif = Image.Image.getexif(opened)
+                    quarter_turn = exif.get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
         except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
             return None
@@ -81,10 +102,10 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
 
 def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLimits) -> Image.Image:
     """Open and fully decode an encoded image, upright per EXIF; every failure becomes MediaDecodeError."""
+    _let_pillow_open(limits.max_image_pixels)
     try:
         with warnings.catch_warnings():
-            # we enforce our own pixel limit below, before decoding; Pillow's bomb *error* (above twice its
-            # own threshold) still fires for files far past any sane limit
+            # we enforce our own pixel limit below, before decoding; Pillow's bomb error only past twice it
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source, formats=IMAGE_FORMATS)
             limits.check_frame_size("image", index, image.width, image.height)  # the header's size: nothing decoded
@@ -92,8 +113,10 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
             return ImageOps.exif_transpose(image)
     except (MediaLimitError, MediaDecodeError):
         raise
-    except Image.DecompressionBombError as error:
-        raise MediaLimitError("image", index, f"{error}; downscale the image before sending it") from None
+    except Image.DecompressionBombError:  # a size past twice our limit (`_let_pillow_open`), inside the file
+        raise MediaLimitError("image", index, f"the image is larger than the limit of {limits.max_image_pixels:,} "
+                                              "pixels (--max-image-pixels); downscale the image before sending it"
+                              ) from None
     except FileNotFoundError:
         raise MediaDecodeError("image", index, f"no such file: {os.fspath(source)!r}") from None
     except Image.UnidentifiedImageError:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import time
@@ -31,6 +32,13 @@ logger = logging.getLogger(__name__)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/*)[^/?#]*@")  # RFC 3986 §3.2.1: up to the last @ of the authority
+
+
+def loggable_url(url: str) -> str:
+    """`url` without its userinfo (`user:password@`, a credential), cut at 200 characters: what may be logged or
+    repeated in an error."""
+    return _USERINFO.sub(r"\1", url)[:200]
 
 
 class RemoteMediaError(Exception):
@@ -93,7 +101,7 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
             parts = urlsplit(url)
             host = (parts.hostname or "").rstrip(".")
             if parts.scheme not in ("http", "https") or not host:
-                raise RemoteMediaError(f"not an http(s) URL with a host: {url!r}")
+                raise RemoteMediaError(f"not an http(s) URL with a host: {loggable_url(url)!r}")
             if not policy.allows_host(host):
                 raise RemoteMediaError(f"{host!r} is not among --allowed-media-domains")
             try:

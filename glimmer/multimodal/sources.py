@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
 from glimmer.multimodal.errors import MediaError
 from glimmer.multimodal.image import is_image_data
-from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote
+from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
 
@@ -38,19 +39,38 @@ MEDIA_KINDS = ("image", "video")
 _PART_KINDS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
 
 
+# WHATWG forgiving-base64: ASCII whitespace (tab, LF, FF, CR, space) is dropped; the alphabet has no - or _
+_BASE64_WHITESPACE = str.maketrans("", "", "\t\n\f\r ")
+_BASE64_ALPHABET = re.compile(r"[A-Za-z0-9+/]*")
+
+
 def _error(kind: str, index: int, message: str) -> MediaError:
     return MediaError(kind, index, message)
+
+
+def _forgiving_base64(text: str) -> bytes:
+    """WHATWG's forgiving-base64 decode (what browsers do with a data: URL) of `text` whose ASCII whitespace is
+    already dropped (`_BASE64_WHITESPACE`): the final `=` padding may be left out; a character outside A-Z a-z 0-9
+    + / (the URL-safe - and _ included) or a misplaced `=` raises binascii.Error."""
+    if len(text) % 4 == 0 and text.endswith("="):
+        text = text[:-2] if text.endswith("==") else text[:-1]
+    if len(text) % 4 == 1 or not _BASE64_ALPHABET.fullmatch(text):
+        raise binascii.Error("not forgiving-base64")
+    return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
     header, sep, payload = url.partition(",")
     if not sep:
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
+    base64_encoded = header.lower().endswith(";base64")  # case-insensitive, as in browsers (WHATWG fetch)
+    if base64_encoded:
+        payload = payload.translate(_BASE64_WHITESPACE)  # `base64` breaks lines; the size is the data's
     if len(payload) > policy.max_bytes * 4 // 3 + 4:
         raise _error(kind, index, f"data URL is larger than the limit of {policy.max_bytes:,} bytes")
-    if header.lower().endswith(";base64"):  # the marker is case-insensitive, as in browsers (WHATWG fetch)
+    if base64_encoded:
         try:
-            data = base64.b64decode(payload, validate=True)
+            data = _forgiving_base64(payload)
         except (binascii.Error, ValueError):
             raise _error(kind, index, "data URL is not valid base64") from None
     else:
@@ -66,7 +86,10 @@ def _read_local(path_text: str, kind: str, index: int, policy: MediaFetchPolicy)
                                   "(glimmer serve) or LLM(..., allowed_local_media_path=[...]) (Python)")
     # One answer for a missing file, one outside the allowed directories and one that is not a regular file,
     # so that a request cannot learn which files exist on the machine.
-    refused = _error(kind, index, f"{path_text!r} is not a readable file under the allowed media directories")
+    # The text is the client's own (never the resolved path), and the same for every refusal; cut like a URL, so
+    # that a mistyped data URL (`data;...`, no scheme) is not sent back whole.
+    shown = repr(path_text) if len(path_text) <= 200 else f"{path_text[:200]!r}…"
+    refused = _error(kind, index, f"{shown} is not a readable file under the allowed media directories")
     try:
         resolved = Path(path_text).expanduser().resolve(strict=True)
         allowed = any(resolved.is_relative_to(root) for root in policy.allowed_local_paths) and resolved.is_file()
@@ -95,9 +118,9 @@ def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, can
             raise RemoteMediaError(f"the body ({len(data):,} bytes) is not a recognizable {kind}")
         return data
     except RemoteMediaError as error:
-        logger.info("%s %d: fetching %s failed: %s", kind, index, url[:200], error.reason)
+        logger.info("%s %d: fetching %s failed: %s", kind, index, loggable_url(url), error.reason)
         what = "an image" if kind == "image" else "a video"
-        raise _error(kind, index, f"{url[:200]} could not be fetched (an unreachable or refused address, an "
+        raise _error(kind, index, f"{loggable_url(url)} could not be fetched (an unreachable or refused address, an "
                                   f"answer other than HTTP 200 with {what}, more than {policy.max_redirects} "
                                   f"redirects, more than {policy.max_bytes:,} bytes or more than {policy.timeout_s} "
                                   "s)") from None

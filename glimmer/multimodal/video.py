@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import io
 import logging
+import math
+import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -234,7 +236,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
             "video %d: no fps given with the frames; assuming %s as the reference does", index, DEFAULT_VIDEO_FPS
         )
         fps = DEFAULT_VIDEO_FPS
-    elif not fps > 0:
+    elif isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not math.isfinite(fps) or fps <= 0:
         raise MediaDecodeError("video", index, f"fps={fps!r} is invalid; expected a positive number")
     wanted = sample_frame_indices(total_frames, fps, settings)
     if isinstance(frames, np.ndarray):

@@ -193,7 +193,8 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return "".join(_part_text(part, f"{where}.content[{j}]") for j, part in enumerate(parts))
 
 
-def _part_text(part: Any, where: str) -> str:
+def _part_text(part: Any, where: str, accepted: str = "text parts") -> str:
+    """The text of a text part; RequestError for any other part, saying that `accepted` parts are taken there."""
     if isinstance(part, dict) and isinstance(part.get("text"), str) and part.get("type") in (
             *_TEXT_PARTS, "reasoning_text", "summary_text"):
         return part["text"]
@@ -202,7 +203,7 @@ def _part_text(part: Any, where: str) -> str:
     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
     if kind in (*_TEXT_PARTS, "reasoning_text", "summary_text"):  # a text part without its text
         raise RequestError(f"{where}.text: a part of type {kind!r} needs a string `text`", param=f"{where}.text")
-    raise RequestError(f"{where}: parts of type {kind!r} are not supported here (text parts are)", param=where)
+    raise RequestError(f"{where}: parts of type {kind!r} are not supported here ({accepted} are)", param=where)
 
 
 def _text_of(content: Any, field: str) -> str:
@@ -233,5 +234,5 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
                                    "file ids and other forms are not supported", param=param)
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
-            parts.append({"type": "text", "text": _part_text(part, param)})
+            parts.append({"type": "text", "text": _part_text(part, param, "text and input_image parts")})
     return parts

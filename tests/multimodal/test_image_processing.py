@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import numpy as np
 import pytest
@@ -135,6 +136,22 @@ def test_exif_orientation_is_applied_to_encoded_images(tmp_path) -> None:
     assert process_image(str(path), SETTINGS, LIMITS).grid_thw == (1, 8, 4)
 
 
+def test_tokens_from_a_png_header_decode_no_pixels(monkeypatch) -> None:
+    """Pillow's PNG getexif decodes the whole image to look for EXIF after the pixels; counting from the header must
+    not (it runs on images a request may never get to process, before their size is checked)."""
+    from PIL import ImageFile
+
+    from glimmer.multimodal.image import image_tokens_from_header
+
+    encoded = io.BytesIO()
+    noise_image(56, 112).save(encoded, format="PNG")  # no EXIF: Pillow's PNG getexif looks past the pixels
+    expected = process_image(encoded.getvalue(), SETTINGS, LIMITS).num_tokens
+    decoded = []
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: decoded.append(self.size))
+    assert image_tokens_from_header(encoded.getvalue(), SETTINGS, LIMITS) == expected
+    assert decoded == []
+
+
 def test_pillow_fallback_stays_close_to_torch_lanczos(monkeypatch) -> None:
     image = noise_image(300, 410, seed=3)
     exact = process_image(image, SETTINGS, LIMITS).pixel_values
@@ -182,6 +199,49 @@ def test_too_many_pixels_raises_a_limit_error_before_decoding() -> None:
     for payload in (buffer.getvalue(), noise_image(100, 100), np.zeros((100, 100, 3), dtype=np.uint8)):
         with pytest.raises(MediaLimitError, match=r"image 1: 100×100 = 10,000 pixels exceeds the limit of 9,999"):
             process_image(payload, SETTINGS, limits, index=1)
+
+
+def bmp_claiming(width: int, height: int) -> bytes:
+    """A 1×1 BMP whose header claims width × height pixels."""
+    encoded = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(encoded, format="BMP")
+    data = bytearray(encoded.getvalue())
+    struct.pack_into("<ii", data, 18, width, height)  # BITMAPINFOHEADER's biWidth, biHeight
+    return bytes(data)
+
+
+def test_an_image_past_pillows_bomb_threshold_is_refused_naming_glimmers_limit() -> None:
+    """16384 × 16384 is within --max-image-side but past Pillow's own threshold (2 × 89,478,485 pixels): the error
+    names the limit the operator set, not Pillow's."""
+    with pytest.raises(MediaLimitError) as raised:
+        process_image(bmp_claiming(16_384, 16_384), SETTINGS, LIMITS, index=2)
+    assert str(raised.value) == ("image 2: the image is larger than the limit of 100,000,000 pixels "
+                                 "(--max-image-pixels); downscale the image before sending it")
+
+
+def test_a_pixel_limit_above_pillows_bomb_threshold_is_honoured(monkeypatch) -> None:
+    from PIL import ImageFile
+
+    from glimmer.multimodal.image import image_tokens_from_header
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)  # restored after the test
+    limits = MediaLimits(max_image_pixels=300_000_000)
+    bmp = bmp_claiming(16_384, 16_384)  # 268,435,456 pixels
+    assert image_tokens_from_header(bmp, SETTINGS, limits) == SETTINGS.max_image_tokens
+    decoded = []
+
+    def load(self):
+        decoded.append(self.size)
+        raise OSError("stopped before decoding")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    with pytest.raises(MediaDecodeError, match="stopped before decoding"):
+        process_image(bmp, SETTINGS, limits)
+    assert decoded == [(16_384, 16_384)]  # Glimmer's limit let it through to decoding
+    with pytest.raises(MediaLimitError, match="301,465,600 pixels exceeds the limit of 300,000,000"):
+        process_image(bmp_claiming(16_384, 18_400), SETTINGS, MediaLimits(max_image_pixels=300_000_000,
+                                                                          max_image_side=20_000))
+    assert decoded == [(16_384, 16_384)]
 
 
 def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped_to_white():

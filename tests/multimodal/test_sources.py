@@ -37,10 +37,25 @@ def test_data_url_base64_marker_is_case_insensitive():
     assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
 
 
+@pytest.mark.parametrize("spell", [
+    pytest.param(lambda data: base64.encodebytes(data).decode(), id="line-breaks"),  # what `base64` prints
+    pytest.param(lambda data: base64.b64encode(data).decode().rstrip("="), id="no-padding"),
+    pytest.param(lambda data: " \t" + "\r\n".join(base64.encodebytes(data).decode().rstrip("=\n").split("\n")),
+                 id="crlf-spaces-no-padding"),
+])
+def test_data_url_base64_is_read_forgivingly_as_browsers_do(spell):
+    """WHATWG forgiving-base64: ASCII whitespace is ignored and the final padding may be left out."""
+    data = _png()
+    assert len(base64.b64encode(data)) % 4 == 0 and base64.b64encode(data).endswith(b"=")  # padding to leave out
+    assert load_media_reference("data:image/png;base64," + spell(data), "image", 0, MediaFetchPolicy()) == data
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [("data:image/png;base64,@@@", "not valid base64"), ("data:image/png;base64", "malformed data URL"),
-     ("data:image/png;base64,", "empty")],
+     ("data:image/png;base64,", "empty"), ("data:image/png;base64,QUJD-_==", "not valid base64"),
+     ("data:image/png;base64,QUJDR", "not valid base64"), ("data:image/png;base64,QU=JD", "not valid base64"),
+     ("data:image/png;base64,QUI===", "not valid base64"), ("data:image/png;base64,QUJ\vD", "not valid base64")],
 )
 def test_bad_data_urls_are_request_errors(url, message):
     with pytest.raises(RequestError, match=message) as err:
@@ -89,6 +104,16 @@ def test_a_missing_file_reads_the_same_as_a_forbidden_one(tmp_path):
             load_media_reference(str(path), "image", 0, policy)
         messages.add(str(raised.value).replace(repr(str(path)), "PATH"))
     assert messages == {"image 0: PATH is not a readable file under the allowed media directories"}
+
+
+def test_a_refused_path_is_shown_cut_not_whole(tmp_path):
+    """A data URL without its `data:` is a path; its refusal repeats 200 characters of it, not megabytes."""
+    policy = MediaFetchPolicy.create([tmp_path])
+    mistyped = "data;image/png;base64," + base64.b64encode(_png() * 100).decode()
+    with pytest.raises(RequestError) as raised:
+        load_media_reference(mistyped, "image", 0, policy)
+    assert str(raised.value) == (f"image 0: {mistyped[:200]!r}… is not a readable file under the allowed media "
+                                 "directories")
 
 
 def test_remote_fetching_is_off_unless_enabled():
@@ -221,3 +246,14 @@ def test_remote_fetching_when_enabled_is_bounded(http_server, caplog):
             f"image 0: {http_server}{path} could not be fetched (an unreachable or refused address, an answer other "
             "than HTTP 200 with an image, more than 2 redirects, more than 1,000 bytes or more than 1.0 s)")
         assert reason in caplog.text
+
+
+def test_a_failed_fetch_is_logged_and_refused_without_the_urls_userinfo(http_server, caplog):
+    """`user:password@` in a media URL is a credential: neither the log nor the error repeats it."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=1.0)
+    url = http_server.replace("http://", "http://alice:s3cret@") + "/missing"
+    with caplog.at_level(logging.INFO), pytest.raises(RequestError) as raised:
+        load_media_reference(url, "image", 0, policy)
+    assert "HTTP 404" in caplog.text and f"fetching {http_server}/missing failed" in caplog.text
+    assert str(raised.value).startswith(f"image 0: {http_server}/missing could not be fetched")
+    assert "s3cret" not in caplog.text + str(raised.value) and "alice" not in caplog.text + str(raised.value)

@@ -163,6 +163,11 @@ def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
         ),
         pytest.param(DecodedVideo(np.zeros((0, 8, 8, 3), dtype=np.uint8), fps=2.0), "no frames", id="no-frames"),
         pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=0.0), "fps=0.0", id="zero-fps"),
+        pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps="30"), "fps='30' is invalid",
+                     id="string-fps"),
+        pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=True), "fps=True", id="bool-fps"),
+        pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=float("inf")), "fps=inf",
+                     id="infinite-fps"),
         pytest.param(
             DecodedVideo([Image.new("RGB", (8, 8)), Image.new("RGB", (9, 8))], fps=2.0), "same size", id="mixed-sizes"
         ),

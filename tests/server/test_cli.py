@@ -273,6 +273,15 @@ def test_a_queue_that_would_refuse_every_request_is_refused_before_the_model_loa
                                   "--max-waiting-requests", value], f"--max-waiting-requests {value}", "at least 1")
 
 
+@pytest.mark.parametrize("flag", ["--max-video-frames", "--max-image-pixels", "--max-image-aspect-ratio"])
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_a_media_limit_below_1_is_refused_by_its_flag_before_the_model_loads(capsys, tmp_path, command, flag):
+    """--max-video-frames 0 was refused as `max_video_source_frames=0`, a name the user never typed."""
+    err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), flag, "0"], f"{flag} 0 is invalid",
+                               "positive integer")
+    assert "max_" not in err and "missing" not in err
+
+
 @pytest.mark.parametrize(("value", "words"), [("{bad", "not valid JSON"), ("[1]", "must be a JSON object"),
                                                ('{"method": "dflash"}', "needs 'model'")])
 @pytest.mark.parametrize("command", ["serve", "chat"])

@@ -14,7 +14,7 @@ from server_support import AGENT_SCRIPTS, PINNED_DATE, live_server
 
 from glimmer.errors import RequestError
 from glimmer.server.response_store import ResponseStore
-from glimmer.server.responses_input import responses_error
+from glimmer.server.responses_input import chat_messages, responses_error
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -241,6 +241,16 @@ def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param)
 
 
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+
+def test_a_refused_part_names_the_parts_its_message_takes():
+    """A user message takes input_image parts too; an assistant message takes text only."""
+    video = {"type": "input_video", "video_url": "data:video/mp4;base64,AAAA"}
+    with pytest.raises(RequestError, match=r"^input\[0\]\.content\[1\]: parts of type 'input_video' are not "
+                                           r"supported here \(text and input_image parts are\)$"):
+        chat_messages([{"role": "user", "content": [IMAGE, video]}], None)
+    with pytest.raises(RequestError, match=r"^input\[0\]\.content\[0\]: .* \(text parts are\)$"):
+        chat_messages([{"role": "assistant", "content": [IMAGE]}], None)
 
 
 @pytest.mark.parametrize(("fields", "param"), [
