@@ -337,10 +337,10 @@ def _text_tensors(file: GGUFFile, text: TextConfig) -> tuple[dict[str, MappedTen
         if entry is None:
             problems.append(f"tensor {rule.source} is missing")
             continue
+        consumed.add(rule.source)
         if entry.shape != want:
             problems.append(f"tensor {rule.source} has shape {list(entry.shape)} but the metadata needs {list(want)}")
             continue
-        consumed.add(rule.source)
         heads = getattr(text, rule.rope_heads) if rule.rope_heads else None
         entries[rule.target] = MappedTensor(
             # F16/BF16 are widened exactly and quantized types dequantized: the reader always returns float32

@@ -53,13 +53,18 @@ def load_checkpoint_tokenizer(opened: OpenedCheckpoint, config: ModelConfig) -> 
 
 
 def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
-    """ConfigError unless `tokenizer` belongs to the model of `config`: no more tokens than its vocabulary, and
-    its media placeholder ids (`image_token_id`, `video_token_id`, when the model has a vision tower) are the
-    tokenizer's `<|patch|>` and `<|video|>`. Otherwise the model would load and every image request fail with
-    an error blaming the request."""
+    """ConfigError unless `tokenizer` belongs to the model of `config`: no more tokens than its vocabulary, no
+    token id past it, and its media placeholder ids (`image_token_id`, `video_token_id`, when the model has a
+    vision tower) are the tokenizer's `<|patch|>` and `<|video|>`. Otherwise the model would load and every
+    request using such a token or an image fail with an error blaming the request."""
     text = config.text
     if tokenizer.vocab_size > text.vocab_size:
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but text_config.vocab_size="
+                          f"{text.vocab_size}; the tokenizer does not belong to this model")
+    # the count alone misses a tokenizer whose ids have gaps: it can still name rows the embedding lacks
+    token, largest_id = max(tokenizer.get_vocab().items(), key=lambda item: item[1], default=("", -1))
+    if largest_id >= text.vocab_size:
+        raise ConfigError(f"the tokenizer's token {token!r} has id {largest_id} but text_config.vocab_size="
                           f"{text.vocab_size}; the tokenizer does not belong to this model")
     if config.vision is None:
         return

@@ -171,6 +171,19 @@ def test_a_nan_weight_is_refused_naming_the_files_own_tensor_too(tiny_checkpoint
         "NaN and 0 infinite value(s)")
 
 
+def test_a_tensor_of_the_wrong_shape_is_reported_once(f32_gguf, tmp_path):
+    """A tensor the file has, in the wrong shape, is a shape problem, not also an unexpected tensor."""
+    from test_gguf_hostile import _rewrite
+
+    up = next(t for t in gguf.GGUFReader(f32_gguf).tensors if t.name == "blk.0.ffn_up.weight")
+    transposed = _rewrite(f32_gguf, tmp_path / "transposed.gguf", {},
+                          replace_tensors={up.name: (np.ascontiguousarray(up.data.T), up.tensor_type)})
+    with pytest.raises(CheckpointError) as err:
+        load_model(transposed, progress=False)
+    assert str(err.value) == (f"{transposed}: tensor blk.0.ffn_up.weight has shape [64, 128] but the metadata "
+                              "needs [128, 64]")
+
+
 def test_inspect_reports_a_gguf(f32_gguf, capsys):
     from glimmer.cli import main
 

@@ -114,11 +114,19 @@ def _foreign_tokenizer(path):
         shutil.copy(default_model_dir() / name, path / name)
 
 
+def _token_past_the_vocabulary(path):
+    """Fewer tokens than the vocabulary, but one of them at an id the embedding has no row for."""
+    spec = json.loads((path / "tokenizer.json").read_text())
+    spec["model"]["vocab"]["QQQQ"] = 700
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+
+
 @pytest.mark.parametrize(("breakage", "words"), [
     (_config_change(image_token_id=300), "image_token_id=300 but the tokenizer's <|patch|> is"),
     (_config_change(video_token_id="image_token_id"), "video_token_id="),
     (_foreign_tokenizer, "the tokenizer has 2067 tokens but text_config.vocab_size=512"),
-], ids=["image_id", "video_id_is_image_id", "foreign_tokenizer"])
+    (_token_past_the_vocabulary, "the tokenizer's token 'QQQQ' has id 700 but text_config.vocab_size=512"),
+], ids=["image_id", "video_id_is_image_id", "foreign_tokenizer", "token_id_past_the_vocabulary"])
 def test_a_tokenizer_that_does_not_fit_the_config_is_refused_by_inspect_and_loading(make_tiny, tmp_path, capsys,
                                                                                     breakage, words):
     """Media placeholder ids that are not the tokenizer's `<|patch|>` / `<|video|>` loaded, and every image
