@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from glimmer.errors import CheckpointError
+from glimmer.protocol import ChatTemplate, ChatTemplateError
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,15 @@ class ChatTemplateSource:
     text: str
     origin: str
     sha256: str
+
+    def compile(self) -> ChatTemplate:
+        """The compiled template; CheckpointError naming where it came from if it does not compile (a request's
+        ChatTemplateError is the client's 400; a template that cannot compile is the checkpoint's or operator's)."""
+        try:
+            return ChatTemplate(self.text)
+        except ChatTemplateError as error:
+            raise CheckpointError(f"the chat template from {self.origin} does not compile ({error.template_message}); "
+                                  f"fix it, or pass a working one with {OVERRIDE_OPTION}") from None
 
 
 def find_chat_template(

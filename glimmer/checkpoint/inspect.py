@@ -14,7 +14,7 @@ from glimmer.checkpoint.generation_config import load_generation_defaults
 from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
 from glimmer.errors import CheckpointError
 from glimmer.multimodal.settings import checkpoint_media_settings
-from glimmer.protocol import ChatTemplate, check_chat_template
+from glimmer.protocol import check_chat_template
 
 CONFIG_ONLY = "config-only"  # the format reported for a directory without weights (`is_config_only`)
 PARAMETER_GROUPS = (
@@ -126,7 +126,7 @@ def _checked_chat_template(opened: OpenedCheckpoint, tokenizer: Any, override: s
             raise
         warnings.append(f"no chat template: {error}")
         return {"origin": None, "sha256": None, "warning": warnings[-1]}
-    check_chat_template(ChatTemplate(source.text), tokenizer)
+    check_chat_template(source.compile(), tokenizer)
     return {"origin": source.origin, "sha256": source.sha256}
 
 

@@ -536,7 +536,7 @@ class LLMEngine:
                 self.checkpoint_dir, self.config.chat_template, is_file=self.checkpoint_dir.is_file(),
                 embedded=embedded.chat_template if embedded is not None else None,
             )
-            self._chat_template = ChatTemplate(source.text)
+            self._chat_template = source.compile()
         return self._chat_template
 
     @property

@@ -41,7 +41,7 @@ def _breakages():
             (corrupt_tokenizer, "CheckpointError", "not a valid tokenizers file"),
             (hot_temperature, "ConfigError", "temperature='hot'"),
             (list_generation_config, "ConfigError", "must hold a JSON object"),
-            (unclosed_template_tag, "ChatTemplateError", "line 1: Unexpected end of template"),
+            (unclosed_template_tag, "CheckpointError", "chat_template.jinja does not compile (line 1: Unexpected end"),
             (template_without_generation_prompt, "ConfigError", "P-TMPL-8"),
             (template_that_fails_to_render, "ChatTemplateError", "no chat here")]
 
@@ -70,11 +70,26 @@ def test_inspect_checks_the_chat_template_serve_would_be_given(tiny_checkpoint, 
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% if %}")
     assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(broken)]) == 2
-    assert "ChatTemplateError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"the chat template from --chat-template {broken} does not compile (line 1:" in err
     good = tmp_path / "good.jinja"
     good.write_text((tiny_checkpoint / "chat_template.jinja").read_text())
     assert main(["inspect", str(tiny_checkpoint), "--chat-template", str(good), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["chat_template"]["origin"] == f"--chat-template {good}"
+
+
+def test_a_checkpoint_template_that_does_not_compile_is_named_by_its_file(tiny_checkpoint, tmp_path, capsys):
+    """A broken chat_template.jinja is the checkpoint's fault: inspect and LLM.chat name the file and the fix, where
+    the bare template error read like a request's."""
+    checkpoint = tmp_path / "broken-template"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / "chat_template.jinja").write_text("{% for %}")
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert "chat_template.jinja does not compile (line 1:" in err and "--chat-template FILE" in err
+    llm = LLM(str(checkpoint), progress=False)
+    with pytest.raises(CheckpointError, match=r"chat_template\.jinja does not compile"):
+        llm.chat([{"role": "user", "content": "hi"}])
 
 
 def test_a_single_file_beside_an_index_of_other_shards_is_refused(make_tiny, tmp_path, capsys):
