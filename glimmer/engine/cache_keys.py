@@ -42,6 +42,14 @@ def root_key(cache_salt: str | None) -> bytes:
     return digest(b"glimmer-prefix-root\x01", cache_salt.encode("utf-8", "surrogatepass"))
 
 
+def encoder_key(content_hash: bytes, cache_salt: str | None) -> bytes:
+    """Key of a media item's vision features in the encoder cache: its content hash, salted as block keys are,
+    so that requests with different salts never reuse (nor probe by timing) each other's encoded images."""
+    if cache_salt is None:
+        return content_hash
+    return digest(root_key(cache_salt), content_hash)
+
+
 def block_key(parent: bytes, tokens: bytes, media_keys: Sequence[bytes]) -> bytes:
     """Key of a full KV block from its parent's key, its `token_bytes` and the keys of the media whose
     placeholders it holds: O(block) work, so a sequence's keys are computed block by block as it grows."""

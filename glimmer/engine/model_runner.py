@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from glimmer.checkpoint.config import TextConfig
+from glimmer.engine.cache_keys import encoder_key
 from glimmer.engine.cuda_graphs import DecodeGraphs
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
 from glimmer.engine.model_loader import projection_weights
@@ -71,7 +72,8 @@ def prompt_positions_scored(seq: Sequence, num_new_tokens: int) -> range:
 
 
 class EncoderCache:
-    """Vision features by content hash, so an image repeated across requests or turns is encoded once. Holds at
+    """Vision features by content hash (and cache salt: `cache_keys.encoder_key`), so an image repeated across
+    requests or turns is encoded once, and shared only among requests with the same salt. Holds at
     most `max_items` items and `max_rows` feature rows (None: no bound) together, dropping the least recently
     used first; the item just put always stays, however large."""
 
@@ -172,7 +174,7 @@ class ModelRunner:
                 slices = item.feature_slices(start, end)
                 if not slices:
                     continue
-                features = self._features(item)
+                features = self._features(item, seq.params.cache_salt)
                 for position, row, count in slices:
                     flat = offset + position - start
                     pieces.append((flat, features[row : row + count]))
@@ -183,13 +185,14 @@ class ModelRunner:
         pieces.sort(key=lambda piece: piece[0])
         return torch.cat([rows for _, rows in pieces]), mask.to(self.device)
 
-    def _features(self, item: MultimodalItem) -> torch.Tensor:
-        cached = self.encoder_cache.get(item.content_hash)
+    def _features(self, item: MultimodalItem, cache_salt: str | None) -> torch.Tensor:
+        key = encoder_key(item.content_hash, cache_salt)
+        cached = self.encoder_cache.get(key)
         if cached is None:
             pixels = item.pixel_values.to(self.device)
             grid = item.grid_thw.to(self.device)
             cached = torch.cat(self.model.encode_vision(pixels, grid))
-            self.encoder_cache.put(item.content_hash, cached)
+            self.encoder_cache.put(key, cached)
         return cached
 
     def _device_context(self, inputs: StepInputs, input_ids: torch.Tensor | None = None

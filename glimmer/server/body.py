@@ -1,5 +1,5 @@
-"""Reading a JSON request body: its media type first (415 unless JSON), then its bytes with a size limit
-(413 beyond it), before any JSON is parsed.
+"""Reading a JSON request body: its media type first (415 unless uncompressed JSON), then its bytes with a size
+limit (413 beyond it), before any JSON is parsed.
 
 Requiring `Content-Type: application/json` is also a cross-site guard: a browser sends `text/plain` POSTs to
 any origin without asking first, so a page could otherwise submit requests to a server on the visitor's
@@ -21,12 +21,18 @@ def _too_large(max_bytes: int) -> APIError:
 
 
 def check_json_content_type(request: Request) -> None:
-    """Raises APIError 415 unless the request declares a JSON body (`application/json`, any parameters)."""
+    """Raises APIError 415 unless the request declares a JSON body (`application/json`, any parameters) with no
+    content coding: a compressed body would be read as its compressed bytes, or a plain one sent with
+    `Content-Encoding: gzip` taken as though the header were not there (RFC 9110 §8.4.1 allows the 415)."""
     declared = request.headers.get("content-type", "")
     if declared.split(";", 1)[0].strip().lower() != "application/json":
         shown = repr(declared) if declared else "none"
         raise APIError(415, f"the request body must be JSON sent with `Content-Type: application/json` (got "
                             f"{shown})", code="unsupported_media_type")
+    coding = request.headers.get("content-encoding", "")
+    if coding.strip().lower() not in ("", "identity"):
+        raise APIError(415, f"the request body must be sent uncompressed (got `Content-Encoding: {coding[:40]}`); "
+                            "Glimmer does not decode request bodies", code="unsupported_media_type")
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

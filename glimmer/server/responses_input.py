@@ -186,11 +186,15 @@ def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
-    parts = item.get("content") or item.get("summary") or []
+    for name in ("content", "summary"):
+        if item.get(name) is not None and not isinstance(item[name], list):
+            raise RequestError(f"{where}.{name}: must be a list of text parts", param=f"{where}.{name}")
+    name = "content" if item.get("content") else "summary"
+    parts = item.get(name) or []
     if not parts and item.get("encrypted_content"):
         raise RequestError(f"{where}: a reasoning item with only `encrypted_content` cannot be read here; send "
                            "its text in `content`", param=where)
-    return "".join(_part_text(part, f"{where}.content[{j}]") for j, part in enumerate(parts))
+    return "".join(_part_text(part, f"{where}.{name}[{j}]") for j, part in enumerate(parts))
 
 
 def _part_text(part: Any, where: str, accepted: str = "text parts") -> str:

@@ -136,6 +136,20 @@ def test_repeated_image_is_encoded_once(llm):
     assert cache.max_rows == max(2 * llm.engine.scheduler_config.max_num_batched_tokens, largest)
 
 
+def test_an_image_is_encoded_again_under_another_cache_salt(llm, monkeypatch):
+    """Requests with different salts share no encoded image either: a hit is faster, so a tenant could otherwise
+    learn by timing which image another tenant sent."""
+    model = llm.engine.runner.model
+    encoded = []
+    encode = model.encode_vision
+    monkeypatch.setattr(model, "encode_vision", lambda *args: encoded.append(1) or encode(*args))
+    prompt = {"prompt": "<|patch|>a", "multi_modal_data": {"image": _image(120, 120, 11)}}
+    outputs = [llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, cache_salt=salt))[0]
+               for salt in ("tenant-a", "tenant-a", "tenant-b", None, None)]
+    assert len(encoded) == 3
+    assert all(out.token_ids == outputs[0].token_ids for out in outputs)
+
+
 def test_chat_with_an_image_renders_one_placeholder_per_image(llm):
     out = llm.chat([{"role": "user", "content": [{"type": "image", "image": _image(100, 100, 3)},
                                                   {"type": "text", "text": "What is it?"}]}],

@@ -6,6 +6,7 @@ before a limit applied.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import time
@@ -89,6 +90,16 @@ def test_a_json_endpoint_refuses_other_media_types_with_415(server, content_type
     assert error_of(response, 415)["code"] == "unsupported_media_type"
     response = httpx.post(server.base_url + "/completions", content=b'{"prompt": "x"}', headers=headers, timeout=30)
     assert response.status_code == 415
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
+def test_a_compressed_body_is_refused_with_415_not_read_as_json(server, coding):
+    """A gzip body was answered "not valid JSON", and a plain body declared gzip was served as if undeclared."""
+    plain = json.dumps(chat_body()).encode()
+    for body in (gzip.compress(plain), plain):
+        error = error_of(post(server, body, **{"Content-Encoding": coding}), 415)
+        assert error["code"] == "unsupported_media_type" and "Content-Encoding" in error["message"]
+    assert post(server, plain, **{"Content-Encoding": "identity"}).status_code == 200
 
 
 def test_json_with_a_charset_parameter_is_accepted(server):

@@ -253,6 +253,20 @@ def test_a_refused_part_names_the_parts_its_message_takes():
         chat_messages([{"role": "assistant", "content": [IMAGE]}], None)
 
 
+@pytest.mark.parametrize(("item", "param"), [
+    ({"type": "reasoning", "content": 2**64}, "input[0].content"),
+    ({"type": "reasoning", "content": "thinking"}, "input[0].content"),
+    ({"type": "reasoning", "content": {"type": "reasoning_text", "text": "thinking"}}, "input[0].content"),
+    ({"type": "reasoning", "summary": True}, "input[0].summary"),
+    ({"type": "reasoning", "summary": [{"type": "summary_text"}]}, "input[0].summary[0].text"),
+])
+def test_a_reasoning_item_whose_parts_are_no_list_of_parts_is_refused_naming_the_field(item, param):
+    """A number there was a 500 (TypeError); a string was read character by character, an object by its keys."""
+    with pytest.raises(RequestError) as refused:
+        chat_messages([item, {"role": "user", "content": "[greet]"}], None)
+    assert refused.value.param == param
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "[greet]"}, IMAGE]}]},
      "input[0].content[1]"),  # a text-only model: the chat layer named messages[0].content[1]
