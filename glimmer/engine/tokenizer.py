@@ -76,6 +76,23 @@ def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
                               "tokenizer do not belong together")
 
 
+def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], named_in: str, origin: Path) -> None:
+    """CheckpointError when the tokenizer's post-processor begins a text prompt with another token than the named
+    `bos_token` that chat templates write: text and chat prompts would start differently (the same conversation
+    sent as text or as messages would give other outputs), and a rendered prompt could hold two BOS tokens."""
+    bos = named_tokens.get("bos_token")
+    plain = backend.encode("a", add_special_tokens=False).ids
+    framed = backend.encode("a", add_special_tokens=True).ids
+    # what the post-processor puts before the text (nothing where it only appends, as an EOS)
+    prefix = next((framed[:i] for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain), [])
+    if bos is None or not prefix or prefix[0] == backend.token_to_id(bos):
+        return
+    raise CheckpointError(f"bos_token={bos!r} (from {named_in}) is id {backend.token_to_id(bos)}, but the "
+                          f"post-processor of {origin} begins a prompt with {backend.id_to_token(prefix[0])!r} (id "
+                          f"{prefix[0]}): text and chat prompts would start differently; the files do not belong "
+                          "together")
+
+
 class Tokenizer:
     """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
 
@@ -111,6 +128,7 @@ class Tokenizer:
                     f"{name}={token!r} (from {TOKENIZER_CONFIG_FILE} or {SPECIAL_TOKENS_MAP_FILE} in "
                     f"{directory}) is not a token of {tokenizer_file}; the files do not belong together"
                 )
+        _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
         tokenizer = cls(backend, named_tokens, tokenizer_file)
         logger.info(
             "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
@@ -131,6 +149,7 @@ class Tokenizer:
         for name, token in named_tokens.items():
             if backend.token_to_id(token) is None:
                 raise CheckpointError(f"{name}={token!r} is not a token of the tokenizer in {origin}")
+        _check_bos_agrees(backend, named_tokens, str(origin), origin)
         tokenizer = cls(backend, named_tokens, origin)
         logger.info("built tokenizer from %s: %d tokens, bos=%r eos=%r", origin, tokenizer.vocab_size,
                     tokenizer.bos_token, tokenizer.eos_token)

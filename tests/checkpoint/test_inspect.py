@@ -22,6 +22,10 @@ def _breakages():
     def corrupt_tokenizer(path):
         (path / "tokenizer.json").write_text("{not json")
 
+    def bos_of_another_token(path):  # the post-processor still begins text prompts with <|begin_of_text|>
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|end_of_text|>"}))
+
     def hot_temperature(path):
         (path / "generation_config.json").write_text(json.dumps({"temperature": "hot"}))
 
@@ -39,6 +43,7 @@ def _breakages():
 
     return [(no_tokenizer, "CheckpointError", "tokenizer.json not found"),
             (corrupt_tokenizer, "CheckpointError", "not a valid tokenizers file"),
+            (bos_of_another_token, "CheckpointError", "begins a prompt with '<|begin_of_text|>'"),
             (hot_temperature, "ConfigError", "temperature='hot'"),
             (list_generation_config, "ConfigError", "must hold a JSON object"),
             (unclosed_template_tag, "CheckpointError", "chat_template.jinja does not compile (line 1: Unexpected end"),
@@ -132,7 +137,12 @@ def _foreign_tokenizer(path):
 def _token_past_the_vocabulary(path):
     """Fewer tokens than the vocabulary, but one of them at an id the embedding has no row for."""
     spec = json.loads((path / "tokenizer.json").read_text())
-    spec["model"]["vocab"]["QQQQ"] = 700
+    vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
+    pairs = [merge.split(" ") if isinstance(merge, str) else merge for merge in merges]
+    merged = {part for pair in pairs for part in (*pair, "".join(pair))}
+    # as many tokens as before (so the added tokens keep their ids): one no merge uses gives way
+    del vocab[max((token for token in vocab if token not in merged), key=vocab.get)]
+    vocab["QQQQ"] = 700
     (path / "tokenizer.json").write_text(json.dumps(spec))
 
 
