@@ -4,6 +4,7 @@ is submitted (the dataclass is mutable)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from glimmer.errors import RequestError
@@ -28,6 +29,8 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
+                  "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs")
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -41,6 +44,14 @@ def _is_number(value: object) -> bool:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _plain_number(value: object) -> object:
+    """A NumPy scalar (`numpy.int64(5)`, `numpy.float32(0.5)`) as the Python int or float it holds, so that a
+    count or a temperature computed with NumPy is checked and used as that number; anything else as given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or type(value) in (int, float):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 @dataclass
@@ -198,9 +209,16 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (run at construction and on submission). A `stop`
-        set to one string after construction is taken as a list of it, as at construction."""
+        set to one string after construction is taken as a list of it, as at construction, and NumPy scalars are
+        taken as the Python numbers they hold."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in _NUMBER_FIELDS:
+            setattr(self, name, _plain_number(getattr(self, name)))
+        if isinstance(self.stop_token_ids, list):
+            self.stop_token_ids = [_plain_number(t) for t in self.stop_token_ids]
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = {_plain_number(t): _plain_number(b) for t, b in self.logit_bias.items()}
         _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
         _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
         _check(_is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",

@@ -3,6 +3,7 @@ never an internal exception, a hang or a silent wrong answer; and the engine is 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
@@ -31,6 +32,23 @@ def _refused(call, param: str) -> RequestError:
     ("logit_bias", {5: float("nan")}), ("logit_bias", [(5, 1.0)])])
 def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     _refused(lambda: SamplingParams(**{field: value}), field)
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_hold(llm):
+    """A count or a temperature computed with NumPy (`max_tokens=np.int64(4)`) was refused as "must be an integer"
+    while prompt token ids take NumPy integers; it is that number, and samples as the Python number does."""
+    params = SamplingParams(temperature=np.float32(0.5), top_p=np.float32(0.9), top_k=np.int64(5),
+                            max_tokens=np.int64(4), n=np.int32(2), seed=np.uint64(2**63), logprobs=np.int64(1),
+                            stop_token_ids=[np.int64(9)], logit_bias={np.int64(3): np.float32(-1.0)})
+    assert (type(params.max_tokens), type(params.seed), type(params.temperature)) == (int, int, float)
+    assert params.stop_token_ids == [9] and type(params.stop_token_ids[0]) is int
+    assert list(params.logit_bias) == [3] and type(params.logit_bias[3]) is float
+    plain = SamplingParams(temperature=0.5, top_p=float(np.float32(0.9)), top_k=5, max_tokens=4, n=2, seed=2**63,
+                           logprobs=1, stop_token_ids=[9], logit_bias={3: -1.0})
+    assert [o.token_ids for o in llm.generate("a", params)[0].outputs] == \
+        [o.token_ids for o in llm.generate("a", plain)[0].outputs]
+    _refused(lambda: SamplingParams(max_tokens=np.float32(4.0)), "max_tokens")
+    _refused(lambda: SamplingParams(ignore_eos=np.bool_(True)), "ignore_eos")
 
 
 def test_seeds_at_the_ends_of_the_range_work(llm):
