@@ -22,6 +22,13 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the generated tokens' logprobs, as vLLM's field; None unless logprobs were asked for."""
+        if self.logprobs is None:
+            return None
+        return sum(entry.logprob for entry in self.logprobs)
+
 
 @dataclass
 class RequestOutput:

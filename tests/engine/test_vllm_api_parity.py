@@ -163,6 +163,13 @@ def test_the_tokenizer_eos_reports_no_stop_reason_other_stop_ids_report_theirs(n
     assert nano.generate("hi", listed)[0].outputs[0].stop_reason == eos
 
 
+def test_cumulative_logprob_sums_the_token_logprobs_as_vllm_reports_it(llm):
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=5, logprobs=0))[0].outputs[0]
+    assert out.cumulative_logprob == pytest.approx(sum(entry.logprob for entry in out.logprobs))
+    assert out.cumulative_logprob < 0
+    assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].outputs[0].cumulative_logprob is None
+
+
 # 7. dtype and seed as vLLM takes them -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("dtype", "expected"), [("auto", torch.float32), (torch.float32, torch.float32),
