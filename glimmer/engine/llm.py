@@ -184,28 +184,29 @@ class LLM:
         """Token ids of a text prompt; BOS is added unless the text already starts with it (P-TMPL-5)."""
         return self.engine.encode_prompt(text)
 
-    def _prepare_dict_prompt(self, prompt: dict[str, Any], i: int) -> _Prepared:
+    def _prepare_dict_prompt(self, prompt: dict[str, Any], name: str) -> _Prepared:
+        """A prompt dict's text, token ids and media; errors name it as `name` ("prompt" or "prompts[i]")."""
         unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
         if unknown:
-            raise RequestError(f"prompts[{i}]: unknown key(s) {unknown}; a prompt dict takes "
-                               f"{', '.join(sorted(PROMPT_KEYS))}", param=f"prompts[{i}]")
+            raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
+                               f"{', '.join(sorted(PROMPT_KEYS))}", param=name)
         if "prompt_token_ids" in prompt:
             if prompt.get("multi_modal_data"):
                 raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
-                                   param=f"prompts[{i}].multi_modal_data")
+                                   param=f"{name}.multi_modal_data")
             ids = prompt["prompt_token_ids"]
             if not isinstance(ids, list | tuple) or not all(map(_is_token_id, ids)):
-                raise RequestError(f"prompts[{i}].prompt_token_ids must be a list of token ids (integers)",
-                                   param=f"prompts[{i}].prompt_token_ids")
+                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers)",
+                                   param=f"{name}.prompt_token_ids")
             return prompt.get("prompt"), [operator.index(t) for t in ids], []
         text = prompt.get("prompt")
         if not isinstance(text, str):
-            raise RequestError(f"prompts[{i}] needs a 'prompt' string or 'prompt_token_ids'", param=f"prompts[{i}]")
+            raise RequestError(f"{name} needs a 'prompt' string or 'prompt_token_ids'", param=name)
         data = prompt.get("multi_modal_data") or {}
         unknown = set(data) - {"image", "video"}
         if unknown:
             raise RequestError(f"multi_modal_data keys {sorted(unknown)} are not supported; use 'image' and 'video'",
-                               param=f"prompts[{i}].multi_modal_data")
+                               param=f"{name}.multi_modal_data")
         images, videos = (self._decoded_data_urls(_as_list(data.get(kind)), kind) for kind in ("image", "video"))
         ids, items = self.engine.prepare_prompt(text, images, videos)
         return text, ids, items
@@ -226,16 +227,17 @@ class LLM:
                                param="prompts")
         out: list[_Prepared] = []
         for i, prompt in enumerate(prompts):
-            with _naming_the_prompt("prompt" if single else f"prompts[{i}]"):
+            name = "prompt" if single else f"prompts[{i}]"
+            with _naming_the_prompt(name):
                 if isinstance(prompt, str):
                     out.append((prompt, self.encode_prompt(prompt), []))
                 elif isinstance(prompt, list | tuple) and all(map(_is_token_id, prompt)):
                     out.append((None, [operator.index(t) for t in prompt], []))
                 elif isinstance(prompt, dict):
-                    out.append(self._prepare_dict_prompt(prompt, i))
+                    out.append(self._prepare_dict_prompt(prompt, name))
                 else:
-                    raise RequestError(f"prompts[{i}] is not a string, a list of token ids (integers) or a prompt "
-                                       "dict", param=f"prompts[{i}]")
+                    raise RequestError(f"{name} is not a string, a list of token ids (integers) or a prompt dict",
+                                       param=name)
         return out
 
     def generate(

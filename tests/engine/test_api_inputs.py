@@ -95,11 +95,16 @@ def test_generate_refuses_what_is_not_a_sampling_params(llm):
 
 
 @pytest.mark.parametrize(("prompt", "param"), [
-    ({"prompt_token_ids": "abc"}, "prompts[0].prompt_token_ids"),
-    ({"prompt_token_ids": [[1, 2]]}, "prompts[0].prompt_token_ids"),
-    ({"prompt": "hello", "lora_request": "x"}, "prompts[0]")])
-def test_prompt_dicts_are_checked(llm, prompt, param):
-    _refused(lambda: llm.generate(prompt, SamplingParams(max_tokens=2)), param)
+    ({"prompt_token_ids": "abc"}, ".prompt_token_ids"),
+    ({"prompt_token_ids": [[1, 2]]}, ".prompt_token_ids"),
+    ({"prompt": 5}, ""),
+    ({"prompt": "hello", "multi_modal_data": {"audio": b""}}, ".multi_modal_data"),
+    ({"prompt": "hello", "lora_request": "x"}, "")])
+def test_prompt_dicts_are_checked_naming_the_prompt_as_given(llm, prompt, param):
+    """One prompt is `prompt`, as the engine's own errors about it name it; a prompt of a list is `prompts[i]`."""
+    one = _refused(lambda: llm.generate(prompt, SamplingParams(max_tokens=2)), "prompt" + param)
+    assert "prompts[" not in str(one)
+    _refused(lambda: llm.generate(["fine", prompt], SamplingParams(max_tokens=2)), "prompts[1]" + param)
 
 
 def test_text_that_is_not_valid_unicode_is_refused(llm):
