@@ -47,6 +47,9 @@ TOKEN_VARIABLES = frozenset(
 
 FIXED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
 """Template variables the renderer owns; request kwargs may not replace them (P-TMPL-3)."""
+RENDERING_ARGUMENTS = frozenset({"continue_final_message", "chat_template"})
+"""Arguments of transformers' `apply_chat_template` that vLLM's `LLM.chat` also reads from its `chat_template_kwargs`;
+they are no template variables, and a template never reads them: refused as kwargs, not silently ignored."""
 
 # Names under which clients send a message's reasoning; the first is the one chat templates read.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -209,6 +212,14 @@ def render_chat(
 
 def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str, str]) -> None:
     for name in template_kwargs:
+        if name in RENDERING_ARGUMENTS:
+            raise RequestError(
+                f"chat_template_kwargs may not set {name!r}: it is an argument of apply_chat_template, not a template "
+                f"variable, and chat rendering here does not take it (render the prompt with "
+                f"tokenizer.apply_chat_template(messages, {name}=..., tokenize=False) and generate from that text; "
+                "a checkpoint's template is replaced with LLM(model, chat_template=FILE) or --chat-template FILE)",
+                param="chat_template_kwargs",
+            )
         if name in FIXED_VARIABLES or name in TOKEN_VARIABLES or name in tokens:
             raise RequestError(
                 f"chat_template_kwargs may not set {name!r}: the renderer sets it (pass messages, tools and "

@@ -148,6 +148,10 @@ def test_add_generation_prompt_in_template_kwargs_names_the_python_api(llm):
     with pytest.raises(RequestError) as caught:
         llm.chat(MESSAGES, chat_template_kwargs={"add_generation_prompt": False})
     assert caught.value.param == "chat_template_kwargs" and "apply_chat_template" in str(caught.value)
+    for name in ("continue_final_message", "chat_template"):  # vLLM's LLM.chat reads them there: not ignored
+        with pytest.raises(RequestError) as caught:
+            llm.chat(MESSAGES + [{"role": "assistant", "content": "Hel"}], chat_template_kwargs={name: True})
+        assert caught.value.param == "chat_template_kwargs" and name in str(caught.value)
 
 
 # 4. stop_reason as vLLM reports it ----------------------------------------------------------------------------------

@@ -206,6 +206,16 @@ def test_kwargs_replacing_fixed_variables_are_request_errors_naming_them(name):
     assert caught.value.param == "chat_template_kwargs"
 
 
+@pytest.mark.parametrize("name", ["continue_final_message", "chat_template"])
+def test_apply_chat_template_arguments_as_kwargs_are_request_errors_not_ignored(name):
+    """vLLM's LLM.chat reads these from chat_template_kwargs; a template never sees them, so a prompt rendered as if
+    they were not given (a new turn instead of the final message continued) would be a silent wrong answer."""
+    with pytest.raises(RequestError) as caught:
+        render_chat(USER, template="x", chat_template_kwargs={name: True})
+    assert repr(name) in str(caught.value) and "apply_chat_template" in str(caught.value)
+    assert caught.value.param == "chat_template_kwargs"
+
+
 def test_token_variables_cannot_be_replaced_by_keyword_either():
     with pytest.raises(RequestError, match="bos_token"):
         render_chat(USER, template="x", bos_token="<s><s>")
