@@ -199,20 +199,18 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise RequestError naming the first invalid field (run at construction and on submission). `stop` and
+        `stop_token_ids` set after construction are taken as at construction (one string as a list of it, a tuple
+        as a list, None as none), and NumPy scalars are taken as the Python numbers they hold."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is None or isinstance(self.stop, tuple):
             self.stop = list(self.stop or [])
         if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids or [])
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise RequestError naming the first invalid field (run at construction and on submission). A `stop`
-        set to one string after construction is taken as a list of it, as at construction, and NumPy scalars are
-        taken as the Python numbers they hold."""
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
         for name in _NUMBER_FIELDS:
             setattr(self, name, _plain_number(getattr(self, name)))
         if isinstance(self.stop_token_ids, list):

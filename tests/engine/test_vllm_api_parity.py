@@ -130,6 +130,18 @@ def test_stop_set_to_one_string_after_construction_is_taken(llm):
     assert params.stop == ["x"]
 
 
+@pytest.mark.parametrize(("stop", "stop_token_ids", "expected"), [
+    (None, None, ([], [])), (("x", "y"), (5,), (["x", "y"], [5]))])
+def test_stop_fields_set_after_construction_are_taken_as_at_construction(llm, stop, stop_token_ids, expected):
+    """vLLM's default `stop=None`, or a tuple, set on an existing SamplingParams was refused on submission though the
+    constructor takes it."""
+    params = SamplingParams(temperature=0, max_tokens=2)
+    params.stop, params.stop_token_ids = stop, stop_token_ids
+    llm.generate("Hello", params)
+    assert (params.stop, params.stop_token_ids) == expected == (SamplingParams(stop=stop).stop,
+                                                               SamplingParams(stop_token_ids=stop_token_ids).stop_token_ids)
+
+
 def test_token_ids_of_any_integral_type_are_taken(llm):
     ids = llm.get_tokenizer().encode("Hello")
     greedy = SamplingParams(temperature=0, max_tokens=3)
