@@ -318,7 +318,7 @@ class GrammarCompiler:
 
         def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
             stops = self._stop_token_ids if stop_token_ids is None else frozenset(stop_token_ids)
-            _refuse_forced_stop(compiled.forced_tokens, stops, self.special, failure_param)
+            _refuse_forced_stop(compiled.forced_tokens, stops, self._stop_token_ids, self.special, failure_param)
             with self._lock:
                 kept = self._compiled.get(text)
                 if kept is None:  # dropped after a failure (or from the cache): built afresh and kept again
@@ -525,15 +525,22 @@ def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:
                           "the raw text on /v1/completions instead", param=param)
 
 
-def _refuse_forced_stop(forced_tokens: tuple[int, ...], stop_token_ids: frozenset[int], special: SpecialTokens,
-                        param: str) -> None:
-    """RequestError(param) when every output of a grammar spells a stop token with more forced after it: generation
-    would end there, the constraint unmet."""
+def _refuse_forced_stop(forced_tokens: tuple[int, ...], stop_token_ids: frozenset[int],
+                        checkpoint_stop_ids: frozenset[int], special: SpecialTokens, param: str) -> None:
+    """RequestError when every output of a grammar spells a stop token with more forced after it: generation would
+    end there, the constraint unmet. It names `param` for a stop token of the checkpoint's, and `stop_token_ids` for
+    one the request added (a turn's framing, say `<|message|>`, cannot be left out of its constraint)."""
     for token_id in forced_tokens[:-1]:
-        if token_id in stop_token_ids:
-            raise RequestError(f"{param}: every output of this constraint holds {special.spelled([token_id])} "
-                               f"before its end, a stop token that ends generation there; leave it out (or out of "
-                               "the stop tokens, with ignore_eos)", param=param)
+        if token_id not in stop_token_ids:
+            continue
+        spelled = special.spelled([token_id])
+        if token_id not in checkpoint_stop_ids:
+            raise RequestError(f"stop_token_ids: {spelled} ends generation, but every output of the constraint "
+                               f"({param}) holds it before its end; leave it out of stop_token_ids",
+                               param="stop_token_ids")
+        raise RequestError(f"{param}: every output of this constraint holds {spelled} before its end, a stop token "
+                           "that ends generation there; leave it out (or out of the stop tokens, with ignore_eos)",
+                           param=param)
 
 
 def _marker_in_chat_answer(param: str) -> RequestError:
