@@ -35,7 +35,7 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
-from glimmer.protocol.tokens import MESSAGE
+from glimmer.protocol.tokens import EOT, MESSAGE
 from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, turn_grammar
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class GrammarController:
     def __init__(self, matcher: llguidance.LLMatcher, num_token_ids: int, markers: MarkerSpelling | None = None,
                  on_failure: Callable[[], None] | None = None, param: str = "structured_outputs", *,
                  stop_token_ids: Iterable[int] = (), special: SpecialTokens | None = None,
-                 answer_gate: AnswerGate | None = None):
+                 answer_gate: AnswerGate | None = None, final_token_ids: Iterable[int] = ()):
         """on_failure: called once when the grammar engine fails this completion (the compiler then drops the
         grammar it keeps: llguidance's copies share a lexer, which stays broken for every later copy). param: the
         request field whose constraint this is, named by a GrammarFailure.
@@ -149,7 +149,9 @@ class GrammarController:
         stop_token_ids: the ids that end this completion; the grammar may place one only where it completes (one it
         needs earlier would end the output with the constraint unmet). answer_gate: where a chat turn's answer opens;
         from then on no special token of `special` may be taken but one completing the turn (its `<|eot|>`):
-        framing or control tokens inside an answer end or break it."""
+        framing or control tokens inside an answer end or break it. final_token_ids: ids the grammar places only at
+        its end (a turn's `<|eot|>` where no answer grammar of the request's can name it), which complete it wherever
+        they are allowed: no copy of the matcher is walked to check (each costs as much as a step's mask)."""
         self.matcher = matcher
         self.param = param
         self._on_failure = on_failure
@@ -160,6 +162,7 @@ class GrammarController:
         self._stops = _TokenBits(stop_token_ids, num_token_ids)
         self._special = special
         self._answer_gate = answer_gate
+        self._final = frozenset(final_token_ids)
         self._in_answer_guard = (_TokenBits(special.ids | self._stops.id_set, num_token_ids)
                                  if special is not None and answer_gate is not None else None)
         self.answer_open = False  # the answer's header was consumed: its own grammar runs
@@ -185,7 +188,8 @@ class GrammarController:
         if (not self._stops and self._in_answer_guard is None) or matcher.is_accepting():
             return None
         words = row.numpy().view(np.uint32)
-        refused = [t for t in self._guarded(in_answer).allowed(words) if not _completes(matcher, t)]
+        refused = [t for t in self._guarded(in_answer).allowed(words) if t not in self._final
+                   and not _completes(matcher, t)]
         if not refused:
             return None
         _set_bits(words, refused, allowed=False)
@@ -301,7 +305,8 @@ class GrammarCompiler:
             raise RuntimeError(f"llguidance indexed {self.tokenizer.vocab_size} tokens for {vocab_size} logit rows")
 
     def compile(self, grammar: dict[str, Any], param: str, *, guard_markers: bool = False, internal: bool = False,
-                failure_param: str | None = None, answer_gate: AnswerGate | None = None) -> ControllerFactory:
+                failure_param: str | None = None, answer_gate: AnswerGate | None = None,
+                final_token_ids: tuple[int, ...] = ()) -> ControllerFactory:
         """Controllers for `grammar` (llguidance's top-level grammar object); RequestError(param) if invalid.
 
         Compiled grammars are kept (the last `COMPILED_CACHE_SIZE`), so requests repeating a schema, a tool set
@@ -309,7 +314,8 @@ class GrammarCompiler:
         may not spell a framing marker (`MarkerSpelling`). `internal`: the grammar is Glimmer's own (a turn's), whose
         source a refusal does not quote. `failure_param`: the field a failure while generating names (`param` by
         default). `answer_gate`: the grammar is a chat turn's whose answer is the request's constraint, guarded
-        from where the gate opens (`GrammarController`).
+        from where the gate opens (`GrammarController`). `final_token_ids`: ids the grammar places only at its end
+        (`GrammarController`).
         """
         text = json.dumps(grammar, ensure_ascii=False)
         compiled = self._kept(text, param, internal)
@@ -318,7 +324,7 @@ class GrammarCompiler:
 
         def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
             stops = self._stop_token_ids if stop_token_ids is None else frozenset(stop_token_ids)
-            _refuse_forced_stop(compiled.forced_tokens, stops, self.special, failure_param)
+            _refuse_forced_stop(compiled.forced_tokens, stops, self._stop_token_ids, self.special, failure_param)
             with self._lock:
                 kept = self._compiled.get(text)
                 if kept is None:  # dropped after a failure (or from the cache): built afresh and kept again
@@ -326,7 +332,8 @@ class GrammarCompiler:
                                                             compiled.forced_tokens)
             return GrammarController(kept.matcher.deep_copy(), self.tokenizer.vocab_size, markers,
                                      on_failure=lambda: self._drop(text, kept), param=failure_param,
-                                     stop_token_ids=stops, special=self.special, answer_gate=answer_gate)
+                                     stop_token_ids=stops, special=self.special, answer_gate=answer_gate,
+                                     final_token_ids=final_token_ids)
 
         return controller
 
@@ -399,8 +406,9 @@ class GrammarCompiler:
         request when it does (P-CHAN-6). So is an answer that names a special token by id (Lark's `<[2049]>`):
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
-        if constraint.answer is None:
-            return self.compile(turn_grammar(constraint), "tools", internal=True)
+        if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
+            return self.compile(turn_grammar(constraint), "tools", internal=True,
+                                final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
         answer = self._kept(json.dumps({"grammars": [dict(constraint.answer)]}, ensure_ascii=False), answer_param,
                             internal=False)
         if b"<|" in answer.forced_text:
@@ -525,15 +533,22 @@ def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:
                           "the raw text on /v1/completions instead", param=param)
 
 
-def _refuse_forced_stop(forced_tokens: tuple[int, ...], stop_token_ids: frozenset[int], special: SpecialTokens,
-                        param: str) -> None:
-    """RequestError(param) when every output of a grammar spells a stop token with more forced after it: generation
-    would end there, the constraint unmet."""
+def _refuse_forced_stop(forced_tokens: tuple[int, ...], stop_token_ids: frozenset[int],
+                        checkpoint_stop_ids: frozenset[int], special: SpecialTokens, param: str) -> None:
+    """RequestError when every output of a grammar spells a stop token with more forced after it: generation would
+    end there, the constraint unmet. It names `param` for a stop token of the checkpoint's, and `stop_token_ids` for
+    one the request added (a turn's framing, say `<|message|>`, cannot be left out of its constraint)."""
     for token_id in forced_tokens[:-1]:
-        if token_id in stop_token_ids:
-            raise RequestError(f"{param}: every output of this constraint holds {special.spelled([token_id])} "
-                               f"before its end, a stop token that ends generation there; leave it out (or out of "
-                               "the stop tokens, with ignore_eos)", param=param)
+        if token_id not in stop_token_ids:
+            continue
+        spelled = special.spelled([token_id])
+        if token_id not in checkpoint_stop_ids:
+            raise RequestError(f"stop_token_ids: {spelled} ends generation, but every output of the constraint "
+                               f"({param}) holds it before its end; leave it out of stop_token_ids",
+                               param="stop_token_ids")
+        raise RequestError(f"{param}: every output of this constraint holds {spelled} before its end, a stop token "
+                           "that ends generation there; leave it out (or out of the stop tokens, with ignore_eos)",
+                           param=param)
 
 
 def _marker_in_chat_answer(param: str) -> RequestError:

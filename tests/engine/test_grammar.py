@@ -465,3 +465,37 @@ def test_a_completion_takes_a_special_token_but_no_stop_token_before_its_grammar
     assert eot in _allowed_after(completion(f'start: "ok" <[{eot}]>'), ok)
     assert _allowed_after(completion(f'start: "ok" <[{eot}]> "more"', frozenset()), ok) == [eot]
     assert _allowed_after(completion(f'start: "ok" <[{reserved}]> "x"'), ok) == [reserved]
+
+
+def test_a_stop_token_the_request_added_that_a_constraint_must_hold_is_refused_naming_stop_token_ids(compiler,
+                                                                                                     tokenizer):
+    """`stop_token_ids: [<|message|>]` with a forced call (no reasoning) was refused naming `tools`, whose framing
+    cannot leave `<|message|>` out, and advised `ignore_eos`, which keeps a request's own stop ids; the field to
+    change is `stop_token_ids`. A stop token of the checkpoint's still names the constraint."""
+    stops = frozenset(tokenizer.require_token_id(t) for t in ("<|eot|>", "<|end_of_text|>"))
+    forced_call = compiler.turn(TurnConstraint(call_tools=[CLOCK], must_call=True, thinking_token_budget=0))
+    with pytest.raises(RequestError, match="leave it out of stop_token_ids") as raised:
+        forced_call(stops | {tokenizer.require_token_id("<|message|>")})
+    assert raised.value.param == "stop_token_ids" and "<|message|>" in str(raised.value)
+    forced_call(stops)
+    eot = tokenizer.require_token_id("<|eot|>")
+    with pytest.raises(RequestError, match="with ignore_eos") as raised:
+        compiler.structured_outputs(StructuredOutputsParams(grammar=f'start: "ok" <[{eot}]> "more"'),
+                                    "guided_grammar")(stops)
+    assert raised.value.param == "guided_grammar"
+
+
+def test_a_turns_free_answer_is_guarded_without_walking_a_copy_of_its_matcher_each_step(compiler, tokenizer,
+                                                                                         monkeypatch):
+    """The guard against stop tokens that do not complete the grammar walked a copy of the matcher through every
+    allowed one: a free answer allows `<|eot|>` at every step, and the walk (llguidance settles the grammar's end)
+    cost as much as the step's mask, 7x the grammar's cost per step for tool and thinking-budget turns. A turn's
+    own grammar names `<|eot|>` only where it ends, so it completes wherever it is allowed."""
+    walks = []
+    monkeypatch.setattr("glimmer.engine.grammar._completes", lambda matcher, token_id: walks.append(token_id) or True)
+    eot = tokenizer.require_token_id("<|eot|>")
+    controller = compiler.turn(TurnConstraint(call_tools=[CLOCK], thinking_token_budget=0))()
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+    assert eot in _allowed_after(controller, header + tokenizer.encode_text("it is late"))
+    assert walks == [] and controller.refusal is None
+    assert controller.observe(eot)
