@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from glimmer.default_model import DEFAULT_DRAFTER_NAME, embedded_model_dir
+from glimmer.default_model import DEFAULT_DRAFTER_NAME
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.engine.spec_decode import SpeculativeConfig
 from glimmer.errors import ConfigError
@@ -85,6 +85,6 @@ def check_engine_config(config: EngineConfig) -> None:
     if config.speculative_config is not None:
         config.speculative_config = SpeculativeConfig.parse(config.speculative_config)
         drafter = config.speculative_config.model
-        if not Path(drafter).expanduser().exists() and embedded_model_dir(drafter) is None:
+        if config.speculative_config.drafter_path() is None:
             raise ConfigError(f"speculative_config.model={drafter!r} does not exist; pass the drafter's directory, its "
                               f"head.pt or .gguf file, or {DEFAULT_DRAFTER_NAME!r} (the embedded drafter)")

@@ -18,7 +18,6 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +33,6 @@ from glimmer.checkpoint.generation_config import (
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import resolve_checkpoint
-from glimmer.default_model import embedded_model_dir
 from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
@@ -368,9 +366,9 @@ class LLMEngine:
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:
         """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
-        embedded = None if Path(spec.model).exists() else embedded_model_dir(spec.model)  # by the name served
         self.drafter = load_drafter(
-            embedded or spec.model, self.model_config, lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+            spec.drafter_path() or spec.model, self.model_config,
+            lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self.config.load_format, seed=self.config.seed,
         )

@@ -16,8 +16,10 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from glimmer.default_model import embedded_model_dir
 from glimmer.engine.draft_context import CommittedContext
 from glimmer.engine.draft_policy import DraftPolicy
 from glimmer.engine.model_runner import StepLogits
@@ -89,6 +91,12 @@ class SpeculativeConfig:
         b = self.disable_by_batch_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"speculative_config.disable_by_batch_size={b!r} must be an integer >= 1")
+
+    def drafter_path(self) -> Path | None:
+        """Where the drafter's files are: `model` as a path, else the embedded drafter it names (by the name
+        served); None when neither exists."""
+        path = Path(self.model).expanduser()
+        return path if path.exists() else embedded_model_dir(self.model)
 
 
 @dataclass
