@@ -7,8 +7,9 @@ prefill. Prints, in order:
 - floors: device-to-device copy bandwidth; bf16 matmul rate; one decode step's weight matmuls alone (every
   layer's fused projections and the lm_head, in one CUDA graph) at batch 1, 64 and 256;
 - transformers' batch-1 decode (its own random init; freed before Glimmer loads);
-- Glimmer: batch-1 decode at 1K and 32K context, 64- and 256-way 1K-in/256-out output throughput (and
-  the decode phase alone), time to first token of an 8K prompt;
+- Glimmer: batch-1 decode at 1K and 32K context, 64- and 256-way 1K-in/256-out output throughput (against
+  the end-to-end ceiling of that load, `end_to_end_ceiling`; and the decode phase alone, against the weight
+  matmuls at that batch), time to first token of an 8K prompt;
 - the real HTTP server (`glimmer serve --load-format dummy` in a subprocess): single-stream inter-token
   latency and 64-client throughput on the same load as the 64-way engine run;
 
@@ -289,6 +290,16 @@ def host_breakdown(llm: LLM, batch: int, max_tokens: int = 96) -> dict[str, floa
     return out
 
 
+def end_to_end_ceiling(floors: dict[str, float], batch: int, prompt_len: int, new_tokens: int) -> float:
+    """The most output tok/s any schedule could reach on `batch` fresh prompts arriving together: the request
+    whose prefill ends last ends it no earlier than all prompts' weight FLOPs at the measured matmul rate (its
+    prefill gives its first token), and its other tokens take one decode step each, none shorter than a
+    one-row step's weight matmuls. Attention's FLOPs and the decode steps run during the prefills are left out,
+    so the true bound is lower."""
+    prefill_s = batch * (prompt_len * floors["prompt_token_flops"] + floors["logit_row_flops"]) / floors["matmul_flops"]
+    return batch * new_tokens / (prefill_s + (new_tokens - 1) * floors["matmul_step_s_1"])
+
+
 def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[str, float]:
     started = time.perf_counter()
     llm = LLM(str(path), dtype="bfloat16", load_format="dummy", progress=False, max_model_len=34 * 1024,
@@ -298,6 +309,9 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
     weights = step_weights(llm)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     floors["weight_gb_per_step"] = weight_bytes / 1e9
+    # a prompt token multiplies by every weight but lm_head's (one logit row a prompt): 2 FLOPs a weight
+    floors["prompt_token_flops"] = 2 * sum(w.numel() for w in weights[:-1])
+    floors["logit_row_flops"] = 2 * weights[-1].numel()
     floors["copy_floor_s"] = weight_bytes / floors["copy_bytes_per_s"]
     for batch in (1, 64, 256):
         floors[f"matmul_step_s_{batch}"] = weight_matmul_step(weights, batch)
@@ -331,8 +345,8 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
         out[f"batch_{batch}_output_tok_s"] = result["output_tokens_per_s"]
         out[f"batch_{batch}_decode_tok_s"] = result["decode_tokens_per_s"]
         floor = batch / floors[f"matmul_step_s_{batch}"]
-        record(f"{batch}-way 1K-in/256-out, output", result["output_tokens_per_s"], "tok/s", floor,
-               f"matmul floor at batch {batch}")
+        record(f"{batch}-way 1K-in/256-out, output", result["output_tokens_per_s"], "tok/s",
+               end_to_end_ceiling(floors, batch, 1024, 256), "end-to-end ceiling")
         record(f"{batch}-way, decode phase alone", result["decode_tokens_per_s"], "tok/s", floor,
                f"matmul floor at batch {batch}")
 
@@ -349,7 +363,7 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
 
     ttfts = [run_engine(llm, fresh_prompts(1, 8192, 40 + i), 1)["ttft_s"] for i in range(3)]
     out["ttft_8k_s"] = sorted(ttfts)[1]
-    prefill_flops = 2 * 8192 * floors["weight_gb_per_step"] * 1e9 / 2  # bf16: 2 bytes per weight
+    prefill_flops = 8192 * floors["prompt_token_flops"] + floors["logit_row_flops"]
     record("8K-token prompt, time to first token", out["ttft_8k_s"], "s", prefill_flops / floors["matmul_flops"],
            "matmul-rate floor")
     return out  # the engine is freed with this frame

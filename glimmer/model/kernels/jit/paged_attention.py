@@ -51,25 +51,27 @@ def attention_tiles(
         hi = lo + num_seqs
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            starts_before = tl.load(QueryStart + mid) // BLOCK_Q + mid <= tile_id
+            starts_before = tl.load(QueryStart + mid).to(tl.int32) // BLOCK_Q + mid <= tile_id
             lo = tl.where(starts_before, mid, lo)
             hi = tl.where(starts_before, hi, mid)
         seq = lo
-        tile = tile_id - (tl.load(QueryStart + seq) // BLOCK_Q + seq)
-    q_begin = tl.load(QueryStart + seq)
-    q_len = tl.load(QueryStart + seq + 1) - q_begin
+        tile = tile_id - (tl.load(QueryStart + seq).to(tl.int32) // BLOCK_Q + seq)
+    # positions and key indices in int32 (the engine's step metadata is int64): per-key int64 index math
+    # (division, modulo, compares on every key of a tile) took a 256-row decode layer from 76 to ~120 us
+    q_begin = tl.load(QueryStart + seq).to(tl.int32)
+    q_len = tl.load(QueryStart + seq + 1).to(tl.int32) - q_begin
     row0 = tile * BLOCK_Q
     if row0 >= q_len:
         return
-    seq_len = tl.load(SeqLens + seq)
+    seq_len = tl.load(SeqLens + seq).to(tl.int32)
     context_len = seq_len - q_len
-    kv_start = tl.load(KvStart + seq)
+    kv_start = tl.load(KvStart + seq).to(tl.int32)
 
     offs_m = tl.arange(0, BLOCK_M)
     rows = row0 + offs_m // GROUP
     heads = kv_head * GROUP + offs_m % GROUP
     rows_valid = (offs_m < BLOCK_Q * GROUP) & (rows < q_len)
-    tokens = q_begin + rows
+    tokens = (q_begin + rows).to(tl.int64)  # row offsets of Q/Out/Gate may pass 2^31 elements
     q_pos = context_len + rows
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + tokens[:, None] * stride_qn + heads[:, None] * stride_qh + offs_d[None, :],
