@@ -161,28 +161,44 @@ def test_cors_is_off_by_default(server):
     assert "access-control-allow-origin" not in response.headers
 
 
-def test_cors_allows_only_the_configured_origins(make_tiny):
+@pytest.fixture(scope="module")
+def cors_server(make_tiny):
     with live_server(make_tiny(), allowed_origins=("https://app.example",)) as live:
-        allowed = httpx.options(live.base_url + "/chat/completions", headers={
-            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "content-type,authorization"})
-        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
-        other = httpx.options(live.base_url + "/chat/completions", headers={
-            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
-        assert "access-control-allow-origin" not in other.headers
+        yield live
 
 
-def test_cors_preflight_allows_the_headers_openai_sdks_send(make_tiny):
+def test_cors_allows_only_the_configured_origins(cors_server):
+    allowed = httpx.options(cors_server.base_url + "/chat/completions", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,authorization"})
+    assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+    other = httpx.options(cors_server.base_url + "/chat/completions", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_cors_preflight_allows_the_headers_openai_sdks_send(cors_server):
     # the OpenAI JS SDK (any Stainless-generated SDK) sends X-Stainless-* on every request, OpenAI-Organization and
     # OpenAI-Project when configured: a preflight refusing them keeps every browser client built on it out
     sdk_headers = "authorization,content-type,x-stainless-os,x-stainless-retry-count,openai-organization"
-    with live_server(make_tiny(), allowed_origins=("https://app.example",)) as live:
-        preflight = httpx.options(live.base_url + "/chat/completions", headers={
-            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": sdk_headers})
-        assert preflight.status_code == 200, preflight.text
-        allowed = {name.strip() for name in preflight.headers["access-control-allow-headers"].lower().split(",")}
-        assert set(sdk_headers.split(",")) <= allowed
+    preflight = httpx.options(cors_server.base_url + "/chat/completions", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": sdk_headers})
+    assert preflight.status_code == 200, preflight.text
+    allowed = {name.strip() for name in preflight.headers["access-control-allow-headers"].lower().split(",")}
+    assert set(sdk_headers.split(",")) <= allowed
+
+
+def test_every_error_carries_the_cors_headers_internal_ones_included(cors_server, monkeypatch):
+    """A 500 was made outside CORSMiddleware and carried no CORS headers: a browser page could not read it."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("the secret internals")
+
+    monkeypatch.setattr(cors_server.app.state.context.template, "render_prompt", broken)
+    for status, body in ((404, chat_body(model="nope")), (400, b"{nope"), (500, chat_body())):
+        response = post(cors_server, body, Origin="https://app.example")
+        assert error_of(response, status)["type"] != "internal_error" or "secret" not in response.text
+        assert response.headers.get("access-control-allow-origin") == "https://app.example", status
 
 
 def test_metrics_can_require_the_api_key(make_tiny):
