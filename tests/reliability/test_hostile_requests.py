@@ -102,6 +102,23 @@ def test_a_compressed_body_is_refused_with_415_not_read_as_json(server, coding):
     assert post(server, plain, **{"Content-Encoding": "identity"}).status_code == 200
 
 
+@pytest.mark.parametrize("second", ["text/plain", "application/json"])
+def test_a_request_with_two_content_type_headers_is_400_naming_the_header(server, second):
+    """Only the first Content-Type header was checked: `application/json` then `text/plain` was served."""
+    headers = [("Content-Type", "application/json"), ("Content-Type", second)]
+    response = httpx.post(server.base_url + "/chat/completions", content=json.dumps(chat_body()), headers=headers,
+                          timeout=30)
+    assert "2 Content-Type headers" in error_of(response, 400)["message"]
+
+
+def test_a_coding_on_a_second_content_encoding_header_is_refused(server):
+    """Only the first Content-Encoding header was checked: `identity` then `gzip` read the gzip body as JSON."""
+    headers = [("Content-Type", "application/json"), ("Content-Encoding", "identity"), ("Content-Encoding", "gzip")]
+    body = gzip.compress(json.dumps(chat_body()).encode())
+    response = httpx.post(server.base_url + "/chat/completions", content=body, headers=headers, timeout=30)
+    assert error_of(response, 415)["code"] == "unsupported_media_type"
+
+
 def test_json_with_a_charset_parameter_is_accepted(server):
     response = post(server, chat_body(), **{"Content-Type": "Application/JSON; charset=utf-8"})
     assert response.status_code == 200, response.text
