@@ -160,7 +160,9 @@ class _RequestAccounting:
     """Counts requests by endpoint and status.
 
     A request whose client left before its response was complete counts as 499, whatever status line was sent:
-    a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody."""
+    a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
+    upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
+    connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics):
         self.app = app

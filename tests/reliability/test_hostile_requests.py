@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from reliability_support import assert_healthy, chat_body, raw_request, send_and_hang_up
+from reliability_support import assert_healthy, chat_body, open_connection, raw_request, send_and_hang_up
 from server_support import live_server
 
 KEY = "sk-reliability"
@@ -168,6 +168,25 @@ def test_a_client_that_leaves_during_the_upload_is_no_internal_error(server, cap
     assert after.get(key % 499, 0) - before.get(key % 499, 0) == 3
     assert after.get(key % 500, 0) == before.get(key % 500, 0)
     assert_healthy(server)
+
+
+@pytest.mark.parametrize("framing", [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}}}\r\n0\r\n\r\n"])
+def test_a_broken_chunked_upload_is_answered_400_by_uvicorn_and_counted_as_the_client_gone(server, caplog, framing):
+    """uvicorn (h11, and httptools alike) answers broken chunk framing itself, a plain-text 400, and closes the
+    connection: the app then sees only a disconnect, as from a client that left (test above), and counts a 499.
+    No 500, no error logged, and the server serves on."""
+    before = server.metrics()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: glimmer\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    with caplog.at_level(logging.WARNING), open_connection(server.url) as connection:
+        connection.sendall(head + framing)
+        reply = b"".join(iter(lambda: connection.recv(4096), b""))
+    assert reply.startswith(b"HTTP/1.1 400 "), reply[:200]
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
+    key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
+    after = assert_healthy(server)
+    assert after.get(key % 499, 0) - before.get(key % 499, 0) == 1
+    assert after.get(key % 500, 0) == before.get(key % 500, 0)
 
 
 def test_cors_is_off_by_default(server):
