@@ -77,6 +77,10 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
         return Response(status_code=_CLIENT_CLOSED_REQUEST)
 
+    # the last added is the outermost: the generic 500 is made inside CORSMiddleware, so it carries the CORS
+    # headers every other response does (Starlette's own ServerErrorMiddleware sits outside all of them, and a
+    # browser page cannot read a response without them)
+    app.add_middleware(_InternalErrors)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes
@@ -125,12 +129,40 @@ def _model_card(context: ServingContext, name: str) -> dict:
             "max_model_len": context.engine.engine.max_model_len}
 
 
+class _InternalErrors:
+    """Turns an unexpected exception into a generic 500 (logged here with its traceback; the client never sees one).
+    One raised after the response started can only be logged: the status line is sent."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        except Exception as exc:
+            if started:
+                logger.error("internal error after the response started", exc_info=exc)
+            else:
+                await error_response(exc)(scope, receive, send)
+
+
 class _RequestAccounting:
-    """Counts requests by endpoint and status, and turns an unexpected exception into a generic 500
-    (logged here with its traceback; the client never sees one).
+    """Counts requests by endpoint and status.
 
     A request whose client left before its response was complete counts as 499, whatever status line was sent:
-    a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody."""
+    a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
+    upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
+    connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics):
         self.app = app
@@ -140,8 +172,7 @@ class _RequestAccounting:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
-        started = False
+        status = 500  # where no response starts here, ServerErrorMiddleware (or uvicorn) answers 500
         finishing = False  # the response's last message is on its way
         client_left = False
 
@@ -154,20 +185,15 @@ class _RequestAccounting:
             return message
 
         async def send_and_record(message: Message) -> None:
-            nonlocal status, started, finishing
+            nonlocal status, finishing
             if message["type"] == "http.response.start":
-                status, started = message["status"], True
+                status = message["status"]
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 finishing = True
             await send(message)
 
         try:
             await self.app(scope, receive_and_watch, send_and_record)
-        except Exception as exc:
-            if started:
-                logger.error("internal error after the response started", exc_info=exc)
-            else:
-                await error_response(exc)(scope, receive_and_watch, send_and_record)
         finally:
             recorded = _CLIENT_CLOSED_REQUEST if client_left else status
             self.metrics.requests.labels(_endpoint(scope["path"]), str(recorded)).inc()

@@ -23,14 +23,21 @@ def _too_large(max_bytes: int) -> APIError:
 def check_json_content_type(request: Request) -> None:
     """Raises APIError 415 unless the request declares a JSON body (`application/json`, any parameters) with no
     content coding: a compressed body would be read as its compressed bytes, or a plain one sent with
-    `Content-Encoding: gzip` taken as though the header were not there (RFC 9110 §8.4.1 allows the 415)."""
-    declared = request.headers.get("content-type", "")
+    `Content-Encoding: gzip` taken as though the header were not there (RFC 9110 §8.4.1 allows the 415).
+    Raises APIError 400 for more than one Content-Type header, which no reading of the request can settle."""
+    declared_all = request.headers.getlist("content-type")
+    if len(declared_all) > 1:  # a field sent once (RFC 9110 §5.3): which line counts is a guess
+        shown = ", ".join(repr(value[:60]) for value in declared_all[:4])
+        raise APIError(400, f"the request has {len(declared_all)} Content-Type headers ({shown}); send exactly one, "
+                            "`Content-Type: application/json`")
+    declared = declared_all[0] if declared_all else ""
     if declared.split(";", 1)[0].strip().lower() != "application/json":
         shown = repr(declared) if declared else "none"
         raise APIError(415, f"the request body must be JSON sent with `Content-Type: application/json` (got "
                             f"{shown})", code="unsupported_media_type")
-    coding = request.headers.get("content-encoding", "")
-    if coding.strip().lower() not in ("", "identity"):
+    # a list field (RFC 9110 §8.4): several header lines are one list, each coding of which applies
+    coding = ", ".join(request.headers.getlist("content-encoding"))
+    if any(part.strip().lower() not in ("", "identity") for part in coding.split(",")):
         raise APIError(415, f"the request body must be sent uncompressed (got `Content-Encoding: {coding[:40]}`); "
                             "Glimmer does not decode request bodies", code="unsupported_media_type")
 

@@ -9,6 +9,9 @@
 - a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
   item before it, in the input or in the responses it continues (OpenAI refuses an answer to no call, as does
   Glimmer; a result rendered before its call would be read as a result of nothing);
+- every `function_call` item, in the input or in the responses it continues, needs a `function_call_output` after
+  it (OpenAI: 400 "No tool output found for function call ..."): a call left unanswered would render as a turn
+  whose result never came;
 - a string input must not be empty, and a message item needs its content (either would be an empty turn).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
@@ -79,7 +82,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     """Raises RequestError naming the item or part the model cannot take. `sources`, if given, receives where
     each message came from (for `responses_error`). The first `continued` items are those of the response
     named by `previous_response_id`; the request's own `input[0]` follows them."""
-    called: set[str] = set()  # call_ids of the function_call items so far: an output answers an earlier call
+    called: dict[str, str] = {}  # call_id → where, of the function_call items so far: an output answers an earlier call
+    answered: set[str] = set()  # call_ids of the function_call_output items
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -115,7 +119,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             call = _tool_call(item, where)
             assistant.setdefault("tool_calls", []).append(call)
             assistant_origin.tool_calls.append(where)
-            called.add(call["id"])
+            called.setdefault(call["id"], where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
@@ -146,6 +150,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    "or the responses it continues (previous_response_id); send the call's item "
                                    "before its output, or continue the response that made the call",
                                    param=f"{where}.call_id")
+            answered.add(call_id)
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _text_of(item.get("output"), f"{where}.output")})
             origins.append(MessageSource(where))
@@ -153,9 +158,21 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "
                                "function_call and function_call_output are)", param=f"{where}.type")
     flush()
+    _refuse_unanswered_calls(called, answered)
     if sources is not None:
         sources[:] = origins
     return messages
+
+
+def _refuse_unanswered_calls(called: dict[str, str], answered: set[str]) -> None:
+    """RequestError naming every call (by call_id and where it was made) with no function_call_output."""
+    unanswered = [(call_id, where) for call_id, where in called.items() if call_id not in answered]
+    if not unanswered:
+        return
+    listed = ", ".join(f"{call_id!r} ({'from previous_response_id' if where == 'previous_response_id' else where})"
+                       for call_id, where in unanswered)
+    raise RequestError(f"input: no tool output found for function call {listed}; add a function_call_output item "
+                       "with each call's call_id and the tool's result to input", param="input")
 
 
 # The fields of each input item kind (besides `type`); `id` and `status` are what output items carry back.

@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from reliability_support import assert_healthy, chat_body, raw_request, send_and_hang_up
+from reliability_support import assert_healthy, chat_body, open_connection, raw_request, send_and_hang_up
 from server_support import live_server
 
 KEY = "sk-reliability"
@@ -102,6 +102,23 @@ def test_a_compressed_body_is_refused_with_415_not_read_as_json(server, coding):
     assert post(server, plain, **{"Content-Encoding": "identity"}).status_code == 200
 
 
+@pytest.mark.parametrize("second", ["text/plain", "application/json"])
+def test_a_request_with_two_content_type_headers_is_400_naming_the_header(server, second):
+    """Only the first Content-Type header was checked: `application/json` then `text/plain` was served."""
+    headers = [("Content-Type", "application/json"), ("Content-Type", second)]
+    response = httpx.post(server.base_url + "/chat/completions", content=json.dumps(chat_body()), headers=headers,
+                          timeout=30)
+    assert "2 Content-Type headers" in error_of(response, 400)["message"]
+
+
+def test_a_coding_on_a_second_content_encoding_header_is_refused(server):
+    """Only the first Content-Encoding header was checked: `identity` then `gzip` read the gzip body as JSON."""
+    headers = [("Content-Type", "application/json"), ("Content-Encoding", "identity"), ("Content-Encoding", "gzip")]
+    body = gzip.compress(json.dumps(chat_body()).encode())
+    response = httpx.post(server.base_url + "/chat/completions", content=body, headers=headers, timeout=30)
+    assert error_of(response, 415)["code"] == "unsupported_media_type"
+
+
 def test_json_with_a_charset_parameter_is_accepted(server):
     response = post(server, chat_body(), **{"Content-Type": "Application/JSON; charset=utf-8"})
     assert response.status_code == 200, response.text
@@ -153,6 +170,25 @@ def test_a_client_that_leaves_during_the_upload_is_no_internal_error(server, cap
     assert_healthy(server)
 
 
+@pytest.mark.parametrize("framing", [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}}}\r\n0\r\n\r\n"])
+def test_a_broken_chunked_upload_is_answered_400_by_uvicorn_and_counted_as_the_client_gone(server, caplog, framing):
+    """uvicorn (h11, and httptools alike) answers broken chunk framing itself, a plain-text 400, and closes the
+    connection: the app then sees only a disconnect, as from a client that left (test above), and counts a 499.
+    No 500, no error logged, and the server serves on."""
+    before = server.metrics()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: glimmer\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    with caplog.at_level(logging.WARNING), open_connection(server.url) as connection:
+        connection.sendall(head + framing)
+        reply = b"".join(iter(lambda: connection.recv(4096), b""))
+    assert reply.startswith(b"HTTP/1.1 400 "), reply[:200]
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text
+    key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
+    after = assert_healthy(server)
+    assert after.get(key % 499, 0) - before.get(key % 499, 0) == 1
+    assert after.get(key % 500, 0) == before.get(key % 500, 0)
+
+
 def test_cors_is_off_by_default(server):
     preflight = httpx.options(server.base_url + "/chat/completions", headers={
         "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
@@ -161,28 +197,44 @@ def test_cors_is_off_by_default(server):
     assert "access-control-allow-origin" not in response.headers
 
 
-def test_cors_allows_only_the_configured_origins(make_tiny):
+@pytest.fixture(scope="module")
+def cors_server(make_tiny):
     with live_server(make_tiny(), allowed_origins=("https://app.example",)) as live:
-        allowed = httpx.options(live.base_url + "/chat/completions", headers={
-            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "content-type,authorization"})
-        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
-        other = httpx.options(live.base_url + "/chat/completions", headers={
-            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
-        assert "access-control-allow-origin" not in other.headers
+        yield live
 
 
-def test_cors_preflight_allows_the_headers_openai_sdks_send(make_tiny):
+def test_cors_allows_only_the_configured_origins(cors_server):
+    allowed = httpx.options(cors_server.base_url + "/chat/completions", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,authorization"})
+    assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+    other = httpx.options(cors_server.base_url + "/chat/completions", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_cors_preflight_allows_the_headers_openai_sdks_send(cors_server):
     # the OpenAI JS SDK (any Stainless-generated SDK) sends X-Stainless-* on every request, OpenAI-Organization and
     # OpenAI-Project when configured: a preflight refusing them keeps every browser client built on it out
     sdk_headers = "authorization,content-type,x-stainless-os,x-stainless-retry-count,openai-organization"
-    with live_server(make_tiny(), allowed_origins=("https://app.example",)) as live:
-        preflight = httpx.options(live.base_url + "/chat/completions", headers={
-            "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": sdk_headers})
-        assert preflight.status_code == 200, preflight.text
-        allowed = {name.strip() for name in preflight.headers["access-control-allow-headers"].lower().split(",")}
-        assert set(sdk_headers.split(",")) <= allowed
+    preflight = httpx.options(cors_server.base_url + "/chat/completions", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": sdk_headers})
+    assert preflight.status_code == 200, preflight.text
+    allowed = {name.strip() for name in preflight.headers["access-control-allow-headers"].lower().split(",")}
+    assert set(sdk_headers.split(",")) <= allowed
+
+
+def test_every_error_carries_the_cors_headers_internal_ones_included(cors_server, monkeypatch):
+    """A 500 was made outside CORSMiddleware and carried no CORS headers: a browser page could not read it."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("the secret internals")
+
+    monkeypatch.setattr(cors_server.app.state.context.template, "render_prompt", broken)
+    for status, body in ((404, chat_body(model="nope")), (400, b"{nope"), (500, chat_body())):
+        response = post(cors_server, body, Origin="https://app.example")
+        assert error_of(response, status)["type"] != "internal_error" or "secret" not in response.text
+        assert response.headers.get("access-control-allow-origin") == "https://app.example", status
 
 
 def test_metrics_can_require_the_api_key(make_tiny):

@@ -78,6 +78,33 @@ def test_malformed_json_is_400(server):
     error_of(post(server, b"[1, 2]"), 400)
 
 
+USER = '{"role": "user", "content": "hi"}'
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/chat/completions", f'{{"model": "tiny", "model": "tiny", "messages": [{USER}]}}', "model"),
+    ("/chat/completions", f'{{"model": "tiny", "messages": [{USER}], "max_tokens": 1, "max_tokens": 2}}',
+     "max_tokens"),
+    ("/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": "a", "content": "b"}]}',
+     "messages[0].content"),
+    ("/chat/completions", f'{{"model": "tiny", "messages": [{USER}], "metadata": {{"k": "1", "k": "2"}}, '
+                          '"metadata": {}}', "metadata"),  # the outer repeat first
+    ("/completions", '{"model": "tiny", "prompt": "hi", "prompt": "bye"}', "prompt"),
+    ("/responses", '{"model": "tiny", "input": [{"role": "user", "role": "system", "content": "hi"}]}',
+     "input[0].role"),
+])
+def test_a_key_given_twice_in_one_object_is_400_naming_it(server, path, body, param):
+    """The last value silently won: a client (or a proxy that reads the first) meant another request."""
+    error = error_of(post(server, body.encode(), path=path), 400)
+    assert error["param"] == param and error["message"].startswith(f"{param}: given more than once")
+
+
+def test_a_key_repeated_across_sibling_objects_is_no_duplicate(server):
+    body = f'{{"model": "tiny", "messages": [{USER}, {{"role": "assistant", "content": "yo"}}, {USER}], ' \
+           '"max_tokens": 2, "chat_template_kwargs": {"current_date": "2026-01-01"}}'
+    assert post(server, body.encode()).status_code == 200
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"messages": None}, "messages"),
     ({"messages": []}, "messages"),

@@ -105,6 +105,29 @@ def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     assert error["param"] == "input[0].call_id" and "'call_nowhere'" in error["message"]
 
 
+def test_a_continuation_without_an_output_for_every_call_is_400_naming_the_calls(server, client):
+    """It was served: the call rendered as a turn whose result never came. OpenAI answers 400 "No tool output found
+    for function call ..."."""
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    body = {"model": "tiny", "tools": [WEATHER_TOOL], "previous_response_id": first.id,
+            "input": [{"role": "user", "content": "[greet] Never mind."}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input"
+    assert error["message"].startswith(f"input: no tool output found for function call {call.call_id!r} (from "
+                                       "previous_response_id)")
+
+
+def test_a_call_in_the_input_needs_its_output_too():
+    calls = [{"type": "function_call", "call_id": f"c{i}", "name": "get_weather", "arguments": "{}"} for i in (1, 2)]
+    answer = {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}
+    with pytest.raises(RequestError, match=r"^input: no tool output found for function call 'c2' \(input\[2\]\);"):
+        chat_messages([{"role": "user", "content": "hi"}, *calls, answer], None)
+    chat_messages([{"role": "user", "content": "hi"}, *calls, answer, {**answer, "call_id": "c2"}], None)
+
+
 def test_an_output_before_its_call_is_400_naming_its_call_id(server):
     """The result rendered before the call, named after the raw call_id, and the model answered in ATEM markup."""
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
