@@ -455,26 +455,34 @@ class LLM:
 
 class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
-    `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` keeps special tokens unless told, and
-    `apply_chat_template` renders with the checkpoint's template exactly as `LLM.chat` does. Other attributes
-    (`bos_token_id`, `eos_token_id`, `token_to_id`, `all_special_ids`, `vocab_size`, ...) are the `Tokenizer`'s."""
+    `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
+    unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
+    with the checkpoint's template exactly as `LLM.chat` does. Other attributes (`bos_token_id`, `eos_token_id`,
+    `pad_token_id`, `token_to_id`, `all_special_ids`, ...) are the `Tokenizer`'s."""
 
     def __init__(self, llm: LLM):
         self._llm = llm
         self.tokenizer: Tokenizer = llm.engine.tokenizer
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.tokenizer, name)
+        if not name.startswith("_"):
+            with contextlib.suppress(AttributeError):
+                return getattr(self.tokenizer, name)
+        # named as the class the caller holds, not the engine's Tokenizer it was looked up on
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:
         return self.tokenizer.vocab_size
 
+    @property
+    def vocab_size(self) -> int:
+        """Tokens of the base vocabulary, without the added ones (transformers' `vocab_size`); `len()` counts all."""
+        return self.tokenizer.base_vocab_size
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
         if not isinstance(text, str):
-            raise TypeError(f"encode() takes a string, not {type(text).__name__}")
+            raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
@@ -483,24 +491,62 @@ class LLMTokenizer:
             return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
         return {"input_ids": self.encode(text, add_special_tokens)}
 
-    def decode(self, ids: SequenceABC[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; `skip_special_tokens` leaves out every special token (`all_special_ids`)."""
-        if isinstance(ids, int):
-            ids = [ids]
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"LLMTokenizer.tokenize() takes a string, not {type(text).__name__}")
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]],
+               skip_special_tokens: bool = False) -> str | list[str]:
+        """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
+        list of id lists, or a 2-D array or tensor), as transformers 5's `decode`; `skip_special_tokens` leaves out
+        every special token (`all_special_ids`). Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        return self._decode_any(ids, skip_special_tokens, "LLMTokenizer.decode()")
+
+    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False) -> list[str]:
+        """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
+        sequence gives a list of its text (as transformers 5's `batch_decode`)."""
+        texts = self._decode_any(sequences, skip_special_tokens, "LLMTokenizer.batch_decode()")
+        return [texts] if isinstance(texts, str) else texts
+
+    def _decode_any(self, ids: Any, skip_special_tokens: bool, call: str) -> str | list[str]:
+        if hasattr(ids, "tolist"):  # a NumPy array or a torch tensor
+            ids = ids.tolist()
+        if isinstance(ids, list | tuple) and ids and isinstance(ids[0], list | tuple):
+            return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens)
+                    for index, sequence in enumerate(ids)]
+        return self._decode(_token_id_list(ids, call), skip_special_tokens)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:
             special = set(self.tokenizer.all_special_ids)
             ids = [i for i in ids if i not in special]
         return self.tokenizer.decode(ids)
 
-    def convert_ids_to_tokens(self, ids: int | SequenceABC[int]) -> str | None | list[str | None]:
-        if isinstance(ids, int):
-            return self.tokenizer.id_to_token(ids)
-        return [self.tokenizer.id_to_token(i) for i in ids]
+    def convert_ids_to_tokens(self, ids: int | SequenceABC[int],
+                              skip_special_tokens: bool = False) -> str | None | list[str | None]:
+        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, special ones left
+        out with `skip_special_tokens` (as transformers' call)."""
+        id_list = _token_id_list(ids, "LLMTokenizer.convert_ids_to_tokens()")
+        if _is_token_id(ids):
+            return self.tokenizer.id_to_token(id_list[0])
+        special = set(self.tokenizer.all_special_ids) if skip_special_tokens else set()
+        return [self.tokenizer.id_to_token(i) for i in id_list if i not in special]
 
     def convert_tokens_to_ids(self, tokens: str | SequenceABC[str]) -> int | None | list[int | None]:
+        """The id of a vocabulary entry, or of each of a list of them; one not in the vocabulary is the unknown
+        token's id, None without one (as transformers' call)."""
         if isinstance(tokens, str):
-            return self.tokenizer.token_to_id(tokens)
-        return [self.tokenizer.token_to_id(t) for t in tokens]
+            return self._token_id(tokens)
+        if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) for t in tokens):
+            raise TypeError("LLMTokenizer.convert_tokens_to_ids() takes a token string or a list of them")
+        return [self._token_id(t) for t in tokens]
+
+    def _token_id(self, token: str) -> int | None:
+        token_id = self.tokenizer.token_to_id(token)
+        return self.tokenizer.unk_token_id if token_id is None else token_id
 
     def get_vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
@@ -615,6 +661,22 @@ def _is_single_prompt(prompts: object) -> bool:
     """Whether `generate` was given one prompt (a string, a prompt dict or one list of token ids), not a list."""
     return isinstance(prompts, str | dict) or (
         isinstance(prompts, list | tuple) and bool(prompts) and all(map(_is_token_id, prompts)))
+
+
+def _token_id_list(ids: Any, call: str) -> list[int]:
+    """`ids` (a token id, a list or tuple of them, a NumPy array or a torch tensor) as a list of ints. Raises
+    TypeError naming `call` and what was given instead."""
+    if hasattr(ids, "tolist"):  # a NumPy array or scalar, a torch tensor
+        ids = ids.tolist()
+    if _is_token_id(ids) and operator.index(ids) >= 0:
+        return [operator.index(ids)]
+    if not isinstance(ids, list | tuple):
+        raise TypeError(f"{call} takes token ids (an int, a list of ints, or a 1-D array or tensor of them), not "
+                        f"{type(ids).__name__}")
+    bad = next((index for index, i in enumerate(ids) if not _is_token_id(i) or operator.index(i) < 0), None)
+    if bad is not None:
+        raise TypeError(f"{call} takes token ids (integers >= 0); item {bad} is {ids[bad]!r}")
+    return [operator.index(i) for i in ids]
 
 
 def _is_token_id(value: object) -> bool:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.errors import ConfigError, RequestError
@@ -73,6 +74,54 @@ def test_get_tokenizer_has_the_hugging_face_calls(llm):
     assert tok.convert_ids_to_tokens(ids[0]) == tok.bos_token and len(tok.convert_ids_to_tokens(ids)) == len(ids)
     assert tok.get_vocab()[tok.bos_token] == tok.bos_token_id and len(tok) == tok.tokenizer.vocab_size
     assert tok.eos_token_id is not None and tok.tokenizer is llm.engine.tokenizer
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_checkpoint):
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+def test_batch_decode_and_decode_take_what_transformers_takes(llm, hf):
+    """`batch_decode` was missing (an AttributeError naming `Tokenizer`); both take ids as transformers 5 does."""
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello the world")
+    for given in ([ids, ids[:2]], (tuple(ids),), np.array([ids]), torch.tensor([ids]), ids, []):
+        for skip in (False, True):
+            assert tok.batch_decode(given, skip_special_tokens=skip) == hf.batch_decode(given, skip_special_tokens=skip)
+            assert tok.decode(given, skip_special_tokens=skip) == hf.decode(given, skip_special_tokens=skip)
+    for given in (np.array(ids), torch.tensor(ids), ids[0]):
+        assert tok.decode(given) == hf.decode(given)
+
+
+def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello the world")
+    assert (tok.vocab_size, len(tok)) == (hf.vocab_size, len(hf)) and tok.vocab_size < len(tok)
+    assert tok.tokenize("Hello the world") == hf.tokenize("Hello the world")
+    for given in (ids, ids[0], np.array(ids), torch.tensor(ids)):
+        for skip in (False, True):
+            assert tok.convert_ids_to_tokens(given, skip_special_tokens=skip) == \
+                hf.convert_ids_to_tokens(given, skip_special_tokens=skip)
+    tokens = [*hf.convert_ids_to_tokens(ids), "not-a-token"]
+    assert tok.convert_tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens)
+    assert tok.convert_tokens_to_ids(tokens[1]) == hf.convert_tokens_to_ids(tokens[1])
+    assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (hf.eos_token_id, hf.bos_token_id,
+                                                                      hf.pad_token_id)
+
+
+def test_tokenizer_errors_name_the_llm_tokenizer(llm):
+    tok = llm.get_tokenizer()
+    with pytest.raises(AttributeError, match="^'LLMTokenizer' object has no attribute 'batch_decoder'$"):
+        tok.batch_decoder  # noqa: B018
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.decode\(\) takes token ids .* not str$"):
+        tok.decode("Hello")
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.batch_decode\(\) \(sequence 1\) takes token ids \(integers >= "
+                                        r"0\); item 0 is -1$"):
+        tok.batch_decode([[1], [-1]])
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.convert_ids_to_tokens\(\) takes token ids"):
+        tok.convert_ids_to_tokens("Hello")
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.encode\(\) takes a string, not list$"):
+        tok.encode([1, 2])
 
 
 def test_apply_chat_template_renders_as_chat_does(llm):
