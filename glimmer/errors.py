@@ -27,3 +27,9 @@ class RequestError(GlimmerError, ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class UnsupportedArgumentError(RequestError, TypeError):
+    """An argument the callee does not take, named in `param`, with what to pass instead: a TypeError as Python's
+    own for an unexpected keyword argument (code catching that still does), and a RequestError like the errors
+    about the values of the arguments it does take."""

@@ -88,13 +88,34 @@ def checked_documents(documents: Any) -> list[Mapping[str, Any]]:
     return list(documents)
 
 
+def generation_prompt(add_generation_prompt: bool | None, continue_final_message: bool | str) -> bool:
+    """Whether the prompt ends with the generation prompt: as `add_generation_prompt` says, and by default (None)
+    unless the final message is continued. Raises RequestError for a value of either argument of another type, and
+    for both set (transformers and vLLM refuse it too)."""
+    if add_generation_prompt is not None and not isinstance(add_generation_prompt, bool):
+        raise RequestError(f"add_generation_prompt must be True, False or None, not {add_generation_prompt!r}",
+                           param="add_generation_prompt")
+    if not isinstance(continue_final_message, bool | str):
+        raise RequestError("continue_final_message must be True, False or the name of the field to continue, not "
+                           f"{continue_final_message!r}", param="continue_final_message")
+    if continue_final_message and add_generation_prompt:
+        raise RequestError("continue_final_message=True with add_generation_prompt=True: the first ends the prompt "
+                           "inside the final message, the second after it with a new turn's header; give one",
+                           param="continue_final_message")
+    return not continue_final_message if add_generation_prompt is None else add_generation_prompt
+
+
 @dataclass(frozen=True)
 class FinalMessageTag:
-    """The tag appended to the final message's `text` before rendering; the prompt is cut where it lands."""
+    """The tag appended to the final message's `text` before rendering; the prompt is cut where it lands.
+
+    `recipient` is the channel whose body the cut prompt ends inside, for the output parser (P-TMPL-8): `self` for the
+    reasoning, else the message's `recipient`, `user` without one (protocol.md §2.1, assistant messages)."""
 
     field: str
     text: str
     tag: str
+    recipient: str
 
 
 def tag_final_message(messages: Any, continue_final_message: bool | str,
@@ -146,7 +167,8 @@ def tag_final_message(messages: Any, continue_final_message: bool | str,
     else:
         raise RequestError(f'continue_final_message: the final message\'s "{field}" must be a string or a list of '
                            f"content parts, not {type(value).__name__}", param="continue_final_message")
-    return [*messages[:-1], final], FinalMessageTag(field, text, tag)
+    recipient = "self" if field in REASONING_FIELDS else final.get("recipient") or "user"
+    return [*messages[:-1], final], FinalMessageTag(field, text, tag, str(recipient))
 
 
 def cut_at_final_message(rendered: RenderedPrompt, final: FinalMessageTag) -> RenderedPrompt:

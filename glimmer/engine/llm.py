@@ -19,9 +19,12 @@ from urllib.parse import urlparse
 from tqdm.auto import tqdm
 
 from glimmer.engine.apply_chat_template import (
+    REASONING_FIELDS,
+    FinalMessageTag,
     OutputShape,
     checked_documents,
     cut_at_final_message,
+    generation_prompt,
     given_conversation,
     split_conversations,
     tag_final_message,
@@ -46,6 +49,7 @@ from glimmer.protocol import (
     parse_output,
     resolve_reasoning_strength,
 )
+from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
 from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
@@ -54,6 +58,11 @@ PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data"})
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")  # resolved, not passed on
+_RENDERING_ARGUMENTS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
+"""`LLM.chat`'s arguments that vLLM's `LLM.chat` also reads from `chat_template_kwargs`; no template variables."""
+_CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
+"""What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
+final message's `recipient`), a reasoning field the reasoning."""
 
 
 @dataclass
@@ -80,6 +89,21 @@ class ChatOutput:
         if self.output.finish_reason == "length":
             return "length"
         return "tool_calls" if self.tool_calls else self.output.finish_reason
+
+
+@dataclass(frozen=True)
+class _Rendering:
+    """How a conversation becomes a prompt (`LLM.chat`, `LLMTokenizer.apply_chat_template`): its template, the tools,
+    reasoning strength and template variables it sees, whether control-token text stays text, and where the prompt
+    ends: with the generation prompt, after the final message, or inside it (`continue_final_message`)."""
+
+    template: ChatTemplate
+    tools: list[dict[str, Any]] | None
+    strength: str | None
+    kwargs: Mapping[str, Any]
+    allow_control_tokens: bool
+    generation_prompt: bool = True
+    continue_final_message: bool | str = False
 
 
 @dataclass
@@ -326,6 +350,9 @@ class LLM:
         thinking_token_budget: int | None = None,
         reasoning_effort: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool | str = False,
         allow_control_tokens_in_content: bool = False,
         use_tqdm: bool = False,
     ) -> list[ChatOutput]:
@@ -347,6 +374,16 @@ class LLM:
         what the parsed reply shows: None (default) or True hides every special token but the framing, False
         hides none. A max_tokens past max_model_len ends the turn there (finish_reason "length"), as in vLLM.
 
+        As vLLM's: `chat_template` is a template source to render with instead of the checkpoint's;
+        `continue_final_message=True` ends the prompt inside the final message, which must be an assistant's, so
+        that the reply continues its content (without repeating it) and is parsed as that message's continuation;
+        `add_generation_prompt=False` ends the prompt after the final message, with no new turn's header. By
+        default (None) the generation prompt ends the prompt unless the final message is continued; True with
+        `continue_final_message` is refused, as in vLLM. `continue_final_message="reasoning_content"` continues the
+        final message's reasoning instead (the reply's `reasoning` then begins with the continuation). A prompt that
+        does not end with the generation prompt cannot be combined with a grammar over the turn (`response_format`,
+        `structured_outputs`, a required or named `tool_choice`, strict tools, `thinking_token_budget`).
+
         Control-token text in the messages, tools or template kwargs (`<|start|>`, `<|eot|>`, ...) is tokenized
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
         only) makes it those tokens instead.
@@ -366,17 +403,31 @@ class LLM:
             raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise RequestError("chat_template_kwargs must be a dict (or None)", param="chat_template_kwargs")
+        _refuse_rendering_arguments_in_kwargs(chat_template_kwargs or {})
+        ends_with_generation_prompt = generation_prompt(add_generation_prompt, continue_final_message)
+        if isinstance(continue_final_message, str) and continue_final_message not in _CONTINUABLE_FIELDS:
+            raise RequestError(f"continue_final_message={continue_final_message!r}: LLM.chat continues "
+                               f"{' or '.join(map(repr, _CONTINUABLE_FIELDS))} (True: 'content')",
+                               param="continue_final_message")
+        template = self.engine.chat_template if chat_template is None else _template_argument(chat_template)
+        # the argument that ends the prompt elsewhere than at the generation prompt, where a turn grammar starts
+        prompt_end = ("continue_final_message" if continue_final_message else
+                      None if ends_with_generation_prompt else "add_generation_prompt")
         plan = plan_tools(normalize_tools(tools, check_schema=check_json_schema), tool_choice)
         turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
-                                             thinking_token_budget) for params in requested}
-        normalized_tools = plan.render_tools
+                                             thinking_token_budget, prompt_end) for params in requested}
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _STRENGTH_KWARGS}
+        rendering = _Rendering(template, plan.render_tools, strength, kwargs, allow_control_tokens_in_content,
+                               ends_with_generation_prompt, continue_final_message)
         prepared: list[_Prepared] = []
-        for conversation in conversations:
-            normalized, rendered = self._render(conversation, normalized_tools, strength, kwargs,
-                                                allow_control_tokens_in_content)
+        continued: list[str | None] = []  # per conversation, the channel its prompt ends inside (P-TMPL-8)
+        for index, conversation in enumerate(conversations):
+            if continue_final_message:
+                _check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
+            normalized, rendered, final = self._render(conversation, rendering)
+            continued.append(final.recipient if final is not None else None)
             images, videos = [], []
             with naming_media_parts(conversation):  # an item's error names its content part
                 for kind, reference in collect_media(normalized):
@@ -388,12 +439,13 @@ class LLM:
         outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
                             [turn.controller_factory for turn in chat_turns])
         chats = []
-        for output, turn in zip(outputs, chat_turns, strict=True):
+        for output, turn, recipient in zip(outputs, chat_turns, continued, strict=True):
             choices = []
             hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
                 text = without_hidden_tokens(completion.text, completion.token_ids, hidden)
-                parsed = parse_output(text, plan.parser_tools, verbatim_content=turn.constrained_answer)
+                parsed = parse_output(text, plan.parser_tools, continue_recipient=recipient,
+                                      verbatim_content=turn.constrained_answer)
                 alone = replace(output, outputs=[completion])
                 armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,
                                            hidden) if turn.stop else -1
@@ -406,31 +458,35 @@ class LLM:
                                     first.stop_string))
         return chats
 
-    def _render(self, conversation: Any, tools: list[dict[str, Any]] | None, strength: str | None,
-                kwargs: Mapping[str, Any], allow_control_tokens: bool, add_generation_prompt: bool = True,
-                template: ChatTemplate | None = None) -> tuple[list[dict[str, Any]], RenderedPrompt]:
-        """One conversation's messages, normalized, and its prompt rendered with `template` (default: the
-        checkpoint's)."""
+    def _render(self, conversation: Any, rendering: _Rendering
+                ) -> tuple[list[dict[str, Any]], RenderedPrompt, FinalMessageTag | None]:
+        """One conversation's messages, normalized, its prompt, and where that prompt was cut inside the final
+        message (None unless `rendering.continue_final_message`)."""
+        final = None
+        if rendering.continue_final_message:
+            conversation, final = tag_final_message(conversation, rendering.continue_final_message,
+                                                    rendering.template.source)
         normalized = normalize_messages(conversation)
         refuse_unrendered(conversation)
         tokenizer = self.engine.tokenizer
-        rendered = (template or self.engine.chat_template).render_prompt(
+        rendered = rendering.template.render_prompt(
             normalized,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
+            tools=rendering.tools,
+            add_generation_prompt=rendering.generation_prompt,
             special_tokens=tokenizer.special_tokens,
-            reasoning_strength=strength,
-            chat_template_kwargs=kwargs,
-            control_tokens=() if allow_control_tokens else tokenizer.control_tokens,
+            reasoning_strength=rendering.strength,
+            chat_template_kwargs=rendering.kwargs,
+            control_tokens=() if rendering.allow_control_tokens else tokenizer.control_tokens,
         )
-        return normalized, rendered
+        return normalized, rendered if final is None else cut_at_final_message(rendered, final), final
 
     def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,
-                   thinking_token_budget: int | None) -> _ChatTurn:
+                   thinking_token_budget: int | None, prompt_end: str | None) -> _ChatTurn:
         """How one SamplingParams' conversations are generated and read: the turn's grammar (the answer's
         constraint, from `response_format` or `params.structured_outputs`), and the stop strings, which match the
         answer only (P-REQ-2): they are looked for in the parsed content, not in the raw turn, where reasoning or a
-        tool call could hold them."""
+        tool call could hold them. `prompt_end`: the argument that ends the prompt elsewhere than at the generation
+        prompt, where a turn's grammar starts (RequestError naming it if the turn has one), or None."""
         structured, param = params.structured_outputs, "structured_outputs"
         if response_format is not None:
             requested = StructuredOutputsParams.from_response_format(response_format)
@@ -446,6 +502,13 @@ class LLM:
         answer = chat_answer_grammar(structured, param) if structured is not None else None
         constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
                                           thinking_token_budget=thinking_token_budget)
+        if constraint is not None and prompt_end is not None:
+            constrained_by = next(name for name, given in (
+                (param, structured is not None), ("tool_choice", plan.required_names is not None),
+                ("thinking_token_budget", thinking_token_budget is not None), ("tools (strict)", plan.strict)) if given)
+            raise RequestError(f"{prompt_end}: cannot be combined with {constrained_by}, whose grammar constrains the "
+                               "turn from the generation prompt `<|start|>assistant` on, where this prompt does not "
+                               "end; drop one of them", param=prompt_end)
         factory = self.engine.grammars.turn(constraint, param) if constraint is not None else None
         # P-REQ-1: the engine keeps every special token (the framing the parser reads); the reply hides them after
         return _ChatTurn(replace(params, structured_outputs=None, stop=[], skip_special_tokens=False), factory,
@@ -455,26 +518,34 @@ class LLM:
 
 class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
-    `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` keeps special tokens unless told, and
-    `apply_chat_template` renders with the checkpoint's template exactly as `LLM.chat` does. Other attributes
-    (`bos_token_id`, `eos_token_id`, `token_to_id`, `all_special_ids`, `vocab_size`, ...) are the `Tokenizer`'s."""
+    `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
+    unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
+    with the checkpoint's template exactly as `LLM.chat` does. Other attributes (`bos_token_id`, `eos_token_id`,
+    `pad_token_id`, `token_to_id`, `all_special_ids`, ...) are the `Tokenizer`'s."""
 
     def __init__(self, llm: LLM):
         self._llm = llm
         self.tokenizer: Tokenizer = llm.engine.tokenizer
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.tokenizer, name)
+        if not name.startswith("_"):
+            with contextlib.suppress(AttributeError):
+                return getattr(self.tokenizer, name)
+        # named as the class the caller holds, not the engine's Tokenizer it was looked up on
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:
         return self.tokenizer.vocab_size
 
+    @property
+    def vocab_size(self) -> int:
+        """Tokens of the base vocabulary, without the added ones (transformers' `vocab_size`); `len()` counts all."""
+        return self.tokenizer.base_vocab_size
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
         if not isinstance(text, str):
-            raise TypeError(f"encode() takes a string, not {type(text).__name__}")
+            raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
@@ -483,24 +554,62 @@ class LLMTokenizer:
             return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
         return {"input_ids": self.encode(text, add_special_tokens)}
 
-    def decode(self, ids: SequenceABC[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; `skip_special_tokens` leaves out every special token (`all_special_ids`)."""
-        if isinstance(ids, int):
-            ids = [ids]
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"LLMTokenizer.tokenize() takes a string, not {type(text).__name__}")
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]],
+               skip_special_tokens: bool = False) -> str | list[str]:
+        """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
+        list of id lists, or a 2-D array or tensor), as transformers 5's `decode`; `skip_special_tokens` leaves out
+        every special token (`all_special_ids`). Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        return self._decode_any(ids, skip_special_tokens, "LLMTokenizer.decode()")
+
+    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False) -> list[str]:
+        """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
+        sequence gives a list of its text (as transformers 5's `batch_decode`)."""
+        texts = self._decode_any(sequences, skip_special_tokens, "LLMTokenizer.batch_decode()")
+        return [texts] if isinstance(texts, str) else texts
+
+    def _decode_any(self, ids: Any, skip_special_tokens: bool, call: str) -> str | list[str]:
+        if hasattr(ids, "tolist"):  # a NumPy array or a torch tensor
+            ids = ids.tolist()
+        if isinstance(ids, list | tuple) and ids and isinstance(ids[0], list | tuple):
+            return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens)
+                    for index, sequence in enumerate(ids)]
+        return self._decode(_token_id_list(ids, call), skip_special_tokens)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         if skip_special_tokens:
             special = set(self.tokenizer.all_special_ids)
             ids = [i for i in ids if i not in special]
         return self.tokenizer.decode(ids)
 
-    def convert_ids_to_tokens(self, ids: int | SequenceABC[int]) -> str | None | list[str | None]:
-        if isinstance(ids, int):
-            return self.tokenizer.id_to_token(ids)
-        return [self.tokenizer.id_to_token(i) for i in ids]
+    def convert_ids_to_tokens(self, ids: int | SequenceABC[int],
+                              skip_special_tokens: bool = False) -> str | None | list[str | None]:
+        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, special ones left
+        out with `skip_special_tokens` (as transformers' call)."""
+        id_list = _token_id_list(ids, "LLMTokenizer.convert_ids_to_tokens()")
+        if _is_token_id(ids):
+            return self.tokenizer.id_to_token(id_list[0])
+        special = set(self.tokenizer.all_special_ids) if skip_special_tokens else set()
+        return [self.tokenizer.id_to_token(i) for i in id_list if i not in special]
 
     def convert_tokens_to_ids(self, tokens: str | SequenceABC[str]) -> int | None | list[int | None]:
+        """The id of a vocabulary entry, or of each of a list of them; one not in the vocabulary is the unknown
+        token's id, None without one (as transformers' call)."""
         if isinstance(tokens, str):
-            return self.tokenizer.token_to_id(tokens)
-        return [self.tokenizer.token_to_id(t) for t in tokens]
+            return self._token_id(tokens)
+        if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) for t in tokens):
+            raise TypeError("LLMTokenizer.convert_tokens_to_ids() takes a token string or a list of them")
+        return [self._token_id(t) for t in tokens]
+
+    def _token_id(self, token: str) -> int | None:
+        token_id = self.tokenizer.token_to_id(token)
+        return self.tokenizer.unk_token_id if token_id is None else token_id
 
     def get_vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
@@ -567,10 +676,7 @@ class LLMTokenizer:
             raise RequestError(f"tokenizer_kwargs {sorted(tokenizer_kwargs)} are not supported; padding, truncation, "
                                "max_length and return_tensors are arguments of apply_chat_template",
                                param="tokenizer_kwargs")
-        if continue_final_message and add_generation_prompt:
-            raise RequestError("continue_final_message=True with add_generation_prompt=True: the first ends the prompt "
-                               "inside the final message, the second after it with a new turn's header; give one",
-                               param="continue_final_message")
+        ends_with_generation_prompt = generation_prompt(add_generation_prompt, continue_final_message)
         if sanitize_control_tokens and not tokenize:
             raise RequestError("sanitize_control_tokens=True applies to token ids: it needs tokenize=True (the text "
                                "of a prompt holds no tokens to sanitize)", param="sanitize_control_tokens")
@@ -584,16 +690,10 @@ class LLMTokenizer:
         template_kwargs = {k: v for k, v in kwargs.items() if k not in _STRENGTH_KWARGS}
         if documents is not None:
             template_kwargs["documents"] = checked_documents(documents)
-        allow_control_tokens = allow_control_tokens_in_content or sanitize_control_tokens is False
-        generation_prompt = not continue_final_message if add_generation_prompt is None else add_generation_prompt
-        prompts = []
-        for messages in conversations:
-            final = None
-            if continue_final_message:
-                messages, final = tag_final_message(messages, continue_final_message, template.source)
-            _, rendered = self._llm._render(messages, plan.render_tools, strength, template_kwargs,
-                                            allow_control_tokens, generation_prompt, template)
-            prompts.append(rendered if final is None else cut_at_final_message(rendered, final))
+        rendering = _Rendering(template, plan.render_tools, strength, template_kwargs,
+                               allow_control_tokens_in_content or sanitize_control_tokens is False,
+                               ends_with_generation_prompt, continue_final_message)
+        prompts = [self._llm._render(messages, rendering)[1] for messages in conversations]
         if shape is None:
             texts = [prompt.display_text for prompt in prompts]
             return texts if batched else texts[0]
@@ -617,6 +717,22 @@ def _is_single_prompt(prompts: object) -> bool:
         isinstance(prompts, list | tuple) and bool(prompts) and all(map(_is_token_id, prompts)))
 
 
+def _token_id_list(ids: Any, call: str) -> list[int]:
+    """`ids` (a token id, a list or tuple of them, a NumPy array or a torch tensor) as a list of ints. Raises
+    TypeError naming `call` and what was given instead."""
+    if hasattr(ids, "tolist"):  # a NumPy array or scalar, a torch tensor
+        ids = ids.tolist()
+    if _is_token_id(ids) and operator.index(ids) >= 0:
+        return [operator.index(ids)]
+    if not isinstance(ids, list | tuple):
+        raise TypeError(f"{call} takes token ids (an int, a list of ints, or a 1-D array or tensor of them), not "
+                        f"{type(ids).__name__}")
+    bad = next((index for index, i in enumerate(ids) if not _is_token_id(i) or operator.index(i) < 0), None)
+    if bad is not None:
+        raise TypeError(f"{call} takes token ids (integers >= 0); item {bad} is {ids[bad]!r}")
+    return [operator.index(i) for i in ids]
+
+
 def _is_token_id(value: object) -> bool:
     """An integer of any integral type (int, numpy.int64, ...) but not a bool."""
     if isinstance(value, bool):
@@ -638,6 +754,28 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
         raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
+
+
+def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
+    """RequestError for an argument of `LLM.chat` given in its `chat_template_kwargs`, where vLLM's `LLM.chat` also
+    reads it: the template never would, and a prompt rendered without it would be a silent wrong answer."""
+    for name in _RENDERING_ARGUMENTS:
+        if name in chat_template_kwargs:
+            raise RequestError(f"chat_template_kwargs may not set {name!r}: it is an argument of LLM.chat, not a "
+                               f"template variable; pass LLM.chat(messages, {name}=...)", param="chat_template_kwargs")
+
+
+def _check_final_message_is_the_assistants(conversation: Any, index: int | None) -> None:
+    """RequestError unless the final message of `conversation` (the `index`-th of several) is an assistant's: the
+    reply of `LLM.chat(continue_final_message=True)` continues it, and is parsed as that message's continuation."""
+    final = conversation[-1] if isinstance(conversation, list | tuple) and conversation else None
+    role = final.get("role") if isinstance(final, Mapping) else None
+    if role != "assistant":
+        where = "" if index is None else f"messages[{index}]: "
+        raise RequestError(f"continue_final_message: {where}the final message has role {role!r}, and only an "
+                           "assistant message can be continued (the reply continues it); end the conversation with "
+                           '{"role": "assistant", "content": PREFIX}, or leave continue_final_message out for a new '
+                           "turn", param="continue_final_message")
 
 
 def _check_sampling_params(params_list: list[Any]) -> None:

@@ -305,6 +305,11 @@ class Tokenizer:
         """Number of tokens, added tokens included (transformers' `len(tokenizer)`)."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def base_vocab_size(self) -> int:
+        """Number of tokens without the added ones (transformers' `vocab_size`)."""
+        return self._backend.get_vocab_size(with_added_tokens=False)
+
     @cached_property
     def all_special_ids(self) -> tuple[int, ...]:
         """Ids of every added token flagged special in tokenizer.json, ascending.

@@ -215,9 +215,9 @@ def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str
         if name in RENDERING_ARGUMENTS:
             raise RequestError(
                 f"chat_template_kwargs may not set {name!r}: it is an argument of apply_chat_template, not a template "
-                f"variable, and chat rendering here does not take it (render the prompt with "
-                f"tokenizer.apply_chat_template(messages, {name}=..., tokenize=False) and generate from that text; "
-                "a checkpoint's template is replaced with LLM(model, chat_template=FILE) or --chat-template FILE)",
+                f"variable, and chat rendering here does not take it (in Python, LLM.chat(messages, {name}=...) and "
+                f"tokenizer.apply_chat_template(messages, {name}=..., tokenize=False) take it; a checkpoint's "
+                "template is replaced with --chat-template FILE)",
                 param="chat_template_kwargs",
             )
         if name in FIXED_VARIABLES or name in TOKEN_VARIABLES or name in tokens:

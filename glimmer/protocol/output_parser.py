@@ -553,7 +553,8 @@ def _could_become_closing_tag(text: str, position: int) -> bool:
 
 
 def parse_output(text: str, tools: Iterable[Mapping[str, Any]] | None = None, *,
-                 verbatim_content: bool = False) -> ParsedOutput:
-    """Parse a whole turn: by definition, an OutputParser fed all of `text` at once, then finished."""
-    parser = OutputParser(tools, verbatim_content=verbatim_content)
+                 continue_recipient: str | None = None, verbatim_content: bool = False) -> ParsedOutput:
+    """Parse a whole turn: by definition, an OutputParser fed all of `text` at once, then finished (the arguments
+    are the OutputParser's)."""
+    parser = OutputParser(tools, continue_recipient=continue_recipient, verbatim_content=verbatim_content)
     return ParsedOutput.from_deltas([parser.feed(text), parser.finish()])

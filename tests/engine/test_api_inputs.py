@@ -3,12 +3,14 @@ never an internal exception, a hang or a silent wrong answer; and the engine is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
-from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
-from glimmer.errors import RequestError
+from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE, VLLM_ONLY_ARGUMENTS
+from glimmer.errors import RequestError, UnsupportedArgumentError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -32,6 +34,35 @@ def _refused(call, param: str) -> RequestError:
     ("logit_bias", {5: float("nan")}), ("logit_bias", [(5, 1.0)])])
 def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     _refused(lambda: SamplingParams(**{field: value}), field)
+
+
+@pytest.mark.parametrize(("name", "value", "advice"), [
+    ("best_of", 4, "cumulative_logprob"), ("guided_decoding", None, "structured_outputs=StructuredOutputsParams"),
+    ("logits_processors", [], "logit_bias"), ("allowed_token_ids", [5], "structured_outputs"),
+    ("bad_words", ["x"], "logit_bias"), ("truncate_prompt_tokens", 8, "prompt_token_ids"),
+    ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", True, "never puts spaces"),
+    ("output_kind", 2, "final output"), ("use_beam_search", True, "beam search")])
+def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instead(name, value, advice):
+    """It was Python's bare `TypeError: __init__() got an unexpected keyword argument`; it is still a TypeError, and
+    a RequestError naming the argument like the errors about the values of the arguments SamplingParams takes."""
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        SamplingParams(temperature=0, **{name: value})
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, RequestError)
+    assert caught.value.param == name and advice in VLLM_ONLY_ARGUMENTS[name]
+    assert str(caught.value) == f"{name}: an argument of vLLM's SamplingParams that Glimmer's does not take; " \
+                                f"{VLLM_ONLY_ARGUMENTS[name]}"
+
+
+def test_no_argument_refused_as_vllm_only_is_one_glimmer_takes():
+    assert not set(VLLM_ONLY_ARGUMENTS) & {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def test_an_unknown_argument_is_refused_naming_the_closest_one():
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        SamplingParams(temprature=0.5)
+    assert caught.value.param == "temprature" and "did you mean 'temperature'?" in str(caught.value)
+    with pytest.raises(TypeError, match="SamplingParams has no argument 'colour'; its arguments are temperature"):
+        SamplingParams(colour="red")
 
 
 def test_numpy_scalars_are_taken_as_the_numbers_they_hold(llm):

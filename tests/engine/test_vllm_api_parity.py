@@ -4,13 +4,17 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.errors import ConfigError, RequestError
+from glimmer.protocol import parse_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 KWARGS = {"current_date": "2026-01-01"}
@@ -73,6 +77,54 @@ def test_get_tokenizer_has_the_hugging_face_calls(llm):
     assert tok.convert_ids_to_tokens(ids[0]) == tok.bos_token and len(tok.convert_ids_to_tokens(ids)) == len(ids)
     assert tok.get_vocab()[tok.bos_token] == tok.bos_token_id and len(tok) == tok.tokenizer.vocab_size
     assert tok.eos_token_id is not None and tok.tokenizer is llm.engine.tokenizer
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_checkpoint):
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+def test_batch_decode_and_decode_take_what_transformers_takes(llm, hf):
+    """`batch_decode` was missing (an AttributeError naming `Tokenizer`); both take ids as transformers 5 does."""
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello the world")
+    for given in ([ids, ids[:2]], (tuple(ids),), np.array([ids]), torch.tensor([ids]), ids, []):
+        for skip in (False, True):
+            assert tok.batch_decode(given, skip_special_tokens=skip) == hf.batch_decode(given, skip_special_tokens=skip)
+            assert tok.decode(given, skip_special_tokens=skip) == hf.decode(given, skip_special_tokens=skip)
+    for given in (np.array(ids), torch.tensor(ids), ids[0]):
+        assert tok.decode(given) == hf.decode(given)
+
+
+def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello the world")
+    assert (tok.vocab_size, len(tok)) == (hf.vocab_size, len(hf)) and tok.vocab_size < len(tok)
+    assert tok.tokenize("Hello the world") == hf.tokenize("Hello the world")
+    for given in (ids, ids[0], np.array(ids), torch.tensor(ids)):
+        for skip in (False, True):
+            assert tok.convert_ids_to_tokens(given, skip_special_tokens=skip) == \
+                hf.convert_ids_to_tokens(given, skip_special_tokens=skip)
+    tokens = [*hf.convert_ids_to_tokens(ids), "not-a-token"]
+    assert tok.convert_tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens)
+    assert tok.convert_tokens_to_ids(tokens[1]) == hf.convert_tokens_to_ids(tokens[1])
+    assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (hf.eos_token_id, hf.bos_token_id,
+                                                                      hf.pad_token_id)
+
+
+def test_tokenizer_errors_name_the_llm_tokenizer(llm):
+    tok = llm.get_tokenizer()
+    with pytest.raises(AttributeError, match="^'LLMTokenizer' object has no attribute 'batch_decoder'$"):
+        tok.batch_decoder  # noqa: B018
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.decode\(\) takes token ids .* not str$"):
+        tok.decode("Hello")
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.batch_decode\(\) \(sequence 1\) takes token ids \(integers >= "
+                                        r"0\); item 0 is -1$"):
+        tok.batch_decode([[1], [-1]])
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.convert_ids_to_tokens\(\) takes token ids"):
+        tok.convert_ids_to_tokens("Hello")
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.encode\(\) takes a string, not list$"):
+        tok.encode([1, 2])
 
 
 def test_apply_chat_template_renders_as_chat_does(llm):
@@ -154,16 +206,101 @@ def test_token_ids_of_any_integral_type_are_taken(llm):
     assert caught.value.param == "prompts[0]" and "integers" in str(caught.value)
 
 
-# 5. the template kwargs the renderer owns ---------------------------------------------------------------------------
+# 5. LLM.chat's rendering arguments: chat_template, add_generation_prompt, continue_final_message --------------------
 
-def test_add_generation_prompt_in_template_kwargs_names_the_python_api(llm):
+def _forcing(tok, token="Ġthe", count=3):
+    """Greedy sampling that writes `token` `count` times (a reply whose text is known on a random model)."""
+    return SamplingParams(temperature=0, max_tokens=count, logit_bias={tok.convert_tokens_to_ids(token): 100})
+
+
+def test_continue_final_message_continues_the_assistant_answer_and_parses_the_reply_as_its_continuation(llm):
+    """P-TMPL-8: the prompt ends inside the final assistant message, and the parser starts in its channel: the reply's
+    text is the answer's continuation as written (its leading space kept), not a new turn's header."""
+    tok = llm.get_tokenizer()
+    messages = [*MESSAGES, {"role": "assistant", "content": "Hello"}]
+    out = llm.chat(messages, _forcing(tok), chat_template_kwargs=KWARGS, continue_final_message=True)[0]
+    assert out.output.prompt.endswith("<|start|>assistant to=user<|message|>Hello")
+    assert out.output.prompt_token_ids == tok.apply_chat_template(messages, continue_final_message=True, **KWARGS)
+    assert out.output.text == " the the the"
+    assert (out.reasoning, out.content, out.finish_reason) == (None, " the the the", "length")
+
+
+def test_continue_final_message_naming_the_reasoning_continues_it(llm, nano):
+    tok = llm.get_tokenizer()
+    messages = [*MESSAGES, {"role": "assistant", "reasoning_content": "Let me think", "content": None}]
+    out = llm.chat(messages, _forcing(tok), chat_template_kwargs=KWARGS, continue_final_message="reasoning_content")[0]
+    assert out.output.prompt.endswith("<|start|>assistant to=self<|message|>Let me think")
+    assert (out.reasoning, out.content) == (" the the the", None)
+    # the embedded model goes on from its reasoning to an answer: each part where it belongs
+    messages = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "reasoning_content": "The user asks about France.", "content": None}]
+    greedy = SamplingParams(temperature=0, max_tokens=80)
+    out = nano.chat(messages, greedy, continue_final_message="reasoning_content")[0]
+    assert out.output.text.startswith(out.reasoning + "<|eom|><|start|>assistant to=user<|message|>")
+    assert out.content and out.output.text.endswith(out.content + "<|eot|>")
+
+
+def test_add_generation_prompt_false_ends_the_prompt_after_the_final_message(llm):
+    tok = llm.get_tokenizer()
+    out = llm.chat(MESSAGES, _forcing(tok), chat_template_kwargs=KWARGS, add_generation_prompt=False)[0]
+    assert out.output.prompt == tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=False, **KWARGS)
+    assert out.output.prompt.endswith("hi<|eot|>")
+    assert out.content == parse_output(out.output.text).content == "the the the"  # a turn of its own, header first
+
+
+def test_chat_template_renders_with_the_template_given(llm):
+    template = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>"
+                "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+    out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), chat_template=template)[0]
+    assert out.output.prompt == "<|begin_of_text|><|start|>user<|message|>hi<|eot|><|start|>assistant"
+    assert out.output.prompt_token_ids == llm.get_tokenizer().apply_chat_template(MESSAGES, chat_template=template)
     with pytest.raises(RequestError) as caught:
-        llm.chat(MESSAGES, chat_template_kwargs={"add_generation_prompt": False})
-    assert caught.value.param == "chat_template_kwargs" and "apply_chat_template" in str(caught.value)
-    for name in ("continue_final_message", "chat_template"):  # vLLM's LLM.chat reads them there: not ignored
+        llm.chat(MESSAGES, chat_template=open)
+    assert caught.value.param == "chat_template"
+
+
+ANSWERED = [*MESSAGES, {"role": "assistant", "content": "x"}]
+
+
+@pytest.mark.parametrize(("arguments", "messages", "param", "message"), [
+    ({"continue_final_message": True, "add_generation_prompt": True}, ANSWERED, "continue_final_message",
+     "with add_generation_prompt=True"),
+    ({"continue_final_message": True}, MESSAGES, "continue_final_message", "the final message has role 'user'"),
+    ({"continue_final_message": True}, [ANSWERED, MESSAGES], "continue_final_message",
+     "messages[1]: the final message has role 'user'"),
+    ({"continue_final_message": "tool_calls"}, ANSWERED, "continue_final_message",
+     "LLM.chat continues 'content' or 'reasoning_content'"),
+    ({"add_generation_prompt": "yes"}, MESSAGES, "add_generation_prompt", "must be True, False or None"),
+])
+def test_conflicting_or_invalid_rendering_arguments_are_value_errors_naming_them(llm, arguments, messages, param,
+                                                                                 message):
+    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+        llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, **arguments)
+    assert isinstance(caught.value, RequestError) and caught.value.param == param
+
+
+@pytest.mark.parametrize(("arguments", "constraint"), [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "tool_choice"),
+    ({"thinking_token_budget": 4}, "thinking_token_budget")])
+@pytest.mark.parametrize("ending", ["continue_final_message", "add_generation_prompt"])
+def test_a_prompt_that_does_not_end_with_the_generation_prompt_refuses_a_turn_grammar(llm, arguments, constraint,
+                                                                                      ending):
+    """A turn's grammar starts at the generation prompt: after another prompt end it would constrain a wrong turn."""
+    messages = [*MESSAGES, {"role": "assistant", "content": "Hel"}]
+    given = {"continue_final_message": True} if ending == "continue_final_message" else {"add_generation_prompt": False}
+    with pytest.raises(RequestError, match=f"^{ending}: cannot be combined with {constraint}") as caught:
+        llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, **given, **arguments)
+    assert caught.value.param == ending
+
+
+def test_rendering_arguments_in_template_kwargs_name_the_llm_chat_arguments(llm):
+    """vLLM's LLM.chat reads them from chat_template_kwargs too; a template never would: not silently ignored."""
+    messages = [*MESSAGES, {"role": "assistant", "content": "Hel"}]
+    for name in ("add_generation_prompt", "continue_final_message", "chat_template"):
         with pytest.raises(RequestError) as caught:
-            llm.chat(MESSAGES + [{"role": "assistant", "content": "Hel"}], chat_template_kwargs={name: True})
-        assert caught.value.param == "chat_template_kwargs" and name in str(caught.value)
+            llm.chat(messages, chat_template_kwargs={name: False})
+        assert caught.value.param == "chat_template_kwargs" and f"LLM.chat(messages, {name}=...)" in str(caught.value)
 
 
 # 4. stop_reason as vLLM reports it ----------------------------------------------------------------------------------

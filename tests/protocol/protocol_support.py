@@ -71,8 +71,7 @@ def parse_all_ways(text: str, tools: Any = None, **parser_options: Any) -> Parse
     """The one-shot parse of `text`, after checking that every chunking gives the same result."""
     parser = OutputParser(tools, **parser_options)
     one_shot = ParsedOutput.from_deltas([parser.feed(text), parser.finish()])
-    if not parser_options:
-        assert parsed_key(one_shot) == parsed_key(parse_output(text, tools))
+    assert parsed_key(one_shot) == parsed_key(parse_output(text, tools, **parser_options))
     chunkings = [_constant(size) for size in (1, 2, 3, 4, 7, 16)] + [_random_sizes(seed) for seed in range(4)]
     for sizes in chunkings:
         streamed = parse_in_chunks(text, sizes, tools, **parser_options)

@@ -66,8 +66,8 @@ def test_grammars_constrain_the_default_model_whose_vocabulary_is_padded():
     """glimmer-nano has 2,112 logit rows for 2,067 tokens: the grammar masks must cover the padded rows (every
     constrained request failed with "Invalid buffer size" when they did not)."""
     llm = LLM(DEFAULT_MODEL_NAME, progress=False, max_model_len=1024)
-    assert llm.engine.model_config.text.vocab_size > llm.get_tokenizer().vocab_size
-    padded_row = llm.get_tokenizer().vocab_size  # a logit row that is no token: never biased towards
+    assert llm.engine.model_config.text.vocab_size > len(llm.get_tokenizer())
+    padded_row = len(llm.get_tokenizer())  # a logit row that is no token: never biased towards
     with pytest.raises(RequestError, match="outside the vocabulary") as refused:
         llm.generate(["x"], SamplingParams(max_tokens=1, logit_bias={padded_row: 100}))
     assert refused.value.param == "logit_bias"
