@@ -90,6 +90,29 @@ def test_mismatches_are_all_listed_in_one_error(make_tiny, tmp_path):
     assert "model.language_model.layers.3.self_attn.k_proj.weight: expected shape [32, 64], found [5, 64]" in message
 
 
+def test_a_mismatch_error_leads_with_the_counts_lists_ten_names_a_kind_and_ends_with_the_fix(make_tiny, tmp_path):
+    """QA: another model's weights were one list of every name (thousands of lines) without a fix."""
+    def damage(t):
+        for name in [n for n in t if n.startswith("model.language_model.layers.1.")]:
+            t[name.replace("layers.1.", "blocks.1.")] = t.pop(name)
+        t["model.language_model.layers.3.self_attn.k_proj.weight"] = torch.zeros(5, 64)
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "other", damage)
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0] == (f"the weights in {path} (canonical layout) do not match the config: 12 missing, 12 unexpected, "
+                        "1 of the wrong shape")
+    assert lines[1:3] == ["  missing tensors (12):", "    model.language_model.layers.1.self_attn.q_proj.weight (for "
+                          "model.language_model.layers.1.self_attn.q_proj.weight, shape [64, 64])"]
+    assert lines[12:15] == ["    … and 2 more", "  unexpected tensors (12):",
+                            "    model.language_model.blocks.1.input_layernorm.weight [64]"]
+    assert lines[-3:-1] == ["  shape mismatches (1):", "    model.language_model.layers.3.self_attn.k_proj.weight: "
+                            "expected shape [32, 64], found [5, 64]"]
+    assert lines[-1].startswith("  fix: the tensor names are another model's or another export layout's")
+    assert len(lines) == 28
+
+
 def test_fused_native_tensor_with_wrong_rows_is_refused(make_tiny, tmp_path):
     def damage(t):
         t["layers.0.attention.qkv_proj.weight"] = t["layers.0.attention.qkv_proj.weight"][:-1]
