@@ -119,6 +119,7 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
     if any(path.glob("*.safetensors")):
         files: Any = SafetensorsCheckpoint(path)
         kind = SAFETENSORS
+        config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
     elif pickle_files(path):
         names = ", ".join(p.name for p in pickle_files(path)[:3])
         if not allow_pickle:

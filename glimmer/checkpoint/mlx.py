@@ -26,6 +26,7 @@ The packaging, version 1, as the packager writes it and this reader undoes it:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
     config = normalize_config({k: v for k, v in raw.items() if k not in _PACKAGING_KEYS}, source=str(source))
     interleaved = _interleaved_rope(raw, config, source)
     files = SafetensorsCheckpoint(path)
+    config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
     entries, types = _entries(files, config.text, default, overrides, interleaved)
     rope = "interleaved (permuted to rotate-half on load)" if interleaved else "rotate-half"
     return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types)
