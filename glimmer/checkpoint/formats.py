@@ -47,6 +47,9 @@ class OpenedCheckpoint:
     tensors: Any  # SafetensorsCheckpoint, PickleCheckpoint or MappedTensors: names(), tensors, read(name)
     weight_layout: str
     rope_layout: str
+    # the layout of the names in the file where the reader renamed them to `weight_layout` (GGUF's llama.cpp
+    # names, an MLX artifact's); None: the file's own names are `weight_layout`
+    stored_layout: str | None = None
     # GGML / MLX storage type → tensor count, for `glimmer inspect` (None: the tensors' own dtypes)
     tensor_types: dict[str, int] | None = None
     # GGUF: the embedded tokenizer (a GGUFTokenizer); None: tokenizer.json etc. in the directory
@@ -84,7 +87,7 @@ def open_checkpoint(
 
         artifact = open_mlx_artifact(path, raw)
         opened = OpenedCheckpoint(path, MLX, artifact.config, artifact.tensors, CANONICAL, artifact.rope_layout,
-                                  tensor_types=artifact.tensor_types)
+                                  stored_layout=MLX, tensor_types=artifact.tensor_types)
     elif not weights:
         opened = OpenedCheckpoint(path, SAFETENSORS, load_config(path), None, CANONICAL, ROPE_LAYOUT[CANONICAL])
     else:
@@ -171,7 +174,7 @@ def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint
     file = GGUFFile(path)
     model = read_gguf_model(file, mmproj)
     tokenizer = read_gguf_tokenizer(file)
-    return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT,
+    return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT, stored_layout=GGUF,
                             tensor_types=model.tensor_types, tokenizer=tokenizer,
                             preprocessor_config=model.preprocessor_config)
 

@@ -185,11 +185,16 @@ def test_a_tensor_of_the_wrong_shape_is_reported_once(f32_gguf, tmp_path):
 
 
 def test_inspect_reports_a_gguf(f32_gguf, capsys):
+    import json
+
     from glimmer.cli import main
 
     assert main(["inspect", str(f32_gguf)]) == 0
     out = capsys.readouterr().out
     assert "format:          gguf" in out and "F32 ×" in out and "interleaved" in out
+    assert "weight layout:   gguf\n" in out  # QA: "canonical", the names the reader hands on, not the file's
+    assert main(["inspect", str(f32_gguf), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_layout"] == "gguf"
 
 
 def test_quantization_bounds_are_not_vacuous():

@@ -6,6 +6,8 @@ the other extreme can be up to a step off (measured: 0.98 steps at most, 1% of v
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from gguf_export import canonical_state
@@ -75,3 +77,6 @@ def test_inspect_reports_an_mlx_artifact(tiny_checkpoint, tmp_path, capsys):
     assert main(["inspect", str(artifact)]) == 0
     out = capsys.readouterr().out
     assert "format:          mlx" in out and "affine 4-bit g32" in out
+    assert "weight layout:   mlx\n" in out  # QA: "canonical", the names the reader hands on, not the artifact's
+    assert main(["inspect", str(artifact), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_layout"] == "mlx"
