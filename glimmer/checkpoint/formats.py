@@ -4,7 +4,8 @@ user allows it, pickle weights — as one validated config plus a source of tens
 Which reader runs is decided by what is on disk, never guessed from names alone:
 
 * a file → GGUF (by suffix or magic), with an optional `--mmproj` vision GGUF;
-* a directory whose config.json carries `muse_glimmer_mlx_format` → a packaged MLX artifact (`mlx.py`);
+* a directory whose config.json carries `muse_glimmer_mlx_format` → a packaged MLX artifact (`mlx.py`); one
+  whose weights are an artifact's without that key is refused, naming the key;
 * a directory with `*.safetensors` → the safetensors layouts (`config_layouts.py`, `weight_layouts.py`);
 * a directory with only `*.bin` / `*.pt` → refused unless `allow_pickle`, then `pickle_files.py`.
 
@@ -29,7 +30,13 @@ from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.pickle_files import PICKLE_INDEX_FILE, PICKLE_PATTERNS, PickleCheckpoint, pickle_files
 from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint
-from glimmer.checkpoint.weight_layouts import CANONICAL, ROPE_IS_NEOX_STYLE, ROPE_LAYOUT, detect_weight_layout
+from glimmer.checkpoint.weight_layouts import (
+    CANONICAL,
+    LEGACY,
+    ROPE_IS_NEOX_STYLE,
+    ROPE_LAYOUT,
+    detect_weight_layout,
+)
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -138,6 +145,10 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
     layout = detect_weight_layout(files.names())
+    if layout == LEGACY and kind == SAFETENSORS:  # an MLX artifact's names are the legacy ones
+        from glimmer.checkpoint.mlx import refuse_unmarked_artifact
+
+        refuse_unmarked_artifact(path, read_json_object(path / "config.json") or {}, files, config.text)
     _check_rope_flag(path, layout)
     return OpenedCheckpoint(path, kind, config, files, layout, ROPE_LAYOUT[layout])
 
