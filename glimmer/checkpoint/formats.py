@@ -4,7 +4,8 @@ user allows it, pickle weights — as one validated config plus a source of tens
 Which reader runs is decided by what is on disk, never guessed from names alone:
 
 * a file → GGUF (by suffix or magic), with an optional `--mmproj` vision GGUF;
-* a directory whose config.json carries `muse_glimmer_mlx_format` → a packaged MLX artifact (`mlx.py`);
+* a directory whose config.json carries `muse_glimmer_mlx_format` → a packaged MLX artifact (`mlx.py`); one
+  whose weights are an artifact's without that key is refused, naming the key;
 * a directory with `*.safetensors` → the safetensors layouts (`config_layouts.py`, `weight_layouts.py`);
 * a directory with only `*.bin` / `*.pt` → refused unless `allow_pickle`, then `pickle_files.py`.
 
@@ -29,7 +30,13 @@ from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.checkpoint.pickle_files import PICKLE_INDEX_FILE, PICKLE_PATTERNS, PickleCheckpoint, pickle_files
 from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint
-from glimmer.checkpoint.weight_layouts import CANONICAL, ROPE_IS_NEOX_STYLE, ROPE_LAYOUT, detect_weight_layout
+from glimmer.checkpoint.weight_layouts import (
+    CANONICAL,
+    LEGACY,
+    ROPE_IS_NEOX_STYLE,
+    ROPE_LAYOUT,
+    detect_weight_layout,
+)
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -47,6 +54,9 @@ class OpenedCheckpoint:
     tensors: Any  # SafetensorsCheckpoint, PickleCheckpoint or MappedTensors: names(), tensors, read(name)
     weight_layout: str
     rope_layout: str
+    # the layout of the names in the file where the reader renamed them to `weight_layout` (GGUF's llama.cpp
+    # names, an MLX artifact's); None: the file's own names are `weight_layout`
+    stored_layout: str | None = None
     # GGML / MLX storage type → tensor count, for `glimmer inspect` (None: the tensors' own dtypes)
     tensor_types: dict[str, int] | None = None
     # GGUF: the embedded tokenizer (a GGUFTokenizer); None: tokenizer.json etc. in the directory
@@ -84,7 +94,7 @@ def open_checkpoint(
 
         artifact = open_mlx_artifact(path, raw)
         opened = OpenedCheckpoint(path, MLX, artifact.config, artifact.tensors, CANONICAL, artifact.rope_layout,
-                                  tensor_types=artifact.tensor_types)
+                                  stored_layout=MLX, tensor_types=artifact.tensor_types)
     elif not weights:
         opened = OpenedCheckpoint(path, SAFETENSORS, load_config(path), None, CANONICAL, ROPE_LAYOUT[CANONICAL])
     else:
@@ -119,6 +129,7 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
     if any(path.glob("*.safetensors")):
         files: Any = SafetensorsCheckpoint(path)
         kind = SAFETENSORS
+        config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
     elif pickle_files(path):
         names = ", ".join(p.name for p in pickle_files(path)[:3])
         if not allow_pickle:
@@ -134,6 +145,10 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
     layout = detect_weight_layout(files.names())
+    if layout == LEGACY and kind == SAFETENSORS:  # an MLX artifact's names are the legacy ones
+        from glimmer.checkpoint.mlx import refuse_unmarked_artifact
+
+        refuse_unmarked_artifact(path, read_json_object(path / "config.json") or {}, files, config.text)
     _check_rope_flag(path, layout)
     return OpenedCheckpoint(path, kind, config, files, layout, ROPE_LAYOUT[layout])
 
@@ -170,7 +185,7 @@ def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint
     file = GGUFFile(path)
     model = read_gguf_model(file, mmproj)
     tokenizer = read_gguf_tokenizer(file)
-    return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT,
+    return OpenedCheckpoint(path, GGUF, model.config, model.tensors, CANONICAL, GGUF_ROPE_LAYOUT, stored_layout=GGUF,
                             tensor_types=model.tensor_types, tokenizer=tokenizer,
                             preprocessor_config=model.preprocessor_config)
 

@@ -58,25 +58,34 @@ class GenerationDefaults:
         return {name: value for name, value in fields.items() if value is not None}
 
 
+@dataclass(frozen=True)
+class EmbeddedGenerationConfig:
+    """generation_config.json's fields as a checkpoint file carries them itself (a GGUF's metadata)."""
+
+    fields: dict[str, Any]
+    # field → the key it was read from (temperature → general.sampling.temp), which errors name
+    source_keys: dict[str, str]
+
+
 def load_generation_defaults(
     checkpoint_dir: str | os.PathLike[str],
     text_config: TextConfig,
     token_to_id: Callable[[str], int | None],
-    embedded: dict[str, Any] | None = None,
+    embedded: EmbeddedGenerationConfig | None = None,
 ) -> GenerationDefaults:
     """Read `generation_config.json` (optional) and resolve the stop ids (P-TOK-2).
 
     `embedded`: the same fields carried by the checkpoint itself (a GGUF's tokenizer metadata), used
-    instead of the file; `checkpoint_dir` then names the checkpoint in errors.
+    instead of the file; `checkpoint_dir` then names the checkpoint in errors, and a field its source key.
     Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, or no
     stop id remains.
     """
     if embedded is not None:
-        path, config = Path(checkpoint_dir), embedded
+        path, config, source_keys = Path(checkpoint_dir), embedded.fields, embedded.source_keys
     else:
         path = Path(checkpoint_dir) / GENERATION_CONFIG_FILE
-        config = _read_generation_config(path)
-    fields = _Fields(config, path)
+        config, source_keys = _read_generation_config(path), {}
+    fields = _Fields(config, path, source_keys)
 
     configured_eos = fields.token_ids("eos_token_id")
     if configured_eos is None:
@@ -150,14 +159,18 @@ def _read_generation_config(path: Path) -> dict[str, Any]:
 
 
 class _Fields:
-    """Typed access to generation_config.json fields; a null or absent field reads as None."""
+    """Typed access to generation_config.json fields; a null or absent field reads as None. Errors name a field
+    by its key in `source_keys` where it has one (a GGUF's general.sampling.temp), else as generation_config.json
+    does."""
 
-    def __init__(self, config: dict[str, Any], path: Path):
+    def __init__(self, config: dict[str, Any], path: Path, source_keys: dict[str, str]):
         self._config = config
         self._path = path
+        self._source_keys = source_keys
 
     def _invalid(self, name: str, expected: str) -> ConfigError:
-        return ConfigError(f"{self._path}: {name}={self._config[name]!r} is invalid; expected {expected}")
+        key = self._source_keys.get(name, name)
+        return ConfigError(f"{self._path}: {key}={self._config[name]!r} is invalid; expected {expected}")
 
     def token_ids(self, name: str, single: bool = False) -> tuple[int, ...] | None:
         value = self._config.get(name)

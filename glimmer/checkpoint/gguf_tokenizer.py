@@ -29,6 +29,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from glimmer.checkpoint.generation_config import EmbeddedGenerationConfig
 from glimmer.checkpoint.gguf_file import GGUFFile
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,8 @@ class GGUFTokenizer:
     named_tokens: dict[str, str]
     chat_template: str | None
     # a generation_config.json equivalent (eos_token_id: [eos, eot], bos_token_id, pad_token_id and the
-    # general.sampling.* defaults as temperature, top_k, top_p)
-    generation_config: dict[str, Any]
+    # general.sampling.* defaults as temperature, top_k, top_p), errors naming the sampling keys
+    generation_config: EmbeddedGenerationConfig
 
 
 def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
@@ -143,7 +144,7 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
             generation[key] = vocab[named[name]]
     generation |= _sampling_defaults(file)
     template = file.string("tokenizer.chat_template") if file.has("tokenizer.chat_template") else None
-    return GGUFTokenizer(backend, named, template, generation)
+    return GGUFTokenizer(backend, named, template, EmbeddedGenerationConfig(generation, _SAMPLING_SOURCE_KEYS))
 
 
 # llama.cpp's converters write the model's sampling defaults (its generation_config.json) under these keys
@@ -154,6 +155,7 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
 _SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
                   "general.sampling.min_p": "min_p"}
 _SAMPLING_TOP_K = "general.sampling.top_k"
+_SAMPLING_SOURCE_KEYS = {name: key for key, name in _SAMPLING_KEYS.items()} | {"top_k": _SAMPLING_TOP_K}
 
 
 def _sampling_defaults(file: GGUFFile) -> dict[str, Any]:

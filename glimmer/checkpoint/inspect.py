@@ -30,7 +30,7 @@ PARAMETER_GROUPS = (
 class CheckpointReport:
     config: ModelConfig
     format: str
-    weight_layout: str
+    weight_layout: str  # as stored: a GGUF's or MLX artifact's own, not the canonical names its reader hands on
     rope_layout: str
     parameter_counts: dict[str, int]
     checkpoint_bytes: int
@@ -80,10 +80,10 @@ def inspect_checkpoint(
         config, file_format, layout = opened.config, CONFIG_ONLY, "none"
         expected = expected_parameters(model_factory(config), config)
     else:
-        file_format, layout = opened.format, opened.weight_layout
-        config = drop_vision_if_absent(opened.config, opened.tensors, layout)
+        file_format, layout = opened.format, opened.stored_layout or opened.weight_layout
+        config = drop_vision_if_absent(opened.config, opened.tensors, opened.weight_layout)
         expected = expected_parameters(model_factory(config), config)
-        plan_weights(config, opened.tensors, expected, layout)
+        plan_weights(config, opened.tensors, expected, opened.weight_layout)
     if config.vision is not None:
         checkpoint_media_settings(opened.path, config.vision, opened.preprocessor_config)
     tokenizer = tokenizer_factory(opened, config)

@@ -26,6 +26,7 @@ The packaging, version 1, as the packager writes it and this reader undoes it:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,9 +73,38 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
     config = normalize_config({k: v for k, v in raw.items() if k not in _PACKAGING_KEYS}, source=str(source))
     interleaved = _interleaved_rope(raw, config, source)
     files = SafetensorsCheckpoint(path)
+    config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
     entries, types = _entries(files, config.text, default, overrides, interleaved)
     rope = "interleaved (permuted to rotate-half on load)" if interleaved else "rotate-half"
     return MlxArtifact(config, MappedTensors(path, entries, files.total_bytes), rope, types)
+
+
+def refuse_unmarked_artifact(path: Path, raw: dict[str, Any], files: SafetensorsCheckpoint, text: TextConfig) -> None:
+    """Refuse a directory whose weights are a packaged MLX artifact's but whose config.json lacks
+    `muse_glimmer_mlx_format` (a tool that rewrote the config dropped it): read as the legacy export its names
+    resemble, every q_proj, norm and quantized module would be a mismatch. Raises one CheckpointError naming what
+    gives the artifact away and the missing key; returns where nothing does."""
+    signs = []
+    quantized = sorted(name.removesuffix(".scales") for name in files.tensors
+                       if name.endswith(".scales") and name.removesuffix(".scales") + ".biases" in files.tensors)
+    if quantized:
+        more = f" and {len(quantized) - 1} more modules" if len(quantized) > 1 else ""
+        signs.append(f"MLX affine quantization tensors {quantized[0]}.scales / .biases{more}")
+    q_proj = files.tensors.get("model.layers.0.self_attn.q_proj.weight")
+    if (q_proj is not None and "model.layers.0.self_attn.gate_proj.weight" not in files.tensors
+            and q_proj.shape[0] == 2 * text.q_size):
+        signs.append(f"model.layers.0.self_attn.q_proj.weight with {q_proj.shape[0]} rows (2 × "
+                     "num_attention_heads × head_dim) and no gate_proj: the attention gate fused into q_proj")
+    if signs:  # mlx-lm's "quantization" key only confirms: alone, beside weights that fit, it is an ignored key
+        if isinstance(raw.get("quantization"), dict):
+            signs.append("mlx-lm's \"quantization\" in config.json")
+        raise CheckpointError(
+            f"{path / 'config.json'} has no muse_glimmer_mlx_format, but the weights are a packaged MLX artifact's "
+            f"({'; '.join(signs)}), which cannot be read as the Hugging Face export their names resemble. Restore "
+            f"the artifact's config.json as packaged, or add \"muse_glimmer_mlx_format\": {MLX_FORMAT_VERSION} to it "
+            "(with its \"quantization\" and \"rope_is_neox_style\") if the packager wrote version "
+            f"{MLX_FORMAT_VERSION}; else regenerate the artifact"
+        )
 
 
 def _quantization(raw: dict[str, Any], source: Path) -> tuple[_Quantization | None, dict[str, _Quantization | None]]:

@@ -4,7 +4,13 @@ Only headers are read up front (names, shapes, dtypes). Tensors are read one at 
 asks for them, so peak memory while loading stays near the size of the model being filled. Every lookup
 goes through the index's `weight_map` when there is one: published checkpoints put tensors that belong
 together into different shards (architecture.md §15.2). A `model.safetensors` beside an index that does not
-name it is refused: one of the two is another checkpoint's, and reading either could be the wrong model.
+name it is refused: one of the two is another checkpoint's, and reading either could be the wrong model. Any other
+`*.safetensors` file the index does not name is left out with a warning (Mistral-style repositories ship a
+`consolidated.safetensors` beside the indexed shards).
+
+Without an index, `model.safetensors` is the checkpoint (other `*.safetensors` files are left out with a warning);
+without either, every `*.safetensors` file is read as one checkpoint: a tensor in two of them, or a numbered series
+(`model-00002-of-00003.safetensors`) with a member absent, is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import torch
@@ -25,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# Hugging Face's shard names: model-00001-of-00003.safetensors
+_NUMBERED_SHARD = re.compile(r"(?P<stem>.+)-(?P<number>\d+)-of-(?P<total>\d+)\.safetensors")
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,7 @@ class SafetensorsCheckpoint:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.tensors: dict[str, TensorInfo] = {}
+        self.warnings: list[str] = []  # files left out, for `glimmer inspect` (each logged as well)
         for file, names in self._files_and_names().items():
             try:
                 with safe_open(file, framework="pt") as handle:
@@ -87,11 +97,25 @@ class SafetensorsCheckpoint:
                 raise CheckpointError(f"cannot read safetensors file {file}: {exc}") from exc
 
     def _add(self, info: TensorInfo) -> None:
-        if info.name in self.tensors:
+        if info.name in self.tensors:  # only without an index, which maps each name to one file
             raise CheckpointError(
-                f"tensor {info.name!r} appears in both {self.tensors[info.name].file.name} and {info.file.name}"
+                f"tensor {info.name!r} appears in both {self.tensors[info.name].file.name} and {info.file.name}: "
+                f"{self.directory} has neither {INDEX_FILE} nor {SINGLE_FILE}, so all its *.safetensors files are read "
+                "as one checkpoint, and these two hold copies of the same weights (or two checkpoints' weights); "
+                f"remove the file that does not belong, or add the {INDEX_FILE} that names the shards"
             )
         self.tensors[info.name] = info
+
+    def _leave_out(self, files: list[Path], reason: str) -> None:
+        """Files of the directory that are not read: logged, and kept for `glimmer inspect`. `reason` says why
+        ({them}, {their}: the files)."""
+        if not files:
+            return
+        them, their = ("it", "its") if len(files) == 1 else ("them", "their")
+        warning = (f"{self.directory}: ignoring {', '.join(p.name for p in files)}: "
+                   + reason.format(them=them, their=their))
+        logger.warning("%s", warning)
+        self.warnings.append(warning)
 
     def _files_and_names(self) -> dict[Path, list[str] | None]:
         """Shard path → the names the index assigns to it (None: every tensor in the file)."""
@@ -119,16 +143,51 @@ class SafetensorsCheckpoint:
                     f"include it: the weights of two checkpoints; remove the stale ones ({SINGLE_FILE}, or the "
                     "index and its shards)"
                 )
+            self._leave_out([p for p in self._safetensors_files() if p not in by_file],
+                            f"{INDEX_FILE} does not name {{them}} (a consolidated copy of the shards, as "
+                            "Mistral-style repositories ship, or a stray file); name {them} in the index if the model "
+                            "needs {their} tensors, else remove {them}")
             return dict(by_file)
-        if (self.directory / SINGLE_FILE).is_file():
-            return {self.directory / SINGLE_FILE: None}
-        files = sorted(self.directory.glob("*.safetensors"))
+        files = self._safetensors_files()
+        single = self.directory / SINGLE_FILE
+        if single in files:
+            self._leave_out([p for p in files if p != single],
+                            f"without {INDEX_FILE}, {SINGLE_FILE} alone is the checkpoint; add the index naming "
+                            "every file if the model needs {their} tensors, else remove {them}")
+            return {single: None}
         if not files:
             raise CheckpointError(
                 f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
                 f"or *.safetensors files{self._config_only_hint()}"
             )
+        self._check_numbered_shards(files)
+        if len(files) > 1:
+            logger.info("%s has neither %s nor %s: reading its %d *.safetensors files as one checkpoint (%s)",
+                        self.directory, INDEX_FILE, SINGLE_FILE, len(files), ", ".join(p.name for p in files))
         return dict.fromkeys(files)
+
+    def _safetensors_files(self) -> list[Path]:
+        return sorted(p for p in self.directory.glob("*.safetensors") if p.is_file())
+
+    def _check_numbered_shards(self, files: list[Path]) -> None:
+        """Without an index, a numbered series must be whole: a shard left out would load as a smaller model (a
+        missing vision shard as a text-only one). Raises CheckpointError naming the missing files."""
+        series: dict[tuple[str, str], set[int]] = {}
+        for file in files:
+            match = _NUMBERED_SHARD.fullmatch(file.name)
+            if match is not None:
+                series.setdefault((match["stem"], match["total"]), set()).add(int(match["number"]))
+        for (stem, total), numbers in sorted(series.items()):
+            count = int(total)
+            absent = count - len({n for n in numbers if 1 <= n <= count})
+            if absent:  # the names of the first few only: `total` is the file's word, as large as it likes
+                first = islice((n for n in range(1, count + 1) if n not in numbers), 10)
+                names = ", ".join(f"{stem}-{n:0{len(total)}d}-of-{total}.safetensors" for n in first)
+                raise CheckpointError(
+                    f"{self.directory} holds {count - absent} of the {count} shards {stem}-*-of-{total}.safetensors "
+                    f"and no {INDEX_FILE}; missing: {names}{f' and {absent - 10} more' if absent > 10 else ''}; "
+                    f"download the missing shards (and {INDEX_FILE}) again"
+                )
 
     def _config_only_hint(self) -> str:
         """A directory with a config but no weights (`glimmer make-tiny --config-only`) runs with random weights."""

@@ -78,8 +78,8 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     _prepare_for_device(model, device)
     model.eval().requires_grad_(False)
-    logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format, layout,
-                config.config_layout, device, dtype)
+    logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format,
+                opened.stored_layout or layout, config.config_layout, device, dtype)
     return LoadedModel(model=model, config=config, weight_layout=layout)
 
 

@@ -1,8 +1,15 @@
 """Images → patch rows for the vision tower — architecture.md §6.
 
-Accepted inputs: encoded bytes or a file path in one of `IMAGE_FORMATS`, a PIL image, or a uint8 array (H, W),
-(H, W, 1), (H, W, 3) or (H, W, 4). Pillow is asked for those formats only: it can read others, but some hand the
-data to another program (PostScript to Ghostscript), which a request's bytes must never reach.
+Accepted inputs: encoded bytes or a file path in one of `IMAGE_FORMATS`, a PIL image, or an array (H, W),
+(H, W, 1), (H, W, 3) or (H, W, 4) of uint8 levels or of floats in [0, 1]. Pillow is asked for those formats only:
+it can read others, but some hand the data to another program (PostScript to Ghostscript), which a request's bytes
+must never reach.
+
+Float pixels (an array, or a PIL image of mode "F") are an image already rescaled to [0, 1], as torchvision's
+`ToTensor` leaves it and as transformers' `to_pil_image` reads floats in [0, 1]: they become levels × 255, rounded
+to the nearest (transformers truncates, which from float16 loses a level on about half the values; rounding gives
+back exactly the levels an image divided by 255 came from). Floats outside [0, 1], or NaN, are refused: cast to
+uint8 they would be another picture (a 0..1 image cast so is black).
 
 Conversion to RGB follows the reference image processor given a PIL image: transparency is composited
 onto white, grey is replicated. (transformers' `load_image`, used for URLs, instead drops alpha with
@@ -142,10 +149,16 @@ def is_image_data(data: bytes) -> bool:
     return True
 
 
-def pil_to_rgb(image: Image.Image) -> np.ndarray:
+def pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
     """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does. A 16-bit
     grey image (a 16-bit PNG opens so) is scaled to 8 bits: Pillow's `convert` clips it, every pixel above 255
-    turning white."""
+    turning white. A float image (mode "F") is read as floats in [0, 1] (`_unit_floats_to_levels`), which Pillow's
+    `convert` would cast to black. Raises MediaDecodeError naming `kind` `index` for floats outside [0, 1] or NaN."""
+    if image.mode == "F":
+        grey = _unit_floats_to_levels(np.asarray(image), kind, index, "a float (mode F) PIL image",
+                                     "divide its values by 255, or convert one of 0..255 levels with "
+                                     "image.convert(\"L\") first")
+        return np.repeat(grey[:, :, None], 3, axis=2)
     if image.mode.startswith("I;16") or (image.mode == "I" and np.asarray(image).max(initial=0) > 255):
         grey = (np.asarray(image).astype(np.int64).clip(0, 65535) >> 8).astype(np.uint8)
         return np.repeat(grey[:, :, None], 3, axis=2)
@@ -157,9 +170,29 @@ def pil_to_rgb(image: Image.Image) -> np.ndarray:
     return np.asarray(image.convert("RGB"))
 
 
+def _unit_floats_to_levels(values: np.ndarray, kind: str, index: int, what: str, fix: str) -> np.ndarray:
+    """Float pixels in [0, 1] → uint8 levels (× 255, rounded to the nearest; module docstring). Raises
+    MediaDecodeError naming `kind` `index` and `what` the input is, with `fix`, for NaN or a value outside [0, 1]."""
+    if values.size == 0:
+        return values.astype(np.uint8)  # the caller's size checks say what is wrong with it
+    if np.isnan(values).any():
+        raise MediaDecodeError(kind, index, f"{what} holds NaN, which is no pixel value; check how the image was "
+                                            "computed (np.nan_to_num replaces NaN)")
+    low, high = values.min(), values.max()
+    if not (0 <= low and high <= 1):
+        raise MediaDecodeError(kind, index, f"{what} must hold values in [0, 1] (an image rescaled by 1/255), but "
+                                            f"it holds values from {float(low):g} to {float(high):g}; {fix}")
+    scaled = values.astype(np.promote_types(values.dtype, np.float32), copy=False) * 255
+    return np.rint(scaled, out=scaled).astype(np.uint8)
+
+
 def _array_to_rgb(array: np.ndarray, index: int) -> np.ndarray:
-    if array.dtype != np.uint8:
-        raise MediaDecodeError("image", index, f"an image array must be uint8, got {array.dtype}")
+    if array.dtype.kind == "f":
+        array = _unit_floats_to_levels(array, "image", index, f"an image array of {array.dtype}",
+                                      "divide its values by 255, or pass 0..255 levels as uint8 "
+                                      "(array.astype(np.uint8))")
+    elif array.dtype != np.uint8:
+        raise MediaDecodeError("image", index, f"an image array must be uint8, or float in [0, 1]; got {array.dtype}")
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim == 2:
@@ -167,7 +200,7 @@ def _array_to_rgb(array: np.ndarray, index: int) -> np.ndarray:
     if array.ndim == 3 and array.shape[2] == 3:
         return array
     if array.ndim == 3 and array.shape[2] == 4:
-        return pil_to_rgb(Image.fromarray(array))  # (H, W, 4) uint8 → RGBA
+        return pil_to_rgb(Image.fromarray(array), "image", index)  # (H, W, 4) uint8 → RGBA
     raise MediaDecodeError(
         "image", index, f"an image array must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4); got {array.shape}"
     )
@@ -185,18 +218,23 @@ def load_rgb(image: ImageInput, index: int, limits: MediaLimits) -> np.ndarray:
     if isinstance(image, Image.Image):
         limits.check_frame_size("image", index, image.width, image.height)
         try:
-            return pil_to_rgb(image)
+            return pil_to_rgb(image, "image", index)
+        except MediaDecodeError:
+            raise
         except (OSError, ValueError) as error:
             raise MediaDecodeError("image", index, f"cannot convert the image to RGB ({error})") from None
     if isinstance(image, np.ndarray):
         if image.ndim >= 2:
             limits.check_frame_size("image", index, image.shape[1], image.shape[0])
         return _array_to_rgb(image, index)
+    # a tensor's layout is not known here: torch keeps images (C, H, W), arrays here are (H, W, C)
+    tensor_fix = (" (for a torch tensor: tensor.numpy() of an (H, W, C) tensor, tensor.permute(1, 2, 0).numpy() "
+                  "of a (C, H, W) one)") if isinstance(image, torch.Tensor) else ""
     raise MediaDecodeError(
         "image",
         index,
         f"unsupported image input of type {type(image).__name__}; send encoded bytes, a path, "
-        "a PIL image or a uint8 array",
+        f"a PIL image, or an array of uint8 levels or of floats in [0, 1]{tensor_fix}",
     )
 
 

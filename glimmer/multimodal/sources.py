@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
@@ -60,11 +60,15 @@ def _forgiving_base64(text: str) -> bytes:
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
+    """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): the body is
+    percent-decoded first (`%2B` is `+`), then read as forgiving-base64 where the header ends in `;base64`."""
     header, sep, payload = url.partition(",")
     if not sep:
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
     base64_encoded = header.lower().endswith(";base64")  # case-insensitive, as in browsers (WHATWG fetch)
     if base64_encoded:
+        if "%" in payload:  # one character a byte (isomorphic decode): a non-ASCII byte is no base64 either
+            payload = unquote_to_bytes(payload).decode("latin-1")
         payload = payload.translate(_BASE64_WHITESPACE)  # `base64` breaks lines; the size is the data's
     if len(payload) > policy.max_bytes * 4 // 3 + 4:
         raise _error(kind, index, f"data URL is larger than the limit of {policy.max_bytes:,} bytes")
@@ -74,7 +78,7 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
         except (binascii.Error, ValueError):
             raise _error(kind, index, "data URL is not valid base64") from None
     else:
-        data = unquote(payload).encode("latin-1", errors="replace")
+        data = unquote_to_bytes(payload)  # %89 is the byte 0x89, not a UTF-8 sequence to decode
     if not data:
         raise _error(kind, index, "data URL is empty")
     return data

@@ -242,7 +242,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     if isinstance(frames, np.ndarray):
         selected = frames[wanted]
     else:
-        selected = np.stack([pil_to_rgb(frames[i]) for i in wanted])
+        selected = np.stack([pil_to_rgb(frames[i], "video", index) for i in wanted])
     resized = resize_frames(as_frame_tensor(selected), *_target_size(height, width, settings))
     return resized, [i / fps for i in wanted]
 

@@ -184,12 +184,37 @@ def test_a_tensor_of_the_wrong_shape_is_reported_once(f32_gguf, tmp_path):
                               "needs [128, 64]")
 
 
+@pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
+                                                     ("top_p", 0.0, "general.sampling.top_p"),
+                                                     ("min_p", 1.5, "general.sampling.min_p"),
+                                                     ("top_k", -1, "general.sampling.top_k")])
+def test_a_bad_sampling_default_is_named_by_its_gguf_key(tiny_checkpoint, tmp_path, capsys, field, value, key):
+    """QA: a bad general.sampling.temp was reported as `temperature`, a name the GGUF does not hold."""
+    import json
+    import shutil
+
+    from glimmer.cli import main
+
+    source = tmp_path / "bad-sampling"
+    shutil.copytree(tiny_checkpoint, source)
+    generation = json.loads((source / "generation_config.json").read_text())
+    (source / "generation_config.json").write_text(json.dumps(generation | {field: value}))
+    path = export_text_gguf(source, tmp_path / "bad-sampling.gguf")
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: {path}: {key}={value!r} is invalid; expected " in err and f" {field}=" not in err
+
 def test_inspect_reports_a_gguf(f32_gguf, capsys):
+    import json
+
     from glimmer.cli import main
 
     assert main(["inspect", str(f32_gguf)]) == 0
     out = capsys.readouterr().out
     assert "format:          gguf" in out and "F32 ×" in out and "interleaved" in out
+    assert "weight layout:   gguf\n" in out  # QA: "canonical", the names the reader hands on, not the file's
+    assert main(["inspect", str(f32_gguf), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_layout"] == "gguf"
 
 
 def test_quantization_bounds_are_not_vacuous():

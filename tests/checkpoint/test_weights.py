@@ -90,6 +90,29 @@ def test_mismatches_are_all_listed_in_one_error(make_tiny, tmp_path):
     assert "model.language_model.layers.3.self_attn.k_proj.weight: expected shape [32, 64], found [5, 64]" in message
 
 
+def test_a_mismatch_error_leads_with_the_counts_lists_ten_names_a_kind_and_ends_with_the_fix(make_tiny, tmp_path):
+    """QA: another model's weights were one list of every name (thousands of lines) without a fix."""
+    def damage(t):
+        for name in [n for n in t if n.startswith("model.language_model.layers.1.")]:
+            t[name.replace("layers.1.", "blocks.1.")] = t.pop(name)
+        t["model.language_model.layers.3.self_attn.k_proj.weight"] = torch.zeros(5, 64)
+
+    path = _copy_checkpoint(make_tiny(), tmp_path / "other", damage)
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0] == (f"the weights in {path} (canonical layout) do not match the config: 12 missing, 12 unexpected, "
+                        "1 of the wrong shape")
+    assert lines[1:3] == ["  missing tensors (12):", "    model.language_model.layers.1.self_attn.q_proj.weight (for "
+                          "model.language_model.layers.1.self_attn.q_proj.weight, shape [64, 64])"]
+    assert lines[12:15] == ["    … and 2 more", "  unexpected tensors (12):",
+                            "    model.language_model.blocks.1.input_layernorm.weight [64]"]
+    assert lines[-3:-1] == ["  shape mismatches (1):", "    model.language_model.layers.3.self_attn.k_proj.weight: "
+                            "expected shape [32, 64], found [5, 64]"]
+    assert lines[-1].startswith("  fix: the tensor names are another model's or another export layout's")
+    assert len(lines) == 28
+
+
 def test_fused_native_tensor_with_wrong_rows_is_refused(make_tiny, tmp_path):
     def damage(t):
         t["layers.0.attention.qkv_proj.weight"] = t["layers.0.attention.qkv_proj.weight"][:-1]
@@ -213,6 +236,77 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
             (dst / f.name).write_bytes(f.read_bytes())
     with pytest.raises(CheckpointError, match="names shard 'model-00002-of-00002.safetensors', which does not exist"):
         load_model(dst, progress=False)
+
+
+def test_a_safetensors_file_the_index_does_not_name_is_left_out_with_a_warning(make_tiny, tmp_path, caplog, capsys):
+    """QA: a consolidated copy beside indexed shards (Mistral-style repositories ship one) or a shard the index
+    forgot was left out without a word; it still is left out, with a warning naming it (inspect reports it too)."""
+    import shutil
+
+    from glimmer.cli import main
+
+    checkpoint = tmp_path / "with-stray"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), checkpoint)
+    shutil.copy(make_tiny("canonical", seed=3) / "model.safetensors", checkpoint / "consolidated.safetensors")
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        assert torch.equal(_logits(checkpoint), _logits(make_tiny("canonical", seed=7)))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings and all(w == warnings[0] for w in warnings)
+    assert warnings[0].startswith(f"{checkpoint}: ignoring consolidated.safetensors: model.safetensors.index.json "
+                                  "does not name it")
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    assert warnings[0] in json.loads(capsys.readouterr().out)["warnings"]
+
+
+def test_without_an_index_other_files_beside_model_safetensors_are_left_out_with_a_warning(make_tiny, tmp_path,
+                                                                                            caplog):
+    import shutil
+
+    checkpoint = tmp_path / "single-and-more"
+    shutil.copytree(make_tiny("canonical", seed=7), checkpoint)
+    shutil.copy(make_tiny("canonical", seed=3) / "model.safetensors", checkpoint / "model-old.safetensors")
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        assert torch.equal(_logits(checkpoint), _logits(make_tiny("canonical", seed=7)))
+    assert f"{checkpoint}: ignoring model-old.safetensors: without model.safetensors.index.json, model.safetensors " \
+           "alone is the checkpoint" in caplog.text
+
+
+def _shards_without_index(make_tiny, tmp_path, num_shards: int = 3):
+    import shutil
+
+    checkpoint = tmp_path / "no-index"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=num_shards), checkpoint)
+    (checkpoint / "model.safetensors.index.json").unlink()
+    return checkpoint
+
+
+def test_without_an_index_every_safetensors_file_is_one_checkpoint(make_tiny, tmp_path, caplog):
+    checkpoint = _shards_without_index(make_tiny, tmp_path)
+    with caplog.at_level("INFO", logger="glimmer.checkpoint.safetensors_files"):
+        assert torch.equal(_logits(checkpoint), _logits(make_tiny("canonical", seed=7)))
+    assert "reading its 3 *.safetensors files as one checkpoint (model-00001-of-00003.safetensors" in caplog.text
+    assert "WARNING" not in caplog.text
+
+
+def test_without_an_index_a_numbered_series_short_of_a_shard_is_refused(make_tiny, tmp_path):
+    """A shard left out would load as a smaller model (a vision shard's absence as a text-only model)."""
+    checkpoint = _shards_without_index(make_tiny, tmp_path)
+    (checkpoint / "model-00002-of-00003.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"holds 2 of the 3 shards model-\*-of-00003\.safetensors and no "
+                                              r"model\.safetensors\.index\.json; missing: "
+                                              r"model-00002-of-00003\.safetensors; download the missing shards"):
+        load_model(checkpoint, progress=False)
+
+
+def test_without_an_index_a_tensor_in_two_files_is_refused_with_the_fix(make_tiny, tmp_path):
+    import shutil
+
+    checkpoint = _shards_without_index(make_tiny, tmp_path, num_shards=2)
+    shutil.copy(make_tiny("canonical", seed=7) / "model.safetensors", checkpoint / "consolidated.safetensors")
+    with pytest.raises(CheckpointError, match=r"appears in both consolidated\.safetensors and model-0000[12]-of-00002"
+                                              r"\.safetensors: .*remove the file that does not belong, or add the "
+                                              r"model\.safetensors\.index\.json that names the shards"):
+        load_model(checkpoint, progress=False)
 
 
 PEAK_RSS_SCRIPT = """

@@ -168,7 +168,8 @@ def test_pillow_fallback_stays_close_to_torch_lanczos(monkeypatch) -> None:
         pytest.param(b"definitely not an image", "not an image format", id="garbage-bytes"),
         pytest.param(b"", "not an image format", id="empty-bytes"),
         pytest.param("MISSING", "no such file", id="missing-file"),
-        pytest.param(np.zeros((10, 10, 3), dtype=np.float32), "must be uint8", id="float-array"),
+        pytest.param(np.zeros((10, 10, 3), dtype=np.int64), "must be uint8, or float in [0, 1]", id="int64-array"),
+        pytest.param(np.full((10, 10, 3), 255.0, dtype=np.float32), "must hold values in [0, 1]", id="float-levels"),
         pytest.param(np.zeros((10, 10, 2), dtype=np.uint8), "must be (H, W)", id="two-channel-array"),
         pytest.param(np.zeros((0, 10, 3), dtype=np.uint8), "empty", id="empty-array"),
         pytest.param(12345, "unsupported image input of type int", id="wrong-type"),
@@ -183,6 +184,42 @@ def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, 
     assert problem in str(raised.value)
     assert isinstance(raised.value, RequestError)
     assert raised.value.param == "messages"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_a_float_image_in_0_1_gives_the_pixels_of_its_uint8_levels(dtype) -> None:
+    """QA: a float image cast to uint8 unscaled turned black. Floats in [0, 1] (torchvision's ToTensor, an image
+    divided by 255) are levels × 255, rounded: exactly the levels they came from, in every float dtype."""
+    levels = np.asarray(noise_image(45, 61, seed=5))
+    expected = process_image(levels, SETTINGS, LIMITS).pixel_values
+    floats = levels.astype(dtype) / dtype(255)
+    assert torch.equal(process_image(floats, SETTINGS, LIMITS).pixel_values, expected)
+    grey = levels[:, :, 0]
+    assert torch.equal(process_image(Image.fromarray(grey.astype(np.float32) / 255), SETTINGS, LIMITS).pixel_values,
+                       process_image(Image.fromarray(grey), SETTINGS, LIMITS).pixel_values)  # a mode F PIL image
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        pytest.param(np.full((8, 8, 3), 200.0), "an image array of float64 must hold values in [0, 1] (an image "
+                     "rescaled by 1/255), but it holds values from 200 to 200; divide its values by 255, or pass "
+                     "0..255 levels as uint8 (array.astype(np.uint8))", id="levels-as-floats"),
+        pytest.param(np.full((8, 8), -0.25, dtype=np.float32), "holds values from -0.25 to -0.25", id="negative"),
+        pytest.param(np.array([[0.5, np.inf]] * 8, dtype=np.float32), "holds values from 0.5 to inf", id="infinite"),
+        pytest.param(np.array([[0.5, np.nan]] * 8, dtype=np.float32), "an image array of float32 holds NaN, which is "
+                     "no pixel value", id="nan"),
+        pytest.param(Image.fromarray(np.full((8, 8), 128.0, dtype=np.float32)), "a float (mode F) PIL image must "
+                     "hold values in [0, 1]", id="pil-mode-f-levels"),
+        pytest.param(torch.rand(3, 8, 8), "unsupported image input of type Tensor; send encoded bytes, a path, a PIL "
+                     "image, or an array of uint8 levels or of floats in [0, 1] (for a torch tensor: tensor.numpy() of "
+                     "an (H, W, C) tensor, tensor.permute(1, 2, 0).numpy() of a (C, H, W) one)", id="torch-tensor"),
+    ],
+)
+def test_a_float_image_outside_0_1_is_refused_naming_the_image_and_the_fix(payload, problem) -> None:
+    with pytest.raises(MediaDecodeError) as raised:
+        process_image(payload, SETTINGS, LIMITS, index=2)
+    assert str(raised.value).startswith("image 2: ") and problem in str(raised.value)
 
 
 def test_truncated_png_raises_a_decode_error() -> None:
@@ -253,11 +290,11 @@ def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped_to_white():
     Image.fromarray(deep).save(encoded, "PNG")
     opened = Image.open(io.BytesIO(encoded.getvalue()))
     assert opened.mode.startswith("I;16")
-    rgb = pil_to_rgb(opened)
+    rgb = pil_to_rgb(opened, "image", 0)
     assert rgb.shape == (32, 32, 3) and np.array_equal(rgb[:, :, 0], (deep >> 8).astype(np.uint8))
     assert np.array_equal(rgb[:, :, 0], rgb[:, :, 2])
     small = Image.fromarray(np.full((4, 4), 200, dtype=np.int32))  # mode I holding 8-bit values: kept
-    assert pil_to_rgb(small)[0, 0].tolist() == [200, 200, 200]
+    assert pil_to_rgb(small, "image", 0)[0, 0].tolist() == [200, 200, 200]
 
 
 def test_postscript_is_refused_without_reaching_ghostscript(monkeypatch) -> None:

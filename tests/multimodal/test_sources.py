@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import re
+from urllib.parse import quote
 
 import pytest
 from PIL import Image
@@ -48,6 +50,35 @@ def test_data_url_base64_is_read_forgivingly_as_browsers_do(spell):
     data = _png()
     assert len(base64.b64encode(data)) % 4 == 0 and base64.b64encode(data).endswith(b"=")  # padding to leave out
     assert load_media_reference("data:image/png;base64," + spell(data), "image", 0, MediaFetchPolicy()) == data
+
+
+@pytest.mark.parametrize("escape", [lambda text: quote(text, safe=""),
+                                    lambda text: re.sub("%..", lambda m: m[0].lower(), quote(text, safe=""))],
+                         ids=["upper-case", "lower-case"])
+def test_a_percent_encoded_base64_payload_is_decoded_first_as_browsers_do(escape):
+    """QA: `%2B` for `+` (`%2F`, `%3D`) was refused as not base64; browsers percent-decode a data URL's body before
+    reading it as base64 (WHATWG fetch, data: URL processor)."""
+    data = bytes([0xFB, 0xFF, 0xBF]) * 8 + b"ab"
+    escaped = escape(base64.b64encode(data).decode())
+    assert {"%2B", "%2F", "%3D"} <= set(re.findall(r"%..", escaped.upper()))
+    assert load_media_reference("data:image/png;base64," + escaped, "image", 0, MediaFetchPolicy()) == data
+    png = _png()
+    mixed = base64.b64encode(png).decode().replace("=", "%3D").replace("+", "%2B")
+    assert load_media_reference("data:image/png;base64," + mixed, "image", 0, MediaFetchPolicy()) == png
+
+
+def test_a_percent_encoded_data_url_without_base64_gives_its_bytes():
+    """A body without `;base64` is percent-decoded to bytes: %89 was read as UTF-8 and became `?`."""
+    png = _png()
+    assert load_media_reference("data:image/png," + quote(png), "image", 0, MediaFetchPolicy()) == png
+
+
+@pytest.mark.parametrize(
+    "payload", ["QUJD%ZZ", "QUJD%4", "QUJ%0BD", "QUJD%C3%A9", "QUJD%2D_", "QUJD%40", "%2541%2542%2543%2544"],
+    ids=["bad-escape", "cut-escape", "vertical-tab", "non-ascii", "url-safe", "at-sign", "double-escaped"])
+def test_a_percent_encoded_payload_that_is_no_base64_once_decoded_is_still_refused(payload):
+    with pytest.raises(RequestError, match="image 2: data URL is not valid base64"):
+        load_media_reference("data:image/png;base64," + payload, "image", 2, MediaFetchPolicy())
 
 
 @pytest.mark.parametrize(

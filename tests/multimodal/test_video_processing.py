@@ -75,6 +75,18 @@ def test_file_and_decoded_frames_give_identical_rows(tmp_path, video_writer) -> 
     assert from_file.group_timestamps_s == from_array.group_timestamps_s == (0.0, 1.0)
 
 
+def test_float_pil_frames_in_0_1_give_the_rows_of_their_levels_and_others_are_refused() -> None:
+    """A mode F frame (floats) was cast to black; in [0, 1] it is its levels × 255, outside refused naming the video."""
+    grey = distinct_frames(4, seed=2)[:, :, :, 0]
+    levels = process_video(DecodedVideo([Image.fromarray(f) for f in grey], fps=4.0), SMALL, LIMITS)
+    floats = process_video(DecodedVideo([Image.fromarray(f.astype(np.float32) / 255) for f in grey], fps=4.0),
+                           SMALL, LIMITS)
+    assert torch.equal(floats.pixel_values, levels.pixel_values)
+    with pytest.raises(MediaDecodeError, match=r"video 1: a float \(mode F\) PIL image must hold values in \[0, 1\]"):
+        process_video(DecodedVideo([Image.fromarray(f.astype(np.float32)) for f in grey], fps=4.0), SMALL, LIMITS,
+                      index=1)
+
+
 def test_encoded_bytes_are_accepted(tmp_path, video_writer) -> None:
     path = video_writer(tmp_path / "clip.mp4", distinct_frames(8), fps=4, codec="libx264", container="mp4")
     video = process_video(path.read_bytes(), SMALL, LIMITS)
