@@ -28,7 +28,6 @@ from glimmer.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
-_VISION_PREFIXES = ("model.vision_tower.", "model.vision_adapter.", "model.vision_projection.")
 _TIED_LM_HEAD = "lm_head.weight"
 # names listed per kind of problem in a mismatch error; the count says how many more
 _LISTED_PER_KIND = 10

@@ -78,9 +78,10 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     _prepare_for_device(model, device)
     model.eval().requires_grad_(False)
-    logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format,
-                opened.stored_layout or layout, config.config_layout, device, dtype)
-    return LoadedModel(model=model, config=config, weight_layout=layout)
+    stored = opened.stored_layout or layout
+    logger.info("loaded %s (%s %s weights, %s config) on %s as %s", opened.path, opened.format, stored,
+                config.config_layout, device, dtype)
+    return LoadedModel(model=model, config=config, weight_layout=stored)
 
 
 def _dummy_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int) -> LoadedModel:

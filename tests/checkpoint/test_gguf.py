@@ -56,8 +56,9 @@ def llms(tiny_checkpoint, f32_gguf) -> tuple[LLM, LLM]:
 
 
 def test_f32_gguf_gives_the_safetensors_logits_exactly(tiny_checkpoint, f32_gguf):
-    assert torch.equal(logits(load_model(f32_gguf, progress=False).model),
-                       logits(load_model(tiny_checkpoint, progress=False).model))
+    from_gguf = load_model(f32_gguf, progress=False)
+    assert torch.equal(logits(from_gguf.model), logits(load_model(tiny_checkpoint, progress=False).model))
+    assert from_gguf.weight_layout == "gguf"  # the file's own names, as inspect reports them
 
 
 def test_a_split_gguf_gives_the_whole_files_logits_exactly(f32_gguf, tmp_path):
