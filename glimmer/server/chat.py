@@ -121,7 +121,8 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
     choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
                             include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
-                            min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer)
+                            min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
+                            continue_recipient=prompt.continue_recipient)
                for i in range(params.n)]
     run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
     stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,

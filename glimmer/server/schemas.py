@@ -150,6 +150,9 @@ class ChatCompletionRequest(_SamplingFields):
     enable_thinking: bool | None = None
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: where the prompt ends (None: with the generation prompt unless the final message is continued)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
     max_tokens: PositiveCount | None = None
     max_completion_tokens: PositiveCount | None = None
     logprobs: bool = False

@@ -90,3 +90,59 @@ def test_a_role_the_model_does_not_take_is_refused(engine):
     assert caught.value.param == "messages[0].role"
 
 
+
+
+# vLLM's add_generation_prompt and continue_final_message: LLM.chat's rules (P-TMPL-8) --------------------------------
+
+ANSWERED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+
+
+def test_add_generation_prompt_false_ends_the_prompt_after_the_final_message(engine):
+    ctx = context(engine)
+    prompt = build_chat_prompt(request(chat_template_kwargs=DATE, add_generation_prompt=False), ctx)
+    assert engine.engine.tokenizer.decode(prompt.token_ids).endswith("hi<|eot|>")
+    assert prompt.continue_recipient is None  # a turn of its own: the parser reads its header
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and_names_its_channel(engine):
+    """P-TMPL-8: the prompt ends inside the final message's body, and the parser is told whose body it is."""
+    ctx = context(engine)
+    prompt = build_chat_prompt(request(messages=ANSWERED, chat_template_kwargs=DATE, continue_final_message=True), ctx)
+    text = engine.engine.tokenizer.decode(prompt.token_ids)
+    assert text.endswith("<|start|>assistant to=user<|message|>Hello") and prompt.continue_recipient == "user"
+    llm_prompt = engine.engine.chat_template.render([*ANSWERED[:1], {"role": "assistant", "content": "Hello"}],
+                                                    chat_template_kwargs=DATE, add_generation_prompt=False)
+    assert llm_prompt.startswith(text)  # the same prompt, cut where the message's text ends
+    call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}
+    prompt = build_chat_prompt(request(messages=[ANSWERED[0], call], tools=TOOLS, chat_template_kwargs=DATE,
+                                       continue_final_message=True), ctx)
+    assert prompt.continue_recipient == "get_weather"
+
+
+@pytest.mark.parametrize(("fields", "param", "message"), [
+    ({"messages": ANSWERED, "continue_final_message": True, "add_generation_prompt": True}, "continue_final_message",
+     "with add_generation_prompt=True"),
+    ({"continue_final_message": True}, "continue_final_message", "the final message has role 'user'"),
+    ({"messages": ANSWERED, "continue_final_message": True, "response_format": {"type": "json_object"}},
+     "continue_final_message", "cannot be combined with response_format"),
+    ({"add_generation_prompt": False, "tools": TOOLS, "tool_choice": "required"}, "add_generation_prompt",
+     "cannot be combined with tool_choice"),
+    ({"add_generation_prompt": False, "thinking_token_budget": 4}, "add_generation_prompt",
+     "cannot be combined with thinking_token_budget"),
+    ({"add_generation_prompt": False, "guided_regex": "a+"}, "add_generation_prompt",
+     "cannot be combined with guided_regex"),
+])
+def test_conflicting_rendering_fields_are_refused_naming_the_field(engine, fields, param, message):
+    """LLM.chat's refusals: both prompt ends at once, a final message that is not an assistant's, and a turn grammar,
+    which starts at the generation prompt, after another prompt end."""
+    with pytest.raises(RequestError, match=message) as caught:
+        build_chat_prompt(request(chat_template_kwargs=DATE, **fields), context(engine))
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("name", ["add_generation_prompt", "continue_final_message"])
+def test_rendering_fields_in_template_kwargs_point_to_the_top_level_field(engine, name):
+    """P-TMPL-3: vLLM also reads them from chat_template_kwargs; here they are refused, naming where they go."""
+    with pytest.raises(RequestError, match=f"send '{name}' at the top level of the request") as caught:
+        build_chat_prompt(request(messages=ANSWERED, chat_template_kwargs={**DATE, name: False}), context(engine))
+    assert caught.value.param == "chat_template_kwargs"
