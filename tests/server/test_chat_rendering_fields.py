@@ -1,5 +1,5 @@
 """vLLM's rendering fields on /v1/chat/completions, through the real server with a scripted model: where the prompt
-ends (`add_generation_prompt`, `continue_final_message`, P-TMPL-8). The prompt they make is tested in
+ends (`add_generation_prompt`, `continue_final_message`, P-TMPL-8) and `echo`. The prompt they make is tested in
 test_chat_prompt.py; here, the reply, streamed and not."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ def server(make_tiny):
     with live_server(make_tiny(), scripted=True) as live:
         runner = live.engine.engine.runner
         runner.add("My favorite is", " blue, of course.<|eot|>")
+        runner.add("[parts]", " to=user<|message|>Done.<|eot|>")
         runner.add("[weather-call]", '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter '
                    'name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         yield live
@@ -30,24 +31,30 @@ def chat(server, **fields) -> httpx.Response:
     return httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
 
 
-def streamed_message(server, **fields) -> dict:
-    """The deltas of a streamed chat completion's first choice, joined: content and the calls' names and arguments."""
+def streamed_deltas(server, **fields) -> list[tuple[int, dict]]:
+    """(choice index, delta) of each chunk of a streamed chat completion, in order."""
     body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "chat_template_kwargs": PINNED_DATE, "stream": True,
             **fields}
-    message: dict = {"content": "", "calls": {}}
+    deltas = []
     with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            for choice in json.loads(line[len("data: "):])["choices"]:
-                delta = choice["delta"]
-                message["content"] += delta.get("content") or ""
-                for call in delta.get("tool_calls") or []:
-                    name, arguments = message["calls"].get(call["index"], ("", ""))
-                    function = call.get("function") or {}
-                    message["calls"][call["index"]] = (name + (function.get("name") or ""),
-                                                       arguments + (function.get("arguments") or ""))
+            if line.startswith("data: {"):
+                deltas += [(choice["index"], choice["delta"]) for choice in json.loads(line[len("data: "):])["choices"]]
+    return deltas
+
+
+def streamed_message(server, **fields) -> dict:
+    """The deltas of a streamed chat completion's first choice, joined: content and the calls' names and arguments."""
+    message: dict = {"content": "", "calls": {}}
+    for index, delta in streamed_deltas(server, **fields):
+        if index == 0:
+            message["content"] += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                name, arguments = message["calls"].get(call["index"], ("", ""))
+                function = call.get("function") or {}
+                message["calls"][call["index"]] = (name + (function.get("name") or ""),
+                                                   arguments + (function.get("arguments") or ""))
     return message
 
 
@@ -79,3 +86,33 @@ def test_a_refused_combination_is_a_400_naming_the_field(server):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "continue_final_message" and "add_generation_prompt=True" in error["message"]
+
+
+# echo: vLLM's, the final message's content before each choice's when it is the assistant's ------------------------
+
+def test_echo_puts_the_continued_message_before_each_choice_streamed_or_not(server):
+    """As vLLM: prepended to every choice's content; streamed, one chunk per choice right after the role chunks."""
+    response = chat(server, messages=COLOR, continue_final_message=True, echo=True, n=2)
+    assert response.status_code == 200, response.text
+    contents = [choice["message"]["content"] for choice in response.json()["choices"]]
+    assert contents == ["My favorite is blue, of course."] * 2
+    deltas = streamed_deltas(server, messages=COLOR, continue_final_message=True, echo=True, n=2)
+    assert deltas[:4] == [(0, {"role": "assistant"}), (1, {"role": "assistant"}),
+                          (0, {"content": "My favorite is"}), (1, {"content": "My favorite is"})]
+    for index in (0, 1):  # P-API-4: the stream adds up to the response
+        assert "".join(delta.get("content") or "" for i, delta in deltas if i == index) == contents[index]
+
+
+def test_echo_of_a_final_assistant_message_in_parts_joins_their_texts_with_newlines(server):
+    parts = [{"type": "text", "text": "First."}, {"type": "text", "text": "Then"}]
+    messages = [{"role": "user", "content": "[parts] Go."}, {"role": "assistant", "content": parts}]
+    response = chat(server, messages=messages, echo=True)  # a new turn after it: still echoed, as in vLLM
+    assert response.json()["choices"][0]["message"]["content"] == "First.\nThenDone."
+    assert streamed_message(server, messages=messages, echo=True)["content"] == "First.\nThenDone."
+
+
+def test_echo_leaves_a_reply_to_a_user_message_as_it_is(server):
+    """The response's role is the assistant's: a final user message is not its to echo."""
+    messages = [{"role": "user", "content": "[parts] Go."}]
+    assert chat(server, messages=messages, echo=True).json()["choices"][0]["message"]["content"] == "Done."
+    assert streamed_message(server, messages=messages, echo=True)["content"] == "Done."
