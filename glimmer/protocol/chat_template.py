@@ -166,15 +166,19 @@ class FramingTokenizer(Protocol):
 _PROBE_KWARGS = {"current_date": "2026-01-01"}
 
 
-def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer) -> None:
+def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer, *, max_chars: int | None = None) -> None:
     """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5).
-    Raises ConfigError, or ChatTemplateError where the template fails to render (the server runs it at start,
-    `glimmer inspect` too)."""
+    Raises ConfigError, or ChatTemplateError where the template fails to render (the server runs it at start and
+    on a request's own template, `glimmer inspect` too). `max_chars`: a longer probe prompt is a ConfigError
+    before it is tokenized."""
     prompt = template.render([{"role": "user", "content": "hello"}], special_tokens=tokenizer.special_tokens,
                              chat_template_kwargs=_PROBE_KWARGS)
     if not prompt.endswith(GENERATION_PROMPT):
         raise ConfigError(f"the chat template's generation prompt must be exactly {GENERATION_PROMPT!r} "
                           f"(P-TMPL-8); a probe prompt ends {prompt[-40:]!r}")
+    if max_chars is not None and len(prompt) > max_chars:
+        raise ConfigError(f"the chat template renders a one-message probe chat as {len(prompt):,} characters, more "
+                          f"than a prompt may have ({max_chars:,})")
     bos_id = tokenizer.bos_token_id
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     if bos_id is not None and (ids.count(bos_id) != 1 or ids[0] != bos_id):

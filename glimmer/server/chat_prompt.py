@@ -10,7 +10,8 @@ adding special tokens, the request's control-token text as plain text, and check
 Rendering is `LLM.chat`'s (`engine.chat_rendering`), vLLM's `add_generation_prompt` and `continue_final_message`
 included, with the same rules and refusals: the prompt ends with the generation prompt by default, after the final
 message with `add_generation_prompt: false`, inside the final (assistant) message with `continue_final_message`, and
-then the reply is parsed as that message's continuation (P-TMPL-8, `ChatPrompt.continue_recipient`).
+then the reply is parsed as that message's continuation (P-TMPL-8, `ChatPrompt.continue_recipient`). A request's
+own `chat_template` replaces the checkpoint's only where the operator trusts requests with one (`chat_template`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,17 @@ from glimmer.engine.chat_rendering import (
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part, naming_media_parts
-from glimmer.protocol import normalize_tools, resolve_reasoning_strength
+from glimmer.protocol import (
+    ChatTemplate,
+    ChatTemplateError,
+    check_chat_template,
+    compiled_template,
+    normalize_tools,
+    resolve_reasoning_strength,
+)
+from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -40,7 +49,7 @@ from glimmer.server.structured_outputs import requested_structured_outputs
 
 # Knobs the server resolves into `reasoning_strength` itself; the template gets the result, not them.
 _REASONING_KNOBS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
-_RENDERING_FIELDS = ("add_generation_prompt", "continue_final_message")
+_RENDERING_FIELDS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
 """Request fields that vLLM also reads from `chat_template_kwargs`; no template variables."""
 
 
@@ -82,7 +91,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     )
     for knob in _REASONING_KNOBS:
         template_kwargs.pop(knob, None)
-    rendering = ChatRendering(context.template, tools.render_tools, strength, template_kwargs,
+    rendering = ChatRendering(chat_template(request, context), tools.render_tools, strength, template_kwargs,
                               settings.allow_control_tokens_in_content, ends_with_generation_prompt,
                               request.continue_final_message)
     structured, param = requested_structured_outputs(request)
@@ -104,6 +113,32 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
                       multimodal, constrained_answer=structured is not None,
                       continue_recipient=final.recipient if final is not None else None)
+
+
+def chat_template(request: ChatCompletionRequest, context: ServingContext) -> ChatTemplate:
+    """The template the request renders with: the server's, or the request's own `chat_template` where the operator
+    trusts requests with one (`--trust-request-chat-template`, as vLLM's). That one runs in the sandbox every
+    template runs in (P-TMPL-2), and must pass the check the server's passed at start: its prompt ends with the
+    generation prompt the parser reads (P-TMPL-8) and holds one bos (P-TMPL-5).
+
+    Raises RequestError naming `chat_template`: the server does not trust requests with one, or it fails to compile,
+    to render the check's probe conversation, or the check."""
+    if request.chat_template is None:
+        return context.template
+    if not context.settings.trust_request_chat_template:
+        raise RequestError("chat_template: this server does not render chat templates sent in requests (a template is "
+                           "code the server runs); leave chat_template out to use the model's own, or start the "
+                           "server with --trust-request-chat-template if its clients are trusted",
+                           param="chat_template")
+    try:
+        template = compiled_template(request.chat_template)
+        check_chat_template(template, context.tokenizer, max_chars=context.engine.engine.max_prompt_chars)
+    except ChatTemplateError as error:
+        raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",
+                           param="chat_template") from None
+    except ConfigError as error:
+        raise RequestError(f"chat_template: {error}", param="chat_template") from None
+    return template
 
 
 def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, context: ServingContext,

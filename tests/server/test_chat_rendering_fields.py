@@ -1,6 +1,6 @@
 """vLLM's rendering fields on /v1/chat/completions, through the real server with a scripted model: where the prompt
-ends (`add_generation_prompt`, `continue_final_message`, P-TMPL-8) and `echo`. The prompt they make is tested in
-test_chat_prompt.py; here, the reply, streamed and not."""
+ends (`add_generation_prompt`, `continue_final_message`, P-TMPL-8), `echo`, and a request's own `chat_template`.
+The prompt they make is tested in test_chat_prompt.py; here, the reply, streamed and not, and the HTTP answer."""
 
 from __future__ import annotations
 
@@ -116,3 +116,34 @@ def test_echo_leaves_a_reply_to_a_user_message_as_it_is(server):
     messages = [{"role": "user", "content": "[parts] Go."}]
     assert chat(server, messages=messages, echo=True).json()["choices"][0]["message"]["content"] == "Done."
     assert streamed_message(server, messages=messages, echo=True)["content"] == "Done."
+
+
+# chat_template: a request's own template, under --trust-request-chat-template -------------------------------------
+
+SIMPLE_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>"
+                   "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def trusting_server(make_tiny):
+    with live_server(make_tiny(), scripted=True, trust_request_chat_template=True) as live:
+        live.engine.engine.runner.add("<|start|>user<|message|>[own] hi<|eot|>", " to=user<|message|>Hi!<|eot|>")
+        yield live
+
+
+def test_a_request_template_is_a_400_naming_the_flag_on_a_server_that_does_not_trust_them(server):
+    response = chat(server, messages=COLOR[:1], chat_template=SIMPLE_TEMPLATE)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "chat_template" and "--trust-request-chat-template" in error["message"]
+
+
+def test_a_trusted_request_template_renders_the_prompt_and_one_that_fails_is_a_400(trusting_server):
+    response = chat(trusting_server, messages=[{"role": "user", "content": "[own] hi"}], chat_template=SIMPLE_TEMPLATE)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "Hi!"
+    assert trusting_server.engine.engine.runner.prompts[-1] == (
+        "<|begin_of_text|><|start|>user<|message|>[own] hi<|eot|><|start|>assistant")
+    for template in ("{% for %}", "{{ lipsum.__globals__['os'] }}<|start|>assistant", "{{ bos_token }}no prompt end"):
+        response = chat(trusting_server, messages=COLOR[:1], chat_template=template)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "chat_template"
