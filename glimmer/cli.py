@@ -170,6 +170,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             allowed_origins=tuple(args.allowed_origins),
             metrics_require_api_key=args.metrics_require_api_key,
             allow_control_tokens_in_content=args.allow_control_tokens_in_content,
+            trust_request_chat_template=args.trust_request_chat_template,
         )
 
     _check_engine_options(args)
@@ -577,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-control-tokens-in-content", action="store_true",
                        help="trusted callers only: control-token text in messages and chat_template_kwargs "
                             "(<|start|>, <|eot|>, ...) becomes those tokens (default: it stays plain text)")
+    serve.add_argument("--trust-request-chat-template", action="store_true",
+                       help="trusted clients only: render a chat request's own Jinja chat_template (sandboxed, as "
+                            "the checkpoint's; default: such a request gets HTTP 400)")
     serve.set_defaults(func=_cmd_serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")

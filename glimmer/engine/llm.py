@@ -20,15 +20,18 @@ from tqdm.auto import tqdm
 
 from glimmer.engine.apply_chat_template import (
     REASONING_FIELDS,
-    FinalMessageTag,
     OutputShape,
     checked_documents,
-    cut_at_final_message,
     generation_prompt,
     given_conversation,
     split_conversations,
-    tag_final_message,
     tool_schemas,
+)
+from glimmer.engine.chat_rendering import (
+    ChatRendering,
+    check_final_message_is_the_assistants,
+    refuse_turn_grammar,
+    render_conversation,
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
@@ -41,16 +44,13 @@ from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
-    RenderedPrompt,
     ToolCall,
     compiled_template,
-    normalize_messages,
     normalize_tools,
     parse_output,
     resolve_reasoning_strength,
 )
 from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
-from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
@@ -89,21 +89,6 @@ class ChatOutput:
         if self.output.finish_reason == "length":
             return "length"
         return "tool_calls" if self.tool_calls else self.output.finish_reason
-
-
-@dataclass(frozen=True)
-class _Rendering:
-    """How a conversation becomes a prompt (`LLM.chat`, `LLMTokenizer.apply_chat_template`): its template, the tools,
-    reasoning strength and template variables it sees, whether control-token text stays text, and where the prompt
-    ends: with the generation prompt, after the final message, or inside it (`continue_final_message`)."""
-
-    template: ChatTemplate
-    tools: list[dict[str, Any]] | None
-    strength: str | None
-    kwargs: Mapping[str, Any]
-    allow_control_tokens: bool
-    generation_prompt: bool = True
-    continue_final_message: bool | str = False
 
 
 @dataclass
@@ -410,23 +395,20 @@ class LLM:
                                f"{' or '.join(map(repr, _CONTINUABLE_FIELDS))} (True: 'content')",
                                param="continue_final_message")
         template = self.engine.chat_template if chat_template is None else _template_argument(chat_template)
-        # the argument that ends the prompt elsewhere than at the generation prompt, where a turn grammar starts
-        prompt_end = ("continue_final_message" if continue_final_message else
-                      None if ends_with_generation_prompt else "add_generation_prompt")
         plan = plan_tools(normalize_tools(tools, check_schema=check_json_schema), tool_choice)
-        turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
-                                             thinking_token_budget, prompt_end) for params in requested}
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in _STRENGTH_KWARGS}
-        rendering = _Rendering(template, plan.render_tools, strength, kwargs, allow_control_tokens_in_content,
-                               ends_with_generation_prompt, continue_final_message)
+        rendering = ChatRendering(template, plan.render_tools, strength, kwargs, allow_control_tokens_in_content,
+                                  ends_with_generation_prompt, continue_final_message)
+        turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
+                                             thinking_token_budget, rendering.prompt_end) for params in requested}
         prepared: list[_Prepared] = []
         continued: list[str | None] = []  # per conversation, the channel its prompt ends inside (P-TMPL-8)
         for index, conversation in enumerate(conversations):
             if continue_final_message:
-                _check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
-            normalized, rendered, final = self._render(conversation, rendering)
+                check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
+            normalized, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             continued.append(final.recipient if final is not None else None)
             images, videos = [], []
             with naming_media_parts(conversation):  # an item's error names its content part
@@ -458,28 +440,6 @@ class LLM:
                                     first.stop_string))
         return chats
 
-    def _render(self, conversation: Any, rendering: _Rendering
-                ) -> tuple[list[dict[str, Any]], RenderedPrompt, FinalMessageTag | None]:
-        """One conversation's messages, normalized, its prompt, and where that prompt was cut inside the final
-        message (None unless `rendering.continue_final_message`)."""
-        final = None
-        if rendering.continue_final_message:
-            conversation, final = tag_final_message(conversation, rendering.continue_final_message,
-                                                    rendering.template.source)
-        normalized = normalize_messages(conversation)
-        refuse_unrendered(conversation)
-        tokenizer = self.engine.tokenizer
-        rendered = rendering.template.render_prompt(
-            normalized,
-            tools=rendering.tools,
-            add_generation_prompt=rendering.generation_prompt,
-            special_tokens=tokenizer.special_tokens,
-            reasoning_strength=rendering.strength,
-            chat_template_kwargs=rendering.kwargs,
-            control_tokens=() if rendering.allow_control_tokens else tokenizer.control_tokens,
-        )
-        return normalized, rendered if final is None else cut_at_final_message(rendered, final), final
-
     def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,
                    thinking_token_budget: int | None, prompt_end: str | None) -> _ChatTurn:
         """How one SamplingParams' conversations are generated and read: the turn's grammar (the answer's
@@ -499,16 +459,11 @@ class LLM:
                 not isinstance(thinking_token_budget, int) or isinstance(thinking_token_budget, bool)
                 or thinking_token_budget < 0):
             raise RequestError("thinking_token_budget: must be an integer >= 0", param="thinking_token_budget")
+        refuse_turn_grammar(prompt_end, plan, structured_param=param if structured is not None else None,
+                            thinking_token_budget=thinking_token_budget)
         answer = chat_answer_grammar(structured, param) if structured is not None else None
         constraint = plan.turn_constraint(answer, parallel_calls=parallel_tool_calls,
                                           thinking_token_budget=thinking_token_budget)
-        if constraint is not None and prompt_end is not None:
-            constrained_by = next(name for name, given in (
-                (param, structured is not None), ("tool_choice", plan.required_names is not None),
-                ("thinking_token_budget", thinking_token_budget is not None), ("tools (strict)", plan.strict)) if given)
-            raise RequestError(f"{prompt_end}: cannot be combined with {constrained_by}, whose grammar constrains the "
-                               "turn from the generation prompt `<|start|>assistant` on, where this prompt does not "
-                               "end; drop one of them", param=prompt_end)
         factory = self.engine.grammars.turn(constraint, param) if constraint is not None else None
         # P-REQ-1: the engine keeps every special token (the framing the parser reads); the reply hides them after
         return _ChatTurn(replace(params, structured_outputs=None, stop=[], skip_special_tokens=False), factory,
@@ -690,10 +645,11 @@ class LLMTokenizer:
         template_kwargs = {k: v for k, v in kwargs.items() if k not in _STRENGTH_KWARGS}
         if documents is not None:
             template_kwargs["documents"] = checked_documents(documents)
-        rendering = _Rendering(template, plan.render_tools, strength, template_kwargs,
-                               allow_control_tokens_in_content or sanitize_control_tokens is False,
-                               ends_with_generation_prompt, continue_final_message)
-        prompts = [self._llm._render(messages, rendering)[1] for messages in conversations]
+        rendering = ChatRendering(template, plan.render_tools, strength, template_kwargs,
+                                  allow_control_tokens_in_content or sanitize_control_tokens is False,
+                                  ends_with_generation_prompt, continue_final_message)
+        tokenizer = self._llm.engine.tokenizer
+        prompts = [render_conversation(messages, rendering, tokenizer)[1] for messages in conversations]
         if shape is None:
             texts = [prompt.display_text for prompt in prompts]
             return texts if batched else texts[0]
@@ -763,19 +719,6 @@ def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any
         if name in chat_template_kwargs:
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is an argument of LLM.chat, not a "
                                f"template variable; pass LLM.chat(messages, {name}=...)", param="chat_template_kwargs")
-
-
-def _check_final_message_is_the_assistants(conversation: Any, index: int | None) -> None:
-    """RequestError unless the final message of `conversation` (the `index`-th of several) is an assistant's: the
-    reply of `LLM.chat(continue_final_message=True)` continues it, and is parsed as that message's continuation."""
-    final = conversation[-1] if isinstance(conversation, list | tuple) and conversation else None
-    role = final.get("role") if isinstance(final, Mapping) else None
-    if role != "assistant":
-        where = "" if index is None else f"messages[{index}]: "
-        raise RequestError(f"continue_final_message: {where}the final message has role {role!r}, and only an "
-                           "assistant message can be continued (the reply continues it); end the conversation with "
-                           '{"role": "assistant", "content": PREFIX}, or leave continue_final_message out for a new '
-                           "turn", param="continue_final_message")
 
 
 def _check_sampling_params(params_list: list[Any]) -> None:

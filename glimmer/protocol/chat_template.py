@@ -75,13 +75,15 @@ class ChatTemplate:
         if not isinstance(source, str):
             raise ChatTemplateError(f"the template source must be a string, got {type(source).__name__}")
         self.source = source
-        self.sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
         try:
+            self.sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
             self._template = make_environment().from_string(source)
         except jinja2.TemplateSyntaxError as error:
             raise ChatTemplateError(f"line {error.lineno}: {error.message}") from error
         except jinja2.TemplateError as error:
             raise ChatTemplateError(str(error)) from error
+        except Exception as error:  # a source can fail otherwise: nesting past the compiler's recursion limit, ...
+            raise ChatTemplateError(f"{type(error).__name__}: {error}") from error
 
     def render(
         self,
@@ -142,11 +144,13 @@ class ChatTemplate:
         context["tools"] = _plain(list(tools), guard) if tools else None
         context["add_generation_prompt"] = bool(add_generation_prompt)
         try:
-            return guard.prompt(self._template.render(**context))
+            text = self._template.render(**context)
         except jinja2.TemplateError as error:
             raise ChatTemplateError(error.message or type(error).__name__) from error
         except Exception as error:  # a template can fail in any Python operation it performs
             raise ChatTemplateError(f"{type(error).__name__}: {error}") from error
+        _refuse_lone_surrogates(text)
+        return guard.prompt(text)
 
 
 class FramingTokenizer(Protocol):
@@ -162,15 +166,19 @@ class FramingTokenizer(Protocol):
 _PROBE_KWARGS = {"current_date": "2026-01-01"}
 
 
-def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer) -> None:
+def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer, *, max_chars: int | None = None) -> None:
     """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5).
-    Raises ConfigError, or ChatTemplateError where the template fails to render (the server runs it at start,
-    `glimmer inspect` too)."""
+    Raises ConfigError, or ChatTemplateError where the template fails to render (the server runs it at start and
+    on a request's own template, `glimmer inspect` too). `max_chars`: a longer probe prompt is a ConfigError
+    before it is tokenized."""
     prompt = template.render([{"role": "user", "content": "hello"}], special_tokens=tokenizer.special_tokens,
                              chat_template_kwargs=_PROBE_KWARGS)
     if not prompt.endswith(GENERATION_PROMPT):
         raise ConfigError(f"the chat template's generation prompt must be exactly {GENERATION_PROMPT!r} "
                           f"(P-TMPL-8); a probe prompt ends {prompt[-40:]!r}")
+    if max_chars is not None and len(prompt) > max_chars:
+        raise ConfigError(f"the chat template renders a one-message probe chat as {len(prompt):,} characters, more "
+                          f"than a prompt may have ({max_chars:,})")
     bos_id = tokenizer.bos_token_id
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     if bos_id is not None and (ids.count(bos_id) != 1 or ids[0] != bos_id):
@@ -208,6 +216,19 @@ def render_chat(
         chat_template_kwargs=chat_template_kwargs,
         **template_kwargs,
     )
+
+
+def _refuse_lone_surrogates(text: str) -> None:
+    """ChatTemplateError for a prompt holding a lone surrogate (a template's string escape `"\\ud800"` writes one):
+    it is no text, and no tokenizer takes it."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ChatTemplateError(f"the rendered prompt holds a lone surrogate ({text[error.start]!r} at character "
+                                f"{error.start}), which is no text; a string escape in the template or a message "
+                                "wrote it") from None
 
 
 def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str, str]) -> None:

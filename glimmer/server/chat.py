@@ -3,6 +3,9 @@
 Both shapes come from the same loop over the engine's deltas (`_updates`), so the concatenated stream equals
 the non-streaming response, ids aside (P-API-4). Errors before the first token (invalid request, overload)
 are HTTP statuses; after it, a streaming response can only report them as an error event.
+
+vLLM's `echo` puts the final message's content before each choice's content when that message is the assistant's,
+as the response's message is (`echoed_content`): streamed, as one content chunk per choice after the role chunks.
 """
 
 from __future__ import annotations
@@ -100,6 +103,20 @@ class ChatRun:
         return options is not None and options.include_usage
 
 
+def echoed_content(request: ChatCompletionRequest) -> str:
+    """What vLLM's `echo` puts before each choice's content: the final message's content when its role is the
+    response's, `assistant` (a continued message's text, say), else nothing; content parts' texts joined by
+    newlines, as vLLM joins them."""
+    final = request.messages[-1]
+    if not request.echo or final.get("role") != "assistant":
+        return ""
+    content = final.get("content")
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content
+                         if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
 async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(ChatCompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
@@ -121,7 +138,8 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
     choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
                             include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
-                            min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer)
+                            min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
+                            continue_recipient=prompt.continue_recipient)
                for i in range(params.n)]
     run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
     stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,
@@ -162,13 +180,17 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
         async for choice, released, _ in chat_updates(run, first, stream):
             events[choice.index].extend(released)
     include_reasoning = run.request.include_reasoning
+    echoed = echoed_content(run.request)
     response_choices = []
     for choice in run.choices:
         run.check_tool_choice(choice)
         parsed = ParsedOutput.from_deltas([Delta.from_events(events[choice.index])])
+        message = assistant_message(parsed, include_reasoning=include_reasoning)
+        if echoed:
+            message["content"] = echoed + (message["content"] or "")
         response_choices.append({
             "index": choice.index,
-            "message": assistant_message(parsed, include_reasoning=include_reasoning),
+            "message": message,
             "logprobs": run.logprobs(choice.content_logprobs),
             "finish_reason": choice.finish_reason,
             "stop_reason": choice.stop_reason,
@@ -185,6 +207,10 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
             for choice in run.choices:
                 yield run.chunk(choice.index, {"role": "assistant"},
                                 extra=run.vllm_prompt_logprobs() if choice.index == 0 else None)
+            echoed = echoed_content(run.request)
+            if echoed:
+                for choice in run.choices:
+                    yield run.chunk(choice.index, {"content": echoed})
             async for choice, released, _ in chat_updates(run, first, stream):
                 objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
                 logprobs = run.logprobs(choice.new_content_logprobs) if choice.new_content_logprobs else None

@@ -6,6 +6,12 @@ images and videos (data URLs; local files and http(s) only as the operator allow
 (P-EFF-1) → render with the checkpoint's template (P-TMPL-1..3), control-token text in the request kept apart
 from the template's markup (unless the operator allows it) → expand media placeholders and tokenize without
 adding special tokens, the request's control-token text as plain text, and check the single bos (P-TMPL-5).
+
+Rendering is `LLM.chat`'s (`engine.chat_rendering`), vLLM's `add_generation_prompt` and `continue_final_message`
+included, with the same rules and refusals: the prompt ends with the generation prompt by default, after the final
+message with `add_generation_prompt: false`, inside the final (assistant) message with `continue_final_message`, and
+then the reply is parsed as that message's continuation (P-TMPL-8, `ChatPrompt.continue_recipient`). A request's
+own `chat_template` replaces the checkpoint's only where the operator trusts requests with one (`chat_template`).
 """
 
 from __future__ import annotations
@@ -15,13 +21,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from glimmer.cancellation import CancelToken
+from glimmer.engine.apply_chat_template import generation_prompt
+from glimmer.engine.chat_rendering import (
+    ChatRendering,
+    check_final_message_is_the_assistants,
+    refuse_turn_grammar,
+    render_conversation,
+)
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part, naming_media_parts
-from glimmer.protocol import normalize_messages, normalize_tools, resolve_reasoning_strength
-from glimmer.protocol.request_normalization import refuse_unrendered
+from glimmer.protocol import (
+    ChatTemplate,
+    ChatTemplateError,
+    check_chat_template,
+    compiled_template,
+    normalize_tools,
+    resolve_reasoning_strength,
+)
+from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -29,6 +49,8 @@ from glimmer.server.structured_outputs import requested_structured_outputs
 
 # Knobs the server resolves into `reasoning_strength` itself; the template gets the result, not them.
 _REASONING_KNOBS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
+_RENDERING_FIELDS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
+"""Request fields that vLLM also reads from `chat_template_kwargs`; no template variables."""
 
 
 @dataclass
@@ -38,6 +60,7 @@ class ChatPrompt:
     controller_factory: ControllerFactory | None
     multimodal: list[MultimodalItem]
     constrained_answer: bool = False  # structured outputs: the answer's text is the grammar's, taken as written
+    continue_recipient: str | None = None  # continue_final_message: the channel the prompt ends inside (P-TMPL-8)
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
@@ -45,12 +68,14 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
     settings = context.settings
-    messages = normalize_messages(request.messages)
-    refuse_unrendered(request.messages)
+    template_kwargs = dict(request.chat_template_kwargs or {})
+    _refuse_rendering_fields_in_kwargs(template_kwargs)
+    ends_with_generation_prompt = generation_prompt(request.add_generation_prompt, request.continue_final_message)
+    if request.continue_final_message:
+        check_final_message_is_the_assistants(request.messages)
     choice = request.tool_choice
     tools = plan_tools(normalize_tools(request.tools, check_schema=check_json_schema),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
-    template_kwargs = dict(request.chat_template_kwargs or {})
     effort = request.reasoning_effort
     if request.reasoning is not None and request.reasoning.effort is not None:
         if effort is not None and effort != request.reasoning.effort:
@@ -66,11 +91,14 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     )
     for knob in _REASONING_KNOBS:
         template_kwargs.pop(knob, None)
+    rendering = ChatRendering(chat_template(request, context), tools.render_tools, strength, template_kwargs,
+                              settings.allow_control_tokens_in_content, ends_with_generation_prompt,
+                              request.continue_final_message)
+    structured, param = requested_structured_outputs(request)
+    refuse_turn_grammar(rendering.prompt_end, tools, structured_param=param if structured is not None else None,
+                        thinking_token_budget=request.thinking_token_budget)
     tokenizer = context.tokenizer
-    control_tokens = () if settings.allow_control_tokens_in_content else tokenizer.control_tokens
-    rendered = context.template.render_prompt(messages, tools=tools.render_tools,
-                                              special_tokens=tokenizer.special_tokens, reasoning_strength=strength,
-                                              chat_template_kwargs=template_kwargs, control_tokens=control_tokens)
+    messages, rendered, final = render_conversation(request.messages, rendering, tokenizer)
     engine = context.engine.engine
     engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
     with naming_media_parts(request.messages):  # an item's error names its content part
@@ -82,9 +110,35 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
         else:
             token_ids = tokenizer.encode(rendered.text, literals=rendered.literals)
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
-    structured, param = requested_structured_outputs(request)
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
-                      multimodal, constrained_answer=structured is not None)
+                      multimodal, constrained_answer=structured is not None,
+                      continue_recipient=final.recipient if final is not None else None)
+
+
+def chat_template(request: ChatCompletionRequest, context: ServingContext) -> ChatTemplate:
+    """The template the request renders with: the server's, or the request's own `chat_template` where the operator
+    trusts requests with one (`--trust-request-chat-template`, as vLLM's). That one runs in the sandbox every
+    template runs in (P-TMPL-2), and must pass the check the server's passed at start: its prompt ends with the
+    generation prompt the parser reads (P-TMPL-8) and holds one bos (P-TMPL-5).
+
+    Raises RequestError naming `chat_template`: the server does not trust requests with one, or it fails to compile,
+    to render the check's probe conversation, or the check."""
+    if request.chat_template is None:
+        return context.template
+    if not context.settings.trust_request_chat_template:
+        raise RequestError("chat_template: this server does not render chat templates sent in requests (a template is "
+                           "code the server runs); leave chat_template out to use the model's own, or start the "
+                           "server with --trust-request-chat-template if its clients are trusted",
+                           param="chat_template")
+    try:
+        template = compiled_template(request.chat_template)
+        check_chat_template(template, context.tokenizer, max_chars=context.engine.engine.max_prompt_chars)
+    except ChatTemplateError as error:
+        raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",
+                           param="chat_template") from None
+    except ConfigError as error:
+        raise RequestError(f"chat_template: {error}", param="chat_template") from None
+    return template
 
 
 def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, context: ServingContext,
@@ -133,6 +187,16 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
             found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
                                                     cancel))
     return found["image"], found["video"]
+
+
+def _refuse_rendering_fields_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
+    """RequestError for a request field given in `chat_template_kwargs`, where vLLM also reads it: the template
+    never would, and a prompt rendered without it would be a silent wrong answer."""
+    for name in _RENDERING_FIELDS:
+        if name in chat_template_kwargs:
+            raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but a field "
+                               f"of the /v1/chat/completions request; send {name!r} at the top level of the "
+                               "request, beside messages", param="chat_template_kwargs")
 
 
 def _check_single_bos(token_ids: list[int], bos_id: int | None, bos_token: str | None) -> None:

@@ -150,6 +150,11 @@ class ChatCompletionRequest(_SamplingFields):
     enable_thinking: bool | None = None
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: where the prompt ends (None: with the generation prompt unless the final message is continued)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    chat_template: str | None = None  # vLLM's: the request's own template, if the server trusts requests with one
+    echo: bool = False  # vLLM's: the final (assistant) message's content before each choice's (chat.echoed_content)
     max_tokens: PositiveCount | None = None
     max_completion_tokens: PositiveCount | None = None
     logprobs: bool = False

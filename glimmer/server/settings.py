@@ -39,6 +39,9 @@ class ServerSettings:
     metrics_require_api_key: /metrics also needs the API key (it tells who else uses the server, and how much).
     allow_control_tokens_in_content: render control-token text in messages and template variables as those
         control tokens (only for trusted callers: a user could forge turns); by default it stays plain text.
+    trust_request_chat_template: render a chat request's own `chat_template` (vLLM's field and flag): a Jinja
+        template the server runs, in the sandbox checkpoint templates run in; off by default, when such a request
+        is refused (400).
     """
 
     served_model_names: tuple[str, ...]
@@ -55,6 +58,7 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()
     metrics_require_api_key: bool = False
     allow_control_tokens_in_content: bool = False
+    trust_request_chat_template: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):

@@ -97,6 +97,20 @@ def test_python_errors_inside_the_template_become_chat_template_errors():
         render_chat(USER, template="{{ 'a' + 1 }}")
 
 
+@pytest.mark.parametrize("depth", [100, 3000])
+def test_a_source_past_the_compilers_recursion_limit_is_a_chat_template_error(depth):
+    """P-TMPL-2: any template that fails to compile is a ChatTemplateError (HTTP 400 on the server), not a crash."""
+    with pytest.raises(ChatTemplateError, match="RecursionError"):
+        ChatTemplate("{{ " + "[" * depth + "1" + "]" * depth + " }}")
+
+
+def test_a_prompt_holding_a_lone_surrogate_is_a_chat_template_error_not_a_tokenizer_crash():
+    """A jinja string escape writes a lone surrogate, which no tokenizer takes (the engine's raised a TypeError)."""
+    with pytest.raises(ChatTemplateError, match=r"lone surrogate \('\\ud800' at character 2\)"):
+        render_chat(USER, template='ok{{ "\\ud800" }}')
+    assert render_chat(USER, template='{{ "\\u00e9" }}') == "é"
+
+
 @pytest.mark.parametrize(
     "escape",
     [

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import RequestError
+from glimmer.protocol import ChatTemplateError
 from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest
@@ -90,3 +93,132 @@ def test_a_role_the_model_does_not_take_is_refused(engine):
     assert caught.value.param == "messages[0].role"
 
 
+
+
+# vLLM's add_generation_prompt and continue_final_message: LLM.chat's rules (P-TMPL-8) --------------------------------
+
+ANSWERED = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+
+
+def test_add_generation_prompt_false_ends_the_prompt_after_the_final_message(engine):
+    ctx = context(engine)
+    prompt = build_chat_prompt(request(chat_template_kwargs=DATE, add_generation_prompt=False), ctx)
+    assert engine.engine.tokenizer.decode(prompt.token_ids).endswith("hi<|eot|>")
+    assert prompt.continue_recipient is None  # a turn of its own: the parser reads its header
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and_names_its_channel(engine):
+    """P-TMPL-8: the prompt ends inside the final message's body, and the parser is told whose body it is."""
+    ctx = context(engine)
+    prompt = build_chat_prompt(request(messages=ANSWERED, chat_template_kwargs=DATE, continue_final_message=True), ctx)
+    text = engine.engine.tokenizer.decode(prompt.token_ids)
+    assert text.endswith("<|start|>assistant to=user<|message|>Hello") and prompt.continue_recipient == "user"
+    llm_prompt = engine.engine.chat_template.render([*ANSWERED[:1], {"role": "assistant", "content": "Hello"}],
+                                                    chat_template_kwargs=DATE, add_generation_prompt=False)
+    assert llm_prompt.startswith(text)  # the same prompt, cut where the message's text ends
+    call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}
+    prompt = build_chat_prompt(request(messages=[ANSWERED[0], call], tools=TOOLS, chat_template_kwargs=DATE,
+                                       continue_final_message=True), ctx)
+    assert prompt.continue_recipient == "get_weather"
+
+
+@pytest.mark.parametrize(("fields", "param", "message"), [
+    ({"messages": ANSWERED, "continue_final_message": True, "add_generation_prompt": True}, "continue_final_message",
+     "with add_generation_prompt=True"),
+    ({"continue_final_message": True}, "continue_final_message", "the final message has role 'user'"),
+    ({"messages": ANSWERED, "continue_final_message": True, "response_format": {"type": "json_object"}},
+     "continue_final_message", "cannot be combined with response_format"),
+    ({"add_generation_prompt": False, "tools": TOOLS, "tool_choice": "required"}, "add_generation_prompt",
+     "cannot be combined with tool_choice"),
+    ({"add_generation_prompt": False, "thinking_token_budget": 4}, "add_generation_prompt",
+     "cannot be combined with thinking_token_budget"),
+    ({"add_generation_prompt": False, "guided_regex": "a+"}, "add_generation_prompt",
+     "cannot be combined with guided_regex"),
+])
+def test_conflicting_rendering_fields_are_refused_naming_the_field(engine, fields, param, message):
+    """LLM.chat's refusals: both prompt ends at once, a final message that is not an assistant's, and a turn grammar,
+    which starts at the generation prompt, after another prompt end."""
+    with pytest.raises(RequestError, match=message) as caught:
+        build_chat_prompt(request(chat_template_kwargs=DATE, **fields), context(engine))
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("name", ["add_generation_prompt", "continue_final_message", "chat_template"])
+def test_rendering_fields_in_template_kwargs_point_to_the_top_level_field(engine, name):
+    """P-TMPL-3: vLLM also reads them from chat_template_kwargs; here they are refused, naming where they go."""
+    with pytest.raises(RequestError, match=f"send '{name}' at the top level of the request") as caught:
+        build_chat_prompt(request(messages=ANSWERED, chat_template_kwargs={**DATE, name: False}), context(engine))
+    assert caught.value.param == "chat_template_kwargs"
+
+
+# vLLM's chat_template: a request's own template, where the operator trusts requests with one -------------------------
+
+SIMPLE_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>"
+                   "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+def trusting(engine) -> ServingContext:
+    return context(engine, trust_request_chat_template=True)
+
+
+def test_a_request_template_is_refused_unless_the_server_trusts_requests_with_one(engine):
+    with pytest.raises(RequestError, match="--trust-request-chat-template") as caught:
+        build_chat_prompt(request(chat_template=SIMPLE_TEMPLATE), context(engine))
+    assert caught.value.param == "chat_template"
+
+
+def test_a_trusted_request_template_renders_the_prompt(engine):
+    assert prompt_text(engine, trusting(engine), chat_template=SIMPLE_TEMPLATE) == (
+        "<|begin_of_text|><|start|>user<|message|>hi<|eot|><|start|>assistant")
+    prompt = build_chat_prompt(request(messages=ANSWERED, chat_template=SIMPLE_TEMPLATE, continue_final_message=True),
+                               trusting(engine))
+    assert engine.engine.tokenizer.decode(prompt.token_ids).endswith("<|start|>assistant<|message|>Hello")
+
+
+@pytest.mark.parametrize(("template", "words"), [
+    ("{% if %}", "line 1: Expected an expression"),
+    ("{{ " + "[" * 100 + "1" + "]" * 100 + " }}", "RecursionError"),
+    ("{{ raise_exception('needs a system message') }}", "needs a system message"),
+    ("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}", "(P-TMPL-8)"),
+    ("{{ bos_token }}{{ bos_token }}<|start|>assistant", "(P-TMPL-5)"),
+    ("{{ bos_token }}{{ 'x' * 10000000 }}<|start|>assistant", "more than a prompt may have"),
+])
+def test_a_request_template_that_fails_to_compile_render_or_pass_the_start_check_is_refused(engine, template, words):
+    """P-TMPL-2, P-TMPL-5, P-TMPL-8: the check the server's own template passes at start, on a probe conversation."""
+    with pytest.raises(RequestError, match=re.escape(words)) as caught:
+        build_chat_prompt(request(chat_template=template), trusting(engine))
+    assert caught.value.param == "chat_template"
+
+
+@pytest.mark.parametrize("escape", [
+    "{{ lipsum.__globals__['os'].system('touch MARKER') }}",
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') }}",
+    "{{ raise_exception.__globals__['os'].system('touch MARKER') }}",
+    "{{ (lipsum|attr('__globals__'))['os'].system('touch MARKER') }}",
+    "{{ '{0.__class__.__init__.__globals__}'.format(dict) }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ self._TemplateReference__context.environment }}",
+    "{% include '/etc/hostname' %}",
+    "{% import '/etc/hostname' as hostname %}",
+    "{{ messages.pop() }}",
+    "{% set ns = namespace() %}{% set ns.__class__ = 1 %}",
+    "{% macro again() %}{{ again() }}{% endmacro %}{{ again() }}",
+])
+def test_a_request_template_cannot_leave_the_sandbox(engine, tmp_path, escape):
+    """P-TMPL-2: a request's template runs in the sandbox checkpoint templates run in; what would reach Python
+    internals, files or the inputs is a 400 naming chat_template, and nothing of it ran."""
+    marker = tmp_path / "escaped"
+    template = "{{ bos_token }}" + escape.replace("MARKER", str(marker)) + "<|start|>assistant"
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(RequestError) as caught:
+        build_chat_prompt(request(messages=messages, chat_template=template), trusting(engine))
+    assert caught.value.param == "chat_template" and not marker.exists()
+    assert messages == [{"role": "user", "content": "hi"}]
+
+
+def test_a_request_template_that_fails_on_the_request_is_a_chat_template_error(engine):
+    """It passed the probe, and fails on these messages: the template's own message, a 400 (P-TMPL-2)."""
+    template = ("{% if messages | length > 1 %}{{ raise_exception('one message only') }}{% endif %}"
+                + SIMPLE_TEMPLATE)
+    with pytest.raises(ChatTemplateError, match="one message only"):
+        build_chat_prompt(request(messages=ANSWERED, chat_template=template), trusting(engine))

@@ -42,6 +42,7 @@ def test_serve_options_parse():
     assert (args.max_model_len, args.max_num_seqs, args.dtype, args.device, args.max_request_bytes) == (
         4096, 8, "bfloat16", "cpu", 2048)
     assert build_parser().parse_args(["serve"]).model is None
+    assert build_parser().parse_args(["serve"]).trust_request_chat_template is False
 
 
 @pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
@@ -62,7 +63,8 @@ def test_version_prints_the_package_version(capsys):
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
-                                "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--require-cache-salt"],
+                                "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--require-cache-salt",
+                                "--trust-request-chat-template"],
                                env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_health(process, port)
@@ -70,6 +72,11 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
         assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL_NAME]
         unsalted = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 1})
         assert unsalted.status_code == 400 and unsalted.json()["error"]["param"] == "cache_salt"
+        template = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}<|start|>assistant"
+        own = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "cache_salt": "s",
+            "chat_template": template})
+        assert own.status_code == 200, own.text  # the flag reached the server's settings
     finally:
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=30)[0]

@@ -1,0 +1,98 @@
+"""How a conversation becomes a prompt: one path for `LLM.chat`, `LLMTokenizer.apply_chat_template` and the server's
+/v1/chat/completions.
+
+A `ChatRendering` holds what every conversation of a call is rendered with: the template, the tools, the reasoning
+strength and template variables it sees, and where the prompt ends. By default it ends with the generation prompt
+`<|start|>assistant` (P-TMPL-8); vLLM's `add_generation_prompt=False` ends it after the final message, and its
+`continue_final_message` inside the final message, which must then be an assistant's: the reply continues that
+message, and the output parser starts inside its channel (P-TMPL-8). A grammar over the turn starts at the generation
+prompt, so a prompt that ends elsewhere refuses one (`refuse_turn_grammar`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from glimmer.engine.apply_chat_template import FinalMessageTag, cut_at_final_message, tag_final_message
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import RequestError
+from glimmer.protocol import ChatTemplate, RenderedPrompt, normalize_messages
+from glimmer.protocol.request_normalization import refuse_unrendered
+from glimmer.protocol.tool_choice import ToolPlan
+
+
+@dataclass(frozen=True)
+class ChatRendering:
+    """How the conversations of one call become prompts: their template, the tools, reasoning strength and template
+    variables it sees, whether control-token text stays text, and where each prompt ends: with the generation
+    prompt, after the final message, or inside it (`continue_final_message`)."""
+
+    template: ChatTemplate
+    tools: list[dict[str, Any]] | None
+    strength: str | None
+    kwargs: Mapping[str, Any]
+    allow_control_tokens: bool
+    generation_prompt: bool = True
+    continue_final_message: bool | str = False
+
+    @property
+    def prompt_end(self) -> str | None:
+        """The argument that ends the prompt elsewhere than at the generation prompt, where a turn grammar starts
+        (`continue_final_message` or `add_generation_prompt`), or None."""
+        if self.continue_final_message:
+            return "continue_final_message"
+        return None if self.generation_prompt else "add_generation_prompt"
+
+
+def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: Tokenizer
+                        ) -> tuple[list[dict[str, Any]], RenderedPrompt, FinalMessageTag | None]:
+    """One conversation's messages, normalized, its prompt, and where that prompt was cut inside the final message
+    (None unless `rendering.continue_final_message`). Raises RequestError naming what the template cannot render,
+    ChatTemplateError where the template fails."""
+    final = None
+    if rendering.continue_final_message:
+        conversation, final = tag_final_message(conversation, rendering.continue_final_message,
+                                                rendering.template.source)
+    normalized = normalize_messages(conversation)
+    refuse_unrendered(conversation)
+    rendered = rendering.template.render_prompt(
+        normalized,
+        tools=rendering.tools,
+        add_generation_prompt=rendering.generation_prompt,
+        special_tokens=tokenizer.special_tokens,
+        reasoning_strength=rendering.strength,
+        chat_template_kwargs=rendering.kwargs,
+        control_tokens=() if rendering.allow_control_tokens else tokenizer.control_tokens,
+    )
+    return normalized, rendered if final is None else cut_at_final_message(rendered, final), final
+
+
+def check_final_message_is_the_assistants(conversation: Any, index: int | None = None) -> None:
+    """RequestError unless the final message of `conversation` (the `index`-th of several) is an assistant's: with
+    `continue_final_message` the reply continues it, and is parsed as that message's continuation."""
+    final = conversation[-1] if isinstance(conversation, list | tuple) and conversation else None
+    role = final.get("role") if isinstance(final, Mapping) else None
+    if role != "assistant":
+        where = "" if index is None else f"messages[{index}]: "
+        raise RequestError(f"continue_final_message: {where}the final message has role {role!r}, and only an "
+                           "assistant message can be continued (the reply continues it); end the conversation with "
+                           '{"role": "assistant", "content": PREFIX}, or leave continue_final_message out for a new '
+                           "turn", param="continue_final_message")
+
+
+def refuse_turn_grammar(prompt_end: str | None, plan: ToolPlan, *, structured_param: str | None,
+                        thinking_token_budget: int | None) -> None:
+    """RequestError naming `prompt_end` (`ChatRendering.prompt_end`) when the turn has a grammar, which constrains it
+    from the generation prompt on: the answer's (`structured_param`, the field that asked for it, None for a free
+    answer), a required or named `tool_choice`, strict tools, or a `thinking_token_budget`."""
+    if prompt_end is None:
+        return
+    constrained_by = next((name for name, given in (
+        (structured_param, structured_param is not None), ("tool_choice", plan.required_names is not None),
+        ("thinking_token_budget", thinking_token_budget is not None), ("tools (strict)", plan.strict)) if given), None)
+    if constrained_by is not None:
+        raise RequestError(f"{prompt_end}: cannot be combined with {constrained_by}, whose grammar constrains the "
+                           "turn from the generation prompt `<|start|>assistant` on, where this prompt does not end; "
+                           "drop one of them", param=prompt_end)

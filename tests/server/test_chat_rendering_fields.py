@@ -1,0 +1,149 @@
+"""vLLM's rendering fields on /v1/chat/completions, through the real server with a scripted model: where the prompt
+ends (`add_generation_prompt`, `continue_final_message`, P-TMPL-8), `echo`, and a request's own `chat_template`.
+The prompt they make is tested in test_chat_prompt.py; here, the reply, streamed and not, and the HTTP answer."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from server_support import PINNED_DATE, WEATHER_TOOL, live_server
+
+COLOR = [{"role": "user", "content": "[color] Name a color."}, {"role": "assistant", "content": "My favorite is"}]
+WEATHER = [{"role": "user", "content": "[weather-call] Weather in Paris?"},
+           {"role": "assistant", "recipient": "get_weather", "content": ""}]  # the call's header, written for it
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), scripted=True) as live:
+        runner = live.engine.engine.runner
+        runner.add("My favorite is", " blue, of course.<|eot|>")
+        runner.add("[parts]", " to=user<|message|>Done.<|eot|>")
+        runner.add("[weather-call]", '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter '
+                   'name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
+        yield live
+
+
+def chat(server, **fields) -> httpx.Response:
+    body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "chat_template_kwargs": PINNED_DATE, **fields}
+    return httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+
+
+def streamed_deltas(server, **fields) -> list[tuple[int, dict]]:
+    """(choice index, delta) of each chunk of a streamed chat completion, in order."""
+    body = {"model": "tiny", "max_tokens": 40, "temperature": 0, "chat_template_kwargs": PINNED_DATE, "stream": True,
+            **fields}
+    deltas = []
+    with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                deltas += [(choice["index"], choice["delta"]) for choice in json.loads(line[len("data: "):])["choices"]]
+    return deltas
+
+
+def streamed_message(server, **fields) -> dict:
+    """The deltas of a streamed chat completion's first choice, joined: content and the calls' names and arguments."""
+    message: dict = {"content": "", "calls": {}}
+    for index, delta in streamed_deltas(server, **fields):
+        if index == 0:
+            message["content"] += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                name, arguments = message["calls"].get(call["index"], ("", ""))
+                function = call.get("function") or {}
+                message["calls"][call["index"]] = (name + (function.get("name") or ""),
+                                                   arguments + (function.get("arguments") or ""))
+    return message
+
+
+def test_a_continued_answer_comes_back_as_its_continuation_streamed_or_not(server):
+    """P-TMPL-8: the reply is the rest of the final message's body, read from inside it: its leading space is kept,
+    and nothing of it is taken for a new message's header."""
+    response = chat(server, messages=COLOR, continue_final_message=True)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == (" blue, of course.", "stop")
+    assert streamed_message(server, messages=COLOR, continue_final_message=True)["content"] == " blue, of course."
+    assert server.engine.engine.runner.prompts[-1].endswith("<|start|>assistant to=user<|message|>My favorite is")
+
+
+def test_a_continued_message_to_a_tool_comes_back_as_the_call(server):
+    """The final message's recipient is a tool: the continuation is read in that tool's channel."""
+    response = chat(server, messages=WEATHER, tools=[WEATHER_TOOL], continue_final_message=True)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    streamed = streamed_message(server, messages=WEATHER, tools=[WEATHER_TOOL], continue_final_message=True)
+    assert streamed["calls"] == {0: ("get_weather", '{"city": "Paris"}')} and streamed["content"] == ""
+
+
+def test_a_refused_combination_is_a_400_naming_the_field(server):
+    response = chat(server, messages=COLOR, continue_final_message=True, add_generation_prompt=True)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "continue_final_message" and "add_generation_prompt=True" in error["message"]
+
+
+# echo: vLLM's, the final message's content before each choice's when it is the assistant's ------------------------
+
+def test_echo_puts_the_continued_message_before_each_choice_streamed_or_not(server):
+    """As vLLM: prepended to every choice's content; streamed, one chunk per choice right after the role chunks."""
+    response = chat(server, messages=COLOR, continue_final_message=True, echo=True, n=2)
+    assert response.status_code == 200, response.text
+    contents = [choice["message"]["content"] for choice in response.json()["choices"]]
+    assert contents == ["My favorite is blue, of course."] * 2
+    deltas = streamed_deltas(server, messages=COLOR, continue_final_message=True, echo=True, n=2)
+    assert deltas[:4] == [(0, {"role": "assistant"}), (1, {"role": "assistant"}),
+                          (0, {"content": "My favorite is"}), (1, {"content": "My favorite is"})]
+    for index in (0, 1):  # P-API-4: the stream adds up to the response
+        assert "".join(delta.get("content") or "" for i, delta in deltas if i == index) == contents[index]
+
+
+def test_echo_of_a_final_assistant_message_in_parts_joins_their_texts_with_newlines(server):
+    parts = [{"type": "text", "text": "First."}, {"type": "text", "text": "Then"}]
+    messages = [{"role": "user", "content": "[parts] Go."}, {"role": "assistant", "content": parts}]
+    response = chat(server, messages=messages, echo=True)  # a new turn after it: still echoed, as in vLLM
+    assert response.json()["choices"][0]["message"]["content"] == "First.\nThenDone."
+    assert streamed_message(server, messages=messages, echo=True)["content"] == "First.\nThenDone."
+
+
+def test_echo_leaves_a_reply_to_a_user_message_as_it_is(server):
+    """The response's role is the assistant's: a final user message is not its to echo."""
+    messages = [{"role": "user", "content": "[parts] Go."}]
+    assert chat(server, messages=messages, echo=True).json()["choices"][0]["message"]["content"] == "Done."
+    assert streamed_message(server, messages=messages, echo=True)["content"] == "Done."
+
+
+# chat_template: a request's own template, under --trust-request-chat-template -------------------------------------
+
+SIMPLE_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>"
+                   "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def trusting_server(make_tiny):
+    with live_server(make_tiny(), scripted=True, trust_request_chat_template=True) as live:
+        live.engine.engine.runner.add("<|start|>user<|message|>[own] hi<|eot|>", " to=user<|message|>Hi!<|eot|>")
+        yield live
+
+
+def test_a_request_template_is_a_400_naming_the_flag_on_a_server_that_does_not_trust_them(server):
+    response = chat(server, messages=COLOR[:1], chat_template=SIMPLE_TEMPLATE)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "chat_template" and "--trust-request-chat-template" in error["message"]
+
+
+def test_a_trusted_request_template_renders_the_prompt_and_one_that_fails_is_a_400(trusting_server):
+    response = chat(trusting_server, messages=[{"role": "user", "content": "[own] hi"}], chat_template=SIMPLE_TEMPLATE)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "Hi!"
+    assert trusting_server.engine.engine.runner.prompts[-1] == (
+        "<|begin_of_text|><|start|>user<|message|>[own] hi<|eot|><|start|>assistant")
+    for template in ("{% for %}", "{{ lipsum.__globals__['os'] }}<|start|>assistant", "{{ bos_token }}no prompt end"):
+        response = chat(trusting_server, messages=COLOR[:1], chat_template=template)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "chat_template"
