@@ -259,6 +259,21 @@ def test_chat_template_renders_with_the_template_given(llm):
     assert caught.value.param == "chat_template"
 
 
+@pytest.mark.parametrize("template,fault", [
+    ("{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>{% endfor %}",
+     "generation prompt"),
+    ("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>{% endfor %}"
+     "{% if add_generation_prompt %}<|start|>assistant{% endif %}", "P-TMPL-5"),
+    ("{{ bos_token }}{{ messages[5].content }}<|start|>assistant", "probe"),
+], ids=["no-generation-prompt", "no-bos", "fails-to-render"])
+def test_a_chat_template_the_parser_cannot_read_replies_after_is_refused(llm, template, fault):
+    # P-TMPL-8: the reply is parsed from `<|start|>assistant` on; P-TMPL-5: one bos. The checkpoint's template and a
+    # server request's pass the same check; a template without either gave prompts whose replies parsed wrongly.
+    with pytest.raises(RequestError, match=fault) as caught:
+        llm.chat(MESSAGES, SamplingParams(max_tokens=1), chat_template=template)
+    assert caught.value.param == "chat_template"
+
+
 ANSWERED = [*MESSAGES, {"role": "assistant", "content": "x"}]
 
 
