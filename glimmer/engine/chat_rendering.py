@@ -17,8 +17,9 @@ from typing import Any
 
 from glimmer.engine.apply_chat_template import FinalMessageTag, cut_at_final_message, tag_final_message
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import RequestError
-from glimmer.protocol import ChatTemplate, RenderedPrompt, normalize_messages
+from glimmer.errors import ConfigError, RequestError
+from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
+from glimmer.protocol.chat_template import check_chat_template
 from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan
 
@@ -96,3 +97,21 @@ def refuse_turn_grammar(prompt_end: str | None, plan: ToolPlan, *, structured_pa
         raise RequestError(f"{prompt_end}: cannot be combined with {constrained_by}, whose grammar constrains the "
                            "turn from the generation prompt `<|start|>assistant` on, where this prompt does not end; "
                            "drop one of them", param=prompt_end)
+
+
+def checked_template_argument(source: str, tokenizer: Tokenizer, max_prompt_chars: int) -> ChatTemplate:
+    """A caller's own `chat_template` source (`LLM.chat`'s, a trusted server request's) compiled, and put through the
+    check the checkpoint's template passed at load: the reply is parsed from the generation prompt on (P-TMPL-8),
+    and the prompt holds one bos (P-TMPL-5). Raises RequestError naming `chat_template`."""
+    if not isinstance(source, str):
+        raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
+                           param="chat_template")
+    try:
+        template = compiled_template(source)
+        check_chat_template(template, tokenizer, max_chars=max_prompt_chars)
+    except ChatTemplateError as error:
+        raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",
+                           param="chat_template") from None
+    except ConfigError as error:
+        raise RequestError(f"chat_template: {error}", param="chat_template") from None
+    return template

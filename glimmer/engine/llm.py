@@ -30,6 +30,7 @@ from glimmer.engine.apply_chat_template import (
 from glimmer.engine.chat_rendering import (
     ChatRendering,
     check_final_message_is_the_assistants,
+    checked_template_argument,
     refuse_turn_grammar,
     render_conversation,
 )
@@ -44,14 +45,13 @@ from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
-    ChatTemplateError,
     ToolCall,
     compiled_template,
     normalize_tools,
     parse_output,
     resolve_reasoning_strength,
 )
-from glimmer.protocol.chat_template import RENDERING_ARGUMENTS, check_chat_template
+from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
@@ -395,8 +395,8 @@ class LLM:
             raise RequestError(f"continue_final_message={continue_final_message!r}: LLM.chat continues "
                                f"{' or '.join(map(repr, _CONTINUABLE_FIELDS))} (True: 'content')",
                                param="continue_final_message")
-        template = self.engine.chat_template if chat_template is None else _checked_template_argument(
-            chat_template, self.engine)
+        template = self.engine.chat_template if chat_template is None else checked_template_argument(
+            chat_template, self.engine.tokenizer, self.engine.max_prompt_chars)
         plan = plan_tools(normalize_tools(tools, check_schema=check_json_schema), tool_choice)
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
@@ -667,21 +667,6 @@ def _template_argument(source: Any) -> ChatTemplate:
         raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
                            param="chat_template")
     return compiled_template(source)
-
-
-def _checked_template_argument(source: Any, engine: LLMEngine) -> ChatTemplate:
-    """`LLM.chat`'s `chat_template` compiled and put through the check the checkpoint's template passed at load (and a
-    server's request template passes): the reply is parsed from the generation prompt on (P-TMPL-8), and the prompt
-    holds one bos (P-TMPL-5). Raises RequestError naming `chat_template`."""
-    template = _template_argument(source)
-    try:
-        check_chat_template(template, engine.tokenizer, max_chars=engine.max_prompt_chars)
-    except ChatTemplateError as error:
-        raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",
-                           param="chat_template") from None
-    except ConfigError as error:
-        raise RequestError(f"chat_template: {error}", param="chat_template") from None
-    return template
 
 
 def _is_single_prompt(prompts: object) -> bool:

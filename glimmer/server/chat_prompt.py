@@ -25,19 +25,17 @@ from glimmer.engine.apply_chat_template import generation_prompt
 from glimmer.engine.chat_rendering import (
     ChatRendering,
     check_final_message_is_the_assistants,
+    checked_template_argument,
     refuse_turn_grammar,
     render_conversation,
 )
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import ConfigError, RequestError
+from glimmer.errors import RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
-    ChatTemplateError,
-    check_chat_template,
-    compiled_template,
     normalize_tools,
     resolve_reasoning_strength,
 )
@@ -130,15 +128,7 @@ def chat_template(request: ChatCompletionRequest, context: ServingContext) -> Ch
                            "code the server runs); leave chat_template out to use the model's own, or start the "
                            "server with --trust-request-chat-template if its clients are trusted",
                            param="chat_template")
-    try:
-        template = compiled_template(request.chat_template)
-        check_chat_template(template, context.tokenizer, max_chars=context.engine.engine.max_prompt_chars)
-    except ChatTemplateError as error:
-        raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",
-                           param="chat_template") from None
-    except ConfigError as error:
-        raise RequestError(f"chat_template: {error}", param="chat_template") from None
-    return template
+    return checked_template_argument(request.chat_template, context.tokenizer, context.engine.engine.max_prompt_chars)
 
 
 def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, context: ServingContext,
