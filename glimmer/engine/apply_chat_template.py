@@ -124,8 +124,10 @@ def tag_final_message(messages: Any, continue_final_message: bool | str,
 
     The text is the final message's `content`, or the field that `continue_final_message` names when it is a string
     (`"reasoning_content"` continues the reasoning). A reasoning field is found under any of its names, and every name
-    holding it is tagged, as the renderer offers it under each. Content parts: the last part with a `text`. The final
-    message may have any role, as in transformers.
+    holding it is tagged, as the renderer offers it under each. (transformers finds it under `reasoning` only where
+    the message names it so, and refuses `continue_final_message="reasoning"` for reasoning given as
+    `reasoning_content` or `thinking`; the three names are one field here.) Content parts: the last part with a
+    `text`. The final message may have any role, as in transformers.
 
     Raises RequestError, with transformers' conditions: no message, no such field (None counts as none), a field
     the template's source never names, or content parts without text.
@@ -141,7 +143,8 @@ def tag_final_message(messages: Any, continue_final_message: bool | str,
     if field in REASONING_FIELDS:  # the renderer's aliasing (transformers' too), done first: every alias is tagged
         reasoning = next((final[name] for name in REASONING_FIELDS if final.get(name) is not None), None)
         if reasoning is not None:
-            final = {"thinking": reasoning, **final, "reasoning_content": reasoning}
+            final.update({name: reasoning for name in REASONING_FIELDS if final.get(name) is None},
+                         reasoning_content=reasoning)
     value = final.get(field)
     if value is None:
         raise RequestError(f'continue_final_message: the final message has no "{field}" (or it is null), so '

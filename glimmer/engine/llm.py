@@ -366,7 +366,8 @@ class LLM:
         `add_generation_prompt=False` ends the prompt after the final message, with no new turn's header. By
         default (None) the generation prompt ends the prompt unless the final message is continued; True with
         `continue_final_message` is refused, as in vLLM. `continue_final_message="reasoning_content"` continues the
-        final message's reasoning instead (the reply's `reasoning` then begins with the continuation). A prompt that
+        final message's reasoning instead (the reply's `reasoning` then begins with the continuation), as do
+        "reasoning" and "thinking": each finds the reasoning under any of the three keys. A prompt that
         does not end with the generation prompt cannot be combined with a grammar over the turn (`response_format`,
         `structured_outputs`, a required or named `tool_choice`, strict tools, `thinking_token_budget`).
 
@@ -611,8 +612,9 @@ class LLMTokenizer:
         `continue_final_message=True` ends the prompt inside the final message's content: what the template writes
         after it (its `<|eot|>` or `<|eom|>`, whatever `end_turn` says) is left out, so the model continues the
         body of that message's channel: `to=user` for an answer, the `recipient` for a message to another channel.
-        A string names the field to continue: `"reasoning_content"` ends the prompt inside the reasoning (a `to=self`
-        message) and leaves out the content that would follow it. As in transformers the final message may have
+        A string names the field to continue: `"reasoning_content"` (or `"reasoning"`, `"thinking"`: each finds the
+        reasoning under any of the three keys) ends the prompt inside the reasoning (a `to=self` message) and leaves
+        out the content that would follow it. As in transformers the final message may have
         any role, it cannot be combined with `add_generation_prompt=True`, and a field the template leaves out
         (the content of an assistant message with `tool_calls`) cannot be continued.
 

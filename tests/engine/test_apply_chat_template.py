@@ -82,16 +82,24 @@ def test_continue_final_message_keeps_the_reasoning_before_the_continued_answer(
 @pytest.mark.parametrize("given", ["reasoning_content", "reasoning", "thinking"])
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
 def test_continue_final_message_naming_the_reasoning_continues_the_self_message(tok, hf, given, field):
-    # §2.1: reasoning is a `to=self` message ending <|eom|>; the content after it is left out. As in transformers,
-    # reasoning given under any name is found as `reasoning_content` and `thinking`, but as `reasoning` only so named
+    # §2.1: reasoning is a `to=self` message ending <|eom|>; the content after it is left out. Reasoning given under
+    # any name is found under each: transformers finds it as `reasoning` only so named, and refuses the rest
     final = {"role": "assistant", given: "think", "content": "Hello"}
     if field == "reasoning" and given != "reasoning":
         with pytest.raises(ValueError):
             hf.apply_chat_template([USER, final], tokenize=False, continue_final_message=field, **KWARGS)
-        with pytest.raises(RequestError, match=r'no "reasoning" \(or it is null\), so there is nothing to continue'):
-            tok.apply_chat_template([USER, final], tokenize=False, continue_final_message=field, **KWARGS)
-        return
-    text = assert_as_transformers(tok, hf, [USER, final], continue_final_message=field)
+        text = tok.apply_chat_template([USER, final], tokenize=False, continue_final_message=field, **KWARGS)
+        assert text == hf.apply_chat_template([USER, final], tokenize=False, continue_final_message="reasoning_content",
+                                              **KWARGS)
+    else:
+        text = assert_as_transformers(tok, hf, [USER, final], continue_final_message=field)
+    assert text.endswith("<|start|>assistant to=self<|message|>think")
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
+def test_continue_final_message_naming_the_reasoning_finds_it_beside_a_null_alias(tok, field):
+    final = {"role": "assistant", "reasoning_content": None, "thinking": None, "reasoning": "think", "content": "Hi"}
+    text = tok.apply_chat_template([USER, final], tokenize=False, continue_final_message=field, **KWARGS)
     assert text.endswith("<|start|>assistant to=self<|message|>think")
 
 

@@ -240,6 +240,17 @@ def test_continue_final_message_naming_the_reasoning_continues_it(llm, nano):
     assert out.content and out.output.text.endswith(out.content + "<|eot|>")
 
 
+@pytest.mark.parametrize("given", ["reasoning_content", "reasoning", "thinking"])
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
+def test_continue_final_message_finds_the_reasoning_under_any_of_its_names(llm, given, field):
+    """The three names are one field: `continue_final_message="reasoning"` found only a key so named."""
+    tok = llm.get_tokenizer()
+    messages = [*MESSAGES, {"role": "assistant", given: "Let me think", "content": None}]
+    out = llm.chat(messages, _forcing(tok), chat_template_kwargs=KWARGS, continue_final_message=field)[0]
+    assert out.output.prompt.endswith("<|start|>assistant to=self<|message|>Let me think")
+    assert (out.reasoning, out.content) == (" the the the", None)
+
+
 def test_add_generation_prompt_false_ends_the_prompt_after_the_final_message(llm):
     tok = llm.get_tokenizer()
     out = llm.chat(MESSAGES, _forcing(tok), chat_template_kwargs=KWARGS, add_generation_prompt=False)[0]
