@@ -110,12 +110,15 @@ class FinalMessageTag:
     """The tag appended to the final message's `text` before rendering; the prompt is cut where it lands.
 
     `recipient` is the channel whose body the cut prompt ends inside, for the output parser (P-TMPL-8): `self` for the
-    reasoning, else the message's `recipient`, `user` without one (protocol.md §2.1, assistant messages)."""
+    reasoning, else the message's `recipient`, `user` without one (protocol.md §2.1, assistant messages). `part`: the
+    index of the content part tagged (its last text part), None when the field is a string; the parts after it are
+    cut off the prompt, and with the reasoning continued, every content part is."""
 
     field: str
     text: str
     tag: str
     recipient: str
+    part: int | None = None
 
 
 def tag_final_message(messages: Any, continue_final_message: bool | str,
@@ -157,21 +160,22 @@ def tag_final_message(messages: Any, continue_final_message: bool | str,
     tag = f"CONTINUE_FINAL_MESSAGE_TAG_{secrets.token_hex(8)} "  # transformers' tag, made unique per render
     if isinstance(value, list | tuple):
         parts = [dict(part) if isinstance(part, Mapping) else part for part in value]
-        text_part = next((part for part in reversed(parts) if isinstance(part, dict) and "text" in part), None)
-        if text_part is None or not isinstance(text_part["text"], str):
+        part = next((index for index in reversed(range(len(parts)))
+                     if isinstance(parts[index], dict) and "text" in parts[index]), None)
+        if part is None or not isinstance(parts[part]["text"], str):
             raise RequestError("continue_final_message: the final message's content parts hold no text part to "
                                "continue", param="continue_final_message")
-        text = text_part["text"]
-        text_part["text"] = text + tag
+        text = parts[part]["text"]
+        parts[part]["text"] = text + tag
         final[field] = parts
     elif isinstance(value, str):
-        text = value
+        text, part = value, None
         final.update({name: value + tag for name in fields})
     else:
         raise RequestError(f'continue_final_message: the final message\'s "{field}" must be a string or a list of '
                            f"content parts, not {type(value).__name__}", param="continue_final_message")
     recipient = "self" if field in REASONING_FIELDS else final.get("recipient") or "user"
-    return [*messages[:-1], final], FinalMessageTag(field, text, tag, str(recipient))
+    return [*messages[:-1], final], FinalMessageTag(field, text, tag, str(recipient), part)
 
 
 def cut_at_final_message(rendered: RenderedPrompt, final: FinalMessageTag) -> RenderedPrompt:

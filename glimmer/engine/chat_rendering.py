@@ -18,6 +18,7 @@ from typing import Any
 from glimmer.engine.apply_chat_template import FinalMessageTag, cut_at_final_message, tag_final_message
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
+from glimmer.multimodal.sources import MEDIA_KINDS
 from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
 from glimmer.protocol.chat_template import check_chat_template
 from glimmer.protocol.request_normalization import refuse_unrendered
@@ -81,6 +82,35 @@ def check_final_message_is_the_assistants(conversation: Any, index: int | None =
                            "assistant message can be continued (the reply continues it); end the conversation with "
                            '{"role": "assistant", "content": PREFIX}, or leave continue_final_message out for a new '
                            "turn", param="continue_final_message")
+
+
+def check_media_before_the_cut(messages: list[Mapping[str, Any]], final: FinalMessageTag,
+                               index: int | None = None) -> None:
+    """RequestError naming `continue_final_message` for an image or video of the continued final message (of the
+    normalized `messages`, the `index`-th conversation of several) that the prompt, cut inside that message, leaves
+    out: a content part after the text part the reply continues, or any content part when the reasoning is continued
+    (the content follows it). Its placeholder is cut off while the item would still be loaded, and the model would
+    never see it; transformers' processors and vLLM fail on such a conversation with a placeholder count mismatch."""
+    content = messages[-1].get("content")
+    if not isinstance(content, list):
+        return
+    continues_content = final.field == "content"
+    for position in range(final.part + 1 if continues_content else 0, len(content)):
+        part = content[position]
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind not in MEDIA_KINDS:
+            continue
+        where = ("" if index is None else f"messages[{index}]: ") + f"messages[{len(messages) - 1}].content[{position}]"
+        what = "an image" if kind == "image" else "a video"
+        if continues_content:
+            raise RequestError(f"continue_final_message: {where} is {what} after the text the reply continues, where "
+                               f"the prompt ends, so the model would never see it; a continued message ends with its "
+                               f"text: move the {kind} before that text, or leave continue_final_message out",
+                               param="continue_final_message")
+        raise RequestError(f"continue_final_message: {where} is {what} of the final message's content, which the "
+                           f'prompt leaves out, as it ends inside the message\'s "{final.field}", so the model would '
+                           f"never see it; move the {kind} to an earlier message, or continue the content",
+                           param="continue_final_message")
 
 
 def refuse_turn_grammar(prompt_end: str | None, plan: ToolPlan, *, structured_param: str | None,

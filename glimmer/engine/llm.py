@@ -30,6 +30,7 @@ from glimmer.engine.apply_chat_template import (
 from glimmer.engine.chat_rendering import (
     ChatRendering,
     check_final_message_is_the_assistants,
+    check_media_before_the_cut,
     checked_template_argument,
     refuse_turn_grammar,
     render_conversation,
@@ -412,6 +413,8 @@ class LLM:
             if continue_final_message:
                 check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
             normalized, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
+            if final is not None:
+                check_media_before_the_cut(normalized, final, index if len(conversations) > 1 else None)
             continued.append(final.recipient if final is not None else None)
             images, videos = [], []
             with naming_media_parts(conversation):  # an item's error names its content part

@@ -25,6 +25,7 @@ from glimmer.engine.apply_chat_template import generation_prompt
 from glimmer.engine.chat_rendering import (
     ChatRendering,
     check_final_message_is_the_assistants,
+    check_media_before_the_cut,
     checked_template_argument,
     refuse_turn_grammar,
     render_conversation,
@@ -97,6 +98,8 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                         thinking_token_budget=request.thinking_token_budget)
     tokenizer = context.tokenizer
     messages, rendered, final = render_conversation(request.messages, rendering, tokenizer)
+    if final is not None:
+        check_media_before_the_cut(messages, final)
     engine = context.engine.engine
     engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
     with naming_media_parts(request.messages):  # an item's error names its content part

@@ -111,3 +111,35 @@ def test_images_on_a_text_only_checkpoint_are_refused(tiny_checkpoint):
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(1)}}]}]
     with pytest.raises(RequestError, match="no vision tower"):
         text_only.chat(messages, chat_template_kwargs=KWARGS)
+
+
+# continue_final_message with media: the prompt is cut inside the final message ---------------------------------------
+
+def _continued(parts: list[dict], **fields) -> list[dict]:
+    return [{"role": "user", "content": "Describe it."}, {"role": "assistant", "content": parts, **fields}]
+
+
+def test_an_image_before_the_continued_text_is_seen(llm):
+    image = Image.open(io.BytesIO(base64.b64decode(_data_url(1).split(",")[1])))
+    messages = _continued([{"type": "image", "image": image}, {"type": "text", "text": "It shows"}])
+    out = llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, continue_final_message=True)[0]
+    assert out.output.prompt.endswith("<|message|><|patch|>It shows")
+    assert out.output.prompt_token_ids.count(llm.get_tokenizer().token_to_id("<|image_start|>")) == 1
+
+
+@pytest.mark.parametrize(("parts", "arguments", "words"), [
+    ([{"type": "text", "text": "Look"}, {"type": "image_url", "image_url": {"url": _data_url(1)}}],
+     {"continue_final_message": True}, r"messages\[1\]\.content\[1\] is an image after the text the reply continues"),
+    ([{"type": "text", "text": "Look"}, {"type": "text", "text": " here"}, {"type": "video", "video": "clip.mp4"}],
+     {"continue_final_message": True}, r"messages\[1\]\.content\[2\] is a video after the text"),
+    ([{"type": "image_url", "image_url": {"url": _data_url(1)}}, {"type": "text", "text": "Look"}],
+     {"continue_final_message": "reasoning_content"},
+     r"messages\[1\]\.content\[0\] is an image of the final message's content, which the prompt leaves out"),
+], ids=["image-after-the-text", "video-after-the-texts", "image-after-continued-reasoning"])
+def test_media_the_continued_prompt_cuts_off_is_refused_naming_the_part(llm, parts, arguments, words):
+    """The prompt ends inside the final message's text: an image after it had no placeholder left, and the engine
+    failed with `PlaceholderMismatchError: the prompt has 0 <|patch|> placeholder(s) but 1 image(s)`."""
+    messages = _continued(parts, reasoning_content="Hmm")
+    with pytest.raises(RequestError, match=words) as caught:
+        llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, **arguments)
+    assert caught.value.param == "continue_final_message"

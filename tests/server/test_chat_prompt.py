@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 
 import pytest
+from PIL import Image
 
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.llm_engine import EngineConfig
@@ -120,6 +123,40 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     prompt = build_chat_prompt(request(messages=[ANSWERED[0], call], tools=TOOLS, chat_template_kwargs=DATE,
                                        continue_final_message=True), ctx)
     assert prompt.continue_recipient == "get_weather"
+
+
+@pytest.fixture(scope="module")
+def vision_engine(make_tiny):
+    engine = AsyncEngine(EngineConfig(model=str(make_tiny(vision=True)), progress=False, kv_cache_memory=8 << 20))
+    yield engine
+    engine.shutdown()
+
+
+def _png_data_url() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), "red").save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_continued_message_keeps_an_image_before_its_text(vision_engine):
+    image = {"type": "image_url", "image_url": {"url": _png_data_url()}}
+    messages = [ANSWERED[0], {"role": "assistant", "content": [image, {"type": "text", "text": "It shows"}]}]
+    prompt = build_chat_prompt(request(messages=messages, chat_template_kwargs=DATE, continue_final_message=True),
+                               context(vision_engine))
+    assert len(prompt.multimodal) == 1
+    assert vision_engine.engine.tokenizer.decode(prompt.token_ids).endswith("<|image_end|>It shows")
+
+
+def test_a_continued_message_with_an_image_after_its_text_is_refused_naming_the_part(vision_engine):
+    """The prompt ends inside the text the reply continues: the image after it had no placeholder left, and the
+    request failed with `PlaceholderMismatchError: the prompt has 0 <|patch|> placeholder(s) but 1 image(s)`."""
+    image = {"type": "image_url", "image_url": {"url": _png_data_url()}}
+    messages = [ANSWERED[0], {"role": "assistant", "content": [{"type": "text", "text": "Look"}, image]}]
+    with pytest.raises(RequestError, match=re.escape("messages[1].content[1] is an image after the text the reply "
+                                                     "continues")) as caught:
+        build_chat_prompt(request(messages=messages, chat_template_kwargs=DATE, continue_final_message=True),
+                          context(vision_engine))
+    assert caught.value.param == "continue_final_message"
 
 
 @pytest.mark.parametrize(("fields", "param", "message"), [
