@@ -25,6 +25,7 @@ import torch
 
 from glimmer.errors import RequestError
 from glimmer.protocol import RenderedPrompt
+from glimmer.protocol.tokens import MESSAGE
 
 # the names a message's reasoning goes by; transformers 5 (and the renderer) offers it under each of them
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -112,13 +113,15 @@ class FinalMessageTag:
     `recipient` is the channel whose body the cut prompt ends inside, for the output parser (P-TMPL-8): `self` for the
     reasoning, else the message's `recipient`, `user` without one (protocol.md §2.1, assistant messages). `part`: the
     index of the content part tagged (its last text part), None when the field is a string; the parts after it are
-    cut off the prompt, and with the reasoning continued, every content part is."""
+    cut off the prompt, and with the reasoning continued, every content part is. `body`: once the prompt is cut
+    (`continued_body`), the message's body as the prompt holds it, for a tool channel's parse to start from."""
 
     field: str
     text: str
     tag: str
     recipient: str
     part: int | None = None
+    body: str = ""
 
 
 def tag_final_message(messages: Any, continue_final_message: bool | str,
@@ -193,6 +196,13 @@ def cut_at_final_message(rendered: RenderedPrompt, final: FinalMessageTag) -> Re
     at = rendered.text.rindex(marker)
     text = rendered.text[:at] if rendered.text.startswith(final.tag, at) else rendered.text[:at].rstrip()
     return RenderedPrompt(text, {key: spelling for key, spelling in rendered.literals.items() if key in text})
+
+
+def continued_body(cut: RenderedPrompt) -> str:
+    """The body of the message a cut prompt ends inside, as the model reads it: the text after the header's
+    `<|message|>` (protocol.md §2.1), control-token text the caller wrote in it included."""
+    at = cut.text.rfind(MESSAGE)
+    return RenderedPrompt(cut.text[at + len(MESSAGE):], cut.literals).display_text if at >= 0 else ""
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,15 @@ prompt, so a prompt that ends elsewhere refuses one (`refuse_turn_grammar`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from glimmer.engine.apply_chat_template import FinalMessageTag, cut_at_final_message, tag_final_message
+from glimmer.engine.apply_chat_template import (
+    FinalMessageTag,
+    continued_body,
+    cut_at_final_message,
+    tag_final_message,
+)
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MEDIA_KINDS
@@ -50,9 +55,9 @@ class ChatRendering:
 
 def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: Tokenizer
                         ) -> tuple[list[dict[str, Any]], RenderedPrompt, FinalMessageTag | None]:
-    """One conversation's messages, normalized, its prompt, and where that prompt was cut inside the final message
-    (None unless `rendering.continue_final_message`). Raises RequestError naming what the template cannot render,
-    ChatTemplateError where the template fails."""
+    """One conversation's messages, normalized, its prompt, and where that prompt was cut inside the final message,
+    with the message's body before the cut (None unless `rendering.continue_final_message`). Raises RequestError
+    naming what the template cannot render, ChatTemplateError where the template fails."""
     final = None
     if rendering.continue_final_message:
         conversation, final = tag_final_message(conversation, rendering.continue_final_message,
@@ -68,7 +73,10 @@ def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: 
         chat_template_kwargs=rendering.kwargs,
         control_tokens=() if rendering.allow_control_tokens else tokenizer.control_tokens,
     )
-    return normalized, rendered if final is None else cut_at_final_message(rendered, final), final
+    if final is None:
+        return normalized, rendered, None
+    cut = cut_at_final_message(rendered, final)
+    return normalized, cut, replace(final, body=continued_body(cut))
 
 
 def check_final_message_is_the_assistants(conversation: Any, index: int | None = None) -> None:

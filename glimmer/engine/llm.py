@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from glimmer.engine.apply_chat_template import (
     REASONING_FIELDS,
+    FinalMessageTag,
     OutputShape,
     checked_documents,
     generation_prompt,
@@ -363,7 +364,9 @@ class LLM:
 
         As vLLM's: `chat_template` is a template source to render with instead of the checkpoint's;
         `continue_final_message=True` ends the prompt inside the final message, which must be an assistant's, so
-        that the reply continues its content (without repeating it) and is parsed as that message's continuation;
+        that the reply continues its content (without repeating it) and is parsed as that message's continuation,
+        in its channel: `content` for an answer, `reasoning` for a message to "self", and for a message to a tool
+        that tool's call, read from the message's text on (the whole call);
         `add_generation_prompt=False` ends the prompt after the final message, with no new turn's header. By
         default (None) the generation prompt ends the prompt unless the final message is continued; True with
         `continue_final_message` is refused, as in vLLM. `continue_final_message="reasoning_content"` continues the
@@ -408,14 +411,14 @@ class LLM:
         turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
                                              thinking_token_budget, rendering.prompt_end) for params in requested}
         prepared: list[_Prepared] = []
-        continued: list[str | None] = []  # per conversation, the channel its prompt ends inside (P-TMPL-8)
+        continued: list[FinalMessageTag | None] = []  # per conversation, the message its prompt ends inside
         for index, conversation in enumerate(conversations):
             if continue_final_message:
                 check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
             normalized, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             if final is not None:
                 check_media_before_the_cut(normalized, final, index if len(conversations) > 1 else None)
-            continued.append(final.recipient if final is not None else None)
+            continued.append(final)
             images, videos = [], []
             with naming_media_parts(conversation):  # an item's error names its content part
                 for kind, reference in collect_media(normalized):
@@ -427,12 +430,14 @@ class LLM:
         outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
                             [turn.controller_factory for turn in chat_turns])
         chats = []
-        for output, turn, recipient in zip(outputs, chat_turns, continued, strict=True):
+        for output, turn, final in zip(outputs, chat_turns, continued, strict=True):
             choices = []
             hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
                 text = without_hidden_tokens(completion.text, completion.token_ids, hidden)
-                parsed = parse_output(text, plan.parser_tools, continue_recipient=recipient,
+                # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
+                parsed = parse_output(text, plan.parser_tools, continue_recipient=final.recipient if final else None,
+                                      continue_prefix=final.body if final else "",
                                       verbatim_content=turn.constrained_answer)
                 alone = replace(output, outputs=[completion])
                 armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,

@@ -83,7 +83,10 @@ class OutputParser:
     `tools` are the request's declared tools (OpenAI-style or bare function objects); with none, tool
     channels yield no calls (P-NAME-4; pass None for `tool_choice="none"`). `continue_recipient` is for a
     continued final assistant message (P-TMPL-8): the parser then starts inside that message's channel
-    (`"self"`, `"user"` or a tool name) instead of header-open. `verbatim_content`: the answer is grammar-
+    (`"self"`, `"user"` or a tool name) instead of header-open. `continue_prefix` is that message's body as the
+    prompt holds it: a tool channel's ATEM is read from it on, so that a call the prefix began comes back whole,
+    its start (and any parameter the prefix completed) with the first delta; reasoning and content continue
+    without it (the reply never repeats the prompt). `verbatim_content`: the answer is grammar-
     constrained (structured outputs), so content bodies are delivered as written, ATEM-like text included
     (P-CHAN-2), without the markup filter that drops a tag cut short at a body's end.
 
@@ -92,7 +95,7 @@ class OutputParser:
     """
 
     def __init__(self, tools: Iterable[Mapping[str, Any]] | None = None, *,
-                 continue_recipient: str | None = None, verbatim_content: bool = False):
+                 continue_recipient: str | None = None, continue_prefix: str = "", verbatim_content: bool = False):
         self._tools = ToolRegistry(tools)
         self._verbatim_content = verbatim_content
         self._events: list[list[Any]] = []
@@ -128,7 +131,11 @@ class OutputParser:
             self._mode = _BODY
             self._open_message(channel_of_recipient(continue_recipient), continue_recipient, 0)
             self._at_body_start = False
-        self._fast_channel = self._fast_path_channel()
+            if self._channel == "tool" and self._atem is not None and continue_prefix:
+                # The prefix is body text of the prompt: no framing to decide in it. What it completes goes out
+                # with the first delta, so the fast path, which would skip those events, waits for it.
+                self._atem.feed(continue_prefix)
+        self._fast_channel = None if self._events else self._fast_path_channel()
 
     # -- state the engine reads -----------------------------------------------------------------------------
 
@@ -229,14 +236,12 @@ class OutputParser:
                     if "</" not in decided and (held > 0 or decided[-1:] != "<"):
                         self._append_value_text(decided)
                         return _new_delta(Delta, ("", "", [], None))
-                    self._events = []
                     self._atem.feed(decided)  # type: ignore[union-attr]
                     self._fast_channel = self._fast_path_channel()
                     return self._delta()
         if not chunk or self._finished:
             return Delta()
         self._fed += len(chunk)
-        self._events = []
         self._run(self._buffer + chunk, final=False)
         self._fast_channel = self._fast_path_channel()
         return self._delta()
@@ -245,7 +250,6 @@ class OutputParser:
         """End of stream (eos, stop, max_tokens or abort): deliver or settle everything held (P-STREAM-6)."""
         if self._finished:
             return Delta()
-        self._events = []
         in_turn_start_header = self._mode is _HEADER and not self._header_is_real
         self._run(self._buffer, final=True)
         # an unfinished turn-start header is delivered as the content it then is (P-HDR-6)
@@ -504,6 +508,7 @@ class OutputParser:
         self._events.append(["tool_call", piece])
 
     def _delta(self) -> Delta:
+        """The events since the last delta, as one Delta; they are drained (every path that emits ends here)."""
         if len(self._events) == 1 and self._events[0][0] != "tool_call":
             kind, parts = self._events[0]
             self._events = []
@@ -552,9 +557,10 @@ def _could_become_closing_tag(text: str, position: int) -> bool:
     return any(rest_length < len(tag) and tag.startswith(text[position:]) for tag in CLOSING_TAGS)
 
 
-def parse_output(text: str, tools: Iterable[Mapping[str, Any]] | None = None, *,
-                 continue_recipient: str | None = None, verbatim_content: bool = False) -> ParsedOutput:
+def parse_output(text: str, tools: Iterable[Mapping[str, Any]] | None = None, *, continue_recipient: str | None = None,
+                 continue_prefix: str = "", verbatim_content: bool = False) -> ParsedOutput:
     """Parse a whole turn: by definition, an OutputParser fed all of `text` at once, then finished (the arguments
     are the OutputParser's)."""
-    parser = OutputParser(tools, continue_recipient=continue_recipient, verbatim_content=verbatim_content)
+    parser = OutputParser(tools, continue_recipient=continue_recipient, continue_prefix=continue_prefix,
+                          verbatim_content=verbatim_content)
     return ParsedOutput.from_deltas([parser.feed(text), parser.finish()])

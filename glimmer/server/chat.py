@@ -4,8 +4,9 @@ Both shapes come from the same loop over the engine's deltas (`_updates`), so th
 the non-streaming response, ids aside (P-API-4). Errors before the first token (invalid request, overload)
 are HTTP statuses; after it, a streaming response can only report them as an error event.
 
-vLLM's `echo` puts the final message's content before each choice's content when that message is the assistant's,
-as the response's message is (`echoed_content`): streamed, as one content chunk per choice after the role chunks.
+vLLM's `echo` puts the final message's content before each choice's content when that message is the assistant's
+answer, as the response's message is (`echoed_content`): streamed, as one content chunk per choice after the role
+chunks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
+from glimmer.protocol.headers import channel_of_recipient
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
 from glimmer.server.choice_stream import ChoiceStream
@@ -105,10 +107,12 @@ class ChatRun:
 
 def echoed_content(request: ChatCompletionRequest) -> str:
     """What vLLM's `echo` puts before each choice's content: the final message's content when its role is the
-    response's, `assistant` (a continued message's text, say), else nothing; content parts' texts joined by
-    newlines, as vLLM joins them."""
+    response's, `assistant` (a continued message's text, say), and it is an answer, else nothing; content parts'
+    texts joined by newlines, as vLLM joins them. A message to a tool is a call (continued, it comes back whole as
+    the reply's call), one to `self` reasoning (§2.1): neither is the response's content."""
     final = request.messages[-1]
-    if not request.echo or final.get("role") != "assistant":
+    if not request.echo or final.get("role") != "assistant" or channel_of_recipient(
+            final.get("recipient") or None) != "content":
         return ""
     content = final.get("content")
     if isinstance(content, list):
@@ -139,7 +143,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
                             include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
                             min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
-                            continue_recipient=prompt.continue_recipient)
+                            continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
                for i in range(params.n)]
     run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
     stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,

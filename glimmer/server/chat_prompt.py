@@ -60,6 +60,7 @@ class ChatPrompt:
     multimodal: list[MultimodalItem]
     constrained_answer: bool = False  # structured outputs: the answer's text is the grammar's, taken as written
     continue_recipient: str | None = None  # continue_final_message: the channel the prompt ends inside (P-TMPL-8)
+    continue_prefix: str = ""  # and that message's body in the prompt, which a tool channel's parse starts from
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
@@ -113,7 +114,8 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     _check_single_bos(token_ids, tokenizer.bos_token_id, tokenizer.bos_token)
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
                       multimodal, constrained_answer=structured is not None,
-                      continue_recipient=final.recipient if final is not None else None)
+                      continue_recipient=final.recipient if final is not None else None,
+                      continue_prefix=final.body if final is not None else "")
 
 
 def chat_template(request: ChatCompletionRequest, context: ServingContext) -> ChatTemplate:

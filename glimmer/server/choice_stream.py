@@ -35,14 +35,17 @@ from glimmer.protocol.deltas import Event
 class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
                  single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None,
-                 min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None):
+                 min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
+                 continue_prefix: str = ""):
         """min_tokens: stop strings are looked for in the answer once that many tokens were generated;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
-        the prompt ends inside a message to this recipient, which the reply continues (both OutputParser's)."""
+        the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
+        message's body in the prompt (all three OutputParser's)."""
         self.index = index
         self._min_tokens = min_tokens
         self._hidden_tokens = hidden_tokens or {}
-        self.parser = OutputParser(tools, continue_recipient=continue_recipient, verbatim_content=verbatim_content)
+        self.parser = OutputParser(tools, continue_recipient=continue_recipient, continue_prefix=continue_prefix,
+                                   verbatim_content=verbatim_content)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's field)
         self.num_tokens = 0

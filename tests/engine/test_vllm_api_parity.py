@@ -240,6 +240,22 @@ def test_continue_final_message_naming_the_reasoning_continues_it(llm, nano):
     assert out.content and out.output.text.endswith(out.content + "<|eot|>")
 
 
+def test_continue_final_message_to_a_tool_returns_the_whole_call(llm):
+    """The README's promise: a final message to a tool continues as that tool's call. Its ATEM is read from the
+    message's body in the prompt on (P-TMPL-8); the reply alone, here the turn's end, held no call."""
+    tok = llm.get_tokenizer()
+    body = ('<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris'
+            '</atem:parameter>\n</atem:invoke>\n')
+    messages = [*MESSAGES, {"role": "assistant", "recipient": "get_weather", "content": body}]
+    ends_the_turn = SamplingParams(temperature=0, max_tokens=1, logit_bias={tok.convert_tokens_to_ids("<|eot|>"): 100})
+    out = llm.chat(messages, ends_the_turn, tools=[WEATHER_TOOL], chat_template_kwargs=KWARGS,
+                   continue_final_message=True)[0]
+    assert out.output.prompt.endswith("<|start|>assistant to=get_weather<|message|>" + body)
+    assert out.output.text == "<|eot|>"
+    assert [(call.name, call.arguments) for call in out.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    assert (out.content, out.finish_reason) == (None, "tool_calls")
+
+
 @pytest.mark.parametrize("given", ["reasoning_content", "reasoning", "thinking"])
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
 def test_continue_final_message_finds_the_reasoning_under_any_of_its_names(llm, given, field):

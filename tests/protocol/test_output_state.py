@@ -211,6 +211,38 @@ def test_a_continued_tool_message_continues_its_atem_body():
     assert calls(result) == [("calendar.lookup", {"day": "Fri"})]
 
 
+CALL_OPENED = '<atem:function_calls>\n<atem:invoke name="calendar.lookup">\n<atem:parameter name="day">'
+
+
+def test_a_continued_tool_call_is_read_from_the_prefix_in_the_prompt_on():
+    """P-TMPL-8, P-ATEM-4: the prompt ends inside a tool message's ATEM; the call is the whole call, its prefix
+    included (without the prefix the reply was text outside ATEM tags, dropped: no call)."""
+    text = "Fri</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>"
+    result = parse_all_ways(text, CALENDAR_TOOLS, continue_recipient="calendar.lookup", continue_prefix=CALL_OPENED)
+    assert calls(result) == [("calendar.lookup", {"day": "Fri"})]
+    assert (result.content, result.reasoning) == (None, None)  # P-CHAN-3: no tool-channel text elsewhere
+
+
+def test_what_the_continued_prefix_completes_streams_with_the_first_delta():
+    """P-ATEM-4, P-STREAM-7: a parameter the prefix completed materializes the call; its start is the first event."""
+    prefix = CALL_OPENED + 'Fri</atem:parameter>\n<atem:parameter name="limit">'
+    parser = OutputParser(CALENDAR_TOOLS, continue_recipient="calendar.lookup", continue_prefix=prefix)
+    [start] = parser.feed("3").tool_calls
+    assert (start.index, start.name, start.arguments) == (0, "calendar.lookup", '{"day": "Fri"')
+    result = parse_all_ways("3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>", CALENDAR_TOOLS,
+                            continue_recipient="calendar.lookup", continue_prefix=prefix)
+    assert calls(result) == [("calendar.lookup", {"day": "Fri", "limit": 3})]
+    assert calls(parse_output("", CALENDAR_TOOLS, continue_recipient="calendar.lookup", continue_prefix=prefix)) == [
+        ("calendar.lookup", {"day": "Fri"})]  # P-ATEM-5: cut off at once, the materialized call is kept
+
+
+@pytest.mark.parametrize(("recipient", "field"), [("self", "reasoning"), ("user", "content")])
+def test_a_continued_answer_or_reasoning_is_not_repeated(recipient, field):
+    """The reply continues the prompt's text: the prefix is the prompt's, not the reply's (P-TMPL-8)."""
+    result = parse_all_ways(" more", continue_recipient=recipient, continue_prefix="Hello")
+    assert getattr(result, field) == " more"
+
+
 def test_turn_ended_after_eot_or_eos_but_not_eom():
     for terminator, ended in (("<|eom|>", False), ("<|eot|>", True), ("<|end_of_text|>", True)):
         parser = OutputParser()

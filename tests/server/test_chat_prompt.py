@@ -125,6 +125,17 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     assert prompt.continue_recipient == "get_weather"
 
 
+def test_a_continued_message_hands_the_parser_its_body_as_the_prompt_holds_it(engine):
+    """A tool channel's ATEM is read from the body in the prompt on; control-token text in it stays the text."""
+    body = '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">a <|eot|> b'
+    parts = [{"type": "text", "text": body[:20]}, {"type": "text", "text": body[20:]}]
+    for content in (body, parts):
+        call = {"role": "assistant", "recipient": "get_weather", "content": content}
+        prompt = build_chat_prompt(request(messages=[ANSWERED[0], call], tools=TOOLS, chat_template_kwargs=DATE,
+                                           continue_final_message=True), context(engine))
+        assert prompt.continue_prefix == body
+
+
 @pytest.fixture(scope="module")
 def vision_engine(make_tiny):
     engine = AsyncEngine(EngineConfig(model=str(make_tiny(vision=True)), progress=False, kv_cache_memory=8 << 20))

@@ -23,6 +23,8 @@ def server(make_tiny):
         runner.add("[parts]", " to=user<|message|>Done.<|eot|>")
         runner.add("[weather-call]", '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter '
                    'name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
+        runner.add("[weather-open]", 'Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
+        runner.add("[weather-days]", '3</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         yield live
 
 
@@ -79,6 +81,31 @@ def test_a_continued_message_to_a_tool_comes_back_as_the_call(server):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     streamed = streamed_message(server, messages=WEATHER, tools=[WEATHER_TOOL], continue_final_message=True)
     assert streamed["calls"] == {0: ("get_weather", '{"city": "Paris"}')} and streamed["content"] == ""
+
+
+CALL_OPENED = '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">'
+
+
+@pytest.mark.parametrize(("key", "prefix", "arguments"), [
+    ("[weather-open]", CALL_OPENED, {"city": "Paris"}),
+    ("[weather-days]", CALL_OPENED + 'Paris</atem:parameter>\n<atem:parameter name="days">',
+     {"city": "Paris", "days": 3}),
+], ids=["value-open", "a-parameter-complete"])
+def test_a_continued_call_comes_back_whole_streamed_or_not(server, key, prefix, arguments):
+    """The final message's ATEM is read from its prefix in the prompt on: the call returned is the whole call. The
+    reply alone is text outside ATEM tags, which was dropped (content null, no call). P-API-4: the stream adds up to
+    the response; the prefix is sent as neither content nor a second call, echo included."""
+    messages = [{"role": "user", "content": f"{key} Weather in Paris?"},
+                {"role": "assistant", "recipient": "get_weather", "content": prefix}]
+    response = chat(server, messages=messages, tools=[WEATHER_TOOL], continue_final_message=True, echo=True)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", arguments)
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    streamed = streamed_message(server, messages=messages, tools=[WEATHER_TOOL], continue_final_message=True,
+                                echo=True)
+    assert streamed == {"content": "", "calls": {0: ("get_weather", call["function"]["arguments"])}}
 
 
 def test_a_refused_combination_is_a_400_naming_the_field(server):
