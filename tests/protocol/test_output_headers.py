@@ -37,6 +37,17 @@ def test_the_first_header_is_bare_and_takes_the_normal_header_path(text, reasoni
     assert (result.reasoning, result.content) == (reasoning, content)
 
 
+def test_a_reply_after_a_finished_message_is_read_from_the_header_it_writes():
+    """P-HDR-1, P-HDR-4 (README, `add_generation_prompt=False`): the prompt ends after a message's <|eot|>; the model's
+    own <|start|> voids the synthetic turn-start candidate at once, and its header is read. Text before any header is
+    content between messages (P-CHAN-1: leading whitespace dropped; P-CHAN-5: joined without a separator)."""
+    result = parse_all_ways("<|start|>assistant to=self<|message|>r<|eom|>"
+                            "<|start|>assistant to=user<|message|> Hi<|eot|>")
+    assert (result.reasoning, result.content) == ("r", " Hi")
+    headerless = parse_all_ways(" No header.<|eom|><|start|>assistant to=user<|message|>Hi<|eot|>")
+    assert (headerless.reasoning, headerless.content) == (None, "No header.Hi")
+
+
 def test_a_turn_may_open_with_a_tool_call():
     """P-HDR-1, §3.1 (llama.cpp missed this): the first message can be a tool call."""
     text = tool_message("calendar.lookup", atem("calendar.lookup", {"day": "Mon"}), first=True) + "<|eot|>"
