@@ -521,8 +521,9 @@ class LLMTokenizer:
     def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]],
                skip_special_tokens: bool = False) -> str | list[str]:
         """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
-        list of id lists, or a 2-D array or tensor), as transformers 5's `decode`; `skip_special_tokens` leaves out
-        every special token (`all_special_ids`). Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), as transformers 5's `decode`, which
+        tells a batch by its first item once arrays and tensors are lists; `skip_special_tokens` leaves out every
+        special token (`all_special_ids`). Raises TypeError naming `LLMTokenizer.decode` for anything else."""
         return self._decode_any(ids, skip_special_tokens, "LLMTokenizer.decode()")
 
     def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False) -> list[str]:
@@ -532,9 +533,9 @@ class LLMTokenizer:
         return [texts] if isinstance(texts, str) else texts
 
     def _decode_any(self, ids: Any, skip_special_tokens: bool, call: str) -> str | list[str]:
-        if hasattr(ids, "tolist"):  # a NumPy array or a torch tensor
-            ids = ids.tolist()
-        if isinstance(ids, list | tuple) and ids and isinstance(ids[0], list | tuple):
+        ids = _python_ids(ids)
+        # one sequence or a batch, as transformers 5 tells them: by the first item alone
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
             return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens)
                     for index, sequence in enumerate(ids)]
         return self._decode(_token_id_list(ids, call), skip_special_tokens)
@@ -673,6 +674,18 @@ def _is_single_prompt(prompts: object) -> bool:
     """Whether `generate` was given one prompt (a string, a prompt dict or one list of token ids), not a list."""
     return isinstance(prompts, str | dict) or (
         isinstance(prompts, list | tuple) and bool(prompts) and all(map(_is_token_id, prompts)))
+
+
+def _python_ids(ids: Any) -> Any:
+    """`ids` with each NumPy array or scalar and torch tensor in it, at any depth of lists and tuples, as the Python
+    int or lists it holds, and tuples as lists: what transformers 5's `decode` converts (its `to_py_obj`) before it
+    tells one sequence from a batch, so that a list of 1-element tensors (`list(torch.tensor([[300], [301]]))`) is a
+    batch of two sequences, as there, and a list of 1-D arrays a batch too."""
+    if hasattr(ids, "tolist"):
+        return ids.tolist()
+    if isinstance(ids, list | tuple):
+        return [_python_ids(item) for item in ids]
+    return ids
 
 
 def _token_id_list(ids: Any, call: str) -> list[int]:

@@ -96,6 +96,28 @@ def test_batch_decode_and_decode_take_what_transformers_takes(llm, hf):
         assert tok.decode(given) == hf.decode(given)
 
 
+def _decoded(tokenizer, call, given):
+    try:
+        return getattr(tokenizer, call)(given)
+    except TypeError:  # the messages differ: Glimmer's names the call and the item at fault
+        return TypeError
+
+
+def test_arrays_and_tensors_in_a_list_are_ids_before_a_batch_is_told_from_one_sequence(llm, hf):
+    """A list of 1-element tensors (`list(column)`) was decoded as one sequence, silently, and a list of 1-D arrays
+    or tensors was refused; transformers 5 converts them first, then decides by the first item."""
+    tok = llm.get_tokenizer()
+    column, rows = torch.tensor([[300], [301]]), torch.tensor([[300, 301, 302], [303, 304, 305]])
+    cases = [list(column), list(rows), tuple(rows), [np.array([300, 301]), np.array([302])], list(np.array(rows)),
+             [torch.tensor(300), torch.tensor(301)], [np.int64(300), np.int32(301)], [torch.tensor([300]), 301],
+             [torch.tensor(300), torch.tensor([301])], [[300, 301], 302], [302, [300, 301]], [[torch.tensor(300)], []],
+             [[]], [[[300]]], torch.tensor([[[300]]]), list(torch.zeros((2, 0), dtype=torch.long)), np.array(300)]
+    for given in cases:
+        for call in ("decode", "batch_decode"):
+            assert _decoded(tok, call, given) == _decoded(hf, call, given), (call, given)
+    assert tok.batch_decode(list(column)) == [tok.decode(300), tok.decode(301)]
+
+
 def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
     tok = llm.get_tokenizer()
     ids = tok.encode("Hello the world")
