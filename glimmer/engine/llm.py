@@ -61,6 +61,9 @@ _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")  # resolved, not passed on
 _RENDERING_ARGUMENTS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
 """`LLM.chat`'s arguments that vLLM's `LLM.chat` also reads from `chat_template_kwargs`; no template variables."""
+_NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
+"""The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
+and mask a Muse tokenizer has none of, and Glimmer does not read)."""
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
 """What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
 final message's `recipient`), a reasoning field the reasoning."""
@@ -477,8 +480,9 @@ class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
     `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
     unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
-    with the checkpoint's template exactly as `LLM.chat` does. Other attributes (`bos_token_id`, `eos_token_id`,
-    `pad_token_id`, `token_to_id`, `all_special_ids`, ...) are the `Tokenizer`'s."""
+    with the checkpoint's template exactly as `LLM.chat` does, and `all_special_ids` are transformers' (the named
+    tokens). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`, `token_to_id`, ...) are the
+    `Tokenizer`'s."""
 
     def __init__(self, llm: LLM):
         self._llm = llm
@@ -498,6 +502,20 @@ class LLMTokenizer:
     def vocab_size(self) -> int:
         """Tokens of the base vocabulary, without the added ones (transformers' `vocab_size`); `len()` counts all."""
         return self.tokenizer.base_vocab_size
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens the checkpoint sets (bos, eos, unk, pad), each once, in transformers' order: its
+        `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
+        tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)` leaves out as
+        transformers' does, is in `tokenizer.all_special_ids`."""
+        named = (getattr(self.tokenizer, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        return list(dict.fromkeys(token for token in named if token is not None))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        """The ids of `all_special_tokens` (transformers' `all_special_ids`): what `convert_ids_to_tokens` skips."""
+        return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
@@ -523,7 +541,8 @@ class LLMTokenizer:
         """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
         list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), as transformers 5's `decode`, which
         tells a batch by its first item once arrays and tensors are lists; `skip_special_tokens` leaves out every
-        special token (`all_special_ids`). Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        token flagged special (`tokenizer.all_special_ids`: framing and media tokens too, as transformers' decode).
+        Raises TypeError naming `LLMTokenizer.decode` for anything else."""
         return self._decode_any(ids, skip_special_tokens, "LLMTokenizer.decode()")
 
     def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False) -> list[str]:
@@ -548,12 +567,13 @@ class LLMTokenizer:
 
     def convert_ids_to_tokens(self, ids: int | SequenceABC[int],
                               skip_special_tokens: bool = False) -> str | None | list[str | None]:
-        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, special ones left
-        out with `skip_special_tokens` (as transformers' call)."""
+        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, those of
+        `all_special_ids` (the named tokens, not the framing) left out with `skip_special_tokens`, as transformers'
+        call (unlike its `decode`, which leaves out every token flagged special)."""
         id_list = _token_id_list(ids, "LLMTokenizer.convert_ids_to_tokens()")
         if _is_token_id(ids):
             return self.tokenizer.id_to_token(id_list[0])
-        special = set(self.tokenizer.all_special_ids) if skip_special_tokens else set()
+        special = set(self.all_special_ids) if skip_special_tokens else set()
         return [self.tokenizer.id_to_token(i) for i in id_list if i not in special]
 
     def convert_tokens_to_ids(self, tokens: str | SequenceABC[str]) -> int | None | list[int | None]:

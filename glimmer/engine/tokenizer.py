@@ -314,8 +314,9 @@ class Tokenizer:
     def all_special_ids(self) -> tuple[int, ...]:
         """Ids of every added token flagged special in tokenizer.json, ascending.
 
-        This is the set `skip_special_tokens` would drop, wider than transformers' `all_special_ids`
-        (named tokens only): for Muse it includes the framing and media tokens and the reserved ones.
+        This is the set `skip_special_tokens` would drop (as transformers' `decode` drops them), wider than
+        transformers' `all_special_ids` (named tokens only, `LLMTokenizer.all_special_ids`): for Muse it includes the
+        framing and media tokens and the reserved ones.
         """
         decoder = self._backend.get_added_tokens_decoder()
         return tuple(sorted(token_id for token_id, added in decoder.items() if added.special))

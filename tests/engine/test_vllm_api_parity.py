@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
+from glimmer.default_model import default_model_dir
 from glimmer.errors import ConfigError, RequestError
 from glimmer.protocol import parse_output
 
@@ -132,6 +135,37 @@ def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
     assert tok.convert_tokens_to_ids(tokens[1]) == hf.convert_tokens_to_ids(tokens[1])
     assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (hf.eos_token_id, hf.bos_token_id,
                                                                       hf.pad_token_id)
+
+
+def test_convert_ids_to_tokens_and_all_special_ids_skip_the_named_tokens_as_transformers_does(llm, hf, nano):
+    """convert_ids_to_tokens(skip_special_tokens=True) left out every token flagged special (19, the framing too) and
+    all_special_ids listed them; transformers' are the named tokens (3), and only its decode leaves out all 19."""
+    for tok, reference in ((llm.get_tokenizer(), hf), (nano.get_tokenizer(), AutoTokenizer.from_pretrained(
+            default_model_dir()))):
+        every_id = list(range(len(tok)))
+        assert (tok.all_special_tokens, tok.all_special_ids) == (reference.all_special_tokens,
+                                                                 reference.all_special_ids)
+        for skip in (False, True):
+            assert tok.convert_ids_to_tokens(every_id, skip_special_tokens=skip) == \
+                reference.convert_ids_to_tokens(every_id, skip_special_tokens=skip)
+            assert tok.decode(every_id, skip_special_tokens=skip) == reference.decode(every_id,
+                                                                                      skip_special_tokens=skip)
+        text_ids = tok.encode("<|start|>user<|message|>hi", add_special_tokens=True)
+        kept = [i for i in text_ids if i not in tok.all_special_ids]  # a script stripping them keeps the framing
+        assert kept == [i for i in text_ids if i not in reference.all_special_ids] == text_ids[1:]
+
+
+def test_all_special_tokens_are_the_named_ones_once_in_transformers_order(tiny_checkpoint, tmp_path):
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "named")
+    config_file = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(unk_token="<|reserved_special_token_0|>", pad_token=config["eos_token"])
+    config_file.write_text(json.dumps(config))
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(checkpoint)
+    assert tok.all_special_tokens == reference.all_special_tokens == [config["bos_token"], config["eos_token"],
+                                                                      "<|reserved_special_token_0|>"]
+    assert tok.all_special_ids == reference.all_special_ids
 
 
 def test_tokenizer_errors_name_the_llm_tokenizer(llm):
