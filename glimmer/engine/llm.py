@@ -536,34 +536,39 @@ class LLMTokenizer:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return [self.tokenizer.id_to_token(i) for i in ids]
 
-    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]],
-               skip_special_tokens: bool = False) -> str | list[str]:
+    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None) -> str | list[str]:
         """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
         list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), as transformers 5's `decode`, which
         tells a batch by its first item once arrays and tensors are lists; `skip_special_tokens` leaves out every
         token flagged special (`tokenizer.all_special_ids`: framing and media tokens too, as transformers' decode).
+        `clean_up_tokenization_spaces` has transformers 5's meaning (None: the tokenizer config's default, False for
+        Muse), which leaves the text of a BPE tokenizer, as Muse's, as it is: True changes nothing unless
+        tokenizer_config.json sets `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`.
         Raises TypeError naming `LLMTokenizer.decode` for anything else."""
-        return self._decode_any(ids, skip_special_tokens, "LLMTokenizer.decode()")
+        return self._decode_any(ids, skip_special_tokens, clean_up_tokenization_spaces, "LLMTokenizer.decode()")
 
-    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False) -> list[str]:
+    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None) -> list[str]:
         """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
         sequence gives a list of its text (as transformers 5's `batch_decode`)."""
-        texts = self._decode_any(sequences, skip_special_tokens, "LLMTokenizer.batch_decode()")
+        texts = self._decode_any(sequences, skip_special_tokens, clean_up_tokenization_spaces,
+                                 "LLMTokenizer.batch_decode()")
         return [texts] if isinstance(texts, str) else texts
 
-    def _decode_any(self, ids: Any, skip_special_tokens: bool, call: str) -> str | list[str]:
+    def _decode_any(self, ids: Any, skip_special_tokens: bool, clean_up: bool | None, call: str) -> str | list[str]:
         ids = _python_ids(ids)
         # one sequence or a batch, as transformers 5 tells them: by the first item alone
         if isinstance(ids, list) and ids and isinstance(ids[0], list):
-            return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens)
-                    for index, sequence in enumerate(ids)]
-        return self._decode(_token_id_list(ids, call), skip_special_tokens)
+            return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens,
+                                 clean_up) for index, sequence in enumerate(ids)]
+        return self._decode(_token_id_list(ids, call), skip_special_tokens, clean_up)
 
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+    def _decode(self, ids: list[int], skip_special_tokens: bool, clean_up: bool | None) -> str:
         if skip_special_tokens:
             special = set(self.tokenizer.all_special_ids)
             ids = [i for i in ids if i not in special]
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.cleaned_up_as_transformers(self.tokenizer.decode(ids), clean_up)
 
     def convert_ids_to_tokens(self, ids: int | SequenceABC[int],
                               skip_special_tokens: bool = False) -> str | None | list[str | None]:

@@ -168,6 +168,28 @@ def test_all_special_tokens_are_the_named_ones_once_in_transformers_order(tiny_c
     assert tok.all_special_ids == reference.all_special_ids
 
 
+@pytest.mark.parametrize("config", [{}, {"clean_up_tokenization_spaces": True},
+                                    {"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True},
+                                    {"clean_up_tokenization_spaces": True,
+                                     "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True}])
+def test_clean_up_tokenization_spaces_means_what_it_means_in_transformers(tiny_checkpoint, tmp_path, config):
+    """decode and batch_decode refused it; transformers 5 takes the config's default for None and leaves a BPE
+    tokenizer's text (Muse's) as it is unless the config forces the clean-up."""
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "clean_up")
+    config_file = checkpoint / "tokenizer_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | config))
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(checkpoint)
+    ids = tok.encode("Hello , world . I 'm here ! Is it ? don 't , we 're")
+    for clean_up in (None, True, False):
+        assert tok.decode(ids, clean_up_tokenization_spaces=clean_up) == \
+            reference.decode(ids, clean_up_tokenization_spaces=clean_up)
+        assert tok.batch_decode([ids, ids[:3]], clean_up_tokenization_spaces=clean_up) == \
+            reference.batch_decode([ids, ids[:3]], clean_up_tokenization_spaces=clean_up)
+    cleaned = tok.decode(ids, clean_up_tokenization_spaces=True) != tok.decode(ids, clean_up_tokenization_spaces=False)
+    assert cleaned is ("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" in config)
+
+
 def test_tokenizer_errors_name_the_llm_tokenizer(llm):
     tok = llm.get_tokenizer()
     with pytest.raises(AttributeError, match="^'LLMTokenizer' object has no attribute 'batch_decoder'$"):
