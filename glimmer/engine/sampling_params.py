@@ -3,13 +3,12 @@ is submitted (the dataclass is mutable)."""
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
-from glimmer.errors import RequestError, UnsupportedArgumentError
+from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, takes_vllm_arguments
+from glimmer.errors import RequestError
 
 MAX_LOGPROBS = 20
 MAX_N = 16384
@@ -30,51 +29,9 @@ SEED_RANGE = (-(2**63), 2**64)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
-VLLM_ONLY_ARGUMENTS: dict[str, str] = {
-    "best_of": "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
-               "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob",
-    "use_beam_search": "beam search is not supported; leave it out (temperature=0 decodes greedily)",
-    "length_penalty": "an option of beam search, which is not supported; leave it out",
-    "early_stopping": "an option of beam search, which is not supported; leave it out",
-    "guided_decoding": "pass it under vLLM's newer name, structured_outputs=StructuredOutputsParams(...), which "
-                       "takes GuidedDecodingParams' json, regex, choice, grammar or json_object",
-    "logits_processors": "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} "
-                         "biases tokens, structured_outputs constrains the text",
-    "allowed_token_ids": "not supported; constrain the text with structured_outputs (choice, regex or grammar), or "
-                         "ban single tokens with logit_bias={token_id: -100}",
-    "bad_words": "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in "
-                 "that word), or constrain the text with structured_outputs",
-    "detokenize": "Glimmer always detokenizes (each CompletionOutput has its text and its token_ids); leave it out",
-    "spaces_between_special_tokens": "Glimmer never puts spaces between special tokens (vLLM's "
-                                     "spaces_between_special_tokens=False); leave it out",
-    "truncate_prompt_tokens": "not supported; keep a prompt's last k tokens yourself: "
-                              "generate({'prompt_token_ids': ids[-k:]}) with ids = llm.get_tokenizer().encode(text)",
-    "output_kind": "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever "
-                   "output_kind says); leave it out",
-    "extra_args": "not supported (it carries arguments to vLLM plugins); leave it out",
-}
-"""Arguments of vLLM's SamplingParams that Glimmer's does not take, each with what to do instead. The ones it
-shares with vLLM (`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are
-its fields."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
                   "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs")
-
-
-def _refuse_unknown_arguments(kwargs: dict[str, Any]) -> None:
-    """UnsupportedArgumentError naming the first keyword argument that is no SamplingParams field: with Glimmer's
-    way to do it for one of vLLM's (`VLLM_ONLY_ARGUMENTS`), with the closest field for a misspelled one."""
-    known = [f.name for f in fields(SamplingParams)]
-    for name in kwargs:
-        if name in known:
-            continue
-        if name in VLLM_ONLY_ARGUMENTS:
-            raise UnsupportedArgumentError(f"{name}: an argument of vLLM's SamplingParams that Glimmer's "
-                                           f"does not take; {VLLM_ONLY_ARGUMENTS[name]}", param=name)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UnsupportedArgumentError(f"{name}: SamplingParams has no argument {name!r}; {hint}its arguments are "
-                                       f"{', '.join(known)}", param=name)
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -185,6 +142,7 @@ class StructuredOutputsParams:
         return cls(json=schema, strict=strict is True)
 
 
+@takes_vllm_arguments(VLLM_ONLY_ARGUMENTS)
 @dataclass
 class SamplingParams:
     """How to pick tokens and when to stop.
@@ -241,11 +199,6 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool | None = None
     logit_bias: dict[int, float] | None = None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
-        # before the dataclass' __init__ would raise Python's bare "unexpected keyword argument"
-        _refuse_unknown_arguments(kwargs)
-        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -3,13 +3,18 @@ never an internal exception, a hang or a silent wrong answer; and the engine is 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
-from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE, VLLM_ONLY_ARGUMENTS
+from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
+from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS
 from glimmer.errors import RequestError, UnsupportedArgumentError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -37,20 +42,50 @@ def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
 
 
 @pytest.mark.parametrize(("name", "value", "advice"), [
-    ("best_of", 4, "cumulative_logprob"), ("guided_decoding", None, "structured_outputs=StructuredOutputsParams"),
-    ("logits_processors", [], "logit_bias"), ("allowed_token_ids", [5], "structured_outputs"),
+    ("best_of", 4, "cumulative_logprob"),
+    ("guided_decoding", {"json": {}}, "structured_outputs=StructuredOutputsParams"),
+    ("logits_processors", [print], "logit_bias"), ("allowed_token_ids", [5], "structured_outputs"),
     ("bad_words", ["x"], "logit_bias"), ("truncate_prompt_tokens", 8, "prompt_token_ids"),
-    ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", True, "never puts spaces"),
-    ("output_kind", 2, "final output"), ("use_beam_search", True, "beam search")])
+    ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", "no", "no spaces"),
+    ("extra_args", {"plugin": 1}, "plugins"), ("use_beam_search", True, "beam search"),
+    ("length_penalty", 0.5, "beam search"), ("early_stopping", True, "beam search")])
 def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instead(name, value, advice):
     """It was Python's bare `TypeError: __init__() got an unexpected keyword argument`; it is still a TypeError, and
     a RequestError naming the argument like the errors about the values of the arguments SamplingParams takes."""
     with pytest.raises(UnsupportedArgumentError) as caught:
         SamplingParams(temperature=0, **{name: value})
     assert isinstance(caught.value, TypeError) and isinstance(caught.value, RequestError)
-    assert caught.value.param == name and advice in VLLM_ONLY_ARGUMENTS[name]
+    assert caught.value.param == name and advice in VLLM_ONLY_ARGUMENTS[name].instead
     assert str(caught.value) == f"{name}: an argument of vLLM's SamplingParams that Glimmer's does not take; " \
-                                f"{VLLM_ONLY_ARGUMENTS[name]}"
+                                f"{VLLM_ONLY_ARGUMENTS[name].instead}"
+
+
+@pytest.mark.parametrize("arguments", [
+    {"best_of": None}, {"best_of": 1}, {"n": 3, "best_of": 3}, {"n": 3, "best_of": 1}, {"use_beam_search": False},
+    {"length_penalty": 1.0}, {"early_stopping": False}, {"guided_decoding": None}, {"logits_processors": None},
+    {"logits_processors": []}, {"allowed_token_ids": None}, {"bad_words": None}, {"bad_words": []},
+    {"detokenize": True}, {"spaces_between_special_tokens": True}, {"spaces_between_special_tokens": False},
+    {"truncate_prompt_tokens": None}, {"output_kind": 2}, {"output_kind": None}, {"extra_args": None},
+    {"extra_args": {}}])
+def test_a_vllm_argument_at_a_value_that_changes_nothing_is_taken_and_dropped(arguments):
+    """A vLLM script passing vLLM's defaults (best_of=None, detokenize=True, ...) was refused. They are taken and
+    dropped: the params equal those without them, and replace, copy and pickle see Glimmer's fields alone."""
+    params = SamplingParams(temperature=0.5, **arguments)
+    assert params == SamplingParams(temperature=0.5, n=arguments.get("n", 1))
+    assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
+    assert pickle.loads(pickle.dumps(params)) == dataclasses.replace(params) == copy.deepcopy(params) == params
+
+
+def test_spaces_between_special_tokens_changes_nothing_with_a_byte_level_tokenizer(llm):
+    """vLLM's default, True, spaces special tokens apart only where the tokenizer's decoder does (its fast
+    detokenizer, a tokenizers DecodeStream, for a tokenizer.json), which byte-level BPE never does: the text of
+    consecutive special tokens is Glimmer's, which has no spaces between them (P-REQ-1), either way."""
+    tokenizer = llm.get_tokenizer()
+    backend = Tokenizer.from_file(str(tokenizer.tokenizer.tokenizer_file))
+    ids = tokenizer.encode("<|eot|><|start|>assistant<|message|>hi<|eot|><|eom|><|patch|><|patch|>")
+    stream = DecodeStream(skip_special_tokens=False)
+    assert "".join(filter(None, (stream.step(backend, i) for i in ids))) == tokenizer.decode(ids) == \
+        "<|begin_of_text|><|eot|><|start|>assistant<|message|>hi<|eot|><|eom|><|patch|><|patch|>"
 
 
 def test_no_argument_refused_as_vllm_only_is_one_glimmer_takes():

@@ -1,0 +1,120 @@
+"""vLLM's arguments that Glimmer's `SamplingParams` does not take: each with the values that change nothing, which
+are taken and dropped (a vLLM script passing its defaults runs as written), and what to do instead, which a refusal
+of any other value says (`UnsupportedArgumentError`, a TypeError as Python's own for an unknown argument)."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from glimmer.errors import UnsupportedArgumentError
+
+ChangesNothing = Callable[[Any, Mapping[str, Any]], bool]
+"""Whether an argument's value (given the other keyword arguments) changes nothing in Glimmer."""
+Shaped = TypeVar("Shaped", bound=type)
+
+
+@dataclass(frozen=True)
+class VllmArgument:
+    changes_nothing: ChangesNothing
+    instead: str
+
+
+def only(*values: object) -> ChangesNothing:
+    """Changes nothing at these values alone, compared with their type (True is not 1, nor 0 False)."""
+    return lambda value, given: any(type(value) is type(expected) and value == expected for expected in values)
+
+
+def _any_value(value: object, given: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _best_of_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None, 1 or n: no more completions drawn than returned (the server's rule for /v1/completions too)."""
+    return value is None or (type(value) is int and value in (1, given.get("n", 1)))
+
+
+VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
+    "best_of": VllmArgument(_best_of_changes_nothing, (
+        "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
+        "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob")),
+    "use_beam_search": VllmArgument(only(False), "beam search is not supported; leave it out (temperature=0 "
+                                                 "decodes greedily)"),
+    "length_penalty": VllmArgument(only(1.0, 1), "an option of beam search, which is not supported; leave it out"),
+    "early_stopping": VllmArgument(only(False), "an option of beam search, which is not supported; leave it out"),
+    "guided_decoding": VllmArgument(only(None), (
+        "pass it under vLLM's newer name, structured_outputs=StructuredOutputsParams(...), which takes "
+        "GuidedDecodingParams' json, regex, choice, grammar or json_object")),
+    "logits_processors": VllmArgument(only(None, []), (
+        "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} biases tokens, "
+        "structured_outputs constrains the text")),
+    "allowed_token_ids": VllmArgument(only(None), (
+        "not supported; constrain the text with structured_outputs (choice, regex or grammar), or ban single tokens "
+        "with logit_bias={token_id: -100}")),
+    "bad_words": VllmArgument(only(None, []), (
+        "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in that word), or "
+        "constrain the text with structured_outputs")),
+    "detokenize": VllmArgument(only(True), "Glimmer always detokenizes (each CompletionOutput has its text and its "
+                                           "token_ids); leave it out"),
+    # Glimmer's text never has spaces between special tokens (P-REQ-1: vLLM's False); vLLM's True adds none either
+    # with a fast tokenizer (every Muse checkpoint's tokenizer.json), whose decoder alone spaces tokens: byte-level
+    # BPE puts nothing between them
+    "spaces_between_special_tokens": VllmArgument(only(True, False), (
+        "True or False alone, and either changes nothing (Glimmer's text has no spaces between special tokens, as "
+        "vLLM's has none with a byte-level tokenizer as Muse's); leave it out")),
+    "truncate_prompt_tokens": VllmArgument(only(None), (
+        "not supported; keep a prompt's last k tokens yourself: generate({'prompt_token_ids': ids[-k:]}) with "
+        "ids = llm.get_tokenizer().encode(text)")),
+    "output_kind": VllmArgument(_any_value, (
+        "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever output_kind "
+        "says), so any value changes nothing")),
+    "extra_args": VllmArgument(only(None, {}), "not supported (it carries arguments to vLLM plugins); leave it out"),
+}
+"""Arguments of vLLM's SamplingParams that Glimmer's does not take. The ones it shares with vLLM
+(`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are its fields."""
+
+
+def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Shaped], Shaped]:
+    """A decorator of a dataclass whose construction takes the keyword arguments of vLLM's class of that name as
+    `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
+    otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
+    dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
+    those)."""
+
+    def decorate(cls: Shaped) -> Shaped:
+        dataclass_init = cls.__init__
+
+        @functools.wraps(dataclass_init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            dataclass_init(self, *args, **_glimmer_arguments(cls, vllm_only, kwargs))
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
+
+
+def _glimmer_arguments(cls: type, vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` without vLLM's arguments that change nothing. Raises UnsupportedArgumentError naming the first
+    argument that is no field of `cls`: with Glimmer's way to do it for one of vLLM's, with the closest field for
+    a misspelled one."""
+    known = [f.name for f in fields(cls)]
+    taken = {}
+    for name, value in kwargs.items():
+        if name in known:
+            taken[name] = value
+            continue
+        argument = vllm_only.get(name)
+        if argument is not None and argument.changes_nothing(value, kwargs):
+            continue
+        if argument is not None:
+            raise UnsupportedArgumentError(f"{name}: an argument of vLLM's {cls.__name__} that Glimmer's does not "
+                                           f"take; {argument.instead}", param=name)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnsupportedArgumentError(f"{name}: {cls.__name__} has no argument {name!r}; {hint}its arguments are "
+                                       f"{', '.join(known)}", param=name)
+    return taken
