@@ -143,9 +143,9 @@ class StructuredOutputsParams:
 
 
 @takes_vllm_arguments(VLLM_ONLY_ARGUMENTS)
-@dataclass
+@dataclass(kw_only=True)
 class SamplingParams:
-    """How to pick tokens and when to stop.
+    """How to pick tokens and when to stop. Its arguments are keyword-only (vLLM's first is `n`, not `temperature`).
 
     temperature: 0 means greedy (argmax), as does any temperature below 1e-5; otherwise logits are divided by
         it before sampling.

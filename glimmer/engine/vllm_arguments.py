@@ -82,13 +82,20 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
     otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
     dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
-    those)."""
+    those). A keyword-only dataclass (`kw_only=True`) refuses arguments given by position with a TypeError saying
+    so."""
 
     def decorate(cls: Shaped) -> Shaped:
         dataclass_init = cls.__init__
+        names = [f.name for f in fields(cls)]
+        keyword_only = all(f.kw_only for f in fields(cls))
 
         @functools.wraps(dataclass_init)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if args and keyword_only:
+                raise TypeError(f"{cls.__name__} takes keyword arguments only ({cls.__name__}({names[0]}=..., "
+                                f"{names[1]}=...)), not {len(args)} by position: vLLM's {cls.__name__} orders its "
+                                "arguments otherwise, so a value by position would mean another argument there")
             dataclass_init(self, *args, **_glimmer_arguments(cls, vllm_only, kwargs))
 
         cls.__init__ = __init__

@@ -88,6 +88,14 @@ def test_spaces_between_special_tokens_changes_nothing_with_a_byte_level_tokeniz
         "<|begin_of_text|><|eot|><|start|>assistant<|message|>hi<|eot|><|eom|><|patch|><|patch|>"
 
 
+def test_arguments_given_by_position_are_refused_saying_they_go_by_keyword():
+    """SamplingParams(2) set temperature=2, silently, where vLLM's sets n=2."""
+    with pytest.raises(TypeError, match=r"^SamplingParams takes keyword arguments only \(SamplingParams\(temperature="
+                                        r"\.\.\., top_p=\.\.\.\)\), not 1 by position: vLLM's SamplingParams orders"):
+        SamplingParams(2)
+    assert SamplingParams(n=2).n == 2
+
+
 def test_no_argument_refused_as_vllm_only_is_one_glimmer_takes():
     assert not set(VLLM_ONLY_ARGUMENTS) & {f.name for f in dataclasses.fields(SamplingParams)}
 
