@@ -7,7 +7,11 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, takes_vllm_arguments
+from glimmer.engine.vllm_arguments import (
+    VLLM_ONLY_ARGUMENTS,
+    VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS,
+    takes_vllm_arguments,
+)
 from glimmer.errors import RequestError
 
 MAX_LOGPROBS = 20
@@ -55,6 +59,7 @@ def _plain_number(value: object) -> object:
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
+@takes_vllm_arguments(VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS)
 @dataclass
 class StructuredOutputsParams:
     """What the generated text must be, in vLLM's shape: exactly one of the constraints.

@@ -1,6 +1,7 @@
-"""vLLM's arguments that Glimmer's `SamplingParams` does not take: each with the values that change nothing, which
-are taken and dropped (a vLLM script passing its defaults runs as written), and what to do instead, which a refusal
-of any other value says (`UnsupportedArgumentError`, a TypeError as Python's own for an unknown argument)."""
+"""vLLM's arguments that Glimmer's `SamplingParams` and `StructuredOutputsParams` do not take: each with the values
+that change nothing, which are taken and dropped (a vLLM script passing its defaults runs as written), and what to do
+instead, which a refusal of any other value says (`UnsupportedArgumentError`, a TypeError as Python's own for an
+unknown argument)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,27 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
 }
 """Arguments of vLLM's SamplingParams that Glimmer's does not take. The ones it shares with vLLM
 (`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are its fields."""
+
+
+_JSON_LAYOUT = ("not supported: Glimmer lays JSON out as json.dumps writes it (', ' and ': ', no other whitespace) "
+                "whatever the schema; leave it out")
+VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
+    "disable_any_whitespace": VllmArgument(only(False), _JSON_LAYOUT),
+    "whitespace_pattern": VllmArgument(only(None), _JSON_LAYOUT),
+    "disable_additional_properties": VllmArgument(only(False), (
+        "not supported; write \"additionalProperties\": false into the schema's objects")),
+    "structural_tag": VllmArgument(only(None), (
+        "not supported; for tool calls declare the tools (LLM.chat(..., tools=..., tool_choice='required')), whose "
+        "calls are then valid by construction; for other text give json, regex, choice or grammar")),
+    # vLLM's GuidedDecodingParams', which structured_outputs replaces (see guided_decoding above)
+    "backend": VllmArgument(only(None), ("Glimmer compiles every constraint with llguidance (vLLM's 'guidance' "
+                                         "backend) and has no other; leave it out")),
+    "disable_fallback": VllmArgument(only(True, False), (
+        "True or False alone, and either changes nothing (Glimmer has one grammar engine and never falls back to "
+        "another: a schema it cannot compile is refused); leave it out")),
+}
+"""Arguments of vLLM's StructuredOutputsParams (and GuidedDecodingParams) that Glimmer's does not take. `json`,
+`regex`, `choice`, `grammar` and `json_object` are its fields."""
 
 
 def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Shaped], Shaped]:

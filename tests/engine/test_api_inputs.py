@@ -14,7 +14,7 @@ from tokenizers.decoders import DecodeStream
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
-from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS
+from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError, UnsupportedArgumentError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -86,6 +86,32 @@ def test_spaces_between_special_tokens_changes_nothing_with_a_byte_level_tokeniz
     stream = DecodeStream(skip_special_tokens=False)
     assert "".join(filter(None, (stream.step(backend, i) for i in ids))) == tokenizer.decode(ids) == \
         "<|begin_of_text|><|eot|><|start|>assistant<|message|>hi<|eot|><|eom|><|patch|><|patch|>"
+
+
+@pytest.mark.parametrize(("name", "value", "advice"), [
+    ("disable_any_whitespace", True, "json.dumps"), ("whitespace_pattern", r"[ ]?", "json.dumps"),
+    ("disable_additional_properties", True, "additionalProperties"), ("structural_tag", "{}", "tools"),
+    ("backend", "xgrammar", "llguidance"), ("disable_fallback", "yes", "never falls back")])
+def test_a_vllm_structured_outputs_argument_glimmer_does_not_take_is_refused_with_what_to_do_instead(name, value,
+                                                                                                     advice):
+    """It was Python's bare `TypeError: __init__() got an unexpected keyword argument`."""
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        StructuredOutputsParams(json={}, **{name: value})
+    assert caught.value.param == name and advice in VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS[name].instead
+    assert str(caught.value) == f"{name}: an argument of vLLM's StructuredOutputsParams that Glimmer's does not " \
+                                f"take; {VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS[name].instead}"
+
+
+def test_vllm_structured_outputs_arguments_at_values_that_change_nothing_are_taken_and_dropped():
+    params = StructuredOutputsParams(json={}, disable_any_whitespace=False, whitespace_pattern=None,
+                                     disable_additional_properties=False, structural_tag=None, backend=None,
+                                     disable_fallback=True)
+    assert params == StructuredOutputsParams(json={})
+    assert vars(params).keys() == {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+    assert pickle.loads(pickle.dumps(params)) == dataclasses.replace(params) == params
+    assert StructuredOutputsParams("a+") == StructuredOutputsParams(json="a+")  # positional, as vLLM's
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'regex'"):
+        StructuredOutputsParams(regx="a+")
 
 
 def test_arguments_given_by_position_are_refused_saying_they_go_by_keyword():
