@@ -3,9 +3,11 @@ is submitted (the dataclass is mutable)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_ARGUMENTS,
@@ -34,8 +36,20 @@ LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty",
+                              "repetition_penalty")
+"""The arguments for which vLLM's `SamplingParams.from_optional` reads None as the default."""
 _NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
                   "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs")
+
+
+def _vllm_logit_bias(logit_bias: dict[Any, Any]) -> dict[Any, Any]:
+    """`logit_bias` as vLLM's `from_optional` reads it: an id string (OpenAI's keys) as its int, a bias clamped to
+    [-100, 100]; whatever is no id or no number (NaN included) is left for `validate` to refuse."""
+    low, high = LOGIT_BIAS_RANGE
+    return {int(token) if isinstance(token, str) and token.isdecimal() else token:
+            min(high, max(low, bias)) if isinstance(bias, numbers.Real) and not math.isnan(bias) else bias
+            for token, bias in logit_bias.items()}
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -207,6 +221,23 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @classmethod
+    def from_optional(cls, **arguments: Any) -> SamplingParams:
+        """vLLM's constructor for values that may be None (an OpenAI request's): None is the default for `n`,
+        `temperature`, `top_p` and the three penalties; `logit_bias` keys may be id strings (OpenAI's) and biases are
+        clamped to [-100, 100], as vLLM's does. The other arguments are taken as `SamplingParams(...)` takes them.
+        Raises what `SamplingParams(...)` raises."""
+        for name in _OPTIONAL_IN_FROM_OPTIONAL:
+            if name in arguments and arguments[name] is None:
+                del arguments[name]
+        if isinstance(arguments.get("logit_bias"), dict):
+            arguments["logit_bias"] = _vllm_logit_bias(arguments["logit_bias"])
+        return cls(**arguments)
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's `clone()`): changing it, its stop lists or its constraint leaves this one as it is."""
+        return copy.deepcopy(self)
 
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (run at construction and on submission). `stop` and

@@ -122,6 +122,30 @@ def test_arguments_given_by_position_are_refused_saying_they_go_by_keyword():
     assert SamplingParams(n=2).n == 2
 
 
+def test_clone_is_a_deep_copy():
+    """vLLM's SamplingParams.clone() was missing (an AttributeError)."""
+    params = SamplingParams(stop=["x"], logit_bias={3: 1.0}, structured_outputs=StructuredOutputsParams(choice=["a"]))
+    clone = params.clone()
+    assert clone == params and clone is not params
+    clone.stop.append("y")
+    clone.logit_bias[4] = 2.0
+    clone.structured_outputs.choice.append("b")
+    assert (params.stop, params.logit_bias, params.structured_outputs.choice) == (["x"], {3: 1.0}, ["a"])
+
+
+def test_from_optional_reads_none_as_the_default_and_logit_bias_as_vllm_does():
+    """vLLM's SamplingParams.from_optional was missing: None is the default for n, temperature, top_p and the
+    penalties; logit_bias keys may be id strings and biases are clamped to [-100, 100]."""
+    unset = dict.fromkeys(("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"))
+    params = SamplingParams.from_optional(**unset, max_tokens=None, stop=None, detokenize=True,
+                                          logit_bias={"5": 150, 7: -1e9, 8: float("-inf"), 9: 0.5})
+    assert params == SamplingParams(max_tokens=None, logit_bias={5: 100.0, 7: -100.0, 8: -100.0, 9: 0.5})
+    assert SamplingParams.from_optional(temperature=0, n=2, top_k=5) == SamplingParams(temperature=0, n=2, top_k=5)
+    _refused(lambda: SamplingParams.from_optional(logit_bias={"x": 1.0}), "logit_bias")
+    _refused(lambda: SamplingParams.from_optional(logit_bias={5: float("nan")}), "logit_bias")
+    _refused(lambda: SamplingParams.from_optional(top_k=None), "top_k")  # None is no default there in vLLM either
+
+
 def test_no_argument_refused_as_vllm_only_is_one_glimmer_takes():
     assert not set(VLLM_ONLY_ARGUMENTS) & {f.name for f in dataclasses.fields(SamplingParams)}
 
