@@ -38,6 +38,16 @@ def _best_of_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
     return value is None or (type(value) is int and value in (1, given.get("n", 1)))
 
 
+def _stream_interval_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    return value is None or (type(value) is int and value >= 1)
+
+
+def _prefix_cache_reading_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None (vLLM skips the cache for prompt_logprobs), or the same choice: Glimmer computes a prompt with
+    prompt_logprobs in full and reads every other from the prefix cache."""
+    return value is None or (type(value) is bool and value == (given.get("prompt_logprobs") is not None))
+
+
 VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "best_of": VllmArgument(_best_of_changes_nothing, (
         "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
@@ -73,6 +83,37 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
         "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever output_kind "
         "says), so any value changes nothing")),
     "extra_args": VllmArgument(only(None, {}), "not supported (it carries arguments to vLLM plugins); leave it out"),
+    "thinking_token_budget": VllmArgument(only(None, -1), (
+        "in Glimmer an argument of LLM.chat, which bounds the reasoning of a chat reply: LLM.chat(messages, "
+        "sampling_params, thinking_token_budget=N)")),
+    "logprob_token_ids": VllmArgument(only(None), (
+        "not supported; logprobs=k gives the k most likely tokens' logprobs (k <= 20); to score given tokens after a "
+        "prompt, end the prompt with each: llm.generate({'prompt_token_ids': ids + [token_id]}, "
+        "SamplingParams(max_tokens=0, prompt_logprobs=0))[0].prompt_logprobs[-1].logprob")),
+    "prompt_logprob_token_ids": VllmArgument(only(None), (
+        "not supported; prompt_logprobs=k gives each prompt token's own logprob and the k most likely at its "
+        "position (RequestOutput.prompt_logprobs)")),
+    "prompt_logprob_start": VllmArgument(only(None, 0), "not supported; prompt_logprobs scores every prompt token: "
+                                                        "slice RequestOutput.prompt_logprobs"),
+    "flat_logprobs": VllmArgument(only(False), (
+        "Glimmer's logprobs are one flat list already, a TokenLogprobs(token_id, logprob, top, rank) per token, not "
+        "vLLM's FlatLogprobs; leave it out")),
+    "repetition_detection": VllmArgument(only(None), (
+        "not supported (vLLM ends a completion that repeats an N-gram); bound the length with max_tokens, or "
+        "discourage repeats with repetition_penalty or frequency_penalty")),
+    "stream_interval": VllmArgument(_stream_interval_changes_nothing, (
+        "LLM.generate and LLM.chat return each request's final output, not a stream, so None or any interval "
+        ">= 1 changes nothing; leave it out")),
+    "skip_clone": VllmArgument(only(False), ("an internal flag of vLLM that makes clone() a shallow copy; Glimmer's "
+                                             "clone() always copies deeply; leave it out")),
+    "skip_reading_prefix_cache": VllmArgument(_prefix_cache_reading_changes_nothing, (
+        "not supported; Glimmer reads a prompt from the prefix cache unless prompt_logprobs is set (vLLM's default, "
+        "None); a cache_salt of the request's own keeps it off the blocks other requests cached")),
+    "routed_experts_prompt_start": VllmArgument(only(0), ("Glimmer returns no expert routing (vLLM's "
+                                                          "enable_return_routed_experts); leave it out")),
+    "trace_decode_token_ids": VllmArgument(only(None), (
+        "not supported (vLLM emits these tokens instead of sampling); to score given tokens, end the prompt with "
+        "them: llm.generate({'prompt_token_ids': ids + tokens}, SamplingParams(max_tokens=0, prompt_logprobs=0))")),
 }
 """Arguments of vLLM's SamplingParams that Glimmer's does not take. The ones it shares with vLLM
 (`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are its fields."""

@@ -48,10 +48,18 @@ def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     ("bad_words", ["x"], "logit_bias"), ("truncate_prompt_tokens", 8, "prompt_token_ids"),
     ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", "no", "no spaces"),
     ("extra_args", {"plugin": 1}, "plugins"), ("use_beam_search", True, "beam search"),
-    ("length_penalty", 0.5, "beam search"), ("early_stopping", True, "beam search")])
+    ("length_penalty", 0.5, "beam search"), ("early_stopping", True, "beam search"),
+    ("thinking_token_budget", 64, "LLM.chat(messages, sampling_params, thinking_token_budget=N)"),
+    ("logprob_token_ids", [5], "prompt_logprobs=0"), ("prompt_logprob_token_ids", [5], "prompt_logprobs=k"),
+    ("prompt_logprob_start", 3, "slice"), ("flat_logprobs", True, "TokenLogprobs"),
+    ("repetition_detection", object(), "repetition_penalty"), ("stream_interval", 0, "final output"),
+    ("skip_clone", True, "deeply"), ("skip_reading_prefix_cache", True, "cache_salt"),
+    ("routed_experts_prompt_start", 4, "expert routing"), ("trace_decode_token_ids", [5], "prompt_logprobs=0")])
 def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instead(name, value, advice):
     """It was Python's bare `TypeError: __init__() got an unexpected keyword argument`; it is still a TypeError, and
-    a RequestError naming the argument like the errors about the values of the arguments SamplingParams takes."""
+    a RequestError naming the argument like the errors about the values of the arguments SamplingParams takes. vLLM's
+    newer arguments were "did you mean" a field of a similar name (logprob_token_ids: 'stop_token_ids',
+    repetition_detection: 'repetition_penalty') or named no way at all (thinking_token_budget: LLM.chat's)."""
     with pytest.raises(UnsupportedArgumentError) as caught:
         SamplingParams(temperature=0, **{name: value})
     assert isinstance(caught.value, TypeError) and isinstance(caught.value, RequestError)
@@ -66,12 +74,18 @@ def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instea
     {"logits_processors": []}, {"allowed_token_ids": None}, {"bad_words": None}, {"bad_words": []},
     {"detokenize": True}, {"spaces_between_special_tokens": True}, {"spaces_between_special_tokens": False},
     {"truncate_prompt_tokens": None}, {"output_kind": 2}, {"output_kind": None}, {"extra_args": None},
-    {"extra_args": {}}])
+    {"extra_args": {}}, {"thinking_token_budget": None}, {"thinking_token_budget": -1}, {"logprob_token_ids": None},
+    {"prompt_logprob_token_ids": None}, {"prompt_logprob_start": 0}, {"flat_logprobs": False},
+    {"repetition_detection": None}, {"stream_interval": None}, {"stream_interval": 4}, {"skip_clone": False},
+    {"skip_reading_prefix_cache": None}, {"skip_reading_prefix_cache": False},
+    {"prompt_logprobs": 1, "skip_reading_prefix_cache": True}, {"routed_experts_prompt_start": 0},
+    {"trace_decode_token_ids": None}])
 def test_a_vllm_argument_at_a_value_that_changes_nothing_is_taken_and_dropped(arguments):
     """A vLLM script passing vLLM's defaults (best_of=None, detokenize=True, ...) was refused. They are taken and
     dropped: the params equal those without them, and replace, copy and pickle see Glimmer's fields alone."""
+    names = {f.name for f in dataclasses.fields(SamplingParams)}
     params = SamplingParams(temperature=0.5, **arguments)
-    assert params == SamplingParams(temperature=0.5, n=arguments.get("n", 1))
+    assert params == SamplingParams(temperature=0.5, **{k: v for k, v in arguments.items() if k in names})
     assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
     assert pickle.loads(pickle.dumps(params)) == dataclasses.replace(params) == copy.deepcopy(params) == params
 
@@ -112,6 +126,16 @@ def test_vllm_structured_outputs_arguments_at_values_that_change_nothing_are_tak
     assert StructuredOutputsParams("a+") == StructuredOutputsParams(json="a+")  # positional, as vLLM's
     with pytest.raises(UnsupportedArgumentError, match="did you mean 'regex'"):
         StructuredOutputsParams(regx="a+")
+
+
+def test_a_token_scored_at_the_end_of_the_prompt_has_the_logprob_generation_gives_it(llm):
+    """What the refusal of logprob_token_ids and trace_decode_token_ids advises gives the logprob they would."""
+    ids = llm.get_tokenizer().encode("Hello the")
+    generated = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, logprobs=0))
+    first = generated[0].outputs[0].logprobs[0]
+    scored = llm.generate({"prompt_token_ids": ids + [first.token_id]}, SamplingParams(max_tokens=0, prompt_logprobs=0))
+    assert scored[0].prompt_logprobs[-1].token_id == first.token_id
+    assert scored[0].prompt_logprobs[-1].logprob == pytest.approx(first.logprob, abs=1e-4)
 
 
 def test_arguments_given_by_position_are_refused_saying_they_go_by_keyword():
