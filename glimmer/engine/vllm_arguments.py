@@ -20,11 +20,13 @@ Shaped = TypeVar("Shaped", bound=type)
 
 @dataclass(frozen=True)
 class VllmArgument:
+    """One of vLLM's arguments: which of its values change nothing here, and what to do instead of the others."""
+
     changes_nothing: ChangesNothing
     instead: str
 
 
-def only(*values: object) -> ChangesNothing:
+def _only(*values: object) -> ChangesNothing:
     """Changes nothing at these values alone, compared with their type (True is not 1, nor 0 False)."""
     return lambda value, given: any(type(value) is type(expected) and value == expected for expected in values)
 
@@ -52,66 +54,66 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "best_of": VllmArgument(_best_of_changes_nothing, (
         "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
         "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob")),
-    "use_beam_search": VllmArgument(only(False), "beam search is not supported; leave it out (temperature=0 "
+    "use_beam_search": VllmArgument(_only(False), "beam search is not supported; leave it out (temperature=0 "
                                                  "decodes greedily)"),
-    "length_penalty": VllmArgument(only(1.0, 1), "an option of beam search, which is not supported; leave it out"),
-    "early_stopping": VllmArgument(only(False), "an option of beam search, which is not supported; leave it out"),
-    "guided_decoding": VllmArgument(only(None), (
+    "length_penalty": VllmArgument(_only(1.0, 1), "an option of beam search, which is not supported; leave it out"),
+    "early_stopping": VllmArgument(_only(False), "an option of beam search, which is not supported; leave it out"),
+    "guided_decoding": VllmArgument(_only(None), (
         "pass it under vLLM's newer name, structured_outputs=StructuredOutputsParams(...), which takes "
         "GuidedDecodingParams' json, regex, choice, grammar or json_object")),
-    "logits_processors": VllmArgument(only(None, []), (
+    "logits_processors": VllmArgument(_only(None, []), (
         "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} biases tokens, "
         "structured_outputs constrains the text")),
-    "allowed_token_ids": VllmArgument(only(None), (
+    "allowed_token_ids": VllmArgument(_only(None), (
         "not supported; constrain the text with structured_outputs (choice, regex or grammar), or ban single tokens "
         "with logit_bias={token_id: -100}")),
-    "bad_words": VllmArgument(only(None, []), (
+    "bad_words": VllmArgument(_only(None, []), (
         "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in that word), or "
         "constrain the text with structured_outputs")),
-    "detokenize": VllmArgument(only(True), "Glimmer always detokenizes (each CompletionOutput has its text and its "
+    "detokenize": VllmArgument(_only(True), "Glimmer always detokenizes (each CompletionOutput has its text and its "
                                            "token_ids); leave it out"),
     # Glimmer's text never has spaces between special tokens (P-REQ-1: vLLM's False); vLLM's True adds none either
     # with a fast tokenizer (every Muse checkpoint's tokenizer.json), whose decoder alone spaces tokens: byte-level
     # BPE puts nothing between them
-    "spaces_between_special_tokens": VllmArgument(only(True, False), (
+    "spaces_between_special_tokens": VllmArgument(_only(True, False), (
         "True or False alone, and either changes nothing (Glimmer's text has no spaces between special tokens, as "
         "vLLM's has none with a byte-level tokenizer as Muse's); leave it out")),
-    "truncate_prompt_tokens": VllmArgument(only(None), (
+    "truncate_prompt_tokens": VllmArgument(_only(None), (
         "not supported; keep a prompt's last k tokens yourself: generate({'prompt_token_ids': ids[-k:]}) with "
         "ids = llm.get_tokenizer().encode(text)")),
     "output_kind": VllmArgument(_any_value, (
         "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever output_kind "
         "says), so any value changes nothing")),
-    "extra_args": VllmArgument(only(None, {}), "not supported (it carries arguments to vLLM plugins); leave it out"),
-    "thinking_token_budget": VllmArgument(only(None, -1), (
+    "extra_args": VllmArgument(_only(None, {}), "not supported (it carries arguments to vLLM plugins); leave it out"),
+    "thinking_token_budget": VllmArgument(_only(None, -1), (
         "in Glimmer an argument of LLM.chat, which bounds the reasoning of a chat reply: LLM.chat(messages, "
         "sampling_params, thinking_token_budget=N)")),
-    "logprob_token_ids": VllmArgument(only(None), (
+    "logprob_token_ids": VllmArgument(_only(None), (
         "not supported; logprobs=k gives the k most likely tokens' logprobs (k <= 20); to score given tokens after a "
         "prompt, end the prompt with each: llm.generate({'prompt_token_ids': ids + [token_id]}, "
         "SamplingParams(max_tokens=0, prompt_logprobs=0))[0].prompt_logprobs[-1].logprob")),
-    "prompt_logprob_token_ids": VllmArgument(only(None), (
+    "prompt_logprob_token_ids": VllmArgument(_only(None), (
         "not supported; prompt_logprobs=k gives each prompt token's own logprob and the k most likely at its "
         "position (RequestOutput.prompt_logprobs)")),
-    "prompt_logprob_start": VllmArgument(only(None, 0), "not supported; prompt_logprobs scores every prompt token: "
+    "prompt_logprob_start": VllmArgument(_only(None, 0), "not supported; prompt_logprobs scores every prompt token: "
                                                         "slice RequestOutput.prompt_logprobs"),
-    "flat_logprobs": VllmArgument(only(False), (
+    "flat_logprobs": VllmArgument(_only(False), (
         "Glimmer's logprobs are one flat list already, a TokenLogprobs(token_id, logprob, top, rank) per token, not "
         "vLLM's FlatLogprobs; leave it out")),
-    "repetition_detection": VllmArgument(only(None), (
+    "repetition_detection": VllmArgument(_only(None), (
         "not supported (vLLM ends a completion that repeats an N-gram); bound the length with max_tokens, or "
         "discourage repeats with repetition_penalty or frequency_penalty")),
     "stream_interval": VllmArgument(_stream_interval_changes_nothing, (
         "LLM.generate and LLM.chat return each request's final output, not a stream, so None or any interval "
         ">= 1 changes nothing; leave it out")),
-    "skip_clone": VllmArgument(only(False), ("an internal flag of vLLM that makes clone() a shallow copy; Glimmer's "
+    "skip_clone": VllmArgument(_only(False), ("an internal flag of vLLM that makes clone() a shallow copy; Glimmer's "
                                              "clone() always copies deeply; leave it out")),
     "skip_reading_prefix_cache": VllmArgument(_prefix_cache_reading_changes_nothing, (
         "not supported; Glimmer reads a prompt from the prefix cache unless prompt_logprobs is set (vLLM's default, "
         "None); a cache_salt of the request's own keeps it off the blocks other requests cached")),
-    "routed_experts_prompt_start": VllmArgument(only(0), ("Glimmer returns no expert routing (vLLM's "
+    "routed_experts_prompt_start": VllmArgument(_only(0), ("Glimmer returns no expert routing (vLLM's "
                                                           "enable_return_routed_experts); leave it out")),
-    "trace_decode_token_ids": VllmArgument(only(None), (
+    "trace_decode_token_ids": VllmArgument(_only(None), (
         "not supported (vLLM emits these tokens instead of sampling); to score given tokens, end the prompt with "
         "them: llm.generate({'prompt_token_ids': ids + tokens}, SamplingParams(max_tokens=0, prompt_logprobs=0))")),
 }
@@ -122,17 +124,17 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
 _JSON_LAYOUT = ("not supported: Glimmer lays JSON out as json.dumps writes it (', ' and ': ', no other whitespace) "
                 "whatever the schema; leave it out")
 VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
-    "disable_any_whitespace": VllmArgument(only(False), _JSON_LAYOUT),
-    "whitespace_pattern": VllmArgument(only(None), _JSON_LAYOUT),
-    "disable_additional_properties": VllmArgument(only(False), (
+    "disable_any_whitespace": VllmArgument(_only(False), _JSON_LAYOUT),
+    "whitespace_pattern": VllmArgument(_only(None), _JSON_LAYOUT),
+    "disable_additional_properties": VllmArgument(_only(False), (
         "not supported; write \"additionalProperties\": false into the schema's objects")),
-    "structural_tag": VllmArgument(only(None), (
+    "structural_tag": VllmArgument(_only(None), (
         "not supported; for tool calls declare the tools (LLM.chat(..., tools=..., tool_choice='required')), whose "
         "calls are then valid by construction; for other text give json, regex, choice or grammar")),
     # vLLM's GuidedDecodingParams', which structured_outputs replaces (see guided_decoding above)
-    "backend": VllmArgument(only(None), ("Glimmer compiles every constraint with llguidance (vLLM's 'guidance' "
+    "backend": VllmArgument(_only(None), ("Glimmer compiles every constraint with llguidance (vLLM's 'guidance' "
                                          "backend) and has no other; leave it out")),
-    "disable_fallback": VllmArgument(only(True, False), (
+    "disable_fallback": VllmArgument(_only(True, False), (
         "True or False alone, and either changes nothing (Glimmer has one grammar engine and never falls back to "
         "another: a schema it cannot compile is refused); leave it out")),
 }
