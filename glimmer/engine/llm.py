@@ -63,6 +63,9 @@ _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")  # resolved, not passed on
 _RENDERING_ARGUMENTS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
 """`LLM.chat`'s arguments that vLLM's `LLM.chat` also reads from `chat_template_kwargs`; no template variables."""
+_NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
+"""The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
+and mask a Muse tokenizer has none of, and Glimmer does not read)."""
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
 """What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
 final message's `recipient`), a reasoning field the reasoning."""
@@ -486,8 +489,9 @@ class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
     `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
     unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
-    with the checkpoint's template exactly as `LLM.chat` does. Other attributes (`bos_token_id`, `eos_token_id`,
-    `pad_token_id`, `token_to_id`, `all_special_ids`, ...) are the `Tokenizer`'s."""
+    with the checkpoint's template exactly as `LLM.chat` does, and `all_special_ids` are transformers' (the named
+    tokens). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`, `token_to_id`, ...) are the
+    `Tokenizer`'s."""
 
     def __init__(self, llm: LLM):
         self._llm = llm
@@ -508,6 +512,20 @@ class LLMTokenizer:
         """Tokens of the base vocabulary, without the added ones (transformers' `vocab_size`); `len()` counts all."""
         return self.tokenizer.base_vocab_size
 
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens the checkpoint sets (bos, eos, unk, pad), each once, in transformers' order: its
+        `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
+        tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)` leaves out as
+        transformers' does, is in `tokenizer.all_special_ids`."""
+        named = (getattr(self.tokenizer, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        return list(dict.fromkeys(token for token in named if token is not None))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        """The ids of `all_special_tokens` (transformers' `all_special_ids`): what `convert_ids_to_tokens` skips."""
+        return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
         if not isinstance(text, str):
@@ -527,41 +545,49 @@ class LLMTokenizer:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return [self.tokenizer.id_to_token(i) for i in ids]
 
-    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]],
-               skip_special_tokens: bool = False) -> str | list[str]:
+    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None) -> str | list[str]:
         """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
-        list of id lists, or a 2-D array or tensor), as transformers 5's `decode`; `skip_special_tokens` leaves out
-        every special token (`all_special_ids`). Raises TypeError naming `LLMTokenizer.decode` for anything else."""
-        return self._decode_any(ids, skip_special_tokens, "LLMTokenizer.decode()")
+        list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), as transformers 5's `decode`, which
+        tells a batch by its first item once arrays and tensors are lists; `skip_special_tokens` leaves out every
+        token flagged special (`tokenizer.all_special_ids`: framing and media tokens too, as transformers' decode).
+        `clean_up_tokenization_spaces` has transformers 5's meaning (None: the tokenizer config's default, False for
+        Muse), which leaves the text of a BPE tokenizer, as Muse's, as it is: True changes nothing unless
+        tokenizer_config.json sets `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`.
+        Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        return self._decode_any(ids, skip_special_tokens, clean_up_tokenization_spaces, "LLMTokenizer.decode()")
 
-    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False) -> list[str]:
+    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None) -> list[str]:
         """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
         sequence gives a list of its text (as transformers 5's `batch_decode`)."""
-        texts = self._decode_any(sequences, skip_special_tokens, "LLMTokenizer.batch_decode()")
+        texts = self._decode_any(sequences, skip_special_tokens, clean_up_tokenization_spaces,
+                                 "LLMTokenizer.batch_decode()")
         return [texts] if isinstance(texts, str) else texts
 
-    def _decode_any(self, ids: Any, skip_special_tokens: bool, call: str) -> str | list[str]:
-        if hasattr(ids, "tolist"):  # a NumPy array or a torch tensor
-            ids = ids.tolist()
-        if isinstance(ids, list | tuple) and ids and isinstance(ids[0], list | tuple):
-            return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens)
-                    for index, sequence in enumerate(ids)]
-        return self._decode(_token_id_list(ids, call), skip_special_tokens)
+    def _decode_any(self, ids: Any, skip_special_tokens: bool, clean_up: bool | None, call: str) -> str | list[str]:
+        ids = _python_ids(ids)
+        # one sequence or a batch, as transformers 5 tells them: by the first item alone
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            return [self._decode(_token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens,
+                                 clean_up) for index, sequence in enumerate(ids)]
+        return self._decode(_token_id_list(ids, call), skip_special_tokens, clean_up)
 
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+    def _decode(self, ids: list[int], skip_special_tokens: bool, clean_up: bool | None) -> str:
         if skip_special_tokens:
             special = set(self.tokenizer.all_special_ids)
             ids = [i for i in ids if i not in special]
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.cleaned_up_as_transformers(self.tokenizer.decode(ids), clean_up)
 
     def convert_ids_to_tokens(self, ids: int | SequenceABC[int],
                               skip_special_tokens: bool = False) -> str | None | list[str | None]:
-        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, special ones left
-        out with `skip_special_tokens` (as transformers' call)."""
+        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, those of
+        `all_special_ids` (the named tokens, not the framing) left out with `skip_special_tokens`, as transformers'
+        call (unlike its `decode`, which leaves out every token flagged special)."""
         id_list = _token_id_list(ids, "LLMTokenizer.convert_ids_to_tokens()")
         if _is_token_id(ids):
             return self.tokenizer.id_to_token(id_list[0])
-        special = set(self.tokenizer.all_special_ids) if skip_special_tokens else set()
+        special = set(self.all_special_ids) if skip_special_tokens else set()
         return [self.tokenizer.id_to_token(i) for i in id_list if i not in special]
 
     def convert_tokens_to_ids(self, tokens: str | SequenceABC[str]) -> int | None | list[int | None]:
@@ -683,6 +709,18 @@ def _is_single_prompt(prompts: object) -> bool:
     """Whether `generate` was given one prompt (a string, a prompt dict or one list of token ids), not a list."""
     return isinstance(prompts, str | dict) or (
         isinstance(prompts, list | tuple) and bool(prompts) and all(map(_is_token_id, prompts)))
+
+
+def _python_ids(ids: Any) -> Any:
+    """`ids` with each NumPy array or scalar and torch tensor in it, at any depth of lists and tuples, as the Python
+    int or lists it holds, and tuples as lists: what transformers 5's `decode` converts (its `to_py_obj`) before it
+    tells one sequence from a batch, so that a list of 1-element tensors (`list(torch.tensor([[300], [301]]))`) is a
+    batch of two sequences, as there, and a list of 1-D arrays a batch too."""
+    if hasattr(ids, "tolist"):
+        return ids.tolist()
+    if isinstance(ids, list | tuple):
+        return [_python_ids(item) for item in ids]
+    return ids
 
 
 def _token_id_list(ids: Any, call: str) -> list[int]:

@@ -3,13 +3,18 @@ is submitted (the dataclass is mutable)."""
 
 from __future__ import annotations
 
-import difflib
+import copy
 import math
 import numbers
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from glimmer.errors import RequestError, UnsupportedArgumentError
+from glimmer.engine.vllm_arguments import (
+    VLLM_ONLY_ARGUMENTS,
+    VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS,
+    takes_vllm_arguments,
+)
+from glimmer.errors import RequestError
 
 MAX_LOGPROBS = 20
 MAX_N = 16384
@@ -30,51 +35,21 @@ SEED_RANGE = (-(2**63), 2**64)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
-VLLM_ONLY_ARGUMENTS: dict[str, str] = {
-    "best_of": "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
-               "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob",
-    "use_beam_search": "beam search is not supported; leave it out (temperature=0 decodes greedily)",
-    "length_penalty": "an option of beam search, which is not supported; leave it out",
-    "early_stopping": "an option of beam search, which is not supported; leave it out",
-    "guided_decoding": "pass it under vLLM's newer name, structured_outputs=StructuredOutputsParams(...), which "
-                       "takes GuidedDecodingParams' json, regex, choice, grammar or json_object",
-    "logits_processors": "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} "
-                         "biases tokens, structured_outputs constrains the text",
-    "allowed_token_ids": "not supported; constrain the text with structured_outputs (choice, regex or grammar), or "
-                         "ban single tokens with logit_bias={token_id: -100}",
-    "bad_words": "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in "
-                 "that word), or constrain the text with structured_outputs",
-    "detokenize": "Glimmer always detokenizes (each CompletionOutput has its text and its token_ids); leave it out",
-    "spaces_between_special_tokens": "Glimmer never puts spaces between special tokens (vLLM's "
-                                     "spaces_between_special_tokens=False); leave it out",
-    "truncate_prompt_tokens": "not supported; keep a prompt's last k tokens yourself: "
-                              "generate({'prompt_token_ids': ids[-k:]}) with ids = llm.get_tokenizer().encode(text)",
-    "output_kind": "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever "
-                   "output_kind says); leave it out",
-    "extra_args": "not supported (it carries arguments to vLLM plugins); leave it out",
-}
-"""Arguments of vLLM's SamplingParams that Glimmer's does not take, each with what to do instead. The ones it
-shares with vLLM (`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are
-its fields."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty",
+                              "repetition_penalty")
+"""The arguments for which vLLM's `SamplingParams.from_optional` reads None as the default."""
 _NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
                   "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs")
 
 
-def _refuse_unknown_arguments(kwargs: dict[str, Any]) -> None:
-    """UnsupportedArgumentError naming the first keyword argument that is no SamplingParams field: with Glimmer's
-    way to do it for one of vLLM's (`VLLM_ONLY_ARGUMENTS`), with the closest field for a misspelled one."""
-    known = [f.name for f in fields(SamplingParams)]
-    for name in kwargs:
-        if name in known:
-            continue
-        if name in VLLM_ONLY_ARGUMENTS:
-            raise UnsupportedArgumentError(f"{name}: an argument of vLLM's SamplingParams that Glimmer's "
-                                           f"does not take; {VLLM_ONLY_ARGUMENTS[name]}", param=name)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UnsupportedArgumentError(f"{name}: SamplingParams has no argument {name!r}; {hint}its arguments are "
-                                       f"{', '.join(known)}", param=name)
+def _vllm_logit_bias(logit_bias: dict[Any, Any]) -> dict[Any, Any]:
+    """`logit_bias` as vLLM's `from_optional` reads it: an id string (OpenAI's keys) as its int, a bias clamped to
+    [-100, 100]; whatever is no id or no number (NaN included) is left for `validate` to refuse."""
+    low, high = LOGIT_BIAS_RANGE
+    return {int(token) if isinstance(token, str) and token.isdecimal() else token:
+            min(high, max(low, bias)) if isinstance(bias, numbers.Real) and not math.isnan(bias) else bias
+            for token, bias in logit_bias.items()}
 
 
 def _check(condition: bool, param: str, message: str) -> None:
@@ -98,6 +73,7 @@ def _plain_number(value: object) -> object:
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
+@takes_vllm_arguments(VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS)
 @dataclass
 class StructuredOutputsParams:
     """What the generated text must be, in vLLM's shape: exactly one of the constraints.
@@ -185,9 +161,10 @@ class StructuredOutputsParams:
         return cls(json=schema, strict=strict is True)
 
 
-@dataclass
+@takes_vllm_arguments(VLLM_ONLY_ARGUMENTS)
+@dataclass(kw_only=True)
 class SamplingParams:
-    """How to pick tokens and when to stop.
+    """How to pick tokens and when to stop. Its arguments are keyword-only (vLLM's first is `n`, not `temperature`).
 
     temperature: 0 means greedy (argmax), as does any temperature below 1e-5; otherwise logits are divided by
         it before sampling.
@@ -242,13 +219,25 @@ class SamplingParams:
     skip_special_tokens: bool | None = None
     logit_bias: dict[int, float] | None = None
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
-        # before the dataclass' __init__ would raise Python's bare "unexpected keyword argument"
-        _refuse_unknown_arguments(kwargs)
-        return super().__new__(cls)
-
     def __post_init__(self) -> None:
         self.validate()
+
+    @classmethod
+    def from_optional(cls, **arguments: Any) -> SamplingParams:
+        """vLLM's constructor for values that may be None (an OpenAI request's): None is the default for `n`,
+        `temperature`, `top_p` and the three penalties; `logit_bias` keys may be id strings (OpenAI's) and biases are
+        clamped to [-100, 100], as vLLM's does. The other arguments are taken as `SamplingParams(...)` takes them.
+        Raises what `SamplingParams(...)` raises."""
+        for name in _OPTIONAL_IN_FROM_OPTIONAL:
+            if name in arguments and arguments[name] is None:
+                del arguments[name]
+        if isinstance(arguments.get("logit_bias"), dict):
+            arguments["logit_bias"] = _vllm_logit_bias(arguments["logit_bias"])
+        return cls(**arguments)
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's `clone()`): changing it, its stop lists or its constraint leaves this one as it is."""
+        return copy.deepcopy(self)
 
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (run at construction and on submission). `stop` and

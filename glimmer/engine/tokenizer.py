@@ -15,6 +15,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,6 +39,19 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # the named special tokens a chat template may use, in the order transformers passes them
 TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
+TOKENIZATION_SPACES = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                       (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+"""transformers' `clean_up_tokenization`: each replacement in turn, designed for WordPiece text."""
+
+
+@dataclass(frozen=True)
+class CleanUpSettings:
+    """tokenizer_config.json's `clean_up_tokenization_spaces` (transformers' `decode` default) and
+    `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output` (without it transformers 5 never
+    cleans up a BPE tokenizer's text); both False when the file leaves them out, as there."""
+
+    by_default: bool = False
+    even_for_bpe: bool = False
 
 
 def load_checkpoint_tokenizer(opened: OpenedCheckpoint, config: ModelConfig) -> Tokenizer:
@@ -96,10 +110,12 @@ def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], nam
 class Tokenizer:
     """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
 
-    def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path):
+    def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path,
+                 clean_up: CleanUpSettings = CleanUpSettings()):
         self._backend = backend
         self._named_tokens = named_tokens
         self.tokenizer_file = tokenizer_file
+        self._clean_up = clean_up
         self._byte_level_decode = _ByteLevelInverse.for_backend(backend)
         self._token_bytes_cache: dict[int, bytes] = {}
 
@@ -129,7 +145,7 @@ class Tokenizer:
                     f"{directory}) is not a token of {tokenizer_file}; the files do not belong together"
                 )
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
-        tokenizer = cls(backend, named_tokens, tokenizer_file)
+        tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(directory))
         logger.info(
             "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
             tokenizer_file,
@@ -240,6 +256,18 @@ class Tokenizer:
         """
         return self._backend.decode(list(ids), skip_special_tokens=False)
 
+    def cleaned_up_as_transformers(self, text: str, clean_up_tokenization_spaces: bool | None) -> str:
+        """`text` (decoded) as transformers 5's `decode(..., clean_up_tokenization_spaces=...)` leaves it: cleaned of
+        the spaces before punctuation and contractions (`TOKENIZATION_SPACES`) when asked, or by tokenizer_config's
+        default when None, except for a BPE model (every Muse tokenizer), whose text transformers leaves as it is
+        (the clean-up would strip spaces the text holds) unless the config forces it."""
+        wanted = self._clean_up.by_default if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
+        if not wanted or (type(self._backend.model).__name__ == "BPE" and not self._clean_up.even_for_bpe):
+            return text
+        for spaced, joined in TOKENIZATION_SPACES:
+            text = text.replace(spaced, joined)
+        return text
+
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
@@ -314,8 +342,9 @@ class Tokenizer:
     def all_special_ids(self) -> tuple[int, ...]:
         """Ids of every added token flagged special in tokenizer.json, ascending.
 
-        This is the set `skip_special_tokens` would drop, wider than transformers' `all_special_ids`
-        (named tokens only): for Muse it includes the framing and media tokens and the reserved ones.
+        This is the set `skip_special_tokens` would drop (as transformers' `decode` drops them), wider than
+        transformers' `all_special_ids` (named tokens only, `LLMTokenizer.all_special_ids`): for Muse it includes the
+        framing and media tokens and the reserved ones.
         """
         decoder = self._backend.get_added_tokens_decoder()
         return tuple(sorted(token_id for token_id, added in decoder.items() if added.special))
@@ -416,6 +445,13 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
             if name not in named and config.get(name) is not None:
                 named[name] = _token_content(config[name], directory / filename, name)
     return named
+
+
+def _read_clean_up_settings(directory: Path) -> CleanUpSettings:
+    """The decode clean-up fields of tokenizer_config.json, read as transformers reads them (for their truth)."""
+    config = read_json_object(directory / TOKENIZER_CONFIG_FILE, error=CheckpointError) or {}
+    return CleanUpSettings(bool(config.get("clean_up_tokenization_spaces")),
+                           bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
 
 
 def _token_content(value: object, path: Path, name: str) -> str:

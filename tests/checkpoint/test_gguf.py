@@ -108,7 +108,7 @@ def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_che
             assert rebuilt.encode(text, add_special_tokens=add_special) == ids
             assert rebuilt.decode(ids) == expected.decode(ids)
     assert rebuilt.vocab_size == expected.vocab_size
-    assert rebuilt.all_special_ids == expected.all_special_ids
+    assert rebuilt.tokenizer.all_special_ids == expected.all_special_ids
     assert rebuilt.special_tokens == expected.special_tokens
     assert [rebuilt.token_bytes(i) for i in range(expected.vocab_size)] == \
         [expected.token_bytes(i) for i in range(expected.vocab_size)]

@@ -3,13 +3,18 @@ never an internal exception, a hang or a silent wrong answer; and the engine is 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
-from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE, VLLM_ONLY_ARGUMENTS
+from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
+from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError, UnsupportedArgumentError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -37,20 +42,132 @@ def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
 
 
 @pytest.mark.parametrize(("name", "value", "advice"), [
-    ("best_of", 4, "cumulative_logprob"), ("guided_decoding", None, "structured_outputs=StructuredOutputsParams"),
-    ("logits_processors", [], "logit_bias"), ("allowed_token_ids", [5], "structured_outputs"),
+    ("best_of", 4, "cumulative_logprob"),
+    ("guided_decoding", {"json": {}}, "structured_outputs=StructuredOutputsParams"),
+    ("logits_processors", [print], "logit_bias"), ("allowed_token_ids", [5], "structured_outputs"),
     ("bad_words", ["x"], "logit_bias"), ("truncate_prompt_tokens", 8, "prompt_token_ids"),
-    ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", True, "never puts spaces"),
-    ("output_kind", 2, "final output"), ("use_beam_search", True, "beam search")])
+    ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", "no", "no spaces"),
+    ("extra_args", {"plugin": 1}, "plugins"), ("use_beam_search", True, "beam search"),
+    ("length_penalty", 0.5, "beam search"), ("early_stopping", True, "beam search"),
+    ("thinking_token_budget", 64, "LLM.chat(messages, sampling_params, thinking_token_budget=N)"),
+    ("logprob_token_ids", [5], "prompt_logprobs=0"), ("prompt_logprob_token_ids", [5], "prompt_logprobs=k"),
+    ("prompt_logprob_start", 3, "slice"), ("flat_logprobs", True, "TokenLogprobs"),
+    ("repetition_detection", object(), "repetition_penalty"), ("stream_interval", 0, "final output"),
+    ("skip_clone", True, "deeply"), ("skip_reading_prefix_cache", True, "cache_salt"),
+    ("routed_experts_prompt_start", 4, "expert routing"), ("trace_decode_token_ids", [5], "prompt_logprobs=0")])
 def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instead(name, value, advice):
     """It was Python's bare `TypeError: __init__() got an unexpected keyword argument`; it is still a TypeError, and
-    a RequestError naming the argument like the errors about the values of the arguments SamplingParams takes."""
+    a RequestError naming the argument like the errors about the values of the arguments SamplingParams takes. vLLM's
+    newer arguments were "did you mean" a field of a similar name (logprob_token_ids: 'stop_token_ids',
+    repetition_detection: 'repetition_penalty') or named no way at all (thinking_token_budget: LLM.chat's)."""
     with pytest.raises(UnsupportedArgumentError) as caught:
         SamplingParams(temperature=0, **{name: value})
     assert isinstance(caught.value, TypeError) and isinstance(caught.value, RequestError)
-    assert caught.value.param == name and advice in VLLM_ONLY_ARGUMENTS[name]
+    assert caught.value.param == name and advice in VLLM_ONLY_ARGUMENTS[name].instead
     assert str(caught.value) == f"{name}: an argument of vLLM's SamplingParams that Glimmer's does not take; " \
-                                f"{VLLM_ONLY_ARGUMENTS[name]}"
+                                f"{VLLM_ONLY_ARGUMENTS[name].instead}"
+
+
+@pytest.mark.parametrize("arguments", [
+    {"best_of": None}, {"best_of": 1}, {"n": 3, "best_of": 3}, {"n": 3, "best_of": 1}, {"use_beam_search": False},
+    {"length_penalty": 1.0}, {"early_stopping": False}, {"guided_decoding": None}, {"logits_processors": None},
+    {"logits_processors": []}, {"allowed_token_ids": None}, {"bad_words": None}, {"bad_words": []},
+    {"detokenize": True}, {"spaces_between_special_tokens": True}, {"spaces_between_special_tokens": False},
+    {"truncate_prompt_tokens": None}, {"output_kind": 2}, {"output_kind": None}, {"extra_args": None},
+    {"extra_args": {}}, {"thinking_token_budget": None}, {"thinking_token_budget": -1}, {"logprob_token_ids": None},
+    {"prompt_logprob_token_ids": None}, {"prompt_logprob_start": 0}, {"flat_logprobs": False},
+    {"repetition_detection": None}, {"stream_interval": None}, {"stream_interval": 4}, {"skip_clone": False},
+    {"skip_reading_prefix_cache": None}, {"skip_reading_prefix_cache": False},
+    {"prompt_logprobs": 1, "skip_reading_prefix_cache": True}, {"routed_experts_prompt_start": 0},
+    {"trace_decode_token_ids": None}])
+def test_a_vllm_argument_at_a_value_that_changes_nothing_is_taken_and_dropped(arguments):
+    """A vLLM script passing vLLM's defaults (best_of=None, detokenize=True, ...) was refused. They are taken and
+    dropped: the params equal those without them, and replace, copy and pickle see Glimmer's fields alone."""
+    names = {f.name for f in dataclasses.fields(SamplingParams)}
+    params = SamplingParams(temperature=0.5, **arguments)
+    assert params == SamplingParams(temperature=0.5, **{k: v for k, v in arguments.items() if k in names})
+    assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
+    assert pickle.loads(pickle.dumps(params)) == dataclasses.replace(params) == copy.deepcopy(params) == params
+
+
+def test_spaces_between_special_tokens_changes_nothing_with_a_byte_level_tokenizer(llm):
+    """vLLM's default, True, spaces special tokens apart only where the tokenizer's decoder does (its fast
+    detokenizer, a tokenizers DecodeStream, for a tokenizer.json), which byte-level BPE never does: the text of
+    consecutive special tokens is Glimmer's, which has no spaces between them (P-REQ-1), either way."""
+    tokenizer = llm.get_tokenizer()
+    backend = Tokenizer.from_file(str(tokenizer.tokenizer.tokenizer_file))
+    ids = tokenizer.encode("<|eot|><|start|>assistant<|message|>hi<|eot|><|eom|><|patch|><|patch|>")
+    stream = DecodeStream(skip_special_tokens=False)
+    assert "".join(filter(None, (stream.step(backend, i) for i in ids))) == tokenizer.decode(ids) == \
+        "<|begin_of_text|><|eot|><|start|>assistant<|message|>hi<|eot|><|eom|><|patch|><|patch|>"
+
+
+@pytest.mark.parametrize(("name", "value", "advice"), [
+    ("disable_any_whitespace", True, "json.dumps"), ("whitespace_pattern", r"[ ]?", "json.dumps"),
+    ("disable_additional_properties", True, "additionalProperties"), ("structural_tag", "{}", "tools"),
+    ("backend", "xgrammar", "llguidance"), ("disable_fallback", "yes", "never falls back")])
+def test_a_vllm_structured_outputs_argument_glimmer_does_not_take_is_refused_with_what_to_do_instead(name, value,
+                                                                                                     advice):
+    """It was Python's bare `TypeError: __init__() got an unexpected keyword argument`."""
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        StructuredOutputsParams(json={}, **{name: value})
+    assert caught.value.param == name and advice in VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS[name].instead
+    assert str(caught.value) == f"{name}: an argument of vLLM's StructuredOutputsParams that Glimmer's does not " \
+                                f"take; {VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS[name].instead}"
+
+
+def test_vllm_structured_outputs_arguments_at_values_that_change_nothing_are_taken_and_dropped():
+    params = StructuredOutputsParams(json={}, disable_any_whitespace=False, whitespace_pattern=None,
+                                     disable_additional_properties=False, structural_tag=None, backend=None,
+                                     disable_fallback=True)
+    assert params == StructuredOutputsParams(json={})
+    assert vars(params).keys() == {f.name for f in dataclasses.fields(StructuredOutputsParams)}
+    assert pickle.loads(pickle.dumps(params)) == dataclasses.replace(params) == params
+    assert StructuredOutputsParams("a+") == StructuredOutputsParams(json="a+")  # positional, as vLLM's
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'regex'"):
+        StructuredOutputsParams(regx="a+")
+
+
+def test_a_token_scored_at_the_end_of_the_prompt_has_the_logprob_generation_gives_it(llm):
+    """What the refusal of logprob_token_ids and trace_decode_token_ids advises gives the logprob they would."""
+    ids = llm.get_tokenizer().encode("Hello the")
+    generated = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, logprobs=0))
+    first = generated[0].outputs[0].logprobs[0]
+    scored = llm.generate({"prompt_token_ids": ids + [first.token_id]}, SamplingParams(max_tokens=0, prompt_logprobs=0))
+    assert scored[0].prompt_logprobs[-1].token_id == first.token_id
+    assert scored[0].prompt_logprobs[-1].logprob == pytest.approx(first.logprob, abs=1e-4)
+
+
+def test_arguments_given_by_position_are_refused_saying_they_go_by_keyword():
+    """SamplingParams(2) set temperature=2, silently, where vLLM's sets n=2."""
+    with pytest.raises(TypeError, match=r"^SamplingParams takes keyword arguments only \(SamplingParams\(temperature="
+                                        r"\.\.\., top_p=\.\.\.\)\), not 1 by position: vLLM's SamplingParams orders"):
+        SamplingParams(2)
+    assert SamplingParams(n=2).n == 2
+
+
+def test_clone_is_a_deep_copy():
+    """vLLM's SamplingParams.clone() was missing (an AttributeError)."""
+    params = SamplingParams(stop=["x"], logit_bias={3: 1.0}, structured_outputs=StructuredOutputsParams(choice=["a"]))
+    clone = params.clone()
+    assert clone == params and clone is not params
+    clone.stop.append("y")
+    clone.logit_bias[4] = 2.0
+    clone.structured_outputs.choice.append("b")
+    assert (params.stop, params.logit_bias, params.structured_outputs.choice) == (["x"], {3: 1.0}, ["a"])
+
+
+def test_from_optional_reads_none_as_the_default_and_logit_bias_as_vllm_does():
+    """vLLM's SamplingParams.from_optional was missing: None is the default for n, temperature, top_p and the
+    penalties; logit_bias keys may be id strings and biases are clamped to [-100, 100]."""
+    unset = dict.fromkeys(("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"))
+    params = SamplingParams.from_optional(**unset, max_tokens=None, stop=None, detokenize=True,
+                                          logit_bias={"5": 150, 7: -1e9, 8: float("-inf"), 9: 0.5})
+    assert params == SamplingParams(max_tokens=None, logit_bias={5: 100.0, 7: -100.0, 8: -100.0, 9: 0.5})
+    assert SamplingParams.from_optional(temperature=0, n=2, top_k=5) == SamplingParams(temperature=0, n=2, top_k=5)
+    _refused(lambda: SamplingParams.from_optional(logit_bias={"x": 1.0}), "logit_bias")
+    _refused(lambda: SamplingParams.from_optional(logit_bias={5: float("nan")}), "logit_bias")
+    _refused(lambda: SamplingParams.from_optional(top_k=None), "top_k")  # None is no default there in vLLM either
 
 
 def test_no_argument_refused_as_vllm_only_is_one_glimmer_takes():

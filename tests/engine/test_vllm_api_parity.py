@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from PIL import Image
 from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
+from glimmer.default_model import default_model_dir
 from glimmer.errors import ConfigError, RequestError
 from glimmer.protocol import parse_output
 
@@ -96,6 +99,28 @@ def test_batch_decode_and_decode_take_what_transformers_takes(llm, hf):
         assert tok.decode(given) == hf.decode(given)
 
 
+def _decoded(tokenizer, call, given):
+    try:
+        return getattr(tokenizer, call)(given)
+    except TypeError:  # the messages differ: Glimmer's names the call and the item at fault
+        return TypeError
+
+
+def test_arrays_and_tensors_in_a_list_are_ids_before_a_batch_is_told_from_one_sequence(llm, hf):
+    """A list of 1-element tensors (`list(column)`) was decoded as one sequence, silently, and a list of 1-D arrays
+    or tensors was refused; transformers 5 converts them first, then decides by the first item."""
+    tok = llm.get_tokenizer()
+    column, rows = torch.tensor([[300], [301]]), torch.tensor([[300, 301, 302], [303, 304, 305]])
+    cases = [list(column), list(rows), tuple(rows), [np.array([300, 301]), np.array([302])], list(np.array(rows)),
+             [torch.tensor(300), torch.tensor(301)], [np.int64(300), np.int32(301)], [torch.tensor([300]), 301],
+             [torch.tensor(300), torch.tensor([301])], [[300, 301], 302], [302, [300, 301]], [[torch.tensor(300)], []],
+             [[]], [[[300]]], torch.tensor([[[300]]]), list(torch.zeros((2, 0), dtype=torch.long)), np.array(300)]
+    for given in cases:
+        for call in ("decode", "batch_decode"):
+            assert _decoded(tok, call, given) == _decoded(hf, call, given), (call, given)
+    assert tok.batch_decode(list(column)) == [tok.decode(300), tok.decode(301)]
+
+
 def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
     tok = llm.get_tokenizer()
     ids = tok.encode("Hello the world")
@@ -110,6 +135,59 @@ def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
     assert tok.convert_tokens_to_ids(tokens[1]) == hf.convert_tokens_to_ids(tokens[1])
     assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (hf.eos_token_id, hf.bos_token_id,
                                                                       hf.pad_token_id)
+
+
+def test_convert_ids_to_tokens_and_all_special_ids_skip_the_named_tokens_as_transformers_does(llm, hf, nano):
+    """convert_ids_to_tokens(skip_special_tokens=True) left out every token flagged special (19, the framing too) and
+    all_special_ids listed them; transformers' are the named tokens (3), and only its decode leaves out all 19."""
+    for tok, reference in ((llm.get_tokenizer(), hf), (nano.get_tokenizer(), AutoTokenizer.from_pretrained(
+            default_model_dir()))):
+        every_id = list(range(len(tok)))
+        assert (tok.all_special_tokens, tok.all_special_ids) == (reference.all_special_tokens,
+                                                                 reference.all_special_ids)
+        for skip in (False, True):
+            assert tok.convert_ids_to_tokens(every_id, skip_special_tokens=skip) == \
+                reference.convert_ids_to_tokens(every_id, skip_special_tokens=skip)
+            assert tok.decode(every_id, skip_special_tokens=skip) == reference.decode(every_id,
+                                                                                      skip_special_tokens=skip)
+        text_ids = tok.encode("<|start|>user<|message|>hi", add_special_tokens=True)
+        kept = [i for i in text_ids if i not in tok.all_special_ids]  # a script stripping them keeps the framing
+        assert kept == [i for i in text_ids if i not in reference.all_special_ids] == text_ids[1:]
+
+
+def test_all_special_tokens_are_the_named_ones_once_in_transformers_order(tiny_checkpoint, tmp_path):
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "named")
+    config_file = checkpoint / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.update(unk_token="<|reserved_special_token_0|>", pad_token=config["eos_token"])
+    config_file.write_text(json.dumps(config))
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(checkpoint)
+    assert tok.all_special_tokens == reference.all_special_tokens == [config["bos_token"], config["eos_token"],
+                                                                      "<|reserved_special_token_0|>"]
+    assert tok.all_special_ids == reference.all_special_ids
+
+
+@pytest.mark.parametrize("config", [{}, {"clean_up_tokenization_spaces": True},
+                                    {"clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True},
+                                    {"clean_up_tokenization_spaces": True,
+                                     "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": True}])
+def test_clean_up_tokenization_spaces_means_what_it_means_in_transformers(tiny_checkpoint, tmp_path, config):
+    """decode and batch_decode refused it; transformers 5 takes the config's default for None and leaves a BPE
+    tokenizer's text (Muse's) as it is unless the config forces the clean-up."""
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "clean_up")
+    config_file = checkpoint / "tokenizer_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | config))
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(checkpoint)
+    ids = tok.encode("Hello , world . I 'm here ! Is it ? don 't , we 're")
+    for clean_up in (None, True, False):
+        assert tok.decode(ids, clean_up_tokenization_spaces=clean_up) == \
+            reference.decode(ids, clean_up_tokenization_spaces=clean_up)
+        assert tok.batch_decode([ids, ids[:3]], clean_up_tokenization_spaces=clean_up) == \
+            reference.batch_decode([ids, ids[:3]], clean_up_tokenization_spaces=clean_up)
+    cleaned = tok.decode(ids, clean_up_tokenization_spaces=True) != tok.decode(ids, clean_up_tokenization_spaces=False)
+    assert cleaned is ("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" in config)
 
 
 def test_tokenizer_errors_name_the_llm_tokenizer(llm):

@@ -1,0 +1,192 @@
+"""vLLM's arguments that Glimmer's `SamplingParams` and `StructuredOutputsParams` do not take: each with the values
+that change nothing, which are taken and dropped (a vLLM script passing its defaults runs as written), and what to do
+instead, which a refusal of any other value says (`UnsupportedArgumentError`, a TypeError as Python's own for an
+unknown argument)."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+from glimmer.errors import UnsupportedArgumentError
+
+ChangesNothing = Callable[[Any, Mapping[str, Any]], bool]
+"""Whether an argument's value (given the other keyword arguments) changes nothing in Glimmer."""
+Shaped = TypeVar("Shaped", bound=type)
+
+
+@dataclass(frozen=True)
+class VllmArgument:
+    """One of vLLM's arguments: which of its values change nothing here, and what to do instead of the others."""
+
+    changes_nothing: ChangesNothing
+    instead: str
+
+
+def _only(*values: object) -> ChangesNothing:
+    """Changes nothing at these values alone, compared with their type (True is not 1, nor 0 False)."""
+    return lambda value, given: any(type(value) is type(expected) and value == expected for expected in values)
+
+
+def _any_value(value: object, given: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _best_of_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None, 1 or n: no more completions drawn than returned (the server's rule for /v1/completions too)."""
+    return value is None or (type(value) is int and value in (1, given.get("n", 1)))
+
+
+def _stream_interval_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    return value is None or (type(value) is int and value >= 1)
+
+
+def _prefix_cache_reading_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None (vLLM skips the cache for prompt_logprobs), or the same choice: Glimmer computes a prompt with
+    prompt_logprobs in full and reads every other from the prefix cache."""
+    return value is None or (type(value) is bool and value == (given.get("prompt_logprobs") is not None))
+
+
+VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
+    "best_of": VllmArgument(_best_of_changes_nothing, (
+        "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
+        "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob")),
+    "use_beam_search": VllmArgument(_only(False), "beam search is not supported; leave it out (temperature=0 "
+                                                 "decodes greedily)"),
+    "length_penalty": VllmArgument(_only(1.0, 1), "an option of beam search, which is not supported; leave it out"),
+    "early_stopping": VllmArgument(_only(False), "an option of beam search, which is not supported; leave it out"),
+    "guided_decoding": VllmArgument(_only(None), (
+        "pass it under vLLM's newer name, structured_outputs=StructuredOutputsParams(...), which takes "
+        "GuidedDecodingParams' json, regex, choice, grammar or json_object")),
+    "logits_processors": VllmArgument(_only(None, []), (
+        "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} biases tokens, "
+        "structured_outputs constrains the text")),
+    "allowed_token_ids": VllmArgument(_only(None), (
+        "not supported; constrain the text with structured_outputs (choice, regex or grammar), or ban single tokens "
+        "with logit_bias={token_id: -100}")),
+    "bad_words": VllmArgument(_only(None, []), (
+        "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in that word), or "
+        "constrain the text with structured_outputs")),
+    "detokenize": VllmArgument(_only(True), "Glimmer always detokenizes (each CompletionOutput has its text and its "
+                                           "token_ids); leave it out"),
+    # Glimmer's text never has spaces between special tokens (P-REQ-1: vLLM's False); vLLM's True adds none either
+    # with a fast tokenizer (every Muse checkpoint's tokenizer.json), whose decoder alone spaces tokens: byte-level
+    # BPE puts nothing between them
+    "spaces_between_special_tokens": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing (Glimmer's text has no spaces between special tokens, as "
+        "vLLM's has none with a byte-level tokenizer as Muse's); leave it out")),
+    "truncate_prompt_tokens": VllmArgument(_only(None), (
+        "not supported; keep a prompt's last k tokens yourself: generate({'prompt_token_ids': ids[-k:]}) with "
+        "ids = llm.get_tokenizer().encode(text)")),
+    "output_kind": VllmArgument(_any_value, (
+        "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever output_kind "
+        "says), so any value changes nothing")),
+    "extra_args": VllmArgument(_only(None, {}), "not supported (it carries arguments to vLLM plugins); leave it out"),
+    "thinking_token_budget": VllmArgument(_only(None, -1), (
+        "in Glimmer an argument of LLM.chat, which bounds the reasoning of a chat reply: LLM.chat(messages, "
+        "sampling_params, thinking_token_budget=N)")),
+    "logprob_token_ids": VllmArgument(_only(None), (
+        "not supported; logprobs=k gives the k most likely tokens' logprobs (k <= 20); to score given tokens after a "
+        "prompt, end the prompt with each: llm.generate({'prompt_token_ids': ids + [token_id]}, "
+        "SamplingParams(max_tokens=0, prompt_logprobs=0))[0].prompt_logprobs[-1].logprob")),
+    "prompt_logprob_token_ids": VllmArgument(_only(None), (
+        "not supported; prompt_logprobs=k gives each prompt token's own logprob and the k most likely at its "
+        "position (RequestOutput.prompt_logprobs)")),
+    "prompt_logprob_start": VllmArgument(_only(None, 0), "not supported; prompt_logprobs scores every prompt token: "
+                                                        "slice RequestOutput.prompt_logprobs"),
+    "flat_logprobs": VllmArgument(_only(False), (
+        "Glimmer's logprobs are one flat list already, a TokenLogprobs(token_id, logprob, top, rank) per token, not "
+        "vLLM's FlatLogprobs; leave it out")),
+    "repetition_detection": VllmArgument(_only(None), (
+        "not supported (vLLM ends a completion that repeats an N-gram); bound the length with max_tokens, or "
+        "discourage repeats with repetition_penalty or frequency_penalty")),
+    "stream_interval": VllmArgument(_stream_interval_changes_nothing, (
+        "LLM.generate and LLM.chat return each request's final output, not a stream, so None or any interval "
+        ">= 1 changes nothing; leave it out")),
+    "skip_clone": VllmArgument(_only(False), ("an internal flag of vLLM that makes clone() a shallow copy; Glimmer's "
+                                             "clone() always copies deeply; leave it out")),
+    "skip_reading_prefix_cache": VllmArgument(_prefix_cache_reading_changes_nothing, (
+        "not supported; Glimmer reads a prompt from the prefix cache unless prompt_logprobs is set (vLLM's default, "
+        "None); a cache_salt of the request's own keeps it off the blocks other requests cached")),
+    "routed_experts_prompt_start": VllmArgument(_only(0), ("Glimmer returns no expert routing (vLLM's "
+                                                          "enable_return_routed_experts); leave it out")),
+    "trace_decode_token_ids": VllmArgument(_only(None), (
+        "not supported (vLLM emits these tokens instead of sampling); to score given tokens, end the prompt with "
+        "them: llm.generate({'prompt_token_ids': ids + tokens}, SamplingParams(max_tokens=0, prompt_logprobs=0))")),
+}
+"""Arguments of vLLM's SamplingParams that Glimmer's does not take. The ones it shares with vLLM
+(`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are its fields."""
+
+
+_JSON_LAYOUT = ("not supported: Glimmer lays JSON out as json.dumps writes it (', ' and ': ', no other whitespace) "
+                "whatever the schema; leave it out")
+VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
+    "disable_any_whitespace": VllmArgument(_only(False), _JSON_LAYOUT),
+    "whitespace_pattern": VllmArgument(_only(None), _JSON_LAYOUT),
+    "disable_additional_properties": VllmArgument(_only(False), (
+        "not supported; write \"additionalProperties\": false into the schema's objects")),
+    "structural_tag": VllmArgument(_only(None), (
+        "not supported; for tool calls declare the tools (LLM.chat(..., tools=..., tool_choice='required')), whose "
+        "calls are then valid by construction; for other text give json, regex, choice or grammar")),
+    # vLLM's GuidedDecodingParams', which structured_outputs replaces (see guided_decoding above)
+    "backend": VllmArgument(_only(None), ("Glimmer compiles every constraint with llguidance (vLLM's 'guidance' "
+                                         "backend) and has no other; leave it out")),
+    "disable_fallback": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing (Glimmer has one grammar engine and never falls back to "
+        "another: a schema it cannot compile is refused); leave it out")),
+}
+"""Arguments of vLLM's StructuredOutputsParams (and GuidedDecodingParams) that Glimmer's does not take. `json`,
+`regex`, `choice`, `grammar` and `json_object` are its fields."""
+
+
+def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Shaped], Shaped]:
+    """A decorator of a dataclass whose construction takes the keyword arguments of vLLM's class of that name as
+    `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
+    otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
+    dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
+    those). A keyword-only dataclass (`kw_only=True`) refuses arguments given by position with a TypeError saying
+    so."""
+
+    def decorate(cls: Shaped) -> Shaped:
+        dataclass_init = cls.__init__
+        names = [f.name for f in fields(cls)]
+        keyword_only = all(f.kw_only for f in fields(cls))
+
+        @functools.wraps(dataclass_init)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if args and keyword_only:
+                raise TypeError(f"{cls.__name__} takes keyword arguments only ({cls.__name__}({names[0]}=..., "
+                                f"{names[1]}=...)), not {len(args)} by position: vLLM's {cls.__name__} orders its "
+                                "arguments otherwise, so a value by position would mean another argument there")
+            dataclass_init(self, *args, **_glimmer_arguments(cls, vllm_only, kwargs))
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
+
+
+def _glimmer_arguments(cls: type, vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` without vLLM's arguments that change nothing. Raises UnsupportedArgumentError naming the first
+    argument that is no field of `cls`: with Glimmer's way to do it for one of vLLM's, with the closest field for
+    a misspelled one."""
+    known = [f.name for f in fields(cls)]
+    taken = {}
+    for name, value in kwargs.items():
+        if name in known:
+            taken[name] = value
+            continue
+        argument = vllm_only.get(name)
+        if argument is not None and argument.changes_nothing(value, kwargs):
+            continue
+        if argument is not None:
+            raise UnsupportedArgumentError(f"{name}: an argument of vLLM's {cls.__name__} that Glimmer's does not "
+                                           f"take; {argument.instead}", param=name)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UnsupportedArgumentError(f"{name}: {cls.__name__} has no argument {name!r}; {hint}its arguments are "
+                                       f"{', '.join(known)}", param=name)
+    return taken
