@@ -149,7 +149,6 @@ class ChatTemplate:
             raise ChatTemplateError(error.message or type(error).__name__) from error
         except Exception as error:  # a template can fail in any Python operation it performs
             raise ChatTemplateError(f"{type(error).__name__}: {error}") from error
-        _refuse_lone_surrogates(text)
         return guard.prompt(text)
 
 
@@ -173,6 +172,9 @@ def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer, *, 
     before it is tokenized."""
     prompt = template.render([{"role": "user", "content": "hello"}], special_tokens=tokenizer.special_tokens,
                              chat_template_kwargs=_PROBE_KWARGS)
+    # the probe's messages are plain text: a lone surrogate in its prompt is the template's own (a request's prompt
+    # is checked where it is tokenized, and refused naming `prompt`)
+    _refuse_lone_surrogates(prompt)
     if not prompt.endswith(GENERATION_PROMPT):
         raise ConfigError(f"the chat template's generation prompt must be exactly {GENERATION_PROMPT!r} "
                           f"(P-TMPL-8); a probe prompt ends {prompt[-40:]!r}")

@@ -15,6 +15,7 @@ from glimmer.protocol import (
     compiled_template,
     render_chat,
 )
+from glimmer.protocol.chat_template import check_chat_template
 
 transformers_templates = pytest.importorskip("transformers.utils.chat_template_utils")
 
@@ -104,11 +105,25 @@ def test_a_source_past_the_compilers_recursion_limit_is_a_chat_template_error(de
         ChatTemplate("{{ " + "[" * depth + "1" + "]" * depth + " }}")
 
 
-def test_a_prompt_holding_a_lone_surrogate_is_a_chat_template_error_not_a_tokenizer_crash():
-    """A jinja string escape writes a lone surrogate, which no tokenizer takes (the engine's raised a TypeError)."""
-    with pytest.raises(ChatTemplateError, match=r"lone surrogate \('\\ud800' at character 2\)"):
-        render_chat(USER, template='ok{{ "\\ud800" }}')
-    assert render_chat(USER, template='{{ "\\u00e9" }}') == "é"
+class _StrictTokenizer:
+    """The probe's needs of a tokenizer; like the engine's, it cannot encode a lone surrogate (TypeError)."""
+
+    special_tokens = {"bos_token": "<|begin_of_text|>"}
+    bos_token, bos_token_id = "<|begin_of_text|>", 1
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        text.encode("utf-8")  # UnicodeEncodeError on a lone surrogate
+        return [1] + [2] * (len(text) - len(self.bos_token))
+
+
+def test_a_template_writing_a_lone_surrogate_fails_its_check_as_a_chat_template_error_not_a_tokenizer_crash():
+    """A jinja string escape writes a lone surrogate, which no tokenizer takes (the engine's raised a TypeError inside
+    the check a request's or LLM.chat's own template passes). A message's lone surrogate is left to the engine, which
+    refuses it naming `prompt`."""
+    template = ChatTemplate('{{ bos_token }}ok{{ "\\ud800" }}<|start|>assistant')
+    with pytest.raises(ChatTemplateError, match=r"lone surrogate \('\\ud800' at character 19\)"):
+        check_chat_template(template, _StrictTokenizer())
+    check_chat_template(ChatTemplate('{{ bos_token }}{{ "\\u00e9" }}<|start|>assistant'), _StrictTokenizer())
 
 
 @pytest.mark.parametrize(
