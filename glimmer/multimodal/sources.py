@@ -28,6 +28,7 @@ from glimmer.multimodal.image import is_image_data
 from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
+from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 __all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part",
            "media_part_paths", "naming_media_parts"]
@@ -179,9 +180,11 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
 
 
 def _media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """(kind, path, part) of every image and video part in message order, the order the template renders
-    their placeholders; `messages` as sent (`image_url` parts) or normalized (`image` parts)."""
-    for i, message in enumerate(messages):
+    """(kind, path, part) of every image and video part in the order the template renders their placeholders:
+    message order, tool results in their calls' order (`tool_results_in_call_order`, as normalization puts them);
+    `messages` as sent (`image_url` parts) or normalized (`image` parts)."""
+    for i in tool_results_in_call_order(messages):
+        message = messages[i]
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
             for j, part in enumerate(content):

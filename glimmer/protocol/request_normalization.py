@@ -54,6 +54,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
       message may leave it out or null. A text part needs a string `text`;
     - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
       tool call has as its `id` (else RequestError naming `messages[i].tool_call_id`);
+    - the tool results answering one assistant turn come in the order of its calls (`tool_results_in_call_order`);
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
       `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
       `file`, an unknown type) raises RequestError naming it: it would render nothing;
@@ -104,10 +105,48 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
             if role == "assistant":
                 call_ids.update(call["id"] for call in message["tool_calls"] if isinstance(call.get("id"), str))
         normalized.append(message)
+    normalized = [normalized[i] for i in tool_results_in_call_order(normalized)]
     if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
+
+
+def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
+    """The index of each message in the order they render: the tool messages right after an assistant turn (its
+    consecutive assistant messages) in the order of that turn's tool calls, the rest as sent.
+
+    The template matches a result to its call by position only (a tool message renders as `tool NAME`, with no call
+    id), so results sent in another order than the calls (OpenAI matches them by id) would each be read as the other
+    call's. The run is put in call order only when every one of its messages answers a distinct call of that turn by
+    `tool_call_id` and the turn's call ids are distinct; otherwise (a result naming its tool by `name` alone, or
+    answering a call of an earlier turn) nothing says which call each answers, and the run keeps the order sent.
+    `messages` as sent or normalized; anything malformed keeps its place (normalization refuses it)."""
+    order = list(range(len(messages)))
+    index = 0
+    while index < len(messages):
+        call_ids: list[Any] = []
+        while index < len(messages) and _role(messages[index]) == "assistant":
+            tool_calls = messages[index].get("tool_calls")
+            call_ids += [call.get("id") for call in tool_calls if isinstance(call, Mapping)] if isinstance(
+                tool_calls, list) else []
+            index += 1
+        start = index
+        while index < len(messages) and _role(messages[index]) == "tool":
+            index += 1
+        if start == index:
+            index += 1  # neither an assistant's nor a tool message
+            continue
+        position = {call_id: n for n, call_id in enumerate(call_ids) if isinstance(call_id, str)}
+        answered = [messages[i].get("tool_call_id") for i in range(start, index)]
+        if (len(position) == len(call_ids) and all(isinstance(call_id, str) and call_id in position
+                                                   for call_id in answered) and len(set(answered)) == len(answered)):
+            order[start:index] = sorted(range(start, index), key=lambda i: position[messages[i]["tool_call_id"]])
+    return order
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, Mapping) else None
 
 
 def _check_tool_result(message: Mapping[str, Any], index: int, call_ids: set[str]) -> None:

@@ -8,7 +8,9 @@
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls;
 - a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
   item before it, in the input or in the responses it continues (OpenAI refuses an answer to no call, as does
-  Glimmer; a result rendered before its call would be read as a result of nothing);
+  Glimmer; a result rendered before its call would be read as a result of nothing). The outputs answering one
+  turn's calls render in the order of the calls, whatever their order in the input: the prompt matches a result
+  to its call by position, OpenAI by call_id;
 - every `function_call` item, in the input or in the responses it continues, needs a `function_call_output` after
   it (OpenAI: 400 "No tool output found for function call ..."): a call left unanswered would render as a turn
   whose result never came;
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -159,9 +162,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                "function_call and function_call_output are)", param=f"{where}.type")
     flush()
     _refuse_unanswered_calls(called, answered)
+    order = tool_results_in_call_order(messages)  # outputs answer calls by call_id, the prompt by position
     if sources is not None:
-        sources[:] = origins
-    return messages
+        sources[:] = [origins[i] for i in order]
+    return [messages[i] for i in order]
 
 
 def _refuse_unanswered_calls(called: dict[str, str], answered: set[str]) -> None:

@@ -208,6 +208,15 @@ def test_media_part_paths_point_into_the_request_as_sent():
                                          "video": ["messages[1].content[2]"]}
 
 
+def test_media_part_paths_follow_tool_results_into_their_calls_order():
+    """Results render in their calls' order (normalize_messages), so image n of the prompt is the n-th in that order."""
+    calls = {"role": "assistant", "tool_calls": [{"id": i, "function": {"name": "snap"}} for i in ("a", "b")]}
+    image = [{"type": "image_url", "image_url": {"url": "u"}}]
+    messages = [calls, {"role": "tool", "tool_call_id": "b", "content": image},
+                {"role": "tool", "tool_call_id": "a", "content": image}]
+    assert media_part_paths(messages)["image"] == ["messages[2].content[0]", "messages[1].content[0]"]
+
+
 def test_item_errors_name_their_content_part():
     """Audit: image errors said `image 1: …` with param "messages"; the part path is what the client can find."""
     with pytest.raises(MediaError) as err, naming_media_parts(AS_SENT):

@@ -90,6 +90,43 @@ def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_
     assert chained.usage.input_tokens == second.usage.input_tokens  # the same conversation was rendered
 
 
+def _weather_call(city: str, end: str) -> str:
+    return (f' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter '
+            f'name="city">{city}</atem:parameter>\n</atem:invoke>\n</atem:function_calls>{end}')
+
+
+TWO_CITIES = _weather_call("Paris", "<|eom|><|start|>assistant") + _weather_call("Oslo", "<|eot|>")
+RESULTS_IN_CALL_ORDER = ('rain, 18\n</tool_output><|eot|><|start|>tool get_weather<|message|>'
+                         '<tool_output name="get_weather">\nsnow, -3')
+
+
+def test_outputs_sent_in_another_order_answer_their_own_calls(server, client):
+    """The prompt pairs a result with its call by position (§2.1: no call id), OpenAI by call_id: outputs sent in
+    another order than the calls were each read as the other call's, and the model answered "Paris -3, snow"."""
+    runner = server.engine.engine.runner
+    runner.add(RESULTS_IN_CALL_ORDER, " to=user<|message|>Paris 18, rain; Oslo -3, snow.<|eot|>")
+    runner.add("[two-cities]", TWO_CITIES)
+    first = _create(client, input="[two-cities] Weather in Paris and Oslo?", tools=[WEATHER_TOOL])
+    paris, oslo = [item for item in first.output if item.type == "function_call"]
+    assert [json.loads(call.arguments)["city"] for call in (paris, oslo)] == ["Paris", "Oslo"]
+    outputs = [{"type": "function_call_output", "call_id": oslo.call_id, "output": "snow, -3"},
+               {"type": "function_call_output", "call_id": paris.call_id, "output": "rain, 18"}]
+    chained = _create(client, input=outputs, previous_response_id=first.id, tools=[WEATHER_TOOL])
+    assert chained.output_text == "Paris 18, rain; Oslo -3, snow."
+    prompt = runner.prompts[-1]
+    assert prompt.index(">Paris<") < prompt.index(">Oslo<") < prompt.index("rain, 18") < prompt.index("snow, -3")
+
+
+def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
+    calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
+             for city in ("Paris", "Oslo")]
+    outputs = [{"type": "function_call_output", "call_id": f"c{city}", "output": city} for city in ("Oslo", "Paris")]
+    sources: list = []
+    messages = chat_messages([{"role": "user", "content": "hi"}, *calls, *outputs], None, sources)
+    assert [(m.get("tool_call_id"), source.path) for m, source in zip(messages, sources, strict=True)] == [
+        (None, "input[0]"), (None, "input[1]"), ("cParis", "input[4]"), ("cOslo", "input[3]")]
+
+
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     def refused(**fields):
         body = {"model": "tiny", "tools": [WEATHER_TOOL], **fields}
