@@ -2,6 +2,7 @@
 
 import copy
 import logging
+import re
 
 import pytest
 
@@ -442,3 +443,35 @@ def test_a_result_answering_an_earlier_turn_keeps_its_place():
     messages = [USER, weather_calls("Paris"), USER, weather_calls("Oslo"), result("cOslo", "snow"),
                 result("cParis", "rain")]
     assert rendered_results(messages) == ["snow", "rain"]
+
+
+# -- each call answered once -------------------------------------------------------------------------------
+
+
+def test_a_second_result_for_one_call_is_refused_naming_both_messages():
+    """Two answers to one call, both rendered; OpenAI refuses them ("Duplicate value for 'tool_call_id'")."""
+    messages = [USER, weather_calls("Paris", "Oslo"), result("cParis", "rain"), result("cOslo", "snow"),
+                result("cParis", "sun")]
+    with pytest.raises(RequestError, match=r"^messages\[4\]\.tool_call_id: duplicate tool_call_id 'cParis': "
+                                           r"messages\[2\] answers the same tool call") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[4].tool_call_id"
+
+
+def test_two_calls_of_one_turn_with_one_id_are_refused_naming_both():
+    """No result could say which of them it answers."""
+    (call,) = weather_calls("Paris")["tool_calls"]
+    for messages, field, other in (
+            ([USER, {"role": "assistant", "tool_calls": [call, call]}], "messages[1].tool_calls[1].id",
+             "messages[1].tool_calls[0].id"),
+            ([USER, weather_calls("Paris"), weather_calls("Paris")], "messages[2].tool_calls[0].id",
+             "messages[1].tool_calls[0].id")):
+        with pytest.raises(RequestError, match=rf"duplicate tool call id 'cParis' \(also {re.escape(other)}\)") as err:
+            normalize_messages(messages)
+        assert err.value.param == field
+
+
+def test_an_id_a_later_turn_makes_again_is_a_new_call_answered_again():
+    """Some servers number calls per turn (`search:0` in every turn): each turn's call has its own result."""
+    turn = [weather_calls("Paris"), result("cParis", "rain")]
+    assert rendered_results([USER, *turn, USER, *turn]) == ["rain", "rain"]

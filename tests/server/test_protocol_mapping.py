@@ -186,6 +186,20 @@ def test_tool_results_sent_in_another_order_render_in_the_order_of_their_calls(c
     assert prompt.index("rain, 18") < prompt.index("09:15")
 
 
+def test_a_call_answered_twice_is_400_naming_the_second_answer(client):
+    """Both results rendered, and the model read two answers to one call; OpenAI refuses them ("Duplicate value for
+    'tool_call_id'")."""
+    request = _request("[two-calls]", tools=TOOLS)
+    reply = client.chat.completions.create(**request).choices[0].message
+    weather, time = reply.tool_calls
+    request["messages"] += [reply.model_dump(exclude_none=True),
+                            *({"role": "tool", "tool_call_id": call.id, "content": "x"} for call in (weather, time)),
+                            {"role": "tool", "tool_call_id": weather.id, "content": "rain, 18"}]
+    with pytest.raises(openai.BadRequestError, match="duplicate tool_call_id") as refused:
+        client.chat.completions.create(**request)
+    assert refused.value.body["param"] == "messages[4].tool_call_id"
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call_and_stops(client, server):
     result = _both(client, **_request("[two-calls]", tools=TOOLS, parallel_tool_calls=False))
     assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]

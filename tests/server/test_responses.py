@@ -127,6 +127,47 @@ def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
         (None, "input[0]"), (None, "input[1]"), ("cParis", "input[4]"), ("cOslo", "input[3]")]
 
 
+CALL_P = {"type": "function_call", "call_id": "cP", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+OUTPUT_P = {"type": "function_call_output", "call_id": "cP", "output": "rain"}
+
+
+@pytest.mark.parametrize(("items", "param", "message"), [
+    ([CALL_P, OUTPUT_P, OUTPUT_P], "input[3].call_id",
+     "duplicate function_call_output for call_id 'cP', also at input[2]: each function_call has exactly one "
+     "function_call_output; remove the duplicate item"),
+    ([CALL_P, CALL_P, OUTPUT_P], "input[2].call_id",
+     "duplicate function_call call_id 'cP', also at input[1]: each call has its own call_id"),
+    ([{**CALL_P, "id": "fc_1"}, {**OUTPUT_P, "id": "fc_1"}], "input[2].id",
+     "duplicate item id 'fc_1', also at input[1]: each item is sent once"),
+])
+def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, param, message):
+    """Both copies rendered: two answers to one call, or one call twice. OpenAI refuses them ("Duplicate
+    function_call_output for call_id ...", "Duplicate item found with id ...")."""
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "[weather]"}, *items], None)
+    assert refused.value.param == param and str(refused.value).startswith(f"{param}: {message}")
+
+
+def test_a_continuation_sending_again_what_its_previous_response_holds_is_400(server, client):
+    """A call answered in the chain answered again, or the previous response's items sent again beside
+    previous_response_id (the prompt held the call twice): the message says to send only the new items."""
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    answered = _create(client, input=[output], previous_response_id=first.id, tools=[WEATHER_TOOL])
+    resent = [item.model_dump(exclude_none=True) for item in first.output]
+    for previous, input_, param in ((answered.id, [output], "input[0].call_id"),
+                                    (first.id, [*resent, output], "input[0].id"),
+                                    (first.id, [{k: v for k, v in item.items() if k != "id"} for item in resent]
+                                     + [output], f"input[{len(resent) - 1}].call_id")):
+        body = {"model": "tiny", "tools": [WEATHER_TOOL], "previous_response_id": previous, "input": input_}
+        response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and "duplicate" in error["message"], error
+        assert "with previous_response_id, send only the new items" in error["message"]
+
+
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     def refused(**fields):
         body = {"model": "tiny", "tools": [WEATHER_TOOL], **fields}
