@@ -67,6 +67,17 @@ def test_missing_or_wrong_api_key_is_401(server, key):
             openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
 
 
+@pytest.mark.parametrize("keys", [[KEY, "sk-wrong"], ["sk-wrong", KEY], [KEY, KEY]])
+def test_more_than_one_authorization_header_is_401_naming_the_header(server, keys):
+    """The first header decided (right then wrong passed, wrong then right did not); a proxy or a logger that reads
+    another line disagrees with the server on who asked."""
+    headers = [("Authorization", f"Bearer {key}") for key in keys]
+    response = httpx.post(server.base_url + "/chat/completions", json=chat(), headers=headers, timeout=30)
+    error = error_of(response, 401)
+    assert error["code"] == "invalid_api_key" and error["message"].startswith("the request has 2 Authorization headers")
+    assert KEY not in error["message"]
+
+
 def test_health_and_metrics_need_no_key(server):
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200
