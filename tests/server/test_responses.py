@@ -341,6 +341,18 @@ def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param)
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(("name", "value"), [("continue_final_message", True), ("add_generation_prompt", False),
+                                           ("chat_template", "{{ messages }}")])
+def test_chat_rendering_fields_in_chat_template_kwargs_are_400_saying_responses_has_none(server, name, value):
+    """Chat's refusal sent the client to "the top level of the request", where /v1/responses refuses the field."""
+    body = {"model": "tiny", "input": "[greet]", "chat_template_kwargs": {name: value}}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "chat_template_kwargs" and "top level" not in error["message"]
+    assert "field of /v1/chat/completions, which /v1/responses does not take" in error["message"]
+
+
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
 
 
