@@ -206,9 +206,46 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
     try:
         validated = model.model_validate_json(body)
     except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
+            raise _nested_too_deep(body) from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints) from None
     refuse_duplicate_keys(body)
     return validated
+
+
+JSON_DEPTH_LIMIT = 200
+"""How deep objects and arrays may nest in a request body, the body itself the first level: pydantic-core's JSON
+parser stops at this fixed recursion limit, before any field is read."""
+
+
+def _nested_too_deep(body: bytes) -> RequestError:
+    """The RequestError for a body pydantic-core refused as nested past JSON_DEPTH_LIMIT: valid JSON (a deep schema
+    or tool parameters, say), not "not valid JSON". Names the top-level field holding the deepest value when
+    Python's parser (whose own limit is Python's recursion limit) can read the body."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        value = None
+    fields = value.items() if isinstance(value, dict) else ()
+    depths = {key: _depth(item) for key, item in fields}
+    field = max(depths, key=depths.__getitem__) if depths else None
+    return RequestError(f"{field or 'the request body'}: objects and arrays nest more than {JSON_DEPTH_LIMIT} levels "
+                        "deep here (the body itself the first level), more than the server's JSON parser reads; the "
+                        "body is valid JSON, but flatten them (a JSON schema can define a repeated part once in $defs "
+                        "and point to it with $ref)", param=field)
+
+
+def _depth(value: Any) -> int:
+    """How many levels of objects and arrays `value` nests (0 for a scalar), counted without recursing."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            pending += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 class _DuplicateKey(Exception):

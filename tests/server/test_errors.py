@@ -89,6 +89,35 @@ def test_malformed_json_is_400(server):
     error_of(post(server, b"[1, 2]"), 400)
 
 
+def nested(depth: int) -> dict:
+    value: dict = {"type": "string"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"a": value}}
+    return value
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {"name": "deep",
+                                                                                      "schema": nested(100)}})),
+    ("/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": nested(100)}}])),
+    ("/responses", {"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f",
+                                                              "parameters": nested(100)}]}),
+])
+def test_a_body_nested_past_the_parser_s_limit_is_400_saying_so_not_invalid_json(server, path, body):
+    """QA: a valid schema some 200 levels deep was "the request body is not valid JSON: Invalid JSON: recursion limit
+    exceeded", with param null."""
+    error = error_of(post(server, body, path=path), 400)
+    field = next(key for key in ("response_format", "tools") if key in body)
+    assert error["param"] == field and error["message"].startswith(f"{field}: objects and arrays nest more than 200 "
+                                                                   "levels deep here")
+    assert "not valid JSON" not in error["message"]
+
+
+def test_a_body_nested_past_python_s_parser_too_is_400_naming_no_field(server):
+    error = error_of(post(server, b"[" * 5000 + b"]" * 5000), 400)
+    assert error["param"] is None and error["message"].startswith("the request body: objects and arrays nest")
+
+
 USER = '{"role": "user", "content": "hi"}'
 
 
