@@ -61,9 +61,10 @@ def _forgiving_base64(text: str) -> bytes:
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
-    """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): the body is
-    percent-decoded first (`%2B` is `+`), then read as forgiving-base64 where the header ends in `;base64`."""
-    header, sep, payload = url.partition(",")
+    """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): a `#fragment` is no part
+    of the data (the processor serializes the URL without it), the body is percent-decoded first (`%2B` is `+`),
+    then read as forgiving-base64 where the header ends in `;base64`."""
+    header, sep, payload = url.partition("#")[0].partition(",")
     if not sep:
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
     base64_encoded = header.lower().endswith(";base64")  # case-insensitive, as in browsers (WHATWG fetch)

@@ -67,6 +67,15 @@ def test_a_percent_encoded_base64_payload_is_decoded_first_as_browsers_do(escape
     assert load_media_reference("data:image/png;base64," + mixed, "image", 0, MediaFetchPolicy()) == png
 
 
+@pytest.mark.parametrize("fragment", ["#frag", "#", "#a,b#c"])
+def test_a_data_url_s_fragment_is_no_part_of_its_data_as_browsers_read_it(fragment):
+    """QA: `data:image/png;base64,…#frag` was refused as not valid base64; the WHATWG data: URL processor reads the
+    URL without its fragment."""
+    png = _png()
+    for url in ("data:image/png;base64," + base64.b64encode(png).decode(), "data:image/png," + quote(png)):
+        assert load_media_reference(url + fragment, "image", 0, MediaFetchPolicy()) == png
+
+
 def test_a_percent_encoded_data_url_without_base64_gives_its_bytes():
     """A body without `;base64` is percent-decoded to bytes: %89 was read as UTF-8 and became `?`."""
     png = _png()
