@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.protocol.duplicate_keys import first_duplicate_key
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
@@ -48,7 +49,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     """Copies of `messages` ready to render (P-TMPL-6, P-TMPL-7).
 
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
-      not a JSON object raise RequestError naming the message index and field;
+      not a JSON object, or give a key twice in one object, raise RequestError naming the message index and field;
     - `reasoning` fills a missing `reasoning_content`;
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out or null. A text part needs a string `text`;
@@ -315,7 +316,11 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
         raise RequestError(f"{field} is not valid JSON: {error}", param=field) from None
     if not isinstance(decoded, dict):
         raise RequestError(f"{field} must encode a JSON object, got {type(decoded).__name__}", param=field)
-    _check_arguments_value(decoded, field)
+    _check_arguments_value(decoded, field)  # first: the depth it bounds bounds the search for a repeated key
+    repeated = first_duplicate_key(arguments)
+    if repeated is not None:  # the template would render the last value, another reader the first
+        raise RequestError(f"{field}: the key {repeated!r} is given more than once in the same JSON object; send each "
+                           "key once (JSON leaves which value counts undefined)", param=field)
     return decoded
 
 

@@ -475,3 +475,15 @@ def test_an_id_a_later_turn_makes_again_is_a_new_call_answered_again():
     """Some servers number calls per turn (`search:0` in every turn): each turn's call has its own result."""
     turn = [weather_calls("Paris"), result("cParis", "rain")]
     assert rendered_results([USER, *turn, USER, *turn]) == ["rain", "rain"]
+
+
+@pytest.mark.parametrize(("arguments", "key"), [('{"city": "Paris", "city": "Oslo"}', "city"),
+                                                ('{"options": {"unit": "C", "unit": "F"}}', "options.unit")])
+def test_arguments_giving_a_key_twice_are_refused_naming_the_field_and_the_key(arguments, key):
+    """P-TMPL-6: the last value was rendered (the model read a call to Oslo), while another reader of the same
+    history reads the first; as the request body's own repeated keys, it is refused."""
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([USER, assistant_call(arguments)])
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert str(caught.value).startswith(f"messages[1].tool_calls[0].function.arguments: the key {key!r} is given "
+                                        "more than once in the same JSON object")
