@@ -170,9 +170,10 @@ def pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
     return np.asarray(image.convert("RGB"))
 
 
-def _unit_floats_to_levels(values: np.ndarray, kind: str, index: int, what: str, fix: str) -> np.ndarray:
+def _unit_floats_to_levels(values: np.ndarray, kind: str, index: int, what: str, levels_fix: str) -> np.ndarray:
     """Float pixels in [0, 1] → uint8 levels (× 255, rounded to the nearest; module docstring). Raises
-    MediaDecodeError naming `kind` `index` and `what` the input is, with `fix`, for NaN or a value outside [0, 1]."""
+    MediaDecodeError naming `kind` `index` and `what` the input is, for NaN or a value outside [0, 1], with the fix
+    that fits its values (`_range_fix`; `levels_fix` for 0..255 levels)."""
     if values.size == 0:
         return values.astype(np.uint8)  # the caller's size checks say what is wrong with it
     if np.isnan(values).any():
@@ -180,10 +181,29 @@ def _unit_floats_to_levels(values: np.ndarray, kind: str, index: int, what: str,
                                             "computed (np.nan_to_num replaces NaN)")
     low, high = values.min(), values.max()
     if not (0 <= low and high <= 1):
+        shown = f"from {low!s} to {high!s}"  # str() of a numpy float is as exact as its dtype: 1.0000001, not 1
         raise MediaDecodeError(kind, index, f"{what} must hold values in [0, 1] (an image rescaled by 1/255), but "
-                                            f"it holds values from {float(low):g} to {float(high):g}; {fix}")
+                                            f"it holds values {shown}; {_range_fix(low, high, levels_fix)}")
     scaled = values.astype(np.promote_types(values.dtype, np.float32), copy=False) * 255
     return np.rint(scaled, out=scaled).astype(np.uint8)
+
+
+HALF_LEVEL = 1 / 510
+"""Floats this far outside [0, 1] round to level 0 or 255 all the same: the rounding error of arithmetic on an image
+in [0, 1] (a colour conversion, a resize), which clipping removes without changing a pixel."""
+
+
+def _range_fix(low: float, high: float, levels_fix: str) -> str:
+    """The fix for float pixels from `low` to `high`, not all in [0, 1]: clipping for an overshoot under half a level;
+    `levels_fix` for values reaching far past 1 from 0 (0..255 levels: an image of levels whose brightest pixel is 2
+    is black); else bringing them into [0, 1], whose way the values alone do not tell."""
+    if -HALF_LEVEL <= low and high <= 1 + HALF_LEVEL:
+        return ("they stray from [0, 1] by less than half a level (1/510), rounding error of arithmetic on an image "
+                "in [0, 1]: clip them (np.clip(values, 0, 1))")
+    if -0.5 <= low and 2 < high <= 255.5:
+        return f"they look like 0..255 levels: {levels_fix}"
+    return ("bring them into [0, 1]: clip an overshoot of arithmetic on an image in [0, 1] (np.clip(values, 0, 1)), "
+            "undo a normalization (by mean and std, or to [-1, 1]), or rescale other levels (16-bit ones by 1/65535)")
 
 
 def _array_to_rgb(array: np.ndarray, index: int) -> np.ndarray:

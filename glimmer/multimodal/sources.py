@@ -28,6 +28,7 @@ from glimmer.multimodal.image import is_image_data
 from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
+from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 __all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part",
            "media_part_paths", "naming_media_parts"]
@@ -60,9 +61,10 @@ def _forgiving_base64(text: str) -> bytes:
 
 
 def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) -> bytes:
-    """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): the body is
-    percent-decoded first (`%2B` is `+`), then read as forgiving-base64 where the header ends in `;base64`."""
-    header, sep, payload = url.partition(",")
+    """The bytes of a data: URL as browsers read it (WHATWG fetch, "data: URL processor"): a `#fragment` is no part
+    of the data (the processor serializes the URL without it), the body is percent-decoded first (`%2B` is `+`),
+    then read as forgiving-base64 where the header ends in `;base64`."""
+    header, sep, payload = url.partition("#")[0].partition(",")
     if not sep:
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
     base64_encoded = header.lower().endswith(";base64")  # case-insensitive, as in browsers (WHATWG fetch)
@@ -179,9 +181,11 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
 
 
 def _media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """(kind, path, part) of every image and video part in message order, the order the template renders
-    their placeholders; `messages` as sent (`image_url` parts) or normalized (`image` parts)."""
-    for i, message in enumerate(messages):
+    """(kind, path, part) of every image and video part in the order the template renders their placeholders:
+    message order, tool results in their calls' order (`tool_results_in_call_order`, as normalization puts them);
+    `messages` as sent (`image_url` parts) or normalized (`image` parts)."""
+    for i in tool_results_in_call_order(messages):
+        message = messages[i]
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
             for j, part in enumerate(content):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.protocol.duplicate_keys import first_duplicate_key
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
@@ -48,12 +49,14 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     """Copies of `messages` ready to render (P-TMPL-6, P-TMPL-7).
 
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
-      not a JSON object raise RequestError naming the message index and field;
+      not a JSON object, or give a key twice in one object, raise RequestError naming the message index and field;
     - `reasoning` fills a missing `reasoning_content`;
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out or null. A text part needs a string `text`;
     - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
-      tool call has as its `id` (else RequestError naming `messages[i].tool_call_id`);
+      tool call has as its `id` (else RequestError naming `messages[i].tool_call_id`); each call is answered once
+      and the calls of one turn have distinct ids (`_CallsSoFar`);
+    - the tool results answering one assistant turn come in the order of its calls (`tool_results_in_call_order`);
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
       `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
       `file`, an unknown type) raises RequestError naming it: it would render nothing;
@@ -66,7 +69,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         raise RequestError("messages must be a list of message objects", param="messages")
     normalized = []
     unrendered_roles: list[str] = []
-    call_ids: set[str] = set()  # of the assistant tool calls so far: what a tool message may answer
+    calls = _CallsSoFar()
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping):
             raise RequestError(f"messages[{index}] must be an object, got {type(message).__name__}",
@@ -79,7 +82,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
         if role == "tool":
-            _check_tool_result(message, index, call_ids)
+            calls.check_result(message, index)
+        if role != "assistant":
+            calls.end_turn()
         content = message.get("content")
         if content is None and role in CONTENT_ROLES:
             raise RequestError(f"messages[{index}].content: a {role} message needs its content (a string or a list "
@@ -102,32 +107,107 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
             if role == "assistant":
-                call_ids.update(call["id"] for call in message["tool_calls"] if isinstance(call.get("id"), str))
+                calls.add_calls(message["tool_calls"], index)
         normalized.append(message)
+    normalized = [normalized[i] for i in tool_results_in_call_order(normalized)]
     if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
 
 
-def _check_tool_result(message: Mapping[str, Any], index: int, call_ids: set[str]) -> None:
-    """A tool message names its tool (§2.1): by `name`, else by the `tool_call_id` of an earlier assistant tool
-    call. The template would otherwise render the raw id (or nothing) as the tool's name, and the model would read
-    a result of no call it made. RequestError naming `messages[i].tool_call_id`."""
-    field = f"messages[{index}].tool_call_id"
-    call_id = message.get("tool_call_id")
-    if call_id is not None and not isinstance(call_id, str):
-        raise RequestError(f"{field} must be a string, the id of the tool call the result answers; got "
-                           f"{type(call_id).__name__}", param=field)
-    if message.get("name"):
-        return
-    if not call_id:
-        raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
-                           "(or the tool's name); without it the result would name no tool", param=field)
-    if call_id not in call_ids:
-        raise RequestError(f"{field}: no earlier assistant message holds a tool call with id {call_id!r}; send the "
-                           "assistant message with the call before its result (or give the tool's `name`)",
-                           param=field)
+def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
+    """The index of each message in the order they render: the tool messages right after an assistant turn (its
+    consecutive assistant messages) in the order of that turn's tool calls, the rest as sent.
+
+    The template matches a result to its call by position only (a tool message renders as `tool NAME`, with no call
+    id), so results sent in another order than the calls (OpenAI matches them by id) would each be read as the other
+    call's. The run is put in call order only when every one of its messages answers a distinct call of that turn by
+    `tool_call_id` and the turn's call ids are distinct; otherwise (a result naming its tool by `name` alone, or
+    answering a call of an earlier turn) nothing says which call each answers, and the run keeps the order sent.
+    `messages` as sent or normalized; anything malformed keeps its place (normalization refuses it)."""
+    order = list(range(len(messages)))
+    index = 0
+    while index < len(messages):
+        call_ids: list[Any] = []
+        while index < len(messages) and _role(messages[index]) == "assistant":
+            tool_calls = messages[index].get("tool_calls")
+            call_ids += [call.get("id") for call in tool_calls if isinstance(call, Mapping)] if isinstance(
+                tool_calls, list) else []
+            index += 1
+        start = index
+        while index < len(messages) and _role(messages[index]) == "tool":
+            index += 1
+        if start == index:
+            index += 1  # neither an assistant's nor a tool message
+            continue
+        position = {call_id: n for n, call_id in enumerate(call_ids) if isinstance(call_id, str)}
+        answered = [messages[i].get("tool_call_id") for i in range(start, index)]
+        if (len(position) == len(call_ids) and all(isinstance(call_id, str) and call_id in position
+                                                   for call_id in answered) and len(set(answered)) == len(answered)):
+            order[start:index] = sorted(range(start, index), key=lambda i: position[messages[i]["tool_call_id"]])
+    return order
+
+
+def _role(message: Any) -> Any:
+    return message.get("role") if isinstance(message, Mapping) else None
+
+
+class _CallsSoFar:
+    """The tool calls of the messages read so far, and their results: what the next tool message may answer.
+
+    A tool message answers a call made before it (§2.1: its NAME is that call's function) and only once: two results
+    of one call are two answers to one question, and OpenAI refuses them ("Duplicate value for 'tool_call_id'"). The
+    calls of one turn (consecutive assistant messages) have distinct ids, else no result says which call it answers.
+    An id may come back in a later turn (some servers number calls per turn, `search:0`): it is a new call then, which
+    may be answered again. Each check raises RequestError naming the field."""
+
+    def __init__(self) -> None:
+        self.made: set[str] = set()  # ids of every call so far
+        self.this_turn: dict[str, str] = {}  # id → field, of the calls of the current assistant turn
+        self.answered: dict[str, int] = {}  # tool_call_id → the tool message answering it, since its call
+
+    def end_turn(self) -> None:
+        self.this_turn.clear()
+
+    def add_calls(self, tool_calls: list[dict[str, Any]], index: int) -> None:
+        for call_index, call in enumerate(tool_calls):
+            call_id = call.get("id")
+            if not isinstance(call_id, str):
+                continue
+            field = f"messages[{index}].tool_calls[{call_index}].id"
+            if call_id in self.this_turn:
+                raise RequestError(f"{field}: duplicate tool call id {call_id!r} (also {self.this_turn[call_id]}); the "
+                                   "calls of one assistant turn need distinct ids, by which their tool messages "
+                                   "answer them", param=field)
+            self.this_turn[call_id] = field
+            self.made.add(call_id)
+            self.answered.pop(call_id, None)
+
+    def check_result(self, message: Mapping[str, Any], index: int) -> None:
+        """A tool message names its tool (§2.1): by `name`, else by the `tool_call_id` of an earlier assistant tool
+        call. The template would otherwise render the raw id (or nothing) as the tool's name, and the model would read
+        a result of no call it made."""
+        field = f"messages[{index}].tool_call_id"
+        call_id = message.get("tool_call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise RequestError(f"{field} must be a string, the id of the tool call the result answers; got "
+                               f"{type(call_id).__name__}", param=field)
+        if call_id and call_id in self.answered:
+            raise RequestError(f"{field}: duplicate tool_call_id {call_id!r}: messages[{self.answered[call_id]}] "
+                               "answers the same tool call; each call has exactly one tool message, so send one "
+                               "result per call", param=field)
+        if call_id:
+            self.answered[call_id] = index
+        if message.get("name"):
+            return
+        if not call_id:
+            raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
+                               "(or the tool's name); without it the result would name no tool", param=field)
+        if call_id not in self.made:
+            raise RequestError(f"{field}: no earlier assistant message holds a tool call with id {call_id!r}; send "
+                               "the assistant message with the call before its result (or give the tool's `name`)",
+                               param=field)
 
 
 # Fields of an assistant message that hold something the model said, which the template cannot render: a
@@ -236,7 +316,11 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
         raise RequestError(f"{field} is not valid JSON: {error}", param=field) from None
     if not isinstance(decoded, dict):
         raise RequestError(f"{field} must encode a JSON object, got {type(decoded).__name__}", param=field)
-    _check_arguments_value(decoded, field)
+    _check_arguments_value(decoded, field)  # first: the depth it bounds bounds the search for a repeated key
+    repeated = first_duplicate_key(arguments)
+    if repeated is not None:  # the template would render the last value, another reader the first
+        raise RequestError(f"{field}: the key {repeated!r} is given more than once in the same JSON object; send each "
+                           "key once (JSON leaves which value counts undefined)", param=field)
     return decoded
 
 

@@ -48,7 +48,7 @@ from glimmer.server.structured_outputs import requested_structured_outputs
 
 # Knobs the server resolves into `reasoning_strength` itself; the template gets the result, not them.
 _REASONING_KNOBS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
-_RENDERING_FIELDS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
+RENDERING_FIELDS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
 """Request fields that vLLM also reads from `chat_template_kwargs`; no template variables."""
 
 
@@ -187,7 +187,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
 def _refuse_rendering_fields_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
     """RequestError for a request field given in `chat_template_kwargs`, where vLLM also reads it: the template
     never would, and a prompt rendered without it would be a silent wrong answer."""
-    for name in _RENDERING_FIELDS:
+    for name in RENDERING_FIELDS:
         if name in chat_template_kwargs:
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but a field "
                                f"of the /v1/chat/completions request; send {name!r} at the top level of the "

@@ -8,10 +8,15 @@
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls;
 - a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
   item before it, in the input or in the responses it continues (OpenAI refuses an answer to no call, as does
-  Glimmer; a result rendered before its call would be read as a result of nothing);
+  Glimmer; a result rendered before its call would be read as a result of nothing). The outputs answering one
+  turn's calls render in the order of the calls, whatever their order in the input: the prompt matches a result
+  to its call by position, OpenAI by call_id;
 - every `function_call` item, in the input or in the responses it continues, needs a `function_call_output` after
   it (OpenAI: 400 "No tool output found for function call ..."): a call left unanswered would render as a turn
   whose result never came;
+- nothing is sent twice: an item `id`, a `function_call`'s `call_id`, an output for one call, each once in the input
+  and the responses it continues (OpenAI: 400 "Duplicate item found with id ..."); a call answered twice, or the
+  previous response's items sent again beside `previous_response_id`, would render twice;
 - a string input must not be empty, and a message item needs its content (either would be an empty turn).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -83,7 +89,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     each message came from (for `responses_error`). The first `continued` items are those of the response
     named by `previous_response_id`; the request's own `input[0]` follows them."""
     called: dict[str, str] = {}  # call_id → where, of the function_call items so far: an output answers an earlier call
-    answered: set[str] = set()  # call_ids of the function_call_output items
+    answered: dict[str, str] = {}  # call_id → where, of the function_call_output items
+    item_ids: dict[str, str] = {}  # id → where, of the items that carry one
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -104,9 +111,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         return assistant
 
     for i, item in enumerate(items):
-        where = f"input[{i - continued}]" if i >= continued else "previous_response_id"
+        where = f"input[{i - continued}]" if i >= continued else _CHAIN
         kind = item.get("type", "message")
         _refuse_unknown_fields(item, kind, where)
+        _refuse_duplicate(item_ids, item.get("id"), where, f"{where}.id", "item id", "each item is sent once")
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
@@ -117,9 +125,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         elif kind == "function_call":
             assistant = open_assistant(where)
             call = _tool_call(item, where)
+            _refuse_duplicate(called, call["id"], where, f"{where}.call_id", "function_call call_id",
+                              "each call has its own call_id, which its output answers")
             assistant.setdefault("tool_calls", []).append(call)
             assistant_origin.tool_calls.append(where)
-            called.setdefault(call["id"], where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
@@ -150,7 +159,8 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    "or the responses it continues (previous_response_id); send the call's item "
                                    "before its output, or continue the response that made the call",
                                    param=f"{where}.call_id")
-            answered.add(call_id)
+            _refuse_duplicate(answered, call_id, where, f"{where}.call_id", "function_call_output for call_id",
+                              "each function_call has exactly one function_call_output")
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _text_of(item.get("output"), f"{where}.output")})
             origins.append(MessageSource(where))
@@ -159,12 +169,35 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                "function_call and function_call_output are)", param=f"{where}.type")
     flush()
     _refuse_unanswered_calls(called, answered)
+    order = tool_results_in_call_order(messages)  # outputs answer calls by call_id, the prompt by position
     if sources is not None:
-        sources[:] = origins
-    return messages
+        sources[:] = [origins[i] for i in order]
+    return [messages[i] for i in order]
 
 
-def _refuse_unanswered_calls(called: dict[str, str], answered: set[str]) -> None:
+_CHAIN = "previous_response_id"  # where the items of the responses a request continues are
+_CHAIN_HINT = ("; the response named by previous_response_id holds it already: with previous_response_id, send only "
+               "the new items (the outputs of its calls, the next message), not that response's items again")
+
+
+def _at(where: str) -> str:
+    return "in the responses previous_response_id continues" if where == _CHAIN else f"at {where}"
+
+
+def _refuse_duplicate(seen: dict[str, str], key: Any, where: str, field: str, what: str, rule: str) -> None:
+    """Records `key` (a string, or nothing to record) as seen at `where`; RequestError naming `field`, saying `rule`,
+    when it was seen before: an item sent twice (an answer, a call, the previous response's items sent again beside
+    previous_response_id) would render twice, and two answers to one call make the model read both. OpenAI refuses
+    them too (400 "Duplicate item found with id ...", "Duplicate function_call_output for call_id ...")."""
+    if not isinstance(key, str) or not key:
+        return
+    if key in seen:
+        fix = _CHAIN_HINT if seen[key] == _CHAIN else "; remove the duplicate item"
+        raise RequestError(f"{field}: duplicate {what} {key!r}, also {_at(seen[key])}: {rule}{fix}", param=field)
+    seen[key] = where
+
+
+def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -> None:
     """RequestError naming every call (by call_id and where it was made) with no function_call_output."""
     unanswered = [(call_id, where) for call_id, where in called.items() if call_id not in answered]
     if not unanswered:

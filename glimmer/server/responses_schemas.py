@@ -16,6 +16,7 @@ from typing import Any, Literal
 from glimmer.engine.grammar import check_json_schema
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
+from glimmer.server.chat_prompt import RENDERING_FIELDS
 from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
 
 RESPONSES_FIELD_HINTS = {
@@ -113,6 +114,12 @@ def check_supported(request: ResponsesRequest) -> None:
                            param="text.verbosity")
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise RequestError("max_output_tokens: must be at least 1", param="max_output_tokens")
+    for name in RENDERING_FIELDS:  # chat's own message would send the client to a field this request refuses
+        if name in (request.chat_template_kwargs or {}):
+            raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but a field of "
+                               "/v1/chat/completions, which /v1/responses does not take (a response always starts "
+                               f"a new assistant turn with the model's template); use /v1/chat/completions for "
+                               f"{name!r}", param="chat_template_kwargs")
 
 
 def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from glimmer.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE
 from glimmer.errors import RequestError
+from glimmer.protocol.duplicate_keys import first_duplicate_key
 
 # Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
 # a top_k of 2**63 once overflowed inside the sampler and stopped the engine. Tighter, server-specific limits
@@ -206,53 +207,55 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
     try:
         validated = model.model_validate_json(body)
     except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
+            raise _nested_too_deep(body) from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints) from None
     refuse_duplicate_keys(body)
     return validated
 
 
-class _DuplicateKey(Exception):
-    """Raised inside json.loads by `_unique_keys`."""
+JSON_DEPTH_LIMIT = 200
+"""How deep objects and arrays may nest in a request body, the body itself the first level: pydantic-core's JSON
+parser stops at this fixed recursion limit, before any field is read."""
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> None:
-    """json.loads' object_pairs_hook for a parse that only checks: each object becomes None (building no dicts to
-    throw away makes the check about a fifth faster on bodies of many small objects)."""
-    if len(dict(pairs)) != len(pairs):
-        raise _DuplicateKey
+def _nested_too_deep(body: bytes) -> RequestError:
+    """The RequestError for a body pydantic-core refused as nested past JSON_DEPTH_LIMIT: valid JSON (a deep schema
+    or tool parameters, say), not "not valid JSON". Names the top-level field holding the deepest value when
+    Python's parser (whose own limit is Python's recursion limit) can read the body."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        value = None
+    fields = value.items() if isinstance(value, dict) else ()
+    depths = {key: _depth(item) for key, item in fields}
+    field = max(depths, key=depths.__getitem__) if depths else None
+    return RequestError(f"{field or 'the request body'}: objects and arrays nest more than {JSON_DEPTH_LIMIT} levels "
+                        "deep here (the body itself the first level), more than the server's JSON parser reads; the "
+                        "body is valid JSON, but flatten them (a JSON schema can define a repeated part once in $defs "
+                        "and point to it with $ref)", param=field)
 
 
-class _Pairs(list):
-    """A JSON object as its (key, value) pairs, repeated keys kept."""
+def _depth(value: Any) -> int:
+    """How many levels of objects and arrays `value` nests (0 for a scalar), counted without recursing."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            pending += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def refuse_duplicate_keys(body: bytes) -> None:
-    """RequestError naming (by its path) the first key that an object of `body` gives twice. RFC 8259 §4 leaves
-    the meaning of such an object to the reader: pydantic takes the last value, other parsers the first, so a
-    client and a proxy could read another request than the one served. `body` is JSON pydantic has accepted."""
-    try:
-        json.loads(body, object_pairs_hook=_unique_keys)
-    except _DuplicateKey:  # rare: parse again, keeping every pair, to say where
-        path = _first_duplicate_key(json.loads(body, object_pairs_hook=_Pairs), "")
+    """RequestError naming (by its path) the first key that an object of `body` gives twice (`first_duplicate_key`:
+    a client and a proxy could read another request than the one served). `body` is JSON pydantic has accepted."""
+    path = first_duplicate_key(body)
+    if path is not None:
         raise RequestError(f"{path}: given more than once in the same JSON object; send each key once (JSON "
-                           "leaves which value counts undefined)", param=path) from None
-
-
-def _first_duplicate_key(value: Any, path: str) -> str | None:
-    """The path of the first repeated key in `value` (objects as `_Pairs`), outer objects before inner ones."""
-    if isinstance(value, _Pairs):
-        seen: set[str] = set()
-        for key, _ in value:
-            if key in seen:
-                return f"{path}.{key}" if path else key
-            seen.add(key)
-        children = [(f"{path}.{key}" if path else key, item) for key, item in value]
-    elif isinstance(value, list):
-        children = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
-    else:
-        return None
-    return next((found for where, item in children if (found := _first_duplicate_key(item, where)) is not None),
-                None)
+                           "leaves which value counts undefined)", param=path)
 
 
 _UNION_FIELD_HINTS = {

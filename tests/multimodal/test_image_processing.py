@@ -203,10 +203,13 @@ def test_a_float_image_in_0_1_gives_the_pixels_of_its_uint8_levels(dtype) -> Non
     ("payload", "problem"),
     [
         pytest.param(np.full((8, 8, 3), 200.0), "an image array of float64 must hold values in [0, 1] (an image "
-                     "rescaled by 1/255), but it holds values from 200 to 200; divide its values by 255, or pass "
-                     "0..255 levels as uint8 (array.astype(np.uint8))", id="levels-as-floats"),
-        pytest.param(np.full((8, 8), -0.25, dtype=np.float32), "holds values from -0.25 to -0.25", id="negative"),
-        pytest.param(np.array([[0.5, np.inf]] * 8, dtype=np.float32), "holds values from 0.5 to inf", id="infinite"),
+                     "rescaled by 1/255), but it holds values from 200.0 to 200.0; they look like 0..255 levels: "
+                     "divide its values by 255, or pass 0..255 levels as uint8 (array.astype(np.uint8))",
+                     id="levels-as-floats"),
+        pytest.param(np.full((8, 8), -0.25, dtype=np.float32), "holds values from -0.25 to -0.25; bring them into "
+                     "[0, 1]: clip an overshoot", id="negative"),
+        pytest.param(np.array([[0.5, np.inf]] * 8, dtype=np.float32), "holds values from 0.5 to inf; bring them",
+                     id="infinite"),
         pytest.param(np.array([[0.5, np.nan]] * 8, dtype=np.float32), "an image array of float32 holds NaN, which is "
                      "no pixel value", id="nan"),
         pytest.param(Image.fromarray(np.full((8, 8), 128.0, dtype=np.float32)), "a float (mode F) PIL image must "
@@ -220,6 +223,22 @@ def test_a_float_image_outside_0_1_is_refused_naming_the_image_and_the_fix(paylo
     with pytest.raises(MediaDecodeError) as raised:
         process_image(payload, SETTINGS, LIMITS, index=2)
     assert str(raised.value).startswith("image 2: ") and problem in str(raised.value)
+
+
+@pytest.mark.parametrize(("low", "high", "shown"), [(0.0, 1.0000001, "from 0.0 to 1.0000001"),
+                                                    (-1e-9, 1.0, "from -1e-09 to 1.0")])
+def test_a_float_image_straying_from_0_1_by_rounding_error_is_told_to_clip_not_to_divide_by_255(low, high, shown):
+    """QA: "holds values from 1e-09 to 1; divide its values by 255": `%g` hid the overshoot, and dividing by 255 would
+    have made the image black. The values are shown as exactly as the array holds them, and the fix is clipping."""
+    values = np.full((8, 8), 0.5, dtype=np.float32)
+    values[0, 0], values[0, 1] = low, high
+    with pytest.raises(MediaDecodeError) as raised:
+        process_image(values, SETTINGS, LIMITS)
+    assert f"holds values {shown}; they stray from [0, 1] by less than half a level (1/510)" in str(raised.value)
+    assert str(raised.value).endswith("clip them (np.clip(values, 0, 1))") and "divide" not in str(raised.value)
+    clipped = process_image(np.clip(values, 0, 1), SETTINGS, LIMITS)
+    assert torch.equal(clipped.pixel_values, process_image(np.rint(np.clip(values, 0, 1) * 255).astype(np.uint8),
+                                                           SETTINGS, LIMITS).pixel_values)
 
 
 def test_truncated_png_raises_a_decode_error() -> None:

@@ -67,6 +67,15 @@ def test_a_percent_encoded_base64_payload_is_decoded_first_as_browsers_do(escape
     assert load_media_reference("data:image/png;base64," + mixed, "image", 0, MediaFetchPolicy()) == png
 
 
+@pytest.mark.parametrize("fragment", ["#frag", "#", "#a,b#c"])
+def test_a_data_url_s_fragment_is_no_part_of_its_data_as_browsers_read_it(fragment):
+    """QA: `data:image/png;base64,…#frag` was refused as not valid base64; the WHATWG data: URL processor reads the
+    URL without its fragment."""
+    png = _png()
+    for url in ("data:image/png;base64," + base64.b64encode(png).decode(), "data:image/png," + quote(png)):
+        assert load_media_reference(url + fragment, "image", 0, MediaFetchPolicy()) == png
+
+
 def test_a_percent_encoded_data_url_without_base64_gives_its_bytes():
     """A body without `;base64` is percent-decoded to bytes: %89 was read as UTF-8 and became `?`."""
     png = _png()
@@ -206,6 +215,15 @@ AS_SENT = [
 def test_media_part_paths_point_into_the_request_as_sent():
     assert media_part_paths(AS_SENT) == {"image": ["messages[1].content[1]", "messages[2].content[0]"],
                                          "video": ["messages[1].content[2]"]}
+
+
+def test_media_part_paths_follow_tool_results_into_their_calls_order():
+    """Results render in their calls' order (normalize_messages), so image n of the prompt is the n-th in that order."""
+    calls = {"role": "assistant", "tool_calls": [{"id": i, "function": {"name": "snap"}} for i in ("a", "b")]}
+    image = [{"type": "image_url", "image_url": {"url": "u"}}]
+    messages = [calls, {"role": "tool", "tool_call_id": "b", "content": image},
+                {"role": "tool", "tool_call_id": "a", "content": image}]
+    assert media_part_paths(messages)["image"] == ["messages[2].content[0]", "messages[1].content[0]"]
 
 
 def test_item_errors_name_their_content_part():

@@ -2,6 +2,7 @@
 
 import copy
 import logging
+import re
 
 import pytest
 
@@ -392,3 +393,97 @@ def test_reasoning_that_is_not_text_is_refused(key):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", key: {"a": 1}}]
     with pytest.raises(RequestError, match="must be a string"):
         normalize_messages(messages)
+
+
+# -- tool results in their calls' order --------------------------------------------------------------------
+
+
+def weather_calls(*cities):
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{city}", "type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+        for city in cities]}
+
+
+def result(call_id, content, **fields):
+    return {"role": "tool", "tool_call_id": call_id, "content": content, **fields}
+
+
+def rendered_results(messages):
+    """The tool results' texts in the order the prompt shows them."""
+    prompt = render_chat(normalize_messages(messages), template=builtin_template_source(), current_date="2026-01-01")
+    return [body.split("\n", 1)[1].split("\n</tool_output>", 1)[0] for body in prompt.split("<tool_output ")[1:]]
+
+
+def test_tool_results_render_in_the_order_of_their_calls_whatever_order_they_came_in():
+    """§2.1: a result renders as `tool NAME`, with no call id, so the model matches it to a call by position; results
+    sent in another order (OpenAI matches them by tool_call_id) were read as each other's: Paris got Oslo's snow."""
+    messages = [USER, weather_calls("Paris", "Oslo"), result("cOslo", "snow, -3"), result("cParis", "rain, 18")]
+    assert rendered_results(messages) == ["rain, 18", "snow, -3"]
+    assert [m.get("tool_call_id") for m in normalize_messages(messages)] == [None, None, "cParis", "cOslo"]
+
+
+def test_results_follow_the_calls_of_the_whole_turn_and_only_their_own_turn():
+    """Consecutive assistant messages are one turn; a later turn's results are ordered by that turn's calls."""
+    messages = [USER, weather_calls("Paris"), weather_calls("Oslo"), result("cOslo", "snow"), result("cParis", "rain"),
+                {"role": "assistant", "content": "Next?"}, USER, weather_calls("Rome", "Bern"), result("cBern", "fog"),
+                result("cRome", "sun")]
+    assert rendered_results(messages) == ["rain", "snow", "sun", "fog"]
+
+
+@pytest.mark.parametrize("results", [
+    [result("cOslo", "snow"), result("elsewhere", "rain", name="get_weather")],  # an id of no call of the turn
+    [result("cOslo", "snow"), {"role": "tool", "name": "get_weather", "content": "rain"}],  # answered by name alone
+])
+def test_results_that_do_not_all_answer_a_call_of_the_turn_by_id_keep_their_order(results):
+    """Nothing says which call a result named only by its tool answers: the run renders as sent."""
+    assert rendered_results([USER, weather_calls("Paris", "Oslo"), *results]) == ["snow", "rain"]
+
+
+def test_a_result_answering_an_earlier_turn_keeps_its_place():
+    messages = [USER, weather_calls("Paris"), USER, weather_calls("Oslo"), result("cOslo", "snow"),
+                result("cParis", "rain")]
+    assert rendered_results(messages) == ["snow", "rain"]
+
+
+# -- each call answered once -------------------------------------------------------------------------------
+
+
+def test_a_second_result_for_one_call_is_refused_naming_both_messages():
+    """Two answers to one call, both rendered; OpenAI refuses them ("Duplicate value for 'tool_call_id'")."""
+    messages = [USER, weather_calls("Paris", "Oslo"), result("cParis", "rain"), result("cOslo", "snow"),
+                result("cParis", "sun")]
+    with pytest.raises(RequestError, match=r"^messages\[4\]\.tool_call_id: duplicate tool_call_id 'cParis': "
+                                           r"messages\[2\] answers the same tool call") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[4].tool_call_id"
+
+
+def test_two_calls_of_one_turn_with_one_id_are_refused_naming_both():
+    """No result could say which of them it answers."""
+    (call,) = weather_calls("Paris")["tool_calls"]
+    for messages, field, other in (
+            ([USER, {"role": "assistant", "tool_calls": [call, call]}], "messages[1].tool_calls[1].id",
+             "messages[1].tool_calls[0].id"),
+            ([USER, weather_calls("Paris"), weather_calls("Paris")], "messages[2].tool_calls[0].id",
+             "messages[1].tool_calls[0].id")):
+        with pytest.raises(RequestError, match=rf"duplicate tool call id 'cParis' \(also {re.escape(other)}\)") as err:
+            normalize_messages(messages)
+        assert err.value.param == field
+
+
+def test_an_id_a_later_turn_makes_again_is_a_new_call_answered_again():
+    """Some servers number calls per turn (`search:0` in every turn): each turn's call has its own result."""
+    turn = [weather_calls("Paris"), result("cParis", "rain")]
+    assert rendered_results([USER, *turn, USER, *turn]) == ["rain", "rain"]
+
+
+@pytest.mark.parametrize(("arguments", "key"), [('{"city": "Paris", "city": "Oslo"}', "city"),
+                                                ('{"options": {"unit": "C", "unit": "F"}}', "options.unit")])
+def test_arguments_giving_a_key_twice_are_refused_naming_the_field_and_the_key(arguments, key):
+    """P-TMPL-6: the last value was rendered (the model read a call to Oslo), while another reader of the same
+    history reads the first; as the request body's own repeated keys, it is refused."""
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([USER, assistant_call(arguments)])
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert str(caught.value).startswith(f"messages[1].tool_calls[0].function.arguments: the key {key!r} is given "
+                                        "more than once in the same JSON object")

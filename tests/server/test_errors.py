@@ -67,6 +67,17 @@ def test_missing_or_wrong_api_key_is_401(server, key):
             openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
 
 
+@pytest.mark.parametrize("keys", [[KEY, "sk-wrong"], ["sk-wrong", KEY], [KEY, KEY]])
+def test_more_than_one_authorization_header_is_401_naming_the_header(server, keys):
+    """The first header decided (right then wrong passed, wrong then right did not); a proxy or a logger that reads
+    another line disagrees with the server on who asked."""
+    headers = [("Authorization", f"Bearer {key}") for key in keys]
+    response = httpx.post(server.base_url + "/chat/completions", json=chat(), headers=headers, timeout=30)
+    error = error_of(response, 401)
+    assert error["code"] == "invalid_api_key" and error["message"].startswith("the request has 2 Authorization headers")
+    assert KEY not in error["message"]
+
+
 def test_health_and_metrics_need_no_key(server):
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200
@@ -76,6 +87,35 @@ def test_malformed_json_is_400(server):
     error = error_of(post(server, b'{"model": "tiny", "messages": ['), 400)
     assert "not valid JSON" in error["message"]
     error_of(post(server, b"[1, 2]"), 400)
+
+
+def nested(depth: int) -> dict:
+    value: dict = {"type": "string"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"a": value}}
+    return value
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {"name": "deep",
+                                                                                      "schema": nested(100)}})),
+    ("/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": nested(100)}}])),
+    ("/responses", {"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f",
+                                                              "parameters": nested(100)}]}),
+])
+def test_a_body_nested_past_the_parser_s_limit_is_400_saying_so_not_invalid_json(server, path, body):
+    """QA: a valid schema some 200 levels deep was "the request body is not valid JSON: Invalid JSON: recursion limit
+    exceeded", with param null."""
+    error = error_of(post(server, body, path=path), 400)
+    field = next(key for key in ("response_format", "tools") if key in body)
+    assert error["param"] == field and error["message"].startswith(f"{field}: objects and arrays nest more than 200 "
+                                                                   "levels deep here")
+    assert "not valid JSON" not in error["message"]
+
+
+def test_a_body_nested_past_python_s_parser_too_is_400_naming_no_field(server):
+    error = error_of(post(server, b"[" * 5000 + b"]" * 5000), 400)
+    assert error["param"] is None and error["message"].startswith("the request body: objects and arrays nest")
 
 
 USER = '{"role": "user", "content": "hi"}'

@@ -171,6 +171,35 @@ def test_parallel_calls_arrive_in_wire_order_with_distinct_ids(client):
     assert len(set(result["ids"])) == 2
 
 
+def test_tool_results_sent_in_another_order_render_in_the_order_of_their_calls(client, server):
+    """The prompt has no call ids (§2.1: a result is `tool NAME`), so the model pairs results with calls by position:
+    results sent in another order than the calls (OpenAI pairs them by tool_call_id) were each read as the other's."""
+    request = _request("[two-calls]", tools=TOOLS)
+    reply = client.chat.completions.create(**request).choices[0].message
+    weather, time = reply.tool_calls
+    request["messages"] += [reply.model_dump(exclude_none=True),
+                            {"role": "tool", "tool_call_id": time.id, "content": "09:15"},
+                            {"role": "tool", "tool_call_id": weather.id, "content": "rain, 18"}]
+    client.chat.completions.create(**request)
+    prompt = server.engine.engine.runner.prompts[-1]
+    assert prompt.index("<|start|>tool get_weather<|message|>") < prompt.index("<|start|>tool get_time<|message|>")
+    assert prompt.index("rain, 18") < prompt.index("09:15")
+
+
+def test_a_call_answered_twice_is_400_naming_the_second_answer(client):
+    """Both results rendered, and the model read two answers to one call; OpenAI refuses them ("Duplicate value for
+    'tool_call_id'")."""
+    request = _request("[two-calls]", tools=TOOLS)
+    reply = client.chat.completions.create(**request).choices[0].message
+    weather, time = reply.tool_calls
+    request["messages"] += [reply.model_dump(exclude_none=True),
+                            *({"role": "tool", "tool_call_id": call.id, "content": "x"} for call in (weather, time)),
+                            {"role": "tool", "tool_call_id": weather.id, "content": "rain, 18"}]
+    with pytest.raises(openai.BadRequestError, match="duplicate tool_call_id") as refused:
+        client.chat.completions.create(**request)
+    assert refused.value.body["param"] == "messages[4].tool_call_id"
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call_and_stops(client, server):
     result = _both(client, **_request("[two-calls]", tools=TOOLS, parallel_tool_calls=False))
     assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]

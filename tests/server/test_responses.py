@@ -90,6 +90,84 @@ def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_
     assert chained.usage.input_tokens == second.usage.input_tokens  # the same conversation was rendered
 
 
+def _weather_call(city: str, end: str) -> str:
+    return (f' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter '
+            f'name="city">{city}</atem:parameter>\n</atem:invoke>\n</atem:function_calls>{end}')
+
+
+TWO_CITIES = _weather_call("Paris", "<|eom|><|start|>assistant") + _weather_call("Oslo", "<|eot|>")
+RESULTS_IN_CALL_ORDER = ('rain, 18\n</tool_output><|eot|><|start|>tool get_weather<|message|>'
+                         '<tool_output name="get_weather">\nsnow, -3')
+
+
+def test_outputs_sent_in_another_order_answer_their_own_calls(server, client):
+    """The prompt pairs a result with its call by position (§2.1: no call id), OpenAI by call_id: outputs sent in
+    another order than the calls were each read as the other call's, and the model answered "Paris -3, snow"."""
+    runner = server.engine.engine.runner
+    runner.add(RESULTS_IN_CALL_ORDER, " to=user<|message|>Paris 18, rain; Oslo -3, snow.<|eot|>")
+    runner.add("[two-cities]", TWO_CITIES)
+    first = _create(client, input="[two-cities] Weather in Paris and Oslo?", tools=[WEATHER_TOOL])
+    paris, oslo = [item for item in first.output if item.type == "function_call"]
+    assert [json.loads(call.arguments)["city"] for call in (paris, oslo)] == ["Paris", "Oslo"]
+    outputs = [{"type": "function_call_output", "call_id": oslo.call_id, "output": "snow, -3"},
+               {"type": "function_call_output", "call_id": paris.call_id, "output": "rain, 18"}]
+    chained = _create(client, input=outputs, previous_response_id=first.id, tools=[WEATHER_TOOL])
+    assert chained.output_text == "Paris 18, rain; Oslo -3, snow."
+    prompt = runner.prompts[-1]
+    assert prompt.index(">Paris<") < prompt.index(">Oslo<") < prompt.index("rain, 18") < prompt.index("snow, -3")
+
+
+def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
+    calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
+             for city in ("Paris", "Oslo")]
+    outputs = [{"type": "function_call_output", "call_id": f"c{city}", "output": city} for city in ("Oslo", "Paris")]
+    sources: list = []
+    messages = chat_messages([{"role": "user", "content": "hi"}, *calls, *outputs], None, sources)
+    assert [(m.get("tool_call_id"), source.path) for m, source in zip(messages, sources, strict=True)] == [
+        (None, "input[0]"), (None, "input[1]"), ("cParis", "input[4]"), ("cOslo", "input[3]")]
+
+
+CALL_P = {"type": "function_call", "call_id": "cP", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+OUTPUT_P = {"type": "function_call_output", "call_id": "cP", "output": "rain"}
+
+
+@pytest.mark.parametrize(("items", "param", "message"), [
+    ([CALL_P, OUTPUT_P, OUTPUT_P], "input[3].call_id",
+     "duplicate function_call_output for call_id 'cP', also at input[2]: each function_call has exactly one "
+     "function_call_output; remove the duplicate item"),
+    ([CALL_P, CALL_P, OUTPUT_P], "input[2].call_id",
+     "duplicate function_call call_id 'cP', also at input[1]: each call has its own call_id"),
+    ([{**CALL_P, "id": "fc_1"}, {**OUTPUT_P, "id": "fc_1"}], "input[2].id",
+     "duplicate item id 'fc_1', also at input[1]: each item is sent once"),
+])
+def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, param, message):
+    """Both copies rendered: two answers to one call, or one call twice. OpenAI refuses them ("Duplicate
+    function_call_output for call_id ...", "Duplicate item found with id ...")."""
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "[weather]"}, *items], None)
+    assert refused.value.param == param and str(refused.value).startswith(f"{param}: {message}")
+
+
+def test_a_continuation_sending_again_what_its_previous_response_holds_is_400(server, client):
+    """A call answered in the chain answered again, or the previous response's items sent again beside
+    previous_response_id (the prompt held the call twice): the message says to send only the new items."""
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    answered = _create(client, input=[output], previous_response_id=first.id, tools=[WEATHER_TOOL])
+    resent = [item.model_dump(exclude_none=True) for item in first.output]
+    for previous, input_, param in ((answered.id, [output], "input[0].call_id"),
+                                    (first.id, [*resent, output], "input[0].id"),
+                                    (first.id, [{k: v for k, v in item.items() if k != "id"} for item in resent]
+                                     + [output], f"input[{len(resent) - 1}].call_id")):
+        body = {"model": "tiny", "tools": [WEATHER_TOOL], "previous_response_id": previous, "input": input_}
+        response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and "duplicate" in error["message"], error
+        assert "with previous_response_id, send only the new items" in error["message"]
+
+
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     def refused(**fields):
         body = {"model": "tiny", "tools": [WEATHER_TOOL], **fields}
@@ -263,6 +341,18 @@ def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param)
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(("name", "value"), [("continue_final_message", True), ("add_generation_prompt", False),
+                                           ("chat_template", "{{ messages }}")])
+def test_chat_rendering_fields_in_chat_template_kwargs_are_400_saying_responses_has_none(server, name, value):
+    """Chat's refusal sent the client to "the top level of the request", where /v1/responses refuses the field."""
+    body = {"model": "tiny", "input": "[greet]", "chat_template_kwargs": {name: value}}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "chat_template_kwargs" and "top level" not in error["message"]
+    assert "field of /v1/chat/completions, which /v1/responses does not take" in error["message"]
+
+
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
 
 
@@ -297,6 +387,10 @@ def test_a_reasoning_item_whose_parts_are_no_list_of_parts_is_refused_naming_the
                                              {"role": "user", "content": [IMAGE]}]}, "input[1].content[0]"),
     ({"input": [{"role": "user", "content": "[weather]"},
                 {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{not json"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].arguments"),
+    ({"input": [{"role": "user", "content": "[weather]"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                 "arguments": '{"city": "Paris", "city": "Oslo"}'},
                 {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].arguments"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"max_output_tokens": 5000}, "max_output_tokens"),  # over max_model_len: the engine names max_tokens
