@@ -111,7 +111,7 @@ def test_arrays_and_tensors_in_a_list_are_ids_before_a_batch_is_told_from_one_se
     or tensors was refused; transformers 5 converts them first, then decides by the first item."""
     tok = llm.get_tokenizer()
     column, rows = torch.tensor([[300], [301]]), torch.tensor([[300, 301, 302], [303, 304, 305]])
-    cases = [list(column), list(rows), tuple(rows), [np.array([300, 301]), np.array([302])], list(np.array(rows)),
+    cases = [list(column), list(rows), tuple(rows), [np.array([300, 301]), np.array([302])], list(rows.numpy()),
              [torch.tensor(300), torch.tensor(301)], [np.int64(300), np.int32(301)], [torch.tensor([300]), 301],
              [torch.tensor(300), torch.tensor([301])], [[300, 301], 302], [302, [300, 301]], [[torch.tensor(300)], []],
              [[]], [[[300]]], torch.tensor([[[300]]]), list(torch.zeros((2, 0), dtype=torch.long)), np.array(300)]
