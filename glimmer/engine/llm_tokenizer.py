@@ -1,0 +1,291 @@
+"""`LLM.get_tokenizer()`: the engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with
+transformers 5's meaning (glimmer/engine/llm.py's `LLM` hands it out)."""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as SequenceABC
+from typing import TYPE_CHECKING, Any
+
+from glimmer.engine.apply_chat_template import (
+    OutputShape,
+    checked_documents,
+    generation_prompt,
+    given_conversation,
+    split_conversations,
+    tool_schemas,
+)
+from glimmer.engine.chat_rendering import ChatRendering, render_conversation
+from glimmer.engine.tokenizer import Tokenizer
+from glimmer.errors import RequestError
+from glimmer.protocol import ChatTemplate, compiled_template, normalize_tools, resolve_reasoning_strength
+from glimmer.protocol.tool_choice import plan_tools
+
+if TYPE_CHECKING:
+    from glimmer.engine.llm import LLM
+
+STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")  # resolved, not passed on
+_NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
+"""The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
+and mask a Muse tokenizer has none of, and Glimmer does not read)."""
+
+
+class LLMTokenizer:
+    """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
+    `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
+    unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
+    with the checkpoint's template exactly as `LLM.chat` does, and `all_special_ids` are transformers' (the named
+    tokens). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`, `token_to_id`, ...) are the
+    `Tokenizer`'s."""
+
+    def __init__(self, llm: LLM):
+        self._llm = llm
+        self.tokenizer: Tokenizer = llm.engine.tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_"):
+            with contextlib.suppress(AttributeError):
+                return getattr(self.tokenizer, name)
+        # named as the class the caller holds, not the engine's Tokenizer it was looked up on
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __len__(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens of the base vocabulary, without the added ones (transformers' `vocab_size`); `len()` counts all."""
+        return self.tokenizer.base_vocab_size
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The named special tokens the checkpoint sets (bos, eos, unk, pad), each once, in transformers' order: its
+        `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
+        tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)` leaves out as
+        transformers' does, is in `tokenizer.all_special_ids`."""
+        named = (getattr(self.tokenizer, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        return list(dict.fromkeys(token for token in named if token is not None))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        """The ids of `all_special_tokens` (transformers' `all_special_ids`): what `convert_ids_to_tokens` skips."""
+        return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
+        """{"input_ids": ids} of a text, or a list of id lists for a list of texts (as transformers' call)."""
+        if isinstance(text, list | tuple):
+            return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"LLMTokenizer.tokenize() takes a string, not {type(text).__name__}")
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool | None = None) -> str | list[str]:
+        """Text of `ids` (an id, a list of ids, or a 1-D array or tensor of them), or the texts of a batch of them (a
+        list of id lists, of 1-D arrays or of tensors, or a 2-D array or tensor), as transformers 5's `decode`, which
+        tells a batch by its first item once arrays and tensors are lists; `skip_special_tokens` leaves out every
+        token flagged special (`tokenizer.all_special_ids`: framing and media tokens too, as transformers' decode).
+        `clean_up_tokenization_spaces` has transformers 5's meaning (None: the tokenizer config's default, False for
+        Muse), which leaves the text of a BPE tokenizer, as Muse's, as it is: True changes nothing unless
+        tokenizer_config.json sets `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`.
+        Raises TypeError naming `LLMTokenizer.decode` for anything else."""
+        return self._decode_any(ids, skip_special_tokens, clean_up_tokenization_spaces, "LLMTokenizer.decode()")
+
+    def batch_decode(self, sequences: SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None) -> list[str]:
+        """The texts of `sequences` (a list of id lists, or a 2-D array or tensor) as `decode` gives them; one
+        sequence gives a list of its text (as transformers 5's `batch_decode`)."""
+        texts = self._decode_any(sequences, skip_special_tokens, clean_up_tokenization_spaces,
+                                 "LLMTokenizer.batch_decode()")
+        return [texts] if isinstance(texts, str) else texts
+
+    def _decode_any(self, ids: Any, skip_special_tokens: bool, clean_up: bool | None, call: str) -> str | list[str]:
+        ids = python_ids(ids)
+        # one sequence or a batch, as transformers 5 tells them: by the first item alone
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            return [self._decode(token_id_list(sequence, f"{call} (sequence {index})"), skip_special_tokens,
+                                 clean_up) for index, sequence in enumerate(ids)]
+        return self._decode(token_id_list(ids, call), skip_special_tokens, clean_up)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool, clean_up: bool | None) -> str:
+        if skip_special_tokens:
+            special = set(self.tokenizer.all_special_ids)
+            ids = [i for i in ids if i not in special]
+        return self.tokenizer.cleaned_up_as_transformers(self.tokenizer.decode(ids), clean_up)
+
+    def convert_ids_to_tokens(self, ids: int | SequenceABC[int],
+                              skip_special_tokens: bool = False) -> str | None | list[str | None]:
+        """The vocabulary entry of an id (None past the vocabulary), or of each of a list of ids, those of
+        `all_special_ids` (the named tokens, not the framing) left out with `skip_special_tokens`, as transformers'
+        call (unlike its `decode`, which leaves out every token flagged special)."""
+        id_list = token_id_list(ids, "LLMTokenizer.convert_ids_to_tokens()")
+        if is_token_id(ids):
+            return self.tokenizer.id_to_token(id_list[0])
+        special = set(self.all_special_ids) if skip_special_tokens else set()
+        return [self.tokenizer.id_to_token(i) for i in id_list if i not in special]
+
+    def convert_tokens_to_ids(self, tokens: str | SequenceABC[str]) -> int | None | list[int | None]:
+        """The id of a vocabulary entry, or of each of a list of them; one not in the vocabulary is the unknown
+        token's id, None without one (as transformers' call)."""
+        if isinstance(tokens, str):
+            return self._token_id(tokens)
+        if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) for t in tokens):
+            raise TypeError("LLMTokenizer.convert_tokens_to_ids() takes a token string or a list of them")
+        return [self._token_id(t) for t in tokens]
+
+    def _token_id(self, token: str) -> int | None:
+        token_id = self.tokenizer.token_to_id(token)
+        return self.tokenizer.unk_token_id if token_id is None else token_id
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]] | list[list[dict[str, Any]]] | None = None,
+        tools: list[dict[str, Any] | Callable[..., Any]] | None = None,
+        *,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool | str = False,
+        tokenize: bool = True,
+        sanitize_control_tokens: bool | None = None,
+        padding: bool | str = False,
+        truncation: bool | str = False,
+        max_length: int | None = None,
+        return_tensors: str | None = None,
+        return_dict: bool = False,
+        return_assistant_tokens_mask: bool = False,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        allow_control_tokens_in_content: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """The prompt of a conversation (a list of message dicts) as `LLM.chat` renders it, or of each of a batch of
+        them (a list of such lists, giving a list): its token ids (`tokenize=True`, BOS once, from the template) or
+        its text. Media parts are not expanded into placeholder tokens here.
+
+        The named arguments are transformers 5's, with its meaning (glimmer/engine/apply_chat_template.py): `tools`
+        (schemas, or Python functions converted as transformers converts them), `documents` (the template's
+        variable), `chat_template` (a template source to render with instead of the checkpoint's),
+        `add_generation_prompt`, `continue_final_message`, `tokenize`, `sanitize_control_tokens`, `padding`,
+        `truncation`, `max_length`, `return_tensors` ('pt' or 'np') and `return_dict` ({"input_ids",
+        "attention_mask"}; only with `tokenize=True`, as in transformers). `conversation` may be passed as
+        `messages`. Every other keyword argument is a chat template variable, as in transformers and as
+        `LLM.chat`'s `chat_template_kwargs` (`reasoning_effort` included).
+
+        Defaults are Glimmer's, as before transformers 5: the ids as a list (`return_dict=False`), and the
+        generation prompt unless `continue_final_message` is set (`add_generation_prompt=None`).
+
+        `continue_final_message=True` ends the prompt inside the final message's content: what the template writes
+        after it (its `<|eot|>` or `<|eom|>`, whatever `end_turn` says) is left out, so the model continues the
+        body of that message's channel: `to=user` for an answer, the `recipient` for a message to another channel.
+        A string names the field to continue: `"reasoning_content"` (or `"reasoning"`, `"thinking"`: each finds the
+        reasoning under any of the three keys) ends the prompt inside the reasoning (a `to=self` message) and leaves
+        out the content that would follow it. As in transformers the final message may have
+        any role, it cannot be combined with `add_generation_prompt=True`, and a field the template leaves out
+        (the content of an assistant message with `tool_calls`) cannot be continued.
+
+        Control-token text in the messages, tools or template kwargs is tokenized as plain text (as transformers'
+        `sanitize_control_tokens=True`); `allow_control_tokens_in_content=True` or `sanitize_control_tokens=False`
+        (trusted input only) makes it those tokens. Padding and truncation are on the right; without `max_length`
+        their limit is the engine's `max_model_len` (transformers: the tokenizer's `model_max_length`).
+
+        Raises RequestError (a ValueError) naming the argument for values transformers refuses and for those not
+        supported here: `return_assistant_tokens_mask=True` (the template marks no `{% generation %}` spans),
+        `tokenizer_kwargs`, `return_tensors` other than 'pt' or 'np'.
+        """
+        conversations, batched = split_conversations(given_conversation(conversation, kwargs))
+        if return_assistant_tokens_mask:
+            raise RequestError("return_assistant_tokens_mask=True is not supported: the chat template marks no "
+                               "{% generation %} spans to build the mask from", param="return_assistant_tokens_mask")
+        if tokenizer_kwargs:
+            raise RequestError(f"tokenizer_kwargs {sorted(tokenizer_kwargs)} are not supported; padding, truncation, "
+                               "max_length and return_tensors are arguments of apply_chat_template",
+                               param="tokenizer_kwargs")
+        ends_with_generation_prompt = generation_prompt(add_generation_prompt, continue_final_message)
+        if sanitize_control_tokens and not tokenize:
+            raise RequestError("sanitize_control_tokens=True applies to token ids: it needs tokenize=True (the text "
+                               "of a prompt holds no tokens to sanitize)", param="sanitize_control_tokens")
+        if sanitize_control_tokens and allow_control_tokens_in_content:
+            raise RequestError("sanitize_control_tokens=True contradicts allow_control_tokens_in_content=True; give "
+                               "one", param="sanitize_control_tokens")
+        shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict) if tokenize else None
+        template = self._llm.engine.chat_template if chat_template is None else _template_argument(chat_template)
+        plan = plan_tools(normalize_tools(tool_schemas(tools)), None)
+        strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
+        template_kwargs = {k: v for k, v in kwargs.items() if k not in STRENGTH_KWARGS}
+        if documents is not None:
+            template_kwargs["documents"] = checked_documents(documents)
+        rendering = ChatRendering(template, plan.render_tools, strength, template_kwargs,
+                                  allow_control_tokens_in_content or sanitize_control_tokens is False,
+                                  ends_with_generation_prompt, continue_final_message)
+        tokenizer = self._llm.engine.tokenizer
+        prompts = [render_conversation(messages, rendering, tokenizer)[1] for messages in conversations]
+        if shape is None:
+            texts = [prompt.display_text for prompt in prompts]
+            return texts if batched else texts[0]
+        ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
+        return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
+                           pad_token_id=self.tokenizer.pad_token_id)
+
+
+def _template_argument(source: Any) -> ChatTemplate:
+    """The `chat_template` argument compiled (transformers also takes the name of one of several templates a
+    tokenizer holds; a checkpoint gives Glimmer one, P-TMPL-1). Raises RequestError, ChatTemplateError."""
+    if not isinstance(source, str):
+        raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
+                           param="chat_template")
+    return compiled_template(source)
+
+
+def python_ids(ids: Any) -> Any:
+    """`ids` with each NumPy array or scalar and torch tensor in it, at any depth of lists and tuples, as the Python
+    int or lists it holds, and tuples as lists: what transformers 5's `decode` converts (its `to_py_obj`) before it
+    tells one sequence from a batch, so that a list of 1-element tensors (`list(torch.tensor([[300], [301]]))`) is a
+    batch of two sequences, as there, and a list of 1-D arrays a batch too."""
+    if hasattr(ids, "tolist"):
+        return ids.tolist()
+    if isinstance(ids, list | tuple):
+        return [python_ids(item) for item in ids]
+    return ids
+
+
+def token_id_list(ids: Any, call: str) -> list[int]:
+    """`ids` (a token id, a list or tuple of them, a NumPy array or a torch tensor) as a list of ints. Raises
+    TypeError naming `call` and what was given instead."""
+    if hasattr(ids, "tolist"):  # a NumPy array or scalar, a torch tensor
+        ids = ids.tolist()
+    if is_token_id(ids) and operator.index(ids) >= 0:
+        return [operator.index(ids)]
+    if not isinstance(ids, list | tuple):
+        raise TypeError(f"{call} takes token ids (an int, a list of ints, or a 1-D array or tensor of them), not "
+                        f"{type(ids).__name__}")
+    bad = next((index for index, i in enumerate(ids) if not is_token_id(i) or operator.index(i) < 0), None)
+    if bad is not None:
+        raise TypeError(f"{call} takes token ids (integers >= 0); item {bad} is {ids[bad]!r}")
+    return [operator.index(i) for i in ids]
+
+
+def is_token_id(value: object) -> bool:
+    """An integer of any integral type (int, numpy.int64, ...) but not a bool."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
