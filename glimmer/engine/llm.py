@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from glimmer.engine.apply_chat_template import (
     REASONING_FIELDS,
     FinalMessageTag,
+    checked_documents,
     generation_prompt,
 )
 from glimmer.engine.chat_rendering import (
@@ -39,6 +40,11 @@ from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
+from glimmer.engine.vllm_arguments import (
+    VLLM_ONLY_CHAT_ARGUMENTS,
+    VLLM_ONLY_GENERATE_ARGUMENTS,
+    method_takes_vllm_arguments,
+)
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
@@ -245,6 +251,7 @@ class LLM:
                                        param=name)
         return out
 
+    @method_takes_vllm_arguments(VLLM_ONLY_GENERATE_ARGUMENTS)
     def generate(
         self,
         prompts: PromptType | SequenceABC[PromptType],
@@ -319,6 +326,7 @@ class LLM:
             raise
         return [results[r] for r in order]
 
+    @method_takes_vllm_arguments(VLLM_ONLY_CHAT_ARGUMENTS)
     def chat(
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -332,6 +340,7 @@ class LLM:
         reasoning_effort: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
+        documents: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | str = False,
         allow_control_tokens_in_content: bool = False,
@@ -399,6 +408,8 @@ class LLM:
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in STRENGTH_KWARGS}
+        if documents is not None:
+            kwargs["documents"] = checked_documents(documents)
         rendering = ChatRendering(template, plan.render_tools, strength, kwargs, allow_control_tokens_in_content,
                                   ends_with_generation_prompt, continue_final_message)
         turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,

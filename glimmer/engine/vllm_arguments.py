@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -16,6 +17,7 @@ from glimmer.errors import UnsupportedArgumentError
 ChangesNothing = Callable[[Any, Mapping[str, Any]], bool]
 """Whether an argument's value (given the other keyword arguments) changes nothing in Glimmer."""
 Shaped = TypeVar("Shaped", bound=type)
+Method = TypeVar("Method", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
                 raise TypeError(f"{cls.__name__} takes keyword arguments only ({cls.__name__}({names[0]}=..., "
                                 f"{names[1]}=...)), not {len(args)} by position: vLLM's {cls.__name__} orders its "
                                 "arguments otherwise, so a value by position would mean another argument there")
-            dataclass_init(self, *args, **_glimmer_arguments(cls, vllm_only, kwargs))
+            dataclass_init(self, *args, **_glimmer_arguments(cls.__name__, names, vllm_only, kwargs))
 
         cls.__init__ = __init__
         return cls
@@ -169,11 +171,11 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     return decorate
 
 
-def _glimmer_arguments(cls: type, vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _glimmer_arguments(callee: str, known: list[str], vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]
+                       ) -> dict[str, Any]:
     """`kwargs` without vLLM's arguments that change nothing. Raises UnsupportedArgumentError naming the first
     argument that is no field of `cls`: with Glimmer's way to do it for one of vLLM's, with the closest field for
     a misspelled one."""
-    known = [f.name for f in fields(cls)]
     taken = {}
     for name, value in kwargs.items():
         if name in known:
@@ -183,10 +185,55 @@ def _glimmer_arguments(cls: type, vllm_only: Mapping[str, VllmArgument], kwargs:
         if argument is not None and argument.changes_nothing(value, kwargs):
             continue
         if argument is not None:
-            raise UnsupportedArgumentError(f"{name}: an argument of vLLM's {cls.__name__} that Glimmer's does not "
+            raise UnsupportedArgumentError(f"{name}: an argument of vLLM's {callee} that Glimmer's does not "
                                            f"take; {argument.instead}", param=name)
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise UnsupportedArgumentError(f"{name}: {cls.__name__} has no argument {name!r}; {hint}its arguments are "
+        raise UnsupportedArgumentError(f"{name}: {callee} has no argument {name!r}; {hint}its arguments are "
                                        f"{', '.join(known)}", param=name)
     return taken
+
+
+def method_takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Method], Method]:
+    """A method of `LLM` (`generate`, `chat`) that also takes vLLM's arguments of the same method that Glimmer's has
+    no parameter for, as `takes_vllm_arguments` does for a dataclass: dropped where the value changes nothing, else
+    refused with what to do instead; any other unknown keyword is refused naming the closest parameter."""
+
+    def decorate(method: Method) -> Method:
+        known = [name for name in inspect.signature(method).parameters if name != "self"]
+
+        @functools.wraps(method)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            callee = f"{type(self).__name__}.{method.__name__}"
+            return method(self, *args, **_glimmer_arguments(callee, known, vllm_only, kwargs))
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+_LORA = VllmArgument(_only(None), "LoRA adapters are not supported (the checkpoint's weights serve every request); "
+                                  "leave it out")
+_TOKENIZATION_KWARGS = VllmArgument(lambda value, given: value is None or value == {}, (
+    "not supported: prompts are tokenized as the checkpoint's tokenizer does (no truncation); tokenize yourself "
+    "(llm.get_tokenizer()) and pass {'prompt_token_ids': ids}"))
+VLLM_ONLY_GENERATE_ARGUMENTS: dict[str, VllmArgument] = {
+    "lora_request": _LORA,
+    "prompt_adapter_request": VllmArgument(_only(None), "prompt adapters are not supported; leave it out"),
+    "priority": VllmArgument(lambda value, given: value is None or (
+        isinstance(value, list | tuple) and all(type(p) is int and p == 0 for p in value)), (
+        "scheduling priorities are not supported (requests are served first come, first served); leave it out")),
+    "tokenization_kwargs": _TOKENIZATION_KWARGS,
+}
+"""Arguments of vLLM's `LLM.generate` that Glimmer's does not take."""
+VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {
+    "lora_request": _LORA,
+    "chat_template_content_format": VllmArgument(_only("auto"), (
+        "Glimmer hands the template each message's content as it is given (a string, or OpenAI content parts), "
+        "which the Muse template reads either way; leave it out (or 'auto')")),
+    "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
+        "not supported per call: image sizes are the checkpoint's processor settings (or the server's "
+        "--max-image-pixels); leave it out")),
+    "tokenization_kwargs": _TOKENIZATION_KWARGS,
+}
+"""Arguments of vLLM's `LLM.chat` that Glimmer's does not take (`documents`, `chat_template`, `tools`, ... it takes)."""

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
-from glimmer.errors import ConfigError, RequestError
+from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.protocol import parse_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -462,3 +462,48 @@ def test_seed_none_draws_a_fresh_engine_seed(tiny_checkpoint):
     assert isinstance(first.engine.config.seed, int) and first.engine.config.seed != second.engine.config.seed
     # a random seed may draw the end of the turn first: only the count of tokens is checked
     assert len(first.generate("Hello", SamplingParams(max_tokens=2, ignore_eos=True))[0].token_ids) == 2
+
+
+DOCUMENTS_TEMPLATE = ("{{ bos_token }}{% for d in documents or [] %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+                      "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|eot|>{% endfor %}"
+                      "{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+def test_chat_takes_vllms_documents_as_apply_chat_template_does(llm):
+    documents = [{"title": "t", "text": "x"}]
+    out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), chat_template=DOCUMENTS_TEMPLATE, documents=documents)[0]
+    assert out.output.prompt.startswith("<|begin_of_text|>[t: x]<|start|>user")
+    assert out.output.prompt == llm.get_tokenizer().apply_chat_template(
+        MESSAGES, chat_template=DOCUMENTS_TEMPLATE, documents=documents, tokenize=False)
+    with pytest.raises(RequestError) as caught:
+        llm.chat(MESSAGES, documents=["x"])
+    assert caught.value.param == "documents[0]"
+
+
+@pytest.mark.parametrize("call,name,value", [
+    ("generate", "lora_request", object()), ("generate", "priority", [1]), ("generate", "tokenization_kwargs",
+                                                                            {"truncation": True}),
+    ("chat", "lora_request", object()), ("chat", "chat_template_content_format", "string"),
+    ("chat", "mm_processor_kwargs", {"max_pixels": 100}),
+])
+def test_a_vllm_argument_of_generate_or_chat_is_refused_naming_it_and_what_to_do(llm, call, name, value):
+    # vLLM's LLM.generate / LLM.chat take these; Python's bare "unexpected keyword argument" said nothing more
+    first = "hi" if call == "generate" else MESSAGES
+    with pytest.raises(UnsupportedArgumentError, match=f"{name}: an argument of vLLM's LLM.{call}") as caught:
+        getattr(llm, call)(first, SamplingParams(max_tokens=1), **{name: value})
+    assert caught.value.param == name and isinstance(caught.value, TypeError)
+
+
+def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
+    params = SamplingParams(max_tokens=2, temperature=0)
+    want = llm.generate("hi", params)[0].outputs[0].token_ids
+    got = llm.generate("hi", params, lora_request=None, priority=[0], tokenization_kwargs=None)[0].outputs[0].token_ids
+    assert got == want
+    chat = llm.chat(MESSAGES, params)[0].output.token_ids
+    assert llm.chat(MESSAGES, params, lora_request=None, chat_template_content_format="auto",
+                    mm_processor_kwargs={})[0].output.token_ids == chat
+
+
+def test_a_misspelled_argument_of_generate_names_the_closest(llm):
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_tqdm'"):
+        llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
