@@ -43,6 +43,8 @@ from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
 from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_CHAT_ARGUMENTS,
     VLLM_ONLY_GENERATE_ARGUMENTS,
+    VLLM_ONLY_LLM_ARGUMENTS,
+    glimmer_arguments,
     method_takes_vllm_arguments,
 )
 from glimmer.errors import ConfigError, RequestError
@@ -165,13 +167,13 @@ class LLM:
         if generation_config not in GENERATION_CONFIG_MODES:
             raise ConfigError(f"generation_config={generation_config!r} is not supported; use "
                               f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
-        known = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "dtype", "device"}
-        unknown = sorted(set(engine_options) - known)
-        if unknown:
-            raise TypeError(f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; engine "
-                            f"options are {', '.join(sorted(known))}")
         # a path as its text; anything else as given, for the config check to name (str(None) was a path 'None')
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        # vLLM's engine arguments Glimmer has no field for: dropped where they change nothing, else refused naming
+        # what to do instead (`model` rides along for `tokenizer=model`); a misspelled option names the closest
+        known = sorted({f.name for f in dataclasses.fields(EngineConfig)} - {"dtype", "device"})
+        engine_options = glimmer_arguments("LLM", known, VLLM_ONLY_LLM_ARGUMENTS, {"model": model, **engine_options})
+        del engine_options["model"]
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))
         self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
                                                     allowed_domains=allowed_media_domains)

@@ -163,7 +163,7 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
                 raise TypeError(f"{cls.__name__} takes keyword arguments only ({cls.__name__}({names[0]}=..., "
                                 f"{names[1]}=...)), not {len(args)} by position: vLLM's {cls.__name__} orders its "
                                 "arguments otherwise, so a value by position would mean another argument there")
-            dataclass_init(self, *args, **_glimmer_arguments(cls.__name__, names, vllm_only, kwargs))
+            dataclass_init(self, *args, **glimmer_arguments(cls.__name__, names, vllm_only, kwargs))
 
         cls.__init__ = __init__
         return cls
@@ -171,7 +171,7 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     return decorate
 
 
-def _glimmer_arguments(callee: str, known: list[str], vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]
+def glimmer_arguments(callee: str, known: list[str], vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]
                        ) -> dict[str, Any]:
     """`kwargs` without vLLM's arguments that change nothing. Raises UnsupportedArgumentError naming the first
     argument that is no field of `cls`: with Glimmer's way to do it for one of vLLM's, with the closest field for
@@ -205,7 +205,7 @@ def method_takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callab
         @functools.wraps(method)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             callee = f"{type(self).__name__}.{method.__name__}"
-            return method(self, *args, **_glimmer_arguments(callee, known, vllm_only, kwargs))
+            return method(self, *args, **glimmer_arguments(callee, known, vllm_only, kwargs))
 
         return wrapper  # type: ignore[return-value]
 
@@ -237,3 +237,37 @@ VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
 }
 """Arguments of vLLM's `LLM.chat` that Glimmer's does not take (`documents`, `chat_template`, `tools`, ... it takes)."""
+_ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
+            "leave it out or 1")
+VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
+    "tensor_parallel_size": VllmArgument(_only(None, 1), _ONE_GPU),
+    "pipeline_parallel_size": VllmArgument(_only(None, 1), _ONE_GPU),
+    "trust_remote_code": VllmArgument(_only(True, False), (
+        "Glimmer never runs a checkpoint's Python code; leave it out")),
+    "tokenizer": VllmArgument(lambda value, given: value is None or value == given.get("model"), (
+        "the tokenizer is read from the model's directory (tokenizer.json, or a GGUF's own); leave it out")),
+    "tokenizer_mode": VllmArgument(_only("auto"), "the tokenizer is the checkpoint's tokenizer.json (the "
+                                                  "`tokenizers` library); leave it out"),
+    "quantization": VllmArgument(_only(None), (
+        "a quantized checkpoint is read by its format (GGUF, MLX); leave it out")),
+    "kv_cache_dtype": VllmArgument(_only("auto"), "the KV cache holds the model's dtype; leave it out"),
+    "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool), (
+        "a number of GiB (Glimmer recomputes preempted requests instead of swapping them, so any number changes "
+        "nothing); leave it out")),
+    "cpu_offload_gb": VllmArgument(_only(0, 0.0), "weights are not offloaded to the CPU; leave it out"),
+    "max_seq_len_to_capture": VllmArgument(lambda value, given: value is None or type(value) is int, (
+        "CUDA graphs cover every context length (max_model_len); leave it out")),
+    "enable_chunked_prefill": VllmArgument(_only(None, True), (
+        "prefills are always chunked (max_num_batched_tokens tokens a step); leave it out")),
+    "disable_log_stats": VllmArgument(_only(True, False), "leave it out (the server exports its metrics at /metrics)"),
+    "disable_custom_all_reduce": VllmArgument(_only(True, False), _ONE_GPU),
+    "limit_mm_per_prompt": VllmArgument(lambda value, given: value is None or value == {}, (
+        "set media limits with media_limits=MediaLimits(...) (glimmer.multimodal.settings)")),
+    "hf_overrides": VllmArgument(lambda value, given: value is None or value == {}, (
+        "not supported: the checkpoint's config.json is read as it is (a wrong field is refused, never patched); "
+        "edit a copy of the checkpoint's config instead")),
+    "revision": VllmArgument(_only(None), "download the revision first (huggingface-cli download MODEL --revision R) "
+                                          "and pass its directory"),
+}
+"""Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares
+(`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""

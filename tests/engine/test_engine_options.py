@@ -11,7 +11,7 @@ import pytest
 from glimmer import LLM, SamplingParams
 from glimmer.engine.config_checks import parse_size
 from glimmer.engine.llm_engine import EngineConfig
-from glimmer.errors import ConfigError
+from glimmer.errors import ConfigError, UnsupportedArgumentError
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
@@ -114,5 +114,24 @@ def test_kernel_switch_settings(monkeypatch, variable, value, forced, pdl, tuned
 
 
 def test_an_unknown_keyword_is_refused_naming_it_and_the_options():
-    with pytest.raises(TypeError, match="LLM\\(\\) got unexpected keyword argument\\(s\\) 'max_num_seq'.*max_num_seqs"):
+    with pytest.raises(TypeError, match="max_num_seq: LLM has no argument 'max_num_seq'; did you mean 'max_num_seqs'"):
         LLM("/nonexistent/model/dir", progress=False, max_num_seq=4)
+
+
+@pytest.mark.parametrize("name,value,advice", [
+    ("tensor_parallel_size", 2, "one device"), ("trust_remote_code", "yes", "never runs"),
+    ("tokenizer", "/elsewhere", "model's directory"), ("quantization", "awq", "by its format"),
+    ("hf_overrides", {"max_position_embeddings": 4}, "never patched"), ("revision", "main", "--revision"),
+])
+def test_a_vllm_engine_argument_glimmer_lacks_is_refused_naming_what_to_do(name, value, advice):
+    # vLLM's first line, LLM(model, tensor_parallel_size=..., trust_remote_code=True), was a bare TypeError
+    with pytest.raises(UnsupportedArgumentError, match=f"{name}: an argument of vLLM's LLM .*{advice}") as caught:
+        LLM("/nonexistent/model/dir", progress=False, **{name: value})
+    assert caught.value.param == name and isinstance(caught.value, TypeError)
+
+
+def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
+    llm = LLM(str(tiny_checkpoint), progress=False, tensor_parallel_size=1, trust_remote_code=True,
+              tokenizer=str(tiny_checkpoint), quantization=None, kv_cache_dtype="auto", swap_space=4,
+              enable_chunked_prefill=True, disable_log_stats=True, max_seq_len_to_capture=8192)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
