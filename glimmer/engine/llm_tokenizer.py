@@ -80,10 +80,13 @@ class LLMTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
-        """{"input_ids": ids} of a text, or a list of id lists for a list of texts (as transformers' call)."""
+        """{"input_ids": ids, "attention_mask": ones} of a text, or lists of them for a list of texts (as transformers'
+        call without padding: every mask entry 1)."""
         if isinstance(text, list | tuple):
-            return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
-        return {"input_ids": self.encode(text, add_special_tokens)}
+            ids = [self.encode(t, add_special_tokens) for t in text]
+            return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
+        ids = self.encode(text, add_special_tokens)
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""

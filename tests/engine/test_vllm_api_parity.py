@@ -66,7 +66,8 @@ def test_get_tokenizer_encodes_with_bos_as_hugging_face_does(llm):
     assert isinstance(tok, LLMTokenizer)
     ids = tok.encode("Hello")
     assert ids[0] == tok.bos_token_id and ids[1:] == tok.encode("Hello", add_special_tokens=False)
-    assert tok("Hello") == {"input_ids": ids} and tok(["Hello", "a"])["input_ids"][0] == ids
+    assert tok("Hello") == {"input_ids": ids, "attention_mask": [1] * len(ids)}
+    assert tok(["Hello", "a"])["input_ids"][0] == ids
     greedy = SamplingParams(temperature=0, max_tokens=4)
     by_ids = llm.generate({"prompt_token_ids": tok.encode("Hello")}, greedy)[0]
     by_text = llm.generate("Hello", greedy)[0]
@@ -119,6 +120,14 @@ def test_arrays_and_tensors_in_a_list_are_ids_before_a_batch_is_told_from_one_se
         for call in ("decode", "batch_decode"):
             assert _decoded(tok, call, given) == _decoded(hf, call, given), (call, given)
     assert tok.batch_decode(list(column)) == [tok.decode(300), tok.decode(301)]
+
+
+@pytest.mark.parametrize("text", ["Hello the world", ["Hello", "a longer one", ""]], ids=["one", "batch"])
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_calling_the_tokenizer_gives_what_transformers_gives(llm, hf, text, add_special_tokens):
+    # a script reading enc["attention_mask"] (as HF's calls return it) met a KeyError
+    assert llm.get_tokenizer()(text, add_special_tokens=add_special_tokens) == dict(
+        hf(text, add_special_tokens=add_special_tokens))
 
 
 def test_the_vocabulary_calls_answer_as_transformers_does(llm, hf):
