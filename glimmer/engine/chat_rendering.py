@@ -25,9 +25,16 @@ from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import MEDIA_KINDS
 from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
-from glimmer.protocol.chat_template import check_chat_template
+from glimmer.protocol.chat_template import RENDERING_ARGUMENTS, check_chat_template
 from glimmer.protocol.request_normalization import refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan
+
+STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
+"""Template variables resolved into `reasoning_strength` before rendering (`resolve_reasoning_strength`): the
+template gets the result, not them."""
+RENDERING_ARGUMENT_NAMES = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
+"""Arguments of `LLM.chat` and fields of a chat request that vLLM also reads from `chat_template_kwargs`; no
+template variables."""
 
 
 @dataclass(frozen=True)
@@ -137,15 +144,21 @@ def refuse_turn_grammar(prompt_end: str | None, plan: ToolPlan, *, structured_pa
                            "drop one of them", param=prompt_end)
 
 
+def compiled_template_argument(source: Any) -> ChatTemplate:
+    """A caller's own `chat_template` argument compiled (transformers also takes the name of one of several templates
+    a tokenizer holds; a checkpoint gives Glimmer one, P-TMPL-1). Raises RequestError, ChatTemplateError."""
+    if not isinstance(source, str):
+        raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
+                           param="chat_template")
+    return compiled_template(source)
+
+
 def checked_template_argument(source: str, tokenizer: Tokenizer, max_prompt_chars: int) -> ChatTemplate:
     """A caller's own `chat_template` source (`LLM.chat`'s, a trusted server request's) compiled, and put through the
     check the checkpoint's template passed at load: the reply is parsed from the generation prompt on (P-TMPL-8),
     and the prompt holds one bos (P-TMPL-5). Raises RequestError naming `chat_template`."""
-    if not isinstance(source, str):
-        raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
-                           param="chat_template")
     try:
-        template = compiled_template(source)
+        template = compiled_template_argument(source)
         check_chat_template(template, tokenizer, max_chars=max_prompt_chars)
     except ChatTemplateError as error:
         raise RequestError(f"chat_template: the template fails on a one-message probe chat: {error.template_message}",

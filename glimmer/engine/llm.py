@@ -25,6 +25,8 @@ from glimmer.engine.apply_chat_template import (
     generation_prompt,
 )
 from glimmer.engine.chat_rendering import (
+    RENDERING_ARGUMENT_NAMES,
+    STRENGTH_KWARGS,
     ChatRendering,
     check_final_message_is_the_assistants,
     check_media_before_the_cut,
@@ -35,7 +37,7 @@ from glimmer.engine.chat_rendering import (
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
-from glimmer.engine.llm_tokenizer import STRENGTH_KWARGS, LLMTokenizer, is_token_id
+from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
@@ -55,15 +57,12 @@ from glimmer.protocol import (
     parse_output,
     resolve_reasoning_strength,
 )
-from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 PromptType = str | list[int] | dict[str, Any]
 PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data"})
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
-_RENDERING_ARGUMENTS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
-"""`LLM.chat`'s arguments that vLLM's `LLM.chat` also reads from `chat_template_kwargs`; no template variables."""
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
 """What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
 final message's `recipient`), a reasoning field the reasoning."""
@@ -509,7 +508,7 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
 def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
     """RequestError for an argument of `LLM.chat` given in its `chat_template_kwargs`, where vLLM's `LLM.chat` also
     reads it: the template never would, and a prompt rendered without it would be a silent wrong answer."""
-    for name in _RENDERING_ARGUMENTS:
+    for name in RENDERING_ARGUMENT_NAMES:
         if name in chat_template_kwargs:
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is an argument of LLM.chat, not a "
                                f"template variable; pass LLM.chat(messages, {name}=...)", param="chat_template_kwargs")

@@ -17,16 +17,20 @@ from glimmer.engine.apply_chat_template import (
     split_conversations,
     tool_schemas,
 )
-from glimmer.engine.chat_rendering import ChatRendering, render_conversation
+from glimmer.engine.chat_rendering import (
+    STRENGTH_KWARGS,
+    ChatRendering,
+    compiled_template_argument,
+    render_conversation,
+)
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
-from glimmer.protocol import ChatTemplate, compiled_template, normalize_tools, resolve_reasoning_strength
+from glimmer.protocol import normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.tool_choice import plan_tools
 
 if TYPE_CHECKING:
     from glimmer.engine.llm import LLM
 
-STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")  # resolved, not passed on
 _NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
 """The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
 and mask a Muse tokenizer has none of, and Glimmer does not read)."""
@@ -227,7 +231,8 @@ class LLMTokenizer:
             raise RequestError("sanitize_control_tokens=True contradicts allow_control_tokens_in_content=True; give "
                                "one", param="sanitize_control_tokens")
         shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict) if tokenize else None
-        template = self._llm.engine.chat_template if chat_template is None else _template_argument(chat_template)
+        template = (self._llm.engine.chat_template if chat_template is None
+                    else compiled_template_argument(chat_template))
         plan = plan_tools(normalize_tools(tool_schemas(tools)), None)
         strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
         template_kwargs = {k: v for k, v in kwargs.items() if k not in STRENGTH_KWARGS}
@@ -244,15 +249,6 @@ class LLMTokenizer:
         ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
         return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
                            pad_token_id=self.tokenizer.pad_token_id)
-
-
-def _template_argument(source: Any) -> ChatTemplate:
-    """The `chat_template` argument compiled (transformers also takes the name of one of several templates a
-    tokenizer holds; a checkpoint gives Glimmer one, P-TMPL-1). Raises RequestError, ChatTemplateError."""
-    if not isinstance(source, str):
-        raise RequestError(f"chat_template must be a jinja template source (a string), not {type(source).__name__}",
-                           param="chat_template")
-    return compiled_template(source)
 
 
 def python_ids(ids: Any) -> Any:

@@ -23,6 +23,8 @@ from typing import Any
 from glimmer.cancellation import CancelToken
 from glimmer.engine.apply_chat_template import generation_prompt
 from glimmer.engine.chat_rendering import (
+    RENDERING_ARGUMENT_NAMES,
+    STRENGTH_KWARGS,
     ChatRendering,
     check_final_message_is_the_assistants,
     check_media_before_the_cut,
@@ -40,16 +42,10 @@ from glimmer.protocol import (
     normalize_tools,
     resolve_reasoning_strength,
 )
-from glimmer.protocol.chat_template import RENDERING_ARGUMENTS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
 from glimmer.server.structured_outputs import requested_structured_outputs
-
-# Knobs the server resolves into `reasoning_strength` itself; the template gets the result, not them.
-_REASONING_KNOBS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
-RENDERING_FIELDS = ("add_generation_prompt", *sorted(RENDERING_ARGUMENTS))
-"""Request fields that vLLM also reads from `chat_template_kwargs`; no template variables."""
 
 
 @dataclass
@@ -89,7 +85,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
         enable_thinking=request.enable_thinking,
         default=settings.default_reasoning_strength,
     )
-    for knob in _REASONING_KNOBS:
+    for knob in STRENGTH_KWARGS:
         template_kwargs.pop(knob, None)
     rendering = ChatRendering(chat_template(request, context), tools.render_tools, strength, template_kwargs,
                               settings.allow_control_tokens_in_content, ends_with_generation_prompt,
@@ -187,7 +183,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
 def _refuse_rendering_fields_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
     """RequestError for a request field given in `chat_template_kwargs`, where vLLM also reads it: the template
     never would, and a prompt rendered without it would be a silent wrong answer."""
-    for name in RENDERING_FIELDS:
+    for name in RENDERING_ARGUMENT_NAMES:
         if name in chat_template_kwargs:
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but a field "
                                f"of the /v1/chat/completions request; send {name!r} at the top level of the "

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES
 from glimmer.engine.grammar import check_json_schema
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
-from glimmer.server.chat_prompt import RENDERING_FIELDS
 from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
 
 RESPONSES_FIELD_HINTS = {
@@ -114,7 +114,7 @@ def check_supported(request: ResponsesRequest) -> None:
                            param="text.verbosity")
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise RequestError("max_output_tokens: must be at least 1", param="max_output_tokens")
-    for name in RENDERING_FIELDS:  # chat's own message would send the client to a field this request refuses
+    for name in RENDERING_ARGUMENT_NAMES:  # chat's own message would send the client to a field this request refuses
         if name in (request.chat_template_kwargs or {}):
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but a field of "
                                "/v1/chat/completions, which /v1/responses does not take (a response always starts "
