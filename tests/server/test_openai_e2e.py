@@ -209,6 +209,25 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     assert generated - during["glimmer_generation_tokens_total"] < 1000
 
 
+def test_a_client_that_disconnects_from_a_continued_echoed_stream_frees_its_blocks(server):
+    # the continued-message and echo paths (their own parser start and first chunk) cancel like any stream
+    messages = [*MESSAGES, {"role": "assistant", "content": "Once upon"}]
+    request = {"model": "tiny", "messages": messages, "max_tokens": 1500, "stream": True, "ignore_eos": True,
+               "continue_final_message": True, "echo": True, **EXTRA}
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
+                                                       json=request) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(4):
+            next(lines)
+        during = server.metrics()
+    assert during['glimmer_kv_blocks_used{group="full"}'] > 0
+    after = server.wait_for_idle()
+    assert after['glimmer_kv_blocks_used{group="full"}'] == after['glimmer_kv_blocks_used{group="sliding"}'] == 0
+    assert after["glimmer_num_requests_running"] == 0
+    assert after["glimmer_generation_tokens_total"] - during["glimmer_generation_tokens_total"] < 1000
+
+
 def test_a_client_that_leaves_is_counted_as_499_whether_it_streams_or_not(server):
     request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, **EXTRA}
     key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
