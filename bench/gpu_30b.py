@@ -213,7 +213,12 @@ class ClockSampler:
 def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
                sampling: Callable[[int], dict] = lambda i: {"temperature": 0}) -> dict[str, float]:
     """Drive the engine as LLM.generate does, timing the first token of each request and the decode phase.
-    `sampling(i)`: request i's sampling fields beside max_tokens (greedy by default)."""
+    `sampling(i)`: request i's sampling fields beside max_tokens (greedy by default).
+
+    The decode phase is the steps in which every request decodes: from the step that gives the last request its
+    first token to the first step in which a request ends. Its rate counts only the tokens of those steps (the
+    tokens early requests make while later prompts are still prefilling, and the last steps, when the batch has
+    thinned, are in the output figure only)."""
     engine = llm.engine
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -221,22 +226,25 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
         params = SamplingParams(**sampling(i), max_tokens=max_tokens, ignore_eos=True)
         engine.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params)
     first: dict[str, float] = {}
-    produced = 0
+    steps: list[tuple[float, int, bool]] = []  # (when the step's tokens were read, how many, whether one ended)
     while engine.has_unfinished_requests:
         deltas = engine.step()
         now = time.perf_counter()
+        steps.append((now, sum(len(d.token_ids) for d in deltas), any(d.finish_reason for d in deltas)))
         for delta in deltas:
-            produced += len(delta.token_ids)
             first.setdefault(delta.request_id, now)
     end = time.perf_counter()
+    produced = sum(tokens for _, tokens, _ in steps)
     prefill_done = max(first.values())
-    decode_tokens = produced - len(prompts)
+    first_end = next(when for when, _, ended in steps if ended)
+    full = [tokens for when, tokens, _ in steps if prefill_done < when <= first_end]
     return {
         "seconds": end - start,
         "output_tokens": produced,
         "output_tokens_per_s": produced / (end - start),
         "ttft_s": min(first.values()) - start,
-        "decode_tokens_per_s": decode_tokens / (end - prefill_done) if decode_tokens else 0.0,
+        "decode_tokens_per_s": sum(full) / (first_end - prefill_done) if full else 0.0,
+        "decode_steps": len(full),
         "decode_step_s": (end - prefill_done) / (max_tokens - 1) if max_tokens > 1 else 0.0,
     }
 
@@ -347,6 +355,7 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
         floor = batch / floors[f"matmul_step_s_{batch}"]
         record(f"{batch}-way 1K-in/256-out, output", result["output_tokens_per_s"], "tok/s",
                end_to_end_ceiling(floors, batch, 1024, 256), "end-to-end ceiling")
+        out[f"batch_{batch}_decode_steps"] = result["decode_steps"]  # the steps in which all requests decode
         record(f"{batch}-way, decode phase alone", result["decode_tokens_per_s"], "tok/s", floor,
                f"matmul floor at batch {batch}")
 

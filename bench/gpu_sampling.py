@@ -2,9 +2,10 @@
 a batch under each kind of sampling, as a ratio to greedy decoding measured in the same run.
 
 Batch 64 runs 1K-token prompts, batch 256 runs 256-token prompts (fresh random prompts each time, so the prefix
-cache never hides a prefill), 97 new tokens a request. The decode phase is every token after each request's first,
-over the time after the last request's first token (as `gpu_30b.py` counts it). Each kind runs once on short
-prompts first, so no kernel compiles inside a timed run. Requests carry no seed except in the last kind.
+cache never hides a prefill), 97 new tokens a request. The decode phase is the steps in which every request of
+the batch decodes, from the last request's first token to the first request's end (as `gpu_30b.py` counts it).
+Each kind runs once on short prompts first, so no kernel compiles inside a timed run. Requests carry no seed
+except in the last kind.
 
     python bench/gpu_sampling.py [--batches 64 256] [--kinds "top_p 0.95" ...] [--json out.json]
 """

@@ -139,7 +139,10 @@ class KVCacheManager:
         first = self.first_needed_block(group, start)
         held = seq.blocks[group]
         visible = held[first : _ceil_div(end, bs)]
-        slots = [held[p // bs] * bs + p % bs for p in range(start, end)]
+        slots: list[int] = []
+        for index in range(start // bs, _ceil_div(end, bs)):  # a block's run of slots at a time, not a token's
+            base = held[index] * bs
+            slots += range(base + max(start - index * bs, 0), base + min(end - index * bs, bs))
         return visible, first * bs, slots
 
     def decode_blocks(self, seq: Sequence, group: str, position: int) -> tuple[list[int | None], int, int]:

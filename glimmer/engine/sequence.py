@@ -117,6 +117,15 @@ class Sequence:
             return self.output_token_ids[start - prompt_len : end - prompt_len]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
 
+    def step_token_ids(self, start: int, end: int) -> list[int]:
+        """`token_at` for every position in [start, end) (a step's input ids), sliced rather than looked up one by
+        one: a prefill chunk lays out thousands."""
+        known = min(end, self.num_tokens)
+        ids = self.tokens_in(start, known) if start < known else []
+        if end > known:
+            ids = ids + self.spec_token_ids[max(start, known) - self.num_tokens : end - self.num_tokens]
+        return ids
+
     def token_at(self, position: int) -> int:
         """The token at `position`; positions past the last token are the proposed (speculative) ones."""
         prompt_len = len(self.prompt_token_ids)

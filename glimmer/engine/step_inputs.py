@@ -100,7 +100,7 @@ def build_step_inputs(
                 starts[group].append(start)
                 slots[group].append(slot)
         else:
-            ids.extend(seq.token_at(p) for p in range(first, first + n))
+            ids += seq.step_token_ids(first, first + n)
             positions.extend(range(first, first + n))
             for group in groups:
                 visible, start, new_slots = kv.step_blocks(seq, group, n)

@@ -78,3 +78,20 @@ def test_decode_rows_match_the_general_layout_across_window_and_block_boundaries
             seq.num_computed_tokens += n
             if seq.num_computed_tokens == seq.num_tokens:
                 seq.output_token_ids.append(100 + step_index)
+
+
+def test_chunk_ids_and_slots_equal_the_per_position_layout():
+    """A prefill or verification chunk's ids and slots are laid out a slice and a block at a time; each equals the
+    per-position definition (`token_at`; slot = block · block_size + offset) for chunks starting and ending
+    inside blocks, across the prompt/output boundary and into the proposed tokens."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 40, SLIDING: 40}, sliding_window=6))
+    seq = Sequence("r", list(range(1, 8)), SamplingParams(), frozenset(), 64)
+    seq.output_token_ids += [50, 51, 52]
+    seq.spec_token_ids = [90, 91, 92]
+    kv.allocate(seq, seq.num_tokens + len(seq.spec_token_ids))
+    for start in range(0, 13):
+        for end in range(start, 14):
+            assert seq.step_token_ids(start, end) == [seq.token_at(p) for p in range(start, end)], (start, end)
+            held = seq.blocks[FULL]
+            _, _, slots = kv.blocks_for(seq, FULL, start, end)
+            assert slots == [held[p // 4] * 4 + p % 4 for p in range(start, end)], (start, end)
