@@ -174,6 +174,8 @@ class KVCacheManager:
     # prefix caching ----------------------------------------------------------------------------------
 
     def _block_tokens(self, seq: Sequence, i: int) -> bytes:
+        if i < len(seq.block_token_bytes):  # kept when its key was made: a full block's tokens never change
+            return seq.block_token_bytes[i]
         return token_bytes(seq.tokens_in(i * self.block_size, (i + 1) * self.block_size))
 
     def update_block_hashes(self, seq: Sequence) -> None:
@@ -183,7 +185,9 @@ class KVCacheManager:
             i = len(seq.block_hashes)
             parent = seq.block_hashes[-1] if seq.block_hashes else root_key(seq.params.cache_salt)
             media = seq.multimodal_hashes_in(i * bs, (i + 1) * bs)
-            seq.block_hashes.append(block_key(parent, self._block_tokens(seq, i), media))
+            tokens = self._block_tokens(seq, i)
+            seq.block_hashes.append(block_key(parent, tokens, media))
+            seq.block_token_bytes.append(tokens)
 
     def register_computed_blocks(self, seq: Sequence, num_complete_tokens: int | None = None) -> None:
         """Make the newly computed full blocks of `seq` findable by their content keys: those within its first

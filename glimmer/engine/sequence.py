@@ -74,6 +74,7 @@ class Sequence:
     blocks: dict[str, list[int | None]] = field(default_factory=dict)
     # content keys (cache_keys.block_key) of the full blocks of all_token_ids, computed incrementally
     block_hashes: list[bytes] = field(default_factory=list)
+    block_token_bytes: list[bytes] = field(default_factory=list)  # `token_bytes` of each hashed block
     # leading full blocks already offered to the prefix cache (reset when the blocks are freed)
     num_registered_blocks: int = 0
     num_preemptions: int = 0
