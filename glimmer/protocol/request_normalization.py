@@ -149,6 +149,63 @@ def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
     return order
 
 
+def refuse_unanswered_tool_calls(messages: Sequence[Any], *, final_turn_is_history: bool = False) -> None:
+    """RequestError naming the first tool call (`messages[i].tool_calls[j]`, `messages` as sent) of an assistant turn
+    (its consecutive assistant messages) that the tool messages right after the turn do not answer: by its
+    `tool_call_id`, or, for a result without one, by the tool's `name`. The template would render the call and then
+    whatever follows as if its result never came, and the model would answer from nothing; OpenAI refuses such a
+    conversation (400 "An assistant message with 'tool_calls' must be followed by tool messages responding to each
+    'tool_call_id'"). `final_turn_is_history`: the prompt ends inside or right after the conversation's final
+    assistant turn (`continue_final_message`, `add_generation_prompt: false`), so no new turn follows its calls there
+    and they are not checked. Malformed messages are left to `normalize_messages`."""
+    index = 0
+    while index < len(messages):
+        if _role(messages[index]) != "assistant":
+            index += 1
+            continue
+        calls: list[tuple[str, Mapping[str, Any]]] = []
+        while index < len(messages) and _role(messages[index]) == "assistant":
+            tool_calls = messages[index].get("tool_calls")
+            if isinstance(tool_calls, list):
+                calls += [(f"messages[{index}].tool_calls[{j}]", call) for j, call in enumerate(tool_calls)
+                          if isinstance(call, Mapping)]
+            index += 1
+        results = []
+        while index < len(messages) and _role(messages[index]) == "tool":
+            results.append(messages[index])
+            index += 1
+        if index == len(messages) and not results and final_turn_is_history:
+            return
+        unanswered = _unanswered(calls, results)
+        if unanswered:
+            field, call = unanswered[0]
+            call_id = call.get("id")
+            name = (function_of(call) or {}).get("name")
+            answer = (f'{{"role": "tool", "tool_call_id": {call_id!r}, "content": RESULT}}' if isinstance(call_id, str)
+                      else f'{{"role": "tool", "name": {name!r}, "content": RESULT}}')
+            raise RequestError(f"{field}: an assistant message with tool_calls must be followed by tool messages "
+                               f"answering each call, and no tool message right after this turn answers the call "
+                               f"of {name!r}{f' (id {call_id!r})' if isinstance(call_id, str) else ''}; send its "
+                               f"result as {answer} right after the assistant message, or remove the call",
+                               param=field)
+
+
+def _unanswered(calls: list[tuple[str, Mapping[str, Any]]],
+                results: list[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The calls of one turn that none of its tool messages answers: by `tool_call_id`, else by `name`."""
+    call_ids = {call.get("id") for _, call in calls if isinstance(call.get("id"), str)}
+    by_id = {result.get("tool_call_id") for result in results} & call_ids
+    pending = [(field, call) for field, call in calls if not (isinstance(call.get("id"), str) and call["id"] in by_id)]
+    for result in results:
+        if result.get("tool_call_id") in by_id:
+            continue
+        match = next((n for n, (_, call) in enumerate(pending)
+                      if (function_of(call) or {}).get("name") == result.get("name")), None)
+        if match is not None:
+            del pending[match]
+    return pending
+
+
 def _role(message: Any) -> Any:
     return message.get("role") if isinstance(message, Mapping) else None
 

@@ -143,3 +143,15 @@ def test_media_the_continued_prompt_cuts_off_is_refused_naming_the_part(llm, par
     with pytest.raises(RequestError, match=words) as caught:
         llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, **arguments)
     assert caught.value.param == "continue_final_message"
+
+
+def test_a_tool_call_left_unanswered_is_refused_as_on_the_server(llm):
+    """The call would render with no result after it, and the model answer from nothing (OpenAI refuses it)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    unanswered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "user", "content": "and?"}]
+    with pytest.raises(RequestError, match="must be followed by tool messages") as err:
+        llm.chat(unanswered, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[1].tool_calls[0]"
+    with pytest.raises(RequestError, match="must be followed by tool messages"):
+        llm.get_tokenizer().apply_chat_template(unanswered, **KWARGS)

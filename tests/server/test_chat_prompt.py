@@ -96,6 +96,47 @@ def test_a_role_the_model_does_not_take_is_refused(engine):
     assert caught.value.param == "messages[0].role"
 
 
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TIME_CALL = {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]}, {"role": "user", "content": "and?"}],
+     "messages[1].tool_calls[0]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL, TIME_CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "messages[1].tool_calls[1]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]}], "messages[1].tool_calls[0]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]}, {"role": "user", "content": "and?"},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "messages[1].tool_calls[0]"),
+], ids=["user-after-call", "one-of-two-answered", "call-then-generation-prompt", "result-after-a-user-message"])
+def test_a_tool_call_not_answered_right_after_its_turn_is_refused_naming_the_call(engine, messages, param):
+    """OpenAI: "An assistant message with 'tool_calls' must be followed by tool messages responding to each
+    'tool_call_id'"; the model would otherwise read a call whose result never came."""
+    with pytest.raises(RequestError, match="must be followed by tool messages") as caught:
+        prompt_text(engine, context(engine), tools=TOOLS, messages=[{"role": "user", "content": "hi"}, *messages])
+    assert caught.value.param == param
+
+
+def test_tool_calls_answered_by_id_or_name_in_any_order_are_taken(engine):
+    answered = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "assistant", "content": None, "tool_calls": [TIME_CALL]},
+                {"role": "tool", "name": "get_time", "content": "noon"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    assert "sunny" in prompt_text(engine, context(engine), tools=TOOLS, messages=answered)
+
+
+def test_a_final_turn_of_calls_is_history_where_the_prompt_does_not_start_a_new_turn(engine):
+    """With `add_generation_prompt: false` the prompt ends after the calls (scoring a conversation, say): nothing is
+    answered without their results, so they are taken; earlier turns are still checked."""
+    final_calls = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    text = prompt_text(engine, context(engine), tools=TOOLS, messages=final_calls, add_generation_prompt=False)
+    assert text.endswith("</atem:function_calls><|eot|>")
+    with pytest.raises(RequestError, match="must be followed by tool messages"):
+        prompt_text(engine, context(engine), tools=TOOLS, add_generation_prompt=False,
+                    messages=[*final_calls, {"role": "user", "content": "and?"}])
+
+
 
 
 # vLLM's add_generation_prompt and continue_final_message: LLM.chat's rules (P-TMPL-8) --------------------------------
