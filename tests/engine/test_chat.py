@@ -101,6 +101,10 @@ def test_media_refusals_name_the_part_and_the_python_argument(llm, tmp_path):
     with pytest.raises(RequestError, match=r"messages\[0\]\.content\[1\]\.image_url\.url is missing") as err:
         llm.chat(empty, chat_template_kwargs=KWARGS)
     assert err.value.param == "messages[0].content[1].image_url.url"
+    instructed = [{"role": "system", "content": "s"}, {"role": "developer", "content": "d"}, *empty]
+    with pytest.raises(RequestError) as err:  # the developer message joins the system one; the path is the caller's
+        llm.chat(instructed, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[2].content[1].image_url.url"
     local = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}]}]
     with pytest.raises(RequestError, match=r"LLM\(\.\.\., allowed_local_media_path="):
         llm.chat(local, chat_template_kwargs=KWARGS)

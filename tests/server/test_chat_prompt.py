@@ -50,6 +50,24 @@ def test_media_parts_on_a_text_only_model_are_refused_naming_the_part(engine):
     assert raised.value.param == "messages[1].content[1]"
 
 
+INSTRUCTIONS = [{"role": "system", "content": "s"}, {"role": "developer", "content": "d"}]
+
+
+@pytest.mark.parametrize(("part", "words", "engine_name"), [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "no vision tower", "engine"),
+    ({"type": "image_url", "image_url": {}}, "is missing", "vision_engine"),
+], ids=["text-only-model", "no-url"])
+def test_a_media_error_after_a_merged_developer_message_names_the_clients_message(engine, vision_engine, part, words,
+                                                                                   engine_name):
+    """The developer message joins the system message before rendering; the error still names the part where the
+    client put it (messages[2], not messages[1] of the merged list)."""
+    messages = [*INSTRUCTIONS, {"role": "user", "content": [{"type": "text", "text": "look"}, part]}]
+    serving = context(vision_engine if engine_name == "vision_engine" else engine)
+    with pytest.raises(RequestError, match=words) as raised:
+        build_chat_prompt(request(messages=messages), serving)
+    assert raised.value.param.startswith("messages[2].content[1]") and "messages[2].content[1]" in str(raised.value)
+
+
 def test_forced_tool_choices_and_structured_answers_come_with_a_grammar(engine):
     ctx = context(engine)
     assert build_chat_prompt(request(tools=TOOLS), ctx).controller_factory is None
@@ -209,6 +227,9 @@ def test_a_continued_message_with_an_image_after_its_text_is_refused_naming_the_
         build_chat_prompt(request(messages=messages, chat_template_kwargs=DATE, continue_final_message=True),
                           context(vision_engine))
     assert caught.value.param == "continue_final_message"
+    with pytest.raises(RequestError, match=re.escape("messages[3].content[1] is an image after the text")):
+        build_chat_prompt(request(messages=[*INSTRUCTIONS, *messages], chat_template_kwargs=DATE,
+                                  continue_final_message=True), context(vision_engine))
 
 
 @pytest.mark.parametrize(("fields", "param", "message"), [

@@ -356,6 +356,18 @@ def test_chat_rendering_fields_in_chat_template_kwargs_are_400_saying_responses_
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
 
 
+def test_a_media_error_after_a_developer_message_names_the_input_item_holding_the_image(server):
+    """The developer item joins the instructions' system message before rendering; the error named input[0], the
+    developer item, for the image of input[1]."""
+    body = {"model": "tiny", "instructions": "Be brief.", "max_output_tokens": 4,
+            "input": [{"role": "developer", "content": "Answer in French."},
+                      {"role": "user", "content": [{"type": "input_text", "text": "[greet] What is it?"}, IMAGE]}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].content[1]" and "no vision tower" in error["message"], error
+
+
 def test_a_refused_part_names_the_parts_its_message_takes():
     """A user message takes input_image parts too; an assistant message takes text only."""
     video = {"type": "input_video", "video_url": "data:video/mp4;base64,AAAA"}
