@@ -16,7 +16,9 @@
   whose result never came;
 - nothing is sent twice: an item `id`, a `function_call`'s `call_id`, an output for one call, each once in the input
   and the responses it continues (OpenAI: 400 "Duplicate item found with id ..."); a call answered twice, or the
-  previous response's items sent again beside `previous_response_id`, would render twice;
+  previous response's items sent again beside `previous_response_id`, would render twice. Items sent again without
+  their ids are caught too: a reasoning or assistant message item of the input saying what one of the continued
+  responses says;
 - a string input must not be empty, and a message item needs its content (either would be an empty turn).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
@@ -91,6 +93,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     called: dict[str, str] = {}  # call_id → where, of the function_call items so far: an output answers an earlier call
     answered: dict[str, str] = {}  # call_id → where, of the function_call_output items
     item_ids: dict[str, str] = {}  # id → where, of the items that carry one
+    said: set[tuple[str, str]] = set()  # (kind, text) of the reasoning and assistant messages of the continued chain
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -120,6 +123,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                 flush()
             assistant = open_assistant(where)
             text = _reasoning_text(item, where)
+            _refuse_resent(said, "reasoning", text, where)
             previous = assistant.get("reasoning_content")
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
@@ -135,6 +139,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), f"{where}.content")
+            _refuse_resent(said, "assistant message", assistant["content"], where)
         elif kind == "message":
             flush()
             role = item.get("role")
@@ -195,6 +200,21 @@ def _refuse_duplicate(seen: dict[str, str], key: Any, where: str, field: str, wh
         fix = _CHAIN_HINT if seen[key] == _CHAIN else "; remove the duplicate item"
         raise RequestError(f"{field}: duplicate {what} {key!r}, also {_at(seen[key])}: {rule}{fix}", param=field)
     seen[key] = where
+
+
+def _refuse_resent(said: set[tuple[str, str]], kind: str, text: str, where: str) -> None:
+    """Records the text of a reasoning or assistant message item of the responses a request continues; RequestError
+    naming an item of the request's own input that says the same. The previous response's output items re-sent
+    without their ids beside previous_response_id (an SDK's copy of `response.output`, ids dropped) rendered twice:
+    the model read its last turn twice. Items with ids are caught by id (`_refuse_duplicate`), function calls by
+    call_id; nothing marks a message or reasoning item as the same but its text."""
+    if not text:
+        return
+    if where == _CHAIN:
+        said.add((kind, text))
+    elif (kind, text) in said:
+        raise RequestError(f"{where}: duplicate {kind} item: a {kind} of the responses previous_response_id "
+                           f"continues says the same, so the prompt would hold it twice{_CHAIN_HINT}", param=where)
 
 
 def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -> None:
