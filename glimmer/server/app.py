@@ -41,7 +41,9 @@ STATIC_DIR = Path(__file__).parent / "static"
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     """Raises CheckpointError (no chat template) or ConfigError (a template that breaks the protocol)."""
     context = ServingContext.create(engine, settings)
-    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None)
+    # no /docs or /redoc pages; the OpenAPI document describes the guarded API, so it is served behind its key (vLLM
+    # leaves it open beside /v1, a gap its security guide documents)
+    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.context = context
     app.include_router(_v1_router(context))
 
@@ -62,6 +64,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         if settings.metrics_require_api_key:
             check_api_key(request, settings.api_key)
         return Response(context.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.api_route("/openapi.json", methods=["GET", "HEAD"], include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        check_api_key(request, settings.api_key)
+        return JSONResponse(app.openapi())
 
     @app.exception_handler(GlimmerError)
     async def glimmer_error(request: Request, exc: GlimmerError) -> Response:
