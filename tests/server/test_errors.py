@@ -74,6 +74,9 @@ def test_the_openapi_document_is_behind_the_api_key_and_the_docs_pages_are_not_s
     document = httpx.get(server.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"})
     assert document.status_code == 200 and "/v1/chat/completions" in document.json()["paths"]
     assert "/openapi.json" not in document.json()["paths"]
+    operation_ids = [operation["operationId"] for path in document.json()["paths"].values()
+                     for operation in path.values()]
+    assert len(operation_ids) == len(set(operation_ids))  # OpenAPI requires them unique (GET and HEAD shared them)
     assert httpx.head(server.url + "/openapi.json").status_code == 401
     for page in ("/docs", "/redoc"):
         assert error_of(httpx.get(server.url + page, headers={"Authorization": f"Bearer {KEY}"}), 404)
