@@ -15,7 +15,7 @@ from typing import Any
 
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import first_duplicate_key
-from glimmer.protocol.headers import channel_of_recipient
+from glimmer.protocol.headers import channel_of_recipient, is_valid_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
 from glimmer.protocol.value_typing import allowed_types, strict_json_loads
@@ -104,6 +104,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise RequestError(f"messages[{index}].{key} must be a string, got {type(message[key]).__name__}",
                                    param=f"messages[{index}].{key}")
+        if role == "assistant":
+            _check_recipient(message.get("recipient"), index)
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
             if role == "assistant":
@@ -114,6 +116,22 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
+
+
+def _check_recipient(recipient: Any, index: int) -> None:
+    """An assistant message's `recipient` is written into its header as `to=RECIPIENT` (null or "" is the user): a
+    value that is not a well-formed recipient (P-HDR-2) would render a header the model reads as ill-formed, and a
+    continued message's reply would be parsed for a channel the prompt does not open. RequestError naming it."""
+    if recipient is None or recipient == "":
+        return
+    field = f"messages[{index}].recipient"
+    if not isinstance(recipient, str):
+        raise RequestError(f"{field} must be a string (\"user\", \"self\" or a tool's name), got "
+                           f"{type(recipient).__name__}", param=field)
+    if not is_valid_recipient(recipient):
+        raise RequestError(f"{field} {recipient[:RECIPIENT_MAX]!r} is not a recipient a header can name: 1 to "
+                           f"{RECIPIENT_MAX} characters without whitespace or '<' (\"user\", \"self\" or a tool's "
+                           "name)", param=field)
 
 
 def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
