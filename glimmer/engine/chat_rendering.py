@@ -26,6 +26,7 @@ from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.sources import media_kind
 from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
 from glimmer.protocol.chat_template import RENDERING_ARGUMENTS, check_chat_template
+from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.request_normalization import refuse_unanswered_tool_calls, refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan
 
@@ -98,6 +99,19 @@ def check_final_message_is_the_assistants(conversation: Any, index: int | None =
                            "assistant message can be continued (the reply continues it); end the conversation with "
                            '{"role": "assistant", "content": PREFIX}, or leave continue_final_message out for a new '
                            "turn", param="continue_final_message")
+
+
+def check_continued_call_is_read(final: FinalMessageTag, rendering: ChatRendering, index: int | None = None) -> None:
+    """RequestError naming `continue_final_message` when the final message continued is addressed to a tool while the
+    request offers no tools (none declared, or `tool_choice` "none"): its reply is that tool's call (P-TMPL-8), and
+    with no tools the parser returns no call from a tool channel (P-NAME-4), so the reply would vanish."""
+    if channel_of_recipient(final.recipient) != "tool" or rendering.tools is not None:
+        return
+    where = "" if index is None else f"messages[{index}]: "
+    raise RequestError(f"continue_final_message: {where}the final message is addressed to the tool "
+                       f"{final.recipient!r}, so the reply continues its call, but the request offers no tools (none "
+                       "declared, or tool_choice \"none\"), and no call could be returned; declare "
+                       f"{final.recipient!r} in tools", param="continue_final_message")
 
 
 def check_media_before_the_cut(messages: Sequence[Mapping[str, Any]], final: FinalMessageTag,

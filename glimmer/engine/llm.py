@@ -28,6 +28,7 @@ from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
     STRENGTH_KWARGS,
     ChatRendering,
+    check_continued_call_is_read,
     check_final_message_is_the_assistants,
     check_media_before_the_cut,
     checked_template_argument,
@@ -422,6 +423,7 @@ class LLM:
                 check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
             _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             if final is not None:
+                check_continued_call_is_read(final, rendering, index if len(conversations) > 1 else None)
                 check_media_before_the_cut(conversation, final, index if len(conversations) > 1 else None)
             continued.append(final)
             images, videos = [], []

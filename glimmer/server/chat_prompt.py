@@ -26,6 +26,7 @@ from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
     STRENGTH_KWARGS,
     ChatRendering,
+    check_continued_call_is_read,
     check_final_message_is_the_assistants,
     check_media_before_the_cut,
     checked_template_argument,
@@ -96,6 +97,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     tokenizer = context.tokenizer
     _, rendered, final = render_conversation(request.messages, rendering, tokenizer)
     if final is not None:
+        check_continued_call_is_read(final, rendering)
         check_media_before_the_cut(request.messages, final)
     engine = context.engine.engine
     engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing

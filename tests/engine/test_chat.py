@@ -159,3 +159,11 @@ def test_a_tool_call_left_unanswered_is_refused_as_on_the_server(llm):
     assert err.value.param == "messages[1].tool_calls[0]"
     with pytest.raises(RequestError, match="must be followed by tool messages"):
         llm.get_tokenizer().apply_chat_template(unanswered, **KWARGS)
+
+
+def test_continuing_a_message_to_a_tool_needs_the_tools(llm):
+    """The reply is that tool's call; with no tools the parser returns no call, and the reply vanished."""
+    call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}
+    with pytest.raises(RequestError, match="the request offers no tools") as err:
+        llm.chat([{"role": "user", "content": "hi"}, call], continue_final_message=True, chat_template_kwargs=KWARGS)
+    assert err.value.param == "continue_final_message"

@@ -184,6 +184,18 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     assert prompt.continue_recipient == "get_weather"
 
 
+@pytest.mark.parametrize("fields", [{}, {"tools": TOOLS, "tool_choice": "none"}], ids=["no-tools", "tool-choice-none"])
+def test_a_continued_message_to_a_tool_with_no_tools_offered_is_refused(engine, fields):
+    """P-TMPL-8, P-NAME-4: the reply continues the tool's call, and with no tools the parser returns none: the reply
+    vanished (content null, no tool_calls)."""
+    call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}
+    words = "addressed to the tool 'get_weather'.*declare 'get_weather' in tools"
+    with pytest.raises(RequestError, match=words) as caught:
+        build_chat_prompt(request(messages=[ANSWERED[0], call], chat_template_kwargs=DATE, continue_final_message=True,
+                                  **fields), context(engine))
+    assert caught.value.param == "continue_final_message"
+
+
 def test_a_continued_message_hands_the_parser_its_body_as_the_prompt_holds_it(engine):
     """A tool channel's ATEM is read from the body in the prompt on; control-token text in it stays the text."""
     body = '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">a <|eot|> b'
