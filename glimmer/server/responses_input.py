@@ -94,6 +94,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     answered: dict[str, str] = {}  # call_id → where, of the function_call_output items
     item_ids: dict[str, str] = {}  # id → where, of the items that carry one
     said: set[tuple[str, str]] = set()  # (kind, text) of the reasoning and assistant messages of the continued chain
+    turn_calls: set[str] = set()  # call_ids of the current assistant turn, which the outputs right after it answer
+    turn_ended_at: str | None = None  # the message item after which no output of the turn's calls may come
+    after_outputs = False  # the last item was a function_call_output: an assistant item starts a new turn
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -118,6 +121,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         kind = item.get("type", "message")
         _refuse_unknown_fields(item, kind, where)
         _refuse_duplicate(item_ids, item.get("id"), where, f"{where}.id", "item id", "each item is sent once")
+        ends_turn = kind == "message" and item.get("role") != "assistant"
+        if kind != "function_call_output" and (after_outputs or ends_turn):
+            turn_calls, turn_ended_at = set(), where  # a new assistant turn, or a message that ends the turn
+        after_outputs = kind == "function_call_output"
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
@@ -132,6 +139,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             _refuse_duplicate(called, call["id"], where, f"{where}.call_id", "function_call call_id",
                               "each call has its own call_id, which its output answers")
             assistant.setdefault("tool_calls", []).append(call)
+            turn_calls.add(call["id"])
             assistant_origin.tool_calls.append(where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
@@ -166,6 +174,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    param=f"{where}.call_id")
             _refuse_duplicate(answered, call_id, where, f"{where}.call_id", "function_call_output for call_id",
                               "each function_call has exactly one function_call_output")
+            if call_id not in turn_calls:  # the prompt pairs a result with the calls of the turn right before it
+                raise RequestError(f"{where}.call_id: the output of call {call_id!r} comes after the message "
+                                   f"{_at(turn_ended_at or where)}, which ends the turn of its call; send each "
+                                   "function_call_output right after the function_call items of its turn, before "
+                                   "the next message", param=f"{where}.call_id")
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _text_of(item.get("output"), f"{where}.output")})
             origins.append(MessageSource(where))

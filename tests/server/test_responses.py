@@ -227,6 +227,21 @@ def test_a_call_in_the_input_needs_its_output_too():
     chat_messages([{"role": "user", "content": "hi"}, *calls, answer, {**answer, "call_id": "c2"}], None)
 
 
+def test_an_output_after_a_message_that_ended_its_calls_turn_is_refused_naming_its_call_id():
+    """The prompt pairs a result with the calls of the turn right before it: an output after the next message
+    rendered as a result of no call (chat refuses the same history, "must be followed by tool messages")."""
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}
+    with pytest.raises(RequestError, match=r"^input\[3\]\.call_id: the output of call 'c1' comes after the message at "
+                                           r"input\[2\], which ends the turn of its call") as refused:
+        chat_messages([{"role": "user", "content": "hi"}, call, {"role": "user", "content": "hurry"}, answer], None)
+    assert refused.value.param == "input[3].call_id"
+    reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Then the time."}]}
+    second = {**call, "call_id": "c2"}
+    chat_messages([{"role": "user", "content": "hi"}, call, reasoning, second, answer, {**answer, "call_id": "c2"},
+                   {"role": "user", "content": "thanks"}], None)  # one turn: consecutive assistant items
+
+
 def test_an_output_before_its_call_is_400_naming_its_call_id(server):
     """The result rendered before the call, named after the raw call_id, and the model answered in ATEM markup."""
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
