@@ -9,6 +9,7 @@ jinja. Nothing is modified in place.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -199,8 +200,8 @@ def refuse_unanswered_tool_calls(messages: Sequence[Any], *, final_turn_is_histo
             field, call = unanswered[0]
             call_id = call.get("id")
             name = (function_of(call) or {}).get("name")
-            answer = (f'{{"role": "tool", "tool_call_id": {call_id!r}, "content": RESULT}}' if isinstance(call_id, str)
-                      else f'{{"role": "tool", "name": {name!r}, "content": RESULT}}')
+            answered_by = ("tool_call_id", call_id) if isinstance(call_id, str) else ("name", name)
+            answer = f'{{"role": "tool", "{answered_by[0]}": {json.dumps(answered_by[1])}, "content": RESULT}}'
             raise RequestError(f"{field}: an assistant message with tool_calls must be followed by tool messages "
                                f"answering each call, and no tool message right after this turn answers the call "
                                f"of {name!r}{f' (id {call_id!r})' if isinstance(call_id, str) else ''}; send its "

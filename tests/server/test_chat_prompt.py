@@ -133,6 +133,7 @@ def test_a_tool_call_not_answered_right_after_its_turn_is_refused_naming_the_cal
     with pytest.raises(RequestError, match="must be followed by tool messages") as caught:
         prompt_text(engine, context(engine), tools=TOOLS, messages=[{"role": "user", "content": "hi"}, *messages])
     assert caught.value.param == param
+    assert '{"role": "tool", "tool_call_id": "call_' in str(caught.value)  # the message to send, as JSON
 
 
 def test_tool_calls_answered_by_id_or_name_in_any_order_are_taken(engine):
