@@ -548,7 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--api-key", default=None,
-                       help="require `Authorization: Bearer KEY` on /v1 (default: $GLIMMER_API_KEY, else none)")
+                       help="require `Authorization: Bearer KEY` on /v1 and /openapi.json (default: "
+                            "$GLIMMER_API_KEY, else none)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,

@@ -11,7 +11,7 @@ prompt, so a prompt that ends elsewhere refuses one (`refuse_turn_grammar`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,10 +23,11 @@ from glimmer.engine.apply_chat_template import (
 )
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConfigError, RequestError
-from glimmer.multimodal.sources import MEDIA_KINDS
+from glimmer.multimodal.sources import media_kind
 from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
 from glimmer.protocol.chat_template import RENDERING_ARGUMENTS, check_chat_template
-from glimmer.protocol.request_normalization import refuse_unrendered
+from glimmer.protocol.headers import channel_of_recipient
+from glimmer.protocol.request_normalization import refuse_unanswered_tool_calls, refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan
 
 STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
@@ -71,6 +72,7 @@ def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: 
                                                 rendering.template.source)
     normalized = normalize_messages(conversation)
     refuse_unrendered(conversation)
+    refuse_unanswered_tool_calls(conversation, final_turn_is_history=not rendering.generation_prompt)
     rendered = rendering.template.render_prompt(
         normalized,
         tools=rendering.tools,
@@ -99,21 +101,35 @@ def check_final_message_is_the_assistants(conversation: Any, index: int | None =
                            "turn", param="continue_final_message")
 
 
-def check_media_before_the_cut(messages: list[Mapping[str, Any]], final: FinalMessageTag,
+def check_continued_call_is_read(final: FinalMessageTag, rendering: ChatRendering, index: int | None = None) -> None:
+    """RequestError naming `continue_final_message` when the final message continued is addressed to a tool while the
+    request offers no tools (none declared, or `tool_choice` "none"): its reply is that tool's call (P-TMPL-8), and
+    with no tools the parser returns no call from a tool channel (P-NAME-4), so the reply would vanish."""
+    if channel_of_recipient(final.recipient) != "tool" or rendering.tools is not None:
+        return
+    where = "" if index is None else f"messages[{index}]: "
+    raise RequestError(f"continue_final_message: {where}the final message is addressed to the tool "
+                       f"{final.recipient!r}, so the reply continues its call, but the request offers no tools (none "
+                       "declared, or tool_choice \"none\"), and no call could be returned; declare "
+                       f"{final.recipient!r} in tools", param="continue_final_message")
+
+
+def check_media_before_the_cut(messages: Sequence[Mapping[str, Any]], final: FinalMessageTag,
                                index: int | None = None) -> None:
-    """RequestError naming `continue_final_message` for an image or video of the continued final message (of the
-    normalized `messages`, the `index`-th conversation of several) that the prompt, cut inside that message, leaves
-    out: a content part after the text part the reply continues, or any content part when the reasoning is continued
-    (the content follows it). Its placeholder is cut off while the item would still be loaded, and the model would
-    never see it; transformers' processors and vLLM fail on such a conversation with a placeholder count mismatch."""
+    """RequestError naming `continue_final_message` for an image or video of the continued final message (of
+    `messages`, the `index`-th conversation of several) that the prompt, cut inside that message, leaves out: a
+    content part after the text part the reply continues, or any content part when the reasoning is continued (the
+    content follows it). Its placeholder is cut off while the item would still be loaded, and the model would never
+    see it; transformers' processors and vLLM fail on such a conversation with a placeholder count mismatch.
+    `messages` as the client sent them, so that the error names the client's part: normalization merges developer
+    messages into the system message, which shifts the index of the final message."""
     content = messages[-1].get("content")
     if not isinstance(content, list):
         return
     continues_content = final.field == "content"
     for position in range(final.part + 1 if continues_content else 0, len(content)):
-        part = content[position]
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind not in MEDIA_KINDS:
+        kind = media_kind(content[position])
+        if kind is None:
             continue
         where = ("" if index is None else f"messages[{index}]: ") + f"messages[{len(messages) - 1}].content[{position}]"
         what = "an image" if kind == "image" else "a video"

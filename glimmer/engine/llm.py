@@ -28,6 +28,7 @@ from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
     STRENGTH_KWARGS,
     ChatRendering,
+    check_continued_call_is_read,
     check_final_message_is_the_assistants,
     check_media_before_the_cut,
     checked_template_argument,
@@ -420,13 +421,14 @@ class LLM:
         for index, conversation in enumerate(conversations):
             if continue_final_message:
                 check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
-            normalized, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
+            _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             if final is not None:
-                check_media_before_the_cut(normalized, final, index if len(conversations) > 1 else None)
+                check_continued_call_is_read(final, rendering, index if len(conversations) > 1 else None)
+                check_media_before_the_cut(conversation, final, index if len(conversations) > 1 else None)
             continued.append(final)
             images, videos = [], []
             with naming_media_parts(conversation):  # an item's error names its content part
-                for kind, reference in collect_media(normalized):
+                for kind, reference in collect_media(conversation):
                     target = images if kind == "image" else videos
                     target.append(load_media_reference(reference, kind, len(target), self.media_policy))
                 ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)

@@ -31,7 +31,7 @@ from glimmer.multimodal.video import is_video_data
 from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 __all__ = ["MEDIA_KINDS", "MediaFetchPolicy", "collect_media", "load_media_reference", "media_from_part",
-           "media_part_paths", "naming_media_parts"]
+           "media_kind", "media_part_paths", "media_parts", "naming_media_parts"]
 
 logger = logging.getLogger(__name__)
 
@@ -180,24 +180,34 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
                        param=where or "messages")
 
 
-def _media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+def media_parts(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
     """(kind, path, part) of every image and video part in the order the template renders their placeholders:
-    message order, tool results in their calls' order (`tool_results_in_call_order`, as normalization puts them);
-    `messages` as sent (`image_url` parts) or normalized (`image` parts)."""
+    message order, tool results in their calls' order (`tool_results_in_call_order`, as normalization puts them).
+    `messages` as the client sent them (`image_url` parts), so that each path (`messages[i].content[j]`) points into
+    the request: normalization merges developer messages into the system message, which shifts the messages after
+    them. Each part comes with its normalized type (`image`, `video`)."""
     for i in tool_results_in_call_order(messages):
         message = messages[i]
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if isinstance(part, Mapping) and part.get("type") in _PART_KINDS:
-                    yield _PART_KINDS[part["type"]], f"messages[{i}].content[{j}]", part
+                kind = media_kind(part)
+                if kind is not None:
+                    yield kind, f"messages[{i}].content[{j}]", {**part, "type": kind}
+
+
+def media_kind(part: Any) -> str | None:
+    """`image` or `video` for such a content part, as sent (`image_url`) or normalized (`image`); else None."""
+    if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+        return None
+    return _PART_KINDS.get(part["type"])
 
 
 def collect_media(messages: list[Mapping[str, Any]]) -> list[tuple[str, Any]]:
-    """Every (kind, reference) of normalized messages in message order, the order the template renders their
+    """Every (kind, reference) of `messages` (as sent, see `media_parts`) in the order the template renders their
     placeholders. Raises RequestError naming the part (`messages[i].content[j]`) that has no reference."""
     found = []
-    for _, path, part in _media_parts(messages):
+    for _, path, part in media_parts(messages):
         media = media_from_part(part, path)
         if media is not None:
             found.append(media)
@@ -208,7 +218,7 @@ def media_part_paths(messages: Sequence[Mapping[str, Any]]) -> dict[str, list[st
     """The content part path (`messages[i].content[j]`) of each image and each video, by kind, in order:
     `media_part_paths(messages)["image"][n]` is where image n came from."""
     paths: dict[str, list[str]] = {kind: [] for kind in MEDIA_KINDS}
-    for kind, path, _ in _media_parts(messages):
+    for kind, path, _ in media_parts(messages):
         paths[kind].append(path)
     return paths
 

@@ -61,6 +61,12 @@ class Header:
     names_other_role: bool = False
 
 
+def is_valid_recipient(text: str) -> bool:
+    """Whether `to=text` is a well-formed header's recipient (P-HDR-2): 1..RECIPIENT_MAX characters, no whitespace or
+    `<`."""
+    return re.fullmatch(_RECIPIENT, text) is not None
+
+
 def channel_of_recipient(recipient: str | None) -> Channel:
     if recipient is None or recipient == "user":
         return "content"

@@ -9,13 +9,14 @@ jinja. Nothing is modified in place.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import first_duplicate_key
-from glimmer.protocol.headers import channel_of_recipient
+from glimmer.protocol.headers import channel_of_recipient, is_valid_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
 from glimmer.protocol.value_typing import allowed_types, strict_json_loads
@@ -104,6 +105,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
             if message.get(key) is not None and not isinstance(message[key], str):
                 raise RequestError(f"messages[{index}].{key} must be a string, got {type(message[key]).__name__}",
                                    param=f"messages[{index}].{key}")
+        if role == "assistant":
+            _check_recipient(message.get("recipient"), index)
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
             if role == "assistant":
@@ -114,6 +117,22 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
+
+
+def _check_recipient(recipient: Any, index: int) -> None:
+    """An assistant message's `recipient` is written into its header as `to=RECIPIENT` (null or "" is the user): a
+    value that is not a well-formed recipient (P-HDR-2) would render a header the model reads as ill-formed, and a
+    continued message's reply would be parsed for a channel the prompt does not open. RequestError naming it."""
+    if recipient is None or recipient == "":
+        return
+    field = f"messages[{index}].recipient"
+    if not isinstance(recipient, str):
+        raise RequestError(f"{field} must be a string (\"user\", \"self\" or a tool's name), got "
+                           f"{type(recipient).__name__}", param=field)
+    if not is_valid_recipient(recipient):
+        raise RequestError(f"{field} {recipient[:RECIPIENT_MAX]!r} is not a recipient a header can name: 1 to "
+                           f"{RECIPIENT_MAX} characters without whitespace or '<' (\"user\", \"self\" or a tool's "
+                           "name)", param=field)
 
 
 def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
@@ -147,6 +166,63 @@ def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
                                                    for call_id in answered) and len(set(answered)) == len(answered)):
             order[start:index] = sorted(range(start, index), key=lambda i: position[messages[i]["tool_call_id"]])
     return order
+
+
+def refuse_unanswered_tool_calls(messages: Sequence[Any], *, final_turn_is_history: bool = False) -> None:
+    """RequestError naming the first tool call (`messages[i].tool_calls[j]`, `messages` as sent) of an assistant turn
+    (its consecutive assistant messages) that the tool messages right after the turn do not answer: by its
+    `tool_call_id`, or, for a result without one, by the tool's `name`. The template would render the call and then
+    whatever follows as if its result never came, and the model would answer from nothing; OpenAI refuses such a
+    conversation (400 "An assistant message with 'tool_calls' must be followed by tool messages responding to each
+    'tool_call_id'"). `final_turn_is_history`: the prompt ends inside or right after the conversation's final
+    assistant turn (`continue_final_message`, `add_generation_prompt: false`), so no new turn follows its calls there
+    and they are not checked. Malformed messages are left to `normalize_messages`."""
+    index = 0
+    while index < len(messages):
+        if _role(messages[index]) != "assistant":
+            index += 1
+            continue
+        calls: list[tuple[str, Mapping[str, Any]]] = []
+        while index < len(messages) and _role(messages[index]) == "assistant":
+            tool_calls = messages[index].get("tool_calls")
+            if isinstance(tool_calls, list):
+                calls += [(f"messages[{index}].tool_calls[{j}]", call) for j, call in enumerate(tool_calls)
+                          if isinstance(call, Mapping)]
+            index += 1
+        results = []
+        while index < len(messages) and _role(messages[index]) == "tool":
+            results.append(messages[index])
+            index += 1
+        if index == len(messages) and not results and final_turn_is_history:
+            return
+        unanswered = _unanswered(calls, results)
+        if unanswered:
+            field, call = unanswered[0]
+            call_id = call.get("id")
+            name = (function_of(call) or {}).get("name")
+            answered_by = ("tool_call_id", call_id) if isinstance(call_id, str) else ("name", name)
+            answer = f'{{"role": "tool", "{answered_by[0]}": {json.dumps(answered_by[1])}, "content": RESULT}}'
+            raise RequestError(f"{field}: an assistant message with tool_calls must be followed by tool messages "
+                               f"answering each call, and no tool message right after this turn answers the call "
+                               f"of {name!r}{f' (id {call_id!r})' if isinstance(call_id, str) else ''}; send its "
+                               f"result as {answer} right after the assistant message, or remove the call",
+                               param=field)
+
+
+def _unanswered(calls: list[tuple[str, Mapping[str, Any]]],
+                results: list[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The calls of one turn that none of its tool messages answers: by `tool_call_id`, else by `name`."""
+    call_ids = {call.get("id") for _, call in calls if isinstance(call.get("id"), str)}
+    by_id = {result.get("tool_call_id") for result in results} & call_ids
+    pending = [(field, call) for field, call in calls if not (isinstance(call.get("id"), str) and call["id"] in by_id)]
+    for result in results:
+        if result.get("tool_call_id") in by_id:
+            continue
+        match = next((n for n, (_, call) in enumerate(pending)
+                      if (function_of(call) or {}).get("name") == result.get("name")), None)
+        if match is not None:
+            del pending[match]
+    return pending
 
 
 def _role(message: Any) -> Any:

@@ -8,7 +8,9 @@ so several apps can run in one process.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -41,7 +43,9 @@ STATIC_DIR = Path(__file__).parent / "static"
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     """Raises CheckpointError (no chat template) or ConfigError (a template that breaks the protocol)."""
     context = ServingContext.create(engine, settings)
-    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None)
+    # no /docs or /redoc pages; the OpenAPI document describes the guarded API, so it is served behind its key (vLLM
+    # leaves it open beside /v1, a gap its security guide documents)
+    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.context = context
     app.include_router(_v1_router(context))
 
@@ -51,17 +55,23 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
     async def health() -> Response:
         if not engine.is_alive:
             return JSONResponse(error_body("the engine has stopped", "internal_error"), status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics(request: Request) -> Response:
         if settings.metrics_require_api_key:
             check_api_key(request, settings.api_key)
         return Response(context.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    _get_and_head(app, "/health", health)
+    _get_and_head(app, "/metrics", metrics)
+
+    @app.api_route("/openapi.json", methods=["GET", "HEAD"], include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        check_api_key(request, settings.api_key)
+        return JSONResponse(app.openapi())
 
     @app.exception_handler(GlimmerError)
     async def glimmer_error(request: Request, exc: GlimmerError) -> Response:
@@ -112,16 +122,25 @@ def _v1_router(context: ServingContext) -> APIRouter:
     async def stored_response(response_id: str) -> Response:
         return get_response(response_id, context)
 
-    @router.api_route("/models", methods=["GET", "HEAD"])
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)
                                                           for name in context.settings.served_model_names]})
+
+    _get_and_head(router, "/models", models)
 
     @router.get("/models/{model:path}")
     async def model(model: str) -> Response:
         return JSONResponse(_model_card(context, context.check_model(model)))
 
     return router
+
+
+def _get_and_head(router: FastAPI | APIRouter, path: str, endpoint: Callable[..., Any]) -> None:
+    """GET `path`, and HEAD as GET (load balancers probe with HEAD), in the OpenAPI document once: the two methods of
+    one route would share its operationId, which the OpenAPI specification requires unique (client generators
+    refuse such a document)."""
+    router.add_api_route(path, endpoint, methods=["GET"])
+    router.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
 
 
 def _model_card(context: ServingContext, name: str) -> dict:

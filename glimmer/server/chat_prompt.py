@@ -26,6 +26,7 @@ from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
     STRENGTH_KWARGS,
     ChatRendering,
+    check_continued_call_is_read,
     check_final_message_is_the_assistants,
     check_media_before_the_cut,
     checked_template_argument,
@@ -36,7 +37,7 @@ from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import RequestError
-from glimmer.multimodal.sources import load_media_reference, media_from_part, naming_media_parts
+from glimmer.multimodal.sources import load_media_reference, media_from_part, media_parts, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
     normalize_tools,
@@ -94,13 +95,14 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     refuse_turn_grammar(rendering.prompt_end, tools, structured_param=param if structured is not None else None,
                         thinking_token_budget=request.thinking_token_budget)
     tokenizer = context.tokenizer
-    messages, rendered, final = render_conversation(request.messages, rendering, tokenizer)
+    _, rendered, final = render_conversation(request.messages, rendering, tokenizer)
     if final is not None:
-        check_media_before_the_cut(messages, final)
+        check_continued_call_is_read(final, rendering)
+        check_media_before_the_cut(request.messages, final)
     engine = context.engine.engine
     engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
     with naming_media_parts(request.messages):  # an item's error names its content part
-        images, videos = load_media(messages, context, cancel)
+        images, videos = load_media(request.messages, context, cancel)
         multimodal: list[MultimodalItem] = []
         if images or videos:
             token_ids, multimodal = engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals,
@@ -149,7 +151,8 @@ def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, con
 
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
                cancel: CancelToken | None = None) -> tuple[list[Any], list[Any]]:
-    """The images and videos of the messages, in the order the template renders their placeholders.
+    """The images and videos of the messages (as the client sent them, so that an error names the client's part),
+    in the order the template renders their placeholders.
 
     Raises RequestError naming the part: on a model without a vision tower, over the per-request limits,
     or when a reference cannot be loaded under the operator's media policy.
@@ -157,26 +160,18 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     settings = context.settings
     found: dict[str, list[Any]] = {"image": [], "video": []}
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            param = f"messages[{i}].content[{j}]"
-            media = media_from_part(part, param) if isinstance(part, Mapping) else None
-            if media is None:
-                continue
-            kind, reference = media
-            if not context.model_has_vision:
-                raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input",
-                                   param=param)
-            if len(found[kind]) == limits[kind]:
-                raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
-                                   f"--max-{kind}s-per-request limit)", param=param)
-            if cancel is not None:
-                cancel.check()
-            found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
-                                                    cancel))
+    for kind, param, part in media_parts(messages):
+        if not context.model_has_vision:
+            raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input",
+                               param=param)
+        _, reference = media_from_part(part, param)
+        if len(found[kind]) == limits[kind]:
+            raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
+                               f"--max-{kind}s-per-request limit)", param=param)
+        if cancel is not None:
+            cancel.check()
+        found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
+                                                cancel))
     return found["image"], found["video"]
 
 

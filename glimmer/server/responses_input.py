@@ -16,7 +16,9 @@
   whose result never came;
 - nothing is sent twice: an item `id`, a `function_call`'s `call_id`, an output for one call, each once in the input
   and the responses it continues (OpenAI: 400 "Duplicate item found with id ..."); a call answered twice, or the
-  previous response's items sent again beside `previous_response_id`, would render twice;
+  previous response's items sent again beside `previous_response_id`, would render twice. Items sent again without
+  their ids are caught too: a reasoning or assistant message item of the input saying what one of the continued
+  responses says;
 - a string input must not be empty, and a message item needs its content (either would be an empty turn).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
@@ -91,6 +93,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     called: dict[str, str] = {}  # call_id → where, of the function_call items so far: an output answers an earlier call
     answered: dict[str, str] = {}  # call_id → where, of the function_call_output items
     item_ids: dict[str, str] = {}  # id → where, of the items that carry one
+    said: set[tuple[str, str]] = set()  # (kind, text) of the reasoning and assistant messages of the continued chain
+    turn_calls: set[str] = set()  # call_ids of the current assistant turn, which the outputs right after it answer
+    turn_ended_at: str | None = None  # the message item after which no output of the turn's calls may come
+    after_outputs = False  # the last item was a function_call_output: an assistant item starts a new turn
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     origins: list[MessageSource] = [MessageSource("instructions")] if instructions else []
     assistant: dict[str, Any] | None = None
@@ -115,11 +121,16 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         kind = item.get("type", "message")
         _refuse_unknown_fields(item, kind, where)
         _refuse_duplicate(item_ids, item.get("id"), where, f"{where}.id", "item id", "each item is sent once")
+        ends_turn = kind == "message" and item.get("role") != "assistant"
+        if kind != "function_call_output" and (after_outputs or ends_turn):
+            turn_calls, turn_ended_at = set(), where  # a new assistant turn, or a message that ends the turn
+        after_outputs = kind == "function_call_output"
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush()
             assistant = open_assistant(where)
             text = _reasoning_text(item, where)
+            _refuse_resent(said, "reasoning", text, where)
             previous = assistant.get("reasoning_content")
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
@@ -128,6 +139,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             _refuse_duplicate(called, call["id"], where, f"{where}.call_id", "function_call call_id",
                               "each call has its own call_id, which its output answers")
             assistant.setdefault("tool_calls", []).append(call)
+            turn_calls.add(call["id"])
             assistant_origin.tool_calls.append(where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
@@ -135,6 +147,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), f"{where}.content")
+            _refuse_resent(said, "assistant message", assistant["content"], where)
         elif kind == "message":
             flush()
             role = item.get("role")
@@ -161,6 +174,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    param=f"{where}.call_id")
             _refuse_duplicate(answered, call_id, where, f"{where}.call_id", "function_call_output for call_id",
                               "each function_call has exactly one function_call_output")
+            if call_id not in turn_calls:  # the prompt pairs a result with the calls of the turn right before it
+                raise RequestError(f"{where}.call_id: the output of call {call_id!r} comes after the message "
+                                   f"{_at(turn_ended_at or where)}, which ends the turn of its call; send each "
+                                   "function_call_output right after the function_call items of its turn, before "
+                                   "the next message", param=f"{where}.call_id")
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _text_of(item.get("output"), f"{where}.output")})
             origins.append(MessageSource(where))
@@ -195,6 +213,21 @@ def _refuse_duplicate(seen: dict[str, str], key: Any, where: str, field: str, wh
         fix = _CHAIN_HINT if seen[key] == _CHAIN else "; remove the duplicate item"
         raise RequestError(f"{field}: duplicate {what} {key!r}, also {_at(seen[key])}: {rule}{fix}", param=field)
     seen[key] = where
+
+
+def _refuse_resent(said: set[tuple[str, str]], kind: str, text: str, where: str) -> None:
+    """Records the text of a reasoning or assistant message item of the responses a request continues; RequestError
+    naming an item of the request's own input that says the same. The previous response's output items re-sent
+    without their ids beside previous_response_id (an SDK's copy of `response.output`, ids dropped) rendered twice:
+    the model read its last turn twice. Items with ids are caught by id (`_refuse_duplicate`), function calls by
+    call_id; nothing marks a message or reasoning item as the same but its text."""
+    if not text:
+        return
+    if where == _CHAIN:
+        said.add((kind, text))
+    elif (kind, text) in said:
+        raise RequestError(f"{where}: duplicate {kind} item: a {kind} of the responses previous_response_id "
+                           f"continues says the same, so the prompt would hold it twice{_CHAIN_HINT}", param=where)
 
 
 def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -> None:

@@ -26,7 +26,8 @@ MAX_STOP_STRING_CHARS = 256
 @dataclass(frozen=True)
 class ServerSettings:
     """served_model_names: the names clients may put in `model` (the first is reported in responses).
-    api_key: if set, every /v1 request needs `Authorization: Bearer <api_key>`.
+    api_key: if set, every /v1 request (and /openapi.json, which describes them) needs `Authorization: Bearer
+    <api_key>`.
     default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
     media_policy: where images and videos may come from (data URLs always; local files and http(s) only
         as the operator allows).

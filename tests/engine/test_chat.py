@@ -101,6 +101,10 @@ def test_media_refusals_name_the_part_and_the_python_argument(llm, tmp_path):
     with pytest.raises(RequestError, match=r"messages\[0\]\.content\[1\]\.image_url\.url is missing") as err:
         llm.chat(empty, chat_template_kwargs=KWARGS)
     assert err.value.param == "messages[0].content[1].image_url.url"
+    instructed = [{"role": "system", "content": "s"}, {"role": "developer", "content": "d"}, *empty]
+    with pytest.raises(RequestError) as err:  # the developer message joins the system one; the path is the caller's
+        llm.chat(instructed, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[2].content[1].image_url.url"
     local = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}]}]
     with pytest.raises(RequestError, match=r"LLM\(\.\.\., allowed_local_media_path="):
         llm.chat(local, chat_template_kwargs=KWARGS)
@@ -143,3 +147,23 @@ def test_media_the_continued_prompt_cuts_off_is_refused_naming_the_part(llm, par
     with pytest.raises(RequestError, match=words) as caught:
         llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, **arguments)
     assert caught.value.param == "continue_final_message"
+
+
+def test_a_tool_call_left_unanswered_is_refused_as_on_the_server(llm):
+    """The call would render with no result after it, and the model answer from nothing (OpenAI refuses it)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    unanswered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "user", "content": "and?"}]
+    with pytest.raises(RequestError, match="must be followed by tool messages") as err:
+        llm.chat(unanswered, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[1].tool_calls[0]"
+    with pytest.raises(RequestError, match="must be followed by tool messages"):
+        llm.get_tokenizer().apply_chat_template(unanswered, **KWARGS)
+
+
+def test_continuing_a_message_to_a_tool_needs_the_tools(llm):
+    """The reply is that tool's call; with no tools the parser returns no call, and the reply vanished."""
+    call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}
+    with pytest.raises(RequestError, match="the request offers no tools") as err:
+        llm.chat([{"role": "user", "content": "hi"}, call], continue_final_message=True, chat_template_kwargs=KWARGS)
+    assert err.value.param == "continue_final_message"

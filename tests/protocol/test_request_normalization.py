@@ -487,3 +487,21 @@ def test_arguments_giving_a_key_twice_are_refused_naming_the_field_and_the_key(a
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
     assert str(caught.value).startswith(f"messages[1].tool_calls[0].function.arguments: the key {key!r} is given "
                                         "more than once in the same JSON object")
+
+
+@pytest.mark.parametrize("recipient", ["get weather", "a<b", "x" * 200, 5, ["user"]],
+                         ids=["whitespace", "angle-bracket", "too-long", "int", "list"])
+def test_an_assistant_recipient_no_header_can_name_is_a_request_error(recipient):
+    """P-HDR-2: `to=RECIPIENT` is written into the message's header; `to=get weather` renders a header the model reads
+    as ill-formed (and a continued message's reply was parsed for a channel the prompt did not open)."""
+    messages = [{"role": "system", "content": "s"}, {"role": "developer", "content": "d"},
+                {"role": "assistant", "content": "Hi", "recipient": recipient}]
+    with pytest.raises(RequestError, match=r"^messages\[2\]\.recipient") as raised:
+        normalize_messages(messages)
+    assert raised.value.param == "messages[2].recipient"
+
+
+@pytest.mark.parametrize("recipient", [None, "", "user", "self", "calendar.lookup", "x" * 64])
+def test_an_assistant_recipient_a_header_can_name_is_kept(recipient):
+    messages = [{"role": "assistant", "content": "Hi", "recipient": recipient}]
+    assert normalize_messages(messages)[0].get("recipient") == recipient

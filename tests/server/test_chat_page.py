@@ -107,6 +107,15 @@ def test_a_conversation_in_the_browser(server, browser, tmp_path):
     call = _send(browser, "[weather] Weather in Paris?").find_element(By.CSS_SELECTOR, ".tool-call")
     assert call.text == '→ get_weather({"city": "Paris"})'
     assert "Reasoning strength: low." in server.engine.engine.runner.prompts[-1]
+    # the next text is the call's result (a conversation goes on only once each call is answered)
+    assert browser.find_element(By.ID, "prompt").get_attribute("placeholder").startswith(
+        'Result of get_weather({"city": "Paris"})')
+    turn = _send(browser, "Sunny [sunny-result]")
+    assert browser.find_elements(By.CSS_SELECTOR, ".turn.tool")[-1].text == (
+        'get_weather({"city": "Paris"}) → Sunny [sunny-result]')
+    assert turn.find_element(By.CSS_SELECTOR, ".content").text == "It is sunny in Paris."
+    assert "Sunny [sunny-result]</tool_output>" in server.engine.engine.runner.prompts[-1].replace("\n", "")
+    assert browser.find_element(By.ID, "prompt").get_attribute("placeholder").startswith("Message")
 
     browser.find_element(By.ID, "reset").click()  # a new conversation: the scripts key on the whole prompt
     image = tmp_path / "red.png"

@@ -50,6 +50,24 @@ def test_media_parts_on_a_text_only_model_are_refused_naming_the_part(engine):
     assert raised.value.param == "messages[1].content[1]"
 
 
+INSTRUCTIONS = [{"role": "system", "content": "s"}, {"role": "developer", "content": "d"}]
+
+
+@pytest.mark.parametrize(("part", "words", "engine_name"), [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "no vision tower", "engine"),
+    ({"type": "image_url", "image_url": {}}, "is missing", "vision_engine"),
+], ids=["text-only-model", "no-url"])
+def test_a_media_error_after_a_merged_developer_message_names_the_clients_message(engine, vision_engine, part, words,
+                                                                                   engine_name):
+    """The developer message joins the system message before rendering; the error still names the part where the
+    client put it (messages[2], not messages[1] of the merged list)."""
+    messages = [*INSTRUCTIONS, {"role": "user", "content": [{"type": "text", "text": "look"}, part]}]
+    serving = context(vision_engine if engine_name == "vision_engine" else engine)
+    with pytest.raises(RequestError, match=words) as raised:
+        build_chat_prompt(request(messages=messages), serving)
+    assert raised.value.param.startswith("messages[2].content[1]") and "messages[2].content[1]" in str(raised.value)
+
+
 def test_forced_tool_choices_and_structured_answers_come_with_a_grammar(engine):
     ctx = context(engine)
     assert build_chat_prompt(request(tools=TOOLS), ctx).controller_factory is None
@@ -96,6 +114,48 @@ def test_a_role_the_model_does_not_take_is_refused(engine):
     assert caught.value.param == "messages[0].role"
 
 
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+TIME_CALL = {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]}, {"role": "user", "content": "and?"}],
+     "messages[1].tool_calls[0]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL, TIME_CALL]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "messages[1].tool_calls[1]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]}], "messages[1].tool_calls[0]"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]}, {"role": "user", "content": "and?"},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "messages[1].tool_calls[0]"),
+], ids=["user-after-call", "one-of-two-answered", "call-then-generation-prompt", "result-after-a-user-message"])
+def test_a_tool_call_not_answered_right_after_its_turn_is_refused_naming_the_call(engine, messages, param):
+    """OpenAI: "An assistant message with 'tool_calls' must be followed by tool messages responding to each
+    'tool_call_id'"; the model would otherwise read a call whose result never came."""
+    with pytest.raises(RequestError, match="must be followed by tool messages") as caught:
+        prompt_text(engine, context(engine), tools=TOOLS, messages=[{"role": "user", "content": "hi"}, *messages])
+    assert caught.value.param == param
+    assert '{"role": "tool", "tool_call_id": "call_' in str(caught.value)  # the message to send, as JSON
+
+
+def test_tool_calls_answered_by_id_or_name_in_any_order_are_taken(engine):
+    answered = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "assistant", "content": None, "tool_calls": [TIME_CALL]},
+                {"role": "tool", "name": "get_time", "content": "noon"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    assert "sunny" in prompt_text(engine, context(engine), tools=TOOLS, messages=answered)
+
+
+def test_a_final_turn_of_calls_is_history_where_the_prompt_does_not_start_a_new_turn(engine):
+    """With `add_generation_prompt: false` the prompt ends after the calls (scoring a conversation, say): nothing is
+    answered without their results, so they are taken; earlier turns are still checked."""
+    final_calls = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    text = prompt_text(engine, context(engine), tools=TOOLS, messages=final_calls, add_generation_prompt=False)
+    assert text.endswith("</atem:function_calls><|eot|>")
+    with pytest.raises(RequestError, match="must be followed by tool messages"):
+        prompt_text(engine, context(engine), tools=TOOLS, add_generation_prompt=False,
+                    messages=[*final_calls, {"role": "user", "content": "and?"}])
+
+
 
 
 # vLLM's add_generation_prompt and continue_final_message: LLM.chat's rules (P-TMPL-8) --------------------------------
@@ -123,6 +183,18 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     prompt = build_chat_prompt(request(messages=[ANSWERED[0], call], tools=TOOLS, chat_template_kwargs=DATE,
                                        continue_final_message=True), ctx)
     assert prompt.continue_recipient == "get_weather"
+
+
+@pytest.mark.parametrize("fields", [{}, {"tools": TOOLS, "tool_choice": "none"}], ids=["no-tools", "tool-choice-none"])
+def test_a_continued_message_to_a_tool_with_no_tools_offered_is_refused(engine, fields):
+    """P-TMPL-8, P-NAME-4: the reply continues the tool's call, and with no tools the parser returns none: the reply
+    vanished (content null, no tool_calls)."""
+    call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}
+    words = "addressed to the tool 'get_weather'.*declare 'get_weather' in tools"
+    with pytest.raises(RequestError, match=words) as caught:
+        build_chat_prompt(request(messages=[ANSWERED[0], call], chat_template_kwargs=DATE, continue_final_message=True,
+                                  **fields), context(engine))
+    assert caught.value.param == "continue_final_message"
 
 
 def test_a_continued_message_hands_the_parser_its_body_as_the_prompt_holds_it(engine):
@@ -168,6 +240,9 @@ def test_a_continued_message_with_an_image_after_its_text_is_refused_naming_the_
         build_chat_prompt(request(messages=messages, chat_template_kwargs=DATE, continue_final_message=True),
                           context(vision_engine))
     assert caught.value.param == "continue_final_message"
+    with pytest.raises(RequestError, match=re.escape("messages[3].content[1] is an image after the text")):
+        build_chat_prompt(request(messages=[*INSTRUCTIONS, *messages], chat_template_kwargs=DATE,
+                                  continue_final_message=True), context(vision_engine))
 
 
 @pytest.mark.parametrize(("fields", "param", "message"), [

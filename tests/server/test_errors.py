@@ -67,6 +67,21 @@ def test_missing_or_wrong_api_key_is_401(server, key):
             openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
 
 
+def test_the_openapi_document_is_behind_the_api_key_and_the_docs_pages_are_not_served(server):
+    """It lists every route of the guarded API; it was served to anyone (as vLLM serves it, a gap its security guide
+    documents)."""
+    assert error_of(httpx.get(server.url + "/openapi.json"), 401)["code"] == "invalid_api_key"
+    document = httpx.get(server.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"})
+    assert document.status_code == 200 and "/v1/chat/completions" in document.json()["paths"]
+    assert "/openapi.json" not in document.json()["paths"]
+    operation_ids = [operation["operationId"] for path in document.json()["paths"].values()
+                     for operation in path.values()]
+    assert len(operation_ids) == len(set(operation_ids))  # OpenAPI requires them unique (GET and HEAD shared them)
+    assert httpx.head(server.url + "/openapi.json").status_code == 401
+    for page in ("/docs", "/redoc"):
+        assert error_of(httpx.get(server.url + page, headers={"Authorization": f"Bearer {KEY}"}), 404)
+
+
 @pytest.mark.parametrize("keys", [[KEY, "sk-wrong"], ["sk-wrong", KEY], [KEY, KEY]])
 def test_more_than_one_authorization_header_is_401_naming_the_header(server, keys):
     """The first header decided (right then wrong passed, wrong then right did not); a proxy or a logger that reads

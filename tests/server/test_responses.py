@@ -150,7 +150,8 @@ def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, p
 
 def test_a_continuation_sending_again_what_its_previous_response_holds_is_400(server, client):
     """A call answered in the chain answered again, or the previous response's items sent again beside
-    previous_response_id (the prompt held the call twice): the message says to send only the new items."""
+    previous_response_id, with or without their ids (the prompt held the call twice): the message says to send only
+    the new items."""
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     (call,) = [item for item in first.output if item.type == "function_call"]
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
@@ -159,13 +160,33 @@ def test_a_continuation_sending_again_what_its_previous_response_holds_is_400(se
     for previous, input_, param in ((answered.id, [output], "input[0].call_id"),
                                     (first.id, [*resent, output], "input[0].id"),
                                     (first.id, [{k: v for k, v in item.items() if k != "id"} for item in resent]
-                                     + [output], f"input[{len(resent) - 1}].call_id")):
+                                     + [output], "input[0]"),
+                                    (first.id, [{k: v for k, v in item.items() if k != "id"} for item in resent[1:]]
+                                     + [output], "input[0].call_id")):
         body = {"model": "tiny", "tools": [WEATHER_TOOL], "previous_response_id": previous, "input": input_}
         response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["param"] == param and "duplicate" in error["message"], error
         assert "with previous_response_id, send only the new items" in error["message"]
+
+
+def test_an_answer_sent_again_without_its_ids_beside_previous_response_id_is_400(server, client):
+    """The previous response's reasoning and message items, ids dropped, rendered a second time after the chain's own:
+    the model read its last turn twice. A new message after the chain is taken."""
+    first = _create(client, input="[greet] Hello!")
+    resent = [{k: v for k, v in item.model_dump(exclude_none=True).items() if k not in ("id", "status")}
+              for item in first.output]
+    assert [item["type"] for item in resent] == ["reasoning", "message"]
+    for items, param in ((resent, "input[0]"), (resent[1:], "input[0]")):
+        body = {"model": "tiny", "previous_response_id": first.id, "max_output_tokens": 4,
+                "input": [*items, {"role": "user", "content": "[greet] Again"}]}
+        response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and "send only the new items" in error["message"], error
+    body["input"] = body["input"][1:]
+    assert httpx.post(server.base_url + "/responses", json=body, timeout=30).status_code == 200
 
 
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
@@ -204,6 +225,21 @@ def test_a_call_in_the_input_needs_its_output_too():
     with pytest.raises(RequestError, match=r"^input: no tool output found for function call 'c2' \(input\[2\]\);"):
         chat_messages([{"role": "user", "content": "hi"}, *calls, answer], None)
     chat_messages([{"role": "user", "content": "hi"}, *calls, answer, {**answer, "call_id": "c2"}], None)
+
+
+def test_an_output_after_a_message_that_ended_its_calls_turn_is_refused_naming_its_call_id():
+    """The prompt pairs a result with the calls of the turn right before it: an output after the next message
+    rendered as a result of no call (chat refuses the same history, "must be followed by tool messages")."""
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    answer = {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}
+    with pytest.raises(RequestError, match=r"^input\[3\]\.call_id: the output of call 'c1' comes after the message at "
+                                           r"input\[2\], which ends the turn of its call") as refused:
+        chat_messages([{"role": "user", "content": "hi"}, call, {"role": "user", "content": "hurry"}, answer], None)
+    assert refused.value.param == "input[3].call_id"
+    reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Then the time."}]}
+    second = {**call, "call_id": "c2"}
+    chat_messages([{"role": "user", "content": "hi"}, call, reasoning, second, answer, {**answer, "call_id": "c2"},
+                   {"role": "user", "content": "thanks"}], None)  # one turn: consecutive assistant items
 
 
 def test_an_output_before_its_call_is_400_naming_its_call_id(server):
@@ -354,6 +390,18 @@ def test_chat_rendering_fields_in_chat_template_kwargs_are_400_saying_responses_
 
 
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+
+def test_a_media_error_after_a_developer_message_names_the_input_item_holding_the_image(server):
+    """The developer item joins the instructions' system message before rendering; the error named input[0], the
+    developer item, for the image of input[1]."""
+    body = {"model": "tiny", "instructions": "Be brief.", "max_output_tokens": 4,
+            "input": [{"role": "developer", "content": "Answer in French."},
+                      {"role": "user", "content": [{"type": "input_text", "text": "[greet] What is it?"}, IMAGE]}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].content[1]" and "no vision tower" in error["message"], error
 
 
 def test_a_refused_part_names_the_parts_its_message_takes():

@@ -9,7 +9,11 @@ const $ = (id) => document.getElementById(id);
 // --require-cache-salt. (crypto.getRandomValues, unlike randomUUID, also works on a plain-http page.)
 const cacheSalt = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0"))
   .join("");
-const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [] };
+// pendingCalls: the tool calls of the last reply still waiting for their results, which the composer takes one by one
+// (the conversation goes on only once each call is answered, as OpenAI requires); answeredCalls: those answered since.
+const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [],
+  pendingCalls: [], answeredCalls: [] };
+const PROMPT_PLACEHOLDER = "Message (Enter sends, Shift+Enter for a new line)";
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -53,6 +57,16 @@ function addUserTurn(text, images) {
   $("log").append(turn);
 }
 
+function callLabel(call) {
+  return `${call.function.name}(${call.function.arguments})`;
+}
+
+// The composer asks for the result of the first call still waiting for one, or for a message.
+function showPendingCall() {
+  const call = state.pendingCalls[0];
+  $("prompt").placeholder = call ? `Result of ${callLabel(call)} (Enter sends)` : PROMPT_PLACEHOLDER;
+}
+
 // One assistant turn on the page, filled as the stream arrives.
 class AssistantTurn {
   constructor() {
@@ -93,7 +107,7 @@ class AssistantTurn {
     const entry = this.calls[piece.index];
     if (!entry) return;
     entry.call.function.arguments += piece.function.arguments || "";
-    entry.node.textContent = `→ ${entry.call.function.name}(${entry.call.function.arguments})`;
+    entry.node.textContent = `→ ${callLabel(entry.call)}`;
   }
 
   historyMessage() {
@@ -139,6 +153,10 @@ async function* serverSentEvents(response) {
 
 async function send(text) {
   showError("");
+  if (state.pendingCalls.length) {
+    await answerCall(text);
+    return;
+  }
   const content = state.images.length
     ? [...state.images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
     : text;
@@ -146,21 +164,40 @@ async function send(text) {
   state.history.push({ role: "user", content });
   state.images = [];
   $("attachments").textContent = "";
+  if (!(await reply())) state.history.pop();
+}
+
+// The text is the result of the first call waiting for one; once each call has its result, the model replies.
+async function answerCall(text) {
+  const call = state.pendingCalls.shift();
+  state.answeredCalls.push(call);
+  $("log").append(element("div", "turn tool", `${callLabel(call)} → ${text}`));
+  state.history.push({ role: "tool", tool_call_id: call.id, content: text });
+  if (!state.pendingCalls.length) {
+    if (!(await reply())) {  // as with a refused message, the results are to be sent again
+      state.history.splice(state.history.length - state.answeredCalls.length);
+      state.pendingCalls = state.answeredCalls;
+    }
+    state.answeredCalls = [];
+  }
+  showPendingCall();
+}
+
+// Streams the model's reply to the conversation so far; false when the server refused the request.
+async function reply() {
   let body;
   try {
     body = requestBody();
   } catch (error) {
-    state.history.pop();
     showError(`Tools are not valid JSON: ${error.message}`);
-    return;
+    return false;
   }
   const response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body) });
   if (!response.ok) {
-    state.history.pop();
     const error = await response.json().catch(() => ({}));
     showError((error.error && error.error.message) || `HTTP ${response.status}`);
     if (response.status === 401) $("key-form").hidden = false;
-    return;
+    return false;
   }
   const turn = new AssistantTurn();
   turn.node.classList.add("streaming");
@@ -180,6 +217,9 @@ async function send(text) {
   turn.node.classList.remove("streaming");
   turn.node.classList.add("done");
   state.history.push(turn.historyMessage());
+  state.pendingCalls = [...turn.message.tool_calls];
+  showPendingCall();
+  return true;
 }
 
 $("composer").addEventListener("submit", async (event) => {
@@ -225,6 +265,9 @@ $("key-form").addEventListener("submit", (event) => {
 
 $("reset").addEventListener("click", () => {
   state.history = [];
+  state.pendingCalls = [];
+  state.answeredCalls = [];
+  showPendingCall();
   $("log").textContent = "";
 });
 
