@@ -178,6 +178,7 @@ class LLM:
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
         self._ids = itertools.count()
+        self._tokenizer = LLMTokenizer(self)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
@@ -189,8 +190,9 @@ class LLM:
     def get_tokenizer(self) -> LLMTokenizer:
         """The tokenizer as vLLM's `get_tokenizer()` gives it, with Hugging Face's defaults: `encode(text)` adds
         BOS, so `generate({"prompt_token_ids": tok.encode(text)})` is `generate(text)`. Its `.tokenizer` is the
-        engine's own `Tokenizer` (whose `encode` adds nothing unless asked)."""
-        return LLMTokenizer(self)
+        engine's own `Tokenizer` (whose `encode` adds nothing unless asked). The same object on every call, as vLLM's,
+        so that a setting made on it (`padding_side = "left"`) holds."""
+        return self._tokenizer
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a text prompt; BOS is added unless the text already starts with it (P-TMPL-5)."""

@@ -7,9 +7,13 @@ import contextlib
 import operator
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tokenizers import AddedToken
+
 from glimmer.engine.apply_chat_template import (
+    ChatEncoding,
     OutputShape,
     checked_documents,
     generation_prompt,
@@ -23,7 +27,7 @@ from glimmer.engine.chat_rendering import (
     compiled_template_argument,
     render_conversation,
 )
-from glimmer.engine.tokenizer import Tokenizer
+from glimmer.engine.tokenizer import SIDES, Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.tool_choice import plan_tools
@@ -41,12 +45,22 @@ class LLMTokenizer:
     `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
     unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
     with the checkpoint's template exactly as `LLM.chat` does, and `all_special_ids` are transformers' (the named
-    tokens). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`, `token_to_id`, ...) are the
-    `Tokenizer`'s."""
+    tokens). The attributes transformers reads from tokenizer_config.json are its values, with its defaults
+    (`model_max_length`, `padding_side` and `truncation_side`, which `__call__` and `apply_chat_template` follow and
+    a script may set), as are `special_tokens_map`, `added_tokens_decoder`, `name_or_path` and `chat_template`.
+    One object per LLM (`get_tokenizer()`). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`,
+    `token_to_id`, ...) are the `Tokenizer`'s."""
+
+    is_fast = True  # the `tokenizers` library's tokenizer, as transformers' fast one
 
     def __init__(self, llm: LLM):
         self._llm = llm
         self.tokenizer: Tokenizer = llm.engine.tokenizer
+        shape = self.tokenizer.shape
+        # transformers' attribute: the limit of `truncation=True` without `max_length` in `__call__`; settable
+        self.model_max_length: int = shape.model_max_length
+        self._padding_side = shape.padding_side
+        self._truncation_side = shape.truncation_side
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_"):
@@ -57,6 +71,69 @@ class LLMTokenizer:
 
     def __len__(self) -> int:
         return self.tokenizer.vocab_size
+
+    @property
+    def padding_side(self) -> str:
+        """Where `__call__` and `apply_chat_template` pad: 'right' or 'left' (tokenizer_config.json's, else 'right'),
+        settable as transformers' (`tok.padding_side = "left"`)."""
+        return self._padding_side
+
+    @padding_side.setter
+    def padding_side(self, side: str) -> None:
+        self._padding_side = _checked_side("padding_side", side)
+
+    @property
+    def truncation_side(self) -> str:
+        """Where `__call__` and `apply_chat_template` cut with `truncation=True`: 'right' or 'left'
+        (tokenizer_config.json's, else 'right'), settable as transformers'."""
+        return self._truncation_side
+
+    @truncation_side.setter
+    def truncation_side(self, side: str) -> None:
+        self._truncation_side = _checked_side("truncation_side", side)
+
+    @property
+    def name_or_path(self) -> str:
+        """The model as `LLM(model=...)` was given it (a directory or a Hub id), as transformers' `name_or_path`."""
+        return str(self._llm.engine.config.model)
+
+    @property
+    def chat_template(self) -> str:
+        """The source of the chat template `LLM.chat` and `apply_chat_template` render with (the checkpoint's, or
+        the `chat_template` LLM was given), as transformers' `chat_template`."""
+        return self._llm.engine.chat_template.source
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """The named special tokens the checkpoint sets, name → token, in transformers' order (its
+        `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`)."""
+        named = ((name, getattr(self.tokenizer, name)) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        return {name: token for name, token in named if token is not None}
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, AddedToken]:
+        """Every added token's id → its `tokenizers.AddedToken`, ascending by id (transformers'
+        `added_tokens_decoder`)."""
+        return self.tokenizer.added_tokens_decoder()
+
+    @property
+    def added_tokens_encoder(self) -> dict[str, int]:
+        """Every added token's text → its id, ascending by id (transformers' `added_tokens_encoder`)."""
+        return self.get_added_vocab()
+
+    def get_added_vocab(self) -> dict[str, int]:
+        """Every added token's text → its id, ascending by id (transformers' `get_added_vocab()`)."""
+        return {added.content: token_id for token_id, added in self.added_tokens_decoder.items()}
+
+    def convert_tokens_to_string(self, tokens: SequenceABC[str]) -> str:
+        """The text of vocabulary entries (`tokenize`'s output) joined as the tokenizer's decoder joins them, as
+        transformers' `convert_tokens_to_string` (`['Hello', 'Ġworld']` → 'Hello world'). Raises TypeError for
+        anything but a list of strings."""
+        if isinstance(tokens, str) or not isinstance(tokens, list | tuple) or not all(
+                isinstance(token, str) for token in tokens):
+            raise TypeError("LLMTokenizer.convert_tokens_to_string() takes a list of token strings (as tokenize() "
+                            f"returns), not {type(tokens).__name__}")
+        return self.tokenizer.tokens_to_text(tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -83,14 +160,35 @@ class LLMTokenizer:
             raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
-        """{"input_ids": ids, "attention_mask": ones} of a text, or lists of them for a list of texts (as transformers'
-        call without padding: every mask entry 1)."""
-        if isinstance(text, list | tuple):
-            ids = [self.encode(t, add_special_tokens) for t in text]
-            return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
-        ids = self.encode(text, add_special_tokens)
-        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True, *, padding: bool | str = False,
+                 truncation: bool | str = False, max_length: int | None = None,
+                 return_tensors: str | None = None) -> ChatEncoding:
+        """{"input_ids": ids, "attention_mask": mask} of a text, or lists of them for a list of texts, as transformers'
+        call: `padding` (True or 'longest', 'max_length') pads with the pad token on `padding_side`, `truncation=True`
+        cuts on `truncation_side` to `max_length` (or `model_max_length`), `return_tensors` 'pt' or 'np' gives
+        tensors with a batch axis. The result's keys read as attributes too (`enc.input_ids`). Raises RequestError
+        (a ValueError) naming the argument for a value transformers refuses or Glimmer does not support (as
+        `apply_chat_template`)."""
+        texts = list(text) if isinstance(text, list | tuple) else [text]
+        shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict=True)
+        limit = shape.truncation_limit(self.model_max_length)
+        ids = [self._encoded_within(t, add_special_tokens, limit) for t in texts]
+        return replace(shape, truncation=False).apply(
+            ids, batched=isinstance(text, list | tuple), default_max_length=self.model_max_length,
+            pad_token_id=self.tokenizer.pad_token_id, padding_side=self.padding_side)
+
+    def _encoded_within(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
+        """`encode(text)` with at most `limit` tokens (None: all), the text's own cut on `truncation_side` and the
+        special tokens the post-processor adds around them (BOS) kept, as transformers' fast tokenizer truncates."""
+        framed = self.encode(text, add_special_tokens)
+        if limit is None or len(framed) <= limit:
+            return framed
+        plain = self.encode(text, add_special_tokens=False)
+        start = next(i for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain)
+        prefix, suffix = framed[:start], framed[start + len(plain):]
+        keep = max(0, limit - len(prefix) - len(suffix))
+        kept = plain[:keep] if self.truncation_side == "right" else plain[len(plain) - keep:]
+        return prefix + kept + suffix
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""
@@ -159,6 +257,16 @@ class LLMTokenizer:
 
     def get_vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
+
+    @property
+    def model_input_names(self) -> list[str]:
+        """The keys `__call__` returns, as transformers' `model_input_names`."""
+        return ["input_ids", "attention_mask"]
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """`get_vocab()`, as transformers' `vocab`."""
+        return self.get_vocab()
 
     def apply_chat_template(
         self,
@@ -248,7 +356,15 @@ class LLMTokenizer:
             return texts if batched else texts[0]
         ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
         return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
-                           pad_token_id=self.tokenizer.pad_token_id)
+                           pad_token_id=self.tokenizer.pad_token_id, padding_side=self.padding_side,
+                           truncation_side=self.truncation_side)
+
+
+def _checked_side(name: str, side: object) -> str:
+    """`side` if it is 'right' or 'left'; raises ValueError naming `name` otherwise (as transformers refuses it)."""
+    if side not in SIDES:
+        raise ValueError(f"{name} must be 'right' or 'left', not {side!r}")
+    return side  # type: ignore[return-value]
 
 
 def python_ids(ids: Any) -> Any:

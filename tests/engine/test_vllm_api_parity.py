@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
-from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
+from glimmer.errors import CheckpointError, ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.protocol import parse_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -197,6 +197,91 @@ def test_clean_up_tokenization_spaces_means_what_it_means_in_transformers(tiny_c
             reference.batch_decode([ids, ids[:3]], clean_up_tokenization_spaces=clean_up)
     cleaned = tok.decode(ids, clean_up_tokenization_spaces=True) != tok.decode(ids, clean_up_tokenization_spaces=False)
     assert cleaned is ("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" in config)
+
+
+TRANSFORMERS_ATTRIBUTES = ("model_max_length", "special_tokens_map", "padding_side", "truncation_side",
+                           "added_tokens_decoder", "added_tokens_encoder", "name_or_path", "chat_template", "is_fast",
+                           "model_input_names", "vocab", "eos_token", "eos_token_id", "bos_token", "bos_token_id",
+                           "pad_token", "pad_token_id", "unk_token", "unk_token_id", "vocab_size")
+
+
+def _checkpoint_with_tokenizer_config(tiny_checkpoint, directory, **changes):
+    checkpoint = shutil.copytree(tiny_checkpoint, directory)
+    config_file = checkpoint / "tokenizer_config.json"
+    config = {k: v for k, v in json.loads(config_file.read_text()).items() if v is not None} | changes
+    config_file.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return checkpoint
+
+
+@pytest.mark.parametrize("changes", [{}, {"model_max_length": None, "padding_side": "left",
+                                          "truncation_side": "left", "unk_token": "<|reserved_special_token_0|>"}],
+                         ids=["as_written", "other_config"])
+def test_the_attributes_vllm_users_read_are_transformers(tiny_checkpoint, tmp_path, changes):
+    """model_max_length, special_tokens_map, padding_side, added_tokens_decoder, name_or_path, chat_template ... were
+    AttributeErrors; each is what transformers reads from the same files (its default where the config has none)."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in TRANSFORMERS_ATTRIBUTES:
+        assert getattr(tok, name) == getattr(reference, name), name
+    assert len(tok) == len(reference) and tok.get_added_vocab() == reference.get_added_vocab()
+    tokens = reference.tokenize("Hello the  world, ünïcode")
+    assert tok.convert_tokens_to_string(tokens) == reference.convert_tokens_to_string(tokens)
+    assert tok.convert_tokens_to_string([]) == reference.convert_tokens_to_string([]) == ""
+
+
+@pytest.mark.parametrize("arguments", [dict(padding=True), dict(padding="max_length", max_length=12),
+                                       dict(truncation=True, max_length=3), dict(padding=True, return_tensors="pt"),
+                                       dict(padding="longest", truncation=True, max_length=4, return_tensors="np"),
+                                       dict(add_special_tokens=False, padding=True)])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_calling_the_tokenizer_pads_and_truncates_as_transformers(llm, hf, arguments, side):
+    """`tok(texts, padding=True, return_tensors="pt")` raised TypeError (unexpected keyword argument); it pads and cuts
+    on the tokenizer's sides, which a script sets as on transformers' (`tok.padding_side = "left"`)."""
+    tok = llm.get_tokenizer()
+    texts = ["Hello the world", "a", "Hello"]
+    for given in (texts, texts[0]):
+        tok.padding_side = tok.truncation_side = side
+        reference = AutoTokenizer.from_pretrained(hf.name_or_path, padding_side=side, truncation_side=side)
+        ours, theirs = llm.get_tokenizer()(given, **arguments), reference(given, **arguments)
+        assert ours.keys() == theirs.keys()
+        for key in theirs:
+            assert type(ours[key]) is type(theirs[key]), key
+            assert getattr(ours[key], "dtype", None) == getattr(theirs[key], "dtype", None), key
+            assert (ours[key].tolist() if hasattr(ours[key], "tolist") else ours[key]) == \
+                (theirs[key].tolist() if hasattr(theirs[key], "tolist") else theirs[key]), key
+    tok.padding_side = tok.truncation_side = "right"
+
+
+def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
+    tok = llm.get_tokenizer()
+    batch = [MESSAGES, [{"role": "user", "content": "a longer question here"}]]
+    right = tok.apply_chat_template(batch, padding=True, **KWARGS)
+    tok.padding_side = "left"
+    try:
+        left = tok.apply_chat_template(batch, padding=True, **KWARGS)
+    finally:
+        tok.padding_side = "right"
+    pad = tok.pad_token_id
+    assert right[0][-1] == pad and left[0][0] == pad and left[0][-1] != pad
+    assert [i for i in left[0] if i != pad] == [i for i in right[0] if i != pad]
+
+
+def test_get_tokenizer_is_one_object_whose_sides_are_checked(llm):
+    assert llm.get_tokenizer() is llm.get_tokenizer()
+    with pytest.raises(ValueError, match="^padding_side must be 'right' or 'left', not 'top'$"):
+        llm.get_tokenizer().padding_side = "top"
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.convert_tokens_to_string\(\) takes a list of token strings"):
+        llm.get_tokenizer().convert_tokens_to_string("Hello")
+    assert llm.get_tokenizer().padding_side == "right"
+
+
+@pytest.mark.parametrize(("field", "value"), [("padding_side", "up"), ("truncation_side", 1),
+                                              ("model_max_length", "long"), ("model_max_length", 0)])
+def test_a_tokenizer_config_with_a_bad_shape_field_is_refused_naming_it(tiny_checkpoint, tmp_path, field, value):
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "bad", **{field: value})
+    with pytest.raises(CheckpointError, match=f"^{field}={value!r} in .*tokenizer_config.json is not"):
+        LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
 
 
 def test_tokenizer_errors_name_the_llm_tokenizer(llm):
