@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import operator
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -148,7 +148,8 @@ class LLM:
     the checkpoint's generation_config.json (temperature, top_p, top_k), as the server does; "vllm" uses
     plain `SamplingParams()`.
     Other keyword arguments are `EngineConfig` fields (max_model_len, max_num_seqs,
-    max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template).
+    max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template); `progress=False`
+    hides the progress bars of loading, and those of `generate` and `chat` unless their `use_tqdm` asks for one.
     """
 
     def __init__(
@@ -260,9 +261,13 @@ class LLM:
         prompts: PromptType | SequenceABC[PromptType],
         sampling_params: SamplingParams | SequenceABC[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt, batched continuously; outputs keep the prompts' order."""
+        """Generate completions for every prompt, batched continuously; outputs keep the prompts' order.
+
+        `use_tqdm`, as vLLM's: True shows a progress bar of the prompts finished (on stderr), False none, and a
+        callable makes the bar (`functools.partial(tqdm, leave=False)`: called with `total` and `desc`). None (the
+        default) shows it unless the LLM was made with `progress=False`: vLLM's default, True, unless told quiet."""
         normalized = self._normalize_prompts(prompts)
         if sampling_params is None:
             params_list = [self.get_default_sampling_params()] * len(normalized)
@@ -281,7 +286,8 @@ class LLM:
         return self._run(normalized, params_list, use_tqdm,
                          prompt_field="prompt" if _is_single_prompt(prompts) else "prompts")
 
-    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool,
+    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
+             use_tqdm: bool | Callable[..., Any] | None,
              controller_factories: list[ControllerFactory | None] | None = None,
              prompt_field: str = "messages") -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
@@ -290,6 +296,7 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order = []
         factories = controller_factories or [None] * len(prompts)
+        bar = self._progress_bar(use_tqdm, len(prompts))
         try:  # a request refused (or an interrupt) after others were queued aborts those too
             for i, ((text, ids, items), params, factory) in enumerate(
                     zip(prompts, params_list, factories, strict=True)):
@@ -306,28 +313,40 @@ class LLM:
                                               logprobs=[] if params.logprobs is not None else None)
                              for i in range(params.n)],
                 )
-            with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
-                while self.engine.has_unfinished_requests:
-                    for delta in self.engine.step():
-                        request = results[delta.request_id]
-                        out = request.outputs[delta.index]
-                        out.token_ids.extend(delta.token_ids)
-                        out.text += delta.text
-                        if out.logprobs is not None:
-                            out.logprobs.extend(delta.logprobs)
-                        request.num_cached_tokens = delta.num_cached_tokens
-                        if delta.prompt_logprobs is not None and delta.index == 0:
-                            request.prompt_logprobs = delta.prompt_logprobs
-                        if delta.finish_reason is not None:
-                            out.finish_reason = delta.finish_reason
-                            out.stop_reason = delta.stop_reason
-                            if request.finished:
-                                bar.update(1)
+            while self.engine.has_unfinished_requests:
+                for delta in self.engine.step():
+                    request = results[delta.request_id]
+                    out = request.outputs[delta.index]
+                    out.token_ids.extend(delta.token_ids)
+                    out.text += delta.text
+                    if out.logprobs is not None:
+                        out.logprobs.extend(delta.logprobs)
+                    request.num_cached_tokens = delta.num_cached_tokens
+                    if delta.prompt_logprobs is not None and delta.index == 0:
+                        request.prompt_logprobs = delta.prompt_logprobs
+                    if delta.finish_reason is not None:
+                        out.finish_reason = delta.finish_reason
+                        out.stop_reason = delta.stop_reason
+                        if request.finished:
+                            bar.update(1)
         except BaseException:
             for request_id in order:
                 self.engine.abort(request_id)
             raise
+        finally:
+            bar.close()
         return [results[r] for r in order]
+
+    def _progress_bar(self, use_tqdm: bool | Callable[..., Any] | None, total: int) -> Any:
+        """The bar of `total` prompts that `use_tqdm` asks for (None: shown unless `progress=False`); a callable
+        makes it. Raises RequestError naming `use_tqdm` for anything but a boolean, None or a callable."""
+        if callable(use_tqdm):
+            return use_tqdm(total=total, desc="Generating")
+        if use_tqdm is not None and not isinstance(use_tqdm, bool):
+            raise RequestError(f"use_tqdm must be True, False, None or a callable that makes a tqdm bar, not "
+                               f"{use_tqdm!r}", param="use_tqdm")
+        shown = self.engine.config.progress if use_tqdm is None else use_tqdm
+        return tqdm(total=total, desc="Generating", disable=not shown)
 
     @method_takes_vllm_arguments(VLLM_ONLY_CHAT_ARGUMENTS)
     def chat(
@@ -347,7 +366,7 @@ class LLM:
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | str = False,
         allow_control_tokens_in_content: bool = False,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[ChatOutput]:
         """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
 
@@ -382,7 +401,7 @@ class LLM:
 
         Control-token text in the messages, tools or template kwargs (`<|start|>`, `<|eot|>`, ...) is tokenized
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
-        only) makes it those tokens instead.
+        only) makes it those tokens instead. `use_tqdm` is `generate`'s.
         """
         conversations = _conversations(messages)
         if isinstance(sampling_params, list | tuple):

@@ -601,3 +601,48 @@ def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
 def test_a_misspelled_argument_of_generate_names_the_closest(llm):
     with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_tqdm'"):
         llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
+
+
+# use_tqdm: vLLM's progress bar -----------------------------------------------------------------------------------
+
+class _RecordedBar:
+    def __init__(self, **arguments):
+        self.arguments, self.updates, self.closed = arguments, 0, False
+
+    def update(self, count):
+        self.updates += count
+
+    def close(self):
+        self.closed = True
+
+
+def test_use_tqdm_shows_a_bar_of_the_prompts_on_stderr(llm, capsys):
+    llm.generate(["Hello", "a"], SamplingParams(max_tokens=2), use_tqdm=True)
+    bar = capsys.readouterr().err
+    assert "Generating" in bar and "2/2" in bar
+    llm.generate(["Hello", "a"], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.chat(MESSAGES, SamplingParams(max_tokens=2), use_tqdm=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_use_tqdm_by_default_follows_the_llms_progress_setting(llm, capsys, monkeypatch):
+    """vLLM's default is a bar (use_tqdm=True); Glimmer's shows one unless the LLM was made with progress=False."""
+    llm.generate("Hello", SamplingParams(max_tokens=2))
+    assert capsys.readouterr().err == ""  # the fixture's LLM has progress=False
+    monkeypatch.setattr(llm.engine.config, "progress", True)
+    llm.chat(MESSAGES, SamplingParams(max_tokens=2))
+    assert "Generating" in capsys.readouterr().err
+
+
+def test_use_tqdm_takes_a_callable_that_makes_the_bar_as_vllms(llm):
+    bars = []
+    llm.generate(["Hello", "a", "b"], SamplingParams(max_tokens=2, n=2),
+                 use_tqdm=lambda **arguments: bars.append(_RecordedBar(**arguments)) or bars[-1])
+    (bar,) = bars
+    assert bar.arguments["total"] == 3 and bar.updates == 3 and bar.closed
+
+
+def test_use_tqdm_of_another_kind_is_refused_naming_it(llm):
+    with pytest.raises(RequestError, match="^use_tqdm must be True, False, None or a callable") as caught:
+        llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm="yes")
+    assert caught.value.param == "use_tqdm" and not llm.engine.has_unfinished_requests
