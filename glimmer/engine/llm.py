@@ -46,6 +46,7 @@ from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_CHAT_ARGUMENTS,
     VLLM_ONLY_GENERATE_ARGUMENTS,
     VLLM_ONLY_LLM_ARGUMENTS,
+    VLLM_ONLY_LLM_METHODS,
     glimmer_arguments,
     method_takes_vllm_arguments,
 )
@@ -180,6 +181,15 @@ class LLM:
         self.generation_config = generation_config
         self._ids = itertools.count()
         self._tokenizer = LLMTokenizer(self)
+
+    def __getattr__(self, name: str) -> Any:
+        """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,
+        `llm_engine`, ...) it says what to do instead."""
+        message = f"{type(self).__name__!r} object has no attribute {name!r}"
+        instead = VLLM_ONLY_LLM_METHODS.get(name)
+        if instead is not None:
+            message += f"; vLLM's LLM.{name}: {instead}"
+        raise AttributeError(message, name=name, obj=self)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json

@@ -271,3 +271,31 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
 }
 """Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares
 (`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""
+
+
+_POOLING = ("Glimmer runs generative models only, not vLLM's pooling runner (embeddings, classification, reward or "
+            "cross-encoder scores)")
+VLLM_ONLY_LLM_METHODS: dict[str, str] = {
+    "beam_search": ("beam search is not supported; SamplingParams(temperature=0) decodes greedily, or sample "
+                    "SamplingParams(n=k, logprobs=0) and keep the completion with the highest cumulative_logprob"),
+    "embed": _POOLING,
+    "encode": f"{_POOLING}; tokenize with llm.get_tokenizer().encode(text)",
+    "classify": _POOLING,
+    "reward": _POOLING,
+    "score": (f"{_POOLING}; a text's likelihood under the model is llm.generate({{'prompt_token_ids': ids}}, "
+              "SamplingParams(max_tokens=0, prompt_logprobs=0))[0].prompt_logprobs"),
+    "llm_engine": "Glimmer's engine is llm.engine (an LLMEngine: add_request, step, abort, stats())",
+    "set_tokenizer": "the tokenizer is the checkpoint's own (tokenizer.json); pass a checkpoint directory with the "
+                     "tokenizer you want",
+    "get_metrics": "the engine's counters are llm.engine.stats() (the server exports its metrics at /metrics)",
+    "reset_prefix_cache": "not supported; cache_salt='...' in SamplingParams keeps a request off blocks others cached",
+    "sleep": "not supported; delete the LLM to free its memory",
+    "wake_up": "not supported; delete the LLM to free its memory, and make a new one",
+    "start_profile": "not supported; wrap the call in torch.profiler.profile()",
+    "stop_profile": "not supported; wrap the call in torch.profiler.profile()",
+    "collective_rpc": "Glimmer runs a model on one device, in this process: the model is llm.engine.loaded.model",
+    "apply_model": "Glimmer runs a model on one device, in this process: call your function on "
+                   "llm.engine.loaded.model",
+}
+"""Methods and attributes of vLLM's `LLM` that Glimmer's has not, with what to do instead: the AttributeError of
+reading one says it."""
