@@ -38,7 +38,7 @@ from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
-from glimmer.engine.outputs import CompletionOutput, RequestOutput
+from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
@@ -330,10 +330,11 @@ class LLM:
                     out.token_ids.extend(delta.token_ids)
                     out.text += delta.text
                     if out.logprobs is not None:
-                        out.logprobs.extend(delta.logprobs)
+                        out.logprobs.extend(PositionLogprobs(entry, self.engine.tokenizer) for entry in delta.logprobs)
                     request.num_cached_tokens = delta.num_cached_tokens
                     if delta.prompt_logprobs is not None and delta.index == 0:
-                        request.prompt_logprobs = delta.prompt_logprobs
+                        request.prompt_logprobs = [None if entry is None else PositionLogprobs(
+                            entry, self.engine.tokenizer) for entry in delta.prompt_logprobs]
                     if delta.finish_reason is not None:
                         out.finish_reason = delta.finish_reason
                         out.stop_reason = delta.stop_reason

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
+from glimmer.engine.outputs import Logprob
 from glimmer.errors import CheckpointError, ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.protocol import parse_output
 
@@ -659,3 +661,32 @@ def test_reading_one_of_vllms_llm_methods_glimmer_lacks_says_what_to_do(llm, nam
     assert instead in str(caught.value) and not hasattr(llm, name)
     with pytest.raises(AttributeError, match="^'LLM' object has no attribute 'generat'$"):
         llm.generat  # noqa: B018
+
+
+# logprobs read as vLLM's dicts ------------------------------------------------------------------------------------
+
+def test_logprobs_read_as_vllms_dicts_of_logprob(llm):
+    """vLLM code reads a position as a dict token id → Logprob (`lp[token_id].logprob`); Glimmer's entries were
+    TokenLogprobs alone, and that code raised TypeError ('TokenLogprobs' object is not subscriptable)."""
+    tok = llm.get_tokenizer()
+    out = llm.generate("Hello", SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2, seed=2))[0]
+    completion = out.outputs[0]
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids,
+                                                                strict=True)))
+    positions = [(completion.logprobs, completion.token_ids, 3), (out.prompt_logprobs[1:], out.prompt_token_ids[1:], 2)]
+    for entries, tokens, k in positions:
+        for position, token in zip(entries, tokens, strict=True):
+            assert isinstance(position, Mapping) and list(position)[0] == token == position.token_id
+            assert list(position)[1:] == [t for t in position.top if t != token]
+            assert len(position) == len(dict(position)) == k + (token not in position.top)
+            assert position[token] == Logprob(position.logprob, position.rank, tok.decode([token]))
+            for rank, (top_id, logprob) in enumerate(position.top.items(), start=1):
+                assert position[top_id] == Logprob(logprob, rank, tok.decode([top_id]))
+            assert position.get(-1) is None and -1 not in position
+    assert out.prompt_logprobs[0] is None
+
+
+def test_logprobs_zero_hold_the_token_alone_as_vllms(llm):
+    completion = llm.generate("Hello", SamplingParams(max_tokens=3, logprobs=0))[0].outputs[0]
+    assert [list(position) for position in completion.logprobs] == [[t] for t in completion.token_ids]
