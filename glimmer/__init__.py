@@ -20,14 +20,17 @@ _LAZY = {
     "PositionLogprobs": "glimmer.engine.outputs",
     "ChatOutput": "glimmer.engine.llm",
     "LLMTokenizer": "glimmer.engine.llm",
+    "TextPrompt": "glimmer.engine.prompts",
+    "TokensPrompt": "glimmer.engine.prompts",
 }
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "PositionLogprobs", "ChatOutput", "LLMTokenizer", "__version__"]
+           "PositionLogprobs", "ChatOutput", "LLMTokenizer", "TextPrompt", "TokensPrompt", "__version__"]
 
 if TYPE_CHECKING:
     from glimmer.engine.llm import LLM, ChatOutput, LLMTokenizer
     from glimmer.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+    from glimmer.engine.prompts import TextPrompt, TokensPrompt
     from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 

@@ -39,6 +39,7 @@ from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
@@ -50,7 +51,7 @@ from glimmer.engine.vllm_arguments import (
     glimmer_arguments,
     method_takes_vllm_arguments,
 )
-from glimmer.errors import ConfigError, RequestError
+from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
     ToolCall,
@@ -60,8 +61,6 @@ from glimmer.protocol import (
 )
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
-PromptType = str | list[int] | dict[str, Any]
-PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data"})
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
@@ -75,7 +74,10 @@ class ChatOutput:
 
     The fields are the first completion's; `choices` holds every completion (`n` of the SamplingParams) parsed
     the same way, each with its own one-completion `output`. `output` is the turn as generated, special tokens
-    (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1)."""
+    (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1).
+    What vLLM code reads of the RequestOutput its `LLM.chat` returns (`outputs`, `prompt`, `prompt_token_ids`,
+    `request_id`, `num_cached_tokens`, `prompt_logprobs`) is `output`'s, so such code runs: `outputs[0].text` is
+    the raw turn there as here, `content` the answer."""
 
     reasoning: str | None
     content: str | None
@@ -83,6 +85,32 @@ class ChatOutput:
     output: RequestOutput
     choices: list[ChatOutput] = field(default_factory=list)
     stop_string: str | None = None  # the stop string that ended the answer (stop strings match the answer only)
+
+    # vLLM's LLM.chat returns RequestOutputs: what vLLM code reads of one (`out.outputs[0].text`) is `output`'s
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """`output.outputs`: every completion as generated (the raw turn, as vLLM's `LLM.chat` returns it)."""
+        return self.output.outputs
+
+    @property
+    def prompt(self) -> str | None:
+        return self.output.prompt
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.output.prompt_token_ids
+
+    @property
+    def request_id(self) -> str:
+        return self.output.request_id
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.output.num_cached_tokens
+
+    @property
+    def prompt_logprobs(self) -> list[PositionLogprobs | None] | None:
+        return self.output.prompt_logprobs
 
     @property
     def finish_reason(self) -> str | None:
@@ -215,6 +243,10 @@ class LLM:
         if unknown:
             raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
                                f"{', '.join(sorted(PROMPT_KEYS))}", param=name)
+        if prompt.get("mm_processor_kwargs"):
+            raise UnsupportedArgumentError(f"{name}.mm_processor_kwargs: not supported per prompt: image sizes are "
+                                           "the checkpoint's processor settings; leave it out (or None, {})",
+                                           param=f"{name}.mm_processor_kwargs")
         if "prompt_token_ids" in prompt:
             if prompt.get("multi_modal_data"):
                 raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
@@ -293,8 +325,10 @@ class LLM:
                     f"got {len(params_list)} SamplingParams for {len(normalized)} prompts", param="sampling_params"
                 )
             _check_sampling_params(params_list)
-        return self._run(normalized, params_list, use_tqdm,
-                         prompt_field="prompt" if _is_single_prompt(prompts) else "prompts")
+        single = _is_single_prompt(prompts)
+        params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in
+                       enumerate(zip(params_list, [prompts] if single else prompts, strict=True))]
+        return self._run(normalized, params_list, use_tqdm, prompt_field="prompt" if single else "prompts")
 
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
              use_tqdm: bool | Callable[..., Any] | None,
@@ -535,6 +569,20 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
         raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
+
+
+def _salted(params: SamplingParams, prompt: object, name: str) -> SamplingParams:
+    """`params` with the `cache_salt` of a prompt dict (where vLLM takes it). Raises RequestError naming
+    `name.cache_salt` for a salt that is no non-empty string, or that differs from `params.cache_salt`."""
+    if not isinstance(prompt, Mapping) or prompt.get("cache_salt") is None:
+        return params
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise RequestError(f"{name}.cache_salt must be a non-empty string", param=f"{name}.cache_salt")
+    if params.cache_salt not in (None, salt):
+        raise RequestError(f"{name}.cache_salt={salt!r} differs from its SamplingParams' cache_salt="
+                           f"{params.cache_salt!r}; give one", param=f"{name}.cache_salt")
+    return replace(params, cache_salt=salt)
 
 
 def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:

@@ -690,3 +690,45 @@ def test_logprobs_read_as_vllms_dicts_of_logprob(llm):
 def test_logprobs_zero_hold_the_token_alone_as_vllms(llm):
     completion = llm.generate("Hello", SamplingParams(max_tokens=3, logprobs=0))[0].outputs[0]
     assert [list(position) for position in completion.logprobs] == [[t] for t in completion.token_ids]
+
+
+def test_chat_outputs_read_as_vllms_request_outputs(llm):
+    """vLLM's LLM.chat returns RequestOutputs, and its scripts read `out.outputs[0].text`: an AttributeError on a
+    ChatOutput; what they read is the raw output's."""
+    reply = llm.chat(MESSAGES, SamplingParams(max_tokens=4, n=2, seed=1, prompt_logprobs=0))[0]
+    assert reply.outputs is reply.output.outputs and len(reply.outputs) == 2
+    assert [o.text for o in reply.outputs] == [choice.output.outputs[0].text for choice in reply.choices]
+    assert (reply.prompt, reply.prompt_token_ids, reply.request_id, reply.num_cached_tokens, reply.prompt_logprobs) == (
+        reply.output.prompt, reply.output.prompt_token_ids, reply.output.request_id, reply.output.num_cached_tokens,
+        reply.output.prompt_logprobs)
+
+
+# vLLM's prompt forms -----------------------------------------------------------------------------------------------
+
+def test_vllms_prompt_types_build_the_prompts_generate_takes(llm):
+    from glimmer import TextPrompt, TokensPrompt
+
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    ids = llm.get_tokenizer().encode("Hello")
+    by_ids, by_text = llm.generate([TokensPrompt(prompt_token_ids=ids), TextPrompt(prompt="Hello")], greedy)
+    assert by_ids.prompt_token_ids == by_text.prompt_token_ids and by_ids.token_ids == by_text.token_ids
+
+
+def test_a_prompts_cache_salt_salts_its_request_as_vllms(llm, monkeypatch):
+    """vLLM takes `cache_salt` on the prompt; Glimmer refused the key (its salt is a SamplingParams field)."""
+    submitted = []
+    add_request = llm.engine.add_request
+    monkeypatch.setattr(llm.engine, "add_request", lambda request_id, ids, params, *args, **kwargs: (
+        submitted.append(params.cache_salt), add_request(request_id, ids, params, *args, **kwargs))[1])
+    params = SamplingParams(max_tokens=1)
+    llm.generate([{"prompt": "a", "cache_salt": "tenant-1"}, "b", {"prompt_token_ids": [486, 64], "cache_salt": "t2",
+                                                                   "mm_processor_kwargs": None}], params)
+    assert submitted == ["tenant-1", None, "t2"] and params.cache_salt is None
+    with pytest.raises(RequestError, match=r"^prompts\[1\]\.cache_salt='x' differs from its SamplingParams' "
+                                           r"cache_salt='y'; give one$"):
+        llm.generate(["a", {"prompt": "b", "cache_salt": "x"}], SamplingParams(max_tokens=1, cache_salt="y"))
+    with pytest.raises(RequestError, match=r"^prompt\.cache_salt must be a non-empty string$"):
+        llm.generate({"prompt": "b", "cache_salt": ""}, params)
+    with pytest.raises(UnsupportedArgumentError, match=r"^prompt\.mm_processor_kwargs: not supported per prompt"):
+        llm.generate({"prompt": "b", "mm_processor_kwargs": {"max_pixels": 4}}, params)
+    assert not llm.engine.has_unfinished_requests
