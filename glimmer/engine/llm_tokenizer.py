@@ -40,6 +40,10 @@ _NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "p
 and mask a Muse tokenizer has none of, and Glimmer does not read)."""
 
 
+_SETTABLE = ("model_max_length", "padding_side", "truncation_side", "pad_token", "pad_token_id")
+"""The attributes a script may set on `LLMTokenizer`, as on transformers' tokenizer."""
+
+
 class LLMTokenizer:
     """The engine's tokenizer behind the calls vLLM users make on a Hugging Face tokenizer, with its defaults:
     `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
@@ -61,6 +65,7 @@ class LLMTokenizer:
         self.model_max_length: int = shape.model_max_length
         self._padding_side = shape.padding_side
         self._truncation_side = shape.truncation_side
+        self._pad_token = self.tokenizer.pad_token
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_"):
@@ -68,6 +73,41 @@ class LLMTokenizer:
                 return getattr(self.tokenizer, name)
         # named as the class the caller holds, not the engine's Tokenizer it was looked up on
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Sets one of `SETTABLE` (or a new attribute of the caller's); refuses, with AttributeError, to cover an
+        attribute read from the tokenizer (`tok.eos_token_id = 5` would change what the script reads, not what
+        the tokenizer does: a silent wrong answer)."""
+        if not name.startswith("_") and name not in _SETTABLE and name != "tokenizer" and hasattr(self, name):
+            hint = ("; to render with another template pass chat_template=... to apply_chat_template or LLM.chat"
+                    if name == "chat_template" else "")
+            raise AttributeError(f"LLMTokenizer.{name} cannot be set: it is the checkpoint's; what can be set is "
+                                 f"{', '.join(_SETTABLE)}{hint}")
+        super().__setattr__(name, value)
+
+    @property
+    def pad_token(self) -> str | None:
+        """The token `__call__` and `apply_chat_template` pad with: the checkpoint's, or one a script sets, as on
+        transformers' tokenizer (`tok.pad_token = tok.eos_token`, or `tok.pad_token_id = ...`)."""
+        return self._pad_token
+
+    @pad_token.setter
+    def pad_token(self, token: str | None) -> None:
+        if token is not None and (not isinstance(token, str) or self.tokenizer.token_to_id(token) is None):
+            raise ValueError(f"pad_token={token!r} is not a token of this tokenizer (Glimmer adds no tokens); set "
+                             "one of its tokens, as tok.pad_token = tok.eos_token")
+        self._pad_token = token
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return None if self._pad_token is None else self.tokenizer.token_to_id(self._pad_token)
+
+    @pad_token_id.setter
+    def pad_token_id(self, token_id: int | None) -> None:
+        token = None if token_id is None else self.tokenizer.id_to_token(token_id) if is_token_id(token_id) else ""
+        if token_id is not None and not token:
+            raise ValueError(f"pad_token_id={token_id!r} is not a token id of this tokenizer")
+        self._pad_token = token
 
     def __len__(self) -> int:
         return self.tokenizer.vocab_size
@@ -107,7 +147,7 @@ class LLMTokenizer:
     def special_tokens_map(self) -> dict[str, str]:
         """The named special tokens the checkpoint sets, name → token, in transformers' order (its
         `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`)."""
-        named = ((name, getattr(self.tokenizer, name)) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        named = ((name, getattr(self, name)) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
         return {name: token for name, token in named if token is not None}
 
     @property
@@ -146,7 +186,7 @@ class LLMTokenizer:
         `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
         tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)` leaves out as
         transformers' does, is in `tokenizer.all_special_ids`."""
-        named = (getattr(self.tokenizer, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        named = (getattr(self, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
         return list(dict.fromkeys(token for token in named if token is not None))
 
     @property
@@ -154,11 +194,16 @@ class LLMTokenizer:
         """The ids of `all_special_tokens` (transformers' `all_special_ids`): what `convert_ids_to_tokens` skips."""
         return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
+    def encode(self, text: str, add_special_tokens: bool = True, *, padding: bool | str = False,
+               truncation: bool | str = False, max_length: int | None = None, return_tensors: str | None = None) -> Any:
+        """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`); `padding`,
+        `truncation`, `max_length` and `return_tensors` as in `__call__` (a tensor has a batch axis, as there)."""
         if not isinstance(text, str):
             raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if padding is False and truncation is False and return_tensors is None:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self(text, add_special_tokens, padding=padding, truncation=truncation, max_length=max_length,
+                    return_tensors=return_tensors)["input_ids"]
 
     def __call__(self, text: str | list[str], add_special_tokens: bool = True, *, padding: bool | str = False,
                  truncation: bool | str = False, max_length: int | None = None,
@@ -175,7 +220,7 @@ class LLMTokenizer:
         ids = [self._encoded_within(t, add_special_tokens, limit) for t in texts]
         return replace(shape, truncation=False).apply(
             ids, batched=isinstance(text, list | tuple), default_max_length=self.model_max_length,
-            pad_token_id=self.tokenizer.pad_token_id, padding_side=self.padding_side)
+            pad_token_id=self.pad_token_id, padding_side=self.padding_side)
 
     def _encoded_within(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
         """`encode(text)` with at most `limit` tokens (None: all), the text's own cut on `truncation_side` and the
@@ -356,7 +401,7 @@ class LLMTokenizer:
             return texts if batched else texts[0]
         ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
         return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
-                           pad_token_id=self.tokenizer.pad_token_id, padding_side=self.padding_side,
+                           pad_token_id=self.pad_token_id, padding_side=self.padding_side,
                            truncation_side=self.truncation_side)
 
 

@@ -732,3 +732,47 @@ def test_a_prompts_cache_salt_salts_its_request_as_vllms(llm, monkeypatch):
     with pytest.raises(UnsupportedArgumentError, match=r"^prompt\.mm_processor_kwargs: not supported per prompt"):
         llm.generate({"prompt": "b", "mm_processor_kwargs": {"max_pixels": 4}}, params)
     assert not llm.engine.has_unfinished_requests
+
+
+# setting and encoding as on transformers' tokenizer -----------------------------------------------------------------
+
+@pytest.mark.parametrize("arguments", [dict(return_tensors="pt"), dict(truncation=True, max_length=2),
+                                       dict(truncation=None), dict(padding="max_length", max_length=8),
+                                       dict(return_tensors="np", add_special_tokens=False)])
+def test_encode_takes_transformers_shaping_arguments(llm, hf, arguments):
+    """`tok.encode(text, return_tensors="pt")` raised TypeError (unexpected keyword argument)."""
+    ours, theirs = llm.get_tokenizer().encode("Hello world", **arguments), hf.encode("Hello world", **arguments)
+    assert type(ours) is type(theirs)
+    assert (ours.tolist() if hasattr(ours, "tolist") else ours) == (theirs.tolist() if hasattr(theirs, "tolist")
+                                                                   else theirs)
+
+
+def test_a_script_sets_the_pad_token_as_on_transformers(llm, tiny_checkpoint):
+    tok, reference = llm.get_tokenizer(), AutoTokenizer.from_pretrained(tiny_checkpoint)
+    try:
+        tok.pad_token, reference.pad_token = tok.eos_token, reference.eos_token
+        assert (tok.pad_token_id, tok.special_tokens_map, tok.all_special_ids) == (
+            reference.pad_token_id, reference.special_tokens_map, reference.all_special_ids)
+        assert dict(tok(["a", "bb cc"], padding=True)) == dict(reference(["a", "bb cc"], padding=True))
+        tok.pad_token_id = reference.pad_token_id = 480
+        assert tok.pad_token == reference.pad_token
+        assert tok.apply_chat_template([MESSAGES, [{"role": "user", "content": "longer"}]], padding=True,
+                                       **KWARGS)[0][-1] == 480
+        with pytest.raises(ValueError, match="^pad_token='nope' is not a token of this tokenizer"):
+            tok.pad_token = "nope"
+    finally:
+        tok.pad_token = llm.engine.tokenizer.pad_token
+
+
+@pytest.mark.parametrize("name", ["eos_token_id", "bos_token", "chat_template", "vocab_size"])
+def test_setting_what_the_checkpoint_decides_is_refused_instead_of_shadowed(llm, name):
+    """`tok.eos_token_id = 5` made the script read 5 while nothing used it: a silent wrong answer."""
+    tok = llm.get_tokenizer()
+    before = getattr(tok, name)
+    with pytest.raises(AttributeError, match=f"^LLMTokenizer.{name} cannot be set: it is the checkpoint's; what can "
+                                             "be set is model_max_length, padding_side"):
+        setattr(tok, name, 5)
+    assert getattr(tok, name) == before
+    setattr(tok, f"my_{name}", "a script's own attribute")
+    assert getattr(tok, f"my_{name}") == "a script's own attribute"
+    delattr(tok, f"my_{name}")
