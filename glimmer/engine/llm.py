@@ -208,7 +208,7 @@ class LLM:
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
         self._ids = itertools.count()
-        self._tokenizer = LLMTokenizer(self)
+        self._tokenizer = LLMTokenizer(self.engine)
 
     def __getattr__(self, name: str) -> Any:
         """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,

@@ -33,7 +33,7 @@ from glimmer.protocol import normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.tool_choice import plan_tools
 
 if TYPE_CHECKING:
-    from glimmer.engine.llm import LLM
+    from glimmer.engine.llm_engine import LLMEngine
 
 _NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
 """The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
@@ -57,9 +57,10 @@ class LLMTokenizer:
 
     is_fast = True  # the `tokenizers` library's tokenizer, as transformers' fast one
 
-    def __init__(self, llm: LLM):
-        self._llm = llm
-        self.tokenizer: Tokenizer = llm.engine.tokenizer
+    def __init__(self, engine: LLMEngine):
+        # the engine, not the LLM, which holds this tokenizer: no cycle, so `del llm` frees the model at once
+        self._engine = engine
+        self.tokenizer: Tokenizer = engine.tokenizer
         shape = self.tokenizer.shape
         # transformers' attribute: the limit of `truncation=True` without `max_length` in `__call__`; settable
         self.model_max_length: int = shape.model_max_length
@@ -135,13 +136,13 @@ class LLMTokenizer:
     @property
     def name_or_path(self) -> str:
         """The model as `LLM(model=...)` was given it (a directory or a Hub id), as transformers' `name_or_path`."""
-        return str(self._llm.engine.config.model)
+        return str(self._engine.config.model)
 
     @property
     def chat_template(self) -> str:
         """The source of the chat template `LLM.chat` and `apply_chat_template` render with (the checkpoint's, or
         the `chat_template` LLM was given), as transformers' `chat_template`."""
-        return self._llm.engine.chat_template.source
+        return self._engine.chat_template.source
 
     @property
     def special_tokens_map(self) -> dict[str, str]:
@@ -384,7 +385,7 @@ class LLMTokenizer:
             raise RequestError("sanitize_control_tokens=True contradicts allow_control_tokens_in_content=True; give "
                                "one", param="sanitize_control_tokens")
         shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict) if tokenize else None
-        template = (self._llm.engine.chat_template if chat_template is None
+        template = (self._engine.chat_template if chat_template is None
                     else compiled_template_argument(chat_template))
         plan = plan_tools(normalize_tools(tool_schemas(tools)), None)
         strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
@@ -394,13 +395,13 @@ class LLMTokenizer:
         rendering = ChatRendering(template, plan.render_tools, strength, template_kwargs,
                                   allow_control_tokens_in_content or sanitize_control_tokens is False,
                                   ends_with_generation_prompt, continue_final_message)
-        tokenizer = self._llm.engine.tokenizer
+        tokenizer = self._engine.tokenizer
         prompts = [render_conversation(messages, rendering, tokenizer)[1] for messages in conversations]
         if shape is None:
             texts = [prompt.display_text for prompt in prompts]
             return texts if batched else texts[0]
-        ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
-        return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
+        ids = [self._engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
+        return shape.apply(ids, batched=batched, default_max_length=self._engine.max_model_len,
                            pad_token_id=self.pad_token_id, padding_side=self.padding_side,
                            truncation_side=self.truncation_side)
 

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
+import weakref
 from collections.abc import Mapping
 
 import numpy as np
@@ -776,3 +778,17 @@ def test_setting_what_the_checkpoint_decides_is_refused_instead_of_shadowed(llm,
     setattr(tok, f"my_{name}", "a script's own attribute")
     assert getattr(tok, f"my_{name}") == "a script's own attribute"
     delattr(tok, f"my_{name}")
+
+
+def test_deleting_an_llm_frees_its_engine_without_waiting_for_the_cycle_collector(tiny_checkpoint):
+    """`del llm` is how a vLLM script frees a model's memory before loading the next; the tokenizer the LLM keeps
+    (one object, as vLLM's get_tokenizer) must not hold the LLM back in a reference cycle."""
+    gc.disable()
+    try:
+        llm = LLM(str(tiny_checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
+        llm.get_tokenizer().encode("Hello")
+        engine = weakref.ref(llm.engine)
+        del llm
+        assert engine() is None
+    finally:
+        gc.enable()
