@@ -42,7 +42,17 @@ class PositionLogprobs(TokenLogprobs, Mapping[int, Logprob]):
 
     def __getitem__(self, token_id: int) -> Logprob:
         logprob, rank = self._entry(token_id)
-        return Logprob(logprob, rank, self._tokenizer.decode([token_id]))
+        return Logprob(logprob, rank, self._decoded_token(token_id))
+
+    def _decoded_token(self, token_id: int) -> str:
+        decoded = self.__dict__.get("_decoded")
+        return decoded[token_id] if decoded is not None else self._tokenizer.decode([token_id])
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (and deep-copied) with its tokens' texts instead of the tokenizer, which is megabytes."""
+        state = {name: value for name, value in self.__dict__.items() if name != "_tokenizer"}
+        state["_decoded"] = {token_id: self._decoded_token(token_id) for token_id in self}
+        return state
 
     def __iter__(self) -> Iterator[int]:
         return iter(dict.fromkeys([self.token_id, *self.top]))

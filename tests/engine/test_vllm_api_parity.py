@@ -792,3 +792,16 @@ def test_deleting_an_llm_frees_its_engine_without_waiting_for_the_cycle_collecto
         assert engine() is None
     finally:
         gc.enable()
+
+
+def test_logprobs_pickle_with_their_tokens_texts_not_the_tokenizer(llm):
+    """Scripts pickle outputs (multiprocessing, caches); a position must not carry the tokenizer (megabytes)."""
+    import pickle
+
+    out = llm.generate("Hello", SamplingParams(max_tokens=3, logprobs=2, prompt_logprobs=1))[0]
+    data = pickle.dumps(out)
+    assert len(data) < len(pickle.dumps(llm.engine.tokenizer)) / 4
+    again = pickle.loads(data)
+    for ours, theirs in ((again.outputs[0].logprobs, out.outputs[0].logprobs), (again.prompt_logprobs[1:],
+                                                                                  out.prompt_logprobs[1:])):
+        assert ours == theirs and [dict(position) for position in ours] == [dict(position) for position in theirs]
