@@ -261,7 +261,7 @@ class OutputShape:
         if tensor_type is not None:
             lengths = sorted({len(sequence) for sequence in ids})
             if len(lengths) > 1:
-                raise RequestError(f"return_tensors={tensor_type!r}: the conversations' token ids differ in length "
+                raise RequestError(f"return_tensors={tensor_type!r}: the sequences' token ids differ in length "
                                    f"({lengths}); pass padding=True to pad them to the longest (with "
                                    "padding='max_length', truncation=True cuts those past max_length)",
                                    param="return_tensors")

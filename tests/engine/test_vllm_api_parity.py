@@ -805,3 +805,11 @@ def test_logprobs_pickle_with_their_tokens_texts_not_the_tokenizer(llm):
     for ours, theirs in ((again.outputs[0].logprobs, out.outputs[0].logprobs), (again.prompt_logprobs[1:],
                                                                                   out.prompt_logprobs[1:])):
         assert ours == theirs and [dict(position) for position in ours] == [dict(position) for position in theirs]
+
+
+def test_tensors_of_texts_of_different_lengths_need_padding_as_in_transformers(llm, hf):
+    with pytest.raises(ValueError):
+        hf(["Hello the world", "a"], return_tensors="pt")
+    with pytest.raises(RequestError, match=r"^return_tensors='pt': the sequences' token ids differ in length "
+                                           r"\(\[2, \d+\]\); pass padding=True"):
+        llm.get_tokenizer()(["Hello the world", "a"], return_tensors="pt")
