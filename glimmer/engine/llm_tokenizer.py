@@ -201,6 +201,10 @@ class LLMTokenizer:
         `truncation`, `max_length` and `return_tensors` as in `__call__` (a tensor has a batch axis, as there)."""
         if not isinstance(text, str):
             raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
+        if not isinstance(add_special_tokens, bool):
+            # transformers' second positional argument is text_pair: `tok(a, b)` means a pair there
+            raise TypeError(f"add_special_tokens must be True or False, not {add_special_tokens!r}; a second text "
+                            "(transformers' text_pair) is not supported: encode the texts one by one")
         if padding is False and truncation is False and return_tensors is None:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return self(text, add_special_tokens, padding=padding, truncation=truncation, max_length=max_length,

@@ -813,3 +813,12 @@ def test_tensors_of_texts_of_different_lengths_need_padding_as_in_transformers(l
     with pytest.raises(RequestError, match=r"^return_tensors='pt': the sequences' token ids differ in length "
                                            r"\(\[2, \d+\]\); pass padding=True"):
         llm.get_tokenizer()(["Hello the world", "a"], return_tensors="pt")
+
+
+@pytest.mark.parametrize("call", ["__call__", "encode"])
+def test_a_text_pair_is_refused_naming_it(llm, call):
+    """transformers reads `tok("a", "b")` as a pair; here the second text was taken as add_special_tokens and failed
+    deep in the tokenizers library ("'str' object is not an instance of 'bool'")."""
+    with pytest.raises(TypeError, match="^add_special_tokens must be True or False, not 'world'; a second text "
+                                        r"\(transformers' text_pair\) is not supported"):
+        getattr(llm.get_tokenizer(), call)("Hello", "world")
