@@ -16,16 +16,21 @@ _LAZY = {
     "StructuredOutputsParams": "glimmer.engine.sampling_params",
     "RequestOutput": "glimmer.engine.outputs",
     "CompletionOutput": "glimmer.engine.outputs",
+    "Logprob": "glimmer.engine.outputs",
+    "PositionLogprobs": "glimmer.engine.outputs",
     "ChatOutput": "glimmer.engine.llm",
     "LLMTokenizer": "glimmer.engine.llm",
+    "TextPrompt": "glimmer.engine.prompts",
+    "TokensPrompt": "glimmer.engine.prompts",
 }
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "ChatOutput",
-           "LLMTokenizer", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "PositionLogprobs", "ChatOutput", "LLMTokenizer", "TextPrompt", "TokensPrompt", "__version__"]
 
 if TYPE_CHECKING:
     from glimmer.engine.llm import LLM, ChatOutput, LLMTokenizer
-    from glimmer.engine.outputs import CompletionOutput, RequestOutput
+    from glimmer.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+    from glimmer.engine.prompts import TextPrompt, TokensPrompt
     from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 

@@ -211,11 +211,11 @@ class OutputShape:
 
     `padding`: True or 'longest' pads to the longest conversation of the batch, 'max_length' to `max_length`;
     False or 'do_not_pad' pads nothing. `truncation`: True, 'longest_first' or 'only_first' cuts each
-    conversation's ids to `max_length`. Both pad and cut on the right (transformers' default sides); without
-    `max_length` the limit is the `default_max_length` given to `apply` (transformers: the tokenizer's
-    `model_max_length`). `return_tensors`: None gives lists, 'pt' torch tensors, 'np' numpy arrays (both int64,
-    with a batch axis even for one conversation). `return_dict`: {"input_ids", "attention_mask"} instead of the
-    ids alone. Raises RequestError naming the argument on a value it does not support.
+    conversation's ids to `max_length`. They pad and cut on the sides given to `apply` (the tokenizer's
+    `padding_side` and `truncation_side`, as in transformers); without `max_length` the limit is the
+    `default_max_length` given to `apply`. `return_tensors`: None gives lists, 'pt' torch tensors, 'np' numpy
+    arrays (both int64, with a batch axis even for one conversation). `return_dict`: {"input_ids",
+    "attention_mask"} instead of the ids alone. Raises RequestError naming the argument on a value it does not support.
     """
 
     padding: bool | str = False
@@ -233,26 +233,35 @@ class OutputShape:
             raise RequestError(f"max_length must be a positive integer or None, got {self.max_length!r}",
                                param="max_length")
 
-    def apply(self, ids: list[list[int]], *, batched: bool, default_max_length: int,
-              pad_token_id: int | None) -> Any:
-        """The call's result for the conversations' token ids `ids` (one list per conversation).
+    def truncation_limit(self, default_max_length: int) -> int | None:
+        """The most tokens a sequence keeps (`max_length`, else `default_max_length`), None without truncation."""
+        if not _truncates(self.truncation):
+            return None
+        return self.max_length if self.max_length is not None else default_max_length
+
+    def apply(self, ids: list[list[int]], *, batched: bool, default_max_length: int, pad_token_id: int | None,
+              padding_side: str = "right", truncation_side: str = "right") -> Any:
+        """The call's result for the sequences' token ids `ids` (one list per conversation or text), padded on
+        `padding_side` and cut on `truncation_side` ('right' or 'left').
 
         Raises RequestError for padding without a pad token, and for tensors of conversations of different
         lengths (they need padding)."""
+        limit = self.truncation_limit(default_max_length)
+        if limit is not None:
+            ids = [sequence[:limit] if truncation_side == "right" else sequence[max(0, len(sequence) - limit):]
+                   for sequence in ids]
         limit = self.max_length if self.max_length is not None else default_max_length
-        if _truncates(self.truncation):
-            ids = [sequence[:limit] for sequence in ids]
         padding = _padding_strategy(self.padding)
         if padding is not None and pad_token_id is None:
             raise RequestError("padding: this tokenizer has no pad token to pad with", param="padding")
         length = max(map(len, ids)) if padding == "longest" else limit if padding == "max_length" else 0
-        masks = [[1] * len(sequence) + [0] * (length - len(sequence)) for sequence in ids]
-        ids = [sequence + [pad_token_id] * (length - len(sequence)) for sequence in ids]
+        masks = [_padded([1] * len(sequence), 0, length, padding_side) for sequence in ids]
+        ids = [_padded(sequence, pad_token_id, length, padding_side) for sequence in ids]
         tensor_type = _tensor_type(self.return_tensors)
         if tensor_type is not None:
             lengths = sorted({len(sequence) for sequence in ids})
             if len(lengths) > 1:
-                raise RequestError(f"return_tensors={tensor_type!r}: the conversations' token ids differ in length "
+                raise RequestError(f"return_tensors={tensor_type!r}: the sequences' token ids differ in length "
                                    f"({lengths}); pass padding=True to pad them to the longest (with "
                                    "padding='max_length', truncation=True cuts those past max_length)",
                                    param="return_tensors")
@@ -260,6 +269,12 @@ class OutputShape:
         else:
             input_ids, attention_mask = (ids, masks) if batched else (ids[0], masks[0])
         return ChatEncoding(input_ids=input_ids, attention_mask=attention_mask) if self.return_dict else input_ids
+
+
+def _padded(sequence: list[int], pad: int | None, length: int, side: str) -> list[int]:
+    """`sequence` padded with `pad` to `length` on `side` ('right' or 'left'); as it is if already as long."""
+    padding = [pad] * (length - len(sequence))
+    return sequence + padding if side == "right" else padding + sequence
 
 
 class ChatEncoding(dict):

@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import operator
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,7 +39,8 @@ from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
-from glimmer.engine.outputs import CompletionOutput, RequestOutput
+from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
@@ -47,10 +48,11 @@ from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_CHAT_ARGUMENTS,
     VLLM_ONLY_GENERATE_ARGUMENTS,
     VLLM_ONLY_LLM_ARGUMENTS,
+    VLLM_ONLY_LLM_METHODS,
     glimmer_arguments,
     method_takes_vllm_arguments,
 )
-from glimmer.errors import ConfigError, RequestError
+from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
     ToolCall,
@@ -60,8 +62,6 @@ from glimmer.protocol import (
 )
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
-PromptType = str | list[int] | dict[str, Any]
-PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data"})
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
@@ -75,7 +75,10 @@ class ChatOutput:
 
     The fields are the first completion's; `choices` holds every completion (`n` of the SamplingParams) parsed
     the same way, each with its own one-completion `output`. `output` is the turn as generated, special tokens
-    (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1)."""
+    (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1).
+    What vLLM code reads of the RequestOutput its `LLM.chat` returns (`outputs`, `prompt`, `prompt_token_ids`,
+    `request_id`, `num_cached_tokens`, `prompt_logprobs`) is `output`'s, so such code runs: `outputs[0].text` is
+    the raw turn there as here, `content` the answer."""
 
     reasoning: str | None
     content: str | None
@@ -83,6 +86,32 @@ class ChatOutput:
     output: RequestOutput
     choices: list[ChatOutput] = field(default_factory=list)
     stop_string: str | None = None  # the stop string that ended the answer (stop strings match the answer only)
+
+    # vLLM's LLM.chat returns RequestOutputs: what vLLM code reads of one (`out.outputs[0].text`) is `output`'s
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """`output.outputs`: every completion as generated (the raw turn, as vLLM's `LLM.chat` returns it)."""
+        return self.output.outputs
+
+    @property
+    def prompt(self) -> str | None:
+        return self.output.prompt
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.output.prompt_token_ids
+
+    @property
+    def request_id(self) -> str:
+        return self.output.request_id
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.output.num_cached_tokens
+
+    @property
+    def prompt_logprobs(self) -> list[PositionLogprobs | None] | None:
+        return self.output.prompt_logprobs
 
     @property
     def finish_reason(self) -> str | None:
@@ -149,7 +178,8 @@ class LLM:
     the checkpoint's generation_config.json (temperature, top_p, top_k), as the server does; "vllm" uses
     plain `SamplingParams()`.
     Other keyword arguments are `EngineConfig` fields (max_model_len, max_num_seqs,
-    max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template).
+    max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template); `progress=False`
+    hides the progress bars of loading, and those of `generate` and `chat` unless their `use_tqdm` asks for one.
     """
 
     def __init__(
@@ -179,6 +209,16 @@ class LLM:
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
         self._ids = itertools.count()
+        self._tokenizer = LLMTokenizer(self.engine)
+
+    def __getattr__(self, name: str) -> Any:
+        """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,
+        `llm_engine`, ...) it says what to do instead."""
+        message = f"{type(self).__name__!r} object has no attribute {name!r}"
+        instead = VLLM_ONLY_LLM_METHODS.get(name)
+        if instead is not None:
+            message += f"; vLLM's LLM.{name}: {instead}"
+        raise AttributeError(message, name=name, obj=self)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
@@ -190,8 +230,9 @@ class LLM:
     def get_tokenizer(self) -> LLMTokenizer:
         """The tokenizer as vLLM's `get_tokenizer()` gives it, with Hugging Face's defaults: `encode(text)` adds
         BOS, so `generate({"prompt_token_ids": tok.encode(text)})` is `generate(text)`. Its `.tokenizer` is the
-        engine's own `Tokenizer` (whose `encode` adds nothing unless asked)."""
-        return LLMTokenizer(self)
+        engine's own `Tokenizer` (whose `encode` adds nothing unless asked). The same object on every call, as vLLM's,
+        so that a setting made on it (`padding_side = "left"`) holds."""
+        return self._tokenizer
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a text prompt; BOS is added unless the text already starts with it (P-TMPL-5)."""
@@ -203,6 +244,10 @@ class LLM:
         if unknown:
             raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
                                f"{', '.join(sorted(PROMPT_KEYS))}", param=name)
+        if prompt.get("mm_processor_kwargs"):
+            raise UnsupportedArgumentError(f"{name}.mm_processor_kwargs: not supported per prompt: image sizes are "
+                                           "the checkpoint's processor settings; leave it out (or None, {})",
+                                           param=f"{name}.mm_processor_kwargs")
         if "prompt_token_ids" in prompt:
             if prompt.get("multi_modal_data"):
                 raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
@@ -259,9 +304,13 @@ class LLM:
         prompts: PromptType | SequenceABC[PromptType],
         sampling_params: SamplingParams | SequenceABC[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[RequestOutput]:
-        """Generate completions for every prompt, batched continuously; outputs keep the prompts' order."""
+        """Generate completions for every prompt, batched continuously; outputs keep the prompts' order.
+
+        `use_tqdm`, as vLLM's: True shows a progress bar of the prompts finished (on stderr), False none, and a
+        callable makes the bar (`functools.partial(tqdm, leave=False)`: called with `total` and `desc`). None (the
+        default) shows it unless the LLM was made with `progress=False`: vLLM's default, True, unless told quiet."""
         normalized = self._normalize_prompts(prompts)
         if sampling_params is None:
             params_list = [self.get_default_sampling_params()] * len(normalized)
@@ -277,10 +326,13 @@ class LLM:
                     f"got {len(params_list)} SamplingParams for {len(normalized)} prompts", param="sampling_params"
                 )
             _check_sampling_params(params_list)
-        return self._run(normalized, params_list, use_tqdm,
-                         prompt_field="prompt" if _is_single_prompt(prompts) else "prompts")
+        single = _is_single_prompt(prompts)
+        params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in
+                       enumerate(zip(params_list, [prompts] if single else prompts, strict=True))]
+        return self._run(normalized, params_list, use_tqdm, prompt_field="prompt" if single else "prompts")
 
-    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams], use_tqdm: bool,
+    def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
+             use_tqdm: bool | Callable[..., Any] | None,
              controller_factories: list[ControllerFactory | None] | None = None,
              prompt_field: str = "messages") -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
@@ -289,6 +341,7 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order = []
         factories = controller_factories or [None] * len(prompts)
+        bar = self._progress_bar(use_tqdm, len(prompts))
         try:  # a request refused (or an interrupt) after others were queued aborts those too
             for i, ((text, ids, items), params, factory) in enumerate(
                     zip(prompts, params_list, factories, strict=True)):
@@ -305,28 +358,41 @@ class LLM:
                                               logprobs=[] if params.logprobs is not None else None)
                              for i in range(params.n)],
                 )
-            with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
-                while self.engine.has_unfinished_requests:
-                    for delta in self.engine.step():
-                        request = results[delta.request_id]
-                        out = request.outputs[delta.index]
-                        out.token_ids.extend(delta.token_ids)
-                        out.text += delta.text
-                        if out.logprobs is not None:
-                            out.logprobs.extend(delta.logprobs)
-                        request.num_cached_tokens = delta.num_cached_tokens
-                        if delta.prompt_logprobs is not None and delta.index == 0:
-                            request.prompt_logprobs = delta.prompt_logprobs
-                        if delta.finish_reason is not None:
-                            out.finish_reason = delta.finish_reason
-                            out.stop_reason = delta.stop_reason
-                            if request.finished:
-                                bar.update(1)
+            while self.engine.has_unfinished_requests:
+                for delta in self.engine.step():
+                    request = results[delta.request_id]
+                    out = request.outputs[delta.index]
+                    out.token_ids.extend(delta.token_ids)
+                    out.text += delta.text
+                    if out.logprobs is not None:
+                        out.logprobs.extend(PositionLogprobs(entry, self.engine.tokenizer) for entry in delta.logprobs)
+                    request.num_cached_tokens = delta.num_cached_tokens
+                    if delta.prompt_logprobs is not None and delta.index == 0:
+                        request.prompt_logprobs = [None if entry is None else PositionLogprobs(
+                            entry, self.engine.tokenizer) for entry in delta.prompt_logprobs]
+                    if delta.finish_reason is not None:
+                        out.finish_reason = delta.finish_reason
+                        out.stop_reason = delta.stop_reason
+                        if request.finished:
+                            bar.update(1)
         except BaseException:
             for request_id in order:
                 self.engine.abort(request_id)
             raise
+        finally:
+            bar.close()
         return [results[r] for r in order]
+
+    def _progress_bar(self, use_tqdm: bool | Callable[..., Any] | None, total: int) -> Any:
+        """The bar of `total` prompts that `use_tqdm` asks for (None: shown unless `progress=False`); a callable
+        makes it. Raises RequestError naming `use_tqdm` for anything but a boolean, None or a callable."""
+        if callable(use_tqdm):
+            return use_tqdm(total=total, desc="Generating")
+        if use_tqdm is not None and not isinstance(use_tqdm, bool):
+            raise RequestError(f"use_tqdm must be True, False, None or a callable that makes a tqdm bar, not "
+                               f"{use_tqdm!r}", param="use_tqdm")
+        shown = self.engine.config.progress if use_tqdm is None else use_tqdm
+        return tqdm(total=total, desc="Generating", disable=not shown)
 
     @method_takes_vllm_arguments(VLLM_ONLY_CHAT_ARGUMENTS)
     def chat(
@@ -346,7 +412,7 @@ class LLM:
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | str = False,
         allow_control_tokens_in_content: bool = False,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[ChatOutput]:
         """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
 
@@ -381,7 +447,7 @@ class LLM:
 
         Control-token text in the messages, tools or template kwargs (`<|start|>`, `<|eot|>`, ...) is tokenized
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
-        only) makes it those tokens instead.
+        only) makes it those tokens instead. `use_tqdm` is `generate`'s.
         """
         conversations = _conversations(messages)
         if isinstance(sampling_params, list | tuple):
@@ -505,6 +571,20 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
         raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
+
+
+def _salted(params: SamplingParams, prompt: object, name: str) -> SamplingParams:
+    """`params` with the `cache_salt` of a prompt dict (where vLLM takes it). Raises RequestError naming
+    `name.cache_salt` for a salt that is no non-empty string, or that differs from `params.cache_salt`."""
+    if not isinstance(prompt, Mapping) or prompt.get("cache_salt") is None:
+        return params
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise RequestError(f"{name}.cache_salt must be a non-empty string", param=f"{name}.cache_salt")
+    if params.cache_salt not in (None, salt):
+        raise RequestError(f"{name}.cache_salt={salt!r} differs from its SamplingParams' cache_salt="
+                           f"{params.cache_salt!r}; give one", param=f"{name}.cache_salt")
+    return replace(params, cache_salt=salt)
 
 
 def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:

@@ -7,9 +7,13 @@ import contextlib
 import operator
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from tokenizers import AddedToken
+
 from glimmer.engine.apply_chat_template import (
+    ChatEncoding,
     OutputShape,
     checked_documents,
     generation_prompt,
@@ -23,17 +27,21 @@ from glimmer.engine.chat_rendering import (
     compiled_template_argument,
     render_conversation,
 )
-from glimmer.engine.tokenizer import Tokenizer
+from glimmer.engine.tokenizer import SIDES, Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.tool_choice import plan_tools
 
 if TYPE_CHECKING:
-    from glimmer.engine.llm import LLM
+    from glimmer.engine.llm_engine import LLMEngine
 
 _NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
 """The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
 and mask a Muse tokenizer has none of, and Glimmer does not read)."""
+
+
+_SETTABLE = ("model_max_length", "padding_side", "truncation_side", "pad_token", "pad_token_id")
+"""The attributes a script may set on `LLMTokenizer`, as on transformers' tokenizer."""
 
 
 class LLMTokenizer:
@@ -41,12 +49,24 @@ class LLMTokenizer:
     `encode` and `__call__` add BOS (`add_special_tokens=True`), `decode` and `batch_decode` keep special tokens
     unless told, `vocab_size` counts the base vocabulary and `len()` every token, and `apply_chat_template` renders
     with the checkpoint's template exactly as `LLM.chat` does, and `all_special_ids` are transformers' (the named
-    tokens). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`, `token_to_id`, ...) are the
-    `Tokenizer`'s."""
+    tokens). The attributes transformers reads from tokenizer_config.json are its values, with its defaults
+    (`model_max_length`, `padding_side` and `truncation_side`, which `__call__` and `apply_chat_template` follow and
+    a script may set), as are `special_tokens_map`, `added_tokens_decoder`, `name_or_path` and `chat_template`.
+    One object per LLM (`get_tokenizer()`). Other attributes (`bos_token_id`, `eos_token_id`, `pad_token_id`,
+    `token_to_id`, ...) are the `Tokenizer`'s."""
 
-    def __init__(self, llm: LLM):
-        self._llm = llm
-        self.tokenizer: Tokenizer = llm.engine.tokenizer
+    is_fast = True  # the `tokenizers` library's tokenizer, as transformers' fast one
+
+    def __init__(self, engine: LLMEngine):
+        # the engine, not the LLM, which holds this tokenizer: no cycle, so `del llm` frees the model at once
+        self._engine = engine
+        self.tokenizer: Tokenizer = engine.tokenizer
+        shape = self.tokenizer.shape
+        # transformers' attribute: the limit of `truncation=True` without `max_length` in `__call__`; settable
+        self.model_max_length: int = shape.model_max_length
+        self._padding_side = shape.padding_side
+        self._truncation_side = shape.truncation_side
+        self._pad_token = self.tokenizer.pad_token
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_"):
@@ -55,8 +75,106 @@ class LLMTokenizer:
         # named as the class the caller holds, not the engine's Tokenizer it was looked up on
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Sets one of `SETTABLE` (or a new attribute of the caller's); refuses, with AttributeError, to cover an
+        attribute read from the tokenizer (`tok.eos_token_id = 5` would change what the script reads, not what
+        the tokenizer does: a silent wrong answer)."""
+        if not name.startswith("_") and name not in _SETTABLE and name != "tokenizer" and hasattr(self, name):
+            hint = ("; to render with another template pass chat_template=... to apply_chat_template or LLM.chat"
+                    if name == "chat_template" else "")
+            raise AttributeError(f"LLMTokenizer.{name} cannot be set: it is the checkpoint's; what can be set is "
+                                 f"{', '.join(_SETTABLE)}{hint}")
+        super().__setattr__(name, value)
+
+    @property
+    def pad_token(self) -> str | None:
+        """The token `__call__` and `apply_chat_template` pad with: the checkpoint's, or one a script sets, as on
+        transformers' tokenizer (`tok.pad_token = tok.eos_token`, or `tok.pad_token_id = ...`)."""
+        return self._pad_token
+
+    @pad_token.setter
+    def pad_token(self, token: str | None) -> None:
+        if token is not None and (not isinstance(token, str) or self.tokenizer.token_to_id(token) is None):
+            raise ValueError(f"pad_token={token!r} is not a token of this tokenizer (Glimmer adds no tokens); set "
+                             "one of its tokens, as tok.pad_token = tok.eos_token")
+        self._pad_token = token
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return None if self._pad_token is None else self.tokenizer.token_to_id(self._pad_token)
+
+    @pad_token_id.setter
+    def pad_token_id(self, token_id: int | None) -> None:
+        token = None if token_id is None else self.tokenizer.id_to_token(token_id) if is_token_id(token_id) else ""
+        if token_id is not None and not token:
+            raise ValueError(f"pad_token_id={token_id!r} is not a token id of this tokenizer")
+        self._pad_token = token
+
     def __len__(self) -> int:
         return self.tokenizer.vocab_size
+
+    @property
+    def padding_side(self) -> str:
+        """Where `__call__` and `apply_chat_template` pad: 'right' or 'left' (tokenizer_config.json's, else 'right'),
+        settable as transformers' (`tok.padding_side = "left"`)."""
+        return self._padding_side
+
+    @padding_side.setter
+    def padding_side(self, side: str) -> None:
+        self._padding_side = _checked_side("padding_side", side)
+
+    @property
+    def truncation_side(self) -> str:
+        """Where `__call__` and `apply_chat_template` cut with `truncation=True`: 'right' or 'left'
+        (tokenizer_config.json's, else 'right'), settable as transformers'."""
+        return self._truncation_side
+
+    @truncation_side.setter
+    def truncation_side(self, side: str) -> None:
+        self._truncation_side = _checked_side("truncation_side", side)
+
+    @property
+    def name_or_path(self) -> str:
+        """The model as `LLM(model=...)` was given it (a directory or a Hub id), as transformers' `name_or_path`."""
+        return str(self._engine.config.model)
+
+    @property
+    def chat_template(self) -> str:
+        """The source of the chat template `LLM.chat` and `apply_chat_template` render with (the checkpoint's, or
+        the `chat_template` LLM was given), as transformers' `chat_template`."""
+        return self._engine.chat_template.source
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """The named special tokens the checkpoint sets, name → token, in transformers' order (its
+        `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`)."""
+        named = ((name, getattr(self, name)) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        return {name: token for name, token in named if token is not None}
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, AddedToken]:
+        """Every added token's id → its `tokenizers.AddedToken`, ascending by id (transformers'
+        `added_tokens_decoder`)."""
+        return self.tokenizer.added_tokens_decoder()
+
+    @property
+    def added_tokens_encoder(self) -> dict[str, int]:
+        """Every added token's text → its id, ascending by id (transformers' `added_tokens_encoder`)."""
+        return self.get_added_vocab()
+
+    def get_added_vocab(self) -> dict[str, int]:
+        """Every added token's text → its id, ascending by id (transformers' `get_added_vocab()`)."""
+        return {added.content: token_id for token_id, added in self.added_tokens_decoder.items()}
+
+    def convert_tokens_to_string(self, tokens: SequenceABC[str]) -> str:
+        """The text of vocabulary entries (`tokenize`'s output) joined as the tokenizer's decoder joins them, as
+        transformers' `convert_tokens_to_string` (`['Hello', 'Ġworld']` → 'Hello world'). Raises TypeError for
+        anything but a list of strings."""
+        if isinstance(tokens, str) or not isinstance(tokens, list | tuple) or not all(
+                isinstance(token, str) for token in tokens):
+            raise TypeError("LLMTokenizer.convert_tokens_to_string() takes a list of token strings (as tokenize() "
+                            f"returns), not {type(tokens).__name__}")
+        return self.tokenizer.tokens_to_text(tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -69,7 +187,7 @@ class LLMTokenizer:
         `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
         tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)` leaves out as
         transformers' does, is in `tokenizer.all_special_ids`."""
-        named = (getattr(self.tokenizer, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        named = (getattr(self, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
         return list(dict.fromkeys(token for token in named if token is not None))
 
     @property
@@ -77,20 +195,50 @@ class LLMTokenizer:
         """The ids of `all_special_tokens` (transformers' `all_special_ids`): what `convert_ids_to_tokens` skips."""
         return [self.tokenizer.require_token_id(token) for token in self.all_special_tokens]
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`)."""
+    def encode(self, text: str, add_special_tokens: bool = True, *, padding: bool | str = False,
+               truncation: bool | str = False, max_length: int | None = None, return_tensors: str | None = None) -> Any:
+        """Token ids of `text`, BOS first unless `add_special_tokens=False` (as transformers' `encode`); `padding`,
+        `truncation`, `max_length` and `return_tensors` as in `__call__` (a tensor has a batch axis, as there)."""
         if not isinstance(text, str):
             raise TypeError(f"LLMTokenizer.encode() takes a string, not {type(text).__name__}")
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if not isinstance(add_special_tokens, bool):
+            # transformers' second positional argument is text_pair: `tok(a, b)` means a pair there
+            raise TypeError(f"add_special_tokens must be True or False, not {add_special_tokens!r}; a second text "
+                            "(transformers' text_pair) is not supported: encode the texts one by one")
+        if padding is False and truncation is False and return_tensors is None:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return self(text, add_special_tokens, padding=padding, truncation=truncation, max_length=max_length,
+                    return_tensors=return_tensors)["input_ids"]
 
-    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
-        """{"input_ids": ids, "attention_mask": ones} of a text, or lists of them for a list of texts (as transformers'
-        call without padding: every mask entry 1)."""
-        if isinstance(text, list | tuple):
-            ids = [self.encode(t, add_special_tokens) for t in text]
-            return {"input_ids": ids, "attention_mask": [[1] * len(row) for row in ids]}
-        ids = self.encode(text, add_special_tokens)
-        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True, *, padding: bool | str = False,
+                 truncation: bool | str = False, max_length: int | None = None,
+                 return_tensors: str | None = None) -> ChatEncoding:
+        """{"input_ids": ids, "attention_mask": mask} of a text, or lists of them for a list of texts, as transformers'
+        call: `padding` (True or 'longest', 'max_length') pads with the pad token on `padding_side`, `truncation=True`
+        cuts on `truncation_side` to `max_length` (or `model_max_length`), `return_tensors` 'pt' or 'np' gives
+        tensors with a batch axis. The result's keys read as attributes too (`enc.input_ids`). Raises RequestError
+        (a ValueError) naming the argument for a value transformers refuses or Glimmer does not support (as
+        `apply_chat_template`)."""
+        texts = list(text) if isinstance(text, list | tuple) else [text]
+        shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict=True)
+        limit = shape.truncation_limit(self.model_max_length)
+        ids = [self._encoded_within(t, add_special_tokens, limit) for t in texts]
+        return replace(shape, truncation=False).apply(
+            ids, batched=isinstance(text, list | tuple), default_max_length=self.model_max_length,
+            pad_token_id=self.pad_token_id, padding_side=self.padding_side)
+
+    def _encoded_within(self, text: str, add_special_tokens: bool, limit: int | None) -> list[int]:
+        """`encode(text)` with at most `limit` tokens (None: all), the text's own cut on `truncation_side` and the
+        special tokens the post-processor adds around them (BOS) kept, as transformers' fast tokenizer truncates."""
+        framed = self.encode(text, add_special_tokens)
+        if limit is None or len(framed) <= limit:
+            return framed
+        plain = self.encode(text, add_special_tokens=False)
+        start = next(i for i in range(len(framed) - len(plain) + 1) if framed[i:i + len(plain)] == plain)
+        prefix, suffix = framed[:start], framed[start + len(plain):]
+        keep = max(0, limit - len(prefix) - len(suffix))
+        kept = plain[:keep] if self.truncation_side == "right" else plain[len(plain) - keep:]
+        return prefix + kept + suffix
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[str]:
         """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""
@@ -159,6 +307,16 @@ class LLMTokenizer:
 
     def get_vocab(self) -> dict[str, int]:
         return self.tokenizer.get_vocab()
+
+    @property
+    def model_input_names(self) -> list[str]:
+        """The keys `__call__` returns, as transformers' `model_input_names`."""
+        return ["input_ids", "attention_mask"]
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """`get_vocab()`, as transformers' `vocab`."""
+        return self.get_vocab()
 
     def apply_chat_template(
         self,
@@ -231,7 +389,7 @@ class LLMTokenizer:
             raise RequestError("sanitize_control_tokens=True contradicts allow_control_tokens_in_content=True; give "
                                "one", param="sanitize_control_tokens")
         shape = OutputShape(padding, truncation, max_length, return_tensors, return_dict) if tokenize else None
-        template = (self._llm.engine.chat_template if chat_template is None
+        template = (self._engine.chat_template if chat_template is None
                     else compiled_template_argument(chat_template))
         plan = plan_tools(normalize_tools(tool_schemas(tools)), None)
         strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
@@ -241,14 +399,22 @@ class LLMTokenizer:
         rendering = ChatRendering(template, plan.render_tools, strength, template_kwargs,
                                   allow_control_tokens_in_content or sanitize_control_tokens is False,
                                   ends_with_generation_prompt, continue_final_message)
-        tokenizer = self._llm.engine.tokenizer
+        tokenizer = self._engine.tokenizer
         prompts = [render_conversation(messages, rendering, tokenizer)[1] for messages in conversations]
         if shape is None:
             texts = [prompt.display_text for prompt in prompts]
             return texts if batched else texts[0]
-        ids = [self._llm.engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
-        return shape.apply(ids, batched=batched, default_max_length=self._llm.engine.max_model_len,
-                           pad_token_id=self.tokenizer.pad_token_id)
+        ids = [self._engine.encode_prompt(prompt.text, literals=prompt.literals) for prompt in prompts]
+        return shape.apply(ids, batched=batched, default_max_length=self._engine.max_model_len,
+                           pad_token_id=self.pad_token_id, padding_side=self.padding_side,
+                           truncation_side=self.truncation_side)
+
+
+def _checked_side(name: str, side: object) -> str:
+    """`side` if it is 'right' or 'left'; raises ValueError naming `name` otherwise (as transformers refuses it)."""
+    if side not in SIDES:
+        raise ValueError(f"{name} must be 'right' or 'left', not {side!r}")
+    return side  # type: ignore[return-value]
 
 
 def python_ids(ids: Any) -> Any:

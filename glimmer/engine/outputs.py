@@ -2,9 +2,63 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from glimmer.engine.sampler import TokenLogprobs
+
+if TYPE_CHECKING:
+    from glimmer.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's entry in a position of vLLM's logprobs: its logprob, its rank (1 the most likely) and its text."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+class PositionLogprobs(TokenLogprobs, Mapping[int, Logprob]):
+    """One position's logprobs as `LLM.generate` returns them: a `TokenLogprobs` (`token_id`, `logprob`, `top`,
+    `rank`) that also reads as vLLM's `dict[int, Logprob]`, so that vLLM code runs as written
+    (`lp[token_id].logprob`, `lp.items()`, `next(iter(lp.values())).decoded_token`). Its keys are vLLM's: the
+    token at the position first, then the `top` ones not already there, most likely first, each ranked by its place
+    in `top`; `decoded_token` is the token's text alone (a lone byte of a character reads U+FFFD)."""
+
+    def __init__(self, entry: TokenLogprobs, tokenizer: Tokenizer):
+        super().__init__(entry.token_id, entry.logprob, entry.top, entry.rank)
+        self._tokenizer = tokenizer
+
+    def _entry(self, token_id: int) -> tuple[float, int | None]:
+        if token_id == self.token_id:
+            return self.logprob, self.rank
+        for rank, (top_id, logprob) in enumerate(self.top.items(), start=1):
+            if top_id == token_id:
+                return logprob, rank
+        raise KeyError(token_id)
+
+    def __getitem__(self, token_id: int) -> Logprob:
+        logprob, rank = self._entry(token_id)
+        return Logprob(logprob, rank, self._decoded_token(token_id))
+
+    def _decoded_token(self, token_id: int) -> str:
+        decoded = self.__dict__.get("_decoded")
+        return decoded[token_id] if decoded is not None else self._tokenizer.decode([token_id])
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (and deep-copied) with its tokens' texts instead of the tokenizer, which is megabytes."""
+        state = {name: value for name, value in self.__dict__.items() if name != "_tokenizer"}
+        state["_decoded"] = {token_id: self._decoded_token(token_id) for token_id in self}
+        return state
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(dict.fromkeys([self.token_id, *self.top]))
+
+    def __len__(self) -> int:
+        return len(self.top) + (self.token_id not in self.top)
 
 
 @dataclass

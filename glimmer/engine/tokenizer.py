@@ -54,6 +54,22 @@ class CleanUpSettings:
     even_for_bpe: bool = False
 
 
+VERY_LARGE_INTEGER = int(1e30)
+"""transformers' `model_max_length` when tokenizer_config.json gives none: inputs of any length."""
+SIDES = ("right", "left")
+
+
+@dataclass(frozen=True)
+class ShapeSettings:
+    """tokenizer_config.json's fields that say how transformers' tokenizer cuts and pads, with its defaults when the
+    file leaves them out: `model_max_length` (the limit of `truncation=True` without `max_length`), `padding_side` and
+    `truncation_side`."""
+
+    model_max_length: int = VERY_LARGE_INTEGER
+    padding_side: str = "right"
+    truncation_side: str = "right"
+
+
 def load_checkpoint_tokenizer(opened: OpenedCheckpoint, config: ModelConfig) -> Tokenizer:
     """The tokenizer of an opened checkpoint (a GGUF's embedded one, else the directory's tokenizer.json), checked
     against `config` by `check_tokenizer_fits`: what loading and `glimmer inspect` both use."""
@@ -111,11 +127,12 @@ class Tokenizer:
     """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
 
     def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path,
-                 clean_up: CleanUpSettings = CleanUpSettings()):
+                 clean_up: CleanUpSettings = CleanUpSettings(), shape: ShapeSettings = ShapeSettings()):
         self._backend = backend
         self._named_tokens = named_tokens
         self.tokenizer_file = tokenizer_file
         self._clean_up = clean_up
+        self.shape = shape
         self._byte_level_decode = _ByteLevelInverse.for_backend(backend)
         self._token_bytes_cache: dict[int, bytes] = {}
 
@@ -145,7 +162,10 @@ class Tokenizer:
                     f"{directory}) is not a token of {tokenizer_file}; the files do not belong together"
                 )
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
-        tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(directory))
+        config_file = directory / TOKENIZER_CONFIG_FILE
+        config = read_json_object(config_file, error=CheckpointError) or {}
+        tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(config),
+                        _read_shape_settings(config, config_file))
         logger.info(
             "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
             tokenizer_file,
@@ -328,6 +348,16 @@ class Tokenizer:
         """Every token's vocabulary entry → its id, added tokens included (transformers' `get_vocab()`)."""
         return self._backend.get_vocab(with_added_tokens=True)
 
+    def added_tokens_decoder(self) -> dict[int, AddedToken]:
+        """Every added token's id → its AddedToken (content and flags), ascending by id."""
+        return dict(sorted(self._backend.get_added_tokens_decoder().items()))
+
+    def tokens_to_text(self, tokens: Sequence[str]) -> str:
+        """The text of vocabulary entries (`['Hello', 'Ġworld']` → 'Hello world'), joined by the tokenizer's decoder
+        as transformers' `convert_tokens_to_string` joins them (with spaces when tokenizer.json has no decoder)."""
+        decoder = self._backend.decoder
+        return " ".join(tokens) if decoder is None else decoder.decode(list(tokens))
+
     @property
     def vocab_size(self) -> int:
         """Number of tokens, added tokens included (transformers' `len(tokenizer)`)."""
@@ -447,11 +477,27 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
     return named
 
 
-def _read_clean_up_settings(directory: Path) -> CleanUpSettings:
+def _read_clean_up_settings(config: Mapping[str, object]) -> CleanUpSettings:
     """The decode clean-up fields of tokenizer_config.json, read as transformers reads them (for their truth)."""
-    config = read_json_object(directory / TOKENIZER_CONFIG_FILE, error=CheckpointError) or {}
     return CleanUpSettings(bool(config.get("clean_up_tokenization_spaces")),
                            bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+
+
+def _read_shape_settings(config: Mapping[str, object], path: Path) -> ShapeSettings:
+    """The truncation and padding fields of tokenizer_config.json (`path`), transformers' defaults for those it leaves
+    out. Raises CheckpointError naming the field and the file for a side other than 'right' or 'left' (transformers
+    refuses the file too) and for a `model_max_length` that is no positive integer."""
+    limit = config.get("model_max_length")
+    if isinstance(limit, float) and limit.is_integer():
+        limit = int(limit)  # JSON written as 1e+30
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise CheckpointError(f"model_max_length={limit!r} in {path} is not a positive integer")
+    sides = {}
+    for name in ("padding_side", "truncation_side"):
+        sides[name] = config.get(name, "right")
+        if sides[name] not in SIDES:
+            raise CheckpointError(f"{name}={sides[name]!r} in {path} is not 'right' or 'left'")
+    return ShapeSettings(VERY_LARGE_INTEGER if limit is None else limit, **sides)
 
 
 def _token_content(value: object, path: Path, name: str) -> str:

@@ -46,6 +46,13 @@ def _stream_interval_changes_nothing(value: object, given: Mapping[str, Any]) ->
     return value is None or (type(value) is int and value >= 1)
 
 
+def _max_logprobs_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """SamplingParams' own limit (imported here: sampling_params.py imports this module)."""
+    from glimmer.engine.sampling_params import MAX_LOGPROBS
+
+    return type(value) is int and value == MAX_LOGPROBS
+
+
 def _prefix_cache_reading_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
     """None (vLLM skips the cache for prompt_logprobs), or the same choice: Glimmer computes a prompt with
     prompt_logprobs in full and reads every other from the prefix cache."""
@@ -237,6 +244,8 @@ VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
 }
 """Arguments of vLLM's `LLM.chat` that Glimmer's does not take (`documents`, `chat_template`, `tools`, ... it takes)."""
+_DOWNLOAD_REVISION = ("download the revision first (huggingface-cli download MODEL --revision R) and pass its "
+                      "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
             "leave it out or 1")
 VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
@@ -266,8 +275,65 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "hf_overrides": VllmArgument(lambda value, given: value is None or value == {}, (
         "not supported: the checkpoint's config.json is read as it is (a wrong field is refused, never patched); "
         "edit a copy of the checkpoint's config instead")),
-    "revision": VllmArgument(_only(None), "download the revision first (huggingface-cli download MODEL --revision R) "
-                                          "and pass its directory"),
+    "revision": VllmArgument(_only(None), _DOWNLOAD_REVISION),
+    "tokenizer_revision": VllmArgument(_only(None), _DOWNLOAD_REVISION),
+    "code_revision": VllmArgument(_only(None), "Glimmer never runs a checkpoint's Python code; leave it out"),
+    "download_dir": VllmArgument(_only(None), (
+        "a Hub model is downloaded to the Hugging Face cache (set HF_HUB_CACHE to move it), or download it yourself "
+        "(huggingface-cli download MODEL --local-dir DIR) and pass the directory")),
+    "hf_token": VllmArgument(_only(None, True), "log in (huggingface-cli login) or set HF_TOKEN in the environment"),
+    "max_logprobs": VllmArgument(_max_logprobs_changes_nothing, (
+        "Glimmer's limit on SamplingParams(logprobs=k) is fixed at vLLM's default, 20; leave it out")),
+    "logprobs_mode": VllmArgument(_only("raw_logprobs"), (
+        "Glimmer's logprobs are the model's own, before temperature, penalties and filtering (vLLM's default, "
+        "'raw_logprobs'); leave it out")),
+    "enable_lora": VllmArgument(_only(False), "LoRA adapters are not supported; merge the adapter into the weights "
+                                              "and pass that checkpoint"),
+    "enable_sleep_mode": VllmArgument(_only(False), "LLM.sleep is not supported; leave it out"),
+    "skip_tokenizer_init": VllmArgument(_only(False), "Glimmer always loads the checkpoint's tokenizer (chat and "
+                                                      "stop strings need it); leave it out"),
+    "distributed_executor_backend": VllmArgument(_only(None, "mp", "uni"), _ONE_GPU),
+    "data_parallel_size": VllmArgument(_only(None, 1), _ONE_GPU),
+    "enable_expert_parallel": VllmArgument(_only(False), _ONE_GPU),
+    "compilation_config": VllmArgument(lambda value, given: value is None or value == {}, (
+        "Glimmer compiles with its own settings; enforce_eager=True runs without CUDA graphs")),
+    "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
+                                                  "any value changes nothing"),
+    "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
+        "not supported: image sizes are the checkpoint's processor settings; leave it out")),
+    "override_generation_config": VllmArgument(lambda value, given: value is None or value == {}, (
+        "give the values in SamplingParams (or generation_config='vllm' to ignore the checkpoint's "
+        "generation_config.json)")),
+    "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
+    "runner": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
 }
 """Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares
 (`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""
+
+
+_POOLING = ("Glimmer runs generative models only, not vLLM's pooling runner (embeddings, classification, reward or "
+            "cross-encoder scores)")
+VLLM_ONLY_LLM_METHODS: dict[str, str] = {
+    "beam_search": ("beam search is not supported; SamplingParams(temperature=0) decodes greedily, or sample "
+                    "SamplingParams(n=k, logprobs=0) and keep the completion with the highest cumulative_logprob"),
+    "embed": _POOLING,
+    "encode": f"{_POOLING}; tokenize with llm.get_tokenizer().encode(text)",
+    "classify": _POOLING,
+    "reward": _POOLING,
+    "score": (f"{_POOLING}; a text's likelihood under the model is llm.generate({{'prompt_token_ids': ids}}, "
+              "SamplingParams(max_tokens=0, prompt_logprobs=0))[0].prompt_logprobs"),
+    "llm_engine": "Glimmer's engine is llm.engine (an LLMEngine: add_request, step, abort, stats())",
+    "set_tokenizer": "the tokenizer is the checkpoint's own (tokenizer.json); pass a checkpoint directory with the "
+                     "tokenizer you want",
+    "get_metrics": "the engine's counters are llm.engine.stats() (the server exports its metrics at /metrics)",
+    "reset_prefix_cache": "not supported; cache_salt='...' in SamplingParams keeps a request off blocks others cached",
+    "sleep": "not supported; delete the LLM to free its memory",
+    "wake_up": "not supported; delete the LLM to free its memory, and make a new one",
+    "start_profile": "not supported; wrap the call in torch.profiler.profile()",
+    "stop_profile": "not supported; wrap the call in torch.profiler.profile()",
+    "collective_rpc": "Glimmer runs a model on one device, in this process: the model is llm.engine.loaded.model",
+    "apply_model": "Glimmer runs a model on one device, in this process: call your function on "
+                   "llm.engine.loaded.model",
+}
+"""Methods and attributes of vLLM's `LLM` that Glimmer's has not, with what to do instead: the AttributeError of
+reading one says it."""

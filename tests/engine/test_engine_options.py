@@ -122,6 +122,10 @@ def test_an_unknown_keyword_is_refused_naming_it_and_the_options():
     ("tensor_parallel_size", 2, "one device"), ("trust_remote_code", "yes", "never runs"),
     ("tokenizer", "/elsewhere", "model's directory"), ("quantization", "awq", "by its format"),
     ("hf_overrides", {"max_position_embeddings": 4}, "never patched"), ("revision", "main", "--revision"),
+    ("download_dir", "/data/models", "HF_HUB_CACHE"), ("max_logprobs", 50, "fixed at vLLM's default, 20"),
+    ("enable_lora", True, "LoRA adapters are not supported"), ("logprobs_mode", "processed_logprobs", "model's own"),
+    ("task", "embed", "generative models only"), ("compilation_config", {"level": 3}, "enforce_eager=True"),
+    ("distributed_executor_backend", "ray", "one device"), ("hf_token", "hf_abc", "HF_TOKEN"),
 ])
 def test_a_vllm_engine_argument_glimmer_lacks_is_refused_naming_what_to_do(name, value, advice):
     # vLLM's first line, LLM(model, tensor_parallel_size=..., trust_remote_code=True), was a bare TypeError
@@ -133,5 +137,9 @@ def test_a_vllm_engine_argument_glimmer_lacks_is_refused_naming_what_to_do(name,
 def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint), progress=False, tensor_parallel_size=1, trust_remote_code=True,
               tokenizer=str(tiny_checkpoint), quantization=None, kv_cache_dtype="auto", swap_space=4,
-              enable_chunked_prefill=True, disable_log_stats=True, max_seq_len_to_capture=8192)
+              enable_chunked_prefill=True, disable_log_stats=True, max_seq_len_to_capture=8192,
+              # common in vLLM scripts, and refused as misspellings before
+              max_logprobs=20, enable_lora=False, distributed_executor_backend="mp", compilation_config=None,
+              served_model_name="my-model", logprobs_mode="raw_logprobs", mm_processor_kwargs=None,
+              download_dir=None, task="generate", enable_sleep_mode=False, skip_tokenizer_init=False)
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids

@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
+import weakref
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -16,7 +19,8 @@ from transformers import AutoTokenizer
 
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
-from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
+from glimmer.engine.outputs import Logprob
+from glimmer.errors import CheckpointError, ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.protocol import parse_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -197,6 +201,91 @@ def test_clean_up_tokenization_spaces_means_what_it_means_in_transformers(tiny_c
             reference.batch_decode([ids, ids[:3]], clean_up_tokenization_spaces=clean_up)
     cleaned = tok.decode(ids, clean_up_tokenization_spaces=True) != tok.decode(ids, clean_up_tokenization_spaces=False)
     assert cleaned is ("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output" in config)
+
+
+TRANSFORMERS_ATTRIBUTES = ("model_max_length", "special_tokens_map", "padding_side", "truncation_side",
+                           "added_tokens_decoder", "added_tokens_encoder", "name_or_path", "chat_template", "is_fast",
+                           "model_input_names", "vocab", "eos_token", "eos_token_id", "bos_token", "bos_token_id",
+                           "pad_token", "pad_token_id", "unk_token", "unk_token_id", "vocab_size")
+
+
+def _checkpoint_with_tokenizer_config(tiny_checkpoint, directory, **changes):
+    checkpoint = shutil.copytree(tiny_checkpoint, directory)
+    config_file = checkpoint / "tokenizer_config.json"
+    config = {k: v for k, v in json.loads(config_file.read_text()).items() if v is not None} | changes
+    config_file.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return checkpoint
+
+
+@pytest.mark.parametrize("changes", [{}, {"model_max_length": None, "padding_side": "left",
+                                          "truncation_side": "left", "unk_token": "<|reserved_special_token_0|>"}],
+                         ids=["as_written", "other_config"])
+def test_the_attributes_vllm_users_read_are_transformers(tiny_checkpoint, tmp_path, changes):
+    """model_max_length, special_tokens_map, padding_side, added_tokens_decoder, name_or_path, chat_template ... were
+    AttributeErrors; each is what transformers reads from the same files (its default where the config has none)."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in TRANSFORMERS_ATTRIBUTES:
+        assert getattr(tok, name) == getattr(reference, name), name
+    assert len(tok) == len(reference) and tok.get_added_vocab() == reference.get_added_vocab()
+    tokens = reference.tokenize("Hello the  world, ünïcode")
+    assert tok.convert_tokens_to_string(tokens) == reference.convert_tokens_to_string(tokens)
+    assert tok.convert_tokens_to_string([]) == reference.convert_tokens_to_string([]) == ""
+
+
+@pytest.mark.parametrize("arguments", [dict(padding=True), dict(padding="max_length", max_length=12),
+                                       dict(truncation=True, max_length=3), dict(padding=True, return_tensors="pt"),
+                                       dict(padding="longest", truncation=True, max_length=4, return_tensors="np"),
+                                       dict(add_special_tokens=False, padding=True)])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_calling_the_tokenizer_pads_and_truncates_as_transformers(llm, hf, arguments, side):
+    """`tok(texts, padding=True, return_tensors="pt")` raised TypeError (unexpected keyword argument); it pads and cuts
+    on the tokenizer's sides, which a script sets as on transformers' (`tok.padding_side = "left"`)."""
+    tok = llm.get_tokenizer()
+    texts = ["Hello the world", "a", "Hello"]
+    for given in (texts, texts[0]):
+        tok.padding_side = tok.truncation_side = side
+        reference = AutoTokenizer.from_pretrained(hf.name_or_path, padding_side=side, truncation_side=side)
+        ours, theirs = llm.get_tokenizer()(given, **arguments), reference(given, **arguments)
+        assert ours.keys() == theirs.keys()
+        for key in theirs:
+            assert type(ours[key]) is type(theirs[key]), key
+            assert getattr(ours[key], "dtype", None) == getattr(theirs[key], "dtype", None), key
+            assert (ours[key].tolist() if hasattr(ours[key], "tolist") else ours[key]) == \
+                (theirs[key].tolist() if hasattr(theirs[key], "tolist") else theirs[key]), key
+    tok.padding_side = tok.truncation_side = "right"
+
+
+def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
+    tok = llm.get_tokenizer()
+    batch = [MESSAGES, [{"role": "user", "content": "a longer question here"}]]
+    right = tok.apply_chat_template(batch, padding=True, **KWARGS)
+    tok.padding_side = "left"
+    try:
+        left = tok.apply_chat_template(batch, padding=True, **KWARGS)
+    finally:
+        tok.padding_side = "right"
+    pad = tok.pad_token_id
+    assert right[0][-1] == pad and left[0][0] == pad and left[0][-1] != pad
+    assert [i for i in left[0] if i != pad] == [i for i in right[0] if i != pad]
+
+
+def test_get_tokenizer_is_one_object_whose_sides_are_checked(llm):
+    assert llm.get_tokenizer() is llm.get_tokenizer()
+    with pytest.raises(ValueError, match="^padding_side must be 'right' or 'left', not 'top'$"):
+        llm.get_tokenizer().padding_side = "top"
+    with pytest.raises(TypeError, match=r"^LLMTokenizer\.convert_tokens_to_string\(\) takes a list of token strings"):
+        llm.get_tokenizer().convert_tokens_to_string("Hello")
+    assert llm.get_tokenizer().padding_side == "right"
+
+
+@pytest.mark.parametrize(("field", "value"), [("padding_side", "up"), ("truncation_side", 1),
+                                              ("model_max_length", "long"), ("model_max_length", 0)])
+def test_a_tokenizer_config_with_a_bad_shape_field_is_refused_naming_it(tiny_checkpoint, tmp_path, field, value):
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "bad", **{field: value})
+    with pytest.raises(CheckpointError, match=f"^{field}={value!r} in .*tokenizer_config.json is not"):
+        LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
 
 
 def test_tokenizer_errors_name_the_llm_tokenizer(llm):
@@ -516,3 +605,220 @@ def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
 def test_a_misspelled_argument_of_generate_names_the_closest(llm):
     with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_tqdm'"):
         llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
+
+
+# use_tqdm: vLLM's progress bar -----------------------------------------------------------------------------------
+
+class _RecordedBar:
+    def __init__(self, **arguments):
+        self.arguments, self.updates, self.closed = arguments, 0, False
+
+    def update(self, count):
+        self.updates += count
+
+    def close(self):
+        self.closed = True
+
+
+def test_use_tqdm_shows_a_bar_of_the_prompts_on_stderr(llm, capsys):
+    llm.generate(["Hello", "a"], SamplingParams(max_tokens=2), use_tqdm=True)
+    bar = capsys.readouterr().err
+    assert "Generating" in bar and "2/2" in bar
+    llm.generate(["Hello", "a"], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.chat(MESSAGES, SamplingParams(max_tokens=2), use_tqdm=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_use_tqdm_by_default_follows_the_llms_progress_setting(llm, capsys, monkeypatch):
+    """vLLM's default is a bar (use_tqdm=True); Glimmer's shows one unless the LLM was made with progress=False."""
+    llm.generate("Hello", SamplingParams(max_tokens=2))
+    assert capsys.readouterr().err == ""  # the fixture's LLM has progress=False
+    monkeypatch.setattr(llm.engine.config, "progress", True)
+    llm.chat(MESSAGES, SamplingParams(max_tokens=2))
+    assert "Generating" in capsys.readouterr().err
+
+
+def test_use_tqdm_takes_a_callable_that_makes_the_bar_as_vllms(llm):
+    bars = []
+    llm.generate(["Hello", "a", "b"], SamplingParams(max_tokens=2, n=2),
+                 use_tqdm=lambda **arguments: bars.append(_RecordedBar(**arguments)) or bars[-1])
+    (bar,) = bars
+    assert bar.arguments["total"] == 3 and bar.updates == 3 and bar.closed
+
+
+def test_use_tqdm_of_another_kind_is_refused_naming_it(llm):
+    with pytest.raises(RequestError, match="^use_tqdm must be True, False, None or a callable") as caught:
+        llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm="yes")
+    assert caught.value.param == "use_tqdm" and not llm.engine.has_unfinished_requests
+
+
+@pytest.mark.parametrize(("name", "instead"), [("beam_search", "temperature=0"), ("embed", "generative models only"),
+                                               ("score", "prompt_logprobs=0"), ("llm_engine", "llm.engine"),
+                                               ("sleep", "delete the LLM")])
+def test_reading_one_of_vllms_llm_methods_glimmer_lacks_says_what_to_do(llm, name, instead):
+    """`llm.beam_search(...)` or `llm.embed(...)` met Python's bare AttributeError; it now says what to do instead,
+    and hasattr stays honest (False)."""
+    with pytest.raises(AttributeError, match=f"^'LLM' object has no attribute '{name}'; vLLM's LLM.{name}: ") as caught:
+        getattr(llm, name)
+    assert instead in str(caught.value) and not hasattr(llm, name)
+    with pytest.raises(AttributeError, match="^'LLM' object has no attribute 'generat'$"):
+        llm.generat  # noqa: B018
+
+
+# logprobs read as vLLM's dicts ------------------------------------------------------------------------------------
+
+def test_logprobs_read_as_vllms_dicts_of_logprob(llm):
+    """vLLM code reads a position as a dict token id → Logprob (`lp[token_id].logprob`); Glimmer's entries were
+    TokenLogprobs alone, and that code raised TypeError ('TokenLogprobs' object is not subscriptable)."""
+    tok = llm.get_tokenizer()
+    out = llm.generate("Hello", SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2, seed=2))[0]
+    completion = out.outputs[0]
+    assert completion.cumulative_logprob == pytest.approx(
+        sum(position[token].logprob for position, token in zip(completion.logprobs, completion.token_ids,
+                                                                strict=True)))
+    positions = [(completion.logprobs, completion.token_ids, 3), (out.prompt_logprobs[1:], out.prompt_token_ids[1:], 2)]
+    for entries, tokens, k in positions:
+        for position, token in zip(entries, tokens, strict=True):
+            assert isinstance(position, Mapping) and list(position)[0] == token == position.token_id
+            assert list(position)[1:] == [t for t in position.top if t != token]
+            assert len(position) == len(dict(position)) == k + (token not in position.top)
+            assert position[token] == Logprob(position.logprob, position.rank, tok.decode([token]))
+            for rank, (top_id, logprob) in enumerate(position.top.items(), start=1):
+                assert position[top_id] == Logprob(logprob, rank, tok.decode([top_id]))
+            assert position.get(-1) is None and -1 not in position
+    assert out.prompt_logprobs[0] is None
+
+
+def test_logprobs_zero_hold_the_token_alone_as_vllms(llm):
+    completion = llm.generate("Hello", SamplingParams(max_tokens=3, logprobs=0))[0].outputs[0]
+    assert [list(position) for position in completion.logprobs] == [[t] for t in completion.token_ids]
+
+
+def test_chat_outputs_read_as_vllms_request_outputs(llm):
+    """vLLM's LLM.chat returns RequestOutputs, and its scripts read `out.outputs[0].text`: an AttributeError on a
+    ChatOutput; what they read is the raw output's."""
+    reply = llm.chat(MESSAGES, SamplingParams(max_tokens=4, n=2, seed=1, prompt_logprobs=0))[0]
+    assert reply.outputs is reply.output.outputs and len(reply.outputs) == 2
+    assert [o.text for o in reply.outputs] == [choice.output.outputs[0].text for choice in reply.choices]
+    assert (reply.prompt, reply.prompt_token_ids, reply.request_id, reply.num_cached_tokens, reply.prompt_logprobs) == (
+        reply.output.prompt, reply.output.prompt_token_ids, reply.output.request_id, reply.output.num_cached_tokens,
+        reply.output.prompt_logprobs)
+
+
+# vLLM's prompt forms -----------------------------------------------------------------------------------------------
+
+def test_vllms_prompt_types_build_the_prompts_generate_takes(llm):
+    from glimmer import TextPrompt, TokensPrompt
+
+    greedy = SamplingParams(temperature=0, max_tokens=3)
+    ids = llm.get_tokenizer().encode("Hello")
+    by_ids, by_text = llm.generate([TokensPrompt(prompt_token_ids=ids), TextPrompt(prompt="Hello")], greedy)
+    assert by_ids.prompt_token_ids == by_text.prompt_token_ids and by_ids.token_ids == by_text.token_ids
+
+
+def test_a_prompts_cache_salt_salts_its_request_as_vllms(llm, monkeypatch):
+    """vLLM takes `cache_salt` on the prompt; Glimmer refused the key (its salt is a SamplingParams field)."""
+    submitted = []
+    add_request = llm.engine.add_request
+    monkeypatch.setattr(llm.engine, "add_request", lambda request_id, ids, params, *args, **kwargs: (
+        submitted.append(params.cache_salt), add_request(request_id, ids, params, *args, **kwargs))[1])
+    params = SamplingParams(max_tokens=1)
+    llm.generate([{"prompt": "a", "cache_salt": "tenant-1"}, "b", {"prompt_token_ids": [486, 64], "cache_salt": "t2",
+                                                                   "mm_processor_kwargs": None}], params)
+    assert submitted == ["tenant-1", None, "t2"] and params.cache_salt is None
+    with pytest.raises(RequestError, match=r"^prompts\[1\]\.cache_salt='x' differs from its SamplingParams' "
+                                           r"cache_salt='y'; give one$"):
+        llm.generate(["a", {"prompt": "b", "cache_salt": "x"}], SamplingParams(max_tokens=1, cache_salt="y"))
+    with pytest.raises(RequestError, match=r"^prompt\.cache_salt must be a non-empty string$"):
+        llm.generate({"prompt": "b", "cache_salt": ""}, params)
+    with pytest.raises(UnsupportedArgumentError, match=r"^prompt\.mm_processor_kwargs: not supported per prompt"):
+        llm.generate({"prompt": "b", "mm_processor_kwargs": {"max_pixels": 4}}, params)
+    assert not llm.engine.has_unfinished_requests
+
+
+# setting and encoding as on transformers' tokenizer -----------------------------------------------------------------
+
+@pytest.mark.parametrize("arguments", [dict(return_tensors="pt"), dict(truncation=True, max_length=2),
+                                       dict(truncation=None), dict(padding="max_length", max_length=8),
+                                       dict(return_tensors="np", add_special_tokens=False)])
+def test_encode_takes_transformers_shaping_arguments(llm, hf, arguments):
+    """`tok.encode(text, return_tensors="pt")` raised TypeError (unexpected keyword argument)."""
+    ours, theirs = llm.get_tokenizer().encode("Hello world", **arguments), hf.encode("Hello world", **arguments)
+    assert type(ours) is type(theirs)
+    assert (ours.tolist() if hasattr(ours, "tolist") else ours) == (theirs.tolist() if hasattr(theirs, "tolist")
+                                                                   else theirs)
+
+
+def test_a_script_sets_the_pad_token_as_on_transformers(llm, tiny_checkpoint):
+    tok, reference = llm.get_tokenizer(), AutoTokenizer.from_pretrained(tiny_checkpoint)
+    try:
+        tok.pad_token, reference.pad_token = tok.eos_token, reference.eos_token
+        assert (tok.pad_token_id, tok.special_tokens_map, tok.all_special_ids) == (
+            reference.pad_token_id, reference.special_tokens_map, reference.all_special_ids)
+        assert dict(tok(["a", "bb cc"], padding=True)) == dict(reference(["a", "bb cc"], padding=True))
+        tok.pad_token_id = reference.pad_token_id = 480
+        assert tok.pad_token == reference.pad_token
+        assert tok.apply_chat_template([MESSAGES, [{"role": "user", "content": "longer"}]], padding=True,
+                                       **KWARGS)[0][-1] == 480
+        with pytest.raises(ValueError, match="^pad_token='nope' is not a token of this tokenizer"):
+            tok.pad_token = "nope"
+    finally:
+        tok.pad_token = llm.engine.tokenizer.pad_token
+
+
+@pytest.mark.parametrize("name", ["eos_token_id", "bos_token", "chat_template", "vocab_size"])
+def test_setting_what_the_checkpoint_decides_is_refused_instead_of_shadowed(llm, name):
+    """`tok.eos_token_id = 5` made the script read 5 while nothing used it: a silent wrong answer."""
+    tok = llm.get_tokenizer()
+    before = getattr(tok, name)
+    with pytest.raises(AttributeError, match=f"^LLMTokenizer.{name} cannot be set: it is the checkpoint's; what can "
+                                             "be set is model_max_length, padding_side"):
+        setattr(tok, name, 5)
+    assert getattr(tok, name) == before
+    setattr(tok, f"my_{name}", "a script's own attribute")
+    assert getattr(tok, f"my_{name}") == "a script's own attribute"
+    delattr(tok, f"my_{name}")
+
+
+def test_deleting_an_llm_frees_its_engine_without_waiting_for_the_cycle_collector(tiny_checkpoint):
+    """`del llm` is how a vLLM script frees a model's memory before loading the next; the tokenizer the LLM keeps
+    (one object, as vLLM's get_tokenizer) must not hold the LLM back in a reference cycle."""
+    gc.disable()
+    try:
+        llm = LLM(str(tiny_checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
+        llm.get_tokenizer().encode("Hello")
+        engine = weakref.ref(llm.engine)
+        del llm
+        assert engine() is None
+    finally:
+        gc.enable()
+
+
+def test_logprobs_pickle_with_their_tokens_texts_not_the_tokenizer(llm):
+    """Scripts pickle outputs (multiprocessing, caches); a position must not carry the tokenizer (megabytes)."""
+    import pickle
+
+    out = llm.generate("Hello", SamplingParams(max_tokens=3, logprobs=2, prompt_logprobs=1))[0]
+    data = pickle.dumps(out)
+    assert len(data) < len(pickle.dumps(llm.engine.tokenizer)) / 4
+    again = pickle.loads(data)
+    for ours, theirs in ((again.outputs[0].logprobs, out.outputs[0].logprobs), (again.prompt_logprobs[1:],
+                                                                                  out.prompt_logprobs[1:])):
+        assert ours == theirs and [dict(position) for position in ours] == [dict(position) for position in theirs]
+
+
+def test_tensors_of_texts_of_different_lengths_need_padding_as_in_transformers(llm, hf):
+    with pytest.raises(ValueError):
+        hf(["Hello the world", "a"], return_tensors="pt")
+    with pytest.raises(RequestError, match=r"^return_tensors='pt': the sequences' token ids differ in length "
+                                           r"\(\[2, \d+\]\); pass padding=True"):
+        llm.get_tokenizer()(["Hello the world", "a"], return_tensors="pt")
+
+
+@pytest.mark.parametrize("call", ["__call__", "encode"])
+def test_a_text_pair_is_refused_naming_it(llm, call):
+    """transformers reads `tok("a", "b")` as a pair; here the second text was taken as add_special_tokens and failed
+    deep in the tokenizers library ("'str' object is not an instance of 'bool'")."""
+    with pytest.raises(TypeError, match="^add_special_tokens must be True or False, not 'world'; a second text "
+                                        r"\(transformers' text_pair\) is not supported"):
+        getattr(llm.get_tokenizer(), call)("Hello", "world")
