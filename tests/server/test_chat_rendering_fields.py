@@ -26,6 +26,9 @@ def server(make_tiny):
         runner.add("[weather-open]", 'Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         runner.add("[weather-days]", '3</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         runner.add("[think]", " about it.<|eom|><|start|>assistant to=user<|message|>Blue.<|eot|>")
+        runner.add("[own-headers]", "<|start|>assistant to=self<|message|>Look it up.<|eom|><|start|>assistant "
+                   'to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+                   '<atem:parameter name="city">Oslo</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         yield live
 
 
@@ -107,6 +110,24 @@ def test_a_continued_call_comes_back_whole_streamed_or_not(server, key, prefix, 
     streamed = streamed_message(server, messages=messages, tools=[WEATHER_TOOL], continue_final_message=True,
                                 echo=True)
     assert streamed == {"content": "", "calls": {0: ("get_weather", call["function"]["arguments"])}}
+
+
+def test_a_reply_after_the_final_message_is_read_from_the_headers_the_model_writes_streamed_or_not(server):
+    """add_generation_prompt: false ends the prompt after the final message's <|eot|>: the reply's own <|start|> voids
+    the parser's turn-start header (P-HDR-1, P-HDR-4), and each message goes to its recipient's channel, as after the
+    generation prompt: reasoning, then the tool's call (README, /v1/chat/completions)."""
+    messages = [{"role": "user", "content": "[own-headers] Weather in Oslo?"}]
+    fields = {"messages": messages, "tools": [WEATHER_TOOL], "add_generation_prompt": False, "max_tokens": 80}
+    response = chat(server, **fields)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert server.engine.engine.runner.prompts[-1].endswith("Weather in Oslo?<|eot|>")
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("get_weather", '{"city": "Oslo"}')
+    assert (choice["message"]["reasoning_content"], choice["message"]["content"]) == ("Look it up.", None)
+    assert choice["finish_reason"] == "tool_calls"
+    assert streamed_reasoning(streamed_deltas(server, **fields)) == "Look it up."
+    assert streamed_message(server, **fields) == {"content": "", "calls": {0: ("get_weather", '{"city": "Oslo"}')}}
 
 
 def test_a_refused_combination_is_a_400_naming_the_field(server):
