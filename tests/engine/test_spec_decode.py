@@ -772,6 +772,31 @@ def test_a_follow_up_turn_finds_every_full_block_of_the_first_turn_in_the_prefix
     assert second.token_ids == plain.generate([prompt + first + [7]], GREEDY)[0].token_ids
 
 
+@pytest.mark.parametrize("num_tokens", [29, 30])
+def test_a_request_aborted_while_its_drafter_context_is_pending_leaves_its_full_blocks_in_the_prefix_cache(
+        target, drafter, plain, num_tokens):
+    """A stop the server decides (a stop string in the answer, P-HDR-8) aborts the request: its full blocks are
+    cached as when it finishes, though steps without proposals (the adaptive policy's choice) left their drafter
+    context pending."""
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    engine.speculator.policy.choose = lambda batch: 0
+    prompt = list(range(20, 40))
+    engine.add_request("first", prompt, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    output: list[int] = []
+    while len(output) < num_tokens:
+        output += [token for delta in engine.step() for token in delta.token_ids]
+    computed = engine._seqs["first"][0].num_computed_tokens
+    assert engine.speculator.proposer.first_pending(engine._seqs["first"][0]) < computed // 16 * 16
+    engine.abort("first")
+    follow_up = prompt + output + [7]
+    engine.add_request("second", follow_up, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    deltas = [delta for _ in range(10) if engine.has_unfinished_requests for delta in engine.step()]
+    assert deltas[0].num_cached_tokens == computed // 16 * 16 == 48
+    assert [t for d in deltas for t in d.token_ids] == plain.generate([follow_up], SamplingParams(
+        temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
 @pytest.mark.parametrize("every", [3, 11])
 def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_and_tokens(target, drafter, plain,
                                                                                         launches, every):
