@@ -12,7 +12,9 @@ A sequence's pending positions are dropped when it finishes (`drop`), when it lo
 (preemption frees them), and when it computes them again (recomputation after preemption); a pending position whose
 drafter block was released (it left the drafter's window) is dropped too: no later block can see it. Until
 its positions are written, a block of the sequence is not complete in every group, so the engine registers
-blocks in the prefix cache only before `first_pending` (kv_cache_manager.register_computed_blocks).
+blocks in the prefix cache only before `first_pending` (kv_cache_manager.register_computed_blocks); a sequence that
+ends with a full block still waiting writes its positions then (`SpeculativeDecoder.complete_full_blocks`), as no
+later step would.
 """
 
 from __future__ import annotations

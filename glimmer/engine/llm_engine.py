@@ -722,7 +722,8 @@ class LLMEngine:
         return max_tokens
 
     def abort(self, request_id: str, index: int | None = None) -> list[StepDelta]:
-        """Stop a request (or only its completion `index`) now and free its KV blocks.
+        """Stop a request (or only its completion `index`) now and free its KV blocks (its full ones stay findable in
+        the prefix cache, as a finished request's).
 
         Returns the final deltas of what it stopped (finish_reason 'abort').
         """
@@ -731,6 +732,11 @@ class LLMEngine:
         for seq in seqs:
             if seq.is_finished or (index is not None and seq.index != index):
                 continue
+            try:  # a stop the server decides (a stop string, P-HDR-8) ends a request here: its blocks are cached too
+                self._cache_full_blocks(seq)
+            except Exception:  # (after a failed step, say) the blocks are freed all the same, only not cached
+                logger.warning("request %s: its drafter context could not be written as it was aborted; its last "
+                               "KV blocks are not offered to the prefix cache", request_id, exc_info=True)
             self._finish(seq)
             done = self._completions.pop(id(seq), None)
             if done is not None:  # else its final delta went out already (its text ended in a failed step)
@@ -776,7 +782,7 @@ class LLMEngine:
     def _run_step(self, step: ScheduledStep, started: float, outcome: _StepOutcome) -> None:
         if step.is_empty:  # only text left to release
             self._release_text(outcome)
-            self._retire_finished(outcome)
+            self._retire(outcome)
             return
         masks = self._start_grammar_masks(step)
         output = self.runner.execute(step)
@@ -801,7 +807,7 @@ class LLMEngine:
             self.speculator.after_step(step, output, committed, decoding, running, started)
         for seq in step.seqs:
             self._register_computed_blocks(seq)
-        self._retire_finished(outcome)
+        self._retire(outcome)
 
     def _register_computed_blocks(self, seq: Sequence) -> None:
         """Offer `seq`'s newly computed full blocks to the prefix cache: a registered block is complete in every
@@ -872,6 +878,7 @@ class LLMEngine:
                                                proposals=proposals)
             released = True
             self._release_text(outcome)
+            self._retire(outcome)
         except Exception as exc:
             if not released:  # the text made before the failure still goes out (to the requests not at fault)
                 self._release_text(outcome)
@@ -879,7 +886,6 @@ class LLMEngine:
             self._launched = None  # its sequences are among the failed ones
             seqs = [*(step.seqs if step is not None else []), *(launched.step.seqs if launched is not None else [])]
             raise _whole_batch_error(seqs, exc, outcome) from exc
-        self._retire_finished(outcome)
         return _deltas_or_failure(outcome)
 
     def _launch(self, step: ScheduledStep, previous: LaunchedStep | None) -> LaunchedStep:
@@ -1098,6 +1104,21 @@ class LLMEngine:
             num_cached_tokens=item.seq.num_cached_tokens,
             prompt_logprobs=done.take_prompt_logprobs(),
         )
+
+    def _retire(self, outcome: _StepOutcome) -> None:
+        """After a step that ran: cache the full blocks of the sequences it ended (a follow-up turn, their prompt
+        and output, finds every one), then retire them."""
+        for seq in outcome.finished:
+            if not seq.is_finished and seq.request_id not in outcome.failures:
+                self._cache_full_blocks(seq)
+        self._retire_finished(outcome)
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        """`seq` ends: offer every full block it computed to the prefix cache, writing first the drafter context
+        they wait for (draft_context.py), which no later step would write."""
+        if self.speculator is not None and self.kv.enable_prefix_caching:
+            self.speculator.complete_full_blocks(seq, self.kv.block_size)
+        self._register_computed_blocks(seq)
 
     def _retire_finished(self, outcome: _StepOutcome) -> None:
         """Free the blocks of the sequences this step ended; their text may still wait (`_release_text`)."""

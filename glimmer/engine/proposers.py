@@ -41,6 +41,9 @@ class Proposer(Protocol):
     def first_pending(self, seq: Sequence) -> int | None:
         """The first committed position of `seq` whose drafter context is not cached yet (None: all are)."""
 
+    def write_pending(self) -> None:
+        """Cache the drafter context of every committed position now (a sequence ends: no later step would)."""
+
     def release(self, seq: Sequence) -> None:
         """`seq` finished: forget what is kept for it."""
 
@@ -100,21 +103,19 @@ class DFlashProposer:
         self.pending.drop(seq)
 
     @torch.inference_mode()
+    def write_pending(self) -> None:
+        written = self.pending.take(CommittedContext([], [], [], [], []))
+        if written.seqs:
+            self._run(written, [])
+
+    @torch.inference_mode()
     def propose(self, context: CommittedContext, requests: list[tuple[Sequence, int]]) -> list[Draft]:
         if not requests and self.pending.defer(context):
             return []
         written = self.pending.take(context)
         if not requests and not written.seqs:
             return []
-        seqs = [seq for seq, _ in requests]
-        layout = self._layout(written, seqs)
-        # a graph serves steps where every sequence drafts (the same ones that bring context) or none does
-        aligned = not seqs or (len(written.seqs) == len(seqs)
-                               and all(a is b for a, b in zip(written.seqs, seqs, strict=True)))
-        if self.graphs is not None and aligned and self.graphs.can_run(layout):
-            hidden = self.graphs.run(layout, written.states)
-        else:
-            hidden = self._forward(layout, written.states)
+        hidden = self._run(written, [seq for seq, _ in requests])
         if not requests:
             return []
         most = max(k for _, k in requests)
@@ -123,6 +124,16 @@ class DFlashProposer:
         rows = hidden[:, 1 : 1 + most].reshape(-1, hidden.shape[-1])
         logits = self.target.lm_head(rows).view(len(requests), most, -1)
         return self._choose(logits, requests)
+
+    def _run(self, written: ContextRows, seqs: list[Sequence]) -> torch.Tensor:
+        """One drafter forward: write the context rows `written`, and denoise a block for each of `seqs`."""
+        layout = self._layout(written, seqs)
+        # a graph serves steps where every sequence drafts (the same ones that bring context) or none does
+        aligned = not seqs or (len(written.seqs) == len(seqs)
+                               and all(a is b for a, b in zip(written.seqs, seqs, strict=True)))
+        if self.graphs is not None and aligned and self.graphs.can_run(layout):
+            return self.graphs.run(layout, written.states)
+        return self._forward(layout, written.states)
 
     def _layout(self, rows: ContextRows, seqs: list[Sequence]) -> DraftLayout:
         layout = DraftLayout()
@@ -209,6 +220,10 @@ class ReplayProposer:
 
     def first_pending(self, seq: Sequence) -> int | None:
         return self.inner.first_pending(seq) if self.inner is not None else None
+
+    def write_pending(self) -> None:
+        if self.inner is not None:
+            self.inner.write_pending()
 
     def release(self, seq: Sequence) -> None:
         if self.inner is not None:

@@ -145,6 +145,13 @@ class SpeculativeDecoder:
         pending = self.proposer.first_pending(seq)
         return seq.num_computed_tokens if pending is None else pending
 
+    def complete_full_blocks(self, seq: Sequence, block_size: int) -> None:
+        """`seq` ends: write its drafter context now if a full block of its computed positions waits for it (no
+        later step would), so that the block goes to the prefix cache like those completed earlier."""
+        pending = self.proposer.first_pending(seq)
+        if pending is not None and pending < seq.num_computed_tokens // block_size * block_size:
+            self.proposer.write_pending()
+
     def record_verification(self, num_proposed: int, num_accepted: int) -> None:
         if num_proposed:
             self.stats.record(num_proposed, num_accepted)

@@ -4,9 +4,9 @@ Both shapes come from the same loop over the engine's deltas (`_updates`), so th
 the non-streaming response, ids aside (P-API-4). Errors before the first token (invalid request, overload)
 are HTTP statuses; after it, a streaming response can only report them as an error event.
 
-vLLM's `echo` puts the final message's content before each choice's content when that message is the assistant's
-answer, as the response's message is (`echoed_content`): streamed, as one content chunk per choice after the role
-chunks.
+vLLM's `echo` puts the final message's text before each choice's when that message is the assistant's, as the
+response's message is (`echoed`): in the content for an answer, in the reasoning for a message to `self`; streamed, as
+one chunk per choice after the role chunks.
 """
 
 from __future__ import annotations
@@ -105,20 +105,47 @@ class ChatRun:
         return options is not None and options.include_usage
 
 
-def echoed_content(request: ChatCompletionRequest) -> str:
-    """What vLLM's `echo` puts before each choice's content: the final message's content when its role is the
-    response's, `assistant` (a continued message's text, say), and it is an answer, else nothing; content parts'
-    texts joined by newlines, as vLLM joins them. A message to a tool is a call (continued, it comes back whole as
-    the reply's call), one to `self` reasoning (§2.1): neither is the response's content."""
+@dataclass(frozen=True)
+class Echo:
+    """What vLLM's `echo` puts before each choice's text: `text` in the field of `channel` ("content" or
+    "reasoning")."""
+
+    channel: str
+    text: str
+
+    def apply(self, message: dict[str, Any]) -> None:
+        """Prepend the echo to a response `message` (`assistant_message`'s)."""
+        if self.channel == "content":
+            message["content"] = self.text + (message["content"] or "")
+        else:  # the reasoning under both its names
+            message["reasoning_content"] = message["reasoning"] = self.text + (message["reasoning_content"] or "")
+
+    def delta(self) -> dict[str, Any]:
+        """The streamed chunk's delta that carries the echo."""
+        if self.channel == "content":
+            return {"content": self.text}
+        return {"reasoning_content": self.text, "reasoning": self.text}
+
+
+def echoed(request: ChatCompletionRequest) -> Echo | None:
+    """What vLLM's `echo` puts before each choice's text: the final message's text when its role is the response's,
+    `assistant` (a continued message's, say), in the field where that message's text belongs: the content for an
+    answer (no recipient, or `user`), the reasoning for a message to `self` (§2.1; continued, its reply is read as the
+    rest of it, P-TMPL-8), when the request includes reasoning. A message to a tool is a call (continued, it comes back
+    whole as the reply's call): not echoed. Content parts' texts are joined by newlines, as vLLM joins them."""
     final = request.messages[-1]
-    if not request.echo or final.get("role") != "assistant" or channel_of_recipient(
-            final.get("recipient") or None) != "content":
-        return ""
+    if not request.echo or final.get("role") != "assistant":
+        return None
+    channel = channel_of_recipient(final.get("recipient") or None)
+    if channel == "tool" or (channel == "reasoning" and not request.include_reasoning):
+        return None
     content = final.get("content")
     if isinstance(content, list):
-        return "\n".join(part["text"] for part in content
+        text = "\n".join(part["text"] for part in content
                          if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
-    return content if isinstance(content, str) else ""
+    else:
+        text = content if isinstance(content, str) else ""
+    return Echo("content" if channel == "content" else "reasoning", text) if text else None
 
 
 async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
@@ -184,14 +211,14 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
         async for choice, released, _ in chat_updates(run, first, stream):
             events[choice.index].extend(released)
     include_reasoning = run.request.include_reasoning
-    echoed = echoed_content(run.request)
+    echo = echoed(run.request)
     response_choices = []
     for choice in run.choices:
         run.check_tool_choice(choice)
         parsed = ParsedOutput.from_deltas([Delta.from_events(events[choice.index])])
         message = assistant_message(parsed, include_reasoning=include_reasoning)
-        if echoed:
-            message["content"] = echoed + (message["content"] or "")
+        if echo is not None:
+            echo.apply(message)
         response_choices.append({
             "index": choice.index,
             "message": message,
@@ -211,10 +238,10 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
             for choice in run.choices:
                 yield run.chunk(choice.index, {"role": "assistant"},
                                 extra=run.vllm_prompt_logprobs() if choice.index == 0 else None)
-            echoed = echoed_content(run.request)
-            if echoed:
+            echo = echoed(run.request)
+            if echo is not None:
                 for choice in run.choices:
-                    yield run.chunk(choice.index, {"content": echoed})
+                    yield run.chunk(choice.index, echo.delta())
             async for choice, released, _ in chat_updates(run, first, stream):
                 objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
                 logprobs = run.logprobs(choice.new_content_logprobs) if choice.new_content_logprobs else None

@@ -155,7 +155,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
     chat_template: str | None = None  # vLLM's: the request's own template, if the server trusts requests with one
-    echo: bool = False  # vLLM's: the final (assistant) message's content before each choice's (chat.echoed_content)
+    echo: bool = False  # vLLM's: the final (assistant) message's content before each choice's (chat.echoed)
     max_tokens: PositiveCount | None = None
     max_completion_tokens: PositiveCount | None = None
     logprobs: bool = False

@@ -716,8 +716,8 @@ def test_a_block_is_registered_in_the_prefix_cache_only_once_its_drafter_context
 
 def test_a_prefix_cache_hit_on_blocks_decoded_without_proposals_restores_the_drafter_context(target, drafter):
     """The second prompt continues the first one's output, whose blocks were decoded mostly without proposals (the
-    last one completed by the final step, its drafter context never written): after a hit the drafter reads
-    the cache, and drafts, of a run without the prefix cache."""
+    last one completed by the final step, its drafter context written as the request ends): after a hit the
+    drafter reads the cache, and drafts, of a run without the prefix cache."""
     prompt = list(range(20, 40))
     params = SamplingParams(temperature=0, max_tokens=45, ignore_eos=True)  # 64 positions computed at the end
     runs = []
@@ -740,11 +740,61 @@ def test_a_prefix_cache_hit_on_blocks_decoded_without_proposals_restores_the_dra
         second = llm.generate([prompt + first + [7]], GREEDY)[0]
         runs.append((first, second.token_ids, second.num_cached_tokens, recorded, caches))
     (first, second, cached, drafts, caches), (first_plain, second_plain, _, drafts_plain, caches_plain) = runs
-    assert cached == 48  # blocks completed while decoding are found; the last one, never complete, is not
+    assert cached == 64  # every full block of the 64 computed positions, the one the final step completed too
     assert (first, second) == (first_plain, second_plain)
     assert drafts == drafts_plain and drafts
     for cache, cache_plain in zip(caches, caches_plain, strict=True):
         torch.testing.assert_close(cache, cache_plain, rtol=1e-3, atol=1e-4)  # float32 rounding
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("proposals", ["drafter", "replayed", None])
+@pytest.mark.parametrize("max_tokens", [29, 45])
+def test_a_follow_up_turn_finds_every_full_block_of_the_first_turn_in_the_prefix_cache(target, drafter, plain,
+                                                                                       proposals, max_tokens,
+                                                                                       async_scheduling):
+    """The last full block of a finished request goes to the prefix cache whichever step filled it — a verification
+    that accepted drafts into it, or a step without proposals whose drafter context was still pending — so the
+    next turn (prompt, output and a new token) recomputes none of it; outputs are those of a run without either."""
+    prompt = list(range(20, 40))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    expected_first = plain.generate([prompt], params)[0].token_ids
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter) if proposals else None,
+              async_scheduling=async_scheduling)  # True: plain decode steps run ahead (lookahead.py), as on CUDA
+    if proposals == "replayed":  # the drafter runs, but the target's own continuation is proposed: long runs accepted
+        _replay(llm.engine, {tuple(prompt): expected_first}, _cycle(K, K - 1, 2))
+    first = llm.generate([prompt], params)[0].token_ids
+    second = llm.generate([prompt + first + [7]], GREEDY)[0]
+    computed = len(prompt) + len(first) - 1  # the last token was sampled, never an input
+    block = llm.engine.kv.block_size
+    assert second.num_cached_tokens == computed // block * block
+    assert first == expected_first
+    assert second.token_ids == plain.generate([prompt + first + [7]], GREEDY)[0].token_ids
+
+
+@pytest.mark.parametrize("num_tokens", [29, 30])
+def test_a_request_aborted_while_its_drafter_context_is_pending_leaves_its_full_blocks_in_the_prefix_cache(
+        target, drafter, plain, num_tokens):
+    """A stop the server decides (a stop string in the answer, P-HDR-8) aborts the request: its full blocks are
+    cached as when it finishes, though steps without proposals (the adaptive policy's choice) left their drafter
+    context pending."""
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    engine.speculator.policy.choose = lambda batch: 0
+    prompt = list(range(20, 40))
+    engine.add_request("first", prompt, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    output: list[int] = []
+    while len(output) < num_tokens:
+        output += [token for delta in engine.step() for token in delta.token_ids]
+    computed = engine._seqs["first"][0].num_computed_tokens
+    assert engine.speculator.proposer.first_pending(engine._seqs["first"][0]) < computed // 16 * 16
+    engine.abort("first")
+    follow_up = prompt + output + [7]
+    engine.add_request("second", follow_up, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    deltas = [delta for _ in range(10) if engine.has_unfinished_requests for delta in engine.step()]
+    assert deltas[0].num_cached_tokens == computed // 16 * 16 == 48
+    assert [t for d in deltas for t in d.token_ids] == plain.generate([follow_up], SamplingParams(
+        temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
 @pytest.mark.parametrize("every", [3, 11])

@@ -25,6 +25,10 @@ def server(make_tiny):
                    'name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         runner.add("[weather-open]", 'Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         runner.add("[weather-days]", '3</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
+        runner.add("[think]", " about it.<|eom|><|start|>assistant to=user<|message|>Blue.<|eot|>")
+        runner.add("[own-headers]", "<|start|>assistant to=self<|message|>Look it up.<|eom|><|start|>assistant "
+                   'to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+                   '<atem:parameter name="city">Oslo</atem:parameter>\n</atem:invoke>\n</atem:function_calls><|eot|>')
         yield live
 
 
@@ -108,6 +112,24 @@ def test_a_continued_call_comes_back_whole_streamed_or_not(server, key, prefix, 
     assert streamed == {"content": "", "calls": {0: ("get_weather", call["function"]["arguments"])}}
 
 
+def test_a_reply_after_the_final_message_is_read_from_the_headers_the_model_writes_streamed_or_not(server):
+    """add_generation_prompt: false ends the prompt after the final message's <|eot|>: the reply's own <|start|> voids
+    the parser's turn-start header (P-HDR-1, P-HDR-4), and each message goes to its recipient's channel, as after the
+    generation prompt: reasoning, then the tool's call (README, /v1/chat/completions)."""
+    messages = [{"role": "user", "content": "[own-headers] Weather in Oslo?"}]
+    fields = {"messages": messages, "tools": [WEATHER_TOOL], "add_generation_prompt": False, "max_tokens": 80}
+    response = chat(server, **fields)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert server.engine.engine.runner.prompts[-1].endswith("Weather in Oslo?<|eot|>")
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("get_weather", '{"city": "Oslo"}')
+    assert (choice["message"]["reasoning_content"], choice["message"]["content"]) == ("Look it up.", None)
+    assert choice["finish_reason"] == "tool_calls"
+    assert streamed_reasoning(streamed_deltas(server, **fields)) == "Look it up."
+    assert streamed_message(server, **fields) == {"content": "", "calls": {0: ("get_weather", '{"city": "Oslo"}')}}
+
+
 def test_a_refused_combination_is_a_400_naming_the_field(server):
     response = chat(server, messages=COLOR, continue_final_message=True, add_generation_prompt=True)
     assert response.status_code == 400
@@ -136,6 +158,42 @@ def test_echo_of_a_final_assistant_message_in_parts_joins_their_texts_with_newli
     response = chat(server, messages=messages, echo=True)  # a new turn after it: still echoed, as in vLLM
     assert response.json()["choices"][0]["message"]["content"] == "First.\nThenDone."
     assert streamed_message(server, messages=messages, echo=True)["content"] == "First.\nThenDone."
+
+
+THINKING = [{"role": "user", "content": "[think] Name a color."},
+            {"role": "assistant", "recipient": "self", "content": "Let me think"}]
+
+
+def streamed_reasoning(deltas: list[tuple[int, dict]], index: int = 0) -> str:
+    return "".join(delta.get("reasoning_content") or "" for i, delta in deltas if i == index)
+
+
+def test_echo_puts_a_continued_reasoning_message_before_each_choices_reasoning_streamed_or_not(server):
+    """A message to `self` is reasoning (§2.1), and continued, its reply is read as the rest of it (P-TMPL-8): the echo
+    goes where that text goes, before the reasoning (both its names), never into the answer. Streamed, one reasoning
+    chunk per choice right after the role chunks; P-API-4: the stream adds up to the response."""
+    response = chat(server, messages=THINKING, continue_final_message=True, echo=True, n=2)
+    assert response.status_code == 200, response.text
+    for choice in response.json()["choices"]:
+        message = choice["message"]
+        assert (message["reasoning_content"], message["reasoning"]) == ("Let me think about it.",) * 2
+        assert message["content"] == "Blue."
+    deltas = streamed_deltas(server, messages=THINKING, continue_final_message=True, echo=True, n=2)
+    echoed = {"reasoning_content": "Let me think", "reasoning": "Let me think"}
+    assert deltas[:4] == [(0, {"role": "assistant"}), (1, {"role": "assistant"}), (0, echoed), (1, echoed)]
+    for index in (0, 1):
+        assert streamed_reasoning(deltas, index) == "Let me think about it."
+        assert "".join(delta.get("content") or "" for i, delta in deltas if i == index) == "Blue."
+
+
+def test_echo_of_reasoning_is_left_out_with_the_reasoning(server):
+    """include_reasoning: false leaves every reasoning text out of the response, the echoed one too."""
+    response = chat(server, messages=THINKING, continue_final_message=True, echo=True, include_reasoning=False)
+    message = response.json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (None, "Blue.")
+    deltas = streamed_deltas(server, messages=THINKING, continue_final_message=True, echo=True,
+                             include_reasoning=False)
+    assert streamed_reasoning(deltas) == "" and deltas[1] != (0, {"content": "Let me think"})
 
 
 def test_echo_leaves_a_reply_to_a_user_message_as_it_is(server):
