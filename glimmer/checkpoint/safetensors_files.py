@@ -11,6 +11,11 @@ name it is refused: one of the two is another checkpoint's, and reading either c
 Without an index, `model.safetensors` is the checkpoint (other `*.safetensors` files are left out with a warning);
 without either, every `*.safetensors` file is read as one checkpoint: a tensor in two of them, or a numbered series
 (`model-00002-of-00003.safetensors`) with a member absent, is refused.
+
+A `*.safetensors` symbolic link whose target is gone (a Hugging Face cache whose blob was deleted or never finished
+downloading) is refused where the file would be read, since loading without it could be a smaller model (a text-only
+one); where it would be left out anyway (the index does not name it, or `model.safetensors` is the checkpoint), it is
+left out with the same warning as any other file, saying that it is broken.
 """
 
 from __future__ import annotations
@@ -69,6 +74,17 @@ def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
     return directory / relative
 
 
+def _is_broken_link(path: Path) -> bool:
+    """A symbolic link whose target does not exist (or a loop of links)."""
+    return path.is_symlink() and not path.exists()
+
+
+def _broken_link_fix(path: Path) -> str:
+    return (f"which is a symbolic link to {os.readlink(path)}, a file that does not exist (a Hugging Face cache whose "
+            "blob was deleted, or a download cut short): download the checkpoint again (`hf download REPO`), or "
+            "restore the file the link points to")
+
+
 class SafetensorsCheckpoint:
     """The tensors of one checkpoint directory, by name."""
 
@@ -112,8 +128,10 @@ class SafetensorsCheckpoint:
         if not files:
             return
         them, their = ("it", "its") if len(files) == 1 else ("them", "their")
-        warning = (f"{self.directory}: ignoring {', '.join(p.name for p in files)}: "
+        self._warn(f"{self.directory}: ignoring {', '.join(p.name for p in files)}: "
                    + reason.format(them=them, their=their))
+
+    def _warn(self, warning: str) -> None:
         logger.warning("%s", warning)
         self.warnings.append(warning)
 
@@ -130,6 +148,8 @@ class SafetensorsCheckpoint:
             by_file: dict[Path, list[str]] = {}
             for name, shard in weight_map.items():
                 path = shard_path(self.directory, index_path, shard)
+                if _is_broken_link(path):
+                    raise CheckpointError(f"{index_path} names shard {shard!r}, {_broken_link_fix(path)}")
                 if not path.is_file():
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
                 by_file.setdefault(path, []).append(name)
@@ -147,6 +167,8 @@ class SafetensorsCheckpoint:
                             f"{INDEX_FILE} does not name {{them}} (a consolidated copy of the shards, as "
                             "Mistral-style repositories ship, or a stray file); name {them} in the index if the model "
                             "needs {their} tensors, else remove {them}")
+            self._leave_out_broken_links([p for p in self._broken_links() if p not in by_file],
+                                         f"{INDEX_FILE} does not name it")
             return dict(by_file)
         files = self._safetensors_files()
         single = self.directory / SINGLE_FILE
@@ -154,7 +176,13 @@ class SafetensorsCheckpoint:
             self._leave_out([p for p in files if p != single],
                             f"without {INDEX_FILE}, {SINGLE_FILE} alone is the checkpoint; add the index naming "
                             "every file if the model needs {their} tensors, else remove {them}")
+            self._leave_out_broken_links(self._broken_links(), f"without {INDEX_FILE}, {SINGLE_FILE} alone is "
+                                                               "the checkpoint")
             return {single: None}
+        broken = self._broken_links()
+        if broken:  # each would be read: without it the checkpoint is short of its tensors
+            others = f" (and {len(broken) - 1} more: {', '.join(p.name for p in broken[1:4])})" if broken[1:] else ""
+            raise CheckpointError(f"{broken[0]}{others} is a file of the checkpoint, {_broken_link_fix(broken[0])}")
         if not files:
             raise CheckpointError(
                 f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
@@ -168,6 +196,15 @@ class SafetensorsCheckpoint:
 
     def _safetensors_files(self) -> list[Path]:
         return sorted(p for p in self.directory.glob("*.safetensors") if p.is_file())
+
+    def _broken_links(self) -> list[Path]:
+        return sorted(p for p in self.directory.glob("*.safetensors") if _is_broken_link(p))
+
+    def _leave_out_broken_links(self, links: list[Path], why_unread: str) -> None:
+        """Broken links that would not be read anyway: a warning each, naming the missing target."""
+        for link in links:
+            self._warn(f"{self.directory}: ignoring {link.name}: {why_unread}, and it is a broken symbolic link (to "
+                       f"{os.readlink(link)}, which does not exist); remove it")
 
     def _check_numbered_shards(self, files: list[Path]) -> None:
         """Without an index, a numbered series must be whole: a shard left out would load as a smaller model (a

@@ -238,6 +238,50 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
         load_model(dst, progress=False)
 
 
+def test_a_shard_that_is_a_broken_link_is_refused_naming_its_target(make_tiny, tmp_path):
+    """QA: a Hugging Face cache whose blob is gone leaves a link to nothing; the index's shard is refused by it."""
+    import shutil
+
+    checkpoint = tmp_path / "cache-snapshot"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), checkpoint)
+    (checkpoint / "model-00002-of-00002.safetensors").unlink()
+    (checkpoint / "model-00002-of-00002.safetensors").symlink_to("../../blobs/0123abcd")
+    with pytest.raises(CheckpointError, match=r"names shard 'model-00002-of-00002\.safetensors', which is a symbolic "
+                                              r"link to \.\./\.\./blobs/0123abcd, a file that does not exist .*: "
+                                              r"download the checkpoint again"):
+        load_model(checkpoint, progress=False)
+
+
+def test_without_an_index_a_broken_link_is_refused_not_read_as_a_smaller_model(make_tiny, tmp_path):
+    """QA: text and vision tensors in two files, the vision one a broken link: it was skipped without a word, and the
+    checkpoint loaded as a text-only model (a warning said the config's vision tower had no weights)."""
+    checkpoint = tmp_path / "split-by-tower"
+    source = make_tiny("canonical", vision=True)
+    checkpoint.mkdir()
+    for f in source.iterdir():
+        if f.suffix != ".safetensors":
+            (checkpoint / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(source / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if "vision" not in k}, str(checkpoint / "language.safetensors"))
+    (checkpoint / "vision.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    with pytest.raises(CheckpointError, match=rf"^{checkpoint}/vision\.safetensors is a file of the checkpoint, which "
+                                              rf"is a symbolic link to {tmp_path}/gone\.safetensors, a file that does "
+                                              "not exist"):
+        load_model(checkpoint, progress=False)
+
+
+def test_a_broken_link_the_index_does_not_name_is_left_out_with_a_warning_saying_so(make_tiny, tmp_path, caplog):
+    import shutil
+
+    checkpoint = tmp_path / "stray-link"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), checkpoint)
+    (checkpoint / "consolidated.safetensors").symlink_to("/nonexistent/blob")
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        assert torch.equal(_logits(checkpoint), _logits(make_tiny("canonical", seed=7)))
+    assert (f"{checkpoint}: ignoring consolidated.safetensors: model.safetensors.index.json does not name it, and it "
+            "is a broken symbolic link (to /nonexistent/blob, which does not exist); remove it") in caplog.text
+
+
 def test_a_safetensors_file_the_index_does_not_name_is_left_out_with_a_warning(make_tiny, tmp_path, caplog, capsys):
     """QA: a consolidated copy beside indexed shards (Mistral-style repositories ship one) or a shard the index
     forgot was left out without a word; it still is left out, with a warning naming it (inspect reports it too)."""
