@@ -206,6 +206,37 @@ def test_a_bad_sampling_default_is_named_by_its_gguf_key(tiny_checkpoint, tmp_pa
     err = capsys.readouterr().err
     assert f"ConfigError: {path}: {key}={value!r} is invalid; expected " in err and f" {field}=" not in err
 
+@pytest.mark.parametrize(("value", "value_type"), [(600, gguf.GGUFValueType.UINT32), (-1, gguf.GGUFValueType.INT32),
+                                                  (511, gguf.GGUFValueType.UINT32)], ids=["past-the-vocabulary",
+                                                                                          "negative", "a-padding-row"])
+def test_a_bad_eot_id_is_named_by_its_gguf_key(f32_gguf, tmp_path, capsys, value, value_type):
+    """QA: tokenizer.ggml.eot_token_id was not checked as the other ids are: past the vocabulary it was reported as
+    generation_config's `eos_token_id`, negative as `eos_token_id=[485, -1]`, and on one of the converter's padding
+    rows (a token the model never writes) it was taken, so turns never stopped at <|eot|>."""
+    from test_gguf_hostile import _rewrite
+
+    from glimmer.cli import main
+
+    path = _rewrite(f32_gguf, tmp_path / "bad-eot.gguf", {}, drop=("tokenizer.ggml.eot_token_id",),
+                    add={"tokenizer.ggml.eot_token_id": (value, value_type)})
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"CheckpointError: {path}: tokenizer.ggml.eot_token_id={value} is not a token of tokenizer.ggml.tokens" \
+        in err and "eos_token_id=" not in err
+
+
+def test_an_eom_stop_id_is_dropped_with_a_warning_naming_the_gguf_keys(f32_gguf, tmp_path, caplog):
+    from test_gguf_hostile import _rewrite
+
+    eom = GGUFFile(f32_gguf).metadata["tokenizer.ggml.eom_token_id"]
+    path = _rewrite(f32_gguf, tmp_path / "eot-is-eom.gguf", {"tokenizer.ggml.eot_token_id": eom})
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.generation_config"):
+        stops = LLM(str(path)).engine.generation_defaults.stop_token_ids
+    assert eom not in stops
+    assert (f"{path} tokenizer.ggml.eos_token_id and tokenizer.ggml.eot_token_id lists <|eom|> (id {eom}) as a stop "
+            "token; ignoring it") in caplog.text
+
+
 def test_inspect_reports_a_gguf(f32_gguf, capsys):
     import json
 
