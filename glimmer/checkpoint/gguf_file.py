@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
@@ -176,6 +177,8 @@ def scan_header(path: Path) -> GGUFHeader:
                 raise CheckpointError(f"{path}: not a GGUF file ({size} bytes is shorter than a GGUF header)")
             data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
+        if is_broken_link(path):
+            raise CheckpointError(f"{path} {broken_link_problem(path)}") from None
         raise CheckpointError(f"{path}: cannot be read: {exc}") from None
     try:
         return _scan(data, path)

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 from safetensors import safe_open
 
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -72,17 +73,6 @@ def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
         raise CheckpointError(f"{index_path} names shard {shard!r}, outside the checkpoint directory {directory}; "
                               "an index may only name files inside its directory")
     return directory / relative
-
-
-def _is_broken_link(path: Path) -> bool:
-    """A symbolic link whose target does not exist (or a loop of links)."""
-    return path.is_symlink() and not path.exists()
-
-
-def _broken_link_fix(path: Path) -> str:
-    return (f"which is a symbolic link to {os.readlink(path)}, a file that does not exist (a Hugging Face cache whose "
-            "blob was deleted, or a download cut short): download the checkpoint again (`hf download REPO`), or "
-            "restore the file the link points to")
 
 
 class SafetensorsCheckpoint:
@@ -148,8 +138,8 @@ class SafetensorsCheckpoint:
             by_file: dict[Path, list[str]] = {}
             for name, shard in weight_map.items():
                 path = shard_path(self.directory, index_path, shard)
-                if _is_broken_link(path):
-                    raise CheckpointError(f"{index_path} names shard {shard!r}, {_broken_link_fix(path)}")
+                if is_broken_link(path):
+                    raise CheckpointError(f"{index_path} names shard {shard!r}, which {broken_link_problem(path)}")
                 if not path.is_file():
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
                 by_file.setdefault(path, []).append(name)
@@ -182,7 +172,7 @@ class SafetensorsCheckpoint:
         broken = self._broken_links()
         if broken:  # each would be read: without it the checkpoint is short of its tensors
             others = f" (and {len(broken) - 1} more: {', '.join(p.name for p in broken[1:4])})" if broken[1:] else ""
-            raise CheckpointError(f"{broken[0]}{others} is a file of the checkpoint, {_broken_link_fix(broken[0])}")
+            raise CheckpointError(f"{broken[0]}{others}, a file of the checkpoint, {broken_link_problem(broken[0])}")
         if not files:
             raise CheckpointError(
                 f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
@@ -198,7 +188,7 @@ class SafetensorsCheckpoint:
         return sorted(p for p in self.directory.glob("*.safetensors") if p.is_file())
 
     def _broken_links(self) -> list[Path]:
-        return sorted(p for p in self.directory.glob("*.safetensors") if _is_broken_link(p))
+        return sorted(p for p in self.directory.glob("*.safetensors") if is_broken_link(p))
 
     def _leave_out_broken_links(self, links: list[Path], why_unread: str) -> None:
         """Broken links that would not be read anyway: a warning each, naming the missing target."""

@@ -264,9 +264,9 @@ def test_without_an_index_a_broken_link_is_refused_not_read_as_a_smaller_model(m
     tensors = load_file(source / "model.safetensors")
     save_file({k: v for k, v in tensors.items() if "vision" not in k}, str(checkpoint / "language.safetensors"))
     (checkpoint / "vision.safetensors").symlink_to(tmp_path / "gone.safetensors")
-    with pytest.raises(CheckpointError, match=rf"^{checkpoint}/vision\.safetensors is a file of the checkpoint, which "
-                                              rf"is a symbolic link to {tmp_path}/gone\.safetensors, a file that does "
-                                              "not exist"):
+    with pytest.raises(CheckpointError, match=rf"^{checkpoint}/vision\.safetensors, a file of the checkpoint, is a "
+                                              rf"symbolic link to {tmp_path}/gone\.safetensors, a file that does not "
+                                              "exist"):
         load_model(checkpoint, progress=False)
 
 
