@@ -206,6 +206,16 @@ def _range_fix(low: float, high: float, levels_fix: str) -> str:
             "undo a normalization (by mean and std, or to [-1, 1]), or rescale other levels (16-bit ones by 1/65535)")
 
 
+def _integer_levels_fix(dtype: np.dtype) -> str:
+    """How to pass pixels of another integer (or bool) dtype as uint8 levels; casting them blindly would wrap
+    16-bit levels around 256 or make a mask's true pixels level 1, nearly black."""
+    if dtype == np.uint16:
+        return "pass 16-bit levels as (array >> 8).astype(np.uint8), or as floats array / 65535"
+    if dtype == np.bool_:
+        return "pass a mask as array.astype(np.uint8) * 255"
+    return "convert 0..255 levels with array.astype(np.uint8), or rescale other levels into floats in [0, 1]"
+
+
 def array_to_rgb(array: np.ndarray, kind: str, index: int, what: str) -> np.ndarray:
     """An (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) array of uint8 levels or floats in [0, 1] → (H, W, 3) uint8 RGB:
     floats scaled to levels (module docstring), grey replicated, transparency composited onto white. `what` names the
@@ -215,7 +225,8 @@ def array_to_rgb(array: np.ndarray, kind: str, index: int, what: str) -> np.ndar
                                       "divide its values by 255, or pass 0..255 levels as uint8 "
                                       "(array.astype(np.uint8))")
     elif array.dtype != np.uint8:
-        raise MediaDecodeError(kind, index, f"{what} must be uint8, or float in [0, 1]; got {array.dtype}")
+        raise MediaDecodeError(kind, index, f"{what} must be uint8, or float in [0, 1]; got {array.dtype}: "
+                                            f"{_integer_levels_fix(array.dtype)}")
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim == 2:

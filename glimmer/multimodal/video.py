@@ -222,9 +222,9 @@ def decode_video_file(
 def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaLimits, index: int):
     frames = video.frames
     if isinstance(frames, np.ndarray):
-        if not (frames.dtype == np.uint8 or frames.dtype.kind == "f") or not (
-                frames.ndim == 3 or (frames.ndim == 4 and frames.shape[3] in (1, 3, 4))):
+        if not (frames.ndim == 3 or (frames.ndim == 4 and frames.shape[3] in (1, 3, 4))):
             raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS}; got {frames.dtype} {frames.shape}")
+        # the dtype is checked (and floats scaled) frame by frame, by array_to_rgb, as an image's
         total_frames, height, width = frames.shape[:3]
     else:
         if isinstance(frames, torch.Tensor):
