@@ -369,3 +369,32 @@ def test_sampling_defaults_come_from_general_sampling_keys_like_generation_confi
     assert GGUFFile(path).metadata["general.sampling.top_k"] == 5
     defaults = [LLM(str(model)).engine.generation_defaults.sampling_defaults() for model in (source, path)]
     assert defaults[0] == defaults[1] == {"temperature": 0.3, "top_p": 0.9, "top_k": 5, "min_p": 0.05}
+
+
+def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_fix(make_tiny, tmp_path):
+    """QA: an mmproj's missing and stray tensors were one line, "; "-joined, with no fix."""
+    from gguf_export import export_mmproj_gguf
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    good = gguf.GGUFReader(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"))
+    writer = gguf.GGUFWriter(tmp_path / "bad-mmproj.gguf", "clip")
+    for field in good.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for tensor in good.tensors:
+        if tensor.name != "mm.1.weight":
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.add_tensor("v.blk.9.extra.weight", good.tensors[0].data, raw_dtype=good.tensors[0].tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError) as err:
+        load_model(model, mmproj=tmp_path / "bad-mmproj.gguf", progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{tmp_path / 'bad-mmproj.gguf'}: the tensors do not match the metadata: 1 missing, 1 unexpected"
+    assert lines[1:3] == ["  missing tensors (1):", "    mm.1.weight (shape [48, 48])"]
+    assert lines[3] == "  unexpected tensors (1):" and lines[4].startswith("    v.blk.9.extra.weight [")
+    assert lines[5].startswith("  fix: the tensor names are not the ones llama.cpp's converter writes")
