@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
+from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import CheckpointError, ConfigError
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
@@ -128,6 +129,7 @@ class Tokenizer:
         """
         directory = Path(path)
         tokenizer_file = directory / TOKENIZER_FILE
+        refuse_broken_link(tokenizer_file)
         if not tokenizer_file.is_file():
             raise CheckpointError(
                 f"{tokenizer_file} not found; a checkpoint needs the tokenizer.json that came with the model"
