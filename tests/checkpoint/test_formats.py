@@ -132,6 +132,22 @@ def test_a_directory_holding_only_a_gguf_points_at_the_file(tiny_checkpoint, tmp
     assert "x.gguf" in capsys.readouterr().err
 
 
+def test_a_directory_with_a_config_and_only_a_gguf_points_at_the_file_not_at_random_weights(tiny_checkpoint,
+                                                                                              tmp_path):
+    """QA: a config.json beside the GGUF (as some GGUF repositories ship) gave "no weights found ... pass
+    --load-format dummy", which would serve random weights."""
+    from gguf_export import export_text_gguf
+
+    folder = tmp_path / "config-and-gguf"
+    folder.mkdir()
+    shutil.copy(tiny_checkpoint / "config.json", folder / "config.json")
+    export_text_gguf(tiny_checkpoint, folder / "x.gguf")
+    with pytest.raises(CheckpointError, match=r"has no safetensors or pickle weights but holds the GGUF file x\.gguf; "
+                                              r"a GGUF is a whole model: pass the file itself") as err:
+        open_checkpoint(folder)
+    assert "dummy" not in str(err.value)
+
+
 def test_a_config_only_directory_suggests_dummy_weights(tmp_path, capsys):
     out = tmp_path / "config-only"
     assert main(["make-tiny", str(out), "--config-only"]) == 0
