@@ -87,8 +87,11 @@ def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
         configured, actual = getattr(config, field), tokenizer.token_to_id(token)
         if configured is not None and configured != actual:
             found = f"is {actual}" if actual is not None else "is not in the tokenizer"
-            raise ConfigError(f"{field}={configured} but the tokenizer's {token} {found}: the config and the "
-                              "tokenizer do not belong together")
+            fix = (f"set {field} to {actual} if the vision tower was trained with this tokenizer, else load the "
+                   "config.json and tokenizer.json published together") if actual is not None else (
+                "load the tokenizer.json published with this config.json")
+            raise ConfigError(f"config.json {field}={configured} but the tokenizer's {token} {found}: the config and "
+                              f"the tokenizer do not belong together; {fix}")
 
 
 def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], named_in: str, origin: Path) -> None:
