@@ -6,7 +6,10 @@ goes through the index's `weight_map` when there is one: published checkpoints p
 together into different shards (architecture.md §15.2). A `model.safetensors` beside an index that does not
 name it is refused: one of the two is another checkpoint's, and reading either could be the wrong model. Any other
 `*.safetensors` file the index does not name is left out with a warning (Mistral-style repositories ship a
-`consolidated.safetensors` beside the indexed shards).
+`consolidated.safetensors` beside the indexed shards). A tensor a named shard holds that the index does not list (a
+stale index) is read too, with a warning, as transformers reads every tensor of the shards an index names; left out,
+a stale index that omits the vision tensors would load a text-only model. One the index maps to another shard as
+well is refused (two copies).
 
 Without an index, `model.safetensors` is the checkpoint (other `*.safetensors` files are left out with a warning);
 without either, every `*.safetensors` file is read as one checkpoint: a tensor in two of them, or a numbered series
@@ -82,11 +85,17 @@ class SafetensorsCheckpoint:
         self.directory = Path(directory)
         self.tensors: dict[str, TensorInfo] = {}
         self.warnings: list[str] = []  # files left out, for `glimmer inspect` (each logged as well)
-        for file, names in self._files_and_names().items():
+        files = self._files_and_names()
+        indexed = {name for names in files.values() if names is not None for name in names}
+        unlisted: dict[Path, list[str]] = {}
+        for file, names in files.items():
             try:
                 with safe_open(file, framework="pt") as handle:
                     present = set(handle.keys())
-                    for name in names if names is not None else sorted(present):
+                    if names is not None:  # read as transformers does: every tensor of every shard the index names
+                        unlisted[file] = sorted(n for n in present - set(names) if not is_ignored_buffer(n))
+                        self._refuse_copies(file, unlisted[file], indexed, files)
+                    for name in [*names, *unlisted[file]] if names is not None else sorted(present):
                         if is_ignored_buffer(name):
                             logger.debug("%s: ignoring %s, a buffer the model recomputes", file, name)
                             continue
@@ -101,6 +110,25 @@ class SafetensorsCheckpoint:
                 raise
             except Exception as exc:  # safetensors raises several unrelated types for a damaged file
                 raise CheckpointError(f"cannot read safetensors file {file}: {exc}") from exc
+        stale = {file: names for file, names in unlisted.items() if names}
+        if stale:
+            count = sum(len(names) for names in stale.values())
+            shown = ", ".join(f"{name} ({file.name})" for file, names in stale.items() for name in names[:3])
+            self._warn(f"{self.directory / INDEX_FILE} does not list {count} tensor(s) its shards hold: {shown}"
+                       f"{', …' if count > 3 * len(stale) else ''}; they are read, as transformers reads every tensor "
+                       "of the shards an index names (a stale index: regenerate it)")
+
+    def _refuse_copies(self, file: Path, unlisted: list[str], indexed: set[str],
+                       files: dict[Path, list[str] | None]) -> None:
+        """A tensor a shard holds but the index maps to another shard: two copies, and which one loads would be
+        a guess (transformers takes the last file read)."""
+        for name in unlisted:
+            if name in indexed:
+                mapped = next(other for other, names in files.items() if names is not None and name in names)
+                raise CheckpointError(
+                    f"tensor {name!r} is in both {file.name} and {mapped.name}, and {self.directory / INDEX_FILE} "
+                    f"maps it to {mapped.name}: two copies of a weight (or two checkpoints' shards); regenerate the "
+                    "index, or remove the shard that does not belong")
 
     def _add(self, info: TensorInfo) -> None:
         if info.name in self.tensors:  # only without an index, which maps each name to one file

@@ -461,3 +461,41 @@ def test_pickle_index_naming_a_shard_outside_the_checkpoint_is_refused(tmp_path)
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"w": "../outside.bin"}}))
     with pytest.raises(CheckpointError, match=r"names shard '\.\./outside\.bin', outside the checkpoint directory"):
         pickle_files(tmp_path)
+
+
+def test_a_stale_index_that_omits_tensors_its_shards_hold_reads_them_as_transformers_does(make_tiny, tmp_path,
+                                                                                          caplog):
+    """QA: an index that did not list the vision tensors its shard held loaded a text-only model ("the checkpoint
+    has no vision weights"), where transformers, which reads every tensor of the shards an index names, loads the
+    vision tower."""
+    import shutil
+
+    checkpoint = tmp_path / "stale-index"
+    shutil.copytree(make_tiny("canonical", vision=True, num_shards=2), checkpoint)
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if "vision" not in k}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        loaded = load_model(checkpoint, progress=False)
+    assert loaded.config.vision is not None
+    whole = load_model(make_tiny("canonical", vision=True), progress=False).model.state_dict()
+    assert all(torch.equal(tensor, whole[name]) for name, tensor in loaded.model.state_dict().items())
+    assert f"{checkpoint}/model.safetensors.index.json does not list 73 tensor(s) its shards hold: " in caplog.text
+    assert "as transformers reads every tensor of the shards an index names (a stale index: regenerate it)" \
+        in caplog.text
+
+
+def test_a_tensor_a_shard_holds_that_the_index_maps_to_another_shard_is_refused(make_tiny, tmp_path):
+    import shutil
+
+    checkpoint = tmp_path / "two-copies"
+    shutil.copytree(make_tiny("canonical", num_shards=2), checkpoint)
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    name, shard = next((k, v) for k, v in index["weight_map"].items() if v == "model-00002-of-00002.safetensors")
+    first = checkpoint / "model-00001-of-00002.safetensors"
+    tensors = load_file(first)
+    tensors[name] = load_file(checkpoint / shard)[name]
+    save_file(tensors, str(first))
+    with pytest.raises(CheckpointError, match=rf"tensor '{name}' is in both model-00001-of-00002\.safetensors and "
+                                              rf"{shard}, and .* maps it to {shard}: two copies of a weight"):
+        load_model(checkpoint, progress=False)
