@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.errors import CheckpointError
 from glimmer.protocol import ChatTemplate, ChatTemplateError
 
@@ -74,9 +75,11 @@ def find_chat_template(
 
 def _from_checkpoint(directory: Path) -> ChatTemplateSource:
     jinja_file = directory / CHAT_TEMPLATE_FILE
+    config_file = directory / TOKENIZER_CONFIG_FILE
+    for file in (jinja_file, config_file):  # not taken as absent: another template would render every prompt
+        refuse_broken_link(file)
     if jinja_file.is_file():
         return _source(_read_template_file(jinja_file), str(jinja_file))
-    config_file = directory / TOKENIZER_CONFIG_FILE
     if config_file.is_file():
         source = _from_tokenizer_config(config_file)
         if source is not None:

@@ -89,6 +89,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.checkpoint.config import (
     ModelConfig,
     TextConfig,
@@ -386,6 +387,7 @@ def load_config(checkpoint_dir: str | os.PathLike[str]) -> ModelConfig:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        refuse_broken_link(path, ConfigError)
         raise ConfigError(f"{path}: not found; a checkpoint directory must contain config.json") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read as UTF-8 text ({exc})") from None

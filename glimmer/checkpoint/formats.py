@@ -112,14 +112,15 @@ def is_config_only(path: str | os.PathLike) -> bool:
     return not any(any(path.glob(pattern)) for pattern in weight_files)
 
 
-def _refuse_gguf_directory(path: Path) -> None:
-    """A directory with GGUF files but no config.json: the GGUF file itself is the model."""
-    if (path / "config.json").exists():
+def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:
+    """A directory with GGUF files but no config.json (or, `lacking`, no other weights): the GGUF file itself is the
+    model."""
+    if lacking == "config.json" and (path / "config.json").exists():
         return
     ggufs = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
     if ggufs:
         raise CheckpointError(
-            f"{path} has no config.json but holds the GGUF file{'s' * (len(ggufs) > 1)} {', '.join(ggufs)}; a GGUF "
+            f"{path} has no {lacking} but holds the GGUF file{'s' * (len(ggufs) > 1)} {', '.join(ggufs)}; a GGUF "
             f"is a whole model: pass the file itself (e.g. {path / ggufs[0]}), and a vision projector with --mmproj"
         )
 
@@ -142,6 +143,7 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         files = PickleCheckpoint(path)
         kind = PICKLE
     else:
+        _refuse_gguf_directory(path, lacking="safetensors or pickle weights")
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
     layout = detect_weight_layout(files.names())

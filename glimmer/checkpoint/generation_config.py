@@ -89,11 +89,12 @@ def load_generation_defaults(
 
     configured_eos = fields.token_ids("eos_token_id")
     if configured_eos is None:
-        configured_eos = text_config.eos_token_id
-        origin = "config.json eos_token_id"
+        configured_eos, key = text_config.eos_token_id, "eos_token_id"
+        origin = f"config.json {key}"
     else:
-        origin = f"{path} eos_token_id"
-    stop_ids = _stop_token_ids(configured_eos, origin, token_to_id)
+        key = fields.key("eos_token_id")
+        origin = f"{path} {key}"
+    stop_ids = _stop_token_ids(configured_eos, origin, key, token_to_id)
     out_of_range = [i for i in stop_ids if i >= text_config.vocab_size]
     if out_of_range:
         raise ConfigError(
@@ -103,7 +104,7 @@ def load_generation_defaults(
 
     bos = fields.token_ids("bos_token_id", single=True)
     if bos is not None and bos[0] >= text_config.vocab_size:
-        raise ConfigError(f"{path}: bos_token_id={bos[0]} is outside the model's vocabulary "
+        raise ConfigError(f"{path}: {fields.key('bos_token_id')}={bos[0]} is outside the model's vocabulary "
                           f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match")
     pad = fields.token_ids("pad_token_id", single=True)
     return GenerationDefaults(
@@ -122,8 +123,9 @@ def load_generation_defaults(
 
 
 def _stop_token_ids(
-    configured: tuple[int, ...], origin: str, token_to_id: Callable[[str], int | None]
+    configured: tuple[int, ...], origin: str, key: str, token_to_id: Callable[[str], int | None]
 ) -> tuple[int, ...]:
+    """`origin`: where the ids were read ("<file> <key>"); `key`: the field to set, named in the fix."""
     stop_ids = tuple(dict.fromkeys(configured))
     eom_id = token_to_id(EOM_TOKEN)
     if eom_id is not None and eom_id in stop_ids:
@@ -145,7 +147,7 @@ def _stop_token_ids(
             stop_ids = (*stop_ids, eot_id)
     if not stop_ids:
         raise ConfigError(
-            f"{origin} leaves no stop token; set eos_token_id to the end-of-text and {EOT_TOKEN} ids"
+            f"{origin} leaves no stop token; set {key} to the end-of-text and {EOT_TOKEN} ids"
         )
     return stop_ids
 
@@ -168,9 +170,12 @@ class _Fields:
         self._path = path
         self._source_keys = source_keys
 
+    def key(self, name: str) -> str:
+        """What the checkpoint calls field `name`: its source key (a GGUF's), else generation_config.json's name."""
+        return self._source_keys.get(name, name)
+
     def _invalid(self, name: str, expected: str) -> ConfigError:
-        key = self._source_keys.get(name, name)
-        return ConfigError(f"{self._path}: {key}={self._config[name]!r} is invalid; expected {expected}")
+        return ConfigError(f"{self._path}: {self.key(name)}={self._config[name]!r} is invalid; expected {expected}")
 
     def token_ids(self, name: str, single: bool = False) -> tuple[int, ...] | None:
         value = self._config.get(name)

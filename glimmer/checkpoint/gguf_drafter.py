@@ -13,10 +13,11 @@ target's (§10.1), so the file must hold none.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import TensorInfo
 
@@ -35,7 +36,8 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     """(config.json dict of model_type muse_glimmer_assistant, its tensors under the canonical HF names, read
     on demand as float32). Feeds `glimmer.checkpoint.drafter.open_drafter_checkpoint`.
 
-    Raises CheckpointError (one line) for a missing key or tensor, a wrong shape or a stray tensor.
+    Raises CheckpointError: one line for a missing or bad metadata key; for missing, stray or misshapen tensors,
+    one error listing them all (weight_mismatch.py).
     """
     file = GGUFFile(path)
     arch = file.string("general.architecture")
@@ -97,18 +99,11 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
         for stored, canonical in _LAYER.items():
             sources[f"blk.{i}.{stored}.weight"] = f"layers.{i}.{canonical}.weight"
             shapes[f"layers.{i}.{canonical}.weight"] = layer_shapes[canonical]
-    stray = sorted(set(file.tensors) - set(sources))
-    if stray:
-        raise file.error(f"unexpected tensor {stray[0]} in a DFlash drafter (it borrows the target's embedding and "
-                         "LM head)")
-    entries = {}
-    for stored, canonical in sources.items():
-        entry = file.tensors.get(stored)
-        if entry is None:
-            raise file.error(f"tensor {stored} is missing")
-        if entry.shape != shapes[canonical]:
-            raise file.error(f"tensor {stored} has shape {list(entry.shape)} but the metadata needs "
-                             f"{list(shapes[canonical])}")
-        entries[canonical] = MappedTensor(TensorInfo(canonical, entry.shape, "F32", file.path, stored_name=stored),
-                                          lambda stored=stored: file.read(stored))
+    found = file.tensor_mismatch({stored: shapes[canonical] for stored, canonical in sources.items()})
+    file.refuse_mismatch(found, dataclasses.replace(GGUF_ADVICE, extra_fix=(
+        "a DFlash drafter borrows the target's embedding and LM head and holds no others: load the drafter GGUF "
+        f"published for the model, or {CONVERT_AGAIN}")))
+    entries = {canonical: MappedTensor(TensorInfo(canonical, shapes[canonical], "F32", file.path, stored_name=stored),
+                                       lambda stored=stored: file.read(stored))
+               for stored, canonical in sources.items()}
     return config, MappedTensors(file.path, entries, file.total_bytes)

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
+from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,24 @@ SPLIT_NO = "split.no"
 SPLIT_TENSORS = "split.tensors.count"
 _SPLIT_NAME = re.compile(r"(.*)-(\d{5})(-of-)(\d{5})(\.gguf)", re.IGNORECASE)
 MOST_LISTED = 3  # an error about a split lists at most this many missing parts or misplaced tensors
+
+CONVERT_AGAIN = "convert the Hugging Face checkpoint again with llama.cpp's convert_hf_to_gguf.py"
+# the fixes a GGUF's tensor mismatch names (weight_mismatch.py); the metadata sits in the same file as the tensors
+GGUF_ADVICE = MismatchAdvice(
+    unmapped_title="tensors with no GGUF name",
+    unsupported_title=f"tensor types Glimmer does not read (it reads {', '.join(READABLE_TYPES)})",
+    other_model_fix=("the tensor names are not the ones llama.cpp's converter writes for this architecture (another "
+                     f"model's, or another writer's): {CONVERT_AGAIN}"),
+    other_size_fix=("the metadata (embedding_length, feed_forward_length, head counts, key_length) describes another "
+                    "size of model than the tensors hold: the metadata was edited or the file was written by another "
+                    f"tool; {CONVERT_AGAIN}"),
+    incomplete_fix=("the file lacks tensors its metadata's model has: the writer left them out or the file is "
+                    f"damaged; {CONVERT_AGAIN}"),
+    extra_fix=("the file holds tensors this model does not have (another model's, or a larger variant's): load the "
+               f"GGUF published for this model, or {CONVERT_AGAIN}"),
+    unsupported_fix="quantize the original model to one of them (e.g. llama-quantize … Q4_K_M or Q8_0)",
+    unmapped_fix=CONVERT_AGAIN,
+)
 
 
 def is_gguf_path(path: Path) -> bool:
@@ -157,6 +177,8 @@ def scan_header(path: Path) -> GGUFHeader:
                 raise CheckpointError(f"{path}: not a GGUF file ({size} bytes is shorter than a GGUF header)")
             data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
+        if is_broken_link(path):
+            raise CheckpointError(f"{path} {broken_link_problem(path)}") from None
         raise CheckpointError(f"{path}: cannot be read: {exc}") from None
     try:
         return _scan(data, path)
@@ -349,17 +371,35 @@ class GGUFFile:
 
     def _refuse_unreadable_types(self) -> None:
         """Every tensor must be of a type `read` can decode; checked from the header, before anything is loaded."""
-        by_type: dict[str, list[str]] = {}
-        for entry in self.tensors.values():
-            if entry.type_name not in READABLE_TYPES:
-                by_type.setdefault(entry.type_name, []).append(entry.name)
-        if not by_type:
+        unreadable = [entry for entry in self.tensors.values() if entry.type_name not in READABLE_TYPES]
+        if not unreadable:
             return
-        found = "; ".join(f"{kind} ({len(names)} tensors, e.g. {names[0]})" for kind, names in sorted(by_type.items()))
-        raise self.error(
-            f"tensor types Glimmer does not read: {found}; supported types are {', '.join(READABLE_TYPES)}. "
-            "Quantize the original model to one of them (e.g. llama-quantize … Q4_K_M or Q8_0)"
-        )
+        by_type: dict[str, int] = {}
+        for entry in unreadable:
+            by_type[entry.type_name] = by_type.get(entry.type_name, 0) + 1
+        kinds = ", ".join(f"{kind} ×{count}" for kind, count in sorted(by_type.items()))
+        found = WeightMismatch(unsupported=[f"{entry.name}: {entry.type_name}" for entry in unreadable])
+        raise self.error(found.message(f"tensor types Glimmer does not read ({kinds})", GGUF_ADVICE))
+
+    def tensor_mismatch(self, expected: dict[str, tuple[int, ...]]) -> WeightMismatch:
+        """The tensors `expected` (stored name → shape, torch order) misses in this file, those of another shape,
+        and the file's tensors it does not name."""
+        found = WeightMismatch()
+        for name, shape in expected.items():
+            entry = self.tensors.get(name)
+            if entry is None:
+                found.missing.append(f"{name} (shape {list(shape)})")
+            elif entry.shape != shape:
+                found.mismatched.append(f"{name}: expected shape {list(shape)}, found {list(entry.shape)}")
+        stray = sorted(set(self.tensors) - set(expected))
+        found.unexpected = [f"{name} {list(self.tensors[name].shape)}" for name in stray]
+        return found
+
+    def refuse_mismatch(self, found: WeightMismatch, advice: MismatchAdvice = GGUF_ADVICE,
+                        fix: str | None = None) -> None:
+        """Raise CheckpointError listing every problem in `found` (weight_mismatch.py's form), if there is any."""
+        if found:
+            raise self.error(found.message("the tensors do not match the metadata", advice, fix))
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from glimmer.checkpoint.config import (
     TextConfig,
     reference_text_layer_types,
 )
-from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import TensorInfo
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
@@ -127,7 +127,9 @@ def describe_gguf_kind(file: GGUFFile) -> str:
 def read_gguf_model(path: str | Path | GGUFFile, mmproj: str | Path | None = None) -> GGUFModel:
     """Open a Muse Glimmer GGUF (and an optional mmproj vision GGUF) as a config and canonical tensors.
 
-    Raises CheckpointError / ConfigError, one line, naming the key, tensor or value at fault.
+    Raises CheckpointError / ConfigError, one line naming the key or value at fault; tensors that are missing,
+    stray, misshapen or of a type Glimmer does not read are all listed in one error with the fix
+    (weight_mismatch.py, as the safetensors loader's).
     """
     file = path if isinstance(path, GGUFFile) else GGUFFile(path)
     arch = describe_gguf_kind(file)
@@ -328,34 +330,26 @@ def _text_tensors(file: GGUFFile, text: TextConfig) -> tuple[dict[str, MappedTen
         for i in range(text.num_hidden_layers)
         for r in _LAYER_RULES
     ]
-    consumed = {t.format(i=i) for i in range(text.num_hidden_layers) for t in _QK_NORMS}
-    problems: list[str] = []
-    entries: dict[str, MappedTensor] = {}
-    for rule in rules:
-        entry = file.tensors.get(rule.source)
-        want = rule.shape(text)
-        if entry is None:
-            problems.append(f"tensor {rule.source} is missing")
-            continue
-        consumed.add(rule.source)
-        if entry.shape != want:
-            problems.append(f"tensor {rule.source} has shape {list(entry.shape)} but the metadata needs {list(want)}")
-            continue
-        heads = getattr(text, rule.rope_heads) if rule.rope_heads else None
-        entries[rule.target] = MappedTensor(
-            # F16/BF16 are widened exactly and quantized types dequantized: the reader always returns float32
-            TensorInfo(rule.target, want, "F32", file.path, stored_name=rule.source),
-            _reader(file, rule.source, rule.unfold, heads),
+    # the QK norms were read and checked with the metadata (_qk_scale_factor); here they only count as expected
+    expected = {rule.source: rule.shape(text) for rule in rules}
+    expected |= {t.format(i=i): (text.head_dim,) for i in range(text.num_hidden_layers) for t in _QK_NORMS}
+    found = file.tensor_mismatch(expected)
+    layers_beyond = sorted({int(m.group(1)) for s in set(file.tensors) - set(expected)
+                            if (m := re.match(r"blk\.(\d+)\.", s)) and int(m.group(1)) >= text.num_hidden_layers})
+    fix = None
+    if layers_beyond:
+        fix = (f"tensors for layers {layers_beyond[0]} to {layers_beyond[-1]} exist but "
+               f"{_key('block_count')}={text.num_hidden_layers}: the metadata was edited or belongs to another "
+               f"model; {CONVERT_AGAIN}")
+    file.refuse_mismatch(found, fix=fix)
+    entries = {
+        # F16/BF16 are widened exactly and quantized types dequantized: the reader always returns float32
+        rule.target: MappedTensor(
+            TensorInfo(rule.target, rule.shape(text), "F32", file.path, stored_name=rule.source),
+            _reader(file, rule.source, rule.unfold, getattr(text, rule.rope_heads) if rule.rope_heads else None),
         )
-    stray = sorted(set(file.tensors) - consumed)
-    layer_numbers = sorted({int(m.group(1)) for s in stray if (m := re.match(r"blk\.(\d+)\.", s))})
-    if layer_numbers and layer_numbers[0] >= text.num_hidden_layers:
-        problems.insert(0, f"tensors for layer {layer_numbers[0]} exist but {_key('block_count')}="
-                           f"{text.num_hidden_layers}")
-    elif stray:
-        problems.append(f"unexpected tensor{'s' * (len(stray) > 1)} {', '.join(stray)}")
-    if problems:
-        raise file.error("; ".join(problems))
+        for rule in rules
+    }
     types: dict[str, int] = {}
     for name in file.tensors:
         types[file.tensors[name].type_name] = types.get(file.tensors[name].type_name, 0) + 1

@@ -55,6 +55,8 @@ _NAMED_IDS = {
     "pad_token": "tokenizer.ggml.padding_token_id",
     "unk_token": "tokenizer.ggml.unknown_token_id",
 }
+# <|eot|>, a stop id beside eos (architecture.md §5.5)
+_EOT_KEY = "tokenizer.ggml.eot_token_id"
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class GGUFTokenizer:
     named_tokens: dict[str, str]
     chat_template: str | None
     # a generation_config.json equivalent (eos_token_id: [eos, eot], bos_token_id, pad_token_id and the
-    # general.sampling.* defaults as temperature, top_k, top_p), errors naming the sampling keys
+    # general.sampling.* defaults as temperature, top_k, top_p), errors naming the GGUF keys
     generation_config: EmbeddedGenerationConfig
 
 
@@ -112,13 +114,7 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in added if k == CONTROL])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in added if k == USER_DEFINED])
 
-    named = {}
-    for name, key in _NAMED_IDS.items():
-        if file.has(key):
-            token_id = file.integer(key)
-            if not 0 <= token_id < len(tokens) or types[token_id] == UNUSED:
-                raise file.error(f"{key}={token_id} is not a token of tokenizer.ggml.tokens")
-            named[name] = tokens[token_id]
+    named = {name: tokens[_token_id(file, key, types)] for name, key in _NAMED_IDS.items() if file.has(key)}
     if "eos_token" not in named:
         raise file.error("required metadata key tokenizer.ggml.eos_token_id is missing")
     add_bos = True
@@ -135,16 +131,27 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
         backend.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, vocab[bos])]
         )
-    stop = [file.integer("tokenizer.ggml.eos_token_id")]
-    if file.has("tokenizer.ggml.eot_token_id"):
-        stop.append(file.integer("tokenizer.ggml.eot_token_id"))
-    generation: dict[str, Any] = {"eos_token_id": stop}
+    stop_keys = [key for key in (_NAMED_IDS["eos_token"], _EOT_KEY) if file.has(key)]
+    generation: dict[str, Any] = {"eos_token_id": [_token_id(file, key, types) for key in stop_keys]}
     for key, name in (("bos_token_id", "bos_token"), ("pad_token_id", "pad_token")):
         if name in named:
             generation[key] = vocab[named[name]]
     generation |= _sampling_defaults(file)
     template = file.string("tokenizer.chat_template") if file.has("tokenizer.chat_template") else None
-    return GGUFTokenizer(backend, named, template, EmbeddedGenerationConfig(generation, _SAMPLING_SOURCE_KEYS))
+    # errors about these fields (generation_config.py) name the keys they were read from
+    source_keys = _SAMPLING_SOURCE_KEYS | {"eos_token_id": " and ".join(stop_keys),
+                                           "bos_token_id": _NAMED_IDS["bos_token"],
+                                           "pad_token_id": _NAMED_IDS["pad_token"]}
+    return GGUFTokenizer(backend, named, template, EmbeddedGenerationConfig(generation, source_keys))
+
+
+def _token_id(file: GGUFFile, key: str, types: list[int]) -> int:
+    """The id `key` holds, which must be a token of tokenizer.ggml.tokens (not one of the converter's padding rows);
+    CheckpointError names the key."""
+    token_id = file.integer(key)
+    if not 0 <= token_id < len(types) or types[token_id] == UNUSED:
+        raise file.error(f"{key}={token_id} is not a token of tokenizer.ggml.tokens")
+    return token_id
 
 
 # llama.cpp's converters write the model's sampling defaults (its generation_config.json) under these keys

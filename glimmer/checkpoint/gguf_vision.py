@@ -184,23 +184,10 @@ def _vision_tensors(
                 (layer + f"mlp.fc2.{part}", blk + f"ffn_down.{part}", (v,) if bias else (v, inner),
                  (v,) if bias else (v, inner), None),
             ]
-    entries: dict[str, MappedTensor] = {}
-    problems = []
-    for target, source, canonical_shape, stored_shape, transform in table:
-        entry = file.tensors.get(source)
-        if entry is None:
-            problems.append(f"tensor {source} is missing")
-        elif entry.shape != stored_shape:
-            problems.append(f"tensor {source} has shape {list(entry.shape)} but the metadata needs "
-                            f"{list(stored_shape)}")
-        else:
-            entries[target] = MappedTensor(TensorInfo(target, canonical_shape, "F32", file.path, stored_name=source),
-                                           _reader(file, source, transform))
-    stray = sorted(set(file.tensors) - {row[1] for row in table})
-    if stray:
-        problems.append(f"unexpected tensor{'s' * (len(stray) > 1)} {', '.join(stray)}")
-    if problems:
-        raise file.error("; ".join(problems))
+    file.refuse_mismatch(file.tensor_mismatch({source: stored_shape for _, source, _, stored_shape, _ in table}))
+    entries = {target: MappedTensor(TensorInfo(target, canonical_shape, "F32", file.path, stored_name=source),
+                                    _reader(file, source, transform))
+               for target, source, canonical_shape, _, transform in table}
     return entries
 
 

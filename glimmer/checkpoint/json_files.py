@@ -6,14 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.errors import ConfigError, GlimmerError
 
 
 def read_json_object(path: Path, *, error: type[GlimmerError] = ConfigError) -> dict[str, Any] | None:
     """The JSON object in `path`, or None when the file does not exist.
 
-    Raises `error` naming the file when it is unreadable, not JSON, or not an object.
+    Raises `error` naming the file when it is unreadable, not JSON, or not an object, or a broken link (not taken
+    as absent: the checkpoint would go on without what it says).
     """
+    refuse_broken_link(path, error)
     if not path.is_file():
         return None
     try:

@@ -40,6 +40,7 @@ from glimmer.checkpoint.config_layouts import normalize_config
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
+from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
 MLX_FORMAT_VERSION = 1
@@ -157,6 +158,26 @@ _NORMS = {
 }
 
 
+# the dtypes a packaged artifact stores: floats for weights, norms, scales and biases; 32-bit words of packed codes
+_FLOAT_DTYPES = ("F32", "F16", "BF16")
+_PACKED_DTYPES = ("U32", "I32")
+_MLX_ADVICE = MismatchAdvice(
+    unmapped_title="tensors with no MLX name",
+    unsupported_title=("unsupported dtypes (a packaged MLX artifact stores weights, norms, scales and biases as F32, "
+                       "F16 or BF16 and quantized codes as U32 words)"),
+    other_model_fix=("the tensor names are not a packaged Muse Glimmer MLX artifact's: regenerate the artifact, or "
+                     "load the original Hugging Face export"),
+    other_size_fix=("config.json describes another size of model than the weights hold: restore the artifact's "
+                    "config.json as packaged, or regenerate the artifact"),
+    incomplete_fix="the artifact is incomplete (a file left out or cut short): copy it again, or regenerate it",
+    extra_fix=("a packaged MLX artifact holds the text model only: remove the other tensors, or regenerate the "
+               "artifact"),
+    unsupported_fix=("regenerate the artifact: unquantized modules are float weights, quantized ones uint32 codes "
+                     "with float scales and biases (mlx's quantize)"),
+    unmapped_fix="regenerate the artifact",
+)
+
+
 def _entries(
     files: SafetensorsCheckpoint,
     text: TextConfig,
@@ -164,20 +185,35 @@ def _entries(
     overrides: dict[str, _Quantization | None],
     interleaved: bool,
 ) -> tuple[dict[str, MappedTensor], dict[str, int]]:
+    """Canonical tensors of the artifact; every tensor missing, stray, misshapen or of a dtype the packing does not
+    use is listed in one CheckpointError (weight_mismatch.py), as the safetensors loader's."""
     used: set[str] = set()
     types: dict[str, int] = {}
+    found = WeightMismatch()
     h, heads, kv_heads, d = text.hidden_size, text.num_attention_heads, text.num_key_value_heads, text.head_dim
+
+    def check(name: str, shape: tuple[int, ...], dtypes: tuple[str, ...]) -> bool:
+        """Whether tensor `name` is there with this shape and one of `dtypes`; what is not is noted in `found`."""
+        info = files.tensors.get(name)
+        if info is None:
+            found.missing.append(f"{name} (shape {list(shape)})")
+            return False
+        used.add(name)
+        if info.shape != shape:
+            found.mismatched.append(f"{name}: expected shape {list(shape)}, found {list(info.shape)}")
+            return False
+        if info.dtype not in dtypes:
+            found.unsupported.append(f"{name}: dtype {info.dtype}")
+            return False
+        return True
 
     def matrix(module: str, shape: tuple[int, int]) -> Callable[[], torch.Tensor]:
         """A Linear/Embedding weight of `shape` (out, in), quantized or not."""
         weight = f"{module}.weight"
-        if weight not in files.tensors:
-            raise CheckpointError(f"{files.directory}: tensor {weight} is missing")
-        used.add(weight)
         scheme = overrides.get(module, default)
         if f"{module}.scales" not in files.tensors:
-            _check_shape(files, weight, shape)
-            types[files.tensors[weight].dtype] = types.get(files.tensors[weight].dtype, 0) + 1
+            if check(weight, shape, _FLOAT_DTYPES):
+                types[files.tensors[weight].dtype] = types.get(files.tensors[weight].dtype, 0) + 1
             return lambda: files.read(weight).float()
         if scheme is None:
             raise CheckpointError(f"{files.directory}: {module} has scales but config.json's quantization does not "
@@ -186,21 +222,18 @@ def _entries(
         if columns % scheme.group_size or (columns * scheme.bits) % 32:
             raise CheckpointError(f"{files.directory}: {module} has {columns} inputs, not a whole number of groups of "
                                   f"{scheme.group_size} {scheme.bits}-bit codes")
-        _check_shape(files, weight, (out, columns * scheme.bits // 32))
+        whole = check(weight, (out, columns * scheme.bits // 32), _PACKED_DTYPES)
         for part in ("scales", "biases"):
-            _check_shape(files, f"{module}.{part}", (out, columns // scheme.group_size))
-            used.add(f"{module}.{part}")
-        label = f"affine {scheme.bits}-bit g{scheme.group_size}"
-        types[label] = types.get(label, 0) + 1
+            whole &= check(f"{module}.{part}", (out, columns // scheme.group_size), _FLOAT_DTYPES)
+        if whole:
+            label = f"affine {scheme.bits}-bit g{scheme.group_size}"
+            types[label] = types.get(label, 0) + 1
         return lambda: dequantize_affine(files.read(weight), files.read(f"{module}.scales"),
                                          files.read(f"{module}.biases"), scheme.group_size, scheme.bits)
 
     def vector(name: str, unfold: bool) -> Callable[[], torch.Tensor]:
-        if name not in files.tensors:
-            raise CheckpointError(f"{files.directory}: tensor {name} is missing")
-        _check_shape(files, name, (h,))
-        used.add(name)
-        types[files.tensors[name].dtype] = types.get(files.tensors[name].dtype, 0) + 1
+        if check(name, (h,), _FLOAT_DTYPES):
+            types[files.tensors[name].dtype] = types.get(files.tensors[name].dtype, 0) + 1
         return lambda: files.read(name).float() - (1.0 if unfold else 0.0)
 
     readers: dict[str, tuple[tuple[int, ...], Callable[[], torch.Tensor]]] = {
@@ -224,23 +257,13 @@ def _entries(
             readers[dst + f"mlp.{name}.weight"] = (shape, matrix(src + f"mlp.{name}", shape))
         for canonical, stored in _NORMS.items():
             readers[dst + f"{canonical}.weight"] = ((h,), vector(src + f"{stored}.weight", unfold=True))
-    stray = sorted(set(files.names()) - used)
-    if stray:
-        raise CheckpointError(f"{files.directory}: unexpected tensor {stray[0]}"
-                              + (f" (and {len(stray) - 1} more)" if len(stray) > 1 else "")
-                              + "; a packaged MLX artifact holds the text model only")
+    found.unexpected = [f"{name} {list(files.tensors[name].shape)}" for name in sorted(set(files.names()) - used)]
+    if found:
+        raise CheckpointError(found.message(
+            f"the weights in {files.directory} (packaged MLX artifact) do not match the config", _MLX_ADVICE))
     entries = {name: MappedTensor(TensorInfo(name, shape, "F32", files.directory), read)
                for name, (shape, read) in readers.items()}
     return entries, types
-
-
-def _check_shape(files: SafetensorsCheckpoint, name: str, shape: tuple[int, ...]) -> None:
-    info = files.tensors.get(name)
-    if info is None:
-        raise CheckpointError(f"{files.directory}: tensor {name} is missing")
-    if info.shape != shape:
-        raise CheckpointError(f"{files.directory}: tensor {name} has shape {list(info.shape)} but config.json "
-                              f"needs {list(shape)}")
 
 
 def _gate_split(

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, shard_path
 from glimmer.errors import CheckpointError
 
@@ -39,8 +40,14 @@ def pickle_files(directory: Path) -> list[Path]:
             raise CheckpointError(f"{index} is not a valid index: {exc}") from None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index} is not a valid index: weight_map is not an object")
-        return sorted({shard_path(directory, index, shard) for shard in weight_map.values()})
-    return sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file())
+        shards = sorted({shard_path(directory, index, shard) for shard in weight_map.values()})
+    else:
+        shards = sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file() or
+                        is_broken_link(p))
+    for shard in shards:  # each would be read: without it the checkpoint is short of its tensors
+        if is_broken_link(shard):
+            raise CheckpointError(f"{shard}, a file of the checkpoint, {broken_link_problem(shard)}")
+    return shards
 
 
 class PickleCheckpoint:

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.default_model import DEFAULT_MODEL_NAME, embedded_model_dir
 from glimmer.errors import CheckpointError
@@ -34,6 +35,8 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
             return path
         raise CheckpointError(f"model path {path} is a file but not a GGUF file; pass the checkpoint directory "
                               "that holds config.json, or a .gguf file")
+    if is_broken_link(path):
+        raise CheckpointError(f"model path {path} {broken_link_problem(path)}")
     text = str(model)
     if not _HUB_ID.match(text):
         raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id "

@@ -6,11 +6,19 @@ goes through the index's `weight_map` when there is one: published checkpoints p
 together into different shards (architecture.md §15.2). A `model.safetensors` beside an index that does not
 name it is refused: one of the two is another checkpoint's, and reading either could be the wrong model. Any other
 `*.safetensors` file the index does not name is left out with a warning (Mistral-style repositories ship a
-`consolidated.safetensors` beside the indexed shards).
+`consolidated.safetensors` beside the indexed shards). A tensor a named shard holds that the index does not list (a
+stale index) is read too, with a warning, as transformers reads every tensor of the shards an index names; left out,
+a stale index that omits the vision tensors would load a text-only model. One the index maps to another shard as
+well is refused (two copies).
 
 Without an index, `model.safetensors` is the checkpoint (other `*.safetensors` files are left out with a warning);
 without either, every `*.safetensors` file is read as one checkpoint: a tensor in two of them, or a numbered series
 (`model-00002-of-00003.safetensors`) with a member absent, is refused.
+
+A `*.safetensors` symbolic link whose target is gone (a Hugging Face cache whose blob was deleted or never finished
+downloading) is refused where the file would be read, since loading without it could be a smaller model (a text-only
+one); where it would be left out anyway (the index does not name it, or `model.safetensors` is the checkpoint), it is
+left out with the same warning as any other file, saying that it is broken.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 from safetensors import safe_open
 
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -76,11 +85,17 @@ class SafetensorsCheckpoint:
         self.directory = Path(directory)
         self.tensors: dict[str, TensorInfo] = {}
         self.warnings: list[str] = []  # files left out, for `glimmer inspect` (each logged as well)
-        for file, names in self._files_and_names().items():
+        files = self._files_and_names()
+        indexed = {name for names in files.values() if names is not None for name in names}
+        unlisted: dict[Path, list[str]] = {}
+        for file, names in files.items():
             try:
                 with safe_open(file, framework="pt") as handle:
                     present = set(handle.keys())
-                    for name in names if names is not None else sorted(present):
+                    if names is not None:  # read as transformers does: every tensor of every shard the index names
+                        unlisted[file] = sorted(n for n in present - set(names) if not is_ignored_buffer(n))
+                        self._refuse_copies(file, unlisted[file], indexed, files)
+                    for name in [*names, *unlisted[file]] if names is not None else sorted(present):
                         if is_ignored_buffer(name):
                             logger.debug("%s: ignoring %s, a buffer the model recomputes", file, name)
                             continue
@@ -95,6 +110,25 @@ class SafetensorsCheckpoint:
                 raise
             except Exception as exc:  # safetensors raises several unrelated types for a damaged file
                 raise CheckpointError(f"cannot read safetensors file {file}: {exc}") from exc
+        stale = {file: names for file, names in unlisted.items() if names}
+        if stale:
+            count = sum(len(names) for names in stale.values())
+            shown = ", ".join(f"{name} ({file.name})" for file, names in stale.items() for name in names[:3])
+            self._warn(f"{self.directory / INDEX_FILE} does not list {count} tensor(s) its shards hold: {shown}"
+                       f"{', …' if count > 3 * len(stale) else ''}; they are read, as transformers reads every tensor "
+                       "of the shards an index names (a stale index: regenerate it)")
+
+    def _refuse_copies(self, file: Path, unlisted: list[str], indexed: set[str],
+                       files: dict[Path, list[str] | None]) -> None:
+        """A tensor a shard holds but the index maps to another shard: two copies, and which one loads would be
+        a guess (transformers takes the last file read)."""
+        for name in unlisted:
+            if name in indexed:
+                mapped = next(other for other, names in files.items() if names is not None and name in names)
+                raise CheckpointError(
+                    f"tensor {name!r} is in both {file.name} and {mapped.name}, and {self.directory / INDEX_FILE} "
+                    f"maps it to {mapped.name}: two copies of a weight (or two checkpoints' shards); regenerate the "
+                    "index, or remove the shard that does not belong")
 
     def _add(self, info: TensorInfo) -> None:
         if info.name in self.tensors:  # only without an index, which maps each name to one file
@@ -112,8 +146,10 @@ class SafetensorsCheckpoint:
         if not files:
             return
         them, their = ("it", "its") if len(files) == 1 else ("them", "their")
-        warning = (f"{self.directory}: ignoring {', '.join(p.name for p in files)}: "
+        self._warn(f"{self.directory}: ignoring {', '.join(p.name for p in files)}: "
                    + reason.format(them=them, their=their))
+
+    def _warn(self, warning: str) -> None:
         logger.warning("%s", warning)
         self.warnings.append(warning)
 
@@ -130,6 +166,8 @@ class SafetensorsCheckpoint:
             by_file: dict[Path, list[str]] = {}
             for name, shard in weight_map.items():
                 path = shard_path(self.directory, index_path, shard)
+                if is_broken_link(path):
+                    raise CheckpointError(f"{index_path} names shard {shard!r}, which {broken_link_problem(path)}")
                 if not path.is_file():
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
                 by_file.setdefault(path, []).append(name)
@@ -147,6 +185,8 @@ class SafetensorsCheckpoint:
                             f"{INDEX_FILE} does not name {{them}} (a consolidated copy of the shards, as "
                             "Mistral-style repositories ship, or a stray file); name {them} in the index if the model "
                             "needs {their} tensors, else remove {them}")
+            self._leave_out_broken_links([p for p in self._broken_links() if p not in by_file],
+                                         f"{INDEX_FILE} does not name it")
             return dict(by_file)
         files = self._safetensors_files()
         single = self.directory / SINGLE_FILE
@@ -154,7 +194,13 @@ class SafetensorsCheckpoint:
             self._leave_out([p for p in files if p != single],
                             f"without {INDEX_FILE}, {SINGLE_FILE} alone is the checkpoint; add the index naming "
                             "every file if the model needs {their} tensors, else remove {them}")
+            self._leave_out_broken_links(self._broken_links(), f"without {INDEX_FILE}, {SINGLE_FILE} alone is "
+                                                               "the checkpoint")
             return {single: None}
+        broken = self._broken_links()
+        if broken:  # each would be read: without it the checkpoint is short of its tensors
+            others = f" (and {len(broken) - 1} more: {', '.join(p.name for p in broken[1:4])})" if broken[1:] else ""
+            raise CheckpointError(f"{broken[0]}{others}, a file of the checkpoint, {broken_link_problem(broken[0])}")
         if not files:
             raise CheckpointError(
                 f"no weights found in {self.directory}: expected {SINGLE_FILE}, {INDEX_FILE} with its shards, "
@@ -168,6 +214,15 @@ class SafetensorsCheckpoint:
 
     def _safetensors_files(self) -> list[Path]:
         return sorted(p for p in self.directory.glob("*.safetensors") if p.is_file())
+
+    def _broken_links(self) -> list[Path]:
+        return sorted(p for p in self.directory.glob("*.safetensors") if is_broken_link(p))
+
+    def _leave_out_broken_links(self, links: list[Path], why_unread: str) -> None:
+        """Broken links that would not be read anyway: a warning each, naming the missing target."""
+        for link in links:
+            self._warn(f"{self.directory}: ignoring {link.name}: {why_unread}, and it is a broken symbolic link (to "
+                       f"{os.readlink(link)}, which does not exist); remove it")
 
     def _check_numbered_shards(self, files: list[Path]) -> None:
         """Without an index, a numbered series must be whole: a shard left out would load as a smaller model (a

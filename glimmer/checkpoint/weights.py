@@ -23,14 +23,13 @@ from glimmer.checkpoint.weight_layouts import (
     interleaved_to_rotate_half,
     locate,
 )
+from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
 _TIED_LM_HEAD = "lm_head.weight"
-# names listed per kind of problem in a mismatch error; the count says how many more
-_LISTED_PER_KIND = 10
 
 
 @dataclass(frozen=True)
@@ -103,57 +102,32 @@ def plan_weights(
             mismatched.append(f"{source}: expected shape {list(want)}, found {list(info.shape)}")
 
     unexpected = tuple(sorted(set(files.names()) - set(by_source)))
-    if unmapped or missing or unexpected or mismatched or unsupported:
-        raise _mismatch_error(files.directory, layout, unmapped, missing,
-                              [f"{n} {list(files.tensors[n].shape)}" for n in unexpected], mismatched, unsupported)
+    found = WeightMismatch(unmapped, missing, [f"{n} {list(files.tensors[n].shape)}" for n in unexpected], mismatched,
+                           unsupported)
+    if found:
+        raise CheckpointError(found.message(
+            f"the weights in {files.directory} ({layout} layout) do not match the config", _safetensors_advice(layout)))
     return WeightPlan(layout=layout, slices=slices, unexpected=unexpected)
 
 
-def _mismatch_error(where: object, layout: str, unmapped: list[str], missing: list[str], unexpected: list[str],
-                    mismatched: list[str], unsupported: list[str]) -> CheckpointError:
-    """One error for every problem of a weight plan: a one-line summary with the counts, the first
-    `_LISTED_PER_KIND` names of each kind (a checkpoint of another model lists thousands), then what to do."""
-    kinds = [
-        (unmapped, "with no source", f"parameters with no source in the {layout} layout"),
-        (missing, "missing", "missing tensors"),
-        (unexpected, "unexpected", "unexpected tensors"),
-        (mismatched, "of the wrong shape", "shape mismatches"),
-        (unsupported, "of an unsupported dtype",
-         f"unsupported dtypes (Glimmer loads {', '.join(sorted(_FLOAT_DTYPES))}; quantized int8/fp8 weights are not "
-         "supported, use the unquantized checkpoint)"),
-    ]
-    counts = ", ".join(f"{len(items)} {label}" for items, label, _ in kinds if items)
-    lines = [f"the weights in {where} ({layout} layout) do not match the config: {counts}",
-             *(_listed(title, items) for items, _, title in kinds if items),
-             _mismatch_fix(missing, unexpected, mismatched, unsupported)]
-    return CheckpointError("\n  ".join(lines))
-
-
-def _listed(title: str, items: list[str]) -> str:
-    shown = items[:_LISTED_PER_KIND]
-    more = [f"… and {len(items) - len(shown)} more"] if len(items) > len(shown) else []
-    return f"{title} ({len(items)}):\n    " + "\n    ".join([*shown, *more])
-
-
-def _mismatch_fix(missing: list[str], unexpected: list[str], mismatched: list[str], unsupported: list[str]) -> str:
-    """What to do, from the kinds of problem found (most telling first)."""
-    if missing and unexpected:
-        return ("fix: the tensor names are another model's or another export layout's than the config describes; "
-                "load the weights with the config.json published beside them, or convert them to the canonical "
-                "Hugging Face export")
-    if mismatched:
-        return ("fix: the config describes another size of model (hidden size, heads, vocabulary) than the weights "
-                "hold; load the weights with the config.json published beside them")
-    if missing:
-        return ("fix: the checkpoint is incomplete (a shard left out or a download cut short): download it again "
-                "with every shard its index names; or the config describes more (layers, a vision tower) than "
-                "these weights hold")
-    if unexpected:
-        return ("fix: the weights hold tensors the configured model does not have (another model's, or a larger "
-                "variant's); load them with the config.json published beside them")
-    if unsupported:
-        return "fix: load the unquantized checkpoint (BF16, F16 or F32 weights)"
-    return "fix: convert the weights to the canonical Hugging Face export, which names every parameter"
+def _safetensors_advice(layout: str) -> MismatchAdvice:
+    return MismatchAdvice(
+        unmapped_title=f"parameters with no source in the {layout} layout",
+        unsupported_title=(f"unsupported dtypes (Glimmer loads {', '.join(sorted(_FLOAT_DTYPES))}; quantized int8/fp8 "
+                           "weights are not supported, use the unquantized checkpoint)"),
+        other_model_fix=("the tensor names are another model's or another export layout's than the config describes; "
+                         "load the weights with the config.json published beside them, or convert them to the "
+                         "canonical Hugging Face export"),
+        other_size_fix=("the config describes another size of model (hidden size, heads, vocabulary) than the weights "
+                        "hold; load the weights with the config.json published beside them"),
+        incomplete_fix=("the checkpoint is incomplete (a shard left out or a download cut short): download it again "
+                        "with every shard its index names; or the config describes more (layers, a vision tower) "
+                        "than these weights hold"),
+        extra_fix=("the weights hold tensors the configured model does not have (another model's, or a larger "
+                   "variant's); load them with the config.json published beside them"),
+        unsupported_fix="load the unquantized checkpoint (BF16, F16 or F32 weights)",
+        unmapped_fix="convert the weights to the canonical Hugging Face export, which names every parameter",
+    )
 
 
 def _expected_source_shape(where: SourceSlice, target_shape: tuple[int, ...]) -> list[int] | str:

@@ -125,7 +125,11 @@ class EngineConfig:
         except RuntimeError as exc:
             raise ConfigError(f"device={name!r} is not a valid torch device; use 'cpu', 'cuda' or 'cuda:N'") from exc
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device='cuda' was requested but CUDA is not available here; use device='cpu'")
+            raise ConfigError(f"device={name!r} was requested but CUDA is not available here; use device='cpu'")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ConfigError(f"device={name!r} was requested but this machine has {count} CUDA device(s), "
+                              f"cuda:0 to cuda:{count - 1} (CUDA_VISIBLE_DEVICES counts); choose one of them")
         if device.type not in ("cpu", "cuda"):
             raise ConfigError(f"device={name!r} is not supported; use 'cpu' or 'cuda'")
         return device

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
+from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.errors import CheckpointError, ConfigError
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
@@ -102,8 +103,11 @@ def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelConfig) -> None:
         configured, actual = getattr(config, field), tokenizer.token_to_id(token)
         if configured is not None and configured != actual:
             found = f"is {actual}" if actual is not None else "is not in the tokenizer"
-            raise ConfigError(f"{field}={configured} but the tokenizer's {token} {found}: the config and the "
-                              "tokenizer do not belong together")
+            fix = (f"set {field} to {actual} if the vision tower was trained with this tokenizer, else load the "
+                   "config.json and tokenizer.json published together") if actual is not None else (
+                "load the tokenizer.json published with this config.json")
+            raise ConfigError(f"config.json {field}={configured} but the tokenizer's {token} {found}: the config and "
+                              f"the tokenizer do not belong together; {fix}")
 
 
 def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], named_in: str, origin: Path) -> None:
@@ -145,6 +149,7 @@ class Tokenizer:
         """
         directory = Path(path)
         tokenizer_file = directory / TOKENIZER_FILE
+        refuse_broken_link(tokenizer_file)
         if not tokenizer_file.is_file():
             raise CheckpointError(
                 f"{tokenizer_file} not found; a checkpoint needs the tokenizer.json that came with the model"

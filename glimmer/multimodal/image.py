@@ -206,13 +206,27 @@ def _range_fix(low: float, high: float, levels_fix: str) -> str:
             "undo a normalization (by mean and std, or to [-1, 1]), or rescale other levels (16-bit ones by 1/65535)")
 
 
-def _array_to_rgb(array: np.ndarray, index: int) -> np.ndarray:
+def _integer_levels_fix(dtype: np.dtype) -> str:
+    """How to pass pixels of another integer (or bool) dtype as uint8 levels; casting them blindly would wrap
+    16-bit levels around 256 or make a mask's true pixels level 1, nearly black."""
+    if dtype == np.uint16:
+        return "pass 16-bit levels as (array >> 8).astype(np.uint8), or as floats array / 65535"
+    if dtype == np.bool_:
+        return "pass a mask as array.astype(np.uint8) * 255"
+    return "convert 0..255 levels with array.astype(np.uint8), or rescale other levels into floats in [0, 1]"
+
+
+def array_to_rgb(array: np.ndarray, kind: str, index: int, what: str) -> np.ndarray:
+    """An (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) array of uint8 levels or floats in [0, 1] → (H, W, 3) uint8 RGB:
+    floats scaled to levels (module docstring), grey replicated, transparency composited onto white. `what` names the
+    array in errors ("an image array", "a video frame array"); MediaDecodeError names `kind` `index`."""
     if array.dtype.kind == "f":
-        array = _unit_floats_to_levels(array, "image", index, f"an image array of {array.dtype}",
+        array = _unit_floats_to_levels(array, kind, index, f"{what} of {array.dtype}",
                                       "divide its values by 255, or pass 0..255 levels as uint8 "
                                       "(array.astype(np.uint8))")
     elif array.dtype != np.uint8:
-        raise MediaDecodeError("image", index, f"an image array must be uint8, or float in [0, 1]; got {array.dtype}")
+        raise MediaDecodeError(kind, index, f"{what} must be uint8, or float in [0, 1]; got {array.dtype}: "
+                                            f"{_integer_levels_fix(array.dtype)}")
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim == 2:
@@ -220,9 +234,9 @@ def _array_to_rgb(array: np.ndarray, index: int) -> np.ndarray:
     if array.ndim == 3 and array.shape[2] == 3:
         return array
     if array.ndim == 3 and array.shape[2] == 4:
-        return pil_to_rgb(Image.fromarray(array), "image", index)  # (H, W, 4) uint8 → RGBA
+        return pil_to_rgb(Image.fromarray(array), kind, index)  # (H, W, 4) uint8 → RGBA
     raise MediaDecodeError(
-        "image", index, f"an image array must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4); got {array.shape}"
+        kind, index, f"{what} must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4); got {array.shape}"
     )
 
 
@@ -246,7 +260,7 @@ def load_rgb(image: ImageInput, index: int, limits: MediaLimits) -> np.ndarray:
     if isinstance(image, np.ndarray):
         if image.ndim >= 2:
             limits.check_frame_size("image", index, image.shape[1], image.shape[0])
-        return _array_to_rgb(image, index)
+        return array_to_rgb(image, "image", index, "an image array")
     # a tensor's layout is not known here: torch keeps images (C, H, W), arrays here are (H, W, C)
     tensor_fix = (" (for a torch tensor: tensor.numpy() of an (H, W, C) tensor, tensor.permute(1, 2, 0).numpy() "
                   "of a (C, H, W) one)") if isinstance(image, torch.Tensor) else ""

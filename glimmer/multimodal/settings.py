@@ -144,17 +144,21 @@ class MediaLimits:
         per_frame = " per frame" if kind == "video" else ""
         longer, shorter = max(width, height), min(width, height)
         pixel_limit = self.max_frame_pixels if kind == "video" else self.max_image_pixels
+        fix = f"downscale the {kind} before sending it"
         if longer > self.max_image_side:
             problem = f"{width}×{height}{per_frame}: a side of {longer:,} pixels exceeds the limit of " \
                       f"{self.max_image_side:,}"
         elif longer > self.max_image_aspect_ratio * shorter:
             problem = f"{width}×{height}{per_frame}: the aspect ratio exceeds the limit of " \
                       f"{self.max_image_aspect_ratio}:1"
+            # downscaling keeps the ratio
+            fix = (f"crop or pad the {kind} to at most {self.max_image_aspect_ratio}:1 before sending it (the server's "
+                   "--max-image-aspect-ratio sets the limit)")
         elif width * height > pixel_limit:
             problem = f"{width}×{height} = {width * height:,} pixels{per_frame} exceeds the limit of {pixel_limit:,}"
         else:
             return
-        raise MediaLimitError(kind, index, f"{problem}; downscale or crop the {kind} before sending it")
+        raise MediaLimitError(kind, index, f"{problem}; {fix}")
 
 
 @dataclass(frozen=True)

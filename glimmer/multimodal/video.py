@@ -19,6 +19,9 @@ What we do, and where it departs from the reference:
 * Only a demuxer allow-list of ordinary video containers is opened (no playlists or concat scripts,
   which could make FFmpeg open other files).
 * Rotation metadata is not applied (the reference does not either).
+* Decoded frames of floats in [0, 1] are their levels × 255, as an image's are (image.py). The reference video
+  processor would rescale them by 1/255 a second time (its `is_scaled_video` is never called), giving a grey
+  screen; a float frame array outside [0, 1] is refused, as a float image is.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from PIL import Image
 
 from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
-from glimmer.multimodal.image import as_frame_tensor, pil_to_rgb
+from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows
 from glimmer.multimodal.resize import resize_frames, smart_resize
 from glimmer.multimodal.settings import MediaLimits, MediaSettings
@@ -53,9 +56,15 @@ DEFAULT_VIDEO_FPS = 24.0
 ALLOWED_DEMUXERS = "mov,matroska,webm,avi,mpegts,flv,ogg,gif,mpeg,asf,ivf,nut,h264,hevc,m4v"
 
 
+# what DecodedVideo.frames may be, as an image array may be (image.py), with a frame axis first
+_FRAME_ARRAYS = "a (T, H, W), (T, H, W, 1), (T, H, W, 3) or (T, H, W, 4) array of uint8 levels or of floats in [0, 1]"
+
+
 @dataclass(frozen=True)
 class DecodedVideo:
-    """Frames already decoded by the caller: a (T, H, W, 3) uint8 array or a list of PIL images.
+    """Frames already decoded by the caller: an array of T frames of any form an image array takes ((T, H, W, 3)
+    uint8 levels, or floats in [0, 1] scaled by 255 as an image's are; grey; RGBA composited onto white), or a list
+    of PIL images.
 
     `fps` is the frames' rate; None means unknown, and the reference's 24 is assumed (with a warning).
     """
@@ -213,14 +222,18 @@ def decode_video_file(
 def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaLimits, index: int):
     frames = video.frames
     if isinstance(frames, np.ndarray):
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
-            raise MediaDecodeError(
-                "video", index, f"frames must be a (T, H, W, 3) uint8 array; got {frames.dtype} {frames.shape}"
-            )
+        if not (frames.ndim == 3 or (frames.ndim == 4 and frames.shape[3] in (1, 3, 4))):
+            raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS}; got {frames.dtype} {frames.shape}")
+        # the dtype is checked (and floats scaled) frame by frame, by array_to_rgb, as an image's
         total_frames, height, width = frames.shape[:3]
     else:
+        if isinstance(frames, torch.Tensor):
+            # its layout is not known here: torch keeps frames (T, C, H, W), arrays here are (T, H, W, C)
+            raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS} or a list of PIL images, not a "
+                                                   "torch tensor: pass frames.numpy() of a (T, H, W, C) tensor, "
+                                                   "frames.permute(0, 2, 3, 1).numpy() of a (T, C, H, W) one")
         if not all(isinstance(frame, Image.Image) for frame in frames):
-            raise MediaDecodeError("video", index, "frames must be a (T, H, W, 3) uint8 array or a list of PIL images")
+            raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS} or a list of PIL images")
         sizes = {frame.size for frame in frames}
         if len(sizes) > 1:
             raise MediaDecodeError("video", index, f"all frames must have the same size; got {sorted(sizes)}")
@@ -240,7 +253,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
         raise MediaDecodeError("video", index, f"fps={fps!r} is invalid; expected a positive number")
     wanted = sample_frame_indices(total_frames, fps, settings)
     if isinstance(frames, np.ndarray):
-        selected = frames[wanted]
+        selected = np.stack([array_to_rgb(frames[i], "video", index, "a video frame array") for i in wanted])
     else:
         selected = np.stack([pil_to_rgb(frames[i], "video", index) for i in wanted])
     resized = resize_frames(as_frame_tensor(selected), *_target_size(height, width, settings))

@@ -132,6 +132,22 @@ def test_a_directory_holding_only_a_gguf_points_at_the_file(tiny_checkpoint, tmp
     assert "x.gguf" in capsys.readouterr().err
 
 
+def test_a_directory_with_a_config_and_only_a_gguf_points_at_the_file_not_at_random_weights(tiny_checkpoint,
+                                                                                              tmp_path):
+    """QA: a config.json beside the GGUF (as some GGUF repositories ship) gave "no weights found ... pass
+    --load-format dummy", which would serve random weights."""
+    from gguf_export import export_text_gguf
+
+    folder = tmp_path / "config-and-gguf"
+    folder.mkdir()
+    shutil.copy(tiny_checkpoint / "config.json", folder / "config.json")
+    export_text_gguf(tiny_checkpoint, folder / "x.gguf")
+    with pytest.raises(CheckpointError, match=r"has no safetensors or pickle weights but holds the GGUF file x\.gguf; "
+                                              r"a GGUF is a whole model: pass the file itself") as err:
+        open_checkpoint(folder)
+    assert "dummy" not in str(err.value)
+
+
 def test_a_config_only_directory_suggests_dummy_weights(tmp_path, capsys):
     out = tmp_path / "config-only"
     assert main(["make-tiny", str(out), "--config-only"]) == 0
@@ -139,3 +155,24 @@ def test_a_config_only_directory_suggests_dummy_weights(tmp_path, capsys):
         load_model(out, progress=False)
     assert "--load-format dummy" in str(refused.value)  # `glimmer inspect` has no such flag: it inspects it as is
     assert load_model(out, progress=False, load_format="dummy").weight_layout == "dummy"
+
+
+def test_a_pickle_shard_that_is_a_broken_link_is_refused_naming_its_target(pickle_checkpoint, tmp_path):
+    """QA: beside the shards a broken link was passed over (no weights at all: "no weights found ... run it with
+    random weights"); it is refused, with or without --allow-pickle."""
+    (pickle_checkpoint / "pytorch_model.bin").unlink()
+    (pickle_checkpoint / "pytorch_model.bin").symlink_to(tmp_path / "gone.bin")
+    for allow_pickle in (False, True):
+        with pytest.raises(CheckpointError, match=rf"pytorch_model\.bin, a file of the checkpoint, is a symbolic link "
+                                                  rf"to {tmp_path}/gone\.bin, a file that does not exist"):
+            open_checkpoint(pickle_checkpoint, allow_pickle=allow_pickle)
+
+
+def test_an_mmproj_that_is_a_broken_link_names_its_target(tiny_checkpoint, tmp_path):
+    from gguf_export import export_text_gguf
+
+    model = export_text_gguf(tiny_checkpoint, tmp_path / "model.gguf")
+    (tmp_path / "mmproj.gguf").symlink_to(tmp_path / "gone.gguf")
+    with pytest.raises(CheckpointError, match=rf"mmproj\.gguf is a symbolic link to {tmp_path}/gone\.gguf, a file that "
+                                              "does not exist"):
+        open_checkpoint(model, mmproj=tmp_path / "mmproj.gguf")

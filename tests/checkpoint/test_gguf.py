@@ -181,8 +181,9 @@ def test_a_tensor_of_the_wrong_shape_is_reported_once(f32_gguf, tmp_path):
                           replace_tensors={up.name: (np.ascontiguousarray(up.data.T), up.tensor_type)})
     with pytest.raises(CheckpointError) as err:
         load_model(transposed, progress=False)
-    assert str(err.value) == (f"{transposed}: tensor blk.0.ffn_up.weight has shape [64, 128] but the metadata "
-                              "needs [128, 64]")
+    assert str(err.value).splitlines()[:3] == [
+        f"{transposed}: the tensors do not match the metadata: 1 of the wrong shape", "  shape mismatches (1):",
+        "    blk.0.ffn_up.weight: expected shape [128, 64], found [64, 128]"]
 
 
 @pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
@@ -204,6 +205,37 @@ def test_a_bad_sampling_default_is_named_by_its_gguf_key(tiny_checkpoint, tmp_pa
     assert main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"ConfigError: {path}: {key}={value!r} is invalid; expected " in err and f" {field}=" not in err
+
+@pytest.mark.parametrize(("value", "value_type"), [(600, gguf.GGUFValueType.UINT32), (-1, gguf.GGUFValueType.INT32),
+                                                  (511, gguf.GGUFValueType.UINT32)], ids=["past-the-vocabulary",
+                                                                                          "negative", "a-padding-row"])
+def test_a_bad_eot_id_is_named_by_its_gguf_key(f32_gguf, tmp_path, capsys, value, value_type):
+    """QA: tokenizer.ggml.eot_token_id was not checked as the other ids are: past the vocabulary it was reported as
+    generation_config's `eos_token_id`, negative as `eos_token_id=[485, -1]`, and on one of the converter's padding
+    rows (a token the model never writes) it was taken, so turns never stopped at <|eot|>."""
+    from test_gguf_hostile import _rewrite
+
+    from glimmer.cli import main
+
+    path = _rewrite(f32_gguf, tmp_path / "bad-eot.gguf", {}, drop=("tokenizer.ggml.eot_token_id",),
+                    add={"tokenizer.ggml.eot_token_id": (value, value_type)})
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"CheckpointError: {path}: tokenizer.ggml.eot_token_id={value} is not a token of tokenizer.ggml.tokens" \
+        in err and "eos_token_id=" not in err
+
+
+def test_an_eom_stop_id_is_dropped_with_a_warning_naming_the_gguf_keys(f32_gguf, tmp_path, caplog):
+    from test_gguf_hostile import _rewrite
+
+    eom = GGUFFile(f32_gguf).metadata["tokenizer.ggml.eom_token_id"]
+    path = _rewrite(f32_gguf, tmp_path / "eot-is-eom.gguf", {"tokenizer.ggml.eot_token_id": eom})
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.generation_config"):
+        stops = LLM(str(path)).engine.generation_defaults.stop_token_ids
+    assert eom not in stops
+    assert (f"{path} tokenizer.ggml.eos_token_id and tokenizer.ggml.eot_token_id lists <|eom|> (id {eom}) as a stop "
+            "token; ignoring it") in caplog.text
+
 
 def test_inspect_reports_a_gguf(f32_gguf, capsys):
     import json
@@ -337,3 +369,32 @@ def test_sampling_defaults_come_from_general_sampling_keys_like_generation_confi
     assert GGUFFile(path).metadata["general.sampling.top_k"] == 5
     defaults = [LLM(str(model)).engine.generation_defaults.sampling_defaults() for model in (source, path)]
     assert defaults[0] == defaults[1] == {"temperature": 0.3, "top_p": 0.9, "top_k": 5, "min_p": 0.05}
+
+
+def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_fix(make_tiny, tmp_path):
+    """QA: an mmproj's missing and stray tensors were one line, "; "-joined, with no fix."""
+    from gguf_export import export_mmproj_gguf
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    good = gguf.GGUFReader(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"))
+    writer = gguf.GGUFWriter(tmp_path / "bad-mmproj.gguf", "clip")
+    for field in good.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for tensor in good.tensors:
+        if tensor.name != "mm.1.weight":
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.add_tensor("v.blk.9.extra.weight", good.tensors[0].data, raw_dtype=good.tensors[0].tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError) as err:
+        load_model(model, mmproj=tmp_path / "bad-mmproj.gguf", progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{tmp_path / 'bad-mmproj.gguf'}: the tensors do not match the metadata: 1 missing, 1 unexpected"
+    assert lines[1:3] == ["  missing tensors (1):", "    mm.1.weight (shape [48, 48])"]
+    assert lines[3] == "  unexpected tensors (1):" and lines[4].startswith("    v.blk.9.extra.weight [")
+    assert lines[5].startswith("  fix: the tensor names are not the ones llama.cpp's converter writes")

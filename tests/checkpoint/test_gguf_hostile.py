@@ -1,6 +1,7 @@
-"""Hostile and broken GGUF files: each is one line of error from `glimmer inspect` (exit 2), never a crash, a
-hang or a large allocation. All files are inspected by the CLI's `main` in one subprocess whose address
-space is capped at 2 GiB (the files claim terabytes), under a time limit."""
+"""Hostile and broken GGUF files: each is one line of error from `glimmer inspect` (exit 2), or for tensors that do
+not match the metadata one error listing them with the fix, never a crash, a hang or a large allocation. All files
+are inspected by the CLI's `main` in one subprocess whose address space is capped at 2 GiB (the files claim
+terabytes), under a time limit."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     assert len(lines) == 1 and lines[0].startswith("glimmer: error: "), result.stderr[-2000:]
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def assert_listed_error(result: subprocess.CompletedProcess, summary: str, *fragments: str) -> None:
+    """The safetensors mismatch error's form (weight_mismatch.py): a summary of counts, the names, then the fix."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("glimmer: error: CheckpointError: ") and lines[0].endswith(summary), lines[0]
+    assert lines[-1].startswith("  fix: "), lines[-1]
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
 
 
 def _string(text: str) -> bytes:
@@ -206,18 +217,10 @@ CASES = {
         lambda g, d: _rewrite(g, d / "b9.gguf", {"muse-glimmer.block_count": 9,
                                                   "muse-glimmer.attention.sliding_window_pattern": [True] * 9}),
         ("tensor blk.8.attn_q_norm.weight is missing",)),
-    "block_count_too_small": (
-        lambda g, d: _rewrite(g, d / "b4.gguf", {"muse-glimmer.block_count": 4,
-                                                  "muse-glimmer.attention.sliding_window_pattern": [True] * 4}),
-        ("tensors for layer 4 exist but muse-glimmer.block_count=4",)),
-    "head_count_mismatch": (lambda g, d: _rewrite(g, d / "hc.gguf", {"muse-glimmer.attention.head_count": 8}),
-                            ("blk.0.attn_q.weight has shape", "metadata needs")),
     "missing_required_key": (lambda g, d: _rewrite(g, d / "nk.gguf", {}, drop=("muse-glimmer.logit_scale",)),
                              ("required metadata key muse-glimmer.logit_scale is missing",)),
     "k_norm_not_ones": (_bad_k_norm, ("blk.2.attn_k_norm.weight is not all ones",)),
     "tokens_that_miss_the_merges": (_short_vocabulary, ("do not form a BPE tokenizer",)),
-    "unsupported_tensor_type": (_iq4_nl_tensor, ("tensor types Glimmer does not read: IQ4_NL (1 tensors, e.g. "
-                                                 "blk.1.attn_v.weight)", "supported types are F32")),
     "split_file_missing_a_part": (_split_missing_part, ("part 1 of 2 of a split GGUF, and "
                                                         "model-00002-of-00002.gguf is not beside it",)),
     "split_part_renamed": (_split_renamed, ("part 1 of 2 of a split GGUF (split.count=2), but its name is not "
@@ -236,9 +239,29 @@ CASES = {
     "split_parts_of_different_splits": (_split_parts_of_two_splits, (
         "model-00002-of-00002.gguf: is named part 2 of 2 of a split GGUF but its metadata says split.no=1, "
         "split.count=3",)),
+}
+
+# name → (builder, the summary line's end, fragments of the listed error): tensors that do not match the metadata
+MISMATCH_CASES = {
+    "head_count_mismatch": (lambda g, d: _rewrite(g, d / "hc.gguf", {"muse-glimmer.attention.head_count": 8}),
+                            "the tensors do not match the metadata: 24 of the wrong shape", (
+                                "  shape mismatches (24):\n    blk.0.attn_q.weight: expected shape [128, 64], found "
+                                "[64, 64]\n", "    … and 14 more\n", "  fix: the metadata (embedding_length, "
+                                "feed_forward_length, head counts, key_length) describes another size of model")),
+    "block_count_too_small": (
+        lambda g, d: _rewrite(g, d / "b4.gguf", {"muse-glimmer.block_count": 4,
+                                                  "muse-glimmer.attention.sliding_window_pattern": [True] * 4}),
+        "the tensors do not match the metadata: 56 unexpected",
+        ("    blk.4.attn_gate.weight [64, 64]\n",
+         "fix: tensors for layers 4 to 7 exist but muse-glimmer.block_count=4")),
+    "unsupported_tensor_type": (_iq4_nl_tensor,
+                                "tensor types Glimmer does not read (IQ4_NL ×1): 1 of an unsupported type",
+                                ("  tensor types Glimmer does not read (it reads F32, F16, BF16, Q4_0",
+                                 "    blk.1.attn_v.weight: IQ4_NL\n", "fix: quantize the original model")),
     "several_problems": (lambda g, d: _rewrite(g, d / "several.gguf", {}, drop_tensors=(
-        "blk.0.attn_v.weight", "blk.5.ffn_up.weight")), ("tensor blk.0.attn_v.weight is missing; tensor "
-                                                          "blk.5.ffn_up.weight is missing",)),
+        "blk.0.attn_v.weight", "blk.5.ffn_up.weight")), "the tensors do not match the metadata: 2 missing", (
+        "  missing tensors (2):\n    blk.0.attn_v.weight (shape [32, 64])\n    blk.5.ffn_up.weight (shape [128, 64])\n",
+        "  fix: the file lacks tensors")),
 }
 
 
@@ -252,6 +275,7 @@ def results(tiny_checkpoint, tmp_path_factory) -> dict[str, subprocess.Completed
     paths = {"good": good, "defaulted": defaulted, "split_first": first, "split_second": second,
              "split_upper_case": _split_upper_case(good, directory)}
     paths |= {name: build(good, directory) for name, (build, _) in CASES.items()}
+    paths |= {name: build(good, directory) for name, (build, *_) in MISMATCH_CASES.items()}
     outcome = inspect_all(list(paths.values()))
     return {name: outcome[str(path)] for name, path in paths.items()}
 
@@ -272,6 +296,13 @@ def test_a_split_file_reads_as_the_whole_from_any_part(results, part):
 @pytest.mark.parametrize("case", list(CASES))
 def test_hostile_file_is_one_line_of_error(results, case):
     assert_one_line_error(results[case], *CASES[case][1])
+
+
+@pytest.mark.parametrize("case", list(MISMATCH_CASES))
+def test_tensors_that_do_not_match_the_metadata_are_listed_with_the_fix(results, case):
+    """QA: these were one line of every problem ("; "-joined, hundreds for another model) and no fix."""
+    _, summary, fragments = MISMATCH_CASES[case]
+    assert_listed_error(results[case], summary, *fragments)
 
 
 def test_optional_keys_are_defaulted_in_one_warning(results):

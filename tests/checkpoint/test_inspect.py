@@ -147,7 +147,9 @@ def _token_past_the_vocabulary(path):
 
 
 @pytest.mark.parametrize(("breakage", "words"), [
-    (_config_change(image_token_id=300), "image_token_id=300 but the tokenizer's <|patch|> is"),
+    (_config_change(image_token_id=300), "config.json image_token_id=300 but the tokenizer's <|patch|> is 487: the "
+                                         "config and the tokenizer do not belong together; set image_token_id to 487 "
+                                         "if the vision tower was trained with this tokenizer"),
     (_config_change(video_token_id="image_token_id"), "video_token_id="),
     (_foreign_tokenizer, "the tokenizer has 2067 tokens but text_config.vocab_size=512"),
     (_token_past_the_vocabulary, "the tokenizer's token 'QQQQ' has id 700 but text_config.vocab_size=512"),

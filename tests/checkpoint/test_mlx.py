@@ -103,3 +103,49 @@ def test_an_artifact_whose_config_lost_its_format_key_is_refused_naming_the_key(
     assert 'add "muse_glimmer_mlx_format": 1 to it' in message
     assert main(["inspect", str(artifact)]) == 2
     assert "has no muse_glimmer_mlx_format" in capsys.readouterr().err
+
+
+def _edited_artifact(tiny_checkpoint, directory, edit, **export):
+    from safetensors.torch import load_file, save_file
+
+    artifact = export_mlx_artifact(tiny_checkpoint, directory, canonical_state(tiny_checkpoint), **export)
+    tensors = load_file(artifact / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, str(artifact / "model.safetensors"))
+    return artifact
+
+
+@pytest.mark.parametrize(("bits", "stored"), [(None, torch.int8), (4, torch.float32)], ids=["int8-weight",
+                                                                                          "float-codes"])
+def test_a_tensor_of_a_dtype_the_packing_does_not_use_is_refused(tiny_checkpoint, tmp_path, bits, stored):
+    """QA: an unquantized weight stored as int8 (no scales) was loaded as the float of its codes, a silent wrong
+    model; quantized codes must be uint32 words and weights, norms, scales and biases floats."""
+    name = "model.layers.0.mlp.up_proj.weight"
+
+    def retype(tensors):
+        tensors[name] = tensors[name].to(stored) if bits is None else tensors[name].view(stored)
+
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", retype, bits=bits)
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0] == (f"the weights in {artifact} (packaged MLX artifact) do not match the config: 1 of an "
+                        "unsupported type")
+    assert lines[2] == f"    {name}: dtype {'I8' if bits is None else 'F32'}"
+    assert lines[-1].startswith("  fix: regenerate the artifact")
+
+
+def test_missing_and_stray_tensors_are_all_listed_with_the_fix(tiny_checkpoint, tmp_path):
+    """QA: only the first missing tensor was named, in one line without a fix."""
+    def rename(tensors):
+        for name in [n for n in tensors if n.startswith("model.layers.1.")]:
+            tensors[name.replace("layers.1.", "blocks.1.")] = tensors.pop(name)
+
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", rename)
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0].endswith("do not match the config: 11 missing, 11 unexpected")
+    assert "  missing tensors (11):" in lines and "  unexpected tensors (11):" in lines
+    assert "    model.blocks.1.mlp.up_proj.weight [128, 64]" in lines
+    assert lines[-1].startswith("  fix: the tensor names are not a packaged Muse Glimmer MLX artifact's")

@@ -30,3 +30,13 @@ def test_offline_hub_id_fails_with_a_clear_message(monkeypatch, tmp_path):
 def test_neither_path_nor_hub_id_is_refused():
     with pytest.raises(CheckpointError, match="neither an existing directory nor a Hugging Face Hub id"):
         resolve_checkpoint("/no/such/dir/../x y")
+
+
+def test_a_model_path_that_is_a_broken_link_names_its_target(tmp_path):
+    """QA: a .gguf link into a Hugging Face cache whose blob is gone was called "neither an existing directory nor a
+    Hugging Face Hub id"."""
+    link = tmp_path / "model.gguf"
+    link.symlink_to("../blobs/0123abcd")
+    with pytest.raises(CheckpointError, match=r"model path .*model\.gguf is a symbolic link to \.\./blobs/0123abcd, "
+                                              r"a file that does not exist .*: download the checkpoint again"):
+        resolve_checkpoint(link)

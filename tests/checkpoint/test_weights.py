@@ -238,6 +238,50 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
         load_model(dst, progress=False)
 
 
+def test_a_shard_that_is_a_broken_link_is_refused_naming_its_target(make_tiny, tmp_path):
+    """QA: a Hugging Face cache whose blob is gone leaves a link to nothing; the index's shard is refused by it."""
+    import shutil
+
+    checkpoint = tmp_path / "cache-snapshot"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), checkpoint)
+    (checkpoint / "model-00002-of-00002.safetensors").unlink()
+    (checkpoint / "model-00002-of-00002.safetensors").symlink_to("../../blobs/0123abcd")
+    with pytest.raises(CheckpointError, match=r"names shard 'model-00002-of-00002\.safetensors', which is a symbolic "
+                                              r"link to \.\./\.\./blobs/0123abcd, a file that does not exist .*: "
+                                              r"download the checkpoint again"):
+        load_model(checkpoint, progress=False)
+
+
+def test_without_an_index_a_broken_link_is_refused_not_read_as_a_smaller_model(make_tiny, tmp_path):
+    """QA: text and vision tensors in two files, the vision one a broken link: it was skipped without a word, and the
+    checkpoint loaded as a text-only model (a warning said the config's vision tower had no weights)."""
+    checkpoint = tmp_path / "split-by-tower"
+    source = make_tiny("canonical", vision=True)
+    checkpoint.mkdir()
+    for f in source.iterdir():
+        if f.suffix != ".safetensors":
+            (checkpoint / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(source / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if "vision" not in k}, str(checkpoint / "language.safetensors"))
+    (checkpoint / "vision.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    with pytest.raises(CheckpointError, match=rf"^{checkpoint}/vision\.safetensors, a file of the checkpoint, is a "
+                                              rf"symbolic link to {tmp_path}/gone\.safetensors, a file that does not "
+                                              "exist"):
+        load_model(checkpoint, progress=False)
+
+
+def test_a_broken_link_the_index_does_not_name_is_left_out_with_a_warning_saying_so(make_tiny, tmp_path, caplog):
+    import shutil
+
+    checkpoint = tmp_path / "stray-link"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), checkpoint)
+    (checkpoint / "consolidated.safetensors").symlink_to("/nonexistent/blob")
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        assert torch.equal(_logits(checkpoint), _logits(make_tiny("canonical", seed=7)))
+    assert (f"{checkpoint}: ignoring consolidated.safetensors: model.safetensors.index.json does not name it, and it "
+            "is a broken symbolic link (to /nonexistent/blob, which does not exist); remove it") in caplog.text
+
+
 def test_a_safetensors_file_the_index_does_not_name_is_left_out_with_a_warning(make_tiny, tmp_path, caplog, capsys):
     """QA: a consolidated copy beside indexed shards (Mistral-style repositories ship one) or a shard the index
     forgot was left out without a word; it still is left out, with a warning naming it (inspect reports it too)."""
@@ -417,3 +461,41 @@ def test_pickle_index_naming_a_shard_outside_the_checkpoint_is_refused(tmp_path)
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"w": "../outside.bin"}}))
     with pytest.raises(CheckpointError, match=r"names shard '\.\./outside\.bin', outside the checkpoint directory"):
         pickle_files(tmp_path)
+
+
+def test_a_stale_index_that_omits_tensors_its_shards_hold_reads_them_as_transformers_does(make_tiny, tmp_path,
+                                                                                          caplog):
+    """QA: an index that did not list the vision tensors its shard held loaded a text-only model ("the checkpoint
+    has no vision weights"), where transformers, which reads every tensor of the shards an index names, loads the
+    vision tower."""
+    import shutil
+
+    checkpoint = tmp_path / "stale-index"
+    shutil.copytree(make_tiny("canonical", vision=True, num_shards=2), checkpoint)
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if "vision" not in k}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    with caplog.at_level("WARNING", logger="glimmer.checkpoint.safetensors_files"):
+        loaded = load_model(checkpoint, progress=False)
+    assert loaded.config.vision is not None
+    whole = load_model(make_tiny("canonical", vision=True), progress=False).model.state_dict()
+    assert all(torch.equal(tensor, whole[name]) for name, tensor in loaded.model.state_dict().items())
+    assert f"{checkpoint}/model.safetensors.index.json does not list 73 tensor(s) its shards hold: " in caplog.text
+    assert "as transformers reads every tensor of the shards an index names (a stale index: regenerate it)" \
+        in caplog.text
+
+
+def test_a_tensor_a_shard_holds_that_the_index_maps_to_another_shard_is_refused(make_tiny, tmp_path):
+    import shutil
+
+    checkpoint = tmp_path / "two-copies"
+    shutil.copytree(make_tiny("canonical", num_shards=2), checkpoint)
+    index = json.loads((checkpoint / "model.safetensors.index.json").read_text())
+    name, shard = next((k, v) for k, v in index["weight_map"].items() if v == "model-00002-of-00002.safetensors")
+    first = checkpoint / "model-00001-of-00002.safetensors"
+    tensors = load_file(first)
+    tensors[name] = load_file(checkpoint / shard)[name]
+    save_file(tensors, str(first))
+    with pytest.raises(CheckpointError, match=rf"tensor '{name}' is in both model-00001-of-00002\.safetensors and "
+                                              rf"{shard}, and .* maps it to {shard}: two copies of a weight"):
+        load_model(checkpoint, progress=False)

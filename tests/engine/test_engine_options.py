@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.config_checks import parse_size
@@ -143,3 +144,20 @@ def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
               served_model_name="my-model", logprobs_mode="raw_logprobs", mm_processor_kwargs=None,
               download_dir=None, task="generate", enable_sleep_mode=False, skip_tokenizer_init=False)
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+
+
+def test_a_cuda_device_is_named_as_given_when_cuda_is_absent(monkeypatch):
+    """QA: --device cuda:9 was reported as device='cuda'."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"device='cuda:9' was requested but CUDA is not available here"):
+        EngineConfig(model="m", device="cuda:9").resolved_device()
+
+
+def test_a_cuda_device_past_the_machines_count_is_refused_naming_the_ones_there(monkeypatch):
+    """QA: a device ordinal the machine lacks reached torch, which fails deep in loading (invalid device ordinal)."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"device='cuda:2' was requested but this machine has 2 CUDA device\(s\), "
+                                          r"cuda:0 to cuda:1"):
+        EngineConfig(model="m", device="cuda:2").resolved_device()
+    assert EngineConfig(model="m", device="cuda:1").resolved_device() == torch.device("cuda:1")

@@ -168,7 +168,12 @@ def test_pillow_fallback_stays_close_to_torch_lanczos(monkeypatch) -> None:
         pytest.param(b"definitely not an image", "not an image format", id="garbage-bytes"),
         pytest.param(b"", "not an image format", id="empty-bytes"),
         pytest.param("MISSING", "no such file", id="missing-file"),
-        pytest.param(np.zeros((10, 10, 3), dtype=np.int64), "must be uint8, or float in [0, 1]", id="int64-array"),
+        pytest.param(np.zeros((10, 10, 3), dtype=np.int64), "must be uint8, or float in [0, 1]; got int64: convert "
+                     "0..255 levels with array.astype(np.uint8)", id="int64-array"),
+        pytest.param(np.zeros((10, 10, 3), dtype=np.uint16), "got uint16: pass 16-bit levels as (array >> 8)"
+                     ".astype(np.uint8), or as floats array / 65535", id="uint16-array"),
+        pytest.param(np.zeros((10, 10), dtype=bool), "got bool: pass a mask as array.astype(np.uint8) * 255",
+                     id="bool-array"),
         pytest.param(np.full((10, 10, 3), 255.0, dtype=np.float32), "must hold values in [0, 1]", id="float-levels"),
         pytest.param(np.zeros((10, 10, 2), dtype=np.uint8), "must be (H, W)", id="two-channel-array"),
         pytest.param(np.zeros((0, 10, 3), dtype=np.uint8), "empty", id="empty-array"),

@@ -118,3 +118,17 @@ def test_limits_validate_themselves() -> None:
     assert MediaLimits().max_media_tokens is None
     with pytest.raises(ConfigError, match="max_video_source_frames=0"):
         MediaLimits(max_video_source_frames=0)
+
+
+@pytest.mark.parametrize(("width", "height", "fix"), [
+    (1, 300, "crop or pad the image to at most 200:1 before sending it (the server's --max-image-aspect-ratio sets "
+             "the limit)"),
+    (20_000, 20, "downscale the image before sending it"),
+    (12_000, 12_000, "downscale the image before sending it")], ids=["aspect-ratio", "side", "pixels"])
+def test_a_media_limit_error_names_the_fix_that_meets_that_limit(width, height, fix) -> None:
+    """QA: a 1×300 image was told to "downscale or crop", but downscaling keeps the aspect ratio that was refused."""
+    from glimmer.multimodal import MediaLimitError
+
+    with pytest.raises(MediaLimitError) as err:
+        MediaLimits().check_frame_size("image", 0, width, height)
+    assert str(err.value).endswith(f"; {fix}")

@@ -87,6 +87,37 @@ def test_float_pil_frames_in_0_1_give_the_rows_of_their_levels_and_others_are_re
                       index=1)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_float_frames_in_0_1_give_the_rows_of_their_levels_as_an_image_does(dtype, reference_video_patchify) -> None:
+    """QA: a DecodedVideo of float frames (torchvision's ToTensor range) was refused, though an image of the same
+    floats is taken as its levels × 255. It is now taken as an image is, giving the rows of its uint8 levels, which
+    are the reference's rescale, normalize and patchify of those levels (transformers' video processor would rescale
+    the floats by 1/255 a second time: its `is_scaled_video` is never called)."""
+    levels = distinct_frames(4, 28, 56, seed=3)
+    floats = process_video(DecodedVideo(levels.astype(dtype) / dtype(255), fps=2.0), MediaSettings(), LIMITS)
+    assert torch.equal(floats.pixel_values, process_video(DecodedVideo(levels, fps=2.0), MediaSettings(),
+                                                          LIMITS).pixel_values)
+    normalised = (torch.from_numpy(levels).permute(0, 3, 1, 2).float() * (1 / 255) - 0.5) / 0.5
+    expected, *grid = reference_video_patchify(normalised[None], 14, 2)
+    assert tuple(grid) == floats.grid_thw
+    torch.testing.assert_close(floats.pixel_values, expected[0], rtol=0, atol=1e-6)
+
+
+def test_grey_and_rgba_frame_arrays_are_read_as_images_of_them_are() -> None:
+    """Every array form an image takes, with a frame axis first: grey replicated, transparency onto white."""
+    grey = distinct_frames(4, seed=4)[:, :, :, 0]
+    as_rgb = process_video(DecodedVideo(np.repeat(grey[..., None], 3, axis=3), fps=4.0), SMALL, LIMITS)
+    for frames in (grey, grey[..., None]):
+        assert torch.equal(process_video(DecodedVideo(frames, fps=4.0), SMALL, LIMITS).pixel_values,
+                           as_rgb.pixel_values)
+    rgb = distinct_frames(4, seed=5)
+    opaque, clear = (np.concatenate([rgb, np.full((4, 90, 120, 1), alpha, np.uint8)], axis=3) for alpha in (255, 0))
+    assert torch.equal(process_video(DecodedVideo(opaque, fps=4.0), SMALL, LIMITS).pixel_values,
+                       process_video(DecodedVideo(rgb, fps=4.0), SMALL, LIMITS).pixel_values)
+    assert torch.equal(process_video(DecodedVideo(clear, fps=4.0), SMALL, LIMITS).pixel_values,
+                       process_video(DecodedVideo(np.full_like(rgb, 255), fps=4.0), SMALL, LIMITS).pixel_values)
+
+
 def test_encoded_bytes_are_accepted(tmp_path, video_writer) -> None:
     path = video_writer(tmp_path / "clip.mp4", distinct_frames(8), fps=4, codec="libx264", container="mp4")
     video = process_video(path.read_bytes(), SMALL, LIMITS)
@@ -170,9 +201,17 @@ def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
         pytest.param(b"", "not a decodable video", id="empty-bytes"),
         pytest.param("PNG", "no video stream|not a decodable video", id="an-image-file"),
         pytest.param("MISSING", "no such file", id="missing-file"),
-        pytest.param(
-            DecodedVideo(np.zeros((4, 8, 8), dtype=np.uint8), fps=2.0), r"\(T, H, W, 3\) uint8", id="3d-array"
-        ),
+        pytest.param(DecodedVideo(np.zeros((4, 8, 8, 2), dtype=np.uint8), fps=2.0),
+                     r"frames must be a \(T, H, W\), \(T, H, W, 1\), \(T, H, W, 3\) or \(T, H, W, 4\) array of uint8 "
+                     r"levels or of floats in \[0, 1\]", id="two-channel-array"),
+        pytest.param(DecodedVideo(np.zeros((4, 8, 8, 3), dtype=np.uint16), fps=2.0),
+                     r"a video frame array must be uint8, or float in \[0, 1\]; got uint16: pass 16-bit levels as",
+                     id="uint16-array"),
+        pytest.param(DecodedVideo(np.full((4, 8, 8, 3), 255.0, dtype=np.float32), fps=2.0),
+                     r"a video frame array of float32 must hold values in \[0, 1\] .* they look like 0\.\.255 levels",
+                     id="float-levels"),
+        pytest.param(DecodedVideo(torch.zeros(4, 3, 8, 8), fps=2.0), r"not a torch tensor: pass frames\.numpy\(\)",
+                     id="torch-tensor"),
         pytest.param(DecodedVideo(np.zeros((0, 8, 8, 3), dtype=np.uint8), fps=2.0), "no frames", id="no-frames"),
         pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps=0.0), "fps=0.0", id="zero-fps"),
         pytest.param(DecodedVideo(np.zeros((2, 8, 8, 3), dtype=np.uint8), fps="30"), "fps='30' is invalid",

@@ -1,0 +1,29 @@
+"""Symbolic links whose target is gone. A Hugging Face cache snapshot is a directory of links into its `blobs/`;
+a blob deleted, or never finished downloading, leaves a link to nothing, which `Path.is_file()` quietly reports
+as no file. Every reader names such a link, and where it points, instead of passing over it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from glimmer.errors import CheckpointError, GlimmerError
+
+
+def is_broken_link(path: Path) -> bool:
+    """A symbolic link whose target does not exist (or a loop of links)."""
+    return path.is_symlink() and not path.exists()
+
+
+def broken_link_problem(path: Path) -> str:
+    """`is a symbolic link to <target>, ...: <fix>`, to follow the link's name in an error."""
+    return (f"is a symbolic link to {os.readlink(path)}, a file that does not exist (a Hugging Face cache whose blob "
+            "was deleted, or a download cut short): download the checkpoint again (`hf download REPO`), or restore "
+            "the file the link points to")
+
+
+def refuse_broken_link(path: Path, error: type[GlimmerError] = CheckpointError) -> None:
+    """Raise `error` naming `path` and its missing target if `path` is a broken link: a reader calls it before it
+    takes a file that is not there as one the checkpoint does without (generation_config.json, a chat template)."""
+    if is_broken_link(path):
+        raise error(f"{path} {broken_link_problem(path)}")

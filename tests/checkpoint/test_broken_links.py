@@ -1,0 +1,42 @@
+"""A checkpoint's side file that is a broken symbolic link (a Hugging Face cache whose blob is gone) is refused naming
+the link and its target, never taken as a file the checkpoint does without (broken_links.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from glimmer.cli import main
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                                  "special_tokens_map.json"])
+def test_a_side_file_that_is_a_broken_link_is_refused_naming_its_target(tiny_checkpoint, tmp_path, capsys, name):
+    """QA: a broken generation_config.json was "not found" (stop ids and sampling defaults from config.json instead),
+    a broken tokenizer_config.json or special_tokens_map.json passed over, config.json and tokenizer.json "not
+    found"."""
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / name).unlink()
+    (checkpoint / name).symlink_to("../../blobs/0123abcd")
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint / name} is a symbolic link to ../../blobs/0123abcd, a file that does not exist" in err
+    assert "download the checkpoint again" in err
+
+
+def test_a_chat_template_that_is_a_broken_link_is_not_replaced_by_another(tiny_checkpoint, tmp_path, capsys):
+    """QA: a broken chat_template.jinja fell through to tokenizer_config.json's template, rendering every prompt
+    with another template; it is now the reason there is no template."""
+    import json
+
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "{{ 'other' }}"}))
+    (checkpoint / "chat_template.jinja").unlink()
+    (checkpoint / "chat_template.jinja").symlink_to(tmp_path / "gone.jinja")
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert any(f"chat_template.jinja is a symbolic link to {tmp_path}/gone.jinja" in w for w in warnings), warnings
