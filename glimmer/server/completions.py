@@ -35,7 +35,7 @@ from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import completion_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import completion_sampling_params
-from glimmer.server.schemas import CompletionRequest, parse_body
+from glimmer.server.schemas import CompletionRequest, chunk_usage, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 from glimmer.server.structured_outputs import requested_structured_outputs
@@ -255,7 +255,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
                            for offset in choice.text_offsets[len(choice.text_offsets) - len(delta.logprobs):]]
                 chunk = run.envelope([run.choice(index, echo, delta.text, delta.finish_reason, delta.logprobs,
                                                  offsets, delta.prompt_logprobs, delta.stop_reason)])
-                yield sse_event({**chunk, "usage": None} if include_usage else chunk)
+                yield sse_event({**chunk, **chunk_usage(options, run.usage)})
             run.timer.done()
             if include_usage:
                 yield sse_event({**run.envelope([]), "usage": run.usage()})
