@@ -366,3 +366,16 @@ def test_include_usage_alone_keeps_a_null_usage_on_every_chunk_but_the_last(serv
     assert all(chunk["usage"] is None for chunk in answer)
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
     assert all("usage" not in chunk for chunk in streamed_chunks(server, path))
+
+
+@pytest.mark.parametrize("logprobs", [{}, {"logprobs": False}, {"logprobs": None}])
+def test_top_logprobs_0_without_logprobs_asks_for_none(server, logprobs):
+    reply = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 2, "top_logprobs": 0, **logprobs})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["logprobs"] is None
+
+
+def test_positive_top_logprobs_without_logprobs_is_a_400_naming_the_fix(server):
+    error = chat_error(server, top_logprobs=2)
+    assert error["param"] == "top_logprobs" and "set logprobs to true" in error["message"]
