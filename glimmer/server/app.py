@@ -31,10 +31,12 @@ from glimmer.server.metrics import ServerMetrics
 from glimmer.server.responses import create_response, get_response
 from glimmer.server.settings import ServerSettings
 from glimmer.server.streaming import ClientDisconnected
+from glimmer.server.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
-_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
+              "/health", "/metrics")
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
@@ -48,6 +50,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.context = context
     app.include_router(_v1_router(context))
+    app.include_router(_tokenizer_router(context))
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def chat_page() -> Response:
@@ -100,11 +103,16 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     return app
 
 
-def _v1_router(context: ServingContext) -> APIRouter:
+def _behind_the_api_key(context: ServingContext) -> list[Any]:
+    """The router dependency that answers 401 unless the request carries the server's key."""
     def authorized(request: Request) -> None:
         check_api_key(request, context.settings.api_key)
 
-    router = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+    return [Depends(authorized)]
+
+
+def _v1_router(context: ServingContext) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=_behind_the_api_key(context))
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -131,6 +139,21 @@ def _v1_router(context: ServingContext) -> APIRouter:
     @router.get("/models/{model:path}")
     async def model(model: str) -> Response:
         return JSONResponse(_model_card(context, context.check_model(model)))
+
+    return router
+
+
+def _tokenizer_router(context: ServingContext) -> APIRouter:
+    """vLLM's /tokenize and /detokenize, at the root as vLLM serves them, behind the API key as /v1 is."""
+    router = APIRouter(dependencies=_behind_the_api_key(context))
+
+    @router.post("/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        return await tokenize(request, context)
+
+    @router.post("/detokenize")
+    async def detokenize_route(request: Request) -> Response:
+        return await detokenize(request, context)
 
     return router
 

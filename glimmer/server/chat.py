@@ -35,7 +35,7 @@ from glimmer.server.errors import ToolChoiceUnsatisfiedError, describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
-from glimmer.server.schemas import ChatCompletionRequest, parse_body
+from glimmer.server.schemas import ChatCompletionRequest, chunk_usage, parse_body
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 logger = logging.getLogger(__name__)
@@ -94,9 +94,8 @@ class ChatRun:
         chunk: dict[str, Any] = {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_name,
             "choices": [{**choice, **(extra_choice or {})}], **(extra or {}),
+            **chunk_usage(self.request.stream_options, self.usage),
         }
-        if self.include_usage:
-            chunk["usage"] = None
         return sse_event(chunk)
 
     @property

@@ -35,7 +35,7 @@ from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import completion_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import completion_sampling_params
-from glimmer.server.schemas import CompletionRequest, parse_body
+from glimmer.server.schemas import CompletionRequest, chunk_usage, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 from glimmer.server.structured_outputs import requested_structured_outputs
@@ -161,11 +161,11 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: Ser
         if isinstance(text_or_ids, str):
             ids.append(engine.encode_prompt(text_or_ids))
         else:
-            ids.append(_checked_token_ids(text_or_ids, name, engine.token_count))
+            ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
     return ids
 
 
-def _checked_token_ids(token_ids: list[int], name: str, vocabulary_size: int) -> list[int]:
+def checked_token_ids(token_ids: list[int], name: str, vocabulary_size: int) -> list[int]:
     """`token_ids`, the prompt `name`; raises RequestError for an empty one or the first id outside the vocabulary
     (the engine's own check cannot say where it stands in the request)."""
     if not token_ids:
@@ -185,7 +185,7 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
     return context.grammars.structured_outputs(structured, param)
 
 
-def _naming_the_prompt(error: RequestError) -> RequestError:
+def naming_the_prompt(error: RequestError) -> RequestError:
     """The engine names a prompt that cannot fit `messages` (the chat field); this endpoint's field is `prompt`."""
     if error.param != "messages":
         return error
@@ -200,7 +200,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     try:
         prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(request.prompt, context, cancel))
     except RequestError as exc:
-        raise _naming_the_prompt(exc) from None
+        raise naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
     run.choices = [_Choice(detokenizer=run.detokenizer() if request.logprobs is not None else None)
@@ -213,7 +213,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
                                                                      return_exceptions=True))
         failed = [first for first in firsts if isinstance(first, BaseException)]
         if failed:
-            raise _naming_the_prompt(failed[0]) if isinstance(failed[0], RequestError) else failed[0]
+            raise naming_the_prompt(failed[0]) if isinstance(failed[0], RequestError) else failed[0]
     except BaseException:
         for stream in streams:
             await stream.aclose()
@@ -255,7 +255,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
                            for offset in choice.text_offsets[len(choice.text_offsets) - len(delta.logprobs):]]
                 chunk = run.envelope([run.choice(index, echo, delta.text, delta.finish_reason, delta.logprobs,
                                                  offsets, delta.prompt_logprobs, delta.stop_reason)])
-                yield sse_event({**chunk, "usage": None} if include_usage else chunk)
+                yield sse_event({**chunk, **chunk_usage(options, run.usage)})
             run.timer.done()
             if include_usage:
                 yield sse_event({**run.envelope([]), "usage": run.usage()})

@@ -41,8 +41,10 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
     if request.top_logprobs is not None:
         if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
             raise RequestError(f"top_logprobs: must be between 0 and {MAX_LOGPROBS}", param="top_logprobs")
-        if not request.logprobs:
-            raise RequestError("top_logprobs: needs logprobs set to true", param="top_logprobs")
+        # 0 asks for no alternatives, which a request without logprobs gets anyway (OpenAI and vLLM accept it)
+        if request.top_logprobs > 0 and not request.logprobs:
+            raise RequestError(f"top_logprobs: {request.top_logprobs} alternatives need logprobs; set logprobs to true "
+                               "(or leave top_logprobs out)", param="top_logprobs")
     if request.logprobs:
         logprobs = request.top_logprobs or 0
     stop_strings(request)  # validated here, matched by the server against the answer

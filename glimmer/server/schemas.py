@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import typing
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -69,7 +70,18 @@ def _takes_none(annotation: Any) -> bool:
 
 
 class StreamOptions(RequestBody):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the whole usage; every other chunk has `"usage": null`
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
+
+
+def chunk_usage(options: StreamOptions | None, usage_so_far: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The `usage` field of a streamed chunk (the last, usage-only chunk aside): the usage so far with
+    `continuous_usage_stats`, null with `include_usage` alone (as OpenAI streams it), else no field."""
+    if options is None:
+        return {}
+    if options.continuous_usage_stats:
+        return {"usage": usage_so_far()}
+    return {"usage": None} if options.include_usage else {}
 
 
 class NamedFunction(RequestBody):

@@ -324,3 +324,58 @@ def test_a_min_tokens_the_context_cannot_hold_is_400_without_max_tokens_too(serv
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "min_tokens" and error["message"].startswith("min_tokens: 1000000 is more than")
+
+
+def streamed_chunks(server, path: str, **fields) -> list[dict]:
+    """The JSON chunks of a streamed chat completion or completion, in order."""
+    body = {"model": "tiny", "max_tokens": 6, "temperature": 0, "min_tokens": 6, "stream": True, **fields}
+    if path == "/chat/completions":
+        body |= {"messages": MESSAGES, "chat_template_kwargs": PINNED_DATE}
+    else:
+        body |= {"prompt": PROMPT}
+    with httpx.stream("POST", server.base_url + path, json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(server, path, n):
+    chunks = streamed_chunks(server, path, n=n, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    *answer, last = chunks
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6 * n
+    counts = [chunk["usage"]["completion_tokens"] for chunk in answer]
+    assert counts == sorted(counts) and counts[-1] == 6 * n
+    assert all(chunk["usage"]["prompt_tokens"] == last["usage"]["prompt_tokens"] for chunk in answer)
+    assert all(chunk["usage"]["total_tokens"] == chunk["usage"]["prompt_tokens"] + chunk["usage"]["completion_tokens"]
+               for chunk in answer)
+    assert answer[-1]["usage"] == last["usage"]
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_continuous_usage_stats_alone_adds_no_final_usage_chunk(server, path):
+    chunks = streamed_chunks(server, path, stream_options={"continuous_usage_stats": True})
+    assert all(chunk["choices"] and chunk["usage"]["completion_tokens"] <= 6 for chunk in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_include_usage_alone_keeps_a_null_usage_on_every_chunk_but_the_last(server, path):
+    options = {"include_usage": True, "continuous_usage_stats": False}
+    *answer, last = streamed_chunks(server, path, stream_options=options)
+    assert all(chunk["usage"] is None for chunk in answer)
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    assert all("usage" not in chunk for chunk in streamed_chunks(server, path))
+
+
+@pytest.mark.parametrize("logprobs", [{}, {"logprobs": False}, {"logprobs": None}])
+def test_top_logprobs_0_without_logprobs_asks_for_none(server, logprobs):
+    reply = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 2, "top_logprobs": 0, **logprobs})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["logprobs"] is None
+
+
+def test_positive_top_logprobs_without_logprobs_is_a_400_naming_the_fix(server):
+    error = chat_error(server, top_logprobs=2)
+    assert error["param"] == "top_logprobs" and "set logprobs to true" in error["message"]

@@ -1,0 +1,118 @@
+"""vLLM's POST /tokenize and POST /detokenize through the real server on a random tiny model: the counts agree with
+the generating endpoints' usage, bad input is a 400 naming the field, and the routes sit behind the API key."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_support import PINNED_DATE, WEATHER_TOOL, live_server
+
+KEY = "sk-tokenize"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), api_key=KEY) as live:
+        yield live
+
+
+def post(server, path: str, **body) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, headers=AUTH, timeout=30)
+
+
+def error_param(response: httpx.Response) -> str | None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    return error["param"]
+
+
+def test_a_prompt_counts_as_completions_count_it_with_the_bos_unless_add_special_tokens_is_false(server):
+    usage = post(server, "/v1/completions", model="tiny", prompt="The sky is blue", max_tokens=1).json()["usage"]
+    tokenized = post(server, "/tokenize", model="tiny", prompt="The sky is blue").json()
+    assert tokenized["count"] == len(tokenized["tokens"]) == usage["prompt_tokens"]
+    assert tokenized["max_model_len"] == 2048
+    assert "token_strs" not in tokenized
+    bos_id = server.engine.engine.tokenizer.bos_token_id
+    assert tokenized["tokens"][0] == bos_id
+    bare = post(server, "/tokenize", prompt="The sky is blue", add_special_tokens=False).json()
+    assert bare["tokens"] == tokenized["tokens"][1:]
+
+
+def test_token_strs_are_the_vocabulary_entries_of_the_tokens(server):
+    tokenized = post(server, "/tokenize", prompt="The sky", return_token_strs=True).json()
+    tokenizer = server.engine.engine.tokenizer
+    assert tokenized["token_strs"] == [tokenizer.id_to_token(token_id) for token_id in tokenized["tokens"]]
+
+
+@pytest.mark.parametrize("fields", [{}, {"tools": [WEATHER_TOOL]}], ids=["plain", "tools"])
+def test_messages_count_as_the_chat_endpoint_renders_them(server, fields):
+    chat = {"messages": MESSAGES, "chat_template_kwargs": PINNED_DATE, **fields}
+    usage = post(server, "/v1/chat/completions", model="tiny", max_tokens=1, **chat).json()["usage"]
+    tokenized = post(server, "/tokenize", model="tiny", **chat).json()
+    assert tokenized["count"] == usage["prompt_tokens"]
+
+
+def test_add_generation_prompt_and_continue_final_message_end_the_prompt_where_chat_would(server):
+    def tokens(**fields) -> list[int]:
+        return post(server, "/tokenize", chat_template_kwargs=PINNED_DATE, **fields).json()["tokens"]
+
+    with_prompt = tokens(messages=MESSAGES)
+    without = tokens(messages=MESSAGES, add_generation_prompt=False)
+    assert with_prompt[:len(without)] == without and len(with_prompt) > len(without)
+    continued = [*MESSAGES, {"role": "assistant", "content": "It is"}]
+    text = post(server, "/detokenize", tokens=tokens(messages=continued, continue_final_message=True)).json()
+    assert text["prompt"].endswith("It is")
+
+
+def test_detokenize_gives_back_the_text_special_tokens_kept(server):
+    tokenized = post(server, "/tokenize", prompt="Hello there<|eot|>").json()
+    detokenized = post(server, "/detokenize", model="tiny", tokens=tokenized["tokens"]).json()
+    bos = server.engine.engine.tokenizer.bos_token
+    assert detokenized == {"prompt": bos + "Hello there<|eot|>"}
+    assert post(server, "/detokenize", tokens=[]).json() == {"prompt": ""}
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/detokenize", {"tokens": [5, 10**9]}, "tokens[1]"),
+    ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
+    ("/detokenize", {"tokens": [2**70]}, "tokens[0]"),
+    ("/detokenize", {"tokens": "5 6"}, "tokens"),
+    ("/detokenize", {"tokens": [5, "6"]}, "tokens[1]"),
+    ("/detokenize", {}, "tokens"),
+    ("/detokenize", {"tokens": [5] * 2049}, "tokens"),
+    ("/tokenize", {"prompt": "hi", "messages": MESSAGES}, "prompt"),
+    ("/tokenize", {}, "messages"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": "hi", "tools": [WEATHER_TOOL]}, "tools"),
+    ("/tokenize", {"messages": MESSAGES, "add_special_tokens": True}, "add_special_tokens"),
+    ("/tokenize", {"messages": []}, "messages"),
+    ("/tokenize", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("/tokenize", {"prompt": "hi", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+], ids=lambda value: value if isinstance(value, str) and len(value) < 40 else None)
+def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
+    assert error_param(post(server, path, **body)) == param
+
+
+@pytest.mark.parametrize("fields", [{}, {"add_special_tokens": False}])
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(server, fields):
+    too_long = "x" * (server.engine.engine.max_prompt_chars + 1)
+    response = post(server, "/tokenize", prompt=too_long, **fields)
+    assert error_param(response) == "prompt" and "shorten the prompt" in response.json()["error"]["message"]
+    too_long_chat = [{"role": "user", "content": too_long}]
+    assert error_param(post(server, "/tokenize", messages=too_long_chat)) == "messages"
+
+
+def test_an_unknown_model_is_a_404(server):
+    response = post(server, "/tokenize", model="other", prompt="hi")
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+def test_the_routes_are_behind_the_api_key_and_counted_in_the_metrics(server, path):
+    response = httpx.post(server.url + path, json={"prompt": "hi", "tokens": [5]}, timeout=30)
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    samples = server.metrics()
+    assert samples[f'glimmer_requests_total{{endpoint="{path}",status="401"}}'] >= 1
