@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import operator
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
@@ -39,7 +40,7 @@ from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
-from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
@@ -77,8 +78,8 @@ class ChatOutput:
     the same way, each with its own one-completion `output`. `output` is the turn as generated, special tokens
     (its framing) included whatever `skip_special_tokens` says; that applies to the parsed fields (P-REQ-1).
     What vLLM code reads of the RequestOutput its `LLM.chat` returns (`outputs`, `prompt`, `prompt_token_ids`,
-    `request_id`, `num_cached_tokens`, `prompt_logprobs`) is `output`'s, so such code runs: `outputs[0].text` is
-    the raw turn there as here, `content` the answer."""
+    `request_id`, `num_cached_tokens`, `prompt_logprobs`, `metrics`) is `output`'s, so such code runs:
+    `outputs[0].text` is the raw turn there as here, `content` the answer."""
 
     reasoning: str | None
     content: str | None
@@ -112,6 +113,10 @@ class ChatOutput:
     @property
     def prompt_logprobs(self) -> list[PositionLogprobs | None] | None:
         return self.output.prompt_logprobs
+
+    @property
+    def metrics(self) -> RequestMetrics | None:
+        return self.output.metrics
 
     @property
     def finish_reason(self) -> str | None:
@@ -346,6 +351,7 @@ class LLM:
             for i, ((text, ids, items), params, factory) in enumerate(
                     zip(prompts, params_list, factories, strict=True)):
                 request_id = f"llm-{next(self._ids)}"
+                arrival_time = time.time()
                 with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
                                         prompt_field == "messages" else f"{prompt_field}[{i}]"):
                     self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True)
@@ -357,10 +363,14 @@ class LLM:
                     outputs=[CompletionOutput(index=i, text="", token_ids=[], finish_reason=None,
                                               logprobs=[] if params.logprobs is not None else None)
                              for i in range(params.n)],
+                    metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
                 )
             while self.engine.has_unfinished_requests:
-                for delta in self.engine.step():
+                deltas = self.engine.step()
+                received = time.time()
+                for delta in deltas:
                     request = results[delta.request_id]
+                    request.metrics.record_delta(delta, received)
                     out = request.outputs[delta.index]
                     out.token_ids.extend(delta.token_ids)
                     out.text += delta.text
@@ -374,6 +384,7 @@ class LLM:
                         out.finish_reason = delta.finish_reason
                         out.stop_reason = delta.stop_reason
                         if request.finished:
+                            request.metrics.finished_time = received
                             bar.update(1)
         except BaseException:
             for request_id in order:

@@ -1035,7 +1035,8 @@ class LLMEngine:
         done = self._completions.pop(id(seq))
         return StepDelta(seq.request_id, seq.index, [], "", finish_reason="length",
                          num_prompt_tokens=done.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
-                         prompt_logprobs=done.take_prompt_logprobs())
+                         prompt_logprobs=done.take_prompt_logprobs(),
+                         first_scheduled_time=seq.first_scheduled_time)
 
     def _forget_if_done(self, request_id: str) -> None:
         if all(s.is_finished for s in self._seqs.get(request_id, [])):
@@ -1107,6 +1108,7 @@ class LLMEngine:
             num_prompt_tokens=done.num_prompt_tokens,
             num_cached_tokens=item.seq.num_cached_tokens,
             prompt_logprobs=done.take_prompt_logprobs(),
+            first_scheduled_time=item.seq.first_scheduled_time,
         )
 
     def _retire(self, outcome: _StepOutcome) -> None:

@@ -85,6 +85,37 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """When a request's life passed each point, as vLLM's `RequestMetrics`: wall-clock times (`time.time()`, seconds
+    since the epoch) and `time_in_queue` in seconds. A point not yet reached is None, and so are vLLM's
+    `scheduler_time`, `model_forward_time` and `model_execute_time`, which Glimmer does not measure per request.
+
+    The token times are when `LLM` received the step's tokens from the engine; `first_scheduled_time` is when the
+    scheduler first admitted any of the request's completions into a step."""
+
+    arrival_time: float
+    last_token_time: float  # arrival_time until the first token comes, as vLLM's
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    time_in_queue: float | None = None
+    finished_time: float | None = None
+    scheduler_time: float | None = None
+    model_forward_time: float | None = None
+    model_execute_time: float | None = None
+
+    def record_delta(self, delta: StepDelta, now: float) -> None:
+        """Note what `delta`, received at `now`, tells: its completion's first scheduling and its tokens."""
+        scheduled = delta.first_scheduled_time
+        if scheduled is not None and (self.first_scheduled_time is None or scheduled < self.first_scheduled_time):
+            self.first_scheduled_time = scheduled
+            self.time_in_queue = scheduled - self.arrival_time
+        if delta.token_ids:
+            if self.first_token_time is None:
+                self.first_token_time = now
+            self.last_token_time = now
+
+
+@dataclass
 class RequestOutput:
     """A request's prompt and its completions, as vLLM's `RequestOutput`.
 
@@ -98,6 +129,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # with SamplingParams(prompt_logprobs=k): one entry per prompt token, the first None (nothing predicts it)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    metrics: RequestMetrics | None = None
 
     @property
     def finished(self) -> bool:
@@ -145,6 +177,8 @@ class StepDelta:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     # where each token's released text ends in `text`; empty: all of it ends with the last token (one step's delta)
     token_text_ends: list[int] = field(default_factory=list)
+    # wall-clock time (time.time()) the scheduler first admitted the completion into a step; None if unknown
+    first_scheduled_time: float | None = None
 
     def text_ends(self) -> list[int]:
         """Per token, the end of the text it released within `text` (earlier tokens of one step release none)."""
@@ -172,6 +206,7 @@ class StepDelta:
                 num_prompt_tokens=self.num_prompt_tokens,
                 num_cached_tokens=self.num_cached_tokens,
                 prompt_logprobs=self.prompt_logprobs if i == 0 else None,
+                first_scheduled_time=self.first_scheduled_time,
             ))
             start = end
         return pieces
@@ -191,4 +226,6 @@ class StepDelta:
             num_cached_tokens=later.num_cached_tokens,
             prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
             token_text_ends=self.text_ends() + [offset + end for end in later.text_ends()],
+            first_scheduled_time=self.first_scheduled_time if self.first_scheduled_time is not None else
+            later.first_scheduled_time,
         )

@@ -10,6 +10,7 @@ queue to be recomputed later (prefix caching usually makes that cheap). Knows no
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -104,6 +105,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.kv.allocate(seq, n)
+            if seq.first_scheduled_time is None:  # a preempted sequence re-admitted keeps its first time
+                seq.first_scheduled_time = time.time()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             step.add(seq, n)

@@ -83,6 +83,8 @@ class Sequence:
     # which of the request's `n` completions this is
     index: int = 0
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
+    # wall-clock time (time.time()) the scheduler first admitted it into a step; None while it has only waited
+    first_scheduled_time: float | None = None
     # speculative decoding: tokens proposed after the last one, to be verified by the next step, and the
     # (k, vocab) distribution each was drawn from (None: chosen deterministically, e.g. an argmax)
     spec_token_ids: list[int] = field(default_factory=list)

@@ -8,6 +8,7 @@ import gc
 import json
 import re
 import shutil
+import time
 import weakref
 from collections.abc import Mapping
 
@@ -822,3 +823,24 @@ def test_a_text_pair_is_refused_naming_it(llm, call):
     with pytest.raises(TypeError, match="^add_special_tokens must be True or False, not 'world'; a second text "
                                         r"\(transformers' text_pair\) is not supported"):
         getattr(llm.get_tokenizer(), call)("Hello", "world")
+
+
+# RequestOutput.metrics: vLLM's RequestMetrics, from times the engine records -----------------------------------------
+
+def test_request_metrics_are_the_wall_clock_times_of_the_request_in_order(llm):
+    """`out.metrics` was an AttributeError; its times are vLLM's (time.time()), each point after the one before."""
+    before = time.time()
+    out = llm.generate([[1, 10, 11]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    after = time.time()
+    m = out.metrics
+    assert before <= m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
+    assert m.last_token_time <= m.finished_time <= after
+    assert m.time_in_queue == m.first_scheduled_time - m.arrival_time
+    assert m.scheduler_time is None and m.model_forward_time is None and m.model_execute_time is None
+
+
+def test_request_metrics_of_a_request_that_generates_nothing_have_no_token_times(llm):
+    """max_tokens=0 produces no token: no first token time is invented, and the last token time stays the arrival."""
+    m = llm.generate([[1, 10, 11]], SamplingParams(max_tokens=0))[0].metrics
+    assert m.first_token_time is None and m.last_token_time == m.arrival_time
+    assert m.arrival_time <= m.first_scheduled_time <= m.finished_time
