@@ -27,18 +27,13 @@ from glimmer.engine.chat_rendering import (
     compiled_template_argument,
     render_conversation,
 )
-from glimmer.engine.tokenizer import SIDES, Tokenizer
+from glimmer.engine.tokenizer import NAMED_TOKEN_NAMES, SIDES, Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools, resolve_reasoning_strength
 from glimmer.protocol.tool_choice import plan_tools
 
 if TYPE_CHECKING:
     from glimmer.engine.llm_engine import LLMEngine
-
-_NAMED_TOKENS_IN_TRANSFORMERS_ORDER = ("bos_token", "eos_token", "unk_token", "pad_token")
-"""The named tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES` (whose sep, cls
-and mask a Muse tokenizer has none of, and Glimmer does not read)."""
-
 
 _SETTABLE = ("model_max_length", "padding_side", "truncation_side", "pad_token", "pad_token_id")
 """The attributes a script may set on `LLMTokenizer`, as on transformers' tokenizer."""
@@ -148,7 +143,7 @@ class LLMTokenizer:
     def special_tokens_map(self) -> dict[str, str]:
         """The named special tokens the checkpoint sets, name → token, in transformers' order (its
         `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`)."""
-        named = ((name, getattr(self, name)) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        named = ((name, getattr(self, name)) for name in NAMED_TOKEN_NAMES)
         return {name: token for name, token in named if token is not None}
 
     @property
@@ -183,11 +178,11 @@ class LLMTokenizer:
 
     @property
     def all_special_tokens(self) -> list[str]:
-        """The named special tokens the checkpoint sets (bos, eos, unk, pad), each once, in transformers' order: its
-        `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
-        tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)` leaves out as
-        transformers' does, is in `tokenizer.all_special_ids`."""
-        named = (getattr(self, name) for name in _NAMED_TOKENS_IN_TRANSFORMERS_ORDER)
+        """The named special tokens the checkpoint sets (bos, eos, unk, sep, pad, cls, mask), each once, in
+        transformers' order: its `all_special_tokens`, so that a script stripping them leaves what it leaves with
+        transformers (the framing tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)`
+        leaves out as transformers' does, is in `tokenizer.all_special_ids`."""
+        named = (getattr(self, name) for name in NAMED_TOKEN_NAMES)
         return list(dict.fromkeys(token for token in named if token is not None))
 
     @property

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+# the named special tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES`
+NAMED_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # the named special tokens a chat template may use, in the order transformers passes them
 TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 TOKENIZATION_SPACES = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
@@ -329,6 +331,18 @@ class Tokenizer:
         return self._named_tokens.get("unk_token")
 
     @property
+    def sep_token(self) -> str | None:
+        return self._named_tokens.get("sep_token")
+
+    @property
+    def cls_token(self) -> str | None:
+        return self._named_tokens.get("cls_token")
+
+    @property
+    def mask_token(self) -> str | None:
+        return self._named_tokens.get("mask_token")
+
+    @property
     def bos_token_id(self) -> int | None:
         return self._named_token_id("bos_token")
 
@@ -343,6 +357,18 @@ class Tokenizer:
     @property
     def unk_token_id(self) -> int | None:
         return self._named_token_id("unk_token")
+
+    @property
+    def sep_token_id(self) -> int | None:
+        return self._named_token_id("sep_token")
+
+    @property
+    def cls_token_id(self) -> int | None:
+        return self._named_token_id("cls_token")
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self._named_token_id("mask_token")
 
     @property
     def special_tokens(self) -> dict[str, str]:
@@ -467,7 +493,8 @@ class _ByteLevelInverse:
 
 
 def _read_named_tokens(directory: Path) -> dict[str, str]:
-    """bos/eos/pad/unk token strings; tokenizer_config.json wins, special_tokens_map.json fills gaps.
+    """The named special tokens' strings (`NAMED_TOKEN_NAMES`: bos, eos, unk, sep, pad, cls, mask);
+    tokenizer_config.json wins, special_tokens_map.json fills gaps.
 
     transformers ≥ 5 ignores special_tokens_map.json when tokenizer_config.json carries
     `added_tokens_decoder` (every current checkpoint); filling only missing names agrees with that and
@@ -476,7 +503,7 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
     named: dict[str, str] = {}
     for filename in (TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE):
         config = read_json_object(directory / filename, error=CheckpointError) or {}
-        for name in TEMPLATE_TOKEN_NAMES:
+        for name in NAMED_TOKEN_NAMES:
             if name not in named and config.get(name) is not None:
                 named[name] = _token_content(config[name], directory / filename, name)
     return named

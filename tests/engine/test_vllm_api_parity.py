@@ -235,6 +235,26 @@ def test_the_attributes_vllm_users_read_are_transformers(tiny_checkpoint, tmp_pa
     assert tok.convert_tokens_to_string([]) == reference.convert_tokens_to_string([]) == ""
 
 
+SEP_CLS_MASK = ("sep_token", "sep_token_id", "cls_token", "cls_token_id", "mask_token", "mask_token_id")
+
+
+@pytest.mark.parametrize("changes", [{}, {"sep_token": "<|reserved_special_token_0|>",
+                                          "cls_token": "<|reserved_special_token_1|>",
+                                          "mask_token": "<|reserved_special_token_2|>"}], ids=["unset", "set"])
+def test_sep_cls_and_mask_tokens_are_transformers(tiny_checkpoint, tmp_path, changes):
+    """`tok.sep_token`, `cls_token`, `mask_token` and their ids were AttributeErrors; each is what transformers reads
+    from the same files (None where they set none), and the set ones are named special tokens in transformers'
+    order (`special_tokens_map`, `all_special_tokens`)."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in (*SEP_CLS_MASK, "special_tokens_map", "all_special_tokens", "all_special_ids"):
+        assert getattr(tok, name) == getattr(reference, name), name
+    # transformers 5 renamed it extra_special_tokens: reading the old name fails there, and so it does here
+    for name in ("additional_special_tokens", "additional_special_tokens_ids"):
+        assert not hasattr(reference, name) and not hasattr(tok, name), name
+
+
 @pytest.mark.parametrize("arguments", [dict(padding=True), dict(padding="max_length", max_length=12),
                                        dict(truncation=True, max_length=3), dict(padding=True, return_tensors="pt"),
                                        dict(padding="longest", truncation=True, max_length=4, return_tensors="np"),
