@@ -188,25 +188,31 @@ def test_32_concurrent_streams_all_complete(server):
     assert server.wait_for_idle()['glimmer_kv_blocks_used{group="full"}'] == 0
 
 
+def _disconnect_after(server, request: dict, lines: int) -> tuple[dict, dict]:
+    """Stream `request`, read `lines` SSE lines, close the connection; the metrics then and once idle."""
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
+                                                       json=request) as response:
+        assert response.status_code == 200
+        stream = response.iter_lines()
+        for _ in range(lines):
+            next(stream)
+        during = server.metrics()
+    # the connection is closed here, long before the request's max_tokens
+    assert during['glimmer_kv_blocks_used{group="full"}'] > 0
+    after = server.wait_for_idle()
+    assert after['glimmer_kv_blocks_used{group="full"}'] == after['glimmer_kv_blocks_used{group="sliding"}'] == 0
+    assert after["glimmer_num_requests_running"] == 0
+    assert after["glimmer_generation_tokens_total"] - during["glimmer_generation_tokens_total"] < 1000
+    return during, after
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_blocks(server):
     request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "stream": True,
                "ignore_eos": True, **EXTRA}
-    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
-                                                       json=request) as response:
-        lines = response.iter_lines()
-        for _ in range(3):
-            next(lines)
-        during = server.metrics()
-    # the connection is closed here, long before 1500 tokens
-    assert during['glimmer_kv_blocks_used{group="full"}'] > 0
-    after = server.wait_for_idle()
-    assert after['glimmer_kv_blocks_used{group="full"}'] == 0
-    assert after['glimmer_kv_blocks_used{group="sliding"}'] == 0
-    assert after["glimmer_num_requests_running"] == 0
+    _, after = _disconnect_after(server, request, lines=3)
     generated = after["glimmer_generation_tokens_total"]
     time.sleep(0.3)
     assert server.metrics()["glimmer_generation_tokens_total"] == generated  # the engine stopped computing
-    assert generated - during["glimmer_generation_tokens_total"] < 1000
 
 
 def test_a_client_that_disconnects_from_a_continued_echoed_stream_frees_its_blocks(server):
@@ -214,18 +220,7 @@ def test_a_client_that_disconnects_from_a_continued_echoed_stream_frees_its_bloc
     messages = [*MESSAGES, {"role": "assistant", "content": "Once upon"}]
     request = {"model": "tiny", "messages": messages, "max_tokens": 1500, "stream": True, "ignore_eos": True,
                "continue_final_message": True, "echo": True, **EXTRA}
-    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions",
-                                                       json=request) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        for _ in range(4):
-            next(lines)
-        during = server.metrics()
-    assert during['glimmer_kv_blocks_used{group="full"}'] > 0
-    after = server.wait_for_idle()
-    assert after['glimmer_kv_blocks_used{group="full"}'] == after['glimmer_kv_blocks_used{group="sliding"}'] == 0
-    assert after["glimmer_num_requests_running"] == 0
-    assert after["glimmer_generation_tokens_total"] - during["glimmer_generation_tokens_total"] < 1000
+    _disconnect_after(server, request, lines=4)
 
 
 def test_a_client_that_leaves_is_counted_as_499_whether_it_streams_or_not(server):
