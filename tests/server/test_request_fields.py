@@ -379,3 +379,9 @@ def test_top_logprobs_0_without_logprobs_asks_for_none(server, logprobs):
 def test_positive_top_logprobs_without_logprobs_is_a_400_naming_the_fix(server):
     error = chat_error(server, top_logprobs=2)
     assert error["param"] == "top_logprobs" and "set logprobs to true" in error["message"]
+
+
+@pytest.mark.parametrize("value", ["yes", 2, [True], {"on": True}])
+def test_a_continuous_usage_stats_that_is_not_a_boolean_is_400_naming_it(server, value):
+    error = chat_error(server, stream=True, stream_options={"continuous_usage_stats": value})
+    assert error["param"] == "stream_options.continuous_usage_stats", error
