@@ -31,7 +31,7 @@ from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
 from glimmer.server.choice_stream import ChoiceStream
 from glimmer.server.context import ServingContext
-from glimmer.server.errors import ToolChoiceUnsatisfiedError, describe_error
+from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
@@ -55,15 +55,20 @@ class ChatRun:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
-    def check_tool_choice(self, choice: ChoiceStream) -> None:
-        """P-REQ-4. The turn grammar makes every call valid; a choice cut short by max_tokens is a `length`."""
-        required = self.prompt.tools.required_names
-        if required is not None and choice.finish_reason != "length" and not choice.satisfies(required):
+    def check_tool_choice(self, choice: ChoiceStream, *, where: str | None = None,
+                          limit_field: str | None = None) -> None:
+        """P-REQ-4: raises ToolChoiceUnsatisfiedError for a choice that a required or named tool_choice needed a
+        call in and that ended without one (cut short by the token limit, `limit_field`: by default the chat field
+        the request set). `where` names the reply in the message (by default "choice N")."""
+        if limit_field is None:
+            only_completion = self.request.max_tokens is None and self.request.max_completion_tokens is not None
+            limit_field = "max_completion_tokens" if only_completion else "max_tokens"
+        error = self.prompt.tools.unsatisfied(choice.parser.valid_call_names, choice.finish_reason,
+                                              where=where or f"choice {choice.index}",
+                                              limit_field=limit_field)
+        if error is not None:
             self.context.metrics.tool_choice_unsatisfied.inc()
-            what = f"a call of {required[0]!r}" if len(required) == 1 else "a tool call"
-            raise ToolChoiceUnsatisfiedError(
-                f"tool_choice asked for {what}, but choice {choice.index} ended ({choice.finish_reason}) without a "
-                "valid one; raise max_tokens or retry")
+            raise error
 
     def logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
         """`logprobs` of a choice or chunk: `entries` are the answer's tokens (`ChoiceStream.content_logprobs`)."""

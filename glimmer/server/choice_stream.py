@@ -70,10 +70,6 @@ class ChoiceStream:
         """Generated tokens that overlap a reasoning message (P-API-5)."""
         return count_reasoning_tokens(self._token_spans, self.parser.reasoning_spans)
 
-    def satisfies(self, required_names: list[str]) -> bool:
-        """Whether the choice holds a valid call of one of `required_names` (P-REQ-4)."""
-        return not set(required_names).isdisjoint(self.parser.valid_call_names)
-
     def feed(self, delta: StepDelta) -> list[Event]:
         """The events one engine delta releases; the last ones of the choice if it ends here. A coalesced delta
         is read token by token, so the choice ends (and counts its tokens) exactly where it would have."""

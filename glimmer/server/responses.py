@@ -249,7 +249,7 @@ class _ResponseRun:
                 "total_tokens": prompt + choice.num_tokens}
 
     def final_status(self) -> str:
-        self.chat.check_tool_choice(self.chat.choices[0])
+        self.chat.check_tool_choice(self.chat.choices[0], where="the response", limit_field="max_output_tokens")
         return "incomplete" if self.chat.choices[0].finish_reason == "length" else "completed"
 
     def close_output(self, status: str) -> list[dict[str, Any]]:

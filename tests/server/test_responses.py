@@ -314,6 +314,26 @@ def test_max_output_tokens_makes_the_response_incomplete(client):
     assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
 
 
+def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsatisfied(server, client):
+    """P-REQ-4: never `incomplete` with no call when tool_choice forced one: a 500 of type tool_choice_unsatisfied,
+    streamed an `error` event then response.failed, saying max_output_tokens cut the reply and to raise it."""
+    fields = {"input": "[greet] Hello!", "tools": [WEATHER_TOOL], "tool_choice": "required", "max_output_tokens": 6}
+    with pytest.raises(openai.InternalServerError) as refused:
+        _create(client, **fields)
+    body = {"model": "tiny", "temperature": 0, **EXTRA, **fields}
+    with httpx.stream("POST", server.base_url + "/responses", json={**body, "stream": True}, timeout=30) as events:
+        lines = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
+    error, failed = lines[-2:]
+    assert error["type"] == "error" and failed["type"] == "response.failed"
+    assert not any(line["type"] in ("response.completed", "response.incomplete") for line in lines)
+    for message, kind in ((refused.value.body["message"], refused.value.body["type"]),
+                          (error["message"], error["code"])):
+        assert kind == "tool_choice_unsatisfied"
+        assert 'cut short by max_output_tokens (finish_reason "length") before a complete call' in message
+        assert "raise max_output_tokens" in message
+    assert failed["response"]["error"]["message"] == error["message"]
+
+
 def test_a_cut_after_a_finished_message_leaves_that_item_complete(client):
     """max_output_tokens ending the output in the next message's header (or in a call not yet emitted) cuts no
     item already written: the reasoning that ended with <|eom|> stays `completed`; the response is `incomplete`."""
