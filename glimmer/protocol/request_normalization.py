@@ -83,6 +83,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
         if role == "tool":
+            if message.get("name") not in (None, ""):  # rendered as the header's `tool NAME` ("" reads as none)
+                check_tool_name(message["name"], f"messages[{index}].name")
             calls.check_result(message, index)
         if role != "assistant":
             calls.end_turn()
@@ -398,10 +400,7 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
             raise RequestError(f"{call_field} must be an object", param=call_field)
         function = function_of(call)
         assert function is not None
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise RequestError(f"{call_field}.function.name must be a non-empty string",
-                               param=f"{call_field}.function.name")
+        check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`
         arguments = _decoded_arguments(function.get("arguments"), f"{call_field}.function.arguments")
         call = dict(call)
         if call.get("function") is function:
@@ -537,9 +536,18 @@ def _check_parameters(parameters: Any, field: str, strict: bool, check_schema: S
 
 
 def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:
-    """P-REQ-8: unique, 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; and not `self` or `user`, which
-    header recipients read as the reasoning and answer channels (P-HDR-2). `where`: the declaration holding it."""
+    """P-REQ-8 for a declared tool (`where`: the declaration holding it): `check_tool_name`, and unique."""
     field = f"{where}.name"
+    check_tool_name(name, field)
+    if name in seen_names:
+        raise RequestError(f"{field} {name!r} is declared twice; names must be unique", param=field)
+
+
+def check_tool_name(name: Any, field: str) -> None:
+    """P-REQ-8: 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; and not `self` or `user`, which header
+    recipients read as the reasoning and answer channels (P-HDR-2). A name is written into headers (`to=NAME`, `tool
+    NAME`) and ATEM attributes (`name="NAME"`), in a declaration or in the history alike: any other would render as
+    another channel's message or an ill-formed header. Raises RequestError naming `field`."""
     if not isinstance(name, str) or not name:
         raise RequestError(f"{field} must be a non-empty string", param=field)
     if len(name) > RECIPIENT_MAX:
@@ -547,8 +555,6 @@ def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:
                            f"{RECIPIENT_MAX}", param=field)
     if any(character.isspace() or character in '<"' for character in name):
         raise RequestError(f"{field} {name!r} may not contain whitespace, '<' or '\"'", param=field)
-    if name in seen_names:
-        raise RequestError(f"{field} {name!r} is declared twice; names must be unique", param=field)
     if channel_of_recipient(name) != "tool":
         raise RequestError(f"{field} {name!r} is a channel's recipient (`to={name}` addresses the reasoning or "
                            "the answer, never a tool); rename the tool", param=field)

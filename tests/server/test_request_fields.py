@@ -222,6 +222,8 @@ _CALL = {"role": "assistant", "content": None, "tool_calls": [
     ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": 5, "content": "18"}], "messages[2].tool_call_id"),
     ([*MESSAGES, {"role": "tool", "tool_call_id": "abc", "content": "42"}], "messages[1].tool_call_id"),
     ([*MESSAGES, {"role": "tool", "name": "f", "content": "42"}], "messages[1]"),  # no call before it
+    ([*MESSAGES, {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "self", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "18"}], "messages[1].tool_calls[0].function.name"),
     ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1", "content": "18"},
       {"role": "tool", "name": "f", "content": "19"}], "messages[3]"),  # a second result of one call
     ([{"role": "user"}], "messages[0].content"),

@@ -515,6 +515,9 @@ def test_a_reasoning_item_whose_parts_are_no_list_of_parts_is_refused_naming_the
                 {"type": "function_call", "call_id": "c1", "name": "get_weather",
                  "arguments": '{"city": "Paris", "city": "Oslo"}'},
                 {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].arguments"),
+    ({"input": [{"role": "user", "content": "[weather]"},
+                {"type": "function_call", "call_id": "c1", "name": "get weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].name"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"max_output_tokens": 5000}, "max_output_tokens"),  # over max_model_len: the engine names max_tokens
 ])
