@@ -29,7 +29,7 @@ from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
-from glimmer.server.choice_stream import ChoiceStream
+from glimmer.server.choice_stream import ChoiceStream, Released
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
@@ -190,8 +190,8 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
 
 
 async def chat_updates(run: ChatRun, first: StepDelta,
-                       stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Event], StepDelta]]:
-    """Each engine delta as (its choice, the events it released, the delta), until every choice is done."""
+                       stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Released]]]:
+    """Each engine delta as (its choice, what it released token by token), until every choice is done."""
     delta: StepDelta | None = first
     while delta is not None:
         choice = run.choices[delta.index]
@@ -202,7 +202,7 @@ async def chat_updates(run: ChatRun, first: StepDelta,
                 run.context.engine.abort(run.id, index=choice.index)
             if choice.done and choice.parser.unresolved_call_count:
                 run.context.metrics.unresolved_tool_calls.inc(choice.parser.unresolved_call_count)
-            yield choice, released, delta
+            yield choice, released
         if all(choice.done for choice in run.choices):
             break
         delta = await anext(stream, None)
@@ -212,8 +212,8 @@ async def chat_updates(run: ChatRun, first: StepDelta,
 async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     events: dict[int, list[Event]] = {choice.index: [] for choice in run.choices}
     async with contextlib.aclosing(stream):
-        async for choice, released, _ in chat_updates(run, first, stream):
-            events[choice.index].extend(released)
+        async for choice, released in chat_updates(run, first, stream):
+            events[choice.index].extend(event for step in released for event in step.events)
     include_reasoning = run.request.include_reasoning
     echo = echoed(run.request)
     response_choices = []
@@ -236,7 +236,6 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
 
 
 async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
-    include_reasoning = run.request.include_reasoning
     async with contextlib.aclosing(stream):
         try:
             for choice in run.choices:
@@ -246,16 +245,10 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
             if echo is not None:
                 for choice in run.choices:
                     yield run.chunk(choice.index, echo.delta())
-            async for choice, released, _ in chat_updates(run, first, stream):
-                objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
-                logprobs = run.logprobs(choice.new_content_logprobs) if choice.new_content_logprobs else None
-                # the answer's tokens go with its text; where it is held back (a possible stop string), alone
-                carrier = next((i for i, obj in enumerate(objects) if "content" in obj), None)
-                if logprobs is not None and carrier is None:
-                    objects.append({})
-                    carrier = len(objects) - 1
-                for position, obj in enumerate(objects):
-                    yield run.chunk(choice.index, obj, logprobs=logprobs if position == carrier else None)
+            async for choice, released in chat_updates(run, first, stream):
+                for step in released:
+                    for chunk in _step_chunks(run, choice, step):
+                        yield chunk
                 if choice.done:
                     run.check_tool_choice(choice)
                     yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason,
@@ -266,3 +259,17 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
         except Exception as exc:  # the status line is sent: report the error as an event (P-REQ-4)
             yield sse_event(describe_error(exc)[1])
     yield DONE_EVENT
+
+
+def _step_chunks(run: ChatRun, choice: ChoiceStream, step: Released) -> list[str]:
+    """The chunks of what one token of `choice` released: one per event (P-API-3). The logprobs of the answer tokens
+    it decided go with its first content chunk, which carries their text; where that text is held back (a possible
+    stop string), in an empty-delta chunk of their own."""
+    objects = stream_delta_objects(Delta.from_events(step.events), include_reasoning=run.request.include_reasoning)
+    logprobs = run.logprobs(step.logprobs) if step.logprobs else None
+    carrier = next((i for i, obj in enumerate(objects) if "content" in obj), None)
+    if logprobs is not None and carrier is None:
+        objects.append({})
+        carrier = len(objects) - 1
+    return [run.chunk(choice.index, obj, logprobs=logprobs if position == carrier else None)
+            for position, obj in enumerate(objects)]

@@ -29,7 +29,7 @@ from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
-from glimmer.server.choice_stream import ChoiceStream
+from glimmer.server.choice_stream import Released
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
@@ -273,9 +273,9 @@ class _ResponseRun:
                 "output_tokens_details": {"reasoning_tokens": choice.reasoning_tokens},
                 "total_tokens": prompt + choice.num_tokens}
 
-    def answer_logprobs(self, choice: ChoiceStream) -> list[dict[str, Any]] | None:
-        """The logprobs entries of the answer tokens the choice's last update decided, if the request includes them."""
-        logprobs = self.chat.logprobs(choice.new_content_logprobs)
+    def answer_logprobs(self, step: Released) -> list[dict[str, Any]] | None:
+        """The logprobs entries of the answer tokens `step` decided, if the request includes them."""
+        logprobs = self.chat.logprobs(step.logprobs)
         return logprobs["content"] if logprobs is not None else None
 
     def final_status(self) -> str:
@@ -330,8 +330,9 @@ def get_response(response_id: str, context: ServingContext) -> Response:
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     async with contextlib.aclosing(stream):
         try:
-            async for choice, released, _ in chat_updates(run.chat, first, stream):
-                run.builder.feed(released, run.answer_logprobs(choice))
+            async for _, released in chat_updates(run.chat, first, stream):
+                for step in released:
+                    run.builder.feed(step.events, run.answer_logprobs(step))
         except RequestError as exc:  # a constraint that failed while generating names the chat field
             raise responses_error(exc, run.conversation.sources) from None
     status = run.final_status()
@@ -346,9 +347,10 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
         yield run.event({"type": "response.created", "response": run.snapshot("in_progress")})
         yield run.event({"type": "response.in_progress", "response": run.snapshot("in_progress")})
         try:
-            async for choice, released, _ in chat_updates(run.chat, first, stream):
-                for event in run.builder.feed(released, run.answer_logprobs(choice)):
-                    yield run.event(event)
+            async for _, released in chat_updates(run.chat, first, stream):
+                for step in released:
+                    for event in run.builder.feed(step.events, run.answer_logprobs(step)):
+                        yield run.event(event)
             status = run.final_status()
             for event in run.close_output(status):
                 yield run.event(event)
