@@ -33,3 +33,8 @@ class UnsupportedArgumentError(RequestError, TypeError):
     """An argument the callee does not take, named in `param`, with what to pass instead: a TypeError as Python's
     own for an unexpected keyword argument (code catching that still does), and a RequestError like the errors
     about the values of the arguments it does take."""
+
+
+class ToolChoiceUnsatisfiedError(GlimmerError):
+    """`tool_choice` required or named, and a reply holds no valid call of an allowed tool (P-REQ-4): the server
+    answers it as a 500 of type `tool_choice_unsatisfied` (streamed, an error event); `LLM.chat` raises it."""

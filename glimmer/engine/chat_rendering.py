@@ -27,7 +27,7 @@ from glimmer.multimodal.sources import media_kind
 from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
 from glimmer.protocol.chat_template import RENDERING_ARGUMENTS, check_chat_template
 from glimmer.protocol.headers import channel_of_recipient
-from glimmer.protocol.request_normalization import refuse_unanswered_tool_calls, refuse_unrendered
+from glimmer.protocol.request_normalization import refuse_unmatched_tool_messages, refuse_unrendered
 from glimmer.protocol.tool_choice import ToolPlan
 
 STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
@@ -72,7 +72,7 @@ def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: 
                                                 rendering.template.source)
     normalized = normalize_messages(conversation)
     refuse_unrendered(conversation)
-    refuse_unanswered_tool_calls(conversation, final_turn_is_history=not rendering.generation_prompt)
+    refuse_unmatched_tool_messages(conversation, final_turn_is_history=not rendering.generation_prompt)
     rendered = rendering.template.render_prompt(
         normalized,
         tools=rendering.tools,

@@ -436,7 +436,9 @@ class LLM:
         As in the OpenAI API: `tool_choice` ("auto", "none", "required" or {"type": "function", "function":
         {"name": ...}}) with `parallel_tool_calls`, and `response_format` (or `sampling_params.structured_outputs`)
         to constrain the answer while reasoning stays free; `thinking_token_budget` caps reasoning (0: none).
-        `parallel_tool_calls=False` returns at most one call. The SamplingParams' `stop` strings end the answer
+        `parallel_tool_calls=False` returns at most one call. A required or named `tool_choice` whose reply max_tokens
+        cut short before its call was written raises ToolChoiceUnsatisfiedError (the server's 500, P-REQ-4) naming
+        the choice and max_tokens to raise. The SamplingParams' `stop` strings end the answer
         only, as on the server (P-REQ-2): reasoning and tool calls may hold them; the answer is cut at the first
         (`ChatOutput.stop_string` names it; the turn itself is generated to its end). As on the server (P-REQ-1),
         the turn is generated with its special tokens, which the parser reads; `skip_special_tokens` then decides
@@ -514,7 +516,7 @@ class LLM:
         outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
                             [turn.controller_factory for turn in chat_turns])
         chats = []
-        for output, turn, final in zip(outputs, chat_turns, continued, strict=True):
+        for number, (output, turn, final) in enumerate(zip(outputs, chat_turns, continued, strict=True)):
             choices = []
             hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
@@ -529,7 +531,12 @@ class LLM:
                 content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, text, armed_after)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
-                choices.append(ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string))
+                choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string)
+                where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
+                unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where)
+                if unsatisfied is not None:  # P-REQ-4, as the server answers it
+                    raise unsatisfied
+                choices.append(choice)
             first = choices[0]
             chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices,
                                     first.stop_string))

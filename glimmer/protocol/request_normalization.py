@@ -83,6 +83,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
         if role == "tool":
+            if message.get("name") not in (None, ""):  # rendered as the header's `tool NAME` ("" reads as none)
+                check_tool_name(message["name"], f"messages[{index}].name")
             calls.check_result(message, index)
         if role != "assistant":
             calls.end_turn()
@@ -168,18 +170,28 @@ def tool_results_in_call_order(messages: Sequence[Any]) -> list[int]:
     return order
 
 
-def refuse_unanswered_tool_calls(messages: Sequence[Any], *, final_turn_is_history: bool = False) -> None:
-    """RequestError naming the first tool call (`messages[i].tool_calls[j]`, `messages` as sent) of an assistant turn
-    (its consecutive assistant messages) that the tool messages right after the turn do not answer: by its
-    `tool_call_id`, or, for a result without one, by the tool's `name`. The template would render the call and then
-    whatever follows as if its result never came, and the model would answer from nothing; OpenAI refuses such a
-    conversation (400 "An assistant message with 'tool_calls' must be followed by tool messages responding to each
-    'tool_call_id'"). `final_turn_is_history`: the prompt ends inside or right after the conversation's final
-    assistant turn (`continue_final_message`, `add_generation_prompt: false`), so no new turn follows its calls there
-    and they are not checked. Malformed messages are left to `normalize_messages`."""
+def refuse_unmatched_tool_messages(messages: Sequence[Any], *, final_turn_is_history: bool = False) -> None:
+    """RequestError for a tool message that answers no call of the assistant turn right before it, or for a call
+    that the tool messages right after its turn do not answer (`messages` as sent; an assistant turn is its
+    consecutive assistant messages, and its results the tool messages right after it). A result answers a call of
+    its turn by `tool_call_id`, or, for a result whose id names none of them, by the tool's `name` (a call not yet
+    answered). Checked in message order; within a turn, its results first.
+
+    A result of no call (after a user message, after a turn that made no call, or one too many) would render as the
+    output of a call the model never made; OpenAI refuses it (400 "messages with role 'tool' must be a response to a
+    preceeding message with 'tool_calls'", and an id of no such call: "'tool_call_id' ... not found in 'tool_calls'
+    of previous message"). The error names `messages[i].tool_call_id` when the message has an id (as the check of ids
+    that name no earlier call at all, in `normalize_messages`), else `messages[i]`.
+
+    A call without a result: the template would render the call and then whatever follows as if its result never
+    came, and the model would answer from nothing; OpenAI refuses such a conversation (400 "An assistant message with
+    'tool_calls' must be followed by tool messages responding to each 'tool_call_id'"). The error names the first such
+    call, `messages[i].tool_calls[j]`. `final_turn_is_history`: the prompt ends inside or right after the
+    conversation's final assistant turn (`continue_final_message`, `add_generation_prompt: false`), so no new turn
+    follows its calls there and they are not checked. Malformed messages are left to `normalize_messages`."""
     index = 0
     while index < len(messages):
-        if _role(messages[index]) != "assistant":
+        if _role(messages[index]) not in ("assistant", "tool"):
             index += 1
             continue
         calls: list[tuple[str, Mapping[str, Any]]] = []
@@ -189,13 +201,15 @@ def refuse_unanswered_tool_calls(messages: Sequence[Any], *, final_turn_is_histo
                 calls += [(f"messages[{index}].tool_calls[{j}]", call) for j, call in enumerate(tool_calls)
                           if isinstance(call, Mapping)]
             index += 1
-        results = []
+        results: list[tuple[int, Mapping[str, Any]]] = []
         while index < len(messages) and _role(messages[index]) == "tool":
-            results.append(messages[index])
+            results.append((index, messages[index]))
             index += 1
         if index == len(messages) and not results and final_turn_is_history:
             return
-        unanswered = _unanswered(calls, results)
+        unanswered, unmatched = _match_results(calls, results)
+        if unmatched:
+            raise _result_of_no_call(*unmatched[0], calls)
         if unanswered:
             field, call = unanswered[0]
             call_id = call.get("id")
@@ -209,20 +223,45 @@ def refuse_unanswered_tool_calls(messages: Sequence[Any], *, final_turn_is_histo
                                param=field)
 
 
-def _unanswered(calls: list[tuple[str, Mapping[str, Any]]],
-                results: list[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
-    """The calls of one turn that none of its tool messages answers: by `tool_call_id`, else by `name`."""
+def _match_results(calls: list[tuple[str, Mapping[str, Any]]], results: list[tuple[int, Mapping[str, Any]]]
+                   ) -> tuple[list[tuple[str, Mapping[str, Any]]], list[tuple[int, Mapping[str, Any]]]]:
+    """(the calls of one turn that none of its results answers, the results that answer none of its calls): a result
+    answers by `tool_call_id`, else by `name` the first call of that tool not yet answered."""
     call_ids = {call.get("id") for _, call in calls if isinstance(call.get("id"), str)}
-    by_id = {result.get("tool_call_id") for result in results} & call_ids
+    by_id = {result.get("tool_call_id") for _, result in results} & call_ids
     pending = [(field, call) for field, call in calls if not (isinstance(call.get("id"), str) and call["id"] in by_id)]
-    for result in results:
+    unmatched = []
+    for index, result in results:
         if result.get("tool_call_id") in by_id:
             continue
         match = next((n for n, (_, call) in enumerate(pending)
                       if (function_of(call) or {}).get("name") == result.get("name")), None)
-        if match is not None:
+        if match is None:
+            unmatched.append((index, result))
+        else:
             del pending[match]
-    return pending
+    return pending, unmatched
+
+
+def _result_of_no_call(index: int, result: Mapping[str, Any], calls: list[tuple[str, Mapping[str, Any]]]
+                       ) -> RequestError:
+    """The error for the tool message `messages[index]`, which answers none of `calls`, its turn's."""
+    call_id = result.get("tool_call_id")
+    if calls:
+        made = ", ".join(f"{(function_of(call) or {}).get('name')!r}"
+                         + (f" (id {call['id']!r})" if isinstance(call.get("id"), str) else "") for _, call in calls)
+        before = f"the assistant turn right before it calls {made}, and each call has one result"
+    else:
+        before = "no assistant message with tool_calls comes right before it"
+    if isinstance(call_id, str) and call_id:
+        field = f"messages[{index}].tool_call_id"
+        what = f"{field}: tool_call_id {call_id!r} answers no tool call"
+    else:
+        field = f"messages[{index}]"
+        what = f"{field}: this tool message (name {result.get('name')!r}) answers no tool call"
+    return RequestError(f"{what}: {before}; a tool message is the result of a call of the assistant message it "
+                        "follows: send it right after that message, with that call's tool_call_id, or remove it",
+                        param=field)
 
 
 def _role(message: Any) -> Any:
@@ -361,10 +400,7 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
             raise RequestError(f"{call_field} must be an object", param=call_field)
         function = function_of(call)
         assert function is not None
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise RequestError(f"{call_field}.function.name must be a non-empty string",
-                               param=f"{call_field}.function.name")
+        check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`
         arguments = _decoded_arguments(function.get("arguments"), f"{call_field}.function.arguments")
         call = dict(call)
         if call.get("function") is function:
@@ -500,9 +536,18 @@ def _check_parameters(parameters: Any, field: str, strict: bool, check_schema: S
 
 
 def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:
-    """P-REQ-8: unique, 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; and not `self` or `user`, which
-    header recipients read as the reasoning and answer channels (P-HDR-2). `where`: the declaration holding it."""
+    """P-REQ-8 for a declared tool (`where`: the declaration holding it): `check_tool_name`, and unique."""
     field = f"{where}.name"
+    check_tool_name(name, field)
+    if name in seen_names:
+        raise RequestError(f"{field} {name!r} is declared twice; names must be unique", param=field)
+
+
+def check_tool_name(name: Any, field: str) -> None:
+    """P-REQ-8: 1..RECIPIENT_MAX characters, no whitespace, `<` or `"`; and not `self` or `user`, which header
+    recipients read as the reasoning and answer channels (P-HDR-2). A name is written into headers (`to=NAME`, `tool
+    NAME`) and ATEM attributes (`name="NAME"`), in a declaration or in the history alike: any other would render as
+    another channel's message or an ill-formed header. Raises RequestError naming `field`."""
     if not isinstance(name, str) or not name:
         raise RequestError(f"{field} must be a non-empty string", param=field)
     if len(name) > RECIPIENT_MAX:
@@ -510,8 +555,6 @@ def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:
                            f"{RECIPIENT_MAX}", param=field)
     if any(character.isspace() or character in '<"' for character in name):
         raise RequestError(f"{field} {name!r} may not contain whitespace, '<' or '\"'", param=field)
-    if name in seen_names:
-        raise RequestError(f"{field} {name!r} is declared twice; names must be unique", param=field)
     if channel_of_recipient(name) != "tool":
         raise RequestError(f"{field} {name!r} is a channel's recipient (`to={name}` addresses the reasoning or "
                            "the answer, never a tool); rename the tool", param=field)

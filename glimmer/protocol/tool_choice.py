@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from glimmer.errors import RequestError
+from glimmer.errors import RequestError, ToolChoiceUnsatisfiedError
 from glimmer.protocol.turn_grammar import TurnConstraint
 
 
@@ -44,6 +44,23 @@ class ToolPlan:
             tools = [tool for tool in tools if tool["function"]["name"] in self.required_names]
         return TurnConstraint(answer=answer, call_tools=tools, must_call=self.required_names is not None,
                               parallel_calls=parallel_calls, thinking_token_budget=thinking_token_budget)
+
+    def unsatisfied(self, valid_call_names: list[str], finish_reason: str | None, *, where: str,
+                    limit_field: str = "max_tokens") -> ToolChoiceUnsatisfiedError | None:
+        """The error for a reply (`where`: "choice 0", say) that a required or named choice needed a call in, when
+        it holds no valid call of an allowed tool (P-REQ-4), else None. The turn grammar makes every call valid, so
+        a reply without one was cut short (finish_reason "length") before its call was written: the message says
+        so and names `limit_field`, the request's token limit, to raise. A call cut short after it was written is
+        kept (P-ATEM-5) and satisfies the choice; its finish_reason stays "length" (P-API-2)."""
+        if self.required_names is None or not set(self.required_names).isdisjoint(valid_call_names):
+            return None
+        what = f"a call of {self.required_names[0]!r}" if len(self.required_names) == 1 else "a tool call"
+        if finish_reason == "length":
+            return ToolChoiceUnsatisfiedError(
+                f"tool_choice asked for {what}, but {where} was cut short by {limit_field} (finish_reason \"length\") "
+                f"before a complete call; raise {limit_field} so that the reasoning and the call fit")
+        return ToolChoiceUnsatisfiedError(
+            f"tool_choice asked for {what}, but {where} ended ({finish_reason}) without a valid one; retry")
 
 
 def plan_tools(tools: list[dict[str, Any]], tool_choice: Any) -> ToolPlan:

@@ -29,9 +29,9 @@ from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
-from glimmer.server.choice_stream import ChoiceStream
+from glimmer.server.choice_stream import ChoiceStream, Released
 from glimmer.server.context import ServingContext
-from glimmer.server.errors import ToolChoiceUnsatisfiedError, describe_error
+from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
@@ -55,15 +55,20 @@ class ChatRun:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
-    def check_tool_choice(self, choice: ChoiceStream) -> None:
-        """P-REQ-4. The turn grammar makes every call valid; a choice cut short by max_tokens is a `length`."""
-        required = self.prompt.tools.required_names
-        if required is not None and choice.finish_reason != "length" and not choice.satisfies(required):
+    def check_tool_choice(self, choice: ChoiceStream, *, where: str | None = None,
+                          limit_field: str | None = None) -> None:
+        """P-REQ-4: raises ToolChoiceUnsatisfiedError for a choice that a required or named tool_choice needed a
+        call in and that ended without one (cut short by the token limit, `limit_field`: by default the chat field
+        the request set). `where` names the reply in the message (by default "choice N")."""
+        if limit_field is None:
+            only_completion = self.request.max_tokens is None and self.request.max_completion_tokens is not None
+            limit_field = "max_completion_tokens" if only_completion else "max_tokens"
+        error = self.prompt.tools.unsatisfied(choice.parser.valid_call_names, choice.finish_reason,
+                                              where=where or f"choice {choice.index}",
+                                              limit_field=limit_field)
+        if error is not None:
             self.context.metrics.tool_choice_unsatisfied.inc()
-            what = f"a call of {required[0]!r}" if len(required) == 1 else "a tool call"
-            raise ToolChoiceUnsatisfiedError(
-                f"tool_choice asked for {what}, but choice {choice.index} ended ({choice.finish_reason}) without a "
-                "valid one; raise max_tokens or retry")
+            raise error
 
     def logprobs(self, entries: list[TokenLogprobs]) -> dict[str, Any] | None:
         """`logprobs` of a choice or chunk: `entries` are the answer's tokens (`ChoiceStream.content_logprobs`)."""
@@ -185,8 +190,8 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
 
 
 async def chat_updates(run: ChatRun, first: StepDelta,
-                       stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Event], StepDelta]]:
-    """Each engine delta as (its choice, the events it released, the delta), until every choice is done."""
+                       stream: AsyncIterator[StepDelta]) -> AsyncIterator[tuple[ChoiceStream, list[Released]]]:
+    """Each engine delta as (its choice, what it released token by token), until every choice is done."""
     delta: StepDelta | None = first
     while delta is not None:
         choice = run.choices[delta.index]
@@ -197,7 +202,7 @@ async def chat_updates(run: ChatRun, first: StepDelta,
                 run.context.engine.abort(run.id, index=choice.index)
             if choice.done and choice.parser.unresolved_call_count:
                 run.context.metrics.unresolved_tool_calls.inc(choice.parser.unresolved_call_count)
-            yield choice, released, delta
+            yield choice, released
         if all(choice.done for choice in run.choices):
             break
         delta = await anext(stream, None)
@@ -207,8 +212,8 @@ async def chat_updates(run: ChatRun, first: StepDelta,
 async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     events: dict[int, list[Event]] = {choice.index: [] for choice in run.choices}
     async with contextlib.aclosing(stream):
-        async for choice, released, _ in chat_updates(run, first, stream):
-            events[choice.index].extend(released)
+        async for choice, released in chat_updates(run, first, stream):
+            events[choice.index].extend(event for step in released for event in step.events)
     include_reasoning = run.request.include_reasoning
     echo = echoed(run.request)
     response_choices = []
@@ -231,7 +236,6 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
 
 
 async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
-    include_reasoning = run.request.include_reasoning
     async with contextlib.aclosing(stream):
         try:
             for choice in run.choices:
@@ -241,16 +245,10 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
             if echo is not None:
                 for choice in run.choices:
                     yield run.chunk(choice.index, echo.delta())
-            async for choice, released, _ in chat_updates(run, first, stream):
-                objects = stream_delta_objects(Delta.from_events(released), include_reasoning=include_reasoning)
-                logprobs = run.logprobs(choice.new_content_logprobs) if choice.new_content_logprobs else None
-                # the answer's tokens go with its text; where it is held back (a possible stop string), alone
-                carrier = next((i for i, obj in enumerate(objects) if "content" in obj), None)
-                if logprobs is not None and carrier is None:
-                    objects.append({})
-                    carrier = len(objects) - 1
-                for position, obj in enumerate(objects):
-                    yield run.chunk(choice.index, obj, logprobs=logprobs if position == carrier else None)
+            async for choice, released in chat_updates(run, first, stream):
+                for step in released:
+                    for chunk in _step_chunks(run, choice, step):
+                        yield chunk
                 if choice.done:
                     run.check_tool_choice(choice)
                     yield run.chunk(choice.index, {}, finish_reason=choice.finish_reason,
@@ -261,3 +259,17 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
         except Exception as exc:  # the status line is sent: report the error as an event (P-REQ-4)
             yield sse_event(describe_error(exc)[1])
     yield DONE_EVENT
+
+
+def _step_chunks(run: ChatRun, choice: ChoiceStream, step: Released) -> list[str]:
+    """The chunks of what one token of `choice` released: one per event (P-API-3). The logprobs of the answer tokens
+    it decided go with its first content chunk, which carries their text; where that text is held back (a possible
+    stop string), in an empty-delta chunk of their own."""
+    objects = stream_delta_objects(Delta.from_events(step.events), include_reasoning=run.request.include_reasoning)
+    logprobs = run.logprobs(step.logprobs) if step.logprobs else None
+    carrier = next((i for i, obj in enumerate(objects) if "content" in obj), None)
+    if logprobs is not None and carrier is None:
+        objects.append({})
+        carrier = len(objects) - 1
+    return [run.chunk(choice.index, obj, logprobs=logprobs if position == carrier else None)
+            for position, obj in enumerate(objects)]

@@ -22,6 +22,7 @@ handler aborts the request once every choice is done.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from glimmer.engine.outputs import StepDelta
@@ -30,6 +31,15 @@ from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import without_hidden_tokens
 from glimmer.protocol import ContentTokens, OutputParser, count_reasoning_tokens, finish_reason
 from glimmer.protocol.deltas import Event
+
+
+@dataclass(frozen=True)
+class Released:
+    """What reading one token of a choice released: the parser's events, and the logprobs of the answer tokens whose
+    text they decided (a stream sends them with those events)."""
+
+    events: list[Event]
+    logprobs: list[TokenLogprobs]
 
 
 class ChoiceStream:
@@ -70,21 +80,19 @@ class ChoiceStream:
         """Generated tokens that overlap a reasoning message (P-API-5)."""
         return count_reasoning_tokens(self._token_spans, self.parser.reasoning_spans)
 
-    def satisfies(self, required_names: list[str]) -> bool:
-        """Whether the choice holds a valid call of one of `required_names` (P-REQ-4)."""
-        return not set(required_names).isdisjoint(self.parser.valid_call_names)
-
-    def feed(self, delta: StepDelta) -> list[Event]:
-        """The events one engine delta releases; the last ones of the choice if it ends here. A coalesced delta
-        is read token by token, so the choice ends (and counts its tokens) exactly where it would have."""
-        events: list[Event] = []
+    def feed(self, delta: StepDelta) -> list[Released]:
+        """What one engine delta releases, token by token; the last of the choice if it ends here. A coalesced delta
+        is read token by token, so the choice ends (and counts its tokens) exactly where it would have, and each
+        answer token's logprobs go with the events of the token that decided its text, as without coalescing."""
+        released: list[Released] = []
         for piece in delta.pieces():  # a coalesced delta's tokens past the choice's end are never read
-            events += self._feed_step(piece)
+            events = self._feed_step(piece)
+            released.append(Released(events, self._content_tokens.decided(final=self.done)))
             if self.done:
                 break
-        self.new_content_logprobs = self._content_tokens.decided(final=self.done)
+        self.new_content_logprobs = [entry for step in released for entry in step.logprobs]
         self.content_logprobs += self.new_content_logprobs
-        return events
+        return released
 
     def _feed_step(self, delta: StepDelta) -> list[Event]:
         visible = self._visible_text(delta)

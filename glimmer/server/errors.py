@@ -18,7 +18,7 @@ from glimmer.engine.async_engine import (
     EngineShuttingDownError,
     EngineStepError,
 )
-from glimmer.errors import GlimmerError, RequestError
+from glimmer.errors import GlimmerError, RequestError, ToolChoiceUnsatisfiedError
 from glimmer.protocol import ChatTemplateError
 
 logger = logging.getLogger(__name__)
@@ -36,10 +36,6 @@ class APIError(GlimmerError):
         self.type = type
         self.param = param
         self.code = code
-
-
-class ToolChoiceUnsatisfiedError(GlimmerError):
-    """`tool_choice` required or named, and the response holds no valid call of an allowed tool (P-REQ-4)."""
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -29,11 +29,13 @@ from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
+from glimmer.server.choice_stream import Released
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
 from glimmer.server.responses_schemas import (
+    OUTPUT_TEXT_LOGPROBS,
     RESPONSES_FIELD_HINTS,
     ResponsesRequest,
     chat_response_format,
@@ -87,6 +89,9 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
                                                                          "function": {"name": choice.name}}
     if request.max_output_tokens is not None:
         fields["max_completion_tokens"] = request.max_output_tokens
+    if OUTPUT_TEXT_LOGPROBS in (request.include or []):  # without it OpenAI returns none, whatever top_logprobs says
+        fields["logprobs"] = True
+        fields["top_logprobs"] = request.top_logprobs or 0
     response_format = chat_response_format(request)
     if response_format is not None:
         fields["response_format"] = response_format
@@ -105,13 +110,22 @@ _ITEM_CHANNELS = {"reasoning": "reasoning", "message": "content", "function_call
 
 @dataclass
 class OutputBuilder:
-    """Parser events → Responses output items, and the stream events that build them."""
+    """Parser events → Responses output items, and the stream events that build them.
+
+    With `include: ["message.output_text.logprobs"]` the answer's token logprobs (chat's `logprobs.content`
+    entries) go with its text: each `response.output_text.delta` carries the entries decided since the last one,
+    and the `output_text` part lists them all, so the deltas' entries add up to the part's. Entries decided while
+    their text is still held back wait for the next delta of the answer; any left when the message item closes go
+    in an empty delta before its `response.output_text.done`."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     _open: dict[str, Any] | None = None  # the item being written
     _calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # parser call index → its item
+    _pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # decided, not yet sent with a delta
 
-    def feed(self, events: list[Event]) -> list[dict[str, Any]]:
+    def feed(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided."""
+        self._pending_logprobs += logprobs or []
         out: list[dict[str, Any]] = []
         for kind, payload in events:
             if kind == "tool_call":
@@ -140,12 +154,17 @@ class OutputBuilder:
         item = self._open
         part = item["content"][0]
         part["text"] += text
-        event_type = "response.reasoning_text.delta" if wanted == "reasoning" else "response.output_text.delta"
-        event = {"type": event_type, "item_id": item["id"], "output_index": self._index(item), "content_index": 0,
-                 "delta": text}
-        if wanted == "message":
-            event["logprobs"] = []
-        return [*out, event]
+        if wanted == "reasoning":
+            return [*out, {"type": "response.reasoning_text.delta", "item_id": item["id"],
+                           "output_index": self._index(item), "content_index": 0, "delta": text}]
+        return [*out, self._answer_delta(item, text)]
+
+    def _answer_delta(self, item: dict[str, Any], text: str) -> dict[str, Any]:
+        """The output_text delta of `text`, carrying the logprobs decided so far (added to the part's)."""
+        logprobs, self._pending_logprobs = self._pending_logprobs, []
+        item["content"][0]["logprobs"] += logprobs
+        return {"type": "response.output_text.delta", "item_id": item["id"], "output_index": self._index(item),
+                "content_index": 0, "delta": text, "logprobs": logprobs}
 
     def _start_text_item(self, kind: str) -> list[dict[str, Any]]:
         if kind == "reasoning":
@@ -161,7 +180,7 @@ class OutputBuilder:
         added = {"type": "response.output_item.added", "output_index": index, "item": _copy(item)}
         item["content"].append(part)
         part_added = {"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
-                      "content_index": 0, "part": dict(part)}
+                      "content_index": 0, "part": _copy_part(part)}
         return [added, part_added]
 
     def _call(self, piece: Any) -> list[dict[str, Any]]:
@@ -196,16 +215,22 @@ class OutputBuilder:
             done = {"type": done_type, "item_id": item["id"], "output_index": index, "content_index": 0,
                     "text": part["text"]}
             if item["type"] == "message":
-                done["logprobs"] = []
+                if self._pending_logprobs:
+                    out.append(self._answer_delta(item, ""))
+                done["logprobs"] = list(part["logprobs"])
             out.append(done)
             out.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
-                        "content_index": 0, "part": dict(part)})
+                        "content_index": 0, "part": _copy_part(part)})
         out.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
         return out
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    return {**item, **({"content": [dict(part) for part in item["content"]]} if "content" in item else {})}
+    return {**item, **({"content": [_copy_part(part) for part in item["content"]]} if "content" in item else {})}
+
+
+def _copy_part(part: dict[str, Any]) -> dict[str, Any]:
+    return {**part, **({"logprobs": list(part["logprobs"])} if "logprobs" in part else {})}
 
 
 @dataclass
@@ -231,7 +256,7 @@ class _ResponseRun:
             "tools": request.tools or [], "tool_choice": _tool_choice(request),
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "temperature": request.temperature, "top_p": request.top_p,
-            "max_output_tokens": request.max_output_tokens,
+            "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs,
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
             "store": request.store is not False,
@@ -248,8 +273,13 @@ class _ResponseRun:
                 "output_tokens_details": {"reasoning_tokens": choice.reasoning_tokens},
                 "total_tokens": prompt + choice.num_tokens}
 
+    def answer_logprobs(self, step: Released) -> list[dict[str, Any]] | None:
+        """The logprobs entries of the answer tokens `step` decided, if the request includes them."""
+        logprobs = self.chat.logprobs(step.logprobs)
+        return logprobs["content"] if logprobs is not None else None
+
     def final_status(self) -> str:
-        self.chat.check_tool_choice(self.chat.choices[0])
+        self.chat.check_tool_choice(self.chat.choices[0], where="the response", limit_field="max_output_tokens")
         return "incomplete" if self.chat.choices[0].finish_reason == "length" else "completed"
 
     def close_output(self, status: str) -> list[dict[str, Any]]:
@@ -300,8 +330,9 @@ def get_response(response_id: str, context: ServingContext) -> Response:
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     async with contextlib.aclosing(stream):
         try:
-            async for _, released, _ in chat_updates(run.chat, first, stream):
-                run.builder.feed(released)
+            async for _, released in chat_updates(run.chat, first, stream):
+                for step in released:
+                    run.builder.feed(step.events, run.answer_logprobs(step))
         except RequestError as exc:  # a constraint that failed while generating names the chat field
             raise responses_error(exc, run.conversation.sources) from None
     status = run.final_status()
@@ -316,9 +347,10 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
         yield run.event({"type": "response.created", "response": run.snapshot("in_progress")})
         yield run.event({"type": "response.in_progress", "response": run.snapshot("in_progress")})
         try:
-            async for _, released, _ in chat_updates(run.chat, first, stream):
-                for event in run.builder.feed(released):
-                    yield run.event(event)
+            async for _, released in chat_updates(run.chat, first, stream):
+                for step in released:
+                    for event in run.builder.feed(step.events, run.answer_logprobs(step)):
+                        yield run.event(event)
             status = run.final_status()
             for event in run.close_output(status):
                 yield run.event(event)

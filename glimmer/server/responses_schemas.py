@@ -4,8 +4,9 @@ As for chat, unknown fields are refused (400 naming them), fields that cannot ch
 and ignored (`user`, `metadata`, `service_tier`, `safety_identifier`, `prompt_cache_key`,
 `prompt_cache_retention`, `stream_options`), and fields Glimmer cannot honour are refused unless they hold a
 value that changes nothing: `background`, `conversation`, `prompt`, `max_tool_calls`, `context_management`,
-`top_logprobs`, `truncation: "auto"`, `text.format` other than `text`, `text.verbosity`, tools other than
-functions. `include` may name `reasoning.encrypted_content` (reasoning items carry their text in `content`
+`truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
+`message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
+`logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`
 instead, which round-trips through `input`).
 """
 
@@ -45,6 +46,7 @@ class ResponsesRequest(RequestBody):
     tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: PositiveCount | None = None
+    top_logprobs: LogprobCount | None = None  # alternatives per answer token, with `include` OUTPUT_TEXT_LOGPROBS
     temperature: float | None = None
     top_p: float | None = None
     reasoning: ResponsesReasoning | None = None
@@ -78,7 +80,6 @@ class ResponsesRequest(RequestBody):
     prompt: Any = None
     max_tool_calls: Count | None = None
     context_management: Any = None
-    top_logprobs: LogprobCount | None = None
 
 
 _REFUSED = {
@@ -87,9 +88,9 @@ _REFUSED = {
     "prompt": "stored prompt templates are not supported; send `input` and `instructions`",
     "max_tool_calls": "`max_tool_calls` is not supported (it limits built-in tools, which Glimmer has none of)",
     "context_management": "`context_management` (compaction) is not supported",
-    "top_logprobs": "`top_logprobs` is not supported on /v1/responses; use /v1/chat/completions for logprobs",
 }
-_INCLUDABLE = ("reasoning.encrypted_content",)
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
+_INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
 
 
 def check_supported(request: ResponsesRequest) -> None:

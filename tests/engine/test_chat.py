@@ -161,6 +161,16 @@ def test_a_tool_call_left_unanswered_is_refused_as_on_the_server(llm):
         llm.get_tokenizer().apply_chat_template(unanswered, **KWARGS)
 
 
+def test_a_tool_message_answering_no_call_is_refused_as_on_the_server(llm):
+    """The result of a call the model never made (OpenAI refuses it: a tool message answers the call before it)."""
+    orphan = [{"role": "user", "content": "hi"}, {"role": "tool", "name": "get_weather", "content": "sunny"}]
+    with pytest.raises(RequestError, match="answers no tool call") as err:
+        llm.chat(orphan, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[1]"
+    with pytest.raises(RequestError, match="answers no tool call"):
+        llm.get_tokenizer().apply_chat_template(orphan, **KWARGS)
+
+
 def test_continuing_a_message_to_a_tool_needs_the_tools(llm):
     """The reply is that tool's call; with no tools the parser returns no call, and the reply vanished."""
     call = {"role": "assistant", "recipient": "get_weather", "content": '<atem:function_calls>\n<atem:invoke name="'}

@@ -11,7 +11,7 @@ import pytest
 from glimmer import LLM, SamplingParams, StructuredOutputsParams
 from glimmer.engine.grammar import GrammarFailure
 from glimmer.engine.llm_engine import StepError
-from glimmer.errors import RequestError
+from glimmer.errors import RequestError, ToolChoiceUnsatisfiedError
 
 KWARGS = {"current_date": "2026-01-01"}
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
@@ -58,6 +58,18 @@ def test_chat_forces_a_valid_call_with_tool_choice(llm):
         ((call),) = output.tool_calls
         assert call.name == "clock"
         jsonschema.validate(json.loads(call.arguments), TOOL["function"]["parameters"])
+
+
+def test_chat_raises_when_max_tokens_cuts_a_forced_call_short_before_it_is_written(llm):
+    # P-REQ-4, as the server answers it: no ChatOutput with finish_reason "length" and no call
+    conversations = [MESSAGES, [{"role": "user", "content": "Time?"}]]
+    with pytest.raises(ToolChoiceUnsatisfiedError) as raised:
+        llm.chat(conversations, SamplingParams(max_tokens=3, seed=1), tools=[TOOL], tool_choice="required",
+                 thinking_token_budget=0, chat_template_kwargs=KWARGS)
+    assert str(raised.value) == (
+        "tool_choice asked for a call of 'clock', but choice 0 of conversation 0 was cut short by max_tokens "
+        '(finish_reason "length") before a complete call; raise max_tokens so that the reasoning and the call fit')
+    assert not llm.engine.has_unfinished_requests
 
 
 def test_conflicting_or_impossible_requests_are_refused(llm):

@@ -65,6 +65,28 @@ def test_tool_call_without_a_name_is_a_request_error():
         )
 
 
+@pytest.mark.parametrize("name", ["get weather", "a\nb", "a<b", 'a"b', "x" * 65, "self", "user", 7])
+def test_a_history_tool_name_no_header_can_carry_is_refused_naming_it(name):
+    """P-REQ-8 holds for the names a history renders too (`to=NAME`, `tool NAME`, `name="NAME"`): `self` rendered
+    a call as reasoning, `user` as the answer, whitespace or a quote as an ill-formed header or attribute."""
+    USER = {"role": "user", "content": "x"}
+    call = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": name, "arguments": "{}"}}]}
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([USER, call])
+    assert caught.value.param == "messages[1].tool_calls[0].function.name"
+    answered = {"role": "tool", "tool_call_id": "c1", "name": name, "content": "ok"}
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([USER, assistant_call("{}"), answered])
+    assert caught.value.param == "messages[2].name"
+
+
+def test_a_history_tool_name_a_header_can_carry_is_kept():
+    call = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "天气.查询", "arguments": "{}"}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "name": "", "content": "ok"}  # "" names no tool: the call's
+    normalized = normalize_messages([{"role": "user", "content": "x"}, call, result])
+    assert normalized[1]["tool_calls"][0]["function"]["name"] == "天气.查询"
+
+
 def test_reasoning_fills_a_missing_reasoning_content():
     normalized = normalize_messages(
         [

@@ -61,3 +61,25 @@ def test_a_strict_tool_constrains_calls_under_auto_and_strict_must_be_a_boolean(
     assert plan_tools(normalize_tools([{"name": "f", "strict": False}]), "auto").turn_constraint(None) is None
     with pytest.raises(RequestError, match="strict must be a boolean"):
         normalize_tools([{"name": "f", "strict": "yes"}])
+
+
+@pytest.mark.parametrize(("tool_choice", "calls", "finish_reason", "unsatisfied"), [
+    ("auto", [], "length", False),
+    ("required", ["get_time"], "length", False),  # a call max_tokens cut after it was written (P-ATEM-5, P-API-2)
+    ({"type": "function", "function": {"name": "get_time"}}, ["get_weather"], "tool_calls", True),
+    ("required", [], "length", True),
+    ("required", [], "stop", True),
+])
+def test_a_forced_choice_is_unsatisfied_without_a_call_of_an_allowed_tool(tool_choice, calls, finish_reason,
+                                                                           unsatisfied):
+    # P-REQ-4: never success with empty tool_calls, a length cut included
+    error = plan_tools(TOOLS, tool_choice).unsatisfied(calls, finish_reason, where="choice 0")
+    assert (error is not None) == unsatisfied
+
+
+def test_the_unsatisfied_error_of_a_length_cut_names_the_limit_to_raise():
+    plan = plan_tools(TOOLS, "required")
+    error = plan.unsatisfied([], "length", where="the response", limit_field="max_output_tokens")
+    assert str(error) == ('tool_choice asked for a tool call, but the response was cut short by max_output_tokens '
+                          '(finish_reason "length") before a complete call; raise max_output_tokens so that the '
+                          'reasoning and the call fit')

@@ -136,6 +136,43 @@ def test_a_tool_call_not_answered_right_after_its_turn_is_refused_naming_the_cal
     assert '{"role": "tool", "tool_call_id": "call_' in str(caught.value)  # the message to send, as JSON
 
 
+ANSWERED_CALL = [{"role": "assistant", "content": None, "tool_calls": [CALL]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+@pytest.mark.parametrize(("messages", "param", "words"), [
+    ([{"role": "tool", "name": "get_weather", "content": "sunny"}], "messages[1]",
+     "no assistant message with tool_calls comes right before it"),
+    ([{"role": "assistant", "content": "Let me see."}, {"role": "tool", "name": "get_weather", "content": "sunny"}],
+     "messages[2]", "no assistant message with tool_calls"),
+    ([*ANSWERED_CALL, {"role": "tool", "name": "get_time", "content": "noon"}], "messages[3]",
+     "calls 'get_weather' (id 'call_1')"),
+    ([*ANSWERED_CALL, {"role": "tool", "name": "get_weather", "content": "rain"}], "messages[3]",
+     "each call has one result"),  # one result too many
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "call_9", "name": "get_time", "content": "noon"},
+      {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}], "messages[2].tool_call_id",
+     "tool_call_id 'call_9' answers no tool call"),
+], ids=["after-a-user-message", "after-a-turn-without-calls", "of-another-tool", "one-too-many",
+        "id-of-no-call-of-the-turn"])
+def test_a_tool_message_answering_no_call_of_the_turn_before_it_is_refused_naming_it(engine, messages, param, words):
+    """OpenAI: "messages with role 'tool' must be a response to a preceeding message with 'tool_calls'"; the model
+    would read the result of a call it never made. Named by its tool_call_id where it has one, as an id that no
+    earlier call has (test_request_normalization), else as the message."""
+    with pytest.raises(RequestError, match="answers no tool call") as caught:
+        prompt_text(engine, context(engine), tools=TOOLS, messages=[{"role": "user", "content": "hi"}, *messages])
+    assert caught.value.param == param
+    assert str(caught.value).startswith(param + ": ") and words in str(caught.value)
+
+
+def test_a_result_whose_id_names_no_call_of_the_turn_answers_by_its_name(engine):
+    """As results were matched before (`tool_results_in_call_order` keeps their order then): the id names no call of
+    the turn, the name a call not yet answered."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "elsewhere", "name": "get_weather", "content": "sunny"}]
+    assert "sunny" in prompt_text(engine, context(engine), tools=TOOLS, messages=messages)
+
+
 def test_tool_calls_answered_by_id_or_name_in_any_order_are_taken(engine):
     answered = [{"role": "user", "content": "hi"},
                 {"role": "assistant", "content": None, "tool_calls": [CALL]},

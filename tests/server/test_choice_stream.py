@@ -44,3 +44,15 @@ def test_a_hidden_special_token_has_no_answer_logprob():
         choice.feed(StepDelta("r", 0, [token_id], text, logprobs=[TokenLogprobs(token_id, -0.1, {})]))
     choice.feed(StepDelta("r", 0, [8], "<|eot|>", logprobs=[TokenLogprobs(8, -0.1, {})], finish_reason="stop"))
     assert [entry.token_id for entry in choice.content_logprobs] == [101, 102]
+
+
+def test_a_coalesced_delta_releases_each_tokens_logprobs_with_the_text_it_decided():
+    """A slow client's stream sent every entry of a coalesced delta with its first piece of text; each now goes with
+    the events of the token that decided its text, as a fast client's stream sends it (README: each token's entry
+    comes in the chunk that carries its text)."""
+    choice = ChoiceStream(0, None, stop=[], single_call=False)
+    released = choice.feed(_coalesced([" to=user<|message|>", "Hi", " there", "!"]))
+    steps = [("".join(text for kind, text in step.events if kind == "content"),
+              [entry.token_id for entry in step.logprobs]) for step in released]
+    assert steps == [("", []), ("Hi", [101]), (" there", [102]), ("!", [103])]
+    assert [entry.token_id for entry in choice.new_content_logprobs] == [101, 102, 103]

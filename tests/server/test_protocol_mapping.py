@@ -237,14 +237,34 @@ def test_named_choice_steers_away_from_another_tool(client):
     assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
 
 
-def test_a_forced_call_cut_short_by_max_tokens_ends_with_length_not_an_error(client, server):
-    # P-REQ-4/5: the model only knows how to answer; the grammar keeps it out of the answer channel and inside a
-    # well-formed call of a declared tool. Running out of max_tokens there is `length` with HTTP 200, never a 500.
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
+def test_a_forced_call_cut_short_before_it_is_written_is_tool_choice_unsatisfied(client, server, limit):
+    # P-REQ-4: the model only knows how to answer; the grammar steers it into a call of a declared tool, which
+    # max_tokens cuts short before a call is written. Never success with empty tool_calls: a 500 of type
+    # tool_choice_unsatisfied, streamed an error event, saying what cut the reply and what to raise.
     before = server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0)
-    result = _both(client, **_request("[answer-only]", tools=TOOLS, tool_choice="required", max_tokens=12))
+    request = _request("[answer-only]", tools=TOOLS, tool_choice="required")
+    del request["max_tokens"]
+    request[limit] = 12
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.chat.completions.create(**request)
+    streamed = client.chat.completions.create(**request, stream=True)
+    with pytest.raises(openai.APIError) as streamed_error:
+        finish_reasons = [choice.finish_reason for chunk in streamed for choice in chunk.choices]
+    for error in (refused.value.body, streamed_error.value.body):
+        assert error["type"] == "tool_choice_unsatisfied" and error["param"] == "tool_choice"
+        assert f'cut short by {limit} (finish_reason "length") before a complete call' in error["message"]
+        assert f"raise {limit}" in error["message"]
+    assert "finish_reasons" not in locals()  # no chunk ended the choice as a success
+    assert server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0) == before + 2
+
+
+def test_a_forced_call_cut_short_after_it_is_written_is_kept_with_length(client):
+    # P-ATEM-5 keeps the call max_tokens cut short (its arguments closed JSON), which satisfies the choice; P-API-2
+    # reports `length`, so that the client knows it may lack parameters
+    result = _both(client, **_request("[answer-only]", tools=TOOLS, tool_choice="required", max_tokens=30))
     assert result["finish_reason"] == "length"
-    assert result["content"] is None
-    assert server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0) == before
+    assert [name for name, _ in result["calls"]] == ["get_time"] and result["content"] is None
 
 
 def test_tool_choice_none_hides_the_tools_and_returns_no_calls(client, server):

@@ -221,6 +221,11 @@ _CALL = {"role": "assistant", "content": None, "tool_calls": [
     ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "zzz", "content": "18"}], "messages[2].tool_call_id"),
     ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": 5, "content": "18"}], "messages[2].tool_call_id"),
     ([*MESSAGES, {"role": "tool", "tool_call_id": "abc", "content": "42"}], "messages[1].tool_call_id"),
+    ([*MESSAGES, {"role": "tool", "name": "f", "content": "42"}], "messages[1]"),  # no call before it
+    ([*MESSAGES, {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "self", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "18"}], "messages[1].tool_calls[0].function.name"),
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1", "content": "18"},
+      {"role": "tool", "name": "f", "content": "19"}], "messages[3]"),  # a second result of one call
     ([{"role": "user"}], "messages[0].content"),
     ([{"role": "user", "content": None}], "messages[0].content"),
     ([{"role": "system"}, *MESSAGES], "messages[0].content"),
@@ -228,8 +233,9 @@ _CALL = {"role": "assistant", "content": None, "tool_calls": [
     ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1"}], "messages[2].content"),
 ])
 def test_a_turn_the_template_would_render_empty_or_misnamed_is_refused(server, messages, param):
-    """A tool result answering no call of the history was rendered under its raw id as the tool's name (§2.1),
-    a message without content as an empty turn; both gave answers to questions nobody asked."""
+    """A tool result answering no call of the history was rendered under its raw id as the tool's name (§2.1), one
+    answering no call of the turn before it as the result of a call never made, a message without content as an empty
+    turn; all gave answers to questions nobody asked."""
     error = chat_error(server, messages=messages)
     assert error["param"] == param and error["message"].startswith(param), error
 
@@ -245,7 +251,7 @@ def test_metadata_clients_and_frameworks_send_back_is_accepted_and_changes_nothi
     """Agent frameworks send messages back with fields of their own: LangGraph's agent `name`, litellm's
     `provider_specific_fields`, `annotations`; the template renders none of them, as OpenAI's and vLLM's ignore
     them (a 400 there broke every second turn of those frameworks)."""
-    plain = [*MESSAGES, {"role": "assistant", "content": "hello", "reasoning": "r"},
+    plain = [*MESSAGES, {"role": "assistant", "content": "hello", "reasoning": "r", "tool_calls": _CALL["tool_calls"]},
              {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "ok"}, *MESSAGES]
     decorated = [{**MESSAGES[0], "name": "ann"},
                  {**plain[1], "refusal": None, "annotations": [], "audio": None, "function_call": None,

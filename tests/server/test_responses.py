@@ -14,6 +14,7 @@ from server_support import AGENT_SCRIPTS, PINNED_DATE, live_server
 
 from glimmer.errors import RequestError
 from glimmer.server.response_store import ResponseStore
+from glimmer.server.responses import OutputBuilder
 from glimmer.server.responses_input import chat_messages, responses_error
 
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city.",
@@ -314,6 +315,81 @@ def test_max_output_tokens_makes_the_response_incomplete(client):
     assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
 
 
+def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsatisfied(server, client):
+    """P-REQ-4: never `incomplete` with no call when tool_choice forced one: a 500 of type tool_choice_unsatisfied,
+    streamed an `error` event then response.failed, saying max_output_tokens cut the reply and to raise it."""
+    fields = {"input": "[greet] Hello!", "tools": [WEATHER_TOOL], "tool_choice": "required", "max_output_tokens": 6}
+    with pytest.raises(openai.InternalServerError) as refused:
+        _create(client, **fields)
+    body = {"model": "tiny", "temperature": 0, **EXTRA, **fields}
+    with httpx.stream("POST", server.base_url + "/responses", json={**body, "stream": True}, timeout=30) as events:
+        lines = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
+    error, failed = lines[-2:]
+    assert error["type"] == "error" and failed["type"] == "response.failed"
+    assert not any(line["type"] in ("response.completed", "response.incomplete") for line in lines)
+    for message, kind in ((refused.value.body["message"], refused.value.body["type"]),
+                          (error["message"], error["code"])):
+        assert kind == "tool_choice_unsatisfied"
+        assert 'cut short by max_output_tokens (finish_reason "length") before a complete call' in message
+        assert "raise max_output_tokens" in message
+    assert failed["response"]["error"]["message"] == error["message"]
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def test_included_logprobs_are_the_answers_tokens_as_chat_gives_them(client):
+    response = _create(client, input="[greet] Hello!", include=LOGPROBS, top_logprobs=2)
+    assert response.top_logprobs == 2
+    (part,) = response.output[-1].content
+    assert b"".join(bytes(entry.bytes) for entry in part.logprobs).decode() == part.text == "Hello there!"
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in part.logprobs)
+    chat = client.chat.completions.create(model="tiny", temperature=0, messages=[
+        {"role": "user", "content": "[greet] Hello!"}], logprobs=True, top_logprobs=2, extra_body=EXTRA)
+    assert [entry.model_dump() for entry in part.logprobs] == [
+        entry.model_dump() for entry in chat.choices[0].logprobs.content]
+
+
+def test_streamed_logprobs_go_with_the_text_deltas_and_add_up_to_the_parts(client):
+    whole = _create(client, input="[greet] Hello!", include=LOGPROBS, top_logprobs=1)
+    events = list(_create(client, input="[greet] Hello!", include=LOGPROBS, top_logprobs=1, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    for event in deltas:  # each token's entry comes with its text, coalesced for a slow client or not
+        assert b"".join(bytes(entry.bytes) for entry in event.logprobs).decode() == event.delta
+    streamed = [entry.model_dump(exclude={"bytes"}) for e in deltas for entry in e.logprobs]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    (part,) = events[-1].response.output[-1].content
+    expected = [entry.model_dump(exclude={"bytes"}) for entry in whole.output[-1].content[0].logprobs]
+    assert streamed == expected == [entry.model_dump(exclude={"bytes"}) for entry in done.logprobs]
+    assert [entry.model_dump() for entry in part.logprobs] == [
+        entry.model_dump() for entry in whole.output[-1].content[0].logprobs]
+
+
+def test_logprobs_come_only_when_included(client):
+    # as OpenAI: top_logprobs alone includes nothing; the include alone lists no alternatives
+    assert _create(client, input="[greet] Hello!", top_logprobs=3).output[-1].content[0].logprobs == []
+    entries = _create(client, input="[greet] Hello!", include=LOGPROBS).output[-1].content[0].logprobs
+    assert entries and all(entry.top_logprobs == [] for entry in entries)
+
+
+def test_logprobs_decided_after_their_text_go_in_an_empty_delta_before_the_text_is_done():
+    builder = OutputBuilder()
+    entry = {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}
+    events = builder.feed([("content", "Hi")]) + builder.feed([], [entry]) + builder.finish()
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [(e["delta"], e["logprobs"]) for e in deltas] == [("Hi", []), ("", [entry])]
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == [entry] == builder.items[0]["content"][0]["logprobs"]
+
+
+@pytest.mark.parametrize("top_logprobs", [-1, 21, 2.5, "3", True])
+def test_top_logprobs_out_of_range_or_not_an_integer_is_a_400_naming_it(server, top_logprobs):
+    body = {"model": "tiny", "input": "[greet]", "include": LOGPROBS, "top_logprobs": top_logprobs}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "top_logprobs"
+
+
 def test_a_cut_after_a_finished_message_leaves_that_item_complete(client):
     """max_output_tokens ending the output in the next message's header (or in a call not yet emitted) cuts no
     item already written: the reasoning that ended with <|eom|> stays `completed`; the response is `incomplete`."""
@@ -440,6 +516,9 @@ def test_a_reasoning_item_whose_parts_are_no_list_of_parts_is_refused_naming_the
                 {"type": "function_call", "call_id": "c1", "name": "get_weather",
                  "arguments": '{"city": "Paris", "city": "Oslo"}'},
                 {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].arguments"),
+    ({"input": [{"role": "user", "content": "[weather]"},
+                {"type": "function_call", "call_id": "c1", "name": "get weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]}, "input[1].name"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"max_output_tokens": 5000}, "max_output_tokens"),  # over max_model_len: the engine names max_tokens
 ])
