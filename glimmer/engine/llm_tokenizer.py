@@ -64,7 +64,12 @@ class LLMTokenizer:
         self._pad_token = self.tokenizer.pad_token
 
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_"):
+        if not name.startswith("_") and name != "tokenizer":
+            model_specific = self.tokenizer.extra.model_specific
+            if name in model_specific:  # transformers' attribute of a model-specific token: `tok.image_token`
+                return model_specific[name]
+            if name.removesuffix("_id") in model_specific:
+                return self.tokenizer.token_to_id(model_specific[name.removesuffix("_id")])
             with contextlib.suppress(AttributeError):
                 return getattr(self.tokenizer, name)
         # named as the class the caller holds, not the engine's Tokenizer it was looked up on
@@ -142,9 +147,21 @@ class LLMTokenizer:
     @property
     def special_tokens_map(self) -> dict[str, str]:
         """The named special tokens the checkpoint sets, name → token, in transformers' order (its
-        `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`)."""
+        `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`), then the model-specific ones
+        tokenizer_config.json names (an `image_token` field, an `extra_special_tokens` dict), as transformers 5's."""
         named = ((name, getattr(self, name)) for name in NAMED_TOKEN_NAMES)
-        return {name: token for name, token in named if token is not None}
+        return {name: token for name, token in named if token is not None} | dict(self.tokenizer.extra.model_specific)
+
+    @property
+    def extra_special_tokens(self) -> list[str]:
+        """tokenizer_config.json's `extra_special_tokens` list (or its older `additional_special_tokens`), as
+        transformers 5's attribute ([] where the file lists none)."""
+        return list(self.tokenizer.extra.listed)
+
+    @property
+    def extra_special_tokens_ids(self) -> list[int]:
+        """The ids of `extra_special_tokens`, as transformers 5's attribute."""
+        return [self.tokenizer.require_token_id(token) for token in self.extra_special_tokens]
 
     @property
     def added_tokens_decoder(self) -> dict[int, AddedToken]:
@@ -178,12 +195,12 @@ class LLMTokenizer:
 
     @property
     def all_special_tokens(self) -> list[str]:
-        """The named special tokens the checkpoint sets (bos, eos, unk, sep, pad, cls, mask), each once, in
-        transformers' order: its `all_special_tokens`, so that a script stripping them leaves what it leaves with
-        transformers (the framing tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)`
-        leaves out as transformers' does, is in `tokenizer.all_special_ids`."""
-        named = (getattr(self, name) for name in NAMED_TOKEN_NAMES)
-        return list(dict.fromkeys(token for token in named if token is not None))
+        """The named special tokens the checkpoint sets (bos, eos, unk, sep, pad, cls, mask, then the model-specific
+        ones of `special_tokens_map`) and `extra_special_tokens`, each once, in transformers' order: its
+        `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
+        tokens stay unless the config lists them). Every token flagged special, which
+        `decode(skip_special_tokens=True)` leaves out as transformers' does, is in `tokenizer.all_special_ids`."""
+        return list(dict.fromkeys([*self.special_tokens_map.values(), *self.extra_special_tokens]))
 
     @property
     def all_special_ids(self) -> list[int]:

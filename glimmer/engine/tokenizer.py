@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,6 +56,20 @@ class CleanUpSettings:
 
     by_default: bool = False
     even_for_bpe: bool = False
+
+
+@dataclass(frozen=True)
+class ExtraSpecialTokens:
+    """tokenizer_config.json's special tokens beyond the seven named ones, as transformers 5 reads them: `listed`, its
+    `extra_special_tokens` list (or the older `additional_special_tokens` when that is absent or empty), and
+    `model_specific`, name → token, from each other `*_token` string field and from an `extra_special_tokens` dict,
+    which transformers makes named special tokens of their own (`tok.image_token`, in `special_tokens_map`)."""
+
+    listed: tuple[str, ...] = ()
+    model_specific: Mapping[str, str] = dataclass_field(default_factory=dict)
+
+    def tokens(self) -> list[str]:
+        return [*self.model_specific.values(), *self.listed]
 
 
 VERY_LARGE_INTEGER = int(1e30)
@@ -133,9 +148,11 @@ class Tokenizer:
     """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
 
     def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path,
-                 clean_up: CleanUpSettings = CleanUpSettings(), shape: ShapeSettings = ShapeSettings()):
+                 clean_up: CleanUpSettings = CleanUpSettings(), shape: ShapeSettings = ShapeSettings(),
+                 extra: ExtraSpecialTokens = ExtraSpecialTokens()):
         self._backend = backend
         self._named_tokens = named_tokens
+        self.extra = extra
         self.tokenizer_file = tokenizer_file
         self._clean_up = clean_up
         self.shape = shape
@@ -147,7 +164,7 @@ class Tokenizer:
         """Load `tokenizer.json` and the special token names from a checkpoint directory.
 
         Raises CheckpointError when tokenizer.json is missing or unreadable, when a config file is not
-        valid JSON, or when a named special token is not in the vocabulary.
+        valid JSON, or when a named or extra special token is not in the vocabulary.
         """
         directory = Path(path)
         tokenizer_file = directory / TOKENIZER_FILE
@@ -171,8 +188,14 @@ class Tokenizer:
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
         config_file = directory / TOKENIZER_CONFIG_FILE
         config = read_json_object(config_file, error=CheckpointError) or {}
+        extra = _read_extra_special_tokens(config, config_file)
+        for token in extra.tokens():
+            if backend.token_to_id(token) is None:
+                # transformers would add it as a new token, which this model has no embedding row for
+                raise CheckpointError(f"the special token {token!r} of {config_file} is not a token of "
+                                      f"{tokenizer_file}; the files do not belong together")
         tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(config),
-                        _read_shape_settings(config, config_file))
+                        _read_shape_settings(config, config_file), extra)
         logger.info(
             "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
             tokenizer_file,
@@ -507,6 +530,25 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
             if name not in named and config.get(name) is not None:
                 named[name] = _token_content(config[name], directory / filename, name)
     return named
+
+
+def _read_extra_special_tokens(config: Mapping[str, object], path: Path) -> ExtraSpecialTokens:
+    """The special tokens of tokenizer_config.json (`path`) beyond the named ones, as transformers 5's
+    `from_pretrained` reads them: `extra_special_tokens` (a list, or a dict of named ones), else the older name
+    `additional_special_tokens`; and every other field named `*_token` whose value is a string. Raises
+    CheckpointError naming the field for a value that is no list, dict or null, or an entry that is no token."""
+    listed = config.get("extra_special_tokens")
+    model_specific = {name: value for name, value in config.items()
+                      if name.endswith("_token") and name not in NAMED_TOKEN_NAMES and isinstance(value, str)}
+    if isinstance(listed, dict):
+        model_specific |= {name: _token_content(value, path, f"extra_special_tokens.{name}")
+                           for name, value in listed.items()}
+        listed = None
+    listed = listed or config.get("additional_special_tokens")
+    if not isinstance(listed, list | tuple | type(None)):
+        raise CheckpointError(f"{path}: extra_special_tokens={listed!r} is invalid; expected a list of tokens")
+    return ExtraSpecialTokens(tuple(_token_content(value, path, "extra_special_tokens") for value in listed or ()),
+                              model_specific)
 
 
 def _read_clean_up_settings(config: Mapping[str, object]) -> CleanUpSettings:

@@ -255,6 +255,46 @@ def test_sep_cls_and_mask_tokens_are_transformers(tiny_checkpoint, tmp_path, cha
         assert not hasattr(reference, name) and not hasattr(tok, name), name
 
 
+R0, R1 = "<|reserved_special_token_0|>", "<|reserved_special_token_1|>"
+EXTRA_SPECIAL_TOKEN_CONFIGS = {
+    "none": {},
+    "listed": {"extra_special_tokens": [R0, R1]},
+    "older_name": {"additional_special_tokens": [R1, R0]},
+    "both_names": {"additional_special_tokens": [R1], "extra_special_tokens": [R0]},
+    "empty_list_and_older_name": {"additional_special_tokens": [R1], "extra_special_tokens": []},
+    "named_in_a_dict": {"extra_special_tokens": {"image_token": "<|patch|>"}, "additional_special_tokens": [R0]},
+    "model_specific_field": {"image_token": "<|patch|>", "video_token": "<|video|>"},
+    "repeats_a_named_one": {"extra_special_tokens": ["<|begin_of_text|>", R0, R0]},
+}
+
+
+@pytest.mark.parametrize("changes", EXTRA_SPECIAL_TOKEN_CONFIGS.values(), ids=EXTRA_SPECIAL_TOKEN_CONFIGS.keys())
+def test_extra_special_tokens_are_transformers(tiny_checkpoint, tmp_path, changes):
+    """`tok.extra_special_tokens` was an AttributeError and `all_special_tokens` left out what tokenizer_config.json
+    lists beyond the named tokens; each is what transformers 5 reads from the same files, the older
+    `additional_special_tokens` and model-specific named tokens (`image_token`) included."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in ("extra_special_tokens", "extra_special_tokens_ids", "special_tokens_map", "all_special_tokens",
+                 "all_special_ids"):
+        assert getattr(tok, name) == getattr(reference, name), name
+    for name in ("image_token", "image_token_id", "video_token", "video_token_id"):
+        assert getattr(tok, name, None) == getattr(reference, name, None), name
+    every_id = list(range(len(tok)))
+    assert tok.convert_ids_to_tokens(every_id, skip_special_tokens=True) == \
+        reference.convert_ids_to_tokens(every_id, skip_special_tokens=True)
+
+
+def test_an_extra_special_token_outside_the_vocabulary_is_refused(tiny_checkpoint, tmp_path):
+    # transformers adds it as a new token, which the model has no embedding row for
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config",
+                                                   extra_special_tokens=["<|not_a_token|>"])
+    with pytest.raises(CheckpointError, match=r"the special token '<\|not_a_token\|>' of .*tokenizer_config\.json is "
+                                              r"not a token of .*tokenizer\.json"):
+        LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
+
+
 @pytest.mark.parametrize("arguments", [dict(padding=True), dict(padding="max_length", max_length=12),
                                        dict(truncation=True, max_length=3), dict(padding=True, return_tensors="pt"),
                                        dict(padding="longest", truncation=True, max_length=4, return_tensors="np"),
