@@ -66,6 +66,9 @@ from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
+_ENCODING_HINT = ("; this is a tokenizer's encoding ({'input_ids', 'attention_mask'}, what apply_chat_template returns "
+                  "by default, as transformers 5's): pass its ['input_ids'], or call apply_chat_template(..., "
+                  "return_dict=False)")
 """What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
 final message's `recipient`), a reasoning field the reasoning."""
 
@@ -248,7 +251,8 @@ class LLM:
         unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
         if unknown:
             raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
-                               f"{', '.join(sorted(PROMPT_KEYS))}", param=name)
+                               f"{', '.join(sorted(PROMPT_KEYS))}{_ENCODING_HINT if 'input_ids' in prompt else ''}",
+                               param=name)
         if prompt.get("mm_processor_kwargs"):
             raise UnsupportedArgumentError(f"{name}.mm_processor_kwargs: not supported per prompt: image sizes are "
                                            "the checkpoint's processor settings; leave it out (or None, {})",
@@ -259,7 +263,8 @@ class LLM:
                                    param=f"{name}.multi_modal_data")
             ids = prompt["prompt_token_ids"]
             if not isinstance(ids, list | tuple) or not all(map(is_token_id, ids)):
-                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers)",
+                hint = _ENCODING_HINT if isinstance(ids, Mapping) and "input_ids" in ids else ""
+                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers){hint}",
                                    param=f"{name}.prompt_token_ids")
             return prompt.get("prompt"), [operator.index(t) for t in ids], []
         text = prompt.get("prompt")

@@ -345,27 +345,30 @@ class LLMTokenizer:
         truncation: bool | str = False,
         max_length: int | None = None,
         return_tensors: str | None = None,
-        return_dict: bool = False,
+        return_dict: bool = True,
         return_assistant_tokens_mask: bool = False,
         tokenizer_kwargs: Mapping[str, Any] | None = None,
         allow_control_tokens_in_content: bool = False,
         **kwargs: Any,
     ) -> Any:
         """The prompt of a conversation (a list of message dicts) as `LLM.chat` renders it, or of each of a batch of
-        them (a list of such lists, giving a list): its token ids (`tokenize=True`, BOS once, from the template) or
-        its text. Media parts are not expanded into placeholder tokens here.
+        them (a list of such lists): as transformers 5 returns it, a dict of its token ids and attention mask
+        (`tokenize=True`, `return_dict=True`: `{"input_ids": [...], "attention_mask": [...]}`, BOS once, from the
+        template), the ids alone (`return_dict=False`), or its text (`tokenize=False`, which ignores `return_dict`, as
+        there). Media parts are not expanded into placeholder tokens here.
 
         The named arguments are transformers 5's, with its meaning (glimmer/engine/apply_chat_template.py): `tools`
         (schemas, or Python functions converted as transformers converts them), `documents` (the template's
         variable), `chat_template` (a template source to render with instead of the checkpoint's),
         `add_generation_prompt`, `continue_final_message`, `tokenize`, `sanitize_control_tokens`, `padding`,
         `truncation`, `max_length`, `return_tensors` ('pt' or 'np') and `return_dict` ({"input_ids",
-        "attention_mask"}; only with `tokenize=True`, as in transformers). `conversation` may be passed as
-        `messages`. Every other keyword argument is a chat template variable, as in transformers and as
-        `LLM.chat`'s `chat_template_kwargs` (`reasoning_effort` included).
+        "attention_mask"}, a `ChatEncoding` that reads as transformers' `BatchEncoding`; only with `tokenize=True`, as
+        in transformers). `conversation` may be passed as `messages`. Every other keyword argument is a chat template
+        variable, as in transformers and as `LLM.chat`'s `chat_template_kwargs` (`reasoning_effort` included).
 
-        Defaults are Glimmer's, as before transformers 5: the ids as a list (`return_dict=False`), and the
-        generation prompt unless `continue_final_message` is set (`add_generation_prompt=None`).
+        `tokenize=True` and `return_dict=True` are transformers 5's defaults. Glimmer's own: the generation prompt
+        unless `continue_final_message` is set (`add_generation_prompt=None`; transformers' default is False), and
+        control-token text tokenized as plain text (below; transformers' default reads it as the tokens).
 
         `continue_final_message=True` ends the prompt inside the final message's content: what the template writes
         after it (its `<|eot|>` or `<|eom|>`, whatever `end_turn` says) is left out, so the model continues the

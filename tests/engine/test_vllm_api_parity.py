@@ -321,10 +321,10 @@ def test_calling_the_tokenizer_pads_and_truncates_as_transformers(llm, hf, argum
 def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
     tok = llm.get_tokenizer()
     batch = [MESSAGES, [{"role": "user", "content": "a longer question here"}]]
-    right = tok.apply_chat_template(batch, padding=True, **KWARGS)
+    right = tok.apply_chat_template(batch, padding=True, **KWARGS)["input_ids"]
     tok.padding_side = "left"
     try:
-        left = tok.apply_chat_template(batch, padding=True, **KWARGS)
+        left = tok.apply_chat_template(batch, padding=True, **KWARGS)["input_ids"]
     finally:
         tok.padding_side = "right"
     pad = tok.pad_token_id
@@ -364,10 +364,22 @@ def test_tokenizer_errors_name_the_llm_tokenizer(llm):
         tok.encode([1, 2])
 
 
+def test_an_encoding_given_as_a_prompt_is_refused_saying_to_pass_its_input_ids(llm):
+    """apply_chat_template returns transformers 5's dict by default; handed to generate it is refused, saying how."""
+    encoding = llm.get_tokenizer().apply_chat_template(MESSAGES, **KWARGS)
+    for prompt, param in (({"prompt_token_ids": encoding}, "prompt.prompt_token_ids"), (encoding, "prompt")):
+        with pytest.raises(RequestError, match=r"pass its \['input_ids'\], or call apply_chat_template\(\.\.\., "
+                                               r"return_dict=False\)") as caught:
+            llm.generate(prompt, SamplingParams(max_tokens=1))
+        assert caught.value.param == param
+    by_ids = llm.generate({"prompt_token_ids": encoding["input_ids"]}, SamplingParams(max_tokens=1))[0]
+    assert by_ids.prompt_token_ids == encoding["input_ids"]
+
+
 def test_apply_chat_template_renders_as_chat_does(llm):
     tok = llm.get_tokenizer()
     out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), tools=[WEATHER_TOOL], chat_template_kwargs=KWARGS)[0]
-    ids = tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], **KWARGS)
+    ids = tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], **KWARGS)["input_ids"]
     assert ids == out.output.prompt_token_ids and ids.count(tok.bos_token_id) == 1
     assert tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], tokenize=False, **KWARGS) == out.output.prompt
     bare = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=False, **KWARGS)
@@ -457,7 +469,8 @@ def test_continue_final_message_continues_the_assistant_answer_and_parses_the_re
     messages = [*MESSAGES, {"role": "assistant", "content": "Hello"}]
     out = llm.chat(messages, _forcing(tok), chat_template_kwargs=KWARGS, continue_final_message=True)[0]
     assert out.output.prompt.endswith("<|start|>assistant to=user<|message|>Hello")
-    assert out.output.prompt_token_ids == tok.apply_chat_template(messages, continue_final_message=True, **KWARGS)
+    assert out.output.prompt_token_ids == tok.apply_chat_template(messages, continue_final_message=True,
+                                                                  return_dict=False, **KWARGS)
     assert out.output.text == " the the the"
     assert (out.reasoning, out.content, out.finish_reason) == (None, " the the the", "length")
 
@@ -517,7 +530,8 @@ def test_chat_template_renders_with_the_template_given(llm):
                 "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
     out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), chat_template=template)[0]
     assert out.output.prompt == "<|begin_of_text|><|start|>user<|message|>hi<|eot|><|start|>assistant"
-    assert out.output.prompt_token_ids == llm.get_tokenizer().apply_chat_template(MESSAGES, chat_template=template)
+    assert out.output.prompt_token_ids == llm.get_tokenizer().apply_chat_template(MESSAGES, chat_template=template,
+                                                                                  return_dict=False)
     with pytest.raises(RequestError) as caught:
         llm.chat(MESSAGES, chat_template=open)
     assert caught.value.param == "chat_template"
@@ -820,7 +834,7 @@ def test_a_script_sets_the_pad_token_as_on_transformers(llm, tiny_checkpoint):
         tok.pad_token_id = reference.pad_token_id = 480
         assert tok.pad_token == reference.pad_token
         assert tok.apply_chat_template([MESSAGES, [{"role": "user", "content": "longer"}]], padding=True,
-                                       **KWARGS)[0][-1] == 480
+                                       **KWARGS)["input_ids"][0][-1] == 480
         with pytest.raises(ValueError, match="^pad_token='nope' is not a token of this tokenizer"):
             tok.pad_token = "nope"
     finally:
