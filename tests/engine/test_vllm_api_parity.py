@@ -918,3 +918,13 @@ def test_request_metrics_of_a_request_that_generates_nothing_have_no_token_times
     m = llm.generate([[1, 10, 11]], SamplingParams(max_tokens=0))[0].metrics
     assert m.first_token_time is None and m.last_token_time == m.arrival_time
     assert m.arrival_time <= m.first_scheduled_time <= m.finished_time
+
+
+def test_finished_is_a_real_bool_on_both_outputs(llm):
+    """vLLM's `CompletionOutput.finished()` is a method; here it stays a bool property (README: a method reads as
+    always true in `if c.finished:`, a callable stand-in for a bool makes `c.finished is True` silently false), so
+    vLLM's call fails loudly rather than answering wrong."""
+    out = llm.generate([[1, 10, 11]], SamplingParams(max_tokens=2, ignore_eos=True))[0]
+    assert out.finished is True and out.outputs[0].finished is True
+    with pytest.raises(TypeError, match="'bool' object is not callable"):
+        out.outputs[0].finished()
