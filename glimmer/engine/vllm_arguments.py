@@ -156,8 +156,9 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
     otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
     dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
-    those). A keyword-only dataclass (`kw_only=True`) refuses arguments given by position with a TypeError saying
-    so."""
+    those). Setting an attribute after construction follows the same rule: `params.allowed_token_ids = [...]` (or a
+    misspelled field) would otherwise be a new attribute nothing reads. A keyword-only dataclass (`kw_only=True`)
+    refuses arguments given by position with a TypeError saying so."""
 
     def decorate(cls: Shaped) -> Shaped:
         dataclass_init = cls.__init__
@@ -172,7 +173,15 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
                                 "arguments otherwise, so a value by position would mean another argument there")
             dataclass_init(self, *args, **glimmer_arguments(cls.__name__, names, vllm_only, kwargs))
 
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            if name in names or name.startswith("_"):
+                object.__setattr__(self, name, value)
+            else:  # vLLM's argument at a value that changes nothing is dropped, as at construction; else refused
+                glimmer_arguments(cls.__name__, names, vllm_only, {**{n: getattr(self, n) for n in names},
+                                                                     name: value})
+
         cls.__init__ = __init__
+        cls.__setattr__ = __setattr__
         return cls
 
     return decorate
