@@ -41,8 +41,6 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # the named special tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES`
 NAMED_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# the named special tokens a chat template may use, in the order transformers passes them
-TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 TOKENIZATION_SPACES = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                        (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 """transformers' `clean_up_tokenization`: each replacement in turn, designed for WordPiece text."""
@@ -395,8 +393,11 @@ class Tokenizer:
 
     @property
     def special_tokens(self) -> dict[str, str]:
-        """The named tokens a chat template receives as variables (`bos_token`, …), those that are set."""
-        return {name: self._named_tokens[name] for name in TEMPLATE_TOKEN_NAMES if name in self._named_tokens}
+        """The named tokens a chat template receives as variables, those that are set: bos, eos, unk, sep, pad, cls,
+        mask, then the model-specific ones tokenizer_config.json names (`image_token`), as transformers 5 passes its
+        `special_tokens_map` to the template."""
+        named = {name: self._named_tokens[name] for name in NAMED_TOKEN_NAMES if name in self._named_tokens}
+        return named | dict(self.extra.model_specific)
 
     def get_vocab(self) -> dict[str, int]:
         """Every token's vocabulary entry → its id, added tokens included (transformers' `get_vocab()`)."""

@@ -286,6 +286,22 @@ def test_extra_special_tokens_are_transformers(tiny_checkpoint, tmp_path, change
         reference.convert_ids_to_tokens(every_id, skip_special_tokens=True)
 
 
+def test_a_chat_template_sees_every_named_token_the_config_sets_as_transformers_passes_them(tiny_checkpoint, tmp_path):
+    """The template saw bos, eos, pad and unk only: `{{ sep_token }}` or a model-specific `{{ image_token }}` rendered
+    as nothing, silently; transformers 5 passes its whole `special_tokens_map`."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", sep_token=R0,
+                                                   image_token="<|patch|>")
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    template = ("{{ bos_token }}[{{ sep_token }}][{{ image_token }}][{{ cls_token }}]"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    text = tok.apply_chat_template(MESSAGES, chat_template=template, tokenize=False)
+    assert text == reference.apply_chat_template(MESSAGES, chat_template=template, tokenize=False)
+    assert text == f"<|begin_of_text|>[{R0}][<|patch|>][]hi"
+    assert tok.apply_chat_template(MESSAGES, chat_template=template) == dict(
+        reference.apply_chat_template(MESSAGES, chat_template=template))
+
+
 def test_an_extra_special_token_outside_the_vocabulary_is_refused(tiny_checkpoint, tmp_path):
     # transformers adds it as a new token, which the model has no embedding row for
     checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config",
