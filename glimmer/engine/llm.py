@@ -415,6 +415,7 @@ class LLM:
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] | None = None,  # third by position too, as in vLLM's LLM.chat
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
@@ -428,7 +429,6 @@ class LLM:
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | str = False,
         allow_control_tokens_in_content: bool = False,
-        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[ChatOutput]:
         """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
 

@@ -674,6 +674,8 @@ def test_chat_takes_vllms_documents_as_apply_chat_template_does(llm):
                                                                             {"truncation": True}),
     ("chat", "lora_request", object()), ("chat", "chat_template_content_format", "string"),
     ("chat", "mm_processor_kwargs", {"max_pixels": 100}),
+    # older vLLM's; "prompt_token_ids" was "did you mean 'prompts'?", with no word of how to pass the ids
+    ("generate", "prompt_token_ids", [[1, 10, 11]]), ("generate", "guided_options_request", {"guided_json": {}}),
 ])
 def test_a_vllm_argument_of_generate_or_chat_is_refused_naming_it_and_what_to_do(llm, call, name, value):
     # vLLM's LLM.generate / LLM.chat take these; Python's bare "unexpected keyword argument" said nothing more
@@ -681,6 +683,17 @@ def test_a_vllm_argument_of_generate_or_chat_is_refused_naming_it_and_what_to_do
     with pytest.raises(UnsupportedArgumentError, match=f"{name}: an argument of vLLM's LLM.{call}") as caught:
         getattr(llm, call)(first, SamplingParams(max_tokens=1), **{name: value})
     assert caught.value.param == name and isinstance(caught.value, TypeError)
+
+
+def test_chat_takes_use_tqdm_third_by_position_as_vllms_does(llm):
+    """vLLM's `LLM.chat(messages, sampling_params, use_tqdm)`: the third positional argument was a TypeError."""
+    params = SamplingParams(max_tokens=2, temperature=0)
+    by_position = llm.chat(MESSAGES, params, False, chat_template_kwargs=KWARGS)[0]
+    assert by_position.output.token_ids == llm.chat(MESSAGES, params, use_tqdm=False,
+                                                    chat_template_kwargs=KWARGS)[0].output.token_ids
+    with pytest.raises(RequestError) as caught:
+        llm.chat(MESSAGES, params, "yes")
+    assert caught.value.param == "use_tqdm"
 
 
 def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
