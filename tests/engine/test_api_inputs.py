@@ -41,6 +41,13 @@ def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     _refused(lambda: SamplingParams(**{field: value}), field)
 
 
+@pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
+def test_vllms_minus_one_logprobs_is_refused_saying_it_is_not_supported(name):
+    """vLLM reads -1 as every token of the vocabulary; the error gave the range alone, as for a typo."""
+    error = _refused(lambda: SamplingParams(**{name: -1}), name)
+    assert "-1 (vLLM's every token of the vocabulary) is not supported" in str(error)
+
+
 @pytest.mark.parametrize(("name", "value", "advice"), [
     ("best_of", 4, "cumulative_logprob"),
     ("guided_decoding", {"json": {}}, "structured_outputs=StructuredOutputsParams"),
