@@ -66,11 +66,12 @@ from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
+"""What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
+final message's `recipient`), a reasoning field the reasoning."""
 _ENCODING_HINT = ("; this is a tokenizer's encoding ({'input_ids', 'attention_mask'}, what apply_chat_template returns "
                   "by default, as transformers 5's): pass its ['input_ids'], or call apply_chat_template(..., "
                   "return_dict=False)")
-"""What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
-final message's `recipient`), a reasoning field the reasoning."""
+"""Added to the error about a prompt that is a tokenizer's encoding, which `generate` does not take."""
 
 
 @dataclass

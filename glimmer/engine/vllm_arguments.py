@@ -240,7 +240,7 @@ VLLM_ONLY_GENERATE_ARGUMENTS: dict[str, VllmArgument] = {
         isinstance(value, list | tuple) and all(type(p) is int and p == 0 for p in value)), (
         "scheduling priorities are not supported (requests are served first come, first served); leave it out")),
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
-    # older vLLM's (before 0.10)
+    # older vLLM's, since removed there
     "prompt_token_ids": VllmArgument(_only(None), (
         "vLLM's older way to pass token ids; pass them as the prompts: generate([ids, ...]) or "
         "generate({'prompt_token_ids': ids})")),
