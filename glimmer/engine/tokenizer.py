@@ -187,11 +187,12 @@ class Tokenizer:
         config_file = directory / TOKENIZER_CONFIG_FILE
         config = read_json_object(config_file, error=CheckpointError) or {}
         extra = _read_extra_special_tokens(config, config_file)
-        for token in extra.tokens():
+        for token in extra.listed:
             if backend.token_to_id(token) is None:
                 # transformers would add it as a new token, which this model has no embedding row for
                 raise CheckpointError(f"the special token {token!r} of {config_file} is not a token of "
                                       f"{tokenizer_file}; the files do not belong together")
+        extra = _without_unknown_model_specific(extra, backend, config_file)
         tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(config),
                         _read_shape_settings(config, config_file), extra)
         logger.info(
@@ -550,6 +551,19 @@ def _read_extra_special_tokens(config: Mapping[str, object], path: Path) -> Extr
         raise CheckpointError(f"{path}: extra_special_tokens={listed!r} is invalid; expected a list of tokens")
     return ExtraSpecialTokens(tuple(_token_content(value, path, "extra_special_tokens") for value in listed or ()),
                               model_specific)
+
+
+def _without_unknown_model_specific(extra: ExtraSpecialTokens, backend: HFTokenizer, path: Path) -> ExtraSpecialTokens:
+    """`extra` without the model-specific fields whose value is no token of `backend`, each named in a warning: any
+    string field whose name ends in `_token` counts as one, so such a field may be no token at all (transformers
+    would add it to the vocabulary, which this model has no embedding row for)."""
+    unknown = [name for name, token in extra.model_specific.items() if backend.token_to_id(token) is None]
+    for name in unknown:
+        logger.warning("%s: %s=%r is not a token of the tokenizer; it is left out of the special tokens (transformers "
+                       "would add it as a new token, which the model has no row for)", path, name,
+                       extra.model_specific[name])
+    kept = {name: token for name, token in extra.model_specific.items() if name not in unknown}
+    return ExtraSpecialTokens(extra.listed, kept) if unknown else extra
 
 
 def _read_clean_up_settings(config: Mapping[str, object]) -> CleanUpSettings:

@@ -302,6 +302,19 @@ def test_a_chat_template_sees_every_named_token_the_config_sets_as_transformers_
         reference.apply_chat_template(MESSAGES, chat_template=template))
 
 
+def test_a_model_specific_field_that_is_no_token_is_left_out_with_a_warning(tiny_checkpoint, tmp_path, caplog):
+    """Any string field named `*_token` is a model-specific token to transformers, which adds an unknown one to the
+    vocabulary; it may be no token at all, so loading goes on without it, saying so."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", image_token="<|patch|>",
+                                                   auth_token="hf_not_a_token")
+    with caplog.at_level("WARNING", logger="glimmer.engine.tokenizer"):
+        tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20,
+                  max_model_len=64).get_tokenizer()
+    assert "auth_token='hf_not_a_token' is not a token of the tokenizer; it is left out" in caplog.text
+    assert tok.special_tokens_map["image_token"] == "<|patch|>" and "auth_token" not in tok.special_tokens_map
+    assert "hf_not_a_token" not in tok.all_special_tokens
+
+
 def test_an_extra_special_token_outside_the_vocabulary_is_refused(tiny_checkpoint, tmp_path):
     # transformers adds it as a new token, which the model has no embedding row for
     checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config",
