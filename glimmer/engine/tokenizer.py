@@ -186,7 +186,11 @@ class Tokenizer:
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
         config_file = directory / TOKENIZER_CONFIG_FILE
         config = read_json_object(config_file, error=CheckpointError) or {}
-        extra = _read_extra_special_tokens(config, config_file)
+        # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
+        map_file = directory / SPECIAL_TOKENS_MAP_FILE
+        legacy_map = ({} if "added_tokens_decoder" in config
+                      else read_json_object(map_file, error=CheckpointError) or {})
+        extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
         for token in extra.listed:
             if backend.token_to_id(token) is None:
                 # transformers would add it as a new token, which this model has no embedding row for
@@ -534,14 +538,36 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
     return named
 
 
-def _read_extra_special_tokens(config: Mapping[str, object], path: Path) -> ExtraSpecialTokens:
-    """The special tokens of tokenizer_config.json (`path`) beyond the named ones, as transformers 5's
-    `from_pretrained` reads them: `extra_special_tokens` (a list, or a dict of named ones), else the older name
-    `additional_special_tokens`; and every other field named `*_token` whose value is a string. Raises
-    CheckpointError naming the field for a value that is no list, dict or null, or an entry that is no token."""
+def _read_extra_special_tokens(config: Mapping[str, object], path: Path, legacy_map: Mapping[str, object],
+                               map_path: Path) -> ExtraSpecialTokens:
+    """The special tokens of tokenizer_config.json (`config`, read from `path`) beyond the named ones, as transformers
+    5's `from_pretrained` reads them: `extra_special_tokens` (a list, or a dict of named ones), else the older name
+    `additional_special_tokens`; and every other field named `*_token` whose value is a string. `legacy_map`, the
+    special_tokens_map.json (`map_path`) of a config without `added_tokens_decoder` ({} otherwise), adds its
+    `extra_special_tokens` list to the config's, gives its `additional_special_tokens` where the config lists none,
+    and names model-specific tokens before the config's (whose value wins). Raises CheckpointError naming the file and
+    the field for a list that is no list, or an entry that is no token."""
+    listed, model_specific = _extra_fields(legacy_map, map_path, strings_only=False)
+    listed_here, named_here = _extra_fields(config, path, strings_only=True)
+    model_specific |= named_here
+    map_listed = legacy_map.get("extra_special_tokens")
+    if listed_here:
+        listed = listed_here + [token for token in listed if token not in listed_here] if isinstance(
+            map_listed, list) else listed_here
+    elif "extra_special_tokens" in config and not isinstance(map_listed, list):
+        listed = []  # an explicit empty list keeps the map's older `additional_special_tokens` out, as there
+    return ExtraSpecialTokens(tuple(listed), model_specific)
+
+
+def _extra_fields(config: Mapping[str, object], path: Path, *, strings_only: bool) -> tuple[list[str], dict[str, str]]:
+    """One file's extra special tokens: its list (`extra_special_tokens`, else `additional_special_tokens`) and its
+    model-specific tokens (each other `*_token` field, and an `extra_special_tokens` dict). `strings_only`: a
+    `*_token` field counts only as a string (tokenizer_config.json; special_tokens_map.json's may be AddedToken
+    dicts)."""
+    kinds = str if strings_only else (str, dict)
     listed = config.get("extra_special_tokens")
-    model_specific = {name: value for name, value in config.items()
-                      if name.endswith("_token") and name not in NAMED_TOKEN_NAMES and isinstance(value, str)}
+    model_specific = {name: _token_content(value, path, name) for name, value in config.items()
+                      if name.endswith("_token") and name not in NAMED_TOKEN_NAMES and isinstance(value, kinds)}
     if isinstance(listed, dict):
         model_specific |= {name: _token_content(value, path, f"extra_special_tokens.{name}")
                            for name, value in listed.items()}
@@ -549,8 +575,7 @@ def _read_extra_special_tokens(config: Mapping[str, object], path: Path) -> Extr
     listed = listed or config.get("additional_special_tokens")
     if not isinstance(listed, list | tuple | type(None)):
         raise CheckpointError(f"{path}: extra_special_tokens={listed!r} is invalid; expected a list of tokens")
-    return ExtraSpecialTokens(tuple(_token_content(value, path, "extra_special_tokens") for value in listed or ()),
-                              model_specific)
+    return [_token_content(value, path, "extra_special_tokens") for value in listed or ()], model_specific
 
 
 def _without_unknown_model_specific(extra: ExtraSpecialTokens, backend: HFTokenizer, path: Path) -> ExtraSpecialTokens:

@@ -286,6 +286,34 @@ def test_extra_special_tokens_are_transformers(tiny_checkpoint, tmp_path, change
         reference.convert_ids_to_tokens(every_id, skip_special_tokens=True)
 
 
+R2 = "<|reserved_special_token_2|>"
+LEGACY_MAP_CONFIGS = {  # (tokenizer_config.json changes, special_tokens_map.json changes)
+    "older_name_in_the_map": ({}, {"additional_special_tokens": [R1, R0]}),
+    "lists_in_both": ({"extra_special_tokens": [R0]}, {"extra_special_tokens": [R1, R0]}),
+    "older_names_in_both": ({"additional_special_tokens": [R0]}, {"additional_special_tokens": [R1]}),
+    "map_list_beside_the_older_name": ({"additional_special_tokens": [R0]}, {"extra_special_tokens": [R1]}),
+    "older_name_in_the_map_beside_a_list": ({"extra_special_tokens": [R0]}, {"additional_special_tokens": [R1]}),
+    "list_in_the_map_alone": ({}, {"extra_special_tokens": [R2, R1]}),
+    "model_specific_in_the_map": ({}, {"image_token": "<|patch|>"}),
+}
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["without_added_tokens_decoder", "with_added_tokens_decoder"])
+@pytest.mark.parametrize(("config", "special_map"), LEGACY_MAP_CONFIGS.values(), ids=LEGACY_MAP_CONFIGS.keys())
+def test_special_tokens_map_json_adds_extra_tokens_as_transformers_reads_it(tiny_checkpoint, tmp_path, config,
+                                                                            special_map, decoder):
+    """transformers 5 reads special_tokens_map.json's extra tokens for a tokenizer_config.json without
+    `added_tokens_decoder` (older files) and ignores them beside it; Glimmer read them never."""
+    changes = config if decoder else {**config, "added_tokens_decoder": None}
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    map_file = checkpoint / "special_tokens_map.json"
+    map_file.write_text(json.dumps(json.loads(map_file.read_text()) | special_map))
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in ("extra_special_tokens", "special_tokens_map", "all_special_tokens", "all_special_ids"):
+        assert getattr(tok, name) == getattr(reference, name), name
+
+
 def test_a_chat_template_sees_every_named_token_the_config_sets_as_transformers_passes_them(tiny_checkpoint, tmp_path):
     """The template saw bos, eos, pad and unk only: `{{ sep_token }}` or a model-specific `{{ image_token }}` rendered
     as nothing, silently; transformers 5 passes its whole `special_tokens_map`."""
