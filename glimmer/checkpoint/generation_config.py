@@ -107,6 +107,12 @@ def load_generation_defaults(
         raise ConfigError(f"{path}: {fields.key('bos_token_id')}={bos[0]} is outside the model's vocabulary "
                           f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match")
     pad = fields.token_ids("pad_token_id", single=True)
+    if pad is not None and pad[0] >= text_config.vocab_size:
+        # a warning, not bos's error: nothing pads with it (config.py leaves config.json's alone for the same reason;
+        # converted checkpoints often set it to vocab_size), but a file naming no row of the model is worth a look
+        logger.warning("%s: %s=%d is outside the model's vocabulary (vocab_size=%d); Glimmer does not use it (it pads "
+                       "nothing), so loading goes on, but the file may belong to another model", path,
+                       fields.key("pad_token_id"), pad[0], text_config.vocab_size)
     return GenerationDefaults(
         stop_token_ids=stop_ids,
         bos_token_id=bos[0] if bos is not None else text_config.bos_token_id,

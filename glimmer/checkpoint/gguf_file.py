@@ -94,6 +94,11 @@ GGUF_ADVICE = MismatchAdvice(
 )
 
 
+def _lexists(path: Path) -> bool:
+    """Something (a file, a directory, a link even to nothing) is at `path`."""
+    return path.exists() or path.is_symlink()
+
+
 def is_gguf_path(path: Path) -> bool:
     """A file named *.gguf, or any file that starts with the GGUF magic."""
     if not path.is_file():
@@ -336,6 +341,13 @@ class GGUFFile:
             )
         prefix, of, total, suffix = match.group(1, 3, 4, 5)  # the spelling given (.GGUF stays)
         parts = tuple(self.path.with_name(f"{prefix}-{i:05d}{of}{total}{suffix}") for i in range(1, count + 1))
+        # a name that is there but no file (a link to a blob never downloaded, a directory) is no missing part
+        present_but_broken = next((part for part in parts if not part.is_file() and _lexists(part)), None)
+        if present_but_broken is not None:
+            problem = (broken_link_problem(present_but_broken) if is_broken_link(present_but_broken)
+                       else "is not a regular file (a directory or a special file): put the part's file there")
+            raise self.error(f"this is {which} of a split GGUF, and its part {present_but_broken.name} is unreadable: "
+                             f"it {problem}")
         missing = [part.name for part in parts if not part.is_file()]
         if missing:
             named = ", ".join(missing[:MOST_LISTED])
@@ -345,7 +357,7 @@ class GGUFFile:
                 f"this is {which} of a split GGUF, and {named} {'is' if len(missing) == 1 else 'are'} not beside "
                 f"it: every part must sit in {self.path.parent}"
             )
-        headers = [self.header if part == self.path else scan_header(part) for part in parts]
+        headers = [self.header if part == self.path else self._scan_part(part, which) for part in parts]
         tensors: dict[str, TensorEntry] = {}
         for index, (part, header) in enumerate(zip(parts, headers, strict=True)):
             said = (header.metadata.get(SPLIT_NO), header.metadata.get(SPLIT_COUNT))
@@ -368,6 +380,17 @@ class GGUFFile:
         self.path, self.parts = parts[0], parts
         self.header = GGUFHeader(first.version, first.byte_order, first.metadata, first.metadata_types, tensors,
                                  first.alignment)
+
+    def _scan_part(self, part: Path, which: str) -> GGUFHeader:
+        """The header of another part of the split. Raises CheckpointError naming the part as unreadable or corrupt
+        (truncated, not a GGUF, unreadable), with scan_header's reason, from the file given."""
+        try:
+            return scan_header(part)
+        except CheckpointError as exc:
+            reason = str(exc).removeprefix(str(part)).removeprefix(":").strip()
+            raise self.error(f"this is {which} of a split GGUF, and its part {part.name} is unreadable or corrupt: "
+                             f"{reason}; download or copy that part again (every part must be whole), then retry"
+                             ) from None
 
     def _refuse_unreadable_types(self) -> None:
         """Every tensor must be of a type `read` can decode; checked from the header, before anything is loaded."""

@@ -68,6 +68,10 @@ _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
 """What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
 final message's `recipient`), a reasoning field the reasoning."""
+_ENCODING_HINT = ("; this is a tokenizer's encoding ({'input_ids', 'attention_mask'}, what apply_chat_template returns "
+                  "by default, as transformers 5's): pass its ['input_ids'], or call apply_chat_template(..., "
+                  "return_dict=False)")
+"""Added to the error about a prompt that is a tokenizer's encoding, which `generate` does not take."""
 
 
 @dataclass
@@ -248,7 +252,8 @@ class LLM:
         unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
         if unknown:
             raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
-                               f"{', '.join(sorted(PROMPT_KEYS))}", param=name)
+                               f"{', '.join(sorted(PROMPT_KEYS))}{_ENCODING_HINT if 'input_ids' in prompt else ''}",
+                               param=name)
         if prompt.get("mm_processor_kwargs"):
             raise UnsupportedArgumentError(f"{name}.mm_processor_kwargs: not supported per prompt: image sizes are "
                                            "the checkpoint's processor settings; leave it out (or None, {})",
@@ -259,7 +264,8 @@ class LLM:
                                    param=f"{name}.multi_modal_data")
             ids = prompt["prompt_token_ids"]
             if not isinstance(ids, list | tuple) or not all(map(is_token_id, ids)):
-                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers)",
+                hint = _ENCODING_HINT if isinstance(ids, Mapping) and "input_ids" in ids else ""
+                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers){hint}",
                                    param=f"{name}.prompt_token_ids")
             return prompt.get("prompt"), [operator.index(t) for t in ids], []
         text = prompt.get("prompt")
@@ -410,6 +416,7 @@ class LLM:
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] | None = None,  # third by position too, as in vLLM's LLM.chat
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
@@ -423,7 +430,6 @@ class LLM:
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | str = False,
         allow_control_tokens_in_content: bool = False,
-        use_tqdm: bool | Callable[..., Any] | None = None,
     ) -> list[ChatOutput]:
         """Render each conversation with the checkpoint's chat template, generate, and parse the reply.
 

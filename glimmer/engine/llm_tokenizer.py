@@ -64,7 +64,12 @@ class LLMTokenizer:
         self._pad_token = self.tokenizer.pad_token
 
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_"):
+        if not name.startswith("_") and name != "tokenizer":
+            model_specific = self.tokenizer.extra.model_specific
+            if name in model_specific:  # transformers' attribute of a model-specific token: `tok.image_token`
+                return model_specific[name]
+            if name.removesuffix("_id") in model_specific:
+                return self.tokenizer.token_to_id(model_specific[name.removesuffix("_id")])
             with contextlib.suppress(AttributeError):
                 return getattr(self.tokenizer, name)
         # named as the class the caller holds, not the engine's Tokenizer it was looked up on
@@ -142,9 +147,21 @@ class LLMTokenizer:
     @property
     def special_tokens_map(self) -> dict[str, str]:
         """The named special tokens the checkpoint sets, name → token, in transformers' order (its
-        `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`)."""
+        `special_tokens_map`: `{'bos_token': '<|begin_of_text|>', ...}`), then the model-specific ones
+        tokenizer_config.json names (an `image_token` field, an `extra_special_tokens` dict), as transformers 5's."""
         named = ((name, getattr(self, name)) for name in NAMED_TOKEN_NAMES)
-        return {name: token for name, token in named if token is not None}
+        return {name: token for name, token in named if token is not None} | dict(self.tokenizer.extra.model_specific)
+
+    @property
+    def extra_special_tokens(self) -> list[str]:
+        """tokenizer_config.json's `extra_special_tokens` list (or its older `additional_special_tokens`), as
+        transformers 5's attribute ([] where the file lists none)."""
+        return list(self.tokenizer.extra.listed)
+
+    @property
+    def extra_special_tokens_ids(self) -> list[int]:
+        """The ids of `extra_special_tokens`, as transformers 5's attribute."""
+        return [self.tokenizer.require_token_id(token) for token in self.extra_special_tokens]
 
     @property
     def added_tokens_decoder(self) -> dict[int, AddedToken]:
@@ -178,12 +195,12 @@ class LLMTokenizer:
 
     @property
     def all_special_tokens(self) -> list[str]:
-        """The named special tokens the checkpoint sets (bos, eos, unk, sep, pad, cls, mask), each once, in
-        transformers' order: its `all_special_tokens`, so that a script stripping them leaves what it leaves with
-        transformers (the framing tokens stay). Every token flagged special, which `decode(skip_special_tokens=True)`
-        leaves out as transformers' does, is in `tokenizer.all_special_ids`."""
-        named = (getattr(self, name) for name in NAMED_TOKEN_NAMES)
-        return list(dict.fromkeys(token for token in named if token is not None))
+        """The named special tokens the checkpoint sets (bos, eos, unk, sep, pad, cls, mask, then the model-specific
+        ones of `special_tokens_map`) and `extra_special_tokens`, each once, in transformers' order: its
+        `all_special_tokens`, so that a script stripping them leaves what it leaves with transformers (the framing
+        tokens stay unless the config lists them). Every token flagged special, which
+        `decode(skip_special_tokens=True)` leaves out as transformers' does, is in `tokenizer.all_special_ids`."""
+        return list(dict.fromkeys([*self.special_tokens_map.values(), *self.extra_special_tokens]))
 
     @property
     def all_special_ids(self) -> list[int]:
@@ -328,27 +345,30 @@ class LLMTokenizer:
         truncation: bool | str = False,
         max_length: int | None = None,
         return_tensors: str | None = None,
-        return_dict: bool = False,
+        return_dict: bool = True,
         return_assistant_tokens_mask: bool = False,
         tokenizer_kwargs: Mapping[str, Any] | None = None,
         allow_control_tokens_in_content: bool = False,
         **kwargs: Any,
     ) -> Any:
         """The prompt of a conversation (a list of message dicts) as `LLM.chat` renders it, or of each of a batch of
-        them (a list of such lists, giving a list): its token ids (`tokenize=True`, BOS once, from the template) or
-        its text. Media parts are not expanded into placeholder tokens here.
+        them (a list of such lists): as transformers 5 returns it, a dict of its token ids and attention mask
+        (`tokenize=True`, `return_dict=True`: `{"input_ids": [...], "attention_mask": [...]}`, BOS once, from the
+        template), the ids alone (`return_dict=False`), or its text (`tokenize=False`, which ignores `return_dict`, as
+        there). Media parts are not expanded into placeholder tokens here.
 
         The named arguments are transformers 5's, with its meaning (glimmer/engine/apply_chat_template.py): `tools`
         (schemas, or Python functions converted as transformers converts them), `documents` (the template's
         variable), `chat_template` (a template source to render with instead of the checkpoint's),
         `add_generation_prompt`, `continue_final_message`, `tokenize`, `sanitize_control_tokens`, `padding`,
         `truncation`, `max_length`, `return_tensors` ('pt' or 'np') and `return_dict` ({"input_ids",
-        "attention_mask"}; only with `tokenize=True`, as in transformers). `conversation` may be passed as
-        `messages`. Every other keyword argument is a chat template variable, as in transformers and as
-        `LLM.chat`'s `chat_template_kwargs` (`reasoning_effort` included).
+        "attention_mask"}, a `ChatEncoding` that reads as transformers' `BatchEncoding`; only with `tokenize=True`, as
+        in transformers). `conversation` may be passed as `messages`. Every other keyword argument is a chat template
+        variable, as in transformers and as `LLM.chat`'s `chat_template_kwargs` (`reasoning_effort` included).
 
-        Defaults are Glimmer's, as before transformers 5: the ids as a list (`return_dict=False`), and the
-        generation prompt unless `continue_final_message` is set (`add_generation_prompt=None`).
+        `tokenize=True` and `return_dict=True` are transformers 5's defaults. Glimmer's own: the generation prompt
+        unless `continue_final_message` is set (`add_generation_prompt=None`; transformers' default is False), and
+        control-token text tokenized as plain text (below; transformers' default reads it as the tokens).
 
         `continue_final_message=True` ends the prompt inside the final message's content: what the template writes
         after it (its `<|eot|>` or `<|eom|>`, whatever `end_turn` says) is left out, so the model continues the

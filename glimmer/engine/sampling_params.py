@@ -295,6 +295,9 @@ class SamplingParams:
                "must be a boolean (or None for the default)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
+            _check(not (_is_int(value) and value == -1), name,
+                   f"-1 (vLLM's every token of the vocabulary) is not supported; give the number of most likely "
+                   f"tokens wanted, at most {MAX_LOGPROBS}")
             if value is not None:
                 _check(
                     isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOGPROBS,

@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,8 +41,6 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # the named special tokens a checkpoint can set, in the order of transformers' `SPECIAL_TOKENS_ATTRIBUTES`
 NAMED_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# the named special tokens a chat template may use, in the order transformers passes them
-TEMPLATE_TOKEN_NAMES = ("bos_token", "eos_token", "pad_token", "unk_token")
 TOKENIZATION_SPACES = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                        (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 """transformers' `clean_up_tokenization`: each replacement in turn, designed for WordPiece text."""
@@ -55,6 +54,20 @@ class CleanUpSettings:
 
     by_default: bool = False
     even_for_bpe: bool = False
+
+
+@dataclass(frozen=True)
+class ExtraSpecialTokens:
+    """tokenizer_config.json's special tokens beyond the seven named ones, as transformers 5 reads them: `listed`, its
+    `extra_special_tokens` list (or the older `additional_special_tokens` when that is absent or empty), and
+    `model_specific`, name → token, from each other `*_token` string field and from an `extra_special_tokens` dict,
+    which transformers makes named special tokens of their own (`tok.image_token`, in `special_tokens_map`)."""
+
+    listed: tuple[str, ...] = ()
+    model_specific: Mapping[str, str] = dataclass_field(default_factory=dict)
+
+    def tokens(self) -> list[str]:
+        return [*self.model_specific.values(), *self.listed]
 
 
 VERY_LARGE_INTEGER = int(1e30)
@@ -133,9 +146,11 @@ class Tokenizer:
     """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
 
     def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path,
-                 clean_up: CleanUpSettings = CleanUpSettings(), shape: ShapeSettings = ShapeSettings()):
+                 clean_up: CleanUpSettings = CleanUpSettings(), shape: ShapeSettings = ShapeSettings(),
+                 extra: ExtraSpecialTokens = ExtraSpecialTokens()):
         self._backend = backend
         self._named_tokens = named_tokens
+        self.extra = extra
         self.tokenizer_file = tokenizer_file
         self._clean_up = clean_up
         self.shape = shape
@@ -147,7 +162,7 @@ class Tokenizer:
         """Load `tokenizer.json` and the special token names from a checkpoint directory.
 
         Raises CheckpointError when tokenizer.json is missing or unreadable, when a config file is not
-        valid JSON, or when a named special token is not in the vocabulary.
+        valid JSON, or when a named or extra special token is not in the vocabulary.
         """
         directory = Path(path)
         tokenizer_file = directory / TOKENIZER_FILE
@@ -171,8 +186,19 @@ class Tokenizer:
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
         config_file = directory / TOKENIZER_CONFIG_FILE
         config = read_json_object(config_file, error=CheckpointError) or {}
+        # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
+        map_file = directory / SPECIAL_TOKENS_MAP_FILE
+        legacy_map = ({} if "added_tokens_decoder" in config
+                      else read_json_object(map_file, error=CheckpointError) or {})
+        extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
+        for token in extra.listed:
+            if backend.token_to_id(token) is None:
+                # transformers would add it as a new token, which this model has no embedding row for
+                raise CheckpointError(f"the special token {token!r} of {config_file} is not a token of "
+                                      f"{tokenizer_file}; the files do not belong together")
+        extra = _without_unknown_model_specific(extra, backend, config_file)
         tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(config),
-                        _read_shape_settings(config, config_file))
+                        _read_shape_settings(config, config_file), extra)
         logger.info(
             "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
             tokenizer_file,
@@ -372,8 +398,11 @@ class Tokenizer:
 
     @property
     def special_tokens(self) -> dict[str, str]:
-        """The named tokens a chat template receives as variables (`bos_token`, …), those that are set."""
-        return {name: self._named_tokens[name] for name in TEMPLATE_TOKEN_NAMES if name in self._named_tokens}
+        """The named tokens a chat template receives as variables, those that are set: bos, eos, unk, sep, pad, cls,
+        mask, then the model-specific ones tokenizer_config.json names (`image_token`), as transformers 5 passes its
+        `special_tokens_map` to the template."""
+        named = {name: self._named_tokens[name] for name in NAMED_TOKEN_NAMES if name in self._named_tokens}
+        return named | dict(self.extra.model_specific)
 
     def get_vocab(self) -> dict[str, int]:
         """Every token's vocabulary entry → its id, added tokens included (transformers' `get_vocab()`)."""
@@ -507,6 +536,59 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
             if name not in named and config.get(name) is not None:
                 named[name] = _token_content(config[name], directory / filename, name)
     return named
+
+
+def _read_extra_special_tokens(config: Mapping[str, object], path: Path, legacy_map: Mapping[str, object],
+                               map_path: Path) -> ExtraSpecialTokens:
+    """The special tokens of tokenizer_config.json (`config`, read from `path`) beyond the named ones, as transformers
+    5's `from_pretrained` reads them: `extra_special_tokens` (a list, or a dict of named ones), else the older name
+    `additional_special_tokens`; and every other field named `*_token` whose value is a string. `legacy_map`, the
+    special_tokens_map.json (`map_path`) of a config without `added_tokens_decoder` ({} otherwise), adds its
+    `extra_special_tokens` list to the config's, gives its `additional_special_tokens` where the config lists none,
+    and names model-specific tokens before the config's (whose value wins). Raises CheckpointError naming the file and
+    the field for a list that is no list, or an entry that is no token."""
+    listed, model_specific = _extra_fields(legacy_map, map_path, strings_only=False)
+    listed_here, named_here = _extra_fields(config, path, strings_only=True)
+    model_specific |= named_here
+    map_listed = legacy_map.get("extra_special_tokens")
+    if listed_here:
+        listed = listed_here + [token for token in listed if token not in listed_here] if isinstance(
+            map_listed, list) else listed_here
+    elif "extra_special_tokens" in config and not isinstance(map_listed, list):
+        listed = []  # an explicit empty list keeps the map's older `additional_special_tokens` out, as there
+    return ExtraSpecialTokens(tuple(listed), model_specific)
+
+
+def _extra_fields(config: Mapping[str, object], path: Path, *, strings_only: bool) -> tuple[list[str], dict[str, str]]:
+    """One file's extra special tokens: its list (`extra_special_tokens`, else `additional_special_tokens`) and its
+    model-specific tokens (each other `*_token` field, and an `extra_special_tokens` dict). `strings_only`: a
+    `*_token` field counts only as a string (tokenizer_config.json; special_tokens_map.json's may be AddedToken
+    dicts)."""
+    kinds = str if strings_only else (str, dict)
+    listed = config.get("extra_special_tokens")
+    model_specific = {name: _token_content(value, path, name) for name, value in config.items()
+                      if name.endswith("_token") and name not in NAMED_TOKEN_NAMES and isinstance(value, kinds)}
+    if isinstance(listed, dict):
+        model_specific |= {name: _token_content(value, path, f"extra_special_tokens.{name}")
+                           for name, value in listed.items()}
+        listed = None
+    listed = listed or config.get("additional_special_tokens")
+    if not isinstance(listed, list | tuple | type(None)):
+        raise CheckpointError(f"{path}: extra_special_tokens={listed!r} is invalid; expected a list of tokens")
+    return [_token_content(value, path, "extra_special_tokens") for value in listed or ()], model_specific
+
+
+def _without_unknown_model_specific(extra: ExtraSpecialTokens, backend: HFTokenizer, path: Path) -> ExtraSpecialTokens:
+    """`extra` without the model-specific fields whose value is no token of `backend`, each named in a warning: any
+    string field whose name ends in `_token` counts as one, so such a field may be no token at all (transformers
+    would add it to the vocabulary, which this model has no embedding row for)."""
+    unknown = [name for name, token in extra.model_specific.items() if backend.token_to_id(token) is None]
+    for name in unknown:
+        logger.warning("%s: %s=%r is not a token of the tokenizer; it is left out of the special tokens (transformers "
+                       "would add it as a new token, which the model has no row for)", path, name,
+                       extra.model_specific[name])
+    kept = {name: token for name, token in extra.model_specific.items() if name not in unknown}
+    return ExtraSpecialTokens(extra.listed, kept) if unknown else extra
 
 
 def _read_clean_up_settings(config: Mapping[str, object]) -> CleanUpSettings:

@@ -156,8 +156,9 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
     otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
     dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
-    those). A keyword-only dataclass (`kw_only=True`) refuses arguments given by position with a TypeError saying
-    so."""
+    those). Setting an attribute after construction follows the same rule: `params.allowed_token_ids = [...]` (or a
+    misspelled field) would otherwise be a new attribute nothing reads. A keyword-only dataclass (`kw_only=True`)
+    refuses arguments given by position with a TypeError saying so."""
 
     def decorate(cls: Shaped) -> Shaped:
         dataclass_init = cls.__init__
@@ -172,7 +173,15 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
                                 "arguments otherwise, so a value by position would mean another argument there")
             dataclass_init(self, *args, **glimmer_arguments(cls.__name__, names, vllm_only, kwargs))
 
+        def __setattr__(self: Any, name: str, value: Any) -> None:
+            if name in names or name.startswith("_"):
+                object.__setattr__(self, name, value)
+            else:  # vLLM's argument at a value that changes nothing is dropped, as at construction; else refused
+                glimmer_arguments(cls.__name__, names, vllm_only, {**{n: getattr(self, n) for n in names},
+                                                                     name: value})
+
         cls.__init__ = __init__
+        cls.__setattr__ = __setattr__
         return cls
 
     return decorate
@@ -231,6 +240,13 @@ VLLM_ONLY_GENERATE_ARGUMENTS: dict[str, VllmArgument] = {
         isinstance(value, list | tuple) and all(type(p) is int and p == 0 for p in value)), (
         "scheduling priorities are not supported (requests are served first come, first served); leave it out")),
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
+    # older vLLM's, since removed there
+    "prompt_token_ids": VllmArgument(_only(None), (
+        "vLLM's older way to pass token ids; pass them as the prompts: generate([ids, ...]) or "
+        "generate({'prompt_token_ids': ids})")),
+    "guided_options_request": VllmArgument(_only(None), (
+        "vLLM's older way to constrain the text; pass SamplingParams(structured_outputs=StructuredOutputsParams("
+        "json=..., regex=..., choice=... or grammar=...))")),
 }
 """Arguments of vLLM's `LLM.generate` that Glimmer's does not take."""
 VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {

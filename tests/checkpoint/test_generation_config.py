@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,18 @@ def test_bos_outside_the_model_vocabulary_is_an_error(tmp_path, tiny):
     with pytest.raises(ConfigError, match=r"bos_token_id=512 is outside the model's vocabulary \(vocab_size=512\)"):
         load(tmp_path, tiny, {"bos_token_id": 512})
     assert load(tmp_path, tiny, {"bos_token_id": 511}).bos_token_id == 511
+
+
+def test_pad_outside_the_model_vocabulary_is_a_warning_naming_it(tmp_path, tiny, caplog):
+    """It was taken silently; nothing pads with it, so it warns (bos and the stop ids, which are used, are errors)."""
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.generation_config"):
+        assert load(tmp_path, tiny, {"pad_token_id": 600}).pad_token_id == 600
+    assert re.search(r"generation_config\.json: pad_token_id=600 is outside the model's vocabulary \(vocab_size=512\); "
+                     "Glimmer does not use it", caplog.text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.generation_config"):
+        assert load(tmp_path, tiny, {"pad_token_id": 511}).pad_token_id == 511
+    assert "pad_token_id" not in caplog.text
 
 
 def test_only_eom_configured_leaves_eot(tmp_path, tiny):

@@ -155,6 +155,19 @@ def _split_missing_part(good: Path, directory: Path) -> Path:
     return first
 
 
+def _split_broken_part(good: Path, directory: Path, name: str, damage) -> Path:
+    """The good file split in two, its second part damaged by `damage(part)`; the first part is given."""
+    first, second = split_in_two(good, directory / name)
+    damage(second)
+    return first
+
+
+def _link_to_nothing(part: Path) -> None:
+    """A Hugging Face cache snapshot's link to a blob that never finished downloading."""
+    part.unlink()
+    part.symlink_to(part.parent / "blobs" / "never-downloaded")
+
+
 def _split_renamed(good: Path, directory: Path) -> Path:
     first, _ = split_in_two(good, directory / "renamed")
     return first.rename(first.with_name("model.gguf"))
@@ -223,6 +236,20 @@ CASES = {
     "tokens_that_miss_the_merges": (_short_vocabulary, ("do not form a BPE tokenizer",)),
     "split_file_missing_a_part": (_split_missing_part, ("part 1 of 2 of a split GGUF, and "
                                                         "model-00002-of-00002.gguf is not beside it",)),
+    # a part that is there but broken was reported as not beside the one given
+    "split_part_truncated": (lambda g, d: _split_broken_part(
+        g, d, "truncated_part", lambda part: part.write_bytes(part.read_bytes()[: part.stat().st_size * 9 // 10])), (
+        "model-00001-of-00002.gguf: this is part 1 of 2 of a split GGUF, and its part model-00002-of-00002.gguf is "
+        "unreadable or corrupt: truncated GGUF file", "download or copy that part again")),
+    "split_part_corrupt": (lambda g, d: _split_broken_part(
+        g, d, "corrupt_part", lambda part: part.write_bytes(bytes(4096))), (
+        "its part model-00002-of-00002.gguf is unreadable or corrupt: not a GGUF file (wrong magic",)),
+    "split_part_a_link_to_nothing": (lambda g, d: _split_broken_part(g, d, "linked_part", _link_to_nothing), (
+        "its part model-00002-of-00002.gguf is unreadable: it is a symbolic link to ",
+        "a download cut short")),
+    "split_part_a_directory": (lambda g, d: _split_broken_part(
+        g, d, "directory_part", lambda part: (part.unlink(), part.mkdir())), (
+        "its part model-00002-of-00002.gguf is unreadable: it is not a regular file",)),
     "split_part_renamed": (_split_renamed, ("part 1 of 2 of a split GGUF (split.count=2), but its name is not "
                                             "gguf-split's <prefix>-00001-of-00002.gguf", "llama-gguf-split --merge")),
     "split_number_not_a_number": (lambda g, d: _rewrite(g, d / "split_no.gguf", {}, add={

@@ -41,6 +41,13 @@ def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     _refused(lambda: SamplingParams(**{field: value}), field)
 
 
+@pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
+def test_vllms_minus_one_logprobs_is_refused_saying_it_is_not_supported(name):
+    """vLLM reads -1 as every token of the vocabulary; the error gave the range alone, as for a typo."""
+    error = _refused(lambda: SamplingParams(**{name: -1}), name)
+    assert "-1 (vLLM's every token of the vocabulary) is not supported" in str(error)
+
+
 @pytest.mark.parametrize(("name", "value", "advice"), [
     ("best_of", 4, "cumulative_logprob"),
     ("guided_decoding", {"json": {}}, "structured_outputs=StructuredOutputsParams"),
@@ -88,6 +95,36 @@ def test_a_vllm_argument_at_a_value_that_changes_nothing_is_taken_and_dropped(ar
     assert params == SamplingParams(temperature=0.5, **{k: v for k, v in arguments.items() if k in names})
     assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
     assert pickle.loads(pickle.dumps(params)) == dataclasses.replace(params) == copy.deepcopy(params) == params
+
+
+@pytest.mark.parametrize(("name", "value", "advice"), [
+    ("allowed_token_ids", [5], "structured_outputs"), ("logits_processors", [print], "logit_bias"),
+    ("bad_words", ["x"], "logit_bias"), ("best_of", 4, "cumulative_logprob"), ("detokenize", False, "always")])
+def test_a_vllm_argument_set_after_construction_is_refused_as_at_construction(name, value, advice):
+    """`params.allowed_token_ids = [5]` (vLLM scripts set fields after construction) made a new attribute that nothing
+    read: the request ran unconstrained. It is refused as `SamplingParams(allowed_token_ids=[5])` is."""
+    params = SamplingParams(temperature=0)
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        setattr(params, name, value)
+    assert caught.value.param == name and advice in str(caught.value)
+    assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def test_a_misspelled_field_set_after_construction_names_the_field():
+    params = SamplingParams(temperature=0)
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'max_tokens'"):
+        params.max_token = 64
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'regex'"):
+        StructuredOutputsParams(regex="a+").regx = "b+"
+
+
+def test_a_vllm_argument_set_at_a_value_that_changes_nothing_is_dropped_and_fields_stay_settable():
+    params = SamplingParams(temperature=0, n=3)
+    params.output_kind, params.best_of, params.detokenize = 2, 3, True  # best_of=n changes nothing, as at construction
+    params.max_tokens, params.stop = 7, "###"
+    params.validate()  # as on submission, which takes a stop string as a list of it
+    assert params == SamplingParams(temperature=0, n=3, max_tokens=7, stop="###")
+    assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 def test_spaces_between_special_tokens_changes_nothing_with_a_byte_level_tokenizer(llm):

@@ -255,6 +255,103 @@ def test_sep_cls_and_mask_tokens_are_transformers(tiny_checkpoint, tmp_path, cha
         assert not hasattr(reference, name) and not hasattr(tok, name), name
 
 
+R0, R1 = "<|reserved_special_token_0|>", "<|reserved_special_token_1|>"
+EXTRA_SPECIAL_TOKEN_CONFIGS = {
+    "none": {},
+    "listed": {"extra_special_tokens": [R0, R1]},
+    "older_name": {"additional_special_tokens": [R1, R0]},
+    "both_names": {"additional_special_tokens": [R1], "extra_special_tokens": [R0]},
+    "empty_list_and_older_name": {"additional_special_tokens": [R1], "extra_special_tokens": []},
+    "named_in_a_dict": {"extra_special_tokens": {"image_token": "<|patch|>"}, "additional_special_tokens": [R0]},
+    "model_specific_field": {"image_token": "<|patch|>", "video_token": "<|video|>"},
+    "repeats_a_named_one": {"extra_special_tokens": ["<|begin_of_text|>", R0, R0]},
+}
+
+
+@pytest.mark.parametrize("changes", EXTRA_SPECIAL_TOKEN_CONFIGS.values(), ids=EXTRA_SPECIAL_TOKEN_CONFIGS.keys())
+def test_extra_special_tokens_are_transformers(tiny_checkpoint, tmp_path, changes):
+    """`tok.extra_special_tokens` was an AttributeError and `all_special_tokens` left out what tokenizer_config.json
+    lists beyond the named tokens; each is what transformers 5 reads from the same files, the older
+    `additional_special_tokens` and model-specific named tokens (`image_token`) included."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in ("extra_special_tokens", "extra_special_tokens_ids", "special_tokens_map", "all_special_tokens",
+                 "all_special_ids"):
+        assert getattr(tok, name) == getattr(reference, name), name
+    for name in ("image_token", "image_token_id", "video_token", "video_token_id"):
+        assert getattr(tok, name, None) == getattr(reference, name, None), name
+    every_id = list(range(len(tok)))
+    assert tok.convert_ids_to_tokens(every_id, skip_special_tokens=True) == \
+        reference.convert_ids_to_tokens(every_id, skip_special_tokens=True)
+
+
+R2 = "<|reserved_special_token_2|>"
+LEGACY_MAP_CONFIGS = {  # (tokenizer_config.json changes, special_tokens_map.json changes)
+    "older_name_in_the_map": ({}, {"additional_special_tokens": [R1, R0]}),
+    "lists_in_both": ({"extra_special_tokens": [R0]}, {"extra_special_tokens": [R1, R0]}),
+    "older_names_in_both": ({"additional_special_tokens": [R0]}, {"additional_special_tokens": [R1]}),
+    "map_list_beside_the_older_name": ({"additional_special_tokens": [R0]}, {"extra_special_tokens": [R1]}),
+    "older_name_in_the_map_beside_a_list": ({"extra_special_tokens": [R0]}, {"additional_special_tokens": [R1]}),
+    "list_in_the_map_alone": ({}, {"extra_special_tokens": [R2, R1]}),
+    "model_specific_in_the_map": ({}, {"image_token": "<|patch|>"}),
+}
+
+
+@pytest.mark.parametrize("decoder", [False, True], ids=["without_added_tokens_decoder", "with_added_tokens_decoder"])
+@pytest.mark.parametrize(("config", "special_map"), LEGACY_MAP_CONFIGS.values(), ids=LEGACY_MAP_CONFIGS.keys())
+def test_special_tokens_map_json_adds_extra_tokens_as_transformers_reads_it(tiny_checkpoint, tmp_path, config,
+                                                                            special_map, decoder):
+    """transformers 5 reads special_tokens_map.json's extra tokens for a tokenizer_config.json without
+    `added_tokens_decoder` (older files) and ignores them beside it; Glimmer read them never."""
+    changes = config if decoder else {**config, "added_tokens_decoder": None}
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", **changes)
+    map_file = checkpoint / "special_tokens_map.json"
+    map_file.write_text(json.dumps(json.loads(map_file.read_text()) | special_map))
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    for name in ("extra_special_tokens", "special_tokens_map", "all_special_tokens", "all_special_ids"):
+        assert getattr(tok, name) == getattr(reference, name), name
+
+
+def test_a_chat_template_sees_every_named_token_the_config_sets_as_transformers_passes_them(tiny_checkpoint, tmp_path):
+    """The template saw bos, eos, pad and unk only: `{{ sep_token }}` or a model-specific `{{ image_token }}` rendered
+    as nothing, silently; transformers 5 passes its whole `special_tokens_map`."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", sep_token=R0,
+                                                   image_token="<|patch|>")
+    tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64).get_tokenizer()
+    reference = AutoTokenizer.from_pretrained(str(checkpoint))
+    template = ("{{ bos_token }}[{{ sep_token }}][{{ image_token }}][{{ cls_token }}]"
+                "{% for m in messages %}{{ m.content }}{% endfor %}")
+    text = tok.apply_chat_template(MESSAGES, chat_template=template, tokenize=False)
+    assert text == reference.apply_chat_template(MESSAGES, chat_template=template, tokenize=False)
+    assert text == f"<|begin_of_text|>[{R0}][<|patch|>][]hi"
+    assert tok.apply_chat_template(MESSAGES, chat_template=template) == dict(
+        reference.apply_chat_template(MESSAGES, chat_template=template))
+
+
+def test_a_model_specific_field_that_is_no_token_is_left_out_with_a_warning(tiny_checkpoint, tmp_path, caplog):
+    """Any string field named `*_token` is a model-specific token to transformers, which adds an unknown one to the
+    vocabulary; it may be no token at all, so loading goes on without it, saying so."""
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config", image_token="<|patch|>",
+                                                   auth_token="hf_not_a_token")
+    with caplog.at_level("WARNING", logger="glimmer.engine.tokenizer"):
+        tok = LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20,
+                  max_model_len=64).get_tokenizer()
+    assert "auth_token='hf_not_a_token' is not a token of the tokenizer; it is left out" in caplog.text
+    assert tok.special_tokens_map["image_token"] == "<|patch|>" and "auth_token" not in tok.special_tokens_map
+    assert "hf_not_a_token" not in tok.all_special_tokens
+
+
+def test_an_extra_special_token_outside_the_vocabulary_is_refused(tiny_checkpoint, tmp_path):
+    # transformers adds it as a new token, which the model has no embedding row for
+    checkpoint = _checkpoint_with_tokenizer_config(tiny_checkpoint, tmp_path / "config",
+                                                   extra_special_tokens=["<|not_a_token|>"])
+    with pytest.raises(CheckpointError, match=r"the special token '<\|not_a_token\|>' of .*tokenizer_config\.json is "
+                                              r"not a token of .*tokenizer\.json"):
+        LLM(str(checkpoint), device="cpu", progress=False, kv_cache_memory=1 << 20, max_model_len=64)
+
+
 @pytest.mark.parametrize("arguments", [dict(padding=True), dict(padding="max_length", max_length=12),
                                        dict(truncation=True, max_length=3), dict(padding=True, return_tensors="pt"),
                                        dict(padding="longest", truncation=True, max_length=4, return_tensors="np"),
@@ -281,10 +378,10 @@ def test_calling_the_tokenizer_pads_and_truncates_as_transformers(llm, hf, argum
 def test_apply_chat_template_pads_on_the_tokenizers_side(llm, hf):
     tok = llm.get_tokenizer()
     batch = [MESSAGES, [{"role": "user", "content": "a longer question here"}]]
-    right = tok.apply_chat_template(batch, padding=True, **KWARGS)
+    right = tok.apply_chat_template(batch, padding=True, **KWARGS)["input_ids"]
     tok.padding_side = "left"
     try:
-        left = tok.apply_chat_template(batch, padding=True, **KWARGS)
+        left = tok.apply_chat_template(batch, padding=True, **KWARGS)["input_ids"]
     finally:
         tok.padding_side = "right"
     pad = tok.pad_token_id
@@ -324,10 +421,22 @@ def test_tokenizer_errors_name_the_llm_tokenizer(llm):
         tok.encode([1, 2])
 
 
+def test_an_encoding_given_as_a_prompt_is_refused_saying_to_pass_its_input_ids(llm):
+    """apply_chat_template returns transformers 5's dict by default; handed to generate it is refused, saying how."""
+    encoding = llm.get_tokenizer().apply_chat_template(MESSAGES, **KWARGS)
+    for prompt, param in (({"prompt_token_ids": encoding}, "prompt.prompt_token_ids"), (encoding, "prompt")):
+        with pytest.raises(RequestError, match=r"pass its \['input_ids'\], or call apply_chat_template\(\.\.\., "
+                                               r"return_dict=False\)") as caught:
+            llm.generate(prompt, SamplingParams(max_tokens=1))
+        assert caught.value.param == param
+    by_ids = llm.generate({"prompt_token_ids": encoding["input_ids"]}, SamplingParams(max_tokens=1))[0]
+    assert by_ids.prompt_token_ids == encoding["input_ids"]
+
+
 def test_apply_chat_template_renders_as_chat_does(llm):
     tok = llm.get_tokenizer()
     out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), tools=[WEATHER_TOOL], chat_template_kwargs=KWARGS)[0]
-    ids = tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], **KWARGS)
+    ids = tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], **KWARGS)["input_ids"]
     assert ids == out.output.prompt_token_ids and ids.count(tok.bos_token_id) == 1
     assert tok.apply_chat_template(MESSAGES, tools=[WEATHER_TOOL], tokenize=False, **KWARGS) == out.output.prompt
     bare = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=False, **KWARGS)
@@ -417,7 +526,8 @@ def test_continue_final_message_continues_the_assistant_answer_and_parses_the_re
     messages = [*MESSAGES, {"role": "assistant", "content": "Hello"}]
     out = llm.chat(messages, _forcing(tok), chat_template_kwargs=KWARGS, continue_final_message=True)[0]
     assert out.output.prompt.endswith("<|start|>assistant to=user<|message|>Hello")
-    assert out.output.prompt_token_ids == tok.apply_chat_template(messages, continue_final_message=True, **KWARGS)
+    assert out.output.prompt_token_ids == tok.apply_chat_template(messages, continue_final_message=True,
+                                                                  return_dict=False, **KWARGS)
     assert out.output.text == " the the the"
     assert (out.reasoning, out.content, out.finish_reason) == (None, " the the the", "length")
 
@@ -477,7 +587,8 @@ def test_chat_template_renders_with_the_template_given(llm):
                 "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
     out = llm.chat(MESSAGES, SamplingParams(max_tokens=1), chat_template=template)[0]
     assert out.output.prompt == "<|begin_of_text|><|start|>user<|message|>hi<|eot|><|start|>assistant"
-    assert out.output.prompt_token_ids == llm.get_tokenizer().apply_chat_template(MESSAGES, chat_template=template)
+    assert out.output.prompt_token_ids == llm.get_tokenizer().apply_chat_template(MESSAGES, chat_template=template,
+                                                                                  return_dict=False)
     with pytest.raises(RequestError) as caught:
         llm.chat(MESSAGES, chat_template=open)
     assert caught.value.param == "chat_template"
@@ -604,6 +715,8 @@ def test_chat_takes_vllms_documents_as_apply_chat_template_does(llm):
                                                                             {"truncation": True}),
     ("chat", "lora_request", object()), ("chat", "chat_template_content_format", "string"),
     ("chat", "mm_processor_kwargs", {"max_pixels": 100}),
+    # older vLLM's; "prompt_token_ids" was "did you mean 'prompts'?", with no word of how to pass the ids
+    ("generate", "prompt_token_ids", [[1, 10, 11]]), ("generate", "guided_options_request", {"guided_json": {}}),
 ])
 def test_a_vllm_argument_of_generate_or_chat_is_refused_naming_it_and_what_to_do(llm, call, name, value):
     # vLLM's LLM.generate / LLM.chat take these; Python's bare "unexpected keyword argument" said nothing more
@@ -611,6 +724,17 @@ def test_a_vllm_argument_of_generate_or_chat_is_refused_naming_it_and_what_to_do
     with pytest.raises(UnsupportedArgumentError, match=f"{name}: an argument of vLLM's LLM.{call}") as caught:
         getattr(llm, call)(first, SamplingParams(max_tokens=1), **{name: value})
     assert caught.value.param == name and isinstance(caught.value, TypeError)
+
+
+def test_chat_takes_use_tqdm_third_by_position_as_vllms_does(llm):
+    """vLLM's `LLM.chat(messages, sampling_params, use_tqdm)`: the third positional argument was a TypeError."""
+    params = SamplingParams(max_tokens=2, temperature=0)
+    by_position = llm.chat(MESSAGES, params, False, chat_template_kwargs=KWARGS)[0]
+    assert by_position.output.token_ids == llm.chat(MESSAGES, params, use_tqdm=False,
+                                                    chat_template_kwargs=KWARGS)[0].output.token_ids
+    with pytest.raises(RequestError) as caught:
+        llm.chat(MESSAGES, params, "yes")
+    assert caught.value.param == "use_tqdm"
 
 
 def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
@@ -780,7 +904,7 @@ def test_a_script_sets_the_pad_token_as_on_transformers(llm, tiny_checkpoint):
         tok.pad_token_id = reference.pad_token_id = 480
         assert tok.pad_token == reference.pad_token
         assert tok.apply_chat_template([MESSAGES, [{"role": "user", "content": "longer"}]], padding=True,
-                                       **KWARGS)[0][-1] == 480
+                                       **KWARGS)["input_ids"][0][-1] == 480
         with pytest.raises(ValueError, match="^pad_token='nope' is not a token of this tokenizer"):
             tok.pad_token = "nope"
     finally:
@@ -864,3 +988,13 @@ def test_request_metrics_of_a_request_that_generates_nothing_have_no_token_times
     m = llm.generate([[1, 10, 11]], SamplingParams(max_tokens=0))[0].metrics
     assert m.first_token_time is None and m.last_token_time == m.arrival_time
     assert m.arrival_time <= m.first_scheduled_time <= m.finished_time
+
+
+def test_finished_is_a_real_bool_on_both_outputs(llm):
+    """vLLM's `CompletionOutput.finished()` is a method; here it stays a bool property (README: a method reads as
+    always true in `if c.finished:`, a callable stand-in for a bool makes `c.finished is True` silently false), so
+    vLLM's call fails loudly rather than answering wrong."""
+    out = llm.generate([[1, 10, 11]], SamplingParams(max_tokens=2, ignore_eos=True))[0]
+    assert out.finished is True and out.outputs[0].finished is True
+    with pytest.raises(TypeError, match="'bool' object is not callable"):
+        out.outputs[0].finished()
