@@ -289,6 +289,24 @@ def test_a_media_limit_below_1_is_refused_by_its_flag_before_the_model_loads(cap
     assert "max_" not in err and "missing" not in err
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--max-model-len", "0"], ["--max-model-len 0 is invalid", "positive integer"]),
+    (["--max-num-seqs", "-3"], ["--max-num-seqs -3 is invalid", "positive integer"]),
+    (["--max-num-batched-tokens", "0"], ["--max-num-batched-tokens 0 is invalid", "positive integer"]),
+    (["--kv-cache-memory", "0"], ["--kv-cache-memory 0 is invalid", "positive size"]),
+    (["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization 1.5 is invalid", "(0, 1]"]),
+    (["--chat-template", "no-such-template.jinja"], ["--chat-template no-such-template.jinja: no such file",
+                                                      "leave it out for the checkpoint's own template"]),
+])
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_loads(capsys, tmp_path, command,
+                                                                                      flags, words):
+    """These were refused by EngineConfig's field, `max_model_len=0 must be a positive integer (or None for the
+    default)`: a name and a None the command line never takes."""
+    err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), *flags], *words)
+    assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
+
+
 @pytest.mark.parametrize(("value", "words"), [("{bad", "not valid JSON"), ("[1]", "must be a JSON object"),
                                                ('{"method": "dflash"}', "needs 'model'")])
 @pytest.mark.parametrize("command", ["serve", "chat"])
@@ -506,3 +524,5 @@ def test_help_gives_the_defaults_users_ask_for():
                    "--max-video-frames", "--max-images-per-request", "--max-videos-per-request"):
         assert "default" in helps[option], option
     assert "P-TMPL" not in helps["--chat-template"]
+    # it said "a fraction of free device memory", which the CPU's default is not
+    assert "2 GiB at most" in helps["--kv-cache-memory"] and "--gpu-memory-utilization" in helps["--kv-cache-memory"]
