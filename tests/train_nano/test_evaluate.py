@@ -77,3 +77,13 @@ def test_the_embedded_model_speaks_the_protocol_on_a_few_held_out_turns():
     assert report.right_call.hits == report.right_call.total == 3, report.failures
     assert report.no_call.hits == report.no_call.total == 2, report.failures
     assert report.answer_uses_result.hits == report.answer_uses_result.total == 3, report.failures
+
+
+@pytest.mark.parametrize("module", ["glimmer.train_nano.__main__", "glimmer.train_nano.evaluate"])
+def test_every_option_of_the_retraining_commands_has_help(module):
+    """`--seed`, `--conversations`, `--prompts`, `--device`, ... printed no help in `--help`."""
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    missing = [action.dest for action in parser._actions if not action.help]
+    assert missing == []
