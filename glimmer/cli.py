@@ -264,6 +264,8 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is invalid; give a fraction in "
                          "(0, 1], or leave it out for 0.9")
+    if args.device is not None:
+        _check_device(args.device)
     if args.chat_template is not None and not Path(args.chat_template).expanduser().is_file():
         raise UsageError(f"--chat-template {args.chat_template}: no such file; give the path of a Jinja chat "
                          "template file, or leave it out for the checkpoint's own template")
@@ -277,6 +279,19 @@ def _check_engine_options(args: argparse.Namespace) -> None:
             SpeculativeConfig.parse(args.speculative_config)
         except ConfigError as error:
             raise UsageError(f"--speculative-config: {error}") from None
+
+
+def _check_device(name: str) -> None:
+    """UsageError naming --device for a device torch cannot name or CUDA that is absent (the engine would say
+    `device='cuda' ... use device='cpu'`, in the Python API's words); a CUDA ordinal is left to the engine."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name} is not a device; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available here; give --device cpu, or leave --device out")
 
 
 def _engine_options_given(args: argparse.Namespace) -> list[str]:

@@ -307,6 +307,16 @@ def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_l
     assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_a_cuda_device_without_cuda_is_refused_by_the_flag_before_the_model_loads(capsys, tmp_path, command, device):
+    """It was `device='cuda' was requested but CUDA is not available here; use device='cpu'`."""
+    err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), "--device", device],
+                               f"--device {device}: CUDA is not available here", "--device cpu")
+    assert "device=" not in err and "missing" not in err
+
+
 @pytest.mark.parametrize(("value", "words"), [("{bad", "not valid JSON"), ("[1]", "must be a JSON object"),
                                                ('{"method": "dflash"}', "needs 'model'")])
 @pytest.mark.parametrize("command", ["serve", "chat"])
