@@ -536,3 +536,14 @@ def test_help_gives_the_defaults_users_ask_for():
     assert "P-TMPL" not in helps["--chat-template"]
     # it said "a fraction of free device memory", which the CPU's default is not
     assert "2 GiB at most" in helps["--kv-cache-memory"] and "--gpu-memory-utilization" in helps["--kv-cache-memory"]
+
+
+@pytest.mark.parametrize(("name", "parser"), _subcommands(), ids=lambda value: value if isinstance(value, str) else "")
+def test_the_readme_names_every_option(name, parser):
+    """`--host`, `--default-reasoning-strength` and chat's `--system`, `--temperature`, ... were only in --help."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    options = [option for action in parser._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"]
+    assert [option for option in options if option not in readme] == []
