@@ -133,8 +133,9 @@ class Tally:
         self.total += 1
 
     def __str__(self) -> str:
-        rate = 100 * self.hits / self.total if self.total else float("nan")
-        return f"{rate:5.1f}%  ({self.hits}/{self.total})"
+        if not self.total:  # no conversation of its kind among --prompts (a few prompts may hold none)
+            return f"{'—':>6s}  (0/0: none among these conversations)"
+        return f"{100 * self.hits / self.total:5.1f}%  ({self.hits}/{self.total})"
 
 
 @dataclass

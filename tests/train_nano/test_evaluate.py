@@ -87,3 +87,14 @@ def test_every_option_of_the_retraining_commands_has_help(module):
     parser = importlib.import_module(module).build_parser()
     missing = [action.dest for action in parser._actions if not action.help]
     assert missing == []
+
+
+def test_a_share_of_no_conversations_prints_no_nan():
+    """`--prompts 12` held no plain answer, and the report printed `nan%  (0/0)`."""
+    from glimmer.train_nano.evaluate import Tally
+
+    assert "nan" not in str(Tally()) and "(0/0" in str(Tally())
+    tally = Tally()
+    tally.add(True)
+    tally.add(False)
+    assert str(tally) == " 50.0%  (1/2)"
