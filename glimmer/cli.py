@@ -381,7 +381,7 @@ def _chat_request_options(args: argparse.Namespace) -> dict[str, Any]:
     """The fields `chat` sends with every message, checked now as the server checks them (UsageError naming the
     option), so that a bad value is not found one refused message at a time."""
     from glimmer.engine.sampling_params import SamplingParams
-    from glimmer.protocol import strength_for_effort
+    from glimmer.protocol import REASONING_EFFORTS, strength_for_effort
     from glimmer.server.schemas import INT32_MAX
 
     options: dict[str, Any] = {}
@@ -397,9 +397,10 @@ def _chat_request_options(args: argparse.Namespace) -> dict[str, Any]:
         options["temperature"] = args.temperature
     if args.reasoning_effort is not None:
         try:
-            strength_for_effort(args.reasoning_effort, param="--reasoning-effort")
-        except RequestError as error:
-            raise UsageError(str(error)) from None
+            strength_for_effort(args.reasoning_effort)
+        except RequestError:
+            raise UsageError(f"--reasoning-effort {args.reasoning_effort} is not supported; give one of "
+                             f"{', '.join(REASONING_EFFORTS)}") from None
         options["reasoning_effort"] = args.reasoning_effort
     return options
 

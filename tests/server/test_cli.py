@@ -348,6 +348,13 @@ def test_chat_options_the_server_would_refuse_are_one_line_before_the_model_load
     _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), option, value], option)
 
 
+def test_a_reasoning_effort_not_taken_is_named_as_typed(capsys, tmp_path):
+    """It read `--reasoning-effort='ultra' is not supported`, a Python spelling of the flag."""
+    err = _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--reasoning-effort", "ultra"],
+                               "--reasoning-effort ultra is not supported", "none, minimal, low, medium, high, xhigh")
+    assert "=" not in err
+
+
 def test_chat_options_the_server_takes_pass_the_checks():
     from glimmer.cli import _chat_request_options
 
