@@ -256,6 +256,19 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     for dest in _MEDIA_LIMIT_OPTIONS:  # MediaLimits would name its field, not the flag typed
         if getattr(args, dest) < 1:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive integer")
+    # EngineConfig would name its field and Python's None (`max_model_len=0 ... (or None for the default)`)
+    for dest in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+        if getattr(args, dest) is not None and getattr(args, dest) < 1:
+            raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive "
+                             f"{'size' if dest == 'kv_cache_memory' else 'integer'}, or leave it out for the default")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is invalid; give a fraction in "
+                         "(0, 1], or leave it out for 0.9")
+    if args.device is not None:
+        _check_device(args.device)
+    if args.chat_template is not None and not Path(args.chat_template).expanduser().is_file():
+        raise UsageError(f"--chat-template {args.chat_template}: no such file; give the path of a Jinja chat "
+                         "template file, or leave it out for the checkpoint's own template")
     if args.max_waiting_requests < 1:
         raise UsageError(f"--max-waiting-requests {args.max_waiting_requests} would refuse every request with HTTP "
                          "429; give at least 1")
@@ -266,6 +279,19 @@ def _check_engine_options(args: argparse.Namespace) -> None:
             SpeculativeConfig.parse(args.speculative_config)
         except ConfigError as error:
             raise UsageError(f"--speculative-config: {error}") from None
+
+
+def _check_device(name: str) -> None:
+    """UsageError naming --device for a device torch cannot name or CUDA that is absent (the engine would say
+    `device='cuda' ... use device='cpu'`, in the Python API's words); a CUDA ordinal is left to the engine."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name} is not a device; give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available here; give --device cpu, or leave --device out")
 
 
 def _engine_options_given(args: argparse.Namespace) -> list[str]:
@@ -355,7 +381,7 @@ def _chat_request_options(args: argparse.Namespace) -> dict[str, Any]:
     """The fields `chat` sends with every message, checked now as the server checks them (UsageError naming the
     option), so that a bad value is not found one refused message at a time."""
     from glimmer.engine.sampling_params import SamplingParams
-    from glimmer.protocol import strength_for_effort
+    from glimmer.protocol import REASONING_EFFORTS, strength_for_effort
     from glimmer.server.schemas import INT32_MAX
 
     options: dict[str, Any] = {}
@@ -371,9 +397,10 @@ def _chat_request_options(args: argparse.Namespace) -> dict[str, Any]:
         options["temperature"] = args.temperature
     if args.reasoning_effort is not None:
         try:
-            strength_for_effort(args.reasoning_effort, param="--reasoning-effort")
-        except RequestError as error:
-            raise UsageError(str(error)) from None
+            strength_for_effort(args.reasoning_effort)
+        except RequestError:
+            raise UsageError(f"--reasoning-effort {args.reasoning_effort} is not supported; give one of "
+                             f"{', '.join(REASONING_EFFORTS)}") from None
         options["reasoning_effort"] = args.reasoning_effort
     return options
 
@@ -476,7 +503,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
                              "CUDA, 2048 on the CPU)")
     parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
-                        help="KV cache size, e.g. 8GiB or 512MiB (default: a fraction of free device memory)")
+                        help="KV cache size, e.g. 8GiB or 512MiB (default: on a GPU, what "
+                             "--gpu-memory-utilization leaves after the weights; on the CPU, what --max-num-seqs "
+                             "sequences of --max-model-len tokens need, 2 GiB at most)")
     parser.add_argument("--max-image-pixels", type=int, default=MediaLimits.max_image_pixels,
                         help="larger images or video frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-image-side", type=int, default=MediaLimits.max_image_side,

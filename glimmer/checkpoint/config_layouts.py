@@ -455,7 +455,7 @@ def _detect_layout(raw: Mapping[str, Any], source: str) -> str:
             found += " (a sub-model's config, not a Muse Glimmer model config)"
         elif model_type == _DRAFTER_MODEL_TYPE:
             found += (" (a DFlash drafter's config: a drafter runs beside its target model, e.g. glimmer serve TARGET "
-                      "--speculative-config '{\"model\": \"DRAFTER_DIR\"}')")
+                      "--speculative-config '{\"method\": \"dflash\", \"model\": \"DRAFTER_DIR\"}')")
     raise ConfigError(
         f"{source}: unrecognized config layout: {found}. Glimmer looked for: {_LAYOUTS_LOOKED_FOR}. Point it "
         "at a Muse Glimmer checkpoint, or fix config.json"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import itertools
 import operator
 import os
@@ -66,6 +68,13 @@ from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
+
+
+@functools.cache
+def _own_keywords() -> frozenset[str]:
+    """The keyword parameters `LLM.__init__` names itself (`dtype`, `device`, the media ones, ...)."""
+    parameters = inspect.signature(LLM.__init__).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 """What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
 final message's `recipient`), a reasoning field the reasoning."""
 _ENCODING_HINT = ("; this is a tokenizer's encoding ({'input_ids', 'attention_mask'}, what apply_chat_template returns "
@@ -210,7 +219,9 @@ class LLM:
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
         # vLLM's engine arguments Glimmer has no field for: dropped where they change nothing, else refused naming
         # what to do instead (`model` rides along for `tokenizer=model`); a misspelled option names the closest
-        known = sorted({f.name for f in dataclasses.fields(EngineConfig)} - {"dtype", "device"})
+        # LLM's own keyword parameters are listed and matched too (`dtyp` is "did you mean 'dtype'"), though they
+        # never reach engine_options
+        known = sorted({f.name for f in dataclasses.fields(EngineConfig)} | _own_keywords())
         engine_options = glimmer_arguments("LLM", known, VLLM_ONLY_LLM_ARGUMENTS, {"model": model, **engine_options})
         del engine_options["model"]
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))

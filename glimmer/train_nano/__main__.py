@@ -18,15 +18,20 @@ from glimmer.train_nano.pipeline import train_all
 from glimmer.train_nano.recipe import RECIPES
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m glimmer.train_nano", description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="nano")
+    parser.add_argument("out_dir", type=Path,
+                        help="where to write glimmer-nano/, glimmer-nano-dflash/ and the loss curves")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="nano",
+                        help="nano: the shipped model's recipe (one GPU, minutes); micro: the whole pipeline at a "
+                             "toy size, on a CPU in seconds (default nano)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1),
-                        help="processes generating the corpus")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--conversations", type=int, default=None)
+                        help="processes generating the corpus (default: the CPU count, at most 16)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the corpus, the tokenizer and both trainings (default: the recipe's, 0)")
+    parser.add_argument("--conversations", type=int, default=None,
+                        help="conversations in the training corpus (default: the recipe's; nano 128,000)")
     parser.add_argument("--batch-tokens", type=int, default=None,
                         help="tokens per optimizer step, padding included (lower it when memory is short)")
     parser.add_argument("--target-steps", type=int, default=None, help="optimizer steps of the target")
@@ -35,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the drafter trains on the corpus's first conversations, this many")
     parser.add_argument("--target", type=Path, default=None,
                         help="a trained target checkpoint: train only a drafter for it (its tokenizer, its corpus)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     recipe = RECIPES[args.recipe]
     overrides = {key: value for key, value in (("seed", args.seed), ("conversations", args.conversations),

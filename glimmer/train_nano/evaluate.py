@@ -133,8 +133,9 @@ class Tally:
         self.total += 1
 
     def __str__(self) -> str:
-        rate = 100 * self.hits / self.total if self.total else float("nan")
-        return f"{rate:5.1f}%  ({self.hits}/{self.total})"
+        if not self.total:  # no conversation of its kind among --prompts (a few prompts may hold none)
+            return f"{'—':>6s}  (0/0: none among these conversations)"
+        return f"{100 * self.hits / self.total:5.1f}%  ({self.hits}/{self.total})"
 
 
 @dataclass
@@ -224,16 +225,22 @@ def evaluate(llm: Any, conversations: list[Conversation], *, max_tokens: int = M
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m glimmer.train_nano.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default=None, help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--prompts", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--prompts", type=int, default=500, help="held-out conversations to answer (default 500)")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED,
+                        help=f"seed of the held-out conversations (default {EVAL_SEED}, not the training corpus's)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="default bfloat16 on CUDA, float32 on CPU")
-    parser.add_argument("--show-failures", type=int, default=5)
-    args = parser.parse_args(argv)
+    parser.add_argument("--show-failures", type=int, default=5,
+                        help="failed turns to print with what the model wrote (default 5)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     from glimmer.default_model import default_model_dir
     from glimmer.engine.llm import LLM

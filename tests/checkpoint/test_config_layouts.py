@@ -662,8 +662,13 @@ def test_unrecognized_model_type_is_refused_naming_the_layouts_looked_for():
 def test_a_sub_models_config_is_refused_saying_what_it_is():
     expect_error({"model_type": "muse_glimmer_vision", "hidden_size": 64}, "a sub-model's config")
     # a drafter given where a model goes: the message says how a drafter is run
-    expect_error({"model_type": "muse_glimmer_assistant", "hidden_size": 64}, "a DFlash drafter's config",
-                 "--speculative-config")
+    message = expect_error({"model_type": "muse_glimmer_assistant", "hidden_size": 64}, "a DFlash drafter's config",
+                           "--speculative-config")
+    # the example it gives is one --speculative-config takes (it left out "method", which is required)
+    from glimmer.engine.spec_decode import SpeculativeConfig
+
+    example = message.split("--speculative-config '", 1)[1].split("'", 1)[0]
+    assert SpeculativeConfig.parse(example).model == "DRAFTER_DIR"
 
 
 def test_config_without_recognizable_fields_is_refused():

@@ -119,6 +119,19 @@ def test_an_unknown_keyword_is_refused_naming_it_and_the_options():
         LLM("/nonexistent/model/dir", progress=False, max_num_seq=4)
 
 
+@pytest.mark.parametrize("typo,meant", [("dtyp", "dtype"), ("devices", "device"),
+                                        ("allowed_local_media_pth", "allowed_local_media_path"),
+                                        ("allow_remote_medias", "allow_remote_media"),
+                                        ("generation_configs", "generation_config")])
+def test_a_misspelled_keyword_of_llm_itself_names_it(typo, meant):
+    """LLM's own keywords (not EngineConfig fields) are offered and listed too: they were missing from both."""
+    with pytest.raises(UnsupportedArgumentError, match=f"did you mean {meant!r}") as caught:
+        LLM("/nonexistent/model/dir", progress=False, **{typo: None})
+    listed = str(caught.value).split("its arguments are ", 1)[1].split(", ")
+    assert {"dtype", "device", "allowed_local_media_path", "allow_remote_media", "allowed_media_domains",
+            "generation_config", "max_num_seqs"} <= set(listed)
+
+
 @pytest.mark.parametrize("name,value,advice", [
     ("tensor_parallel_size", 2, "one device"), ("trust_remote_code", "yes", "never runs"),
     ("tokenizer", "/elsewhere", "model's directory"), ("quantization", "awq", "by its format"),

@@ -289,6 +289,34 @@ def test_a_media_limit_below_1_is_refused_by_its_flag_before_the_model_loads(cap
     assert "max_" not in err and "missing" not in err
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--max-model-len", "0"], ["--max-model-len 0 is invalid", "positive integer"]),
+    (["--max-num-seqs", "-3"], ["--max-num-seqs -3 is invalid", "positive integer"]),
+    (["--max-num-batched-tokens", "0"], ["--max-num-batched-tokens 0 is invalid", "positive integer"]),
+    (["--kv-cache-memory", "0"], ["--kv-cache-memory 0 is invalid", "positive size"]),
+    (["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization 1.5 is invalid", "(0, 1]"]),
+    (["--chat-template", "no-such-template.jinja"], ["--chat-template no-such-template.jinja: no such file",
+                                                      "leave it out for the checkpoint's own template"]),
+])
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_loads(capsys, tmp_path, command,
+                                                                                      flags, words):
+    """These were refused by EngineConfig's field, `max_model_len=0 must be a positive integer (or None for the
+    default)`: a name and a None the command line never takes."""
+    err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), *flags], *words)
+    assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_a_cuda_device_without_cuda_is_refused_by_the_flag_before_the_model_loads(capsys, tmp_path, command, device):
+    """It was `device='cuda' was requested but CUDA is not available here; use device='cpu'`."""
+    err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), "--device", device],
+                               f"--device {device}: CUDA is not available here", "--device cpu")
+    assert "device=" not in err and "missing" not in err
+
+
 @pytest.mark.parametrize(("value", "words"), [("{bad", "not valid JSON"), ("[1]", "must be a JSON object"),
                                                ('{"method": "dflash"}', "needs 'model'")])
 @pytest.mark.parametrize("command", ["serve", "chat"])
@@ -318,6 +346,13 @@ def test_a_url_that_is_not_an_http_server_address_is_one_line(capsys, url):
 def test_chat_options_the_server_would_refuse_are_one_line_before_the_model_loads(capsys, tmp_path, option, value):
     # the model does not exist: the options are checked first, so nothing loads and no message is sent
     _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), option, value], option)
+
+
+def test_a_reasoning_effort_not_taken_is_named_as_typed(capsys, tmp_path):
+    """It read `--reasoning-effort='ultra' is not supported`, a Python spelling of the flag."""
+    err = _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--reasoning-effort", "ultra"],
+                               "--reasoning-effort ultra is not supported", "none, minimal, low, medium, high, xhigh")
+    assert "=" not in err
 
 
 def test_chat_options_the_server_takes_pass_the_checks():
@@ -506,3 +541,16 @@ def test_help_gives_the_defaults_users_ask_for():
                    "--max-video-frames", "--max-images-per-request", "--max-videos-per-request"):
         assert "default" in helps[option], option
     assert "P-TMPL" not in helps["--chat-template"]
+    # it said "a fraction of free device memory", which the CPU's default is not
+    assert "2 GiB at most" in helps["--kv-cache-memory"] and "--gpu-memory-utilization" in helps["--kv-cache-memory"]
+
+
+@pytest.mark.parametrize(("name", "parser"), _subcommands(), ids=lambda value: value if isinstance(value, str) else "")
+def test_the_readme_names_every_option(name, parser):
+    """`--host`, `--default-reasoning-strength` and chat's `--system`, `--temperature`, ... were only in --help."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    options = [option for action in parser._actions for option in action.option_strings
+               if option.startswith("--") and option != "--help"]
+    assert [option for option in options if option not in readme] == []

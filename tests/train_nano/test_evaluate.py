@@ -77,3 +77,24 @@ def test_the_embedded_model_speaks_the_protocol_on_a_few_held_out_turns():
     assert report.right_call.hits == report.right_call.total == 3, report.failures
     assert report.no_call.hits == report.no_call.total == 2, report.failures
     assert report.answer_uses_result.hits == report.answer_uses_result.total == 3, report.failures
+
+
+@pytest.mark.parametrize("module", ["glimmer.train_nano.__main__", "glimmer.train_nano.evaluate"])
+def test_every_option_of_the_retraining_commands_has_help(module):
+    """`--seed`, `--conversations`, `--prompts`, `--device`, ... printed no help in `--help`."""
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    missing = [action.dest for action in parser._actions if not action.help]
+    assert missing == []
+
+
+def test_a_share_of_no_conversations_prints_no_nan():
+    """`--prompts 12` held no plain answer, and the report printed `nan%  (0/0)`."""
+    from glimmer.train_nano.evaluate import Tally
+
+    assert "nan" not in str(Tally()) and "(0/0" in str(Tally())
+    tally = Tally()
+    tally.add(True)
+    tally.add(False)
+    assert str(tally) == " 50.0%  (1/2)"
