@@ -799,10 +799,12 @@ def test_a_request_aborted_while_its_drafter_context_is_pending_leaves_its_full_
 
 @pytest.mark.parametrize("every", [3, 11])
 def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_and_tokens(target, drafter, plain,
-                                                                                        launches, every):
+                                                                                        launches, every,
+                                                                                        same_cpu_kernels):
     """With async scheduling a step without proposals runs ahead of the host (lookahead.py), its drafter context
     staged at launch: the drafts, the tokens and the drafter cache each drafting step reads equal synchronous
-    stepping's."""
+    stepping's. Both runs compute the same steps (the same sequences, rows and drafter forwards) with the same
+    kernels (`same_cpu_kernels`), so the cache is compared bit for bit."""
     prompts = _prompts(5, seed=33)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     runs = {}
