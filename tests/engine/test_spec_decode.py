@@ -672,6 +672,55 @@ def test_pending_context_under_preemption_and_chunked_prefill_is_caught_up_exact
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_pending_context_is_dropped_only_where_no_later_block_can_see_it(make_tiny, tmp_path, async_scheduling):
+    """A drafter window (4) much smaller than its block (16) and KV blocks of 4: steps without proposals leave up to
+    15 positions pending, and the window moves past the oldest before a step proposes, so their drafter blocks are
+    released unwritten (draft_context.py drops them). Every block the drafter denoises still reads, at each position
+    its window sees, the keys/values written there for its own tokens (never a released or reused slot), and the
+    tokens are greedy's without speculation."""
+    checkpoint = make_tiny(spec=TinySpec(sliding_window=4), seed=21)
+    drafter_dir = write_tiny_drafter(tmp_path / "d", checkpoint, seed=5,
+                                     spec=TinyDrafterSpec(sliding_window=4, block_size=16))
+    prompts = _prompts(4, seed=35)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, block_size=4, async_scheduling=async_scheduling,
+                                    speculative_config=speculative(drafter_dir)))
+    proposer, kv = engine.speculator.proposer, engine.kv
+    assert kv.windows[DRAFT] == 5 and proposer.pending.max_rows == 15
+    steps = itertools.count()
+    engine.speculator.policy.choose = lambda batch: 15 if next(steps) % 13 in (0, 12) else 0
+    written: dict[int, tuple[tuple[int, ...], int]] = {}  # cache slot → (the tokens up to its position, position)
+    wrong_reads, dropped, layout = [], [], proposer._layout
+    live = proposer.pending._live
+
+    def tokens_through(seq, position):
+        return tuple((seq.prompt_token_ids + seq.output_token_ids)[: position + 1]), position
+
+    def checked_layout(rows, seqs):
+        out = layout(rows, seqs)
+        for seq, positions, slots in zip(rows.seqs, out.context_positions, out.context_slots, strict=True):
+            written.update((slot, tokens_through(seq, p)) for p, slot in zip(positions, slots, strict=True))
+        for seq, table, first in zip(seqs, out.tables, out.table_starts, strict=True):
+            anchor = seq.num_tokens - 1
+            for p in range(max(0, anchor - kv.windows[DRAFT] + 1), anchor):
+                slot = table[(p - first) // kv.block_size] * kv.block_size + p % kv.block_size
+                if written.get(slot) != tokens_through(seq, p):
+                    wrong_reads.append((seq.request_id, anchor, p))
+        return out
+
+    def counted_live(pending):
+        first, rows = live(pending)
+        dropped.append(first - pending.start)
+        return first, rows
+
+    proposer._layout, proposer.pending._live = checked_layout, counted_live
+    assert _generate(engine, prompts, params) == [o.token_ids for o in LLM(
+        str(checkpoint), progress=False, block_size=4).generate(prompts, params)]
+    assert sum(dropped) > 20 and engine.speculator.stats.num_drafts > 10
+    assert wrong_reads == []
+
+
 def test_a_step_without_proposals_hands_over_its_drafter_context_before_its_tokens_are_read(target, drafter,
                                                                                           monkeypatch):
     """The bookkeeping of the drafter context runs while the device computes the step (stage_context), not on
