@@ -304,6 +304,41 @@ def test_stops_max_tokens_and_logprobs_inside_an_accepted_run(target, drafter, p
     assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_min_tokens_max_tokens_1_and_n_2_with_accepted_runs_match_greedy_without(target, drafter, plain,
+                                                                                async_scheduling):
+    """A stop id banned below min_tokens inside a run of accepted proposals (and allowed from there on), a request
+    of one token (no room to propose), and n = 2 greedy completions: the tokens, text, finish and logprobs of a run
+    without speculation."""
+    prompt = _prompts(1, seed=4)[0]
+    known = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].token_ids
+    repeated = next(t for i, t in enumerate(known[8:], start=8) if t not in known[:i])  # allowed from min_tokens on
+    cases = [
+        SamplingParams(temperature=0, max_tokens=40, min_tokens=8, stop_token_ids=[known[3], repeated], logprobs=2),
+        SamplingParams(temperature=0, max_tokens=1, logprobs=1, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, n=2, ignore_eos=True, logprobs=0),
+    ]
+    llm = LLM(str(target), progress=False, async_scheduling=async_scheduling,
+              speculative_config=speculative(drafter))
+    continuation: list[int] = []
+    _replay(llm.engine, {tuple(prompt): continuation}, lambda seq, k: k)  # every proposal right
+    ends = []
+    for params in cases:
+        expected = plain.generate([prompt], params)[0].outputs
+        ends.append((expected[0].finish_reason, expected[0].stop_reason, len(expected[0].token_ids), len(expected)))
+        continuation[:] = expected[0].token_ids
+        got = llm.generate([prompt], params)[0].outputs
+        assert [(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in got] == [
+            (o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in expected]
+        for mine, theirs in zip(got, expected, strict=True):
+            assert [(e.token_id, e.top.keys()) for e in mine.logprobs] == [(e.token_id, e.top.keys())
+                                                                          for e in theirs.logprobs]
+    # the banned id was the free run's 4th token; the stop came from min_tokens on, a run after the ban
+    assert ends == [("stop", repeated, 13, 1), ("length", None, 1, 1), ("length", None, 30, 2)]
+    assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
+    assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+
+
 @pytest.mark.parametrize("pattern", [(K,), (3, 0, K, 1)], ids=["all-accepted", "mixed"])
 def test_async_scheduling_with_speculation_matches_synchronous_plain_decoding(target, drafter, plain, pattern):
     """Text made a step late: a stop string found inside an accepted run ends the sequence, its later tokens
