@@ -571,6 +571,32 @@ def test_aborting_while_the_drafter_context_is_pending_frees_everything(target, 
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_aborting_a_request_whose_proposals_wait_for_verification_leaves_the_others_exact(target, drafter, plain,
+                                                                                         async_scheduling):
+    """Cancellation between a step that proposed tokens for a sequence and the step that would verify them: its
+    proposals go with it, the request beside it decodes as without speculation, and every block goes back."""
+    prompts = _prompts(2, seed=17)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, async_scheduling=async_scheduling,
+                                    speculative_config=speculative(drafter)))
+    _replay(engine, _continuations(plain, prompts, params), _cycle(K, 2))
+    for name, prompt in zip("ab", prompts, strict=True):
+        engine.add_request(name, prompt, params)
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    doomed = engine._seqs["a"][0]
+    while not (doomed.spec_token_ids and tokens["a"]):
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    engine.abort("a")
+    while engine.has_unfinished_requests:
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    assert tokens["b"] == plain.generate([prompts[1]], params)[0].token_ids
+    assert engine.speculator.proposer.inner.pending.num_pending == 0
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
