@@ -530,15 +530,20 @@ def test_sampled_tokens_follow_the_target_distribution(target, drafter, plain, p
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
-def test_a_seeded_request_is_reproducible_with_speculation(target, drafter):
-    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=42)
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_seeded_request_is_reproducible_with_speculation(target, drafter, n):
+    """n = 2: each completion draws from a generator of its own (seed + index), so both are reproducible, and they
+    differ."""
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=42, n=n)
     prompt = _prompts(1, seed=3)[0]
     runs = []
     for others in (0, 3):  # alone, then with other requests in the batch
         llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
         batch = [prompt] + _prompts(others, seed=12)
-        runs.append(llm.generate(batch, params)[0].token_ids)
-    assert runs[0] == runs[1]
+        runs.append([o.token_ids for o in llm.generate(batch, params)[0].outputs])
+        assert llm.engine.speculator.stats.num_drafts > 0
+    assert runs[0] == runs[1] and len(runs[0]) == n
+    assert len(set(map(tuple, runs[0]))) == n
 
 
 # --- resources, configuration and interface --------------------------------------------------------------
