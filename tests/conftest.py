@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from glimmer.engine import model_loader
 from glimmer.engine.lookahead import LaunchedStep
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
@@ -60,6 +61,16 @@ def make_tiny(tmp_path_factory):
 def tiny_checkpoint(make_tiny) -> Path:
     """The default tiny text checkpoint (canonical layout)."""
     return make_tiny()
+
+
+@pytest.fixture
+def same_cpu_kernels(monkeypatch):
+    """Engines loaded in the test take the same CPU kernels: the load-time timings that choose them (the C decoder
+    stack or op by op, packed or dense weights: engine/model_loader.py) are fixed to the stack and dense weights. On a
+    busy machine two engines can time differently and compute the same step with kernels that differ in float32
+    rounding, so a test that compares their floats exactly needs this."""
+    monkeypatch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: True)
+    monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows, repeats=5: False)
 
 
 @pytest.fixture

@@ -304,6 +304,41 @@ def test_stops_max_tokens_and_logprobs_inside_an_accepted_run(target, drafter, p
     assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_min_tokens_max_tokens_1_and_n_2_with_accepted_runs_match_greedy_without(target, drafter, plain,
+                                                                                async_scheduling):
+    """A stop id banned below min_tokens inside a run of accepted proposals (and allowed from there on), a request
+    of one token (no room to propose), and n = 2 greedy completions: the tokens, text, finish and logprobs of a run
+    without speculation."""
+    prompt = _prompts(1, seed=4)[0]
+    known = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].token_ids
+    repeated = next(t for i, t in enumerate(known[8:], start=8) if t not in known[:i])  # allowed from min_tokens on
+    cases = [
+        SamplingParams(temperature=0, max_tokens=40, min_tokens=8, stop_token_ids=[known[3], repeated], logprobs=2),
+        SamplingParams(temperature=0, max_tokens=1, logprobs=1, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, n=2, ignore_eos=True, logprobs=0),
+    ]
+    llm = LLM(str(target), progress=False, async_scheduling=async_scheduling,
+              speculative_config=speculative(drafter))
+    continuation: list[int] = []
+    _replay(llm.engine, {tuple(prompt): continuation}, lambda seq, k: k)  # every proposal right
+    ends = []
+    for params in cases:
+        expected = plain.generate([prompt], params)[0].outputs
+        ends.append((expected[0].finish_reason, expected[0].stop_reason, len(expected[0].token_ids), len(expected)))
+        continuation[:] = expected[0].token_ids
+        got = llm.generate([prompt], params)[0].outputs
+        assert [(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in got] == [
+            (o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in expected]
+        for mine, theirs in zip(got, expected, strict=True):
+            assert [(e.token_id, e.top.keys()) for e in mine.logprobs] == [(e.token_id, e.top.keys())
+                                                                          for e in theirs.logprobs]
+    # the banned id was the free run's 4th token; the stop came from min_tokens on, a run after the ban
+    assert ends == [("stop", repeated, 13, 1), ("length", None, 1, 1), ("length", None, 30, 2)]
+    assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
+    assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+
+
 @pytest.mark.parametrize("pattern", [(K,), (3, 0, K, 1)], ids=["all-accepted", "mixed"])
 def test_async_scheduling_with_speculation_matches_synchronous_plain_decoding(target, drafter, plain, pattern):
     """Text made a step late: a stop string found inside an accepted run ends the sequence, its later tokens
@@ -497,15 +532,20 @@ def test_sampled_tokens_follow_the_target_distribution(target, drafter, plain, p
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
-def test_a_seeded_request_is_reproducible_with_speculation(target, drafter):
-    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=42)
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_seeded_request_is_reproducible_with_speculation(target, drafter, n):
+    """n = 2: each completion draws from a generator of its own (seed + index), so both are reproducible, and they
+    differ."""
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=42, n=n)
     prompt = _prompts(1, seed=3)[0]
     runs = []
     for others in (0, 3):  # alone, then with other requests in the batch
         llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
         batch = [prompt] + _prompts(others, seed=12)
-        runs.append(llm.generate(batch, params)[0].token_ids)
-    assert runs[0] == runs[1]
+        runs.append([o.token_ids for o in llm.generate(batch, params)[0].outputs])
+        assert llm.engine.speculator.stats.num_drafts > 0
+    assert runs[0] == runs[1] and len(runs[0]) == n
+    assert len(set(map(tuple, runs[0]))) == n
 
 
 # --- resources, configuration and interface --------------------------------------------------------------
@@ -535,6 +575,32 @@ def test_aborting_while_the_drafter_context_is_pending_frees_everything(target, 
     engine.abort("a")
     engine.abort("b")
     assert pending.num_pending == 0 and not engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_aborting_a_request_whose_proposals_wait_for_verification_leaves_the_others_exact(target, drafter, plain,
+                                                                                         async_scheduling):
+    """Cancellation between a step that proposed tokens for a sequence and the step that would verify them: its
+    proposals go with it, the request beside it decodes as without speculation, and every block goes back."""
+    prompts = _prompts(2, seed=17)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, async_scheduling=async_scheduling,
+                                    speculative_config=speculative(drafter)))
+    _replay(engine, _continuations(plain, prompts, params), _cycle(K, 2))
+    for name, prompt in zip("ab", prompts, strict=True):
+        engine.add_request(name, prompt, params)
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    doomed = engine._seqs["a"][0]
+    while not (doomed.spec_token_ids and tokens["a"]):
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    engine.abort("a")
+    while engine.has_unfinished_requests:
+        for delta in engine.step():
+            tokens[delta.request_id].extend(delta.token_ids)
+    assert tokens["b"] == plain.generate([prompts[1]], params)[0].token_ids
+    assert engine.speculator.proposer.inner.pending.num_pending == 0
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
@@ -674,6 +740,55 @@ def test_pending_context_under_preemption_and_chunked_prefill_is_caught_up_exact
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_pending_context_is_dropped_only_where_no_later_block_can_see_it(make_tiny, tmp_path, async_scheduling):
+    """A drafter window (4) much smaller than its block (16) and KV blocks of 4: steps without proposals leave up to
+    15 positions pending, and the window moves past the oldest before a step proposes, so their drafter blocks are
+    released unwritten (draft_context.py drops them). Every block the drafter denoises still reads, at each position
+    its window sees, the keys/values written there for its own tokens (never a released or reused slot), and the
+    tokens are greedy's without speculation."""
+    checkpoint = make_tiny(spec=TinySpec(sliding_window=4), seed=21)
+    drafter_dir = write_tiny_drafter(tmp_path / "d", checkpoint, seed=5,
+                                     spec=TinyDrafterSpec(sliding_window=4, block_size=16))
+    prompts = _prompts(4, seed=35)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, block_size=4, async_scheduling=async_scheduling,
+                                    speculative_config=speculative(drafter_dir)))
+    proposer, kv = engine.speculator.proposer, engine.kv
+    assert kv.windows[DRAFT] == 5 and proposer.pending.max_rows == 15
+    steps = itertools.count()
+    engine.speculator.policy.choose = lambda batch: 15 if next(steps) % 13 in (0, 12) else 0
+    written: dict[int, tuple[tuple[int, ...], int]] = {}  # cache slot → (the tokens up to its position, position)
+    wrong_reads, dropped, layout = [], [], proposer._layout
+    live = proposer.pending._live
+
+    def tokens_through(seq, position):
+        return tuple((seq.prompt_token_ids + seq.output_token_ids)[: position + 1]), position
+
+    def checked_layout(rows, seqs):
+        out = layout(rows, seqs)
+        for seq, positions, slots in zip(rows.seqs, out.context_positions, out.context_slots, strict=True):
+            written.update((slot, tokens_through(seq, p)) for p, slot in zip(positions, slots, strict=True))
+        for seq, table, first in zip(seqs, out.tables, out.table_starts, strict=True):
+            anchor = seq.num_tokens - 1
+            for p in range(max(0, anchor - kv.windows[DRAFT] + 1), anchor):
+                slot = table[(p - first) // kv.block_size] * kv.block_size + p % kv.block_size
+                if written.get(slot) != tokens_through(seq, p):
+                    wrong_reads.append((seq.request_id, anchor, p))
+        return out
+
+    def counted_live(pending):
+        first, rows = live(pending)
+        dropped.append(first - pending.start)
+        return first, rows
+
+    proposer._layout, proposer.pending._live = checked_layout, counted_live
+    assert _generate(engine, prompts, params) == [o.token_ids for o in LLM(
+        str(checkpoint), progress=False, block_size=4).generate(prompts, params)]
+    assert sum(dropped) > 20 and engine.speculator.stats.num_drafts > 10
+    assert wrong_reads == []
+
+
 def test_a_step_without_proposals_hands_over_its_drafter_context_before_its_tokens_are_read(target, drafter,
                                                                                           monkeypatch):
     """The bookkeeping of the drafter context runs while the device computes the step (stage_context), not on
@@ -801,10 +916,12 @@ def test_a_request_aborted_while_its_drafter_context_is_pending_leaves_its_full_
 
 @pytest.mark.parametrize("every", [3, 11])
 def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_and_tokens(target, drafter, plain,
-                                                                                        launches, every):
+                                                                                        launches, every,
+                                                                                        same_cpu_kernels):
     """With async scheduling a step without proposals runs ahead of the host (lookahead.py), its drafter context
     staged at launch: the drafts, the tokens and the drafter cache each drafting step reads equal synchronous
-    stepping's."""
+    stepping's. Both runs compute the same steps (the same sequences, rows and drafter forwards) with the same
+    kernels (`same_cpu_kernels`), so the cache is compared bit for bit."""
     prompts = _prompts(5, seed=33)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     runs = {}
