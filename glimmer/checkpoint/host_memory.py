@@ -24,6 +24,12 @@ MEMINFO = Path("/proc/meminfo")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _GIB = 1 << 30
+_MIB = 1 << 20
+
+
+def _size(nbytes: int) -> str:
+    """Bytes for a message: GiB to a tenth, or MiB below 1 GiB (a tiny model's weights are not "0.0 GiB")."""
+    return f"{nbytes / _GIB:.1f} GiB" if nbytes >= _GIB else f"{nbytes / _MIB:.1f} MiB"
 
 # Per hierarchy mounted under CGROUP_ROOT: the files limiting memory and swap. v2's unified hierarchy is
 # CGROUP_ROOT itself; v1's memory controller is CGROUP_ROOT/memory, and v1 has no swap-only limit
@@ -59,11 +65,11 @@ class HostMemory:
         """The figure and where it comes from, for an error message: the machine's, or the process's cgroup's (a
         container's, a systemd slice's, a batch job's)."""
         if not self.cgroup_limits:
-            return (f"this machine's {self.total_bytes / _GIB:.1f} GiB of memory and swap "
+            return (f"this machine's {_size(self.total_bytes)} of memory and swap "
                     "(/proc/meminfo MemTotal + SwapTotal)")
-        limits = ", ".join(f"{limit.path} = {limit.limit_bytes / _GIB:.1f} GiB" for limit in self.cgroup_limits)
-        return (f"the {self.total_bytes / _GIB:.1f} GiB of memory and swap this process's cgroup allows "
-                f"({limits}; the host has {self.host_bytes / _GIB:.1f} GiB)")
+        limits = ", ".join(f"{limit.path} = {_size(limit.limit_bytes)}" for limit in self.cgroup_limits)
+        return (f"the {_size(self.total_bytes)} of memory and swap this process's cgroup allows "
+                f"({limits}; the host has {_size(self.host_bytes)})")
 
 
 def read_host_memory() -> HostMemory | None:
@@ -173,7 +179,7 @@ def check_fits_in_host_memory(model: nn.Module, device: torch.device | str, dtyp
     dtype_name = str(dtype).removeprefix("torch.")
     halve = "; --dtype bfloat16 halves it" if dtype == torch.float32 else ""
     raise ConfigError(
-        f"the model's weights need {needed / _GIB:.1f} GiB as {dtype_name} on the CPU, more than "
+        f"the model's weights need {_size(needed)} as {dtype_name} on the CPU, more than "
         f"{memory.describe()}; load a smaller model (e.g. glimmer make-tiny) or use a GPU with room for it "
         f"(--device cuda){halve}"
     )
@@ -190,5 +196,5 @@ def check_kv_cache_fits_in_host_memory(kv_bytes: int, models: list[nn.Module]) -
     room = memory.total_bytes - weights
     if kv_bytes > room:
         raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the {max(room, 0):,} bytes the weights' "
-                          f"{weights / _GIB:.1f} GiB leave of {memory.describe()}; give the KV cache less "
+                          f"{_size(weights)} leave of {memory.describe()}; give the KV cache less "
                           "(--kv-cache-memory SIZE / kv_cache_memory=)")

@@ -67,8 +67,8 @@ def meta_linear_of_gib(gib: int) -> nn.Module:
 @pytest.mark.parametrize("load_format", ["auto", "dummy"])
 def test_weights_larger_than_memory_and_swap_are_refused_before_loading(tiny_checkpoint, host, load_format):
     host.meminfo(mem_kb=64, swap_kb=64)
-    with pytest.raises(ConfigError, match=r"need 0\.0 GiB as float32 on the CPU, more than this machine's 0\.0 GiB "
-                                          r"of memory and swap \(/proc/meminfo.*smaller model.*GPU"):
+    with pytest.raises(ConfigError, match=r"need [1-9]\d*\.\d MiB as float32 on the CPU, more than this machine's "
+                                          r"0\.1 MiB of memory and swap \(/proc/meminfo.*smaller model.*GPU"):
         load_model(tiny_checkpoint, progress=False, load_format=load_format)
 
 

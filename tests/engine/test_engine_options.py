@@ -73,7 +73,7 @@ def test_a_kv_cache_larger_than_memory_is_a_config_error_before_allocating(tiny_
     memory = host_memory.HostMemory(memory_bytes=64 << 20, swap_bytes=0, host_bytes=64 << 20)
     monkeypatch.setattr(host_memory, "read_host_memory", lambda: memory)
     with pytest.raises(ConfigError, match=r"kv_cache_memory=104,857,600 bytes is more than the [\d,]+ bytes the "
-                                          r"weights' \d+\.\d GiB leave of this machine's 0\.1 GiB of memory and swap "
+                                          r"weights' \d+\.\d MiB leave of this machine's 64\.0 MiB of memory and swap "
                                           r"\(/proc/meminfo MemTotal \+ SwapTotal\); give the KV cache less "
                                           r"\(--kv-cache-memory"):
         LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="100MiB")
