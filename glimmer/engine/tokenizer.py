@@ -142,6 +142,16 @@ def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], nam
                           "together")
 
 
+def _named_token(name: str) -> property:
+    """A `Tokenizer` property: the spelling of the named token `name` (tokenizer_config.json's), None where unset."""
+    return property(lambda self: self._named_tokens.get(name))
+
+
+def _named_token_id(name: str) -> property:
+    """A `Tokenizer` property: the id of the named token `name`, None where unset."""
+    return property(lambda self: self._named_token_id(name))
+
+
 class Tokenizer:
     """A loaded tokenizer. Build it with `Tokenizer.from_dir`."""
 
@@ -340,61 +350,21 @@ class Tokenizer:
             )
         return token_id
 
-    @property
-    def bos_token(self) -> str | None:
-        return self._named_tokens.get("bos_token")
-
-    @property
-    def eos_token(self) -> str | None:
-        return self._named_tokens.get("eos_token")
-
-    @property
-    def pad_token(self) -> str | None:
-        return self._named_tokens.get("pad_token")
-
-    @property
-    def unk_token(self) -> str | None:
-        return self._named_tokens.get("unk_token")
-
-    @property
-    def sep_token(self) -> str | None:
-        return self._named_tokens.get("sep_token")
-
-    @property
-    def cls_token(self) -> str | None:
-        return self._named_tokens.get("cls_token")
-
-    @property
-    def mask_token(self) -> str | None:
-        return self._named_tokens.get("mask_token")
-
-    @property
-    def bos_token_id(self) -> int | None:
-        return self._named_token_id("bos_token")
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self._named_token_id("eos_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self._named_token_id("pad_token")
-
-    @property
-    def unk_token_id(self) -> int | None:
-        return self._named_token_id("unk_token")
-
-    @property
-    def sep_token_id(self) -> int | None:
-        return self._named_token_id("sep_token")
-
-    @property
-    def cls_token_id(self) -> int | None:
-        return self._named_token_id("cls_token")
-
-    @property
-    def mask_token_id(self) -> int | None:
-        return self._named_token_id("mask_token")
+    # the named tokens (tokenizer_config.json's `bos_token`, ...) and their ids; None where unset
+    bos_token = _named_token("bos_token")
+    eos_token = _named_token("eos_token")
+    pad_token = _named_token("pad_token")
+    unk_token = _named_token("unk_token")
+    sep_token = _named_token("sep_token")
+    cls_token = _named_token("cls_token")
+    mask_token = _named_token("mask_token")
+    bos_token_id = _named_token_id("bos_token")
+    eos_token_id = _named_token_id("eos_token")
+    pad_token_id = _named_token_id("pad_token")
+    unk_token_id = _named_token_id("unk_token")
+    sep_token_id = _named_token_id("sep_token")
+    cls_token_id = _named_token_id("cls_token")
+    mask_token_id = _named_token_id("mask_token")
 
     @property
     def special_tokens(self) -> dict[str, str]:

@@ -154,21 +154,22 @@ def test_a_tool_call_left_unanswered_is_refused_as_on_the_server(llm):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     unanswered = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
                   {"role": "user", "content": "and?"}]
-    with pytest.raises(RequestError, match="must be followed by tool messages") as err:
-        llm.chat(unanswered, chat_template_kwargs=KWARGS)
-    assert err.value.param == "messages[1].tool_calls[0]"
-    with pytest.raises(RequestError, match="must be followed by tool messages"):
-        llm.get_tokenizer().apply_chat_template(unanswered, **KWARGS)
+    _refused_by_chat_and_template(llm, unanswered, "must be followed by tool messages", "messages[1].tool_calls[0]")
 
 
 def test_a_tool_message_answering_no_call_is_refused_as_on_the_server(llm):
     """The result of a call the model never made (OpenAI refuses it: a tool message answers the call before it)."""
     orphan = [{"role": "user", "content": "hi"}, {"role": "tool", "name": "get_weather", "content": "sunny"}]
-    with pytest.raises(RequestError, match="answers no tool call") as err:
-        llm.chat(orphan, chat_template_kwargs=KWARGS)
-    assert err.value.param == "messages[1]"
-    with pytest.raises(RequestError, match="answers no tool call"):
-        llm.get_tokenizer().apply_chat_template(orphan, **KWARGS)
+    _refused_by_chat_and_template(llm, orphan, "answers no tool call", "messages[1]")
+
+
+def _refused_by_chat_and_template(llm, messages, match, param):
+    """`LLM.chat` refuses `messages` naming `param`, and the tokenizer's `apply_chat_template` refuses them too."""
+    with pytest.raises(RequestError, match=match) as err:
+        llm.chat(messages, chat_template_kwargs=KWARGS)
+    assert err.value.param == param
+    with pytest.raises(RequestError, match=match):
+        llm.get_tokenizer().apply_chat_template(messages, **KWARGS)
 
 
 def test_continuing_a_message_to_a_tool_needs_the_tools(llm):
