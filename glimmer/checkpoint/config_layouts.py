@@ -12,6 +12,8 @@ Layouts (`CONFIG_LAYOUTS`) and how they are told apart, first match wins (archit
    reference would build its default vision tower instead; Glimmer reads the absence literally).
    The "RC nested" schema of the vendor's MLX packagers is this same schema (same names, same folded
    `qk_scale_factor`), so it is read, and labelled, as canonical: a nested config is never "vendor".
+   Tying `lm_head` to `embed_tokens` is the top-level `tie_word_embeddings` (absent: untied), as in the
+   reference, which writes the tie there and ignores `text_config.tie_word_embeddings` (a true one warns).
 4. `model_type: "muse_glimmer"`, no `text_config`, and a top-level `hidden_size` or `num_hidden_layers`
    → one of the two flat schemas, which share every field name:
    * **vendor** if it carries a vendor marker: `no_rope_layers`, `layer_rope_theta`,
@@ -482,11 +484,24 @@ def _read_canonical(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
         _read_vision_path_fields(head, ("image_token_id",), ("out_hidden_size",), ("projector_hidden_size",))
     else:
         top.ignore(*_VISION_PATH_FIELDS)  # nothing to attach them to: a text-only config keeps them None
+    tie_name, tie = top.get("tie_word_embeddings")
     top.finish()
     notes.raise_if_missing()
-    text = text_reader()
+    text = _tie_as_the_composite_model(text_reader(), top.path(tie_name), tie, notes)
     vision = vision_reader() if vision_reader else None
     return _model_config(text, vision, head, notes)
+
+
+def _tie_as_the_composite_model(text: TextConfig, name: str, tie: Any, notes: _Notes) -> TextConfig:
+    """The reference's MuseGlimmerForConditionalGeneration ties lm_head to embed_tokens only when its own top-level
+    `tie_word_embeddings` is true; it ignores `text_config.tie_word_embeddings` and saves an untied lm_head."""
+    tied = tie not in (_MISSING, None) and _bool(tie, name, notes)
+    if text.tie_word_embeddings and not tied:
+        notes.warnings.append(
+            "text_config.tie_word_embeddings=true is ignored, as transformers ignores it in a muse_glimmer config: "
+            f"lm_head.weight is read from the checkpoint; set {name}=true to tie lm_head to embed_tokens"
+        )
+    return replace(text, tie_word_embeddings=tied)
 
 
 def _read_canonical_text(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
@@ -1033,8 +1048,10 @@ def _write_canonical(config: ModelConfig) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model_type": _MODEL_TYPE,
         "architectures": ["MuseGlimmerForConditionalGeneration"],
-        "text_config": _write_canonical_text(config.text, "canonical"),
+        # the tie lives at the top level, where the reference reads it, as its save_pretrained writes it
+        "text_config": _write_canonical_text(config.text, "canonical") | {"tie_word_embeddings": False},
         "vision_config": None,
+        "tie_word_embeddings": config.text.tie_word_embeddings,
     }
     vision = config.vision
     if vision is not None:

@@ -46,7 +46,6 @@ SAME_NAMED_TEXT_FIELDS = (
     "output_multiplier",
     "final_logit_softcapping",
     "attention_bias",
-    "tie_word_embeddings",
     "max_position_embeddings",
     "bos_token_id",
     "pad_token_id",
@@ -335,9 +334,12 @@ def test_vendor_writer_states_the_nope_period_when_there_is_one():
 
 def test_canonical_dict_is_accepted_by_transformers_with_the_same_layer_patterns():
     irregular = (True, False, True, True, False, True)
-    for config in (tiny_model(), tiny_model(num_hidden_layers=6, rope_layers=irregular)):
+    tied = tiny_model(tie_word_embeddings=True)
+    for config in (tiny_model(), tiny_model(num_hidden_layers=6, rope_layers=irregular), tied):
         written = config_to_dict(config, "canonical")
         for hf in (MuseGlimmerConfig(**copy.deepcopy(written)), MuseGlimmerConfig.from_dict(copy.deepcopy(written))):
+            # the composite model ties lm_head by its own flag; it ignores the text config's
+            assert bool(getattr(hf, "tie_word_embeddings", False)) == config.text.tie_word_embeddings
             assert tuple(hf.text_config.layer_types) == config.text.layer_types
             assert tuple(theta != 0 for theta in hf.text_config.layer_rope_theta) == config.text.rope_layers
             assert hf.text_config.rope_parameters["rope_theta"] == config.text.rope_theta
@@ -351,6 +353,7 @@ def test_canonical_dict_is_accepted_by_transformers_with_the_same_layer_patterns
             assert hf.out_hidden_size == config.out_hidden_size
         hf_text = MuseGlimmerTextConfig(**config_to_dict(text_only(config), "canonical-text"))
         assert tuple(hf_text.layer_types) == config.text.layer_types
+        assert hf_text.tie_word_embeddings == config.text.tie_word_embeddings
 
 
 @pytest.mark.parametrize("num_layers", range(1, 14))

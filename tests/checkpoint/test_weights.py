@@ -499,3 +499,46 @@ def test_a_tensor_a_shard_holds_that_the_index_maps_to_another_shard_is_refused(
     with pytest.raises(CheckpointError, match=rf"tensor '{name}' is in both model-00001-of-00002\.safetensors and "
                                               rf"{shard}, and .* maps it to {shard}: two copies of a weight"):
         load_model(checkpoint, progress=False)
+
+
+def _tied_variant(make_tiny, dst, tie_key, drop_lm_head):
+    """The tiny vision checkpoint with `tie_key` ("tie_word_embeddings" at the top level or in text_config) set to
+    true, and transformers' model of it: transformers is the judge of which lm_head the checkpoint means."""
+    from transformers import MuseGlimmerForConditionalGeneration
+
+    def edit(tensors):
+        if drop_lm_head:
+            del tensors["lm_head.weight"]
+
+    path = _copy_checkpoint(make_tiny("canonical", vision=True, seed=7), dst, edit)
+    raw = json.loads((path / "config.json").read_text())
+    (raw["text_config"] if tie_key == "text_config" else raw)["tie_word_embeddings"] = True
+    (path / "config.json").write_text(json.dumps(raw))
+    return path, MuseGlimmerForConditionalGeneration.from_pretrained(path).eval()
+
+
+def _reference_logits(reference) -> torch.Tensor:
+    with torch.no_grad():
+        return reference(input_ids=torch.tensor([IDS])).logits[0]
+
+
+def test_the_top_level_tie_ties_lm_head_to_the_embeddings_as_transformers_saves_it(make_tiny, tmp_path):
+    """transformers ties a muse_glimmer model's lm_head by the top-level tie_word_embeddings and saves no
+    lm_head.weight then; such a checkpoint was refused as missing lm_head.weight."""
+    path, reference = _tied_variant(make_tiny, tmp_path / "tied", "top", drop_lm_head=True)
+    assert reference.lm_head.weight.data_ptr() == reference.model.language_model.embed_tokens.weight.data_ptr()
+    loaded = load_model(path, progress=False)
+    assert loaded.config.text.tie_word_embeddings and loaded.config.warnings == ()
+    assert (_logits(path) - _reference_logits(reference)).abs().max().item() < 1e-4
+
+
+def test_a_true_text_config_tie_is_ignored_as_transformers_ignores_it(make_tiny, tmp_path):
+    """transformers does not tie by text_config.tie_word_embeddings (it keeps and saves the checkpoint's own
+    lm_head); such a checkpoint was refused for an unexpected lm_head.weight."""
+    path, reference = _tied_variant(make_tiny, tmp_path / "text-tie", "text_config", drop_lm_head=False)
+    assert reference.lm_head.weight.data_ptr() != reference.model.language_model.embed_tokens.weight.data_ptr()
+    loaded = load_model(path, progress=False)
+    assert not loaded.config.text.tie_word_embeddings
+    assert any("text_config.tie_word_embeddings=true is ignored" in w and "set tie_word_embeddings=true to tie" in w
+               for w in loaded.config.warnings)
+    assert (_logits(path) - _reference_logits(reference)).abs().max().item() < 1e-4
