@@ -8,7 +8,6 @@ The files are memory-mapped where torch can (the zip format); names are read up 
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import re
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
-from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, shard_path
+from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, read_weight_map, shard_path
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -34,13 +33,7 @@ def pickle_files(directory: Path) -> list[Path]:
     """The pickle weight files of a directory (an index's shards when there is one)."""
     index = directory / PICKLE_INDEX_FILE
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is not a valid index: {exc}") from None
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} is not a valid index: weight_map is not an object")
-        shards = sorted({shard_path(directory, index, shard) for shard in weight_map.values()})
+        shards = sorted({shard_path(directory, index, shard) for shard in read_weight_map(index).values()})
     else:
         shards = sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file() or
                         is_broken_link(p))

@@ -64,6 +64,20 @@ def is_ignored_buffer(name: str) -> bool:
     return _IGNORED_BUFFER.fullmatch(name) is not None
 
 
+def read_weight_map(index_path: Path) -> dict[str, object]:
+    """The `weight_map` (tensor name → shard file) of a sharded checkpoint's index. Raises CheckpointError naming the
+    file when it is unreadable, not JSON, or holds no such object."""
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{index_path} is not a valid index: {exc}") from exc
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f'{index_path} is not a valid index: it needs a "weight_map" object that maps each '
+                              "tensor name to its shard file")
+    return weight_map
+
+
 def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
     """The file an index's weight_map names, which must lie inside the checkpoint directory: an index that
     points elsewhere ("../../x.safetensors", "/abs/x") would load another checkpoint's weights unnoticed.
@@ -157,12 +171,7 @@ class SafetensorsCheckpoint:
         """Shard path → the names the index assigns to it (None: every tensor in the file)."""
         index_path = self.directory / INDEX_FILE
         if index_path.is_file():
-            try:
-                weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
-            if not isinstance(weight_map, dict):
-                raise CheckpointError(f"{index_path} is not a valid safetensors index: weight_map is not an object")
+            weight_map = read_weight_map(index_path)
             by_file: dict[Path, list[str]] = {}
             for name, shard in weight_map.items():
                 path = shard_path(self.directory, index_path, shard)

@@ -238,6 +238,33 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
         load_model(dst, progress=False)
 
 
+NOT_A_WEIGHT_MAP = ['{"metadata": {}}', "[]", '{"weight_map": ["model.safetensors"]}']
+
+
+@pytest.mark.parametrize("index", NOT_A_WEIGHT_MAP)
+def test_an_index_without_a_weight_map_object_says_what_it_needs(make_tiny, tmp_path, index):
+    """An index with no weight_map, or that is no object, was reported as "'weight_map'" or "list indices must be
+    integers or slices, not str"."""
+    import shutil
+
+    dst = tmp_path / "no-map"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), dst)
+    (dst / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=r'model\.safetensors\.index\.json is not a valid index: it needs a '
+                                              r'"weight_map" object that maps each tensor name to its shard file'):
+        load_model(dst, progress=False)
+
+
+@pytest.mark.parametrize("index", NOT_A_WEIGHT_MAP)
+def test_a_pickle_index_without_a_weight_map_object_says_what_it_needs(tmp_path, index):
+    from glimmer.checkpoint.pickle_files import pickle_files
+
+    (tmp_path / "pytorch_model.bin.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=r'pytorch_model\.bin\.index\.json is not a valid index: it needs a '
+                                              r'"weight_map" object'):
+        pickle_files(tmp_path)
+
+
 def test_a_shard_that_is_a_broken_link_is_refused_naming_its_target(make_tiny, tmp_path):
     """QA: a Hugging Face cache whose blob is gone leaves a link to nothing; the index's shard is refused by it."""
     import shutil
