@@ -794,11 +794,12 @@ def _read_rope_theta(section: _Section, keys: tuple[str, str], rope_type: str, *
         if not isinstance(value, Mapping):
             raise notes.error(f"{section.path(key)} must be a JSON object, got {type(value).__name__}")
         sub = _Section(value, section.path(key), notes)
-        _, kind = sub.get("rope_type")
+        # `type` is the legacy spelling of `rope_type`, which transformers still reads (`{"type": "linear"}` scales)
+        kind_key, kind = sub.get("rope_type", "type")
         allowed = ("default", "axial") if rope_type == "axial" else ("default",)
         if kind is not _MISSING and kind not in allowed:
             raise notes.error(
-                f"{sub.path('rope_type')}={kind!r} is not supported; Muse Glimmer uses {rope_type!r} RoPE"
+                f"{sub.path(kind_key)}={kind!r} is not supported; Muse Glimmer uses {rope_type!r} RoPE"
             )
         _, partial = sub.get("partial_rotary_factor")
         if partial is not _MISSING and partial != 1:

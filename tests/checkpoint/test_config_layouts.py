@@ -855,6 +855,19 @@ def test_unsupported_rope_type_is_refused():
     expect_error(raw, "text_config.rope_parameters.rope_type='yarn' is not supported")
 
 
+def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
+    """transformers reads `type` as `rope_type` ({"type": "linear"} scales the positions); Glimmer took it for an
+    unknown key and loaded plain RoPE with a warning, a silently different model."""
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["rope_parameters"] = {"type": "linear", "rope_theta": 500000.0, "factor": 4.0}
+    assert MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters["rope_type"] == "linear"
+    expect_error(raw, "text_config.rope_parameters.type='linear' is not supported; Muse Glimmer uses 'default' RoPE")
+    raw["text_config"]["rope_parameters"] = {"type": "default", "rope_theta": 500000.0}
+    assert normalize_config(raw).warnings == ()
+    raw["text_config"]["rope_parameters"] = {"type": "linear", "rope_type": "default", "rope_theta": 500000.0}
+    expect_error(raw, "rope_type='default' and text_config.rope_parameters.type='linear' disagree")
+
+
 def test_aliases_that_disagree_are_refused():
     raw = config_to_dict(tiny_model(), "flat") | {"image_token_id": 12}
     expect_error(raw, "patch_token_id=10 and image_token_id=12 disagree")
