@@ -133,6 +133,21 @@ def test_a_body_nested_past_python_s_parser_too_is_400_naming_no_field(server):
     assert error["param"] is None and error["message"].startswith("the request body: objects and arrays nest")
 
 
+@pytest.mark.parametrize("body", [b'{"metadata": ' + b"[" * 300 + b"]" * 300 + b",}", b"[" * 300 + b"]" * 299])
+def test_a_body_nested_past_the_parser_s_limit_that_is_not_json_is_not_called_valid(server, body):
+    """QA: a body nested past the limit with a syntax error further on was answered "the body is valid JSON, but
+    flatten them"; Python's parser reads it to the error."""
+    error = error_of(post(server, body), 400)
+    assert error["param"] is None and error["message"].startswith("the request body is not valid JSON: ")
+
+
+def test_a_body_nested_past_python_s_parser_too_is_not_called_valid_json(server):
+    """`[` 5,000 times and nothing more: neither parser reads far enough to know whether it is JSON."""
+    error = error_of(post(server, b"[" * 5000), 400)
+    assert error["message"].startswith("the request body: objects and arrays nest")
+    assert "valid JSON" not in error["message"]
+
+
 USER = '{"role": "user", "content": "hi"}'
 
 
