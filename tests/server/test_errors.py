@@ -309,10 +309,15 @@ def test_a_wrong_method_is_405_with_an_error_body(server):
 
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
     auth = {"Authorization": f"Bearer {KEY}"}
-    for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/metrics", {})):
+    for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/v1/models/tiny", auth),
+                          ("/metrics", {})):
         head, get = httpx.head(server.url + path, headers=headers), httpx.get(server.url + path, headers=headers)
         assert head.status_code == get.status_code == 200 and head.content == b"", path
         assert head.headers["content-type"] == get.headers["content-type"], path
+    # a model or a stored response that is not there: 404 for HEAD as for GET (HEAD was 405 on these routes)
+    for path in ("/v1/models/gpt-4o", "/v1/responses/resp_missing"):
+        head, get = httpx.head(server.url + path, headers=auth), httpx.get(server.url + path, headers=auth)
+        assert head.status_code == get.status_code == 404 and head.content == b"", path
     assert httpx.head(server.url + "/v1/models").status_code == 401  # the key is checked on HEAD too
 
 
