@@ -126,9 +126,10 @@ def _v1_router(context: ServingContext) -> APIRouter:
     async def responses(request: Request) -> Response:
         return await create_response(request, context)
 
-    @router.get("/responses/{response_id}")
     async def stored_response(response_id: str) -> Response:
         return get_response(response_id, context)
+
+    _get_and_head(router, "/responses/{response_id}", stored_response)
 
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)
@@ -136,9 +137,10 @@ def _v1_router(context: ServingContext) -> APIRouter:
 
     _get_and_head(router, "/models", models)
 
-    @router.get("/models/{model:path}")
     async def model(model: str) -> Response:
         return JSONResponse(_model_card(context, context.check_model(model)))
+
+    _get_and_head(router, "/models/{model:path}", model)
 
     return router
 

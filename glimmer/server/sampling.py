@@ -111,11 +111,17 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     if not bias:
         return None
     ids = {}
+    keys: dict[int, str] = {}
     for key, value in bias.items():
         if not (key.isascii() and key.isdigit()) or len(key) > 10:
             raise RequestError(f"logit_bias: key {key!r} is not a token id (a non-negative integer)",
                                param="logit_bias")
-        ids[int(key)] = value
+        token = int(key)
+        if token in keys:  # "1" and "01": two JSON keys, one token; which bias counts would be a guess
+            raise RequestError(f"logit_bias: keys {keys[token]!r} and {key!r} both name token {token}; give each "
+                               "token once", param="logit_bias")
+        keys[token] = key
+        ids[token] = value
     return ids
 
 

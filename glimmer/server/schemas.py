@@ -19,6 +19,7 @@ Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are che
 from __future__ import annotations
 
 import json
+import re
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
@@ -222,6 +223,10 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
         first = error.errors(include_url=False)[0]
         if first["type"] == "json_invalid" and "recursion limit exceeded" in first["msg"]:
             raise _nested_too_deep(body) from None
+        if first["type"] == "json_invalid":
+            surrogate = _lone_surrogate(body)
+            if surrogate is not None:
+                raise surrogate from None
         raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints) from None
     refuse_duplicate_keys(body)
     return validated
@@ -238,15 +243,20 @@ def _nested_too_deep(body: bytes) -> RequestError:
     Python's parser (whose own limit is Python's recursion limit) can read the body."""
     try:
         value = json.loads(body)
-    except (ValueError, RecursionError):
-        value = None
+    except RecursionError:  # deeper than Python's parser reads too: whether the rest is valid JSON is unknown
+        value, read = None, False
+    except ValueError as error:  # pydantic-core stopped at the depth before it reached the error
+        return RequestError(f"the request body is not valid JSON: {error}", param=None)
+    else:
+        read = True
     fields = value.items() if isinstance(value, dict) else ()
     depths = {key: _depth(item) for key, item in fields}
     field = max(depths, key=depths.__getitem__) if depths else None
+    valid = "the body is valid JSON, but " if read else ""
     return RequestError(f"{field or 'the request body'}: objects and arrays nest more than {JSON_DEPTH_LIMIT} levels "
-                        "deep here (the body itself the first level), more than the server's JSON parser reads; the "
-                        "body is valid JSON, but flatten them (a JSON schema can define a repeated part once in $defs "
-                        "and point to it with $ref)", param=field)
+                        "deep here (the body itself the first level), more than the server's JSON parser reads; "
+                        f"{valid}flatten them (a JSON schema can define a repeated part once in $defs and point to it "
+                        "with $ref)", param=field)
 
 
 def _depth(value: Any) -> int:
@@ -259,6 +269,42 @@ def _depth(value: Any) -> int:
             deepest = max(deepest, depth)
             pending += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
     return deepest
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(body: bytes) -> RequestError | None:
+    """The RequestError naming the first string of `body` (in document order) that holds a lone UTF-16 surrogate, a
+    `\\ud800` escape without its pair: pydantic-core refuses such a body as invalid JSON, naming no field, where
+    Python's parser reads it. None when Python's parser cannot read `body` either, or finds no lone surrogate."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while pending:  # iterative, and children pushed in reverse: the first lone surrogate of the body is named
+        item, loc = pending.pop()
+        if isinstance(item, str) and _LONE_SURROGATE.search(item):
+            return _surrogate_error(_field_path(loc) or None, "")
+        if isinstance(item, dict):
+            if any(_LONE_SURROGATE.search(key) for key in item):  # a key holding one is named by its object
+                return _surrogate_error(_field_path(loc) or None, "a key of ")
+            pending += [(child, (*loc, key)) for key, child in reversed(item.items())]
+        elif isinstance(item, list):
+            pending += [(child, (*loc, index)) for index, child in reversed(list(enumerate(item)))]
+    return None
+
+
+def _surrogate_error(field: str | None, what: str) -> RequestError:
+    return RequestError(f"{what}{field or 'the request body'} holds a lone UTF-16 surrogate (an unpaired "
+                        "\\uD800-\\uDFFF escape), which is no Unicode character; send valid Unicode text",
+                        param=field)
+
+
+def _field_path(loc: tuple[str | int, ...]) -> str:
+    """A field's dotted path as error messages name it: `messages[0].content`."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 
 
 def refuse_duplicate_keys(body: bytes) -> None:
@@ -288,7 +334,7 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
         return RequestError(f"the request body is not valid JSON: {first['msg']}", param=None)
     if not loc:
         return RequestError("the request body must be a JSON object", param=None)
-    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    param = _field_path(loc)
     if first["type"] == "extra_forbidden":
         return RequestError(f"{param}: unknown field; Glimmer refuses fields it does not know rather than "
                             "ignore something that might change the output", param=param)

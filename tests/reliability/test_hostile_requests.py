@@ -142,6 +142,32 @@ def test_a_lone_surrogate_inside_tool_call_arguments_is_400(server):
     assert "surrogate" in error["message"]
 
 
+USER = b'{"role": "user", "content": "hi"}'
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+     "messages[0].content"),
+    ("/chat/completions", b'{"model": "tiny", "messages": [' + USER + b'], "stop": ["x", "\\udc00"]}', "stop[1]"),
+    ("/chat/completions", b'{"model": "tiny", "messages": [' + USER + b'], "metadata": {"k\\ud800": "v"}}',
+     "metadata"),  # a key holding one is named by its object
+    ("/completions", b'{"model": "tiny", "prompt": ["ok", "a\\ud800"]}', "prompt[1]"),
+    ("/responses", b'{"model": "tiny", "input": [{"role": "user", "content": "a\\ud800"}]}', "input[0].content"),
+])
+def test_a_lone_surrogate_escape_in_a_body_field_is_400_naming_the_field(server, path, body, param):
+    """pydantic-core's parser refuses a `\\ud800` escape without its pair before any field is read: the answer was
+    "the request body is not valid JSON: ... unexpected end of hex escape", naming no field."""
+    error = error_of(post(server, body, path), 400)
+    assert error["param"] == param
+    assert error["message"].startswith(("a key of " if param == "metadata" else "") + f"{param} holds a lone UTF-16 "
+                                       "surrogate")
+
+
+def test_a_surrogate_pair_escape_is_one_character_not_a_lone_surrogate(server):
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 1}'
+    assert post(server, body).status_code == 200
+
+
 def test_tool_call_arguments_nested_500_deep_are_400(server):
     error = error_of(post(server, _with_call_arguments('{"a": ' + "[" * 500 + "]" * 500 + "}")), 400)
     assert "levels deep" in error["message"]

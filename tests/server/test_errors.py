@@ -133,6 +133,21 @@ def test_a_body_nested_past_python_s_parser_too_is_400_naming_no_field(server):
     assert error["param"] is None and error["message"].startswith("the request body: objects and arrays nest")
 
 
+@pytest.mark.parametrize("body", [b'{"metadata": ' + b"[" * 300 + b"]" * 300 + b",}", b"[" * 300 + b"]" * 299])
+def test_a_body_nested_past_the_parser_s_limit_that_is_not_json_is_not_called_valid(server, body):
+    """QA: a body nested past the limit with a syntax error further on was answered "the body is valid JSON, but
+    flatten them"; Python's parser reads it to the error."""
+    error = error_of(post(server, body), 400)
+    assert error["param"] is None and error["message"].startswith("the request body is not valid JSON: ")
+
+
+def test_a_body_nested_past_python_s_parser_too_is_not_called_valid_json(server):
+    """`[` 5,000 times and nothing more: neither parser reads far enough to know whether it is JSON."""
+    error = error_of(post(server, b"[" * 5000), 400)
+    assert error["message"].startswith("the request body: objects and arrays nest")
+    assert "valid JSON" not in error["message"]
+
+
 USER = '{"role": "user", "content": "hi"}'
 
 
@@ -294,10 +309,15 @@ def test_a_wrong_method_is_405_with_an_error_body(server):
 
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
     auth = {"Authorization": f"Bearer {KEY}"}
-    for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/metrics", {})):
+    for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/v1/models/tiny", auth),
+                          ("/metrics", {})):
         head, get = httpx.head(server.url + path, headers=headers), httpx.get(server.url + path, headers=headers)
         assert head.status_code == get.status_code == 200 and head.content == b"", path
         assert head.headers["content-type"] == get.headers["content-type"], path
+    # a model or a stored response that is not there: 404 for HEAD as for GET (HEAD was 405 on these routes)
+    for path in ("/v1/models/gpt-4o", "/v1/responses/resp_missing"):
+        head, get = httpx.head(server.url + path, headers=auth), httpx.get(server.url + path, headers=auth)
+        assert head.status_code == get.status_code == 404 and head.content == b"", path
     assert httpx.head(server.url + "/v1/models").status_code == 401  # the key is checked on HEAD too
 
 

@@ -136,6 +136,7 @@ def test_logit_bias_bans_and_forces_tokens_greedy_and_sampled(server, next_logit
 @pytest.mark.parametrize(("bias", "words"), [
     ({"abc": 1}, "not a token id"), ({"-3": 1}, "not a token id"), ({"5": 101}, "[-100, 100]"),
     ({"99999": 1}, "outside the vocabulary"),
+    ({"5": 100, "05": -100}, "keys '5' and '05' both name token 5"),  # one of them was silently dropped
 ])
 def test_a_bad_logit_bias_is_400(server, bias, words):
     error = chat_error(server, logit_bias=bias)
