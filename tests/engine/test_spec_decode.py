@@ -740,6 +740,37 @@ def test_pending_context_under_preemption_and_chunked_prefill_is_caught_up_exact
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+def test_a_preempted_sequence_keeps_no_pending_drafter_context(target, drafter, plain):
+    """Preemption frees the drafter blocks a sequence's pending context was meant for: the context goes with them
+    before the next step runs, so a re-admission that resumes where it ended (a block-aligned prefix hit from an
+    identical sibling) cannot write it into a shared cached block. Greedy outputs stay those without speculation."""
+    prompts = [prompt[:10] for prompt in _prompts(12) if len(prompt) >= 10][:4]
+    longer = SamplingParams(temperature=0, max_tokens=70, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+                                    max_num_batched_tokens=32, max_model_len=160,
+                                    speculative_config=speculative(drafter)))
+    scheduler, proposer, runner = engine.scheduler, engine.speculator.proposer, engine.runner
+    steps = itertools.count()
+    engine.speculator.policy.choose = lambda batch: K if next(steps) % 9 == 8 else 0
+    preempted, pending_when_preempted, pending_when_run = [], [], []
+    preempt, execute = scheduler._preempt, runner.execute
+
+    def recorded_preempt(seq):
+        preempted.append(seq)
+        pending_when_preempted.append(proposer.first_pending(seq))
+        preempt(seq)
+
+    def checked_execute(step, *args, **kwargs):
+        pending_when_run.extend(proposer.first_pending(seq) for seq in preempted)
+        preempted.clear()
+        return execute(step, *args, **kwargs)
+
+    scheduler._preempt, runner.execute = recorded_preempt, checked_execute
+    assert _generate(engine, prompts, longer) == [o.token_ids for o in plain.generate(prompts, longer)]
+    assert any(first is not None for first in pending_when_preempted)
+    assert len(pending_when_run) == len(pending_when_preempted) and set(pending_when_run) == {None}
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_pending_context_is_dropped_only_where_no_later_block_can_see_it(make_tiny, tmp_path, async_scheduling):
     """A drafter window (4) much smaller than its block (16) and KV blocks of 4: steps without proposals leave up to
