@@ -8,9 +8,10 @@ sequence would otherwise hold more than `max_rows` pending positions, so that a 
 than one block's worth of context per sequence (the shape the drafter's CUDA graphs take) and the copies stay
 bounded.
 
-A sequence's pending positions are dropped when it finishes (`drop`), when it loses its drafter blocks
-(preemption frees them), and when it computes them again (recomputation after preemption); a pending position whose
-drafter block was released (it left the drafter's window) is dropped too: no later block can see it. Until
+A sequence's pending positions are dropped when it finishes or is preempted (`drop`: preemption frees the
+drafter blocks they were meant for, and a re-admission resuming where they end must not write them into a block
+it shares from the prefix cache), and when it computes them again; a pending position whose drafter block was
+released (it left the drafter's window) is dropped too: no later block can see it. Until
 its positions are written, a block of the sequence is not complete in every group, so the engine registers
 blocks in the prefix cache only before `first_pending` (kv_cache_manager.register_computed_blocks); a sequence that
 ends with a full block still waiting writes its positions then (`SpeculativeDecoder.complete_full_blocks`), as no
@@ -90,7 +91,8 @@ class PendingContext:
         return pending.start if pending is not None and pending.seq is seq else None
 
     def drop(self, seq: Sequence) -> None:
-        """Forget the pending positions of `seq` (it finished); the copies go with the last sequence's."""
+        """Forget the pending positions of `seq` (it finished or was preempted); the copies go with the last
+        sequence's."""
         pending = self._seqs.get(id(seq))
         if pending is not None and pending.seq is seq:
             del self._seqs[id(seq)]

@@ -154,8 +154,11 @@ class KVCacheManager:
         return held[first : position // bs + 1], first * bs, held[position // bs] * bs + position % bs
 
     def free(self, seq: Sequence) -> None:
+        """Release every block of `seq`, last first: the pool evicts the least recently freed first, so under
+        pressure a cached prefix loses its tail blocks before its head, and its leading blocks still hit (a hit
+        needs every block from the first on)."""
         for group, pool in self.pools.items():
-            for block in seq.blocks.get(group, []):
+            for block in reversed(seq.blocks.get(group, [])):
                 if block is not None:
                     pool.release(block)
         seq.blocks = {}

@@ -773,6 +773,9 @@ class LLMEngine:
         if self._launched is not None:
             return self._step_ahead(*self._successor(self._launched), self._launched)
         step = self.scheduler.schedule()
+        if self.speculator is not None:
+            for seq in step.preempted:  # its drafter blocks are freed: the context pending for them goes too
+                self.speculator.proposer.release(seq)
         if self._can_launch_ahead(step):
             return self._step_ahead(step, None, None)
         outcome = _StepOutcome()  # filled as the step goes: what it released before a failure goes out

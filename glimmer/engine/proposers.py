@@ -45,7 +45,7 @@ class Proposer(Protocol):
         """Cache the drafter context of every committed position now (a sequence ends: no later step would)."""
 
     def release(self, seq: Sequence) -> None:
-        """`seq` finished: forget what is kept for it."""
+        """`seq` finished or was preempted: forget what is kept for it."""
 
 
 class DFlashProposer:

@@ -116,8 +116,9 @@ def verify(logits: torch.Tensor, proposals: list[Proposal], token_bitmask: torch
 
 
 def accepts(uniforms: torch.Tensor, p_of_draft: torch.Tensor, q_of_draft: torch.Tensor) -> torch.Tensor:
-    """Accept each draft with probability min(1, p(d) / q(d)): u · q(d) <= p(d) for u ~ U[0, 1)."""
-    return uniforms * q_of_draft <= p_of_draft
+    """Accept each draft with probability min(1, p(d) / q(d)): u · q(d) < p(d) for u ~ U[0, 1). Strictly: u can
+    be 0 (torch.rand includes it), and a draft the target cannot produce (p(d) = 0) must never be accepted."""
+    return uniforms * q_of_draft < p_of_draft
 
 
 def residual(p: torch.Tensor, q: torch.Tensor | None, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ class ScheduledStep:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # including the proposed tokens to verify
     num_spec_tokens: list[int] = field(default_factory=list)  # proposed tokens among them (default: none)
+    preempted: list[Sequence] = field(default_factory=list)  # sent back to the queue while scheduling this step
 
     @property
     def is_empty(self) -> bool:
@@ -80,9 +81,11 @@ class Scheduler:
                     if victim is None:
                         break
                     self._preempt(victim)
+                    step.preempted.append(victim)
                     n = self._fit_chunk(seq, min(wanted, budget))
                 if n == 0:
                     self._preempt(seq)
+                    step.preempted.append(seq)
                     continue
                 self.kv.allocate(seq, n)
             seq.keep_spec_tokens(max(0, n - seq.num_uncomputed_tokens))

@@ -121,3 +121,18 @@ def test_without_proposals_verification_is_ordinary_sampling():
     got = verify(LOGITS[:1], [Proposal([SamplingRow(params, [0], [], torch.Generator().manual_seed(7))], [])])
     expected = sample(LOGITS[:1], [SamplingRow(params, [0], [], torch.Generator().manual_seed(7))])
     assert got[0].token_ids == expected.token_ids
+
+
+def test_a_draft_the_target_cannot_produce_is_rejected_even_at_a_uniform_of_zero(monkeypatch):
+    """torch.rand draws from [0, 1), 0 included (one draw in 2**24 for float32): a draft outside the target's
+    top-k (p(d) = 0) must be rejected at u = 0 too, or verification emits a token ordinary sampling never would
+    (a filtered one, or one a grammar's mask forbids)."""
+    monkeypatch.setattr(rejection_sampler, "_uniforms", lambda proposals, device: torch.zeros(
+        sum(len(p.draft_ids) for p in proposals), device=device))
+    params = SamplingParams(temperature=1.0, top_k=2)  # row 0 keeps tokens 3 and 0 only
+    q = torch.softmax(DRAFT_LOGITS[:1], dim=-1)
+    for draft in range(VOCAB):
+        rows = [SamplingRow(params, [0], [draft][:j], torch.Generator().manual_seed(draft)) for j in range(2)]
+        verdict = verify(LOGITS[:2], [Proposal(rows, [draft], q)])[0]
+        assert verdict.num_accepted == (draft in (3, 0)), draft
+        assert verdict.token_ids[0] in (3, 0)

@@ -95,3 +95,23 @@ def test_sequences_are_found_by_identity_not_by_their_fields():
     scheduler.add(second)
     scheduler.finish(second)
     assert scheduler.waiting == type(scheduler.waiting)([first]) and not second.blocks
+
+
+def test_a_cached_prefix_under_pressure_loses_its_tail_blocks_first():
+    """The pool evicts the least recently freed blocks first; a finished sequence frees its last block first, so
+    each block taken from the cache shortens a cached prefix by one block instead of making it unreachable (a
+    hit needs every block from the first on)."""
+    prompt = list(range(100, 121))  # five full blocks and one token
+
+    def cached_after_taking(blocks: int) -> int:
+        kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 8}, sliding_window=64))
+        first = _seq("first", prompt, max_total=30)
+        kv.allocate(first, 20)
+        first.num_computed_tokens = 20
+        kv.register_computed_blocks(first)
+        kv.free(first)
+        kv.allocate(_seq("other", list(range(200, 200 + 4 * blocks)), max_total=40), 4 * blocks)
+        return kv.acquire_cached_prefix(_seq("again", prompt, max_total=30))
+
+    # 3 blocks were never used; then 1, 2 and 3 of the cached ones are taken
+    assert [cached_after_taking(blocks) for blocks in (3, 4, 5, 6)] == [20, 16, 12, 8]

@@ -740,6 +740,65 @@ def test_pending_context_under_preemption_and_chunked_prefill_is_caught_up_exact
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+def test_a_preempted_sequence_keeps_no_pending_drafter_context(target, drafter, plain):
+    """Preemption frees the drafter blocks a sequence's pending context was meant for: the context goes with them
+    before the next step runs, so a re-admission that resumes where it ended (a block-aligned prefix hit from an
+    identical sibling) cannot write it into a shared cached block. Greedy outputs stay those without speculation."""
+    prompts = [prompt[:10] for prompt in _prompts(12) if len(prompt) >= 10][:4]
+    longer = SamplingParams(temperature=0, max_tokens=70, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+                                    max_num_batched_tokens=32, max_model_len=160,
+                                    speculative_config=speculative(drafter)))
+    scheduler, proposer, runner = engine.scheduler, engine.speculator.proposer, engine.runner
+    steps = itertools.count()
+    engine.speculator.policy.choose = lambda batch: K if next(steps) % 9 == 8 else 0
+    preempted, pending_when_preempted, pending_when_run = [], [], []
+    preempt, execute = scheduler._preempt, runner.execute
+
+    def recorded_preempt(seq):
+        preempted.append(seq)
+        pending_when_preempted.append(proposer.first_pending(seq))
+        preempt(seq)
+
+    def checked_execute(step, *args, **kwargs):
+        pending_when_run.extend(proposer.first_pending(seq) for seq in preempted)
+        preempted.clear()
+        return execute(step, *args, **kwargs)
+
+    scheduler._preempt, runner.execute = recorded_preempt, checked_execute
+    assert _generate(engine, prompts, longer) == [o.token_ids for o in plain.generate(prompts, longer)]
+    assert any(first is not None for first in pending_when_preempted)
+    assert len(pending_when_run) == len(pending_when_preempted) and set(pending_when_run) == {None}
+
+
+def test_a_re_admitted_sequence_never_writes_drafter_context_into_a_block_it_shares_from_the_cache(target, drafter,
+                                                                                                 plain):
+    """Three requests for one prompt, staggered, in a pool small enough to preempt them: a sequence preempted with
+    its drafter context pending is re-admitted on its sibling's cached blocks. No drafter forward writes context
+    into a cached block that another sequence holds too (it once wrote the stale pending rows there)."""
+    prompt = _prompts(1, seed=13)[0][:25]
+    params = SamplingParams(temperature=0, max_tokens=81, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=250_000, max_num_seqs=4,
+                                    max_num_batched_tokens=32, max_model_len=160,
+                                    speculative_config=speculative(drafter)))
+    steps = itertools.count()
+    engine.speculator.policy.choose = lambda batch: K if next(steps) % 17 == 16 else 0
+    proposer, pool, block_size = engine.speculator.proposer, engine.kv.pools[DRAFT], engine.kv.block_size
+    shared_writes, layout = [], proposer._layout
+
+    def checked_layout(rows, seqs):
+        out = layout(rows, seqs)
+        blocks = {slot // block_size for slots in out.context_slots for slot in slots}
+        shared_writes.extend(b for b in blocks if b in pool._cached and pool.ref_counts[b] > 1)
+        return out
+
+    proposer._layout = checked_layout
+    tokens = _drive(engine, {4: [("a", prompt)], 5: [("b", prompt)], 19: [("c", prompt)]}, params)
+    assert engine.scheduler.num_preemptions > 0
+    assert shared_writes == []
+    assert tokens == dict.fromkeys("abc", plain.generate([prompt], params)[0].token_ids)
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_pending_context_is_dropped_only_where_no_later_block_can_see_it(make_tiny, tmp_path, async_scheduling):
     """A drafter window (4) much smaller than its block (16) and KV blocks of 4: steps without proposals leave up to
