@@ -520,11 +520,40 @@ def chat_answer_grammar(params: StructuredOutputsParams, param: str = "structure
     """`answer_grammar` for the answer of a chat turn, whose text cannot hold a framing marker's opening `<|`: the
     output parser reads framing in text (P-CHAN-6), so an answer spelling `<|eot|>` would end there, cut short. A
     constraint that names such text is refused (RequestError(param)); /v1/completions constrains raw text and
-    takes it."""
+    takes it. A JSON schema's annotations (`description`, `title`, ...) are never written, so they may name it."""
     grammar = answer_grammar(params, param)
-    if "<|" in json.dumps(grammar, ensure_ascii=False):
+    written = {**grammar, "json_schema": _without_annotations(grammar["json_schema"])} if "json_schema" in grammar \
+        else grammar
+    if "<|" in json.dumps(written, ensure_ascii=False):
         raise _marker_in_chat_answer(param)
     return grammar
+
+
+_ANNOTATION_KEYWORDS = frozenset({"title", "description", "$comment", "examples", "default", "deprecated", "readOnly",
+                                  "writeOnly"})
+"""JSON-schema keywords that describe a value without constraining it: no output writes their text."""
+_SCHEMA_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+"""JSON-schema keywords whose value maps names (written as keys, or defining no text) to schemas."""
+
+
+def _without_annotations(schema: Any) -> Any:
+    """`schema` without its annotation keywords, at every level; `enum` and `const` values are kept as they are
+    (they are written), and so are the names in `properties` and the other maps of subschemas."""
+    if isinstance(schema, list):
+        return [_without_annotations(member) for member in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ANNOTATION_KEYWORDS:
+            continue
+        if key in ("enum", "const"):
+            kept[key] = value
+        elif key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            kept[key] = {name: _without_annotations(member) for name, member in value.items()}
+        else:
+            kept[key] = _without_annotations(value)
+    return kept
 
 
 def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:
