@@ -39,6 +39,20 @@ def test_generate_constrains_the_raw_text(llm):
     assert len(text) == 5 and text[2] == ":"
 
 
+def test_a_grammar_completed_by_the_last_token_max_tokens_allows_ends_with_stop(llm):
+    """P-API-2: `length` when the token limit ended generation. A grammar completed by the max_tokens-th token ends
+    the output there anyway (the same text as with room to spare), yet it was reported `length`, so a caller (the
+    openai SDK's `parse`) discarded a complete answer as cut short."""
+    for constraint in (StructuredOutputsParams(json=SCHEMA), StructuredOutputsParams(choice=["clear sky tonight"])):
+        roomy = llm.generate("Now:", SamplingParams(max_tokens=40, seed=2, structured_outputs=constraint))[0].outputs[0]
+        assert roomy.finish_reason == "stop"
+        exact, short = (llm.generate("Now:", SamplingParams(max_tokens=len(roomy.token_ids) + extra, seed=2,
+                                                            structured_outputs=constraint))[0].outputs[0]
+                        for extra in (0, -1))
+        assert (exact.finish_reason, exact.text, exact.token_ids) == ("stop", roomy.text, roomy.token_ids)
+        assert short.finish_reason == "length" and short.token_ids == roomy.token_ids[:-1]
+
+
 def test_chat_constrains_the_answer_and_leaves_reasoning_free(llm):
     outputs = llm.chat([MESSAGES] * 3, SamplingParams(max_tokens=50, seed=3),
                        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}},
