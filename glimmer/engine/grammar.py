@@ -247,6 +247,11 @@ class GrammarController:
         if markers is not None:
             spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
             self._after_open = token_id in markers.ends_open
+            if spelled and not in_answer:  # a typed call value: its tool's schema made it spell the marker
+                raise GrammarFailure(f"{self.param}: a tool call's value spelled a framing marker's `<|` in text, "
+                                     "which would end or break the call (P-CHAN-6); keep such text out of what the "
+                                     "tool's parameters schema writes (names, enum and const values, patterns)",
+                                     param=self.param)
             if spelled:
                 raise GrammarFailure(f"{self.param}: the constrained answer spelled a framing marker's `<|` in text, "
                                      "which would end or break the message (P-CHAN-6); constrain the raw text on "
@@ -407,7 +412,7 @@ class GrammarCompiler:
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
-            return self.compile(turn_grammar(constraint), "tools", internal=True,
+            return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
                                 final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
         answer = self._kept(json.dumps({"grammars": [dict(constraint.answer)]}, ensure_ascii=False), answer_param,
                             internal=False)
