@@ -247,6 +247,11 @@ class GrammarController:
         if markers is not None:
             spelled = token_id in markers.inside or (self._after_open and token_id in markers.starts_bar)
             self._after_open = token_id in markers.ends_open
+            if spelled and not in_answer:  # a typed call value: its tool's schema made it spell the marker
+                raise GrammarFailure(f"{self.param}: a tool call's value spelled a framing marker's `<|` in text, "
+                                     "which would end or break the call (P-CHAN-6); keep such text out of what the "
+                                     "tool's parameters schema writes (names, enum and const values, patterns)",
+                                     param=self.param)
             if spelled:
                 raise GrammarFailure(f"{self.param}: the constrained answer spelled a framing marker's `<|` in text, "
                                      "which would end or break the message (P-CHAN-6); constrain the raw text on "
@@ -407,7 +412,7 @@ class GrammarCompiler:
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
-            return self.compile(turn_grammar(constraint), "tools", internal=True,
+            return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
                                 final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
         answer = self._kept(json.dumps({"grammars": [dict(constraint.answer)]}, ensure_ascii=False), answer_param,
                             internal=False)
@@ -520,11 +525,40 @@ def chat_answer_grammar(params: StructuredOutputsParams, param: str = "structure
     """`answer_grammar` for the answer of a chat turn, whose text cannot hold a framing marker's opening `<|`: the
     output parser reads framing in text (P-CHAN-6), so an answer spelling `<|eot|>` would end there, cut short. A
     constraint that names such text is refused (RequestError(param)); /v1/completions constrains raw text and
-    takes it."""
+    takes it. A JSON schema's annotations (`description`, `title`, ...) are never written, so they may name it."""
     grammar = answer_grammar(params, param)
-    if "<|" in json.dumps(grammar, ensure_ascii=False):
+    written = {**grammar, "json_schema": _without_annotations(grammar["json_schema"])} if "json_schema" in grammar \
+        else grammar
+    if "<|" in json.dumps(written, ensure_ascii=False):
         raise _marker_in_chat_answer(param)
     return grammar
+
+
+_ANNOTATION_KEYWORDS = frozenset({"title", "description", "$comment", "examples", "default", "deprecated", "readOnly",
+                                  "writeOnly"})
+"""JSON-schema keywords that describe a value without constraining it: no output writes their text."""
+_SCHEMA_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+"""JSON-schema keywords whose value maps names (written as keys, or defining no text) to schemas."""
+
+
+def _without_annotations(schema: Any) -> Any:
+    """`schema` without its annotation keywords, at every level; `enum` and `const` values are kept as they are
+    (they are written), and so are the names in `properties` and the other maps of subschemas."""
+    if isinstance(schema, list):
+        return [_without_annotations(member) for member in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ANNOTATION_KEYWORDS:
+            continue
+        if key in ("enum", "const"):
+            kept[key] = value
+        elif key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            kept[key] = {name: _without_annotations(member) for name, member in value.items()}
+        else:
+            kept[key] = _without_annotations(value)
+    return kept
 
 
 def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:

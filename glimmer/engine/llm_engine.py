@@ -1057,10 +1057,10 @@ class LLMEngine:
             # id), the id for stop_token_ids and the checkpoint's other stop ids (<|eot|>)
             primary_eos = not seq.params.ignore_eos and token == self.tokenizer.eos_token_id
             finish_reason, stop_reason = "stop", None if primary_eos else token
+        elif controller_stop:  # the grammar is complete: its last token ends the output even where the limit does
+            finish_reason = "stop"
         elif seq.num_tokens >= seq.max_total_tokens:
             finish_reason = "length"
-        elif controller_stop:
-            finish_reason = "stop"
         self._unreleased.append(_AcceptedToken(seq, token, logprobs, finish_reason, stop_reason))
         return finish_reason is not None
 

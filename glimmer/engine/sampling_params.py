@@ -98,6 +98,11 @@ class StructuredOutputsParams:
     strict: bool = True
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise RequestError naming the first invalid field (run at construction and again when a SamplingParams
+        holding it is submitted: a field set afterwards, a second constraint beside the first, is checked too)."""
         given = [kind for kind in _STRUCTURED_KINDS if getattr(self, kind) not in (None, False)]
         _check(len(given) == 1, "structured_outputs",
                f"give exactly one of {', '.join(_STRUCTURED_KINDS)} (got {', '.join(given) or 'none'})")
@@ -111,6 +116,7 @@ class StructuredOutputsParams:
         _check(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
                "structured_outputs.grammar", "must be a non-empty grammar text")
         _check(self.json_object in (None, True, False), "structured_outputs.json_object", "must be a boolean")
+        _check(isinstance(self.strict, bool), "structured_outputs.strict", "must be a boolean")
 
     @property
     def kind(self) -> str:
@@ -316,6 +322,8 @@ class SamplingParams:
         _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
+        if self.structured_outputs is not None:
+            self.structured_outputs.validate()
         _check(self.structured_outputs is None or not self.min_tokens, "min_tokens",
                "cannot be combined with structured_outputs: the grammar decides where the text ends; drop one")
         if self.cache_salt is not None:

@@ -41,6 +41,27 @@ def test_sampling_params_refuse_wrong_types_and_ranges(field, value):
     _refused(lambda: SamplingParams(**{field: value}), field)
 
 
+@pytest.mark.parametrize("value", ["no", None, 0, 1])
+def test_structured_outputs_strict_of_another_type_is_refused(value):
+    """`strict="no"` was read as true and `strict=None` as false: the schema's unimplemented keywords silently
+    refused or silently ignored."""
+    _refused(lambda: StructuredOutputsParams(json={}, strict=value), "structured_outputs.strict")
+
+
+@pytest.mark.parametrize(("field", "value", "param"), [
+    ("regex", 5, "structured_outputs.regex"), ("choice", ["a"], "structured_outputs"),
+    ("regex", "", "structured_outputs.regex"), ("strict", "no", "structured_outputs.strict")])
+def test_structured_outputs_fields_set_after_construction_are_checked_on_submission(llm, field, value, param):
+    """A StructuredOutputsParams is mutable as SamplingParams is, and its fields set afterwards were never checked:
+    `regex = 5` reached the grammar engine as a bare TypeError, and a `choice` set beside the regex was silently
+    ignored (the first constraint won)."""
+    constraint = StructuredOutputsParams(regex="[a-z]+")
+    params = SamplingParams(max_tokens=4, structured_outputs=constraint)
+    setattr(constraint, field, value)
+    _refused(lambda: llm.generate("a", params), param)
+    _refused(params.validate, param)
+
+
 @pytest.mark.parametrize("name", ["logprobs", "prompt_logprobs"])
 def test_vllms_minus_one_logprobs_is_refused_saying_it_is_not_supported(name):
     """vLLM reads -1 as every token of the vocabulary; the error gave the range alone, as for a typo."""

@@ -391,6 +391,27 @@ def test_a_chat_answer_that_must_spell_a_framing_marker_is_refused_before_it_run
     compiler.structured_outputs(params)
 
 
+def test_a_chat_answer_schema_whose_annotations_name_a_framing_marker_is_taken(compiler):
+    """A `description` or `title` is never written, yet a schema whose docs mentioned `<|eot|>` was refused as a chat
+    answer that would spell it (a tool's parameters with the same description were taken)."""
+    schema = {"type": "object", "title": "<|x|>", "description": "never write <|eot|>", "$defs": {"flag": {
+        "type": "boolean", "description": "<|", "examples": ["<|"], "default": "<|"}},
+              "properties": {"description": {"$ref": "#/$defs/flag", "$comment": "<|start|>"}},
+              "required": ["description"], "additionalProperties": False}
+    answer = chat_answer_grammar(StructuredOutputsParams(json=schema), "response_format")
+    compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0), "response_format")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"<|eot|>": {"type": "boolean"}}, "required": ["<|eot|>"]},
+    {"enum": ["a", "<|eot|>"]}, {"const": {"description": "<|eot|>"}},
+    {"type": "object", "properties": {"title": {"const": "<|"}}, "required": ["title"]},
+])
+def test_a_chat_answer_schema_that_writes_a_framing_marker_is_still_refused(schema):
+    with pytest.raises(RequestError, match="a chat answer cannot contain '<|'"):
+        chat_answer_grammar(StructuredOutputsParams(json=schema), "response_format")
+
+
 def _allowed_after(controller: GrammarController, tokens: list[int]) -> list[int]:
     """The ids the engine's mask allows once `tokens` were generated (each observed after its own mask)."""
     masks = GrammarMasks(512, 1)

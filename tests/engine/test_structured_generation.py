@@ -39,6 +39,20 @@ def test_generate_constrains_the_raw_text(llm):
     assert len(text) == 5 and text[2] == ":"
 
 
+def test_a_grammar_completed_by_the_last_token_max_tokens_allows_ends_with_stop(llm):
+    """P-API-2: `length` when the token limit ended generation. A grammar completed by the max_tokens-th token ends
+    the output there anyway (the same text as with room to spare), yet it was reported `length`, so a caller (the
+    openai SDK's `parse`) discarded a complete answer as cut short."""
+    for constraint in (StructuredOutputsParams(json=SCHEMA), StructuredOutputsParams(choice=["clear sky tonight"])):
+        roomy = llm.generate("Now:", SamplingParams(max_tokens=40, seed=2, structured_outputs=constraint))[0].outputs[0]
+        assert roomy.finish_reason == "stop"
+        exact, short = (llm.generate("Now:", SamplingParams(max_tokens=len(roomy.token_ids) + extra, seed=2,
+                                                            structured_outputs=constraint))[0].outputs[0]
+                        for extra in (0, -1))
+        assert (exact.finish_reason, exact.text, exact.token_ids) == ("stop", roomy.text, roomy.token_ids)
+        assert short.finish_reason == "length" and short.token_ids == roomy.token_ids[:-1]
+
+
 def test_chat_constrains_the_answer_and_leaves_reasoning_free(llm):
     outputs = llm.chat([MESSAGES] * 3, SamplingParams(max_tokens=50, seed=3),
                        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}},
@@ -69,6 +83,25 @@ def test_chat_raises_when_max_tokens_cuts_a_forced_call_short_before_it_is_writt
     assert str(raised.value) == (
         "tool_choice asked for a call of 'clock', but choice 0 of conversation 0 was cut short by max_tokens "
         '(finish_reason "length") before a complete call; raise max_tokens so that the reasoning and the call fit')
+    assert not llm.engine.has_unfinished_requests
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"<|eot|>": {"type": "boolean"}}, "required": ["<|eot|>"],
+     "additionalProperties": False},
+    {"type": "array", "items": {"const": "a<|start|>"}, "minItems": 1}])
+def test_a_forced_call_whose_tool_schema_spells_a_framing_marker_fails_naming_the_tools(llm, schema):
+    """P-CHAN-6: a typed value's JSON written as text ended the call where its schema spelled `<|eot|>`; the call was
+    lost and the server answered 500 tool_choice_unsatisfied ("retry"), which no retry mends. It fails as the
+    request's fault, naming `tools` (a 400 on the server)."""
+    tool = {"type": "function", "function": {"name": "mark", "parameters": {
+        "type": "object", "properties": {"value": schema}, "required": ["value"]}}}
+    with pytest.raises(StepError) as raised:
+        llm.chat(MESSAGES, SamplingParams(max_tokens=60, seed=1), tools=[tool], tool_choice="required",
+                 thinking_token_budget=0, chat_template_kwargs=KWARGS)
+    cause = raised.value.cause_of(raised.value.request_ids[0])
+    assert isinstance(cause, GrammarFailure) and cause.param == "tools"
+    assert "a tool call's value spelled a framing marker" in str(cause)
     assert not llm.engine.has_unfinished_requests
 
 
