@@ -96,7 +96,7 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
                     exif = Image.Image.getexif(opened)
                     quarter_turn = exif.get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
-        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
+        except (OSError, SyntaxError, ValueError, EOFError, RuntimeError, Image.DecompressionBombError):
             return None
     else:
         return None
@@ -131,8 +131,9 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
             "image", index, "the data is not an image format Glimmer reads (PNG, JPEG, WebP, GIF, BMP, TIFF, ICO, "
             "AVIF, JPEG 2000, QOI, PPM, TGA)"
         ) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as error:
-        # Pillow reports truncated or corrupt data as OSError, and some broken headers as SyntaxError
+    except (OSError, SyntaxError, ValueError, EOFError, RuntimeError) as error:
+        # Pillow reports truncated or corrupt data as OSError, some broken headers as SyntaxError, and its AVIF
+        # plugin (libavif) any failure to decode as RuntimeError
         raise MediaDecodeError("image", index, f"the image data is corrupt or truncated ({error})") from None
 
 

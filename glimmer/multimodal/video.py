@@ -159,6 +159,9 @@ def decode_video_file(
             if not container.streams.video:
                 raise MediaDecodeError("video", index, "the file has no video stream")
             stream = container.streams.video[0]
+            if stream.codec_context is None:  # PyAV has no decoder for the stream's codec id (unknown or corrupt)
+                raise MediaDecodeError("video", index, "the video's codec is unknown or has no decoder here; "
+                                                       "re-encode it (H.264, VP9 or AV1)")
             header_width, header_height = stream.codec_context.width, stream.codec_context.height
             if header_width and header_height:  # some containers leave it to the first decoded frame
                 limits.check_frame_size("video", index, header_width, header_height)

@@ -243,6 +243,15 @@ def test_truncated_file_raises_a_decode_error(tmp_path, video_writer) -> None:
         process_video(data[: len(data) // 3], SMALL, LIMITS)
 
 
+def test_a_stream_of_an_unknown_codec_raises_a_decode_error(tmp_path, video_writer) -> None:
+    """A codec id FFmpeg has no decoder for leaves PyAV's stream without a codec context; reading its size from
+    that was an AttributeError, a 500 from the server."""
+    data = video_writer(tmp_path / "clip.avi", distinct_frames(4, 16, 64), codec="mpeg4", container="avi").read_bytes()
+    unknown = data.replace(b"FMP4", b"ZZZZ")  # the AVI stream header's and format's fourcc
+    with pytest.raises(MediaDecodeError, match="video 1: the video's codec is unknown or has no decoder here"):
+        process_video(unknown, SMALL, LIMITS, index=1)
+
+
 def test_too_many_source_frames_raises_a_limit_error(tmp_path, video_writer) -> None:
     path = video_writer(tmp_path / "clip.mkv", distinct_frames(8, 28, 28))
     limits = MediaLimits(max_video_source_frames=7)
