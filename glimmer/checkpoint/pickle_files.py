@@ -36,7 +36,7 @@ def pickle_files(directory: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise CheckpointError(f"{index} is not a valid index: {exc}") from None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index} is not a valid index: weight_map is not an object")

@@ -159,7 +159,7 @@ class SafetensorsCheckpoint:
         if index_path.is_file():
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
                 raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
             if not isinstance(weight_map, dict):
                 raise CheckpointError(f"{index_path} is not a valid safetensors index: weight_map is not an object")
