@@ -73,7 +73,7 @@ class DecodedVideo:
     fps: float | None = None
 
 
-VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo]  # noqa: UP007
+VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo, np.ndarray]  # noqa: UP007
 
 
 @dataclass(frozen=True)
@@ -271,6 +271,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
     """
     if isinstance(video, bytearray | memoryview):
         video = bytes(video)
+    if isinstance(video, np.ndarray):  # frames alone, as vLLM's multi_modal_data takes them: the rate is unknown
+        video = DecodedVideo(video)
     if isinstance(video, DecodedVideo):
         frames, times = _decoded_frames(video, settings, limits, index)
     elif isinstance(video, bytes | str | os.PathLike):
@@ -279,8 +281,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
         raise MediaDecodeError(
             "video",
             index,
-            f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path or "
-            "DecodedVideo frames",
+            f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path, DecodedVideo "
+            "frames or a frames array",
         )
     rows, grid = patch_rows(frames, settings)
     return ProcessedVideo(

@@ -194,6 +194,17 @@ def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
     assert video.group_timestamps_s == (0.0, 31 / 24)
 
 
+def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> None:
+    """vLLM's multi_modal_data takes a video as its (T, H, W, 3) frames; it was refused as an unsupported input."""
+    frames = distinct_frames(48)
+    with caplog.at_level(logging.WARNING):
+        video = process_video(frames, SMALL, LIMITS)
+    assert "assuming 24.0" in caplog.text
+    expected = process_video(DecodedVideo(frames, fps=24.0), SMALL, LIMITS)
+    assert torch.equal(video.pixel_values, expected.pixel_values)
+    assert (video.grid_thw, video.group_timestamps_s) == (expected.grid_thw, expected.group_timestamps_s)
+
+
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [
