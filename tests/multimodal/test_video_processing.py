@@ -263,6 +263,15 @@ def test_a_stream_of_an_unknown_codec_raises_a_decode_error(tmp_path, video_writ
         process_video(unknown, SMALL, LIMITS, index=1)
 
 
+def test_a_pil_frame_whose_lazy_decoding_fails_raises_a_decode_error(tmp_path) -> None:
+    """Image.open decodes nothing: a truncated PNG frame opened so failed in the conversion with a bare OSError."""
+    Image.fromarray(distinct_frames(1)[0]).save(tmp_path / "frame.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "frame.png").read_bytes()[:300])
+    frames = [Image.open(tmp_path / "frame.png"), Image.open(tmp_path / "cut.png")]
+    with pytest.raises(MediaDecodeError, match="video 1: cannot convert the image to RGB .*truncated"):
+        process_video(DecodedVideo(frames, fps=2.0), SMALL, LIMITS, index=1)
+
+
 def test_too_many_source_frames_raises_a_limit_error(tmp_path, video_writer) -> None:
     path = video_writer(tmp_path / "clip.mkv", distinct_frames(8, 28, 28))
     limits = MediaLimits(max_video_source_frames=7)
