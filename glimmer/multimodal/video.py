@@ -91,7 +91,8 @@ class ProcessedVideo:
 def sample_frame_indices(total_frames: int, video_fps: float, settings: MediaSettings) -> list[int]:
     """Indices of the frames to keep — the reference's `sample_frames` (architecture.md §7)."""
     temporal = settings.temporal_patch_size
-    count = min(int(total_frames * settings.video_sample_fps / video_fps), settings.video_max_frames, total_frames)
+    wanted = total_frames * settings.video_sample_fps / video_fps  # inf for a vanishing video_fps: int() would raise
+    count = min(int(min(wanted, total_frames)), settings.video_max_frames, total_frames)
     count = max(temporal, count // temporal * temporal)
     count = min(count, total_frames)
     return torch.linspace(0, total_frames - 1, count).long().tolist()
@@ -235,7 +236,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
             raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS} or a list of PIL images, not a "
                                                    "torch tensor: pass frames.numpy() of a (T, H, W, C) tensor, "
                                                    "frames.permute(0, 2, 3, 1).numpy() of a (T, C, H, W) one")
-        if not all(isinstance(frame, Image.Image) for frame in frames):
+        if not isinstance(frames, Sequence) or not all(isinstance(frame, Image.Image) for frame in frames):
             raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS} or a list of PIL images")
         sizes = {frame.size for frame in frames}
         if len(sizes) > 1:

@@ -53,6 +53,13 @@ def test_sampling_caps_at_num_frames() -> None:
     assert len(indices) == 96 and indices[0] == 0 and indices[-1] == 30 * 600 - 1
 
 
+def test_a_vanishing_frame_rate_samples_every_frame_up_to_the_cap() -> None:
+    """total · fps / video_fps overflowed to infinity and int() raised OverflowError, a crash of `LLM.generate`."""
+    frames = DecodedVideo(distinct_frames(6, 28, 28), fps=1e-308)
+    assert sample_frame_indices(6, 1e-308, MediaSettings()) == sample_frame_indices(6, 1e-3, MediaSettings())
+    assert process_video(frames, SMALL, LIMITS).grid_thw == (3, 2, 2)
+
+
 def test_spec_example_from_a_file(tmp_path, video_writer) -> None:
     """8 frames of 120×90 at 4 fps, sampled at 2 fps: 4 frames, grid [2, 6, 8], groups at 0.0 s and 1.0 s."""
     frames = distinct_frames(8)
@@ -234,6 +241,9 @@ def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> Non
             DecodedVideo([Image.new("RGB", (8, 8)), Image.new("RGB", (9, 8))], fps=2.0), "same size", id="mixed-sizes"
         ),
         pytest.param(3.5, "unsupported video input of type float", id="wrong-type"),
+        # a generator of frames was consumed by the type check, then had no len(): a TypeError
+        pytest.param(DecodedVideo((Image.new("RGB", (8, 8)) for _ in range(2)), fps=2.0), "or a list of PIL images",
+                     id="generator-of-frames"),
     ],
 )
 def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, tmp_path) -> None:
