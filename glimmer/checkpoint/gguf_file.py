@@ -467,6 +467,13 @@ class GGUFFile:
             raise self.error(f"metadata {key} is {kind}, expected an integer")
         return int(self.metadata[key])
 
+    def boolean(self, key: str) -> bool:
+        """A BOOL-typed value; refuses the string "true", integers and the rest, which are no GGUF flag."""
+        self._require(key)
+        if self.type_of(key) != "BOOL":
+            raise self.error(f"metadata {key} is {self.type_of(key)}, expected a bool")
+        return self.metadata[key]
+
     def number(self, key: str) -> float:
         self._require(key)
         kind = self.type_of(key)

@@ -245,6 +245,11 @@ CASES = {
         "tensor 'token_embd.weight' (Q8_0, bytes ", "overlaps tensor 'blk.0.attn_q.weight'", "the file is corrupt")),
     "type_wider_than_its_bytes": (lambda g, d: _tensor_entry_edited(g, d, "wider", raw_type=int(Q.F32)), (
         "tensor 'blk.0.attn_q.weight' (F32, bytes ", "overlaps tensor 'blk.0.attn_k.weight'")),
+    # a flag of another type was read as false: prompts went without their BOS, silently
+    "add_bos_token_a_string": (lambda g, d: _rewrite(g, d / "bos_str.gguf", {}, drop=("tokenizer.ggml.add_bos_token",),
+                                                      add={"tokenizer.ggml.add_bos_token": (
+                                                          "true", gguf.GGUFValueType.STRING)}),
+                               ("metadata tokenizer.ggml.add_bos_token is STRING, expected a bool",)),
     "pattern_disagrees_with_block_count": (
         lambda g, d: _rewrite(g, d / "p9.gguf", {"muse-glimmer.block_count": 9}),
         ("sliding_window_pattern has 8 entries but block_count=9",)),
