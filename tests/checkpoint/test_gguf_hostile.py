@@ -158,6 +158,14 @@ def _tensor_entry_edited(good: Path, directory: Path, name: str, *, offset_of: s
     return _write(directory, name, bytes(data))
 
 
+def _marker_typed_normal(good: Path, directory: Path) -> Path:
+    """<|start|> typed NORMAL (1), not CONTROL: split like text, every prompt's headers were other tokens (P-TOK-1)."""
+    fields = gguf.GGUFReader(good).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), list(fields["tokenizer.ggml.token_type"].contents())
+    types[tokens.index("<|start|>")] = 1
+    return _rewrite(good, directory / "marker_normal.gguf", {"tokenizer.ggml.token_type": types})
+
+
 def split_in_two(good: Path, directory: Path) -> tuple[Path, Path]:
     """The good file split in two, as `llama-gguf-split` (GGUFWriter(split_max_tensors)) writes and names it."""
     half = len(gguf.GGUFReader(good).tensors) // 2 + 1
@@ -250,6 +258,8 @@ CASES = {
                                                       add={"tokenizer.ggml.add_bos_token": (
                                                           "true", gguf.GGUFValueType.STRING)}),
                                ("metadata tokenizer.ggml.add_bos_token is STRING, expected a bool",)),
+    "marker_typed_normal": (_marker_typed_normal, ("'<|start|>' (id ", "encodes as 7 tokens, not as itself",
+                                                   "CONTROL in a GGUF's tokenizer.ggml.token_type")),
     "pattern_disagrees_with_block_count": (
         lambda g, d: _rewrite(g, d / "p9.gguf", {"muse-glimmer.block_count": 9}),
         ("sliding_window_pattern has 8 entries but block_count=9",)),
