@@ -397,6 +397,8 @@ def load_config(checkpoint_dir: str | os.PathLike[str]) -> ModelConfig:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; arrays nested too deep
+        raise ConfigError(f"{path}: not readable JSON ({exc})") from None
     return normalize_config(raw, source=str(path))
 
 

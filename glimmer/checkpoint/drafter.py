@@ -255,7 +255,7 @@ def open_drafter_checkpoint(
     if config_path.is_file():
         try:
             raw = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError too
             raise ConfigError(f"{config_path}: cannot be read as JSON ({exc})") from None
         config = read_drafter_config(raw, source=str(config_path), mask_token_id=mask_token_id)
     elif native is not None:

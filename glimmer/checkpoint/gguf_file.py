@@ -17,6 +17,7 @@ that part of that many (`split.no`, `split.count`); a tensor may live in one par
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import mmap
@@ -265,6 +266,14 @@ def _scan(data: mmap.mmap, path: Path) -> GGUFHeader:
             raise cursor.fail(f"truncated GGUF file: tensor {name!r} needs bytes {start:,}..{start + num_bytes:,} "
                               f"but the file has {cursor.size:,}")
         tensors[name] = TensorEntry(name, tuple(reversed(dims)), type_name, start, num_bytes)
+    # ggml refuses data that is not laid out tensor after tensor; two tensors sharing bytes would load one's data as
+    # the other's (an offset edited, or a type changed to a wider one), a wrong model without an error
+    by_start = sorted(tensors.values(), key=lambda entry: entry.offset)
+    for before, after in itertools.pairwise(by_start):
+        if before.offset + before.num_bytes > after.offset:
+            raise cursor.fail(f"tensor {before.name!r} ({before.type_name}, bytes {before.offset:,}.."
+                              f"{before.offset + before.num_bytes:,}) overlaps tensor {after.name!r} (from byte "
+                              f"{after.offset:,}); the file is corrupt: {CONVERT_AGAIN}")
     return GGUFHeader(version, order, metadata, types, tensors, alignment)
 
 
@@ -457,6 +466,13 @@ class GGUFFile:
         if kind not in {_TYPE_NAMES[t] for t in _UNSIGNED | _SIGNED}:
             raise self.error(f"metadata {key} is {kind}, expected an integer")
         return int(self.metadata[key])
+
+    def boolean(self, key: str) -> bool:
+        """A BOOL-typed value; refuses the string "true", integers and the rest, which are no GGUF flag."""
+        self._require(key)
+        if self.type_of(key) != "BOOL":
+            raise self.error(f"metadata {key} is {self.type_of(key)}, expected a bool")
+        return self.metadata[key]
 
     def number(self, key: str) -> float:
         self._require(key)

@@ -119,7 +119,7 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
         raise file.error("required metadata key tokenizer.ggml.eos_token_id is missing")
     add_bos = True
     if file.has("tokenizer.ggml.add_bos_token"):
-        add_bos = file.metadata["tokenizer.ggml.add_bos_token"] is True
+        add_bos = file.boolean("tokenizer.ggml.add_bos_token")
     else:
         logger.warning("%s: tokenizer.ggml.add_bos_token is absent; prepending BOS as Muse Glimmer's tokenizer does",
                        file.path)

@@ -70,7 +70,7 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
         file.string("clip.vision.projector_type") if file.has("clip.vision.projector_type") else None)
     if projector != PROJECTOR_TYPE:
         raise file.error(f"clip.projector_type={projector!r} is not Muse Glimmer's {PROJECTOR_TYPE!r}")
-    if file.has("clip.has_vision_encoder") and file.metadata["clip.has_vision_encoder"] is not True:
+    if file.has("clip.has_vision_encoder") and not file.boolean("clip.has_vision_encoder"):
         raise file.error("clip.has_vision_encoder is false; this mmproj has no vision tower")
 
     def positive(key: str) -> int:

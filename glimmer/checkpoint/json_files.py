@@ -21,7 +21,8 @@ def read_json_object(path: Path, *, error: type[GlimmerError] = ConfigError) -> 
         return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and an
+        # integer of over 4,300 digits; RecursionError: arrays nested past Python's recursion limit
         raise error(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise error(f"{path} must hold a JSON object, not {type(value).__name__}")

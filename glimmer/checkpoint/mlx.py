@@ -211,13 +211,16 @@ def _entries(
         """A Linear/Embedding weight of `shape` (out, in), quantized or not."""
         weight = f"{module}.weight"
         scheme = overrides.get(module, default)
-        if f"{module}.scales" not in files.tensors:
+        # packed codes quantized by the config, scales or biases: a quantized module, whose missing parts are named
+        # (without its scales, a weight of codes read as a float one of the wrong shape, blaming the config)
+        packed = weight in files.tensors and files.tensors[weight].dtype in _PACKED_DTYPES and scheme is not None
+        if not packed and not any(f"{module}.{part}" in files.tensors for part in ("scales", "biases")):
             if check(weight, shape, _FLOAT_DTYPES):
                 types[files.tensors[weight].dtype] = types.get(files.tensors[weight].dtype, 0) + 1
             return lambda: files.read(weight).float()
         if scheme is None:
-            raise CheckpointError(f"{files.directory}: {module} has scales but config.json's quantization does not "
-                                  "quantize it")
+            raise CheckpointError(f"{files.directory}: {module} has quantization scales or biases but config.json's "
+                                  "quantization does not quantize it")
         out, columns = shape
         if columns % scheme.group_size or (columns * scheme.bits) % 32:
             raise CheckpointError(f"{files.directory}: {module} has {columns} inputs, not a whole number of groups of "

@@ -69,7 +69,7 @@ def read_weight_map(index_path: Path) -> dict[str, object]:
     file when it is unreadable, not JSON, or holds no such object."""
     try:
         index = json.loads(index_path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{index_path} is not a valid index: {exc}") from exc
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):

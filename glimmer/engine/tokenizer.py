@@ -142,6 +142,20 @@ def _check_bos_agrees(backend: HFTokenizer, named_tokens: Mapping[str, str], nam
                           "together")
 
 
+def _check_framing_markers(backend: HFTokenizer, origin: Path) -> None:
+    """CheckpointError when a protocol marker (`<|start|>`, `<|eot|>`, ...) the vocabulary has does not encode as that
+    one token: an entry that is not an added token is split by the pre-tokenizer like any text, so every prompt's
+    markup would be other tokens than the model was trained on, without an error (P-TOK-1)."""
+    for marker in FRAMING_MARKERS:
+        marker_id = backend.token_to_id(marker)
+        ids = backend.encode(marker, add_special_tokens=False).ids
+        if marker_id is not None and ids != [marker_id]:
+            raise CheckpointError(f"{origin}: {marker!r} (id {marker_id}) encodes as {len(ids)} tokens, not as itself: "
+                                  "the protocol's markers must be special tokens (tokenizer.json's added_tokens; "
+                                  "CONTROL in a GGUF's tokenizer.ggml.token_type), or every prompt's markup is "
+                                  "tokenized as text")
+
+
 def _named_token(name: str) -> property:
     """A `Tokenizer` property: the spelling of the named token `name` (tokenizer_config.json's), None where unset."""
     return property(lambda self: self._named_tokens.get(name))
@@ -194,6 +208,7 @@ class Tokenizer:
                     f"{directory}) is not a token of {tokenizer_file}; the files do not belong together"
                 )
         _check_bos_agrees(backend, named_tokens, f"{TOKENIZER_CONFIG_FILE} in {directory}", tokenizer_file)
+        _check_framing_markers(backend, tokenizer_file)
         config_file = directory / TOKENIZER_CONFIG_FILE
         config = read_json_object(config_file, error=CheckpointError) or {}
         # transformers 5 reads special_tokens_map.json only for a config without `added_tokens_decoder` (older files)
@@ -229,6 +244,7 @@ class Tokenizer:
             if backend.token_to_id(token) is None:
                 raise CheckpointError(f"{name}={token!r} is not a token of the tokenizer in {origin}")
         _check_bos_agrees(backend, named_tokens, str(origin), origin)
+        _check_framing_markers(backend, origin)
         tokenizer = cls(backend, named_tokens, origin)
         logger.info("built tokenizer from %s: %d tokens, bos=%r eos=%r", origin, tokenizer.vocab_size,
                     tokenizer.bos_token, tokenizer.eos_token)

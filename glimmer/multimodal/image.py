@@ -96,7 +96,7 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
                     exif = Image.Image.getexif(opened)
                     quarter_turn = exif.get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
-        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
+        except (OSError, SyntaxError, ValueError, EOFError, RuntimeError, Image.DecompressionBombError):
             return None
     else:
         return None
@@ -131,8 +131,9 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
             "image", index, "the data is not an image format Glimmer reads (PNG, JPEG, WebP, GIF, BMP, TIFF, ICO, "
             "AVIF, JPEG 2000, QOI, PPM, TGA)"
         ) from None
-    except (OSError, SyntaxError, ValueError, EOFError) as error:
-        # Pillow reports truncated or corrupt data as OSError, and some broken headers as SyntaxError
+    except (OSError, SyntaxError, ValueError, EOFError, RuntimeError) as error:
+        # Pillow reports truncated or corrupt data as OSError, some broken headers as SyntaxError, and its AVIF
+        # plugin (libavif) any failure to decode as RuntimeError
         raise MediaDecodeError("image", index, f"the image data is corrupt or truncated ({error})") from None
 
 
@@ -153,7 +154,18 @@ def pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
     """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does. A 16-bit
     grey image (a 16-bit PNG opens so) is scaled to 8 bits: Pillow's `convert` clips it, every pixel above 255
     turning white. A float image (mode "F") is read as floats in [0, 1] (`_unit_floats_to_levels`), which Pillow's
-    `convert` would cast to black. Raises MediaDecodeError naming `kind` `index` for floats outside [0, 1] or NaN."""
+    `convert` would cast to black. Raises MediaDecodeError naming `kind` `index` for floats outside [0, 1] or NaN,
+    and for pixels that cannot be decoded or converted: `Image.open` decodes nothing, so a lazily opened file's
+    corrupt data fails here, as `_open_encoded` reports it."""
+    try:
+        return _pil_to_rgb(image, kind, index)
+    except MediaDecodeError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError, RuntimeError) as error:
+        raise MediaDecodeError(kind, index, f"cannot convert the image to RGB ({error})") from None
+
+
+def _pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
     if image.mode == "F":
         grey = _unit_floats_to_levels(np.asarray(image), kind, index, "a float (mode F) PIL image",
                                      "divide its values by 255, or convert one of 0..255 levels with "
@@ -251,12 +263,7 @@ def load_rgb(image: ImageInput, index: int, limits: MediaLimits) -> np.ndarray:
         image = _open_encoded(image, index, limits)
     if isinstance(image, Image.Image):
         limits.check_frame_size("image", index, image.width, image.height)
-        try:
-            return pil_to_rgb(image, "image", index)
-        except MediaDecodeError:
-            raise
-        except (OSError, ValueError) as error:
-            raise MediaDecodeError("image", index, f"cannot convert the image to RGB ({error})") from None
+        return pil_to_rgb(image, "image", index)
     if isinstance(image, np.ndarray):
         if image.ndim >= 2:
             limits.check_frame_size("image", index, image.shape[1], image.shape[0])

@@ -8,6 +8,10 @@ link-local, private, shared, reserved and multicast addresses unless the operato
 answer (rebinding) cannot slip another address in. TLS still verifies the certificate against the host name.
 Proxy environment variables are not used: the check must see the address that is connected.
 
+The whole fetch, name resolution and connections included, ends by `MediaFetchPolicy.timeout_s`: `getaddrinfo` has
+no timeout of its own (a resolver that drops queries holds it for seconds per nameserver), so it runs on a thread
+that is waited for only until then.
+
 Every failure, from a refused address to a closed port, a 404 or a download over the size limit, reads the
 same to the client (`RemoteMediaError`), so that errors cannot map the network; the server log has the
 reason.
@@ -20,6 +24,7 @@ import logging
 import re
 import socket
 import ssl
+import threading
 import time
 from urllib.parse import urljoin, urlsplit
 
@@ -61,17 +66,43 @@ def is_public_address(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+def _resolve(host: str, port: int, timeout_s: float) -> list[tuple]:
+    """`socket.getaddrinfo(host, port)`, given up after `timeout_s` (the lookup itself cannot be interrupted: it ends on
+    its daemon thread). Raises RemoteMediaError."""
+    outcome: list = []
+
+    def look_up() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=look_up, name="glimmer-media-resolve", daemon=True)
+    thread.start()
+    thread.join(max(timeout_s, 0))
+    if not outcome:
+        raise RemoteMediaError(f"cannot resolve {host!r} within {timeout_s:.1f} s")
+    if isinstance(outcome[0], Exception):
+        raise RemoteMediaError(f"cannot resolve {host!r}: {outcome[0]}")
+    return outcome[0]
+
+
 class _GuardedBackend(httpcore.SyncBackend):
-    def __init__(self, policy: MediaFetchPolicy):
+    def __init__(self, policy: MediaFetchPolicy, deadline: float):
         self._policy = policy
+        self._deadline = deadline  # time.monotonic() by which the whole fetch ends
+
+    def time_left(self, doing: str) -> float:
+        """Seconds left until the deadline; RemoteMediaError naming what was `doing` once none are."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise RemoteMediaError(f"no answer within {self._policy.timeout_s} s ({doing})")
+        return left
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options=None) -> httpcore.NetworkStream:
         host = host.lower().rstrip(".")
-        try:
-            found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as error:
-            raise RemoteMediaError(f"cannot resolve {host!r}: {error}") from None
+        found = _resolve(host, port, self.time_left("resolving the host"))
         addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
         if host not in self._policy.allowed_domains:
             refused = [address for address in addresses if not is_public_address(address)]
@@ -80,8 +111,9 @@ class _GuardedBackend(httpcore.SyncBackend):
                                        "--allowed-media-domains to allow it")
         error: Exception | None = None
         for address in addresses:  # connect to an address that was checked, never to the name again
+            left = self.time_left("connecting")
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                return super().connect_tcp(address, port, min(timeout or left, left), local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as failure:
                 error = failure
         raise RemoteMediaError(f"cannot connect to {host!r} port {port}: {error!r}")
@@ -93,11 +125,12 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
     Raises RemoteMediaError for any failure (with the reason for the log), Cancelled once `cancel` is.
     """
     deadline = time.monotonic() + policy.timeout_s
-    timeouts = {"connect": policy.timeout_s, "read": policy.timeout_s, "write": policy.timeout_s,
-                "pool": policy.timeout_s}
+    backend = _GuardedBackend(policy, deadline)
     with httpcore.ConnectionPool(ssl_context=ssl.create_default_context(), max_connections=1,
-                                 network_backend=_GuardedBackend(policy)) as pool:
+                                 network_backend=backend) as pool:
         for _ in range(policy.max_redirects + 1):
+            left = backend.time_left("following redirects")  # each hop's waits end by the deadline too
+            timeouts = {"connect": left, "read": left, "write": left, "pool": left}
             parts = urlsplit(url)
             host = (parts.hostname or "").rstrip(".")
             if parts.scheme not in ("http", "https") or not host:

@@ -266,8 +266,12 @@ def load_media_settings(
     image_config = preprocessor_config or {}
     video_config = video_preprocessor_config or {}
     if "image_processor" in image_config or "video_processor" in image_config:
-        video_config = video_config or image_config.get("video_processor") or {}
-        image_config = image_config.get("image_processor") or {}
+        nested = {key: image_config.get(key) or {} for key in ("image_processor", "video_processor")}
+        for key, section in nested.items():
+            if not isinstance(section, Mapping):
+                raise ConfigError(f"processor_config.json: {key} must be a JSON object, not {type(section).__name__}")
+        video_config = video_config or nested["video_processor"]
+        image_config = nested["image_processor"]
     image_values = _read(image_config, _IMAGE_KEYS, "preprocessor_config.json")
     video_values = _read(video_config, _VIDEO_KEYS, "video_preprocessor_config.json")
     for name in image_values.keys() & video_values.keys():

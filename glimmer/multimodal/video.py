@@ -73,7 +73,7 @@ class DecodedVideo:
     fps: float | None = None
 
 
-VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo]  # noqa: UP007
+VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo, np.ndarray]  # noqa: UP007
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,8 @@ class ProcessedVideo:
 def sample_frame_indices(total_frames: int, video_fps: float, settings: MediaSettings) -> list[int]:
     """Indices of the frames to keep — the reference's `sample_frames` (architecture.md §7)."""
     temporal = settings.temporal_patch_size
-    count = min(int(total_frames * settings.video_sample_fps / video_fps), settings.video_max_frames, total_frames)
+    wanted = total_frames * settings.video_sample_fps / video_fps  # inf for a vanishing video_fps: int() would raise
+    count = min(int(min(wanted, total_frames)), settings.video_max_frames, total_frames)
     count = max(temporal, count // temporal * temporal)
     count = min(count, total_frames)
     return torch.linspace(0, total_frames - 1, count).long().tolist()
@@ -159,6 +160,9 @@ def decode_video_file(
             if not container.streams.video:
                 raise MediaDecodeError("video", index, "the file has no video stream")
             stream = container.streams.video[0]
+            if stream.codec_context is None:  # PyAV has no decoder for the stream's codec id (unknown or corrupt)
+                raise MediaDecodeError("video", index, "the video's codec is unknown or has no decoder here; "
+                                                       "re-encode it (H.264, VP9 or AV1)")
             header_width, header_height = stream.codec_context.width, stream.codec_context.height
             if header_width and header_height:  # some containers leave it to the first decoded frame
                 limits.check_frame_size("video", index, header_width, header_height)
@@ -232,7 +236,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
             raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS} or a list of PIL images, not a "
                                                    "torch tensor: pass frames.numpy() of a (T, H, W, C) tensor, "
                                                    "frames.permute(0, 2, 3, 1).numpy() of a (T, C, H, W) one")
-        if not all(isinstance(frame, Image.Image) for frame in frames):
+        if not isinstance(frames, Sequence) or not all(isinstance(frame, Image.Image) for frame in frames):
             raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS} or a list of PIL images")
         sizes = {frame.size for frame in frames}
         if len(sizes) > 1:
@@ -268,6 +272,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
     """
     if isinstance(video, bytearray | memoryview):
         video = bytes(video)
+    if isinstance(video, np.ndarray):  # frames alone, as vLLM's multi_modal_data takes them: the rate is unknown
+        video = DecodedVideo(video)
     if isinstance(video, DecodedVideo):
         frames, times = _decoded_frames(video, settings, limits, index)
     elif isinstance(video, bytes | str | os.PathLike):
@@ -276,8 +282,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
         raise MediaDecodeError(
             "video",
             index,
-            f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path or "
-            "DecodedVideo frames",
+            f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path, DecodedVideo "
+            "frames or a frames array",
         )
     rows, grid = patch_rows(frames, settings)
     return ProcessedVideo(

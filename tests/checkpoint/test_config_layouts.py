@@ -882,6 +882,9 @@ def test_load_config_names_the_path_of_a_missing_or_broken_file(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         load_config(tmp_path)
+    (tmp_path / "config.json").write_text('{"hidden_size": ' + "9" * 5000 + "}")  # past Python's int digits limit
+    with pytest.raises(ConfigError, match=r"config\.json: not readable JSON \(Exceeds the limit"):
+        load_config(tmp_path)
 
 
 def test_errors_name_the_source_file(tmp_path):

@@ -92,6 +92,15 @@ def test_weights_that_do_not_match_the_config_are_refused(target, tmp_path):
         _load(path, target)
 
 
+def test_a_config_python_cannot_parse_is_a_config_error(target, tmp_path):
+    """An integer of over 4,300 digits is valid JSON that Python's parser refuses with a ValueError, not a
+    JSONDecodeError: it was a traceback."""
+    path = write_tiny_drafter(tmp_path / "d", target)
+    (path / "config.json").write_text('{"hidden_size": ' + "9" * 5000 + "}")
+    with pytest.raises(ConfigError, match=r"config\.json: cannot be read as JSON \(Exceeds the limit"):
+        _load(path, target)
+
+
 def test_absent_mask_token_id_comes_from_the_target_tokenizer(target, tmp_path):
     path = write_tiny_drafter(tmp_path / "d", target)
     _edit_config(path, mask_token_id=None)

@@ -157,6 +157,33 @@ def test_a_config_only_directory_suggests_dummy_weights(tmp_path, capsys):
     assert load_model(out, progress=False, load_format="dummy").weight_layout == "dummy"
 
 
+@pytest.mark.parametrize("file", ["config.json", "generation_config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize(("text", "problem"), [
+    pytest.param('{"model_type": ' + "9" * 5000 + "}", "integer string conversion", id="integer-of-5000-digits"),
+    pytest.param("[" * 100_000, "recursion", id="nested-past-the-recursion-limit"),
+])
+def test_a_json_file_python_cannot_parse_is_one_line_of_error(tiny_checkpoint, tmp_path, capsys, file, text, problem):
+    """JSON that Python's parser refuses with ValueError or RecursionError, not JSONDecodeError, was a traceback from
+    `glimmer inspect` and `LLM(...)`."""
+    out = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, out)
+    (out / file).write_text(text)
+    assert main(["--log-level", "ERROR", "inspect", str(out)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("glimmer: error: ") and f"{file} is not valid JSON" in error, error
+    assert problem in error and "\n" not in error
+
+
+@pytest.mark.parametrize("index", ["model.safetensors.index.json", "pytorch_model.bin.index.json"])
+def test_an_index_nested_past_the_recursion_limit_is_refused_naming_it(tiny_checkpoint, pickle_checkpoint, tmp_path,
+                                                                       index):
+    out = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint if index.startswith("model") else pickle_checkpoint, out)
+    (out / index).write_text("[" * 100_000)  # Python's parser raises RecursionError, not JSONDecodeError
+    with pytest.raises(CheckpointError, match=f"{index} is not a valid .*index: maximum recursion depth"):
+        open_checkpoint(out, allow_pickle=True)
+
+
 def test_a_pickle_shard_that_is_a_broken_link_is_refused_naming_its_target(pickle_checkpoint, tmp_path):
     """QA: beside the shards a broken link was passed over (no weights at all: "no weights found ... run it with
     random weights"); it is refused, with or without --allow-pickle."""

@@ -141,6 +141,31 @@ def _iq4_nl_tensor(good: Path, directory: Path) -> Path:
     return _rewrite(good, directory / "iq4_nl.gguf", {}, replace_tensors={tensor.name: iq4_nl})
 
 
+def _tensor_entry_edited(good: Path, directory: Path, name: str, *, offset_of: str | None = None,
+                        raw_type: int | None = None) -> Path:
+    """blk.0.attn_q.weight's header entry edited in place: its data offset set to tensor `offset_of`'s, or its type
+    to `raw_type`; both leave it sharing bytes with another tensor (ggml refuses such a file)."""
+    tensors = {t.name: t for t in gguf.GGUFReader(good).tensors}
+    data = bytearray(good.read_bytes())
+    entry = _string("blk.0.attn_q.weight")
+    at = data.index(entry) + len(entry)
+    at += 4 + 8 * struct.unpack_from("<I", data, at)[0]  # past the rank and the dimensions: the type, the offset
+    if raw_type is not None:
+        struct.pack_into("<I", data, at, raw_type)
+    if offset_of is not None:
+        data_start = min(t.data_offset for t in tensors.values())  # the first tensor's offset is 0
+        struct.pack_into("<Q", data, at + 4, tensors[offset_of].data_offset - data_start)
+    return _write(directory, name, bytes(data))
+
+
+def _marker_typed_normal(good: Path, directory: Path) -> Path:
+    """<|start|> typed NORMAL (1), not CONTROL: split like text, every prompt's headers were other tokens (P-TOK-1)."""
+    fields = gguf.GGUFReader(good).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), list(fields["tokenizer.ggml.token_type"].contents())
+    types[tokens.index("<|start|>")] = 1
+    return _rewrite(good, directory / "marker_normal.gguf", {"tokenizer.ggml.token_type": types})
+
+
 def split_in_two(good: Path, directory: Path) -> tuple[Path, Path]:
     """The good file split in two, as `llama-gguf-split` (GGUFWriter(split_max_tensors)) writes and names it."""
     half = len(gguf.GGUFReader(good).tensors) // 2 + 1
@@ -223,6 +248,18 @@ CASES = {
         lambda g, d: _write(d, "te", raw_gguf(tensor_count=1, kv=ARCH_KV, kv_count=1,
                                               tensors=_tensor("token_embd.weight", (64, 1 << 20))) + bytes(64)),
         ("truncated GGUF file", "token_embd.weight")),
+    # ggml refuses tensors that share bytes; each loaded another tensor's data without a word
+    "tensors_sharing_bytes": (lambda g, d: _tensor_entry_edited(g, d, "shared", offset_of="token_embd.weight"), (
+        "tensor 'token_embd.weight' (Q8_0, bytes ", "overlaps tensor 'blk.0.attn_q.weight'", "the file is corrupt")),
+    "type_wider_than_its_bytes": (lambda g, d: _tensor_entry_edited(g, d, "wider", raw_type=int(Q.F32)), (
+        "tensor 'blk.0.attn_q.weight' (F32, bytes ", "overlaps tensor 'blk.0.attn_k.weight'")),
+    # a flag of another type was read as false: prompts went without their BOS, silently
+    "add_bos_token_a_string": (lambda g, d: _rewrite(g, d / "bos_str.gguf", {}, drop=("tokenizer.ggml.add_bos_token",),
+                                                      add={"tokenizer.ggml.add_bos_token": (
+                                                          "true", gguf.GGUFValueType.STRING)}),
+                               ("metadata tokenizer.ggml.add_bos_token is STRING, expected a bool",)),
+    "marker_typed_normal": (_marker_typed_normal, ("'<|start|>' (id ", "encodes as 7 tokens, not as itself",
+                                                   "CONTROL in a GGUF's tokenizer.ggml.token_type")),
     "pattern_disagrees_with_block_count": (
         lambda g, d: _rewrite(g, d / "p9.gguf", {"muse-glimmer.block_count": 9}),
         ("sliding_window_pattern has 8 entries but block_count=9",)),

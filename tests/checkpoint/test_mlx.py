@@ -149,3 +149,22 @@ def test_missing_and_stray_tensors_are_all_listed_with_the_fix(tiny_checkpoint, 
     assert "  missing tensors (11):" in lines and "  unexpected tensors (11):" in lines
     assert "    model.blocks.1.mlp.up_proj.weight [128, 64]" in lines
     assert lines[-1].startswith("  fix: the tensor names are not a packaged Muse Glimmer MLX artifact's")
+
+
+@pytest.mark.parametrize("dropped", [("scales",), ("biases",), ("scales", "biases")])
+def test_a_quantized_module_missing_its_scales_or_biases_names_them(tiny_checkpoint, tmp_path, dropped):
+    """Without its scales, a module's packed codes were taken for a float weight of the wrong shape, and the error
+    blamed config.json for describing another size of model."""
+    module = "model.layers.0.mlp.up_proj"
+
+    def drop(tensors):
+        for part in dropped:
+            tensors.pop(f"{module}.{part}")
+
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", drop, bits=4)
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0].endswith(f"do not match the config: {len(dropped)} missing"), lines[0]
+    assert lines[2:2 + len(dropped)] == [f"    {module}.{part} (shape [128, 2])" for part in dropped]
+    assert lines[-1].startswith("  fix: the artifact is incomplete")

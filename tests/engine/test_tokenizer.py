@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -205,6 +206,21 @@ def test_corrupt_tokenizer_json_names_the_file(tiny_dir, tmp_path):
     (bad / "tokenizer.json").write_text('{"version": "1.0", "model": ', encoding="utf-8")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json is not a valid tokenizers file"):
         Tokenizer.from_dir(bad)
+
+
+@pytest.mark.parametrize("marker", ["<|start|>", "<|eom|>"])
+def test_a_protocol_marker_that_is_only_a_vocabulary_entry_is_refused(tiny_dir, tmp_path, marker):
+    """P-TOK-1: a marker in the BPE vocabulary but not an added token is split like text, so every prompt's markup
+    was silently other tokens than the model's."""
+    bad = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    state = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    entry = next(added for added in state["added_tokens"] if added["content"] == marker)
+    state["added_tokens"].remove(entry)
+    state["model"]["vocab"][marker] = entry["id"]
+    (bad / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=re.escape(f"{marker!r} (id {entry['id']}) encodes as ")) as refused:
+        Tokenizer.from_dir(bad)
+    assert "must be special tokens" in str(refused.value)
 
 
 def test_invalid_tokenizer_config_json_names_the_file(tiny_dir, tmp_path):

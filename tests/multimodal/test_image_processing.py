@@ -253,6 +253,28 @@ def test_truncated_png_raises_a_decode_error() -> None:
         process_image(buffer.getvalue()[:200], SETTINGS, LIMITS)
 
 
+def test_a_corrupt_avif_raises_a_decode_error_and_its_header_counts_no_tokens() -> None:
+    """Pillow's AVIF plugin reports a broken file as RuntimeError, which reached the server as a 500."""
+    from glimmer.multimodal.image import image_tokens_from_header
+
+    buffer = io.BytesIO()
+    noise_image(40, 30).save(buffer, format="AVIF")
+    corrupt = buffer.getvalue().replace(b"pitm", b"xxxx", 1)  # no primary item: libavif finds no image
+    with pytest.raises(MediaDecodeError, match="image 0: the image data is corrupt or truncated"):
+        process_image(corrupt, SETTINGS, LIMITS)
+    assert image_tokens_from_header(corrupt, SETTINGS, LIMITS) is None
+
+
+def test_a_pil_image_whose_lazy_decoding_fails_raises_a_decode_error() -> None:
+    """Image.open decodes nothing: a truncated AVIF opened so fails in our conversion with Pillow's SyntaxError,
+    which escaped `LLM.generate` as it is."""
+    buffer = io.BytesIO()
+    noise_image(40, 60).save(buffer, format="AVIF")
+    opened = Image.open(io.BytesIO(buffer.getvalue()[: len(buffer.getvalue()) * 9 // 10]))
+    with pytest.raises(MediaDecodeError, match="image 2: cannot convert the image to RGB .*Truncated data"):
+        process_image(opened, SETTINGS, LIMITS, index=2)
+
+
 def test_too_many_pixels_raises_a_limit_error_before_decoding() -> None:
     buffer = io.BytesIO()
     noise_image(100, 100).save(buffer, format="PNG")

@@ -101,6 +101,10 @@ def test_nested_processor_config_is_read() -> None:
         ({**IMAGE_CONFIG, "image_std": [0.5, 0.5]}, {}, "image_std"),
         ({**IMAGE_CONFIG, "image_mean": True}, {}, "image_mean=True is invalid"),
         ({}, {**VIDEO_CONFIG, "frame_timestamp_format": 5}, "frame_timestamp_format=5 is invalid"),
+        # processor_config.json's sections that are not objects were an AttributeError
+        ({"image_processor": "x"}, {}, "processor_config.json: image_processor must be a JSON object, not str"),
+        ({"image_processor": IMAGE_CONFIG, "video_processor": [VIDEO_CONFIG]}, {},
+         "processor_config.json: video_processor must be a JSON object, not list"),
     ],
 )
 def test_unsupported_or_inconsistent_values_raise_config_error(image, video, message) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import httpcore
 import pytest
@@ -48,6 +49,32 @@ def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
     with pytest.raises(RemoteMediaError, match="cannot connect"):
         fetch_remote("http://rebind.example/cat.png", policy)
     assert connected == ["93.184.216.34"]
+
+
+def test_a_resolver_that_does_not_answer_ends_the_fetch_by_its_time_limit(monkeypatch):
+    """getaddrinfo has no timeout: a resolver dropping queries held the request for its own retries (seconds per
+    nameserver) whatever the policy's timeout_s said."""
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: time.sleep(3))
+    started = time.monotonic()
+    with pytest.raises(RemoteMediaError, match="cannot resolve 'slow-dns.example' within 0.3 s"):
+        fetch_remote("http://slow-dns.example/cat.png", MediaFetchPolicy.create(allow_remote=True, timeout_s=0.3))
+    assert time.monotonic() - started < 1.5
+
+
+def test_connections_to_many_silent_addresses_end_by_the_time_limit(monkeypatch):
+    """Each address got the whole connect timeout: six addresses that never answer took six times the limit."""
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", (f"93.184.216.{i}", port)) for i in range(6)])
+
+    def silent(self, host, port, timeout=None, *args, **kwargs):
+        time.sleep(timeout)
+        raise httpcore.ConnectTimeout("no answer")
+
+    monkeypatch.setattr(httpcore.SyncBackend, "connect_tcp", silent)
+    started = time.monotonic()
+    with pytest.raises(RemoteMediaError, match="no answer within 0.4 s"):
+        fetch_remote("http://silent.example/cat.png", MediaFetchPolicy.create(allow_remote=True, timeout_s=0.4))
+    assert time.monotonic() - started < 1.2
 
 
 def test_a_name_with_any_private_address_is_refused(monkeypatch):

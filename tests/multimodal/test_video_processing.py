@@ -53,6 +53,13 @@ def test_sampling_caps_at_num_frames() -> None:
     assert len(indices) == 96 and indices[0] == 0 and indices[-1] == 30 * 600 - 1
 
 
+def test_a_vanishing_frame_rate_samples_every_frame_up_to_the_cap() -> None:
+    """total · fps / video_fps overflowed to infinity and int() raised OverflowError, a crash of `LLM.generate`."""
+    frames = DecodedVideo(distinct_frames(6, 28, 28), fps=1e-308)
+    assert sample_frame_indices(6, 1e-308, MediaSettings()) == sample_frame_indices(6, 1e-3, MediaSettings())
+    assert process_video(frames, SMALL, LIMITS).grid_thw == (3, 2, 2)
+
+
 def test_spec_example_from_a_file(tmp_path, video_writer) -> None:
     """8 frames of 120×90 at 4 fps, sampled at 2 fps: 4 frames, grid [2, 6, 8], groups at 0.0 s and 1.0 s."""
     frames = distinct_frames(8)
@@ -194,6 +201,17 @@ def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
     assert video.group_timestamps_s == (0.0, 31 / 24)
 
 
+def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> None:
+    """vLLM's multi_modal_data takes a video as its (T, H, W, 3) frames; it was refused as an unsupported input."""
+    frames = distinct_frames(48)
+    with caplog.at_level(logging.WARNING):
+        video = process_video(frames, SMALL, LIMITS)
+    assert "assuming 24.0" in caplog.text
+    expected = process_video(DecodedVideo(frames, fps=24.0), SMALL, LIMITS)
+    assert torch.equal(video.pixel_values, expected.pixel_values)
+    assert (video.grid_thw, video.group_timestamps_s) == (expected.grid_thw, expected.group_timestamps_s)
+
+
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [
@@ -223,6 +241,9 @@ def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
             DecodedVideo([Image.new("RGB", (8, 8)), Image.new("RGB", (9, 8))], fps=2.0), "same size", id="mixed-sizes"
         ),
         pytest.param(3.5, "unsupported video input of type float", id="wrong-type"),
+        # a generator of frames was consumed by the type check, then had no len(): a TypeError
+        pytest.param(DecodedVideo((Image.new("RGB", (8, 8)) for _ in range(2)), fps=2.0), "or a list of PIL images",
+                     id="generator-of-frames"),
     ],
 )
 def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, tmp_path) -> None:
@@ -241,6 +262,24 @@ def test_truncated_file_raises_a_decode_error(tmp_path, video_writer) -> None:
     data = video_writer(tmp_path / "clip.mp4", distinct_frames(8), codec="libx264", container="mp4").read_bytes()
     with pytest.raises(MediaDecodeError, match="video 0: "):
         process_video(data[: len(data) // 3], SMALL, LIMITS)
+
+
+def test_a_stream_of_an_unknown_codec_raises_a_decode_error(tmp_path, video_writer) -> None:
+    """A codec id FFmpeg has no decoder for leaves PyAV's stream without a codec context; reading its size from
+    that was an AttributeError, a 500 from the server."""
+    data = video_writer(tmp_path / "clip.avi", distinct_frames(4, 16, 64), codec="mpeg4", container="avi").read_bytes()
+    unknown = data.replace(b"FMP4", b"ZZZZ")  # the AVI stream header's and format's fourcc
+    with pytest.raises(MediaDecodeError, match="video 1: the video's codec is unknown or has no decoder here"):
+        process_video(unknown, SMALL, LIMITS, index=1)
+
+
+def test_a_pil_frame_whose_lazy_decoding_fails_raises_a_decode_error(tmp_path) -> None:
+    """Image.open decodes nothing: a truncated PNG frame opened so failed in the conversion with a bare OSError."""
+    Image.fromarray(distinct_frames(1)[0]).save(tmp_path / "frame.png")
+    (tmp_path / "cut.png").write_bytes((tmp_path / "frame.png").read_bytes()[:300])
+    frames = [Image.open(tmp_path / "frame.png"), Image.open(tmp_path / "cut.png")]
+    with pytest.raises(MediaDecodeError, match="video 1: cannot convert the image to RGB .*truncated"):
+        process_video(DecodedVideo(frames, fps=2.0), SMALL, LIMITS, index=1)
 
 
 def test_too_many_source_frames_raises_a_limit_error(tmp_path, video_writer) -> None:
