@@ -53,9 +53,11 @@ activations (exact GELU): those are constants of the layout, not defaults, and a
 cannot be written in it.
 
 Feature flags some engines write (`use_qk_norm`, `use_attn_output_gate`, `mlp_bias`,
-`attn_logit_softcapping`, `use_bidirectional_attention`, `rope_scaling`) are accepted when they describe
-Muse Glimmer and refused otherwise; `normalize_tok_embeddings: false` (older exports baked the embedding
-norm into the table) only warns, since the weightless norm is idempotent. `rope_is_neox_style` describes
+`attn_logit_softcapping`, `use_bidirectional_attention`) are accepted when they describe Muse Glimmer and
+refused otherwise. `rope_scaling`, the legacy name transformers reads in place of `rope_parameters`, is
+read as one (plain RoPE only; beside a `rope_parameters` it must be the same object, as transformers would
+ignore the other). `normalize_tok_embeddings: false` (older exports baked the embedding norm into the table)
+only warns, since the weightless norm is idempotent. `rope_is_neox_style` describes
 the weights' RoPE pairing, which the weight loader decides from the tensor names, so here it is only checked
 to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer emits the native
 form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE pattern has a
@@ -221,7 +223,6 @@ _ALWAYS = {
 _NEVER = {
     "attn_logit_softcapping": "attention-logit softcapping",
     "use_bidirectional_attention": "bidirectional attention",
-    "rope_scaling": "RoPE scaling (it uses plain rope_type 'default')",
 }
 
 _REQUIRED = object()
@@ -525,7 +526,8 @@ def _read_canonical_text_fields(section: _Section) -> Callable[[], TextConfig]:
     for name, default in (_TEXT_DEFAULTS | _CANONICAL_HEAD_DEFAULTS).items():
         fields.read(name, default=default)
     fields.read_nullable("pad_token_id")
-    theta_name, theta = _read_rope_theta(section, ("rope_parameters", "rope_theta"), "default", required=True)
+    theta_name, theta = _read_rope_theta(section, ("rope_parameters", "rope_theta", "rope_scaling"), "default",
+                                        required=True)
     fields.names["rope_theta"] = theta_name
     _check_feature_flags(section)
     nope_sources = _read_nope_sources(section)
@@ -622,7 +624,8 @@ def _read_flat(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
     for name, default in _TEXT_DEFAULTS.items():
         fields.read(name, default=default)
     fields.read_nullable("pad_token_id")
-    theta_name, theta = _read_rope_theta(section, ("rope_theta", "rope_parameters"), "default", required=True)
+    theta_name, theta = _read_rope_theta(section, ("rope_theta", "rope_parameters", "rope_scaling"), "default",
+                                        required=True)
     fields.names["rope_theta"] = theta_name
     _check_feature_flags(section)
     nope_sources = _read_nope_sources(section)
@@ -783,14 +786,22 @@ def _types_from_window_pattern(pattern: Any, n: int, window: Any, notes: _Notes)
 
 
 def _read_rope_theta(section: _Section, keys: tuple[str, str], rope_type: str, *, required: bool) -> tuple[str, Any]:
-    """(name in the file, theta) from rope_parameters.rope_theta or a bare rope_theta; they must agree."""
+    """(name in the file, theta) from rope_parameters.rope_theta or a bare rope_theta; they must agree.
+    `rope_scaling`, where `keys` names it, is read as another `rope_parameters` (transformers reads the legacy
+    name in its place), and must agree with the others too."""
     notes = section.notes
+    _, legacy = section.get("rope_scaling")
+    _, current = section.get("rope_parameters")
+    if "rope_scaling" in keys and isinstance(legacy, Mapping) and legacy and current not in (_MISSING, None) \
+            and legacy != current:
+        raise notes.error(f"{section.path('rope_scaling')}={legacy!r} and {section.path('rope_parameters')}="
+                          f"{current!r} differ; transformers reads only rope_scaling where both are set: keep one")
     found: list[tuple[str, Any]] = []
     for key in keys:
         _, value = section.get(key)
         if value is _MISSING or value is None:
             continue
-        if key != "rope_parameters":
+        if key not in ("rope_parameters", "rope_scaling"):
             found.append((section.path(key), value))
             continue
         if not isinstance(value, Mapping):

@@ -868,6 +868,31 @@ def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
     expect_error(raw, "rope_type='default' and text_config.rope_parameters.type='linear' disagree")
 
 
+def test_rope_scaling_is_read_as_rope_parameters_as_transformers_reads_it():
+    """transformers reads the legacy `rope_scaling` in place of `rope_parameters`; Glimmer refused any such object,
+    and its advice (remove it) then left the rope theta missing."""
+    raw = config_to_dict(tiny_model(), "canonical")
+    del raw["text_config"]["rope_parameters"]
+    raw["text_config"]["rope_scaling"] = {"rope_type": "default", "rope_theta": 123456.0}
+    reference = MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters
+    normalized = normalize_config(copy.deepcopy(raw))
+    assert not any("rope_scaling" in warning for warning in normalized.warnings)  # not an unknown key either
+    assert normalized.text.rope_theta == reference["rope_theta"] == 123456.0
+    raw["text_config"]["rope_scaling"] = {"rope_type": "linear", "rope_theta": 123456.0, "factor": 4.0}
+    assert MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters["rope_type"] == "linear"
+    expect_error(raw, "text_config.rope_scaling.rope_type='linear' is not supported")
+    # beside rope_parameters transformers takes rope_scaling alone: two different objects are refused
+    raw["text_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    raw["text_config"]["rope_scaling"] = {"rope_type": "default"}
+    assert MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters["rope_theta"] != 500000.0
+    expect_error(raw, "text_config.rope_scaling=", "differ; transformers reads only rope_scaling")
+    for same in ({"rope_type": "default", "rope_theta": 500000.0}, {}, None):  # the same object, or empty
+        raw["text_config"]["rope_scaling"] = same
+        assert normalize_config(copy.deepcopy(raw)).text.rope_theta == 500000.0
+    raw["text_config"]["rope_scaling"] = True
+    expect_error(raw, "text_config.rope_scaling must be a JSON object")
+
+
 def test_aliases_that_disagree_are_refused():
     raw = config_to_dict(tiny_model(), "flat") | {"image_token_id": 12}
     expect_error(raw, "patch_token_id=10 and image_token_id=12 disagree")
