@@ -28,7 +28,7 @@ from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.responses import create_response, get_response
+from glimmer.server.responses import create_response, delete_response, get_response
 from glimmer.server.settings import ServerSettings
 from glimmer.server.streaming import ClientDisconnected
 from glimmer.server.tokenize import detokenize, tokenize
@@ -130,6 +130,10 @@ def _v1_router(context: ServingContext) -> APIRouter:
         return get_response(response_id, context)
 
     _get_and_head(router, "/responses/{response_id}", stored_response)
+
+    @router.delete("/responses/{response_id}")
+    async def forget_response(response_id: str) -> Response:
+        return delete_response(response_id, context)
 
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)

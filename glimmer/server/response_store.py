@@ -1,4 +1,4 @@
-"""Stored responses, for `previous_response_id` and `GET /v1/responses/{id}`: in memory, bounded.
+"""Stored responses, for `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`: in memory, bounded.
 
 A stored response keeps the conversation it ends (the input items, its own and those of the responses before
 it, followed by its output items) and its response object. The store holds at most `max_bytes` of them (sized
@@ -51,6 +51,17 @@ class ResponseStore:
             while self._entries and now - next(iter(self._entries.values())).stored_at > self.max_age_s:
                 self._evict_oldest()
             return self._entries.get(response_id)
+
+    def delete(self, response_id: str) -> bool:
+        """Forget a stored response; False if none is stored under `response_id` (or it expired)."""
+        if self.get(response_id) is None:
+            return False
+        with self._lock:
+            entry = self._entries.pop(response_id, None)
+            if entry is None:  # evicted between the two
+                return False
+            self._size_bytes -= entry.size_bytes
+            return True
 
     def __len__(self) -> int:
         return len(self._entries)

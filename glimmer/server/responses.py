@@ -327,6 +327,15 @@ def get_response(response_id: str, context: ServingContext) -> Response:
     return JSONResponse(stored.response)
 
 
+def delete_response(response_id: str, context: ServingContext) -> Response:
+    """DELETE /v1/responses/{id}: forget a stored response, as OpenAI's API does; later requests naming it as
+    `previous_response_id` are refused."""
+    if not context.responses.delete(response_id):
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
+                       param="response_id", code="not_found")
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
     async with contextlib.aclosing(stream):
         try:

@@ -428,6 +428,23 @@ def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, 
         client.responses.retrieve(unstored.id)
 
 
+def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
+    """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
+    response = _create(client, input="[greet] Hi")
+    deleted = client.delete(f"/responses/{response.id}", cast_to=object)
+    assert deleted == {"id": response.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        _create(client, input="[greet]", previous_response_id=response.id)
+    with pytest.raises(openai.NotFoundError):  # twice, or one never stored
+        client.responses.delete(response.id)
+    kept = _create(client, input="[greet] Hi")
+    client.responses.delete(kept.id)  # the SDK's own call
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(kept.id)
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
@@ -549,6 +566,11 @@ def test_the_store_is_bounded_by_size_and_age():
     assert store.get("r0") is None and store.get("r4") is not None and len(store) < 5
     now[0] = 11.0
     assert store.get("r4") is None and len(store) == 0
+    store.put("r5", [{"text": "x" * 50}], {"id": "r5"})
+    assert store.delete("r5") and not store.delete("r5") and store.get("r5") is None
+    for i in range(3):  # the deleted one's bytes were given back: two fit again
+        store.put(f"s{i}", [{"text": "x" * 50}], {"id": f"s{i}"})
+    assert store.get("s1") is not None and store.get("s2") is not None
 
 
 def test_a_constraint_that_fails_while_generating_names_the_responses_field(server):
