@@ -40,9 +40,9 @@ from glimmer.engine.chat_rendering import (
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
-from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
@@ -383,7 +383,7 @@ class LLM:
                     metrics=RequestMetrics(arrival_time=arrival_time, last_token_time=arrival_time),
                 )
             while self.engine.has_unfinished_requests:
-                deltas = self.engine.step()
+                deltas = self._step()
                 received = time.time()
                 for delta in deltas:
                     request = results[delta.request_id]
@@ -410,6 +410,18 @@ class LLM:
         finally:
             bar.close()
         return [results[r] for r in order]
+
+    def _step(self) -> list[StepDelta]:
+        """One engine step. A step that failed only by the requests' own fault (a constraint that failed while
+        generating: GrammarFailure) raises that RequestError, naming its field, as a refusal up front would; the
+        StepError is its `__cause__`. Any other failure stays a StepError."""
+        try:
+            return self.engine.step()
+        except StepError as exc:
+            causes = [exc.cause_of(request_id) for request_id in exc.request_ids]
+            if causes and all(isinstance(cause, RequestError) for cause in causes):
+                raise causes[0] from exc
+            raise
 
     def _progress_bar(self, use_tqdm: bool | Callable[..., Any] | None, total: int) -> Any:
         """The bar of `total` prompts that `use_tqdm` asks for (None: shown unless `progress=False`); a callable

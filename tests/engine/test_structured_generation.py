@@ -93,15 +93,15 @@ def test_chat_raises_when_max_tokens_cuts_a_forced_call_short_before_it_is_writt
 def test_a_forced_call_whose_tool_schema_spells_a_framing_marker_fails_naming_the_tools(llm, schema):
     """P-CHAN-6: a typed value's JSON written as text ended the call where its schema spelled `<|eot|>`; the call was
     lost and the server answered 500 tool_choice_unsatisfied ("retry"), which no retry mends. It fails as the
-    request's fault, naming `tools` (a 400 on the server)."""
+    request's fault, naming `tools` (a 400 on the server). `LLM.chat` raises it as the RequestError it is (it was
+    a StepError wrapping it), the engine's StepError as its cause."""
     tool = {"type": "function", "function": {"name": "mark", "parameters": {
         "type": "object", "properties": {"value": schema}, "required": ["value"]}}}
-    with pytest.raises(StepError) as raised:
+    with pytest.raises(GrammarFailure) as raised:
         llm.chat(MESSAGES, SamplingParams(max_tokens=60, seed=1), tools=[tool], tool_choice="required",
                  thinking_token_budget=0, chat_template_kwargs=KWARGS)
-    cause = raised.value.cause_of(raised.value.request_ids[0])
-    assert isinstance(cause, GrammarFailure) and cause.param == "tools"
-    assert "a tool call's value spelled a framing marker" in str(cause)
+    assert raised.value.param == "tools" and isinstance(raised.value.__cause__, StepError)
+    assert "a tool call's value spelled a framing marker" in str(raised.value)
     assert not llm.engine.has_unfinished_requests
 
 
