@@ -214,7 +214,9 @@ class KVCacheManager:
     def acquire_cached_prefix(self, seq: Sequence) -> int:
         """Attach the longest usable cached prefix to a sequence with no blocks; returns its token count.
 
-        At least one token is always left to compute, so the step that follows produces logits.
+        At least one token is always left to compute, so the step that follows produces logits. The hit-rate
+        counts it only when the scheduler admits the sequence (`record_prefix_lookup`): a sequence that waits is
+        looked up again at every step, and each retry would count its blocks again.
         """
         if not self.enable_prefix_caching or seq.blocks:
             return 0
@@ -231,8 +233,6 @@ class KVCacheManager:
             ):
                 best = k
                 break
-        for pool in self.pools.values():
-            pool.record_lookup(max_blocks, best)
         if best == 0:
             return 0
         for group, pool in self.pools.items():
@@ -245,6 +245,15 @@ class KVCacheManager:
         seq.num_computed_tokens = best * bs
         seq.num_registered_blocks = best
         return best * bs
+
+    def record_prefix_lookup(self, seq: Sequence, cached_tokens: int) -> None:
+        """Count an admitted sequence's lookup (`acquire_cached_prefix`) in the prefix-cache hit-rate: the blocks
+        it could have found and those it found."""
+        if not self.enable_prefix_caching:
+            return
+        queried = min(len(seq.block_hashes), (seq.num_tokens - 1) // self.block_size)
+        for pool in self.pools.values():
+            pool.record_lookup(queried, cached_tokens // self.block_size)
 
     def usage(self) -> dict[str, tuple[int, int]]:
         """Per group: (blocks in use, blocks free)."""

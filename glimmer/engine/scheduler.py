@@ -95,6 +95,7 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            cached = None  # tokens found in the prefix cache, where it was looked up
             if not seq.blocks and not seq.scores_prompt:
                 cached = self.kv.acquire_cached_prefix(seq)
                 if seq.num_preemptions == 0:
@@ -107,6 +108,8 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
+            if cached is not None:
+                self.kv.record_prefix_lookup(seq, cached)
             self.kv.allocate(seq, n)
             if seq.first_scheduled_time is None:  # a preempted sequence re-admitted keeps its first time
                 seq.first_scheduled_time = time.time()

@@ -49,6 +49,31 @@ def test_a_waiting_sequence_never_holds_cached_blocks_that_block_the_queue():
     assert kv.usage()[FULL] == (0, 6)
 
 
+def test_the_prefix_cache_hit_rate_counts_a_waiting_sequence_once_not_at_every_retry():
+    """A waits behind B, looked up in the cache at every step it cannot run; the hit-rate counted each lookup, so
+    the more steps a request waited, the more its cached blocks weighed (the metric followed the queue)."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 6}, sliding_window=64))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64), kv)
+    lookups: list[str] = []
+    acquire = kv.acquire_cached_prefix
+    kv.acquire_cached_prefix = lambda seq: lookups.append(seq.request_id) or acquire(seq)
+    prefix = list(range(100, 108))  # two full blocks
+    scheduler.add(_seq("warm", prefix + [1], max_total=10))
+    while scheduler.has_work:
+        _run_step(scheduler)
+    scheduler.add(_seq("B", list(range(200, 215)), max_total=24))
+    _run_step(scheduler)
+    a = _seq("A", prefix + list(range(300, 313)), max_total=22)
+    scheduler.add(a)
+    while scheduler.has_work:
+        _run_step(scheduler)
+    assert lookups.count("A") > 1 and a.num_preemptions == 0  # A was looked up again while it waited
+    (pool,) = kv.pools.values()
+    # warm: 2 blocks queried, none found; B: 3, none; A, once: 5, none (B's blocks took the cached prefix's). While
+    # A waited, 8 more lookups found some of the prefix and let it go: counted, they made it 6 hits in 50
+    assert (pool.cache_queries, pool.cache_hits) == (2 + 3 + 5, 0) and a.num_cached_tokens == 0
+
+
 def test_try_allocate_is_can_allocate_then_allocate():
     """The scheduler's one-pass allocation answers as can_allocate does and leaves the same blocks as
     allocate, through window releases, shared (cached) blocks and pools running dry."""
