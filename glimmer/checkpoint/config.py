@@ -14,7 +14,7 @@ from typing import Any
 
 from glimmer.errors import ConfigError
 
-SUPPORTED_TEXT_ACTIVATIONS = ("silu",)
+SUPPORTED_TEXT_ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN runs both as torch's silu
 SUPPORTED_VISION_ACTIVATIONS = ("gelu",)
 TEXT_LAYER_TYPES = ("full_attention", "sliding_attention")
 VISION_LAYER_TYPES = ("full_attention", "window_attention")

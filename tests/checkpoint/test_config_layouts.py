@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import MuseGlimmerConfig, MuseGlimmerTextConfig
@@ -734,6 +735,19 @@ def test_missing_vision_shape_fields_are_named():
     raw = config_to_dict(tiny_model(), "canonical")
     del raw["vision_config"]["patch_size"], raw["out_hidden_size"]
     expect_error(raw, "vision_config.patch_size", "out_hidden_size")
+
+
+def test_swish_is_read_as_silu_as_transformers_runs_it():
+    """transformers' ACT2FN runs "swish" as torch's silu, the same function; Glimmer refused it."""
+    from transformers.activations import ACT2FN
+
+    x = torch.randn(64, generator=torch.Generator().manual_seed(0)) * 8
+    assert torch.equal(ACT2FN["swish"](x), ACT2FN["silu"](x))
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["hidden_activation"] = "swish"
+    assert normalize_config(raw).text.hidden_activation == "swish"
+    assert normalize_config(config_to_dict(tiny_model(), "flat") | {"hidden_act": "swish"}).text.hidden_activation \
+        == "swish"
 
 
 def test_unsupported_activation_is_refused_with_the_name_in_the_file():
