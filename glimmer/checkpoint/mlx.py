@@ -125,6 +125,9 @@ def _quantization(raw: dict[str, Any], source: Path) -> tuple[_Quantization | No
             overrides[key] = _parse_quantization(value, f"quantization.{key}", source)
         elif value is False:
             overrides[key] = None
+        elif "." in key:  # a module's path: mlx-lm writes its override as an object, or false to leave it whole
+            raise CheckpointError(f"{source}: quantization.{key}={value!r} is invalid; a module's override is an "
+                                  "object with group_size and bits, or false for a module left unquantized")
     return default, overrides
 
 

@@ -168,3 +168,19 @@ def test_a_quantized_module_missing_its_scales_or_biases_names_them(tiny_checkpo
     assert lines[0].endswith(f"do not match the config: {len(dropped)} missing"), lines[0]
     assert lines[2:2 + len(dropped)] == [f"    {module}.{part} (shape [128, 2])" for part in dropped]
     assert lines[-1].startswith("  fix: the artifact is incomplete")
+
+
+@pytest.mark.parametrize("override", ["4bit", 4, True, [4, 64]])
+def test_a_module_override_that_is_not_an_object_or_false_is_refused(tiny_checkpoint, tmp_path, override):
+    """mlx-lm writes a module's own quantization as an object (or false: left whole); any other value there was
+    ignored, the module read with the default's group size and bits."""
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", lambda tensors: None, bits=4)
+    config = json.loads((artifact / "config.json").read_text())
+    module = "model.layers.0.mlp.up_proj"
+    for key in ("quantization", "quantization_config"):
+        if key in config:
+            config[key][module] = override
+    (artifact / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    assert f"quantization.{module}={override!r} is invalid; a module's override is an object" in str(err.value)
