@@ -85,3 +85,46 @@ def test_generation_is_identical_one_at_a_time_and_batched(llm):
     batched = [o.token_ids for o in llm.generate(prompts, params)]
     single = [llm.generate([p], params)[0].token_ids for p in prompts]
     assert batched == single
+
+
+def _penalized_reference_greedy(reference, prompt: list[int], max_new_tokens: int, token_count: int,
+                                params: SamplingParams, swapped: bool = False) -> list[int]:
+    """Greedy decoding of the reference's logits moved as vLLM (and OpenAI) define it, written out plainly: the
+    logit bias first; the repetition penalty over every id of the prompt and the output (a positive logit divided,
+    a negative one multiplied); the frequency and presence penalties over the output's ids only, by their count.
+    `swapped`: the wrong reading, which ids count swapped (the repetition penalty over the output's, the frequency
+    and presence penalties over the prompt's too)."""
+    output: list[int] = []
+    for _ in range(max_new_tokens):
+        logits = reference_logits(reference, prompt + output)[-1].clone()
+        for token_id, bias in (params.logit_bias or {}).items():
+            logits[token_id] += bias
+        for token_id in set(output) if swapped else set(prompt) | set(output):
+            value = logits[token_id]
+            logits[token_id] = value / params.repetition_penalty if value > 0 else value * params.repetition_penalty
+        counted = prompt + output if swapped else output
+        for token_id in set(counted):
+            logits[token_id] -= params.frequency_penalty * counted.count(token_id) + params.presence_penalty
+        output.append(int(logits[:token_count].argmax()))
+    return output
+
+
+@pytest.mark.parametrize("penalties", [
+    {"repetition_penalty": 1.8}, {"repetition_penalty": 0.6}, {"presence_penalty": 1.5},
+    {"frequency_penalty": 0.9}, {"presence_penalty": -1.0, "frequency_penalty": -0.5},
+    {"repetition_penalty": 1.3, "presence_penalty": 0.7, "frequency_penalty": 0.4, "logit_bias": {5: 6.0, 77: -3.0}}])
+def test_greedy_penalties_and_logit_bias_move_the_reference_logits_as_vllm_defines_them(llm, reference, penalties):
+    """Which ids count is what these check: the prompt's only for the repetition penalty; raw logprobs stay the
+    reference's own distribution whatever moved the logits the token was chosen from."""
+    tokens = llm.engine.token_count
+    # the prompt ends with its own greedy continuation, so that the ids it holds are ones the model would choose
+    prompt = _prompts()[2]
+    prompt += reference_greedy(reference, prompt, 12, tokens)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0, **penalties)
+    output = llm.generate([prompt], params)[0]
+    assert output.token_ids == _penalized_reference_greedy(reference, prompt, 24, tokens, params)
+    # this case tells the two readings apart, so the check above could fail
+    assert output.token_ids != _penalized_reference_greedy(reference, prompt, 24, tokens, params, swapped=True)
+    expected = torch.log_softmax(reference_logits(reference, prompt + output.token_ids), dim=-1)
+    for step, entry in enumerate(output.logprobs):
+        assert abs(entry.logprob - expected[len(prompt) - 1 + step][entry.token_id].item()) < 1e-4
