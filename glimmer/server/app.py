@@ -96,9 +96,10 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.add_middleware(_InternalErrors)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
-        # every request, and no header can stand in for the API key, which is what guards the routes
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"])
+        # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
+        # `DELETE /v1/responses/{id}` (the SDK's responses.delete)
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 

@@ -251,6 +251,18 @@ def test_cors_preflight_allows_the_headers_openai_sdks_send(cors_server):
     assert set(sdk_headers.split(",")) <= allowed
 
 
+def test_cors_preflight_allows_deleting_a_stored_response(cors_server):
+    """Audit: the preflight allowed GET and POST only, so a page's `responses.delete` got "Disallowed CORS method"."""
+    preflight = httpx.options(cors_server.base_url + "/responses/resp_123", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "DELETE",
+        "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 200, preflight.text
+    assert "DELETE" in preflight.headers["access-control-allow-methods"]
+    deleted = httpx.delete(cors_server.base_url + "/responses/resp_123", headers={"Origin": "https://app.example"})
+    assert error_of(deleted, 404)
+    assert deleted.headers.get("access-control-allow-origin") == "https://app.example"
+
+
 def test_every_error_carries_the_cors_headers_internal_ones_included(cors_server, monkeypatch):
     """A 500 was made outside CORSMiddleware and carried no CORS headers: a browser page could not read it."""
     def broken(*args, **kwargs):
