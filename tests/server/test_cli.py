@@ -308,6 +308,17 @@ def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_l
     assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
 
 
+def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
+    """It was `max_model_len=10000000 must be between 2 and the model's ...`: a field the command line never takes,
+    and no fix."""
+    from glimmer.cli import main
+
+    assert main(["serve", str(make_tiny()), "--device", "cpu", "--port", str(free_port()),
+                 "--max-model-len", "10000000"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the weights' progress bar
+    assert err.startswith("glimmer: error:") and "--max-model-len" in err and "leave it out" in err, err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 @pytest.mark.parametrize("command", ["serve", "chat"])
