@@ -469,6 +469,24 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
                              "directory whose images and videos requests may name")
+    # ServerSettings would name its field (`max_request_bytes=0 is too small`), not the flag typed
+    if args.max_request_bytes is not None and args.max_request_bytes < 1024:
+        raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
+                         "it out for the default")
+    for dest in ("max_images_per_request", "max_videos_per_request"):
+        if getattr(args, dest) < 0:
+            raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give 0 or more")
+    if args.api_key == "":  # `--api-key "$KEY"` with KEY unset
+        raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
+    if args.metrics_require_api_key and not (args.api_key or os.environ.get("GLIMMER_API_KEY")):
+        raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
+    names = args.served_model_name or []
+    if not all(names):
+        raise UsageError("--served-model-name: a name is empty; give non-empty names, or leave it out for the model's")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UsageError(f"--served-model-name: {', '.join(map(repr, repeated))} given more than once (/v1/models "
+                         "would list it twice); give each name once")
     for origin in args.allowed_origins:
         if not _is_origin(origin):
             raise UsageError(f"--allowed-origins {origin}: not a web origin; give scheme://host[:port] with no "

@@ -258,7 +258,9 @@ class AsyncEngine:
         causes = {request_id: exc.cause_of(request_id) for request_id in exc.request_ids}
         internal = [request_id for request_id, cause in causes.items() if not isinstance(cause, GrammarFailure)]
         if internal:
-            logger.error("a step failed; stopping its %d request(s)", len(internal), exc_info=exc)
+            # the ids are the responses' ids (`chatcmpl-...`), which the server's 500 and its access log lack
+            logger.error("a step failed; stopping its %d request(s): %s", len(internal), ", ".join(internal),
+                         exc_info=exc)
             self.metrics.errors += 1
         for request_id, cause in causes.items():
             error: GlimmerError

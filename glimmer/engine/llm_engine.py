@@ -365,7 +365,8 @@ class LLMEngine:
         if requested is None:
             return limit
         if requested < 2 or requested > limit:
-            raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}")
+            raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}; give "
+                              f"--max-model-len / max_model_len= in that range, or leave it out for {limit}")
         return requested
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:

@@ -96,9 +96,10 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.add_middleware(_InternalErrors)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
-        # every request, and no header can stand in for the API key, which is what guards the routes
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["*"])
+        # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
+        # `DELETE /v1/responses/{id}` (the SDK's responses.delete)
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 
@@ -210,7 +211,9 @@ class _RequestAccounting:
     A request whose client left before its response was complete counts as 499, whatever status line was sent:
     a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
     upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
-    connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left."""
+    connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
+    A browser's CORS preflight (OPTIONS with Access-Control-Request-Method) counts as endpoint `preflight`: it asks
+    whether it may call the endpoint and calls nothing, so it must not add to that endpoint's 200s or 400s."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics):
         self.app = app
@@ -244,10 +247,13 @@ class _RequestAccounting:
             await self.app(scope, receive_and_watch, send_and_record)
         finally:
             recorded = _CLIENT_CLOSED_REQUEST if client_left else status
-            self.metrics.requests.labels(_endpoint(scope["path"]), str(recorded)).inc()
+            self.metrics.requests.labels(_endpoint(scope), str(recorded)).inc()
 
 
-def _endpoint(path: str) -> str:
+def _endpoint(scope: Scope) -> str:
+    path = scope["path"]
+    if scope["method"] == "OPTIONS" and any(name == b"access-control-request-method" for name, _ in scope["headers"]):
+        return "preflight"
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
     if path.startswith("/v1/responses/"):

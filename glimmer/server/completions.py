@@ -227,7 +227,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
 async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDelta]]) -> dict[str, Any]:
     async with contextlib.aclosing(updates):
         async for index, delta in updates:
-            run.timer.token(index)
+            run.timer.tokens(index, len(delta.token_ids))
             run.choices[index].add(delta)
     run.timer.done()
     choices = [run.choice(i, run.echo(i, c.prompt_logprobs), c.text, c.finish_reason, c.logprobs, c.text_offsets,
@@ -242,7 +242,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
     async with contextlib.aclosing(updates):
         try:
             async for index, delta in updates:
-                run.timer.token(index)
+                run.timer.tokens(index, len(delta.token_ids))
                 choice = run.choices[index]
                 choice.add(delta)
                 echo = _Piece()

@@ -106,7 +106,11 @@ class RequestTimer:
         self._arrival = arrival
         self._last_token_at: dict[int, float] = {}
 
-    def token(self, completion_index: int) -> None:
+    def tokens(self, completion_index: int, count: int) -> None:
+        """A delta of `count` new tokens of one completion; one of none (a scored prompt's logprobs, with
+        max_tokens 0) is no token, so a request that generates nothing has no time to first token."""
+        if not count:
+            return
         now = time.monotonic()
         if not self._last_token_at:
             self._metrics.time_to_first_token.observe(now - self._arrival)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -79,6 +81,25 @@ def test_a_failure_in_one_requests_grammar_ends_that_request_alone(server, monke
     assert results["plain"].json()["usage"]["completion_tokens"] == 48
     monkeypatch.undo()
     assert_healthy(server)
+
+
+def test_a_failing_step_is_logged_naming_the_requests_it_stopped(server, monkeypatch, caplog):
+    """An operator finds the failed request's id (`chatcmpl-...`) in the log line, not only a count."""
+    runner = server.engine.engine.runner
+    real_execute = runner.execute
+    failures = iter([True])
+
+    def fail_once(step):
+        if next(failures, False):
+            raise RuntimeError("device hiccup")
+        return real_execute(step)
+
+    monkeypatch.setattr(runner, "execute", fail_once)
+    with caplog.at_level(logging.ERROR, logger="glimmer.engine.async_engine"):
+        response = httpx.post(server.base_url + "/chat/completions", json=chat_body(), timeout=60)
+    assert response.status_code == 500
+    [record] = [r for r in caplog.records if r.getMessage().startswith("a step failed")]
+    assert re.fullmatch(r"a step failed; stopping its 1 request\(s\): chatcmpl-\S+", record.getMessage())
 
 
 def test_a_failing_model_step_ends_its_batch_and_the_engine_serves_on(server, monkeypatch):

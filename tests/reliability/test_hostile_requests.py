@@ -251,6 +251,33 @@ def test_cors_preflight_allows_the_headers_openai_sdks_send(cors_server):
     assert set(sdk_headers.split(",")) <= allowed
 
 
+def test_cors_preflight_allows_deleting_a_stored_response(cors_server):
+    """Audit: the preflight allowed GET and POST only, so a page's `responses.delete` got "Disallowed CORS method"."""
+    preflight = httpx.options(cors_server.base_url + "/responses/resp_123", headers={
+        "Origin": "https://app.example", "Access-Control-Request-Method": "DELETE",
+        "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 200, preflight.text
+    assert "DELETE" in preflight.headers["access-control-allow-methods"]
+    deleted = httpx.delete(cors_server.base_url + "/responses/resp_123", headers={"Origin": "https://app.example"})
+    assert error_of(deleted, 404)
+    assert deleted.headers.get("access-control-allow-origin") == "https://app.example"
+
+
+def test_cors_preflights_are_not_counted_as_the_endpoints_requests(cors_server):
+    """Audit: each preflight counted as a `/v1/chat/completions` 200 (and a refused one as a 400) in /metrics, so a
+    browser client's requests were counted twice."""
+    key = 'glimmer_requests_total{endpoint="%s",status="%s"}'
+    before = cors_server.metrics()
+    for origin in ("https://app.example", "https://evil.example"):
+        httpx.options(cors_server.base_url + "/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+    after = cors_server.metrics()
+    for status in (200, 400):
+        assert after.get(key % ("/v1/chat/completions", status), 0) == before.get(
+            key % ("/v1/chat/completions", status), 0)
+        assert after[key % ("preflight", status)] - before.get(key % ("preflight", status), 0) == 1
+
+
 def test_every_error_carries_the_cors_headers_internal_ones_included(cors_server, monkeypatch):
     """A 500 was made outside CORSMiddleware and carried no CORS headers: a browser page could not read it."""
     def broken(*args, **kwargs):

@@ -236,7 +236,8 @@ def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, mo
 
 
 def test_a_served_model_name_given_twice_is_refused(capsys):
-    _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "b", "a"], "'a' given more than once")
+    _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "b", "a"],
+                         "--served-model-name: 'a' given more than once")
 
 
 def test_a_busy_port_is_reported_before_the_model_loads(capsys, tmp_path):
@@ -305,6 +306,17 @@ def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_l
     default)`: a name and a None the command line never takes."""
     err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), *flags], *words)
     assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
+
+
+def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
+    """It was `max_model_len=10000000 must be between 2 and the model's ...`: a field the command line never takes,
+    and no fix."""
+    from glimmer.cli import main
+
+    assert main(["serve", str(make_tiny()), "--device", "cpu", "--port", str(free_port()),
+                 "--max-model-len", "10000000"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the weights' progress bar
+    assert err.startswith("glimmer: error:") and "--max-model-len" in err and "leave it out" in err, err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -487,18 +499,21 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
 
 
 @pytest.mark.parametrize(("flags", "words"), [
-    (["--max-request-bytes", "0"], "max_request_bytes=0 is too small"),  # it used to mean the default, silently
-    (["--max-request-bytes", "100"], "max_request_bytes=100 is too small"),
-    (["--metrics-require-api-key"], "metrics_require_api_key needs an api_key"),
-    (["--api-key", ""], "api_key must not be empty")])  # `--api-key "$KEY"` with KEY unset served with no key
-def test_server_options_are_refused_before_the_model_loads(tmp_path, capsys, flags, words, monkeypatch):
-    """Refused at once, not after loading a checkpoint (the path here does not even exist)."""
-    from glimmer.cli import main
-
+    (["--max-request-bytes", "0"], "--max-request-bytes 0 is too small"),  # it used to mean the default, silently
+    (["--max-request-bytes", "100"], "--max-request-bytes 100 is too small"),
+    (["--max-images-per-request", "-1"], "--max-images-per-request -1 is invalid"),
+    (["--max-videos-per-request", "-2"], "--max-videos-per-request -2 is invalid"),
+    (["--metrics-require-api-key"], "--metrics-require-api-key needs a key"),
+    (["--served-model-name", "a", ""], "--served-model-name: a name is empty"),
+    (["--api-key", ""], "--api-key is empty")])  # `--api-key "$KEY"` with KEY unset served with no key
+def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_path, capsys, flags, words,
+                                                                           monkeypatch):
+    """Refused at once in one line naming the flag typed (they named ServerSettings' field, `max_request_bytes=0`),
+    not after loading a checkpoint (the path here does not even exist)."""
     monkeypatch.delenv("GLIMMER_API_KEY", raising=False)
-    assert main(["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()), *flags]) == 2
-    err = capsys.readouterr().err
-    assert words in err and "no-such-model" not in err
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()), *flags],
+                               words)
+    assert "no-such-model" not in err
 
 
 @pytest.mark.parametrize("origin", ["notaurl", "app.example.com", "https://app.example.com/", "https://app.example.com/x",

@@ -263,6 +263,16 @@ def test_metrics_expose_requests_tokens_latencies_and_cache(server, client):
     assert samples["glimmer_prefix_cache_hit_rate"] > 0  # the same system prompt came back many times
 
 
+def test_a_scored_prompt_that_generates_nothing_has_no_time_to_first_token(server, client):
+    before = server.metrics()
+    scored = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=0, echo=True, logprobs=1)
+    assert scored.usage.completion_tokens == 0
+    after = server.metrics()
+    for name in ("glimmer_time_to_first_token_seconds_count", "glimmer_inter_token_latency_seconds_count"):
+        assert after[name] == before[name], name
+    assert after["glimmer_request_duration_seconds_count"] == before["glimmer_request_duration_seconds_count"] + 1
+
+
 def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(server):
     before = server.metrics()["glimmer_generation_tokens_total"]
     request = {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, **EXTRA}
