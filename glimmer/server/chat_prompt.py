@@ -164,6 +164,9 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
         if not context.model_has_vision:
             raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input",
                                param=param)
+        if kind == "video" and context.video_unsupported_reason:  # refused before the video is fetched and decoded
+            raise RequestError(f"{param}: this model cannot take videos: {context.video_unsupported_reason}",
+                               param=param)
         _, reference = media_from_part(part, param)
         if len(found[kind]) == limits[kind]:
             raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "

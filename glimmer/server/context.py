@@ -44,6 +44,11 @@ class ServingContext:
     def model_has_vision(self) -> bool:
         return self.engine.engine.model_config.vision is not None
 
+    @property
+    def video_unsupported_reason(self) -> str | None:
+        """Why a model with a vision tower still cannot take videos (a GGUF mmproj), or None."""
+        return self.engine.engine.model_config.video_unsupported_reason
+
     def check_model(self, requested: str | None) -> str:
         """The served name to report; raises APIError 404 for a model this server does not serve."""
         names = self.settings.served_model_names

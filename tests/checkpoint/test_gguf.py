@@ -334,6 +334,7 @@ def test_glimmer_serve_a_gguf_with_mmproj(make_tiny, tmp_path):
         body["messages"][0]["content"][1] = {"type": "video_url", "video_url": {"url": _video_data_url(tmp_path)}}
         refused = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120)
         assert refused.status_code == 400 and "safetensors" in refused.json()["error"]["message"]
+        assert refused.json()["error"]["param"] == "messages[0].content[1]"
     finally:
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=30)
