@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from glimmer.checkpoint.config import ModelConfig, TextConfig
@@ -46,6 +45,8 @@ from glimmer.errors import CheckpointError
 MLX_FORMAT_VERSION = 1
 _PACKAGING_KEYS = ("muse_glimmer_mlx_format", "quantization", "quantization_config")
 _SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
+# codes unpacked at a time by `dequantize_affine`: its scratch memory is a few dozen bytes per code
+DEQUANTIZE_CHUNK_VALUES = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -292,12 +293,25 @@ def dequantize_affine(
     packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, group_size: int, bits: int
 ) -> torch.Tensor:
     """MLX affine dequantization: codes are `bits`-wide fields of a little-endian bit stream over each row's
-    uint32 words; w = scale · q + bias per group of `group_size` inputs. Returns float32 (out, in)."""
+    uint32 words; w = scale · q + bias per group of `group_size` inputs. Returns float32 (out, in).
+
+    Rows are unpacked a block at a time (DEQUANTIZE_CHUNK_VALUES codes), so the scratch memory beside the output
+    stays a few megabytes whatever the tensor's size: the 30B's embedding holds 1.3 billion codes."""
     rows = packed.shape[0]
-    raw = packed.contiguous().view(torch.uint8).numpy().reshape(rows, -1)
-    stream = np.unpackbits(raw, axis=1, bitorder="little")
-    columns = stream.shape[1] // bits
-    weights = (1 << np.arange(bits, dtype=np.int32)).astype(np.int32)
-    codes = stream[:, : columns * bits].reshape(rows, columns, bits).astype(np.int32) @ weights
-    q = torch.from_numpy(codes.astype(np.float32)).reshape(rows, -1, group_size)
-    return (q * scales.float()[:, :, None] + biases.float()[:, :, None]).reshape(rows, columns)
+    raw = packed.contiguous().view(torch.uint8).reshape(rows, -1)
+    columns = raw.shape[1] * 8 // bits
+    # code i is bits [i·bits, (i+1)·bits) of its row's stream: within two bytes, as bits ≤ 8
+    offsets = torch.arange(columns) * bits
+    first_byte, shift = offsets // 8, (offsets % 8).to(torch.int32)
+    mask = (1 << bits) - 1
+    out = torch.empty(rows, columns, dtype=torch.float32)
+    step = max(1, DEQUANTIZE_CHUNK_VALUES // max(columns, 1))
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        stream = raw[start:stop].to(torch.int32)
+        stream = torch.cat([stream, torch.zeros(stop - start, 1, dtype=torch.int32)], dim=1)  # a last code's 2nd byte
+        codes = ((stream[:, first_byte] | (stream[:, first_byte + 1] << 8)) >> shift) & mask
+        q = codes.to(torch.float32).reshape(stop - start, -1, group_size)
+        scale, bias = scales[start:stop].float()[:, :, None], biases[start:stop].float()[:, :, None]
+        out[start:stop] = (q * scale + bias).reshape(stop - start, columns)
+    return out
