@@ -21,6 +21,7 @@ The packaging, version 1, as the packager writes it and this reader undoes it:
 * Quantized modules (any Linear or the embedding) hold `weight` (uint32 words packing B-bit codes as a
   little-endian bit stream along each row), `scales` and `biases` (one per group of G inputs):
   w = scale · q + bias — MLX's affine quantization, dequantized here with exactly that formula.
+* A tied model (`tie_word_embeddings: true`) has no `lm_head`: its embedding, quantized or not, is the head.
 * Text only: the artifact carries no vision tower.
 """
 
@@ -247,8 +248,9 @@ def _entries(
         "model.language_model.embed_tokens.weight": ((text.vocab_size, h),
                                                      matrix("model.embed_tokens", (text.vocab_size, h))),
         "model.language_model.norm.weight": ((h,), vector("model.norm.weight", unfold=False)),
-        "lm_head.weight": ((text.vocab_size, h), matrix("lm_head", (text.vocab_size, h))),
     }
+    if not text.tie_word_embeddings:  # a tied model's lm_head is its embedding; mlx-lm saves no lm_head for it
+        readers["lm_head.weight"] = ((text.vocab_size, h), matrix("lm_head", (text.vocab_size, h)))
     for i in range(text.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"model.language_model.layers.{i}."
         fused = matrix(src + "self_attn.q_proj", (2 * heads * d, h))

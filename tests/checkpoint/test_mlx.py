@@ -161,6 +161,40 @@ def _edited_artifact(tiny_checkpoint, directory, edit, **export):
     return artifact
 
 
+@pytest.mark.parametrize("bits", [None, 4])
+def test_a_tied_artifact_without_lm_head_loads_as_the_tied_checkpoint(tiny_checkpoint, tmp_path, bits):
+    """mlx-lm saves no lm_head for a model whose config ties it to the embedding; such an artifact was refused as
+    incomplete (lm_head.weight missing), though the same model loads from safetensors."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def drop_lm_head(tensors):
+        for name in [n for n in tensors if n.startswith("lm_head.")]:
+            del tensors[name]
+
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", drop_lm_head, bits=bits)
+    config = json.loads((artifact / "config.json").read_text())
+    (artifact / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": True}))
+    model = load_model(artifact, progress=False).model
+    assert model.lm_head.weight is model.embed_tokens.weight
+    if bits is None:  # the tied safetensors checkpoint: same config, the same weights less lm_head
+        tied = tmp_path / "tied"
+        shutil.copytree(tiny_checkpoint, tied)
+        config = json.loads((tied / "config.json").read_text())
+        (tied / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": True}))
+        tensors = load_file(tied / "model.safetensors")
+        drop_lm_head(tensors)
+        save_file(tensors, str(tied / "model.safetensors"))
+        assert torch.equal(logits(model), logits(load_model(tied, progress=False).model))
+    else:
+        weights = mx.load(str(artifact / "model.safetensors"))
+        module = "model.embed_tokens"
+        expected = mx.dequantize(weights[module + ".weight"], weights[module + ".scales"], weights[module + ".biases"],
+                                 group_size=32, bits=bits)
+        assert (model.lm_head.weight - torch.tensor(expected.tolist())).abs().max() < 1e-6
+
+
 @pytest.mark.parametrize(("bits", "stored"), [(None, torch.int8), (4, torch.float32)], ids=["int8-weight",
                                                                                           "float-codes"])
 def test_a_tensor_of_a_dtype_the_packing_does_not_use_is_refused(tiny_checkpoint, tmp_path, bits, stored):
