@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile
+from glimmer.checkpoint.gguf_model import refuse_rope_scaling
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import TensorInfo
 
@@ -51,6 +52,7 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     hidden, inner = file.integer(key("embedding_length")), file.integer(key("feed_forward_length"))
     heads, kv_heads = file.integer(key("attention.head_count")), file.integer(key("attention.head_count_kv"))
     head_dim = file.integer(key("attention.key_length"))
+    refuse_rope_scaling(file, ARCH)
     targets = [t - 1 for t in file.array(key("target_layers"), "INTEGER")]
     if any(t < 0 for t in targets):
         raise file.error(f"{key('target_layers')} must hold target layer ids + 1 (≥ 1)")

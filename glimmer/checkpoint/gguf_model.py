@@ -205,6 +205,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
             raise file.error(f"{_key(same)}={file.integer(_key(same))} differs from attention.key_length={head_dim}; "
                              "Muse Glimmer rotates and attends over the whole head")
     theta = file.number(_key("rope.freq_base"))
+    refuse_rope_scaling(file, ARCH)
     if file.has(_key("rope.freq_base_swa")):
         # llama.cpp rotates the sliding-window layers (the only RoPE layers) with freq_base_swa
         swa_theta = file.number(_key("rope.freq_base_swa"))
@@ -264,6 +265,27 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
         warnings.insert(0, f"{file.path}: metadata keys absent from the GGUF took the reference defaults: "
                            + ", ".join(defaulted))
     return text, warnings
+
+
+# llama.cpp scales RoPE positions by 1/factor when a file carries one of these (llama_model::load_hparams reads them
+# for every architecture; absent or 0 means 1), or by YaRN / LongRoPE when its scaling type says so
+_ROPE_SCALING_FACTORS = ("rope.scaling.factor", "rope.scale_linear")
+_UNSCALED_ROPE_TYPES = ("none", "linear")  # linear by a factor of 1 scales nothing
+
+
+def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:
+    """Refuse a file whose metadata asks for scaled RoPE: Muse Glimmer's RoPE is plain ('default', architecture.md
+    §1.1), and run unscaled such a file would answer otherwise than llama.cpp runs it, without a word (a config.json
+    asking for scaling is refused the same way). Raises CheckpointError naming the key."""
+    fix = "Muse Glimmer's RoPE is unscaled ('default'): use a GGUF converted without RoPE scaling"
+    for name in _ROPE_SCALING_FACTORS:
+        key = f"{arch}.{name}"
+        if file.has(key) and file.number(key) not in (0.0, 1.0):
+            raise file.error(f"{key}={file.number(key)!r} asks for RoPE positions scaled by 1/{file.number(key)!r}, "
+                             f"which Glimmer does not run; {fix}")
+    key = f"{arch}.rope.scaling.type"
+    if file.has(key) and file.string(key) not in _UNSCALED_ROPE_TYPES:
+        raise file.error(f"{key}={file.string(key)!r} is not supported; {fix}")
 
 
 def _positive(file: GGUFFile, name: str) -> int:

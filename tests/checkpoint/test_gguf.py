@@ -186,6 +186,40 @@ def test_a_tensor_of_the_wrong_shape_is_reported_once(f32_gguf, tmp_path):
         "    blk.0.ffn_up.weight: expected shape [128, 64], found [64, 128]"]
 
 
+_STRING, _FLOAT = gguf.GGUFValueType.STRING, gguf.GGUFValueType.FLOAT32
+
+
+@pytest.mark.parametrize(("scaling", "refusal"), [
+    ({"rope.scaling.type": ("linear", _STRING), "rope.scaling.factor": (4.0, _FLOAT)},
+     "muse-glimmer.rope.scaling.factor=4.0 asks for RoPE positions scaled by 1/4.0, which Glimmer does not run"),
+    ({"rope.scale_linear": (2.0, _FLOAT)}, "muse-glimmer.rope.scale_linear=2.0 asks for RoPE positions scaled"),
+    ({"rope.scaling.type": ("yarn", _STRING), "rope.scaling.factor": (1.0, _FLOAT)},
+     "muse-glimmer.rope.scaling.type='yarn' is not supported"),
+], ids=["linear", "legacy-linear", "yarn"])
+def test_a_gguf_asking_for_scaled_rope_is_refused_by_its_key(f32_gguf, tmp_path, scaling, refusal):
+    """llama.cpp scales RoPE positions by what these keys say; Glimmer read none of them and ran such a file unscaled,
+    a silently other model (a config.json asking for scaling is refused)."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "scaled.gguf", {}, add={f"muse-glimmer.{k}": v for k, v in scaling.items()})
+    with pytest.raises(CheckpointError) as err:
+        load_model(path, progress=False)
+    assert str(err.value).startswith(f"{path}: {refusal}")
+    assert str(err.value).endswith("Muse Glimmer's RoPE is unscaled ('default'): use a GGUF converted without RoPE "
+                                   "scaling")
+
+
+def test_a_gguf_whose_rope_scaling_keys_scale_nothing_loads(f32_gguf, tmp_path):
+    """What converters write for plain RoPE: type none or linear, a factor of 1 or 0 (llama.cpp's "unset")."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "unscaled.gguf", {}, add={
+        "muse-glimmer.rope.scaling.type": ("linear", _STRING), "muse-glimmer.rope.scaling.factor": (1.0, _FLOAT),
+        "muse-glimmer.rope.scale_linear": (0.0, _FLOAT)})
+    assert torch.equal(logits(load_model(path, progress=False).model),
+                       logits(load_model(f32_gguf, progress=False).model))
+
+
 @pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
                                                      ("top_p", 0.0, "general.sampling.top_p"),
                                                      ("min_p", 1.5, "general.sampling.min_p"),

@@ -22,8 +22,10 @@ CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
               rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
 
 
-def write_drafter_gguf(path, state, config, *, extra_tensor: bool = False):
+def write_drafter_gguf(path, state, config, *, extra_tensor: bool = False, extra_keys: dict | None = None):
     writer = gguf.GGUFWriter(path, "dflash")
+    for key, (value, value_type) in (extra_keys or {}).items():
+        writer.add_key_value(key, value, value_type)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -99,6 +101,15 @@ def test_a_drafter_with_an_embedding_is_refused(reference, tmp_path):
     assert str(err.value).endswith("fix: a DFlash drafter borrows the target's embedding and LM head and holds no "
                                    "others: load the drafter GGUF published for the model, or convert the Hugging "
                                    "Face checkpoint again with llama.cpp's convert_hf_to_gguf.py")
+
+
+def test_a_drafter_asking_for_scaled_rope_is_refused_by_its_key(reference, tmp_path):
+    """As the target's (test_gguf.py): llama.cpp would scale the drafter's RoPE positions, Glimmer ran them unscaled."""
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG, extra_keys={
+        "dflash.rope.scaling.factor": (8.0, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(CheckpointError, match=r"dflash\.rope\.scaling\.factor=8\.0 asks for RoPE positions scaled"):
+        read_gguf_drafter(path)
 
 
 def test_a_drafter_is_not_taken_for_a_model(reference, tmp_path):
