@@ -6,7 +6,8 @@ its loader (`src/models/muse-glimmer.cpp`), as summarized in architecture.md §1
 * Metadata: the llama.cpp keys under `muse-glimmer.` (block_count, embedding_length, feed_forward_length,
   attention.head_count / head_count_kv / key_length / layer_norm_rms_epsilon, rope.freq_base,
   context_length, logit_scale = output_multiplier, final_logit_softcapping, attention.sliding_window and
-  attention.sliding_window_pattern, one bool per layer, true = sliding window + RoPE).
+  attention.sliding_window_pattern, one bool per layer, true = sliding window + RoPE, or, as llama.cpp also
+  reads it, a period: the last layer of every `period` is full attention).
 * The four per-layer sandwich norms are stored with the reference's +1 folded in (w + 1); the final norm
   is stored as is (§2.1, §14.1). Loading subtracts the 1 again.
 * q and k are stored in ggml's interleaved (NORM) RoPE layout: the converter inverts transformers'
@@ -213,7 +214,10 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
             notes.append(f"{file.path}: rope.freq_base_swa={swa_theta!r} is used for the RoPE layers "
                          f"(rope.freq_base={theta!r} only applies to NoPE layers)")
             theta = swa_theta
-    if file.has(_key("attention.sliding_window_pattern")):
+    if file.has(_key("attention.sliding_window_pattern")) and \
+            not file.type_of(_key("attention.sliding_window_pattern")).startswith("ARRAY"):
+        layer_types = _periodic_layer_types(file, n)
+    elif file.has(_key("attention.sliding_window_pattern")):
         pattern = file.array(_key("attention.sliding_window_pattern"), "BOOL")
         if len(pattern) != n:
             raise file.error(f"{_key('attention.sliding_window_pattern')} has {len(pattern)} entries but "
@@ -286,6 +290,17 @@ def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:
     key = f"{arch}.rope.scaling.type"
     if file.has(key) and file.string(key) not in _UNSCALED_ROPE_TYPES:
         raise file.error(f"{key}={file.string(key)!r} is not supported; {fix}")
+
+
+def _periodic_layer_types(file: GGUFFile, n: int) -> tuple[str, ...]:
+    """The layer types of a sliding_window_pattern given as a period, which llama.cpp's muse-glimmer loader reads
+    before the bool array (set_swa_pattern): of every `period` layers the last is full attention; 0: none is."""
+    key = _key("attention.sliding_window_pattern")
+    period = file.integer(key)
+    if period < 0:
+        raise file.error(f"{key}={period} is invalid; expected a period ≥ 0 or one bool per layer")
+    return tuple("sliding_attention" if period == 0 or i % period < period - 1 else "full_attention"
+                 for i in range(n))
 
 
 def _positive(file: GGUFFile, name: str) -> int:

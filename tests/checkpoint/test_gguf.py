@@ -220,6 +220,24 @@ def test_a_gguf_whose_rope_scaling_keys_scale_nothing_loads(f32_gguf, tmp_path):
                        logits(load_model(f32_gguf, progress=False).model))
 
 
+@pytest.mark.parametrize(("period", "full_layers"), [(4, [3, 7]), (3, [2, 5]), (0, [])])
+def test_a_sliding_window_period_gives_llama_cpps_layer_types(f32_gguf, tmp_path, period, full_layers):
+    """llama.cpp's muse-glimmer loader reads attention.sliding_window_pattern as a period before it tries the bool
+    array (set_swa_pattern: the last of every `period` layers is full attention); Glimmer refused the period as
+    "expected an array of bools", so a file llama.cpp runs did not load."""
+    from test_gguf_hostile import _rewrite
+
+    key = "muse-glimmer.attention.sliding_window_pattern"
+    path = _rewrite(f32_gguf, tmp_path / f"period-{period}.gguf", {}, drop=(key,),
+                    add={key: (period, gguf.GGUFValueType.UINT32)})
+    text = load_model(path, progress=False).config.text
+    assert [i for i, kind in enumerate(text.layer_types) if kind == "full_attention"] == full_layers
+    assert text.rope_layers == tuple(kind == "sliding_attention" for kind in text.layer_types)  # RoPE where it slides
+    if period == 4:  # the tiny model's own pattern: the same model as the bool array gives
+        assert torch.equal(logits(load_model(path, progress=False).model),
+                           logits(load_model(f32_gguf, progress=False).model))
+
+
 @pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
                                                      ("top_p", 0.0, "general.sampling.top_p"),
                                                      ("min_p", 1.5, "general.sampling.min_p"),
