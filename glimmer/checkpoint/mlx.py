@@ -116,10 +116,6 @@ def _quantization(raw: dict[str, Any], source: Path) -> tuple[_Quantization | No
         return None, {}
     if not isinstance(spec, dict):
         raise CheckpointError(f"{source}: quantization must be an object with group_size and bits")
-    mode = spec.get("mode", "affine")
-    if mode != "affine":
-        raise CheckpointError(f"{source}: quantization mode {mode!r} is not supported; Glimmer reads MLX's affine "
-                              "quantization (scales and biases per group)")
     default = _parse_quantization(spec, "quantization", source)
     overrides: dict[str, _Quantization | None] = {}
     for key, value in spec.items():
@@ -134,6 +130,12 @@ def _quantization(raw: dict[str, Any], source: Path) -> tuple[_Quantization | No
 
 
 def _parse_quantization(spec: dict[str, Any], name: str, source: Path) -> _Quantization:
+    # a module's own mode (mlx-lm writes one beside group_size and bits) counts as the default's does: its mxfp4 or
+    # nvfp4 codes have no biases and other scales, and read as affine they would be another model
+    mode = spec.get("mode", "affine")
+    if mode != "affine":
+        raise CheckpointError(f"{source}: {name}.mode={mode!r} is not supported; Glimmer reads MLX's affine "
+                              "quantization (scales and biases per group): regenerate the artifact with mode affine")
     group, bits = spec.get("group_size"), spec.get("bits")
     if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
         raise CheckpointError(f"{source}: {name}.group_size={group!r} is invalid; expected a positive integer")

@@ -250,6 +250,29 @@ def test_a_quantized_module_missing_its_scales_or_biases_names_them(tiny_checkpo
     assert lines[-1].startswith("  fix: the artifact is incomplete")
 
 
+def test_a_module_quantized_in_another_mode_is_refused_naming_its_mode(tiny_checkpoint, tmp_path):
+    """mlx-lm's mixed recipes may give a module its own mode; an mxfp4 module (codes with e8m0 scales and no biases)
+    was reported as a quantized module missing its biases, "the artifact is incomplete: copy it again"."""
+    module = "model.layers.0.mlp.up_proj"
+
+    def to_mxfp4(tensors):
+        affine = [mx.array(tensors[f"{module}.{part}"].numpy()) for part in ("weight", "scales", "biases")]
+        weight = mx.dequantize(*affine, group_size=32, bits=4)
+        packed, scales = mx.quantize(weight, group_size=32, bits=4, mode="mxfp4")
+        del tensors[f"{module}.biases"]
+        tensors[f"{module}.weight"] = torch.tensor(np.array(packed))
+        tensors[f"{module}.scales"] = torch.tensor(np.array(scales))
+
+    artifact = _edited_artifact(tiny_checkpoint, tmp_path / "mlx", to_mxfp4, bits=4)
+    config = json.loads((artifact / "config.json").read_text())
+    config["quantization"][module] = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+    (artifact / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    assert f"quantization.{module}.mode='mxfp4' is not supported; Glimmer reads MLX's affine quantization" \
+        in str(err.value)
+
+
 @pytest.mark.parametrize("override", ["4bit", 4, True, [4, 64]])
 def test_a_module_override_that_is_not_an_object_or_false_is_refused(tiny_checkpoint, tmp_path, override):
     """mlx-lm writes a module's own quantization as an object (or false: left whole); any other value there was
