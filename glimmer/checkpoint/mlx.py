@@ -73,7 +73,10 @@ def open_mlx_artifact(path: Path, raw: dict[str, Any]) -> MlxArtifact:
                               f"{MLX_FORMAT_VERSION}); regenerate the artifact with a packager that writes version "
                               f"{MLX_FORMAT_VERSION}, or load the original Hugging Face export")
     default, overrides = _quantization(raw, source)
-    config = normalize_config({k: v for k, v in raw.items() if k not in _PACKAGING_KEYS}, source=str(source))
+    described = {k: v for k, v in raw.items() if k not in _PACKAGING_KEYS}
+    if isinstance(raw.get("text_config"), dict):  # its pairing flag is read here (_interleaved_rope), not by the config
+        described["text_config"] = {k: v for k, v in raw["text_config"].items() if k != "rope_is_neox_style"}
+    config = normalize_config(described, source=str(source))
     interleaved = _interleaved_rope(raw, config, source)
     files = SafetensorsCheckpoint(path)
     config = dataclasses.replace(config, warnings=(*config.warnings, *files.warnings))  # files left out
@@ -146,7 +149,17 @@ def _parse_quantization(spec: dict[str, Any], name: str, source: Path) -> _Quant
 
 
 def _interleaved_rope(raw: dict[str, Any], config: ModelConfig, source: Path) -> bool:
-    neox = raw.get("rope_is_neox_style")
+    """Whether q/k rows are interleaved, from `rope_is_neox_style`: at the top level, or in the nested schema's
+    text_config (where a weights directory's flag is read too, formats.py); two that disagree are refused."""
+    stated = {f"{where}rope_is_neox_style": section["rope_is_neox_style"]
+              for where, section in (("", raw), ("text_config.", raw.get("text_config")))
+              if isinstance(section, dict) and section.get("rope_is_neox_style") is not None}
+    if len(set(map(repr, stated.values()))) > 1:
+        raise CheckpointError(f"{source}: {' and '.join(f'{k}={v!r}' for k, v in stated.items())} disagree on the q/k "
+                              "RoPE pairing; keep the one the weights have, or regenerate the artifact")
+    neox = next(iter(stated.values()), None)
+    if neox is not None and not isinstance(neox, bool):
+        raise CheckpointError(f"{source}: {next(iter(stated))}={neox!r} is invalid; expected true or false")
     if config.config_layout in ("flat", "vendor"):
         if not isinstance(neox, bool):
             raise CheckpointError(f"{source}: rope_is_neox_style is {'absent' if neox is None else repr(neox)}; a flat "

@@ -41,6 +41,27 @@ def test_float_artifact_gives_the_safetensors_logits_exactly(tiny_checkpoint, tm
                        logits(load_model(tiny_checkpoint, progress=False).model))
 
 
+def test_a_nested_artifact_reads_the_pairing_flag_in_its_text_config(tiny_checkpoint, tmp_path, caplog):
+    """The nested schema keeps the text model's facts in text_config, where a weights directory's flag is read too
+    (formats.py); the MLX reader looked at the top level only, so interleaved q/k rows flagged there were read as
+    rotate-half, a silently wrong model, while a warning said the key was ignored."""
+    from glimmer.checkpoint.config_layouts import config_to_dict, load_config
+
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint),
+                                   interleaved=True)
+    config = config_to_dict(load_config(tiny_checkpoint), "canonical") | {"muse_glimmer_mlx_format": 1}
+    config["text_config"]["rope_is_neox_style"] = False
+    (artifact / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING"):
+        loaded = load_model(artifact, progress=False).model
+    assert torch.equal(logits(loaded), logits(load_model(tiny_checkpoint, progress=False).model))
+    assert "rope_is_neox_style" not in caplog.text
+    (artifact / "config.json").write_text(json.dumps(config | {"rope_is_neox_style": True}))
+    with pytest.raises(CheckpointError, match=r"rope_is_neox_style=True and text_config\.rope_is_neox_style=False "
+                                              r"disagree on the q/k RoPE pairing"):
+        load_model(artifact, progress=False)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_artifact_matches_mlx_dequantization(tiny_checkpoint, tmp_path, bits):
     state = canonical_state(tiny_checkpoint)
