@@ -15,7 +15,9 @@ What we do, and where it departs from the reference:
 * Timestamps: the reference prints frame_index / fps. We print each sampled frame's real presentation
   timestamp, relative to the first frame, so variable-frame-rate video and streams with gaps get true
   times. For constant-rate video they are equal. Decoded frame arrays (`DecodedVideo`) have no
-  timestamps, so they use index / fps.
+  timestamps, so they use index / fps. Either is held in float32, as the reference's are (torch tensors):
+  "{timestamp:.1f}" prints some times differently in float64 (60 fps frame 63 is 1.05 s, "1.0" in float32,
+  "1.1" in float64).
 * Only a demuxer allow-list of ordinary video containers is opened (no playlists or concat scripts,
   which could make FFmpeg open other files).
 * Rotation metadata is not applied (the reference does not either).
@@ -96,6 +98,12 @@ def sample_frame_indices(total_frames: int, video_fps: float, settings: MediaSet
     count = max(temporal, count // temporal * temporal)
     count = min(count, total_frames)
     return torch.linspace(0, total_frames - 1, count).long().tolist()
+
+
+def frame_timestamps_s(frame_indices: Sequence[int], video_fps: float) -> list[float]:
+    """The times of frames at a constant rate as the reference computes them (`VideoMetadata.timestamps`): each
+    index, a long tensor's element, divided by fps in torch's float32, not float64."""
+    return (torch.tensor(frame_indices, dtype=torch.long) / float(video_fps)).tolist()
 
 
 def group_timestamps(frame_timestamps_s: Sequence[float], grid_t: int, temporal_patch_size: int) -> tuple[float, ...]:
@@ -220,7 +228,8 @@ def decode_video_file(
             "corrupt or truncated",
         )
     first = times[0]
-    return torch.cat(frames), [time - first for time in times]
+    # float32, as the reference holds a time (`frame_timestamps_s`)
+    return torch.cat(frames), torch.tensor([time - first for time in times], dtype=torch.float64).float().tolist()
 
 
 def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaLimits, index: int):
@@ -261,7 +270,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     else:
         selected = np.stack([pil_to_rgb(frames[i], "video", index) for i in wanted])
     resized = resize_frames(as_frame_tensor(selected), *_target_size(height, width, settings))
-    return resized, [i / fps for i in wanted]
+    return resized, frame_timestamps_s(wanted, fps)
 
 
 def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+VideoMetadata = pytest.importorskip("transformers.video_utils").VideoMetadata
 REFERENCE_DIR = Path(transformers.__file__).parent / "models" / "muse_glimmer"
 
 
@@ -109,7 +110,10 @@ def reference_processor() -> SimpleNamespace:
         return replace_image(this, {"image_grid_thw": torch.tensor([grid_thw])}, 0)
 
     def video(grid_thw: list[int], frame_indices: list[int], fps: float) -> str:
-        metadata = SimpleNamespace(fps=fps, timestamps=[i / fps for i in frame_indices])
+        # the reference's own metadata: its timestamps divide the indices, a long tensor as its sample_frames returns
+        # them, by fps in torch's float32
+        metadata = VideoMetadata(total_num_frames=frame_indices[-1] + 1, fps=fps,
+                                 frames_indices=torch.tensor(frame_indices, dtype=torch.long))
         return replace_video(this, {"video_grid_thw": torch.tensor([grid_thw]), "video_metadata": [metadata]}, 0)
 
     return SimpleNamespace(image=image, video=video)

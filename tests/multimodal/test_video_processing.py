@@ -21,6 +21,7 @@ from glimmer.multimodal import (
     process_image,
     process_video,
     sample_frame_indices,
+    video_expansion,
 )
 from glimmer.multimodal.patches import patch_rows
 
@@ -193,12 +194,34 @@ def test_timestamps_start_at_zero_when_the_stream_does_not(tmp_path, video_write
     assert video.group_timestamps_s == (0.0, 0.5)
 
 
+@pytest.mark.parametrize(("total", "video_fps"), [(601, 60.0), (121, 20.0), (1201, 120.0)])
+def test_timestamps_print_as_the_references_float32_times(total, video_fps, reference_sample_frames,
+                                                         reference_processor) -> None:
+    """QA: a 10 s clip at 60 fps printed the group at frame 63 as "Time: 1.1s" (63 / 60 in float64) where the
+    reference prints "Time: 1.0s" (its times are float32 tensors): another prompt than the reference's."""
+    frames = np.zeros((total, 28, 28, 3), dtype=np.uint8)
+    video = process_video(DecodedVideo(frames, fps=video_fps), SMALL, LIMITS)
+    indices = reference_sample_frames(total, video_fps, SMALL.video_sample_fps, SMALL.video_max_frames, 2)
+    expected = reference_processor.video(list(video.grid_thw), indices, video_fps)
+    assert video_expansion(video.group_timestamps_s, video.tokens_per_group, SMALL.frame_timestamp_format) == expected
+
+
+def test_a_files_timestamps_print_as_the_references_float32_times(tmp_path, video_writer, reference_sample_frames,
+                                                                 reference_processor) -> None:
+    """The presentation times of a constant-rate file print as the reference's index / fps: 1.05 s as 1.0."""
+    path = video_writer(tmp_path / "clip60.mkv", np.zeros((601, 28, 28, 3), dtype=np.uint8), fps=60)
+    video = process_video(path, SMALL, LIMITS)
+    expected = reference_processor.video(list(video.grid_thw), reference_sample_frames(601, 60.0, 2.0, 96, 2), 60.0)
+    assert "Time: 1.0s" in expected
+    assert video_expansion(video.group_timestamps_s, video.tokens_per_group, SMALL.frame_timestamp_format) == expected
+
+
 def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
     with caplog.at_level(logging.WARNING):
         video = process_video(DecodedVideo(distinct_frames(48), fps=None), SMALL, LIMITS)
     assert "assuming 24.0" in caplog.text
     assert video.grid_thw[0] == 2  # 48 frames at 24 fps = 2 s → 4 frames at 2 fps
-    assert video.group_timestamps_s == (0.0, 31 / 24)
+    assert video.group_timestamps_s == (0.0, float(torch.tensor(31) / 24.0))  # in float32, as the reference's
 
 
 def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> None:
