@@ -35,7 +35,8 @@ def _parse(source: str) -> ast.Module:
     return ast.parse(source)
 
 
-def _reference_function(file: str, name: str, owner: str | None = None) -> Callable:
+def _reference_function(file: str, name: str, owner: str | None = None, **names: object) -> Callable:
+    """`file` is relative to the muse_glimmer folder; `names` are further globals the function uses."""
     tree = _parse((REFERENCE_DIR / file).read_text())
     scope = tree.body
     if owner is not None:
@@ -48,6 +49,7 @@ def _reference_function(file: str, name: str, owner: str | None = None) -> Calla
         "math": math,
         "torch": torch,
         "logger": SimpleNamespace(warning_once=lambda *args, **kwargs: None),
+        **names,
     }
     # the annotations name classes we do not have; postponed evaluation never looks them up
     flags = __future__.annotations.compiler_flag
@@ -81,6 +83,34 @@ def reference_sample_frames() -> Callable:
         return method(None, metadata, temporal_patch_size=temporal, num_frames=num_frames, fps=fps).tolist()
 
     return sample
+
+
+def _torchvision_to_dtype(image: torch.Tensor, dtype: torch.dtype, scale: bool = False) -> torch.Tensor:
+    """torchvision's `transforms.v2.functional.to_dtype` with scale=True between uint8 and float32, the two uses
+    the reference's `convert_to_rgb` makes of it: levels × 1/255 one way, × (255 + 1 − 1e-3) truncated the other."""
+    assert scale and {image.dtype, dtype} == {torch.uint8, torch.float32}
+    if dtype == torch.float32:
+        return image.to(dtype).mul_(1.0 / 255)
+    return image.mul(float(255) + 1.0 - 1e-3).to(dtype)
+
+
+@pytest.fixture(scope="session")
+def reference_array_to_rgb() -> Callable:
+    """The reference image processor's conversion of an (H, W, C) uint8 array (not a PIL image) to RGB:
+    `TorchvisionBackend.convert_to_rgb`, which composites RGBA onto white."""
+    from transformers.image_utils import ChannelDimension
+
+    method = _reference_function(
+        "../../image_processing_backends.py", "convert_to_rgb", owner="TorchvisionBackend",
+        ChannelDimension=ChannelDimension,
+        tvF=SimpleNamespace(grayscale_to_rgb=lambda image: image, to_dtype=_torchvision_to_dtype),
+    )
+
+    def convert(array):
+        channels_first = torch.from_numpy(array.copy()).permute(2, 0, 1)
+        return method(None, channels_first, ChannelDimension.FIRST).permute(1, 2, 0).numpy()
+
+    return convert
 
 
 @pytest.fixture(scope="session")
