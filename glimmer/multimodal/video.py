@@ -20,7 +20,9 @@ What we do, and where it departs from the reference:
   "1.1" in float64).
 * Only a demuxer allow-list of ordinary video containers is opened (no playlists or concat scripts,
   which could make FFmpeg open other files).
-* Rotation metadata is not applied (the reference does not either).
+* Rotation: a frame is turned upright by its display matrix (a phone's portrait video is stored landscape,
+  with a matrix saying turn it a quarter), as the reference's decoder does: torchcodec ≥ 0.11 rotates by the
+  matrix's counter-clockwise angle rounded to a quarter turn, and ignores a mirroring in it (`_upright`).
 * Decoded frames of floats in [0, 1] are their levels × 255, as an image's are (image.py). The reference video
   processor would rescale them by 1/255 a second time (its `is_scaled_video` is never called), giving a grey
   screen; a float frame array outside [0, 1] is refused, as a float image is.
@@ -144,6 +146,13 @@ def _target_size(height: int, width: int, settings: MediaSettings) -> tuple[int,
     return smart_resize(height, width, settings.resize_factor, settings.max_video_frame_tokens)
 
 
+def _upright(rgb: np.ndarray, rotation_degrees: float) -> np.ndarray:
+    """A decoded (H, W, 3) frame turned by its display matrix's counter-clockwise angle (`VideoFrame.rotation`), rounded
+    to a quarter turn half away from zero as torchcodec's `rotation_from_degrees` rounds it."""
+    quarter_turns = int(math.copysign(math.floor(abs(rotation_degrees) / 90 + 0.5), rotation_degrees)) % 4
+    return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
+
+
 def _check_source_frames(count: int, index: int, limits: MediaLimits) -> None:
     if count > limits.max_video_source_frames:
         raise MediaLimitError(
@@ -206,9 +215,9 @@ def decode_video_file(
                 decoded += 1
                 if frame_index in wanted_set:
                     limits.check_frame_size("video", index, frame.width, frame.height)
-                    target = target or _target_size(frame.height, frame.width, settings)
-                    rgb = as_frame_tensor(frame.to_ndarray(format="rgb24")[None])
-                    frames.append(resize_frames(rgb, *target))
+                    rgb = _upright(frame.to_ndarray(format="rgb24"), frame.rotation)
+                    target = target or _target_size(rgb.shape[0], rgb.shape[1], settings)
+                    frames.append(resize_frames(as_frame_tensor(rgb[None]), *target))
                     times.append(frame.time if frame.time is not None else frame_index / video_fps)
                 if frame_index >= last_wanted:
                     break

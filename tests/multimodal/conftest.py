@@ -157,9 +157,12 @@ def write_video(
     codec: str = "ffv1",
     container: str = "matroska",
     times_ms: list[int] | None = None,
+    rotation: int | None = None,
 ) -> Path:
     """Encode (T, H, W, 3) uint8 frames with PyAV. ffv1/bgr0 in Matroska is lossless, so decoding gives the
-    frames back exactly; `times_ms` sets explicit presentation timestamps (variable frame rate)."""
+    frames back exactly; `times_ms` sets explicit presentation timestamps (variable frame rate); `rotation` writes a
+    display matrix turning the frames that many degrees counter-clockwise for display, as a phone's portrait video
+    carries one."""
     import fractions
 
     import av
@@ -168,6 +171,8 @@ def write_video(
         stream = output.add_stream(codec, rate=fps)
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "bgr0" if codec == "ffv1" else "yuv420p"
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
         if times_ms is not None:
             stream.codec_context.time_base = fractions.Fraction(1, 1000)
         for index, array in enumerate(frames):

@@ -179,6 +179,20 @@ def test_single_frame_video_is_one_group_like_an_image(tmp_path, video_writer) -
     assert torch.equal(video.pixel_values, image.pixel_values)
 
 
+@pytest.mark.parametrize("rotation", [90, -90, 180])
+def test_a_rotated_video_is_turned_upright_as_the_references_decoder_turns_it(tmp_path, video_writer, rotation) -> None:
+    """QA: a phone's portrait video (stored landscape, with a display matrix turning it a quarter) was read on its
+    side: the picture sideways and the grid transposed. The reference's decoder, torchcodec (≥ 0.11), turns each frame
+    by the matrix's counter-clockwise angle (torch.rot90 of the (H, W, C) frame)."""
+    frames = distinct_frames(4, 56, 112)
+    path = video_writer(tmp_path / "rotated.mkv", frames, rotation=rotation)
+    upright = np.ascontiguousarray(np.rot90(frames, rotation // 90, axes=(1, 2)))
+    expected = process_video(DecodedVideo(upright, fps=4.0), SMALL, LIMITS)
+    video = process_video(path, SMALL, LIMITS)
+    assert video.grid_thw == expected.grid_thw
+    assert torch.equal(video.pixel_values, expected.pixel_values)
+
+
 def test_timestamps_are_the_real_presentation_times(tmp_path, video_writer) -> None:
     """A variable-frame-rate clip: the reference would print index/fps (0.0, 0.5, 1.0); we print true times."""
     times_ms = [0, 250, 500, 2000, 2250, 2500]
