@@ -7,8 +7,9 @@ differ slightly between them (PyAV's swscale `rgb24` path versus torchcodec's ow
 
 What we do, and where it departs from the reference:
 
-* Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does; the
-  container header's count (`stream.frames`, used by transformers' PyAV reader) can be missing or wrong.
+* Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does (leaving out
+  those an edit list discards); the container header's count (`stream.frames`, used by transformers' PyAV
+  reader) can be missing or wrong.
 * Frame rate: the stream's average rate, then its guessed rate, then 24 as the reference does.
 * Sampling: the reference's rule — n = min(⌊total·fps/video_fps⌋, num_frames, total), rounded down to an
   even count but at least 2 (and at most total), at `linspace(0, total−1, n)` truncated.
@@ -187,7 +188,9 @@ def decode_video_file(
             for packet in container.demux(stream):
                 if cancel is not None:
                     cancel.check()
-                if packet.size:
+                # a packet an MP4 edit list cuts (a clip cut without re-encoding) is decoded and its frame dropped:
+                # no frame, and torchcodec, the reference's decoder, does not count it either
+                if packet.size and not packet.is_discard:
                     total_frames += 1
                     timed_frames += packet.pts is not None
                     _check_source_frames(total_frames, index, limits)

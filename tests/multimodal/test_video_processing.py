@@ -193,6 +193,41 @@ def test_a_rotated_video_is_turned_upright_as_the_references_decoder_turns_it(tm
     assert torch.equal(video.pixel_values, expected.pixel_values)
 
 
+def cut_without_reencoding(source, target, cut_s: float):
+    """Remux `source` into an MP4 that starts `cut_s` in, as `ffmpeg -ss CUT -i IN -c copy OUT` cuts a clip: the
+    packets before the cut stay, at negative times, and the MP4's edit list has them decoded and their frames
+    dropped (AV_PKT_FLAG_DISCARD)."""
+    import av
+
+    with av.open(str(source)) as inp, av.open(str(target), "w", format="mp4") as out:
+        stream = inp.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        shift = round(cut_s / stream.time_base)
+        for packet in inp.demux(stream):
+            if packet.dts is None:  # the demuxer's final flush packet
+                continue
+            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+            out.mux(packet)
+    return target
+
+
+def test_a_clip_cut_without_reencoding_samples_its_kept_frames_as_the_reference(
+    tmp_path, video_writer, reference_sample_frames
+) -> None:
+    """QA: the packets an MP4 edit list discards were counted as frames, so the last frame sampled was one that is
+    never decoded and every such clip was refused as "corrupt or truncated". torchcodec leaves them out."""
+    levels = np.arange(30, dtype=np.uint8)[:, None, None, None] * 8  # frame i is grey level 8·i
+    frames = np.broadcast_to(levels, (30, 56, 56, 3)).copy()
+    source = video_writer(tmp_path / "source.mp4", frames, fps=10, codec="libx264", container="mp4")
+    video = process_video(cut_without_reencoding(source, tmp_path / "cut.mp4", 0.4), SMALL, LIMITS)
+    kept = 30 - 4
+    indices = reference_sample_frames(kept, 10.0, SMALL.video_sample_fps, SMALL.video_max_frames, 2)
+    assert video.grid_thw[0] == -(-len(indices) // 2)
+    assert video.group_timestamps_s == tuple(float(torch.tensor(i) / 10.0) for i in indices[::2])
+    first_level = video.pixel_values[0, 0].item() * 127.5 + 127.5
+    assert abs(first_level - 8 * 4) <= 3  # the first frame shown is the first kept one (lossy H.264)
+
+
 def test_timestamps_are_the_real_presentation_times(tmp_path, video_writer) -> None:
     """A variable-frame-rate clip: the reference would print index/fps (0.0, 0.5, 1.0); we print true times."""
     times_ms = [0, 250, 500, 2000, 2250, 2500]
