@@ -12,10 +12,13 @@ back exactly the levels an image divided by 255 came from). Floats outside [0, 1
 uint8 they would be another picture (a 0..1 image cast so is black).
 
 Conversion to RGB follows the reference image processor given a PIL image: transparency is composited
-onto white, grey is replicated. (transformers' `load_image`, used for URLs, instead drops alpha with
-`convert("RGB")`; white matches the processor itself and what other engines do.) An RGBA array is composited
-onto white as the reference composites an array, in float32 (`_array_onto_white`), not with Pillow. Encoded
-files are turned upright by their EXIF orientation, as `load_image` does. Animated images use their first frame.
+onto white, grey is replicated. (transformers' loading of a URL or path instead drops alpha: `load_image` with
+`convert("RGB")`, and the torchvision backend's `load_image_as_tensor` with torchcodec's RGB mode, which also
+scales 16-bit PNG samples by rounding where Pillow keeps their top byte; white matches the processor itself and
+what other engines do.) An RGBA array is composited onto white as the reference composites an array, in float32
+(`_array_onto_white`), not with Pillow. Encoded files are turned upright by their EXIF orientation, as
+`load_image` and torchcodec do (Pillow also reads an orientation given only in XMP, which torchcodec ignores).
+Animated images use their first frame.
 """
 
 from __future__ import annotations
