@@ -12,9 +12,13 @@ back exactly the levels an image divided by 255 came from). Floats outside [0, 1
 uint8 they would be another picture (a 0..1 image cast so is black).
 
 Conversion to RGB follows the reference image processor given a PIL image: transparency is composited
-onto white, grey is replicated. (transformers' `load_image`, used for URLs, instead drops alpha with
-`convert("RGB")`; white matches the processor itself and what other engines do.) Encoded files are
-turned upright by their EXIF orientation, as `load_image` does. Animated images use their first frame.
+onto white, grey is replicated. (transformers' loading of a URL or path instead drops alpha: `load_image` with
+`convert("RGB")`, and the torchvision backend's `load_image_as_tensor` with torchcodec's RGB mode, which also
+scales 16-bit PNG samples by rounding where Pillow keeps their top byte; white matches the processor itself and
+what other engines do.) An RGBA array is composited onto white as the reference composites an array, in float32
+(`_array_onto_white`), not with Pillow. Encoded files are turned upright by their EXIF orientation, as
+`load_image` and torchcodec do (Pillow also reads an orientation given only in XMP, which torchcodec ignores).
+Animated images use their first frame.
 """
 
 from __future__ import annotations
@@ -246,10 +250,20 @@ def array_to_rgb(array: np.ndarray, kind: str, index: int, what: str) -> np.ndar
     if array.ndim == 3 and array.shape[2] == 3:
         return array
     if array.ndim == 3 and array.shape[2] == 4:
-        return pil_to_rgb(Image.fromarray(array), kind, index)  # (H, W, 4) uint8 → RGBA
+        return _array_onto_white(array)
     raise MediaDecodeError(
         kind, index, f"{what} must be (H, W), (H, W, 1), (H, W, 3) or (H, W, 4); got {array.shape}"
     )
+
+
+def _array_onto_white(rgba: np.ndarray) -> np.ndarray:
+    """(H, W, 4) uint8 → (H, W, 3) uint8, transparency composited onto white as the reference's image processor
+    composites an array or tensor (`TorchvisionBackend.convert_to_rgb`): in float32 at levels × 1/255, and back by
+    torchvision's `to_dtype`, × (255 + 1 − 1e-3) truncated. Pillow's `alpha_composite`, which it uses for a PIL image,
+    rounds instead: a level apart on about a third of the half-transparent pixels."""
+    values = torch.tensor(rgba, dtype=torch.float32).mul_(1.0 / 255)
+    colour, alpha = values[..., :3], values[..., 3:]
+    return (colour * alpha + (1 - alpha)).mul_(255.0 + 1.0 - 1e-3).to(torch.uint8).numpy()
 
 
 def load_rgb(image: ImageInput, index: int, limits: MediaLimits) -> np.ndarray:

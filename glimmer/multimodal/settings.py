@@ -2,9 +2,9 @@
 
 `MediaSettings` mirrors the reference image and video processors (architecture.md §6, §7); its defaults
 are the released values. `load_media_settings` reads them from a checkpoint's `preprocessor_config.json`
-and `video_preprocessor_config.json` dicts (or one `processor_config.json` that nests both), so a
-checkpoint that changes a value is honoured. `MediaLimits` bounds the work one request can cause; the
-reference has no such limits.
+and `video_preprocessor_config.json` dicts (or one `processor_config.json` that nests both, which comes
+first where a checkpoint has both forms, as in transformers), so a checkpoint that changes a value is
+honoured. `MediaLimits` bounds the work one request can cause; the reference has no such limits.
 """
 
 from __future__ import annotations
@@ -289,15 +289,28 @@ def checkpoint_media_settings(
     """The settings a vision checkpoint is served with, checked against its vision config (ConfigError otherwise).
 
     `embedded` is the preprocessor config a GGUF `--mmproj` carries; without it they come from the directory's
-    `preprocessor_config.json` (or `processor_config.json`) and `video_preprocessor_config.json`.
+    processor config files, found as transformers finds them (`_processor_configs`).
     """
     if embedded is not None:
         settings = load_media_settings(embedded)
     else:
-        files = [read_json_object(checkpoint_dir / name)
-                 for name in ("preprocessor_config.json", "video_preprocessor_config.json")]
-        if files[0] is None:
-            files[0] = read_json_object(checkpoint_dir / "processor_config.json")
-        settings = load_media_settings(*files)
+        settings = load_media_settings(*_processor_configs(checkpoint_dir))
     settings.check_matches(vision)
     return settings
+
+
+def _processor_configs(checkpoint_dir: Path) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """A checkpoint directory's image and video processor configs, for `load_media_settings`, found as transformers
+    (5.x) finds them: the `image_processor` and `video_processor` sections of `processor_config.json` (what its
+    save_pretrained writes) first, before `preprocessor_config.json` for the images and
+    `video_preprocessor_config.json`, else `preprocessor_config.json`, for the videos. A directory holding both
+    forms (a repository saved again by transformers 5) is read from the sections, however the older files differ."""
+    processor = read_json_object(checkpoint_dir / "processor_config.json") or {}
+    image = read_json_object(checkpoint_dir / "preprocessor_config.json")
+    video = read_json_object(checkpoint_dir / "video_preprocessor_config.json")
+    if video is None:
+        video = image
+    sections = {key: processor[key] for key in ("image_processor", "video_processor") if processor.get(key) is not None}
+    if not sections:
+        return image, video
+    return {"image_processor": image, "video_processor": video, **sections}, None

@@ -7,18 +7,23 @@ differ slightly between them (PyAV's swscale `rgb24` path versus torchcodec's ow
 
 What we do, and where it departs from the reference:
 
-* Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does; the
-  container header's count (`stream.frames`, used by transformers' PyAV reader) can be missing or wrong.
+* Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does (leaving out
+  those an edit list discards); the container header's count (`stream.frames`, used by transformers' PyAV
+  reader) can be missing or wrong.
 * Frame rate: the stream's average rate, then its guessed rate, then 24 as the reference does.
 * Sampling: the reference's rule — n = min(⌊total·fps/video_fps⌋, num_frames, total), rounded down to an
   even count but at least 2 (and at most total), at `linspace(0, total−1, n)` truncated.
 * Timestamps: the reference prints frame_index / fps. We print each sampled frame's real presentation
   timestamp, relative to the first frame, so variable-frame-rate video and streams with gaps get true
   times. For constant-rate video they are equal. Decoded frame arrays (`DecodedVideo`) have no
-  timestamps, so they use index / fps.
+  timestamps, so they use index / fps. Either is held in float32, as the reference's are (torch tensors):
+  "{timestamp:.1f}" prints some times differently in float64 (60 fps frame 63 is 1.05 s, "1.0" in float32,
+  "1.1" in float64).
 * Only a demuxer allow-list of ordinary video containers is opened (no playlists or concat scripts,
   which could make FFmpeg open other files).
-* Rotation metadata is not applied (the reference does not either).
+* Rotation: a frame is turned upright by its display matrix (a phone's portrait video is stored landscape,
+  with a matrix saying turn it a quarter), as the reference's decoder does: torchcodec ≥ 0.11 rotates by the
+  matrix's counter-clockwise angle rounded to a quarter turn, and ignores a mirroring in it (`_upright`).
 * Decoded frames of floats in [0, 1] are their levels × 255, as an image's are (image.py). The reference video
   processor would rescale them by 1/255 a second time (its `is_scaled_video` is never called), giving a grey
   screen; a float frame array outside [0, 1] is refused, as a float image is.
@@ -98,6 +103,12 @@ def sample_frame_indices(total_frames: int, video_fps: float, settings: MediaSet
     return torch.linspace(0, total_frames - 1, count).long().tolist()
 
 
+def frame_timestamps_s(frame_indices: Sequence[int], video_fps: float) -> list[float]:
+    """The times of frames at a constant rate as the reference computes them (`VideoMetadata.timestamps`): each
+    index, a long tensor's element, divided by fps in torch's float32, not float64."""
+    return (torch.tensor(frame_indices, dtype=torch.long) / float(video_fps)).tolist()
+
+
 def group_timestamps(frame_timestamps_s: Sequence[float], grid_t: int, temporal_patch_size: int) -> tuple[float, ...]:
     """One timestamp per frame group: every temporal_patch_size-th sampled frame, padded with the last."""
     stamps = list(frame_timestamps_s[::temporal_patch_size])[:grid_t]
@@ -136,6 +147,13 @@ def _target_size(height: int, width: int, settings: MediaSettings) -> tuple[int,
     return smart_resize(height, width, settings.resize_factor, settings.max_video_frame_tokens)
 
 
+def _upright(rgb: np.ndarray, rotation_degrees: float) -> np.ndarray:
+    """A decoded (H, W, 3) frame turned by its display matrix's counter-clockwise angle (`VideoFrame.rotation`), rounded
+    to a quarter turn half away from zero as torchcodec's `rotation_from_degrees` rounds it."""
+    quarter_turns = int(math.copysign(math.floor(abs(rotation_degrees) / 90 + 0.5), rotation_degrees)) % 4
+    return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
+
+
 def _check_source_frames(count: int, index: int, limits: MediaLimits) -> None:
     if count > limits.max_video_source_frames:
         raise MediaLimitError(
@@ -170,7 +188,9 @@ def decode_video_file(
             for packet in container.demux(stream):
                 if cancel is not None:
                     cancel.check()
-                if packet.size:
+                # a packet an MP4 edit list cuts (a clip cut without re-encoding) is decoded and its frame dropped:
+                # no frame, and torchcodec, the reference's decoder, does not count it either
+                if packet.size and not packet.is_discard:
                     total_frames += 1
                     timed_frames += packet.pts is not None
                     _check_source_frames(total_frames, index, limits)
@@ -198,9 +218,9 @@ def decode_video_file(
                 decoded += 1
                 if frame_index in wanted_set:
                     limits.check_frame_size("video", index, frame.width, frame.height)
-                    target = target or _target_size(frame.height, frame.width, settings)
-                    rgb = as_frame_tensor(frame.to_ndarray(format="rgb24")[None])
-                    frames.append(resize_frames(rgb, *target))
+                    rgb = _upright(frame.to_ndarray(format="rgb24"), frame.rotation)
+                    target = target or _target_size(rgb.shape[0], rgb.shape[1], settings)
+                    frames.append(resize_frames(as_frame_tensor(rgb[None]), *target))
                     times.append(frame.time if frame.time is not None else frame_index / video_fps)
                 if frame_index >= last_wanted:
                     break
@@ -220,7 +240,8 @@ def decode_video_file(
             "corrupt or truncated",
         )
     first = times[0]
-    return torch.cat(frames), [time - first for time in times]
+    # float32, as the reference holds a time (`frame_timestamps_s`)
+    return torch.cat(frames), torch.tensor([time - first for time in times], dtype=torch.float64).float().tolist()
 
 
 def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaLimits, index: int):
@@ -261,7 +282,7 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     else:
         selected = np.stack([pil_to_rgb(frames[i], "video", index) for i in wanted])
     resized = resize_frames(as_frame_tensor(selected), *_target_size(height, width, settings))
-    return resized, [i / fps for i in wanted]
+    return resized, frame_timestamps_s(wanted, fps)
 
 
 def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+VideoMetadata = pytest.importorskip("transformers.video_utils").VideoMetadata
 REFERENCE_DIR = Path(transformers.__file__).parent / "models" / "muse_glimmer"
 
 
@@ -34,7 +35,8 @@ def _parse(source: str) -> ast.Module:
     return ast.parse(source)
 
 
-def _reference_function(file: str, name: str, owner: str | None = None) -> Callable:
+def _reference_function(file: str, name: str, owner: str | None = None, **names: object) -> Callable:
+    """`file` is relative to the muse_glimmer folder; `names` are further globals the function uses."""
     tree = _parse((REFERENCE_DIR / file).read_text())
     scope = tree.body
     if owner is not None:
@@ -47,6 +49,7 @@ def _reference_function(file: str, name: str, owner: str | None = None) -> Calla
         "math": math,
         "torch": torch,
         "logger": SimpleNamespace(warning_once=lambda *args, **kwargs: None),
+        **names,
     }
     # the annotations name classes we do not have; postponed evaluation never looks them up
     flags = __future__.annotations.compiler_flag
@@ -82,6 +85,34 @@ def reference_sample_frames() -> Callable:
     return sample
 
 
+def _torchvision_to_dtype(image: torch.Tensor, dtype: torch.dtype, scale: bool = False) -> torch.Tensor:
+    """torchvision's `transforms.v2.functional.to_dtype` with scale=True between uint8 and float32, the two uses
+    the reference's `convert_to_rgb` makes of it: levels × 1/255 one way, × (255 + 1 − 1e-3) truncated the other."""
+    assert scale and {image.dtype, dtype} == {torch.uint8, torch.float32}
+    if dtype == torch.float32:
+        return image.to(dtype).mul_(1.0 / 255)
+    return image.mul(float(255) + 1.0 - 1e-3).to(dtype)
+
+
+@pytest.fixture(scope="session")
+def reference_array_to_rgb() -> Callable:
+    """The reference image processor's conversion of an (H, W, C) uint8 array (not a PIL image) to RGB:
+    `TorchvisionBackend.convert_to_rgb`, which composites RGBA onto white."""
+    from transformers.image_utils import ChannelDimension
+
+    method = _reference_function(
+        "../../image_processing_backends.py", "convert_to_rgb", owner="TorchvisionBackend",
+        ChannelDimension=ChannelDimension,
+        tvF=SimpleNamespace(grayscale_to_rgb=lambda image: image, to_dtype=_torchvision_to_dtype),
+    )
+
+    def convert(array):
+        channels_first = torch.from_numpy(array.copy()).permute(2, 0, 1)
+        return method(None, channels_first, ChannelDimension.FIRST).permute(1, 2, 0).numpy()
+
+    return convert
+
+
 @pytest.fixture(scope="session")
 def reference_processor() -> SimpleNamespace:
     """The reference MuseGlimmerProcessor's replace_image_token / replace_video_token on a stand-in `self`."""
@@ -109,7 +140,10 @@ def reference_processor() -> SimpleNamespace:
         return replace_image(this, {"image_grid_thw": torch.tensor([grid_thw])}, 0)
 
     def video(grid_thw: list[int], frame_indices: list[int], fps: float) -> str:
-        metadata = SimpleNamespace(fps=fps, timestamps=[i / fps for i in frame_indices])
+        # the reference's own metadata: its timestamps divide the indices, a long tensor as its sample_frames returns
+        # them, by fps in torch's float32
+        metadata = VideoMetadata(total_num_frames=frame_indices[-1] + 1, fps=fps,
+                                 frames_indices=torch.tensor(frame_indices, dtype=torch.long))
         return replace_video(this, {"video_grid_thw": torch.tensor([grid_thw]), "video_metadata": [metadata]}, 0)
 
     return SimpleNamespace(image=image, video=video)
@@ -123,9 +157,12 @@ def write_video(
     codec: str = "ffv1",
     container: str = "matroska",
     times_ms: list[int] | None = None,
+    rotation: int | None = None,
 ) -> Path:
     """Encode (T, H, W, 3) uint8 frames with PyAV. ffv1/bgr0 in Matroska is lossless, so decoding gives the
-    frames back exactly; `times_ms` sets explicit presentation timestamps (variable frame rate)."""
+    frames back exactly; `times_ms` sets explicit presentation timestamps (variable frame rate); `rotation` writes a
+    display matrix turning the frames that many degrees counter-clockwise for display, as a phone's portrait video
+    carries one."""
     import fractions
 
     import av
@@ -134,6 +171,8 @@ def write_video(
         stream = output.add_stream(codec, rate=fps)
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = "bgr0" if codec == "ffv1" else "yuv420p"
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
         if times_ms is not None:
             stream.codec_context.time_base = fractions.Fraction(1, 1000)
         for index, array in enumerate(frames):

@@ -112,6 +112,19 @@ def test_transparency_is_composited_onto_white() -> None:
     assert torch.all(values == 1.0)
 
 
+def test_an_rgba_array_is_composited_as_the_reference_composites_arrays(
+    reference_array_to_rgb, reference_smart_resize, reference_image_patchify
+) -> None:
+    """QA: an RGBA array went through Pillow's alpha_composite, which rounds where the reference's float32 composite
+    of an array truncates: pixel values a level apart on a third of the half-transparent pixels."""
+    levels, alphas = np.meshgrid(np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8), indexing="ij")
+    rgba = np.stack([levels, levels[::-1], levels, alphas], axis=-1)  # every level under every alpha, 256×256
+    result = process_image(rgba, MediaSettings(max_image_tokens=100), LIMITS)
+    rgb = reference_array_to_rgb(rgba)
+    expected, _ = reference_pipeline(rgb, 100, reference_smart_resize, reference_image_patchify)
+    assert torch.equal(result.pixel_values, expected)
+
+
 def test_greyscale_is_replicated_to_rgb() -> None:
     image = noise_image(28, 28, mode="L")
     values = process_image(image, SETTINGS, LIMITS).pixel_values.view(-1, 2, 3, PATCH, PATCH)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from glimmer.checkpoint.config import VisionConfig, reference_vision_layer_types
 from glimmer.errors import ConfigError
-from glimmer.multimodal import MediaLimits, MediaSettings, load_media_settings
+from glimmer.multimodal import MediaLimits, MediaSettings, checkpoint_media_settings, load_media_settings
 
 # what transformers' save_pretrained writes for the released processors (architecture.md §6, §7)
 IMAGE_CONFIG = {
@@ -87,6 +89,39 @@ def test_one_number_for_mean_and_std_is_every_channels() -> None:
 def test_nested_processor_config_is_read() -> None:
     nested = {"image_processor": {**IMAGE_CONFIG, "max_image_tokens": 256}, "video_processor": VIDEO_CONFIG}
     assert load_media_settings(nested).max_image_tokens == 256
+
+
+NESTED = {"image_processor": {**IMAGE_CONFIG, "max_image_tokens": 256},
+          "video_processor": {**VIDEO_CONFIG, "max_video_frame_tokens": 100}}
+OLDER_IMAGE = {**IMAGE_CONFIG, "max_image_tokens": 1024}
+OLDER_VIDEO = {**VIDEO_CONFIG, "max_video_frame_tokens": 64}
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        # a repository saved again by transformers 5: the nested sections, and older files that differ
+        {"processor_config.json": NESTED, "preprocessor_config.json": OLDER_IMAGE,
+         "video_preprocessor_config.json": OLDER_VIDEO},
+        {"processor_config.json": {"image_processor": NESTED["image_processor"]},
+         "preprocessor_config.json": OLDER_IMAGE, "video_preprocessor_config.json": OLDER_VIDEO},
+        {"processor_config.json": {"processor_class": "MuseGlimmerProcessor"},
+         "preprocessor_config.json": OLDER_IMAGE, "video_preprocessor_config.json": OLDER_VIDEO},
+        {"processor_config.json": NESTED},
+        {"preprocessor_config.json": OLDER_IMAGE},
+    ],
+)
+def test_a_checkpoints_files_are_found_as_transformers_finds_them(tmp_path, files) -> None:
+    """QA: a checkpoint holding both processor_config.json's sections and the older preprocessor_config.json /
+    video_preprocessor_config.json was read from the older files, which transformers reads only where a section is
+    missing: another token budget than the reference's, silently."""
+    image_processing = pytest.importorskip("transformers.image_processing_base")
+    video_processing = pytest.importorskip("transformers.video_processing_utils")
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    image, _ = image_processing.ImageProcessingMixin.get_image_processor_dict(str(tmp_path))
+    video, _ = video_processing.VideoProcessorMixin.get_video_processor_dict(str(tmp_path))
+    assert checkpoint_media_settings(tmp_path, vision_config()) == load_media_settings(image, video)
 
 
 @pytest.mark.parametrize(

@@ -46,19 +46,19 @@ def test_image_expansion_matches_the_reference(grid_h, grid_w, reference_process
 
 @settings(max_examples=50, deadline=None)
 @given(
-    total=st.integers(1, 400),
-    video_fps=st.sampled_from([4.0, 24.0, 29.97, 30.0]),
+    total=st.integers(1, 2000),
+    video_fps=st.sampled_from([4.0, 20.0, 24.0, 29.97, 30.0, 60.0, 120.0]),
     grid_h=st.integers(1, 6).map(lambda n: 2 * n),
     grid_w=st.integers(1, 6).map(lambda n: 2 * n),
 )
 def test_video_expansion_matches_the_reference(total, video_fps, grid_h, grid_w, reference_processor) -> None:
     from glimmer.multimodal import sample_frame_indices
-    from glimmer.multimodal.video import group_timestamps
+    from glimmer.multimodal.video import frame_timestamps_s, group_timestamps
 
     indices = sample_frame_indices(total, video_fps, MediaSettings())
     grid_t = -(-len(indices) // 2)
     ours = video_expansion(
-        group_timestamps([i / video_fps for i in indices], grid_t, 2), grid_h * grid_w // 4, TIME_FORMAT
+        group_timestamps(frame_timestamps_s(indices, video_fps), grid_t, 2), grid_h * grid_w // 4, TIME_FORMAT
     )
     assert ours == reference_processor.video([grid_t, grid_h, grid_w], indices, video_fps)
 

@@ -21,6 +21,7 @@ from glimmer.multimodal import (
     process_image,
     process_video,
     sample_frame_indices,
+    video_expansion,
 )
 from glimmer.multimodal.patches import patch_rows
 
@@ -178,6 +179,55 @@ def test_single_frame_video_is_one_group_like_an_image(tmp_path, video_writer) -
     assert torch.equal(video.pixel_values, image.pixel_values)
 
 
+@pytest.mark.parametrize("rotation", [90, -90, 180])
+def test_a_rotated_video_is_turned_upright_as_the_references_decoder_turns_it(tmp_path, video_writer, rotation) -> None:
+    """QA: a phone's portrait video (stored landscape, with a display matrix turning it a quarter) was read on its
+    side: the picture sideways and the grid transposed. The reference's decoder, torchcodec (≥ 0.11), turns each frame
+    by the matrix's counter-clockwise angle (torch.rot90 of the (H, W, C) frame)."""
+    frames = distinct_frames(4, 56, 112)
+    path = video_writer(tmp_path / "rotated.mkv", frames, rotation=rotation)
+    upright = np.ascontiguousarray(np.rot90(frames, rotation // 90, axes=(1, 2)))
+    expected = process_video(DecodedVideo(upright, fps=4.0), SMALL, LIMITS)
+    video = process_video(path, SMALL, LIMITS)
+    assert video.grid_thw == expected.grid_thw
+    assert torch.equal(video.pixel_values, expected.pixel_values)
+
+
+def cut_without_reencoding(source, target, cut_s: float):
+    """Remux `source` into an MP4 that starts `cut_s` in, as `ffmpeg -ss CUT -i IN -c copy OUT` cuts a clip: the
+    packets before the cut stay, at negative times, and the MP4's edit list has them decoded and their frames
+    dropped (AV_PKT_FLAG_DISCARD)."""
+    import av
+
+    with av.open(str(source)) as inp, av.open(str(target), "w", format="mp4") as out:
+        stream = inp.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        shift = round(cut_s / stream.time_base)
+        for packet in inp.demux(stream):
+            if packet.dts is None:  # the demuxer's final flush packet
+                continue
+            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+            out.mux(packet)
+    return target
+
+
+def test_a_clip_cut_without_reencoding_samples_its_kept_frames_as_the_reference(
+    tmp_path, video_writer, reference_sample_frames
+) -> None:
+    """QA: the packets an MP4 edit list discards were counted as frames, so the last frame sampled was one that is
+    never decoded and every such clip was refused as "corrupt or truncated". torchcodec leaves them out."""
+    levels = np.arange(30, dtype=np.uint8)[:, None, None, None] * 8  # frame i is grey level 8·i
+    frames = np.broadcast_to(levels, (30, 56, 56, 3)).copy()
+    source = video_writer(tmp_path / "source.mp4", frames, fps=10, codec="libx264", container="mp4")
+    video = process_video(cut_without_reencoding(source, tmp_path / "cut.mp4", 0.4), SMALL, LIMITS)
+    kept = 30 - 4
+    indices = reference_sample_frames(kept, 10.0, SMALL.video_sample_fps, SMALL.video_max_frames, 2)
+    assert video.grid_thw[0] == -(-len(indices) // 2)
+    assert video.group_timestamps_s == tuple(float(torch.tensor(i) / 10.0) for i in indices[::2])
+    first_level = video.pixel_values[0, 0].item() * 127.5 + 127.5
+    assert abs(first_level - 8 * 4) <= 3  # the first frame shown is the first kept one (lossy H.264)
+
+
 def test_timestamps_are_the_real_presentation_times(tmp_path, video_writer) -> None:
     """A variable-frame-rate clip: the reference would print index/fps (0.0, 0.5, 1.0); we print true times."""
     times_ms = [0, 250, 500, 2000, 2250, 2500]
@@ -193,12 +243,34 @@ def test_timestamps_start_at_zero_when_the_stream_does_not(tmp_path, video_write
     assert video.group_timestamps_s == (0.0, 0.5)
 
 
+@pytest.mark.parametrize(("total", "video_fps"), [(601, 60.0), (121, 20.0), (1201, 120.0)])
+def test_timestamps_print_as_the_references_float32_times(total, video_fps, reference_sample_frames,
+                                                         reference_processor) -> None:
+    """QA: a 10 s clip at 60 fps printed the group at frame 63 as "Time: 1.1s" (63 / 60 in float64) where the
+    reference prints "Time: 1.0s" (its times are float32 tensors): another prompt than the reference's."""
+    frames = np.zeros((total, 28, 28, 3), dtype=np.uint8)
+    video = process_video(DecodedVideo(frames, fps=video_fps), SMALL, LIMITS)
+    indices = reference_sample_frames(total, video_fps, SMALL.video_sample_fps, SMALL.video_max_frames, 2)
+    expected = reference_processor.video(list(video.grid_thw), indices, video_fps)
+    assert video_expansion(video.group_timestamps_s, video.tokens_per_group, SMALL.frame_timestamp_format) == expected
+
+
+def test_a_files_timestamps_print_as_the_references_float32_times(tmp_path, video_writer, reference_sample_frames,
+                                                                 reference_processor) -> None:
+    """The presentation times of a constant-rate file print as the reference's index / fps: 1.05 s as 1.0."""
+    path = video_writer(tmp_path / "clip60.mkv", np.zeros((601, 28, 28, 3), dtype=np.uint8), fps=60)
+    video = process_video(path, SMALL, LIMITS)
+    expected = reference_processor.video(list(video.grid_thw), reference_sample_frames(601, 60.0, 2.0, 96, 2), 60.0)
+    assert "Time: 1.0s" in expected
+    assert video_expansion(video.group_timestamps_s, video.tokens_per_group, SMALL.frame_timestamp_format) == expected
+
+
 def test_frames_without_fps_assume_24_like_the_reference(caplog) -> None:
     with caplog.at_level(logging.WARNING):
         video = process_video(DecodedVideo(distinct_frames(48), fps=None), SMALL, LIMITS)
     assert "assuming 24.0" in caplog.text
     assert video.grid_thw[0] == 2  # 48 frames at 24 fps = 2 s → 4 frames at 2 fps
-    assert video.group_timestamps_s == (0.0, 31 / 24)
+    assert video.group_timestamps_s == (0.0, float(torch.tensor(31) / 24.0))  # in float32, as the reference's
 
 
 def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> None:
