@@ -167,6 +167,35 @@ def test_abort_frees_blocks_and_stops_computing(checkpoint):
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpoint, one_at_a_time):
+    """Aborting a request that waits, prefills, was preempted, has finished, was aborted already or never existed:
+    the first three end with one 'abort' delta each and give back their blocks; the others are no-ops."""
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+                                    max_num_batched_tokens=32, max_model_len=160))
+    prompts = _prompts()
+    long = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"run{i}", list(range(100 + i, 160 + i)), long)
+    engine.add_request("waiting", prompts[0], GREEDY)
+    engine.step()  # a 32-token budget: run0 prefills its first chunk, the others wait
+    assert [s.request_id for s in engine.scheduler.running] == ["run0"]
+    assert [d.finish_reason for d in engine.abort("waiting")] == ["abort"]
+    assert [d.finish_reason for d in engine.abort("run0")] == ["abort"]  # mid-prefill
+    # two sequences of up to 140 positions in 12 full-attention blocks (192 positions): one is preempted
+    while engine.has_unfinished_requests and not any(s.num_preemptions for s in engine.scheduler.waiting):
+        engine.step()
+    preempted = next(s for s in engine.scheduler.waiting if s.num_preemptions).request_id
+    assert [d.finish_reason for d in engine.abort(preempted)] == ["abort"]
+    while engine.has_unfinished_requests:
+        engine.step()
+    for request_id in ("run1", "run2", preempted, "waiting", "never-added"):  # finished, or aborted, or unknown
+        assert engine.abort(request_id) == []
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+    assert _drive(engine, {0: [("after", prompts[1])]})["after"] == one_at_a_time[1]
+    assert not engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
 @pytest.mark.parametrize("bad", [[], [-1], [10**9]])
 def test_invalid_prompts_are_refused(checkpoint, bad):
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))

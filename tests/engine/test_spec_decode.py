@@ -406,8 +406,8 @@ def test_a_kv_budget_that_cannot_hold_the_drafter_context_of_one_sequence_is_ref
 
 def test_a_kv_budget_that_holds_one_sequence_in_every_group_is_not_refused_with_the_drafter(target, drafter, plain):
     """The drafter's share of the budget (its bytes per token of all groups') gave it 8 blocks where a sequence
-    needs 2, leaving the full-attention group 26 of the 32 that max_model_len=512 needs: a budget that holds one
-    sequence in every group was refused."""
+    needs 2, and the windows half the rest (5 blocks of 2), leaving the full-attention group 17 of the 32 that
+    max_model_len=512 needs: a budget that holds one sequence in every group was refused."""
     engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=330_000, max_model_len=512,
                                     speculative_config=speculative(drafter)))
     assert engine.kv_layout.num_blocks == {DRAFT: 2, "sliding": 2, "full": 32}
