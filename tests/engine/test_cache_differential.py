@@ -62,7 +62,7 @@ def _requests(engine: LLMEngine, rng: random.Random, block_size: int, count: int
         i = len(requests)
         if rng.random() < 0.3:
             seeds = [rng.choice([1, 2]) for _ in range(rng.choice([1, 1, 2]))]
-            text = ("<|begin_of_text|>Look at " + " and ".join(["<|patch|>"] * len(seeds)) + " then"
+            text = (engine.tokenizer.bos_token + "Look at " + " and ".join(["<|patch|>"] * len(seeds)) + " then"
                     + "y" * rng.choice([2, 20]))
             params = _params(rng)
             for pair, first in enumerate((seeds[0], 3 - seeds[0])):
