@@ -423,13 +423,27 @@ class LLMEngine:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)
         wanted = self._wanted_blocks()
         total_budget = budget = self._kv_budget_bytes(per_block, wanted, extra_reserve)
-        num_blocks: dict[str, int] = {}
         draft_window = None
         if self.drafter is not None:
-            # the drafter's context gets the share of the budget its bytes per token are of all groups'
             distance = self.drafter.config.max_visible_distance
             draft_window = distance + 1 if distance is not None and distance + 1 < self.max_model_len else None
-            share = budget * per_block[DRAFT] // sum(per_block.values())
+        # bytes one sequence at max_model_len needs in each group: where the budget holds that in every group, a
+        # group's share never leaves it, or a group planned after it, short (an even split refused such budgets)
+        needs = KVCacheManager(KVCacheLayout(bs, dict.fromkeys(per_block, 0), text.sliding_window, draft_window)
+                               ).blocks_needed_for(self.max_model_len)
+        floors = {g: needs[g] * per_block[g] for g in per_block}
+        holds_one = budget >= sum(floors.values())
+
+        def within_needs(share: int, left: int, group: str, later: tuple[str, ...]) -> int:
+            """`share` of the `left` bytes for `group`, moved to leave one sequence's worth to each group `later`."""
+            if not holds_one:
+                return share
+            return max(min(share, left - sum(floors.get(g, 0) for g in later)), floors[group])
+
+        num_blocks: dict[str, int] = {}
+        if self.drafter is not None:
+            # the drafter's context gets the share of the budget its bytes per token are of all groups'
+            share = within_needs(budget * per_block[DRAFT] // sum(per_block.values()), budget, DRAFT, (SLIDING, FULL))
             num_blocks[DRAFT] = max(1, share // per_block[DRAFT])
             if draft_window is not None:
                 num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted[DRAFT])
@@ -439,14 +453,13 @@ class LLMEngine:
             if FULL in per_block:
                 # the full-attention group keeps half the budget, or all it can use if that is less: a budget that
                 # holds every sequence at full length then holds every window too
-                share -= min(budget // 2, wanted[FULL] * per_block[FULL])
+                share = within_needs(share - min(budget // 2, wanted[FULL] * per_block[FULL]), budget, SLIDING, (FULL,))
             num_blocks[SLIDING] = max(1, min(wanted[SLIDING], share // per_block[SLIDING]))
             budget -= num_blocks[SLIDING] * per_block[SLIDING]
         if FULL in per_block:
             num_blocks[FULL] = max(1, budget // per_block[FULL])
         layout = KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window,
                                draft_window=draft_window)
-        needs = KVCacheManager(layout).blocks_needed_for(self.max_model_len)
         short = {g: (n, needs[g]) for g, n in num_blocks.items() if n < needs[g]}
         if short:
             reserved = self._speculation_reserve_bytes()

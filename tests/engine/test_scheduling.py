@@ -32,13 +32,14 @@ def one_at_a_time(checkpoint) -> list[list[int]]:
     return [llm.generate([p], GREEDY)[0].token_ids for p in _prompts()]
 
 
-def _drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]]) -> dict[str, list[int]]:
+def _drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]], params: SamplingParams = GREEDY
+           ) -> dict[str, list[int]]:
     """Step the engine, adding requests at the given step numbers; collect tokens per request."""
     tokens: dict[str, list[int]] = {}
     step = 0
     while arrivals or engine.has_unfinished_requests:
         for request_id, prompt in arrivals.pop(step, []):
-            engine.add_request(request_id, prompt, GREEDY)
+            engine.add_request(request_id, prompt, params)
             tokens[request_id] = []
         for delta in engine.step():
             tokens[delta.request_id].extend(delta.token_ids)
@@ -136,6 +137,25 @@ def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup
         assert name in str(err.value), name
 
 
+@pytest.mark.parametrize(("kv_cache_memory", "max_model_len", "blocks"), [
+    (312_000, 512, {SLIDING: 2, FULL: 32}),  # an even split gave the windows 6 blocks and the full group 20 of 32
+    (66_000, 32, {SLIDING: 2, FULL: 2}),  # ... and the windows 1 block of 2
+])
+def test_a_kv_cache_that_holds_one_full_length_sequence_in_every_group_is_not_refused(checkpoint, kv_cache_memory,
+                                                                                     max_model_len, blocks):
+    """The split between the groups gives way where halving the budget left a group short of one sequence at
+    max_model_len that the budget holds; the sequence then runs to max_model_len alone."""
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=kv_cache_memory,
+                                    max_model_len=max_model_len))
+    assert engine.kv_layout.num_blocks == blocks
+    prompt = torch.randint(0, 480, (max_model_len - 8,), generator=torch.Generator().manual_seed(4)).tolist()
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens = _drive(engine, {0: [("long", prompt)]}, params)
+    reference = LLM(str(checkpoint), progress=False, enable_prefix_caching=False, max_model_len=max_model_len)
+    assert tokens["long"] == reference.generate([prompt], params)[0].token_ids
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
 def test_abort_frees_blocks_and_stops_computing(checkpoint):
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
     engine.add_request("a", list(range(40)), SamplingParams(max_tokens=200, ignore_eos=True))
@@ -143,6 +163,35 @@ def test_abort_frees_blocks_and_stops_computing(checkpoint):
     assert any(used for used, _ in engine.kv.usage().values())
     deltas = engine.abort("a")
     assert [d.finish_reason for d in deltas] == ["abort"]
+    assert not engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
+def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpoint, one_at_a_time):
+    """Aborting a request that waits, prefills, was preempted, has finished, was aborted already or never existed:
+    the first three end with one 'abort' delta each and give back their blocks; the others are no-ops."""
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+                                    max_num_batched_tokens=32, max_model_len=160))
+    prompts = _prompts()
+    long = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"run{i}", list(range(100 + i, 160 + i)), long)
+    engine.add_request("waiting", prompts[0], GREEDY)
+    engine.step()  # a 32-token budget: run0 prefills its first chunk, the others wait
+    assert [s.request_id for s in engine.scheduler.running] == ["run0"]
+    assert [d.finish_reason for d in engine.abort("waiting")] == ["abort"]
+    assert [d.finish_reason for d in engine.abort("run0")] == ["abort"]  # mid-prefill
+    # two sequences of up to 140 positions in 12 full-attention blocks (192 positions): one is preempted
+    while engine.has_unfinished_requests and not any(s.num_preemptions for s in engine.scheduler.waiting):
+        engine.step()
+    preempted = next(s for s in engine.scheduler.waiting if s.num_preemptions).request_id
+    assert [d.finish_reason for d in engine.abort(preempted)] == ["abort"]
+    while engine.has_unfinished_requests:
+        engine.step()
+    for request_id in ("run1", "run2", preempted, "waiting", "never-added"):  # finished, or aborted, or unknown
+        assert engine.abort(request_id) == []
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+    assert _drive(engine, {0: [("after", prompts[1])]})["after"] == one_at_a_time[1]
     assert not engine.has_unfinished_requests
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 

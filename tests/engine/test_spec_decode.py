@@ -404,6 +404,18 @@ def test_a_kv_budget_that_cannot_hold_the_drafter_context_of_one_sequence_is_ref
                                speculative_config=speculative(drafter)))
 
 
+def test_a_kv_budget_that_holds_one_sequence_in_every_group_is_not_refused_with_the_drafter(target, drafter, plain):
+    """The drafter's share of the budget (its bytes per token of all groups') gave it 8 blocks where a sequence
+    needs 2, and the windows half the rest (5 blocks of 2), leaving the full-attention group 17 of the 32 that
+    max_model_len=512 needs: a budget that holds one sequence in every group was refused."""
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=330_000, max_model_len=512,
+                                    speculative_config=speculative(drafter)))
+    assert engine.kv_layout.num_blocks == {DRAFT: 2, "sliding": 2, "full": 32}
+    prompt = torch.randint(0, 480, (496,), generator=torch.Generator().manual_seed(4)).tolist()
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    assert _generate(engine, [prompt], params) == [plain.generate([prompt], params)[0].token_ids]
+
+
 LETTERS = SamplingParams(temperature=0, max_tokens=24, structured_outputs=StructuredOutputsParams(regex="[a-z ]{40}"))
 
 

@@ -1,0 +1,160 @@
+"""Differential test of the scheduler and the KV cache: a seeded random mix of requests run under stress gives what
+each gives alone.
+
+Alone: one request at a time, prefix caching off, a pool that never runs short. Under stress: prefix caching on, a
+pool that holds little more than one sequence at max_model_len (preemption and recompute), a token budget of 13
+(chunked prefill that splits blocks, windows and images), prompts sharing prefixes whose lengths fall at and around
+the block size and the sliding window, the same image bytes and different images behind the same placeholder
+tokens, cache salts, n > 1, greedy and seeded sampling, prompt logprobs, max_tokens 0, and requests added and aborted
+at random steps. Greedy and seeded outputs and their logprobs must be the same; an aborted request's output must be
+a prefix of its own; afterwards every KV block is free and the engine still serves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from glimmer import SamplingParams
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampler import TokenLogprobs
+from glimmer.engine.sequence import MultimodalItem
+from glimmer.tiny import TinySpec
+
+WINDOW = 8
+MAX_MODEL_LEN = 128
+LOGPROB_TOLERANCE = 1e-4  # float32 prefill after a cache hit sums attention in other tiles than a whole prefill
+
+Request = tuple[str, list[int], list[MultimodalItem], SamplingParams]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_tiny):
+    return make_tiny("canonical", vision=True, seed=23, spec=TinySpec(sliding_window=WINDOW))
+
+
+def _image(seed: int, height: int, width: int) -> Image.Image:
+    return Image.fromarray((np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8"))
+
+
+def _params(rng: random.Random) -> SamplingParams:
+    greedy = rng.random() < 0.6
+    return SamplingParams(
+        temperature=0 if greedy else 1.0, seed=None if greedy else rng.randrange(1000), top_k=rng.choice([0, 5]),
+        max_tokens=rng.choice([0, 1, 10]) if rng.random() < 0.2 else rng.randrange(2, 9), ignore_eos=True,
+        n=rng.choice([1, 1, 2]), logprobs=2, prompt_logprobs=1 if rng.random() < 0.2 else None,
+        cache_salt=rng.choice([None] * 6 + ["a", "b"]))
+
+
+def _requests(engine: LLMEngine, rng: random.Random, block_size: int, count: int) -> list[Request]:
+    """`count` text prompts sharing prefixes, and image prompts in pairs whose first image differs (its placeholder
+    tokens do not)."""
+    shared = [rng.randrange(20, 400) for _ in range(48)]
+    cuts = sorted({1, block_size - 1, block_size, block_size + 1, WINDOW - 1, WINDOW, WINDOW + 1, 2 * block_size,
+                   2 * WINDOW, 2 * WINDOW + 1, 33, 40})
+    requests = []
+    while len(requests) < count:
+        i = len(requests)
+        if rng.random() < 0.3:
+            seeds = [rng.choice([1, 2]) for _ in range(rng.choice([1, 1, 2]))]
+            text = (engine.tokenizer.bos_token + "Look at " + " and ".join(["<|patch|>"] * len(seeds)) + " then"
+                    + "y" * rng.choice([2, 20]))
+            params = _params(rng)
+            for pair, first in enumerate((seeds[0], 3 - seeds[0])):
+                ids, media = engine.prepare_prompt(text, [_image(seed, 56, 56) for seed in [first, *seeds[1:]]])
+                requests.append((f"r{i}-{pair}", ids, media, params))
+                # the twin can find the first's blocks: same salt, and it does not score its prompt
+                params = dataclasses.replace(_params(rng), cache_salt=params.cache_salt, prompt_logprobs=None)
+        else:
+            ids = shared[: rng.choice(cuts)] + [rng.randrange(20, 400) for _ in range(rng.randrange(1, 10))]
+            requests.append((f"r{i}", ids, [], _params(rng)))
+    return requests
+
+
+class _Outputs:
+    """Per (request id, completion index): tokens, logprobs, finish reason, prompt logprobs."""
+
+    def __init__(self):
+        self.tokens: dict[tuple[str, int], list[int]] = {}
+        self.logprobs: dict[tuple[str, int], list[TokenLogprobs]] = {}
+        self.finish: dict[tuple[str, int], str] = {}
+        self.prompt_logprobs: dict[tuple[str, int], list[TokenLogprobs | None]] = {}
+
+    def add(self, deltas: list[StepDelta]) -> None:
+        for delta in deltas:
+            key = (delta.request_id, delta.index)
+            self.tokens.setdefault(key, []).extend(delta.token_ids)
+            self.logprobs.setdefault(key, []).extend(delta.logprobs)
+            if delta.prompt_logprobs is not None:
+                self.prompt_logprobs[key] = delta.prompt_logprobs
+            if delta.finish_reason is not None:
+                self.finish[key] = delta.finish_reason
+
+
+def _same_logprobs(expected: list[TokenLogprobs | None], got: list[TokenLogprobs | None]) -> bool:
+    return len(expected) == len(got) and all(
+        (a is None and b is None) or (a is not None and b is not None and a.token_id == b.token_id
+                                      and list(a.top) == list(b.top) and abs(a.logprob - b.logprob) < LOGPROB_TOLERANCE)
+        for a, b in zip(expected, got, strict=True))
+
+
+def _alone(engine: LLMEngine, requests: list[Request]) -> _Outputs:
+    outputs = _Outputs()
+    for request_id, ids, media, params in requests:
+        engine.add_request(request_id, ids, params, media)
+        while engine.has_unfinished_requests:
+            outputs.add(engine.step())
+    return outputs
+
+
+@pytest.mark.parametrize(("seed", "block_size", "lookahead", "kv_cache_memory"), [
+    # each pool holds little more than one sequence of max_model_len (128) in each group
+    (1, 4, False, 110_000),  # a window of two blocks
+    (2, 8, True, 95_000),  # a window of one block; decode steps launched ahead of the host
+    (3, 16, False, 120_000),  # a window inside a block
+], ids=["block4", "block8-lookahead", "block16"])
+def test_a_random_mix_under_stress_matches_each_request_alone(checkpoint, same_cpu_kernels, seed, block_size, lookahead,
+                                                              kv_cache_memory):
+    rng = random.Random(seed)
+    common = dict(progress=False, block_size=block_size, max_model_len=MAX_MODEL_LEN)
+    reference = LLMEngine(EngineConfig(str(checkpoint), enable_prefix_caching=False, **common))
+    requests = _requests(reference, rng, block_size, count=10)
+    expected = _alone(reference, requests)
+
+    engine = LLMEngine(EngineConfig(str(checkpoint), kv_cache_memory=kv_cache_memory, max_num_seqs=6,
+                                    max_num_batched_tokens=13, async_scheduling=lookahead, **common))
+    got = _Outputs()
+    queue, aborted = list(requests), set()
+    for _ in range(2000):
+        if not queue and not engine.has_unfinished_requests:
+            break
+        if queue and (rng.random() < 0.4 or not engine.has_unfinished_requests):
+            request_id, ids, media, params = queue.pop(0)
+            engine.add_request(request_id, ids, params, media)
+        if rng.random() < 0.05:
+            request_id = rng.choice([r[0] for r in requests])  # waiting, running, preempted, finished or not yet added
+            got.add(engine.abort(request_id))
+            aborted.add(request_id)
+        got.add(engine.step())
+    assert not queue and not engine.has_unfinished_requests, "the engine stopped making progress"
+    assert engine.scheduler.num_preemptions > 0 and engine.kv.prefix_cache_hit_rate() > 0  # it was under stress
+
+    for key, tokens in expected.tokens.items():
+        if key[0] in aborted and got.finish.get(key) in (None, "abort"):
+            assert got.tokens.get(key, []) == tokens[: len(got.tokens.get(key, []))], key
+            continue
+        assert got.tokens[key] == tokens, key
+        assert got.finish[key] == expected.finish[key], key
+        assert _same_logprobs(expected.logprobs[key], got.logprobs[key]), key
+        if key in expected.prompt_logprobs:
+            assert _same_logprobs(expected.prompt_logprobs[key], got.prompt_logprobs[key]), key
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+    again = [(f"again-{request_id}", ids, media, params) for request_id, ids, media, params in requests[:2]]
+    assert _alone(engine, again).tokens == _alone(reference, again).tokens
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
