@@ -118,6 +118,33 @@ def test_outputs_sent_in_another_order_answer_their_own_calls(server, client):
     assert prompt.index(">Paris<") < prompt.index(">Oslo<") < prompt.index("rain, 18") < prompt.index("snow, -3")
 
 
+REASONING_BETWEEN_CALLS = (" to=self<|message|>Paris first.<|eom|><|start|>assistant"
+                           + _weather_call("Paris", "<|eom|><|start|>assistant")
+                           + " to=self<|message|>Now Oslo.<|eom|><|start|>assistant" + _weather_call("Oslo", "<|eot|>"))
+
+
+def test_a_reasoning_message_between_calls_is_an_item_holding_its_own_text(server, client):
+    """P-CHAN-4 joins reasoning messages with a newline for chat's one reasoning string. The second reasoning item
+    held that newline ("\nNow Oslo."), streamed it, and rendered it back through previous_response_id, so the model
+    read a turn it had not written."""
+    runner = server.engine.engine.runner
+    runner.add("[reason-between-calls]", REASONING_BETWEEN_CALLS)
+    fields = {"input": "[reason-between-calls] Weather in Paris and Oslo?", "tools": [WEATHER_TOOL]}
+    first = _create(client, **fields)
+    assert [(item.type, item.content[0].text if item.type == "reasoning" else json.loads(item.arguments))
+            for item in first.output] == [("reasoning", "Paris first."), ("function_call", {"city": "Paris"}),
+                                          ("reasoning", "Now Oslo."), ("function_call", {"city": "Oslo"})]
+    events = list(_create(client, **fields, stream=True))
+    reasoning_ids = [e.item.id for e in events if e.type == "response.output_item.added" and e.item.type == "reasoning"]
+    assert ["".join(e.delta for e in events if e.type == "response.reasoning_text.delta" and e.item_id == item_id)
+            for item_id in reasoning_ids] == ["Paris first.", "Now Oslo."]
+    assert [e.text for e in events if e.type == "response.reasoning_text.done"] == ["Paris first.", "Now Oslo."]
+    outputs = [{"type": "function_call_output", "call_id": item.call_id, "output": "sunny"}
+               for item in first.output if item.type == "function_call"]
+    _create(client, input=outputs, previous_response_id=first.id, tools=[WEATHER_TOOL])
+    assert "<|start|>assistant to=self<|message|>Now Oslo.<|eom|>" in runner.prompts[-1]
+
+
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
     calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
              for city in ("Paris", "Oslo")]
