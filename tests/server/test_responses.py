@@ -145,6 +145,27 @@ def test_a_reasoning_message_between_calls_is_an_item_holding_its_own_text(serve
     assert "<|start|>assistant to=self<|message|>Now Oslo.<|eom|>" in runner.prompts[-1]
 
 
+def test_what_the_model_said_before_its_call_is_rendered_back_before_the_call(server, client):
+    """The message item and the function_call after it made one assistant message, whose content the template drops
+    when it holds calls (§2.1): the continued prompt lost the model's own words. Rendered as written, the text is a
+    message to the user that did not end the turn (<|eom|>), then the call, with previous_response_id or with the
+    items sent back in `input`."""
+    runner = server.engine.engine.runner
+    runner.add("[say-then-call]", " to=user<|message|>Let me check.<|eom|><|start|>assistant"
+               + _weather_call("Paris", "<|eot|>"))
+    question = "[say-then-call] Weather in Paris?"
+    tools = [{**WEATHER_TOOL, "strict": False}]  # a strict tool's grammar has a turn answer or call, not both
+    first = _create(client, input=question, tools=tools)
+    message, call = first.output
+    assert (message.type, message.content[0].text, call.type) == ("message", "Let me check.", "function_call")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    said = "<|start|>assistant to=user<|message|>Let me check.<|eom|><|start|>assistant to=get_weather<|message|>"
+    _create(client, input=[output], previous_response_id=first.id, tools=tools)
+    assert said in runner.prompts[-1]
+    _create(client, input=[{"role": "user", "content": question}, *first.output, output], tools=tools)
+    assert said in runner.prompts[-1]
+
+
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
     calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
              for city in ("Paris", "Oslo")]
