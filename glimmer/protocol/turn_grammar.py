@@ -17,8 +17,8 @@ An invoke holds exactly the tool's declared parameters (required ones always, op
 order), each value shaped so that value typing (P-VAL-1, P-VAL-2) reads it back as a value of its schema: a
 parameter that admits strings takes raw text (an enum's members verbatim, `maxLength` honoured), any other takes
 JSON of its schema (keywords the grammar engine does not implement ignored, unless the tool is `strict`). Free
-text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6) and raw values never
-hold `</` (the closer is positional, P-ATEM-2).
+text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6); a raw value holds no
+`<|` either and ends at its first `</atem:parameter>`, but may hold other closing tags (`</b>`, P-ATEM-2).
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 # Text without `<|` (no framing marker can be spelled): every run of `<` is followed by a character that is
 # neither `<` nor `|`, and the text does not end in `<`.
 _FREE_TEXT = r"([^<]|<+[^<|])*"
-# A raw parameter value and its closer as one lexeme, so the value cannot swallow the closer: no `</` and no `<|`.
-_RAW_VALUE_AND_CLOSER = r"([^<]|<+[^<\/|])*<\/atem:parameter>"
+# A raw parameter value and its closer as one lexeme (a terminal: llguidance intersects and negates terminals only),
+# so the value cannot swallow the closer: any text up to the first `</atem:parameter>`, HTML's `</b>` included, and
+# no `<|`. `{length}` is the value's length in characters as a regex bound.
+_RAW_VALUE_AND_CLOSER = r"/(.|\n){length}<\/atem:parameter>/ & ~/(.|\n)*(<\|(.|\n)*|<\/atem:parameter>(.|\n)+)/"
 
 
 def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
                 raise RequestError(f"tools: parameter {key!r} of {name!r} is required, but a name holding '\"' cannot "
                                    "be written in an ATEM tag (P-ATEM-1); rename it", param="tools")
             continue
-        value = _value(schema, root, strict)
+        value = _value(rules, schema, root, strict)
         rule = rules.add(f"parameter_{index}_{position}",
                          f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {value} {_string(chr(10))}")
         items.append(rule if key in required else f"{rule}?")
@@ -148,7 +150,7 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
                                       f"{invokes} {_string(BLOCK_CLOSE)}")
 
 
-def _value(schema: Any, root: Mapping[str, Any], strict: bool) -> str:
+def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: bool) -> str:
     """A parameter value followed by its closer, shaped by the parameter's schema (P-VAL-1..3); `strict`: the
     tool's, whose JSON values follow every keyword of their schema."""
     resolved = _resolved(schema, root)
@@ -163,10 +165,17 @@ def _value(schema: Any, root: Mapping[str, Any], strict: bool) -> str:
     bounds = sorted({(shape.low, shape.high) for shape in shapes if shape.literals is None},
                     key=lambda b: (b[0], -1 if b[1] is None else b[1]))
     if (0, None) in bounds:  # any text: the other shapes add nothing it does not hold
-        return f"/{_RAW_VALUE_AND_CLOSER}/"
+        return _raw_value_terminal(rules, 0, None)
     pieces = [f"({' | '.join(_string(text) for text in literals)}) {_string(PARAMETER_CLOSE)}"] if literals else []
-    pieces += [f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/" for low, high in bounds]
+    pieces += [_raw_value_terminal(rules, low, high) for low, high in bounds]
     return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
+
+
+def _raw_value_terminal(rules: _GrammarRules, low: int, high: int | None) -> str:
+    """The terminal of a raw value of `low`..`high` characters (None: no bound) and its closer."""
+    bound = "" if high is None else str(high)
+    return rules.add_once(f"RAW_VALUE_{low}_{bound or 'ANY'}",
+                          _RAW_VALUE_AND_CLOSER.replace("{length}", f"{{{low},{bound}}}"))
 
 
 @dataclass(frozen=True)
@@ -287,6 +296,12 @@ class _GrammarRules:
         else:
             self._rules.append(rule)
         return head.split("[", 1)[0]
+
+    def add_once(self, head: str, body: str) -> str:
+        """`add`, unless a rule of that head was added before (a terminal that several parameters share)."""
+        if not any(rule.startswith(head + ":") for rule in self._rules):
+            self.add(head, body)
+        return head
 
     def text(self) -> str:
         return "\n".join(self._rules) + "\n"

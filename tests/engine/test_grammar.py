@@ -117,6 +117,22 @@ def test_a_forced_call_has_exactly_the_tools_parameters_typed_by_their_schemas(c
         assert not admits(compiler, tokenizer, constraint, text), text
 
 
+def test_a_string_value_may_hold_closing_tags_but_not_its_closer_or_a_framing_marker(compiler, tokenizer):
+    """Raw values held no `</` at all: a forced or strict call could not write HTML (`</b>`) or XML in a string
+    parameter, and the model was steered off its argument. Only the first `</atem:parameter>` ends a value, as the
+    parser reads it (P-ATEM-2); `<|` stays out, as in all text."""
+    note = normalize_tools([{"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "maxLength": 4}}, "required": ["text"]}}])[0]
+    constraint = TurnConstraint(call_tools=[LOOKUP, note], must_call=True)
+    for city in ("<b>Oslo</b>", "a </div>\n<br/> b", "x <", "</atem:parameter", "</"):
+        assert admits(compiler, tokenizer, constraint, call("lookup", ("city", city), ("days", "3")) + "<|eot|>"), city
+    assert admits(compiler, tokenizer, constraint, call("note", ("text", "</b>")) + "<|eot|>")  # maxLength 4
+    for bad in (call("lookup", ("city", "a <|x"), ("days", "3")),
+                call("lookup", ("city", "a</atem:parameter> b"), ("days", "3")),
+                call("note", ("text", "<b/>x"))):
+        assert not admits(compiler, tokenizer, constraint, bad + "<|eot|>"), bad
+
+
 # keywords llguidance does not implement; pydantic writes `uniqueItems` for a `set[...]` field
 UNIMPLEMENTED = {"tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
                  "codes": {"type": "array", "contains": {"type": "integer"}},

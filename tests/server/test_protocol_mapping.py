@@ -36,6 +36,9 @@ UNKNOWN_TOOL_CALL = (' to=send_mail<|message|><atem:function_calls>\n<atem:invok
                      '</atem:function_calls><|eot|>')
 WITH_MEDIA_MARKERS = (" to=self<|message|>Look<|image_end|>ing.<|eom|>"
                       "<|start|>assistant to=user<|message|>Hi<|image_end|> there<|patch|>!<|eot|>")
+HTML_CALL = (' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+             '<atem:parameter name="city"><b>Paris</b> </atem:parameter\n</atem:parameter>\n'
+             '</atem:invoke>\n</atem:function_calls><|eot|>')
 SCRIPTS = {
     "[specials]": [WITH_MEDIA_MARKERS],
     "[reason-answer]": [REASON_THEN_ANSWER],
@@ -47,6 +50,7 @@ SCRIPTS = {
     "[invent-user]": [INVENTED_USER_TURN],
     "[stop-both]": [STOP_IN_BOTH],
     "[unknown-call]": [UNKNOWN_TOOL_CALL],
+    "[html-call]": [HTML_CALL],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -406,3 +410,14 @@ def test_a_call_of_an_undeclared_tool_passes_through_and_is_counted(client, serv
     result = _both(client, **_request("[unknown-call]", tools=TOOLS))
     assert result["calls"] == [("send_mail", {"to": "ann@example.org"})]
     assert server.metrics()["glimmer_unresolved_tool_calls_total"] >= 2
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_a_strict_or_forced_call_may_write_closing_tags_in_a_string(client, tool_choice):
+    """A strict tool (the OpenAI Agents SDK's default) or a forced call is written under a grammar, whose raw values
+    held no `</`: a string argument with HTML or XML in it (`</b>`) was steered into something else. Only the
+    parameter's own closer ends it (P-ATEM-2)."""
+    strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
+    result = _both(client, **_request("[html-call]", tools=[strict], tool_choice=tool_choice))
+    assert result["calls"] == [("get_weather", {"city": "<b>Paris</b> </atem:parameter\n"})]
+    assert result["finish_reason"] == "tool_calls"
