@@ -6,10 +6,14 @@ grammar object. Pure data: the engine compiles it against the tokenizer (engine/
 
 A constrained turn reads (protocol.md §3; the prompt ends with `<|start|>assistant`, so the first header is bare):
 
-    turn     := [reasoning <|eom|> <|start|>assistant] (answer | calls)
+    turn     := {reasoning <|eom|> <|start|>assistant} (answer | calls)
     reasoning := " to=self" <|message|> TEXT
     answer   := [" to=user"] <|message|> BODY <|eot|>                    (P-REQ-6: the gate is the answer's header)
-    calls    := call {<|eom|> <|start|>assistant [reasoning <|eom|> <|start|>assistant] call} <|eot|>
+    calls    := call {<|eom|> <|start|>assistant {reasoning <|eom|> <|start|>assistant} call} <|eot|>
+
+Reasoning may take several messages where a call may follow (§3.1, P-REQ-5: `self` messages, then the call). With no
+tools to call it is one message, after which the answer's header is forced (P-REQ-6); under a thinking budget, one
+message before the answer or the first call.
     call     := " to=NAME" <|message|> <atem:function_calls> invoke+ </atem:function_calls>  (P-REQ-5)
 
 BODY is the requested answer grammar (a JSON schema, a regex, …) or free text; after it only `<|eot|>` may follow.
@@ -74,8 +78,8 @@ class TurnConstraint:
     call_tools: the tools the turn may call (normalized, `{"type": "function", "function": {...}}`); empty: none.
     must_call: the turn ends with calls and has no answer (`tool_choice` required or named, P-REQ-4).
     parallel_calls: more than one call may be made (`parallel_tool_calls`).
-    thinking_token_budget: None: reasoning is free; N: one reasoning message of at most N tokens, before the
-        answer or the first call (0: none).
+    thinking_token_budget: None: reasoning is free (as many messages as the module docstring says); N: one reasoning
+        message of at most N tokens, before the answer or the first call (0: none).
     """
 
     answer: Mapping[str, Any] | None = None
@@ -105,7 +109,8 @@ def turn_grammar(constraint: TurnConstraint) -> dict[str, Any]:
     if not finals:
         raise ValueError("a turn that must call needs tools to call")
     rules.add("final", " | ".join(finals))
-    rules.add("start", f"{reasoning} final | final" if reasoning else "final", first=True)
+    thoughts = f"{reasoning}*" if budget is None and constraint.call_tools else f"{reasoning}?"
+    rules.add("start", f"{thoughts} final" if reasoning else "final", first=True)
     grammars: list[dict[str, Any]] = [{"lark_grammar": rules.text()}]
     if constraint.answer is not None and not constraint.must_call:
         grammars.append({**constraint.answer, "name": ANSWER_GRAMMAR})
@@ -119,7 +124,7 @@ def _calls(rules: _GrammarRules, constraint: TurnConstraint, reasoning_between: 
     if not constraint.parallel_calls:
         return rules.add("calls", f"{call} {EOT}")
     next_header = f"{EOM} {START} {_string('assistant')}"
-    between = f"({reasoning_between})?" if reasoning_between else ""
+    between = f"{reasoning_between}*" if reasoning_between else ""
     return rules.add("calls", f"{call} ({next_header} {between} {call})* {EOT}")
 
 
