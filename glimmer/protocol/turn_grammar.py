@@ -165,7 +165,7 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
     shapes = _raw_shapes(schema, root, 0)
     if not shapes:
         raise RequestError("tools: a parameter's schema admits no value that can be written as raw text (its string "
-                           "members hold `</` or `<|`, which end or break an ATEM value)", param="tools")
+                           "members hold `</atem:parameter>` or `<|`, which end or break an ATEM value)", param="tools")
     literals = sorted({text for shape in shapes if shape.literals is not None for text in shape.literals})
     bounds = sorted({(shape.low, shape.high) for shape in shapes if shape.literals is None},
                     key=lambda b: (b[0], -1 if b[1] is None else b[1]))
@@ -233,10 +233,11 @@ def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int) -> list[_RawSh
 
 def _spelled_members(members: list[Any]) -> list[str]:
     """The raw values that read back as enum members (P-VAL-1: a parameter admitting strings reads raw text as
-    the string, and the exact text null as null when null is a member): string members without `</` or `<|`,
-    and `null`. Other members (a number beside strings) cannot be written so that they read back as themselves.
+    the string, and the exact text null as null when null is a member): string members without `<|` or the value's
+    closer `</atem:parameter>`, and `null`. Other members (a number beside strings) cannot be written so that they
+    read back as themselves.
     """
-    spelled = [m for m in members if isinstance(m, str) and "</" not in m and "<|" not in m]
+    spelled = [m for m in members if isinstance(m, str) and PARAMETER_CLOSE not in m and "<|" not in m]
     if None in members:
         spelled.append("null")
     return list(dict.fromkeys(spelled))

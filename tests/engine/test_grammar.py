@@ -137,11 +137,13 @@ def test_a_string_value_may_hold_closing_tags_but_not_its_closer_or_a_framing_ma
     parameter, and the model was steered off its argument. Only the first `</atem:parameter>` ends a value, as the
     parser reads it (P-ATEM-2); `<|` stays out, as in all text."""
     note = normalize_tools([{"name": "note", "parameters": {
-        "type": "object", "properties": {"text": {"type": "string", "maxLength": 4}}, "required": ["text"]}}])[0]
+        "type": "object", "properties": {"text": {"type": "string", "maxLength": 4}, "tag": {"enum": ["<p>", "</p>"]}},
+        "required": ["text"]}}])[0]
     constraint = TurnConstraint(call_tools=[LOOKUP, note], must_call=True)
     for city in ("<b>Oslo</b>", "a </div>\n<br/> b", "x <", "</atem:parameter", "</"):
         assert admits(compiler, tokenizer, constraint, call("lookup", ("city", city), ("days", "3")) + "<|eot|>"), city
     assert admits(compiler, tokenizer, constraint, call("note", ("text", "</b>")) + "<|eot|>")  # maxLength 4
+    assert admits(compiler, tokenizer, constraint, call("note", ("text", "a"), ("tag", "</p>")) + "<|eot|>")
     for bad in (call("lookup", ("city", "a <|x"), ("days", "3")),
                 call("lookup", ("city", "a</atem:parameter> b"), ("days", "3")),
                 call("note", ("text", "<b/>x"))):
