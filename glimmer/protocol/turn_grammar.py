@@ -10,11 +10,11 @@ A constrained turn reads (protocol.md §3; the prompt ends with `<|start|>assist
     reasoning := " to=self" <|message|> TEXT
     answer   := [" to=user"] <|message|> BODY <|eot|>                    (P-REQ-6: the gate is the answer's header)
     calls    := call {<|eom|> <|start|>assistant {reasoning <|eom|> <|start|>assistant} call} <|eot|>
+    call     := " to=NAME" <|message|> <atem:function_calls> invoke+ </atem:function_calls>  (P-REQ-5)
 
 Reasoning may take several messages where a call may follow (§3.1, P-REQ-5: `self` messages, then the call). With no
 tools to call it is one message, after which the answer's header is forced (P-REQ-6); under a thinking budget, one
 message before the answer or the first call.
-    call     := " to=NAME" <|message|> <atem:function_calls> invoke+ </atem:function_calls>  (P-REQ-5)
 
 BODY is the requested answer grammar (a JSON schema, a regex, …) or free text; after it only `<|eot|>` may follow.
 An invoke holds exactly the tool's declared parameters (required ones always, optional ones in declaration
