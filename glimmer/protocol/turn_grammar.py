@@ -6,19 +6,23 @@ grammar object. Pure data: the engine compiles it against the tokenizer (engine/
 
 A constrained turn reads (protocol.md §3; the prompt ends with `<|start|>assistant`, so the first header is bare):
 
-    turn     := [reasoning <|eom|> <|start|>assistant] (answer | calls)
+    turn     := {reasoning <|eom|> <|start|>assistant} (answer | calls)
     reasoning := " to=self" <|message|> TEXT
     answer   := [" to=user"] <|message|> BODY <|eot|>                    (P-REQ-6: the gate is the answer's header)
-    calls    := call {<|eom|> <|start|>assistant [reasoning <|eom|> <|start|>assistant] call} <|eot|>
+    calls    := call {<|eom|> <|start|>assistant {reasoning <|eom|> <|start|>assistant} call} <|eot|>
     call     := " to=NAME" <|message|> <atem:function_calls> invoke+ </atem:function_calls>  (P-REQ-5)
+
+Reasoning may take several messages where a call may follow (§3.1, P-REQ-5: `self` messages, then the call). With no
+tools to call it is one message, after which the answer's header is forced (P-REQ-6); under a thinking budget, one
+message before the answer or the first call.
 
 BODY is the requested answer grammar (a JSON schema, a regex, …) or free text; after it only `<|eot|>` may follow.
 An invoke holds exactly the tool's declared parameters (required ones always, optional ones in declaration
 order), each value shaped so that value typing (P-VAL-1, P-VAL-2) reads it back as a value of its schema: a
 parameter that admits strings takes raw text (an enum's members verbatim, `maxLength` honoured), any other takes
 JSON of its schema (keywords the grammar engine does not implement ignored, unless the tool is `strict`). Free
-text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6) and raw values never
-hold `</` (the closer is positional, P-ATEM-2).
+text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6); a raw value holds no
+`<|` either and ends at its first `</atem:parameter>`, but may hold other closing tags (`</b>`, P-ATEM-2).
 """
 
 from __future__ import annotations
@@ -50,8 +54,10 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 # Text without `<|` (no framing marker can be spelled): every run of `<` is followed by a character that is
 # neither `<` nor `|`, and the text does not end in `<`.
 _FREE_TEXT = r"([^<]|<+[^<|])*"
-# A raw parameter value and its closer as one lexeme, so the value cannot swallow the closer: no `</` and no `<|`.
-_RAW_VALUE_AND_CLOSER = r"([^<]|<+[^<\/|])*<\/atem:parameter>"
+# A raw parameter value and its closer as one lexeme (a terminal: llguidance intersects and negates terminals only),
+# so the value cannot swallow the closer: any text up to the first `</atem:parameter>`, HTML's `</b>` included, and
+# no `<|`. `{length}` is the value's length in characters as a regex bound.
+_RAW_VALUE_AND_CLOSER = r"/(.|\n){length}<\/atem:parameter>/ & ~/(.|\n)*(<\|(.|\n)*|<\/atem:parameter>(.|\n)+)/"
 
 
 def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
@@ -72,8 +78,8 @@ class TurnConstraint:
     call_tools: the tools the turn may call (normalized, `{"type": "function", "function": {...}}`); empty: none.
     must_call: the turn ends with calls and has no answer (`tool_choice` required or named, P-REQ-4).
     parallel_calls: more than one call may be made (`parallel_tool_calls`).
-    thinking_token_budget: None: reasoning is free; N: one reasoning message of at most N tokens, before the
-        answer or the first call (0: none).
+    thinking_token_budget: None: reasoning is free (as many messages as the module docstring says); N: one reasoning
+        message of at most N tokens, before the answer or the first call (0: none).
     """
 
     answer: Mapping[str, Any] | None = None
@@ -103,7 +109,8 @@ def turn_grammar(constraint: TurnConstraint) -> dict[str, Any]:
     if not finals:
         raise ValueError("a turn that must call needs tools to call")
     rules.add("final", " | ".join(finals))
-    rules.add("start", f"{reasoning} final | final" if reasoning else "final", first=True)
+    thoughts = f"{reasoning}*" if budget is None and constraint.call_tools else f"{reasoning}?"
+    rules.add("start", f"{thoughts} final" if reasoning else "final", first=True)
     grammars: list[dict[str, Any]] = [{"lark_grammar": rules.text()}]
     if constraint.answer is not None and not constraint.must_call:
         grammars.append({**constraint.answer, "name": ANSWER_GRAMMAR})
@@ -117,7 +124,7 @@ def _calls(rules: _GrammarRules, constraint: TurnConstraint, reasoning_between: 
     if not constraint.parallel_calls:
         return rules.add("calls", f"{call} {EOT}")
     next_header = f"{EOM} {START} {_string('assistant')}"
-    between = f"({reasoning_between})?" if reasoning_between else ""
+    between = f"{reasoning_between}*" if reasoning_between else ""
     return rules.add("calls", f"{call} ({next_header} {between} {call})* {EOT}")
 
 
@@ -137,7 +144,7 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
                 raise RequestError(f"tools: parameter {key!r} of {name!r} is required, but a name holding '\"' cannot "
                                    "be written in an ATEM tag (P-ATEM-1); rename it", param="tools")
             continue
-        value = _value(schema, root, strict)
+        value = _value(rules, schema, root, strict)
         rule = rules.add(f"parameter_{index}_{position}",
                          f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {value} {_string(chr(10))}")
         items.append(rule if key in required else f"{rule}?")
@@ -148,7 +155,7 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
                                       f"{invokes} {_string(BLOCK_CLOSE)}")
 
 
-def _value(schema: Any, root: Mapping[str, Any], strict: bool) -> str:
+def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: bool) -> str:
     """A parameter value followed by its closer, shaped by the parameter's schema (P-VAL-1..3); `strict`: the
     tool's, whose JSON values follow every keyword of their schema."""
     resolved = _resolved(schema, root)
@@ -158,15 +165,22 @@ def _value(schema: Any, root: Mapping[str, Any], strict: bool) -> str:
     shapes = _raw_shapes(schema, root, 0)
     if not shapes:
         raise RequestError("tools: a parameter's schema admits no value that can be written as raw text (its string "
-                           "members hold `</` or `<|`, which end or break an ATEM value)", param="tools")
+                           "members hold `</atem:parameter>` or `<|`, which end or break an ATEM value)", param="tools")
     literals = sorted({text for shape in shapes if shape.literals is not None for text in shape.literals})
     bounds = sorted({(shape.low, shape.high) for shape in shapes if shape.literals is None},
                     key=lambda b: (b[0], -1 if b[1] is None else b[1]))
     if (0, None) in bounds:  # any text: the other shapes add nothing it does not hold
-        return f"/{_RAW_VALUE_AND_CLOSER}/"
+        return _raw_value_terminal(rules, 0, None)
     pieces = [f"({' | '.join(_string(text) for text in literals)}) {_string(PARAMETER_CLOSE)}"] if literals else []
-    pieces += [f"/[^<]{{{low},{'' if high is None else high}}}<\\/atem:parameter>/" for low, high in bounds]
+    pieces += [_raw_value_terminal(rules, low, high) for low, high in bounds]
     return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
+
+
+def _raw_value_terminal(rules: _GrammarRules, low: int, high: int | None) -> str:
+    """The terminal of a raw value of `low`..`high` characters (None: no bound) and its closer."""
+    bound = "" if high is None else str(high)
+    return rules.add_once(f"RAW_VALUE_{low}_{bound or 'ANY'}",
+                          _RAW_VALUE_AND_CLOSER.replace("{length}", f"{{{low},{bound}}}"))
 
 
 @dataclass(frozen=True)
@@ -219,10 +233,11 @@ def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int) -> list[_RawSh
 
 def _spelled_members(members: list[Any]) -> list[str]:
     """The raw values that read back as enum members (P-VAL-1: a parameter admitting strings reads raw text as
-    the string, and the exact text null as null when null is a member): string members without `</` or `<|`,
-    and `null`. Other members (a number beside strings) cannot be written so that they read back as themselves.
+    the string, and the exact text null as null when null is a member): string members without `<|` or the value's
+    closer `</atem:parameter>`, and `null`. Other members (a number beside strings) cannot be written so that they
+    read back as themselves.
     """
-    spelled = [m for m in members if isinstance(m, str) and "</" not in m and "<|" not in m]
+    spelled = [m for m in members if isinstance(m, str) and PARAMETER_CLOSE not in m and "<|" not in m]
     if None in members:
         spelled.append("null")
     return list(dict.fromkeys(spelled))
@@ -287,6 +302,12 @@ class _GrammarRules:
         else:
             self._rules.append(rule)
         return head.split("[", 1)[0]
+
+    def add_once(self, head: str, body: str) -> str:
+        """`add`, unless a rule of that head was added before (a terminal that several parameters share)."""
+        if not any(rule.startswith(head + ":") for rule in self._rules):
+            self.add(head, body)
+        return head
 
     def text(self) -> str:
         return "\n".join(self._rules) + "\n"

@@ -122,6 +122,7 @@ class OutputBuilder:
     _open: dict[str, Any] | None = None  # the item being written
     _calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # parser call index → its item
     _pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # decided, not yet sent with a delta
+    _reasoning_seen: bool = False  # reasoning text came before: a later reasoning message's text starts with "\n"
 
     def feed(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided."""
@@ -151,10 +152,17 @@ class OutputBuilder:
         if self._open is None or self._open["type"] != wanted:
             out += self._close()
             out += self._start_text_item(wanted)
+            if wanted == "reasoning" and self._reasoning_seen:
+                # P-CHAN-4 joins the reasoning messages with a newline, sent with the next one's first text: chat's
+                # one reasoning string needs it, an item of its own holds the message's text only
+                text = text.removeprefix("\n")
         item = self._open
         part = item["content"][0]
         part["text"] += text
         if wanted == "reasoning":
+            self._reasoning_seen = True
+            if not text:
+                return out
             return [*out, {"type": "response.reasoning_text.delta", "item_id": item["id"],
                            "output_index": self._index(item), "content_index": 0, "delta": text}]
         return [*out, self._answer_delta(item, text)]

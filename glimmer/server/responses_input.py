@@ -5,7 +5,9 @@
 - message items keep their role; `input_text` / `output_text` parts become text, `input_image` parts
   image_url parts; other parts (`input_file`, `input_audio`, …) are refused naming the part;
 - a `reasoning` item (its `content` text, else its summary text), the assistant message and the
-  `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls;
+  `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls; but
+  the template drops the content of a message with calls (§2.1), so an assistant message item followed by calls
+  is a message of its own that did not end the turn (`end_turn: false`), as the model wrote it;
 - a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
   item before it, in the input or in the responses it continues (OpenAI refuses an answer to no call, as does
   Glimmer; a result rendered before its call would be read as a result of nothing). The outputs answering one
@@ -134,6 +136,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             previous = assistant.get("reasoning_content")
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
+            if assistant is not None and assistant.get("content") and not assistant.get("tool_calls"):
+                assistant["end_turn"] = False  # the model's text before its calls: rendered, not dropped
+                flush()
             assistant = open_assistant(where)
             call = _tool_call(item, where)
             _refuse_duplicate(called, call["id"], where, f"{where}.call_id", "function_call call_id",

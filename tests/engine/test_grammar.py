@@ -117,6 +117,39 @@ def test_a_forced_call_has_exactly_the_tools_parameters_typed_by_their_schemas(c
         assert not admits(compiler, tokenizer, constraint, text), text
 
 
+def test_reasoning_may_take_several_messages_before_a_call_and_one_before_an_answer_alone(compiler, tokenizer):
+    """A forced call allowed one reasoning message: a model reasoning in two (§3.1, P-REQ-5: `self` messages, then
+    the call) was steered off. With no tools, one message, then the answer's header is forced (P-REQ-6)."""
+    thought = " to=self<|message|>Hm.<|eom|><|start|>assistant"
+    lookup = call("lookup", ("city", "Oslo"), ("days", "3"))
+    forced = TurnConstraint(call_tools=[LOOKUP], must_call=True)
+    assert admits(compiler, tokenizer, forced, thought * 2 + lookup + "<|eot|>")
+    assert admits(compiler, tokenizer, forced, lookup + "<|eom|><|start|>assistant" + thought * 2 + lookup + "<|eot|>")
+    answer = TurnConstraint(answer=JSON_ANSWER)
+    assert admits(compiler, tokenizer, answer, thought + '<|message|>{"ok": true}<|eot|>')
+    assert not admits(compiler, tokenizer, answer, thought * 2 + '<|message|>{"ok": true}<|eot|>')
+    budget = TurnConstraint(call_tools=[LOOKUP], must_call=True, thinking_token_budget=8)
+    assert not admits(compiler, tokenizer, budget, thought * 2 + lookup + "<|eot|>")
+
+
+def test_a_string_value_may_hold_closing_tags_but_not_its_closer_or_a_framing_marker(compiler, tokenizer):
+    """Raw values held no `</` at all: a forced or strict call could not write HTML (`</b>`) or XML in a string
+    parameter, and the model was steered off its argument. Only the first `</atem:parameter>` ends a value, as the
+    parser reads it (P-ATEM-2); `<|` stays out, as in all text."""
+    note = normalize_tools([{"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "maxLength": 4}, "tag": {"enum": ["<p>", "</p>"]}},
+        "required": ["text"]}}])[0]
+    constraint = TurnConstraint(call_tools=[LOOKUP, note], must_call=True)
+    for city in ("<b>Oslo</b>", "a </div>\n<br/> b", "x <", "</atem:parameter", "</"):
+        assert admits(compiler, tokenizer, constraint, call("lookup", ("city", city), ("days", "3")) + "<|eot|>"), city
+    assert admits(compiler, tokenizer, constraint, call("note", ("text", "</b>")) + "<|eot|>")  # maxLength 4
+    assert admits(compiler, tokenizer, constraint, call("note", ("text", "a"), ("tag", "</p>")) + "<|eot|>")
+    for bad in (call("lookup", ("city", "a <|x"), ("days", "3")),
+                call("lookup", ("city", "a</atem:parameter> b"), ("days", "3")),
+                call("note", ("text", "<b/>x"))):
+        assert not admits(compiler, tokenizer, constraint, bad + "<|eot|>"), bad
+
+
 # keywords llguidance does not implement; pydantic writes `uniqueItems` for a `set[...]` field
 UNIMPLEMENTED = {"tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
                  "codes": {"type": "array", "contains": {"type": "integer"}},

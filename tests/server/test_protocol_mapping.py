@@ -36,6 +36,11 @@ UNKNOWN_TOOL_CALL = (' to=send_mail<|message|><atem:function_calls>\n<atem:invok
                      '</atem:function_calls><|eot|>')
 WITH_MEDIA_MARKERS = (" to=self<|message|>Look<|image_end|>ing.<|eom|>"
                       "<|start|>assistant to=user<|message|>Hi<|image_end|> there<|patch|>!<|eot|>")
+HTML_CALL = (' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+             '<atem:parameter name="city"><b>Paris</b> </atem:parameter\n</atem:parameter>\n'
+             '</atem:invoke>\n</atem:function_calls><|eot|>')
+TWO_THOUGHTS_THEN_CALL = (" to=self<|message|>First thought.<|eom|><|start|>assistant to=self<|message|>Second thought."
+                          f"<|eom|><|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 SCRIPTS = {
     "[specials]": [WITH_MEDIA_MARKERS],
     "[reason-answer]": [REASON_THEN_ANSWER],
@@ -47,6 +52,8 @@ SCRIPTS = {
     "[invent-user]": [INVENTED_USER_TURN],
     "[stop-both]": [STOP_IN_BOTH],
     "[unknown-call]": [UNKNOWN_TOOL_CALL],
+    "[html-call]": [HTML_CALL],
+    "[two-thoughts]": [TWO_THOUGHTS_THEN_CALL],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -220,6 +227,15 @@ def test_a_model_that_would_answer_directly_is_steered_into_the_call(client, too
     # (reasoning, then the call) is what it writes
     result = _both(client, **_request("[answer-or-call]", tools=TOOLS, tool_choice=tool_choice))
     assert result["content"] is None
+    assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
+    assert result["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_may_follow_reasoning_in_several_messages(client, tool_choice):
+    # §3.1, P-REQ-5: `self` messages, then the call. One was allowed: the second steered the model off its call.
+    result = _both(client, **_request("[two-thoughts]", tools=TOOLS, tool_choice=tool_choice))
+    assert result["reasoning"] == "First thought.\nSecond thought."
     assert result["calls"] == [("get_weather", WEATHER_ARGUMENTS)]
     assert result["finish_reason"] == "tool_calls"
 
@@ -406,3 +422,14 @@ def test_a_call_of_an_undeclared_tool_passes_through_and_is_counted(client, serv
     result = _both(client, **_request("[unknown-call]", tools=TOOLS))
     assert result["calls"] == [("send_mail", {"to": "ann@example.org"})]
     assert server.metrics()["glimmer_unresolved_tool_calls_total"] >= 2
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_a_strict_or_forced_call_may_write_closing_tags_in_a_string(client, tool_choice):
+    """A strict tool (the OpenAI Agents SDK's default) or a forced call is written under a grammar, whose raw values
+    held no `</`: a string argument with HTML or XML in it (`</b>`) was steered into something else. Only the
+    parameter's own closer ends it (P-ATEM-2)."""
+    strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
+    result = _both(client, **_request("[html-call]", tools=[strict], tool_choice=tool_choice))
+    assert result["calls"] == [("get_weather", {"city": "<b>Paris</b> </atem:parameter\n"})]
+    assert result["finish_reason"] == "tool_calls"

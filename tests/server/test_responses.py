@@ -118,6 +118,54 @@ def test_outputs_sent_in_another_order_answer_their_own_calls(server, client):
     assert prompt.index(">Paris<") < prompt.index(">Oslo<") < prompt.index("rain, 18") < prompt.index("snow, -3")
 
 
+REASONING_BETWEEN_CALLS = (" to=self<|message|>Paris first.<|eom|><|start|>assistant"
+                           + _weather_call("Paris", "<|eom|><|start|>assistant")
+                           + " to=self<|message|>Now Oslo.<|eom|><|start|>assistant" + _weather_call("Oslo", "<|eot|>"))
+
+
+def test_a_reasoning_message_between_calls_is_an_item_holding_its_own_text(server, client):
+    """P-CHAN-4 joins reasoning messages with a newline for chat's one reasoning string. The second reasoning item
+    held that newline ("\nNow Oslo."), streamed it, and rendered it back through previous_response_id, so the model
+    read a turn it had not written."""
+    runner = server.engine.engine.runner
+    runner.add("[reason-between-calls]", REASONING_BETWEEN_CALLS)
+    fields = {"input": "[reason-between-calls] Weather in Paris and Oslo?", "tools": [WEATHER_TOOL]}
+    first = _create(client, **fields)
+    assert [(item.type, item.content[0].text if item.type == "reasoning" else json.loads(item.arguments))
+            for item in first.output] == [("reasoning", "Paris first."), ("function_call", {"city": "Paris"}),
+                                          ("reasoning", "Now Oslo."), ("function_call", {"city": "Oslo"})]
+    events = list(_create(client, **fields, stream=True))
+    reasoning_ids = [e.item.id for e in events if e.type == "response.output_item.added" and e.item.type == "reasoning"]
+    assert ["".join(e.delta for e in events if e.type == "response.reasoning_text.delta" and e.item_id == item_id)
+            for item_id in reasoning_ids] == ["Paris first.", "Now Oslo."]
+    assert [e.text for e in events if e.type == "response.reasoning_text.done"] == ["Paris first.", "Now Oslo."]
+    outputs = [{"type": "function_call_output", "call_id": item.call_id, "output": "sunny"}
+               for item in first.output if item.type == "function_call"]
+    _create(client, input=outputs, previous_response_id=first.id, tools=[WEATHER_TOOL])
+    assert "<|start|>assistant to=self<|message|>Now Oslo.<|eom|>" in runner.prompts[-1]
+
+
+def test_what_the_model_said_before_its_call_is_rendered_back_before_the_call(server, client):
+    """The message item and the function_call after it made one assistant message, whose content the template drops
+    when it holds calls (§2.1): the continued prompt lost the model's own words. Rendered as written, the text is a
+    message to the user that did not end the turn (<|eom|>), then the call, with previous_response_id or with the
+    items sent back in `input`."""
+    runner = server.engine.engine.runner
+    runner.add("[say-then-call]", " to=user<|message|>Let me check.<|eom|><|start|>assistant"
+               + _weather_call("Paris", "<|eot|>"))
+    question = "[say-then-call] Weather in Paris?"
+    tools = [{**WEATHER_TOOL, "strict": False}]  # a strict tool's grammar has a turn answer or call, not both
+    first = _create(client, input=question, tools=tools)
+    message, call = first.output
+    assert (message.type, message.content[0].text, call.type) == ("message", "Let me check.", "function_call")
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    said = "<|start|>assistant to=user<|message|>Let me check.<|eom|><|start|>assistant to=get_weather<|message|>"
+    _create(client, input=[output], previous_response_id=first.id, tools=tools)
+    assert said in runner.prompts[-1]
+    _create(client, input=[{"role": "user", "content": question}, *first.output, output], tools=tools)
+    assert said in runner.prompts[-1]
+
+
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
     calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
              for city in ("Paris", "Oslo")]

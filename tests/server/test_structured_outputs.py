@@ -276,7 +276,7 @@ def test_completions_constrain_the_raw_text(server):
      "response_format.json_schema.schema"),
     ({"structured_outputs": {"choice": ["a<|start|>b", "c"]}}, "structured_outputs.choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"enum": ["a</b", "c<|d"]}}, "required": ["x"]}}}],
+        "type": "object", "properties": {"x": {"enum": ["a</atem:parameter>b", "c<|d"]}}, "required": ["x"]}}}],
       "tool_choice": "required"}, "tools"),  # no member can be written as a raw value
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "minimum": "x"}}}}}], "tool_choice": "required"},
