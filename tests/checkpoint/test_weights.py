@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -381,26 +382,46 @@ def test_without_an_index_a_tensor_in_two_files_is_refused_with_the_fix(make_tin
 
 
 PEAK_RSS_SCRIPT = """
-import resource, sys, torch
+import sys, torch
 from glimmer.engine.model_loader import load_model
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def high_water_mark():
+    # VmHWM is this process's own peak: getrusage's ru_maxrss would carry the parent's peak across fork and exec
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+before = high_water_mark()
 model = load_model(sys.argv[1], progress=False).model
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+kept = [p.detach().clone() for p in model.parameters()] if sys.argv[2] == "copy" else []
+after = high_water_mark()
 size = sum(p.numel() * p.element_size() for p in model.parameters())
 print(before, after, size)
 """
 
 
-def test_peak_memory_while_loading_stays_near_the_model_size(make_tiny):
-    """Weights are memory-mapped and copied one tensor at a time (no second full copy in memory)."""
-    spec = TinySpec(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
-                    num_key_value_heads=2, head_dim=64)
-    path = make_tiny(spec=spec, seed=1)
-    out = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(path)], capture_output=True, text=True,
+def peak_growth_while_loading(path, extra: str) -> float:
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS_SCRIPT, str(path), extra], capture_output=True, text=True,
                          check=True)
     before, after, size = map(int, out.stdout.split())
     assert size > 80 << 20
-    assert after - before < 1.3 * size, (after - before, size)
+    return (after - before) / size
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc (Linux)")
+def test_peak_memory_while_loading_stays_near_the_model_size(make_tiny):
+    """Weights are memory-mapped and copied one tensor at a time (no second full copy in memory).
+
+    The peak counts the model once and the mapped file's pages read while copying (up to once more); a second full
+    copy of the weights anywhere in the load would add one model size on top. The same measure with such a copy
+    made on purpose shows that it can see one.
+    """
+    spec = TinySpec(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
+                    num_key_value_heads=2, head_dim=64)
+    path = make_tiny(spec=spec, seed=1)
+    growth = peak_growth_while_loading(path, "none")
+    assert growth < 2.2, growth
+    assert peak_growth_while_loading(path, "copy") > growth + 0.8
 
 
 def test_inspect_reports_layouts_counts_and_warnings(make_tiny, capsys):
