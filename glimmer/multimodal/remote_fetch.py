@@ -66,9 +66,9 @@ def is_public_address(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-def _resolve(host: str, port: int, timeout_s: float) -> list[tuple]:
+def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tuple]:
     """`socket.getaddrinfo(host, port)`, given up after `timeout_s` (the lookup itself cannot be interrupted: it ends on
-    its daemon thread). Raises RemoteMediaError."""
+    its daemon thread). Raises RemoteMediaError naming `limit_s`, the whole fetch's limit."""
     outcome: list = []
 
     def look_up() -> None:
@@ -81,7 +81,7 @@ def _resolve(host: str, port: int, timeout_s: float) -> list[tuple]:
     thread.start()
     thread.join(max(timeout_s, 0))
     if not outcome:
-        raise RemoteMediaError(f"cannot resolve {host!r} within {timeout_s:.1f} s")
+        raise RemoteMediaError(f"cannot resolve {host!r} within {limit_s} s")
     if isinstance(outcome[0], Exception):
         raise RemoteMediaError(f"cannot resolve {host!r}: {outcome[0]}")
     return outcome[0]
@@ -102,7 +102,7 @@ class _GuardedBackend(httpcore.SyncBackend):
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options=None) -> httpcore.NetworkStream:
         host = host.lower().rstrip(".")
-        found = _resolve(host, port, self.time_left("resolving the host"))
+        found = _resolve(host, port, self.time_left("resolving the host"), self._policy.timeout_s)
         addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
         if host not in self._policy.allowed_domains:
             refused = [address for address in addresses if not is_public_address(address)]

@@ -9,7 +9,7 @@ import httpcore
 import pytest
 
 from glimmer.errors import ConfigError
-from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, is_public_address
+from glimmer.multimodal.remote_fetch import RemoteMediaError, _GuardedBackend, fetch_remote, is_public_address
 from glimmer.multimodal.settings import MediaFetchPolicy
 
 
@@ -59,6 +59,15 @@ def test_a_resolver_that_does_not_answer_ends_the_fetch_by_its_time_limit(monkey
     with pytest.raises(RemoteMediaError, match="cannot resolve 'slow-dns.example' within 0.3 s"):
         fetch_remote("http://slow-dns.example/cat.png", MediaFetchPolicy.create(allow_remote=True, timeout_s=0.3))
     assert time.monotonic() - started < 1.5
+
+
+def test_a_slow_lookup_late_in_the_fetch_names_the_fetch_limit_not_the_seconds_left(monkeypatch):
+    """The lookup gets what is left of the fetch's time; the error named those seconds (0.1 s of a 0.3 s limit, or
+    0.2 s when the machine was slow to get there) instead of the limit the user set."""
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: time.sleep(3))
+    backend = _GuardedBackend(MediaFetchPolicy.create(allow_remote=True, timeout_s=0.3), time.monotonic() + 0.1)
+    with pytest.raises(RemoteMediaError, match=r"cannot resolve 'slow-dns.example' within 0.3 s"):
+        backend.connect_tcp("slow-dns.example", 80)
 
 
 def test_connections_to_many_silent_addresses_end_by_the_time_limit(monkeypatch):
