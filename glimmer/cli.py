@@ -476,6 +476,9 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     for dest in ("max_images_per_request", "max_videos_per_request"):
         if getattr(args, dest) < 0:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give 0 or more")
+    if not args.host.strip():  # `--host "$HOST"` with HOST unset: the socket would listen on every interface
+        raise UsageError("--host is empty; give the address to listen on: 127.0.0.1 (this machine only, the "
+                         "default), or 0.0.0.0 for every interface")
     if args.api_key == "":  # `--api-key "$KEY"` with KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
     if args.metrics_require_api_key and not (args.api_key or os.environ.get("GLIMMER_API_KEY")):

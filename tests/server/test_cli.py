@@ -505,7 +505,8 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
     (["--max-videos-per-request", "-2"], "--max-videos-per-request -2 is invalid"),
     (["--metrics-require-api-key"], "--metrics-require-api-key needs a key"),
     (["--served-model-name", "a", ""], "--served-model-name: a name is empty"),
-    (["--api-key", ""], "--api-key is empty")])  # `--api-key "$KEY"` with KEY unset served with no key
+    (["--api-key", ""], "--api-key is empty"),  # `--api-key "$KEY"` with KEY unset served with no key
+    (["--host", ""], "--host is empty")])  # `--host "$HOST"` with HOST unset listened on every interface
 def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_path, capsys, flags, words,
                                                                            monkeypatch):
     """Refused at once in one line naming the flag typed (they named ServerSettings' field, `max_request_bytes=0`),
