@@ -61,9 +61,18 @@ class StreamRenderer:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None  # the last chunk's (stream_options.include_usage)
 
-    def feed(self, chunk: dict[str, Any]) -> None:
-        if "error" in chunk:
-            raise ChatClientError(chunk["error"].get("message", "the server reported an error"))
+    def feed(self, chunk: Any) -> None:
+        """Render one chunk. Raises ChatClientError for an error event (OpenAI's `{"error": {"message": ...}}`, or
+        the `{"error": "..."}` of servers such as TGI) and for an event that is no chat completion chunk."""
+        if isinstance(chunk, dict) and "error" in chunk:
+            raise ChatClientError(_error_event_message(chunk["error"]))
+        try:
+            self._feed(chunk)
+        except (AttributeError, TypeError):  # a list, or a string where the chunk has an object
+            raise ChatClientError("the server sent an event that is not a chat completion chunk: "
+                                  f"{json.dumps(chunk)[:200]}") from None
+
+    def _feed(self, chunk: dict[str, Any]) -> None:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
@@ -121,6 +130,15 @@ class StreamRenderer:
     def _write(self, text: str, style: str = "") -> None:
         self._out.write(f"{style}{text}{RESET}" if self._color and style else text)
         self._out.flush()
+
+
+def _error_event_message(error: Any) -> str:
+    """The message of a stream's error event: its `message` where it is an object, the text where it is one."""
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(error, str) and error:
+        return error
+    return "the server reported an error"
 
 
 def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,

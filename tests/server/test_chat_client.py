@@ -147,6 +147,27 @@ def test_an_error_event_raises():
         render([chunk(role="assistant"), {"error": {"message": "no call", "type": "tool_choice_unsatisfied"}}])
 
 
+@pytest.mark.parametrize("event", [{"error": "Input validation error: too long", "error_type": "validation"},
+                                   {"error": {"message": "Input validation error: too long"}}])
+def test_an_error_event_as_text_or_object_raises_its_message(event):
+    """TGI and others stream `{"error": "text"}`: it was an AttributeError traceback that ended the chat."""
+    with pytest.raises(ChatClientError, match="^Input validation error: too long$"):
+        render([chunk(role="assistant"), event])
+
+
+@pytest.mark.parametrize("event", [[1, 2], "text", {"choices": ["text"]}, {"choices": [{"delta": "text"}]},
+                                   {"choices": [{"delta": {"tool_calls": ["text"]}}]}])
+def test_an_event_that_is_no_chunk_is_a_chat_error_and_the_chat_goes_on(event):
+    """It was an AttributeError traceback that ended the chat."""
+    replies = [(200, f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()),
+               (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+                     b"data: [DONE]\n\n")]
+    with canned_server(replies) as (url, seen):
+        text = chat(url, ["one", "two", "/exit"])
+    assert "error: the server sent an event that is not a chat completion chunk: " in text and text.endswith("fine\n")
+    assert [m["content"] for m in seen[1]["messages"]] == ["two"]
+
+
 def test_sse_lines_parse_until_done():
     lines = ['data: {"a": 1}', "", ": comment", 'data: {"b": 2}', "data: [DONE]", 'data: {"c": 3}']
     assert list(parse_sse_lines(lines)) == [{"a": 1}, {"b": 2}]
