@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
+from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
@@ -264,6 +265,8 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is invalid; give a fraction in "
                          "(0, 1], or leave it out for 0.9")
+    if not SEED_RANGE[0] <= args.seed < SEED_RANGE[1]:  # EngineConfig would name its field, `seed=...`
+        raise UsageError(f"--seed {args.seed} is out of range; give an integer from -2**63 to 2**64 - 1")
     if args.device is not None:
         _check_device(args.device)
     if args.chat_template is not None and not Path(args.chat_template).expanduser().is_file():
@@ -282,14 +285,17 @@ def _check_engine_options(args: argparse.Namespace) -> None:
 
 
 def _check_device(name: str) -> None:
-    """UsageError naming --device for a device torch cannot name or CUDA that is absent (the engine would say
-    `device='cuda' ... use device='cpu'`, in the Python API's words); a CUDA ordinal is left to the engine."""
+    """UsageError naming --device for a device torch cannot name, one Glimmer does not run on, or CUDA that is absent
+    (the engine would say `device='cuda' ... use device='cpu'`, in the Python API's words); a CUDA ordinal is left to
+    the engine."""
     import torch
 
     try:
         device = torch.device(name)
     except RuntimeError:
         raise UsageError(f"--device {name} is not a device; give cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):  # torch names it (mps, xla, meta), but Glimmer runs on neither
+        raise UsageError(f"--device {name} is not supported; give --device cpu or cuda, or leave --device out")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available here; give --device cpu, or leave --device out")
 

@@ -298,14 +298,19 @@ def test_a_media_limit_below_1_is_refused_by_its_flag_before_the_model_loads(cap
     (["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization 1.5 is invalid", "(0, 1]"]),
     (["--chat-template", "no-such-template.jinja"], ["--chat-template no-such-template.jinja: no such file",
                                                       "leave it out for the checkpoint's own template"]),
+    (["--seed", str(2**64)], [f"--seed {2**64} is out of range", "from -2**63 to 2**64 - 1"]),
+    (["--seed", str(-(2**63) - 1)], [f"--seed {-(2**63) - 1} is out of range", "from -2**63 to 2**64 - 1"]),
+    (["--device", "mps"], ["--device mps is not supported", "--device cpu or cuda"]),
 ])
 @pytest.mark.parametrize("command", ["serve", "chat"])
 def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_loads(capsys, tmp_path, command,
                                                                                       flags, words):
     """These were refused by EngineConfig's field, `max_model_len=0 must be a positive integer (or None for the
-    default)`: a name and a None the command line never takes."""
+    default)`, `seed=... must be an integer in [-2**63, 2**64)`, `device='mps' is not supported; use 'cpu' or
+    'cuda'`: a name and a None the command line never takes."""
     err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), *flags], *words)
     assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
+    assert "seed=" not in err and "device=" not in err
 
 
 def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
