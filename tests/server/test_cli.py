@@ -60,6 +60,19 @@ def test_version_prints_the_package_version(capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"glimmer {glimmer.__version__}"
 
 
+def test_python_dash_m_glimmer_is_the_glimmer_command():
+    """It failed with `No module named glimmer.__main__; 'glimmer' is a package and cannot be directly executed`."""
+    import glimmer
+
+    result = subprocess.run([sys.executable, "-m", "glimmer", "--version"], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (0, f"glimmer {glimmer.__version__}"), result.stderr
+    result = subprocess.run([sys.executable, "-m", "glimmer", "serve", "--port", "0"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "glimmer: error: --port 0 is not a TCP port; choose one from 1 to 65535")
+
+
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
