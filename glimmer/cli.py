@@ -371,7 +371,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     engine, name, is_default = _engine_from_args(args)
     try:
-        app = create_app(engine, ServerSettings(served_model_names=(name,)))
+        # the terminal is the server's only client: a message too long is refused by the context length it does not
+        # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
+        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
         _check_chat_fits_context(app.state.context, args, options, tools)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")

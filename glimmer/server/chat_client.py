@@ -157,6 +157,13 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
     except urllib.error.HTTPError as error:
         raise _refusal(error) from None
     except urllib.error.URLError as error:
+        if isinstance(error.reason, (BrokenPipeError, ConnectionResetError)):
+            # reached, then dropped: a server refusing a body over its limit (413) closes the connection before
+            # the body is sent, and the refusal is lost with it
+            raise ChatClientError(f"{url} closed the connection before answering the request of {len(body):,} "
+                                  "bytes; if the message is long, send a shorter one (a server refuses requests "
+                                  "larger than its limit: `glimmer serve --max-request-bytes`, 4 MiB by default)"
+                                  ) from None
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
     done = False
 

@@ -168,6 +168,16 @@ def test_an_event_that_is_no_chunk_is_a_chat_error_and_the_chat_goes_on(event):
     assert [m["content"] for m in seen[1]["messages"]] == ["two"]
 
 
+def test_a_message_past_the_servers_body_limit_is_one_line_naming_the_limit_and_the_chat_goes_on(make_tiny):
+    """The server refuses the body (413) and closes the connection before reading it, so the refusal never arrives:
+    it was `cannot reach URL: [Errno 32] Broken pipe`, as though the server were down."""
+    with live_server(make_tiny(), scripted=True, max_request_bytes=1 << 20) as server:
+        text = chat(server.url, ["x" * (32 << 20), "/exit"])
+    assert text.startswith(f"error: {server.url} closed the connection before answering the request of ")
+    assert text.endswith("send a shorter one (a server refuses requests larger than its limit: `glimmer serve "
+                         "--max-request-bytes`, 4 MiB by default)\n")
+
+
 def test_sse_lines_parse_until_done():
     lines = ['data: {"a": 1}', "", ": comment", 'data: {"b": 2}', "data: [DONE]", 'data: {"c": 3}']
     assert list(parse_sse_lines(lines)) == [{"a": 1}, {"b": 2}]

@@ -451,6 +451,16 @@ def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
     assert lines[1].endswith("tokens, which exceeds max_model_len=200; shorten the messages")
 
 
+def test_an_in_process_message_past_4_mib_is_refused_for_the_context_and_the_chat_goes_on(chat_in_process):
+    """It was `error: cannot reach http://127.0.0.1:PORT: [Errno 104] Connection reset by peer`: the chat's own
+    server dropped a body over the serving default of 4 MiB, and named a server the user never started."""
+    code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "4"], ["x" * (5 << 20), "Hello"])
+    lines = out.splitlines()
+    assert code == 0 and lines[1].startswith("error: the prompt has ")
+    assert "characters, more than max_model_len=200 tokens can hold" in lines[1]
+    assert "error" not in "".join(lines[2:])  # the next message is answered
+
+
 def test_an_unknown_command_in_the_chat_lists_the_commands_and_sends_nothing(chat_in_process):
     code, out, _ = chat_in_process(["--max-tokens", "4"], ["/foo bar"])
     assert code == 0
