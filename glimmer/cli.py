@@ -193,7 +193,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"OpenAI-compatible API at http://{address}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
               f"chat page at http://{address}/", flush=True)
-        server = _shutdown_server(engine, uvicorn.Config(app, log_level=args.log_level.lower(),
+        server = _shutdown_server(engine, uvicorn.Config(app, log_level=(args.log_level or "INFO").lower(),
                                                          timeout_graceful_shutdown=5))
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
@@ -365,10 +365,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from glimmer.server.background import BackgroundServer
     from glimmer.server.settings import ServerSettings
 
-    logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
-    # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags) would
-    # land in the middle of the reply being printed, which shows the parsed call
-    logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
+    if args.log_level is None:  # a --log-level given is taken as it is: the user asked for those lines
+        logging.getLogger().setLevel(logging.WARNING)
+        # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags)
+        # would land in the middle of the reply being printed, which shows the parsed call
+        logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     engine, name, is_default = _engine_from_args(args)
     try:
         # the terminal is the server's only client: a message too long is refused by the context length it does not
@@ -587,9 +588,11 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
     parser.add_argument("--log-level", default=default, type=str.upper,
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="logging level (default INFO; WARNING in an in-process chat, whose replies the logs "
+                             "would interrupt)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -598,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {glimmer.__version__}",
                         help="print Glimmer's version and exit")
-    _add_log_level(parser, "INFO")
+    _add_log_level(parser, None)  # None: not given, the command's default
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
@@ -694,7 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except UsageError as exc:

@@ -49,7 +49,7 @@ def test_serve_options_parse():
                                   ["make-tiny", "out", "--log-level", "DEBUG"]])
 def test_log_level_is_taken_before_or_after_the_command(argv):
     assert build_parser().parse_args(argv).log_level == "DEBUG"
-    assert build_parser().parse_args(["serve"]).log_level == "INFO"  # given nowhere: the default
+    assert build_parser().parse_args(["serve"]).log_level is None  # given nowhere: the command's default
 
 
 def test_version_prints_the_package_version(capsys):
@@ -435,6 +435,19 @@ def test_in_process_chat_limits_that_refuse_every_message_are_one_line_before_th
     assert last.startswith("glimmer: error: ")
     for word in words:
         assert word in last
+
+
+@pytest.mark.parametrize("argv", [["--log-level", "INFO", "chat"], ["chat", "--log-level", "DEBUG"]])
+def test_an_in_process_chat_logs_at_the_log_level_given(tiny_checkpoint, argv):
+    """The chat quieted the logs to WARNING whatever --log-level said: `--log-level DEBUG` printed nothing."""
+    def chat(argv):
+        return subprocess.run([sys.executable, "-m", "glimmer.cli", *argv, str(tiny_checkpoint), "--max-tokens", "1",
+                               "--kv-cache-memory", "50MiB"], input="", capture_output=True, text=True, timeout=300)
+
+    quiet, logged = chat(["chat"]), chat(argv)
+    assert quiet.returncode == logged.returncode == 0, logged.stderr
+    assert "INFO glimmer.engine.llm_engine: engine ready" in logged.stderr
+    assert "INFO" not in quiet.stderr and "DEBUG" not in quiet.stderr  # not given: the chat's own WARNING
 
 
 def test_in_process_chat_limits_that_leave_a_reply_room_are_taken(chat_in_process):
