@@ -23,6 +23,16 @@ from glimmer.errors import GlimmerError
 DIM = "\x1b[2m"
 TOOL = "\x1b[36m"
 RESET = "\x1b[0m"
+# What a reply (or a server's error) holds of the C0 controls but tab and newline, DEL and the C1 controls would be
+# run by the terminal, not shown: ESC or CSI starts a sequence that clears the screen, retitles the window or hides
+# text, a carriage return writes over the line. They are shown as symbols (U+2400's control pictures, U+FFFD).
+TERMINAL_CONTROLS = ({code: chr(0x2400 + code) for code in range(0x20) if chr(code) not in "\t\n"}
+                     | {0x7F: "\u2421"} | dict.fromkeys(range(0x80, 0xA0), "\ufffd"))
+
+
+def terminal_text(text: str) -> str:
+    """`text` as a terminal may print it: its control characters but tab and newline shown as symbols."""
+    return text.translate(TERMINAL_CONTROLS)
 
 
 class ChatClientError(GlimmerError):
@@ -128,6 +138,7 @@ class StreamRenderer:
         self._section = section
 
     def _write(self, text: str, style: str = "") -> None:
+        text = terminal_text(text)
         self._out.write(f"{style}{text}{RESET}" if self._color and style else text)
         self._out.flush()
 
@@ -305,7 +316,7 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         except ChatClientError as error:
             renderer.finish()
             refused_in_process = in_process and isinstance(error, ServerRefusedError)
-            out.write(f"error: {error.message if refused_in_process else error}\n")
+            out.write(f"error: {terminal_text(error.message if refused_in_process else str(error))}\n")
             earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
             if isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
                 # a refusal that names max_tokens is also met by asking for fewer tokens
@@ -397,7 +408,7 @@ def call_label(call: dict[str, Any], width: int = 60) -> str:
     arguments = call["function"].get("arguments") or ""
     if len(arguments) > width:
         arguments = arguments[: width - 1] + "…"
-    return f"{call['function'].get('name', '')}({arguments})"
+    return terminal_text(f"{call['function'].get('name', '')}({arguments})")
 
 
 def _read(read_line: Callable[[str], str], prompt: str) -> str | None:

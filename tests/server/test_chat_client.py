@@ -19,6 +19,7 @@ from glimmer.server.chat_client import (
     ChatClientError,
     ServerRefusedError,
     StreamRenderer,
+    call_label,
     check_server,
     check_server_url,
     length_notice,
@@ -176,6 +177,19 @@ def test_a_message_past_the_servers_body_limit_is_one_line_naming_the_limit_and_
     assert text.startswith(f"error: {server.url} closed the connection before answering the request of ")
     assert text.endswith("send a shorter one (a server refuses requests larger than its limit: `glimmer serve "
                          "--max-request-bytes`, 4 MiB by default)\n")
+
+
+def test_control_characters_of_a_reply_show_as_symbols_and_the_history_keeps_them():
+    """A reply's control characters were written to the terminal as they came: ESC [2J cleared the screen, a carriage
+    return wrote over the line. A model's output, or any server's stream, is not the terminal's to command."""
+    call = {"index": 0, "id": "c1", "function": {"name": "f\x1b", "arguments": "{}"}}
+    text, message, _ = render([chunk(reasoning_content="\x1b]0;title\x07"),
+                               chunk(content="a\x1b[2Jb\rc\x9bd\te\nf\x7f"), chunk(tool_calls=[call])])
+    assert text == "\u241b]0;title\u2407\na\u241b[2Jb\u240dc\ufffdd\te\nf\u2421\n→ f\u241b({})\n"
+    assert message["content"] == "a\x1b[2Jb\rc\x9bd\te\nf\x7f" and message["reasoning_content"] == "\x1b]0;title\x07"
+    assert call_label(call) == "f\u241b({})"  # the result prompt
+    with canned_server([(400, b'{"error": {"message": "bad \\u001b[2J request"}}')]) as (url, _):
+        assert chat(url, ["hello", "/exit"]) == "error: the server answered HTTP 400: bad \u241b[2J request\n"
 
 
 def test_sse_lines_parse_until_done():
