@@ -84,7 +84,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    from glimmer.tiny import write_tiny_checkpoint, write_tiny_drafter
+    from glimmer.tiny import TINY_DRAFTER_LAYOUTS, write_tiny_checkpoint, write_tiny_drafter
 
     out = Path(args.dir)
     if args.drafter_for is not None:
@@ -97,6 +97,12 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         if Path(args.drafter_for).is_file():  # the drafter is written from the target's config.json and tokenizer
             raise UsageError(f"--drafter-for needs the target's checkpoint directory; {args.drafter_for} is a file "
                              "(GGUF targets are not supported)")
+        if not Path(args.drafter_for).is_dir():
+            raise UsageError(f"--drafter-for {args.drafter_for}: no such directory; give the target's checkpoint "
+                             "directory")
+        if args.layout not in TINY_DRAFTER_LAYOUTS:  # write_tiny_drafter would name its argument, `layout=`
+            raise UsageError(f"--layout {args.layout} has no drafter; give --layout "
+                             f"{' or '.join(TINY_DRAFTER_LAYOUTS)} with --drafter-for")
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{out} exists and is not a directory")

@@ -522,6 +522,19 @@ def test_make_tiny_drafter_for_a_file_asks_for_a_checkpoint_directory(capsys, tm
     assert not (tmp_path / "drafter").exists()
 
 
+@pytest.mark.parametrize(("layout", "target", "words"), [
+    ("legacy", None, ["--layout legacy has no drafter", "give --layout canonical or native with --drafter-for"]),
+    ("canonical", "missing", ["--drafter-for ", "missing: no such directory", "the target's checkpoint directory"])])
+def test_make_tiny_drafter_refuses_a_layout_or_target_it_cannot_take_naming_the_flag(capsys, tmp_path, tiny_checkpoint,
+                                                                                     layout, target, words):
+    """They were `drafter layout='legacy' is not one of [...]` and `missing/config.json: not found; a checkpoint
+    directory must contain config.json`: an argument the command line never takes, and no flag."""
+    target_dir = tmp_path / target if target else tiny_checkpoint
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "drafter"), "--drafter-for", str(target_dir),
+                                  "--layout", layout], *words)
+    assert not (tmp_path / "drafter").exists()
+
+
 def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, tmp_path):
     from safetensors.torch import load_file
 
