@@ -365,6 +365,12 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         # the --served-model is checked now, not when the first message is refused
         api_key = args.api_key or os.environ.get("GLIMMER_API_KEY")
         max_model_len = check_server(args.url, api_key, args.served_model)
+        max_tokens = options.get("max_tokens")
+        if max_model_len is not None and max_tokens is not None and max_tokens >= max_model_len:
+            # the context holds the prompt too, of at least one token: the server would refuse every message
+            raise UsageError(f"--max-tokens {max_tokens} would make every message fail: the server's model has a "
+                             f"context of {max_model_len} tokens, the prompt included; give a --max-tokens that "
+                             f"leaves the prompt room (below {max_model_len}), or leave it out")
         run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
         return 0
     from glimmer.server.app import create_app

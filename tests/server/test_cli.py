@@ -234,6 +234,20 @@ def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeyp
     assert captured.out.startswith("Type a message;") and captured.err == ""
 
 
+def test_chat_with_a_url_refuses_a_max_tokens_the_servers_context_cannot_hold_before_the_first_message(
+        capsys, monkeypatch, tiny_checkpoint):
+    """Every message was answered `HTTP 400: prompt (129 tokens) + max_tokens (2048) exceeds max_model_len=2048`."""
+    from glimmer.cli import main
+
+    monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("a message was asked for before the check"))
+    with live_server(tiny_checkpoint) as server:  # max_model_len 2048
+        _fails_with_one_line(capsys, ["chat", "--url", server.url, "--max-tokens", "2048"],
+                             "--max-tokens 2048 would make every message fail", "a context of 2048 tokens",
+                             "leaves the prompt room (below 2048)")
+        monkeypatch.setattr("builtins.input", lambda prompt: "/exit")
+        assert main(["chat", "--url", server.url, "--max-tokens", "2047"]) == 0  # room for a prompt of one token
+
+
 def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(capsys, tmp_path):
     """The server chose its model and engine: a MODEL or --max-model-len beside --url would be silently ignored."""
     _fails_with_one_line(capsys, ["chat", str(tmp_path), "--url", f"http://127.0.0.1:{free_port()}",
