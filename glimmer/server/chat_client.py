@@ -282,7 +282,8 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
              request_options: dict[str, Any] | None = None, color: bool = True,
              max_model_len: int | None = None, in_process: bool = False) -> None:
-    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
+    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends; Ctrl-C
+    during a reply stops it and drops the turn.
     Another `/command` is not sent: the chat lists the commands; `//text` sends `/text`.
     `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
     max_tokens. `in_process`: the server at `url` runs in this process for the chat alone (`glimmer chat` without
@@ -310,9 +311,15 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         if tools:
             payload["tools"] = tools
         renderer = StreamRenderer(out, color=color)
+        chunks = stream_chat_completion(url, payload, api_key)
         try:
-            for chunk in stream_chat_completion(url, payload, api_key):
+            for chunk in chunks:
                 renderer.feed(chunk)
+        except KeyboardInterrupt:  # Ctrl-C stops the reply, not the chat (Ctrl-D or /exit leaves)
+            chunks.close()  # hangs up: the server stops generating it
+            renderer.finish()
+            out.write("[stopped by Ctrl-C: the turn is dropped]\n")
+            return None
         except ChatClientError as error:
             renderer.finish()
             refused_in_process = in_process and isinstance(error, ServerRefusedError)

@@ -192,6 +192,35 @@ def test_control_characters_of_a_reply_show_as_symbols_and_the_history_keeps_the
         assert chat(url, ["hello", "/exit"]) == "error: the server answered HTTP 400: bad \u241b[2J request\n"
 
 
+class CtrlCOnce(io.StringIO):
+    """A terminal where Ctrl-C is pressed as `text` is first printed."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text: str | None = text
+
+    def write(self, s: str) -> int:
+        if self.text is not None and self.text in s:
+            self.text = None
+            raise KeyboardInterrupt
+        return super().write(s)
+
+
+def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on_without_the_turn():
+    """Ctrl-C in a long reply ended the whole chat, its conversation lost; it stops the reply, as Ctrl-D leaves."""
+    stream = (b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}, "finish_reason": "stop"}]}\n\n'
+              b"data: [DONE]\n\n")
+    with canned_server([(200, stream % b"runaway"), (200, stream % b"fine")]) as (url, seen):
+        lines, out = iter(["one", "two", "/exit"]), CtrlCOnce("runaway")
+        try:
+            run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C during a reply ended the chat")
+    # the reply's line ends (here empty: Ctrl-C came as its first text was printed) before the notice
+    assert out.getvalue().split("\n", 1)[1] == "\n[stopped by Ctrl-C: the turn is dropped]\nfine\n"
+    assert [m["content"] for m in seen[1]["messages"]] == ["two"]
+
+
 def test_sse_lines_parse_until_done():
     lines = ['data: {"a": 1}', "", ": comment", 'data: {"b": 2}', "data: [DONE]", 'data: {"c": 3}']
     assert list(parse_sse_lines(lines)) == [{"a": 1}, {"b": 2}]
