@@ -485,7 +485,16 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
 
 def _check_serve_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for serve options that would be accepted but never work: a media directory
-    that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches)."""
+    that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
+    and for a MODEL that an option of several values took as one more."""
+    if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
+        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins"):
+            values = getattr(args, dest) or []
+            if values and Path(values[-1]).expanduser().exists():
+                flag = f"--{dest.replace('_', '-')}"
+                raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
+                                 f"the default model would be served; put MODEL first: glimmer serve {values[-1]} "
+                                 f"{flag} ...")
     for directory in args.allowed_local_media_path:
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "

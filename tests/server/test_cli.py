@@ -585,6 +585,19 @@ def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_p
     assert "no-such-model" not in err
 
 
+@pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains"])
+def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, monkeypatch, tmp_path, flag):
+    """`glimmer serve --served-model-name muse MODEL` took MODEL as a second name and served the default model, as
+    'muse', without a word; after the other two options it was refused as a bad origin or host."""
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail(f"{args.model} was loaded"))
+    (tmp_path / "model").mkdir()
+    err = _fails_with_one_line(capsys, ["serve", "--port", str(free_port()), flag, "https://app.example.com",
+                                        str(tmp_path / "model")],
+                               f"{flag} took the model {tmp_path / 'model'} as one of its values",
+                               f"put MODEL first: glimmer serve {tmp_path / 'model'} {flag} ...")
+    assert "not a" not in err
+
+
 @pytest.mark.parametrize("origin", ["notaurl", "app.example.com", "https://app.example.com/", "https://app.example.com/x",
                                     "http://", "http://host:99999"])
 def test_an_origin_no_browser_sends_is_one_line_before_the_model_loads(capsys, tmp_path, origin):
