@@ -225,12 +225,17 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     models and `model` is not among them (the message names them)."""
     check_server_url(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(f"{server_root(url)}/v1/models", headers=headers)
+    models_url = f"{server_root(url)}/v1/models"
+    request = urllib.request.Request(models_url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
         message = _refusal(error).message
+        if error.code == 404:  # most often an endpoint's URL given for the server's (…/v1/chat/completions)
+            raise ChatClientError(f"{url} has no OpenAI-compatible API: {models_url} answered HTTP 404 ({message}); "
+                                  "give the server's address, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine), "
+                                  "not an endpoint's") from None
         if error.code == 401:  # the server's message tells an HTTP client how to send a key; say how to give one
             what = "refused the API key given" if api_key else "needs an API key"
             raise ChatClientError(f"{url} {what} (HTTP 401: {message}); pass the server's key with --api-key KEY "

@@ -487,6 +487,18 @@ def test_a_refusal_for_the_context_length_is_told_from_other_refusals(status, me
     assert ServerRefusedError(status, message, code).context_exceeded is exceeded
 
 
+def test_an_endpoints_url_given_for_the_servers_is_refused_by_the_check_saying_which_to_give():
+    """`--url http://127.0.0.1:8000/v1/chat/completions` (an endpoint's URL, as API docs show it) was refused as
+    `answered HTTP 404: Not Found`, with no word of what to give instead."""
+    with canned_server([(404, b'{"detail": "Not Found"}')]) as (url, _):
+        with pytest.raises(ChatClientError) as refused:
+            check_server(f"{url}/v1/chat/completions")
+    assert str(refused.value) == (
+        f"{url}/v1/chat/completions has no OpenAI-compatible API: {url}/v1/chat/completions/v1/models answered HTTP "
+        '404 ({"detail": "Not Found"}); give the server\'s address, e.g. http://127.0.0.1:8000 (a trailing /v1 is '
+        "fine), not an endpoint's")
+
+
 def test_a_server_without_an_openai_model_list_passes_the_check_unchecked():
     """Nothing to check the model against: the chat starts, as it did before the check, and the first message
     tells."""
