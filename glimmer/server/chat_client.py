@@ -334,6 +334,9 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
                 # a refusal that names max_tokens is also met by asking for fewer tokens
                 fewer = " (or a smaller --max-tokens leaves room)" if "max_tokens" in error.message else ""
                 out.write(f"The conversation no longer fits the model's context: /reset starts a new one{fewer}.\n")
+            elif (isinstance(error, ServerRefusedError) and error.context_exceeded and "max_tokens" in error.message
+                  and "max_tokens" in (request_options or {})):  # the refusal's fix names the API field, not the flag
+                out.write("A smaller --max-tokens leaves the message room.\n")
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":

@@ -422,6 +422,13 @@ def test_a_refusal_naming_max_tokens_also_hints_at_fewer_tokens(small_context_se
                         "--max-tokens leaves room).")
 
 
+def test_a_first_message_refused_for_the_max_tokens_given_names_the_flag(small_context_server):
+    """It said only `lower max_tokens to at most N`, the API's field, which the chat's user sets with --max-tokens."""
+    text = chat(small_context_server.url, ["[hi] " + "word " * 30, "/exit"], request_options={"max_tokens": 120})
+    lines = text.splitlines()
+    assert "lower max_tokens" in lines[0] and lines[1:] == ["A smaller --max-tokens leaves the message room."]
+
+
 def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_server):
     """/reset would not help: the message alone does not fit."""
     text = chat(small_context_server.url, ["[hi] " + "word " * 80, "/exit"])
