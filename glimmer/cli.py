@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.config_checks import parse_size as engine_parse_size
+from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
 from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
@@ -83,7 +84,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    from glimmer.tiny import write_tiny_checkpoint, write_tiny_drafter
+    from glimmer.tiny import TINY_DRAFTER_LAYOUTS, write_tiny_checkpoint, write_tiny_drafter
 
     out = Path(args.dir)
     if args.drafter_for is not None:
@@ -96,6 +97,12 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         if Path(args.drafter_for).is_file():  # the drafter is written from the target's config.json and tokenizer
             raise UsageError(f"--drafter-for needs the target's checkpoint directory; {args.drafter_for} is a file "
                              "(GGUF targets are not supported)")
+        if not Path(args.drafter_for).is_dir():
+            raise UsageError(f"--drafter-for {args.drafter_for}: no such directory; give the target's checkpoint "
+                             "directory")
+        if args.layout not in TINY_DRAFTER_LAYOUTS:  # write_tiny_drafter would name its argument, `layout=`
+            raise UsageError(f"--layout {args.layout} has no drafter; give --layout "
+                             f"{' or '.join(TINY_DRAFTER_LAYOUTS)} with --drafter-for")
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"{out} exists and is not a directory")
@@ -192,7 +199,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"OpenAI-compatible API at http://{address}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
               f"chat page at http://{address}/", flush=True)
-        server = _shutdown_server(engine, uvicorn.Config(app, log_level=args.log_level.lower(),
+        server = _shutdown_server(engine, uvicorn.Config(app, log_level=(args.log_level or "INFO").lower(),
                                                          timeout_graceful_shutdown=5))
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
@@ -264,6 +271,8 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is invalid; give a fraction in "
                          "(0, 1], or leave it out for 0.9")
+    if not SEED_RANGE[0] <= args.seed < SEED_RANGE[1]:  # EngineConfig would name its field, `seed=...`
+        raise UsageError(f"--seed {args.seed} is out of range; give an integer from -2**63 to 2**64 - 1")
     if args.device is not None:
         _check_device(args.device)
     if args.chat_template is not None and not Path(args.chat_template).expanduser().is_file():
@@ -282,14 +291,17 @@ def _check_engine_options(args: argparse.Namespace) -> None:
 
 
 def _check_device(name: str) -> None:
-    """UsageError naming --device for a device torch cannot name or CUDA that is absent (the engine would say
-    `device='cuda' ... use device='cpu'`, in the Python API's words); a CUDA ordinal is left to the engine."""
+    """UsageError naming --device for a device torch cannot name, one Glimmer does not run on, or CUDA that is absent
+    (the engine would say `device='cuda' ... use device='cpu'`, in the Python API's words); a CUDA ordinal is left to
+    the engine."""
     import torch
 
     try:
         device = torch.device(name)
     except RuntimeError:
         raise UsageError(f"--device {name} is not a device; give cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):  # torch names it (mps, xla, meta), but Glimmer runs on neither
+        raise UsageError(f"--device {name} is not supported; give --device cpu or cuda, or leave --device out")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available here; give --device cpu, or leave --device out")
 
@@ -353,19 +365,28 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         # the --served-model is checked now, not when the first message is refused
         api_key = args.api_key or os.environ.get("GLIMMER_API_KEY")
         max_model_len = check_server(args.url, api_key, args.served_model)
+        max_tokens = options.get("max_tokens")
+        if max_model_len is not None and max_tokens is not None and max_tokens >= max_model_len:
+            # the context holds the prompt too, of at least one token: the server would refuse every message
+            raise UsageError(f"--max-tokens {max_tokens} would make every message fail: the server's model has a "
+                             f"context of {max_model_len} tokens, the prompt included; give a --max-tokens that "
+                             f"leaves the prompt room (below {max_model_len}), or leave it out")
         run_chat(args.url, model=args.served_model, api_key=api_key, max_model_len=max_model_len, **chat)
         return 0
     from glimmer.server.app import create_app
     from glimmer.server.background import BackgroundServer
     from glimmer.server.settings import ServerSettings
 
-    logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
-    # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags) would
-    # land in the middle of the reply being printed, which shows the parsed call
-    logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
+    if args.log_level is None:  # a --log-level given is taken as it is: the user asked for those lines
+        logging.getLogger().setLevel(logging.WARNING)
+        # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags)
+        # would land in the middle of the reply being printed, which shows the parsed call
+        logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     engine, name, is_default = _engine_from_args(args)
     try:
-        app = create_app(engine, ServerSettings(served_model_names=(name,)))
+        # the terminal is the server's only client: a message too long is refused by the context length it does not
+        # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
+        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
         _check_chat_fits_context(app.state.context, args, options, tools)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
@@ -464,7 +485,16 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
 
 def _check_serve_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for serve options that would be accepted but never work: a media directory
-    that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches)."""
+    that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
+    and for a MODEL that an option of several values took as one more."""
+    if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
+        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins"):
+            values = getattr(args, dest) or []
+            if values and Path(values[-1]).expanduser().exists():
+                flag = f"--{dest.replace('_', '-')}"
+                raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
+                                 f"the default model would be served; put MODEL first: glimmer serve {values[-1]} "
+                                 f"{flag} ...")
     for directory in args.allowed_local_media_path:
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
@@ -476,6 +506,9 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     for dest in ("max_images_per_request", "max_videos_per_request"):
         if getattr(args, dest) < 0:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give 0 or more")
+    if not args.host.strip():  # `--host "$HOST"` with HOST unset: the socket would listen on every interface
+        raise UsageError("--host is empty; give the address to listen on: 127.0.0.1 (this machine only, the "
+                         "default), or 0.0.0.0 for every interface")
     if args.api_key == "":  # `--api-key "$KEY"` with KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
     if args.metrics_require_api_key and not (args.api_key or os.environ.get("GLIMMER_API_KEY")):
@@ -576,9 +609,11 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _add_log_level(parser: argparse.ArgumentParser, default: str) -> None:
+def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None:
     parser.add_argument("--log-level", default=default, type=str.upper,
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                        help="logging level (default INFO; WARNING in an in-process chat, whose replies the logs "
+                             "would interrupt)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -587,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {glimmer.__version__}",
                         help="print Glimmer's version and exit")
-    _add_log_level(parser, "INFO")
+    _add_log_level(parser, None)  # None: not given, the command's default
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     serve = sub.add_parser("serve", help="serve a model behind the OpenAI-compatible HTTP API")
@@ -683,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level or "INFO", format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except UsageError as exc:

@@ -309,7 +309,9 @@ def write_tiny_checkpoint(
     config_layout, weight_layout = TINY_LAYOUTS[layout]
     release = preset == "30b"
     if (vision or release) and weight_layout == LEGACY:
-        raise ConfigError("the legacy layout is text-only; use --layout canonical, flat or native with --vision")
+        given = "vision=True (--vision)" if vision else "preset='30b' (--preset 30b)"
+        raise ConfigError(f"the legacy layout (--layout legacy) is text-only, and {given} has a vision tower; use "
+                          "--layout canonical, flat or native")
     # everything is built and checked before `out_dir` is touched: a refused option leaves it as it was
     with tempfile.TemporaryDirectory() as scratch:
         tokens = write_tiny_tokenizer(Path(scratch), release_ids=release)

@@ -23,6 +23,16 @@ from glimmer.errors import GlimmerError
 DIM = "\x1b[2m"
 TOOL = "\x1b[36m"
 RESET = "\x1b[0m"
+# What a reply (or a server's error) holds of the C0 controls but tab and newline, DEL and the C1 controls would be
+# run by the terminal, not shown: ESC or CSI starts a sequence that clears the screen, retitles the window or hides
+# text, a carriage return writes over the line. They are shown as symbols (U+2400's control pictures, U+FFFD).
+TERMINAL_CONTROLS = ({code: chr(0x2400 + code) for code in range(0x20) if chr(code) not in "\t\n"}
+                     | {0x7F: "\u2421"} | dict.fromkeys(range(0x80, 0xA0), "\ufffd"))
+
+
+def terminal_text(text: str) -> str:
+    """`text` as a terminal may print it: its control characters but tab and newline shown as symbols."""
+    return text.translate(TERMINAL_CONTROLS)
 
 
 class ChatClientError(GlimmerError):
@@ -61,9 +71,18 @@ class StreamRenderer:
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None  # the last chunk's (stream_options.include_usage)
 
-    def feed(self, chunk: dict[str, Any]) -> None:
-        if "error" in chunk:
-            raise ChatClientError(chunk["error"].get("message", "the server reported an error"))
+    def feed(self, chunk: Any) -> None:
+        """Render one chunk. Raises ChatClientError for an error event (OpenAI's `{"error": {"message": ...}}`, or
+        the `{"error": "..."}` of servers such as TGI) and for an event that is no chat completion chunk."""
+        if isinstance(chunk, dict) and "error" in chunk:
+            raise ChatClientError(_error_event_message(chunk["error"]))
+        try:
+            self._feed(chunk)
+        except (AttributeError, TypeError):  # a list, or a string where the chunk has an object
+            raise ChatClientError("the server sent an event that is not a chat completion chunk: "
+                                  f"{json.dumps(chunk)[:200]}") from None
+
+    def _feed(self, chunk: dict[str, Any]) -> None:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
@@ -119,8 +138,18 @@ class StreamRenderer:
         self._section = section
 
     def _write(self, text: str, style: str = "") -> None:
+        text = terminal_text(text)
         self._out.write(f"{style}{text}{RESET}" if self._color and style else text)
         self._out.flush()
+
+
+def _error_event_message(error: Any) -> str:
+    """The message of a stream's error event: its `message` where it is an object, the text where it is one."""
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(error, str) and error:
+        return error
+    return "the server reported an error"
 
 
 def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | None = None,
@@ -139,6 +168,13 @@ def stream_chat_completion(url: str, payload: dict[str, Any], api_key: str | Non
     except urllib.error.HTTPError as error:
         raise _refusal(error) from None
     except urllib.error.URLError as error:
+        if isinstance(error.reason, (BrokenPipeError, ConnectionResetError)):
+            # reached, then dropped: a server refusing a body over its limit (413) closes the connection before
+            # the body is sent, and the refusal is lost with it
+            raise ChatClientError(f"{url} closed the connection before answering the request of {len(body):,} "
+                                  "bytes; if the message is long, send a shorter one (a server refuses requests "
+                                  "larger than its limit: `glimmer serve --max-request-bytes`, 4 MiB by default)"
+                                  ) from None
         raise ChatClientError(f"cannot reach {url}: {error.reason}") from None
     done = False
 
@@ -189,12 +225,17 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
     models and `model` is not among them (the message names them)."""
     check_server_url(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(f"{server_root(url)}/v1/models", headers=headers)
+    models_url = f"{server_root(url)}/v1/models"
+    request = urllib.request.Request(models_url, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
         message = _refusal(error).message
+        if error.code == 404:  # most often an endpoint's URL given for the server's (…/v1/chat/completions)
+            raise ChatClientError(f"{url} has no OpenAI-compatible API: {models_url} answered HTTP 404 ({message}); "
+                                  "give the server's address, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine), "
+                                  "not an endpoint's") from None
         if error.code == 401:  # the server's message tells an HTTP client how to send a key; say how to give one
             what = "refused the API key given" if api_key else "needs an API key"
             raise ChatClientError(f"{url} {what} (HTTP 401: {message}); pass the server's key with --api-key KEY "
@@ -246,7 +287,8 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
              system: str | None = None, tools: list[dict[str, Any]] | None = None,
              request_options: dict[str, Any] | None = None, color: bool = True,
              max_model_len: int | None = None, in_process: bool = False) -> None:
-    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends.
+    """The chat loop: read a line, stream the reply, repeat. `/reset` clears the history; `/exit` or EOF ends; Ctrl-C
+    during a reply stops it and drops the turn.
     Another `/command` is not sent: the chat lists the commands; `//text` sends `/text`.
     `max_model_len`: the model's context length in tokens, if known, to tell a reply cut by it from one cut by
     max_tokens. `in_process`: the server at `url` runs in this process for the chat alone (`glimmer chat` without
@@ -274,18 +316,27 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         if tools:
             payload["tools"] = tools
         renderer = StreamRenderer(out, color=color)
+        chunks = stream_chat_completion(url, payload, api_key)
         try:
-            for chunk in stream_chat_completion(url, payload, api_key):
+            for chunk in chunks:
                 renderer.feed(chunk)
+        except KeyboardInterrupt:  # Ctrl-C stops the reply, not the chat (Ctrl-D or /exit leaves)
+            chunks.close()  # hangs up: the server stops generating it
+            renderer.finish()
+            out.write("[stopped by Ctrl-C: the turn is dropped]\n")
+            return None
         except ChatClientError as error:
             renderer.finish()
             refused_in_process = in_process and isinstance(error, ServerRefusedError)
-            out.write(f"error: {error.message if refused_in_process else error}\n")
+            out.write(f"error: {terminal_text(error.message if refused_in_process else str(error))}\n")
             earlier_turns = any(message["role"] != "system" for message in history[:turn_start])
             if isinstance(error, ServerRefusedError) and error.context_exceeded and earlier_turns:
                 # a refusal that names max_tokens is also met by asking for fewer tokens
                 fewer = " (or a smaller --max-tokens leaves room)" if "max_tokens" in error.message else ""
                 out.write(f"The conversation no longer fits the model's context: /reset starts a new one{fewer}.\n")
+            elif (isinstance(error, ServerRefusedError) and error.context_exceeded and "max_tokens" in error.message
+                  and "max_tokens" in (request_options or {})):  # the refusal's fix names the API field, not the flag
+                out.write("A smaller --max-tokens leaves the message room.\n")
             return None
         message = renderer.finish()
         if renderer.finish_reason == "length":
@@ -372,7 +423,7 @@ def call_label(call: dict[str, Any], width: int = 60) -> str:
     arguments = call["function"].get("arguments") or ""
     if len(arguments) > width:
         arguments = arguments[: width - 1] + "…"
-    return f"{call['function'].get('name', '')}({arguments})"
+    return terminal_text(f"{call['function'].get('name', '')}({arguments})")
 
 
 def _read(read_line: Callable[[str], str], prompt: str) -> str | None:

@@ -471,11 +471,15 @@ def test_make_tiny_cli_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert load_model(tmp_path / "t", progress=False).config.has_vision
 
 
-def test_make_tiny_refuses_vision_in_the_text_only_legacy_layout(tmp_path, capsys):
+@pytest.mark.parametrize(("options", "given"), [(["--vision"], "(--vision)"),
+                                                (["--preset", "30b", "--config-only"], "(--preset 30b)")])
+def test_make_tiny_refuses_vision_in_the_text_only_legacy_layout(tmp_path, capsys, options, given):
+    """With --preset 30b it asked to use another layout "with --vision", a flag not given."""
     from glimmer.cli import main
 
-    assert main(["make-tiny", str(tmp_path / "t"), "--layout", "legacy", "--vision"]) == 2
-    assert "legacy layout is text-only" in capsys.readouterr().err
+    assert main(["make-tiny", str(tmp_path / "t"), "--layout", "legacy", *options]) == 2
+    err = capsys.readouterr().err
+    assert "is text-only, and " in err and f"{given} has a vision tower; use --layout canonical, flat or native" in err
 
 
 def test_a_stray_rotary_inv_freq_buffer_is_ignored(make_tiny, tmp_path):

@@ -19,6 +19,7 @@ from glimmer.server.chat_client import (
     ChatClientError,
     ServerRefusedError,
     StreamRenderer,
+    call_label,
     check_server,
     check_server_url,
     length_notice,
@@ -145,6 +146,79 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
 def test_an_error_event_raises():
     with pytest.raises(ChatClientError, match="no call"):
         render([chunk(role="assistant"), {"error": {"message": "no call", "type": "tool_choice_unsatisfied"}}])
+
+
+@pytest.mark.parametrize("event", [{"error": "Input validation error: too long", "error_type": "validation"},
+                                   {"error": {"message": "Input validation error: too long"}}])
+def test_an_error_event_as_text_or_object_raises_its_message(event):
+    """TGI and others stream `{"error": "text"}`: it was an AttributeError traceback that ended the chat."""
+    with pytest.raises(ChatClientError, match="^Input validation error: too long$"):
+        render([chunk(role="assistant"), event])
+
+
+@pytest.mark.parametrize("event", [[1, 2], "text", {"choices": ["text"]}, {"choices": [{"delta": "text"}]},
+                                   {"choices": [{"delta": {"tool_calls": ["text"]}}]}])
+def test_an_event_that_is_no_chunk_is_a_chat_error_and_the_chat_goes_on(event):
+    """It was an AttributeError traceback that ended the chat."""
+    replies = [(200, f"data: {json.dumps(event)}\n\ndata: [DONE]\n\n".encode()),
+               (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+                     b"data: [DONE]\n\n")]
+    with canned_server(replies) as (url, seen):
+        text = chat(url, ["one", "two", "/exit"])
+    assert "error: the server sent an event that is not a chat completion chunk: " in text and text.endswith("fine\n")
+    assert [m["content"] for m in seen[1]["messages"]] == ["two"]
+
+
+def test_a_message_past_the_servers_body_limit_is_one_line_naming_the_limit_and_the_chat_goes_on(make_tiny):
+    """The server refuses the body (413) and closes the connection before reading it, so the refusal never arrives:
+    it was `cannot reach URL: [Errno 32] Broken pipe`, as though the server were down."""
+    with live_server(make_tiny(), scripted=True, max_request_bytes=1 << 20) as server:
+        text = chat(server.url, ["x" * (32 << 20), "/exit"])
+    assert text.startswith(f"error: {server.url} closed the connection before answering the request of ")
+    assert text.endswith("send a shorter one (a server refuses requests larger than its limit: `glimmer serve "
+                         "--max-request-bytes`, 4 MiB by default)\n")
+
+
+def test_control_characters_of_a_reply_show_as_symbols_and_the_history_keeps_them():
+    """A reply's control characters were written to the terminal as they came: ESC [2J cleared the screen, a carriage
+    return wrote over the line. A model's output, or any server's stream, is not the terminal's to command."""
+    call = {"index": 0, "id": "c1", "function": {"name": "f\x1b", "arguments": "{}"}}
+    text, message, _ = render([chunk(reasoning_content="\x1b]0;title\x07"),
+                               chunk(content="a\x1b[2Jb\rc\x9bd\te\nf\x7f"), chunk(tool_calls=[call])])
+    assert text == "\u241b]0;title\u2407\na\u241b[2Jb\u240dc\ufffdd\te\nf\u2421\n→ f\u241b({})\n"
+    assert message["content"] == "a\x1b[2Jb\rc\x9bd\te\nf\x7f" and message["reasoning_content"] == "\x1b]0;title\x07"
+    assert call_label(call) == "f\u241b({})"  # the result prompt
+    with canned_server([(400, b'{"error": {"message": "bad \\u001b[2J request"}}')]) as (url, _):
+        assert chat(url, ["hello", "/exit"]) == "error: the server answered HTTP 400: bad \u241b[2J request\n"
+
+
+class CtrlCOnce(io.StringIO):
+    """A terminal where Ctrl-C is pressed as `text` is first printed."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text: str | None = text
+
+    def write(self, s: str) -> int:
+        if self.text is not None and self.text in s:
+            self.text = None
+            raise KeyboardInterrupt
+        return super().write(s)
+
+
+def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on_without_the_turn():
+    """Ctrl-C in a long reply ended the whole chat, its conversation lost; it stops the reply, as Ctrl-D leaves."""
+    stream = (b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}, "finish_reason": "stop"}]}\n\n'
+              b"data: [DONE]\n\n")
+    with canned_server([(200, stream % b"runaway"), (200, stream % b"fine")]) as (url, seen):
+        lines, out = iter(["one", "two", "/exit"]), CtrlCOnce("runaway")
+        try:
+            run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
+        except KeyboardInterrupt:
+            pytest.fail("Ctrl-C during a reply ended the chat")
+    # the reply's line ends (here empty: Ctrl-C came as its first text was printed) before the notice
+    assert out.getvalue().split("\n", 1)[1] == "\n[stopped by Ctrl-C: the turn is dropped]\nfine\n"
+    assert [m["content"] for m in seen[1]["messages"]] == ["two"]
 
 
 def test_sse_lines_parse_until_done():
@@ -348,6 +422,13 @@ def test_a_refusal_naming_max_tokens_also_hints_at_fewer_tokens(small_context_se
                         "--max-tokens leaves room).")
 
 
+def test_a_first_message_refused_for_the_max_tokens_given_names_the_flag(small_context_server):
+    """It said only `lower max_tokens to at most N`, the API's field, which the chat's user sets with --max-tokens."""
+    text = chat(small_context_server.url, ["[hi] " + "word " * 30, "/exit"], request_options={"max_tokens": 120})
+    lines = text.splitlines()
+    assert "lower max_tokens" in lines[0] and lines[1:] == ["A smaller --max-tokens leaves the message room."]
+
+
 def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_server):
     """/reset would not help: the message alone does not fit."""
     text = chat(small_context_server.url, ["[hi] " + "word " * 80, "/exit"])
@@ -411,6 +492,18 @@ def test_an_error_from_another_server_is_one_line(status, body, line):
 ])
 def test_a_refusal_for_the_context_length_is_told_from_other_refusals(status, message, code, exceeded):
     assert ServerRefusedError(status, message, code).context_exceeded is exceeded
+
+
+def test_an_endpoints_url_given_for_the_servers_is_refused_by_the_check_saying_which_to_give():
+    """`--url http://127.0.0.1:8000/v1/chat/completions` (an endpoint's URL, as API docs show it) was refused as
+    `answered HTTP 404: Not Found`, with no word of what to give instead."""
+    with canned_server([(404, b'{"detail": "Not Found"}')]) as (url, _):
+        with pytest.raises(ChatClientError) as refused:
+            check_server(f"{url}/v1/chat/completions")
+    assert str(refused.value) == (
+        f"{url}/v1/chat/completions has no OpenAI-compatible API: {url}/v1/chat/completions/v1/models answered HTTP "
+        '404 ({"detail": "Not Found"}); give the server\'s address, e.g. http://127.0.0.1:8000 (a trailing /v1 is '
+        "fine), not an endpoint's")
 
 
 def test_a_server_without_an_openai_model_list_passes_the_check_unchecked():

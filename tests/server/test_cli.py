@@ -49,7 +49,7 @@ def test_serve_options_parse():
                                   ["make-tiny", "out", "--log-level", "DEBUG"]])
 def test_log_level_is_taken_before_or_after_the_command(argv):
     assert build_parser().parse_args(argv).log_level == "DEBUG"
-    assert build_parser().parse_args(["serve"]).log_level == "INFO"  # given nowhere: the default
+    assert build_parser().parse_args(["serve"]).log_level is None  # given nowhere: the command's default
 
 
 def test_version_prints_the_package_version(capsys):
@@ -58,6 +58,19 @@ def test_version_prints_the_package_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"glimmer {glimmer.__version__}"
+
+
+def test_python_dash_m_glimmer_is_the_glimmer_command():
+    """It failed with `No module named glimmer.__main__; 'glimmer' is a package and cannot be directly executed`."""
+    import glimmer
+
+    result = subprocess.run([sys.executable, "-m", "glimmer", "--version"], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stdout.strip()) == (0, f"glimmer {glimmer.__version__}"), result.stderr
+    result = subprocess.run([sys.executable, "-m", "glimmer", "serve", "--port", "0"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "glimmer: error: --port 0 is not a TCP port; choose one from 1 to 65535")
 
 
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
@@ -221,6 +234,20 @@ def test_chat_takes_a_base_url_ending_in_v1_as_openai_clients_do(capsys, monkeyp
     assert captured.out.startswith("Type a message;") and captured.err == ""
 
 
+def test_chat_with_a_url_refuses_a_max_tokens_the_servers_context_cannot_hold_before_the_first_message(
+        capsys, monkeypatch, tiny_checkpoint):
+    """Every message was answered `HTTP 400: prompt (129 tokens) + max_tokens (2048) exceeds max_model_len=2048`."""
+    from glimmer.cli import main
+
+    monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("a message was asked for before the check"))
+    with live_server(tiny_checkpoint) as server:  # max_model_len 2048
+        _fails_with_one_line(capsys, ["chat", "--url", server.url, "--max-tokens", "2048"],
+                             "--max-tokens 2048 would make every message fail", "a context of 2048 tokens",
+                             "leaves the prompt room (below 2048)")
+        monkeypatch.setattr("builtins.input", lambda prompt: "/exit")
+        assert main(["chat", "--url", server.url, "--max-tokens", "2047"]) == 0  # room for a prompt of one token
+
+
 def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(capsys, tmp_path):
     """The server chose its model and engine: a MODEL or --max-model-len beside --url would be silently ignored."""
     _fails_with_one_line(capsys, ["chat", str(tmp_path), "--url", f"http://127.0.0.1:{free_port()}",
@@ -298,14 +325,19 @@ def test_a_media_limit_below_1_is_refused_by_its_flag_before_the_model_loads(cap
     (["--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization 1.5 is invalid", "(0, 1]"]),
     (["--chat-template", "no-such-template.jinja"], ["--chat-template no-such-template.jinja: no such file",
                                                       "leave it out for the checkpoint's own template"]),
+    (["--seed", str(2**64)], [f"--seed {2**64} is out of range", "from -2**63 to 2**64 - 1"]),
+    (["--seed", str(-(2**63) - 1)], [f"--seed {-(2**63) - 1} is out of range", "from -2**63 to 2**64 - 1"]),
+    (["--device", "mps"], ["--device mps is not supported", "--device cpu or cuda"]),
 ])
 @pytest.mark.parametrize("command", ["serve", "chat"])
 def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_loads(capsys, tmp_path, command,
                                                                                       flags, words):
     """These were refused by EngineConfig's field, `max_model_len=0 must be a positive integer (or None for the
-    default)`: a name and a None the command line never takes."""
+    default)`, `seed=... must be an integer in [-2**63, 2**64)`, `device='mps' is not supported; use 'cpu' or
+    'cuda'`: a name and a None the command line never takes."""
     err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), *flags], *words)
     assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
+    assert "seed=" not in err and "device=" not in err
 
 
 def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
@@ -419,6 +451,19 @@ def test_in_process_chat_limits_that_refuse_every_message_are_one_line_before_th
         assert word in last
 
 
+@pytest.mark.parametrize("argv", [["--log-level", "INFO", "chat"], ["chat", "--log-level", "DEBUG"]])
+def test_an_in_process_chat_logs_at_the_log_level_given(tiny_checkpoint, argv):
+    """The chat quieted the logs to WARNING whatever --log-level said: `--log-level DEBUG` printed nothing."""
+    def chat(argv):
+        return subprocess.run([sys.executable, "-m", "glimmer.cli", *argv, str(tiny_checkpoint), "--max-tokens", "1",
+                               "--kv-cache-memory", "50MiB"], input="", capture_output=True, text=True, timeout=300)
+
+    quiet, logged = chat(["chat"]), chat(argv)
+    assert quiet.returncode == logged.returncode == 0, logged.stderr
+    assert "INFO glimmer.engine.llm_engine: engine ready" in logged.stderr
+    assert "INFO" not in quiet.stderr and "DEBUG" not in quiet.stderr  # not given: the chat's own WARNING
+
+
 def test_in_process_chat_limits_that_leave_a_reply_room_are_taken(chat_in_process):
     code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "8"], ["Hello"])
     assert code == 0 and "error" not in out
@@ -431,6 +476,16 @@ def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
     assert code == 0 and len(lines) == 2
     assert lines[1].startswith("error: the prompt has ")
     assert lines[1].endswith("tokens, which exceeds max_model_len=200; shorten the messages")
+
+
+def test_an_in_process_message_past_4_mib_is_refused_for_the_context_and_the_chat_goes_on(chat_in_process):
+    """It was `error: cannot reach http://127.0.0.1:PORT: [Errno 104] Connection reset by peer`: the chat's own
+    server dropped a body over the serving default of 4 MiB, and named a server the user never started."""
+    code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "4"], ["x" * (5 << 20), "Hello"])
+    lines = out.splitlines()
+    assert code == 0 and lines[1].startswith("error: the prompt has ")
+    assert "characters, more than max_model_len=200 tokens can hold" in lines[1]
+    assert "error" not in "".join(lines[2:])  # the next message is answered
 
 
 def test_an_unknown_command_in_the_chat_lists_the_commands_and_sends_nothing(chat_in_process):
@@ -481,6 +536,19 @@ def test_make_tiny_drafter_for_a_file_asks_for_a_checkpoint_directory(capsys, tm
     assert not (tmp_path / "drafter").exists()
 
 
+@pytest.mark.parametrize(("layout", "target", "words"), [
+    ("legacy", None, ["--layout legacy has no drafter", "give --layout canonical or native with --drafter-for"]),
+    ("canonical", "missing", ["--drafter-for ", "missing: no such directory", "the target's checkpoint directory"])])
+def test_make_tiny_drafter_refuses_a_layout_or_target_it_cannot_take_naming_the_flag(capsys, tmp_path, tiny_checkpoint,
+                                                                                     layout, target, words):
+    """They were `drafter layout='legacy' is not one of [...]` and `missing/config.json: not found; a checkpoint
+    directory must contain config.json`: an argument the command line never takes, and no flag."""
+    target_dir = tmp_path / target if target else tiny_checkpoint
+    _fails_with_one_line(capsys, ["make-tiny", str(tmp_path / "drafter"), "--drafter-for", str(target_dir),
+                                  "--layout", layout], *words)
+    assert not (tmp_path / "drafter").exists()
+
+
 def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, tmp_path):
     from safetensors.torch import load_file
 
@@ -505,7 +573,8 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
     (["--max-videos-per-request", "-2"], "--max-videos-per-request -2 is invalid"),
     (["--metrics-require-api-key"], "--metrics-require-api-key needs a key"),
     (["--served-model-name", "a", ""], "--served-model-name: a name is empty"),
-    (["--api-key", ""], "--api-key is empty")])  # `--api-key "$KEY"` with KEY unset served with no key
+    (["--api-key", ""], "--api-key is empty"),  # `--api-key "$KEY"` with KEY unset served with no key
+    (["--host", ""], "--host is empty")])  # `--host "$HOST"` with HOST unset listened on every interface
 def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_path, capsys, flags, words,
                                                                            monkeypatch):
     """Refused at once in one line naming the flag typed (they named ServerSettings' field, `max_request_bytes=0`),
@@ -514,6 +583,19 @@ def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_p
     err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()), *flags],
                                words)
     assert "no-such-model" not in err
+
+
+@pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains"])
+def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, monkeypatch, tmp_path, flag):
+    """`glimmer serve --served-model-name muse MODEL` took MODEL as a second name and served the default model, as
+    'muse', without a word; after the other two options it was refused as a bad origin or host."""
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail(f"{args.model} was loaded"))
+    (tmp_path / "model").mkdir()
+    err = _fails_with_one_line(capsys, ["serve", "--port", str(free_port()), flag, "https://app.example.com",
+                                        str(tmp_path / "model")],
+                               f"{flag} took the model {tmp_path / 'model'} as one of its values",
+                               f"put MODEL first: glimmer serve {tmp_path / 'model'} {flag} ...")
+    assert "not a" not in err
 
 
 @pytest.mark.parametrize("origin", ["notaurl", "app.example.com", "https://app.example.com/", "https://app.example.com/x",
