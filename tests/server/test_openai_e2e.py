@@ -91,15 +91,19 @@ def test_declared_tools_with_auto_choice_give_a_well_formed_response(client):
 
 
 def test_named_choice_on_a_random_model_gives_that_call_or_says_max_tokens_cut_it(client):
-    # a random model may reason, or write a string value, until max_tokens: then no call was written, and the
-    # response is a 500 of type tool_choice_unsatisfied saying so (P-REQ-4), never a success without calls
+    # a random model may reason until max_tokens: then no call was written, and the response is a 500 of type
+    # tool_choice_unsatisfied saying so (P-REQ-4), never a success without calls. The city is an enum here: a free
+    # string ends only where the model spells `</atem:parameter>` itself (a value may hold other closing tags,
+    # P-ATEM-2), which a random model does not do within max_tokens
     named = {"type": "function", "function": {"name": "get_weather"}}
+    weather = json.loads(json.dumps(WEATHER_TOOL))
+    weather["function"]["parameters"]["properties"]["city"]["enum"] = ["Paris", "Oslo"]
     called = 0
     for seed in range(3):
         for thinking_token_budget in (0, None):
             try:
                 response = client.chat.completions.create(
-                    model="tiny", messages=MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=named, max_tokens=48,
+                    model="tiny", messages=MESSAGES, tools=[weather, TIME_TOOL], tool_choice=named, max_tokens=48,
                     seed=seed, extra_body={**EXTRA, "thinking_token_budget": thinking_token_budget})
             except openai.InternalServerError as error:
                 assert error.body["type"] == "tool_choice_unsatisfied"
@@ -109,6 +113,8 @@ def test_named_choice_on_a_random_model_gives_that_call_or_says_max_tokens_cut_i
             assert choice.message.content is None
             assert choice.finish_reason in ("tool_calls", "length")  # the grammar admits only calls of get_weather
             assert {call.function.name for call in choice.message.tool_calls} == {"get_weather"}
+            assert all(json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+                       for call in choice.message.tool_calls if choice.finish_reason == "tool_calls")
             called += 1
     assert called
 
