@@ -28,7 +28,13 @@ from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.responses import create_response, delete_response, get_response
+from glimmer.server.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    get_response,
+    list_input_items,
+)
 from glimmer.server.settings import ServerSettings
 from glimmer.server.streaming import ClientDisconnected
 from glimmer.server.tokenize import detokenize, tokenize
@@ -135,6 +141,15 @@ def _v1_router(context: ServingContext) -> APIRouter:
     @router.delete("/responses/{response_id}")
     async def forget_response(response_id: str) -> Response:
         return delete_response(response_id, context)
+
+    async def response_input_items(response_id: str, request: Request) -> Response:
+        return list_input_items(response_id, request, context)
+
+    _get_and_head(router, "/responses/{response_id}/input_items", response_input_items)
+
+    @router.post("/responses/{response_id}/cancel")
+    async def cancel(response_id: str) -> Response:
+        return cancel_response(response_id, context)
 
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)

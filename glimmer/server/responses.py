@@ -34,7 +34,9 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
+from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
+    INCLUDABLE,
     OUTPUT_TEXT_LOGPROBS,
     RESPONSES_FIELD_HINTS,
     ResponsesRequest,
@@ -296,8 +298,8 @@ class _ResponseRun:
                                    cut_channel=self.chat.choices[0].parser.channel_at_finish)
 
     def keep(self, response: dict[str, Any]) -> None:
-        if self.request.store is not False:
-            self.store.put(self.id, self.conversation.items + response["output"], response)
+        if self.request.store is not False:  # input items get their ids here, which they keep down the chain
+            self.store.put(self.id, with_item_ids(self.conversation.items) + response["output"], response)
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}
@@ -333,6 +335,37 @@ def get_response(response_id: str, context: ServingContext) -> Response:
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, or evicted)",
                        param="response_id", code="not_found")
     return JSONResponse(stored.response)
+
+
+def list_input_items(response_id: str, raw_request: Request, context: ServingContext) -> Response:
+    """GET /v1/responses/{id}/input_items (the SDK's `responses.input_items.list`): a page of the items a stored
+    response read (`responses_items`); 404 for one not stored."""
+    query: dict[str, str | list[str]] = {}
+    for name, value in raw_request.query_params.multi_items():
+        if name in ("include", "include[]"):  # the SDK sends a list as `include[]=...`
+            query["include"] = [*query.get("include", []), value]
+        elif name in query:
+            raise RequestError(f"{name}: given more than once", param=name)
+        else:
+            query[name] = value
+    stored = context.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
+                       param="response_id", code="not_found")
+    return JSONResponse(input_items_page(stored.input_items, query, INCLUDABLE))
+
+
+def cancel_response(response_id: str, context: ServingContext) -> Response:
+    """POST /v1/responses/{id}/cancel: OpenAI cancels only responses created with `background: true`, which
+    Glimmer refuses, so no response can be cancelled: 404 for one not stored, 400 for a stored one (it has
+    finished). A response being generated stops when its client closes the connection."""
+    if context.responses.get(response_id) is None:
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted; one "
+                       "still being generated is stopped by closing its connection)", param="response_id",
+                       code="not_found")
+    raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, and "
+                       "Glimmer runs none (`background: true` is refused); this response has finished. To stop a "
+                       "response while it is generated, close its connection", param="response_id")
 
 
 def delete_response(response_id: str, context: ServingContext) -> Response:

@@ -90,7 +90,7 @@ _REFUSED = {
     "context_management": "`context_management` (compaction) is not supported",
 }
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
-_INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
+INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
 
 
 def check_supported(request: ResponsesRequest) -> None:
@@ -102,8 +102,8 @@ def check_supported(request: ResponsesRequest) -> None:
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
     for value in request.include or []:
-        if value not in _INCLUDABLE:
-            raise RequestError(f"include: {value!r} is not supported (only {', '.join(_INCLUDABLE)})",
+        if value not in INCLUDABLE:
+            raise RequestError(f"include: {value!r} is not supported (only {', '.join(INCLUDABLE)})",
                                param="include")
     text = request.text or {}
     unknown = set(text) - {"format", "verbosity"}
