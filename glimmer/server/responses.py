@@ -270,7 +270,10 @@ class _ResponseRun:
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
             "store": request.store is not False,
-            "metadata": request.metadata or {}, "user": request.user, "error": error,
+            "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
+            "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
+            "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
+            "background": False, "max_tool_calls": None, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": self.usage(choice) if done else None,
         }

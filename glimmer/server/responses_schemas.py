@@ -1,9 +1,10 @@
 """The body of `POST /v1/responses`, validated once at the edge, and its translation to a chat request.
 
-As for chat, unknown fields are refused (400 naming them), fields that cannot change the output are accepted
-and ignored (`user`, `metadata`, `service_tier`, `safety_identifier`, `prompt_cache_key`,
-`prompt_cache_retention`, `stream_options`), and fields Glimmer cannot honour are refused unless they hold a
-value that changes nothing: `background`, `conversation`, `prompt`, `max_tool_calls`, `context_management`,
+As for chat, unknown fields are refused (400 naming them); fields that cannot change the output are checked as
+OpenAI checks them, echoed in the response object and otherwise ignored (`user`, `metadata`, `service_tier`,
+`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; `stream_options` is accepted, not echoed); and
+fields Glimmer cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
+`prompt`, `max_tool_calls`, `context_management`,
 `truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
 `logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`
@@ -66,13 +67,13 @@ class ResponsesRequest(RequestBody):
     chat_template_kwargs: dict[str, Any] | None = None
     skip_special_tokens: bool | None = None
     cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
-    # accepted and ignored: they cannot change the output
+    # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier: "default"
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     stream_options: dict[str, Any] | None = None
     # refused unless unset (see _REFUSED)
     background: bool | None = None
@@ -96,8 +97,10 @@ INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
 def check_supported(request: ResponsesRequest) -> None:
     """Raises RequestError naming a field Glimmer cannot honour (HTTP 400) rather than ignore it."""
     for name, reason in _REFUSED.items():
-        if getattr(request, name) not in (None, False):
+        value = getattr(request, name)
+        if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
+    _check_metadata(request.metadata or {})
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
@@ -121,6 +124,24 @@ def check_supported(request: ResponsesRequest) -> None:
                                "/v1/chat/completions, which /v1/responses does not take (a response always starts "
                                f"a new assistant turn with the model's template); use /v1/chat/completions for "
                                f"{name!r}", param="chat_template_kwargs")
+
+
+_METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+def _check_metadata(metadata: dict[str, str]) -> None:
+    """RequestError for `metadata` over OpenAI's limits, which the response echoes (a client moving to OpenAI
+    would meet the 400 there)."""
+    if len(metadata) > _METADATA_MAX_PAIRS:
+        raise RequestError(f"metadata: {len(metadata)} key-value pairs, at most {_METADATA_MAX_PAIRS} are allowed",
+                           param="metadata")
+    for key, value in metadata.items():
+        if len(key) > _METADATA_MAX_KEY_CHARS:
+            raise RequestError(f"metadata: the key {key[:20]!r}... is {len(key)} characters long, at most "
+                               f"{_METADATA_MAX_KEY_CHARS} are allowed", param="metadata")
+        if len(value) > _METADATA_MAX_VALUE_CHARS:
+            raise RequestError(f"metadata.{key}: the value is {len(value)} characters long, at most "
+                               f"{_METADATA_MAX_VALUE_CHARS} are allowed", param=f"metadata.{key}")
 
 
 def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:

@@ -510,12 +510,32 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"frobnicate": 1}, "frobnicate"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),  # required here
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
+    ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
+    ({"service_tier": "fastest"}, "service_tier"),
+    ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+    ({"metadata": {"run": 1}}, "metadata.run"),  # OpenAI's metadata values are strings
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # at most 16 pairs
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),  # keys at most 64 characters
+    ({"metadata": {"note": "v" * 513}}, "metadata.note"),  # values at most 512
 ])
 def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param):
     body = {"model": "tiny", "input": "[greet]", **fields}
     response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_does(client):
+    """`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention` were dropped from the response object, and
+    `service_tier` was null: OpenAI reports the tier that served the request, and Glimmer has one."""
+    fields = {"metadata": {"run": "r1"}, "user": "u-1", "safety_identifier": "s-1", "prompt_cache_key": "pck",
+              "prompt_cache_retention": "24h"}
+    response = _create(client, input="[greet] Hi", service_tier="flex", **fields)
+    for echoed in (response, client.responses.retrieve(response.id)):
+        assert {name: getattr(echoed, name) for name in fields} == fields
+        assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
+    created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
+    assert created.type == "response.created" and created.response.safety_identifier == "s-1"
 
 
 @pytest.mark.parametrize(("name", "value"), [("continue_final_message", True), ("add_generation_prompt", False),
