@@ -43,6 +43,7 @@ from glimmer.server.responses_schemas import (
     chat_response_format,
     chat_tools,
     check_supported,
+    reasoning_summary,
 )
 from glimmer.server.schemas import ChatCompletionRequest, request_error, validate_json
 from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
@@ -118,13 +119,18 @@ class OutputBuilder:
     entries) go with its text: each `response.output_text.delta` carries the entries decided since the last one,
     and the `output_text` part lists them all, so the deltas' entries add up to the part's. Entries decided while
     their text is still held back wait for the next delta of the answer; any left when the message item closes go
-    in an empty delta before its `response.output_text.done`."""
+    in an empty delta before its `response.output_text.done`.
+
+    With `summarize` (a request's `reasoning.summary`, "auto" or "detailed") a reasoning item's `summary` holds its
+    text too, as one `summary_text` part streamed by the response.reasoning_summary_* events beside its content:
+    the model's reasoning, whole, is the most detailed summary there is."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     _open: dict[str, Any] | None = None  # the item being written
     _calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # parser call index → its item
     _pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # decided, not yet sent with a delta
     _reasoning_seen: bool = False  # reasoning text came before: a later reasoning message's text starts with "\n"
+    summarize: bool = False
 
     def feed(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided."""
@@ -165,8 +171,13 @@ class OutputBuilder:
             self._reasoning_seen = True
             if not text:
                 return out
-            return [*out, {"type": "response.reasoning_text.delta", "item_id": item["id"],
-                           "output_index": self._index(item), "content_index": 0, "delta": text}]
+            out.append({"type": "response.reasoning_text.delta", "item_id": item["id"],
+                        "output_index": self._index(item), "content_index": 0, "delta": text})
+            if self.summarize:
+                item["summary"][0]["text"] += text
+                out.append({"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
+                            "output_index": self._index(item), "summary_index": 0, "delta": text})
+            return out
         return [*out, self._answer_delta(item, text)]
 
     def _answer_delta(self, item: dict[str, Any], text: str) -> dict[str, Any]:
@@ -191,7 +202,11 @@ class OutputBuilder:
         item["content"].append(part)
         part_added = {"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
                       "content_index": 0, "part": _copy_part(part)}
-        return [added, part_added]
+        if kind != "reasoning" or not self.summarize:
+            return [added, part_added]
+        item["summary"].append({"type": "summary_text", "text": ""})
+        return [added, part_added, {"type": "response.reasoning_summary_part.added", "item_id": item["id"],
+                                    "output_index": index, "summary_index": 0, "part": dict(item["summary"][0])}]
 
     def _call(self, piece: Any) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -231,12 +246,18 @@ class OutputBuilder:
             out.append(done)
             out.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
                         "content_index": 0, "part": _copy_part(part)})
+            for summary in item.get("summary", []):
+                out.append({"type": "response.reasoning_summary_text.done", "item_id": item["id"],
+                            "output_index": index, "summary_index": 0, "text": summary["text"]})
+                out.append({"type": "response.reasoning_summary_part.done", "item_id": item["id"],
+                            "output_index": index, "summary_index": 0, "part": dict(summary)})
         out.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
         return out
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    return {**item, **({"content": [_copy_part(part) for part in item["content"]]} if "content" in item else {})}
+    copied = {**item, **({"content": [_copy_part(part) for part in item["content"]]} if "content" in item else {})}
+    return {**copied, **({"summary": [dict(part) for part in item["summary"]]} if "summary" in item else {})}
 
 
 def _copy_part(part: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +288,8 @@ class _ResponseRun:
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "temperature": request.temperature, "top_p": request.top_p,
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs,
-            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
+            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
+                          "summary": reasoning_summary(request)},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
             "store": request.store is not False,
             "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
@@ -326,7 +348,8 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
         chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
-    run = _ResponseRun(request, conversation, chat, context.responses)
+    summarize = reasoning_summary(request) is not None
+    run = _ResponseRun(request, conversation, chat, context.responses, OutputBuilder(summarize=summarize))
     if request.stream:
         return SSEResponse(_stream(run, first, stream))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))

@@ -29,8 +29,8 @@ RESPONSES_FIELD_HINTS = {
 
 class ResponsesReasoning(RequestBody):
     effort: str | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text is returned instead
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text, as the summary too
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # deprecated: OpenAI's old name
 
 
 class ResponsesFunctionChoice(RequestBody):
@@ -101,6 +101,7 @@ def check_supported(request: ResponsesRequest) -> None:
         if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
     _check_metadata(request.metadata or {})
+    reasoning_summary(request)
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
@@ -124,6 +125,22 @@ def check_supported(request: ResponsesRequest) -> None:
                                "/v1/chat/completions, which /v1/responses does not take (a response always starts "
                                f"a new assistant turn with the model's template); use /v1/chat/completions for "
                                f"{name!r}", param="chat_template_kwargs")
+
+
+def reasoning_summary(request: ResponsesRequest) -> str | None:
+    """The reasoning summary asked for (`reasoning.summary`, or its deprecated name `generate_summary`): "auto" or
+    "detailed", both the reasoning text whole, or None. RequestError for "concise", which Glimmer cannot make."""
+    reasoning = request.reasoning or ResponsesReasoning()
+    if reasoning.generate_summary is not None and reasoning.summary not in (None, reasoning.generate_summary):
+        raise RequestError("reasoning.generate_summary: the deprecated name of reasoning.summary, given another "
+                           "value; send `summary` only", param="reasoning.generate_summary")
+    summary = reasoning.summary or reasoning.generate_summary
+    if summary == "concise":
+        field = "reasoning.summary" if reasoning.summary else "reasoning.generate_summary"
+        raise RequestError(f"{field}: 'concise' is not supported; Glimmer cannot condense the model's reasoning, it "
+                           "returns it whole: use 'auto' or 'detailed' (the reasoning text as the summary too), or "
+                           "leave it unset (the text in the reasoning item's content only)", param=field)
+    return summary
 
 
 _METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits

@@ -77,6 +77,53 @@ def test_the_stream_sends_the_documented_events_and_ends_as_the_whole_response(c
     assert added == [item.id for item in final.output]
 
 
+@pytest.mark.parametrize("reasoning", [{"summary": "auto"}, {"summary": "detailed"}, {"generate_summary": "auto"}])
+def test_a_reasoning_summary_asked_for_is_the_reasoning_text_and_is_echoed(client, reasoning):
+    """`reasoning.summary` was accepted, echoed as null, and the reasoning item's summary left empty."""
+    response = _create(client, input="[greet] Hello!", reasoning=reasoning)
+    item = response.output[0]
+    assert [part.model_dump() for part in item.summary] == [{"type": "summary_text", "text": "The user greets me."}]
+    assert item.content[0].text == "The user greets me."  # still there: it is what round-trips through input
+    assert response.reasoning.summary == next(iter(reasoning.values()))
+    unasked = _create(client, input="[greet] Hello!")
+    assert unasked.output[0].summary == [] and unasked.reasoning.summary is None
+
+
+def test_a_streamed_reasoning_summary_has_its_events_and_ends_as_the_whole_response(client):
+    whole = _create(client, input="[greet] Hello!", reasoning={"summary": "auto"})
+    events = list(_create(client, input="[greet] Hello!", reasoning={"summary": "auto"}, stream=True))
+    types = [event.type for event in events]
+    collapsed = [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
+    reasoning_events = collapsed[collapsed.index("response.output_item.added"):collapsed.index(
+        "response.output_item.done") + 1]
+    assert reasoning_events == [
+        "response.output_item.added", "response.content_part.added", "response.reasoning_summary_part.added",
+        *["response.reasoning_text.delta", "response.reasoning_summary_text.delta"] * (
+            types.count("response.reasoning_text.delta")),
+        "response.reasoning_text.done", "response.content_part.done", "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done", "response.output_item.done"]
+    summary = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+    done = next(e for e in events if e.type == "response.reasoning_summary_part.done")
+    assert summary == done.part.text == "The user greets me."
+    final = events[-1].response
+    assert [item.model_dump(exclude={"id"}) for item in final.output] == [
+        item.model_dump(exclude={"id"}) for item in whole.output]
+
+
+def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], reasoning={"summary": "auto"})
+    call = next(item for item in first.output if item.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    items = [item.model_dump(exclude_none=True) for item in first.output]
+    with_summary = _create(client, input=[{"role": "user", "content": "[weather] Weather in Paris?"}, *items, result],
+                           tools=[WEATHER_TOOL])
+    for item in items:
+        item.pop("summary", None)
+    without = _create(client, input=[{"role": "user", "content": "[weather] Weather in Paris?"}, *items, result],
+                      tools=[WEATHER_TOOL])
+    assert with_summary.usage.input_tokens == without.usage.input_tokens
+
+
 def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
@@ -510,6 +557,9 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"frobnicate": 1}, "frobnicate"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),  # required here
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
+    ({"reasoning": {"summary": "concise"}}, "reasoning.summary"),  # the reasoning comes whole or not at all
+    ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
+    ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
     ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
     ({"service_tier": "fastest"}, "service_tier"),
     ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
