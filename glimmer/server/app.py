@@ -133,8 +133,8 @@ def _v1_router(context: ServingContext) -> APIRouter:
     async def responses(request: Request) -> Response:
         return await create_response(request, context)
 
-    async def stored_response(response_id: str) -> Response:
-        return get_response(response_id, context)
+    async def stored_response(response_id: str, request: Request) -> Response:
+        return get_response(response_id, request, context)
 
     _get_and_head(router, "/responses/{response_id}", stored_response)
 

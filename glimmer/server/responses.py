@@ -36,12 +36,12 @@ from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
 from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
-    INCLUDABLE,
     OUTPUT_TEXT_LOGPROBS,
     RESPONSES_FIELD_HINTS,
     ResponsesRequest,
     chat_response_format,
     chat_tools,
+    check_include,
     check_supported,
     reasoning_summary,
 )
@@ -355,7 +355,20 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
 
 
-def get_response(response_id: str, context: ServingContext) -> Response:
+def get_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
+    """GET /v1/responses/{id} (the SDK's `responses.retrieve`). Its `stream` and `starting_after` replay a background
+    response's events, and Glimmer runs none: refused (400 naming them) rather than answered with JSON the client
+    reads as a stream; `include` is checked as on create (output parts hold the logprobs they were made with)."""
+    query = _query(raw_request)
+    unknown = sorted(set(query) - {"include", "stream", "starting_after", "include_obfuscation"})
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown query parameter", param=unknown[0])
+    check_include(list(query.get("include", [])))
+    for name in ("stream", "starting_after"):
+        if query.get(name, "false") != "false":
+            raise RequestError(f"{name}: only background responses can be streamed again, and Glimmer runs none "
+                               "(`background: true` is refused); retrieve the response without it, or stream it "
+                               "when creating it", param=name)
     stored = context.responses.get(response_id)
     if stored is None:
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, or evicted)",
@@ -366,19 +379,26 @@ def get_response(response_id: str, context: ServingContext) -> Response:
 def list_input_items(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """GET /v1/responses/{id}/input_items (the SDK's `responses.input_items.list`): a page of the items a stored
     response read (`responses_items`); 404 for one not stored."""
+    query = _query(raw_request)
+    stored = context.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
+                       param="response_id", code="not_found")
+    return JSONResponse(input_items_page(stored.input_items, query))
+
+
+def _query(raw_request: Request) -> dict[str, str | list[str]]:
+    """The query parameters, `include` as a list (the SDK sends `include[]=...`); RequestError for another one
+    given twice."""
     query: dict[str, str | list[str]] = {}
     for name, value in raw_request.query_params.multi_items():
-        if name in ("include", "include[]"):  # the SDK sends a list as `include[]=...`
+        if name in ("include", "include[]"):
             query["include"] = [*query.get("include", []), value]
         elif name in query:
             raise RequestError(f"{name}: given more than once", param=name)
         else:
             query[name] = value
-    stored = context.responses.get(response_id)
-    if stored is None:
-        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
-                       param="response_id", code="not_found")
-    return JSONResponse(input_items_page(stored.input_items, query, INCLUDABLE))
+    return query
 
 
 def cancel_response(response_id: str, context: ServingContext) -> Response:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.server.responses_schemas import check_include
 
 _ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
 _QUERY_FIELDS = ("after", "before", "limit", "order", "include")
@@ -49,11 +50,11 @@ def listed_item(item: dict[str, Any]) -> dict[str, Any]:
     return listed
 
 
-def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | list[str]],
-                     includable: Sequence[str]) -> dict[str, Any]:
+def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | list[str]]) -> dict[str, Any]:
     """The page of `items` (a stored response's input items, in the order it read them) that `query` asks for.
-    `query` maps each query parameter to its value (a list for `include`). Raises RequestError naming a
-    parameter that is unknown, out of range, or names no item (`after`, `before`)."""
+    `query` maps each query parameter to its value (a list for `include`; output parts hold the logprobs they were
+    generated with, if any). Raises RequestError naming a parameter that is unknown, out of range, or names no item
+    (`after`, `before`)."""
     unknown = sorted(set(query) - set(_QUERY_FIELDS))
     if unknown:
         raise RequestError(f"{unknown[0]}: unknown query parameter (input_items takes {', '.join(_QUERY_FIELDS)})",
@@ -63,10 +64,7 @@ def input_items_page(items: Sequence[dict[str, Any]], query: Mapping[str, str | 
         raise RequestError(f"order: {order!r} is not one of 'asc', 'desc'", param="order")
     limit = _limit(query.get("limit"))
     include = query.get("include", [])
-    for value in [include] if isinstance(include, str) else include:
-        if value not in includable:  # output parts hold the logprobs they were generated with, if any
-            raise RequestError(f"include: {value!r} is not supported (only {', '.join(includable)})",
-                               param="include")
+    check_include([include] if isinstance(include, str) else include)
     ordered = [listed_item(item) for item in (items if order == "asc" else reversed(items))]
     start, end = 0, len(ordered)
     if query.get("after") is not None:

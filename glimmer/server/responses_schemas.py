@@ -105,10 +105,7 @@ def check_supported(request: ResponsesRequest) -> None:
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
-    for value in request.include or []:
-        if value not in INCLUDABLE:
-            raise RequestError(f"include: {value!r} is not supported (only {', '.join(INCLUDABLE)})",
-                               param="include")
+    check_include(request.include or [])
     text = request.text or {}
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
@@ -125,6 +122,14 @@ def check_supported(request: ResponsesRequest) -> None:
                                "/v1/chat/completions, which /v1/responses does not take (a response always starts "
                                f"a new assistant turn with the model's template); use /v1/chat/completions for "
                                f"{name!r}", param="chat_template_kwargs")
+
+
+def check_include(values: list[str]) -> None:
+    """RequestError naming `include` for a value Glimmer has nothing to include for."""
+    for value in values:
+        if value not in INCLUDABLE:
+            raise RequestError(f"include: {value!r} is not supported (only {', '.join(INCLUDABLE)})",
+                               param="include")
 
 
 def reasoning_summary(request: ResponsesRequest) -> str | None:

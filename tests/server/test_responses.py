@@ -523,6 +523,26 @@ def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, 
         client.responses.retrieve(unstored.id)
 
 
+def test_retrieving_a_stored_response_as_a_stream_is_400_not_the_json_object(client):
+    """`responses.retrieve(id, stream=True)` replays a background response's events; the query was ignored (the
+    answer was the JSON object, not the events asked for), and so were unknown parameters."""
+    response = _create(client, input="[greet] Hi")
+    with pytest.raises(openai.BadRequestError) as streamed:
+        client.responses.retrieve(response.id, stream=True)
+    assert streamed.value.body["param"] == "stream" and "background" in streamed.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as replayed:
+        client.responses.retrieve(response.id, starting_after=3)
+    assert replayed.value.body["param"] == "starting_after"
+    with pytest.raises(openai.BadRequestError) as included:
+        client.responses.retrieve(response.id, include=["file_search_call.results"])
+    assert included.value.body["param"] == "include"
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.responses.retrieve(response.id, extra_query={"fields": "id"})
+    assert unknown.value.body["param"] == "fields"
+    kept = client.responses.retrieve(response.id, include=["message.output_text.logprobs"], stream=False)
+    assert kept.output_text == "Hello there!"
+
+
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
     """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
     response = _create(client, input="[greet] Hi")

@@ -118,7 +118,7 @@ def test_the_sdk_include_parameter_is_taken(client, chain):
 
 
 def test_a_page_of_an_empty_list_names_no_ids():
-    page = input_items_page([], {}, ())
+    page = input_items_page([], {})
     assert page == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
 
 
