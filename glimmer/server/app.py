@@ -30,6 +30,7 @@ from glimmer.server.errors import error_body, error_response
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.responses import (
     cancel_response,
+    count_input_tokens,
     create_response,
     delete_response,
     get_response,
@@ -141,6 +142,10 @@ def _v1_router(context: ServingContext) -> APIRouter:
     @router.delete("/responses/{response_id}")
     async def forget_response(response_id: str) -> Response:
         return delete_response(response_id, context)
+
+    @router.post("/responses/input_tokens")
+    async def response_input_tokens(request: Request) -> Response:
+        return await count_input_tokens(request, context)
 
     async def response_input_items(response_id: str, request: Request) -> Response:
         return list_input_items(response_id, request, context)

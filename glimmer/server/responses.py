@@ -14,6 +14,7 @@ is the final snapshot of the same builder, so both agree.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +30,7 @@ from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
+from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.choice_stream import Released
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
@@ -38,6 +40,7 @@ from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
     OUTPUT_TEXT_LOGPROBS,
     RESPONSES_FIELD_HINTS,
+    InputTokensRequest,
     ResponsesRequest,
     chat_response_format,
     chat_tools,
@@ -46,7 +49,7 @@ from glimmer.server.responses_schemas import (
     reasoning_summary,
 )
 from glimmer.server.schemas import ChatCompletionRequest, request_error, validate_json
-from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
+from glimmer.server.streaming import SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 _PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "seed", "reasoning_strength", "chat_template_kwargs", "parallel_tool_calls",
@@ -353,6 +356,22 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     if request.stream:
         return SSEResponse(_stream(run, first, stream))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
+
+
+async def count_input_tokens(raw_request: Request, context: ServingContext) -> Response:
+    """POST /v1/responses/input_tokens (the SDK's `responses.input_tokens.count`): the tokens of the prompt a
+    `POST /v1/responses` with these fields would render, its `usage.input_tokens`; refused as that request would be."""
+    counted = validate_json(InputTokensRequest, await read_body(raw_request, context.settings.max_request_bytes),
+                            RESPONSES_FIELD_HINTS)
+    request = validate_json(ResponsesRequest, json.dumps(counted.as_create_request()).encode())
+    conversation = _conversation(request, context.responses)
+    context.check_model(request.model)
+    try:
+        prompt = await in_worker_thread(raw_request,
+                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel))
+    except RequestError as exc:  # raised naming chat fields: name the Responses request's own
+        raise responses_error(exc, conversation.sources) from None
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)})
 
 
 def get_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:

@@ -83,6 +83,28 @@ class ResponsesRequest(RequestBody):
     context_management: Any = None
 
 
+class InputTokensRequest(RequestBody):
+    """The body of `POST /v1/responses/input_tokens`: the fields of a create request that shape its prompt (as
+    OpenAI's, `input` may be left out), plus Glimmer's `chat_template_kwargs`."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ResponsesReasoning | None = None
+    text: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    conversation: Any = None  # refused, as on create
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def as_create_request(self) -> dict[str, Any]:
+        """The body of the create request whose prompt this counts."""
+        return {**self.model_dump(exclude_none=True), "input": [] if self.input is None else self.input}
+
+
 _REFUSED = {
     "background": "background responses are not supported; leave `background` unset",
     "conversation": "conversations are not supported; chain responses with `previous_response_id`",

@@ -1,5 +1,6 @@
-"""GET /v1/responses/{id}/input_items and POST /v1/responses/{id}/cancel through the official `openai` SDK
-(`responses.input_items.list`, `responses.cancel`); both were 404s, routes that did not exist."""
+"""GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel and POST /v1/responses/input_tokens through
+the official `openai` SDK (`responses.input_items.list`, `responses.cancel`, `responses.input_tokens.count`): routes
+that did not exist (404, 404 and 405)."""
 
 from __future__ import annotations
 
@@ -134,3 +135,32 @@ def test_cancel_refuses_a_finished_response_and_404s_an_unknown_one(client, chai
     with pytest.raises(openai.BadRequestError) as background:
         client.responses.create(model="tiny", input="[greet] Hi", background=True)
     assert background.value.body["param"] == "background"
+
+
+def test_input_tokens_count_is_the_usage_the_same_request_reports(client, chain):
+    """`responses.input_tokens.count` (POST /v1/responses/input_tokens) was a 405."""
+    first, second = chain
+    result = {"type": "function_call_output", "call_id": first.output[-1].call_id, "output": "Sunny [sunny-result]"}
+    counted = client.responses.input_tokens.count(model="tiny", tools=[WEATHER_TOOL], input=[result],
+                                                  previous_response_id=first.id, extra_body=EXTRA)
+    assert counted.object == "response.input_tokens" and counted.input_tokens == second.usage.input_tokens
+    alone = client.responses.input_tokens.count(model="tiny", input="[greet] Hi", instructions="Be brief.",
+                                                extra_body=EXTRA)
+    created = client.responses.create(model="tiny", input="[greet] Hi", instructions="Be brief.", extra_body=EXTRA,
+                                      store=False)
+    assert alone.input_tokens == created.usage.input_tokens
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"input": "[greet] Hi", "temperature": 0}, 400, "temperature"),  # no field of the count: it changes no prompt
+    ({"input": "[greet] Hi", "personality": "friendly"}, 400, "personality"),
+    ({"input": "[greet] Hi", "conversation": "conv_1"}, 400, "conversation"),
+    ({}, 400, "input"),  # nothing to count
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, 400, "input[0].call_id"),
+    ({"input": "[greet] Hi", "previous_response_id": "resp_missing"}, 400, "previous_response_id"),
+    ({"input": "[greet] Hi", "model": "other"}, 404, "model"),
+])
+def test_input_tokens_of_a_request_create_would_refuse_is_refused_naming_the_field(server, body, status, param):
+    response = httpx.post(f"{server.base_url}/responses/input_tokens", json=body)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
