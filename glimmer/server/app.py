@@ -35,6 +35,7 @@ from glimmer.server.responses import (
     delete_response,
     get_response,
     list_input_items,
+    refuse_compaction,
 )
 from glimmer.server.settings import ServerSettings
 from glimmer.server.streaming import ClientDisconnected
@@ -142,6 +143,10 @@ def _v1_router(context: ServingContext) -> APIRouter:
     @router.delete("/responses/{response_id}")
     async def forget_response(response_id: str) -> Response:
         return delete_response(response_id, context)
+
+    @router.post("/responses/compact")
+    async def compact() -> Response:
+        return refuse_compaction()
 
     @router.post("/responses/input_tokens")
     async def response_input_tokens(request: Request) -> Response:

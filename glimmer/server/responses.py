@@ -1,4 +1,5 @@
-"""POST /v1/responses (and GET /v1/responses/{id}): the Responses API over the chat machinery.
+"""POST /v1/responses (and the routes of stored responses, `input_tokens` and `cancel`): the Responses API over the
+chat machinery.
 
 The request becomes a chat request (`responses_input`, `responses_schemas`): the same rendering, engine run,
 parser and tool-choice checks as /v1/chat/completions (`chat.start_chat_run`, `chat.chat_updates`). The
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -376,8 +377,8 @@ async def count_input_tokens(raw_request: Request, context: ServingContext) -> R
 
 def get_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """GET /v1/responses/{id} (the SDK's `responses.retrieve`). Its `stream` and `starting_after` replay a background
-    response's events, and Glimmer runs none: refused (400 naming them) rather than answered with JSON the client
-    reads as a stream; `include` is checked as on create (output parts hold the logprobs they were made with)."""
+    response's events, and Glimmer runs none: refused (400 naming them) rather than answered with the JSON object;
+    `include` is checked as on create (output parts hold the logprobs they were made with)."""
     query = _query(raw_request)
     unknown = sorted(set(query) - {"include", "stream", "starting_after", "include_obfuscation"})
     if unknown:
@@ -431,6 +432,15 @@ def cancel_response(response_id: str, context: ServingContext) -> Response:
     raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, and "
                        "Glimmer runs none (`background: true` is refused); this response has finished. To stop a "
                        "response while it is generated, close its connection", param="response_id")
+
+
+def refuse_compaction() -> NoReturn:
+    """POST /v1/responses/compact (the SDK's `responses.compact`, the OpenAI Agents SDK's compaction session): OpenAI
+    shrinks a conversation into an opaque compaction item only its models read; Glimmer has no such item, so it
+    refuses by name rather than with the bare 405 the route's absence gave."""
+    raise RequestError("responses.compact: context compaction is not supported (nor `context_management`); send the "
+                       "conversation as input items or continue it with previous_response_id, and keep it within the "
+                       "model's context", param=None)
 
 
 def delete_response(response_id: str, context: ServingContext) -> Response:

@@ -1,6 +1,6 @@
-"""GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel and POST /v1/responses/input_tokens through
-the official `openai` SDK (`responses.input_items.list`, `responses.cancel`, `responses.input_tokens.count`): routes
-that did not exist (404, 404 and 405)."""
+"""GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /v1/responses/input_tokens and
+POST /v1/responses/compact through the official `openai` SDK (`responses.input_items.list`, `responses.cancel`,
+`responses.input_tokens.count`, `responses.compact`): routes that did not exist (404, 404, 405 and 405)."""
 
 from __future__ import annotations
 
@@ -164,3 +164,8 @@ def test_input_tokens_of_a_request_create_would_refuse_is_refused_naming_the_fie
     response = httpx.post(f"{server.base_url}/responses/input_tokens", json=body)
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_compaction_is_refused_by_name_not_with_a_bare_405(client):
+    with pytest.raises(openai.BadRequestError, match="compaction is not supported"):
+        client.responses.compact(model="tiny", input="[greet] Hi")
