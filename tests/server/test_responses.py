@@ -165,6 +165,17 @@ def test_outputs_sent_in_another_order_answer_their_own_calls(server, client):
     assert prompt.index(">Paris<") < prompt.index(">Oslo<") < prompt.index("rain, 18") < prompt.index("snow, -3")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call_and_is_echoed(server, client, stream):
+    server.engine.engine.runner.add("[two-cities]", TWO_CITIES)
+    fields = {"input": "[two-cities] Weather in Paris and Oslo?", "tools": [WEATHER_TOOL], "parallel_tool_calls": False}
+    response = _create(client, **fields, stream=True) if stream else _create(client, **fields)
+    response = list(response)[-1].response if stream else response
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [json.loads(call.arguments)["city"] for call in calls] == ["Paris"]
+    assert response.parallel_tool_calls is False and response.status == "completed"
+
+
 REASONING_BETWEEN_CALLS = (" to=self<|message|>Paris first.<|eom|><|start|>assistant"
                            + _weather_call("Paris", "<|eom|><|start|>assistant")
                            + " to=self<|message|>Now Oslo.<|eom|><|start|>assistant" + _weather_call("Oslo", "<|eot|>"))
