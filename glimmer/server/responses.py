@@ -254,7 +254,8 @@ class OutputBuilder:
                 out.append({"type": "response.reasoning_summary_text.done", "item_id": item["id"],
                             "output_index": index, "summary_index": 0, "text": summary["text"]})
                 out.append({"type": "response.reasoning_summary_part.done", "item_id": item["id"],
-                            "output_index": index, "summary_index": 0, "part": dict(summary)})
+                            "output_index": index, "summary_index": 0, "part": dict(summary),
+                            **({"status": "incomplete"} if status == "incomplete" else {})})
         out.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
         return out
 

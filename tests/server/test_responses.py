@@ -421,6 +421,16 @@ def test_max_output_tokens_makes_the_response_incomplete(client):
     assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
 
 
+def test_a_summary_cut_by_max_output_tokens_is_marked_incomplete_as_its_item(client):
+    events = list(_create(client, input="[greet] Hello!", max_output_tokens=6, reasoning={"summary": "auto"},
+                          stream=True))
+    (done,) = [e for e in events if e.type == "response.reasoning_summary_part.done"]
+    assert done.status == "incomplete" and events[-1].response.output[0].status == "incomplete"
+    assert done.part.text == events[-1].response.output[0].summary[0].text
+    whole = list(_create(client, input="[greet] Hello!", reasoning={"summary": "auto"}, stream=True))
+    assert [e.status for e in whole if e.type == "response.reasoning_summary_part.done"] == [None]
+
+
 def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsatisfied(server, client):
     """P-REQ-4: never `incomplete` with no call when tool_choice forced one: a 500 of type tool_choice_unsatisfied,
     streamed an `error` event then response.failed, saying max_output_tokens cut the reply and to raise it."""
