@@ -28,7 +28,15 @@ from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
 from glimmer.server.metrics import ServerMetrics
-from glimmer.server.responses import create_response, delete_response, get_response
+from glimmer.server.responses import (
+    cancel_response,
+    count_input_tokens,
+    create_response,
+    delete_response,
+    get_response,
+    list_input_items,
+    refuse_compaction,
+)
 from glimmer.server.settings import ServerSettings
 from glimmer.server.streaming import ClientDisconnected
 from glimmer.server.tokenize import detokenize, tokenize
@@ -127,14 +135,31 @@ def _v1_router(context: ServingContext) -> APIRouter:
     async def responses(request: Request) -> Response:
         return await create_response(request, context)
 
-    async def stored_response(response_id: str) -> Response:
-        return get_response(response_id, context)
+    async def stored_response(response_id: str, request: Request) -> Response:
+        return get_response(response_id, request, context)
 
     _get_and_head(router, "/responses/{response_id}", stored_response)
 
     @router.delete("/responses/{response_id}")
     async def forget_response(response_id: str) -> Response:
         return delete_response(response_id, context)
+
+    @router.post("/responses/compact")
+    async def compact() -> Response:
+        return refuse_compaction()
+
+    @router.post("/responses/input_tokens")
+    async def response_input_tokens(request: Request) -> Response:
+        return await count_input_tokens(request, context)
+
+    async def response_input_items(response_id: str, request: Request) -> Response:
+        return list_input_items(response_id, request, context)
+
+    _get_and_head(router, "/responses/{response_id}/input_items", response_input_items)
+
+    @router.post("/responses/{response_id}/cancel")
+    async def cancel(response_id: str) -> Response:
+        return cancel_response(response_id, context)
 
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)

@@ -23,6 +23,11 @@ class StoredResponse:
     size_bytes: int
     stored_at: float
 
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """The items the response read: those of the responses it continues, then its own input."""
+        return self.items[:len(self.items) - len(self.response["output"])]
+
 
 class ResponseStore:
     def __init__(self, max_bytes: int, max_age_s: float, clock: Callable[[], float] = time.monotonic):

@@ -1,4 +1,5 @@
-"""POST /v1/responses (and GET /v1/responses/{id}): the Responses API over the chat machinery.
+"""POST /v1/responses (and the routes of stored responses, `input_tokens` and `cancel`): the Responses API over the
+chat machinery.
 
 The request becomes a chat request (`responses_input`, `responses_schemas`): the same rendering, engine run,
 parser and tool-choice checks as /v1/chat/completions (`chat.start_chat_run`, `chat.chat_updates`). The
@@ -14,11 +15,12 @@ is the final snapshot of the same builder, so both agree.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -29,21 +31,26 @@ from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
+from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.choice_stream import Released
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
+from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
     OUTPUT_TEXT_LOGPROBS,
     RESPONSES_FIELD_HINTS,
+    InputTokensRequest,
     ResponsesRequest,
     chat_response_format,
     chat_tools,
+    check_include,
     check_supported,
+    reasoning_summary,
 )
 from glimmer.server.schemas import ChatCompletionRequest, request_error, validate_json
-from glimmer.server.streaming import SSEResponse, sse_event, until_disconnect
+from glimmer.server.streaming import SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 _PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "seed", "reasoning_strength", "chat_template_kwargs", "parallel_tool_calls",
@@ -116,13 +123,18 @@ class OutputBuilder:
     entries) go with its text: each `response.output_text.delta` carries the entries decided since the last one,
     and the `output_text` part lists them all, so the deltas' entries add up to the part's. Entries decided while
     their text is still held back wait for the next delta of the answer; any left when the message item closes go
-    in an empty delta before its `response.output_text.done`."""
+    in an empty delta before its `response.output_text.done`.
+
+    With `summarize` (a request's `reasoning.summary`, "auto" or "detailed") a reasoning item's `summary` holds its
+    text too, as one `summary_text` part streamed by the response.reasoning_summary_* events beside its content:
+    the model's reasoning, whole, is the most detailed summary there is."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     _open: dict[str, Any] | None = None  # the item being written
     _calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # parser call index → its item
     _pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # decided, not yet sent with a delta
     _reasoning_seen: bool = False  # reasoning text came before: a later reasoning message's text starts with "\n"
+    summarize: bool = False
 
     def feed(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided."""
@@ -163,8 +175,13 @@ class OutputBuilder:
             self._reasoning_seen = True
             if not text:
                 return out
-            return [*out, {"type": "response.reasoning_text.delta", "item_id": item["id"],
-                           "output_index": self._index(item), "content_index": 0, "delta": text}]
+            out.append({"type": "response.reasoning_text.delta", "item_id": item["id"],
+                        "output_index": self._index(item), "content_index": 0, "delta": text})
+            if self.summarize:
+                item["summary"][0]["text"] += text
+                out.append({"type": "response.reasoning_summary_text.delta", "item_id": item["id"],
+                            "output_index": self._index(item), "summary_index": 0, "delta": text})
+            return out
         return [*out, self._answer_delta(item, text)]
 
     def _answer_delta(self, item: dict[str, Any], text: str) -> dict[str, Any]:
@@ -189,7 +206,11 @@ class OutputBuilder:
         item["content"].append(part)
         part_added = {"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
                       "content_index": 0, "part": _copy_part(part)}
-        return [added, part_added]
+        if kind != "reasoning" or not self.summarize:
+            return [added, part_added]
+        item["summary"].append({"type": "summary_text", "text": ""})
+        return [added, part_added, {"type": "response.reasoning_summary_part.added", "item_id": item["id"],
+                                    "output_index": index, "summary_index": 0, "part": dict(item["summary"][0])}]
 
     def _call(self, piece: Any) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -229,12 +250,19 @@ class OutputBuilder:
             out.append(done)
             out.append({"type": "response.content_part.done", "item_id": item["id"], "output_index": index,
                         "content_index": 0, "part": _copy_part(part)})
+            for summary in item.get("summary", []):
+                out.append({"type": "response.reasoning_summary_text.done", "item_id": item["id"],
+                            "output_index": index, "summary_index": 0, "text": summary["text"]})
+                out.append({"type": "response.reasoning_summary_part.done", "item_id": item["id"],
+                            "output_index": index, "summary_index": 0, "part": dict(summary),
+                            **({"status": "incomplete"} if status == "incomplete" else {})})
         out.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
         return out
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    return {**item, **({"content": [_copy_part(part) for part in item["content"]]} if "content" in item else {})}
+    copied = {**item, **({"content": [_copy_part(part) for part in item["content"]]} if "content" in item else {})}
+    return {**copied, **({"summary": [dict(part) for part in item["summary"]]} if "summary" in item else {})}
 
 
 def _copy_part(part: dict[str, Any]) -> dict[str, Any]:
@@ -265,10 +293,14 @@ class _ResponseRun:
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "temperature": request.temperature, "top_p": request.top_p,
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs,
-            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
+            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
+                          "summary": reasoning_summary(request)},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
             "store": request.store is not False,
-            "metadata": request.metadata or {}, "user": request.user, "error": error,
+            "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
+            "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
+            "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
+            "background": False, "max_tool_calls": None, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": self.usage(choice) if done else None,
         }
@@ -296,8 +328,8 @@ class _ResponseRun:
                                    cut_channel=self.chat.choices[0].parser.channel_at_finish)
 
     def keep(self, response: dict[str, Any]) -> None:
-        if self.request.store is not False:
-            self.store.put(self.id, self.conversation.items + response["output"], response)
+        if self.request.store is not False:  # input items get their ids here, which they keep down the chain
+            self.store.put(self.id, with_item_ids(self.conversation.items) + response["output"], response)
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}
@@ -321,18 +353,95 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
         chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
-    run = _ResponseRun(request, conversation, chat, context.responses)
+    summarize = reasoning_summary(request) is not None
+    run = _ResponseRun(request, conversation, chat, context.responses, OutputBuilder(summarize=summarize))
     if request.stream:
         return SSEResponse(_stream(run, first, stream))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
 
 
-def get_response(response_id: str, context: ServingContext) -> Response:
+async def count_input_tokens(raw_request: Request, context: ServingContext) -> Response:
+    """POST /v1/responses/input_tokens (the SDK's `responses.input_tokens.count`): the tokens of the prompt a
+    `POST /v1/responses` with these fields would render, its `usage.input_tokens`; refused as that request would be."""
+    counted = validate_json(InputTokensRequest, await read_body(raw_request, context.settings.max_request_bytes),
+                            RESPONSES_FIELD_HINTS)
+    request = validate_json(ResponsesRequest, json.dumps(counted.as_create_request()).encode())
+    conversation = _conversation(request, context.responses)
+    context.check_model(request.model)
+    try:
+        prompt = await in_worker_thread(raw_request,
+                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel))
+    except RequestError as exc:  # raised naming chat fields: name the Responses request's own
+        raise responses_error(exc, conversation.sources) from None
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)})
+
+
+def get_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
+    """GET /v1/responses/{id} (the SDK's `responses.retrieve`). Its `stream` and `starting_after` replay a background
+    response's events, and Glimmer runs none: refused (400 naming them) rather than answered with the JSON object;
+    `include` is checked as on create (output parts hold the logprobs they were made with)."""
+    query = _query(raw_request)
+    unknown = sorted(set(query) - {"include", "stream", "starting_after", "include_obfuscation"})
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown query parameter", param=unknown[0])
+    check_include(list(query.get("include", [])))
+    for name in ("stream", "starting_after"):
+        if query.get(name, "false") != "false":
+            raise RequestError(f"{name}: only background responses can be streamed again, and Glimmer runs none "
+                               "(`background: true` is refused); retrieve the response without it, or stream it "
+                               "when creating it", param=name)
     stored = context.responses.get(response_id)
     if stored is None:
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, or evicted)",
                        param="response_id", code="not_found")
     return JSONResponse(stored.response)
+
+
+def list_input_items(response_id: str, raw_request: Request, context: ServingContext) -> Response:
+    """GET /v1/responses/{id}/input_items (the SDK's `responses.input_items.list`): a page of the items a stored
+    response read (`responses_items`); 404 for one not stored."""
+    query = _query(raw_request)
+    stored = context.responses.get(response_id)
+    if stored is None:
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
+                       param="response_id", code="not_found")
+    return JSONResponse(input_items_page(stored.input_items, query))
+
+
+def _query(raw_request: Request) -> dict[str, str | list[str]]:
+    """The query parameters, `include` as a list (the SDK sends `include[]=...`); RequestError for another one
+    given twice."""
+    query: dict[str, str | list[str]] = {}
+    for name, value in raw_request.query_params.multi_items():
+        if name in ("include", "include[]"):
+            query["include"] = [*query.get("include", []), value]
+        elif name in query:
+            raise RequestError(f"{name}: given more than once", param=name)
+        else:
+            query[name] = value
+    return query
+
+
+def cancel_response(response_id: str, context: ServingContext) -> Response:
+    """POST /v1/responses/{id}/cancel: OpenAI cancels only responses created with `background: true`, which
+    Glimmer refuses, so no response can be cancelled: 404 for one not stored, 400 for a stored one (it has
+    finished). A response being generated stops when its client closes the connection."""
+    if context.responses.get(response_id) is None:
+        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted; one "
+                       "still being generated is stopped by closing its connection)", param="response_id",
+                       code="not_found")
+    raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, and "
+                       "Glimmer runs none (`background: true` is refused); this response has finished. To stop a "
+                       "response while it is generated, close its connection", param="response_id")
+
+
+def refuse_compaction() -> NoReturn:
+    """POST /v1/responses/compact (the SDK's `responses.compact`, the OpenAI Agents SDK's compaction session): OpenAI
+    shrinks a conversation into an opaque compaction item only its models read; Glimmer has no such item, so it
+    refuses by name rather than with the bare 405 the route's absence gave."""
+    raise RequestError("responses.compact: context compaction is not supported (nor `context_management`); send the "
+                       "conversation as input items or continue it with previous_response_id, and keep it within the "
+                       "model's context", param=None)
 
 
 def delete_response(response_id: str, context: ServingContext) -> Response:

@@ -1,9 +1,10 @@
 """The body of `POST /v1/responses`, validated once at the edge, and its translation to a chat request.
 
-As for chat, unknown fields are refused (400 naming them), fields that cannot change the output are accepted
-and ignored (`user`, `metadata`, `service_tier`, `safety_identifier`, `prompt_cache_key`,
-`prompt_cache_retention`, `stream_options`), and fields Glimmer cannot honour are refused unless they hold a
-value that changes nothing: `background`, `conversation`, `prompt`, `max_tool_calls`, `context_management`,
+As for chat, unknown fields are refused (400 naming them); fields that cannot change the output are checked as
+OpenAI checks them, echoed in the response object and otherwise ignored (`user`, `metadata`, `service_tier`,
+`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; `stream_options` is accepted, not echoed); and
+fields Glimmer cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
+`prompt`, `max_tool_calls`, `context_management`,
 `truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
 `logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`
@@ -28,8 +29,8 @@ RESPONSES_FIELD_HINTS = {
 
 class ResponsesReasoning(RequestBody):
     effort: str | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text is returned instead
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text, as the summary too
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # deprecated: OpenAI's old name
 
 
 class ResponsesFunctionChoice(RequestBody):
@@ -66,13 +67,13 @@ class ResponsesRequest(RequestBody):
     chat_template_kwargs: dict[str, Any] | None = None
     skip_special_tokens: bool | None = None
     cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
-    # accepted and ignored: they cannot change the output
+    # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier: "default"
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     stream_options: dict[str, Any] | None = None
     # refused unless unset (see _REFUSED)
     background: bool | None = None
@@ -80,6 +81,28 @@ class ResponsesRequest(RequestBody):
     prompt: Any = None
     max_tool_calls: Count | None = None
     context_management: Any = None
+
+
+class InputTokensRequest(RequestBody):
+    """The body of `POST /v1/responses/input_tokens`: the fields of a create request that shape its prompt (as
+    OpenAI's, `input` may be left out), plus Glimmer's `chat_template_kwargs`."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ResponsesReasoning | None = None
+    text: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    conversation: Any = None  # refused, as on create
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def as_create_request(self) -> dict[str, Any]:
+        """The body of the create request whose prompt this counts."""
+        return {**self.model_dump(exclude_none=True), "input": [] if self.input is None else self.input}
 
 
 _REFUSED = {
@@ -90,21 +113,21 @@ _REFUSED = {
     "context_management": "`context_management` (compaction) is not supported",
 }
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
-_INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
+INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
 
 
 def check_supported(request: ResponsesRequest) -> None:
     """Raises RequestError naming a field Glimmer cannot honour (HTTP 400) rather than ignore it."""
     for name, reason in _REFUSED.items():
-        if getattr(request, name) not in (None, False):
+        value = getattr(request, name)
+        if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
+    _check_metadata(request.metadata or {})
+    reasoning_summary(request)
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
-    for value in request.include or []:
-        if value not in _INCLUDABLE:
-            raise RequestError(f"include: {value!r} is not supported (only {', '.join(_INCLUDABLE)})",
-                               param="include")
+    check_include(request.include or [])
     text = request.text or {}
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
@@ -121,6 +144,48 @@ def check_supported(request: ResponsesRequest) -> None:
                                "/v1/chat/completions, which /v1/responses does not take (a response always starts "
                                f"a new assistant turn with the model's template); use /v1/chat/completions for "
                                f"{name!r}", param="chat_template_kwargs")
+
+
+def check_include(values: list[str]) -> None:
+    """RequestError naming `include` for a value Glimmer has nothing to include for."""
+    for value in values:
+        if value not in INCLUDABLE:
+            raise RequestError(f"include: {value!r} is not supported (only {', '.join(INCLUDABLE)})",
+                               param="include")
+
+
+def reasoning_summary(request: ResponsesRequest) -> str | None:
+    """The reasoning summary asked for (`reasoning.summary`, or its deprecated name `generate_summary`): "auto" or
+    "detailed", both the reasoning text whole, or None. RequestError for "concise", which Glimmer cannot make."""
+    reasoning = request.reasoning or ResponsesReasoning()
+    if reasoning.generate_summary is not None and reasoning.summary not in (None, reasoning.generate_summary):
+        raise RequestError("reasoning.generate_summary: the deprecated name of reasoning.summary, given another "
+                           "value; send `summary` only", param="reasoning.generate_summary")
+    summary = reasoning.summary or reasoning.generate_summary
+    if summary == "concise":
+        field = "reasoning.summary" if reasoning.summary else "reasoning.generate_summary"
+        raise RequestError(f"{field}: 'concise' is not supported; Glimmer cannot condense the model's reasoning, it "
+                           "returns it whole: use 'auto' or 'detailed' (the reasoning text as the summary too), or "
+                           "leave it unset (the text in the reasoning item's content only)", param=field)
+    return summary
+
+
+_METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+def _check_metadata(metadata: dict[str, str]) -> None:
+    """RequestError for `metadata` over OpenAI's limits, which the response echoes (a client moving to OpenAI
+    would meet the 400 there)."""
+    if len(metadata) > _METADATA_MAX_PAIRS:
+        raise RequestError(f"metadata: {len(metadata)} key-value pairs, at most {_METADATA_MAX_PAIRS} are allowed",
+                           param="metadata")
+    for key, value in metadata.items():
+        if len(key) > _METADATA_MAX_KEY_CHARS:
+            raise RequestError(f"metadata: the key {key[:20]!r}... is {len(key)} characters long, at most "
+                               f"{_METADATA_MAX_KEY_CHARS} are allowed", param="metadata")
+        if len(value) > _METADATA_MAX_VALUE_CHARS:
+            raise RequestError(f"metadata.{key}: the value is {len(value)} characters long, at most "
+                               f"{_METADATA_MAX_VALUE_CHARS} are allowed", param=f"metadata.{key}")
 
 
 def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:

@@ -77,6 +77,53 @@ def test_the_stream_sends_the_documented_events_and_ends_as_the_whole_response(c
     assert added == [item.id for item in final.output]
 
 
+@pytest.mark.parametrize("reasoning", [{"summary": "auto"}, {"summary": "detailed"}, {"generate_summary": "auto"}])
+def test_a_reasoning_summary_asked_for_is_the_reasoning_text_and_is_echoed(client, reasoning):
+    """`reasoning.summary` was accepted, echoed as null, and the reasoning item's summary left empty."""
+    response = _create(client, input="[greet] Hello!", reasoning=reasoning)
+    item = response.output[0]
+    assert [part.model_dump() for part in item.summary] == [{"type": "summary_text", "text": "The user greets me."}]
+    assert item.content[0].text == "The user greets me."  # still there: it is what round-trips through input
+    assert response.reasoning.summary == next(iter(reasoning.values()))
+    unasked = _create(client, input="[greet] Hello!")
+    assert unasked.output[0].summary == [] and unasked.reasoning.summary is None
+
+
+def test_a_streamed_reasoning_summary_has_its_events_and_ends_as_the_whole_response(client):
+    whole = _create(client, input="[greet] Hello!", reasoning={"summary": "auto"})
+    events = list(_create(client, input="[greet] Hello!", reasoning={"summary": "auto"}, stream=True))
+    types = [event.type for event in events]
+    collapsed = [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]]
+    reasoning_events = collapsed[collapsed.index("response.output_item.added"):collapsed.index(
+        "response.output_item.done") + 1]
+    assert reasoning_events == [
+        "response.output_item.added", "response.content_part.added", "response.reasoning_summary_part.added",
+        *["response.reasoning_text.delta", "response.reasoning_summary_text.delta"] * (
+            types.count("response.reasoning_text.delta")),
+        "response.reasoning_text.done", "response.content_part.done", "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done", "response.output_item.done"]
+    summary = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+    done = next(e for e in events if e.type == "response.reasoning_summary_part.done")
+    assert summary == done.part.text == "The user greets me."
+    final = events[-1].response
+    assert [item.model_dump(exclude={"id"}) for item in final.output] == [
+        item.model_dump(exclude={"id"}) for item in whole.output]
+
+
+def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
+    first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], reasoning={"summary": "auto"})
+    call = next(item for item in first.output if item.type == "function_call")
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    items = [item.model_dump(exclude_none=True) for item in first.output]
+    with_summary = _create(client, input=[{"role": "user", "content": "[weather] Weather in Paris?"}, *items, result],
+                           tools=[WEATHER_TOOL])
+    for item in items:
+        item.pop("summary", None)
+    without = _create(client, input=[{"role": "user", "content": "[weather] Weather in Paris?"}, *items, result],
+                      tools=[WEATHER_TOOL])
+    assert with_summary.usage.input_tokens == without.usage.input_tokens
+
+
 def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
@@ -116,6 +163,17 @@ def test_outputs_sent_in_another_order_answer_their_own_calls(server, client):
     assert chained.output_text == "Paris 18, rain; Oslo -3, snow."
     prompt = runner.prompts[-1]
     assert prompt.index(">Paris<") < prompt.index(">Oslo<") < prompt.index("rain, 18") < prompt.index("snow, -3")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_keeps_the_first_call_and_is_echoed(server, client, stream):
+    server.engine.engine.runner.add("[two-cities]", TWO_CITIES)
+    fields = {"input": "[two-cities] Weather in Paris and Oslo?", "tools": [WEATHER_TOOL], "parallel_tool_calls": False}
+    response = _create(client, **fields, stream=True) if stream else _create(client, **fields)
+    response = list(response)[-1].response if stream else response
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [json.loads(call.arguments)["city"] for call in calls] == ["Paris"]
+    assert response.parallel_tool_calls is False and response.status == "completed"
 
 
 REASONING_BETWEEN_CALLS = (" to=self<|message|>Paris first.<|eom|><|start|>assistant"
@@ -363,6 +421,16 @@ def test_max_output_tokens_makes_the_response_incomplete(client):
     assert [e.item.status for e in events if e.type == "response.output_item.done"][-1] == "incomplete"
 
 
+def test_a_summary_cut_by_max_output_tokens_is_marked_incomplete_as_its_item(client):
+    events = list(_create(client, input="[greet] Hello!", max_output_tokens=6, reasoning={"summary": "auto"},
+                          stream=True))
+    (done,) = [e for e in events if e.type == "response.reasoning_summary_part.done"]
+    assert done.status == "incomplete" and events[-1].response.output[0].status == "incomplete"
+    assert done.part.text == events[-1].response.output[0].summary[0].text
+    whole = list(_create(client, input="[greet] Hello!", reasoning={"summary": "auto"}, stream=True))
+    assert [e.status for e in whole if e.type == "response.reasoning_summary_part.done"] == [None]
+
+
 def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsatisfied(server, client):
     """P-REQ-4: never `incomplete` with no call when tool_choice forced one: a 500 of type tool_choice_unsatisfied,
     streamed an `error` event then response.failed, saying max_output_tokens cut the reply and to raise it."""
@@ -476,6 +544,26 @@ def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, 
         client.responses.retrieve(unstored.id)
 
 
+def test_retrieving_a_stored_response_as_a_stream_is_400_not_the_json_object(client):
+    """`responses.retrieve(id, stream=True)` replays a background response's events; the query was ignored (the
+    answer was the JSON object, not the events asked for), and so were unknown parameters."""
+    response = _create(client, input="[greet] Hi")
+    with pytest.raises(openai.BadRequestError) as streamed:
+        client.responses.retrieve(response.id, stream=True)
+    assert streamed.value.body["param"] == "stream" and "background" in streamed.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as replayed:
+        client.responses.retrieve(response.id, starting_after=3)
+    assert replayed.value.body["param"] == "starting_after"
+    with pytest.raises(openai.BadRequestError) as included:
+        client.responses.retrieve(response.id, include=["file_search_call.results"])
+    assert included.value.body["param"] == "include"
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.responses.retrieve(response.id, extra_query={"fields": "id"})
+    assert unknown.value.body["param"] == "fields"
+    kept = client.responses.retrieve(response.id, include=["message.output_text.logprobs"], stream=False)
+    assert kept.output_text == "Hello there!"
+
+
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
     """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
     response = _create(client, input="[greet] Hi")
@@ -510,12 +598,35 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"frobnicate": 1}, "frobnicate"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),  # required here
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
+    ({"reasoning": {"summary": "concise"}}, "reasoning.summary"),  # the reasoning comes whole or not at all
+    ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
+    ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
+    ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
+    ({"service_tier": "fastest"}, "service_tier"),
+    ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+    ({"metadata": {"run": 1}}, "metadata.run"),  # OpenAI's metadata values are strings
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # at most 16 pairs
+    ({"metadata": {"k" * 65: "v"}}, "metadata"),  # keys at most 64 characters
+    ({"metadata": {"note": "v" * 513}}, "metadata.note"),  # values at most 512
 ])
 def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param):
     body = {"model": "tiny", "input": "[greet]", **fields}
     response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_does(client):
+    """`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention` were dropped from the response object, and
+    `service_tier` was null: OpenAI reports the tier that served the request, and Glimmer has one."""
+    fields = {"metadata": {"run": "r1"}, "user": "u-1", "safety_identifier": "s-1", "prompt_cache_key": "pck",
+              "prompt_cache_retention": "24h"}
+    response = _create(client, input="[greet] Hi", service_tier="flex", **fields)
+    for echoed in (response, client.responses.retrieve(response.id)):
+        assert {name: getattr(echoed, name) for name in fields} == fields
+        assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
+    created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
+    assert created.type == "response.created" and created.response.safety_identifier == "s-1"
 
 
 @pytest.mark.parametrize(("name", "value"), [("continue_final_message", True), ("add_generation_prompt", False),
