@@ -10,6 +10,7 @@ import openai
 import pytest
 from server_support import PINNED_DATE, WEATHER_TOOL, live_server
 
+import glimmer
 from glimmer.protocol import ChatTemplateError
 from glimmer.server.errors import describe_error
 
@@ -319,6 +320,18 @@ def test_head_answers_where_get_does_as_health_probes_send_it(server):
         head, get = httpx.head(server.url + path, headers=auth), httpx.get(server.url + path, headers=auth)
         assert head.status_code == get.status_code == 404 and head.content == b"", path
     assert httpx.head(server.url + "/v1/models").status_code == 401  # the key is checked on HEAD too
+
+
+def test_version_and_sagemakers_ping_answer_without_the_key_as_vllms_do(server):
+    assert httpx.get(server.url + "/version").json() == {"version": glimmer.__version__}
+    for method in ("GET", "POST"):
+        assert httpx.request(method, server.url + "/ping").json() == {"status": "ok"}, method
+    for path in ("/version", "/ping"):
+        head = httpx.head(server.url + path)
+        assert head.status_code == 200 and head.content == b"", path
+    samples = server.metrics()
+    assert samples['glimmer_requests_total{endpoint="/ping",status="200"}'] >= 3
+    assert samples['glimmer_requests_total{endpoint="/version",status="200"}'] >= 2
 
 
 def test_a_body_over_the_size_limit_is_413(server):
