@@ -71,8 +71,9 @@ class _Choice:
     def add(self, delta: StepDelta) -> None:
         if self.detokenizer is not None:
             for token_id in delta.token_ids:
-                self.text_offsets.append(self.decoded_chars)
-                self.decoded_chars += len(self.detokenizer.add(token_id))
+                text, start = self.detokenizer.add_at(token_id)
+                self.text_offsets.append(self.decoded_chars + start)
+                self.decoded_chars += len(text)
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text
         self.num_tokens += len(delta.token_ids)
@@ -112,8 +113,9 @@ class _CompletionRun:
         detokenizer = self.detokenizer()
         piece = _Piece(token_ids=ids, logprobs=list(prompt_logprobs or [None] * len(ids)))
         for token_id in ids:
-            piece.text_offsets.append(len(piece.text))
-            piece.text += detokenizer.add(token_id)
+            text, start = detokenizer.add_at(token_id)
+            piece.text_offsets.append(len(piece.text) + start)
+            piece.text += text
         piece.text += detokenizer.flush()
         return piece
 
