@@ -1,8 +1,9 @@
 """POST /v1/completions: raw text in and out (special tokens kept, P-REQ-1), no chat template, no parsing.
 
-A prompt is a string (bos added unless it starts with one), token ids, or a list of either (a batch; choice
-`i * n + j` is completion j of prompt i). `stop` strings go to the engine and match the raw text; so does a
-structured-output constraint (`response_format`, `structured_outputs`, `guided_*`).
+A prompt is a string (bos added unless it starts with one or vLLM's `add_special_tokens` is false), token ids,
+or a list of either (a batch; choice `i * n + j` is completion j of prompt i). `stop` strings go to the engine
+and match the raw text; so does a structured-output constraint (`response_format`, `structured_outputs`,
+`guided_*`).
 
 Scoring: `echo` puts the prompt, as the model read it (with the bos Glimmer added to a text prompt), before
 each choice's text; with `logprobs` its tokens come first in `logprobs`, the first with null logprobs since
@@ -145,7 +146,7 @@ class _CompletionRun:
                 "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext,
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool, context: ServingContext,
              cancel: CancelToken) -> list[list[int]]:
     """Each prompt's token ids; raises RequestError naming the prompt of a batch (`prompt[1]`) or the token id
     (`prompt[0]`, `prompt[1][0]`) at fault."""
@@ -161,10 +162,21 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: Ser
         cancel.check()
         name = f"prompt[{i}]" if batch else "prompt"
         if isinstance(text_or_ids, str):
-            ids.append(engine.encode_prompt(text_or_ids))
+            ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
         else:
             ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
     return ids
+
+
+def text_prompt_ids(text: str, add_special_tokens: bool, context: ServingContext) -> list[int]:
+    """A text prompt's token ids: with the bos unless `add_special_tokens` is false or the text starts with one (a
+    second bos silently alters the output, P-TMPL-5). Raises RequestError for a text the context cannot hold, before
+    tokenizing it."""
+    engine = context.engine.engine
+    if add_special_tokens:
+        return engine.encode_prompt(text)
+    engine.check_prompt_chars(text)
+    return context.tokenizer.encode(text)
 
 
 def checked_token_ids(token_ids: list[int], name: str, vocabulary_size: int) -> list[int]:
@@ -200,7 +212,8 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     model_name = context.check_model(request.model)
     params = completion_sampling_params(request, context)
     try:
-        prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(request.prompt, context, cancel))
+        prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(
+            request.prompt, request.add_special_tokens, context, cancel))
     except RequestError as exc:
         raise naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))

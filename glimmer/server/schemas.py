@@ -189,6 +189,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Count | None = 16  # 0 scores the prompt (echo, prompt_logprobs) without sampling
     logprobs: LogprobCount | None = None
+    add_special_tokens: bool = True  # vLLM's: false reads a text prompt without the bos (token ids are taken as given)
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
     echo: bool = False
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
