@@ -182,6 +182,19 @@ def test_a_token_after_bytes_that_form_no_character_starts_after_their_replaceme
     assert [offset for chunk in chunks for offset in chunk["choices"][0]["logprobs"]["text_offset"]] == [0, 1]
 
 
+@pytest.mark.parametrize(("fields", "choices"), [({"best_of": 1}, 1), ({"best_of": 3, "n": 3}, 3),
+                                                  ({"best_of": 1, "n": 3}, None), ({"best_of": 4, "n": 2}, None)])
+def test_best_of_is_taken_only_where_it_changes_nothing(server, fields, choices):
+    """best_of = n picks every completion sampled; a best_of below n (which OpenAI refuses: it cannot pick n of fewer)
+    was taken and ignored, returning n choices."""
+    response = httpx.post(server.base_url + "/completions", timeout=60,
+                          json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1, **fields})
+    if choices is None:
+        assert response.status_code == 400 and response.json()["error"]["param"] == "best_of"
+    else:
+        assert response.status_code == 200 and len(response.json()["choices"]) == choices
+
+
 def test_completion_top_logprobs_hold_the_sampled_token_too(server):
     for seed in range(6):
         choice = complete(server, temperature=3.0, seed=seed, max_tokens=4, logprobs=1)
