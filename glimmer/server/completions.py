@@ -152,7 +152,7 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
     (`prompt[0]`, `prompt[1][0]`) at fault."""
     if isinstance(prompt, list) and not prompt:
         raise RequestError("prompt: must not be empty", param="prompt")
-    batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
+    batch = _is_batch(prompt)
     prompts = prompt if batch else [prompt]
     if len(prompts) > MAX_BATCH_PROMPTS:
         raise RequestError(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
@@ -162,10 +162,18 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
         cancel.check()
         name = f"prompt[{i}]" if batch else "prompt"
         if isinstance(text_or_ids, str):
-            ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
+            try:
+                ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
+            except RequestError as exc:
+                raise naming_the_prompt(exc, name) from None
         else:
             ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
     return ids
+
+
+def _is_batch(prompt: str | list[str] | list[int] | list[list[int]]) -> bool:
+    """Whether `prompt` (not empty) is a list of prompts rather than one text or one list of token ids."""
+    return isinstance(prompt, list) and not isinstance(prompt[0], int)
 
 
 def text_prompt_ids(text: str, add_special_tokens: bool, context: ServingContext) -> list[int]:
@@ -199,11 +207,13 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
     return context.grammars.structured_outputs(structured, param)
 
 
-def naming_the_prompt(error: RequestError) -> RequestError:
-    """The engine names a prompt that cannot fit `messages` (the chat field); this endpoint's field is `prompt`."""
-    if error.param != "messages":
+def naming_the_prompt(error: RequestError, name: str = "prompt") -> RequestError:
+    """The engine names a prompt that cannot fit `messages` (the chat field) or `prompt`; this endpoint's field is
+    `name`: `prompt`, or `prompt[i]` in a batch, so that a client can tell which of its prompts to shorten."""
+    if error.param not in ("messages", "prompt") or error.param == name:
         return error
-    return RequestError(str(error).replace("shorten the messages", "shorten the prompt"), param="prompt")
+    message = str(error).replace("shorten the messages", "shorten the prompt")
+    return RequestError(message if name == "prompt" else f"{name}: {message}", param=name)
 
 
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
@@ -226,9 +236,12 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     try:
         firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),
                                                                      return_exceptions=True))
-        failed = [first for first in firsts if isinstance(first, BaseException)]
+        failed = [(i, first) for i, first in enumerate(firsts) if isinstance(first, BaseException)]
         if failed:
-            raise naming_the_prompt(failed[0]) if isinstance(failed[0], RequestError) else failed[0]
+            i, error = failed[0]
+            if isinstance(error, RequestError):
+                raise naming_the_prompt(error, f"prompt[{i}]" if _is_batch(request.prompt) else "prompt")
+            raise error
     except BaseException:
         for stream in streams:
             await stream.aclose()

@@ -281,6 +281,17 @@ def test_a_prompt_over_max_model_len_is_said_to_exceed_it(server):
         assert (error["param"], error["message"]) == ("prompt", f"the prompt has {length} tokens, {words}")
 
 
+@pytest.mark.parametrize("too_long", ["ids", "text", "characters"])
+def test_the_prompt_of_a_batch_the_context_cannot_hold_is_named_by_its_index(server, too_long):
+    """A batch of many prompts was answered "the prompt has ... tokens", `param: prompt`: which one, it did not say."""
+    limit = server.engine.engine.max_model_len
+    prompt = {"ids": [[50], [50] * (limit + 1)], "text": ["hi", "lighthouse " * limit],
+              "characters": ["hi", "x" * (server.engine.engine.max_prompt_chars + 1)]}[too_long]
+    error = error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 1}, path="/completions"), 400)
+    assert error["param"] == "prompt[1]" and error["message"].startswith("prompt[1]: the prompt has ")
+    assert error["message"].endswith("shorten the prompt")
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
