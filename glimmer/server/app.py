@@ -8,6 +8,7 @@ so several apps can run in one process.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -190,7 +191,7 @@ def _model_card(context: ServingContext, name: str) -> dict:
                   "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
                   "group": None, "is_blocking": False}
     return {"id": name, "object": "model", "created": context.created, "owned_by": "glimmer",
-            "root": context.engine.engine.config.model, "parent": None,
+            "root": os.fspath(context.engine.engine.config.model), "parent": None,
             "max_model_len": context.engine.engine.max_model_len, "permission": [permission]}
 
 

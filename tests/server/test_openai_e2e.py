@@ -143,6 +143,13 @@ def test_a_model_card_has_vllms_fields_root_the_checkpoint_and_one_permission(se
     assert client.models.retrieve("tiny").model_extra["root"] == str(make_tiny())  # the SDK keeps it
 
 
+def test_a_model_given_as_a_path_is_listed_with_its_root_as_text(make_tiny):
+    # EngineConfig takes any os.PathLike; a Path in the card was a 500 (JSON has no Path)
+    with live_server(make_tiny(), engine_options={"model": make_tiny()}) as live:
+        response = httpx.get(live.base_url + "/models")
+    assert response.status_code == 200 and response.json()["data"][0]["root"] == str(make_tiny())
+
+
 def test_health(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 
