@@ -43,6 +43,22 @@ class IncrementalDetokenizer:
             return ""
         return self._utf8.decode(self._tokenizer.token_bytes(token_id))
 
+    def add_at(self, token_id: int) -> tuple[str, int]:
+        """`add`, and where in the text returned this token's own text starts (a legacy completion's `text_offset`):
+        after the U+FFFD standing for bytes held back from earlier tokens when this token's first byte cannot continue
+        their character; else at 0, a character begun by earlier tokens and completed by this one being its too."""
+        if token_id in self._skip_token_ids:
+            return "", 0
+        data = self._tokenizer.token_bytes(token_id)
+        held, _ = self._utf8.getstate()
+        start = 0
+        if held and data:
+            try:
+                codecs.getincrementaldecoder("utf-8")().decode(held + data[:1])
+            except UnicodeDecodeError:  # the held bytes end as U+FFFDs of their own (two for a surrogate's b"\xed\xa0")
+                start = len(held.decode("utf-8", errors="replace"))
+        return self._utf8.decode(data), start
+
     def add_many(self, token_ids: Iterable[int]) -> str:
         """The text completed by these tokens, as one delta."""
         return self._utf8.decode(b"".join(self._tokenizer.token_bytes(token_id) for token_id in token_ids

@@ -8,6 +8,8 @@ so several apps can run in one process.
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ from glimmer.server.tokenize import detokenize, tokenize
 logger = logging.getLogger(__name__)
 
 _ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
-              "/health", "/metrics")
+              "/health", "/ping", "/version", "/metrics")
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
@@ -76,7 +78,14 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             check_api_key(request, settings.api_key)
         return Response(context.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def version() -> Response:
+        return JSONResponse({"version": glimmer.__version__})
+
     _get_and_head(app, "/health", health)
+    # vLLM's SageMaker probe: /health by another name, and SageMaker may POST it
+    _get_and_head(app, "/ping", health)
+    app.add_api_route("/ping", health, methods=["POST"], include_in_schema=False)
+    _get_and_head(app, "/version", version)  # open, as /health is and as vLLM serves it
     _get_and_head(app, "/metrics", metrics)
 
     @app.api_route("/openapi.json", methods=["GET", "HEAD"], include_in_schema=False)
@@ -199,8 +208,16 @@ def _get_and_head(router: FastAPI | APIRouter, path: str, endpoint: Callable[...
 
 
 def _model_card(context: ServingContext, name: str) -> dict:
+    """vLLM's model card: `root` is the checkpoint the server was started with, `parent` the base model of an adapter
+    (none here), `permission` OpenAI's old permission object with vLLM's values (clients written for vLLM read
+    `root` and `max_model_len`; some parse `permission` as a list)."""
+    permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": context.created,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                  "group": None, "is_blocking": False}
     return {"id": name, "object": "model", "created": context.created, "owned_by": "glimmer",
-            "max_model_len": context.engine.engine.max_model_len}
+            "root": os.fspath(context.engine.engine.config.model), "parent": None,
+            "max_model_len": context.engine.engine.max_model_len, "permission": [permission]}
 
 
 class _InternalErrors:

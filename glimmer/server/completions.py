@@ -1,8 +1,9 @@
 """POST /v1/completions: raw text in and out (special tokens kept, P-REQ-1), no chat template, no parsing.
 
-A prompt is a string (bos added unless it starts with one), token ids, or a list of either (a batch; choice
-`i * n + j` is completion j of prompt i). `stop` strings go to the engine and match the raw text; so does a
-structured-output constraint (`response_format`, `structured_outputs`, `guided_*`).
+A prompt is a string (bos added unless it starts with one or vLLM's `add_special_tokens` is false), token ids,
+or a list of either (a batch; choice `i * n + j` is completion j of prompt i). `stop` strings go to the engine
+and match the raw text; so does a structured-output constraint (`response_format`, `structured_outputs`,
+`guided_*`).
 
 Scoring: `echo` puts the prompt, as the model read it (with the bos Glimmer added to a text prompt), before
 each choice's text; with `logprobs` its tokens come first in `logprobs`, the first with null logprobs since
@@ -71,8 +72,9 @@ class _Choice:
     def add(self, delta: StepDelta) -> None:
         if self.detokenizer is not None:
             for token_id in delta.token_ids:
-                self.text_offsets.append(self.decoded_chars)
-                self.decoded_chars += len(self.detokenizer.add(token_id))
+                text, start = self.detokenizer.add_at(token_id)
+                self.text_offsets.append(self.decoded_chars + start)
+                self.decoded_chars += len(text)
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text
         self.num_tokens += len(delta.token_ids)
@@ -112,8 +114,9 @@ class _CompletionRun:
         detokenizer = self.detokenizer()
         piece = _Piece(token_ids=ids, logprobs=list(prompt_logprobs or [None] * len(ids)))
         for token_id in ids:
-            piece.text_offsets.append(len(piece.text))
-            piece.text += detokenizer.add(token_id)
+            text, start = detokenizer.add_at(token_id)
+            piece.text_offsets.append(len(piece.text) + start)
+            piece.text += text
         piece.text += detokenizer.flush()
         return piece
 
@@ -143,13 +146,13 @@ class _CompletionRun:
                 "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: ServingContext,
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool, context: ServingContext,
              cancel: CancelToken) -> list[list[int]]:
     """Each prompt's token ids; raises RequestError naming the prompt of a batch (`prompt[1]`) or the token id
     (`prompt[0]`, `prompt[1][0]`) at fault."""
     if isinstance(prompt, list) and not prompt:
         raise RequestError("prompt: must not be empty", param="prompt")
-    batch = isinstance(prompt, list) and not isinstance(prompt[0], int)
+    batch = _is_batch(prompt)
     prompts = prompt if batch else [prompt]
     if len(prompts) > MAX_BATCH_PROMPTS:
         raise RequestError(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
@@ -159,10 +162,29 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], context: Ser
         cancel.check()
         name = f"prompt[{i}]" if batch else "prompt"
         if isinstance(text_or_ids, str):
-            ids.append(engine.encode_prompt(text_or_ids))
+            try:
+                ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
+            except RequestError as exc:
+                raise naming_the_prompt(exc, name) from None
         else:
             ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
     return ids
+
+
+def _is_batch(prompt: str | list[str] | list[int] | list[list[int]]) -> bool:
+    """Whether `prompt` (not empty) is a list of prompts rather than one text or one list of token ids."""
+    return isinstance(prompt, list) and not isinstance(prompt[0], int)
+
+
+def text_prompt_ids(text: str, add_special_tokens: bool, context: ServingContext) -> list[int]:
+    """A text prompt's token ids: with the bos unless `add_special_tokens` is false or the text starts with one (a
+    second bos silently alters the output, P-TMPL-5). Raises RequestError for a text the context cannot hold, before
+    tokenizing it."""
+    engine = context.engine.engine
+    if add_special_tokens:
+        return engine.encode_prompt(text)
+    engine.check_prompt_chars(text)
+    return context.tokenizer.encode(text)
 
 
 def checked_token_ids(token_ids: list[int], name: str, vocabulary_size: int) -> list[int]:
@@ -185,11 +207,13 @@ def _controller_factory(request: CompletionRequest, context: ServingContext) -> 
     return context.grammars.structured_outputs(structured, param)
 
 
-def naming_the_prompt(error: RequestError) -> RequestError:
-    """The engine names a prompt that cannot fit `messages` (the chat field); this endpoint's field is `prompt`."""
-    if error.param != "messages":
+def naming_the_prompt(error: RequestError, name: str = "prompt") -> RequestError:
+    """The engine names a prompt that cannot fit `messages` (the chat field) or `prompt`; this endpoint's field is
+    `name`: `prompt`, or `prompt[i]` in a batch, so that a client can tell which of its prompts to shorten."""
+    if error.param not in ("messages", "prompt") or error.param == name:
         return error
-    return RequestError(str(error).replace("shorten the messages", "shorten the prompt"), param="prompt")
+    message = str(error).replace("shorten the messages", "shorten the prompt")
+    return RequestError(message if name == "prompt" else f"{name}: {message}", param=name)
 
 
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
@@ -198,7 +222,8 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     model_name = context.check_model(request.model)
     params = completion_sampling_params(request, context)
     try:
-        prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(request.prompt, context, cancel))
+        prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(
+            request.prompt, request.add_special_tokens, context, cancel))
     except RequestError as exc:
         raise naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
@@ -211,9 +236,12 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     try:
         firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),
                                                                      return_exceptions=True))
-        failed = [first for first in firsts if isinstance(first, BaseException)]
+        failed = [(i, first) for i, first in enumerate(firsts) if isinstance(first, BaseException)]
         if failed:
-            raise naming_the_prompt(failed[0]) if isinstance(failed[0], RequestError) else failed[0]
+            i, error = failed[0]
+            if isinstance(error, RequestError):
+                raise naming_the_prompt(error, f"prompt[{i}]" if _is_batch(request.prompt) else "prompt")
+            raise error
     except BaseException:
         for stream in streams:
             await stream.aclose()

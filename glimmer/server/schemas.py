@@ -189,6 +189,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Count | None = 16  # 0 scores the prompt (echo, prompt_logprobs) without sampling
     logprobs: LogprobCount | None = None
+    add_special_tokens: bool = True  # vLLM's: false reads a text prompt without the bos (token ids are taken as given)
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
     echo: bool = False
     # refused unless default (see REFUSED_UNLESS_DEFAULT)
@@ -352,8 +353,9 @@ def _refuse_unsupported(request: RequestBody) -> None:
         raise RequestError("stream_options: only allowed when stream is true", param="stream_options")
     if isinstance(request, ChatCompletionRequest):
         _refuse_unsupported_chat(request)
-    elif request.best_of not in (None, 1, request.n):
-        raise RequestError("best_of: not supported; leave it unset or equal to n", param="best_of")
+    elif request.best_of not in (None, request.n):  # OpenAI refuses a best_of below n too: it cannot pick n of fewer
+        raise RequestError(f"best_of: {request.best_of} is not supported; leave it unset or equal to n "
+                           f"({request.n})", param="best_of")
 
 
 def _refuse_unsupported_chat(request: ChatCompletionRequest) -> None:

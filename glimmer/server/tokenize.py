@@ -19,7 +19,7 @@ from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import build_chat_prompt
-from glimmer.server.completions import checked_token_ids, naming_the_prompt
+from glimmer.server.completions import checked_token_ids, naming_the_prompt, text_prompt_ids
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, RequestBody, parse_body, validate_json
 from glimmer.server.streaming import in_worker_thread
@@ -77,24 +77,16 @@ def _token_ids(request: TokenizeRequest, context: ServingContext, cancel: Cancel
         if beside is not None:
             raise RequestError(f"{beside}: a field of chat `messages`, not of a text `prompt`; leave it out or send "
                                "messages", param=beside)
-        return _prompt_ids(request.prompt or "", request.add_special_tokens is not False, context)
+        try:  # as /v1/completions reads the text, so that the counts agree
+            return text_prompt_ids(request.prompt or "", request.add_special_tokens is not False, context)
+        except RequestError as exc:
+            raise naming_the_prompt(exc) from None
     if request.add_special_tokens:
         raise RequestError("add_special_tokens: the chat template writes the bos itself, so messages cannot take "
                            "another; leave add_special_tokens out or false", param="add_special_tokens")
     chat_fields = {name: getattr(request, name) for name in ("model", *CHAT_FIELDS) if name in given}
     chat_request = parse_body(ChatCompletionRequest, json.dumps(chat_fields).encode())
     return build_chat_prompt(chat_request, context, cancel).token_ids
-
-
-def _prompt_ids(text: str, add_special_tokens: bool, context: ServingContext) -> list[int]:
-    engine = context.engine.engine
-    try:
-        if add_special_tokens:  # as /v1/completions reads the text, so that the counts agree
-            return engine.encode_prompt(text)
-        engine.check_prompt_chars(text)
-    except RequestError as exc:
-        raise naming_the_prompt(exc) from None
-    return context.tokenizer.encode(text)
 
 
 def _checked_tokens(tokens: list[int], context: ServingContext) -> list[int]:

@@ -1,3 +1,4 @@
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,43 @@ def test_skipped_special_tokens_leave_the_text_as_decode_without_them(tok, ids):
     detokenizer = IncrementalDetokenizer(tok, skip_token_ids=specials)
     text = "".join(detokenizer.add(i) for i in ids) + detokenizer.flush()
     assert text == tok.decode([i for i in ids if i not in specials])
+
+
+def _byte_token(tok: Tokenizer, byte: int) -> int:
+    return next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == bytes([byte]))
+
+
+@pytest.mark.parametrize(("held", "then", "starts"), [
+    (b"\xc3", b"\xa9", [0, 0]),  # é in two pieces: the second completes the character the first began
+    (b"\xe0", b"d", [0, 1]),  # a lead byte nothing continues: its U+FFFD, then "d"
+    (b"\xe0", b"\x83", [0, 1]),  # a byte that cannot continue it is a U+FFFD of its own
+    (b"\xed\xa0", b"d", [0, 0, 2]),  # a surrogate's first two bytes: a U+FFFD each
+])
+def test_add_at_says_where_the_token_starts_after_the_replacements_of_earlier_bytes(tok, held, then, starts):
+    detok = IncrementalDetokenizer(tok)
+    ids = [_byte_token(tok, byte) for byte in held + then]
+    texts, offsets = "", []
+    for token_id in ids:
+        text, start = detok.add_at(token_id)
+        offsets.append(len(texts) + start)
+        texts += text
+    assert texts == tok.decode(ids) and offsets == starts
+
+
+@PROPERTY_SETTINGS
+@given(ids=st.lists(st.integers(min_value=0, max_value=498), max_size=24))
+def test_a_token_whole_on_its_own_starts_at_its_text(tok, ids):
+    """A legacy completion's `text_offset`: a token whose bytes are text on their own is found at its offset, held
+    bytes before it (which it cannot continue) being their U+FFFDs."""
+    detok = IncrementalDetokenizer(tok)
+    text, offsets = "", []
+    for token_id in ids:
+        delta, start = detok.add_at(token_id)
+        offsets.append(len(text) + start)
+        text += delta
+    assert text + detok.flush() == tok.decode(ids)
+    for token_id, offset in zip(ids, offsets, strict=True):
+        data = tok.token_bytes(token_id)
+        with contextlib.suppress(UnicodeDecodeError):
+            own = data.decode()
+            assert text[offset:offset + len(own)] == own

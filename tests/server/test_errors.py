@@ -10,6 +10,7 @@ import openai
 import pytest
 from server_support import PINNED_DATE, WEATHER_TOOL, live_server
 
+import glimmer
 from glimmer.protocol import ChatTemplateError
 from glimmer.server.errors import describe_error
 
@@ -280,6 +281,17 @@ def test_a_prompt_over_max_model_len_is_said_to_exceed_it(server):
         assert (error["param"], error["message"]) == ("prompt", f"the prompt has {length} tokens, {words}")
 
 
+@pytest.mark.parametrize("too_long", ["ids", "text", "characters"])
+def test_the_prompt_of_a_batch_the_context_cannot_hold_is_named_by_its_index(server, too_long):
+    """A batch of many prompts was answered "the prompt has ... tokens", `param: prompt`: which one, it did not say."""
+    limit = server.engine.engine.max_model_len
+    prompt = {"ids": [[50], [50] * (limit + 1)], "text": ["hi", "lighthouse " * limit],
+              "characters": ["hi", "x" * (server.engine.engine.max_prompt_chars + 1)]}[too_long]
+    error = error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 1}, path="/completions"), 400)
+    assert error["param"] == "prompt[1]" and error["message"].startswith("prompt[1]: the prompt has ")
+    assert error["message"].endswith("shorten the prompt")
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
@@ -319,6 +331,18 @@ def test_head_answers_where_get_does_as_health_probes_send_it(server):
         head, get = httpx.head(server.url + path, headers=auth), httpx.get(server.url + path, headers=auth)
         assert head.status_code == get.status_code == 404 and head.content == b"", path
     assert httpx.head(server.url + "/v1/models").status_code == 401  # the key is checked on HEAD too
+
+
+def test_version_and_sagemakers_ping_answer_without_the_key_as_vllms_do(server):
+    assert httpx.get(server.url + "/version").json() == {"version": glimmer.__version__}
+    for method in ("GET", "POST"):
+        assert httpx.request(method, server.url + "/ping").json() == {"status": "ok"}, method
+    for path in ("/version", "/ping"):
+        head = httpx.head(server.url + path)
+        assert head.status_code == 200 and head.content == b"", path
+    samples = server.metrics()
+    assert samples['glimmer_requests_total{endpoint="/ping",status="200"}'] >= 3
+    assert samples['glimmer_requests_total{endpoint="/version",status="200"}'] >= 2
 
 
 def test_a_body_over_the_size_limit_is_413(server):

@@ -137,6 +137,25 @@ def test_models_lists_every_served_name(client):
     assert client.models.retrieve("tiny-alias").id == "tiny-alias"
 
 
+def test_a_model_card_has_vllms_fields_root_the_checkpoint_and_one_permission(server, client, make_tiny):
+    listed = httpx.get(server.base_url + "/models").json()["data"]
+    retrieved = httpx.get(server.base_url + "/models/tiny-alias").json()
+    for card in (*listed, retrieved):
+        assert card["object"] == "model" and card["owned_by"] == "glimmer" and card["max_model_len"] == 2048
+        assert card["root"] == str(make_tiny()) and card["parent"] is None
+        [permission] = card["permission"]
+        assert permission["object"] == "model_permission" and permission["id"].startswith("modelperm-")
+        assert permission["allow_sampling"] and permission["allow_logprobs"] and permission["organization"] == "*"
+    assert client.models.retrieve("tiny").model_extra["root"] == str(make_tiny())  # the SDK keeps it
+
+
+def test_a_model_given_as_a_path_is_listed_with_its_root_as_text(make_tiny):
+    # EngineConfig takes any os.PathLike; a Path in the card was a 500 (JSON has no Path)
+    with live_server(make_tiny(), engine_options={"model": make_tiny()}) as live:
+        response = httpx.get(live.base_url + "/models")
+    assert response.status_code == 200 and response.json()["data"][0]["root"] == str(make_tiny())
+
+
 def test_health(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
 

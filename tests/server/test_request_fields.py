@@ -162,6 +162,39 @@ def test_text_offsets_are_where_each_token_starts_even_when_a_stop_string_held_t
     assert stopped["logprobs"]["text_offset"] == offsets[: k + 2]
 
 
+def test_a_token_after_bytes_that_form_no_character_starts_after_their_replacement_character(server):
+    """`text_offset` of a token following a piece of a character it cannot complete: the piece shows as U+FFFD, and
+    the token starts after it (it pointed at the U+FFFD, so `text[offset:]` did not start with the token)."""
+    tokenizer = server.engine.engine.tokenizer
+    lead = next(i for i in range(tokenizer.vocab_size) if tokenizer.token_bytes(i) == b"\xe0")
+    [word] = tokenizer.encode("days")
+    echoed = complete(server, prompt=[lead, word], echo=True, max_tokens=0, logprobs=0)
+    assert echoed["text"] == "\ufffddays" and echoed["logprobs"]["tokens"] == ["bytes:\\xe0", "days"]
+    assert echoed["logprobs"]["text_offset"] == [0, 1]
+    # generated: the lead byte forced twice, the second breaking the first's character
+    forced = complete(server, max_tokens=2, logprobs=0, logit_bias={str(lead): 100})
+    assert forced["text"] == "\ufffd\ufffd" and forced["logprobs"]["text_offset"] == [0, 1]
+    streamed = httpx.post(server.base_url + "/completions", timeout=60, json={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "logprobs": 0,
+        "logit_bias": {str(lead): 100}, "stream": True})
+    chunks = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert [offset for chunk in chunks for offset in chunk["choices"][0]["logprobs"]["text_offset"]] == [0, 1]
+
+
+@pytest.mark.parametrize(("fields", "choices"), [({"best_of": 1}, 1), ({"best_of": 3, "n": 3}, 3),
+                                                  ({"best_of": 1, "n": 3}, None), ({"best_of": 4, "n": 2}, None)])
+def test_best_of_is_taken_only_where_it_changes_nothing(server, fields, choices):
+    """best_of = n picks every completion sampled; a best_of below n (which OpenAI refuses: it cannot pick n of fewer)
+    was taken and ignored, returning n choices."""
+    response = httpx.post(server.base_url + "/completions", timeout=60,
+                          json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1, **fields})
+    if choices is None:
+        assert response.status_code == 400 and response.json()["error"]["param"] == "best_of"
+    else:
+        assert response.status_code == 200 and len(response.json()["choices"]) == choices
+
+
 def test_completion_top_logprobs_hold_the_sampled_token_too(server):
     for seed in range(6):
         choice = complete(server, temperature=3.0, seed=seed, max_tokens=4, logprobs=1)

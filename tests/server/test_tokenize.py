@@ -41,6 +41,23 @@ def test_a_prompt_counts_as_completions_count_it_with_the_bos_unless_add_special
     assert bare["tokens"] == tokenized["tokens"][1:]
 
 
+def test_completions_read_a_text_without_the_bos_under_vllms_add_special_tokens_false_as_tokenize_does(server):
+    bare = post(server, "/tokenize", prompt="The sky is blue", add_special_tokens=False).json()["tokens"]
+    scored = {"model": "tiny", "max_tokens": 0, "echo": True, "logprobs": 0}
+    as_text = post(server, "/v1/completions", prompt="The sky is blue", add_special_tokens=False, **scored).json()
+    as_ids = post(server, "/v1/completions", prompt=bare, **scored).json()
+    assert as_text["usage"]["prompt_tokens"] == len(bare) and as_text["choices"][0]["text"] == "The sky is blue"
+    assert as_text["choices"][0]["logprobs"] == as_ids["choices"][0]["logprobs"]
+    batch = post(server, "/v1/completions", prompt=["The sky", "is blue"], add_special_tokens=False, **scored).json()
+    counts = [post(server, "/tokenize", prompt=text, add_special_tokens=False).json()["count"]
+              for text in ("The sky", "is blue")]
+    assert batch["usage"]["prompt_tokens"] == sum(counts)
+    with_bos = post(server, "/v1/completions", prompt="The sky is blue", add_special_tokens=True, **scored).json()
+    assert with_bos["usage"]["prompt_tokens"] == len(bare) + 1
+    assert error_param(post(server, "/v1/completions", model="tiny", prompt="hi", add_special_tokens="no")) == \
+        "add_special_tokens"
+
+
 def test_token_strs_are_the_vocabulary_entries_of_the_tokens(server):
     tokenized = post(server, "/tokenize", prompt="The sky", return_token_strs=True).json()
     tokenizer = server.engine.engine.tokenizer
