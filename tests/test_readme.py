@@ -13,7 +13,8 @@ A block marked `<!-- readme-test: default-model -->` shows what the embedded def
 really answers: it runs on its own against a live server of that model as `glimmer serve` with no MODEL
 serves it (no API key, model name `glimmer-nano`), and what it prints must equal its `# ` comment lines.
 
-The signatures the README shows (`LLM(...)`, `LLM.chat(...)`, `SamplingParams(...)`) are the code's.
+The signatures the README shows (`LLM(...)`, `LLM.chat(...)`, `SamplingParams(...)`) are the code's, and the
+commands of its ```bash blocks parse with the CLI's own parsers.
 """
 
 from __future__ import annotations
@@ -188,3 +189,52 @@ def test_readme_signatures_are_the_codes():
     documented = _documented_parameters("LLM(model,")
     assert documented[0] == own[0] == ("model", "positional", inspect.Parameter.empty)
     assert sorted(documented[1:], key=str) == sorted({*own[1:], *engine}, key=str)
+
+
+def _shell_commands() -> list[tuple[int, str]]:
+    """(line, command) of each command of the README's ```bash blocks: lines split at `&&`, comments dropped."""
+    text = README.read_text()
+    commands = []
+    for match in re.finditer(r"```bash\n(.*?)^```", text, re.S | re.M):
+        first = text.count("\n", 0, match.start(1)) + 1
+        for offset, line in enumerate(match.group(1).splitlines()):
+            code = line.split(" #", 1)[0].strip()
+            if code and not code.startswith("#"):
+                commands += [(first + offset, command.strip()) for command in code.split("&&")]
+    return commands
+
+
+def test_readme_shell_commands_parse():
+    """The README's `glimmer ...`, `python -m ...` and `python bench/...` commands parse as written (their options
+    exist, a `--speculative-config` is a valid config), and the scripts and modules they name exist. The commands
+    themselves need a GPU, a real checkpoint or minutes, so they are not run here."""
+    import importlib
+    import shlex
+
+    from glimmer.cli import build_parser
+    from glimmer.engine.spec_decode import SpeculativeConfig
+
+    parsers = {"glimmer": build_parser().parse_args,
+               "glimmer.train_nano": importlib.import_module("glimmer.train_nano.__main__").build_parser().parse_args,
+               "glimmer.train_nano.evaluate": importlib.import_module("glimmer.train_nano.evaluate").build_parser()
+               .parse_args}
+    checked = set()
+    for line, command in _shell_commands():
+        words = shlex.split(command.replace("$KEY", "KEY"))
+        if words[0] == "glimmer":
+            program, argv = "glimmer", words[1:]
+        elif words[:2] == ["python", "-m"] and words[2] in parsers:
+            program, argv = words[2], words[3:]
+        elif words[0] == "python" and words[1].startswith("bench/"):
+            assert (ROOT / words[1]).is_file(), f"README.md:{line}: {words[1]} does not exist"
+            continue
+        else:  # pip, pytest: the test command is checked above
+            continue
+        try:
+            options = parsers[program](argv)
+        except SystemExit:
+            pytest.fail(f"README.md:{line}: {command!r} does not parse")
+        if getattr(options, "speculative_config", None) is not None:
+            SpeculativeConfig.parse(options.speculative_config)
+        checked.add(program)
+    assert checked == set(parsers)
