@@ -13,8 +13,8 @@ A block marked `<!-- readme-test: default-model -->` shows what the embedded def
 really answers: it runs on its own against a live server of that model as `glimmer serve` with no MODEL
 serves it (no API key, model name `glimmer-nano`), and what it prints must equal its `# ` comment lines.
 
-The signatures the README shows (`LLM(...)`, `LLM.chat(...)`, `SamplingParams(...)`) are the code's, and the
-commands of its ```bash blocks parse with the CLI's own parsers.
+The signatures the README shows (`LLM(...)`, `LLM.generate(...)`, `LLM.chat(...)`, `SamplingParams(...)`) are the
+code's, and the commands of its ```bash blocks parse with the CLI's own parsers.
 """
 
 from __future__ import annotations
@@ -170,9 +170,10 @@ def _parameters(signature) -> list[tuple[str, str, object]]:
 
 
 def test_readme_signatures_are_the_codes():
-    """The README's `LLM(...)`, `LLM.chat(...)` and `SamplingParams(...)` name every parameter, in the code's order
-    and kind (LLM's engine options by keyword, in any order), with the code's defaults. `LLM.chat` lacked `use_tqdm`
-    (third by position) and `LLM` most of its options, showing `dtype="auto"` and `device="cpu"` as defaults."""
+    """The README's `LLM(...)`, `LLM.generate(...)`, `LLM.chat(...)` and `SamplingParams(...)` name every
+    parameter, in the code's order and kind (LLM's engine options by keyword, in any order), with the code's defaults.
+    `LLM.chat` lacked `use_tqdm` (third by position) and `LLM` most of its options, showing `dtype="auto"` and
+    `device="cpu"` as defaults."""
     import dataclasses
     import inspect
 
@@ -180,6 +181,7 @@ def test_readme_signatures_are_the_codes():
     from glimmer.engine.llm_engine import EngineConfig
 
     assert _documented_parameters("LLM.chat(messages,") == _parameters(inspect.signature(LLM.chat))
+    assert _documented_parameters("LLM.generate(prompts,") == _parameters(inspect.signature(LLM.generate))
     sampling = {field.name: field.default_factory() if field.default is dataclasses.MISSING else field.default
                 for field in dataclasses.fields(SamplingParams)}
     assert _documented_parameters("SamplingParams(*,") == [(name, "keyword", sampling[name]) for name in sampling]
