@@ -12,6 +12,9 @@ README's model name `muse-glimmer` with the API key in `GLIMMER_API_KEY`. A bloc
 A block marked `<!-- readme-test: default-model -->` shows what the embedded default model (glimmer-nano)
 really answers: it runs on its own against a live server of that model as `glimmer serve` with no MODEL
 serves it (no API key, model name `glimmer-nano`), and what it prints must equal its `# ` comment lines.
+
+The signatures the README shows (`LLM(...)`, `LLM.generate(...)`, `LLM.chat(...)`, `SamplingParams(...)`) are the
+code's, and the commands of its ```bash blocks parse with the CLI's own parsers.
 """
 
 from __future__ import annotations
@@ -134,3 +137,106 @@ def test_readme_default_model_block_prints_what_it_shows(line, code):
     finally:
         engine.shutdown()
     assert printed.getvalue().splitlines() == shown
+
+
+def _documented_parameters(opening: str) -> list[tuple[str, str, object]]:
+    """(name, kind, default) of each parameter of the README's signature that starts with `opening` (`LLM(model`)
+    in backticks: kind "positional" or "keyword" (after `*`), default `inspect.Parameter.empty` where none is
+    shown."""
+    import ast
+    import inspect
+
+    from glimmer.multimodal.settings import MediaLimits
+
+    text = README.read_text()
+    start = text.index(f"`{opening}") + 1 + opening.index("(")
+    end = text.index(")`", start)
+    function = ast.parse(f"def documented{' '.join(text[start:end + 1].split())}: pass").body[0]
+    arguments = function.args
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [inspect.Parameter.empty] * (len(positional) - len(arguments.defaults)) + arguments.defaults
+    shown = [(arg.arg, "positional", default) for arg, default in zip(positional, defaults, strict=True)]
+    shown += [(arg.arg, "keyword", default) for arg, default in zip(arguments.kwonlyargs, arguments.kw_defaults,
+                                                                        strict=True)]
+    return [(name, kind, default if default is inspect.Parameter.empty or default is None
+             else eval(ast.unparse(default), {"MediaLimits": MediaLimits}))  # noqa: S307 - the README's own text
+            for name, kind, default in shown]
+
+
+def _parameters(signature) -> list[tuple[str, str, object]]:
+    kinds = {"POSITIONAL_OR_KEYWORD": "positional", "KEYWORD_ONLY": "keyword"}
+    return [(p.name, kinds[p.kind.name], p.default) for p in signature.parameters.values()
+            if p.kind.name in kinds and p.name != "self"]
+
+
+def test_readme_signatures_are_the_codes():
+    """The README's `LLM(...)`, `LLM.generate(...)`, `LLM.chat(...)` and `SamplingParams(...)` name every
+    parameter, in the code's order and kind (LLM's engine options by keyword, in any order), with the code's defaults.
+    `LLM.chat` lacked `use_tqdm` (third by position) and `LLM` most of its options, showing `dtype="auto"` and
+    `device="cpu"` as defaults."""
+    import dataclasses
+    import inspect
+
+    from glimmer import LLM, SamplingParams
+    from glimmer.engine.llm_engine import EngineConfig
+
+    assert _documented_parameters("LLM.chat(messages,") == _parameters(inspect.signature(LLM.chat))
+    assert _documented_parameters("LLM.generate(prompts,") == _parameters(inspect.signature(LLM.generate))
+    sampling = {field.name: field.default_factory() if field.default is dataclasses.MISSING else field.default
+                for field in dataclasses.fields(SamplingParams)}
+    assert _documented_parameters("SamplingParams(*,") == [(name, "keyword", sampling[name]) for name in sampling]
+    own = _parameters(inspect.signature(LLM.__init__))
+    engine = [(field.name, "keyword", field.default_factory() if field.default is dataclasses.MISSING
+               else field.default) for field in dataclasses.fields(EngineConfig) if field.name != "model"]
+    documented = _documented_parameters("LLM(model,")
+    assert documented[0] == own[0] == ("model", "positional", inspect.Parameter.empty)
+    assert sorted(documented[1:], key=str) == sorted({*own[1:], *engine}, key=str)
+
+
+def _shell_commands() -> list[tuple[int, str]]:
+    """(line, command) of each command of the README's ```bash blocks: lines split at `&&`, comments dropped."""
+    text = README.read_text()
+    commands = []
+    for match in re.finditer(r"```bash\n(.*?)^```", text, re.S | re.M):
+        first = text.count("\n", 0, match.start(1)) + 1
+        for offset, line in enumerate(match.group(1).splitlines()):
+            code = line.split(" #", 1)[0].strip()
+            if code and not code.startswith("#"):
+                commands += [(first + offset, command.strip()) for command in code.split("&&")]
+    return commands
+
+
+def test_readme_shell_commands_parse():
+    """The README's `glimmer ...`, `python -m ...` and `python bench/...` commands parse as written (their options
+    exist, a `--speculative-config` is a valid config), and the scripts and modules they name exist. The commands
+    themselves need a GPU, a real checkpoint or minutes, so they are not run here."""
+    import importlib
+    import shlex
+
+    from glimmer.cli import build_parser
+    from glimmer.engine.spec_decode import SpeculativeConfig
+
+    parsers = {"glimmer": build_parser().parse_args,
+               "glimmer.train_nano": importlib.import_module("glimmer.train_nano.__main__").build_parser().parse_args,
+               "glimmer.train_nano.evaluate": importlib.import_module("glimmer.train_nano.evaluate").build_parser()
+               .parse_args}
+    checked = set()
+    for line, command in _shell_commands():
+        words = shlex.split(command.replace("$KEY", "KEY"))
+        if words[0] == "glimmer":
+            program, argv = "glimmer", words[1:]
+        elif words[:2] == ["python", "-m"] and words[2] in parsers:
+            program, argv = words[2], words[3:]
+        elif words[0] == "python" and words[1].startswith("bench/"):
+            assert (ROOT / words[1]).is_file(), f"README.md:{line}: {words[1]} does not exist"
+            continue
+        else:  # pip, pytest: the test command is checked above
+            continue
+        try:
+            options = parsers[program](argv)
+        except SystemExit:
+            pytest.fail(f"README.md:{line}: {command!r} does not parse")
+        if getattr(options, "speculative_config", None) is not None:
+            SpeculativeConfig.parse(options.speculative_config)
+        checked.add(program)
+    assert checked == set(parsers)

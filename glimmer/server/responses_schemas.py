@@ -81,6 +81,10 @@ class ResponsesRequest(RequestBody):
     prompt: Any = None
     max_tool_calls: Count | None = None
     context_management: Any = None
+    # chat's rendering fields: refused whatever their value, naming the endpoint that takes them (check_supported)
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
 
 
 class InputTokensRequest(RequestBody):
@@ -138,12 +142,17 @@ def check_supported(request: ResponsesRequest) -> None:
                            param="text.verbosity")
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise RequestError("max_output_tokens: must be at least 1", param="max_output_tokens")
-    for name in RENDERING_ARGUMENT_NAMES:  # chat's own message would send the client to a field this request refuses
-        if name in (request.chat_template_kwargs or {}):
-            raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but a field of "
-                               "/v1/chat/completions, which /v1/responses does not take (a response always starts "
-                               f"a new assistant turn with the model's template); use /v1/chat/completions for "
-                               f"{name!r}", param="chat_template_kwargs")
+    for name in RENDERING_ARGUMENT_NAMES:
+        if getattr(request, name) is not None:  # "unknown field" would not say which endpoint takes it
+            raise RequestError(f"{name}: {_chat_only(name)}", param=name)
+        if name in (request.chat_template_kwargs or {}):  # chat's own message sends the client to the top level
+            raise RequestError(f"chat_template_kwargs may not set {name!r}: it is no template variable but "
+                               f"{_chat_only(name)}", param="chat_template_kwargs")
+
+
+def _chat_only(name: str) -> str:
+    return ("a field of /v1/chat/completions, which /v1/responses does not take (a response always starts a new "
+            f"assistant turn with the model's template); use /v1/chat/completions for {name!r}")
 
 
 def check_include(values: list[str]) -> None:

@@ -641,6 +641,18 @@ def test_chat_rendering_fields_in_chat_template_kwargs_are_400_saying_responses_
     assert "field of /v1/chat/completions, which /v1/responses does not take" in error["message"]
 
 
+@pytest.mark.parametrize(("name", "value"), [("continue_final_message", True), ("add_generation_prompt", False),
+                                           ("add_generation_prompt", True), ("chat_template", "{{ messages }}")])
+def test_chat_rendering_fields_at_the_top_level_are_400_saying_they_are_chat_fields(server, name, value):
+    """They were refused as "unknown field", which did not say that /v1/chat/completions takes them."""
+    body = {"model": "tiny", "input": "[greet]", name: value}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == name and "unknown field" not in error["message"]
+    assert f"{name}: a field of /v1/chat/completions, which /v1/responses does not take" in error["message"]
+
+
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
 
 
