@@ -328,7 +328,7 @@ class SamplingParams:
                "cannot be combined with structured_outputs: the grammar decides where the text ends; drop one")
         if self.cache_salt is not None:
             _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
-                   "must be a non-empty string (or None for no salt)")
+                   "must be a non-empty string (leave it out for no salt)")
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
                    f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")
