@@ -58,6 +58,10 @@ _FREE_TEXT = r"([^<]|<+[^<|])*"
 # so the value cannot swallow the closer: any text up to the first `</atem:parameter>`, HTML's `</b>` included, and
 # no `<|`. `{length}` is the value's length in characters as a regex bound.
 _RAW_VALUE_AND_CLOSER = r"/(.|\n){length}<\/atem:parameter>/ & ~/(.|\n)*(<\|(.|\n)*|<\/atem:parameter>(.|\n)+)/"
+# The largest length bound the grammar engine can intersect within its default lexer fuel (a bound of 3,000 is
+# refused as "fuel exhausted"); a longer bound takes `_BOUNDED_RAW_VALUE_WITHOUT_TAGS`: no `<` in the value at all.
+RAW_VALUE_TAG_BOUND = 2048
+_BOUNDED_RAW_VALUE_WITHOUT_TAGS = r"/[^<]{length}<\/atem:parameter>/"
 
 
 def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
@@ -179,8 +183,8 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
 def _raw_value_terminal(rules: _GrammarRules, low: int, high: int | None) -> str:
     """The terminal of a raw value of `low`..`high` characters (None: no bound) and its closer."""
     bound = "" if high is None else str(high)
-    return rules.add_once(f"RAW_VALUE_{low}_{bound or 'ANY'}",
-                          _RAW_VALUE_AND_CLOSER.replace("{length}", f"{{{low},{bound}}}"))
+    pattern = _RAW_VALUE_AND_CLOSER if max(low, high or 0) <= RAW_VALUE_TAG_BOUND else _BOUNDED_RAW_VALUE_WITHOUT_TAGS
+    return rules.add_once(f"RAW_VALUE_{low}_{bound or 'ANY'}", pattern.replace("{length}", f"{{{low},{bound}}}"))
 
 
 @dataclass(frozen=True)

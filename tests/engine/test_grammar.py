@@ -150,6 +150,26 @@ def test_a_string_value_may_hold_closing_tags_but_not_its_closer_or_a_framing_ma
         assert not admits(compiler, tokenizer, constraint, bad + "<|eot|>"), bad
 
 
+def test_a_string_value_with_a_long_length_bound_compiles_and_keeps_its_bound(compiler, tokenizer):
+    """A length bound past what the grammar engine intersects within its lexer fuel (`maxLength` 3,000 and more, a
+    file's content) made the whole request a 400 "fuel exhausted"; such a value takes text without `<` instead."""
+    from glimmer.protocol.turn_grammar import RAW_VALUE_TAG_BOUND
+
+    for schema in ({"type": "string", "maxLength": 20_000}, {"type": "string", "minLength": 3_000},
+                   {"type": "string", "minLength": 5, "maxLength": 100_000}):
+        note = normalize_tools([{"name": "note", "parameters": {
+            "type": "object", "properties": {"text": schema}, "required": ["text"]}}])[0]
+        constraint = TurnConstraint(call_tools=[note], must_call=True)
+        length = max(schema.get("minLength", 0), 7)
+        assert length > RAW_VALUE_TAG_BOUND or schema.get("maxLength", 0) > RAW_VALUE_TAG_BOUND
+        assert admits(compiler, tokenizer, constraint, call("note", ("text", "x" * length)) + "<|eot|>"), schema
+        assert not admits(compiler, tokenizer, constraint, call("note", ("text", "a <b> c" + "x" * length)) + "<|eot|>")
+    short = normalize_tools([{"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "minLength": 3_000}}, "required": ["text"]}}])[0]
+    assert not admits(compiler, tokenizer, TurnConstraint(call_tools=[short], must_call=True),
+                      call("note", ("text", "x" * 2_999)) + "<|eot|>")
+
+
 # keywords llguidance does not implement; pydantic writes `uniqueItems` for a `set[...]` field
 UNIMPLEMENTED = {"tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
                  "codes": {"type": "array", "contains": {"type": "integer"}},
