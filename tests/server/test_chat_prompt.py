@@ -7,9 +7,12 @@ import io
 import re
 
 import pytest
+from chat_fuzz import cases as fuzz_cases
 from PIL import Image
+from transformers import AutoTokenizer
 
 from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.chat_rendering import STRENGTH_KWARGS
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import RequestError
 from glimmer.protocol import ChatTemplateError
@@ -382,3 +385,19 @@ def test_a_request_template_that_fails_on_the_request_is_a_chat_template_error(e
                 + SIMPLE_TEMPLATE)
     with pytest.raises(ChatTemplateError, match="one message only"):
         build_chat_prompt(request(messages=ANSWERED, chat_template=template), trusting(engine))
+
+
+def test_prompt_ids_equal_transformers_for_random_conversations(engine, tiny_checkpoint):
+    """Differential fuzz (chat_fuzz.py): a chat request's prompt ids are transformers' `apply_chat_template` ids for
+    the conversation normalized per P-TMPL-6, with `reasoning_effort` resolved per P-EFF-2 (P-TMPL-2, P-TMPL-3)."""
+    hf = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    ctx = context(engine)
+    for case in fuzz_cases(media=False):
+        knobs = {name: value for name, value in case.knobs.items() if name in STRENGTH_KWARGS}
+        template_kwargs = {name: value for name, value in case.knobs.items() if name not in STRENGTH_KWARGS}
+        fields = {"messages": case.sent, "tools": case.tools, "chat_template_kwargs": template_kwargs, **knobs,
+                  **case.ending}
+        token_ids = build_chat_prompt(ChatCompletionRequest.model_validate(fields), ctx).token_ids
+        reference = hf.apply_chat_template(case.expected, tools=case.tools, return_dict=False, **case.ending,
+                                           **case.kwargs)
+        assert token_ids == reference, case
