@@ -40,11 +40,13 @@ def hf(checkpoint):
     return AutoTokenizer.from_pretrained(checkpoint)
 
 
-def test_glimmer_token_ids_equal_transformers_for_random_conversations(llm, hf):
+@pytest.mark.parametrize("media", [False, True], ids=["text", "media"])
+def test_glimmer_token_ids_equal_transformers_for_random_conversations(llm, hf, media):
     """P-TMPL-2, P-TMPL-5, P-TMPL-6: same ids as transformers on the normalized conversation, with the generation
-    prompt (P-TMPL-8), without it, or continuing a final assistant answer."""
+    prompt (P-TMPL-8), without it, or continuing a final assistant answer; `image_url`/`video_url` parts give the
+    `<|patch|>`/`<|video|>` ids (P-TOK-4; apply_chat_template does not expand them)."""
     tok = llm.get_tokenizer()
-    for case in cases(media=False):
+    for case in cases(media=media):
         ours = tok.apply_chat_template(case.sent, tools=case.tools, return_dict=False, **case.ending, **case.knobs)
         reference = hf.apply_chat_template(case.expected, tools=case.tools, return_dict=False, **case.ending,
                                            **case.kwargs)
