@@ -51,6 +51,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
 
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
       not a JSON object, or give a key twice in one object, raise RequestError naming the message index and field;
+      a bare call (`{"id", "name", "arguments"}`) gets OpenAI's shape (`{"id", "type", "function": {"name",
+      "arguments"}}`), which chat templates read;
     - `reasoning` fills a missing `reasoning_content`;
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out or null. A text part needs a string `text`;
@@ -402,11 +404,12 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
         assert function is not None
         check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`
         arguments = _decoded_arguments(function.get("arguments"), f"{call_field}.function.arguments")
-        call = dict(call)
         if call.get("function") is function:
-            call["function"] = {**function, "arguments": arguments}
-        else:
-            call["arguments"] = arguments
+            call = {**call, "function": {**function, "arguments": arguments}}
+        else:  # a bare call ({"id", "name", "arguments"}, as `dataclasses.asdict` of a ToolCall): OpenAI's shape,
+            # the one chat templates read (`tool_call.function.name`)
+            call = {**{key: value for key, value in call.items() if key not in ("name", "arguments")},
+                    "type": "function", "function": {"name": function["name"], "arguments": arguments}}
         normalized.append(call)
     return normalized
 

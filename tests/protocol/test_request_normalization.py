@@ -48,6 +48,31 @@ def test_mapping_arguments_are_kept():
     assert arguments_of(normalize_messages([assistant_call({"day": "Fri"})])) == {"day": "Fri"}
 
 
+# A template that reads calls as chat templates do (transformers' documented shape, the reference template's):
+# `tool_call.function`, never a bare call's own fields.
+FUNCTION_READING_TEMPLATE = builtin_template_source().replace(
+    "call.function if call.function is defined else call", "call.function")
+
+
+@pytest.mark.parametrize("arguments", ['{"day": "Fri"}', {"day": "Fri"}])
+def test_a_bare_tool_call_gets_openais_shape_which_templates_read(arguments):
+    """P-TMPL-6: a call given bare, `{"id", "name", "arguments"}` (`dataclasses.asdict` of the ToolCall that LLM.chat
+    returns), renders with a template reading `tool_call.function` as the same call in OpenAI's shape does; it was
+    passed on bare, and such a template failed on it ("has no attribute 'function'")."""
+    bare = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "calendar.lookup",
+                                                                  "arguments": arguments}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "none"}
+    normalized = normalize_messages([{"role": "user", "content": "hi"}, bare, result])
+    assert normalized[1]["tool_calls"] == [{"id": "c1", "type": "function",
+                                            "function": {"name": "calendar.lookup", "arguments": {"day": "Fri"}}}]
+    wrapped = normalize_messages([{"role": "user", "content": "hi"}, assistant_call('{"day": "Fri"}'), result])
+    kwargs = {"template": FUNCTION_READING_TEMPLATE, "current_date": "2026-01-01"}
+    rendered = render_chat(normalized, **kwargs)
+    assert rendered == render_chat(wrapped, **kwargs)
+    assert ('<|start|>assistant to=calendar.lookup<|message|><atem:function_calls>\n'
+            '<atem:invoke name="calendar.lookup">\n<atem:parameter name="day">Fri</atem:parameter>') in rendered
+
+
 @pytest.mark.parametrize("bad", ['{"day": ', "[1, 2]", '"text"', "3", 7, ["a"], '{"a": NaN}', '{"b": 1e400}',
                                  '{"c": Infinity}'])
 def test_invalid_or_non_object_arguments_are_request_errors_naming_index_and_field(bad):
