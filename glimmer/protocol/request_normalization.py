@@ -440,8 +440,9 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
 
 
 def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
-    """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH or holding a lone surrogate
-    (JSON's `\\ud800` escape decodes to one, and no tokenizer can encode it)."""
+    """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH, holding a lone surrogate (JSON's
+    `\\ud800` escape decodes to one, and no tokenizer can encode it) or a value that is no JSON value (a
+    `datetime.date` given in Python, which would render as `<date>`)."""
     pending: list[tuple[Any, int]] = [(arguments, 1)]
     while pending:  # iterative: the point is not to recurse on hostile depth
         value, depth = pending.pop()
@@ -450,8 +451,12 @@ def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
                 raise RequestError(f"{field} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
                                    "send valid Unicode text", param=field)
             continue
-        if not isinstance(value, Mapping | list):
+        if value is None or isinstance(value, int | float):
             continue
+        if not isinstance(value, Mapping | list | tuple):  # rendered as its `<TypeName>` placeholder otherwise
+            raise RequestError(f"{field} holds a {type(value).__name__} ({str(value)[:40]!r}), which is no JSON value "
+                               "and cannot be rendered; pass strings, numbers, booleans, null, lists and objects",
+                               param=field)
         if depth > MAX_ARGUMENTS_DEPTH:
             raise RequestError(f"{field} nests objects and arrays more than {MAX_ARGUMENTS_DEPTH} levels deep",
                                param=field)

@@ -1,6 +1,8 @@
 """normalize_messages / normalize_tools: requests made renderable (P-TMPL-6, P-TMPL-7, P-REQ-8)."""
 
 import copy
+import datetime
+import decimal
 import logging
 import re
 
@@ -46,6 +48,18 @@ def test_empty_arguments_become_an_empty_object(empty):
 
 def test_mapping_arguments_are_kept():
     assert arguments_of(normalize_messages([assistant_call({"day": "Fri"})])) == {"day": "Fri"}
+
+
+@pytest.mark.parametrize("value", [datetime.date(2026, 1, 2), {"at": [decimal.Decimal("1.5")]}])
+def test_mapping_arguments_holding_a_non_json_value_are_request_errors(value):
+    """Arguments given in Python may hold what no JSON value is; the template rendered it as its `<date>`
+    placeholder, a call the model never made. Refused naming the field; tuples, like lists, are JSON arrays."""
+    messages = [{"role": "user", "content": "hi"}, assistant_call({"day": value})]
+    with pytest.raises(RequestError, match="no JSON value") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert arguments_of(normalize_messages([assistant_call({"days": ("Fri", 1, None, True)})])) == {
+        "days": ("Fri", 1, None, True)}
 
 
 # A template that reads calls as chat templates do (transformers' documented shape, the reference template's):
