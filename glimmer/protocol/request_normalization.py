@@ -399,7 +399,10 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
     for call_index, call in enumerate(tool_calls):
         call_field = f"{field}[{call_index}]"
         if not isinstance(call, Mapping):
-            raise RequestError(f"{call_field} must be an object", param=call_field)
+            raise RequestError(f"{call_field} must be an object, got {type(call).__name__} (a ToolCall of a chat "
+                               'reply goes back as {"id": call.id, "type": "function", "function": {"name": '
+                               'call.name, "arguments": call.arguments}}, or dataclasses.asdict(call))',
+                               param=call_field)
         function = function_of(call)
         assert function is not None
         check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`

@@ -1,6 +1,7 @@
 """normalize_messages / normalize_tools: requests made renderable (P-TMPL-6, P-TMPL-7, P-REQ-8)."""
 
 import copy
+import dataclasses
 import datetime
 import decimal
 import logging
@@ -10,6 +11,7 @@ import pytest
 
 from glimmer.errors import RequestError
 from glimmer.protocol import builtin_template_source, normalize_messages, normalize_tools, render_chat
+from glimmer.protocol.deltas import ToolCall
 
 
 def assistant_call(arguments, **function_fields):
@@ -60,6 +62,17 @@ def test_mapping_arguments_holding_a_non_json_value_are_request_errors(value):
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
     assert arguments_of(normalize_messages([assistant_call({"days": ("Fri", 1, None, True)})])) == {
         "days": ("Fri", 1, None, True)}
+
+
+def test_a_tool_call_object_is_refused_saying_how_to_send_it_back():
+    """`LLM.chat`'s reply holds ToolCall objects; put back into the history as they are, the error says how to
+    send them (it said only "must be an object")."""
+    call = ToolCall("c1", "calendar.lookup", '{"day": "Fri"}')
+    with pytest.raises(RequestError, match=r"got ToolCall .*dataclasses\.asdict\(call\)") as caught:
+        normalize_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}])
+    assert caught.value.param == "messages[1].tool_calls[0]"
+    bare = {"role": "assistant", "tool_calls": [dataclasses.asdict(call)]}
+    assert arguments_of(normalize_messages([bare])) == {"day": "Fri"}
 
 
 # A template that reads calls as chat templates do (transformers' documented shape, the reference template's):
