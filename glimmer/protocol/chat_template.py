@@ -135,6 +135,7 @@ class ChatTemplate:
         tokens = dict(DEFAULT_SPECIAL_TOKENS if special_tokens is None else special_tokens)
         extra = {**(chat_template_kwargs or {}), **template_kwargs}
         _refuse_fixed_kwargs(extra, tokens)
+        _refuse_opaque_kwargs(extra)
         context: dict[str, Any] = {**tokens}
         context["documents"] = None
         context.update({name: _plain(value, guard) for name, value in extra.items()})
@@ -251,6 +252,26 @@ def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str
                 "add_generation_prompt=...); token variables come from the tokenizer)",
                 param="chat_template_kwargs",
             )
+
+
+def _refuse_opaque_kwargs(template_kwargs: Mapping[str, Any]) -> None:
+    """RequestError naming a template kwarg that holds a value `_plain` cannot pass on (a `datetime.date`, a
+    `Decimal`, ...): the template would read its `<TypeName>` placeholder, as transformers' does, and a
+    `current_date=datetime.date.today()` would tell the model the date is `<date>`."""
+    pending = [(f"chat_template_kwargs.{name}", value) for name, value in template_kwargs.items()]
+    while pending:
+        where, value = pending.pop()
+        if value is None or isinstance(value, (str, int, float)):
+            continue
+        if isinstance(value, Mapping):
+            pending += [(f"{where}.{key}", item) for key, item in value.items()]
+        elif isinstance(value, (list, tuple)):
+            pending += [(f"{where}[{index}]", item) for index, item in enumerate(value)]
+        elif not (dataclasses.is_dataclass(value) and not isinstance(value, type)) and not callable(
+                getattr(value, "model_dump", None)):
+            raise RequestError(f"{where} is a {type(value).__name__}, which a chat template cannot read (it would "
+                               f"render as '<{type(value).__name__}>'); pass a string, number, boolean, list or "
+                               f"object instead, such as {str(value)!r}", param="chat_template_kwargs")
 
 
 def _template_messages(messages: Any, text: Callable[[str], str]) -> list[dict[str, Any]]:

@@ -51,6 +51,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
 
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
       not a JSON object, or give a key twice in one object, raise RequestError naming the message index and field;
+      a bare call (`{"id", "name", "arguments"}`) gets OpenAI's shape (`{"id", "type", "function": {"name",
+      "arguments"}}`), which chat templates read;
     - `reasoning` fills a missing `reasoning_content`;
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out or null. A text part needs a string `text`;
@@ -397,16 +399,20 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
     for call_index, call in enumerate(tool_calls):
         call_field = f"{field}[{call_index}]"
         if not isinstance(call, Mapping):
-            raise RequestError(f"{call_field} must be an object", param=call_field)
+            raise RequestError(f"{call_field} must be an object, got {type(call).__name__} (a ToolCall of a chat "
+                               'reply goes back as {"id": call.id, "type": "function", "function": {"name": '
+                               'call.name, "arguments": call.arguments}}, or dataclasses.asdict(call))',
+                               param=call_field)
         function = function_of(call)
         assert function is not None
         check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`
         arguments = _decoded_arguments(function.get("arguments"), f"{call_field}.function.arguments")
-        call = dict(call)
         if call.get("function") is function:
-            call["function"] = {**function, "arguments": arguments}
-        else:
-            call["arguments"] = arguments
+            call = {**call, "function": {**function, "arguments": arguments}}
+        else:  # a bare call ({"id", "name", "arguments"}, as `dataclasses.asdict` of a ToolCall): OpenAI's shape,
+            # the one chat templates read (`tool_call.function.name`)
+            call = {**{key: value for key, value in call.items() if key not in ("name", "arguments")},
+                    "type": "function", "function": {"name": function["name"], "arguments": arguments}}
         normalized.append(call)
     return normalized
 
@@ -437,8 +443,9 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
 
 
 def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
-    """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH or holding a lone surrogate
-    (JSON's `\\ud800` escape decodes to one, and no tokenizer can encode it)."""
+    """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH, holding a lone surrogate (JSON's
+    `\\ud800` escape decodes to one, and no tokenizer can encode it) or a value that is no JSON value (a
+    `datetime.date` given in Python, which would render as `<date>`)."""
     pending: list[tuple[Any, int]] = [(arguments, 1)]
     while pending:  # iterative: the point is not to recurse on hostile depth
         value, depth = pending.pop()
@@ -447,8 +454,12 @@ def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
                 raise RequestError(f"{field} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
                                    "send valid Unicode text", param=field)
             continue
-        if not isinstance(value, Mapping | list):
+        if value is None or isinstance(value, int | float):
             continue
+        if not isinstance(value, Mapping | list | tuple):  # rendered as its `<TypeName>` placeholder otherwise
+            raise RequestError(f"{field} holds a {type(value).__name__} ({str(value)[:40]!r}), which is no JSON value "
+                               "and cannot be rendered; pass strings, numbers, booleans, null, lists and objects",
+                               param=field)
         if depth > MAX_ARGUMENTS_DEPTH:
             raise RequestError(f"{field} nests objects and arrays more than {MAX_ARGUMENTS_DEPTH} levels deep",
                                param=field)

@@ -1,6 +1,7 @@
 """ChatTemplate / render_chat: HF apply_chat_template semantics in a sandbox (P-TMPL-2, P-TMPL-3)."""
 
 import datetime
+import decimal
 import hashlib
 import json
 
@@ -243,6 +244,22 @@ def test_apply_chat_template_arguments_as_kwargs_are_request_errors_not_ignored(
         render_chat(USER, template="x", chat_template_kwargs={name: True})
     assert repr(name) in str(caught.value) and "apply_chat_template" in str(caught.value)
     assert caught.value.param == "chat_template_kwargs"
+
+
+@pytest.mark.parametrize(("kwargs", "where"), [
+    ({"current_date": datetime.date(2026, 1, 2)}, "chat_template_kwargs.current_date"),
+    ({"tool_namespace_descriptions": {"calendar": [decimal.Decimal("1.5")]}},
+     "chat_template_kwargs.tool_namespace_descriptions.calendar[0]"),
+])
+def test_kwargs_a_template_cannot_read_are_request_errors_naming_them(kwargs, where):
+    """A `datetime.date` (or another non-JSON value) reaches the template as its `<date>` placeholder, as under
+    transformers: `current_date=datetime.date.today()` rendered "Current date: <date>." and the model was told no
+    date; it is refused naming the kwarg and the string to pass."""
+    with pytest.raises(RequestError) as caught:
+        render_chat(USER, template=builtin_template_source(), chat_template_kwargs=kwargs)
+    assert caught.value.param == "chat_template_kwargs"
+    assert where in str(caught.value)
+    assert "'2026-01-02'" in str(caught.value) or "'1.5'" in str(caught.value)
 
 
 def test_token_variables_cannot_be_replaced_by_keyword_either():

@@ -1,6 +1,9 @@
 """normalize_messages / normalize_tools: requests made renderable (P-TMPL-6, P-TMPL-7, P-REQ-8)."""
 
 import copy
+import dataclasses
+import datetime
+import decimal
 import logging
 import re
 
@@ -8,6 +11,7 @@ import pytest
 
 from glimmer.errors import RequestError
 from glimmer.protocol import builtin_template_source, normalize_messages, normalize_tools, render_chat
+from glimmer.protocol.deltas import ToolCall
 
 
 def assistant_call(arguments, **function_fields):
@@ -46,6 +50,54 @@ def test_empty_arguments_become_an_empty_object(empty):
 
 def test_mapping_arguments_are_kept():
     assert arguments_of(normalize_messages([assistant_call({"day": "Fri"})])) == {"day": "Fri"}
+
+
+@pytest.mark.parametrize("value", [datetime.date(2026, 1, 2), {"at": [decimal.Decimal("1.5")]}])
+def test_mapping_arguments_holding_a_non_json_value_are_request_errors(value):
+    """Arguments given in Python may hold what no JSON value is; the template rendered it as its `<date>`
+    placeholder, a call the model never made. Refused naming the field; tuples, like lists, are JSON arrays."""
+    messages = [{"role": "user", "content": "hi"}, assistant_call({"day": value})]
+    with pytest.raises(RequestError, match="no JSON value") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+    assert arguments_of(normalize_messages([assistant_call({"days": ("Fri", 1, None, True)})])) == {
+        "days": ("Fri", 1, None, True)}
+
+
+def test_a_tool_call_object_is_refused_saying_how_to_send_it_back():
+    """`LLM.chat`'s reply holds ToolCall objects; put back into the history as they are, the error says how to
+    send them (it said only "must be an object")."""
+    call = ToolCall("c1", "calendar.lookup", '{"day": "Fri"}')
+    with pytest.raises(RequestError, match=r"got ToolCall .*dataclasses\.asdict\(call\)") as caught:
+        normalize_messages([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}])
+    assert caught.value.param == "messages[1].tool_calls[0]"
+    bare = {"role": "assistant", "tool_calls": [dataclasses.asdict(call)]}
+    assert arguments_of(normalize_messages([bare])) == {"day": "Fri"}
+
+
+# A template that reads calls as chat templates do (transformers' documented shape, the reference template's):
+# `tool_call.function`, never a bare call's own fields.
+FUNCTION_READING_TEMPLATE = builtin_template_source().replace(
+    "call.function if call.function is defined else call", "call.function")
+
+
+@pytest.mark.parametrize("arguments", ['{"day": "Fri"}', {"day": "Fri"}])
+def test_a_bare_tool_call_gets_openais_shape_which_templates_read(arguments):
+    """P-TMPL-6: a call given bare, `{"id", "name", "arguments"}` (`dataclasses.asdict` of the ToolCall that LLM.chat
+    returns), renders with a template reading `tool_call.function` as the same call in OpenAI's shape does; it was
+    passed on bare, and such a template failed on it ("has no attribute 'function'")."""
+    bare = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "name": "calendar.lookup",
+                                                                  "arguments": arguments}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "none"}
+    normalized = normalize_messages([{"role": "user", "content": "hi"}, bare, result])
+    assert normalized[1]["tool_calls"] == [{"id": "c1", "type": "function",
+                                            "function": {"name": "calendar.lookup", "arguments": {"day": "Fri"}}}]
+    wrapped = normalize_messages([{"role": "user", "content": "hi"}, assistant_call('{"day": "Fri"}'), result])
+    kwargs = {"template": FUNCTION_READING_TEMPLATE, "current_date": "2026-01-01"}
+    rendered = render_chat(normalized, **kwargs)
+    assert rendered == render_chat(wrapped, **kwargs)
+    assert ('<|start|>assistant to=calendar.lookup<|message|><atem:function_calls>\n'
+            '<atem:invoke name="calendar.lookup">\n<atem:parameter name="day">Fri</atem:parameter>') in rendered
 
 
 @pytest.mark.parametrize("bad", ['{"day": ', "[1, 2]", '"text"', "3", 7, ["a"], '{"a": NaN}', '{"b": 1e400}',

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 
 import pytest
+from chat_fuzz import cases as fuzz_cases
 from PIL import Image
+from transformers import AutoTokenizer
 
 from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.chat_rendering import STRENGTH_KWARGS
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import RequestError
 from glimmer.protocol import ChatTemplateError
 from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.context import ServingContext
+from glimmer.server.responses_input import chat_messages
 from glimmer.server.schemas import ChatCompletionRequest
 from glimmer.server.settings import ServerSettings
 
@@ -382,3 +387,76 @@ def test_a_request_template_that_fails_on_the_request_is_a_chat_template_error(e
                 + SIMPLE_TEMPLATE)
     with pytest.raises(ChatTemplateError, match="one message only"):
         build_chat_prompt(request(messages=ANSWERED, chat_template=template), trusting(engine))
+
+
+def test_prompt_ids_equal_transformers_for_random_conversations(engine, tiny_checkpoint):
+    """Differential fuzz (chat_fuzz.py): a chat request's prompt ids are transformers' `apply_chat_template` ids for
+    the conversation normalized per P-TMPL-6, with `reasoning_effort` resolved per P-EFF-2 (P-TMPL-2, P-TMPL-3)."""
+    hf = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    ctx = context(engine)
+    for case in fuzz_cases(media=False):
+        knobs = {name: value for name, value in case.knobs.items() if name in STRENGTH_KWARGS}
+        template_kwargs = {name: value for name, value in case.knobs.items() if name not in STRENGTH_KWARGS}
+        fields = {"messages": case.sent, "tools": case.tools, "chat_template_kwargs": template_kwargs, **knobs,
+                  **case.ending}
+        token_ids = build_chat_prompt(ChatCompletionRequest.model_validate(fields), ctx).token_ids
+        reference = hf.apply_chat_template(case.expected, tools=case.tools, return_dict=False, **case.ending,
+                                           **case.kwargs)
+        assert token_ids == reference, case
+
+
+def responses_input(case) -> list[dict] | None:
+    """The fuzz case's conversation as Responses input items, or None where items cannot say it (an assistant answer
+    null or with an `end_turn`). The content of an assistant message with tool calls is left out: the template drops
+    it (§2.1), while an assistant message item before calls is rendered."""
+    def parts(content):
+        return content if isinstance(content, str) else [{"type": "input_text", "text": p["text"]} for p in content]
+
+    items = []
+    for message in case.sent:
+        if message["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"],
+                          "output": parts(message["content"])})
+        elif message["role"] != "assistant":
+            items.append({"type": "message", "role": message["role"], "content": parts(message["content"])})
+        else:
+            reasoning = message.get("reasoning_content") or message.get("reasoning")
+            if reasoning:
+                items.append({"type": "reasoning", "summary": [],
+                              "content": [{"type": "reasoning_text", "text": reasoning}]})
+            for call in message.get("tool_calls") or []:
+                arguments = call["function"]["arguments"]
+                items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],
+                              "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
+            if message.get("tool_calls"):
+                continue
+            if message.get("content") is None or message.get("end_turn") is not None:
+                return None
+            items.append({"type": "message", "role": "assistant",
+                          "content": [{"type": "output_text", "text": message["content"]}]})
+    return items
+
+
+def test_responses_prompt_ids_equal_transformers_for_random_conversations(engine, tiny_checkpoint):
+    """Differential fuzz (chat_fuzz.py) of /v1/responses' input items: reasoning, function_call and
+    function_call_output items become the assistant turns and tool messages transformers renders (P-TMPL-2,
+    P-TMPL-6)."""
+    hf = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    ctx = context(engine)
+    checked = 0
+    for case in fuzz_cases(media=False):
+        items = responses_input(case)
+        if items is None or case.ending != {"add_generation_prompt": True}:
+            continue
+        knobs = {name: value for name, value in case.knobs.items() if name in STRENGTH_KWARGS}
+        template_kwargs = {name: value for name, value in case.knobs.items() if name not in STRENGTH_KWARGS}
+        fields = {"messages": chat_messages(items, None), "tools": case.tools,
+                  "chat_template_kwargs": template_kwargs, **knobs}
+        token_ids = build_chat_prompt(ChatCompletionRequest.model_validate(fields), ctx).token_ids
+        expected = [{**message, "content": None} if message.get("tool_calls") else message
+                    for message in case.expected]
+        reference = hf.apply_chat_template(expected, tools=case.tools, return_dict=False, add_generation_prompt=True,
+                                           **case.kwargs)
+        assert token_ids == reference, items
+        checked += 1
+    assert checked >= 30
