@@ -58,11 +58,11 @@ def main() -> int:
                                         (f"one at a time ({args.single})", prompts[: args.single], True)):
         timed(baseline, batch[:2], params, one_at_a_time)  # warm-up
         timed(speculative, batch[:2], params, one_at_a_time)
-        stats = speculative.engine.stats()["spec_decode"]
-        drafts_before, accepted_before = stats.num_drafts, stats.num_accepted_tokens
+        before = speculative.engine.stats()["spec_decode"]  # a snapshot: later verifications leave it as it is
         expected, baseline_s = timed(baseline, batch, params, one_at_a_time)
         got, speculative_s = timed(speculative, batch, params, one_at_a_time)
-        drafts, accepted = stats.num_drafts - drafts_before, stats.num_accepted_tokens - accepted_before
+        after = speculative.engine.stats()["spec_decode"]
+        drafts, accepted = after.num_drafts - before.num_drafts, after.num_accepted_tokens - before.num_accepted_tokens
         acceptance = (accepted + drafts) / drafts if drafts else float("nan")
         tokens = sum(len(t) for t in expected)
         print(f"{label:26s}{tokens / baseline_s:16.1f}{sum(len(t) for t in got) / speculative_s:14.1f}"

@@ -241,8 +241,9 @@ def open_drafter_checkpoint(
         return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":
-            raise CheckpointError(f"drafter path {location} is a file but not a native .pt file; pass the drafter's "
-                                  "directory (config.json and safetensors) or its head.pt")
+            raise CheckpointError(f"speculative_config.model={str(path)!r} is a file but not a drafter's native .pt or "
+                                  "GGUF file; pass the drafter's directory (config.json and safetensors), its head.pt "
+                                  "or its .gguf file")
         native, directory = location, location.parent
     elif location.is_dir():
         directory = location
@@ -263,8 +264,9 @@ def open_drafter_checkpoint(
                     native)
         config = released_drafter_config(mask_token_id())
     else:
-        raise CheckpointError(f"{directory} holds no DFlash drafter: expected config.json with safetensors (HF "
-                              f"layout), or {NATIVE_FILE} / {NATIVE_FILE_IN_VENDOR_CHECKOUT} (native layout)")
+        raise CheckpointError(f"speculative_config.model={str(path)!r}: {directory} holds no DFlash drafter: "
+                              "expected config.json with safetensors (HF layout), or "
+                              f"{NATIVE_FILE} / {NATIVE_FILE_IN_VENDOR_CHECKOUT} (native layout)")
     if native is not None:
         return DrafterCheckpoint(config, TorchFileTensors(native) if weights else None, DRAFTER_NATIVE, native)
     files = SafetensorsCheckpoint(directory) if weights else None

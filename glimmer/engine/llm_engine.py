@@ -1164,7 +1164,7 @@ class LLMEngine:
             "kv_blocks": self.kv.usage(),
             "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate(),
             "preemptions": self.scheduler.num_preemptions,
-            "spec_decode": self.speculator.stats if self.speculator is not None else None,
+            "spec_decode": self.speculator.stats.snapshot() if self.speculator is not None else None,
         }
 
 

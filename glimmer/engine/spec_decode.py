@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,22 +103,36 @@ class SpeculativeConfig:
 @dataclass
 class SpecDecodeStats:
     """Counters for /metrics: verifications, proposed and accepted tokens, and how many tokens each
-    verification emitted (acceptance length: accepted + 1, before stop handling)."""
+    verification emitted (acceptance length: accepted + 1, before stop handling).
+
+    The engine thread records while the server's thread scrapes: a scrape reads a `snapshot()`, taken under the
+    lock `record` holds, so that its counters agree with each other (accepted ≤ proposed, the histogram's count
+    equal to the verifications)."""
 
     max_draft_tokens: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     acceptance_lengths: list[int] = field(default_factory=list)  # index L: verifications that emitted L tokens
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.acceptance_lengths = [0] * (self.max_draft_tokens + 2)
 
     def record(self, num_proposed: int, num_accepted: int) -> None:
-        self.num_drafts += 1
-        self.num_draft_tokens += num_proposed
-        self.num_accepted_tokens += num_accepted
-        self.acceptance_lengths[num_accepted + 1] += 1
+        with self._lock:
+            self.num_drafts += 1
+            self.num_draft_tokens += num_proposed
+            self.num_accepted_tokens += num_accepted
+            self.acceptance_lengths[num_accepted + 1] += 1
+
+    def snapshot(self) -> SpecDecodeStats:
+        """A copy of the counters as of one moment, which later verifications leave as it is."""
+        with self._lock:
+            out = SpecDecodeStats(self.max_draft_tokens, self.num_drafts, self.num_draft_tokens,
+                                  self.num_accepted_tokens)
+            out.acceptance_lengths = list(self.acceptance_lengths)
+        return out
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -155,5 +155,16 @@ class _Arbitrary:
 
 
 def test_a_directory_without_a_drafter_is_refused(tmp_path, target):
-    with pytest.raises(CheckpointError, match="holds no DFlash drafter"):
+    with pytest.raises(CheckpointError, match="holds no DFlash drafter") as error:
         _load(tmp_path, target)
+    assert str(error.value).startswith(f"speculative_config.model={str(tmp_path)!r}: ")
+
+
+def test_a_target_weights_file_as_the_drafter_is_refused_naming_the_key_and_every_layout(target):
+    """The message named neither the setting at fault nor the GGUF drafters it also takes."""
+    weights = target / "model.safetensors"
+    with pytest.raises(CheckpointError) as error:
+        _load(weights, target)
+    message = str(error.value)
+    assert message.startswith(f"speculative_config.model={str(weights)!r} is a file but not a drafter's native .pt")
+    assert "head.pt or its .gguf file" in message

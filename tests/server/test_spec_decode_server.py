@@ -10,6 +10,9 @@ import openai
 import pytest
 from server_support import PINNED_DATE, live_server
 
+from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.llm_engine import EngineConfig
+from glimmer.server.metrics import ServerMetrics
 from glimmer.tiny import TinyDrafterSpec, write_tiny_drafter
 
 MESSAGES = [{"role": "user", "content": "Count with me: one, two, three."}]
@@ -44,6 +47,29 @@ def test_replies_usage_and_metrics_with_speculation(make_tiny, drafter):
     assert samples["glimmer_spec_decode_acceptance_length_count"] == drafts
     assert samples['glimmer_spec_decode_acceptance_length_bucket{le="+Inf"}'] == drafts
     assert samples['glimmer_kv_blocks_used{group="draft"}'] == 0
+
+
+def test_a_scrape_reads_the_spec_decode_counters_of_one_moment(make_tiny, drafter):
+    """A scrape read each counter as it wrote it out, so a verification the engine thread recorded mid-scrape showed
+    more accepted tokens than proposed ones, and a histogram count other than the drafts."""
+    config = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4}
+    engine = AsyncEngine(EngineConfig(str(make_tiny()), progress=False, kv_cache_memory=8 << 20,
+                                      speculative_config=config))
+    try:
+        speculator = engine.engine.speculator
+        speculator.record_verification(4, 1)
+        samples = {}
+        for family in ServerMetrics(engine).registry.collect():
+            samples.update((sample.name, sample.value) for sample in family.samples)
+            if family.name == "glimmer_spec_decode_num_draft_tokens":
+                speculator.record_verification(4, 4)  # the engine thread, between two counters of the scrape
+    finally:
+        engine.shutdown()
+    assert samples["glimmer_spec_decode_num_drafts_total"] == 1
+    assert samples["glimmer_spec_decode_num_draft_tokens_total"] == 4
+    assert samples["glimmer_spec_decode_num_accepted_tokens_total"] == 1
+    assert samples["glimmer_spec_decode_acceptance_length_count"] == 1
+    assert samples["glimmer_spec_decode_acceptance_length_sum"] == 2
 
 
 def test_serve_refuses_a_bad_speculative_config_before_starting(make_tiny):
