@@ -20,7 +20,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from glimmer.default_model import DEFAULT_MODEL_BLURB
-from glimmer.engine.config_checks import parse_size as engine_parse_size
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
@@ -603,6 +602,8 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
 
 def parse_size(text: str) -> int:
     """Bytes from '8GiB', '512MB', '1.5gib' or a plain number of bytes."""
+    from glimmer.engine.config_checks import parse_size as engine_parse_size  # (imports torch: not for --help)
+
     try:
         return engine_parse_size(text)
     except ValueError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from glimmer.errors import ConfigError
-from glimmer.multimodal.sources import MediaFetchPolicy
+from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import REASONING_STRENGTHS
 
 DEFAULT_MAX_REQUEST_BYTES = 4 << 20

@@ -73,6 +73,23 @@ def test_python_dash_m_glimmer_is_the_glimmer_command():
         "glimmer: error: --port 0 is not a TCP port; choose one from 1 to 65535")
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["chat", "--help"], ["make-tiny", "--help"]])
+def test_help_imports_no_torch(argv):
+    """`glimmer --help` took 2.6 s: the CLI imported torch through `engine.config_checks`, `multimodal/__init__` and
+    `server.settings` (which read `MediaFetchPolicy` through `multimodal.sources`). Help and parsing need none of
+    it."""
+    probe = ("import sys\n"
+             "from glimmer.cli import main\n"
+             "try:\n"
+             f"    main({argv!r})\n"
+             "except SystemExit as exit_:\n"
+             "    assert exit_.code == 0, exit_.code\n"
+             "print('torch' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage: glimmer" in result.stdout and result.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port),
