@@ -243,7 +243,8 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
         raise ChatClientError(f"{url} answered HTTP {error.code}: {message}") from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
-        raise ChatClientError(f"cannot reach {url}: {reason}") from None
+        raise ChatClientError(f"cannot reach {url}: {reason}; start the server there (`glimmer serve`), or give the "
+                              "address it listens on, e.g. http://127.0.0.1:8000") from None
     try:
         cards = [card for card in json.loads(body)["data"] if isinstance(card["id"], str)]
     except (ValueError, KeyError, TypeError):

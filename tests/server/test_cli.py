@@ -233,6 +233,12 @@ def test_an_unreachable_url_is_one_line_and_a_failure(capsys):
     _fails_with_one_line(capsys, ["chat", "--url", url], f"cannot reach {url}: ")
 
 
+def test_an_unreachable_url_says_how_to_fix_it(capsys):
+    """It named only the connection error (`Connection refused`), not what to do about it."""
+    url = f"http://127.0.0.1:{free_port()}"
+    _fails_with_one_line(capsys, ["chat", "--url", url], f"cannot reach {url}: ", "glimmer serve", "address")
+
+
 def test_chat_with_a_model_the_server_does_not_serve_is_one_line_naming_the_served_ones(capsys, monkeypatch,
                                                                                        tiny_checkpoint):
     monkeypatch.setattr("builtins.input", lambda prompt: pytest.fail("a message was asked for before the check"))
