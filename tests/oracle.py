@@ -31,6 +31,8 @@ def reference_model(canonical_checkpoint: Path, dtype: torch.dtype = torch.float
     state = {}
     for file in sorted(canonical_checkpoint.glob("*.safetensors")):
         state.update(load_file(file))
+    if config.tie_word_embeddings:  # a tied checkpoint holds no lm_head.weight; the model's is the embedding
+        state.setdefault("lm_head.weight", state["model.language_model.embed_tokens.weight"])
     missing, unexpected = model.load_state_dict(state, strict=False)
     # a text-only checkpoint leaves the (unused) vision tower at its random init
     assert not unexpected, unexpected

@@ -11,7 +11,12 @@ from glimmer.checkpoint.chat_template_source import find_chat_template
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.formats import OpenedCheckpoint, is_config_only, open_checkpoint
 from glimmer.checkpoint.generation_config import load_generation_defaults
-from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, plan_weights
+from glimmer.checkpoint.weights import (
+    drop_vision_if_absent,
+    expected_parameters,
+    plan_weights,
+    untie_if_lm_head_stored,
+)
 from glimmer.errors import CheckpointError
 from glimmer.multimodal.settings import checkpoint_media_settings
 from glimmer.protocol import check_chat_template
@@ -81,7 +86,8 @@ def inspect_checkpoint(
         expected = expected_parameters(model_factory(config), config)
     else:
         file_format, layout = opened.format, opened.stored_layout or opened.weight_layout
-        config = drop_vision_if_absent(opened.config, opened.tensors, opened.weight_layout)
+        config = untie_if_lm_head_stored(drop_vision_if_absent(opened.config, opened.tensors, opened.weight_layout),
+                                         opened.tensors, opened.weight_layout)
         expected = expected_parameters(model_factory(config), config)
         plan_weights(config, opened.tensors, expected, opened.weight_layout)
     if config.vision is not None:

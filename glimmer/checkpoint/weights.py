@@ -47,6 +47,22 @@ def expected_parameters(model: nn.Module, config: ModelConfig) -> dict[str, tupl
     return expected
 
 
+def untie_if_lm_head_stored(config: ModelConfig, files: SafetensorsCheckpoint, layout: str) -> ModelConfig:
+    """A tied config whose checkpoint also stores an `lm_head`: transformers 5.23 loads that tensor and leaves the
+    head untied (the tie only fills a head the checkpoint lacks), so Glimmer uses the stored head too."""
+    if not config.text.tie_word_embeddings:
+        return config
+    head = locate(layout, _TIED_LM_HEAD, config)
+    embedding = locate(layout, "model.language_model.embed_tokens.weight", config)
+    if head is None or head.source not in files.tensors or (embedding and head.source == embedding.source):
+        return config
+    warning = (f"tie_word_embeddings is true but the checkpoint stores {head.source}; using it as an untied "
+               "lm_head, as transformers does")
+    logger.warning(warning)
+    return dataclasses.replace(config, text=dataclasses.replace(config.text, tie_word_embeddings=False),
+                               warnings=(*config.warnings, warning))
+
+
 def drop_vision_if_absent(config: ModelConfig, files: SafetensorsCheckpoint, layout: str) -> ModelConfig:
     """A checkpoint whose config describes a vision tower but that ships no vision tensors is text-only."""
     if config.vision is None:

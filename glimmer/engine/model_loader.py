@@ -20,7 +20,13 @@ from glimmer.checkpoint.drafter import open_drafter_checkpoint
 from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
 from glimmer.checkpoint.host_memory import check_fits_in_host_memory
 from glimmer.checkpoint.random_weights import randomize_parameters_
-from glimmer.checkpoint.weights import drop_vision_if_absent, expected_parameters, fill_parameters, plan_weights
+from glimmer.checkpoint.weights import (
+    drop_vision_if_absent,
+    expected_parameters,
+    fill_parameters,
+    plan_weights,
+    untie_if_lm_head_stored,
+)
 from glimmer.errors import ConfigError
 from glimmer.model.context import ForwardContext, KVGroupView
 from glimmer.model.drafter import DFlashDrafter
@@ -67,7 +73,7 @@ def load_model(
     if dummy:
         return _dummy_model(opened.config, dtype, device, seed)
     files, layout = opened.tensors, opened.weight_layout
-    config = drop_vision_if_absent(opened.config, files, layout)
+    config = untie_if_lm_head_stored(drop_vision_if_absent(opened.config, files, layout), files, layout)
     with torch.device("meta"):
         model = MuseGlimmerForConditionalGeneration(config).to(dtype)
     plan = plan_weights(config, files, expected_parameters(model, config), layout)

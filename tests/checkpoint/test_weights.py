@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from oracle import reference_logits, reference_model
 from safetensors.torch import load_file, save_file
 
 from glimmer.checkpoint.weight_layouts import (
@@ -617,3 +619,22 @@ def test_a_true_text_config_tie_is_ignored_as_transformers_ignores_it(make_tiny,
     assert any("text_config.tie_word_embeddings=true is ignored" in w and "set tie_word_embeddings=true to tie" in w
                for w in loaded.config.warnings)
     assert (_logits(path) - _reference_logits(reference)).abs().max().item() < 1e-4
+
+
+def test_tied_config_with_a_stored_lm_head_uses_it_as_the_reference_does(make_tiny, tmp_path):
+    """transformers 5.23 loads a stored lm_head.weight even when tie_word_embeddings is true (it ties only a head
+    the checkpoint lacks, verified with from_pretrained): the same tensors untied. Glimmer refused such a
+    checkpoint as holding another model's tensor."""
+    untied = make_tiny()
+    path = tmp_path / "tied"
+    shutil.copytree(untied, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": True}))
+    tensors = load_file(path / "model.safetensors")
+    assert not torch.equal(tensors["lm_head.weight"], tensors["model.language_model.embed_tokens.weight"])
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    ours = load_model(path, progress=False).model
+    ids = list(range(5, 30))
+    with torch.no_grad():
+        got = ours.compute_logits(ours(torch.tensor(ids), ForwardContext.without_cache([len(ids)])))
+    assert (got - reference_logits(reference_model(untied), ids)).abs().max().item() < 1e-4
