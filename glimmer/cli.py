@@ -341,8 +341,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
         ignored = _engine_options_given(args)
         if ignored:
+            pronoun = "it" if len(ignored) == 1 else "them"
             raise UsageError(f"--url chats with the model the server at {args.url} serves; {', '.join(ignored)} "
-                             "would be ignored: leave them out, or leave out --url to load the model in-process")
+                             f"would be ignored: leave {pronoun} out, or leave out --url to load the model in-process")
 
         try:
             check_server_url(args.url)

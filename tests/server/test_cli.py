@@ -274,7 +274,9 @@ def test_chat_with_a_url_refuses_a_max_tokens_the_servers_context_cannot_hold_be
 def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(capsys, tmp_path):
     """The server chose its model and engine: a MODEL or --max-model-len beside --url would be silently ignored."""
     _fails_with_one_line(capsys, ["chat", str(tmp_path), "--url", f"http://127.0.0.1:{free_port()}",
-                                  "--max-model-len", "100"], "MODEL, --max-model-len would be ignored")
+                                  "--max-model-len", "100"], "MODEL, --max-model-len would be ignored: leave them out")
+    _fails_with_one_line(capsys, ["chat", str(tmp_path), "--url", f"http://127.0.0.1:{free_port()}"],
+                         "MODEL would be ignored: leave it out, or leave out --url")
 
 
 def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, monkeypatch, tmp_path):
