@@ -114,6 +114,15 @@ def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_request
         engine.shutdown()
 
 
+@contextlib.contextmanager
+def agent_server(checkpoint: Path, **settings: Any) -> Iterator[LiveServer]:
+    """A scripted `live_server` that follows AGENT_SCRIPTS: the agent tests' server (settings as live_server's)."""
+    with live_server(checkpoint, scripted=True, **settings) as live:
+        for key, transcript in AGENT_SCRIPTS.items():
+            live.engine.engine.runner.add(key, transcript)
+        yield live
+
+
 class ScriptedRunner:
     """Stands in for `ModelRunner`: the next-token logits prefer what given transcripts say comes next.
 

@@ -7,7 +7,7 @@ import asyncio
 
 import openai
 import pytest
-from server_support import AGENT_SCRIPTS, live_server
+from server_support import agent_server
 
 agents = pytest.importorskip("agents")
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -15,9 +15,7 @@ langchain_openai = pytest.importorskip("langchain_openai")
 
 @pytest.fixture(scope="module")
 def server(make_tiny):
-    with live_server(make_tiny(), scripted=True) as live:
-        for key, transcript in AGENT_SCRIPTS.items():
-            live.engine.engine.runner.add(key, transcript)
+    with agent_server(make_tiny()) as live:
         yield live
 
 

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from server_support import AGENT_SCRIPTS, WEATHER_TOOL, live_server
+from server_support import WEATHER_TOOL, agent_server, live_server
 
 from glimmer.server.chat_client import (
     DIM,
@@ -243,10 +243,7 @@ RESULT_PROMPT = 'get_weather({"city": "Paris"}) result> '
 
 def scripted_tool_chat(make_tiny, lines):
     """A chat with --tools against a scripted server: [weather] calls get_weather, [sunny-result] answers."""
-    with live_server(make_tiny(), scripted=True) as server:
-        runner = server.engine.engine.runner
-        for key, text in AGENT_SCRIPTS.items():
-            runner.add(key, text)
+    with agent_server(make_tiny()) as server:
         prompts = []
         out = io.StringIO()
 
@@ -257,7 +254,7 @@ def scripted_tool_chat(make_tiny, lines):
         run_chat(server.url, model="tiny", api_key=None, out=out, read_line=read_line, tools=[WEATHER_TOOL],
                  request_options={"temperature": 0, "chat_template_kwargs": {"current_date": "2026-01-01"}},
                  color=False)
-        return out.getvalue(), prompts, runner.prompts
+        return out.getvalue(), prompts, server.engine.engine.runner.prompts
 
 
 def test_a_tool_call_in_the_chat_asks_for_its_result_and_the_reply_goes_on_from_it(make_tiny):

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from PIL import Image
-from server_support import AGENT_SCRIPTS, live_server
+from server_support import agent_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -31,9 +31,7 @@ TOOLS_JSON = ('[{"type": "function", "function": {"name": "get_weather", "parame
 
 @pytest.fixture(scope="module")
 def server(make_tiny):
-    with live_server(make_tiny(vision=True), scripted=True, api_key=KEY, require_cache_salt=True) as live:
-        for key, transcript in AGENT_SCRIPTS.items():
-            live.engine.engine.runner.add(key, transcript)
+    with agent_server(make_tiny(vision=True), api_key=KEY, require_cache_salt=True) as live:
         yield live
 
 

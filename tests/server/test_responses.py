@@ -10,7 +10,7 @@ import json
 import httpx
 import openai
 import pytest
-from server_support import AGENT_SCRIPTS, PINNED_DATE, live_server
+from server_support import PINNED_DATE, agent_server
 
 from glimmer.errors import RequestError
 from glimmer.server.response_store import ResponseStore
@@ -25,9 +25,7 @@ EXTRA = {"chat_template_kwargs": PINNED_DATE}
 
 @pytest.fixture(scope="module")
 def server(make_tiny):
-    with live_server(make_tiny(), scripted=True) as live:
-        for key, transcript in AGENT_SCRIPTS.items():
-            live.engine.engine.runner.add(key, transcript)
+    with agent_server(make_tiny()) as live:
         yield live
 
 
