@@ -29,7 +29,7 @@ from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
-from glimmer.server.choice_stream import ChoiceStream, Released
+from glimmer.server.choice_stream import ChoiceStream, Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
@@ -246,7 +246,7 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
                 for choice in run.choices:
                     yield run.chunk(choice.index, echo.delta())
             async for choice, released in chat_updates(run, first, stream):
-                for step in released:
+                for step in coalesced(released):
                     for chunk in _step_chunks(run, choice, step):
                         yield chunk
                 if choice.done:
@@ -262,9 +262,9 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
 
 
 def _step_chunks(run: ChatRun, choice: ChoiceStream, step: Released) -> list[str]:
-    """The chunks of what one token of `choice` released: one per event (P-API-3). The logprobs of the answer tokens
-    it decided go with its first content chunk, which carries their text; where that text is held back (a possible
-    stop string), in an empty-delta chunk of their own."""
+    """The chunks of one piece of what `choice` released (`coalesced`): one per event (P-API-3). The logprobs of the
+    answer tokens it decided go with its first content chunk, which carries their text; where that text is held
+    back (a possible stop string), in an empty-delta chunk of their own."""
     objects = stream_delta_objects(Delta.from_events(step.events), include_reasoning=run.request.include_reasoning)
     logprobs = run.logprobs(step.logprobs) if step.logprobs else None
     carrier = next((i for i, obj in enumerate(objects) if "content" in obj), None)

@@ -30,7 +30,7 @@ from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import without_hidden_tokens
 from glimmer.protocol import ContentTokens, OutputParser, count_reasoning_tokens, finish_reason
-from glimmer.protocol.deltas import Event
+from glimmer.protocol.deltas import Event, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,50 @@ class Released:
 
     events: list[Event]
     logprobs: list[TokenLogprobs]
+
+
+def coalesced(released: list[Released]) -> list[Released]:
+    """What one engine delta released, adjacent pieces of one kind joined: a delta coalesced for a client slower than
+    the engine goes out as one chunk per run of reasoning, answer or call arguments instead of one or more per token.
+    Each result holds one event, or none and logprobs. Each answer token's logprobs stay with the text that carries
+    them: entries whose text is still held back (a possible stop string) join the answer text that follows them in
+    the delta, or keep a result of their own, as they would without coalescing; concatenated, the results hold what
+    `released` held (P-API-4)."""
+    if len(released) == 1 and len(released[0].events) <= 1:
+        return released
+    out: list[Released] = []
+    for step in released:
+        carrier = next((i for i, (kind, _) in enumerate(step.events) if kind == "content"), None)
+        pieces = [Released([event], step.logprobs if i == carrier else []) for i, event in enumerate(step.events)]
+        if carrier is None and step.logprobs:
+            pieces.append(Released([], step.logprobs))
+        for piece in pieces:
+            joined = _joined(out[-1], piece) if out else None
+            if joined is None:
+                out.append(piece)
+            else:
+                out[-1] = joined
+    return out
+
+
+def _joined(first: Released, second: Released) -> Released | None:
+    """`first` followed by `second` as one piece of `coalesced`, or None where they go apart."""
+    logprobs = first.logprobs + second.logprobs
+    if not second.events:
+        return None if first.events else Released([], logprobs)
+    (kind, payload), = second.events
+    if not first.events:  # held-back entries go with the answer text that follows them
+        return Released(second.events, logprobs) if kind == "content" else None
+    (first_kind, first_payload), = first.events
+    if kind != first_kind:
+        return None
+    if kind == "tool_call":
+        if payload.is_start or payload.index != first_payload.index:
+            return None
+        call = ToolCallDelta(first_payload.index, first_payload.id, first_payload.name,
+                             first_payload.arguments + payload.arguments)
+        return Released([("tool_call", call)], logprobs)
+    return Released([(kind, first_payload + payload)], logprobs)
 
 
 class ChoiceStream:

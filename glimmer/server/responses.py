@@ -32,7 +32,7 @@ from glimmer.protocol.deltas import Event
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
 from glimmer.server.chat_prompt import build_chat_prompt
-from glimmer.server.choice_stream import Released
+from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
@@ -474,7 +474,7 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
         yield run.event({"type": "response.in_progress", "response": run.snapshot("in_progress")})
         try:
             async for _, released in chat_updates(run.chat, first, stream):
-                for step in released:
+                for step in coalesced(released):
                     for event in run.builder.feed(step.events, run.answer_logprobs(step)):
                         yield run.event(event)
             status = run.final_status()
