@@ -14,10 +14,11 @@ adds each choice's `prompt_logprobs` in vLLM's shape.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,6 +293,28 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
     yield DONE_EVENT
 
 
+def _coalesced(items: Iterable[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """`_merge`'s queued (prompt index, item) pairs with the deltas of each unfinished completion merged into its first:
+    a client slower than the engine gets what queued up for it a chunk per completion (the pumps read every stream as
+    it comes, so the engine's own coalescing never sees deltas wait). Ends of streams and errors keep their place."""
+    out: list[tuple[int, Any]] = []
+    unfinished: dict[tuple[int, int], int] = {}  # (prompt index, completion index) → its delta's place in `out`
+    for prompt_index, item in items:
+        if not isinstance(item, StepDelta):
+            out.append((prompt_index, item))
+            continue
+        key = (prompt_index, item.index)
+        at = unfinished.pop(key, None)
+        if at is None:
+            out.append((prompt_index, item))
+            at = len(out) - 1
+        else:
+            out[at] = (prompt_index, out[at][1].merged(item))
+        if item.finish_reason is None:
+            unfinished[key] = at
+    return out
+
+
 async def _merge(streams: list[AsyncIterator[StepDelta]], firsts: list[StepDelta],
                  n: int) -> AsyncIterator[tuple[int, StepDelta]]:
     """(choice index, delta) from every prompt's stream as they come; closing this closes them all."""
@@ -311,8 +334,14 @@ async def _merge(streams: list[AsyncIterator[StepDelta]], firsts: list[StepDelta
         for i, first in enumerate(firsts):
             yield i * n + first.index, first
         remaining = len(tasks)
+        pending: collections.deque = collections.deque()
         while remaining:
-            prompt_index, item = await queue.get()
+            if not pending:  # everything that came since the last read, a completion's deltas as one
+                pending.append(await queue.get())
+                while not queue.empty():
+                    pending.append(queue.get_nowait())
+                pending = collections.deque(_coalesced(pending))
+            prompt_index, item = pending.popleft()
             if item is None:
                 remaining -= 1
             elif isinstance(item, Exception):

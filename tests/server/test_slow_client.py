@@ -113,11 +113,10 @@ def test_a_slow_readers_chat_stream_is_the_whole_reply_in_fewer_chunks(server):
         assert (joined["reasoning"], joined["content"]) == (message["reasoning_content"], message["content"])
         assert joined["logprobs"] == whole["choices"][0]["logprobs"]["content"]
         assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    # a fast reader's stream has about a chunk a token; a slow reader's gets them a run at a time
-    answer_tokens = len(whole["choices"][0]["logprobs"]["content"])
-    assert _chunks_with(fast, "content") > answer_tokens / 2 > 60
-    assert _chunks_with(slow, "content") < answer_tokens / 3
-    assert _chunks_with(slow, "reasoning_content") < _chunks_with(fast, "reasoning_content") / 3
+    # a slow reader gets the tokens that queued up for it a run at a time, not a chunk a token (with 50 ms a write the
+    # tokens come faster than that; a fast reader's count depends on the machine's load, so it is not compared)
+    assert len(whole["choices"][0]["logprobs"]["content"]) > 120
+    assert _chunks_with(slow, "content") < 20 and _chunks_with(slow, "reasoning_content") < 20
     for chunk in slow:  # each chunk's entries spell its own text
         for choice in chunk["choices"]:
             entries = (choice.get("logprobs") or {}).get("content") or []
@@ -135,7 +134,7 @@ def test_a_slow_readers_tool_call_arguments_come_in_fewer_fragments(server):
     for chunks in (fast, slow):
         assert _joined_stream(chunks)["calls"] == [{"name": "record", "arguments": call["function"]["arguments"]}]
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert _chunks_with(slow, "tool_calls") < _chunks_with(fast, "tool_calls") / 3
+    assert _chunks_with(slow, "tool_calls") < 18 / 3  # a start, 16 parameters and the close apart (P-ATEM-4)
 
 
 def test_a_slow_readers_responses_stream_is_the_whole_response_in_fewer_deltas(server):
@@ -154,7 +153,7 @@ def test_a_slow_readers_responses_stream_is_the_whole_response_in_fewer_deltas(s
                                                                    slow[-1]["response"]["output"], strict=True)]
     for kind in ("response.output_text.delta", "response.reasoning_text.delta",
                  "response.reasoning_summary_text.delta"):
-        assert len(deltas(slow, kind)) < len(deltas(fast, kind)) / 3
+        assert len(deltas(slow, kind)) < 20  # each of about 300 tokens a delta of its own before
     text = "".join(event["delta"] for event in deltas(slow, "response.output_text.delta"))
     assert text == f"Answer {_WORDS}."
     assert [entry for event in deltas(slow, "response.output_text.delta") for entry in event["logprobs"]] == \
@@ -194,3 +193,19 @@ def test_coalesced_keeps_held_entries_apart_when_no_answer_text_follows_and_one_
     assert coalesced([held, Released([("reasoning", "x")], [])]) == [held, Released([("reasoning", "x")], [])]
     one = [Released([("content", "Hi")], [_lp(1)])]
     assert coalesced(one) is one
+
+
+@pytest.mark.parametrize("fields", [{}, {"n": 2}, {"prompt": ["[long-answer]", "[long-answer] again"]}],
+                         ids=["one", "n=2", "two-prompts"])
+def test_a_slow_readers_completions_stream_is_the_same_text_in_fewer_chunks(server, fields):
+    body = {"model": "tiny", "prompt": "[long-answer]", "temperature": 0, "max_tokens": 200, "ignore_eos": True,
+            "logprobs": 1, **fields}
+    whole = json.loads(asyncio.run(_request(server.app, "/v1/completions", body, 0.0)))
+    slow = _events(asyncio.run(_request(server.app, "/v1/completions", {**body, "stream": True}, DELAY_S)))
+    for choice in whole["choices"]:
+        pieces = [c for chunk in slow for c in chunk["choices"] if c["index"] == choice["index"]]
+        assert "".join(piece["text"] for piece in pieces) == choice["text"]
+        for field in ("tokens", "token_logprobs", "text_offset"):
+            assert [value for piece in pieces for value in piece["logprobs"][field]] == choice["logprobs"][field]
+        assert pieces[-1]["finish_reason"] == choice["finish_reason"] == "length"
+        assert len(pieces) < 20  # of 200 tokens
