@@ -469,6 +469,8 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
                 raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
+        if params.strict:
+            _refuse_min_properties_of_repeatable_keys(schema, param)
         return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
     try:
         if kind == "regex":
@@ -559,6 +561,35 @@ def _without_annotations(schema: Any) -> Any:
         else:
             kept[key] = _without_annotations(value)
     return kept
+
+
+def _refuse_min_properties_of_repeatable_keys(schema: Any, param: str) -> None:
+    """RequestError(param) for a `minProperties` (at any level of `schema`) that asks for more keys than its object's
+    `required` lists: the others would be keys of `patternProperties` or `additionalProperties`, which the grammar
+    engine counts as written without keeping them distinct, so `{"a": 1, "a": 2}` met a `minProperties` of 2 while
+    it parses to one key. A strict schema promises every keyword; a non-strict one leaves it a hint."""
+    if isinstance(schema, list):
+        for member in schema:
+            _refuse_min_properties_of_repeatable_keys(member, param)
+        return
+    if not isinstance(schema, dict):
+        return
+    minimum = schema.get("minProperties")
+    required = schema.get("required")
+    required_keys = {key for key in required if isinstance(key, str)} if isinstance(required, list) else set()
+    if isinstance(minimum, int) and not isinstance(minimum, bool) and minimum > len(required_keys) and (
+            schema.get("additionalProperties", True) is not False or schema.get("patternProperties")):
+        raise RequestError(f"{param}: minProperties {minimum} cannot be enforced beyond the {len(required_keys)} "
+                           "keys in required: the grammar engine cannot keep the keys of patternProperties or "
+                           "additionalProperties distinct (a key written twice would count twice); list the keys "
+                           "in properties and required, or leave minProperties out", param=param)
+    for key, value in schema.items():
+        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
+            continue
+        if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            _refuse_min_properties_of_repeatable_keys(list(value.values()), param)
+        else:
+            _refuse_min_properties_of_repeatable_keys(value, param)
 
 
 def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:

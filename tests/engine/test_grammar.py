@@ -326,6 +326,31 @@ def test_a_valid_schema_passes_the_check_unimplemented_keywords_included(schema)
     check_json_schema(schema, "tools[0].function.parameters")  # lenient, as a non-strict schema: no error
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 2},
+    {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+     "additionalProperties": {"type": "string"}, "minProperties": 2},
+    {"type": "array", "items": {"$ref": "#/$defs/counts"},
+     "$defs": {"counts": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}}},
+])
+def test_a_strict_min_properties_beyond_the_required_keys_is_refused_naming_it(schema):
+    """Keys of patternProperties or additionalProperties may repeat (next test): a strict schema cannot have it."""
+    for param in ("response_format.json_schema.schema", "tools[0].function.parameters"):
+        with pytest.raises(RequestError) as raised:
+            check_json_schema(schema, param, strict=True)
+        assert raised.value.param == param and "minProperties" in str(raised.value)
+    check_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                       "additionalProperties": {"type": "integer"}, "minProperties": 1}, "p", strict=True)
+
+
+def test_the_grammar_engine_lets_a_key_of_pattern_properties_repeat(compiler, tokenizer):
+    """Why a strict minProperties beyond `required` is refused: `{"a": 1, "a": 2}` counts two keys, parses to one."""
+    schema = {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 2}
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
+    twice = tokenizer.encode_text('{"a": 1, "a": 2}')
+    assert matcher.try_consume_tokens(twice) == len(twice) and matcher.is_accepting()
+
+
 def test_structured_outputs_params_take_exactly_one_constraint():
     with pytest.raises(RequestError, match="exactly one"):
         StructuredOutputsParams(json={}, regex="a")
