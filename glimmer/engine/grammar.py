@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -470,7 +471,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
         if params.strict:
-            _refuse_min_properties_of_repeatable_keys(schema, param)
+            _refuse_what_the_engine_cannot_enforce(schema, param)
         return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
     try:
         if kind == "regex":
@@ -563,33 +564,73 @@ def _without_annotations(schema: Any) -> Any:
     return kept
 
 
-def _refuse_min_properties_of_repeatable_keys(schema: Any, param: str) -> None:
-    """RequestError(param) for a `minProperties` (at any level of `schema`) that asks for more keys than its object's
-    `required` lists: the others would be keys of `patternProperties` or `additionalProperties`, which the grammar
-    engine counts as written without keeping them distinct, so `{"a": 1, "a": 2}` met a `minProperties` of 2 while
-    it parses to one key. A strict schema promises every keyword; a non-strict one leaves it a hint."""
+def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str) -> None:
+    """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
+    not hold the output to: a strict schema promises every keyword; a non-strict one leaves them hints."""
+    for node in _subschemas(schema):
+        reason = _min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
+        if reason:
+            raise RequestError(f"{param}: {reason}", param=param)
+
+
+def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object in `schema` that is a schema, `schema` itself first; `enum` and `const` values and annotations
+    are no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are."""
     if isinstance(schema, list):
         for member in schema:
-            _refuse_min_properties_of_repeatable_keys(member, param)
+            yield from _subschemas(member)
         return
     if not isinstance(schema, dict):
         return
-    minimum = schema.get("minProperties")
-    required = schema.get("required")
-    required_keys = {key for key in required if isinstance(key, str)} if isinstance(required, list) else set()
-    if isinstance(minimum, int) and not isinstance(minimum, bool) and minimum > len(required_keys) and (
-            schema.get("additionalProperties", True) is not False or schema.get("patternProperties")):
-        raise RequestError(f"{param}: minProperties {minimum} cannot be enforced beyond the {len(required_keys)} "
-                           "keys in required: the grammar engine cannot keep the keys of patternProperties or "
-                           "additionalProperties distinct (a key written twice would count twice); list the keys "
-                           "in properties and required, or leave minProperties out", param=param)
+    yield schema
     for key, value in schema.items():
         if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
             continue
-        if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            _refuse_min_properties_of_repeatable_keys(list(value.values()), param)
-        else:
-            _refuse_min_properties_of_repeatable_keys(value, param)
+        yield from _subschemas(list(value.values()) if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict)
+                               else value)
+
+
+def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:
+    """A `minProperties` asking for more keys than `required` lists: the others would be keys of `patternProperties`
+    or `additionalProperties`, which the grammar engine counts as written without keeping them distinct, so
+    `{"a": 1, "a": 2}` met a `minProperties` of 2 while it parses to one key."""
+    minimum = node.get("minProperties")
+    required = node.get("required")
+    required_keys = {key for key in required if isinstance(key, str)} if isinstance(required, list) else set()
+    if not _is_number(minimum) or minimum <= len(required_keys) or (
+            node.get("additionalProperties", True) is False and not node.get("patternProperties")):
+        return None
+    return (f"minProperties {minimum} cannot be enforced beyond the {len(required_keys)} keys in required: the "
+            "grammar engine cannot keep the keys of patternProperties or additionalProperties distinct (a key "
+            "written twice would count twice); list the keys in properties and required, or leave minProperties out")
+
+
+def _exclusive_bound_on_its_integer(node: dict[str, Any]) -> str | None:
+    """An `exclusiveMinimum` or `exclusiveMaximum` of a number that is an integer whose digits the other bound shares
+    (`exclusiveMinimum: 0` with `maximum: 0.5`, `exclusiveMaximum: -2` with `minimum: -2.5`): the grammar engine
+    writes such a range as that integer part and a fraction, and lets the fraction be left out, so the output could
+    be the excluded integer itself (`0`, `-0`, `-2`)."""
+    kinds = node.get("type", "number")
+    if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
+        return None  # an integer's range is no integer part and fraction
+    for exclusive, others in (("exclusiveMinimum", ("maximum", "exclusiveMaximum")),
+                              ("exclusiveMaximum", ("minimum", "exclusiveMinimum"))):
+        bound = node.get(exclusive)
+        if not _is_number(bound) or not (isinstance(bound, int) or math.isfinite(bound) and bound.is_integer()):
+            continue
+        for other in others:
+            value = node.get(other)
+            if _is_number(value) and (isinstance(value, int) or math.isfinite(value)) and value != bound \
+                    and math.trunc(value) == bound:
+                written = "-0" if bound == 0 and value < 0 else str(int(bound))
+                inclusive = "minimum just above" if exclusive == "exclusiveMinimum" else "maximum just below"
+                return (f"{exclusive} {bound} with {other} {value} cannot be enforced: the grammar engine would let "
+                        f"the number be {written}; give a {inclusive} it instead")
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:

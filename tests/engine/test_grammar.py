@@ -351,6 +351,34 @@ def test_the_grammar_engine_lets_a_key_of_pattern_properties_repeat(compiler, to
     assert matcher.try_consume_tokens(twice) == len(twice) and matcher.is_accepting()
 
 
+@pytest.mark.parametrize(("schema", "excluded", "keyword"), [
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, "0", "exclusiveMinimum"),
+    ({"type": ["number", "null"], "exclusiveMinimum": 1, "exclusiveMaximum": 1.001}, "1", "exclusiveMinimum"),
+    ({"type": "number", "minimum": -0.5, "exclusiveMaximum": 0}, "-0", "exclusiveMaximum"),
+    ({"type": "number", "minimum": -2.5, "exclusiveMaximum": -2}, "-2", "exclusiveMaximum"),
+])
+def test_a_strict_exclusive_bound_the_engine_would_let_through_is_refused_naming_it(compiler, tokenizer, schema,
+                                                                                     excluded, keyword):
+    """The grammar engine writes such a range as the bound's integer part and a fraction it lets be left out."""
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
+    ids = tokenizer.encode_text(excluded)
+    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
+    with pytest.raises(RequestError) as raised:
+        check_json_schema({"type": "object", "properties": {"p": schema}}, "response_format", strict=True)
+    assert raised.value.param == "response_format"
+    assert f"{keyword} " in str(raised.value) and f"the number be {excluded};" in str(raised.value)
+
+
+@pytest.mark.parametrize(("schema", "excluded"), [({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "0"),
+                                                  ({"type": "number", "exclusiveMinimum": -1, "maximum": -0.5}, "-1"),
+                                                  ({"type": "number", "minimum": 2.5, "exclusiveMaximum": 3}, "3"),
+                                                  ({"type": "integer", "exclusiveMinimum": 0, "maximum": 5}, "0")])
+def test_an_exclusive_bound_the_engine_holds_is_served_strict(compiler, tokenizer, schema, excluded):
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema))().matcher
+    ids = tokenizer.encode_text(excluded)
+    assert not (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting())
+
+
 def test_structured_outputs_params_take_exactly_one_constraint():
     with pytest.raises(RequestError, match="exactly one"):
         StructuredOutputsParams(json={}, regex="a")
