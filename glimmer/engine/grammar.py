@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 _ERROR_MESSAGE_MAX = 300
 _SOURCE_POSITION = re.compile(r"^at \d+\(\d+\): ")
+_BOUND_PAST_LIMITS = re.compile(r"Failed to generate regex for (integer|float) range")
+"""llguidance's refusal of a bound past ±2^63, naming the bound it clamped (`min=Some(-9223372036854775808)`)."""
 COMPILED_CACHE_SIZE = 256
 """Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
 
@@ -510,6 +512,9 @@ def _refused(param: str, message: str, *, internal: bool = False, hint: str = ""
     """The grammar engine's refusal of the constraint in `param`. `internal`: the grammar is Glimmer's own (a turn's),
     whose source the engine lists after its error: only the error goes out, not that source."""
     reason = _without_source(message) if internal else _first_lines(message)
+    if _BOUND_PAST_LIMITS.search(reason):  # its own words name neither the keyword nor the value given
+        reason, hint = ("a minimum or maximum (or exclusive bound) this far from zero, at or past about ±9.2e18 "
+                        "(2^63), is beyond the numbers it can bound; bring the bound within ±9e18 or leave it out"), ""
     return RequestError(f"{param}: the grammar engine refused it: {reason}{hint}", param=param)
 
 

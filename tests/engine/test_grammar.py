@@ -317,6 +317,22 @@ def test_a_schema_the_grammar_engine_refuses_is_refused_naming_the_field_without
     assert words in str(raised.value)
 
 
+@pytest.mark.parametrize("bounds", [{"minimum": -2 ** 63, "maximum": 2 ** 63 - 1}, {"minimum": -1e19},
+                                    {"type": "number", "maximum": 1e300},
+                                    {"type": "number", "exclusiveMinimum": -1e20}])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_bound_past_the_engines_numbers_is_refused_naming_the_keywords(bounds, strict):
+    """llguidance's words were `integer range: min=Some(-9223372036854775808), max=None` for a minimum of -1e19."""
+    schema = {"type": "object", "properties": {"id": {"type": "integer", **bounds}}}
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "response_format.json_schema.schema", strict=strict)
+    message = str(raised.value)
+    assert raised.value.param == "response_format.json_schema.schema"
+    assert "minimum or maximum" in message and "9.2e18" in message and "Some(" not in message
+    assert '"strict": true' not in message  # no hint that a non-strict schema would pass
+    check_json_schema({"type": "integer", "minimum": -9e18, "maximum": 9e18}, "p", strict=strict)
+
+
 @pytest.mark.parametrize("schema", [
     {}, {"type": "object", "properties": {}},
     {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}, "day": {"format": "weekday"}}},
