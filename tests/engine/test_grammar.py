@@ -248,6 +248,18 @@ def test_masks_of_a_batch_constrain_only_their_rows(compiler, tokenizer):
     assert masks.fill([None, None]) is None
 
 
+def test_a_choice_holding_control_characters_admits_exactly_its_text(compiler, tokenizer):
+    """A choice holding DEL (U+007F) was refused with the grammar engine's `lexer error` quoting the grammar."""
+    choices = ["x\x7fy", "tab\there", "nul\x00", 'q"uote\\']
+    for choice in choices:
+        matcher = compiler.structured_outputs(StructuredOutputsParams(choice=choices))().matcher
+        ids = tokenizer.encode_text(choice)
+        assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting(), choice
+    matcher = compiler.structured_outputs(StructuredOutputsParams(choice=choices))().matcher
+    ids = tokenizer.encode_text("x\\u007fy")
+    assert matcher.try_consume_tokens(ids) < len(ids)  # the escape is the grammar's, not the text's
+
+
 def test_masks_fit_a_padded_vocabulary_and_forbid_its_padding(tokenizer):
     """A model whose logit rows outnumber the tokenizer's ids in another count of 32-bit words (glimmer-nano:
     2,112 rows, 2,067 tokens) gets masks of its own width, with every padded row forbidden."""
