@@ -37,7 +37,7 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol.tokens import EOT, MESSAGE
-from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, turn_grammar
+from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
 
 logger = logging.getLogger(__name__)
 
@@ -522,9 +522,7 @@ def _choice_grammar(choices: list[str]) -> str:
     """One of `choices`, as one lexeme: an alternation of literals in a terminal (a regular language, matched by
     the lexer) rather than of rules, whose parser rows grow with the choices until the grammar engine's limit
     (2,000 items) stops generation in the middle of a choice."""
-    # json.dumps escapes the C0 controls but not DEL, which the grammar's lexer refuses raw in a literal
-    literals = sorted({json.dumps(choice, ensure_ascii=False).replace("\x7f", "\\u007f") for choice in choices
-                       if choice})
+    literals = sorted({lark_string(choice) for choice in choices if choice})
     if not literals:
         return 'start: ""'
     optional = "?" if "" in choices else ""

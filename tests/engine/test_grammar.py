@@ -260,6 +260,15 @@ def test_a_choice_holding_control_characters_admits_exactly_its_text(compiler, t
     assert matcher.try_consume_tokens(ids) < len(ids)  # the escape is the grammar's, not the text's
 
 
+def test_a_forced_call_of_a_parameter_named_with_del_is_served(compiler, tokenizer):
+    """Its tag's literal held DEL (U+007F) raw: the turn was a 400 quoting the grammar engine's `lexer error`."""
+    tool = normalize_tools([{"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"x\x7fy": {"type": "integer"}}, "required": ["x\x7fy"]}}])[0]
+    constraint = TurnConstraint(call_tools=[tool], must_call=True)
+    assert admits(compiler, tokenizer, constraint, call("f", ("x\x7fy", "1")) + "<|eot|>")
+    assert not admits(compiler, tokenizer, constraint, call("f", ("x\\u007fy", "1")) + "<|eot|>")
+
+
 def test_masks_fit_a_padded_vocabulary_and_forbid_its_padding(tokenizer):
     """A model whose logit rows outnumber the tokenizer's ids in another count of 32-bit words (glimmer-nano:
     2,112 rows, 2,067 tokens) gets masks of its own width, with every padded row forbidden."""
