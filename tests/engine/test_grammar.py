@@ -7,6 +7,8 @@ uses, so the masks the sampler applies are the ones these tests reason about.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -414,6 +416,24 @@ def test_an_exclusive_bound_the_engine_holds_is_served_strict(compiler, tokenize
     matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema))().matcher
     ids = tokenizer.encode_text(excluded)
     assert not (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting())
+
+
+@pytest.mark.parametrize(("schema", "leap", "not_leap"), [
+    ({"type": "string", "format": "date"}, "2024-02-29", "2023-02-29"),
+    ({"type": "string", "format": "date"}, "2000-02-29", "1900-02-29"),
+    ({"type": "string", "format": "date-time"}, "2024-02-29T08:30:00Z", "2023-02-29T08:30:00Z"),
+    ({"type": ["string", "null"], "format": "date", "pattern": "^20", "allOf": [{"maxLength": 10}]}, "2024-02-29",
+     "2023-02-29"),
+])
+def test_a_date_format_takes_february_29th_in_leap_years_only(compiler, tokenizer, schema, leap, not_leap):
+    """RFC 3339 §5.7; the grammar engine's format regexes took `2023-02-29`, which no date parser reads."""
+    for strict in (True, False):
+        params = StructuredOutputsParams(json={"type": "object", "properties": {"d": schema}, "required": ["d"]},
+                                         strict=strict)
+        for text, admitted in ((leap, True), (not_leap, False), ("2023-03-01" + leap[10:], True)):
+            matcher = compiler.structured_outputs(params)().matcher
+            ids = tokenizer.encode_text(json.dumps({"d": text}))
+            assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) is admitted, text
 
 
 def test_structured_outputs_params_take_exactly_one_constraint():
