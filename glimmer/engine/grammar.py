@@ -474,7 +474,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
         if params.strict:
             _refuse_what_the_engine_cannot_enforce(schema, param)
-        return {"json_schema": laid_out_schema(_with_leap_years(schema), strict=bool(params.strict))}
+        return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
     try:
         if kind == "regex":
             grammar = llguidance.grammar_from("regex", params.regex)
@@ -566,31 +566,6 @@ def _without_annotations(schema: Any) -> Any:
             kept[key] = {name: _without_annotations(member) for name, member in value.items()}
         else:
             kept[key] = _without_annotations(value)
-    return kept
-
-
-_LEAP_AWARE_DATE = ("^(?:[0-9]{4}-(?:0[13-9]|1[0-2])|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])|"
-                    "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)")
-"""The date an RFC 3339 `date` or `date-time` begins with, February 29th in leap years only (RFC 3339 §5.7): the
-grammar engine's own `format` regexes take it in every year (`2023-02-29`)."""
-
-
-def _with_leap_years(schema: Any) -> Any:
-    """`schema` with `_LEAP_AWARE_DATE` required (through `allOf`) beside every `format` `date` and `date-time`."""
-    if isinstance(schema, list):
-        return [_with_leap_years(member) for member in schema]
-    if not isinstance(schema, dict):
-        return schema
-    kept: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
-            kept[key] = value
-        elif key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            kept[key] = {name: _with_leap_years(member) for name, member in value.items()}
-        else:
-            kept[key] = _with_leap_years(value)
-    if schema.get("format") in ("date", "date-time") and isinstance(kept.get("allOf", []), list):
-        kept["allOf"] = [*kept.get("allOf", []), {"pattern": _LEAP_AWARE_DATE}]
     return kept
 
 

@@ -69,8 +69,30 @@ def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any
     keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
     `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win."""
     custom = schema.get("x-guidance")
-    return {**schema, "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
-                                     **(custom if isinstance(custom, Mapping) else {})}}
+    return {**_with_leap_years(schema), "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
+                                                       **(custom if isinstance(custom, Mapping) else {})}}
+
+
+_LEAP_AWARE_DATE = ("^(?:[0-9]{4}-(?:0[13-9]|1[0-2])|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])|"
+                    "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)")
+"""The date an RFC 3339 `date` or `date-time` begins with, February 29th in leap years only (RFC 3339 §5.7): the
+grammar engine's own `format` regexes take it in every year (`2023-02-29`)."""
+_VALUE_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+"""Keywords whose values are JSON values, not schemas: left as they are."""
+
+
+def _with_leap_years(schema: Any) -> Any:
+    """`schema` with `_LEAP_AWARE_DATE` required (through `allOf`) beside every `format` `date` and `date-time`.
+    The maps of subschemas (`properties`, `$defs`, ...) are walked as schemas too: a name maps to a schema, never
+    to the string `date`."""
+    if isinstance(schema, list):
+        return [_with_leap_years(member) for member in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    kept = {key: value if key in _VALUE_KEYWORDS else _with_leap_years(value) for key, value in schema.items()}
+    if schema.get("format") in ("date", "date-time") and isinstance(kept.get("allOf", []), list):
+        kept["allOf"] = [*kept.get("allOf", []), {"pattern": _LEAP_AWARE_DATE}]
+    return kept
 
 
 @dataclass(frozen=True)

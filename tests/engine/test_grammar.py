@@ -436,6 +436,16 @@ def test_a_date_format_takes_february_29th_in_leap_years_only(compiler, tokenize
             assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) is admitted, text
 
 
+def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_only(compiler, tokenizer):
+    day = {"type": "object", "properties": {"on": {"type": "string", "format": "date"}}, "required": ["on"]}
+    for strict in (True, False):
+        tool = normalize_tools([{"name": "book", "strict": strict, "parameters": {
+            "type": "object", "properties": {"day": day}, "required": ["day"]}}])[0]
+        constraint = TurnConstraint(call_tools=[tool], must_call=True)
+        assert admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2024-02-29"}')) + "<|eot|>")
+        assert not admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2023-02-29"}')) + "<|eot|>")
+
+
 def test_structured_outputs_params_take_exactly_one_constraint():
     with pytest.raises(RequestError, match="exactly one"):
         StructuredOutputsParams(json={}, regex="a")
