@@ -472,9 +472,12 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
                 raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
-        if params.strict:
-            _refuse_what_the_engine_cannot_enforce(schema, param)
-        return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
+        try:
+            if params.strict:
+                _refuse_what_the_engine_cannot_enforce(schema, param)
+            return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
+        except RecursionError:  # the walks of the schema are recursive, as json.dumps is
+            raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
     try:
         if kind == "regex":
             grammar = llguidance.grammar_from("regex", params.regex)

@@ -446,6 +446,19 @@ def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_onl
         assert not admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2023-02-29"}')) + "<|eot|>")
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_schema_nested_past_pythons_recursion_is_refused_naming_the_field(strict):
+    """The schema walks (strict keywords, leap years) raised RecursionError from LLM.chat's tools and answers."""
+    schema: dict = {"type": "integer"}
+    for _ in range(700):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "tools[0].function.parameters", strict=strict)
+    assert raised.value.param == "tools[0].function.parameters" and "nested too deeply" in str(raised.value)
+    with pytest.raises(RequestError, match="^response_format: the JSON schema is nested too deeply"):
+        answer_grammar(StructuredOutputsParams(json=schema, strict=strict), "response_format")
+
+
 def test_structured_outputs_params_take_exactly_one_constraint():
     with pytest.raises(RequestError, match="exactly one"):
         StructuredOutputsParams(json={}, regex="a")
