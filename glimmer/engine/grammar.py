@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,12 +37,14 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol.tokens import EOT, MESSAGE
-from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, turn_grammar
+from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
 
 logger = logging.getLogger(__name__)
 
 _ERROR_MESSAGE_MAX = 300
 _SOURCE_POSITION = re.compile(r"^at \d+\(\d+\): ")
+_BOUND_PAST_LIMITS = re.compile(r"Failed to generate regex for (integer|float) range")
+"""llguidance's refusal of a bound past ±2^63, naming the bound it clamped (`min=Some(-9223372036854775808)`)."""
 COMPILED_CACHE_SIZE = 256
 """Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
 
@@ -469,7 +472,12 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
                 raise RequestError(f"{param}: the JSON schema is not valid JSON: {exc}", param=param) from None
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
-        return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
+        try:
+            if params.strict:
+                _refuse_what_the_engine_cannot_enforce(schema, param)
+            return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
+        except RecursionError:  # the walks of the schema are recursive, as json.dumps is
+            raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
     try:
         if kind == "regex":
             grammar = llguidance.grammar_from("regex", params.regex)
@@ -507,6 +515,9 @@ def _refused(param: str, message: str, *, internal: bool = False, hint: str = ""
     """The grammar engine's refusal of the constraint in `param`. `internal`: the grammar is Glimmer's own (a turn's),
     whose source the engine lists after its error: only the error goes out, not that source."""
     reason = _without_source(message) if internal else _first_lines(message)
+    if _BOUND_PAST_LIMITS.search(reason):  # its own words name neither the keyword nor the value given
+        reason, hint = ("a minimum or maximum (or exclusive bound) this far from zero, at or past about ±9.2e18 "
+                        "(2^63), is beyond the numbers it can bound; bring the bound within ±9e18 or leave it out"), ""
     return RequestError(f"{param}: the grammar engine refused it: {reason}{hint}", param=param)
 
 
@@ -514,7 +525,7 @@ def _choice_grammar(choices: list[str]) -> str:
     """One of `choices`, as one lexeme: an alternation of literals in a terminal (a regular language, matched by
     the lexer) rather than of rules, whose parser rows grow with the choices until the grammar engine's limit
     (2,000 items) stops generation in the middle of a choice."""
-    literals = sorted({json.dumps(choice, ensure_ascii=False) for choice in choices if choice})
+    literals = sorted({lark_string(choice) for choice in choices if choice})
     if not literals:
         return 'start: ""'
     optional = "?" if "" in choices else ""
@@ -559,6 +570,75 @@ def _without_annotations(schema: Any) -> Any:
         else:
             kept[key] = _without_annotations(value)
     return kept
+
+
+def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str) -> None:
+    """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
+    not hold the output to: a strict schema promises every keyword; a non-strict one leaves them hints."""
+    for node in _subschemas(schema):
+        reason = _min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
+        if reason:
+            raise RequestError(f"{param}: {reason}", param=param)
+
+
+def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object in `schema` that is a schema, `schema` itself first; `enum` and `const` values and annotations
+    are no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are."""
+    if isinstance(schema, list):
+        for member in schema:
+            yield from _subschemas(member)
+        return
+    if not isinstance(schema, dict):
+        return
+    yield schema
+    for key, value in schema.items():
+        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
+            continue
+        yield from _subschemas(list(value.values()) if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict)
+                               else value)
+
+
+def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:
+    """A `minProperties` asking for more keys than `required` lists: the others would be keys of `patternProperties`
+    or `additionalProperties`, which the grammar engine counts as written without keeping them distinct, so
+    `{"a": 1, "a": 2}` met a `minProperties` of 2 while it parses to one key."""
+    minimum = node.get("minProperties")
+    required = node.get("required")
+    required_keys = {key for key in required if isinstance(key, str)} if isinstance(required, list) else set()
+    if not _is_number(minimum) or minimum <= len(required_keys) or (
+            node.get("additionalProperties", True) is False and not node.get("patternProperties")):
+        return None
+    return (f"minProperties {minimum} cannot be enforced beyond the {len(required_keys)} keys in required: the "
+            "grammar engine cannot keep the keys of patternProperties or additionalProperties distinct (a key "
+            "written twice would count twice); list the keys in properties and required, or leave minProperties out")
+
+
+def _exclusive_bound_on_its_integer(node: dict[str, Any]) -> str | None:
+    """An `exclusiveMinimum` or `exclusiveMaximum` of a number that is an integer whose digits the other bound shares
+    (`exclusiveMinimum: 0` with `maximum: 0.5`, `exclusiveMaximum: -2` with `minimum: -2.5`): the grammar engine
+    writes such a range as that integer part and a fraction, and lets the fraction be left out, so the output could
+    be the excluded integer itself (`0`, `-0`, `-2`)."""
+    kinds = node.get("type", "number")
+    if "number" not in (kinds if isinstance(kinds, list) else [kinds]):
+        return None  # an integer's range is no integer part and fraction
+    for exclusive, others in (("exclusiveMinimum", ("maximum", "exclusiveMaximum")),
+                              ("exclusiveMaximum", ("minimum", "exclusiveMinimum"))):
+        bound = node.get(exclusive)
+        if not _is_number(bound) or not (isinstance(bound, int) or math.isfinite(bound) and bound.is_integer()):
+            continue
+        for other in others:
+            value = node.get(other)
+            if _is_number(value) and (isinstance(value, int) or math.isfinite(value)) and value != bound \
+                    and math.trunc(value) == bound:
+                written = "-0" if bound == 0 and value < 0 else str(int(bound))
+                inclusive = "minimum just above" if exclusive == "exclusiveMinimum" else "maximum just below"
+                return (f"{exclusive} {bound} with {other} {value} cannot be enforced: the grammar engine would let "
+                        f"the number be {written}; give a {inclusive} it instead")
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:

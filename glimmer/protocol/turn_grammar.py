@@ -69,8 +69,30 @@ def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any
     keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
     `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win."""
     custom = schema.get("x-guidance")
-    return {**schema, "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
-                                     **(custom if isinstance(custom, Mapping) else {})}}
+    return {**_with_leap_years(schema), "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
+                                                       **(custom if isinstance(custom, Mapping) else {})}}
+
+
+_LEAP_AWARE_DATE = ("^(?:[0-9]{4}-(?:0[13-9]|1[0-2])|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])|"
+                    "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)")
+"""The date an RFC 3339 `date` or `date-time` begins with, February 29th in leap years only (RFC 3339 §5.7): the
+grammar engine's own `format` regexes take it in every year (`2023-02-29`)."""
+_VALUE_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+"""Keywords whose values are JSON values, not schemas: left as they are."""
+
+
+def _with_leap_years(schema: Any) -> Any:
+    """`schema` with `_LEAP_AWARE_DATE` required (through `allOf`) beside every `format` `date` and `date-time`.
+    The maps of subschemas (`properties`, `$defs`, ...) are walked as schemas too: a name maps to a schema, never
+    to the string `date`."""
+    if isinstance(schema, list):
+        return [_with_leap_years(member) for member in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    kept = {key: value if key in _VALUE_KEYWORDS else _with_leap_years(value) for key, value in schema.items()}
+    if schema.get("format") in ("date", "date-time") and isinstance(kept.get("allOf", []), list):
+        kept["allOf"] = [*kept.get("allOf", []), {"pattern": _LEAP_AWARE_DATE}]
+    return kept
 
 
 @dataclass(frozen=True)
@@ -101,12 +123,12 @@ def turn_grammar(constraint: TurnConstraint) -> dict[str, Any]:
     if budget != 0:
         think = "think"
         rules.add(f"{think}[max_tokens={budget}]" if budget is not None else think, f"/{_FREE_TEXT}/")
-        reasoning = rules.add("reasoning", f"{_string(' to=' + REASONING_RECIPIENT)} {MESSAGE} {think} {EOM} "
-                                           f"{START} {_string('assistant')}")
+        reasoning = rules.add("reasoning", f"{lark_string(' to=' + REASONING_RECIPIENT)} {MESSAGE} {think} {EOM} "
+                                           f"{START} {lark_string('assistant')}")
     finals = []
     if not constraint.must_call:
         body = f"@{ANSWER_GRAMMAR}" if constraint.answer is not None else f"/{_FREE_TEXT}/"
-        header = rules.add(f"{ANSWER_HEADER}[capture]", f"{_string(' to=' + ANSWER_RECIPIENT)}? {MESSAGE}")
+        header = rules.add(f"{ANSWER_HEADER}[capture]", f"{lark_string(' to=' + ANSWER_RECIPIENT)}? {MESSAGE}")
         finals.append(rules.add("answer", f"{header} {body} {EOT}"))
     if constraint.call_tools:
         finals.append(_calls(rules, constraint, reasoning if budget is None else None))
@@ -127,7 +149,7 @@ def _calls(rules: _GrammarRules, constraint: TurnConstraint, reasoning_between: 
     call = rules.add("call", " | ".join(call_rules))
     if not constraint.parallel_calls:
         return rules.add("calls", f"{call} {EOT}")
-    next_header = f"{EOM} {START} {_string('assistant')}"
+    next_header = f"{EOM} {START} {lark_string('assistant')}"
     between = f"{reasoning_between}*" if reasoning_between else ""
     return rules.add("calls", f"{call} ({next_header} {between} {call})* {EOT}")
 
@@ -150,13 +172,13 @@ def _call(rules: _GrammarRules, index: int, tool: Mapping[str, Any], parallel: b
             continue
         value = _value(rules, schema, root, strict)
         rule = rules.add(f"parameter_{index}_{position}",
-                         f"{_string(PARAMETER_OPEN + key + chr(34) + '>')} {value} {_string(chr(10))}")
+                         f"{lark_string(PARAMETER_OPEN + key + chr(34) + '>')} {value} {lark_string(chr(10))}")
         items.append(rule if key in required else f"{rule}?")
-    invoke = rules.add(f"invoke_{index}", f"{_string(INVOKE_OPEN + name + chr(34) + '>' + chr(10))} {' '.join(items)} "
-                                          f"{_string(INVOKE_CLOSE + chr(10))}")
+    invoke = rules.add(f"invoke_{index}", f"{lark_string(INVOKE_OPEN + name + chr(34) + '>' + chr(10))} "
+                                          f"{' '.join(items)} {lark_string(INVOKE_CLOSE + chr(10))}")
     invokes = f"{invoke}+" if parallel else invoke
-    return rules.add(f"call_{index}", f"{_string(' to=' + name)} {MESSAGE} {_string(BLOCK_OPEN + chr(10))} "
-                                      f"{invokes} {_string(BLOCK_CLOSE)}")
+    return rules.add(f"call_{index}", f"{lark_string(' to=' + name)} {MESSAGE} {lark_string(BLOCK_OPEN + chr(10))} "
+                                      f"{invokes} {lark_string(BLOCK_CLOSE)}")
 
 
 def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: bool) -> str:
@@ -165,7 +187,8 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
     resolved = _resolved(schema, root)
     types = allowed_types(schema, root)
     if types and "string" not in types:
-        return f"%json {json.dumps(_standalone(resolved, root, strict), ensure_ascii=False)} {_string(PARAMETER_CLOSE)}"
+        return (f"%json {json.dumps(_standalone(resolved, root, strict), ensure_ascii=False)} "
+                f"{lark_string(PARAMETER_CLOSE)}")
     shapes = _raw_shapes(schema, root, 0)
     if not shapes:
         raise RequestError("tools: a parameter's schema admits no value that can be written as raw text (its string "
@@ -175,7 +198,8 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
                     key=lambda b: (b[0], -1 if b[1] is None else b[1]))
     if (0, None) in bounds:  # any text: the other shapes add nothing it does not hold
         return _raw_value_terminal(rules, 0, None)
-    pieces = [f"({' | '.join(_string(text) for text in literals)}) {_string(PARAMETER_CLOSE)}"] if literals else []
+    pieces = ([f"({' | '.join(lark_string(text) for text in literals)}) {lark_string(PARAMETER_CLOSE)}"]
+              if literals else [])
     pieces += [_raw_value_terminal(rules, low, high) for low, high in bounds]
     return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
 
@@ -288,9 +312,10 @@ def _count(value: Any, default: int | None) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
-def _string(text: str) -> str:
-    """A Lark string literal (JSON escapes)."""
-    return json.dumps(text, ensure_ascii=False)
+def lark_string(text: str) -> str:
+    """A Lark string literal: JSON escapes, and DEL's (U+007F), which json.dumps leaves raw and the grammar engine's
+    lexer refuses in a literal."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 class _GrammarRules:

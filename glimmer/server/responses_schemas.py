@@ -135,7 +135,7 @@ def check_supported(request: ResponsesRequest) -> None:
     text = request.text or {}
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
-        raise RequestError(f"text.{sorted(unknown)[0]}: unknown field", param="text")
+        raise RequestError(f"text.{sorted(unknown)[0]}: unknown field", param=f"text.{sorted(unknown)[0]}")
     chat_response_format(request)  # checks text.format's shape
     if text.get("verbosity") is not None:
         raise RequestError("text.verbosity: not supported; ask for brevity in the instructions instead",

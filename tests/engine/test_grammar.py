@@ -7,6 +7,8 @@ uses, so the masks the sampler applies are the ones these tests reason about.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -248,6 +250,27 @@ def test_masks_of_a_batch_constrain_only_their_rows(compiler, tokenizer):
     assert masks.fill([None, None]) is None
 
 
+def test_a_choice_holding_control_characters_admits_exactly_its_text(compiler, tokenizer):
+    """A choice holding DEL (U+007F) was refused with the grammar engine's `lexer error` quoting the grammar."""
+    choices = ["x\x7fy", "tab\there", "nul\x00", 'q"uote\\']
+    for choice in choices:
+        matcher = compiler.structured_outputs(StructuredOutputsParams(choice=choices))().matcher
+        ids = tokenizer.encode_text(choice)
+        assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting(), choice
+    matcher = compiler.structured_outputs(StructuredOutputsParams(choice=choices))().matcher
+    ids = tokenizer.encode_text("x\\u007fy")
+    assert matcher.try_consume_tokens(ids) < len(ids)  # the escape is the grammar's, not the text's
+
+
+def test_a_forced_call_of_a_parameter_named_with_del_is_served(compiler, tokenizer):
+    """Its tag's literal held DEL (U+007F) raw: the turn was a 400 quoting the grammar engine's `lexer error`."""
+    tool = normalize_tools([{"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"x\x7fy": {"type": "integer"}}, "required": ["x\x7fy"]}}])[0]
+    constraint = TurnConstraint(call_tools=[tool], must_call=True)
+    assert admits(compiler, tokenizer, constraint, call("f", ("x\x7fy", "1")) + "<|eot|>")
+    assert not admits(compiler, tokenizer, constraint, call("f", ("x\\u007fy", "1")) + "<|eot|>")
+
+
 def test_masks_fit_a_padded_vocabulary_and_forbid_its_padding(tokenizer):
     """A model whose logit rows outnumber the tokenizer's ids in another count of 32-bit words (glimmer-nano:
     2,112 rows, 2,067 tokens) gets masks of its own width, with every padded row forbidden."""
@@ -317,6 +340,22 @@ def test_a_schema_the_grammar_engine_refuses_is_refused_naming_the_field_without
     assert words in str(raised.value)
 
 
+@pytest.mark.parametrize("bounds", [{"minimum": -2 ** 63, "maximum": 2 ** 63 - 1}, {"minimum": -1e19},
+                                    {"type": "number", "maximum": 1e300},
+                                    {"type": "number", "exclusiveMinimum": -1e20}])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_bound_past_the_engines_numbers_is_refused_naming_the_keywords(bounds, strict):
+    """llguidance's words were `integer range: min=Some(-9223372036854775808), max=None` for a minimum of -1e19."""
+    schema = {"type": "object", "properties": {"id": {"type": "integer", **bounds}}}
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "response_format.json_schema.schema", strict=strict)
+    message = str(raised.value)
+    assert raised.value.param == "response_format.json_schema.schema"
+    assert "minimum or maximum" in message and "9.2e18" in message and "Some(" not in message
+    assert '"strict": true' not in message  # no hint that a non-strict schema would pass
+    check_json_schema({"type": "integer", "minimum": -9e18, "maximum": 9e18}, "p", strict=strict)
+
+
 @pytest.mark.parametrize("schema", [
     {}, {"type": "object", "properties": {}},
     {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}, "day": {"format": "weekday"}}},
@@ -324,6 +363,100 @@ def test_a_schema_the_grammar_engine_refuses_is_refused_naming_the_field_without
 ])
 def test_a_valid_schema_passes_the_check_unimplemented_keywords_included(schema):
     check_json_schema(schema, "tools[0].function.parameters")  # lenient, as a non-strict schema: no error
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 2},
+    {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"],
+     "additionalProperties": {"type": "string"}, "minProperties": 2},
+    {"type": "array", "items": {"$ref": "#/$defs/counts"},
+     "$defs": {"counts": {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}}},
+])
+def test_a_strict_min_properties_beyond_the_required_keys_is_refused_naming_it(schema):
+    """Keys of patternProperties or additionalProperties may repeat (next test): a strict schema cannot have it."""
+    for param in ("response_format.json_schema.schema", "tools[0].function.parameters"):
+        with pytest.raises(RequestError) as raised:
+            check_json_schema(schema, param, strict=True)
+        assert raised.value.param == param and "minProperties" in str(raised.value)
+    check_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+                       "additionalProperties": {"type": "integer"}, "minProperties": 1}, "p", strict=True)
+
+
+def test_the_grammar_engine_lets_a_key_of_pattern_properties_repeat(compiler, tokenizer):
+    """Why a strict minProperties beyond `required` is refused: `{"a": 1, "a": 2}` counts two keys, parses to one."""
+    schema = {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 2}
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
+    twice = tokenizer.encode_text('{"a": 1, "a": 2}')
+    assert matcher.try_consume_tokens(twice) == len(twice) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(("schema", "excluded", "keyword"), [
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 0.5}, "0", "exclusiveMinimum"),
+    ({"type": ["number", "null"], "exclusiveMinimum": 1, "exclusiveMaximum": 1.001}, "1", "exclusiveMinimum"),
+    ({"type": "number", "minimum": -0.5, "exclusiveMaximum": 0}, "-0", "exclusiveMaximum"),
+    ({"type": "number", "minimum": -2.5, "exclusiveMaximum": -2}, "-2", "exclusiveMaximum"),
+])
+def test_a_strict_exclusive_bound_the_engine_would_let_through_is_refused_naming_it(compiler, tokenizer, schema,
+                                                                                     excluded, keyword):
+    """The grammar engine writes such a range as the bound's integer part and a fraction it lets be left out."""
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
+    ids = tokenizer.encode_text(excluded)
+    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
+    with pytest.raises(RequestError) as raised:
+        check_json_schema({"type": "object", "properties": {"p": schema}}, "response_format", strict=True)
+    assert raised.value.param == "response_format"
+    assert f"{keyword} " in str(raised.value) and f"the number be {excluded};" in str(raised.value)
+
+
+@pytest.mark.parametrize(("schema", "excluded"), [({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "0"),
+                                                  ({"type": "number", "exclusiveMinimum": -1, "maximum": -0.5}, "-1"),
+                                                  ({"type": "number", "minimum": 2.5, "exclusiveMaximum": 3}, "3"),
+                                                  ({"type": "integer", "exclusiveMinimum": 0, "maximum": 5}, "0")])
+def test_an_exclusive_bound_the_engine_holds_is_served_strict(compiler, tokenizer, schema, excluded):
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema))().matcher
+    ids = tokenizer.encode_text(excluded)
+    assert not (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting())
+
+
+@pytest.mark.parametrize(("schema", "leap", "not_leap"), [
+    ({"type": "string", "format": "date"}, "2024-02-29", "2023-02-29"),
+    ({"type": "string", "format": "date"}, "2000-02-29", "1900-02-29"),
+    ({"type": "string", "format": "date-time"}, "2024-02-29T08:30:00Z", "2023-02-29T08:30:00Z"),
+    ({"type": ["string", "null"], "format": "date", "pattern": "^20", "allOf": [{"maxLength": 10}]}, "2024-02-29",
+     "2023-02-29"),
+])
+def test_a_date_format_takes_february_29th_in_leap_years_only(compiler, tokenizer, schema, leap, not_leap):
+    """RFC 3339 §5.7; the grammar engine's format regexes took `2023-02-29`, which no date parser reads."""
+    for strict in (True, False):
+        params = StructuredOutputsParams(json={"type": "object", "properties": {"d": schema}, "required": ["d"]},
+                                         strict=strict)
+        for text, admitted in ((leap, True), (not_leap, False), ("2023-03-01" + leap[10:], True)):
+            matcher = compiler.structured_outputs(params)().matcher
+            ids = tokenizer.encode_text(json.dumps({"d": text}))
+            assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) is admitted, text
+
+
+def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_only(compiler, tokenizer):
+    day = {"type": "object", "properties": {"on": {"type": "string", "format": "date"}}, "required": ["on"]}
+    for strict in (True, False):
+        tool = normalize_tools([{"name": "book", "strict": strict, "parameters": {
+            "type": "object", "properties": {"day": day}, "required": ["day"]}}])[0]
+        constraint = TurnConstraint(call_tools=[tool], must_call=True)
+        assert admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2024-02-29"}')) + "<|eot|>")
+        assert not admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2023-02-29"}')) + "<|eot|>")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_schema_nested_past_pythons_recursion_is_refused_naming_the_field(strict):
+    """The schema walks (strict keywords, leap years) raised RecursionError from LLM.chat's tools and answers."""
+    schema: dict = {"type": "integer"}
+    for _ in range(700):
+        schema = {"type": "object", "properties": {"a": schema}}
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "tools[0].function.parameters", strict=strict)
+    assert raised.value.param == "tools[0].function.parameters" and "nested too deeply" in str(raised.value)
+    with pytest.raises(RequestError, match="^response_format: the JSON schema is nested too deeply"):
+        answer_grammar(StructuredOutputsParams(json=schema, strict=strict), "response_format")
 
 
 def test_structured_outputs_params_take_exactly_one_constraint():

@@ -596,6 +596,7 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"frobnicate": 1}, "frobnicate"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),  # required here
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "text"}, "fmt": {"type": "json_object"}}}, "text.fmt"),  # param was `text`
     ({"reasoning": {"summary": "concise"}}, "reasoning.summary"),  # the reasoning comes whole or not at all
     ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
     ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
