@@ -19,7 +19,7 @@ from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES
 from glimmer.engine.grammar import check_json_schema
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
-from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
+from glimmer.server.schemas import Count, Items, LogprobCount, PositiveCount, RequestBody, Seed, TopK
 
 RESPONSES_FIELD_HINTS = {
     "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "name": NAME}',
@@ -40,10 +40,10 @@ class ResponsesFunctionChoice(RequestBody):
 
 class ResponsesRequest(RequestBody):
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | Items[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Items[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: PositiveCount | None = None
@@ -53,7 +53,7 @@ class ResponsesRequest(RequestBody):
     reasoning: ResponsesReasoning | None = None
     stream: bool = False
     store: bool | None = None
-    include: list[str] | None = None
+    include: Items[str] | None = None
     text: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     # Glimmer / vLLM extras, as on chat completions
@@ -92,10 +92,10 @@ class InputTokensRequest(RequestBody):
     OpenAI's, `input` may be left out), plus Glimmer's `chat_template_kwargs`."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | Items[dict[str, Any]] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Items[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning: ResponsesReasoning | None = None
