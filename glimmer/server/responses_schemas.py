@@ -13,7 +13,9 @@ instead, which round-trips through `input`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES
 from glimmer.engine.grammar import check_json_schema
@@ -69,7 +71,7 @@ class ResponsesRequest(RequestBody):
     cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
     # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Annotated[dict[str, str], Field(fail_fast=True)] | None = None  # refused at its first bad value
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier: "default"
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
