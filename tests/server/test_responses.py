@@ -253,6 +253,19 @@ def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, p
     assert refused.value.param == param and str(refused.value).startswith(f"{param}: {message}")
 
 
+@pytest.mark.parametrize("item_id", [5, 1.5, True, ["msg_1"], {"id": "msg_1"}])
+def test_an_item_id_that_is_not_a_string_is_refused_naming_it(server, item_id):
+    """An id 5 was stored as sent: the response's `input_items?after=5` (the query's text) found no item 5, and two
+    items with id 5 were no duplicate."""
+    items = [{"role": "user", "content": "hi", "id": "msg_0"}, {"role": "user", "content": "hi", "id": item_id}]
+    response = httpx.post(server.base_url + "/responses", json={"model": "tiny", "input": items}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].id"
+    assert error["message"].startswith(f"input[1].id: must be a string (the id a response gave the item), not "
+                                       f"{type(item_id).__name__}")
+
+
 def test_a_continuation_sending_again_what_its_previous_response_holds_is_400(server, client):
     """A call answered in the chain answered again, or the previous response's items sent again beside
     previous_response_id, with or without their ids (the prompt held the call twice): the message says to send only
