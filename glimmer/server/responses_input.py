@@ -160,6 +160,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         elif kind == "message":
             flush()
             role = item.get("role")
+            if role is None:  # `{}`, or `{"type": "message"}` alone: Python's None would name no value the client sent
+                raise RequestError(f"{where}.role: a message item needs its role, one of {', '.join(_MESSAGE_ROLES)}",
+                                   param=f"{where}.role")
             if role not in _MESSAGE_ROLES:
                 raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(_MESSAGE_ROLES)}",
                                    param=f"{where}.role")

@@ -253,6 +253,16 @@ def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, p
     assert refused.value.param == param and str(refused.value).startswith(f"{param}: {message}")
 
 
+@pytest.mark.parametrize("item", [{}, {"type": "message", "content": "hi"}, {"content": "hi", "role": None}])
+def test_a_message_item_without_a_role_is_refused_asking_for_one(item):
+    """It was refused with "input[1].role: None is not one of user, ...": Python's word, a value no client sent."""
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "hi"}, item], None)
+    assert refused.value.param == "input[1].role"
+    assert str(refused.value) == ("input[1].role: a message item needs its role, one of user, system, developer, "
+                                  "assistant")
+
+
 @pytest.mark.parametrize("item_id", [5, 1.5, True, ["msg_1"], {"id": "msg_1"}])
 def test_an_item_id_that_is_not_a_string_is_refused_naming_it(server, item_id):
     """An id 5 was stored as sent: the response's `input_items?after=5` (the query's text) found no item 5, and two
