@@ -29,6 +29,11 @@ CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "t
 """The /tokenize fields that are /v1/chat/completions fields, rendered as that endpoint renders them."""
 
 
+TOKENIZE_FIELD_HINTS = {"prompt": "must be a string: /tokenize takes one text prompt (send one request per text)"}
+"""The completions hint (a prompt may be a string, a list of strings or token ids) told a client that sent a list of
+strings that a list of strings was what it must send."""
+
+
 class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
@@ -48,7 +53,8 @@ class DetokenizeRequest(RequestBody):
 
 
 async def tokenize(raw_request: Request, context: ServingContext) -> Response:
-    request = validate_json(TokenizeRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    request = validate_json(TokenizeRequest, await read_body(raw_request, context.settings.max_request_bytes),
+                            TOKENIZE_FIELD_HINTS)
     context.check_model(request.model)
     token_ids = await in_worker_thread(raw_request, lambda cancel: _token_ids(request, context, cancel))
     body: dict[str, Any] = {"count": len(token_ids), "max_model_len": context.engine.engine.max_model_len,
