@@ -137,7 +137,8 @@ def check_supported(request: ResponsesRequest) -> None:
     text = request.text or {}
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
-        raise RequestError(f"text.{sorted(unknown)[0]}: unknown field", param="text")
+        field = f"text.{sorted(unknown)[0]}"
+        raise RequestError(f"{field}: unknown field", param=field)
     chat_response_format(request)  # checks text.format's shape
     if text.get("verbosity") is not None:
         raise RequestError("text.verbosity: not supported; ask for brevity in the instructions instead",

@@ -606,6 +606,7 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "text"}, "colour": "red"}}, "text.colour"),  # was param "text"
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 3}}}}, "text.format.schema"),
     ({"input": [{"role": "user", "content": "[greet]", "bogus": 1}]}, "input[0].bogus"),
