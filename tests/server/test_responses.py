@@ -6,6 +6,8 @@ The network is scripted (`ScriptedRunner`): the model's turn is known, everythin
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -13,6 +15,7 @@ import pytest
 from server_support import PINNED_DATE, agent_server
 
 from glimmer.errors import RequestError
+from glimmer.server import responses_schemas
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses import OutputBuilder
 from glimmer.server.responses_input import chat_messages, responses_error
@@ -779,3 +782,24 @@ def test_a_constraint_that_fails_while_generating_names_the_responses_field(serv
         lines = [line for line in events.iter_lines() if line.startswith("data: ")]
     (error,) = [json.loads(line[6:]) for line in lines if '"type":"error"' in line]
     assert (error["code"], error["param"]) == ("invalid_request_error", "text.format.schema")
+
+
+@pytest.mark.parametrize("path", ["/responses", "/responses/input_tokens"])
+def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monkeypatch, path):
+    """A Responses request's tool schemas were checked on the event loop: a body of a thousand strict tools held every
+    other request and stream for 6 s (chat checks them off it, where it renders its prompt)."""
+    check = responses_schemas.check_json_schema
+
+    def slow_check(*args, **kwargs):
+        time.sleep(1.5)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(responses_schemas, "check_json_schema", slow_check)
+    body = {"model": "tiny", "input": "[greet] Hi", "tools": [WEATHER_TOOL], **EXTRA}
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, server.base_url + path, json=body, timeout=60)
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        assert time.monotonic() - started < 1.0
+        assert slow.result().status_code == 200, slow.result().text
