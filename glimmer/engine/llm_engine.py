@@ -669,8 +669,11 @@ class LLMEngine:
         if controller_factory is None and params.structured_outputs is not None:
             controller_factory = self.grammars.structured_outputs(params.structured_outputs)
         if controller_factory is not None and params.min_tokens:
-            raise RequestError("min_tokens: cannot be combined with structured outputs or a forced tool choice: "
-                               "the grammar decides where the text ends", param="min_tokens")
+            # thinking_token_budget and strict tools make a grammar too: a message naming only two of the four sent
+            # a client that set neither looking for what it did wrong
+            raise RequestError("min_tokens: cannot be combined with a grammar over the output (structured outputs, a "
+                               "required or named tool choice, strict tools or thinking_token_budget): the grammar "
+                               "decides where the text ends; drop min_tokens or the constraint", param="min_tokens")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.generation_defaults.stop_token_ids)

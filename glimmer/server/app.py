@@ -45,8 +45,10 @@ from glimmer.server.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
-_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/detokenize",
-              "/health", "/ping", "/version", "/metrics")
+_ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
+              "/v1/responses/compact", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/version",
+              "/metrics")
+_STORED_RESPONSE_ROUTES = ("input_items", "cancel")  # /v1/responses/{id}/...
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
@@ -296,11 +298,16 @@ def _endpoint(scope: Scope) -> str:
     path = scope["path"]
     if scope["method"] == "OPTIONS" and any(name == b"access-control-request-method" for name, _ in scope["headers"]):
         return "preflight"
+    if path in _ENDPOINTS:
+        return path
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
-    if path.startswith("/v1/responses/"):
+    if path.startswith("/v1/responses/"):  # a token count or a page of input items is no fetch of the response
+        after_id = path.split("/")[4:]  # "", "v1", "responses", the id, then the route's rest
+        if len(after_id) == 1 and after_id[0] in _STORED_RESPONSE_ROUTES:
+            return f"/v1/responses/{{id}}/{after_id[0]}"
         return "/v1/responses/{id}"
     if path.startswith("/static/"):
         return "/static"
-    return path if path in _ENDPOINTS else "other"
+    return "other"
 

@@ -348,7 +348,8 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     arrival = time.monotonic()
     request = validate_json(ResponsesRequest, await read_body(raw_request, context.settings.max_request_bytes),
                             RESPONSES_FIELD_HINTS)
-    conversation = _conversation(request, context.responses)
+    # off the event loop, as chat renders its prompt: checking a body's worth of tool schemas takes seconds
+    conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
     try:
         chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
@@ -366,7 +367,7 @@ async def count_input_tokens(raw_request: Request, context: ServingContext) -> R
     counted = validate_json(InputTokensRequest, await read_body(raw_request, context.settings.max_request_bytes),
                             RESPONSES_FIELD_HINTS)
     request = validate_json(ResponsesRequest, json.dumps(counted.as_create_request()).encode())
-    conversation = _conversation(request, context.responses)
+    conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
     context.check_model(request.model)
     try:
         prompt = await in_worker_thread(raw_request,

@@ -122,7 +122,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         where = f"input[{i - continued}]" if i >= continued else _CHAIN
         kind = item.get("type", "message")
         _refuse_unknown_fields(item, kind, where)
-        _refuse_duplicate(item_ids, item.get("id"), where, f"{where}.id", "item id", "each item is sent once")
+        item_id = item.get("id")
+        if item_id is not None and not isinstance(item_id, str):  # stored as sent, it was no `after` cursor to list by
+            raise RequestError(f"{where}.id: must be a string (the id a response gave the item), not "
+                               f"{type(item_id).__name__}; leave it out for a new item", param=f"{where}.id")
+        _refuse_duplicate(item_ids, item_id, where, f"{where}.id", "item id", "each item is sent once")
         ends_turn = kind == "message" and item.get("role") != "assistant"
         if kind != "function_call_output" and (after_outputs or ends_turn):
             turn_calls, turn_ended_at = set(), where  # a new assistant turn, or a message that ends the turn
@@ -156,6 +160,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         elif kind == "message":
             flush()
             role = item.get("role")
+            if role is None:  # `{}`, or `{"type": "message"}` alone: Python's None would name no value the client sent
+                raise RequestError(f"{where}.role: a message item needs its role, one of {', '.join(_MESSAGE_ROLES)}",
+                                   param=f"{where}.role")
             if role not in _MESSAGE_ROLES:
                 raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(_MESSAGE_ROLES)}",
                                    param=f"{where}.role")

@@ -13,13 +13,15 @@ instead, which round-trips through `input`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES
 from glimmer.engine.grammar import check_json_schema
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
-from glimmer.server.schemas import Count, LogprobCount, PositiveCount, RequestBody, Seed, TopK
+from glimmer.server.schemas import Count, Items, LogprobCount, PositiveCount, RequestBody, Seed, TopK
 
 RESPONSES_FIELD_HINTS = {
     "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "name": NAME}',
@@ -40,10 +42,10 @@ class ResponsesFunctionChoice(RequestBody):
 
 class ResponsesRequest(RequestBody):
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | Items[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Items[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: PositiveCount | None = None
@@ -53,7 +55,7 @@ class ResponsesRequest(RequestBody):
     reasoning: ResponsesReasoning | None = None
     stream: bool = False
     store: bool | None = None
-    include: list[str] | None = None
+    include: Items[str] | None = None
     text: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     # Glimmer / vLLM extras, as on chat completions
@@ -69,7 +71,7 @@ class ResponsesRequest(RequestBody):
     cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
     # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Annotated[dict[str, str], Field(fail_fast=True)] | None = None  # refused at its first bad value
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier: "default"
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -92,10 +94,10 @@ class InputTokensRequest(RequestBody):
     OpenAI's, `input` may be left out), plus Glimmer's `chat_template_kwargs`."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | Items[dict[str, Any]] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Items[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | ResponsesFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning: ResponsesReasoning | None = None
@@ -135,7 +137,8 @@ def check_supported(request: ResponsesRequest) -> None:
     text = request.text or {}
     unknown = set(text) - {"format", "verbosity"}
     if unknown:
-        raise RequestError(f"text.{sorted(unknown)[0]}: unknown field", param=f"text.{sorted(unknown)[0]}")
+        field = f"text.{sorted(unknown)[0]}"
+        raise RequestError(f"{field}: unknown field", param=field)
     chat_response_format(request)  # checks text.format's shape
     if text.get("verbosity") is not None:
         raise RequestError("text.verbosity: not supported; ask for brevity in the instructions instead",

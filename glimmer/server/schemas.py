@@ -22,7 +22,7 @@ import json
 import re
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,6 +41,10 @@ TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Seed = Annotated[int, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]  # seed + n - 1 is checked by SamplingParams
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+_Item = TypeVar("_Item")
+Items = Annotated[list[_Item], Field(fail_fast=True)]
+"""A list of a request body: validation stops at its first bad item, the one the error names. Collecting an error for
+each bad item made a 4 MB body of a million of them hold the event loop (every request and stream) for a minute."""
 
 
 class RequestBody(BaseModel):
@@ -52,6 +56,19 @@ class RequestBody(BaseModel):
     @classmethod
     def _null_is_unset(cls, data: Any) -> Any:
         return drop_nulls(cls, data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_unknown_field_only(cls, data: Any) -> Any:
+        """Of the unknown fields, only the first is validated (refused, named by the 400): an error built for each of
+        a 4 MB body's hundreds of thousands held the event loop (every request and stream) for seconds."""
+        if not isinstance(data, dict):
+            return data
+        known = {field.alias or name for name, field in cls.model_fields.items()}
+        unknown = next((key for key in data if key not in known), None)
+        if unknown is None:
+            return data
+        return {key: value for key, value in data.items() if key in known or key == unknown}
 
 
 def drop_nulls(model: type[BaseModel], data: Any) -> Any:
@@ -105,7 +122,7 @@ class StructuredOutputsFields(RequestBody):
 
     json_schema: str | dict[str, Any] | None = Field(default=None, alias="json")  # `json` would shadow BaseModel's
     regex: str | None = None
-    choice: list[str] | None = None
+    choice: Items[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
 
@@ -125,21 +142,21 @@ class _SamplingFields(RequestBody):
     repetition_penalty: float | None = None
     seed: Seed | None = None
     n: int = 1  # its range (1 to the server's max_n) is checked first thing, by `sampling`, in one message
-    stop: str | list[str] | None = None
+    stop: str | Items[str] | None = None
     min_tokens: Count = 0
     ignore_eos: bool = False
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: Items[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None  # chat: default true (framing aside, see choice_stream); completions: false
     prompt_logprobs: LogprobCount | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], Field(fail_fast=True)] | None = None  # refused at its first bad value
     response_format: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsFields | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Items[str] | None = None
     guided_grammar: str | None = None
     cache_salt: str | None = None
     # accepted and ignored: they cannot change the output
@@ -154,8 +171,8 @@ class _SamplingFields(RequestBody):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: Items[dict[str, Any]] = Field(min_length=1)
+    tools: Items[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
@@ -178,7 +195,7 @@ class ChatCompletionRequest(_SamplingFields):
     functions: Any = None
     function_call: Any = None
     audio: Any = None
-    modalities: list[str] | None = None
+    modalities: Items[str] | None = None
     prediction: Any = None
     web_search_options: Any = None
     verbosity: Any = None
@@ -186,7 +203,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     # token ids are checked against the vocabulary before any use, naming the one at fault (`completions._prompts`)
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | Items[str] | Items[int] | Items[Items[int]]
     max_tokens: Count | None = 16  # 0 scores the prompt (echo, prompt_logprobs) without sampling
     logprobs: LogprobCount | None = None
     add_special_tokens: bool = True  # vLLM's: false reads a text prompt without the bos (token ids are taken as given)

@@ -21,7 +21,7 @@ from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.completions import checked_token_ids, naming_the_prompt, text_prompt_ids
 from glimmer.server.context import ServingContext
-from glimmer.server.schemas import ChatCompletionRequest, RequestBody, parse_body, validate_json
+from glimmer.server.schemas import ChatCompletionRequest, Items, RequestBody, parse_body, validate_json
 from glimmer.server.streaming import in_worker_thread
 
 CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "chat_template",
@@ -29,26 +29,32 @@ CHAT_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "t
 """The /tokenize fields that are /v1/chat/completions fields, rendered as that endpoint renders them."""
 
 
+TOKENIZE_FIELD_HINTS = {"prompt": "must be a string: /tokenize takes one text prompt (send one request per text)"}
+"""The completions hint (a prompt may be a string, a list of strings or token ids) told a client that sent a list of
+strings that a list of strings was what it must send."""
+
+
 class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     add_special_tokens: bool | None = None  # with prompt: default true; with messages the template writes the bos
     return_token_strs: bool = False
-    messages: list[dict[str, Any]] | None = None
+    messages: Items[dict[str, Any]] | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
-    tools: list[dict[str, Any]] | None = None
+    tools: Items[dict[str, Any]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(RequestBody):
     model: str | None = None
-    tokens: list[int]  # checked against the vocabulary by `_checked_tokens`, naming the id at fault
+    tokens: Items[int]  # checked against the vocabulary by `_checked_tokens`, naming the id at fault
 
 
 async def tokenize(raw_request: Request, context: ServingContext) -> Response:
-    request = validate_json(TokenizeRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    request = validate_json(TokenizeRequest, await read_body(raw_request, context.settings.max_request_bytes),
+                            TOKENIZE_FIELD_HINTS)
     context.check_model(request.model)
     token_ids = await in_worker_thread(raw_request, lambda cancel: _token_ids(request, context, cancel))
     body: dict[str, Any] = {"count": len(token_ids), "max_model_len": context.engine.engine.max_model_len,

@@ -74,6 +74,32 @@ def test_prompt_token_ids_out_of_range_are_400_naming_the_id(server, prompt, par
     assert error["message"] == f"{param}: token id {token_id} is outside the vocabulary [0, {vocabulary_size})"
 
 
+MILLION = 1_000_000
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": [1] * MILLION}, "messages[0]"),
+    ("/v1/completions", {"prompt": ["a"] + [1] * MILLION}, "prompt"),
+    ("/v1/responses", {"input": [1] * MILLION}, "input"),
+    ("/detokenize", {"tokens": [[]] * MILLION}, "tokens[0]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **{f"k{i}": 1 for i in range(300_000)}},
+     "k0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "logit_bias": {str(i): "x" for i in range(280_000)}}, "logit_bias.0"),
+    ("/v1/responses", {"input": "hi", "metadata": {str(i): 1 for i in range(300_000)}}, "metadata.0"),
+])
+def test_countless_wrong_entries_are_refused_at_the_first_without_holding_the_server(server, path, body, param):
+    """Validation collected an error for every wrong list item, unknown field or dict value, on the event loop: a
+    3 MB body of them held every other request, stream and /health for 3 to 55 s (a few such bodies kept the server
+    from answering at all)."""
+    started = time.monotonic()
+    response = httpx.post(server.url + path, content=json.dumps({"model": "tiny", **body}, separators=(",", ":")),
+                          headers={"Content-Type": "application/json"}, timeout=120)
+    assert error_of(response, 400)["param"] == param
+    assert time.monotonic() - started < 5
+    assert_healthy(server)
+
+
 def test_the_top_k_that_killed_the_engine_is_refused_and_the_engine_lives(server):
     """Issue 8: top_k = 2**63 overflowed inside the sampler and stopped the engine for good."""
     assert error_of(post(server, chat_body(top_k=2**63)), 400)["param"] == "top_k"

@@ -6,6 +6,8 @@ The network is scripted (`ScriptedRunner`): the model's turn is known, everythin
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -13,6 +15,7 @@ import pytest
 from server_support import PINNED_DATE, agent_server
 
 from glimmer.errors import RequestError
+from glimmer.server import responses_schemas
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses import OutputBuilder
 from glimmer.server.responses_input import chat_messages, responses_error
@@ -251,6 +254,29 @@ def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, p
     with pytest.raises(RequestError) as refused:
         chat_messages([{"role": "user", "content": "[weather]"}, *items], None)
     assert refused.value.param == param and str(refused.value).startswith(f"{param}: {message}")
+
+
+@pytest.mark.parametrize("item", [{}, {"type": "message", "content": "hi"}, {"content": "hi", "role": None}])
+def test_a_message_item_without_a_role_is_refused_asking_for_one(item):
+    """It was refused with "input[1].role: None is not one of user, ...": Python's word, a value no client sent."""
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "hi"}, item], None)
+    assert refused.value.param == "input[1].role"
+    assert str(refused.value) == ("input[1].role: a message item needs its role, one of user, system, developer, "
+                                  "assistant")
+
+
+@pytest.mark.parametrize("item_id", [5, 1.5, True, ["msg_1"], {"id": "msg_1"}])
+def test_an_item_id_that_is_not_a_string_is_refused_naming_it(server, item_id):
+    """An id 5 was stored as sent: the response's `input_items?after=5` (the query's text) found no item 5, and two
+    items with id 5 were no duplicate."""
+    items = [{"role": "user", "content": "hi", "id": "msg_0"}, {"role": "user", "content": "hi", "id": item_id}]
+    response = httpx.post(server.base_url + "/responses", json={"model": "tiny", "input": items}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].id"
+    assert error["message"].startswith(f"input[1].id: must be a string (the id a response gave the item), not "
+                                       f"{type(item_id).__name__}")
 
 
 def test_a_continuation_sending_again_what_its_previous_response_holds_is_400(server, client):
@@ -583,6 +609,7 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "text"}, "colour": "red"}}, "text.colour"),  # was param "text"
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 3}}}}, "text.format.schema"),
     ({"input": [{"role": "user", "content": "[greet]", "bogus": 1}]}, "input[0].bogus"),
@@ -756,3 +783,24 @@ def test_a_constraint_that_fails_while_generating_names_the_responses_field(serv
         lines = [line for line in events.iter_lines() if line.startswith("data: ")]
     (error,) = [json.loads(line[6:]) for line in lines if '"type":"error"' in line]
     assert (error["code"], error["param"]) == ("invalid_request_error", "text.format.schema")
+
+
+@pytest.mark.parametrize("path", ["/responses", "/responses/input_tokens"])
+def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monkeypatch, path):
+    """A Responses request's tool schemas were checked on the event loop: a body of a thousand strict tools held every
+    other request and stream for 6 s (chat checks them off it, where it renders its prompt)."""
+    check = responses_schemas.check_json_schema
+
+    def slow_check(*args, **kwargs):
+        time.sleep(1.5)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(responses_schemas, "check_json_schema", slow_check)
+    body = {"model": "tiny", "input": "[greet] Hi", "tools": [WEATHER_TOOL], **EXTRA}
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(httpx.post, server.base_url + path, json=body, timeout=60)
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+        assert time.monotonic() - started < 1.0
+        assert slow.result().status_code == 200, slow.result().text

@@ -167,3 +167,20 @@ def test_input_tokens_of_a_request_create_would_refuse_is_refused_naming_the_fie
 def test_compaction_is_refused_by_name_not_with_a_bare_405(client):
     with pytest.raises(openai.BadRequestError, match="compaction is not supported"):
         client.responses.compact(model="tiny", input="[greet] Hi")
+
+
+def test_each_route_under_a_response_is_counted_under_its_own_endpoint(server, chain):
+    """A token count, a page of input items and a cancel were all counted as `/v1/responses/{id}` in /metrics, the
+    fetch of a stored response."""
+    first, _ = chain
+    before = server.metrics()
+    assert httpx.post(server.base_url + "/responses/input_tokens", json={"model": "tiny", "input": "hi"},
+                      timeout=30).status_code == 200
+    assert httpx.get(server.base_url + f"/responses/{first.id}/input_items", timeout=30).status_code == 200
+    assert httpx.post(server.base_url + f"/responses/{first.id}/cancel", timeout=30).status_code == 400
+    assert httpx.get(server.base_url + f"/responses/{first.id}", timeout=30).status_code == 200
+    after = server.metrics()
+    key = 'glimmer_requests_total{endpoint="%s",status="%s"}'
+    for endpoint, status in (("/v1/responses/input_tokens", 200), ("/v1/responses/{id}/input_items", 200),
+                             ("/v1/responses/{id}/cancel", 400), ("/v1/responses/{id}", 200)):
+        assert after.get(key % (endpoint, status), 0) - before.get(key % (endpoint, status), 0) == 1, endpoint

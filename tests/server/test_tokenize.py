@@ -113,6 +113,17 @@ def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
     assert error_param(post(server, path, **body)) == param
 
 
+@pytest.mark.parametrize("prompt", [5, ["one", "two"], [5, 6], [[5]], True])
+def test_a_prompt_that_is_no_string_is_refused_saying_tokenize_takes_one_text(server, prompt):
+    """It was told that a prompt "must be a string, a list of strings, a list of token ids or a list of lists of token
+    ids", the completions endpoint's shapes: a client sending a list of strings read that it sent what it must."""
+    response = post(server, "/tokenize", prompt=prompt)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {
+        "message": "prompt: must be a string: /tokenize takes one text prompt (send one request per text)",
+        "type": "invalid_request_error", "param": "prompt", "code": None}
+
+
 @pytest.mark.parametrize("fields", [{}, {"add_special_tokens": False}])
 def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(server, fields):
     too_long = "x" * (server.engine.engine.max_prompt_chars + 1)
