@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from glimmer.checkpoint.resolve import is_hub_id
 from glimmer.default_model import DEFAULT_DRAFTER_NAME
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.engine.spec_decode import SpeculativeConfig
@@ -85,6 +86,7 @@ def check_engine_config(config: EngineConfig) -> None:
     if config.speculative_config is not None:
         config.speculative_config = SpeculativeConfig.parse(config.speculative_config)
         drafter = config.speculative_config.model
-        if config.speculative_config.drafter_path() is None:
+        if config.speculative_config.drafter_path() is None and not is_hub_id(drafter):
             raise ConfigError(f"speculative_config.model={drafter!r} does not exist; pass the drafter's directory, its "
-                              f"head.pt or .gguf file, or {DEFAULT_DRAFTER_NAME!r} (the embedded drafter)")
+                              f"head.pt or .gguf file, a Hugging Face Hub id (owner/name), or "
+                              f"{DEFAULT_DRAFTER_NAME!r} (the embedded drafter)")

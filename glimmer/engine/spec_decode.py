@@ -38,8 +38,8 @@ class SpeculativeConfig:
     """vLLM's `speculative_config`, validated.
 
     method: "dflash" (the Muse Glimmer assistant).
-    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory), as a
-        string or a path object (kept as a string).
+    model: the drafter: an HF `muse_glimmer_assistant` directory, a native head.pt (or its directory) or a Hub id
+        (owner/name, fetched when the engine loads it), as a string or a path object (kept as a string).
     num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
         drafter's block_size − 1).
     draft_policy: "adaptive" (measure acceptance and step times; propose fewer or none where it cannot
