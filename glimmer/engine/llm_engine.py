@@ -49,7 +49,7 @@ from glimmer.engine.sampler import PenaltyIds, SamplingRow, TokenLogprobs, sampl
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
-from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
+from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder, check_verification_budget
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
@@ -390,10 +390,7 @@ class LLMEngine:
             raise ConfigError(f"speculative_config.num_speculative_tokens={k} exceeds what the drafter proposes per "
                               f"step: its block_size is {self.drafter.config.block_size}, so at most {most}")
         budget = self.scheduler_config.max_num_batched_tokens
-        if budget < k + 1:
-            raise ConfigError(f"max_num_batched_tokens={budget} cannot hold one sequence's verification step "
-                              f"(1 + num_speculative_tokens = {k + 1} tokens); raise it or lower "
-                              "num_speculative_tokens")
+        check_verification_budget(budget, k)
         if budget < self.scheduler_config.max_num_seqs * (k + 1):
             logger.warning("max_num_batched_tokens=%d is below max_num_seqs x (1 + num_speculative_tokens) = %d: "
                            "steps with many sequences verify fewer proposed tokens, and a seeded sampled request "

@@ -100,6 +100,15 @@ class SpeculativeConfig:
         return path if path.exists() else embedded_model_dir(self.model)
 
 
+def check_verification_budget(max_num_batched_tokens: int, num_speculative_tokens: int) -> None:
+    """ConfigError unless a step's token budget holds one sequence's verification: its last token and the
+    num_speculative_tokens proposed after it."""
+    if max_num_batched_tokens < num_speculative_tokens + 1:
+        raise ConfigError(f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one sequence's verification "
+                          f"step (1 + num_speculative_tokens = {num_speculative_tokens + 1} tokens); raise it or lower "
+                          "num_speculative_tokens")
+
+
 @dataclass
 class SpecDecodeStats:
     """Counters for /metrics: verifications, proposed and accepted tokens, and how many tokens each

@@ -701,6 +701,14 @@ def test_configurations_that_cannot_verify_are_refused_with_the_numbers(target, 
                                speculative_config=speculative(drafter)))
 
 
+def test_a_token_budget_below_the_given_num_speculative_tokens_is_refused_before_the_model_is_looked_for():
+    """It was refused only once the target and the drafter had loaded (minutes for the 30B)."""
+    with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=8 cannot hold one sequence's verification step "
+                                          r"\(1 \+ num_speculative_tokens = 16 tokens\)"):
+        LLM("/nonexistent/model/dir", progress=False, max_num_batched_tokens=8,
+            speculative_config={"method": "dflash", "model": "glimmer-nano-dflash", "num_speculative_tokens": 15})
+
+
 def test_the_adaptive_policy_measures_acceptance_from_verifications(target, drafter, plain):
     """(The choice itself, from acceptance and step times, is tested in test_draft_policy.py: wall times on a
     shared test machine are too noisy to assert on here.)"""
