@@ -14,6 +14,7 @@ from glimmer.errors import CheckpointError
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 _HUB_WEIGHTS = ["*.safetensors"]
+_HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the vendor's native head.pt
 
 
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True) -> Path:
@@ -38,15 +39,30 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     if is_broken_link(path):
         raise CheckpointError(f"model path {path} {broken_link_problem(path)}")
     text = str(model)
-    if not _HUB_ID.match(text):
+    if not is_hub_id(text):
         raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id "
                               f"(owner/name), nor {DEFAULT_MODEL_NAME!r} (the embedded model)")
+    return _download(text, revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether `text` has the shape of a Hugging Face Hub model id (owner/name)."""
+    return bool(_HUB_ID.match(text))
+
+
+def download_drafter(hub_id: str, *, weights: bool = True) -> Path:
+    """The local directory of the DFlash drafter `hub_id` (owner/name): its config and weights (safetensors, or
+    the vendor's native head.pt; with `weights=False` the config alone) downloaded, or found in the local Hugging
+    Face cache. Raises CheckpointError."""
+    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []))
+
+
+def _download(text: str, revision: str | None, patterns: list[str]) -> Path:
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
-    patterns = _HUB_FILES + (_HUB_WEIGHTS if weights else [])
     try:
         return Path(snapshot_download(text, revision=revision, allow_patterns=patterns))
     except LocalEntryNotFoundError as exc:

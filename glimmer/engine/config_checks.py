@@ -10,9 +10,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from glimmer.checkpoint.resolve import is_hub_id
 from glimmer.default_model import DEFAULT_DRAFTER_NAME
 from glimmer.engine.sampling_params import SEED_RANGE
-from glimmer.engine.spec_decode import SpeculativeConfig
+from glimmer.engine.spec_decode import SpeculativeConfig, check_verification_budget
 from glimmer.errors import ConfigError
 from glimmer.model.kernels.support import check_environment
 
@@ -85,6 +86,10 @@ def check_engine_config(config: EngineConfig) -> None:
     if config.speculative_config is not None:
         config.speculative_config = SpeculativeConfig.parse(config.speculative_config)
         drafter = config.speculative_config.model
-        if config.speculative_config.drafter_path() is None:
+        if config.speculative_config.drafter_path() is None and not is_hub_id(drafter):
             raise ConfigError(f"speculative_config.model={drafter!r} does not exist; pass the drafter's directory, its "
-                              f"head.pt or .gguf file, or {DEFAULT_DRAFTER_NAME!r} (the embedded drafter)")
+                              f"head.pt or .gguf file, a Hugging Face Hub id (owner/name), or "
+                              f"{DEFAULT_DRAFTER_NAME!r} (the embedded drafter)")
+        k = config.speculative_config.num_speculative_tokens
+        if k is not None and config.max_num_batched_tokens is not None:  # else known once the drafter is read
+            check_verification_budget(config.max_num_batched_tokens, k)

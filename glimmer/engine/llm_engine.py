@@ -32,7 +32,7 @@ from glimmer.checkpoint.generation_config import (
     load_generation_defaults,
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
-from glimmer.checkpoint.resolve import resolve_checkpoint
+from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.config_checks import check_engine_config
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
@@ -49,11 +49,11 @@ from glimmer.engine.sampler import PenaltyIds, SamplingRow, TokenLogprobs, sampl
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import MultimodalItem, Sequence
-from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder
+from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder, check_verification_budget
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
-from glimmer.errors import ConfigError, GlimmerError, RequestError
+from glimmer.errors import CheckpointError, ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.protocol import ChatTemplate
 
@@ -371,8 +371,14 @@ class LLMEngine:
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:
         """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
+        path = spec.drafter_path()
+        if path is None:  # a Hub id (config_checks refused anything else)
+            try:
+                path = download_drafter(spec.model, weights=self.config.load_format != "dummy")
+            except CheckpointError as exc:
+                raise CheckpointError(f"speculative_config.model: {exc}") from None
         self.drafter = load_drafter(
-            spec.drafter_path() or spec.model, self.model_config,
+            path, self.model_config,
             lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self.config.load_format, seed=self.config.seed,
@@ -384,10 +390,7 @@ class LLMEngine:
             raise ConfigError(f"speculative_config.num_speculative_tokens={k} exceeds what the drafter proposes per "
                               f"step: its block_size is {self.drafter.config.block_size}, so at most {most}")
         budget = self.scheduler_config.max_num_batched_tokens
-        if budget < k + 1:
-            raise ConfigError(f"max_num_batched_tokens={budget} cannot hold one sequence's verification step "
-                              f"(1 + num_speculative_tokens = {k + 1} tokens); raise it or lower "
-                              "num_speculative_tokens")
+        check_verification_budget(budget, k)
         if budget < self.scheduler_config.max_num_seqs * (k + 1):
             logger.warning("max_num_batched_tokens=%d is below max_num_seqs x (1 + num_speculative_tokens) = %d: "
                            "steps with many sequences verify fewer proposed tokens, and a seeded sampled request "

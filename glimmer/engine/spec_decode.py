@@ -38,8 +38,8 @@ class SpeculativeConfig:
     """vLLM's `speculative_config`, validated.
 
     method: "dflash" (the Muse Glimmer assistant).
-    model: the drafter: an HF `muse_glimmer_assistant` directory, or a native head.pt (or its directory), as a
-        string or a path object (kept as a string).
+    model: the drafter: an HF `muse_glimmer_assistant` directory, a native head.pt (or its directory) or a Hub id
+        (owner/name, fetched when the engine loads it), as a string or a path object (kept as a string).
     num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
         drafter's block_size − 1).
     draft_policy: "adaptive" (measure acceptance and step times; propose fewer or none where it cannot
@@ -98,6 +98,15 @@ class SpeculativeConfig:
         served); None when neither exists."""
         path = Path(self.model).expanduser()
         return path if path.exists() else embedded_model_dir(self.model)
+
+
+def check_verification_budget(max_num_batched_tokens: int, num_speculative_tokens: int) -> None:
+    """ConfigError unless a step's token budget holds one sequence's verification: its last token and the
+    num_speculative_tokens proposed after it."""
+    if max_num_batched_tokens < num_speculative_tokens + 1:
+        raise ConfigError(f"max_num_batched_tokens={max_num_batched_tokens} cannot hold one sequence's verification "
+                          f"step (1 + num_speculative_tokens = {num_speculative_tokens + 1} tokens); raise it or lower "
+                          "num_speculative_tokens")
 
 
 @dataclass

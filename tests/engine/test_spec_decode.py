@@ -28,7 +28,7 @@ from glimmer.engine.proposers import ReplayProposer
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.spec_decode import SpeculativeConfig
-from glimmer.errors import ConfigError
+from glimmer.errors import CheckpointError, ConfigError
 from glimmer.model.context import ForwardContext
 from glimmer.tiny import TinyDrafterSpec, TinySpec, write_tiny_drafter
 
@@ -639,6 +639,41 @@ def test_a_path_object_names_the_drafter(target, drafter):
     assert llm.engine.speculator.config.model == str(drafter)
 
 
+def test_a_hub_id_names_the_drafter_as_it_names_the_target(target, drafter, plain, monkeypatch):
+    """As vLLM takes one, and as LLM(model=...) does; it was refused as a path that does not exist. Only its config
+    and weights (safetensors or the native head.pt) are fetched, and with dummy weights its config alone."""
+    import huggingface_hub
+
+    fetched = []
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        fetched.append((repo_id, allow_patterns))
+        return str(drafter)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    llm = LLM(str(target), progress=False, speculative_config=speculative("muse-org/tiny-assistant"))
+    prompt = _prompts(1, seed=3)[0]
+    assert llm.generate([prompt], GREEDY)[0].token_ids == plain.generate([prompt], GREEDY)[0].token_ids
+    [(repo, patterns)] = fetched
+    assert repo == "muse-org/tiny-assistant" and {"*.json", "*.safetensors", "head.pt"} <= set(patterns)
+    LLMEngine(EngineConfig(str(target), progress=False, load_format="dummy",
+                           speculative_config=speculative("muse-org/tiny-assistant")))
+    assert "*.json" in fetched[1][1] and not {"*.safetensors", "head.pt"} & set(fetched[1][1])  # config alone
+
+
+def test_a_hub_id_drafter_that_cannot_be_fetched_is_refused_naming_speculative_config_model(target, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def offline(repo_id, revision=None, allow_patterns=None):
+        raise LocalEntryNotFoundError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(CheckpointError, match=r"^speculative_config\.model: model 'muse-org/tiny-assistant' is not a "
+                                              r"local directory and could not be downloaded"):
+        LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative("muse-org/tiny-assistant")))
+
+
 def test_unknown_keys_of_mixed_types_are_refused_naming_them():
     """sorted() compared an int key with a str key and raised TypeError instead."""
     with pytest.raises(ConfigError, match=r"unknown key\(s\) \[1, 'foo'\]"):
@@ -664,6 +699,14 @@ def test_configurations_that_cannot_verify_are_refused_with_the_numbers(target, 
                                           r"\(1 \+ num_speculative_tokens = 6 tokens\)"):
         LLMEngine(EngineConfig(str(target), progress=False, max_num_batched_tokens=4,
                                speculative_config=speculative(drafter)))
+
+
+def test_a_token_budget_below_the_given_num_speculative_tokens_is_refused_before_the_model_is_looked_for():
+    """It was refused only once the target and the drafter had loaded (minutes for the 30B)."""
+    with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=8 cannot hold one sequence's verification step "
+                                          r"\(1 \+ num_speculative_tokens = 16 tokens\)"):
+        LLM("/nonexistent/model/dir", progress=False, max_num_batched_tokens=8,
+            speculative_config={"method": "dflash", "model": "glimmer-nano-dflash", "num_speculative_tokens": 15})
 
 
 def test_the_adaptive_policy_measures_acceptance_from_verifications(target, drafter, plain):
