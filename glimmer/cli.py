@@ -353,8 +353,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         remote_only = [flag for flag, value in (("--served-model", args.served_model), ("--api-key", args.api_key))
                        if value is not None]
         if remote_only:
-            raise UsageError(f"{', '.join(remote_only)} only apply to a --url server; without --url the model is "
-                             "loaded in-process: leave them out, or add --url")
+            verb, pronoun = ("applies", "it") if len(remote_only) == 1 else ("apply", "them")
+            raise UsageError(f"{', '.join(remote_only)} only {verb} to a --url server; without --url the model is "
+                             f"loaded in-process: leave {pronoun} out, or add --url")
     tools = _read_tools(args.tools) if args.tools else None
     color = not args.no_color and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,

@@ -284,7 +284,9 @@ def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, mo
     $GLIMMER_API_KEY alone is not a flag given, and stays the --url default."""
     monkeypatch.setenv("GLIMMER_API_KEY", "from-env")
     _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--served-model", "foo", "--api-key", "k"],
-                         "--served-model, --api-key only apply to a --url server")
+                         "--served-model, --api-key only apply to a --url server", "leave them out")
+    _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--api-key", "k"],
+                         "--api-key only applies to a --url server", "leave it out, or add --url")
 
 
 def test_a_served_model_name_given_twice_is_refused(capsys):
