@@ -662,6 +662,13 @@ def _conversations(messages: Any) -> list[Any]:
     for i, conversation in enumerate(conversations):
         if isinstance(conversation, list | tuple) and not conversation:
             raise RequestError(f"messages[{i}]: a conversation needs at least one message", param="messages")
+        for j, message in enumerate(conversation if isinstance(conversation, list | tuple) else []):
+            if isinstance(message, ChatOutput):  # as an OpenAI client sends its reply back, which this one is not
+                where = f"messages[{j}]" if len(conversations) == 1 else f"messages[{i}][{j}]"
+                raise RequestError(f"{where} is an LLM.chat reply (a ChatOutput), not a message; it goes back as "
+                                   '{"role": "assistant", "content": reply.content, "reasoning": reply.reasoning, '
+                                   '"tool_calls": [dataclasses.asdict(call) for call in reply.tool_calls]}',
+                                   param=where)
     return conversations
 
 
