@@ -30,6 +30,14 @@ class UsageError(GlimmerError):
     """A mistake in the command line (a missing file, a busy port, …): printed as one line, exit code 2."""
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose own errors (an unknown option, `--port abc`) are one line, as every other mistake's,
+    pointing at the command's help instead of printing its whole usage before the error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"glimmer: error: {message}; see {self.prog} --help\n")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
@@ -622,7 +630,7 @@ def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None
 def build_parser() -> argparse.ArgumentParser:
     import glimmer
 
-    parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
+    parser = _ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {glimmer.__version__}",
                         help="print Glimmer's version and exit")
     _add_log_level(parser, None)  # None: not given, the command's default

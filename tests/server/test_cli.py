@@ -219,6 +219,24 @@ def _fails_with_one_line(capsys, argv, *words):
     return err
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    ([], ("the following arguments are required: COMMAND", "see glimmer --help")),
+    (["serve", "--port", "abc"], ("argument --port: invalid int value: 'abc'", "see glimmer serve --help")),
+    (["chat", "--temperature", "hot"], ("argument --temperature", "see glimmer chat --help")),
+    (["make-tiny"], ("required: dir", "see glimmer make-tiny --help")),
+])
+def test_a_malformed_command_line_is_one_line_pointing_at_the_help(capsys, argv, words):
+    """argparse's own errors printed the command's whole usage (34 lines for serve) before the error line."""
+    from glimmer.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    for word in words:
+        assert word in err
+
+
 def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--tools", str(tmp_path / "missing.json")],
                          "missing.json", "No such file")
