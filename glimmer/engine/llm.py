@@ -40,7 +40,7 @@ from glimmer.engine.chat_rendering import (
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
@@ -225,6 +225,10 @@ class LLM:
         engine_options = glimmer_arguments("LLM", known, VLLM_ONLY_LLM_ARGUMENTS, {"model": model, **engine_options})
         del engine_options["model"]
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))
+        if generation_config == "auto":  # under "vllm" no call takes the checkpoint's penalty
+            warn_of_default_repetition_penalty(self.engine.generation_defaults, "generate and chat calls without "
+                                               "SamplingParams", "pass SamplingParams, or LLM(..., "
+                                               "generation_config='vllm') for vLLM's plain defaults")
         self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
