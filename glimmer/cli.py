@@ -34,8 +34,20 @@ class _ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose own errors (an unknown option, `--port abc`) are one line, as every other mistake's,
     pointing at the command's help instead of printing its whole usage before the error."""
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the top parser's commands, set by build_parser
+
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"glimmer: error: {message}; see {self.prog} --help\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but an option the command does not take points at that command's help, not glimmer's."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -723,6 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(func=_cmd_make_tiny)
     for command in (serve, chat, inspect, tiny):  # `glimmer serve --log-level DEBUG` as well as before the command
         _add_log_level(command, argparse.SUPPRESS)  # not given there: the value before the command stands
+    parser.commands = {"serve": serve, "chat": chat, "inspect": inspect, "make-tiny": tiny}
     return parser
 
 

@@ -224,6 +224,7 @@ def _fails_with_one_line(capsys, argv, *words):
     (["serve", "--port", "abc"], ("argument --port: invalid int value: 'abc'", "see glimmer serve --help")),
     (["chat", "--temperature", "hot"], ("argument --temperature", "see glimmer chat --help")),
     (["make-tiny"], ("required: dir", "see glimmer make-tiny --help")),
+    (["serve", "--tools", "t.json"], ("unrecognized arguments: --tools", "see glimmer serve --help")),
 ])
 def test_a_malformed_command_line_is_one_line_pointing_at_the_help(capsys, argv, words):
     """argparse's own errors printed the command's whole usage (34 lines for serve) before the error line."""
