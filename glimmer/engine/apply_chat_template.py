@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from glimmer.errors import RequestError
-from glimmer.protocol import RenderedPrompt
+from glimmer.protocol import ChatTemplate, RenderedPrompt
 from glimmer.protocol.tokens import MESSAGE
 
 # the names a message's reasoning goes by; transformers 5 (and the renderer) offers it under each of them
@@ -77,15 +77,20 @@ def _function_schema(function: Callable[..., Any]) -> dict[str, Any]:
     return get_json_schema(function)
 
 
-def checked_documents(documents: Any) -> list[Mapping[str, Any]]:
+def checked_documents(documents: Any, template: ChatTemplate) -> list[Mapping[str, Any]]:
     """`documents` as transformers takes them, a list of dicts (`title` and `text` keys recommended), for the
-    template's `documents` variable. Raises RequestError naming the first item that is not a dict."""
+    template's `documents` variable. Raises RequestError naming the first item that is not a dict, and for documents
+    given to a template that never reads the variable (as the checkpoint's), where they would reach no prompt."""
     if isinstance(documents, str | bytes | Mapping) or not isinstance(documents, Sequence):
         raise RequestError("documents must be a list of dicts with 'title' and 'text' keys", param="documents")
     for index, document in enumerate(documents):
         if not isinstance(document, Mapping):
             raise RequestError(f"documents[{index}] must be a dict with 'title' and 'text' keys, not "
                                f"{type(document).__name__}", param=f"documents[{index}]")
+    if documents and "documents" not in template.variables:
+        raise RequestError("documents: the chat template never reads `documents`, so they would reach no prompt; "
+                           "put their text in a message, or render with a chat_template that reads them",
+                           param="documents")
     return list(documents)
 
 

@@ -523,7 +523,7 @@ class LLM:
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in STRENGTH_KWARGS}
         if documents is not None:
-            kwargs["documents"] = checked_documents(documents)
+            kwargs["documents"] = checked_documents(documents, template)
         rendering = ChatRendering(template, plan.render_tools, strength, kwargs, allow_control_tokens_in_content,
                                   ends_with_generation_prompt, continue_final_message)
         turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
