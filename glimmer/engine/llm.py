@@ -26,6 +26,7 @@ from glimmer.engine.apply_chat_template import (
     FinalMessageTag,
     checked_documents,
     generation_prompt,
+    tool_schemas,
 )
 from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
@@ -518,7 +519,7 @@ class LLM:
                                param="continue_final_message")
         template = self.engine.chat_template if chat_template is None else checked_template_argument(
             chat_template, self.engine.tokenizer, self.engine.max_prompt_chars)
-        plan = plan_tools(normalize_tools(tools, check_schema=check_json_schema), tool_choice)
+        plan = plan_tools(normalize_tools(tool_schemas(tools), check_schema=check_json_schema), tool_choice)
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in STRENGTH_KWARGS}

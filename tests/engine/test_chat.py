@@ -202,3 +202,23 @@ def test_a_reply_put_back_into_the_history_as_it_is_is_refused_saying_how_to_sen
     out = llm.chat([*messages, sent_back, *results], SamplingParams(max_tokens=1), tools=tools,
                    chat_template_kwargs=KWARGS)[0]
     assert '<atem:invoke name="get_weather">' in out.prompt
+
+
+def test_a_python_function_tool_is_taken_as_its_schema_as_apply_chat_template_takes_it(llm):
+    """`tools=[get_weather]` was "tools[0] must be an object" in LLM.chat, while the tokenizer's apply_chat_template
+    (and transformers', inside vLLM's LLM.chat) converts it to its JSON schema."""
+    from transformers.utils import get_json_schema
+
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city.
+
+        Args:
+            city: The city name.
+        """
+        return "sunny"
+
+    messages = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(max_tokens=1)
+    as_function = llm.chat(messages, params, tools=[get_weather], chat_template_kwargs=KWARGS)[0]
+    as_schema = llm.chat(messages, params, tools=[get_json_schema(get_weather)], chat_template_kwargs=KWARGS)[0]
+    assert "get_weather" in as_function.prompt and as_function.prompt_token_ids == as_schema.prompt_token_ids
