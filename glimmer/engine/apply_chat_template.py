@@ -64,17 +64,26 @@ def tool_schemas(tools: Any) -> Any:
     not installed; anything else is left to the tool normalization to judge."""
     if not isinstance(tools, list | tuple):
         return tools
-    return [_function_schema(tool) if inspect.isfunction(tool) or inspect.ismethod(tool) else tool for tool in tools]
+    return [_function_schema(tool, index) if inspect.isfunction(tool) or inspect.ismethod(tool) else tool
+            for index, tool in enumerate(tools)]
 
 
-def _function_schema(function: Callable[..., Any]) -> dict[str, Any]:
+def _function_schema(function: Callable[..., Any], index: int) -> dict[str, Any]:
+    """The JSON schema of the Python function `tools[index]`; RequestError naming it where transformers is missing or
+    cannot read the function (no docstring, an argument without a type hint or its description)."""
     try:
         from transformers.utils import get_json_schema
+        from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
     except ImportError as error:
         raise RequestError(f"tools: the Python function {function.__name__!r} needs transformers (pip install "
                            "transformers) to become a JSON schema; or pass its schema as a dict",
                            param="tools") from error
-    return get_json_schema(function)
+    try:
+        return get_json_schema(function)
+    except (DocstringParsingException, TypeHintParsingException) as error:
+        raise RequestError(f"tools[{index}]: {error} (transformers reads a function's schema from its type hints and "
+                           "Google-style docstring: a summary, then an Args: section describing each argument); or "
+                           "pass its schema as a dict", param=f"tools[{index}]") from error
 
 
 def checked_documents(documents: Any, template: ChatTemplate) -> list[Mapping[str, Any]]:

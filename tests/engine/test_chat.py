@@ -222,3 +222,17 @@ def test_a_python_function_tool_is_taken_as_its_schema_as_apply_chat_template_ta
     as_function = llm.chat(messages, params, tools=[get_weather], chat_template_kwargs=KWARGS)[0]
     as_schema = llm.chat(messages, params, tools=[get_json_schema(get_weather)], chat_template_kwargs=KWARGS)[0]
     assert "get_weather" in as_function.prompt and as_function.prompt_token_ids == as_schema.prompt_token_ids
+
+
+def test_a_python_function_tool_transformers_cannot_read_is_refused_naming_it(llm):
+    """A function without a docstring raised transformers' DocstringParsingException, which names no tool."""
+
+    def no_docstring(city: str) -> str:
+        return city
+
+    for call in (lambda tools: llm.chat([{"role": "user", "content": "hi"}], tools=tools, chat_template_kwargs=KWARGS),
+                 lambda tools: llm.get_tokenizer().apply_chat_template([{"role": "user", "content": "hi"}], tools=tools,
+                                                                      **KWARGS)):
+        with pytest.raises(RequestError, match="no docstring.*Google-style docstring") as caught:
+            call([{"type": "function", "function": {"name": "f"}}, no_docstring])
+        assert caught.value.param == "tools[1]"
