@@ -30,6 +30,26 @@ class UsageError(GlimmerError):
     """A mistake in the command line (a missing file, a busy port, …): printed as one line, exit code 2."""
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose own errors (an unknown option, `--port abc`) are one line, as every other mistake's,
+    pointing at the command's help instead of printing its whole usage before the error."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the top parser's commands, set by build_parser
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"glimmer: error: {message}; see {self.prog} --help\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """As argparse's, but an option the command does not take points at that command's help, not glimmer's."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
@@ -353,8 +373,9 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         remote_only = [flag for flag, value in (("--served-model", args.served_model), ("--api-key", args.api_key))
                        if value is not None]
         if remote_only:
-            raise UsageError(f"{', '.join(remote_only)} only apply to a --url server; without --url the model is "
-                             "loaded in-process: leave them out, or add --url")
+            verb, pronoun = ("applies", "it") if len(remote_only) == 1 else ("apply", "them")
+            raise UsageError(f"{', '.join(remote_only)} only {verb} to a --url server; without --url the model is "
+                             f"loaded in-process: leave {pronoun} out, or add --url")
     tools = _read_tools(args.tools) if args.tools else None
     color = not args.no_color and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
@@ -621,7 +642,7 @@ def _add_log_level(parser: argparse.ArgumentParser, default: str | None) -> None
 def build_parser() -> argparse.ArgumentParser:
     import glimmer
 
-    parser = argparse.ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
+    parser = _ArgumentParser(prog="glimmer", description="Run Muse Glimmer models exactly and fast.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {glimmer.__version__}",
                         help="print Glimmer's version and exit")
     _add_log_level(parser, None)  # None: not given, the command's default
@@ -714,6 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.set_defaults(func=_cmd_make_tiny)
     for command in (serve, chat, inspect, tiny):  # `glimmer serve --log-level DEBUG` as well as before the command
         _add_log_level(command, argparse.SUPPRESS)  # not given there: the value before the command stands
+    parser.commands = {"serve": serve, "chat": chat, "inspect": inspect, "make-tiny": tiny}
     return parser
 
 

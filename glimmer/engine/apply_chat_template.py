@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from glimmer.errors import RequestError
-from glimmer.protocol import RenderedPrompt
+from glimmer.protocol import ChatTemplate, RenderedPrompt
 from glimmer.protocol.tokens import MESSAGE
 
 # the names a message's reasoning goes by; transformers 5 (and the renderer) offers it under each of them
@@ -64,28 +64,42 @@ def tool_schemas(tools: Any) -> Any:
     not installed; anything else is left to the tool normalization to judge."""
     if not isinstance(tools, list | tuple):
         return tools
-    return [_function_schema(tool) if inspect.isfunction(tool) or inspect.ismethod(tool) else tool for tool in tools]
+    return [_function_schema(tool, index) if inspect.isfunction(tool) or inspect.ismethod(tool) else tool
+            for index, tool in enumerate(tools)]
 
 
-def _function_schema(function: Callable[..., Any]) -> dict[str, Any]:
+def _function_schema(function: Callable[..., Any], index: int) -> dict[str, Any]:
+    """The JSON schema of the Python function `tools[index]`; RequestError naming it where transformers is missing or
+    cannot read the function (no docstring, an argument without a type hint or its description)."""
     try:
         from transformers.utils import get_json_schema
+        from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
     except ImportError as error:
         raise RequestError(f"tools: the Python function {function.__name__!r} needs transformers (pip install "
                            "transformers) to become a JSON schema; or pass its schema as a dict",
                            param="tools") from error
-    return get_json_schema(function)
+    try:
+        return get_json_schema(function)
+    except (DocstringParsingException, TypeHintParsingException) as error:
+        raise RequestError(f"tools[{index}]: {error} (transformers reads a function's schema from its type hints and "
+                           "Google-style docstring: a summary, then an Args: section describing each argument); or "
+                           "pass its schema as a dict", param=f"tools[{index}]") from error
 
 
-def checked_documents(documents: Any) -> list[Mapping[str, Any]]:
+def checked_documents(documents: Any, template: ChatTemplate) -> list[Mapping[str, Any]]:
     """`documents` as transformers takes them, a list of dicts (`title` and `text` keys recommended), for the
-    template's `documents` variable. Raises RequestError naming the first item that is not a dict."""
+    template's `documents` variable. Raises RequestError naming the first item that is not a dict, and for documents
+    given to a template that never reads the variable (as the checkpoint's), where they would reach no prompt."""
     if isinstance(documents, str | bytes | Mapping) or not isinstance(documents, Sequence):
         raise RequestError("documents must be a list of dicts with 'title' and 'text' keys", param="documents")
     for index, document in enumerate(documents):
         if not isinstance(document, Mapping):
             raise RequestError(f"documents[{index}] must be a dict with 'title' and 'text' keys, not "
                                f"{type(document).__name__}", param=f"documents[{index}]")
+    if documents and "documents" not in template.variables:
+        raise RequestError("documents: the chat template never reads `documents`, so they would reach no prompt; "
+                           "put their text in a message, or render with a chat_template that reads them",
+                           param="documents")
     return list(documents)
 
 

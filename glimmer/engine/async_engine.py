@@ -31,7 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from glimmer.engine.grammar import ControllerFactory, GrammarFailure
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.sequence import MultimodalItem
@@ -86,6 +86,8 @@ class EngineMetrics:
 class AsyncEngine:
     def __init__(self, config: EngineConfig, *, max_waiting_requests: int = 1024):
         self.engine = LLMEngine(config)
+        warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",
+                                           "send repetition_penalty 1 to turn it off")
         self.max_waiting_requests = max_waiting_requests
         self.metrics = EngineMetrics()
         self._commands: queue.Queue = queue.Queue()

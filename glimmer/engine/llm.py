@@ -26,6 +26,7 @@ from glimmer.engine.apply_chat_template import (
     FinalMessageTag,
     checked_documents,
     generation_prompt,
+    tool_schemas,
 )
 from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
@@ -40,7 +41,7 @@ from glimmer.engine.chat_rendering import (
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
-from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
@@ -225,6 +226,10 @@ class LLM:
         engine_options = glimmer_arguments("LLM", known, VLLM_ONLY_LLM_ARGUMENTS, {"model": model, **engine_options})
         del engine_options["model"]
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))
+        if generation_config == "auto":  # under "vllm" no call takes the checkpoint's penalty
+            warn_of_default_repetition_penalty(self.engine.generation_defaults, "generate and chat calls without "
+                                               "SamplingParams", "pass SamplingParams, or LLM(..., "
+                                               "generation_config='vllm') for vLLM's plain defaults")
         self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
                                                     allowed_domains=allowed_media_domains)
         self.generation_config = generation_config
@@ -514,12 +519,12 @@ class LLM:
                                param="continue_final_message")
         template = self.engine.chat_template if chat_template is None else checked_template_argument(
             chat_template, self.engine.tokenizer, self.engine.max_prompt_chars)
-        plan = plan_tools(normalize_tools(tools, check_schema=check_json_schema), tool_choice)
+        plan = plan_tools(normalize_tools(tool_schemas(tools), check_schema=check_json_schema), tool_choice)
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in STRENGTH_KWARGS}
         if documents is not None:
-            kwargs["documents"] = checked_documents(documents)
+            kwargs["documents"] = checked_documents(documents, template)
         rendering = ChatRendering(template, plan.render_tools, strength, kwargs, allow_control_tokens_in_content,
                                   ends_with_generation_prompt, continue_final_message)
         turns = {id(params): self._chat_turn(plan, params, response_format, parallel_tool_calls,
@@ -662,6 +667,13 @@ def _conversations(messages: Any) -> list[Any]:
     for i, conversation in enumerate(conversations):
         if isinstance(conversation, list | tuple) and not conversation:
             raise RequestError(f"messages[{i}]: a conversation needs at least one message", param="messages")
+        for j, message in enumerate(conversation if isinstance(conversation, list | tuple) else []):
+            if isinstance(message, ChatOutput):  # as an OpenAI client sends its reply back, which this one is not
+                where = f"messages[{j}]" if len(conversations) == 1 else f"messages[{i}][{j}]"
+                raise RequestError(f"{where} is an LLM.chat reply (a ChatOutput), not a message; it goes back as "
+                                   '{"role": "assistant", "content": reply.content, "reasoning": reply.reasoning, '
+                                   '"tool_calls": [dataclasses.asdict(call) for call in reply.tool_calls]}',
+                                   param=where)
     return conversations
 
 

@@ -59,6 +59,18 @@ from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
 
+
+def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: str, turn_off: str) -> None:
+    """Warn, where the checkpoint's generation_config sets a repetition_penalty other than 1, that `penalized` (the
+    requests that take the checkpoint's defaults) are penalized, and how to `turn_off` the penalty. Only the caller
+    knows which requests those are: the server's that leave it out, `LLM`'s calls without SamplingParams under
+    generation_config="auto", and none under "vllm"."""
+    if (defaults.repetition_penalty or 1.0) != 1.0:
+        logger.warning("%s sets repetition_penalty=%s: %s are penalized, which reads their prompt's ids every step "
+                       "(somewhat slower decoding); %s", GENERATION_CONFIG_FILE, defaults.repetition_penalty,
+                       penalized, turn_off)
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 2 << 30
 _REPLAN_MARGIN_BYTES = 256 << 20  # beyond the shortfall, when a KV cache is sized again (`_working_shortfall`)
@@ -265,11 +277,6 @@ class LLMEngine:
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
         )
-        if (self.generation_defaults.repetition_penalty or 1.0) != 1.0:
-            logger.warning("%s sets repetition_penalty=%s: requests that leave it out are penalized, which reads "
-                           "their prompt's ids every step (somewhat slower decoding); send repetition_penalty 1 to "
-                           "turn it off", GENERATION_CONFIG_FILE,
-                           self.generation_defaults.repetition_penalty)
         self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(

@@ -410,7 +410,7 @@ class LLMTokenizer:
         strength = resolve_reasoning_strength(reasoning_effort=None, chat_template_kwargs=kwargs)
         template_kwargs = {k: v for k, v in kwargs.items() if k not in STRENGTH_KWARGS}
         if documents is not None:
-            template_kwargs["documents"] = checked_documents(documents)
+            template_kwargs["documents"] = checked_documents(documents, template)
         rendering = ChatRendering(template, plan.render_tools, strength, template_kwargs,
                                   allow_control_tokens_in_content or sanitize_control_tokens is False,
                                   ends_with_generation_prompt, continue_final_message)

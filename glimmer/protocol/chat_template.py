@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 import jinja2
+import jinja2.meta
 
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.protocol.control_tokens import ControlTokenGuard, RenderedPrompt
@@ -77,7 +78,10 @@ class ChatTemplate:
         self.source = source
         try:
             self.sha256 = hashlib.sha256(source.encode("utf-8")).hexdigest()
-            self._template = make_environment().from_string(source)
+            environment = make_environment()
+            self._template = environment.from_string(source)
+            # the variables it reads from the caller (messages, tools, documents, its kwargs, ...)
+            self.variables = frozenset(jinja2.meta.find_undeclared_variables(environment.parse(source)))
         except jinja2.TemplateSyntaxError as error:
             raise ChatTemplateError(f"line {error.lineno}: {error.message}") from error
         except jinja2.TemplateError as error:

@@ -282,6 +282,21 @@ def test_documents_must_be_dicts(tok):
     assert caught.value.param == "documents[0]"
 
 
+def test_documents_a_template_never_reads_are_refused_not_dropped(llm, tok):
+    """The checkpoint's template reads no `documents`: given to it they reached no prompt, silently (transformers
+    drops them so); a template that reads them gets them, and an empty list is nothing to lose."""
+    documents = [{"title": "Policy", "text": "Refunds within 30 days."}]
+    with pytest.raises(RequestError, match="never reads `documents`") as caught:
+        tok.apply_chat_template(CHAT, documents=documents, **KWARGS)
+    assert caught.value.param == "documents"
+    with pytest.raises(RequestError, match="never reads `documents`"):
+        llm.chat([USER], documents=documents, chat_template_kwargs=KWARGS)
+    assert tok.apply_chat_template(CHAT, documents=[], tokenize=False, **KWARGS) == tok.apply_chat_template(
+        CHAT, tokenize=False, **KWARGS)
+    assert "Refunds within 30 days." in tok.apply_chat_template(CHAT, chat_template=SHOW_VARIABLES,
+                                                                documents=documents, tokenize=False)
+
+
 def test_a_python_function_tool_is_converted_as_transformers_converts_it(tok, hf):
     def get_weather(city: str) -> str:
         """Get the weather.

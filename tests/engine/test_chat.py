@@ -178,3 +178,61 @@ def test_continuing_a_message_to_a_tool_needs_the_tools(llm):
     with pytest.raises(RequestError, match="the request offers no tools") as err:
         llm.chat([{"role": "user", "content": "hi"}, call], continue_final_message=True, chat_template_kwargs=KWARGS)
     assert err.value.param == "continue_final_message"
+
+
+def test_a_reply_put_back_into_the_history_as_it_is_is_refused_saying_how_to_send_it(llm):
+    """A ChatOutput appended to the messages, as an OpenAI client appends its reply, was refused with only "must be an
+    object, got ChatOutput"; the message the error spells out is taken, call and reasoning included."""
+    import dataclasses
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    reply = llm.chat(messages, SamplingParams(temperature=0, max_tokens=128), tools=tools, tool_choice="required",
+                     parallel_tool_calls=False, thinking_token_budget=0, chat_template_kwargs=KWARGS)[0]
+    with pytest.raises(RequestError, match=r"is an LLM\.chat reply \(a ChatOutput\)") as err:
+        llm.chat([*messages, reply], tools=tools, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[1]"
+    with pytest.raises(RequestError) as err:
+        llm.chat([messages, [*messages, reply]], tools=tools, chat_template_kwargs=KWARGS)
+    assert err.value.param == "messages[1][1]"
+    sent_back = {"role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
+                 "tool_calls": [dataclasses.asdict(call) for call in reply.tool_calls]}
+    results = [{"role": "tool", "tool_call_id": call.id, "content": "sunny"} for call in reply.tool_calls]
+    assert reply.tool_calls
+    out = llm.chat([*messages, sent_back, *results], SamplingParams(max_tokens=1), tools=tools,
+                   chat_template_kwargs=KWARGS)[0]
+    assert '<atem:invoke name="get_weather">' in out.prompt
+
+
+def test_a_python_function_tool_is_taken_as_its_schema_as_apply_chat_template_takes_it(llm):
+    """`tools=[get_weather]` was "tools[0] must be an object" in LLM.chat, while the tokenizer's apply_chat_template
+    (and transformers', inside vLLM's LLM.chat) converts it to its JSON schema."""
+    from transformers.utils import get_json_schema
+
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city.
+
+        Args:
+            city: The city name.
+        """
+        return "sunny"
+
+    messages = [{"role": "user", "content": "hi"}]
+    params = SamplingParams(max_tokens=1)
+    as_function = llm.chat(messages, params, tools=[get_weather], chat_template_kwargs=KWARGS)[0]
+    as_schema = llm.chat(messages, params, tools=[get_json_schema(get_weather)], chat_template_kwargs=KWARGS)[0]
+    assert "get_weather" in as_function.prompt and as_function.prompt_token_ids == as_schema.prompt_token_ids
+
+
+def test_a_python_function_tool_transformers_cannot_read_is_refused_naming_it(llm):
+    """A function without a docstring raised transformers' DocstringParsingException, which names no tool."""
+
+    def no_docstring(city: str) -> str:
+        return city
+
+    for call in (lambda tools: llm.chat([{"role": "user", "content": "hi"}], tools=tools, chat_template_kwargs=KWARGS),
+                 lambda tools: llm.get_tokenizer().apply_chat_template([{"role": "user", "content": "hi"}], tools=tools,
+                                                                      **KWARGS)):
+        with pytest.raises(RequestError, match="no docstring.*Google-style docstring") as caught:
+            call([{"type": "function", "function": {"name": "f"}}, no_docstring])
+        assert caught.value.param == "tools[1]"

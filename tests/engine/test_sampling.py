@@ -328,6 +328,26 @@ def test_llm_takes_min_p_repetition_penalty_and_max_new_tokens_from_generation_c
     assert llm.generate(["Hi"])[0].outputs[0].token_ids == llm.generate(["Hi"], explicit)[0].outputs[0].token_ids
 
 
+def test_a_checkpoint_repetition_penalty_is_warned_of_where_requests_take_it(tiny_checkpoint, tmp_path, caplog):
+    """The engine warned that "requests that leave it out are penalized" under LLM(generation_config="vllm") too,
+    where no call takes the checkpoint's penalty; `LLM` says which of its calls do, the server its requests."""
+    from glimmer.engine.async_engine import AsyncEngine
+    from glimmer.engine.llm_engine import EngineConfig
+
+    model = _with_generation_config(tiny_checkpoint, tmp_path, repetition_penalty=1.2)
+    with caplog.at_level("WARNING"):
+        LLM(str(model), progress=False, generation_config="vllm")
+    assert "repetition_penalty" not in caplog.text
+    with caplog.at_level("WARNING"):
+        LLM(str(model), progress=False)
+    assert "repetition_penalty=1.2: generate and chat calls without SamplingParams are penalized" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20))
+    engine.shutdown()
+    assert "repetition_penalty=1.2: requests that leave it out are penalized" in caplog.text
+
+
 def test_min_p_filters_before_top_p_as_vllm_does():
     """vLLM: temperature → min-p → top-k → top-p, top-p on what min-p left. Probabilities 0.4, 0.3, 0.15, 0.1,
     0.05: min_p 0.3 keeps the first three (0.15 is 0.375 of the top), renormalized 0.47, 0.35, 0.18; top_p 0.75

@@ -219,6 +219,25 @@ def _fails_with_one_line(capsys, argv, *words):
     return err
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    ([], ("the following arguments are required: COMMAND", "see glimmer --help")),
+    (["serve", "--port", "abc"], ("argument --port: invalid int value: 'abc'", "see glimmer serve --help")),
+    (["chat", "--temperature", "hot"], ("argument --temperature", "see glimmer chat --help")),
+    (["make-tiny"], ("required: dir", "see glimmer make-tiny --help")),
+    (["serve", "--tools", "t.json"], ("unrecognized arguments: --tools", "see glimmer serve --help")),
+])
+def test_a_malformed_command_line_is_one_line_pointing_at_the_help(capsys, argv, words):
+    """argparse's own errors printed the command's whole usage (34 lines for serve) before the error line."""
+    from glimmer.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    for word in words:
+        assert word in err
+
+
 def test_a_missing_or_invalid_tools_file_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--tools", str(tmp_path / "missing.json")],
                          "missing.json", "No such file")
@@ -284,7 +303,9 @@ def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, mo
     $GLIMMER_API_KEY alone is not a flag given, and stays the --url default."""
     monkeypatch.setenv("GLIMMER_API_KEY", "from-env")
     _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--served-model", "foo", "--api-key", "k"],
-                         "--served-model, --api-key only apply to a --url server")
+                         "--served-model, --api-key only apply to a --url server", "leave them out")
+    _fails_with_one_line(capsys, ["chat", str(tmp_path / "missing"), "--api-key", "k"],
+                         "--api-key only applies to a --url server", "leave it out, or add --url")
 
 
 def test_a_served_model_name_given_twice_is_refused(capsys):
