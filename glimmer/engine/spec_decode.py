@@ -43,14 +43,14 @@ class SpeculativeConfig:
     num_speculative_tokens: the most tokens proposed per sequence and step (default and maximum: the
         drafter's block_size − 1).
     draft_policy: "adaptive" (measure acceptance and step times; propose fewer or none where it cannot
-        pay) or "always" (the maximum every step).
+        pay; also None) or "always" (the maximum every step).
     disable_by_batch_size: no speculation in steps with more decoding sequences than this.
     """
 
     method: str
     model: str
     num_speculative_tokens: int | None = None
-    draft_policy: str = "adaptive"
+    draft_policy: str | None = "adaptive"  # None: the default, kept as "adaptive"
     disable_by_batch_size: int | None = None
 
     @classmethod
@@ -86,6 +86,8 @@ class SpeculativeConfig:
         n = self.num_speculative_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"speculative_config.num_speculative_tokens={n!r} must be an integer >= 1")
+        if self.draft_policy is None:  # as num_speculative_tokens and disable_by_batch_size take null: the default
+            object.__setattr__(self, "draft_policy", "adaptive")
         if self.draft_policy not in DRAFT_POLICIES:
             raise ConfigError(f"speculative_config.draft_policy={self.draft_policy!r} is not one of "
                               f"{list(DRAFT_POLICIES)}")

@@ -633,6 +633,15 @@ def test_bad_speculative_configs_are_refused(target, config, message):
     assert message in str(error.value)
 
 
+def test_null_options_take_their_defaults():
+    """A JSON null is the default for every optional key (draft_policy was refused as "None is not one of ...", while
+    num_speculative_tokens and disable_by_batch_size took null)."""
+    config = SpeculativeConfig.parse('{"method": "dflash", "model": "x", "draft_policy": null, '
+                                     '"num_speculative_tokens": null, "disable_by_batch_size": null}')
+    assert config.draft_policy == SpeculativeConfig("dflash", "x").draft_policy == "adaptive"
+    assert (config.num_speculative_tokens, config.disable_by_batch_size) == (None, None)
+
+
 def test_a_path_object_names_the_drafter(target, drafter):
     """As LLM(model=...) takes one; it was refused as naming no drafter."""
     llm = LLM(str(target), progress=False, speculative_config={"method": "dflash", "model": Path(drafter)})
