@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
+from glimmer.errors import RequestError
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
@@ -61,8 +63,7 @@ class ChatRun:
         call in and that ended without one (cut short by the token limit, `limit_field`: by default the chat field
         the request set). `where` names the reply in the message (by default "choice N")."""
         if limit_field is None:
-            only_completion = self.request.max_tokens is None and self.request.max_completion_tokens is not None
-            limit_field = "max_completion_tokens" if only_completion else "max_tokens"
+            limit_field = token_limit_field(self.request)
         error = self.prompt.tools.unsatisfied(choice.parser.valid_call_names, choice.finish_reason,
                                               where=where or f"choice {choice.index}",
                                               limit_field=limit_field)
@@ -161,6 +162,12 @@ async def create_chat_completion(raw_request: Request, context: ServingContext) 
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
 
 
+def token_limit_field(request: ChatCompletionRequest) -> str:
+    """The field the request set its token limit in: max_completion_tokens where it gave only that."""
+    only_completion = request.max_tokens is None and request.max_completion_tokens is not None
+    return "max_completion_tokens" if only_completion else "max_tokens"
+
+
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
                          arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
@@ -181,8 +188,13 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                                      controller_factory=prompt.controller_factory)
     try:
         first = await until_disconnect(raw_request, anext(stream))
-    except BaseException:
+    except BaseException as error:
         await stream.aclose()
+        limit_field = token_limit_field(request)
+        if isinstance(error, RequestError) and error.param == "max_tokens" and limit_field != "max_tokens":
+            # the engine names SamplingParams' max_tokens; the client set the limit as max_completion_tokens
+            message = re.sub(r"(?<![\w.])max_tokens(?!\w)", limit_field, str(error))
+            raise RequestError(message, param=limit_field) from error
         raise
     if first.prompt_logprobs is not None and request.prompt_logprobs is not None:
         run.prompt_logprobs = first.prompt_logprobs
