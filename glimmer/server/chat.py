@@ -168,12 +168,31 @@ def token_limit_field(request: ChatCompletionRequest) -> str:
     return "max_completion_tokens" if only_completion else "max_tokens"
 
 
+_MAX_TOKENS = re.compile(r"(?<![\w.])max_tokens(?!\w)")
+
+
+def limit_named_as_sent(error: RequestError, request: ChatCompletionRequest) -> RequestError | None:
+    """`error` of SamplingParams or the engine, which call the token limit max_tokens, naming the field the request
+    set it in instead; None where it already does."""
+    limit_field = token_limit_field(request)
+    if limit_field == "max_tokens" or not (error.param == "max_tokens" or _MAX_TOKENS.search(str(error))):
+        return None
+    param = limit_field if error.param == "max_tokens" else error.param
+    return RequestError(_MAX_TOKENS.sub(limit_field, str(error)), param=param)
+
+
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
                          arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted)."""
     model_name = context.check_model(request.model)
-    params = chat_sampling_params(request, context)
+    try:
+        params = chat_sampling_params(request, context)
+    except RequestError as error:
+        renamed = limit_named_as_sent(error, request)
+        if renamed is None:
+            raise
+        raise renamed from error
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
     apply_default_max_tokens(params, context, len(prompt.token_ids))
     stop = stop_strings(request)
@@ -190,12 +209,10 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
         first = await until_disconnect(raw_request, anext(stream))
     except BaseException as error:
         await stream.aclose()
-        limit_field = token_limit_field(request)
-        if isinstance(error, RequestError) and error.param == "max_tokens" and limit_field != "max_tokens":
-            # the engine names SamplingParams' max_tokens; the client set the limit as max_completion_tokens
-            message = re.sub(r"(?<![\w.])max_tokens(?!\w)", limit_field, str(error))
-            raise RequestError(message, param=limit_field) from error
-        raise
+        renamed = limit_named_as_sent(error, request) if isinstance(error, RequestError) else None
+        if renamed is None:
+            raise
+        raise renamed from error
     if first.prompt_logprobs is not None and request.prompt_logprobs is not None:
         run.prompt_logprobs = first.prompt_logprobs
     return run, first, stream
