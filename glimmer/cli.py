@@ -164,6 +164,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling, load_format=args.load_format,
+        enable_prefix_caching=args.enable_prefix_caching,
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
         speculative_config=args.speculative_config,
         media_limits=MediaLimits(**{field: getattr(args, dest) for dest, field in _MEDIA_LIMIT_OPTIONS.items()}),
@@ -609,6 +610,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="launch each plain decode step before the previous one's tokens are read, and make "
                              "each step's text (detokenizing, stop strings) while the device runs the next step "
                              "(default: on with CUDA, off on the CPU)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV blocks of prompt prefixes computed before, as vLLM's flag does (default: "
+                             "on; --no-enable-prefix-caching computes every prompt in full)")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                         help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
 

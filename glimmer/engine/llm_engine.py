@@ -109,7 +109,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_memory: int | str | None = None  # bytes ('8GiB' as text) for the KV cache; default from free memory
     gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool | None = True  # None: vLLM's default, on
     enforce_eager: bool = False  # on CUDA, do not replay decode steps from captured CUDA graphs
     # plain decode step N+1 is launched before step N's tokens are read (lookahead.py), and the text of step N's
     # tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
@@ -126,6 +126,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.dtype = _dtype_name(self.dtype)
+        if self.enable_prefix_caching is None:  # vLLM's default for the engine argument: the prefix cache is on
+            self.enable_prefix_caching = True
         if self.seed is None:  # vLLM's seed=None: unseeded requests (and dummy weights) differ from run to run
             self.seed = random.SystemRandom().randrange(2**63)
         check_engine_config(self)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
+from glimmer.errors import RequestError
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
@@ -61,8 +63,7 @@ class ChatRun:
         call in and that ended without one (cut short by the token limit, `limit_field`: by default the chat field
         the request set). `where` names the reply in the message (by default "choice N")."""
         if limit_field is None:
-            only_completion = self.request.max_tokens is None and self.request.max_completion_tokens is not None
-            limit_field = "max_completion_tokens" if only_completion else "max_tokens"
+            limit_field = token_limit_field(self.request)
         error = self.prompt.tools.unsatisfied(choice.parser.valid_call_names, choice.finish_reason,
                                               where=where or f"choice {choice.index}",
                                               limit_field=limit_field)
@@ -161,12 +162,37 @@ async def create_chat_completion(raw_request: Request, context: ServingContext) 
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
 
 
+def token_limit_field(request: ChatCompletionRequest) -> str:
+    """The field the request set its token limit in: max_completion_tokens where it gave only that."""
+    only_completion = request.max_tokens is None and request.max_completion_tokens is not None
+    return "max_completion_tokens" if only_completion else "max_tokens"
+
+
+_MAX_TOKENS = re.compile(r"(?<![\w.])max_tokens(?!\w)")
+
+
+def limit_named_as_sent(error: RequestError, request: ChatCompletionRequest) -> RequestError | None:
+    """`error` of SamplingParams or the engine, which call the token limit max_tokens, naming the field the request
+    set it in instead; None where it already does."""
+    limit_field = token_limit_field(request)
+    if limit_field == "max_tokens" or not (error.param == "max_tokens" or _MAX_TOKENS.search(str(error))):
+        return None
+    param = limit_field if error.param == "max_tokens" else error.param
+    return RequestError(_MAX_TOKENS.sub(limit_field, str(error)), param=param)
+
+
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
                          arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted)."""
     model_name = context.check_model(request.model)
-    params = chat_sampling_params(request, context)
+    try:
+        params = chat_sampling_params(request, context)
+    except RequestError as error:
+        renamed = limit_named_as_sent(error, request)
+        if renamed is None:
+            raise
+        raise renamed from error
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
     apply_default_max_tokens(params, context, len(prompt.token_ids))
     stop = stop_strings(request)
@@ -181,9 +207,12 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                                      controller_factory=prompt.controller_factory)
     try:
         first = await until_disconnect(raw_request, anext(stream))
-    except BaseException:
+    except BaseException as error:
         await stream.aclose()
-        raise
+        renamed = limit_named_as_sent(error, request) if isinstance(error, RequestError) else None
+        if renamed is None:
+            raise
+        raise renamed from error
     if first.prompt_logprobs is not None and request.prompt_logprobs is not None:
         run.prompt_logprobs = first.prompt_logprobs
     return run, first, stream

@@ -44,6 +44,12 @@ def test_a_wrong_option_is_refused_naming_it_before_anything_loads(option, value
         LLM("/nonexistent/model/dir", progress=False, **{option: value})  # refused before the model is looked for
 
 
+def test_vllms_none_for_enable_prefix_caching_is_its_default_on():
+    """vLLM's engine argument defaults to None, which turns the prefix cache on; it was refused as not True or False."""
+    assert EngineConfig(model="m", enable_prefix_caching=None).enable_prefix_caching is True
+    assert EngineConfig(model="m", enable_prefix_caching=False).enable_prefix_caching is False
+
+
 @pytest.mark.parametrize("model", [None, 123, "", "  ", b"/models/x"])
 def test_a_missing_or_mistyped_model_is_refused_as_required_not_looked_up(model):
     """LLM(None) was looked for as a directory named 'None'."""

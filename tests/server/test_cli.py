@@ -45,6 +45,20 @@ def test_serve_options_parse():
     assert build_parser().parse_args(["serve"]).trust_request_chat_template is False
 
 
+@pytest.mark.parametrize(("flags", "enabled"), [([], True), (["--no-enable-prefix-caching"], False),
+                                               (["--enable-prefix-caching"], True)])
+def test_serve_takes_vllms_prefix_caching_flags(tiny_checkpoint, flags, enabled):
+    """vLLM's --[no-]enable-prefix-caching: the server could not turn the prefix cache off (the flags were refused)."""
+    from glimmer.cli import _engine_from_args
+
+    args = build_parser().parse_args(["serve", str(tiny_checkpoint), "--kv-cache-memory", "8MiB", *flags])
+    engine, _, _ = _engine_from_args(args)
+    try:
+        assert engine.engine.kv.enable_prefix_caching is enabled
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
                                   ["make-tiny", "out", "--log-level", "DEBUG"]])
 def test_log_level_is_taken_before_or_after_the_command(argv):

@@ -108,6 +108,18 @@ def test_a_field_of_another_endpoint_is_an_unknown_field(server, path, fields, p
     assert error["param"] == param and "unknown field" in error["message"]
 
 
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
+def test_a_chat_token_limit_past_the_context_is_refused_naming_the_field_sent(server, limit):
+    """A max_completion_tokens past the context, or below min_tokens, was refused as `max_tokens`, a field the
+    request did not send."""
+    body = {"messages": MESSAGES, "chat_template_kwargs": PINNED_DATE, limit: 2048}
+    error = chat_error(server, **{"max_tokens": None, **body})
+    assert error["param"] == limit
+    assert f"+ {limit} (2048) exceeds max_model_len=2048; lower {limit} to at most" in error["message"]
+    error = chat_error(server, **{"max_tokens": None, "messages": MESSAGES, limit: 5, "min_tokens": 10})
+    assert error["param"] == "min_tokens" and error["message"] == f"min_tokens: must not exceed {limit}"
+
+
 def test_a_responses_tool_choice_of_the_chat_shape_gets_the_responses_shape_as_the_hint(server):
     body = {"model": "tiny", "input": "hi", "tools": [{"type": "function", "name": "f"}],
             "tool_choice": {"type": "function", "function": {"name": "f"}}}
