@@ -36,7 +36,7 @@ import logging
 import math
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -78,7 +78,7 @@ class DecodedVideo:
     fps: float | None = None
 
 
-VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo, np.ndarray]  # noqa: UP007
+VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo, np.ndarray, tuple]  # noqa: UP007
 
 
 @dataclass(frozen=True)
@@ -285,6 +285,20 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     return resized, frame_timestamps_s(wanted, fps)
 
 
+def _from_frames_and_metadata(frames: object, metadata: Mapping, index: int) -> DecodedVideo:
+    """vLLM's `(frames, metadata)` video: every frame of the video, at `metadata["fps"]`. Frames already sampled
+    (`do_sample_frames` false, or `frames_indices` other than 0..T-1) are refused: sampling them again would keep
+    other frames than the reference keeps, and their times would be wrong."""
+    count = len(frames) if isinstance(frames, np.ndarray | Sequence) else None
+    indices = metadata.get("frames_indices")
+    if metadata.get("do_sample_frames") is False or (
+            indices is not None and count is not None and list(indices) != list(range(count))):
+        raise MediaDecodeError("video", index, "a (frames, metadata) video must hold every frame of the video "
+                                               "(frames already sampled are not supported: the model samples its "
+                                               "own); pass all decoded frames, or the encoded video")
+    return DecodedVideo(frames, fps=metadata.get("fps"))
+
+
 def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,
                   cancel: CancelToken | None = None) -> ProcessedVideo:
     """Decode, sample, resize (one size per video), normalise and patchify one video.
@@ -295,6 +309,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
         video = bytes(video)
     if isinstance(video, np.ndarray):  # frames alone, as vLLM's multi_modal_data takes them: the rate is unknown
         video = DecodedVideo(video)
+    if isinstance(video, tuple) and len(video) == 2 and isinstance(video[1], Mapping):
+        video = _from_frames_and_metadata(*video, index)
     if isinstance(video, DecodedVideo):
         frames, times = _decoded_frames(video, settings, limits, index)
     elif isinstance(video, bytes | str | os.PathLike):
@@ -304,7 +320,7 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
             "video",
             index,
             f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path, DecodedVideo "
-            "frames or a frames array",
+            "frames, a frames array or (frames, {\"fps\": ...})",
         )
     rows, grid = patch_rows(frames, settings)
     return ProcessedVideo(
