@@ -47,7 +47,7 @@ from PIL import Image
 
 from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
-from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, pil_to_rgb
+from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, is_image_data, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows
 from glimmer.multimodal.resize import resize_frames, smart_resize
 from glimmer.multimodal.settings import MediaLimits, MediaSettings
@@ -229,6 +229,10 @@ def decode_video_file(
     except FileNotFoundError:
         raise MediaDecodeError("video", index, f"no such file: {os.fspath(source)!r}") from None
     except (av.FFmpegError, OSError, ValueError, EOFError) as error:
+        if isinstance(source, bytes) and is_image_data(source):  # an image sent where a video goes: say so
+            raise MediaDecodeError("video", index, "the data is an image, not a video; send it as an image "
+                                                   "(an image_url part, or multi_modal_data's \"image\"), or an "
+                                                   "animated one as MP4 or WebM, or as DecodedVideo frames") from None
         raise MediaDecodeError(
             "video", index, f"the data is not a decodable video (MP4, WebM, MKV, AVI, MPEG-TS, ...): {error}"
         ) from None
