@@ -99,6 +99,10 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
                     # to look for EXIF after them
                     exif = Image.Image.getexif(opened)
                     quarter_turn = exif.get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+                    # newer Pillow's TIFF reader gives the upright size already (its tags hold the stored one)
+                    tags = getattr(opened, "tag_v2", None)
+                    if tags is not None and opened.size != (tags.get(256), tags.get(257)):
+                        quarter_turn = False
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
         except (OSError, SyntaxError, ValueError, EOFError, RuntimeError, Image.DecompressionBombError):
             return None
