@@ -229,7 +229,7 @@ def decode_video_file(
     except FileNotFoundError:
         raise MediaDecodeError("video", index, f"no such file: {os.fspath(source)!r}") from None
     except (av.FFmpegError, OSError, ValueError, EOFError) as error:
-        if isinstance(source, bytes) and is_image_data(source):  # an image sent where a video goes: say so
+        if is_image_data(source):  # an image sent where a video goes: say so
             raise MediaDecodeError("video", index, "the data is an image, not a video; send it as an image "
                                                    "(an image_url part, or multi_modal_data's \"image\"), or an "
                                                    "animated one as MP4 or WebM, or as DecodedVideo frames") from None
