@@ -680,4 +680,6 @@ def _conversations(messages: Any) -> list[Any]:
 def _as_list(value: Any) -> list:
     if value is None:
         return []
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
+        return [value]  # one video as vLLM takes it, (frames, metadata), not two items
     return list(value) if isinstance(value, list | tuple) else [value]

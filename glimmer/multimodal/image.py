@@ -99,6 +99,10 @@ def image_tokens_from_header(image: ImageInput, settings: MediaSettings, limits:
                     # to look for EXIF after them
                     exif = Image.Image.getexif(opened)
                     quarter_turn = exif.get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+                    # newer Pillow's TIFF reader gives the upright size already (its tags hold the stored one)
+                    tags = getattr(opened, "tag_v2", None)
+                    if tags is not None and opened.size != (tags.get(256), tags.get(257)):
+                        quarter_turn = False
                     height, width = (opened.width, opened.height) if quarter_turn else (opened.height, opened.width)
         except (OSError, SyntaxError, ValueError, EOFError, RuntimeError, Image.DecompressionBombError):
             return None
@@ -141,12 +145,12 @@ def _open_encoded(source: bytes | str | os.PathLike, index: int, limits: MediaLi
         raise MediaDecodeError("image", index, f"the image data is corrupt or truncated ({error})") from None
 
 
-def is_image_data(data: bytes) -> bool:
-    """Whether Pillow recognizes `data` as an image from its header (nothing is decoded)."""
+def is_image_data(data: bytes | str | os.PathLike) -> bool:
+    """Whether Pillow recognizes `data` (bytes, or a file's path) as an image from its header (nothing is decoded)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            Image.open(io.BytesIO(data), formats=IMAGE_FORMATS).close()
+            Image.open(io.BytesIO(data) if isinstance(data, bytes) else data, formats=IMAGE_FORMATS).close()
     except Image.DecompressionBombError:
         return True  # an image, if a far too large one: the size limits will say so
     except Exception:  # Pillow raises many kinds for data that is not an image

@@ -152,6 +152,9 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
     return _read_local(reference, kind, index, policy)
 
 
+IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's image_url.detail; accepted and not acted on, as vLLM does
+
+
 def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[str, Any] | None:
     """(kind, reference) of a normalized `image` / `video` content part, or None for other parts.
 
@@ -173,6 +176,12 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
                 if not isinstance(value["url"], str):  # OpenAI's url is a string; 5 or [1] is no image
                     raise RequestError(f"{field} must be a string (a data: URL, a local path or an http(s) URL), "
                                        f"not {type(value['url']).__name__}", param=field if where else "messages")
+                detail = value.get("detail")
+                if key == "image_url" and detail is not None and detail not in IMAGE_DETAILS:
+                    field = f"{where}.{key}.detail" if where else f"{key}.detail"
+                    raise RequestError(f"{field} must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left out), "
+                                       f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
+                                       param=field if where else "messages")
                 value = value["url"]
             return kind, value
     article = "an" if kind == "image" else "a"

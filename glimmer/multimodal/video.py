@@ -36,7 +36,7 @@ import logging
 import math
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -47,7 +47,7 @@ from PIL import Image
 
 from glimmer.cancellation import CancelToken
 from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
-from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, pil_to_rgb
+from glimmer.multimodal.image import array_to_rgb, as_frame_tensor, is_image_data, pil_to_rgb
 from glimmer.multimodal.patches import patch_rows
 from glimmer.multimodal.resize import resize_frames, smart_resize
 from glimmer.multimodal.settings import MediaLimits, MediaSettings
@@ -78,7 +78,7 @@ class DecodedVideo:
     fps: float | None = None
 
 
-VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo, np.ndarray]  # noqa: UP007
+VideoInput = Union[bytes, bytearray, memoryview, str, os.PathLike, DecodedVideo, np.ndarray, tuple]  # noqa: UP007
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,10 @@ def decode_video_file(
     except FileNotFoundError:
         raise MediaDecodeError("video", index, f"no such file: {os.fspath(source)!r}") from None
     except (av.FFmpegError, OSError, ValueError, EOFError) as error:
+        if is_image_data(source):  # an image sent where a video goes: say so
+            raise MediaDecodeError("video", index, "the data is an image, not a video; send it as an image "
+                                                   "(an image_url part, or multi_modal_data's \"image\"), or an "
+                                                   "animated one as MP4 or WebM, or as DecodedVideo frames") from None
         raise MediaDecodeError(
             "video", index, f"the data is not a decodable video (MP4, WebM, MKV, AVI, MPEG-TS, ...): {error}"
         ) from None
@@ -285,6 +289,20 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     return resized, frame_timestamps_s(wanted, fps)
 
 
+def _from_frames_and_metadata(frames: object, metadata: Mapping, index: int) -> DecodedVideo:
+    """vLLM's `(frames, metadata)` video: every frame of the video, at `metadata["fps"]`. Frames already sampled
+    (`do_sample_frames` false, or `frames_indices` other than 0..T-1) are refused: sampling them again would keep
+    other frames than the reference keeps, and their times would be wrong."""
+    count = len(frames) if isinstance(frames, np.ndarray | Sequence) else None
+    indices = metadata.get("frames_indices")
+    if metadata.get("do_sample_frames") is False or (
+            indices is not None and count is not None and list(indices) != list(range(count))):
+        raise MediaDecodeError("video", index, "a (frames, metadata) video must hold every frame of the video "
+                                               "(frames already sampled are not supported: the model samples its "
+                                               "own); pass all decoded frames, or the encoded video")
+    return DecodedVideo(frames, fps=metadata.get("fps"))
+
+
 def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,
                   cancel: CancelToken | None = None) -> ProcessedVideo:
     """Decode, sample, resize (one size per video), normalise and patchify one video.
@@ -295,6 +313,8 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
         video = bytes(video)
     if isinstance(video, np.ndarray):  # frames alone, as vLLM's multi_modal_data takes them: the rate is unknown
         video = DecodedVideo(video)
+    if isinstance(video, tuple) and len(video) == 2 and isinstance(video[1], Mapping):
+        video = _from_frames_and_metadata(*video, index)
     if isinstance(video, DecodedVideo):
         frames, times = _decoded_frames(video, settings, limits, index)
     elif isinstance(video, bytes | str | os.PathLike):
@@ -304,7 +324,7 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
             "video",
             index,
             f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path, DecodedVideo "
-            "frames or a frames array",
+            "frames, a frames array or (frames, {\"fps\": ...})",
         )
     rows, grid = patch_rows(frames, settings)
     return ProcessedVideo(

@@ -45,3 +45,27 @@ def test_a_bad_data_url_in_generate_is_refused_without_echoing_it(llm):
         llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": url}}, SamplingParams(max_tokens=2))
     assert str(raised.value) == "image 0: data URL is not valid base64"
     assert raised.value.param == "prompt"
+
+
+def test_generate_takes_a_video_as_vllm_takes_it_frames_and_metadata(llm):
+    """vLLM's `{"video": (frames, metadata)}` (or a list of such) is one video at metadata's fps; it was read as two
+    videos, the metadata dict being the second."""
+    from glimmer.multimodal import DecodedVideo
+
+    frames = np.random.RandomState(5).randint(0, 256, (9, 60, 90, 3), dtype=np.uint8)
+    prompt = "<|begin_of_text|>What happens in <|video|>?"
+    params = SamplingParams(temperature=0, max_tokens=3)
+    expected = llm.generate({"prompt": prompt, "multi_modal_data": {"video": DecodedVideo(frames, fps=3.0)}}, params)[0]
+    for video in ((frames, {"fps": 3.0}), [(frames, {"fps": 3.0, "frames_indices": list(range(9))})]):
+        out = llm.generate({"prompt": prompt, "multi_modal_data": {"video": video}}, params)[0]
+        assert out.prompt_token_ids == expected.prompt_token_ids
+        assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("metadata", [{"fps": 3.0, "do_sample_frames": False},
+                                      {"fps": 3.0, "frames_indices": [0, 4, 8, 12]}])
+def test_frames_already_sampled_are_refused_naming_the_fix(llm, metadata):
+    frames = np.zeros((4, 60, 90, 3), dtype=np.uint8)
+    with pytest.raises(RequestError, match="must hold every frame of the video"):
+        llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, metadata)}},
+                     SamplingParams(max_tokens=2))

@@ -149,6 +149,22 @@ def test_exif_orientation_is_applied_to_encoded_images(tmp_path) -> None:
     assert process_image(str(path), SETTINGS, LIMITS).grid_thw == (1, 8, 4)
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"])
+@pytest.mark.parametrize("orientation", [1, 6, 8])
+def test_tokens_from_the_header_of_a_turned_image_are_those_it_gets(fmt, orientation) -> None:
+    """The header's count (what the media-token limit's error adds up for later images) is process_image's, a quarter
+    turn included; a TIFF's was turned twice, Pillow's reader giving its size upright already."""
+    from glimmer.multimodal.image import image_tokens_from_header
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    encoded = io.BytesIO()
+    noise_image(40, 300).save(encoded, format=fmt, exif=exif if fmt == "TIFF" else exif.tobytes())
+    settings = MediaSettings(max_image_tokens=64)
+    expected = process_image(encoded.getvalue(), settings, LIMITS).num_tokens
+    assert image_tokens_from_header(encoded.getvalue(), settings, LIMITS) == expected
+
+
 def test_tokens_from_a_png_header_decode_no_pixels(monkeypatch) -> None:
     """Pillow's PNG getexif decodes the whole image to look for EXIF after the pixels; counting from the header must
     not (it runs on images a request may never get to process, before their size is checked)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 
 import numpy as np
@@ -289,7 +290,9 @@ def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> Non
     [
         pytest.param(b"not a video at all" * 20, "not a decodable video", id="garbage-bytes"),
         pytest.param(b"", "not a decodable video", id="empty-bytes"),
-        pytest.param("PNG", "no video stream|not a decodable video", id="an-image-file"),
+        pytest.param("PNG", r"the data is an image, not a video; send it as an image", id="an-image-file"),
+        pytest.param("PNG-BYTES", r"the data is an image, not a video; send it as an image \(an image_url part",
+                     id="image-bytes"),
         pytest.param("MISSING", "no such file", id="missing-file"),
         pytest.param(DecodedVideo(np.zeros((4, 8, 8, 2), dtype=np.uint8), fps=2.0),
                      r"frames must be a \(T, H, W\), \(T, H, W, 1\), \(T, H, W, 3\) or \(T, H, W, 4\) array of uint8 "
@@ -324,6 +327,10 @@ def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, 
         Image.new("RGB", (32, 32)).save(payload)
     elif isinstance(payload, str) and payload == "MISSING":
         payload = tmp_path / "missing.mp4"
+    elif isinstance(payload, str) and payload == "PNG-BYTES":
+        encoded = io.BytesIO()
+        Image.new("RGB", (32, 32)).save(encoded, "PNG")
+        payload = encoded.getvalue()
     with pytest.raises(MediaDecodeError, match=problem) as raised:
         process_video(payload, SMALL, LIMITS, index=2)
     assert str(raised.value).startswith("video 2: ")
