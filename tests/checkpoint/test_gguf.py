@@ -114,6 +114,20 @@ def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_che
         [expected.token_bytes(i) for i in range(expected.vocab_size)]
 
 
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_add_eos_token_appends_eos_to_a_prompt_as_llama_cpp_does(f32_gguf, tmp_path, add_bos):
+    """QA: tokenizer.ggml.add_eos_token=true was ignored without a word; llama.cpp and transformers append EOS to a
+    prompt tokenized with its special tokens when the file says so (a chat prompt, rendered, gets none)."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "add-eos.gguf", {"tokenizer.ggml.add_bos_token": add_bos},
+                    add={"tokenizer.ggml.add_eos_token": (True, gguf.GGUFValueType.BOOL)})
+    tokenizer = LLM(str(path)).get_tokenizer()
+    plain = tokenizer.encode("The sea", add_special_tokens=False)
+    expected = [tokenizer.bos_token_id] * add_bos + plain + [tokenizer.eos_token_id]
+    assert tokenizer.encode("The sea", add_special_tokens=True) == expected
+
 CLASSIC = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
 K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 STEP_BOUND = {Q.Q8_0: 0.57, Q.Q4_0: 1.07, Q.Q5_0: 1.07, Q.Q4_1: 0.6, Q.Q5_1: 0.6} | dict.fromkeys(K_QUANTS, 0.5)
