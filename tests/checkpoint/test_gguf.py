@@ -465,3 +465,32 @@ def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_f
     assert lines[1:3] == ["  missing tensors (1):", "    mm.1.weight (shape [48, 48])"]
     assert lines[3] == "  unexpected tensors (1):" and lines[4].startswith("    v.blk.9.extra.weight [")
     assert lines[5].startswith("  fix: the tensor names are not the ones llama.cpp's converter writes")
+
+
+def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
+    """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
+    saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""
+    from PIL import Image
+
+    from glimmer.engine.async_engine import AsyncEngine
+    from glimmer.engine.llm_engine import EngineConfig
+    from glimmer.errors import RequestError
+    from glimmer.server.chat_prompt import build_chat_prompt
+    from glimmer.server.context import ServingContext
+    from glimmer.server.schemas import ChatCompletionRequest
+    from glimmer.server.settings import ServerSettings
+
+    image = {"prompt": "Look: <|patch|>", "multi_modal_data": {"image": Image.new("RGB", (8, 8))}}
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [part]}]})
+    for checkpoint, named in ((f32_gguf, True), (tiny_checkpoint, False)):
+        with pytest.raises(RequestError, match="no vision tower") as raised:
+            LLM(str(checkpoint)).generate(image)
+        assert ("pass it with --mmproj (LLM(..., mmproj=...))" in str(raised.value)) is named
+        engine = AsyncEngine(EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=8 << 20))
+        try:
+            with pytest.raises(RequestError, match="no vision tower") as raised:
+                build_chat_prompt(chat, ServingContext.create(engine, ServerSettings(served_model_names=("m",))))
+        finally:
+            engine.shutdown()
+        assert ("a GGUF's vision tower is a separate mmproj file" in str(raised.value)) is named
