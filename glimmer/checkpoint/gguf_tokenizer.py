@@ -15,8 +15,8 @@ added tokens matched before the split, and a post-processor that prepends BOS wh
 `tokenizer.ggml.add_bos_token` is true (as the release's does, §5.5) and appends EOS when
 `tokenizer.ggml.add_eos_token` is (as llama.cpp and transformers do; the release's does not).
 
-Sampling defaults: `general.sampling.temp` / `top_p` / `top_k`, which llama.cpp's converters copy from
-generation_config.json, become temperature / top_p / top_k, so a GGUF samples as its safetensors source.
+Sampling defaults: `general.sampling.temp` / `top_p` / `top_k` / `min_p`, which llama.cpp's converters copy from
+generation_config.json, become temperature / top_p / top_k / min_p, so a GGUF samples as its safetensors source.
 
 Stop ids: eos and eot (`<|eot|>` ends the assistant turn), never eom (`<|eom|>` ends a message inside
 the turn — architecture.md §5.5, §14.21).
