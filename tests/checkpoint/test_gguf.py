@@ -494,3 +494,15 @@ def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_ggu
         finally:
             engine.shutdown()
         assert ("a GGUF's vision tower is a separate mmproj file" in str(raised.value)) is named
+
+
+def test_a_git_lfs_pointer_in_place_of_a_gguf_is_named_with_the_fix(tmp_path):
+    """QA: a .gguf cloned without git-lfs (its pointer file in place of the weights) was refused as "wrong magic
+    b'vers'", not saying the file was never downloaded or how to fetch it."""
+    pointer = tmp_path / "Muse-Glimmer-30B-Q4_K_M.gguf"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 18556727520\n")
+    with pytest.raises(CheckpointError) as raised:
+        load_model(pointer, progress=False)
+    assert str(raised.value) == (f"{pointer}: not a GGUF file but a Git LFS pointer to one of 18,556,727,520 bytes, "
+                                 "which was never downloaded: fetch it with `git lfs pull` in its repository (or "
+                                 "download the file with `hf download`)")
