@@ -30,15 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, lfs_pointer_problem
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
-# what a file cloned without git-lfs holds in place of its content (git-lfs's pointer file spec)
-_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
@@ -195,12 +193,9 @@ def scan_header(path: Path) -> GGUFHeader:
 
 
 def _scan(data: mmap.mmap, path: Path) -> GGUFHeader:
-    if bytes(data[:len(_LFS_POINTER)]) == _LFS_POINTER:
-        size = re.search(rb"^size (\d+)$", bytes(data[:1024]), re.MULTILINE)
-        declared = f" of {int(size.group(1)):,} bytes" if size else ""
-        raise CheckpointError(f"{path}: not a GGUF file but a Git LFS pointer to one{declared}, which was never "
-                              "downloaded: fetch it with `git lfs pull` in its repository (or download the file with "
-                              "`hf download`)")
+    pointer = lfs_pointer_problem(bytes(data[:1024]))
+    if pointer is not None:
+        raise CheckpointError(f"{path}: not a GGUF file: it {pointer}")
     if bytes(data[:4]) != GGUF_MAGIC:
         raise CheckpointError(f"{path}: not a GGUF file (wrong magic {bytes(data[:4])!r}, expected b'GGUF')")
     (version,) = struct.unpack_from("<I", data, 4)

@@ -503,6 +503,6 @@ def test_a_git_lfs_pointer_in_place_of_a_gguf_is_named_with_the_fix(tmp_path):
     pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 18556727520\n")
     with pytest.raises(CheckpointError) as raised:
         load_model(pointer, progress=False)
-    assert str(raised.value) == (f"{pointer}: not a GGUF file but a Git LFS pointer to one of 18,556,727,520 bytes, "
-                                 "which was never downloaded: fetch it with `git lfs pull` in its repository (or "
-                                 "download the file with `hf download`)")
+    assert str(raised.value) == (f"{pointer}: not a GGUF file: it is a Git LFS pointer to a file of 18,556,727,520 "
+                                 "bytes, which was never downloaded: fetch it with `git lfs pull` in its repository "
+                                 "(or download the file with `hf download`)")
