@@ -5,6 +5,7 @@ as no file. Every reader names such a link, and where it points, instead of pass
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from glimmer.errors import CheckpointError, GlimmerError
@@ -20,6 +21,20 @@ def broken_link_problem(path: Path) -> str:
     return (f"is a symbolic link to {os.readlink(path)}, a file that does not exist (a Hugging Face cache whose blob "
             "was deleted, or a download cut short): download the checkpoint again (`hf download REPO`), or restore "
             "the file the link points to")
+
+
+# what a file cloned without git-lfs holds in place of its content (git-lfs's pointer file spec)
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def lfs_pointer_problem(head: bytes) -> str | None:
+    """`is a Git LFS pointer ...: <fix>` when `head`, a file's first kilobyte, is a Git LFS pointer; else None."""
+    if not head.startswith(_LFS_POINTER):
+        return None
+    size = re.search(rb"^size (\d+)$", head, re.MULTILINE)
+    declared = f" to a file of {int(size.group(1)):,} bytes" if size else ""
+    return (f"is a Git LFS pointer{declared}, which was never downloaded: fetch it with `git lfs pull` in its "
+            "repository (or download the file with `hf download`)")
 
 
 def refuse_broken_link(path: Path, error: type[GlimmerError] = CheckpointError) -> None:

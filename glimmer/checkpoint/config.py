@@ -299,6 +299,15 @@ class ModelConfig:
     def has_vision(self) -> bool:
         return self.vision is not None
 
+    @property
+    def no_vision_fix(self) -> str:
+        """What to do about images sent to a model without a vision tower, for the error that refuses them: a GGUF
+        keeps its vision tower in a separate mmproj file."""
+        if self.config_layout == "gguf" and self.vision is None:
+            return ("; a GGUF's vision tower is a separate mmproj file: pass it with --mmproj (LLM(..., "
+                    "mmproj=...))")
+        return ""
+
     def summary(self) -> dict[str, Any]:
         """A JSON-friendly view for `glimmer inspect`."""
         out = asdict(self)

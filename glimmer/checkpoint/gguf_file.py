@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, lfs_pointer_problem
 from glimmer.checkpoint.weight_mismatch import MismatchAdvice, WeightMismatch
 from glimmer.errors import CheckpointError
 
@@ -193,6 +193,9 @@ def scan_header(path: Path) -> GGUFHeader:
 
 
 def _scan(data: mmap.mmap, path: Path) -> GGUFHeader:
+    pointer = lfs_pointer_problem(bytes(data[:1024]))
+    if pointer is not None:
+        raise CheckpointError(f"{path}: not a GGUF file: it {pointer}")
     if bytes(data[:4]) != GGUF_MAGIC:
         raise CheckpointError(f"{path}: not a GGUF file (wrong magic {bytes(data[:4])!r}, expected b'GGUF')")
     (version,) = struct.unpack_from("<I", data, 4)

@@ -12,10 +12,11 @@ The rebuilt `tokenizers` tokenizer matches the Hugging Face tokenizer.json the G
 byte-level BPE whose vocabulary holds every token at its GGUF id, `ignore_merges` as transformers sets it
 for tiktoken vocabularies (a pre-token that is a whole vocabulary entry is not re-merged), the specials as
 added tokens matched before the split, and a post-processor that prepends BOS when
-`tokenizer.ggml.add_bos_token` is true (as the release's does, §5.5).
+`tokenizer.ggml.add_bos_token` is true (as the release's does, §5.5) and appends EOS when
+`tokenizer.ggml.add_eos_token` is (as llama.cpp and transformers do; the release's does not).
 
-Sampling defaults: `general.sampling.temp` / `top_p` / `top_k`, which llama.cpp's converters copy from
-generation_config.json, become temperature / top_p / top_k, so a GGUF samples as its safetensors source.
+Sampling defaults: `general.sampling.temp` / `top_p` / `top_k` / `min_p`, which llama.cpp's converters copy from
+generation_config.json, become temperature / top_p / top_k / min_p, so a GGUF samples as its safetensors source.
 
 Stop ids: eos and eot (`<|eot|>` ends the assistant turn), never eom (`<|eom|>` ends a message inside
 the turn — architecture.md §5.5, §14.21).
@@ -123,13 +124,20 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
     else:
         logger.warning("%s: tokenizer.ggml.add_bos_token is absent; prepending BOS as Muse Glimmer's tokenizer does",
                        file.path)
-    if add_bos:
-        if "bos_token" not in named:
-            raise file.error("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is missing")
-        bos = named["bos_token"]
-        # one BOS before each segment, as the release's post-processor does (§5.5)
+    if add_bos and "bos_token" not in named:
+        raise file.error("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id is missing")
+    # llama.cpp and transformers append EOS to a prompt when the file says so; Muse Glimmer's release does not
+    add_eos = file.has("tokenizer.ggml.add_eos_token") and file.boolean("tokenizer.ggml.add_eos_token")
+    if add_bos or add_eos:
+        # one BOS before each segment, as the release's post-processor does (§5.5), and one EOS after, if asked
+        bos, eos = named.get("bos_token") if add_bos else None, named["eos_token"] if add_eos else None
+
+        def segment(text: str, type_id: int) -> str:
+            return " ".join(f"{piece}:{type_id}" for piece in (bos, text, eos) if piece)
+
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, vocab[bos])]
+            single=segment("$A", 0), pair=f"{segment('$A', 0)} {segment('$B', 1)}",
+            special_tokens=[(token, vocab[token]) for token in (bos, eos) if token],
         )
     stop_keys = [key for key in (_NAMED_IDS["eos_token"], _EOT_KEY) if file.has(key)]
     generation: dict[str, Any] = {"eos_token_id": [_token_id(file, key, types) for key in stop_keys]}

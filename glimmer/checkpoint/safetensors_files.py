@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 from safetensors import safe_open
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, lfs_pointer_problem
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,13 @@ class SafetensorsCheckpoint:
             except CheckpointError:
                 raise
             except Exception as exc:  # safetensors raises several unrelated types for a damaged file
+                try:
+                    with file.open("rb") as head:
+                        pointer = lfs_pointer_problem(head.read(1024))
+                except OSError:
+                    pointer = None
+                if pointer is not None:
+                    raise CheckpointError(f"cannot read safetensors file {file}: it {pointer}") from None
                 raise CheckpointError(f"cannot read safetensors file {file}: {exc}") from exc
         stale = {file: names for file, names in unlisted.items() if names}
         if stale:

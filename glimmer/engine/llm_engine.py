@@ -622,7 +622,8 @@ class LLMEngine:
         if not images and not videos:
             return self.encode_prompt(text, literals), []
         if self.media is None:
-            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used",
+            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used"
+                               + self.model_config.no_vision_fix,
                                param="messages")
         if videos and self.model_config.video_unsupported_reason:
             raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",

@@ -162,7 +162,8 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
     for kind, param, part in media_parts(messages):
         if not context.model_has_vision:
-            raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input",
+            raise RequestError(f"{param}: this model has no vision tower, so it cannot take {kind} input"
+                               f"{context.no_vision_fix}",
                                param=param)
         if kind == "video" and context.video_unsupported_reason:  # refused before the video is fetched and decoded
             raise RequestError(f"{param}: this model cannot take videos: {context.video_unsupported_reason}",

@@ -45,6 +45,11 @@ class ServingContext:
         return self.engine.engine.model_config.vision is not None
 
     @property
+    def no_vision_fix(self) -> str:
+        """What to do when media is sent to a model without a vision tower ("" or "; ..."), ModelConfig's."""
+        return self.engine.engine.model_config.no_vision_fix
+
+    @property
     def video_unsupported_reason(self) -> str | None:
         """Why a model with a vision tower still cannot take videos (a GGUF mmproj), or None."""
         return self.engine.engine.model_config.video_unsupported_reason

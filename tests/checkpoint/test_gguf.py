@@ -114,6 +114,20 @@ def test_tokenizer_round_trip_is_identical_to_the_safetensors_tokenizer(tiny_che
         [expected.token_bytes(i) for i in range(expected.vocab_size)]
 
 
+
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_add_eos_token_appends_eos_to_a_prompt_as_llama_cpp_does(f32_gguf, tmp_path, add_bos):
+    """QA: tokenizer.ggml.add_eos_token=true was ignored without a word; llama.cpp and transformers append EOS to a
+    prompt tokenized with its special tokens when the file says so (a chat prompt, rendered, gets none)."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "add-eos.gguf", {"tokenizer.ggml.add_bos_token": add_bos},
+                    add={"tokenizer.ggml.add_eos_token": (True, gguf.GGUFValueType.BOOL)})
+    tokenizer = LLM(str(path)).get_tokenizer()
+    plain = tokenizer.encode("The sea", add_special_tokens=False)
+    expected = [tokenizer.bos_token_id] * add_bos + plain + [tokenizer.eos_token_id]
+    assert tokenizer.encode("The sea", add_special_tokens=True) == expected
+
 CLASSIC = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
 K_QUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 STEP_BOUND = {Q.Q8_0: 0.57, Q.Q4_0: 1.07, Q.Q5_0: 1.07, Q.Q4_1: 0.6, Q.Q5_1: 0.6} | dict.fromkeys(K_QUANTS, 0.5)
@@ -451,3 +465,44 @@ def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_f
     assert lines[1:3] == ["  missing tensors (1):", "    mm.1.weight (shape [48, 48])"]
     assert lines[3] == "  unexpected tensors (1):" and lines[4].startswith("    v.blk.9.extra.weight [")
     assert lines[5].startswith("  fix: the tensor names are not the ones llama.cpp's converter writes")
+
+
+def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
+    """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
+    saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""
+    from PIL import Image
+
+    from glimmer.engine.async_engine import AsyncEngine
+    from glimmer.engine.llm_engine import EngineConfig
+    from glimmer.errors import RequestError
+    from glimmer.server.chat_prompt import build_chat_prompt
+    from glimmer.server.context import ServingContext
+    from glimmer.server.schemas import ChatCompletionRequest
+    from glimmer.server.settings import ServerSettings
+
+    image = {"prompt": "Look: <|patch|>", "multi_modal_data": {"image": Image.new("RGB", (8, 8))}}
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [part]}]})
+    for checkpoint, named in ((f32_gguf, True), (tiny_checkpoint, False)):
+        with pytest.raises(RequestError, match="no vision tower") as raised:
+            LLM(str(checkpoint)).generate(image)
+        assert ("pass it with --mmproj (LLM(..., mmproj=...))" in str(raised.value)) is named
+        engine = AsyncEngine(EngineConfig(model=str(checkpoint), progress=False, kv_cache_memory=8 << 20))
+        try:
+            with pytest.raises(RequestError, match="no vision tower") as raised:
+                build_chat_prompt(chat, ServingContext.create(engine, ServerSettings(served_model_names=("m",))))
+        finally:
+            engine.shutdown()
+        assert ("a GGUF's vision tower is a separate mmproj file" in str(raised.value)) is named
+
+
+def test_a_git_lfs_pointer_in_place_of_a_gguf_is_named_with_the_fix(tmp_path):
+    """QA: a .gguf cloned without git-lfs (its pointer file in place of the weights) was refused as "wrong magic
+    b'vers'", not saying the file was never downloaded or how to fetch it."""
+    pointer = tmp_path / "Muse-Glimmer-30B-Q4_K_M.gguf"
+    pointer.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 18556727520\n")
+    with pytest.raises(CheckpointError) as raised:
+        load_model(pointer, progress=False)
+    assert str(raised.value) == (f"{pointer}: not a GGUF file: it is a Git LFS pointer to a file of 18,556,727,520 "
+                                 "bytes, which was never downloaded: fetch it with `git lfs pull` in its repository "
+                                 "(or download the file with `hf download`)")

@@ -308,3 +308,16 @@ def test_a_module_override_that_is_not_an_object_or_false_is_refused(tiny_checkp
     with pytest.raises(CheckpointError) as err:
         load_model(artifact, progress=False)
     assert f"quantization.{module}={override!r} is invalid; a module's override is an object" in str(err.value)
+
+
+def test_weights_that_are_a_git_lfs_pointer_are_named_with_the_fix(tiny_checkpoint, tmp_path):
+    """QA: an artifact cloned without git-lfs (a pointer file in place of model.safetensors) was refused as the
+    safetensors library's "header too large", not saying the weights were never downloaded or how to fetch them."""
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint), bits=4)
+    weights = artifact / "model.safetensors"
+    weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 2306867\n")
+    with pytest.raises(CheckpointError) as raised:
+        load_model(artifact, progress=False)
+    assert str(raised.value) == (f"cannot read safetensors file {weights}: it is a Git LFS pointer to a file of "
+                                 "2,306,867 bytes, which was never downloaded: fetch it with `git lfs pull` in its "
+                                 "repository (or download the file with `hf download`)")
