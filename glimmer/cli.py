@@ -154,6 +154,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     from glimmer.engine.llm_engine import EngineConfig
     from glimmer.multimodal import MediaLimits
 
+    _check_vllm_options(args)
     is_default = args.model is None
     model = str(default_model_dir()) if is_default else args.model
     local = Path(model).expanduser()
@@ -561,6 +562,43 @@ def _is_origin(text: str) -> bool:
                                                           or parts.username or parts.password)
 
 
+# `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
+# the same ones by the same rule), with how argparse reads each
+_VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
+    "--tensor-parallel-size": {"type": int, "metavar": "N"},
+    "--pipeline-parallel-size": {"type": int, "metavar": "N"},
+    "--data-parallel-size": {"type": int, "metavar": "N"},
+    "--distributed-executor-backend": {"metavar": "NAME"},
+    "--trust-remote-code": {"action": "store_true"},
+    "--tokenizer": {"metavar": "NAME"},
+    "--tokenizer-mode": {"metavar": "MODE"},
+    "--quantization": {"metavar": "METHOD"},
+    "--kv-cache-dtype": {"metavar": "DTYPE"},
+    "--swap-space": {"type": float, "metavar": "GIB"},
+    "--enable-chunked-prefill": {"action": argparse.BooleanOptionalAction},
+    "--disable-log-stats": {"action": "store_true"},
+    "--max-seq-len-to-capture": {"type": int, "metavar": "N"},
+    "--max-logprobs": {"type": int, "metavar": "N"},
+    "--download-dir": {"metavar": "DIR"},
+    "--task": {"metavar": "TASK"},
+}
+
+
+def _check_vllm_options(args: argparse.Namespace) -> None:
+    """UsageError naming the first vLLM option given with a value that would change something here."""
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    for flag in _VLLM_SERVE_OPTIONS:
+        dest = flag[2:].replace("-", "_")
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        argument = VLLM_ONLY_LLM_ARGUMENTS[dest]
+        if not argument.changes_nothing(value, {"model": args.model}):
+            shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
+            raise UsageError(f"{shown}: {argument.instead}")
+
+
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded "
@@ -615,6 +653,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                              "on; --no-enable-prefix-caching computes every prompt in full)")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                         help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
+    vllm = parser.add_argument_group(
+        "vLLM's options", "taken where their value changes nothing here, so a vLLM command line runs as written; "
+        "any other value is refused saying what to do instead")
+    for flag, options in _VLLM_SERVE_OPTIONS.items():
+        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
 
 
 def _add_format_options(parser: argparse.ArgumentParser) -> None:

@@ -59,6 +59,30 @@ def test_serve_takes_vllms_prefix_caching_flags(tiny_checkpoint, flags, enabled)
         engine.shutdown()
 
 
+def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_checkpoint):
+    """`vllm serve MODEL --tensor-parallel-size 1 --trust-remote-code ...` was refused as unrecognized arguments;
+    LLM(...) takes the same arguments by the same rule (VLLM_ONLY_LLM_ARGUMENTS)."""
+    from glimmer.cli import _engine_from_args
+
+    args = build_parser().parse_args([
+        "serve", str(tiny_checkpoint), "--kv-cache-memory", "8MiB", "--tensor-parallel-size", "1",
+        "--trust-remote-code", "--tokenizer", str(tiny_checkpoint), "--kv-cache-dtype", "auto", "--swap-space", "4",
+        "--enable-chunked-prefill", "--disable-log-stats", "--max-logprobs", "20", "--task", "generate"])
+    engine, _, _ = _engine_from_args(args)
+    engine.shutdown()
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--tensor-parallel-size", "2"], ("--tensor-parallel-size 2", "one device")),
+    (["--no-enable-chunked-prefill"], ("--no-enable-chunked-prefill", "always chunked")),
+    (["--quantization", "awq"], ("--quantization awq", "GGUF, MLX")),
+    (["--tokenizer", "other/tokenizer"], ("--tokenizer other/tokenizer", "model's directory")),
+    (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "huggingface-cli download")),
+])
+def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
+
+
 @pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
                                   ["make-tiny", "out", "--log-level", "DEBUG"]])
 def test_log_level_is_taken_before_or_after_the_command(argv):
