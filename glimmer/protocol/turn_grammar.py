@@ -19,7 +19,8 @@ message before the answer or the first call.
 BODY is the requested answer grammar (a JSON schema, a regex, …) or free text; after it only `<|eot|>` may follow.
 An invoke holds exactly the tool's declared parameters (required ones always, optional ones in declaration
 order), each value shaped so that value typing (P-VAL-1, P-VAL-2) reads it back as a value of its schema: a
-parameter that admits strings takes raw text (an enum's members verbatim, `maxLength` honoured), any other takes
+parameter that admits strings takes raw text (an enum's members verbatim, `minLength`/`maxLength`, `pattern` and
+`format` honoured), any other takes
 JSON of its schema (keywords the grammar engine does not implement ignored, unless the tool is `strict`). Free
 text never holds `<|` (a framing marker spelled in text would be read as framing, P-CHAN-6); a raw value holds no
 `<|` either and ends at its first `</atem:parameter>`, but may hold other closing tags (`</b>`, P-ATEM-2).
@@ -27,6 +28,7 @@ text never holds `<|` (a framing marker spelled in text would be read as framing
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from typing import Any
 
 from glimmer.errors import RequestError
 from glimmer.protocol.atem import BLOCK_CLOSE, BLOCK_OPEN, INVOKE_CLOSE, INVOKE_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN
+from glimmer.protocol.string_patterns import FORMATS, UnsupportedPattern, search_regex
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE, START
 from glimmer.protocol.value_typing import allowed_types, object_shape, resolve_local_reference
 
@@ -189,46 +192,85 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
     if types and "string" not in types:
         return (f"%json {json.dumps(_standalone(resolved, root, strict), ensure_ascii=False)} "
                 f"{lark_string(PARAMETER_CLOSE)}")
-    shapes = _raw_shapes(schema, root, 0)
+    shapes = _raw_shapes(schema, root, 0, strict)
     if not shapes:
         raise RequestError("tools: a parameter's schema admits no value that can be written as raw text (its string "
                            "members hold `</atem:parameter>` or `<|`, which end or break an ATEM value)", param="tools")
-    literals = sorted({text for shape in shapes if shape.literals is not None for text in shape.literals})
-    bounds = sorted({(shape.low, shape.high) for shape in shapes if shape.literals is None},
-                    key=lambda b: (b[0], -1 if b[1] is None else b[1]))
-    if (0, None) in bounds:  # any text: the other shapes add nothing it does not hold
-        return _raw_value_terminal(rules, 0, None)
+    # the text null is a member apart from any pattern: `pattern` and `format` hold strings only
+    literals = sorted({text for shape in shapes if shape.literals is not None for text in shape.literals
+                       if not shape.patterns or text == "null"})
+    matched = sorted({(shape.literals - {"null"}, shape.patterns) for shape in shapes
+                      if shape.literals is not None and shape.patterns and shape.literals - {"null"}},
+                     key=lambda choice: (sorted(choice[0]), sorted(choice[1])))
+    bounds = sorted({(shape.low, shape.high, shape.patterns) for shape in shapes if shape.literals is None},
+                    key=lambda b: (b[0], -1 if b[1] is None else b[1], sorted(b[2])))
+    if (0, None, frozenset()) in bounds:  # any text: the other shapes add nothing it does not hold
+        return _raw_value_terminal(rules, 0, None, frozenset())
     pieces = ([f"({' | '.join(lark_string(text) for text in literals)}) {lark_string(PARAMETER_CLOSE)}"]
               if literals else [])
-    pieces += [_raw_value_terminal(rules, low, high) for low, high in bounds]
+    pieces += [_raw_value_terminal(rules, low, high, patterns) for low, high, patterns in bounds]
+    pieces += [_raw_choice_terminal(rules, texts, patterns) for texts, patterns in matched]
     return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
 
 
-def _raw_value_terminal(rules: _GrammarRules, low: int, high: int | None) -> str:
-    """The terminal of a raw value of `low`..`high` characters (None: no bound) and its closer."""
+_CLOSER_REGEX = r"<\/atem:parameter>"
+
+
+def _raw_value_terminal(rules: _GrammarRules, low: int, high: int | None, patterns: frozenset[str]) -> str:
+    """The terminal of a raw value of `low`..`high` characters (None: no bound) that matches each of `patterns`
+    whole, and its closer."""
     bound = "" if high is None else str(high)
     pattern = _RAW_VALUE_AND_CLOSER if max(low, high or 0) <= RAW_VALUE_TAG_BOUND else _BOUNDED_RAW_VALUE_WITHOUT_TAGS
-    return rules.add_once(f"RAW_VALUE_{low}_{bound or 'ANY'}", pattern.replace("{length}", f"{{{low},{bound}}}"))
+    body = pattern.replace("{length}", f"{{{low},{bound}}}") + _matching(patterns)
+    return rules.add_once(f"RAW_VALUE_{low}_{bound or 'ANY'}{_digest(patterns)}", body)
+
+
+def _raw_choice_terminal(rules: _GrammarRules, texts: frozenset[str], patterns: frozenset[str]) -> str:
+    """The terminal of one of `texts` (enum members) that matches each of `patterns` whole, and its closer."""
+    choice = "|".join(_regex_literal(text) for text in sorted(texts))
+    return rules.add_once(f"RAW_CHOICE{_digest(patterns, *sorted(texts))}",
+                          f"/(?:{choice}){_CLOSER_REGEX}/{_matching(patterns)}")
+
+
+def _matching(patterns: frozenset[str]) -> str:
+    return "".join(f" & /(?:{regex}){_CLOSER_REGEX}/" for regex in sorted(patterns))
+
+
+def _digest(patterns: frozenset[str], *texts: str) -> str:
+    """A suffix naming a terminal apart by its patterns (and texts): empty without them."""
+    if not patterns and not texts:
+        return ""
+    return "_" + hashlib.sha256(json.dumps([sorted(patterns), texts]).encode()).hexdigest()[:16].upper()
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex of the grammar engine's dialect inside Lark's `/.../`: its meta characters and `/` escaped,
+    other characters below space and DEL as code points."""
+    return "".join(f"\\{char}" if char in "\\.+*?()|[]{}^$#&-~/" else
+                   f"\\x{{{ord(char):x}}}" if ord(char) < 0x20 or ord(char) == 0x7F else char for char in text)
 
 
 @dataclass(frozen=True)
 class _RawShape:
     """Raw text a string-admitting parameter may hold: one of `literals` (None: any text of `low`..`high`
-    characters without `<`; (0, None): any text a raw value may hold)."""
+    characters without `<`; (0, None): any text a raw value may hold), matching each of `patterns` whole
+    (string_patterns' regexes of the schema's `pattern` and `format`; the literal null exempt)."""
 
     literals: frozenset[str] | None = None
     low: int = 0
     high: int | None = None
+    patterns: frozenset[str] = frozenset()
 
 
 _ANY_TEXT = _RawShape()
 _MAX_SHAPE_DEPTH = 16
 
 
-def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int) -> list[_RawShape]:
+def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int, strict: bool) -> list[_RawShape]:
     """The raw texts `schema` admits, as alternatives (P-VAL-1: raw text reads back as the string itself, and the
     exact text null as null where null is allowed). Follows `$ref`, `anyOf`/`oneOf` (the union of the members
-    that admit strings or null) and `allOf` (the intersection); an empty list admits nothing writable."""
+    that admit strings or null) and `allOf` (the intersection); an empty list admits nothing writable. `strict`: a
+    `pattern` or `format` that cannot be held is refused, not ignored (`_string_patterns`)."""
     resolved = _resolved(schema, root)
     if depth > _MAX_SHAPE_DEPTH or not resolved:
         return [_ANY_TEXT]
@@ -238,9 +280,10 @@ def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int) -> list[_RawSh
         members = resolved.get("enum") if "enum" in resolved else [resolved["const"]]
         members = members if isinstance(members, list) else []
         spelled = frozenset(_spelled_members(members))
-        shapes = [_RawShape(spelled)] if spelled else []
+        shapes = [_RawShape(spelled, patterns=_string_patterns(resolved, strict))] if spelled else []
     elif not own_types or "string" in own_types:
-        shapes = [_RawShape(None, _count(resolved.get("minLength"), 0), _count(resolved.get("maxLength"), None))]
+        shapes = [_RawShape(None, _count(resolved.get("minLength"), 0), _count(resolved.get("maxLength"), None),
+                            _string_patterns(resolved, strict))]
         if "null" in own_types:
             shapes.append(_RawShape(frozenset({"null"})))
     elif "null" in own_types:
@@ -249,14 +292,33 @@ def _raw_shapes(schema: Any, root: Mapping[str, Any], depth: int) -> list[_RawSh
         members = resolved.get(combinator)
         if isinstance(members, list) and members:
             union = [shape for member in members if _admits_raw(member, root)
-                     for shape in _raw_shapes(member, root, depth + 1)]
+                     for shape in _raw_shapes(member, root, depth + 1, strict)]
             shapes = [joint for a in shapes for b in union if (joint := _both(a, b)) is not None]
     every = resolved.get("allOf")
     if isinstance(every, list):
         for member in every:
-            member_shapes = _raw_shapes(member, root, depth + 1)
+            member_shapes = _raw_shapes(member, root, depth + 1, strict)
             shapes = [joint for a in shapes for b in member_shapes if (joint := _both(a, b)) is not None]
     return shapes
+
+
+def _string_patterns(schema: Mapping[str, Any], strict: bool) -> frozenset[str]:
+    """The whole-value regexes of `schema`'s own `pattern` and `format` (string_patterns). The grammar engine has
+    already taken the pattern's syntax and the format's name when the tool's schema was checked; a pattern anchored
+    inside a group cannot be held in a raw value: refused naming it when `strict`, otherwise left a hint, as a
+    non-strict schema's keywords the engine does not implement are."""
+    regexes: list[str] = []
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        try:
+            regexes.append(search_regex(pattern))
+        except UnsupportedPattern as exc:
+            if strict:
+                raise RequestError(f"tools: {exc}", param="tools") from None
+    name = schema.get("format")
+    if isinstance(name, str):
+        regexes += FORMATS.get(name, ())
+    return frozenset(regexes)
 
 
 def _spelled_members(members: list[Any]) -> list[str]:
@@ -284,8 +346,8 @@ def _both(a: _RawShape, b: _RawShape) -> _RawShape | None:
         pool = a.literals if b.literals is None else b.literals if a.literals is None else a.literals & b.literals
         kept = frozenset(text for text in pool if text == "null" or (low <= len(text) and (high is None or
                                                                                         len(text) <= high)))
-        return _RawShape(kept) if kept else None
-    return _RawShape(None, low, high) if high is None or low <= high else None
+        return _RawShape(kept, patterns=a.patterns | b.patterns) if kept else None
+    return _RawShape(None, low, high, a.patterns | b.patterns) if high is None or low <= high else None
 
 
 def _resolved(schema: Any, root: Mapping[str, Any]) -> Mapping[str, Any]:

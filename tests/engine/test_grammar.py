@@ -446,6 +446,64 @@ def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_onl
         assert not admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2023-02-29"}')) + "<|eot|>")
 
 
+def _one_string_tool(schema: dict, strict: bool) -> TurnConstraint:
+    parameters = {"type": "object", "properties": {"v": schema}, "required": ["v"]}
+    check_json_schema(parameters, "tools", strict)
+    return TurnConstraint(call_tools=normalize_tools([{"name": "f", "strict": strict, "parameters": parameters}]),
+                          must_call=True)
+
+
+@pytest.mark.parametrize(("schema", "good", "bad"), [
+    ({"type": "string", "pattern": "^[A-Z]{3}$"}, ["EUR"], ["eur", "EURO", "EU"]),
+    ({"type": "string", "pattern": "[0-9]"}, ["a1b", "7"], ["ab", ""]),  # JSON Schema's pattern is unanchored
+    ({"type": "string", "pattern": "^a|b$"}, ["ax", "xb", "b"], ["xa", "bx"]),  # anchors per top-level branch
+    ({"type": "string", "pattern": "^(?:no|yes)$"}, ["yes"], ["yess", "maybe"]),
+    ({"type": "string", "pattern": "^\\d+ \\w+$"}, ["12 ab_1"], ["\u0661\u0662 ab", "12 \u00e9"]),  # ECMA: ASCII
+    ({"type": "string", "pattern": "^a/[$]"}, ["a/$"], ["a/x"]),
+    ({"type": "string", "format": "date"}, ["2024-02-29", "2000-02-29", "2023-12-31"],
+     ["2023-02-29", "1900-02-29", "2023-04-31", "2023-1-1", " 2023-01-01"]),
+    ({"type": "string", "format": "date-time"}, ["2024-02-29T12:00:00Z", "2023-01-01t23:59:60.5+05:30"],
+     ["2024-02-29 12:00:00Z", "2024-02-29T24:00:00Z", "2024-02-29T12:00:00"]),
+    ({"type": "string", "format": "time"}, ["12:00:00Z", "00:00:00.123-01:00"], ["12:00", "25:00:00Z"]),
+    ({"type": "string", "format": "duration"}, ["P1Y2M", "PT1H", "P3W", "P1DT2H3M4S"], ["P", "PT", "P1H", "1Y"]),
+    ({"type": "string", "format": "uuid"}, ["123e4567-e89b-12d3-a456-426614174000"],
+     ["123e4567e89b12d3a456426614174000", "g23e4567-e89b-12d3-a456-426614174000"]),
+    ({"type": "string", "format": "ipv4"}, ["192.168.0.1", "0.0.0.0"], ["256.1.1.1", "1.2.3", "01.2.3.4"]),
+    ({"type": "string", "format": "ipv6"}, ["::1", "2001:db8::1", "::", "1:2:3:4:5:6:7:8", "::ffff:1.2.3.4"],
+     [":::", "1:2:3:4:5:6:7:8:9", "12345::", "1::2::3"]),
+    ({"type": "string", "format": "hostname"}, ["example.com", "a", "x-y.z"], ["-a.com", "a..b", "a_b", "a" * 64]),
+    ({"type": "string", "format": "email"}, ["a.b+c@example.com", "x@[1.2.3.4]"],
+     ["a@", "@b.com", "a b@c.com", "a..b@c.com"]),
+    ({"type": "string", "format": "uri"}, ["https://example.com/a?b=1#c", "urn:isbn:0451450523", "http://[::1]:80/"],
+     ["not a uri", "example.com", "http://a b"]),
+    ({"type": ["string", "null"], "pattern": "^a"}, ["ab", "null"], ["b"]),  # pattern holds strings only
+    ({"enum": ["ab", "cd", "a.c"], "pattern": "^a"}, ["ab", "a.c"], ["cd", "abc"]),
+    ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "z$"}]}, ["az", "abcz"], ["ab", "bz"]),
+    ({"anyOf": [{"type": "string", "format": "email"}, {"type": "string", "format": "uuid"}]},
+     ["a@b.c", "123e4567-e89b-12d3-a456-426614174000"], ["abc"]),
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, ["abc"], ["abcd", "AB"]),
+    ({"type": "string", "pattern": "^x", "maxLength": 5000}, ["x" * 10], ["y"]),
+    ({"type": "string", "pattern": "b", "minLength": 2}, ["<b>", "</b>"], ["b", "a<|b"]),
+])
+def test_a_string_values_pattern_and_format_hold_a_forced_or_strict_call(compiler, tokenizer, schema, good, bad):
+    """A raw value (a parameter admitting strings) took any text: a strict tool's `pattern` and `format` were not
+    enforced, and an agent's call carried `2023-02-29` for a date or `eur` for `^[A-Z]{3}$`."""
+    for strict in (True, False):  # a forced call holds every keyword the grammar engine implements, as JSON values do
+        constraint = _one_string_tool(schema, strict)
+        for value in good:
+            assert admits(compiler, tokenizer, constraint, call("f", ("v", value)) + "<|eot|>"), (strict, value)
+        for value in bad:
+            assert not admits(compiler, tokenizer, constraint, call("f", ("v", value)) + "<|eot|>"), (strict, value)
+
+
+def test_a_pattern_anchored_inside_a_group_is_refused_strict_and_a_hint_otherwise(compiler, tokenizer):
+    schema = {"type": "string", "pattern": "(^a)b"}
+    with pytest.raises(RequestError, match="pattern '\\(\\^a\\)b': a '\\^' or '\\$' inside a group") as raised:
+        admits(compiler, tokenizer, _one_string_tool(schema, True), call("f", ("v", "ab")) + "<|eot|>")
+    assert raised.value.param == "tools"
+    assert admits(compiler, tokenizer, _one_string_tool(schema, False), call("f", ("v", "zz")) + "<|eot|>")
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_schema_nested_past_pythons_recursion_is_refused_naming_the_field(strict):
     """The schema walks (strict keywords, leap years) raised RecursionError from LLM.chat's tools and answers."""

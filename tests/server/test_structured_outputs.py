@@ -9,8 +9,12 @@ within a few dozen tokens; `thinking_token_budget` bounds its reasoning, which i
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import json
 import random
+import re
+import uuid
 from typing import Any, Literal
 
 import httpx
@@ -179,6 +183,28 @@ def test_every_forced_tool_choice_returns_a_valid_call_of_an_allowed_tool(server
         assert {name for name, _ in result["calls"]} <= allowed
         for name, arguments in complete:
             jsonschema.validate(json.loads(arguments), PARAMETERS[name])
+
+
+FORMATTED = {"type": "function", "function": {"name": "book", "description": "Book a slot.", "strict": True,
+                                             "parameters": {"type": "object", "properties": {
+    "id": {"type": "string", "format": "uuid"}, "day": {"type": "string", "format": "date"},
+    "host": {"type": "string", "format": "ipv4"}, "currency": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+    "required": ["id", "day", "host", "currency"], "additionalProperties": False}}}
+
+
+def test_a_strict_tools_string_formats_and_patterns_hold_in_the_calls_arguments(server):
+    # raw string values took any text: a random model's call carried no UUID, date or address at all
+    requests = [{"model": "tiny", "messages": _messages(i), "max_tokens": 400, "seed": i, "stream": i % 2 == 1,
+                 "tools": [FORMATTED], "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+                 "extra_body": {"chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0}} for i in range(6)]
+    for result in _gather(server, requests):
+        assert result["finish_reason"] == "tool_calls", result
+        (name, arguments), = result["calls"]
+        values = json.loads(arguments)
+        uuid.UUID(values["id"])
+        datetime.date.fromisoformat(values["day"])
+        assert values["host"] == str(ipaddress.IPv4Address(values["host"]))
+        assert re.fullmatch("[A-Z]{3}", values["currency"]), values
 
 
 SHAPED = {"type": "function", "function": {"name": "shaped", "description": "Schemas the call grammar resolves.",
