@@ -119,7 +119,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     normalized = [normalized[i] for i in tool_results_in_call_order(normalized)]
     if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
-                       "(LLM.chat and glimmer serve refuse them)", ", ".join(repr(role) for role in unrendered_roles))
+                       "(LLM.chat and glimmer serve refuse them)",
+                       ", ".join(repr(role) if len(role) <= 64 else f"{role[:64]!r}… ({len(role):,} characters)"
+                                 for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
 
 

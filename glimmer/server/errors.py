@@ -8,6 +8,7 @@ on the server, answered with a generic 500 that reveals nothing of the code.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -39,7 +40,30 @@ class APIError(GlimmerError):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    if param is not None and len(param) > _QUOTED_LIMIT:
+        param = f"{param[:_QUOTED_LIMIT // 2]}… ({len(param):,} characters)"
+    return {"error": {"message": shortened(message), "type": type, "param": param, "code": code}}
+
+
+_QUOTED_LIMIT = 200
+# a quoted value, as repr and json.dumps write one: an apostrophe in a word ("call's") neither opens nor closes it
+_LONG_QUOTED = re.compile(r"(?<!\w)(?:'(?:[^'\\]|\\.){200,}'|\"(?:[^\"\\]|\\.){200,}\")(?!\w)")
+_LONG_WORD = re.compile(r"[^\s'\"]{200,}")
+_MESSAGE_LIMIT = 4_000
+
+
+def shortened(message: str) -> str:
+    """`message` with every quoted value, and every run without spaces, longer than 200 characters cut to its start
+    and its length, and what is still over 4,000 characters cut in its middle. An error names a request's field and
+    quotes its value: a value of a megabyte (a model's name, a role, an unknown field's name) came back whole, and
+    in `param` again."""
+    if len(message) <= _QUOTED_LIMIT:
+        return message
+    message = _LONG_QUOTED.sub(lambda m: f"{m[0][:61]}…{m[0][0]} ({len(m[0]) - 2:,} characters)", message)
+    message = _LONG_WORD.sub(lambda m: f"{m[0][:60]}… ({len(m[0]):,} characters)", message)
+    if len(message) <= _MESSAGE_LIMIT:
+        return message
+    return f"{message[:_MESSAGE_LIMIT // 2]} … ({len(message):,} characters) … {message[-_MESSAGE_LIMIT // 4:]}"
 
 
 def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:

@@ -415,3 +415,22 @@ def test_error_statuses_are_counted_in_metrics(server):
     samples = server.metrics()
     assert samples['glimmer_requests_total{endpoint="/v1/chat/completions",status="404"}'] >= 1
     assert samples['glimmer_requests_total{endpoint="/v1/chat/completions",status="401"}'] >= 1
+
+
+@pytest.mark.parametrize(("path", "field", "body"), [
+    ("/chat/completions", "model", chat(model="m" * 50_000)),
+    ("/chat/completions", "messages[0].role", chat(messages=[{"role": "r" * 50_000, "content": "hi"}])),
+    ("/chat/completions", "reasoning_effort", chat(reasoning_effort="e" * 50_000)),
+    ("/chat/completions", "u" * 50_000, chat(**{"u" * 50_000: 1})),
+    ("/completions", "model", {"model": "m" * 50_000, "prompt": "a"}),
+    ("/responses", "input[0].type", {"model": "tiny", "input": [{"type": "t" * 50_000}]}),
+])
+def test_an_error_quotes_a_huge_value_by_its_start_and_length(server, path, field, body):
+    """A value of 50,000 characters (a megabyte, under a larger request limit) came back whole in the error, and
+    an unknown field's name twice (message and param): the error body grew with whatever the client sent."""
+    response = post(server, body, path=path)
+    assert response.status_code in (400, 404), response.text
+    error = response.json()["error"]
+    assert len(response.content) < 2_000, error
+    assert "(50,000 characters)" in error["message"] + (error["param"] or ""), error
+    assert error["param"] is None or error["param"].startswith(field[:100]), error
