@@ -274,24 +274,24 @@ class LLM:
             raise UnsupportedArgumentError(f"{name}.mm_processor_kwargs: not supported per prompt: image sizes are "
                                            "the checkpoint's processor settings; leave it out (or None, {})",
                                            param=f"{name}.mm_processor_kwargs")
-        if "prompt_token_ids" in prompt:
-            if prompt.get("multi_modal_data"):
-                raise RequestError("multi_modal_data needs a text prompt with placeholders, not token ids",
-                                   param=f"{name}.multi_modal_data")
-            ids = prompt["prompt_token_ids"]
-            if not isinstance(ids, list | tuple) or not all(map(is_token_id, ids)):
-                hint = _ENCODING_HINT if isinstance(ids, Mapping) and "input_ids" in ids else ""
-                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers){hint}",
-                                   param=f"{name}.prompt_token_ids")
-            return prompt.get("prompt"), [operator.index(t) for t in ids], []
-        text = prompt.get("prompt")
-        if not isinstance(text, str):
-            raise RequestError(f"{name} needs a 'prompt' string or 'prompt_token_ids'", param=name)
         data = prompt.get("multi_modal_data") or {}
         unknown = set(data) - {"image", "video"}
         if unknown:
             raise RequestError(f"multi_modal_data keys {sorted(unknown)} are not supported; use 'image' and 'video'",
                                param=f"{name}.multi_modal_data")
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, list | tuple) or not all(map(is_token_id, ids)):
+                hint = _ENCODING_HINT if isinstance(ids, Mapping) and "input_ids" in ids else ""
+                raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers){hint}",
+                                   param=f"{name}.prompt_token_ids")
+            images, videos = (self._decoded_data_urls(_as_list(data.get(kind)), kind) for kind in ("image", "video"))
+            ids, items = self.engine.prepare_token_prompt([operator.index(t) for t in ids], images, videos,
+                                                          param=name)
+            return prompt.get("prompt"), ids, items
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            raise RequestError(f"{name} needs a 'prompt' string or 'prompt_token_ids'", param=name)
         images, videos = (self._decoded_data_urls(_as_list(data.get(kind)), kind) for kind in ("image", "video"))
         ids, items = self.engine.prepare_prompt(text, images, videos)
         return text, ids, items

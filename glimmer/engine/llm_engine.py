@@ -55,6 +55,7 @@ from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
 from glimmer.errors import CheckpointError, ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
+from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, image_expansion, video_expansion
 from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -633,6 +634,49 @@ class LLMEngine:
         token_ids = self.encode_prompt(processed.text, literals)
         config = self.model_config
         return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)
+
+    def prepare_token_prompt(
+        self, token_ids: list[int], images: list | tuple = (), videos: list | tuple = (), *, param: str = "prompt",
+        cancel: CancelToken | None = None,
+    ) -> tuple[list[int], list[MultimodalItem]]:
+        """Token ids and media items for a prompt given as token ids with its media (vLLM's `{"prompt_token_ids",
+        "multi_modal_data"}`): one image placeholder id per image and one video placeholder id per video, in order,
+        as the chat template renders them, each replaced by its item's expansion, token for token what
+        `prepare_prompt` makes of the same prompt as text. RequestError naming `param` when the placeholder ids do
+        not match the items (an expanded prompt, from a tokenized expansion, included)."""
+        if not images and not videos:
+            return token_ids, []
+        if self.media is None:
+            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used"
+                               + self.model_config.no_vision_fix, param=param)
+        if videos and self.model_config.video_unsupported_reason:
+            raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
+                               param=param)
+        config = self.model_config
+        kinds = {config.image_token_id: (IMAGE_PLACEHOLDER, "image", len(images)),
+                 config.video_token_id: (VIDEO_PLACEHOLDER, "video", len(videos))}
+        for token_id, (placeholder, kind, given) in kinds.items():
+            found = token_ids.count(token_id)
+            if found != given:
+                raise RequestError(
+                    f"{param}.prompt_token_ids holds {found} {kind} placeholder(s) ({placeholder}, id {token_id}) for "
+                    f"{given} {kind}(s) in multi_modal_data: put one where each {kind} goes, in order, as the chat "
+                    "template renders them; Glimmer expands each to the item's tokens (a prompt already expanded "
+                    "holds one per patch: give its text, or its ids before expansion)",
+                    param=f"{param}.prompt_token_ids")
+        order = "".join(kinds[token_id][0] for token_id in token_ids if token_id in kinds)
+        processed = self.media.process(order, images, videos, cancel=cancel)
+        frame_time = self.media.settings.frame_timestamp_format
+        expansions = {config.image_token_id: iter([image_expansion(image.num_tokens) for image in processed.images]),
+                      config.video_token_id: iter([video_expansion(video.group_timestamps_s, video.tokens_per_group,
+                                                                   frame_time) for video in processed.videos])}
+        expanded: list[int] = []
+        for token_id in token_ids:
+            if token_id in expansions:
+                expanded += self.tokenizer.encode(next(expansions[token_id]), add_special_tokens=False)
+            else:
+                expanded.append(token_id)
+        return expanded, attach_media(expanded, processed, config.image_token_id, config.video_token_id)
 
     # requests ---------------------------------------------------------------------------------------
 

@@ -69,3 +69,36 @@ def test_frames_already_sampled_are_refused_naming_the_fix(llm, metadata):
     with pytest.raises(RequestError, match="must hold every frame of the video"):
         llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, metadata)}},
                      SamplingParams(max_tokens=2))
+
+
+def test_token_ids_with_media_are_expanded_as_their_text_is(llm):
+    """vLLM's `{"prompt_token_ids": ids, "multi_modal_data": ...}` was refused ("needs a text prompt"): code that
+    tokenizes its own prompts could not send an image. The ids hold one placeholder id per item, as the text does,
+    and give the same prompt ids, media and tokens as the text."""
+    from glimmer.multimodal import DecodedVideo
+
+    frames = np.random.RandomState(5).randint(0, 256, (9, 60, 90, 3), dtype=np.uint8)
+    text = "<|begin_of_text|>Compare <|patch|> with <|video|> and <|patch|>, in Time: order."
+    media = {"image": [_png(60, 90), _png(30, 140)], "video": DecodedVideo(frames, fps=3.0)}
+    params = SamplingParams(temperature=0, max_tokens=4)
+    expected = llm.generate({"prompt": text, "multi_modal_data": media}, params)[0]
+    ids = llm.get_tokenizer().encode(text, add_special_tokens=False)
+    out = llm.generate({"prompt_token_ids": ids, "multi_modal_data": media}, params)[0]
+    assert len(out.prompt_token_ids) > len(ids) + 10  # expanded
+    assert out.prompt_token_ids == expected.prompt_token_ids
+    assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+
+
+def test_token_ids_whose_placeholders_do_not_match_the_media_are_refused_naming_them(llm):
+    image = _png(60, 90)
+    expanded = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image}},
+                            SamplingParams(max_tokens=1))[0].prompt_token_ids
+    plain = llm.get_tokenizer().encode("<|begin_of_text|>Describe it briefly.", add_special_tokens=False)
+    patches = expanded.count(llm.engine.model_config.image_token_id)
+    assert patches > 1
+    for ids, found in ((plain, 0), (expanded, patches)):
+        message = rf"prompts\[1\].prompt_token_ids holds {found} image placeholder"
+        with pytest.raises(RequestError, match=message) as raised:
+            llm.generate([PROMPT, {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}],
+                         SamplingParams(max_tokens=1))
+        assert raised.value.param == "prompts[1].prompt_token_ids"
