@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 MEDIA_KINDS = ("image", "video")
 # content part type → media kind, for parts as sent (OpenAI `image_url`) and as normalized (`image`)
-_PART_KINDS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
+_PART_KINDS = {"image": "image", "image_url": "image", "image_pil": "image", "video": "video", "video_url": "video"}
 
 
 # WHATWG forgiving-base64: ASCII whitespace (tab, LF, FF, CR, space) is dropped; the alphabet has no - or _
@@ -158,14 +158,15 @@ IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's image_url.detail; accepted a
 def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[str, Any] | None:
     """(kind, reference) of a normalized `image` / `video` content part, or None for other parts.
 
-    Accepts OpenAI parts kept by normalization ({"type": "image", "image_url": {"url": ...}}) and
-    HF-style parts ({"type": "image", "image": <PIL image | path | URL | bytes>}). Raises RequestError
-    naming the missing field, under `where` (the part's path, `messages[i].content[j]`) when given.
+    Accepts OpenAI parts kept by normalization ({"type": "image", "image_url": {"url": ...}}), HF-style parts
+    ({"type": "image", "image": <PIL image | path | URL | bytes>}) and vLLM's `image_pil` parts (`"image_pil": image`).
+    Raises RequestError naming the missing field, under `where` (the part's path, `messages[i].content[j]`) when
+    given.
     """
     kind = part.get("type")
     if kind not in MEDIA_KINDS:
         return None
-    for key in (kind, f"{kind}_url", "url", "path"):
+    for key in (kind, f"{kind}_url", "url", "path", f"{kind}_pil"):
         if key in part and part[key] is not None:
             value = part[key]
             if isinstance(value, Mapping):

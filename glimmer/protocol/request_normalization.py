@@ -37,7 +37,7 @@ message may leave it null (beside tool calls or reasoning, or as a reply came ba
 EMPTY_PARAMETERS_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 """The schema a tool without `parameters` gets (P-TMPL-6)."""
 
-_MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video"}
+_MEDIA_PART_TYPES = {"image_url": "image", "video_url": "video", "image_pil": "image"}  # image_pil: vLLM LLM.chat's
 RENDERED_PART_TYPES = frozenset({"text", "image", "video"})
 """Content part types the template renders (text, `<|patch|>`, `<|video|>`); other parts would render nothing."""
 

@@ -102,3 +102,15 @@ def test_token_ids_whose_placeholders_do_not_match_the_media_are_refused_naming_
             llm.generate([PROMPT, {"prompt_token_ids": ids, "multi_modal_data": {"image": image}}],
                          SamplingParams(max_tokens=1))
         assert raised.value.param == "prompts[1].prompt_token_ids"
+
+
+def test_chat_takes_vllms_image_pil_part(llm):
+    """vLLM's `LLM.chat` takes `{"type": "image_pil", "image_pil": image}`; it was refused as an unknown part type."""
+    png = _png(60, 90)
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    params = SamplingParams(temperature=0, max_tokens=3)
+    replies = [llm.chat([{"role": "user", "content": [part, {"type": "text", "text": "What is it?"}]}], params)[0]
+               for part in ({"type": "image_url", "image_url": {"url": url}},
+                            {"type": "image_pil", "image_pil": Image.open(io.BytesIO(png))})]
+    assert replies[1].prompt_token_ids == replies[0].prompt_token_ids
+    assert replies[1].outputs[0].token_ids == replies[0].outputs[0].token_ids
