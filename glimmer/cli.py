@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -203,6 +203,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     _check_engine_options(args)
     _check_serve_options(args)
+    for note in _vllm_serving_notes(args):
+        print(note)
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
     listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
     engine, name, is_default = _engine_from_args(args)
@@ -217,11 +219,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB} Run `glimmer serve MODEL` with a checkpoint directory or "
                   "Hub id to serve a real model.")
         address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"  # IPv6 in brackets
-        print(f"OpenAI-compatible API at http://{address}/v1 "
+        scheme = "https" if args.ssl_keyfile else "http"
+        print(f"OpenAI-compatible API at {scheme}://{address}/v1 "
               f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
-              f"chat page at http://{address}/", flush=True)
-        server = _shutdown_server(engine, uvicorn.Config(app, log_level=(args.log_level or "INFO").lower(),
-                                                         timeout_graceful_shutdown=5))
+              f"chat page at {scheme}://{address}/", flush=True)
+        config = uvicorn.Config(app, log_level=args.uvicorn_log_level or (args.log_level or "INFO").lower(),
+                                timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
+                                root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+        server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
         engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
@@ -526,9 +531,29 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
                          "it out for the default")
+    limits = args.limit_mm_per_prompt or {}
+    for kind, dest, default in (("image", "max_images_per_request", 16), ("video", "max_videos_per_request", 2)):
+        flag = f"--{dest.replace('_', '-')}"
+        if kind in limits and getattr(args, dest) not in (None, limits[kind]):
+            raise UsageError(f"--limit-mm-per-prompt gives {limits[kind]} {kind}s and {flag} {getattr(args, dest)}; "
+                             "give one of them")
+        setattr(args, dest, limits.get(kind, default if getattr(args, dest) is None else getattr(args, dest)))
     for dest in ("max_images_per_request", "max_videos_per_request"):
         if getattr(args, dest) < 0:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give 0 or more")
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise UsageError(f"{'--ssl-certfile' if args.ssl_certfile is None else '--ssl-keyfile'} is missing: HTTPS "
+                         "takes the key and its certificate, --ssl-keyfile KEY.pem --ssl-certfile CERT.pem")
+    if args.ssl_keyfile is not None:  # before the model loads, as uvicorn reads them only when it starts
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+        except (OSError, ssl.SSLError) as error:
+            raise UsageError(f"--ssl-keyfile {args.ssl_keyfile} --ssl-certfile {args.ssl_certfile}: {error}; give a "
+                             "PEM private key and the PEM certificate (chain) it belongs to") from None
+    if args.root_path and not args.root_path.startswith("/"):
+        raise UsageError(f"--root-path {args.root_path}: give a path starting with /, such as /glimmer")
     if not args.host.strip():  # `--host "$HOST"` with HOST unset: the socket would listen on every interface
         raise UsageError("--host is empty; give the address to listen on: 127.0.0.1 (this machine only, the "
                          "default), or 0.0.0.0 for every interface")
@@ -584,6 +609,85 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+def _any_value(value: Any) -> bool:
+    return True
+
+_VLLM_SERVING_OPTIONS: dict[str, tuple[dict[str, Any], Callable[[Any], bool], str]] = {
+    # flag: (argparse options, whether a value changes nothing here, what to do instead of another value)
+    "--enable-auto-tool-choice": ({"action": "store_true"}, _any_value, ""),
+    "--tool-call-parser": ({"metavar": "NAME"}, _any_value, ""),
+    "--reasoning-parser": ({"metavar": "NAME"}, _any_value, ""),
+    "--disable-log-requests": ({"action": "store_true"}, _any_value, ""),
+    "--max-log-len": ({"type": int, "metavar": "N"}, _any_value, ""),
+    "--disable-fastapi-docs": ({"action": "store_true"}, _any_value, ""),
+    "--enable-prompt-tokens-details": ({"action": "store_true"}, _any_value, ""),
+    "--enable-log-requests": ({"action": "store_true"}, lambda value: not value, (
+        "Glimmer never logs requests' prompts or outputs (/metrics counts requests and tokens); leave it out")),
+    "--response-role": ({"metavar": "ROLE"}, lambda value: value == "assistant", (
+        "replies always come from the assistant role; leave it out")),
+}
+"""vLLM's serving options (`vllm serve` beside the engine's): taken where their value changes nothing here, each
+telling what Glimmer does instead at startup (`_vllm_serving_notes`). Glimmer reads tool calls and reasoning with the
+model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts; it serves no /docs page;
+usage always has prompt_tokens_details."""
+_VLLM_SERVING_NOTES = {
+    "--enable-auto-tool-choice": "tool calls are parsed under any tool_choice",
+    "--tool-call-parser": "tool calls are parsed by the model's own ATEM parser",
+    "--reasoning-parser": "reasoning is parsed by the model's own channel parser",
+    "--disable-log-requests": "prompts and outputs are never logged",
+    "--max-log-len": "prompts and outputs are never logged",
+    "--disable-fastapi-docs": "no /docs pages are served",
+    "--enable-prompt-tokens-details": "usage always has prompt_tokens_details",
+}
+
+
+def _vllm_serving_notes(args: argparse.Namespace) -> list[str]:
+    """One line per vLLM serving option given (UsageError for a value that would change something), saying what
+    Glimmer does instead."""
+    notes = []
+    for flag, (_, changes_nothing, instead) in _VLLM_SERVING_OPTIONS.items():
+        dest = flag[2:].replace("-", "_")
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if not changes_nothing(value):
+            raise UsageError(f"{flag if isinstance(value, bool) else f'{flag} {value}'}: {instead}")
+        if flag in _VLLM_SERVING_NOTES:
+            shown = flag if isinstance(value, bool) else f"{flag} {value}"
+            notes.append(f"vLLM's {shown} changes nothing here: {_VLLM_SERVING_NOTES[flag]}")
+    return notes
+
+
+def _dtype(text: str) -> str | None:
+    """--dtype's value: float32, bfloat16 or float16, or None for the default, taking vLLM's names too (auto,
+    half, float)."""
+    names = {"auto": None, "half": "float16", "float": "float32", "float16": "float16", "bfloat16": "bfloat16",
+             "float32": "float32"}
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from float32, bfloat16, float16, or "
+                                         "vLLM's auto, half, float)")
+    return names[text]
+
+
+def _limit_mm_per_prompt(text: str) -> dict[str, int]:
+    """vLLM's --limit-mm-per-prompt: a JSON object (or `image=N,video=M`) of the most images and videos a request
+    may hold."""
+    wrong = argparse.ArgumentTypeError(f"{text!r} is not a JSON object like '{{\"image\": 4, \"video\": 1}}'")
+    try:
+        limits = json.loads(text) if text.lstrip().startswith("{") else {
+            key.strip(): int(value) for key, value in (item.split("=", 1) for item in text.split(",") if item.strip())}
+    except (ValueError, TypeError):
+        raise wrong from None
+    if not isinstance(limits, dict) or not limits:
+        raise wrong
+    for key, value in limits.items():
+        if key not in ("image", "video"):
+            raise argparse.ArgumentTypeError(f"{key!r}: this model takes images and videos only")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise argparse.ArgumentTypeError(f"{key}: {value!r} is not a count (a whole number, 0 or more)")
+    return limits
+
+
 def _check_vllm_options(args: argparse.Namespace) -> None:
     """UsageError naming the first vLLM option given with a value that would change something here."""
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
@@ -604,8 +708,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded "
                              "glimmer-nano demo)")
     _add_format_options(parser)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                        help="default bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--dtype", type=_dtype, default=None, metavar="{float32,bfloat16,float16}",
+                        help="default bfloat16 on CUDA, float32 on CPU (vLLM's auto, half and float are taken too)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
@@ -714,10 +818,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
                        help="let requests fetch http(s) media from these hosts, even on private addresses (an internal "
                             "image store); alone, it allows only these hosts")
-    serve.add_argument("--max-images-per-request", type=int, default=16,
+    serve.add_argument("--max-images-per-request", type=int, default=None,
                        help="more images in one request get HTTP 400 (default 16)")
-    serve.add_argument("--max-videos-per-request", type=int, default=2,
+    serve.add_argument("--max-videos-per-request", type=int, default=None,
                        help="more videos in one request get HTTP 400 (default 2)")
+    serve.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
+                       help='vLLM\'s form of the two limits above: \'{"image": 4, "video": 1}\' (or image=4,video=1)')
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
     serve.add_argument("--require-cache-salt", action="store_true",
@@ -734,6 +840,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="trusted clients only: render a chat request's own Jinja chat_template (sandboxed, as "
                             "the checkpoint's; default: such a request gets HTTP 400)")
+    serve.add_argument("--ssl-keyfile", default=None, metavar="FILE",
+                       help="serve HTTPS: the server's private key (PEM), with --ssl-certfile")
+    serve.add_argument("--ssl-certfile", default=None, metavar="FILE",
+                       help="serve HTTPS: the server's certificate chain (PEM), with --ssl-keyfile")
+    serve.add_argument("--root-path", default="", metavar="PATH",
+                       help="the path prefix a proxy serves the API under, which the proxy strips (ASGI root_path, "
+                            "as uvicorn's)")
+    serve.add_argument("--uvicorn-log-level", default=None, type=str.lower,
+                       choices=["debug", "info", "warning", "error", "critical", "trace"],
+                       help="uvicorn's own logging level (default: --log-level)")
+    serve.add_argument("--disable-uvicorn-access-log", action="store_true",
+                       help="no line per HTTP request in the log")
+    vllm = serve.add_argument_group(
+        "vLLM's serving options", "taken where their value changes nothing here (Glimmer parses tool calls and "
+        "reasoning with the model's own parser, never logs prompts, serves no /docs page), each noted at startup; "
+        "another value is refused saying what to do instead")
+    for flag, (options, _, _) in _VLLM_SERVING_OPTIONS.items():
+        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
     serve.set_defaults(func=_cmd_serve)
 
     chat = sub.add_parser("chat", help="chat in the terminal, in-process or with a running server (--url)")

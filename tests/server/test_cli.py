@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -83,6 +85,81 @@ def test_a_vllm_option_that_would_change_something_is_refused_before_loading(cap
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
 
 
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return key, cert
+
+
+def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_checkpoint, tmp_path):
+    """`vllm serve MODEL --enable-auto-tool-choice --tool-call-parser ... --dtype auto --ssl-keyfile ...` was refused
+    as unrecognized arguments (and `--dtype auto` as an invalid choice). Options whose value changes nothing are
+    noted at startup; HTTPS, the root path, uvicorn's log level and access log and the media limits take effect."""
+    key, cert = _self_signed(tmp_path)
+    trusted = ssl.create_default_context(cafile=str(cert))
+    port = free_port()
+    process = subprocess.Popen([
+        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
+        "32MiB", "--dtype", "auto", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser",
+        "deepseek_r1", "--disable-log-requests", "--max-log-len", "100", "--response-role", "assistant",
+        "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--root-path", "/api",
+        "--uvicorn-log-level", "info", "--disable-uvicorn-access-log", "--limit-mm-per-prompt", '{"image": 2}'],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_health(process, port, scheme="https", verify=trusted)
+        with pytest.raises(httpx.TransportError):  # HTTPS only
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        reply = httpx.post(f"https://127.0.0.1:{port}/v1/completions", verify=trusted, timeout=60,
+                           json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "vLLM's --tool-call-parser hermes changes nothing here: tool calls are parsed by the model's own ATEM" \
+        in output
+    assert "vLLM's --enable-auto-tool-choice changes nothing here" in output
+    assert f"API at https://127.0.0.1:{port}/v1" in output
+    assert "GET /health" not in output and "POST /v1/completions" not in output  # no access log
+    assert "(torch.float32)" in output  # --dtype auto: the CPU's default
+
+
+@pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
+                                             ("bfloat16", "bfloat16")])
+def test_dtype_takes_vllms_names(text, dtype):
+    assert build_parser().parse_args(["serve", "--dtype", text]).dtype == dtype
+
+
+@pytest.mark.parametrize(("flags", "limits"), [
+    ([], (16, 2)), (["--limit-mm-per-prompt", '{"image": 4, "video": 0}'], (4, 0)),
+    (["--limit-mm-per-prompt", "image=3"], (3, 2)), (["--max-images-per-request", "5"], (5, 2)),
+    (["--limit-mm-per-prompt", '{"video": 1}', "--max-videos-per-request", "1"], (16, 1)),
+])
+def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
+    from glimmer.cli import _check_serve_options
+
+    args = build_parser().parse_args(["serve", *flags])
+    _check_serve_options(args)
+    assert (args.max_images_per_request, args.max_videos_per_request) == limits
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--enable-log-requests"], ("--enable-log-requests", "never logs requests' prompts")),
+    (["--response-role", "user"], ("--response-role user", "assistant role")),
+    (["--limit-mm-per-prompt", '{"image": 2}', "--max-images-per-request", "3"], ("gives 2 images",
+                                                                                   "--max-images-per-request 3")),
+    (["--ssl-keyfile", "key.pem"], ("--ssl-certfile is missing",)),
+    (["--ssl-keyfile", "/no/key.pem", "--ssl-certfile", "/no/cert.pem"], ("--ssl-keyfile /no/key.pem", "PEM")),
+    (["--root-path", "api"], ("--root-path api", "starting with /")),
+])
+def test_a_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
+
+
 @pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
                                   ["make-tiny", "out", "--log-level", "DEBUG"]])
 def test_log_level_is_taken_before_or_after_the_command(argv):
@@ -156,12 +233,13 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     assert all(path.parts[:2] == ("glimmer", "cpu-kernels") for path in written), written
 
 
-def _wait_for_health(process: subprocess.Popen, port: int, timeout_s: float = 120) -> None:
+def _wait_for_health(process: subprocess.Popen, port: int, timeout_s: float = 120, *, scheme: str = "http",
+                     verify: ssl.SSLContext | bool = True) -> None:
     deadline = time.monotonic() + timeout_s  # imports alone can take a minute on a loaded machine
     while True:
         assert process.poll() is None, process.stdout.read()
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=1, verify=verify).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -263,6 +341,9 @@ def _fails_with_one_line(capsys, argv, *words):
     (["chat", "--temperature", "hot"], ("argument --temperature", "see glimmer chat --help")),
     (["make-tiny"], ("required: dir", "see glimmer make-tiny --help")),
     (["serve", "--tools", "t.json"], ("unrecognized arguments: --tools", "see glimmer serve --help")),
+    (["serve", "--limit-mm-per-prompt", '{"audio": 1}'], ("--limit-mm-per-prompt", "images and videos only")),
+    (["serve", "--limit-mm-per-prompt", "{not json"], ("--limit-mm-per-prompt", "not a JSON object")),
+    (["serve", "--dtype", "fp8"], ("--dtype", "auto, half, float")),
 ])
 def test_a_malformed_command_line_is_one_line_pointing_at_the_help(capsys, argv, words):
     """argparse's own errors printed the command's whole usage (34 lines for serve) before the error line."""
