@@ -59,6 +59,8 @@ from glimmer.engine.vllm_arguments import (
 from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
+    OutputParser,
+    ParsedOutput,
     ToolCall,
     normalize_tools,
     parse_output,
@@ -101,6 +103,7 @@ class ChatOutput:
     output: RequestOutput
     choices: list[ChatOutput] = field(default_factory=list)
     stop_string: str | None = None  # the stop string that ended the answer (stop strings match the answer only)
+    ended_early: bool = False  # the server would end the reply before the engine did (`_turn_as_the_server_reads_it`)
 
     # vLLM's LLM.chat returns RequestOutputs: what vLLM code reads of one (`out.outputs[0].text`) is `output`'s
     @property
@@ -134,13 +137,15 @@ class ChatOutput:
 
     @property
     def finish_reason(self) -> str | None:
-        """As the OpenAI API reports it: `stop` when a stop string ended the answer, else `length`, else
-        `tool_calls` when calls were made, else `stop`."""
+        """As the OpenAI API reports it: `stop` when a stop string ended the answer, else `length` (unless the reply
+        ended before the engine's limit, `ended_early`), else `tool_calls` when calls were made, else `stop`."""
         if self.stop_string is not None:
             return "stop"
-        if self.output.finish_reason == "length":
+        if self.output.finish_reason == "length" and not self.ended_early:
             return "length"
-        return "tool_calls" if self.tool_calls else self.output.finish_reason
+        if self.tool_calls:
+            return "tool_calls"
+        return "stop" if self.ended_early else self.output.finish_reason
 
 
 @dataclass
@@ -175,6 +180,35 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: 
         return content, None
     at, matched = min(found, key=lambda item: item[0])
     return content[: at + len(matched) if include else at] or None, matched
+
+
+def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], *, single_call: bool, stop: list[str],
+                                  include_stop: bool, armed_after: int) -> tuple[str, bool]:
+    """(the start of the generated turn `text` that the server reads, whether the server ends the choice there): it
+    ends it at a header of another role (the model is inventing the next user turn or a tool result, P-HDR-8), with
+    `single_call` (`parallel_tool_calls=False`) at the first finished call, and at the first stop string in the answer
+    (P-REQ-2) that ends past character `armed_after` (server/choice_stream.py). What the model wrote after that point
+    (a call made for an invented user turn, reasoning after the stop string) is no part of the reply. `reading`:
+    OutputParser's arguments. The turn is read a character at a time only where one of those ends it."""
+    whole = OutputParser(**reading)
+    content = ParsedOutput.from_deltas([whole.feed(text), whole.finish()]).content
+    if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
+            or _cut_at_stop(content, stop, include_stop, text, armed_after)[1] is not None):
+        return text, False
+    parser = OutputParser(**reading)
+    longest = max((len(s) for s in stop), default=0)
+    content = ""
+    for end in range(1, len(text) + 1):
+        new_content = parser.feed(text[end - 1]).content
+        if parser.other_role_header_seen or (single_call and (parser.valid_call_names or parser.unresolved_call_count)):
+            return text[:end], True
+        if stop and new_content:
+            content += new_content
+            recent = content[-(longest + len(new_content)):]
+            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, text[:end],
+                                                               armed_after)[1] is not None:
+                return text[:end], True
+    return text, False
 
 
 def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, hidden: Mapping[int, str]) -> int:
@@ -556,16 +590,20 @@ class LLM:
             for completion in output.outputs:
                 text = without_hidden_tokens(completion.text, completion.token_ids, hidden)
                 # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
-                parsed = parse_output(text, plan.parser_tools, continue_recipient=final.recipient if final else None,
-                                      continue_prefix=final.body if final else "",
-                                      verbatim_content=turn.constrained_answer)
-                alone = replace(output, outputs=[completion])
+                reading = {"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,
+                           "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
                 armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,
                                            hidden) if turn.stop else -1
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, text, armed_after)
+                read, ended_early = _turn_as_the_server_reads_it(
+                    text, reading, single_call=not parallel_tool_calls, stop=turn.stop, include_stop=turn.include_stop,
+                    armed_after=armed_after)
+                parsed = parse_output(read, **reading)
+                alone = replace(output, outputs=[completion])
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, read, armed_after)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
-                choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string)
+                choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,
+                                    ended_early=ended_early)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
                 unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where)
                 if unsatisfied is not None:  # P-REQ-4, as the server answers it
@@ -573,7 +611,7 @@ class LLM:
                 choices.append(choice)
             first = choices[0]
             chats.append(ChatOutput(first.reasoning, first.content, first.tool_calls, output, choices,
-                                    first.stop_string))
+                                    first.stop_string, first.ended_early))
         return chats
 
     def _chat_turn(self, plan: ToolPlan, params: SamplingParams, response_format: Any, parallel_tool_calls: bool,

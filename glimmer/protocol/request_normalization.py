@@ -409,6 +409,7 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
         assert function is not None
         check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`
         arguments = _decoded_arguments(function.get("arguments"), f"{call_field}.function.arguments")
+        _check_argument_names(arguments, f"{call_field}.function.arguments")
         if call.get("function") is function:
             call = {**call, "function": {**function, "arguments": arguments}}
         else:  # a bare call ({"id", "name", "arguments"}, as `dataclasses.asdict` of a ToolCall): OpenAI's shape,
@@ -417,6 +418,16 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
                     "type": "function", "function": {"name": function["name"], "arguments": arguments}}
         normalized.append(call)
     return normalized
+
+
+def _check_argument_names(arguments: Mapping[str, Any], field: str) -> None:
+    """RequestError naming `field` for an argument name holding `"`: the template writes each name into an ATEM tag,
+    `<atem:parameter name="NAME">`, whose name ends at the first `"` (P-ATEM-1), so the model would read a broken tag
+    and no such argument (the model cannot write one either)."""
+    for name in arguments:
+        if '"' in name:
+            raise RequestError(f"{field}: the argument name {name!r} holds '\"', which ends a parameter name in the "
+                               "chat format (the model would read no such argument); rename it", param=field)
 
 
 def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:

@@ -110,6 +110,16 @@ def test_invalid_or_non_object_arguments_are_request_errors_naming_index_and_fie
     assert "messages[1].tool_calls[0].function.arguments" in str(caught.value)
 
 
+@pytest.mark.parametrize("arguments", ['{"ci\\"ty": "Paris"}', {'"': 1}, {"city": "x", 'say "hi"': True}])
+def test_an_argument_name_holding_a_quote_is_refused_naming_the_arguments(arguments):
+    """A history argument name is written into `<atem:parameter name="NAME">`, which ends at its first `"` (P-ATEM-1):
+    the prompt held a broken tag, which the parser (and the model) reads as no argument."""
+    messages = [{"role": "user", "content": "hi"}, assistant_call(arguments)]
+    with pytest.raises(RequestError, match="argument name") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
 def test_tool_call_without_a_name_is_a_request_error():
     with pytest.raises(RequestError, match=r"messages\[0\].tool_calls\[0\].function.name"):
         normalize_messages(

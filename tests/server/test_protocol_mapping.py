@@ -12,7 +12,9 @@ from typing import Any
 
 import openai
 import pytest
-from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, live_server
+from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, ScriptedRunner, live_server
+
+from glimmer import LLM, SamplingParams
 
 REASON_THEN_ANSWER = (" to=self<|message|>The user greets me.<|eom|>"
                       "<|start|>assistant to=user<|message|>Hello there!<|eot|>")
@@ -39,6 +41,12 @@ WITH_MEDIA_MARKERS = (" to=self<|message|>Look<|image_end|>ing.<|eom|>"
 HTML_CALL = (' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
              '<atem:parameter name="city"><b>Paris</b> </atem:parameter\n</atem:parameter>\n'
              '</atem:invoke>\n</atem:function_calls><|eot|>')
+INVENTED_USER_TURN_THEN_CALL = (" to=user<|message|>Sure.<|eom|><|start|>user<|message|>Now mail Ann.<|eom|>"
+                                f"<|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
+STOP_THEN_CALL = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=self<|message|>More to do.<|eom|>"
+                  f"<|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
+CALL_THEN_ANSWER = (f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eom|><|start|>assistant to=self<|message|>Done."
+                    "<|eom|><|start|>assistant to=user<|message|>It is sunny.<|eot|>")
 TWO_THOUGHTS_THEN_CALL = (" to=self<|message|>First thought.<|eom|><|start|>assistant to=self<|message|>Second thought."
                           f"<|eom|><|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 SCRIPTS = {
@@ -54,6 +62,9 @@ SCRIPTS = {
     "[unknown-call]": [UNKNOWN_TOOL_CALL],
     "[html-call]": [HTML_CALL],
     "[two-thoughts]": [TWO_THOUGHTS_THEN_CALL],
+    "[invent-then-call]": [INVENTED_USER_TURN_THEN_CALL],
+    "[stop-then-call]": [STOP_THEN_CALL],
+    "[call-then-answer]": [CALL_THEN_ANSWER],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -65,6 +76,15 @@ def server(make_tiny):
         for key, transcripts in SCRIPTS.items():
             live.engine.engine.runner.add(key, *transcripts)
         yield live
+
+
+@pytest.fixture(scope="module")
+def llm(make_tiny):
+    llm = LLM(str(make_tiny()), device="cpu", progress=False, kv_cache_memory=32 << 20, max_model_len=2048)
+    llm.engine.runner = ScriptedRunner(llm.engine)
+    for key, transcripts in SCRIPTS.items():
+        llm.engine.runner.add(key, *transcripts)
+    return llm
 
 
 @pytest.fixture(scope="module")
@@ -433,3 +453,24 @@ def test_a_strict_or_forced_call_may_write_closing_tags_in_a_string(client, tool
     result = _both(client, **_request("[html-call]", tools=[strict], tool_choice=tool_choice))
     assert result["calls"] == [("get_weather", {"city": "<b>Paris</b> </atem:parameter\n"})]
     assert result["finish_reason"] == "tool_calls"
+
+
+
+@pytest.mark.parametrize(("key", "fields"), [("[invent-then-call]", {}), ("[invent-then-call]", {"max_tokens": 40}),
+                                             ("[stop-then-call]", {"stop": ["HALT"]}),
+                                             ("[call-then-answer]", {"parallel_tool_calls": False})])
+def test_llm_chat_ends_the_reply_where_the_server_ends_it(client, llm, key, fields):
+    """The server ends a choice at another role's header (P-HDR-8), at a stop string in the answer (P-REQ-2) and, with
+    parallel_tool_calls false, at the first call; LLM.chat read the turn on, and returned the call made for the
+    invented user turn, the reasoning and call after the stop string, the answer after the call. A max_tokens that
+    cuts the invented turn does not end the reply: the header did (finish_reason stop)."""
+    stop, max_tokens = fields.get("stop"), fields.get("max_tokens", 200)
+    request = _request(key, tools=TOOLS, max_tokens=max_tokens, **({"stop": stop} if stop else {}),
+                       **({"parallel_tool_calls": False} if "parallel_tool_calls" in fields else {}))
+    served = _non_streamed(client, **request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=max_tokens, stop=stop), tools=TOOLS,
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False,
+                     parallel_tool_calls=fields.get("parallel_tool_calls", True))[0]
+    calls = [(call.name, json.loads(call.arguments)) for call in reply.tool_calls]
+    assert (reply.reasoning, reply.content, calls, reply.finish_reason) == (
+        served["reasoning"], served["content"], served["calls"], served["finish_reason"])
