@@ -90,6 +90,8 @@ def _takes_none(annotation: Any) -> bool:
 class StreamOptions(RequestBody):
     include_usage: bool = False  # a last chunk with the whole usage; every other chunk has `"usage": null`
     continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
+    # OpenAI's padding of streamed chunks against side channels, which Glimmer never adds: either value changes nothing
+    include_obfuscation: bool | None = None
 
 
 def chunk_usage(options: StreamOptions | None, usage_so_far: Callable[[], dict[str, Any]]) -> dict[str, Any]:
