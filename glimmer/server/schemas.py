@@ -8,8 +8,8 @@ right. Three groups of known fields:
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`);
 - accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
-  `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; and `spaces_between_special_tokens`,
-  which the server always overrides to false (P-REQ-1);
+  `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
+  `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
   `function_call`, audio, predicted outputs, `suffix`, `best_of`.
 
@@ -104,6 +104,14 @@ def chunk_usage(options: StreamOptions | None, usage_so_far: Callable[[], dict[s
     return {"usage": None} if options.include_usage else {}
 
 
+class PromptCacheOptions(RequestBody):
+    """OpenAI's `prompt_cache_options` (the successor of `prompt_cache_retention`): hints for its prompt cache, which
+    cannot change the output; checked as OpenAI types them and otherwise ignored."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
 class NamedFunction(RequestBody):
     name: str
 
@@ -169,6 +177,7 @@ class _SamplingFields(RequestBody):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     spaces_between_special_tokens: bool | None = None  # P-REQ-1: always false
 
 

@@ -442,6 +442,28 @@ def test_an_include_obfuscation_that_is_not_a_boolean_is_400_naming_it(server, v
     assert error["param"] == "stream_options.include_obfuscation", error
 
 
+@pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "30m"}, {"mode": "implicit"}])
+def test_prompt_cache_options_of_the_openai_sdk_are_accepted_and_change_nothing(server, client, options):
+    """`prompt_cache_options` replaces the deprecated `prompt_cache_retention`, which was accepted while it was a 400
+    as an unknown field; like it, a caching hint cannot change the output."""
+    def ask(**fields):
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                              extra_body={"chat_template_kwargs": PINNED_DATE, **fields})
+
+    hinted, plain = ask(prompt_cache_options=options), ask()
+    assert hinted.choices[0].message == plain.choices[0].message
+    assert hinted.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(("options", "param"), [({"mode": "always"}, "prompt_cache_options.mode"),
+                                                ({"ttl": "1h"}, "prompt_cache_options.ttl"),
+                                                ({"size": 3}, "prompt_cache_options.size"),
+                                                ("implicit", "prompt_cache_options")])
+def test_prompt_cache_options_that_openai_refuses_are_400_naming_the_field(server, options, param):
+    error = chat_error(server, prompt_cache_options=options)
+    assert error["param"] == param, error
+
+
 @pytest.mark.parametrize("logprobs", [{}, {"logprobs": False}, {"logprobs": None}])
 def test_top_logprobs_0_without_logprobs_asks_for_none(server, logprobs):
     reply = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
