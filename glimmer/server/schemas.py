@@ -402,7 +402,12 @@ accepted bare, beside `type`). Their values are checked by `normalize_tools`."""
 
 def _refuse_unknown_tool_fields(tool: dict[str, Any], index: int) -> None:
     """RequestError naming the first field of `tools[index]` (or of its `function`) that a tool declaration does
-    not have: as everywhere else, a field Glimmer does not know is refused rather than ignored. Null is unset."""
+    not have: as everywhere else, a field Glimmer does not know is refused rather than ignored. Null is unset. A tool of
+    another type (the SDK's `custom`) is refused naming its `type`: its own fields are no unknown fields of it."""
+    kind = tool.get("type")
+    if kind is not None and kind != "function":
+        raise RequestError(f"tools[{index}].type {kind!r} is not supported; only 'function' tools are",
+                           param=f"tools[{index}].type")
     function = tool.get("function")
     if isinstance(function, dict):
         checked = [(f"tools[{index}]", tool, TOOL_FIELDS), (f"tools[{index}].function", function, FUNCTION_FIELDS)]
