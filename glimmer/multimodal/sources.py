@@ -152,7 +152,8 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
     return _read_local(reference, kind, index, policy)
 
 
-IMAGE_DETAILS = ("auto", "low", "high")  # OpenAI's image_url.detail; accepted and not acted on, as vLLM does
+# OpenAI's image_url.detail (`original`: the image at its own size); accepted and not acted on, as vLLM does
+IMAGE_DETAILS = ("auto", "low", "high", "original")
 
 
 def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[str, Any] | None:

@@ -405,6 +405,10 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
                                'reply goes back as {"id": call.id, "type": "function", "function": {"name": '
                                'call.name, "arguments": call.arguments}}, or dataclasses.asdict(call))',
                                param=call_field)
+        kind = call.get("type")
+        if kind is not None and kind != "function":  # a custom tool's call has `custom`, no `function`
+            raise RequestError(f"{call_field}.type {kind!r} is not supported; only 'function' tool calls are, as only "
+                               "'function' tools are", param=f"{call_field}.type")
         function = function_of(call)
         assert function is not None
         check_tool_name(function.get("name"), f"{call_field}.function.name")  # rendered as `to=NAME`

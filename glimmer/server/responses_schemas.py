@@ -72,7 +72,8 @@ class ResponsesRequest(RequestBody):
     # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
     metadata: Annotated[dict[str, str], Field(fail_fast=True)] | None = None  # refused at its first bad value
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None  # one tier: "default"
+    # the SDK's tiers; one serves them all here, "default"
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None

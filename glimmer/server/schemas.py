@@ -8,8 +8,8 @@ right. Three groups of known fields:
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`);
 - accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
-  `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; and `spaces_between_special_tokens`,
-  which the server always overrides to false (P-REQ-1);
+  `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
+  `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
   `function_call`, audio, predicted outputs, `suffix`, `best_of`.
 
@@ -90,6 +90,8 @@ def _takes_none(annotation: Any) -> bool:
 class StreamOptions(RequestBody):
     include_usage: bool = False  # a last chunk with the whole usage; every other chunk has `"usage": null`
     continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
+    # OpenAI's padding of streamed chunks against side channels, which Glimmer never adds: either value changes nothing
+    include_obfuscation: bool | None = None
 
 
 def chunk_usage(options: StreamOptions | None, usage_so_far: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -100,6 +102,14 @@ def chunk_usage(options: StreamOptions | None, usage_so_far: Callable[[], dict[s
     if options.continuous_usage_stats:
         return {"usage": usage_so_far()}
     return {"usage": None} if options.include_usage else {}
+
+
+class PromptCacheOptions(RequestBody):
+    """OpenAI's `prompt_cache_options` (the successor of `prompt_cache_retention`): hints for its prompt cache, which
+    cannot change the output; checked as OpenAI types them and otherwise ignored."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
 
 
 class NamedFunction(RequestBody):
@@ -167,6 +177,7 @@ class _SamplingFields(RequestBody):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     spaces_between_special_tokens: bool | None = None  # P-REQ-1: always false
 
 
@@ -391,7 +402,12 @@ accepted bare, beside `type`). Their values are checked by `normalize_tools`."""
 
 def _refuse_unknown_tool_fields(tool: dict[str, Any], index: int) -> None:
     """RequestError naming the first field of `tools[index]` (or of its `function`) that a tool declaration does
-    not have: as everywhere else, a field Glimmer does not know is refused rather than ignored. Null is unset."""
+    not have: as everywhere else, a field Glimmer does not know is refused rather than ignored. Null is unset. A tool of
+    another type (the SDK's `custom`) is refused naming its `type`: its own fields are no unknown fields of it."""
+    kind = tool.get("type")
+    if kind is not None and kind != "function":
+        raise RequestError(f"tools[{index}].type {kind!r} is not supported; only 'function' tools are",
+                           param=f"tools[{index}].type")
     function = tool.get("function")
     if isinstance(function, dict):
         checked = [(f"tools[{index}]", tool, TOOL_FIELDS), (f"tools[{index}].function", function, FUNCTION_FIELDS)]

@@ -185,6 +185,14 @@ def test_an_image_url_without_its_url_names_the_missing_field():
     assert err.value.param == "messages[0].content[1].image_url.url"
 
 
+@pytest.mark.parametrize("detail", ["auto", "low", "high", "original"])
+def test_every_image_detail_of_the_openai_sdk_is_accepted(detail):
+    """The SDK types `image_url.detail` as auto, low, high or original (the image at its own size, which Glimmer
+    sends whatever the detail says); `original` was a 400 saying it must be one of the other three."""
+    part = {"type": "image", "image_url": {"url": "/tmp/cat.png", "detail": detail}}
+    assert media_from_part(part, "messages[0].content[0]") == ("image", "/tmp/cat.png")
+
+
 @pytest.mark.parametrize("url", [5, [1], {"a": 1}], ids=["int", "list", "dict"])
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_an_image_or_video_url_that_is_not_a_string_names_the_field(kind, url):

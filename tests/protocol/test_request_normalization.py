@@ -127,6 +127,25 @@ def test_tool_call_without_a_name_is_a_request_error():
         )
 
 
+@pytest.mark.parametrize("kind", ["custom", "web_search", 7])
+def test_a_history_tool_call_of_another_type_than_function_is_refused_naming_its_type(kind):
+    """The SDK types a custom tool's call as {"type": "custom", "custom": {"name", "input"}}: it was refused as a call
+    without `function.name`, which it does not claim to have, leaving the client to guess."""
+    call = {"id": "c1", "type": kind, "custom": {"name": "grep", "input": "x"}}
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}])
+    assert caught.value.param == "messages[1].tool_calls[0].type"
+    assert "only 'function' tool calls" in str(caught.value)
+
+
+def test_a_history_tool_call_with_type_function_or_none_is_kept():
+    for call in ({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                 {"id": "c1", "type": None, "function": {"name": "f", "arguments": "{}"}},
+                 {"id": "c1", "name": "f", "arguments": "{}"}):
+        normalized = normalize_messages([{"role": "assistant", "tool_calls": [call]}])
+        assert normalized[0]["tool_calls"][0]["function"]["name"] == "f"
+
+
 @pytest.mark.parametrize("name", ["get weather", "a\nb", "a<b", 'a"b', "x" * 65, "self", "user", 7])
 def test_a_history_tool_name_no_header_can_carry_is_refused_naming_it(name):
     """P-REQ-8 holds for the names a history renders too (`to=NAME`, `tool NAME`, `name="NAME"`): `self` rendered

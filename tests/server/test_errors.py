@@ -220,6 +220,9 @@ def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param)
     ({"response_format": {"type": "yaml"}}, "response_format.type", "not one of"),
     ({"functions": [{"name": "f"}]}, "functions", "tools"),
     ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
+    # the SDK's custom tool: was "tools[0].custom: unknown field", a field the type it named does have
+    ({"tools": [{"type": "custom", "custom": {"name": "grep"}}]}, "tools[0].type", "only 'function' tools"),
+    ({"tools": [WEATHER_TOOL, {"type": "web_search", "filters": {}}]}, "tools[1].type", "only 'function' tools"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not among the declared tools"),
 ])

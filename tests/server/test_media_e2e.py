@@ -99,13 +99,14 @@ def test_bad_images_are_400_not_500(client, url, message):
 
 
 def test_an_image_detail_openai_does_not_know_is_a_400_naming_it(client):
-    """OpenAI refuses a `detail` other than auto, low and high; it was taken silently."""
+    """OpenAI refuses a `detail` other than auto, low, high and original; it was taken silently."""
     url = _data_url(_png(5, size=(30, 30)))
-    for detail in ("auto", "low", "high"):
+    for detail in ("auto", "low", "high", "original"):
         messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url, "detail": detail}}]}]
         client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=EXTRA)
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url, "detail": "hgih"}}]}]
-    with pytest.raises(openai.BadRequestError, match=r"image_url\.detail must be one of 'auto', 'low', 'high'") as e:
+    refused = r"image_url\.detail must be one of 'auto', 'low', 'high', 'original'"
+    with pytest.raises(openai.BadRequestError, match=refused) as e:
         client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=EXTRA)
     assert e.value.body["param"] == "messages[0].content[0].image_url.detail"
 

@@ -420,6 +420,50 @@ def test_include_usage_alone_keeps_a_null_usage_on_every_chunk_but_the_last(serv
     assert all("usage" not in chunk for chunk in streamed_chunks(server, path))
 
 
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+@pytest.mark.parametrize("obfuscation", [False, True])
+def test_stream_options_include_obfuscation_of_the_openai_sdk_is_accepted_and_adds_no_field(server, path, obfuscation):
+    """The SDK's `stream_options` type has `include_obfuscation` (OpenAI pads streamed chunks against side channels;
+    clients send false to turn it off): it cannot change the output, and was a 400 naming it as unknown."""
+    options = {"include_usage": True, "include_obfuscation": obfuscation}
+    *answer, last = streamed_chunks(server, path, stream_options=options)
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    assert all("obfuscation" not in chunk for chunk in answer)
+    assert [chunk["choices"] for chunk in answer] == [chunk["choices"] for chunk in streamed_chunks(
+        server, path, stream_options={"include_usage": True})[:-1]]
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_an_include_obfuscation_that_is_not_a_boolean_is_400_naming_it(server, value):
+    if value is None:  # null is unset, as everywhere
+        assert streamed_chunks(server, "/chat/completions", stream_options={"include_obfuscation": None})
+        return
+    error = chat_error(server, stream=True, stream_options={"include_obfuscation": value})
+    assert error["param"] == "stream_options.include_obfuscation", error
+
+
+@pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "30m"}, {"mode": "implicit"}])
+def test_prompt_cache_options_of_the_openai_sdk_are_accepted_and_change_nothing(server, client, options):
+    """`prompt_cache_options` replaces the deprecated `prompt_cache_retention`, which was accepted while it was a 400
+    as an unknown field; like it, a caching hint cannot change the output."""
+    def ask(**fields):
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                              extra_body={"chat_template_kwargs": PINNED_DATE, **fields})
+
+    hinted, plain = ask(prompt_cache_options=options), ask()
+    assert hinted.choices[0].message == plain.choices[0].message
+    assert hinted.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+@pytest.mark.parametrize(("options", "param"), [({"mode": "always"}, "prompt_cache_options.mode"),
+                                                ({"ttl": "1h"}, "prompt_cache_options.ttl"),
+                                                ({"size": 3}, "prompt_cache_options.size"),
+                                                ("implicit", "prompt_cache_options")])
+def test_prompt_cache_options_that_openai_refuses_are_400_naming_the_field(server, options, param):
+    error = chat_error(server, prompt_cache_options=options)
+    assert error["param"] == param, error
+
+
 @pytest.mark.parametrize("logprobs", [{}, {"logprobs": False}, {"logprobs": None}])
 def test_top_logprobs_0_without_logprobs_asks_for_none(server, logprobs):
     reply = httpx.post(server.base_url + "/chat/completions", timeout=60, json={

@@ -655,6 +655,14 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
     assert created.type == "response.created" and created.response.safety_identifier == "s-1"
 
 
+@pytest.mark.parametrize("tier", ["fast", "ultrafast"])
+def test_every_service_tier_of_the_openai_sdk_is_accepted_and_served_as_default(client, tier):
+    """The SDK's ServiceTier has `fast` and `ultrafast` beside auto, default, flex, scale and priority; they were a 400
+    that named the other five, for a field that cannot change the output."""
+    response = _create(client, input="[greet] Hi", service_tier=tier, max_output_tokens=16)
+    assert response.service_tier == "default"
+
+
 @pytest.mark.parametrize(("name", "value"), [("continue_final_message", True), ("add_generation_prompt", False),
                                            ("chat_template", "{{ messages }}")])
 def test_chat_rendering_fields_in_chat_template_kwargs_are_400_saying_responses_has_none(server, name, value):
