@@ -178,7 +178,7 @@ class AsyncEngine:
     def abort(self, request_id: str, index: int | None = None) -> None:
         """Stop a request, or only its completion `index` (thread-safe, returns at once).
 
-        A stopped completion's listener receives its final delta (finish_reason 'abort').
+        A stopped completion's caller receives its final delta (finish_reason 'abort'): a stream still read ends.
         """
         self._commands.put(("abort", request_id, index, None, None))
 
@@ -337,12 +337,9 @@ class AsyncEngine:
                 _call_soon(stopped.loop, stopped.queue.put_nowait, error)
             self._listeners.clear()
         elif kind == "abort":
-            index = args
-            deltas = self.engine.abort(request_id, index)
-            if index is None:
-                self._listeners.pop(request_id, None)  # the caller stopped listening
-            else:
-                self._dispatch(deltas)
+            # a caller still listening gets each stopped completion's final delta, so its stream ends; the listener
+            # goes with the last one (a completion that ended before, its text not yet released, still sends its own)
+            self._dispatch(self.engine.abort(request_id, args))
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
         """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""
