@@ -775,7 +775,9 @@ class LLMEngine:
             done = self._completions.pop(id(seq), None)
             if done is not None:  # else its final delta went out already (its text ended in a failed step)
                 deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
-                                        num_prompt_tokens=done.num_prompt_tokens))
+                                        num_prompt_tokens=done.num_prompt_tokens,
+                                        num_cached_tokens=seq.num_cached_tokens,
+                                        first_scheduled_time=seq.first_scheduled_time))
         self._forget_if_done(request_id)
         return deltas
 

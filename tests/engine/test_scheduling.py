@@ -244,3 +244,16 @@ def test_shared_prefixes_under_a_tiny_pool_never_stall_and_match_one_at_a_time(c
     assert not engine.has_unfinished_requests, "the scheduler stalled"
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == expected
     assert engine.kv.prefix_cache_hit_rate() > 0
+
+
+def test_an_aborted_completions_final_delta_keeps_its_prefix_cache_hit_and_first_scheduled_time(checkpoint):
+    # it said num_cached_tokens=0 and first_scheduled_time=None, so a caller reading the last delta lost both
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
+    prompt = list(range(100, 150))
+    _drive(engine, {0: [("first", prompt)]})
+    engine.add_request("again", prompt, SamplingParams(max_tokens=200, ignore_eos=True))
+    first = engine.step()[0]
+    assert first.num_cached_tokens == 48 and first.first_scheduled_time is not None
+    (aborted,) = engine.abort("again")
+    assert aborted.finish_reason == "abort"
+    assert (aborted.num_cached_tokens, aborted.first_scheduled_time) == (48, first.first_scheduled_time)
