@@ -217,6 +217,11 @@ class AsyncEngine:
             self._commands.put(("stop_all", "", reason, None, None))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine thread. A caller still streaming, or whose request waits to be admitted, gets
+        EngineShuttingDownError; so does a later `generate` (a stream that had not ended waited forever)."""
+        with self._death_lock:
+            if self._closing is None:
+                self._closing = "the engine was shut down"
         self._stopped.set()
         self._commands.put(("wake", "", None, None, None))
         self._thread.join(timeout_s)
@@ -249,6 +254,10 @@ class AsyncEngine:
         except BaseException as exc:  # the loop must never die silently: fail every waiting caller
             logger.exception("engine thread failed")
             self._die(exc)
+            return
+        error = EngineShuttingDownError(self._closing)  # shut down: set before the loop was told to stop
+        self._stop_requests(error)
+        self._fail_queued_admissions(error)
 
     def _count_waiting(self) -> None:
         self._waiting_requests = len({seq.request_id for seq in self.engine.scheduler.waiting})
@@ -293,7 +302,7 @@ class AsyncEngine:
             except Exception:
                 logger.exception("a callback for the engine's death failed")
 
-    def _fail_queued_admissions(self, error: EngineDeadError) -> None:
+    def _fail_queued_admissions(self, error: GlimmerError) -> None:
         """Callers whose request was still queued for admission learn at once that it never will be."""
         while True:
             try:
@@ -331,15 +340,18 @@ class AsyncEngine:
             self._listeners[request_id] = listener
             accepted.set_result(None)
         elif kind == "stop_all":
-            error = EngineShuttingDownError(args)
-            for stopped_id, stopped in list(self._listeners.items()):
-                self.engine.abort(stopped_id)
-                _call_soon(stopped.loop, stopped.queue.put_nowait, error)
-            self._listeners.clear()
+            self._stop_requests(EngineShuttingDownError(args))
         elif kind == "abort":
             # a caller still listening gets each stopped completion's final delta, so its stream ends; the listener
             # goes with the last one (a completion that ended before, its text not yet released, still sends its own)
             self._dispatch(self.engine.abort(request_id, args))
+
+    def _stop_requests(self, error: EngineShuttingDownError) -> None:
+        """Abort every request a caller is streaming; each caller gets `error`."""
+        for stopped_id, stopped in list(self._listeners.items()):
+            self.engine.abort(stopped_id)
+            _call_soon(stopped.loop, stopped.queue.put_nowait, error)
+        self._listeners.clear()
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
         """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""

@@ -1,11 +1,14 @@
-"""The engine thread's commands as asyncio callers see them: aborting a request ends the stream its caller reads."""
+"""The engine thread's commands as asyncio callers see them: aborting a request, or shutting the engine down, ends
+the stream its caller reads."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from glimmer import SamplingParams
-from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError
 from glimmer.engine.llm_engine import EngineConfig
 
 PROMPT = [5, 77, 130, 42, 99]
@@ -50,3 +53,24 @@ def test_a_caller_that_stops_reading_leaves_nothing_behind(tiny_checkpoint):
         assert all(used == 0 for used, _ in engine.engine.kv.usage().values())
     finally:
         engine.shutdown()
+
+
+def test_shutting_down_ends_the_streams_still_read_and_refuses_later_requests(tiny_checkpoint):
+    # the thread stopped without a word: a stream not ended, and any generate after, waited forever
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+
+    async def shut_down_while_streaming() -> None:
+        stream = engine.generate("r", PROMPT, SamplingParams(max_tokens=4000, ignore_eos=True))
+        await anext(stream)
+        await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+        with pytest.raises(EngineShuttingDownError, match="shut down"):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineShuttingDownError, match="shut down"):
+            await anext(engine.generate("later", PROMPT, SamplingParams(max_tokens=2)))
+
+    try:
+        asyncio.run(asyncio.wait_for(shut_down_while_streaming(), 60))
+    finally:
+        engine.shutdown()
+    assert not engine.is_alive
