@@ -127,6 +127,11 @@ class AsyncEngine:
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the later prompts of one API request that passed it: they are one request to its client).
         """
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
+                               param="sampling_params")
+        # what the engine thread admits later is the request as it is now (its `n` completions are counted here)
+        params = params.clone()
         if queue_limit and self.num_waiting_requests >= self.max_waiting_requests:
             raise EngineOverloadedError(
                 f"{self.num_waiting_requests} requests are already waiting; retry later"

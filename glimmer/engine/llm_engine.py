@@ -659,6 +659,9 @@ class LLMEngine:
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
                                param="sampling_params")
         params.validate()  # a SamplingParams is mutable: fields set after construction are checked here
+        # the request keeps its own copy, as vLLM's does: a caller that changes the object afterwards (to reuse it for
+        # its next request) changes nothing of this one
+        params = params.clone()
         if not prompt_token_ids:
             raise RequestError("the prompt is empty", param="prompt")
         tokens = self.token_count

@@ -10,6 +10,7 @@ import pytest
 from glimmer import SamplingParams
 from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError
 from glimmer.engine.llm_engine import EngineConfig
+from glimmer.errors import RequestError
 
 PROMPT = [5, 77, 130, 42, 99]
 
@@ -74,3 +75,18 @@ def test_shutting_down_ends_the_streams_still_read_and_refuses_later_requests(ti
     finally:
         engine.shutdown()
     assert not engine.is_alive
+
+
+def test_generate_refuses_what_is_not_a_sampling_params_naming_it(tiny_checkpoint):
+    # it failed reading `.n` of it: AttributeError: 'dict' object has no attribute 'n'
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+
+    async def submit() -> None:
+        await anext(engine.generate("r", PROMPT, {"max_tokens": 2}))
+
+    try:
+        with pytest.raises(RequestError, match="must be a SamplingParams, not dict") as caught:
+            asyncio.run(submit())
+        assert caught.value.param == "sampling_params"
+    finally:
+        engine.shutdown()

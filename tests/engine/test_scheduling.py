@@ -257,3 +257,18 @@ def test_an_aborted_completions_final_delta_keeps_its_prefix_cache_hit_and_first
     (aborted,) = engine.abort("again")
     assert aborted.finish_reason == "abort"
     assert (aborted.num_cached_tokens, aborted.first_scheduled_time) == (48, first.first_scheduled_time)
+
+
+def test_changing_a_sampling_params_after_submitting_it_leaves_the_request_as_submitted(checkpoint):
+    # the request read the caller's object at every step: reusing it for the next request (another temperature,
+    # logprobs) changed the one running, as vLLM's copy on submission does not
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = LLM(str(checkpoint), progress=False).generate([list(range(30, 60))], params)[0].outputs[0].token_ids
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
+    engine.add_request("a", list(range(30, 60)), params)
+    deltas = engine.step() + engine.step()
+    params.temperature, params.logprobs = 2.0, 3
+    while engine.has_unfinished_requests:
+        deltas += engine.step()
+    assert sum((d.token_ids for d in deltas), []) == expected
+    assert not any(d.logprobs for d in deltas)
