@@ -127,6 +127,11 @@ class AsyncEngine:
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the later prompts of one API request that passed it: they are one request to its client).
         """
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
+                               param="sampling_params")
+        # what the engine thread admits later is the request as it is now (its `n` completions are counted here)
+        params = params.clone()
         if queue_limit and self.num_waiting_requests >= self.max_waiting_requests:
             raise EngineOverloadedError(
                 f"{self.num_waiting_requests} requests are already waiting; retry later"
@@ -178,7 +183,7 @@ class AsyncEngine:
     def abort(self, request_id: str, index: int | None = None) -> None:
         """Stop a request, or only its completion `index` (thread-safe, returns at once).
 
-        A stopped completion's listener receives its final delta (finish_reason 'abort').
+        A stopped completion's caller receives its final delta (finish_reason 'abort'): a stream still read ends.
         """
         self._commands.put(("abort", request_id, index, None, None))
 
@@ -217,6 +222,11 @@ class AsyncEngine:
             self._commands.put(("stop_all", "", reason, None, None))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine thread. A caller still streaming, or whose request waits to be admitted, gets
+        EngineShuttingDownError; so does a later `generate` (a stream that had not ended waited forever)."""
+        with self._death_lock:
+            if self._closing is None:
+                self._closing = "the engine was shut down"
         self._stopped.set()
         self._commands.put(("wake", "", None, None, None))
         self._thread.join(timeout_s)
@@ -249,6 +259,10 @@ class AsyncEngine:
         except BaseException as exc:  # the loop must never die silently: fail every waiting caller
             logger.exception("engine thread failed")
             self._die(exc)
+            return
+        error = EngineShuttingDownError(self._closing)  # shut down: set before the loop was told to stop
+        self._stop_requests(error)
+        self._fail_queued_admissions(error)
 
     def _count_waiting(self) -> None:
         self._waiting_requests = len({seq.request_id for seq in self.engine.scheduler.waiting})
@@ -293,7 +307,7 @@ class AsyncEngine:
             except Exception:
                 logger.exception("a callback for the engine's death failed")
 
-    def _fail_queued_admissions(self, error: EngineDeadError) -> None:
+    def _fail_queued_admissions(self, error: GlimmerError) -> None:
         """Callers whose request was still queued for admission learn at once that it never will be."""
         while True:
             try:
@@ -331,18 +345,18 @@ class AsyncEngine:
             self._listeners[request_id] = listener
             accepted.set_result(None)
         elif kind == "stop_all":
-            error = EngineShuttingDownError(args)
-            for stopped_id, stopped in list(self._listeners.items()):
-                self.engine.abort(stopped_id)
-                _call_soon(stopped.loop, stopped.queue.put_nowait, error)
-            self._listeners.clear()
+            self._stop_requests(EngineShuttingDownError(args))
         elif kind == "abort":
-            index = args
-            deltas = self.engine.abort(request_id, index)
-            if index is None:
-                self._listeners.pop(request_id, None)  # the caller stopped listening
-            else:
-                self._dispatch(deltas)
+            # a caller still listening gets each stopped completion's final delta, so its stream ends; the listener
+            # goes with the last one (a completion that ended before, its text not yet released, still sends its own)
+            self._dispatch(self.engine.abort(request_id, args))
+
+    def _stop_requests(self, error: EngineShuttingDownError) -> None:
+        """Abort every request a caller is streaming; each caller gets `error`."""
+        for stopped_id, stopped in list(self._listeners.items()):
+            self.engine.abort(stopped_id)
+            _call_soon(stopped.loop, stopped.queue.put_nowait, error)
+        self._listeners.clear()
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
         """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""

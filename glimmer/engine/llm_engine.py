@@ -703,6 +703,9 @@ class LLMEngine:
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
                                param="sampling_params")
         params.validate()  # a SamplingParams is mutable: fields set after construction are checked here
+        # the request keeps its own copy, as vLLM's does: a caller that changes the object afterwards (to reuse it for
+        # its next request) changes nothing of this one
+        params = params.clone()
         if not prompt_token_ids:
             raise RequestError("the prompt is empty", param="prompt")
         tokens = self.token_count
@@ -819,7 +822,9 @@ class LLMEngine:
             done = self._completions.pop(id(seq), None)
             if done is not None:  # else its final delta went out already (its text ended in a failed step)
                 deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
-                                        num_prompt_tokens=done.num_prompt_tokens))
+                                        num_prompt_tokens=done.num_prompt_tokens,
+                                        num_cached_tokens=seq.num_cached_tokens,
+                                        first_scheduled_time=seq.first_scheduled_time))
         self._forget_if_done(request_id)
         return deltas
 

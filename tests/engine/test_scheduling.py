@@ -244,3 +244,31 @@ def test_shared_prefixes_under_a_tiny_pool_never_stall_and_match_one_at_a_time(c
     assert not engine.has_unfinished_requests, "the scheduler stalled"
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == expected
     assert engine.kv.prefix_cache_hit_rate() > 0
+
+
+def test_an_aborted_completions_final_delta_keeps_its_prefix_cache_hit_and_first_scheduled_time(checkpoint):
+    # it said num_cached_tokens=0 and first_scheduled_time=None, so a caller reading the last delta lost both
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
+    prompt = list(range(100, 150))
+    _drive(engine, {0: [("first", prompt)]})
+    engine.add_request("again", prompt, SamplingParams(max_tokens=200, ignore_eos=True))
+    first = engine.step()[0]
+    assert first.num_cached_tokens == 48 and first.first_scheduled_time is not None
+    (aborted,) = engine.abort("again")
+    assert aborted.finish_reason == "abort"
+    assert (aborted.num_cached_tokens, aborted.first_scheduled_time) == (48, first.first_scheduled_time)
+
+
+def test_changing_a_sampling_params_after_submitting_it_leaves_the_request_as_submitted(checkpoint):
+    # the request read the caller's object at every step: reusing it for the next request (another temperature,
+    # logprobs) changed the one running, as vLLM's copy on submission does not
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = LLM(str(checkpoint), progress=False).generate([list(range(30, 60))], params)[0].outputs[0].token_ids
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
+    engine.add_request("a", list(range(30, 60)), params)
+    deltas = engine.step() + engine.step()
+    params.temperature, params.logprobs = 2.0, 3
+    while engine.has_unfinished_requests:
+        deltas += engine.step()
+    assert sum((d.token_ids for d in deltas), []) == expected
+    assert not any(d.logprobs for d in deltas)

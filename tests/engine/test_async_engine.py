@@ -1,0 +1,92 @@
+"""The engine thread's commands as asyncio callers see them: aborting a request, or shutting the engine down, ends
+the stream its caller reads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from glimmer import SamplingParams
+from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError
+from glimmer.engine.llm_engine import EngineConfig
+from glimmer.errors import RequestError
+
+PROMPT = [5, 77, 130, 42, 99]
+
+
+def test_aborting_a_request_ends_the_stream_its_caller_reads(tiny_checkpoint):
+    # vLLM's AsyncLLM.abort(request_id) from another task: the caller's `async for` got nothing more and waited forever
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+
+    async def read_until_aborted() -> list[tuple[int, str | None]]:
+        received = []
+        async for delta in engine.generate("r", PROMPT, SamplingParams(max_tokens=4000, ignore_eos=True, n=2)):
+            received.append((delta.index, delta.finish_reason))
+            if len(received) == 3:
+                engine.abort("r")
+        return received
+
+    try:
+        received = asyncio.run(asyncio.wait_for(read_until_aborted(), 60))
+        assert sorted(finish for _, finish in received if finish is not None) == ["abort", "abort"]
+        assert not engine._listeners
+        assert all(used == 0 for used, _ in engine.engine.kv.usage().values())
+    finally:
+        engine.shutdown()
+
+
+def test_a_caller_that_stops_reading_leaves_nothing_behind(tiny_checkpoint):
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+
+    async def leave_after_one_delta() -> None:
+        stream = engine.generate("r", PROMPT, SamplingParams(max_tokens=4000, ignore_eos=True, n=2))
+        await anext(stream)
+        await stream.aclose()  # aborts the request
+        for _ in range(500):
+            if not engine._listeners and not engine.engine.has_unfinished_requests:
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(leave_after_one_delta())
+        assert not engine._listeners
+        assert all(used == 0 for used, _ in engine.engine.kv.usage().values())
+    finally:
+        engine.shutdown()
+
+
+def test_shutting_down_ends_the_streams_still_read_and_refuses_later_requests(tiny_checkpoint):
+    # the thread stopped without a word: a stream not ended, and any generate after, waited forever
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+
+    async def shut_down_while_streaming() -> None:
+        stream = engine.generate("r", PROMPT, SamplingParams(max_tokens=4000, ignore_eos=True))
+        await anext(stream)
+        await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+        with pytest.raises(EngineShuttingDownError, match="shut down"):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineShuttingDownError, match="shut down"):
+            await anext(engine.generate("later", PROMPT, SamplingParams(max_tokens=2)))
+
+    try:
+        asyncio.run(asyncio.wait_for(shut_down_while_streaming(), 60))
+    finally:
+        engine.shutdown()
+    assert not engine.is_alive
+
+
+def test_generate_refuses_what_is_not_a_sampling_params_naming_it(tiny_checkpoint):
+    # it failed reading `.n` of it: AttributeError: 'dict' object has no attribute 'n'
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+
+    async def submit() -> None:
+        await anext(engine.generate("r", PROMPT, {"max_tokens": 2}))
+
+    try:
+        with pytest.raises(RequestError, match="must be a SamplingParams, not dict") as caught:
+            asyncio.run(submit())
+        assert caught.value.param == "sampling_params"
+    finally:
+        engine.shutdown()
