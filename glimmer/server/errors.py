@@ -96,4 +96,9 @@ _STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"
 
 def error_response(exc: BaseException) -> JSONResponse:
     status, body = describe_error(exc)
-    return JSONResponse(body, status_code=status, headers=_STATUS_HEADERS.get(status))
+    headers = dict(_STATUS_HEADERS.get(status, {}))
+    if isinstance(exc, ToolChoiceUnsatisfiedError):
+        # a 500 the same request would meet again: the openai SDKs retry a 500 twice unless told not to, and each
+        # retry runs the whole generation once more
+        headers["x-should-retry"] = "false"
+    return JSONResponse(body, status_code=status, headers=headers or None)

@@ -119,6 +119,21 @@ def test_named_choice_on_a_random_model_gives_that_call_or_says_max_tokens_cut_i
     assert called
 
 
+def test_an_unsatisfied_tool_choice_is_not_retried_by_the_sdk(server):
+    """The 500 of a forced call cut short by max_tokens would come again: the SDK's default two retries ran the whole
+    generation three times. `x-should-retry: false` tells the SDKs not to."""
+    sent = []
+    http = httpx.Client(event_hooks={"request": [sent.append]})
+    retrying = openai.OpenAI(base_url=server.base_url, api_key="unused", http_client=http)  # default max_retries
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with pytest.raises(openai.InternalServerError) as raised:
+        retrying.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER_TOOL], tool_choice=named,
+                                         max_tokens=1, extra_body=EXTRA)
+    assert raised.value.body["type"] == "tool_choice_unsatisfied"
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert len(sent) == 1
+
+
 def test_n_logprobs_seed_and_model_alias(client):
     response = client.chat.completions.create(model="tiny-alias", messages=MESSAGES, max_tokens=5, n=2, seed=7,
                                               logprobs=True, top_logprobs=3, extra_body=EXTRA)
