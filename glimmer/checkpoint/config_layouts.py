@@ -57,11 +57,11 @@ Feature flags some engines write (`use_qk_norm`, `use_attn_output_gate`, `mlp_bi
 refused otherwise. `rope_scaling`, the legacy name transformers reads in place of `rope_parameters`, is
 read as one (plain RoPE only; beside a `rope_parameters` it must be the same object, as transformers would
 ignore the other). `normalize_tok_embeddings: false` (older exports baked the embedding norm into the table)
-only warns, since the weightless norm is idempotent. `rope_is_neox_style` describes
-the weights' RoPE pairing, which the weight loader decides from the tensor names, so here it is only checked
-to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer emits the native
-form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE pattern has a
-period.
+only warns, since the weightless norm is idempotent. `rope_is_neox_style` (in every layout, at the top level or
+in `text_config`) describes the weights' RoPE pairing, which the weight loader decides from the tensor names, so
+here it is only checked to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer
+emits the native form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE
+pattern has a period.
 
 NoPE pattern (`rope_layers`) and layer types:
 * canonical: from `layer_rope_theta` (0 = NoPE; other non-zero values than the global theta are ignored by
@@ -488,6 +488,7 @@ def _read_canonical(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
     else:
         top.ignore(*_VISION_PATH_FIELDS)  # nothing to attach them to: a text-only config keeps them None
     tie_name, tie = top.get("tie_word_embeddings")
+    _check_rope_flag_type(top)
     top.finish()
     notes.raise_if_missing()
     text = _tie_as_the_composite_model(text_reader(), top.path(tie_name), tie, notes)
@@ -530,6 +531,7 @@ def _read_canonical_text_fields(section: _Section) -> Callable[[], TextConfig]:
                                         required=True)
     fields.names["rope_theta"] = theta_name
     _check_feature_flags(section)
+    _check_rope_flag_type(section)
     nope_sources = _read_nope_sources(section)
     _, layer_types = section.get("layer_types")
     section.finish()
@@ -611,9 +613,7 @@ def _check_sub_model_type(section: _Section, expected: str) -> None:
 def _read_flat(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
     section = _Section(raw, "", notes)
     section.ignore("model_type", "text_config", *_FLAT_IGNORED_KEYS)
-    _, neox = section.get("rope_is_neox_style")  # a fact about the weights' RoPE pairing, not the architecture
-    if neox is not _MISSING and not isinstance(neox, bool):
-        raise notes.error(f"rope_is_neox_style={neox!r} is invalid; expected true or false")
+    _check_rope_flag_type(section)
     fields = _Fields(section)
     for name in _SIZE_FIELDS:
         fields.read(name)
@@ -832,6 +832,14 @@ def _read_rope_theta(section: _Section, keys: tuple[str, str], rope_type: str, *
         return name, None
     notes.defaulted.append(f"{name}={_VISION_ROPE_THETA!r}")
     return name, _VISION_ROPE_THETA
+
+
+def _check_rope_flag_type(section: _Section) -> None:
+    """`rope_is_neox_style` is a fact about the weights' RoPE pairing, not the architecture: `formats.py` checks it
+    against the tensor names, which only a boolean can be checked against, so anything else is refused here."""
+    _, neox = section.get("rope_is_neox_style")
+    if neox is not _MISSING and not isinstance(neox, bool):
+        raise section.notes.error(f"{section.path('rope_is_neox_style')}={neox!r} is invalid; expected true or false")
 
 
 def _check_feature_flags(section: _Section) -> None:

@@ -562,6 +562,25 @@ def test_unknown_keys_give_exactly_one_warning_listing_them_all(caplog):
     assert [record.getMessage() for record in caplog.records] == list(config.warnings)
 
 
+def test_rope_is_neox_style_of_a_canonical_config_is_read_silently():
+    # the weights' RoPE pairing flag, which formats.py checks against the tensor names: not an unknown key
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["rope_is_neox_style"] = True
+    raw["text_config"]["rope_is_neox_style"] = True
+    assert normalize_config(raw).warnings == ()
+
+
+@pytest.mark.parametrize("layout, section", [("canonical", None), ("canonical", "text_config"),
+                                             ("canonical-text", None), ("flat", None)])
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_rope_is_neox_style_that_is_no_boolean_is_refused_naming_it(layout, section, value):
+    # formats.py can only check a boolean against the tensor names; "false" loaded interleaved rows as rotate-half
+    raw = config_to_dict(tiny_model(vision=False), layout)
+    (raw[section] if section else raw)["rope_is_neox_style"] = value
+    name = f"{section}.rope_is_neox_style" if section else "rope_is_neox_style"
+    expect_error(raw, f"{name}={value!r} is invalid; expected true or false")
+
+
 def test_bookkeeping_and_training_keys_are_accepted_silently():
     raw = config_to_dict(tiny_model(), "canonical")
     raw |= {"torch_dtype": "bfloat16", "transformers_version": "5.9.0", "_name_or_path": "x", "use_cache": True}
