@@ -84,6 +84,30 @@ def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_pat
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("layout, flag", [("canonical", False), ("native", True)])
+def test_a_rope_is_neox_style_that_contradicts_the_weight_layout_is_refused(target, tmp_path, layout, flag):
+    # the tensor names decide the q/k pairing, as for the target (formats.py); a flag that disagrees was ignored
+    path = write_tiny_drafter(tmp_path / "d", target, layout=layout)
+    _edit_config(path, rope_is_neox_style=flag)
+    with pytest.raises(CheckpointError, match=rf"rope_is_neox_style={str(flag).lower()} says the drafter's q/k rows "
+                                              rf"are .* but its weights are in the drafter(-native)? layout"):
+        _load(path, target)
+
+
+@pytest.mark.parametrize("layout, flag", [("canonical", True), ("native", False)])
+def test_a_rope_is_neox_style_that_matches_the_weight_layout_is_read_silently(target, tmp_path, layout, flag):
+    path = write_tiny_drafter(tmp_path / "d", target, layout=layout)
+    _edit_config(path, rope_is_neox_style=flag)
+    assert _load(path, target).config.warnings == ()
+
+
+def test_a_rope_is_neox_style_that_is_no_boolean_is_refused(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, rope_is_neox_style="false")
+    with pytest.raises(ConfigError, match=r"rope_is_neox_style='false' is invalid; expected true or false"):
+        _load(path, target)
+
+
 def test_weights_that_do_not_match_the_config_are_refused(target, tmp_path):
     path = write_tiny_drafter(tmp_path / "d", target)
     _edit_config(path, intermediate_size=64)
