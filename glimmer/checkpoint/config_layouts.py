@@ -548,7 +548,9 @@ def _read_canonical_text_fields(section: _Section) -> Callable[[], TextConfig]:
                 "divide the value by √head_dim, or label the file with the flat/vendor schema it came from"
             )
         rope_layers = _resolve_nope(nope_sources, n, theta, canonical=True, notes=notes)
-        types = _layer_types(layer_types, section.path("layer_types"), notes) or reference_text_layer_types(n)
+        # only an absent or null list is derived: an empty one is refused, as the reference refuses it
+        types = _layer_types(layer_types, section.path("layer_types"), notes)
+        types = reference_text_layer_types(n) if types is None else types
         fields.names["layer_types"] = section.path("layer_types")
         return _text_config(fields, theta, rope_layers, types, qk)
 
@@ -581,7 +583,9 @@ def _read_canonical_vision_fields(section: _Section) -> Callable[[], VisionConfi
         fields.names["pos_emb_size"] = fields.names["pos_emb_height"]
         fields.names["layer_types"] = section.path("layer_types")
         n = _positive_int(values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
-        types = _layer_types(layer_types, section.path("layer_types"), notes) or reference_vision_layer_types(n)
+        # only an absent or null list is derived: an empty one is refused, as the reference refuses it
+        types = _layer_types(layer_types, section.path("layer_types"), notes)
+        types = reference_vision_layer_types(n) if types is None else types
         kwargs = {name: values[name] for name in _VISION_SIZE_FIELDS if not name.startswith("pos_emb")}
         return _construct(
             VisionConfig,
@@ -652,7 +656,8 @@ def _read_flat(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
             )
         if types is None:
             types, fields.names["layer_types"] = from_pattern, "sliding_window_pattern"
-    types = types or tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers)
+    if types is None:  # an empty list is refused by TextConfig, as the reference refuses it
+        types = tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers)
     text = _text_config(fields, theta, rope_layers, types, qk)
     vision = vision_reader() if vision_reader else None
     return _model_config(text, vision, head, notes)

@@ -87,7 +87,9 @@ def read_drafter_config(
         mask = raw["mask_token_id"]
     else:
         mask, defaulted = mask_token_id(), [*defaulted, "mask_token_id"]
-    layer_types = raw.get("layer_types") or ["sliding_attention"] * _as_count(values["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if layer_types is None:  # an empty list is refused by DrafterConfig, as transformers refuses it
+        layer_types = ["sliding_attention"] * _as_count(values["num_hidden_layers"])
     for key in ("layer_types", "target_layer_ids"):
         value = layer_types if key == "layer_types" else values[key]
         if not isinstance(value, list):

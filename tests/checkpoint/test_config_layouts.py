@@ -628,6 +628,16 @@ def test_absent_optional_canonical_fields_take_the_reference_defaults_with_one_w
         assert fragment in warning
 
 
+@pytest.mark.parametrize("layout, section", [("canonical", "text_config"), ("canonical", "vision_config"),
+                                             ("canonical-text", None), ("flat", None)])
+def test_an_empty_layer_types_list_is_refused_not_derived(layout, section):
+    # the reference refuses it (len(layer_types) != num_hidden_layers); only an absent or null one is derived
+    raw = config_to_dict(tiny_model(vision=section == "vision_config"), layout)
+    (raw[section] if section else raw)["layer_types"] = []
+    name = f"{section}.layer_types" if section else "layer_types"
+    expect_error(raw, f"{name} has 0 entries but")
+
+
 def test_token_ids_may_be_lists_or_null():
     raw = config_to_dict(tiny_model(), "canonical")
     raw["text_config"] |= {"eos_token_id": [2, 7], "bos_token_id": None, "pad_token_id": None}

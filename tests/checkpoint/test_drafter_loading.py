@@ -74,6 +74,7 @@ def test_the_cli_drafter_runs_the_readme_speculative_example(target, tmp_path):
         ({"model_type": "muse_glimmer"}, "is not a DFlash drafter config"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type='llama3' is not supported"),
         ({"block_size": 1}, "block_size=1 is invalid"),
+        ({"layer_types": []}, "layer_types has 0 entries but num_hidden_layers=2"),  # was derived, unlike transformers
     ],
 )
 def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_path, changes, message):
