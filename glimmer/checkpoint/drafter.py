@@ -63,7 +63,7 @@ _ROPE_IS_NEOX_STYLE = {DRAFTER_CANONICAL: True, DRAFTER_NATIVE: False}
 _IGNORED = frozenset(
     """model_type transformers_version architectures auto_map dtype torch_dtype _name_or_path attention_dropout
     bos_token_id eos_token_id pad_token_id use_cache initializer_range tie_word_embeddings output_attentions
-    output_hidden_states return_dict""".split()
+    output_hidden_states return_dict quantization_config""".split()
 )
 
 
@@ -78,6 +78,9 @@ def read_drafter_config(
     if raw.get("model_type") != ASSISTANT_MODEL_TYPE:
         raise ConfigError(f"{source}: model_type={raw.get('model_type')!r} is not a DFlash drafter config; expected "
                           f"{ASSISTANT_MODEL_TYPE!r} (speculative_config.model must name the drafter, not a target)")
+    if raw.get("quantization_config") is not None:  # null means none, as for the target (config_layouts.py)
+        raise ConfigError(f"{source}: quantization_config is present: quantized drafters are not supported yet; use "
+                          "the unquantized (bf16) drafter")
     values = {key: raw.get(key, default) for key, default in _DEFAULTS.items()}
     defaulted = [key for key in _DEFAULTS if key not in raw]
     theta = _rope_theta(raw, source)

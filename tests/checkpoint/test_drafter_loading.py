@@ -75,6 +75,9 @@ def test_the_cli_drafter_runs_the_readme_speculative_example(target, tmp_path):
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type='llama3' is not supported"),
         ({"block_size": 1}, "block_size=1 is invalid"),
         ({"layer_types": []}, "layer_types has 0 entries but num_hidden_layers=2"),  # was derived, unlike transformers
+        # was an unknown key (a warning), where the target's is refused
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config is present: quantized drafters are "
+                                                           "not supported yet"),
     ],
 )
 def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_path, changes, message):
@@ -107,6 +110,13 @@ def test_a_rope_is_neox_style_that_is_no_boolean_is_refused(target, tmp_path):
     _edit_config(path, rope_is_neox_style="false")
     with pytest.raises(ConfigError, match=r"rope_is_neox_style='false' is invalid; expected true or false"):
         _load(path, target)
+
+
+def test_a_null_quantization_config_is_read_silently(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    config = json.loads((path / "config.json").read_text()) | {"quantization_config": None}
+    (path / "config.json").write_text(json.dumps(config))
+    assert _load(path, target).config.warnings == ()
 
 
 def test_weights_that_do_not_match_the_config_are_refused(target, tmp_path):
