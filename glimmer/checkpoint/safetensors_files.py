@@ -66,7 +66,7 @@ def is_ignored_buffer(name: str) -> bool:
 
 def read_weight_map(index_path: Path) -> dict[str, object]:
     """The `weight_map` (tensor name → shard file) of a sharded checkpoint's index. Raises CheckpointError naming the
-    file when it is unreadable, not JSON, or holds no such object."""
+    file when it is unreadable, not JSON, or holds no such object or an empty one."""
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
@@ -75,6 +75,9 @@ def read_weight_map(index_path: Path) -> dict[str, object]:
     if not isinstance(weight_map, dict):
         raise CheckpointError(f'{index_path} is not a valid index: it needs a "weight_map" object that maps each '
                               "tensor name to its shard file")
+    if not weight_map:  # else every shard is left out as unnamed, and the error blames the tensor names
+        raise CheckpointError(f'{index_path} is not a valid index: its "weight_map" is empty, so it names no shard; '
+                              "download the index again, or regenerate it from the shards")
     return weight_map
 
 

@@ -269,6 +269,24 @@ def test_a_pickle_index_without_a_weight_map_object_says_what_it_needs(tmp_path,
         pickle_files(tmp_path)
 
 
+def test_an_index_with_an_empty_weight_map_is_refused_naming_it(make_tiny, tmp_path):
+    """QA: every shard was left out as not named by the index, then refused as an unrecognized weight layout with
+    no tensor to show."""
+    import shutil
+
+    from glimmer.checkpoint.pickle_files import pickle_files
+
+    dst = tmp_path / "empty-map"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), dst)
+    (dst / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
+    message = r'index\.json is not a valid index: its "weight_map" is empty, so it names no shard; download'
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\." + message):
+        load_model(dst, progress=False)
+    (tmp_path / "pytorch_model.bin.index.json").write_text('{"weight_map": {}}')
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin\." + message):
+        pickle_files(tmp_path)
+
+
 def test_a_shard_that_is_a_broken_link_is_refused_naming_its_target(make_tiny, tmp_path):
     """QA: a Hugging Face cache whose blob is gone leaves a link to nothing; the index's shard is refused by it."""
     import shutil
