@@ -188,7 +188,8 @@ class SafetensorsCheckpoint:
                 if is_broken_link(path):
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which {broken_link_problem(path)}")
                 if not path.is_file():
-                    raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
+                    problem = "is a directory, not a file" if path.is_dir() else "does not exist"
+                    raise CheckpointError(f"{index_path} names shard {shard!r}, which {problem}")
                 by_file.setdefault(path, []).append(name)
             single = self.directory / SINGLE_FILE
             if single.is_file() and single not in by_file:

@@ -242,6 +242,19 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
         load_model(dst, progress=False)
 
 
+def test_index_naming_a_shard_that_is_a_directory_says_so(make_tiny, tmp_path):
+    # it was refused as a shard that does not exist
+    import shutil
+
+    dst = tmp_path / "dir-shard"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), dst)
+    (dst / "model-00002-of-00002.safetensors").unlink()
+    (dst / "model-00002-of-00002.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match="names shard 'model-00002-of-00002.safetensors', which is a directory, "
+                                              "not a file"):
+        load_model(dst, progress=False)
+
+
 NOT_A_WEIGHT_MAP = ['{"metadata": {}}', "[]", '{"weight_map": ["model.safetensors"]}']
 
 
