@@ -112,11 +112,14 @@ def _from_tokenizer_config(config_file: Path) -> ChatTemplateSource | None:
     if isinstance(template, str):
         return _source(template, f"{config_file} (chat_template)")
     if isinstance(template, list):
-        named = {
-            entry.get("name"): entry.get("template")
-            for entry in template
-            if isinstance(entry, dict) and isinstance(entry.get("template"), str)
-        }
+        for index, entry in enumerate(template):
+            if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("template"), str)):
+                raise CheckpointError(
+                    f"{config_file}: chat_template[{index}]={entry!r:.80} is not a {{name, template}} object of two "
+                    f"strings; fix the file, or pass the template to use with {OVERRIDE_OPTION}"
+                )
+        named = {entry["name"]: entry["template"] for entry in template}
         if "default" not in named:
             raise CheckpointError(
                 f"{config_file}: chat_template lists templates {sorted(map(str, named))} but none named "

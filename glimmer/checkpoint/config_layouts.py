@@ -57,11 +57,11 @@ Feature flags some engines write (`use_qk_norm`, `use_attn_output_gate`, `mlp_bi
 refused otherwise. `rope_scaling`, the legacy name transformers reads in place of `rope_parameters`, is
 read as one (plain RoPE only; beside a `rope_parameters` it must be the same object, as transformers would
 ignore the other). `normalize_tok_embeddings: false` (older exports baked the embedding norm into the table)
-only warns, since the weightless norm is idempotent. `rope_is_neox_style` describes
-the weights' RoPE pairing, which the weight loader decides from the tensor names, so here it is only checked
-to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer emits the native
-form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE pattern has a
-period.
+only warns, since the weightless norm is idempotent. `rope_is_neox_style` (in every layout, at the top level or
+in `text_config`) describes the weights' RoPE pairing, which the weight loader decides from the tensor names, so
+here it is only checked to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer
+emits the native form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE
+pattern has a period.
 
 NoPE pattern (`rope_layers`) and layer types:
 * canonical: from `layer_rope_theta` (0 = NoPE; other non-zero values than the global theta are ignored by
@@ -488,6 +488,7 @@ def _read_canonical(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
     else:
         top.ignore(*_VISION_PATH_FIELDS)  # nothing to attach them to: a text-only config keeps them None
     tie_name, tie = top.get("tie_word_embeddings")
+    _check_rope_flag_type(top)
     top.finish()
     notes.raise_if_missing()
     text = _tie_as_the_composite_model(text_reader(), top.path(tie_name), tie, notes)
@@ -530,6 +531,7 @@ def _read_canonical_text_fields(section: _Section) -> Callable[[], TextConfig]:
                                         required=True)
     fields.names["rope_theta"] = theta_name
     _check_feature_flags(section)
+    _check_rope_flag_type(section)
     nope_sources = _read_nope_sources(section)
     _, layer_types = section.get("layer_types")
     section.finish()
@@ -546,7 +548,9 @@ def _read_canonical_text_fields(section: _Section) -> Callable[[], TextConfig]:
                 "divide the value by √head_dim, or label the file with the flat/vendor schema it came from"
             )
         rope_layers = _resolve_nope(nope_sources, n, theta, canonical=True, notes=notes)
-        types = _layer_types(layer_types, section.path("layer_types"), notes) or reference_text_layer_types(n)
+        # only an absent or null list is derived: an empty one is refused, as the reference refuses it
+        types = _layer_types(layer_types, section.path("layer_types"), notes)
+        types = reference_text_layer_types(n) if types is None else types
         fields.names["layer_types"] = section.path("layer_types")
         return _text_config(fields, theta, rope_layers, types, qk)
 
@@ -579,7 +583,9 @@ def _read_canonical_vision_fields(section: _Section) -> Callable[[], VisionConfi
         fields.names["pos_emb_size"] = fields.names["pos_emb_height"]
         fields.names["layer_types"] = section.path("layer_types")
         n = _positive_int(values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
-        types = _layer_types(layer_types, section.path("layer_types"), notes) or reference_vision_layer_types(n)
+        # only an absent or null list is derived: an empty one is refused, as the reference refuses it
+        types = _layer_types(layer_types, section.path("layer_types"), notes)
+        types = reference_vision_layer_types(n) if types is None else types
         kwargs = {name: values[name] for name in _VISION_SIZE_FIELDS if not name.startswith("pos_emb")}
         return _construct(
             VisionConfig,
@@ -611,9 +617,7 @@ def _check_sub_model_type(section: _Section, expected: str) -> None:
 def _read_flat(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
     section = _Section(raw, "", notes)
     section.ignore("model_type", "text_config", *_FLAT_IGNORED_KEYS)
-    _, neox = section.get("rope_is_neox_style")  # a fact about the weights' RoPE pairing, not the architecture
-    if neox is not _MISSING and not isinstance(neox, bool):
-        raise notes.error(f"rope_is_neox_style={neox!r} is invalid; expected true or false")
+    _check_rope_flag_type(section)
     fields = _Fields(section)
     for name in _SIZE_FIELDS:
         fields.read(name)
@@ -652,7 +656,8 @@ def _read_flat(raw: Mapping[str, Any], notes: _Notes) -> ModelConfig:
             )
         if types is None:
             types, fields.names["layer_types"] = from_pattern, "sliding_window_pattern"
-    types = types or tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers)
+    if types is None:  # an empty list is refused by TextConfig, as the reference refuses it
+        types = tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers)
     text = _text_config(fields, theta, rope_layers, types, qk)
     vision = vision_reader() if vision_reader else None
     return _model_config(text, vision, head, notes)
@@ -832,6 +837,14 @@ def _read_rope_theta(section: _Section, keys: tuple[str, str], rope_type: str, *
         return name, None
     notes.defaulted.append(f"{name}={_VISION_ROPE_THETA!r}")
     return name, _VISION_ROPE_THETA
+
+
+def _check_rope_flag_type(section: _Section) -> None:
+    """`rope_is_neox_style` is a fact about the weights' RoPE pairing, not the architecture: `formats.py` checks it
+    against the tensor names, which only a boolean can be checked against, so anything else is refused here."""
+    _, neox = section.get("rope_is_neox_style")
+    if neox is not _MISSING and not isinstance(neox, bool):
+        raise section.notes.error(f"{section.path('rope_is_neox_style')}={neox!r} is invalid; expected true or false")
 
 
 def _check_feature_flags(section: _Section) -> None:

@@ -56,11 +56,14 @@ _DEFAULTS: dict[str, Any] = {
     "target_layer_ids": [1, 13, 25, 37, 49],
 }
 _RELEASED_ROPE_THETA = 500000.0  # the assistant class's default_theta (§1.4)
+# the q/k row pairing of each layout's weights, as the `rope_is_neox_style` a config beside them may state it
+# (true = rotate-half); the tensor names decide it, and a flag that says otherwise is refused (§14.6)
+_ROPE_IS_NEOX_STYLE = {DRAFTER_CANONICAL: True, DRAFTER_NATIVE: False}
 # keys that change nothing a drafter computes at inference
 _IGNORED = frozenset(
     """model_type transformers_version architectures auto_map dtype torch_dtype _name_or_path attention_dropout
     bos_token_id eos_token_id pad_token_id use_cache initializer_range tie_word_embeddings output_attentions
-    output_hidden_states return_dict""".split()
+    output_hidden_states return_dict quantization_config""".split()
 )
 
 
@@ -75,6 +78,9 @@ def read_drafter_config(
     if raw.get("model_type") != ASSISTANT_MODEL_TYPE:
         raise ConfigError(f"{source}: model_type={raw.get('model_type')!r} is not a DFlash drafter config; expected "
                           f"{ASSISTANT_MODEL_TYPE!r} (speculative_config.model must name the drafter, not a target)")
+    if raw.get("quantization_config") is not None:  # null means none, as for the target (config_layouts.py)
+        raise ConfigError(f"{source}: quantization_config is present: quantized drafters are not supported yet; use "
+                          "the unquantized (bf16) drafter")
     values = {key: raw.get(key, default) for key, default in _DEFAULTS.items()}
     defaulted = [key for key in _DEFAULTS if key not in raw]
     theta = _rope_theta(raw, source)
@@ -84,14 +90,19 @@ def read_drafter_config(
         mask = raw["mask_token_id"]
     else:
         mask, defaulted = mask_token_id(), [*defaulted, "mask_token_id"]
-    layer_types = raw.get("layer_types") or ["sliding_attention"] * _as_count(values["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if layer_types is None:  # an empty list is refused by DrafterConfig, as transformers refuses it
+        layer_types = ["sliding_attention"] * _as_count(values["num_hidden_layers"])
     for key in ("layer_types", "target_layer_ids"):
         value = layer_types if key == "layer_types" else values[key]
         if not isinstance(value, list):
             raise ConfigError(f"{source}: {key}={value!r} is invalid; expected a JSON list")
     vocab = raw.get("vocab_size")
+    neox = raw.get("rope_is_neox_style")
+    if neox is not None and not isinstance(neox, bool):
+        raise ConfigError(f"{source}: rope_is_neox_style={neox!r} is invalid; expected true or false")
     unknown = sorted(set(raw) - set(_DEFAULTS) - _IGNORED - {"rope_parameters", "rope_theta", "mask_token_id",
-                                                               "layer_types", "vocab_size"})
+                                                               "layer_types", "vocab_size", "rope_is_neox_style"})
     warnings = []
     if defaulted:
         warnings.append(f"{source}: absent fields took transformers' defaults: {', '.join(defaulted)}")
@@ -253,6 +264,7 @@ def open_drafter_checkpoint(
         raise CheckpointError(f"drafter path {location} does not exist; speculative_config.model must be a local "
                               "drafter directory or a native head.pt file")
     config_path = directory / "config.json"
+    raw: Any = {}
     if config_path.is_file():
         try:
             raw = json.loads(config_path.read_text(encoding="utf-8"))
@@ -268,6 +280,25 @@ def open_drafter_checkpoint(
                               "expected config.json with safetensors (HF layout), or "
                               f"{NATIVE_FILE} / {NATIVE_FILE_IN_VENDOR_CHECKOUT} (native layout)")
     if native is not None:
+        _check_rope_flag(raw, config_path, DRAFTER_NATIVE)
         return DrafterCheckpoint(config, TorchFileTensors(native) if weights else None, DRAFTER_NATIVE, native)
+    _check_rope_flag(raw, config_path, DRAFTER_CANONICAL)
     files = SafetensorsCheckpoint(directory) if weights else None
     return DrafterCheckpoint(config, files, DRAFTER_CANONICAL, directory)
+
+
+def _check_rope_flag(raw: Mapping[str, Any], config_path: Path, layout: str) -> None:
+    """Refuse a `rope_is_neox_style` that contradicts the q/k pairing of the `layout` the weights are in, as the
+    target's is refused (`formats.py`): loading either way may be a silently wrong drafter."""
+    flag = raw.get("rope_is_neox_style")
+    if flag is None or flag == _ROPE_IS_NEOX_STYLE[layout]:
+        return
+    said = "rotate-half (NEOX)" if flag else "interleaved (GPT-J)"
+    pairing = "rotate-half" if _ROPE_IS_NEOX_STYLE[layout] else "interleaved (permuted to rotate-half on load)"
+    raise CheckpointError(
+        f"{config_path}: rope_is_neox_style={str(flag).lower()} says the drafter's q/k rows are {said}, but its "
+        f"weights are in the {layout} layout, whose q/k rows are {pairing}; the two disagree and either reading may "
+        f"be a wrong drafter. Set rope_is_neox_style to {str(not flag).lower()} if the weights are a true {layout} "
+        "export, or re-export the weights in the layout their pairing belongs to (interleaved rows: the native "
+        f"{NATIVE_FILE})"
+    )

@@ -66,7 +66,7 @@ def is_ignored_buffer(name: str) -> bool:
 
 def read_weight_map(index_path: Path) -> dict[str, object]:
     """The `weight_map` (tensor name → shard file) of a sharded checkpoint's index. Raises CheckpointError naming the
-    file when it is unreadable, not JSON, or holds no such object."""
+    file when it is unreadable, not JSON, or holds no such object or an empty one."""
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
@@ -75,6 +75,9 @@ def read_weight_map(index_path: Path) -> dict[str, object]:
     if not isinstance(weight_map, dict):
         raise CheckpointError(f'{index_path} is not a valid index: it needs a "weight_map" object that maps each '
                               "tensor name to its shard file")
+    if not weight_map:  # else every shard is left out as unnamed, and the error blames the tensor names
+        raise CheckpointError(f'{index_path} is not a valid index: its "weight_map" is empty, so it names no shard; '
+                              "download the index again, or regenerate it from the shards")
     return weight_map
 
 
@@ -185,7 +188,8 @@ class SafetensorsCheckpoint:
                 if is_broken_link(path):
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which {broken_link_problem(path)}")
                 if not path.is_file():
-                    raise CheckpointError(f"{index_path} names shard {shard!r}, which does not exist")
+                    problem = "is a directory, not a file" if path.is_dir() else "does not exist"
+                    raise CheckpointError(f"{index_path} names shard {shard!r}, which {problem}")
                 by_file.setdefault(path, []).append(name)
             single = self.directory / SINGLE_FILE
             if single.is_file() and single not in by_file:

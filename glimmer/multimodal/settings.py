@@ -10,6 +10,7 @@ honoured. `MediaLimits` bounds the work one request can cause; the reference has
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -26,6 +27,8 @@ from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 # PIL's (and transformers' PILImageResampling) code for LANCZOS, the only resampling the released
 # processors use — architecture.md §6.
 LANCZOS = 1
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -311,6 +314,12 @@ def _processor_configs(checkpoint_dir: Path) -> tuple[Mapping[str, Any] | None, 
     if video is None:
         video = image
     sections = {key: processor[key] for key in ("image_processor", "video_processor") if processor.get(key) is not None}
+    if image is None and "image_processor" not in sections:
+        # transformers refuses to build the processor without one; the released settings are a guess for another model
+        logger.warning("%s has no image processor config (preprocessor_config.json, or processor_config.json's "
+                       "image_processor): media are preprocessed with the released processor's settings "
+                       "(max_image_tokens=%d); add the file the checkpoint was published with", checkpoint_dir,
+                       MediaSettings.max_image_tokens)
     if not sections:
         return image, video
     return {"image_processor": image, "video_processor": video, **sections}, None

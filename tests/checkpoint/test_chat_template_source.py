@@ -61,6 +61,16 @@ def test_named_list_without_default_is_an_error_listing_the_names(tmp_path):
         find_chat_template(tmp_path)
 
 
+@pytest.mark.parametrize("entry", [{"name": "default", "template": 5}, {"name": "default"}, {"template": JINJA},
+                                   "default", {"name": 1, "template": JINJA}])
+def test_named_list_with_an_entry_that_is_no_name_and_template_is_an_error_naming_it(tmp_path, entry):
+    # such an entry was left out, so a list holding a broken 'default' said it had none named 'default'
+    write_config(tmp_path, chat_template=[{"name": "tool_use", "template": "tools"}, entry])
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: chat_template\[1\]=.* is not a \{name, "
+                                              r"template\} object of two strings.*--chat-template FILE"):
+        find_chat_template(tmp_path)
+
+
 def test_sha256_is_of_the_file_bytes_with_newlines_untouched(tmp_path):
     raw = b"line one\r\nline two\n"
     (tmp_path / "chat_template.jinja").write_bytes(raw)

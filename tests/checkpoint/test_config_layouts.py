@@ -562,6 +562,25 @@ def test_unknown_keys_give_exactly_one_warning_listing_them_all(caplog):
     assert [record.getMessage() for record in caplog.records] == list(config.warnings)
 
 
+def test_rope_is_neox_style_of_a_canonical_config_is_read_silently():
+    # the weights' RoPE pairing flag, which formats.py checks against the tensor names: not an unknown key
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["rope_is_neox_style"] = True
+    raw["text_config"]["rope_is_neox_style"] = True
+    assert normalize_config(raw).warnings == ()
+
+
+@pytest.mark.parametrize("layout, section", [("canonical", None), ("canonical", "text_config"),
+                                             ("canonical-text", None), ("flat", None)])
+@pytest.mark.parametrize("value", ["false", 0, None])
+def test_rope_is_neox_style_that_is_no_boolean_is_refused_naming_it(layout, section, value):
+    # formats.py can only check a boolean against the tensor names; "false" loaded interleaved rows as rotate-half
+    raw = config_to_dict(tiny_model(vision=False), layout)
+    (raw[section] if section else raw)["rope_is_neox_style"] = value
+    name = f"{section}.rope_is_neox_style" if section else "rope_is_neox_style"
+    expect_error(raw, f"{name}={value!r} is invalid; expected true or false")
+
+
 def test_bookkeeping_and_training_keys_are_accepted_silently():
     raw = config_to_dict(tiny_model(), "canonical")
     raw |= {"torch_dtype": "bfloat16", "transformers_version": "5.9.0", "_name_or_path": "x", "use_cache": True}
@@ -607,6 +626,16 @@ def test_absent_optional_canonical_fields_take_the_reference_defaults_with_one_w
         "projector_hidden_act='gelu'",
     ):
         assert fragment in warning
+
+
+@pytest.mark.parametrize("layout, section", [("canonical", "text_config"), ("canonical", "vision_config"),
+                                             ("canonical-text", None), ("flat", None)])
+def test_an_empty_layer_types_list_is_refused_not_derived(layout, section):
+    # the reference refuses it (len(layer_types) != num_hidden_layers); only an absent or null one is derived
+    raw = config_to_dict(tiny_model(vision=section == "vision_config"), layout)
+    (raw[section] if section else raw)["layer_types"] = []
+    name = f"{section}.layer_types" if section else "layer_types"
+    expect_error(raw, f"{name} has 0 entries but")
 
 
 def test_token_ids_may_be_lists_or_null():

@@ -74,6 +74,10 @@ def test_the_cli_drafter_runs_the_readme_speculative_example(target, tmp_path):
         ({"model_type": "muse_glimmer"}, "is not a DFlash drafter config"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rope_type='llama3' is not supported"),
         ({"block_size": 1}, "block_size=1 is invalid"),
+        ({"layer_types": []}, "layer_types has 0 entries but num_hidden_layers=2"),  # was derived, unlike transformers
+        # was an unknown key (a warning), where the target's is refused
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config is present: quantized drafters are "
+                                                           "not supported yet"),
     ],
 )
 def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_path, changes, message):
@@ -82,6 +86,37 @@ def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_pat
     with pytest.raises(ConfigError) as error:
         _load(path, target)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("layout, flag", [("canonical", False), ("native", True)])
+def test_a_rope_is_neox_style_that_contradicts_the_weight_layout_is_refused(target, tmp_path, layout, flag):
+    # the tensor names decide the q/k pairing, as for the target (formats.py); a flag that disagrees was ignored
+    path = write_tiny_drafter(tmp_path / "d", target, layout=layout)
+    _edit_config(path, rope_is_neox_style=flag)
+    with pytest.raises(CheckpointError, match=rf"rope_is_neox_style={str(flag).lower()} says the drafter's q/k rows "
+                                              rf"are .* but its weights are in the drafter(-native)? layout"):
+        _load(path, target)
+
+
+@pytest.mark.parametrize("layout, flag", [("canonical", True), ("native", False)])
+def test_a_rope_is_neox_style_that_matches_the_weight_layout_is_read_silently(target, tmp_path, layout, flag):
+    path = write_tiny_drafter(tmp_path / "d", target, layout=layout)
+    _edit_config(path, rope_is_neox_style=flag)
+    assert _load(path, target).config.warnings == ()
+
+
+def test_a_rope_is_neox_style_that_is_no_boolean_is_refused(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, rope_is_neox_style="false")
+    with pytest.raises(ConfigError, match=r"rope_is_neox_style='false' is invalid; expected true or false"):
+        _load(path, target)
+
+
+def test_a_null_quantization_config_is_read_silently(target, tmp_path):
+    path = write_tiny_drafter(tmp_path / "d", target)
+    config = json.loads((path / "config.json").read_text()) | {"quantization_config": None}
+    (path / "config.json").write_text(json.dumps(config))
+    assert _load(path, target).config.warnings == ()
 
 
 def test_weights_that_do_not_match_the_config_are_refused(target, tmp_path):

@@ -242,6 +242,19 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
         load_model(dst, progress=False)
 
 
+def test_index_naming_a_shard_that_is_a_directory_says_so(make_tiny, tmp_path):
+    # it was refused as a shard that does not exist
+    import shutil
+
+    dst = tmp_path / "dir-shard"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), dst)
+    (dst / "model-00002-of-00002.safetensors").unlink()
+    (dst / "model-00002-of-00002.safetensors").mkdir()
+    with pytest.raises(CheckpointError, match="names shard 'model-00002-of-00002.safetensors', which is a directory, "
+                                              "not a file"):
+        load_model(dst, progress=False)
+
+
 NOT_A_WEIGHT_MAP = ['{"metadata": {}}', "[]", '{"weight_map": ["model.safetensors"]}']
 
 
@@ -266,6 +279,24 @@ def test_a_pickle_index_without_a_weight_map_object_says_what_it_needs(tmp_path,
     (tmp_path / "pytorch_model.bin.index.json").write_text(index)
     with pytest.raises(CheckpointError, match=r'pytorch_model\.bin\.index\.json is not a valid index: it needs a '
                                               r'"weight_map" object'):
+        pickle_files(tmp_path)
+
+
+def test_an_index_with_an_empty_weight_map_is_refused_naming_it(make_tiny, tmp_path):
+    """QA: every shard was left out as not named by the index, then refused as an unrecognized weight layout with
+    no tensor to show."""
+    import shutil
+
+    from glimmer.checkpoint.pickle_files import pickle_files
+
+    dst = tmp_path / "empty-map"
+    shutil.copytree(make_tiny("canonical", seed=7, num_shards=2), dst)
+    (dst / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
+    message = r'index\.json is not a valid index: its "weight_map" is empty, so it names no shard; download'
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\." + message):
+        load_model(dst, progress=False)
+    (tmp_path / "pytorch_model.bin.index.json").write_text('{"weight_map": {}}')
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin\." + message):
         pickle_files(tmp_path)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -122,6 +123,28 @@ def test_a_checkpoints_files_are_found_as_transformers_finds_them(tmp_path, file
     image, _ = image_processing.ImageProcessingMixin.get_image_processor_dict(str(tmp_path))
     video, _ = video_processing.VideoProcessorMixin.get_video_processor_dict(str(tmp_path))
     assert checkpoint_media_settings(tmp_path, vision_config()) == load_media_settings(image, video)
+
+
+@pytest.mark.parametrize("files", [{}, {"video_preprocessor_config.json": VIDEO_CONFIG},
+                                   {"processor_config.json": {"video_processor": VIDEO_CONFIG}}])
+def test_a_checkpoint_without_an_image_processor_config_warns_that_it_takes_the_released_settings(tmp_path, caplog,
+                                                                                                  files) -> None:
+    """transformers refuses to build the processor without one; Glimmer took the released settings silently."""
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    with caplog.at_level(logging.WARNING, logger="glimmer.multimodal.settings"):
+        assert checkpoint_media_settings(tmp_path, vision_config()).max_image_tokens == 4096
+    assert f"{tmp_path} has no image processor config (preprocessor_config.json" in caplog.text
+
+
+@pytest.mark.parametrize("files", [{"preprocessor_config.json": IMAGE_CONFIG},
+                                   {"processor_config.json": {"image_processor": IMAGE_CONFIG}}])
+def test_a_checkpoint_with_its_image_processor_config_loads_it_without_a_warning(tmp_path, caplog, files) -> None:
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    with caplog.at_level(logging.WARNING, logger="glimmer.multimodal.settings"):
+        checkpoint_media_settings(tmp_path, vision_config())
+    assert caplog.text == ""
 
 
 @pytest.mark.parametrize(
