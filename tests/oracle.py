@@ -37,10 +37,10 @@ def reference_model(canonical_checkpoint: Path, dtype: torch.dtype = torch.float
     # a text-only checkpoint leaves the (unused) vision tower at its random init
     assert not unexpected, unexpected
     assert all(name.startswith("model.vision") for name in missing), missing
-    return _cast_keeping_rope_frequencies(model, dtype)
+    return cast_keeping_rope_frequencies(model, dtype)
 
 
-def _cast_keeping_rope_frequencies(model, dtype: torch.dtype):
+def cast_keeping_rope_frequencies(model, dtype: torch.dtype):
     """`model.to(dtype)` as `from_pretrained(dtype=...)` leaves it: the rotary inverse frequencies stay float32
     (architecture.md §2.5.4). A plain `.to` would round those buffers to 16 bits, and the reference's positions with
     them (its 16-bit logits then differ from `from_pretrained`'s by ~0.2)."""
@@ -82,4 +82,4 @@ def reference_drafter(canonical_drafter: Path, dtype: torch.dtype = torch.float3
     config = MuseGlimmerAssistantConfig.from_dict(json.loads((canonical_drafter / "config.json").read_text()))
     model = MuseGlimmerAssistantModel(config).eval()
     model.load_state_dict(load_file(canonical_drafter / "model.safetensors"), strict=True)
-    return _cast_keeping_rope_frequencies(model, dtype)
+    return cast_keeping_rope_frequencies(model, dtype)

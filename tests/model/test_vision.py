@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracle import cast_keeping_rope_frequencies
 from torch import nn
 
 from glimmer.checkpoint.config import VisionConfig, reference_vision_layer_types
@@ -242,7 +243,7 @@ def test_bf16_forward_is_as_close_to_fp32_as_the_reference_bf16(config, referenc
     grid_thw = torch.tensor(grids)
     pixels = random_pixels(grids, config, seed=6)
     ours16 = ours_from(reference, config).to(torch.bfloat16)
-    reference16 = reference_model(config).to(torch.bfloat16)
+    reference16 = cast_keeping_rope_frequencies(reference_model(config), torch.bfloat16)  # as from_pretrained
     with torch.no_grad():
         exact = torch.cat(reference_features(reference, pixels, grid_thw))
         half = ours16(pixels, grid_thw)
@@ -253,7 +254,9 @@ def test_bf16_forward_is_as_close_to_fp32_as_the_reference_bf16(config, referenc
     our_error = (half - exact).abs().mean()
     reference_error = (reference_half - exact).abs().mean()
     assert our_error < 1.25 * reference_error
-    assert (half - reference_half).abs().mean() < 0.5 * reference_error
+    # the reference cast as from_pretrained casts it (its RoPE frequencies float32): a plain `.to` rounded them, and
+    # the two bf16 runs differed by 0.024 on average, 30% of the error, where they differ by 3e-4
+    assert (half - reference_half).abs().mean() < 0.02 * reference_error
 
 
 def test_layout_groups_windows_by_length(config) -> None:
