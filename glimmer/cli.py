@@ -513,7 +513,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
         for dest in ("served_model_name", "allowed_media_domains", "allowed_origins"):
             values = getattr(args, dest) or []
-            if values and Path(values[-1]).expanduser().exists():
+            if values and values[-1] and Path(values[-1]).expanduser().exists():  # Path("") is the current directory
                 flag = f"--{dest.replace('_', '-')}"
                 raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
                                  f"the default model would be served; put MODEL first: glimmer serve {values[-1]} "

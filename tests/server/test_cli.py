@@ -682,6 +682,18 @@ def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, 
     assert "not a" not in err
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--served-model-name", ""], "--served-model-name: a name is empty"),
+    (["--allowed-origins", ""], "--allowed-origins : not a web origin"),
+    (["--allowed-media-domains", ""], "allowed media domain '' is not a host name")])
+def test_an_empty_last_value_with_no_model_is_refused_as_empty_not_as_the_model(capsys, monkeypatch, flags, words):
+    """`--served-model-name "$NAME"` with NAME unset and no MODEL was refused as having taken "the model " (an empty
+    path is the current directory, which exists), telling the user to put a model first that they never gave."""
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail("the model was loaded"))
+    err = _fails_with_one_line(capsys, ["serve", "--port", str(free_port()), *flags], words)
+    assert "took the model" not in err
+
+
 @pytest.mark.parametrize("origin", ["notaurl", "app.example.com", "https://app.example.com/", "https://app.example.com/x",
                                     "http://", "http://host:99999"])
 def test_an_origin_no_browser_sends_is_one_line_before_the_model_loads(capsys, tmp_path, origin):
