@@ -308,9 +308,13 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_sleep_mode": VllmArgument(_only(False), "LLM.sleep is not supported; leave it out"),
     "skip_tokenizer_init": VllmArgument(_only(False), "Glimmer always loads the checkpoint's tokenizer (chat and "
                                                       "stop strings need it); leave it out"),
-    "distributed_executor_backend": VllmArgument(_only(None, "mp", "uni"), _ONE_GPU),
+    "distributed_executor_backend": VllmArgument(_only(None, "mp", "uni"), (
+        "Glimmer runs a model on one device, in this process (multi-GPU serving goes through an existing distributed "
+        "engine); leave it out, or 'mp' or 'uni'")),
     "data_parallel_size": VllmArgument(_only(None, 1), _ONE_GPU),
-    "enable_expert_parallel": VllmArgument(_only(False), _ONE_GPU),
+    "enable_expert_parallel": VllmArgument(_only(False), (
+        "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
+        "Muse Glimmer is dense, with no experts; leave it out")),
     "compilation_config": VllmArgument(lambda value, given: value is None or value == {}, (
         "Glimmer compiles with its own settings; enforce_eager=True runs without CUDA graphs")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
