@@ -165,6 +165,17 @@ def test_a_vllm_engine_argument_that_is_not_a_count_is_not_told_to_be_1(name, va
     assert str(caught.value).endswith(fix) and "or 1" not in str(caught.value)
 
 
+def test_a_tokenizer_naming_the_models_directory_another_way_is_taken(tiny_checkpoint, monkeypatch):
+    """tokenizer= is the model itself however the path is written: LLM(Path(dir), tokenizer=str(dir)), or
+    `glimmer serve ./model --tokenizer ./model/`, were refused as another tokenizer."""
+    monkeypatch.chdir(tiny_checkpoint.parent)
+    path, name = tiny_checkpoint, tiny_checkpoint.name
+    for model, tokenizer in [(path, str(path)), (name, f"./{name}/"), (str(path), name)]:
+        LLM(model, progress=False, tokenizer=tokenizer)
+    with pytest.raises(UnsupportedArgumentError, match="model's directory"):
+        LLM(tiny_checkpoint, progress=False, tokenizer=str(tiny_checkpoint.parent))
+
+
 def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint), progress=False, tensor_parallel_size=1, trust_remote_code=True,
               tokenizer=str(tiny_checkpoint), quantization=None, kv_cache_dtype="auto", swap_space=4,
