@@ -369,6 +369,21 @@ def test_make_tiny_refuses_a_non_empty_directory_without_force(capsys, tmp_path)
     assert (tmp_path / "config.json").exists() and (tmp_path / "notes.txt").exists()
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    (["make-tiny", ""], "DIR is empty"),
+    (["make-tiny", "drafter", "--drafter-for", ""], "--drafter-for is empty"),
+    (["inspect", ""], "MODEL is empty"),
+    (["serve", ""], "MODEL is empty"),
+    (["chat", " "], "MODEL is empty")])
+def test_an_empty_path_argument_is_refused_not_read_as_the_current_directory(capsys, monkeypatch, tmp_path, argv,
+                                                                            words):
+    """`glimmer make-tiny "$OUT"` with OUT unset wrote a checkpoint into the current directory (with --force, over
+    the weights there), and `inspect ""` inspected it; serve and chat refused in LLM's words, `model='': required`."""
+    monkeypatch.chdir(tmp_path)
+    _fails_with_one_line(capsys, argv, words)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_missing_checkpoint_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["inspect", str(tmp_path / "missing")], "missing")
     _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port())], "missing")
