@@ -51,6 +51,7 @@ class _ArgumentParser(argparse.ArgumentParser):
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    _refuse_empty_path(args.model, "MODEL", "give the checkpoint directory, .gguf file or Hub id to inspect")
     import torch
 
     from glimmer.checkpoint.inspect import inspect_checkpoint
@@ -105,6 +106,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from glimmer.tiny import TINY_DRAFTER_LAYOUTS, write_tiny_checkpoint, write_tiny_drafter
 
+    _refuse_empty_path(args.dir, "DIR", "give the directory to write the checkpoint to")
+    if args.drafter_for is not None:
+        _refuse_empty_path(args.drafter_for, "--drafter-for", "give the target's checkpoint directory")
     out = Path(args.dir)
     if args.drafter_for is not None:
         given = {"--vision": args.vision, "--shards": args.shards != 1, "--preset": args.preset != "tiny",
@@ -283,9 +287,19 @@ _MEDIA_LIMIT_OPTIONS = {"max_image_pixels": "max_image_pixels", "max_image_side"
                         "max_video_frames": "max_video_source_frames"}
 
 
+def _refuse_empty_path(value: str, name: str, fix: str) -> None:
+    """UsageError for an empty path argument (`"$DIR"` with DIR unset), which Path("") would read as the current
+    directory."""
+    if not value.strip():
+        raise UsageError(f"{name} is empty; {fix}")
+
+
 def _check_engine_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for engine options the engine would accept but that leave it useless, or would
     refuse only once the model is loaded."""
+    if args.model is not None:
+        _refuse_empty_path(args.model, "MODEL", "give a checkpoint directory, .gguf file or Hub id, or leave it out "
+                           "for the embedded glimmer-nano")
     for dest in _MEDIA_LIMIT_OPTIONS:  # MediaLimits would name its field, not the flag typed
         if getattr(args, dest) < 1:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive integer")
@@ -518,7 +532,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
         for dest in ("served_model_name", "allowed_media_domains", "allowed_origins"):
             values = getattr(args, dest) or []
-            if values and Path(values[-1]).expanduser().exists():
+            if values and values[-1] and Path(values[-1]).expanduser().exists():  # Path("") is the current directory
                 flag = f"--{dest.replace('_', '-')}"
                 raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
                                  f"the default model would be served; put MODEL first: glimmer serve {values[-1]} "

@@ -8,8 +8,10 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from glimmer.errors import UnsupportedArgumentError
@@ -51,6 +53,18 @@ def _max_logprobs_changes_nothing(value: object, given: Mapping[str, Any]) -> bo
     from glimmer.engine.sampling_params import MAX_LOGPROBS
 
     return type(value) is int and value == MAX_LOGPROBS
+
+
+def _tokenizer_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None, or the model itself: the same string, or a path to the same file or directory (`./model/` for `model`,
+    a str for a Path)."""
+    model = given.get("model")
+    if value is None or value == model:
+        return True
+    if not isinstance(value, str | os.PathLike) or not isinstance(model, str | os.PathLike):
+        return False
+    tokenizer_path, model_path = Path(value).expanduser(), Path(model).expanduser()
+    return tokenizer_path.exists() and model_path.exists() and tokenizer_path.resolve() == model_path.resolve()
 
 
 def _prefix_cache_reading_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
@@ -269,7 +283,7 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "pipeline_parallel_size": VllmArgument(_only(None, 1), _ONE_GPU),
     "trust_remote_code": VllmArgument(_only(True, False), (
         "Glimmer never runs a checkpoint's Python code; leave it out")),
-    "tokenizer": VllmArgument(lambda value, given: value is None or value == given.get("model"), (
+    "tokenizer": VllmArgument(_tokenizer_changes_nothing, (
         "the tokenizer is read from the model's directory (tokenizer.json, or a GGUF's own); leave it out")),
     "tokenizer_mode": VllmArgument(_only("auto"), "the tokenizer is the checkpoint's tokenizer.json (the "
                                                   "`tokenizers` library); leave it out"),
@@ -308,9 +322,13 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_sleep_mode": VllmArgument(_only(False), "LLM.sleep is not supported; leave it out"),
     "skip_tokenizer_init": VllmArgument(_only(False), "Glimmer always loads the checkpoint's tokenizer (chat and "
                                                       "stop strings need it); leave it out"),
-    "distributed_executor_backend": VllmArgument(_only(None, "mp", "uni"), _ONE_GPU),
+    "distributed_executor_backend": VllmArgument(_only(None, "mp", "uni"), (
+        "Glimmer runs a model on one device, in this process (multi-GPU serving goes through an existing distributed "
+        "engine); leave it out, or 'mp' or 'uni'")),
     "data_parallel_size": VllmArgument(_only(None, 1), _ONE_GPU),
-    "enable_expert_parallel": VllmArgument(_only(False), _ONE_GPU),
+    "enable_expert_parallel": VllmArgument(_only(False), (
+        "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
+        "Muse Glimmer is dense, with no experts; leave it out")),
     "compilation_config": VllmArgument(lambda value, given: value is None or value == {}, (
         "Glimmer compiles with its own settings; enforce_eager=True runs without CUDA graphs")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "

@@ -154,6 +154,28 @@ def test_a_vllm_engine_argument_glimmer_lacks_is_refused_naming_what_to_do(name,
     assert caught.value.param == name and isinstance(caught.value, TypeError)
 
 
+@pytest.mark.parametrize("name,value,fix", [
+    ("distributed_executor_backend", "ray", "leave it out, or 'mp' or 'uni'"),
+    ("enable_expert_parallel", True, "leave it out")])
+def test_a_vllm_engine_argument_that_is_not_a_count_is_not_told_to_be_1(name, value, fix):
+    """distributed_executor_backend='ray' and enable_expert_parallel=True were told to be left out "or 1", which
+    neither takes (and `--distributed-executor-backend 1` is refused in turn)."""
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        LLM("/nonexistent/model/dir", progress=False, **{name: value})
+    assert str(caught.value).endswith(fix) and "or 1" not in str(caught.value)
+
+
+def test_a_tokenizer_naming_the_models_directory_another_way_is_taken(tiny_checkpoint, monkeypatch):
+    """tokenizer= is the model itself however the path is written: LLM(Path(dir), tokenizer=str(dir)), or
+    `glimmer serve ./model --tokenizer ./model/`, were refused as another tokenizer."""
+    monkeypatch.chdir(tiny_checkpoint.parent)
+    path, name = tiny_checkpoint, tiny_checkpoint.name
+    for model, tokenizer in [(path, str(path)), (name, f"./{name}/"), (str(path), name)]:
+        LLM(model, progress=False, tokenizer=tokenizer)
+    with pytest.raises(UnsupportedArgumentError, match="model's directory"):
+        LLM(tiny_checkpoint, progress=False, tokenizer=str(tiny_checkpoint.parent))
+
+
 def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint), progress=False, tensor_parallel_size=1, trust_remote_code=True,
               tokenizer=str(tiny_checkpoint), quantization=None, kv_cache_dtype="auto", swap_space=4,

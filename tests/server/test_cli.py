@@ -450,6 +450,21 @@ def test_make_tiny_refuses_a_non_empty_directory_without_force(capsys, tmp_path)
     assert (tmp_path / "config.json").exists() and (tmp_path / "notes.txt").exists()
 
 
+@pytest.mark.parametrize(("argv", "words"), [
+    (["make-tiny", ""], "DIR is empty"),
+    (["make-tiny", "drafter", "--drafter-for", ""], "--drafter-for is empty"),
+    (["inspect", ""], "MODEL is empty"),
+    (["serve", ""], "MODEL is empty"),
+    (["chat", " "], "MODEL is empty")])
+def test_an_empty_path_argument_is_refused_not_read_as_the_current_directory(capsys, monkeypatch, tmp_path, argv,
+                                                                            words):
+    """`glimmer make-tiny "$OUT"` with OUT unset wrote a checkpoint into the current directory (with --force, over
+    the weights there), and `inspect ""` inspected it; serve and chat refused in LLM's words, `model='': required`."""
+    monkeypatch.chdir(tmp_path)
+    _fails_with_one_line(capsys, argv, words)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_missing_checkpoint_is_one_line(capsys, tmp_path):
     _fails_with_one_line(capsys, ["inspect", str(tmp_path / "missing")], "missing")
     _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--port", str(free_port())], "missing")
@@ -761,6 +776,18 @@ def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, 
                                f"{flag} took the model {tmp_path / 'model'} as one of its values",
                                f"put MODEL first: glimmer serve {tmp_path / 'model'} {flag} ...")
     assert "not a" not in err
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--served-model-name", ""], "--served-model-name: a name is empty"),
+    (["--allowed-origins", ""], "--allowed-origins : not a web origin"),
+    (["--allowed-media-domains", ""], "allowed media domain '' is not a host name")])
+def test_an_empty_last_value_with_no_model_is_refused_as_empty_not_as_the_model(capsys, monkeypatch, flags, words):
+    """`--served-model-name "$NAME"` with NAME unset and no MODEL was refused as having taken "the model " (an empty
+    path is the current directory, which exists), telling the user to put a model first that they never gave."""
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail("the model was loaded"))
+    err = _fails_with_one_line(capsys, ["serve", "--port", str(free_port()), *flags], words)
+    assert "took the model" not in err
 
 
 @pytest.mark.parametrize("origin", ["notaurl", "app.example.com", "https://app.example.com/", "https://app.example.com/x",
