@@ -245,10 +245,13 @@ def open_drafter_checkpoint(
     location = Path(path).expanduser()
     if is_gguf_path(location):
         # a llama.cpp DFlash drafter GGUF, handed over under the HF names (gguf_drafter.py)
-        from glimmer.checkpoint.gguf_drafter import read_gguf_drafter
+        from glimmer.checkpoint.gguf_drafter import name_gguf_keys, read_gguf_drafter
 
         raw, tensors = read_gguf_drafter(location)
-        config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
+        try:
+            config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
+        except ConfigError as exc:  # it names config.json's fields, which the file does not hold
+            raise ConfigError(name_gguf_keys(str(exc))) from None
         return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":
