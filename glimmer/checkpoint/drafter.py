@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.config import DrafterConfig
+from glimmer.checkpoint.config import DrafterConfig, TextConfig
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import unpickling_refusal
@@ -230,6 +230,18 @@ class DrafterCheckpoint:
     files: SafetensorsCheckpoint | TorchFileTensors | MappedTensors | None  # None: config only
     weight_layout: str
     location: Path
+
+    def check_fits(self, target: TextConfig) -> None:
+        """`DrafterConfig.check_fits`, its ConfigError naming this drafter (and a GGUF's keys, as the file has them)."""
+        try:
+            self.config.check_fits(target)
+        except ConfigError as exc:
+            message = f"{self.location}: {exc}"
+            if is_gguf_path(self.location):
+                from glimmer.checkpoint.gguf_drafter import name_gguf_keys
+
+                message = name_gguf_keys(message)
+            raise ConfigError(message) from None
 
 
 def open_drafter_checkpoint(

@@ -135,6 +135,26 @@ def test_a_bad_drafter_value_is_named_by_its_gguf_key(reference, tmp_path, chang
     assert str(err.value).startswith(f"{path}: {expected}"), str(err.value)
 
 
+def test_a_drafter_gguf_that_does_not_fit_the_target_is_named_with_its_key(make_tiny, tmp_path):
+    """QA: "the drafter does not fit the target model: mask_token_id=999 ..." named neither the drafter nor the key
+    the GGUF holds the id under."""
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    from glimmer.checkpoint.config_layouts import load_config
+    from glimmer.engine.model_loader import load_drafter
+    from glimmer.errors import ConfigError
+
+    target = make_tiny()
+    torch.manual_seed(0)
+    config = CONFIG | {"target_layer_ids": [0, 2], "mask_token_id": 999}
+    state = MuseGlimmerAssistantModel(MuseGlimmerAssistantConfig(**config)).state_dict()
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, config)
+    with pytest.raises(ConfigError) as err:
+        load_drafter(path, load_config(target), lambda: 0, progress=False)
+    assert str(err.value) == (f"{path}: the drafter does not fit the target model: tokenizer.ggml.mask_token_id=999 "
+                              "is outside the target's vocabulary [0, 512)")
+
+
 def test_a_drafter_is_not_taken_for_a_model(reference, tmp_path):
     from glimmer.engine.model_loader import load_model
 
