@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.config import DrafterConfig
+from glimmer.checkpoint.config import DrafterConfig, TextConfig
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import unpickling_refusal
@@ -231,6 +231,18 @@ class DrafterCheckpoint:
     weight_layout: str
     location: Path
 
+    def check_fits(self, target: TextConfig) -> None:
+        """`DrafterConfig.check_fits`, its ConfigError naming this drafter (and a GGUF's keys, as the file has them)."""
+        try:
+            self.config.check_fits(target)
+        except ConfigError as exc:
+            message = f"{self.location}: {exc}"
+            if is_gguf_path(self.location):
+                from glimmer.checkpoint.gguf_drafter import name_gguf_keys
+
+                message = name_gguf_keys(message)
+            raise ConfigError(message) from None
+
 
 def open_drafter_checkpoint(
     path: str | os.PathLike, *, mask_token_id: Callable[[], int], weights: bool = True
@@ -245,10 +257,13 @@ def open_drafter_checkpoint(
     location = Path(path).expanduser()
     if is_gguf_path(location):
         # a llama.cpp DFlash drafter GGUF, handed over under the HF names (gguf_drafter.py)
-        from glimmer.checkpoint.gguf_drafter import read_gguf_drafter
+        from glimmer.checkpoint.gguf_drafter import name_gguf_keys, read_gguf_drafter
 
         raw, tensors = read_gguf_drafter(location)
-        config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
+        try:
+            config = read_drafter_config(raw, source=str(location), mask_token_id=mask_token_id)
+        except ConfigError as exc:  # it names config.json's fields, which the file does not hold
+            raise ConfigError(name_gguf_keys(str(exc))) from None
         return DrafterCheckpoint(config, tensors, DRAFTER_CANONICAL, location)
     if location.is_file():
         if location.suffix != ".pt":

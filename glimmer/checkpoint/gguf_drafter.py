@@ -14,6 +14,7 @@ target's (§10.1), so the file must hold none.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,24 @@ _LAYER = {
     "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+
+# drafter config field → the GGUF key it is read from, for errors about a value of the file (dflash.target_layers
+# holds the ids + 1, so target_layer_ids keeps its name)
+_FIELD_KEYS = {
+    "num_hidden_layers": "block_count", "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+    "num_attention_heads": "attention.head_count", "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base", "max_position_embeddings": "context_length", "block_size": "block_size",
+    "sliding_window": "attention.sliding_window",
+}
+_FIELD_KEYS = {field: f"{ARCH}.{key}" for field, key in _FIELD_KEYS.items()} | {
+    "mask_token_id": "tokenizer.ggml.mask_token_id"}
+
+
+def name_gguf_keys(message: str) -> str:
+    """An error about the drafter config read from a GGUF, each field named by the key the file holds it under
+    (`block_size=0` → `dflash.block_size=0`)."""
+    return re.sub(rf"\b({'|'.join(_FIELD_KEYS)})=", lambda m: f"{_FIELD_KEYS[m.group(1)]}=", message)
 
 
 def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:

@@ -117,12 +117,22 @@ def read_mmproj(path: str | Path, text: TextConfig) -> MmprojVision:
         types[entry.type_name] = types.get(entry.type_name, 0) + 1
     warnings = []
     preprocessor: dict[str, Any] = {"patch_size": patch, "temporal_patch_size": PATCH_TEMPORAL, "merge_size": merge}
+    # checked here, where the error can name the file and its key (the preprocessing settings would name fields
+    # of a preprocessor_config.json the user does not have)
     for key, name in (("clip.vision.image_mean", "image_mean"), ("clip.vision.image_std", "image_std")):
         if file.has(key):
-            preprocessor[name] = file.array(key, "NUMBER")
+            values = file.array(key, "NUMBER")
+            if len(values) != 3 or not all(math.isfinite(v) and (v > 0 or name == "image_mean") for v in values):
+                raise file.error(f"{key}={values} is invalid; expected three finite numbers (R, G, B)"
+                                 + (", each positive" if name == "image_std" else ""))
+            preprocessor[name] = values
     if file.has("clip.vision.image_max_pixels"):
         # llama.cpp's image token budget: max pixels / (patch · merge)² merged tokens
-        preprocessor["max_image_tokens"] = file.integer("clip.vision.image_max_pixels") // (patch * merge) ** 2
+        max_pixels, merged_patch = file.integer("clip.vision.image_max_pixels"), (patch * merge) ** 2
+        if max_pixels < merged_patch:
+            raise file.error(f"clip.vision.image_max_pixels={max_pixels} is invalid; expected at least one merged "
+                             f"patch, (patch_size · spatial_merge_size)² = {merged_patch} pixels")
+        preprocessor["max_image_tokens"] = max_pixels // merged_patch
     else:
         warnings.append(f"{file.path}: clip.vision.image_max_pixels is absent; images use the reference budget "
                         "of 4096 tokens")

@@ -242,6 +242,13 @@ def _entries(
             raise CheckpointError(f"{files.directory}: {module} has quantization scales or biases but config.json's "
                                   "quantization does not quantize it")
         out, columns = shape
+        stored = _stored_packing(files, module, out, columns)
+        if stored is not None and stored != (scheme.bits, scheme.group_size):
+            key = f"quantization.{module}" if module in overrides else "quantization"
+            raise CheckpointError(
+                f"{files.directory}: {module} holds {stored[0]}-bit codes in groups of {stored[1]}, but config.json's "
+                f"{key} says bits={scheme.bits}, group_size={scheme.group_size}; restore the artifact's config.json "
+                "as packaged (its \"quantization\"), or regenerate the artifact")
         if columns % scheme.group_size or (columns * scheme.bits) % 32:
             raise CheckpointError(f"{files.directory}: {module} has {columns} inputs, not a whole number of groups of "
                                   f"{scheme.group_size} {scheme.bits}-bit codes")
@@ -288,6 +295,20 @@ def _entries(
     entries = {name: MappedTensor(TensorInfo(name, shape, "F32", files.directory), read)
                for name, (shape, read) in readers.items()}
     return entries, types
+
+
+def _stored_packing(files: SafetensorsCheckpoint, module: str, out: int, columns: int) -> tuple[int, int] | None:
+    """(bits, group_size) a quantized module of `out` × `columns` weights was packed with, as the shapes of its codes
+    and scales tell it; None where they tell nothing (a tensor missing or of another size: listed by `_entries`)."""
+    weight, scales = files.tensors.get(f"{module}.weight"), files.tensors.get(f"{module}.scales")
+    if weight is None or scales is None or len(weight.shape) != 2 or len(scales.shape) != 2:
+        return None
+    if weight.shape[0] != out or scales.shape[0] != out or not scales.shape[1] or columns % scales.shape[1]:
+        return None
+    bits = weight.shape[1] * 32 // columns
+    if bits not in _SUPPORTED_BITS or bits * columns != weight.shape[1] * 32:
+        return None
+    return bits, columns // scales.shape[1]
 
 
 def _gate_split(

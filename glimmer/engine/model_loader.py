@@ -267,7 +267,7 @@ def load_drafter(
         raise ConfigError(f"load_format={load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
     checkpoint = open_drafter_checkpoint(path, mask_token_id=mask_token_id, weights=load_format != "dummy")
     config = checkpoint.config
-    config.check_fits(target.text)
+    checkpoint.check_fits(target.text)
     with torch.device("meta"):
         model = DFlashDrafter(config).to(dtype)
     if checkpoint.files is None:

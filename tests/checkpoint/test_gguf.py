@@ -467,6 +467,40 @@ def test_mmproj_tensors_that_do_not_match_its_metadata_are_all_listed_with_the_f
     assert lines[5].startswith("  fix: the tensor names are not the ones llama.cpp's converter writes")
 
 
+@pytest.mark.parametrize(("key", "value", "value_type", "problem"), [
+    ("clip.vision.image_mean", [0.5, 0.5], gguf.GGUFValueType.ARRAY, "expected three finite numbers (R, G, B)"),
+    ("clip.vision.image_std", [0.0, 0.5, 0.5], gguf.GGUFValueType.ARRAY, "each positive"),
+    ("clip.vision.image_max_pixels", 100, gguf.GGUFValueType.UINT32,
+     "expected at least one merged patch, (patch_size · spatial_merge_size)² = 784 pixels"),
+], ids=["mean-of-two", "std-zero", "max-pixels-under-a-patch"])
+def test_bad_mmproj_preprocessing_metadata_is_refused_naming_the_file_and_key(make_tiny, tmp_path, key, value,
+                                                                             value_type, problem):
+    """QA: these passed the mmproj's reading and were refused later as `preprocessor config: image_mean=...` or
+    `max_image_tokens=0`, naming neither the file nor a key it holds."""
+    from gguf_export import export_mmproj_gguf
+
+    checkpoint = make_tiny("canonical", vision=True)
+    model = export_text_gguf(checkpoint, tmp_path / "model.gguf")
+    good = gguf.GGUFReader(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf"))
+    bad = tmp_path / "bad-mmproj.gguf"
+    writer = gguf.GGUFWriter(bad, "clip")
+    for field in good.fields.values():
+        if not field.name.startswith("GGUF.") and field.name not in ("general.architecture", key):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    sub_type = gguf.GGUFValueType.FLOAT32 if value_type == gguf.GGUFValueType.ARRAY else None
+    writer.add_key_value(key, value, value_type, sub_type=sub_type)
+    for tensor in good.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError) as err:
+        load_model(model, mmproj=bad, progress=False)
+    assert str(err.value).startswith(f"{bad}: {key}={value} is invalid; ") and problem in str(err.value)
+
+
 def test_an_image_sent_to_a_gguf_without_mmproj_is_refused_naming_mmproj(f32_gguf, tiny_checkpoint):
     """QA: an image sent to a GGUF loaded without --mmproj was refused as sent to a model with no vision tower, not
     saying that a GGUF's vision tower is the separate mmproj file; a safetensors checkpoint's refusal does not."""

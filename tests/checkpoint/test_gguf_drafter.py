@@ -112,6 +112,49 @@ def test_a_drafter_asking_for_scaled_rope_is_refused_by_its_key(reference, tmp_p
         read_gguf_drafter(path)
 
 
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"block_size": 1}, "dflash.block_size=1 is invalid; expected an integer >= 2"),
+    ({"max_position_embeddings": 0}, "dflash.context_length=0 is invalid; expected a positive integer"),
+    ({"num_key_value_heads": 3}, "dflash.attention.head_count=4 is not a multiple of dflash.attention.head_count_kv=3"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}},
+     "dflash.rope.freq_base=0.0 is invalid; expected a positive finite number"),
+], ids=["block-size", "context-length", "head-counts", "rope-theta"])
+def test_a_bad_drafter_value_is_named_by_its_gguf_key(reference, tmp_path, change, expected):
+    """QA: errors about a drafter GGUF's values named config.json's fields (`block_size=1`,
+    `max_position_embeddings=0`), which the file does not hold."""
+    from glimmer.checkpoint.drafter import open_drafter_checkpoint
+    from glimmer.errors import ConfigError
+
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    if "num_key_value_heads" in change:  # k and v of 3 heads, so the tensors fit the metadata
+        for name in [n for n in state if n.endswith(("k_proj.weight", "v_proj.weight"))]:
+            state[name] = torch.zeros(3 * CONFIG["head_dim"], CONFIG["hidden_size"])
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG | change)
+    with pytest.raises(ConfigError) as err:
+        open_drafter_checkpoint(path, mask_token_id=lambda: 500)
+    assert str(err.value).startswith(f"{path}: {expected}"), str(err.value)
+
+
+def test_a_drafter_gguf_that_does_not_fit_the_target_is_named_with_its_key(make_tiny, tmp_path):
+    """QA: "the drafter does not fit the target model: mask_token_id=999 ..." named neither the drafter nor the key
+    the GGUF holds the id under."""
+    from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    from glimmer.checkpoint.config_layouts import load_config
+    from glimmer.engine.model_loader import load_drafter
+    from glimmer.errors import ConfigError
+
+    target = make_tiny()
+    torch.manual_seed(0)
+    config = CONFIG | {"target_layer_ids": [0, 2], "mask_token_id": 999}
+    state = MuseGlimmerAssistantModel(MuseGlimmerAssistantConfig(**config)).state_dict()
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, config)
+    with pytest.raises(ConfigError) as err:
+        load_drafter(path, load_config(target), lambda: 0, progress=False)
+    assert str(err.value) == (f"{path}: the drafter does not fit the target model: tokenizer.ggml.mask_token_id=999 "
+                              "is outside the target's vocabulary [0, 512)")
+
+
 def test_a_drafter_is_not_taken_for_a_model(reference, tmp_path):
     from glimmer.engine.model_loader import load_model
 

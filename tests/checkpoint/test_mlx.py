@@ -294,6 +294,28 @@ def test_a_module_quantized_in_another_mode_is_refused_naming_its_mode(tiny_chec
         in str(err.value)
 
 
+@pytest.mark.parametrize(("edit", "module", "key", "said"), [
+    ({"group_size": 64}, "model.embed_tokens", "quantization", "bits=4, group_size=64"),
+    ({"bits": 8}, "model.embed_tokens", "quantization", "bits=8, group_size=32"),
+    ({"model.layers.0.mlp.up_proj": {"group_size": 32, "bits": 2}}, "model.layers.0.mlp.up_proj",
+     "quantization.model.layers.0.mlp.up_proj", "bits=2, group_size=32"),
+], ids=["group-size", "bits", "a-module-override"])
+def test_a_quantization_config_other_than_the_packing_names_both(tiny_checkpoint, tmp_path, edit, module, key, said):
+    """QA: a config.json whose quantization differs from the stored codes (a config copied from another artifact)
+    listed every module's scales or codes as the wrong shape, with the fix "config.json describes another size of
+    model"; it is one error naming the module, what its tensors hold and what the config says."""
+    artifact = export_mlx_artifact(tiny_checkpoint, tmp_path / "mlx", canonical_state(tiny_checkpoint), bits=4,
+                                   group_size=32)
+    config = json.loads((artifact / "config.json").read_text())
+    config["quantization"] |= edit
+    (artifact / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_model(artifact, progress=False)
+    assert str(err.value) == (f"{artifact}: {module} holds 4-bit codes in groups of 32, but config.json's {key} "
+                              f"says {said}; restore the artifact's config.json as packaged (its \"quantization\"), "
+                              "or regenerate the artifact")
+
+
 @pytest.mark.parametrize("override", ["4bit", 4, True, [4, 64]])
 def test_a_module_override_that_is_not_an_object_or_false_is_refused(tiny_checkpoint, tmp_path, override):
     """mlx-lm writes a module's own quantization as an object (or false: left whole); any other value there was
