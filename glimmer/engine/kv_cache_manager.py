@@ -248,7 +248,9 @@ class KVCacheManager:
 
     def record_prefix_lookup(self, seq: Sequence, cached_tokens: int) -> None:
         """Count an admitted sequence's lookup (`acquire_cached_prefix`) in the prefix-cache hit-rate: the blocks
-        it could have found and those it found."""
+        it could have found and those it found. The scheduler counts a request's first admission only: a preempted
+        sequence re-admitted looks up its generated tokens too and finds the blocks it just let go, which made the
+        rate follow preemptions (vLLM counts those lookups apart, as `preempted_queries`)."""
         if not self.enable_prefix_caching:
             return
         queried = min(len(seq.block_hashes), (seq.num_tokens - 1) // self.block_size)
