@@ -57,6 +57,9 @@ class KVCacheManager:
         self.windows = {SLIDING: layout.sliding_window, DRAFT: layout.draft_window}
         self.enable_prefix_caching = enable_prefix_caching
         self.pools = {group: KVBlockPool(n) for group, n in layout.num_blocks.items()}
+        # prompt tokens of the requests looked up, and those found (their `num_cached_tokens`), as vLLM counts them
+        self.prefix_cache_queried_tokens = 0
+        self.prefix_cache_hit_tokens = 0
 
     def first_needed_block(self, group: str, first_query_position: int) -> int:
         """The earliest logical block a query at `first_query_position` (or later) can read."""
@@ -248,9 +251,13 @@ class KVCacheManager:
 
     def record_prefix_lookup(self, seq: Sequence, cached_tokens: int) -> None:
         """Count an admitted sequence's lookup (`acquire_cached_prefix`) in the prefix-cache hit-rate: the blocks
-        it could have found and those it found."""
+        it could have found and those it found. The scheduler counts a request's first admission only: a preempted
+        sequence re-admitted looks up its generated tokens too and finds the blocks it just let go, which made the
+        rate follow preemptions (vLLM counts those lookups apart, as `preempted_queries`)."""
         if not self.enable_prefix_caching:
             return
+        self.prefix_cache_queried_tokens += seq.num_tokens
+        self.prefix_cache_hit_tokens += cached_tokens
         queried = min(len(seq.block_hashes), (seq.num_tokens - 1) // self.block_size)
         for pool in self.pools.values():
             pool.record_lookup(queried, cached_tokens // self.block_size)

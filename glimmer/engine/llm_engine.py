@@ -1228,6 +1228,8 @@ class LLMEngine:
             "running": len(self.scheduler.running),
             "kv_blocks": self.kv.usage(),
             "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate(),
+            "prefix_cache_queries": self.kv.prefix_cache_queried_tokens,
+            "prefix_cache_hits": self.kv.prefix_cache_hit_tokens,
             "preemptions": self.scheduler.num_preemptions,
             "spec_decode": self.speculator.stats.snapshot() if self.speculator is not None else None,
         }

@@ -108,7 +108,7 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
-            if cached is not None:
+            if cached is not None and seq.num_preemptions == 0:  # as usage's cached_tokens: a request's prompt once
                 self.kv.record_prefix_lookup(seq, cached)
             self.kv.allocate(seq, n)
             if seq.first_scheduled_time is None:  # a preempted sequence re-admitted keeps its first time

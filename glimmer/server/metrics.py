@@ -45,6 +45,11 @@ class _EngineCollector(Collector):
         yield free
         yield GaugeMetricFamily("glimmer_prefix_cache_hit_rate", "Prompt blocks found in the prefix cache / looked up",
                                 value=stats["prefix_cache_hit_rate"])
+        # the rate over a window (rate(hits) / rate(queries)), which the gauge, since the start, cannot give
+        yield CounterMetricFamily("glimmer_prefix_cache_queries", "Prompt tokens looked up in the prefix cache, per "
+                                  "sequence (n per request)", value=stats["prefix_cache_queries"])
+        yield CounterMetricFamily("glimmer_prefix_cache_hits", "Prompt tokens found in the prefix cache, per sequence "
+                                  "(a request's cached_tokens with n 1)", value=stats["prefix_cache_hits"])
         yield GaugeMetricFamily("glimmer_engine_alive", "1 while the engine thread serves requests",
                                 value=1 if engine.is_alive else 0)
         spec = stats.get("spec_decode")

@@ -140,3 +140,19 @@ def test_a_cached_prefix_under_pressure_loses_its_tail_blocks_first():
 
     # 3 blocks were never used; then 1, 2 and 3 of the cached ones are taken
     assert [cached_after_taking(blocks) for blocks in (3, 4, 5, 6)] == [20, 16, 12, 8]
+
+
+def test_the_prefix_cache_hit_rate_counts_a_request_once_not_again_when_preempted():
+    """B is preempted for lack of blocks and re-admitted: its second lookup (prompt and generated tokens) found the
+    blocks it had just let go, so /metrics reported hits that no request's `cached_tokens` showed, more the more the
+    server preempted, on prompts that shared nothing."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 8}, sliding_window=64))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64), kv)
+    a, b = _seq("A", list(range(100, 109)), max_total=24), _seq("B", list(range(200, 209)), max_total=24)
+    scheduler.add(a)
+    scheduler.add(b)
+    while scheduler.has_work:
+        _run_step(scheduler)
+    assert b.num_preemptions > 0 and a.is_finished and b.is_finished
+    (pool,) = kv.pools.values()
+    assert (pool.cache_queries, pool.cache_hits) == (2 + 2, 0) and a.num_cached_tokens == b.num_cached_tokens == 0

@@ -304,6 +304,21 @@ def test_metrics_expose_requests_tokens_latencies_and_cache(server, client):
     assert samples["glimmer_prefix_cache_hit_rate"] > 0  # the same prompt came back
 
 
+def test_prefix_cache_counters_add_up_the_requests_prompt_and_cached_tokens(server, client):
+    """/metrics had only a hit-rate gauge since the start: no window's rate (vLLM's prefix_cache_queries and _hits
+    counters), and nothing to check against the cached_tokens requests were told."""
+    before = server.metrics()
+    prompt = list(range(210, 291))  # 5 full blocks and one token to compute
+    usages = [client.completions.create(model="tiny", prompt=ids, max_tokens=2, temperature=0).usage
+              for ids in (prompt, prompt, prompt[:40], prompt + [5] * 20)]
+    after = server.metrics()
+    cached = sum(usage.prompt_tokens_details.cached_tokens for usage in usages)
+    assert cached >= 80 + 32 + 80
+    assert after["glimmer_prefix_cache_hits_total"] - before["glimmer_prefix_cache_hits_total"] == cached
+    assert (after["glimmer_prefix_cache_queries_total"] - before["glimmer_prefix_cache_queries_total"]
+            == sum(usage.prompt_tokens for usage in usages))
+
+
 def test_a_scored_prompt_that_generates_nothing_has_no_time_to_first_token(server, client):
     before = server.metrics()
     scored = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=0, echo=True, logprobs=1)
