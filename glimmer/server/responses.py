@@ -299,6 +299,7 @@ class _ResponseRun:
             "store": request.store is not False,
             "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
             "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
+            "prompt_cache_options": _prompt_cache_options(request),
             "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
             "background": False, "max_tool_calls": None, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -335,6 +336,13 @@ class _ResponseRun:
         payload = {**payload, "sequence_number": self.sequence_number}
         self.sequence_number += 1
         return sse_event(payload, event=payload["type"])
+
+
+def _prompt_cache_options(request: ResponsesRequest) -> dict[str, Any] | None:
+    """The `prompt_cache_options` echoed, as the SDK's Response types them (`mode`, `ttl`, `comparison_response_id`;
+    `prewarm` was false or unset)."""
+    options = request.prompt_cache_options
+    return None if options is None else options.model_dump(exclude_none=True, exclude={"prewarm"})
 
 
 def _tool_choice(request: ResponsesRequest) -> Any:

@@ -2,8 +2,9 @@
 
 As for chat, unknown fields are refused (400 naming them); fields that cannot change the output are checked as
 OpenAI checks them, echoed in the response object and otherwise ignored (`user`, `metadata`, `service_tier`,
-`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; `stream_options` is accepted, not echoed); and
-fields Glimmer cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
+`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`, whose `prewarm: true`
+is refused; `stream_options` is accepted, not echoed); and fields Glimmer cannot honour are refused unless unset
+(or `background: false`): `background`, `conversation`,
 `prompt`, `max_tool_calls`, `context_management`,
 `truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
@@ -33,6 +34,17 @@ class ResponsesReasoning(RequestBody):
     effort: str | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text, as the summary too
     generate_summary: Literal["auto", "concise", "detailed"] | None = None  # deprecated: OpenAI's old name
+
+
+class ResponsesPromptCacheOptions(RequestBody):
+    """OpenAI's `prompt_cache_options` on /v1/responses: hints for its prompt cache (checked as the SDK types them,
+    echoed, and otherwise ignored), except `prewarm: true`, a request to fill the cache without generating, which
+    Glimmer cannot do (check_supported refuses it rather than generate)."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: str | None = None  # asks for cache diagnostics, which Glimmer has none of
+    prewarm: bool | None = None
 
 
 class ResponsesFunctionChoice(RequestBody):
@@ -77,6 +89,7 @@ class ResponsesRequest(RequestBody):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: ResponsesPromptCacheOptions | None = None  # `prewarm: true` refused (check_supported)
     stream_options: dict[str, Any] | None = None
     # refused unless unset (see _REFUSED)
     background: bool | None = None
@@ -130,6 +143,10 @@ def check_supported(request: ResponsesRequest) -> None:
         if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
     _check_metadata(request.metadata or {})
+    if request.prompt_cache_options is not None and request.prompt_cache_options.prewarm:
+        raise RequestError("prompt_cache_options.prewarm: preparing the prompt cache without generating is not "
+                           "supported (Glimmer caches a prompt's blocks as it answers it); leave `prewarm` unset or "
+                           "false", param="prompt_cache_options.prewarm")
     reasoning_summary(request)
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "

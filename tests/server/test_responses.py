@@ -630,6 +630,10 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
     ({"service_tier": "fastest"}, "service_tier"),
     ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+    # a cache filled without generating: Glimmer would generate instead
+    ({"prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),
+    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
+    ({"prompt_cache_options": {"size": 3}}, "prompt_cache_options.size"),
     ({"metadata": {"run": 1}}, "metadata.run"),  # OpenAI's metadata values are strings
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # at most 16 pairs
     ({"metadata": {"k" * 65: "v"}}, "metadata"),  # keys at most 64 characters
@@ -653,6 +657,19 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
         assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
     created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
     assert created.type == "response.created" and created.response.safety_identifier == "s-1"
+
+
+@pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "12h", "comparison_response_id": "resp_1"},
+                                     {"mode": "implicit", "prewarm": False}])
+def test_prompt_cache_options_of_the_openai_sdk_are_accepted_echoed_and_change_nothing(client, options):
+    """`prompt_cache_options`, the SDK's successor of `prompt_cache_retention`, was a 400 as an unknown field."""
+    hinted = _create(client, input="[greet] Hi", prompt_cache_options=options)
+    plain = _create(client, input="[greet] Hi")
+    assert hinted.output_text == plain.output_text and hinted.usage.input_tokens == plain.usage.input_tokens
+    echoed = {key: value for key, value in options.items() if key != "prewarm"}
+    for response in (hinted, client.responses.retrieve(hinted.id)):
+        assert response.prompt_cache_options.model_dump(exclude_none=True) == echoed
+    assert plain.prompt_cache_options is None
 
 
 @pytest.mark.parametrize("tier", ["fast", "ultrafast"])
