@@ -287,6 +287,8 @@ class _ResponseRun:
         listed = done or status == "failed"
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            # as OpenAI's: when the response completed, only for a completed one (not an incomplete or failed one)
+            "completed_at": int(time.time()) if status == "completed" else None,
             "model": self.chat.model_name, "output": [_copy(item) for item in self.builder.items] if listed else [],
             "instructions": request.instructions, "previous_response_id": request.previous_response_id,
             "tools": request.tools or [], "tool_choice": _tool_choice(request),

@@ -436,6 +436,20 @@ def test_a_streamed_call_sends_argument_deltas(client):
     assert json.loads(arguments) == {"city": "Paris"} and done[0].arguments == arguments
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completed_response_says_when_it_completed_and_an_incomplete_one_does_not(client, stream):
+    """`completed_at`, which the SDK's Response types and OpenAI sets on a completed response, was left out (None)."""
+    def final(**fields):
+        response = _create(client, input="[greet] Hi", stream=stream, **fields)
+        return list(response)[-1].response if stream else response
+
+    completed, incomplete = final(), final(max_output_tokens=2)
+    assert completed.status == "completed" and incomplete.status == "incomplete"
+    assert completed.created_at <= completed.completed_at <= time.time() + 1
+    assert client.responses.retrieve(completed.id).completed_at == completed.completed_at
+    assert incomplete.completed_at is None
+
+
 def test_max_output_tokens_makes_the_response_incomplete(client):
     response = _create(client, input="[greet] Hello!", max_output_tokens=3)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
