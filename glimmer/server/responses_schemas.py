@@ -243,6 +243,23 @@ def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {key: value for key, value in text_format.items() if key != "type"}}
 
 
+_TOOL_FEATURES = {  # the SDK's FunctionToolParam fields for OpenAI features Glimmer has not: their plain value is taken
+    "defer_loading": (False, "loading a tool only when a tool search finds it is not supported (the model is shown "
+                             "every declared tool); leave it out or false"),
+    "allowed_callers": (["direct"], "programmatic tool calling is not supported (the model calls tools itself); "
+                                    'leave it out or ["direct"]'),
+    "output_schema": (None, "a schema of the tool's outputs is not supported (the chat template shows the model "
+                            "none); leave it out"),
+}
+
+
+def _check_tool_features(tool: dict[str, Any], i: int) -> None:
+    """RequestError naming a field of OpenAI's function tools whose value asks for what Glimmer cannot do."""
+    for name, (plain, reason) in _TOOL_FEATURES.items():
+        if tool.get(name) is not None and tool[name] != plain:
+            raise RequestError(f"tools[{i}].{name}: {reason}", param=f"tools[{i}].{name}")
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """Responses function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) in the
     chat shape, `strict` included (true: calls follow the schema, by grammar, under any tool_choice)."""
@@ -253,7 +270,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         if tool.get("type") != "function":
             raise RequestError(f"tools[{i}].type: {tool.get('type')!r} tools are not supported; only 'function' "
                                "tools are", param=f"tools[{i}].type")
-        unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        _check_tool_features(tool, i)
+        unknown = set(tool) - {"type", "name", "description", "parameters", "strict", *_TOOL_FEATURES}
         if "function" in unknown:  # the chat completions shape, the usual mistake
             raise RequestError(f"tools[{i}].function: unknown field; Responses function tools are flat "
                                '({"type": "function", "name": ..., "parameters": ...}), not nested under '

@@ -429,6 +429,30 @@ def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param, c
     assert error["param"] == param and error["message"].startswith(param)
 
 
+def test_the_sdks_tool_feature_fields_at_their_plain_values_declare_the_same_tool(client):
+    """`defer_loading`, `allowed_callers` and `output_schema` (the SDK's FunctionToolParam) were 400s as unknown
+    fields, whatever their value."""
+    plain = _create(client, input="[weather] Paris?", tools=[WEATHER_TOOL])
+    tool = {**WEATHER_TOOL, "defer_loading": False, "allowed_callers": ["direct"], "output_schema": None}
+    declared = _create(client, input="[weather] Paris?", tools=[tool])
+    assert [item.type for item in declared.output] == [item.type for item in plain.output]
+    assert declared.output[-1].arguments == plain.output[-1].arguments
+    assert declared.usage.input_tokens == plain.usage.input_tokens
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [("defer_loading", True, "tool search"),
+                                                       ("allowed_callers", ["programmatic"], "programmatic"),
+                                                       ("allowed_callers", ["direct", "programmatic"], "programmatic"),
+                                                       ("output_schema", {"type": "object"}, "outputs")])
+def test_a_tool_feature_glimmer_has_not_is_400_saying_so(server, field, value, words):
+    body = {"model": "tiny", "input": "[weather]", "tools": [{**WEATHER_TOOL, field: value}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == f"tools[0].{field}" and words in error["message"], error
+    assert "unknown field" not in error["message"]
+
+
 def test_a_streamed_call_sends_argument_deltas(client):
     events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
     arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
