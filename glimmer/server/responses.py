@@ -40,6 +40,8 @@ from glimmer.server.responses_input import MessageSource, chat_messages, input_i
 from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
     OUTPUT_TEXT_LOGPROBS,
+    REASONING_CONTEXT,
+    REASONING_MODE,
     RESPONSES_FIELD_HINTS,
     InputTokensRequest,
     ResponsesRequest,
@@ -296,7 +298,7 @@ class _ResponseRun:
             "temperature": request.temperature, "top_p": request.top_p,
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs,
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
-                          "summary": reasoning_summary(request)},
+                          "summary": reasoning_summary(request), "context": REASONING_CONTEXT, "mode": REASONING_MODE},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
             "store": request.store is not False,
             "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,

@@ -34,6 +34,9 @@ class ResponsesReasoning(RequestBody):
     effort: str | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text, as the summary too
     generate_summary: Literal["auto", "concise", "detailed"] | None = None  # deprecated: OpenAI's old name
+    # which earlier reasoning the model reads: Glimmer renders all of it back ("all_turns"; check_reasoning_modes)
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: str | None = None  # the SDK's "standard" or "pro" (any string): Glimmer runs "standard" only
 
 
 class ResponsesPromptCacheOptions(RequestBody):
@@ -148,6 +151,7 @@ def check_supported(request: ResponsesRequest) -> None:
                            "supported (Glimmer caches a prompt's blocks as it answers it); leave `prewarm` unset or "
                            "false", param="prompt_cache_options.prewarm")
     reasoning_summary(request)
+    _check_reasoning_modes(request.reasoning or ResponsesReasoning())
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
@@ -174,6 +178,21 @@ def check_supported(request: ResponsesRequest) -> None:
 def _chat_only(name: str) -> str:
     return ("a field of /v1/chat/completions, which /v1/responses does not take (a response always starts a new "
             f"assistant turn with the model's template); use /v1/chat/completions for {name!r}")
+
+
+REASONING_CONTEXT, REASONING_MODE = "all_turns", "standard"  # the effective ones, which responses report
+
+
+def _check_reasoning_modes(reasoning: ResponsesReasoning) -> None:
+    """RequestError for a `reasoning.context` or `reasoning.mode` other than what Glimmer does (or `auto`)."""
+    if reasoning.context == "current_turn":
+        raise RequestError("reasoning.context: 'current_turn' is not supported: the reasoning of earlier turns is "
+                           "rendered back to the model as sent ('all_turns'); use 'auto' or 'all_turns', or leave "
+                           "earlier reasoning items out of the input", param="reasoning.context")
+    if reasoning.mode not in (None, REASONING_MODE):
+        raise RequestError(f"reasoning.mode: {reasoning.mode!r} is not supported; Glimmer runs the "
+                           f"{REASONING_MODE!r} mode only (use reasoning.effort for more or less reasoning)",
+                           param="reasoning.mode")
 
 
 def check_include(values: list[str]) -> None:

@@ -111,6 +111,17 @@ def test_a_streamed_reasoning_summary_has_its_events_and_ends_as_the_whole_respo
         item.model_dump(exclude={"id"}) for item in whole.output]
 
 
+@pytest.mark.parametrize("reasoning", [{"context": "all_turns"}, {"context": "auto", "mode": "standard"}])
+def test_the_reasoning_context_and_mode_glimmer_runs_are_taken_and_reported(client, reasoning):
+    """`reasoning.context` and `reasoning.mode` (the SDK's Reasoning) were 400s as unknown fields; the response
+    reports the effective ones, as OpenAI's does: earlier reasoning is rendered back, in the standard mode."""
+    plain = _create(client, input="[greet] Hello!")
+    response = _create(client, input="[greet] Hello!", reasoning=reasoning)
+    assert response.output_text == plain.output_text and response.usage.input_tokens == plain.usage.input_tokens
+    for echoed in (response, plain):
+        assert (echoed.reasoning.context, echoed.reasoning.mode) == ("all_turns", "standard")
+
+
 def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], reasoning={"summary": "auto"})
     call = next(item for item in first.output if item.type == "function_call")
@@ -663,6 +674,9 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
     ({"text": {"format": {"type": "text"}, "fmt": {"type": "json_object"}}}, "text.fmt"),  # param was `text`
     ({"reasoning": {"summary": "concise"}}, "reasoning.summary"),  # the reasoning comes whole or not at all
+    ({"reasoning": {"context": "current_turn"}}, "reasoning.context"),  # earlier reasoning is always rendered
+    ({"reasoning": {"context": "some_turns"}}, "reasoning.context"),
+    ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
     ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
     ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
     ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
