@@ -40,6 +40,8 @@ from glimmer.server.responses_input import MessageSource, chat_messages, input_i
 from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
     OUTPUT_TEXT_LOGPROBS,
+    REASONING_CONTEXT,
+    REASONING_MODE,
     RESPONSES_FIELD_HINTS,
     InputTokensRequest,
     ResponsesRequest,
@@ -287,6 +289,8 @@ class _ResponseRun:
         listed = done or status == "failed"
         return {
             "id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+            # as OpenAI's: when the response completed, only for a completed one (not an incomplete or failed one)
+            "completed_at": int(time.time()) if status == "completed" else None,
             "model": self.chat.model_name, "output": [_copy(item) for item in self.builder.items] if listed else [],
             "instructions": request.instructions, "previous_response_id": request.previous_response_id,
             "tools": request.tools or [], "tool_choice": _tool_choice(request),
@@ -294,11 +298,12 @@ class _ResponseRun:
             "temperature": request.temperature, "top_p": request.top_p,
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs,
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
-                          "summary": reasoning_summary(request)},
+                          "summary": reasoning_summary(request), "context": REASONING_CONTEXT, "mode": REASONING_MODE},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
             "store": request.store is not False,
             "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
             "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
+            "prompt_cache_options": _prompt_cache_options(request),
             "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
             "background": False, "max_tool_calls": None, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -335,6 +340,13 @@ class _ResponseRun:
         payload = {**payload, "sequence_number": self.sequence_number}
         self.sequence_number += 1
         return sse_event(payload, event=payload["type"])
+
+
+def _prompt_cache_options(request: ResponsesRequest) -> dict[str, Any] | None:
+    """The `prompt_cache_options` echoed, as the SDK's Response types them (`mode`, `ttl`, `comparison_response_id`;
+    `prewarm` was false or unset)."""
+    options = request.prompt_cache_options
+    return None if options is None else options.model_dump(exclude_none=True, exclude={"prewarm"})
 
 
 def _tool_choice(request: ResponsesRequest) -> Any:

@@ -2,8 +2,9 @@
 
 As for chat, unknown fields are refused (400 naming them); fields that cannot change the output are checked as
 OpenAI checks them, echoed in the response object and otherwise ignored (`user`, `metadata`, `service_tier`,
-`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`; `stream_options` is accepted, not echoed); and
-fields Glimmer cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
+`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`, whose `prewarm: true`
+is refused; `stream_options` is accepted, not echoed); and fields Glimmer cannot honour are refused unless unset
+(or `background: false`): `background`, `conversation`,
 `prompt`, `max_tool_calls`, `context_management`,
 `truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
@@ -33,6 +34,20 @@ class ResponsesReasoning(RequestBody):
     effort: str | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None  # the full reasoning text, as the summary too
     generate_summary: Literal["auto", "concise", "detailed"] | None = None  # deprecated: OpenAI's old name
+    # which earlier reasoning the model reads: Glimmer renders all of it back ("all_turns"; check_reasoning_modes)
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: str | None = None  # the SDK's "standard" or "pro" (any string): Glimmer runs "standard" only
+
+
+class ResponsesPromptCacheOptions(RequestBody):
+    """OpenAI's `prompt_cache_options` on /v1/responses: hints for its prompt cache (checked as the SDK types them,
+    echoed, and otherwise ignored), except `prewarm: true`, a request to fill the cache without generating, which
+    Glimmer cannot do (check_supported refuses it rather than generate)."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: str | None = None  # asks for cache diagnostics, which Glimmer has none of
+    prewarm: bool | None = None
 
 
 class ResponsesFunctionChoice(RequestBody):
@@ -77,6 +92,7 @@ class ResponsesRequest(RequestBody):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: ResponsesPromptCacheOptions | None = None  # `prewarm: true` refused (check_supported)
     stream_options: dict[str, Any] | None = None
     # refused unless unset (see _REFUSED)
     background: bool | None = None
@@ -130,7 +146,12 @@ def check_supported(request: ResponsesRequest) -> None:
         if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
     _check_metadata(request.metadata or {})
+    if request.prompt_cache_options is not None and request.prompt_cache_options.prewarm:
+        raise RequestError("prompt_cache_options.prewarm: preparing the prompt cache without generating is not "
+                           "supported (Glimmer caches a prompt's blocks as it answers it); leave `prewarm` unset or "
+                           "false", param="prompt_cache_options.prewarm")
     reasoning_summary(request)
+    _check_reasoning_modes(request.reasoning or ResponsesReasoning())
     if request.truncation == "auto":
         raise RequestError("truncation: 'auto' (dropping input to fit) is not supported; Glimmer refuses a prompt "
                            "over the context instead", param="truncation")
@@ -157,6 +178,21 @@ def check_supported(request: ResponsesRequest) -> None:
 def _chat_only(name: str) -> str:
     return ("a field of /v1/chat/completions, which /v1/responses does not take (a response always starts a new "
             f"assistant turn with the model's template); use /v1/chat/completions for {name!r}")
+
+
+REASONING_CONTEXT, REASONING_MODE = "all_turns", "standard"  # the effective ones, which responses report
+
+
+def _check_reasoning_modes(reasoning: ResponsesReasoning) -> None:
+    """RequestError for a `reasoning.context` or `reasoning.mode` other than what Glimmer does (or `auto`)."""
+    if reasoning.context == "current_turn":
+        raise RequestError("reasoning.context: 'current_turn' is not supported: the reasoning of earlier turns is "
+                           "rendered back to the model as sent ('all_turns'); use 'auto' or 'all_turns', or leave "
+                           "earlier reasoning items out of the input", param="reasoning.context")
+    if reasoning.mode not in (None, REASONING_MODE):
+        raise RequestError(f"reasoning.mode: {reasoning.mode!r} is not supported; Glimmer runs the "
+                           f"{REASONING_MODE!r} mode only (use reasoning.effort for more or less reasoning)",
+                           param="reasoning.mode")
 
 
 def check_include(values: list[str]) -> None:
@@ -226,6 +262,23 @@ def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {key: value for key, value in text_format.items() if key != "type"}}
 
 
+_TOOL_FEATURES = {  # the SDK's FunctionToolParam fields for OpenAI features Glimmer has not: their plain value is taken
+    "defer_loading": (False, "loading a tool only when a tool search finds it is not supported (the model is shown "
+                             "every declared tool); leave it out or false"),
+    "allowed_callers": (["direct"], "programmatic tool calling is not supported (the model calls tools itself); "
+                                    'leave it out or ["direct"]'),
+    "output_schema": (None, "a schema of the tool's outputs is not supported (the chat template shows the model "
+                            "none); leave it out"),
+}
+
+
+def _check_tool_features(tool: dict[str, Any], i: int) -> None:
+    """RequestError naming a field of OpenAI's function tools whose value asks for what Glimmer cannot do."""
+    for name, (plain, reason) in _TOOL_FEATURES.items():
+        if tool.get(name) is not None and tool[name] != plain:
+            raise RequestError(f"tools[{i}].{name}: {reason}", param=f"tools[{i}].{name}")
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """Responses function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) in the
     chat shape, `strict` included (true: calls follow the schema, by grammar, under any tool_choice)."""
@@ -236,7 +289,8 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         if tool.get("type") != "function":
             raise RequestError(f"tools[{i}].type: {tool.get('type')!r} tools are not supported; only 'function' "
                                "tools are", param=f"tools[{i}].type")
-        unknown = set(tool) - {"type", "name", "description", "parameters", "strict"}
+        _check_tool_features(tool, i)
+        unknown = set(tool) - {"type", "name", "description", "parameters", "strict", *_TOOL_FEATURES}
         if "function" in unknown:  # the chat completions shape, the usual mistake
             raise RequestError(f"tools[{i}].function: unknown field; Responses function tools are flat "
                                '({"type": "function", "name": ..., "parameters": ...}), not nested under '

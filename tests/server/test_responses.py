@@ -111,6 +111,17 @@ def test_a_streamed_reasoning_summary_has_its_events_and_ends_as_the_whole_respo
         item.model_dump(exclude={"id"}) for item in whole.output]
 
 
+@pytest.mark.parametrize("reasoning", [{"context": "all_turns"}, {"context": "auto", "mode": "standard"}])
+def test_the_reasoning_context_and_mode_glimmer_runs_are_taken_and_reported(client, reasoning):
+    """`reasoning.context` and `reasoning.mode` (the SDK's Reasoning) were 400s as unknown fields; the response
+    reports the effective ones, as OpenAI's does: earlier reasoning is rendered back, in the standard mode."""
+    plain = _create(client, input="[greet] Hello!")
+    response = _create(client, input="[greet] Hello!", reasoning=reasoning)
+    assert response.output_text == plain.output_text and response.usage.input_tokens == plain.usage.input_tokens
+    for echoed in (response, plain):
+        assert (echoed.reasoning.context, echoed.reasoning.mode) == ("all_turns", "standard")
+
+
 def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], reasoning={"summary": "auto"})
     call = next(item for item in first.output if item.type == "function_call")
@@ -429,11 +440,49 @@ def test_flat_tool_errors_name_the_field_the_request_has(server, tools, param, c
     assert error["param"] == param and error["message"].startswith(param)
 
 
+def test_the_sdks_tool_feature_fields_at_their_plain_values_declare_the_same_tool(client):
+    """`defer_loading`, `allowed_callers` and `output_schema` (the SDK's FunctionToolParam) were 400s as unknown
+    fields, whatever their value."""
+    plain = _create(client, input="[weather] Paris?", tools=[WEATHER_TOOL])
+    tool = {**WEATHER_TOOL, "defer_loading": False, "allowed_callers": ["direct"], "output_schema": None}
+    declared = _create(client, input="[weather] Paris?", tools=[tool])
+    assert [item.type for item in declared.output] == [item.type for item in plain.output]
+    assert declared.output[-1].arguments == plain.output[-1].arguments
+    assert declared.usage.input_tokens == plain.usage.input_tokens
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [("defer_loading", True, "tool search"),
+                                                       ("allowed_callers", ["programmatic"], "programmatic"),
+                                                       ("allowed_callers", ["direct", "programmatic"], "programmatic"),
+                                                       ("output_schema", {"type": "object"}, "outputs")])
+def test_a_tool_feature_glimmer_has_not_is_400_saying_so(server, field, value, words):
+    body = {"model": "tiny", "input": "[weather]", "tools": [{**WEATHER_TOOL, field: value}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == f"tools[0].{field}" and words in error["message"], error
+    assert "unknown field" not in error["message"]
+
+
 def test_a_streamed_call_sends_argument_deltas(client):
     events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
     arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert json.loads(arguments) == {"city": "Paris"} and done[0].arguments == arguments
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completed_response_says_when_it_completed_and_an_incomplete_one_does_not(client, stream):
+    """`completed_at`, which the SDK's Response types and OpenAI sets on a completed response, was left out (None)."""
+    def final(**fields):
+        response = _create(client, input="[greet] Hi", stream=stream, **fields)
+        return list(response)[-1].response if stream else response
+
+    completed, incomplete = final(), final(max_output_tokens=2)
+    assert completed.status == "completed" and incomplete.status == "incomplete"
+    assert completed.created_at <= completed.completed_at <= time.time() + 1
+    assert client.responses.retrieve(completed.id).completed_at == completed.completed_at
+    assert incomplete.completed_at is None
 
 
 def test_max_output_tokens_makes_the_response_incomplete(client):
@@ -625,11 +674,18 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": None}}}, "text.format.schema"),
     ({"text": {"format": {"type": "text"}, "fmt": {"type": "json_object"}}}, "text.fmt"),  # param was `text`
     ({"reasoning": {"summary": "concise"}}, "reasoning.summary"),  # the reasoning comes whole or not at all
+    ({"reasoning": {"context": "current_turn"}}, "reasoning.context"),  # earlier reasoning is always rendered
+    ({"reasoning": {"context": "some_turns"}}, "reasoning.context"),
+    ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
     ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
     ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
     ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
     ({"service_tier": "fastest"}, "service_tier"),
     ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+    # a cache filled without generating: Glimmer would generate instead
+    ({"prompt_cache_options": {"prewarm": True}}, "prompt_cache_options.prewarm"),
+    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl"),
+    ({"prompt_cache_options": {"size": 3}}, "prompt_cache_options.size"),
     ({"metadata": {"run": 1}}, "metadata.run"),  # OpenAI's metadata values are strings
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),  # at most 16 pairs
     ({"metadata": {"k" * 65: "v"}}, "metadata"),  # keys at most 64 characters
@@ -653,6 +709,19 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
         assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
     created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
     assert created.type == "response.created" and created.response.safety_identifier == "s-1"
+
+
+@pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "12h", "comparison_response_id": "resp_1"},
+                                     {"mode": "implicit", "prewarm": False}])
+def test_prompt_cache_options_of_the_openai_sdk_are_accepted_echoed_and_change_nothing(client, options):
+    """`prompt_cache_options`, the SDK's successor of `prompt_cache_retention`, was a 400 as an unknown field."""
+    hinted = _create(client, input="[greet] Hi", prompt_cache_options=options)
+    plain = _create(client, input="[greet] Hi")
+    assert hinted.output_text == plain.output_text and hinted.usage.input_tokens == plain.usage.input_tokens
+    echoed = {key: value for key, value in options.items() if key != "prewarm"}
+    for response in (hinted, client.responses.retrieve(hinted.id)):
+        assert response.prompt_cache_options.model_dump(exclude_none=True) == echoed
+    assert plain.prompt_cache_options is None
 
 
 @pytest.mark.parametrize("tier", ["fast", "ultrafast"])
