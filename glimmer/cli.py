@@ -111,16 +111,20 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         _refuse_empty_path(args.drafter_for, "--drafter-for", "give the target's checkpoint directory")
     out = Path(args.dir)
     if args.drafter_for is not None:
+        from glimmer.default_model import embedded_model_dir
+
+        embedded = None if Path(args.drafter_for).exists() else embedded_model_dir(args.drafter_for)
+        target = args.drafter_for if embedded is None else str(embedded)  # glimmer-nano, as wherever a model is named
         given = {"--vision": args.vision, "--shards": args.shards != 1, "--preset": args.preset != "tiny",
                  "--config-only": args.config_only}
         inapplicable = [flag for flag, is_given in given.items() if is_given]
         if inapplicable:
             raise UsageError(f"--drafter-for writes a DFlash drafter; leave out {', '.join(inapplicable)} (options "
                              "of a model checkpoint)")
-        if Path(args.drafter_for).is_file():  # the drafter is written from the target's config.json and tokenizer
+        if Path(target).is_file():  # the drafter is written from the target's config.json and tokenizer
             raise UsageError(f"--drafter-for needs the target's checkpoint directory; {args.drafter_for} is a file "
                              "(GGUF targets are not supported)")
-        if not Path(args.drafter_for).is_dir():
+        if not Path(target).is_dir():
             raise UsageError(f"--drafter-for {args.drafter_for}: no such directory; give the target's checkpoint "
                              "directory")
         if args.layout not in TINY_DRAFTER_LAYOUTS:  # write_tiny_drafter would name its argument, `layout=`
@@ -132,7 +136,7 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         if out.is_dir() and any(out.iterdir()) and not args.force:
             raise UsageError(f"{out} is not empty; choose an empty directory or pass --force to overwrite its files")
         if args.drafter_for is not None:
-            path = write_tiny_drafter(args.dir, args.drafter_for, layout=args.layout, seed=args.seed)
+            path = write_tiny_drafter(args.dir, target, layout=args.layout, seed=args.seed)
             print(f"wrote a tiny random {args.layout}-layout DFlash drafter for {args.drafter_for} to {path}")
             return 0
         path = write_tiny_checkpoint(args.dir, layout=args.layout, vision=args.vision, seed=args.seed,

@@ -729,6 +729,20 @@ def test_make_tiny_drafter_refuses_a_layout_or_target_it_cannot_take_naming_the_
     assert not (tmp_path / "drafter").exists()
 
 
+def test_make_tiny_drafter_for_the_embedded_model_by_its_name(capsys, tmp_path, monkeypatch):
+    """`--drafter-for glimmer-nano` was refused as "no such directory", though the name stands for the embedded model
+    wherever a model path is taken."""
+    from glimmer import LLM
+    from glimmer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["make-tiny", "drafter", "--drafter-for", DEFAULT_MODEL_NAME]) == 0
+    assert f"DFlash drafter for {DEFAULT_MODEL_NAME} to drafter" in capsys.readouterr().out
+    llm = LLM(DEFAULT_MODEL_NAME, progress=False,  # the drafter fits the target (refused with the numbers if not)
+              speculative_config={"method": "dflash", "model": str(tmp_path / "drafter")})
+    assert llm.engine.drafter.config.block_size == 16
+
+
 def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, tmp_path):
     from safetensors.torch import load_file
 
