@@ -140,6 +140,7 @@ class ScriptedRunner:
         self.prompts: list[str] = []
         self._scripts: dict[str, list[list[int]]] = {}
         self._by_sequence: dict[tuple[str, int], list[list[int]]] = {}
+        self.step_delay_s = 0.0  # a step's time: a client then reads as fast as tokens come (no deltas merged)
 
     def add(self, key: str, *texts: str) -> None:
         self._scripts[key] = [self.tokenizer.encode(text) for text in texts]
@@ -154,6 +155,8 @@ class ScriptedRunner:
         return self._by_sequence[ident]
 
     def execute(self, step: ScheduledStep) -> StepLogits:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         sampling = [i for i in range(len(step.seqs)) if step.samples(i)]
         logits = torch.zeros(len(sampling), self.vocab_size)
         for row, i in enumerate(sampling):
