@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -160,9 +160,10 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     from glimmer.default_model import default_model_dir
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
     from glimmer.multimodal import MediaLimits
 
-    _check_vllm_options(args)
+    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
     is_default = args.model is None
     model = str(default_model_dir()) if is_default else args.model
     local = Path(model).expanduser()
@@ -211,7 +212,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     _check_engine_options(args)
     _check_serve_options(args)
-    for note in _vllm_serving_notes(args):
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    for note in _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS):
         print(note)
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
     listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
@@ -627,53 +630,18 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _any_value(value: Any) -> bool:
-    return True
-
-_VLLM_SERVING_OPTIONS: dict[str, tuple[dict[str, Any], Callable[[Any], bool], str]] = {
-    # flag: (argparse options, whether a value changes nothing here, what to do instead of another value)
-    "--enable-auto-tool-choice": ({"action": "store_true"}, _any_value, ""),
-    "--tool-call-parser": ({"metavar": "NAME"}, _any_value, ""),
-    "--reasoning-parser": ({"metavar": "NAME"}, _any_value, ""),
-    "--disable-log-requests": ({"action": "store_true"}, _any_value, ""),
-    "--max-log-len": ({"type": int, "metavar": "N"}, _any_value, ""),
-    "--disable-fastapi-docs": ({"action": "store_true"}, _any_value, ""),
-    "--enable-prompt-tokens-details": ({"action": "store_true"}, _any_value, ""),
-    "--enable-log-requests": ({"action": "store_true"}, lambda value: not value, (
-        "Glimmer never logs requests' prompts or outputs (/metrics counts requests and tokens); leave it out")),
-    "--response-role": ({"metavar": "ROLE"}, lambda value: value == "assistant", (
-        "replies always come from the assistant role; leave it out")),
+_VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
+    "--enable-auto-tool-choice": {"action": "store_true"},
+    "--tool-call-parser": {"metavar": "NAME"},
+    "--reasoning-parser": {"metavar": "NAME"},
+    "--disable-log-requests": {"action": "store_true"},
+    "--max-log-len": {"type": int, "metavar": "N"},
+    "--disable-fastapi-docs": {"action": "store_true"},
+    "--enable-prompt-tokens-details": {"action": "store_true"},
+    "--enable-log-requests": {"action": "store_true"},
+    "--response-role": {"metavar": "ROLE"},
 }
-"""vLLM's serving options (`vllm serve` beside the engine's): taken where their value changes nothing here, each
-telling what Glimmer does instead at startup (`_vllm_serving_notes`). Glimmer reads tool calls and reasoning with the
-model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts; it serves no /docs page;
-usage always has prompt_tokens_details."""
-_VLLM_SERVING_NOTES = {
-    "--enable-auto-tool-choice": "tool calls are parsed under any tool_choice",
-    "--tool-call-parser": "tool calls are parsed by the model's own ATEM parser",
-    "--reasoning-parser": "reasoning is parsed by the model's own channel parser",
-    "--disable-log-requests": "prompts and outputs are never logged",
-    "--max-log-len": "prompts and outputs are never logged",
-    "--disable-fastapi-docs": "no /docs pages are served",
-    "--enable-prompt-tokens-details": "usage always has prompt_tokens_details",
-}
-
-
-def _vllm_serving_notes(args: argparse.Namespace) -> list[str]:
-    """One line per vLLM serving option given (UsageError for a value that would change something), saying what
-    Glimmer does instead."""
-    notes = []
-    for flag, (_, changes_nothing, instead) in _VLLM_SERVING_OPTIONS.items():
-        dest = flag[2:].replace("-", "_")
-        if not hasattr(args, dest):
-            continue
-        value = getattr(args, dest)
-        if not changes_nothing(value):
-            raise UsageError(f"{flag if isinstance(value, bool) else f'{flag} {value}'}: {instead}")
-        if flag in _VLLM_SERVING_NOTES:
-            shown = flag if isinstance(value, bool) else f"{flag} {value}"
-            notes.append(f"vLLM's {shown} changes nothing here: {_VLLM_SERVING_NOTES[flag]}")
-    return notes
+"""`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 
 
 def _dtype(text: str) -> str | None:
@@ -706,19 +674,24 @@ def _limit_mm_per_prompt(text: str) -> dict[str, int]:
     return limits
 
 
-def _check_vllm_options(args: argparse.Namespace) -> None:
-    """UsageError naming the first vLLM option given with a value that would change something here."""
-    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
-
-    for flag in _VLLM_SERVE_OPTIONS:
+def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], arguments: Mapping[str, Any]
+                        ) -> list[str]:
+    """UsageError naming the first of vLLM's `options` given with a value that would change something here (by its
+    rule in `arguments`, a table of vllm_arguments); otherwise a line for each given one that takes any value, saying
+    what Glimmer does in its place."""
+    notes = []
+    for flag in options:
         dest = flag[2:].replace("-", "_")
         if not hasattr(args, dest):
             continue
         value = getattr(args, dest)
-        argument = VLLM_ONLY_LLM_ARGUMENTS[dest]
+        argument = arguments[dest]
+        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
         if not argument.changes_nothing(value, {"model": args.model}):
-            shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
             raise UsageError(f"{shown}: {argument.instead}")
+        if argument.takes_any_value:
+            notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")
+    return notes
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -874,7 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
         "vLLM's serving options", "taken where their value changes nothing here (Glimmer parses tool calls and "
         "reasoning with the model's own parser, never logs prompts, serves no /docs page), each noted at startup; "
         "another value is refused saying what to do instead")
-    for flag, (options, _, _) in _VLLM_SERVING_OPTIONS.items():
+    for flag, options in _VLLM_SERVING_OPTIONS.items():
         vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
     serve.set_defaults(func=_cmd_serve)
 

@@ -55,7 +55,7 @@ from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
 from glimmer.errors import CheckpointError, ConfigError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
-from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, image_expansion, video_expansion
+from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from glimmer.protocol import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -622,15 +622,9 @@ class LLMEngine:
         `cancel` stops the media processing between items and frames (raising Cancelled)."""
         if not images and not videos:
             return self.encode_prompt(text, literals), []
-        if self.media is None:
-            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used"
-                               + self.model_config.no_vision_fix,
-                               param="messages")
-        if videos and self.model_config.video_unsupported_reason:
-            raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
-                               param="messages")
+        media = self._media_for(videos, param="messages")
         self.check_prompt_chars(text)  # before decoding media that could not fit anyway
-        processed = self.media.process(text, images, videos, cancel=cancel)
+        processed = media.process(text, images, videos, cancel=cancel)
         token_ids = self.encode_prompt(processed.text, literals)
         config = self.model_config
         return token_ids, attach_media(token_ids, processed, config.image_token_id, config.video_token_id)
@@ -646,12 +640,7 @@ class LLMEngine:
         not match the items (an expanded prompt, from a tokenized expansion, included)."""
         if not images and not videos:
             return token_ids, []
-        if self.media is None:
-            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used"
-                               + self.model_config.no_vision_fix, param=param)
-        if videos and self.model_config.video_unsupported_reason:
-            raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
-                               param=param)
+        media = self._media_for(videos, param=param)
         config = self.model_config
         kinds = {config.image_token_id: (IMAGE_PLACEHOLDER, "image", len(images)),
                  config.video_token_id: (VIDEO_PLACEHOLDER, "video", len(videos))}
@@ -665,11 +654,9 @@ class LLMEngine:
                     "holds one per patch: give its text, or its ids before expansion)",
                     param=f"{param}.prompt_token_ids")
         order = "".join(kinds[token_id][0] for token_id in token_ids if token_id in kinds)
-        processed = self.media.process(order, images, videos, cancel=cancel)
-        frame_time = self.media.settings.frame_timestamp_format
-        expansions = {config.image_token_id: iter([image_expansion(image.num_tokens) for image in processed.images]),
-                      config.video_token_id: iter([video_expansion(video.group_timestamps_s, video.tokens_per_group,
-                                                                   frame_time) for video in processed.videos])}
+        processed = media.process(order, images, videos, cancel=cancel)
+        expansions = {config.image_token_id: iter(processed.image_expansions),
+                      config.video_token_id: iter(processed.video_expansions)}
         expanded: list[int] = []
         for token_id in token_ids:
             if token_id in expansions:
@@ -677,6 +664,17 @@ class LLMEngine:
             else:
                 expanded.append(token_id)
         return expanded, attach_media(expanded, processed, config.image_token_id, config.video_token_id)
+
+    def _media_for(self, videos: list | tuple, *, param: str) -> MediaProcessor:
+        """The media processor, for a prompt with media (and `videos`); RequestError naming `param` when the model
+        takes none, or no videos."""
+        if self.media is None:
+            raise RequestError("this checkpoint has no vision tower; images and videos cannot be used"
+                               + self.model_config.no_vision_fix, param=param)
+        if videos and self.model_config.video_unsupported_reason:
+            raise RequestError(f"this model cannot take videos: {self.model_config.video_unsupported_reason}",
+                               param=param)
+        return self.media
 
     # requests ---------------------------------------------------------------------------------------
 

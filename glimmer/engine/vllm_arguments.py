@@ -29,6 +29,12 @@ class VllmArgument:
     changes_nothing: ChangesNothing
     instead: str
 
+    @property
+    def takes_any_value(self) -> bool:
+        """Whether every value is taken: `instead` then says what Glimmer does in its place (noted where it is
+        taken, as `glimmer serve` notes its vLLM options at startup)."""
+        return self.changes_nothing is _any_value
+
 
 def _only(*values: object) -> ChangesNothing:
     """Changes nothing at these values alone, compared with their type (True is not 1, nor 0 False)."""
@@ -343,6 +349,23 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
 }
 """Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares
 (`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""
+
+
+VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
+    "enable_auto_tool_choice": VllmArgument(_any_value, "tool calls are parsed under any tool_choice"),
+    "tool_call_parser": VllmArgument(_any_value, "tool calls are parsed by the model's own ATEM parser"),
+    "reasoning_parser": VllmArgument(_any_value, "reasoning is parsed by the model's own channel parser"),
+    "disable_log_requests": VllmArgument(_any_value, "prompts and outputs are never logged"),
+    "max_log_len": VllmArgument(_any_value, "prompts and outputs are never logged"),
+    "disable_fastapi_docs": VllmArgument(_any_value, "no /docs pages are served"),
+    "enable_prompt_tokens_details": VllmArgument(_any_value, "usage always has prompt_tokens_details"),
+    "enable_log_requests": VllmArgument(_only(False), (
+        "Glimmer never logs requests' prompts or outputs (/metrics counts requests and tokens); leave it out")),
+    "response_role": VllmArgument(_only("assistant"), "replies always come from the assistant role; leave it out"),
+}
+"""Options of `vllm serve` beside its engine arguments that `glimmer serve` has no option for: Glimmer reads tool calls
+and reasoning with the model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts;
+it serves no /docs page; usage always has prompt_tokens_details."""
 
 
 _POOLING = ("Glimmer runs generative models only, not vLLM's pooling runner (embeddings, classification, reward or "

@@ -51,6 +51,8 @@ class MultimodalPrompt:
     image_grid_thw: torch.Tensor  # (num_images, 3) long
     video_pixel_values: torch.Tensor  # (Σ video patches, patch_dim) float32
     video_grid_thw: torch.Tensor  # (num_videos, 3) long
+    image_expansions: tuple[str, ...] = ()  # what each image's placeholder became in `text`, in order
+    video_expansions: tuple[str, ...] = ()
 
     @property
     def num_media_tokens(self) -> int:
@@ -114,14 +116,12 @@ class MediaProcessor:
         for index, video in enumerate(videos):
             processed = process_video(video, self.settings, self.limits, index, cancel)
             processed_videos.append(budget.spend(processed, partial(self._later_tokens, (), videos[index + 1:])))
-        text = expand_placeholders(
-            prompt,
-            [image_expansion(image.num_tokens) for image in processed_images],
-            [
-                video_expansion(video.group_timestamps_s, video.tokens_per_group, self.settings.frame_timestamp_format)
-                for video in processed_videos
-            ],
+        image_expansions = tuple(image_expansion(image.num_tokens) for image in processed_images)
+        video_expansions = tuple(
+            video_expansion(video.group_timestamps_s, video.tokens_per_group, self.settings.frame_timestamp_format)
+            for video in processed_videos
         )
+        text = expand_placeholders(prompt, image_expansions, video_expansions)
         image_pixels, image_grids = _pack(processed_images, self.patch_dim)
         video_pixels, video_grids = _pack(processed_videos, self.patch_dim)
         return MultimodalPrompt(
@@ -132,6 +132,8 @@ class MediaProcessor:
             image_grid_thw=image_grids,
             video_pixel_values=video_pixels,
             video_grid_thw=video_grids,
+            image_expansions=image_expansions,
+            video_expansions=video_expansions,
         )
 
 

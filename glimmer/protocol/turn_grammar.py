@@ -227,9 +227,9 @@ def _raw_value_terminal(rules: _GrammarRules, low: int, high: int | None, patter
 
 def _raw_choice_terminal(rules: _GrammarRules, texts: frozenset[str], patterns: frozenset[str]) -> str:
     """The terminal of one of `texts` (enum members) that matches each of `patterns` whole, and its closer."""
-    choice = "|".join(_regex_literal(text) for text in sorted(texts))
+    choice = " | ".join(lark_string(text) for text in sorted(texts))
     return rules.add_once(f"RAW_CHOICE{_digest(patterns, *sorted(texts))}",
-                          f"/(?:{choice}){_CLOSER_REGEX}/{_matching(patterns)}")
+                          f"({choice}) {lark_string(PARAMETER_CLOSE)}{_matching(patterns)}")
 
 
 def _matching(patterns: frozenset[str]) -> str:
@@ -241,13 +241,6 @@ def _digest(patterns: frozenset[str], *texts: str) -> str:
     if not patterns and not texts:
         return ""
     return "_" + hashlib.sha256(json.dumps([sorted(patterns), texts]).encode()).hexdigest()[:16].upper()
-
-
-def _regex_literal(text: str) -> str:
-    """`text` as a regex of the grammar engine's dialect inside Lark's `/.../`: its meta characters and `/` escaped,
-    other characters below space and DEL as code points."""
-    return "".join(f"\\{char}" if char in "\\.+*?()|[]{}^$#&-~/" else
-                   f"\\x{{{ord(char):x}}}" if ord(char) < 0x20 or ord(char) == 0x7F else char for char in text)
 
 
 @dataclass(frozen=True)

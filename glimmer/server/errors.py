@@ -47,8 +47,9 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 _QUOTED_LIMIT = 200
 # a quoted value, as repr and json.dumps write one: an apostrophe in a word ("call's") neither opens nor closes it
-_LONG_QUOTED = re.compile(r"(?<!\w)(?:'(?:[^'\\]|\\.){200,}'|\"(?:[^\"\\]|\\.){200,}\")(?!\w)")
-_LONG_WORD = re.compile(r"[^\s'\"]{200,}")
+_LONG_QUOTED = re.compile(rf"(?<!\w)(?:'(?:[^'\\]|\\.){{{_QUOTED_LIMIT},}}'"
+                          rf"|\"(?:[^\"\\]|\\.){{{_QUOTED_LIMIT},}}\")(?!\w)")
+_LONG_WORD = re.compile(rf"[^\s'\"]{{{_QUOTED_LIMIT},}}")
 _MESSAGE_LIMIT = 4_000
 
 

@@ -15,6 +15,12 @@ from glimmer.errors import RequestError
 PROMPT = [5, 77, 130, 42, 99]
 
 
+def _assert_released(engine: AsyncEngine) -> None:
+    """Nothing of the engine's requests is left: no stream listened to, no KV block held."""
+    assert not engine._listeners
+    assert all(used == 0 for used, _ in engine.engine.kv.usage().values())
+
+
 def test_aborting_a_request_ends_the_stream_its_caller_reads(tiny_checkpoint):
     # vLLM's AsyncLLM.abort(request_id) from another task: the caller's `async for` got nothing more and waited forever
     engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
@@ -30,8 +36,7 @@ def test_aborting_a_request_ends_the_stream_its_caller_reads(tiny_checkpoint):
     try:
         received = asyncio.run(asyncio.wait_for(read_until_aborted(), 60))
         assert sorted(finish for _, finish in received if finish is not None) == ["abort", "abort"]
-        assert not engine._listeners
-        assert all(used == 0 for used, _ in engine.engine.kv.usage().values())
+        _assert_released(engine)
     finally:
         engine.shutdown()
 
@@ -50,8 +55,7 @@ def test_a_caller_that_stops_reading_leaves_nothing_behind(tiny_checkpoint):
 
     try:
         asyncio.run(leave_after_one_delta())
-        assert not engine._listeners
-        assert all(used == 0 for used, _ in engine.engine.kv.usage().values())
+        _assert_released(engine)
     finally:
         engine.shutdown()
 
