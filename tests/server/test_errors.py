@@ -295,6 +295,19 @@ def test_the_prompt_of_a_batch_the_context_cannot_hold_is_named_by_its_index(ser
     assert error["message"].endswith("shorten the prompt")
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "min_tokens"])
+def test_a_generation_length_a_prompt_of_the_batch_leaves_no_room_for_names_that_prompt(server, field):
+    """It was "prompt (N tokens) + max_tokens ... exceeds max_model_len" for a batch whose first prompt fits: which
+    prompt, it did not say. The field to lower stays the param."""
+    limit = server.engine.engine.max_model_len
+    room = 4
+    length = {"max_tokens": {"max_tokens": room + 1}, "min_tokens": {"min_tokens": room + 1, "max_tokens": None}}
+    body = {"model": "tiny", "prompt": [[50], [50] * (limit - room)], **length[field]}
+    error = error_of(post(server, body, path="/completions"), 400)
+    assert error["param"] == field and error["message"].startswith("prompt[1]: ")
+    assert f"{limit - room}" in error["message"], error
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
