@@ -28,8 +28,10 @@ from fastapi.responses import JSONResponse, Response
 from glimmer.cancellation import CancelToken
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory
+from glimmer.engine.multimodal_inputs import refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
+from glimmer.engine.sampling_params import SamplingParams
 from glimmer.errors import RequestError
 from glimmer.server.body import read_body
 from glimmer.server.context import ServingContext
@@ -147,10 +149,12 @@ class _CompletionRun:
                 "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool, context: ServingContext,
-             cancel: CancelToken) -> list[list[int]]:
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool, params: SamplingParams,
+             context: ServingContext, cancel: CancelToken) -> list[list[int]]:
     """Each prompt's token ids; raises RequestError naming the prompt of a batch (`prompt[1]`) or the token id
-    (`prompt[0]`, `prompt[1][0]`) at fault."""
+    (`prompt[0]`, `prompt[1][0]`) at fault. Each prompt also passes here the engine's checks of a prompt as it admits
+    it (room for max_tokens, no media placeholders), so that none of a batch is admitted when one is refused: the
+    prompts before it were prefilled for a 400 that waited for their first tokens, which /metrics counted."""
     if isinstance(prompt, list) and not prompt:
         raise RequestError("prompt: must not be empty", param="prompt")
     batch = _is_batch(prompt)
@@ -162,13 +166,15 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
     for i, text_or_ids in enumerate(prompts):
         cancel.check()
         name = f"prompt[{i}]" if batch else "prompt"
-        if isinstance(text_or_ids, str):
-            try:
+        try:
+            if isinstance(text_or_ids, str):
                 ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
-            except RequestError as exc:
-                raise naming_the_prompt(exc, name) from None
-        else:
-            ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
+            else:
+                ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
+            refuse_stray_placeholders(ids[-1], engine.model_config.image_token_id, engine.model_config.video_token_id)
+            engine.generation_budget(len(ids[-1]), params)
+        except RequestError as exc:
+            raise naming_the_prompt(exc, name) from None
     return ids
 
 
@@ -227,7 +233,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     params = completion_sampling_params(request, context)
     try:
         prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(
-            request.prompt, request.add_special_tokens, context, cancel))
+            request.prompt, request.add_special_tokens, params, context, cancel))
     except RequestError as exc:
         raise naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))

@@ -308,6 +308,16 @@ def test_a_generation_length_a_prompt_of_the_batch_leaves_no_room_for_names_that
     assert f"{limit - room}" in error["message"], error
 
 
+def test_a_batch_refused_for_a_later_prompt_admits_none_of_its_prompts(server):
+    """prompt[0] was admitted and prefilled before prompt[1] was refused: the 400 waited for its first token, and
+    /metrics counted its tokens for a request that was refused."""
+    limit = server.engine.engine.max_model_len
+    admitted = server.wait_for_idle()["glimmer_prompt_tokens_total"]
+    body = {"model": "tiny", "prompt": [[50] * 8, [50] * (limit - 2)], "max_tokens": 3}
+    assert error_of(post(server, body, path="/completions"), 400)["param"] == "max_tokens"
+    assert server.wait_for_idle()["glimmer_prompt_tokens_total"] == admitted
+
+
 def test_an_image_part_on_a_text_only_checkpoint_is_400_naming_the_part(server):
     content = [{"type": "text", "text": "what is this?"},
                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
