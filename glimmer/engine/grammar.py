@@ -576,7 +576,8 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
     """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
     not hold the output to: a strict schema promises every keyword; a non-strict one leaves them hints."""
     for node in _subschemas(schema):
-        reason = _min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
+        reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
+                  or _integer_past_float_precision(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
 
@@ -635,6 +636,44 @@ def _exclusive_bound_on_its_integer(node: dict[str, Any]) -> str | None:
                 return (f"{exclusive} {bound} with {other} {value} cannot be enforced: the grammar engine would let "
                         f"the number be {written}; give a {inclusive} it instead")
     return None
+
+
+_FLOAT_EXACT_INTEGERS = 2**53
+"""Integers a 64-bit float holds exactly: the grammar engine reads every number of a schema as one."""
+
+
+def _integer_past_float_precision(node: dict[str, Any]) -> str | None:
+    """An integer beyond ±2^53 that a 64-bit float does not hold exactly, as a bound, `const` or `enum` member: the
+    grammar engine reads it as the nearest float, so a `maximum` 9007199254740995 lets 9007199254740996 through and a
+    `const` 9007199254740993 is written 9007199254740992. (A bound at or past ±2^63 the engine refuses itself.)"""
+    for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "enum"):
+        for value in _integers_in(node.get(keyword)):
+            nearest = _nearest_float(value)
+            if nearest == value or keyword not in ("const", "enum") and abs(nearest) >= 2.0 ** 63:
+                continue
+            return (f"{keyword} holds {value}, an integer past 2^53 ({_FLOAT_EXACT_INTEGERS}) that the grammar engine, "
+                    "which reads numbers as 64-bit floats, cannot hold exactly: the output could differ from it; give "
+                    "an integer within ±2^53, or a string")
+    return None
+
+
+def _nearest_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _integers_in(value: Any) -> Iterator[int]:
+    """The integers in a JSON value (`const` and `enum` values may be arrays and objects), booleans left out."""
+    if isinstance(value, list):
+        for member in value:
+            yield from _integers_in(member)
+    elif isinstance(value, dict):
+        for member in value.values():
+            yield from _integers_in(member)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield value
 
 
 def _is_number(value: Any) -> bool:
