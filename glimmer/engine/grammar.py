@@ -574,12 +574,23 @@ def _without_annotations(schema: Any) -> Any:
 
 def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str) -> None:
     """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
-    not hold the output to: a strict schema promises every keyword; a non-strict one leaves them hints."""
+    not hold the output to, and for the schema's own engine options that relax it (`_RELAXING_OPTIONS`): a strict
+    schema promises every keyword; a non-strict one leaves them hints."""
+    options = schema.get("x-guidance")
+    for option in _RELAXING_OPTIONS:
+        if isinstance(options, Mapping) and options.get(option) is True:
+            raise RequestError(f"{param}: x-guidance.{option} true lets the output break the schema, which a strict "
+                               "schema may not; leave it out", param=param)
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
                   or _integer_past_float_precision(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
+
+
+_RELAXING_OPTIONS = ("lenient", "coerce_one_of")
+"""The grammar engine's schema options (a schema's own `x-guidance`, which win over Glimmer's) that relax it: ignore
+keywords it does not implement, write a `oneOf` as an `anyOf` (a value two branches admit)."""
 
 
 def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:

@@ -447,6 +447,26 @@ def test_an_integer_past_2_to_the_53_a_float_holds_exactly_is_served_strict(comp
     assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
 
 
+@pytest.mark.parametrize(("schema", "broken", "option"), [
+    ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}, "[1, 1]", "lenient"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "7", "coerce_one_of"),
+])
+def test_a_strict_schema_whose_own_engine_options_relax_it_is_refused_naming_them(compiler, tokenizer, schema,
+                                                                                  broken, option):
+    """A schema's `x-guidance` options win over Glimmer's: these would let the output break the schema."""
+    relaxed = {**schema, "x-guidance": {option: True}}
+    params = StructuredOutputsParams(json=relaxed, strict=False)
+    matcher = compiler.structured_outputs(params)().matcher
+    ids = tokenizer.encode_text(broken)
+    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
+    for check in (lambda: answer_grammar(StructuredOutputsParams(json=relaxed), "guided_json"),
+                  lambda: check_json_schema(relaxed, "guided_json", strict=True)):
+        with pytest.raises(RequestError) as raised:
+            check()
+        assert raised.value.param == "guided_json" and f"x-guidance.{option} true" in str(raised.value)
+    answer_grammar(StructuredOutputsParams(json={**schema, "x-guidance": {option: False}}, strict=False), "p")
+
+
 @pytest.mark.parametrize(("schema", "leap", "not_leap"), [
     ({"type": "string", "format": "date"}, "2024-02-29", "2023-02-29"),
     ({"type": "string", "format": "date"}, "2000-02-29", "1900-02-29"),
