@@ -574,11 +574,23 @@ def _without_annotations(schema: Any) -> Any:
 
 def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str) -> None:
     """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
-    not hold the output to: a strict schema promises every keyword; a non-strict one leaves them hints."""
+    not hold the output to, and for the schema's own engine options that relax it (`_RELAXING_OPTIONS`): a strict
+    schema promises every keyword; a non-strict one leaves them hints."""
+    options = schema.get("x-guidance")
+    for option in _RELAXING_OPTIONS:
+        if isinstance(options, Mapping) and options.get(option) is True:
+            raise RequestError(f"{param}: x-guidance.{option} true lets the output break the schema, which a strict "
+                               "schema may not; leave it out", param=param)
     for node in _subschemas(schema):
-        reason = _min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
+        reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
+                  or _integer_past_float_precision(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
+
+
+_RELAXING_OPTIONS = ("lenient", "coerce_one_of")
+"""The grammar engine's schema options (a schema's own `x-guidance`, which win over Glimmer's) that relax it: ignore
+keywords it does not implement, write a `oneOf` as an `anyOf` (a value two branches admit)."""
 
 
 def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
@@ -635,6 +647,44 @@ def _exclusive_bound_on_its_integer(node: dict[str, Any]) -> str | None:
                 return (f"{exclusive} {bound} with {other} {value} cannot be enforced: the grammar engine would let "
                         f"the number be {written}; give a {inclusive} it instead")
     return None
+
+
+_FLOAT_EXACT_INTEGERS = 2**53
+"""Integers a 64-bit float holds exactly: the grammar engine reads every number of a schema as one."""
+
+
+def _integer_past_float_precision(node: dict[str, Any]) -> str | None:
+    """An integer beyond ±2^53 that a 64-bit float does not hold exactly, as a bound, `const` or `enum` member: the
+    grammar engine reads it as the nearest float, so a `maximum` 9007199254740995 lets 9007199254740996 through and a
+    `const` 9007199254740993 is written 9007199254740992. (A bound at or past ±2^63 the engine refuses itself.)"""
+    for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "const", "enum"):
+        for value in _integers_in(node.get(keyword)):
+            nearest = _nearest_float(value)
+            if nearest == value or keyword not in ("const", "enum") and abs(nearest) >= 2.0 ** 63:
+                continue
+            return (f"{keyword} holds {value}, an integer past 2^53 ({_FLOAT_EXACT_INTEGERS}) that the grammar engine, "
+                    "which reads numbers as 64-bit floats, cannot hold exactly: the output could differ from it; give "
+                    "an integer within ±2^53, or a string")
+    return None
+
+
+def _nearest_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _integers_in(value: Any) -> Iterator[int]:
+    """The integers in a JSON value (`const` and `enum` values may be arrays and objects), booleans left out."""
+    if isinstance(value, list):
+        for member in value:
+            yield from _integers_in(member)
+    elif isinstance(value, dict):
+        for member in value.values():
+            yield from _integers_in(member)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield value
 
 
 def _is_number(value: Any) -> bool:

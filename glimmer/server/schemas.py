@@ -135,10 +135,23 @@ class StructuredOutputsFields(RequestBody):
     choice: Items[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # vLLM's other fields: taken where their value changes nothing, else refused saying what to do instead, as
+    # StructuredOutputsParams takes them (VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS)
+    disable_any_whitespace: Any = None
+    disable_additional_properties: Any = None
+    whitespace_pattern: Any = None
+    structural_tag: Any = None
+    disable_fallback: Any = None
 
     def constraints(self) -> dict[str, Any]:
-        """The constraints given, by their StructuredOutputsParams names."""
-        return {name: value for name, value in self.model_dump(by_alias=True).items() if value not in (None, False)}
+        """The constraints given, by their StructuredOutputsParams names, and vLLM's other fields given."""
+        given = self.model_dump(by_alias=True, include=self.model_fields_set)
+        return {name: value for name, value in given.items()
+                if name in _VLLM_ONLY_FIELDS or value not in (None, False)}
+
+
+_VLLM_ONLY_FIELDS = frozenset({"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
+                               "structural_tag", "disable_fallback"})
 
 
 class _SamplingFields(RequestBody):

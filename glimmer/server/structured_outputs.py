@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from glimmer.engine.sampling_params import StructuredOutputsParams
-from glimmer.errors import RequestError
+from glimmer.errors import RequestError, UnsupportedArgumentError
 from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest, StructuredOutputsFields
 
 _GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -41,7 +41,11 @@ def requested_structured_outputs(request: ChatCompletionRequest | CompletionRequ
 
 
 def _from_fields(fields: StructuredOutputsFields) -> tuple[StructuredOutputsParams, str]:
-    params = _params("structured_outputs", **fields.constraints())
+    try:
+        params = _params("structured_outputs", **fields.constraints())
+    except UnsupportedArgumentError as error:  # one of vLLM's other fields, at a value that would change the output
+        param = f"structured_outputs.{error.param}"
+        raise RequestError(f"{param}: {str(error).split(': ', 1)[-1]}", param=param) from None
     return params, f"structured_outputs.{params.kind}"
 
 

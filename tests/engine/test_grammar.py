@@ -418,6 +418,55 @@ def test_an_exclusive_bound_the_engine_holds_is_served_strict(compiler, tokenize
     assert not (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting())
 
 
+@pytest.mark.parametrize(("schema", "written", "keyword"), [
+    ({"type": "integer", "minimum": 9007199254740990, "maximum": 9007199254740995}, "9007199254740996", "maximum"),
+    ({"type": "integer", "minimum": -9007199254740995, "maximum": -9007199254740990}, "-9007199254740996",
+     "minimum"),
+    ({"const": 9007199254740993}, "9007199254740992", "const"),
+    ({"enum": ["a", [12345678901234567890123]]}, "[12345678901234568000000]", "enum"),
+])
+def test_a_strict_integer_past_2_to_the_53_the_engine_would_round_is_refused_naming_it(compiler, tokenizer, schema,
+                                                                                        written, keyword):
+    """The grammar engine reads a schema's numbers as 64-bit floats: it would write or let through the nearest one."""
+    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
+    ids = tokenizer.encode_text(written)
+    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
+    with pytest.raises(RequestError) as raised:
+        check_json_schema({"type": "object", "properties": {"p": schema}}, "response_format", strict=True)
+    assert raised.value.param == "response_format"
+    assert str(raised.value).startswith(f"response_format: {keyword} holds ") and "2^53" in str(raised.value)
+
+
+@pytest.mark.parametrize("schema", [{"const": 2 ** 60}, {"enum": [-(2 ** 53), 2 ** 53 + 2]},
+                                    {"type": "integer", "minimum": 2 ** 53, "maximum": 2 ** 62}])
+def test_an_integer_past_2_to_the_53_a_float_holds_exactly_is_served_strict(compiler, tokenizer, schema):
+    params = StructuredOutputsParams(json=schema)
+    matcher = compiler.structured_outputs(params)().matcher
+    value = schema.get("const", schema.get("enum", [schema.get("minimum")])[-1])
+    ids = tokenizer.encode_text(json.dumps(value))
+    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize(("schema", "broken", "option"), [
+    ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}, "[1, 1]", "lenient"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "7", "coerce_one_of"),
+])
+def test_a_strict_schema_whose_own_engine_options_relax_it_is_refused_naming_them(compiler, tokenizer, schema,
+                                                                                  broken, option):
+    """A schema's `x-guidance` options win over Glimmer's: these would let the output break the schema."""
+    relaxed = {**schema, "x-guidance": {option: True}}
+    params = StructuredOutputsParams(json=relaxed, strict=False)
+    matcher = compiler.structured_outputs(params)().matcher
+    ids = tokenizer.encode_text(broken)
+    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
+    for check in (lambda: answer_grammar(StructuredOutputsParams(json=relaxed), "guided_json"),
+                  lambda: check_json_schema(relaxed, "guided_json", strict=True)):
+        with pytest.raises(RequestError) as raised:
+            check()
+        assert raised.value.param == "guided_json" and f"x-guidance.{option} true" in str(raised.value)
+    answer_grammar(StructuredOutputsParams(json={**schema, "x-guidance": {option: False}}, strict=False), "p")
+
+
 @pytest.mark.parametrize(("schema", "leap", "not_leap"), [
     ({"type": "string", "format": "date"}, "2024-02-29", "2023-02-29"),
     ({"type": "string", "format": "date"}, "2000-02-29", "1900-02-29"),

@@ -280,6 +280,22 @@ def test_completions_constrain_the_raw_text(server):
     assert len(text) == 4 and set(text) <= set("abc")
 
 
+def test_vllms_other_structured_outputs_fields_are_taken_where_they_change_nothing(server):
+    """As StructuredOutputsParams takes them in LLM.generate (they were 400s as unknown fields): vLLM's defaults pass,
+    other values are refused naming the field and saying what Glimmer does instead."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    defaults = {"disable_any_whitespace": False, "disable_additional_properties": False, "whitespace_pattern": None,
+                "structural_tag": None, "disable_fallback": True}
+    text = client.completions.create(model="tiny", prompt="x", max_tokens=5, extra_body={
+        "structured_outputs": {"choice": ["yes", "no"], **defaults}}).choices[0].text
+    assert text in ("yes", "no")
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, extra_body={
+            "structured_outputs": {"json": {"type": "object"}, "disable_any_whitespace": True}})
+    assert raised.value.body["param"] == "structured_outputs.disable_any_whitespace"
+    assert "json.dumps" in raised.value.body["message"]
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
      "response_format.json_schema.schema"),
