@@ -119,7 +119,7 @@ def load_generation_defaults(
         pad_token_id=pad[0] if pad is not None else text_config.pad_token_id,
         temperature=fields.number("temperature", minimum=0.0, maximum=MAX_TEMPERATURE),
         top_p=fields.number("top_p", minimum=0.0, maximum=1.0, above_minimum=True),
-        top_k=fields.integer("top_k", minimum=0),
+        top_k=fields.integer("top_k", minimum=-1),  # -1 and 0 are off, as SamplingParams (and vLLM) read them
         min_p=fields.number("min_p", minimum=0.0, maximum=1.0),
         repetition_penalty=fields.number("repetition_penalty", *REPETITION_PENALTY_RANGE),
         do_sample=fields.boolean("do_sample"),

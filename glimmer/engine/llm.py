@@ -165,7 +165,7 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: 
     """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
 
     As on the server, with `min_tokens` a stop string counts only if it ends after character `armed_after` of the
-    turn's `raw_text` (where the (min_tokens − 1)-th token's text ends); the answer is found in it by its text."""
+    turn's `raw_text` (where the min_tokens-th token's text ends); the answer is found in it by its text."""
     if not content or not stop:
         return content, None
     base = raw_text.rfind(content) if armed_after >= 0 else -1
@@ -212,12 +212,12 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], *, singl
 
 
 def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, hidden: Mapping[int, str]) -> int:
-    """Where the text of the (min_tokens − 1)-th generated token ends in the visible turn (-1: every stop string
+    """Where the text of the min_tokens-th generated token ends in the visible turn (-1: every stop string
     counts)."""
-    if min_tokens < 2:
+    if min_tokens < 1:
         return -1
     detokenizer = IncrementalDetokenizer(tokenizer, frozenset(hidden))
-    return len(detokenizer.add_many(token_ids[: min_tokens - 1]))
+    return len(detokenizer.add_many(token_ids[:min_tokens]))
 
 
 class LLM:

@@ -1171,7 +1171,7 @@ class LLMEngine:
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
         text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token),
-                                            armed=done.num_tokens >= done.min_tokens)
+                                            armed=done.num_tokens > done.min_tokens)
         if stop_string is not None:
             finish_reason, stop_reason = "stop", stop_string
         elif finish_reason is not None:

@@ -17,8 +17,8 @@ class StopStringMatcher:
     def feed(self, text: str, *, armed: bool = True) -> tuple[str, str | None]:
         """Add decoded text; returns (text safe to release, the stop string matched or None).
 
-        Unarmed text (the tokens before `min_tokens`) matches nothing, as in vLLM, where a stop string counts
-        only if it ends in a token from the min_tokens-th on; its tail that could start one is held as usual,
+        Unarmed text (the first `min_tokens` tokens') matches nothing, as in vLLM, where a stop string counts
+        only if it ends in a token after the min_tokens-th; its tail that could start one is held as usual,
         so a stop string that ends in armed text is cut cleanly."""
         if not self.stop:
             return text, None

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
+from glimmer.engine.sampling_params import SamplingParams
 from glimmer.errors import RequestError
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
@@ -53,6 +54,7 @@ class ChatRun:
     model_name: str
     choices: list[ChoiceStream]
     timer: RequestTimer
+    params: SamplingParams  # what the engine runs: the request's fields, the checkpoint's defaults for the rest
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_logprobs: list[TokenLogprobs | None] | None = None
@@ -202,7 +204,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                             min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
                for i in range(params.n)]
-    run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival))
+    run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival), params)
     stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory)
     try:

@@ -91,7 +91,7 @@ class ChoiceStream:
                  single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None,
                  min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
                  continue_prefix: str = ""):
-        """min_tokens: stop strings are looked for in the answer once that many tokens were generated;
+        """min_tokens: stop strings are looked for in the answer once more than that many tokens were generated;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
         the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
         message's body in the prompt (all three OutputParser's)."""
@@ -185,7 +185,7 @@ class ChoiceStream:
         routed: list[Event] = []
         for kind, payload in events:
             if kind == "content" and self._stops is not None:
-                released, stop = self._stops.feed(payload, armed=self.num_tokens >= self._min_tokens)
+                released, stop = self._stops.feed(payload, armed=self.num_tokens > self._min_tokens)
                 if released:
                     routed.append(("content", released))
                 if stop is not None:

@@ -295,8 +295,9 @@ class _ResponseRun:
             "instructions": request.instructions, "previous_response_id": request.previous_response_id,
             "tools": request.tools or [], "tool_choice": _tool_choice(request),
             "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "temperature": request.temperature, "top_p": request.top_p,
-            "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs,
+            # as OpenAI and vLLM echo them: the values sampled with (a field left out has the checkpoint's default)
+            "temperature": self.chat.params.temperature, "top_p": self.chat.params.top_p,
+            "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs or 0,
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
                           "summary": reasoning_summary(request), "context": REASONING_CONTEXT, "mode": REASONING_MODE},
             "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",

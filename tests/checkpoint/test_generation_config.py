@@ -169,6 +169,7 @@ def test_invalid_json_names_the_file(tmp_path, tiny):
         ("top_p", 1.5),
         ("top_p", 0.0),  # accepted by transformers, refused by every request it would become the default of
         ("top_k", 2.5),
+        ("top_k", -2),
         ("do_sample", 1),
         ("max_new_tokens", 0),
         ("min_p", 1.5),
@@ -188,6 +189,15 @@ def test_top_p_zero_is_refused_as_outside_the_open_interval(tmp_path, tiny):
     with pytest.raises(ConfigError, match=r"top_p=0\.0 is invalid; expected a number in \(0\.0, 1\.0\]"):
         load(tmp_path, tiny, {"top_p": 0.0})
     assert load(tmp_path, tiny, {"top_p": 1e-9}).top_p == 1e-9
+
+
+@pytest.mark.parametrize("top_k", [-1, 0])
+def test_a_top_k_that_turns_top_k_off_is_a_default_requests_take(tmp_path, tiny, top_k):
+    """vLLM's -1 is off, as 0 is, for SamplingParams too: a checkpoint setting it loads (it was refused) and its
+    requests sample without top-k."""
+    defaults = load(tmp_path, tiny, {"top_k": top_k})
+    assert defaults.sampling_defaults() == {"top_k": top_k}
+    assert sampling_params.SamplingParams(**defaults.sampling_defaults()).top_k == top_k
 
 
 def test_stop_id_outside_the_model_vocabulary_is_an_error(tmp_path, tiny):

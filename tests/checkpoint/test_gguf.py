@@ -255,7 +255,7 @@ def test_a_sliding_window_period_gives_llama_cpps_layer_types(f32_gguf, tmp_path
 @pytest.mark.parametrize(("field", "value", "key"), [("temperature", -1.0, "general.sampling.temp"),
                                                      ("top_p", 0.0, "general.sampling.top_p"),
                                                      ("min_p", 1.5, "general.sampling.min_p"),
-                                                     ("top_k", -1, "general.sampling.top_k")])
+                                                     ("top_k", -2, "general.sampling.top_k")])
 def test_a_bad_sampling_default_is_named_by_its_gguf_key(tiny_checkpoint, tmp_path, capsys, field, value, key):
     """QA: a bad general.sampling.temp was reported as `temperature`, a name the GGUF does not hold."""
     import json

@@ -210,7 +210,7 @@ def test_min_tokens_holds_off_stop_ids(llm):
 
 
 def test_min_tokens_holds_off_stop_strings(llm):
-    """As vLLM: stop strings are looked for from the min_tokens-th token on (a stop string in the first token's
+    """As vLLM: stop strings are looked for after the min_tokens-th token (a stop string in the first token's
     text used to end a min_tokens=4 request after one token)."""
     free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     needle = llm.get_tokenizer().decode(free.token_ids[:1])
@@ -221,6 +221,21 @@ def test_min_tokens_holds_off_stop_strings(llm):
                                                 ignore_eos=True))[0]
     assert len(held.token_ids) >= 4 and held.token_ids[:4] == free.token_ids[:4]
     assert held.text.startswith(llm.get_tokenizer().decode(free.token_ids[:3]))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_stop_string_ending_in_the_min_tokens_th_token_does_not_count(llm, k):
+    """As vLLM's V1 engine (and as a stop id, banned until then): a stop string counts only if it ends in a token
+    after the first min_tokens; one ending in the min_tokens-th token is text (it used to end the request)."""
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    needle = llm.get_tokenizer().decode(free.token_ids[:k])  # the text up to the end of the k-th token, once
+    assert needle and free.text.startswith(needle) and needle not in free.text[1:]
+    armed = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, min_tokens=k - 1, stop=[needle],
+                                                 ignore_eos=True))[0]
+    assert (armed.text, armed.finish_reason, len(armed.token_ids)) == ("", "stop", k)
+    held = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, min_tokens=k, stop=[needle],
+                                                ignore_eos=True))[0]
+    assert (held.text, held.finish_reason, held.stop_reason) == (free.text, "length", None)
 
 
 def test_a_stop_string_counts_only_if_it_ends_in_armed_text():

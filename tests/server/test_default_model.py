@@ -144,3 +144,12 @@ def test_llm_chat_keeps_one_call_without_parallel_calls_and_stops_only_the_answe
             temperature=0, max_tokens=300, stop=[word], min_tokens=len(answer.output.outputs[0].token_ids) - 1))[0]
         assert (held.content, held.stop_string) == (answer.content, None)
         assert (cut.content, cut.stop_string, cut.finish_reason) == (answer.content[:end] or None, word, "stop")
+    # as vLLM (and the server): the word counts only if it ends in a token after the first min_tokens
+    ids, tokenizer = answer.output.outputs[0].token_ids, llm.get_tokenizer()
+    end = tokenizer.decode(ids).rindex(answer.content) + answer.content.index(word) + len(word)
+    last = next(t for t in range(1, len(ids) + 1) if len(tokenizer.decode(ids[:t])) >= end)  # the token ending it
+    for min_tokens, expected in ((last - 1, (answer.content[:answer.content.index(word)], word)),
+                                 (last, (answer.content, None))):
+        reply = llm.chat([{"role": "user", "content": "Hi! Who are you?"}], SamplingParams(
+            temperature=0, max_tokens=300, stop=[word], min_tokens=min_tokens))[0]
+        assert (reply.content, reply.stop_string) == expected, min_tokens

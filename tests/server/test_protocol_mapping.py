@@ -351,15 +351,16 @@ def test_stop_strings_can_stay_in_the_answer(client):
 
 
 def test_min_tokens_holds_off_stop_strings_in_the_answer(client, server):
-    """As vLLM: stop strings are looked for once min_tokens tokens were generated; an earlier one stays text."""
+    """As vLLM: stop strings are looked for once more than min_tokens tokens were generated, so one ending in the
+    min_tokens-th token stays text (as a stop id can come only after it); one ending in a later token stops."""
     tokenizer = server.engine.engine.tokenizer
     halt = len(tokenizer.encode(STOP_IN_BOTH[:STOP_IN_BOTH.index("HALT three") + len("HALT")],
                                 add_special_tokens=False))  # the token that completes the answer's HALT
     held = _both(client, **_request("[stop-both]", stop=["HALT"], extra_body={
-        "chat_template_kwargs": PINNED_DATE, "min_tokens": halt + 1}))
+        "chat_template_kwargs": PINNED_DATE, "min_tokens": halt}))
     assert (held["content"], held["finish_reason"]) == ("one two HALT three", "stop")
     armed = _both(client, **_request("[stop-both]", stop=["HALT"], extra_body={
-        "chat_template_kwargs": PINNED_DATE, "min_tokens": halt}))
+        "chat_template_kwargs": PINNED_DATE, "min_tokens": halt - 1}))
     assert armed["content"] == "one two "
 
 

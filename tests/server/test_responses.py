@@ -6,6 +6,7 @@ The network is scripted (`ScriptedRunner`): the model's turn is known, everythin
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -569,6 +570,25 @@ def test_logprobs_decided_after_their_text_go_in_an_empty_delta_before_the_text_
     assert [(e["delta"], e["logprobs"]) for e in deltas] == [("Hi", []), ("", [entry])]
     (done,) = [e for e in events if e["type"] == "response.output_text.done"]
     assert done["logprobs"] == [entry] == builder.items[0]["content"][0]["logprobs"]
+
+
+def test_a_response_echoes_the_temperature_and_top_p_it_sampled_with(make_tiny, tmp_path):
+    """As OpenAI's and vLLM's: a field left out is echoed at the value used (here the checkpoint's
+    generation_config.json default), not null; top_logprobs left out is 0."""
+    model = tmp_path / "model"
+    shutil.copytree(make_tiny(), model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(generation | {"temperature": 0.6, "top_p": 0.9}))
+    with agent_server(model) as live:
+        client = openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0)
+        response = client.responses.create(model="tiny", input="[greet] Hello!", extra_body=EXTRA)
+        assert (response.temperature, response.top_p, response.top_logprobs) == (0.6, 0.9, 0)
+        assert client.responses.retrieve(response.id).temperature == 0.6
+        events = list(client.responses.create(model="tiny", input="[greet] Hello!", top_p=0.5, stream=True,
+                                              extra_body=EXTRA))
+        assert {(e.response.temperature, e.response.top_p) for e in events if hasattr(e, "response")} == {(0.6, 0.5)}
+        sent = _create(client, input="[greet] Hello!", top_p=1, top_logprobs=3)
+        assert (sent.temperature, sent.top_p, sent.top_logprobs) == (0, 1, 3)
 
 
 @pytest.mark.parametrize("top_logprobs", [-1, 21, 2.5, "3", True])
