@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.multimodal.sources import IMAGE_DETAILS
 from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -331,6 +332,11 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
             if not isinstance(url, str):
                 raise RequestError(f"{param}: an input_image needs `image_url` as a string (a data: or https: URL); "
                                    "file ids and other forms are not supported", param=param)
+            detail = part.get("detail")
+            if detail is not None and detail not in IMAGE_DETAILS:  # as chat refuses its image_url.detail
+                raise RequestError(f"{param}.detail must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left "
+                                   f"out), not {detail!r}; Glimmer sends every image at its full size whatever it "
+                                   "says", param=f"{param}.detail")
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             parts.append({"type": "text", "text": _part_text(part, param, "text and input_image parts")})
