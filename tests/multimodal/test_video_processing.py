@@ -238,6 +238,33 @@ def test_timestamps_are_the_real_presentation_times(tmp_path, video_writer) -> N
     assert video.group_timestamps_s == (0.0, 0.5, 2.25)
 
 
+def _torchcodec_average_fps(path) -> float:
+    """torchcodec's exact-mode `average_fps`, what the reference samples by: its scan's frame count over
+    max(pts + duration) − min(pts) of the stream's packets, each in seconds of pts × time base (torchcodec's
+    `scanFileAndUpdateMetadataAndIndex` and `get_average_fps`)."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [p for p in container.demux(stream) if p.size and not p.is_discard]
+        tick = float(stream.time_base)
+        end = max(p.pts + (p.duration or 0) for p in packets) * tick
+        return len(packets) / (end - min(p.pts for p in packets) * tick)
+
+
+def test_a_variable_frame_rate_clip_samples_as_many_frames_as_the_reference(tmp_path, video_writer,
+                                                                             reference_sample_frames) -> None:
+    """The reference's decoder measures the rate over the frames' timestamps; the header's declared rate (25 here,
+    as Matroska muxers write it) sampled 2 frames of a 10 s clip where the reference samples 18."""
+    times_ms = [40 * i for i in range(20)] + [800 + 460 * i for i in range(20)]
+    path = video_writer(tmp_path / "vfr.mkv", distinct_frames(40, 28, 28), fps=25, times_ms=times_ms)
+    settings = MediaSettings(max_video_frame_tokens=16)
+    indices = reference_sample_frames(40, _torchcodec_average_fps(path), settings.video_sample_fps,
+                                      settings.video_max_frames, 2)
+    assert len(indices) > 2  # the header's 25 fps would sample 2
+    assert process_video(path, settings, LIMITS).grid_thw[0] == len(indices) // 2
+
+
 def test_timestamps_start_at_zero_when_the_stream_does_not(tmp_path, video_writer) -> None:
     path = video_writer(tmp_path / "late.mkv", distinct_frames(4), fps=4, times_ms=[1000, 1250, 1500, 1750])
     video = process_video(path, MediaSettings(max_video_frame_tokens=16, video_sample_fps=4.0), LIMITS)
