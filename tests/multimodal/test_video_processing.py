@@ -18,6 +18,7 @@ from glimmer.multimodal import (
     MediaDecodeError,
     MediaLimitError,
     MediaLimits,
+    MediaProcessor,
     MediaSettings,
     process_image,
     process_video,
@@ -362,6 +363,19 @@ def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, 
         process_video(payload, SMALL, LIMITS, index=2)
     assert str(raised.value).startswith("video 2: ")
     assert isinstance(raised.value, RequestError)
+
+
+def test_a_video_sent_as_an_image_is_refused_saying_so(tmp_path, video_writer) -> None:
+    """As an image sent as a video is: it said only that the data is not an image format Glimmer reads."""
+    clip = video_writer(tmp_path / "clip.mkv", distinct_frames(4)).read_bytes()
+    processor = MediaProcessor(SMALL, LIMITS)
+    with pytest.raises(MediaDecodeError, match=r"^image 0: the data is a video, not an image; send it as a video "
+                                                r"\(a video_url part"):
+        processor.process("<|patch|>", [clip])
+    png = io.BytesIO()
+    Image.fromarray(distinct_frames(1)[0]).save(png, "PNG")
+    with pytest.raises(MediaDecodeError, match="^image 0: the image data is corrupt or truncated"):
+        processor.process("<|patch|>", [png.getvalue()[:len(png.getvalue()) // 2]])
 
 
 def test_truncated_file_raises_a_decode_error(tmp_path, video_writer) -> None:
