@@ -7,6 +7,8 @@ differ slightly between them (PyAV's swscale `rgb24` path versus torchcodec's ow
 
 What we do, and where it departs from the reference:
 
+* Stream: of several video streams, the one FFmpeg's `av_find_best_stream` picks, as torchcodec does (a track
+  flagged default, one of several frames), not a thumbnail or cover picture track before it.
 * Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does (leaving out
   those an edit list discards); the container header's count (`stream.frames`, used by transformers' PyAV
   reader) can be missing or wrong.
@@ -193,7 +195,10 @@ def decode_video_file(
         with _open(source) as container:
             if not container.streams.video:
                 raise MediaDecodeError("video", index, "the file has no video stream")
-            stream = container.streams.video[0]
+            # the stream torchcodec decodes for the reference: FFmpeg's best (a default track, one of several frames),
+            # not a cover picture or thumbnail track before it
+            stream = container.streams.best("video") or container.streams.video[0]
+            stream_index = stream.index
             if stream.codec_context is None:  # PyAV has no decoder for the stream's codec id (unknown or corrupt)
                 raise MediaDecodeError("video", index, "the video's codec is unknown or has no decoder here; "
                                                        "re-encode it (H.264, VP9 or AV1)")
@@ -231,7 +236,7 @@ def decode_video_file(
 
         frames, times, decoded = [], [], 0
         with _open(source) as container:
-            stream = container.streams.video[0]
+            stream = container.streams[stream_index]
             stream.thread_type = "AUTO"
             target = None
             for frame_index, frame in enumerate(container.decode(stream)):

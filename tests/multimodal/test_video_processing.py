@@ -365,6 +365,29 @@ def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, 
     assert isinstance(raised.value, RequestError)
 
 
+def test_of_several_video_streams_the_one_ffmpeg_finds_best_is_read_as_the_reference_reads_it(tmp_path,
+                                                                                              video_writer) -> None:
+    """torchcodec decodes the stream av_find_best_stream picks; the first one was read, here a one-frame thumbnail
+    track before the clip (no track flagged default: the one with several frames is best)."""
+    import av
+
+    clip = distinct_frames(12, 48, 64)
+    path = tmp_path / "two.mkv"
+    with av.open(str(path), "w", format="matroska") as output:
+        thumbnail, video = output.add_stream("ffv1", rate=1), output.add_stream("ffv1", rate=4)
+        thumbnail.height, thumbnail.width, video.height, video.width = 16, 16, 48, 64
+        thumbnail.pix_fmt = video.pix_fmt = "bgr0"
+        for stream, frames in ((thumbnail, distinct_frames(1, 16, 16, seed=1)), (video, clip)):
+            for array in frames:
+                output.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+            output.mux(stream.encode())
+    with av.open(str(path)) as opened:
+        assert opened.streams.best("video").index == 1
+    alone = video_writer(tmp_path / "alone.mkv", clip)
+    expected, got = process_video(alone, SMALL, LIMITS), process_video(path, SMALL, LIMITS)
+    assert got.grid_thw == expected.grid_thw and torch.equal(got.pixel_values, expected.pixel_values)
+
+
 def test_a_video_sent_as_an_image_is_refused_saying_so(tmp_path, video_writer) -> None:
     """As an image sent as a video is: it said only that the data is not an image format Glimmer reads."""
     clip = video_writer(tmp_path / "clip.mkv", distinct_frames(4)).read_bytes()
