@@ -159,12 +159,12 @@ def is_image_data(data: bytes | str | os.PathLike) -> bool:
 
 
 def pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
-    """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does. A 16-bit
-    grey image (a 16-bit PNG opens so) is scaled to 8 bits: Pillow's `convert` clips it, every pixel above 255
-    turning white. A float image (mode "F") is read as floats in [0, 1] (`_unit_floats_to_levels`), which Pillow's
-    `convert` would cast to black. Raises MediaDecodeError naming `kind` `index` for floats outside [0, 1] or NaN,
-    and for pixels that cannot be decoded or converted: `Image.open` decodes nothing, so a lazily opened file's
-    corrupt data fails here, as `_open_encoded` reports it."""
+    """(H, W, 3) uint8 RGB; transparency is composited onto white as the reference processor does. A 16-bit grey image
+    (a 16-bit PNG opens so) is scaled to 8 bits: Pillow's `convert` clips it, every pixel above 255 turning white
+    (pixels of its tRNS transparent value are white). A float image (mode "F") is read as floats in [0, 1]
+    (`_unit_floats_to_levels`), which Pillow's `convert` would cast to black. Raises MediaDecodeError naming `kind`
+    `index` for floats outside [0, 1] or NaN, and for pixels that cannot be decoded or converted: `Image.open`
+    decodes nothing, so a lazily opened file's corrupt data fails here, as `_open_encoded` reports it."""
     try:
         return _pil_to_rgb(image, kind, index)
     except MediaDecodeError:
@@ -180,7 +180,11 @@ def _pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
                                      "image.convert(\"L\") first")
         return np.repeat(grey[:, :, None], 3, axis=2)
     if image.mode.startswith("I;16") or (image.mode == "I" and np.asarray(image).max(initial=0) > 255):
-        grey = (np.asarray(image).astype(np.int64).clip(0, 65535) >> 8).astype(np.uint8)
+        values = np.asarray(image).astype(np.int64)
+        grey = (values.clip(0, 65535) >> 8).astype(np.uint8)
+        key = image.info.get("transparency")
+        if isinstance(key, int) and not isinstance(key, bool):  # a 16-bit grey PNG's tRNS: the transparent value
+            grey[values == key] = 255  # composited onto white, as the reference composites it
         return np.repeat(grey[:, :, None], 3, axis=2)
     has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
     if has_alpha:

@@ -16,13 +16,14 @@ from functools import partial
 import torch
 
 from glimmer.cancellation import CancelToken
-from glimmer.multimodal.errors import MediaLimitError
+from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
 from glimmer.multimodal.image import (
     ImageInput,
     ProcessedImage,
     image_grid,
     image_token_count,
     image_tokens_from_header,
+    is_image_data,
     process_image,
 )
 from glimmer.multimodal.placeholders import (
@@ -33,7 +34,7 @@ from glimmer.multimodal.placeholders import (
 )
 from glimmer.multimodal.resize import smart_resize
 from glimmer.multimodal.settings import MediaLimits, MediaSettings
-from glimmer.multimodal.video import ProcessedVideo, VideoInput, process_video
+from glimmer.multimodal.video import ProcessedVideo, VideoInput, is_video_data, process_video
 
 
 def _pack(items: Sequence[ProcessedImage | ProcessedVideo], patch_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,7 +111,7 @@ class MediaProcessor:
         for index, image in enumerate(images):
             if cancel is not None:
                 cancel.check()
-            processed = process_image(image, self.settings, self.limits, index)
+            processed = _process_image(image, self.settings, self.limits, index)
             processed_images.append(budget.spend(processed, partial(self._later_tokens, images[index + 1:], videos)))
         processed_videos = []
         for index, video in enumerate(videos):
@@ -135,6 +136,19 @@ class MediaProcessor:
             image_expansions=image_expansions,
             video_expansions=video_expansions,
         )
+
+
+def _process_image(image: ImageInput, settings: MediaSettings, limits: MediaLimits, index: int) -> ProcessedImage:
+    """`process_image`, whose decoding error for a video sent where an image goes says so, as a video's says it of an
+    image (probed only once the image failed, and only data Pillow does not take for an image)."""
+    try:
+        return process_image(image, settings, limits, index)
+    except MediaDecodeError:
+        encoded = bytes(image) if isinstance(image, bytes | bytearray | memoryview) else None
+        if encoded is None or is_image_data(encoded) or not is_video_data(encoded):  # a broken GIF is both
+            raise
+    raise MediaDecodeError("image", index, "the data is a video, not an image; send it as a video (a video_url part, "
+                                           "or multi_modal_data's \"video\"), or one of its frames as an image")
 
 
 class _TokenBudget:

@@ -7,10 +7,15 @@ differ slightly between them (PyAV's swscale `rgb24` path versus torchcodec's ow
 
 What we do, and where it departs from the reference:
 
+* Stream: of several video streams, the one FFmpeg's `av_find_best_stream` picks, as torchcodec does (a track
+  flagged default, one of several frames), not a thumbnail or cover picture track before it.
 * Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does (leaving out
   those an edit list discards); the container header's count (`stream.frames`, used by transformers' PyAV
   reader) can be missing or wrong.
-* Frame rate: the stream's average rate, then its guessed rate, then 24 as the reference does.
+* Frame rate: as torchcodec's exact mode measures it, the frames over the span their packets cover (the first's
+  pts to the last's pts + duration), not the rate the header declares: a variable-frame-rate clip, or a Matroska
+  file whose header declares another rate, samples as many frames as the reference's. A stream without timestamps
+  (or of one instant) takes its declared rate: the average, then the guessed one, then 24 as the reference does.
 * Sampling: the reference's rule — n = min(⌊total·fps/video_fps⌋, num_frames, total), rounded down to an
   even count but at least 2 (and at most total), at `linspace(0, total−1, n)` truncated.
 * Timestamps: the reference prints frame_index / fps. We print each sampled frame's real presentation
@@ -38,6 +43,7 @@ import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Union
 
 import av
@@ -127,6 +133,18 @@ def _frame_rate(stream: av.video.stream.VideoStream, timestamped: bool) -> float
     return None
 
 
+def _measured_frame_rate(frames: int, first_pts: int | None, end_pts: int | None,
+                         time_base: Fraction | None) -> float | None:
+    """The rate torchcodec's exact mode gives the reference (`average_fps`): the frames over the span their packets
+    cover, from the first's pts to the end (pts + duration) of the last, each in float64 seconds (pts × time base).
+    None where there is no span (no timestamps, one instant), for which torchcodec takes the stream's declared rate."""
+    if not frames or first_pts is None or end_pts is None or not time_base:
+        return None
+    seconds_per_tick = float(time_base)
+    span_s = end_pts * seconds_per_tick - first_pts * seconds_per_tick
+    return frames / span_s if span_s > 0 else None
+
+
 def _open(source: bytes | str | os.PathLike) -> av.container.InputContainer:
     return av.open(
         io.BytesIO(source) if isinstance(source, bytes) else os.fspath(source),
@@ -177,7 +195,10 @@ def decode_video_file(
         with _open(source) as container:
             if not container.streams.video:
                 raise MediaDecodeError("video", index, "the file has no video stream")
-            stream = container.streams.video[0]
+            # the stream torchcodec decodes for the reference: FFmpeg's best (a default track, one of several frames),
+            # not a cover picture or thumbnail track before it
+            stream = container.streams.best("video") or container.streams.video[0]
+            stream_index = stream.index
             if stream.codec_context is None:  # PyAV has no decoder for the stream's codec id (unknown or corrupt)
                 raise MediaDecodeError("video", index, "the video's codec is unknown or has no decoder here; "
                                                        "re-encode it (H.264, VP9 or AV1)")
@@ -185,6 +206,7 @@ def decode_video_file(
             if header_width and header_height:  # some containers leave it to the first decoded frame
                 limits.check_frame_size("video", index, header_width, header_height)
             total_frames = timed_frames = 0
+            first_pts = end_pts = None  # the span the timed packets cover: the first's pts, the last's pts + duration
             for packet in container.demux(stream):
                 if cancel is not None:
                     cancel.check()
@@ -192,11 +214,16 @@ def decode_video_file(
                 # no frame, and torchcodec, the reference's decoder, does not count it either
                 if packet.size and not packet.is_discard:
                     total_frames += 1
-                    timed_frames += packet.pts is not None
                     _check_source_frames(total_frames, index, limits)
+                    if packet.pts is not None:
+                        timed_frames += 1
+                        first_pts = packet.pts if first_pts is None else min(first_pts, packet.pts)
+                        packet_end = packet.pts + (packet.duration or 0)
+                        end_pts = packet_end if end_pts is None else max(end_pts, packet_end)
             # in a container only timed packets are frames; in a raw elementary stream no packet is timed
             total_frames = timed_frames or total_frames
-            video_fps = _frame_rate(stream, timestamped=timed_frames > 0)
+            video_fps = _measured_frame_rate(timed_frames, first_pts, end_pts, stream.time_base) or _frame_rate(
+                stream, timestamped=timed_frames > 0)
         if total_frames == 0:
             raise MediaDecodeError("video", index, "the video stream has no frames")
         if video_fps is None:
@@ -209,7 +236,7 @@ def decode_video_file(
 
         frames, times, decoded = [], [], 0
         with _open(source) as container:
-            stream = container.streams.video[0]
+            stream = container.streams[stream_index]
             stream.thread_type = "AUTO"
             target = None
             for frame_index, frame in enumerate(container.decode(stream)):

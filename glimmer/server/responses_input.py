@@ -8,11 +8,11 @@
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls; but
   the template drops the content of a message with calls (§2.1), so an assistant message item followed by calls
   is a message of its own that did not end the turn (`end_turn: false`), as the model wrote it;
-- a `function_call_output` item is a tool message answering its `call_id`, which must name a `function_call`
-  item before it, in the input or in the responses it continues (OpenAI refuses an answer to no call, as does
-  Glimmer; a result rendered before its call would be read as a result of nothing). The outputs answering one
-  turn's calls render in the order of the calls, whatever their order in the input: the prompt matches a result
-  to its call by position, OpenAI by call_id;
+- a `function_call_output` item is a tool message answering its `call_id` (its `output` a string, or text and
+  `input_image` parts), which must name a `function_call` item before it, in the input or in the responses it
+  continues (OpenAI refuses an answer to no call, as does Glimmer; a result rendered before its call would be read
+  as a result of nothing). The outputs answering one turn's calls render in the order of the calls, whatever their
+  order in the input: the prompt matches a result to its call by position, OpenAI by call_id;
 - every `function_call` item, in the input or in the responses it continues, needs a `function_call_output` after
   it (OpenAI: 400 "No tool output found for function call ..."): a call left unanswered would render as a turn
   whose result never came;
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.multimodal.sources import IMAGE_DETAILS
 from glimmer.protocol.request_normalization import tool_results_in_call_order
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -56,6 +57,7 @@ class MessageSource:
 
     path: str
     tool_calls: list[str] = field(default_factory=list)
+    content: str = "content"  # the item's field that became the message's content (a function_call_output's output)
 
 
 # chat fields that the Responses API names otherwise
@@ -79,7 +81,10 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
         source = sources[int(match[1])]
         call = int(match[2]) if match[2] is not None else None
         head = source.tool_calls[call] if call is not None and call < len(source.tool_calls) else source.path
-        renamed = head + param[match.end():]
+        rest = param[match.end():]
+        if call is None and re.match(r"\.content\b", rest):
+            rest = f".{source.content}{rest[len('.content'):]}"
+        renamed = head + rest
     if renamed is None:
         return error
     # the field itself, not a longer name ending in it (chat_template_kwargs.reasoning_effort keeps its name)
@@ -191,9 +196,13 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    f"{_at(turn_ended_at or where)}, which ends the turn of its call; send each "
                                    "function_call_output right after the function_call items of its turn, before "
                                    "the next message", param=f"{where}.call_id")
+            output = item.get("output")
+            has_image = isinstance(output, list) and any(isinstance(part, dict) and part.get("type") == "input_image"
+                                                         for part in output)
             messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": _text_of(item.get("output"), f"{where}.output")})
-            origins.append(MessageSource(where))
+                             "content": _parts(output, f"{where}.output") if has_image
+                             else _text_of(output, f"{where}.output", "text and input_image parts")})
+            origins.append(MessageSource(where, content="output"))
         else:
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "
                                "function_call and function_call_output are)", param=f"{where}.type")
@@ -305,11 +314,11 @@ def _part_text(part: Any, where: str, accepted: str = "text parts") -> str:
     raise RequestError(f"{where}: parts of type {kind!r} are not supported here ({accepted} are)", param=where)
 
 
-def _text_of(content: Any, field: str) -> str:
+def _text_of(content: Any, field: str, accepted: str = "text parts") -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(_part_text(part, f"{field}[{j}]") for j, part in enumerate(content))
+        return "".join(_part_text(part, f"{field}[{j}]", accepted) for j, part in enumerate(content))
     raise RequestError(f"{field}: must be a string or a list of text parts", param=field)
 
 
@@ -323,14 +332,24 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
         return content
     if not isinstance(content, list):
         raise RequestError(f"{where}.content: must be a string or a list of content parts", param=f"{where}.content")
+    return _parts(content, f"{where}.content")
+
+
+def _parts(content: list[Any], field: str) -> list[dict[str, Any]]:
+    """Text and input_image parts (of the list at `field`) as chat parts; RequestError naming any other part."""
     parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        param = f"{where}.content[{j}]"
+        param = f"{field}[{j}]"
         if isinstance(part, dict) and part.get("type") == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
                 raise RequestError(f"{param}: an input_image needs `image_url` as a string (a data: or https: URL); "
                                    "file ids and other forms are not supported", param=param)
+            detail = part.get("detail")
+            if detail is not None and detail not in IMAGE_DETAILS:  # as chat refuses its image_url.detail
+                raise RequestError(f"{param}.detail must be one of {', '.join(map(repr, IMAGE_DETAILS))} (or left "
+                                   f"out), not {detail!r}; Glimmer sends every image at its full size whatever it "
+                                   "says", param=f"{param}.detail")
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
             parts.append({"type": "text", "text": _part_text(part, param, "text and input_image parts")})

@@ -372,6 +372,23 @@ def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped_to_white():
     assert pil_to_rgb(small, "image", 0)[0, 0].tolist() == [200, 200, 200]
 
 
+def test_a_16_bit_grey_png_s_transparent_value_is_composited_onto_white_as_the_reference_composites_it():
+    """Its tRNS names one 16-bit grey value transparent; those pixels were scaled to their grey like the others."""
+    from transformers.image_transforms import convert_to_rgb
+
+    from glimmer.multimodal.image import load_rgb
+
+    deep = (np.arange(8 * 8).reshape(8, 8) * 1000).astype(np.uint16)
+    encoded = io.BytesIO()
+    Image.fromarray(deep).save(encoded, "PNG", transparency=int(deep[2, 3]))
+    opened = Image.open(io.BytesIO(encoded.getvalue()))
+    assert opened.mode.startswith("I;16") and opened.info["transparency"] == deep[2, 3]
+    rgb = load_rgb(encoded.getvalue(), 0, LIMITS)
+    transparent = deep == deep[2, 3]
+    assert np.array_equal(rgb[transparent], convert_to_rgb(opened, return_numpy=True)[transparent])
+    assert np.array_equal(rgb[~transparent][:, 0], (deep[~transparent] >> 8).astype(np.uint8))
+
+
 def test_postscript_is_refused_without_reaching_ghostscript(monkeypatch) -> None:
     """Pillow reads EPS by running Ghostscript on it; a request's bytes must never reach another program."""
     from PIL import EpsImagePlugin

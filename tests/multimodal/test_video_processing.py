@@ -18,6 +18,7 @@ from glimmer.multimodal import (
     MediaDecodeError,
     MediaLimitError,
     MediaLimits,
+    MediaProcessor,
     MediaSettings,
     process_image,
     process_video,
@@ -238,6 +239,33 @@ def test_timestamps_are_the_real_presentation_times(tmp_path, video_writer) -> N
     assert video.group_timestamps_s == (0.0, 0.5, 2.25)
 
 
+def _torchcodec_average_fps(path) -> float:
+    """torchcodec's exact-mode `average_fps`, what the reference samples by: its scan's frame count over
+    max(pts + duration) − min(pts) of the stream's packets, each in seconds of pts × time base (torchcodec's
+    `scanFileAndUpdateMetadataAndIndex` and `get_average_fps`)."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [p for p in container.demux(stream) if p.size and not p.is_discard]
+        tick = float(stream.time_base)
+        end = max(p.pts + (p.duration or 0) for p in packets) * tick
+        return len(packets) / (end - min(p.pts for p in packets) * tick)
+
+
+def test_a_variable_frame_rate_clip_samples_as_many_frames_as_the_reference(tmp_path, video_writer,
+                                                                             reference_sample_frames) -> None:
+    """The reference's decoder measures the rate over the frames' timestamps; the header's declared rate (25 here,
+    as Matroska muxers write it) sampled 2 frames of a 10 s clip where the reference samples 18."""
+    times_ms = [40 * i for i in range(20)] + [800 + 460 * i for i in range(20)]
+    path = video_writer(tmp_path / "vfr.mkv", distinct_frames(40, 28, 28), fps=25, times_ms=times_ms)
+    settings = MediaSettings(max_video_frame_tokens=16)
+    indices = reference_sample_frames(40, _torchcodec_average_fps(path), settings.video_sample_fps,
+                                      settings.video_max_frames, 2)
+    assert len(indices) > 2  # the header's 25 fps would sample 2
+    assert process_video(path, settings, LIMITS).grid_thw[0] == len(indices) // 2
+
+
 def test_timestamps_start_at_zero_when_the_stream_does_not(tmp_path, video_writer) -> None:
     path = video_writer(tmp_path / "late.mkv", distinct_frames(4), fps=4, times_ms=[1000, 1250, 1500, 1750])
     video = process_video(path, MediaSettings(max_video_frame_tokens=16, video_sample_fps=4.0), LIMITS)
@@ -335,6 +363,42 @@ def test_unusable_input_raises_a_decode_error_naming_the_item(payload, problem, 
         process_video(payload, SMALL, LIMITS, index=2)
     assert str(raised.value).startswith("video 2: ")
     assert isinstance(raised.value, RequestError)
+
+
+def test_of_several_video_streams_the_one_ffmpeg_finds_best_is_read_as_the_reference_reads_it(tmp_path,
+                                                                                              video_writer) -> None:
+    """torchcodec decodes the stream av_find_best_stream picks; the first one was read, here a one-frame thumbnail
+    track before the clip (no track flagged default: the one with several frames is best)."""
+    import av
+
+    clip = distinct_frames(12, 48, 64)
+    path = tmp_path / "two.mkv"
+    with av.open(str(path), "w", format="matroska") as output:
+        thumbnail, video = output.add_stream("ffv1", rate=1), output.add_stream("ffv1", rate=4)
+        thumbnail.height, thumbnail.width, video.height, video.width = 16, 16, 48, 64
+        thumbnail.pix_fmt = video.pix_fmt = "bgr0"
+        for stream, frames in ((thumbnail, distinct_frames(1, 16, 16, seed=1)), (video, clip)):
+            for array in frames:
+                output.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+            output.mux(stream.encode())
+    with av.open(str(path)) as opened:
+        assert opened.streams.best("video").index == 1
+    alone = video_writer(tmp_path / "alone.mkv", clip)
+    expected, got = process_video(alone, SMALL, LIMITS), process_video(path, SMALL, LIMITS)
+    assert got.grid_thw == expected.grid_thw and torch.equal(got.pixel_values, expected.pixel_values)
+
+
+def test_a_video_sent_as_an_image_is_refused_saying_so(tmp_path, video_writer) -> None:
+    """As an image sent as a video is: it said only that the data is not an image format Glimmer reads."""
+    clip = video_writer(tmp_path / "clip.mkv", distinct_frames(4)).read_bytes()
+    processor = MediaProcessor(SMALL, LIMITS)
+    with pytest.raises(MediaDecodeError, match=r"^image 0: the data is a video, not an image; send it as a video "
+                                                r"\(a video_url part"):
+        processor.process("<|patch|>", [clip])
+    png = io.BytesIO()
+    Image.fromarray(distinct_frames(1)[0]).save(png, "PNG")
+    with pytest.raises(MediaDecodeError, match="^image 0: the image data is corrupt or truncated"):
+        processor.process("<|patch|>", [png.getvalue()[:len(png.getvalue()) // 2]])
 
 
 def test_truncated_file_raises_a_decode_error(tmp_path, video_writer) -> None:

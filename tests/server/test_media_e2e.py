@@ -170,3 +170,26 @@ def test_media_errors_name_the_content_part(client):
         client.chat.completions.create(model="tiny", messages=not_a_string, max_tokens=2, extra_body=EXTRA)
     assert err.value.body["param"] == "messages[0].content[0].image_url.url"
     assert "must be a string" in err.value.body["message"]
+
+
+def test_an_image_in_a_responses_function_call_output_is_seen_as_in_a_chat_tool_message(client):
+    """The openai SDK's function_call_output takes input_image parts, as chat's tool messages take images; they were
+    refused as 'not supported here (text parts are)'. The prompt is the chat one, token for token."""
+    url = _data_url(_png(9))
+    chat = client.chat.completions.create(model="tiny", max_tokens=1, extra_body=EXTRA, messages=[
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "snap", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1",
+         "content": [{"type": "text", "text": "taken"}, {"type": "image_url", "image_url": {"url": url}}]}])
+    output = [{"type": "input_text", "text": "taken"}, {"type": "input_image", "image_url": url, "detail": "auto"}]
+    input_items = [{"role": "user", "content": "Look."},
+                   {"type": "function_call", "call_id": "c1", "name": "snap", "arguments": "{}"},
+                   {"type": "function_call_output", "call_id": "c1", "output": output}]
+    response = client.responses.create(model="tiny", max_output_tokens=16, input=input_items, extra_body=EXTRA)
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    broken = [*input_items[:2], {**input_items[2], "output": [output[0], {**output[1], "image_url": "data:,"}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="tiny", max_output_tokens=16, input=broken, extra_body=EXTRA)
+    assert err.value.body["param"] == "input[2].output[1]"
+    assert err.value.body["message"].startswith("input[2].output[1] (image 0): ")

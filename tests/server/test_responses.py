@@ -801,6 +801,18 @@ def test_a_refused_part_names_the_parts_its_message_takes():
         chat_messages([{"role": "assistant", "content": [IMAGE]}], None)
 
 
+def test_an_input_image_detail_openai_does_not_know_is_refused_naming_it():
+    """OpenAI refuses a `detail` other than low, high, auto and original, as chat's image_url.detail is refused; it
+    was taken silently."""
+    for detail in ("low", "high", "auto", "original", None):
+        chat_messages([{"role": "user", "content": [{**IMAGE, "detail": detail}]}], None)
+    with pytest.raises(RequestError, match=r"^input\[0\]\.content\[1\]\.detail must be one of 'auto', 'low', "
+                                           r"'high', 'original' \(or left out\), not 'hgih'") as refused:
+        chat_messages([{"role": "user", "content": [{"type": "input_text", "text": "[greet]"},
+                                                 {**IMAGE, "detail": "hgih"}]}], None)
+    assert refused.value.param == "input[0].content[1].detail"
+
+
 @pytest.mark.parametrize(("item", "param"), [
     ({"type": "reasoning", "content": 2**64}, "input[0].content"),
     ({"type": "reasoning", "content": "thinking"}, "input[0].content"),
