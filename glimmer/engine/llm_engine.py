@@ -428,9 +428,7 @@ class LLMEngine:
 
     def _plan_kv_cache(self, extra_reserve: int = 0) -> KVCacheLayout:
         text = self.model_config.text
-        bs = self.config.block_size
-        if bs < 1 or bs & (bs - 1):
-            raise ConfigError(f"block_size={bs} must be a power of two")
+        bs = self.config.block_size  # a power of two (config_checks.py)
         per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in attention_groups(text)}
         if self.drafter is not None:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)

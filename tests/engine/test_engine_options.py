@@ -21,6 +21,7 @@ from glimmer.errors import ConfigError, UnsupportedArgumentError
     ("max_num_batched_tokens", True, "max_num_batched_tokens=True must be a positive integer"),
     ("max_model_len", 1.5, "max_model_len=1.5 must be a positive integer"),
     ("block_size", None, "block_size=None must be a positive integer"),
+    ("block_size", 24, "block_size=24 must be a positive integer, a power of two"),
     ("kv_cache_memory", "lots", "kv_cache_memory: 'lots' is not a size"),
     ("kv_cache_memory", -5, "kv_cache_memory=-5 must be a positive number of bytes"),
     ("kv_cache_memory", 2.5e9, "kv_cache_memory=2500000000.0 must be a positive number of bytes"),
