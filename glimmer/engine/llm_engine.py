@@ -265,6 +265,7 @@ class LLMEngine:
         # a directory, or a GGUF file; with dummy weights only the config, tokenizer and template are read
         self.checkpoint = open_checkpoint(self.checkpoint_dir, mmproj=config.mmproj, allow_pickle=config.allow_pickle,
                                           weights=config.load_format != "dummy")
+        self.max_model_len = self._resolve_max_model_len()  # before the weights load: a wrong one is refused at once
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=config.load_format,
                                               seed=config.seed)
@@ -280,7 +281,6 @@ class LLMEngine:
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
         )
-        self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS),
@@ -370,7 +370,7 @@ class LLMEngine:
     # configuration ----------------------------------------------------------------------------------
 
     def _resolve_max_model_len(self) -> int:
-        limit = self.model_config.text.max_position_embeddings
+        limit = self.checkpoint.config.text.max_position_embeddings
         requested = self.config.max_model_len
         if requested is None:
             return limit
