@@ -61,8 +61,9 @@ def check_engine_config(config: EngineConfig) -> None:
         value = getattr(config, name)
         if value is not None and (not _is_int(value) or value < 1):
             raise ConfigError(f"{name}={value!r} must be a positive integer (or None for the default)")
-    if not _is_int(config.block_size) or config.block_size < 1:
-        raise ConfigError(f"block_size={config.block_size!r} must be a positive integer (a power of two)")
+    if not _is_int(config.block_size) or config.block_size < 1 or config.block_size & (config.block_size - 1):
+        raise ConfigError(f"block_size={config.block_size!r} must be a positive integer, a power of two (16 is the "
+                          "default)")
     if isinstance(config.kv_cache_memory, str):
         try:
             config.kv_cache_memory = parse_size(config.kv_cache_memory)

@@ -265,6 +265,7 @@ class LLMEngine:
         # a directory, or a GGUF file; with dummy weights only the config, tokenizer and template are read
         self.checkpoint = open_checkpoint(self.checkpoint_dir, mmproj=config.mmproj, allow_pickle=config.allow_pickle,
                                           weights=config.load_format != "dummy")
+        self.max_model_len = self._resolve_max_model_len()  # before the weights load: a wrong one is refused at once
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=config.load_format,
                                               seed=config.seed)
@@ -280,7 +281,6 @@ class LLMEngine:
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
         )
-        self.max_model_len = self._resolve_max_model_len()
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=config.max_num_seqs or (CUDA_MAX_NUM_SEQS if on_cuda else CPU_MAX_NUM_SEQS),
@@ -370,7 +370,7 @@ class LLMEngine:
     # configuration ----------------------------------------------------------------------------------
 
     def _resolve_max_model_len(self) -> int:
-        limit = self.model_config.text.max_position_embeddings
+        limit = self.checkpoint.config.text.max_position_embeddings
         requested = self.config.max_model_len
         if requested is None:
             return limit
@@ -428,9 +428,7 @@ class LLMEngine:
 
     def _plan_kv_cache(self, extra_reserve: int = 0) -> KVCacheLayout:
         text = self.model_config.text
-        bs = self.config.block_size
-        if bs < 1 or bs & (bs - 1):
-            raise ConfigError(f"block_size={bs} must be a power of two")
+        bs = self.config.block_size  # a power of two (config_checks.py)
         per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in attention_groups(text)}
         if self.drafter is not None:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)
@@ -457,7 +455,7 @@ class LLMEngine:
         if self.drafter is not None:
             # the drafter's context gets the share of the budget its bytes per token are of all groups'
             share = within_needs(budget * per_block[DRAFT] // sum(per_block.values()), budget, DRAFT, (SLIDING, FULL))
-            num_blocks[DRAFT] = max(1, share // per_block[DRAFT])
+            num_blocks[DRAFT] = share // per_block[DRAFT]
             if draft_window is not None:
                 num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted[DRAFT])
             budget -= num_blocks[DRAFT] * per_block[DRAFT]
@@ -467,10 +465,10 @@ class LLMEngine:
                 # the full-attention group keeps half the budget, or all it can use if that is less: a budget that
                 # holds every sequence at full length then holds every window too
                 share = within_needs(share - min(budget // 2, wanted[FULL] * per_block[FULL]), budget, SLIDING, (FULL,))
-            num_blocks[SLIDING] = max(1, min(wanted[SLIDING], share // per_block[SLIDING]))
+            num_blocks[SLIDING] = min(wanted[SLIDING], share // per_block[SLIDING])
             budget -= num_blocks[SLIDING] * per_block[SLIDING]
         if FULL in per_block:
-            num_blocks[FULL] = max(1, budget // per_block[FULL])
+            num_blocks[FULL] = budget // per_block[FULL]
         layout = KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window,
                                draft_window=draft_window)
         short = {g: (n, needs[g]) for g, n in num_blocks.items() if n < needs[g]}
@@ -479,11 +477,15 @@ class LLMEngine:
             spec_note = (f" after {reserved:,} bytes set aside for verifying {self.num_speculative_tokens} proposed "
                          f"tokens of up to max_num_seqs={self.scheduler_config.max_num_seqs} sequences"
                          if reserved and self.config.kv_cache_memory is None and self.device.type == "cuda" else "")
+            # a block bigger than the context is mostly empty: where the budget holds the context's keys and values,
+            # the block size is what does not fit
+            oversized = f"lower block_size={bs} (a block larger than max_model_len is mostly empty), " if (
+                bs > self.max_model_len and total_budget >= sum(per_block.values()) // bs * self.max_model_len) else ""
             raise ConfigError(
                 f"the KV cache ({total_budget:,} bytes{spec_note}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (blocks available/needed per group: {short}); "
-                "lower the context (--max-model-len / max_model_len=), free device memory, or give the KV cache "
-                "more: --kv-cache-memory SIZE or --gpu-memory-utilization on the command line, kv_cache_memory= "
+                f"{oversized}lower the context (--max-model-len / max_model_len=), free device memory, or give the KV "
+                "cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on the command line, kv_cache_memory= "
                 "or gpu_memory_utilization= in LLM(...) / EngineConfig(...)"
             )
         return layout

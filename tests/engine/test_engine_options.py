@@ -21,6 +21,7 @@ from glimmer.errors import ConfigError, UnsupportedArgumentError
     ("max_num_batched_tokens", True, "max_num_batched_tokens=True must be a positive integer"),
     ("max_model_len", 1.5, "max_model_len=1.5 must be a positive integer"),
     ("block_size", None, "block_size=None must be a positive integer"),
+    ("block_size", 24, "block_size=24 must be a positive integer, a power of two"),
     ("kv_cache_memory", "lots", "kv_cache_memory: 'lots' is not a size"),
     ("kv_cache_memory", -5, "kv_cache_memory=-5 must be a positive number of bytes"),
     ("kv_cache_memory", 2.5e9, "kv_cache_memory=2500000000.0 must be a positive number of bytes"),
@@ -84,6 +85,18 @@ def test_a_kv_cache_larger_than_memory_is_a_config_error_before_allocating(tiny_
                                           r"\(--kv-cache-memory"):
         LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="100MiB")
     assert LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB").engine.kv_layout.num_blocks
+
+
+def test_a_max_model_len_past_the_models_is_refused_before_the_weights_load(tiny_checkpoint, monkeypatch):
+    """config.json gives the limit: a 30B model's weights take minutes to load, and were loaded before the refusal."""
+    import glimmer.engine.llm_engine as llm_engine
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(llm_engine, "load_model", load_model)
+    with pytest.raises(ConfigError, match=r"max_model_len=4097 must be between 2 and the model's 4096"):
+        LLM(str(tiny_checkpoint), progress=False, max_model_len=4097)
 
 
 def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_checkpoint, caplog):

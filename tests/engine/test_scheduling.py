@@ -137,6 +137,22 @@ def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup
         assert name in str(err.value), name
 
 
+def test_a_kv_cache_smaller_than_one_block_is_refused_not_given_a_block_past_it(checkpoint):
+    """A block of 128 tokens takes 196,608 bytes over the six sliding-window layers: a 150,000-byte cache holds none
+    for them, and the engine allocated one all the same (with block_size=2**24 and the CPU's default 2 GiB, 32 GiB
+    in all). The cache would hold the 64 positions' keys and values (131,072 bytes), so the block size is named."""
+    with pytest.raises(ConfigError, match=r"the KV cache \(150,000 bytes\) cannot hold one sequence of "
+                                          r"max_model_len=64 tokens \(blocks available/needed per group: "
+                                          r"\{'sliding': \(0, 1\)\}\); lower block_size=128 \(a block larger than"):
+        LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=150_000, max_model_len=64,
+                               block_size=128))
+    # 1,000 bytes hold no context whatever the block size: the fix is a larger cache, not a smaller block
+    with pytest.raises(ConfigError, match=r"\(blocks available/needed per group: \{'sliding': \(0, 1\), 'full': "
+                                          r"\(0, 1\)\}\); lower the context") as err:
+        LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=1_000, max_model_len=8))
+    assert "block_size" not in str(err.value)
+
+
 @pytest.mark.parametrize(("kv_cache_memory", "max_model_len", "blocks"), [
     (312_000, 512, {SLIDING: 2, FULL: 32}),  # an even split gave the windows 6 blocks and the full group 20 of 32
     (66_000, 32, {SLIDING: 2, FULL: 2}),  # ... and the windows 1 block of 2
