@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -702,10 +703,11 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", type=_dtype, default=None, metavar="{float32,bfloat16,float16}",
                         help="default bfloat16 on CUDA, float32 on CPU (vLLM's auto, half and float are taken too)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--max-model-len", type=token_count, default=None,
+                        help="context length, e.g. 32768, 32k (32,000) or 32K (32,768) (default: the model's)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="most sequences in one batch (default 256 on CUDA, 64 on the CPU)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+    parser.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                         help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
                              "CUDA, 2048 on the CPU)")
     parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
@@ -762,6 +764,40 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read *.bin / *.pt weights (only through torch.load(weights_only=True)); off by default "
                              "because unpickling can run code")
+
+
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count(text: str) -> int:
+    """A number of tokens written as vLLM's command line takes it: '32768', '32k' (32,000), '1.5k' (1,500),
+    '32K' (32,768) or '1M'. A binary suffix takes a whole number only; a result that is not whole is refused."""
+    value = text.strip()
+    if value.lower() in ("auto", "-1"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} (vLLM's context fitted to the KV cache) is not supported; leave the option out for the "
+            "model's own context, or give a number of tokens")
+    suffix = value[-1:] if value.isascii() else ""
+    if suffix in _BINARY_SUFFIXES:
+        if value[:-1].isdigit():
+            return int(value[:-1]) * _BINARY_SUFFIXES[suffix]
+        number, decimal = value[:-1], suffix.lower()
+        raise argparse.ArgumentTypeError(
+            f"invalid number of tokens {text!r}: a binary suffix ({suffix}, {_BINARY_SUFFIXES[suffix]:,}) takes a "
+            f"whole number; did you mean {number}{decimal} ({number} × {_DECIMAL_SUFFIXES[decimal]:,})?")
+    if suffix in _DECIMAL_SUFFIXES:
+        try:
+            tokens = Decimal(value[:-1]) * _DECIMAL_SUFFIXES[suffix]
+        except InvalidOperation:
+            tokens = None
+        if tokens is not None and tokens.is_finite() and tokens == tokens.to_integral_value() and value[0].isdigit():
+            return int(tokens)
+    elif value.isascii() and value.lstrip("-").isdigit():
+        return int(value)
+    raise argparse.ArgumentTypeError(
+        f"invalid number of tokens {text!r}; give an integer such as 32768, or one with a suffix: 32k (thousands), "
+        "32K (1,024s), 1m / 1M")
 
 
 def parse_size(text: str) -> int:

@@ -344,6 +344,14 @@ def _fails_with_one_line(capsys, argv, *words):
     (["serve", "--limit-mm-per-prompt", '{"audio": 1}'], ("--limit-mm-per-prompt", "images and videos only")),
     (["serve", "--limit-mm-per-prompt", "{not json"], ("--limit-mm-per-prompt", "not a JSON object")),
     (["serve", "--dtype", "fp8"], ("--dtype", "auto, half, float")),
+    (["serve", "--max-model-len", "auto"], ("--max-model-len: 'auto'", "not supported",
+                                            "leave the option out for the model's own context")),
+    (["chat", "--max-model-len", "-1"], ("--max-model-len: '-1'", "not supported")),
+    (["serve", "--max-model-len", "1.5K"], ("a binary suffix (K, 1,024) takes a whole number", "did you mean 1.5k")),
+    (["serve", "--max-num-batched-tokens", "1.2345k"], ("--max-num-batched-tokens: invalid number of tokens",
+                                                       "32k (thousands), 32K (1,024s)")),
+    (["serve", "--max-model-len", "32x"], ("invalid number of tokens '32x'",)),
+    (["serve", "--max-model-len", "\u0661\u0662"], ("invalid number of tokens",)),
 ])
 def test_a_malformed_command_line_is_one_line_pointing_at_the_help(capsys, argv, words):
     """argparse's own errors printed the command's whole usage (34 lines for serve) before the error line."""
@@ -518,6 +526,15 @@ def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_l
     err = _fails_with_one_line(capsys, [command, str(tmp_path / "missing"), *flags], *words)
     assert "None" not in err and "max_" not in err and "chat_template" not in err and "missing" not in err
     assert "seed=" not in err and "device=" not in err
+
+
+@pytest.mark.parametrize(("flag", "dest"), [("--max-model-len", "max_model_len"),
+                                          ("--max-num-batched-tokens", "max_num_batched_tokens")])
+@pytest.mark.parametrize(("text", "tokens"), [("4096", 4096), ("32k", 32_000), ("1.5k", 1_500), ("25.6k", 25_600),
+                                              ("32K", 32_768), ("1m", 1_000_000), ("1M", 1_048_576)])
+def test_token_counts_take_vllms_suffixes(flag, dest, text, tokens):
+    """`vllm serve --max-model-len 32k` (vLLM's human-readable numbers) was an argparse error."""
+    assert getattr(build_parser().parse_args(["serve", flag, text]), dest) == tokens
 
 
 def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
