@@ -87,7 +87,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if role == "tool":
             if message.get("name") not in (None, ""):  # rendered as the header's `tool NAME` ("" reads as none)
                 check_tool_name(message["name"], f"messages[{index}].name")
-            calls.check_result(message, index)
+            # named here, as the template would name it by searching every earlier call for its id: for each of a
+            # request's tool messages, which took minutes for a few thousand results (§2.1 renders the same)
+            message["name"] = calls.check_result(message, index)
         if role != "assistant":
             calls.end_turn()
         content = message.get("content")
@@ -282,7 +284,7 @@ class _CallsSoFar:
     may be answered again. Each check raises RequestError naming the field."""
 
     def __init__(self) -> None:
-        self.made: set[str] = set()  # ids of every call so far
+        self.made: dict[str, str] = {}  # id → function name, of every call so far (the last call of an id wins)
         self.this_turn: dict[str, str] = {}  # id → field, of the calls of the current assistant turn
         self.answered: dict[str, int] = {}  # tool_call_id → the tool message answering it, since its call
 
@@ -300,13 +302,13 @@ class _CallsSoFar:
                                    "calls of one assistant turn need distinct ids, by which their tool messages "
                                    "answer them", param=field)
             self.this_turn[call_id] = field
-            self.made.add(call_id)
+            self.made[call_id] = call["function"]["name"]
             self.answered.pop(call_id, None)
 
-    def check_result(self, message: Mapping[str, Any], index: int) -> None:
-        """A tool message names its tool (§2.1): by `name`, else by the `tool_call_id` of an earlier assistant tool
-        call. The template would otherwise render the raw id (or nothing) as the tool's name, and the model would read
-        a result of no call it made."""
+    def check_result(self, message: Mapping[str, Any], index: int) -> str:
+        """The name of the tool a tool message answers (§2.1): its `name`, else the function of the last earlier
+        assistant tool call with its `tool_call_id`. The template would otherwise render the raw id (or nothing) as the
+        tool's name, and the model would read a result of no call it made."""
         field = f"messages[{index}].tool_call_id"
         call_id = message.get("tool_call_id")
         if call_id is not None and not isinstance(call_id, str):
@@ -319,7 +321,7 @@ class _CallsSoFar:
         if call_id:
             self.answered[call_id] = index
         if message.get("name"):
-            return
+            return message["name"]
         if not call_id:
             raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
                                "(or the tool's name); without it the result would name no tool", param=field)
@@ -327,6 +329,7 @@ class _CallsSoFar:
             raise RequestError(f"{field}: no earlier assistant message holds a tool call with id {call_id!r}; send "
                                "the assistant message with the call before its result (or give the tool's `name`)",
                                param=field)
+        return self.made[call_id]
 
 
 # Fields of an assistant message that hold something the model said, which the template cannot render: a

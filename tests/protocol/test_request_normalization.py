@@ -6,6 +6,7 @@ import datetime
 import decimal
 import logging
 import re
+import time
 
 import pytest
 
@@ -454,6 +455,34 @@ def test_a_tool_message_with_a_name_or_a_matching_id_renders_that_name():
     for messages in (answered, named):
         rendered = render_chat(messages, template=builtin_template_source(), current_date="2026-01-01")
         assert "<|start|>tool calendar.lookup<|message|>" in rendered
+
+
+def _call_and_result(call_id, function):
+    call = {"id": call_id, "type": "function", "function": {"name": function, "arguments": "{}"}}
+    return [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": call_id, "content": "r"}]
+
+
+def test_a_tool_message_is_named_after_its_call_as_the_template_would_name_it():
+    """§2.1: a result without `name` gets the function of the last earlier call with its id (an id may come back in a
+    later turn), so the template need not search the history for it; the prompt is the one the ids render."""
+    messages = [USER, *_call_and_result("search:0", "calendar.lookup"), *_call_and_result("search:0", "weather.now")]
+    normalized = normalize_messages(messages)
+    assert [message.get("name") for message in normalized if message["role"] == "tool"] == ["calendar.lookup",
+                                                                                          "weather.now"]
+    unnamed = [{key: value for key, value in message.items() if key != "name"} for message in normalized]
+    assert render_chat(normalized, template=builtin_template_source(), current_date="2026-01-01") == render_chat(
+        unnamed, template=builtin_template_source(), current_date="2026-01-01")
+
+
+def test_many_tool_results_render_in_time_linear_in_their_number():
+    """The template searched every earlier call for each unnamed result: 1,500 results (a 200 kB request) held a
+    server thread for half a minute, a 4 MB body's worth for hours, and a client that left could not stop it."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(1500)]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": "r"} for i in range(1500)]
+    started = time.perf_counter()
+    render_chat(normalize_messages([USER, {"role": "assistant", "tool_calls": calls}, *results]),
+                template=builtin_template_source(), current_date="2026-01-01")
+    assert time.perf_counter() - started < 10  # about 0.4 s; 30 s when the template searched
 
 
 @pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
