@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -234,19 +235,28 @@ def _match_results(calls: list[tuple[str, Mapping[str, Any]]], results: list[tup
     """(the calls of one turn that none of its results answers, the results that answer none of its calls): a result
     answers by `tool_call_id`, else by `name` the first call of that tool not yet answered."""
     call_ids = {call.get("id") for _, call in calls if isinstance(call.get("id"), str)}
-    by_id = {result.get("tool_call_id") for _, result in results} & call_ids
+    by_id = {result.get("tool_call_id") for _, result in results if isinstance(result.get("tool_call_id"), str)}
+    by_id &= call_ids
     pending = [(field, call) for field, call in calls if not (isinstance(call.get("id"), str) and call["id"] in by_id)]
+    # tool name → the places in `pending` of its calls not yet answered, in call order: a result takes the first of
+    # its name's at once (searching `pending` for each result was quadratic: 20,000 results took minutes)
+    waiting: dict[str | None, deque[int]] = {}
+    for n, (_, call) in enumerate(pending):
+        name = (function_of(call) or {}).get("name")
+        if name is None or isinstance(name, str):  # another type is refused by `normalize_messages`
+            waiting.setdefault(name, deque()).append(n)
+    answered: set[int] = set()
     unmatched = []
     for index, result in results:
-        if result.get("tool_call_id") in by_id:
+        if isinstance(result.get("tool_call_id"), str) and result["tool_call_id"] in by_id:
             continue
-        match = next((n for n, (_, call) in enumerate(pending)
-                      if (function_of(call) or {}).get("name") == result.get("name")), None)
-        if match is None:
-            unmatched.append((index, result))
+        name = result.get("name")
+        calls_of_tool = waiting.get(name) if name is None or isinstance(name, str) else None
+        if calls_of_tool:
+            answered.add(calls_of_tool.popleft())
         else:
-            del pending[match]
-    return pending, unmatched
+            unmatched.append((index, result))
+    return [call for n, call in enumerate(pending) if n not in answered], unmatched
 
 
 def _result_of_no_call(index: int, result: Mapping[str, Any], calls: list[tuple[str, Mapping[str, Any]]]
