@@ -132,7 +132,7 @@ class StructuredOutputsParams:
             raise RequestError("response_format: must be an object with a `type`", param="response_format")
         kind = response_format.get("type")
         allowed_keys = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-        if kind not in allowed_keys:
+        if not isinstance(kind, str) or kind not in allowed_keys:  # a list or object would not hash
             raise RequestError(f"response_format.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'",
                                param="response_format.type")
         unknown = sorted(set(response_format) - allowed_keys[kind])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,7 +88,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if role == "tool":
             if message.get("name") not in (None, ""):  # rendered as the header's `tool NAME` ("" reads as none)
                 check_tool_name(message["name"], f"messages[{index}].name")
-            calls.check_result(message, index)
+            # named here, as the template would name it by searching every earlier call for its id: for each of a
+            # request's tool messages, which took minutes for a few thousand results (§2.1 renders the same)
+            message["name"] = calls.check_result(message, index)
         if role != "assistant":
             calls.end_turn()
         content = message.get("content")
@@ -232,19 +235,28 @@ def _match_results(calls: list[tuple[str, Mapping[str, Any]]], results: list[tup
     """(the calls of one turn that none of its results answers, the results that answer none of its calls): a result
     answers by `tool_call_id`, else by `name` the first call of that tool not yet answered."""
     call_ids = {call.get("id") for _, call in calls if isinstance(call.get("id"), str)}
-    by_id = {result.get("tool_call_id") for _, result in results} & call_ids
+    by_id = {result.get("tool_call_id") for _, result in results if isinstance(result.get("tool_call_id"), str)}
+    by_id &= call_ids
     pending = [(field, call) for field, call in calls if not (isinstance(call.get("id"), str) and call["id"] in by_id)]
+    # tool name → the places in `pending` of its calls not yet answered, in call order: a result takes the first of
+    # its name's at once (searching `pending` for each result was quadratic: 20,000 results took minutes)
+    waiting: dict[str | None, deque[int]] = {}
+    for n, (_, call) in enumerate(pending):
+        name = (function_of(call) or {}).get("name")
+        if name is None or isinstance(name, str):  # another type is refused by `normalize_messages`
+            waiting.setdefault(name, deque()).append(n)
+    answered: set[int] = set()
     unmatched = []
     for index, result in results:
-        if result.get("tool_call_id") in by_id:
+        if isinstance(result.get("tool_call_id"), str) and result["tool_call_id"] in by_id:
             continue
-        match = next((n for n, (_, call) in enumerate(pending)
-                      if (function_of(call) or {}).get("name") == result.get("name")), None)
-        if match is None:
-            unmatched.append((index, result))
+        name = result.get("name")
+        calls_of_tool = waiting.get(name) if name is None or isinstance(name, str) else None
+        if calls_of_tool:
+            answered.add(calls_of_tool.popleft())
         else:
-            del pending[match]
-    return pending, unmatched
+            unmatched.append((index, result))
+    return [call for n, call in enumerate(pending) if n not in answered], unmatched
 
 
 def _result_of_no_call(index: int, result: Mapping[str, Any], calls: list[tuple[str, Mapping[str, Any]]]
@@ -282,7 +294,7 @@ class _CallsSoFar:
     may be answered again. Each check raises RequestError naming the field."""
 
     def __init__(self) -> None:
-        self.made: set[str] = set()  # ids of every call so far
+        self.made: dict[str, str] = {}  # id → function name, of every call so far (the last call of an id wins)
         self.this_turn: dict[str, str] = {}  # id → field, of the calls of the current assistant turn
         self.answered: dict[str, int] = {}  # tool_call_id → the tool message answering it, since its call
 
@@ -300,13 +312,13 @@ class _CallsSoFar:
                                    "calls of one assistant turn need distinct ids, by which their tool messages "
                                    "answer them", param=field)
             self.this_turn[call_id] = field
-            self.made.add(call_id)
+            self.made[call_id] = call["function"]["name"]
             self.answered.pop(call_id, None)
 
-    def check_result(self, message: Mapping[str, Any], index: int) -> None:
-        """A tool message names its tool (§2.1): by `name`, else by the `tool_call_id` of an earlier assistant tool
-        call. The template would otherwise render the raw id (or nothing) as the tool's name, and the model would read
-        a result of no call it made."""
+    def check_result(self, message: Mapping[str, Any], index: int) -> str:
+        """The name of the tool a tool message answers (§2.1): its `name`, else the function of the last earlier
+        assistant tool call with its `tool_call_id`. The template would otherwise render the raw id (or nothing) as the
+        tool's name, and the model would read a result of no call it made."""
         field = f"messages[{index}].tool_call_id"
         call_id = message.get("tool_call_id")
         if call_id is not None and not isinstance(call_id, str):
@@ -319,7 +331,7 @@ class _CallsSoFar:
         if call_id:
             self.answered[call_id] = index
         if message.get("name"):
-            return
+            return message["name"]
         if not call_id:
             raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
                                "(or the tool's name); without it the result would name no tool", param=field)
@@ -327,6 +339,7 @@ class _CallsSoFar:
             raise RequestError(f"{field}: no earlier assistant message holds a tool call with id {call_id!r}; send "
                                "the assistant message with the call before its result (or give the tool's `name`)",
                                param=field)
+        return self.made[call_id]
 
 
 # Fields of an assistant message that hold something the model said, which the template cannot render: a

@@ -178,13 +178,13 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise RequestError(f"{where}.call_id: must name the function call answered", param=f"{where}.call_id")
-            later = next((j for j in range(i + 1, len(items)) if items[j].get("type") == "function_call"
-                          and items[j].get("call_id") == call_id), None)
-            if call_id not in called and later is not None:
-                raise RequestError(f"{where}.call_id: the function_call item with call_id {call_id!r} comes after "
-                                   f"its output (at input[{later - continued}]); send the call's item before its "
-                                   "output", param=f"{where}.call_id")
-            if call_id not in called:
+            if call_id not in called:  # only then searched for: every output searching the rest was quadratic
+                later = next((j for j in range(i + 1, len(items)) if items[j].get("type") == "function_call"
+                              and items[j].get("call_id") == call_id), None)
+                if later is not None:
+                    raise RequestError(f"{where}.call_id: the function_call item with call_id {call_id!r} comes after "
+                                       f"its output (at input[{later - continued}]); send the call's item before its "
+                                       "output", param=f"{where}.call_id")
                 raise RequestError(f"{where}.call_id: no function_call item with call_id {call_id!r} in the input "
                                    "or the responses it continues (previous_response_id); send the call's item "
                                    "before its output, or continue the response that made the call",

@@ -6,12 +6,14 @@ import datetime
 import decimal
 import logging
 import re
+import time
 
 import pytest
 
 from glimmer.errors import RequestError
 from glimmer.protocol import builtin_template_source, normalize_messages, normalize_tools, render_chat
 from glimmer.protocol.deltas import ToolCall
+from glimmer.protocol.request_normalization import refuse_unmatched_tool_messages
 
 
 def assistant_call(arguments, **function_fields):
@@ -454,6 +456,47 @@ def test_a_tool_message_with_a_name_or_a_matching_id_renders_that_name():
     for messages in (answered, named):
         rendered = render_chat(messages, template=builtin_template_source(), current_date="2026-01-01")
         assert "<|start|>tool calendar.lookup<|message|>" in rendered
+
+
+def _call_and_result(call_id, function):
+    call = {"id": call_id, "type": "function", "function": {"name": function, "arguments": "{}"}}
+    return [{"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": call_id, "content": "r"}]
+
+
+def test_a_tool_message_is_named_after_its_call_as_the_template_would_name_it():
+    """§2.1: a result without `name` gets the function of the last earlier call with its id (an id may come back in a
+    later turn), so the template need not search the history for it; the prompt is the one the ids render."""
+    messages = [USER, *_call_and_result("search:0", "calendar.lookup"), *_call_and_result("search:0", "weather.now")]
+    normalized = normalize_messages(messages)
+    assert [message.get("name") for message in normalized if message["role"] == "tool"] == ["calendar.lookup",
+                                                                                          "weather.now"]
+    unnamed = [{key: value for key, value in message.items() if key != "name"} for message in normalized]
+    assert render_chat(normalized, template=builtin_template_source(), current_date="2026-01-01") == render_chat(
+        unnamed, template=builtin_template_source(), current_date="2026-01-01")
+
+
+def test_many_tool_results_named_by_name_are_matched_to_their_calls_in_linear_time():
+    """Each result named by its tool alone searched the turn's calls not yet answered for the first of its name: 8,000
+    results sent in the reverse order of their calls took half a minute of a server thread."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": f"f{i}", "arguments": "{}"}} for i in range(8000)]
+    results = [{"role": "tool", "name": f"f{i}", "content": "r"} for i in reversed(range(8000))]
+    started = time.perf_counter()
+    refuse_unmatched_tool_messages([USER, {"role": "assistant", "tool_calls": calls}, *results])
+    assert time.perf_counter() - started < 5  # a tenth of a second; half a minute when each result searched
+    with pytest.raises(RequestError) as caught:  # the first call left unanswered is named, as before
+        refuse_unmatched_tool_messages([USER, {"role": "assistant", "tool_calls": calls}, *results[:-2], results[-1]])
+    assert caught.value.param == "messages[1].tool_calls[1]"
+
+
+def test_many_tool_results_render_in_time_linear_in_their_number():
+    """The template searched every earlier call for each unnamed result: 1,500 results (a 200 kB request) held a
+    server thread for half a minute, a 4 MB body's worth for hours, and a client that left could not stop it."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(1500)]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": "r"} for i in range(1500)]
+    started = time.perf_counter()
+    render_chat(normalize_messages([USER, {"role": "assistant", "tool_calls": calls}, *results]),
+                template=builtin_template_source(), current_date="2026-01-01")
+    assert time.perf_counter() - started < 10  # about 0.4 s; 30 s when the template searched
 
 
 @pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])

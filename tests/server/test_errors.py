@@ -218,6 +218,8 @@ def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param)
      "response_format.json_schema.schema", "grammar engine refused"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
     ({"response_format": {"type": "yaml"}}, "response_format.type", "not one of"),
+    ({"response_format": {"type": ["json_object"]}}, "response_format.type", "not one of"),  # was a 500
+    ({"response_format": {"type": {"type": "text"}}}, "response_format.type", "not one of"),
     ({"functions": [{"name": "f"}]}, "functions", "tools"),
     ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
     # the SDK's custom tool: was "tools[0].custom: unknown field", a field the type it named does have

@@ -370,6 +370,17 @@ def test_a_call_in_the_input_needs_its_output_too():
     chat_messages([{"role": "user", "content": "hi"}, *calls, answer, {**answer, "call_id": "c2"}], None)
 
 
+def test_many_calls_and_outputs_are_read_in_time_linear_in_their_number():
+    """Each output searched the rest of the input for a later call of its call_id, found or not: 20,000 calls and their
+    outputs (a 3 MB body) held a server thread for half a minute."""
+    calls = [{"type": "function_call", "call_id": f"c{i}", "name": "get_weather", "arguments": "{}"}
+             for i in range(20_000)]
+    outputs = [{"type": "function_call_output", "call_id": f"c{i}", "output": "Sunny"} for i in range(20_000)]
+    started = time.perf_counter()
+    chat_messages([{"role": "user", "content": "hi"}, *calls, *outputs], None)
+    assert time.perf_counter() - started < 8  # about a second; half a minute when each output searched
+
+
 def test_an_output_after_a_message_that_ended_its_calls_turn_is_refused_naming_its_call_id():
     """The prompt pairs a result with the calls of the turn right before it: an output after the next message
     rendered as a result of no call (chat refuses the same history, "must be followed by tool messages")."""
