@@ -14,15 +14,23 @@ instead, which round-trips through `input`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
-
-from pydantic import Field
+from typing import Any, Literal
 
 from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES
 from glimmer.engine.grammar import check_json_schema
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
-from glimmer.server.schemas import Count, Items, LogprobCount, PositiveCount, RequestBody, Seed, TopK
+from glimmer.server.schemas import (
+    Count,
+    Items,
+    LogprobCount,
+    Metadata,
+    PositiveCount,
+    RequestBody,
+    Seed,
+    TopK,
+    check_metadata,
+)
 
 RESPONSES_FIELD_HINTS = {
     "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "name": NAME}',
@@ -86,7 +94,7 @@ class ResponsesRequest(RequestBody):
     cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
     # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
-    metadata: Annotated[dict[str, str], Field(fail_fast=True)] | None = None  # refused at its first bad value
+    metadata: Metadata | None = None
     # the SDK's tiers; one serves them all here, "default"
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     safety_identifier: str | None = None
@@ -145,7 +153,7 @@ def check_supported(request: ResponsesRequest) -> None:
         value = getattr(request, name)
         if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
-    _check_metadata(request.metadata or {})
+    check_metadata(request.metadata or {})
     if request.prompt_cache_options is not None and request.prompt_cache_options.prewarm:
         raise RequestError("prompt_cache_options.prewarm: preparing the prompt cache without generating is not "
                            "supported (Glimmer caches a prompt's blocks as it answers it); leave `prewarm` unset or "
@@ -217,24 +225,6 @@ def reasoning_summary(request: ResponsesRequest) -> str | None:
                            "returns it whole: use 'auto' or 'detailed' (the reasoning text as the summary too), or "
                            "leave it unset (the text in the reasoning item's content only)", param=field)
     return summary
-
-
-_METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
-
-
-def _check_metadata(metadata: dict[str, str]) -> None:
-    """RequestError for `metadata` over OpenAI's limits, which the response echoes (a client moving to OpenAI
-    would meet the 400 there)."""
-    if len(metadata) > _METADATA_MAX_PAIRS:
-        raise RequestError(f"metadata: {len(metadata)} key-value pairs, at most {_METADATA_MAX_PAIRS} are allowed",
-                           param="metadata")
-    for key, value in metadata.items():
-        if len(key) > _METADATA_MAX_KEY_CHARS:
-            raise RequestError(f"metadata: the key {key[:20]!r}... is {len(key)} characters long, at most "
-                               f"{_METADATA_MAX_KEY_CHARS} are allowed", param="metadata")
-        if len(value) > _METADATA_MAX_VALUE_CHARS:
-            raise RequestError(f"metadata.{key}: the value is {len(value)} characters long, at most "
-                               f"{_METADATA_MAX_VALUE_CHARS} are allowed", param=f"metadata.{key}")
 
 
 def chat_response_format(request: ResponsesRequest) -> dict[str, Any] | None:

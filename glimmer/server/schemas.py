@@ -7,7 +7,8 @@ right. Three groups of known fields:
 - honored: everything that maps to rendering, sampling (`logit_bias` included) or the response shape, vLLM's
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`);
-- accepted and ignored, because they cannot change the output: `user`, `metadata`, `store`, `service_tier`,
+- accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
+  `service_tier`,
   `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
   `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
@@ -154,6 +155,25 @@ _VLLM_ONLY_FIELDS = frozenset({"disable_any_whitespace", "disable_additional_pro
                                "structural_tag", "disable_fallback"})
 
 
+Metadata = Annotated[dict[str, str], Field(fail_fast=True)]  # OpenAI's: string values; refused at the first bad one
+_METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
+
+
+def check_metadata(metadata: dict[str, str]) -> None:
+    """RequestError for `metadata` over OpenAI's limits (a client moving to OpenAI would meet the 400 there; the
+    Responses API echoes it)."""
+    if len(metadata) > _METADATA_MAX_PAIRS:
+        raise RequestError(f"metadata: {len(metadata)} key-value pairs, at most {_METADATA_MAX_PAIRS} are allowed",
+                           param="metadata")
+    for key, value in metadata.items():
+        if len(key) > _METADATA_MAX_KEY_CHARS:
+            raise RequestError(f"metadata: the key {key[:20]!r}... is {len(key)} characters long, at most "
+                               f"{_METADATA_MAX_KEY_CHARS} are allowed", param="metadata")
+        if len(value) > _METADATA_MAX_VALUE_CHARS:
+            raise RequestError(f"metadata.{key}: the value is {len(value)} characters long, at most "
+                               f"{_METADATA_MAX_VALUE_CHARS} are allowed", param=f"metadata.{key}")
+
+
 class _SamplingFields(RequestBody):
     model: str | None = None
     temperature: float | None = None
@@ -184,7 +204,7 @@ class _SamplingFields(RequestBody):
     cache_salt: str | None = None
     # accepted and ignored: they cannot change the output
     user: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None  # within OpenAI's limits (check_metadata)
     store: bool | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
@@ -392,6 +412,7 @@ def _refuse_unsupported(request: RequestBody) -> None:
             raise RequestError(f"{name}: {reason}", param=name)
     if request.stream_options is not None and not request.stream:
         raise RequestError("stream_options: only allowed when stream is true", param="stream_options")
+    check_metadata(request.metadata or {})
     if isinstance(request, ChatCompletionRequest):
         _refuse_unsupported_chat(request)
     elif request.best_of not in (None, request.n):  # OpenAI refuses a best_of below n too: it cannot pick n of fewer

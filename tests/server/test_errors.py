@@ -462,3 +462,25 @@ def test_an_error_quotes_a_huge_value_by_its_start_and_length(server, path, fiel
     assert len(response.content) < 2_000, error
     assert "(50,000 characters)" in error["message"] + (error["param"] or ""), error
     assert error["param"] is None or error["param"].startswith(field[:100]), error
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+@pytest.mark.parametrize(("metadata", "param"), [
+    ({"run": 1}, "metadata.run"),  # OpenAI's metadata values are strings
+    ({"run": {"nested": "v"}}, "metadata.run"),
+    ({f"k{i}": "v" for i in range(17)}, "metadata"),  # at most 16 pairs
+    ({"k" * 65: "v"}, "metadata"),  # keys at most 64 characters
+    ({"note": "v" * 513}, "metadata.note"),  # values at most 512
+])
+def test_metadata_over_openais_limits_is_refused_on_chat_and_completions_as_on_responses(server, path, metadata,
+                                                                                          param):
+    """Chat and completions took any JSON as `metadata` (200,000 keys, numbers, objects) and ignored it, while
+    /v1/responses held it to OpenAI's limits: a client moving to OpenAI met the 400 only there."""
+    body = chat(metadata=metadata) if path == "/chat/completions" else {"model": "tiny", "prompt": "hi",
+                                                                        "max_tokens": 2, "metadata": metadata}
+    response = post(server, body, path=path)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.text
+    within = {f"k{i}": "v" * 512 for i in range(16)}
+    ok = post(server, {**body, "metadata": within}, path=path)
+    assert ok.status_code == 200, ok.text
