@@ -531,14 +531,15 @@ class LLMEngine:
     def _wanted_blocks(self) -> dict[str, int]:
         """Blocks per group for max_num_seqs sequences at max_model_len at once: every position in the
         full-attention group (and the drafter's, unless its context is bounded), a window and the block it
-        grows into per sequence in a windowed group, plus one step's chunk of new tokens there."""
+        grows into per sequence in a windowed group, plus one step's chunk of new tokens there, but never more
+        than every position (a sequence never holds more blocks than its whole context fills)."""
         bs = self.config.block_size
         seqs = self.scheduler_config.max_num_seqs
         chunk_blocks = math.ceil(self.scheduler_config.max_num_batched_tokens / bs)
         every_position = seqs * math.ceil(self.max_model_len / bs)
 
         def windowed(window: int) -> int:
-            return seqs * (math.ceil(min(window, self.max_model_len) / bs) + 1) + chunk_blocks
+            return min(seqs * (math.ceil(min(window, self.max_model_len) / bs) + 1) + chunk_blocks, every_position)
 
         wanted = {FULL: every_position, SLIDING: windowed(self.model_config.text.sliding_window or self.max_model_len)}
         if self.drafter is not None:

@@ -172,6 +172,18 @@ def test_a_kv_cache_that_holds_one_full_length_sequence_in_every_group_is_not_re
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
+@pytest.mark.parametrize("max_num_batched_tokens", [64, 2048, 1 << 20])
+def test_the_windows_are_never_sized_past_every_position_of_the_context(checkpoint, max_num_batched_tokens):
+    """The sliding-window group was sized for a window per sequence plus one step's chunk of new tokens, even where
+    that is more than every position of max_model_len: a budget of 2**20 tokens reserved 65,536 blocks for windows
+    that hold at most 8 sequences x 4 blocks, on the CPU (whose default cache is what the sequences need)."""
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_model_len=64, max_num_seqs=8,
+                                    max_num_batched_tokens=max_num_batched_tokens))
+    every_position = 8 * 64 // engine.kv_layout.block_size
+    assert engine.kv_layout.num_blocks[FULL] == every_position
+    assert engine.kv_layout.num_blocks[SLIDING] <= every_position
+
+
 def test_abort_frees_blocks_and_stops_computing(checkpoint):
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False))
     engine.add_request("a", list(range(40)), SamplingParams(max_tokens=200, ignore_eos=True))
