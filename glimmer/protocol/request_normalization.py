@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -475,7 +476,8 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
 def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
     """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH, holding a lone surrogate (JSON's
     `\\ud800` escape decodes to one, and no tokenizer can encode it) or a value that is no JSON value (a
-    `datetime.date` given in Python, which would render as `<date>`)."""
+    `datetime.date` given in Python, which would render as `<date>`; NaN or an infinity, which a request body's
+    `NaN`, `Infinity` or `1e400` decodes to, and which would render as `nan` / `inf`)."""
     pending: list[tuple[Any, int]] = [(arguments, 1)]
     while pending:  # iterative: the point is not to recurse on hostile depth
         value, depth = pending.pop()
@@ -484,6 +486,10 @@ def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
                 raise RequestError(f"{field} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
                                    "send valid Unicode text", param=field)
             continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"{field} holds the number {value!r}, which is no JSON value (the prompt would show "
+                               f"{value!r}, as the JSON-string form of the same arguments is refused); send a finite "
+                               "number, or the text as a string", param=field)
         if value is None or isinstance(value, int | float):
             continue
         if not isinstance(value, Mapping | list | tuple):  # rendered as its `<TypeName>` placeholder otherwise
