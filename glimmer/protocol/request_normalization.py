@@ -441,8 +441,12 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
 def _check_argument_names(arguments: Mapping[str, Any], field: str) -> None:
     """RequestError naming `field` for an argument name holding `"`: the template writes each name into an ATEM tag,
     `<atem:parameter name="NAME">`, whose name ends at the first `"` (P-ATEM-1), so the model would read a broken tag
-    and no such argument (the model cannot write one either)."""
+    and no such argument (the model cannot write one either). A name that is no string (a Python caller's `{1: ...}`)
+    is refused too."""
     for name in arguments:
+        if not isinstance(name, str):  # a Python caller's dict: JSON objects have string keys only
+            raise RequestError(f"{field}: the argument name {name!r} is a {type(name).__name__}, not a string; name "
+                               "each argument with a string (JSON object keys are strings)", param=field)
         if '"' in name:
             raise RequestError(f"{field}: the argument name {name!r} holds '\"', which ends a parameter name in the "
                                "chat format (the model would read no such argument); rename it", param=field)

@@ -133,6 +133,16 @@ def test_an_argument_name_holding_a_quote_is_refused_naming_the_arguments(argume
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
 
 
+@pytest.mark.parametrize("name", [1, None, (1, 2)])
+def test_an_argument_name_that_is_no_string_is_refused_naming_the_arguments(name):
+    """P-TMPL-6: a Python caller's arguments dict keyed by an int or None failed with a bare TypeError ("argument of
+    type 'int' is not iterable"), and a tuple key rendered as `<atem:parameter name="(1, 2)">`."""
+    messages = [{"role": "user", "content": "hi"}, assistant_call({name: "x"})]
+    with pytest.raises(RequestError, match="not a string") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
 def test_tool_call_without_a_name_is_a_request_error():
     with pytest.raises(RequestError, match=r"messages\[0\].tool_calls\[0\].function.name"):
         normalize_messages(
