@@ -55,7 +55,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
       not a JSON object, or give a key twice in one object, raise RequestError naming the message index and field;
       a bare call (`{"id", "name", "arguments"}`) gets OpenAI's shape (`{"id", "type", "function": {"name",
       "arguments"}}`), which chat templates read;
-    - `reasoning` fills a missing `reasoning_content`;
+    - `reasoning` fills a missing `reasoning_content` (unless `thinking`, which templates read before it, is given);
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out or null. A text part needs a string `text`;
     - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
@@ -107,7 +107,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         elif content is not None and not isinstance(content, str):
             raise RequestError(f"messages[{index}].content must be a string or a list of content parts, got "
                                f"{type(content).__name__}", param=f"messages[{index}].content")
-        if message.get("reasoning_content") is None and message.get("reasoning") is not None:
+        # transformers' order: reasoning_content, then thinking, then reasoning
+        if (message.get("reasoning_content") is None and message.get("thinking") is None
+                and message.get("reasoning") is not None):
             message["reasoning_content"] = message["reasoning"]
         for key in ("reasoning_content", "thinking"):
             if message.get(key) is not None and not isinstance(message[key], str):
