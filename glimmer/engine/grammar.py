@@ -325,7 +325,7 @@ class GrammarCompiler:
         from where the gate opens (`GrammarController`). `final_token_ids`: ids the grammar places only at its end
         (`GrammarController`).
         """
-        text = json.dumps(grammar, ensure_ascii=False)
+        text = _grammar_text(grammar, param)
         compiled = self._kept(text, param, internal)
         markers = self._marker_spelling() if guard_markers else None
         failure_param = failure_param or param
@@ -417,7 +417,7 @@ class GrammarCompiler:
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
             return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
                                 final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
-        answer = self._kept(json.dumps({"grammars": [dict(constraint.answer)]}, ensure_ascii=False), answer_param,
+        answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
                             internal=False)
         if b"<|" in answer.forced_text:
             raise _marker_in_chat_answer(answer_param)
@@ -501,7 +501,9 @@ def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = Fals
     nothing for tokens, so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
     grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=strict), param)
     try:
-        text = json.dumps({"grammars": [grammar]}, ensure_ascii=False)
+        text = _grammar_text({"grammars": [grammar]}, param)
+    except RequestError:
+        raise
     except (TypeError, ValueError, RecursionError):
         raise RequestError(f"{param}: the JSON schema is not JSON or is nested too deeply", param=param) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
@@ -509,6 +511,20 @@ def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = Fals
         hint = (" (a strict tool's calls follow every keyword of its schema; without \"strict\": true, keywords "
                 "the grammar engine does not implement are ignored)") if strict else ""
         raise _refused(param, messages[0], hint=hint)
+
+
+def _grammar_text(grammar: Mapping[str, Any], param: str) -> str:
+    """`grammar` as the JSON text the grammar engine reads. Raises RequestError(param) for NaN or an infinity in it
+    (a request body's `NaN`, `Infinity` or `1e400` in a schema), which json.dumps would write as `NaN` / `Infinity`,
+    no JSON, and the engine would refuse as "expected value at line 1 column 100", naming neither."""
+    try:
+        return json.dumps(grammar, ensure_ascii=False, allow_nan=False)
+    except ValueError as error:
+        if "Out of range float" not in str(error):  # a circular reference (a Python caller's schema)
+            raise
+        raise RequestError(f"{param}: the JSON schema holds NaN or an infinity (a NaN, Infinity or 1e400 in the "
+                           "request), which is no JSON value; write a finite number, or leave the keyword out",
+                           param=param) from None
 
 
 def _refused(param: str, message: str, *, internal: bool = False, hint: str = "") -> RequestError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -261,10 +262,15 @@ def _refuse_fixed_kwargs(template_kwargs: Mapping[str, Any], tokens: Mapping[str
 def _refuse_opaque_kwargs(template_kwargs: Mapping[str, Any]) -> None:
     """RequestError naming a template kwarg that holds a value `_plain` cannot pass on (a `datetime.date`, a
     `Decimal`, ...): the template would read its `<TypeName>` placeholder, as transformers' does, and a
-    `current_date=datetime.date.today()` would tell the model the date is `<date>`."""
+    `current_date=datetime.date.today()` would tell the model the date is `<date>`. Likewise NaN and the infinities
+    (a request body's `NaN`, `Infinity`, `1e400`), which the template would write as `nan` / `inf`."""
     pending = [(f"chat_template_kwargs.{name}", value) for name, value in template_kwargs.items()]
     while pending:
         where, value = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"{where} is {value!r}, which is no JSON value (the template would write '{value!r}'; a "
+                               "request body's NaN, Infinity or 1e400 reads as one); pass a finite number or a string",
+                               param="chat_template_kwargs")
         if value is None or isinstance(value, (str, int, float)):
             continue
         if isinstance(value, Mapping):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -54,7 +55,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
       not a JSON object, or give a key twice in one object, raise RequestError naming the message index and field;
       a bare call (`{"id", "name", "arguments"}`) gets OpenAI's shape (`{"id", "type", "function": {"name",
       "arguments"}}`), which chat templates read;
-    - `reasoning` fills a missing `reasoning_content`;
+    - `reasoning` fills a missing `reasoning_content` (unless `thinking`, which templates read before it, is given);
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out or null. A text part needs a string `text`;
     - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
@@ -106,7 +107,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         elif content is not None and not isinstance(content, str):
             raise RequestError(f"messages[{index}].content must be a string or a list of content parts, got "
                                f"{type(content).__name__}", param=f"messages[{index}].content")
-        if message.get("reasoning_content") is None and message.get("reasoning") is not None:
+        # transformers' order: reasoning_content, then thinking, then reasoning
+        if (message.get("reasoning_content") is None and message.get("thinking") is None
+                and message.get("reasoning") is not None):
             message["reasoning_content"] = message["reasoning"]
         for key in ("reasoning_content", "thinking"):
             if message.get(key) is not None and not isinstance(message[key], str):
@@ -440,8 +443,12 @@ def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str
 def _check_argument_names(arguments: Mapping[str, Any], field: str) -> None:
     """RequestError naming `field` for an argument name holding `"`: the template writes each name into an ATEM tag,
     `<atem:parameter name="NAME">`, whose name ends at the first `"` (P-ATEM-1), so the model would read a broken tag
-    and no such argument (the model cannot write one either)."""
+    and no such argument (the model cannot write one either). A name that is no string (a Python caller's `{1: ...}`)
+    is refused too."""
     for name in arguments:
+        if not isinstance(name, str):  # a Python caller's dict: JSON objects have string keys only
+            raise RequestError(f"{field}: the argument name {name!r} is a {type(name).__name__}, not a string; name "
+                               "each argument with a string (JSON object keys are strings)", param=field)
         if '"' in name:
             raise RequestError(f"{field}: the argument name {name!r} holds '\"', which ends a parameter name in the "
                                "chat format (the model would read no such argument); rename it", param=field)
@@ -475,7 +482,8 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
 def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
     """Raises RequestError for arguments nested deeper than MAX_ARGUMENTS_DEPTH, holding a lone surrogate (JSON's
     `\\ud800` escape decodes to one, and no tokenizer can encode it) or a value that is no JSON value (a
-    `datetime.date` given in Python, which would render as `<date>`)."""
+    `datetime.date` given in Python, which would render as `<date>`; NaN or an infinity, which a request body's
+    `NaN`, `Infinity` or `1e400` decodes to, and which would render as `nan` / `inf`)."""
     pending: list[tuple[Any, int]] = [(arguments, 1)]
     while pending:  # iterative: the point is not to recurse on hostile depth
         value, depth = pending.pop()
@@ -484,6 +492,10 @@ def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
                 raise RequestError(f"{field} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
                                    "send valid Unicode text", param=field)
             continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"{field} holds the number {value!r}, which is no JSON value (the prompt would show "
+                               f"{value!r}, as the JSON-string form of the same arguments is refused); send a finite "
+                               "number, or the text as a string", param=field)
         if value is None or isinstance(value, int | float):
             continue
         if not isinstance(value, Mapping | list | tuple):  # rendered as its `<TypeName>` placeholder otherwise

@@ -75,3 +75,18 @@ def test_protocol_render_chat_equals_transformers_for_random_conversations_with_
             [case.expected], tools=case.tools, chat_template=template, add_generation_prompt=True,
             **{**DEFAULT_SPECIAL_TOKENS, **case.kwargs})
         assert ours == reference[0], case
+
+
+@pytest.mark.parametrize("fields", [{"thinking": "T", "reasoning": "R"}, {"reasoning_content": "C", "reasoning": "R"},
+                                    {"thinking": "T", "reasoning_content": "C"}, {"reasoning": "R"}])
+def test_reasoning_under_several_names_renders_the_one_transformers_renders(fields):
+    """P-TMPL-2, P-TMPL-6: transformers reads a message's reasoning from `reasoning_content`, else `thinking`, else
+    `reasoning`; a message with `thinking` and `reasoning` rendered the `reasoning` here, the `thinking` there."""
+    template = builtin_template_source()
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A", **fields},
+                {"role": "user", "content": "q2"}]
+    ours = render_chat(normalize_messages(messages), template=template, current_date="2026-01-01")
+    reference, _ = transformers_templates.render_jinja_template(
+        [messages], chat_template=template, add_generation_prompt=True, current_date="2026-01-01",
+        **DEFAULT_SPECIAL_TOKENS)
+    assert ours == reference[0]

@@ -340,6 +340,18 @@ def test_a_schema_the_grammar_engine_refuses_is_refused_naming_the_field_without
     assert words in str(raised.value)
 
 
+@pytest.mark.parametrize("keyword", [{"maximum": float("inf")}, {"minimum": float("-inf")}, {"default": float("nan")}])
+@pytest.mark.parametrize("strict", [False, True])
+def test_nan_or_an_infinity_in_a_schema_is_refused_naming_it(keyword, strict):
+    """A tool's or response_format's schema holding a body's `NaN`, `Infinity` or `1e400` was refused as "the grammar
+    engine refused it: expected value at line 1 column 100", naming neither the value nor what to do."""
+    schema = {"type": "object", "properties": {"x": {"type": "number", **keyword}}}
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "tools[0].function.parameters", strict=strict)
+    assert raised.value.param == "tools[0].function.parameters"
+    assert "NaN or an infinity" in str(raised.value) and "expected value" not in str(raised.value)
+
+
 @pytest.mark.parametrize("bounds", [{"minimum": -2 ** 63, "maximum": 2 ** 63 - 1}, {"minimum": -1e19},
                                     {"type": "number", "maximum": 1e300},
                                     {"type": "number", "exclusiveMinimum": -1e20}])

@@ -262,6 +262,20 @@ def test_kwargs_a_template_cannot_read_are_request_errors_naming_them(kwargs, wh
     assert "'2026-01-02'" in str(caught.value) or "'1.5'" in str(caught.value)
 
 
+@pytest.mark.parametrize(("kwargs", "where"), [
+    ({"knowledge_cutoff": float("nan")}, "chat_template_kwargs.knowledge_cutoff"),
+    ({"tool_namespace_descriptions": {"calendar": [1.0, float("inf")]}},
+     "chat_template_kwargs.tool_namespace_descriptions.calendar[1]"),
+])
+def test_non_finite_kwargs_are_request_errors_naming_them(kwargs, where):
+    """P-TMPL-3: a kwarg of NaN or an infinity (a request body's `NaN`, `Infinity` or `1e400`) was rendered into the
+    prompt as "Knowledge cutoff: nan."; it is refused naming the kwarg, as other values no JSON value are."""
+    with pytest.raises(RequestError, match="no JSON value") as caught:
+        render_chat(USER, template=builtin_template_source(), chat_template_kwargs=kwargs)
+    assert caught.value.param == "chat_template_kwargs"
+    assert where in str(caught.value)
+
+
 def test_token_variables_cannot_be_replaced_by_keyword_either():
     with pytest.raises(RequestError, match="bos_token"):
         render_chat(USER, template="x", bos_token="<s><s>")

@@ -112,12 +112,33 @@ def test_invalid_or_non_object_arguments_are_request_errors_naming_index_and_fie
     assert "messages[1].tool_calls[0].function.arguments" in str(caught.value)
 
 
+@pytest.mark.parametrize("arguments", [{"a": float("nan")}, {"b": [1, float("inf")]}, {"c": {"d": float("-inf")}}])
+def test_non_finite_numbers_in_object_arguments_are_refused_as_in_string_arguments(arguments):
+    """P-TMPL-6, P-VAL-4: arguments sent as an object (a server body's `NaN`, `Infinity` or `1e400` decode to these; a
+    Python dict) were rendered as `nan` / `inf` / `[1, Infinity]`, while the same arguments as a JSON string are
+    refused."""
+    messages = [{"role": "user", "content": "hi"}, assistant_call(arguments)]
+    with pytest.raises(RequestError, match="no JSON value") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
 @pytest.mark.parametrize("arguments", ['{"ci\\"ty": "Paris"}', {'"': 1}, {"city": "x", 'say "hi"': True}])
 def test_an_argument_name_holding_a_quote_is_refused_naming_the_arguments(arguments):
     """A history argument name is written into `<atem:parameter name="NAME">`, which ends at its first `"` (P-ATEM-1):
     the prompt held a broken tag, which the parser (and the model) reads as no argument."""
     messages = [{"role": "user", "content": "hi"}, assistant_call(arguments)]
     with pytest.raises(RequestError, match="argument name") as caught:
+        normalize_messages(messages)
+    assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
+
+
+@pytest.mark.parametrize("name", [1, None, (1, 2)])
+def test_an_argument_name_that_is_no_string_is_refused_naming_the_arguments(name):
+    """P-TMPL-6: a Python caller's arguments dict keyed by an int or None failed with a bare TypeError ("argument of
+    type 'int' is not iterable"), and a tuple key rendered as `<atem:parameter name="(1, 2)">`."""
+    messages = [{"role": "user", "content": "hi"}, assistant_call({name: "x"})]
+    with pytest.raises(RequestError, match="not a string") as caught:
         normalize_messages(messages)
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
 
