@@ -73,6 +73,25 @@ def test_the_page_is_served_as_static_files_without_a_key(server):
     assert httpx.get(server.url + "/static/style.css").status_code == 200
 
 
+def test_the_page_and_its_files_carry_security_headers(server):
+    for path in ("/", "/static/chat.js", "/static/style.css"):
+        headers = httpx.get(server.url + path).headers
+        assert headers["x-content-type-options"] == "nosniff", path
+        policy = headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+
+
+def test_html_slipped_into_the_page_runs_no_script(server, browser):
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed())  # chat.js ran under the policy
+    browser.execute_script("""
+        document.getElementById('log').insertAdjacentHTML('beforeend',
+          '<img id="probe" src="missing.png" onerror="window.ran = true">');""")
+    _wait(browser, lambda: browser.execute_script(
+        "const img = document.getElementById('probe'); return img.complete && img.naturalWidth === 0"))
+    assert browser.execute_script("return window.ran") is None
+
+
 def test_a_conversation_in_the_browser(server, browser, tmp_path):
     browser.get(server.url + "/")
     _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed())  # the server needs a key
