@@ -150,3 +150,38 @@ def test_a_conversation_in_the_browser(server, browser, tmp_path):
     assert "<|image_start|>" in server.engine.engine.runner.prompts[-1]
     assert turn.find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_stop_ends_the_reply_and_the_request_on_the_server(server, browser):
+    browser.get(server.url + "/")
+    if _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed()
+             or browser.find_element(By.ID, "model").text):
+        if browser.find_element(By.ID, "key-form").is_displayed():
+            browser.find_element(By.ID, "key").send_keys(KEY)
+            browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+    long_answer = " ".join(f"word{i}" for i in range(400))
+    server.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+    assert not browser.find_element(By.ID, "stop").is_displayed()
+    server.engine.engine.runner.step_delay_s = 0.05  # the whole answer takes minutes
+    try:
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+        browser.find_element(By.ID, "stop").click()
+        turn = _last_assistant_turn(browser)
+        assert turn.get_attribute("data-finish-reason") == "stopped"
+        shown = turn.find_element(By.CSS_SELECTOR, ".content").text
+        assert long_answer.startswith(shown) and len(shown) < len(long_answer)
+        samples = server.wait_for_idle(timeout_s=10)  # the server dropped the request, long before its end
+        assert samples["glimmer_num_requests_running"] == 0
+        assert not any(v for k, v in samples.items() if k.startswith("glimmer_kv_blocks_used"))
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    assert not browser.find_element(By.ID, "stop").is_displayed()
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    # the conversation goes on, the stopped reply in it
+    assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    assert f"<|message|>{shown}<|eot|>" in server.engine.engine.runner.prompts[-1]
+    assert not browser.find_element(By.ID, "error").is_displayed()

@@ -12,7 +12,7 @@ const cacheSalt = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => 
 // pendingCalls: the tool calls of the last reply still waiting for their results, which the composer takes one by one
 // (the conversation goes on only once each call is answered, as OpenAI requires); answeredCalls: those answered since.
 const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [],
-  pendingCalls: [], answeredCalls: [] };
+  pendingCalls: [], answeredCalls: [], stopping: null };
 const PROMPT_PLACEHOLDER = "Message (Enter sends, Shift+Enter for a new line)";
 
 function headers() {
@@ -192,7 +192,27 @@ async function reply() {
     showError(`Tools are not valid JSON: ${error.message}`);
     return false;
   }
-  const response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+  // Stop aborts the request: the server sees the connection close and frees the request's place and KV cache
+  state.stopping = new AbortController();
+  $("stop").hidden = false;
+  try {
+    return await streamReply(body, state.stopping.signal);
+  } finally {
+    $("stop").hidden = true;
+    state.stopping = null;
+  }
+}
+
+async function streamReply(body, signal) {
+  let response;
+  try {
+    response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body),
+      signal });
+  } catch (error) {
+    if (error.name !== "AbortError") throw error;
+    showError("Stopped before the reply began.");
+    return false;
+  }
   if (!response.ok) {
     const error = await response.json().catch(() => ({}));
     showError((error.error && error.error.message) || `HTTP ${response.status}`);
@@ -201,18 +221,26 @@ async function reply() {
   }
   const turn = new AssistantTurn();
   turn.node.classList.add("streaming");
-  for await (const chunk of serverSentEvents(response)) {
-    if (chunk.error) {
-      showError(chunk.error.message);
-      break;
+  try {
+    for await (const chunk of serverSentEvents(response)) {
+      if (chunk.error) {
+        showError(chunk.error.message);
+        break;
+      }
+      for (const choice of chunk.choices || []) {
+        const delta = choice.delta || {};
+        if (delta.reasoning_content) turn.addReasoning(delta.reasoning_content);
+        if (delta.content) turn.addContent(delta.content);
+        for (const piece of delta.tool_calls || []) turn.addToolCall(piece);
+        if (choice.finish_reason) turn.node.dataset.finishReason = choice.finish_reason;
+      }
     }
-    for (const choice of chunk.choices || []) {
-      const delta = choice.delta || {};
-      if (delta.reasoning_content) turn.addReasoning(delta.reasoning_content);
-      if (delta.content) turn.addContent(delta.content);
-      for (const piece of delta.tool_calls || []) turn.addToolCall(piece);
-      if (choice.finish_reason) turn.node.dataset.finishReason = choice.finish_reason;
-    }
+  } catch (error) {
+    if (error.name !== "AbortError") throw error;
+    // what came stays in the conversation; a tool call cut short has no complete arguments to answer
+    turn.node.dataset.finishReason = "stopped";
+    turn.node.append(element("div", "stopped-note", "(stopped)"));
+    turn.message.tool_calls = [];
   }
   turn.node.classList.remove("streaming");
   turn.node.classList.add("done");
@@ -235,6 +263,10 @@ $("composer").addEventListener("submit", async (event) => {
   } finally {
     $("send").disabled = false;
   }
+});
+
+$("stop").addEventListener("click", () => {
+  if (state.stopping) state.stopping.abort();
 });
 
 $("prompt").addEventListener("keydown", (event) => {
