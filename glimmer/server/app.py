@@ -7,6 +7,7 @@ so several apps can run in one process.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -57,7 +58,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 # to click it; images are the data: URLs of the files a user attaches.
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+                               "connect-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
@@ -83,8 +84,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.include_router(_tokenizer_router(context))
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def chat_page() -> Response:
-        return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+    async def chat_page(request: Request) -> Response:
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        if not root_path:
+            return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+        # the page's URLs are relative to the page; behind a proxy that strips --root-path, `/glimmer` (no slash)
+        # reaches this route as `/glimmer/` does, and a browser would resolve them against `/`, outside the prefix
+        page = (STATIC_DIR / "index.html").read_text()
+        base = f'<head>\n  <base href="{html.escape(root_path)}/">'
+        return HTMLResponse(page.replace("<head>", base, 1), headers=PAGE_HEADERS)
 
     app.mount("/static", _PageFiles(directory=STATIC_DIR), name="static")
 

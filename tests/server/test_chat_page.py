@@ -7,6 +7,7 @@ sends.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -79,6 +80,18 @@ def test_the_page_and_its_files_carry_security_headers(server):
         assert headers["x-content-type-options"] == "nosniff", path
         policy = headers["content-security-policy"]
         assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+
+
+def test_under_a_root_path_the_page_resolves_its_urls_under_it(server):
+    # a proxy that strips the prefix hands `/glimmer` and `/glimmer/` to the app alike, as `/`: only a base URL makes
+    # the page's relative URLs (static/chat.js, v1/models) land under the prefix from both
+    async def get_page(root_path: str) -> str:
+        transport = httpx.ASGITransport(app=server.app, root_path=root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            return (await client.get("/")).text
+
+    assert '<base href="/glimmer/">' in asyncio.run(get_page("/glimmer"))
+    assert "<base" not in asyncio.run(get_page(""))  # served at the root: relative to wherever a proxy put it
 
 
 def test_html_slipped_into_the_page_runs_no_script(server, browser):
