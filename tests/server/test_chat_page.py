@@ -198,3 +198,16 @@ def test_stop_ends_the_reply_and_the_request_on_the_server(server, browser):
     assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
     assert f"<|message|>{shown}<|eot|>" in server.engine.engine.runner.prompts[-1]
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_a_long_reply_is_shown_in_time_linear_in_its_length(server, browser):
+    # 50,000 deltas of reasoning and answer (a long reasoning reply): `textContent +=` copied the text so far on each,
+    # 27 s in all here; appended, they take a fraction of a second
+    browser.get(server.url + "/")
+    elapsed_ms = browser.execute_script("""
+        const turn = new AssistantTurn();
+        const start = performance.now();
+        for (let i = 0; i < 50000; i++) { turn.addReasoning('abcdefghij '); turn.addContent('0123456789 '); }
+        return [performance.now() - start, turn.content.textContent.length, turn.reasoningText.textContent.length];""")
+    assert elapsed_ms[1:] == [550000, 550000]
+    assert elapsed_ms[0] < 5000

@@ -87,12 +87,12 @@ class AssistantTurn {
       this.reasoning.append(this.reasoningText);
       this.node.insertBefore(this.reasoning, this.content);
     }
-    this.reasoningText.textContent += text;
+    this.reasoningText.append(text);  // a text node per delta: `textContent +=` copies all so far, each time
     this.message.reasoning_content += text;
   }
 
   addContent(text) {
-    this.content.textContent += text;
+    this.content.append(text);
     this.message.content += text;
   }
 
