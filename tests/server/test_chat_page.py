@@ -211,3 +211,27 @@ def test_a_long_reply_is_shown_in_time_linear_in_its_length(server, browser):
         return [performance.now() - start, turn.content.textContent.length, turn.reasoningText.textContent.length];""")
     assert elapsed_ms[1:] == [550000, 550000]
     assert elapsed_ms[0] < 5000
+
+
+def test_a_connection_broken_mid_reply_is_said_so_and_the_conversation_goes_on(make_tiny, browser):
+    with agent_server(make_tiny(vision=True)) as live:
+        long_answer = " ".join(f"w{i}" for i in range(400))
+        live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+        live.engine.engine.runner.step_delay_s = 0.05
+        browser.get(live.url + "/")
+        _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+    turn = _last_assistant_turn(browser)  # the server is gone
+    assert turn.get_attribute("data-finish-reason") == "broken" and "(cut off)" in turn.text
+    assert browser.find_element(By.ID, "error").text.startswith("The connection to the server broke off the reply")
+    assert not browser.find_element(By.ID, "stop").is_displayed() and browser.find_element(By.ID, "send").is_enabled()
+    history = browser.execute_script("return state.history")
+    assert [m["role"] for m in history] == ["user", "assistant"] and history[1]["content"]
+    # with no server, a message is not taken into the conversation
+    browser.find_element(By.ID, "prompt").send_keys("Still there?")
+    browser.find_element(By.ID, "send").click()
+    _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("Cannot reach the server"))
+    assert len(browser.execute_script("return state.history")) == 2

@@ -208,9 +208,8 @@ async function streamReply(body, signal) {
   try {
     response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body),
       signal });
-  } catch (error) {
-    if (error.name !== "AbortError") throw error;
-    showError("Stopped before the reply began.");
+  } catch (error) {  // as a refused request: the message is to be sent again
+    showError(error.name === "AbortError" ? "Stopped before the reply began." : `Cannot reach the server: ${error}`);
     return false;
   }
   if (!response.ok) {
@@ -236,10 +235,12 @@ async function streamReply(body, signal) {
       }
     }
   } catch (error) {
-    if (error.name !== "AbortError") throw error;
-    // what came stays in the conversation; a tool call cut short has no complete arguments to answer
-    turn.node.dataset.finishReason = "stopped";
-    turn.node.append(element("div", "stopped-note", "(stopped)"));
+    // stopped, or the connection broke: what came stays in the conversation; a tool call cut short has no complete
+    // arguments to answer
+    const stopped = error.name === "AbortError";
+    if (!stopped) showError(`The connection to the server broke off the reply: ${error}`);
+    turn.node.dataset.finishReason = stopped ? "stopped" : "broken";
+    turn.node.append(element("div", "stopped-note", stopped ? "(stopped)" : "(cut off)"));
     turn.message.tool_calls = [];
   }
   turn.node.classList.remove("streaming");
