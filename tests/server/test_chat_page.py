@@ -235,3 +235,16 @@ def test_a_connection_broken_mid_reply_is_said_so_and_the_conversation_goes_on(m
     browser.find_element(By.ID, "send").click()
     _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("Cannot reach the server"))
     assert len(browser.execute_script("return state.history")) == 2
+
+
+def test_a_reply_cut_off_by_the_context_length_says_so(make_tiny, browser):
+    with agent_server(make_tiny(vision=True), engine_options={"max_model_len": 256}) as live:
+        long_answer = " ".join(f"w{i}" for i in range(400))
+        live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+        browser.get(live.url + "/")
+        _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+        turn = _send(browser, "[long] Talk.")
+        assert turn.get_attribute("data-finish-reason") == "length"
+        assert "(cut off: the conversation fills the model's context)" in turn.text
+        assert long_answer.startswith(turn.find_element(By.CSS_SELECTOR, ".content").text)
+        assert not browser.find_element(By.ID, "error").is_displayed()

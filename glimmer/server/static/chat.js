@@ -243,6 +243,9 @@ async function streamReply(body, signal) {
     turn.node.append(element("div", "stopped-note", stopped ? "(stopped)" : "(cut off)"));
     turn.message.tool_calls = [];
   }
+  if (turn.node.dataset.finishReason === "length") {  // the page sets no max_tokens: the context is full
+    turn.node.append(element("div", "stopped-note", "(cut off: the conversation fills the model's context)"));
+  }
   turn.node.classList.remove("streaming");
   turn.node.classList.add("done");
   state.history.push(turn.historyMessage());
