@@ -248,3 +248,16 @@ def test_a_reply_cut_off_by_the_context_length_says_so(make_tiny, browser):
         assert "(cut off: the conversation fills the model's context)" in turn.text
         assert long_answer.startswith(turn.find_element(By.CSS_SELECTOR, ".content").text)
         assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_a_server_that_fails_to_list_its_models_is_named_with_its_status(server, browser):
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed()
+          or browser.find_element(By.ID, "model").text)
+    # what a proxy in front of a stopped server answers
+    browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        window.fetch = async () => new Response('<html><body>Bad Gateway</body></html>',
+                                                {status: 502, statusText: 'Bad Gateway'});
+        connect().then(() => done(), (error) => done(String(error)));""")
+    assert browser.find_element(By.ID, "error").text == "The server answered HTTP 502 for its models: Bad Gateway"

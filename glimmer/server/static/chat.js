@@ -34,6 +34,12 @@ async function connect() {
     return;
   }
   $("key-form").hidden = true;
+  if (!response.ok) {  // a proxy's 502, say: its body may be a page of HTML
+    const error = await response.json().catch(() => ({}));
+    showError(`The server answered HTTP ${response.status} for its models: ${
+      (error.error && error.error.message) || response.statusText || "no message"}`);
+    return;
+  }
   const models = await response.json();
   state.model = models.data[0].id;
   $("model").textContent = state.model;
