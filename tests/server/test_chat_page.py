@@ -67,6 +67,17 @@ def _send(browser, text: str):
     return _last_assistant_turn(browser)
 
 
+def _open_with_key(browser, server):
+    """The page, its key given (the browser session may hold it already)."""
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed()
+          or browser.find_element(By.ID, "model").text)
+    if browser.find_element(By.ID, "key-form").is_displayed():
+        browser.find_element(By.ID, "key").send_keys(KEY)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+
+
 def test_the_page_is_served_as_static_files_without_a_key(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "chat.js" in page.text
@@ -166,13 +177,7 @@ def test_a_conversation_in_the_browser(server, browser, tmp_path):
 
 
 def test_stop_ends_the_reply_and_the_request_on_the_server(server, browser):
-    browser.get(server.url + "/")
-    if _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed()
-             or browser.find_element(By.ID, "model").text):
-        if browser.find_element(By.ID, "key-form").is_displayed():
-            browser.find_element(By.ID, "key").send_keys(KEY)
-            browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
-    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+    _open_with_key(browser, server)
     long_answer = " ".join(f"word{i}" for i in range(400))
     server.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
     assert not browser.find_element(By.ID, "stop").is_displayed()
@@ -261,3 +266,22 @@ def test_a_server_that_fails_to_list_its_models_is_named_with_its_status(server,
                                                 {status: 502, statusText: 'Bad Gateway'});
         connect().then(() => done(), (error) => done(String(error)));""")
     assert browser.find_element(By.ID, "error").text == "The server answered HTTP 502 for its models: Bad Gateway"
+
+
+def test_enter_while_a_reply_streams_sends_nothing(server, browser):
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    server.engine.engine.runner.add("[long]", " to=user<|message|>" + " ".join(["word"] * 400) + "<|eot|>")
+    server.engine.engine.runner.step_delay_s = 0.05
+    try:
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming"))
+        browser.find_element(By.ID, "prompt").send_keys("[greet] Hi\n")
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.user")) == 1
+        assert browser.find_element(By.ID, "prompt").get_attribute("value") == "[greet] Hi"  # kept for later
+        browser.find_element(By.ID, "stop").click()
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    _last_assistant_turn(browser)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.assistant")) == 1

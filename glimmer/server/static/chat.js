@@ -263,7 +263,8 @@ async function streamReply(body, signal) {
 $("composer").addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = $("prompt").value.trim();
-  if (!text || !state.model) return;
+  // Enter submits the form even while Send is disabled: one reply at a time, the text kept for the next
+  if (!text || !state.model || $("send").disabled) return;
   $("prompt").value = "";
   $("send").disabled = true;
   try {
