@@ -285,3 +285,24 @@ def test_enter_while_a_reply_streams_sends_nothing(server, browser):
         server.engine.engine.runner.step_delay_s = 0.0
     _last_assistant_turn(browser)
     assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.assistant")) == 1
+
+
+def test_new_chat_while_a_reply_streams_stops_it_and_starts_empty(server, browser):
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    server.engine.engine.runner.add("[long]", " to=user<|message|>" + " ".join(["word"] * 400) + "<|eot|>")
+    server.engine.engine.runner.step_delay_s = 0.05
+    try:
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+        browser.find_element(By.ID, "reset").click()
+        _wait(browser, lambda: browser.find_element(By.ID, "send").is_enabled())
+        samples = server.wait_for_idle(timeout_s=10)
+        assert samples["glimmer_num_requests_running"] == 0
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    assert browser.execute_script("return state.history") == []
+    assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    assert "word" not in server.engine.engine.runner.prompts[-1]

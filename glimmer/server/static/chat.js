@@ -210,6 +210,7 @@ async function reply() {
 }
 
 async function streamReply(body, signal) {
+  const history = state.history;  // "New chat" replaces it: a reply it stopped stays out of the new conversation
   let response;
   try {
     response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body),
@@ -254,8 +255,8 @@ async function streamReply(body, signal) {
   }
   turn.node.classList.remove("streaming");
   turn.node.classList.add("done");
-  state.history.push(turn.historyMessage());
-  state.pendingCalls = [...turn.message.tool_calls];
+  history.push(turn.historyMessage());
+  if (history === state.history) state.pendingCalls = [...turn.message.tool_calls];
   showPendingCall();
   return true;
 }
@@ -307,6 +308,7 @@ $("key-form").addEventListener("submit", (event) => {
 });
 
 $("reset").addEventListener("click", () => {
+  if (state.stopping) state.stopping.abort();
   state.history = [];
   state.pendingCalls = [];
   state.answeredCalls = [];
