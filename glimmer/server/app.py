@@ -7,6 +7,7 @@ so several apps can run in one process.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -52,6 +53,24 @@ _STORED_RESPONSE_ROUTES = ("input_items", "cancel")  # /v1/responses/{id}/...
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
 """The chat page served at `/` (plain HTML, CSS and JavaScript; no build step)."""
+# The page runs only its own script and talks only to its own server: a model's output or a tool result that some
+# later change let through as HTML still runs nothing, and no other site can frame the page (which holds the API key)
+# to click it; images are the data: URLs of the files a user attaches.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+class _PageFiles(StaticFiles):
+    """The page's static files, with PAGE_HEADERS."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(PAGE_HEADERS)
+        return response
 
 
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
@@ -65,10 +84,17 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.include_router(_tokenizer_router(context))
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def chat_page() -> Response:
-        return FileResponse(STATIC_DIR / "index.html")
+    async def chat_page(request: Request) -> Response:
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        if not root_path:
+            return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+        # the page's URLs are relative to the page; behind a proxy that strips --root-path, `/glimmer` (no slash)
+        # reaches this route as `/glimmer/` does, and a browser would resolve them against `/`, outside the prefix
+        page = (STATIC_DIR / "index.html").read_text()
+        base = f'<head>\n  <base href="{html.escape(root_path)}/">'
+        return HTMLResponse(page.replace("<head>", base, 1), headers=PAGE_HEADERS)
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount("/static", _PageFiles(directory=STATIC_DIR), name="static")
 
     async def health() -> Response:
         if not engine.is_alive:

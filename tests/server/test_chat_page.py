@@ -7,6 +7,7 @@ sends.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -66,11 +67,53 @@ def _send(browser, text: str):
     return _last_assistant_turn(browser)
 
 
+def _open_with_key(browser, server):
+    """The page, its key given (the browser session may hold it already)."""
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed()
+          or browser.find_element(By.ID, "model").text)
+    if browser.find_element(By.ID, "key-form").is_displayed():
+        browser.find_element(By.ID, "key").send_keys(KEY)
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+    _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+
+
 def test_the_page_is_served_as_static_files_without_a_key(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "chat.js" in page.text
     assert "http" not in httpx.get(server.url + "/static/chat.js").text.split("//")[0]  # nothing fetched from afar
     assert httpx.get(server.url + "/static/style.css").status_code == 200
+
+
+def test_the_page_and_its_files_carry_security_headers(server):
+    for path in ("/", "/static/chat.js", "/static/style.css"):
+        headers = httpx.get(server.url + path).headers
+        assert headers["x-content-type-options"] == "nosniff", path
+        policy = headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+
+
+def test_under_a_root_path_the_page_resolves_its_urls_under_it(server):
+    # a proxy that strips the prefix hands `/glimmer` and `/glimmer/` to the app alike, as `/`: only a base URL makes
+    # the page's relative URLs (static/chat.js, v1/models) land under the prefix from both
+    async def get_page(root_path: str) -> str:
+        transport = httpx.ASGITransport(app=server.app, root_path=root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            return (await client.get("/")).text
+
+    assert '<base href="/glimmer/">' in asyncio.run(get_page("/glimmer"))
+    assert "<base" not in asyncio.run(get_page(""))  # served at the root: relative to wherever a proxy put it
+
+
+def test_html_slipped_into_the_page_runs_no_script(server, browser):
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed())  # chat.js ran under the policy
+    browser.execute_script("""
+        document.getElementById('log').insertAdjacentHTML('beforeend',
+          '<img id="probe" src="missing.png" onerror="window.ran = true">');""")
+    _wait(browser, lambda: browser.execute_script(
+        "const img = document.getElementById('probe'); return img.complete && img.naturalWidth === 0"))
+    assert browser.execute_script("return window.ran") is None
 
 
 def test_a_conversation_in_the_browser(server, browser, tmp_path):
@@ -131,3 +174,135 @@ def test_a_conversation_in_the_browser(server, browser, tmp_path):
     assert "<|image_start|>" in server.engine.engine.runner.prompts[-1]
     assert turn.find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_stop_ends_the_reply_and_the_request_on_the_server(server, browser):
+    _open_with_key(browser, server)
+    long_answer = " ".join(f"word{i}" for i in range(400))
+    server.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+    assert not browser.find_element(By.ID, "stop").is_displayed()
+    server.engine.engine.runner.step_delay_s = 0.05  # the whole answer takes minutes
+    try:
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+        browser.find_element(By.ID, "stop").click()
+        turn = _last_assistant_turn(browser)
+        assert turn.get_attribute("data-finish-reason") == "stopped"
+        shown = turn.find_element(By.CSS_SELECTOR, ".content").text
+        assert long_answer.startswith(shown) and len(shown) < len(long_answer)
+        samples = server.wait_for_idle(timeout_s=10)  # the server dropped the request, long before its end
+        assert samples["glimmer_num_requests_running"] == 0
+        assert not any(v for k, v in samples.items() if k.startswith("glimmer_kv_blocks_used"))
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    assert not browser.find_element(By.ID, "stop").is_displayed()
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    # the conversation goes on, the stopped reply in it
+    assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    assert f"<|message|>{shown}<|eot|>" in server.engine.engine.runner.prompts[-1]
+    assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_a_long_reply_is_shown_in_time_linear_in_its_length(server, browser):
+    # 50,000 deltas of reasoning and answer (a long reasoning reply): `textContent +=` copied the text so far on each,
+    # 27 s in all here; appended, they take a fraction of a second
+    browser.get(server.url + "/")
+    elapsed_ms = browser.execute_script("""
+        const turn = new AssistantTurn();
+        const start = performance.now();
+        for (let i = 0; i < 50000; i++) { turn.addReasoning('abcdefghij '); turn.addContent('0123456789 '); }
+        return [performance.now() - start, turn.content.textContent.length, turn.reasoningText.textContent.length];""")
+    assert elapsed_ms[1:] == [550000, 550000]
+    assert elapsed_ms[0] < 5000
+
+
+def test_a_connection_broken_mid_reply_is_said_so_and_the_conversation_goes_on(make_tiny, browser):
+    with agent_server(make_tiny(vision=True)) as live:
+        long_answer = " ".join(f"w{i}" for i in range(400))
+        live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+        live.engine.engine.runner.step_delay_s = 0.05
+        browser.get(live.url + "/")
+        _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+    turn = _last_assistant_turn(browser)  # the server is gone
+    assert turn.get_attribute("data-finish-reason") == "broken" and "(cut off)" in turn.text
+    assert browser.find_element(By.ID, "error").text.startswith("The connection to the server broke off the reply")
+    assert not browser.find_element(By.ID, "stop").is_displayed() and browser.find_element(By.ID, "send").is_enabled()
+    history = browser.execute_script("return state.history")
+    assert [m["role"] for m in history] == ["user", "assistant"] and history[1]["content"]
+    # with no server, a message is not taken into the conversation
+    browser.find_element(By.ID, "prompt").send_keys("Still there?")
+    browser.find_element(By.ID, "send").click()
+    _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("Cannot reach the server"))
+    assert len(browser.execute_script("return state.history")) == 2
+
+
+def test_a_reply_cut_off_by_the_context_length_says_so(make_tiny, browser):
+    with agent_server(make_tiny(vision=True), engine_options={"max_model_len": 256}) as live:
+        long_answer = " ".join(f"w{i}" for i in range(400))
+        live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+        browser.get(live.url + "/")
+        _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+        turn = _send(browser, "[long] Talk.")
+        assert turn.get_attribute("data-finish-reason") == "length"
+        assert "(cut off: the conversation fills the model's context)" in turn.text
+        assert long_answer.startswith(turn.find_element(By.CSS_SELECTOR, ".content").text)
+        assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_a_server_that_fails_to_list_its_models_is_named_with_its_status(server, browser):
+    browser.get(server.url + "/")
+    _wait(browser, lambda: browser.find_element(By.ID, "key-form").is_displayed()
+          or browser.find_element(By.ID, "model").text)
+    # what a proxy in front of a stopped server answers
+    browser.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        window.fetch = async () => new Response('<html><body>Bad Gateway</body></html>',
+                                                {status: 502, statusText: 'Bad Gateway'});
+        connect().then(() => done(), (error) => done(String(error)));""")
+    assert browser.find_element(By.ID, "error").text == "The server answered HTTP 502 for its models: Bad Gateway"
+
+
+def test_enter_while_a_reply_streams_sends_nothing(server, browser):
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    server.engine.engine.runner.add("[long]", " to=user<|message|>" + " ".join(["word"] * 400) + "<|eot|>")
+    server.engine.engine.runner.step_delay_s = 0.05
+    try:
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming"))
+        browser.find_element(By.ID, "prompt").send_keys("[greet] Hi\n")
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.user")) == 1
+        assert browser.find_element(By.ID, "prompt").get_attribute("value") == "[greet] Hi"  # kept for later
+        browser.find_element(By.ID, "stop").click()
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    _last_assistant_turn(browser)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.assistant")) == 1
+
+
+def test_new_chat_while_a_reply_streams_stops_it_and_starts_empty(server, browser):
+    _open_with_key(browser, server)
+    browser.find_element(By.ID, "reset").click()
+    server.engine.engine.runner.add("[long]", " to=user<|message|>" + " ".join(["word"] * 400) + "<|eot|>")
+    server.engine.engine.runner.step_delay_s = 0.05
+    try:
+        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+        browser.find_element(By.ID, "send").click()
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+        browser.find_element(By.ID, "reset").click()
+        _wait(browser, lambda: browser.find_element(By.ID, "send").is_enabled())
+        samples = server.wait_for_idle(timeout_s=10)
+        assert samples["glimmer_num_requests_running"] == 0
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    assert browser.execute_script("return state.history") == []
+    assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
+    assert "word" not in server.engine.engine.runner.prompts[-1]

@@ -12,7 +12,7 @@ const cacheSalt = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => 
 // pendingCalls: the tool calls of the last reply still waiting for their results, which the composer takes one by one
 // (the conversation goes on only once each call is answered, as OpenAI requires); answeredCalls: those answered since.
 const state = { model: null, key: sessionStorage.getItem("glimmer-api-key") || "", history: [], images: [],
-  pendingCalls: [], answeredCalls: [] };
+  pendingCalls: [], answeredCalls: [], stopping: null };
 const PROMPT_PLACEHOLDER = "Message (Enter sends, Shift+Enter for a new line)";
 
 function headers() {
@@ -34,6 +34,12 @@ async function connect() {
     return;
   }
   $("key-form").hidden = true;
+  if (!response.ok) {  // a proxy's 502, say: its body may be a page of HTML
+    const error = await response.json().catch(() => ({}));
+    showError(`The server answered HTTP ${response.status} for its models: ${
+      (error.error && error.error.message) || response.statusText || "no message"}`);
+    return;
+  }
   const models = await response.json();
   state.model = models.data[0].id;
   $("model").textContent = state.model;
@@ -87,12 +93,12 @@ class AssistantTurn {
       this.reasoning.append(this.reasoningText);
       this.node.insertBefore(this.reasoning, this.content);
     }
-    this.reasoningText.textContent += text;
+    this.reasoningText.append(text);  // a text node per delta: `textContent +=` copies all so far, each time
     this.message.reasoning_content += text;
   }
 
   addContent(text) {
-    this.content.textContent += text;
+    this.content.append(text);
     this.message.content += text;
   }
 
@@ -192,7 +198,27 @@ async function reply() {
     showError(`Tools are not valid JSON: ${error.message}`);
     return false;
   }
-  const response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body) });
+  // Stop aborts the request: the server sees the connection close and frees the request's place and KV cache
+  state.stopping = new AbortController();
+  $("stop").hidden = false;
+  try {
+    return await streamReply(body, state.stopping.signal);
+  } finally {
+    $("stop").hidden = true;
+    state.stopping = null;
+  }
+}
+
+async function streamReply(body, signal) {
+  const history = state.history;  // "New chat" replaces it: a reply it stopped stays out of the new conversation
+  let response;
+  try {
+    response = await fetch("v1/chat/completions", { method: "POST", headers: headers(), body: JSON.stringify(body),
+      signal });
+  } catch (error) {  // as a refused request: the message is to be sent again
+    showError(error.name === "AbortError" ? "Stopped before the reply began." : `Cannot reach the server: ${error}`);
+    return false;
+  }
   if (!response.ok) {
     const error = await response.json().catch(() => ({}));
     showError((error.error && error.error.message) || `HTTP ${response.status}`);
@@ -201,23 +227,36 @@ async function reply() {
   }
   const turn = new AssistantTurn();
   turn.node.classList.add("streaming");
-  for await (const chunk of serverSentEvents(response)) {
-    if (chunk.error) {
-      showError(chunk.error.message);
-      break;
+  try {
+    for await (const chunk of serverSentEvents(response)) {
+      if (chunk.error) {
+        showError(chunk.error.message);
+        break;
+      }
+      for (const choice of chunk.choices || []) {
+        const delta = choice.delta || {};
+        if (delta.reasoning_content) turn.addReasoning(delta.reasoning_content);
+        if (delta.content) turn.addContent(delta.content);
+        for (const piece of delta.tool_calls || []) turn.addToolCall(piece);
+        if (choice.finish_reason) turn.node.dataset.finishReason = choice.finish_reason;
+      }
     }
-    for (const choice of chunk.choices || []) {
-      const delta = choice.delta || {};
-      if (delta.reasoning_content) turn.addReasoning(delta.reasoning_content);
-      if (delta.content) turn.addContent(delta.content);
-      for (const piece of delta.tool_calls || []) turn.addToolCall(piece);
-      if (choice.finish_reason) turn.node.dataset.finishReason = choice.finish_reason;
-    }
+  } catch (error) {
+    // stopped, or the connection broke: what came stays in the conversation; a tool call cut short has no complete
+    // arguments to answer
+    const stopped = error.name === "AbortError";
+    if (!stopped) showError(`The connection to the server broke off the reply: ${error}`);
+    turn.node.dataset.finishReason = stopped ? "stopped" : "broken";
+    turn.node.append(element("div", "stopped-note", stopped ? "(stopped)" : "(cut off)"));
+    turn.message.tool_calls = [];
+  }
+  if (turn.node.dataset.finishReason === "length") {  // the page sets no max_tokens: the context is full
+    turn.node.append(element("div", "stopped-note", "(cut off: the conversation fills the model's context)"));
   }
   turn.node.classList.remove("streaming");
   turn.node.classList.add("done");
-  state.history.push(turn.historyMessage());
-  state.pendingCalls = [...turn.message.tool_calls];
+  history.push(turn.historyMessage());
+  if (history === state.history) state.pendingCalls = [...turn.message.tool_calls];
   showPendingCall();
   return true;
 }
@@ -225,7 +264,8 @@ async function reply() {
 $("composer").addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = $("prompt").value.trim();
-  if (!text || !state.model) return;
+  // Enter submits the form even while Send is disabled: one reply at a time, the text kept for the next
+  if (!text || !state.model || $("send").disabled) return;
   $("prompt").value = "";
   $("send").disabled = true;
   try {
@@ -235,6 +275,10 @@ $("composer").addEventListener("submit", async (event) => {
   } finally {
     $("send").disabled = false;
   }
+});
+
+$("stop").addEventListener("click", () => {
+  if (state.stopping) state.stopping.abort();
 });
 
 $("prompt").addEventListener("keydown", (event) => {
@@ -264,6 +308,7 @@ $("key-form").addEventListener("submit", (event) => {
 });
 
 $("reset").addEventListener("click", () => {
+  if (state.stopping) state.stopping.abort();
   state.history = [];
   state.pendingCalls = [];
   state.answeredCalls = [];
