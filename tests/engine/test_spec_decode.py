@@ -10,6 +10,7 @@ test_rejection_sampler.py (and end to end here).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import re
@@ -24,7 +25,7 @@ from glimmer import LLM, SamplingParams
 from glimmer.engine.grammar import GrammarController, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
-from glimmer.engine.proposers import ReplayProposer
+from glimmer.engine.proposers import Draft, ReplayProposer
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.spec_decode import SpeculativeConfig
@@ -542,6 +543,74 @@ def test_sampled_tokens_follow_the_target_distribution(target, drafter, plain, p
     assert stats.num_draft_tokens > 0
     if proposer == "replay":
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+class _SharpProposer:
+    """Drafts drawn from the target's own distribution at temperature 0.2 over its top 6, with that distribution
+    attached: often accepted, and sharper than the request's, so a rejection's residual max(0, p - q) is far from
+    p (a residual drawn from p would go unnoticed with a draft distribution close to the target's)."""
+
+    def __init__(self, model, inner):
+        self.model, self.inner, self.max_draft_tokens = model, inner, inner.max_draft_tokens
+        self.generator = torch.Generator().manual_seed(7)
+
+    def first_pending(self, seq):
+        return self.inner.first_pending(seq)
+
+    def write_pending(self):
+        self.inner.write_pending()
+
+    def release(self, seq):
+        self.inner.release(seq)
+
+    def propose(self, context, requests):
+        self.inner.propose(context, requests)  # keeps the drafter's context as a real step does
+        drafts = []
+        for seq, k in requests:
+            ids, rows = [*seq.prompt_token_ids, *seq.output_token_ids], []
+            for _ in range(k):
+                logits = _last_logits(self.model, ids)
+                values, top = (logits / 0.2).topk(6)
+                q = torch.zeros_like(logits).index_put_((top,), torch.softmax(values, 0))
+                ids.append(int(torch.multinomial(q, 1, generator=self.generator)))
+                rows.append(q)
+            drafts.append(Draft(ids[len(ids) - k:], torch.stack(rows)))
+        return drafts
+
+
+def _last_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(ids), ForwardContext.without_cache([len(ids)]))[-1:]).float()[0]
+
+
+def test_whole_sampled_runs_under_penalties_follow_the_target_distribution(target, drafter):
+    """The joint distribution of 3-token completions (2,000 seeded ones; temperature 1, top-k 3, repetition,
+    frequency and presence penalties) against the one ordinary sampling gives, built from the target's logits
+    token by token. Accepted drafts, the token after a rejection, the bonus token and penalties updated inside
+    an accepted run all count; drawing a rejection's token from p instead of the residual fails this test."""
+    prompt = [5, 17, 99, 3, 250, 41, 7]
+    params = SamplingParams(temperature=1.0, top_k=3, presence_penalty=1.5, frequency_penalty=0.7,
+                            repetition_penalty=1.6, ignore_eos=True, max_tokens=3, n=2000, seed=1000)
+    llm = LLM(str(target), progress=False, enable_prefix_caching=False, max_num_seqs=256,
+              speculative_config=speculative(drafter))
+    model = llm.engine.loaded.model
+    llm.engine.speculator.proposer = _SharpProposer(model, llm.engine.speculator.proposer)
+    counts = collections.Counter(tuple(o.token_ids) for o in llm.generate([prompt], params)[0].outputs)
+    expected = {(): 1.0}
+    for _ in range(params.max_tokens):
+        grown = {}
+        for before, chance in expected.items():
+            row = SamplingRow(params, prompt, list(before), None, (), llm.engine.token_count)
+            probs = sampling_probs(constrain(_last_logits(model, prompt + list(before))[None].clone(), [row]), [row])[0]
+            grown.update({(*before, t): chance * float(probs[t]) for t in torch.nonzero(probs > 0).flatten().tolist()})
+        expected = grown
+    runs = list(expected)
+    assert set(counts) <= set(runs), "a completion ordinary sampling cannot produce"
+    p_value = _chi_square_p_value(torch.tensor([float(counts[r]) for r in runs]),
+                                  torch.tensor([expected[r] for r in runs]))
+    assert p_value > 1e-3, p_value
+    stats = llm.engine.speculator.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
 @pytest.mark.parametrize("n", [1, 2])
