@@ -593,8 +593,8 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
     not hold the output to, and for the schema's own engine options that relax it (`_RELAXING_OPTIONS`): a strict
     schema promises every keyword; a non-strict one leaves them hints."""
     options = schema.get("x-guidance")
-    for option in _RELAXING_OPTIONS:
-        if isinstance(options, Mapping) and options.get(option) is True:
+    for option in _RELAXING_OPTIONS if isinstance(options, Mapping) else ():
+        if options.get(option) is True:
             raise RequestError(f"{param}: x-guidance.{option} true lets the output break the schema, which a strict "
                                "schema may not; leave it out", param=param)
     for node in _subschemas(schema):

@@ -83,6 +83,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.include_router(_v1_router(context))
     app.include_router(_tokenizer_router(context))
 
+    page = (STATIC_DIR / "index.html").read_text()  # read once, for the page with a root path's <base>
+
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def chat_page(request: Request) -> Response:
         root_path = request.scope.get("root_path", "").rstrip("/")
@@ -90,7 +92,6 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
             return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
         # the page's URLs are relative to the page; behind a proxy that strips --root-path, `/glimmer` (no slash)
         # reaches this route as `/glimmer/` does, and a browser would resolve them against `/`, outside the prefix
-        page = (STATIC_DIR / "index.html").read_text()
         base = f'<head>\n  <base href="{html.escape(root_path)}/">'
         return HTMLResponse(page.replace("<head>", base, 1), headers=PAGE_HEADERS)
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from glimmer.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE
+from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import first_duplicate_key
 
@@ -136,8 +137,8 @@ class StructuredOutputsFields(RequestBody):
     choice: Items[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    # vLLM's other fields: taken where their value changes nothing, else refused saying what to do instead, as
-    # StructuredOutputsParams takes them (VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS)
+    # vLLM's other fields (of VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS, `backend` being GuidedDecodingParams'): taken
+    # where their value changes nothing, else refused saying what to do instead, as StructuredOutputsParams takes them
     disable_any_whitespace: Any = None
     disable_additional_properties: Any = None
     whitespace_pattern: Any = None
@@ -148,11 +149,7 @@ class StructuredOutputsFields(RequestBody):
         """The constraints given, by their StructuredOutputsParams names, and vLLM's other fields given."""
         given = self.model_dump(by_alias=True, include=self.model_fields_set)
         return {name: value for name, value in given.items()
-                if name in _VLLM_ONLY_FIELDS or value not in (None, False)}
-
-
-_VLLM_ONLY_FIELDS = frozenset({"disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
-                               "structural_tag", "disable_fallback"})
+                if name in VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS or value not in (None, False)}
 
 
 Metadata = Annotated[dict[str, str], Field(fail_fast=True)]  # OpenAI's: string values; refused at the first bad one

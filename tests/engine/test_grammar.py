@@ -179,6 +179,21 @@ UNIMPLEMENTED = {"tags": {"type": "array", "items": {"type": "integer"}, "unique
                  "level": {"type": "integer", "if": {"minimum": 3}, "then": {"maximum": 5}}}
 
 
+def _admits(compiler, tokenizer, params: StructuredOutputsParams, text: str) -> bool:
+    """Whether a fresh matcher for `params` takes all of `text` and may end there."""
+    matcher = compiler.structured_outputs(params)().matcher
+    ids = tokenizer.encode_text(text)
+    return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+
+def _strict_refusal(schema: dict) -> RequestError:
+    """The RequestError of `schema` as a strict response_format's property; it names response_format."""
+    with pytest.raises(RequestError) as raised:
+        check_json_schema({"type": "object", "properties": {"p": schema}}, "response_format", strict=True)
+    assert raised.value.param == "response_format"
+    return raised.value
+
+
 def _tagger(strict: bool | None = None) -> dict:
     function = {"name": "tagger", "parameters": {"type": "object", "properties": UNIMPLEMENTED,
                                                  "required": ["tags"]}}
@@ -254,9 +269,7 @@ def test_a_choice_holding_control_characters_admits_exactly_its_text(compiler, t
     """A choice holding DEL (U+007F) was refused with the grammar engine's `lexer error` quoting the grammar."""
     choices = ["x\x7fy", "tab\there", "nul\x00", 'q"uote\\']
     for choice in choices:
-        matcher = compiler.structured_outputs(StructuredOutputsParams(choice=choices))().matcher
-        ids = tokenizer.encode_text(choice)
-        assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting(), choice
+        assert _admits(compiler, tokenizer, StructuredOutputsParams(choice=choices), choice), choice
     matcher = compiler.structured_outputs(StructuredOutputsParams(choice=choices))().matcher
     ids = tokenizer.encode_text("x\\u007fy")
     assert matcher.try_consume_tokens(ids) < len(ids)  # the escape is the grammar's, not the text's
@@ -411,13 +424,10 @@ def test_the_grammar_engine_lets_a_key_of_pattern_properties_repeat(compiler, to
 def test_a_strict_exclusive_bound_the_engine_would_let_through_is_refused_naming_it(compiler, tokenizer, schema,
                                                                                      excluded, keyword):
     """The grammar engine writes such a range as the bound's integer part and a fraction it lets be left out."""
-    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
-    ids = tokenizer.encode_text(excluded)
-    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
-    with pytest.raises(RequestError) as raised:
-        check_json_schema({"type": "object", "properties": {"p": schema}}, "response_format", strict=True)
-    assert raised.value.param == "response_format"
-    assert f"{keyword} " in str(raised.value) and f"the number be {excluded};" in str(raised.value)
+    # why strict cannot have it
+    assert _admits(compiler, tokenizer, StructuredOutputsParams(json=schema, strict=False), excluded)
+    raised = _strict_refusal(schema)
+    assert f"{keyword} " in str(raised) and f"the number be {excluded};" in str(raised)
 
 
 @pytest.mark.parametrize(("schema", "excluded"), [({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "0"),
@@ -425,9 +435,7 @@ def test_a_strict_exclusive_bound_the_engine_would_let_through_is_refused_naming
                                                   ({"type": "number", "minimum": 2.5, "exclusiveMaximum": 3}, "3"),
                                                   ({"type": "integer", "exclusiveMinimum": 0, "maximum": 5}, "0")])
 def test_an_exclusive_bound_the_engine_holds_is_served_strict(compiler, tokenizer, schema, excluded):
-    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema))().matcher
-    ids = tokenizer.encode_text(excluded)
-    assert not (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting())
+    assert not _admits(compiler, tokenizer, StructuredOutputsParams(json=schema), excluded)
 
 
 @pytest.mark.parametrize(("schema", "written", "keyword"), [
@@ -440,23 +448,17 @@ def test_an_exclusive_bound_the_engine_holds_is_served_strict(compiler, tokenize
 def test_a_strict_integer_past_2_to_the_53_the_engine_would_round_is_refused_naming_it(compiler, tokenizer, schema,
                                                                                         written, keyword):
     """The grammar engine reads a schema's numbers as 64-bit floats: it would write or let through the nearest one."""
-    matcher = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=False))().matcher
-    ids = tokenizer.encode_text(written)
-    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
-    with pytest.raises(RequestError) as raised:
-        check_json_schema({"type": "object", "properties": {"p": schema}}, "response_format", strict=True)
-    assert raised.value.param == "response_format"
-    assert str(raised.value).startswith(f"response_format: {keyword} holds ") and "2^53" in str(raised.value)
+    # why strict cannot have it
+    assert _admits(compiler, tokenizer, StructuredOutputsParams(json=schema, strict=False), written)
+    raised = _strict_refusal(schema)
+    assert str(raised).startswith(f"response_format: {keyword} holds ") and "2^53" in str(raised)
 
 
 @pytest.mark.parametrize("schema", [{"const": 2 ** 60}, {"enum": [-(2 ** 53), 2 ** 53 + 2]},
                                     {"type": "integer", "minimum": 2 ** 53, "maximum": 2 ** 62}])
 def test_an_integer_past_2_to_the_53_a_float_holds_exactly_is_served_strict(compiler, tokenizer, schema):
-    params = StructuredOutputsParams(json=schema)
-    matcher = compiler.structured_outputs(params)().matcher
     value = schema.get("const", schema.get("enum", [schema.get("minimum")])[-1])
-    ids = tokenizer.encode_text(json.dumps(value))
-    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+    assert _admits(compiler, tokenizer, StructuredOutputsParams(json=schema), json.dumps(value))
 
 
 @pytest.mark.parametrize(("schema", "broken", "option"), [
@@ -468,9 +470,7 @@ def test_a_strict_schema_whose_own_engine_options_relax_it_is_refused_naming_the
     """A schema's `x-guidance` options win over Glimmer's: these would let the output break the schema."""
     relaxed = {**schema, "x-guidance": {option: True}}
     params = StructuredOutputsParams(json=relaxed, strict=False)
-    matcher = compiler.structured_outputs(params)().matcher
-    ids = tokenizer.encode_text(broken)
-    assert matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()  # why strict cannot have it
+    assert _admits(compiler, tokenizer, params, broken)  # why strict cannot have it
     for check in (lambda: answer_grammar(StructuredOutputsParams(json=relaxed), "guided_json"),
                   lambda: check_json_schema(relaxed, "guided_json", strict=True)):
         with pytest.raises(RequestError) as raised:
@@ -492,9 +492,7 @@ def test_a_date_format_takes_february_29th_in_leap_years_only(compiler, tokenize
         params = StructuredOutputsParams(json={"type": "object", "properties": {"d": schema}, "required": ["d"]},
                                          strict=strict)
         for text, admitted in ((leap, True), (not_leap, False), ("2023-03-01" + leap[10:], True)):
-            matcher = compiler.structured_outputs(params)().matcher
-            ids = tokenizer.encode_text(json.dumps({"d": text}))
-            assert (matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()) is admitted, text
+            assert _admits(compiler, tokenizer, params, json.dumps({"d": text})) is admitted, text
 
 
 def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_only(compiler, tokenizer):

@@ -8,7 +8,9 @@ sends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -76,6 +78,32 @@ def _open_with_key(browser, server):
         browser.find_element(By.ID, "key").send_keys(KEY)
         browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
     _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+
+
+def _script_long_reply(live) -> str:
+    """`[long]` scripted to a 400-word reply (returned), at a model's pace from now on: the reply streams for
+    minutes, so a test acts on it mid-stream."""
+    long_answer = " ".join(f"word{i}" for i in range(400))
+    live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
+    live.engine.engine.runner.step_delay_s = 0.05
+    return long_answer
+
+
+@contextlib.contextmanager
+def _slow_long_reply(live) -> Iterator[str]:
+    """`_script_long_reply` on a server other tests share, whose pace is restored after the block."""
+    try:
+        yield _script_long_reply(live)
+    finally:
+        live.engine.engine.runner.step_delay_s = 0.0
+
+
+def _start_long_reply(browser):
+    """Sends `[long] Talk.` and waits until the streaming reply shows text."""
+    browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
+    browser.find_element(By.ID, "send").click()
+    _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
+          and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
 
 
 def test_the_page_is_served_as_static_files_without_a_key(server):
@@ -178,15 +206,9 @@ def test_a_conversation_in_the_browser(server, browser, tmp_path):
 
 def test_stop_ends_the_reply_and_the_request_on_the_server(server, browser):
     _open_with_key(browser, server)
-    long_answer = " ".join(f"word{i}" for i in range(400))
-    server.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
     assert not browser.find_element(By.ID, "stop").is_displayed()
-    server.engine.engine.runner.step_delay_s = 0.05  # the whole answer takes minutes
-    try:
-        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
-        browser.find_element(By.ID, "send").click()
-        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
-              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+    with _slow_long_reply(server) as long_answer:
+        _start_long_reply(browser)
         browser.find_element(By.ID, "stop").click()
         turn = _last_assistant_turn(browser)
         assert turn.get_attribute("data-finish-reason") == "stopped"
@@ -195,8 +217,6 @@ def test_stop_ends_the_reply_and_the_request_on_the_server(server, browser):
         samples = server.wait_for_idle(timeout_s=10)  # the server dropped the request, long before its end
         assert samples["glimmer_num_requests_running"] == 0
         assert not any(v for k, v in samples.items() if k.startswith("glimmer_kv_blocks_used"))
-    finally:
-        server.engine.engine.runner.step_delay_s = 0.0
     assert not browser.find_element(By.ID, "stop").is_displayed()
     assert not browser.find_element(By.ID, "error").is_displayed()
     # the conversation goes on, the stopped reply in it
@@ -220,15 +240,10 @@ def test_a_long_reply_is_shown_in_time_linear_in_its_length(server, browser):
 
 def test_a_connection_broken_mid_reply_is_said_so_and_the_conversation_goes_on(make_tiny, browser):
     with agent_server(make_tiny(vision=True)) as live:
-        long_answer = " ".join(f"w{i}" for i in range(400))
-        live.engine.engine.runner.add("[long]", f" to=user<|message|>{long_answer}<|eot|>")
-        live.engine.engine.runner.step_delay_s = 0.05
+        _script_long_reply(live)  # still streaming when the server goes
         browser.get(live.url + "/")
         _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
-        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
-        browser.find_element(By.ID, "send").click()
-        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
-              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+        _start_long_reply(browser)
     turn = _last_assistant_turn(browser)  # the server is gone
     assert turn.get_attribute("data-finish-reason") == "broken" and "(cut off)" in turn.text
     assert browser.find_element(By.ID, "error").text.startswith("The connection to the server broke off the reply")
@@ -271,18 +286,12 @@ def test_a_server_that_fails_to_list_its_models_is_named_with_its_status(server,
 def test_enter_while_a_reply_streams_sends_nothing(server, browser):
     _open_with_key(browser, server)
     browser.find_element(By.ID, "reset").click()
-    server.engine.engine.runner.add("[long]", " to=user<|message|>" + " ".join(["word"] * 400) + "<|eot|>")
-    server.engine.engine.runner.step_delay_s = 0.05
-    try:
-        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
-        browser.find_element(By.ID, "send").click()
-        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming"))
+    with _slow_long_reply(server):
+        _start_long_reply(browser)
         browser.find_element(By.ID, "prompt").send_keys("[greet] Hi\n")
         assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.user")) == 1
         assert browser.find_element(By.ID, "prompt").get_attribute("value") == "[greet] Hi"  # kept for later
         browser.find_element(By.ID, "stop").click()
-    finally:
-        server.engine.engine.runner.step_delay_s = 0.0
     _last_assistant_turn(browser)
     assert len(browser.find_elements(By.CSS_SELECTOR, ".turn.assistant")) == 1
 
@@ -290,19 +299,12 @@ def test_enter_while_a_reply_streams_sends_nothing(server, browser):
 def test_new_chat_while_a_reply_streams_stops_it_and_starts_empty(server, browser):
     _open_with_key(browser, server)
     browser.find_element(By.ID, "reset").click()
-    server.engine.engine.runner.add("[long]", " to=user<|message|>" + " ".join(["word"] * 400) + "<|eot|>")
-    server.engine.engine.runner.step_delay_s = 0.05
-    try:
-        browser.find_element(By.ID, "prompt").send_keys("[long] Talk.")
-        browser.find_element(By.ID, "send").click()
-        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ".turn.assistant.streaming .content")
-              and browser.find_element(By.CSS_SELECTOR, ".turn.assistant.streaming .content").text)
+    with _slow_long_reply(server):
+        _start_long_reply(browser)
         browser.find_element(By.ID, "reset").click()
         _wait(browser, lambda: browser.find_element(By.ID, "send").is_enabled())
         samples = server.wait_for_idle(timeout_s=10)
         assert samples["glimmer_num_requests_running"] == 0
-    finally:
-        server.engine.engine.runner.step_delay_s = 0.0
     assert browser.execute_script("return state.history") == []
     assert _send(browser, "[greet] Hi").find_element(By.CSS_SELECTOR, ".content").text == "Hello there!"
     assert "word" not in server.engine.engine.runner.prompts[-1]
