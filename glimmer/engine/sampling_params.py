@@ -17,6 +17,9 @@ from glimmer.engine.vllm_arguments import (
 from glimmer.errors import RequestError
 
 MAX_LOGPROBS = 20
+# why vLLM's logprobs=-1 (every token of the vocabulary) is refused, in the API and on the server
+EVERY_TOKEN_LOGPROBS_REFUSAL = (f"-1 (vLLM's every token of the vocabulary) is not supported; give the number of most "
+                                f"likely tokens wanted, at most {MAX_LOGPROBS}")
 MAX_N = 16384
 """Most completions of one prompt: a bound, so that an absurd `n` is refused instead of building that many
 sequences (the server's own limit, `--max-n`, is lower)."""
@@ -301,9 +304,7 @@ class SamplingParams:
                "must be a boolean (or None for the default)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _check(not (_is_int(value) and value == -1), name,
-                   f"-1 (vLLM's every token of the vocabulary) is not supported; give the number of most likely "
-                   f"tokens wanted, at most {MAX_LOGPROBS}")
+            _check(not (_is_int(value) and value == -1), name, EVERY_TOKEN_LOGPROBS_REFUSAL)
             if value is not None:
                 _check(
                     isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOGPROBS,

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from glimmer.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE
+from glimmer.engine.sampling_params import EVERY_TOKEN_LOGPROBS_REFUSAL, MAX_LOGPROBS, SEED_RANGE
 from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import first_duplicate_key
@@ -43,6 +43,7 @@ TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Seed = Annotated[int, Field(ge=SEED_RANGE[0], lt=SEED_RANGE[1])]  # seed + n - 1 is checked by SamplingParams
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+LOGPROB_COUNT_FIELDS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})  # the LogprobCount fields
 _Item = TypeVar("_Item")
 Items = Annotated[list[_Item], Field(fail_fast=True)]
 """A list of a request body: validation stops at its first bad item, the one the error names. Collecting an error for
@@ -397,6 +398,8 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
     if first["type"] == "extra_forbidden":
         return RequestError(f"{param}: unknown field; Glimmer refuses fields it does not know rather than "
                             "ignore something that might change the output", param=param)
+    if first["type"] == "greater_than_equal" and first["input"] == -1 and param in LOGPROB_COUNT_FIELDS:
+        return RequestError(f"{param}: {EVERY_TOKEN_LOGPROBS_REFUSAL}", param=param)  # vLLM's server takes -1
     hinted = next((field for field in hints if param == field or param.startswith((f"{field}.", f"{field}["))), None)
     if hinted is not None:  # pydantic names the union member it tried last (`guided_json.str`), not a field
         return RequestError(f"{hinted}: {hints[hinted]}", param=hinted)

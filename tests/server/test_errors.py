@@ -233,6 +233,22 @@ def test_fields_that_would_change_the_output_are_refused_not_ignored(server, fie
     assert error["param"] == param and words in error["message"]
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/chat/completions", chat(logprobs=True, top_logprobs=-1), "top_logprobs"),
+    ("/chat/completions", chat(prompt_logprobs=-1), "prompt_logprobs"),
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "logprobs": -1}, "logprobs"),
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "prompt_logprobs": -1}, "prompt_logprobs"),
+    ("/responses", {"model": "tiny", "input": "hi", "top_logprobs": -1}, "top_logprobs"),
+])
+def test_vllms_every_token_logprobs_is_refused_saying_so(server, path, body, param):
+    """vLLM's server takes -1 for the whole vocabulary; the 400 says that is what is unsupported, as
+    SamplingParams does (was 'Input should be greater than or equal to 0')."""
+    error = error_of(post(server, body, path=path), 400)
+    assert error["param"] == param
+    assert error["message"] == (f"{param}: -1 (vLLM's every token of the vocabulary) is not supported; give the "
+                                "number of most likely tokens wanted, at most 20")
+
+
 @pytest.mark.parametrize("n", [0, -1, 5, 10**9, 2**70])
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
 def test_every_n_out_of_range_gets_one_message_naming_the_range(server, n, path):
