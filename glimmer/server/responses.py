@@ -82,7 +82,7 @@ class _Conversation:
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
     """Raises RequestError for an unknown previous response or anything the model cannot take."""
     check_supported(request)
-    items = input_items(request.input)
+    items = [_with_stored_reasoning(item, store) for item in input_items(request.input)]
     continued = 0  # items of the response continued, before the request's own input
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
@@ -118,6 +118,20 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     except ValidationError as exc:
         raise responses_error(request_error(exc), sources) from None
     return _Conversation(items, chat, sources)
+
+
+def _with_stored_reasoning(item: Any, store: ResponseStore) -> Any:
+    """A reasoning item sent back with no text (`content` and `summary` empty, no `encrypted_content`), filled with
+    the text of the stored output item of its `id`, as OpenAI reads a stored item by its id: LangChain's stream
+    builds a reasoning item from `response.output_item.added`, before its text, and sends it back so. Any other
+    item, or one no stored response holds, is returned as it is."""
+    if not isinstance(item, dict) or item.get("type") != "reasoning" or not isinstance(item.get("id"), str) or any(
+            item.get(name) for name in ("content", "summary", "encrypted_content")):
+        return item
+    stored = store.output_item(item["id"])
+    if stored is None or stored.get("type") != "reasoning":
+        return item
+    return {**item, "content": stored["content"]}
 
 
 _ITEM_CHANNELS = {"reasoning": "reasoning", "message": "content", "function_call": "tool"}

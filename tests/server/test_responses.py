@@ -167,6 +167,27 @@ def test_included_encrypted_reasoning_replayed_alone_renders_as_the_reasoning(se
     assert foreign.json()["error"]["param"] == "input[1].encrypted_content"
 
 
+def test_a_reasoning_item_sent_back_without_its_text_renders_the_stored_text_of_its_id(client):
+    """LangChain's stream builds a reasoning item from `response.output_item.added` (empty `content` and `summary`,
+    `status: in_progress`; it reads no reasoning_text deltas) and sends it back so: its reasoning was left out of the
+    next prompt. As OpenAI reads a stored item by its id, the stored text renders."""
+    events = list(_create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], stream=True))
+    added = next(e.item for e in events if e.type == "response.output_item.added" and e.item.type == "reasoning")
+    first = events[-1].response
+    call = next(item for item in first.output if item.type == "function_call")
+    question = {"role": "user", "content": "[weather] Weather in Paris?", "type": "message"}
+    sent_call = {"type": "function_call", "name": call.name, "arguments": call.arguments, "call_id": call.call_id,
+                 "id": call.id}
+    result = {"type": "function_call_output", "output": "Sunny [sunny-result]", "call_id": call.call_id}
+    as_langchain_sends = {"id": added.id, "summary": [], "type": "reasoning", "content": [], "status": "in_progress"}
+    assert added.model_dump(exclude_none=True) == as_langchain_sends
+    replayed = _create(client, input=[question, as_langchain_sends, sent_call, result], tools=[WEATHER_TOOL])
+    whole = _create(client, input=[question, first.output[0].model_dump(exclude_none=True), sent_call, result],
+                    tools=[WEATHER_TOOL])
+    assert replayed.usage.input_tokens == whole.usage.input_tokens
+    assert replayed.output_text == "It is sunny in Paris."
+
+
 def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
