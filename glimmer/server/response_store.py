@@ -57,6 +57,16 @@ class ResponseStore:
                 self._evict_oldest()
             return self._entries.get(response_id)
 
+    def output_item(self, item_id: str) -> dict[str, Any] | None:
+        """The output item of a stored response whose id is `item_id` (the newest response first), or None."""
+        with self._lock:
+            entries = list(self._entries.values())
+        for entry in reversed(entries):
+            for item in entry.response["output"]:
+                if item.get("id") == item_id:
+                    return item
+        return None
+
     def delete(self, response_id: str) -> bool:
         """Forget a stored response; False if none is stored under `response_id` (or it expired)."""
         if self.get(response_id) is None:

@@ -36,9 +36,16 @@ from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.response_store import ResponseStore
-from glimmer.server.responses_input import MessageSource, chat_messages, input_items, responses_error
+from glimmer.server.responses_input import (
+    MessageSource,
+    chat_messages,
+    input_items,
+    responses_error,
+    sealed_reasoning,
+)
 from glimmer.server.responses_items import input_items_page, with_item_ids
 from glimmer.server.responses_schemas import (
+    ENCRYPTED_REASONING,
     OUTPUT_TEXT_LOGPROBS,
     REASONING_CONTEXT,
     REASONING_MODE,
@@ -75,7 +82,7 @@ class _Conversation:
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
     """Raises RequestError for an unknown previous response or anything the model cannot take."""
     check_supported(request)
-    items = input_items(request.input)
+    items = [_with_stored_reasoning(item, store) for item in input_items(request.input)]
     continued = 0  # items of the response continued, before the request's own input
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
@@ -113,6 +120,20 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     return _Conversation(items, chat, sources)
 
 
+def _with_stored_reasoning(item: Any, store: ResponseStore) -> Any:
+    """A reasoning item sent back with no text (`content` and `summary` empty, no `encrypted_content`), filled with
+    the text of the stored output item of its `id`, as OpenAI reads a stored item by its id: LangChain's stream
+    builds a reasoning item from `response.output_item.added`, before its text, and sends it back so. Any other
+    item, or one no stored response holds, is returned as it is."""
+    if not isinstance(item, dict) or item.get("type") != "reasoning" or not isinstance(item.get("id"), str) or any(
+            item.get(name) for name in ("content", "summary", "encrypted_content")):
+        return item
+    stored = store.output_item(item["id"])
+    if stored is None or stored.get("type") != "reasoning":
+        return item
+    return {**item, "content": stored["content"]}
+
+
 _ITEM_CHANNELS = {"reasoning": "reasoning", "message": "content", "function_call": "tool"}
 """The parser's channel class (OpenChannel) of each output item type."""
 
@@ -129,7 +150,11 @@ class OutputBuilder:
 
     With `summarize` (a request's `reasoning.summary`, "auto" or "detailed") a reasoning item's `summary` holds its
     text too, as one `summary_text` part streamed by the response.reasoning_summary_* events beside its content:
-    the model's reasoning, whole, is the most detailed summary there is."""
+    the model's reasoning, whole, is the most detailed summary there is.
+
+    With `seal_reasoning` (a request's `include: ["reasoning.encrypted_content"]`) a reasoning item closes with its
+    text in `encrypted_content` too (`sealed_reasoning`): clients that store nothing replay only reasoning items that
+    carry it (LangChain with `store=False` drops the others)."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     _open: dict[str, Any] | None = None  # the item being written
@@ -137,6 +162,7 @@ class OutputBuilder:
     _pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # decided, not yet sent with a delta
     _reasoning_seen: bool = False  # reasoning text came before: a later reasoning message's text starts with "\n"
     summarize: bool = False
+    seal_reasoning: bool = False
 
     def feed(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided."""
@@ -236,6 +262,8 @@ class OutputBuilder:
             return []
         index = self._index(item)
         item["status"] = status
+        if item["type"] == "reasoning" and self.seal_reasoning:
+            item["encrypted_content"] = sealed_reasoning(item["content"][0]["text"])
         out: list[dict[str, Any]] = []
         if item["type"] == "function_call":
             out.append({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
@@ -368,7 +396,9 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     summarize = reasoning_summary(request) is not None
-    run = _ResponseRun(request, conversation, chat, context.responses, OutputBuilder(summarize=summarize))
+    sealed = ENCRYPTED_REASONING in (request.include or [])
+    run = _ResponseRun(request, conversation, chat, context.responses,
+                       OutputBuilder(summarize=summarize, seal_reasoning=sealed))
     if request.stream:
         return SSEResponse(_stream(run, first, stream))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))

@@ -4,7 +4,9 @@
   the input then join it, as on chat);
 - message items keep their role; `input_text` / `output_text` parts become text, `input_image` parts
   image_url parts; other parts (`input_file`, `input_audio`, …) are refused naming the part;
-- a `reasoning` item (its `content` text, else its summary text), the assistant message and the
+- a `reasoning` item (its `content` text, else its summary text, else the text its `encrypted_content` holds: what
+  Glimmer returns there, with `include: ["reasoning.encrypted_content"]`, is the text encoded, not encrypted, for
+  clients that replay only that when they store nothing), the assistant message and the
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls; but
   the template drops the content of a message with calls (§2.1), so an assistant message item followed by calls
   is a message of its own that did not end the turn (`end_turn: false`), as the model wrote it;
@@ -27,6 +29,8 @@ Anything else is refused with 400 naming `input[i]`: nothing is silently dropped
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -296,9 +300,28 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     name = "content" if item.get("content") else "summary"
     parts = item.get(name) or []
     if not parts and item.get("encrypted_content"):
-        raise RequestError(f"{where}: a reasoning item with only `encrypted_content` cannot be read here; send "
-                           "its text in `content`", param=where)
+        return _unsealed_reasoning(item["encrypted_content"], f"{where}.encrypted_content")
     return "".join(_part_text(part, f"{where}.{name}[{j}]") for j, part in enumerate(parts))
+
+
+_SEALED_REASONING_PREFIX = "glimmer-reasoning-v1:"
+
+
+def sealed_reasoning(text: str) -> str:
+    """The `encrypted_content` of a reasoning item whose text is `text`: the text encoded, not encrypted (a client
+    may read its own prompt), and marked, so that another server's encrypted reasoning is refused, not rendered."""
+    return _SEALED_REASONING_PREFIX + base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def _unsealed_reasoning(value: Any, where: str) -> str:
+    """The reasoning text of an `encrypted_content` `sealed_reasoning` made; RequestError naming `where` for another."""
+    if isinstance(value, str) and value.startswith(_SEALED_REASONING_PREFIX):
+        try:
+            return base64.urlsafe_b64decode(value.removeprefix(_SEALED_REASONING_PREFIX).encode()).decode()
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            pass
+    raise RequestError(f"{where}: not the encrypted_content of a Glimmer response (another server's cannot be read "
+                       "here); send the reasoning text in `content`", param=where)
 
 
 def _part_text(part: Any, where: str, accepted: str = "text parts") -> str:

@@ -8,8 +8,8 @@ is refused; `stream_options` is accepted, not echoed); and fields Glimmer cannot
 `prompt`, `max_tool_calls`, `context_management`,
 `truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
-`logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`
-instead, which round-trips through `input`).
+`logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`,
+which round-trips through `input`, and in `encrypted_content` too, encoded, for clients that replay only that).
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ _REFUSED = {
     "context_management": "`context_management` (compaction) is not supported",
 }
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
-INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, "reasoning.encrypted_content")
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+INCLUDABLE = (OUTPUT_TEXT_LOGPROBS, ENCRYPTED_REASONING)
 
 
 def check_supported(request: ResponsesRequest) -> None:

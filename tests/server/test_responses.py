@@ -137,6 +137,57 @@ def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
     assert with_summary.usage.input_tokens == without.usage.input_tokens
 
 
+def test_included_encrypted_reasoning_replayed_alone_renders_as_the_reasoning(server, client):
+    """`include: ["reasoning.encrypted_content"]` was accepted and nothing included: LangChain with `store=False`
+    replays only reasoning items carrying it, so it dropped the reasoning of a turn before its tool call. The item now
+    carries it (streamed too), and an item carrying only it renders as the item carrying the text."""
+    asked = {"input": "[weather] Weather in Paris?", "tools": [WEATHER_TOOL], "store": False,
+             "include": ["reasoning.encrypted_content"]}
+    first = _create(client, **asked)
+    reasoning, call = first.output
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content
+    assert _create(client, input="[greet] Hello!").output[0].encrypted_content is None  # not asked, not included
+    streamed = [e.item for e in _create(client, **asked, stream=True)
+                if e.type == "response.output_item.done" and e.item.type == "reasoning"]
+    assert [item.encrypted_content for item in streamed] == [reasoning.encrypted_content]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny [sunny-result]"}
+    question = {"role": "user", "content": "[weather] Weather in Paris?"}
+    whole = _create(client, input=[question, reasoning.model_dump(exclude_none=True), call.model_dump(), result],
+                    tools=[WEATHER_TOOL])
+    sealed = {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}
+    replayed = _create(client, input=[question, sealed, call.model_dump(), result], tools=[WEATHER_TOOL])
+    assert replayed.output_text == whole.output_text == "It is sunny in Paris."
+    assert replayed.usage.input_tokens == whole.usage.input_tokens
+    without = _create(client, input=[question, call.model_dump(), result], tools=[WEATHER_TOOL])
+    assert without.usage.input_tokens < whole.usage.input_tokens  # the reasoning is what the sealed item adds
+    foreign = httpx.post(server.base_url + "/responses", timeout=30, json={
+        "model": "tiny", "input": [question, {**sealed, "encrypted_content": "gAAAAABo-openai"}, call.model_dump(),
+                                   result]})
+    assert foreign.status_code == 400, foreign.text
+    assert foreign.json()["error"]["param"] == "input[1].encrypted_content"
+
+
+def test_a_reasoning_item_sent_back_without_its_text_renders_the_stored_text_of_its_id(client):
+    """LangChain's stream builds a reasoning item from `response.output_item.added` (empty `content` and `summary`,
+    `status: in_progress`; it reads no reasoning_text deltas) and sends it back so: its reasoning was left out of the
+    next prompt. As OpenAI reads a stored item by its id, the stored text renders."""
+    events = list(_create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], stream=True))
+    added = next(e.item for e in events if e.type == "response.output_item.added" and e.item.type == "reasoning")
+    first = events[-1].response
+    call = next(item for item in first.output if item.type == "function_call")
+    question = {"role": "user", "content": "[weather] Weather in Paris?", "type": "message"}
+    sent_call = {"type": "function_call", "name": call.name, "arguments": call.arguments, "call_id": call.call_id,
+                 "id": call.id}
+    result = {"type": "function_call_output", "output": "Sunny [sunny-result]", "call_id": call.call_id}
+    as_langchain_sends = {"id": added.id, "summary": [], "type": "reasoning", "content": [], "status": "in_progress"}
+    assert added.model_dump(exclude_none=True) == as_langchain_sends
+    replayed = _create(client, input=[question, as_langchain_sends, sent_call, result], tools=[WEATHER_TOOL])
+    whole = _create(client, input=[question, first.output[0].model_dump(exclude_none=True), sent_call, result],
+                    tools=[WEATHER_TOOL])
+    assert replayed.usage.input_tokens == whole.usage.input_tokens
+    assert replayed.output_text == "It is sunny in Paris."
+
+
 def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
