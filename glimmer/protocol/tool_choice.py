@@ -52,7 +52,7 @@ class ToolPlan:
         it holds no valid call of an allowed tool (P-REQ-4), else None. The turn grammar makes every call valid, so
         a reply without one was cut short (finish_reason "length") before its call was written: the message says
         so and names `limit_field`, the request's token limit, to raise, or, where the reply filled the context
-        (`context_full_at`: the max_model_len it reached, which no token limit extends), to shorten the messages.
+        (`context_full_at`: the max_model_len it reached, which no token limit extends), to shorten the conversation.
         A call cut short after it was written is kept (P-ATEM-5) and satisfies the choice; its finish_reason stays
         "length" (P-API-2)."""
         if self.required_names is None or not set(self.required_names).isdisjoint(valid_call_names):
@@ -61,7 +61,7 @@ class ToolPlan:
         if finish_reason == "length" and context_full_at is not None:
             return ToolChoiceUnsatisfiedError(
                 f"tool_choice asked for {what}, but {where} reached the end of the context (max_model_len="
-                f"{context_full_at}) before a complete call; shorten the messages so that the reasoning and the "
+                f"{context_full_at}) before a complete call; shorten the conversation so that the reasoning and the "
                 "call fit")
         if finish_reason == "length":
             return ToolChoiceUnsatisfiedError(

@@ -86,7 +86,7 @@ def test_chat_raises_when_max_tokens_cuts_a_forced_call_short_before_it_is_writt
     assert not llm.engine.has_unfinished_requests
 
 
-def test_chat_says_to_shorten_the_messages_when_the_context_ends_before_a_forced_call(llm):
+def test_chat_says_to_shorten_the_conversation_when_the_context_ends_before_a_forced_call(llm):
     # P-REQ-4: without max_tokens the reply runs to the end of the context; the error said to raise max_tokens,
     # which cannot help there (prompt + max_tokens past max_model_len is refused)
     words, room = 0, None
@@ -101,7 +101,7 @@ def test_chat_says_to_shorten_the_messages_when_the_context_ends_before_a_forced
                  thinking_token_budget=0, chat_template_kwargs=KWARGS)
     assert str(raised.value) == (
         f"tool_choice asked for a call of 'clock', but choice 0 reached the end of the context (max_model_len="
-        f"{llm.engine.max_model_len}) before a complete call; shorten the messages so that the reasoning and the "
+        f"{llm.engine.max_model_len}) before a complete call; shorten the conversation so that the reasoning and the "
         "call fit")
 
 

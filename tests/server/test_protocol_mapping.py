@@ -296,7 +296,7 @@ def test_a_forced_call_cut_short_before_it_is_written_is_tool_choice_unsatisfied
     assert server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0) == before + 2
 
 
-def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_messages(client, server):
+def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_conversation(client, server):
     # P-REQ-4: a request without max_tokens runs to the end of the context; the error said to raise max_tokens,
     # which no request can do there (prompt + max_tokens past max_model_len is a 400)
     request = _request("[answer-only]", tools=TOOLS, tool_choice="required")
@@ -321,7 +321,7 @@ def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_m
     for error in (refused.value.body, streamed_error.value.body):
         assert error["type"] == "tool_choice_unsatisfied"
         assert (f"reached the end of the context (max_model_len={max_model_len}) before a complete call; "
-                "shorten the messages") in error["message"]
+                "shorten the conversation") in error["message"]
         assert "raise max_tokens" not in error["message"]
 
 
