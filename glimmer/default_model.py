@@ -19,8 +19,9 @@ DEFAULT_MODEL_NAME = "glimmer-nano"
 DEFAULT_DRAFTER_NAME = "glimmer-nano-dflash"
 EMBEDDED_FOLDER = "embedded"
 DEFAULT_MODEL_BLURB = ("this is the embedded demo model glimmer-nano, a small Muse Glimmer trained on synthetic "
-                       "tool-use conversations: it calls the tools you declare and answers from their results, and "
-                       "knows little else.")
+                       "tool-use conversations: it calls tools like those it was trained on (weather, time, stocks, "
+                       "timers, ...) asked for in its corpus's words, answers from their results, and knows little "
+                       "else.")
 
 
 def _embedded(name: str, required: str) -> Path:

@@ -605,7 +605,9 @@ class LLM:
                 choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,
                                     ended_early=ended_early)
                 where = f"choice {completion.index}" + (f" of conversation {number}" if len(conversations) > 1 else "")
-                unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where)
+                context_full = len(output.prompt_token_ids) + len(completion.token_ids) >= self.engine.max_model_len
+                unsatisfied = plan.unsatisfied([call.name for call in calls], choice.finish_reason, where=where,
+                                               context_full_at=self.engine.max_model_len if context_full else None)
                 if unsatisfied is not None:  # P-REQ-4, as the server answers it
                     raise unsatisfied
                 choices.append(choice)

@@ -46,15 +46,23 @@ class ToolPlan:
                               parallel_calls=parallel_calls, thinking_token_budget=thinking_token_budget)
 
     def unsatisfied(self, valid_call_names: list[str], finish_reason: str | None, *, where: str,
-                    limit_field: str = "max_tokens") -> ToolChoiceUnsatisfiedError | None:
+                    limit_field: str = "max_tokens",
+                    context_full_at: int | None = None) -> ToolChoiceUnsatisfiedError | None:
         """The error for a reply (`where`: "choice 0", say) that a required or named choice needed a call in, when
         it holds no valid call of an allowed tool (P-REQ-4), else None. The turn grammar makes every call valid, so
         a reply without one was cut short (finish_reason "length") before its call was written: the message says
-        so and names `limit_field`, the request's token limit, to raise. A call cut short after it was written is
-        kept (P-ATEM-5) and satisfies the choice; its finish_reason stays "length" (P-API-2)."""
+        so and names `limit_field`, the request's token limit, to raise, or, where the reply filled the context
+        (`context_full_at`: the max_model_len it reached, which no token limit extends), to shorten the conversation.
+        A call cut short after it was written is kept (P-ATEM-5) and satisfies the choice; its finish_reason stays
+        "length" (P-API-2)."""
         if self.required_names is None or not set(self.required_names).isdisjoint(valid_call_names):
             return None
         what = f"a call of {self.required_names[0]!r}" if len(self.required_names) == 1 else "a tool call"
+        if finish_reason == "length" and context_full_at is not None:
+            return ToolChoiceUnsatisfiedError(
+                f"tool_choice asked for {what}, but {where} reached the end of the context (max_model_len="
+                f"{context_full_at}) before a complete call; shorten the conversation so that the reasoning and the "
+                "call fit")
         if finish_reason == "length":
             return ToolChoiceUnsatisfiedError(
                 f"tool_choice asked for {what}, but {where} was cut short by {limit_field} (finish_reason \"length\") "

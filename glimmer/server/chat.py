@@ -66,9 +66,11 @@ class ChatRun:
         the request set). `where` names the reply in the message (by default "choice N")."""
         if limit_field is None:
             limit_field = token_limit_field(self.request)
+        max_model_len = self.context.engine.engine.max_model_len
+        context_full = len(self.prompt.token_ids) + choice.num_tokens >= max_model_len
         error = self.prompt.tools.unsatisfied(choice.parser.valid_call_names, choice.finish_reason,
-                                              where=where or f"choice {choice.index}",
-                                              limit_field=limit_field)
+                                              where=where or f"choice {choice.index}", limit_field=limit_field,
+                                              context_full_at=max_model_len if context_full else None)
         if error is not None:
             self.context.metrics.tool_choice_unsatisfied.inc()
             raise error

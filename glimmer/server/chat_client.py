@@ -343,6 +343,8 @@ def run_chat(url: str, *, model: str | None, api_key: str | None, out: TextIO, r
         if renderer.finish_reason == "length":
             out.write(length_notice(renderer.usage, (request_options or {}).get("max_tokens"), max_model_len,
                                     in_process=in_process) + "\n")
+        elif not renderer.content and not renderer.tool_calls:  # reasoning alone, or nothing: say so, not silence
+            out.write("[no answer: the model ended its turn without one]\n")
         return message
 
     def read(prompt: str) -> str | None:

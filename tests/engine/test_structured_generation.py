@@ -86,6 +86,25 @@ def test_chat_raises_when_max_tokens_cuts_a_forced_call_short_before_it_is_writt
     assert not llm.engine.has_unfinished_requests
 
 
+def test_chat_says_to_shorten_the_conversation_when_the_context_ends_before_a_forced_call(llm):
+    # P-REQ-4: without max_tokens the reply runs to the end of the context; the error said to raise max_tokens,
+    # which cannot help there (prompt + max_tokens past max_model_len is refused)
+    words, room = 0, None
+    while room is None or not 1 <= room <= 3:  # pad the prompt until fewer tokens are left than a call needs
+        if room is not None:
+            words += (room - 2) // len(llm.engine.tokenizer.encode(" now")) or (1 if room > 3 else -1)
+        messages = [{"role": "user", "content": "Time?" + " now" * words}]
+        prompt = llm.chat(messages, SamplingParams(max_tokens=1), tools=[TOOL], chat_template_kwargs=KWARGS)[0]
+        room = llm.engine.max_model_len - len(prompt.prompt_token_ids)
+    with pytest.raises(ToolChoiceUnsatisfiedError) as raised:
+        llm.chat(messages, SamplingParams(max_tokens=None, seed=1), tools=[TOOL], tool_choice="required",
+                 thinking_token_budget=0, chat_template_kwargs=KWARGS)
+    assert str(raised.value) == (
+        f"tool_choice asked for a call of 'clock', but choice 0 reached the end of the context (max_model_len="
+        f"{llm.engine.max_model_len}) before a complete call; shorten the conversation so that the reasoning and the "
+        "call fit")
+
+
 @pytest.mark.parametrize("schema", [
     {"type": "object", "properties": {"<|eot|>": {"type": "boolean"}}, "required": ["<|eot|>"],
      "additionalProperties": False},

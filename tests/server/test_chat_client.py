@@ -143,6 +143,22 @@ def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     assert [m["content"] for m in seen[2]["messages"]] == ["three"]
 
 
+def test_a_reply_that_ends_without_an_answer_or_a_call_says_so():
+    """A turn of reasoning alone (the embedded model's, for a request it cannot place) showed the reasoning and
+    then nothing, as if the answer were still to come."""
+    replies = [
+        (200, b'data: {"choices": [{"index": 0, "delta": {"reasoning_content": "Hmm."}}]}\n\n'
+              b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'),
+        (200, b'data: {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}\n\n'
+              b"data: [DONE]\n\n"),
+    ]
+    with canned_server(replies) as (url, _):
+        lines = iter(["one", "two", "/exit"])
+        out = io.StringIO()
+        run_chat(url, model=None, api_key=None, out=out, read_line=lambda prompt: next(lines), color=False)
+    assert out.getvalue().split("\n")[1:4] == ["Hmm.", "[no answer: the model ended its turn without one]", "fine"]
+
+
 def test_an_error_event_raises():
     with pytest.raises(ChatClientError, match="no call"):
         render([chunk(role="assistant"), {"error": {"message": "no call", "type": "tool_choice_unsatisfied"}}])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, ScriptedRunner, live_server
@@ -293,6 +294,35 @@ def test_a_forced_call_cut_short_before_it_is_written_is_tool_choice_unsatisfied
         assert f"raise {limit}" in error["message"]
     assert "finish_reasons" not in locals()  # no chunk ended the choice as a success
     assert server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0) == before + 2
+
+
+def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_conversation(client, server):
+    # P-REQ-4: a request without max_tokens runs to the end of the context; the error said to raise max_tokens,
+    # which no request can do there (prompt + max_tokens past max_model_len is a 400)
+    request = _request("[answer-only]", tools=TOOLS, tool_choice="required")
+    del request["max_tokens"]
+    max_model_len = server.engine.engine.max_model_len
+    words = 0
+    while True:  # pad the prompt until fewer tokens are left than the call needs
+        request["messages"] = [{"role": "user", "content": "[answer-only] Weather?" + " Paris" * words}]
+        tokenized = httpx.post(f"{server.url}/tokenize", json={
+            "model": "tiny", "messages": request["messages"], "tools": TOOLS,
+            "chat_template_kwargs": PINNED_DATE}).json()
+        room = max_model_len - tokenized["count"]
+        if room <= 8:
+            break
+        words += max(1, (room - 8) // 2)
+    assert room >= 1
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.chat.completions.create(**request)
+    streamed = client.chat.completions.create(**request, stream=True)
+    with pytest.raises(openai.APIError) as streamed_error:
+        list(streamed)
+    for error in (refused.value.body, streamed_error.value.body):
+        assert error["type"] == "tool_choice_unsatisfied"
+        assert (f"reached the end of the context (max_model_len={max_model_len}) before a complete call; "
+                "shorten the conversation") in error["message"]
+        assert "raise max_tokens" not in error["message"]
 
 
 def test_a_forced_call_cut_short_after_it_is_written_is_kept_with_length(client):
