@@ -245,6 +245,18 @@ def test_a_stop_string_counts_only_if_it_ends_in_armed_text():
     assert matcher.feed("D!END") == ("", "END")
 
 
+def test_a_stop_string_held_from_unarmed_text_does_not_count_later():
+    """A stop string that ended in unarmed text and is held back as the start of a longer one stays text when the
+    next armed text comes (it ended the request there, as if it had ended in that token)."""
+    matcher = StopStringMatcher(["ab", "abcd"])
+    assert matcher.feed("xab", armed=False) == ("x", None)
+    assert matcher.feed("x yy ") == ("abx yy ", None)
+    assert matcher.feed("ab") == ("", "ab")
+    alone = StopStringMatcher(["abcd", "ab"])
+    assert alone.feed("ab", armed=False) == ("", None)
+    assert alone.feed("cd") == ("", "abcd")  # a longer one ending in armed text counts
+
+
 def test_stop_strings_cut_the_text_and_end_generation(llm):
     free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
     needle = free.text[10:13]
