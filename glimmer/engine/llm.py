@@ -211,6 +211,21 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], *, singl
     return text, False
 
 
+def _visible_turn(tokenizer: Tokenizer, text: str, token_ids: list[int], hidden: Mapping[int, str]) -> str:
+    """`text`, the turn `token_ids` released, without the `hidden` special tokens, each removed where its own token's
+    text ends (found by detokenizing the turn again), as the server's chat removes them token by token: model text
+    that merely spells one stays, before the token or after it."""
+    if not hidden:
+        return text
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    visible, start, end = [], 0, 0
+    for token_id in token_ids:
+        end += len(detokenizer.add(token_id))
+        visible.append(without_hidden_tokens(text[start:end], [token_id], hidden))
+        start = end
+    return "".join(visible) + text[start:]
+
+
 def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, hidden: Mapping[int, str]) -> int:
     """Where the text of the min_tokens-th generated token ends in the visible turn (-1: every stop string
     counts)."""
@@ -588,7 +603,7 @@ class LLM:
             choices = []
             hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
-                text = without_hidden_tokens(completion.text, completion.token_ids, hidden)
+                text = _visible_turn(self.engine.tokenizer, completion.text, completion.token_ids, hidden)
                 # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
                 reading = {"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,
                            "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}

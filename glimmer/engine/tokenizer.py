@@ -462,7 +462,8 @@ class Tokenizer:
 
 def without_hidden_tokens(text: str, token_ids: Sequence[int], hidden: Mapping[int, str]) -> str:
     """`text` (what `token_ids` released) without the `hidden` special tokens, removed by token identity: model text
-    that merely spells one stays."""
+    that merely spells one after it stays. Give one token's text at a time where earlier text may spell one: each
+    spelling is looked for from where the last was removed."""
     if not hidden:
         return text
     cursor = 0

@@ -372,6 +372,20 @@ def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client
     assert (kept["reasoning"], kept["content"]) == ("Look<|image_end|>ing.", "Hi<|image_end|> there<|patch|>!")
 
 
+def test_llm_chat_hides_the_special_token_not_text_spelling_it_before(client, server, llm):
+    """A hidden special token is left out where its token stands: LLM.chat removed the first text spelling it, which
+    the model may have written before the token (the server's answer kept that text and dropped the token)."""
+    tokenizer = llm.get_tokenizer().tokenizer
+    turn = (tokenizer.encode(" to=user<|message|>A") + tokenizer.encode_text("<|image_end|>")
+            + tokenizer.encode("B<|image_end|>C<|eot|>"))
+    for runner in (server.engine.engine.runner, llm.engine.runner):
+        runner.add_ids("[spelled-special]", turn)
+    request = _request("[spelled-special]")
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert reply.content == _both(client, **request)["content"] == "A<|image_end|>BC"
+
+
 def test_a_hidden_special_token_does_not_shift_the_reasoning_token_count(client, server):
     # P-API-5: every token of the reasoning message counts, the hidden <|image_end|> and those after it too
     reasoning_message = WITH_MEDIA_MARKERS[:WITH_MEDIA_MARKERS.index("<|eom|>") + len("<|eom|>")]
