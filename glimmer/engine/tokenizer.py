@@ -88,12 +88,20 @@ class ShapeSettings:
 
 def load_checkpoint_tokenizer(opened: OpenedCheckpoint, config: ModelConfig) -> Tokenizer:
     """The tokenizer of an opened checkpoint (a GGUF's embedded one, else the directory's tokenizer.json), checked
-    against `config` by `check_tokenizer_fits`: what loading and `glimmer inspect` both use."""
+    against `config` by `check_tokenizer_fits`: what loading and `glimmer inspect` both use.
+
+    Raises CheckpointError for a tokenizer whose decoder is not a lone ByteLevel one: the model would load and every
+    request fail as its text is made (detokenizer.py streams byte-level tokens only)."""
     embedded = opened.tokenizer
     if embedded is not None:
         tokenizer = Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
     else:
         tokenizer = Tokenizer.from_dir(opened.path)
+    if not tokenizer.is_byte_level:
+        raise CheckpointError(f"{tokenizer.tokenizer_file} does not decode with a ByteLevel decoder (its decoder: "
+                              f"{tokenizer.decoder_type}); Glimmer makes text only from byte-level BPE tokenizers, "
+                              "which every Muse Glimmer checkpoint ships: use the tokenizer.json published with the "
+                              "model")
     check_tokenizer_fits(tokenizer, config)
     return tokenizer
 
@@ -431,6 +439,12 @@ class Tokenizer:
         output parser reads (P-REQ-1). The server's chat and `LLM.chat` hide them (`without_hidden_tokens`)."""
         spellings = {i: self.decode([i]) for i in self.all_special_ids}
         return {i: text for i, text in spellings.items() if text not in FRAMING_MARKERS}
+
+    @property
+    def decoder_type(self) -> str | None:
+        """tokenizer.json's decoder `type` ('ByteLevel' for every Muse tokenizer), None without a decoder."""
+        decoder = self._backend.decoder
+        return None if decoder is None else json.loads(decoder.__getstate__()).get("type")
 
     @property
     def is_byte_level(self) -> bool:
