@@ -160,19 +160,19 @@ class _ChatTurn:
     skip_special_tokens: bool | None  # the caller's: False shows every special token in the reply, else framing only
 
 
-def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: str = "",
+def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_ends: list[int] | None = None,
                  armed_after: int = -1) -> tuple[str | None, str | None]:
     """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
 
     As on the server, with `min_tokens` a stop string counts only if it ends after character `armed_after` of the
-    turn's `raw_text` (where the min_tokens-th token's text ends); the answer is found in it by its text."""
+    turn (where the min_tokens-th token's text ends): if the parser had read more of the turn than that when it
+    released the stop string's last character (`content_ends`, per character of `content`, `_content_ends`)."""
     if not content or not stop:
         return content, None
-    base = raw_text.rfind(content) if armed_after >= 0 else -1
     found = []
     for s in stop:
         at = content.find(s)
-        while at >= 0 and base >= 0 and base + at + len(s) <= armed_after:
+        while at >= 0 and content_ends is not None and content_ends[at + len(s) - 1] <= armed_after:
             at = content.find(s, at + 1)
         if at >= 0:
             found.append((at, s))
@@ -180,6 +180,17 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: 
         return content, None
     at, matched = min(found, key=lambda item: item[0])
     return content[: at + len(matched) if include else at] or None, matched
+
+
+def _content_ends(text: str, reading: Mapping[str, Any]) -> list[int]:
+    """Per character of the answer in the turn `text`, how many characters of `text` the parser had read when it
+    released it (the answer may be several messages: it is no one piece of the turn). `reading`: OutputParser's
+    arguments."""
+    parser = OutputParser(**reading)
+    ends: list[int] = []
+    for end in range(1, len(text) + 1):
+        ends += [end] * len(parser.feed(text[end - 1]).content)
+    return ends + [len(text)] * len(parser.finish().content)
 
 
 def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], *, single_call: bool, stop: list[str],
@@ -192,20 +203,22 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], *, singl
     OutputParser's arguments. The turn is read a character at a time only where one of those ends it."""
     whole = OutputParser(**reading)
     content = ParsedOutput.from_deltas([whole.feed(text), whole.finish()]).content
+    ends = _content_ends(text, reading) if stop and armed_after >= 0 else None
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
-            or _cut_at_stop(content, stop, include_stop, text, armed_after)[1] is not None):
+            or _cut_at_stop(content, stop, include_stop, ends, armed_after)[1] is not None):
         return text, False
     parser = OutputParser(**reading)
     longest = max((len(s) for s in stop), default=0)
-    content = ""
+    content, ends = "", []
     for end in range(1, len(text) + 1):
         new_content = parser.feed(text[end - 1]).content
         if parser.other_role_header_seen or (single_call and (parser.valid_call_names or parser.unresolved_call_count)):
             return text[:end], True
         if stop and new_content:
             content += new_content
+            ends += [end] * len(new_content)
             recent = content[-(longest + len(new_content)):]
-            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, text[:end],
+            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, ends,
                                                                armed_after)[1] is not None:
                 return text[:end], True
     return text, False
@@ -614,7 +627,8 @@ class LLM:
                     armed_after=armed_after)
                 parsed = parse_output(read, **reading)
                 alone = replace(output, outputs=[completion])
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, read, armed_after)
+                ends = _content_ends(read, reading) if turn.stop and armed_after >= 0 else None
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, ends, armed_after)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,

@@ -47,6 +47,8 @@ STOP_THEN_CALL = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=s
                   f"<|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 CALL_THEN_ANSWER = (f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eom|><|start|>assistant to=self<|message|>Done."
                     "<|eom|><|start|>assistant to=user<|message|>It is sunny.<|eot|>")
+ANSWER_IN_TWO_MESSAGES = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=user<|message|>three HALT four"
+                          "<|eot|>")
 TWO_THOUGHTS_THEN_CALL = (" to=self<|message|>First thought.<|eom|><|start|>assistant to=self<|message|>Second thought."
                           f"<|eom|><|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 SCRIPTS = {
@@ -65,6 +67,7 @@ SCRIPTS = {
     "[invent-then-call]": [INVENTED_USER_TURN_THEN_CALL],
     "[stop-then-call]": [STOP_THEN_CALL],
     "[call-then-answer]": [CALL_THEN_ANSWER],
+    "[answer-in-two]": [ANSWER_IN_TWO_MESSAGES],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -362,6 +365,20 @@ def test_min_tokens_holds_off_stop_strings_in_the_answer(client, server):
     armed = _both(client, **_request("[stop-both]", stop=["HALT"], extra_body={
         "chat_template_kwargs": PINNED_DATE, "min_tokens": halt - 1}))
     assert armed["content"] == "one two "
+
+
+def test_llm_chat_holds_off_a_stop_string_in_the_min_tokens_of_an_answer_of_two_messages(client, server, llm):
+    """LLM.chat found the answer in the turn by its text to tell which stop strings min_tokens holds off; an answer of
+    two messages is no one piece of the turn, so it cut at a stop string the server keeps as text."""
+    first_halt = _token_count(server, ANSWER_IN_TWO_MESSAGES[:ANSWER_IN_TWO_MESSAGES.index("HALT") + len("HALT")])
+    request = _request("[answer-in-two]", stop=["HALT"], extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                                     "min_tokens": first_halt})
+    served = _both(client, **request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, min_tokens=first_halt,
+                                                         stop=["HALT"]), chat_template_kwargs=PINNED_DATE,
+                     use_tqdm=False)[0]
+    assert served["content"].startswith("one HALT two") and served["content"].endswith("three ")
+    assert (reply.content, reply.finish_reason, reply.stop_string) == (served["content"], "stop", "HALT")
 
 
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
