@@ -49,6 +49,7 @@ CALL_THEN_ANSWER = (f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eom|><|star
                     "<|eom|><|start|>assistant to=user<|message|>It is sunny.<|eot|>")
 ANSWER_IN_TWO_MESSAGES = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=user<|message|>three HALT four"
                           "<|eot|>")
+ANSWER_WITH_LIGHT = " to=user<|message|>The light is on.<|eot|>"
 TWO_THOUGHTS_THEN_CALL = (" to=self<|message|>First thought.<|eom|><|start|>assistant to=self<|message|>Second thought."
                           f"<|eom|><|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 SCRIPTS = {
@@ -68,6 +69,7 @@ SCRIPTS = {
     "[stop-then-call]": [STOP_THEN_CALL],
     "[call-then-answer]": [CALL_THEN_ANSWER],
     "[answer-in-two]": [ANSWER_IN_TWO_MESSAGES],
+    "[light]": [ANSWER_WITH_LIGHT],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -379,6 +381,25 @@ def test_llm_chat_holds_off_a_stop_string_in_the_min_tokens_of_an_answer_of_two_
                      use_tqdm=False)[0]
     assert served["content"].startswith("one HALT two") and served["content"].endswith("three ")
     assert (reply.content, reply.finish_reason, reply.stop_string) == (served["content"], "stop", "HALT")
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_llm_chat_ends_the_answer_at_the_stop_string_the_server_ends_it_at_within_a_token(client, server, llm,
+                                                                                         include):
+    """Two stop strings starting at one place in one token's text ("ight" then "ig" in the token "ight"): the server
+    ends the answer at the first listed, as vLLM does; LLM.chat read the turn a character at a time and ended it at
+    the shorter one, which it met first."""
+    tokenizer = server.engine.engine.tokenizer
+    assert tokenizer.token_to_id("ight") in tokenizer.encode(ANSWER_WITH_LIGHT)  # "ig" lies within one token
+    stop = ["ight", "ig"]
+    request = _request("[light]", stop=stop, extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                         "include_stop_str_in_output": include})
+    served = _both(client, **request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, stop=stop,
+                                                         include_stop_str_in_output=include),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert served["content"] == ("The light" if include else "The l")
+    assert (reply.content, reply.stop_string) == (served["content"], "ight")
 
 
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
