@@ -160,19 +160,19 @@ class _ChatTurn:
     skip_special_tokens: bool | None  # the caller's: False shows every special token in the reply, else framing only
 
 
-def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: str = "",
+def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_ends: list[int] | None = None,
                  armed_after: int = -1) -> tuple[str | None, str | None]:
     """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
 
     As on the server, with `min_tokens` a stop string counts only if it ends after character `armed_after` of the
-    turn's `raw_text` (where the min_tokens-th token's text ends); the answer is found in it by its text."""
+    turn (where the min_tokens-th token's text ends): if the parser had read more of the turn than that when it
+    released the stop string's last character (`content_ends`, per character of `content`, `_content_ends`)."""
     if not content or not stop:
         return content, None
-    base = raw_text.rfind(content) if armed_after >= 0 else -1
     found = []
     for s in stop:
         at = content.find(s)
-        while at >= 0 and base >= 0 and base + at + len(s) <= armed_after:
+        while at >= 0 and content_ends is not None and content_ends[at + len(s) - 1] <= armed_after:
             at = content.find(s, at + 1)
         if at >= 0:
             found.append((at, s))
@@ -182,42 +182,67 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, raw_text: 
     return content[: at + len(matched) if include else at] or None, matched
 
 
-def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], *, single_call: bool, stop: list[str],
-                                  include_stop: bool, armed_after: int) -> tuple[str, bool]:
+def _content_ends(text: str, reading: Mapping[str, Any], token_ends: list[int]) -> list[int]:
+    """Per character of the answer in the turn `text`, how many characters of `text` the parser had read when it
+    released it, the turn read token by token (`token_ends`, where each token's text ends) as the server reads it (the
+    answer may be several messages: it is no one piece of the turn). `reading`: OutputParser's arguments."""
+    parser = OutputParser(**reading)
+    ends: list[int] = []
+    start = 0
+    for end in token_ends:
+        ends += [end] * len(parser.feed(text[start:end]).content)
+        start = end
+    return ends + [len(text)] * len(parser.finish().content)
+
+
+def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_ends: list[int], *, single_call: bool,
+                                  stop: list[str], include_stop: bool, armed_after: int) -> tuple[str, bool]:
     """(the start of the generated turn `text` that the server reads, whether the server ends the choice there): it
     ends it at a header of another role (the model is inventing the next user turn or a tool result, P-HDR-8), with
     `single_call` (`parallel_tool_calls=False`) at the first finished call, and at the first stop string in the answer
-    (P-REQ-2) that ends past character `armed_after` (server/choice_stream.py). What the model wrote after that point
-    (a call made for an invented user turn, reasoning after the stop string) is no part of the reply. `reading`:
-    OutputParser's arguments. The turn is read a character at a time only where one of those ends it."""
+    (P-REQ-2) that ends past character `armed_after` (server/choice_stream.py), after the token where it finds that
+    (`token_ends`: where each token's text ends in `text`). What the model wrote after that point (a call made for an
+    invented user turn, reasoning after the stop string) is no part of the reply. `reading`: OutputParser's
+    arguments. The turn is read a token at a time only where one of those ends it."""
     whole = OutputParser(**reading)
     content = ParsedOutput.from_deltas([whole.feed(text), whole.finish()]).content
+    ends = _content_ends(text, reading, token_ends) if stop and armed_after >= 0 else None
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
-            or _cut_at_stop(content, stop, include_stop, text, armed_after)[1] is not None):
+            or _cut_at_stop(content, stop, include_stop, ends, armed_after)[1] is not None):
         return text, False
     parser = OutputParser(**reading)
     longest = max((len(s) for s in stop), default=0)
-    content = ""
-    for end in range(1, len(text) + 1):
-        new_content = parser.feed(text[end - 1]).content
+    content, ends, start = "", [], 0
+    for end in token_ends:
+        new_content = parser.feed(text[start:end]).content
+        start = end
         if parser.other_role_header_seen or (single_call and (parser.valid_call_names or parser.unresolved_call_count)):
             return text[:end], True
         if stop and new_content:
             content += new_content
+            ends += [end] * len(new_content)
             recent = content[-(longest + len(new_content)):]
-            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, text[:end],
+            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, ends,
                                                                armed_after)[1] is not None:
                 return text[:end], True
     return text, False
 
 
-def _armed_after(tokenizer: Tokenizer, token_ids: list[int], min_tokens: int, hidden: Mapping[int, str]) -> int:
-    """Where the text of the min_tokens-th generated token ends in the visible turn (-1: every stop string
-    counts)."""
-    if min_tokens < 1:
-        return -1
-    detokenizer = IncrementalDetokenizer(tokenizer, frozenset(hidden))
-    return len(detokenizer.add_many(token_ids[:min_tokens]))
+def _visible_pieces(tokenizer: Tokenizer, text: str, token_ids: list[int], hidden: Mapping[int, str]) -> list[str]:
+    """Per token of the turn `token_ids`, the text it released in `text` (found by detokenizing the turn again),
+    without the `hidden` special tokens, as the server's chat reads the turn: each hidden token is removed where its
+    own token's text ends, so model text that merely spells one stays, before the token or after it. What the turn's
+    end released (bytes left incomplete) joins the last piece."""
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces: list[str] = []
+    start = 0
+    for token_id in token_ids:
+        end = start + len(detokenizer.add(token_id))
+        pieces.append(without_hidden_tokens(text[start:end], [token_id], hidden))
+        start = end
+    if pieces:
+        pieces[-1] += text[start:]
+    return pieces
 
 
 class LLM:
@@ -588,18 +613,22 @@ class LLM:
             choices = []
             hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
-                text = without_hidden_tokens(completion.text, completion.token_ids, hidden)
+                pieces = _visible_pieces(self.engine.tokenizer, completion.text, completion.token_ids, hidden)
+                text, token_ends = "".join(pieces), list(itertools.accumulate(map(len, pieces)))
                 # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
                 reading = {"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,
                            "continue_prefix": final.body if final else "", "verbatim_content": turn.constrained_answer}
-                armed_after = _armed_after(self.engine.tokenizer, completion.token_ids, turn.params.min_tokens,
-                                           hidden) if turn.stop else -1
+                # with min_tokens, a stop string counts if it ends past the min_tokens-th token's text
+                min_tokens = min(turn.params.min_tokens, len(token_ends))
+                armed_after = token_ends[min_tokens - 1] if turn.stop and min_tokens else -1
                 read, ended_early = _turn_as_the_server_reads_it(
-                    text, reading, single_call=not parallel_tool_calls, stop=turn.stop, include_stop=turn.include_stop,
-                    armed_after=armed_after)
+                    text, reading, token_ends, single_call=not parallel_tool_calls, stop=turn.stop,
+                    include_stop=turn.include_stop, armed_after=armed_after)
                 parsed = parse_output(read, **reading)
                 alone = replace(output, outputs=[completion])
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, read, armed_after)
+                ends = _content_ends(read, reading, [end for end in token_ends if end <= len(read)]
+                                     ) if turn.stop and armed_after >= 0 else None
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, ends, armed_after)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,

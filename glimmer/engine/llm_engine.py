@@ -1173,12 +1173,14 @@ class LLMEngine:
         done.num_tokens += 1
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
-        text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token),
-                                            armed=done.num_tokens > done.min_tokens)
+        armed = done.num_tokens > done.min_tokens
+        text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token), armed=armed)
+        if stop_string is None and finish_reason is not None:
+            # the U+FFFD of bytes left incomplete can complete a stop string too: then it ends the text as any does
+            tail, stop_string = done.stops.feed(done.detokenizer.flush(), armed=armed)
+            text += tail if stop_string is not None else tail + done.stops.flush()
         if stop_string is not None:
             finish_reason, stop_reason = "stop", stop_string
-        elif finish_reason is not None:
-            text += done.stops.feed(done.detokenizer.flush())[0] + done.stops.flush()
         done.text += text
         return StepDelta(
             request_id=item.seq.request_id,

@@ -25,7 +25,9 @@ class StopStringMatcher:
         buffer = self._pending + text
         match: tuple[int, str] | None = None
         for s in self.stop if armed else ():
-            at = buffer.find(s)
+            # it must end in `text`: the held text may hold a whole stop string from unarmed text (a prefix of a
+            # longer one), which counts no more than it did then
+            at = buffer.find(s, max(0, len(self._pending) - len(s) + 1))
             if at >= 0 and (match is None or at < match[0]):
                 match = (at, s)
         if match is not None:

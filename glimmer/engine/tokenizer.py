@@ -88,12 +88,20 @@ class ShapeSettings:
 
 def load_checkpoint_tokenizer(opened: OpenedCheckpoint, config: ModelConfig) -> Tokenizer:
     """The tokenizer of an opened checkpoint (a GGUF's embedded one, else the directory's tokenizer.json), checked
-    against `config` by `check_tokenizer_fits`: what loading and `glimmer inspect` both use."""
+    against `config` by `check_tokenizer_fits`: what loading and `glimmer inspect` both use.
+
+    Raises CheckpointError for a tokenizer whose decoder is not a lone ByteLevel one: the model would load and every
+    request fail as its text is made (detokenizer.py streams byte-level tokens only)."""
     embedded = opened.tokenizer
     if embedded is not None:
         tokenizer = Tokenizer.from_backend(embedded.backend, embedded.named_tokens, opened.path)
     else:
         tokenizer = Tokenizer.from_dir(opened.path)
+    if not tokenizer.is_byte_level:
+        raise CheckpointError(f"{tokenizer.tokenizer_file} does not decode with a ByteLevel decoder (its decoder: "
+                              f"{tokenizer.decoder_type}); Glimmer makes text only from byte-level BPE tokenizers, "
+                              "which every Muse Glimmer checkpoint ships: use the tokenizer.json published with the "
+                              "model")
     check_tokenizer_fits(tokenizer, config)
     return tokenizer
 
@@ -433,6 +441,12 @@ class Tokenizer:
         return {i: text for i, text in spellings.items() if text not in FRAMING_MARKERS}
 
     @property
+    def decoder_type(self) -> str | None:
+        """tokenizer.json's decoder `type` ('ByteLevel' for every Muse tokenizer), None without a decoder."""
+        decoder = self._backend.decoder
+        return None if decoder is None else json.loads(decoder.__getstate__()).get("type")
+
+    @property
     def is_byte_level(self) -> bool:
         """True when tokens map to raw bytes through the ByteLevel alphabet (GPT-2 style; Muse is)."""
         return self._byte_level_decode is not None
@@ -462,7 +476,8 @@ class Tokenizer:
 
 def without_hidden_tokens(text: str, token_ids: Sequence[int], hidden: Mapping[int, str]) -> str:
     """`text` (what `token_ids` released) without the `hidden` special tokens, removed by token identity: model text
-    that merely spells one stays."""
+    that merely spells one after it stays. Give one token's text at a time where earlier text may spell one: each
+    spelling is looked for from where the last was removed."""
     if not hidden:
         return text
     cursor = 0

@@ -245,6 +245,32 @@ def test_a_stop_string_counts_only_if_it_ends_in_armed_text():
     assert matcher.feed("D!END") == ("", "END")
 
 
+def test_a_stop_string_held_from_unarmed_text_does_not_count_later():
+    """A stop string that ended in unarmed text and is held back as the start of a longer one stays text when the
+    next armed text comes (it ended the request there, as if it had ended in that token)."""
+    matcher = StopStringMatcher(["ab", "abcd"])
+    assert matcher.feed("xab", armed=False) == ("x", None)
+    assert matcher.feed("x yy ") == ("abx yy ", None)
+    assert matcher.feed("ab") == ("", "ab")
+    alone = StopStringMatcher(["abcd", "ab"])
+    assert alone.feed("ab", armed=False) == ("", None)
+    assert alone.feed("cd") == ("", "abcd")  # a longer one ending in armed text counts
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_completed_by_the_replacement_of_unfinished_bytes_ends_as_a_stop(llm, include):
+    """Bytes left incomplete at the end read as U+FFFD, as `decode` reads them; when that completes a stop string, the
+    text is cut there and the output says the stop string ended it (it said length, with no stop_reason)."""
+    tokenizer = llm.get_tokenizer().tokenizer
+    lead_byte = next(i for i in range(tokenizer.vocab_size) if tokenizer.token_bytes(i) == b"\xe6")
+    stop = "\ufffd\ufffd"
+    assert tokenizer.decode([lead_byte] * 2) == stop
+    out = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=2, logit_bias={lead_byte: 100}, stop=[stop],
+                                               include_stop_str_in_output=include))[0]
+    assert out.token_ids == [lead_byte] * 2
+    assert (out.text, out.finish_reason, out.stop_reason) == (stop if include else "", "stop", stop)
+
+
 def test_stop_strings_cut_the_text_and_end_generation(llm):
     free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
     needle = free.text[10:13]

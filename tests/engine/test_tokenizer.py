@@ -195,6 +195,19 @@ def test_byte_level_is_detected_from_the_decoder(tok, tmp_path):
     assert not Tokenizer.from_dir(tmp_path).is_byte_level
 
 
+def test_a_checkpoint_whose_tokenizer_is_not_byte_level_is_refused_at_load(tiny_checkpoint, tmp_path):
+    """It loaded, and every generate call then failed as its text was made."""
+    from glimmer import LLM
+
+    checkpoint = shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    state = json.loads((checkpoint / "tokenizer.json").read_text())
+    state["decoder"] = {"type": "Sequence", "decoders": [state["decoder"]]}
+    (checkpoint / "tokenizer.json").write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"tokenizer.json does not decode with a ByteLevel decoder \(its "
+                                              r"decoder: Sequence\)"):
+        LLM(str(checkpoint), progress=False)
+
+
 def test_missing_tokenizer_json_names_the_file(tmp_path):
     with pytest.raises(CheckpointError, match="tokenizer.json") as excinfo:
         Tokenizer.from_dir(tmp_path)

@@ -145,6 +145,10 @@ class ScriptedRunner:
     def add(self, key: str, *texts: str) -> None:
         self._scripts[key] = [self.tokenizer.encode(text) for text in texts]
 
+    def add_ids(self, key: str, *transcripts: list[int]) -> None:
+        """`add` with transcripts of token ids, for tokens no text encodes to (a special token spelled as text)."""
+        self._scripts[key] = [list(ids) for ids in transcripts]
+
     def _transcripts(self, seq) -> list[list[int]]:
         ident = (seq.request_id, seq.index)
         if ident not in self._by_sequence:

@@ -48,6 +48,9 @@ STOP_THEN_CALL = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=s
                   f"<|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 CALL_THEN_ANSWER = (f" to=get_weather<|message|>{WEATHER_CALL_BODY}<|eom|><|start|>assistant to=self<|message|>Done."
                     "<|eom|><|start|>assistant to=user<|message|>It is sunny.<|eot|>")
+ANSWER_IN_TWO_MESSAGES = (" to=user<|message|>one HALT two<|eom|><|start|>assistant to=user<|message|>three HALT four"
+                          "<|eot|>")
+ANSWER_WITH_LIGHT = " to=user<|message|>The light is on.<|eot|>"
 TWO_THOUGHTS_THEN_CALL = (" to=self<|message|>First thought.<|eom|><|start|>assistant to=self<|message|>Second thought."
                           f"<|eom|><|start|>assistant to=get_weather<|message|>{WEATHER_CALL_BODY}<|eot|>")
 SCRIPTS = {
@@ -66,6 +69,8 @@ SCRIPTS = {
     "[invent-then-call]": [INVENTED_USER_TURN_THEN_CALL],
     "[stop-then-call]": [STOP_THEN_CALL],
     "[call-then-answer]": [CALL_THEN_ANSWER],
+    "[answer-in-two]": [ANSWER_IN_TWO_MESSAGES],
+    "[light]": [ANSWER_WITH_LIGHT],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -394,12 +399,59 @@ def test_min_tokens_holds_off_stop_strings_in_the_answer(client, server):
     assert armed["content"] == "one two "
 
 
+def test_llm_chat_holds_off_a_stop_string_in_the_min_tokens_of_an_answer_of_two_messages(client, server, llm):
+    """LLM.chat found the answer in the turn by its text to tell which stop strings min_tokens holds off; an answer of
+    two messages is no one piece of the turn, so it cut at a stop string the server keeps as text."""
+    first_halt = _token_count(server, ANSWER_IN_TWO_MESSAGES[:ANSWER_IN_TWO_MESSAGES.index("HALT") + len("HALT")])
+    request = _request("[answer-in-two]", stop=["HALT"], extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                                     "min_tokens": first_halt})
+    served = _both(client, **request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, min_tokens=first_halt,
+                                                         stop=["HALT"]), chat_template_kwargs=PINNED_DATE,
+                     use_tqdm=False)[0]
+    assert served["content"].startswith("one HALT two") and served["content"].endswith("three ")
+    assert (reply.content, reply.finish_reason, reply.stop_string) == (served["content"], "stop", "HALT")
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_llm_chat_ends_the_answer_at_the_stop_string_the_server_ends_it_at_within_a_token(client, server, llm,
+                                                                                         include):
+    """Two stop strings starting at one place in one token's text ("ight" then "ig" in the token "ight"): the server
+    ends the answer at the first listed, as vLLM does; LLM.chat read the turn a character at a time and ended it at
+    the shorter one, which it met first."""
+    tokenizer = server.engine.engine.tokenizer
+    assert tokenizer.token_to_id("ight") in tokenizer.encode(ANSWER_WITH_LIGHT)  # "ig" lies within one token
+    stop = ["ight", "ig"]
+    request = _request("[light]", stop=stop, extra_body={"chat_template_kwargs": PINNED_DATE,
+                                                         "include_stop_str_in_output": include})
+    served = _both(client, **request)
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, stop=stop,
+                                                         include_stop_str_in_output=include),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert served["content"] == ("The light" if include else "The l")
+    assert (reply.content, reply.stop_string) == (served["content"], "ight")
+
+
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):
     result = _both(client, **_request("[specials]"))
     assert (result["reasoning"], result["content"]) == ("Looking.", "Hi there!")
     kept = _both(client, **_request("[specials]", extra_body={"chat_template_kwargs": PINNED_DATE,
                                                               "skip_special_tokens": False}))
     assert (kept["reasoning"], kept["content"]) == ("Look<|image_end|>ing.", "Hi<|image_end|> there<|patch|>!")
+
+
+def test_llm_chat_hides_the_special_token_not_text_spelling_it_before(client, server, llm):
+    """A hidden special token is left out where its token stands: LLM.chat removed the first text spelling it, which
+    the model may have written before the token (the server's answer kept that text and dropped the token)."""
+    tokenizer = llm.get_tokenizer().tokenizer
+    turn = (tokenizer.encode(" to=user<|message|>A") + tokenizer.encode_text("<|image_end|>")
+            + tokenizer.encode("B<|image_end|>C<|eot|>"))
+    for runner in (server.engine.engine.runner, llm.engine.runner):
+        runner.add_ids("[spelled-special]", turn)
+    request = _request("[spelled-special]")
+    reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200),
+                     chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
+    assert reply.content == _both(client, **request)["content"] == "A<|image_end|>BC"
 
 
 def test_a_hidden_special_token_does_not_shift_the_reasoning_token_count(client, server):
