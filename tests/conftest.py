@@ -69,8 +69,20 @@ def same_cpu_kernels(monkeypatch):
     stack or op by op, packed or dense weights: engine/model_loader.py) are fixed to the stack and dense weights. On a
     busy machine two engines can time differently and compute the same step with kernels that differ in float32
     rounding, so a test that compares their floats exactly needs this."""
-    monkeypatch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: True)
-    monkeypatch.setattr(model_loader, "packing_pays", lambda weights, rows, repeats=5: False)
+    _pin_cpu_kernels(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def same_cpu_kernels_in_module():
+    """`same_cpu_kernels` for the engines a module-scoped fixture loads (that fixture requests this one)."""
+    with pytest.MonkeyPatch.context() as patch:
+        _pin_cpu_kernels(patch)
+        yield
+
+
+def _pin_cpu_kernels(patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(model_loader, "stack_keeps_up", lambda text, rows, repeats=5, margin=1.1: True)
+    patch.setattr(model_loader, "packing_pays", lambda weights, rows, repeats=5: False)
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from glimmer.engine.llm_engine import StepError
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_checkpoint):
+def engines(tiny_checkpoint, same_cpu_kernels_in_module):
+    # outputs are compared exactly, logprobs included: both engines compute with the same CPU kernels
     return {mode: LLM(str(tiny_checkpoint), progress=False, async_scheduling=mode) for mode in (False, True)}
 
 
