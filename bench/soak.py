@@ -52,16 +52,21 @@ class Tally:
         self.failures[reason] = self.failures.get(reason, 0) + 1
 
 
+# every chunk carries the usage so far (vLLM's continuous_usage_stats): the tokens generated, reasoning included,
+# which chat logprobs leave out (they cover the answer only)
+USAGE_SO_FAR = {"include_usage": True, "continuous_usage_stats": True}
+
+
 def request_body(rng: random.Random, args: argparse.Namespace) -> tuple[str, dict]:
     words = " ".join(f"w{rng.randint(0, 999)}" for _ in range(rng.randint(4, args.prompt_words)))
     max_tokens = rng.randint(1, args.max_tokens)
     if rng.random() < 0.2:
         return "/v1/completions", {"model": MODEL_NAME, "prompt": words, "max_tokens": max_tokens, "stream": True,
-                                   "ignore_eos": True, "logprobs": 0}
+                                   "ignore_eos": True, "logprobs": 0, "stream_options": USAGE_SO_FAR}
     return "/v1/chat/completions", {
         "model": MODEL_NAME, "messages": [{"role": "user", "content": words}], "max_tokens": max_tokens,
         "stream": True, "ignore_eos": True, "temperature": rng.choice([0, 0.7, 1.0]), "logprobs": True,
-        "chat_template_kwargs": {"current_date": "2026-01-01"}}
+        "chat_template_kwargs": {"current_date": "2026-01-01"}, "stream_options": USAGE_SO_FAR}
 
 
 async def one_request(http: httpx.AsyncClient, rng: random.Random, args: argparse.Namespace, tally: Tally) -> None:
@@ -88,7 +93,7 @@ async def one_request(http: httpx.AsyncClient, rng: random.Random, args: argpars
                 if "error" in event:
                     tally.fail(f"error event {event['error'].get('type')}")
                     return
-                tokens = sum(_token_count(choice.get("logprobs")) for choice in event.get("choices", []))
+                tokens = (event.get("usage") or {}).get("completion_tokens", received) - received
                 if tokens and first is None:
                     first = time.perf_counter()
                 received += tokens
@@ -100,13 +105,6 @@ async def one_request(http: httpx.AsyncClient, rng: random.Random, args: argpars
     tally.latencies_s.append(time.perf_counter() - start)
     if first is not None:
         tally.ttfts_s.append(first - start)
-
-
-def _token_count(logprobs: dict | None) -> int:
-    """Tokens in one streamed choice: one logprobs entry each (chat `content`, completions `tokens`)."""
-    if not logprobs:
-        return 0
-    return len(logprobs.get("content") or logprobs.get("tokens") or [])
 
 
 async def soak(url: str, args: argparse.Namespace, server_pid: int | None) -> tuple[Tally, float, list[str]]:

@@ -194,6 +194,11 @@ class AsyncEngine:
         return self._waiting_requests + self._queued_adds
 
     @property
+    def closing_reason(self) -> str | None:
+        """Why new requests are refused (`stop_serving`, `shutdown`), None while the engine serves."""
+        return self._closing
+
+    @property
     def is_alive(self) -> bool:
         return self._dead is None and self._thread.is_alive()
 

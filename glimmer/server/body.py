@@ -8,11 +8,20 @@ machine or network.
 
 from __future__ import annotations
 
+import asyncio
+from typing import TYPE_CHECKING
+
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from glimmer.engine.async_engine import EngineShuttingDownError
 from glimmer.server.errors import APIError
 from glimmer.server.streaming import ClientDisconnected
+
+if TYPE_CHECKING:
+    from glimmer.server.context import ServingContext
+
+SHUTDOWN_CHECK_INTERVAL_S = 0.1  # how often an upload in progress looks whether the server has begun shutting down
 
 
 def _too_large(max_bytes: int) -> APIError:
@@ -42,13 +51,28 @@ def check_json_content_type(request: Request) -> None:
                             "Glimmer does not decode request bodies", code="unsupported_media_type")
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The body of a JSON request, refused as soon as it is known to exceed `max_bytes`: by its
-    Content-Length, or while it streams in (chunked uploads carry no length).
+async def read_body(request: Request, context: ServingContext) -> bytes:
+    """The body of a JSON request, refused as soon as it is known to exceed the server's `max_request_bytes`: by
+    its Content-Length, or while it streams in (chunked uploads carry no length).
 
-    Raises APIError (415, 413, 400) or ClientDisconnected when the client leaves during the upload.
+    Raises APIError (415, 413, 400), ClientDisconnected when the client leaves during the upload, or
+    EngineShuttingDownError (503) when the server begins shutting down before the body is in: a stalled or slow
+    upload would otherwise be cut when uvicorn's grace period ends, with a plain-text 500 and a logged traceback.
     """
     check_json_content_type(request)
+    upload = asyncio.ensure_future(_read_upload(request, context.settings.max_request_bytes))
+    try:
+        while not upload.done():
+            await asyncio.wait({upload}, timeout=SHUTDOWN_CHECK_INTERVAL_S)
+            reason = context.engine.closing_reason
+            if not upload.done() and reason is not None:
+                raise EngineShuttingDownError(reason)
+        return upload.result()
+    finally:
+        upload.cancel()
+
+
+async def _read_upload(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():

@@ -159,7 +159,7 @@ def echoed(request: ChatCompletionRequest) -> Echo | None:
 
 async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
-    request = parse_body(ChatCompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    request = parse_body(ChatCompletionRequest, await read_body(raw_request, context))
     run, first, stream = await start_chat_run(raw_request, context, request, arrival)
     if request.stream:
         return SSEResponse(_stream(run, first, stream))

@@ -228,7 +228,7 @@ def naming_the_prompt(error: RequestError, name: str = "prompt") -> RequestError
 
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
-    request = parse_body(CompletionRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    request = parse_body(CompletionRequest, await read_body(raw_request, context))
     model_name = context.check_model(request.model)
     params = completion_sampling_params(request, context)
     try:

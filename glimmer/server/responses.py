@@ -387,7 +387,7 @@ def _tool_choice(request: ResponsesRequest) -> Any:
 
 async def create_response(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
-    request = validate_json(ResponsesRequest, await read_body(raw_request, context.settings.max_request_bytes),
+    request = validate_json(ResponsesRequest, await read_body(raw_request, context),
                             RESPONSES_FIELD_HINTS)
     # off the event loop, as chat renders its prompt: checking a body's worth of tool schemas takes seconds
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
@@ -407,7 +407,7 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
 async def count_input_tokens(raw_request: Request, context: ServingContext) -> Response:
     """POST /v1/responses/input_tokens (the SDK's `responses.input_tokens.count`): the tokens of the prompt a
     `POST /v1/responses` with these fields would render, its `usage.input_tokens`; refused as that request would be."""
-    counted = validate_json(InputTokensRequest, await read_body(raw_request, context.settings.max_request_bytes),
+    counted = validate_json(InputTokensRequest, await read_body(raw_request, context),
                             RESPONSES_FIELD_HINTS)
     request = validate_json(ResponsesRequest, json.dumps(counted.as_create_request()).encode())
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))

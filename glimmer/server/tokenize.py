@@ -53,7 +53,7 @@ class DetokenizeRequest(RequestBody):
 
 
 async def tokenize(raw_request: Request, context: ServingContext) -> Response:
-    request = validate_json(TokenizeRequest, await read_body(raw_request, context.settings.max_request_bytes),
+    request = validate_json(TokenizeRequest, await read_body(raw_request, context),
                             TOKENIZE_FIELD_HINTS)
     context.check_model(request.model)
     token_ids = await in_worker_thread(raw_request, lambda cancel: _token_ids(request, context, cancel))
@@ -65,7 +65,7 @@ async def tokenize(raw_request: Request, context: ServingContext) -> Response:
 
 
 async def detokenize(raw_request: Request, context: ServingContext) -> Response:
-    request = validate_json(DetokenizeRequest, await read_body(raw_request, context.settings.max_request_bytes))
+    request = validate_json(DetokenizeRequest, await read_body(raw_request, context))
     context.check_model(request.model)
     tokens = _checked_tokens(request.tokens, context)
     return JSONResponse({"prompt": context.tokenizer.decode(tokens)})

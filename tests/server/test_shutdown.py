@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -73,3 +74,23 @@ def test_a_responses_stream_stopped_by_shutdown_reports_the_code_and_keeps_its_o
         added = [event["item"]["id"] for event in events if event["type"] == "response.output_item.added"]
         failed = events[-1]["response"]
         assert failed["status"] == "failed" and [item["id"] for item in failed["output"]] == added
+
+
+def test_a_request_still_uploading_when_the_server_stops_gets_a_503_not_a_cut(make_tiny):
+    """Soak: a client whose upload stalled when the server began shutting down had its request cut when uvicorn's
+    grace period ended: a plain-text 500 and an 'Exception in ASGI application' traceback in the log."""
+    body = json.dumps({**LONG, "stream": True}).encode()
+    with live_server(make_tiny()) as server, socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])),
+                                                                      timeout=10) as connection:
+        connection.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n" % len(body) + body[:len(body) // 2])
+        server.engine.stop_serving("shutting down for the test")
+        response = b""
+        while b"\r\n\r\n" not in response or not response.rstrip().endswith(b"}"):
+            chunk = connection.recv(65536)
+            assert chunk, response
+            response += chunk
+    status_line, _, rest = response.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 503 Service Unavailable"
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "shutting_down" and "shutting down for the test" in error["message"]
