@@ -12,6 +12,7 @@ import inspect
 import itertools
 import operator
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
@@ -269,6 +270,9 @@ class LLM:
         self.generation_config = generation_config
         self._ids = itertools.count()
         self._tokenizer = LLMTokenizer(self.engine)
+        # one call steps the engine at a time: another thread's call stepping it too took this call's outputs
+        # (KeyError) or built a step of both calls' requests from two threads (a StepError)
+        self._run_lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,
@@ -398,7 +402,16 @@ class LLM:
              prompt_field: str = "messages") -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
-        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation)."""
+        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). Calls from
+        several threads run one after another."""
+        with self._run_lock:
+            return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field)
+
+    def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
+                   use_tqdm: bool | Callable[..., Any] | None,
+                   controller_factories: list[ControllerFactory | None] | None, prompt_field: str
+                   ) -> list[RequestOutput]:
+        """`_run`, with no other call of this LLM stepping its engine."""
         results: dict[str, RequestOutput] = {}
         order = []
         factories = controller_factories or [None] * len(prompts)

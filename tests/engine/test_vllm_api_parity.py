@@ -8,9 +8,11 @@ import gc
 import json
 import re
 import shutil
+import sys
 import time
 import weakref
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -998,3 +1000,19 @@ def test_finished_is_a_real_bool_on_both_outputs(llm):
     assert out.finished is True and out.outputs[0].finished is True
     with pytest.raises(TypeError, match="'bool' object is not callable"):
         out.outputs[0].finished()
+
+
+def test_calls_from_several_threads_each_get_their_own_outputs(llm):
+    """A script sharing one LLM between threads (a thread pool of requests): a second call stepping the engine took
+    the first call's outputs (KeyError 'llm-6') or stepped it from two threads at once (a StepError)."""
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, as on a busy machine
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [[1, 10 + i, 11] for i in range(6)]
+    alone = [[out.outputs[0].token_ids for out in llm.generate([ids, ids], params)] for ids in prompts]
+    try:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda ids: llm.generate([ids, ids], params), prompts))
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert [[out.outputs[0].token_ids for out in outs] for outs in together] == alone
