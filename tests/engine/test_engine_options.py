@@ -200,6 +200,18 @@ def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
 
 
+def test_vllm_engine_arguments_at_their_defaults_are_taken_and_others_refused_saying_why(tiny_checkpoint):
+    """vLLM's LLM(...) takes these (older scripts pass disable_async_output_proc; scheduling_policy='fcfs' is its
+    default); they were refused as misspellings ("did you mean 'model'?" for model_impl)."""
+    llm = LLM(str(tiny_checkpoint), progress=False, scheduling_policy="fcfs", disable_async_output_proc=True,
+              max_parallel_loading_workers=2, model_impl="auto", config_format="hf")
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    with pytest.raises(UnsupportedArgumentError, match="^scheduling_policy: .*first come, first served"):
+        LLM(str(tiny_checkpoint), progress=False, scheduling_policy="priority")
+    with pytest.raises(UnsupportedArgumentError, match="^model_impl: .*its own Muse Glimmer model"):
+        LLM(str(tiny_checkpoint), progress=False, model_impl="transformers")
+
+
 def test_a_cuda_device_is_named_as_given_when_cuda_is_absent(monkeypatch):
     """QA: --device cuda:9 was reported as device='cuda'."""
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
