@@ -283,6 +283,19 @@ class LLM:
             message += f"; vLLM's LLM.{name}: {instead}"
         raise AttributeError(message, name=name, obj=self)
 
+    def __reduce__(self) -> Any:
+        """Raises TypeError: an LLM is not pickled (a multiprocessing pool's argument) or deep-copied, which failed
+        deep inside the engine ("ctypes objects containing pointers cannot be pickled")."""
+        raise TypeError("an LLM cannot be pickled or deep-copied: it holds the model's weights and KV cache; make "
+                        "one LLM in each process that generates (LLM(model=...)) and send it prompts and "
+                        "SamplingParams, which pickle, as its outputs do")
+
+    def __copy__(self) -> LLM:
+        """A second LLM object on the same engine (and lock), as `copy.copy` made it before pickling was refused."""
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
         sampling fields under generation_config="auto", plain `SamplingParams()` under "vllm"."""
