@@ -594,13 +594,15 @@ class LLM:
         for index, conversation in enumerate(conversations):
             if continue_final_message:
                 check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
-            _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
+            with _naming_the_conversation(index if len(conversations) > 1 else None):
+                _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             if final is not None:
                 check_continued_call_is_read(final, rendering, index if len(conversations) > 1 else None)
                 check_media_before_the_cut(conversation, final, index if len(conversations) > 1 else None)
             continued.append(final)
             images, videos = [], []
-            with naming_media_parts(conversation):  # an item's error names its content part
+            # an item's error names its content part, in its conversation
+            with _naming_the_conversation(index if len(conversations) > 1 else None), naming_media_parts(conversation):
                 for kind, reference in collect_media(conversation):
                     target = images if kind == "image" else videos
                     target.append(load_media_reference(reference, kind, len(target), self.media_policy))
@@ -687,6 +689,25 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
         raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
+
+
+@contextlib.contextmanager
+def _naming_the_conversation(index: int | None) -> Iterator[None]:
+    """Errors about a message (`messages[j]...`) of the `index`-th of several conversations re-raised naming it
+    `messages[index][j]...`, in message and param (they named message j of the first conversation); None: one
+    conversation, whose errors name its messages as they are."""
+    try:
+        yield
+    except RequestError as error:
+        param = error.param or ""
+        if index is None or not param.startswith("messages["):
+            raise
+        named = f"messages[{index}]{param.removeprefix('messages')}"
+        message = str(error)
+        error.args = (named + message.removeprefix(param) if message.startswith(param) else
+                      f"messages[{index}]: {message}",)
+        error.param = named
+        raise
 
 
 def _salted(params: SamplingParams, prompt: object, name: str) -> SamplingParams:
