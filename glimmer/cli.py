@@ -748,8 +748,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV blocks of prompt prefixes computed before, as vLLM's flag does (default: "
                              "on; --no-enable-prefix-caching computes every prompt in full)")
-    parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                        help="dummy: random weights drawn on the device from config.json alone (for benchmarks)")
+    parser.add_argument("--load-format", choices=["auto", "dummy", "safetensors", "pt", "gguf"], default="auto",
+                        help="dummy: random weights drawn on the device from config.json alone (for benchmarks); "
+                             "vLLM's safetensors, pt and gguf read a checkpoint of that format as auto does")
     vllm = parser.add_argument_group(
         "vLLM's options", "taken where their value changes nothing here, so a vLLM command line runs as written; "
         "any other value is refused saying what to do instead")

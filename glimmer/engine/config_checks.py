@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from glimmer.checkpoint.formats import GGUF, PICKLE, SAFETENSORS
 from glimmer.checkpoint.resolve import is_hub_id
 from glimmer.default_model import DEFAULT_DRAFTER_NAME
 from glimmer.engine.sampling_params import SEED_RANGE
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
                "gib": 2**30, "tib": 2**40}
 
-LOAD_FORMATS = ("auto", "dummy")
+VLLM_LOAD_FORMATS = {"safetensors": SAFETENSORS, "pt": PICKLE, "gguf": GGUF}
+"""vLLM's load formats that name a weight format: a checkpoint in that format is read as "auto" reads it, and one in
+another format is refused (as vLLM finds no weights of the format it was told)."""
+LOAD_FORMATS = ("auto", "dummy", *VLLM_LOAD_FORMATS)
 
 
 def parse_size(text: str) -> int:
@@ -94,3 +98,12 @@ def check_engine_config(config: EngineConfig) -> None:
         k = config.speculative_config.num_speculative_tokens
         if k is not None and config.max_num_batched_tokens is not None:  # else known once the drafter is read
             check_verification_budget(config.max_num_batched_tokens, k)
+
+
+def check_weight_format(load_format: str, found: str, path: Path) -> None:
+    """Raises ConfigError where `load_format` names a weight format (vLLM's "safetensors", "pt", "gguf") other than
+    `found`, the format of the checkpoint at `path`."""
+    expected = VLLM_LOAD_FORMATS.get(load_format)
+    if expected is not None and expected != found:
+        raise ConfigError(f"load_format={load_format!r} reads {expected} weights, but {path} holds {found} weights; "
+                          "leave load_format out ('auto') to read them")

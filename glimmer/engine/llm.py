@@ -12,6 +12,7 @@ import inspect
 import itertools
 import operator
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
@@ -294,6 +295,9 @@ class LLM:
         self.generation_config = generation_config
         self._ids = itertools.count()
         self._tokenizer = LLMTokenizer(self.engine)
+        # one call steps the engine at a time: another thread's call stepping it too took this call's outputs
+        # (KeyError) or built a step of both calls' requests from two threads (a StepError)
+        self._run_lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,
@@ -303,6 +307,19 @@ class LLM:
         if instead is not None:
             message += f"; vLLM's LLM.{name}: {instead}"
         raise AttributeError(message, name=name, obj=self)
+
+    def __reduce__(self) -> Any:
+        """Raises TypeError: an LLM is not pickled (a multiprocessing pool's argument) or deep-copied, which failed
+        deep inside the engine ("ctypes objects containing pointers cannot be pickled")."""
+        raise TypeError("an LLM cannot be pickled or deep-copied: it holds the model's weights and KV cache; make "
+                        "one LLM in each process that generates (LLM(model=...)) and send it prompts and "
+                        "SamplingParams, which pickle, as its outputs do")
+
+    def __copy__(self) -> LLM:
+        """A second LLM object on the same engine (and lock), as `copy.copy` made it before pickling was refused."""
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use without SamplingParams: the checkpoint's generation_config.json
@@ -423,7 +440,16 @@ class LLM:
              prompt_field: str = "messages") -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
-        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation)."""
+        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). Calls from
+        several threads run one after another."""
+        with self._run_lock:
+            return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field)
+
+    def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
+                   use_tqdm: bool | Callable[..., Any] | None,
+                   controller_factories: list[ControllerFactory | None] | None, prompt_field: str
+                   ) -> list[RequestOutput]:
+        """`_run`, with no other call of this LLM stepping its engine."""
         results: dict[str, RequestOutput] = {}
         order = []
         factories = controller_factories or [None] * len(prompts)
@@ -593,13 +619,15 @@ class LLM:
         for index, conversation in enumerate(conversations):
             if continue_final_message:
                 check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
-            _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
+            with _naming_the_conversation(index if len(conversations) > 1 else None):
+                _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             if final is not None:
                 check_continued_call_is_read(final, rendering, index if len(conversations) > 1 else None)
                 check_media_before_the_cut(conversation, final, index if len(conversations) > 1 else None)
             continued.append(final)
             images, videos = [], []
-            with naming_media_parts(conversation):  # an item's error names its content part
+            # an item's error names its content part, in its conversation
+            with _naming_the_conversation(index if len(conversations) > 1 else None), naming_media_parts(conversation):
                 for kind, reference in collect_media(conversation):
                     target = images if kind == "image" else videos
                     target.append(load_media_reference(reference, kind, len(target), self.media_policy))
@@ -692,6 +720,25 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
         raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
+
+
+@contextlib.contextmanager
+def _naming_the_conversation(index: int | None) -> Iterator[None]:
+    """Errors about a message (`messages[j]...`) of the `index`-th of several conversations re-raised naming it
+    `messages[index][j]...`, in message and param (they named message j of the first conversation); None: one
+    conversation, whose errors name its messages as they are."""
+    try:
+        yield
+    except RequestError as error:
+        param = error.param or ""
+        if index is None or not param.startswith("messages["):
+            raise
+        named = f"messages[{index}]{param.removeprefix('messages')}"
+        message = str(error)
+        error.args = (named + message.removeprefix(param) if message.startswith(param) else
+                      f"messages[{index}]: {message}",)
+        error.param = named
+        raise
 
 
 def _salted(params: SamplingParams, prompt: object, name: str) -> SamplingParams:

@@ -33,7 +33,7 @@ from glimmer.checkpoint.generation_config import (
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
-from glimmer.engine.config_checks import check_engine_config
+from glimmer.engine.config_checks import check_engine_config, check_weight_format
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
@@ -115,7 +115,9 @@ class EngineConfig:
     # plain decode step N+1 is launched before step N's tokens are read (lookahead.py), and the text of step N's
     # tokens is made while step N+1 runs; default on CUDA (the CPU computes synchronously)
     async_scheduling: bool | None = None
-    load_format: str = "auto"  # auto: the checkpoint's safetensors; dummy: random weights from config.json alone
+    # auto: the checkpoint's weights; dummy: random weights from config.json alone; vLLM's safetensors, pt, gguf: auto,
+    # for a checkpoint of that format (config_checks.VLLM_LOAD_FORMATS)
+    load_format: str = "auto"
     seed: int | None = 0  # seeds the generator unseeded requests share (and dummy weights); None: a fresh one
     chat_template: str | None = None  # operator override file (P-TMPL-1)
     mmproj: str | None = None  # a GGUF model's vision projector file (images only)
@@ -265,9 +267,10 @@ class LLMEngine:
         # a directory, or a GGUF file; with dummy weights only the config, tokenizer and template are read
         self.checkpoint = open_checkpoint(self.checkpoint_dir, mmproj=config.mmproj, allow_pickle=config.allow_pickle,
                                           weights=config.load_format != "dummy")
+        check_weight_format(config.load_format, self.checkpoint.format, self.checkpoint_dir)
         self.max_model_len = self._resolve_max_model_len()  # before the weights load: a wrong one is refused at once
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
-                                              progress=config.progress, load_format=config.load_format,
+                                              progress=config.progress, load_format=self._weights_load_format,
                                               seed=config.seed)
         prepare_for_cpu(self.loaded.model, self.device, self.dtype, config.max_num_seqs or CPU_MAX_NUM_SEQS)
         self.model_config = self.loaded.config
@@ -369,6 +372,11 @@ class LLMEngine:
 
     # configuration ----------------------------------------------------------------------------------
 
+    @property
+    def _weights_load_format(self) -> str:
+        """The loader's load format: "dummy", or "auto" for a format checked against the checkpoint's at start."""
+        return "dummy" if self.config.load_format == "dummy" else "auto"
+
     def _resolve_max_model_len(self) -> int:
         limit = self.checkpoint.config.text.max_position_embeddings
         requested = self.config.max_model_len
@@ -391,7 +399,7 @@ class LLMEngine:
             path, self.model_config,
             lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
             dtype=self.dtype, device=self.device, progress=self.config.progress,
-            load_format=self.config.load_format, seed=self.config.seed,
+            load_format=self._weights_load_format, seed=self.config.seed,
         )
         prepare_for_cpu(self.drafter.model, self.device, self.dtype, self.scheduler_config.max_num_seqs)
         most = self.drafter.config.num_draft_tokens

@@ -63,6 +63,26 @@ class LLMTokenizer:
         self._truncation_side = shape.truncation_side
         self._pad_token = self.tokenizer.pad_token
 
+    def __reduce__(self) -> Any:
+        """Raises TypeError saying what to send another process instead: this object renders and encodes with its
+        LLM's engine, which does not pickle (it failed deep inside the engine, "ctypes objects containing pointers").
+        `copy.copy` and `copy.deepcopy` share the engine."""
+        raise TypeError(f"an LLMTokenizer cannot be pickled: it encodes with its LLM's engine; in another "
+                        f"process load the checkpoint's tokenizer (transformers.AutoTokenizer.from_pretrained("
+                        f"{str(self._engine.checkpoint_dir)!r})), or send its .tokenizer (encode and decode), which "
+                        f"pickles")
+
+    def __copy__(self) -> LLMTokenizer:
+        """A tokenizer on the same engine whose settings (`padding_side`, ...) are its own."""
+        copied = object.__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LLMTokenizer:
+        """As `copy.copy` (transformers scripts deep-copy a tokenizer to set another padding side): the engine, whose
+        tokenizer no setting changes, is shared, not copied."""
+        return self.__copy__()
+
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_") and name != "tokenizer":
             model_specific = self.tokenizer.extra.model_specific

@@ -184,9 +184,10 @@ class SamplingParams:
     stop: strings that end generation; the stop string itself is not included in the text.
     stop_token_ids: extra token ids that end generation (the checkpoint's stop ids always apply
         unless ignore_eos is set).
-    seed: per-request seed; the same seed gives the same tokens whatever else runs in the batch.
+    seed: per-request seed; the same seed gives the same tokens whatever else runs in the batch. -1 is None, no
+        seed, as in vLLM.
     logprobs: if set, return each generated token's logprob and the `logprobs` most likely
-        alternatives, from the model's own distribution (before temperature and penalties).
+        alternatives, from the model's own distribution (before temperature and penalties). True is 1, as in vLLM.
     prompt_logprobs: if set, also return each prompt token's logprob (the first is None: nothing predicts
         it) and the `prompt_logprobs` most likely alternatives at its position, from the same distribution.
         The prompt is then computed in full: the prefix cache is not used for it.
@@ -264,6 +265,11 @@ class SamplingParams:
             self.stop_token_ids = [_plain_number(t) for t in self.stop_token_ids]
         if isinstance(self.logit_bias, dict):
             self.logit_bias = {_plain_number(t): _plain_number(b) for t, b in self.logit_bias.items()}
+        if _is_int(self.seed) and self.seed == -1:  # vLLM's "no seed": a fresh draw each request, not stream -1
+            self.seed = None
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is True:  # vLLM's: one most likely alternative, as OpenAI's `logprobs: true` asks
+                setattr(self, name, 1)
         _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
         _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
         _check(_is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",

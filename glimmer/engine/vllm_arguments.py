@@ -345,6 +345,16 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "give the values in SamplingParams (or generation_config='vllm' to ignore the checkpoint's "
         "generation_config.json)")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
+    "scheduling_policy": VllmArgument(_only("fcfs"), (
+        "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "
+        "leave it out or 'fcfs'")),
+    "disable_async_output_proc": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing (outputs are the same either way); leave it out")),
+    "max_parallel_loading_workers": VllmArgument(lambda value, given: value is None or (
+        type(value) is int and value >= 1), "a count of workers (None or >= 1), which changes no weight; leave it out"),
+    "model_impl": VllmArgument(_only("auto"), "Glimmer runs its own Muse Glimmer model; leave it out or 'auto'"),
+    "config_format": VllmArgument(_only("auto", "hf"), (
+        "the config is the checkpoint's config.json (or a GGUF's metadata); leave it out or 'auto'")),
     "runner": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
 }
 """Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares

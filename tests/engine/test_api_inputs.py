@@ -264,6 +264,27 @@ def test_seeds_at_the_ends_of_the_range_work(llm):
     assert len(llm.generate("a", SamplingParams(seed=2**64 - 3, n=3, max_tokens=1))[0].outputs) == 3
 
 
+def test_logprobs_true_is_one_alternative_as_in_vllm(llm):
+    """vLLM reads logprobs=True (and prompt_logprobs=True) as 1; it was refused as no integer."""
+    params = SamplingParams(max_tokens=2, logprobs=True, prompt_logprobs=True)
+    assert params.logprobs == 1 and params.prompt_logprobs == 1 and params == SamplingParams(
+        max_tokens=2, logprobs=1, prompt_logprobs=1)
+    out = llm.generate("a b", params)[0]
+    assert [len(position.top) for position in out.outputs[0].logprobs] == [1, 1]
+    assert [len(position.top) for position in out.prompt_logprobs[1:]] == [1] * (len(out.prompt_token_ids) - 1)
+    _refused(lambda: SamplingParams(logprobs=False), "logprobs")
+
+
+def test_seed_minus_one_is_no_seed_as_in_vllm(llm):
+    """vLLM reads seed=-1 as None (a script's "random"); it was the seed -1, every call the same tokens."""
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=np.int64(-1)).seed is None
+    params = SamplingParams(seed=-1, max_tokens=8, ignore_eos=True)
+    first, second = (llm.generate("a", params)[0].outputs[0].token_ids for _ in range(2))
+    assert first != second
+    params.seed = -1
+    assert llm.generate("a", params)[0].outputs[0].token_ids not in (first, second) and params.seed is None
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("temperature", -1), ("max_tokens", -5), ("n", 0), ("top_p", 5), ("logprobs", 100), ("stop", 5)])
 def test_fields_changed_after_construction_are_checked_on_submission(llm, field, value):

@@ -30,7 +30,8 @@ from glimmer.errors import ConfigError, UnsupportedArgumentError
     ("enforce_eager", "yes", "enforce_eager='yes' must be True or False"),
     ("enable_prefix_caching", 1, "enable_prefix_caching=1 must be True or False"),
     ("async_scheduling", "on", "async_scheduling='on' must be True, False or None"),
-    ("load_format", "pt", "load_format='pt' is not supported; use one of \\['auto', 'dummy'\\]"),
+    ("load_format", "npcache", "load_format='npcache' is not supported; use one of \\['auto', 'dummy', "
+                               "'safetensors', 'pt', 'gguf'\\]"),
     ("seed", "a", "seed='a' must be an integer"),
     ("seed", 2**64, "seed=18446744073709551616 must be an integer in"),
     ("dtype", 16, "dtype=16 is not supported; pass one of \\['bfloat16', 'float16', 'float32'\\], 'auto'"),
@@ -198,6 +199,30 @@ def test_vllm_engine_arguments_that_change_nothing_are_taken(tiny_checkpoint):
               served_model_name="my-model", logprobs_mode="raw_logprobs", mm_processor_kwargs=None,
               download_dir=None, task="generate", enable_sleep_mode=False, skip_tokenizer_init=False)
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+
+
+def test_vllm_engine_arguments_at_their_defaults_are_taken_and_others_refused_saying_why(tiny_checkpoint):
+    """vLLM's LLM(...) takes these (older scripts pass disable_async_output_proc; scheduling_policy='fcfs' is its
+    default); they were refused as misspellings ("did you mean 'model'?" for model_impl)."""
+    llm = LLM(str(tiny_checkpoint), progress=False, scheduling_policy="fcfs", disable_async_output_proc=True,
+              max_parallel_loading_workers=2, model_impl="auto", config_format="hf")
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    with pytest.raises(UnsupportedArgumentError, match="^scheduling_policy: .*first come, first served"):
+        LLM(str(tiny_checkpoint), progress=False, scheduling_policy="priority")
+    with pytest.raises(UnsupportedArgumentError, match="^model_impl: .*its own Muse Glimmer model"):
+        LLM(str(tiny_checkpoint), progress=False, model_impl="transformers")
+
+
+def test_vllms_load_format_naming_the_checkpoints_format_reads_it_and_another_is_refused(tiny_checkpoint):
+    """vLLM scripts pass load_format="safetensors"; it was refused ("use one of ['auto', 'dummy']")."""
+    params = SamplingParams(max_tokens=3, temperature=0)
+    auto = LLM(str(tiny_checkpoint), progress=False).generate([1, 2, 3], params)[0].outputs[0].token_ids
+    named = LLM(str(tiny_checkpoint), progress=False, load_format="safetensors")
+    assert named.generate([1, 2, 3], params)[0].outputs[0].token_ids == auto
+    for load_format, weights in (("pt", "pickle"), ("gguf", "gguf")):
+        with pytest.raises(ConfigError, match=rf"^load_format='{load_format}' reads {weights} weights, but "
+                                              rf"{re.escape(str(tiny_checkpoint))} holds safetensors weights"):
+            LLM(str(tiny_checkpoint), progress=False, load_format=load_format)
 
 
 def test_a_cuda_device_is_named_as_given_when_cuda_is_absent(monkeypatch):

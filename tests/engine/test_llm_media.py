@@ -114,3 +114,19 @@ def test_chat_takes_vllms_image_pil_part(llm):
                             {"type": "image_pil", "image_pil": Image.open(io.BytesIO(png))})]
     assert replies[1].prompt_token_ids == replies[0].prompt_token_ids
     assert replies[1].outputs[0].token_ids == replies[0].outputs[0].token_ids
+
+
+def test_an_error_in_one_of_several_conversations_names_that_conversation(llm):
+    """A batch's second conversation's faults were named as the first's (`messages[0].role`, a part of
+    `messages[0].content[0]`), where nothing is wrong."""
+    good = [{"role": "user", "content": "hi"}]
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    bad_image = [{"role": "user", "content": [part]}]
+    bad_role = [{"role": "robot", "content": "hi"}]
+    params = SamplingParams(max_tokens=1)
+    for conversations, param in (([good, bad_role], "messages[1][0].role"),
+                                 ([good, bad_image], "messages[1][0].content[0]"),
+                                 (bad_role, "messages[0].role"), (bad_image, "messages[0].content[0]")):
+        with pytest.raises(RequestError) as caught:
+            llm.chat(conversations, params)
+        assert caught.value.param == param and str(caught.value).startswith(param), caught.value

@@ -4,13 +4,17 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
+import pickle
 import re
 import shutil
+import sys
 import time
 import weakref
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -941,8 +945,6 @@ def test_deleting_an_llm_frees_its_engine_without_waiting_for_the_cycle_collecto
 
 def test_logprobs_pickle_with_their_tokens_texts_not_the_tokenizer(llm):
     """Scripts pickle outputs (multiprocessing, caches); a position must not carry the tokenizer (megabytes)."""
-    import pickle
-
     out = llm.generate("Hello", SamplingParams(max_tokens=3, logprobs=2, prompt_logprobs=1))[0]
     data = pickle.dumps(out)
     assert len(data) < len(pickle.dumps(llm.engine.tokenizer)) / 4
@@ -950,6 +952,30 @@ def test_logprobs_pickle_with_their_tokens_texts_not_the_tokenizer(llm):
     for ours, theirs in ((again.outputs[0].logprobs, out.outputs[0].logprobs), (again.prompt_logprobs[1:],
                                                                                   out.prompt_logprobs[1:])):
         assert ours == theirs and [dict(position) for position in ours] == [dict(position) for position in theirs]
+
+
+@pytest.mark.parametrize("copy_it", [pickle.dumps, copy.deepcopy])
+def test_an_llm_sent_to_another_process_is_refused_saying_what_to_send(llm, copy_it):
+    """A multiprocessing pool's argument is pickled: it failed deep in the engine ("ctypes objects containing
+    pointers cannot be pickled")."""
+    with pytest.raises(TypeError, match="^an LLM cannot be pickled or deep-copied: .* make one LLM in each process"):
+        copy_it(llm)
+    assert copy.copy(llm).engine is llm.engine
+
+
+def test_a_tokenizer_sent_to_another_process_is_refused_saying_what_to_send_and_copies_share_the_engine(
+        llm, tiny_checkpoint):
+    """Pickling failed deep in the engine; the tokenizer's own `.tokenizer`, which the error offers, pickles and
+    encodes. A copy (transformers scripts deep-copy a tokenizer to pad on another side) has settings of its own."""
+    tok = llm.get_tokenizer()
+    with pytest.raises(TypeError, match=rf"^an LLMTokenizer cannot be pickled: .*from_pretrained\("
+                                        rf"'{re.escape(str(tiny_checkpoint))}'\)\), or send its .tokenizer"):
+        pickle.dumps(tok)
+    sent = pickle.loads(pickle.dumps(tok.tokenizer))
+    assert sent.encode("Hello") == tok.tokenizer.encode("Hello")
+    for copied in (copy.copy(tok), copy.deepcopy(tok)):
+        copied.padding_side = "left" if tok.padding_side == "right" else "right"
+        assert copied.padding_side != tok.padding_side and copied.encode("Hello") == tok.encode("Hello")
 
 
 def test_tensors_of_texts_of_different_lengths_need_padding_as_in_transformers(llm, hf):
@@ -998,3 +1024,19 @@ def test_finished_is_a_real_bool_on_both_outputs(llm):
     assert out.finished is True and out.outputs[0].finished is True
     with pytest.raises(TypeError, match="'bool' object is not callable"):
         out.outputs[0].finished()
+
+
+def test_calls_from_several_threads_each_get_their_own_outputs(llm):
+    """A script sharing one LLM between threads (a thread pool of requests): a second call stepping the engine took
+    the first call's outputs (KeyError 'llm-6') or stepped it from two threads at once (a StepError)."""
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, as on a busy machine
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = [[1, 10 + i, 11] for i in range(6)]
+    alone = [[out.outputs[0].token_ids for out in llm.generate([ids, ids], params)] for ids in prompts]
+    try:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda ids: llm.generate([ids, ids], params), prompts))
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert [[out.outputs[0].token_ids for out in outs] for outs in together] == alone
