@@ -298,6 +298,7 @@ class LLM:
         # one call steps the engine at a time: another thread's call stepping it too took this call's outputs
         # (KeyError) or built a step of both calls' requests from two threads (a StepError)
         self._run_lock = threading.Lock()
+        self._running_thread: int | None = None  # the thread whose call holds `_run_lock`
 
     def __getattr__(self, name: str) -> Any:
         """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,
@@ -441,9 +442,17 @@ class LLM:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
         name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). Calls from
-        several threads run one after another."""
+        several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
+        callable) is refused, as it would wait for itself."""
+        if self._running_thread == threading.get_ident():
+            raise RuntimeError("LLM.generate / LLM.chat was called while another call on this LLM runs in the same "
+                               "thread (from its use_tqdm callable?): make the call after that one returns")
         with self._run_lock:
-            return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field)
+            self._running_thread = threading.get_ident()
+            try:
+                return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field)
+            finally:
+                self._running_thread = None
 
     def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
                    use_tqdm: bool | Callable[..., Any] | None,

@@ -1040,3 +1040,16 @@ def test_calls_from_several_threads_each_get_their_own_outputs(llm):
     finally:
         sys.setswitchinterval(switch_interval)
     assert [[out.outputs[0].token_ids for out in outs] for outs in together] == alone
+
+
+def test_a_call_made_from_inside_a_running_call_is_refused_not_waited_for(llm):
+    """A `use_tqdm` callable that calls `llm.generate` itself: the inner call would wait for the outer one's lock for
+    ever; it is refused saying so, and the LLM serves the next call."""
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+    def bar(total, desc):
+        llm.generate([[1, 10, 11]], params)
+
+    with pytest.raises(RuntimeError, match="another call on this LLM runs in the same thread"):
+        llm.generate([[1, 12, 13]], params, use_tqdm=bar)
+    assert len(llm.generate([[1, 12, 13]], params)[0].outputs[0].token_ids) == 3
