@@ -46,7 +46,7 @@ from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_o
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
-from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
 from glimmer.engine.vllm_arguments import (
@@ -689,6 +689,8 @@ class LLM:
         answer only (P-REQ-2): they are looked for in the parsed content, not in the raw turn, where reasoning or a
         tool call could hold them. `prompt_end`: the argument that ends the prompt elsewhere than at the generation
         prompt, where a turn's grammar starts (RequestError naming it if the turn has one), or None."""
+        if params.allowed_token_ids:
+            raise RequestError(CHAT_ALLOWED_TOKEN_IDS_REFUSAL, param="allowed_token_ids")
         structured, param = params.structured_outputs, "structured_outputs"
         if response_format is not None:
             requested = StructuredOutputsParams.from_response_format(response_format)

@@ -730,6 +730,10 @@ class LLMEngine:
         if bad:
             raise RequestError(f"logit_bias: token ids {bad[:5]} are outside the vocabulary [0, {tokens})",
                                param="logit_bias")
+        bad = [t for t in params.allowed_token_ids or () if t >= tokens]
+        if bad:
+            raise RequestError(f"allowed_token_ids: token ids {bad[:5]} are outside the vocabulary [0, {tokens})",
+                               param="allowed_token_ids")
         if not multimodal:
             refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,
                                       self.model_config.video_token_id)
@@ -743,9 +747,17 @@ class LLMEngine:
             raise RequestError("min_tokens: cannot be combined with a grammar over the output (structured outputs, a "
                                "required or named tool choice, strict tools or thinking_token_budget): the grammar "
                                "decides where the text ends; drop min_tokens or the constraint", param="min_tokens")
+        if controller_factory is not None and params.allowed_token_ids:
+            raise RequestError("allowed_token_ids: cannot be combined with a grammar over the output (structured "
+                               "outputs, a required or named tool choice, strict tools or thinking_token_budget): the "
+                               "grammar decides which tokens may follow; drop one", param="allowed_token_ids")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.generation_defaults.stop_token_ids)
+        if params.min_tokens and params.allowed_token_ids and stop_ids.issuperset(params.allowed_token_ids):
+            # min_tokens bans the stop ids at first: nothing would be left to sample
+            raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
+                               "(before min_tokens tokens the stop ids may not be sampled)", param="allowed_token_ids")
         seqs = []
         for index in range(params.n):
             generator = self._shared_generator if params.seed is None else seeded_generator(

@@ -376,18 +376,28 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
             logits[i, _ids_on(logits.device, list(ids))] += _on(logits.device, torch.tensor(biases, dtype=logits.dtype))
 
 
+def _apply_allowed_token_ids(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """-inf for every id a row's `allowed_token_ids` leaves out (vLLM applies it to the biased, penalized logits)."""
+    for i, row in enumerate(rows):
+        if row.params.allowed_token_ids:
+            keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+            keep[_ids_on(logits.device, row.params.allowed_token_ids)] = True
+            logits[i].masked_fill_(~keep, float("-inf"))
+
+
 def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
               pending: torch.Tensor | None = None, in_place: bool = False) -> torch.Tensor:
-    """Logit bias, penalties, banned ids, the vocabulary's padding rows and the grammar's bitmask applied to float
-    logits (a copy when any applies, unless `in_place`: the caller's own copy, a widening, may be changed), in
-    vLLM's order: the bias first, then the penalties. `pending`: see `_apply_penalties`."""
+    """Logit bias, penalties, allowed ids, banned ids, the vocabulary's padding rows and the grammar's bitmask
+    applied to float logits (a copy when any applies, unless `in_place`: the caller's own copy, a widening, may be
+    changed), in vLLM's order: the bias first, then the penalties. `pending`: see `_apply_penalties`."""
     padding_from = padding_start(rows, logits.shape[1])
     if padding_from < logits.shape[1] or any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias
-                                             for r in rows):
+                                             or r.params.allowed_token_ids for r in rows):
         if not in_place:
             logits = logits.clone()
         _apply_logit_bias(logits, rows)
         _apply_penalties(logits, rows, pending)
+        _apply_allowed_token_ids(logits, rows)
         for i, row in enumerate(rows):
             if row.banned_ids:
                 logits[i, _ids_on(logits.device, row.banned_ids)] = float("-inf")
@@ -534,9 +544,9 @@ def sample_result(host: list[list], rows: list[SamplingRow]) -> SampleResult:
 
 
 def plain_greedy(row: SamplingRow) -> bool:
-    """A greedy row that nothing but the vocabulary's padding constrains (no bias, penalty or banned id)."""
+    """A greedy row that nothing but the vocabulary's padding constrains (no bias, penalty, allowed or banned id)."""
     p = row.params
-    return p.greedy and not (p.uses_penalties or row.banned_ids or p.logit_bias)
+    return p.greedy and not (p.uses_penalties or row.banned_ids or p.logit_bias or p.allowed_token_ids)
 
 
 def greedy_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

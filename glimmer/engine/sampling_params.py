@@ -38,6 +38,12 @@ SEED_RANGE = (-(2**63), 2**64)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 """What OpenAI accepts as a token's bias; -100 bans a token, +100 all but forces it."""
 MAX_LOGIT_BIAS_ENTRIES = 4096
+CHAT_ALLOWED_TOKEN_IDS_REFUSAL = (
+    "allowed_token_ids: not taken by chat, whose reply is written in the protocol's framing tokens (headers, "
+    "channels, the end of the turn), which it would ban; use it with LLM.generate or /v1/completions on a prompt you "
+    "render (LLM.get_tokenizer().apply_chat_template), or constrain a chat answer with response_format")
+MAX_ALLOWED_TOKEN_IDS = 1 << 20
+"""Most ids in `allowed_token_ids`: a bound past any vocabulary's size (the 30B's has 202,048)."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty",
                               "repetition_penalty")
@@ -198,6 +204,9 @@ class SamplingParams:
         `stop_token_ids` token that ended it (special tokens, the turn framing, are always kept: P-TOK-3).
     logit_bias: token id → a bias in [-100, 100] added to its logit before penalties, temperature and
         filtering, as OpenAI and vLLM apply it (greedy decoding included; logprobs stay the model's own).
+    allowed_token_ids: the only ids that may be sampled, as in vLLM (every other token's logit is -inf after the
+        bias and penalties; greedy decoding included; logprobs stay the model's own). A non-empty list; not with
+        structured_outputs (a grammar constrains the tokens itself) or in `LLM.chat` (a reply needs its framing).
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt (at most 16384).
@@ -228,6 +237,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -336,6 +346,17 @@ class SamplingParams:
         if self.cache_salt is not None:
             _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
                    "must be a non-empty string (leave it out for no salt)")
+        if self.allowed_token_ids is not None:
+            if isinstance(self.allowed_token_ids, tuple | set | frozenset | range):
+                self.allowed_token_ids = list(self.allowed_token_ids)
+            count = len(self.allowed_token_ids) if isinstance(self.allowed_token_ids, list) else 0
+            _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
+                   f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
+            self.allowed_token_ids = [_plain_number(t) for t in self.allowed_token_ids]
+            bad = [t for t in self.allowed_token_ids if not (_is_int(t) and t >= 0)]
+            _check(not bad, "allowed_token_ids", f"{bad[0]!r} is not a token id (an integer >= 0)" if bad else "")
+            _check(self.structured_outputs is None, "allowed_token_ids",
+                   "cannot be combined with structured_outputs: the grammar decides which tokens may follow; drop one")
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
                    f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")

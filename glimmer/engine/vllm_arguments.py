@@ -93,9 +93,6 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "logits_processors": VllmArgument(_only(None, []), (
         "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} biases tokens, "
         "structured_outputs constrains the text")),
-    "allowed_token_ids": VllmArgument(_only(None), (
-        "not supported; constrain the text with structured_outputs (choice, regex or grammar), or ban single tokens "
-        "with logit_bias={token_id: -100}")),
     "bad_words": VllmArgument(_only(None, []), (
         "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in that word), or "
         "constrain the text with structured_outputs")),
@@ -176,7 +173,7 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
     otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
     dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
-    those). Setting an attribute after construction follows the same rule: `params.allowed_token_ids = [...]` (or a
+    those). Setting an attribute after construction follows the same rule: `params.bad_words = [...]` (or a
     misspelled field) would otherwise be a new attribute nothing reads. A keyword-only dataclass (`kw_only=True`)
     refuses arguments given by position with a TypeError saying so."""
 

@@ -8,7 +8,7 @@ server matches them against the answer text only (P-REQ-2, see `choice_stream`).
 
 from __future__ import annotations
 
-from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, MAX_LOGPROBS, SamplingParams
 from glimmer.errors import RequestError
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -48,6 +48,8 @@ def chat_sampling_params(request: ChatCompletionRequest, context: ServingContext
     if request.logprobs:
         logprobs = request.top_logprobs or 0
     stop_strings(request)  # validated here, matched by the server against the answer
+    if request.allowed_token_ids is not None:
+        raise RequestError(CHAT_ALLOWED_TOKEN_IDS_REFUSAL.replace("LLM.generate or ", ""), param="allowed_token_ids")
     # P-REQ-1: the engine keeps special tokens, the framing the parser needs; the chat choice drops the others
     return _params(request, context, max_tokens=max_tokens, logprobs=logprobs, stop=[],
                    prompt_logprobs=request.prompt_logprobs, skip_special_tokens=False)
@@ -103,6 +105,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         n=request.n,
         cache_salt=request.cache_salt,
         logit_bias=_logit_bias(request.logit_bias),
+        allowed_token_ids=request.allowed_token_ids,
     )
 
 

@@ -10,7 +10,12 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.sampler import SamplingRow, sample, seeded_generator
-from glimmer.engine.sampling_params import GREEDY_TEMPERATURE, MAX_TEMPERATURE, REPETITION_PENALTY_RANGE
+from glimmer.engine.sampling_params import (
+    GREEDY_TEMPERATURE,
+    MAX_TEMPERATURE,
+    REPETITION_PENALTY_RANGE,
+    StructuredOutputsParams,
+)
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.errors import ConfigError, RequestError
 
@@ -27,7 +32,8 @@ def llm(tiny_checkpoint):
      ("presence_penalty", 3),
      ("frequency_penalty", -2.5), ("repetition_penalty", 0), ("n", 0), ("seed", "x"), ("stop", [""]),
      ("stop_token_ids", [-1]), ("min_tokens", -1), ("cache_salt", ""), ("cache_salt", 7),
-     ("temperature", 3.5e38), ("temperature", 1e300), ("repetition_penalty", 1e-39), ("repetition_penalty", 1e39)],
+     ("temperature", 3.5e38), ("temperature", 1e300), ("repetition_penalty", 1e-39), ("repetition_penalty", 1e39),
+     ("allowed_token_ids", []), ("allowed_token_ids", [-1]), ("allowed_token_ids", [2.0]), ("allowed_token_ids", 5)],
 )
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(RequestError) as err:
@@ -987,3 +993,26 @@ def test_chunked_cumulative_sums_match_a_plain_cumsum(width):
     values = torch.rand(3, width, generator=torch.Generator().manual_seed(width), dtype=torch.float64)
     assert torch.allclose(chunked_cumsum(values), values.cumsum(dim=-1), rtol=1e-12, atol=0)
     assert chunked_cumsum(values).shape == (3, width)
+
+
+def test_allowed_token_ids_are_checked_against_the_vocabulary_the_stop_ids_and_a_grammar(llm):
+    """vLLM's `allowed_token_ids`: NumPy ids and a tuple taken as the ids they hold; ids past the vocabulary, only stop
+    ids under min_tokens (nothing could be sampled), a grammar beside them, and `LLM.chat` (whose framing tokens
+    they would ban) are refused naming the field."""
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, allowed_token_ids=(np.int64(40), 41, 300))
+    assert params.allowed_token_ids == [40, 41, 300] and type(params.allowed_token_ids[0]) is int
+    assert set(llm.generate([[1, 10, 11]], params)[0].outputs[0].token_ids) <= {40, 41, 300}
+    stop_ids = llm.engine.generation_defaults.stop_token_ids
+    cases = [
+        SamplingParams(max_tokens=2, allowed_token_ids=[5, 10**6]),
+        SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=list(stop_ids)),
+        SamplingParams(max_tokens=4, allowed_token_ids=[5], structured_outputs=None),
+    ]
+    cases[2].structured_outputs = StructuredOutputsParams(regex="[a-z]+")
+    for bad in cases:
+        with pytest.raises(RequestError) as refused:
+            llm.generate([[1, 10, 11]], bad)
+        assert refused.value.param == "allowed_token_ids"
+    with pytest.raises(RequestError, match="framing tokens") as refused:
+        llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=2, allowed_token_ids=[5]))
+    assert refused.value.param == "allowed_token_ids"

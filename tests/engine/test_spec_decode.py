@@ -1133,3 +1133,22 @@ def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_an
     for cache, cache_ahead in zip(caches, caches_ahead, strict=True):
         torch.testing.assert_close(cache_ahead, cache, rtol=0, atol=0)
     assert launches["rows"] > 50  # (the synchronous run launches nothing ahead)
+
+
+def test_allowed_token_ids_apply_to_every_verified_position(target, drafter):
+    """vLLM's `allowed_token_ids` (every other id banned) under speculation, greedy: the proposals' mistakes are the
+    target's unconstrained favourites, mostly outside the allowed ids; accepted there, they would pass the greedy
+    comparison with plain decoding."""
+    prompts = _prompts(3, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, allowed_token_ids=list(range(100, 400, 7)))
+    plain = LLMEngine(EngineConfig(str(target), progress=False))
+    expected = _generate(plain, prompts, params)
+    assert all(set(o) <= set(params.allowed_token_ids) for o in expected)
+    favourites = {tuple(p): _favourites(plain, p, o) for p, o in zip(prompts, expected, strict=True)}
+    assert sum(f not in params.allowed_token_ids for f in itertools.chain(*favourites.values())) > 10
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, _cycle(2, 0, K),
+            mistake=lambda seq, index, right: (favourites[tuple(seq.prompt_token_ids)] + [right + 1] * K)[index])
+    assert _generate(engine, prompts, params) == expected
+    stats = engine.speculator.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens

@@ -145,6 +145,31 @@ def test_logit_bias_bans_and_forces_tokens_greedy_and_sampled(server, next_logit
             == second["logprobs"]["tokens"]
 
 
+def test_allowed_token_ids_keep_a_completion_to_those_tokens_greedy_and_sampled(server, next_logits):
+    """vLLM's `allowed_token_ids` on /v1/completions: the most likely allowed token, greedy; seeded draws as with those
+    tokens forced by a +100 bias (which keeps their order and leaves the rest nothing); logprobs the model's own.
+    Chat refuses it, naming it (its framing tokens would be banned)."""
+    order = next_logits.argsort(descending=True).tolist()
+    allowed = [order[2], order[7], order[40]]
+    forced = {str(t): 100 for t in allowed}
+    greedy = complete(server, max_tokens=4, logprobs=1, allowed_token_ids=allowed)
+    assert greedy["logprobs"]["token_logprobs"][0] == pytest.approx(
+        torch.log_softmax(next_logits, -1)[order[2]].item(), abs=1e-4)
+    assert greedy["logprobs"] == complete(server, max_tokens=4, logprobs=1, logit_bias=forced)["logprobs"]
+    for seed in range(6):
+        sampled = {"max_tokens": 3, "temperature": 1.5, "seed": seed, "logprobs": 0}
+        assert complete(server, allowed_token_ids=allowed, **sampled)["logprobs"] == \
+            complete(server, logit_bias=forced, **sampled)["logprobs"]
+    for fields, words in [({"allowed_token_ids": []}, "non-empty"), ({"allowed_token_ids": [99999]}, "outside"),
+                          ({"allowed_token_ids": [5], "response_format": {"type": "json_object"}}, "structured")]:
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 1, **fields}
+        response = httpx.post(server.base_url + "/completions", json=body, timeout=60)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "allowed_token_ids", response.text
+        assert words in response.json()["error"]["message"]
+    error = chat_error(server, allowed_token_ids=allowed)
+    assert error["param"] == "allowed_token_ids" and "framing tokens" in error["message"]
+
+
 @pytest.mark.parametrize(("bias", "words"), [
     ({"abc": 1}, "not a token id"), ({"-3": 1}, "not a token id"), ({"5": 101}, "[-100, 100]"),
     ({"99999": 1}, "outside the vocabulary"),
