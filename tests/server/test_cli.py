@@ -79,7 +79,7 @@ def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_c
     (["--no-enable-chunked-prefill"], ("--no-enable-chunked-prefill", "always chunked")),
     (["--quantization", "awq"], ("--quantization awq", "GGUF, MLX")),
     (["--tokenizer", "other/tokenizer"], ("--tokenizer other/tokenizer", "model's directory")),
-    (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "huggingface-cli download")),
+    (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "hf download")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
