@@ -82,7 +82,8 @@ def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_c
     (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "hf download")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
-    _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
+    # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
@@ -275,8 +276,8 @@ def test_chat_in_process_with_the_default_model(cache_env):
 
 
 def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing")],
-                            env=cache_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing"), "--port",
+                             str(free_port())], env=cache_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "glimmer: error: CheckpointError" in result.stderr and "Traceback" not in result.stderr
 
