@@ -875,3 +875,23 @@ def test_the_readme_names_every_option(name, parser):
     options = [option for action in parser._actions for option in action.option_strings
                if option.startswith("--") and option != "--help"]
     assert [option for option in options if option not in readme] == []
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_vllms_model_option_names_the_model(capsys, tmp_path, command):
+    """`vllm serve --model NAME` (vLLM takes it, deprecated, beside the positional MODEL) was refused as an
+    unrecognized argument."""
+    _fails_with_one_line(capsys, [command, "--model", str(tmp_path / "missing"), "--port", str(free_port())]
+                         if command == "serve" else [command, "--model", str(tmp_path / "missing")],
+                         "CheckpointError", f"{tmp_path / 'missing'}")
+
+
+def test_model_and_a_different_model_option_are_refused(capsys, tmp_path):
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "a"), "--model", str(tmp_path / "b")],
+                         f"MODEL {tmp_path / 'a'} and --model {tmp_path / 'b'} name two models")
+
+
+def test_the_model_option_beside_url_is_refused_by_its_name(capsys, tmp_path):
+    err = _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--model", str(tmp_path)],
+                               "--model would be ignored")
+    assert "MODEL," not in err
