@@ -305,6 +305,10 @@ def _refuse_empty_path(value: str, name: str, fix: str) -> None:
 def _check_engine_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for engine options the engine would accept but that leave it useless, or would
     refuse only once the model is loaded."""
+    if args.model_option is not None:  # vLLM's `--model NAME`, which vllm serve still takes (deprecated)
+        if args.model is not None and args.model != args.model_option:
+            raise UsageError(f"MODEL {args.model} and --model {args.model_option} name two models; give one of them")
+        args.model = args.model_option
     if args.model is not None:
         _refuse_empty_path(args.model, "MODEL", "give a checkpoint directory, .gguf file or Hub id, or leave it out "
                            "for the embedded glimmer-nano")
@@ -360,6 +364,8 @@ def _engine_options_given(args: argparse.Namespace) -> list[str]:
     _add_engine_options(probe)
     given = []
     for action in probe._actions:
+        if action.dest == "model" and args.model == args.model_option:
+            continue  # taken from --model, which names it
         if getattr(args, action.dest, action.default) != action.default:
             given.append("/".join(action.option_strings) if action.option_strings else action.dest.upper())
     return given
@@ -754,6 +760,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     vllm = parser.add_argument_group(
         "vLLM's options", "taken where their value changes nothing here, so a vLLM command line runs as written; "
         "any other value is refused saying what to do instead")
+    vllm.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                      help="vLLM's older form of MODEL (vllm serve --model NAME), taken as MODEL")
     for flag, options in _VLLM_SERVE_OPTIONS.items():
         vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
 

@@ -69,7 +69,7 @@ def _download(text: str, revision: str | None, patterns: list[str]) -> Path:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "
             "(offline, or HF_HUB_OFFLINE is set, and it is not in the local cache); download it first, "
-            "e.g. `huggingface-cli download " + text + "`, and pass the directory"
+            "e.g. `hf download " + text + "`, and pass the directory"
         ) from exc
     except Exception as exc:  # network, auth, missing repo: the hub client raises many types
         raise CheckpointError(f"could not download {text!r} from the Hugging Face Hub: {exc}") from exc

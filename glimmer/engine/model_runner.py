@@ -30,7 +30,7 @@ from glimmer.engine.step_inputs import StepInputs, build_step_inputs
 from glimmer.model.context import ForwardContext
 from glimmer.model.kernels.logits import FUSED_DTYPES, fused_softcap_exact
 from glimmer.model.kernels.paged_attention import prefill_warmup_batches
-from glimmer.model.kernels.support import dependent_launch, use_triton
+from glimmer.model.kernels.support import dependent_launch, triton_missing_warning, use_triton
 from glimmer.model.kernels.tuned_gemm import choose_products
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -144,6 +144,9 @@ class ModelRunner:
         self.encoder_cache = EncoderCache(max_rows=encoder_cache_rows)
         self.graphs: DecodeGraphs | None = None
         key_cache = next(iter(self.kv_caches.values()))[0]
+        missing_triton = triton_missing_warning(device)
+        if missing_triton is not None:
+            logger.warning(missing_triton)
         if use_triton(key_cache):
             dependent_launch(device.index or 0)  # probed now, before any graph capture (kernels.support)
             if dtype in FUSED_DTYPES:  # likewise the fused soft-cap's exactness (kernels/logits.py)

@@ -277,7 +277,7 @@ VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
 }
 """Arguments of vLLM's `LLM.chat` that Glimmer's does not take (`documents`, `chat_template`, `tools`, ... it takes)."""
-_DOWNLOAD_REVISION = ("download the revision first (huggingface-cli download MODEL --revision R) and pass its "
+_DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
             "leave it out or 1")
@@ -313,8 +313,8 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "code_revision": VllmArgument(_only(None), "Glimmer never runs a checkpoint's Python code; leave it out"),
     "download_dir": VllmArgument(_only(None), (
         "a Hub model is downloaded to the Hugging Face cache (set HF_HUB_CACHE to move it), or download it yourself "
-        "(huggingface-cli download MODEL --local-dir DIR) and pass the directory")),
-    "hf_token": VllmArgument(_only(None, True), "log in (huggingface-cli login) or set HF_TOKEN in the environment"),
+        "(hf download MODEL --local-dir DIR) and pass the directory")),
+    "hf_token": VllmArgument(_only(None, True), "log in (hf auth login) or set HF_TOKEN in the environment"),
     "max_logprobs": VllmArgument(_max_logprobs_changes_nothing, (
         "Glimmer's limit on SamplingParams(logprobs=k) is fixed at vLLM's default, 20; leave it out")),
     "logprobs_mode": VllmArgument(_only("raw_logprobs"), (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -243,6 +244,11 @@ def check_server(url: str, api_key: str | None = None, model: str | None = None,
         raise ChatClientError(f"{url} answered HTTP {error.code}: {message}") from None
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
+        # what OpenSSL calls a plain-HTTP answer to its handshake
+        if isinstance(reason, ssl.SSLError) and reason.reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG"):
+            plain = "http://" + url.split("://", 1)[1]
+            raise ChatClientError(f"cannot reach {url}: the server there answers plain HTTP, not HTTPS (`glimmer "
+                                  f"serve` without --ssl-keyfile); give {plain}") from None
         raise ChatClientError(f"cannot reach {url}: {reason}; start the server there (`glimmer serve`), or give the "
                               "address it listens on, e.g. http://127.0.0.1:8000") from None
     try:

@@ -19,10 +19,11 @@ Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are che
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -288,7 +289,8 @@ def validate_json(model: type[BaseModel], body: bytes, hints: dict[str, str] | N
             surrogate = _lone_surrogate(body)
             if surrogate is not None:
                 raise surrogate from None
-        raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints) from None
+        raise request_error(error, _UNION_FIELD_HINTS if hints is None else hints,
+                            fields=[field.alias or name for name, field in model.model_fields.items()]) from None
     refuse_duplicate_keys(body)
     return validated
 
@@ -386,9 +388,25 @@ _UNION_FIELD_HINTS = {
 }
 
 
-def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_HINTS) -> RequestError:
+# a token limit's name on another endpoint → its names here: Responses calls chat's max_tokens max_output_tokens
+_RENAMED_FIELDS = {"max_tokens": ("max_output_tokens", "max_completion_tokens"),
+                   "max_completion_tokens": ("max_tokens", "max_output_tokens"),
+                   "max_output_tokens": ("max_completion_tokens", "max_tokens")}
+
+
+def _did_you_mean(name: str, fields: Collection[str]) -> str:
+    """' (did you mean FIELD?)' for an unknown top-level field that is another endpoint's name of one of `fields` or
+    a misspelling of one; '' otherwise."""
+    renamed = [field for field in _RENAMED_FIELDS.get(name, ()) if field in fields]
+    close = renamed or difflib.get_close_matches(name, list(fields), n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_HINTS,
+                  fields: Collection[str] = ()) -> RequestError:
     """The RequestError naming the first field of a pydantic validation error (HTTP 400); `hints`: what a field
-    (by its dotted path) whose value matches none of its union's shapes must be."""
+    (by its dotted path) whose value matches none of its union's shapes must be; `fields`: the body's top-level
+    fields, one of which an unknown top-level field may have meant."""
     first = error.errors(include_url=False)[0]
     loc = first["loc"]
     if first["type"] == "json_invalid":
@@ -397,7 +415,8 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
         return RequestError("the request body must be a JSON object", param=None)
     param = _field_path(loc)
     if first["type"] == "extra_forbidden":
-        return RequestError(f"{param}: unknown field; Glimmer refuses fields it does not know rather than "
+        hint = _did_you_mean(param, fields) if len(loc) == 1 else ""
+        return RequestError(f"{param}: unknown field{hint}; Glimmer refuses fields it does not know rather than "
                             "ignore something that might change the output", param=param)
     if first["type"] == "greater_than_equal" and first["input"] == -1 and param in LOGPROB_COUNT_FIELDS:
         return RequestError(f"{param}: {EVERY_TOKEN_LOGPROBS_REFUSAL}", param=param)  # vLLM's server takes -1

@@ -43,8 +43,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with --target or --device, found before minutes of corpus generation (and before train_all
+    creates a mistyped --target as an empty directory)."""
+    if args.target is not None:
+        missing = [name for name in ("config.json", "tokenizer.json") if not (args.target / name).is_file()]
+        if missing:
+            return (f"--target {args.target} is not a trained target checkpoint (it has no {' or '.join(missing)}); "
+                    "give the glimmer-nano directory an earlier run wrote, OUT/glimmer-nano")
+    if args.device is not None:
+        import torch
+
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            return f"--device {args.device} is not a device; give cpu, cuda or cuda:N"
+        if device.type not in ("cpu", "cuda"):
+            return f"--device {args.device} is not supported; give cpu or cuda"
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return f"--device {args.device}: CUDA is not available here; give --device cpu, or leave --device out"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = _argument_problem(args)
+    if problem is not None:
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stdout)
     recipe = RECIPES[args.recipe]
     overrides = {key: value for key, value in (("seed", args.seed), ("conversations", args.conversations),

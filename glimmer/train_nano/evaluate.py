@@ -240,13 +240,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     from glimmer.default_model import default_model_dir
     from glimmer.engine.llm import LLM
+    from glimmer.errors import GlimmerError
 
+    try:  # calls_verdict needs it only after the first pass of generation: minutes on a CPU
+        import jsonschema  # noqa: F401
+    except ImportError:
+        parser.exit(2, f"{parser.prog}: error: the evaluation checks call arguments with jsonschema, which is not "
+                       "installed; pip install -e \".[train]\" (or pip install jsonschema)\n")
     model = args.model or str(default_model_dir())
-    llm = LLM(model, device=args.device, dtype=args.dtype, progress=False)
+    try:
+        llm = LLM(model, device=args.device, dtype=args.dtype, progress=False)
+    except GlimmerError as error:  # a wrong path or device: one line, as the glimmer command prints it
+        parser.exit(2, f"{parser.prog}: error: {type(error).__name__}: {error}\n")
     started = time.perf_counter()
     report = evaluate(llm, held_out_conversations(args.prompts, args.seed))
     print(f"{model}: {args.prompts} held-out conversations (seed {args.seed}, unseen tool names), greedy, "

@@ -5,6 +5,7 @@ In a container the memory is its cgroup's limit: the tests build a fake /proc an
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -208,8 +209,11 @@ def test_serving_the_30b_geometry_on_a_small_cpu_fails_with_one_line(tmp_path):
     cli = [sys.executable, "-m", "glimmer.cli"]
     subprocess.run([*cli, "make-tiny", str(tmp_path / "t30"), "--preset", "30b", "--config-only"], check=True,
                    capture_output=True)
-    done = subprocess.run([*cli, "serve", str(tmp_path / "t30"), "--load-format", "dummy", "--device", "cpu"],
-                          capture_output=True, text=True, timeout=300)
+    with socket.socket() as probe:  # not the default 8000, which the Quick start's `glimmer serve` may hold
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([*cli, "serve", str(tmp_path / "t30"), "--load-format", "dummy", "--device", "cpu",
+                           "--port", str(port)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "GiB as float32 on the CPU" in done.stderr

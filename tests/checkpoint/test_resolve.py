@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from glimmer.checkpoint.resolve import resolve_checkpoint
@@ -40,3 +42,30 @@ def test_a_model_path_that_is_a_broken_link_names_its_target(tmp_path):
     with pytest.raises(CheckpointError, match=r"model path .*model\.gguf is a symbolic link to \.\./blobs/0123abcd, "
                                               r"a file that does not exist .*: download the checkpoint again"):
         resolve_checkpoint(link)
+
+
+def _huggingface_hub_commands() -> set[str]:
+    from importlib.metadata import distribution
+
+    return {entry.name for entry in distribution("huggingface_hub").entry_points if entry.group == "console_scripts"}
+
+
+def test_offline_hub_id_names_a_download_command_huggingface_hub_installs(monkeypatch, tmp_path):
+    """QA: the message said `huggingface-cli download`, a command huggingface_hub 1.0 removed (`hf` replaced it)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(CheckpointError) as err:
+        resolve_checkpoint("meta-models/Muse-Glimmer-30B")
+    command = re.search(r"`(\S+) download meta-models/Muse-Glimmer-30B`", str(err.value))
+    assert command is not None, str(err.value)
+    assert command.group(1) in _huggingface_hub_commands()
+
+
+@pytest.mark.parametrize("argument", ["download_dir", "revision", "hf_token"])
+def test_vllm_download_arguments_name_commands_huggingface_hub_installs(argument):
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    instead = VLLM_ONLY_LLM_ARGUMENTS[argument].instead
+    commands = re.findall(r"\((\S+) (?:download|auth|login)", instead)
+    assert commands, instead
+    assert set(commands) <= _huggingface_hub_commands(), instead

@@ -123,6 +123,16 @@ def canned_server(replies: list[tuple[int, bytes]]) -> Iterator[tuple[str, list[
         server.shutdown()
 
 
+def test_https_to_a_plain_http_server_names_the_http_address():
+    """`--url https://...` of a server without TLS said `[SSL: WRONG_VERSION_NUMBER] wrong version number
+    (_ssl.c:1006)` and to start the server there, which was running."""
+    with canned_server([(200, b'{"object": "list", "data": []}')] * 2) as (address, _):
+        with pytest.raises(ChatClientError) as error:
+            check_server(address.replace("http://", "https://") + "/v1", None, None)
+    assert str(error.value).endswith(f"answers plain HTTP, not HTTPS (`glimmer serve` without --ssl-keyfile); "
+                                     f"give {address}/v1")
+
+
 def test_a_broken_stream_is_a_chat_error_and_the_turn_is_dropped():
     """A stream that is cut, sends an event that is not JSON, or ends without [DONE]: one error line, the chat
     goes on without the turn (no traceback, no half reply in the history)."""

@@ -79,10 +79,11 @@ def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_c
     (["--no-enable-chunked-prefill"], ("--no-enable-chunked-prefill", "always chunked")),
     (["--quantization", "awq"], ("--quantization awq", "GGUF, MLX")),
     (["--tokenizer", "other/tokenizer"], ("--tokenizer other/tokenizer", "model's directory")),
-    (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "huggingface-cli download")),
+    (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "hf download")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
-    _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
+    # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
@@ -275,8 +276,8 @@ def test_chat_in_process_with_the_default_model(cache_env):
 
 
 def test_a_bad_model_is_one_clear_line_and_exit_code_2(cache_env, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing")],
-                            env=cache_env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "glimmer.cli", "serve", str(tmp_path / "missing"), "--port",
+                             str(free_port())], env=cache_env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "glimmer: error: CheckpointError" in result.stderr and "Traceback" not in result.stderr
 
@@ -874,3 +875,23 @@ def test_the_readme_names_every_option(name, parser):
     options = [option for action in parser._actions for option in action.option_strings
                if option.startswith("--") and option != "--help"]
     assert [option for option in options if option not in readme] == []
+
+
+@pytest.mark.parametrize("command", ["serve", "chat"])
+def test_vllms_model_option_names_the_model(capsys, tmp_path, command):
+    """`vllm serve --model NAME` (vLLM takes it, deprecated, beside the positional MODEL) was refused as an
+    unrecognized argument."""
+    _fails_with_one_line(capsys, [command, "--model", str(tmp_path / "missing"), "--port", str(free_port())]
+                         if command == "serve" else [command, "--model", str(tmp_path / "missing")],
+                         "CheckpointError", f"{tmp_path / 'missing'}")
+
+
+def test_model_and_a_different_model_option_are_refused(capsys, tmp_path):
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "a"), "--model", str(tmp_path / "b")],
+                         f"MODEL {tmp_path / 'a'} and --model {tmp_path / 'b'} name two models")
+
+
+def test_the_model_option_beside_url_is_refused_by_its_name(capsys, tmp_path):
+    err = _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--model", str(tmp_path)],
+                               "--model would be ignored")
+    assert "MODEL," not in err

@@ -108,6 +108,22 @@ def test_a_field_of_another_endpoint_is_an_unknown_field(server, path, fields, p
     assert error["param"] == param and "unknown field" in error["message"]
 
 
+@pytest.mark.parametrize(("path", "fields", "meant"), [
+    ("/responses", {"max_tokens": 5}, "max_output_tokens"),  # OpenAI's Responses renamed chat's limit
+    ("/completions", {"max_completion_tokens": 3}, "max_tokens"),
+    ("/chat/completions", {"temprature": 0}, "temperature"),
+])
+def test_an_unknown_field_names_the_field_it_likely_meant(server, path, fields, meant):
+    """`max_tokens` on /v1/responses was refused as an unknown field without naming `max_output_tokens`."""
+    base = {"/chat/completions": {"messages": MESSAGES, "max_tokens": 2}, "/completions": {"prompt": "hi"},
+            "/responses": {"input": "hi"}}[path]
+    response = httpx.post(server.base_url + path, json={"model": "tiny", **base, **fields}, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == next(iter(fields))
+    assert error["message"].startswith(f"{next(iter(fields))}: unknown field (did you mean {meant}?); ")
+
+
 @pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
 def test_a_chat_token_limit_past_the_context_is_refused_naming_the_field_sent(server, limit):
     """A max_completion_tokens past the context, or below min_tokens, was refused as `max_tokens`, a field the

@@ -98,3 +98,32 @@ def test_a_share_of_no_conversations_prints_no_nan():
     tally.add(True)
     tally.add(False)
     assert str(tally) == " 50.0%  (1/2)"
+
+
+def test_the_evaluation_without_jsonschema_names_the_extra_before_generating(monkeypatch, capsys):
+    """Without jsonschema the evaluation generated its first pass (minutes on a CPU), then failed with a
+    ModuleNotFoundError traceback."""
+    import sys
+
+    from glimmer.engine import llm as llm_module
+    from glimmer.train_nano import evaluate
+
+    monkeypatch.setitem(sys.modules, "jsonschema", None)
+    monkeypatch.setattr(llm_module, "LLM", lambda *args, **kwargs: pytest.fail("loaded the model"))
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(["--prompts", "2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "jsonschema" in err and 'pip install -e ".[train]"' in err
+
+
+@pytest.mark.parametrize(("argv", "words"), [(["/no/such/model"], "CheckpointError: model '/no/such/model'"),
+                                             (["--device", "cdua"], "device='cdua'")])
+def test_a_wrong_model_or_device_of_the_evaluation_is_one_line(capsys, argv, words):
+    from glimmer.train_nano import evaluate
+
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.strip().splitlines() == [err.strip()]
+    assert err.startswith("python -m glimmer.train_nano.evaluate: error: ") and words in err

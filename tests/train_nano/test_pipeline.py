@@ -57,3 +57,20 @@ def test_a_drafter_alone_for_a_trained_target(trained, tmp_path):
                  str(trained / TARGET_DIR), "--drafter-steps", "2"]) == 0
     assert {p.name for p in tmp_path.iterdir()} == {DRAFTER_DIR, "drafter_loss.csv"}
     assert len(_curve(tmp_path / "drafter_loss.csv")) == 2
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--target", "{tmp}/glimmer-nan"], "is not a trained target checkpoint (it has no config.json or tokenizer.json)"),
+    (["--device", "cdua"], "--device cdua is not a device"),
+    (["--device", "meta"], "--device meta is not supported"),
+])
+def test_a_wrong_target_or_device_is_one_line_before_anything_is_written(capsys, tmp_path, flags, words):
+    """A mistyped --target was created as an empty directory and the run ended in a traceback, `Exception: No such
+    file or directory (os error 2)`; a mistyped --device in torch's RuntimeError traceback."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(out), "--recipe", "micro", "--workers", "1", *[flag.format(tmp=tmp_path) for flag in flags]])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.strip().splitlines() == [err.strip()]
+    assert err.startswith("python -m glimmer.train_nano: error: ") and words in err
+    assert list(tmp_path.iterdir()) == []

@@ -78,6 +78,16 @@ def check_environment() -> None:
     gemm_tuning_allowed()
 
 
+def triton_missing_warning(device: torch.device) -> str | None:
+    """The warning for a CUDA device without Triton (the `cuda` extra), where every op would silently take its
+    plain-torch reference and decode steps run without CUDA graphs; None where Triton is importable, the device is
+    not CUDA, or GLIMMER_KERNELS=torch asks for the references."""
+    if device.type != "cuda" or references_forced() or triton_importable():
+        return None
+    return ("Triton is not installed: on CUDA every op runs its plain-torch reference and decode steps run without "
+            "CUDA graphs, several times slower; pip install -e \".[cuda]\" (or pip install triton)")
+
+
 def use_triton(*tensors: torch.Tensor) -> bool:
     """Whether the Triton version of an op should run on these tensors."""
     if not all(t.is_cuda for t in tensors):  # first: the CPU's decode step calls this hundreds of times
