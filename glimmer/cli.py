@@ -197,7 +197,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return ServerSettings(
             served_model_names=tuple(args.served_model_name or [served_name]),
             # an empty --api-key (`--api-key "$KEY"` with KEY unset) is refused by the settings, not read as no key
-            api_key=args.api_key if args.api_key is not None else os.environ.get("GLIMMER_API_KEY") or None,
+            api_key=_serve_api_key(args),
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
             media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media,
@@ -581,7 +581,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
                          "default), or 0.0.0.0 for every interface")
     if args.api_key == "":  # `--api-key "$KEY"` with KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
-    if args.metrics_require_api_key and not (args.api_key or os.environ.get("GLIMMER_API_KEY")):
+    if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
     names = args.served_model_name or []
     if not all(names):
@@ -607,6 +607,14 @@ def _is_origin(text: str) -> bool:
         return False
     return bool(parts.scheme and parts.hostname) and not (parts.path or parts.query or parts.fragment
                                                           or parts.username or parts.password)
+
+
+def _serve_api_key(args: argparse.Namespace) -> str | None:
+    """The key `glimmer serve` requires: --api-key, else $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY (a vLLM
+    deployment's key must not leave the server open), else none. An empty --api-key stays empty, to be refused."""
+    if args.api_key is not None:
+        return args.api_key
+    return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 # `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
@@ -832,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--api-key", default=None,
                        help="require `Authorization: Bearer KEY` on /v1 and /openapi.json (default: "
-                            "$GLIMMER_API_KEY, else none)")
+                            "$GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,

@@ -874,3 +874,26 @@ def test_the_readme_names_every_option(name, parser):
     options = [option for action in parser._actions for option in action.option_strings
                if option.startswith("--") and option != "--help"]
     assert [option for option in options if option not in readme] == []
+
+
+@pytest.mark.parametrize(("flags", "env", "key"), [
+    ([], {"VLLM_API_KEY": "vllm-key"}, "vllm-key"),  # a vLLM deployment's key left the server open
+    ([], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, "glimmer-key"),
+    (["--api-key", "flag-key"], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, "flag-key"),
+    ([], {"VLLM_API_KEY": ""}, None)])
+def test_serve_requires_vllms_api_key_from_the_environment(monkeypatch, flags, env, key):
+    from glimmer.cli import _serve_api_key, build_parser
+
+    for name in ("GLIMMER_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _serve_api_key(build_parser().parse_args(["serve", *flags])) == key
+
+
+def test_metrics_require_api_key_takes_vllms_api_key_from_the_environment(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("GLIMMER_API_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-key")
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()),
+                                        "--metrics-require-api-key"], "no-such-model")
+    assert "--metrics-require-api-key" not in err
