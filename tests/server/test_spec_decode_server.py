@@ -59,7 +59,7 @@ def test_a_scrape_reads_the_spec_decode_counters_of_one_moment(make_tiny, drafte
         speculator = engine.engine.speculator
         speculator.record_verification(4, 1)
         samples = {}
-        for family in ServerMetrics(engine).registry.collect():
+        for family in ServerMetrics(engine, "tiny").registry.collect():
             samples.update((sample.name, sample.value) for sample in family.samples)
             if family.name == "glimmer_spec_decode_num_draft_tokens":
                 speculator.record_verification(4, 4)  # the engine thread, between two counters of the scrape
