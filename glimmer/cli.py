@@ -538,8 +538,9 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
     and for a MODEL that an option of several values took as one more."""
     if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
-        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins"):
-            values = getattr(args, dest) or []
+        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins", "allowed_methods",
+                     "allowed_headers"):
+            values = getattr(args, dest, None) or []  # vLLM's (the last two) are absent when not given
             if values and values[-1] and Path(values[-1]).expanduser().exists():  # Path("") is the current directory
                 flag = f"--{dest.replace('_', '-')}"
                 raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
@@ -649,6 +650,9 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-prompt-tokens-details": {"action": "store_true"},
     "--enable-log-requests": {"action": "store_true"},
     "--response-role": {"metavar": "ROLE"},
+    "--allowed-methods": {"nargs": "+", "metavar": "METHOD"},
+    "--allowed-headers": {"nargs": "+", "metavar": "HEADER"},
+    "--allow-credentials": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 
@@ -695,7 +699,8 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             continue
         value = getattr(args, dest)
         argument = arguments[dest]
-        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
+        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else (
+            f"{flag} {' '.join(value) if isinstance(value, list) else value}")
         if not argument.changes_nothing(value, {"model": args.model}):
             raise UsageError(f"{shown}: {argument.instead}")
         if argument.takes_any_value:

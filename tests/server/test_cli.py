@@ -107,7 +107,8 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
         "32MiB", "--dtype", "auto", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser",
         "deepseek_r1", "--disable-log-requests", "--max-log-len", "100", "--response-role", "assistant",
         "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--root-path", "/api",
-        "--uvicorn-log-level", "info", "--disable-uvicorn-access-log", "--limit-mm-per-prompt", '{"image": 2}'],
+        "--uvicorn-log-level", "info", "--disable-uvicorn-access-log", "--limit-mm-per-prompt", '{"image": 2}',
+        "--allowed-methods", "*", "--allowed-headers", "*"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_health(process, port, scheme="https", verify=trusted)
@@ -155,6 +156,9 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--ssl-keyfile", "key.pem"], ("--ssl-certfile is missing",)),
     (["--ssl-keyfile", "/no/key.pem", "--ssl-certfile", "/no/cert.pem"], ("--ssl-keyfile /no/key.pem", "PEM")),
     (["--root-path", "api"], ("--root-path api", "starting with /")),
+    (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
+    (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
+    (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),
 ])
 def test_a_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
@@ -796,7 +800,8 @@ def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_p
     assert "no-such-model" not in err
 
 
-@pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains"])
+@pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains",
+                                  "--allowed-methods", "--allowed-headers"])
 def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, monkeypatch, tmp_path, flag):
     """`glimmer serve --served-model-name muse MODEL` took MODEL as a second name and served the default model, as
     'muse', without a word; after the other two options it was refused as a bad origin or host."""
