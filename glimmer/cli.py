@@ -570,8 +570,19 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.ssl_keyfile is not None:  # before the model loads, as uvicorn reads them only when it starts
         import ssl
 
+        class Encrypted(Exception):
+            pass
+
+        def pass_phrase() -> str:  # OpenSSL would ask on the terminal, here and again in uvicorn, or fail unclearly
+            raise Encrypted
+
         try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile,
+                                                                                password=pass_phrase)
+        except Encrypted:
+            raise UsageError(f"--ssl-keyfile {args.ssl_keyfile}: the key is encrypted (it has a pass phrase), which "
+                             "the server cannot ask for; give it unencrypted: openssl pkey -in ENCRYPTED.pem -out "
+                             "KEY.pem") from None
         except (OSError, ssl.SSLError) as error:
             raise UsageError(f"--ssl-keyfile {args.ssl_keyfile} --ssl-certfile {args.ssl_certfile}: {error}; give a "
                              "PEM private key and the PEM certificate (chain) it belongs to") from None

@@ -164,6 +164,17 @@ def test_a_serving_option_that_would_change_something_is_refused_before_loading(
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
 
 
+def test_an_encrypted_ssl_key_is_one_line_saying_so_without_asking_for_its_pass_phrase(capsys, tmp_path):
+    """OpenSSL asked for the pass phrase on the terminal (twice: the check, then uvicorn), and without one (a
+    supervisor) the refusal said `[Errno 22] Invalid argument`."""
+    key, cert = _self_signed(tmp_path)
+    encrypted = tmp_path / "encrypted.pem"
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-out", str(encrypted), "-aes256", "-passout", "pass:phrase"],
+                   check=True, capture_output=True, timeout=60)
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--ssl-keyfile", str(encrypted), "--ssl-certfile",
+                                  str(cert)], f"--ssl-keyfile {encrypted}: the key is encrypted", "openssl pkey")
+
+
 @pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
                                   ["make-tiny", "out", "--log-level", "DEBUG"]])
 def test_log_level_is_taken_before_or_after_the_command(argv):
