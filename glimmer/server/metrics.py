@@ -63,7 +63,14 @@ class _EngineCollector(Collector):
         """The same figures under vLLM's names, which its Grafana dashboard and alerts query."""
         fullest = max((in_use / (in_use + available) if in_use + available else 0.0
                        for in_use, available in stats["kv_blocks"].values()), default=0.0)
-        for name, family, documentation, value in (
+        spec = stats.get("spec_decode")
+        speculation = () if spec is None else (
+            ("vllm:spec_decode_num_drafts", CounterMetricFamily, "Verifications of proposed tokens", spec.num_drafts),
+            ("vllm:spec_decode_num_draft_tokens", CounterMetricFamily, "Proposed tokens verified",
+             spec.num_draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", CounterMetricFamily, "Proposed tokens accepted",
+             spec.num_accepted_tokens))
+        for name, family, documentation, value in (*speculation,
                 ("vllm:num_requests_running", GaugeMetricFamily, "Sequences running", stats["running"]),
                 ("vllm:num_requests_waiting", GaugeMetricFamily, "Sequences waiting to be scheduled",
                  stats["waiting"]),

@@ -70,6 +70,8 @@ def test_a_scrape_reads_the_spec_decode_counters_of_one_moment(make_tiny, drafte
     assert samples["glimmer_spec_decode_num_accepted_tokens_total"] == 1
     assert samples["glimmer_spec_decode_acceptance_length_count"] == 1
     assert samples["glimmer_spec_decode_acceptance_length_sum"] == 2
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # under vLLM's names, for its dashboards
+        assert samples[f"vllm:spec_decode_{name}_total"] == samples[f"glimmer_spec_decode_{name}_total"]
 
 
 def test_serve_refuses_a_bad_speculative_config_before_starting(make_tiny):
