@@ -197,7 +197,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return ServerSettings(
             served_model_names=tuple(args.served_model_name or [served_name]),
             # an empty --api-key (`--api-key "$KEY"` with KEY unset) is refused by the settings, not read as no key
-            api_key=args.api_key if args.api_key is not None else os.environ.get("GLIMMER_API_KEY") or None,
+            api_key=_serve_api_key(args),
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
             media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media,
@@ -544,8 +544,9 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
     and for a MODEL that an option of several values took as one more."""
     if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
-        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins"):
-            values = getattr(args, dest) or []
+        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins", "allowed_methods",
+                     "allowed_headers"):
+            values = getattr(args, dest, None) or []  # vLLM's (the last two) are absent when not given
             if values and values[-1] and Path(values[-1]).expanduser().exists():  # Path("") is the current directory
                 flag = f"--{dest.replace('_', '-')}"
                 raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
@@ -575,8 +576,19 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.ssl_keyfile is not None:  # before the model loads, as uvicorn reads them only when it starts
         import ssl
 
+        class Encrypted(Exception):
+            pass
+
+        def pass_phrase() -> str:  # OpenSSL would ask on the terminal, here and again in uvicorn, or fail unclearly
+            raise Encrypted
+
         try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile,
+                                                                                password=pass_phrase)
+        except Encrypted:
+            raise UsageError(f"--ssl-keyfile {args.ssl_keyfile}: the key is encrypted (it has a pass phrase), which "
+                             "the server cannot ask for; give it unencrypted: openssl pkey -in ENCRYPTED.pem -out "
+                             "KEY.pem") from None
         except (OSError, ssl.SSLError) as error:
             raise UsageError(f"--ssl-keyfile {args.ssl_keyfile} --ssl-certfile {args.ssl_certfile}: {error}; give a "
                              "PEM private key and the PEM certificate (chain) it belongs to") from None
@@ -587,7 +599,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
                          "default), or 0.0.0.0 for every interface")
     if args.api_key == "":  # `--api-key "$KEY"` with KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
-    if args.metrics_require_api_key and not (args.api_key or os.environ.get("GLIMMER_API_KEY")):
+    if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
     names = args.served_model_name or []
     if not all(names):
@@ -613,6 +625,14 @@ def _is_origin(text: str) -> bool:
         return False
     return bool(parts.scheme and parts.hostname) and not (parts.path or parts.query or parts.fragment
                                                           or parts.username or parts.password)
+
+
+def _serve_api_key(args: argparse.Namespace) -> str | None:
+    """The key `glimmer serve` requires: --api-key, else $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY (a vLLM
+    deployment's key must not leave the server open), else none. An empty --api-key stays empty, to be refused."""
+    if args.api_key is not None:
+        return args.api_key
+    return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
 # `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
@@ -647,6 +667,9 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-prompt-tokens-details": {"action": "store_true"},
     "--enable-log-requests": {"action": "store_true"},
     "--response-role": {"metavar": "ROLE"},
+    "--allowed-methods": {"nargs": "+", "metavar": "METHOD"},
+    "--allowed-headers": {"nargs": "+", "metavar": "HEADER"},
+    "--allow-credentials": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 
@@ -693,7 +716,8 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             continue
         value = getattr(args, dest)
         argument = arguments[dest]
-        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else f"{flag} {value}"
+        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else (
+            f"{flag} {' '.join(value) if isinstance(value, list) else value}")
         if not argument.changes_nothing(value, {"model": args.model}):
             raise UsageError(f"{shown}: {argument.instead}")
         if argument.takes_any_value:
@@ -841,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--api-key", default=None,
                        help="require `Authorization: Bearer KEY` on /v1 and /openapi.json (default: "
-                            "$GLIMMER_API_KEY, else none)")
+                            "$GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,

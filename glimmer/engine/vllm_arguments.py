@@ -45,6 +45,11 @@ def _any_value(value: object, given: Mapping[str, Any]) -> bool:
     return True
 
 
+def _names_every_one_of(*names: str) -> ChangesNothing:
+    """Changes nothing when the list (vLLM's CORS methods) has `*` or names each of `names`."""
+    return lambda value, given: "*" in value or {name.upper() for name in value} >= set(names)
+
+
 def _best_of_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
     """None, 1 or n: no more completions drawn than returned (the server's rule for /v1/completions too)."""
     return value is None or (type(value) is int and value in (1, given.get("n", 1)))
@@ -369,6 +374,14 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_log_requests": VllmArgument(_only(False), (
         "Glimmer never logs requests' prompts or outputs (/metrics counts requests and tokens); leave it out")),
     "response_role": VllmArgument(_only("assistant"), "replies always come from the assistant role; leave it out"),
+    "allowed_methods": VllmArgument(_names_every_one_of("GET", "POST", "DELETE"), (
+        "CORS allows the methods of Glimmer's routes (GET, POST, DELETE) to the --allowed-origins; leave it out")),
+    "allowed_headers": VllmArgument(lambda value, given: "*" in value, (
+        "CORS allows every request header (the OpenAI JS SDK sends X-Stainless-*) to the --allowed-origins; "
+        "leave it out")),
+    "allow_credentials": VllmArgument(_only(False), (
+        "CORS never allows credentials (cookies): clients send the API key as `Authorization: Bearer KEY`; "
+        "leave it out")),
 }
 """Options of `vllm serve` beside its engine arguments that `glimmer serve` has no option for: Glimmer reads tool calls
 and reasoning with the model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts;

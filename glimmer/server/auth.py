@@ -21,5 +21,7 @@ def check_api_key(request: Request, api_key: str | None) -> None:
     scheme, _, token = (sent[0] if sent else "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise APIError(401, "missing API key; send it as `Authorization: Bearer KEY`", code="invalid_api_key")
-    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+    # a key read from a secret file or variable may end in a newline, which no header can carry (and the token is
+    # stripped): compared as it was, no client could ever be let in
+    if not hmac.compare_digest(token.strip().encode(), api_key.strip().encode()):
         raise APIError(401, "incorrect API key", code="invalid_api_key")

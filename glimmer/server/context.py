@@ -36,8 +36,8 @@ class ServingContext:
         template = llm_engine.chat_template
         check_chat_template(template, tokenizer)
         # index the vocabulary for the grammar engine at startup, not on the first structured request
-        return cls(engine, settings, tokenizer, template, ServerMetrics(engine), llm_engine.grammars,
-                   hidden_special_tokens=tokenizer.hidden_in_replies,
+        return cls(engine, settings, tokenizer, template, ServerMetrics(engine, settings.served_model_names[0]),
+                   llm_engine.grammars, hidden_special_tokens=tokenizer.hidden_in_replies,
                    responses=ResponseStore(settings.responses_store_bytes, settings.responses_store_age_s))
 
     @property

@@ -1,7 +1,8 @@
 """Prometheus metrics of one app, in a registry of its own (several apps can live in one process).
 
 The server counts requests and measures latencies as it serves; the engine's counters and gauges (tokens,
-queue, running sequences, KV blocks, prefix-cache hit rate) are read from the engine at scrape time.
+queue, running sequences, KV blocks, prefix-cache hit rate) are read from the engine at scrape time. The figures
+vLLM's dashboards read are also exposed under vLLM's names (`vllm:num_requests_running`, ...), labelled `model_name`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 
 
 class _EngineCollector(Collector):
-    def __init__(self, engine: AsyncEngine):
+    def __init__(self, engine: AsyncEngine, model_name: str):
         self._engine = engine
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine
@@ -55,6 +57,39 @@ class _EngineCollector(Collector):
         spec = stats.get("spec_decode")
         if spec is not None:
             yield from _spec_decode_metrics(spec)
+        yield from self._vllm_metrics(counters, stats)
+
+    def _vllm_metrics(self, counters, stats) -> Iterator[Metric]:
+        """The same figures under vLLM's names, which its Grafana dashboard and alerts query."""
+        fullest = max((in_use / (in_use + available) if in_use + available else 0.0
+                       for in_use, available in stats["kv_blocks"].values()), default=0.0)
+        spec = stats.get("spec_decode")
+        speculation = () if spec is None else (
+            ("vllm:spec_decode_num_drafts", CounterMetricFamily, "Verifications of proposed tokens", spec.num_drafts),
+            ("vllm:spec_decode_num_draft_tokens", CounterMetricFamily, "Proposed tokens verified",
+             spec.num_draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", CounterMetricFamily, "Proposed tokens accepted",
+             spec.num_accepted_tokens))
+        for name, family, documentation, value in (*speculation,
+                ("vllm:num_requests_running", GaugeMetricFamily, "Sequences running", stats["running"]),
+                ("vllm:num_requests_waiting", GaugeMetricFamily, "Sequences waiting to be scheduled",
+                 stats["waiting"]),
+                ("vllm:kv_cache_usage_perc", GaugeMetricFamily, "KV cache usage, 0 to 1 (the fullest attention "
+                 "group's)", fullest),
+                ("vllm:gpu_cache_usage_perc", GaugeMetricFamily, "vllm:kv_cache_usage_perc under vLLM's older name",
+                 fullest),
+                ("vllm:prompt_tokens", CounterMetricFamily, "Prompt tokens of admitted requests",
+                 counters.prompt_tokens),
+                ("vllm:generation_tokens", CounterMetricFamily, "Generated tokens", counters.generation_tokens),
+                ("vllm:num_preemptions", CounterMetricFamily, "Sequences preempted for lack of KV blocks",
+                 stats["preemptions"]),
+                ("vllm:prefix_cache_queries", CounterMetricFamily, "Prompt tokens looked up in the prefix cache",
+                 stats["prefix_cache_queries"]),
+                ("vllm:prefix_cache_hits", CounterMetricFamily, "Prompt tokens found in the prefix cache",
+                 stats["prefix_cache_hits"])):
+            metric = family(name, documentation, labels=["model_name"])
+            metric.add_metric([self._model_name], value)
+            yield metric
 
 
 def _spec_decode_metrics(spec) -> Iterator[Metric]:
@@ -76,8 +111,26 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
                                 "(accepted proposals + 1)", buckets=buckets, sum_value=total)
 
 
+class _VllmLatencies(Collector):
+    """The latency histograms again under vLLM's names (the same observations, labelled `model_name`)."""
+
+    def __init__(self, histograms: list[tuple[str, Histogram]], model_name: str):
+        self._histograms = histograms
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for name, histogram in self._histograms:
+            [own] = histogram.collect()
+            buckets = [(sample.labels["le"], sample.value) for sample in own.samples if sample.name.endswith("_bucket")]
+            [total] = [sample.value for sample in own.samples if sample.name.endswith("_sum")]
+            metric = HistogramMetricFamily(name, own.documentation, labels=["model_name"])
+            metric.add_metric([self._model_name], buckets, sum_value=total)
+            yield metric
+
+
 class ServerMetrics:
-    def __init__(self, engine: AsyncEngine):
+    def __init__(self, engine: AsyncEngine, model_name: str):
+        """`model_name` labels the metrics exposed under vLLM's names (the first served model name)."""
         self.registry = CollectorRegistry()
         self.requests = Counter("glimmer_requests", "HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=self.registry)
@@ -96,7 +149,12 @@ class ServerMetrics:
         self.tool_choice_unsatisfied = Counter(
             "glimmer_tool_choice_unsatisfied", "Required or named tool_choice requests that ended without a call",
             registry=self.registry)
-        self.registry.register(_EngineCollector(engine))
+        self.registry.register(_EngineCollector(engine, model_name))
+        self.registry.register(_VllmLatencies([
+            ("vllm:time_to_first_token_seconds", self.time_to_first_token),
+            ("vllm:inter_token_latency_seconds", self.inter_token_latency),
+            ("vllm:time_per_output_token_seconds", self.inter_token_latency),  # vLLM's older name
+            ("vllm:e2e_request_latency_seconds", self.request_latency)], model_name))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -68,7 +68,7 @@ class ServerSettings:
         if repeated:
             raise ConfigError(f"served_model_names: {', '.join(map(repr, repeated))} given more than once "
                               "(/v1/models would list it twice); give each name once")
-        if self.api_key is not None and not self.api_key:
+        if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("api_key must not be empty; leave it unset to serve without a key")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes={self.max_request_bytes} is too small; use at least 1024")

@@ -108,7 +108,8 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
         "32MiB", "--dtype", "auto", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser",
         "deepseek_r1", "--disable-log-requests", "--max-log-len", "100", "--response-role", "assistant",
         "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--root-path", "/api",
-        "--uvicorn-log-level", "info", "--disable-uvicorn-access-log", "--limit-mm-per-prompt", '{"image": 2}'],
+        "--uvicorn-log-level", "info", "--disable-uvicorn-access-log", "--limit-mm-per-prompt", '{"image": 2}',
+        "--allowed-methods", "*", "--allowed-headers", "*"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_health(process, port, scheme="https", verify=trusted)
@@ -156,9 +157,23 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--ssl-keyfile", "key.pem"], ("--ssl-certfile is missing",)),
     (["--ssl-keyfile", "/no/key.pem", "--ssl-certfile", "/no/cert.pem"], ("--ssl-keyfile /no/key.pem", "PEM")),
     (["--root-path", "api"], ("--root-path api", "starting with /")),
+    (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
+    (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
+    (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),
 ])
 def test_a_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
+
+
+def test_an_encrypted_ssl_key_is_one_line_saying_so_without_asking_for_its_pass_phrase(capsys, tmp_path):
+    """OpenSSL asked for the pass phrase on the terminal (twice: the check, then uvicorn), and without one (a
+    supervisor) the refusal said `[Errno 22] Invalid argument`."""
+    key, cert = _self_signed(tmp_path)
+    encrypted = tmp_path / "encrypted.pem"
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-out", str(encrypted), "-aes256", "-passout", "pass:phrase"],
+                   check=True, capture_output=True, timeout=60)
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--ssl-keyfile", str(encrypted), "--ssl-certfile",
+                                  str(cert)], f"--ssl-keyfile {encrypted}: the key is encrypted", "openssl pkey")
 
 
 @pytest.mark.parametrize("argv", [["--log-level", "debug", "serve"], ["serve", "--log-level", "debug"],
@@ -797,7 +812,8 @@ def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_p
     assert "no-such-model" not in err
 
 
-@pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains"])
+@pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains",
+                                  "--allowed-methods", "--allowed-headers"])
 def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, monkeypatch, tmp_path, flag):
     """`glimmer serve --served-model-name muse MODEL` took MODEL as a second name and served the default model, as
     'muse', without a word; after the other two options it was refused as a bad origin or host."""
@@ -895,3 +911,26 @@ def test_the_model_option_beside_url_is_refused_by_its_name(capsys, tmp_path):
     err = _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--model", str(tmp_path)],
                                "--model would be ignored")
     assert "MODEL," not in err
+
+
+@pytest.mark.parametrize(("flags", "env", "key"), [
+    ([], {"VLLM_API_KEY": "vllm-key"}, "vllm-key"),  # a vLLM deployment's key left the server open
+    ([], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, "glimmer-key"),
+    (["--api-key", "flag-key"], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, "flag-key"),
+    ([], {"VLLM_API_KEY": ""}, None)])
+def test_serve_requires_vllms_api_key_from_the_environment(monkeypatch, flags, env, key):
+    from glimmer.cli import _serve_api_key, build_parser
+
+    for name in ("GLIMMER_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _serve_api_key(build_parser().parse_args(["serve", *flags])) == key
+
+
+def test_metrics_require_api_key_takes_vllms_api_key_from_the_environment(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("GLIMMER_API_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-key")
+    err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()),
+                                        "--metrics-require-api-key"], "no-such-model")
+    assert "--metrics-require-api-key" not in err

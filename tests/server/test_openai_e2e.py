@@ -304,6 +304,43 @@ def test_metrics_expose_requests_tokens_latencies_and_cache(server, client):
     assert samples["glimmer_prefix_cache_hit_rate"] > 0  # the same prompt came back
 
 
+def test_metrics_carry_vllms_names_for_its_dashboards(server, client):
+    """vLLM's Grafana dashboard and alerts query vllm:num_requests_running, vllm:kv_cache_usage_perc,
+    vllm:time_to_first_token_seconds, ...: none was exposed, so they showed no data."""
+    label = '{model_name="tiny"}'
+    client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, extra_body=EXTRA)
+    samples = server.metrics()
+    for own, vllm in (("glimmer_num_requests_running", "vllm:num_requests_running"),
+                      ("glimmer_num_requests_waiting", "vllm:num_requests_waiting"),
+                      ("glimmer_prompt_tokens_total", "vllm:prompt_tokens_total"),
+                      ("glimmer_generation_tokens_total", "vllm:generation_tokens_total"),
+                      ("glimmer_preemptions_total", "vllm:num_preemptions_total"),
+                      ("glimmer_prefix_cache_queries_total", "vllm:prefix_cache_queries_total"),
+                      ("glimmer_prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+                      ("glimmer_time_to_first_token_seconds_count", "vllm:time_to_first_token_seconds_count"),
+                      ("glimmer_inter_token_latency_seconds_count", "vllm:inter_token_latency_seconds_count"),
+                      ("glimmer_inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum"),
+                      ("glimmer_request_duration_seconds_count", "vllm:e2e_request_latency_seconds_count"),
+                      ('glimmer_time_to_first_token_seconds_bucket{le="+Inf"}',
+                       'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="tiny"}')):
+        assert samples[vllm if "{" in vllm else vllm + label] == samples[own], vllm
+    assert samples["vllm:generation_tokens_total" + label] > 0
+    for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+        assert samples[name + label] == 0  # idle: no block in use
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions", json={
+            "model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, "stream": True,
+            **EXTRA}) as response:
+        lines = response.iter_lines()
+        for _ in range(3):  # past the role chunk: the prompt is in the cache
+            next(lines)
+        busy = server.metrics()
+    used = [value / (value + busy[name.replace("used", "free")]) for name, value in busy.items()
+            if name.startswith("glimmer_kv_blocks_used")]
+    assert busy["vllm:kv_cache_usage_perc" + label] == max(used) > 0
+    assert busy["vllm:num_requests_running" + label] == busy["glimmer_num_requests_running"] == 1
+    server.wait_for_idle()
+
+
 def test_prefix_cache_counters_add_up_the_requests_prompt_and_cached_tokens(server, client):
     """/metrics had only a hit-rate gauge since the start: no window's rate (vLLM's prefix_cache_queries and _hits
     counters), and nothing to check against the cached_tokens requests were told."""

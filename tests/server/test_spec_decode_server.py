@@ -59,7 +59,7 @@ def test_a_scrape_reads_the_spec_decode_counters_of_one_moment(make_tiny, drafte
         speculator = engine.engine.speculator
         speculator.record_verification(4, 1)
         samples = {}
-        for family in ServerMetrics(engine).registry.collect():
+        for family in ServerMetrics(engine, "tiny").registry.collect():
             samples.update((sample.name, sample.value) for sample in family.samples)
             if family.name == "glimmer_spec_decode_num_draft_tokens":
                 speculator.record_verification(4, 4)  # the engine thread, between two counters of the scrape
@@ -70,6 +70,8 @@ def test_a_scrape_reads_the_spec_decode_counters_of_one_moment(make_tiny, drafte
     assert samples["glimmer_spec_decode_num_accepted_tokens_total"] == 1
     assert samples["glimmer_spec_decode_acceptance_length_count"] == 1
     assert samples["glimmer_spec_decode_acceptance_length_sum"] == 2
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # under vLLM's names, for its dashboards
+        assert samples[f"vllm:spec_decode_{name}_total"] == samples[f"glimmer_spec_decode_{name}_total"]
 
 
 def test_serve_refuses_a_bad_speculative_config_before_starting(make_tiny):

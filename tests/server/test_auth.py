@@ -1,0 +1,30 @@
+"""The API key check, on requests built here (the live server's 401s are in test_errors.py)."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.requests import Request
+
+from glimmer.errors import ConfigError
+from glimmer.server.auth import check_api_key
+from glimmer.server.errors import APIError
+from glimmer.server.settings import ServerSettings
+
+
+def _request(*authorization: str) -> Request:
+    headers = [(b"authorization", value.encode()) for value in authorization]
+    return Request({"type": "http", "method": "GET", "path": "/v1/models", "headers": headers})
+
+
+@pytest.mark.parametrize("key", ["sk-key\n", " sk-key", "sk-key\r\n"])
+def test_a_key_read_with_a_trailing_newline_lets_its_clients_in(key):
+    """`GLIMMER_API_KEY=$(cat secret)` keeps no newline, but a Kubernetes secret mounted as a variable does: the
+    server compared the sent (stripped) token with `sk-key\\n`, and every request was 401 'incorrect API key'."""
+    check_api_key(_request("Bearer sk-key"), key)
+    with pytest.raises(APIError, match="incorrect API key"):
+        check_api_key(_request("Bearer sk-other"), key)
+
+
+def test_a_key_of_whitespace_alone_is_refused_as_empty():
+    with pytest.raises(ConfigError, match="api_key must not be empty"):
+        ServerSettings(served_model_names=("m",), api_key=" \n")
