@@ -56,7 +56,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
     from glimmer.checkpoint.inspect import inspect_checkpoint
-    from glimmer.checkpoint.resolve import resolve_checkpoint
+    from glimmer.checkpoint.resolve import inspected_checkpoint
     from glimmer.engine.tokenizer import load_checkpoint_tokenizer
     from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -64,8 +64,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             return MuseGlimmerForConditionalGeneration(config)
 
-    report = inspect_checkpoint(resolve_checkpoint(args.model), meta_model, load_checkpoint_tokenizer,
-                                mmproj=args.mmproj, allow_pickle=args.allow_pickle, chat_template=args.chat_template)
+    with inspected_checkpoint(args.model) as (checkpoint, shown):  # a Hub id: its weights' headers, not the weights
+        report = inspect_checkpoint(checkpoint, meta_model, load_checkpoint_tokenizer, mmproj=args.mmproj,
+                                    allow_pickle=args.allow_pickle, chat_template=args.chat_template)
+    if shown != checkpoint:  # a temporary copy of the Hub snapshot, gone now: the report names the snapshot
+        report.warnings = [warning.replace(str(checkpoint), str(shown)) for warning in report.warnings]
+        if report.chat_template is not None:
+            report.chat_template = {key: value.replace(str(checkpoint), str(shown)) if value else value
+                                    for key, value in report.chat_template.items()}
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
         return 0

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
@@ -25,6 +31,35 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     downloaded (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and
     template files are. Raises CheckpointError saying what was tried and how to fix it.
     """
+    local = _local_checkpoint(model)
+    if local is not None:
+        return local
+    return _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
+
+
+@contextmanager
+def inspected_checkpoint(model: str | os.PathLike, *, revision: str | None = None) -> Iterator[tuple[Path, Path]]:
+    """`resolve_checkpoint` for `glimmer inspect`, which reads no weight data: of a Hub id only the config,
+    tokenizer, template and index files are downloaded, and each `*.safetensors` file's header is read from the Hub
+    (a range read) into a temporary copy of that snapshot, as a sparse file of the shard's size with zeros where the
+    tensors are; every check then runs as on a local directory. A Hub id whose weights are already in the local
+    cache is inspected there. Yields the directory to inspect and the one to name in the report (the snapshot, for
+    that temporary copy). Raises CheckpointError."""
+    local = _local_checkpoint(model)
+    if local is not None:
+        yield local, local
+        return
+    text = str(model)
+    snapshot = _download(text, revision, _HUB_FILES)
+    if any(snapshot.glob("*.safetensors")):
+        yield snapshot, snapshot
+        return
+    with tempfile.TemporaryDirectory(prefix="glimmer-inspect-") as scratch:
+        yield _with_remote_headers(text, revision, snapshot, Path(scratch) / text.split("/")[-1]), snapshot
+
+
+def _local_checkpoint(model: str | os.PathLike) -> Path | None:
+    """The local directory or GGUF file `model` names (None: a Hub id, to download). Raises CheckpointError."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -42,7 +77,7 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     if not is_hub_id(text):
         raise CheckpointError(f"model {text!r} is neither an existing directory nor a Hugging Face Hub id "
                               f"(owner/name), nor {DEFAULT_MODEL_NAME!r} (the embedded model)")
-    return _download(text, revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
+    return None
 
 
 def is_hub_id(text: str) -> bool:
@@ -74,3 +109,32 @@ def _download(text: str, revision: str | None, patterns: list[str]) -> Path:
     except Exception as exc:  # network, auth, missing repo: the hub client raises many types
         raise CheckpointError(f"could not download {text!r} from the Hugging Face Hub: {exc}") from exc
 
+
+def _with_remote_headers(hub_id: str, revision: str | None, snapshot: Path, out: Path) -> Path:
+    """`out`: a copy of `snapshot` (small files only) plus, for each `*.safetensors` file of the repository at the
+    snapshot's commit, its header read from the Hub, written as a sparse file of the shard's size."""
+    try:
+        from huggingface_hub import list_repo_tree, parse_safetensors_file_metadata
+        from huggingface_hub.hf_api import RepoFile
+    except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
+        raise CheckpointError(f"cannot inspect Hub id {hub_id!r}: huggingface_hub is not installed") from exc
+    commit = snapshot.name if re.fullmatch(r"[0-9a-f]{40}", snapshot.name) else revision  # the files' commit
+    try:
+        sizes = {entry.path: entry.size for entry in list_repo_tree(hub_id, revision=commit)
+                 if isinstance(entry, RepoFile) and entry.path.endswith(".safetensors")}
+        headers = {name: parse_safetensors_file_metadata(hub_id, name, revision=commit) for name in sizes}
+    except Exception as exc:  # network, auth, offline: the hub client raises many types
+        raise CheckpointError(f"could not read the safetensors headers of {hub_id!r} from the Hugging Face Hub: "
+                              f"{exc}") from exc
+    shutil.copytree(snapshot, out)
+    for name, metadata in headers.items():
+        header: dict[str, object] = {"__metadata__": metadata.metadata} if metadata.metadata else {}
+        header.update({tensor: {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": list(info.data_offsets)}
+                       for tensor, info in metadata.tensors.items()})
+        data = max((info.data_offsets[1] for info in metadata.tensors.values()), default=0)
+        encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        encoded = encoded.ljust(max(len(encoded), sizes[name] - 8 - data), b" ")  # the file's own header length
+        with (out / name).open("wb") as file:
+            file.write(struct.pack("<Q", len(encoded)) + encoded)
+            file.truncate(8 + len(encoded) + data)  # a hole, not written: no disk space for the tensors
+    return out

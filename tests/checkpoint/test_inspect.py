@@ -228,3 +228,77 @@ def test_inspect_refuses_preprocessor_configs_that_loading_refuses(make_tiny, tm
     assert err.strip().splitlines()[-1].startswith("glimmer: error: ConfigError: ") and words in err
     with pytest.raises(ConfigError, match=re.escape(words)):
         LLM(str(checkpoint), device="cpu")
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_inspect_of_a_hub_id_reads_the_weights_headers_not_the_weights(monkeypatch, tmp_path, capsys, make_tiny,
+                                                                       num_shards):
+    """QA: `glimmer inspect owner/name` downloaded every weight file (60 GB for the 30B). The Hub here serves a tiny
+    checkpoint's files: the small ones whole, the safetensors files only as their headers; the report is the one of
+    the same checkpoint inspected locally."""
+    import fnmatch
+    import struct
+
+    import huggingface_hub
+    from huggingface_hub.hf_api import RepoFile, RepoFolder
+    from huggingface_hub.utils import SafetensorsFileMetadata, TensorInfo
+
+    repo = make_tiny(num_shards=num_shards)
+    assert main(["inspect", str(repo), "--json"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "snapshots" / commit
+    fetched: list[str] = []
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for file in repo.iterdir():
+            if any(fnmatch.fnmatch(file.name, pattern) for pattern in allow_patterns):
+                fetched.append(file.name)
+                shutil.copy(file, snapshot / file.name)
+        return str(snapshot)
+
+    def list_repo_tree(repo_id, revision=None):
+        assert revision == commit
+        yield RepoFolder(path="assets", oid="0" * 40)
+        for file in sorted(repo.iterdir()):
+            yield RepoFile(path=file.name, size=file.stat().st_size, oid="0" * 40)
+
+    def parse_safetensors_file_metadata(repo_id, filename, revision=None):
+        assert revision == commit
+        with (repo / filename).open("rb") as file:  # the range read: the first 8 bytes and the header
+            header = json.loads(file.read(struct.unpack("<Q", file.read(8))[0]))
+        metadata = header.pop("__metadata__", {})
+        return SafetensorsFileMetadata(metadata, {name: TensorInfo(info["dtype"], info["shape"],
+                                                                   tuple(info["data_offsets"]))
+                                                  for name, info in header.items()})
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "list_repo_tree", list_repo_tree)
+    monkeypatch.setattr(huggingface_hub, "parse_safetensors_file_metadata", parse_safetensors_file_metadata)
+    assert main(["inspect", "owner/tiny", "--json"]) == 0
+    assert not [name for name in fetched if name.endswith(".safetensors")]
+    assert len([p for p in repo.glob("*.safetensors")]) == num_shards
+    assert json.loads(capsys.readouterr().out.replace(str(snapshot), str(repo))) == local
+    assert main(["inspect", "owner/tiny"]) == 0
+    hub_text = capsys.readouterr().out.replace(str(snapshot), str(repo))
+    assert main(["inspect", str(repo)]) == 0
+    assert hub_text == capsys.readouterr().out.replace(f"checkpoint:      {repo}", "checkpoint:      owner/tiny")
+
+
+def test_inspect_of_a_hub_id_whose_headers_cannot_be_read_says_so(monkeypatch, tmp_path, capsys, tiny_checkpoint):
+    import huggingface_hub
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        snapshot = tmp_path / "snapshot"
+        shutil.copytree(tiny_checkpoint, snapshot, ignore=shutil.ignore_patterns("*.safetensors*"))
+        return str(snapshot)
+
+    def offline(*args, **kwargs):
+        raise OSError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub, "list_repo_tree", offline)
+    assert main(["inspect", "owner/tiny"]) == 2
+    assert "could not read the safetensors headers of 'owner/tiny' from the Hugging Face Hub: offline" in \
+        capsys.readouterr().err
