@@ -470,6 +470,7 @@ class LLM:
                 arrival_time = time.time()
                 with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
                                         prompt_field == "messages" else f"{prompt_field}[{i}]"):
+                    ids, items = self.engine.truncate_prompt(ids, items, params)
                     self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True)
                 order.append(request_id)
                 results[request_id] = RequestOutput(

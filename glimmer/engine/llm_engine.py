@@ -676,6 +676,40 @@ class LLMEngine:
                 expanded.append(token_id)
         return expanded, attach_media(expanded, processed, config.image_token_id, config.video_token_id)
 
+    def truncate_prompt(
+        self, token_ids: list[int], multimodal: list[MultimodalItem], params: SamplingParams,
+    ) -> tuple[list[int], list[MultimodalItem]]:
+        """The prompt's last `params.truncate_prompt_tokens` tokens (-1: max_model_len) and its media items, as vLLM
+        truncates a prompt (from the left); as given where that is None or the prompt is no longer. Run where the
+        prompt's ids are decided, so that the request's usage, echo and prompt_logprobs see the truncated prompt. An
+        item whose placeholder tokens are all cut off is dropped; the others are moved with the tokens kept.
+
+        Raises RequestError naming truncate_prompt_tokens for a value past max_model_len (vLLM's server's 400) or a
+        cut inside an image's or video's placeholder tokens (its features would no longer fit them)."""
+        if params.truncate_prompt_tokens is None:
+            return token_ids, multimodal
+        params.validate()  # a SamplingParams is mutable: 0 set after construction would keep the whole prompt
+        keep = self.max_model_len if params.truncate_prompt_tokens == -1 else params.truncate_prompt_tokens
+        if keep > self.max_model_len:
+            raise RequestError(f"truncate_prompt_tokens: {keep} is more than max_model_len={self.max_model_len}; give "
+                               "at most that many tokens, or -1 for max_model_len", param="truncate_prompt_tokens")
+        cut = len(token_ids) - keep
+        if cut <= 0:
+            return token_ids, multimodal
+        kept = []
+        for index, item in enumerate(multimodal):
+            if all(offset + length <= cut for offset, length in item.runs):
+                continue
+            if item.overlaps(0, cut):
+                start, end = item.runs[0][0], item.runs[-1][0] + item.runs[-1][1]
+                raise RequestError(
+                    f"truncate_prompt_tokens: keeping the prompt's last {keep} of its {len(token_ids)} tokens would "
+                    f"cut into the placeholder tokens of its image or video {index} (positions {start} to {end - 1}), "
+                    f"whose features fill them all; keep at most {len(token_ids) - end} tokens (after it) or at "
+                    f"least {len(token_ids) - start} (from its start)", param="truncate_prompt_tokens")
+            kept.append(dataclasses.replace(item, runs=tuple((offset - cut, length) for offset, length in item.runs)))
+        return token_ids[cut:], kept
+
     def _media_for(self, videos: list | tuple, *, param: str) -> MediaProcessor:
         """The media processor, for a prompt with media (and `videos`); RequestError naming `param` when the model
         takes none, or no videos."""

@@ -49,7 +49,8 @@ _OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "
                               "repetition_penalty")
 """The arguments for which vLLM's `SamplingParams.from_optional` reads None as the default."""
 _NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
-                  "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs")
+                  "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs",
+                  "truncate_prompt_tokens")
 
 
 def _vllm_logit_bias(logit_bias: dict[Any, Any]) -> dict[Any, Any]:
@@ -207,6 +208,10 @@ class SamplingParams:
     allowed_token_ids: the only ids that may be sampled, as in vLLM (every other token's logit is -inf after the
         bias and penalties; greedy decoding included; logprobs stay the model's own). A non-empty list; not with
         structured_outputs (a grammar constrains the tokens itself) or in `LLM.chat` (a reply needs its framing).
+    truncate_prompt_tokens: keep only the prompt's last k tokens (vLLM's left truncation), of the prompt as the
+        model reads it (after tokenizing, media expansion, or the chat template); -1 is max_model_len. The truncated
+        prompt is the request's: its prompt_token_ids, usage, prompt_logprobs and prefix caching. At most
+        max_model_len; a cut inside an image's or video's placeholder tokens is refused.
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt (at most 16384).
@@ -238,6 +243,7 @@ class SamplingParams:
     skip_special_tokens: bool | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -357,6 +363,11 @@ class SamplingParams:
             _check(not bad, "allowed_token_ids", f"{bad[0]!r} is not a token id (an integer >= 0)" if bad else "")
             _check(self.structured_outputs is None, "allowed_token_ids",
                    "cannot be combined with structured_outputs: the grammar decides which tokens may follow; drop one")
+        if self.truncate_prompt_tokens is not None:
+            _check(_is_int(self.truncate_prompt_tokens) and (self.truncate_prompt_tokens >= 1
+                                                             or self.truncate_prompt_tokens == -1),
+                   "truncate_prompt_tokens", f"must be an integer >= 1 (the prompt's last tokens kept) or -1 "
+                   f"(max_model_len), not {self.truncate_prompt_tokens!r} (None: no truncation)")
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
                    f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")

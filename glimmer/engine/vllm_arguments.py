@@ -109,9 +109,6 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "spaces_between_special_tokens": VllmArgument(_only(True, False), (
         "True or False alone, and either changes nothing (Glimmer's text has no spaces between special tokens, as "
         "vLLM's has none with a byte-level tokenizer as Muse's); leave it out")),
-    "truncate_prompt_tokens": VllmArgument(_only(None), (
-        "not supported; keep a prompt's last k tokens yourself: generate({'prompt_token_ids': ids[-k:]}) with "
-        "ids = llm.get_tokenizer().encode(text)")),
     "output_kind": VllmArgument(_any_value, (
         "LLM.generate and LLM.chat return each request's final output (as vLLM's LLM does whatever output_kind "
         "says), so any value changes nothing")),

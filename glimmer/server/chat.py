@@ -198,6 +198,9 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
             raise
         raise renamed from error
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
+    # vLLM's truncate_prompt_tokens keeps the rendered prompt's end, the generation prompt the reply is parsed after
+    prompt.token_ids, prompt.multimodal = context.engine.engine.truncate_prompt(prompt.token_ids, prompt.multimodal,
+                                                                               params)
     apply_default_max_tokens(params, context, len(prompt.token_ids))
     stop = stop_strings(request)
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens

@@ -171,6 +171,7 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_
                 ids.append(text_prompt_ids(text_or_ids, add_special_tokens, context))
             else:
                 ids.append(checked_token_ids(text_or_ids, name, engine.token_count))
+            ids[-1], _ = engine.truncate_prompt(ids[-1], [], params)
             refuse_stray_placeholders(ids[-1], engine.model_config.image_token_id, engine.model_config.video_token_id)
             engine.generation_budget(len(ids[-1]), params)
         except RequestError as exc:

@@ -115,7 +115,7 @@ def test_vllm_sampling_extras_are_honoured(client, expected):
     assert kept.choices[0].text.endswith(stop) and kept.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("field", ["use_beam_search", "bad_words", "guided_json", "truncate_prompt_tokens"])
+@pytest.mark.parametrize("field", ["use_beam_search", "bad_words", "guided_json"])
 def test_vllm_fields_glimmer_cannot_honour_are_refused_by_name(server, field):
     response = httpx.post(server.base_url + "/completions", timeout=30, json={
         "model": "tiny", "prompt": "hi", field: 1})

@@ -1,0 +1,134 @@
+"""vLLM's `truncate_prompt_tokens` in the Python API: a prompt's last k tokens (-1: max_model_len) are the request's
+prompt, token for token what that shorter prompt gives, in its output, its usage and its prompt_logprobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from glimmer import LLM, SamplingParams
+from glimmer.errors import RequestError
+
+MAX_MODEL_LEN = 64
+PROMPT_IDS = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61, 17, 23]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    return LLM(str(tiny_checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=MAX_MODEL_LEN)
+
+
+def _greedy(**fields) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, **fields)
+
+
+@pytest.mark.parametrize("keep", [1, 5, len(PROMPT_IDS) - 1])
+def test_the_last_k_token_ids_are_the_prompt(llm, keep):
+    truncated = llm.generate(PROMPT_IDS, _greedy(truncate_prompt_tokens=keep, prompt_logprobs=0))[0]
+    direct = llm.generate(PROMPT_IDS[-keep:], _greedy(prompt_logprobs=0))[0]
+    assert truncated.prompt_token_ids == PROMPT_IDS[-keep:]
+    assert truncated.outputs[0].token_ids == direct.outputs[0].token_ids
+    assert truncated.prompt_logprobs == direct.prompt_logprobs and len(truncated.prompt_logprobs) == keep
+
+
+def test_a_text_prompt_keeps_its_last_k_tokens_the_bos_cut_off(llm):
+    text = "the quick brown fox jumps over the lazy dog"
+    ids = llm.encode_prompt(text)
+    truncated = llm.generate(text, _greedy(truncate_prompt_tokens=4))[0]
+    direct = llm.generate(ids[-4:], _greedy())[0]
+    assert truncated.prompt_token_ids == ids[-4:] and truncated.prompt == text  # vLLM keeps the text as given
+    assert truncated.outputs[0].token_ids == direct.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("keep", [len(PROMPT_IDS), 40, -1])
+def test_a_prompt_no_longer_than_k_is_kept_whole(llm, keep):
+    truncated = llm.generate(PROMPT_IDS, _greedy(truncate_prompt_tokens=keep))[0]
+    assert truncated.prompt_token_ids == PROMPT_IDS
+    assert truncated.outputs[0].token_ids == llm.generate(PROMPT_IDS, _greedy())[0].outputs[0].token_ids
+
+
+def test_minus_one_keeps_max_model_len_tokens(llm):
+    """max_model_len tokens leave no room to generate: max_tokens=0 scores them (vLLM's -1 is max_model_len too)."""
+    ids = (PROMPT_IDS * 10)[:MAX_MODEL_LEN + 7]
+    out = llm.generate(ids, SamplingParams(max_tokens=0, prompt_logprobs=0, truncate_prompt_tokens=-1))[0]
+    assert out.prompt_token_ids == ids[-MAX_MODEL_LEN:] and len(out.prompt_logprobs) == MAX_MODEL_LEN
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
+def test_an_invalid_value_is_refused_naming_it(value):
+    with pytest.raises(RequestError) as caught:
+        SamplingParams(truncate_prompt_tokens=value)
+    assert caught.value.param == "truncate_prompt_tokens" and ">= 1" in str(caught.value)
+
+
+def test_an_invalid_value_set_after_construction_is_refused_on_submission(llm):
+    params = _greedy(truncate_prompt_tokens=4)
+    params.truncate_prompt_tokens = 0
+    with pytest.raises(RequestError) as caught:
+        llm.generate(PROMPT_IDS, params)
+    assert caught.value.param == "truncate_prompt_tokens"
+
+
+def test_more_than_max_model_len_is_refused_naming_it(llm):
+    with pytest.raises(RequestError) as caught:
+        llm.generate(PROMPT_IDS, _greedy(truncate_prompt_tokens=MAX_MODEL_LEN + 1))
+    assert caught.value.param == "truncate_prompt_tokens" and f"max_model_len={MAX_MODEL_LEN}" in str(caught.value)
+
+
+def test_chat_keeps_the_end_of_the_rendered_prompt(llm):
+    """As vLLM's LLM.chat: the rendered conversation's last k tokens, which end with the generation prompt (a
+    conversation longer than max_model_len then fits)."""
+    messages = [{"role": "user", "content": "tell me about the quick brown fox and the lazy dog"}]
+    rendered = llm.get_tokenizer().apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert len(rendered) > MAX_MODEL_LEN
+    truncated = llm.chat(messages, _greedy(truncate_prompt_tokens=10))[0]
+    assert truncated.prompt_token_ids == rendered[-10:]
+    direct = llm.generate(rendered[-10:], _greedy(skip_special_tokens=False))[0]
+    assert truncated.outputs[0].token_ids == direct.outputs[0].token_ids
+
+
+@pytest.fixture(scope="module")
+def vision_llm(make_tiny):
+    return LLM(str(make_tiny("canonical", vision=True, seed=17)), progress=False, kv_cache_memory=16 << 20,
+               max_model_len=512)
+
+
+def _image() -> Image.Image:
+    return Image.fromarray((np.random.RandomState(3).rand(60, 90, 3) * 255).astype("uint8"))
+
+
+def test_a_cut_inside_an_images_placeholders_is_refused_naming_the_field(vision_llm):
+    prompt = {"prompt": "<|begin_of_text|>Describe <|patch|> briefly.", "multi_modal_data": {"image": _image()}}
+    whole = vision_llm.generate(prompt, _greedy())[0]
+    image_token = vision_llm.engine.model_config.image_token_id
+    after = len(whole.prompt_token_ids) - 1 - max(i for i, t in enumerate(whole.prompt_token_ids) if t == image_token)
+    with pytest.raises(RequestError) as caught:
+        vision_llm.generate(prompt, _greedy(truncate_prompt_tokens=after + 1))
+    assert caught.value.param == "truncate_prompt_tokens" and f"keep at most {after} tokens" in str(caught.value)
+    assert not vision_llm.engine.has_unfinished_requests
+
+
+def test_a_kept_image_is_moved_with_its_tokens(vision_llm):
+    """Cutting text before the image keeps it, its features on its placeholders: the output is the shorter prompt's."""
+    prompt = "<|begin_of_text|>Look closely at this picture now: <|patch|> briefly."
+    whole = vision_llm.generate({"prompt": prompt, "multi_modal_data": {"image": _image()}}, _greedy())[0]
+    keep = len(whole.prompt_token_ids) - 3
+    truncated = vision_llm.generate({"prompt": prompt, "multi_modal_data": {"image": _image()}},
+                                    _greedy(truncate_prompt_tokens=keep, prompt_logprobs=0))[0]
+    shorter = vision_llm.encode_prompt(prompt)[3:]  # one placeholder, expanded as the text's is
+    direct = vision_llm.generate({"prompt_token_ids": shorter, "multi_modal_data": {"image": _image()}},
+                                 _greedy(prompt_logprobs=0))[0]
+    assert truncated.prompt_token_ids == whole.prompt_token_ids[3:] == direct.prompt_token_ids
+    assert truncated.outputs[0].token_ids == direct.outputs[0].token_ids
+    assert truncated.prompt_logprobs == direct.prompt_logprobs
+
+
+def test_an_image_cut_off_whole_is_dropped(vision_llm):
+    prompt = "<|begin_of_text|>Describe <|patch|> briefly, in a few plain words please."
+    whole = vision_llm.generate({"prompt": prompt, "multi_modal_data": {"image": _image()}}, _greedy())[0]
+    truncated = vision_llm.generate({"prompt": prompt, "multi_modal_data": {"image": _image()}},
+                                    _greedy(truncate_prompt_tokens=4))[0]
+    assert truncated.prompt_token_ids == whole.prompt_token_ids[-4:]
+    assert truncated.outputs[0].token_ids == vision_llm.generate(whole.prompt_token_ids[-4:], _greedy())[0] \
+        .outputs[0].token_ids

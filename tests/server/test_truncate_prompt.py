@@ -1,0 +1,92 @@
+"""vLLM's `truncate_prompt_tokens` on /v1/completions and /v1/chat/completions: the prompt's last k tokens are the
+request's prompt (its output, usage, echo), -1 is max_model_len, and what cannot be truncated is a 400 naming it."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+from server_support import live_server
+
+MAX_MODEL_LEN = 256
+PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61, 17, 23]
+GREEDY = {"model": "tiny", "temperature": 0, "max_tokens": 5, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny("canonical", vision=True, seed=17),
+                     engine_options={"max_model_len": MAX_MODEL_LEN}) as live:
+        yield live
+
+
+def post(server, path: str, **body) -> httpx.Response:
+    return httpx.post(server.base_url + path, json={**GREEDY, **body}, timeout=60)
+
+
+def ok(response: httpx.Response) -> dict:
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def refused_param(response: httpx.Response) -> str:
+    assert response.status_code == 400, response.text
+    return response.json()["error"]["param"]
+
+
+@pytest.mark.parametrize("keep", [1, 4, len(PROMPT) - 1])
+def test_a_completion_of_the_last_k_tokens_is_that_prompts(server, keep):
+    truncated = ok(post(server, "/completions", prompt=PROMPT, truncate_prompt_tokens=keep, echo=True, logprobs=0))
+    direct = ok(post(server, "/completions", prompt=PROMPT[-keep:], echo=True, logprobs=0))
+    assert truncated["choices"][0]["text"] == direct["choices"][0]["text"]
+    assert truncated["choices"][0]["logprobs"] == direct["choices"][0]["logprobs"]
+    assert len(truncated["choices"][0]["logprobs"]["tokens"]) == keep + GREEDY["max_tokens"]  # the echo: k tokens
+    assert truncated["usage"]["prompt_tokens"] == keep == direct["usage"]["prompt_tokens"]
+
+
+def test_a_text_prompt_past_max_model_len_fits_with_minus_one(server):
+    text = "the quick brown fox " * 200
+    assert refused_param(post(server, "/completions", prompt=text)) == "prompt"
+    scored = ok(post(server, "/completions", prompt=text, truncate_prompt_tokens=-1, max_tokens=0, echo=True))
+    assert scored["usage"]["prompt_tokens"] == MAX_MODEL_LEN
+
+
+def test_a_batch_truncates_each_prompt(server):
+    batch = ok(post(server, "/completions", prompt=[PROMPT, PROMPT[:3]], truncate_prompt_tokens=5))
+    assert batch["usage"]["prompt_tokens"] == 5 + 3
+
+
+def test_a_chat_keeps_the_end_of_the_rendered_prompt(server):
+    messages = [{"role": "user", "content": "tell me about the quick brown fox " * 60}]
+    assert refused_param(post(server, "/chat/completions", messages=messages)) == "messages"
+    reply = ok(post(server, "/chat/completions", messages=messages, truncate_prompt_tokens=100))
+    assert reply["usage"]["prompt_tokens"] == 100 and reply["usage"]["completion_tokens"] == GREEDY["max_tokens"]
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+@pytest.mark.parametrize("value", [0, -2, MAX_MODEL_LEN + 1, 1.5, "4"])
+def test_an_invalid_value_is_a_400_naming_it(server, path, value):
+    prompt = {"prompt": PROMPT} if path == "/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    assert refused_param(post(server, path, truncate_prompt_tokens=value, **prompt)) == "truncate_prompt_tokens"
+
+
+def _data_url() -> str:
+    buffer = io.BytesIO()
+    Image.fromarray((np.random.RandomState(3).rand(60, 90, 3) * 255).astype("uint8")).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_a_cut_into_an_images_placeholders_is_a_400_naming_the_field(server):
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url()}},
+                                             {"type": "text", "text": "What is in the picture?"}]}]
+    tokens = httpx.post(server.base_url.removesuffix("/v1") + "/tokenize", json={"messages": messages},
+                        timeout=60).json()["tokens"]
+    image = tokens.index(server.engine.engine.model_config.image_token_id)
+    response = post(server, "/chat/completions", messages=messages, truncate_prompt_tokens=len(tokens) - image - 1)
+    assert refused_param(response) == "truncate_prompt_tokens"
+    assert "placeholder tokens of its image or video 0" in response.json()["error"]["message"]
+    assert server.wait_for_idle()["glimmer_num_requests_running"] == 0
