@@ -106,6 +106,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         cache_salt=request.cache_salt,
         logit_bias=_logit_bias(request.logit_bias),
         allowed_token_ids=request.allowed_token_ids,
+        bad_words=request.bad_words,
     )
 
 

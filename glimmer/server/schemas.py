@@ -6,7 +6,8 @@ right. Three groups of known fields:
 
 - honored: everything that maps to rendering, sampling (`logit_bias` included) or the response shape, vLLM's
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
-  `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`; `allowed_token_ids` on completions);
+  `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `bad_words`; `allowed_token_ids` on
+  completions);
 - accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
   `service_tier`,
   `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
@@ -195,6 +196,7 @@ class _SamplingFields(RequestBody):
     stream_options: StreamOptions | None = None
     logit_bias: Annotated[dict[str, float], Field(fail_fast=True)] | None = None  # refused at its first bad value
     allowed_token_ids: Items[TokenId] | None = None  # completions only: chat refuses it (sampling.py)
+    bad_words: Items[str] | None = None  # vLLM's; chat: over the whole raw turn, never its framing (bad_words.py)
     response_format: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsFields | None = None
     guided_json: str | dict[str, Any] | None = None
