@@ -757,6 +757,10 @@ class LLMEngine:
                                "required or named tool choice, strict tools or thinking_token_budget): the grammar "
                                "could force a banned token; drop one", param="bad_words")
         banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
+        if params.allowed_token_ids and {ids[0] for ids in banned_words if len(ids) == 1} >= set(
+                params.allowed_token_ids):  # every step would have nothing left to sample
+            raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at "
+                               "every step); allow an id no bad word is", param="bad_words")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.generation_defaults.stop_token_ids)

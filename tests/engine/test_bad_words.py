@@ -140,3 +140,15 @@ def test_a_special_tokens_spelling_bans_its_characters_not_the_special_token(llm
     special = set(tokenizer.all_special_ids)
     spellings = [tokenizer.decode([t]) for t in sorted(special)]
     assert not {t for ids in bad_word_ids(tokenizer, spellings) for t in ids} & special
+
+
+def test_bad_words_that_ban_every_allowed_id_are_refused(llm):
+    """Nothing was left to sample: every token was id 0, outside allowed_token_ids."""
+    token = llm.get_tokenizer().encode_text("days")
+    assert len(token) == 1
+    with pytest.raises(RequestError) as caught:
+        llm.generate(["hi"], SamplingParams(max_tokens=4, allowed_token_ids=token, bad_words=["days"]))
+    assert caught.value.param == "bad_words" and "allowed_token_ids" in str(caught.value)
+    spared = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
+                                                 allowed_token_ids=[*token, 7], bad_words=["days"]))
+    assert spared[0].outputs[0].token_ids == [7] * 4
