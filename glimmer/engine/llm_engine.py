@@ -33,6 +33,7 @@ from glimmer.checkpoint.generation_config import (
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
+from glimmer.engine.bad_words import bad_word_ids, banned_after
 from glimmer.engine.config_checks import check_engine_config, check_weight_format
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
@@ -785,6 +786,15 @@ class LLMEngine:
             raise RequestError("allowed_token_ids: cannot be combined with a grammar over the output (structured "
                                "outputs, a required or named tool choice, strict tools or thinking_token_budget): the "
                                "grammar decides which tokens may follow; drop one", param="allowed_token_ids")
+        if controller_factory is not None and params.bad_words:
+            raise RequestError("bad_words: cannot be combined with a grammar over the output (structured outputs, a "
+                               "required or named tool choice, strict tools or thinking_token_budget): the grammar "
+                               "could force a banned token; drop one", param="bad_words")
+        banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
+        if params.allowed_token_ids and {ids[0] for ids in banned_words if len(ids) == 1} >= set(
+                params.allowed_token_ids):  # every step would have nothing left to sample
+            raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at "
+                               "every step); allow an id no bad word is", param="bad_words")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= set(self.generation_defaults.stop_token_ids)
@@ -806,6 +816,7 @@ class LLMEngine:
                 multimodal=list(multimodal or []),
                 index=index,
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
+                bad_word_ids=banned_words,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(
@@ -1131,6 +1142,8 @@ class LLMEngine:
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
         # a token chosen by a step launched ahead counts, though the host has not appended it yet
         banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
+        if seq.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
+            banned += banned_after(seq.bad_word_ids, outputs)
         if seq.params.uses_penalties and seq.penalty_ids is None:
             seq.penalty_ids = PenaltyIds(seq.output_token_ids)
         return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned, self.token_count,

@@ -38,11 +38,13 @@ from glimmer.engine.sequence import Sequence
 def runs_ahead(seq: Sequence) -> bool:
     """Whether `seq`'s decode rows can be sampled before the host has read its previous token. Not a sequence that
     samples nothing, whose last prompt token can be a one-token step (a prompt of one token, or a prefix-cache hit
-    or prefill chunk leaving one): the host finishes it unsampled (`_emit`)."""
+    or prefill chunk leaving one): the host finishes it unsampled (`_emit`). Nor one with a bad word of several
+    tokens, whose ban at a step depends on the token before it, not read yet."""
     position = seq.num_computed_tokens
     return (
         not seq.samples_nothing
         and seq.controller is None
+        and all(len(ids) == 1 for ids in seq.bad_word_ids)
         and not any(item.overlaps(position, position + 1) for item in seq.multimodal)
     )
 

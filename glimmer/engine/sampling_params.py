@@ -44,6 +44,8 @@ CHAT_ALLOWED_TOKEN_IDS_REFUSAL = (
     "render (LLM.get_tokenizer().apply_chat_template), or constrain a chat answer with response_format")
 MAX_ALLOWED_TOKEN_IDS = 1 << 20
 """Most ids in `allowed_token_ids`: a bound past any vocabulary's size (the 30B's has 202,048)."""
+MAX_BAD_WORDS, MAX_BAD_WORD_CHARS = 1024, 1000
+"""Most words in `bad_words`, and most characters in one (each is tokenized at submission and checked every step)."""
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty",
                               "repetition_penalty")
@@ -212,6 +214,9 @@ class SamplingParams:
         model reads it (after tokenizing, media expansion, or the chat template); -1 is max_model_len. The truncated
         prompt is the request's: its prompt_token_ids, usage, prompt_logprobs and prefix caching. At most
         max_model_len; a cut inside an image's or video's placeholder tokens is refused.
+    bad_words: words the output may not hold, as in vLLM (bad_words.py): a word's last token is banned right after
+        the output's tokens spell the rest of it, bare or after a space. Non-empty strings; not with
+        structured_outputs (the grammar could force a banned token).
     presence_penalty, frequency_penalty: OpenAI-style, over generated tokens, in [-2, 2].
     repetition_penalty: HF-style multiplicative penalty over prompt and generated tokens (1 = off).
     n: number of independent completions of the same prompt (at most 16384).
@@ -244,6 +249,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -368,6 +374,16 @@ class SamplingParams:
                                                              or self.truncate_prompt_tokens == -1),
                    "truncate_prompt_tokens", f"must be an integer >= 1 (the prompt's last tokens kept) or -1 "
                    f"(max_model_len), not {self.truncate_prompt_tokens!r} (None: no truncation)")
+        if self.bad_words is not None:
+            if isinstance(self.bad_words, tuple):
+                self.bad_words = list(self.bad_words)
+            _check(isinstance(self.bad_words, list) and len(self.bad_words) <= MAX_BAD_WORDS, "bad_words",
+                   f"must be a list of at most {MAX_BAD_WORDS} strings (None or [] for none)")
+            bad = [w for w in self.bad_words if not (isinstance(w, str) and w.strip() and len(w) <= MAX_BAD_WORD_CHARS)]
+            _check(not bad, "bad_words", f"{bad[0]!r} is not a word: each must be a string of 1 to "
+                   f"{MAX_BAD_WORD_CHARS} characters, not all whitespace" if bad else "")
+            _check(self.structured_outputs is None or not self.bad_words, "bad_words",
+                   "cannot be combined with structured_outputs: the grammar could force a banned token; drop one")
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS_ENTRIES, "logit_bias",
                    f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")

@@ -65,6 +65,8 @@ class Sequence:
     generator: torch.Generator | None = None
     multimodal: list[MultimodalItem] = field(default_factory=list)
     controller: GrammarController | None = None  # constrains the tokens (structured outputs, tool_choice)
+    # the token sequences of params.bad_words (bad_words.bad_word_ids), tokenized once when the request is added
+    bad_word_ids: tuple[tuple[int, ...], ...] = ()
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

@@ -98,9 +98,6 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "logits_processors": VllmArgument(_only(None, []), (
         "not supported (Python callbacks on every step's logits); logit_bias={token_id: bias} biases tokens, "
         "structured_outputs constrains the text")),
-    "bad_words": VllmArgument(_only(None, []), (
-        "not supported; ban a word's tokens with logit_bias={token_id: -100} (everywhere, not only in that word), or "
-        "constrain the text with structured_outputs")),
     "detokenize": VllmArgument(_only(True), "Glimmer always detokenizes (each CompletionOutput has its text and its "
                                            "token_ids); leave it out"),
     # Glimmer's text never has spaces between special tokens (P-REQ-1: vLLM's False); vLLM's True adds none either
@@ -175,7 +172,7 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
     `vllm_only` says: each is dropped where its value changes nothing, and refused with what to do instead
     otherwise; any other unknown argument is refused naming the closest field. A dropped value never reaches the
     dataclass' __init__, so the instance holds its fields alone (dataclasses.replace, copy and pickle see only
-    those). Setting an attribute after construction follows the same rule: `params.bad_words = [...]` (or a
+    those). Setting an attribute after construction follows the same rule: `params.logits_processors = [...]` (or a
     misspelled field) would otherwise be a new attribute nothing reads. A keyword-only dataclass (`kw_only=True`)
     refuses arguments given by position with a TypeError saying so."""
 

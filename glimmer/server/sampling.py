@@ -107,6 +107,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         logit_bias=_logit_bias(request.logit_bias),
         allowed_token_ids=request.allowed_token_ids,
         truncate_prompt_tokens=request.truncate_prompt_tokens,
+        bad_words=request.bad_words,
     )
 
 

@@ -6,7 +6,7 @@ right. Three groups of known fields:
 
 - honored: everything that maps to rendering, sampling (`logit_bias` included) or the response shape, vLLM's
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
-  `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `truncate_prompt_tokens`;
+  `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `truncate_prompt_tokens`, `bad_words`;
   `allowed_token_ids` on completions);
 - accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
   `service_tier`,
@@ -197,6 +197,7 @@ class _SamplingFields(RequestBody):
     logit_bias: Annotated[dict[str, float], Field(fail_fast=True)] | None = None  # refused at its first bad value
     allowed_token_ids: Items[TokenId] | None = None  # completions only: chat refuses it (sampling.py)
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None  # 0: SamplingParams names it
+    bad_words: Items[str] | None = None  # vLLM's; chat: over the whole raw turn, never its framing (bad_words.py)
     response_format: dict[str, Any] | None = None
     structured_outputs: StructuredOutputsFields | None = None
     guided_json: str | dict[str, Any] | None = None

@@ -72,7 +72,7 @@ def test_vllms_minus_one_logprobs_is_refused_saying_it_is_not_supported(name):
 @pytest.mark.parametrize(("name", "value", "advice"), [
     ("best_of", 4, "cumulative_logprob"),
     ("guided_decoding", {"json": {}}, "structured_outputs=StructuredOutputsParams"),
-    ("logits_processors", [print], "logit_bias"), ("bad_words", ["x"], "logit_bias"),
+    ("logits_processors", [print], "logit_bias"),
     ("detokenize", False, "always detokenizes"), ("spaces_between_special_tokens", "no", "no spaces"),
     ("extra_args", {"plugin": 1}, "plugins"), ("use_beam_search", True, "beam search"),
     ("length_penalty", 0.5, "beam search"), ("early_stopping", True, "beam search"),
@@ -98,7 +98,7 @@ def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instea
 @pytest.mark.parametrize("arguments", [
     {"best_of": None}, {"best_of": 1}, {"n": 3, "best_of": 3}, {"n": 3, "best_of": 1}, {"use_beam_search": False},
     {"length_penalty": 1.0}, {"early_stopping": False}, {"guided_decoding": None}, {"logits_processors": None},
-    {"logits_processors": []}, {"bad_words": None}, {"bad_words": []},
+    {"logits_processors": []},
     {"detokenize": True}, {"spaces_between_special_tokens": True}, {"spaces_between_special_tokens": False},
     {"output_kind": 2}, {"output_kind": None}, {"extra_args": None},
     {"extra_args": {}}, {"thinking_token_budget": None}, {"thinking_token_budget": -1}, {"logprob_token_ids": None},
@@ -118,11 +118,11 @@ def test_a_vllm_argument_at_a_value_that_changes_nothing_is_taken_and_dropped(ar
 
 
 @pytest.mark.parametrize(("name", "value", "advice"), [
-    ("logits_processors", [print], "logit_bias"), ("bad_words", ["x"], "logit_bias"),
+    ("logits_processors", [print], "logit_bias"), ("truncate_prompt_tokens", 8, "prompt_token_ids"),
     ("best_of", 4, "cumulative_logprob"), ("detokenize", False, "always")])
 def test_a_vllm_argument_set_after_construction_is_refused_as_at_construction(name, value, advice):
-    """`params.bad_words = ["x"]` (vLLM scripts set fields after construction) made a new attribute that nothing
-    read: the request ran unconstrained. It is refused as `SamplingParams(bad_words=["x"])` is."""
+    """`params.logits_processors = [print]` (vLLM scripts set fields after construction) made a new attribute that
+    nothing read: the request ran unconstrained. It is refused as `SamplingParams(logits_processors=[print])` is."""
     params = SamplingParams(temperature=0)
     with pytest.raises(UnsupportedArgumentError) as caught:
         setattr(params, name, value)

@@ -1152,3 +1152,28 @@ def test_allowed_token_ids_apply_to_every_verified_position(target, drafter):
     assert _generate(engine, prompts, params) == expected
     stats = engine.speculator.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_bad_words_inside_proposals_match_greedy_without(target, drafter, plain, async_scheduling):
+    """Proposals of the free run, which holds the banned words: a position after proposed tokens that spell a word's
+    first token bans its last (they count as generated), so the verified tokens are those of a run without
+    speculation."""
+    prompts = _prompts(4, seed=31)
+    free = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    known = _continuations(plain, prompts, free)
+    tokenizer = plain.get_tokenizer()
+    words = []
+    for tokens in known.values():  # from each run a word of two tokens, spelled as they are
+        pairs = [tokens[j:j + 2] for j in range(4, len(tokens) - 1)
+                 if tokenizer.decode(tokens[j:j + 2]).strip() == tokenizer.decode(tokens[j:j + 2])
+                 and tokenizer.encode_text(tokenizer.decode(tokens[j:j + 2])) == tokens[j:j + 2]]
+        words += [tokenizer.decode(pairs[0])] if pairs else []
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, bad_words=words, logprobs=1)
+    llm = LLM(str(target), progress=False, async_scheduling=async_scheduling, speculative_config=speculative(drafter))
+    _replay(llm.engine, known, lambda seq, k: k)  # the free run's tokens, proposed as they are
+    expected = plain.generate(prompts, params)
+    got = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert sum(o.outputs[0].token_ids != known[tuple(p)] for o, p in zip(expected, prompts, strict=True)) >= 3
+    assert len(words) >= 3 and llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0

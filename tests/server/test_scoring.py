@@ -5,6 +5,8 @@ The values are the reference model's (float32): the same prompt scored by transf
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -12,6 +14,7 @@ import torch
 from oracle import reference_logits, reference_model
 from server_support import live_server, spelled_text
 
+from glimmer import LLM, SamplingParams
 from glimmer.engine.tokenizer import Tokenizer
 
 PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
@@ -115,8 +118,31 @@ def test_vllm_sampling_extras_are_honoured(client, expected):
     assert kept.choices[0].text.endswith(stop) and kept.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("field", ["use_beam_search", "bad_words", "guided_json"])
+@pytest.mark.parametrize("field", ["use_beam_search", "logits_processors", "guided_json"])
 def test_vllm_fields_glimmer_cannot_honour_are_refused_by_name(server, field):
     response = httpx.post(server.base_url + "/completions", timeout=30, json={
         "model": "tiny", "prompt": "hi", field: 1})
     assert response.status_code == 400 and field in response.json()["error"]["message"]
+
+
+def test_bad_words_on_completions_and_chat(server, client, make_tiny):
+    """vLLM's `bad_words` was refused (a 400); on /v1/completions a word of the greedy output is now avoided as
+    `SamplingParams(bad_words=...)` avoids it, chat takes it (over the raw turn; words are tokenized as plain text,
+    so the framing is never banned), and beside a grammar it is refused naming the field."""
+    prompt = "The quick brown fox"
+    free = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    word = re.findall("[A-Za-z]{2,}", free)[0]
+    banned = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                       extra_body={"ignore_eos": True, "bad_words": [word]}).choices[0].text
+    offline = LLM(str(make_tiny()), progress=False).generate([prompt], SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, bad_words=[word]))[0].outputs[0].text
+    assert banned == offline != free
+    chat = httpx.post(server.base_url + "/chat/completions", timeout=30, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "bad_words": [word]})
+    assert chat.status_code == 200, chat.text
+    for path, body in [("/completions", {"prompt": "hi", "bad_words": [""]}),
+                       ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "bad_words": ["x"],
+                                              "response_format": {"type": "json_object"}})]:
+        response = httpx.post(server.base_url + path, timeout=30, json={"model": "tiny", **body})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "bad_words", response.text
