@@ -65,10 +65,46 @@ fault such as a sticky CUDA error, not one bad request: each failure already end
 
 
 @dataclass
+class FinishedCompletion:
+    """One completion's life, handed to `on_finished` callbacks as it ends (vLLM's per-request statistics; a
+    request of n completions gives n). Times are seconds; one not measured is None: `queue_time` of a completion
+    never scheduled, `prefill_time` and `decode_time` of one that generated no token."""
+
+    finish_reason: str  # "stop" | "length" | "abort" | "error" (a failed step, or the engine's death)
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    queue_time: float | None  # from the request's arrival to the completion's first step
+    prefill_time: float | None  # from its first step to its first token
+    decode_time: float | None  # from its first token to its last
+
+
+@dataclass
+class _Clock:
+    """What one completion has done so far (engine-thread bookkeeping, wall-clock times)."""
+
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    tokens: int = 0
+
+    def finished(self, reason: str, listener: _Listener) -> FinishedCompletion:
+        queued = self.first_scheduled_time
+        return FinishedCompletion(
+            reason, listener.prompt_tokens, self.tokens,
+            queue_time=None if queued is None else max(0.0, queued - listener.arrival),
+            prefill_time=None if queued is None or self.first_token_time is None
+            else max(0.0, self.first_token_time - queued),
+            decode_time=None if self.first_token_time is None else self.last_token_time - self.first_token_time)
+
+
+@dataclass
 class _Listener:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     remaining: int  # completions not yet finished (engine-thread bookkeeping)
+    prompt_tokens: int = 0
+    arrival: float = field(default_factory=time.time)
+    clocks: dict[int, _Clock] = field(default_factory=dict)  # per completion index, until it finishes
 
 
 @dataclass
@@ -95,6 +131,7 @@ class AsyncEngine:
         self._stopped = threading.Event()
         self._dead: BaseException | None = None
         self._death_callbacks: list[Callable[[BaseException], None]] = []
+        self._finished_callbacks: list[Callable[[FinishedCompletion], None]] = []
         self._death_lock = threading.Lock()
         self._closing: str | None = None  # why new requests are refused (stop_serving), None while serving
         # what `num_waiting_requests` counts: requests (not their n completions) queued for admission, and those
@@ -137,7 +174,8 @@ class AsyncEngine:
                 f"{self.num_waiting_requests} requests are already waiting; retry later"
             )
         loop = asyncio.get_running_loop()
-        listener = _Listener(loop=loop, queue=asyncio.Queue(), remaining=params.n)
+        listener = _Listener(loop=loop, queue=asyncio.Queue(), remaining=params.n,
+                             prompt_tokens=len(prompt_token_ids), clocks={i: _Clock() for i in range(params.n)})
         accepted: Future = Future()
         with self._death_lock:  # a dying thread fails every admission queued before it died
             if self._dead is not None:
@@ -180,12 +218,14 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
-    def abort(self, request_id: str, index: int | None = None) -> None:
+    def abort(self, request_id: str, index: int | None = None, *, reason: str = "abort") -> None:
         """Stop a request, or only its completion `index` (thread-safe, returns at once).
 
         A stopped completion's caller receives its final delta (finish_reason 'abort'): a stream still read ends.
+        `reason` is the finish reason its statistics (`on_finished`) record: "stop" where the server itself ended
+        the completion (a stop string it matched, say), not the client.
         """
-        self._commands.put(("abort", request_id, index, None, None))
+        self._commands.put(("abort", request_id, (index, reason), None, None))
 
     @property
     def num_waiting_requests(self) -> int:
@@ -215,6 +255,26 @@ class AsyncEngine:
                 self._death_callbacks.append(callback)
                 return
         callback(self._dead)
+
+    def on_finished(self, callback: Callable[[FinishedCompletion], None]) -> None:
+        """Call `callback` with each completion's statistics as it ends, however it ends (served, aborted, failed).
+        It runs on the engine thread: keep it short and thread-safe."""
+        self._finished_callbacks.append(callback)
+
+    def _finished(self, listener: _Listener, index: int, reason: str) -> None:
+        clock = listener.clocks.pop(index, None)
+        if clock is None:
+            return
+        record = clock.finished(reason, listener)
+        for callback in self._finished_callbacks:
+            try:
+                callback(record)
+            except Exception:
+                logger.exception("a callback for a finished completion failed")
+
+    def _end_all(self, listener: _Listener, reason: str) -> None:
+        for index in list(listener.clocks):
+            self._finished(listener, index, reason)
 
     def stop_serving(self, reason: str = "the server is shutting down") -> None:
         """Refuse new requests and stop every running one, whose caller gets EngineShuttingDownError(reason)
@@ -294,6 +354,7 @@ class AsyncEngine:
             self.engine.abort(request_id)
             listener = self._listeners.pop(request_id, None)
             if listener is not None:
+                self._end_all(listener, "error")
                 _call_soon(listener.loop, listener.queue.put_nowait, error)
 
     def _die(self, exc: BaseException) -> None:
@@ -303,6 +364,7 @@ class AsyncEngine:
         self.metrics.errors += 1
         error = EngineDeadError(f"internal engine error: {type(exc).__name__}")
         for request_id, listener in list(self._listeners.items()):
+            self._end_all(listener, "error")
             _call_soon(listener.loop, listener.queue.put_nowait, error)
             self._listeners.pop(request_id, None)
         self._fail_queued_admissions(error)
@@ -354,25 +416,41 @@ class AsyncEngine:
         elif kind == "abort":
             # a caller still listening gets each stopped completion's final delta, so its stream ends; the listener
             # goes with the last one (a completion that ended before, its text not yet released, still sends its own)
-            self._dispatch(self.engine.abort(request_id, args))
+            index, reason = args
+            deltas = self.engine.abort(request_id, index)
+            listener = self._listeners.get(request_id)
+            if listener is not None and reason != "abort":
+                for delta in deltas:
+                    self._finished(listener, delta.index, reason)
+            self._dispatch(deltas)
 
     def _stop_requests(self, error: EngineShuttingDownError) -> None:
         """Abort every request a caller is streaming; each caller gets `error`."""
         for stopped_id, stopped in list(self._listeners.items()):
             self.engine.abort(stopped_id)
+            self._end_all(stopped, "abort")
             _call_soon(stopped.loop, stopped.queue.put_nowait, error)
         self._listeners.clear()
 
     def _dispatch(self, deltas: list[StepDelta]) -> None:
         """Hand each delta to its caller's queue: one wake-up per event loop per step, not one per delta."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepDelta]]] = {}
+        now = time.time()
         for delta in deltas:
             self.metrics.generation_tokens += len(delta.token_ids)
             listener = self._listeners.get(delta.request_id)
             if listener is None:
                 continue
+            clock = listener.clocks.get(delta.index)
+            if clock is not None:
+                clock.first_scheduled_time = delta.first_scheduled_time or clock.first_scheduled_time
+                if delta.token_ids:
+                    clock.tokens += len(delta.token_ids)
+                    clock.first_token_time = clock.first_token_time or now
+                    clock.last_token_time = now
             by_loop.setdefault(listener.loop, []).append((listener.queue, delta))
             if delta.finish_reason is not None:
+                self._finished(listener, delta.index, delta.finish_reason)
                 listener.remaining -= 1
                 if listener.remaining == 0:
                     self._listeners.pop(delta.request_id, None)

@@ -235,7 +235,7 @@ async def chat_updates(run: ChatRun, first: StepDelta,
             run.timer.tokens(delta.index, len(delta.token_ids))
             released = choice.feed(delta)
             if choice.done and delta.finish_reason is None:  # the server ended it (stop string, P-HDR-8, ...)
-                run.context.engine.abort(run.id, index=choice.index)
+                run.context.engine.abort(run.id, index=choice.index, reason="stop")
             if choice.done and choice.parser.unresolved_call_count:
                 run.context.metrics.unresolved_tool_calls.inc(choice.parser.unresolved_call_count)
             yield choice, released

@@ -14,9 +14,25 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.async_engine import AsyncEngine, FinishedCompletion
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's buckets for its per-request histograms (vllm/v1/metrics/loggers.py), so its dashboards' quantiles agree
+_VLLM_REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_VLLM_FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def _vllm_token_buckets(max_model_len: int) -> list[int]:
+    """vLLM's `build_1_2_5_buckets`: 1, 2, 5, 10, 20, 50, ... up to max_model_len."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_model_len:
+                return buckets
+            buckets.append(value)
+        exponent += 1
 
 
 class _EngineCollector(Collector):
@@ -149,12 +165,42 @@ class ServerMetrics:
         self.tool_choice_unsatisfied = Counter(
             "glimmer_tool_choice_unsatisfied", "Required or named tool_choice requests that ended without a call",
             registry=self.registry)
+        self._model_name = model_name
+        self.request_success = Counter(
+            "vllm:request_success", "Finished requests (completions, n per request) by finish reason",
+            ["model_name", "finished_reason"], registry=self.registry)
+        for reason in _VLLM_FINISH_REASONS:  # each series from 0, so rate() sees the first one
+            self.request_success.labels(model_name, reason)
+        token_buckets = _vllm_token_buckets(engine.engine.max_model_len)
+        self.request_histograms = {name: Histogram(name, documentation, ["model_name"], buckets=buckets,
+                                                   registry=self.registry).labels(model_name)
+                                   for name, documentation, buckets in (
+            ("vllm:request_prompt_tokens", "Prompt tokens of each finished request", token_buckets),
+            ("vllm:request_generation_tokens", "Tokens each finished request generated", token_buckets),
+            ("vllm:request_queue_time_seconds", "From a request's arrival to its first step",
+             _VLLM_REQUEST_LATENCY_BUCKETS_S),
+            ("vllm:request_prefill_time_seconds", "From a request's first step to its first token",
+             _VLLM_REQUEST_LATENCY_BUCKETS_S),
+            ("vllm:request_decode_time_seconds", "From a request's first token to its last",
+             _VLLM_REQUEST_LATENCY_BUCKETS_S))}
+        engine.on_finished(self._finished)
         self.registry.register(_EngineCollector(engine, model_name))
         self.registry.register(_VllmLatencies([
             ("vllm:time_to_first_token_seconds", self.time_to_first_token),
             ("vllm:inter_token_latency_seconds", self.inter_token_latency),
             ("vllm:time_per_output_token_seconds", self.inter_token_latency),  # vLLM's older name
             ("vllm:e2e_request_latency_seconds", self.request_latency)], model_name))
+
+    def _finished(self, record: FinishedCompletion) -> None:
+        """One completion ended (on the engine thread): vLLM's per-request figures, those that were measured."""
+        self.request_success.labels(self._model_name, record.finish_reason).inc()
+        for name, value in (("vllm:request_prompt_tokens", record.num_prompt_tokens),
+                            ("vllm:request_generation_tokens", record.num_generation_tokens),
+                            ("vllm:request_queue_time_seconds", record.queue_time),
+                            ("vllm:request_prefill_time_seconds", record.prefill_time),
+                            ("vllm:request_decode_time_seconds", record.decode_time)):
+            if value is not None:
+                self.request_histograms[name].observe(value)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -183,6 +183,11 @@ class OutputBuilder:
         cut = incomplete and self._open is not None and _ITEM_CHANNELS[self._open["type"]] == cut_channel
         return self._close("incomplete" if cut else "completed")
 
+    def fail(self) -> list[dict[str, Any]]:
+        """Close the item being written as `incomplete`: the response failed before it ended (a failed response's
+        items never stay `in_progress`, as an incomplete response's cut item is `incomplete`)."""
+        return self._close("incomplete")
+
     def _index(self, item: dict[str, Any]) -> int:
         return self.items.index(item)
 
@@ -531,6 +536,8 @@ async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[Ste
             if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
                 exc = responses_error(exc, run.conversation.sources)
             error = describe_error(exc)[1]["error"]
+            for event in run.builder.fail():
+                yield run.event(event)
             # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
             yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
                              "param": error["param"]})

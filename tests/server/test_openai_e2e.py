@@ -81,7 +81,7 @@ def test_streamed_text_equals_the_non_streamed_text(client):
 
 def test_declared_tools_with_auto_choice_give_a_well_formed_response(client):
     response = client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER_TOOL, TIME_TOOL],
-                                              max_tokens=16, temperature=0, extra_body=EXTRA)
+                                              max_tokens=64, temperature=0, extra_body=EXTRA)
     choice = response.choices[0]
     for call in choice.message.tool_calls or []:
         assert call.id.startswith("call_")
@@ -339,6 +339,43 @@ def test_metrics_carry_vllms_names_for_its_dashboards(server, client):
     assert busy["vllm:kv_cache_usage_perc" + label] == max(used) > 0
     assert busy["vllm:num_requests_running" + label] == busy["glimmer_num_requests_running"] == 1
     server.wait_for_idle()
+
+
+def test_metrics_carry_vllms_per_request_figures(server, client):
+    """vLLM's dashboard reads finished requests by reason (vllm:request_success_total) and each request's prompt
+    and generated tokens and queue, prefill and decode times (vllm:request_*): none was exposed."""
+    model = 'model_name="tiny"'
+    greedy = {**EXTRA, "ignore_eos": True}
+    text = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0,
+                                          extra_body=greedy).choices[0].message.content
+    before = server.wait_for_idle()
+    two = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, n=2, extra_body=greedy)
+    # a stop string the server matches ends the completion as "stop", not as a client's abort
+    stopped = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=64, temperature=0,
+                                             stop=[text[len(text) // 2]], extra_body=greedy)
+    assert stopped.choices[0].finish_reason == "stop"
+    _disconnect_after(server, {"model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "stream": True,
+                               **greedy}, lines=4)
+    after = server.wait_for_idle()
+
+    def grew(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    for reason, count in (("length", 2), ("stop", 1), ("abort", 1), ("error", 0)):
+        assert grew(f'vllm:request_success_total{{finished_reason="{reason}",{model}}}') == count, reason
+        assert f'vllm:request_success_total{{finished_reason="{reason}",{model}}}' in after
+    assert grew(f"vllm:request_prompt_tokens_count{{{model}}}") == 4
+    # one record per completion (vLLM's, n per request); each of the four had the same prompt
+    assert grew(f"vllm:request_prompt_tokens_sum{{{model}}}") == 4 * stopped.usage.prompt_tokens
+    assert grew(f"vllm:request_generation_tokens_count{{{model}}}") == 4
+    assert grew(f"vllm:request_generation_tokens_sum{{{model}}}") == grew("glimmer_generation_tokens_total") >= \
+        two.usage.completion_tokens + stopped.usage.completion_tokens + 3
+    for phase in ("queue", "prefill", "decode"):
+        assert grew(f"vllm:request_{phase}_time_seconds_count{{{model}}}") == 4, phase
+        assert grew(f'vllm:request_{phase}_time_seconds_bucket{{le="+Inf",{model}}}') == 4, phase
+        assert grew(f"vllm:request_{phase}_time_seconds_sum{{{model}}}") >= 0, phase
+    assert grew(f"vllm:request_decode_time_seconds_sum{{{model}}}") > 0  # several tokens each
+    assert f'vllm:request_prompt_tokens_bucket{{le="1.0",{model}}}' in after  # vLLM's 1-2-5 buckets
 
 
 def test_prefix_cache_counters_add_up_the_requests_prompt_and_cached_tokens(server, client):

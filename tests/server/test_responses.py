@@ -585,6 +585,11 @@ def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsat
         assert 'cut short by max_output_tokens (finish_reason "length") before a complete call' in message
         assert "raise max_output_tokens" in message
     assert failed["response"]["error"]["message"] == error["message"]
+    # as an incomplete response's cut item: the item the failure cut is `incomplete`, its done events sent
+    assert failed["response"]["output"] and [item["status"] for item in failed["response"]["output"]] == \
+        ["incomplete"] * len(failed["response"]["output"])
+    (done,) = [line for line in lines if line["type"] == "response.output_item.done"]
+    assert done["item"] == failed["response"]["output"][-1] and lines.index(done) < lines.index(error)
 
 
 
