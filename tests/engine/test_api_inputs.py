@@ -118,7 +118,7 @@ def test_a_vllm_argument_at_a_value_that_changes_nothing_is_taken_and_dropped(ar
 
 
 @pytest.mark.parametrize(("name", "value", "advice"), [
-    ("logits_processors", [print], "logit_bias"), ("truncate_prompt_tokens", 8, "prompt_token_ids"),
+    ("logits_processors", [print], "logit_bias"), ("use_beam_search", True, "beam search"),
     ("best_of", 4, "cumulative_logprob"), ("detokenize", False, "always")])
 def test_a_vllm_argument_set_after_construction_is_refused_as_at_construction(name, value, advice):
     """`params.logits_processors = [print]` (vLLM scripts set fields after construction) made a new attribute that
