@@ -259,6 +259,14 @@ def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
     return outcome.deltas
 
 
+_BESIDE_A_GRAMMAR = (
+    ("min_tokens", "decides where the text ends; drop min_tokens or the constraint"),
+    ("allowed_token_ids", "decides which tokens may follow; drop one"),
+    ("bad_words", "could force a banned token; drop one"),
+)
+"""Sampling fields `add_request` refuses beside a grammar over the output, and why."""
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -776,20 +784,14 @@ class LLMEngine:
         max_tokens = self.generation_budget(prompt_len, params, clamp_max_tokens=clamp_max_tokens)
         if controller_factory is None and params.structured_outputs is not None:
             controller_factory = self.grammars.structured_outputs(params.structured_outputs)
-        if controller_factory is not None and params.min_tokens:
+        if controller_factory is not None:
             # thinking_token_budget and strict tools make a grammar too: a message naming only two of the four sent
             # a client that set neither looking for what it did wrong
-            raise RequestError("min_tokens: cannot be combined with a grammar over the output (structured outputs, a "
-                               "required or named tool choice, strict tools or thinking_token_budget): the grammar "
-                               "decides where the text ends; drop min_tokens or the constraint", param="min_tokens")
-        if controller_factory is not None and params.allowed_token_ids:
-            raise RequestError("allowed_token_ids: cannot be combined with a grammar over the output (structured "
-                               "outputs, a required or named tool choice, strict tools or thinking_token_budget): the "
-                               "grammar decides which tokens may follow; drop one", param="allowed_token_ids")
-        if controller_factory is not None and params.bad_words:
-            raise RequestError("bad_words: cannot be combined with a grammar over the output (structured outputs, a "
-                               "required or named tool choice, strict tools or thinking_token_budget): the grammar "
-                               "could force a banned token; drop one", param="bad_words")
+            for name, why in _BESIDE_A_GRAMMAR:
+                if getattr(params, name):
+                    raise RequestError(f"{name}: cannot be combined with a grammar over the output (structured "
+                                       "outputs, a required or named tool choice, strict tools or "
+                                       f"thinking_token_budget): the grammar {why}", param=name)
         banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
         if params.allowed_token_ids and {ids[0] for ids in banned_words if len(ids) == 1} >= set(
                 params.allowed_token_ids):  # every step would have nothing left to sample

@@ -274,17 +274,23 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (run at construction and on submission). `stop` and
         `stop_token_ids` set after construction are taken as at construction (one string as a list of it, a tuple
-        as a list, None as none), and NumPy scalars are taken as the Python numbers they hold."""
+        as a list, None as none; `allowed_token_ids` and `bad_words` as lists likewise), and NumPy scalars are taken
+        as the Python numbers they hold."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is None or isinstance(self.stop, tuple):
             self.stop = list(self.stop or [])
         if self.stop_token_ids is None or isinstance(self.stop_token_ids, tuple):
             self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.allowed_token_ids, tuple | set | frozenset | range):
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, tuple):
+            self.bad_words = list(self.bad_words)
         for name in _NUMBER_FIELDS:
             setattr(self, name, _plain_number(getattr(self, name)))
-        if isinstance(self.stop_token_ids, list):
-            self.stop_token_ids = [_plain_number(t) for t in self.stop_token_ids]
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            if isinstance(getattr(self, name), list):
+                setattr(self, name, [_plain_number(t) for t in getattr(self, name)])
         if isinstance(self.logit_bias, dict):
             self.logit_bias = {_plain_number(t): _plain_number(b) for t, b in self.logit_bias.items()}
         if _is_int(self.seed) and self.seed == -1:  # vLLM's "no seed": a fresh draw each request, not stream -1
@@ -359,12 +365,9 @@ class SamplingParams:
             _check(isinstance(self.cache_salt, str) and self.cache_salt != "", "cache_salt",
                    "must be a non-empty string (leave it out for no salt)")
         if self.allowed_token_ids is not None:
-            if isinstance(self.allowed_token_ids, tuple | set | frozenset | range):
-                self.allowed_token_ids = list(self.allowed_token_ids)
             count = len(self.allowed_token_ids) if isinstance(self.allowed_token_ids, list) else 0
             _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
                    f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
-            self.allowed_token_ids = [_plain_number(t) for t in self.allowed_token_ids]
             bad = [t for t in self.allowed_token_ids if not (_is_int(t) and t >= 0)]
             _check(not bad, "allowed_token_ids", f"{bad[0]!r} is not a token id (an integer >= 0)" if bad else "")
             _check(self.structured_outputs is None, "allowed_token_ids",
@@ -375,8 +378,6 @@ class SamplingParams:
                    "truncate_prompt_tokens", f"must be an integer >= 1 (the prompt's last tokens kept) or -1 "
                    f"(max_model_len), not {self.truncate_prompt_tokens!r} (None: no truncation)")
         if self.bad_words is not None:
-            if isinstance(self.bad_words, tuple):
-                self.bad_words = list(self.bad_words)
             _check(isinstance(self.bad_words, list) and len(self.bad_words) <= MAX_BAD_WORDS, "bad_words",
                    f"must be a list of at most {MAX_BAD_WORDS} strings (None or [] for none)")
             bad = [w for w in self.bad_words if not (isinstance(w, str) and w.strip() and len(w) <= MAX_BAD_WORD_CHARS)]
