@@ -215,6 +215,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             metrics_require_api_key=args.metrics_require_api_key,
             allow_control_tokens_in_content=args.allow_control_tokens_in_content,
             trust_request_chat_template=args.trust_request_chat_template,
+            request_id_headers=args.enable_request_id_headers,
         )
 
     _check_engine_options(args)
@@ -906,6 +907,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="trusted clients only: render a chat request's own Jinja chat_template (sandboxed, as "
                             "the checkpoint's; default: such a request gets HTTP 400)")
+    serve.add_argument("--enable-request-id-headers", action="store_true",
+                       help="every response carries X-Request-Id: the request's, else one made for it, which a "
+                            "completion's id is then built on (as a client's: chatcmpl-ID)")
     serve.add_argument("--ssl-keyfile", default=None, metavar="FILE",
                        help="serve HTTPS: the server's private key (PEM), with --ssl-certfile")
     serve.add_argument("--ssl-certfile", default=None, metavar="FILE",

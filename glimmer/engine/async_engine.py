@@ -339,7 +339,7 @@ class AsyncEngine:
         causes = {request_id: exc.cause_of(request_id) for request_id in exc.request_ids}
         internal = [request_id for request_id, cause in causes.items() if not isinstance(cause, GrammarFailure)]
         if internal:
-            # the ids are the responses' ids (`chatcmpl-...`), which the server's 500 and its access log lack
+            # the ids start with the responses' ids (`chatcmpl-...`), which the server's 500 and its access log lack
             logger.error("a step failed; stopping its %d request(s): %s", len(internal), ", ".join(internal),
                          exc_info=exc)
             self.metrics.errors += 1

@@ -31,6 +31,7 @@ from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
 from glimmer.server.metrics import ServerMetrics
+from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
 from glimmer.server.responses import (
     cancel_response,
     count_input_tokens,
@@ -140,6 +141,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     # headers every other response does (Starlette's own ServerErrorMiddleware sits outside all of them, and a
     # browser page cannot read a response without them)
     app.add_middleware(_InternalErrors)
+    if settings.request_id_headers:
+        app.add_middleware(_RequestIdHeaders)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
@@ -274,6 +277,31 @@ class _InternalErrors:
                 logger.error("internal error after the response started", exc_info=exc)
             else:
                 await error_response(exc)(scope, receive, send)
+
+
+class _RequestIdHeaders:
+    """vLLM's --enable-request-id-headers: every response carries `X-Request-Id`, the request's, or one made here
+    when it sent none, which the request then carries on (a completion's id is built on it, as on a client's)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        name = REQUEST_ID_HEADER.lower().encode()
+        request_id = next((value for key, value in scope["headers"] if key == name), None)
+        if request_id is None:
+            request_id = uuid.uuid4().hex.encode()
+            scope = {**scope, "headers": [*scope["headers"], (name, request_id)]}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (name, request_id)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class _RequestAccounting:

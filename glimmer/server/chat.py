@@ -37,6 +37,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
+from glimmer.server.request_id import client_request_id, engine_request_id
 from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
 from glimmer.server.schemas import ChatCompletionRequest, chunk_usage, parse_body
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
@@ -56,6 +57,7 @@ class ChatRun:
     timer: RequestTimer
     params: SamplingParams  # what the engine runs: the request's fields, the checkpoint's defaults for the rest
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    engine_id: str = ""  # the engine's id of the request: `id`, made unique where the client chose it (request_id.py)
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 
@@ -190,6 +192,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted)."""
     model_name = context.check_model(request.model)
+    client_id = client_request_id(raw_request, request.request_id)
     try:
         params = chat_sampling_params(request, context)
     except RequestError as error:
@@ -210,7 +213,12 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
                for i in range(params.n)]
     run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival), params)
-    stream = context.engine.generate(run.id, prompt.token_ids, params, multimodal=prompt.multimodal,
+    if client_id is None:
+        run.engine_id = run.id
+    else:
+        run.id = f"chatcmpl-{client_id}"
+        run.engine_id = engine_request_id(run.id)
+    stream = context.engine.generate(run.engine_id, prompt.token_ids, params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory)
     try:
         first = await until_disconnect(raw_request, anext(stream))
@@ -235,7 +243,7 @@ async def chat_updates(run: ChatRun, first: StepDelta,
             run.timer.tokens(delta.index, len(delta.token_ids))
             released = choice.feed(delta)
             if choice.done and delta.finish_reason is None:  # the server ended it (stop string, P-HDR-8, ...)
-                run.context.engine.abort(run.id, index=choice.index, reason="stop")
+                run.context.engine.abort(run.engine_id, index=choice.index, reason="stop")
             if choice.done and choice.parser.unresolved_call_count:
                 run.context.metrics.unresolved_tool_calls.inc(choice.parser.unresolved_call_count)
             yield choice, released

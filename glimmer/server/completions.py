@@ -38,6 +38,7 @@ from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
 from glimmer.server.logprobs import completion_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
+from glimmer.server.request_id import client_request_id, engine_request_id
 from glimmer.server.sampling import completion_sampling_params
 from glimmer.server.schemas import CompletionRequest, chunk_usage, parse_body
 from glimmer.server.settings import MAX_BATCH_PROMPTS
@@ -231,6 +232,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     arrival = time.monotonic()
     request = parse_body(CompletionRequest, await read_body(raw_request, context))
     model_name = context.check_model(request.model)
+    client_id = client_request_id(raw_request, request.request_id)
     params = completion_sampling_params(request, context)
     try:
         prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(
@@ -239,10 +241,14 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
         raise naming_the_prompt(exc) from None
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
+    engine_id = run.id
+    if client_id is not None:
+        run.id = f"cmpl-{client_id}"
+        engine_id = engine_request_id(run.id)
     run.choices = [_Choice(detokenizer=run.detokenizer() if request.logprobs is not None else None)
                    for _ in range(len(prompts) * params.n)]
     # the queue limit counts this API request once, however many prompts it holds
-    streams = [context.engine.generate(f"{run.id}-{i}", ids, params, controller_factory=factory, queue_limit=i == 0)
+    streams = [context.engine.generate(f"{engine_id}-{i}", ids, params, controller_factory=factory, queue_limit=i == 0)
                for i, ids in enumerate(prompts)]
     try:
         firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),

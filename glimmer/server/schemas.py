@@ -205,6 +205,7 @@ class _SamplingFields(RequestBody):
     guided_choice: Items[str] | None = None
     guided_grammar: str | None = None
     cache_salt: str | None = None
+    request_id: str | None = None  # vLLM's: the response id is built on it, unless X-Request-Id is sent (request_id.py)
     # accepted and ignored: they cannot change the output
     user: str | None = None
     metadata: Metadata | None = None  # within OpenAI's limits (check_metadata)

@@ -43,6 +43,8 @@ class ServerSettings:
     trust_request_chat_template: render a chat request's own `chat_template` (vLLM's field and flag): a Jinja
         template the server runs, in the sandbox checkpoint templates run in; off by default, when such a request
         is refused (400).
+    request_id_headers: every response carries the request's `X-Request-Id`, or one made for it (vLLM's
+        --enable-request-id-headers).
     """
 
     served_model_names: tuple[str, ...]
@@ -60,6 +62,7 @@ class ServerSettings:
     metrics_require_api_key: bool = False
     allow_control_tokens_in_content: bool = False
     trust_request_chat_template: bool = False
+    request_id_headers: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):

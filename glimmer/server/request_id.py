@@ -1,0 +1,46 @@
+"""A client's own request id, as vLLM takes it: the `X-Request-Id` header, else the body's `request_id`.
+
+The response's id is built on it (`chatcmpl-<id>`, `cmpl-<id>`), so that a gateway's logs and the client's meet. The
+engine's id adds a random suffix: two requests in flight with one client id (a retry, a proxy's constant) must not
+share the engine's bookkeeping, as vLLM's frontend makes its ids unique too.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from fastapi import Request
+
+from glimmer.errors import RequestError
+
+HEADER = "X-Request-Id"
+MAX_CHARS = 256
+# visible ASCII, with inner spaces: it goes into response ids, log lines and (--enable-request-id-headers) a header
+_PRINTABLE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
+
+
+def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
+    """The client's id: the header's, else the body's `request_id`, else None. Raises RequestError for one sent
+    twice, too long, or not visible ASCII."""
+    sent = raw_request.headers.getlist(HEADER)
+    if len(sent) > 1:
+        raise RequestError(f"the request has {len(sent)} {HEADER} headers; send exactly one", param=HEADER)
+    if sent:
+        return _checked(sent[0], HEADER)
+    return None if body_id is None else _checked(body_id, "request_id")
+
+
+def _checked(value: str, name: str) -> str:
+    if len(value) > MAX_CHARS:
+        raise RequestError(f"{name}: {len(value):,} characters; send at most {MAX_CHARS}", param=name)
+    if not _PRINTABLE.fullmatch(value):
+        raise RequestError(f"{name}: {value!r} is not an id of visible ASCII characters (spaces inside only); send "
+                           "one such as a UUID, or leave it out for the server's own", param=name)
+    return value
+
+
+def engine_request_id(response_id: str) -> str:
+    """The engine's id of the request answered as `response_id`: unique among those in flight whatever the client's
+    id, and starting with the response's id, so that a log line names the request a client knows."""
+    return f"{response_id}-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,87 @@
+"""A client's request id, as vLLM takes it: the `X-Request-Id` header, else the body's `request_id`, names the
+response (`chatcmpl-ID`, `cmpl-ID`); requests in flight may share one; `--enable-request-id-headers` echoes it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from server_support import PINNED_DATE, live_server
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "[long] go"}], "max_tokens": 300,
+        "chat_template_kwargs": PINNED_DATE, "temperature": 0}
+LONG_ANSWER = " ".join(["la"] * 30)
+COMPLETION = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), scripted=True) as live:
+        live.engine.engine.runner.add("[long]", " to=user<|message|>" + LONG_ANSWER + "<|eot|>")
+        yield live
+
+
+def _post(server, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(server.base_url + path, json=body, headers=headers, timeout=60)
+
+
+def test_the_header_or_else_the_body_field_names_the_response(server):
+    assert _post(server, "/chat/completions", CHAT, {"X-Request-Id": "trace-1"}).json()["id"] == "chatcmpl-trace-1"
+    assert _post(server, "/chat/completions", {**CHAT, "request_id": "body-1"}).json()["id"] == "chatcmpl-body-1"
+    both = _post(server, "/completions", {**COMPLETION, "request_id": "body-2"}, {"X-Request-Id": "trace-2"})
+    assert both.json()["id"] == "cmpl-trace-2"  # vLLM's order: the header first
+    assert _post(server, "/completions", {**COMPLETION, "prompt": [[1, 2], [3, 4]], "request_id": "b"}).json()[
+        "id"] == "cmpl-b"
+    with httpx.stream("POST", server.base_url + "/chat/completions", json={**CHAT, "stream": True},
+                      headers={"X-Request-Id": "trace-3"}, timeout=60) as response:
+        ids = {json.loads(line[6:])["id"] for line in response.iter_lines() if line.startswith("data: {")}
+    assert ids == {"chatcmpl-trace-3"}
+    plain = _post(server, "/chat/completions", CHAT).json()["id"]
+    assert plain.startswith("chatcmpl-") and len(plain) > len("chatcmpl-")
+
+
+def test_requests_in_flight_may_share_an_id(server):
+    """Two requests with one id (a retry, a proxy's constant) are two requests to the engine: the second was not
+    refused nor mixed with the first."""
+    server.engine.engine.runner.step_delay_s = 0.02
+    try:
+        with httpx.stream("POST", server.base_url + "/chat/completions", json={**CHAT, "stream": True},
+                          headers={"X-Request-Id": "same"}, timeout=60) as first:
+            lines = first.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            second = _post(server, "/chat/completions", CHAT, {"X-Request-Id": "same"})
+            rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    finally:
+        server.engine.engine.runner.step_delay_s = 0.0
+    assert second.status_code == 200, second.text
+    assert second.json()["id"] == "chatcmpl-same"
+    streamed = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in rest if chunk["choices"])
+    assert streamed == second.json()["choices"][0]["message"]["content"] == LONG_ANSWER
+    assert {chunk["id"] for chunk in rest} == {"chatcmpl-same"}
+
+
+@pytest.mark.parametrize(("headers", "fields", "param"), [
+    ({"X-Request-Id": "x" * 257}, {}, "X-Request-Id"),
+    ({}, {"request_id": "a\nb"}, "request_id"),
+    ({}, {"request_id": ""}, "request_id"),
+    ({}, {"request_id": "caf\u00e9"}, "request_id"),
+    ([("X-Request-Id", "a"), ("X-Request-Id", "b")], {}, "X-Request-Id"),
+])
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_an_id_that_no_log_or_header_could_carry_is_refused_naming_it(server, path, headers, fields, param):
+    body = {**(CHAT if path == "/chat/completions" else COMPLETION), **fields}
+    response = _post(server, path, body, headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(make_tiny):
+    with live_server(make_tiny(), scripted=True, request_id_headers=True) as server:
+        echoed = _post(server, "/completions", COMPLETION, {"X-Request-Id": "trace-4"})
+        assert echoed.headers["x-request-id"] == "trace-4"
+        made = _post(server, "/completions", COMPLETION)
+        assert made.json()["id"] == f"cmpl-{made.headers['x-request-id']}"
+        assert httpx.get(server.url + "/health").headers["x-request-id"]
+    with live_server(make_tiny(), scripted=True) as server:
+        assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
