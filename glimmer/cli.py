@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -546,15 +547,21 @@ def _read_tools(path: str) -> list[dict[str, Any]]:
     return tools
 
 
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+"""A Hub model id (owner/name): where a key is expected, `--api-key KEY owner/name` took the MODEL as a second key."""
+
+
 def _check_serve_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for serve options that would be accepted but never work: a media directory
     that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
     and for a MODEL that an option of several values took as one more."""
     if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
         for dest in ("served_model_name", "allowed_media_domains", "allowed_origins", "allowed_methods",
-                     "allowed_headers"):
+                     "allowed_headers", "api_key"):
             values = getattr(args, dest, None) or []  # vLLM's (the last two) are absent when not given
-            if values and values[-1] and Path(values[-1]).expanduser().exists():  # Path("") is the current directory
+            model_like = values and values[-1] and (Path(values[-1]).expanduser().exists()  # Path("") is the cwd
+                                                    or dest == "api_key" and _HUB_ID.fullmatch(values[-1]))
+            if model_like:
                 flag = f"--{dest.replace('_', '-')}"
                 raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
                                  f"the default model would be served; put MODEL first: glimmer serve {values[-1]} "
@@ -604,7 +611,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if not args.host.strip():  # `--host "$HOST"` with HOST unset: the socket would listen on every interface
         raise UsageError("--host is empty; give the address to listen on: 127.0.0.1 (this machine only, the "
                          "default), or 0.0.0.0 for every interface")
-    if args.api_key == "":  # `--api-key "$KEY"` with KEY unset
+    if args.api_key is not None and not all(key.strip() for key in args.api_key):  # `--api-key "$KEY"`, KEY unset
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
     if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
@@ -634,11 +641,12 @@ def _is_origin(text: str) -> bool:
                                                           or parts.username or parts.password)
 
 
-def _serve_api_key(args: argparse.Namespace) -> str | None:
-    """The key `glimmer serve` requires: --api-key, else $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY (a vLLM
-    deployment's key must not leave the server open), else none. An empty --api-key stays empty, to be refused."""
+def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
+    """The keys `glimmer serve` takes (any one of them): --api-key's, else $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY
+    (a vLLM deployment's key must not leave the server open), else none. An empty --api-key stays empty, to be
+    refused."""
     if args.api_key is not None:
-        return args.api_key
+        return tuple(args.api_key)
     return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
@@ -870,9 +878,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    serve.add_argument("--api-key", default=None,
-                       help="require `Authorization: Bearer KEY` on /v1 and /openapi.json (default: "
-                            "$GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
+    serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
+                       help="require `Authorization: Bearer KEY` on /v1 and /openapi.json, any one of the keys given "
+                            "(repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,

@@ -7,12 +7,14 @@ import hmac
 from fastapi import Request
 
 from glimmer.server.errors import APIError
+from glimmer.server.settings import api_keys
 
 
-def check_api_key(request: Request, api_key: str | None) -> None:
-    """Raises APIError 401 unless the request carries the server's key (or the server has none), in one
-    Authorization header."""
-    if api_key is None:
+def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> None:
+    """Raises APIError 401 unless the request carries the server's key, or one of its keys (or the server has none),
+    in one Authorization header."""
+    keys = api_keys(api_key)
+    if not keys:
         return
     sent = request.headers.getlist("authorization")
     if len(sent) > 1:  # a field sent once (RFC 9110 §11.6.2): which line counts is a guess a proxy may guess otherwise
@@ -23,5 +25,8 @@ def check_api_key(request: Request, api_key: str | None) -> None:
         raise APIError(401, "missing API key; send it as `Authorization: Bearer KEY`", code="invalid_api_key")
     # a key read from a secret file or variable may end in a newline, which no header can carry (and the token is
     # stripped): compared as it was, no client could ever be let in
-    if not hmac.compare_digest(token.strip().encode(), api_key.strip().encode()):
+    sent_key = token.strip().encode()
+    # every key is compared, so the time taken tells nothing of which one came close
+    matches = [hmac.compare_digest(sent_key, key.strip().encode()) for key in keys]
+    if not any(matches):
         raise APIError(401, "incorrect API key", code="invalid_api_key")

@@ -27,7 +27,7 @@ MAX_STOP_STRING_CHARS = 256
 class ServerSettings:
     """served_model_names: the names clients may put in `model` (the first is reported in responses).
     api_key: if set, every /v1 request (and /openapi.json, which describes them) needs `Authorization: Bearer
-    <api_key>`.
+    <api_key>`; several keys (a tuple, as vLLM's --api-key takes them): any one of them.
     default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
     media_policy: where images and videos may come from (data URLs always; local files and http(s) only
         as the operator allows).
@@ -48,7 +48,7 @@ class ServerSettings:
     """
 
     served_model_names: tuple[str, ...]
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_n: int = DEFAULT_MAX_N
     default_reasoning_strength: str | None = None
@@ -71,7 +71,8 @@ class ServerSettings:
         if repeated:
             raise ConfigError(f"served_model_names: {', '.join(map(repr, repeated))} given more than once "
                               "(/v1/models would list it twice); give each name once")
-        if self.api_key is not None and not self.api_key.strip():
+        keys = api_keys(self.api_key)
+        if self.api_key is not None and not (keys and all(key.strip() for key in keys)):
             raise ConfigError("api_key must not be empty; leave it unset to serve without a key")
         if self.max_request_bytes < 1024:
             raise ConfigError(f"max_request_bytes={self.max_request_bytes} is too small; use at least 1024")
@@ -89,3 +90,10 @@ class ServerSettings:
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+
+def api_keys(api_key: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """ServerSettings.api_key as a tuple of keys (none: no key needed)."""
+    if api_key is None:
+        return ()
+    return (api_key,) if isinstance(api_key, str) else tuple(api_key)

@@ -28,3 +28,20 @@ def test_a_key_read_with_a_trailing_newline_lets_its_clients_in(key):
 def test_a_key_of_whitespace_alone_is_refused_as_empty():
     with pytest.raises(ConfigError, match="api_key must not be empty"):
         ServerSettings(served_model_names=("m",), api_key=" \n")
+
+
+def test_any_one_of_several_keys_lets_its_client_in():
+    """vLLM's `--api-key KEY1 KEY2` (a key per client, or the old and the new one while rotating): a server took one
+    key, the last given."""
+    for key in ("sk-old", "sk-new\n"):
+        check_api_key(_request(f"Bearer {key.strip()}"), ("sk-old", "sk-new\n"))
+    with pytest.raises(APIError, match="incorrect API key"):
+        check_api_key(_request("Bearer sk-other"), ("sk-old", "sk-new"))
+    with pytest.raises(APIError, match="missing API key"):
+        check_api_key(_request(), ("sk-old", "sk-new"))
+
+
+@pytest.mark.parametrize("keys", [(), ("sk-key", "")])
+def test_no_keys_or_an_empty_one_among_them_is_refused_as_empty(keys):
+    with pytest.raises(ConfigError, match="api_key must not be empty"):
+        ServerSettings(served_model_names=("m",), api_key=keys)

@@ -40,7 +40,7 @@ def test_serve_options_parse():
                                       "--api-key", "k", "--max-model-len", "4096", "--max-num-seqs", "8",
                                       "--dtype", "bfloat16", "--device", "cpu", "--max-request-bytes", "2048"])
     assert (args.model, args.host, args.port, args.served_model_name, args.api_key) == (
-        "/models/glimmer", "127.0.0.1", 9000, ["a", "b"], "k")
+        "/models/glimmer", "127.0.0.1", 9000, ["a", "b"], ["k"])
     assert (args.max_model_len, args.max_num_seqs, args.dtype, args.device, args.max_request_bytes) == (
         4096, 8, "bfloat16", "cpu", 2048)
     assert build_parser().parse_args(["serve"]).model is None
@@ -801,6 +801,7 @@ def test_make_tiny_force_replaces_the_weights_of_an_earlier_checkpoint(capsys, t
     (["--metrics-require-api-key"], "--metrics-require-api-key needs a key"),
     (["--served-model-name", "a", ""], "--served-model-name: a name is empty"),
     (["--api-key", ""], "--api-key is empty"),  # `--api-key "$KEY"` with KEY unset served with no key
+    (["--api-key", "k", "--api-key", " "], "--api-key is empty"),
     (["--host", ""], "--host is empty")])  # `--host "$HOST"` with HOST unset listened on every interface
 def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_path, capsys, flags, words,
                                                                            monkeypatch):
@@ -813,7 +814,7 @@ def test_server_options_are_refused_naming_the_flag_before_the_model_loads(tmp_p
 
 
 @pytest.mark.parametrize("flag", ["--served-model-name", "--allowed-origins", "--allowed-media-domains",
-                                  "--allowed-methods", "--allowed-headers"])
+                                  "--allowed-methods", "--allowed-headers", "--api-key"])
 def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, monkeypatch, tmp_path, flag):
     """`glimmer serve --served-model-name muse MODEL` took MODEL as a second name and served the default model, as
     'muse', without a word; after the other two options it was refused as a bad origin or host."""
@@ -824,6 +825,15 @@ def test_a_model_after_an_option_of_several_values_is_refused_naming_it(capsys, 
                                f"{flag} took the model {tmp_path / 'model'} as one of its values",
                                f"put MODEL first: glimmer serve {tmp_path / 'model'} {flag} ...")
     assert "not a" not in err
+
+
+def test_a_hub_model_after_the_api_keys_is_refused_naming_it(capsys, monkeypatch):
+    """`--api-key` takes several keys, as vLLM's: `glimmer serve --api-key $KEY owner/name` would serve the default
+    model behind two keys, one of them the model's id."""
+    monkeypatch.setattr("glimmer.cli._engine_from_args", lambda args: pytest.fail(f"{args.model} was loaded"))
+    _fails_with_one_line(capsys, ["serve", "--port", str(free_port()), "--api-key", "sk-1", "owner/name"],
+                         "--api-key took the model owner/name as one of its values",
+                         "put MODEL first: glimmer serve owner/name --api-key ...")
 
 
 @pytest.mark.parametrize(("flags", "words"), [
@@ -916,7 +926,10 @@ def test_the_model_option_beside_url_is_refused_by_its_name(capsys, tmp_path):
 @pytest.mark.parametrize(("flags", "env", "key"), [
     ([], {"VLLM_API_KEY": "vllm-key"}, "vllm-key"),  # a vLLM deployment's key left the server open
     ([], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, "glimmer-key"),
-    (["--api-key", "flag-key"], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, "flag-key"),
+    (["--api-key", "flag-key"], {"GLIMMER_API_KEY": "glimmer-key", "VLLM_API_KEY": "vllm-key"}, ("flag-key",)),
+    # vLLM's several keys, any one of which lets a client in: only the last was kept (and `--api-key a b MODEL` took
+    # b as the MODEL)
+    (["--api-key", "a", "b", "--api-key", "c"], {"GLIMMER_API_KEY": "glimmer-key"}, ("a", "b", "c")),
     ([], {"VLLM_API_KEY": ""}, None)])
 def test_serve_requires_vllms_api_key_from_the_environment(monkeypatch, flags, env, key):
     from glimmer.cli import _serve_api_key, build_parser
