@@ -507,9 +507,22 @@ def token_logprobs(tokens: list[int], chosen: list[float], top_values: list[list
     for i, k in enumerate(ks):
         if k is None:
             continue
-        top = dict(zip(top_ids[i][:k], top_values[i][:k], strict=True)) if k > 0 else {}
+        top = ranked_top(tokens[i], chosen[i], ranks[i], top_ids[i][:k], top_values[i][:k])
         out[i] = TokenLogprobs(token_id=tokens[i], logprob=chosen[i], top=top, rank=ranks[i])
     return out
+
+
+def ranked_top(token_id: int, logprob: float, rank: int, ids: list[int], values: list[float]) -> dict[int, float]:
+    """The alternatives `ids` (most likely first, as topk gives them) with the token at its `rank`, 1 + the number
+    of tokens more likely, where that is among them. Among tokens of equal logprob topk's order, and which of them
+    it keeps at its end, is arbitrary: the token sampled (or scored) comes first among its equals, so that its rank
+    is its place in `top` (and in vLLM's dict of them) and the tokens before it are the more likely ones."""
+    top = list(zip(ids, values, strict=True))
+    if rank <= len(top) and top[rank - 1][0] != token_id:
+        top = [(t, v) for t, v in top if t != token_id]
+        top.insert(rank - 1, (token_id, logprob))
+        top = top[:len(ids)]
+    return dict(top)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None) -> SampleResult:
@@ -599,5 +612,7 @@ def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int,
     if k > 0:
         values, ids = real.topk(min(k, real.shape[1]), dim=-1)
         tops = [dict(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
-    return [TokenLogprobs(token_id=t, logprob=lp, top=top, rank=rank)
-            for t, lp, top, rank in zip(token_ids, chosen.squeeze(1).tolist(), tops, ranks, strict=True)]
+    logprobs = chosen.squeeze(1).tolist()
+    return [TokenLogprobs(token_id=t, logprob=lp, top=ranked_top(t, lp, rank, list(top), list(top.values())),
+                          rank=rank)
+            for t, lp, top, rank in zip(token_ids, logprobs, tops, ranks, strict=True)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -484,6 +485,36 @@ def test_logprob_alternatives_and_ranks_come_from_the_tokenizers_ids_only():
     assert [list(entry.top) for entry in scored] == [[1, 2, 0], [0, 2, 1]]
     assert scored[0].logprob == pytest.approx(raw[0, 2].item())  # the raw distribution, padding mass included
     assert scored_token_logprobs(logits, [2, 1], 1)[0].rank == 4  # without a token count every column counts
+
+
+def test_a_token_tied_with_others_sits_at_its_rank_among_the_alternatives():
+    """Tokens of equal logprob (a bf16 logit row has many; a softcap saturates to them): the token's rank is 1 + the
+    tokens more likely, and topk placed its equals in any order, or left it out for one of them, so a token of rank 1
+    was third among the alternatives, or missing from them with k = 2 (vLLM's dict then ranked it twice)."""
+    from glimmer.engine.outputs import PositionLogprobs
+    from glimmer.engine.sampler import scored_token_logprobs
+
+    logits = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0, 0.0],    # four tied for the first place
+                           [5.0, 1.0, 1.0, 1.0, 1.0, 0.0]])   # four tied for the second
+    forced = [3, 4]  # the bias forces a tie's last token; logprobs stay the model's
+    for k in (1, 2, 3, 5):
+        rows = [SamplingRow(SamplingParams(temperature=0, logprobs=k, logit_bias={t: 50.0}), [], [], None)
+                for t in forced]
+        sampled = sample(logits, rows)
+        scored = scored_token_logprobs(logits, forced, k)
+        assert sampled.token_ids == forced
+        for entries in (sampled.logprobs, scored):
+            assert [entry.rank for entry in entries] == [1, 2]
+            for entry in entries:
+                alternatives = list(entry.top)
+                assert len(alternatives) == k
+                assert alternatives[entry.rank - 1] == entry.token_id if entry.rank <= k else (
+                    entry.token_id not in alternatives)
+                values = list(entry.top.values())
+                assert values == sorted(values, reverse=True)  # still the k most likely, in order
+                as_dict = PositionLogprobs(entry, SimpleNamespace(decode=str))  # vLLM's dict of the position
+                assert as_dict[entry.token_id].rank == entry.rank
+                assert [as_dict[t].rank for t in alternatives] == list(range(1, k + 1))  # the place of each
 
 
 def _penalized_by_rows(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
