@@ -197,3 +197,19 @@ def test_a_timed_out_build_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(subprocess.TimeoutExpired):
         cpu._build([str(hanging)])
     assert not list((tmp_path / "glimmer" / "cpu-kernels").glob("*.partial"))
+
+
+def test_a_damaged_cached_library_is_built_again_not_loaded(tmp_path, monkeypatch, caplog):
+    """A cached library cut short (a crash or power loss before its blocks reached the disk) made every start fail:
+    an empty one fell back to the torch path for good, one cut inside its code killed the process (SIGBUS) when
+    loaded. It is checked against its digest and built again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = cpu._build(cpu._compiler())
+    for damaged in (b"", built.read_bytes()[:1000]):
+        built.write_bytes(damaged)
+        rebuilt = cpu._build(cpu._compiler())
+        assert rebuilt.read_bytes() not in (b"", damaged[:1000])
+        assert f"{built} is not the library built there" in caplog.text
+        code = f"import ctypes; ctypes.CDLL({str(rebuilt)!r}).glimmer_silu_mul"
+        assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0  # loads, not SIGBUS
+        built = rebuilt

@@ -140,16 +140,22 @@ def _machine_identity() -> str:
 
 def _build(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and machine: from the cache, else compiled into it (written
-    under a temporary name and renamed, so processes building at once never load a partial file)."""
+    under a temporary name and renamed, so processes building at once never load a partial file). Its name carries
+    its digest, checked before it is loaded: a file cut short (a crash before its blocks reached the disk) would
+    fail to load on every start, or kill the process inside its code, instead of being built again."""
     source = b"\0".join(path.read_bytes() for path in [*SOURCES, *HEADERS])
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(compiler).encode(), version.encode(),
                                      _machine_identity().encode(),
                                      repr((BASE_FLAGS, OPTIONAL_FLAGS)).encode()])).hexdigest()[:24]
     directory = _writable_cache_dir()
-    target = directory / f"ops-{key}.so"
-    if target.exists():
-        return target
+    for cached in sorted(directory.glob(f"ops-{key}-*.so")):
+        if cached.name == f"ops-{key}-{_digest(cached)}.so":
+            return cached
+        logger.warning("CPU kernels: %s is not the library built there (cut short or changed since); building it "
+                       "again", cached)
+        with contextlib.suppress(OSError):
+            cached.unlink()
     errors = []
     for extra in OPTIONAL_FLAGS:
         fd, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
@@ -158,6 +164,7 @@ def _build(compiler: list[str]) -> Path:
             result = subprocess.run([*compiler, *BASE_FLAGS, *extra, *map(str, SOURCES), "-o", partial, "-lm"],
                                     capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             if result.returncode == 0:
+                target = directory / f"ops-{key}-{_digest(Path(partial))}.so"
                 os.replace(partial, target)
                 logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
                 return target
@@ -166,6 +173,10 @@ def _build(compiler: list[str]) -> Path:
                 os.unlink(partial)
         errors.append(result.stderr.strip().splitlines()[-1:] or ["(no message)"])
     raise OSError(f"the compiler failed with every flag set: {errors[-1][0]}")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _writable_cache_dir() -> Path:
