@@ -213,3 +213,17 @@ def test_a_damaged_cached_library_is_built_again_not_loaded(tmp_path, monkeypatc
         code = f"import ctypes; ctypes.CDLL({str(rebuilt)!r}).glimmer_silu_mul"
         assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0  # loads, not SIGBUS
         built = rebuilt
+
+
+def test_a_failed_build_reports_the_compilers_reason_not_its_last_line(tmp_path, monkeypatch):
+    """gcc ends a failed link with `collect2: error: ld returned 1 exit status`; the reason (a full disk, a missing
+    library) is on a line before it, and is what the warning must show."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    linker = tmp_path / "fullcc"
+    linker.write_text('#!/bin/sh\ncase "$1" in --version) echo fake;; *)\n'
+                      'echo "decoder_stack.c:92:1: warning: unused parameter threads" >&2\n'
+                      'echo "/usr/bin/ld: final link failed: No space left on device" >&2\n'
+                      'echo "collect2: error: ld returned 1 exit status" >&2; exit 1;; esac\n')
+    linker.chmod(0o755)
+    with pytest.raises(OSError, match="final link failed: No space left on device"):
+        cpu._build([str(linker)])

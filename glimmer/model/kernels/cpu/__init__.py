@@ -25,6 +25,7 @@ import importlib
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import stat
@@ -171,8 +172,16 @@ def _build(compiler: list[str]) -> Path:
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-        errors.append(result.stderr.strip().splitlines()[-1:] or ["(no message)"])
-    raise OSError(f"the compiler failed with every flag set: {errors[-1][0]}")
+        errors.append(_reason(result.stderr))
+    raise OSError(f"the compiler failed with every flag set: {errors[-1]}")
+
+
+def _reason(stderr: str) -> str:
+    """A failed build's first line that says what went wrong (gcc's last one, `collect2: error: ld returned 1 exit
+    status`, follows the reason: a full disk, a missing library), else its last line."""
+    lines = stderr.strip().splitlines()
+    reasons = [line for line in lines if re.search(r"error|fail|cannot", line, re.IGNORECASE)]
+    return (reasons or lines or ["(no message)"])[0 if reasons else -1]
 
 
 def _digest(path: Path) -> str:
