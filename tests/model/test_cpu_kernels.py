@@ -227,3 +227,23 @@ def test_a_failed_build_reports_the_compilers_reason_not_its_last_line(tmp_path,
     linker.chmod(0o755)
     with pytest.raises(OSError, match="final link failed: No space left on device"):
         cpu._build([str(linker)])
+
+
+def test_two_macs_cache_their_own_libraries(monkeypatch):
+    """macOS has no /proc/cpuinfo: the CPU's model and features come from sysctl, so a cache moved to a Mac with other
+    instructions (Migration Assistant copies ~/.cache) builds anew instead of loading code for the old CPU."""
+    def no_cpuinfo(path, *args, **kwargs):
+        raise FileNotFoundError(path)
+
+    def sysctl_of(cpu_model):
+        def run(command, **kwargs):
+            assert command[0].endswith("sysctl")
+            return subprocess.CompletedProcess(command, 0, f"machdep.cpu.brand_string: {cpu_model}\n", "")
+        return run
+
+    monkeypatch.setattr(cpu, "open", no_cpuinfo, raising=False)
+    monkeypatch.setattr(cpu.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cpu.subprocess, "run", sysctl_of("Intel(R) Xeon(R) W-2140B CPU @ 3.20GHz"))
+    avx512_mac = cpu._machine_identity()
+    monkeypatch.setattr(cpu.subprocess, "run", sysctl_of("Intel(R) Core(TM) i5-8257U CPU @ 1.40GHz"))
+    assert cpu._machine_identity() != avx512_mac

@@ -129,13 +129,18 @@ def _cache_dir() -> Path:
 
 
 def _machine_identity() -> str:
-    """What `-march=native` depends on: the architecture and, on Linux, the CPU's model and feature flags."""
+    """What `-march=native` depends on: the architecture and the CPU's model and feature flags (Linux's
+    /proc/cpuinfo, macOS's sysctl: a home directory moved to another Mac brings its cache along, and a library built
+    for the old CPU's instructions would kill the process on the new one)."""
     parts = [platform.system(), platform.machine(), platform.processor()]
     try:
         with open("/proc/cpuinfo") as f:
             parts += sorted({line.strip() for line in f if line.startswith(("model name", "flags", "Features"))})
     except OSError:
-        pass
+        if platform.system() == "Darwin":
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                parts.append(subprocess.run(["/usr/sbin/sysctl", "machdep.cpu.brand_string", "hw.optional"],
+                                            capture_output=True, text=True, timeout=30).stdout)
     return "\n".join(parts)
 
 
