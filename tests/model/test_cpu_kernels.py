@@ -5,7 +5,9 @@ choices, the build cache, and the fallback where no compiler works."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +249,19 @@ def test_two_macs_cache_their_own_libraries(monkeypatch):
     avx512_mac = cpu._machine_identity()
     monkeypatch.setattr(cpu.subprocess, "run", sysctl_of("Intel(R) Core(TM) i5-8257U CPU @ 1.40GHz"))
     assert cpu._machine_identity() != avx512_mac
+
+
+def test_a_flag_set_that_builds_what_cannot_load_gives_way_to_the_next(tmp_path, monkeypatch, caplog):
+    """`zig cc -fopenmp` links no OpenMP runtime: the library builds, then fails to load (undefined symbol
+    __kmpc_...), and the CPU ran the torch path at every start. The build takes the next flag set instead."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    unresolved = tmp_path / "unresolved.c"
+    unresolved.write_text("void __kmpc_absent(void);\nvoid glimmer_parallel(void) { __kmpc_absent(); }\n")
+    zig_like = tmp_path / "zigcc"
+    zig_like.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {unresolved};; esac\n'
+                        f'exec {shlex.join(cpu._compiler())} "$@"\n')
+    zig_like.chmod(0o755)
+    caplog.set_level("INFO")
+    built = cpu._build([str(zig_like)])
+    assert ctypes.CDLL(str(built)).glimmer_silu_mul is not None  # loads
+    assert "built" in caplog.text and "-fopenmp" not in caplog.text

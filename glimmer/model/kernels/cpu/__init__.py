@@ -169,15 +169,19 @@ def _build(compiler: list[str]) -> Path:
         try:
             result = subprocess.run([*compiler, *BASE_FLAGS, *extra, *map(str, SOURCES), "-o", partial, "-lm"],
                                     capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            reason = _reason(result.stderr)
             if result.returncode == 0:
+                ctypes.CDLL(partial)  # a flag set may build what cannot load: zig cc's -fopenmp links no OpenMP runtime
                 target = directory / f"ops-{key}-{_digest(Path(partial))}.so"
                 os.replace(partial, target)
                 logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
                 return target
+        except OSError as error:
+            reason = str(error)
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-        errors.append(_reason(result.stderr))
+        errors.append(reason)
     raise OSError(f"the compiler failed with every flag set: {errors[-1]}")
 
 
