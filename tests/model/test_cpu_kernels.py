@@ -265,3 +265,15 @@ def test_a_flag_set_that_builds_what_cannot_load_gives_way_to_the_next(tmp_path,
     built = cpu._build([str(zig_like)])
     assert ctypes.CDLL(str(built)).glimmer_silu_mul is not None  # loads
     assert "built" in caplog.text and "-fopenmp" not in caplog.text
+
+
+def test_without_a_home_directory_the_kernels_are_cached_in_a_private_temporary_one(tmp_path, monkeypatch):
+    """A container run as a uid the password database lacks, without HOME: Path.home() raises RuntimeError, which
+    failed the engine's load instead of caching elsewhere."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(cpu.Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(
+        RuntimeError("Could not determine home directory."))))
+    monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path))
+    built = cpu._build(cpu._compiler())
+    assert built.parent == tmp_path / f"glimmer-cpu-kernels-{os.getuid()}"

@@ -200,11 +200,14 @@ def _digest(path: Path) -> str:
 def _writable_cache_dir() -> Path:
     """The user's cache directory; where it cannot be written, a directory of the temporary one that only this
     user can write (a library found in a directory others can write could be anyone's code: it is loaded)."""
-    directory = _cache_dir()
+    directory: Path | str
     try:
+        directory = _cache_dir()
         directory.mkdir(parents=True, exist_ok=True)
         tempfile.NamedTemporaryFile(dir=directory, delete=True).close()
         return directory
+    except RuntimeError:  # Path.home() without HOME for a uid the password database lacks (a container's arbitrary one)
+        directory = "~/.cache (there is no home directory)"
     except OSError:
         pass
     shared = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
