@@ -172,6 +172,8 @@ def test_cc_may_carry_arguments_and_an_unusable_one_is_reported(monkeypatch, cap
     assert cpu._compiler()[1:] == ["-O0"]
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert cpu._compiler() is not None and "names no program on PATH" in caplog.text
+    monkeypatch.setenv("CC", 'gcc "-O2')  # an unclosed quote: was ValueError out of the engine's load
+    assert cpu._compiler() is not None and "cannot be split as a shell would (No closing quotation)" in caplog.text
 
 
 def test_a_temporary_cache_directory_others_could_write_is_not_used(tmp_path, monkeypatch):

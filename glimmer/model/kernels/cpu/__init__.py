@@ -111,11 +111,16 @@ def _compiler() -> list[str] | None:
     """The compiler command: `CC` (split as a shell would: `ccache gcc` works), else cc, gcc or clang."""
     configured = os.environ.get("CC", "").strip()
     if configured:
-        command = shlex.split(configured)
-        found = shutil.which(command[0])
-        if found:
-            return [found, *command[1:]]
-        logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
+        try:
+            command = shlex.split(configured)
+        except ValueError as error:  # an unclosed quote, a trailing backslash
+            logger.warning("CPU kernels: CC=%r cannot be split as a shell would (%s); trying cc, gcc and clang",
+                           configured, error)
+        else:
+            found = shutil.which(command[0])
+            if found:
+                return [found, *command[1:]]
+            logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
     for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
