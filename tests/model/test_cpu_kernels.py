@@ -279,3 +279,35 @@ def test_without_a_home_directory_the_kernels_are_cached_in_a_private_temporary_
     monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path))
     built = cpu._build(cpu._compiler())
     assert built.parent == tmp_path / f"glimmer-cpu-kernels-{os.getuid()}"
+
+
+def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeypatch):
+    """A library built with -fopenmp needs the OpenMP runtime it linked (clang's libomp.so.5, from libomp-dev); once
+    that is removed, the cached library fails to load and the CPU ran the torch path at every start. It is built
+    again, with the flag sets that still link. (Each start is a process of its own: a process that has loaded a
+    library keeps it.)"""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (tmp_path / "rt.c").write_text("int glimmer_runtime(void) { return 1; }\n")
+    subprocess.run([*cpu._compiler(), "-shared", "-fPIC", str(tmp_path / "rt.c"), "-o", str(runtime / "libgrt.so")],
+                   check=True)
+    (tmp_path / "use.c").write_text("int glimmer_runtime(void);\nint glimmer_uses(void) { return glimmer_runtime(); }")
+    linking = tmp_path / "ompcc"
+    linking.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {tmp_path / "use.c"} -L{runtime} '
+                       f'-Wl,-rpath,{runtime} -lgrt;; esac\nexec {shlex.join(cpu._compiler())} "$@"\n')
+    linking.chmod(0o755)
+    start = ("import ctypes, logging; from glimmer.model.kernels import cpu; logging.basicConfig()\n"
+             f"built = cpu._build([{str(linking)!r}]); print(built, hasattr(ctypes.CDLL(str(built)), 'glimmer_uses'))")
+
+    def build():
+        done = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=300, check=True)
+        path, with_runtime = done.stdout.split()
+        return path, with_runtime == "True", done.stderr
+
+    first, with_runtime, _ = build()
+    assert with_runtime  # the flag set with -fopenmp, linking the runtime
+    (runtime / "libgrt.so").unlink()
+    rebuilt, with_runtime, log = build()
+    assert rebuilt != first and not with_runtime
+    assert f"{first} does not load" in log and "libgrt.so: cannot open shared object file" in log

@@ -153,7 +153,8 @@ def _build(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and machine: from the cache, else compiled into it (written
     under a temporary name and renamed, so processes building at once never load a partial file). Its name carries
     its digest, checked before it is loaded: a file cut short (a crash before its blocks reached the disk) would
-    fail to load on every start, or kill the process inside its code, instead of being built again."""
+    fail to load on every start, or kill the process inside its code, instead of being built again. One that does
+    not load (a runtime it linked is gone) is built again too."""
     source = b"\0".join(path.read_bytes() for path in [*SOURCES, *HEADERS])
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(compiler).encode(), version.encode(),
@@ -161,10 +162,15 @@ def _build(compiler: list[str]) -> Path:
                                      repr((BASE_FLAGS, OPTIONAL_FLAGS)).encode()])).hexdigest()[:24]
     directory = _writable_cache_dir()
     for cached in sorted(directory.glob(f"ops-{key}-*.so")):
-        if cached.name == f"ops-{key}-{_digest(cached)}.so":
-            return cached
-        logger.warning("CPU kernels: %s is not the library built there (cut short or changed since); building it "
-                       "again", cached)
+        if cached.name != f"ops-{key}-{_digest(cached)}.so":
+            logger.warning("CPU kernels: %s is not the library built there (cut short or changed since); building it "
+                           "again", cached)
+        else:
+            try:
+                ctypes.CDLL(str(cached))
+                return cached
+            except OSError as error:  # a library it links is gone since (clang's OpenMP runtime, libomp-dev removed)
+                logger.warning("CPU kernels: %s does not load (%s); building it again", cached, error)
         with contextlib.suppress(OSError):
             cached.unlink()
     errors = []
