@@ -5,7 +5,9 @@ choices, the build cache, and the fallback where no compiler works."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -170,6 +172,8 @@ def test_cc_may_carry_arguments_and_an_unusable_one_is_reported(monkeypatch, cap
     assert cpu._compiler()[1:] == ["-O0"]
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert cpu._compiler() is not None and "names no program on PATH" in caplog.text
+    monkeypatch.setenv("CC", 'gcc "-O2')  # an unclosed quote: was ValueError out of the engine's load
+    assert cpu._compiler() is not None and "cannot be split as a shell would (No closing quotation)" in caplog.text
 
 
 def test_a_temporary_cache_directory_others_could_write_is_not_used(tmp_path, monkeypatch):
@@ -197,3 +201,113 @@ def test_a_timed_out_build_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(subprocess.TimeoutExpired):
         cpu._build([str(hanging)])
     assert not list((tmp_path / "glimmer" / "cpu-kernels").glob("*.partial"))
+
+
+def test_a_damaged_cached_library_is_built_again_not_loaded(tmp_path, monkeypatch, caplog):
+    """A cached library cut short (a crash or power loss before its blocks reached the disk) made every start fail:
+    an empty one fell back to the torch path for good, one cut inside its code killed the process (SIGBUS) when
+    loaded. It is checked against its digest and built again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    built = cpu._build(cpu._compiler())
+    for damaged in (b"", built.read_bytes()[:1000]):
+        built.write_bytes(damaged)
+        rebuilt = cpu._build(cpu._compiler())
+        assert rebuilt.read_bytes() not in (b"", damaged[:1000])
+        assert f"{built} is not the library built there" in caplog.text
+        code = f"import ctypes; ctypes.CDLL({str(rebuilt)!r}).glimmer_silu_mul"
+        assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0  # loads, not SIGBUS
+        built = rebuilt
+
+
+def test_a_failed_build_reports_the_compilers_reason_not_its_last_line(tmp_path, monkeypatch):
+    """gcc ends a failed link with `collect2: error: ld returned 1 exit status`; the reason (a full disk, a missing
+    library) is on a line before it, and is what the warning must show."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    linker = tmp_path / "fullcc"
+    linker.write_text('#!/bin/sh\ncase "$1" in --version) echo fake;; *)\n'
+                      'echo "decoder_stack.c:92:1: warning: unused parameter threads" >&2\n'
+                      'echo "/usr/bin/ld: final link failed: No space left on device" >&2\n'
+                      'echo "collect2: error: ld returned 1 exit status" >&2; exit 1;; esac\n')
+    linker.chmod(0o755)
+    with pytest.raises(OSError, match="final link failed: No space left on device"):
+        cpu._build([str(linker)])
+
+
+def test_two_macs_cache_their_own_libraries(monkeypatch):
+    """macOS has no /proc/cpuinfo: the CPU's model and features come from sysctl, so a cache moved to a Mac with other
+    instructions (Migration Assistant copies ~/.cache) builds anew instead of loading code for the old CPU."""
+    def no_cpuinfo(path, *args, **kwargs):
+        raise FileNotFoundError(path)
+
+    def sysctl_of(cpu_model):
+        def run(command, **kwargs):
+            assert command[0].endswith("sysctl")
+            return subprocess.CompletedProcess(command, 0, f"machdep.cpu.brand_string: {cpu_model}\n", "")
+        return run
+
+    monkeypatch.setattr(cpu, "open", no_cpuinfo, raising=False)
+    monkeypatch.setattr(cpu.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cpu.subprocess, "run", sysctl_of("Intel(R) Xeon(R) W-2140B CPU @ 3.20GHz"))
+    avx512_mac = cpu._machine_identity()
+    monkeypatch.setattr(cpu.subprocess, "run", sysctl_of("Intel(R) Core(TM) i5-8257U CPU @ 1.40GHz"))
+    assert cpu._machine_identity() != avx512_mac
+
+
+def test_a_flag_set_that_builds_what_cannot_load_gives_way_to_the_next(tmp_path, monkeypatch, caplog):
+    """`zig cc -fopenmp` links no OpenMP runtime: the library builds, then fails to load (undefined symbol
+    __kmpc_...), and the CPU ran the torch path at every start. The build takes the next flag set instead."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    unresolved = tmp_path / "unresolved.c"
+    unresolved.write_text("void __kmpc_absent(void);\nvoid glimmer_parallel(void) { __kmpc_absent(); }\n")
+    zig_like = tmp_path / "zigcc"
+    zig_like.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {unresolved};; esac\n'
+                        f'exec {shlex.join(cpu._compiler())} "$@"\n')
+    zig_like.chmod(0o755)
+    caplog.set_level("INFO")
+    built = cpu._build([str(zig_like)])
+    assert ctypes.CDLL(str(built)).glimmer_silu_mul is not None  # loads
+    assert "built" in caplog.text and "-fopenmp" not in caplog.text
+
+
+def test_without_a_home_directory_the_kernels_are_cached_in_a_private_temporary_one(tmp_path, monkeypatch):
+    """A container run as a uid the password database lacks, without HOME: Path.home() raises RuntimeError, which
+    failed the engine's load instead of caching elsewhere."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(cpu.Path, "home", classmethod(lambda cls: (_ for _ in ()).throw(
+        RuntimeError("Could not determine home directory."))))
+    monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path))
+    built = cpu._build(cpu._compiler())
+    assert built.parent == tmp_path / f"glimmer-cpu-kernels-{os.getuid()}"
+
+
+def test_a_cached_library_whose_runtime_is_gone_is_built_again(tmp_path, monkeypatch):
+    """A library built with -fopenmp needs the OpenMP runtime it linked (clang's libomp.so.5, from libomp-dev); once
+    that is removed, the cached library fails to load and the CPU ran the torch path at every start. It is built
+    again, with the flag sets that still link. (Each start is a process of its own: a process that has loaded a
+    library keeps it.)"""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (tmp_path / "rt.c").write_text("int glimmer_runtime(void) { return 1; }\n")
+    subprocess.run([*cpu._compiler(), "-shared", "-fPIC", str(tmp_path / "rt.c"), "-o", str(runtime / "libgrt.so")],
+                   check=True)
+    (tmp_path / "use.c").write_text("int glimmer_runtime(void);\nint glimmer_uses(void) { return glimmer_runtime(); }")
+    linking = tmp_path / "ompcc"
+    linking.write_text(f'#!/bin/sh\ncase " $* " in *" -fopenmp "*) set -- "$@" {tmp_path / "use.c"} -L{runtime} '
+                       f'-Wl,-rpath,{runtime} -lgrt;; esac\nexec {shlex.join(cpu._compiler())} "$@"\n')
+    linking.chmod(0o755)
+    start = ("import ctypes, logging; from glimmer.model.kernels import cpu; logging.basicConfig()\n"
+             f"built = cpu._build([{str(linking)!r}]); print(built, hasattr(ctypes.CDLL(str(built)), 'glimmer_uses'))")
+
+    def build():
+        done = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, timeout=300, check=True)
+        path, with_runtime = done.stdout.split()
+        return path, with_runtime == "True", done.stderr
+
+    first, with_runtime, _ = build()
+    assert with_runtime  # the flag set with -fopenmp, linking the runtime
+    (runtime / "libgrt.so").unlink()
+    rebuilt, with_runtime, log = build()
+    assert rebuilt != first and not with_runtime
+    assert f"{first} does not load" in log and "libgrt.so: cannot open shared object file" in log

@@ -25,6 +25,7 @@ import importlib
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import stat
@@ -110,11 +111,16 @@ def _compiler() -> list[str] | None:
     """The compiler command: `CC` (split as a shell would: `ccache gcc` works), else cc, gcc or clang."""
     configured = os.environ.get("CC", "").strip()
     if configured:
-        command = shlex.split(configured)
-        found = shutil.which(command[0])
-        if found:
-            return [found, *command[1:]]
-        logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
+        try:
+            command = shlex.split(configured)
+        except ValueError as error:  # an unclosed quote, a trailing backslash
+            logger.warning("CPU kernels: CC=%r cannot be split as a shell would (%s); trying cc, gcc and clang",
+                           configured, error)
+        else:
+            found = shutil.which(command[0])
+            if found:
+                return [found, *command[1:]]
+            logger.warning("CPU kernels: CC=%r names no program on PATH; trying cc, gcc and clang", configured)
     for name in ("cc", "gcc", "clang"):
         found = shutil.which(name)
         if found:
@@ -128,28 +134,45 @@ def _cache_dir() -> Path:
 
 
 def _machine_identity() -> str:
-    """What `-march=native` depends on: the architecture and, on Linux, the CPU's model and feature flags."""
+    """What `-march=native` depends on: the architecture and the CPU's model and feature flags (Linux's
+    /proc/cpuinfo, macOS's sysctl: a home directory moved to another Mac brings its cache along, and a library built
+    for the old CPU's instructions would kill the process on the new one)."""
     parts = [platform.system(), platform.machine(), platform.processor()]
     try:
         with open("/proc/cpuinfo") as f:
             parts += sorted({line.strip() for line in f if line.startswith(("model name", "flags", "Features"))})
     except OSError:
-        pass
+        if platform.system() == "Darwin":
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                parts.append(subprocess.run(["/usr/sbin/sysctl", "machdep.cpu.brand_string", "hw.optional"],
+                                            capture_output=True, text=True, timeout=30).stdout)
     return "\n".join(parts)
 
 
 def _build(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and machine: from the cache, else compiled into it (written
-    under a temporary name and renamed, so processes building at once never load a partial file)."""
+    under a temporary name and renamed, so processes building at once never load a partial file). Its name carries
+    its digest, checked before it is loaded: a file cut short (a crash before its blocks reached the disk) would
+    fail to load on every start, or kill the process inside its code, instead of being built again. One that does
+    not load (a runtime it linked is gone) is built again too."""
     source = b"\0".join(path.read_bytes() for path in [*SOURCES, *HEADERS])
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256(b"\0".join([source, " ".join(compiler).encode(), version.encode(),
                                      _machine_identity().encode(),
                                      repr((BASE_FLAGS, OPTIONAL_FLAGS)).encode()])).hexdigest()[:24]
     directory = _writable_cache_dir()
-    target = directory / f"ops-{key}.so"
-    if target.exists():
-        return target
+    for cached in sorted(directory.glob(f"ops-{key}-*.so")):
+        if cached.name != f"ops-{key}-{_digest(cached)}.so":
+            logger.warning("CPU kernels: %s is not the library built there (cut short or changed since); building it "
+                           "again", cached)
+        else:
+            try:
+                ctypes.CDLL(str(cached))
+                return cached
+            except OSError as error:  # a library it links is gone since (clang's OpenMP runtime, libomp-dev removed)
+                logger.warning("CPU kernels: %s does not load (%s); building it again", cached, error)
+        with contextlib.suppress(OSError):
+            cached.unlink()
     errors = []
     for extra in OPTIONAL_FLAGS:
         fd, partial = tempfile.mkstemp(dir=directory, suffix=".so.partial")
@@ -157,25 +180,45 @@ def _build(compiler: list[str]) -> Path:
         try:
             result = subprocess.run([*compiler, *BASE_FLAGS, *extra, *map(str, SOURCES), "-o", partial, "-lm"],
                                     capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+            reason = _reason(result.stderr)
             if result.returncode == 0:
+                ctypes.CDLL(partial)  # a flag set may build what cannot load: zig cc's -fopenmp links no OpenMP runtime
+                target = directory / f"ops-{key}-{_digest(Path(partial))}.so"
                 os.replace(partial, target)
                 logger.info("CPU kernels: built %s with %s", target, " ".join([*BASE_FLAGS, *extra]))
                 return target
+        except OSError as error:
+            reason = str(error)
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-        errors.append(result.stderr.strip().splitlines()[-1:] or ["(no message)"])
-    raise OSError(f"the compiler failed with every flag set: {errors[-1][0]}")
+        errors.append(reason)
+    raise OSError(f"the compiler failed with every flag set: {errors[-1]}")
+
+
+def _reason(stderr: str) -> str:
+    """A failed build's first line that says what went wrong (gcc's last one, `collect2: error: ld returned 1 exit
+    status`, follows the reason: a full disk, a missing library), else its last line."""
+    lines = stderr.strip().splitlines()
+    reasons = [line for line in lines if re.search(r"error|fail|cannot", line, re.IGNORECASE)]
+    return (reasons or lines or ["(no message)"])[0 if reasons else -1]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _writable_cache_dir() -> Path:
     """The user's cache directory; where it cannot be written, a directory of the temporary one that only this
     user can write (a library found in a directory others can write could be anyone's code: it is loaded)."""
-    directory = _cache_dir()
+    directory: Path | str
     try:
+        directory = _cache_dir()
         directory.mkdir(parents=True, exist_ok=True)
         tempfile.NamedTemporaryFile(dir=directory, delete=True).close()
         return directory
+    except RuntimeError:  # Path.home() without HOME for a uid the password database lacks (a container's arbitrary one)
+        directory = "~/.cache (there is no home directory)"
     except OSError:
         pass
     shared = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
