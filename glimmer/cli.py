@@ -83,6 +83,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         from glimmer.checkpoint.gguf_model import gguf_quantization_summary
 
         print(f"tensor types:    {gguf_quantization_summary(report.tensor_types)}")
+    if report.quantization and "quantized_modules" in report.quantization:
+        quantization = report.quantization
+        print(f"quantization:    {quantization['scheme']} ({quantization['method']}, {quantization['format']}); "
+              f"{quantization['quantized_modules']} modules ({', '.join(quantization['quantized_module_kinds'])}), "
+              f"{quantization['quantized_bytes']:,} bytes on disk; dequantized to {quantization['dequantized_to']}")
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")

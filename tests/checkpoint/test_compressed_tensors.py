@@ -16,11 +16,14 @@ from oracle import reference_greedy, reference_logits, reference_model
 from safetensors.torch import load_file, save_file
 
 from glimmer.checkpoint.compressed_tensors import dequantize_nvfp4
+from glimmer.checkpoint.inspect import inspect_checkpoint
 from glimmer.engine.llm import LLM
 from glimmer.engine.model_loader import load_model
 from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.errors import CheckpointError
 from glimmer.model.context import ForwardContext
+from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.gate_proj",
@@ -166,6 +169,31 @@ def test_greedy_generation_matches_the_reference(nvfp4):
     prompt = IDS[:20]
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].outputs[0]
     assert output.token_ids == reference_greedy(reference_model(plain), prompt, 24, llm.engine.token_count)
+
+
+def test_inspect_reports_the_quantization(nvfp4):
+    def meta_model(config):
+        with torch.device("meta"):
+            return MuseGlimmerForConditionalGeneration(config)
+
+    report = inspect_checkpoint(nvfp4[0], meta_model, load_checkpoint_tokenizer).as_dict()
+    assert report["format"] == "compressed-tensors"
+    quantization = report["quantization"]
+    assert quantization["format"] == "nvfp4-pack-quantized" and "NVFP4 W4A16" in quantization["scheme"]
+    assert quantization["quantized_modules"] == 8 * len(LINEARS)
+    assert quantization["quantized_module_kinds"] == sorted(LINEARS)
+    files = sorted(nvfp4[0].glob("*.safetensors"))
+    assert 0 < quantization["quantized_bytes"] < report["checkpoint_bytes"] == sum(f.stat().st_size for f in files)
+    assert report["tensor_types"]["NVFP4 g16"] == 8 * len(LINEARS)
+
+
+def test_glimmer_inspect_prints_the_quantization(nvfp4, capsys):
+    from glimmer.cli import main
+
+    assert main(["inspect", str(nvfp4[0])]) == 0
+    out = capsys.readouterr().out
+    assert "format:          compressed-tensors\n" in out and "weight layout:   canonical\n" in out
+    assert "quantization:    NVFP4 W4A16" in out and "64 modules (mlp.down_proj, " in out
 
 
 def test_mlx_lm_quantization_config_without_the_artifact_key_names_the_key(tiny_checkpoint, tmp_path):
