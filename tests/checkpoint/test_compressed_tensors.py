@@ -21,7 +21,7 @@ from glimmer.engine.llm import LLM
 from glimmer.engine.model_loader import load_model
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, ConfigError, UnsupportedArgumentError
 from glimmer.model.context import ForwardContext
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -163,12 +163,31 @@ def test_logits_are_the_reference_on_the_dequantized_weights(nvfp4):
     assert (ours - expected).abs().max().item() < 1e-4
 
 
-def test_greedy_generation_matches_the_reference(nvfp4):
+def test_greedy_generation_matches_the_reference_and_vllm_quantization_argument_is_taken(nvfp4):
     directory, plain = nvfp4
-    llm = LLM(str(directory), progress=False)
+    llm = LLM(str(directory), quantization="compressed-tensors", progress=False)
     prompt = IDS[:20]
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0].outputs[0]
     assert output.token_ids == reference_greedy(reference_model(plain), prompt, 24, llm.engine.token_count)
+
+
+@pytest.mark.parametrize("method", ["compressed-tensors", "fp8"])
+def test_vllm_quantization_argument_is_refused_for_other_checkpoints(tiny_checkpoint, method):
+    with pytest.raises(UnsupportedArgumentError, match=r"quantization: .*compressed-tensors NVFP4"):
+        LLM(str(tiny_checkpoint), quantization=method)
+
+
+def test_serve_takes_vllm_quantization_option_only_for_such_a_checkpoint(nvfp4, tiny_checkpoint):
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, UsageError, _check_vllm_options, build_parser
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    def check(model):
+        args = build_parser().parse_args(["serve", str(model), "--quantization", "compressed-tensors"])
+        return _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+
+    assert check(nvfp4[0]) == []
+    with pytest.raises(UsageError, match="--quantization compressed-tensors: .*compressed-tensors NVFP4 checkpoint"):
+        check(tiny_checkpoint)
 
 
 def test_inspect_reports_the_quantization(nvfp4):
@@ -194,6 +213,16 @@ def test_glimmer_inspect_prints_the_quantization(nvfp4, capsys):
     out = capsys.readouterr().out
     assert "format:          compressed-tensors\n" in out and "weight layout:   canonical\n" in out
     assert "quantization:    NVFP4 W4A16" in out and "64 modules (mlp.down_proj, " in out
+
+
+def test_vllm_safetensors_load_format_and_dummy_weights_read_it(nvfp4):
+    from glimmer.engine.config_checks import check_weight_format
+
+    check_weight_format("safetensors", "compressed-tensors", nvfp4[0])
+    with pytest.raises(ConfigError, match="load_format='gguf' reads gguf weights"):
+        check_weight_format("gguf", "compressed-tensors", nvfp4[0])
+    dummy = load_model(nvfp4[0], load_format="dummy", progress=False)
+    assert dummy.config.text == load_model(nvfp4[1], load_format="dummy", progress=False).config.text
 
 
 def test_mlx_lm_quantization_config_without_the_artifact_key_names_the_key(tiny_checkpoint, tmp_path):
