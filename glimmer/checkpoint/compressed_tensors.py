@@ -121,6 +121,19 @@ def open_compressed_tensors(path: Path, raw: dict[str, Any], *, weights: bool = 
     return CompressedTensorsCheckpoint(config, MappedTensors(path, entries, files.total_bytes), layout, types, summary)
 
 
+def refuse_unmarked_packed_weights(path: Path, files: SafetensorsCheckpoint) -> None:
+    """Refuse a directory whose weights are compressed-tensors packed ones but whose config.json has no
+    `quantization_config` (a tool that rewrote the config dropped it): read as a plain checkpoint, every quantized
+    Linear would be missing and its packed tensors unexpected, blaming the layout. Returns where none is packed."""
+    packed = sorted(name for name in files.tensors if name.endswith(f".{_PACKED}"))
+    if packed:
+        more = f" and {len(packed) - 1} more" if len(packed) > 1 else ""
+        raise CheckpointError(
+            f"{path / 'config.json'} has no quantization_config, but the weights are compressed-tensors packed ones "
+            f"({packed[0]}{more}, with their {_SCALE} and {_GLOBAL}); restore the config.json published with the "
+            "checkpoint (its quantization_config says how they are packed), or load the unquantized checkpoint")
+
+
 def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:
     """Check that `quantization_config` describes compressed-tensors NVFP4 weights (W4A16); the warnings it gives.
     Raises CheckpointError naming the field, its value and what Glimmer reads."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.compressed_tensors import quantization_config_of
+from glimmer.checkpoint.compressed_tensors import quantization_config_of, refuse_unmarked_packed_weights
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.gguf_file import is_gguf_path
@@ -154,6 +154,8 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         _refuse_gguf_directory(path, lacking="safetensors or pickle weights")
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
+    if kind == SAFETENSORS:
+        refuse_unmarked_packed_weights(path, files)
     layout = detect_weight_layout(files.names())
     if layout == LEGACY and kind == SAFETENSORS:  # an MLX artifact's names are the legacy ones
         from glimmer.checkpoint.mlx import refuse_unmarked_artifact

@@ -234,6 +234,17 @@ def test_mlx_lm_quantization_config_without_the_artifact_key_names_the_key(tiny_
         load_model(tmp_path / "mlx", progress=False)
 
 
+def test_packed_weights_whose_config_lost_its_quantization_config_name_the_key(nvfp4, tmp_path):
+    shutil.copytree(nvfp4[0], tmp_path / "unmarked")
+    config = json.loads((tmp_path / "unmarked" / "config.json").read_text())
+    del config["quantization_config"]
+    (tmp_path / "unmarked" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config\.json has no quantization_config, but the weights are "
+                                              r"compressed-tensors packed ones \(model\.language_model\.layers\.0\."
+                                              r"mlp\.down_proj\.weight_packed and 63 more"):
+        load_model(tmp_path / "unmarked", progress=False)
+
+
 def test_nvfp4_activations_are_run_as_w4a16_with_a_warning(make_tiny, tmp_path):
     def w4a4(config):
         config["config_groups"]["group_0"]["input_activations"] = dict(NVFP4_WEIGHTS, dynamic="local")
