@@ -22,6 +22,7 @@ What the format is, as compressed-tensors writes and reads it (`compressors/nvfp
   tensor is read through the index's weight_map (`safetensors_files.py`), never from a sibling's file.
 
 Weights are dequantized when loaded (into the model's dtype): memory is that of the unquantized model.
+`quantize_text_linears` writes the format (`glimmer make-tiny --quantize nvfp4`), rounding as compressed-tensors does.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -373,3 +375,52 @@ def _bytes(info: TensorInfo) -> int:
     for size in info.shape:
         count *= size
     return count * _DTYPE_BYTES.get(info.dtype, 4)
+
+
+# Writing (`glimmer make-tiny --quantize nvfp4`): what llm-compressor's NVFP4A16 recipe writes, for test artifacts
+
+# the midpoints between neighbouring E2M1 magnitudes: rounding to nearest picks the bucket, a tie the even index
+_E2M1_MIDPOINTS = torch.tensor([(a + b) / 2 for a, b in pairwise(E2M1_VALUES)])
+
+
+def nvfp4_quantization_config() -> dict[str, Any]:
+    """The `quantization_config` of an NVFP4A16 checkpoint whose text Linear layers are quantized."""
+    weights = {"num_bits": 4, "type": "float", "symmetric": True, "group_size": GROUP_SIZE, "strategy": "tensor_group",
+               "dynamic": False, "actorder": None, "block_structure": None, "observer": "static_minmax"}
+    return {"quant_method": QUANT_METHOD, "format": NVFP4_FORMAT, "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                          "output_activations": None, "format": NVFP4_FORMAT}},
+            "ignore": ["lm_head", "re:.*vision.*"], "kv_cache_scheme": None}
+
+
+def quantize_nvfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weight_packed, weight_scale, weight_global_scale) of a float weight [out, in] (in a multiple of 16): the
+    global scale maps the tensor's largest magnitude to FP8's largest times FP4's (448 · 6), each group's FP8
+    scale its largest to 6, and each weight rounds to the nearest E2M1 value (ties to the even code)."""
+    weight = weight.float()
+    out, columns = weight.shape
+    global_scale = (448.0 * 6.0 / weight.abs().max().clamp(min=torch.finfo(torch.float32).tiny)).reshape(1)
+    groups = weight.reshape(out, columns // GROUP_SIZE, GROUP_SIZE)
+    scale = (groups.abs().amax(-1) / 6.0 * global_scale).clamp(max=448.0).to(torch.float8_e4m3fn)
+    step = (scale.float() / global_scale).clamp(min=torch.finfo(torch.float32).tiny)
+    scaled = (groups / step[..., None]).reshape(out, columns)
+    magnitude = scaled.abs().clamp(max=6.0)
+    index = torch.bucketize(magnitude, _E2M1_MIDPOINTS)  # a value on a midpoint takes the lower index here
+    on_midpoint = magnitude == _E2M1_MIDPOINTS[index.clamp(max=len(_E2M1_MIDPOINTS) - 1)]
+    index = torch.where(on_midpoint & (index % 2 == 1), index + 1, index)
+    codes = (index | ((scaled < 0).long() << 3)).to(torch.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, global_scale
+
+
+def quantize_text_linears(weights: dict[str, torch.Tensor], config: ModelConfig, layout: str
+                          ) -> dict[str, torch.Tensor]:
+    """`weights` (named in `layout`) with each text decoder Linear's `weight` replaced by its NVFP4 tensors."""
+    modules = _quantizable_modules(config, layout)
+    out = {}
+    for name, tensor in weights.items():
+        module = name.removesuffix(".weight")
+        if module in modules and name.endswith(".weight"):
+            out[f"{module}.{_PACKED}"], out[f"{module}.{_SCALE}"], out[f"{module}.{_GLOBAL}"] = quantize_nvfp4(tensor)
+        else:
+            out[name] = tensor
+    return out

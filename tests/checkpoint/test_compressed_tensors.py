@@ -245,6 +245,39 @@ def test_packed_weights_whose_config_lost_its_quantization_config_name_the_key(n
         load_model(tmp_path / "unmarked", progress=False)
 
 
+def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp_path):
+    from glimmer.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "nvfp4"), "--quantize", "nvfp4", "--seed", "5", "--shards", "2"]) == 0
+    assert main(["make-tiny", str(tmp_path / "float"), "--seed", "5"]) == 0
+    stored = {**load_file(tmp_path / "nvfp4" / "model-00001-of-00002.safetensors"),
+              **load_file(tmp_path / "nvfp4" / "model-00002-of-00002.safetensors")}
+    loaded = load_model(tmp_path / "nvfp4", progress=False).model.state_dict()
+    quantized = 0
+    for name, tensor in load_file(tmp_path / "float" / "model.safetensors").items():
+        module = name.removesuffix(".weight")
+        if any(module.endswith(linear) for linear in LINEARS):
+            quantized += 1
+            packed, scale, global_scale, dequantized = quantize(tensor)
+            assert torch.equal(stored[f"{module}.weight_packed"], packed), name
+            assert torch.equal(stored[f"{module}.weight_scale"].float(), scale.float()), name
+            assert torch.equal(stored[f"{module}.weight_global_scale"], global_scale), name
+            assert torch.equal(loaded[name], dequantized), name
+        else:
+            assert name in stored and torch.equal(loaded[name], tensor), name
+    assert quantized == 8 * len(LINEARS)
+
+
+@pytest.mark.parametrize(("flags", "said"), [(["--layout", "native"], "the native layout (--layout native)"),
+                                             (["--config-only"], "config_only (--config-only)")])
+def test_make_tiny_quantize_is_refused_where_it_does_not_apply(tmp_path, capsys, flags, said):
+    from glimmer.cli import main
+
+    assert main(["make-tiny", str(tmp_path / "out"), "--quantize", "nvfp4", *flags]) == 2
+    assert f"quantize='nvfp4' (--quantize) does not apply with {said}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_nvfp4_activations_are_run_as_w4a16_with_a_warning(make_tiny, tmp_path):
     def w4a4(config):
         config["config_groups"]["group_0"]["input_activations"] = dict(NVFP4_WEIGHTS, dynamic="local")
