@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
@@ -336,9 +337,19 @@ def _checked_shapes(files: SafetensorsCheckpoint, module: str, found: WeightMism
 
 
 def _dequantizing_reader(files: SafetensorsCheckpoint, module: str) -> Callable[[], torch.Tensor]:
-    # each tensor read by its own name: the index may put a module's scales in another shard than its codes
-    return lambda: dequantize_nvfp4(files.read(f"{module}.{_PACKED}"), files.read(f"{module}.{_SCALE}"),
-                                    files.read(f"{module}.{_GLOBAL}"))
+    """Each tensor read by its own name: the index may put a module's scales in another shard than its codes."""
+
+    def read() -> torch.Tensor:
+        global_scale = files.read(f"{module}.{_GLOBAL}")
+        value = global_scale.float().reshape(()).item()
+        if not (math.isfinite(value) and value > 0):  # it divides every scale: the weights would be inf or NaN
+            info = files.tensors[f"{module}.{_GLOBAL}"]
+            raise CheckpointError(f"{info.name} (in {info.file}) is {value}, but a global scale divides the module's "
+                                  "weight scales and must be a positive finite number; the checkpoint is damaged: "
+                                  "download or quantize it again")
+        return dequantize_nvfp4(files.read(f"{module}.{_PACKED}"), files.read(f"{module}.{_SCALE}"), global_scale)
+
+    return read
 
 
 def _plain_reader(files: SafetensorsCheckpoint, name: str) -> Callable[[], torch.Tensor]:

@@ -349,7 +349,13 @@ def _quantized_head(first, second):
     second["lm_head.weight_scale"], second["lm_head.weight_global_scale"] = scale, global_scale
 
 
+def _zero_global_scale(first, second):
+    second[f"{MODULE}.weight_global_scale"] = torch.tensor([0.0])
+
+
 @pytest.mark.parametrize(("edit", "said"), [
+    (_zero_global_scale, rf"{MODULE}\.weight_global_scale \(in .*model-00002-of-00002\.safetensors\) is 0\.0, but a "
+                         r"global scale divides"),
     (_drop_scale, rf"missing tensors \(1\):\n    {MODULE}\.weight_scale \(for {MODULE}, quantized\)"),
     (_misshape_scale, rf"{MODULE}\.weight_scale: expected shape \[64, 8\] \(one scale per 16 of"),
     (_odd_inputs, rf"{MODULE}\.weight_packed: 120 inputs \(2 × 60\) are not a whole number of groups of 16"),
