@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.compressed_tensors import quantization_config_of, refuse_unmarked_packed_weights
+from glimmer.checkpoint.compressed_tensors import (
+    open_compressed_tensors,
+    quantization_config_of,
+    refuse_unmarked_packed_weights,
+)
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.gguf_file import is_gguf_path
@@ -190,8 +194,6 @@ def _check_rope_flag(path: Path, layout: str) -> None:
 
 
 def _open_compressed_tensors(path: Path, raw: dict[str, Any], weights: bool) -> OpenedCheckpoint:
-    from glimmer.checkpoint.compressed_tensors import open_compressed_tensors
-
     found = open_compressed_tensors(path, raw, weights=weights)
     if weights:
         _check_rope_flag(path, found.weight_layout)
