@@ -84,6 +84,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         from glimmer.checkpoint.gguf_model import gguf_quantization_summary
 
         print(f"tensor types:    {gguf_quantization_summary(report.tensor_types)}")
+    if report.quantization and "quantized_modules" in report.quantization:
+        quantization = report.quantization
+        print(f"quantization:    {quantization['scheme']} ({quantization['method']}, {quantization['format']}); "
+              f"{quantization['quantized_modules']} modules ({', '.join(quantization['quantized_module_kinds'])}), "
+              f"{quantization['quantized_bytes']:,} bytes on disk; dequantized to {quantization['dequantized_to']}")
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")
@@ -124,7 +129,7 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         embedded = None if Path(args.drafter_for).exists() else embedded_model_dir(args.drafter_for)
         target = args.drafter_for if embedded is None else str(embedded)  # glimmer-nano, as wherever a model is named
         given = {"--vision": args.vision, "--shards": args.shards != 1, "--preset": args.preset != "tiny",
-                 "--config-only": args.config_only}
+                 "--config-only": args.config_only, "--quantize": args.quantize is not None}
         inapplicable = [flag for flag, is_given in given.items() if is_given]
         if inapplicable:
             raise UsageError(f"--drafter-for writes a DFlash drafter; leave out {', '.join(inapplicable)} (options "
@@ -148,7 +153,8 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
             print(f"wrote a tiny random {args.layout}-layout DFlash drafter for {args.drafter_for} to {path}")
             return 0
         path = write_tiny_checkpoint(args.dir, layout=args.layout, vision=args.vision, seed=args.seed,
-                                     num_shards=args.shards, preset=args.preset, config_only=args.config_only)
+                                     num_shards=args.shards, preset=args.preset, config_only=args.config_only,
+                                     quantize=args.quantize)
     except OSError as error:  # a parent that is a file, a read-only or virtual file system, a full disk, ...
         where = f" ({error.filename})" if error.filename and str(error.filename) != str(out) else ""
         raise UsageError(f"cannot write to {out}: {error.strerror or error}{where}; choose a directory you can "
@@ -159,7 +165,8 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
         print(f"wrote {what} {args.layout}-layout config{with_vision} (no weights: load it with "
               f"--load-format dummy) to {path}")
     else:
-        print(f"wrote {what} {args.layout}-layout checkpoint{with_vision} to {path}")
+        quantized = " (text Linear layers NVFP4-quantized, compressed-tensors)" if args.quantize else ""
+        print(f"wrote {what} {args.layout}-layout checkpoint{with_vision}{quantized} to {path}")
     return 0
 
 
@@ -978,6 +985,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="30b: the released Muse-Glimmer-30B geometry (needs --config-only)")
     tiny.add_argument("--config-only", action="store_true",
                       help="write config, tokenizer and templates but no weights (use --load-format dummy)")
+    tiny.add_argument("--quantize", choices=["nvfp4"], default=None,
+                      help="nvfp4: store the text decoder's Linear layers as compressed-tensors NVFP4 W4A16, as the "
+                           "published NVFP4 release does")
     tiny.add_argument("--drafter-for", default=None, metavar="TARGET",
                       help="write a tiny DFlash drafter fitting the checkpoint TARGET instead "
                            "(--layout canonical: HF safetensors; native: head.pt)")

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from glimmer.checkpoint.compressed_tensors import nvfp4_quantization_config, quantize_text_linears
 from glimmer.checkpoint.config import (
     DrafterConfig,
     ModelConfig,
@@ -236,6 +237,8 @@ def save_weights(tensors: dict[str, torch.Tensor], out_dir: Path, num_shards: in
 # `glimmer make-tiny --preset`: the tiny test geometry, or the released 30B one (config only: its random
 # weights are drawn on the device at load time with load_format="dummy")
 PRESETS = ("tiny", "30b")
+# `glimmer make-tiny --quantize`: none, or compressed-tensors NVFP4 W4A16
+QUANTIZATIONS = (None, "nvfp4")
 RELEASE_MEDIA_LIMITS = {"max_image_tokens": 4096, "max_video_frame_tokens": 144, "num_frames": 96}  # §6, §7
 
 
@@ -284,8 +287,12 @@ def write_tiny_checkpoint(
     dtype: torch.dtype = torch.float32,
     preset: str = "tiny",
     config_only: bool = False,
+    quantize: str | None = None,
 ) -> Path:
     """Write a complete tiny checkpoint directory and return its path.
+
+    quantize "nvfp4" stores every text decoder Linear as compressed-tensors NVFP4 W4A16 (`compressed_tensors.py`),
+    with its quantization_config, as llm-compressor writes the published NVFP4 release.
 
     preset "30b" writes the released geometry (vision tower and a drafter config in `assistant/`
     included) with a tokenizer at the release's ids; it needs `config_only`, since its weights are drawn
@@ -307,6 +314,12 @@ def write_tiny_checkpoint(
                           "which writes no weights; leave one of them out")
     check_seed(seed)
     config_layout, weight_layout = TINY_LAYOUTS[layout]
+    if quantize not in QUANTIZATIONS:
+        raise ConfigError(f"quantize={quantize!r} (--quantize) is not one of {[q for q in QUANTIZATIONS if q]}")
+    if quantize is not None and (config_only or weight_layout == NATIVE):
+        given = "config_only (--config-only), which writes no weights" if config_only else (
+            "the native layout (--layout native), whose fused MLP weight is no Linear module")
+        raise ConfigError(f"quantize={quantize!r} (--quantize) does not apply with {given}; leave one of them out")
     release = preset == "30b"
     if (vision or release) and weight_layout == LEGACY:
         given = "vision=True (--vision)" if vision else "preset='30b' (--preset 30b)"
@@ -320,6 +333,8 @@ def write_tiny_checkpoint(
     if not config_only:
         weights = to_weight_layout({k: v.to(dtype) for k, v in random_state_dict(config, seed).items()}, config,
                                    weight_layout)
+        if quantize is not None:
+            weights = quantize_text_linears(weights, config, weight_layout)
         check_num_shards(num_shards, len(weights))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -328,6 +343,10 @@ def write_tiny_checkpoint(
         raise RuntimeError("the tiny tokenizer came out differently twice")
     release_defaults = {"max_length": config.text.max_position_embeddings} if release else None
     write_model_config_files(out, config, tokens, config_layout=config_layout, generation_defaults=release_defaults)
+    if quantize is not None:
+        written = json.loads((out / "config.json").read_text())
+        written["quantization_config"] = nvfp4_quantization_config()
+        (out / "config.json").write_text(json.dumps(written, indent=2) + "\n")
     if config.has_vision:
         limits = RELEASE_MEDIA_LIMITS if release else {
             "max_image_tokens": spec.max_image_tokens, "max_video_frame_tokens": spec.max_video_frame_tokens,

@@ -4,7 +4,7 @@ Layouts (`CONFIG_LAYOUTS`) and how they are told apart, first match wins (archit
 
 1. A `muse_glimmer_mlx_format` key is refused here (packaged MLX artifacts are opened by `mlx.py`, which
    strips its packaging keys before calling `normalize_config`), and so is a `quantization_config`
-   (quantized safetensors checkpoints are not supported yet).
+   (compressed-tensors checkpoints are opened by `compressed_tensors.py`, which checks and strips it).
 2. `model_type: "muse_glimmer_text"` → **canonical-text**: what `MuseGlimmerTextConfig.save_pretrained`
    writes, text fields at the top level. Text-only.
 3. `model_type: "muse_glimmer"` with a `text_config` object → **canonical**: what
@@ -438,8 +438,9 @@ def _detect_layout(raw: Mapping[str, Any], source: str) -> str:
         # null means no quantization (some exporters write it so)
         if isinstance(section, Mapping) and section.get("quantization_config") is not None:
             raise ConfigError(
-                f"{source}: {where}quantization_config is present: quantized checkpoints are not supported yet; "
-                "use the unquantized (bf16) checkpoint"
+                f"{source}: {where}quantization_config marks a quantized checkpoint, whose config is read by the "
+                "compressed-tensors reader (glimmer.checkpoint.compressed_tensors, as opening the checkpoint does), "
+                "not as a plain config.json"
             )
     model_type = raw.get("model_type")
     if model_type == _TEXT_MODEL_TYPE:

@@ -6,6 +6,8 @@ Which reader runs is decided by what is on disk, never guessed from names alone:
 * a file → GGUF (by suffix or magic), with an optional `--mmproj` vision GGUF;
 * a directory whose config.json carries `muse_glimmer_mlx_format` → a packaged MLX artifact (`mlx.py`); one
   whose weights are an artifact's without that key is refused, naming the key;
+* a directory whose config.json carries a `quantization_config` → compressed-tensors NVFP4 W4A16
+  (`compressed_tensors.py`), dequantized on load; any other quantization is refused, naming the field;
 * a directory with `*.safetensors` → the safetensors layouts (`config_layouts.py`, `weight_layouts.py`);
 * a directory with only `*.bin` / `*.pt` → refused unless `allow_pickle`, then `pickle_files.py`.
 
@@ -24,6 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from glimmer.checkpoint.compressed_tensors import (
+    open_compressed_tensors,
+    quantization_config_of,
+    refuse_unmarked_packed_weights,
+)
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.gguf_file import is_gguf_path
@@ -42,6 +49,7 @@ from glimmer.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 SAFETENSORS, GGUF, MLX, PICKLE = "safetensors", "gguf", "mlx", "pickle"
+COMPRESSED_TENSORS = "compressed-tensors"  # safetensors files of NVFP4-packed weights (`compressed_tensors.py`)
 
 
 @dataclass
@@ -59,6 +67,8 @@ class OpenedCheckpoint:
     stored_layout: str | None = None
     # GGML / MLX storage type → tensor count, for `glimmer inspect` (None: the tensors' own dtypes)
     tensor_types: dict[str, int] | None = None
+    # compressed-tensors: the quantization scheme, its modules and their bytes on disk, for `glimmer inspect`
+    quantization: dict[str, Any] | None = None
     # GGUF: the embedded tokenizer (a GGUFTokenizer); None: tokenizer.json etc. in the directory
     tokenizer: Any = None
     # GGUF with --mmproj: the preprocessing settings as a preprocessor_config.json dict
@@ -95,6 +105,8 @@ def open_checkpoint(
         artifact = open_mlx_artifact(path, raw)
         opened = OpenedCheckpoint(path, MLX, artifact.config, artifact.tensors, CANONICAL, artifact.rope_layout,
                                   stored_layout=MLX, tensor_types=artifact.tensor_types)
+    elif raw is not None and quantization_config_of(raw) is not None:
+        opened = _open_compressed_tensors(path, raw, weights)
     elif not weights:
         opened = OpenedCheckpoint(path, SAFETENSORS, load_config(path), None, CANONICAL, ROPE_LAYOUT[CANONICAL])
     else:
@@ -146,6 +158,8 @@ def _open_directory(path: Path, allow_pickle: bool) -> OpenedCheckpoint:
         _refuse_gguf_directory(path, lacking="safetensors or pickle weights")
         files = SafetensorsCheckpoint(path)  # raises, listing what it looked for
         kind = SAFETENSORS
+    if kind == SAFETENSORS:
+        refuse_unmarked_packed_weights(path, files)
     layout = detect_weight_layout(files.names())
     if layout == LEGACY and kind == SAFETENSORS:  # an MLX artifact's names are the legacy ones
         from glimmer.checkpoint.mlx import refuse_unmarked_artifact
@@ -177,6 +191,15 @@ def _check_rope_flag(path: Path, layout: str) -> None:
                 "re-export the weights in the layout their pairing belongs to (interleaved rows: the native "
                 "vendor layout)"
             )
+
+
+def _open_compressed_tensors(path: Path, raw: dict[str, Any], weights: bool) -> OpenedCheckpoint:
+    found = open_compressed_tensors(path, raw, weights=weights)
+    if weights:
+        _check_rope_flag(path, found.weight_layout)
+    return OpenedCheckpoint(path, COMPRESSED_TENSORS, found.config, found.tensors, found.weight_layout,
+                            ROPE_LAYOUT[found.weight_layout], tensor_types=found.tensor_types or None,
+                            quantization=found.quantization)
 
 
 def _open_gguf(path: Path, mmproj: str | os.PathLike | None) -> OpenedCheckpoint:

@@ -42,6 +42,8 @@ class CheckpointReport:
     warnings: list[str]
     # GGUF / MLX storage types → tensor count (None for safetensors and pickle weights)
     tensor_types: dict[str, int] | None = None
+    # compressed-tensors: the scheme, the quantized modules and their bytes on disk (None for other formats)
+    quantization: dict[str, Any] | None = None
     # the chat template `glimmer serve` would render with: origin and sha256 (None each, and a warning, where there
     # is none)
     chat_template: dict[str, str | None] | None = None
@@ -56,6 +58,7 @@ class CheckpointReport:
             "checkpoint_bytes": self.checkpoint_bytes,
             "config": self.config.summary(),
             "tensor_types": self.tensor_types,
+            "quantization": self.quantization,
             "chat_template": self.chat_template,
             "video_unsupported_reason": self.config.video_unsupported_reason,
             "warnings": self.warnings,
@@ -115,6 +118,7 @@ def inspect_checkpoint(
         checkpoint_bytes=opened.tensors.total_bytes if opened.tensors is not None else 0,
         warnings=warnings,
         tensor_types=opened.tensor_types,
+        quantization=opened.quantization,
         chat_template=template,
     )
 

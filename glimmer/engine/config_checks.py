@@ -10,7 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from glimmer.checkpoint.formats import GGUF, PICKLE, SAFETENSORS
+from glimmer.checkpoint.formats import COMPRESSED_TENSORS, GGUF, PICKLE, SAFETENSORS
 from glimmer.checkpoint.resolve import is_hub_id
 from glimmer.default_model import DEFAULT_DRAFTER_NAME
 from glimmer.engine.sampling_params import SEED_RANGE
@@ -104,6 +104,8 @@ def check_weight_format(load_format: str, found: str, path: Path) -> None:
     """Raises ConfigError where `load_format` names a weight format (vLLM's "safetensors", "pt", "gguf") other than
     `found`, the format of the checkpoint at `path`."""
     expected = VLLM_LOAD_FORMATS.get(load_format)
+    if expected == SAFETENSORS and found == COMPRESSED_TENSORS:  # safetensors files of packed weights, as vLLM reads
+        return
     if expected is not None and expected != found:
         raise ConfigError(f"load_format={load_format!r} reads {expected} weights, but {path} holds {found} weights; "
                           "leave load_format out ('auto') to read them")

@@ -84,6 +84,26 @@ def _prefix_cache_reading_changes_nothing(value: object, given: Mapping[str, Any
     return value is None or (type(value) is bool and value == (given.get("prompt_logprobs") is not None))
 
 
+def _quantization_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None, or vLLM's 'compressed-tensors' for a checkpoint whose config.json says it is one (read then as it is
+    without the argument)."""
+    if value is None:
+        return True
+    if value != "compressed-tensors" or not isinstance(given.get("model"), str | os.PathLike):
+        return False
+    from glimmer.checkpoint.compressed_tensors import is_compressed_tensors_config
+    from glimmer.checkpoint.json_files import read_json_object
+    from glimmer.checkpoint.resolve import resolve_checkpoint
+    from glimmer.errors import GlimmerError
+
+    try:
+        path = resolve_checkpoint(given["model"], weights=False)
+        raw = read_json_object(path / "config.json") if path.is_dir() else None
+    except GlimmerError:
+        return False
+    return raw is not None and is_compressed_tensors_config(raw)
+
+
 VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "best_of": VllmArgument(_best_of_changes_nothing, (
         "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
@@ -289,8 +309,10 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "the tokenizer is read from the model's directory (tokenizer.json, or a GGUF's own); leave it out")),
     "tokenizer_mode": VllmArgument(_only("auto"), "the tokenizer is the checkpoint's tokenizer.json (the "
                                                   "`tokenizers` library); leave it out"),
-    "quantization": VllmArgument(_only(None), (
-        "a quantized checkpoint is read by its format (GGUF, MLX); leave it out")),
+    "quantization": VllmArgument(_quantization_changes_nothing, (
+        "a quantized checkpoint is read by its format (GGUF, MLX, compressed-tensors NVFP4 by its "
+        "quantization_config); leave it out, or pass 'compressed-tensors' with a compressed-tensors NVFP4 "
+        "checkpoint")),
     "kv_cache_dtype": VllmArgument(_only("auto"), "the KV cache holds the model's dtype; leave it out"),
     "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool), (
         "a number of GiB (Glimmer recomputes preempted requests instead of swapping them, so any number changes "

@@ -721,9 +721,9 @@ def test_checkpoint_code_keys_are_ignored_with_a_warning():
     assert any("auto_map" in w and "never executes code" in w for w in config.warnings)
 
 
-def test_quantized_checkpoint_is_refused():
+def test_a_quantization_config_is_left_to_the_compressed_tensors_reader():
     raw = config_to_dict(tiny_model(), "canonical") | {"quantization_config": {"quant_method": "compressed-tensors"}}
-    expect_error(raw, "quantization_config", "not supported yet")
+    expect_error(raw, "quantization_config", "compressed-tensors reader")
 
 
 @pytest.mark.parametrize("layout", ["canonical", "canonical-text", "flat", "vendor"])
