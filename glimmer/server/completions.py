@@ -285,7 +285,8 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, beam:
         for rank, sequence in enumerate(results):
             index = number * run.n + rank
             detokenizer = run.detokenizer()
-            text = "".join(detokenizer.add(token_id) for token_id in sequence.tokens[len(run.prompts[number]):])
+            # the text as a sampled choice's: the stop id that ended it included, as its special tokens are (P-REQ-1)
+            text = "".join(detokenizer.add(entry.token_id) for entry in sequence.logprobs)
             run.choices.append(_Choice(num_tokens=len(sequence.logprobs), num_cached_tokens=cached[number]))
             run.timer.tokens(index, len(sequence.logprobs))
             choices.append(run.choice(index, _Piece(), text + detokenizer.flush(), sequence.finish_reason, [], [],

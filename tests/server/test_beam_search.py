@@ -41,10 +41,10 @@ def test_choices_are_each_prompts_best_beams_best_first(server, checkpoint):
     tokenizer = server.engine.engine.tokenizer
     choices = body["choices"]
     assert [choice["index"] for choice in choices] == list(range(6))
-    for number, (prompt, output) in enumerate(zip(PROMPTS, expected, strict=True)):
+    for number, output in enumerate(expected):
         for rank, sequence in enumerate(output.sequences):
             choice = choices[number * 3 + rank]
-            assert choice["text"] == tokenizer.decode(sequence.tokens[len(prompt):])
+            assert choice["text"] == tokenizer.decode([entry.token_id for entry in sequence.logprobs])
             assert choice["finish_reason"] == sequence.finish_reason == "length"
     assert body["usage"]["completion_tokens"] == 6 * 4
     assert body["usage"]["prompt_tokens"] == sum(map(len, PROMPTS))
@@ -160,3 +160,18 @@ def test_a_chat_beam_ended_by_a_stop_id_reads_as_the_reply_it_ended(server, chec
     assert greedy["finish_reason"] == "stop" and greedy["stop_reason"] == stop_id
     assert {key: beam[key] for key in ("message", "finish_reason", "stop_reason")} == {
         key: greedy[key] for key in ("message", "finish_reason", "stop_reason")}
+
+
+def test_a_completion_beam_ended_by_a_stop_id_reads_as_the_sampled_choice_it_ended(server, checkpoint, monkeypatch):
+    """As for chat: with a stop id made of the greedy completion's third token, the greedy choice and the width-1
+    beam end there alike, the stop id's text kept in both (a completion's raw text keeps the token that ended it)."""
+    engine = server.engine.engine
+    stop_id = LLM(str(checkpoint), progress=False).generate(PROMPTS[0], SamplingParams(
+        temperature=0, max_tokens=3, ignore_eos=True))[0].token_ids[2]
+    monkeypatch.setattr(engine, "generation_defaults", replace(engine.generation_defaults, stop_token_ids=(stop_id,)))
+    plain = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 6}
+    greedy = post(server, **plain, temperature=0).json()["choices"][0]
+    beam = post(server, **plain, use_beam_search=True).json()["choices"][0]
+    assert greedy["finish_reason"] == "stop" and greedy["stop_reason"] == stop_id
+    assert {key: beam[key] for key in ("text", "finish_reason", "stop_reason")} == {
+        key: greedy[key] for key in ("text", "finish_reason", "stop_reason")}
