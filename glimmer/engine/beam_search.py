@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from glimmer.engine.outputs import PositionLogprobs
 from glimmer.engine.sampler import TokenLogprobs
-from glimmer.engine.sampling_params import MAX_LOGPROBS
+from glimmer.engine.sampling_params import MAX_LOGPROBS, plain_number
 from glimmer.errors import RequestError
 
 if TYPE_CHECKING:
@@ -56,7 +56,9 @@ class BeamSearchParams:
 
     def validate(self) -> None:
         """Raise RequestError naming the first invalid field (at construction, and again when a search starts: the
-        dataclass is mutable)."""
+        dataclass is mutable). NumPy scalars are taken as the Python numbers they hold, as SamplingParams takes them."""
+        for name in ("beam_width", "max_tokens", "temperature", "length_penalty"):
+            setattr(self, name, plain_number(getattr(self, name)))
         if not (_is_int(self.beam_width) and 1 <= self.beam_width <= MAX_BEAM_WIDTH):
             raise RequestError(f"beam_width: must be an integer from 1 to {MAX_BEAM_WIDTH} (each beam's candidates "
                                f"are its 2 * beam_width most likely tokens, at most {MAX_LOGPROBS} logprobs), not "

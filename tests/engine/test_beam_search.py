@@ -146,6 +146,16 @@ def test_bad_params_are_refused_naming_the_field(arguments, param):
     assert caught.value.param == param and str(caught.value).startswith(f"{param}: ")
 
 
+def test_numpy_numbers_are_taken_as_the_numbers_they_hold():
+    """As SamplingParams takes them: `beam_width=np.int64(2)` was refused as no integer."""
+    import numpy as np
+
+    params = BeamSearchParams(beam_width=np.int64(2), max_tokens=np.int32(4), temperature=np.float64(0),
+                              length_penalty=np.float32(0.5))
+    assert (params.beam_width, params.max_tokens, params.length_penalty) == (2, 4, 0.5)
+    assert type(params.beam_width) is int and type(params.length_penalty) is float
+
+
 def test_bad_arguments_of_beam_search_are_refused(llm):
     with pytest.raises(RequestError, match="^params must be a BeamSearchParams") as caught:
         llm.beam_search(["Hi"], SamplingParams(n=2))
