@@ -14,6 +14,8 @@ _LAZY = {
     "LLM": "glimmer.engine.llm",
     "SamplingParams": "glimmer.engine.sampling_params",
     "StructuredOutputsParams": "glimmer.engine.sampling_params",
+    "BeamSearchParams": "glimmer.engine.beam_search",
+    "BeamSearchOutput": "glimmer.engine.beam_search",
     "RequestOutput": "glimmer.engine.outputs",
     "CompletionOutput": "glimmer.engine.outputs",
     "Logprob": "glimmer.engine.outputs",
@@ -24,10 +26,12 @@ _LAZY = {
     "TokensPrompt": "glimmer.engine.prompts",
 }
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "PositionLogprobs", "ChatOutput", "LLMTokenizer", "TextPrompt", "TokensPrompt", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "BeamSearchParams", "BeamSearchOutput", "RequestOutput",
+           "CompletionOutput", "Logprob", "PositionLogprobs", "ChatOutput", "LLMTokenizer", "TextPrompt",
+           "TokensPrompt", "__version__"]
 
 if TYPE_CHECKING:
+    from glimmer.engine.beam_search import BeamSearchOutput, BeamSearchParams
     from glimmer.engine.llm import LLM, ChatOutput, LLMTokenizer
     from glimmer.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
     from glimmer.engine.prompts import TextPrompt, TokensPrompt

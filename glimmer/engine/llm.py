@@ -29,6 +29,7 @@ from glimmer.engine.apply_chat_template import (
     generation_prompt,
     tool_schemas,
 )
+from glimmer.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
     STRENGTH_KWARGS,
@@ -50,6 +51,7 @@ from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, Sampl
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
 from glimmer.engine.vllm_arguments import (
+    VLLM_ONLY_BEAM_SEARCH_ARGUMENTS,
     VLLM_ONLY_CHAT_ARGUMENTS,
     VLLM_ONLY_GENERATE_ARGUMENTS,
     VLLM_ONLY_LLM_ARGUMENTS,
@@ -301,8 +303,8 @@ class LLM:
         self._running_thread: int | None = None  # the thread whose call holds `_run_lock`
 
     def __getattr__(self, name: str) -> Any:
-        """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`beam_search`, `embed`,
-        `llm_engine`, ...) it says what to do instead."""
+        """Raises AttributeError for any attribute LLM has not; for one of vLLM's (`embed`, `llm_engine`, ...) it
+        says what to do instead."""
         message = f"{type(self).__name__!r} object has no attribute {name!r}"
         instead = VLLM_ONLY_LLM_METHODS.get(name)
         if instead is not None:
@@ -434,6 +436,49 @@ class LLM:
         params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in
                        enumerate(zip(params_list, [prompts] if single else prompts, strict=True))]
         return self._run(normalized, params_list, use_tqdm, prompt_field="prompt" if single else "prompts")
+
+    @method_takes_vllm_arguments(VLLM_ONLY_BEAM_SEARCH_ARGUMENTS)
+    def beam_search(
+        self,
+        prompts: PromptType | SequenceABC[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool | Callable[..., Any] | None = False,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search: per prompt (as `generate` takes them), a BeamSearchOutput of the `params.beam_width`
+        best sequences, best first (see glimmer/engine/beam_search.py). Each step runs every live beam as a request
+        for one token with `logprobs=2 * beam_width`; the prefix cache shares the prompt's and the beams' KV. A
+        max_tokens past max_model_len ends the beams there, as in `generate`. `use_tqdm` (default False, as vLLM's)
+        shows the prompts whose search ended."""
+        if not isinstance(params, BeamSearchParams):
+            raise RequestError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), not "
+                               f"{type(params).__name__}", param="params")
+        params.validate()
+        normalized = self._normalize_prompts(prompts)
+        single = _is_single_prompt(prompts)
+        stop_ids = frozenset() if params.ignore_eos else frozenset(self.engine.generation_defaults.stop_token_ids)
+        step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True)
+        searches, salted = [], []
+        for i, ((_, ids, _), prompt) in enumerate(zip(normalized, [prompts] if single else prompts, strict=True)):
+            name = "prompt" if single else f"prompts[{i}]"
+            with _naming_the_prompt(name):
+                budget = self.engine.generation_budget(len(ids), SamplingParams(max_tokens=params.max_tokens),
+                                                       clamp_max_tokens=True)
+            searches.append(BeamSearch(ids, params, stop_ids, budget))
+            salted.append(_salted(step_params, prompt, name))
+        bar = self._progress_bar(use_tqdm, len(searches))
+        try:
+            while not all(search.done for search in searches):
+                stepping = [(search, number, search.live_beams()) for number, search in enumerate(searches)
+                            if not search.done]
+                beams = [(None, beam, normalized[number][2]) for _, number, live in stepping for beam in live]
+                outputs = iter(self._run(beams, [salted[number] for _, number, live in stepping for _ in live],
+                                         use_tqdm=False, prompt_field="prompt" if single else "prompts"))
+                for search, _, live in stepping:
+                    search.advance([next(outputs).outputs[0].logprobs[0] for _ in live])
+                    bar.update(1 if search.done else 0)
+        finally:
+            bar.close()
+        return [search.results(self.engine.tokenizer, self.engine.tokenizer.eos_token_id) for search in searches]
 
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
              use_tqdm: bool | Callable[..., Any] | None,

@@ -77,7 +77,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _plain_number(value: object) -> object:
+def plain_number(value: object) -> object:
     """A NumPy scalar (`numpy.int64(5)`, `numpy.float32(0.5)`) as the Python int or float it holds, so that a
     count or a temperature computed with NumPy is checked and used as that number; anything else as given."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or type(value) in (int, float):
@@ -287,12 +287,12 @@ class SamplingParams:
         if isinstance(self.bad_words, tuple):
             self.bad_words = list(self.bad_words)
         for name in _NUMBER_FIELDS:
-            setattr(self, name, _plain_number(getattr(self, name)))
+            setattr(self, name, plain_number(getattr(self, name)))
         for name in ("stop_token_ids", "allowed_token_ids"):
             if isinstance(getattr(self, name), list):
-                setattr(self, name, [_plain_number(t) for t in getattr(self, name)])
+                setattr(self, name, [plain_number(t) for t in getattr(self, name)])
         if isinstance(self.logit_bias, dict):
-            self.logit_bias = {_plain_number(t): _plain_number(b) for t, b in self.logit_bias.items()}
+            self.logit_bias = {plain_number(t): plain_number(b) for t, b in self.logit_bias.items()}
         if _is_int(self.seed) and self.seed == -1:  # vLLM's "no seed": a fresh draw each request, not stream -1
             self.seed = None
         for name in ("logprobs", "prompt_logprobs"):

@@ -108,10 +108,15 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "best_of": VllmArgument(_best_of_changes_nothing, (
         "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
         "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob")),
-    "use_beam_search": VllmArgument(_only(False), "beam search is not supported; leave it out (temperature=0 "
-                                                 "decodes greedily)"),
-    "length_penalty": VllmArgument(_only(1.0, 1), "an option of beam search, which is not supported; leave it out"),
-    "early_stopping": VllmArgument(_only(False), "an option of beam search, which is not supported; leave it out"),
+    "use_beam_search": VllmArgument(_only(False), (
+        "beam search is LLM.beam_search(prompts, BeamSearchParams(beam_width=..., max_tokens=...)), as in vLLM since "
+        "it left SamplingParams; leave it out here")),
+    "length_penalty": VllmArgument(_only(1.0, 1), (
+        "an option of beam search: pass it as BeamSearchParams(length_penalty=...) to LLM.beam_search; leave it out "
+        "here")),
+    "early_stopping": VllmArgument(_only(False), (
+        "an option of beam search, which (as vLLM's BeamSearchParams) takes none: every beam runs to max_tokens or a "
+        "stop id; leave it out")),
     "guided_decoding": VllmArgument(_only(None), (
         "pass it under vLLM's newer name, structured_outputs=StructuredOutputsParams(...), which takes "
         "GuidedDecodingParams' json, regex, choice, grammar or json_object")),
@@ -296,6 +301,13 @@ VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
 }
 """Arguments of vLLM's `LLM.chat` that Glimmer's does not take (`documents`, `chat_template`, `tools`, ... it takes)."""
+VLLM_ONLY_BEAM_SEARCH_ARGUMENTS: dict[str, VllmArgument] = {
+    "lora_request": _LORA,
+    "concurrency_limit": VllmArgument(_only(None), (
+        "Glimmer searches every prompt's beams in the same engine steps; pass fewer prompts per call to bound the "
+        "batch, and leave it out")),
+}
+"""Arguments of vLLM's `LLM.beam_search` that Glimmer's does not take."""
 _DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
@@ -407,8 +419,6 @@ it serves no /docs page; usage always has prompt_tokens_details."""
 _POOLING = ("Glimmer runs generative models only, not vLLM's pooling runner (embeddings, classification, reward or "
             "cross-encoder scores)")
 VLLM_ONLY_LLM_METHODS: dict[str, str] = {
-    "beam_search": ("beam search is not supported; SamplingParams(temperature=0) decodes greedily, or sample "
-                    "SamplingParams(n=k, logprobs=0) and keep the completion with the highest cumulative_logprob"),
     "embed": _POOLING,
     "encode": f"{_POOLING}; tokenize with llm.get_tokenizer().encode(text)",
     "classify": _POOLING,

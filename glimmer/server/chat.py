@@ -12,6 +12,7 @@ one chunk per choice after the role chunks.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import re
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
@@ -30,6 +32,7 @@ from glimmer.errors import RequestError
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
+from glimmer.server.beam_search import beam_search_params, refuse_beam_search_options, run_beam_search
 from glimmer.server.body import read_body
 from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
 from glimmer.server.choice_stream import ChoiceStream, Released, coalesced
@@ -162,7 +165,9 @@ def echoed(request: ChatCompletionRequest) -> Echo | None:
 async def create_chat_completion(raw_request: Request, context: ServingContext) -> Response:
     arrival = time.monotonic()
     request = parse_body(ChatCompletionRequest, await read_body(raw_request, context))
-    run, first, stream = await start_chat_run(raw_request, context, request, arrival)
+    refuse_beam_search_options(request)
+    start = start_beam_search_run if request.use_beam_search else start_chat_run
+    run, first, stream = await start(raw_request, context, request, arrival)
     if request.stream:
         return SSEResponse(_stream(run, first, stream))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))
@@ -231,6 +236,62 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     if first.prompt_logprobs is not None and request.prompt_logprobs is not None:
         run.prompt_logprobs = first.prompt_logprobs
     return run, first, stream
+
+
+async def start_beam_search_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
+                                arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
+    """`start_chat_run` for `use_beam_search` (server/beam_search.py): render, search, and hand over each of the best
+    beams, best first, as one whole delta of its choice, which is read as any reply is."""
+    model_name = context.check_model(request.model)
+    client_id = client_request_id(raw_request, request.request_id)
+    beam = beam_search_params(request)
+    try:
+        params = chat_sampling_params(request, context)
+    except RequestError as error:
+        renamed = limit_named_as_sent(error, request)
+        if renamed is None:
+            raise
+        raise renamed from error
+    prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
+    engine = context.engine.engine
+    prompt.token_ids, prompt.multimodal = engine.truncate_prompt(prompt.token_ids, prompt.multimodal, params)
+    apply_default_max_tokens(params, context, len(prompt.token_ids))
+    run = ChatRun(context, request, prompt, model_name, [], RequestTimer(context.metrics, arrival), params)
+    if client_id is None:
+        run.engine_id = run.id
+    else:
+        run.id = f"chatcmpl-{client_id}"
+        run.engine_id = engine_request_id(run.id)
+    try:
+        searches, cached = await until_disconnect(raw_request, run_beam_search(
+            context, run.engine_id, [prompt.token_ids], beam, params, prompt.multimodal))
+    except RequestError as error:
+        renamed = limit_named_as_sent(error, request)
+        if renamed is None:
+            raise
+        raise renamed from error
+    hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
+    deltas = []
+    for rank, sequence in enumerate(searches[0].results(context.tokenizer, context.tokenizer.eos_token_id).sequences):
+        run.choices.append(ChoiceStream(rank, prompt.tools.parser_tools, stop=[], hidden_tokens=hidden,
+                                        single_call=request.parallel_tool_calls is False,
+                                        continue_recipient=prompt.continue_recipient,
+                                        continue_prefix=prompt.continue_prefix))
+        token_ids = [entry.token_id for entry in sequence.logprobs]  # the turn as generated, its stop id included
+        detokenizer = IncrementalDetokenizer(context.tokenizer)
+        pieces = [detokenizer.add(token_id) for token_id in token_ids]
+        pieces[-1] += detokenizer.flush()
+        # where each token's text ends: the choice reads the turn token by token, as it reads a generated one
+        deltas.append(StepDelta(run.id, rank, token_ids, "".join(pieces), finish_reason=sequence.finish_reason,
+                                stop_reason=sequence.stop_reason, num_prompt_tokens=len(prompt.token_ids),
+                                num_cached_tokens=cached[0], token_text_ends=list(itertools.accumulate(map(len,
+                                                                                                        pieces)))))
+
+    async def the_others() -> AsyncIterator[StepDelta]:
+        for delta in deltas[1:]:
+            yield delta
+
+    return run, deltas[0], the_others()
 
 
 async def chat_updates(run: ChatRun, first: StepDelta,

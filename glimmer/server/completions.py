@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from glimmer.cancellation import CancelToken
+from glimmer.engine.beam_search import BeamSearchParams
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.multimodal_inputs import refuse_stray_placeholders
@@ -33,6 +34,7 @@ from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.errors import RequestError
+from glimmer.server.beam_search import beam_search_params, refuse_beam_search_options, run_beam_search
 from glimmer.server.body import read_body
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
@@ -233,18 +235,22 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     request = parse_body(CompletionRequest, await read_body(raw_request, context))
     model_name = context.check_model(request.model)
     client_id = client_request_id(raw_request, request.request_id)
+    refuse_beam_search_options(request)
+    beam = beam_search_params(request) if request.use_beam_search else None
     params = completion_sampling_params(request, context)
     try:
         prompts = await in_worker_thread(raw_request, lambda cancel: _prompts(
             request.prompt, request.add_special_tokens, params, context, cancel))
     except RequestError as exc:
         raise naming_the_prompt(exc) from None
-    factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run = _CompletionRun(context, request, model_name, prompts, params.n, [], RequestTimer(context.metrics, arrival))
     engine_id = run.id
     if client_id is not None:
         run.id = f"cmpl-{client_id}"
         engine_id = engine_request_id(run.id)
+    if beam is not None:
+        return await _beam_search_response(raw_request, run, engine_id, beam, params)
+    factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run.choices = [_Choice(detokenizer=run.detokenizer() if request.logprobs is not None else None)
                    for _ in range(len(prompts) * params.n)]
     # the queue limit counts this API request once, however many prompts it holds
@@ -267,6 +273,43 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     if request.stream:
         return SSEResponse(_stream(run, updates))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, updates)))
+
+
+async def _beam_search_response(raw_request: Request, run: _CompletionRun, engine_id: str, beam: BeamSearchParams,
+                                params: SamplingParams) -> Response:
+    """The response of `use_beam_search`: prompt i's best beams as choices i * n + j, best first; streamed, each
+    choice comes whole in one chunk once the search has ended (as vLLM streams them)."""
+    try:
+        searches, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
+                                                                               beam, params))
+    except RequestError as error:
+        raise naming_the_prompt(error) from None
+    tokenizer = run.context.tokenizer
+    choices = []
+    for number, search in enumerate(searches):
+        results = search.results(tokenizer, tokenizer.eos_token_id).sequences
+        for rank, sequence in enumerate(results):
+            index = number * run.n + rank
+            detokenizer = run.detokenizer()
+            # the text as a sampled choice's: the stop id that ended it included, as its special tokens are (P-REQ-1)
+            text = "".join(detokenizer.add(entry.token_id) for entry in sequence.logprobs)
+            run.choices.append(_Choice(num_tokens=len(sequence.logprobs), num_cached_tokens=cached[number]))
+            run.timer.tokens(index, len(sequence.logprobs))
+            choices.append(run.choice(index, _Piece(), text + detokenizer.flush(), sequence.finish_reason, [], [],
+                                      None, sequence.stop_reason))
+    run.timer.done()
+    if not run.request.stream:
+        return JSONResponse({**run.envelope(choices), "usage": run.usage()})
+    options = run.request.stream_options
+
+    async def stream() -> AsyncIterator[str]:
+        for choice in choices:
+            yield sse_event({**run.envelope([choice]), **chunk_usage(options, run.usage)})
+        if options is not None and options.include_usage:
+            yield sse_event({**run.envelope([]), "usage": run.usage()})
+        yield DONE_EVENT
+
+    return SSEResponse(stream())
 
 
 async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDelta]]) -> dict[str, Any]:

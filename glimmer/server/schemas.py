@@ -7,7 +7,8 @@ right. Three groups of known fields:
 - honored: everything that maps to rendering, sampling (`logit_bias` included) or the response shape, vLLM's
   sampling extras included (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
   `include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `truncate_prompt_tokens`, `bad_words`;
-  `allowed_token_ids` on completions);
+  `allowed_token_ids` on completions), and vLLM's beam search (`use_beam_search`, `length_penalty`, `early_stopping`:
+  server/beam_search.py);
 - accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
   `service_tier`,
   `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
@@ -206,6 +207,10 @@ class _SamplingFields(RequestBody):
     guided_grammar: str | None = None
     cache_salt: str | None = None
     request_id: str | None = None  # vLLM's: the response id is built on it, unless X-Request-Id is sent (request_id.py)
+    # vLLM's beam search (server/beam_search.py): n is the beam width
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
     # accepted and ignored: they cannot change the output
     user: str | None = None
     metadata: Metadata | None = None  # within OpenAI's limits (check_metadata)

@@ -801,11 +801,11 @@ def test_use_tqdm_of_another_kind_is_refused_naming_it(llm):
     assert caught.value.param == "use_tqdm" and not llm.engine.has_unfinished_requests
 
 
-@pytest.mark.parametrize(("name", "instead"), [("beam_search", "temperature=0"), ("embed", "generative models only"),
+@pytest.mark.parametrize(("name", "instead"), [("embed", "generative models only"),
                                                ("score", "prompt_logprobs=0"), ("llm_engine", "llm.engine"),
                                                ("sleep", "delete the LLM")])
 def test_reading_one_of_vllms_llm_methods_glimmer_lacks_says_what_to_do(llm, name, instead):
-    """`llm.beam_search(...)` or `llm.embed(...)` met Python's bare AttributeError; it now says what to do instead,
+    """`llm.score(...)` or `llm.embed(...)` met Python's bare AttributeError; it now says what to do instead,
     and hasattr stays honest (False)."""
     with pytest.raises(AttributeError, match=f"^'LLM' object has no attribute '{name}'; vLLM's LLM.{name}: ") as caught:
         getattr(llm, name)

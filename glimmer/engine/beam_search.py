@@ -1,0 +1,184 @@
+"""Beam search as vLLM runs it (`LLM.beam_search`, the server's `use_beam_search`): each step every live beam of a
+prompt offers its `2 * beam_width` most likely next tokens (the model's own logprobs, as a request with
+`logprobs=2 * beam_width` reads them), and the `beam_width` best continuations by cumulative logprob stay live. A
+candidate that is a stop id ends its beam (kept aside as finished); the search runs `max_tokens` steps, then the
+finished and live beams are ranked by `cum_logprob / length ** length_penalty` and the best `beam_width` returned.
+
+This file holds the search's bookkeeping only; the caller runs each step's beams through the engine (each beam one
+request for one token, its prompt the prompt and the beam's tokens: the prefix cache shares their KV)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from glimmer.engine.outputs import PositionLogprobs
+from glimmer.engine.sampler import TokenLogprobs
+from glimmer.engine.sampling_params import MAX_LOGPROBS, plain_number
+from glimmer.errors import RequestError
+
+if TYPE_CHECKING:
+    from glimmer.engine.tokenizer import Tokenizer
+
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
+"""Each beam's candidates are its 2 * beam_width most likely tokens, read as logprobs, at most MAX_LOGPROBS (vLLM's
+default max_logprobs bounds its beam width the same way)."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's `BeamSearchParams`: `beam_width` beams (and results) per prompt, each at most `max_tokens` tokens.
+
+    ignore_eos: no token ends a beam (the checkpoint's stop ids are candidates as any other).
+    temperature: 0 only: the search ranks candidates by the model's own logprobs, which a temperature does not change
+        (vLLM's candidates are its raw logprobs too; its temperature only draws one extra candidate at random).
+    length_penalty: a result's score is cum_logprob / length ** length_penalty, the length counting the prompt's
+        tokens and the generated ones but a final stop id, as vLLM's; 0 ranks by cum_logprob alone, a larger one
+        favours longer results.
+    include_stop_str_in_output: a result that a stop id ended keeps that id in its tokens and its text.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise RequestError naming the first invalid field (at construction, and again when a search starts: the
+        dataclass is mutable). NumPy scalars are taken as the Python numbers they hold, as SamplingParams takes them."""
+        for name in ("beam_width", "max_tokens", "temperature", "length_penalty"):
+            setattr(self, name, plain_number(getattr(self, name)))
+        if not (_is_int(self.beam_width) and 1 <= self.beam_width <= MAX_BEAM_WIDTH):
+            raise RequestError(f"beam_width: must be an integer from 1 to {MAX_BEAM_WIDTH} (each beam's candidates "
+                               f"are its 2 * beam_width most likely tokens, at most {MAX_LOGPROBS} logprobs), not "
+                               f"{self.beam_width!r}", param="beam_width")
+        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
+            raise RequestError(f"max_tokens: must be an integer >= 1, not {self.max_tokens!r}", param="max_tokens")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name}: must be a boolean", param=name)
+        if not (isinstance(self.temperature, int | float) and not isinstance(self.temperature, bool)
+                and self.temperature == 0):
+            raise RequestError(f"temperature: beam search takes 0 only, not {self.temperature!r}: it ranks candidates "
+                               "by the model's own logprobs, which a temperature does not change; to sample, use "
+                               "generate with SamplingParams(temperature=..., n=...)", param="temperature")
+        if not (isinstance(self.length_penalty, int | float) and not isinstance(self.length_penalty, bool)
+                and math.isfinite(self.length_penalty)):
+            raise RequestError(f"length_penalty: must be a finite number, not {self.length_penalty!r}",
+                               param="length_penalty")
+
+
+@dataclass
+class BeamSearchSequence:
+    """One result of a beam search, as vLLM's: `tokens` are the prompt's ids then the generated ones (a final stop id
+    only with include_stop_str_in_output), `text` those tokens decoded (the prompt's text first, as vLLM's
+    `LLM.beam_search` gives it), `logprobs` one entry per generated token (the final stop id's included) whose keys
+    are the beam's candidates there, `cum_logprob` the sum of the generated tokens' logprobs (the stop id's
+    included). `finish_reason`: "stop" (a stop id ended it; `stop_reason` names an id other than the tokenizer's EOS)
+    or "length"."""
+
+    tokens: list[int]
+    logprobs: list[PositionLogprobs]
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    score: float = 0.0  # cum_logprob / length ** length_penalty: what the results are ranked by
+
+
+@dataclass
+class BeamSearchOutput:
+    """A prompt's results, best first: at most beam_width of them."""
+
+    sequences: list[BeamSearchSequence]
+
+
+def beam_score(cum_logprob: float, length: int, length_penalty: float) -> float:
+    """vLLM's ranking: the cumulative logprob over the length (prompt included, a final stop id not) to the power of
+    length_penalty."""
+    return cum_logprob / (length ** length_penalty)
+
+
+@dataclass
+class _Beam:
+    token_ids: list[int]  # generated, a final stop id included
+    logprobs: list[TokenLogprobs]
+    cum_logprob: float = 0.0
+    stop_id: int | None = None  # the stop id that ended it
+
+
+@dataclass
+class BeamSearch:
+    """One prompt's search: `live_beams()` lists what the next step scores, `advance(...)` takes each one's candidates.
+
+    `stop_ids`: the ids that end a beam (none under ignore_eos); `budget`: the tokens a beam may generate (max_tokens,
+    or less where the context ends first)."""
+
+    prompt_token_ids: list[int]
+    params: BeamSearchParams
+    stop_ids: Collection[int]
+    budget: int
+    live: list[_Beam] = field(default_factory=lambda: [_Beam([], [])])
+    finished: list[_Beam] = field(default_factory=list)
+    steps: int = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.live or self.steps >= self.budget
+
+    def live_beams(self) -> list[list[int]]:
+        """Each live beam's whole sequence (the prompt and its tokens), whose next token the step scores."""
+        return [] if self.done else [self.prompt_token_ids + beam.token_ids for beam in self.live]
+
+    def advance(self, candidates: list[TokenLogprobs]) -> None:
+        """One step: per live beam (in `live_beams()`' order), its next-token logprobs, whose `top` holds its
+        2 * beam_width candidates, most likely first."""
+        growing = []
+        for beam, entry in zip(self.live, candidates, strict=True):
+            for rank, (token_id, logprob) in enumerate(entry.top.items(), start=1):
+                grown = _Beam(beam.token_ids + [token_id],
+                              beam.logprobs + [TokenLogprobs(token_id, logprob, entry.top, rank)],
+                              beam.cum_logprob + logprob)
+                if token_id in self.stop_ids:
+                    grown.stop_id = token_id
+                    self.finished.append(grown)
+                else:
+                    growing.append(grown)
+        # a stable sort: between equal logprobs the earlier beam's candidate, then the more likely one, stays
+        self.live = sorted(growing, key=lambda beam: -beam.cum_logprob)[: self.params.beam_width]
+        self.steps += 1
+
+    def _score(self, beam: _Beam) -> float:
+        length = len(self.prompt_token_ids) + len(beam.token_ids) - (beam.stop_id is not None)
+        return beam_score(beam.cum_logprob, length, self.params.length_penalty)
+
+    def results(self, tokenizer: Tokenizer, eos_token_id: int | None) -> BeamSearchOutput:
+        """The best beam_width of the finished and live beams, best first."""
+        ranked = sorted(self.finished + self.live, key=self._score, reverse=True)[: self.params.beam_width]
+        sequences = []
+        for beam in ranked:
+            kept = beam.token_ids
+            if beam.stop_id is not None and not self.params.include_stop_str_in_output:
+                kept = kept[:-1]
+            tokens = self.prompt_token_ids + kept
+            sequences.append(BeamSearchSequence(
+                tokens=tokens,
+                logprobs=[PositionLogprobs(entry, tokenizer) for entry in beam.logprobs],
+                cum_logprob=beam.cum_logprob,
+                text=tokenizer.decode(tokens),
+                finish_reason="length" if beam.stop_id is None else "stop",
+                stop_reason=None if beam.stop_id in (None, eos_token_id) else beam.stop_id,
+                score=self._score(beam),
+            ))
+        return BeamSearchOutput(sequences)

@@ -1,0 +1,124 @@
+"""vLLM's `use_beam_search: true` on /v1/completions and /v1/chat/completions: `n` is the beam width,
+`length_penalty` ranks the results (see glimmer/engine/beam_search.py), and the n choices of a prompt are its best
+beams, best first (a chat choice is its beam's turn, parsed as any reply).
+
+The fields that shape sampling or the text a sampler may pick (a temperature, penalties, stop strings, a grammar,
+tools, ...) have no meaning in a search that ranks by the model's own logprobs: set to anything but their neutral
+value they are refused naming them, where vLLM ignores them silently. Each step's beams run as one-token requests on
+the engine, which the prefix cache shares the prompt with."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from glimmer.engine.beam_search import BeamSearch, BeamSearchParams
+from glimmer.engine.outputs import StepDelta
+from glimmer.engine.sampler import TokenLogprobs
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.sequence import MultimodalItem
+from glimmer.errors import RequestError
+from glimmer.server.context import ServingContext
+from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest
+from glimmer.server.structured_outputs import requested_structured_outputs
+
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "temperature": (None, 0), "top_p": (None, 1), "top_k": (None, 0, -1), "min_p": (None, 0),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
+    "stop": (None, []), "min_tokens": (0,), "stop_token_ids": (None, []), "logit_bias": (None, {}),
+    "allowed_token_ids": (None,), "bad_words": (None, []), "logprobs": (None, False), "prompt_logprobs": (None,),
+    "echo": (False,), "top_logprobs": (None, 0), "tools": (None, []), "tool_choice": (None, "none", "auto"),
+    "thinking_token_budget": (None,),
+}
+"""The fields beam search takes at these values only (those of either endpoint): it ranks candidates by the model's
+own logprobs, which a temperature, a filter, a penalty or a bias do not change; it ends a beam at the checkpoint's stop
+ids only; it constrains nothing (no tools, no reasoning budget); and its choices carry no logprobs."""
+
+
+def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether `value` is one of `neutral` (None and booleans by identity: false is no 0, nor 0.0 false)."""
+    return any(value is allowed if allowed is None or isinstance(allowed, bool) else
+               not isinstance(value, bool) and value == allowed for allowed in neutral)
+
+
+def beam_search_params(request: CompletionRequest | ChatCompletionRequest) -> BeamSearchParams:
+    """The request's BeamSearchParams (max_tokens 1 here: each prompt's budget is the search's own); RequestError
+    naming the first field beam search cannot take, or a beam width (`n`) out of range."""
+    for name, neutral in _NEUTRAL.items():
+        if name in type(request).model_fields and not _is_neutral(getattr(request, name), neutral):
+            raise RequestError(f"{name}: cannot be combined with use_beam_search (beam search ranks beams by the "
+                               "model's own logprobs, ends them at the checkpoint's stop ids, and returns each "
+                               "choice's text alone); leave it out, or drop use_beam_search", param=name)
+    structured, param = requested_structured_outputs(request)
+    if structured is not None:
+        raise RequestError(f"{param}: cannot be combined with use_beam_search (a grammar decides which tokens may "
+                           "follow, which a search over the model's most likely tokens does not ask); drop one",
+                           param=param.split(".")[0])
+    if request.early_stopping:
+        raise RequestError("early_stopping: not supported: as vLLM's, beam search runs every beam to max_tokens or a "
+                           "stop id; leave it out (or false)", param="early_stopping")
+    if isinstance(request, CompletionRequest) and request.max_tokens == 0:
+        raise RequestError("max_tokens: beam search generates at least one token; give max_tokens >= 1",
+                           param="max_tokens")
+    try:
+        return BeamSearchParams(beam_width=request.n, max_tokens=1, ignore_eos=request.ignore_eos,
+                                length_penalty=request.length_penalty,
+                                include_stop_str_in_output=request.include_stop_str_in_output)
+    except RequestError as error:
+        if error.param != "beam_width":
+            raise
+        raise RequestError(f"n: with use_beam_search n is the beam width, {str(error).split(': ', 1)[1]}",
+                           param="n") from None
+
+
+def refuse_beam_search_options(request: CompletionRequest | ChatCompletionRequest) -> None:
+    """RequestError naming `length_penalty` or `early_stopping` set to a value that changes something without
+    use_beam_search, which they are options of."""
+    if request.use_beam_search:
+        return
+    for name, neutral in (("length_penalty", 1), ("early_stopping", False)):
+        if getattr(request, name) != neutral:
+            raise RequestError(f"{name}: an option of beam search; set use_beam_search: true with it, or leave it "
+                               "out", param=name)
+
+
+async def run_beam_search(context: ServingContext, run_id: str, prompts: list[list[int]], params: BeamSearchParams,
+                          generation: SamplingParams, multimodal: list[MultimodalItem] | None = None
+                          ) -> tuple[list[BeamSearch], list[int]]:
+    """Search every prompt's beams (`generation`: the request's SamplingParams, for each prompt's budget and cache
+    salt; `multimodal`: the media of a single prompt); returns the searches and each prompt's cached prompt tokens (as
+    its first step read them)."""
+    engine = context.engine.engine
+    stop_ids = frozenset() if params.ignore_eos else frozenset(engine.generation_defaults.stop_token_ids)
+    searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation)) for ids in prompts]
+    step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True,
+                                 cache_salt=generation.cache_salt)
+    cached = [0] * len(prompts)
+    step = 0
+    while not all(search.done for search in searches):
+        stepping = [(number, search.live_beams()) for number, search in enumerate(searches) if not search.done]
+        # the queue limit counts this API request once, at its first beam
+        streams = [context.engine.generate(f"{run_id}-{step}-{number}-{i}", beam, step_params, multimodal=multimodal,
+                                           queue_limit=step == 0 and not k)
+                   for k, (number, live) in enumerate(stepping) for i, beam in enumerate(live)]
+        results = iter(await asyncio.gather(*map(_next_token, streams)))
+        for number, live in stepping:
+            entries = [next(results) for _ in live]
+            if step == 0:
+                cached[number] = entries[0][1]
+            searches[number].advance([entry for entry, _ in entries])
+        step += 1
+    return searches, cached
+
+
+async def _next_token(stream: AsyncIterator[StepDelta]) -> tuple[TokenLogprobs, int]:
+    """A one-token request's logprobs entry, and how many of its prompt tokens it read from the prefix cache."""
+    entries: list[TokenLogprobs] = []
+    cached = 0
+    async with contextlib.aclosing(stream):
+        async for delta in stream:
+            entries += delta.logprobs
+            cached = delta.num_cached_tokens
+    return entries[0], cached
