@@ -266,6 +266,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
     from glimmer.multimodal.sources import MediaFetchPolicy
     from glimmer.server.app import create_app
     from glimmer.server.batch import parse_batch_input, run_batch
@@ -273,6 +274,9 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line for each request the batch sends in-process
     _check_engine_options(args)
+    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)  # before the output file is opened
+    for note in _check_vllm_options(args, _VLLM_RUN_BATCH_OPTIONS, VLLM_RUN_BATCH_ARGUMENTS):
+        print(note, file=sys.stderr)  # stdout may be the output
     _refuse_a_model_taken_by_a_list_option(args, "run-batch")
     _check_media_directories(args)
     _check_served_model_names(args)
@@ -787,6 +791,19 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 
 
+_VLLM_RUN_BATCH_OPTIONS: dict[str, dict[str, Any]] = {
+    **{flag: _VLLM_SERVING_OPTIONS[flag] for flag in (
+        "--reasoning-parser", "--disable-log-requests", "--max-log-len", "--enable-prompt-tokens-details",
+        "--enable-log-requests", "--response-role")},
+    "--output-tmp-dir": {"metavar": "DIR"},
+    "--enable-force-include-usage": {"action": "store_true"},
+    "--enable-metrics": {"action": "store_true"},
+    "--url": {"metavar": "HOST"},
+    "--port": {"type": int, "metavar": "PORT"},
+}
+"""`vllm run-batch`'s options beside its engine arguments (VLLM_RUN_BATCH_ARGUMENTS), with how argparse reads each."""
+
+
 def _dtype(text: str) -> str | None:
     """--dtype's value: float32, bfloat16 or float16, or None for the default, taking vLLM's names too (auto,
     half, float)."""
@@ -1070,6 +1087,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let requests fetch http(s) media from these hosts, even on private addresses")
     batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
+    vllm = batch.add_argument_group(
+        "vLLM's run-batch options", "taken where their value changes nothing here (no metrics server, no upload), "
+        "each noted at startup; another value is refused saying what to do instead")
+    for flag, options in _VLLM_RUN_BATCH_OPTIONS.items():
+        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
     batch.set_defaults(func=_cmd_run_batch)
 
     inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes")

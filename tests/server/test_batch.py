@@ -198,13 +198,33 @@ def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, c
     text = "".join(_line(custom_id, "/v1/completions", {"model": model, "prompt": "Once", "max_tokens": 4}) + "\n"
                    for custom_id, model in (("by-name", tiny_checkpoint.name), ("as-given", str(tiny_checkpoint))))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
-    assert main(["run-batch", str(tiny_checkpoint), "-i", "-", "-o", "-", "--max-model-len", "2048"]) == 0
+    # a vllm run-batch command line: MODEL as --model, options whose values change nothing (noted on stderr)
+    assert main(["run-batch", "-i", "-", "-o", "-", "--model", str(tiny_checkpoint), "--max-model-len", "2048",
+                 "--dtype", "auto", "--response-role", "assistant", "--output-tmp-dir", "/tmp",
+                 "--enable-force-include-usage", "--port", "8000", "--disable-log-stats"]) == 0
     captured = capsys.readouterr()
     records = [json.loads(line) for line in captured.out.splitlines()]  # stdout holds the records alone
     assert [(record["custom_id"], record["response"]["status_code"]) for record in records] == [
         ("by-name", 200), ("as-given", 200)]
     assert [record["response"]["body"]["model"] for record in records] == [tiny_checkpoint.name, str(tiny_checkpoint)]
     assert "wrote 2 records to stdout" in captured.err
+    assert "vLLM's --output-tmp-dir /tmp changes nothing here" in captured.err
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--enable-metrics"], ("--enable-metrics", "no Prometheus metrics")),
+    (["--response-role", "user"], ("--response-role user", "assistant role")),
+    (["--tensor-parallel-size", "2"], ("--tensor-parallel-size 2", "one device")),
+])
+def test_a_vllm_option_that_would_change_something_is_refused_before_the_output_is_opened(capsys, tmp_path, flags,
+                                                                                         words):
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(out),
+                 *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(word in err for word in words), err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(("argv", "words"), [
