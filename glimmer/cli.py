@@ -272,7 +272,6 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
     from glimmer.server.batch import parse_batch_input, run_batch
     from glimmer.server.settings import ServerSettings
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line for each request the batch sends in-process
     _check_engine_options(args)
     _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)  # before the output file is opened
     for note in _check_vllm_options(args, _VLLM_RUN_BATCH_OPTIONS, VLLM_RUN_BATCH_ARGUMENTS):

@@ -1,7 +1,7 @@
 """`glimmer run-batch`: an OpenAI Batch API input file run through the server's own routes, in-process.
 
 Each line of the input, `{"custom_id", "method": "POST", "url", "body"}`, is POSTed to the app `create_app` builds
-through an in-process ASGI transport, with its body's JSON text as it was in the line: the same validation, chat
+as an ASGI server calls it, with its body's JSON text as it was in the line: the same validation, chat
 rendering, tool-call parsing, structured outputs and error bodies as over HTTP, since it is the same code. Many
 requests are in flight at once, so that the engine batches them; the records are written in input order (as vLLM's
 run_batch writes them), one OpenAI batch output record a line:
@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-from fastapi import FastAPI
+from starlette.types import ASGIApp, Message
 
-from glimmer.server.errors import INTERNAL_ERROR_MESSAGE, error_body
+from glimmer.server.errors import INTERNAL_ERROR_MESSAGE, describe_error, error_body
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """The endpoints a batch line may name: those Glimmer serves that OpenAI's and vLLM's batch files name."""
@@ -148,16 +147,23 @@ def _object_members(text: str) -> dict[str, tuple[Any, str]]:
     return members
 
 
-async def run_batch(app: FastAPI, lines: list[BatchLine], write: Callable[[dict[str, Any]], None], *,
+async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[str, Any]], None], *,
                     max_in_flight: int, on_done: Callable[[], None] = lambda: None) -> BatchSummary:
     """Run `lines` through `app`, at most `max_in_flight` requests at once, and `write` each line's record in input
-    order as soon as the records before it are written; `on_done` is called as each line's record is ready."""
+    order as soon as the records before it are written; `on_done` is called as each line's record is ready.
+
+    Cancelled (Ctrl-C), it stops as a server's clients leave: the requests in flight see their client disconnect,
+    so the engine aborts them, and no record is written after. Cancelling their handlers instead would break them
+    mid-generation, each failing as an internal error."""
     summary = BatchSummary()
     records: dict[int, dict[str, Any]] = {}
     limit = asyncio.Semaphore(max_in_flight)
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    stop = asyncio.Event()  # set: every request in flight sees its client leave
+    failures: list[Exception] = []
 
     def ready(index: int, record: dict[str, Any]) -> None:
+        if stop.is_set():
+            return
         records[index] = record
         on_done()
         while summary.written in records:
@@ -166,45 +172,94 @@ async def run_batch(app: FastAPI, lines: list[BatchLine], write: Callable[[dict[
             summary.written += 1
             summary.succeeded += written["response"] is not None and written["response"]["status_code"] == 200
 
-    async def run(client: httpx.AsyncClient, index: int, line: BatchLine) -> None:
+    async def run(index: int, line: BatchLine) -> None:
         try:
-            ready(index, await _answer(client, line))
+            ready(index, await _answer(app, line, stop))
+        except Exception as error:  # writing the record failed (a full disk): the batch stops, saying why
+            failures.append(error)
+            stop.set()
         finally:
             limit.release()
 
-    async with httpx.AsyncClient(transport=transport, base_url="http://glimmer-run-batch", timeout=None) as client:
-        tasks = set()
-        try:
-            for index, line in enumerate(lines):
-                if line.error is not None:
-                    ready(index, _record(line.custom_id, None, line.error))
-                    continue
-                await limit.acquire()  # a task only for a request that may start: a file of millions stays small
-                task = asyncio.ensure_future(run(client, index, line))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
+    tasks: set[asyncio.Task] = set()
+    try:
+        for index, line in enumerate(lines):
+            if line.error is not None:
+                ready(index, _record(line.custom_id, None, line.error))
+                continue
+            await limit.acquire()  # a task only for a request that may start: a file of millions stays small
+            if stop.is_set():
+                break
+            task = asyncio.ensure_future(run(index, line))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:  # not gather, which would cancel them when cancelled itself
+            await asyncio.wait(set(tasks))
+    except asyncio.CancelledError:
+        stop.set()
+        if tasks:
+            await asyncio.wait(set(tasks))
+        raise
+    if failures:
+        raise failures[0]
     return summary
 
 
-async def _answer(client: httpx.AsyncClient, line: BatchLine) -> dict[str, Any]:
-    """The record of `line`, answered by the app behind `client`."""
+async def _answer(app: ASGIApp, line: BatchLine, stop: asyncio.Event) -> dict[str, Any]:
+    """The record of `line`, answered by `app`; its client leaves when `stop` is set."""
     assert line.url is not None and line.body is not None
     while True:
-        response = await client.post(line.url, content=line.body, headers={"content-type": "application/json"})
         try:
-            body = response.json()
-        except ValueError:  # no JSON error body: an exception the app's own handlers never saw
+            status, content = await _post(app, line.url, line.body, stop)
+        except Exception as error:  # the app's middleware answers every exception: this one is logged, as a 500
+            status, body = describe_error(error)
+            content = json.dumps(body).encode()
+        try:
+            body = json.loads(content)
+        except ValueError:  # no JSON body: a request cut short by `stop`, or an exception no handler saw
             body = error_body(INTERNAL_ERROR_MESSAGE, "internal_error")
-        overloaded = response.status_code == 429 and (body.get("error") or {}).get("code") == "engine_overloaded"
-        if not overloaded:
+        overloaded = status == 429 and (body.get("error") or {}).get("code") == "engine_overloaded"
+        if not overloaded or stop.is_set():
             break
         await asyncio.sleep(OVERLOADED_RETRY_S)
-    return _record(line.custom_id, {"status_code": response.status_code, "request_id": f"req_{uuid.uuid4().hex}",
-                                    "body": body}, None)
+    return _record(line.custom_id, {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": body},
+                   None)
+
+
+async def _post(app: ASGIApp, path: str, body: bytes, stop: asyncio.Event) -> tuple[int, bytes]:
+    """(status, response body) of a JSON POST of `body` to `path`, made to `app` as an ASGI server makes it: its
+    client disconnects once the response is complete, or when `stop` is set."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"glimmer-run-batch"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 0), "server": ("glimmer-run-batch", 80)}
+    status, chunks, body_sent, complete = 500, [], False, asyncio.Event()
+
+    async def receive() -> Message:
+        nonlocal body_sent
+        if not body_sent:
+            body_sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        waits = {asyncio.ensure_future(complete.wait()), asyncio.ensure_future(stop.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                complete.set()
+
+    await app(scope, receive, send)
+    return status, b"".join(chunks)
 
 
 def _record(custom_id: str | None, response: dict[str, Any] | None, error: dict[str, Any] | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,71 @@ def test_a_request_the_engine_queue_refuses_is_sent_again():
     app = _SlowApp()
     (record,) = _run(app, _line("a", "/v1/completions", {"busy": True}))
     assert app.refused_busy and record["response"]["status_code"] == 200
+
+
+class _WaitingApp:
+    """An ASGI app that, as the server's handlers do while a request generates, waits for its client to leave."""
+
+    def __init__(self):
+        self.started = 0
+        self.disconnected = 0
+
+    async def __call__(self, scope, receive, send):
+        await receive()
+        self.started += 1
+        if (await receive())["type"] == "http.disconnect":
+            self.disconnected += 1
+
+
+def test_a_cancelled_batch_disconnects_its_requests_and_writes_no_more():
+    """Ctrl-C cancels the batch: the requests in flight see their client leave, as a server's do, instead of being
+    cancelled inside their handlers (where the engine's stream broke, each logged as an internal error)."""
+    app = _WaitingApp()
+    records: list[dict[str, Any]] = []
+
+    async def cancel_when_two_run():
+        lines = parse_batch_input("\n".join(_line(f"r{index}", "/v1/completions", {"prompt": "x"})
+                                            for index in range(3)).encode())
+        batch = asyncio.ensure_future(run_batch(app, lines, records.append, max_in_flight=2))
+        while app.started < 2:
+            await asyncio.sleep(0.01)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+
+    asyncio.run(cancel_when_two_run())
+    assert (app.started, app.disconnected, records) == (2, 2, [])
+
+
+def test_a_cancelled_batch_aborts_its_requests_without_internal_errors(tiny_checkpoint, caplog):
+    with live_server(tiny_checkpoint) as live:
+        runner = live.engine.engine.runner
+        execute = runner.execute
+
+        def slow_execute(step):  # the first tokens take a while: the batch is cancelled while they are awaited
+            time.sleep(0.5)
+            return execute(step)
+
+        runner.execute = slow_execute
+
+        async def cancel_while_generating():
+            text = "\n".join(_line(f"r{index}", "/v1/completions", {"prompt": f"p{index}", "max_tokens": 1500,
+                                                                    "ignore_eos": True}) for index in range(2))
+            batch = asyncio.ensure_future(run_batch(live.app, parse_batch_input(text.encode()), print,
+                                                    max_in_flight=2))
+            scheduler = live.engine.engine.scheduler
+            while len(scheduler.running) + len(scheduler.waiting) < 2:  # both admitted, their first token awaited
+                await asyncio.sleep(0.01)
+            batch.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await batch
+
+        asyncio.run(cancel_while_generating())
+        samples = live.wait_for_idle()
+    busy = {name: value for name, value in samples.items() if value and name.startswith(
+        ("glimmer_kv_blocks_used", "glimmer_num_requests_running", "glimmer_num_requests_waiting"))}
+    assert busy == {}  # the engine aborted both
+    assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == []
 
 
 def _batch_file(tmp_path: Path) -> tuple[Path, list[str]]:
