@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -280,7 +280,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
     _check_media_directories(args)
     _check_served_model_names(args)
     lines = parse_batch_input(_read_batch_input(args.input_file))  # an unreadable input before the model loads
-    with _batch_output(args.output_file, args.input_file) as output:
+    with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}", file=sys.stderr)
@@ -299,7 +299,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
             max_in_flight = min(2 * engine.engine.scheduler_config.max_num_seqs, args.max_waiting_requests)
 
             def write(record: dict[str, Any]) -> None:
-                output.write(json.dumps(record, ensure_ascii=False) + "\n")
+                write_text(json.dumps(record, ensure_ascii=False) + "\n")
 
             with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
                 summary = asyncio.run(run_batch(app, lines, write, max_in_flight=max_in_flight,
@@ -334,26 +334,37 @@ def _read_batch_input(source: str) -> bytes:
 
 
 @contextlib.contextmanager
-def _batch_output(target: str, source: str) -> Iterator[Any]:
-    """run-batch's --output-file (`-`: stdout) open for writing, before the model loads; UsageError when it cannot
-    be, or when it is the input file (which it would overwrite)."""
+def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
+    """A function that writes text to run-batch's --output-file (`-`: stdout), opened before the model loads;
+    UsageError when it cannot be, when it is the input file (which it would overwrite), or when writing fails (a
+    full disk)."""
     _refuse_empty_path(target, "--output-file", "give the path to write the results to, or - for stdout")
-    if target == "-":
-        yield sys.stdout
-        sys.stdout.flush()
-        return
     if urlsplit(target).scheme in ("http", "https"):
         raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
                          "it), or - for stdout")
     path = Path(target).expanduser()
-    if source != "-" and path.exists() and path.resolve() == Path(source).expanduser().resolve():
+    if target != "-" and source != "-" and path.exists() and path.resolve() == Path(source).expanduser().resolve():
         raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
     try:
-        output = path.open("w", encoding="utf-8")
+        output = sys.stdout if target == "-" else path.open("w", encoding="utf-8")
     except OSError as error:
         raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
-    with output:
-        yield output
+
+    def written(action: Callable[[], Any]) -> None:
+        try:
+            action()
+        except BrokenPipeError:  # stdout piped into `head` and the like
+            raise
+        except OSError as error:
+            raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
+
+    try:
+        yield lambda text: written(lambda: output.write(text))
+        written(output.flush)
+    finally:
+        if output is not sys.stdout:
+            with contextlib.suppress(OSError):  # what a failed flush left unwritten: that failure is reported
+                output.close()
 
 
 class _Terminated(Exception):

@@ -277,6 +277,17 @@ def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, c
     assert "vLLM's --output-tmp-dir /tmp changes nothing here" in captured.err
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a file every write to fails")
+def test_an_output_that_cannot_be_written_is_one_line(tiny_checkpoint, tmp_path, capsys):
+    """A full disk was a traceback (the buffered records failed when the file was closed)."""
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 2}) + "\n")
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(tmp_path / "in.jsonl"), "-o", "/dev/full",
+                 "--max-model-len", "2048"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "glimmer: error: --output-file /dev/full: No space left on device"
+    assert "Traceback" not in "\n".join(err)
+
+
 @pytest.mark.parametrize(("flags", "words"), [
     (["--enable-metrics"], ("--enable-metrics", "no Prometheus metrics")),
     (["--response-role", "user"], ("--response-role user", "assistant role")),
