@@ -295,8 +295,10 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
                                                      allow_remote=args.allow_remote_media,
                                                      allowed_domains=args.allowed_media_domains))
             app = create_app(engine, settings)
-            # twice the batch the engine runs keeps it full as requests finish, and within its queue (no 429s)
-            max_in_flight = min(2 * engine.engine.scheduler_config.max_num_seqs, args.max_waiting_requests)
+            # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
+            # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
+            max_num_seqs = engine.engine.scheduler_config.max_num_seqs
+            max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
 
             def write(record: dict[str, Any]) -> None:
                 write_text(json.dumps(record, ensure_ascii=False) + "\n")

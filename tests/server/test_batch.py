@@ -277,6 +277,24 @@ def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, c
     assert "vLLM's --output-tmp-dir /tmp changes nothing here" in captured.err
 
 
+def test_a_short_engine_queue_still_leaves_a_full_batch_in_flight(tiny_checkpoint, tmp_path, monkeypatch):
+    """--max-waiting-requests bounds the requests waiting beside those the engine runs: at 1, the batch ran one request
+    at a time, and the engine batched none."""
+    import glimmer.server.batch
+
+    in_flight = []
+
+    async def recorded(app, lines, write, *, max_in_flight, on_done):
+        in_flight.append(max_in_flight)
+        return await run_batch(app, lines, write, max_in_flight=max_in_flight, on_done=on_done)
+
+    monkeypatch.setattr(glimmer.server.batch, "run_batch", recorded)
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 2}) + "\n")
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out"),
+                 "--max-model-len", "2048", "--max-num-seqs", "8", "--max-waiting-requests", "1"]) == 0
+    assert in_flight[0] > 8
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a file every write to fails")
 def test_an_output_that_cannot_be_written_is_one_line(tiny_checkpoint, tmp_path, capsys):
     """A full disk was a traceback (the buffered records failed when the file was closed)."""
