@@ -113,11 +113,17 @@ def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
                            f"one of {', '.join(BATCH_URLS)}", "url")
     if not isinstance(body, dict):
         return _line_error(number, custom_id, "invalid_parameter", f"body must be a JSON object (the request body "
-                           f"{url} takes), not {type(body).__name__}", "body")
+                           f"{url} takes), not a JSON {_json_type(body)}", "body")
     if body.get("stream") is True:
         return _line_error(number, custom_id, "invalid_parameter", "body.stream true is not supported in a batch: "
                            "each result is written whole; leave stream out or false", "body.stream")
     return BatchLine(number, custom_id, url, members["body"][1].encode())
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -130,7 +136,7 @@ def _object_members(text: str) -> dict[str, tuple[Any, str]]:
     it refuses, included). Raises ValueError when `text` is not one JSON object or names a member twice."""
     value = json.loads(text)  # the whole line first, for its own error message
     if not isinstance(value, dict):
-        raise ValueError(f"a JSON {type(value).__name__}")
+        raise ValueError(f"a JSON {_json_type(value)}")
     members: dict[str, tuple[Any, str]] = {}
     position = _WHITESPACE.match(text, text.index("{") + 1).end()
     while text[position] != "}":

@@ -106,6 +106,7 @@ def test_a_line_that_cannot_run_is_an_error_record_of_its_own(line, code, param,
     assert refused.custom_id == custom_id and refused.number == 3
     assert {key: refused.error[key] for key in ("code", "param", "line")} == {"code": code, "param": param, "line": 3}
     assert refused.error["message"].startswith("line 3: ")
+    assert "list" not in refused.error["message"]  # JSON's names: an array, a string
 
 
 def test_a_line_that_is_no_utf_8_or_starts_with_a_byte_order_mark():
