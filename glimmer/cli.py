@@ -1,4 +1,4 @@
-"""The `glimmer` command: serve, chat, inspect, make-tiny.
+"""The `glimmer` command: serve, chat, run-batch, inspect, make-tiny.
 
 Errors Glimmer raises on purpose (bad config, bad checkpoint, bad arguments) are printed as one
 clear message and exit code 2, without a traceback.
@@ -15,7 +15,7 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -268,6 +268,114 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def _cmd_run_batch(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tqdm import tqdm
+
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
+    from glimmer.multimodal.sources import MediaFetchPolicy
+    from glimmer.server.app import create_app
+    from glimmer.server.batch import parse_batch_input, run_batch
+    from glimmer.server.settings import ServerSettings
+
+    _check_engine_options(args)
+    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)  # before the output file is opened
+    for note in _check_vllm_options(args, _VLLM_RUN_BATCH_OPTIONS, VLLM_RUN_BATCH_ARGUMENTS):
+        print(note, file=sys.stderr)  # stdout may be the output
+    _refuse_a_model_taken_by_a_list_option(args, "run-batch")
+    _check_media_directories(args)
+    _check_served_model_names(args)
+    lines = parse_batch_input(_read_batch_input(args.input_file))  # an unreadable input before the model loads
+    with _batch_output(args.output_file, args.input_file) as write_text:
+        engine, name, is_default = _engine_from_args(args)
+        if is_default:
+            print(f"No MODEL given: {DEFAULT_MODEL_BLURB}", file=sys.stderr)
+        try:
+            # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
+            # here, which vLLM's run-batch serves it as
+            names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
+            settings = ServerSettings(
+                served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
+                default_reasoning_strength=args.default_reasoning_strength,
+                media_policy=MediaFetchPolicy.create(args.allowed_local_media_path,
+                                                     allow_remote=args.allow_remote_media,
+                                                     allowed_domains=args.allowed_media_domains))
+            app = create_app(engine, settings)
+            # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
+            # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
+            max_num_seqs = engine.engine.scheduler_config.max_num_seqs
+            max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
+
+            def write(record: dict[str, Any]) -> None:
+                write_text(json.dumps(record, ensure_ascii=False) + "\n")
+
+            with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
+                summary = asyncio.run(run_batch(app, lines, write, max_in_flight=max_in_flight,
+                                                on_done=bar.update))
+        finally:
+            engine.shutdown()
+    shown = "stdout" if args.output_file == "-" else args.output_file
+    failed = f", {summary.failed} failed (see their `error`, or their `response` status and body)" * bool(
+        summary.failed)
+    records = f"{summary.written} record{'s' * (summary.written != 1)}"
+    print(f"run-batch: wrote {records} to {shown}: {summary.succeeded} answered with status 200{failed}",
+          file=sys.stderr)
+    if engine.failure is not None:
+        print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
+              f"{engine.failure}); the requests after it failed with status 500", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _read_batch_input(source: str) -> bytes:
+    """The bytes of run-batch's --input-file (`-`: stdin); UsageError when they cannot be read."""
+    _refuse_empty_path(source, "--input-file", "give the batch file's path, or - for stdin")
+    if source == "-":
+        return sys.stdin.buffer.read()
+    if urlsplit(source).scheme in ("http", "https"):
+        raise UsageError(f"--input-file {source}: reading a URL is not supported; download it (curl -o requests.jsonl "
+                         "URL) and give its path, or pipe it in with --input-file -")
+    try:
+        return Path(source).expanduser().read_bytes()
+    except OSError as error:
+        raise UsageError(f"--input-file {source}: {error.strerror or error}") from None
+
+
+@contextlib.contextmanager
+def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
+    """A function that writes text to run-batch's --output-file (`-`: stdout), opened before the model loads;
+    UsageError when it cannot be, when it is the input file (which it would overwrite), or when writing fails (a
+    full disk)."""
+    _refuse_empty_path(target, "--output-file", "give the path to write the results to, or - for stdout")
+    if urlsplit(target).scheme in ("http", "https"):
+        raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
+                         "it), or - for stdout")
+    path = Path(target).expanduser()
+    if target != "-" and source != "-" and path.exists() and path.resolve() == Path(source).expanduser().resolve():
+        raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
+    try:
+        output = sys.stdout if target == "-" else path.open("w", encoding="utf-8")
+    except OSError as error:
+        raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
+
+    def written(action: Callable[[], Any]) -> None:
+        try:
+            action()
+        except BrokenPipeError:  # stdout piped into `head` and the like
+            raise
+        except OSError as error:
+            raise UsageError(f"--output-file {target}: {error.strerror or error}") from None
+
+    try:
+        yield lambda text: written(lambda: output.write(text))
+        written(output.flush)
+    finally:
+        if output is not sys.stdout:
+            with contextlib.suppress(OSError):  # what a failed flush left unwritten: that failure is reported
+                output.close()
 
 
 class _Terminated(Exception):
@@ -562,21 +670,8 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     """UsageError naming the option, for serve options that would be accepted but never work: a media directory
     that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
     and for a MODEL that an option of several values took as one more."""
-    if args.model is None:  # `glimmer serve --served-model-name muse ./model` would serve the default model as "muse"
-        for dest in ("served_model_name", "allowed_media_domains", "allowed_origins", "allowed_methods",
-                     "allowed_headers", "api_key"):
-            values = getattr(args, dest, None) or []  # vLLM's (the last two) are absent when not given
-            model_like = values and values[-1] and (Path(values[-1]).expanduser().exists()  # Path("") is the cwd
-                                                    or dest == "api_key" and _HUB_ID.fullmatch(values[-1]))
-            if model_like:
-                flag = f"--{dest.replace('_', '-')}"
-                raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
-                                 f"the default model would be served; put MODEL first: glimmer serve {values[-1]} "
-                                 f"{flag} ...")
-    for directory in args.allowed_local_media_path:
-        if not Path(directory).expanduser().is_dir():
-            raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
-                             "directory whose images and videos requests may name")
+    _refuse_a_model_taken_by_a_list_option(args, "serve")
+    _check_media_directories(args)
     # ServerSettings would name its field (`max_request_bytes=0 is too small`), not the flag typed
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
@@ -622,6 +717,31 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         raise UsageError("--api-key is empty; give the key clients must send, or leave it out to serve without one")
     if args.metrics_require_api_key and not _serve_api_key(args):
         raise UsageError("--metrics-require-api-key needs a key to require; give --api-key (or GLIMMER_API_KEY)")
+    _check_served_model_names(args)
+    for origin in args.allowed_origins:
+        if not _is_origin(origin):
+            raise UsageError(f"--allowed-origins {origin}: not a web origin; give scheme://host[:port] with no "
+                             "path (e.g. https://app.example.com), or * for any origin")
+
+
+def _refuse_a_model_taken_by_a_list_option(args: argparse.Namespace, command: str) -> None:
+    """UsageError for a MODEL that an option of several values took as one more of its values (`glimmer serve
+    --served-model-name muse ./model` would serve the default model as "muse")."""
+    if args.model is not None:
+        return
+    for dest in ("served_model_name", "allowed_media_domains", "allowed_origins", "allowed_methods",
+                 "allowed_headers", "api_key"):
+        values = getattr(args, dest, None) or []  # absent when not given (vLLM CORS options) or not this command's
+        model_like = values and values[-1] and (Path(values[-1]).expanduser().exists()  # Path("") is the cwd
+                                                or dest == "api_key" and _HUB_ID.fullmatch(values[-1]))
+        if model_like:
+            flag = f"--{dest.replace('_', '-')}"
+            raise UsageError(f"{flag} took the model {values[-1]} as one of its values, so no MODEL is given and "
+                             f"the default model would be served; put MODEL first: glimmer {command} {values[-1]} "
+                             f"{flag} ...")
+
+
+def _check_served_model_names(args: argparse.Namespace) -> None:
     names = args.served_model_name or []
     if not all(names):
         raise UsageError("--served-model-name: a name is empty; give non-empty names, or leave it out for the model's")
@@ -629,10 +749,13 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if repeated:
         raise UsageError(f"--served-model-name: {', '.join(map(repr, repeated))} given more than once (/v1/models "
                          "would list it twice); give each name once")
-    for origin in args.allowed_origins:
-        if not _is_origin(origin):
-            raise UsageError(f"--allowed-origins {origin}: not a web origin; give scheme://host[:port] with no "
-                             "path (e.g. https://app.example.com), or * for any origin")
+
+
+def _check_media_directories(args: argparse.Namespace) -> None:
+    for directory in args.allowed_local_media_path:
+        if not Path(directory).expanduser().is_dir():
+            raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
+                             "directory whose images and videos requests may name")
 
 
 def _is_origin(text: str) -> bool:
@@ -694,6 +817,19 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--allow-credentials": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
+
+
+_VLLM_RUN_BATCH_OPTIONS: dict[str, dict[str, Any]] = {
+    **{flag: _VLLM_SERVING_OPTIONS[flag] for flag in (
+        "--reasoning-parser", "--disable-log-requests", "--max-log-len", "--enable-prompt-tokens-details",
+        "--enable-log-requests", "--response-role")},
+    "--output-tmp-dir": {"metavar": "DIR"},
+    "--enable-force-include-usage": {"action": "store_true"},
+    "--enable-metrics": {"action": "store_true"},
+    "--url": {"metavar": "HOST"},
+    "--port": {"type": int, "metavar": "PORT"},
+}
+"""`vllm run-batch`'s options beside its engine arguments (VLLM_RUN_BATCH_ARGUMENTS), with how argparse reads each."""
 
 
 def _dtype(text: str) -> str | None:
@@ -964,6 +1100,31 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
     chat.set_defaults(func=_cmd_chat)
 
+    batch = sub.add_parser("run-batch", help="run an OpenAI batch file (JSON Lines) through the server's endpoints, "
+                           "offline, as vLLM's run-batch")
+    _add_engine_options(batch)
+    batch.add_argument("-i", "--input-file", required=True, metavar="FILE",
+                       help="the batch input: one request a line, {\"custom_id\", \"method\": \"POST\", \"url\", "
+                            "\"body\"}, url /v1/chat/completions, /v1/completions or /v1/responses (- for stdin)")
+    batch.add_argument("-o", "--output-file", required=True, metavar="FILE",
+                       help="where to write one result record a line, in input order (- for stdout)")
+    batch.add_argument("--served-model-name", nargs="+", default=None,
+                       help="name(s) a body's `model` may give (default: the directory name, or MODEL as given)")
+    batch.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
+                       help="let requests name image/video files under DIR (repeatable; default: none)")
+    batch.add_argument("--allow-remote-media", action="store_true",
+                       help="let requests name http(s) image/video URLs on public addresses (as serve's)")
+    batch.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+                       help="let requests fetch http(s) media from these hosts, even on private addresses")
+    batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
+                       help="when a request names none (default: the template's own, high)")
+    vllm = batch.add_argument_group(
+        "vLLM's run-batch options", "taken where their value changes nothing here (no metrics server, no upload), "
+        "each noted at startup; another value is refused saying what to do instead")
+    for flag, options in _VLLM_RUN_BATCH_OPTIONS.items():
+        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
+    batch.set_defaults(func=_cmd_run_batch)
+
     inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes")
     inspect.add_argument("model", help="checkpoint directory, .gguf file or Hugging Face Hub id")
     _add_format_options(inspect)
@@ -992,9 +1153,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write a tiny DFlash drafter fitting the checkpoint TARGET instead "
                            "(--layout canonical: HF safetensors; native: head.pt)")
     tiny.set_defaults(func=_cmd_make_tiny)
-    for command in (serve, chat, inspect, tiny):  # `glimmer serve --log-level DEBUG` as well as before the command
+    # `glimmer serve --log-level DEBUG` as well as before the command
+    for command in (serve, chat, batch, inspect, tiny):
         _add_log_level(command, argparse.SUPPRESS)  # not given there: the value before the command stands
-    parser.commands = {"serve": serve, "chat": chat, "inspect": inspect, "make-tiny": tiny}
+    parser.commands = {"serve": serve, "chat": chat, "run-batch": batch, "inspect": inspect, "make-tiny": tiny}
     return parser
 
 

@@ -416,6 +416,22 @@ and reasoning with the model's own protocol parser (ATEM), always and under any 
 it serves no /docs page; usage always has prompt_tokens_details."""
 
 
+_NO_METRICS_SERVER = "run-batch serves no Prometheus metrics (vLLM's --enable-metrics address)"
+VLLM_RUN_BATCH_ARGUMENTS: dict[str, VllmArgument] = {
+    **{name: VLLM_SERVING_ARGUMENTS[name] for name in (
+        "reasoning_parser", "disable_log_requests", "max_log_len", "enable_prompt_tokens_details",
+        "enable_log_requests", "response_role")},
+    "output_tmp_dir": VllmArgument(_any_value, "the records are written straight to --output-file, never uploaded"),
+    "enable_force_include_usage": VllmArgument(_any_value, "every response of a batch has its usage"),
+    "enable_metrics": VllmArgument(_only(False), (
+        "run-batch serves no Prometheus metrics (`glimmer serve` serves /metrics); leave it out")),
+    "url": VllmArgument(_any_value, _NO_METRICS_SERVER),
+    "port": VllmArgument(_any_value, _NO_METRICS_SERVER),
+}
+"""Options of `vllm run-batch` beside its engine arguments that `glimmer run-batch` has no option for: those of
+`vllm serve` it shares (VLLM_SERVING_ARGUMENTS), and its own, for uploading the output and serving metrics."""
+
+
 _POOLING = ("Glimmer runs generative models only, not vLLM's pooling runner (embeddings, classification, reward or "
             "cross-encoder scores)")
 VLLM_ONLY_LLM_METHODS: dict[str, str] = {

@@ -204,7 +204,8 @@ def test_python_dash_m_glimmer_is_the_glimmer_command():
         "glimmer: error: --port 0 is not a TCP port; choose one from 1 to 65535")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["chat", "--help"], ["make-tiny", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["chat", "--help"], ["run-batch", "--help"],
+                                  ["make-tiny", "--help"]])
 def test_help_imports_no_torch(argv):
     """`glimmer --help` took 2.6 s: the CLI imported torch through `engine.config_checks`, `multimodal/__init__` and
     `server.settings` (which read `MediaFetchPolicy` through `multimodal.sources`). Help and parsing need none of

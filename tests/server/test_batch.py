@@ -1,0 +1,339 @@
+"""`glimmer run-batch` (glimmer/server/batch.py): an OpenAI batch file run through the server's own routes, in-process,
+one record a line in input order; a line that cannot run is a record of its own, never the end of the batch."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_support import live_server
+
+from glimmer.cli import main
+from glimmer.server.batch import parse_batch_input, run_batch
+
+CITY_TOOL = {"type": "function", "function": {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                   "required": ["city"]}}}
+# custom_id → (url, body): one of each kind of request the server answers, a refused one included
+BODIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
+                                      "max_tokens": 8, "temperature": 0}),
+    "completion": ("/v1/completions", {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8,
+                                       "temperature": 0}),
+    "tool-call": ("/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [CITY_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False,
+        "max_tokens": 64, "temperature": 0}),
+    "json": ("/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "Give JSON"}], "max_tokens": 64, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+            "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+            "additionalProperties": False}}}}),
+    "responses": ("/v1/responses", {"model": "tiny", "input": "Hi", "max_output_tokens": 8, "temperature": 0}),
+    "invalid-body": ("/v1/chat/completions", {"model": "tiny", "messages": [], "max_tokens": 8}),
+}
+_VOLATILE = {"id", "created", "created_at", "completed_at", "call_id"}  # ids and clocks differ between two runs
+
+
+def _line(custom_id: Any, url: Any, body: Any, method: Any = "POST") -> str:
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
+
+
+def _stable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _stable(item) for key, item in value.items() if key not in _VOLATILE}
+    if isinstance(value, list):
+        return [_stable(item) for item in value]
+    return value
+
+
+def _run(app: Any, text: str, max_in_flight: int = 8) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    asyncio.run(run_batch(app, parse_batch_input(text.encode()), records.append, max_in_flight=max_in_flight))
+    return records
+
+
+def test_batch_records_hold_what_the_http_server_answers_for_the_same_bodies(tiny_checkpoint):
+    """The batch runs each body through the server's own routes: validation, chat rendering, tool-call parsing,
+    structured outputs and error bodies are the HTTP server's (greedy: the same text). Prefix caching is off so
+    that the second run of a prompt computes and counts it as the first did."""
+    with live_server(tiny_checkpoint, engine_options={"enable_prefix_caching": False}) as live:
+        records = _run(live.app, "\n".join(_line(custom_id, url, body) for custom_id, (url, body) in BODIES.items()))
+        assert [record["custom_id"] for record in records] == list(BODIES)
+        for record in records:
+            url, body = BODIES[record["custom_id"]]
+            answer = httpx.post(live.url + url, json=body, timeout=120)
+            assert record["error"] is None
+            assert record["response"]["status_code"] == answer.status_code, record["custom_id"]
+            assert _stable(record["response"]["body"]) == _stable(answer.json()), record["custom_id"]
+    answered = {record["custom_id"]: record["response"] for record in records}
+    assert {custom_id: response["status_code"] for custom_id, response in answered.items()} == {
+        "chat": 200, "completion": 200, "tool-call": 200, "json": 200, "responses": 200, "invalid-body": 400}
+    call = answered["tool-call"]["body"]["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"])["city"] in ("Paris", "Oslo")
+    assert isinstance(json.loads(answered["json"]["body"]["choices"][0]["message"]["content"])["ok"], bool)
+    error = answered["invalid-body"]["body"]["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+
+
+@pytest.mark.parametrize(("line", "code", "param", "custom_id"), [
+    ("not json", "invalid_json_line", None, None),
+    ('["a", "list"]', "invalid_json_line", None, None),
+    ('{"custom_id": "a", "custom_id": "b", "method": "POST"}', "invalid_json_line", None, None),
+    (_line(None, "/v1/completions", {"prompt": "x"}), "missing_required_parameter", "custom_id", None),
+    (_line(7, "/v1/completions", {"prompt": "x"}), "invalid_parameter", "custom_id", None),
+    (_line("first", "/v1/completions", {"prompt": "x"}), "duplicate_custom_id", "custom_id", "first"),
+    (_line("b", "/v1/embeddings", {"input": "x"}), "invalid_parameter", "url", "b"),
+    (_line("b", "/v1/completions", {"prompt": "x"}, method="GET"), "invalid_parameter", "method", "b"),
+    (_line("b", None, {"prompt": "x"}), "missing_required_parameter", "url", "b"),
+    (_line("b", "/v1/completions", None), "missing_required_parameter", "body", "b"),
+    (_line("b", "/v1/completions", "prompt"), "invalid_parameter", "body", "b"),
+    (_line("b", "/v1/chat/completions", {"messages": [], "stream": True}), "invalid_parameter", "body.stream", "b"),
+])
+def test_a_line_that_cannot_run_is_an_error_record_of_its_own(line, code, param, custom_id):
+    text = "\n".join([_line("first", "/v1/completions", {"prompt": "x"}), "", line,
+                      _line("last", "/v1/completions", {"prompt": "y"})])
+    first, refused, last = parse_batch_input(text.encode())
+    assert first.error is None and last.error is None and last.number == 4  # the blank line is counted, not run
+    assert refused.custom_id == custom_id and refused.number == 3
+    assert {key: refused.error[key] for key in ("code", "param", "line")} == {"code": code, "param": param, "line": 3}
+    assert refused.error["message"].startswith("line 3: ")
+    assert "list" not in refused.error["message"]  # JSON's names: an array, a string
+
+
+def test_a_line_that_is_no_utf_8_or_starts_with_a_byte_order_mark():
+    first, second = parse_batch_input(b"\xef\xbb\xbf" + _line("a", "/v1/completions", {"prompt": "x"}).encode()
+                                      + b"\n\xff\xfe{}\n")
+    assert first.error is None and first.custom_id == "a"
+    assert second.error["code"] == "invalid_json_line" and "UTF-8" in second.error["message"]
+
+
+def test_a_body_is_sent_as_the_line_has_it():
+    """The server refuses a key given twice in a body; read into a dict and written again, the last value would
+    have been taken silently."""
+    (line,) = parse_batch_input(b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+                                b'"body": {"prompt": "x",  "prompt": "y"}}')
+    assert line.body == b'{"prompt": "x",  "prompt": "y"}'
+
+
+class _SlowApp:
+    """An ASGI app whose answer to body {"delay": s} takes s seconds; it counts the requests in flight, and answers
+    the first request of body {"busy": true} as a full engine queue does (429)."""
+
+    def __init__(self):
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.refused_busy = False
+
+    async def __call__(self, scope, receive, send):
+        body = json.loads((await receive())["body"])
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(body.get("delay", 0))
+        self.in_flight -= 1
+        status, answer = 200, {"echo": body}
+        if body.get("busy") and not self.refused_busy:
+            self.refused_busy = True
+            status, answer = 429, {"error": {"message": "full", "type": "overloaded_error", "param": None,
+                                             "code": "engine_overloaded"}}
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+
+def test_requests_run_concurrently_and_records_are_written_in_input_order():
+    app = _SlowApp()
+    delays = [0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.0]  # each line finishes before the ones above it
+    lines = [_line(f"r{index}", "/v1/completions", {"delay": delay}) for index, delay in enumerate(delays)]
+    lines.insert(3, "not json")
+    records = _run(app, "\n".join(lines), max_in_flight=3)
+    assert [record["custom_id"] for record in records] == ["r0", "r1", "r2", None, "r3", "r4", "r5", "r6"]
+    assert app.most_in_flight == 3
+    assert [record["response"]["body"]["echo"]["delay"] for record in records if record["response"]] == delays
+    assert len({record["id"] for record in records}) == len(records)
+
+
+def test_a_request_the_engine_queue_refuses_is_sent_again():
+    """A full queue (429 engine_overloaded) says "retry later": a batch has no client to retry, so it waits and sends
+    the request again instead of writing the 429."""
+    app = _SlowApp()
+    (record,) = _run(app, _line("a", "/v1/completions", {"busy": True}))
+    assert app.refused_busy and record["response"]["status_code"] == 200
+
+
+class _WaitingApp:
+    """An ASGI app that, as the server's handlers do while a request generates, waits for its client to leave."""
+
+    def __init__(self):
+        self.started = 0
+        self.disconnected = 0
+
+    async def __call__(self, scope, receive, send):
+        await receive()
+        self.started += 1
+        if (await receive())["type"] == "http.disconnect":
+            self.disconnected += 1
+
+
+def test_a_cancelled_batch_disconnects_its_requests_and_writes_no_more():
+    """Ctrl-C cancels the batch: the requests in flight see their client leave, as a server's do, instead of being
+    cancelled inside their handlers (where the engine's stream broke, each logged as an internal error)."""
+    app = _WaitingApp()
+    records: list[dict[str, Any]] = []
+
+    async def cancel_when_two_run():
+        lines = parse_batch_input("\n".join(_line(f"r{index}", "/v1/completions", {"prompt": "x"})
+                                            for index in range(3)).encode())
+        batch = asyncio.ensure_future(run_batch(app, lines, records.append, max_in_flight=2))
+        while app.started < 2:
+            await asyncio.sleep(0.01)
+        batch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await batch
+
+    asyncio.run(cancel_when_two_run())
+    assert (app.started, app.disconnected, records) == (2, 2, [])
+
+
+def test_a_cancelled_batch_aborts_its_requests_without_internal_errors(tiny_checkpoint, caplog):
+    with live_server(tiny_checkpoint) as live:
+        runner = live.engine.engine.runner
+        execute = runner.execute
+
+        def slow_execute(step):  # the first tokens take a while: the batch is cancelled while they are awaited
+            time.sleep(0.5)
+            return execute(step)
+
+        runner.execute = slow_execute
+
+        async def cancel_while_generating():
+            text = "\n".join(_line(f"r{index}", "/v1/completions", {"prompt": f"p{index}", "max_tokens": 1500,
+                                                                    "ignore_eos": True}) for index in range(2))
+            batch = asyncio.ensure_future(run_batch(live.app, parse_batch_input(text.encode()), print,
+                                                    max_in_flight=2))
+            scheduler = live.engine.engine.scheduler
+            while len(scheduler.running) + len(scheduler.waiting) < 2:  # both admitted, their first token awaited
+                await asyncio.sleep(0.01)
+            batch.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await batch
+
+        asyncio.run(cancel_while_generating())
+        samples = live.wait_for_idle()
+    busy = {name: value for name, value in samples.items() if value and name.startswith(
+        ("glimmer_kv_blocks_used", "glimmer_num_requests_running", "glimmer_num_requests_waiting"))}
+    assert busy == {}  # the engine aborted both
+    assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == []
+
+
+def _batch_file(tmp_path: Path) -> tuple[Path, list[str]]:
+    lines = [_line(custom_id, url, body) for custom_id, (url, body) in BODIES.items()]
+    lines[2:2] = ["{broken", _line("chat", "/v1/completions", {"prompt": "again"}),
+                  _line("stream", "/v1/completions", {"prompt": "x", "stream": True})]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    ids = [*list(BODIES)[:2], None, "chat", "stream", *list(BODIES)[2:]]
+    return path, ids
+
+
+def test_run_batch_writes_a_record_for_each_line_and_exits_0(tiny_checkpoint, tmp_path, capsys):
+    source, ids = _batch_file(tmp_path)
+    out = tmp_path / "results.jsonl"
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(source), "-o", str(out), "--max-model-len", "2048",
+                 "--served-model-name", "tiny"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [record["custom_id"] for record in records] == ids
+    statuses = [record["response"]["status_code"] if record["response"] else record["error"]["code"]
+                for record in records]
+    assert statuses == [200, 200, "invalid_json_line", "duplicate_custom_id", "invalid_parameter", 200, 200, 200, 400]
+    assert all(set(record) == {"id", "custom_id", "response", "error"} for record in records)
+    err = capsys.readouterr().err
+    assert "wrote 9 records" in err and "5 answered with status 200, 4 failed" in err
+
+
+def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, capsys):
+    """A body's `model` may name the model as `glimmer serve` does (the directory's name) or as MODEL was given, which
+    is how vLLM's run-batch serves it."""
+    text = "".join(_line(custom_id, "/v1/completions", {"model": model, "prompt": "Once", "max_tokens": 4}) + "\n"
+                   for custom_id, model in (("by-name", tiny_checkpoint.name), ("as-given", str(tiny_checkpoint))))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    # a vllm run-batch command line: MODEL as --model, options whose values change nothing (noted on stderr)
+    assert main(["run-batch", "-i", "-", "-o", "-", "--model", str(tiny_checkpoint), "--max-model-len", "2048",
+                 "--dtype", "auto", "--response-role", "assistant", "--output-tmp-dir", "/tmp",
+                 "--enable-force-include-usage", "--port", "8000", "--disable-log-stats"]) == 0
+    captured = capsys.readouterr()
+    records = [json.loads(line) for line in captured.out.splitlines()]  # stdout holds the records alone
+    assert [(record["custom_id"], record["response"]["status_code"]) for record in records] == [
+        ("by-name", 200), ("as-given", 200)]
+    assert [record["response"]["body"]["model"] for record in records] == [tiny_checkpoint.name, str(tiny_checkpoint)]
+    assert "wrote 2 records to stdout" in captured.err
+    assert "vLLM's --output-tmp-dir /tmp changes nothing here" in captured.err
+
+
+def test_a_short_engine_queue_still_leaves_a_full_batch_in_flight(tiny_checkpoint, tmp_path, monkeypatch):
+    """--max-waiting-requests bounds the requests waiting beside those the engine runs: at 1, the batch ran one request
+    at a time, and the engine batched none."""
+    import glimmer.server.batch
+
+    in_flight = []
+
+    async def recorded(app, lines, write, *, max_in_flight, on_done):
+        in_flight.append(max_in_flight)
+        return await run_batch(app, lines, write, max_in_flight=max_in_flight, on_done=on_done)
+
+    monkeypatch.setattr(glimmer.server.batch, "run_batch", recorded)
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 2}) + "\n")
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out"),
+                 "--max-model-len", "2048", "--max-num-seqs", "8", "--max-waiting-requests", "1"]) == 0
+    assert in_flight[0] > 8
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a file every write to fails")
+def test_an_output_that_cannot_be_written_is_one_line(tiny_checkpoint, tmp_path, capsys):
+    """A full disk was a traceback (the buffered records failed when the file was closed)."""
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 2}) + "\n")
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(tmp_path / "in.jsonl"), "-o", "/dev/full",
+                 "--max-model-len", "2048"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "glimmer: error: --output-file /dev/full: No space left on device"
+    assert "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--enable-metrics"], ("--enable-metrics", "no Prometheus metrics")),
+    (["--response-role", "user"], ("--response-role user", "assistant role")),
+    (["--tensor-parallel-size", "2"], ("--tensor-parallel-size 2", "one device")),
+])
+def test_a_vllm_option_that_would_change_something_is_refused_before_the_output_is_opened(capsys, tmp_path, flags,
+                                                                                         words):
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(out),
+                 *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(word in err for word in words), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["-i", "{dir}/missing.jsonl", "-o", "{dir}/out.jsonl"], ("--input-file", "missing.jsonl", "No such file")),
+    (["-i", "https://example.com/batch.jsonl", "-o", "{dir}/out.jsonl"], ("--input-file", "URL is not supported")),
+    (["-i", "{dir}/in.jsonl", "-o", "https://example.com/out.jsonl"], ("--output-file", "URL is not supported")),
+    (["-i", "{dir}/in.jsonl", "-o", "{dir}/in.jsonl"], ("--output-file", "is the input file", "overwrite")),
+    (["-i", "{dir}/in.jsonl", "-o", "{dir}/no/such/dir/out.jsonl"], ("--output-file", "No such file")),
+])
+def test_an_input_or_output_that_cannot_be_used_is_one_line_before_the_model_loads(capsys, tmp_path, argv, words):
+    (tmp_path / "in.jsonl").write_text(_line("a", "/v1/completions", {"prompt": "x"}) + "\n")
+    model = str(tmp_path / "no-such-model")  # loading it would be refused naming it
+    assert main(["run-batch", model, *[arg.format(dir=tmp_path) for arg in argv]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    assert all(word in err for word in words) and "no-such-model" not in err
