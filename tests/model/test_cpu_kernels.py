@@ -6,6 +6,7 @@ choices, the build cache, and the fallback where no compiler works."""
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -197,3 +198,16 @@ def test_a_timed_out_build_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(subprocess.TimeoutExpired):
         cpu._build([str(hanging)])
     assert not list((tmp_path / "glimmer" / "cpu-kernels").glob("*.partial"))
+
+
+def test_without_a_home_directory_the_build_is_cached_in_a_private_temporary_directory(tmp_path, monkeypatch):
+    """A container's arbitrary user id (OpenShift) has no HOME and no password entry: Path.home() raised
+    RuntimeError out of the engine's construction and `glimmer serve` died with a traceback."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    monkeypatch.setattr(cpu.tempfile, "gettempdir", lambda: str(tmp_path))
+    with pytest.raises(RuntimeError):
+        Path.home()  # (what the user's cache directory would be read from)
+    chosen = cpu._writable_cache_dir()
+    assert chosen == tmp_path / f"glimmer-cpu-kernels-{os.getuid()}" and (chosen.stat().st_mode & 0o077) == 0
