@@ -243,6 +243,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"chat page at {scheme}://{address}/", flush=True)
         config = uvicorn.Config(app, log_level=args.uvicorn_log_level or (args.log_level or "INFO").lower(),
                                 timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
+                                use_colors=False if _no_color() else None,  # None: uvicorn's, on a terminal
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
@@ -259,6 +260,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def _no_color() -> bool:
+    """Whether $NO_COLOR asks for no ANSI colours (no-color.org: set and not empty), as --no-color does."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 class _Terminated(Exception):
@@ -418,7 +424,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             raise UsageError(f"{', '.join(remote_only)} only {verb} to a --url server; without --url the model is "
                              f"loaded in-process: leave {pronoun} out, or add --url")
     tools = _read_tools(args.tools) if args.tools else None
-    color = not args.no_color and sys.stdout.isatty()
+    color = not args.no_color and not _no_color() and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color)
     if args.url:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import pty
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -278,6 +281,61 @@ def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutd
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
     assert "Finished server process" in output and "Traceback" not in output
+
+
+def _read_until_closed(terminal: int, into: list[bytes]) -> threading.Thread:
+    """A thread appending what a pseudo-terminal's process writes to `into` until it closes its end."""
+    def read() -> None:
+        with contextlib.suppress(OSError):  # EIO once the process's end is closed
+            while chunk := os.read(terminal, 65536):
+                into.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_checkpoint):
+    """uvicorn colours its log whenever stdout is a terminal, and NO_COLOR (no-color.org) was not passed on."""
+    port = free_port()
+    terminal, process_end = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port",
+                                str(port), "--kv-cache-memory", "32MiB"], stdin=subprocess.DEVNULL,
+                               stdout=process_end, stderr=process_end, env={**os.environ, "NO_COLOR": "1"})
+    os.close(process_end)
+    written: list[bytes] = []
+    reader = _read_until_closed(terminal, written)
+    try:
+        _wait_for_health(process, port)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+        os.close(terminal)
+    log = b"".join(written).decode()
+    assert '"GET /health HTTP/1.1" 200' in log and "Finished server process" in log
+    assert "\x1b[" not in log
+
+
+@pytest.mark.parametrize(("no_color", "styled"), [("", True), ("1", False)])
+def test_no_color_keeps_ansi_styles_out_of_an_in_process_chat_on_a_terminal(capsys, monkeypatch, no_color, styled):
+    """The default model reasons before it answers: its reasoning is dimmed on a terminal, unless NO_COLOR is set
+    (it was not read: only --no-color turned the styles off)."""
+    from glimmer.cli import main
+
+    typed = iter(["Hello", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    monkeypatch.setenv("NO_COLOR", no_color)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]  # the chat quiets them
+    levels = [logger.level for logger in quieted]
+    try:
+        assert main(["chat", "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--max-tokens", "8"]) == 0
+    finally:
+        for logger, level in zip(quieted, levels, strict=True):
+            logger.setLevel(level)
+    out = capsys.readouterr().out
+    assert out and ("\x1b[" in out) is styled
 
 
 def test_chat_in_process_with_the_default_model(cache_env):
