@@ -185,6 +185,8 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
         speculative_config=args.speculative_config,
         media_limits=MediaLimits(**{field: getattr(args, dest) for dest, field in _MEDIA_LIMIT_OPTIONS.items()}),
+        # started with stderr closed (as some daemonizers start a server), Python has none: the bars would write to None
+        progress=sys.stderr is not None,
     )
     return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
 
@@ -243,7 +245,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
               f"chat page at {scheme}://{address}/", flush=True)
         config = uvicorn.Config(app, log_level=args.uvicorn_log_level or (args.log_level or "INFO").lower(),
                                 timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
-                                use_colors=False if _no_color() else None,  # None: uvicorn's, on a terminal
+                                # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
+                                use_colors=False if _no_color() or sys.stdout is None else None,
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor

@@ -338,6 +338,24 @@ def test_no_color_keeps_ansi_styles_out_of_an_in_process_chat_on_a_terminal(caps
     assert out and ("\x1b[" in out) is styled
 
 
+def test_serve_started_with_its_output_closed_serves(tiny_checkpoint):
+    """A daemonizer may start it with stdout and stderr closed: Python then has no sys.stderr, and the weights'
+    progress bar wrote to None (an AttributeError at load, exit 1, with no line anyone could read)."""
+    port = free_port()
+    process = subprocess.Popen(["sh", "-c", 'exec "$@" >&- 2>&-', "sh", sys.executable, "-m", "glimmer.cli", "serve",
+                                str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory", "32MiB"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for_health(process, port)
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                           json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    assert process.returncode == 0
+
+
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
                              "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
