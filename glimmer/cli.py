@@ -226,7 +226,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for note in _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS):
         print(note)
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
-    listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
+    # a busy port is reported before the model loads; vLLM's --uds stands for --host and --port
+    listener = _bind_unix(args.uds) if args.uds is not None else _bind(args.host, args.port)
     engine, name, is_default = _engine_from_args(args)
     try:
         settings = server_settings(name, engine.engine.model_config.has_vision)
@@ -240,9 +241,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                   "Hub id to serve a real model.")
         address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"  # IPv6 in brackets
         scheme = "https" if args.ssl_keyfile else "http"
-        print(f"OpenAI-compatible API at {scheme}://{address}/v1 "
-              f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
-              f"chat page at {scheme}://{address}/", flush=True)
+        key_note = f"API key {'required' if settings.api_key else 'not required'}"
+        if args.uds is not None:
+            print(f"OpenAI-compatible API on the Unix socket {args.uds}: /v1 ({key_note}); /health, /metrics; "
+                  "chat page at /", flush=True)
+        else:
+            print(f"OpenAI-compatible API at {scheme}://{address}/v1 ({key_note}); /health, /metrics; "
+                  f"chat page at {scheme}://{address}/", flush=True)
         config = uvicorn.Config(app, log_level=args.uvicorn_log_level or (args.log_level or "INFO").lower(),
                                 timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
                                 # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
@@ -258,6 +263,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
         listener.close()
+        if args.uds is not None:  # the socket file would outlive the server, which left it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(args.uds)
     if engine.failure is not None:
         print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
@@ -398,6 +406,27 @@ def _bind(host: str, port: int) -> socket.socket:
         listener.close()
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --port "
                          "or --host") from None
+    return listener
+
+
+def _bind_unix(path: str) -> socket.socket:
+    """A Unix domain socket at `path` for the server (vLLM's --uds); UsageError if it cannot be made. A socket file
+    that nothing listens on (left by a server that was killed) is replaced; one a server listens on is not."""
+    _refuse_empty_path(path, "--uds", "give the path of the socket file to create")
+    if Path(path).is_socket():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except ConnectionRefusedError:
+                Path(path).unlink()
+            else:
+                raise UsageError(f"--uds {path}: a server is listening on it; stop it or choose another path")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+    except OSError as error:
+        listener.close()
+        raise UsageError(f"cannot listen on {path}: {error.strerror or error}; choose another --uds") from None
     return listener
 
 
@@ -878,6 +907,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--uds", default=None, metavar="PATH",
+                       help="listen on a Unix domain socket at PATH instead of --host and --port (vLLM's)")
     serve.add_argument("--api-key", default=None,
                        help="require `Authorization: Bearer KEY` on /v1 and /openapi.json (default: "
                             "$GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")

@@ -356,6 +356,45 @@ def test_serve_started_with_its_output_closed_serves(tiny_checkpoint):
     assert process.returncode == 0
 
 
+def test_serve_listens_on_a_unix_socket_with_vllms_uds_and_removes_it_at_exit(tiny_checkpoint, tmp_path):
+    """vLLM's `--uds PATH` was refused as an unrecognized argument. A socket file left by a killed server (nothing
+    listens on it) is replaced."""
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(path))  # closed without listening: a file nothing accepts on
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--uds", str(path),
+                                "--kv-cache-memory", "32MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://localhost") as client:
+            deadline = time.monotonic() + 120
+            while True:
+                assert process.poll() is None, process.stdout.read()
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get("/health", timeout=1).status_code == 200:
+                        break
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            reply = client.post("/v1/completions", timeout=60,
+                                json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
+            assert reply.status_code == 200, reply.text
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert f"on the Unix socket {path}" in output and not path.exists()
+
+
+def test_a_unix_socket_a_server_listens_on_is_refused_before_the_model_loads(capsys, tmp_path):
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as running:
+        running.bind(str(path))
+        running.listen()
+        _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--uds", str(path)],
+                             f"--uds {path}: a server is listening on it")
+    assert path.exists()
+
+
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
                              "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
