@@ -421,6 +421,8 @@ def _bind_unix(path: str) -> socket.socket:
                 Path(path).unlink()
             else:
                 raise UsageError(f"--uds {path}: a server is listening on it; stop it or choose another path")
+    elif Path(path).exists():  # binding would say `Address already in use`
+        raise UsageError(f"--uds {path}: a file that is not a socket is there; choose another path")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)

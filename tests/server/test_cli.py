@@ -395,6 +395,15 @@ def test_a_unix_socket_a_server_listens_on_is_refused_before_the_model_loads(cap
     assert path.exists()
 
 
+def test_a_uds_path_holding_another_kind_of_file_is_refused_saying_so(capsys, tmp_path):
+    """It said `Address already in use`, as if a server were listening there."""
+    path = tmp_path / "notes.txt"
+    path.write_text("kept")
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--uds", str(path)],
+                         f"--uds {path}: a file that is not a socket is there")
+    assert path.read_text() == "kept"
+
+
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
                              "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
