@@ -228,8 +228,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
     # a busy port is reported before the model loads; vLLM's --uds stands for --host and --port
     listener = _bind_unix(args.uds) if args.uds is not None else _bind(args.host, args.port)
-    engine, name, is_default = _engine_from_args(args)
+    engine = server = None
+    # SIGTERM is heard from the model's loading on: as a container's PID 1, where a signal without a handler is
+    # ignored, `docker stop` while the model loaded went unheard and the server went on to serve until killed
+    sigterm_handler = contextlib.ExitStack()
+    sigterm_handler.enter_context(_sigterm_raises())
     try:
+        engine, name, is_default = _engine_from_args(args)
         settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -258,14 +263,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
         engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
         # uvicorn re-raises the signal it shut down for: Ctrl-C as KeyboardInterrupt, SIGTERM as _Terminated
-        with contextlib.suppress(KeyboardInterrupt, _Terminated), _sigterm_raises():
+        with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
+    except _Terminated:
+        pass
     finally:
-        engine.shutdown()
+        sigterm_handler.close()
+        if engine is not None:
+            engine.shutdown()
         listener.close()
         if args.uds is not None:  # the socket file would outlive the server, which left it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(args.uds)
+    if server is None:
+        print("glimmer: stopped by SIGTERM before serving", file=sys.stderr)
+        return 0
     if engine.failure is not None:
         print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
@@ -278,8 +290,10 @@ def _no_color() -> bool:
     return bool(os.environ.get("NO_COLOR"))
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0."""
+class _Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0. A
+    BaseException, as KeyboardInterrupt is: the loading code's `except Exception` (a Hub download's) must not take it
+    for a failure of its own."""
 
 
 @contextlib.contextmanager

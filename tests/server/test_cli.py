@@ -404,6 +404,25 @@ def test_a_uds_path_holding_another_kind_of_file_is_refused_saying_so(capsys, tm
     assert path.read_text() == "kept"
 
 
+def test_sigterm_while_the_model_loads_stops_the_server_with_status_0(tiny_checkpoint, tmp_path):
+    """SIGTERM had no handler until uvicorn ran: it killed a loading server (143), and a container's PID 1, for which
+    the kernel ignores a signal without a handler, went on to serve after `docker stop` until it was killed."""
+    socket_path = tmp_path / "s.sock"
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--uds",
+                                str(socket_path), "--kv-cache-memory", "32MiB"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in process.stdout:
+            if "glimmer.engine.model_loader: loaded" in line:  # the weights are in; the kernels and template follow
+                break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "glimmer: stopped by SIGTERM before serving" in output and "Traceback" not in output
+    assert not socket_path.exists()
+
+
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
                              "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
