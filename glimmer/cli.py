@@ -193,6 +193,8 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         mmproj=args.mmproj, allow_pickle=args.allow_pickle,
         speculative_config=args.speculative_config,
         media_limits=MediaLimits(**{field: getattr(args, dest) for dest, field in _MEDIA_LIMIT_OPTIONS.items()}),
+        # started with stderr closed (as some daemonizers start a server), Python has none: the bars would write to None
+        progress=sys.stderr is not None,
     )
     return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
 
@@ -233,9 +235,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for note in _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS):
         print(note)
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
-    listener = _bind(args.host, args.port)  # a busy port is reported before the model loads
-    engine, name, is_default = _engine_from_args(args)
+    # a busy port is reported before the model loads; vLLM's --uds stands for --host and --port
+    listener = _bind_unix(args.uds) if args.uds is not None else _bind(args.host, args.port)
+    engine = server = None
+    # SIGTERM is heard from the model's loading on: as a container's PID 1, where a signal without a handler is
+    # ignored, `docker stop` while the model loaded went unheard and the server went on to serve until killed
+    sigterm_handler = contextlib.ExitStack()
+    sigterm_handler.enter_context(_sigterm_raises())
     try:
+        engine, name, is_default = _engine_from_args(args)
         settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -247,22 +255,38 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                   "Hub id to serve a real model.")
         address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"  # IPv6 in brackets
         scheme = "https" if args.ssl_keyfile else "http"
-        print(f"OpenAI-compatible API at {scheme}://{address}/v1 "
-              f"(API key {'required' if settings.api_key else 'not required'}); /health, /metrics; "
-              f"chat page at {scheme}://{address}/", flush=True)
+        key_note = f"API key {'required' if settings.api_key else 'not required'}"
+        if args.uds is not None:
+            print(f"OpenAI-compatible API on the Unix socket {args.uds}: /v1 ({key_note}); /health, /metrics; "
+                  "chat page at /", flush=True)
+        else:
+            print(f"OpenAI-compatible API at {scheme}://{address}/v1 ({key_note}); /health, /metrics; "
+                  f"chat page at {scheme}://{address}/", flush=True)
         config = uvicorn.Config(app, log_level=args.uvicorn_log_level or (args.log_level or "INFO").lower(),
                                 timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
+                                # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
+                                use_colors=False if _no_color() or sys.stdout is None else None,
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
         engine.notify_when_dead(lambda failure: setattr(server, "should_exit", True))
         # uvicorn re-raises the signal it shut down for: Ctrl-C as KeyboardInterrupt, SIGTERM as _Terminated
-        with contextlib.suppress(KeyboardInterrupt, _Terminated), _sigterm_raises():
+        with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
+    except _Terminated:
+        pass
     finally:
-        engine.shutdown()
+        sigterm_handler.close()
+        if engine is not None:
+            engine.shutdown()
         listener.close()
+        if args.uds is not None:  # the socket file would outlive the server, which left it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(args.uds)
+    if server is None:
+        print("glimmer: stopped by SIGTERM before serving", file=sys.stderr)
+        return 0
     if engine.failure is not None:
         print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
@@ -378,8 +402,15 @@ def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
                 output.close()
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0."""
+def _no_color() -> bool:
+    """Whether $NO_COLOR asks for no ANSI colours (no-color.org: set and not empty), as --no-color does."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that `glimmer serve` shuts its engine down and exits 0. A
+    BaseException, as KeyboardInterrupt is: the loading code's `except Exception` (a Hub download's) must not take it
+    for a failure of its own."""
 
 
 @contextlib.contextmanager
@@ -509,6 +540,29 @@ def _bind(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _bind_unix(path: str) -> socket.socket:
+    """A Unix domain socket at `path` for the server (vLLM's --uds); UsageError if it cannot be made. A socket file
+    that nothing listens on (left by a server that was killed) is replaced; one a server listens on is not."""
+    _refuse_empty_path(path, "--uds", "give the path of the socket file to create")
+    if Path(path).is_socket():
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except ConnectionRefusedError:
+                Path(path).unlink()
+            else:
+                raise UsageError(f"--uds {path}: a server is listening on it; stop it or choose another path")
+    elif Path(path).exists():  # binding would say `Address already in use`
+        raise UsageError(f"--uds {path}: a file that is not a socket is there; choose another path")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+    except OSError as error:
+        listener.close()
+        raise UsageError(f"cannot listen on {path}: {error.strerror or error}; choose another --uds") from None
+    return listener
+
+
 def _cmd_chat(args: argparse.Namespace) -> int:
     from glimmer.server.chat_client import run_chat
 
@@ -535,7 +589,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             raise UsageError(f"{', '.join(remote_only)} only {verb} to a --url server; without --url the model is "
                              f"loaded in-process: leave {pronoun} out, or add --url")
     tools = _read_tools(args.tools) if args.tools else None
-    color = not args.no_color and sys.stdout.isatty()
+    color = not args.no_color and not _no_color() and sys.stdout.isatty()
     chat = dict(out=sys.stdout, read_line=input, system=args.system, tools=tools, request_options=options,
                 color=color)
     if args.url:
@@ -1021,6 +1075,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--uds", default=None, metavar="PATH",
+                       help="listen on a Unix domain socket at PATH instead of --host and --port (vLLM's)")
     serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                        help="require `Authorization: Bearer KEY` on /v1 and /openapi.json, any one of the keys given "
                             "(repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")

@@ -35,6 +35,7 @@ from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.bad_words import bad_word_ids, banned_after
 from glimmer.engine.config_checks import check_engine_config, check_weight_format
+from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
@@ -278,6 +279,8 @@ class LLMEngine:
                                           weights=config.load_format != "dummy")
         check_weight_format(config.load_format, self.checkpoint.format, self.checkpoint_dir)
         self.max_model_len = self._resolve_max_model_len()  # before the weights load: a wrong one is refused at once
+        if self.device.type == "cpu":  # before loading and the CPU path's timings, which the thread count changes
+            fit_threads_to_cpu_quota()
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
                                               progress=config.progress, load_format=self._weights_load_format,
                                               seed=config.seed)

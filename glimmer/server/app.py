@@ -30,6 +30,7 @@ from glimmer.server.chat import create_chat_completion
 from glimmer.server.completions import create_completion
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
+from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
 from glimmer.server.responses import (
@@ -48,8 +49,8 @@ from glimmer.server.tokenize import detokenize, tokenize
 logger = logging.getLogger(__name__)
 
 _ENDPOINTS = ("/", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
-              "/v1/responses/compact", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/version",
-              "/metrics")
+              "/v1/responses/compact", "/v1/models", "/tokenize", "/detokenize", "/health", "/ping", "/invocations",
+              "/version", "/metrics")
 _STORED_RESPONSE_ROUTES = ("input_items", "cancel")  # /v1/responses/{id}/...
 _CLIENT_CLOSED_REQUEST = 499
 STATIC_DIR = Path(__file__).parent / "static"
@@ -83,6 +84,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     app.state.context = context
     app.include_router(_v1_router(context))
     app.include_router(_tokenizer_router(context))
+    app.include_router(_sagemaker_router(context))
 
     page = (STATIC_DIR / "index.html").read_text()  # read once, for the page with a root path's <base>
 
@@ -227,6 +229,17 @@ def _tokenizer_router(context: ServingContext) -> APIRouter:
     @router.post("/detokenize")
     async def detokenize_route(request: Request) -> Response:
         return await detokenize(request, context)
+
+    return router
+
+
+def _sagemaker_router(context: ServingContext) -> APIRouter:
+    """vLLM's SageMaker entry point, POST /invocations (beside /ping), behind the API key as /v1 is."""
+    router = APIRouter(dependencies=_behind_the_api_key(context))
+
+    @router.post("/invocations")
+    async def invocations(request: Request) -> Response:
+        return await invoke(request, context)
 
     return router
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import pty
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -279,6 +282,146 @@ def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutd
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
     assert "Finished server process" in output and "Traceback" not in output
+
+
+def _read_until_closed(terminal: int, into: list[bytes]) -> threading.Thread:
+    """A thread appending what a pseudo-terminal's process writes to `into` until it closes its end."""
+    def read() -> None:
+        with contextlib.suppress(OSError):  # EIO once the process's end is closed
+            while chunk := os.read(terminal, 65536):
+                into.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader
+
+
+def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_checkpoint):
+    """uvicorn colours its log whenever stdout is a terminal, and NO_COLOR (no-color.org) was not passed on."""
+    port = free_port()
+    terminal, process_end = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port",
+                                str(port), "--kv-cache-memory", "32MiB"], stdin=subprocess.DEVNULL,
+                               stdout=process_end, stderr=process_end, env={**os.environ, "NO_COLOR": "1"})
+    os.close(process_end)
+    written: list[bytes] = []
+    reader = _read_until_closed(terminal, written)
+    try:
+        _wait_for_health(process, port)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+        os.close(terminal)
+    log = b"".join(written).decode()
+    assert '"GET /health HTTP/1.1" 200' in log and "Finished server process" in log
+    assert "\x1b[" not in log
+
+
+@pytest.mark.parametrize(("no_color", "styled"), [("", True), ("1", False)])
+def test_no_color_keeps_ansi_styles_out_of_an_in_process_chat_on_a_terminal(capsys, monkeypatch, no_color, styled):
+    """The default model reasons before it answers: its reasoning is dimmed on a terminal, unless NO_COLOR is set
+    (it was not read: only --no-color turned the styles off)."""
+    from glimmer.cli import main
+
+    typed = iter(["Hello", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    monkeypatch.setenv("NO_COLOR", no_color)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    quieted = [logging.getLogger(), logging.getLogger("glimmer.protocol")]  # the chat quiets them
+    levels = [logger.level for logger in quieted]
+    try:
+        assert main(["chat", "--max-model-len", "2048", "--kv-cache-memory", "50MiB", "--max-tokens", "8"]) == 0
+    finally:
+        for logger, level in zip(quieted, levels, strict=True):
+            logger.setLevel(level)
+    out = capsys.readouterr().out
+    assert out and ("\x1b[" in out) is styled
+
+
+def test_serve_started_with_its_output_closed_serves(tiny_checkpoint):
+    """A daemonizer may start it with stdout and stderr closed: Python then has no sys.stderr, and the weights'
+    progress bar wrote to None (an AttributeError at load, exit 1, with no line anyone could read)."""
+    port = free_port()
+    process = subprocess.Popen(["sh", "-c", 'exec "$@" >&- 2>&-', "sh", sys.executable, "-m", "glimmer.cli", "serve",
+                                str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory", "32MiB"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for_health(process, port)
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                           json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+    assert process.returncode == 0
+
+
+def test_serve_listens_on_a_unix_socket_with_vllms_uds_and_removes_it_at_exit(tiny_checkpoint, tmp_path):
+    """vLLM's `--uds PATH` was refused as an unrecognized argument. A socket file left by a killed server (nothing
+    listens on it) is replaced."""
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(path))  # closed without listening: a file nothing accepts on
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--uds", str(path),
+                                "--kv-cache-memory", "32MiB"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://localhost") as client:
+            deadline = time.monotonic() + 120
+            while True:
+                assert process.poll() is None, process.stdout.read()
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get("/health", timeout=1).status_code == 200:
+                        break
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            reply = client.post("/v1/completions", timeout=60,
+                                json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
+            assert reply.status_code == 200, reply.text
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert f"on the Unix socket {path}" in output and not path.exists()
+
+
+def test_a_unix_socket_a_server_listens_on_is_refused_before_the_model_loads(capsys, tmp_path):
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as running:
+        running.bind(str(path))
+        running.listen()
+        _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--uds", str(path)],
+                             f"--uds {path}: a server is listening on it")
+    assert path.exists()
+
+
+def test_a_uds_path_holding_another_kind_of_file_is_refused_saying_so(capsys, tmp_path):
+    """It said `Address already in use`, as if a server were listening there."""
+    path = tmp_path / "notes.txt"
+    path.write_text("kept")
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--uds", str(path)],
+                         f"--uds {path}: a file that is not a socket is there")
+    assert path.read_text() == "kept"
+
+
+def test_sigterm_while_the_model_loads_stops_the_server_with_status_0(tiny_checkpoint, tmp_path):
+    """SIGTERM had no handler until uvicorn ran: it killed a loading server (143), and a container's PID 1, for which
+    the kernel ignores a signal without a handler, went on to serve after `docker stop` until it was killed."""
+    socket_path = tmp_path / "s.sock"
+    process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--uds",
+                                str(socket_path), "--kv-cache-memory", "32MiB"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in process.stdout:
+            if "glimmer.engine.model_loader: loaded" in line:  # the weights are in; the kernels and template follow
+                break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+    assert "glimmer: stopped by SIGTERM before serving" in output and "Traceback" not in output
+    assert not socket_path.exists()
 
 
 def test_chat_in_process_with_the_default_model(cache_env):

@@ -128,8 +128,13 @@ def _compiler() -> list[str] | None:
     return None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+def _cache_dir() -> Path | None:
+    """The user's cache directory; None where there is none: no XDG_CACHE_HOME, no HOME and a user the password
+    database does not know (a container's arbitrary user id), for which Path.home() raises RuntimeError."""
+    try:
+        root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:
+        return None
     return Path(root) / "glimmer" / "cpu-kernels"
 
 
@@ -211,26 +216,25 @@ def _digest(path: Path) -> str:
 def _writable_cache_dir() -> Path:
     """The user's cache directory; where it cannot be written, a directory of the temporary one that only this
     user can write (a library found in a directory others can write could be anyone's code: it is loaded)."""
-    directory: Path | str
-    try:
-        directory = _cache_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=directory, delete=True).close()
-        return directory
-    except RuntimeError:  # Path.home() without HOME for a uid the password database lacks (a container's arbitrary one)
-        directory = "~/.cache (there is no home directory)"
-    except OSError:
-        pass
+    directory = _cache_dir()
+    if directory is not None:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tempfile.NamedTemporaryFile(dir=directory, delete=True).close()
+            return directory
+        except OSError:
+            pass
+    wanted = directory or "the user's cache (there is no home directory)"
     shared = Path(tempfile.gettempdir()) / f"glimmer-cpu-kernels-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         shared.mkdir(mode=0o700)
     info = shared.lstat()
     if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077:
-        logger.info("CPU kernels: %s cannot be written; caching in %s", directory, shared)
+        logger.info("CPU kernels: %s cannot be written; caching in %s", wanted, shared)
         return shared
     private = Path(tempfile.mkdtemp(prefix="glimmer-cpu-kernels-"))  # not ours, or open to others: this process only
     logger.warning("CPU kernels: %s cannot be written and %s is not a private directory of this user; building in "
-                   "%s for this process", directory, shared, private)
+                   "%s for this process", wanted, shared, private)
     return private
 
 

@@ -1,0 +1,46 @@
+"""vLLM's SageMaker entry point: SageMaker sends every inference request to `POST /invocations`, which runs it as a
+chat completion when the body has `messages` and as a completion when it has `prompt`, as vLLM does."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.types import Message
+
+from glimmer.server.body import read_body
+from glimmer.server.chat import create_chat_completion
+from glimmer.server.completions import create_completion
+from glimmer.server.context import ServingContext
+from glimmer.server.errors import APIError
+
+
+async def invoke(request: Request, context: ServingContext) -> Response:
+    """The chat completion or completion the body asks for. Raises APIError (400) for a body with neither
+    `messages` nor `prompt`, and what `read_body` raises."""
+    body = await read_body(request, context)
+    try:
+        fields = json.loads(body)
+    except ValueError:
+        fields = None
+    if isinstance(fields, dict) and "messages" in fields:
+        return await create_chat_completion(_with_body(request, body), context)
+    if isinstance(fields, dict) and "prompt" in fields:
+        return await create_completion(_with_body(request, body), context)
+    raise APIError(400, "an /invocations body is a JSON object: a chat completion request (with `messages`) or a "
+                        "completion request (with `prompt`)")
+
+
+def _with_body(request: Request, body: bytes) -> Request:
+    """`request` whose body, already read, is read again; then it receives as the original (a disconnect)."""
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await request.receive()
+
+    return Request(request.scope, receive)

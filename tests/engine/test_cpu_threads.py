@@ -1,0 +1,60 @@
+"""The CPU engine's thread count in a container with a CPU quota (`glimmer/engine/cpu_threads.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glimmer.engine import cpu_threads
+from glimmer.engine.cpu_threads import cgroup_cpu_limit, fit_threads_to_cpu_quota
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+
+
+def _cgroup(root, version: int, quota: str, period: str = "100000"):
+    if version == 2:
+        (root / "cpu.max").write_text(f"{quota} {period}\n")
+    else:
+        (root / "cpu").mkdir()
+        (root / "cpu" / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+        (root / "cpu" / "cpu.cfs_period_us").write_text(f"{period}\n")
+    return root
+
+
+@pytest.mark.parametrize(("version", "quota", "limit"), [
+    (2, "200000", 2), (2, "150000", 2), (2, "20000", 1), (2, "max", None),
+    (1, "300000", 3), (1, "50000", 1), (1, "-1", None),
+])
+def test_the_cgroup_quota_is_read_as_whole_cpus_rounded_up(tmp_path, version, quota, limit):
+    assert cgroup_cpu_limit(_cgroup(tmp_path, version, quota)) == limit
+
+
+def test_no_cgroup_files_is_no_limit(tmp_path):
+    assert cgroup_cpu_limit(tmp_path) is None
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """torch runs 2 threads for the test (as a host with more cores than the quota would) and its count after."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_cpu_engine_runs_no_more_threads_than_the_containers_quota(tmp_path, monkeypatch, two_threads, make_tiny):
+    """torch sized its pool by the host's cores: a container allowed 1 CPU ran a thread per core, throttled."""
+    monkeypatch.setattr(cpu_threads, "CGROUP_ROOT", _cgroup(tmp_path, 2, "100000"))
+    LLMEngine(EngineConfig(model=str(make_tiny()), device="cpu", kv_cache_memory=8 << 20, progress=False))
+    assert torch.get_num_threads() == 1
+
+
+def test_omp_num_threads_or_a_larger_quota_leaves_the_thread_count(tmp_path, monkeypatch, two_threads):
+    fit_threads_to_cpu_quota(_cgroup(tmp_path, 2, "400000"))
+    assert torch.get_num_threads() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    fit_threads_to_cpu_quota(tmp_path)
+    assert torch.get_num_threads() == 2
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    fit_threads_to_cpu_quota(tmp_path)
+    assert torch.get_num_threads() == 2

@@ -1,0 +1,47 @@
+"""vLLM's SageMaker entry point, `POST /invocations` (`glimmer/server/invocations.py`)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from server_support import live_server
+
+
+def test_invocations_runs_a_chat_completion_or_a_completion_by_the_bodys_fields(tiny_checkpoint):
+    """SageMaker sends every request to /invocations, which vLLM serves: it was a 404."""
+    with live_server(tiny_checkpoint) as server:
+        chat = httpx.post(server.url + "/invocations", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["object"] == "chat.completion"
+        text = httpx.post(server.url + "/invocations", timeout=60,
+                          json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "temperature": 0})
+        assert text.status_code == 200, text.text
+        same = httpx.post(server.base_url + "/completions", timeout=60,
+                          json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "temperature": 0})
+        assert text.json()["object"] == "text_completion"
+        assert text.json()["choices"][0]["text"] == same.json()["choices"][0]["text"]
+        with httpx.stream("POST", server.url + "/invocations", timeout=60, json={
+                "model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True}) as stream:
+            lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["object"] == "text_completion"
+
+
+def test_an_invocations_body_with_neither_messages_nor_prompt_is_a_400_naming_both(tiny_checkpoint):
+    with live_server(tiny_checkpoint) as server:
+        for body in (b'{"model": "tiny", "input": "hi"}', b"[1]", b"{not json"):
+            reply = httpx.post(server.url + "/invocations", content=body,
+                               headers={"Content-Type": "application/json"}, timeout=30)
+            assert reply.status_code == 400, reply.text
+            message = reply.json()["error"]["message"]
+            assert "`messages`" in message and "`prompt`" in message
+
+
+def test_invocations_needs_the_api_key_as_v1_does(tiny_checkpoint):
+    with live_server(tiny_checkpoint, api_key="secret") as server:
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+        assert httpx.post(server.url + "/invocations", json=body, timeout=30).status_code == 401
+        allowed = httpx.post(server.url + "/invocations", json=body, timeout=30,
+                             headers={"Authorization": "Bearer secret"})
+        assert allowed.status_code == 200, allowed.text
