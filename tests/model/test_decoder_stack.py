@@ -5,6 +5,8 @@ layers; its product alone against F.linear; indices refused before anything is w
 
 from __future__ import annotations
 
+import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -84,6 +86,19 @@ def test_the_stack_computes_what_its_reference_does(batch, heads):
         torch.testing.assert_close(value_cache.nan_to_num(0.0), clean[layer][1], **CLOSE)
 
 
+@pytest.mark.parametrize("batch", ["one", "nine_rows"])
+def test_rows_longer_than_a_products_chunk(batch):
+    """Inputs past 512 floats run a chunk at a time through several weight-row pairs (hidden 520, intermediate 1,100:
+    every product and the fused gate|up one, a partial last chunk and a tail no vector holds)."""
+    shape = StackShape(hidden_size=520, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=1100,
+                       qk_norm_eps=1e-6, qk_scale_factor=0.8)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(5), biases=True)
+    ctx, clean, poisoned, rotary, inputs = _step(DECODE_BATCHES[batch], shape, window=16, seed=6)
+    want, _ = _run(stack, ctx, clean, rotary, inputs, reference=True)
+    got, _ = _run(stack, ctx, poisoned, rotary, inputs, reference=False)
+    torch.testing.assert_close(got, want, **CLOSE)
+
+
 def test_odd_widths_biases_and_windows_that_cut_blocks():
     """Widths no vector or weight-row pair divides, biases on every projection, a window of 33 over 16-blocks."""
     shape = StackShape(hidden_size=37, num_heads=6, num_kv_heads=3, head_dim=10, intermediate_size=19,
@@ -114,7 +129,7 @@ def test_results_do_not_depend_on_the_thread_count():
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
-@pytest.mark.parametrize("out_features,in_features", [(1, 7), (2, 5), (3, 16), (33, 37), (256, 512)])
+@pytest.mark.parametrize("out_features,in_features", [(1, 7), (2, 5), (3, 16), (33, 37), (256, 512), (33, 1100)])
 def test_the_stacks_product_is_f_linear(rows, out_features, in_features):
     generator = torch.Generator().manual_seed(rows * out_features)
     x = torch.randn(rows, in_features, generator=generator)
@@ -122,6 +137,22 @@ def test_the_stacks_product_is_f_linear(rows, out_features, in_features):
     bias = torch.randn(out_features, generator=generator)
     torch.testing.assert_close(stack_linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(stack_linear(x, weight, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the prefetch choice is x86's")
+@pytest.mark.parametrize("flags,locality", [(["-march=znver3"], "3"), (["-march=znver3", "-mavx512f"], "2"),
+                                            (["-march=skylake-avx512"], "2")])
+def test_the_products_prefetch_into_l2_where_the_core_keeps_hints_there(flags, locality):
+    """Zen 3 and earlier AMD cores fill L1 with every prefetch hint (4 KB ahead into L1); a Zen 4, which GCC before 13
+    names znver3 under -march=native with AVX-512 on, prefetches into L2 as Intel's cores do (its products were 1.5
+    times as slow with the L1 hints)."""
+    source = Path(cpu.__file__).with_name("decoder_stack.c")
+    result = subprocess.run([*cpu._compiler(), *flags, "-dM", "-E", str(source)], capture_output=True, text=True,
+                            timeout=60)
+    if result.returncode:
+        pytest.skip(f"the compiler does not take {flags}")
+    defines = dict(line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("#define PREFETCH_"))
+    assert defines["PREFETCH_LOCALITY"] == locality
 
 
 def test_indices_outside_the_caches_are_refused_with_nothing_written():
@@ -173,10 +204,11 @@ def test_the_load_time_probe_catches_a_stack_that_computes_nothing():
 
 
 @pytest.mark.parametrize("rows", [4, 8, 9, 17])
-@pytest.mark.parametrize("in_features", [512, 37])
+@pytest.mark.parametrize("in_features", [512, 37, 1100])
 def test_a_rows_sums_do_not_depend_on_the_rows_beside_it(rows, in_features):
-    """A pass sums up to eight rows at once, reducing their accumulators together from four rows up; each row's
-    sums are the same bits as when it is multiplied alone."""
+    """A pass sums up to eight rows at once, reducing their accumulators together from four rows up (and rows longer
+    than 512 a chunk at a time through several weight rows); each row's sums are the same bits as when it is
+    multiplied alone."""
     generator = torch.Generator().manual_seed(rows + in_features)
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(66, in_features, generator=generator) / in_features**0.5

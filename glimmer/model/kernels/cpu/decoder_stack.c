@@ -40,14 +40,17 @@
 /* How far ahead of the reads in a weight row the next ones are requested, and into which cache (a
  * __builtin_prefetch locality): 32 KB ahead into L2 (prefetcht1 on x86) lets the products overlap their arithmetic
  * with the memory reads (on a 2-vCPU Xeon, decode at 8 rows 11-15% faster than 4 KB ahead into L1, at one row
- * 0-17% depending on the machine's memory phase; A/B in one process). AMD documents hinted prefetches into L2 alone
- * from Zen 4 on; its earlier cores fill L1 with every hint, where lines requested 32 KB ahead would leave it before
- * their use, so they keep 4 KB into L1 (not measured on them). */
-#if defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__bdver1__) || \
-    defined(__bdver2__) || defined(__bdver3__) || defined(__bdver4__) || defined(__btver1__) || \
-    defined(__btver2__) || defined(__amdfam10__) || defined(__k8__)
+ * 0-17% depending on the machine's memory phase; A/B in one process; on a 2-vCPU Zen 4 EPYC the products 1.5 times as
+ * fast at 1 to 8 rows). AMD documents hinted prefetches into L2 alone from Zen 4 on; its earlier cores fill L1 with
+ * every hint, where lines requested 32 KB ahead would leave it before their use, so they keep 4 KB into L1 (not
+ * measured on them). GCC before 13 names a Zen 4 `znver3` under -march=native, with AVX-512 on, which no earlier
+ * AMD core has: AVX-512 tells them apart. */
+#if (defined(__znver1__) || defined(__znver2__) || defined(__znver3__) || defined(__bdver1__) || \
+     defined(__bdver2__) || defined(__bdver3__) || defined(__bdver4__) || defined(__btver1__) || \
+     defined(__btver2__) || defined(__amdfam10__) || defined(__k8__)) && !defined(__AVX512F__)
 #define PREFETCH_FLOATS 1024
 #define PREFETCH_LOCALITY 3
+#define X_WHOLE INT64_MAX /* a pass per weight-row pair (below) */
 #else
 #define PREFETCH_FLOATS 8192
 #define PREFETCH_LOCALITY 2
@@ -138,6 +141,78 @@ static inline lanes lane_sums_16(const lanes v[16]) {
 #endif
 #endif
 
+/* Where x's rows are longer than X_WHOLE floats, a pass holds GROUP weight-row pairs and runs over x a chunk of
+ * X_CHUNK floats at a time, each chunk through the GROUP pairs, the accumulators kept in memory between chunks: at eight
+ * rows of 2,048 floats x is 64 KB, which does not stay in L1 beside the weights, and a pass per pair read all of it
+ * from L2 again (the MLP's down product at eight rows read its weights at 9-10 GB/s a core, the gate|up product at
+ * 14-17; chunked, 11-14, and at one row 20-26 instead of 17-21: 2-vCPU Zen 4, one process, alternating). Each lane adds the same
+ * products in the same order either way, so the sums are the same bits. As a group's chunk is read, the same floats
+ * of the next group are requested (GROUP * FEATURES rows on: 128 KB at 2,048 floats; 32 KB on would fall in the
+ * group being read). Cores whose prefetch hints fill L1 (above) keep a pass per pair: requests a group ahead would
+ * leave L1 before their use. */
+#ifndef X_WHOLE
+#define X_WHOLE 512
+#endif
+#define X_CHUNK 256 /* floats: 8 KB of eight AVX-512 rows, beside the 16 KB of the 16 weight rows' chunks */
+#define GROUP 8
+
+/* acc[r][f] += x row r's lanes times weight row f's over [from, to) (multiples of LANES), for nr rows (x rows stride
+ * floats apart) and FEATURES weight rows starting at w (in floats each, consecutive); the weight `ahead` floats on
+ * is requested as they are read. Inlined with constant nr, so the accumulators stay in registers. dot_block below
+ * keeps its own copy of this loop: built from accumulate and finish, GCC compiled its two-row pass 20% slower. */
+static inline __attribute__((always_inline)) void accumulate(const float *x, int64_t stride, int nr, const float *w,
+                                                             int64_t in, int64_t from, int64_t to, int64_t ahead,
+                                                             lanes acc[ROWS][FEATURES]) {
+    lanes a[ROWS][FEATURES];
+    for (int r = 0; r < nr; r++)
+        for (int f = 0; f < FEATURES; f++) a[r][f] = acc[r][f];
+    for (int64_t i = from; i < to; i += LANES) {
+        lanes wv[FEATURES];
+        for (int f = 0; f < FEATURES; f++) {
+            wv[f] = load(w + f * in + i);
+            __builtin_prefetch(w + f * in + i + ahead, 0, PREFETCH_LOCALITY);
+        }
+        for (int r = 0; r < nr; r++) {
+            lanes xv = load(x + r * stride + i);
+#if defined(__AVX__)
+            /* x in a register, read once for the FEATURES products: left to itself the compiler folds the read into
+             * each FMA, and the loads, not the FMAs, bound the pass (in cache at 8 rows 20-25% faster with AVX-512,
+             * twice as fast with AVX2) */
+            __asm__("" : "+v"(xv));
+#endif
+            for (int f = 0; f < FEATURES; f++) a[r][f] += xv * wv[f];
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int f = 0; f < FEATURES; f++) acc[r][f] = a[r][f];
+}
+
+/* dots[r][f] = the accumulators' lane sums plus the products of the last in % LANES floats */
+static inline __attribute__((always_inline)) void finish(const lanes acc[ROWS][FEATURES], const float *x,
+                                                         int64_t stride, int nr, const float *w, int64_t in,
+                                                         float dots[ROWS][FEATURES]) {
+    const int64_t whole = in - in % LANES;
+    float sums[ROWS][FEATURES];
+#ifdef LANE_SUMS_16
+    if (nr > 3) { /* four rows and up: one reduction of all the accumulators (the rest zero) beats one each */
+        lanes all[16];
+        for (int r = 0; r < ROWS; r++)
+            for (int f = 0; f < FEATURES; f++) all[r * FEATURES + f] = r < nr ? acc[r][f] : (lanes){0};
+        const lanes reduced = lane_sums_16(all);
+        for (int r = 0; r < nr; r++)
+            for (int f = 0; f < FEATURES; f++) sums[r][f] = reduced[r * FEATURES + f];
+    } else
+#endif
+        for (int r = 0; r < nr; r++)
+            for (int f = 0; f < FEATURES; f++) sums[r][f] = lane_sum(acc[r][f]);
+    for (int r = 0; r < nr; r++)
+        for (int f = 0; f < FEATURES; f++) {
+            float s = sums[r][f];
+            for (int64_t i = whole; i < in; i++) s += x[r * stride + i] * w[f * in + i];
+            dots[r][f] = s;
+        }
+}
+
 /* dots[r][f] = x row r · weight row f, for nr rows (x rows stride floats apart) and FEATURES weight rows
  * starting at w (in floats each, consecutive). Inlined with constant nr, so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void dot_block(const float *x, int64_t stride, int nr, const float *w,
@@ -199,40 +274,104 @@ static void dots_of(const float *x, int64_t stride, int nr, const float *w, int6
     }
 }
 
+/* dots[g][r][f] = x row r · row f of the pair at w[g], for `count` (<= GROUP) pairs, a chunk of x at a time through
+ * all of them (x rows longer than X_WHOLE); the weight `ahead` floats past each read is requested */
+static inline __attribute__((always_inline)) void group_block(const float *x, int64_t stride, int nr,
+                                                              const float *const w[GROUP], int count, int64_t in,
+                                                              int64_t ahead, float dots[GROUP][ROWS][FEATURES]) {
+    const int64_t whole = in - in % LANES;
+    lanes acc[GROUP][ROWS][FEATURES];
+    for (int g = 0; g < count; g++)
+        for (int r = 0; r < nr; r++)
+            for (int f = 0; f < FEATURES; f++) acc[g][r][f] = (lanes){0};
+    for (int64_t from = 0; from < whole; from += X_CHUNK) {
+        const int64_t to = whole - from > X_CHUNK ? from + X_CHUNK : whole;
+        for (int g = 0; g < count; g++) accumulate(x, stride, nr, w[g], in, from, to, ahead, acc[g]);
+    }
+    for (int g = 0; g < count; g++) finish(acc[g], x, stride, nr, w[g], in, dots[g]);
+}
+
+static void group_dots_of(const float *x, int64_t stride, int nr, const float *const w[GROUP], int count, int64_t in,
+                          int64_t ahead, float dots[GROUP][ROWS][FEATURES]) {
+    switch (nr) {
+    case 1: group_block(x, stride, 1, w, count, in, ahead, dots); break;
+    case 2: group_block(x, stride, 2, w, count, in, ahead, dots); break;
+    case 3: group_block(x, stride, 3, w, count, in, ahead, dots); break;
+#if ROWS > 4
+    case 4: group_block(x, stride, 4, w, count, in, ahead, dots); break;
+    case 5: group_block(x, stride, 5, w, count, in, ahead, dots); break;
+    case 6: group_block(x, stride, 6, w, count, in, ahead, dots); break;
+    case 7: group_block(x, stride, 7, w, count, in, ahead, dots); break;
+#endif
+    default: group_block(x, stride, ROWS, w, count, in, ahead, dots); break;
+    }
+}
+
 /* y (rows, out) = x (rows, in) · wᵀ + bias (out >= FEATURES), the weight rows shared among the threads of the
- * enclosing region. A last odd weight row is read with the row before it, whose sums that pass drops. */
+ * enclosing region: a pair of them at a time, or GROUP pairs where x's rows are longer than X_WHOLE. A last odd weight
+ * row is read with the row before it, whose sums that pass drops. */
 static void project(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y) {
     const int64_t pairs = (out + FEATURES - 1) / FEATURES;
+    if (in <= X_WHOLE) {
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < pairs; p++) {
-        const int64_t first = p * FEATURES < out - FEATURES ? p * FEATURES : out - FEATURES;
-        float dots[ROWS][FEATURES];
+        for (int64_t p = 0; p < pairs; p++) {
+            const int64_t first = p * FEATURES < out - FEATURES ? p * FEATURES : out - FEATURES;
+            float dots[ROWS][FEATURES];
+            for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+                const int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
+                dots_of(x + r0 * in, in, nr, w + first * in, in, dots);
+                for (int r = 0; r < nr; r++)
+                    for (int64_t f = p * FEATURES - first; f < FEATURES; f++)
+                        y[(r0 + r) * out + first + f] = dots[r][f] + (bias != NULL ? bias[first + f] : 0.0f);
+            }
+        }
+        return;
+    }
+    const int64_t groups = (pairs + GROUP - 1) / GROUP;
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < groups; q++) {
+        const int count = pairs - q * GROUP < GROUP ? (int)(pairs - q * GROUP) : GROUP;
+        int64_t first[GROUP];
+        const float *rows_of[GROUP];
+        for (int g = 0; g < count; g++) {
+            const int64_t p = q * GROUP + g;
+            first[g] = p * FEATURES < out - FEATURES ? p * FEATURES : out - FEATURES;
+            rows_of[g] = w + first[g] * in;
+        }
+        float dots[GROUP][ROWS][FEATURES];
         for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
             const int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-            dots_of(x + r0 * in, in, nr, w + first * in, in, dots);
-            for (int r = 0; r < nr; r++)
-                for (int64_t f = p * FEATURES - first; f < FEATURES; f++)
-                    y[(r0 + r) * out + first + f] = dots[r][f] + (bias != NULL ? bias[first + f] : 0.0f);
+            group_dots_of(x + r0 * in, in, nr, rows_of, count, in, GROUP * FEATURES * in, dots);
+            for (int g = 0; g < count; g++)
+                for (int r = 0; r < nr; r++)
+                    for (int64_t f = (q * GROUP + g) * FEATURES - first[g]; f < FEATURES; f++)
+                        y[(r0 + r) * out + first[g] + f] = dots[g][r][f] + (bias != NULL ? bias[first[g] + f] : 0.0f);
         }
     }
 }
 
 /* act (rows, inter) = silu(x · gateᵀ) · (x · upᵀ) with the gate rows then the up rows of `w` (inter >= FEATURES):
- * the MLP's fused product and silu_mul_torch in one pass */
+ * the MLP's fused product and silu_mul_torch in one pass (where x's rows are longer than X_WHOLE, a pair of gate rows
+ * and its pair of up rows as one group) */
 static void project_silu_mul(const float *x, int64_t rows, const float *w, int64_t inter, int64_t in, float *act) {
     const int64_t pairs = (inter + FEATURES - 1) / FEATURES;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < pairs; p++) {
         const int64_t first = p * FEATURES < inter - FEATURES ? p * FEATURES : inter - FEATURES;
-        float gate[ROWS][FEATURES], up[ROWS][FEATURES];
+        const float *gate_and_up[GROUP] = {w + first * in, w + (inter + first) * in};
+        float dots[GROUP][ROWS][FEATURES]; /* [0]: the gate rows', [1]: the up rows' */
         for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
             const int nr = rows - r0 < ROWS ? (int)(rows - r0) : ROWS;
-            dots_of(x + r0 * in, in, nr, w + first * in, in, gate);
-            dots_of(x + r0 * in, in, nr, w + (inter + first) * in, in, up);
+            if (in > X_WHOLE) {
+                group_dots_of(x + r0 * in, in, nr, gate_and_up, 2, in, FEATURES * in, dots);
+            } else {
+                dots_of(x + r0 * in, in, nr, gate_and_up[0], in, dots[0]);
+                dots_of(x + r0 * in, in, nr, gate_and_up[1], in, dots[1]);
+            }
             for (int r = 0; r < nr; r++)
                 for (int64_t f = p * FEATURES - first; f < FEATURES; f++) {
-                    float g = gate[r][f];
-                    act[(r0 + r) * inter + first + f] = (g / (1.0f + fast_exp(-g))) * up[r][f];
+                    float g = dots[0][r][f];
+                    act[(r0 + r) * inter + first + f] = (g / (1.0f + fast_exp(-g))) * dots[1][r][f];
                 }
         }
     }
