@@ -138,6 +138,20 @@ def test_the_build_is_cached_per_source_compiler_and_machine(tmp_path, monkeypat
     assert not list(first.parent.glob("*.partial"))
 
 
+def test_a_compiler_that_refuses_march_native_builds_for_this_cpu_with_mcpu_native(tmp_path, monkeypatch, caplog):
+    """clang for Arm (Apple's, Graviton's) refuses -march=native and takes -mcpu=native: the build tuned for this CPU
+    is the second choice there, before the untuned baseline Armv8 one (with OpenMP where it links)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    arm_clang_like = tmp_path / "armcc"
+    arm_clang_like.write_text('#!/bin/sh\ncase " $* " in *" -march=native "*)\n'
+                              'echo "clang: error: unsupported option \'-march=native\'" >&2; exit 1;; esac\n'
+                              f'exec {shlex.join(cpu._compiler())} "$@"\n')
+    arm_clang_like.chmod(0o755)
+    caplog.set_level("INFO")
+    assert ctypes.CDLL(str(cpu._build([str(arm_clang_like)]))).glimmer_silu_mul is not None
+    assert "-mcpu=native -fopenmp" in caplog.text and "-march=native" not in caplog.text
+
+
 def test_without_a_working_compiler_the_cpu_runs_the_torch_path(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")  # "builds" nothing, with every flag set

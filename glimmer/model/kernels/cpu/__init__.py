@@ -42,8 +42,10 @@ logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(name) for name in ("ops.c", "decoder_stack.c")]
 HEADERS = [Path(__file__).with_name("common.h")]
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]
-# tried in order; the first the compiler builds is used
-OPTIONAL_FLAGS = [["-march=native", "-fopenmp"], ["-march=native"], ["-fopenmp"], []]
+# tried in order; the first the compiler builds is used (clang for Arm, Apple's included, takes -mcpu=native where it
+# refuses -march=native: without either the products are built for the baseline Armv8 and run far slower)
+OPTIONAL_FLAGS = [["-march=native", "-fopenmp"], ["-march=native"], ["-mcpu=native", "-fopenmp"], ["-mcpu=native"],
+                  ["-fopenmp"], []]
 COMPILE_TIMEOUT_S = 120
 
 _P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
