@@ -72,7 +72,18 @@ async def _until_disconnect(request: Request, task: asyncio.Future[T],
                             on_disconnect: Callable[[], None] | None) -> T:
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # the handler itself is cancelled (the server's shutdown timeout, an ASGI caller): the work stops before
+            # the cancellation goes on, so that what the caller closes next (its engine iterators) is not still running
+            if on_disconnect is not None:
+                on_disconnect()
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: its outcome is moot, and asyncio would log it as never retrieved
+            raise
         if task.done():
             return task.result()
         if on_disconnect is not None:
