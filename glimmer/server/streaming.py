@@ -10,7 +10,6 @@ non-streaming request is run under `until_disconnect`, which does the same, and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -79,23 +78,34 @@ async def _until_disconnect(request: Request, task: asyncio.Future[T],
             # the cancellation goes on, so that what the caller closes next (its engine iterators) is not still running
             if on_disconnect is not None:
                 on_disconnect()
-            task.cancel()
-            await asyncio.wait({task})
-            if not task.cancelled():
-                task.exception()  # retrieved: its outcome is moot, and asyncio would log it as never retrieved
+            await _stopped(task)
             raise
         if task.done():
             return task.result()
         if on_disconnect is not None:
             on_disconnect()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):  # the client is gone: its outcome is moot
-            await task
+        await _stopped(task)
         raise ClientDisconnected()
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
+
+
+async def _stopped(task: asyncio.Future) -> None:
+    """Cancel `task` and wait until it has ended (its outcome is moot), so that what the caller closes next (its engine
+    iterators) is not still running. A cancellation of the caller meanwhile goes on once the task has ended."""
+    task.cancel()
+    cancelled = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio would log it as never retrieved
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -11,6 +11,8 @@ import logging
 import pytest
 from server_support import PINNED_DATE, live_server
 
+from glimmer.server.streaming import until_disconnect
+
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "[long] go"}], "max_tokens": 100,
         "chat_template_kwargs": PINNED_DATE, "temperature": 0}
 COMPLETION = {"model": "tiny", "prompt": "[long] go", "max_tokens": 100, "temperature": 0}
@@ -80,3 +82,42 @@ def test_a_handler_cancelled_while_its_first_tokens_are_awaited(server, path, bo
     assert server.engine.num_waiting_requests == 0  # the queue-limit slot is free again
     assert [message for message in sent if message["type"] == "http.response.start"] == []
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+
+
+class _LeavingClient:
+    """A request whose client leaves once the work has started."""
+
+    def __init__(self, started: asyncio.Event):
+        self.started = started
+
+    async def receive(self) -> dict:
+        await self.started.wait()
+        return {"type": "http.disconnect"}
+
+
+def test_a_handler_cancelled_while_the_work_of_a_leaving_client_stops_is_cancelled():
+    """The client left and its work is stopping (closing its engine streams awaits their cleanup) when the handler is
+    cancelled: the cancellation goes on, not the ClientDisconnected meant for the client."""
+
+    ended = []
+
+    async def work(started: asyncio.Event) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.2)  # its cleanup
+            ended.append(True)
+            raise
+
+    async def cancel_while_the_work_stops():
+        started = asyncio.Event()
+        handler = asyncio.ensure_future(until_disconnect(_LeavingClient(started), work(started)))
+        await asyncio.sleep(0.1)
+        assert started.is_set() and not handler.done()
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert ended  # the work had stopped: its caller may close what it used
+
+    asyncio.run(cancel_while_the_work_stops())
