@@ -9,7 +9,7 @@ import json
 import logging
 
 import pytest
-from server_support import PINNED_DATE, live_server
+from server_support import PINNED_DATE, WEATHER_TOOL, live_server
 
 from glimmer.server.streaming import until_disconnect
 
@@ -55,8 +55,11 @@ async def _call(app, path: str, body: dict, sent: list[dict]) -> None:
     ("/v1/chat/completions", {**CHAT, "n": 2, "stream": True}),
     ("/v1/responses", RESPONSE),
     ("/v1/responses", {**RESPONSE, "stream": True}),
+    ("/v1/chat/completions", {**CHAT, "tools": [WEATHER_TOOL], "tool_choice": "required"}),
+    ("/v1/completions", {**COMPLETION, "response_format": {"type": "json_object"}, "stream": True}),
+    ("/v1/completions", {**COMPLETION, "use_beam_search": True, "n": 2, "max_tokens": 4}),
 ], ids=["completion", "completion-stream", "completion-batch-n2", "chat", "chat-stream-n2", "responses",
-        "responses-stream"])
+        "responses-stream", "chat-tool-choice-required", "completion-json-stream", "completion-beam-search"])
 def test_a_handler_cancelled_while_its_first_tokens_are_awaited(server, path, body, caplog):
     runner = server.engine.engine.runner
     scheduler = server.engine.engine.scheduler
