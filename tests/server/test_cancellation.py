@@ -124,3 +124,32 @@ def test_a_handler_cancelled_while_the_work_of_a_leaving_client_stops_is_cancell
         assert ended  # the work had stopped: its caller may close what it used
 
     asyncio.run(cancel_while_the_work_stops())
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", {**COMPLETION, "stream": True}),
+                                       ("/v1/chat/completions", {**CHAT, "stream": True})],
+                         ids=["completion", "chat"])
+def test_a_stream_cancelled_after_its_status_line_is_no_success_in_the_metrics(server, path, body):
+    """Its `200` went out, but the stream was cut short: /metrics counts it as the 500 it is to its client."""
+    runner = server.engine.engine.runner
+    sent: list[dict] = []
+    key = f'glimmer_requests_total{{endpoint="{path}",status="%s"}}'
+    before = server.metrics()
+
+    async def cancel_while_streaming():
+        handler = asyncio.ensure_future(_call(server.app, path, body, sent))
+        while not any(message["type"] == "http.response.body" for message in sent):
+            await asyncio.sleep(0.005)
+        handler.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+
+    runner.step_delay_s = 0.05
+    try:
+        asyncio.run(cancel_while_streaming())
+    finally:
+        runner.step_delay_s = 0.0
+    after = server.wait_for_idle()
+    assert sent[0]["status"] == 200
+    assert after.get(key % 200, 0) == before.get(key % 200, 0)
+    assert after[key % 500] == before.get(key % 500, 0) + 1
