@@ -7,6 +7,7 @@ so several apps can run in one process.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import os
@@ -324,6 +325,8 @@ class _RequestAccounting:
     a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
     upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
     connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
+    A request whose handler is cancelled before its response is complete (uvicorn's graceful-shutdown timeout) counts
+    as 500, as uvicorn answers it or cuts its stream, its `200` status line sent or not.
     A browser's CORS preflight (OPTIONS with Access-Control-Request-Method) counts as endpoint `preflight`: it asks
     whether it may call the endpoint and calls nothing, so it must not add to that endpoint's 200s or 400s."""
 
@@ -357,6 +360,10 @@ class _RequestAccounting:
 
         try:
             await self.app(scope, receive_and_watch, send_and_record)
+        except asyncio.CancelledError:
+            if not finishing:  # cut short: uvicorn answers 500, or closes a connection whose `200` went out
+                status = 500
+            raise
         finally:
             recorded = _CLIENT_CLOSED_REQUEST if client_left else status
             self.metrics.requests.labels(_endpoint(scope), str(recorded)).inc()

@@ -16,12 +16,11 @@ from starlette.requests import ClientDisconnect
 
 from glimmer.engine.async_engine import EngineShuttingDownError
 from glimmer.server.errors import APIError
-from glimmer.server.streaming import ClientDisconnected
+from glimmer.server.streaming import SHUTDOWN_CHECK_INTERVAL_S, ClientDisconnected
 
 if TYPE_CHECKING:
     from glimmer.server.context import ServingContext
 
-SHUTDOWN_CHECK_INTERVAL_S = 0.1  # how often an upload in progress looks whether the server has begun shutting down
 
 
 def _too_large(max_bytes: int) -> APIError:

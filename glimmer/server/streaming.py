@@ -10,7 +10,6 @@ non-streaming request is run under `until_disconnect`, which does the same, and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -21,10 +20,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from glimmer.cancellation import CancelToken
+from glimmer.engine.async_engine import EngineShuttingDownError
 
 T = TypeVar("T")
 
 DONE_EVENT = "data: [DONE]\n\n"
+SHUTDOWN_CHECK_INTERVAL_S = 0.1  # how often an upload or a prompt being prepared looks whether the server stops
 
 
 def sse_event(payload: dict[str, Any], event: str | None = None) -> str:
@@ -59,32 +60,70 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
 async def in_worker_thread(request: Request, function: Callable[[CancelToken], T]) -> T:
     """`function(cancel)` run on a worker thread, off the event loop. If the client disconnects (or the server
     stops the request) first, `cancel` is cancelled, so the work stops at its next check (a thread cannot be
-    interrupted), and ClientDisconnected (or CancelledError) is raised once it has."""
+    interrupted), and ClientDisconnected (or CancelledError) is raised once it has. So it is, with
+    EngineShuttingDownError (503), when the server begins shutting down: the work (a slow media download) would
+    otherwise go on past uvicorn's grace period, whose cancellation cuts the request."""
     cancel = CancelToken()
+    engine = request.app.state.context.engine
     try:
-        return await _until_disconnect(request, asyncio.ensure_future(run_in_threadpool(function, cancel)),
-                                       cancel.cancel)
+        return await _until_disconnect(request, asyncio.ensure_future(_unless_closing(
+            asyncio.ensure_future(run_in_threadpool(function, cancel)), lambda: engine.closing_reason)), cancel.cancel)
     finally:
         cancel.cancel()
+
+
+async def _unless_closing(work: asyncio.Future[T], closing_reason: Callable[[], str | None]) -> T:
+    """`work`'s result; EngineShuttingDownError once the server begins shutting down before it is done."""
+    try:
+        while not work.done():
+            await asyncio.wait({work}, timeout=SHUTDOWN_CHECK_INTERVAL_S)
+            reason = closing_reason()
+            if not work.done() and reason is not None:
+                raise EngineShuttingDownError(reason)
+        return work.result()
+    finally:
+        work.cancel()
 
 
 async def _until_disconnect(request: Request, task: asyncio.Future[T],
                             on_disconnect: Callable[[], None] | None) -> T:
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # the handler itself is cancelled (the server's shutdown timeout, an ASGI caller): the work stops before
+            # the cancellation goes on, so that what the caller closes next (its engine iterators) is not still running
+            if on_disconnect is not None:
+                on_disconnect()
+            await _stopped(task)
+            raise
         if task.done():
             return task.result()
         if on_disconnect is not None:
             on_disconnect()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):  # the client is gone: its outcome is moot
-            await task
+        await _stopped(task)
         raise ClientDisconnected()
     finally:
         watcher.cancel()
         if not task.done():
             task.cancel()
+
+
+async def _stopped(task: asyncio.Future) -> None:
+    """Cancel `task` and wait until it has ended (its outcome is moot), so that what the caller closes next (its engine
+    iterators) is not still running. A cancellation of the caller meanwhile goes on once the task has ended."""
+    task.cancel()
+    cancelled = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio would log it as never retrieved
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -94,3 +94,30 @@ def test_a_request_still_uploading_when_the_server_stops_gets_a_503_not_a_cut(ma
     assert status_line == b"HTTP/1.1 503 Service Unavailable"
     error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
     assert error["code"] == "shutting_down" and "shutting down for the test" in error["message"]
+
+
+def test_a_request_still_preparing_its_prompt_when_the_server_stops_gets_a_503_at_once(make_tiny, monkeypatch):
+    """A prompt still being prepared (an image URL that answers slowly: fetches may take 10 s) when the server began
+    shutting down went on until it was ready, past uvicorn's grace period (5 s), whose cancellation cut the request
+    with a plain-text 500 and a logged traceback; its work is stopped and it gets the 503 of a waiting request."""
+    import glimmer.server.chat as chat
+    build = chat.build_chat_prompt
+    started = []
+
+    def slow_build(request, context, cancel):
+        started.append(True)
+        for _ in range(300):  # a slow download, which checks `cancel` between its chunks
+            cancel.check()
+            time.sleep(0.05)
+        return build(request, context, cancel)
+
+    monkeypatch.setattr(chat, "build_chat_prompt", slow_build)
+    with live_server(make_tiny()) as server, ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(httpx.post, server.base_url + "/chat/completions", json={**LONG, "max_tokens": 2},
+                              timeout=60)
+        _wait_until(lambda: started)
+        stopped_at = time.monotonic()
+        server.engine.stop_serving("shutting down for the test")
+        response = waiting.result()
+        assert time.monotonic() - stopped_at < 3
+    assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
