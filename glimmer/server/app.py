@@ -34,6 +34,7 @@ from glimmer.server.errors import error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
+from glimmer.server.request_id import MADE_ID
 from glimmer.server.responses import (
     cancel_response,
     count_input_tokens,
@@ -306,13 +307,16 @@ class _RequestIdHeaders:
             return
         name = REQUEST_ID_HEADER.lower().encode()
         request_id = next((value for key, value in scope["headers"] if key == name), None)
-        if request_id is None:
+        state: dict[str, Any] = {}
+        if request_id is None:  # made here; a body's `request_id` replaces it (client_request_id)
             request_id = uuid.uuid4().hex.encode()
-            scope = {**scope, "headers": [*scope["headers"], (name, request_id)]}
+            state = {**scope.get("state", {}), MADE_ID: request_id.decode()}
+            scope = {**scope, "headers": [*scope["headers"], (name, request_id)], "state": state}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (name, request_id)]}
+                sent = state[MADE_ID].encode() if MADE_ID in state else request_id
+                message = {**message, "headers": [*message.get("headers", []), (name, sent)]}
             await send(message)
 
         await self.app(scope, receive, send_with_id)

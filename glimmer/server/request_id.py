@@ -15,20 +15,30 @@ from fastapi import Request
 from glimmer.errors import RequestError
 
 HEADER = "X-Request-Id"
+MADE_ID = "glimmer_made_request_id"
+"""The scope state key under which --enable-request-id-headers keeps the id it made for a request that sent none: a
+body's `request_id` replaces it, there and in the response's header."""
 MAX_CHARS = 256
 # visible ASCII, with inner spaces: it goes into response ids, log lines and (--enable-request-id-headers) a header
 _PRINTABLE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 
 def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
-    """The client's id: the header's, else the body's `request_id`, else None. Raises RequestError for one sent
+    """The client's id: the header's, else the body's `request_id`, else None (a header --enable-request-id-headers
+    made counts as none). Raises RequestError for one sent
     twice, too long, or not visible ASCII."""
     sent = raw_request.headers.getlist(HEADER)
     if len(sent) > 1:
         raise RequestError(f"the request has {len(sent)} {HEADER} headers; send exactly one", param=HEADER)
-    if sent:
+    state = raw_request.scope.get("state", {})
+    if sent and not (body_id is not None and state.get(MADE_ID) == sent[0]):
         return _checked(sent[0], HEADER)
-    return None if body_id is None else _checked(body_id, "request_id")
+    if body_id is None:
+        return sent[0] if sent else None
+    chosen = _checked(body_id, "request_id")
+    if MADE_ID in state:  # the response's X-Request-Id names the id the response is named by
+        state[MADE_ID] = chosen
+    return chosen
 
 
 def _checked(value: str, name: str) -> str:

@@ -82,6 +82,11 @@ def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(mak
         assert echoed.headers["x-request-id"] == "trace-4"
         made = _post(server, "/completions", COMPLETION)
         assert made.json()["id"] == f"cmpl-{made.headers['x-request-id']}"
+        for path, body, prefix in (("/completions", COMPLETION, "cmpl"), ("/chat/completions", CHAT, "chatcmpl")):
+            named = _post(server, path, {**body, "request_id": "body-3"})  # the body's id, not one made for it
+            assert (named.json()["id"], named.headers["x-request-id"]) == (f"{prefix}-body-3", "body-3")
+        assert _post(server, "/completions", {**COMPLETION, "request_id": "b"}, {"X-Request-Id": "h"}).json()[
+            "id"] == "cmpl-h"
         assert httpx.get(server.url + "/health").headers["x-request-id"]
     with live_server(make_tiny(), scripted=True) as server:
         assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
