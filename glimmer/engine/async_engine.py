@@ -155,6 +155,7 @@ class AsyncEngine:
         multimodal: list[MultimodalItem] | None = None,
         controller_factory: ControllerFactory | None = None,
         queue_limit: bool = True,
+        generated: int = 0,
     ) -> AsyncIterator[StepDelta]:
         """Stream a request's deltas until every completion finishes.
 
@@ -163,6 +164,7 @@ class AsyncEngine:
         the request's constraint fails it while generating (GrammarFailure). Closing the iterator early
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the later prompts of one API request that passed it: they are one request to its client).
+        `generated`: as LLMEngine.add_request's (a beam's tokens).
         """
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
@@ -184,8 +186,9 @@ class AsyncEngine:
                 raise EngineShuttingDownError(self._closing)
             with self._queued_lock:
                 self._queued_adds += 1
-            self._commands.put(("add", request_id, (prompt_token_ids, params, multimodal, controller_factory),
-                                listener, accepted))
+            self._commands.put(("add", request_id,
+                                (prompt_token_ids, params, multimodal, controller_factory, generated), listener,
+                                accepted))
         try:
             await asyncio.wrap_future(accepted)
         except asyncio.CancelledError:  # the client left while the request was being queued
@@ -402,9 +405,10 @@ class AsyncEngine:
                 self._queued_adds -= 1
             if not accepted.set_running_or_notify_cancel():
                 return  # the caller left while its request was queued: it is never added
-            prompt_token_ids, params, multimodal, controller_factory = args
+            prompt_token_ids, params, multimodal, controller_factory, generated = args
             try:
-                self.engine.add_request(request_id, prompt_token_ids, params, multimodal, controller_factory)
+                self.engine.add_request(request_id, prompt_token_ids, params, multimodal, controller_factory,
+                                        generated=generated)
             except BaseException as exc:
                 accepted.set_exception(exc)
                 return

@@ -472,7 +472,8 @@ class LLM:
                             if not search.done]
                 beams = [(None, beam, normalized[number][2]) for _, number, live in stepping for beam in live]
                 outputs = iter(self._run(beams, [salted[number] for _, number, live in stepping for _ in live],
-                                         use_tqdm=False, prompt_field="prompt" if single else "prompts"))
+                                         use_tqdm=False, prompt_field="prompt" if single else "prompts",
+                                         generated=[search.steps for search, _, live in stepping for _ in live]))
                 for search, _, live in stepping:
                     search.advance([next(outputs).outputs[0].logprobs[0] for _ in live])
                     bar.update(1 if search.done else 0)
@@ -483,7 +484,7 @@ class LLM:
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
              use_tqdm: bool | Callable[..., Any] | None,
              controller_factories: list[ControllerFactory | None] | None = None,
-             prompt_field: str = "messages") -> list[RequestOutput]:
+             prompt_field: str = "messages", generated: list[int] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
         name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). Calls from
@@ -495,14 +496,15 @@ class LLM:
         with self._run_lock:
             self._running_thread = threading.get_ident()
             try:
-                return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field)
+                return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field,
+                                       generated)
             finally:
                 self._running_thread = None
 
     def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
                    use_tqdm: bool | Callable[..., Any] | None,
-                   controller_factories: list[ControllerFactory | None] | None, prompt_field: str
-                   ) -> list[RequestOutput]:
+                   controller_factories: list[ControllerFactory | None] | None, prompt_field: str,
+                   generated: list[int] | None = None) -> list[RequestOutput]:
         """`_run`, with no other call of this LLM stepping its engine."""
         results: dict[str, RequestOutput] = {}
         order = []
@@ -516,7 +518,8 @@ class LLM:
                 with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
                                         prompt_field == "messages" else f"{prompt_field}[{i}]"):
                     ids, items = self.engine.truncate_prompt(ids, items, params)
-                    self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True)
+                    self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True,
+                                            generated=generated[i] if generated else 0)
                 order.append(request_id)
                 results[request_id] = RequestOutput(
                     request_id=request_id,

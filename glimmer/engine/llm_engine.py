@@ -744,6 +744,7 @@ class LLMEngine:
         controller_factory: ControllerFactory | None = None,
         *,
         clamp_max_tokens: bool = False,
+        generated: int = 0,
     ) -> None:
         """Queue a request; raises RequestError (naming the field) if it can never be served.
 
@@ -751,6 +752,8 @@ class LLMEngine:
         chat turn's grammar); otherwise `params.structured_outputs`, if set, constrains the raw text.
         clamp_max_tokens: a max_tokens past max_model_len ends the output there (finish_reason "length"), as
         vLLM's offline LLM does, instead of refusing the request as the server does (a 400).
+        generated: how many of the last prompt ids the model generated (a beam's, in beam search): placeholder ids
+        among them are embedded as decoding embeds them, not refused as the prompt's own.
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -781,7 +784,8 @@ class LLMEngine:
             raise RequestError(f"allowed_token_ids: token ids {bad[:5]} are outside the vocabulary [0, {tokens})",
                                param="allowed_token_ids")
         if not multimodal:
-            refuse_stray_placeholders(prompt_token_ids, self.model_config.image_token_id,
+            refuse_stray_placeholders(prompt_token_ids[:len(prompt_token_ids) - generated],
+                                      self.model_config.image_token_id,
                                       self.model_config.video_token_id)
         prompt_len = len(prompt_token_ids)
         max_tokens = self.generation_budget(prompt_len, params, clamp_max_tokens=clamp_max_tokens)

@@ -101,7 +101,7 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
         stepping = [(number, search.live_beams()) for number, search in enumerate(searches) if not search.done]
         # the queue limit counts this API request once, at its first beam
         streams = [context.engine.generate(f"{run_id}-{step}-{number}-{i}", beam, step_params, multimodal=multimodal,
-                                           queue_limit=step == 0 and not k)
+                                           queue_limit=step == 0 and not k, generated=step)
                    for k, (number, live) in enumerate(stepping) for i, beam in enumerate(live)]
         results = iter(await asyncio.gather(*map(_next_token, streams)))
         for number, live in stepping:

@@ -3,6 +3,7 @@ a tiny random model): the same sequences, cumulative logprobs and order."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -179,3 +180,17 @@ def test_a_prompt_with_an_image_keeps_it_in_every_beam(make_tiny):
     greedy = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0))[0]
     assert beam.tokens == greedy.prompt_token_ids + greedy.token_ids
     assert beam.cum_logprob == pytest.approx(greedy.outputs[0].cumulative_logprob, abs=1e-5)
+
+
+def test_a_beam_that_generated_a_placeholder_id_goes_on_as_greedy_decoding_does(llm, monkeypatch):
+    """A placeholder id the model generates is embedded as decoding embeds it; only the prompt's own are refused (a
+    random tiny model ranks them high: here the image placeholder is made the id greedy decoding picks first)."""
+    prompt = _prompts()[1]
+    greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=0))[0]
+    config = copy.copy(llm.engine.model_config)  # a text-only config refuses an image_token_id at construction
+    object.__setattr__(config, "image_token_id", greedy.token_ids[0])
+    monkeypatch.setattr(llm.engine, "model_config", config)
+    beam = llm.beam_search([prompt], BeamSearchParams(beam_width=1, max_tokens=4, ignore_eos=True))[0].sequences[0]
+    assert beam.tokens == prompt + greedy.token_ids
+    with pytest.raises(RequestError, match="image placeholder"):
+        llm.beam_search([prompt + greedy.token_ids[:1]], BeamSearchParams(beam_width=1, max_tokens=2))

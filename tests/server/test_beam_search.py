@@ -3,6 +3,7 @@ first, as `LLM.beam_search` finds them; what beam search cannot take is a 400 na
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
@@ -188,3 +189,16 @@ def test_a_client_request_id_names_a_beam_search_response(server):
     assert [reply.status_code for reply in replies] == [200, 200], replies[0].text
     assert [reply.json()["id"] for reply in replies] == ["chatcmpl-beams-2"] * 2
     assert replies[0].json()["choices"] == replies[1].json()["choices"]
+
+
+def test_a_beam_that_generated_a_placeholder_id_goes_on_as_greedy_decoding_does(server, monkeypatch):
+    """A placeholder id the model generates is no stray placeholder of the prompt (a 400 mid-search, before)."""
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 3, "ignore_eos": True}
+    greedy = post(server, **body, temperature=0, logprobs=0).json()["choices"][0]
+    first = server.engine.engine.tokenizer.encode(greedy["logprobs"]["tokens"][0], add_special_tokens=False)
+    config = copy.copy(server.engine.engine.model_config)  # a text-only config refuses one at construction
+    object.__setattr__(config, "image_token_id", first[0])
+    monkeypatch.setattr(server.engine.engine, "model_config", config)
+    response = post(server, **body, n=1, use_beam_search=True)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == greedy["text"]
