@@ -17,19 +17,23 @@ from glimmer.server.errors import APIError
 
 
 async def invoke(request: Request, context: ServingContext) -> Response:
-    """The chat completion or completion the body asks for. Raises APIError (400) for a body with neither
+    """The chat completion or completion the body asks for. Raises APIError (400) for a body not JSON or with neither
     `messages` nor `prompt`, and what `read_body` raises."""
     body = await read_body(request, context)
+    kind = "an /invocations body is a JSON object: a chat completion request (with `messages`) or a completion " \
+           "request (with `prompt`)"
     try:
         fields = json.loads(body)
-    except ValueError:
-        fields = None
+    except ValueError as error:
+        raise APIError(400, f"the request body is not valid JSON ({error}); {kind}") from None
+    except RecursionError:  # nested past Python's parser (the /v1 routes refuse it at 200 levels)
+        raise APIError(400, "the request body: objects and arrays nest too deeply for the server's JSON parser; "
+                            f"flatten them; {kind}") from None
     if isinstance(fields, dict) and "messages" in fields:
         return await create_chat_completion(_with_body(request, body), context)
     if isinstance(fields, dict) and "prompt" in fields:
         return await create_completion(_with_body(request, body), context)
-    raise APIError(400, "an /invocations body is a JSON object: a chat completion request (with `messages`) or a "
-                        "completion request (with `prompt`)")
+    raise APIError(400, kind)
 
 
 def _with_body(request: Request, body: bytes) -> Request:
