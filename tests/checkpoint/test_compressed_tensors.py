@@ -287,6 +287,24 @@ def test_nvfp4_activations_are_run_as_w4a16_with_a_warning(make_tiny, tmp_path):
     assert any("input_activations" in warning and "W4A16" in warning for warning in loaded.config.warnings)
 
 
+def test_a_dense_sparsity_config_loads_and_a_compressed_one_is_refused(make_tiny, tmp_path):
+    # llm-compressor writes compressed-tensors' identity sparsity format for a pruned model whose quantization format
+    # cannot hold it sparse: the weights are stored as they are
+    def sparsity(format):
+        return lambda config: config.update(sparsity_config={
+            "format": format, "global_sparsity": 0.5, "ignore": ["lm_head"], "registry_requires_subclass": False,
+            "sparsity_structure": "2:4", "targets": ["Linear"]})
+
+    source = make_tiny(seed=7)
+    write_nvfp4(source, tmp_path / "dense", config_edit=sparsity("dense"))
+    write_nvfp4(source, tmp_path / "plain")
+    assert torch.equal(logits(load_model(tmp_path / "dense", progress=False).model),
+                       logits(load_model(tmp_path / "plain", progress=False).model))
+    write_nvfp4(source, tmp_path / "sparse", config_edit=sparsity("sparse-24-bitmask"))
+    with pytest.raises(CheckpointError, match=r"quantization_config\.sparsity_config is set \(sparse weights\)"):
+        load_model(tmp_path / "sparse", progress=False)
+
+
 def _group(**weights):
     return {"targets": ["Linear"], "weights": dict(NVFP4_WEIGHTS, **weights), "format": "nvfp4-pack-quantized"}
 
