@@ -268,6 +268,18 @@ def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp
     assert quantized == 8 * len(LINEARS)
 
 
+def test_make_tiny_writes_a_drafter_for_a_quantized_target_that_decodes_as_the_target(nvfp4, tmp_path):
+    from glimmer.cli import main
+
+    directory, _ = nvfp4
+    assert main(["make-tiny", str(tmp_path / "drafter"), "--drafter-for", str(directory)]) == 0
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = LLM(str(directory), progress=False).generate([IDS[:20]], params)[0].outputs[0].token_ids
+    llm = LLM(str(directory), quantization="compressed-tensors", progress=False,
+              speculative_config={"method": "dflash", "model": str(tmp_path / "drafter")})
+    assert llm.generate([IDS[:20]], params)[0].outputs[0].token_ids == alone
+
+
 @pytest.mark.parametrize(("flags", "said"), [(["--layout", "native"], "the native layout (--layout native)"),
                                              (["--config-only"], "config_only (--config-only)")])
 def test_make_tiny_quantize_is_refused_where_it_does_not_apply(tmp_path, capsys, flags, said):
