@@ -155,8 +155,8 @@ def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:
             f"{source}: {name}.quant_method={method!r} is not supported; Glimmer reads quantized safetensors "
             f"checkpoints only as compressed-tensors NVFP4 (quant_method {QUANT_METHOD!r}, format {NVFP4_FORMAT!r}): "
             "use that release, the unquantized (bf16) checkpoint, or a GGUF")
-    top_format = spec.get("format")
-    if top_format not in (NVFP4_FORMAT, "mixed-precision"):
+    top_format = spec.get("format")  # absent: each config group names its own (as vLLM reads it)
+    if top_format not in (NVFP4_FORMAT, "mixed-precision", None):
         raise _unsupported(source, f"{name}.format", top_format)
     status = spec.get("quantization_status", "compressed")
     if status != "compressed":

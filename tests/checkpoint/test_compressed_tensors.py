@@ -317,6 +317,22 @@ def test_a_dense_sparsity_config_loads_and_a_compressed_one_is_refused(make_tiny
         load_model(tmp_path / "sparse", progress=False)
 
 
+def test_a_config_whose_format_only_its_groups_name_loads(make_tiny, tmp_path):
+    source = make_tiny(seed=7)
+    write_nvfp4(source, tmp_path / "grouped", config_edit=lambda config: config.pop("format"))
+    write_nvfp4(source, tmp_path / "plain")
+    assert torch.equal(logits(load_model(tmp_path / "grouped", progress=False).model),
+                       logits(load_model(tmp_path / "plain", progress=False).model))
+
+    def neither(config):
+        config.pop("format")
+        config["config_groups"]["group_0"].pop("format")
+
+    write_nvfp4(source, tmp_path / "neither", config_edit=neither)
+    with pytest.raises(CheckpointError, match=r"config_groups\.group_0\.format=None is not supported"):
+        load_model(tmp_path / "neither", progress=False)
+
+
 def _group(**weights):
     return {"targets": ["Linear"], "weights": dict(NVFP4_WEIGHTS, **weights), "format": "nvfp4-pack-quantized"}
 
