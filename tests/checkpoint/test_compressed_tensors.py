@@ -215,6 +215,17 @@ def test_glimmer_inspect_prints_the_quantization(nvfp4, capsys):
     assert "quantization:    NVFP4 W4A16" in out and "64 modules (mlp.down_proj, " in out
 
 
+def test_glimmer_inspect_prints_the_quantization_of_a_config_alone(nvfp4, tmp_path, capsys):
+    from glimmer.cli import main
+
+    shutil.copytree(nvfp4[0], tmp_path / "config-only", ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    assert main(["inspect", str(tmp_path / "config-only")]) == 0
+    out = capsys.readouterr().out
+    assert "format:          config-only\n" in out
+    assert ("quantization:    NVFP4 W4A16: FP4 E2M1 weights" in out
+            and "(compressed-tensors, nvfp4-pack-quantized); config only, no weights\n" in out)
+
+
 def test_vllm_safetensors_load_format_and_dummy_weights_read_it(nvfp4):
     from glimmer.engine.config_checks import check_weight_format
 
