@@ -125,6 +125,19 @@ def test_packed_weights_and_their_scales_lie_in_different_shards(nvfp4):
     assert weight_map[f"{module}.weight_packed"] != weight_map[f"{module}.weight_scale"]
 
 
+def test_a_packed_weight_the_index_maps_to_its_scales_shard_is_refused_naming_both_shards(nvfp4, tmp_path):
+    directory = tmp_path / "misplaced"
+    shutil.copytree(nvfp4[0], directory)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    name = "model.language_model.layers.2.mlp.down_proj.weight_packed"  # in the first shard, its scales in the second
+    assert index["weight_map"][name] == "model-00001-of-00002.safetensors"
+    index["weight_map"][name] = "model-00002-of-00002.safetensors"
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=rf"maps '{name}' to model-00002-of-00002\.safetensors, but that shard "
+                                              r"does not contain it \(it is in model-00001-of-00002\.safetensors\)"):
+        load_model(directory, progress=False)
+
+
 def test_every_weight_is_the_independent_dequantization(nvfp4):
     directory, plain = nvfp4
     loaded = load_model(directory, progress=False).model.state_dict()
