@@ -89,6 +89,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"quantization:    {quantization['scheme']} ({quantization['method']}, {quantization['format']}); "
               f"{quantization['quantized_modules']} modules ({', '.join(quantization['quantized_module_kinds'])}), "
               f"{quantization['quantized_bytes']:,} bytes on disk; dequantized to {quantization['dequantized_to']}")
+    elif report.quantization:  # a config alone: its quantization_config was checked, but there is nothing to read
+        quantization = report.quantization
+        print(f"quantization:    {quantization['scheme']} ({quantization['method']}, {quantization['format']}); "
+              "config only, no weights")
     print(f"config layout:   {config.config_layout}")
     print(f"weight layout:   {report.weight_layout}")
     print(f"RoPE layout:     {report.rope_layout}")

@@ -464,14 +464,14 @@ def write_tiny_drafter(
     """Write a random DFlash drafter that fits the checkpoint at `target_dir`: config.json (HF keys) with
     model.safetensors (canonical) or head.pt (native: fused wqkv/fc1, interleaved RoPE rows). Weights an
     earlier checkpoint left in `out_dir` are removed (see remove_weight_files)."""
-    from glimmer.checkpoint.config_layouts import load_config
     from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN, drafter_config_to_dict
+    from glimmer.checkpoint.formats import open_checkpoint
     from glimmer.engine.tokenizer import Tokenizer
 
     if layout not in TINY_DRAFTER_LAYOUTS:
         raise ConfigError(f"drafter layout={layout!r} is not one of {sorted(TINY_DRAFTER_LAYOUTS)}")
     check_seed(seed)
-    target = load_config(target_dir)
+    target = open_checkpoint(target_dir, weights=False).config  # by its reader: a quantized target's too
     mask_token_id = Tokenizer.from_dir(target_dir).require_token_id(RELEASED_MASK_TOKEN)
     config = tiny_drafter_config(target, mask_token_id, spec)
     config.check_fits(target.text)

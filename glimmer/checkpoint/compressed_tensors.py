@@ -7,7 +7,8 @@ What the format is, as compressed-tensors writes and reads it (`compressors/nvfp
   "nvfp4-pack-quantized"` and `config_groups` whose `weights` are 4-bit floats (`type: float`, `num_bits: 4`) in
   groups of 16 inputs with a per-tensor global scale (`strategy: tensor_group`), symmetric. Any other method,
   format, bit width, group size (MXFP4's 32), strategy, an asymmetric or dynamic weight scheme, quantized outputs, a
-  KV-cache scheme, sparsity or transforms are refused naming the field; so are config groups of mixed schemes.
+  KV-cache scheme, sparsity (but for the `dense` sparsity format, weights stored as they are) or transforms are
+  refused naming the field; so are config groups of mixed schemes.
   NVFP4 activations (W4A4) are not applied: the model runs W4A16, with a warning (as vLLM does on GPUs without FP4).
 * A quantized Linear `M` stores `M.weight_packed` (uint8 [out, in/2]: two E2M1 codes a byte, the LOW nibble
   first; a code is a sign bit over an index into 0, 0.5, 1, 1.5, 2, 3, 4, 6), `M.weight_scale` (float8_e4m3fn
@@ -154,8 +155,8 @@ def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:
             f"{source}: {name}.quant_method={method!r} is not supported; Glimmer reads quantized safetensors "
             f"checkpoints only as compressed-tensors NVFP4 (quant_method {QUANT_METHOD!r}, format {NVFP4_FORMAT!r}): "
             "use that release, the unquantized (bf16) checkpoint, or a GGUF")
-    top_format = spec.get("format")
-    if top_format not in (NVFP4_FORMAT, "mixed-precision"):
+    top_format = spec.get("format")  # absent: each config group names its own (as vLLM reads it)
+    if top_format not in (NVFP4_FORMAT, "mixed-precision", None):
         raise _unsupported(source, f"{name}.format", top_format)
     status = spec.get("quantization_status", "compressed")
     if status != "compressed":
@@ -164,7 +165,10 @@ def read_quantization_config(spec: Any, source: str) -> tuple[str, ...]:
                               "compressed (llm-compressor's save_compressed=True)")
     for key, what in (("kv_cache_scheme", "a quantized KV cache"), ("sparsity_config", "sparse weights"),
                       ("transform_config", "weight transforms")):
-        if spec.get(key):
+        value = spec.get(key)
+        if key == "sparsity_config" and isinstance(value, Mapping) and value.get("format") == "dense":
+            continue  # compressed-tensors' identity sparsity format: a pruned model's weights stored as they are
+        if value:
             raise CheckpointError(f"{source}: {name}.{key} is set ({what}), which Glimmer does not read; use a "
                                   f"checkpoint quantized to {SCHEME} alone")
     groups = spec.get("config_groups")

@@ -149,6 +149,15 @@ class SafetensorsCheckpoint:
         for name in unlisted:
             if name in indexed:
                 mapped = next(other for other, names in files.items() if names is not None and name in names)
+                try:
+                    with safe_open(mapped, framework="pt") as handle:
+                        misplaced = name not in handle.keys()
+                except Exception:  # a damaged shard: reported when it is read
+                    misplaced = False
+                if misplaced:  # one copy, in a shard the index does not map it to
+                    raise CheckpointError(
+                        f"{self.directory / INDEX_FILE} maps {name!r} to {mapped.name}, but that shard does not "
+                        f"contain it (it is in {file.name}); the index and the shards disagree: regenerate the index")
                 raise CheckpointError(
                     f"tensor {name!r} is in both {file.name} and {mapped.name}, and {self.directory / INDEX_FILE} "
                     f"maps it to {mapped.name}: two copies of a weight (or two checkpoints' shards); regenerate the "

@@ -125,6 +125,19 @@ def test_packed_weights_and_their_scales_lie_in_different_shards(nvfp4):
     assert weight_map[f"{module}.weight_packed"] != weight_map[f"{module}.weight_scale"]
 
 
+def test_a_packed_weight_the_index_maps_to_its_scales_shard_is_refused_naming_both_shards(nvfp4, tmp_path):
+    directory = tmp_path / "misplaced"
+    shutil.copytree(nvfp4[0], directory)
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    name = "model.language_model.layers.2.mlp.down_proj.weight_packed"  # in the first shard, its scales in the second
+    assert index["weight_map"][name] == "model-00001-of-00002.safetensors"
+    index["weight_map"][name] = "model-00002-of-00002.safetensors"
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=rf"maps '{name}' to model-00002-of-00002\.safetensors, but that shard "
+                                              r"does not contain it \(it is in model-00001-of-00002\.safetensors\)"):
+        load_model(directory, progress=False)
+
+
 def test_every_weight_is_the_independent_dequantization(nvfp4):
     directory, plain = nvfp4
     loaded = load_model(directory, progress=False).model.state_dict()
@@ -215,6 +228,17 @@ def test_glimmer_inspect_prints_the_quantization(nvfp4, capsys):
     assert "quantization:    NVFP4 W4A16" in out and "64 modules (mlp.down_proj, " in out
 
 
+def test_glimmer_inspect_prints_the_quantization_of_a_config_alone(nvfp4, tmp_path, capsys):
+    from glimmer.cli import main
+
+    shutil.copytree(nvfp4[0], tmp_path / "config-only", ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    assert main(["inspect", str(tmp_path / "config-only")]) == 0
+    out = capsys.readouterr().out
+    assert "format:          config-only\n" in out
+    assert ("quantization:    NVFP4 W4A16: FP4 E2M1 weights" in out
+            and "(compressed-tensors, nvfp4-pack-quantized); config only, no weights\n" in out)
+
+
 def test_vllm_safetensors_load_format_and_dummy_weights_read_it(nvfp4):
     from glimmer.engine.config_checks import check_weight_format
 
@@ -268,6 +292,18 @@ def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp
     assert quantized == 8 * len(LINEARS)
 
 
+def test_make_tiny_writes_a_drafter_for_a_quantized_target_that_decodes_as_the_target(nvfp4, tmp_path):
+    from glimmer.cli import main
+
+    directory, _ = nvfp4
+    assert main(["make-tiny", str(tmp_path / "drafter"), "--drafter-for", str(directory)]) == 0
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = LLM(str(directory), progress=False).generate([IDS[:20]], params)[0].outputs[0].token_ids
+    llm = LLM(str(directory), quantization="compressed-tensors", progress=False,
+              speculative_config={"method": "dflash", "model": str(tmp_path / "drafter")})
+    assert llm.generate([IDS[:20]], params)[0].outputs[0].token_ids == alone
+
+
 @pytest.mark.parametrize(("flags", "said"), [(["--layout", "native"], "the native layout (--layout native)"),
                                              (["--config-only"], "config_only (--config-only)")])
 def test_make_tiny_quantize_is_refused_where_it_does_not_apply(tmp_path, capsys, flags, said):
@@ -285,6 +321,40 @@ def test_nvfp4_activations_are_run_as_w4a16_with_a_warning(make_tiny, tmp_path):
     write_nvfp4(make_tiny(seed=7), tmp_path / "w4a4", config_edit=w4a4)
     loaded = load_model(tmp_path / "w4a4", progress=False)
     assert any("input_activations" in warning and "W4A16" in warning for warning in loaded.config.warnings)
+
+
+def test_a_dense_sparsity_config_loads_and_a_compressed_one_is_refused(make_tiny, tmp_path):
+    # llm-compressor writes compressed-tensors' identity sparsity format for a pruned model whose quantization format
+    # cannot hold it sparse: the weights are stored as they are
+    def sparsity(format):
+        return lambda config: config.update(sparsity_config={
+            "format": format, "global_sparsity": 0.5, "ignore": ["lm_head"], "registry_requires_subclass": False,
+            "sparsity_structure": "2:4", "targets": ["Linear"]})
+
+    source = make_tiny(seed=7)
+    write_nvfp4(source, tmp_path / "dense", config_edit=sparsity("dense"))
+    write_nvfp4(source, tmp_path / "plain")
+    assert torch.equal(logits(load_model(tmp_path / "dense", progress=False).model),
+                       logits(load_model(tmp_path / "plain", progress=False).model))
+    write_nvfp4(source, tmp_path / "sparse", config_edit=sparsity("sparse-24-bitmask"))
+    with pytest.raises(CheckpointError, match=r"quantization_config\.sparsity_config is set \(sparse weights\)"):
+        load_model(tmp_path / "sparse", progress=False)
+
+
+def test_a_config_whose_format_only_its_groups_name_loads(make_tiny, tmp_path):
+    source = make_tiny(seed=7)
+    write_nvfp4(source, tmp_path / "grouped", config_edit=lambda config: config.pop("format"))
+    write_nvfp4(source, tmp_path / "plain")
+    assert torch.equal(logits(load_model(tmp_path / "grouped", progress=False).model),
+                       logits(load_model(tmp_path / "plain", progress=False).model))
+
+    def neither(config):
+        config.pop("format")
+        config["config_groups"]["group_0"].pop("format")
+
+    write_nvfp4(source, tmp_path / "neither", config_edit=neither)
+    with pytest.raises(CheckpointError, match=r"config_groups\.group_0\.format=None is not supported"):
+        load_model(tmp_path / "neither", progress=False)
 
 
 def _group(**weights):
