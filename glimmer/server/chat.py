@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,38 +192,58 @@ def limit_named_as_sent(error: RequestError, request: ChatCompletionRequest) -> 
     return RequestError(_MAX_TOKENS.sub(limit_field, str(error)), param=param)
 
 
-async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
-                         arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
-    """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
-    overloaded or stopped engine, or a client that left (the request is then aborted)."""
-    model_name = context.check_model(request.model)
-    client_id = client_request_id(raw_request, request.request_id)
+@contextlib.contextmanager
+def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
+    """A RequestError raised inside, naming the token limit as the request set it (`limit_named_as_sent`)."""
     try:
-        params = chat_sampling_params(request, context)
+        yield
     except RequestError as error:
         renamed = limit_named_as_sent(error, request)
         if renamed is None:
             raise
         raise renamed from error
+
+
+async def _prepared_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest, arrival: float,
+                        choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]]) -> ChatRun:
+    """The run of a chat request, rendered and truncated, named by the client's request id where it sent one (the
+    engine's id then unique to it: requests in flight may share the client's)."""
+    model_name = context.check_model(request.model)
+    client_id = client_request_id(raw_request, request.request_id)
+    with _limit_named_as_sent(request):
+        params = chat_sampling_params(request, context)
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
     # vLLM's truncate_prompt_tokens keeps the rendered prompt's end, the generation prompt the reply is parsed after
     prompt.token_ids, prompt.multimodal = context.engine.engine.truncate_prompt(prompt.token_ids, prompt.multimodal,
                                                                                params)
     apply_default_max_tokens(params, context, len(prompt.token_ids))
-    stop = stop_strings(request)
-    hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
-    choices = [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
-                            include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
-                            min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
-                            continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
-               for i in range(params.n)]
-    run = ChatRun(context, request, prompt, model_name, choices, RequestTimer(context.metrics, arrival), params)
+    run = ChatRun(context, request, prompt, model_name, choices(prompt, params), RequestTimer(context.metrics, arrival),
+                  params)
     if client_id is None:
         run.engine_id = run.id
     else:
         run.id = f"chatcmpl-{client_id}"
         run.engine_id = engine_request_id(run.id)
-    stream = context.engine.generate(run.engine_id, prompt.token_ids, params, multimodal=prompt.multimodal,
+    return run
+
+
+async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
+                         arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
+    """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
+    overloaded or stopped engine, or a client that left (the request is then aborted)."""
+    stop = stop_strings(request)
+    hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
+
+    def choices(prompt: ChatPrompt, params: SamplingParams) -> list[ChoiceStream]:
+        return [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
+                             include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
+                             min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
+                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
+                for i in range(params.n)]
+
+    run = await _prepared_run(raw_request, context, request, arrival, choices)
+    prompt = run.prompt
+    stream = context.engine.generate(run.engine_id, prompt.token_ids, run.params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory)
     try:
         first = await until_disconnect(raw_request, anext(stream))
@@ -242,34 +262,12 @@ async def start_beam_search_run(raw_request: Request, context: ServingContext, r
                                 arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """`start_chat_run` for `use_beam_search` (server/beam_search.py): render, search, and hand over each of the best
     beams, best first, as one whole delta of its choice, which is read as any reply is."""
-    model_name = context.check_model(request.model)
-    client_id = client_request_id(raw_request, request.request_id)
     beam = beam_search_params(request)
-    try:
-        params = chat_sampling_params(request, context)
-    except RequestError as error:
-        renamed = limit_named_as_sent(error, request)
-        if renamed is None:
-            raise
-        raise renamed from error
-    prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
-    engine = context.engine.engine
-    prompt.token_ids, prompt.multimodal = engine.truncate_prompt(prompt.token_ids, prompt.multimodal, params)
-    apply_default_max_tokens(params, context, len(prompt.token_ids))
-    run = ChatRun(context, request, prompt, model_name, [], RequestTimer(context.metrics, arrival), params)
-    if client_id is None:
-        run.engine_id = run.id
-    else:
-        run.id = f"chatcmpl-{client_id}"
-        run.engine_id = engine_request_id(run.id)
-    try:
+    run = await _prepared_run(raw_request, context, request, arrival, lambda prompt, params: [])
+    prompt, params = run.prompt, run.params
+    with _limit_named_as_sent(request):
         searches, cached = await until_disconnect(raw_request, run_beam_search(
             context, run.engine_id, [prompt.token_ids], beam, params, prompt.multimodal))
-    except RequestError as error:
-        renamed = limit_named_as_sent(error, request)
-        if renamed is None:
-            raise
-        raise renamed from error
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
     deltas = []
     for rank, sequence in enumerate(searches[0].results(context.tokenizer, context.tokenizer.eos_token_id).sequences):
