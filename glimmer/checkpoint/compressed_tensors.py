@@ -386,10 +386,7 @@ def _module_kind(module: str) -> str:
 
 
 def _bytes(info: TensorInfo) -> int:
-    count = 1
-    for size in info.shape:
-        count *= size
-    return count * _DTYPE_BYTES.get(info.dtype, 4)
+    return math.prod(info.shape) * _DTYPE_BYTES.get(info.dtype, 4)
 
 
 # Writing (`glimmer make-tiny --quantize nvfp4`): what llm-compressor's NVFP4A16 recipe writes, for test artifacts

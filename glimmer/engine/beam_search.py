@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from glimmer.engine.outputs import PositionLogprobs
 from glimmer.engine.sampler import TokenLogprobs
-from glimmer.engine.sampling_params import MAX_LOGPROBS, plain_number
+from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, plain_number
 from glimmer.errors import RequestError
 
 if TYPE_CHECKING:
@@ -25,10 +25,6 @@ if TYPE_CHECKING:
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 """Each beam's candidates are its 2 * beam_width most likely tokens, read as logprobs, at most MAX_LOGPROBS (vLLM's
 default max_logprobs bounds its beam width the same way)."""
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass
@@ -59,11 +55,11 @@ class BeamSearchParams:
         dataclass is mutable). NumPy scalars are taken as the Python numbers they hold, as SamplingParams takes them."""
         for name in ("beam_width", "max_tokens", "temperature", "length_penalty"):
             setattr(self, name, plain_number(getattr(self, name)))
-        if not (_is_int(self.beam_width) and 1 <= self.beam_width <= MAX_BEAM_WIDTH):
+        if not (is_int(self.beam_width) and 1 <= self.beam_width <= MAX_BEAM_WIDTH):
             raise RequestError(f"beam_width: must be an integer from 1 to {MAX_BEAM_WIDTH} (each beam's candidates "
                                f"are its 2 * beam_width most likely tokens, at most {MAX_LOGPROBS} logprobs), not "
                                f"{self.beam_width!r}", param="beam_width")
-        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
+        if not (is_int(self.max_tokens) and self.max_tokens >= 1):
             raise RequestError(f"max_tokens: must be an integer >= 1, not {self.max_tokens!r}", param="max_tokens")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
@@ -77,6 +73,16 @@ class BeamSearchParams:
                 and math.isfinite(self.length_penalty)):
             raise RequestError(f"length_penalty: must be a finite number, not {self.length_penalty!r}",
                                param="length_penalty")
+
+    def stop_ids(self, checkpoint_stop_ids: Collection[int]) -> frozenset[int]:
+        """The ids that end a beam: the checkpoint's stop ids, none under ignore_eos."""
+        return frozenset() if self.ignore_eos else frozenset(checkpoint_stop_ids)
+
+    def step_params(self, cache_salt: str | None = None) -> SamplingParams:
+        """What each beam's one-token request of a step runs with: greedy, its 2 * beam_width most likely tokens as
+        logprobs (the candidates), no stop (the search decides what ends a beam)."""
+        return SamplingParams(temperature=0, max_tokens=1, logprobs=2 * self.beam_width, ignore_eos=True,
+                              cache_salt=cache_salt)
 
 
 @dataclass

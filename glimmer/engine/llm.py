@@ -455,8 +455,8 @@ class LLM:
         params.validate()
         normalized = self._normalize_prompts(prompts)
         single = _is_single_prompt(prompts)
-        stop_ids = frozenset() if params.ignore_eos else frozenset(self.engine.generation_defaults.stop_token_ids)
-        step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True)
+        stop_ids = params.stop_ids(self.engine.generation_defaults.stop_token_ids)
+        step_params = params.step_params()
         searches, salted = [], []
         for i, ((_, ids, _), prompt) in enumerate(zip(normalized, [prompts] if single else prompts, strict=True)):
             name = "prompt" if single else f"prompts[{i}]"

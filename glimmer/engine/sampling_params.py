@@ -73,7 +73,7 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -293,7 +293,7 @@ class SamplingParams:
                 setattr(self, name, [plain_number(t) for t in getattr(self, name)])
         if isinstance(self.logit_bias, dict):
             self.logit_bias = {plain_number(t): plain_number(b) for t, b in self.logit_bias.items()}
-        if _is_int(self.seed) and self.seed == -1:  # vLLM's "no seed": a fresh draw each request, not stream -1
+        if is_int(self.seed) and self.seed == -1:  # vLLM's "no seed": a fresh draw each request, not stream -1
             self.seed = None
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is True:  # vLLM's: one most likely alternative, as OpenAI's `logprobs: true` asks
@@ -316,7 +316,7 @@ class SamplingParams:
                 "max_tokens",
                 "must be an integer >= 0",
             )
-        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
+        _check(is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
@@ -326,9 +326,9 @@ class SamplingParams:
             "must be non-negative integers",
         )
         if self.seed is not None:
-            _check(_is_int(self.seed) and SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed",
+            _check(is_int(self.seed) and SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed",
                    "must be an integer in [-2**63, 2**64)")
-            extra = self.n - 1 if _is_int(self.n) and self.n > 1 else 0
+            extra = self.n - 1 if is_int(self.n) and self.n > 1 else 0
             _check(self.seed + extra < SEED_RANGE[1], "seed",
                    f"seed + n - 1 must be below 2**64, since completion i draws with seed + i; with n={extra + 1} "
                    f"the seed may be at most {SEED_RANGE[1] - 1 - extra}")
@@ -338,7 +338,7 @@ class SamplingParams:
                "must be a boolean (or None for the default)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _check(not (_is_int(value) and value == -1), name, EVERY_TOKEN_LOGPROBS_REFUSAL)
+            _check(not (is_int(value) and value == -1), name, EVERY_TOKEN_LOGPROBS_REFUSAL)
             if value is not None:
                 _check(
                     isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOGPROBS,
@@ -354,7 +354,7 @@ class SamplingParams:
             "repetition_penalty",
             f"must be a number in [{low:g}, {high:g}] (1 = off; beyond that range float32 logits overflow)",
         )
-        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
+        _check(is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
         if self.structured_outputs is not None:
@@ -368,12 +368,12 @@ class SamplingParams:
             count = len(self.allowed_token_ids) if isinstance(self.allowed_token_ids, list) else 0
             _check(0 < count <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids",
                    f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (None: every token)")
-            bad = [t for t in self.allowed_token_ids if not (_is_int(t) and t >= 0)]
+            bad = [t for t in self.allowed_token_ids if not (is_int(t) and t >= 0)]
             _check(not bad, "allowed_token_ids", f"{bad[0]!r} is not a token id (an integer >= 0)" if bad else "")
             _check(self.structured_outputs is None, "allowed_token_ids",
                    "cannot be combined with structured_outputs: the grammar decides which tokens may follow; drop one")
         if self.truncate_prompt_tokens is not None:
-            _check(_is_int(self.truncate_prompt_tokens) and (self.truncate_prompt_tokens >= 1
+            _check(is_int(self.truncate_prompt_tokens) and (self.truncate_prompt_tokens >= 1
                                                              or self.truncate_prompt_tokens == -1),
                    "truncate_prompt_tokens", f"must be an integer >= 1 (the prompt's last tokens kept) or -1 "
                    f"(max_model_len), not {self.truncate_prompt_tokens!r} (None: no truncation)")
@@ -390,7 +390,7 @@ class SamplingParams:
                    f"must be a dict of token id → bias with at most {MAX_LOGIT_BIAS_ENTRIES} entries")
             low, high = LOGIT_BIAS_RANGE
             for token, bias in self.logit_bias.items():
-                _check(_is_int(token) and token >= 0, "logit_bias",
+                _check(is_int(token) and token >= 0, "logit_bias",
                        f"key {token!r} is not a token id (an integer >= 0)")
                 _check(_is_number(bias) and low <= bias <= high, "logit_bias",
                        f"the bias of token {token} must be a number in [{low:g}, {high:g}]")

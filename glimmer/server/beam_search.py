@@ -91,10 +91,9 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
     salt; `multimodal`: the media of a single prompt); returns the searches and each prompt's cached prompt tokens (as
     its first step read them)."""
     engine = context.engine.engine
-    stop_ids = frozenset() if params.ignore_eos else frozenset(engine.generation_defaults.stop_token_ids)
+    stop_ids = params.stop_ids(engine.generation_defaults.stop_token_ids)
     searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation)) for ids in prompts]
-    step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True,
-                                 cache_salt=generation.cache_salt)
+    step_params = params.step_params(generation.cache_salt)
     cached = [0] * len(prompts)
     step = 0
     while not all(search.done for search in searches):
