@@ -1,5 +1,8 @@
 """A client's own request id, as vLLM takes it: the `X-Request-Id` header, else the body's `request_id`.
 
+An empty header or `request_id` is none sent: the server makes the id, as for a request without one (vLLM would name
+the response `chatcmpl-`, the same for every such request; a proxy that forwards an unset variable sends one empty).
+
 The response's id is built on it (`chatcmpl-<id>`, `cmpl-<id>`), so that a gateway's logs and the client's meet. The
 engine's id adds a random suffix: two requests in flight with one client id (a retry, a proxy's constant) must not
 share the engine's bookkeeping, as vLLM's frontend makes its ids unique too.
@@ -25,9 +28,9 @@ _PRINTABLE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
     """The client's id: the header's, else the body's `request_id`, else None (a header --enable-request-id-headers
-    made counts as none). Raises RequestError for one sent
-    twice, too long, or not visible ASCII."""
-    sent = raw_request.headers.getlist(HEADER)
+    made, or an empty one, counts as none). Raises RequestError for one sent twice, too long, or not visible ASCII."""
+    sent = [value for value in raw_request.headers.getlist(HEADER) if value]
+    body_id = body_id or None
     if len(sent) > 1:
         raise RequestError(f"the request has {len(sent)} {HEADER} headers; send exactly one", param=HEADER)
     state = raw_request.scope.get("state", {})

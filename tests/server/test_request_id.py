@@ -61,10 +61,23 @@ def test_requests_in_flight_may_share_an_id(server):
     assert {chunk["id"] for chunk in rest} == {"chatcmpl-same"}
 
 
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_an_empty_id_is_none_sent(server, path):
+    """An empty X-Request-Id header or request_id (a proxy forwarding an unset variable) is answered as one left
+    out, with an id made for it (vLLM answers it too; a 400 here before); an empty header leaves the body's id
+    to name it."""
+    body, prefix = (CHAT, "chatcmpl-") if path == "/chat/completions" else (COMPLETION, "cmpl-")
+    made = [_post(server, path, {**body, **fields}, {"X-Request-Id": ""}) for fields in ({}, {"request_id": ""})]
+    for response in made:
+        assert response.status_code == 200, response.text
+        assert response.json()["id"].startswith(prefix) and len(response.json()["id"]) > len(prefix) + 8
+    assert made[0].json()["id"] != made[1].json()["id"]
+    assert _post(server, path, {**body, "request_id": "b-5"}, {"X-Request-Id": ""}).json()["id"] == f"{prefix}b-5"
+
+
 @pytest.mark.parametrize(("headers", "fields", "param"), [
     ({"X-Request-Id": "x" * 257}, {}, "X-Request-Id"),
     ({}, {"request_id": "a\nb"}, "request_id"),
-    ({}, {"request_id": ""}, "request_id"),
     ({}, {"request_id": "caf\u00e9"}, "request_id"),
     ([("X-Request-Id", "a"), ("X-Request-Id", "b")], {}, "X-Request-Id"),
 ])
@@ -88,5 +101,10 @@ def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(mak
         assert _post(server, "/completions", {**COMPLETION, "request_id": "b"}, {"X-Request-Id": "h"}).json()[
             "id"] == "cmpl-h"
         assert httpx.get(server.url + "/health").headers["x-request-id"]
+        empty = _post(server, "/completions", COMPLETION, {"X-Request-Id": ""})  # one made, as for none sent
+        assert empty.status_code == 200, empty.text
+        assert empty.json()["id"] == f"cmpl-{empty.headers['x-request-id']}" != "cmpl-"
+        named = _post(server, "/completions", {**COMPLETION, "request_id": "body-6"}, {"X-Request-Id": ""})
+        assert (named.json()["id"], named.headers["x-request-id"]) == ("cmpl-body-6", "body-6")
     with live_server(make_tiny(), scripted=True) as server:
         assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
