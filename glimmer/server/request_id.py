@@ -38,8 +38,25 @@ def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
         return _checked(sent[0], HEADER)
     if body_id is None:
         return sent[0] if sent else None
+    return _body_id(raw_request, body_id)
+
+
+def response_id(raw_request: Request, body_id: str | None) -> str:
+    """The id of a Responses request's response, as vLLM's: the body's `request_id` as sent, else `resp_` and the id
+    --enable-request-id-headers made, else a new one. The `X-Request-Id` header names no response (vLLM's ignores it):
+    a response is stored by its id, which a proxy's constant header would give every response. Raises RequestError for
+    a `request_id` too long or not visible ASCII."""
+    if body_id:
+        return _body_id(raw_request, body_id)
+    return f"resp_{raw_request.scope.get('state', {}).get(MADE_ID) or uuid.uuid4().hex}"
+
+
+def _body_id(raw_request: Request, body_id: str) -> str:
+    """The body's `request_id`, checked; with --enable-request-id-headers it replaces the id made for the response's
+    `X-Request-Id`, which then names the id the response is named by."""
     chosen = _checked(body_id, "request_id")
-    if MADE_ID in state:  # the response's X-Request-Id names the id the response is named by
+    state = raw_request.scope.get("state", {})
+    if MADE_ID in state:
         state[MADE_ID] = chosen
     return chosen
 
