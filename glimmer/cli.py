@@ -346,7 +346,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         finally:
             engine.shutdown()
     shown = "stdout" if args.output_file == "-" else args.output_file
-    failed = f", {summary.failed} failed (see their `error`, or their `response` status and body)" * bool(
+    failed = f", {summary.failed} failed (see their `error`)" * bool(
         summary.failed)
     records = f"{summary.written} record{'s' * (summary.written != 1)}"
     print(f"run-batch: wrote {records} to {shown}: {summary.succeeded} answered with status 200{failed}",

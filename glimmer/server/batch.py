@@ -7,10 +7,11 @@ requests are in flight at once, so that the engine batches them; the records are
 run_batch writes them), one OpenAI batch output record a line:
 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`.
 
-A request the server answered has its `response` (a refused one has the server's status and OpenAI error body) and
-`error` null. A line that is no request the server could answer (not JSON, no `custom_id`, a `custom_id` an earlier
-line has, a method or URL not served, `stream: true`) has `response` null and `error` OpenAI's batch error object
-`{"code", "message", "param", "line"}`; the batch goes on.
+A request the server answered 200 has the answer in `response.body` and `error` null. A failed one is written as
+vLLM's run_batch writes it: `response.body` null, `response.status_code` the server's status and `error` its OpenAI
+error body, `{"error": {"message", "type", "param", "code"}}`. A line that is no request the server could answer (not
+JSON, no `custom_id`, a `custom_id` an earlier line has, a method or URL not served, `stream: true`) fails so too, with
+status 400 (vLLM's) and `error.error.line` its line; the batch goes on.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def parse_batch_input(data: bytes) -> list[BatchLine]:
 
 
 def _line_error(number: int, custom_id: str | None, code: str, message: str, param: str | None = None) -> BatchLine:
-    return BatchLine(number, custom_id, error={"code": code, "message": f"line {number}: {message}", "param": param,
-                                               "line": number})
+    return BatchLine(number, custom_id, error={"error": {"message": f"line {number}: {message}",
+                                                         "type": "invalid_request_error", "param": param, "code": code,
+                                                         "line": number}})
 
 
 def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
@@ -176,7 +178,7 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
             written = records.pop(summary.written)
             write(written)
             summary.written += 1
-            summary.succeeded += written["response"] is not None and written["response"]["status_code"] == 200
+            summary.succeeded += written["error"] is None
 
     async def run(index: int, line: BatchLine) -> None:
         try:
@@ -191,7 +193,7 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
     try:
         for index, line in enumerate(lines):
             if line.error is not None:
-                ready(index, _record(line.custom_id, None, line.error))
+                ready(index, _record(line.custom_id, 400, line.error))
                 continue
             await limit.acquire()  # a task only for a request that may start: a file of millions stays small
             if stop.is_set():
@@ -228,8 +230,7 @@ async def _answer(app: ASGIApp, line: BatchLine, stop: asyncio.Event) -> dict[st
         if not overloaded or stop.is_set():
             break
         await asyncio.sleep(OVERLOADED_RETRY_S)
-    return _record(line.custom_id, {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": body},
-                   None)
+    return _record(line.custom_id, status, body)
 
 
 async def _post(app: ASGIApp, path: str, body: bytes, stop: asyncio.Event) -> tuple[int, bytes]:
@@ -268,5 +269,9 @@ async def _post(app: ASGIApp, path: str, body: bytes, stop: asyncio.Event) -> tu
     return status, b"".join(chunks)
 
 
-def _record(custom_id: str | None, response: dict[str, Any] | None, error: dict[str, Any] | None) -> dict[str, Any]:
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response, "error": error}
+def _record(custom_id: str | None, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """A line's output record: an answer other than 200 is its `error`, its `response` the status alone (vLLM's)."""
+    failed = status != 200
+    response = {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": None if failed else body}
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response,
+            "error": body if failed else None}
