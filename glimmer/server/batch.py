@@ -58,9 +58,20 @@ class BatchSummary:
         return self.written - self.succeeded
 
 
+_WIDE_TEXT = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
+              (b"\xff\xfe", "UTF-16"))
+"""The byte order marks of text whose every line would be refused as no UTF-8 JSON (PowerShell's `>` writes UTF-16)."""
+
+
 def parse_batch_input(data: bytes) -> list[BatchLine]:
     """The request lines of a batch input file, blank lines left out; a line that cannot run carries its error
-    object (it never stops the others)."""
+    object (it never stops the others). Raises ValueError for a file in UTF-16 or UTF-32, none of whose lines could."""
+    wide = next((name for mark, name in _WIDE_TEXT if data.startswith(mark)), None)
+    if wide is None and b"\x00" in data[:2]:  # no JSON text starts with a NUL byte: UTF-16 or -32 without a mark
+        wide = "UTF-16 or UTF-32"
+    if wide is not None:
+        raise ValueError(f"the file is {wide} text, not UTF-8, so none of its lines is JSON a batch runs (PowerShell's "
+                         "`>` writes UTF-16); save it as UTF-8, e.g. `Out-File -Encoding utf8`, or `iconv -t UTF-8`")
     lines = []
     seen: dict[str, int] = {}  # custom_id → the line that named it first
     for number, raw in enumerate(data.split(b"\n"), start=1):

@@ -119,6 +119,21 @@ def test_a_line_that_is_no_utf_8_or_starts_with_a_byte_order_mark():
     assert second.error["error"]["code"] == "invalid_json_line" and "UTF-8" in second.error["error"]["message"]
 
 
+@pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16 or UTF-32"),
+                                              ("utf-32", "UTF-32"), ("utf-32-le", "UTF-16 or UTF-32")])
+def test_a_file_in_utf_16_or_32_is_refused_whole(capsys, tmp_path, encoding, named):
+    """PowerShell's `>` writes UTF-16: each line was run, and refused as not JSON, once the model had loaded (a NUL byte
+    after the last newline a line of its own); the file is refused before the model loads, saying how to save it."""
+    text = "\r\n".join(_line(custom_id, "/v1/completions", {"prompt": "x"}) for custom_id in "ab") + "\r\n"
+    (tmp_path / "in.jsonl").write_bytes(text.encode(encoding))
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--input-file {tmp_path / 'in.jsonl'}: the file is {named} text" in err, err
+    assert "UTF-8" in err and not out.exists()
+    assert [line.custom_id for line in parse_batch_input(text.encode("utf-8-sig"))] == ["a", "b"]
+
+
 def test_a_body_is_sent_as_the_line_has_it():
     """The server refuses a key given twice in a body; read into a dict and written again, the last value would
     have been taken silently."""
