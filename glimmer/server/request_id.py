@@ -45,8 +45,12 @@ def response_id(raw_request: Request, body_id: str | None) -> str:
     """The id of a Responses request's response, as vLLM's: the body's `request_id` as sent, else `resp_` and the id
     --enable-request-id-headers made, else a new one. The `X-Request-Id` header names no response (vLLM's ignores it):
     a response is stored by its id, which a proxy's constant header would give every response. Raises RequestError for
-    a `request_id` too long or not visible ASCII."""
+    a `request_id` too long, not visible ASCII, or no URL path segment (`GET /v1/responses/{id}` fetches it by one)."""
     if body_id:
+        if "/" in _checked(body_id, "request_id") or body_id in (".", ".."):
+            raise RequestError(f"request_id: {body_id!r} cannot name a stored response: `GET /v1/responses/{{id}}` "
+                               "could not fetch it (a URL reads '/' as a path's separator, '.' and '..' as "
+                               "directories); send one without '/'", param="request_id")
         return _body_id(raw_request, body_id)
     return f"resp_{raw_request.scope.get('state', {}).get(MADE_ID) or uuid.uuid4().hex}"
 

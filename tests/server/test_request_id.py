@@ -127,6 +127,8 @@ def test_a_responses_request_id_is_the_response_id_as_vllm_takes_it(server):
     assert named.json()["id"] == "order-7"
     assert httpx.get(server.base_url + "/responses/order-7", timeout=60).json()["output"] == named.json()["output"]
     assert {request_id.rsplit("-", 1)[0] for request_id in _engine_ids(server) - before} == {"order-7"}
+    odd = _post(server, "/responses", {**RESPONSE, "request_id": "a?b#c%2F. d"})  # a client's URL encodes these
+    assert httpx.get(server.base_url + "/responses/a%3Fb%23c%252F.%20d", timeout=60).json()["id"] == odd.json()["id"]
     continued = _post(server, "/responses", {**RESPONSE, "previous_response_id": "order-7", "request_id": "order-8"})
     assert continued.status_code == 200, continued.text
     with httpx.stream("POST", server.base_url + "/responses", json={**RESPONSE, "stream": True, "request_id": "s-9"},
@@ -141,8 +143,10 @@ def test_a_responses_request_id_is_the_response_id_as_vllm_takes_it(server):
         assert made.json()["id"].startswith("resp_") and len(made.json()["id"]) > len("resp_") + 8
 
 
-@pytest.mark.parametrize("sent", ["x" * 257, "a\nb", "caf\u00e9", 7])
-def test_a_responses_request_id_no_log_could_carry_is_refused_naming_it(server, sent):
+@pytest.mark.parametrize("sent", ["x" * 257, "a\nb", "caf\u00e9", 7, "order/7", "..", "7/input_items"])
+def test_a_responses_request_id_no_log_or_url_could_carry_is_refused_naming_it(server, sent):
+    """As on chat, and one no `GET /v1/responses/{id}` could fetch the stored response by (its input items were
+    what `7/input_items` fetched)."""
     response = _post(server, "/responses", {**RESPONSE, "request_id": sent})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "request_id"
