@@ -316,7 +316,10 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
     _refuse_a_model_taken_by_a_list_option(args, "run-batch")
     _check_media_directories(args)
     _check_served_model_names(args)
-    lines = parse_batch_input(_read_batch_input(args.input_file))  # an unreadable input before the model loads
+    try:  # an unreadable input before the model loads
+        lines = parse_batch_input(_read_batch_input(args.input_file))
+    except ValueError as error:
+        raise UsageError(f"--input-file {args.input_file}: {error}") from None
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
         if is_default:
@@ -346,8 +349,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         finally:
             engine.shutdown()
     shown = "stdout" if args.output_file == "-" else args.output_file
-    failed = f", {summary.failed} failed (see their `error`, or their `response` status and body)" * bool(
-        summary.failed)
+    failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
     records = f"{summary.written} record{'s' * (summary.written != 1)}"
     print(f"run-batch: wrote {records} to {shown}: {summary.succeeded} answered with status 200{failed}",
           file=sys.stderr)

@@ -32,8 +32,10 @@ class BeamSearchParams:
     """vLLM's `BeamSearchParams`: `beam_width` beams (and results) per prompt, each at most `max_tokens` tokens.
 
     ignore_eos: no token ends a beam (the checkpoint's stop ids are candidates as any other).
-    temperature: 0 only: the search ranks candidates by the model's own logprobs, which a temperature does not change
-        (vLLM's candidates are its raw logprobs too; its temperature only draws one extra candidate at random).
+    temperature: any number >= 0, taken as vLLM takes it, and it changes no result: the search ranks candidates by the
+        model's own logprobs, which a temperature does not change (vLLM's are its raw logprobs too; sampling at its
+        temperature only draws one more candidate at random, below its beam's 2 * beam_width, which its flat candidate
+        list can then credit to the wrong beam: no defined result to reproduce). A search at 0.7 is one at 0.
     length_penalty: a result's score is cum_logprob / length ** length_penalty, the length counting the prompt's
         tokens and the generated ones but a final stop id, as vLLM's; 0 ranks by cum_logprob alone, a larger one
         favours longer results.
@@ -64,13 +66,10 @@ class BeamSearchParams:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name}: must be a boolean", param=name)
-        if not (isinstance(self.temperature, int | float) and not isinstance(self.temperature, bool)
-                and self.temperature == 0):
-            raise RequestError(f"temperature: beam search takes 0 only, not {self.temperature!r}: it ranks candidates "
-                               "by the model's own logprobs, which a temperature does not change; to sample, use "
-                               "generate with SamplingParams(temperature=..., n=...)", param="temperature")
-        if not (isinstance(self.length_penalty, int | float) and not isinstance(self.length_penalty, bool)
-                and math.isfinite(self.length_penalty)):
+        if not (_is_finite(self.temperature) and self.temperature >= 0):
+            raise RequestError(f"temperature: must be a finite number >= 0, not {self.temperature!r} (beam search "
+                               "ranks by the model's own logprobs whatever it is)", param="temperature")
+        if not _is_finite(self.length_penalty):
             raise RequestError(f"length_penalty: must be a finite number, not {self.length_penalty!r}",
                                param="length_penalty")
 
@@ -83,6 +82,10 @@ class BeamSearchParams:
         logprobs (the candidates), no stop (the search decides what ends a beam)."""
         return SamplingParams(temperature=0, max_tokens=1, logprobs=2 * self.beam_width, ignore_eos=True,
                               cache_salt=cache_salt)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass

@@ -306,12 +306,13 @@ class _RequestIdHeaders:
             await self.app(scope, receive, send)
             return
         name = REQUEST_ID_HEADER.lower().encode()
-        request_id = next((value for key, value in scope["headers"] if key == name), None)
+        request_id = next((value for key, value in scope["headers"] if key == name and value), None)
         state: dict[str, Any] = {}
-        if request_id is None:  # made here; a body's `request_id` replaces it (client_request_id)
+        if request_id is None:  # made here (an empty header is none); a body's `request_id` replaces it
             request_id = uuid.uuid4().hex.encode()
             state = {**scope.get("state", {}), MADE_ID: request_id.decode()}
-            scope = {**scope, "headers": [*scope["headers"], (name, request_id)], "state": state}
+            headers = [(key, value) for key, value in scope["headers"] if key != name]
+            scope = {**scope, "headers": [*headers, (name, request_id)], "state": state}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

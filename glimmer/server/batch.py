@@ -7,10 +7,11 @@ requests are in flight at once, so that the engine batches them; the records are
 run_batch writes them), one OpenAI batch output record a line:
 `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`.
 
-A request the server answered has its `response` (a refused one has the server's status and OpenAI error body) and
-`error` null. A line that is no request the server could answer (not JSON, no `custom_id`, a `custom_id` an earlier
-line has, a method or URL not served, `stream: true`) has `response` null and `error` OpenAI's batch error object
-`{"code", "message", "param", "line"}`; the batch goes on.
+A request the server answered 200 has the answer in `response.body` and `error` null. A failed one is written as
+vLLM's run_batch writes it: `response.body` null, `response.status_code` the server's status and `error` its OpenAI
+error body, `{"error": {"message", "type", "param", "code"}}`. A line that is no request the server could answer (not
+JSON, no `custom_id`, a `custom_id` an earlier line has, a method or URL not served, `stream: true`) fails so too, with
+status 400 (vLLM's) and `error.error.line` its line; the batch goes on.
 """
 
 from __future__ import annotations
@@ -57,9 +58,20 @@ class BatchSummary:
         return self.written - self.succeeded
 
 
+_WIDE_TEXT = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
+              (b"\xff\xfe", "UTF-16"))
+"""The byte order marks of text whose every line would be refused as no UTF-8 JSON (PowerShell's `>` writes UTF-16)."""
+
+
 def parse_batch_input(data: bytes) -> list[BatchLine]:
     """The request lines of a batch input file, blank lines left out; a line that cannot run carries its error
-    object (it never stops the others)."""
+    object (it never stops the others). Raises ValueError for a file in UTF-16 or UTF-32, none of whose lines could."""
+    wide = next((name for mark, name in _WIDE_TEXT if data.startswith(mark)), None)
+    if wide is None and b"\x00" in data[:2]:  # no JSON text starts with a NUL byte: UTF-16 or -32 without a mark
+        wide = "UTF-16 or UTF-32"
+    if wide is not None:
+        raise ValueError(f"the file is {wide} text, not UTF-8, so none of its lines is JSON a batch runs (PowerShell's "
+                         "`>` writes UTF-16); save it as UTF-8, e.g. `Out-File -Encoding utf8`, or `iconv -t UTF-8`")
     lines = []
     seen: dict[str, int] = {}  # custom_id → the line that named it first
     for number, raw in enumerate(data.split(b"\n"), start=1):
@@ -72,8 +84,9 @@ def parse_batch_input(data: bytes) -> list[BatchLine]:
 
 
 def _line_error(number: int, custom_id: str | None, code: str, message: str, param: str | None = None) -> BatchLine:
-    return BatchLine(number, custom_id, error={"code": code, "message": f"line {number}: {message}", "param": param,
-                                               "line": number})
+    return BatchLine(number, custom_id, error={"error": {"message": f"line {number}: {message}",
+                                                         "type": "invalid_request_error", "param": param, "code": code,
+                                                         "line": number}})
 
 
 def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
@@ -176,7 +189,7 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
             written = records.pop(summary.written)
             write(written)
             summary.written += 1
-            summary.succeeded += written["response"] is not None and written["response"]["status_code"] == 200
+            summary.succeeded += written["error"] is None
 
     async def run(index: int, line: BatchLine) -> None:
         try:
@@ -191,7 +204,7 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
     try:
         for index, line in enumerate(lines):
             if line.error is not None:
-                ready(index, _record(line.custom_id, None, line.error))
+                ready(index, _record(line.custom_id, 400, line.error))
                 continue
             await limit.acquire()  # a task only for a request that may start: a file of millions stays small
             if stop.is_set():
@@ -228,8 +241,7 @@ async def _answer(app: ASGIApp, line: BatchLine, stop: asyncio.Event) -> dict[st
         if not overloaded or stop.is_set():
             break
         await asyncio.sleep(OVERLOADED_RETRY_S)
-    return _record(line.custom_id, {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": body},
-                   None)
+    return _record(line.custom_id, status, body)
 
 
 async def _post(app: ASGIApp, path: str, body: bytes, stop: asyncio.Event) -> tuple[int, bytes]:
@@ -268,5 +280,9 @@ async def _post(app: ASGIApp, path: str, body: bytes, stop: asyncio.Event) -> tu
     return status, b"".join(chunks)
 
 
-def _record(custom_id: str | None, response: dict[str, Any] | None, error: dict[str, Any] | None) -> dict[str, Any]:
-    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response, "error": error}
+def _record(custom_id: str | None, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """A line's output record: an answer other than 200 is its `error`, its `response` the status alone (vLLM's)."""
+    failed = status != 200
+    response = {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": None if failed else body}
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response,
+            "error": body if failed else None}

@@ -2,9 +2,10 @@
 `length_penalty` ranks the results (see glimmer/engine/beam_search.py), and the n choices of a prompt are its best
 beams, best first (a chat choice is its beam's turn, parsed as any reply).
 
-The fields that shape sampling or the text a sampler may pick (a temperature, penalties, stop strings, a grammar,
-tools, ...) have no meaning in a search that ranks by the model's own logprobs: set to anything but their neutral
-value they are refused naming them, where vLLM ignores them silently. Each step's beams run as one-token requests on
+The fields that shape sampling or the text a sampler may pick (penalties, filters, stop strings, a grammar, tools,
+...) have no meaning in a search that ranks by the model's own logprobs: set to anything but their neutral value they
+are refused naming them, where vLLM ignores them silently. A temperature is taken, as vLLM's beam search takes it, and
+changes nothing (BeamSearchParams says why). Each step's beams run as one-token requests on
 the engine, which the prefix cache shares the prompt with."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from glimmer.server.schemas import ChatCompletionRequest, CompletionRequest
 from glimmer.server.structured_outputs import requested_structured_outputs
 
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "temperature": (None, 0), "top_p": (None, 1), "top_k": (None, 0, -1), "min_p": (None, 0),
+    "top_p": (None, 1), "top_k": (None, 0, -1), "min_p": (None, 0),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "repetition_penalty": (None, 1),
     "stop": (None, []), "min_tokens": (0,), "stop_token_ids": (None, []), "logit_bias": (None, {}),
     "allowed_token_ids": (None,), "bad_words": (None, []), "logprobs": (None, False), "prompt_logprobs": (None,),
@@ -33,7 +34,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "thinking_token_budget": (None,),
 }
 """The fields beam search takes at these values only (those of either endpoint): it ranks candidates by the model's
-own logprobs, which a temperature, a filter, a penalty or a bias do not change; it ends a beam at the checkpoint's stop
+own logprobs, which a filter, a penalty or a bias do not change; it ends a beam at the checkpoint's stop
 ids only; it constrains nothing (no tools, no reasoning budget); and its choices carry no logprobs."""
 
 
@@ -64,7 +65,7 @@ def beam_search_params(request: CompletionRequest | ChatCompletionRequest) -> Be
                            param="max_tokens")
     try:
         return BeamSearchParams(beam_width=request.n, max_tokens=1, ignore_eos=request.ignore_eos,
-                                length_penalty=request.length_penalty,
+                                temperature=request.temperature or 0.0, length_penalty=request.length_penalty,
                                 include_stop_str_in_output=request.include_stop_str_in_output)
     except RequestError as error:
         if error.param != "beam_width":

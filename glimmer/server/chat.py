@@ -205,11 +205,13 @@ def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
 
 
 async def _prepared_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest, arrival: float,
-                        choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]]) -> ChatRun:
+                        choices: Callable[[ChatPrompt, SamplingParams], list[ChoiceStream]],
+                        named_for: str | None = None) -> ChatRun:
     """The run of a chat request, rendered and truncated, named by the client's request id where it sent one (the
-    engine's id then unique to it: requests in flight may share the client's)."""
+    engine's id then unique to it: requests in flight may share the client's); `named_for`: the id of the response
+    the run makes (a Responses request's), which then names the engine's request instead."""
     model_name = context.check_model(request.model)
-    client_id = client_request_id(raw_request, request.request_id)
+    client_id = client_request_id(raw_request, request.request_id) if named_for is None else None
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
@@ -219,7 +221,9 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
     apply_default_max_tokens(params, context, len(prompt.token_ids))
     run = ChatRun(context, request, prompt, model_name, choices(prompt, params), RequestTimer(context.metrics, arrival),
                   params)
-    if client_id is None:
+    if named_for is not None:
+        run.engine_id = engine_request_id(named_for)
+    elif client_id is None:
         run.engine_id = run.id
     else:
         run.id = f"chatcmpl-{client_id}"
@@ -228,9 +232,11 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
 
 
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
-                         arrival: float) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
+                         arrival: float, named_for: str | None = None
+                         ) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
-    overloaded or stopped engine, or a client that left (the request is then aborted)."""
+    overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the
+    response the run makes, where it is not the chat completion's (`_prepared_run`)."""
     stop = stop_strings(request)
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
 
@@ -241,7 +247,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
                              continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
                 for i in range(params.n)]
 
-    run = await _prepared_run(raw_request, context, request, arrival, choices)
+    run = await _prepared_run(raw_request, context, request, arrival, choices, named_for)
     prompt = run.prompt
     stream = context.engine.generate(run.engine_id, prompt.token_ids, run.params, multimodal=prompt.multimodal,
                                      controller_factory=prompt.controller_factory)

@@ -1,5 +1,8 @@
 """A client's own request id, as vLLM takes it: the `X-Request-Id` header, else the body's `request_id`.
 
+An empty header or `request_id` is none sent: the server makes the id, as for a request without one (vLLM would name
+the response `chatcmpl-`, the same for every such request; a proxy that forwards an unset variable sends one empty).
+
 The response's id is built on it (`chatcmpl-<id>`, `cmpl-<id>`), so that a gateway's logs and the client's meet. The
 engine's id adds a random suffix: two requests in flight with one client id (a retry, a proxy's constant) must not
 share the engine's bookkeeping, as vLLM's frontend makes its ids unique too.
@@ -25,9 +28,9 @@ _PRINTABLE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
 
 def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
     """The client's id: the header's, else the body's `request_id`, else None (a header --enable-request-id-headers
-    made counts as none). Raises RequestError for one sent
-    twice, too long, or not visible ASCII."""
-    sent = raw_request.headers.getlist(HEADER)
+    made, or an empty one, counts as none). Raises RequestError for one sent twice, too long, or not visible ASCII."""
+    sent = [value for value in raw_request.headers.getlist(HEADER) if value]
+    body_id = body_id or None
     if len(sent) > 1:
         raise RequestError(f"the request has {len(sent)} {HEADER} headers; send exactly one", param=HEADER)
     state = raw_request.scope.get("state", {})
@@ -35,8 +38,29 @@ def client_request_id(raw_request: Request, body_id: str | None) -> str | None:
         return _checked(sent[0], HEADER)
     if body_id is None:
         return sent[0] if sent else None
+    return _body_id(raw_request, body_id)
+
+
+def response_id(raw_request: Request, body_id: str | None) -> str:
+    """The id of a Responses request's response, as vLLM's: the body's `request_id` as sent, else `resp_` and the id
+    --enable-request-id-headers made, else a new one. The `X-Request-Id` header names no response (vLLM's ignores it):
+    a response is stored by its id, which a proxy's constant header would give every response. Raises RequestError for
+    a `request_id` too long, not visible ASCII, or no URL path segment (`GET /v1/responses/{id}` fetches it by one)."""
+    if body_id:
+        if "/" in _checked(body_id, "request_id") or body_id in (".", ".."):
+            raise RequestError(f"request_id: {body_id!r} cannot name a stored response: `GET /v1/responses/{{id}}` "
+                               "could not fetch it (a URL reads '/' as a path's separator, '.' and '..' as "
+                               "directories); send one without '/'", param="request_id")
+        return _body_id(raw_request, body_id)
+    return f"resp_{raw_request.scope.get('state', {}).get(MADE_ID) or uuid.uuid4().hex}"
+
+
+def _body_id(raw_request: Request, body_id: str) -> str:
+    """The body's `request_id`, checked; with --enable-request-id-headers it replaces the id made for the response's
+    `X-Request-Id`, which then names the id the response is named by."""
     chosen = _checked(body_id, "request_id")
-    if MADE_ID in state:  # the response's X-Request-Id names the id the response is named by
+    state = raw_request.scope.get("state", {})
+    if MADE_ID in state:
         state[MADE_ID] = chosen
     return chosen
 

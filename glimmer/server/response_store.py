@@ -39,11 +39,15 @@ class ResponseStore:
         self._lock = threading.Lock()
 
     def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any]) -> None:
-        """Keep a response; one larger than the whole store is not kept."""
+        """Keep a response, in place of one stored under its id (a client's `request_id` named both); one larger than
+        the whole store is not kept."""
         size = len(json.dumps(items, ensure_ascii=False)) + len(json.dumps(response, ensure_ascii=False))
-        if size > self.max_bytes:
-            return
         with self._lock:
+            replaced = self._entries.pop(response_id, None)
+            if replaced is not None:
+                self._size_bytes -= replaced.size_bytes
+            if size > self.max_bytes:
+                return
             self._entries[response_id] = StoredResponse(items, response, size, self._clock())
             self._size_bytes += size
             while self._size_bytes > self.max_bytes:

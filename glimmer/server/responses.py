@@ -35,6 +35,7 @@ from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
+from glimmer.server.request_id import response_id
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.responses_input import (
     MessageSource,
@@ -395,15 +396,16 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     request = validate_json(ResponsesRequest, await read_body(raw_request, context),
                             RESPONSES_FIELD_HINTS)
     # off the event loop, as chat renders its prompt: checking a body's worth of tool schemas takes seconds
+    named = response_id(raw_request, request.request_id)
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
     try:
-        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival)
+        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, named)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     summarize = reasoning_summary(request) is not None
     sealed = ENCRYPTED_REASONING in (request.include or [])
     run = _ResponseRun(request, conversation, chat, context.responses,
-                       OutputBuilder(summarize=summarize, seal_reasoning=sealed))
+                       OutputBuilder(summarize=summarize, seal_reasoning=sealed), id=named)
     if request.stream:
         return SSEResponse(_stream(run, first, stream))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, first, stream)))

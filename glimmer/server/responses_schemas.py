@@ -92,6 +92,7 @@ class ResponsesRequest(RequestBody):
     chat_template_kwargs: dict[str, Any] | None = None
     skip_special_tokens: bool | None = None
     cache_salt: str | None = None  # as vLLM's Responses API: only requests with the same salt share cached blocks
+    request_id: str | None = None  # vLLM's: the response's id, as sent (request_id.response_id)
     # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
     metadata: Metadata | None = None

@@ -91,6 +91,19 @@ def test_beams_match_a_brute_force_search_over_the_reference(llm, reference, bea
         assert output.sequences[0].text == llm.engine.tokenizer.decode(output.sequences[0].tokens)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_a_temperature_is_taken_and_changes_no_beam(llm, reference, temperature):
+    """vLLM's beam search takes a temperature (its server passes 1.0 to one that sends none); the search ranks by
+    the model's own logprobs, so the beams are those of the brute-force search, which knows no temperature (it was
+    refused here)."""
+    params = BeamSearchParams(beam_width=3, max_tokens=4, temperature=temperature)
+    prompts = _prompts()
+    stop_ids = set(llm.engine.generation_defaults.stop_token_ids)
+    for prompt, output in zip(prompts, llm.beam_search(prompts, params), strict=True):
+        expected = reference_beam_search(reference, prompt, params, stop_ids, llm.engine.token_count)
+        _assert_same_beams(output, prompt, expected, params, stop_ids)
+
+
 @pytest.mark.parametrize("include_stop_str_in_output", [False, True])
 def test_a_stop_id_among_the_candidates_ends_its_beam(llm, reference, monkeypatch, include_stop_str_in_output):
     """This random model never ranks the checkpoint's stop ids high; the test makes stop ids of two tokens its
@@ -138,7 +151,8 @@ def test_beams_end_where_the_context_does(llm):
 
 @pytest.mark.parametrize(("arguments", "param"), [
     ({"beam_width": 0}, "beam_width"), ({"beam_width": 11}, "beam_width"), ({"beam_width": True}, "beam_width"),
-    ({"beam_width": "2"}, "beam_width"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": 0.7}, "temperature"),
+    ({"beam_width": "2"}, "beam_width"), ({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"), ({"temperature": True}, "temperature"),
     ({"length_penalty": float("nan")}, "length_penalty"), ({"ignore_eos": 1}, "ignore_eos"),
 ])
 def test_bad_params_are_refused_naming_the_field(arguments, param):

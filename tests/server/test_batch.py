@@ -71,16 +71,18 @@ def test_batch_records_hold_what_the_http_server_answers_for_the_same_bodies(tin
         for record in records:
             url, body = BODIES[record["custom_id"]]
             answer = httpx.post(live.url + url, json=body, timeout=120)
-            assert record["error"] is None
             assert record["response"]["status_code"] == answer.status_code, record["custom_id"]
-            assert _stable(record["response"]["body"]) == _stable(answer.json()), record["custom_id"]
-    answered = {record["custom_id"]: record["response"] for record in records}
-    assert {custom_id: response["status_code"] for custom_id, response in answered.items()} == {
+            # as vLLM's run_batch writes them: the answer in `response.body`, or a refusal's in `error`
+            written = record["response"]["body"] if answer.status_code == 200 else record["error"]
+            assert (record["response"]["body"] is None) == (record["error"] is not None), record["custom_id"]
+            assert _stable(written) == _stable(answer.json()), record["custom_id"]
+    answered = {record["custom_id"]: record for record in records}
+    assert {custom_id: record["response"]["status_code"] for custom_id, record in answered.items()} == {
         "chat": 200, "completion": 200, "tool-call": 200, "json": 200, "responses": 200, "invalid-body": 400}
-    call = answered["tool-call"]["body"]["choices"][0]["message"]["tool_calls"][0]["function"]
+    call = answered["tool-call"]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]["function"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"])["city"] in ("Paris", "Oslo")
-    assert isinstance(json.loads(answered["json"]["body"]["choices"][0]["message"]["content"])["ok"], bool)
-    error = answered["invalid-body"]["body"]["error"]
+    assert isinstance(json.loads(answered["json"]["response"]["body"]["choices"][0]["message"]["content"])["ok"], bool)
+    error = answered["invalid-body"]["error"]["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
 
 
@@ -104,16 +106,32 @@ def test_a_line_that_cannot_run_is_an_error_record_of_its_own(line, code, param,
     first, refused, last = parse_batch_input(text.encode())
     assert first.error is None and last.error is None and last.number == 4  # the blank line is counted, not run
     assert refused.custom_id == custom_id and refused.number == 3
-    assert {key: refused.error[key] for key in ("code", "param", "line")} == {"code": code, "param": param, "line": 3}
-    assert refused.error["message"].startswith("line 3: ")
-    assert "list" not in refused.error["message"]  # JSON's names: an array, a string
+    error = refused.error["error"]
+    assert {key: error[key] for key in ("code", "param", "line")} == {"code": code, "param": param, "line": 3}
+    assert error["message"].startswith("line 3: ") and error["type"] == "invalid_request_error"
+    assert "list" not in error["message"]  # JSON's names: an array, a string
 
 
 def test_a_line_that_is_no_utf_8_or_starts_with_a_byte_order_mark():
     first, second = parse_batch_input(b"\xef\xbb\xbf" + _line("a", "/v1/completions", {"prompt": "x"}).encode()
                                       + b"\n\xff\xfe{}\n")
     assert first.error is None and first.custom_id == "a"
-    assert second.error["code"] == "invalid_json_line" and "UTF-8" in second.error["message"]
+    assert second.error["error"]["code"] == "invalid_json_line" and "UTF-8" in second.error["error"]["message"]
+
+
+@pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16 or UTF-32"),
+                                              ("utf-32", "UTF-32"), ("utf-32-le", "UTF-16 or UTF-32")])
+def test_a_file_in_utf_16_or_32_is_refused_whole(capsys, tmp_path, encoding, named):
+    """PowerShell's `>` writes UTF-16: each line was run, and refused as not JSON, once the model had loaded (a NUL byte
+    after the last newline a line of its own); the file is refused before the model loads, saying how to save it."""
+    text = "\r\n".join(_line(custom_id, "/v1/completions", {"prompt": "x"}) for custom_id in "ab") + "\r\n"
+    (tmp_path / "in.jsonl").write_bytes(text.encode(encoding))
+    out = tmp_path / "out.jsonl"
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--input-file {tmp_path / 'in.jsonl'}: the file is {named} text" in err, err
+    assert "UTF-8" in err and not out.exists()
+    assert [line.custom_id for line in parse_batch_input(text.encode("utf-8-sig"))] == ["a", "b"]
 
 
 def test_a_body_is_sent_as_the_line_has_it():
@@ -157,7 +175,7 @@ def test_requests_run_concurrently_and_records_are_written_in_input_order():
     records = _run(app, "\n".join(lines), max_in_flight=3)
     assert [record["custom_id"] for record in records] == ["r0", "r1", "r2", None, "r3", "r4", "r5", "r6"]
     assert app.most_in_flight == 3
-    assert [record["response"]["body"]["echo"]["delay"] for record in records if record["response"]] == delays
+    assert [record["response"]["body"]["echo"]["delay"] for record in records if record["error"] is None] == delays
     assert len({record["id"] for record in records}) == len(records)
 
 
@@ -251,9 +269,12 @@ def test_run_batch_writes_a_record_for_each_line_and_exits_0(tiny_checkpoint, tm
                  "--served-model-name", "tiny"]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [record["custom_id"] for record in records] == ids
-    statuses = [record["response"]["status_code"] if record["response"] else record["error"]["code"]
+    # a failed line as vLLM's run_batch writes one: its status, no body, the error body in `error`
+    statuses = [(record["response"]["status_code"], record["error"] and record["error"]["error"]["code"])
                 for record in records]
-    assert statuses == [200, 200, "invalid_json_line", "duplicate_custom_id", "invalid_parameter", 200, 200, 200, 400]
+    assert statuses == [(200, None), (200, None), (400, "invalid_json_line"), (400, "duplicate_custom_id"),
+                        (400, "invalid_parameter"), (200, None), (200, None), (200, None), (400, None)]
+    assert all((record["response"]["body"] is None) == (record["error"] is not None) for record in records)
     assert all(set(record) == {"id", "custom_id", "response", "error"} for record in records)
     err = capsys.readouterr().err
     assert "wrote 9 records" in err and "5 answered with status 200, 4 failed" in err

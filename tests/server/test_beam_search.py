@@ -74,8 +74,21 @@ def test_use_beam_search_false_and_neutral_options_change_nothing(server):
     assert post(server, **BEAM, temperature=0, top_p=1, top_k=-1, stop=[], logprobs=None, seed=3).status_code == 200
 
 
+def test_a_temperature_is_taken_and_changes_no_beam(server):
+    """As vLLM's beam search takes a temperature (it was a 400 here): the search ranks by the model's own logprobs,
+    so its choices are those at temperature 0."""
+    searched = [post(server, **BEAM, temperature=temperature) for temperature in (0, 0.7, 2)]
+    assert all(response.status_code == 200 for response in searched), searched[-1].text
+    texts = [[choice["text"] for choice in response.json()["choices"]] for response in searched]
+    assert texts[1] == texts[2] == texts[0]
+    chats = [chat(server, use_beam_search=True, n=2, temperature=temperature) for temperature in (0, 1.3)]
+    assert chats[1].status_code == 200, chats[1].text
+    assert [choice["message"] for choice in chats[1].json()["choices"]] == [
+        choice["message"] for choice in chats[0].json()["choices"]]
+
+
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"temperature": 0.7}, "temperature"), ({"stop": ["x"]}, "stop"), ({"logprobs": 1}, "logprobs"),
+    ({"temperature": -0.7}, "temperature"), ({"stop": ["x"]}, "stop"), ({"logprobs": 1}, "logprobs"),
     ({"echo": True}, "echo"), ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"min_tokens": 1}, "min_tokens"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"guided_regex": "a+"}, "guided_regex"), ({"early_stopping": True}, "early_stopping"),
@@ -136,7 +149,7 @@ def test_a_chat_choice_is_its_beams_turn_read_as_any_reply(server, checkpoint):
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"temperature": 1.0}, "temperature"), ({"logprobs": True}, "logprobs"), ({"stop": ["."]}, "stop"),
+    ({"temperature": -1.0}, "temperature"), ({"logprobs": True}, "logprobs"), ({"stop": ["."]}, "stop"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"thinking_token_budget": 4}, "thinking_token_budget"), ({"n": 0}, "n"),

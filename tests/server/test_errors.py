@@ -205,7 +205,7 @@ def test_a_key_repeated_across_sibling_objects_is_no_duplicate(server):
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "file", "file": {}}]}]},
      "messages[0].content[1]"),
     ({"messages": [{"role": "critic", "content": "x"}]}, "messages[0].role"),
-    ({"use_beam_search": True, "temperature": 0.5}, "temperature"),
+    ({"use_beam_search": True, "temperature": -0.5}, "temperature"),
 ])
 def test_schema_and_value_errors_are_400_naming_the_field(server, fields, param):
     error = error_of(post(server, chat(**fields)), 400)

@@ -61,10 +61,23 @@ def test_requests_in_flight_may_share_an_id(server):
     assert {chunk["id"] for chunk in rest} == {"chatcmpl-same"}
 
 
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_an_empty_id_is_none_sent(server, path):
+    """An empty X-Request-Id header or request_id (a proxy forwarding an unset variable) is answered as one left
+    out, with an id made for it (vLLM answers it too; a 400 here before); an empty header leaves the body's id
+    to name it."""
+    body, prefix = (CHAT, "chatcmpl-") if path == "/chat/completions" else (COMPLETION, "cmpl-")
+    made = [_post(server, path, {**body, **fields}, {"X-Request-Id": ""}) for fields in ({}, {"request_id": ""})]
+    for response in made:
+        assert response.status_code == 200, response.text
+        assert response.json()["id"].startswith(prefix) and len(response.json()["id"]) > len(prefix) + 8
+    assert made[0].json()["id"] != made[1].json()["id"]
+    assert _post(server, path, {**body, "request_id": "b-5"}, {"X-Request-Id": ""}).json()["id"] == f"{prefix}b-5"
+
+
 @pytest.mark.parametrize(("headers", "fields", "param"), [
     ({"X-Request-Id": "x" * 257}, {}, "X-Request-Id"),
     ({}, {"request_id": "a\nb"}, "request_id"),
-    ({}, {"request_id": ""}, "request_id"),
     ({}, {"request_id": "caf\u00e9"}, "request_id"),
     ([("X-Request-Id", "a"), ("X-Request-Id", "b")], {}, "X-Request-Id"),
 ])
@@ -88,5 +101,63 @@ def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(mak
         assert _post(server, "/completions", {**COMPLETION, "request_id": "b"}, {"X-Request-Id": "h"}).json()[
             "id"] == "cmpl-h"
         assert httpx.get(server.url + "/health").headers["x-request-id"]
+        empty = _post(server, "/completions", COMPLETION, {"X-Request-Id": ""})  # one made, as for none sent
+        assert empty.status_code == 200, empty.text
+        assert empty.json()["id"] == f"cmpl-{empty.headers['x-request-id']}" != "cmpl-"
+        named = _post(server, "/completions", {**COMPLETION, "request_id": "body-6"}, {"X-Request-Id": ""})
+        assert (named.json()["id"], named.headers["x-request-id"]) == ("cmpl-body-6", "body-6")
     with live_server(make_tiny(), scripted=True) as server:
         assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
+
+
+RESPONSE = {"model": "tiny", "input": "[long] go", "max_output_tokens": 300, "temperature": 0,
+            "chat_template_kwargs": PINNED_DATE}
+
+
+def _engine_ids(server) -> set[str]:
+    return {request_id for request_id, _ in server.engine.engine.runner._by_sequence}
+
+
+def test_a_responses_request_id_is_the_response_id_as_vllm_takes_it(server):
+    """/v1/responses takes vLLM's body `request_id` as its response's id, as sent (the store keeps it by that id),
+    and the engine's request is named after it; the X-Request-Id header names no response, as in vLLM."""
+    before = _engine_ids(server)
+    named = _post(server, "/responses", {**RESPONSE, "request_id": "order-7"}, {"X-Request-Id": "trace-7"})
+    assert named.status_code == 200, named.text
+    assert named.json()["id"] == "order-7"
+    assert httpx.get(server.base_url + "/responses/order-7", timeout=60).json()["output"] == named.json()["output"]
+    assert {request_id.rsplit("-", 1)[0] for request_id in _engine_ids(server) - before} == {"order-7"}
+    odd = _post(server, "/responses", {**RESPONSE, "request_id": "a?b#c%2F. d"})  # a client's URL encodes these
+    assert httpx.get(server.base_url + "/responses/a%3Fb%23c%252F.%20d", timeout=60).json()["id"] == odd.json()["id"]
+    continued = _post(server, "/responses", {**RESPONSE, "previous_response_id": "order-7", "request_id": "order-8"})
+    assert continued.status_code == 200, continued.text
+    with httpx.stream("POST", server.base_url + "/responses", json={**RESPONSE, "stream": True, "request_id": "s-9"},
+                      timeout=60) as response:
+        ids = {json.loads(line[6:]).get("response", {}).get("id") for line in response.iter_lines()
+               if line.startswith("data: {")}
+    assert ids - {None} == {"s-9"}
+    header_only = _post(server, "/responses", RESPONSE, {"X-Request-Id": "trace-8"}).json()["id"]
+    assert header_only.startswith("resp_") and "trace-8" not in header_only
+    for sent in (None, ""):
+        made = _post(server, "/responses", {**RESPONSE, "request_id": sent} if sent is not None else RESPONSE)
+        assert made.json()["id"].startswith("resp_") and len(made.json()["id"]) > len("resp_") + 8
+
+
+@pytest.mark.parametrize("sent", ["x" * 257, "a\nb", "caf\u00e9", 7, "order/7", "..", "7/input_items"])
+def test_a_responses_request_id_no_log_or_url_could_carry_is_refused_naming_it(server, sent):
+    """As on chat, and one no `GET /v1/responses/{id}` could fetch the stored response by (its input items were
+    what `7/input_items` fetched)."""
+    response = _post(server, "/responses", {**RESPONSE, "request_id": sent})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "request_id"
+
+
+def test_request_id_headers_name_a_responses_request_by_its_id(make_tiny):
+    with live_server(make_tiny(), scripted=True, request_id_headers=True) as server:
+        server.engine.engine.runner.add("[long]", " to=user<|message|>" + LONG_ANSWER + "<|eot|>")
+        named = _post(server, "/responses", {**RESPONSE, "request_id": "order-9"})
+        assert (named.json()["id"], named.headers["x-request-id"]) == ("order-9", "order-9")
+        made = _post(server, "/responses", RESPONSE)
+        assert made.json()["id"] == f"resp_{made.headers['x-request-id']}"
+        echoed = _post(server, "/responses", RESPONSE, {"X-Request-Id": "trace-9"})
+        assert echoed.headers["x-request-id"] == "trace-9" and echoed.json()["id"].startswith("resp_")

@@ -967,6 +967,24 @@ def test_the_store_is_bounded_by_size_and_age():
     assert store.get("s1") is not None and store.get("s2") is not None
 
 
+def test_a_response_stored_under_an_id_replaces_the_one_it_had():
+    """A client's `request_id` may name two responses: the later is stored, in the earlier's bytes and age (the
+    store's size was counted twice, and the replaced one's age kept its place among the oldest)."""
+    now = [0.0]
+    store = ResponseStore(max_bytes=200, max_age_s=10, clock=lambda: now[0])
+    for _ in range(5):
+        store.put("same", [{"text": "x" * 50}], {"id": "same"})
+    store.put("other", [{"text": "x" * 50}], {"id": "other"})
+    assert store.get("same") is not None and store.get("other") is not None
+    now[0] = 6.0
+    store.put("other-2", [{"text": "y"}], {"id": "other-2"})
+    store.put("same", [{"text": "z"}], {"id": "same"})
+    now[0] = 12.0  # the first ones expired; the same id stored at 6 has not
+    assert store.get("same").items == [{"text": "z"}] and store.get("other-2") is not None
+    store.put("same", [{"text": "x" * 500}], {"id": "same"})  # too large to keep: the id no longer names the old one
+    assert store.get("same") is None
+
+
 def test_a_constraint_that_fails_while_generating_names_the_responses_field(server):
     """The answer may begin otherwise, so the constraint is not refused up front; once it spells `<|` the request
     fails as its own fault, naming `text.format.schema` (the chat layer's name for it is response_format's)."""
