@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -671,6 +672,22 @@ def test_seeded_requests_through_logits_processors_keep_their_tokens_beside_othe
     assert 0 < len(beside["beside-1", 0]) < 12  # aborted mid-generation
     assert all(engine.speculator.stats.num_accepted_tokens > 0 for engine in engines)
 
+
+
+@pytest.mark.parametrize("limit", [2, 4])
+def test_a_disable_by_batch_size_below_max_num_seqs_is_warned_of_for_seeded_requests(target, drafter, caplog, limit,
+                                                                                   same_cpu_kernels):
+    """Past disable_by_batch_size a step proposes nothing and samples plainly, so a seeded request's draws depend on
+    how many requests share its steps, as where the token budget cuts proposals short: said at start-up (it was
+    not, and the README promised such a request the same tokens whatever else is in the batch)."""
+    with caplog.at_level(logging.WARNING, logger="glimmer.engine.llm_engine"):
+        LLM(str(target), progress=False, max_num_seqs=4,
+            speculative_config=speculative(drafter, disable_by_batch_size=limit))
+    warned = [r.getMessage() for r in caplog.records if "disable_by_batch_size" in r.getMessage()]
+    assert warned == ([] if limit == 4 else [
+        "speculative_config.disable_by_batch_size=2 is below max_num_seqs=4: steps with more decoding sequences "
+        "propose nothing, and a seeded sampled request is then reproducible in distribution, not token for token "
+        "(its draws depend on whether its steps proposed)"])
 
 # --- resources, configuration and interface --------------------------------------------------------------
 
