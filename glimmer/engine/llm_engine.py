@@ -426,6 +426,12 @@ class LLMEngine:
                            "steps with many sequences verify fewer proposed tokens, and a seeded sampled request "
                            "is then reproducible in distribution, not token for token", budget,
                            self.scheduler_config.max_num_seqs * (k + 1))
+        limit = spec.disable_by_batch_size
+        if limit is not None and limit < self.scheduler_config.max_num_seqs:
+            logger.warning("speculative_config.disable_by_batch_size=%d is below max_num_seqs=%d: steps with more "
+                           "decoding sequences propose nothing, and a seeded sampled request is then reproducible in "
+                           "distribution, not token for token (its draws depend on whether its steps proposed)",
+                           limit, self.scheduler_config.max_num_seqs)
         self.num_speculative_tokens = k
 
     def _draft_bytes_per_block(self, block_size: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -628,6 +629,65 @@ def test_a_seeded_request_is_reproducible_with_speculation(target, drafter, n):
     assert runs[0] == runs[1] and len(runs[0]) == n
     assert len(set(map(tuple, runs[0]))) == n
 
+
+
+def test_seeded_requests_through_logits_processors_keep_their_tokens_beside_others_with_speculation(target, drafter,
+                                                                                                   same_cpu_kernels):
+    """Top-p, min-p, penalties, logit bias, min_tokens, a grammar, logprobs and n = 2, each seeded and verified with
+    accepted runs: the same tokens alone as beside greedy, unseeded and other seeded requests arriving one a step,
+    one of them aborted mid-generation."""
+    kinds = [dict(top_p=0.8, logprobs=3), dict(min_p=0.05, top_k=20, n=2),
+             dict(presence_penalty=0.8, frequency_penalty=0.5, repetition_penalty=1.3, top_p=0.95),
+             dict(logit_bias={30: 3.0, 31: 2.0, 77: -5.0}, min_tokens=4, stop_token_ids=[40, 41], ignore_eos=False),
+             dict(structured_outputs=StructuredOutputsParams(regex="[a-z]{2,6}[0-9]+"))]
+    seeded = [(f"seeded-{i}", prompt, SamplingParams(**{"temperature": 0.9, "max_tokens": 12, "ignore_eos": True,
+                                                        "seed": 100 + i, **kind}))
+              for i, (prompt, kind) in enumerate(zip(_prompts(len(kinds), seed=4), kinds, strict=True))]
+    others = [(f"beside-{i}", prompt, SamplingParams(temperature=[0, 1.2, 0.7][i % 3], seed=[None, None, 5][i % 3],
+                                                     top_p=0.7, max_tokens=12, ignore_eos=True, n=1 + i % 2))
+              for i, prompt in enumerate(_prompts(4, seed=8))]
+
+    def run(engine: LLMEngine, requests: list[tuple[str, list[int], SamplingParams]]
+            ) -> dict[tuple[str, int], list[int]]:
+        tokens: dict[tuple[str, int], list[int]] = {}
+        queue, aborted = list(requests), False
+        while queue or engine.has_unfinished_requests:
+            if queue:
+                engine.add_request(*queue.pop(0))
+            if ("beside-1", 0) in tokens and not aborted:  # once it has generated
+                engine.abort("beside-1")
+                aborted = True
+            for delta in engine.step():
+                tokens.setdefault((delta.request_id, delta.index), []).extend(delta.token_ids)
+        return tokens
+
+    engines = [LLMEngine(EngineConfig(str(target), progress=False,
+                                      speculative_config=speculative(drafter, num_speculative_tokens=4)))
+               for _ in range(2)]
+    alone = {}
+    for request in seeded:
+        alone |= run(engines[0], [request])
+    beside = run(engines[1], others[:2] + seeded + others[2:])
+    assert {key: beside[key] for key in alone} == alone
+    assert 0 < len(beside["beside-1", 0]) < 12  # aborted mid-generation
+    assert all(engine.speculator.stats.num_accepted_tokens > 0 for engine in engines)
+
+
+
+@pytest.mark.parametrize("limit", [2, 4])
+def test_a_disable_by_batch_size_below_max_num_seqs_is_warned_of_for_seeded_requests(target, drafter, caplog, limit,
+                                                                                   same_cpu_kernels):
+    """Past disable_by_batch_size a step proposes nothing and samples plainly, so a seeded request's draws depend on
+    how many requests share its steps, as where the token budget cuts proposals short: said at start-up (it was
+    not, and the README promised such a request the same tokens whatever else is in the batch)."""
+    with caplog.at_level(logging.WARNING, logger="glimmer.engine.llm_engine"):
+        LLM(str(target), progress=False, max_num_seqs=4,
+            speculative_config=speculative(drafter, disable_by_batch_size=limit))
+    warned = [r.getMessage() for r in caplog.records if "disable_by_batch_size" in r.getMessage()]
+    assert warned == ([] if limit == 4 else [
+        "speculative_config.disable_by_batch_size=2 is below max_num_seqs=4: steps with more decoding sequences "
+        "propose nothing, and a seeded sampled request is then reproducible in distribution, not token for token "
+        "(its draws depend on whether its steps proposed)"])
 
 # --- resources, configuration and interface --------------------------------------------------------------
 

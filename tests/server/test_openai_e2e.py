@@ -216,6 +216,52 @@ def test_completions_stop_strings_end_the_text(client):
     assert streamed[-1].finish_reason == "stop" and streamed[-1].stop_reason == stop
 
 
+def test_a_seed_gives_the_same_text_on_repeat_calls_streamed_or_not_beside_other_requests(client, server):
+    """Seeded completions and chats (n = 2, top-p, penalties, logit bias, a JSON grammar): run again, concurrently
+    with unseeded and greedy requests and a stream its client leaves, streamed or not, each choice has the text
+    (and reasoning) it had alone, and the two choices differ."""
+    completion = dict(model="tiny", prompt="Once upon a time", max_tokens=12, temperature=1.0, top_p=0.9, seed=11,
+                      n=2, extra_body={"ignore_eos": True})
+    chat = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0.8, seed=12, n=2, presence_penalty=0.5,
+                logit_bias={"40": 2}, response_format={"type": "json_object"}, extra_body=EXTRA)
+
+    def said(part) -> tuple[str, str]:
+        """A completion choice's text, or a chat message's (or delta's) content and reasoning."""
+        if hasattr(part, "text"):
+            return part.text, ""
+        return part.content or "", getattr(part, "reasoning_content", None) or ""
+
+    async def texts(api, kwargs: dict, stream: bool) -> list[tuple[str, str]]:
+        if not stream:
+            return [said(getattr(c, "message", c)) for c in (await api.create(**kwargs)).choices]
+        parts = [("", ""), ("", "")]
+        async for chunk in await api.create(**kwargs, stream=True):
+            for c in chunk.choices:
+                text, reasoning = said(getattr(c, "delta", c))
+                parts[c.index] = (parts[c.index][0] + text, parts[c.index][1] + reasoning)
+        return parts
+
+    async def left(aclient: openai.AsyncOpenAI) -> None:
+        stream = await aclient.completions.create(model="tiny", prompt="x y", max_tokens=200, temperature=1,
+                                                  stream=True, extra_body={"ignore_eos": True})
+        async for _ in stream:
+            break
+        await stream.close()
+
+    async def run() -> list[list[str]]:
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0) as aclient:
+            seeded = [texts(api, kwargs, stream) for api, kwargs in ((aclient.completions, completion),
+                                                                      (aclient.chat.completions, chat))
+                      for stream in (False, True)]
+            others = [aclient.completions.create(model="tiny", prompt="z " * i, max_tokens=20, temperature=i % 2)
+                      for i in range(1, 5)]
+            return (await asyncio.gather(*seeded, *others, left(aclient)))[:4]
+
+    expected_completion = [said(c) for c in client.completions.create(**completion).choices]
+    expected_chat = [said(c.message) for c in client.chat.completions.create(**chat).choices]
+    assert len(set(expected_completion)) == 2 and len(set(expected_chat)) == 2
+    assert asyncio.run(run()) == [expected_completion] * 2 + [expected_chat] * 2
+
 def test_32_concurrent_streams_all_complete(server):
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str | None, int]:
         finish, count = None, 0
