@@ -218,7 +218,8 @@ class TorchFileTensors:
     def names(self) -> list[str]:
         return list(self.tensors)
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """As loaded, whatever `device` the caller puts it on: a stored tensor needs no computing there."""
         return self._tensors[name]
 
 

@@ -66,7 +66,8 @@ class PickleCheckpoint:
     def names(self) -> list[str]:
         return list(self.tensors)
 
-    def read(self, name: str) -> torch.Tensor:
+    def read(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """On the host whatever `device` the caller puts it on: a stored tensor needs no computing there."""
         return self._state[self.tensors[name].file][name].clone()
 
     def read_many(self, names: list[str]) -> dict[str, torch.Tensor]:

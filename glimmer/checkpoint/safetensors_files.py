@@ -283,8 +283,9 @@ class SafetensorsCheckpoint:
     def names(self) -> list[str]:
         return list(self.tensors)
 
-    def read(self, name: str) -> torch.Tensor:
-        """Read one tensor from its shard (memory-mapped; the returned tensor owns a copy)."""
+    def read(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Read one tensor from its shard (memory-mapped; the returned tensor owns a copy), on the host whatever
+        `device` the caller puts it on: a stored tensor needs no computing there (`MappedTensors.read`)."""
         info = self.tensors[name]
         with safe_open(info.file, framework="pt") as handle:
             return handle.get_tensor(name)

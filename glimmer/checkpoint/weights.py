@@ -178,7 +178,8 @@ def fill_parameters(
     with torch.no_grad(), tqdm(total=total, unit="param", unit_scale=True, desc="Loading weights",
                                disable=not progress) as bar:
         for source in order:
-            tensor = files.read(source)
+            # a tensor the reader computes (a dequantized NVFP4 weight) is computed where its parameter lives
+            tensor = files.read(source, params[by_source[source][0]].device)
             for target in by_source[source]:
                 where = plan.slices[target]
                 part = tensor if where.rows is None else tensor[where.rows[0] : where.rows[1]]

@@ -16,6 +16,7 @@ from oracle import reference_greedy, reference_logits, reference_model
 from safetensors.torch import load_file, save_file
 
 from glimmer.checkpoint.compressed_tensors import dequantize_nvfp4
+from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.inspect import inspect_checkpoint
 from glimmer.engine.llm import LLM
 from glimmer.engine.model_loader import load_model
@@ -165,6 +166,40 @@ def test_dequantization_is_compressed_tensors_formula_bit_for_bit():
     step = scale.float() / global_scale
     row = torch.tensor([-6.0, 1.0, 0.5, -0.0] * 8).reshape(2, 16) * step.reshape(2, 1)
     assert torch.equal(got, row.reshape(1, 32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_weights_dequantized_where_they_load_are_the_host_dequantization_bit_for_bit(nvfp4, dtype):
+    """The loader asks for each weight on its parameter's device; on the host the bits are those of the float32
+    host dequantization cast to the model dtype, as the loader cast it before it named the device."""
+    directory, _ = nvfp4
+    loaded = load_model(directory, dtype=dtype, progress=False).model.state_dict()
+    stored = {**load_file(directory / "model-00001-of-00002.safetensors"),
+              **load_file(directory / "model-00002-of-00002.safetensors")}
+    compared = 0
+    for name, tensor in loaded.items():
+        if f"{name.removesuffix('.weight')}.weight_packed" in stored:
+            module = name.removesuffix(".weight")
+            host = dequantize_nvfp4(stored[f"{module}.weight_packed"], stored[f"{module}.weight_scale"],
+                                    stored[f"{module}.weight_global_scale"]).to(dtype)
+            assert tensor.dtype == dtype and torch.equal(tensor.view(torch.uint8), host.view(torch.uint8)), name
+            compared += 1
+    assert compared == 8 * len(LINEARS)
+
+
+def test_a_quantized_weight_is_dequantized_on_the_device_asked_for(nvfp4):
+    """The packed codes and scales go to the device and the arithmetic runs there (the meta device stands in for a
+    GPU: a tensor computed anywhere else would come back from another device)."""
+    directory, _ = nvfp4
+    tensors = open_checkpoint(directory).tensors
+    name = "model.language_model.layers.0.mlp.down_proj.weight"
+    on_meta = tensors.read(name, torch.device("meta"))
+    host = tensors.read(name)
+    assert on_meta.device.type == "meta" and host.device.type == "cpu"
+    assert (on_meta.shape, on_meta.dtype) == (host.shape, host.dtype) == (tuple(tensors.tensors[name].shape),
+                                                                           torch.float32)
+    plain = "model.language_model.embed_tokens.weight"  # stored as it is: read on the host for the copy to move
+    assert tensors.read(plain, torch.device("meta")).device.type == "cpu"
 
 
 def test_logits_are_the_reference_on_the_dequantized_weights(nvfp4):
