@@ -299,15 +299,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_batch(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from tqdm import tqdm
-
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
-    from glimmer.multimodal.sources import MediaFetchPolicy
-    from glimmer.server.app import create_app
-    from glimmer.server.batch import parse_batch_input, run_batch
-    from glimmer.server.settings import ServerSettings
+    from glimmer.server.batch import parse_batch_input
 
     _check_engine_options(args)
     _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)  # before the output file is opened
@@ -320,6 +313,35 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         lines = parse_batch_input(_read_batch_input(args.input_file))
     except ValueError as error:
         raise UsageError(f"--input-file {args.input_file}: {error}") from None
+    shown = "stdout" if args.output_file == "-" else args.output_file
+    try:
+        summary, engine = _run_batch_file(args, lines)
+    except _Terminated:
+        print(f"run-batch: stopped by SIGTERM; the records finished before it are in {shown}", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
+    records = f"{summary.written} record{'s' * (summary.written != 1)}"
+    print(f"run-batch: wrote {records} to {shown}: {summary.succeeded} answered with status 200{failed}",
+          file=sys.stderr)
+    if engine.failure is not None:
+        print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
+              f"{engine.failure}); the requests after it failed with status 500", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_batch_file(args: argparse.Namespace, lines: list[Any]) -> tuple[Any, Any]:
+    """Load the engine and run `lines` through the server's routes into the output file: (BatchSummary, engine).
+    Raises _Terminated when SIGTERM stops the batch (the output holds the records finished before it)."""
+    import asyncio
+
+    from tqdm import tqdm
+
+    from glimmer.multimodal.sources import MediaFetchPolicy
+    from glimmer.server.app import create_app
+    from glimmer.server.batch import run_batch
+    from glimmer.server.settings import ServerSettings
+
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
         if is_default:
@@ -344,20 +366,44 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
                 write_text(json.dumps(record, ensure_ascii=False) + "\n")
 
             with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
-                summary = asyncio.run(run_batch(app, lines, write, max_in_flight=max_in_flight,
-                                                on_done=bar.update))
+                summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,
+                                                                      on_done=bar.update)))
         finally:
             engine.shutdown()
-    shown = "stdout" if args.output_file == "-" else args.output_file
-    failed = f", {summary.failed} failed (see their `error`)" * bool(summary.failed)
-    records = f"{summary.written} record{'s' * (summary.written != 1)}"
-    print(f"run-batch: wrote {records} to {shown}: {summary.succeeded} answered with status 200{failed}",
-          file=sys.stderr)
-    if engine.failure is not None:
-        print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
-              f"{engine.failure}); the requests after it failed with status 500", file=sys.stderr)
-        return 1
-    return 0
+    return summary, engine
+
+
+async def _cancelled_by_sigterm(work: Any) -> Any:
+    """`work` (a coroutine), cancelled by SIGTERM as asyncio.run cancels it at Ctrl-C, so that it stops as it does
+    then; raises _Terminated once it has. Without it SIGTERM (`docker stop`, a Kubernetes Job deleted) killed
+    run-batch at once, the records in the output's buffer lost and its last line cut, or went unheard as a
+    container's PID 1."""
+    import asyncio
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # (only the main thread may handle signals)
+        return await work
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    terminated = False
+
+    def terminate() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    previous = signal.getsignal(signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated() from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)  # which sets the default handler, not the one it replaced
+        if previous is not None:  # (None: one not set from Python)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _read_batch_input(source: str) -> bytes:

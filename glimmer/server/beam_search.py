@@ -103,7 +103,7 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
         streams = [context.engine.generate(f"{run_id}-{step}-{number}-{i}", beam, step_params, multimodal=multimodal,
                                            queue_limit=step == 0 and not k, generated=step)
                    for k, (number, live) in enumerate(stepping) for i, beam in enumerate(live)]
-        results = iter(await asyncio.gather(*map(_next_token, streams)))
+        results = iter(await _all_next_tokens(streams))
         for number, live in stepping:
             entries = [next(results) for _ in live]
             if step == 0:
@@ -111,6 +111,20 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
             searches[number].advance([entry for entry, _ in entries])
         step += 1
     return searches, cached
+
+
+async def _all_next_tokens(streams: list[AsyncIterator[StepDelta]]) -> list[tuple[TokenLogprobs, int]]:
+    """Each stream's `_next_token`. When one fails (the queue limit refusing the first beam, a failed step), the others
+    are stopped, and their requests aborted, before the error is raised: they would otherwise run for nobody (a
+    refused 429 left its other prompts' beams queued past the limit, and a batch retries a 429)."""
+    tasks = [asyncio.ensure_future(_next_token(stream)) for stream in streams]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _next_token(stream: AsyncIterator[StepDelta]) -> tuple[TokenLogprobs, int]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -358,3 +360,29 @@ def test_an_input_or_output_that_cannot_be_used_is_one_line_before_the_model_loa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
     assert all(word in err for word in words) and "no-such-model" not in err
+
+
+def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_checkpoint, tmp_path):
+    """`docker stop` or a deleted Kubernetes Job sends SIGTERM: the requests in flight are aborted, the records
+    finished before it are in the output, whole, and the exit code is 143 (SIGTERM killed it, the records still in
+    the output's buffer lost, its last line cut where the buffer had been written)."""
+    quick = [_line(f"quick-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1}) for index in range(3)]
+    long = [_line(f"long-{index}", "/v1/completions", {"prompt": "Once", "max_tokens": 1900, "ignore_eos": True})
+            for index in range(16)]
+    source, out, err = tmp_path / "requests.jsonl", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
+    source.write_text("\n".join(quick + long) + "\n")
+    with err.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "run-batch", str(tiny_checkpoint), "-i",
+                                    str(source), "-o", str(out), "--max-model-len", "2048"], stderr=stderr)
+        try:
+            deadline = time.monotonic() + 120
+            while "run-batch:" not in err.read_text():  # the progress bar: the engine is loaded, the batch runs
+                assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()
+        finally:
+            process.kill()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [record["custom_id"] for record in records] == [f"quick-{index}" for index in range(3)][:len(records)]
+    assert "stopped by SIGTERM" in err.read_text() and "Traceback" not in err.read_text()

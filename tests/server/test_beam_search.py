@@ -3,8 +3,11 @@ first, as `LLM.beam_search` finds them; what beam search cannot take is a 400 na
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import httpx
@@ -215,3 +218,41 @@ def test_a_beam_that_generated_a_placeholder_id_goes_on_as_greedy_decoding_does(
     response = post(server, **body, n=1, use_beam_search=True)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == greedy["text"]
+
+
+def test_a_search_the_full_queue_refuses_leaves_none_of_its_beams_queued(checkpoint, monkeypatch):
+    """The queue limit refuses a search at its first prompt's beam (a 429); its other prompts' beams, started beside
+    it, are aborted with it: none of them waits past the limit to run for nobody (a batch retries each 429)."""
+    with live_server(checkpoint, scripted=True, max_waiting_requests=1, engine_options={"max_num_seqs": 1}) as live:
+        engine = live.engine
+        added, aborted = [], []
+        for name, seen in (("add_request", added), ("abort", aborted)):
+            method = getattr(engine.engine, name)
+            monkeypatch.setattr(engine.engine, name, lambda request_id, *args, method=method, seen=seen, **kwargs: (
+                seen.append(request_id), method(request_id, *args, **kwargs))[1])
+
+        async def settle(done: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 5  # (the running request takes far longer to finish)
+            while not done():
+                assert time.monotonic() < deadline, (engine.num_waiting_requests, added, aborted)
+                await asyncio.sleep(0.01)
+
+        async def run() -> None:
+            running = engine.generate("running", PROMPTS[1], SamplingParams(max_tokens=1900, ignore_eos=True))
+            await anext(running)  # it holds the one sequence slot for the whole test (a step takes 50 ms)
+            queued = asyncio.ensure_future(anext(engine.generate("waiting", PROMPTS[1], SamplingParams(max_tokens=1))))
+            await settle(lambda: engine.num_waiting_requests == 1)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(live.app), base_url="http://glimmer") as client:
+                refused = await client.post("/v1/completions", json={**BEAM, "prompt": PROMPTS + [[7, 8, 9]]})
+            assert refused.status_code == 429, refused.text
+            # a beam's request added to the engine is aborted, or it waits behind the running one, counted
+            await settle(lambda: engine.num_waiting_requests == 1 and set(added) - {"running", "waiting"} <= set(
+                aborted))
+            queued.cancel()
+            await running.aclose()
+            await settle(lambda: engine.num_waiting_requests == 0)
+
+        live.engine.engine.runner.step_delay_s = 0.05
+        asyncio.run(run())
+        live.engine.engine.runner.step_delay_s = 0.0
+        live.wait_for_idle()
