@@ -24,6 +24,7 @@ from glimmer.model.kernels.decoder_stack import (
     random_stack,
     stack_linear,
 )
+from glimmer.model.kernels.logits import softcapped_logits_cpu
 from glimmer.model.layers import RotaryTable
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -126,6 +127,28 @@ def test_results_do_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0], results[1])
+
+
+def test_results_do_not_depend_on_how_the_barriers_wait(monkeypatch):
+    """The step's own barrier, spinning or sleeping at every wait (spin 0), orders the phases as the OpenMP runtime's
+    does (-1): the same bits, at two threads or more."""
+    shape = StackShape(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(5))
+    hidden, weight = torch.randn(3, 64), torch.randn(29, 64)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        torch.set_num_threads(max(2, threads))
+        for spin_ns in (-1, 0, cpu.BARRIER_SPIN_NS):
+            monkeypatch.setattr(cpu, "barrier_spin_ns", lambda spin_ns=spin_ns: spin_ns)
+            ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
+            results.append((_run(stack, ctx, poisoned, rotary, inputs, reference=False)[0],
+                             softcapped_logits_cpu(hidden, weight, 1.0, 30.0)))
+    finally:
+        torch.set_num_threads(threads)
+    for stack_out, logits_out in results[1:]:
+        assert torch.equal(stack_out, results[0][0]) and torch.equal(logits_out, results[0][1])
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])

@@ -55,7 +55,7 @@ class StepArgs(ctypes.Structure):
         ("qk_eps", _D), ("q_scale", _D), ("attention_scale", _D), ("cos", _P), ("sin", _P),
         ("seq_lens", _P), ("block_size", _I64 * 2), ("tables", _P * 2), ("table_width", _I64 * 2),
         ("kv_start", _P * 2), ("slots", _P * 2),
-        ("input_scale", _P), ("input_eps", _D),
+        ("input_scale", _P), ("input_eps", _D), ("barrier_spin_ns", _I64),
     ]
 
 
@@ -168,7 +168,8 @@ class DecoderStack:
         step = StepArgs(rows=rows, hidden=shape.hidden_size, heads=shape.num_heads, kv_heads=shape.num_kv_heads,
                         head_dim=shape.head_dim, inter=shape.intermediate_size, qk_eps=shape.qk_norm_eps,
                         q_scale=shape.qk_scale_factor, attention_scale=shape.head_dim**-0.5,
-                        input_scale=self.input_norm.scale.data_ptr(), input_eps=self.input_norm.eps)
+                        input_scale=self.input_norm.scale.data_ptr(), input_eps=self.input_norm.eps,
+                        barrier_spin_ns=cpu.barrier_spin_ns())
         cos, sin = (t.contiguous() for t in rotary)
         seq_lens = ctx.seq_lens.to(torch.int64).contiguous()
         step.cos, step.sin, step.seq_lens = cos.data_ptr(), sin.data_ptr(), seq_lens.data_ptr()

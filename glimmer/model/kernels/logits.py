@@ -128,7 +128,7 @@ def softcapped_logits_cpu(hidden: torch.Tensor, weight: torch.Tensor, multiplier
     lib = cpu.library() if lib is None else lib
     out = hidden.new_empty((hidden.shape[0], weight.shape[0]))
     lib.glimmer_logits(hidden.data_ptr(), hidden.shape[0], weight.data_ptr(), weight.shape[0], weight.shape[1],
-                       multiplier, cap, out.data_ptr(), cpu.threads())
+                       multiplier, cap, out.data_ptr(), cpu.threads(), cpu.barrier_spin_ns())
     return out
 
 
