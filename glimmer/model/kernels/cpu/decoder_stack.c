@@ -93,6 +93,7 @@ typedef struct {
     const float *input_scale;   /* the first layer's input norm (1 + w) */
     double input_eps;
     int64_t barrier_spin_ns; /* how long a thread spins at a barrier between phases before it sleeps (team_wait) */
+    int64_t *barrier_sleeps; /* receives how many of the step's barrier waits slept */
 } glimmer_step;
 
 /* A vector of LANES floats read from any float address: the same type with may_alias, dereferenced (a memcpy into a
@@ -324,6 +325,7 @@ static void group_dots_of(const float *x, int64_t stride, int nr, const float *c
 typedef struct {
     atomic_int arrived;
     atomic_uint generation; /* one more each time the team passes */
+    atomic_int sleeps;      /* waits that outlasted spin_ns: the thread they waited for was held up */
     pthread_mutex_t lock;   /* guards sleeping on `passed` against the last arrival's broadcast */
     pthread_cond_t passed;
 } team_barrier;
@@ -363,6 +365,7 @@ static void team_wait(team_barrier *b, int64_t spin_ns) {
     for (unsigned spins = 1; atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
         relax();
         if (spins % 16 == 0 && now_ns() > until) {
+            atomic_fetch_add_explicit(&b->sleeps, 1, memory_order_relaxed);
             pthread_mutex_lock(&b->lock);
             while (atomic_load_explicit(&b->generation, memory_order_acquire) == generation)
                 pthread_cond_wait(&b->passed, &b->lock);
@@ -379,6 +382,7 @@ static void team_wait(team_barrier *b, int64_t spin_ns) {
 static void team_barrier_init(team_barrier *b) {
     atomic_init(&b->arrived, 0);
     atomic_init(&b->generation, 0u);
+    atomic_init(&b->sleeps, 0);
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->passed, NULL);
 }
@@ -617,6 +621,7 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
         free(scores);
         free(acc);
     }
+    *s->barrier_sleeps = atomic_load(&barrier.sleeps);
     team_barrier_destroy(&barrier);
     free(work);
     return out_of_memory ? -1 : 0;
