@@ -104,8 +104,9 @@ class MuseGlimmerForConditionalGeneration(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """logits = cap · tanh(multiplier · z / cap), in the model dtype and in this order (§2.7, §14.9)."""
         text = self.config.text
-        # where the engine bound the C decoder stack, as many rows as its decode steps take run the C kernel too
+        # where the engine bound the C decoder stack, as many rows as its decode steps take run the C kernel too, on
+        # the threads its last step ran on (one while other processes hold the cores: kernels/decoder_stack.py TeamSize)
         stack = self.model.language_model.decoder_stack
         c_rows = stack.max_rows if stack is not None and stack.max_rows is not None else 0
         return softcapped_logits(hidden, self.lm_head.weight, text.output_multiplier, text.final_logit_softcapping,
-                                 c_rows=c_rows)
+                                 c_rows=c_rows, c_threads=stack.team.last if stack is not None else None)

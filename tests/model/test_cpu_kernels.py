@@ -113,6 +113,17 @@ def test_indices_outside_the_cache_are_refused_not_followed():
         decode_attention_cpu(c.query, c.key_cache, c.value_cache, c.group, c.ctx, None, 0.3)
 
 
+@pytest.mark.parametrize("setting", [{}, {"OMP_WAIT_POLICY": " "}, {"OMP_NUM_THREADS": "2"}])
+def test_the_stacks_barriers_spin_a_bounded_time_where_the_user_set_no_wait_policy(setting):
+    assert cpu.barrier_spin_ns(setting) == cpu.BARRIER_SPIN_NS > 0
+
+
+@pytest.mark.parametrize("setting", [{"OMP_WAIT_POLICY": "active"}, {"OMP_WAIT_POLICY": "PASSIVE"},
+                                     {"GOMP_SPINCOUNT": "10000"}, {"KMP_BLOCKTIME": "0"}])
+def test_a_wait_policy_the_user_set_keeps_the_openmp_runtimes_barrier(setting):
+    assert cpu.barrier_spin_ns(setting) == -1
+
+
 def test_dispatchers_take_the_c_kernels_for_float32_on_the_cpu_only(monkeypatch):
     calls = []
     real = kernels.residual_norm.__globals__["residual_norm_cpu"]

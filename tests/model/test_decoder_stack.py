@@ -19,11 +19,13 @@ from glimmer.model.kernels import cpu
 from glimmer.model.kernels.decoder_stack import (
     DecoderStack,
     StackShape,
+    TeamSize,
     decoder_stack_torch,
     probe_cpu,
     random_stack,
     stack_linear,
 )
+from glimmer.model.kernels.logits import softcapped_logits_cpu
 from glimmer.model.layers import RotaryTable
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -126,6 +128,74 @@ def test_results_do_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(results[0], results[1])
+
+
+def test_results_do_not_depend_on_how_the_barriers_wait(monkeypatch):
+    """The step's own barrier, spinning or sleeping at every wait (spin 0), orders the phases as the OpenMP runtime's
+    does (-1): the same bits, at two threads or more."""
+    shape = StackShape(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(5))
+    hidden, weight = torch.randn(3, 64), torch.randn(29, 64)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        torch.set_num_threads(max(2, threads))
+        for spin_ns in (-1, 0, cpu.BARRIER_SPIN_NS):
+            monkeypatch.setattr(cpu, "barrier_spin_ns", lambda spin_ns=spin_ns: spin_ns)
+            stack.team = TeamSize()  # (spin 0's sleeps would send the next step to one thread)
+            ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
+            results.append((_run(stack, ctx, poisoned, rotary, inputs, reference=False)[0],
+                             softcapped_logits_cpu(hidden, weight, 1.0, 30.0)))
+    finally:
+        torch.set_num_threads(threads)
+    for stack_out, logits_out in results[1:]:
+        assert torch.equal(stack_out, results[0][0]) and torch.equal(logits_out, results[0][1])
+
+
+def test_a_step_whose_barriers_slept_sends_the_next_steps_to_one_thread(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    team = TeamSize(alone_steps=3)
+    assert team.last is None and team.threads(2) == 2
+    for sleeps in (TeamSize.SLEEPY_WAITS - 1, TeamSize.SLEEPY_WAITS, 0, TeamSize.SLEEPY_WAITS):  # none two in a row
+        team.record(2, sleeps)
+        assert team.threads(2) == 2
+    team.record(2, TeamSize.SLEEPY_WAITS)
+    assert [team.threads(2) for _ in range(4)] == [1, 1, 1, 2] and team.last == 2  # then all of them, to look
+    team.record(2, 58)
+    assert team.threads(2) == 2  # one sleepy look
+    team.record(2, 58)
+    assert team.threads(2) == team.last == 1  # the logits run on as many
+    team.record(1, 0)
+    assert [team.threads(2) for _ in range(3)] == [1, 1, 2]
+
+
+def test_the_thread_count_the_user_set_is_kept_under_load(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    team = TeamSize()
+    team.record(2, 58)
+    team.record(2, 58)
+    assert team.threads(2) == team.last == 2
+
+
+def test_the_stack_runs_its_steps_on_the_threads_its_team_size_gives(monkeypatch):
+    """A step's barrier sleeps reach TeamSize, and the next step runs on the count it gives."""
+    shape = StackShape(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(5))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu, "threads", lambda: 2)
+    monkeypatch.setattr(cpu, "barrier_spin_ns", lambda: 0)  # every wait of a two-thread step sleeps
+    recorded = []
+    real_record = stack.team.record
+    monkeypatch.setattr(stack.team, "record", lambda threads, sleeps: recorded.append((threads, sleeps))
+                        or real_record(threads, sleeps))
+    for _ in range(3):
+        ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
+        _run(stack, ctx, poisoned, rotary, inputs, reference=False)
+    *two_threads, one_thread = recorded
+    assert all(threads == 2 and sleeps >= TeamSize.SLEEPY_WAITS for threads, sleeps in two_threads)
+    assert one_thread == (1, 0)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])

@@ -32,7 +32,8 @@ def test_the_c_kernel_computes_the_reference(rows, vocab, hidden, multiplier, ca
 def test_the_c_kernel_takes_float32_cpu_rows_up_to_the_count_named(monkeypatch):
     calls = []
     real = logits.softcapped_logits_cpu
-    monkeypatch.setattr(logits, "softcapped_logits_cpu", lambda *args: calls.append(args[0].shape[0]) or real(*args))
+    monkeypatch.setattr(logits, "softcapped_logits_cpu",
+                        lambda *args, **kwargs: calls.append(args[0].shape[0]) or real(*args, **kwargs))
     h, weight = torch.randn(4, 16), torch.randn(10, 16)
     softcapped_logits(h, weight, 1.0, 30.0, c_rows=4)
     softcapped_logits(h, weight, 1.0, 30.0, c_rows=3)  # more rows than named

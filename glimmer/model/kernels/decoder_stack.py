@@ -15,6 +15,7 @@ float32 on the CPU with the C kernels built; every other step runs the per-op fo
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +56,7 @@ class StepArgs(ctypes.Structure):
         ("qk_eps", _D), ("q_scale", _D), ("attention_scale", _D), ("cos", _P), ("sin", _P),
         ("seq_lens", _P), ("block_size", _I64 * 2), ("tables", _P * 2), ("table_width", _I64 * 2),
         ("kv_start", _P * 2), ("slots", _P * 2),
-        ("input_scale", _P), ("input_eps", _D),
+        ("input_scale", _P), ("input_eps", _D), ("barrier_spin_ns", _I64), ("barrier_sleeps", _P),
     ]
 
 
@@ -91,6 +92,38 @@ class StackShape:
     qk_scale_factor: float
 
 
+@dataclass
+class TeamSize:
+    """How many threads the stack's next step runs on: all of torch's while they meet at the step's barriers. After two
+    steps in a row in which SLEEPY_WAITS of the barrier waits outlasted their spin (other processes hold the cores and
+    keep descheduling a thread the others wait for; one such step may be a quiet machine's stray interrupt), one
+    thread, which waits for nobody, for the next `alone_steps` steps; then all of them again, to look. On a 2-vCPU
+    machine with other processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two threads 1.7x as fast as
+    one (bench/MEASUREMENTS.md, CPU decode). Where OMP_NUM_THREADS is set, that count is the user's and always runs."""
+
+    SLEEPY_WAITS = 2
+    alone_steps: int = 64
+    alone_left: int = 0
+    sleepy_steps: int = 0
+    """Steps in a row, up to the last, whose waits slept."""
+    last: int | None = None
+    """The threads the last step ran on (its logits run on as many); None before the first."""
+
+    def threads(self, available: int) -> int:
+        self.last = available
+        if self.alone_left > 0 and available > 1 and not os.environ.get("OMP_NUM_THREADS", "").strip():
+            self.alone_left -= 1
+            self.last = 1
+        return self.last
+
+    def record(self, threads: int, barrier_sleeps: int) -> None:
+        """What the step just run on `threads` threads saw: how many of its barrier waits slept."""
+        if threads > 1:
+            self.sleepy_steps = self.sleepy_steps + 1 if barrier_sleeps >= self.SLEEPY_WAITS else 0
+            if self.sleepy_steps == 2:
+                self.alone_left, self.sleepy_steps = self.alone_steps, 0
+
+
 class DecoderStack:
     """A text model's decoder layers bound to `glimmer_decode_layers`: the weights' addresses are taken once, so the
     model's weights must not be replaced after (an inference model is fused once, after loading)."""
@@ -103,6 +136,7 @@ class DecoderStack:
         # up to eight rows and compute the passes without the blocking of a large-batch GEMM, so past some batch
         # the op-by-op step (torch's products) is faster; the engine times where (`decoder_stack_rows`)
         self.max_rows = max_rows
+        self.team = TeamSize()
         self._args = (LayerArgs * len(layers))()
         for args, layer in zip(self._args, layers, strict=True):
             args.qkvg_weight, args.qkvg_bias = layer.qkvg_weight.data_ptr(), cpu.pointer(layer.qkvg_bias)
@@ -168,7 +202,8 @@ class DecoderStack:
         step = StepArgs(rows=rows, hidden=shape.hidden_size, heads=shape.num_heads, kv_heads=shape.num_kv_heads,
                         head_dim=shape.head_dim, inter=shape.intermediate_size, qk_eps=shape.qk_norm_eps,
                         q_scale=shape.qk_scale_factor, attention_scale=shape.head_dim**-0.5,
-                        input_scale=self.input_norm.scale.data_ptr(), input_eps=self.input_norm.eps)
+                        input_scale=self.input_norm.scale.data_ptr(), input_eps=self.input_norm.eps,
+                        barrier_spin_ns=cpu.barrier_spin_ns())
         cos, sin = (t.contiguous() for t in rotary)
         seq_lens = ctx.seq_lens.to(torch.int64).contiguous()
         step.cos, step.sin, step.seq_lens = cos.data_ptr(), sin.data_ptr(), seq_lens.data_ptr()
@@ -193,9 +228,13 @@ class DecoderStack:
                 args.capture = captured.data_ptr()
             else:
                 args.capture = None
+        sleeps = ctypes.c_int64(0)
+        step.barrier_sleeps = ctypes.addressof(sleeps)
+        threads = self.team.threads(cpu.threads())
         lib = cpu.library() if lib is None else lib
         bad = lib.glimmer_decode_layers(ctypes.byref(step), self._args, len(self.layers),
-                                                  inputs_embeds.data_ptr(), out.data_ptr(), cpu.threads())
+                                        inputs_embeds.data_ptr(), out.data_ptr(), threads)
+        self.team.record(threads, sleeps.value)
         if bad < 0:
             raise MemoryError("decoder stack: no memory for the step's work buffers")
         if bad:

@@ -35,10 +35,11 @@ _exact: dict[tuple[int, torch.dtype, float, float], bool] = {}
 
 
 def softcapped_logits(hidden: torch.Tensor, weight: torch.Tensor, multiplier: float, cap: float,
-                      c_rows: int = 0) -> torch.Tensor:
-    """hidden (N, H) → logits (N, V); `c_rows`: at most this many rows run the C kernel (0: never)."""
+                      c_rows: int = 0, c_threads: int | None = None) -> torch.Tensor:
+    """hidden (N, H) → logits (N, V); `c_rows`: at most this many rows run the C kernel (0: never), on `c_threads`
+    threads (None: torch's count)."""
     if 0 < hidden.shape[0] <= c_rows and cpu_supports(hidden, weight):
-        return softcapped_logits_cpu(hidden, weight, multiplier, cap)
+        return softcapped_logits_cpu(hidden, weight, multiplier, cap, threads=c_threads)
     if not fused_softcap_runs(hidden, weight, multiplier, cap):
         return softcapped_logits_torch(hidden, weight, multiplier, cap)
     logits = linear(hidden, weight)
@@ -124,11 +125,12 @@ def cpu_supports(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def softcapped_logits_cpu(hidden: torch.Tensor, weight: torch.Tensor, multiplier: float, cap: float,
-                          lib=None) -> torch.Tensor:
+                          lib=None, threads: int | None = None) -> torch.Tensor:
     lib = cpu.library() if lib is None else lib
     out = hidden.new_empty((hidden.shape[0], weight.shape[0]))
     lib.glimmer_logits(hidden.data_ptr(), hidden.shape[0], weight.data_ptr(), weight.shape[0], weight.shape[1],
-                       multiplier, cap, out.data_ptr(), cpu.threads())
+                       multiplier, cap, out.data_ptr(), cpu.threads() if threads is None else threads,
+                       cpu.barrier_spin_ns())
     return out
 
 

@@ -31,6 +31,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -58,7 +59,7 @@ SIGNATURES = {
     "glimmer_silu_mul": (None, [_P, _I64, _I64, _P, _INT]),
     "glimmer_decode_layers": (_INT, [_P, _P, _I64, _P, _P, _INT]),
     "glimmer_linear": (None, [_P, _I64, _P, _P, _I64, _I64, _P, _INT]),
-    "glimmer_logits": (None, [_P, _I64, _P, _I64, _I64, _F, _F, _P, _INT]),
+    "glimmer_logits": (None, [_P, _I64, _P, _I64, _I64, _F, _F, _P, _INT, _I64]),
 }
 
 
@@ -107,6 +108,23 @@ def pointer(t: torch.Tensor | None) -> int | None:
 
 def threads() -> int:
     return torch.get_num_threads()
+
+
+BARRIER_SPIN_NS = 50_000
+"""How long a thread of the decoder stack spins at a barrier between phases before it sleeps (`team_wait` in
+cpu/decoder_stack.c). A quiet step's threads meet within microseconds; one whose partner another process has
+descheduled stops taking the partner's core after this."""
+WAIT_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+"""The OpenMP runtimes' settings of how long a waiting thread spins (libgomp reads the first two, LLVM's and Intel's
+runtimes the first and last)."""
+
+
+def barrier_spin_ns(environ: Mapping[str, str] = os.environ) -> int:
+    """BARRIER_SPIN_NS for the stack's barriers; -1 (the OpenMP runtime's own barrier) where the user set one of
+    WAIT_POLICY_VARIABLES, which the runtime honours."""
+    if any(environ.get(name, "").strip() for name in WAIT_POLICY_VARIABLES):
+        return -1
+    return BARRIER_SPIN_NS
 
 
 def _compiler() -> list[str] | None:

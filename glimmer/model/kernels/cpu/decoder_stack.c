@@ -17,7 +17,13 @@
  * products stream each weight row once for up to eight sequences at once, with the summation order of their own
  * (sums agree with torch's to float32 rounding, not bit for bit). Indices are checked before anything is written.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common.h"
 
@@ -86,6 +92,8 @@ typedef struct {
     const int64_t *slots[2];    /* (rows,): the cache slot each token's key and value go to */
     const float *input_scale;   /* the first layer's input norm (1 + w) */
     double input_eps;
+    int64_t barrier_spin_ns; /* how long a thread spins at a barrier between phases before it sleeps (team_wait) */
+    int64_t *barrier_sleeps; /* receives how many of the step's barrier waits slept */
 } glimmer_step;
 
 /* A vector of LANES floats read from any float address: the same type with may_alias, dereferenced (a memcpy into a
@@ -307,13 +315,91 @@ static void group_dots_of(const float *x, int64_t stride, int nr, const float *c
     }
 }
 
+/* The barrier between a step's phases, for the threads of its parallel region: a thread that arrives spins at most
+ * spin_ns, then sleeps until the last one arrives. libgomp's own barrier (torch's libgomp: the kernels link the one
+ * loaded) spins 300,000 `pause`s before it sleeps unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (3.3 ms on a
+ * 2-vCPU Xeon, more on cores whose pause is slower). While other processes hold the cores, the first thread at one of
+ * a step's 58 barriers spun away the time slice its descheduled partner needed to get there: batch-1 decode fell from
+ * 270 tok/s to 6-28 (bench/MEASUREMENTS.md, CPU decode). spin_ns < 0 takes the OpenMP runtime's barrier instead, which
+ * honours what the user set. Either gives the same bits: a barrier orders the phases, it computes nothing. */
+typedef struct {
+    atomic_int arrived;
+    atomic_uint generation; /* one more each time the team passes */
+    atomic_int sleeps;      /* waits that outlasted spin_ns: the thread they waited for was held up */
+    pthread_mutex_t lock;   /* guards sleeping on `passed` against the last arrival's broadcast */
+    pthread_cond_t passed;
+} team_barrier;
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void team_wait(team_barrier *b, int64_t spin_ns) {
+#ifdef _OPENMP
+    const int team = omp_get_num_threads();
+    if (team < 2) return;
+    if (spin_ns < 0) {
+#pragma omp barrier
+        return;
+    }
+    const unsigned generation = atomic_load_explicit(&b->generation, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == team - 1) { /* the last to arrive */
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        pthread_mutex_lock(&b->lock);
+        atomic_store_explicit(&b->generation, generation + 1, memory_order_release);
+        pthread_cond_broadcast(&b->passed);
+        pthread_mutex_unlock(&b->lock);
+        return;
+    }
+    const int64_t until = now_ns() + spin_ns;
+    for (unsigned spins = 1; atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
+        relax();
+        if (spins % 16 == 0 && now_ns() > until) {
+            atomic_fetch_add_explicit(&b->sleeps, 1, memory_order_relaxed);
+            pthread_mutex_lock(&b->lock);
+            while (atomic_load_explicit(&b->generation, memory_order_acquire) == generation)
+                pthread_cond_wait(&b->passed, &b->lock);
+            pthread_mutex_unlock(&b->lock);
+            return;
+        }
+    }
+#else
+    (void)b;
+    (void)spin_ns;
+#endif
+}
+
+static void team_barrier_init(team_barrier *b) {
+    atomic_init(&b->arrived, 0);
+    atomic_init(&b->generation, 0u);
+    atomic_init(&b->sleeps, 0);
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->passed, NULL);
+}
+
+static void team_barrier_destroy(team_barrier *b) {
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->passed);
+}
+
 /* y (rows, out) = x (rows, in) · wᵀ + bias (out >= FEATURES), the weight rows shared among the threads of the
  * enclosing region: a pair of them at a time, or GROUP pairs where x's rows are longer than X_WHOLE. A last odd weight
- * row is read with the row before it, whose sums that pass drops. */
+ * row is read with the row before it, whose sums that pass drops. No barrier after: y is whole once the caller's is
+ * passed. */
 static void project(const float *x, int64_t rows, const float *w, const float *bias, int64_t out, int64_t in, float *y) {
     const int64_t pairs = (out + FEATURES - 1) / FEATURES;
     if (in <= X_WHOLE) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int64_t p = 0; p < pairs; p++) {
             const int64_t first = p * FEATURES < out - FEATURES ? p * FEATURES : out - FEATURES;
             float dots[ROWS][FEATURES];
@@ -328,7 +414,7 @@ static void project(const float *x, int64_t rows, const float *w, const float *b
         return;
     }
     const int64_t groups = (pairs + GROUP - 1) / GROUP;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t q = 0; q < groups; q++) {
         const int count = pairs - q * GROUP < GROUP ? (int)(pairs - q * GROUP) : GROUP;
         int64_t first[GROUP];
@@ -352,10 +438,10 @@ static void project(const float *x, int64_t rows, const float *w, const float *b
 
 /* act (rows, inter) = silu(x · gateᵀ) · (x · upᵀ) with the gate rows then the up rows of `w` (inter >= FEATURES):
  * the MLP's fused product and silu_mul_torch in one pass (where x's rows are longer than X_WHOLE, a pair of gate rows
- * and its pair of up rows as one group) */
+ * and its pair of up rows as one group); no barrier after, as project() */
 static void project_silu_mul(const float *x, int64_t rows, const float *w, int64_t inter, int64_t in, float *act) {
     const int64_t pairs = (inter + FEATURES - 1) / FEATURES;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < pairs; p++) {
         const int64_t first = p * FEATURES < inter - FEATURES ? p * FEATURES : inter - FEATURES;
         const float *gate_and_up[GROUP] = {w + first * in, w + (inter + first) * in};
@@ -403,11 +489,14 @@ void glimmer_linear(const float *x, int64_t rows, const float *w, const float *b
 /* softcapped_logits_torch: logits (rows, vocab) = cap * tanh(((h · wᵀ) * multiplier) / cap), each operation rounded
  * to float32 in the reference's order (architecture.md §2.7); tanhf is libm's */
 void glimmer_logits(const float *h, int64_t rows, const float *w, int64_t vocab, int64_t hidden, float multiplier,
-                    float cap, float *out, int threads) {
+                    float cap, float *out, int threads, int64_t barrier_spin_ns) {
     if (vocab < FEATURES) project_few(h, rows, w, NULL, vocab, hidden, out);
+    team_barrier barrier;
+    team_barrier_init(&barrier);
 #pragma omp parallel num_threads(threads)
     {
         if (vocab >= FEATURES) project(h, rows, w, NULL, vocab, hidden, out);
+        team_wait(&barrier, barrier_spin_ns);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < rows * vocab; i++) {
             float z = out[i] * multiplier;
@@ -415,6 +504,7 @@ void glimmer_logits(const float *h, int64_t rows, const float *w, int64_t vocab,
             out[i] = tanhf(z) * cap;
         }
     }
+    team_barrier_destroy(&barrier);
 }
 
 /* Check every index the layers will follow; 1 + the first offending row, or 0. */
@@ -452,6 +542,9 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
     float *residual = attended + rows * q_size, *h = residual + rows * hidden, *projected = h + rows * hidden;
     float *act = projected + rows * hidden;
     int out_of_memory = 0;
+    const int64_t spin_ns = s->barrier_spin_ns;
+    team_barrier barrier;
+    team_barrier_init(&barrier);
 #pragma omp parallel num_threads(threads)
     {
         float *scores = malloc((size_t)(group * max_keys) * sizeof(float));
@@ -460,24 +553,26 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
 #pragma omp atomic write
             out_of_memory = 1;
         }
-#pragma omp barrier
+        team_wait(&barrier, spin_ns);
         if (!out_of_memory) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int64_t r = 0; r < rows; r++) {
                 memcpy(residual + r * hidden, x + r * hidden, (size_t)hidden * sizeof(float));
                 residual_norm_row(NULL, residual + r * hidden, NULL, 0.0f, s->input_scale, (float)s->input_eps,
                                   hidden, residual + r * hidden, h + r * hidden);
             }
+            team_wait(&barrier, spin_ns);
             for (int64_t l = 0; l < num_layers; l++) {
                 const glimmer_layer *layer = &layers[l];
                 const int64_t g = layer->group;
                 float *normed = l == num_layers - 1 ? out : h;
                 project(h, rows, layer->qkvg_weight, layer->qkvg_bias, qkvg_width, hidden, qkvg);
+                team_wait(&barrier, spin_ns);
 /* one sequence's key head at a time: its query heads normed and rotated, its key and value stored, then the
  * query heads attend. No barrier between storing and attending: an item reads only its own sequence's keys of its
  * own key head, and the new keys of a sequence go to a block that sequence alone holds (shared prefix blocks are
  * full, never written). */
-#pragma omp for collapse(2) schedule(dynamic)
+#pragma omp for collapse(2) schedule(dynamic) nowait
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t kv_head = 0; kv_head < kv_heads; kv_head++) {
                         const float *row = qkvg + r * qkvg_width;
@@ -499,15 +594,20 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
                                (float)s->attention_scale, qkvg + r * qkvg_width + q_size + 2 * kv_size + head * d,
                                attended + r * q_size + head * d, scores, acc);
                     }
+                team_wait(&barrier, spin_ns);
                 project(attended, rows, layer->o_weight, layer->o_bias, hidden, q_size, projected);
-#pragma omp for schedule(static)
+                team_wait(&barrier, spin_ns);
+#pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < rows; r++)
                     residual_norm_row(projected + r * hidden, residual + r * hidden, layer->post_attention_scale,
                                       (float)layer->post_attention_eps, layer->pre_feedforward_scale,
                                       (float)layer->pre_feedforward_eps, hidden, residual + r * hidden, h + r * hidden);
+                team_wait(&barrier, spin_ns);
                 project_silu_mul(h, rows, layer->gate_up_weight, inter, hidden, act);
+                team_wait(&barrier, spin_ns);
                 project(act, rows, layer->down_weight, NULL, hidden, inter, projected);
-#pragma omp for schedule(static)
+                team_wait(&barrier, spin_ns);
+#pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < rows; r++) {
                     residual_norm_row(projected + r * hidden, residual + r * hidden, layer->post_feedforward_scale,
                                       (float)layer->post_feedforward_eps, layer->following_scale,
@@ -515,11 +615,14 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
                     if (layer->capture != NULL)
                         memcpy(layer->capture + r * hidden, residual + r * hidden, (size_t)hidden * sizeof(float));
                 }
+                team_wait(&barrier, spin_ns);
             }
         }
         free(scores);
         free(acc);
     }
+    *s->barrier_sleeps = atomic_load(&barrier.sleeps);
+    team_barrier_destroy(&barrier);
     free(work);
     return out_of_memory ? -1 : 0;
 }
