@@ -596,7 +596,12 @@ def _bind_unix(path: str) -> socket.socket:
     """A Unix domain socket at `path` for the server (vLLM's --uds); UsageError if it cannot be made. A socket file
     that nothing listens on (left by a server that was killed) is replaced; one a server listens on is not."""
     _refuse_empty_path(path, "--uds", "give the path of the socket file to create")
-    if Path(path).is_socket():
+    try:
+        is_socket, exists = Path(path).is_socket(), Path(path).exists()
+    except OSError as error:  # a folder on the path this user may not search: PermissionError, not False
+        raise UsageError(f"--uds {path}: cannot look there ({error.strerror or error}); choose a path whose "
+                         "folders this user can open") from None
+    if is_socket:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             try:
                 probe.connect(path)
@@ -604,7 +609,7 @@ def _bind_unix(path: str) -> socket.socket:
                 Path(path).unlink()
             else:
                 raise UsageError(f"--uds {path}: a server is listening on it; stop it or choose another path")
-    elif Path(path).exists():  # binding would say `Address already in use`
+    elif exists:  # binding would say `Address already in use`
         raise UsageError(f"--uds {path}: a file that is not a socket is there; choose another path")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

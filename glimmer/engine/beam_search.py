@@ -5,10 +5,12 @@ candidate that is a stop id ends its beam (kept aside as finished); the search r
 finished and live beams are ranked by `cum_logprob / length ** length_penalty` and the best `beam_width` returned.
 
 This file holds the search's bookkeeping only; the caller runs each step's beams through the engine (each beam one
-request for one token, its prompt the prompt and the beam's tokens: the prefix cache shares their KV)."""
+request for one token, its prompt the prompt and the beam's tokens: the prefix cache shares their KV; without it,
+each step computes the prompt and every beam in full, which `warn_if_beams_recompute` logs once per engine)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -20,7 +22,10 @@ from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams, is_int,
 from glimmer.errors import RequestError
 
 if TYPE_CHECKING:
+    from glimmer.engine.llm_engine import LLMEngine
     from glimmer.engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 """Each beam's candidates are its 2 * beam_width most likely tokens, read as logprobs, at most MAX_LOGPROBS (vLLM's
@@ -82,6 +87,18 @@ class BeamSearchParams:
         logprobs (the candidates), no stop (the search decides what ends a beam)."""
         return SamplingParams(temperature=0, max_tokens=1, logprobs=2 * self.beam_width, ignore_eos=True,
                               cache_salt=cache_salt)
+
+
+def warn_if_beams_recompute(engine: LLMEngine) -> None:
+    """Log once per engine, at its first beam search, that without the prefix cache every step's one-token requests
+    compute their prompt and beam tokens in full: each beam then prefills about max_tokens * (prompt length +
+    max_tokens / 2) tokens, where the cache computes each token once."""
+    if engine.kv.enable_prefix_caching or engine.warned_beams_recompute:
+        return
+    engine.warned_beams_recompute = True
+    logger.warning("beam search runs without the prefix cache: every step computes the prompt and each beam's tokens "
+                   "in full again (a cost growing with max_tokens squared, times beam_width); leave out "
+                   "enable_prefix_caching=False / --no-enable-prefix-caching to share their KV")
 
 
 def _is_finite(value: object) -> bool:

@@ -29,7 +29,7 @@ from glimmer.engine.apply_chat_template import (
     generation_prompt,
     tool_schemas,
 )
-from glimmer.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from glimmer.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, warn_if_beams_recompute
 from glimmer.engine.chat_rendering import (
     RENDERING_ARGUMENT_NAMES,
     STRENGTH_KWARGS,
@@ -465,6 +465,7 @@ class LLM:
                                                        clamp_max_tokens=True)
             searches.append(BeamSearch(ids, params, stop_ids, budget))
             salted.append(_salted(step_params, prompt, name))
+        warn_if_beams_recompute(self.engine)
         bar = self._progress_bar(use_tqdm, len(searches))
         try:
             while not all(search.done for search in searches):

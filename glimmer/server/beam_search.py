@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from glimmer.engine.beam_search import BeamSearch, BeamSearchParams
+from glimmer.engine.beam_search import BeamSearch, BeamSearchParams, warn_if_beams_recompute
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
@@ -94,6 +94,7 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
     engine = context.engine.engine
     stop_ids = params.stop_ids(engine.generation_defaults.stop_token_ids)
     searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation)) for ids in prompts]
+    warn_if_beams_recompute(engine)
     step_params = params.step_params(generation.cache_salt)
     cached = [0] * len(prompts)
     step = 0

@@ -4,6 +4,7 @@ a tiny random model): the same sequences, cumulative logprobs and order."""
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import replace
 
 import pytest
@@ -140,6 +141,19 @@ def test_beams_read_the_prompt_from_the_prefix_cache(llm):
     llm.beam_search([_prompts()[1]], BeamSearchParams(beam_width=2, max_tokens=3))
     # each step's requests find the prompt's two full blocks cached
     assert llm.engine.stats()["prefix_cache_hits"] - before >= 2 * 32
+
+
+def test_a_search_without_the_prefix_cache_warns_once_per_engine_that_it_recomputes(checkpoint, llm, caplog):
+    """Every step's beams computed the prompt and their tokens in full again, silently quadratic in max_tokens."""
+    uncached = LLM(str(checkpoint), progress=False, max_model_len=128, enable_prefix_caching=False)
+    params = BeamSearchParams(beam_width=2, max_tokens=2)
+    with caplog.at_level(logging.WARNING, logger="glimmer.engine.beam_search"):
+        llm.beam_search([_prompts()[0]], params)
+        assert not caplog.records
+        uncached.beam_search([_prompts()[0]], params)
+        uncached.beam_search([_prompts()[1]], params)
+    [record] = caplog.records
+    assert "without the prefix cache" in record.message and "--no-enable-prefix-caching" in record.message
 
 
 def test_beams_end_where_the_context_does(llm):

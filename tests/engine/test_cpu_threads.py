@@ -32,6 +32,66 @@ def test_no_cgroup_files_is_no_limit(tmp_path):
     assert cgroup_cpu_limit(tmp_path) is None
 
 
+def _proc_cgroup(tmp_path, text: str):
+    (tmp_path / "proc_self_cgroup").write_text(text)
+    return tmp_path / "proc_self_cgroup"
+
+
+def _v2_quota(root, path: str, quota: str):
+    folder = root.joinpath(*path.strip("/").split("/"))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cpu.max").write_text(f"{quota} 100000\n")
+
+
+@pytest.fixture
+def fs(tmp_path):
+    (tmp_path / "fs").mkdir()
+    return tmp_path / "fs"
+
+
+def test_a_nested_v2_cgroups_own_quota_counts(tmp_path, fs):
+    """A systemd service with CPUQuota=200% found `max` at the root and ran a thread per host core."""
+    _v2_quota(fs, "/", "max")
+    _v2_quota(fs, "/system.slice", "max")
+    _v2_quota(fs, "/system.slice/glimmer.service", "200000")
+    assert cgroup_cpu_limit(fs, _proc_cgroup(tmp_path, "0::/system.slice/glimmer.service\n")) == 2
+
+
+def test_an_ancestors_quota_limits_the_cgroups_below_it(tmp_path, fs):
+    _v2_quota(fs, "/kubepods/pod1", "300000")
+    _v2_quota(fs, "/kubepods/pod1/ctr", "max")
+    _v2_quota(fs, "/kubepods", "800000")
+    assert cgroup_cpu_limit(fs, _proc_cgroup(tmp_path, "0::/kubepods/pod1/ctr\n")) == 3
+    _v2_quota(fs, "/kubepods/pod1/ctr", "100000")  # the tightest on the path, wherever it is
+    assert cgroup_cpu_limit(fs, _proc_cgroup(tmp_path, "0::/kubepods/pod1/ctr\n")) == 1
+
+
+def test_max_all_the_way_up_is_no_limit(tmp_path, fs):
+    for path in ("/", "/a", "/a/b"):
+        _v2_quota(fs, path, "max")
+    assert cgroup_cpu_limit(fs, _proc_cgroup(tmp_path, "0::/a/b\n")) is None
+
+
+def test_a_nested_v1_cpu_cgroups_quota_counts(tmp_path, fs):
+    _cgroup(fs, 1, "-1")
+    folder = fs / "cpu" / "docker" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_text("150000\n")
+    (folder / "cpu.cfs_period_us").write_text("100000\n")
+    proc = _proc_cgroup(tmp_path, "4:memory:/docker/abc\n3:cpuacct:/elsewhere\n2:cpu,cpuacct:/docker/abc\n")
+    assert cgroup_cpu_limit(fs, proc) == 2
+
+
+@pytest.mark.parametrize("proc_text", [
+    None, "", "garbage\n", "0::relative/path\n", "0::/../outside\n", "0::/no/such/cgroup\n",
+])
+def test_a_missing_or_malformed_proc_self_cgroup_falls_back_to_the_root(tmp_path, fs, proc_text):
+    _cgroup(fs, 2, "200000")
+    _v2_quota(tmp_path, "/outside", "100000")
+    proc = tmp_path / "missing" if proc_text is None else _proc_cgroup(tmp_path, proc_text)
+    assert cgroup_cpu_limit(fs, proc) == 2
+
+
 @pytest.fixture
 def two_threads(monkeypatch):
     """torch runs 2 threads for the test (as a host with more cores than the quota would) and its count after."""

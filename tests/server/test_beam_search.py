@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -218,6 +219,18 @@ def test_a_beam_that_generated_a_placeholder_id_goes_on_as_greedy_decoding_does(
     response = post(server, **body, n=1, use_beam_search=True)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == greedy["text"]
+
+
+def test_a_search_without_the_prefix_cache_warns_once_that_it_recomputes(checkpoint, caplog):
+    """Every step's beams computed the prompt and their tokens in full again, silently quadratic in max_tokens."""
+    body = {**BEAM, "prompt": PROMPTS[1], "n": 2, "max_tokens": 2}
+    with live_server(checkpoint, engine_options={"enable_prefix_caching": False}) as live, \
+            caplog.at_level(logging.WARNING, logger="glimmer.engine.beam_search"):
+        for _ in range(2):
+            response = post(live, **body)
+            assert response.status_code == 200, response.text
+    [record] = caplog.records
+    assert "without the prefix cache" in record.message and "--no-enable-prefix-caching" in record.message
 
 
 def test_a_search_the_full_queue_refuses_leaves_none_of_its_beams_queued(checkpoint, monkeypatch):

@@ -405,6 +405,17 @@ def test_a_uds_path_holding_another_kind_of_file_is_refused_saying_so(capsys, tm
     assert path.read_text() == "kept"
 
 
+def test_a_uds_path_in_a_folder_this_user_cannot_open_is_refused_in_one_line(capsys, tmp_path, monkeypatch):
+    """Path.is_socket raised PermissionError there, a traceback (tests run as root, so the refusal is simulated)."""
+    def refuse(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "is_socket", refuse)
+    path = tmp_path / "locked" / "s.sock"
+    _fails_with_one_line(capsys, ["serve", str(tmp_path / "missing"), "--uds", str(path)],
+                         f"--uds {path}: cannot look there (Permission denied)")
+
+
 def test_sigterm_while_the_model_loads_stops_the_server_with_status_0(tiny_checkpoint, tmp_path):
     """SIGTERM had no handler until uvicorn ran: it killed a loading server (143), and a container's PID 1, for which
     the kernel ignores a signal without a handler, went on to serve after `docker stop` until it was killed."""
