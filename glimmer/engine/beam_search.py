@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from glimmer.engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+_WARNED_RECOMPUTE: weakref.WeakSet[LLMEngine] = weakref.WeakSet()
+"""The engines `warn_if_beams_recompute` has warned."""
 
 MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
 """Each beam's candidates are its 2 * beam_width most likely tokens, read as logprobs, at most MAX_LOGPROBS (vLLM's
@@ -93,9 +97,9 @@ def warn_if_beams_recompute(engine: LLMEngine) -> None:
     """Log once per engine, at its first beam search, that without the prefix cache every step's one-token requests
     compute their prompt and beam tokens in full: each beam then prefills about max_tokens * (prompt length +
     max_tokens / 2) tokens, where the cache computes each token once."""
-    if engine.kv.enable_prefix_caching or engine.warned_beams_recompute:
+    if engine.kv.enable_prefix_caching or engine in _WARNED_RECOMPUTE:
         return
-    engine.warned_beams_recompute = True
+    _WARNED_RECOMPUTE.add(engine)
     logger.warning("beam search runs without the prefix cache: every step computes the prompt and each beam's tokens "
                    "in full again (a cost growing with max_tokens squared, times beam_width); leave out "
                    "enable_prefix_caching=False / --no-enable-prefix-caching to share their KV")

@@ -334,7 +334,6 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling if config.async_scheduling is not None else on_cuda
         self._unreleased: list[_AcceptedToken] = []
         self._launched: LaunchedStep | None = None  # a decode step running ahead of the host (lookahead.py)
-        self.warned_beams_recompute = False  # beam_search.warn_if_beams_recompute's once per engine
         logger.info(
             "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
             self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,

@@ -267,9 +267,9 @@ def _model_card(context: ServingContext, name: str) -> dict:
             "max_model_len": context.engine.engine.max_model_len, "permission": [permission]}
 
 
-class _InternalErrors:
-    """Turns an unexpected exception into a generic 500 (logged here with its traceback; the client never sees one).
-    One raised after the response started can only be logged: the status line is sent."""
+class _HttpMiddleware:
+    """An ASGI middleware that handles HTTP requests (`http`) and passes every other scope (lifespan, websocket) on
+    as it came."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -278,6 +278,17 @@ class _InternalErrors:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class _InternalErrors(_HttpMiddleware):
+    """Turns an unexpected exception into a generic 500 (logged here with its traceback; the client never sees one).
+    One raised after the response started can only be logged: the status line is sent."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_and_watch(message: Message) -> None:
@@ -294,17 +305,11 @@ class _InternalErrors:
                 await error_response(exc)(scope, receive, send)
 
 
-class _RequestIdHeaders:
+class _RequestIdHeaders(_HttpMiddleware):
     """vLLM's --enable-request-id-headers: every response carries `X-Request-Id`, the request's, or one made here
     when it sent none, which the request then carries on (a completion's id is built on it, as on a client's)."""
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = REQUEST_ID_HEADER.lower().encode()
         request_id = next((value for key, value in scope["headers"] if key == name and value), None)
         state: dict[str, Any] = {}
@@ -323,7 +328,7 @@ class _RequestIdHeaders:
         await self.app(scope, receive, send_with_id)
 
 
-class _RequestAccounting:
+class _RequestAccounting(_HttpMiddleware):
     """Counts requests by endpoint and status.
 
     A request whose client left before its response was complete counts as 499, whatever status line was sent:
@@ -336,13 +341,10 @@ class _RequestAccounting:
     whether it may call the endpoint and calls nothing, so it must not add to that endpoint's 200s or 400s."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics):
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         status = 500  # where no response starts here, ServerErrorMiddleware (or uvicorn) answers 500
         finishing = False  # the response's last message is on its way
         client_left = False

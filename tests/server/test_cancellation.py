@@ -47,6 +47,19 @@ async def _call(app, path: str, body: dict, sent: list[dict]) -> None:
     await app(scope, receive, send)
 
 
+async def _cancel_once(call, ready, settle_s: float = 0.0) -> None:
+    """Run `call` as a handler task, cancel it once `ready()` holds (and `settle_s` more seconds passed), and check
+    that the cancellation came out of it."""
+    handler = asyncio.ensure_future(call)
+    while not ready():
+        await asyncio.sleep(0.005)
+    if settle_s:
+        await asyncio.sleep(settle_s)
+    handler.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handler
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/completions", COMPLETION),
     ("/v1/completions", {**COMPLETION, "stream": True}),
@@ -65,19 +78,12 @@ def test_a_handler_cancelled_while_its_first_tokens_are_awaited(server, path, bo
     scheduler = server.engine.engine.scheduler
     sent: list[dict] = []
 
-    async def cancel_while_waiting():
-        handler = asyncio.ensure_future(_call(server.app, path, body, sent))
-        while not (scheduler.running or scheduler.waiting):  # admitted; its first step takes a while
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)
-        handler.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await handler
-
     runner.step_delay_s = 0.3
     try:
         with caplog.at_level(logging.WARNING):
-            asyncio.run(cancel_while_waiting())
+            # admitted; its first step takes a while
+            asyncio.run(_cancel_once(_call(server.app, path, body, sent),
+                                     lambda: scheduler.running or scheduler.waiting, settle_s=0.05))
     finally:
         runner.step_delay_s = 0.0
     samples = server.wait_for_idle()
@@ -136,17 +142,10 @@ def test_a_stream_cancelled_after_its_status_line_is_no_success_in_the_metrics(s
     key = f'glimmer_requests_total{{endpoint="{path}",status="%s"}}'
     before = server.metrics()
 
-    async def cancel_while_streaming():
-        handler = asyncio.ensure_future(_call(server.app, path, body, sent))
-        while not any(message["type"] == "http.response.body" for message in sent):
-            await asyncio.sleep(0.005)
-        handler.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await handler
-
     runner.step_delay_s = 0.05
     try:
-        asyncio.run(cancel_while_streaming())
+        asyncio.run(_cancel_once(_call(server.app, path, body, sent),
+                                 lambda: any(message["type"] == "http.response.body" for message in sent)))
     finally:
         runner.step_delay_s = 0.0
     after = server.wait_for_idle()

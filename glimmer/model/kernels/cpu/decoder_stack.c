@@ -246,25 +246,7 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, int6
             for (int f = 0; f < FEATURES; f++) acc[r][f] += xv * wv[f];
         }
     }
-    float sums[ROWS][FEATURES];
-#ifdef LANE_SUMS_16
-    if (nr > 3) { /* four rows and up: one reduction of all the accumulators (the rest zero) beats one each */
-        lanes all[16];
-        for (int r = 0; r < ROWS; r++)
-            for (int f = 0; f < FEATURES; f++) all[r * FEATURES + f] = r < nr ? acc[r][f] : (lanes){0};
-        const lanes reduced = lane_sums_16(all);
-        for (int r = 0; r < nr; r++)
-            for (int f = 0; f < FEATURES; f++) sums[r][f] = reduced[r * FEATURES + f];
-    } else
-#endif
-        for (int r = 0; r < nr; r++)
-            for (int f = 0; f < FEATURES; f++) sums[r][f] = lane_sum(acc[r][f]);
-    for (int r = 0; r < nr; r++)
-        for (int f = 0; f < FEATURES; f++) {
-            float s = sums[r][f];
-            for (int64_t i = whole; i < in; i++) s += x[r * stride + i] * w[f * in + i];
-            dots[r][f] = s;
-        }
+    finish(acc, x, stride, nr, w, in, dots);
 }
 
 static void dots_of(const float *x, int64_t stride, int nr, const float *w, int64_t in, float dots[ROWS][FEATURES]) {
