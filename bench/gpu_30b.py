@@ -245,6 +245,7 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
         "ttft_s": min(first.values()) - start,
         "decode_tokens_per_s": sum(full) / (first_end - prefill_done) if full else 0.0,
         "decode_steps": len(full),
+        "most_decoding_at_once": max(tokens for _, tokens, _ in steps),
         "decode_step_s": (end - prefill_done) / (max_tokens - 1) if max_tokens > 1 else 0.0,
     }
 
@@ -356,8 +357,15 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
         record(f"{batch}-way 1K-in/256-out, output", result["output_tokens_per_s"], "tok/s",
                end_to_end_ceiling(floors, batch, 1024, 256), "end-to-end ceiling")
         out[f"batch_{batch}_decode_steps"] = result["decode_steps"]  # the steps in which all requests decode
-        record(f"{batch}-way, decode phase alone", result["decode_tokens_per_s"], "tok/s", floor,
-               f"matmul floor at batch {batch}")
+        if result["decode_steps"]:
+            record(f"{batch}-way, decode phase alone", result["decode_tokens_per_s"], "tok/s", floor,
+                   f"matmul floor at batch {batch}")
+        else:  # a GPU whose KV cache holds fewer requests than the batch: they never all decode in one step
+            RESULTS[f"{batch}-way, decode phase alone"] = {"value": None, "unit": "tok/s",
+                                                            "most_decoding_at_once": result["most_decoding_at_once"]}
+            layout = llm.engine.kv_layout
+            log(f"{batch}-way, decode phase alone: not reached: at most {result['most_decoding_at_once']} of the "
+                f"{batch} requests decoded in one step (KV blocks {layout.num_blocks} of {layout.block_size} tokens)")
 
     graphs = llm.engine.runner.graphs
     for batch in (b for b in (1, 64, 256) if b in graphs.captured_sizes):

@@ -208,7 +208,6 @@ def test_matvec_matches_f_linear(shape, bias, dtype):
     x = torch.randn((1, in_features), device="cuda", generator=generator).to(dtype)
     b = torch.randn(out_features, device="cuda", generator=generator).to(dtype) if bias else None
     got = matvec_triton(x, weight, b)
-    want = F.linear(x, weight, b)
     exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
     # the GEMV sums in fp32 and rounds once (bias included): within one rounding step of the exact product plus
     # fp32's summation error. cuBLAS is not always that close: for some shapes it rounds the product before adding
@@ -216,8 +215,10 @@ def test_matvec_matches_f_linear(shape, bias, dtype):
     step = exact.abs() * (2**-7 if dtype == torch.bfloat16 else 2**-10)
     step += 1e-6 * F.linear(x.double().abs(), weight.double().abs())
     assert ((got.double() - exact).abs() <= step).all()
-    if b is None:  # the same single rounding as cuBLAS: nearly every output is its bits
-        assert (got != want).float().mean() < 0.02
+    # one rounding of an fp32 sum: nearly every output is the exact product rounded once. Compared with the exact
+    # product, not cuBLAS: cuBLAS's fp16 split-K may reduce in fp16 (torch's default allows it), and it did on an
+    # H100 (2.4% of the 30B's q|k|v|gate outputs differed from the GEMV's there; under 2% on an H200)
+    assert (got != exact.to(dtype)).float().mean() < 0.02
     # any leading shape of one row
     torch.testing.assert_close(matvec_triton(x.view(1, 1, -1), weight, b), got.view(1, 1, -1), rtol=0, atol=0)
 
