@@ -100,7 +100,8 @@ class LiveServer:
 
 @contextlib.contextmanager
 def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_requests: int = 1024,
-                engine_options: dict[str, Any] | None = None, **settings: Any) -> Iterator[LiveServer]:
+                engine_options: dict[str, Any] | None = None, request_read_timeout_s: float = 30.0,
+                **settings: Any) -> Iterator[LiveServer]:
     config = EngineConfig(**{"model": str(checkpoint), "progress": False, "kv_cache_memory": 32 << 20,
                              "max_model_len": 2048, "max_num_seqs": 64, **(engine_options or {})})
     engine = AsyncEngine(config, max_waiting_requests=max_waiting_requests)
@@ -108,7 +109,7 @@ def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_request
         if scripted:
             engine.engine.runner = ScriptedRunner(engine.engine)
         app = create_app(engine, ServerSettings(served_model_names=(MODEL, "tiny-alias"), **settings))
-        with BackgroundServer(app) as server:
+        with BackgroundServer(app, request_read_timeout_s=request_read_timeout_s) as server:
             yield LiveServer(server.url, engine, app)
     finally:
         engine.shutdown()

@@ -160,6 +160,8 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--ssl-keyfile", "key.pem"], ("--ssl-certfile is missing",)),
     (["--ssl-keyfile", "/no/key.pem", "--ssl-certfile", "/no/cert.pem"], ("--ssl-keyfile /no/key.pem", "PEM")),
     (["--root-path", "api"], ("--root-path api", "starting with /")),
+    (["--request-read-timeout", "0"], ("--request-read-timeout 0 is not a time", "above 0")),
+    (["--request-read-timeout", "nan"], ("--request-read-timeout nan is not a time",)),
     (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
     (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
     (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),

@@ -1,0 +1,119 @@
+"""The server's HTTP connections: uvicorn's protocol, with a time limit on waiting for a client's request bytes.
+
+uvicorn closes a keep-alive connection left idle after a response (5 s), but waits without end for a request that
+has not arrived: a connection that sends nothing, part of a request line or headers (slowloris), or a body that
+stalls held its socket, and for a body its request's handler, until the client left. Enough of them take every file
+descriptor the process may open, and the server accepts no one else.
+
+The limit applies only while the server waits for the client's bytes, never while it answers: a request's head
+(line and headers) must be whole within `read_timeout_s` of the connection opening or the previous response ending,
+and its body must not pause for longer than that between two reads (as nginx's client_header_timeout and
+client_body_timeout). A generation or a stream of any length is not limited, nor is a body the server itself has
+stopped reading (uvicorn's flow control, until the handler takes what came). What is left of a refused body (a 413)
+counts as waiting for the next request, so a client cannot keep the server reading and discarding it forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from glimmer.errors import ConfigError
+from glimmer.server.errors import error_body
+from glimmer.server.settings import DEFAULT_REQUEST_READ_TIMEOUT_S
+
+_HEAD = "head"  # waiting for a request's line and headers (or for the rest of a refused body)
+_BODY = "body"  # waiting for the body of a request whose handler runs
+
+
+def request_timeout_response(read_timeout_s: float) -> bytes:
+    """The whole `408 Request Timeout` written before the connection closes (RFC 9110 §15.5.9), with an
+    OpenAI-style error body."""
+    body = json.dumps(error_body(
+        f"the request did not arrive within the server's read timeout of {read_timeout_s:g} s (its head, or its "
+        "body paused that long); send the whole request without pausing", "invalid_request_error",
+        code="request_timeout")).encode()
+    head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class ReadTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol that closes a connection whose client keeps the server waiting for request bytes
+    longer than `read_timeout_s` (module docstring), answering `408 Request Timeout` where part of a request came."""
+
+    read_timeout_s = DEFAULT_REQUEST_READ_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._waiting_for: str | None = None
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._request_begun = False
+        super().connection_made(transport)
+        self._watch_reading(data_arrived=False)
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiting_for == _HEAD and not self._draining_refused_body():
+            self._request_begun = True
+        super().data_received(data)
+        self._watch_reading(data_arrived=True)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # which starts a pipelined request already received
+        self._watch_reading(data_arrived=False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    def _draining_refused_body(self) -> bool:
+        """Whether the bytes coming are the rest of a body the handler answered without reading it all."""
+        return self.cycle is not None and self.cycle.response_complete and self.cycle.more_body
+
+    def _now_waiting_for(self) -> str | None:
+        if self.cycle is None or self.cycle.response_complete:
+            return _HEAD
+        return _BODY if self.cycle.more_body else None  # None: the handler has the whole request and answers
+
+    def _watch_reading(self, *, data_arrived: bool) -> None:
+        waiting_for = self._now_waiting_for()
+        if waiting_for != self._waiting_for:
+            self._stop_timer()
+            self._waiting_for, self._request_begun = waiting_for, False
+            if waiting_for is not None:
+                self._start_timer()
+        elif waiting_for == _BODY and data_arrived:  # a body's limit runs from its last bytes, a head's from its start
+            self._stop_timer()
+            self._start_timer()
+
+    def _start_timer(self) -> None:
+        self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+
+    def _stop_timer(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or a WebSocket now
+            return
+        if self.flow.read_paused:  # the server stopped reading, not the client: wait on
+            self._start_timer()
+            return
+        if self._waiting_for == _BODY or self._request_begun:
+            self.transport.write(request_timeout_response(self.read_timeout_s))
+        if self._waiting_for == _BODY:  # the handler waiting for the body learns that it will not come
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.close()
+
+
+def read_timeout_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's `http` protocol class for connections that time out after `read_timeout_s` seconds of waiting
+    for request bytes (uvicorn.Config(http=...)). Raises ConfigError unless it is a number of seconds above 0."""
+    if not 0 < read_timeout_s < math.inf:
+        raise ConfigError(f"request_read_timeout_s={read_timeout_s!r} is not a time; give a number of seconds above 0")
+    return type("ReadTimeoutProtocol", (ReadTimeoutProtocol,), {"read_timeout_s": read_timeout_s})

@@ -1,0 +1,147 @@
+"""A client that keeps the server waiting for its request's bytes is disconnected (glimmer/server/connection.py): no
+one can hold a connection (and a file descriptor, and for a body a handler) forever by sending part of a request,
+while answers and streams of any length are never cut. Real sockets against a live server."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from server_support import MODEL, live_server
+
+from glimmer.errors import ConfigError
+from glimmer.server.connection import read_timeout_protocol
+
+READ_TIMEOUT_S = 1.0
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+WAIT_S = 30.0  # far longer than READ_TIMEOUT_S: reaching it means the server never gave up on the client
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), scripted=True, request_read_timeout_s=READ_TIMEOUT_S) as live:
+        yield live
+
+
+def _connect(server) -> socket.socket:
+    return socket.create_connection((httpx.URL(server.url).host, httpx.URL(server.url).port), timeout=WAIT_S)
+
+
+def _read_until_closed(connection: socket.socket) -> bytes:
+    """What the server writes until it closes the connection; socket.timeout after WAIT_S without it closing."""
+    received = b""
+    while chunk := connection.recv(65536):
+        received += chunk
+    return received
+
+
+def _assert_408(received: bytes) -> None:
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and f"{READ_TIMEOUT_S:g} s" in error["message"]
+
+
+def _still_serves(server) -> None:
+    reply = httpx.post(server.base_url + "/chat/completions", timeout=WAIT_S, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert reply.status_code == 200
+
+
+@pytest.mark.parametrize("sent", [HEAD, b"POST /v1/chat/comp"], ids=["headers", "request-line"])
+def test_a_request_head_that_stalls_gets_408_and_its_connection_closes(server, sent):
+    with _connect(server) as connection:
+        connection.sendall(sent)
+        _assert_408(_read_until_closed(connection))
+    _still_serves(server)
+
+
+def test_a_head_trickled_a_byte_at_a_time_is_cut_counting_from_its_start(server):
+    """Each byte resets no clock: the head must be whole within the timeout, however steadily it trickles."""
+    with _connect(server) as connection:
+        connection.sendall(b"GET /health HTTP/1.1\r\n")
+        connection.settimeout(0.1)
+        received = b""
+        for _ in range(int(WAIT_S / 0.1)):  # a header byte every 0.1 s: never a complete head
+            try:
+                connection.sendall(b"X")
+                chunk = connection.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:  # reset by the server, which closed with a byte unread
+                break
+            received += chunk
+            if not chunk:
+                break
+        else:
+            pytest.fail(f"the server read a trickled head for {WAIT_S} s")
+    assert received == b"" or received.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_body_that_stalls_gets_408_and_the_server_serves_on(server):
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Content-Length: 1000\r\n\r\n{\"model\": ")
+        _assert_408(_read_until_closed(connection))
+    _still_serves(server)
+
+
+def test_a_connection_that_sends_nothing_is_closed_without_a_response(server):
+    with _connect(server) as connection:
+        assert _read_until_closed(connection) == b""
+
+
+def test_the_rest_of_a_refused_body_is_not_read_past_the_timeout(server):
+    """A chunked body past the size limit is answered 413, and the server read and discarded the rest for as long
+    as the client sent it (20 GB in 20 s on loopback)."""
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"10000\r\n" + b" " * 0x10000 + b"\r\n"
+        deadline = time.monotonic() + WAIT_S
+        with pytest.raises(OSError):  # reset, or the pipe broken, once the server closes
+            while time.monotonic() < deadline:
+                connection.sendall(chunk)
+    _still_serves(server)
+
+
+def test_a_body_sent_in_pieces_each_within_the_timeout_is_read_whole(server):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 100}],
+                       "max_tokens": 2}).encode()
+    size = len(body) // 30 + 1
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    with _connect(server) as connection:
+        connection.sendall(HEAD + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+        for piece in pieces:  # altogether far longer than the timeout, each pause a tenth of it
+            time.sleep(READ_TIMEOUT_S / 10)
+            connection.sendall(piece)
+        assert len(pieces) * READ_TIMEOUT_S / 10 > 2 * READ_TIMEOUT_S
+        assert _read_until_closed(connection).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_an_answer_that_takes_longer_than_the_timeout_is_not_cut(server, stream):
+    """The limit is on waiting for the client's request, never on the server's answer."""
+    runner = server.engine.engine.runner
+    runner.step_delay_s = READ_TIMEOUT_S / 10
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+                "ignore_eos": True, "stream": stream}
+        started = time.monotonic()
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=WAIT_S) as reply:
+            text = reply.read().decode()
+        assert time.monotonic() - started > 2 * READ_TIMEOUT_S
+    finally:
+        runner.step_delay_s = 0.0
+    assert reply.status_code == 200
+    if stream:
+        assert text.rstrip().endswith("data: [DONE]")
+    else:
+        assert json.loads(text)["usage"]["completion_tokens"] == 40
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
+def test_a_read_timeout_that_is_no_time_is_refused_naming_the_field(seconds):
+    with pytest.raises(ConfigError, match="request_read_timeout_s=.* is not a time"):
+        read_timeout_protocol(seconds)
