@@ -210,7 +210,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import glimmer
     from glimmer.multimodal.sources import MediaFetchPolicy
     from glimmer.server.app import create_app
-    from glimmer.server.connection import read_timeout_protocol
+    from glimmer.server.connection import raise_open_file_limit, read_timeout_protocol
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
     def server_settings(served_name: str, has_vision: bool) -> ServerSettings:
@@ -243,6 +243,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
     # a busy port is reported before the model loads; vLLM's --uds stands for --host and --port
     listener = _bind_unix(args.uds) if args.uds is not None else _bind(args.host, args.port)
+    raise_open_file_limit()
     engine = server = None
     # SIGTERM is heard from the model's loading on: as a container's PID 1, where a signal without a handler is
     # ignored, `docker stop` while the model loaded went unheard and the server went on to serve until killed

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -24,6 +25,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from glimmer.errors import ConfigError
 from glimmer.server.errors import error_body
 from glimmer.server.settings import DEFAULT_REQUEST_READ_TIMEOUT_S
+
+logger = logging.getLogger(__name__)
 
 _HEAD = "head"  # waiting for a request's line and headers (or for the rest of a refused body)
 _BODY = "body"  # waiting for the body of a request whose handler runs
@@ -117,3 +120,27 @@ def read_timeout_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
     if not 0 < read_timeout_s < math.inf:
         raise ConfigError(f"request_read_timeout_s={read_timeout_s!r} is not a time; give a number of seconds above 0")
     return type("ReadTimeoutProtocol", (ReadTimeoutProtocol,), {"read_timeout_s": read_timeout_s})
+
+
+def raise_open_file_limit() -> None:
+    """Raise the process's soft limit on open files to its hard limit (as vLLM does at startup), logging it once:
+    each client connection takes a file descriptor, and at the common soft limit of 1024 as many idle connections
+    left the server unable to accept another (accept() fails with EMFILE until one closes)."""
+    try:
+        import resource
+    except ImportError:  # (Windows has no such limit)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as error:  # macOS refuses more than its kern.maxfilesperproc
+        logger.warning("could not raise the open-file limit (RLIMIT_NOFILE) from %d to %d (%s): the server accepts "
+                       "no more than about %d connections at once; raise it with `ulimit -n` before starting it",
+                       soft, wanted, error, soft)
+    else:
+        logger.info("raised the open-file limit (RLIMIT_NOFILE) from %d to %d: one file descriptor per connection",
+                    soft, wanted)
+

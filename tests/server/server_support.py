@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,6 +68,27 @@ def spelled_text(tokens: list[str]) -> str:
     data = b"".join(bytes.fromhex(token[len("bytes:"):].replace("\\x", "")) if token.startswith("bytes:")
                     else token.encode() for token in tokens)
     return data.decode(errors="replace")
+
+
+def free_port() -> int:
+    """A loopback port free now, for a server started in a subprocess."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_health(process: subprocess.Popen, port: int, timeout_s: float = 120, *, scheme: str = "http",
+                     verify: ssl.SSLContext | bool = True) -> None:
+    deadline = time.monotonic() + timeout_s  # imports alone can take a minute on a loaded machine
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=1, verify=verify).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
 
 @dataclass

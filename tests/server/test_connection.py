@@ -4,13 +4,18 @@ while answers and streams of any length are never cut. Real sockets against a li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from server_support import MODEL, live_server
+from server_support import MODEL, free_port, live_server, wait_for_health
 
 from glimmer.errors import ConfigError
 from glimmer.server.connection import read_timeout_protocol
@@ -145,3 +150,56 @@ def test_an_answer_that_takes_longer_than_the_timeout_is_not_cut(server, stream)
 def test_a_read_timeout_that_is_no_time_is_refused_naming_the_field(seconds):
     with pytest.raises(ConfigError, match="request_read_timeout_s=.* is not a time"):
         read_timeout_protocol(seconds)
+
+
+resource = pytest.importorskip("resource")  # (not on Windows, which has no such limit)
+LOW_FILE_LIMIT = 256
+IDLE_CONNECTIONS = 400  # more than LOW_FILE_LIMIT
+
+
+@contextlib.contextmanager
+def _serve_with_file_limit(checkpoint: Path, log: Path, *, hard: int) -> Iterator[int]:
+    """`glimmer serve` started with a soft limit of LOW_FILE_LIMIT open files (and `hard` as its hard limit), its
+    output in `log`: yields its port."""
+    port = free_port()
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_FILE_LIMIT, hard))
+
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(checkpoint), "--port", str(port),
+                                    "--kv-cache-memory", "32MiB", "--disable-uvicorn-access-log"],
+                                   stdout=output, stderr=subprocess.STDOUT, preexec_fn=limit_files)
+    try:
+        wait_for_health(process, port)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def _health_status(port: int) -> int | None:
+    """/health's status, or None when the server did not answer within a few seconds."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+def _idle_connections(port: int) -> contextlib.ExitStack:
+    connections = contextlib.ExitStack()
+    for _ in range(IDLE_CONNECTIONS):
+        connections.enter_context(socket.create_connection(("127.0.0.1", port), timeout=WAIT_S))
+    time.sleep(1)  # the server accepts them (those it can)
+    return connections
+
+
+def test_serve_raises_its_soft_open_file_limit_so_idle_connections_do_not_lock_others_out(tiny_checkpoint, tmp_path):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < 4 * IDLE_CONNECTIONS:
+        pytest.skip(f"the hard limit on open files ({hard}) leaves no room to raise the soft limit")
+    log = tmp_path / "serve.log"
+    with _serve_with_file_limit(tiny_checkpoint, log, hard=hard) as port, _idle_connections(port):
+        assert _health_status(port) == 200
+    assert f"raised the open-file limit (RLIMIT_NOFILE) from {LOW_FILE_LIMIT} to" in log.read_text()
+
