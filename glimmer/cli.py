@@ -487,10 +487,19 @@ def _sigterm_raises() -> Iterator[None]:
 def _shutdown_server(engine: Any, config: Any) -> Any:
     """A uvicorn server that, at the first shutdown signal, stops the engine's requests: each open stream ends
     with an error event and `[DONE]` and each waiting non-streamed request gets a 503 body, instead of generating
-    on until uvicorn's grace period runs out and cuts them (truncated streams, plain-text 500s)."""
+    on until uvicorn's grace period runs out and cuts them (truncated streams, plain-text 500s). It logs a
+    connection it cannot accept for want of file descriptors in one line a minute (log_accept_failures_briefly)."""
+    import asyncio
+
     import uvicorn
 
+    from glimmer.server.connection import log_accept_failures_briefly
+
     class ShutdownServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            log_accept_failures_briefly(asyncio.get_running_loop())
+            await super().startup(sockets)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             engine.stop_serving("the server is shutting down; retry on another replica or after restart")
             super().handle_exit(sig, frame)

@@ -19,6 +19,8 @@ import asyncio
 import json
 import logging
 import math
+import time
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -144,3 +146,30 @@ def raise_open_file_limit() -> None:
         logger.info("raised the open-file limit (RLIMIT_NOFILE) from %d to %d: one file descriptor per connection",
                     soft, wanted)
 
+
+ACCEPT_FAILURE_LOG_INTERVAL_S = 60.0
+_ACCEPT_FAILURE = "socket.accept() out of system resource"  # asyncio's message (selector_events.py)
+
+
+def log_accept_failures_briefly(loop: asyncio.AbstractEventLoop) -> None:
+    """Make `loop` log a connection it could not accept for want of file descriptors in one line, at most once a
+    minute. asyncio logs each failure with its traceback, and tries again up to the listen backlog's 2,048 times in
+    one go (python/cpython#151615): 12,000 lines (5 MB) a second while the limit was reached."""
+    last_logged = -math.inf
+    suppressed = 0
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        nonlocal last_logged, suppressed
+        if context.get("message") != _ACCEPT_FAILURE:
+            loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - last_logged < ACCEPT_FAILURE_LOG_INTERVAL_S:
+            suppressed += 1
+            return
+        also = f" ({suppressed} more failures since the last report)" if suppressed else ""
+        logger.error("cannot accept connections: %s%s; every open connection holds a file descriptor; new clients "
+                     "wait until some close (raise the limit with `ulimit -n`)", context.get("exception"), also)
+        last_logged, suppressed = now, 0
+
+    loop.set_exception_handler(handle)

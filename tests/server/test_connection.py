@@ -203,3 +203,14 @@ def test_serve_raises_its_soft_open_file_limit_so_idle_connections_do_not_lock_o
         assert _health_status(port) == 200
     assert f"raised the open-file limit (RLIMIT_NOFILE) from {LOW_FILE_LIMIT} to" in log.read_text()
 
+
+def test_connections_refused_for_want_of_file_descriptors_are_logged_in_one_line(tiny_checkpoint, tmp_path):
+    """asyncio logged each accept() that failed with EMFILE with its traceback, thousands of times a second."""
+    log = tmp_path / "serve.log"
+    with _serve_with_file_limit(tiny_checkpoint, log, hard=LOW_FILE_LIMIT) as port:
+        with _idle_connections(port):
+            assert _health_status(port) is None  # no descriptor left to accept it with
+        assert _health_status(port) == 200  # served again once connections close
+    text = log.read_text()
+    assert text.count("Too many open files") == 1
+    assert "cannot accept connections: [Errno 24] Too many open files" in text
