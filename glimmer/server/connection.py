@@ -22,7 +22,7 @@ import math
 import time
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from glimmer.errors import ConfigError
 from glimmer.server.errors import error_body
@@ -46,9 +46,10 @@ def request_timeout_response(read_timeout_s: float) -> bytes:
     return head.encode() + body
 
 
-class ReadTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol that closes a connection whose client keeps the server waiting for request bytes
-    longer than `read_timeout_s` (module docstring), answering `408 Request Timeout` where part of a request came."""
+class ReadTimeout:
+    """Mixed into uvicorn's HTTP protocol (its h11 or httptools one, which keep a request's state alike, in `cycle`):
+    closes a connection whose client keeps the server waiting for request bytes longer than `read_timeout_s` (module
+    docstring), answering `408 Request Timeout` where part of a request came."""
 
     read_timeout_s = DEFAULT_REQUEST_READ_TIMEOUT_S
 
@@ -118,10 +119,11 @@ class ReadTimeoutProtocol(H11Protocol):
 
 def read_timeout_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's `http` protocol class for connections that time out after `read_timeout_s` seconds of waiting
-    for request bytes (uvicorn.Config(http=...)). Raises ConfigError unless it is a number of seconds above 0."""
+    for request bytes (uvicorn.Config(http=...)), built on the protocol uvicorn picks (httptools where it is
+    installed, else h11). Raises ConfigError unless it is a number of seconds above 0."""
     if not 0 < read_timeout_s < math.inf:
         raise ConfigError(f"request_read_timeout_s={read_timeout_s!r} is not a time; give a number of seconds above 0")
-    return type("ReadTimeoutProtocol", (ReadTimeoutProtocol,), {"read_timeout_s": read_timeout_s})
+    return type("ReadTimeoutProtocol", (ReadTimeout, AutoHTTPProtocol), {"read_timeout_s": read_timeout_s})
 
 
 def raise_open_file_limit() -> None:
