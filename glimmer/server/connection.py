@@ -34,7 +34,7 @@ _HEAD = "head"  # waiting for a request's line and headers (or for the rest of a
 _BODY = "body"  # waiting for the body of a request whose handler runs
 
 
-def request_timeout_response(read_timeout_s: float) -> bytes:
+def _request_timeout_response(read_timeout_s: float) -> bytes:
     """The whole `408 Request Timeout` written before the connection closes (RFC 9110 §15.5.9), with an
     OpenAI-style error body."""
     body = json.dumps(error_body(
@@ -110,7 +110,7 @@ class ReadTimeout:
             self._start_timer()
             return
         if self._waiting_for == _BODY or self._request_begun:
-            self.transport.write(request_timeout_response(self.read_timeout_s))
+            self.transport.write(_request_timeout_response(self.read_timeout_s))
         if self._waiting_for == _BODY:  # the handler waiting for the body learns that it will not come
             self.cycle.disconnected = True
             self.cycle.message_event.set()
