@@ -1159,8 +1159,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="larger request bodies get HTTP 413 (default 4 MiB, 32 MiB for a model with vision)")
     serve.add_argument("--request-read-timeout", type=float, default=DEFAULT_REQUEST_READ_TIMEOUT_S, metavar="SECONDS",
                        help="close a connection whose request's line and headers are not all in within SECONDS, or "
-                            "whose body pauses that long (HTTP 408); never limits an answer or a stream (default "
-                            f"{DEFAULT_REQUEST_READ_TIMEOUT_S:g})")
+                            "whose body does not come at SECONDS per 64 KiB (HTTP 408); never limits an answer or a "
+                            f"stream (default {DEFAULT_REQUEST_READ_TIMEOUT_S:g})")
     serve.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
                        help="let requests name image/video files under DIR (repeatable; default: none)")
     serve.add_argument("--allow-remote-media", action="store_true",

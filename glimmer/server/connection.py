@@ -6,9 +6,11 @@ stalls held its socket, and for a body its request's handler, until the client l
 descriptor the process may open, and the server accepts no one else.
 
 The limit applies only while the server waits for the client's bytes, never while it answers: a request's head
-(line and headers) must be whole within `read_timeout_s` of the connection opening or the previous response ending,
-and its body must not pause for longer than that between two reads (as nginx's client_header_timeout and
-client_body_timeout). A generation or a stream of any length is not limited, nor is a body the server itself has
+(line and headers) must be whole within `read_timeout_s` of the connection opening or the previous response ending
+(as nginx's client_header_timeout), and its body must come within `read_timeout_s` of the head, each 64 KiB of it
+earning `read_timeout_s` more. A body that stalls is cut as nginx's client_body_timeout cuts it, and so is one
+trickled a byte at a time (a slow POST), which a pause between two reads never reaches; an upload of 4 MiB may take
+64 times the timeout. A generation or a stream of any length is not limited, nor is a body the server itself has
 stopped reading (uvicorn's flow control, until the handler takes what came). What is left of a refused body (a 413)
 counts as waiting for the next request, so a client cannot keep the server reading and discarding it forever.
 """
@@ -30,6 +32,9 @@ from glimmer.server.settings import DEFAULT_REQUEST_READ_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
+BODY_BYTES_PER_TIMEOUT = 64 << 10
+"""Each this many bytes of a body earn its client another read timeout."""
+
 _HEAD = "head"  # waiting for a request's line and headers (or for the rest of a refused body)
 _BODY = "body"  # waiting for the body of a request whose handler runs
 
@@ -38,8 +43,9 @@ def _request_timeout_response(read_timeout_s: float) -> bytes:
     """The whole `408 Request Timeout` written before the connection closes (RFC 9110 §15.5.9), with an
     OpenAI-style error body."""
     body = json.dumps(error_body(
-        f"the request did not arrive within the server's read timeout of {read_timeout_s:g} s (its head, or its "
-        "body paused that long); send the whole request without pausing", "invalid_request_error",
+        f"the request did not arrive in time: the server waits {read_timeout_s:g} s for a request's line and "
+        f"headers, and for its body {read_timeout_s:g} s more per 64 KiB; send the whole request without pausing",
+        "invalid_request_error",
         code="request_timeout")).encode()
     head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n")
@@ -56,19 +62,21 @@ class ReadTimeout:
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._waiting_for: str | None = None
         self._read_timer: asyncio.TimerHandle | None = None
+        self._read_deadline = 0.0  # the event loop's time
         self._request_begun = False
+        self._body_bytes = 0
         super().connection_made(transport)
-        self._watch_reading(data_arrived=False)
+        self._watch_reading(received=0)
 
     def data_received(self, data: bytes) -> None:
         if self._waiting_for == _HEAD and not self._draining_refused_body():
             self._request_begun = True
         super().data_received(data)
-        self._watch_reading(data_arrived=True)
+        self._watch_reading(received=len(data))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # which starts a pipelined request already received
-        self._watch_reading(data_arrived=False)
+        self._watch_reading(received=0)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
@@ -83,19 +91,24 @@ class ReadTimeout:
             return _HEAD
         return _BODY if self.cycle.more_body else None  # None: the handler has the whole request and answers
 
-    def _watch_reading(self, *, data_arrived: bool) -> None:
+    def _watch_reading(self, *, received: int) -> None:
         waiting_for = self._now_waiting_for()
         if waiting_for != self._waiting_for:
             self._stop_timer()
-            self._waiting_for, self._request_begun = waiting_for, False
+            self._waiting_for, self._request_begun, self._body_bytes = waiting_for, False, 0
             if waiting_for is not None:
-                self._start_timer()
-        elif waiting_for == _BODY and data_arrived:  # a body's limit runs from its last bytes, a head's from its start
-            self._stop_timer()
-            self._start_timer()
+                self._start_timer(self.loop.time() + self.read_timeout_s)
+        elif waiting_for == _BODY and received:
+            blocks_before = self._body_bytes // BODY_BYTES_PER_TIMEOUT
+            self._body_bytes += received
+            earned = self._body_bytes // BODY_BYTES_PER_TIMEOUT - blocks_before
+            if earned:
+                self._stop_timer()
+                self._start_timer(self._read_deadline + earned * self.read_timeout_s)
 
-    def _start_timer(self) -> None:
-        self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+    def _start_timer(self, deadline: float) -> None:
+        self._read_deadline = deadline
+        self._read_timer = self.loop.call_at(deadline, self._read_timed_out)
 
     def _stop_timer(self) -> None:
         if self._read_timer is not None:
@@ -107,7 +120,7 @@ class ReadTimeout:
         if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or a WebSocket now
             return
         if self.flow.read_paused:  # the server stopped reading, not the client: wait on
-            self._start_timer()
+            self._start_timer(self.loop.time() + self.read_timeout_s)
             return
         if self._waiting_for == _BODY or self._request_begun:
             self.transport.write(_request_timeout_response(self.read_timeout_s))

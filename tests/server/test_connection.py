@@ -18,7 +18,7 @@ import pytest
 from server_support import MODEL, free_port, live_server, wait_for_health
 
 from glimmer.errors import ConfigError
-from glimmer.server.connection import read_timeout_protocol
+from glimmer.server.connection import BODY_BYTES_PER_TIMEOUT, read_timeout_protocol
 
 READ_TIMEOUT_S = 1.0
 HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
@@ -47,7 +47,7 @@ def _assert_408(received: bytes) -> None:
     head, _, body = received.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close" in head
     error = json.loads(body)["error"]
-    assert error["code"] == "request_timeout" and f"{READ_TIMEOUT_S:g} s" in error["message"]
+    assert error["code"] == "request_timeout" and f"waits {READ_TIMEOUT_S:g} s" in error["message"]
 
 
 def _still_serves(server) -> None:
@@ -64,26 +64,40 @@ def test_a_request_head_that_stalls_gets_408_and_its_connection_closes(server, s
     _still_serves(server)
 
 
+def _trickled(connection: socket.socket, byte: bytes) -> bytes:
+    """Send `byte` every 0.1 s until the server closes the connection; what it answered (nothing where it reset the
+    connection, closing with a byte unread). Fails the test if it never closes."""
+    connection.settimeout(0.1)
+    received = b""
+    for _ in range(int(WAIT_S / 0.1)):
+        try:
+            connection.sendall(byte)
+            chunk = connection.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return received
+        received += chunk
+        if not chunk:
+            return received
+    pytest.fail(f"the server read a trickle for {WAIT_S} s")
+
+
 def test_a_head_trickled_a_byte_at_a_time_is_cut_counting_from_its_start(server):
     """Each byte resets no clock: the head must be whole within the timeout, however steadily it trickles."""
     with _connect(server) as connection:
         connection.sendall(b"GET /health HTTP/1.1\r\n")
-        connection.settimeout(0.1)
-        received = b""
-        for _ in range(int(WAIT_S / 0.1)):  # a header byte every 0.1 s: never a complete head
-            try:
-                connection.sendall(b"X")
-                chunk = connection.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:  # reset by the server, which closed with a byte unread
-                break
-            received += chunk
-            if not chunk:
-                break
-        else:
-            pytest.fail(f"the server read a trickled head for {WAIT_S} s")
+        received = _trickled(connection, b"X")  # a header's name, never a complete head
     assert received == b"" or received.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_body_trickled_a_byte_at_a_time_is_cut_though_it_never_pauses_for_long(server):
+    """A slow POST: a pause between two reads never reaches the timeout, but 64 KiB of body earn the next one."""
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Content-Length: 100000\r\n\r\n")
+        received = _trickled(connection, b" ")
+    assert received == b"" or received.startswith(b"HTTP/1.1 408 ")
+    _still_serves(server)
 
 
 def test_a_body_that_stalls_gets_408_and_the_server_serves_on(server):
@@ -111,17 +125,15 @@ def test_the_rest_of_a_refused_body_is_not_read_past_the_timeout(server):
     _still_serves(server)
 
 
-def test_a_body_sent_in_pieces_each_within_the_timeout_is_read_whole(server):
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi " * 100}],
-                       "max_tokens": 2}).encode()
-    size = len(body) // 30 + 1
-    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+def test_a_large_body_sent_slowly_is_read_whole_while_each_64_kib_comes_within_the_timeout(server):
+    pieces = [b" " * BODY_BYTES_PER_TIMEOUT] * 5 + [json.dumps({  # JSON may begin with white space
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()]
     with _connect(server) as connection:
-        connection.sendall(HEAD + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
-        for piece in pieces:  # altogether far longer than the timeout, each pause a tenth of it
-            time.sleep(READ_TIMEOUT_S / 10)
+        connection.sendall(HEAD + f"Content-Length: {sum(map(len, pieces))}\r\nConnection: close\r\n\r\n".encode())
+        for piece in pieces:  # altogether far longer than the timeout, each piece in half of it
+            time.sleep(READ_TIMEOUT_S / 2)
             connection.sendall(piece)
-        assert len(pieces) * READ_TIMEOUT_S / 10 > 2 * READ_TIMEOUT_S
+        assert len(pieces) * READ_TIMEOUT_S / 2 > 2 * READ_TIMEOUT_S
         assert _read_until_closed(connection).startswith(b"HTTP/1.1 200 OK\r\n")
 
 
