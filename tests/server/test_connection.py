@@ -1,6 +1,8 @@
 """A client that keeps the server waiting for its request's bytes is disconnected (glimmer/server/connection.py): no
 one can hold a connection (and a file descriptor, and for a body a handler) forever by sending part of a request,
-while answers and streams of any length are never cut. Real sockets against a live server."""
+while answers and streams of any length are never cut. And `glimmer serve` (a subprocess started with a low limit on
+open files) raises that limit, and logs in one line the connections it still cannot accept. Real sockets against
+live servers."""
 
 from __future__ import annotations
 
