@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -25,7 +26,7 @@ from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
-from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES
+from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
 
 
 class UsageError(GlimmerError):
@@ -209,6 +210,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import glimmer
     from glimmer.multimodal.sources import MediaFetchPolicy
     from glimmer.server.app import create_app
+    from glimmer.server.connection import raise_open_file_limit, read_timeout_protocol
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
 
     def server_settings(served_name: str, has_vision: bool) -> ServerSettings:
@@ -241,6 +243,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server_settings("model", has_vision=False)  # the server's options are refused before the model loads
     # a busy port is reported before the model loads; vLLM's --uds stands for --host and --port
     listener = _bind_unix(args.uds) if args.uds is not None else _bind(args.host, args.port)
+    raise_open_file_limit()
     engine = server = None
     # SIGTERM is heard from the model's loading on: as a container's PID 1, where a signal without a handler is
     # ignored, `docker stop` while the model loaded went unheard and the server went on to serve until killed
@@ -270,7 +273,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                 timeout_graceful_shutdown=5, access_log=not args.disable_uvicorn_access_log,
                                 # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
                                 use_colors=False if _no_color() or sys.stdout is None else None,
-                                root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+                                root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                                http=read_timeout_protocol(args.request_read_timeout))
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
@@ -483,10 +487,19 @@ def _sigterm_raises() -> Iterator[None]:
 def _shutdown_server(engine: Any, config: Any) -> Any:
     """A uvicorn server that, at the first shutdown signal, stops the engine's requests: each open stream ends
     with an error event and `[DONE]` and each waiting non-streamed request gets a 503 body, instead of generating
-    on until uvicorn's grace period runs out and cuts them (truncated streams, plain-text 500s)."""
+    on until uvicorn's grace period runs out and cuts them (truncated streams, plain-text 500s). It logs a
+    connection it cannot accept for want of file descriptors in one line a minute (log_accept_failures_briefly)."""
+    import asyncio
+
     import uvicorn
 
+    from glimmer.server.connection import log_accept_failures_briefly
+
     class ShutdownServer(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            log_accept_failures_briefly(asyncio.get_running_loop())
+            await super().startup(sockets)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             engine.stop_serving("the server is shutting down; retry on another replica or after restart")
             super().handle_exit(sig, frame)
@@ -787,6 +800,9 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
                          "it out for the default")
+    if not 0 < args.request_read_timeout < math.inf:  # (nan too)
+        raise UsageError(f"--request-read-timeout {args.request_read_timeout:g} is not a time; give a number of "
+                         f"seconds above 0, or leave it out for {DEFAULT_REQUEST_READ_TIMEOUT_S:g}")
     limits = args.limit_mm_per_prompt or {}
     for kind, dest, default in (("image", "max_images_per_request", 16), ("video", "max_videos_per_request", 2)):
         flag = f"--{dest.replace('_', '-')}"
@@ -1141,6 +1157,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,
                        help="larger request bodies get HTTP 413 (default 4 MiB, 32 MiB for a model with vision)")
+    serve.add_argument("--request-read-timeout", type=float, default=DEFAULT_REQUEST_READ_TIMEOUT_S, metavar="SECONDS",
+                       help="close a connection whose request's line and headers are not all in within SECONDS, or "
+                            "whose body does not come at SECONDS per 64 KiB (HTTP 408); never limits an answer or a "
+                            f"stream (default {DEFAULT_REQUEST_READ_TIMEOUT_S:g})")
     serve.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
                        help="let requests name image/video files under DIR (repeatable; default: none)")
     serve.add_argument("--allow-remote-media", action="store_true",

@@ -12,6 +12,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from glimmer.errors import GlimmerError
+from glimmer.server.connection import read_timeout_protocol
+from glimmer.server.settings import DEFAULT_REQUEST_READ_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 
@@ -19,16 +21,19 @@ logger = logging.getLogger(__name__)
 class BackgroundServer:
     """uvicorn serving `app` on `host` from a daemon thread. Port 0 picks a free port; `url` tells which.
 
-    Use as a context manager, or call `start()` and `stop()`.
+    Use as a context manager, or call `start()` and `stop()`. A client that keeps the server waiting for its
+    request's bytes longer than `request_read_timeout_s` is disconnected (glimmer/server/connection.py).
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning"):
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
+                 request_read_timeout_s: float = DEFAULT_REQUEST_READ_TIMEOUT_S):
         self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host = host
         self.port = self._socket.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
+                                http=read_timeout_protocol(request_read_timeout_s))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name="glimmer-http", daemon=True)
 

@@ -12,6 +12,9 @@ DEFAULT_MAX_REQUEST_BYTES = 4 << 20
 """Request bodies above this are refused with 413 before any JSON is parsed."""
 DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA = 32 << 20
 """The default for a model with a vision tower: images arrive base64-encoded in the body."""
+DEFAULT_REQUEST_READ_TIMEOUT_S = 30.0
+"""How long a connection may keep the server waiting for its request's head, or between two reads of its body
+(glimmer/server/connection.py)."""
 DEFAULT_MAX_N = 16
 """The most completions one chat or completion request may ask for (`n`)."""
 MAX_BATCH_PROMPTS = 64

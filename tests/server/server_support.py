@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,6 +70,27 @@ def spelled_text(tokens: list[str]) -> str:
     return data.decode(errors="replace")
 
 
+def free_port() -> int:
+    """A loopback port free now, for a server started in a subprocess."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_health(process: subprocess.Popen, port: int, timeout_s: float = 120, *, scheme: str = "http",
+                     verify: ssl.SSLContext | bool = True) -> None:
+    deadline = time.monotonic() + timeout_s  # imports alone can take a minute on a loaded machine
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=1, verify=verify).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
 @dataclass
 class LiveServer:
     url: str
@@ -100,7 +124,8 @@ class LiveServer:
 
 @contextlib.contextmanager
 def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_requests: int = 1024,
-                engine_options: dict[str, Any] | None = None, **settings: Any) -> Iterator[LiveServer]:
+                engine_options: dict[str, Any] | None = None, request_read_timeout_s: float = 30.0,
+                **settings: Any) -> Iterator[LiveServer]:
     config = EngineConfig(**{"model": str(checkpoint), "progress": False, "kv_cache_memory": 32 << 20,
                              "max_model_len": 2048, "max_num_seqs": 64, **(engine_options or {})})
     engine = AsyncEngine(config, max_waiting_requests=max_waiting_requests)
@@ -108,7 +133,7 @@ def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_request
         if scripted:
             engine.engine.runner = ScriptedRunner(engine.engine)
         app = create_app(engine, ServerSettings(served_model_names=(MODEL, "tiny-alias"), **settings))
-        with BackgroundServer(app) as server:
+        with BackgroundServer(app, request_read_timeout_s=request_read_timeout_s) as server:
             yield LiveServer(server.url, engine, app)
     finally:
         engine.shutdown()

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from server_support import live_server
+from server_support import free_port, live_server, wait_for_health
 
 from glimmer.cli import build_parser
 from glimmer.default_model import DEFAULT_MODEL_NAME
@@ -30,12 +30,6 @@ def cache_env(tmp_path_factory):
     """An environment with an empty user cache: the embedded model is read in place, nothing of it is written (the
     one thing a serve may write there is the CPU kernels' build, glimmer/cpu-kernels)."""
     return {**os.environ, "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg-cache"))}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_serve_options_parse():
@@ -115,7 +109,7 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
         "--allowed-methods", "*", "--allowed-headers", "*"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_health(process, port, scheme="https", verify=trusted)
+        wait_for_health(process, port, scheme="https", verify=trusted)
         with pytest.raises(httpx.TransportError):  # HTTPS only
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
         reply = httpx.post(f"https://127.0.0.1:{port}/v1/completions", verify=trusted, timeout=60,
@@ -160,6 +154,8 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--ssl-keyfile", "key.pem"], ("--ssl-certfile is missing",)),
     (["--ssl-keyfile", "/no/key.pem", "--ssl-certfile", "/no/cert.pem"], ("--ssl-keyfile /no/key.pem", "PEM")),
     (["--root-path", "api"], ("--root-path api", "starting with /")),
+    (["--request-read-timeout", "0"], ("--request-read-timeout 0 is not a time", "above 0")),
+    (["--request-read-timeout", "nan"], ("--request-read-timeout nan is not a time",)),
     (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
     (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
     (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),
@@ -232,7 +228,7 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
                                 "--trust-request-chat-template"],
                                env=cache_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_health(process, port)
+        wait_for_health(process, port)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert [m["id"] for m in models["data"]] == [DEFAULT_MODEL_NAME]
         unsalted = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 1})
@@ -253,20 +249,6 @@ def test_serve_without_a_model_serves_the_default_and_says_so(cache_env):
     assert all(path.parts[:2] == ("glimmer", "cpu-kernels") for path in written), written
 
 
-def _wait_for_health(process: subprocess.Popen, port: int, timeout_s: float = 120, *, scheme: str = "http",
-                     verify: ssl.SSLContext | bool = True) -> None:
-    deadline = time.monotonic() + timeout_s  # imports alone can take a minute on a loaded machine
-    while True:
-        assert process.poll() is None, process.stdout.read()
-        try:
-            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=1, verify=verify).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-
-
 @pytest.mark.parametrize("shutdown_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutdown_signal):
     """uvicorn raises the SIGTERM it shut down for again: unhandled, that killed the process with status 143
@@ -276,7 +258,7 @@ def test_a_shutdown_signal_stops_the_server_with_status_0(tiny_checkpoint, shutd
                                 str(port), "--kv-cache-memory", "32MiB"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_health(process, port)
+        wait_for_health(process, port)
     finally:
         process.send_signal(shutdown_signal)
         output = process.communicate(timeout=60)[0]
@@ -307,7 +289,7 @@ def test_no_color_keeps_ansi_colours_out_of_the_servers_log_on_a_terminal(tiny_c
     written: list[bytes] = []
     reader = _read_until_closed(terminal, written)
     try:
-        _wait_for_health(process, port)
+        wait_for_health(process, port)
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=60)
@@ -347,7 +329,7 @@ def test_serve_started_with_its_output_closed_serves(tiny_checkpoint):
                                 str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory", "32MiB"],
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     try:
-        _wait_for_health(process, port)
+        wait_for_health(process, port)
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
                            json={"model": tiny_checkpoint.name, "prompt": "hi", "max_tokens": 2})
         assert reply.status_code == 200, reply.text

@@ -1,0 +1,230 @@
+"""A client that keeps the server waiting for its request's bytes is disconnected (glimmer/server/connection.py): no
+one can hold a connection (and a file descriptor, and for a body a handler) forever by sending part of a request,
+while answers and streams of any length are never cut. And `glimmer serve` (a subprocess started with a low limit on
+open files) raises that limit, and logs in one line the connections it still cannot accept. Real sockets against
+live servers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from server_support import MODEL, free_port, live_server, wait_for_health
+
+from glimmer.errors import ConfigError
+from glimmer.server.connection import BODY_BYTES_PER_TIMEOUT, read_timeout_protocol
+
+READ_TIMEOUT_S = 1.0
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+WAIT_S = 30.0  # far longer than READ_TIMEOUT_S: reaching it means the server never gave up on the client
+
+
+@pytest.fixture(scope="module")
+def server(make_tiny):
+    with live_server(make_tiny(), scripted=True, request_read_timeout_s=READ_TIMEOUT_S) as live:
+        yield live
+
+
+def _connect(server) -> socket.socket:
+    return socket.create_connection((httpx.URL(server.url).host, httpx.URL(server.url).port), timeout=WAIT_S)
+
+
+def _read_until_closed(connection: socket.socket) -> bytes:
+    """What the server writes until it closes the connection; socket.timeout after WAIT_S without it closing."""
+    received = b""
+    while chunk := connection.recv(65536):
+        received += chunk
+    return received
+
+
+def _assert_408(received: bytes) -> None:
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and b"connection: close" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout" and f"waits {READ_TIMEOUT_S:g} s" in error["message"]
+
+
+def _still_serves(server) -> None:
+    reply = httpx.post(server.base_url + "/chat/completions", timeout=WAIT_S, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert reply.status_code == 200
+
+
+@pytest.mark.parametrize("sent", [HEAD, b"POST /v1/chat/comp"], ids=["headers", "request-line"])
+def test_a_request_head_that_stalls_gets_408_and_its_connection_closes(server, sent):
+    with _connect(server) as connection:
+        connection.sendall(sent)
+        _assert_408(_read_until_closed(connection))
+    _still_serves(server)
+
+
+def _trickled(connection: socket.socket, byte: bytes) -> bytes:
+    """Send `byte` every 0.1 s until the server closes the connection; what it answered (nothing where it reset the
+    connection, closing with a byte unread). Fails the test if it never closes."""
+    connection.settimeout(0.1)
+    received = b""
+    for _ in range(int(WAIT_S / 0.1)):
+        try:
+            connection.sendall(byte)
+            chunk = connection.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return received
+        received += chunk
+        if not chunk:
+            return received
+    pytest.fail(f"the server read a trickle for {WAIT_S} s")
+
+
+def test_a_head_trickled_a_byte_at_a_time_is_cut_counting_from_its_start(server):
+    """Each byte resets no clock: the head must be whole within the timeout, however steadily it trickles."""
+    with _connect(server) as connection:
+        connection.sendall(b"GET /health HTTP/1.1\r\n")
+        received = _trickled(connection, b"X")  # a header's name, never a complete head
+    assert received == b"" or received.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_body_trickled_a_byte_at_a_time_is_cut_though_it_never_pauses_for_long(server):
+    """A slow POST: a pause between two reads never reaches the timeout, but 64 KiB of body earn the next one."""
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Content-Length: 100000\r\n\r\n")
+        received = _trickled(connection, b" ")
+    assert received == b"" or received.startswith(b"HTTP/1.1 408 ")
+    _still_serves(server)
+
+
+def test_a_body_that_stalls_gets_408_and_the_server_serves_on(server):
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Content-Length: 1000\r\n\r\n{\"model\": ")
+        _assert_408(_read_until_closed(connection))
+    _still_serves(server)
+
+
+def test_a_connection_that_sends_nothing_is_closed_without_a_response(server):
+    with _connect(server) as connection:
+        assert _read_until_closed(connection) == b""
+
+
+def test_the_rest_of_a_refused_body_is_not_read_past_the_timeout(server):
+    """A chunked body past the size limit is answered 413, and the server read and discarded the rest for as long
+    as the client sent it (20 GB in 20 s on loopback)."""
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"10000\r\n" + b" " * 0x10000 + b"\r\n"
+        deadline = time.monotonic() + WAIT_S
+        with pytest.raises(OSError):  # reset, or the pipe broken, once the server closes
+            while time.monotonic() < deadline:
+                connection.sendall(chunk)
+    _still_serves(server)
+
+
+def test_a_large_body_sent_slowly_is_read_whole_while_each_64_kib_comes_within_the_timeout(server):
+    pieces = [b" " * BODY_BYTES_PER_TIMEOUT] * 5 + [json.dumps({  # JSON may begin with white space
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()]
+    with _connect(server) as connection:
+        connection.sendall(HEAD + f"Content-Length: {sum(map(len, pieces))}\r\nConnection: close\r\n\r\n".encode())
+        for piece in pieces:  # altogether far longer than the timeout, each piece in half of it
+            time.sleep(READ_TIMEOUT_S / 2)
+            connection.sendall(piece)
+        assert len(pieces) * READ_TIMEOUT_S / 2 > 2 * READ_TIMEOUT_S
+        assert _read_until_closed(connection).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_an_answer_that_takes_longer_than_the_timeout_is_not_cut(server, stream):
+    """The limit is on waiting for the client's request, never on the server's answer."""
+    runner = server.engine.engine.runner
+    runner.step_delay_s = READ_TIMEOUT_S / 10
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+                "ignore_eos": True, "stream": stream}
+        started = time.monotonic()
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=WAIT_S) as reply:
+            text = reply.read().decode()
+        assert time.monotonic() - started > 2 * READ_TIMEOUT_S
+    finally:
+        runner.step_delay_s = 0.0
+    assert reply.status_code == 200
+    if stream:
+        assert text.rstrip().endswith("data: [DONE]")
+    else:
+        assert json.loads(text)["usage"]["completion_tokens"] == 40
+
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
+def test_a_read_timeout_that_is_no_time_is_refused_naming_the_field(seconds):
+    with pytest.raises(ConfigError, match="request_read_timeout_s=.* is not a time"):
+        read_timeout_protocol(seconds)
+
+
+resource = pytest.importorskip("resource")  # (not on Windows, which has no such limit)
+LOW_FILE_LIMIT = 256
+IDLE_CONNECTIONS = 400  # more than LOW_FILE_LIMIT
+
+
+@contextlib.contextmanager
+def _serve_with_file_limit(checkpoint: Path, log: Path, *, hard: int) -> Iterator[int]:
+    """`glimmer serve` started with a soft limit of LOW_FILE_LIMIT open files (and `hard` as its hard limit), its
+    output in `log`: yields its port."""
+    port = free_port()
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_FILE_LIMIT, hard))
+
+    with log.open("w") as output:
+        process = subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", str(checkpoint), "--port", str(port),
+                                    "--kv-cache-memory", "32MiB", "--disable-uvicorn-access-log"],
+                                   stdout=output, stderr=subprocess.STDOUT, preexec_fn=limit_files)
+    try:
+        wait_for_health(process, port)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def _health_status(port: int) -> int | None:
+    """/health's status, or None when the server did not answer within a few seconds."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+def _idle_connections(port: int) -> contextlib.ExitStack:
+    connections = contextlib.ExitStack()
+    for _ in range(IDLE_CONNECTIONS):
+        connections.enter_context(socket.create_connection(("127.0.0.1", port), timeout=WAIT_S))
+    time.sleep(1)  # the server accepts them (those it can)
+    return connections
+
+
+def test_serve_raises_its_soft_open_file_limit_so_idle_connections_do_not_lock_others_out(tiny_checkpoint, tmp_path):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < 4 * IDLE_CONNECTIONS:
+        pytest.skip(f"the hard limit on open files ({hard}) leaves no room to raise the soft limit")
+    log = tmp_path / "serve.log"
+    with _serve_with_file_limit(tiny_checkpoint, log, hard=hard) as port, _idle_connections(port):
+        assert _health_status(port) == 200
+    assert f"raised the open-file limit (RLIMIT_NOFILE) from {LOW_FILE_LIMIT} to" in log.read_text()
+
+
+def test_connections_refused_for_want_of_file_descriptors_are_logged_in_one_line(tiny_checkpoint, tmp_path):
+    """asyncio logged each accept() that failed with EMFILE with its traceback, thousands of times a second."""
+    log = tmp_path / "serve.log"
+    with _serve_with_file_limit(tiny_checkpoint, log, hard=LOW_FILE_LIMIT) as port:
+        with _idle_connections(port):
+            assert _health_status(port) is None  # no descriptor left to accept it with
+        assert _health_status(port) == 200  # served again once connections close
+    text = log.read_text()
+    assert text.count("Too many open files") == 1
+    assert "cannot accept connections: [Errno 24] Too many open files" in text
