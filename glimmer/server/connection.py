@@ -65,12 +65,16 @@ class ReadTimeout:
         self._read_deadline = 0.0  # the event loop's time
         self._request_begun = False
         self._body_bytes = 0
+        self._timing = True
         super().connection_made(transport)
         self._watch_reading(received=0)
 
     def data_received(self, data: bytes) -> None:
-        if self._waiting_for == _HEAD and not self._draining_refused_body():
-            self._request_begun = True
+        try:
+            if self._timing and self._waiting_for == _HEAD and not self._draining_refused_body():
+                self._request_begun = True
+        except AttributeError as error:
+            _serve_untimed(self, error)
         super().data_received(data)
         self._watch_reading(received=len(data))
 
@@ -92,6 +96,13 @@ class ReadTimeout:
         return _BODY if self.cycle.more_body else None  # None: the handler has the whole request and answers
 
     def _watch_reading(self, *, received: int) -> None:
+        if self._timing:
+            try:
+                self._follow_reading(received)
+            except AttributeError as error:
+                _serve_untimed(self, error)
+
+    def _follow_reading(self, received: int) -> None:
         waiting_for = self._now_waiting_for()
         if waiting_for != self._waiting_for:
             self._stop_timer()
@@ -117,6 +128,12 @@ class ReadTimeout:
 
     def _read_timed_out(self) -> None:
         self._read_timer = None
+        try:
+            self._close_timed_out()
+        except AttributeError as error:
+            _serve_untimed(self, error)
+
+    def _close_timed_out(self) -> None:
         if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or a WebSocket now
             return
         if self.flow.read_paused:  # the server stopped reading, not the client: wait on
@@ -128,6 +145,22 @@ class ReadTimeout:
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         self.transport.close()
+
+
+_unknown_uvicorn_logged = False
+
+
+def _serve_untimed(protocol: Any, error: AttributeError) -> None:
+    """Serve `protocol`'s connection without the timeout: its uvicorn keeps the request state under other names
+    than uvicorn 0.29–0.55 do (logged once), which must not fail every connection."""
+    global _unknown_uvicorn_logged
+    protocol._timing = False
+    protocol._stop_timer()
+    if not _unknown_uvicorn_logged:
+        _unknown_uvicorn_logged = True
+        logger.warning("this uvicorn's HTTP protocol keeps its request state differently (%s): connections are served "
+                       "without --request-read-timeout, and a stalled client holds its connection until it leaves",
+                       error)
 
 
 def read_timeout_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:

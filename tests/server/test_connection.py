@@ -166,6 +166,30 @@ def test_a_read_timeout_that_is_no_time_is_refused_naming_the_field(seconds):
         read_timeout_protocol(seconds)
 
 
+def test_a_uvicorn_keeping_its_request_state_under_other_names_serves_untimed(make_tiny, monkeypatch, caplog):
+    """The timeout reads uvicorn's protocol state (its request cycle's `more_body` and the like); a uvicorn that
+    renamed one must not fail every connection: it serves as plain uvicorn does, logged once."""
+    import glimmer.server.connection as connection
+
+    monkeypatch.setattr(connection, "_unknown_uvicorn_logged", False)
+    # as if this uvicorn's request cycle had renamed more_body
+    monkeypatch.setattr(connection.ReadTimeout, "_now_waiting_for",
+                        lambda self: None if self.cycle is None else self.cycle.body_expected)
+    with caplog.at_level("WARNING", logger="glimmer.server.connection"), \
+            live_server(make_tiny(), scripted=True, request_read_timeout_s=READ_TIMEOUT_S) as live:
+        _still_serves(live)
+        _still_serves(live)
+        stalled = _connect(live)
+        stalled.sendall(HEAD)
+        stalled.settimeout(3 * READ_TIMEOUT_S)
+        with pytest.raises(socket.timeout):  # untimed: the server waits on, as plain uvicorn does
+            stalled.recv(1)
+        stalled.close()
+        _still_serves(live)
+    warnings = [r for r in caplog.records if "without --request-read-timeout" in r.getMessage()]
+    assert len(warnings) == 1 and "body_expected" in warnings[0].getMessage()
+
+
 resource = pytest.importorskip("resource")  # (not on Windows, which has no such limit)
 LOW_FILE_LIMIT = 256
 IDLE_CONNECTIONS = 400  # more than LOW_FILE_LIMIT
