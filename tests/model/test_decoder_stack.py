@@ -198,6 +198,27 @@ def test_the_stack_runs_its_steps_on_the_threads_its_team_size_gives(monkeypatch
     assert one_thread == (1, 0)
 
 
+def test_waits_after_the_attention_phase_do_not_count_as_sleeps(monkeypatch):
+    """The attention phase's items (a sequence's key head) may be fewer than the threads, or of uneven contexts: a
+    thread with none left waits at its barrier on a quiet machine, and counting that wait sent batch-1 decode at a long
+    context to one thread. At 8 threads with every wait sleeping (spin 0), a step reports at most 7 sleeps at each of
+    its other barriers (two before the layers, six a layer)."""
+    shape = StackShape(hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
+                       qk_norm_eps=1e-6, qk_scale_factor=1.0)
+    stack = random_stack(shape, LAYERS, torch.Generator().manual_seed(5))
+    monkeypatch.setattr(cpu, "threads", lambda: 8)
+    monkeypatch.setattr(cpu, "barrier_spin_ns", lambda: 0)
+    recorded = []
+    for _ in range(3):
+        stack.team = TeamSize()
+        real_record = stack.team.record
+        monkeypatch.setattr(stack.team, "record", lambda threads, sleeps, real_record=real_record:
+                            recorded.append((threads, sleeps)) or real_record(threads, sleeps))
+        ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
+        _run(stack, ctx, poisoned, rotary, inputs, reference=False)
+    assert all(threads == 8 and sleeps <= 7 * (2 + 6 * len(LAYERS)) for threads, sleeps in recorded), recorded
+
+
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
 @pytest.mark.parametrize("out_features,in_features", [(1, 7), (2, 5), (3, 16), (33, 37), (256, 512), (33, 1100)])
 def test_the_stacks_product_is_f_linear(rows, out_features, in_features):

@@ -96,10 +96,11 @@ class StackShape:
 class TeamSize:
     """How many threads the stack's next step runs on: all of torch's while they meet at the step's barriers. After two
     steps in a row in which SLEEPY_WAITS of the barrier waits outlasted their spin (other processes hold the cores and
-    keep descheduling a thread the others wait for; one such step may be a quiet machine's stray interrupt), one
-    thread, which waits for nobody, for the next `alone_steps` steps; then all of them again, to look. On a 2-vCPU
-    machine with other processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two threads 1.7x as fast as
-    one (bench/MEASUREMENTS.md, CPU decode). Where OMP_NUM_THREADS is set, that count is the user's and always runs."""
+    keep descheduling a thread the others wait for; one such step may be a quiet machine's stray interrupt; waits after
+    the attention phase, whose items may be fewer than the threads or uneven, do not count), one thread, which waits
+    for nobody, for the next `alone_steps` steps; then all of them again, to look. On a 2-vCPU machine with other
+    processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two threads 1.7x as fast as one
+    (bench/MEASUREMENTS.md, CPU decode). Where OMP_NUM_THREADS is set, that count is the user's and always runs."""
 
     SLEEPY_WAITS = 2
     alone_steps: int = 64

@@ -303,11 +303,14 @@ static void group_dots_of(const float *x, int64_t stride, int nr, const float *c
  * 2-vCPU Xeon, more on cores whose pause is slower). While other processes hold the cores, the first thread at one of
  * a step's 58 barriers spun away the time slice its descheduled partner needed to get there: batch-1 decode fell from
  * 270 tok/s to 6-28 (bench/MEASUREMENTS.md, CPU decode). spin_ns < 0 takes the OpenMP runtime's barrier instead, which
- * honours what the user set. Either gives the same bits: a barrier orders the phases, it computes nothing. */
+ * honours what the user set. Either gives the same bits: a barrier orders the phases, it computes nothing.
+ * `counted` 0 leaves a wait's sleep out of `sleeps`: at the end of a phase whose work may be uneven (attention, a
+ * sequence's key head an item, contexts of any length, fewer items than threads at batch 1), a waiting thread is idle,
+ * not held up by a descheduled partner, and one thread would be slower. */
 typedef struct {
     atomic_int arrived;
     atomic_uint generation; /* one more each time the team passes */
-    atomic_int sleeps;      /* waits that outlasted spin_ns: the thread they waited for was held up */
+    atomic_int sleeps;      /* counted waits that outlasted spin_ns: the thread they waited for was held up */
     pthread_mutex_t lock;   /* guards sleeping on `passed` against the last arrival's broadcast */
     pthread_cond_t passed;
 } team_barrier;
@@ -326,7 +329,7 @@ static int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void team_wait(team_barrier *b, int64_t spin_ns) {
+static void team_wait(team_barrier *b, int64_t spin_ns, int counted) {
 #ifdef _OPENMP
     const int team = omp_get_num_threads();
     if (team < 2) return;
@@ -347,7 +350,7 @@ static void team_wait(team_barrier *b, int64_t spin_ns) {
     for (unsigned spins = 1; atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
         relax();
         if (spins % 16 == 0 && now_ns() > until) {
-            atomic_fetch_add_explicit(&b->sleeps, 1, memory_order_relaxed);
+            if (counted) atomic_fetch_add_explicit(&b->sleeps, 1, memory_order_relaxed);
             pthread_mutex_lock(&b->lock);
             while (atomic_load_explicit(&b->generation, memory_order_acquire) == generation)
                 pthread_cond_wait(&b->passed, &b->lock);
@@ -358,6 +361,7 @@ static void team_wait(team_barrier *b, int64_t spin_ns) {
 #else
     (void)b;
     (void)spin_ns;
+    (void)counted;
 #endif
 }
 
@@ -478,7 +482,7 @@ void glimmer_logits(const float *h, int64_t rows, const float *w, int64_t vocab,
 #pragma omp parallel num_threads(threads)
     {
         if (vocab >= FEATURES) project(h, rows, w, NULL, vocab, hidden, out);
-        team_wait(&barrier, barrier_spin_ns);
+        team_wait(&barrier, barrier_spin_ns, 1);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < rows * vocab; i++) {
             float z = out[i] * multiplier;
@@ -535,7 +539,7 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
 #pragma omp atomic write
             out_of_memory = 1;
         }
-        team_wait(&barrier, spin_ns);
+        team_wait(&barrier, spin_ns, 1);
         if (!out_of_memory) {
 #pragma omp for schedule(static) nowait
             for (int64_t r = 0; r < rows; r++) {
@@ -543,13 +547,13 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
                 residual_norm_row(NULL, residual + r * hidden, NULL, 0.0f, s->input_scale, (float)s->input_eps,
                                   hidden, residual + r * hidden, h + r * hidden);
             }
-            team_wait(&barrier, spin_ns);
+            team_wait(&barrier, spin_ns, 1);
             for (int64_t l = 0; l < num_layers; l++) {
                 const glimmer_layer *layer = &layers[l];
                 const int64_t g = layer->group;
                 float *normed = l == num_layers - 1 ? out : h;
                 project(h, rows, layer->qkvg_weight, layer->qkvg_bias, qkvg_width, hidden, qkvg);
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 1);
 /* one sequence's key head at a time: its query heads normed and rotated, its key and value stored, then the
  * query heads attend. No barrier between storing and attending: an item reads only its own sequence's keys of its
  * own key head, and the new keys of a sequence go to a block that sequence alone holds (shared prefix blocks are
@@ -576,19 +580,19 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
                                (float)s->attention_scale, qkvg + r * qkvg_width + q_size + 2 * kv_size + head * d,
                                attended + r * q_size + head * d, scores, acc);
                     }
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 0); /* uneven work: not counted */
                 project(attended, rows, layer->o_weight, layer->o_bias, hidden, q_size, projected);
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 1);
 #pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < rows; r++)
                     residual_norm_row(projected + r * hidden, residual + r * hidden, layer->post_attention_scale,
                                       (float)layer->post_attention_eps, layer->pre_feedforward_scale,
                                       (float)layer->pre_feedforward_eps, hidden, residual + r * hidden, h + r * hidden);
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 1);
                 project_silu_mul(h, rows, layer->gate_up_weight, inter, hidden, act);
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 1);
                 project(act, rows, layer->down_weight, NULL, hidden, inter, projected);
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 1);
 #pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < rows; r++) {
                     residual_norm_row(projected + r * hidden, residual + r * hidden, layer->post_feedforward_scale,
@@ -597,7 +601,7 @@ int glimmer_decode_layers(const glimmer_step *s, const glimmer_layer *layers, in
                     if (layer->capture != NULL)
                         memcpy(layer->capture + r * hidden, residual + r * hidden, (size_t)hidden * sizeof(float));
                 }
-                team_wait(&barrier, spin_ns);
+                team_wait(&barrier, spin_ns, 1);
             }
         }
         free(scores);
