@@ -153,29 +153,79 @@ def test_results_do_not_depend_on_how_the_barriers_wait(monkeypatch):
         assert torch.equal(stack_out, results[0][0]) and torch.equal(logits_out, results[0][1])
 
 
-def test_a_step_whose_barriers_slept_sends_the_next_steps_to_one_thread(monkeypatch):
+SLEEPY = TeamSize.SLEEPY_WAITS
+
+
+def _steps(team: TeamSize, available: int, count: int, *, sleeps: int, rows: int = 4, seconds: float = 1.0,
+           one_thread_seconds: float = 1.0) -> list[int]:
+    """Run `count` steps of `rows` through `team`: the threads each ran on (a one-thread step takes
+    `one_thread_seconds`, another `seconds`, and sleeps `sleeps` times)."""
+    ran = []
+    for _ in range(count):
+        threads = team.threads(available)
+        ran.append(threads)
+        team.record(threads, sleeps if threads > 1 else 0, rows, one_thread_seconds if threads == 1 else seconds)
+    return ran
+
+
+def test_sleepy_steps_send_the_next_steps_to_one_thread_where_one_measures_faster(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    team = TeamSize(alone_steps=3)
+    team = TeamSize(alone_steps=5)
     assert team.last is None and team.threads(2) == 2
-    for sleeps in (TeamSize.SLEEPY_WAITS - 1, TeamSize.SLEEPY_WAITS, 0, TeamSize.SLEEPY_WAITS):  # none two in a row
-        team.record(2, sleeps)
+    for sleeps in (SLEEPY - 1, SLEEPY, 0, SLEEPY):  # none two in a row
+        team.record(2, sleeps, 4, 1.0)
         assert team.threads(2) == 2
-    team.record(2, TeamSize.SLEEPY_WAITS)
-    assert [team.threads(2) for _ in range(4)] == [1, 1, 1, 2] and team.last == 2  # then all of them, to look
-    team.record(2, 58)
-    assert team.threads(2) == 2  # one sleepy look
-    team.record(2, 58)
+    team.record(2, SLEEPY, 4, 1.0)  # the second in a row: two steps alone measure one thread
+    assert _steps(team, 2, 2, sleeps=0, one_thread_seconds=0.5) == [1, 1]
+    assert _steps(team, 2, 4, sleeps=0) == [1, 1, 1, 2] and team.last == 2  # 5 alone in all, then all, to look
+    assert _steps(team, 2, 2, sleeps=58) == [2, 2]  # two sleepy looks
     assert team.threads(2) == team.last == 1  # the logits run on as many
-    team.record(1, 0)
-    assert [team.threads(2) for _ in range(3)] == [1, 1, 2]
+
+
+def test_one_thread_measured_slower_keeps_all_threads_and_probes_less_and_less_often(monkeypatch):
+    """Where waits sleep on a quiet machine (threads waiting for slower cores), one thread loses its probe: all threads
+    run on, and the hold-off before the next probe doubles up to 64 times alone_steps."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    team = TeamSize(alone_steps=4)
+    ran = _steps(team, 8, 2 + 2 + 4 + 2 + 2 + 8 + 2 + 2, sleeps=58, seconds=1.0, one_thread_seconds=3.0)
+    assert ran == [8, 8, 1, 1] + [8] * 4 + [8, 8, 1, 1] + [8] * 8 + [8, 8, 1, 1]
+    hold_offs = []
+    for _ in range(10):
+        hold_offs.append(team.hold_off)
+        _steps(team, 8, team.hold_off + 4, sleeps=58, seconds=1.0, one_thread_seconds=3.0)
+    assert hold_offs[:3] == [16, 32, 64] and hold_offs[-1] == 64 * 4
+    assert team.threads(8) == 8
+
+
+def test_a_probe_wins_again_after_a_lost_one_and_the_hold_off_starts_over(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    team = TeamSize(alone_steps=4)
+    _steps(team, 2, 4, sleeps=58, one_thread_seconds=3.0)  # lost: hold-off 4, then 8
+    _steps(team, 2, 4, sleeps=58)  # the hold-off
+    assert _steps(team, 2, 4, sleeps=58, seconds=2.0) == [2, 2, 1, 1]  # now loaded: one thread wins
+    assert _steps(team, 2, 3, sleeps=0) == [1, 1, 2]
+    _steps(team, 2, 4, sleeps=58, one_thread_seconds=3.0)  # lost again: from alone_steps, not the doubled one
+    assert team.hold_off == 4
+
+
+def test_no_probe_compares_steps_of_different_batches(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    team = TeamSize(alone_steps=4)
+    for rows in (4, 5, 6):  # sleepy steps, but never two in a row of one batch
+        team.record(2, 58, rows, 1.0)
+        assert team.threads(2) == 2
+    team.record(2, 58, 6, 1.0)
+    assert team.threads(2) == 1
+    team.record(1, 0, 7, 0.1)  # the batch changed during the probe: nothing learned
+    assert team.threads(2) == 1
+    team.record(1, 0, 7, 0.1)
+    assert team.threads(2) == 2 and team.alone_left == team.hold_off == 0
 
 
 def test_the_thread_count_the_user_set_is_kept_under_load(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     team = TeamSize()
-    team.record(2, 58)
-    team.record(2, 58)
-    assert team.threads(2) == team.last == 2
+    assert _steps(team, 2, 6, sleeps=58, one_thread_seconds=0.1) == [2] * 6
 
 
 def test_the_stack_runs_its_steps_on_the_threads_its_team_size_gives(monkeypatch):
@@ -188,14 +238,15 @@ def test_the_stack_runs_its_steps_on_the_threads_its_team_size_gives(monkeypatch
     monkeypatch.setattr(cpu, "barrier_spin_ns", lambda: 0)  # every wait of a two-thread step sleeps
     recorded = []
     real_record = stack.team.record
-    monkeypatch.setattr(stack.team, "record", lambda threads, sleeps: recorded.append((threads, sleeps))
-                        or real_record(threads, sleeps))
+    monkeypatch.setattr(stack.team, "record", lambda *step: recorded.append(step) or real_record(*step))
     for _ in range(3):
         ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
         _run(stack, ctx, poisoned, rotary, inputs, reference=False)
     *two_threads, one_thread = recorded
-    assert all(threads == 2 and sleeps >= TeamSize.SLEEPY_WAITS for threads, sleeps in two_threads)
-    assert one_thread == (1, 0)
+    rows = inputs.shape[0]
+    assert all(threads == 2 and sleeps >= TeamSize.SLEEPY_WAITS and n == rows and seconds > 0
+               for threads, sleeps, n, seconds in two_threads)
+    assert one_thread[:3] == (1, 0, rows) and one_thread[3] > 0  # the probe's first step, timed
 
 
 def test_waits_after_the_attention_phase_do_not_count_as_sleeps(monkeypatch):
@@ -212,11 +263,11 @@ def test_waits_after_the_attention_phase_do_not_count_as_sleeps(monkeypatch):
     for _ in range(3):
         stack.team = TeamSize()
         real_record = stack.team.record
-        monkeypatch.setattr(stack.team, "record", lambda threads, sleeps, real_record=real_record:
-                            recorded.append((threads, sleeps)) or real_record(threads, sleeps))
+        monkeypatch.setattr(stack.team, "record", lambda *step, real_record=real_record:
+                            recorded.append(step) or real_record(*step))
         ctx, _, poisoned, rotary, inputs = _step(DECODE_BATCHES["nine_rows"], shape, window=16, seed=6)
         _run(stack, ctx, poisoned, rotary, inputs, reference=False)
-    assert all(threads == 8 and sleeps <= 7 * (2 + 6 * len(LAYERS)) for threads, sleeps in recorded), recorded
+    assert all(threads == 8 and sleeps <= 7 * (2 + 6 * len(LAYERS)) for threads, sleeps, *_ in recorded), recorded
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -94,35 +95,86 @@ class StackShape:
 
 @dataclass
 class TeamSize:
-    """How many threads the stack's next step runs on: all of torch's while they meet at the step's barriers. After two
-    steps in a row in which SLEEPY_WAITS of the barrier waits outlasted their spin (other processes hold the cores and
-    keep descheduling a thread the others wait for; one such step may be a quiet machine's stray interrupt; waits after
-    the attention phase, whose items may be fewer than the threads or uneven, do not count), one thread, which waits
-    for nobody, for the next `alone_steps` steps; then all of them again, to look. On a 2-vCPU machine with other
-    processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two threads 1.7x as fast as one
-    (bench/MEASUREMENTS.md, CPU decode). Where OMP_NUM_THREADS is set, that count is the user's and always runs."""
+    """How many threads the stack's next step runs on: all of torch's while they meet at the step's barriers, or one
+    where one is measured faster.
+
+    After two steps in a row of the same batch in which SLEEPY_WAITS of the barrier waits outlasted their spin (other
+    processes hold the cores and keep descheduling a thread the others wait for; one such step may be a quiet machine's
+    stray interrupt; waits after the attention phase, whose items may be fewer than the threads or uneven, do not
+    count), PROBE_STEPS steps run on one thread, which waits for nobody, and their time is compared with the two
+    sleepy steps'. Faster: one thread for `alone_steps` steps in all, then all of them again, to look. Not faster
+    (threads that wait for slower ones on a quiet machine: efficiency cores beside performance cores, a static split
+    of uneven work): all threads, with sleepy steps left alone for a hold-off that doubles at each lost probe (from
+    `alone_steps` to 64 times it), so a machine where waits always sleep spends 2 of every 4,000 or more steps
+    probing. On a 2-vCPU machine with other processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two
+    threads 1.7x as fast as one (bench/MEASUREMENTS.md, CPU decode). Where OMP_NUM_THREADS is set, that count is the
+    user's and always runs."""
 
     SLEEPY_WAITS = 2
+    PROBE_STEPS = 2
     alone_steps: int = 64
     alone_left: int = 0
-    sleepy_steps: int = 0
-    """Steps in a row, up to the last, whose waits slept."""
+    probe_left: int = 0
+    """One-thread steps still to run for the probe."""
+    hold_off: int = 0
+    """All-thread steps still to run before sleepy steps are acted on again (after a lost probe)."""
+    next_hold_off: int = 0
+    """The hold-off after the next lost probe (0: alone_steps)."""
     last: int | None = None
     """The threads the last step ran on (its logits run on as many); None before the first."""
 
+    def __post_init__(self) -> None:
+        self._sleepy: list[tuple[int, float]] = []  # (rows, seconds) of the latest all-thread steps in a row that slept
+        self._probe: list[tuple[int, float]] | None = None  # the probe's one-thread steps, while one runs
+
+    @staticmethod
+    def _user_set() -> bool:
+        return bool(os.environ.get("OMP_NUM_THREADS", "").strip())
+
     def threads(self, available: int) -> int:
         self.last = available
-        if self.alone_left > 0 and available > 1 and not os.environ.get("OMP_NUM_THREADS", "").strip():
-            self.alone_left -= 1
-            self.last = 1
+        if available > 1 and not self._user_set():
+            if self.probe_left > 0:
+                self.probe_left -= 1
+                self.last = 1
+            elif self.alone_left > 0:
+                self.alone_left -= 1
+                self.last = 1
         return self.last
 
-    def record(self, threads: int, barrier_sleeps: int) -> None:
-        """What the step just run on `threads` threads saw: how many of its barrier waits slept."""
-        if threads > 1:
-            self.sleepy_steps = self.sleepy_steps + 1 if barrier_sleeps >= self.SLEEPY_WAITS else 0
-            if self.sleepy_steps == 2:
-                self.alone_left, self.sleepy_steps = self.alone_steps, 0
+    def record(self, threads: int, barrier_sleeps: int, rows: int, seconds: float) -> None:
+        """What the step of `rows` sequences just run on `threads` threads saw: how many of its barrier waits slept,
+        and how long it took."""
+        if self._user_set():
+            return
+        if threads == 1:
+            if self._probe is not None:
+                self._probe.append((rows, seconds))
+                if len(self._probe) == self.PROBE_STEPS:
+                    self._decide()
+            return
+        if self.hold_off > 0:
+            self.hold_off -= 1
+            return
+        if barrier_sleeps < self.SLEEPY_WAITS:
+            self._sleepy = []
+            return
+        self._sleepy = [step for step in self._sleepy if step[0] == rows] + [(rows, seconds)]
+        if len(self._sleepy) == 2:
+            self.probe_left, self._probe = self.PROBE_STEPS, []
+
+    def _decide(self) -> None:
+        """Whether the probe's one thread beat the two sleepy all-thread steps on the same batch."""
+        probe, sleepy = self._probe or [], self._sleepy
+        self._probe, self._sleepy = None, []
+        if len({rows for rows, _ in probe + sleepy}) != 1:
+            return  # the batch changed: nothing to compare, all threads until the next sleepy steps
+        if sum(s for _, s in probe) / len(probe) < sum(s for _, s in sleepy) / len(sleepy):
+            self.alone_left = max(0, self.alone_steps - self.PROBE_STEPS)
+            self.next_hold_off = 0
+        else:
+            self.hold_off = self.next_hold_off or self.alone_steps
+            self.next_hold_off = min(2 * self.hold_off, 64 * self.alone_steps)
 
 
 class DecoderStack:
@@ -233,9 +285,10 @@ class DecoderStack:
         step.barrier_sleeps = ctypes.addressof(sleeps)
         threads = self.team.threads(cpu.threads())
         lib = cpu.library() if lib is None else lib
+        started = time.perf_counter()
         bad = lib.glimmer_decode_layers(ctypes.byref(step), self._args, len(self.layers),
                                         inputs_embeds.data_ptr(), out.data_ptr(), threads)
-        self.team.record(threads, sleeps.value)
+        self.team.record(threads, sleeps.value, inputs_embeds.shape[0], time.perf_counter() - started)
         if bad < 0:
             raise MemoryError("decoder stack: no memory for the step's work buffers")
         if bad:
