@@ -765,6 +765,24 @@ def test_retrieving_a_stored_response_as_a_stream_is_400_not_the_json_object(cli
     assert kept.output_text == "Hello there!"
 
 
+@pytest.mark.parametrize(("query", "status", "param"), [
+    ("stream=False", 200, None),  # Python's `requests` writes False so: it was refused as a request to stream
+    ("stream=FALSE&include_obfuscation=True", 200, None),
+    ("stream=0", 400, "stream"),
+    ("include_obfuscation=maybe", 400, "include_obfuscation"),  # was taken, as any value
+])
+def test_retrieve_reads_its_boolean_query_parameters_in_either_case_and_refuses_others(server, client, query, status,
+                                                                                      param):
+    response = _create(client, input="[greet] Hi")
+    fetched = httpx.get(f"{server.base_url}/responses/{response.id}?{query}", timeout=30)
+    assert fetched.status_code == status, fetched.text
+    if param is None:
+        assert fetched.json()["id"] == response.id
+    else:
+        error = fetched.json()["error"]
+        assert error["param"] == param and error["message"].endswith("is not a boolean (true or false)")
+
+
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
     """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
     response = _create(client, input="[greet] Hi")
