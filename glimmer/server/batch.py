@@ -26,6 +26,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
+from glimmer.server.body import UTF8_BYTE_ORDER_MARK, wide_text_encoding
 from glimmer.server.errors import INTERNAL_ERROR_MESSAGE, describe_error, error_body
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
@@ -58,17 +59,10 @@ class BatchSummary:
         return self.written - self.succeeded
 
 
-_WIDE_TEXT = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
-              (b"\xff\xfe", "UTF-16"))
-"""The byte order marks of text whose every line would be refused as no UTF-8 JSON (PowerShell's `>` writes UTF-16)."""
-
-
 def parse_batch_input(data: bytes) -> list[BatchLine]:
     """The request lines of a batch input file, blank lines left out; a line that cannot run carries its error
     object (it never stops the others). Raises ValueError for a file in UTF-16 or UTF-32, none of whose lines could."""
-    wide = next((name for mark, name in _WIDE_TEXT if data.startswith(mark)), None)
-    if wide is None and b"\x00" in data[:2]:  # no JSON text starts with a NUL byte: UTF-16 or -32 without a mark
-        wide = "UTF-16 or UTF-32"
+    wide = wide_text_encoding(data)
     if wide is not None:
         raise ValueError(f"the file is {wide} text, not UTF-8, so none of its lines is JSON a batch runs (PowerShell's "
                          "`>` writes UTF-16); save it as UTF-8, e.g. `Out-File -Encoding utf8`, or `iconv -t UTF-8`")
@@ -76,7 +70,7 @@ def parse_batch_input(data: bytes) -> list[BatchLine]:
     seen: dict[str, int] = {}  # custom_id → the line that named it first
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if number == 1:
-            raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
+            raw = raw.removeprefix(UTF8_BYTE_ORDER_MARK)  # as some editors write
         if not raw.strip():
             continue
         lines.append(_parse_line(raw, number, seen))

@@ -1,5 +1,6 @@
 """Reading a JSON request body: its media type first (415 unless uncompressed JSON), then its bytes with a size
-limit (413 beyond it), before any JSON is parsed.
+limit (413 beyond it) and as UTF-8 (400 for UTF-16 or UTF-32; a UTF-8 byte order mark dropped), before any JSON is
+parsed.
 
 Requiring `Content-Type: application/json` is also a cross-site guard: a browser sends `text/plain` POSTs to
 any origin without asking first, so a page could otherwise submit requests to a server on the visitor's
@@ -66,9 +67,34 @@ async def read_body(request: Request, context: ServingContext) -> bytes:
             reason = context.engine.closing_reason
             if not upload.done() and reason is not None:
                 raise EngineShuttingDownError(reason)
-        return upload.result()
+        return _utf8_text(upload.result())
     finally:
         upload.cancel()
+
+
+_WIDE_TEXT = ((b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\xfe\xff", "UTF-16"),
+              (b"\xff\xfe", "UTF-16"))
+"""Byte order marks of text in UTF-16 or UTF-32 (the longer marks first: UTF-32LE's starts with UTF-16LE's)."""
+UTF8_BYTE_ORDER_MARK = b"\xef\xbb\xbf"
+
+
+def wide_text_encoding(data: bytes) -> str | None:
+    """"UTF-16", "UTF-32" (or "UTF-16 or UTF-32" without a byte order mark) for JSON text in those encodings, which
+    no UTF-8 reader takes (PowerShell writes UTF-16); None for anything else."""
+    wide = next((name for mark, name in _WIDE_TEXT if data.startswith(mark)), None)
+    if wide is None and b"\x00" in data[:2]:  # no JSON text starts with a NUL byte: UTF-16 or -32 without a mark
+        wide = "UTF-16 or UTF-32"
+    return wide
+
+
+def _utf8_text(body: bytes) -> bytes:
+    """`body` without a leading UTF-8 byte order mark, which RFC 8259 §8.1 lets a parser ignore (as Python's json and
+    run-batch do). Raises APIError 400 for a body in UTF-16 or UTF-32: JSON between systems is UTF-8 (RFC 8259 §8.1),
+    and the parser's own error ("expected value at line 1 column 1") said nothing of why."""
+    wide = wide_text_encoding(body)
+    if wide is not None:
+        raise APIError(400, f"the request body is {wide} text; send JSON encoded as UTF-8")
+    return body.removeprefix(UTF8_BYTE_ORDER_MARK)
 
 
 async def _read_upload(request: Request, max_bytes: int) -> bytes:

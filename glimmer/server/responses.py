@@ -436,8 +436,11 @@ def get_response(response_id: str, raw_request: Request, context: ServingContext
     if unknown:
         raise RequestError(f"{unknown[0]}: unknown query parameter", param=unknown[0])
     check_include(list(query.get("include", [])))
+    for name in ("stream", "include_obfuscation"):  # either case: Python's `requests` writes False as "False"
+        if query.get(name, "false").lower() not in ("true", "false"):
+            raise RequestError(f"{name}: {query[name]!r} is not a boolean (true or false)", param=name)
     for name in ("stream", "starting_after"):
-        if query.get(name, "false") != "false":
+        if query.get(name, "false").lower() != "false":
             raise RequestError(f"{name}: only background responses can be streamed again, and Glimmer runs none "
                                "(`background: true` is refused); retrieve the response without it, or stream it "
                                "when creating it", param=name)

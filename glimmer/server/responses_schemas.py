@@ -3,8 +3,8 @@
 As for chat, unknown fields are refused (400 naming them); fields that cannot change the output are checked as
 OpenAI checks them, echoed in the response object and otherwise ignored (`user`, `metadata`, `service_tier`,
 `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`, whose `prewarm: true`
-is refused; `stream_options` is accepted, not echoed); and fields Glimmer cannot honour are refused unless unset
-(or `background: false`): `background`, `conversation`,
+is refused; `stream_options.include_obfuscation` is accepted with `stream: true`, not echoed); and fields Glimmer
+cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
 `prompt`, `max_tool_calls`, `context_management`,
 `truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
@@ -58,6 +58,14 @@ class ResponsesPromptCacheOptions(RequestBody):
     prewarm: bool | None = None
 
 
+class ResponsesStreamOptions(RequestBody):
+    """OpenAI's `stream_options` on /v1/responses: `include_obfuscation` alone, OpenAI's padding of streamed events
+    against side channels, which Glimmer never adds (either value changes nothing). Chat's `include_usage` and vLLM's
+    `continuous_usage_stats` are unknown fields here: a response's usage comes once, in its last event."""
+
+    include_obfuscation: bool | None = None
+
+
 class ResponsesFunctionChoice(RequestBody):
     type: Literal["function"]
     name: str
@@ -102,7 +110,7 @@ class ResponsesRequest(RequestBody):
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: ResponsesPromptCacheOptions | None = None  # `prewarm: true` refused (check_supported)
-    stream_options: dict[str, Any] | None = None
+    stream_options: ResponsesStreamOptions | None = None  # only with `stream: true` (check_supported)
     # refused unless unset (see _REFUSED)
     background: bool | None = None
     conversation: Any = None
@@ -156,6 +164,8 @@ def check_supported(request: ResponsesRequest) -> None:
         if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
             raise RequestError(f"{name}: {reason}", param=name)
     check_metadata(request.metadata or {})
+    if request.stream_options is not None and not request.stream:  # as chat's: it shapes a stream only
+        raise RequestError("stream_options: only allowed when stream is true", param="stream_options")
     if request.prompt_cache_options is not None and request.prompt_cache_options.prewarm:
         raise RequestError("prompt_cache_options.prewarm: preparing the prompt cache without generating is not "
                            "supported (Glimmer caches a prompt's blocks as it answers it); leave `prewarm` unset or "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import httpx
@@ -103,6 +104,28 @@ def test_malformed_json_is_400(server):
     error = error_of(post(server, b'{"model": "tiny", "messages": ['), 400)
     assert "not valid JSON" in error["message"]
     error_of(post(server, b"[1, 2]"), 400)
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/responses", "/invocations", "/tokenize"])
+def test_a_body_starting_with_a_utf8_byte_order_mark_is_read_without_it(server, path):
+    """RFC 8259 §8.1 lets a parser ignore the mark (Python's json and run-batch do); it was "not valid JSON: expected
+    value at line 1 column 1"."""
+    body = chat() if path != "/responses" else {"model": "tiny", "input": "hi", "max_output_tokens": 2}
+    if path == "/tokenize":
+        body = {"model": "tiny", "prompt": "hi"}
+    url = server.url + path if path in ("/invocations", "/tokenize") else server.base_url + path
+    response = httpx.post(url, content=b"\xef\xbb\xbf" + json.dumps(body).encode(), timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16 or UTF-32"),
+                                                 ("utf-32", "UTF-32"), ("utf-32-le", "UTF-16 or UTF-32")])
+def test_a_body_in_utf16_or_utf32_is_400_saying_to_send_utf8(server, encoding, named):
+    """It was "the request body is not valid JSON: Invalid JSON: expected value at line 1 column 1", which said nothing
+    of the encoding (PowerShell writes UTF-16)."""
+    error = error_of(post(server, json.dumps(chat()).encode(encoding)), 400)
+    assert error["message"] == f"the request body is {named} text; send JSON encoded as UTF-8"
 
 
 def nested(depth: int) -> dict:

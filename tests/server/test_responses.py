@@ -687,6 +687,26 @@ def test_top_logprobs_out_of_range_or_not_an_integer_is_a_400_naming_it(server, 
     assert response.json()["error"]["param"] == "top_logprobs"
 
 
+@pytest.mark.parametrize(("stream_options", "stream", "param"), [
+    ({"include_usage": True}, True, "stream_options.include_usage"),  # chat's: a response's usage comes once, last
+    ({"continuous_usage_stats": True}, True, "stream_options.continuous_usage_stats"),
+    ({"include_obfuscation": "no"}, True, "stream_options.include_obfuscation"),
+    ({"include_obfuscation": False}, False, "stream_options"),  # as on chat: options of a stream only
+])
+def test_stream_options_glimmer_would_not_honour_are_a_400_naming_them(server, stream_options, stream, param):
+    """`stream_options` took any object, with or without `stream`: chat's `include_usage` and vLLM's
+    `continuous_usage_stats` were silently ignored, and so was a typo."""
+    body = {"model": "tiny", "input": "[greet]", "stream": stream, "stream_options": stream_options}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_stream_options_include_obfuscation_is_taken_with_a_stream(client):
+    events = list(_create(client, input="[greet] Hello!", stream=True, stream_options={"include_obfuscation": False}))
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == "Hello there!"
+
+
 def test_a_cut_after_a_finished_message_leaves_that_item_complete(client):
     """max_output_tokens ending the output in the next message's header (or in a call not yet emitted) cuts no
     item already written: the reasoning that ended with <|eom|> stays `completed`; the response is `incomplete`."""
@@ -743,6 +763,24 @@ def test_retrieving_a_stored_response_as_a_stream_is_400_not_the_json_object(cli
     assert unknown.value.body["param"] == "fields"
     kept = client.responses.retrieve(response.id, include=["message.output_text.logprobs"], stream=False)
     assert kept.output_text == "Hello there!"
+
+
+@pytest.mark.parametrize(("query", "status", "param"), [
+    ("stream=False", 200, None),  # Python's `requests` writes False so: it was refused as a request to stream
+    ("stream=FALSE&include_obfuscation=True", 200, None),
+    ("stream=0", 400, "stream"),
+    ("include_obfuscation=maybe", 400, "include_obfuscation"),  # was taken, as any value
+])
+def test_retrieve_reads_its_boolean_query_parameters_in_either_case_and_refuses_others(server, client, query, status,
+                                                                                      param):
+    response = _create(client, input="[greet] Hi")
+    fetched = httpx.get(f"{server.base_url}/responses/{response.id}?{query}", timeout=30)
+    assert fetched.status_code == status, fetched.text
+    if param is None:
+        assert fetched.json()["id"] == response.id
+    else:
+        error = fetched.json()["error"]
+        assert error["param"] == param and error["message"].endswith("is not a boolean (true or false)")
 
 
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
