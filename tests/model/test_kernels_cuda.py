@@ -216,8 +216,8 @@ def test_matvec_matches_f_linear(shape, bias, dtype):
     step += 1e-6 * F.linear(x.double().abs(), weight.double().abs())
     assert ((got.double() - exact).abs() <= step).all()
     # one rounding of an fp32 sum: nearly every output is the exact product rounded once. Compared with the exact
-    # product, not cuBLAS: cuBLAS's fp16 split-K may reduce in fp16 (torch's default allows it), and it did on an
-    # H100 (2.4% of the 30B's q|k|v|gate outputs differed from the GEMV's there; under 2% on an H200)
+    # product, not cuBLAS, whose fp16 bits differ by GPU: 2.4% of the 30B's q|k|v|gate outputs differed from the
+    # GEMV's on an H100 (torch lets cuBLAS reduce fp16 in fp16 by default), under 2% on an H200
     assert (got != exact.to(dtype)).float().mean() < 0.02
     # any leading shape of one row
     torch.testing.assert_close(matvec_triton(x.view(1, 1, -1), weight, b), got.view(1, 1, -1), rtol=0, atol=0)
