@@ -66,6 +66,7 @@ class ReadTimeout:
         self._request_begun = False
         self._body_bytes = 0
         self._timing = True
+        self._held = False  # the server held the request up when the timer last fired
         super().connection_made(transport)
         self._watch_reading(received=0)
 
@@ -106,7 +107,7 @@ class ReadTimeout:
         waiting_for = self._now_waiting_for()
         if waiting_for != self._waiting_for:
             self._stop_timer()
-            self._waiting_for, self._request_begun, self._body_bytes = waiting_for, False, 0
+            self._waiting_for, self._request_begun, self._body_bytes, self._held = waiting_for, False, 0, False
             if waiting_for is not None:
                 self._start_timer(self.loop.time() + self.read_timeout_s)
         elif waiting_for == _BODY and received:
@@ -116,6 +117,14 @@ class ReadTimeout:
             if earned:
                 self._stop_timer()
                 self._start_timer(self._read_deadline + earned * self.read_timeout_s)
+
+    def _server_holds_request(self) -> bool:
+        """Whether the server, not the client, holds the request up: it stopped reading (uvicorn's flow control,
+        until the handler takes what came), or, for a body, its handler has not yet asked a client that expects
+        `100 Continue` to send it, or has begun answering (a 408 written then would land inside the answer)."""
+        if self.flow.read_paused:
+            return True
+        return self._waiting_for == _BODY and (self.cycle.waiting_for_100_continue or self.cycle.response_started)
 
     def _start_timer(self, deadline: float) -> None:
         self._read_deadline = deadline
@@ -136,7 +145,9 @@ class ReadTimeout:
     def _close_timed_out(self) -> None:
         if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or a WebSocket now
             return
-        if self.flow.read_paused:  # the server stopped reading, not the client: wait on
+        held = self._server_holds_request()
+        if held or self._held:  # the server's wait, or one that ended since the last look: the client's time is whole
+            self._held = held
             self._start_timer(self.loop.time() + self.read_timeout_s)
             return
         if self._waiting_for == _BODY or self._request_begun:

@@ -6,20 +6,24 @@ live servers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 from server_support import MODEL, free_port, live_server, wait_for_health
 
 from glimmer.errors import ConfigError
+from glimmer.server.background import BackgroundServer
 from glimmer.server.connection import BODY_BYTES_PER_TIMEOUT, read_timeout_protocol
 
 READ_TIMEOUT_S = 1.0
@@ -158,6 +162,49 @@ def test_an_answer_that_takes_longer_than_the_timeout_is_not_cut(server, stream)
         assert text.rstrip().endswith("data: [DONE]")
     else:
         assert json.loads(text)["usage"]["completion_tokens"] == 40
+
+
+def _late_app() -> FastAPI:
+    """An app whose handlers keep the request waiting on themselves for longer than the timeout."""
+    app = FastAPI()
+
+    @app.post("/late-read")
+    async def late_read(request: Request) -> dict[str, int]:
+        await asyncio.sleep(3 * READ_TIMEOUT_S)
+        return {"read": len(await request.body())}
+
+    @app.post("/answer-unread")
+    async def answer_unread() -> StreamingResponse:
+        async def lines() -> AsyncIterator[bytes]:
+            for _ in range(6):
+                yield b"line\n"
+                await asyncio.sleep(READ_TIMEOUT_S / 2)
+        return StreamingResponse(lines())
+
+    return app
+
+
+def test_a_client_waiting_for_100_continue_is_not_cut_while_the_handler_reads_its_body_late():
+    """The client sends its body only once asked (`Expect: 100-continue`), and the server asks when its handler
+    first reads it: until then the wait is the server's. It got 408 after the timeout without being asked."""
+    with BackgroundServer(_late_app(), request_read_timeout_s=READ_TIMEOUT_S) as live, \
+            socket.create_connection((live.host, live.port), timeout=WAIT_S) as connection:
+        connection.sendall(b"POST /late-read HTTP/1.1\r\nHost: test\r\nContent-Length: 5\r\n"
+                           b"Expect: 100-continue\r\nConnection: close\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 100 Continue\r\n")
+        connection.sendall(b"hello")
+        received = _read_until_closed(connection)
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and received.endswith(b'{"read":5}')
+
+
+def test_an_answer_begun_before_the_body_is_read_is_not_cut_by_a_408_written_into_it():
+    with BackgroundServer(_late_app(), request_read_timeout_s=READ_TIMEOUT_S) as live, \
+            socket.create_connection((live.host, live.port), timeout=WAIT_S) as connection:
+        connection.sendall(b"POST /answer-unread HTTP/1.1\r\nHost: test\r\nContent-Length: 5\r\n"
+                           b"Connection: close\r\n\r\n")
+        received = _read_until_closed(connection)
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and b"408" not in received
+    assert received.count(b"line\n") == 6 and received.endswith(b"0\r\n\r\n")
 
 
 @pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
