@@ -219,7 +219,20 @@ def test_no_probe_compares_steps_of_different_batches(monkeypatch):
     team.record(1, 0, 7, 0.1)  # the batch changed during the probe: nothing learned
     assert team.threads(2) == 1
     team.record(1, 0, 7, 0.1)
-    assert team.threads(2) == 2 and team.alone_left == team.hold_off == 0
+    assert team.threads(2) == 2 and team.alone_left == 0 and team.hold_off == TeamSize.INCONCLUSIVE_HOLD_OFF
+
+
+def test_a_batch_changing_every_few_steps_keeps_few_steps_probing(monkeypatch):
+    """Sleepy steps whose batch changes right after each pair of them: every probe compares across a change. Without
+    a hold-off after such a probe, half the steps ran on one thread (two sleepy, two probing, again)."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    team = TeamSize()
+    ran = []
+    for step in range(3000):
+        threads = team.threads(8)
+        ran.append(threads)
+        team.record(threads, 58 if threads > 1 else 0, 4 + step // 3 % 2, 1.0)
+    assert ran.count(1) / len(ran) <= 2 / (2 + 2 + TeamSize.INCONCLUSIVE_HOLD_OFF) + 0.01
 
 
 def test_the_thread_count_the_user_set_is_kept_under_load(monkeypatch):

@@ -106,12 +106,14 @@ class TeamSize:
     (threads that wait for slower ones on a quiet machine: efficiency cores beside performance cores, a static split
     of uneven work): all threads, with sleepy steps left alone for a hold-off that doubles at each lost probe (from
     `alone_steps` to 64 times it), so a machine where waits always sleep spends 2 of every 4,000 or more steps
-    probing. On a 2-vCPU machine with other processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two
+    probing. A probe across a change of batch compares nothing, and holds off INCONCLUSIVE_HOLD_OFF steps. On a
+    2-vCPU machine with other processes busy, one thread decoded 1.5-2x as fast as two, and quiet, two
     threads 1.7x as fast as one (bench/MEASUREMENTS.md, CPU decode). Where OMP_NUM_THREADS is set, that count is the
     user's and always runs."""
 
     SLEEPY_WAITS = 2
     PROBE_STEPS = 2
+    INCONCLUSIVE_HOLD_OFF = 8
     alone_steps: int = 64
     alone_left: int = 0
     probe_left: int = 0
@@ -168,7 +170,10 @@ class TeamSize:
         probe, sleepy = self._probe or [], self._sleepy
         self._probe, self._sleepy = None, []
         if len({rows for rows, _ in probe + sleepy}) != 1:
-            return  # the batch changed: nothing to compare, all threads until the next sleepy steps
+            # the batch changed: nothing to compare; all threads, and a short hold-off, so that a batch changing every
+            # few steps cannot keep half the steps probing on one thread
+            self.hold_off = self.INCONCLUSIVE_HOLD_OFF
+            return
         if sum(s for _, s in probe) / len(probe) < sum(s for _, s in sleepy) / len(sleepy):
             self.alone_left = max(0, self.alone_steps - self.PROBE_STEPS)
             self.next_hold_off = 0
