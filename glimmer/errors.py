@@ -5,6 +5,9 @@ OpenAI-style error bodies; the CLI prints them without a traceback. Pure Python:
 `glimmer.protocol`.
 """
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 
 class GlimmerError(Exception):
     """Base class of every error Glimmer raises on purpose."""
@@ -24,9 +27,71 @@ class RequestError(GlimmerError, ValueError):
     `param` names the offending field, as OpenAI error bodies do.
     """
 
+    code: str | None = None  # OpenAI's error code, where one names the kind of refusal
+
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+    def with_message(self, message: str, param: str | None) -> "RequestError":
+        """This error, of its class and code, saying `message` and naming `param` (a caller's own name for the
+        field)."""
+        renamed = type(self).__new__(type(self))  # copy.copy would call __init__ with the message alone
+        renamed.__dict__.update(self.__dict__)
+        renamed.args = (message,)
+        renamed.param = param
+        return renamed
+
+
+_CONVERSATION_FIELDS = ("messages", "input", "prompt")  # shortened, never removed
+
+
+@dataclass(frozen=True)
+class PromptPart:
+    """Tokens of a prompt that one part of the request made: `name` as the message says it (a field, or "images"),
+    `param` the field a client changes to shorten it."""
+
+    name: str
+    tokens: int
+    param: str
+
+
+class ContextLengthError(RequestError):
+    """The prompt, or the prompt with the tokens asked of the completion, does not fit the model's context
+    (max_model_len). The message opens as vLLM's and OpenAI's do, "This model's maximum context length is N tokens",
+    which clients such as LiteLLM match to tell this 400 from others; the code is OpenAI's. `parts`, where the caller
+    measured them, say what made the prompt long, largest first (those of a twentieth of it or more, listed where
+    there are several); the largest is the field named (`param`) where the prompt alone is too long, `max_tokens`
+    where the prompt fits and the completion asked for does not."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, max_model_len: int, prompt_tokens: int, max_tokens: int | None = None,
+                 parts: Sequence[PromptPart] = ()):
+        self.max_model_len = max_model_len
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        # a part of less than a twentieth of the prompt is not what made it long
+        self.parts = sorted((part for part in parts if part.tokens > 0 and part.tokens * 20 >= prompt_tokens),
+                            key=lambda part: -part.tokens)
+        opening = f"This model's maximum context length is {max_model_len} tokens (max_model_len), but"
+        listed = ", ".join(f"{part.name} {part.tokens}" for part in self.parts)
+        shares = f" ({listed})" if len(self.parts) > 1 else ""  # one part is the whole prompt: no news
+        largest = self.parts[0].name if self.parts else "messages"
+        shorten = f"shorten the {largest}" if largest in _CONVERSATION_FIELDS else f"shorten or remove {largest}"
+        if max_tokens is None:
+            full = ", which leaves no room to generate" if prompt_tokens == max_model_len else ""
+            super().__init__(f"{opening} the prompt has {prompt_tokens} tokens{shares}{full}; {shorten}",
+                             param=self.parts[0].param if self.parts else "messages")
+        else:
+            super().__init__(f"{opening} you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                             f"prompt{shares}, {max_tokens} in the completion); lower max_tokens to at most "
+                             f"{max_model_len - prompt_tokens}" + f", or {shorten}" * bool(self.parts),
+                             param="max_tokens")
+
+    def naming(self, parts: Sequence[PromptPart]) -> "ContextLengthError":
+        """This refusal saying what made the prompt long: `parts`."""
+        return ContextLengthError(self.max_model_len, self.prompt_tokens, self.max_tokens, parts)
 
 
 class UnsupportedArgumentError(RequestError, TypeError):

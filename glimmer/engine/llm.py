@@ -780,7 +780,7 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
         if error.param not in ("messages", "prompt") or error.param == name or name == "messages":
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
-        raise RequestError(message if name == "prompt" else f"{name}: {message}", param=name) from error
+        raise error.with_message(message if name == "prompt" else f"{name}: {message}", name) from error
 
 
 @contextlib.contextmanager

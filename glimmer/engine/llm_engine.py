@@ -55,7 +55,7 @@ from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder, ch
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
-from glimmer.errors import CheckpointError, ConfigError, GlimmerError, RequestError
+from glimmer.errors import CheckpointError, ConfigError, ContextLengthError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from glimmer.protocol import ChatTemplate
@@ -852,28 +852,17 @@ class LLMEngine:
         """How many tokens a request whose prompt has `prompt_len` tokens may generate: its max_tokens, or the room
         the context leaves where it sets none (`clamp_max_tokens` as for `add_request`).
 
-        Raises RequestError when the prompt exceeds max_model_len or leaves no room to generate (param "messages"),
-        or less room than max_tokens (param "max_tokens") or min_tokens asks for.
+        Raises ContextLengthError when the prompt exceeds max_model_len or leaves no room to generate (param
+        "messages"), or less room than max_tokens (param "max_tokens"); RequestError when less than min_tokens asks for.
         """
         room = self.max_model_len - prompt_len
-        if room < 0:
-            raise RequestError(f"the prompt has {prompt_len} tokens, which exceeds max_model_len={self.max_model_len}; "
-                               "shorten the messages", param="messages")
-        if room == 0 and params.max_tokens != 0:
-            raise RequestError(
-                f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
-                f"max_model_len={self.max_model_len}",
-                param="messages",
-            )
+        if room < 0 or (room == 0 and params.max_tokens != 0):
+            raise ContextLengthError(self.max_model_len, prompt_len)
         max_tokens = params.max_tokens if params.max_tokens is not None else room
         if clamp_max_tokens:
             max_tokens = min(max_tokens, room)
         if max_tokens > room:
-            raise RequestError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds max_model_len="
-                f"{self.max_model_len}; lower max_tokens to at most {room}",
-                param="max_tokens",
-            )
+            raise ContextLengthError(self.max_model_len, prompt_len, max_tokens)
         if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
             raise RequestError(
                 f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "

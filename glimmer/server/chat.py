@@ -28,13 +28,13 @@ from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.errors import RequestError
+from glimmer.errors import ContextLengthError, RequestError
 from glimmer.protocol import ParsedOutput, assistant_message, stream_delta_objects
 from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.server.beam_search import beam_search_params, refuse_beam_search_options, run_beam_search
 from glimmer.server.body import read_body
-from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt
+from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt, prompt_parts
 from glimmer.server.choice_stream import ChoiceStream, Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
@@ -189,7 +189,7 @@ def limit_named_as_sent(error: RequestError, request: ChatCompletionRequest) -> 
     if limit_field == "max_tokens" or not (error.param == "max_tokens" or _MAX_TOKENS.search(str(error))):
         return None
     param = limit_field if error.param == "max_tokens" else error.param
-    return RequestError(_MAX_TOKENS.sub(limit_field, str(error)), param=param)
+    return error.with_message(_MAX_TOKENS.sub(limit_field, str(error)), param)
 
 
 @contextlib.contextmanager
@@ -215,10 +215,20 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
     prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
+    engine = context.engine.engine
+    rendered_len = len(prompt.token_ids)
     # vLLM's truncate_prompt_tokens keeps the rendered prompt's end, the generation prompt the reply is parsed after
-    prompt.token_ids, prompt.multimodal = context.engine.engine.truncate_prompt(prompt.token_ids, prompt.multimodal,
-                                                                               params)
+    prompt.token_ids, prompt.multimodal = engine.truncate_prompt(prompt.token_ids, prompt.multimodal, params)
     apply_default_max_tokens(params, context, len(prompt.token_ids))
+    try:  # the engine refuses a prompt the context cannot hold too; here the refusal says what made it long
+        with _limit_named_as_sent(request):
+            engine.generation_budget(len(prompt.token_ids), params)
+    except ContextLengthError as error:
+        if len(prompt.token_ids) != rendered_len:  # truncated: its parts are no longer the request's
+            raise
+        parts = await in_worker_thread(raw_request, lambda cancel: prompt_parts(request.messages, prompt, context))
+        with _limit_named_as_sent(request):
+            raise error.naming(parts) from None
     run = ChatRun(context, request, prompt, model_name, choices(prompt, params), RequestTimer(context.metrics, arrival),
                   params)
     if named_for is not None:

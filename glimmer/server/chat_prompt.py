@@ -17,7 +17,7 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from glimmer.cancellation import CancelToken
@@ -36,10 +36,11 @@ from glimmer.engine.chat_rendering import (
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import RequestError
+from glimmer.errors import PromptPart, RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part, media_parts, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
+    ChatTemplateError,
     normalize_tools,
     resolve_reasoning_strength,
 )
@@ -58,6 +59,7 @@ class ChatPrompt:
     constrained_answer: bool = False  # structured outputs: the answer's text is the grammar's, taken as written
     continue_recipient: str | None = None  # continue_final_message: the channel the prompt ends inside (P-TMPL-8)
     continue_prefix: str = ""  # and that message's body in the prompt, which a tool channel's parse starts from
+    rendering: ChatRendering | None = None  # how it was rendered, to measure its parts (`prompt_parts`)
 
 
 def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
@@ -113,7 +115,56 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     return ChatPrompt(token_ids, tools, turn_controller_factory(request, tools, context, structured, param),
                       multimodal, constrained_answer=structured is not None,
                       continue_recipient=final.recipient if final is not None else None,
-                      continue_prefix=final.body if final is not None else "")
+                      continue_prefix=final.body if final is not None else "", rendering=rendering)
+
+
+_SYSTEM_ROLES = ("system", "developer")
+_MEASURED_ONE_BY_ONE = 4  # system messages measured each on its own; more are measured together (a render each)
+
+
+def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext) -> list[PromptPart]:
+    """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
+    `chat_template_kwargs` and each system message (`messages[i]`; more than four together, `system messages`) the
+    tokens the prompt loses rendered without it, images and videos their placeholder tokens, and `messages` the
+    rest (the template's own markup included). A part the template cannot render without is left out (counted in
+    `messages`). Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
+    tokenizer = context.tokenizer
+    rendering = prompt.rendering
+
+    def tokens_without(part_rendering: ChatRendering, conversation: list[dict[str, Any]]) -> int | None:
+        try:
+            _, rendered, _ = render_conversation(conversation, part_rendering, tokenizer)
+        except (RequestError, ChatTemplateError):
+            return None
+        return len(tokenizer.encode(rendered.text, literals=rendered.literals))
+
+    if rendering is None:
+        return []
+    whole = tokens_without(rendering, messages)
+    if whole is None:
+        return []
+    system = [i for i, message in enumerate(messages)
+              if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES]
+    removals = []  # (name, param, the rendering and conversation without the part)
+    if rendering.tools:
+        removals.append(("tools", "tools", replace(rendering, tools=None), messages))
+    if rendering.kwargs:
+        removals.append(("chat_template_kwargs", "chat_template_kwargs", replace(rendering, kwargs={}), messages))
+    groups = [[i] for i in system] if len(system) <= _MEASURED_ONE_BY_ONE else [system]
+    for group in groups:
+        name = f"messages[{group[0]}]" if len(group) == 1 else "system messages"
+        removals.append((name, name if len(group) == 1 else "messages", rendering,
+                         [message for i, message in enumerate(messages) if i not in group]))
+    parts = []
+    for part_name, param, part_rendering, conversation in removals:
+        shorter = tokens_without(part_rendering, conversation)
+        if shorter is not None:
+            parts.append(PromptPart(part_name, whole - shorter, param))
+    config = context.engine.engine.model_config
+    parts += [PromptPart("images", prompt.token_ids.count(config.image_token_id), "messages"),
+              PromptPart("videos", prompt.token_ids.count(config.video_token_id), "messages")]
+    parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.tokens, 0) for part in parts), "messages"))
+    return parts
 
 
 def chat_template(request: ChatCompletionRequest, context: ServingContext) -> ChatTemplate:

@@ -223,11 +223,11 @@ def naming_the_prompt(error: RequestError, name: str = "prompt") -> RequestError
     `name`: `prompt`, or `prompt[i]` in a batch, so that a client can tell which of its prompts to shorten. A
     max_tokens or min_tokens the context left by `prompt[i]` cannot hold keeps its field and names the prompt too."""
     if error.param in ("max_tokens", "min_tokens") and name != "prompt":
-        return RequestError(f"{name}: {error}", param=error.param)
+        return error.with_message(f"{name}: {error}", error.param)
     if error.param not in ("messages", "prompt") or error.param == name:
         return error
     message = str(error).replace("shorten the messages", "shorten the prompt")
-    return RequestError(message if name == "prompt" else f"{name}: {message}", param=name)
+    return error.with_message(message if name == "prompt" else f"{name}: {message}", name)
 
 
 async def create_completion(raw_request: Request, context: ServingContext) -> Response:

@@ -74,7 +74,7 @@ def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, ChatTemplateError):
         return 400, error_body(str(exc), "invalid_request_error", "messages", "chat_template_error")
     if isinstance(exc, RequestError):
-        return 400, error_body(str(exc), "invalid_request_error", exc.param)
+        return 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     if isinstance(exc, EngineShuttingDownError):
         return 503, error_body(str(exc), "service_unavailable", None, "shutting_down")
     if isinstance(exc, EngineOverloadedError):

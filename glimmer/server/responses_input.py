@@ -32,10 +32,10 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from glimmer.errors import RequestError
+from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal.sources import IMAGE_DETAILS
 from glimmer.protocol.request_normalization import tool_results_in_call_order
 
@@ -72,10 +72,25 @@ _MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](?:\.tool_calls\[(\d+)\](?:\.func
 
 def responses_error(error: RequestError, sources: list[MessageSource]) -> RequestError:
     """`error` (raised by the chat layer, naming chat fields such as `messages[2].content[0]`) naming the
-    Responses request's own fields instead (`input[3].content[0]`, `reasoning.effort`)."""
+    Responses request's own fields instead (`input[3].content[0]`, `reasoning.effort`), in its parts too where it
+    says what made the prompt too long (`instructions`, `input`)."""
+    if isinstance(error, ContextLengthError) and error.parts:
+        error = error.naming([replace(part, name=_responses_field(part.name, sources) or part.name,
+                                      param=_responses_field(part.param, sources) or part.param)
+                              for part in error.parts])
     param = error.param
     if param is None:
         return error
+    renamed = _responses_field(param, sources)
+    if renamed is None:
+        return error
+    # the field itself, not a longer name ending in it (chat_template_kwargs.reasoning_effort keeps its name)
+    message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", lambda _: renamed, str(error))
+    return error.with_message(message, renamed)
+
+
+def _responses_field(param: str, sources: list[MessageSource]) -> str | None:
+    """The Responses request's name of the chat field `param`; None where it is the same."""
     renamed = _RESPONSES_FIELDS.get(param)
     for chat_prefix in ("response_format.json_schema", "response_format"):  # text.format holds both levels
         if renamed is None and (param == chat_prefix or param.startswith(chat_prefix + ".")):
@@ -89,11 +104,7 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
         if call is None and re.match(r"\.content\b", rest):
             rest = f".{source.content}{rest[len('.content'):]}"
         renamed = head + rest
-    if renamed is None:
-        return error
-    # the field itself, not a longer name ending in it (chat_template_kwargs.reasoning_effort keeps its name)
-    message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", lambda _: renamed, str(error))
-    return RequestError(message, param=renamed)
+    return renamed
 
 
 def chat_messages(items: list[dict[str, Any]], instructions: str | None,

@@ -469,8 +469,8 @@ def test_a_prompt_over_max_model_len_is_refused_as_exceeding_it(llm):
     with pytest.raises(RequestError) as caught:
         llm.generate([10] * (limit + 1), SamplingParams(max_tokens=1))
     assert caught.value.param == "prompt"
-    assert str(caught.value) == (f"the prompt has {limit + 1} tokens, which exceeds max_model_len={limit}; "
-                                 "shorten the prompt")
+    assert str(caught.value) == (f"This model's maximum context length is {limit} tokens (max_model_len), but the "
+                                 f"prompt has {limit + 1} tokens; shorten the prompt")
 
 
 # 6. errors name the prompt; stop set late; numpy and tuple token ids ------------------------------------------------

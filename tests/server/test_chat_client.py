@@ -431,8 +431,9 @@ def test_a_conversation_past_the_context_hints_at_reset_and_reset_starts_a_new_o
     text = chat(small_context_server.url, ["[hi]", "[hi] " + "word " * 50, "/reset", "[hi]", "/exit"])
     lines = text.splitlines()
     assert lines[0] == "Hi!" and lines[-1] == "Hi!"
-    assert lines[1].startswith("error: the server answered HTTP 400: the prompt has ")
-    assert lines[1].endswith("tokens, which exceeds max_model_len=256; shorten the messages")
+    assert lines[1].startswith("error: the server answered HTTP 400: This model's maximum context length is 256 "
+                               "tokens (max_model_len), but the prompt has ")
+    assert lines[1].endswith(" tokens; shorten the messages")
     assert lines[2:] == ["The conversation no longer fits the model's context: /reset starts a new one.", "Hi!"]
 
 
@@ -455,7 +456,8 @@ def test_a_first_message_refused_for_the_max_tokens_given_names_the_flag(small_c
 def test_a_first_message_past_the_context_gets_no_reset_hint(small_context_server):
     """/reset would not help: the message alone does not fit."""
     text = chat(small_context_server.url, ["[hi] " + "word " * 80, "/exit"])
-    assert text.startswith("error: the server answered HTTP 400: the prompt has ") and text.count("\n") == 1
+    assert text.startswith("error: the server answered HTTP 400: This model's maximum context length is ")
+    assert text.count("\n") == 1
 
 
 @pytest.mark.parametrize(("usage", "max_tokens", "max_model_len", "notice"), [

@@ -779,12 +779,12 @@ def chat_in_process(capsys, monkeypatch, tiny_checkpoint):
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--max-tokens", "5000"], ["--max-tokens 5000 would make every message fail", "exceeds max_model_len=",
+    (["--max-tokens", "5000"], ["--max-tokens 5000 would make every message fail", "maximum context length is ",
                                 "give --max-tokens "]),
     (["--max-model-len", "8"], ["--max-model-len 8 would make every message fail", "characters",
                                 "give a larger --max-model-len"]),
-    (["--max-model-len", "100"], ["--max-model-len 100 would make every message fail", "exceeds max_model_len=100",
-                                  "give a larger --max-model-len"]),
+    (["--max-model-len", "100"], ["--max-model-len 100 would make every message fail",
+                                  "maximum context length is 100 tokens", "give a larger --max-model-len"]),
     (["--max-model-len", "200", "--max-tokens", "100"], ["--max-tokens 100 would make every message fail",
                                                          "or less, or a larger --max-model-len"]),
     (["--max-model-len", "200", "--system", "word " * 100], ["--max-model-len 200", "with the --system prompt",
@@ -824,8 +824,9 @@ def test_in_process_chat_errors_speak_of_no_server(chat_in_process):
     code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "8"], ["word " * 80])
     lines = out.splitlines()
     assert code == 0 and len(lines) == 2
-    assert lines[1].startswith("error: the prompt has ")
-    assert lines[1].endswith("tokens, which exceeds max_model_len=200; shorten the messages")
+    assert lines[1].startswith("error: This model's maximum context length is 200 tokens (max_model_len), but the "
+                               "prompt has ")
+    assert lines[1].endswith(" tokens; shorten the messages")
 
 
 def test_an_in_process_message_past_4_mib_is_refused_for_the_context_and_the_chat_goes_on(chat_in_process):

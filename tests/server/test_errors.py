@@ -318,11 +318,12 @@ def test_an_empty_completions_prompt_is_named(server, prompt, param):
 def test_a_prompt_over_max_model_len_is_said_to_exceed_it(server):
     """A prompt longer than the context exceeds it (it said "leaves no room to generate", as for one that fills it)."""
     limit = server.engine.engine.max_model_len
-    for length, words in ((limit + 1, f"which exceeds max_model_len={limit}; shorten the prompt"),
-                          (limit, f"which leaves no room to generate within max_model_len={limit}")):
+    opening = f"This model's maximum context length is {limit} tokens (max_model_len), but the prompt has"
+    for length, words in ((limit + 1, "; shorten the prompt"), (limit, ", which leaves no room to generate; shorten "
+                                                                       "the prompt")):
         error = error_of(post(server, {"model": "tiny", "prompt": [50] * length, "max_tokens": 1},
                               path="/completions"), 400)
-        assert (error["param"], error["message"]) == ("prompt", f"the prompt has {length} tokens, {words}")
+        assert (error["param"], error["message"]) == ("prompt", f"{opening} {length} tokens{words}")
 
 
 @pytest.mark.parametrize("too_long", ["ids", "text", "characters"])
@@ -332,7 +333,8 @@ def test_the_prompt_of_a_batch_the_context_cannot_hold_is_named_by_its_index(ser
     prompt = {"ids": [[50], [50] * (limit + 1)], "text": ["hi", "lighthouse " * limit],
               "characters": ["hi", "x" * (server.engine.engine.max_prompt_chars + 1)]}[too_long]
     error = error_of(post(server, {"model": "tiny", "prompt": prompt, "max_tokens": 1}, path="/completions"), 400)
-    assert error["param"] == "prompt[1]" and error["message"].startswith("prompt[1]: the prompt has ")
+    assert error["param"] == "prompt[1]" and error["message"].startswith("prompt[1]: ") and "the prompt has " in error[
+        "message"]
     assert error["message"].endswith("shorten the prompt")
 
 
