@@ -29,9 +29,11 @@ class RequestError(GlimmerError, ValueError):
 
     code: str | None = None  # OpenAI's error code, where one names the kind of refusal
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.param = param
+        if code is not None:
+            self.code = code
 
     def with_message(self, message: str, param: str | None) -> "RequestError":
         """This error, of its class and code, saying `message` and naming `param` (a caller's own name for the

@@ -627,8 +627,9 @@ class LLMEngine:
                                param="prompt") from None
         if len(text) > self.max_prompt_chars:
             raise RequestError(
-                f"the prompt has {len(text):,} characters, more than max_model_len={self.max_model_len} tokens "
-                f"can hold (at most {self.max_prompt_chars:,}); shorten the messages", param="messages")
+                f"This model's maximum context length is {self.max_model_len} tokens (max_model_len), but the prompt "
+                f"has {len(text):,} characters, more than that can hold (at most {self.max_prompt_chars:,}); shorten "
+                "the messages", param="messages", code=ContextLengthError.code)
 
     def encode_prompt(self, text: str, literals: Mapping[str, str] | None = None) -> list[int]:
         """Token ids of a text prompt. BOS is added unless the text already starts with it: a prompt rendered

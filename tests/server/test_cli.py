@@ -834,8 +834,8 @@ def test_an_in_process_message_past_4_mib_is_refused_for_the_context_and_the_cha
     server dropped a body over the serving default of 4 MiB, and named a server the user never started."""
     code, out, _ = chat_in_process(["--max-model-len", "200", "--max-tokens", "4"], ["x" * (5 << 20), "Hello"])
     lines = out.splitlines()
-    assert code == 0 and lines[1].startswith("error: the prompt has ")
-    assert "characters, more than max_model_len=200 tokens can hold" in lines[1]
+    assert code == 0 and lines[1].startswith("error: This model's maximum context length is 200 tokens")
+    assert "characters, more than that can hold" in lines[1]
     assert "error" not in "".join(lines[2:])  # the next message is answered
 
 

@@ -132,6 +132,19 @@ def test_images_that_make_the_prompt_too_long_are_named(make_tiny):
     assert error["message"].endswith("shorten or remove images"), error
 
 
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions", "/responses"])
+def test_a_prompt_refused_for_its_characters_before_tokenizing_is_a_context_length_refusal_too(server, path):
+    """A text longer than max_model_len tokens could hold is refused before it is tokenized: that 400 said "the
+    prompt has N characters, more than max_model_len=M tokens can hold", without the code or the words LiteLLM
+    matches."""
+    text = "x" * (server.engine.engine.max_prompt_chars + 1)
+    body = {"/chat/completions": _chat(messages=[{"role": "user", "content": text}]),
+            "/completions": {"prompt": text, "max_tokens": 1}, "/responses": {"input": text}}[path]
+    error = _refusal(server, path, body)
+    assert re.search(r"the prompt has [\d,]+ characters, more than that can hold", error["message"]), error
+    assert error["param"] == {"/chat/completions": "messages", "/completions": "prompt", "/responses": "input"}[path]
+
+
 def test_the_refusal_is_recognised_by_the_phrase_litellm_matches():
     """LiteLLM's context-window check matches "this model's maximum context length is" in the lowercased message."""
     for error in (ContextLengthError(LIMIT, LIMIT + 1), ContextLengthError(LIMIT, 8, LIMIT),
