@@ -594,15 +594,13 @@ def _bind(host: str, port: int) -> socket.socket:
     """A socket bound to host:port for the server; UsageError if the address is taken or invalid."""
     if not 1 <= port <= 65535:
         raise UsageError(f"--port {port} is not a TCP port; choose one from 1 to 65535")
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    from glimmer.server.connection import tcp_listener
+
     try:
-        listener.bind((host, port))
+        return tcp_listener(host, port)
     except OSError as error:
-        listener.close()
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}; choose another --port "
                          "or --host") from None
-    return listener
 
 
 def _bind_unix(path: str) -> socket.socket:

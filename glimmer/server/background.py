@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 
@@ -12,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from glimmer.errors import GlimmerError
-from glimmer.server.connection import read_timeout_protocol
+from glimmer.server.connection import read_timeout_protocol, tcp_listener
 from glimmer.server.settings import DEFAULT_REQUEST_READ_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
@@ -27,9 +26,7 @@ class BackgroundServer:
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
                  request_read_timeout_s: float = DEFAULT_REQUEST_READ_TIMEOUT_S):
-        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host, port))
+        self._socket = tcp_listener(host, port)
         self.host = host
         self.port = self._socket.getsockname()[1]
         config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,

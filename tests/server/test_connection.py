@@ -207,6 +207,52 @@ def test_an_answer_begun_before_the_body_is_read_is_not_cut_by_a_408_written_int
     assert received.count(b"line\n") == 6 and received.endswith(b"0\r\n\r\n")
 
 
+def _nagle_is_off(transport: asyncio.BaseTransport) -> bool:
+    return transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_the_server_writes_each_chunk_at_once_on_a_keep_alive_connection():
+    """Nagle's algorithm is off (TCP_NODELAY) on the server's connections: on, a streamed chunk written while the one
+    before it was unacknowledged waited for the client's delayed ACK, so on a keep-alive connection a stream's first
+    chunks came about 40 ms late, in one burst."""
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, bool]:
+        return {"pong": True}
+
+    with BackgroundServer(app) as live, socket.create_connection((live.host, live.port), timeout=WAIT_S) as client:
+        client.sendall(b"GET /ping HTTP/1.1\r\nHost: test\r\n\r\n")
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")  # accepted, and kept alive
+        connections = list(live._server.server_state.connections)
+        assert len(connections) == 1 and _nagle_is_off(connections[0].transport)
+
+
+def test_the_listener_glimmer_serve_binds_gives_connections_with_nagle_off():
+    """`glimmer serve` listens on a socket of its own (bound before the model loads): asyncio, which uvicorn serves
+    it with, turns Nagle's algorithm off only on connections whose socket names the TCP protocol."""
+    from glimmer.cli import _bind
+
+    async def accept_one() -> bool:
+        loop = asyncio.get_running_loop()
+        accepted: asyncio.Future[asyncio.BaseTransport] = loop.create_future()
+
+        class Accept(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                accepted.set_result(transport)
+
+        listener = _bind("127.0.0.1", free_port())
+        async with await loop.create_server(Accept, sock=listener):
+            _, writer = await asyncio.open_connection(*listener.getsockname())
+            transport = await asyncio.wait_for(accepted, WAIT_S)
+            nagle_off = _nagle_is_off(transport)
+            transport.close()
+            writer.close()
+        return nagle_off
+
+    assert asyncio.run(accept_one())
+
+
 @pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf")])
 def test_a_read_timeout_that_is_no_time_is_refused_naming_the_field(seconds):
     with pytest.raises(ConfigError, match="request_read_timeout_s=.* is not a time"):

@@ -1,0 +1,213 @@
+"""What the HTTP server adds per token on the CPU: `glimmer serve` against the engine alone, in the same run.
+
+    python bench/cpu_server.py [--max-tokens 128] [--streams 8] [--rounds 3]
+
+Starts `glimmer serve` as a user does (a subprocess with the CLI's defaults, serving the embedded glimmer-nano on
+the CPU) and loads the same model in this process with `LLM` (its defaults: float32 on the CPU). Each round, for
+fresh prompts of the same words (a request that makes the model reason for as long as it is let: a stream of text
+chunks up to max_tokens):
+
+- one streamed chat completion (temperature 0, ignore_eos), with and without `stream_options.include_usage`, timed
+  as each chunk that carries text arrives; and the same messages rendered, tokenized and stepped through the engine
+  (`LLMEngine.step`, the loop `LLM.generate` runs), timed as each token comes out. Time to first token: from the
+  request's send to its first chunk (the role chunk, which the server sends once the first token is out: the text
+  comes some tokens later, after the reply's header), and from rendering to the first token on the engine's side;
+- `--streams` concurrent streaming clients against `LLM.generate` of the same prompts: output tokens/s.
+
+Prints the medians over the rounds, and the server's figures as ratios to the engine's. Inter-token latency is
+the median gap between chunks (or tokens) and the mean gap (first to last over the tokens between); a chunk of
+several tokens (a client slower than the engine gets them coalesced) shows in the mean, not the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
+from server_support import free_port, wait_for_health  # noqa: E402
+
+from glimmer.default_model import default_model_dir  # noqa: E402
+from glimmer.engine.llm import LLM  # noqa: E402
+from glimmer.engine.sampling_params import SamplingParams  # noqa: E402
+
+TEMPLATE_KWARGS = {"current_date": "2026-01-01"}  # the server and the engine render the same prompt on any day
+
+
+@dataclass
+class Stream:
+    """One stream's timings: seconds from the start to the first token, the gaps after it, and its tokens."""
+
+    ttft_s: float
+    gaps_s: list[float]
+    tokens: int
+
+    @property
+    def mean_gap_s(self) -> float:
+        return sum(self.gaps_s) / (self.tokens - 1)
+
+
+def messages_for(number: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Tell me a long story about dragon number {number}."}]
+
+
+@contextlib.contextmanager
+def glimmer_serve(port: int) -> Iterator[None]:
+    """`glimmer serve` with the CLI's defaults on `port`, from when it answers /health; its output is read and
+    dropped."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    with subprocess.Popen([sys.executable, "-m", "glimmer.cli", "serve", "--port", str(port)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env) as process:
+        try:
+            wait_for_health(process, port, timeout_s=300)
+            threading.Thread(target=process.stdout.read, daemon=True).start()  # a full pipe would stall the server
+            yield
+        finally:
+            process.terminate()
+
+
+def stream_chat(client: httpx.Client, url: str, number: int, max_tokens: int, include_usage: bool) -> Stream:
+    """A streamed chat completion timed at each chunk whose delta carries text (reasoning, content or a call)."""
+    body = {"model": "glimmer-nano", "messages": messages_for(number), "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "chat_template_kwargs": TEMPLATE_KWARGS}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    arrivals: list[float] = []
+    first_chunk = tokens = finish = None
+    start = time.perf_counter()
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            first_chunk = first_chunk or time.perf_counter()
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            for choice in chunk["choices"]:
+                delta = choice["delta"]
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+                    arrivals.append(time.perf_counter())
+                finish = choice["finish_reason"] or finish
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    if tokens is None:  # without usage: ignore_eos runs to max_tokens unless the server ended the choice sooner
+        if finish != "length":
+            raise RuntimeError(f"the stream ended with {finish!r} before max_tokens; choose other prompts")
+        tokens = max_tokens
+    return Stream(first_chunk - start, [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)], tokens)
+
+
+def engine_stream(llm: LLM, number: int, max_tokens: int) -> Stream:
+    """The same request stepped through the engine: rendered, tokenized, added, and timed at each token."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    ids = prompt_ids(llm, number)
+    engine.add_request(f"bench-{number}", ids, params)
+    arrivals: list[float] = []
+    while engine.has_unfinished_requests:
+        deltas = engine.step()
+        now = time.perf_counter()
+        arrivals += [now for delta in deltas if delta.token_ids]
+    return Stream(arrivals[0] - start, [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)], len(arrivals))
+
+
+def prompt_ids(llm: LLM, number: int) -> list[int]:
+    engine = llm.engine
+    text = engine.chat_template.render(messages_for(number), special_tokens=engine.tokenizer.special_tokens,
+                                       chat_template_kwargs=TEMPLATE_KWARGS)
+    return engine.tokenizer.encode(text)
+
+
+def server_load(url: str, numbers: list[int], max_tokens: int) -> float:
+    """Output tokens/s of one concurrent streaming client per prompt."""
+    streams: list[Stream] = []
+
+    def client(number: int) -> None:
+        with httpx.Client() as http:
+            streams.append(stream_chat(http, url, number, max_tokens, include_usage=True))
+
+    threads = [threading.Thread(target=client, args=(number,)) for number in numbers]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    if len(streams) != len(numbers):
+        raise RuntimeError("a client failed (see above)")
+    return sum(s.tokens for s in streams) / elapsed
+
+
+def engine_load(llm: LLM, numbers: list[int], max_tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate([prompt_ids(llm, number) for number in numbers], params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--streams", type=int, default=8, help="concurrent clients of the load figure")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with glimmer_serve(port):
+        llm = LLM(str(default_model_dir()), progress=False)
+        print(f"glimmer-nano on {llm.engine.device} ({llm.engine.dtype}); {args.max_tokens} tokens a stream, "
+              f"{args.rounds} rounds; server: `glimmer serve` with the CLI's defaults")
+        figures: dict[str, list[float]] = {}
+
+        def add(name: str, value: float) -> None:
+            figures.setdefault(name, []).append(value)
+
+        with httpx.Client() as client:
+            stream_chat(client, url, -1, 16, include_usage=True)  # warm-up
+            engine_stream(llm, -1, 16)
+            for round_number in range(args.rounds):
+                # the engine and the server answer the same prompt (each process has its own prefix cache); the
+                # request with usage gets another, so that it finds no more of its prompt cached than the first did
+                number = round_number * (args.streams + 2)
+                for name, prompt, run in (
+                        ("engine", number, lambda n: engine_stream(llm, n, args.max_tokens)),
+                        ("server", number, lambda n: stream_chat(client, url, n, args.max_tokens, False)),
+                        ("server+usage", number + 1, lambda n: stream_chat(client, url, n, args.max_tokens, True))):
+                    stream = run(prompt)
+                    add(f"{name} ttft", stream.ttft_s)
+                    add(f"{name} itl median", statistics.median(stream.gaps_s))
+                    add(f"{name} itl mean", stream.mean_gap_s)
+                numbers = list(range(number + 2, number + 2 + args.streams))
+                add("engine load", engine_load(llm, numbers, args.max_tokens))
+                add("server load", server_load(url, numbers, args.max_tokens))
+
+    def median(name: str) -> float:
+        return statistics.median(figures[name])
+
+    for what, unit, scale in (("ttft", "ms", 1e3), ("itl median", "ms", 1e3), ("itl mean", "ms", 1e3)):
+        engine = median(f"engine {what}")
+        print(f"{what:<11} engine {engine * scale:7.2f} {unit}   " + "   ".join(
+            f"{name} {median(f'{name} {what}') * scale:7.2f} {unit} ({median(f'{name} {what}') / engine:.2f})"
+            for name in ("server", "server+usage")))
+    engine, server = median("engine load"), median("server load")
+    print(f"{args.streams} streams: LLM.generate {engine:7.1f} tok/s   server {server:7.1f} tok/s "
+          f"({server / engine:.2f})")
+
+
+if __name__ == "__main__":
+    main()
