@@ -124,7 +124,8 @@ def test_request_that_cannot_fit_max_model_len_is_rejected_up_front(checkpoint):
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_model_len=64))
     with pytest.raises(RequestError) as err:
         engine.add_request("big", list(range(50)), SamplingParams(max_tokens=20))
-    assert err.value.param == "max_tokens" and "max_model_len=64" in str(err.value)
+    assert err.value.param == "max_tokens" and "maximum context length is 64 tokens" in str(err.value)
+    assert err.value.code == "context_length_exceeded"
 
 
 def test_a_kv_cache_too_small_for_one_full_length_sequence_is_refused_at_startup(checkpoint):
