@@ -72,11 +72,7 @@ class ReadTimeout:
         self._watch_reading(received=0)
 
     def data_received(self, data: bytes) -> None:
-        try:
-            if self._timing and self._waiting_for == _HEAD and not self._draining_refused_body():
-                self._request_begun = True
-        except AttributeError as error:
-            _serve_untimed(self, error)
+        self._timed(self._note_request_bytes)
         super().data_received(data)
         self._watch_reading(received=len(data))
 
@@ -88,6 +84,20 @@ class ReadTimeout:
         self._stop_timer()
         super().connection_lost(exc)
 
+    def _timed(self, step: Any, *args: Any) -> None:
+        """step(*args), a part of the timeout's bookkeeping, unless this connection is served untimed; it becomes so
+        where the step finds uvicorn's request state under other names (_serve_untimed)."""
+        if self._timing:
+            try:
+                step(*args)
+            except AttributeError as error:
+                _serve_untimed(self, error)
+
+    def _note_request_bytes(self) -> None:
+        """Bytes came while waiting for a head: a request has begun (unless they are a refused body's rest)."""
+        if self._waiting_for == _HEAD and not self._draining_refused_body():
+            self._request_begun = True
+
     def _draining_refused_body(self) -> bool:
         """Whether the bytes coming are the rest of a body the handler answered without reading it all."""
         return self.cycle is not None and self.cycle.response_complete and self.cycle.more_body
@@ -98,11 +108,7 @@ class ReadTimeout:
         return _BODY if self.cycle.more_body else None  # None: the handler has the whole request and answers
 
     def _watch_reading(self, *, received: int) -> None:
-        if self._timing:
-            try:
-                self._follow_reading(received)
-            except AttributeError as error:
-                _serve_untimed(self, error)
+        self._timed(self._follow_reading, received)
 
     def _follow_reading(self, received: int) -> None:
         waiting_for = self._now_waiting_for()
@@ -138,10 +144,7 @@ class ReadTimeout:
 
     def _read_timed_out(self) -> None:
         self._read_timer = None
-        try:
-            self._close_timed_out()
-        except AttributeError as error:
-            _serve_untimed(self, error)
+        self._timed(self._close_timed_out)
 
     def _close_timed_out(self) -> None:
         if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or a WebSocket now

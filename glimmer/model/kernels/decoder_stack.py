@@ -116,18 +116,15 @@ class TeamSize:
     INCONCLUSIVE_HOLD_OFF = 8
     alone_steps: int = 64
     alone_left: int = 0
-    probe_left: int = 0
-    """One-thread steps still to run for the probe."""
     hold_off: int = 0
     """All-thread steps still to run before sleepy steps are acted on again (after a lost probe)."""
-    next_hold_off: int = 0
-    """The hold-off after the next lost probe (0: alone_steps)."""
     last: int | None = None
     """The threads the last step ran on (its logits run on as many); None before the first."""
 
     def __post_init__(self) -> None:
         self._sleepy: list[tuple[int, float]] = []  # (rows, seconds) of the latest all-thread steps in a row that slept
         self._probe: list[tuple[int, float]] | None = None  # the probe's one-thread steps, while one runs
+        self._next_hold_off = self.alone_steps  # after the next lost probe
 
     @staticmethod
     def _user_set() -> bool:
@@ -136,8 +133,7 @@ class TeamSize:
     def threads(self, available: int) -> int:
         self.last = available
         if available > 1 and not self._user_set():
-            if self.probe_left > 0:
-                self.probe_left -= 1
+            if self._probe is not None:
                 self.last = 1
             elif self.alone_left > 0:
                 self.alone_left -= 1
@@ -163,7 +159,7 @@ class TeamSize:
             return
         self._sleepy = [step for step in self._sleepy if step[0] == rows] + [(rows, seconds)]
         if len(self._sleepy) == 2:
-            self.probe_left, self._probe = self.PROBE_STEPS, []
+            self._probe = []
 
     def _decide(self) -> None:
         """Whether the probe's one thread beat the two sleepy all-thread steps on the same batch."""
@@ -176,10 +172,10 @@ class TeamSize:
             return
         if sum(s for _, s in probe) / len(probe) < sum(s for _, s in sleepy) / len(sleepy):
             self.alone_left = max(0, self.alone_steps - self.PROBE_STEPS)
-            self.next_hold_off = 0
+            self._next_hold_off = self.alone_steps
         else:
-            self.hold_off = self.next_hold_off or self.alone_steps
-            self.next_hold_off = min(2 * self.hold_off, 64 * self.alone_steps)
+            self.hold_off = self._next_hold_off
+            self._next_hold_off = min(2 * self.hold_off, 64 * self.alone_steps)
 
 
 class DecoderStack:
