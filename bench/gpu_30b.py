@@ -313,8 +313,8 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
     started = time.perf_counter()
     llm = LLM(str(path), dtype="bfloat16", load_format="dummy", progress=False, max_model_len=34 * 1024,
               max_num_seqs=256)
-    log(f"glimmer: loaded dummy 30B in {time.perf_counter() - started:.1f} s, KV blocks "
-        f"{llm.engine.kv_layout.num_blocks} of {llm.engine.kv_layout.block_size} tokens")
+    log(f"glimmer: loaded dummy 30B in {time.perf_counter() - started:.1f} s, KV cache: "
+        f"{llm.engine.kv_layout.describe()}")
     weights = step_weights(llm)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
     floors["weight_gb_per_step"] = weight_bytes / 1e9
@@ -363,9 +363,8 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
         else:  # a GPU whose KV cache holds fewer requests than the batch: they never all decode in one step
             RESULTS[f"{batch}-way, decode phase alone"] = {"value": None, "unit": "tok/s",
                                                             "most_decoding_at_once": result["most_decoding_at_once"]}
-            layout = llm.engine.kv_layout
             log(f"{batch}-way, decode phase alone: not reached: at most {result['most_decoding_at_once']} of the "
-                f"{batch} requests decoded in one step (KV blocks {layout.num_blocks} of {layout.block_size} tokens)")
+                f"{batch} requests decoded in one step (KV cache: {llm.engine.kv_layout.describe()})")
 
     graphs = llm.engine.runner.graphs
     for batch in (b for b in (1, 64, 256) if b in graphs.captured_sizes):

@@ -65,7 +65,8 @@ def _half_range(values: list[float]) -> float:
 
 def hashing_cost(repeats: int) -> None:
     tokens = torch.randint(0, 200_000, (8192,), generator=torch.Generator().manual_seed(0)).tolist()
-    kv = KVCacheManager(KVCacheLayout(block_size=BLOCK_SIZE, num_blocks={FULL: 1}, sliding_window=BLOCK_SIZE))
+    kv = KVCacheManager(KVCacheLayout(block_size=BLOCK_SIZE, num_pages=1, pages_per_block={FULL: 1},
+                                      sliding_window=BLOCK_SIZE))
 
     def per_1k(update: Callable[[Sequence], None]) -> list[float]:
         times = timeit.repeat(lambda: update(_sequence(tokens)), number=20, repeat=repeats)

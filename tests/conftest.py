@@ -10,6 +10,7 @@ import torch
 
 from glimmer.engine import model_loader
 from glimmer.engine.lookahead import LaunchedStep
+from glimmer.engine.scheduler import Scheduler
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 DEFAULT_SPEC = TinySpec()
@@ -104,3 +105,10 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(LaunchedStep, "start", classmethod(spy))
     return counted
+
+
+@pytest.fixture
+def greedy_admission(monkeypatch):
+    """Admit a waiting sequence whenever its chunk fits now, as the scheduler did before it kept room for the running
+    sequences' growth: for tests of preemption itself, which the growth reserve otherwise mostly avoids."""
+    monkeypatch.setattr(Scheduler, "_expected_growth", lambda self, seq, held_end: 0)

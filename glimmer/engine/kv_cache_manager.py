@@ -4,13 +4,18 @@ Full-attention layers keep a block for every position of a sequence. Sliding-win
 the last W positions, so blocks entirely before the window of the next query are released as soon as
 the sequence moves past them: a long conversation costs what the full-attention layers cost.
 
+Both groups take their blocks from one pool of pages (`PageGeometry`, block_pool.py): however the running
+sequences divide between short ones (where a sliding block is needed for every full one) and long ones
+(where the full group holds nearly everything), no memory sits reserved for the group that does not need it.
+
 Prefix caching keys each full block by its content (cache_keys: the parent block's key — for the first
 block, the request's cache salt — its token ids and the media in it). A new sequence reuses the longest
 run of cached blocks that covers, in every group, what its first uncomputed position needs: all earlier
 blocks for the full group, and the last W positions for the sliding group.
 
-With speculative decoding a third group holds the DFlash drafter's context keys and values, one entry per
-committed position like the target's; its queries see keys up to `draft_window` positions back (None: all).
+With speculative decoding a third group, in a pool of its own, holds the DFlash drafter's context keys and
+values, one entry per committed position like the target's; its queries see keys up to `draft_window` positions
+back (None: all).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from glimmer.engine.block_pool import KVBlockPool
+from glimmer.engine.block_pool import KVBlockPool, PagePool
 from glimmer.engine.cache_keys import block_key, root_key, token_bytes
 from glimmer.engine.sequence import Sequence
 
@@ -37,12 +42,53 @@ def attention_groups(text: TextConfig) -> list[str]:
 
 
 @dataclass(frozen=True)
+class PageGeometry:
+    """How the target's layer groups share KV pages. A page holds one block of positions for `page_layers` layers
+    (those of the group with fewer layers); a block of a group spans `pages_per_block[group]` consecutive pages, one
+    per run of `page_layers` of its layers. The runner keeps `page_layers` key (and value) tensors of pages: layer
+    `l` reads tensor `placement[l][0]`, `placement[l][1]` pages into each of its blocks. The 30B model: 13 full and
+    39 sliding-window layers, pages of 13 layers, a full block one page, a sliding block three."""
+
+    page_layers: int
+    pages_per_block: dict[str, int]
+    placement: dict[int, tuple[int, int]]
+
+    @property
+    def chunk_pages(self) -> int:
+        return max(self.pages_per_block.values())
+
+
+def page_geometry(text: TextConfig) -> PageGeometry:
+    layers = {g: text.full_attention_layers if g == FULL else text.sliding_attention_layers
+              for g in attention_groups(text)}
+    page_layers = min(map(len, layers.values()))
+    return PageGeometry(
+        page_layers=page_layers,
+        pages_per_block={g: _ceil_div(len(group), page_layers) for g, group in layers.items()},
+        placement={layer: (i % page_layers, i // page_layers) for group in layers.values()
+                   for i, layer in enumerate(group)},
+    )
+
+
+@dataclass(frozen=True)
 class KVCacheLayout:
     block_size: int
-    num_blocks: dict[str, int]  # per group present in the model
+    num_pages: int  # pages of the target's groups, shared
+    pages_per_block: dict[str, int]  # per target group present (PageGeometry)
     sliding_window: int
+    # the drafter's context has a pool of its own (its layers have another geometry); None without a drafter
+    draft_blocks: int | None = None
     # positions a drafter query may see, its own included (the drafter's window + 1), or None for all
     draft_window: int | None = None
+
+    @property
+    def chunk_pages(self) -> int:
+        return max(self.pages_per_block.values())
+
+    def describe(self) -> str:
+        groups = ", ".join(f"{g} {n} a block" for g, n in self.pages_per_block.items())
+        draft = "" if self.draft_blocks is None else f"; the drafter's {self.draft_blocks} blocks"
+        return f"{self.num_pages} pages of {self.block_size} positions shared by the layer groups ({groups}){draft}"
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -56,7 +102,14 @@ class KVCacheManager:
         # positions a query sees, its own included, per windowed group
         self.windows = {SLIDING: layout.sliding_window, DRAFT: layout.draft_window}
         self.enable_prefix_caching = enable_prefix_caching
-        self.pools = {group: KVBlockPool(n) for group, n in layout.num_blocks.items()}
+        self.pages = PagePool(layout.num_pages, layout.chunk_pages)
+        self.pools = {group: KVBlockPool(self.pages, whole_chunk=pages > 1, group=group)
+                      for group, pages in layout.pages_per_block.items()}
+        # per group of the shared pages: (pages a block, most blocks a sequence holds: a window's, or None)
+        self._page_terms = [(pages, None if self.windows.get(g) is None else _ceil_div(self.windows[g], self.block_size)
+                             + 1) for g, pages in layout.pages_per_block.items()]
+        if layout.draft_blocks is not None:
+            self.pools[DRAFT] = KVBlockPool(layout.draft_blocks, group=DRAFT)
         # prompt tokens of the requests looked up, and those found (their `num_cached_tokens`), as vLLM counts them
         self.prefix_cache_queried_tokens = 0
         self.prefix_cache_hit_tokens = 0
@@ -84,50 +137,56 @@ class KVCacheManager:
         return first, end, range(stale_start, stale_end)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return all(self._fits(seq, group, pool, *self._plan(seq, group, num_new_tokens))[0]
-                   for group, pool in self.pools.items())
+        return self._fits(seq, {group: self._plan(seq, group, num_new_tokens) for group in self.pools})
 
-    @staticmethod
-    def _fits(seq: Sequence, group: str, pool: KVBlockPool, first: int, end: int, stale: range) -> tuple[bool, int]:
-        """Whether the pool can give the blocks the plan (first, end, stale) is missing, counting the stale
-        blocks it releases first; and how many are missing."""
-        held = seq.blocks.get(group, [])
-        missing = max(0, end - max(first, len(held)))
-        if missing <= pool.num_free:
-            return True, missing
-        return missing <= pool.num_free + sum(1 for i in stale if pool.ref_counts[held[i]] == 1), missing
+    def _fits(self, seq: Sequence, plans: dict[str, tuple[int, int, range]]) -> bool:
+        """Whether every group's plan (first, end, stale) gets the blocks it is missing, its stale blocks released
+        first, from the pages all groups of a pool share. A stale one-page block counts as a free page, though its
+        release may make a chunk whole: the answer errs towards no, never yes (the scheduler allocates on a yes)."""
+        needs: dict[PagePool, list[int]] = {}  # pages → [chunks missing, pages missing, chunks freed, pages freed]
+        for group, (first, end, stale) in plans.items():
+            pool = self.pools[group]
+            held = seq.blocks.get(group, [])
+            count = needs.setdefault(pool.pages, [0, 0, 0, 0])
+            side = 0 if pool.whole_chunk else 1
+            count[side] += max(0, end - max(first, len(held)))
+            count[2 + side] += sum(1 for i in stale if pool.ref_counts[held[i]] == 1)
+        return all(pages.can_take(chunks, single, freed_chunks, freed_pages)
+                   for pages, (chunks, single, freed_chunks, freed_pages) in needs.items())
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Release blocks the step cannot read any more, then take the blocks its new tokens need."""
-        for group, pool in self.pools.items():
-            self._apply(seq, group, pool, *self._plan(seq, group, num_new_tokens))
+        self._apply(seq, {group: self._plan(seq, group, num_new_tokens) for group in self.pools})
 
     def try_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """`allocate` if `can_allocate`, planning each group once (the scheduler's common case); False, and
-        nothing changed, if a pool is short."""
-        changes = []
-        for group, pool in self.pools.items():
-            first, end, stale = self._plan(seq, group, num_new_tokens)
-            fits, missing = self._fits(seq, group, pool, first, end, stale)
-            if not fits:
-                return False
-            if missing or stale:  # else the step writes into blocks it holds already (most decode steps)
-                changes.append((group, pool, first, end, stale))
-        for change in changes:
-            self._apply(seq, *change)
+        nothing changed, if the pages are short."""
+        plans = {group: self._plan(seq, group, num_new_tokens) for group in self.pools}
+        changes = {group: plan for group, plan in plans.items()
+                   if plan[2] or plan[1] > max(plan[0], len(seq.blocks.get(group, [])))}
+        if not changes:  # the step writes into blocks it holds already (most decode steps)
+            return True
+        if not self._fits(seq, changes):
+            return False
+        self._apply(seq, changes)
         return True
 
-    @staticmethod
-    def _apply(seq: Sequence, group: str, pool: KVBlockPool, first: int, end: int, stale: range) -> None:
-        held = seq.blocks.setdefault(group, [])
-        for i in stale:
-            pool.release(held[i])
-            held[i] = None
-        start = max(first, len(held))
-        while len(held) < end:
-            held.append(None)
-        for i in range(start, end):
-            held[i] = pool.allocate()
+    def _apply(self, seq: Sequence, plans: dict[str, tuple[int, int, range]]) -> None:
+        """Carry out the plans (first, end, stale) of the groups: every stale block released first, then the blocks
+        of whole chunks taken before single pages (`_fits` counted them so: a page taken first could split the
+        chunk a sliding block needs)."""
+        for group, (_, _, stale) in plans.items():
+            held, pool = seq.blocks.setdefault(group, []), self.pools[group]
+            for i in stale:
+                pool.release(held[i])
+                held[i] = None
+        for group, (first, end, _) in sorted(plans.items(), key=lambda item: not self.pools[item[0]].whole_chunk):
+            held, pool = seq.blocks[group], self.pools[group]
+            start = max(first, len(held))
+            while len(held) < end:
+                held.append(None)
+            for i in range(start, end):
+                held[i] = pool.allocate()
 
     def step_blocks(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[list[int | None], int, list[int]]:
         """Where a step's `num_new_tokens` of `seq` read and write in `group` (after `allocate`): the visible
@@ -176,6 +235,12 @@ class KVCacheManager:
             window = self.windows.get(group)
             needs[group] = total if window is None else min(total, _ceil_div(window, self.block_size) + 1)
         return needs
+
+    def pages_for(self, num_tokens: int) -> int:
+        """Pages of the target's shared pool a sequence of `num_tokens` positions holds at most (in a windowed group
+        only the window's blocks)."""
+        blocks = _ceil_div(num_tokens, self.block_size)
+        return sum(pages * (blocks if most is None else min(blocks, most)) for pages, most in self._page_terms)
 
     # prefix caching ----------------------------------------------------------------------------------
 
@@ -263,8 +328,13 @@ class KVCacheManager:
             pool.record_lookup(queried, cached_tokens // self.block_size)
 
     def usage(self) -> dict[str, tuple[int, int]]:
-        """Per group: (blocks in use, blocks free)."""
+        """Per group: (its blocks in use, blocks it could take now: free pages are every group's of the pool)."""
         return {group: (pool.num_used, pool.num_free) for group, pool in self.pools.items()}
+
+    def usage_fraction(self) -> float:
+        """The fullest pool's pages in use, 0 to 1."""
+        pools = {pool.pages for pool in self.pools.values()}
+        return max(((p.num_pages - p.num_free_pages) / p.num_pages for p in pools if p.num_pages), default=0.0)
 
     def prefix_cache_hit_rate(self) -> float:
         queries = sum(p.cache_queries for p in self.pools.values())

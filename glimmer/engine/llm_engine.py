@@ -39,10 +39,10 @@ from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
-from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager, attention_groups
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager, page_geometry
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
-from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block
+from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block, kv_bytes_per_page
 from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
@@ -335,9 +335,8 @@ class LLMEngine:
         self._unreleased: list[_AcceptedToken] = []
         self._launched: LaunchedStep | None = None  # a decode step running ahead of the host (lookahead.py)
         logger.info(
-            "engine ready: %s on %s (%s), max_model_len=%d, KV blocks %s of %d tokens",
-            self.checkpoint_dir, self.device, self.dtype, self.max_model_len, self.kv_layout.num_blocks,
-            self.kv_layout.block_size,
+            "engine ready: %s on %s (%s), max_model_len=%d, KV cache: %s", self.checkpoint_dir, self.device,
+            self.dtype, self.max_model_len, self.kv_layout.describe(),
         )
 
     def _build_cache_and_runner(self, spec_config: SpeculativeConfig | None, extra_reserve: int = 0) -> None:
@@ -455,7 +454,9 @@ class LLMEngine:
     def _plan_kv_cache(self, extra_reserve: int = 0) -> KVCacheLayout:
         text = self.model_config.text
         bs = self.config.block_size  # a power of two (config_checks.py)
-        per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in attention_groups(text)}
+        geometry = page_geometry(text)
+        page_bytes = kv_bytes_per_page(text, bs, self.dtype)
+        per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in geometry.pages_per_block}
         if self.drafter is not None:
             per_block[DRAFT] = self._draft_bytes_per_block(bs)
         wanted = self._wanted_blocks()
@@ -464,40 +465,31 @@ class LLMEngine:
         if self.drafter is not None:
             distance = self.drafter.config.max_visible_distance
             draft_window = distance + 1 if distance is not None and distance + 1 < self.max_model_len else None
-        # bytes one sequence at max_model_len needs in each group: where the budget holds that in every group, a
-        # group's share never leaves it, or a group planned after it, short (an even split refused such budgets)
-        needs = KVCacheManager(KVCacheLayout(bs, dict.fromkeys(per_block, 0), text.sliding_window, draft_window)
+        # blocks one sequence at max_model_len needs in each group: where the budget holds that, the drafter's share
+        # leaves the target's groups that much (and keeps that much itself)
+        needs = KVCacheManager(KVCacheLayout(bs, 0, geometry.pages_per_block, text.sliding_window,
+                                             0 if self.drafter is not None else None, draft_window)
                                ).blocks_needed_for(self.max_model_len)
-        floors = {g: needs[g] * per_block[g] for g in per_block}
-        holds_one = budget >= sum(floors.values())
-
-        def within_needs(share: int, left: int, group: str, later: tuple[str, ...]) -> int:
-            """`share` of the `left` bytes for `group`, moved to leave one sequence's worth to each group `later`."""
-            if not holds_one:
-                return share
-            return max(min(share, left - sum(floors.get(g, 0) for g in later)), floors[group])
-
-        num_blocks: dict[str, int] = {}
+        target_floor = sum(needs[g] * per_block[g] for g in geometry.pages_per_block)
+        draft_blocks = None
         if self.drafter is not None:
             # the drafter's context gets the share of the budget its bytes per token are of all groups'
-            share = within_needs(budget * per_block[DRAFT] // sum(per_block.values()), budget, DRAFT, (SLIDING, FULL))
-            num_blocks[DRAFT] = share // per_block[DRAFT]
+            share = budget * per_block[DRAFT] // sum(per_block.values())
+            floor = needs[DRAFT] * per_block[DRAFT]
+            if budget >= target_floor + floor:
+                share = max(min(share, budget - target_floor), floor)
+            draft_blocks = share // per_block[DRAFT]
             if draft_window is not None:
-                num_blocks[DRAFT] = min(num_blocks[DRAFT], wanted[DRAFT])
-            budget -= num_blocks[DRAFT] * per_block[DRAFT]
-        if SLIDING in per_block:
-            share = budget
-            if FULL in per_block:
-                # the full-attention group keeps half the budget, or all it can use if that is less: a budget that
-                # holds every sequence at full length then holds every window too
-                share = within_needs(share - min(budget // 2, wanted[FULL] * per_block[FULL]), budget, SLIDING, (FULL,))
-            num_blocks[SLIDING] = min(wanted[SLIDING], share // per_block[SLIDING])
-            budget -= num_blocks[SLIDING] * per_block[SLIDING]
-        if FULL in per_block:
-            num_blocks[FULL] = budget // per_block[FULL]
-        layout = KVCacheLayout(block_size=bs, num_blocks=num_blocks, sliding_window=text.sliding_window,
+                draft_blocks = min(draft_blocks, wanted[DRAFT])
+            budget -= draft_blocks * per_block[DRAFT]
+        num_pages = budget // page_bytes  # the target's groups share what is left
+        layout = KVCacheLayout(block_size=bs, num_pages=num_pages, pages_per_block=geometry.pages_per_block,
+                               sliding_window=text.sliding_window, draft_blocks=draft_blocks,
                                draft_window=draft_window)
-        short = {g: (n, needs[g]) for g, n in num_blocks.items() if n < needs[g]}
+        pages_needed = sum(needs[g] * geometry.pages_per_block[g] for g in geometry.pages_per_block)
+        short = {} if num_pages >= pages_needed else {"pages": (num_pages, pages_needed)}
+        if draft_blocks is not None and draft_blocks < needs[DRAFT]:
+            short[DRAFT] = (draft_blocks, needs[DRAFT])
         if short:
             reserved = self._speculation_reserve_bytes()
             spec_note = (f" after {reserved:,} bytes set aside for verifying {self.num_speculative_tokens} proposed "
@@ -509,10 +501,10 @@ class LLMEngine:
                 bs > self.max_model_len and total_budget >= sum(per_block.values()) // bs * self.max_model_len) else ""
             raise ConfigError(
                 f"the KV cache ({total_budget:,} bytes{spec_note}) cannot hold one sequence of "
-                f"max_model_len={self.max_model_len} tokens (blocks available/needed per group: {short}); "
-                f"{oversized}lower the context (--max-model-len / max_model_len=), free device memory, or give the KV "
-                "cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on the command line, kv_cache_memory= "
-                "or gpu_memory_utilization= in LLM(...) / EngineConfig(...)"
+                f"max_model_len={self.max_model_len} tokens (available/needed: {short}, a page is {bs} positions of "
+                f"{geometry.page_layers} layers); {oversized}lower the context (--max-model-len / max_model_len=), "
+                "free device memory, or give the KV cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on "
+                "the command line, kv_cache_memory= or gpu_memory_utilization= in LLM(...) / EngineConfig(...)"
             )
         return layout
 
@@ -1302,6 +1294,7 @@ class LLMEngine:
             "waiting": len(self.scheduler.waiting),
             "running": len(self.scheduler.running),
             "kv_blocks": self.kv.usage(),
+            "kv_usage": self.kv.usage_fraction(),
             "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate(),
             "prefix_cache_queries": self.kv.prefix_cache_queried_tokens,
             "prefix_cache_hits": self.kv.prefix_cache_hit_tokens,

@@ -21,7 +21,7 @@ import torch
 from glimmer.checkpoint.config import TextConfig
 from glimmer.engine.cache_keys import encoder_key
 from glimmer.engine.cuda_graphs import DecodeGraphs
-from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager
+from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
 from glimmer.engine.model_loader import projection_weights
 from glimmer.engine.sampler import TokenLogprobs, scored_token_logprobs
 from glimmer.engine.scheduler import ScheduledStep
@@ -37,11 +37,16 @@ from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 logger = logging.getLogger(__name__)
 
 
-def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block of `group` occupies across all of the group's layers (keys and values)."""
-    layers = text.full_attention_layers if group == FULL else text.sliding_attention_layers
+def kv_bytes_per_page(text: TextConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page of the target's KV cache occupies (`PageGeometry`: a block of positions in `page_layers`
+    layers, keys and values)."""
     element = torch.empty((), dtype=dtype).element_size()
-    return len(layers) * 2 * block_size * text.num_key_value_heads * text.head_dim * element
+    return page_geometry(text).page_layers * 2 * block_size * text.num_key_value_heads * text.head_dim * element
+
+
+def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of `group` occupies across all of the group's layers (keys and values): its pages."""
+    return page_geometry(text).pages_per_block[group] * kv_bytes_per_page(text, block_size, dtype)
 
 
 PROMPT_LOGITS_ROWS = 512
@@ -130,17 +135,21 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = layout.block_size
         text = model.config.text
-        shape_tail = (layout.block_size, text.num_key_value_heads, text.head_dim)
-        self.kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        # one spare block per pool, owned by no sequence: padding rows of captured steps write there
-        self.null_blocks = dict(layout.num_blocks)
-        for i, kind in enumerate(text.layer_types):
-            group = SLIDING if kind == "sliding_attention" else FULL
-            shape = (layout.num_blocks[group] + 1, *shape_tail)
-            self.kv_caches[i] = (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
+        geometry = page_geometry(text)
+        chunk = layout.chunk_pages
+        # a spare chunk's worth of pages past the pool's, owned by no sequence: padding rows of captured steps read
+        # and write there (a last chunk with fewer pages keeps its missing pages out of use: block_pool.py)
+        shape = (layout.num_pages + chunk, layout.block_size, text.num_key_value_heads, text.head_dim)
+        pages = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                 for _ in range(geometry.page_layers)]
+        # a layer's cache: its page tensor from its offset within a block on, so block id b (a chunk's first page,
+        # or a page) reads page b + offset of that tensor; the kernels see one (pages, block_size, kv heads, head
+        # dim) tensor per layer as before
+        self.kv_caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {
+            layer: (pages[tensor][0][offset:], pages[tensor][1][offset:])
+            for layer, (tensor, offset) in sorted(geometry.placement.items())
+        }
+        self.null_blocks = dict.fromkeys(layout.pages_per_block, layout.num_pages)
         self.encoder_cache = EncoderCache(max_rows=encoder_cache_rows)
         self.graphs: DecodeGraphs | None = None
         key_cache = next(iter(self.kv_caches.values()))[0]

@@ -6,16 +6,29 @@ budget and the KV pools allow — what does not fit is dropped), then admits wai
 budget, the sequence limit and the KV pools allow. When a running sequence cannot get blocks, the most
 recently admitted other sequence is preempted: its blocks are freed and it goes back to the front of the
 queue to be recomputed later (prefix caching usually makes that cheap). Knows nothing of tensors.
+
+Admission leaves room for the running sequences to grow (as SGLang's scheduler does): each is expected to
+generate `growth_ratio` of the tokens it may still generate (at most GROWTH_CLIP of them), and a waiting
+sequence is admitted while the free pages cover its chunk, the rest of its prompt and everyone's expected
+growth. The ratio falls by RATIO_DECAY a step towards RATIO_MIN while nothing is preempted, and a preemption
+sets it to 1: admitting whatever fits now made a full cache thrash, each re-admitted sequence preempted again
+as the others grew (the 30B's 256 × 1K-in/256-out load on a 7.2 GB cache recomputed 67% of its positions).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.sequence import Sequence, SequenceStatus
+
+RATIO_INITIAL = 0.7
+RATIO_MIN = 0.1
+RATIO_DECAY = 0.001
+GROWTH_CLIP = 4096
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.growth_ratio = RATIO_INITIAL
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -93,6 +107,8 @@ class Scheduler:
             budget -= n
             index += 1
 
+        self.growth_ratio = 1.0 if step.preempted else max(RATIO_MIN, self.growth_ratio - RATIO_DECAY)
+        reserve = None  # pages the running sequences are expected to grow by (summed once a sequence waits)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = None  # tokens found in the prefix cache, where it was looked up
@@ -101,6 +117,17 @@ class Scheduler:
                 if seq.num_preemptions == 0:
                     seq.num_cached_tokens = cached
             n = self._fit_chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            if n and self.running:
+                if reserve is None:  # each running sequence holds what it computed and what it computes now
+                    now = dict(zip(step.seqs, step.num_new_tokens, strict=True))
+                    reserve = sum(self._expected_growth(s, s.num_computed_tokens + now.get(s, 0))
+                                  for s in self.running)
+                chunk_end = seq.num_computed_tokens + n
+                growth = self._expected_growth(seq, chunk_end)
+                free = self.kv.pages.num_free_pages - self.kv.pages_for(chunk_end) + self.kv.pages_for(
+                    seq.num_computed_tokens)
+                if free < reserve + growth:
+                    n = 0
             if n == 0:
                 # a waiting sequence holds no blocks: cached ones it found go back (still findable by hash),
                 # so they can never keep the sequences ahead of it from running
@@ -117,7 +144,17 @@ class Scheduler:
             self.running.append(seq)
             step.add(seq, n)
             budget -= n
+            if reserve is not None:
+                reserve += growth
         return step
+
+    def _expected_growth(self, seq: Sequence, held_end: int) -> int:
+        """Pages `seq`, holding positions up to `held_end`, is expected to need beyond them: the rest of its prompt,
+        and `growth_ratio` of the tokens it may still generate (at most GROWTH_CLIP)."""
+        prompt_end = max(len(seq.prompt_token_ids), seq.num_tokens)
+        may_generate = min(seq.max_total_tokens - prompt_end, GROWTH_CLIP)
+        end = prompt_end + math.ceil(self.growth_ratio * max(may_generate, 0))
+        return max(0, self.kv.pages_for(end) - self.kv.pages_for(held_end))
 
     def _fit_chunk(self, seq: Sequence, n: int) -> int:
         """The largest chunk of at most n tokens whose blocks can be allocated now (0 if none can).

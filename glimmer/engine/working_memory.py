@@ -20,7 +20,7 @@ from functools import partial
 import torch
 
 from glimmer.engine.cuda_graphs import batch_size_ladder
-from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, attention_groups
+from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
 from glimmer.engine.model_runner import PROMPT_LOGITS_ROWS
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import build_step_inputs
@@ -94,10 +94,10 @@ def measure_working_memory(
     """Run the largest steps over padding rows on a stand-in cache, and the vision encoder on each of
     `vision_grids` (patch grids t, h, w), and measure their peaks (see the module)."""
     text = model.config.text
-    groups = attention_groups(text)
-    kv = KVCacheManager(KVCacheLayout(block_size, {g: 1 for g in groups}, text.sliding_window),
+    geometry = page_geometry(text)
+    kv = KVCacheManager(KVCacheLayout(block_size, geometry.chunk_pages, geometry.pages_per_block, text.sliding_window),
                         enable_prefix_caching=False)
-    null_blocks = {g: 1 for g in groups}
+    null_blocks = dict.fromkeys(geometry.pages_per_block, 1)
     shape = (2, block_size, text.num_key_value_heads, text.head_dim)
     kv_caches = {i: (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                  for i in range(text.num_hidden_layers)}

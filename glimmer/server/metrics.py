@@ -54,8 +54,8 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("glimmer_num_requests_running", "Sequences running", value=stats["running"])
         used = GaugeMetricFamily("glimmer_kv_blocks_used", "KV cache blocks in use, per attention group",
                                  labels=["group"])
-        free = GaugeMetricFamily("glimmer_kv_blocks_free", "KV cache blocks free, per attention group",
-                                 labels=["group"])
+        free = GaugeMetricFamily("glimmer_kv_blocks_free", "KV cache blocks an attention group could take now (its "
+                                 "groups share the free memory)", labels=["group"])
         for group, (in_use, available) in stats["kv_blocks"].items():
             used.add_metric([group], in_use)
             free.add_metric([group], available)
@@ -77,8 +77,7 @@ class _EngineCollector(Collector):
 
     def _vllm_metrics(self, counters, stats) -> Iterator[Metric]:
         """The same figures under vLLM's names, which its Grafana dashboard and alerts query."""
-        fullest = max((in_use / (in_use + available) if in_use + available else 0.0
-                       for in_use, available in stats["kv_blocks"].values()), default=0.0)
+        fullest = stats["kv_usage"]
         spec = stats.get("spec_decode")
         speculation = () if spec is None else (
             ("vllm:spec_decode_num_drafts", CounterMetricFamily, "Verifications of proposed tokens", spec.num_drafts),
@@ -90,8 +89,8 @@ class _EngineCollector(Collector):
                 ("vllm:num_requests_running", GaugeMetricFamily, "Sequences running", stats["running"]),
                 ("vllm:num_requests_waiting", GaugeMetricFamily, "Sequences waiting to be scheduled",
                  stats["waiting"]),
-                ("vllm:kv_cache_usage_perc", GaugeMetricFamily, "KV cache usage, 0 to 1 (the fullest attention "
-                 "group's)", fullest),
+                ("vllm:kv_cache_usage_perc", GaugeMetricFamily, "KV cache usage, 0 to 1 (the fullest pool's: the "
+                 "model's layer groups share one, the drafter has its own)", fullest),
                 ("vllm:gpu_cache_usage_perc", GaugeMetricFamily, "vllm:kv_cache_usage_perc under vLLM's older name",
                  fullest),
                 ("vllm:prompt_tokens", CounterMetricFamily, "Prompt tokens of admitted requests",

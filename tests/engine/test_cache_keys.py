@@ -15,7 +15,7 @@ from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
 from glimmer.engine.sequence import Sequence
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-LAYOUT = KVCacheLayout(block_size=16, num_blocks={FULL: 16}, sliding_window=32)
+LAYOUT = KVCacheLayout(block_size=16, num_pages=16, pages_per_block={FULL: 1}, sliding_window=32)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.cuda_graphs import DecodeGraphs, batch_size_ladder
-from glimmer.engine.kv_cache_manager import FULL, SLIDING
+from glimmer.engine.kv_cache_manager import FULL, page_geometry
 
 
 def test_capturing_every_size_writes_only_the_spare_blocks_and_leaves_decoding_unchanged(tiny_checkpoint):
@@ -30,10 +30,13 @@ def test_capturing_every_size_writes_only_the_spare_blocks_and_leaves_decoding_u
     graphs.capture_graphs((1, 3, 5))
     assert graphs.captured_sizes == batch_size_ladder(20) == (1, 2, 4, 8, 16, 24)
     assert set(graphs._graphs) == {(size, q) for size in batch_size_ladder(20) for q in (1, 3)}
-    layer_types = engine.model_config.text.layer_types
+    # each layer reads its page tensor from its offset on; the pages past the pool's (the spare chunk) are shared by
+    # the layers of a tensor, and the padding rows write there only
+    placement = page_geometry(engine.model_config.text).placement
     for layer, (keys, values) in runner.kv_caches.items():
-        null = runner.null_blocks[SLIDING if layer_types[layer] == "sliding_attention" else FULL]  # the last block
-        assert torch.equal(keys[:null], before[layer][0][:null]) and torch.equal(values[:null], before[layer][1][:null])
+        pool_end = runner.null_blocks[FULL] - placement[layer][1]
+        assert torch.equal(keys[:pool_end], before[layer][0][:pool_end])
+        assert torch.equal(values[:pool_end], before[layer][1][:pool_end])
     engine.abort("held")
     runner.graphs = graphs  # decode steps now run through the graphs' static buffers
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected

@@ -85,7 +85,7 @@ def test_a_kv_cache_larger_than_memory_is_a_config_error_before_allocating(tiny_
                                           r"\(/proc/meminfo MemTotal \+ SwapTotal\); give the KV cache less "
                                           r"\(--kv-cache-memory"):
         LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="100MiB")
-    assert LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB").engine.kv_layout.num_blocks
+    assert LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB").engine.kv_layout.num_pages
 
 
 def test_a_max_model_len_past_the_models_is_refused_before_the_weights_load(tiny_checkpoint, monkeypatch):
@@ -101,9 +101,9 @@ def test_a_max_model_len_past_the_models_is_refused_before_the_weights_load(tiny
 
 
 def test_gpu_memory_utilization_on_the_cpu_says_it_does_nothing_there(tiny_checkpoint, caplog):
-    default = LLM(str(tiny_checkpoint), progress=False).engine.kv_layout.num_blocks
+    default = LLM(str(tiny_checkpoint), progress=False).engine.kv_layout.num_pages
     assert "gpu_memory_utilization" not in caplog.text
-    assert LLM(str(tiny_checkpoint), progress=False, gpu_memory_utilization=0.1).engine.kv_layout.num_blocks == default
+    assert LLM(str(tiny_checkpoint), progress=False, gpu_memory_utilization=0.1).engine.kv_layout.num_pages == default
     assert "gpu_memory_utilization=0.1 sizes the KV cache on a GPU only" in caplog.text
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.kv_cache_manager import FULL
 from glimmer.tiny import TinySpec
 
 
@@ -170,7 +169,7 @@ def test_a_step_run_ahead_that_finds_the_kv_pools_short_lets_the_scheduler_preem
         llm = LLM(str(checkpoint), progress=False, async_scheduling=mode, kv_cache_memory=200_000, max_num_seqs=2,
                   max_num_batched_tokens=32, max_model_len=160)
         engine = llm.engine
-        assert engine.kv_layout.num_blocks[FULL] == 12
+        assert engine.kv_layout.num_pages == 24
         plan, allocate = engine._successor, engine.kv.try_allocate
         planning = []
 

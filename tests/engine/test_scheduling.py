@@ -59,12 +59,12 @@ def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one
 
 @pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "lookahead"])
 def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, launches):
-    # 4 sliding blocks (two sequences' windows) and 12 full-attention blocks (192 positions) for three
-    # running sequences of up to 99 positions each: both pools run out mid-generation. With lookahead, a step
-    # launched ahead finds the pools short and lets the scheduler preempt after its read.
+    # 24 pages (a full-attention block takes one, a sliding-window block three) for three running sequences of up
+    # to 99 positions each, which need 13 pages each at the end: the pages run out mid-generation. With lookahead, a
+    # step launched ahead finds the pages short and lets the scheduler preempt after its read.
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160, async_scheduling=lookahead))
-    assert engine.kv_layout.num_blocks == {SLIDING: 4, FULL: 12}
+    assert engine.kv_layout.num_pages == 24
     prompts = _prompts()
     tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]})
     assert engine.scheduler.num_preemptions > 0
@@ -143,28 +143,31 @@ def test_a_kv_cache_smaller_than_one_block_is_refused_not_given_a_block_past_it(
     for them, and the engine allocated one all the same (with block_size=2**24 and the CPU's default 2 GiB, 32 GiB
     in all). The cache would hold the 64 positions' keys and values (131,072 bytes), so the block size is named."""
     with pytest.raises(ConfigError, match=r"the KV cache \(150,000 bytes\) cannot hold one sequence of "
-                                          r"max_model_len=64 tokens \(blocks available/needed per group: "
-                                          r"\{'sliding': \(0, 1\)\}\); lower block_size=128 \(a block larger than"):
+                                          r"max_model_len=64 tokens \(available/needed: \{'pages': \(2, 4\)\}, "
+                                          r"a page is 128 positions of 2 layers\); lower block_size=128 \(a block "
+                                          r"larger than"):
         LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=150_000, max_model_len=64,
                                block_size=128))
     # 1,000 bytes hold no context whatever the block size: the fix is a larger cache, not a smaller block
-    with pytest.raises(ConfigError, match=r"\(blocks available/needed per group: \{'sliding': \(0, 1\), 'full': "
-                                          r"\(0, 1\)\}\); lower the context") as err:
+    with pytest.raises(ConfigError, match=r"\(available/needed: \{'pages': \(0, 4\)\}, a page is 16 positions of 2 "
+                                          r"layers\); lower the context") as err:
         LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=1_000, max_model_len=8))
     assert "block_size" not in str(err.value)
 
 
-@pytest.mark.parametrize(("kv_cache_memory", "max_model_len", "blocks"), [
-    (312_000, 512, {SLIDING: 2, FULL: 32}),  # an even split gave the windows 6 blocks and the full group 20 of 32
-    (66_000, 32, {SLIDING: 2, FULL: 2}),  # ... and the windows 1 block of 2
+@pytest.mark.parametrize(("kv_cache_memory", "max_model_len", "pages"), [
+    # two sliding blocks of three pages and 32 full ones: an even split between the groups gave the windows 6 blocks
+    # and the full group 20 of 32; pages counted in whole chunks of three gave 36 of 38
+    (312_000, 512, 2 * 3 + 32),
+    (66_000, 32, 2 * 3 + 2),  # an even split gave the windows 1 block of 2
 ])
 def test_a_kv_cache_that_holds_one_full_length_sequence_in_every_group_is_not_refused(checkpoint, kv_cache_memory,
-                                                                                     max_model_len, blocks):
-    """The split between the groups gives way where halving the budget left a group short of one sequence at
-    max_model_len that the budget holds; the sequence then runs to max_model_len alone."""
+                                                                                     max_model_len, pages):
+    """A budget that holds one sequence at max_model_len in every group was refused where a fixed split between the
+    groups left one short; the sequence runs to max_model_len alone."""
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=kv_cache_memory,
                                     max_model_len=max_model_len))
-    assert engine.kv_layout.num_blocks == blocks
+    assert engine.kv_layout.num_pages == pages
     prompt = torch.randint(0, 480, (max_model_len - 8,), generator=torch.Generator().manual_seed(4)).tolist()
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     tokens = _drive(engine, {0: [("long", prompt)]}, params)
@@ -181,8 +184,9 @@ def test_the_windows_are_never_sized_past_every_position_of_the_context(checkpoi
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_model_len=64, max_num_seqs=8,
                                     max_num_batched_tokens=max_num_batched_tokens))
     every_position = 8 * 64 // engine.kv_layout.block_size
-    assert engine.kv_layout.num_blocks[FULL] == every_position
-    assert engine.kv_layout.num_blocks[SLIDING] <= every_position
+    # a full-attention block is one page, a sliding-window block three: every position of every layer is 4 pages
+    assert engine.kv_layout.pages_per_block == {FULL: 1, SLIDING: 3}
+    assert every_position + 8 * 3 <= engine.kv_layout.num_pages <= every_position * 4
 
 
 def test_abort_frees_blocks_and_stops_computing(checkpoint):
@@ -196,7 +200,7 @@ def test_abort_frees_blocks_and_stops_computing(checkpoint):
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
-def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpoint, one_at_a_time):
+def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpoint, one_at_a_time, greedy_admission):
     """Aborting a request that waits, prefills, was preempted, has finished, was aborted already or never existed:
     the first three end with one 'abort' delta each and give back their blocks; the others are no-ops."""
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
@@ -210,7 +214,8 @@ def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpo
     assert [s.request_id for s in engine.scheduler.running] == ["run0"]
     assert [d.finish_reason for d in engine.abort("waiting")] == ["abort"]
     assert [d.finish_reason for d in engine.abort("run0")] == ["abort"]  # mid-prefill
-    # two sequences of up to 140 positions in 12 full-attention blocks (192 positions): one is preempted
+    # two sequences of up to 140 positions, 15 pages each, in 24 pages: one is preempted (admitted without room to
+    # grow: greedy_admission)
     while engine.has_unfinished_requests and not any(s.num_preemptions for s in engine.scheduler.waiting):
         engine.step()
     preempted = next(s for s in engine.scheduler.waiting if s.num_preemptions).request_id

@@ -228,11 +228,12 @@ def test_drafter_steps_replayed_from_static_graph_buffers_propose_what_eager_ste
     assert captured == {(batch, width) for batch in (1, 2, 4, 8) for width in (0, 2)}
 
 
-def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(target, drafter, plain):
+def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(target, drafter, plain,
+                                                                             greedy_admission):
     prompts = _prompts(6)
     longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     known = _continuations(plain, prompts, longer)
-    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=340_000, max_num_seqs=3,
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=300_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160,
                                     speculative_config=speculative(drafter)))
     _replay(engine, known, _cycle(K, 1, 3))
@@ -400,8 +401,8 @@ def test_scoring_with_max_tokens_0_and_prompt_logprobs_beside_speculating_reques
 
 
 def test_a_kv_budget_that_cannot_hold_the_drafter_context_of_one_sequence_is_refused(target, drafter):
-    with pytest.raises(ConfigError, match=r"cannot hold one sequence of max_model_len=2048 tokens \(blocks "
-                                          r"available/needed per group: .*'draft'"):
+    with pytest.raises(ConfigError, match=r"cannot hold one sequence of max_model_len=2048 tokens \(available/"
+                                          r"needed: .*'draft'"):
         LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=60_000, max_model_len=2048,
                                speculative_config=speculative(drafter)))
 
@@ -412,7 +413,7 @@ def test_a_kv_budget_that_holds_one_sequence_in_every_group_is_not_refused_with_
     max_model_len=512 needs: a budget that holds one sequence in every group was refused."""
     engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=330_000, max_model_len=512,
                                     speculative_config=speculative(drafter)))
-    assert engine.kv_layout.num_blocks == {DRAFT: 2, "sliding": 2, "full": 32}
+    assert (engine.kv_layout.draft_blocks, engine.kv_layout.num_pages) == (2, 2 * 3 + 32)  # sliding blocks: 3 pages
     prompt = torch.randint(0, 480, (496,), generator=torch.Generator().manual_seed(4)).tolist()
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     assert _generate(engine, [prompt], params) == [plain.generate([prompt], params)[0].token_ids]
@@ -695,7 +696,7 @@ def test_a_disable_by_batch_size_below_max_num_seqs_is_warned_of_for_seeded_requ
 def test_the_drafter_context_lives_in_its_own_pool_and_is_freed_with_the_request(target, drafter):
     engine = LLMEngine(EngineConfig(str(target), progress=False, enable_prefix_caching=False,
                                     speculative_config=speculative(drafter)))
-    assert DRAFT in engine.kv_layout.num_blocks and engine.kv_layout.draft_window == DRAFTER.sliding_window + 1
+    assert engine.kv_layout.draft_blocks and engine.kv_layout.draft_window == DRAFTER.sliding_window + 1
     engine.add_request("a", list(range(60)), SamplingParams(max_tokens=40, ignore_eos=True))
     engine.step()
     assert engine.kv.usage()[DRAFT][0] > 0
@@ -982,7 +983,7 @@ def test_a_re_admitted_sequence_never_writes_drafter_context_into_a_block_it_sha
     def checked_layout(rows, seqs):
         out = layout(rows, seqs)
         blocks = {slot // block_size for slots in out.context_slots for slot in slots}
-        shared_writes.extend(b for b in blocks if b in pool._cached and pool.ref_counts[b] > 1)
+        shared_writes.extend(b for b in blocks if pool.is_cached(b) and pool.ref_counts[b] > 1)
         return out
 
     proposer._layout = checked_layout

@@ -12,7 +12,8 @@ from glimmer.engine.step_inputs import build_step_inputs
 
 
 def _scheduled(lengths: list[int]):
-    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 40, SLIDING: 40}, sliding_window=6))
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=80, pages_per_block={FULL: 1, SLIDING: 1},
+                                      sliding_window=6))
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64), kv)
     for n in lengths:
         scheduler.add(Sequence("r", list(range(1, n + 1)), SamplingParams(), frozenset(), 64))
@@ -51,7 +52,8 @@ def test_graph_padding_rows_touch_only_the_null_blocks():
 def test_decode_rows_match_the_general_layout_across_window_and_block_boundaries():
     """Decode tokens take a shortcut through the layout; it must give what the per-position path gives, at
     every offset within a block and as the sliding window drops blocks."""
-    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 80, SLIDING: 80}, sliding_window=6))
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=160, pages_per_block={FULL: 1, SLIDING: 1},
+                                      sliding_window=6))
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64), kv)
     seqs = [Sequence(f"r{n}", list(range(1, n + 1)), SamplingParams(), frozenset(), 64) for n in (1, 3, 4, 7, 9)]
     for seq in seqs:
@@ -84,7 +86,8 @@ def test_chunk_ids_and_slots_equal_the_per_position_layout():
     """A prefill or verification chunk's ids and slots are laid out a slice and a block at a time; each equals the
     per-position definition (`token_at`; slot = block · block_size + offset) for chunks starting and ending
     inside blocks, across the prompt/output boundary and into the proposed tokens."""
-    kv = KVCacheManager(KVCacheLayout(block_size=4, num_blocks={FULL: 40, SLIDING: 40}, sliding_window=6))
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=80, pages_per_block={FULL: 1, SLIDING: 1},
+                                      sliding_window=6))
     seq = Sequence("r", list(range(1, 8)), SamplingParams(), frozenset(), 64)
     seq.output_token_ids += [50, 51, 52]
     seq.spec_token_ids = [90, 91, 92]

@@ -380,9 +380,11 @@ def test_metrics_carry_vllms_names_for_its_dashboards(server, client):
         for _ in range(3):  # past the role chunk: the prompt is in the cache
             next(lines)
         busy = server.metrics()
-    used = [value / (value + busy[name.replace("used", "free")]) for name, value in busy.items()
-            if name.startswith("glimmer_kv_blocks_used")]
-    assert busy["vllm:kv_cache_usage_perc" + label] == max(used) > 0
+    # the groups share the cache's pages: a full-attention block is one, a sliding-window block three (the tiny
+    # model's 2 full and 6 sliding layers); the full group's free blocks are the free pages
+    used = busy['glimmer_kv_blocks_used{group="full"}'] + 3 * busy['glimmer_kv_blocks_used{group="sliding"}']
+    total = used + busy['glimmer_kv_blocks_free{group="full"}']
+    assert busy["vllm:kv_cache_usage_perc" + label] == used / total > 0
     assert busy["vllm:num_requests_running" + label] == busy["glimmer_num_requests_running"] == 1
     server.wait_for_idle()
 

@@ -1,0 +1,105 @@
+"""How many requests the released 30B geometry's KV cache runs at once, against what its bytes hold.
+
+The model's full-attention and sliding-window layers take their blocks from one pool of pages (block_pool.py):
+a page is 16 positions of 13 layers, a full-attention block one page, a sliding-window block three. This bench
+drives the real `Scheduler` and `KVCacheManager` (no model: every scheduled token counts as computed) through
+loads on a cache of a given size and prints, for each, the most requests decoding in one step and the
+preemptions, beside the ceiling computed from bytes alone: the cache's pages over the pages one request needs
+at its longest. Loads: `bench/gpu_30b.py`'s 256 × 1K-in/256-out, and long contexts (16 × 32K-in/256-out).
+
+    python bench/kv_pages.py                 # the H100's 7.2 GB (after 53 GB of weights) and 40 GB
+    python bench/kv_pages.py --kv-gib 7.2 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import time
+
+import torch
+
+from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.model_runner import kv_bytes_per_page
+from glimmer.engine.sampling_params import SamplingParams
+from glimmer.engine.scheduler import Scheduler, SchedulerConfig
+from glimmer.engine.sequence import Sequence
+from glimmer.tiny import released_30b_config
+
+BLOCK = 16
+# a step's time on one H100 at its floors (bench/MEASUREMENTS.md, "30B on one H100 80GB"): the weight matmuls at
+# batch 1, 64 and 256 (interpolated between), and each prefilled token's 2 x 29.6 GFLOP at 781 TFLOP/s
+WEIGHT_STEP_S = ((1, 19.11e-3), (64, 19.78e-3), (256, 22.69e-3))
+PREFILL_TOKEN_S = 2 * 29.6e9 / 781e12
+
+
+def modelled_step_s(rows: int, prefill_tokens: int) -> float:
+    (b0, t0), (b1, t1) = next((a, b) for a, b in zip(WEIGHT_STEP_S, WEIGHT_STEP_S[1:], strict=False)
+                              if rows <= b[0] or b is WEIGHT_STEP_S[-1])
+    weights = t0 + (t1 - t0) * (min(max(rows, b0), b1) - b0) / (b1 - b0)
+    return weights + prefill_tokens * PREFILL_TOKEN_S
+
+
+def run_load(layout: KVCacheLayout, requests: int, prompt: int, output: int) -> dict[str, float]:
+    kv = KVCacheManager(layout)  # prefix caching on, the engine's default
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192,
+                                          max_model_len=prompt + output), kv)
+    rng = random.Random(0)
+    for i in range(requests):  # fresh prompts: nothing to share
+        scheduler.add(Sequence(f"r{i}", [rng.randrange(100, 200_000) for _ in range(prompt)],
+                               SamplingParams(max_tokens=output, ignore_eos=True), frozenset(), prompt + output))
+    most_decoding = steps = computed = 0
+    modelled = 0.0
+    while scheduler.has_work:
+        step = scheduler.schedule()
+        steps += 1
+        decoding = sum(n == 1 for n in step.num_new_tokens)
+        most_decoding = max(most_decoding, decoding)
+        modelled += modelled_step_s(len(step.seqs), sum(step.num_new_tokens) - decoding)
+        for i, (seq, n) in enumerate(zip(step.seqs, step.num_new_tokens, strict=True)):
+            sampled = step.samples(i)
+            seq.num_computed_tokens += n
+            computed += n
+            kv.register_computed_blocks(seq)  # as the engine does: a preempted request finds its blocks again
+            if sampled:
+                seq.output_token_ids.append(7)
+                if len(seq.output_token_ids) >= output:
+                    scheduler.finish(seq)
+    needed = requests * (prompt + output - 1)  # every position but the last token's is computed once
+    return {"most_decoding": most_decoding, "preemptions": scheduler.num_preemptions, "steps": steps,
+            "recomputed": computed / needed - 1, "modelled_tok_s": requests * output / modelled}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kv-gib", type=float, nargs="+", default=[7.2, 40.0],
+                        help="KV cache sizes in GB (10^9 bytes), as the engine sizes them after the weights")
+    args = parser.parse_args()
+    text = released_30b_config().text
+    geometry = page_geometry(text)
+    page_bytes = kv_bytes_per_page(text, BLOCK, torch.bfloat16)
+    print(f"30B geometry: {len(text.full_attention_layers)} full-attention and {len(text.sliding_attention_layers)} "
+          f"sliding-window layers (window {text.sliding_window}); a page is {BLOCK} positions of "
+          f"{geometry.page_layers} layers, {page_bytes:,} bytes; pages a block: {geometry.pages_per_block}")
+    for gib in args.kv_gib:
+        pages = int(gib * 1e9) // page_bytes
+        layout = KVCacheLayout(BLOCK, pages, geometry.pages_per_block, text.sliding_window)
+        for requests, prompt, output in ((256, 1024, 256), (16, 32 * 1024, 256)):
+            length = prompt + output
+            full = math.ceil(length / BLOCK)
+            sliding = min(full, math.ceil(text.sliding_window / BLOCK) + 1)
+            per_request = full * geometry.pages_per_block["full"] + sliding * geometry.pages_per_block["sliding"]
+            ceiling = min(requests, pages // per_request)
+            started = time.perf_counter()
+            result = run_load(layout, requests, prompt, output)
+            print(f"{gib:5.1f} GB, {requests} x {prompt}-in/{output}-out: at most {result['most_decoding']} "
+                  f"decoding at once, ceiling {ceiling} (pages {pages:,} / {per_request} a request): "
+                  f"{result['most_decoding'] / ceiling:.2f} of it; {result['preemptions']} preemptions, "
+                  f"{result['recomputed']:.1%} of the positions computed again; {result['steps']} steps, "
+                  f"{result['modelled_tok_s']:,.0f} output tok/s at the H100's floors "
+                  f"({time.perf_counter() - started:.1f} s simulated)")
+
+
+if __name__ == "__main__":
+    main()
