@@ -3,9 +3,13 @@
 The model's full-attention and sliding-window layers take their blocks from one pool of pages (block_pool.py):
 a page is 16 positions of 13 layers, a full-attention block one page, a sliding-window block three. This bench
 drives the real `Scheduler` and `KVCacheManager` (no model: every scheduled token counts as computed) through
-loads on a cache of a given size and prints, for each, the most requests decoding in one step and the
-preemptions, beside the ceiling computed from bytes alone: the cache's pages over the pages one request needs
-at its longest. Loads: `bench/gpu_30b.py`'s 256 × 1K-in/256-out, and long contexts (16 × 32K-in/256-out).
+loads on a cache of a given size and prints, for each, the most requests decoding in one step, the preemptions
+and the positions computed again, beside the ceiling computed from bytes alone (the cache's pages over the pages
+one request needs at its longest), and an output rate with each step priced at an H100's measured floors. Each
+load runs twice: with the scheduler's admission (room kept for the running requests' expected growth) and, as
+the baseline in the same run, admitting whatever fits at the moment (the scheduler before that reserve, and
+vLLM's policy). Loads: `bench/gpu_30b.py`'s 256 x 1K-in/256-out, long contexts (16 x 32K-in/256-out), and a
+chat-like one (512 x 1K-in, max_tokens 4096, outputs ending at random, 300 tokens on average).
 
     python bench/kv_pages.py                 # the H100's 7.2 GB (after 53 GB of weights) and 40 GB
     python bench/kv_pages.py --kv-gib 7.2 20
@@ -17,6 +21,7 @@ import argparse
 import math
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -41,14 +46,39 @@ def modelled_step_s(rows: int, prefill_tokens: int) -> float:
     return weights + prefill_tokens * PREFILL_TOKEN_S
 
 
-def run_load(layout: KVCacheLayout, requests: int, prompt: int, output: int) -> dict[str, float]:
+@dataclass(frozen=True)
+class Load:
+    name: str
+    requests: int
+    prompt: int
+    max_tokens: int
+    mean_output: int | None = None  # outputs end at random (exponential, this mean); None: each runs to max_tokens
+
+    def outputs(self, rng: random.Random) -> list[int]:
+        if self.mean_output is None:
+            return [self.max_tokens] * self.requests
+        return [min(self.max_tokens, max(1, int(rng.expovariate(1 / self.mean_output)))) for _ in range(self.requests)]
+
+
+LOADS = (Load("256 x 1K-in/256-out", 256, 1024, 256), Load("16 x 32K-in/256-out", 16, 32 * 1024, 256),
+         Load("chat: 512 x 1K-in, max_tokens 4096, outputs 300 on average", 512, 1024, 4096, 300))
+
+
+def run_load(layout: KVCacheLayout, load: Load, reserve: bool) -> dict[str, float]:
+    """Drive `load` through the scheduler; `reserve`: the scheduler's admission, else admit whatever fits now."""
     kv = KVCacheManager(layout)  # prefix caching on, the engine's default
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192,
-                                          max_model_len=prompt + output), kv)
+                                          max_model_len=load.prompt + load.max_tokens), kv)
+    if not reserve:
+        scheduler._expected_growth = lambda seq, held_end: 0
     rng = random.Random(0)
-    for i in range(requests):  # fresh prompts: nothing to share
-        scheduler.add(Sequence(f"r{i}", [rng.randrange(100, 200_000) for _ in range(prompt)],
-                               SamplingParams(max_tokens=output, ignore_eos=True), frozenset(), prompt + output))
+    lengths = load.outputs(rng)
+    ends: dict[Sequence, int] = {}
+    for i, output in enumerate(lengths):  # fresh prompts: nothing to share
+        seq = Sequence(f"r{i}", [rng.randrange(100, 200_000) for _ in range(load.prompt)],
+                       SamplingParams(max_tokens=load.max_tokens), frozenset(), load.prompt + load.max_tokens)
+        ends[seq] = output
+        scheduler.add(seq)
     most_decoding = steps = computed = 0
     modelled = 0.0
     while scheduler.has_work:
@@ -64,11 +94,11 @@ def run_load(layout: KVCacheLayout, requests: int, prompt: int, output: int) -> 
             kv.register_computed_blocks(seq)  # as the engine does: a preempted request finds its blocks again
             if sampled:
                 seq.output_token_ids.append(7)
-                if len(seq.output_token_ids) >= output:
+                if len(seq.output_token_ids) >= ends[seq]:
                     scheduler.finish(seq)
-    needed = requests * (prompt + output - 1)  # every position but the last token's is computed once
+    needed = sum(load.prompt + output - 1 for output in lengths)  # every position but the last token's, once
     return {"most_decoding": most_decoding, "preemptions": scheduler.num_preemptions, "steps": steps,
-            "recomputed": computed / needed - 1, "modelled_tok_s": requests * output / modelled}
+            "recomputed": computed / needed - 1, "modelled_tok_s": sum(lengths) / modelled}
 
 
 def main() -> None:
@@ -85,20 +115,22 @@ def main() -> None:
     for gib in args.kv_gib:
         pages = int(gib * 1e9) // page_bytes
         layout = KVCacheLayout(BLOCK, pages, geometry.pages_per_block, text.sliding_window)
-        for requests, prompt, output in ((256, 1024, 256), (16, 32 * 1024, 256)):
-            length = prompt + output
-            full = math.ceil(length / BLOCK)
+        for load in LOADS:
+            full = math.ceil((load.prompt + load.max_tokens) / BLOCK)
             sliding = min(full, math.ceil(text.sliding_window / BLOCK) + 1)
             per_request = full * geometry.pages_per_block["full"] + sliding * geometry.pages_per_block["sliding"]
-            ceiling = min(requests, pages // per_request)
-            started = time.perf_counter()
-            result = run_load(layout, requests, prompt, output)
-            print(f"{gib:5.1f} GB, {requests} x {prompt}-in/{output}-out: at most {result['most_decoding']} "
-                  f"decoding at once, ceiling {ceiling} (pages {pages:,} / {per_request} a request): "
-                  f"{result['most_decoding'] / ceiling:.2f} of it; {result['preemptions']} preemptions, "
-                  f"{result['recomputed']:.1%} of the positions computed again; {result['steps']} steps, "
-                  f"{result['modelled_tok_s']:,.0f} output tok/s at the H100's floors "
-                  f"({time.perf_counter() - started:.1f} s simulated)")
+            print(f"{gib:.1f} GB ({pages:,} pages), {load.name}: ceiling {min(load.requests, pages // per_request)} "
+                  f"at once ({per_request} pages a request at its longest)")
+            results = {}
+            for reserve in (False, True):
+                started = time.perf_counter()
+                result = results[reserve] = run_load(layout, load, reserve)
+                print(f"  {'growth reserve' if reserve else 'whatever fits':>14}: at most {result['most_decoding']} "
+                      f"decoding at once, {result['preemptions']} preemptions, {result['recomputed']:.1%} of the "
+                      f"positions computed again, {result['steps']} steps, {result['modelled_tok_s']:,.0f} output "
+                      f"tok/s at the H100's floors ({time.perf_counter() - started:.1f} s simulated)")
+            ratio = results[True]["modelled_tok_s"] / results[False]["modelled_tok_s"]
+            print(f"  growth reserve / whatever fits: {ratio:.2f}")
 
 
 if __name__ == "__main__":
