@@ -5,9 +5,11 @@ sequence contributing a contiguous slice (a prefill chunk, one decode token, or 
 verify). `ForwardContext` says where each slice starts, where its keys and values live in the paged
 KV cache, and which earlier positions each query may see.
 
-Layers are split into two KV groups with separate block pools (architecture.md §2.6): full-attention
+Layers are split into two KV groups, each with its own block tables (architecture.md §2.6): full-attention
 layers keep every block; sliding-window layers only need the blocks that overlap the last W
-positions, so their block table starts at a later logical block (`kv_start_pos`).
+positions, so their block table starts at a later logical block (`kv_start_pos`). The groups' blocks come
+from one pool of pages (the engine's block_pool.py); each layer's cache tensor is a view that makes a block
+id index its own memory.
 """
 
 from __future__ import annotations
