@@ -12,6 +12,7 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine.block_pool import KVBlockPool, PagePool
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.model_runner import kv_bytes_per_page
 from glimmer.engine.sequence import Sequence
 from glimmer.tiny import TinySpec
@@ -223,3 +224,50 @@ def test_try_allocate_never_grants_what_the_pages_cannot_give():
         assert {g: used for g, (used, _) in kv.usage().items()} == held
         assert kv.pages.num_free_pages == 41 - held[FULL] - 3 * held[SLIDING]
     assert grants > 300 and refusals > 50
+
+
+@pytest.mark.parametrize(("layers", "window", "block_size", "pages_per_block"), [
+    (3, 8, 4, {FULL: 1, SLIDING: 2}),  # pages of one layer
+    (5, 5, 8, {FULL: 1, SLIDING: 2}),  # three sliding layers in blocks of two pages of two: one slot unread
+    (2, 8, 4, {FULL: 1, SLIDING: 1}),  # one layer each: the groups share pages one for one
+], ids=["3-layers", "5-layers", "2-layers"])
+def test_other_page_geometries_under_stress_match_each_request_alone(make_tiny, same_cpu_kernels, greedy_admission,
+                                                                      layers, window, block_size, pages_per_block):
+    """Page geometries other than the default model's (a page of one layer; a sliding block of two pages whose second
+    page one of its layers reads; pages shared one for one), with pages for exactly one sequence at max_model_len:
+    prompts sharing prefixes (cache hits on sliding chunks), n = 2, chunked prefill and preemption give each
+    request's greedy tokens alone; afterwards every page is free."""
+    checkpoint = make_tiny(spec=TinySpec(num_hidden_layers=layers, sliding_window=window), seed=layers)
+    common = dict(progress=False, block_size=block_size, max_model_len=96)
+    alone = LLMEngine(EngineConfig(str(checkpoint), enable_prefix_caching=False, **common))
+    text = alone.model_config.text
+    assert page_geometry(text).pages_per_block == pages_per_block
+    layout = KVCacheLayout(block_size, 0, pages_per_block, window)
+    needs = KVCacheManager(layout).blocks_needed_for(96)
+    floor = sum(needs[g] * pages_per_block[g] for g in pages_per_block)
+    engine = LLMEngine(EngineConfig(str(checkpoint), kv_cache_memory=floor * kv_bytes_per_page(text, block_size,
+                                    alone.dtype), max_num_seqs=6, max_num_batched_tokens=13, **common))
+    assert engine.kv_layout.num_pages == floor
+    rng = random.Random(layers)
+    shared = [rng.randrange(20, 400) for _ in range(60)]
+    requests = [(f"r{i}", shared[: rng.choice([1, block_size, block_size + 1, window + 1, 40])]
+                 + [rng.randrange(20, 400) for _ in range(rng.randrange(1, 6))],
+                 SamplingParams(temperature=0, max_tokens=rng.choice([1, 5, 30]), ignore_eos=True,
+                                n=rng.choice([1, 2])))
+                for i in range(8)]
+
+    def tokens(engine: LLMEngine, batch: list) -> dict[tuple[str, int], list[int]]:
+        out: dict[tuple[str, int], list[int]] = {}
+        for request_id, ids, params in batch:
+            engine.add_request(request_id, ids, params)
+        while engine.has_unfinished_requests:
+            for delta in engine.step():
+                out.setdefault((delta.request_id, delta.index), []).extend(delta.token_ids)
+        return out
+
+    expected: dict[tuple[str, int], list[int]] = {}
+    for request in requests:
+        expected.update(tokens(alone, [request]))
+    assert tokens(engine, requests) == expected
+    assert engine.scheduler.num_preemptions > 0 and engine.kv.prefix_cache_hit_rate() > 0
+    assert engine.kv.pages.num_free_pages == floor and engine.kv.usage_fraction() == 0

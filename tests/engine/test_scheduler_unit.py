@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
+import pytest
+
 from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import Scheduler, SchedulerConfig
@@ -210,3 +215,50 @@ def test_a_preemption_makes_admission_reserve_all_expected_growth_and_quiet_step
     scheduler.add(_seq("c", list(range(30, 38)), max_total=40))
     _drive_to_end(scheduler)
     assert scheduler.num_preemptions > 0 and scheduler.growth_ratio > 0.9
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_cache_that_holds_one_sequence_at_max_model_len_serves_every_request(seed):
+    """Pages for exactly one sequence at max_model_len (a last chunk of fewer pages among them), room kept for growth
+    as the engine keeps it: requests running to max_model_len, others of one token, prompts sharing prefixes (their
+    sliding blocks found as cached chunks), twins of one prompt (n > 1), all arriving at once. Every request
+    finishes; at every step no page is in two live blocks but a shared cached one, each block's reference count is
+    its holders and the usage fraction lies in [0, 1]; afterwards every page is free and the usage is 0."""
+    from glimmer.engine.kv_cache_manager import SLIDING
+
+    rng = random.Random(seed)
+    max_len, chunk = 44, 3
+    layout = KVCacheLayout(block_size=4, num_pages=0, pages_per_block={FULL: 1, SLIDING: chunk}, sliding_window=6)
+    needs = KVCacheManager(layout).blocks_needed_for(max_len)
+    num_pages = needs[FULL] + chunk * needs[SLIDING]  # 11 + 3 x 3: a last chunk of two pages
+    assert num_pages % chunk
+    kv = KVCacheManager(dataclasses.replace(layout, num_pages=num_pages))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=rng.choice([5, 64]),
+                                          max_model_len=max_len), kv)
+    shared = [rng.randrange(100, 200) for _ in range(max_len)]
+    seqs = []
+    for i in range(24):
+        prompt = shared[: rng.randrange(1, 30)] + [rng.randrange(100, 200) for _ in range(rng.randrange(0, 3))]
+        max_total = rng.choice([max_len, len(prompt) + 1, len(prompt) + rng.randrange(1, max_len - len(prompt) + 1)])
+        for twin in range(rng.choice([1, 1, 2])):
+            seqs.append(_seq(f"s{i}-{twin}", list(prompt), max_total=min(max_total, max_len)))
+            scheduler.add(seqs[-1])
+    for _ in range(20_000):
+        if not scheduler.has_work:
+            break
+        _run_step(scheduler)
+        holders: dict[tuple[str, int], int] = {}
+        for seq in scheduler.running:
+            for group, held in seq.blocks.items():
+                for block in filter(lambda b: b is not None, held):
+                    holders[group, block] = holders.get((group, block), 0) + 1
+        pages: list[int] = []
+        for (group, block), count in holders.items():
+            assert kv.pages.ref_counts[block] == count
+            pages.extend(range(block, block + kv.pools[group].pages_per_block))
+        assert len(pages) == len(set(pages)) == num_pages - kv.pages.num_free_pages
+        assert all(page < num_pages for page in pages)  # none in the missing pages of the last chunk
+        assert 0 <= kv.usage_fraction() <= 1
+    assert not scheduler.has_work and all(seq.is_finished for seq in seqs)
+    assert kv.pages.num_free_pages == num_pages and kv.usage_fraction() == 0
+    assert all(used == 0 for used, _ in kv.usage().values())
