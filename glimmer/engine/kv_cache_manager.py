@@ -86,8 +86,8 @@ class KVCacheLayout:
         return max(self.pages_per_block.values())
 
     def describe(self) -> str:
-        groups = ", ".join(f"{g} {n} a block" for g, n in self.pages_per_block.items())
-        draft = "" if self.draft_blocks is None else f"; the drafter's {self.draft_blocks} blocks"
+        groups = ", ".join(f"a {g} block takes {n}" for g, n in self.pages_per_block.items())
+        draft = "" if self.draft_blocks is None else f"; the drafter's own {self.draft_blocks} blocks"
         return f"{self.num_pages} pages of {self.block_size} positions shared by the layer groups ({groups}){draft}"
 
 
