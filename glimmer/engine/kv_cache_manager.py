@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING
 from glimmer.engine.block_pool import KVBlockPool, PagePool
 from glimmer.engine.cache_keys import block_key, root_key, token_bytes
 from glimmer.engine.sequence import Sequence
+from glimmer.model.context import FULL, SLIDING
 
 if TYPE_CHECKING:
     from glimmer.checkpoint.config import TextConfig
 
-FULL = "full"
-SLIDING = "sliding"
 DRAFT = "draft"
 
 

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+FULL = "full"
+SLIDING = "sliding"
+"""The KV groups' names: keys of `ForwardContext.groups`, and of the engine's block accounting."""
+
 
 @dataclass
 class KVGroupView:
@@ -46,7 +50,7 @@ class ForwardContext:
     kv_caches: per layer index, the (key_cache, value_cache) tensors of shape
         (num_blocks, block_size, num_kv_heads, head_dim); empty for a cache-less forward, where each
         slice attends only to itself (used by tests and one-shot scoring).
-    groups: "full" and "sliding" KVGroupView, present whenever kv_caches is.
+    groups: FULL and SLIDING KVGroupView, present whenever kv_caches is.
     capture_layers: decoder layer indices whose outputs (the residual stream, before the final norm)
         are recorded into `captured` — for speculative drafters that read the target's hidden states
         (`captured_outputs`).

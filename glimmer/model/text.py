@@ -14,7 +14,7 @@ from torch import nn
 from glimmer.checkpoint.config import TextConfig
 from glimmer.model import kernels
 from glimmer.model.attention import paged_attention
-from glimmer.model.context import ForwardContext
+from glimmer.model.context import FULL, SLIDING, ForwardContext
 from glimmer.model.kernels.decoder_stack import DecoderStack, StackLayer, StackShape
 from glimmer.model.kernels.linear import linear
 from glimmer.model.kernels.packed_linear import PackedLinear, can_pack
@@ -44,7 +44,7 @@ class TextAttention(nn.Module):
         self.qk_scale_factor = config.qk_scale_factor
         self.uses_rope = config.rope_layers[layer_idx]
         is_sliding = config.layer_types[layer_idx] == "sliding_attention"
-        self.group_name = "sliding" if is_sliding else "full"
+        self.group_name = SLIDING if is_sliding else FULL
         self.sliding_window = config.sliding_window if is_sliding else None
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)

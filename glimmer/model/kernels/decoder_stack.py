@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from glimmer.model.context import ForwardContext, KVGroupView
+from glimmer.model.context import FULL, SLIDING, ForwardContext, KVGroupView
 from glimmer.model.kernels import cpu
 from glimmer.model.kernels.paged_attention import paged_attention_torch
 from glimmer.model.kernels.qk_norm_rope import HeadLayout, qk_norm_rope_store_torch
@@ -30,7 +30,7 @@ from glimmer.model.kernels.residual_norm import NormSpec, residual_norm_torch
 from glimmer.model.kernels.silu_mul import silu_mul_torch
 from glimmer.model.kernels.support import references_forced
 
-GROUPS = ("full", "sliding")
+GROUPS = (FULL, SLIDING)
 """The KV groups' names (ForwardContext.groups), in the order the C step's block-table sets are given."""
 
 _P, _I64, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -362,14 +362,14 @@ def probe_cpu(lib) -> str | None:
     generator = torch.Generator().manual_seed(0)
     shape = StackShape(hidden_size=37, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=19,
                        qk_norm_eps=1e-6, qk_scale_factor=0.7)
-    stack = random_stack(shape, [("sliding", 5, True), ("full", None, False)], generator, biases=True)
+    stack = random_stack(shape, [(SLIDING, 5, True), (FULL, None, False)], generator, biases=True)
     ctx = ForwardContext(query_start_loc=torch.tensor([0, 1, 2, 3]), seq_lens=torch.tensor([7, 13, 1]),
                          positions=torch.tensor([6, 12, 0]), max_query_len=1, capture_layers=(0,))
     # (sequence 1 sits in block 0 of the full cache; the others' padding entries point there too, masked)
     ctx.groups = {
-        "full": KVGroupView(block_size=4, block_tables=torch.tensor([[3, 1, 0, 0], [5, 2, 4, 0], [6, 0, 0, 0]]),
+        FULL: KVGroupView(block_size=4, block_tables=torch.tensor([[3, 1, 0, 0], [5, 2, 4, 0], [6, 0, 0, 0]]),
                             kv_start_pos=torch.tensor([0, 0, 0]), slot_mapping=torch.tensor([6, 0, 24])),
-        "sliding": KVGroupView(block_size=4, block_tables=torch.tensor([[3, 1, 0, 0], [2, 4, 5, 0], [6, 0, 0, 0]]),
+        SLIDING: KVGroupView(block_size=4, block_tables=torch.tensor([[3, 1, 0, 0], [2, 4, 5, 0], [6, 0, 0, 0]]),
                                kv_start_pos=torch.tensor([0, 4, 0]), slot_mapping=torch.tensor([6, 20, 24])),
     }
     angles = torch.randn(3, 8, generator=generator)
