@@ -14,8 +14,8 @@ import math
 import tempfile
 
 from glimmer.engine.kv_cache_manager import FULL, SLIDING
+from glimmer.engine.kv_planner import kv_bytes_per_block
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
-from glimmer.engine.model_runner import kv_bytes_per_block
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
-from glimmer.engine.model_runner import kv_bytes_per_page
+from glimmer.engine.kv_planner import kv_bytes_per_page
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.scheduler import Scheduler, SchedulerConfig
 from glimmer.engine.sequence import Sequence

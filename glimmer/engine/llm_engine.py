@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 import threading
 import time
@@ -39,10 +38,11 @@ from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
-from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.kv_planner import DraftKV, KVDemand, block_bytes, plan_kv_layout, wanted_blocks
 from glimmer.engine.lookahead import LaunchedStep, runs_ahead
 from glimmer.engine.model_loader import LoadedDrafter, LoadedModel, load_drafter, load_model, prepare_for_cpu
-from glimmer.engine.model_runner import ModelRunner, StepLogits, kv_bytes_per_block, kv_bytes_per_page
+from glimmer.engine.model_runner import ModelRunner, StepLogits
 from glimmer.engine.multimodal_inputs import attach_media, refuse_stray_placeholders
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.proposers import DFlashProposer
@@ -433,11 +433,6 @@ class LLMEngine:
                            limit, self.scheduler_config.max_num_seqs)
         self.num_speculative_tokens = k
 
-    def _draft_bytes_per_block(self, block_size: int) -> int:
-        config = self.drafter.config
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return config.num_hidden_layers * 2 * block_size * config.num_key_value_heads * config.head_dim * element
-
     def _speculation_reserve_bytes(self) -> int:
         """Device memory speculation needs besides the KV cache at most: float32 logits (raw, constrained and
         as probabilities) for every verified position of a full batch, the proposals' distributions, and the
@@ -451,46 +446,24 @@ class LLMEngine:
         pending = 2 * seqs * config.block_size * len(config.target_layer_ids) * config.hidden_size * element
         return 4 * self.model_config.text.vocab_size * seqs * (3 * (k + 1) + k) + pending
 
+    def _kv_demand(self) -> KVDemand:
+        draft = None
+        if self.drafter is not None:
+            config = self.drafter.config
+            element = torch.empty((), dtype=self.dtype).element_size()
+            draft = DraftKV(config.num_hidden_layers * 2 * self.config.block_size * config.num_key_value_heads
+                            * config.head_dim * element, config.max_visible_distance)
+        return KVDemand(self.config.block_size, self.max_model_len, self.scheduler_config.max_num_seqs,
+                        self.scheduler_config.max_num_batched_tokens, draft)
+
     def _plan_kv_cache(self, extra_reserve: int = 0) -> KVCacheLayout:
-        text = self.model_config.text
-        bs = self.config.block_size  # a power of two (config_checks.py)
-        geometry = page_geometry(text)
-        page_bytes = kv_bytes_per_page(text, bs, self.dtype)
-        per_block = {g: kv_bytes_per_block(text, g, bs, self.dtype) for g in geometry.pages_per_block}
-        if self.drafter is not None:
-            per_block[DRAFT] = self._draft_bytes_per_block(bs)
-        wanted = self._wanted_blocks()
-        total_budget = budget = self._kv_budget_bytes(per_block, wanted, extra_reserve)
-        draft_window = None
-        if self.drafter is not None:
-            distance = self.drafter.config.max_visible_distance
-            draft_window = distance + 1 if distance is not None and distance + 1 < self.max_model_len else None
-        # blocks one sequence at max_model_len needs in each group: where the budget holds that, the drafter's share
-        # leaves the target's groups that much (and keeps that much itself)
-        needs = KVCacheManager(KVCacheLayout(bs, 0, geometry.pages_per_block, text.sliding_window,
-                                             0 if self.drafter is not None else None, draft_window)
-                               ).blocks_needed_for(self.max_model_len)
-        target_floor = sum(needs[g] * per_block[g] for g in geometry.pages_per_block)
-        draft_blocks = None
-        if self.drafter is not None:
-            # the drafter's context gets the share of the budget its bytes per token are of all groups'
-            share = budget * per_block[DRAFT] // sum(per_block.values())
-            floor = needs[DRAFT] * per_block[DRAFT]
-            if budget >= target_floor + floor:
-                share = max(min(share, budget - target_floor), floor)
-            draft_blocks = share // per_block[DRAFT]
-            if draft_window is not None:
-                draft_blocks = min(draft_blocks, wanted[DRAFT])
-            budget -= draft_blocks * per_block[DRAFT]
-        num_pages = budget // page_bytes  # the target's groups share what is left
-        layout = KVCacheLayout(block_size=bs, num_pages=num_pages, pages_per_block=geometry.pages_per_block,
-                               sliding_window=text.sliding_window, draft_blocks=draft_blocks,
-                               draft_window=draft_window)
-        pages_needed = sum(needs[g] * geometry.pages_per_block[g] for g in geometry.pages_per_block)
-        short = {} if num_pages >= pages_needed else {"pages": (num_pages, pages_needed)}
-        if draft_blocks is not None and draft_blocks < needs[DRAFT]:
-            short[DRAFT] = (draft_blocks, needs[DRAFT])
+        """The KV layout the budget gives (kv_planner.py); ConfigError where it cannot hold one sequence."""
+        text, demand = self.model_config.text, self._kv_demand()
+        per_block = block_bytes(text, self.dtype, demand)
+        budget = self._kv_budget_bytes(per_block, wanted_blocks(text, demand), extra_reserve)
+        layout, short = plan_kv_layout(text, self.dtype, demand, budget)
         if short:
+            bs = demand.block_size
             reserved = self._speculation_reserve_bytes()
             spec_note = (f" after {reserved:,} bytes set aside for verifying {self.num_speculative_tokens} proposed "
                          f"tokens of up to max_num_seqs={self.scheduler_config.max_num_seqs} sequences"
@@ -498,13 +471,14 @@ class LLMEngine:
             # a block bigger than the context is mostly empty: where the budget holds the context's keys and values,
             # the block size is what does not fit
             oversized = f"lower block_size={bs} (a block larger than max_model_len is mostly empty), " if (
-                bs > self.max_model_len and total_budget >= sum(per_block.values()) // bs * self.max_model_len) else ""
+                bs > self.max_model_len and budget >= sum(per_block.values()) // bs * self.max_model_len) else ""
             raise ConfigError(
-                f"the KV cache ({total_budget:,} bytes{spec_note}) cannot hold one sequence of "
+                f"the KV cache ({budget:,} bytes{spec_note}) cannot hold one sequence of "
                 f"max_model_len={self.max_model_len} tokens (available/needed: {short}, a page is {bs} positions of "
-                f"{geometry.page_layers} layers); {oversized}lower the context (--max-model-len / max_model_len=), "
-                "free device memory, or give the KV cache more: --kv-cache-memory SIZE or --gpu-memory-utilization on "
-                "the command line, kv_cache_memory= or gpu_memory_utilization= in LLM(...) / EngineConfig(...)"
+                f"{page_geometry(text).page_layers} layers); {oversized}lower the context (--max-model-len / "
+                "max_model_len=), free device memory, or give the KV cache more: --kv-cache-memory SIZE or "
+                "--gpu-memory-utilization on the command line, kv_cache_memory= or gpu_memory_utilization= in "
+                "LLM(...) / EngineConfig(...)"
             )
         return layout
 
@@ -545,25 +519,6 @@ class LLMEngine:
             raise ConfigError(f"kv_cache_memory={kv_bytes:,} bytes is more than the GPU memory free after the weights "
                               f"({self.device}) and the verification reserve ({max(room, 0):,} bytes); give the KV "
                               "cache less (--kv-cache-memory SIZE / kv_cache_memory=)")
-
-    def _wanted_blocks(self) -> dict[str, int]:
-        """Blocks per group for max_num_seqs sequences at max_model_len at once: every position in the
-        full-attention group (and the drafter's, unless its context is bounded), a window and the block it
-        grows into per sequence in a windowed group, plus one step's chunk of new tokens there, but never more
-        than every position (a sequence never holds more blocks than its whole context fills)."""
-        bs = self.config.block_size
-        seqs = self.scheduler_config.max_num_seqs
-        chunk_blocks = math.ceil(self.scheduler_config.max_num_batched_tokens / bs)
-        every_position = seqs * math.ceil(self.max_model_len / bs)
-
-        def windowed(window: int) -> int:
-            return min(seqs * (math.ceil(min(window, self.max_model_len) / bs) + 1) + chunk_blocks, every_position)
-
-        wanted = {FULL: every_position, SLIDING: windowed(self.model_config.text.sliding_window or self.max_model_len)}
-        if self.drafter is not None:
-            distance = self.drafter.config.max_visible_distance
-            wanted[DRAFT] = windowed(distance + 1) if distance is not None else every_position
-        return wanted
 
     def _media_processor(self) -> MediaProcessor | None:
         vision = self.model_config.vision

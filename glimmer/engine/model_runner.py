@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glimmer.checkpoint.config import TextConfig
 from glimmer.engine.cache_keys import encoder_key
 from glimmer.engine.cuda_graphs import DecodeGraphs
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
@@ -35,18 +34,6 @@ from glimmer.model.kernels.tuned_gemm import choose_products
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 logger = logging.getLogger(__name__)
-
-
-def kv_bytes_per_page(text: TextConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one page of the target's KV cache occupies (`PageGeometry`: a block of positions in `page_layers`
-    layers, keys and values)."""
-    element = torch.empty((), dtype=dtype).element_size()
-    return page_geometry(text).page_layers * 2 * block_size * text.num_key_value_heads * text.head_dim * element
-
-
-def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block of `group` occupies across all of the group's layers (keys and values): its pages."""
-    return page_geometry(text).pages_per_block[group] * kv_bytes_per_page(text, block_size, dtype)
 
 
 PROMPT_LOGITS_ROWS = 512

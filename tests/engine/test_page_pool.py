@@ -12,8 +12,8 @@ import torch
 from glimmer import LLM, SamplingParams
 from glimmer.engine.block_pool import KVBlockPool, PagePool
 from glimmer.engine.kv_cache_manager import FULL, SLIDING, KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.kv_planner import kv_bytes_per_page
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
-from glimmer.engine.model_runner import kv_bytes_per_page
 from glimmer.engine.sequence import Sequence
 from glimmer.tiny import TinySpec
 

@@ -1,0 +1,116 @@
+"""The KV cache's plan: what a byte budget holds — pages the model's layer groups share, and the drafter's blocks.
+
+Pure arithmetic, no device and no engine: the engine measures the budget (the configured size, or a GPU's free
+memory after the weights and the steps' working memory) and asks here how to spend it. The drafter's context,
+whose layers have another geometry, gets the share of the budget its bytes per token are of all groups' (never
+less than one sequence at max_model_len needs, where the budget holds that beside the model's own); the model's
+groups share what is left as pages (kv_cache_manager.PageGeometry).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from glimmer.checkpoint.config import TextConfig
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager, page_geometry
+
+
+@dataclass(frozen=True)
+class DraftKV:
+    """The drafter's context cache: bytes a block of it takes (all its layers), and how far back its queries see."""
+
+    bytes_per_block: int
+    max_visible_distance: int | None  # None: its whole context
+
+
+@dataclass(frozen=True)
+class KVDemand:
+    """What the engine's configuration asks of the cache."""
+
+    block_size: int  # a power of two (config_checks.py)
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    draft: DraftKV | None = None
+
+    @property
+    def draft_window(self) -> int | None:
+        """Positions a drafter query may see, its own included, where that is less than the context (else None)."""
+        distance = None if self.draft is None else self.draft.max_visible_distance
+        return distance + 1 if distance is not None and distance + 1 < self.max_model_len else None
+
+
+def kv_bytes_per_page(text: TextConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one page of the model's KV cache occupies (`PageGeometry`: a block of positions in `page_layers`
+    layers, keys and values)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return page_geometry(text).page_layers * 2 * block_size * text.num_key_value_heads * text.head_dim * element
+
+
+def kv_bytes_per_block(text: TextConfig, group: str, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block of `group` occupies across all of the group's layers (keys and values): its pages."""
+    return page_geometry(text).pages_per_block[group] * kv_bytes_per_page(text, block_size, dtype)
+
+
+def block_bytes(text: TextConfig, dtype: torch.dtype, demand: KVDemand) -> dict[str, int]:
+    """Bytes a block takes in each group, the drafter's included."""
+    per_block = {g: kv_bytes_per_block(text, g, demand.block_size, dtype) for g in page_geometry(text).pages_per_block}
+    if demand.draft is not None:
+        per_block[DRAFT] = demand.draft.bytes_per_block
+    return per_block
+
+
+def wanted_blocks(text: TextConfig, demand: KVDemand) -> dict[str, int]:
+    """Blocks per group for max_num_seqs sequences at max_model_len at once: every position in the
+    full-attention group (and the drafter's, unless its context is bounded), a window and the block it
+    grows into per sequence in a windowed group, plus one step's chunk of new tokens there, but never more
+    than every position (a sequence never holds more blocks than its whole context fills)."""
+    bs, seqs, context = demand.block_size, demand.max_num_seqs, demand.max_model_len
+    chunk_blocks = math.ceil(demand.max_num_batched_tokens / bs)
+    every_position = seqs * math.ceil(context / bs)
+
+    def windowed(window: int) -> int:
+        return min(seqs * (math.ceil(min(window, context) / bs) + 1) + chunk_blocks, every_position)
+
+    wanted = {FULL: every_position, SLIDING: windowed(text.sliding_window or context)}
+    if demand.draft is not None:
+        distance = demand.draft.max_visible_distance
+        wanted[DRAFT] = windowed(distance + 1) if distance is not None else every_position
+    return wanted
+
+
+def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budget: int
+                   ) -> tuple[KVCacheLayout, dict[str, tuple[int, int]]]:
+    """The layout `budget` bytes give, and where it cannot hold one sequence of max_model_len, what falls short:
+    {"pages": (available, needed)} and/or {DRAFT: (blocks available, needed)} (empty where one fits)."""
+    geometry = page_geometry(text)
+    bs = demand.block_size
+    per_block = block_bytes(text, dtype, demand)
+    has_draft = demand.draft is not None
+    # blocks one sequence at max_model_len needs in each group
+    needs = KVCacheManager(KVCacheLayout(bs, 0, geometry.pages_per_block, text.sliding_window,
+                                         0 if has_draft else None, demand.draft_window)
+                           ).blocks_needed_for(demand.max_model_len)
+    target_floor = sum(needs[g] * per_block[g] for g in geometry.pages_per_block)
+    draft_blocks = None
+    if has_draft:
+        share = budget * per_block[DRAFT] // sum(per_block.values())
+        floor = needs[DRAFT] * per_block[DRAFT]
+        if budget >= target_floor + floor:  # where the budget holds one sequence, the split leaves every group that
+            share = max(min(share, budget - target_floor), floor)
+        draft_blocks = share // per_block[DRAFT]
+        if demand.draft_window is not None:
+            draft_blocks = min(draft_blocks, wanted_blocks(text, demand)[DRAFT])
+        budget -= draft_blocks * per_block[DRAFT]
+    num_pages = budget // kv_bytes_per_page(text, bs, dtype)  # the model's groups share what is left
+    layout = KVCacheLayout(block_size=bs, num_pages=num_pages, pages_per_block=geometry.pages_per_block,
+                           sliding_window=text.sliding_window, draft_blocks=draft_blocks,
+                           draft_window=demand.draft_window)
+    pages_needed = sum(needs[g] * geometry.pages_per_block[g] for g in geometry.pages_per_block)
+    short = {} if num_pages >= pages_needed else {"pages": (num_pages, pages_needed)}
+    if draft_blocks is not None and draft_blocks < needs[DRAFT]:
+        short[DRAFT] = (draft_blocks, needs[DRAFT])
+    return layout, short

@@ -1,0 +1,63 @@
+"""The KV plan as arithmetic alone (glimmer/engine/kv_planner.py), at the released 30B geometry, without a device."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING
+from glimmer.engine.kv_planner import DraftKV, KVDemand, kv_bytes_per_page, plan_kv_layout, wanted_blocks
+from glimmer.tiny import released_30b_config
+
+TEXT = released_30b_config().text
+PAGE = kv_bytes_per_page(TEXT, 16, torch.bfloat16)
+
+
+def _pages_for_one(max_model_len: int) -> int:
+    blocks = math.ceil(max_model_len / 16)
+    return blocks + 3 * min(blocks, TEXT.sliding_window // 16 + 1)
+
+
+def test_a_page_of_the_30b_is_16_positions_of_13_layers():
+    assert PAGE == 13 * 2 * 16 * TEXT.num_key_value_heads * TEXT.head_dim * 2 == 212_992
+
+
+def test_the_h100s_cache_is_pages_the_groups_share():
+    demand = KVDemand(block_size=16, max_model_len=34 * 1024, max_num_seqs=256, max_num_batched_tokens=8192)
+    layout, short = plan_kv_layout(TEXT, torch.bfloat16, demand, 7_200_000_000)
+    assert (layout.num_pages, layout.pages_per_block, layout.draft_blocks, short) == (
+        7_200_000_000 // PAGE, {FULL: 1, SLIDING: 3}, None, {})
+
+
+@pytest.mark.parametrize("max_model_len", [100, 2048, 2049, 131_072])
+def test_a_budget_a_page_short_of_one_sequence_says_how_short(max_model_len):
+    demand = KVDemand(block_size=16, max_model_len=max_model_len, max_num_seqs=1, max_num_batched_tokens=8192)
+    needed = _pages_for_one(max_model_len)
+    assert plan_kv_layout(TEXT, torch.bfloat16, demand, needed * PAGE)[1] == {}
+    assert plan_kv_layout(TEXT, torch.bfloat16, demand, needed * PAGE - 1)[1] == {"pages": (needed - 1, needed)}
+
+
+def test_the_drafter_gets_its_share_and_never_leaves_the_model_short_of_one_sequence():
+    draft = DraftKV(bytes_per_block=PAGE // 13, max_visible_distance=None)  # one layer's block
+    demand = KVDemand(block_size=16, max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=8192, draft=draft)
+    layout, short = plan_kv_layout(TEXT, torch.bfloat16, demand, 10**9)
+    share = 10**9 * draft.bytes_per_block // (PAGE + 3 * PAGE + draft.bytes_per_block)
+    assert short == {} and layout.draft_blocks == share // draft.bytes_per_block
+    assert layout.num_pages == (10**9 - layout.draft_blocks * draft.bytes_per_block) // PAGE
+    # a budget that holds one sequence in every group and no more: the proportional share would leave the model's
+    # pages short; the drafter keeps what one sequence needs and the model gets the rest
+    tight = _pages_for_one(4096) * PAGE + 256 * draft.bytes_per_block
+    layout, short = plan_kv_layout(TEXT, torch.bfloat16, demand, tight)
+    assert short == {} and (layout.draft_blocks, layout.num_pages) == (256, _pages_for_one(4096))
+    layout, short = plan_kv_layout(TEXT, torch.bfloat16, demand, tight - 1)
+    assert short  # one byte less: one of them is short, and the plan says which
+
+
+def test_a_bounded_drafter_context_and_the_windows_are_never_planned_past_every_position():
+    draft = DraftKV(bytes_per_block=1, max_visible_distance=63)
+    demand = KVDemand(block_size=16, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=1 << 20, draft=draft)
+    every_position = 8 * 64 // 16
+    assert wanted_blocks(TEXT, demand) == {FULL: every_position, SLIDING: every_position, DRAFT: every_position}
+    assert demand.draft_window is None  # 64 positions seen: the whole context
