@@ -1,6 +1,6 @@
 """Pages of KV memory shared by layer groups, with reference counts and content-keyed prefix caching.
 
-Knows nothing of tensors: a page is an integer id into the KV tensors the model runner owns (`KVPageLayout`
+Knows nothing of tensors: a page is an integer id into the KV tensors the model runner owns (`PageGeometry`
 in kv_cache_manager says which layer reads which page). A group's block is one page, or, for the group
 with more layers, a whole chunk of `chunk_pages` consecutive pages (its id: the chunk's first page): the
 two layer groups of the model draw their blocks from one memory, in whatever proportion the running
