@@ -18,6 +18,15 @@ SUPPORTED_TEXT_ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN runs both
 SUPPORTED_VISION_ACTIVATIONS = ("gelu",)
 TEXT_LAYER_TYPES = ("full_attention", "sliding_attention")
 VISION_LAYER_TYPES = ("full_attention", "window_attention")
+# Each dataclass's sizes: positive integers, which every config.json layout must state (config_layouts.py).
+TEXT_SIZE_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "sliding_window",
+)
+VISION_SIZE_FIELDS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size", "patch_temporal",
+    "merge_size", "pos_emb_size",
+)
 
 
 def reference_text_layer_types(num_layers: int) -> tuple[str, ...]:
@@ -99,17 +108,7 @@ class TextConfig(_AttentionWidths):
 
     def __post_init__(self) -> None:
         owner = "text_config"
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "sliding_window",
-            "max_position_embeddings",
-        ):
+        for name in (*TEXT_SIZE_FIELDS, "max_position_embeddings"):
             _require_positive_int(owner, name, getattr(self, name))
         for name in (
             "rms_norm_eps",
@@ -204,16 +203,7 @@ class VisionConfig:
 
     def __post_init__(self) -> None:
         owner = "vision_config"
-        for name in (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "patch_size",
-            "patch_temporal",
-            "merge_size",
-            "pos_emb_size",
-        ):
+        for name in VISION_SIZE_FIELDS:
             _require_positive_int(owner, name, getattr(self, name))
         for name in ("rope_theta", "layer_norm_eps"):
             _require_positive_float(owner, name, getattr(self, name))

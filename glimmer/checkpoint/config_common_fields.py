@@ -1,0 +1,169 @@
+"""What every config.json layout reads alike (`config_layouts.py`): the model types, the text defaults,
+the rope theta, the feature flags and the vision path's top-level fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from glimmer.checkpoint.config_fields import MISSING, Fields, Section, as_float
+
+TEXT_MODEL_TYPE = "muse_glimmer_text"
+MODEL_TYPE = "muse_glimmer"
+VISION_MODEL_TYPE = "muse_glimmer_vision"
+
+# Reference class defaults that equal the released values (architecture.md §1.1).
+TEXT_DEFAULTS = {
+    "rms_norm_eps": 1e-5,
+    "post_norm_eps": 1e-8,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+    "bos_token_id": 200000,
+    "eos_token_id": 200001,
+}
+VISION_ROPE_THETA = 10000.0  # the converter's value and the vision class default (§1.2)
+VISION_LAYER_NORM_EPS = 1e-5
+_IMAGE_TOKEN_ID = 200092  # <|patch|> (§9)
+_VIDEO_TOKEN_ID = 200091
+
+VISION_PATH_FIELDS = (
+    "image_token_id",
+    "video_token_id",
+    "out_hidden_size",
+    "projector_hidden_size",
+    "projector_hidden_act",
+)
+
+# Flags some configs carry for features every Muse Glimmer checkpoint has (or lacks): any other value is a
+# different architecture, which Glimmer refuses rather than ignores.
+_ALWAYS = {
+    "use_qk_norm": (True, "a weightless QK-norm"),
+    "use_attn_output_gate": (True, "the sigmoid attention output gate"),
+    "mlp_bias": (False, "bias-free MLP projections"),
+}
+_NEVER = {
+    "attn_logit_softcapping": "attention-logit softcapping",
+    "use_bidirectional_attention": "bidirectional attention",
+}
+
+
+def read_shared_text_fields(fields: Fields, defaults: Mapping[str, Any], theta_keys: tuple[str, ...]) -> Any:
+    """Read what every layout reads alike after its own text fields: the `defaults` (each taken when absent),
+    pad_token_id, the rope theta (under the first of `theta_keys` present) and the feature flags; return the theta."""
+    section = fields.section
+    for name, default in defaults.items():
+        fields.read(name, default=default)
+    fields.read_nullable("pad_token_id")
+    theta_name, theta = read_rope_theta(section, theta_keys, "default", required=True)
+    fields.names["rope_theta"] = theta_name
+    _check_feature_flags(section)
+    return theta
+
+
+def read_rope_theta(section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool) -> tuple[str, Any]:
+    """(name in the file, theta) from rope_parameters.rope_theta or a bare rope_theta; they must agree.
+    `rope_scaling`, where `keys` names it, is read as another `rope_parameters` (transformers reads the legacy
+    name in its place), and must agree with the others too."""
+    notes = section.notes
+    _, legacy = section.get("rope_scaling")
+    _, current = section.get("rope_parameters")
+    if "rope_scaling" in keys and isinstance(legacy, Mapping) and legacy and current not in (MISSING, None) \
+            and legacy != current:
+        raise notes.error(f"{section.path('rope_scaling')}={legacy!r} and {section.path('rope_parameters')}="
+                          f"{current!r} differ; transformers reads only rope_scaling where both are set: keep one")
+    found: list[tuple[str, Any]] = []
+    for key in keys:
+        _, value = section.get(key)
+        if value is MISSING or value is None:
+            continue
+        if key not in ("rope_parameters", "rope_scaling"):
+            found.append((section.path(key), value))
+            continue
+        if not isinstance(value, Mapping):
+            raise notes.error(f"{section.path(key)} must be a JSON object, got {type(value).__name__}")
+        sub = Section(value, section.path(key), notes)
+        # `type` is the legacy spelling of `rope_type`, which transformers still reads (`{"type": "linear"}` scales)
+        kind_key, kind = sub.get("rope_type", "type")
+        allowed = ("default", "axial") if rope_type == "axial" else ("default",)
+        if kind is not MISSING and kind not in allowed:
+            raise notes.error(
+                f"{sub.path(kind_key)}={kind!r} is not supported; Muse Glimmer uses {rope_type!r} RoPE"
+            )
+        _, partial = sub.get("partial_rotary_factor")
+        if partial is not MISSING and partial != 1:
+            raise notes.error(f"{sub.path('partial_rotary_factor')}={partial!r} is not supported; expected 1.0")
+        _, theta = sub.get("rope_theta")
+        if theta is not MISSING:
+            found.append((sub.path("rope_theta"), theta))
+        sub.finish()
+    for name, value in found[1:]:
+        if value != found[0][1]:
+            raise notes.error(f"{found[0][0]}={found[0][1]!r} and {name}={value!r} disagree; keep one rope theta")
+    if found:
+        return found[0][0], as_float(found[0][1])
+    name = section.path("rope_parameters.rope_theta" if "rope_parameters" == keys[0] else keys[0])
+    if required:
+        notes.missing.append(name)
+        return name, None
+    notes.defaulted.append(f"{name}={VISION_ROPE_THETA!r}")
+    return name, VISION_ROPE_THETA
+
+
+def check_rope_flag_type(section: Section) -> None:
+    """`rope_is_neox_style` is a fact about the weights' RoPE pairing, not the architecture: `formats.py` checks it
+    against the tensor names, which only a boolean can be checked against, so anything else is refused here."""
+    _, neox = section.get("rope_is_neox_style")
+    if neox is not MISSING and not isinstance(neox, bool):
+        raise section.notes.error(f"{section.path('rope_is_neox_style')}={neox!r} is invalid; expected true or false")
+
+
+def _check_feature_flags(section: Section) -> None:
+    notes = section.notes
+    for key, (expected, meaning) in _ALWAYS.items():
+        _, value = section.get(key)
+        if value is not MISSING and value is not expected:
+            raise notes.error(
+                f"{section.path(key)}={value!r} is not supported; every Muse Glimmer checkpoint has {meaning}: "
+                f"set it to {json.dumps(expected)} or remove it"
+            )
+    for key, meaning in _NEVER.items():
+        _, value = section.get(key)
+        if value not in (MISSING, None, False):
+            raise notes.error(
+                f"{section.path(key)}={value!r} is not supported; Muse Glimmer has no {meaning}: set it to null "
+                "or remove it"
+            )
+    _, normalize = section.get("normalize_tok_embeddings")
+    if normalize is False:
+        # older vendor exports baked the weightless embedding norm into the table; it is idempotent, so
+        # applying it again is harmless (SGLang relies on the same fact)
+        notes.warnings.append(
+            f"{section.path('normalize_tok_embeddings')} is false; Glimmer always applies the weightless embedding "
+            "norm, which leaves an already-normalized table unchanged"
+        )
+    elif normalize not in (MISSING, True):
+        raise notes.error(f"{section.path('normalize_tok_embeddings')}={normalize!r} is invalid; expected true")
+
+
+def read_vision_path_fields(
+    head: Fields,
+    image_keys: tuple[str, ...],
+    out_keys: tuple[str, ...],
+    projector_keys: tuple[str, ...],
+    projector_act_default: str | None = "gelu",
+) -> None:
+    """The top-level fields of the vision path: placeholder ids, adapter widths and activation."""
+    head.read("image_token_id", *image_keys, default=_IMAGE_TOKEN_ID)
+    head.read("video_token_id", default=_VIDEO_TOKEN_ID)
+    head.read("out_hidden_size", *out_keys)
+    head.read("projector_hidden_size", *projector_keys)
+    if projector_act_default is None:
+        # the flat schemas have no field for it: exact GELU is a constant of the layout (§1.3)
+        _, act = head.section.get("projector_hidden_act")
+        head.values["projector_hidden_act"] = "gelu" if act is MISSING else act
+        head.names["projector_hidden_act"] = "projector_hidden_act"
+    else:
+        head.read("projector_hidden_act", default=projector_act_default)
