@@ -29,6 +29,7 @@ from glimmer.errors import GlimmerError
 from glimmer.server.auth import check_api_key
 from glimmer.server.chat import create_chat_completion
 from glimmer.server.completions import create_completion
+from glimmer.server.connection import REQUEST_TIMED_OUT
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import error_body, error_response
 from glimmer.server.invocations import invoke
@@ -335,6 +336,9 @@ class _RequestAccounting(_HttpMiddleware):
     a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
     upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
     connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
+    A request whose body did not come within the read timeout counts as 408: the connection layer wrote that answer
+    and closed, and the handler saw the same disconnect (connection.REQUEST_TIMED_OUT tells them apart). One whose
+    head did not come in time reached no handler and is not counted (nor is its endpoint known).
     A request whose handler is cancelled before its response is complete (uvicorn's graceful-shutdown timeout) counts
     as 500, as uvicorn answers it or cuts its stream, its `200` status line sent or not.
     A browser's CORS preflight (OPTIONS with Access-Control-Request-Method) counts as endpoint `preflight`: it asks
@@ -372,7 +376,10 @@ class _RequestAccounting(_HttpMiddleware):
                 status = 500
             raise
         finally:
-            recorded = _CLIENT_CLOSED_REQUEST if client_left else status
+            if scope.get(REQUEST_TIMED_OUT):
+                recorded = 408
+            else:
+                recorded = _CLIENT_CLOSED_REQUEST if client_left else status
             self.metrics.requests.labels(_endpoint(scope), str(recorded)).inc()
 
 

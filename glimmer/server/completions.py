@@ -102,6 +102,16 @@ class _CompletionRun:
     timer: RequestTimer
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
+    # the usage's totals, kept as tokens arrive: with continuous_usage_stats every chunk carries the usage, and
+    # summing it over all choices (up to MAX_BATCH_PROMPTS x max_n) took the event loop about 63 µs a chunk at 1,024
+    prompt_tokens: int = field(init=False)
+    completion_tokens: int = field(default=0, init=False)
+    cached_tokens: int = field(default=0, init=False)  # per prompt the most any of its choices found cached, summed
+    most_cached: list[int] = field(init=False)  # per prompt, its term of cached_tokens
+
+    def __post_init__(self) -> None:
+        self.prompt_tokens = sum(map(len, self.prompts))
+        self.most_cached = [0] * len(self.prompts)
 
     def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_name,
@@ -143,13 +153,36 @@ class _CompletionRun:
                                                              request.prompt_logprobs)
         return choice
 
+    def add(self, index: int, delta: StepDelta) -> _Choice:
+        """Adds `delta` to choice `index`, and its tokens to the usage; returns the choice."""
+        choice = self.choices[index]
+        cached_before = choice.num_cached_tokens
+        choice.add(delta)
+        self._count(index, len(delta.token_ids), cached_before)
+        return choice
+
+    def append(self, choice: _Choice) -> None:
+        """Adds a whole choice (beam search's), the next index, and its tokens to the usage."""
+        self.choices.append(choice)
+        self._count(len(self.choices) - 1, choice.num_tokens, 0)
+
+    def _count(self, index: int, new_tokens: int, cached_before: int) -> None:
+        self.completion_tokens += new_tokens
+        prompt = index // self.n  # choices i*n .. i*n+n-1 complete prompt i
+        cached, most = self.choices[index].num_cached_tokens, self.most_cached[prompt]
+        if cached >= most:
+            now_most = cached
+        elif cached_before == most:  # the most cached choice has fewer now: another of its prompt may lead
+            now_most = max(c.num_cached_tokens for c in self.choices[prompt * self.n : (prompt + 1) * self.n])
+        else:
+            return
+        self.most_cached[prompt] = now_most
+        self.cached_tokens += now_most - most
+
     def usage(self) -> dict[str, Any]:
-        completion = sum(choice.num_tokens for choice in self.choices)
-        prompt_tokens = sum(map(len, self.prompts))
-        n = self.n  # choices i*n .. i*n+n-1 complete prompt i
-        cached = sum(max(c.num_cached_tokens for c in self.choices[i : i + n]) for i in range(0, len(self.choices), n))
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool, params: SamplingParams,
@@ -293,7 +326,7 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
             detokenizer = run.detokenizer()
             # the text as a sampled choice's: the stop id that ended it included, as its special tokens are (P-REQ-1)
             text = "".join(detokenizer.add(entry.token_id) for entry in sequence.logprobs)
-            run.choices.append(_Choice(num_tokens=len(sequence.logprobs), num_cached_tokens=cached[number]))
+            run.append(_Choice(num_tokens=len(sequence.logprobs), num_cached_tokens=cached[number]))
             run.timer.tokens(index, len(sequence.logprobs))
             choices.append(run.choice(index, _Piece(), text + detokenizer.flush(), sequence.finish_reason, [], [],
                                       None, sequence.stop_reason))
@@ -316,7 +349,7 @@ async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDe
     async with contextlib.aclosing(updates):
         async for index, delta in updates:
             run.timer.tokens(index, len(delta.token_ids))
-            run.choices[index].add(delta)
+            run.add(index, delta)
     run.timer.done()
     choices = [run.choice(i, run.echo(i, c.prompt_logprobs), c.text, c.finish_reason, c.logprobs, c.text_offsets,
                           c.prompt_logprobs, c.stop_reason)
@@ -331,8 +364,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
         try:
             async for index, delta in updates:
                 run.timer.tokens(index, len(delta.token_ids))
-                choice = run.choices[index]
-                choice.add(delta)
+                choice = run.add(index, delta)
                 echo = _Piece()
                 if not choice.started:
                     echo = run.echo(index, delta.prompt_logprobs)

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 BODY_BYTES_PER_TIMEOUT = 64 << 10
 """Each this many bytes of a body earn its client another read timeout."""
 
+REQUEST_TIMED_OUT = "glimmer.request_timed_out"
+"""Set (True) in the scope of a request whose body did not come in time, once its `408` is written: its handler sees
+only a disconnect, and the server's request counter must not take the 408 for a client that left (499)."""
+
 _HEAD = "head"  # waiting for a request's line and headers (or for the rest of a refused body)
 _BODY = "body"  # waiting for the body of a request whose handler runs
 
@@ -157,6 +161,7 @@ class ReadTimeout:
         if self._waiting_for == _BODY or self._request_begun:
             self.transport.write(_request_timeout_response(self.read_timeout_s))
         if self._waiting_for == _BODY:  # the handler waiting for the body learns that it will not come
+            self.cycle.scope[REQUEST_TIMED_OUT] = True
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         self.transport.close()

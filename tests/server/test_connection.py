@@ -113,6 +113,37 @@ def test_a_body_that_stalls_gets_408_and_the_server_serves_on(server):
     _still_serves(server)
 
 
+def _request_counts(server) -> dict[str, float]:
+    """glimmer_requests_total by its labels, less /metrics' own requests."""
+    return {name: value for name, value in server.metrics().items()
+            if name.startswith("glimmer_requests_total{") and 'endpoint="/metrics"' not in name}
+
+
+def test_a_body_that_stalls_counts_as_408_not_as_a_client_that_left(server):
+    """The server gave up on the body and answered 408; its handler saw a disconnect, which counted as 499."""
+    key = 'glimmer_requests_total{endpoint="/v1/chat/completions",status="%s"}'
+    before = _request_counts(server)
+    with _connect(server) as connection:
+        connection.sendall(HEAD + b"Content-Length: 1000\r\n\r\n{\"model\": ")
+        _assert_408(_read_until_closed(connection))
+    deadline = time.monotonic() + WAIT_S  # the handler ends, and is counted, after the connection closed
+    while (after := _request_counts(server)) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)} == {
+        key % 408: 1}
+
+
+@pytest.mark.parametrize("sent", [HEAD, b"POST /v1/chat/comp"], ids=["headers", "request-line"])
+def test_a_request_head_that_stalls_is_not_counted(server, sent):
+    """No handler ran: /metrics counts the requests the app received (README)."""
+    before = _request_counts(server)
+    with _connect(server) as connection:
+        connection.sendall(sent)
+        _assert_408(_read_until_closed(connection))
+    time.sleep(READ_TIMEOUT_S / 4)
+    assert _request_counts(server) == before
+
+
 def test_a_connection_that_sends_nothing_is_closed_without_a_response(server):
     with _connect(server) as connection:
         assert _read_until_closed(connection) == b""

@@ -539,3 +539,88 @@ def test_positive_top_logprobs_without_logprobs_is_a_400_naming_the_fix(server):
 def test_a_continuous_usage_stats_that_is_not_a_boolean_is_400_naming_it(server, value):
     error = chat_error(server, stream=True, stream_options={"continuous_usage_stats": value})
     assert error["param"] == "stream_options.continuous_usage_stats", error
+
+
+BATCH = [[5 + (7 * i + j) % 300 for j in range(33 + 5 * i)] for i in range(3)]  # each past a KV block, to be cached
+BATCH_N, BATCH_TOKENS = 2, 5
+
+
+def _batch(server, stream: bool, **fields) -> dict | list[dict]:
+    """A completion of BATCH, n=BATCH_N, BATCH_TOKENS each; streamed: its chunks, the usage on every one."""
+    body = {"model": "tiny", "prompt": BATCH, "n": BATCH_N, "max_tokens": BATCH_TOKENS, "ignore_eos": True,
+            "stream": stream, "stream_options": {"include_usage": True, "continuous_usage_stats": True} if stream
+            else None, **fields}
+    if not stream:
+        response = httpx.post(server.base_url + "/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()
+    with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+def _listed_tokens(choice: dict, echoed: int) -> int:
+    """The completion tokens a choice (or a chunk of one) lists in its logprobs, less the `echoed` prompt tokens."""
+    return len(choice["logprobs"]["tokens"]) - echoed
+
+
+def _whole_batch_usage(server, **fields) -> dict:
+    """The usage of a completion of BATCH, checked against its choices: prompt_tokens sums the prompts,
+    completion_tokens the choices' tokens (BATCH_TOKENS each; with logprobs, as many as they list)."""
+    whole = _batch(server, stream=False, **fields)
+    choices, prompt_tokens = whole["choices"], sum(map(len, BATCH))
+    assert sorted(choice["index"] for choice in choices) == list(range(len(BATCH) * BATCH_N))
+    if "logprobs" in fields:
+        assert [_listed_tokens(choice, len(BATCH[choice["index"] // BATCH_N]) if fields.get("echo") else 0)
+                for choice in choices] == [BATCH_TOKENS] * len(choices)
+    usage = whole["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
+        prompt_tokens, BATCH_TOKENS * len(choices), prompt_tokens + BATCH_TOKENS * len(choices))
+    return usage
+
+
+@pytest.mark.parametrize("fields", [{}, {"echo": True}, {"logprobs": 1}, {"echo": True, "logprobs": 1}],
+                         ids=["plain", "echo", "logprobs", "echo-logprobs"])
+def test_a_batch_usage_is_the_sum_over_its_choices_in_every_chunk_and_in_the_response(server, fields):
+    """prompt_tokens sums the prompts, completion_tokens every choice's tokens so far, cached_tokens per prompt the
+    most its n choices found cached; each chunk's usage (continuous_usage_stats) as it is when the chunk is sent."""
+    fields = {**fields, "min_tokens": BATCH_TOKENS}
+    logprobs = "logprobs" in fields
+    _whole_batch_usage(server, **fields)  # also fills the prefix cache for the requests below
+    # what each prompt finds cached, asked alone: any of its n choices finds as much
+    cached_alone = [_batch(server, stream=False, **fields, prompt=prompt, n=1)["usage"]["prompt_tokens_details"][
+        "cached_tokens"] for prompt in BATCH]
+    assert all(cached_alone) or fields.get("echo") and logprobs  # scoring the prompt reads none of it from the cache
+    assert _whole_batch_usage(server, **fields)["prompt_tokens_details"]["cached_tokens"] == sum(cached_alone)
+    prompt_tokens = sum(map(len, BATCH))
+    *answer, last = _batch(server, stream=True, **fields)
+    assert last["choices"] == [] and last["usage"] == answer[-1]["usage"]
+    assert last["usage"]["prompt_tokens_details"]["cached_tokens"] == sum(cached_alone)
+    tokens_of: dict[int, int] = {}  # choice index → the completion tokens its chunks brought, by the usage's counts
+    completion = 0
+    for chunk in answer:
+        (choice,) = chunk["choices"]
+        index, first = choice["index"], choice["index"] not in tokens_of
+        chunk_usage = chunk["usage"]
+        brought = chunk_usage["completion_tokens"] - completion
+        if logprobs:  # the tokens listed are the count's growth
+            echoed = len(BATCH[index // BATCH_N]) if first and fields.get("echo") else 0
+            assert brought == _listed_tokens(choice, echoed), chunk
+        assert brought >= 0, chunk
+        tokens_of[index] = tokens_of.get(index, 0) + brought
+        completion = chunk_usage["completion_tokens"]
+        assert chunk_usage["prompt_tokens"] == prompt_tokens
+        assert chunk_usage["total_tokens"] == prompt_tokens + completion
+        # a choice's cached tokens come with its first chunk, and a prompt's count once, however many choices it has
+        begun = {index // BATCH_N for index in tokens_of}
+        assert chunk_usage["prompt_tokens_details"]["cached_tokens"] == sum(cached_alone[i] for i in begun), chunk
+    assert tokens_of == {index: BATCH_TOKENS for index in range(len(BATCH) * BATCH_N)}
+
+
+def test_a_beam_searched_batch_streams_its_whole_usage_on_every_chunk(server):
+    """Beam search streams its choices once the search has ended: every chunk carries the usage of them all."""
+    _whole_batch_usage(server, use_beam_search=True)  # fills the prefix cache as it is for the two below
+    chunks = _batch(server, stream=True, use_beam_search=True)
+    assert len(chunks) == len(BATCH) * BATCH_N + 1
+    usage = _whole_batch_usage(server, use_beam_search=True)
+    assert all(chunk["usage"] == usage for chunk in chunks)
