@@ -1250,6 +1250,8 @@ class LLMEngine:
             "running": len(self.scheduler.running),
             "kv_blocks": self.kv.usage(),
             "kv_usage": self.kv.usage_fraction(),
+            "kv_reserved_pages": self.scheduler.reserved_pages,
+            "kv_growth_ratio": self.scheduler.growth_ratio,
             "prefix_cache_hit_rate": self.kv.prefix_cache_hit_rate(),
             "prefix_cache_queries": self.kv.prefix_cache_queried_tokens,
             "prefix_cache_hits": self.kv.prefix_cache_hit_tokens,

@@ -72,6 +72,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.growth_ratio = RATIO_INITIAL
+        # pages the last admission check kept for the running sequences' growth (0 when none waited): why requests
+        # can wait while pages are free (/metrics)
+        self.reserved_pages = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -109,6 +112,7 @@ class Scheduler:
 
         self.growth_ratio = 1.0 if step.preempted else max(RATIO_MIN, self.growth_ratio - RATIO_DECAY)
         reserve = None  # pages the running sequences are expected to grow by (summed once a sequence waits)
+        self.reserved_pages = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = None  # tokens found in the prefix cache, where it was looked up
@@ -128,6 +132,7 @@ class Scheduler:
                     seq.num_computed_tokens)
                 if free < reserve + growth:
                     n = 0
+                    self.reserved_pages = reserve
             if n == 0:
                 # a waiting sequence holds no blocks: cached ones it found go back (still findable by hash),
                 # so they can never keep the sequences ahead of it from running

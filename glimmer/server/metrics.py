@@ -52,6 +52,12 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("glimmer_num_requests_waiting", "Sequences waiting to be scheduled",
                                 value=stats["waiting"])
         yield GaugeMetricFamily("glimmer_num_requests_running", "Sequences running", value=stats["running"])
+        yield GaugeMetricFamily("glimmer_kv_pages_reserved", "KV pages kept for the running sequences' expected growth "
+                                "when the last step left the first waiting request waiting (0: none waited for that)",
+                                value=stats["kv_reserved_pages"])
+        yield GaugeMetricFamily("glimmer_kv_growth_ratio", "Share of the tokens a running sequence may still generate "
+                                "that admission expects it to (falls while nothing is preempted; 1 after a "
+                                "preemption)", value=stats["kv_growth_ratio"])
         used = GaugeMetricFamily("glimmer_kv_blocks_used", "KV cache blocks in use, per attention group",
                                  labels=["group"])
         free = GaugeMetricFamily("glimmer_kv_blocks_free", "KV cache blocks an attention group could take now (its "

@@ -262,3 +262,19 @@ def test_a_cache_that_holds_one_sequence_at_max_model_len_serves_every_request(s
     assert not scheduler.has_work and all(seq.is_finished for seq in seqs)
     assert kv.pages.num_free_pages == num_pages and kv.usage_fraction() == 0
     assert all(used == 0 for used, _ in kv.usage().values())
+
+
+def test_a_request_kept_waiting_for_the_others_growth_says_how_many_pages_were_kept():
+    """The reserve can keep a request waiting while pages are free: the scheduler reports the pages it kept
+    (`/metrics` glimmer_kv_pages_reserved), and 0 once nothing waits for that reason."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=14, pages_per_block={FULL: 1}, sliding_window=64))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=56), kv)
+    scheduler.add(_seq("long", list(range(10, 18)), max_total=56))  # 3 pages after its first step, up to 14
+    _run_step(scheduler)
+    scheduler.add(_seq("next", list(range(30, 38)), max_total=20))
+    _run_step(scheduler)
+    assert [s.request_id for s in scheduler.running] == ["long"] and kv.pages.num_free_pages >= 3
+    assert scheduler.reserved_pages > 0
+    while scheduler.running:
+        _run_step(scheduler)
+    assert [s.request_id for s in scheduler.running] == [] and scheduler.reserved_pages == 0

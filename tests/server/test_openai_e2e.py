@@ -373,6 +373,7 @@ def test_metrics_carry_vllms_names_for_its_dashboards(server, client):
     assert samples["vllm:generation_tokens_total" + label] > 0
     for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
         assert samples[name + label] == 0  # idle: no block in use
+    assert samples["glimmer_kv_pages_reserved"] == 0 and 0.1 <= samples["glimmer_kv_growth_ratio"] <= 1
     with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + "/chat/completions", json={
             "model": "tiny", "messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, "stream": True,
             **EXTRA}) as response:
