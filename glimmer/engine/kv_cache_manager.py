@@ -94,6 +94,20 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def most_blocks(window: int | None, block_size: int) -> int | None:
+    """The most blocks a sequence holds in a group whose queries see `window` positions: the window's and the block
+    it grows into (None: a block for every position)."""
+    return None if window is None else _ceil_div(window, block_size) + 1
+
+
+def blocks_needed(num_tokens: int, block_size: int, windows: dict[str, int | None]) -> dict[str, int]:
+    """Blocks a sequence of `num_tokens` positions holds at most in each group, by the positions its queries see
+    (None: all)."""
+    total = _ceil_div(num_tokens, block_size)
+    return {group: total if (most := most_blocks(window, block_size)) is None else min(total, most)
+            for group, window in windows.items()}
+
+
 class KVCacheManager:
     def __init__(self, layout: KVCacheLayout, enable_prefix_caching: bool = True):
         self.block_size = layout.block_size
@@ -104,9 +118,9 @@ class KVCacheManager:
         self.pages = PagePool(layout.num_pages, layout.chunk_pages)
         self.pools = {group: KVBlockPool(self.pages, whole_chunk=pages > 1, group=group)
                       for group, pages in layout.pages_per_block.items()}
-        # per group of the shared pages: (pages a block, most blocks a sequence holds: a window's, or None)
-        self._page_terms = [(pages, None if self.windows.get(g) is None else _ceil_div(self.windows[g], self.block_size)
-                             + 1) for g, pages in layout.pages_per_block.items()]
+        # per group of the shared pages: (pages a block, most blocks); `pages_for` runs per running sequence a step
+        self._page_terms = [(pages, most_blocks(self.windows.get(group), self.block_size))
+                            for group, pages in layout.pages_per_block.items()]
         if layout.draft_blocks is not None:
             self.pools[DRAFT] = KVBlockPool(layout.draft_blocks, group=DRAFT)
         # prompt tokens of the requests looked up, and those found (their `num_cached_tokens`), as vLLM counts them
@@ -121,7 +135,8 @@ class KVCacheManager:
         return 0
 
     def _plan(self, seq: Sequence, group: str, num_new_tokens: int) -> tuple[int, int, range]:
-        """(first needed block, end block, indices of blocks now held but no longer needed).
+        """(first block to take, end block, indices of blocks now held but no longer needed): the blocks from the
+        first the step needs, or past those held, up to `end` are missing.
 
         A sequence's held blocks are None below the first block its last allocation needed and present from
         there on (allocate and acquire_cached_prefix keep it so), so both ends are found without scanning the
@@ -133,22 +148,22 @@ class KVCacheManager:
         stale_end = stale_start = min(first, len(held))
         while stale_start > 0 and held[stale_start - 1] is not None:
             stale_start -= 1
-        return first, end, range(stale_start, stale_end)
+        return max(first, len(held)), end, range(stale_start, stale_end)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self._fits(seq, {group: self._plan(seq, group, num_new_tokens) for group in self.pools})
 
     def _fits(self, seq: Sequence, plans: dict[str, tuple[int, int, range]]) -> bool:
-        """Whether every group's plan (first, end, stale) gets the blocks it is missing, its stale blocks released
+        """Whether every group's plan (start, end, stale) gets the blocks it is missing, its stale blocks released
         first, from the pages all groups of a pool share. A stale one-page block counts as a free page, though its
         release may make a chunk whole: the answer errs towards no, never yes (the scheduler allocates on a yes)."""
         needs: dict[PagePool, list[int]] = {}  # pages → [chunks missing, pages missing, chunks freed, pages freed]
-        for group, (first, end, stale) in plans.items():
+        for group, (start, end, stale) in plans.items():
             pool = self.pools[group]
             held = seq.blocks.get(group, [])
             count = needs.setdefault(pool.pages, [0, 0, 0, 0])
             side = 0 if pool.whole_chunk else 1
-            count[side] += max(0, end - max(first, len(held)))
+            count[side] += max(0, end - start)
             count[2 + side] += sum(1 for i in stale if pool.ref_counts[held[i]] == 1)
         return all(pages.can_take(chunks, single, freed_chunks, freed_pages)
                    for pages, (chunks, single, freed_chunks, freed_pages) in needs.items())
@@ -161,8 +176,7 @@ class KVCacheManager:
         """`allocate` if `can_allocate`, planning each group once (the scheduler's common case); False, and
         nothing changed, if the pages are short."""
         plans = {group: self._plan(seq, group, num_new_tokens) for group in self.pools}
-        changes = {group: plan for group, plan in plans.items()
-                   if plan[2] or plan[1] > max(plan[0], len(seq.blocks.get(group, [])))}
+        changes = {group: (start, end, stale) for group, (start, end, stale) in plans.items() if stale or end > start}
         if not changes:  # the step writes into blocks it holds already (most decode steps)
             return True
         if not self._fits(seq, changes):
@@ -171,7 +185,7 @@ class KVCacheManager:
         return True
 
     def _apply(self, seq: Sequence, plans: dict[str, tuple[int, int, range]]) -> None:
-        """Carry out the plans (first, end, stale) of the groups: every stale block released first, then the blocks
+        """Carry out the plans (start, end, stale) of the groups: every stale block released first, then the blocks
         of whole chunks taken before single pages (`_fits` counted them so: a page taken first could split the
         chunk a sliding block needs)."""
         for group, (_, _, stale) in plans.items():
@@ -179,9 +193,8 @@ class KVCacheManager:
             for i in stale:
                 pool.release(held[i])
                 held[i] = None
-        for group, (first, end, _) in sorted(plans.items(), key=lambda item: not self.pools[item[0]].whole_chunk):
+        for group, (start, end, _) in sorted(plans.items(), key=lambda item: not self.pools[item[0]].whole_chunk):
             held, pool = seq.blocks[group], self.pools[group]
-            start = max(first, len(held))
             while len(held) < end:
                 held.append(None)
             for i in range(start, end):
@@ -228,12 +241,7 @@ class KVCacheManager:
     def blocks_needed_for(self, num_tokens: int) -> dict[str, int]:
         """Blocks a sequence of `num_tokens` needs in each group to make progress alone, one token at a time
         if it must (the scheduler shrinks prefill chunks to fit): the admission check."""
-        total = _ceil_div(num_tokens, self.block_size)
-        needs = {}
-        for group in self.pools:
-            window = self.windows.get(group)
-            needs[group] = total if window is None else min(total, _ceil_div(window, self.block_size) + 1)
-        return needs
+        return blocks_needed(num_tokens, self.block_size, {group: self.windows.get(group) for group in self.pools})
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages of the target's shared pool a sequence of `num_tokens` positions holds at most (in a windowed group

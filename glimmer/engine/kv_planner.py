@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from glimmer.checkpoint.config import TextConfig
-from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, KVCacheManager, page_geometry
+from glimmer.engine.kv_cache_manager import DRAFT, FULL, SLIDING, KVCacheLayout, blocks_needed, page_geometry
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,10 @@ def plan_kv_layout(text: TextConfig, dtype: torch.dtype, demand: KVDemand, budge
     per_block = block_bytes(text, dtype, demand)
     has_draft = demand.draft is not None
     # blocks one sequence at max_model_len needs in each group
-    needs = KVCacheManager(KVCacheLayout(bs, 0, geometry.pages_per_block, text.sliding_window,
-                                         0 if has_draft else None, demand.draft_window)
-                           ).blocks_needed_for(demand.max_model_len)
+    windows = {g: text.sliding_window if g == SLIDING else None for g in geometry.pages_per_block}
+    if has_draft:
+        windows[DRAFT] = demand.draft_window
+    needs = blocks_needed(demand.max_model_len, bs, windows)
     target_floor = sum(needs[g] * per_block[g] for g in geometry.pages_per_block)
     draft_blocks = None
     if has_draft:

@@ -106,8 +106,7 @@ class _CompletionRun:
     # summing it over all choices (up to MAX_BATCH_PROMPTS x max_n) took the event loop about 63 µs a chunk at 1,024
     prompt_tokens: int = field(init=False)
     completion_tokens: int = field(default=0, init=False)
-    cached_tokens: int = field(default=0, init=False)  # per prompt the most any of its choices found cached, summed
-    most_cached: list[int] = field(init=False)  # per prompt, its term of cached_tokens
+    most_cached: list[int] = field(init=False)  # per prompt, the most any of its choices found cached
 
     def __post_init__(self) -> None:
         self.prompt_tokens = sum(map(len, self.prompts))
@@ -156,33 +155,24 @@ class _CompletionRun:
     def add(self, index: int, delta: StepDelta) -> _Choice:
         """Adds `delta` to choice `index`, and its tokens to the usage; returns the choice."""
         choice = self.choices[index]
-        cached_before = choice.num_cached_tokens
         choice.add(delta)
-        self._count(index, len(delta.token_ids), cached_before)
+        self._count(index, len(delta.token_ids))
         return choice
 
     def append(self, choice: _Choice) -> None:
         """Adds a whole choice (beam search's), the next index, and its tokens to the usage."""
         self.choices.append(choice)
-        self._count(len(self.choices) - 1, choice.num_tokens, 0)
+        self._count(len(self.choices) - 1, choice.num_tokens)
 
-    def _count(self, index: int, new_tokens: int, cached_before: int) -> None:
+    def _count(self, index: int, new_tokens: int) -> None:
         self.completion_tokens += new_tokens
-        prompt = index // self.n  # choices i*n .. i*n+n-1 complete prompt i
-        cached, most = self.choices[index].num_cached_tokens, self.most_cached[prompt]
-        if cached >= most:
-            now_most = cached
-        elif cached_before == most:  # the most cached choice has fewer now: another of its prompt may lead
-            now_most = max(c.num_cached_tokens for c in self.choices[prompt * self.n : (prompt + 1) * self.n])
-        else:
-            return
-        self.most_cached[prompt] = now_most
-        self.cached_tokens += now_most - most
+        first = index // self.n * self.n  # choices i*n .. i*n+n-1 complete prompt i
+        self.most_cached[index // self.n] = max(c.num_cached_tokens for c in self.choices[first : first + self.n])
 
     def usage(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": sum(self.most_cached)}}
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool, params: SamplingParams,

@@ -83,7 +83,7 @@ class _EngineCollector(Collector):
 
     def _vllm_metrics(self, counters, stats) -> Iterator[Metric]:
         """The same figures under vLLM's names, which its Grafana dashboard and alerts query."""
-        fullest = stats["kv_usage"]
+        kv_usage = stats["kv_usage"]
         spec = stats.get("spec_decode")
         speculation = () if spec is None else (
             ("vllm:spec_decode_num_drafts", CounterMetricFamily, "Verifications of proposed tokens", spec.num_drafts),
@@ -96,9 +96,9 @@ class _EngineCollector(Collector):
                 ("vllm:num_requests_waiting", GaugeMetricFamily, "Sequences waiting to be scheduled",
                  stats["waiting"]),
                 ("vllm:kv_cache_usage_perc", GaugeMetricFamily, "KV cache usage, 0 to 1 (the fullest pool's: the "
-                 "model's layer groups share one, the drafter has its own)", fullest),
+                 "model's layer groups share one, the drafter has its own)", kv_usage),
                 ("vllm:gpu_cache_usage_perc", GaugeMetricFamily, "vllm:kv_cache_usage_perc under vLLM's older name",
-                 fullest),
+                 kv_usage),
                 ("vllm:prompt_tokens", CounterMetricFamily, "Prompt tokens of admitted requests",
                  counters.prompt_tokens),
                 ("vllm:generation_tokens", CounterMetricFamily, "Generated tokens", counters.generation_tokens),
