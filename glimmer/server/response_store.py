@@ -56,14 +56,14 @@ class ResponseStore:
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None if it was never stored, was evicted or is older than max_age_s."""
         with self._lock:
-            now = self._clock()
-            while self._entries and now - next(iter(self._entries.values())).stored_at > self.max_age_s:
-                self._evict_oldest()
+            self._evict_expired()
             return self._entries.get(response_id)
 
     def output_item(self, item_id: str) -> dict[str, Any] | None:
-        """The output item of a stored response whose id is `item_id` (the newest response first), or None."""
+        """The output item of a stored response whose id is `item_id` (the newest response first), or None; an
+        expired response's items are forgotten with it."""
         with self._lock:
+            self._evict_expired()
             entries = list(self._entries.values())
         for entry in reversed(entries):
             for item in entry.response["output"]:
@@ -84,6 +84,11 @@ class ResponseStore:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def _evict_expired(self) -> None:
+        now = self._clock()
+        while self._entries and now - next(iter(self._entries.values())).stored_at > self.max_age_s:
+            self._evict_oldest()
 
     def _evict_oldest(self) -> None:
         _, entry = self._entries.popitem(last=False)

@@ -1005,6 +1005,18 @@ def test_the_store_is_bounded_by_size_and_age():
     assert store.get("s1") is not None and store.get("s2") is not None
 
 
+def test_an_expired_response_lends_no_reasoning_item_by_its_id():
+    """A reasoning item sent back without its text is filled from the stored item of its id; once its response has
+    expired, that text is forgotten with it (the lookup read responses past max_age_s that no `get` had evicted)."""
+    now = [0.0]
+    store = ResponseStore(max_bytes=10_000, max_age_s=10, clock=lambda: now[0])
+    reasoning = {"id": "rs_1", "type": "reasoning", "content": [{"type": "reasoning_text", "text": "think"}]}
+    store.put("r1", [reasoning], {"id": "r1", "output": [reasoning]})
+    assert store.output_item("rs_1") == reasoning
+    now[0] = 11.0
+    assert store.output_item("rs_1") is None and len(store) == 0
+
+
 def test_a_response_stored_under_an_id_replaces_the_one_it_had():
     """A client's `request_id` may name two responses: the later is stored, in the earlier's bytes and age (the
     store's size was counted twice, and the replaced one's age kept its place among the oldest)."""
