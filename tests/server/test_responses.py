@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -798,6 +799,42 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     client.responses.delete(kept.id)  # the SDK's own call
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
+
+
+def test_a_response_being_generated_is_in_progress_not_unknown(server, client, monkeypatch):
+    """While a stored response is generated, the routes naming it said it was never stored, expired or evicted, and a
+    request continuing it was told the same: GET shows it `in_progress` (as its response.created event did), and
+    continuing, deleting, cancelling or listing it is a 400 saying it is being generated."""
+    runner = server.engine.engine.runner
+    release, steps = threading.Event(), []
+
+    def held(step):  # the first step (the prompt, the first token) runs; the next waits for the test
+        steps.append(step)
+        if len(steps) > 1:
+            release.wait(timeout=60)
+        return runner_execute(step)
+
+    runner_execute = runner.execute
+    monkeypatch.setattr(runner, "execute", held)
+    events = _create(client, input="[greet] Hello!", stream=True)
+    try:
+        created = next(iter(events))
+        assert created.type == "response.created"
+        response_id = created.response.id
+        assert client.responses.retrieve(response_id).status == "in_progress"
+        with pytest.raises(openai.BadRequestError, match="is still being generated; continue it once it has"):
+            _create(client, input="[greet] Again", previous_response_id=response_id)
+        with pytest.raises(openai.BadRequestError, match="is still being generated; it can be deleted once"):
+            client.responses.delete(response_id)
+        with pytest.raises(openai.BadRequestError, match="is being generated: close its connection to stop it"):
+            client.responses.cancel(response_id)
+        with pytest.raises(openai.BadRequestError, match="still being generated; its input items are listed once"):
+            client.responses.input_items.list(response_id)
+    finally:
+        release.set()
+    assert [event.type for event in events][-1] == "response.completed"
+    assert client.responses.retrieve(response_id).status == "completed"
+    assert _create(client, input="[greet] Again", previous_response_id=response_id).output_text == "Hello there!"
 
 
 @pytest.mark.parametrize(("fields", "param"), [
