@@ -100,9 +100,13 @@ def conversation(rng: random.Random, names: list[str], media: bool) -> tuple[lis
                     results.append({"role": "tool", "tool_call_id": call_id, "content": result})
                     if rng.random() < 0.3:
                         results[-1]["name"] = name
-                assistant.update(content=rng.choice([None, "", "ignored content"]), tool_calls=calls)
-                normalized.update(content=assistant["content"], tool_calls=normalized_calls)
-                add(assistant, normalized)
+                assistant.update(content=rng.choice([None, "", "text before the calls"]), tool_calls=calls)
+                if assistant["content"]:  # normalize_messages: the text renders before the calls, the turn going on
+                    add(assistant, {**normalized, "content": assistant["content"], "end_turn": False})
+                    expected.append({"role": "assistant", "tool_calls": normalized_calls})
+                else:
+                    normalized.update(content=assistant["content"], tool_calls=normalized_calls)
+                    add(assistant, normalized)
                 for result in results:
                     add(result)
                 continue

@@ -25,10 +25,8 @@ import torch
 
 from glimmer.errors import RequestError
 from glimmer.protocol import ChatTemplate, RenderedPrompt
+from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tokens import MESSAGE
-
-# the names a message's reasoning goes by; transformers 5 (and the renderer) offers it under each of them
-REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 TENSOR_TYPES = ("pt", "np")
 """The `return_tensors` values supported: torch tensors and numpy arrays (transformers also knows 'mlx')."""
@@ -170,6 +168,10 @@ def tag_final_message(messages: Any, continue_final_message: bool | str,
         raise RequestError(f'continue_final_message: the final message has no "{field}" (or it is null), so '
                            "there is nothing to continue",
                            param="continue_final_message")
+    if field not in REASONING_FIELDS and final.get("tool_calls"):
+        raise RequestError(f'continue_final_message: the final message holds tool_calls, which render after its '
+                           f'"{field}", so continuing it would leave them out; send the calls in a '
+                           "message of their own, or continue a message without them", param="continue_final_message")
     fields = [name for name in REASONING_FIELDS if final.get(name) == value] if field in REASONING_FIELDS else [field]
     if not any(name in template_source for name in fields):
         raise RequestError(f'continue_final_message: the chat template never reads a message\'s "{field}", so it '
@@ -204,8 +206,7 @@ def cut_at_final_message(rendered: RenderedPrompt, final: FinalMessageTag) -> Re
     marker = final.tag.strip()
     if final.text.strip() not in rendered.display_text or marker not in rendered.text:
         raise RequestError(f'continue_final_message: the chat template does not render the final message\'s '
-                           f'"{final.field}" as given, so there is nothing to continue (the Muse Glimmer template '
-                           "leaves out the content of an assistant message with tool_calls)",
+                           f'"{final.field}" as given, so there is nothing to continue',
                            param="continue_final_message")
     at = rendered.text.rindex(marker)
     text = rendered.text[:at] if rendered.text.startswith(final.tag, at) else rendered.text[:at].rstrip()

@@ -23,7 +23,6 @@ from urllib.parse import urlparse
 from tqdm.auto import tqdm
 
 from glimmer.engine.apply_chat_template import (
-    REASONING_FIELDS,
     FinalMessageTag,
     checked_documents,
     generation_prompt,
@@ -69,6 +68,7 @@ from glimmer.protocol import (
     parse_output,
     resolve_reasoning_strength,
 )
+from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 
 GENERATION_CONFIG_MODES = ("auto", "vllm")

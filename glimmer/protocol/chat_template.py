@@ -53,8 +53,9 @@ RENDERING_ARGUMENTS = frozenset({"continue_final_message", "chat_template"})
 """Arguments of transformers' `apply_chat_template` that vLLM's `LLM.chat` also reads from its `chat_template_kwargs`;
 they are no template variables, and a template never reads them: refused as kwargs, not silently ignored."""
 
-# Names under which clients send a message's reasoning; the first is the one chat templates read.
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+"""Names under which clients send a message's reasoning; the first is the one chat templates read (transformers 5,
+and the renderer, offer it under each)."""
 
 
 class ChatTemplateError(GlimmerError, ValueError):
@@ -299,7 +300,7 @@ def _template_messages(messages: Any, text: Callable[[str], str]) -> list[dict[s
 def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     # transformers 5 offers reasoning under every name templates read; a template written for `thinking` and
     # one written for `reasoning_content` both see it.
-    reasoning = next((message[field] for field in _REASONING_FIELDS if message.get(field) is not None), None)
+    reasoning = next((message[field] for field in REASONING_FIELDS if message.get(field) is not None), None)
     if reasoning is None:
         return message
     aliased = {"thinking": reasoning}

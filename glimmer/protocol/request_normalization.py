@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from glimmer.errors import RequestError
+from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.duplicate_keys import first_duplicate_key
 from glimmer.protocol.headers import channel_of_recipient, is_valid_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
@@ -65,6 +66,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     - OpenAI `image_url` / `video_url` content parts become `image` / `video` parts; the part keeps its
       `image_url` / `video_url` entry for the media layer. A part the model cannot take (`input_audio`,
       `file`, an unknown type) raises RequestError naming it: it would render nothing;
+    - an assistant message with both content and tool calls becomes two: its reasoning and content, not ending the
+      turn (`end_turn: false`), then its calls (`_content_before_calls`);
     - `developer` messages are instructions, rendered as the system message (`developer_as_system`, on by
       default): with no system message the first developer message becomes one; every other developer
       message's text joins the first system message's, after a blank line, in message order;
@@ -122,7 +125,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
             if role == "assistant":
                 calls.add_calls(message["tool_calls"], index)
         normalized.append(message)
-    normalized = [normalized[i] for i in tool_results_in_call_order(normalized)]
+    normalized = _content_before_calls([normalized[i] for i in tool_results_in_call_order(normalized)])
     if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)",
@@ -369,6 +372,22 @@ def refuse_unrendered(messages: Sequence[Mapping[str, Any]]) -> None:
                 raise RequestError(f"messages[{i}].{key}: an assistant message's {key} cannot be rendered (Muse "
                                    "Glimmer's chat format has no place for it); leave it out or null",
                                    param=f"messages[{i}].{key}")
+
+
+def _content_before_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each assistant message holding content and tool calls as two messages: its reasoning and content, which do not
+    end the turn, then its calls. The template drops the content of a message with calls (§2.1), and the model writes
+    such a turn as its text to the user (`<|eom|>`), then its calls; a /v1/responses message item before calls
+    renders so too."""
+    split: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] != "assistant" or not message.get("tool_calls") or not message.get("content"):
+            split.append(message)
+            continue
+        text = {key: value for key, value in message.items() if key != "tool_calls"}
+        calls = {key: value for key, value in message.items() if key not in ("content", *REASONING_FIELDS)}
+        split += [{**text, "end_turn": False}, calls]
+    return split
 
 
 def _merged_instructions(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -135,7 +135,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else None
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error", None, code),
+        message = _unknown_route(request) if exc.status_code == 404 and exc.detail == "Not Found" else str(exc.detail)
+        return JSONResponse(error_body(message, "invalid_request_error", None, code),
                             status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(ClientDisconnected)
@@ -156,6 +157,16 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
+
+
+def _unknown_route(request: Request) -> str:
+    """A 404's message for a path no route serves: the URL, as OpenAI's says it, and where this server serves it when
+    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip)."""
+    path = request.scope["path"]
+    message = f"Invalid URL ({request.method} {path})"
+    if f"/v1{path}" in _ENDPOINTS:
+        message += f"; this server serves /v1{path}: give the client a base URL ending in /v1 (http://HOST:PORT/v1)"
+    return message
 
 
 def _behind_the_api_key(context: ServingContext) -> list[Any]:

@@ -3,15 +3,19 @@
 A stored response keeps the conversation it ends (the input items, its own and those of the responses before
 it, followed by its output items) and its response object. The store holds at most `max_bytes` of them (sized
 as JSON) and forgets each after `max_age_s`; the oldest go first. A server restart forgets everything.
+
+A response is stored when it ends; while it is generated the store knows it as in progress (`generating`), so that
+the routes naming it can tell a response not yet finished from one that does not exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ class ResponseStore:
         self._clock = clock
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self._size_bytes = 0
+        self._generating: dict[str, Callable[[], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
     def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any]) -> None:
@@ -56,14 +61,32 @@ class ResponseStore:
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or None if it was never stored, was evicted or is older than max_age_s."""
         with self._lock:
-            now = self._clock()
-            while self._entries and now - next(iter(self._entries.values())).stored_at > self.max_age_s:
-                self._evict_oldest()
+            self._evict_expired()
             return self._entries.get(response_id)
 
-    def output_item(self, item_id: str) -> dict[str, Any] | None:
-        """The output item of a stored response whose id is `item_id` (the newest response first), or None."""
+    @contextlib.contextmanager
+    def generating(self, response_id: str, snapshot: Callable[[], dict[str, Any]]) -> Iterator[None]:
+        """Knows `response_id` as in progress until the block ends; `snapshot` gives its response object so far."""
         with self._lock:
+            self._generating[response_id] = snapshot
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._generating.get(response_id) is snapshot:  # not a later response under the same id
+                    del self._generating[response_id]
+
+    def in_progress(self, response_id: str) -> dict[str, Any] | None:
+        """The response object so far of a response being generated under `response_id`, or None."""
+        with self._lock:
+            snapshot = self._generating.get(response_id)
+        return None if snapshot is None else snapshot()
+
+    def output_item(self, item_id: str) -> dict[str, Any] | None:
+        """The output item of a stored response whose id is `item_id` (the newest response first), or None; an
+        expired response's items are forgotten with it."""
+        with self._lock:
+            self._evict_expired()
             entries = list(self._entries.values())
         for entry in reversed(entries):
             for item in entry.response["output"]:
@@ -84,6 +107,11 @@ class ResponseStore:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def _evict_expired(self) -> None:
+        now = self._clock()
+        while self._entries and now - next(iter(self._entries.values())).stored_at > self.max_age_s:
+            self._evict_oldest()
 
     def _evict_oldest(self) -> None:
         _, entry = self._entries.popitem(last=False)

@@ -87,6 +87,10 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     continued = 0  # items of the response continued, before the request's own input
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
+        if previous is None and store.in_progress(request.previous_response_id) is not None:
+            raise RequestError(f"previous_response_id: the response {request.previous_response_id!r} is still being "
+                               "generated; continue it once it has completed (after its stream's "
+                               "response.completed event, or its JSON answer)", param="previous_response_id")
         if previous is None:
             raise RequestError(f"previous_response_id: no stored response {request.previous_response_id!r} (never "
                                "stored, expired, or evicted; responses are kept in memory)",
@@ -367,6 +371,12 @@ class _ResponseRun:
         return self.builder.finish(incomplete=status == "incomplete",
                                    cut_channel=self.chat.choices[0].parser.channel_at_finish)
 
+    def generating(self) -> contextlib.AbstractContextManager[None]:
+        """Known to the store as in progress while the block runs, if it is to be stored (ResponseStore.generating)."""
+        if self.request.store is False:
+            return contextlib.nullcontext()
+        return self.store.generating(self.id, lambda: self.snapshot("in_progress"))
+
     def keep(self, response: dict[str, Any]) -> None:
         if self.request.store is not False:  # input items get their ids here, which they keep down the chain
             self.store.put(self.id, with_item_ids(self.conversation.items) + response["output"], response)
@@ -445,10 +455,13 @@ def get_response(response_id: str, raw_request: Request, context: ServingContext
                                "(`background: true` is refused); retrieve the response without it, or stream it "
                                "when creating it", param=name)
     stored = context.responses.get(response_id)
-    if stored is None:
+    if stored is not None:
+        return JSONResponse(stored.response)
+    in_progress = context.responses.in_progress(response_id)
+    if in_progress is None:
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, or evicted)",
                        param="response_id", code="not_found")
-    return JSONResponse(stored.response)
+    return JSONResponse(in_progress)  # as its response.created event showed it
 
 
 def list_input_items(response_id: str, raw_request: Request, context: ServingContext) -> Response:
@@ -457,6 +470,7 @@ def list_input_items(response_id: str, raw_request: Request, context: ServingCon
     query = _query(raw_request)
     stored = context.responses.get(response_id)
     if stored is None:
+        _refuse_in_progress(response_id, context, "its input items are listed")
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
                        param="response_id", code="not_found")
     return JSONResponse(input_items_page(stored.input_items, query))
@@ -481,6 +495,10 @@ def cancel_response(response_id: str, context: ServingContext) -> Response:
     Glimmer refuses, so no response can be cancelled: 404 for one not stored, 400 for a stored one (it has
     finished). A response being generated stops when its client closes the connection."""
     if context.responses.get(response_id) is None:
+        if context.responses.in_progress(response_id) is not None:
+            raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, "
+                               "and Glimmer runs none (`background: true` is refused); this response is being "
+                               "generated: close its connection to stop it", param="response_id")
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted; one "
                        "still being generated is stopped by closing its connection)", param="response_id",
                        code="not_found")
@@ -502,49 +520,59 @@ def delete_response(response_id: str, context: ServingContext) -> Response:
     """DELETE /v1/responses/{id}: forget a stored response, as OpenAI's API does; later requests naming it as
     `previous_response_id` are refused."""
     if not context.responses.delete(response_id):
+        _refuse_in_progress(response_id, context, "it can be deleted")
         raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
                        param="response_id", code="not_found")
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
+def _refuse_in_progress(response_id: str, context: ServingContext, then: str) -> None:
+    """RequestError for a response still being generated, saying that `then` once it has completed."""
+    if context.responses.in_progress(response_id) is not None:
+        raise RequestError(f"response_id: {response_id!r} is still being generated; {then} once it has completed",
+                           param="response_id")
+
+
 async def _collect(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> dict[str, Any]:
-    async with contextlib.aclosing(stream):
-        try:
-            async for _, released in chat_updates(run.chat, first, stream):
-                for step in released:
-                    run.builder.feed(step.events, run.answer_logprobs(step))
-        except RequestError as exc:  # a constraint that failed while generating names the chat field
-            raise responses_error(exc, run.conversation.sources) from None
-    status = run.final_status()
-    run.close_output(status)
-    response = run.snapshot(status)
-    run.keep(response)
-    return response
+    with run.generating():
+        async with contextlib.aclosing(stream):
+            try:
+                async for _, released in chat_updates(run.chat, first, stream):
+                    for step in released:
+                        run.builder.feed(step.events, run.answer_logprobs(step))
+            except RequestError as exc:  # a constraint that failed while generating names the chat field
+                raise responses_error(exc, run.conversation.sources) from None
+        status = run.final_status()
+        run.close_output(status)
+        response = run.snapshot(status)
+        run.keep(response)
+        return response
 
 
 async def _stream(run: _ResponseRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
-    async with contextlib.aclosing(stream):
-        yield run.event({"type": "response.created", "response": run.snapshot("in_progress")})
-        yield run.event({"type": "response.in_progress", "response": run.snapshot("in_progress")})
-        try:
-            async for _, released in chat_updates(run.chat, first, stream):
-                for step in coalesced(released):
-                    for event in run.builder.feed(step.events, run.answer_logprobs(step)):
-                        yield run.event(event)
-            status = run.final_status()
-            for event in run.close_output(status):
-                yield run.event(event)
-            response = run.snapshot(status)
-            run.keep(response)
-            yield run.event({"type": f"response.{status}", "response": response})
-        except Exception as exc:  # the status line is sent: report the error as events
-            if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
-                exc = responses_error(exc, run.conversation.sources)
-            error = describe_error(exc)[1]["error"]
-            for event in run.builder.fail():
-                yield run.event(event)
-            # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
-            yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
-                             "param": error["param"]})
-            failed = run.snapshot("failed", {"code": "server_error", "message": error["message"]})
-            yield run.event({"type": "response.failed", "response": failed})
+    with run.generating():
+        async with contextlib.aclosing(stream):
+            yield run.event({"type": "response.created", "response": run.snapshot("in_progress")})
+            yield run.event({"type": "response.in_progress", "response": run.snapshot("in_progress")})
+            try:
+                async for _, released in chat_updates(run.chat, first, stream):
+                    for step in coalesced(released):
+                        for event in run.builder.feed(step.events, run.answer_logprobs(step)):
+                            yield run.event(event)
+                status = run.final_status()
+                for event in run.close_output(status):
+                    yield run.event(event)
+                response = run.snapshot(status)
+                run.keep(response)
+                yield run.event({"type": f"response.{status}", "response": response})
+            except Exception as exc:  # the status line is sent: report the error as events
+                if isinstance(exc, RequestError):  # a constraint that failed while generating names the chat field
+                    exc = responses_error(exc, run.conversation.sources)
+                error = describe_error(exc)[1]["error"]
+                for event in run.builder.fail():
+                    yield run.event(event)
+                # the error's own code where it has one (`shutting_down`, as chat and completions streams report it)
+                yield run.event({"type": "error", "code": error["code"] or error["type"], "message": error["message"],
+                                 "param": error["param"]})
+                failed = run.snapshot("failed", {"code": "server_error", "message": error["message"]})
+                yield run.event({"type": "response.failed", "response": failed})

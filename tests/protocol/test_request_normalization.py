@@ -300,6 +300,27 @@ def test_normalized_history_renders_with_the_template():
     assert "<|start|>tool calendar.lookup<|message|>" in rendered
 
 
+
+def test_an_assistant_messages_content_beside_its_calls_renders_before_them_not_dropped():
+    """The template drops the content of an assistant message with tool_calls (§2.1): an OpenAI-style history turn
+    with text before its calls lost the text from the prompt silently. It renders as the model writes such a turn,
+    reasoning, then the text to the user without ending the turn, then the calls (as /v1/responses renders a message
+    item before function_call items)."""
+    call = assistant_call('{"day": "Friday"}')
+    turn = {**call, "content": "Let me look.", "reasoning_content": "Check the calendar."}
+    history = [{"role": "user", "content": "Friday?"}, turn, {"role": "tool", "tool_call_id": "c1", "content": "one"}]
+    kwargs = {"tools": normalize_tools([{"name": "calendar.lookup"}]), "template": builtin_template_source(),
+              "current_date": "2026-01-01"}
+    rendered = render_chat(normalize_messages(history), **kwargs)
+    assert ("<|start|>assistant to=self<|message|>Check the calendar.<|eom|>"
+            "<|start|>assistant to=user<|message|>Let me look.<|eom|>"
+            "<|start|>assistant to=calendar.lookup<|message|><atem:function_calls>") in rendered
+    as_two = [history[0], {"role": "assistant", "content": "Let me look.", "reasoning_content": "Check the calendar.",
+                           "end_turn": False}, call, history[2]]
+    assert rendered == render_chat(normalize_messages(as_two), **kwargs)
+    assert turn["content"] == "Let me look." and "tool_calls" in turn  # the request is not modified
+
+
 # -- tools -------------------------------------------------------------------------------------------------
 
 

@@ -407,8 +407,7 @@ def test_prompt_ids_equal_transformers_for_random_conversations(engine, tiny_che
 
 def responses_input(case) -> list[dict] | None:
     """The fuzz case's conversation as Responses input items, or None where items cannot say it (an assistant answer
-    null or with an `end_turn`). The content of an assistant message with tool calls is left out: the template drops
-    it (§2.1), while an assistant message item before calls is rendered."""
+    null or with an `end_turn`). The content of an assistant message with tool calls is a message item before them."""
     def parts(content):
         return content if isinstance(content, str) else [{"type": "input_text", "text": p["text"]} for p in content]
 
@@ -424,6 +423,9 @@ def responses_input(case) -> list[dict] | None:
             if reasoning:
                 items.append({"type": "reasoning", "summary": [],
                               "content": [{"type": "reasoning_text", "text": reasoning}]})
+            if message.get("tool_calls") and message.get("content"):
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": message["content"]}]})
             for call in message.get("tool_calls") or []:
                 arguments = call["function"]["arguments"]
                 items.append({"type": "function_call", "call_id": call["id"], "name": call["function"]["name"],

@@ -383,6 +383,19 @@ def test_unknown_model_is_404(server, client):
                     404)["code"] == "not_found"
 
 
+def test_a_client_whose_base_url_lacks_v1_is_told_where_the_route_is(server):
+    """A base URL without its /v1 (`http://HOST:PORT`) is a common slip, and the 404 said only "Not Found". It names
+    the URL, as OpenAI's 404 does, and the route this server serves it at."""
+    no_v1 = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match=r"Invalid URL \(POST /chat/completions\); this server serves "
+                                                   r"/v1/chat/completions: give the client a base URL ending in /v1"):
+        no_v1.chat.completions.create(**sdk_chat())
+    with pytest.raises(openai.NotFoundError, match="this server serves /v1/models"):
+        no_v1.models.list()
+    error = error_of(httpx.get(server.url + "/v1/nothing-here", headers={"Authorization": f"Bearer {KEY}"}), 404)
+    assert (error["message"], error["code"]) == ("Invalid URL (GET /v1/nothing-here)", "not_found")
+
+
 def test_a_wrong_method_is_405_with_an_error_body(server):
     response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert error_of(response, 405)["type"] == "invalid_request_error"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -800,6 +801,42 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
         client.responses.retrieve(kept.id)
 
 
+def test_a_response_being_generated_is_in_progress_not_unknown(server, client, monkeypatch):
+    """While a stored response is generated, the routes naming it said it was never stored, expired or evicted, and a
+    request continuing it was told the same: GET shows it `in_progress` (as its response.created event did), and
+    continuing, deleting, cancelling or listing it is a 400 saying it is being generated."""
+    runner = server.engine.engine.runner
+    release, steps = threading.Event(), []
+
+    def held(step):  # the first step (the prompt, the first token) runs; the next waits for the test
+        steps.append(step)
+        if len(steps) > 1:
+            release.wait(timeout=60)
+        return runner_execute(step)
+
+    runner_execute = runner.execute
+    monkeypatch.setattr(runner, "execute", held)
+    events = _create(client, input="[greet] Hello!", stream=True)
+    try:
+        created = next(iter(events))
+        assert created.type == "response.created"
+        response_id = created.response.id
+        assert client.responses.retrieve(response_id).status == "in_progress"
+        with pytest.raises(openai.BadRequestError, match="is still being generated; continue it once it has"):
+            _create(client, input="[greet] Again", previous_response_id=response_id)
+        with pytest.raises(openai.BadRequestError, match="is still being generated; it can be deleted once"):
+            client.responses.delete(response_id)
+        with pytest.raises(openai.BadRequestError, match="is being generated: close its connection to stop it"):
+            client.responses.cancel(response_id)
+        with pytest.raises(openai.BadRequestError, match="still being generated; its input items are listed once"):
+            client.responses.input_items.list(response_id)
+    finally:
+        release.set()
+    assert [event.type for event in events][-1] == "response.completed"
+    assert client.responses.retrieve(response_id).status == "completed"
+    assert _create(client, input="[greet] Again", previous_response_id=response_id).output_text == "Hello there!"
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
@@ -1003,6 +1040,18 @@ def test_the_store_is_bounded_by_size_and_age():
     for i in range(3):  # the deleted one's bytes were given back: two fit again
         store.put(f"s{i}", [{"text": "x" * 50}], {"id": f"s{i}"})
     assert store.get("s1") is not None and store.get("s2") is not None
+
+
+def test_an_expired_response_lends_no_reasoning_item_by_its_id():
+    """A reasoning item sent back without its text is filled from the stored item of its id; once its response has
+    expired, that text is forgotten with it (the lookup read responses past max_age_s that no `get` had evicted)."""
+    now = [0.0]
+    store = ResponseStore(max_bytes=10_000, max_age_s=10, clock=lambda: now[0])
+    reasoning = {"id": "rs_1", "type": "reasoning", "content": [{"type": "reasoning_text", "text": "think"}]}
+    store.put("r1", [reasoning], {"id": "r1", "output": [reasoning]})
+    assert store.output_item("rs_1") == reasoning
+    now[0] = 11.0
+    assert store.output_item("rs_1") is None and len(store) == 0
 
 
 def test_a_response_stored_under_an_id_replaces_the_one_it_had():
