@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from glimmer.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 
+def __dir__() -> list[str]:
+    """The lazy names too, so that `dir(glimmer)` and an editor's completion of `glimmer.` list them unimported."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib

@@ -109,7 +109,7 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    block_size: int = 16
+    block_size: int | None = 16  # None: vLLM's default (the platform's block size, 16 on CUDA), 16
     kv_cache_memory: int | str | None = None  # bytes ('8GiB' as text) for the KV cache; default from free memory
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool | None = True  # None: vLLM's default, on
@@ -133,6 +133,8 @@ class EngineConfig:
         self.dtype = _dtype_name(self.dtype)
         if self.enable_prefix_caching is None:  # vLLM's default for the engine argument: the prefix cache is on
             self.enable_prefix_caching = True
+        if self.block_size is None:
+            self.block_size = EngineConfig.block_size
         if self.seed is None:  # vLLM's seed=None: unseeded requests (and dummy weights) differ from run to run
             self.seed = random.SystemRandom().randrange(2**63)
         check_engine_config(self)

@@ -65,6 +65,8 @@ class SpeculativeConfig:
                 raise ConfigError(f"speculative_config is not valid JSON: {exc.msg} (column {exc.colno})") from None
         if not isinstance(value, Mapping):
             raise ConfigError(f"speculative_config must be a JSON object / dict, got {type(value).__name__}")
+        if "method" in value:  # before the keys: vLLM's other methods take keys (prompt_lookup_max) and no model
+            _check_method(value["method"])
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(value) - known, key=str)  # a Python dict's keys may be of any type
         if unknown:
@@ -76,9 +78,7 @@ class SpeculativeConfig:
         return cls(**value)
 
     def __post_init__(self) -> None:
-        if self.method not in SPECULATIVE_METHODS:
-            raise ConfigError(f"speculative_config.method={self.method!r} is not supported; use one of "
-                              f"{list(SPECULATIVE_METHODS)}")
+        _check_method(self.method)
         if isinstance(self.model, os.PathLike):  # as LLM(model=...) takes one
             object.__setattr__(self, "model", os.fspath(self.model))
         if not isinstance(self.model, str) or not self.model:
@@ -100,6 +100,12 @@ class SpeculativeConfig:
         served); None when neither exists."""
         path = Path(self.model).expanduser()
         return path if path.exists() else embedded_model_dir(self.model)
+
+
+def _check_method(method: object) -> None:
+    if method not in SPECULATIVE_METHODS:
+        raise ConfigError(f"speculative_config.method={method!r} is not supported; use one of "
+                          f"{list(SPECULATIVE_METHODS)} with the model's DFlash drafter as 'model'")
 
 
 def check_verification_budget(max_num_batched_tokens: int, num_speculative_tokens: int) -> None:

@@ -57,6 +57,11 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    """The lazy names too, as `dir(glimmer)` lists its own (glimmer/__init__.py)."""
+    return sorted(set(globals()) | set(_LAZY))
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib

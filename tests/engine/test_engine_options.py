@@ -20,7 +20,7 @@ from glimmer.errors import ConfigError, UnsupportedArgumentError
     ("max_num_seqs", 0, "max_num_seqs=0 must be a positive integer"),
     ("max_num_batched_tokens", True, "max_num_batched_tokens=True must be a positive integer"),
     ("max_model_len", 1.5, "max_model_len=1.5 must be a positive integer"),
-    ("block_size", None, "block_size=None must be a positive integer"),
+    ("block_size", "16", "block_size='16' must be a positive integer"),
     ("block_size", 24, "block_size=24 must be a positive integer, a power of two"),
     ("kv_cache_memory", "lots", "kv_cache_memory: 'lots' is not a size"),
     ("kv_cache_memory", -5, "kv_cache_memory=-5 must be a positive number of bytes"),
@@ -50,6 +50,13 @@ def test_vllms_none_for_enable_prefix_caching_is_its_default_on():
     """vLLM's engine argument defaults to None, which turns the prefix cache on; it was refused as not True or False."""
     assert EngineConfig(model="m", enable_prefix_caching=None).enable_prefix_caching is True
     assert EngineConfig(model="m", enable_prefix_caching=False).enable_prefix_caching is False
+
+
+def test_vllms_none_for_block_size_is_its_default_16():
+    """vLLM's engine argument defaults to None, the platform's block size (16 on CUDA); it was refused as not a
+    positive integer."""
+    assert EngineConfig(model="m", block_size=None).block_size == EngineConfig(model="m").block_size == 16
+    assert EngineConfig(model="m", block_size=32).block_size == 32
 
 
 @pytest.mark.parametrize("model", [None, 123, "", "  ", b"/models/x"])

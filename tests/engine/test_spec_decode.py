@@ -819,6 +819,19 @@ def test_unknown_keys_of_mixed_types_are_refused_naming_them():
         SpeculativeConfig.parse({"method": "dflash", "model": "x", 1: "y", "foo": 2})
 
 
+@pytest.mark.parametrize("config", [
+    {"method": "ngram", "num_speculative_tokens": 3},
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+    '{"method": "suffix"}',
+])
+def test_a_vllm_method_glimmer_lacks_is_refused_as_such_before_its_keys(config):
+    """vLLM's ngram and suffix methods take no model and keys of their own: the refusal said to add 'model', or named
+    prompt_lookup_max an unknown key, and only once those were mended that the method is not supported."""
+    with pytest.raises(ConfigError, match=r"^speculative_config\.method='(ngram|suffix)' is not supported; use one of "
+                                          r"\['dflash'\] with the model's DFlash drafter as 'model'$"):
+        SpeculativeConfig.parse(config)
+
+
 @pytest.mark.parametrize("missing", ["method", "model"])
 def test_a_missing_speculative_config_key_shows_an_example_that_parses(missing):
     config = {"method": "dflash", "model": "x"}
