@@ -1313,3 +1313,36 @@ def test_seeded_sampling_under_a_constraint_is_reproducible_with_drafts_accepted
         accepted.append(llm.engine.speculator.stats.num_accepted_tokens)
     assert runs[0] == runs[1] and all(set(r) <= set(range(100, 108)) for r in runs[0])
     assert accepted[0] == accepted[1] > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_under_a_grammar_keep_to_it_and_leave_its_matcher_as_it_was(target, drafter, temperature):
+    """Structured output (a JSON object of one lower-case word): each proposal is masked by the grammar after the
+    drafts before it, so every proposal is a run the grammar accepts from the sequence's state and some are accepted;
+    the sequence's own matcher is walked by the verified tokens only (greedy: the output of decoding without
+    speculation; sampled: seeded runs repeat)."""
+    schema = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]{3,30}$"}},
+              "required": ["word"], "additionalProperties": False}
+    params = SamplingParams(temperature=temperature, seed=4, max_tokens=40,
+                            structured_outputs=StructuredOutputsParams(json=schema))
+    prompts = _prompts(3, seed=5)
+    runs = []
+    for _ in range(1 if temperature == 0 else 2):
+        engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+        refused = []
+        inner = engine.speculator.proposer.propose
+
+        def propose(context, requests, inner=inner, refused=refused):
+            out = inner(context, requests)
+            refused.extend(d.token_ids for (seq, _), d in zip(requests, out, strict=True)
+                           if seq.controller.accepted_prefix(d.token_ids) < len(d.token_ids))
+            return out
+
+        engine.speculator.proposer.propose = propose
+        runs.append(_generate(engine, prompts, params))
+        assert refused == [] and engine.speculator.stats.num_accepted_tokens > 0
+        assert all(isinstance(json.loads(engine.tokenizer.decode(r)), dict) for r in runs[-1])
+    if temperature == 0:
+        assert runs[0] == _generate(LLMEngine(EngineConfig(str(target), progress=False)), prompts, params)
+    else:
+        assert runs[0] == runs[1]
