@@ -272,6 +272,31 @@ class GrammarController:
         return self.matcher.is_stopped()
 
 
+class GrammarWalk:
+    """A copy of a controller's matcher walked through tokens the drafter proposes: the mask at each position, as
+    verification will fill it (`GrammarMasks.fill_verification`: the grammar's, guarded by `guard_row`), while the
+    controller's own matcher stays as it is."""
+
+    def __init__(self, controller: GrammarController):
+        self.controller = controller
+        self.matcher = controller.matcher.deep_copy()
+        self.in_answer = controller.answer_open
+        self.words = (controller.num_token_ids + 31) // 32
+
+    def mask(self) -> torch.Tensor | None:
+        """The packed mask of the next position; None where nothing more may be proposed: the grammar stopped,
+        failed, or allows only tokens the completion may not take."""
+        if self.controller.failure is not None or self.controller.refusal is not None or self.matcher.is_stopped() \
+                or self.matcher.is_error():
+            return None
+        mask = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)[:self.words]
+        return None if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None else mask
+
+    def advance(self, token_id: int) -> None:
+        self.matcher.consume_token(token_id)
+        self.in_answer = self.in_answer or self.controller.opens_answer(self.matcher, token_id)
+
+
 class ControllerFactory(Protocol):
     def __call__(self, stop_token_ids: Collection[int] | None = None) -> GrammarController:
         """A controller for one completion whose generation ends at `stop_token_ids` (None: the checkpoint's stop

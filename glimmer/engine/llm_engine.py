@@ -32,7 +32,7 @@ from glimmer.checkpoint.generation_config import (
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
-from glimmer.engine.bad_words import bad_word_ids, banned_after
+from glimmer.engine.bad_words import bad_word_ids
 from glimmer.engine.config_checks import check_engine_config, check_weight_format
 from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
@@ -355,7 +355,7 @@ class LLMEngine:
         self.speculator = None
         if self.drafter is not None:
             proposer = DFlashProposer(self.drafter.model, self.loaded.model, self.kv, self.device, self.dtype,
-                                      max_num_seqs=self.scheduler_config.max_num_seqs,
+                                      max_num_seqs=self.scheduler_config.max_num_seqs, token_count=self.token_count,
                                       use_cuda_graphs=not self.config.enforce_eager, progress=self.config.progress)
             self.speculator = SpeculativeDecoder(spec_config, proposer, self.num_speculative_tokens, capture)
 
@@ -1094,10 +1094,7 @@ class LLMEngine:
     def _sampling_row(self, seq: Sequence, proposed: list[int] | tuple[int, ...] = ()) -> SamplingRow:
         """What sampling the next token needs — after the `proposed` tokens, when verifying them."""
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
-        # a token chosen by a step launched ahead counts, though the host has not appended it yet
-        banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
-        if seq.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
-            banned += banned_after(seq.bad_word_ids, outputs)
+        banned = seq.banned_ids(outputs)
         if seq.params.uses_penalties and seq.penalty_ids is None:
             seq.penalty_ids = PenaltyIds(seq.output_token_ids)
         return SamplingRow(seq.params, seq.prompt_token_ids, outputs, seq.generator, banned, self.token_count,

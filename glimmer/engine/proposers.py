@@ -18,8 +18,9 @@ import torch
 
 from glimmer.engine.draft_context import CommittedContext, ContextRows, PendingContext
 from glimmer.engine.draft_graphs import DraftGraphs, DraftLayout
+from glimmer.engine.grammar import GrammarWalk
 from glimmer.engine.kv_cache_manager import DRAFT, KVCacheManager
-from glimmer.engine.sampler import SamplingRow, draw, sampling_probs
+from glimmer.engine.sampler import SamplingRow, constrain, draw, plain_greedy, sampling_probs, widen
 from glimmer.engine.sequence import Sequence
 from glimmer.model.drafter import DFlashDrafter, DraftStep
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
@@ -66,6 +67,7 @@ class DFlashProposer:
         max_num_seqs: int = 256,
         use_cuda_graphs: bool = True,
         progress: bool = False,
+        token_count: int | None = None,
     ):
         config = drafter.config
         self.drafter = drafter
@@ -73,6 +75,7 @@ class DFlashProposer:
         self.kv = kv
         self.device = device
         self.max_draft_tokens = config.num_draft_tokens
+        self.token_count = token_count  # the tokenizer's ids: logit rows past them are padding, never proposed
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
         # one spare block, owned by no sequence: padding rows of captured steps write there
@@ -174,22 +177,78 @@ class DFlashProposer:
         return self.drafter.forward_paged(states, self.target.embed_tokens.raw(ids), step, self.kv_caches)
 
     def _choose(self, logits: torch.Tensor, requests: list[tuple[Sequence, int]]) -> list[Draft]:
-        """Greedy requests take the drafter's argmax; sampled ones draw from its own softmax under the request's
-        temperature and top-k/top-p/min-p (that distribution is what verification compares against)."""
+        """Each request's drafts under the masks its sampling and its grammar apply (`_constrained`), so that none
+        is a token verification must reject. Greedy requests take the argmax of those logits; sampled ones draw from
+        their softmax under the request's temperature and top-k/top-p/min-p (that distribution is what verification
+        compares against). Greedy requests whose sampling masks nothing but the vocabulary's padding rows take the
+        drafter's argmax over the tokenizer's ids, read in place (a request whose first position bans nothing bans
+        nothing at the later ones: see `_row`)."""
         drafts: list[Draft | None] = [None] * len(requests)
-        greedy = [i for i, (seq, _) in enumerate(requests) if seq.params.greedy]
-        if greedy:
-            chosen = (logits if len(greedy) == len(requests) else logits[greedy]).argmax(dim=-1).tolist()
-            for i, ids in zip(greedy, chosen, strict=True):
+        plain = [i for i, (seq, _) in enumerate(requests)
+                 if seq.controller is None and plain_greedy(self._row(seq, 0))]
+        if plain:
+            real = logits[..., : self.token_count]
+            chosen = (real if len(plain) == len(requests) else real[plain]).argmax(dim=-1).tolist()
+            for i, ids in zip(plain, chosen, strict=True):
                 drafts[i] = Draft(ids[: requests[i][1]], None)
         for i, (seq, k) in enumerate(requests):
-            if seq.params.greedy:
-                continue
-            row = SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator)
-            keys = logits[i, :k] if logits.dtype in (torch.bfloat16, torch.float16) else None
-            probs = sampling_probs(logits[i, :k].float(), [row] * k, keys, moved=False)  # no penalty applies here
-            drafts[i] = Draft(draw(probs, [seq.generator] * k).tolist(), probs)
+            if drafts[i] is None:
+                drafts[i] = self._constrained(logits[i, :k], seq, k)
         return drafts
+
+    def _constrained(self, logits: torch.Tensor, seq: Sequence, k: int) -> Draft:
+        """Up to k drafts from `logits` (k, vocab) under what sampling applies at each position: the logit bias,
+        allowed and banned ids and the padding rows (`sampler.constrain`; not the penalties, which read the tokens
+        before, not chosen yet). The draft stops before a position where no token is left."""
+        rows = [self._row(seq, j) for j in range(k)]
+        widened, copied = widen(logits)
+        if seq.controller is not None:
+            return self._under_grammar(logits, widened, copied, seq, rows)
+        constrained = constrain(widened, rows, in_place=copied, penalties=False)
+        probs = None
+        if seq.params.greedy:
+            tokens = constrained.argmax(dim=-1)
+        else:
+            keys = logits if logits.dtype in (torch.bfloat16, torch.float16) else None
+            probs = sampling_probs(constrained, rows, keys, moved=bool(seq.params.logit_bias))
+            tokens = draw(probs, [seq.generator] * k)
+        ids, open_ = torch.stack([tokens, torch.isfinite(constrained.amax(dim=-1)).long()]).tolist()
+        n = open_.index(0) if 0 in open_ else k
+        return Draft(ids[:n], None if probs is None else probs[:n])
+
+    @staticmethod
+    def _under_grammar(logits: torch.Tensor, widened: torch.Tensor, copied: bool, seq: Sequence,
+                       rows: list[SamplingRow]) -> Draft:
+        """`_constrained` of a sequence under a grammar: position by position, each masked as well by the grammar
+        after the drafts before it (`GrammarWalk`, a copy of its matcher), until the grammar stops or leaves no id."""
+        walk = GrammarWalk(seq.controller)
+        ids: list[int] = []
+        dists: list[torch.Tensor] = []
+        for j, row in enumerate(rows):
+            mask = walk.mask()
+            if mask is None:
+                break
+            constrained = constrain(widened[j : j + 1], [row], mask[None], in_place=copied, penalties=False)
+            if row.params.greedy:
+                token = constrained.argmax(dim=-1)
+            else:
+                keys = logits[j : j + 1] if logits.dtype in (torch.bfloat16, torch.float16) else None
+                dists.append(sampling_probs(constrained, [row], keys, moved=bool(row.params.logit_bias)))
+                token = draw(dists[-1], [seq.generator])
+            token_id, open_ = torch.stack([token[0], torch.isfinite(constrained.amax()).long()]).tolist()
+            if not open_:
+                dists = dists[:j]
+                break
+            ids.append(token_id)
+            walk.advance(token_id)
+        return Draft(ids, torch.cat(dists) if dists else None)
+
+    def _row(self, seq: Sequence, j: int) -> SamplingRow:
+        """The sampler's row for draft position j of `seq` (after j proposed tokens, not chosen yet). Its output ids
+        are the committed ones: no penalty applies to drafts."""
+        banned = seq.banned_ids(seq.output_token_ids + [-1] * j) if seq.bad_word_ids or seq.params.min_tokens else ()
+        return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned,
+                           self.token_count)
 
 
 class ReplayProposer:

@@ -386,17 +386,19 @@ def _apply_allowed_token_ids(logits: torch.Tensor, rows: list[SamplingRow]) -> N
 
 
 def constrain(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None,
-              pending: torch.Tensor | None = None, in_place: bool = False) -> torch.Tensor:
+              pending: torch.Tensor | None = None, in_place: bool = False, penalties: bool = True) -> torch.Tensor:
     """Logit bias, penalties, allowed ids, banned ids, the vocabulary's padding rows and the grammar's bitmask
     applied to float logits (a copy when any applies, unless `in_place`: the caller's own copy, a widening, may be
-    changed), in vLLM's order: the bias first, then the penalties. `pending`: see `_apply_penalties`."""
+    changed), in vLLM's order: the bias first, then the penalties. `pending`: see `_apply_penalties`.
+    `penalties=False`: all but the penalties (the drafter's proposals, whose earlier tokens are not chosen yet)."""
     padding_from = padding_start(rows, logits.shape[1])
-    if padding_from < logits.shape[1] or any(r.params.uses_penalties or r.banned_ids or r.params.logit_bias
-                                             or r.params.allowed_token_ids for r in rows):
+    if padding_from < logits.shape[1] or any((penalties and r.params.uses_penalties) or r.banned_ids
+                                             or r.params.logit_bias or r.params.allowed_token_ids for r in rows):
         if not in_place:
             logits = logits.clone()
         _apply_logit_bias(logits, rows)
-        _apply_penalties(logits, rows, pending)
+        if penalties:
+            _apply_penalties(logits, rows, pending)
         _apply_allowed_token_ids(logits, rows)
         for i, row in enumerate(rows):
             if row.banned_ids:

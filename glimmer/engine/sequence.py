@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from glimmer.engine.bad_words import banned_after
 from glimmer.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -98,6 +99,16 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def banned_ids(self, outputs: list[int]) -> tuple[int, ...]:
+        """The ids that may not follow `outputs` (its output ids, then any proposed after them): its stop ids while
+        fewer than min_tokens were generated (a token chosen by a step launched ahead counts, though the host has
+        not appended it yet) and what its bad words ban there. An id < 0 in `outputs` stands for a proposed token
+        not chosen yet (the drafter masks all its positions at once): no bad word's prefix matches it."""
+        banned = tuple(self.stop_token_ids) if len(outputs) + self.num_pending_tokens < self.params.min_tokens else ()
+        if self.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
+            banned += banned_after(self.bad_word_ids, outputs)
+        return banned
 
     @functools.cached_property
     def prompt_id_array(self) -> np.ndarray:

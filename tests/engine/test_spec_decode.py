@@ -29,6 +29,7 @@ from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
 from glimmer.engine.proposers import Draft, ReplayProposer
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
+from glimmer.engine.sequence import Sequence
 from glimmer.engine.spec_decode import SpeculativeConfig
 from glimmer.errors import CheckpointError, ConfigError
 from glimmer.model.context import ForwardContext
@@ -1251,3 +1252,110 @@ def test_bad_words_inside_proposals_match_greedy_without(target, drafter, plain,
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     assert sum(o.outputs[0].token_ids != known[tuple(p)] for o, p in zip(expected, prompts, strict=True)) >= 3
     assert len(words) >= 3 and llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
+
+
+# --- drafts under the request's masks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_never_propose_what_the_request_masks(target, drafter, temperature):
+    """The drafter's favourites — a padding row of the vocabulary, a stop id while min_tokens holds, a bad word of
+    one token, the last token of a two-token bad word right after its first, an id logit_bias pushes down — are not
+    proposed at the positions where sampling masks them. Greedy drafts take the best id left; sampled ones are
+    drawn from, and hand verification, the softmax of the masked, biased logits."""
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    proposer = engine.speculator.proposer
+    vocab, tokens = engine.model_config.text.vocab_size, engine.token_count
+    assert tokens < vocab
+    params = SamplingParams(temperature=temperature, seed=3, min_tokens=4, logit_bias={70: -10.0})
+    seq = Sequence("r", [1, 2, 3], params, frozenset({40}), 100, generator=torch.Generator().manual_seed(3),
+                   bad_word_ids=((50,), (60, 61)), output_token_ids=[7, 60])
+    logits = torch.zeros(1, 4, vocab)
+    for token, value in ((vocab - 1, 9.0), (40, 8.0), (50, 7.0), (61, 6.0), (70, 5.0), (80, 4.0)):
+        logits[0, :, token] = value
+    draft = proposer._choose(logits, [(seq, 4)])[0]
+    masked = logits[0].clone()
+    masked[:, 70] -= 10
+    masked[:, tokens:] = masked[:, 50] = masked[0, 61] = float("-inf")
+    masked[:2, 40] = float("-inf")  # two outputs before the draft: min_tokens=4 bans the stop id at its first two
+    if temperature == 0:
+        assert draft.token_ids == [80, 61, 40, 40] and draft.probs is None
+        return
+    torch.testing.assert_close(draft.probs, torch.softmax(masked, dim=-1))
+    assert len(draft.token_ids) == 4 and all(draft.probs[j, t] > 0 for j, t in enumerate(draft.token_ids))
+
+
+def test_a_position_the_masks_leave_no_id_ends_the_draft_before_it(target, drafter):
+    """A position where the masks leave no id (here allowed_token_ids holds only the stop id, banned while
+    min_tokens holds) proposes nothing, and nothing after it."""
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    params = SamplingParams(temperature=1.0, seed=1, min_tokens=3, allowed_token_ids=[40])
+    seq = Sequence("r", [1, 2, 3], params, frozenset({40}), 100, generator=torch.Generator().manual_seed(1),
+                   output_token_ids=[40])
+    draft = engine.speculator.proposer._choose(torch.zeros(1, 4, engine.model_config.text.vocab_size), [(seq, 4)])[0]
+    assert draft.token_ids == [] and draft.probs.shape[0] == 0
+
+
+CONSTRAINTS = {"allowed_token_ids": dict(allowed_token_ids=list(range(100, 108))),
+               "logit_bias": dict(logit_bias={i: 30.0 for i in range(100, 108)})}
+
+
+@pytest.mark.parametrize("constraint", list(CONSTRAINTS))
+def test_drafts_under_a_constraint_are_accepted_and_greedy_matches_without(target, drafter, constraint):
+    """The real drafter's unconstrained favourites lie outside the eight ids the request keeps to: proposed as they
+    were, none was accepted. Proposed under the request's mask, drafts keep to the eight ids, some are accepted,
+    and greedy output is that of decoding without speculation."""
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, **CONSTRAINTS[constraint])
+    prompts = _prompts(4, seed=9)
+    expected = _generate(LLMEngine(EngineConfig(str(target), progress=False)), prompts, params)
+    engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+    drafts, _ = _record_drafts(engine)
+    assert _generate(engine, prompts, params) == expected
+    assert {t for d in drafts for t in d} <= set(range(100, 108))
+    assert engine.speculator.stats.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("constraint", list(CONSTRAINTS))
+def test_seeded_sampling_under_a_constraint_is_reproducible_with_drafts_accepted(target, drafter, constraint):
+    params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=5, **CONSTRAINTS[constraint])
+    prompts = _prompts(3, seed=2)
+    runs, accepted = [], []
+    for _ in range(2):
+        llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        accepted.append(llm.engine.speculator.stats.num_accepted_tokens)
+    assert runs[0] == runs[1] and all(set(r) <= set(range(100, 108)) for r in runs[0])
+    assert accepted[0] == accepted[1] > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafts_under_a_grammar_keep_to_it_and_leave_its_matcher_as_it_was(target, drafter, temperature):
+    """Structured output (a JSON object of one lower-case word): each proposal is masked by the grammar after the
+    drafts before it, so every proposal is a run the grammar accepts from the sequence's state and some are accepted;
+    the sequence's own matcher is walked by the verified tokens only (greedy: the output of decoding without
+    speculation; sampled: seeded runs repeat)."""
+    schema = {"type": "object", "properties": {"word": {"type": "string", "pattern": "^[a-z]{3,30}$"}},
+              "required": ["word"], "additionalProperties": False}
+    params = SamplingParams(temperature=temperature, seed=4, max_tokens=40,
+                            structured_outputs=StructuredOutputsParams(json=schema))
+    prompts = _prompts(3, seed=5)
+    runs = []
+    for _ in range(1 if temperature == 0 else 2):
+        engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
+        refused = []
+        inner = engine.speculator.proposer.propose
+
+        def propose(context, requests, inner=inner, refused=refused):
+            out = inner(context, requests)
+            refused.extend(d.token_ids for (seq, _), d in zip(requests, out, strict=True)
+                           if seq.controller.accepted_prefix(d.token_ids) < len(d.token_ids))
+            return out
+
+        engine.speculator.proposer.propose = propose
+        runs.append(_generate(engine, prompts, params))
+        assert refused == [] and engine.speculator.stats.num_accepted_tokens > 0
+        assert all(isinstance(json.loads(engine.tokenizer.decode(r)), dict) for r in runs[-1])
+    if temperature == 0:
+        assert runs[0] == _generate(LLMEngine(EngineConfig(str(target), progress=False)), prompts, params)
+    else:
+        assert runs[0] == runs[1]
