@@ -23,6 +23,9 @@ TEXT_SIZE_FIELDS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "sliding_window",
 )
+# A layer count is bounded before the per-layer patterns (layer types, the NoPE flags) are derived from it: the 30B
+# has 52 layers, and a damaged file's 10**9 would take gigabytes and minutes before the weights were compared.
+MAX_LAYERS = 4096
 VISION_SIZE_FIELDS = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size", "patch_temporal",
     "merge_size", "pos_emb_size",

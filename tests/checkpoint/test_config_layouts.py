@@ -961,3 +961,39 @@ def test_errors_name_the_source_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=str(tmp_path / "config.json")):
         load_config(tmp_path)
+
+
+def _with_layers(layout: str, part: str, count: int) -> dict:
+    """tiny_model() in `layout` with `count` layers in its text decoder or vision tower and no per-layer list, so
+    the patterns would be derived from the count."""
+    raw = config_to_dict(tiny_model(), layout)
+    if layout == "canonical":
+        section = raw[f"{part}_config"]
+        section["num_hidden_layers"] = count
+        for key in ("layer_types", "layer_rope_theta"):
+            section.pop(key, None)
+        return raw
+    if part == "vision":
+        raw["vision_layers"] = count
+    else:
+        raw["num_hidden_layers"] = count
+        for key in ("layer_types", "no_rope_layers"):
+            raw.pop(key, None)
+    return raw
+
+
+@pytest.mark.parametrize(("layout", "part", "field"), [
+    ("canonical", "text", "text_config.num_hidden_layers"), ("canonical", "vision", "vision_config.num_hidden_layers"),
+    ("flat", "text", "num_hidden_layers"), ("vendor", "text", "num_hidden_layers"), ("flat", "vision", "vision_layers"),
+])
+def test_a_layer_count_no_model_has_is_refused_before_its_patterns_are_derived(tmp_path, layout, part, field):
+    """QA: num_hidden_layers=10**9 without layer_types made a tuple per layer before the weights were compared:
+    gigabytes of memory (18 GB within seconds) and minutes, not an error. Inspected under test_gguf_hostile's
+    address-space cap, so the old behaviour fails the test with a MemoryError instead of taking the machine."""
+    from test_gguf_hostile import assert_one_line_error, inspect_all
+
+    (tmp_path / "config.json").write_text(json.dumps(_with_layers(layout, part, 10**9)))
+    result = inspect_all([tmp_path])[str(tmp_path)]
+    assert_one_line_error(result, f"{field}=1000000000 is more layers than Glimmer builds (at most 4096",
+                          "use the config.json published with the weights")
+    assert normalize_config(_with_layers(layout, part, 4096)).text.num_hidden_layers == (4096 if part == "text" else 4)
