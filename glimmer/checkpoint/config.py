@@ -52,9 +52,17 @@ def reference_vision_layer_types(num_layers: int) -> tuple[str, ...]:
     )
 
 
+# Sizes and positions become torch int64 values: a larger one wraps (a sliding_window of 2**64 - 1 masked every key
+# but the query's own, silently) or overflows deep inside the forward pass.
+MAX_SIZE = 2**63 - 1
+
+
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive integer")
+    if value > MAX_SIZE:
+        raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive integer of at most 2**63 - 1 "
+                          "(torch's int64)")
 
 
 def _require_positive_float(owner: str, name: str, value: Any) -> None:

@@ -997,3 +997,16 @@ def test_a_layer_count_no_model_has_is_refused_before_its_patterns_are_derived(t
     assert_one_line_error(result, f"{field}=1000000000 is more layers than Glimmer builds (at most 4096",
                           "use the config.json published with the weights")
     assert normalize_config(_with_layers(layout, part, 4096)).text.num_hidden_layers == (4096 if part == "text" else 4)
+
+
+@pytest.mark.parametrize(("layout", "field"), [("canonical", "text_config.sliding_window"),
+                                               ("flat", "sliding_window")])
+@pytest.mark.parametrize("window", [2**63, 2**64 - 1, 10**30])
+def test_a_sliding_window_past_int64_is_refused_naming_the_field(layout, field, window):
+    """QA: 2**64 - 1 loaded and wrapped to -1 in the attention mask (a silently wrong model: each query saw only
+    itself on the sliding layers), and 10**30 loaded and failed in the first forward pass with OverflowError."""
+    raw = config_to_dict(tiny_model(vision=False), layout)
+    (raw["text_config"] if layout == "canonical" else raw)["sliding_window"] = window
+    expect_error(raw, f"{field}={window} is invalid; expected a positive integer of at most 2**63 - 1")
+    (raw["text_config"] if layout == "canonical" else raw)["sliding_window"] = 2**63 - 1  # as wide as int64 goes
+    assert normalize_config(raw).text.sliding_window == 2**63 - 1
