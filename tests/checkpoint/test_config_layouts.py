@@ -1010,3 +1010,18 @@ def test_a_sliding_window_past_int64_is_refused_naming_the_field(layout, field, 
     expect_error(raw, f"{field}={window} is invalid; expected a positive integer of at most 2**63 - 1")
     (raw["text_config"] if layout == "canonical" else raw)["sliding_window"] = 2**63 - 1  # as wide as int64 goes
     assert normalize_config(raw).text.sliding_window == 2**63 - 1
+
+
+@pytest.mark.parametrize(("sizes", "shape"), [
+    ({"vocab_size": 2**40}, "vocab_size × hidden_size (embed_tokens, lm_head) = 70368744177664 elements"),
+    ({"hidden_size": 2**20, "num_attention_heads": 2**20, "head_dim": 2**22},
+     "num_attention_heads·head_dim × hidden_size (q_proj, gate_proj, o_proj) = 4611686018427387904 elements"),
+    ({"intermediate_size": 2**40}, "intermediate_size × hidden_size (the MLP) = 70368744177664 elements"),
+], ids=["embedding", "attention", "mlp"])
+def test_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming_them(sizes, shape):
+    """QA: such a config was taken, and building the model failed deep inside torch (`RuntimeError: Storage size
+    calculation overflowed`, a raw traceback from `glimmer inspect`) before the weights were compared."""
+    raw = config_to_dict(tiny_model(vision=False), "canonical")
+    raw["text_config"].update(sizes)
+    expect_error(raw, f"text_config sizes make a weight of {shape}, more than any checkpoint holds (at most 2**40)",
+                 "use the config.json published with the weights")
