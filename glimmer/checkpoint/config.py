@@ -23,6 +23,9 @@ TEXT_SIZE_FIELDS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "sliding_window",
 )
+# A layer count is bounded before the per-layer patterns (layer types, the NoPE flags) are derived from it: the 30B
+# has 52 layers, and a damaged file's 10**9 would take gigabytes and minutes before the weights were compared.
+MAX_LAYERS = 4096
 VISION_SIZE_FIELDS = (
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "patch_size", "patch_temporal",
     "merge_size", "pos_emb_size",
@@ -49,9 +52,20 @@ def reference_vision_layer_types(num_layers: int) -> tuple[str, ...]:
     )
 
 
+# Sizes and positions become torch int64 values: a larger one wraps (a sliding_window of 2**64 - 1 masked every key
+# but the query's own, silently) or overflows deep inside the forward pass.
+MAX_SIZE = 2**63 - 1
+# One weight matrix's element count (a 4 TiB float32 matrix), as gguf_file.py bounds a GGUF's tensors: past it,
+# building the model failed deep in torch ("Storage size calculation overflowed") before the weights were compared.
+MAX_WEIGHT_ELEMENTS = 1 << 40
+
+
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive integer")
+    if value > MAX_SIZE:
+        raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive integer of at most 2**63 - 1 "
+                          "(torch's int64)")
 
 
 def _require_positive_float(owner: str, name: str, value: Any) -> None:
@@ -137,6 +151,16 @@ class TextConfig(_AttentionWidths):
             )
         if self.head_dim % 2:
             raise ConfigError(f"{owner}.head_dim={self.head_dim} is odd; rotary embeddings need an even head_dim")
+        matrices = {
+            "vocab_size × hidden_size (embed_tokens, lm_head)": self.vocab_size * self.hidden_size,
+            "num_attention_heads·head_dim × hidden_size (q_proj, gate_proj, o_proj)": self.q_size * self.hidden_size,
+            "intermediate_size × hidden_size (the MLP)": self.intermediate_size * self.hidden_size,
+        }
+        for shape, elements in matrices.items():
+            if elements > MAX_WEIGHT_ELEMENTS:
+                raise ConfigError(f"{owner} sizes make a weight of {shape} = {elements} elements, more than any "
+                                  "checkpoint holds (at most 2**40): the config is damaged; use the config.json "
+                                  "published with the weights")
         n = self.num_hidden_layers
         if len(self.layer_types) != n:
             raise ConfigError(

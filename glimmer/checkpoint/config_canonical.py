@@ -38,6 +38,7 @@ from glimmer.checkpoint.config_fields import (
     Section,
     checked_bool,
     is_number,
+    layer_count,
     positive_int,
     square_grid,
 )
@@ -114,7 +115,7 @@ def _read_canonical_text_fields(section: Section) -> Callable[[], TextConfig]:
     section.finish()
 
     def build() -> TextConfig:
-        n = positive_int(fields.values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
+        n = layer_count(fields.values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
         head_dim = positive_int(fields.values["head_dim"], fields.names["head_dim"], notes)
         qk = fields.values["qk_scale_factor"]
         if is_number(qk) and qk >= math.sqrt(head_dim):
@@ -156,7 +157,7 @@ def read_canonical_vision_fields(section: Section) -> Callable[[], VisionConfig]
         )
         fields.names["pos_emb_size"] = fields.names["pos_emb_height"]
         fields.names["layer_types"] = section.path("layer_types")
-        n = positive_int(values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
+        n = layer_count(values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
         # only an absent or null list is derived: an empty one is refused, as the reference refuses it
         types = explicit_layer_types(layer_types, section.path("layer_types"), notes)
         types = reference_vision_layer_types(n) if types is None else types

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from glimmer.checkpoint.config import MAX_LAYERS
 from glimmer.errors import ConfigError
 
 # Written by PreTrainedConfig.to_dict / save_pretrained or by training code; none changes what the model
@@ -168,6 +169,15 @@ def positive_int(value: Any, name: str, notes: Notes) -> int:
     if not is_int(value) or value <= 0:
         raise notes.error(f"{name}={value!r} is invalid; expected a positive integer")
     return value
+
+
+def layer_count(value: Any, name: str, notes: Notes) -> int:
+    """A positive number of layers of at most MAX_LAYERS (config.py), checked before anything is built per layer."""
+    n = positive_int(value, name, notes)
+    if n > MAX_LAYERS:
+        raise notes.error(f"{name}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; the 30B has 52): the "
+                          "config is damaged; use the config.json published with the weights")
+    return n
 
 
 def checked_bool(value: Any, name: str, notes: Notes) -> bool:

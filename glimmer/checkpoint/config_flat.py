@@ -21,7 +21,16 @@ from glimmer.checkpoint.config_common_fields import (
     read_shared_text_fields,
     read_vision_path_fields,
 )
-from glimmer.checkpoint.config_fields import MISSING, Fields, Notes, Section, is_number, positive_int, square_grid
+from glimmer.checkpoint.config_fields import (
+    MISSING,
+    Fields,
+    Notes,
+    Section,
+    is_number,
+    layer_count,
+    positive_int,
+    square_grid,
+)
 from glimmer.checkpoint.config_layer_patterns import (
     NOPE_PERIOD,
     differences,
@@ -90,7 +99,7 @@ def read_flat(raw: Mapping[str, Any], notes: Notes) -> ModelConfig:
     section.finish()
     notes.raise_if_missing()
 
-    n = positive_int(fields.values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
+    n = layer_count(fields.values["num_hidden_layers"], fields.names["num_hidden_layers"], notes)
     head_dim = positive_int(fields.values["head_dim"], fields.names["head_dim"], notes)
     qk = _fold_raw_qk(fields.values["qk_scale_factor"], fields.names["qk_scale_factor"], head_dim, notes)
     rope_layers = resolve_nope(nope_sources, n, theta, canonical=False, notes=notes)
@@ -161,7 +170,7 @@ def _read_flat_vision(section: Section, head: Fields) -> Callable[[], VisionConf
     def build() -> VisionConfig:
         values, names = fields.values, fields.names
         hidden = positive_int(values["hidden_size"], names["hidden_size"], notes)
-        n = positive_int(values["num_hidden_layers"], names["num_hidden_layers"], notes)
+        n = layer_count(values["num_hidden_layers"], names["num_hidden_layers"], notes)
         ratio = values["vision_mlp_ratio"]
         if not is_number(ratio) or ratio <= 0:
             raise notes.error(f"vision_mlp_ratio={ratio!r} is invalid; expected a positive number")

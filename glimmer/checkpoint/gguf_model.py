@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from glimmer.checkpoint.config import (
+    MAX_LAYERS,
     ModelConfig,
     TextConfig,
     reference_text_layer_types,
@@ -197,6 +198,9 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
         return _OPTIONAL_DEFAULTS[name]
 
     n = _positive(file, "block_count")
+    if n > MAX_LAYERS:
+        raise file.error(f"{_key('block_count')}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; the 30B "
+                         f"has 52): the metadata is damaged; download the file again or {CONVERT_AGAIN}")
     hidden = _positive(file, "embedding_length")
     heads = _per_layer_constant(file, "attention.head_count", n)
     kv_heads = _per_layer_constant(file, "attention.head_count_kv", n)

@@ -198,6 +198,9 @@ class SafetensorsCheckpoint:
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which {broken_link_problem(path)}")
                 if not path.is_file():
                     problem = "is a directory, not a file" if path.is_dir() else "does not exist"
+                    if (self.directory / SINGLE_FILE).is_file():  # the shards merged into one file, the index left
+                        problem += (f"; {SINGLE_FILE} is here: if it holds the shards' tensors, remove the stale "
+                                    f"{INDEX_FILE}")
                     raise CheckpointError(f"{index_path} names shard {shard!r}, which {problem}")
                 by_file.setdefault(path, []).append(name)
             single = self.directory / SINGLE_FILE

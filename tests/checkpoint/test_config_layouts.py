@@ -961,3 +961,67 @@ def test_errors_name_the_source_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=str(tmp_path / "config.json")):
         load_config(tmp_path)
+
+
+def _with_layers(layout: str, part: str, count: int) -> dict:
+    """tiny_model() in `layout` with `count` layers in its text decoder or vision tower and no per-layer list, so
+    the patterns would be derived from the count."""
+    raw = config_to_dict(tiny_model(), layout)
+    if layout == "canonical":
+        section = raw[f"{part}_config"]
+        section["num_hidden_layers"] = count
+        for key in ("layer_types", "layer_rope_theta"):
+            section.pop(key, None)
+        return raw
+    if part == "vision":
+        raw["vision_layers"] = count
+    else:
+        raw["num_hidden_layers"] = count
+        for key in ("layer_types", "no_rope_layers"):
+            raw.pop(key, None)
+    return raw
+
+
+@pytest.mark.parametrize(("layout", "part", "field"), [
+    ("canonical", "text", "text_config.num_hidden_layers"), ("canonical", "vision", "vision_config.num_hidden_layers"),
+    ("flat", "text", "num_hidden_layers"), ("vendor", "text", "num_hidden_layers"), ("flat", "vision", "vision_layers"),
+])
+def test_a_layer_count_no_model_has_is_refused_before_its_patterns_are_derived(tmp_path, layout, part, field):
+    """QA: num_hidden_layers=10**9 without layer_types made a tuple per layer before the weights were compared:
+    gigabytes of memory (18 GB within seconds) and minutes, not an error. Inspected under test_gguf_hostile's
+    address-space cap, so the old behaviour fails the test with a MemoryError instead of taking the machine."""
+    from test_gguf_hostile import assert_one_line_error, inspect_all
+
+    (tmp_path / "config.json").write_text(json.dumps(_with_layers(layout, part, 10**9)))
+    result = inspect_all([tmp_path])[str(tmp_path)]
+    assert_one_line_error(result, f"{field}=1000000000 is more layers than Glimmer builds (at most 4096",
+                          "use the config.json published with the weights")
+    assert normalize_config(_with_layers(layout, part, 4096)).text.num_hidden_layers == (4096 if part == "text" else 4)
+
+
+@pytest.mark.parametrize(("layout", "field"), [("canonical", "text_config.sliding_window"),
+                                               ("flat", "sliding_window")])
+@pytest.mark.parametrize("window", [2**63, 2**64 - 1, 10**30])
+def test_a_sliding_window_past_int64_is_refused_naming_the_field(layout, field, window):
+    """QA: 2**64 - 1 loaded and wrapped to -1 in the attention mask (a silently wrong model: each query saw only
+    itself on the sliding layers), and 10**30 loaded and failed in the first forward pass with OverflowError."""
+    raw = config_to_dict(tiny_model(vision=False), layout)
+    (raw["text_config"] if layout == "canonical" else raw)["sliding_window"] = window
+    expect_error(raw, f"{field}={window} is invalid; expected a positive integer of at most 2**63 - 1")
+    (raw["text_config"] if layout == "canonical" else raw)["sliding_window"] = 2**63 - 1  # as wide as int64 goes
+    assert normalize_config(raw).text.sliding_window == 2**63 - 1
+
+
+@pytest.mark.parametrize(("sizes", "shape"), [
+    ({"vocab_size": 2**40}, "vocab_size × hidden_size (embed_tokens, lm_head) = 70368744177664 elements"),
+    ({"hidden_size": 2**20, "num_attention_heads": 2**20, "head_dim": 2**22},
+     "num_attention_heads·head_dim × hidden_size (q_proj, gate_proj, o_proj) = 4611686018427387904 elements"),
+    ({"intermediate_size": 2**40}, "intermediate_size × hidden_size (the MLP) = 70368744177664 elements"),
+], ids=["embedding", "attention", "mlp"])
+def test_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming_them(sizes, shape):
+    """QA: such a config was taken, and building the model failed deep inside torch (`RuntimeError: Storage size
+    calculation overflowed`, a raw traceback from `glimmer inspect`) before the weights were compared."""
+    raw = config_to_dict(tiny_model(vision=False), "canonical")
+    raw["text_config"].update(sizes)
+    expect_error(raw, f"text_config sizes make a weight of {shape}, more than any checkpoint holds (at most 2**40)",
+                 "use the config.json published with the weights")

@@ -203,3 +203,24 @@ def test_a_target_weights_file_as_the_drafter_is_refused_naming_the_key_and_ever
     message = str(error.value)
     assert message.startswith(f"speculative_config.model={str(weights)!r} is a file but not a drafter's native .pt")
     assert "head.pt or its .gguf file" in message
+
+
+def test_a_drafter_layer_count_no_model_has_is_refused_before_its_layer_types_are_made(tmp_path):
+    """QA: num_hidden_layers=10**9 without layer_types made a list of 10**9 entries (8 GB) before anything was checked.
+    Read in a subprocess under an address-space cap, so the old behaviour fails with a MemoryError, not the machine."""
+    import resource
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    code = ("from glimmer.checkpoint.drafter import read_drafter_config\n"
+            "from glimmer.errors import ConfigError\n"
+            "try:\n"
+            "    read_drafter_config({'model_type': 'muse_glimmer_assistant', 'num_hidden_layers': 10**9},\n"
+            "                        source='d/config.json', mask_token_id=lambda: 500)\n"
+            "except ConfigError as error:\n"
+            "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            preexec_fn=cap_memory)
+    assert result.stdout.startswith("d/config.json: num_hidden_layers=1000000000 is more layers than Glimmer builds "
+                                    "(at most 4096"), result.stdout + result.stderr[-2000:]

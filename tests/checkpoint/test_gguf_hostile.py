@@ -267,6 +267,10 @@ CASES = {
         lambda g, d: _rewrite(g, d / "b9.gguf", {"muse-glimmer.block_count": 9,
                                                   "muse-glimmer.attention.sliding_window_pattern": [True] * 9}),
         ("tensor blk.8.attn_q_norm.weight is missing",)),
+    "block_count_no_model_has": (  # QA: without the pattern key, 10**9 layers took gigabytes and minutes
+        lambda g, d: _rewrite(g, d / "b1e9.gguf", {"muse-glimmer.block_count": 10**9},
+                              drop=("muse-glimmer.attention.sliding_window_pattern",)),
+        ("muse-glimmer.block_count=1000000000 is more layers than Glimmer builds (at most 4096",)),
     "missing_required_key": (lambda g, d: _rewrite(g, d / "nk.gguf", {}, drop=("muse-glimmer.logit_scale",)),
                              ("required metadata key muse-glimmer.logit_scale is missing",)),
     "k_norm_not_ones": (_bad_k_norm, ("blk.2.attn_k_norm.weight is not all ones",)),

@@ -242,6 +242,26 @@ def test_index_naming_a_missing_shard_is_a_clear_error(make_tiny, tmp_path):
         load_model(dst, progress=False)
 
 
+def test_shards_merged_into_one_file_beside_their_old_index_name_the_stale_index(make_tiny, tmp_path):
+    """QA: shards merged into model.safetensors (the tensors all there) with the index left beside it were refused
+    only as "names shard …, which does not exist", which sent the user looking for a download that was not missing."""
+    src = make_tiny("canonical", seed=7, num_shards=2)
+    merged = {}
+    for f in src.iterdir():
+        if f.name.startswith("model-0"):
+            merged |= load_file(f)
+        else:
+            shutil.copy(f, tmp_path / f.name)
+    save_file(merged, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"names shard 'model-0000\d-of-00002.safetensors', which does not exist; "
+                       r"model.safetensors is here: if it holds the shards' tensors, remove the stale "
+                       r"model.safetensors.index.json"):
+        load_model(tmp_path, progress=False)
+    (tmp_path / "model.safetensors.index.json").unlink()
+    loaded = load_model(tmp_path, progress=False).model.state_dict()  # the fix named: the merged file loads
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in merged.items())
+
+
 def test_index_naming_a_shard_that_is_a_directory_says_so(make_tiny, tmp_path):
     # it was refused as a shard that does not exist
     import shutil
