@@ -33,6 +33,14 @@ from glimmer.checkpoint.generation_config import (
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.bad_words import bad_word_ids, banned_after
+from glimmer.engine.completion_rules import (
+    bans_stop_ids,
+    generation_budget,
+    silent_stop_ids,
+    stop_strings_armed,
+    stop_token_ids,
+    token_stop,
+)
 from glimmer.engine.config_checks import check_engine_config, check_weight_format
 from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
@@ -288,6 +296,7 @@ class LLMEngine:
         self.model_config = self.loaded.config
         embedded = self.checkpoint.tokenizer
         self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.model_config)
+        self._eos_token_id = self.tokenizer.eos_token_id  # once: the property asks the tokenizer's backend each time
         text = self.model_config.text
         # the ids that are tokens: logit rows past the tokenizer's (a vocabulary padded to a multiple) are never
         # sampled, and no request may name them
@@ -758,9 +767,7 @@ class LLMEngine:
                 params.allowed_token_ids):  # every step would have nothing left to sample
             raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at "
                                "every step); allow an id no bad word is", param="bad_words")
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= set(self.generation_defaults.stop_token_ids)
+        stop_ids = stop_token_ids(params, self.generation_defaults.stop_token_ids)
         if params.min_tokens and params.allowed_token_ids and stop_ids.issuperset(params.allowed_token_ids):
             # min_tokens bans the stop ids at first: nothing would be left to sample
             raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
@@ -773,7 +780,7 @@ class LLMEngine:
                 request_id=request_id,
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
-                stop_token_ids=frozenset(stop_ids),
+                stop_token_ids=stop_ids,
                 max_total_tokens=prompt_len + max_tokens,
                 generator=generator,
                 multimodal=list(multimodal or []),
@@ -786,8 +793,7 @@ class LLMEngine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 min_tokens=params.min_tokens,
-                silent_stop_ids=frozenset() if params.include_stop_str_in_output else
-                frozenset(params.stop_token_ids) - frozenset(self.tokenizer.all_special_ids),
+                silent_stop_ids=silent_stop_ids(params, self.tokenizer.all_special_ids),
                 num_prompt_tokens=prompt_len,
                 prompt_logprobs=[None] * prompt_len if params.prompt_logprobs is not None else None,
             )
@@ -797,28 +803,9 @@ class LLMEngine:
             self.scheduler.add(seq)
 
     def generation_budget(self, prompt_len: int, params: SamplingParams, *, clamp_max_tokens: bool = False) -> int:
-        """How many tokens a request whose prompt has `prompt_len` tokens may generate: its max_tokens, or the room
-        the context leaves where it sets none (`clamp_max_tokens` as for `add_request`).
-
-        Raises ContextLengthError when the prompt exceeds max_model_len or leaves no room to generate (param
-        "messages"), or less room than max_tokens (param "max_tokens"); RequestError when less than min_tokens asks for.
-        """
-        room = self.max_model_len - prompt_len
-        if room < 0 or (room == 0 and params.max_tokens != 0):
-            raise ContextLengthError(self.max_model_len, prompt_len)
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if clamp_max_tokens:
-            max_tokens = min(max_tokens, room)
-        if max_tokens > room:
-            raise ContextLengthError(self.max_model_len, prompt_len, max_tokens)
-        if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
-            raise RequestError(
-                f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
-                f"the prompt's {prompt_len} leave {room} of max_model_len={self.max_model_len}); lower min_tokens to "
-                f"at most {max_tokens}",
-                param="min_tokens",
-            )
-        return max_tokens
+        """How many tokens a request whose prompt has `prompt_len` tokens may generate in this engine's context
+        (completion_rules.generation_budget, whose errors it raises)."""
+        return generation_budget(self.max_model_len, prompt_len, params, clamp_max_tokens=clamp_max_tokens)
 
     def abort(self, request_id: str, index: int | None = None) -> list[StepDelta]:
         """Stop a request (or only its completion `index`) now and free its KV blocks (its full ones stay findable in
@@ -1093,7 +1080,8 @@ class LLMEngine:
         """What sampling the next token needs — after the `proposed` tokens, when verifying them."""
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
         # a token chosen by a step launched ahead counts, though the host has not appended it yet
-        banned = tuple(seq.stop_token_ids) if len(outputs) + seq.num_pending_tokens < seq.params.min_tokens else ()
+        banned = tuple(seq.stop_token_ids) if bans_stop_ids(len(outputs) + seq.num_pending_tokens,
+                                                            seq.params.min_tokens) else ()
         if seq.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
             banned += banned_after(seq.bad_word_ids, outputs)
         if seq.params.uses_penalties and seq.penalty_ids is None:
@@ -1148,20 +1136,12 @@ class LLMEngine:
         """Append a sampled token and decide the stops that need no text (True: the sequence ends); the text
         waits for `_release_text`."""
         seq.output_token_ids.append(token)
-        finish_reason: str | None = None
-        stop_reason: int | None = None
-        controller_stop = seq.controller is not None and seq.controller.observe(token)
-        if token in seq.stop_token_ids:
-            # as vLLM reports it: no stop_reason for the tokenizer's EOS (unless ignore_eos made it a caller's stop
-            # id), the id for stop_token_ids and the checkpoint's other stop ids (<|eot|>)
-            primary_eos = not seq.params.ignore_eos and token == self.tokenizer.eos_token_id
-            finish_reason, stop_reason = "stop", None if primary_eos else token
-        elif controller_stop:  # the grammar is complete: its last token ends the output even where the limit does
-            finish_reason = "stop"
-        elif seq.num_tokens >= seq.max_total_tokens:
-            finish_reason = "length"
-        self._unreleased.append(_AcceptedToken(seq, token, logprobs, finish_reason, stop_reason))
-        return finish_reason is not None
+        stop = token_stop(seq, token, self._eos_token_id, seq.controller is not None and seq.controller.observe(token))
+        if stop is None:
+            self._unreleased.append(_AcceptedToken(seq, token, logprobs, None, None))
+            return False
+        self._unreleased.append(_AcceptedToken(seq, token, logprobs, *stop))
+        return True
 
     def _release_text(self, outcome: _StepOutcome) -> None:
         """Make the deltas of the accepted tokens: their text, with stop strings. A stop string ends its
@@ -1192,7 +1172,7 @@ class LLMEngine:
         done.num_tokens += 1
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
-        armed = done.num_tokens > done.min_tokens
+        armed = stop_strings_armed(done.num_tokens, done.min_tokens)
         text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token), armed=armed)
         if stop_string is None and finish_reason is not None:
             # the U+FFFD of bytes left incomplete can complete a stop string too: then it ends the text as any does
