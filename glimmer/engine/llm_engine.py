@@ -329,7 +329,7 @@ class LLMEngine:
             self.runner = self.speculator = self.kv = None
             device_free_bytes(self.device)
             self._build_cache_and_runner(spec_config, extra_reserve=shortfall + _REPLAN_MARGIN_BYTES)
-        self.scheduler = Scheduler(self.scheduler_config, self.kv)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
@@ -819,11 +819,11 @@ class LLMEngine:
             if seq.is_finished or (index is not None and seq.index != index):
                 continue
             try:  # a stop the server decides (a stop string, P-HDR-8) ends a request here: its blocks are cached too
-                self._cache_full_blocks(seq)
+                self.scheduler.cache_full_blocks(seq)
             except Exception:  # (after a failed step, say) the blocks are freed all the same, only not cached
                 logger.warning("request %s: its drafter context could not be written as it was aborted; its last "
                                "KV blocks are not offered to the prefix cache", request_id, exc_info=True)
-            self._finish(seq)
+            self.scheduler.finish(seq)
             done = self._completions.pop(id(seq), None)
             if done is not None:  # else its final delta went out already (its text ended in a failed step)
                 deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
@@ -857,9 +857,6 @@ class LLMEngine:
         if self._launched is not None:
             return self._step_ahead(*self._successor(self._launched), self._launched)
         step = self.scheduler.schedule()
-        if self.speculator is not None:
-            for seq in step.preempted:  # its drafter blocks are freed: the context pending for them goes too
-                self.speculator.proposer.release(seq)
         if self._can_launch_ahead(step):
             return self._step_ahead(step, None, None)
         outcome = _StepOutcome()  # filled as the step goes: what it released before a failure goes out
@@ -873,7 +870,7 @@ class LLMEngine:
     def _run_step(self, step: ScheduledStep, started: float, outcome: _StepOutcome) -> None:
         if step.is_empty:  # only text left to release
             self._release_text(outcome)
-            self._retire(outcome)
+            self._retire(step, outcome)
             return
         masks = self._start_grammar_masks(step)
         output = self.runner.execute(step)
@@ -890,21 +887,12 @@ class LLMEngine:
         committed = self._emit(step, output, bitmask, grammar_failure, outcome)
         if not self.async_scheduling:
             self._release_text(outcome)
-        for seq, count in zip(step.seqs, committed, strict=True):
-            seq.num_computed_tokens += count
-        if self.speculator is not None:
+        step.commit(committed)
+        if self.speculator is not None:  # the drafter context of what was committed, before its blocks are offered
             decoding = _going_on([step.seqs[i] for i in output.sampling], outcome)
             running = len(self.scheduler.running) - len(outcome.finished)
             self.speculator.after_step(step, output, committed, decoding, running, started)
-        for seq in step.seqs:
-            self._register_computed_blocks(seq)
-        self._retire(outcome)
-
-    def _register_computed_blocks(self, seq: Sequence) -> None:
-        """Offer `seq`'s newly computed full blocks to the prefix cache: a registered block is complete in every
-        group, the drafter's context included (it can lag, draft_context.py)."""
-        complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
-        self.kv.register_computed_blocks(seq, complete)
+        self._retire(step, outcome)
 
     # running ahead (lookahead.py) ------------------------------------------------------------------------
 
@@ -969,7 +957,7 @@ class LLMEngine:
                                                proposals=proposals)
             released = True
             self._release_text(outcome)
-            self._retire(outcome)
+            self._retire(None, outcome)  # the blocks of `launched` were offered as its tokens were read
         except Exception as exc:
             if not released:  # the text made before the failure still goes out (to the requests not at fault)
                 self._release_text(outcome)
@@ -1003,7 +991,7 @@ class LLMEngine:
             if seq.is_finished or seq.request_id in outcome.failures:
                 continue
             if self._emit_tokens(seq, [token], [entry], outcome) and not outcome.ends(seq):
-                self._register_computed_blocks(seq)
+                self.scheduler.register_computed_blocks(seq)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
         """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""
@@ -1195,32 +1183,21 @@ class LLMEngine:
             first_scheduled_time=item.seq.first_scheduled_time,
         )
 
-    def _retire(self, outcome: _StepOutcome) -> None:
-        """After a step that ran: cache the full blocks of the sequences it ended (a follow-up turn, their prompt
-        and output, finds every one), then retire them."""
-        for seq in outcome.finished:
-            if not seq.is_finished and seq.request_id not in outcome.failures:
-                self._cache_full_blocks(seq)
-        self._retire_finished(outcome)
-
-    def _cache_full_blocks(self, seq: Sequence) -> None:
-        """`seq` ends: offer every full block it computed to the prefix cache, writing first the drafter context
-        they wait for (draft_context.py), which no later step would write."""
-        if self.speculator is not None and self.kv.enable_prefix_caching:
-            self.speculator.complete_full_blocks(seq, self.kv.block_size)
-        self._register_computed_blocks(seq)
+    def _retire(self, step: ScheduledStep | None, outcome: _StepOutcome) -> None:
+        """After a step that ran and was committed: the scheduler's bookkeeping of its blocks and of the sequences it
+        ended (`Scheduler.postprocess`)."""
+        self.scheduler.postprocess(step, outcome.finished, outcome.failures)
+        self._forget_finished(outcome)
 
     def _retire_finished(self, outcome: _StepOutcome) -> None:
-        """Free the blocks of the sequences this step ended; their text may still wait (`_release_text`)."""
-        for seq in outcome.finished:
-            if not seq.is_finished:
-                self._finish(seq)
-            self._forget_if_done(seq.request_id)
+        """After a step that failed: free the blocks of the sequences it ended; their text may still wait
+        (`_release_text`)."""
+        self.scheduler.retire(outcome.finished)
+        self._forget_finished(outcome)
 
-    def _finish(self, seq: Sequence) -> None:
-        self.scheduler.finish(seq)
-        if self.speculator is not None:
-            self.speculator.proposer.release(seq)
+    def _forget_finished(self, outcome: _StepOutcome) -> None:
+        for seq in outcome.finished:
+            self._forget_if_done(seq.request_id)
 
     # introspection ----------------------------------------------------------------------------------
 
