@@ -188,7 +188,7 @@ class StepError(GlimmerError):
         return self._causes.get(request_id, self._cause)
 
 
-@dataclass
+@dataclass(slots=True)  # one per token: no __dict__ to make
 class _AcceptedToken:
     """A sampled token already appended to its sequence, whose text is not made yet (`_release_text`)."""
 
@@ -1068,8 +1068,9 @@ class LLMEngine:
         """What sampling the next token needs — after the `proposed` tokens, when verifying them."""
         outputs = seq.output_token_ids + list(proposed) if proposed else seq.output_token_ids
         # a token chosen by a step launched ahead counts, though the host has not appended it yet
-        banned = tuple(seq.stop_token_ids) if bans_stop_ids(len(outputs) + seq.num_pending_tokens,
-                                                            seq.params.min_tokens) else ()
+        min_tokens = seq.params.min_tokens  # 0 for most requests, which the rule need not be asked about
+        banned = tuple(seq.stop_token_ids) if min_tokens and bans_stop_ids(len(outputs) + seq.num_pending_tokens,
+                                                                           min_tokens) else ()
         if seq.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
             banned += banned_after(seq.bad_word_ids, outputs)
         if seq.params.uses_penalties and seq.penalty_ids is None:
@@ -1160,7 +1161,7 @@ class LLMEngine:
         done.num_tokens += 1
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
-        armed = stop_strings_armed(done.num_tokens, done.min_tokens)
+        armed = not done.min_tokens or stop_strings_armed(done.num_tokens, done.min_tokens)
         text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token), armed=armed)
         if stop_string is None and finish_reason is not None:
             # the U+FFFD of bytes left incomplete can complete a stop string too: then it ends the text as any does
