@@ -33,6 +33,13 @@ from glimmer.checkpoint.generation_config import (
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.bad_words import bad_word_ids
+from glimmer.engine.completion_rules import (
+    generation_budget,
+    silent_stop_ids,
+    stop_strings_armed,
+    stop_token_ids,
+    token_stop,
+)
 from glimmer.engine.config_checks import check_engine_config, check_weight_format
 from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
@@ -182,7 +189,7 @@ class StepError(GlimmerError):
         return self._causes.get(request_id, self._cause)
 
 
-@dataclass
+@dataclass(slots=True)  # one per token: no __dict__ to make
 class _AcceptedToken:
     """A sampled token already appended to its sequence, whose text is not made yet (`_release_text`)."""
 
@@ -290,6 +297,7 @@ class LLMEngine:
         self.model_config = self.loaded.config
         embedded = self.checkpoint.tokenizer
         self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.model_config)
+        self._eos_token_id = self.tokenizer.eos_token_id  # once: the property asks the tokenizer's backend each time
         text = self.model_config.text
         # the ids that are tokens: logit rows past the tokenizer's (a vocabulary padded to a multiple) are never
         # sampled, and no request may name them
@@ -322,7 +330,7 @@ class LLMEngine:
             self.runner = self.speculator = self.kv = None
             device_free_bytes(self.device)
             self._build_cache_and_runner(spec_config, extra_reserve=shortfall + _REPLAN_MARGIN_BYTES)
-        self.scheduler = Scheduler(self.scheduler_config, self.kv)
+        self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
@@ -760,9 +768,7 @@ class LLMEngine:
                 params.allowed_token_ids):  # every step would have nothing left to sample
             raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at "
                                "every step); allow an id no bad word is", param="bad_words")
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids |= set(self.generation_defaults.stop_token_ids)
+        stop_ids = stop_token_ids(params, self.generation_defaults.stop_token_ids)
         if params.min_tokens and params.allowed_token_ids and stop_ids.issuperset(params.allowed_token_ids):
             # min_tokens bans the stop ids at first: nothing would be left to sample
             raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
@@ -775,7 +781,7 @@ class LLMEngine:
                 request_id=request_id,
                 prompt_token_ids=list(prompt_token_ids),
                 params=params,
-                stop_token_ids=frozenset(stop_ids),
+                stop_token_ids=stop_ids,
                 max_total_tokens=prompt_len + max_tokens,
                 generator=generator,
                 multimodal=list(multimodal or []),
@@ -788,8 +794,7 @@ class LLMEngine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 min_tokens=params.min_tokens,
-                silent_stop_ids=frozenset() if params.include_stop_str_in_output else
-                frozenset(params.stop_token_ids) - frozenset(self.tokenizer.all_special_ids),
+                silent_stop_ids=silent_stop_ids(params, self.tokenizer.all_special_ids),
                 num_prompt_tokens=prompt_len,
                 prompt_logprobs=[None] * prompt_len if params.prompt_logprobs is not None else None,
             )
@@ -799,28 +804,9 @@ class LLMEngine:
             self.scheduler.add(seq)
 
     def generation_budget(self, prompt_len: int, params: SamplingParams, *, clamp_max_tokens: bool = False) -> int:
-        """How many tokens a request whose prompt has `prompt_len` tokens may generate: its max_tokens, or the room
-        the context leaves where it sets none (`clamp_max_tokens` as for `add_request`).
-
-        Raises ContextLengthError when the prompt exceeds max_model_len or leaves no room to generate (param
-        "messages"), or less room than max_tokens (param "max_tokens"); RequestError when less than min_tokens asks for.
-        """
-        room = self.max_model_len - prompt_len
-        if room < 0 or (room == 0 and params.max_tokens != 0):
-            raise ContextLengthError(self.max_model_len, prompt_len)
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if clamp_max_tokens:
-            max_tokens = min(max_tokens, room)
-        if max_tokens > room:
-            raise ContextLengthError(self.max_model_len, prompt_len, max_tokens)
-        if params.min_tokens > max_tokens:  # without max_tokens the context decides how many may be generated
-            raise RequestError(
-                f"min_tokens: {params.min_tokens} is more than this request can generate ({max_tokens} tokens: "
-                f"the prompt's {prompt_len} leave {room} of max_model_len={self.max_model_len}); lower min_tokens to "
-                f"at most {max_tokens}",
-                param="min_tokens",
-            )
-        return max_tokens
+        """How many tokens a request whose prompt has `prompt_len` tokens may generate in this engine's context
+        (completion_rules.generation_budget, whose errors it raises)."""
+        return generation_budget(self.max_model_len, prompt_len, params, clamp_max_tokens=clamp_max_tokens)
 
     def abort(self, request_id: str, index: int | None = None) -> list[StepDelta]:
         """Stop a request (or only its completion `index`) now and free its KV blocks (its full ones stay findable in
@@ -834,11 +820,11 @@ class LLMEngine:
             if seq.is_finished or (index is not None and seq.index != index):
                 continue
             try:  # a stop the server decides (a stop string, P-HDR-8) ends a request here: its blocks are cached too
-                self._cache_full_blocks(seq)
+                self.scheduler.cache_full_blocks(seq)
             except Exception:  # (after a failed step, say) the blocks are freed all the same, only not cached
                 logger.warning("request %s: its drafter context could not be written as it was aborted; its last "
                                "KV blocks are not offered to the prefix cache", request_id, exc_info=True)
-            self._finish(seq)
+            self.scheduler.finish(seq)
             done = self._completions.pop(id(seq), None)
             if done is not None:  # else its final delta went out already (its text ended in a failed step)
                 deltas.append(StepDelta(request_id, seq.index, [], done.stops.flush(), finish_reason="abort",
@@ -872,9 +858,6 @@ class LLMEngine:
         if self._launched is not None:
             return self._step_ahead(*self._successor(self._launched), self._launched)
         step = self.scheduler.schedule()
-        if self.speculator is not None:
-            for seq in step.preempted:  # its drafter blocks are freed: the context pending for them goes too
-                self.speculator.proposer.release(seq)
         if self._can_launch_ahead(step):
             return self._step_ahead(step, None, None)
         outcome = _StepOutcome()  # filled as the step goes: what it released before a failure goes out
@@ -888,7 +871,7 @@ class LLMEngine:
     def _run_step(self, step: ScheduledStep, started: float, outcome: _StepOutcome) -> None:
         if step.is_empty:  # only text left to release
             self._release_text(outcome)
-            self._retire(outcome)
+            self._retire(step, outcome)
             return
         masks = self._start_grammar_masks(step)
         output = self.runner.execute(step)
@@ -905,21 +888,12 @@ class LLMEngine:
         committed = self._emit(step, output, bitmask, grammar_failure, outcome)
         if not self.async_scheduling:
             self._release_text(outcome)
-        for seq, count in zip(step.seqs, committed, strict=True):
-            seq.num_computed_tokens += count
-        if self.speculator is not None:
+        step.commit(committed)
+        if self.speculator is not None:  # the drafter context of what was committed, before its blocks are offered
             decoding = _going_on([step.seqs[i] for i in output.sampling], outcome)
             running = len(self.scheduler.running) - len(outcome.finished)
             self.speculator.after_step(step, output, committed, decoding, running, started)
-        for seq in step.seqs:
-            self._register_computed_blocks(seq)
-        self._retire(outcome)
-
-    def _register_computed_blocks(self, seq: Sequence) -> None:
-        """Offer `seq`'s newly computed full blocks to the prefix cache: a registered block is complete in every
-        group, the drafter's context included (it can lag, draft_context.py)."""
-        complete = self.speculator.context_complete_through(seq) if self.speculator is not None else None
-        self.kv.register_computed_blocks(seq, complete)
+        self._retire(step, outcome)
 
     # running ahead (lookahead.py) ------------------------------------------------------------------------
 
@@ -984,7 +958,7 @@ class LLMEngine:
                                                proposals=proposals)
             released = True
             self._release_text(outcome)
-            self._retire(outcome)
+            self._retire(None, outcome)  # the blocks of `launched` were offered as its tokens were read
         except Exception as exc:
             if not released:  # the text made before the failure still goes out (to the requests not at fault)
                 self._release_text(outcome)
@@ -1018,7 +992,7 @@ class LLMEngine:
             if seq.is_finished or seq.request_id in outcome.failures:
                 continue
             if self._emit_tokens(seq, [token], [entry], outcome) and not outcome.ends(seq):
-                self._register_computed_blocks(seq)
+                self.scheduler.register_computed_blocks(seq)
 
     def _record_prompt_logprobs(self, step: ScheduledStep, scored_rows: dict[int, list[TokenLogprobs]]) -> None:
         """Keep the prompt logprobs this step's chunks scored (before their tokens count as computed)."""
@@ -1147,20 +1121,12 @@ class LLMEngine:
         """Append a sampled token and decide the stops that need no text (True: the sequence ends); the text
         waits for `_release_text`."""
         seq.output_token_ids.append(token)
-        finish_reason: str | None = None
-        stop_reason: int | None = None
-        controller_stop = seq.controller is not None and seq.controller.observe(token)
-        if token in seq.stop_token_ids:
-            # as vLLM reports it: no stop_reason for the tokenizer's EOS (unless ignore_eos made it a caller's stop
-            # id), the id for stop_token_ids and the checkpoint's other stop ids (<|eot|>)
-            primary_eos = not seq.params.ignore_eos and token == self.tokenizer.eos_token_id
-            finish_reason, stop_reason = "stop", None if primary_eos else token
-        elif controller_stop:  # the grammar is complete: its last token ends the output even where the limit does
-            finish_reason = "stop"
-        elif seq.num_tokens >= seq.max_total_tokens:
-            finish_reason = "length"
-        self._unreleased.append(_AcceptedToken(seq, token, logprobs, finish_reason, stop_reason))
-        return finish_reason is not None
+        stop = token_stop(seq, token, self._eos_token_id, seq.controller is not None and seq.controller.observe(token))
+        if stop is None:
+            self._unreleased.append(_AcceptedToken(seq, token, logprobs, None, None))
+            return False
+        self._unreleased.append(_AcceptedToken(seq, token, logprobs, *stop))
+        return True
 
     def _release_text(self, outcome: _StepOutcome) -> None:
         """Make the deltas of the accepted tokens: their text, with stop strings. A stop string ends its
@@ -1191,7 +1157,7 @@ class LLMEngine:
         done.num_tokens += 1
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
-        armed = done.num_tokens > done.min_tokens
+        armed = not done.min_tokens or stop_strings_armed(done.num_tokens, done.min_tokens)
         text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token), armed=armed)
         if stop_string is None and finish_reason is not None:
             # the U+FFFD of bytes left incomplete can complete a stop string too: then it ends the text as any does
@@ -1214,32 +1180,21 @@ class LLMEngine:
             first_scheduled_time=item.seq.first_scheduled_time,
         )
 
-    def _retire(self, outcome: _StepOutcome) -> None:
-        """After a step that ran: cache the full blocks of the sequences it ended (a follow-up turn, their prompt
-        and output, finds every one), then retire them."""
-        for seq in outcome.finished:
-            if not seq.is_finished and seq.request_id not in outcome.failures:
-                self._cache_full_blocks(seq)
-        self._retire_finished(outcome)
-
-    def _cache_full_blocks(self, seq: Sequence) -> None:
-        """`seq` ends: offer every full block it computed to the prefix cache, writing first the drafter context
-        they wait for (draft_context.py), which no later step would write."""
-        if self.speculator is not None and self.kv.enable_prefix_caching:
-            self.speculator.complete_full_blocks(seq, self.kv.block_size)
-        self._register_computed_blocks(seq)
+    def _retire(self, step: ScheduledStep | None, outcome: _StepOutcome) -> None:
+        """After a step that ran and was committed: the scheduler's bookkeeping of its blocks and of the sequences it
+        ended (`Scheduler.postprocess`)."""
+        self.scheduler.postprocess(step, outcome.finished, outcome.failures)
+        self._forget_finished(outcome)
 
     def _retire_finished(self, outcome: _StepOutcome) -> None:
-        """Free the blocks of the sequences this step ended; their text may still wait (`_release_text`)."""
-        for seq in outcome.finished:
-            if not seq.is_finished:
-                self._finish(seq)
-            self._forget_if_done(seq.request_id)
+        """After a step that failed: free the blocks of the sequences it ended; their text may still wait
+        (`_release_text`)."""
+        self.scheduler.retire(outcome.finished)
+        self._forget_finished(outcome)
 
-    def _finish(self, seq: Sequence) -> None:
-        self.scheduler.finish(seq)
-        if self.speculator is not None:
-            self.speculator.proposer.release(seq)
+    def _forget_finished(self, outcome: _StepOutcome) -> None:
+        for seq in outcome.finished:
+            self._forget_if_done(seq.request_id)
 
     # introspection ----------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ speculative decoding a decode also carries the tokens proposed for verification,
 budget and the KV pools allow — what does not fit is dropped), then admits waiting ones while the token
 budget, the sequence limit and the KV pools allow. When a running sequence cannot get blocks, the most
 recently admitted other sequence is preempted: its blocks are freed and it goes back to the front of the
-queue to be recomputed later (prefix caching usually makes that cheap). Knows nothing of tensors.
+queue to be recomputed later (prefix caching usually makes that cheap). After the step ran, `postprocess` offers
+the full blocks it computed to the prefix cache and retires the sequences it ended. Knows nothing of tensors.
 
 Admission leaves room for the running sequences to grow (as SGLang's scheduler does): each is expected to
 generate `growth_ratio` of the tokens it may still generate (at most GROWTH_CLIP of them), and a waiting
@@ -20,7 +21,9 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.sequence import Sequence, SequenceStatus
@@ -63,11 +66,32 @@ class ScheduledStep:
         self.num_new_tokens.append(num_new_tokens)
         self.num_spec_tokens.append(len(seq.spec_token_ids))
 
+    def commit(self, committed: list[int]) -> None:
+        """The step ran: `committed[i]` of seqs[i]'s scheduled tokens are computed for good (proposed tokens that
+        were rejected, or dropped at a stop, are not)."""
+        for seq, count in zip(self.seqs, committed, strict=True):
+            seq.num_computed_tokens += count
+
+
+class DrafterContext(Protocol):
+    """What the KV bookkeeping asks of speculative decoding (spec_decode.py), whose drafter context can lag behind
+    the target's (draft_context.py): a block is complete, and offered to the prefix cache, once both hold it."""
+
+    def context_complete_through(self, seq: Sequence) -> int:
+        """How many leading positions of `seq` have their keys/values in every group, the drafter's included."""
+
+    def complete_full_blocks(self, seq: Sequence, block_size: int) -> None:
+        """`seq` ends: write the drafter context its computed full blocks wait for."""
+
+    def release(self, seq: Sequence) -> None:
+        """Drop the drafter context kept for `seq`, whose blocks are freed."""
+
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, drafter: DrafterContext | None = None):
         self.config = config
         self.kv = kv
+        self.drafter = drafter
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -193,6 +217,41 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+        if self.drafter is not None:  # its drafter blocks are freed: the context pending for them goes too
+            self.drafter.release(seq)
+
+    def register_computed_blocks(self, seq: Sequence) -> None:
+        """Offer `seq`'s newly computed full blocks to the prefix cache: a registered block is complete in every
+        group, the drafter's context included."""
+        drafter = self.drafter
+        self.kv.register_computed_blocks(seq, drafter.context_complete_through(seq) if drafter is not None else None)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """`seq` ends: offer every full block it computed to the prefix cache, writing first the drafter context
+        they wait for, which no later step would write."""
+        if self.drafter is not None and self.kv.enable_prefix_caching:
+            self.drafter.complete_full_blocks(seq, self.kv.block_size)
+        self.register_computed_blocks(seq)
+
+    def postprocess(self, step: ScheduledStep | None, ended: list[Sequence], failed: Container[str] = ()) -> None:
+        """After a step ran and its tokens were committed (`ScheduledStep.commit`): offer the full blocks its
+        sequences computed to the prefix cache (None: a step run ahead, whose blocks were offered as its tokens
+        were read), then retire the sequences that `ended` with it, their blocks cached whole first (a follow-up
+        turn, their prompt and output, finds every one) unless their request is among the `failed`."""
+        if step is not None:
+            for seq in step.seqs:
+                self.register_computed_blocks(seq)
+        for seq in ended:
+            if not seq.is_finished and seq.request_id not in failed:
+                self.cache_full_blocks(seq)
+        self.retire(ended)
+
+    def retire(self, ended: list[Sequence]) -> None:
+        """Finish those of `ended` not finished yet, freeing their blocks (`postprocess` caches them first; after a
+        step that failed they go uncached)."""
+        for seq in ended:
+            if not seq.is_finished:
+                self.finish(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Retire a sequence (finished or aborted), wherever it is."""
@@ -204,3 +263,5 @@ class Scheduler:
         seq.keep_spec_tokens(0)
         seq.penalty_ids = None
         seq.status = SequenceStatus.FINISHED
+        if self.drafter is not None:
+            self.drafter.release(seq)

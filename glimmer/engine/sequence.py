@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from glimmer.engine.bad_words import banned_after
+from glimmer.engine.completion_rules import bans_stop_ids
 from glimmer.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ class Sequence:
         fewer than min_tokens were generated (a token chosen by a step launched ahead counts, though the host has
         not appended it yet) and what its bad words ban there. An id < 0 in `outputs` stands for a proposed token
         not chosen yet (the drafter masks all its positions at once): no bad word's prefix matches it."""
-        banned = tuple(self.stop_token_ids) if len(outputs) + self.num_pending_tokens < self.params.min_tokens else ()
+        banned = tuple(self.stop_token_ids) if bans_stop_ids(len(outputs) + self.num_pending_tokens,
+                                                             self.params.min_tokens) else ()
         if self.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
             banned += banned_after(self.bad_word_ids, outputs)
         return banned

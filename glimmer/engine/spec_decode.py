@@ -184,6 +184,10 @@ class SpeculativeDecoder:
         if pending is not None and pending < seq.num_computed_tokens // block_size * block_size:
             self.proposer.write_pending()
 
+    def release(self, seq: Sequence) -> None:
+        """`seq` finished or was preempted: drop what the proposer keeps of it."""
+        self.proposer.release(seq)
+
     def record_verification(self, num_proposed: int, num_accepted: int) -> None:
         if num_proposed:
             self.stats.record(num_proposed, num_accepted)

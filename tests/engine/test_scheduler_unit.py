@@ -9,7 +9,7 @@ import pytest
 
 from glimmer.engine.kv_cache_manager import FULL, KVCacheLayout, KVCacheManager
 from glimmer.engine.sampling_params import SamplingParams
-from glimmer.engine.scheduler import Scheduler, SchedulerConfig
+from glimmer.engine.scheduler import RATIO_MIN, Scheduler, SchedulerConfig
 from glimmer.engine.sequence import Sequence
 
 
@@ -278,3 +278,88 @@ def test_a_request_kept_waiting_for_the_others_growth_says_how_many_pages_were_k
     while scheduler.running:
         _run_step(scheduler)
     assert [s.request_id for s in scheduler.running] == [] and scheduler.reserved_pages == 0
+
+
+class _LaggingDrafter:
+    """A drafter whose context is written `lag` positions behind the target's until a sequence ends."""
+
+    def __init__(self, lag: int):
+        self.lag = lag
+        self.completed: list[str] = []
+        self.released: list[str] = []
+
+    def context_complete_through(self, seq: Sequence) -> int:
+        return seq.num_computed_tokens - self.lag
+
+    def complete_full_blocks(self, seq: Sequence, block_size: int) -> None:
+        self.completed.append(seq.request_id)
+        self.lag = 0
+
+    def release(self, seq: Sequence) -> None:
+        self.released.append(seq.request_id)
+
+
+def _scheduler(drafter: _LaggingDrafter | None = None) -> Scheduler:
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=16, pages_per_block={FULL: 1}, sliding_window=64))
+    return Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64), kv, drafter)
+
+
+def test_postprocess_offers_the_computed_blocks_and_retires_what_ended_with_its_blocks_cached():
+    scheduler = _scheduler()
+    going, ending = _seq("going", list(range(100, 109)), 20), _seq("ending", list(range(200, 211)), 20)
+    scheduler.add(going)
+    scheduler.add(ending)
+    step = scheduler.schedule()
+    step.commit(step.num_new_tokens)
+    assert (going.num_computed_tokens, ending.num_computed_tokens) == (9, 11)
+    ending.output_token_ids.append(7)  # the sampled token completes its third block
+    ending.num_computed_tokens += 1  # (as the next step would compute it)
+    scheduler.postprocess(step, [ending])
+    assert going.num_registered_blocks == 2 and scheduler.running == [going]
+    assert ending.is_finished and not ending.blocks
+    assert scheduler.kv.acquire_cached_prefix(_seq("again", list(range(200, 211)) + [7, 8], 20)) == 12
+
+
+def test_postprocess_does_not_complete_the_drafter_context_of_a_failed_request():
+    drafter = _LaggingDrafter(lag=2)
+    scheduler = _scheduler(drafter)
+    seq = _seq("failed", list(range(200, 209)), 20)
+    scheduler.add(seq)
+    step = scheduler.schedule()
+    step.commit(step.num_new_tokens)
+    scheduler.postprocess(step, [seq], failed={"failed"})
+    assert seq.is_finished and not seq.blocks
+    assert drafter.completed == [] and drafter.released == ["failed"]
+    assert scheduler.kv.acquire_cached_prefix(_seq("again", list(range(200, 209)), 20)) == 4  # the drafter's 7
+
+
+def test_blocks_wait_for_the_drafters_context_and_an_ending_sequence_completes_it():
+    drafter = _LaggingDrafter(lag=2)
+    scheduler = _scheduler(drafter)
+    going, ending = _seq("going", list(range(100, 109)), 20), _seq("ending", list(range(200, 209)), 20)
+    scheduler.add(going)
+    scheduler.add(ending)
+    step = scheduler.schedule()
+    step.commit(step.num_new_tokens)
+    scheduler.postprocess(step, [ending])
+    assert going.num_registered_blocks == 1  # 9 computed, the drafter's 7: one full block complete in both
+    assert drafter.completed == ["ending"] and drafter.released == ["ending"]
+    assert scheduler.kv.acquire_cached_prefix(_seq("again", list(range(200, 209)), 20)) == 8
+
+
+def test_a_preempted_or_finished_sequence_drops_its_drafter_context():
+    drafter = _LaggingDrafter(lag=0)
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=4, pages_per_block={FULL: 1}, sliding_window=64))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64), kv, drafter)
+    scheduler.growth_ratio = RATIO_MIN  # both are admitted into the pool's four pages
+    first, second = _seq("first", list(range(100, 106)), 16), _seq("second", list(range(200, 206)), 16)
+    scheduler.add(first)
+    scheduler.add(second)
+    assert scheduler.schedule().seqs == [first, second]
+    for seq in (first, second):
+        seq.output_token_ids += [1, 2, 3]
+        seq.num_computed_tokens = 8  # its two blocks computed: its next token needs a third, which only one can have
+    step = scheduler.schedule()
+    assert step.preempted == [second] and drafter.released == ["second"]
+    scheduler.finish(first)
+    assert drafter.released == ["second", "first"]
