@@ -197,10 +197,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
         defaulted.append(f"{_key(name)}={_OPTIONAL_DEFAULTS[name]!r}")
         return _OPTIONAL_DEFAULTS[name]
 
-    n = _positive(file, "block_count")
-    if n > MAX_LAYERS:
-        raise file.error(f"{_key('block_count')}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; the 30B "
-                         f"has 52): the metadata is damaged; download the file again or {CONVERT_AGAIN}")
+    n = refuse_too_many_layers(file, _key("block_count"), _positive(file, "block_count"), "the 30B has 52")
     hidden = _positive(file, "embedding_length")
     heads = _per_layer_constant(file, "attention.head_count", n)
     kv_heads = _per_layer_constant(file, "attention.head_count_kv", n)
@@ -279,6 +276,16 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
 # for every architecture; absent or 0 means 1), or by YaRN / LongRoPE when its scaling type says so
 _ROPE_SCALING_FACTORS = ("rope.scaling.factor", "rope.scale_linear")
 _UNSCALED_ROPE_TYPES = ("none", "linear")  # linear by a factor of 1 scales nothing
+
+
+def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> int:
+    """n, the layer count read from `key`, refused naming the key when over MAX_LAYERS (config.py), as config.json's
+    is: checked before anything is built per layer (10**9 layers without a pattern to go by took gigabytes).
+    `largest` names the release's count for the error."""
+    if n > MAX_LAYERS:
+        raise file.error(f"{key}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; {largest}): the "
+                         f"metadata is damaged; download the file again or {CONVERT_AGAIN}")
+    return n
 
 
 def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:
