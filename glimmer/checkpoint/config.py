@@ -73,6 +73,16 @@ def _require_positive_float(owner: str, name: str, value: Any) -> None:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive finite number")
 
 
+def _refuse_huge_weights(owner: str, matrices: dict[str, int]) -> None:
+    """Refuse sizes that make a weight (named by its shape, as the config's fields multiply into it) of more than
+    MAX_WEIGHT_ELEMENTS, before the model is built from them."""
+    for shape, elements in matrices.items():
+        if elements > MAX_WEIGHT_ELEMENTS:
+            raise ConfigError(f"{owner} sizes make a weight of {shape} = {elements} elements, more than any "
+                              "checkpoint holds (at most 2**40): the config is damaged; use the config.json "
+                              "published with the weights")
+
+
 class _AttentionWidths:
     """Row counts of the q and k/v projections, for decoders with num_(key_value_)heads and head_dim."""
 
@@ -151,16 +161,11 @@ class TextConfig(_AttentionWidths):
             )
         if self.head_dim % 2:
             raise ConfigError(f"{owner}.head_dim={self.head_dim} is odd; rotary embeddings need an even head_dim")
-        matrices = {
+        _refuse_huge_weights(owner, {
             "vocab_size × hidden_size (embed_tokens, lm_head)": self.vocab_size * self.hidden_size,
             "num_attention_heads·head_dim × hidden_size (q_proj, gate_proj, o_proj)": self.q_size * self.hidden_size,
             "intermediate_size × hidden_size (the MLP)": self.intermediate_size * self.hidden_size,
-        }
-        for shape, elements in matrices.items():
-            if elements > MAX_WEIGHT_ELEMENTS:
-                raise ConfigError(f"{owner} sizes make a weight of {shape} = {elements} elements, more than any "
-                                  "checkpoint holds (at most 2**40): the config is damaged; use the config.json "
-                                  "published with the weights")
+        })
         n = self.num_hidden_layers
         if len(self.layer_types) != n:
             raise ConfigError(
@@ -245,6 +250,12 @@ class VisionConfig:
                 f"{owner}: head_dim={self.head_dim} (hidden_size / num_attention_heads) must be a multiple of 4 "
                 "for the 2-D axial rotary embedding"
             )
+        _refuse_huge_weights(owner, {
+            "patch_temporal·3·patch_size² × hidden_size (patch_embedding)": self.patch_dim * self.hidden_size,
+            "pos_emb_size² × hidden_size (position_embedding_table)": self.pos_emb_size**2 * self.hidden_size,
+            "hidden_size × hidden_size (q_proj, k_proj, v_proj, proj)": self.hidden_size**2,
+            "intermediate_size × hidden_size (the MLP)": self.intermediate_size * self.hidden_size,
+        })
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"{owner}.layer_types has {len(self.layer_types)} entries but "
@@ -304,6 +315,13 @@ class ModelConfig:
                 f"out_hidden_size={self.out_hidden_size} does not match the merged vision width "
                 f"vision_config.hidden_size × merge_size² = {merged}; the adapter weights cannot be formed"
             )
+        _refuse_huge_weights("config", {
+            "projector_hidden_size × out_hidden_size (vision_adapter.fc1)":
+                self.projector_hidden_size * self.out_hidden_size,
+            "projector_hidden_size × projector_hidden_size (vision_adapter.fc2)": self.projector_hidden_size**2,
+            "text_config.hidden_size × projector_hidden_size (vision_projection)":
+                self.text.hidden_size * self.projector_hidden_size,
+        })
         if self.projector_hidden_act not in SUPPORTED_VISION_ACTIVATIONS:
             raise ConfigError(
                 f"projector_hidden_act={self.projector_hidden_act!r} is not supported; expected 'gelu'"
@@ -402,6 +420,12 @@ class DrafterConfig(_AttentionWidths):
                               "non-empty list of target layer indices")
         if self.vocab_size is not None:
             _require_positive_int(owner, "vocab_size", self.vocab_size)
+        _refuse_huge_weights(owner, {
+            "num_attention_heads·head_dim × hidden_size (q_proj, o_proj)": self.q_size * self.hidden_size,
+            "intermediate_size × hidden_size (the MLP)": self.intermediate_size * self.hidden_size,
+            "len(target_layer_ids)·hidden_size × hidden_size (fc)":
+                len(self.target_layer_ids) * self.hidden_size**2,
+        })
 
     @property
     def num_draft_tokens(self) -> int:

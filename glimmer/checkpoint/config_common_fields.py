@@ -38,13 +38,14 @@ VISION_PATH_FIELDS = (
 )
 
 # Flags some configs carry for features every Muse Glimmer checkpoint has (or lacks): any other value is a
-# different architecture, which Glimmer refuses rather than ignores.
+# different architecture, which Glimmer refuses rather than ignores (a GGUF's keys of the same meaning too,
+# gguf_model.py).
 _ALWAYS = {
     "use_qk_norm": (True, "a weightless QK-norm"),
     "use_attn_output_gate": (True, "the sigmoid attention output gate"),
     "mlp_bias": (False, "bias-free MLP projections"),
 }
-_NEVER = {
+NEVER_FEATURES = {
     "attn_logit_softcapping": "attention-logit softcapping",
     "use_bidirectional_attention": "bidirectional attention",
 }
@@ -129,7 +130,7 @@ def _check_feature_flags(section: Section) -> None:
                 f"{section.path(key)}={value!r} is not supported; every Muse Glimmer checkpoint has {meaning}: "
                 f"set it to {json.dumps(expected)} or remove it"
             )
-    for key, meaning in _NEVER.items():
+    for key, meaning in NEVER_FEATURES.items():
         _, value = section.get(key)
         if value not in (MISSING, None, False):
             raise notes.error(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUF_ADVICE, GGUFFile
-from glimmer.checkpoint.gguf_model import refuse_rope_scaling
+from glimmer.checkpoint.gguf_model import refuse_rope_scaling, refuse_too_many_layers
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import TensorInfo
 
@@ -67,7 +67,8 @@ def read_gguf_drafter(path: str | Path) -> tuple[dict[str, Any], MappedTensors]:
     def key(name: str) -> str:
         return f"{ARCH}.{name}"
 
-    n = file.integer(key("block_count"))
+    n = refuse_too_many_layers(file, key("block_count"), file.integer(key("block_count")),
+                               "the release's drafter has 5")
     hidden, inner = file.integer(key("embedding_length")), file.integer(key("feed_forward_length"))
     heads, kv_heads = file.integer(key("attention.head_count")), file.integer(key("attention.head_count_kv"))
     head_dim = file.integer(key("attention.key_length"))

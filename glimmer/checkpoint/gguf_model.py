@@ -42,6 +42,7 @@ from glimmer.checkpoint.config import (
     TextConfig,
     reference_text_layer_types,
 )
+from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile
 from glimmer.checkpoint.mapped_tensors import MappedTensor, MappedTensors
 from glimmer.checkpoint.safetensors_files import TensorInfo
@@ -189,7 +190,7 @@ def _key(name: str) -> str:
 
 def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
     defaulted: list[str] = []
-    notes: list[str] = []
+    notes: list[str] = _check_unread_keys(file)
 
     def optional(name: str) -> float:
         if file.has(_key(name)):
@@ -197,10 +198,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
         defaulted.append(f"{_key(name)}={_OPTIONAL_DEFAULTS[name]!r}")
         return _OPTIONAL_DEFAULTS[name]
 
-    n = _positive(file, "block_count")
-    if n > MAX_LAYERS:
-        raise file.error(f"{_key('block_count')}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; the 30B "
-                         f"has 52): the metadata is damaged; download the file again or {CONVERT_AGAIN}")
+    n = refuse_too_many_layers(file, _key("block_count"), _positive(file, "block_count"), "the 30B has 52")
     hidden = _positive(file, "embedding_length")
     heads = _per_layer_constant(file, "attention.head_count", n)
     kv_heads = _per_layer_constant(file, "attention.head_count_kv", n)
@@ -279,6 +277,46 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
 # for every architecture; absent or 0 means 1), or by YaRN / LongRoPE when its scaling type says so
 _ROPE_SCALING_FACTORS = ("rope.scaling.factor", "rope.scale_linear")
 _UNSCALED_ROPE_TYPES = ("none", "linear")  # linear by a factor of 1 scales nothing
+
+
+# llama.cpp's keys (under the architecture's prefix) for features Muse Glimmer lacks → config.json's flag of the same
+# meaning (config_common_fields.NEVER_FEATURES), how the value is read, and the value that leaves the feature off;
+# any other value is refused as that flag's is
+_NEVER_KEYS: dict[str, tuple[str, Callable[[GGUFFile, str], Any], Any]] = {
+    "attn_logit_softcapping": ("attn_logit_softcapping", GGUFFile.number, 0.0),
+    "attention.causal": ("use_bidirectional_attention", GGUFFile.boolean, True),
+}
+# every key under `muse-glimmer.` that _text_config reads; any other is ignored with a warning, as config.json's
+# unknown keys are
+_READ_KEYS = frozenset({
+    "block_count", "embedding_length", "feed_forward_length", "context_length", "vocab_size", "logit_scale",
+    "final_logit_softcapping", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+    "attention.value_length", "attention.layer_norm_rms_epsilon", "attention.sliding_window",
+    "attention.sliding_window_pattern", "rope.dimension_count", "rope.freq_base", "rope.freq_base_swa",
+    "rope.scaling.type", *_ROPE_SCALING_FACTORS, *_NEVER_KEYS,
+})
+
+
+def _check_unread_keys(file: GGUFFile) -> list[str]:
+    """Refuse a key asking for a feature Muse Glimmer lacks, naming it; return the warning listing the keys under
+    `muse-glimmer.` that Glimmer does not read (`expert_count`, ...), or none."""
+    for name, (flag, read, off) in _NEVER_KEYS.items():
+        if file.has(_key(name)) and (value := read(file, _key(name))) != off:
+            raise file.error(f"{_key(name)}={value!r} is not supported; Muse Glimmer has no {NEVER_FEATURES[flag]}: "
+                             f"remove the key or {CONVERT_AGAIN}")
+    unread = sorted(key for key in file.metadata
+                    if key.startswith(f"{ARCH}.") and key.removeprefix(f"{ARCH}.") not in _READ_KEYS)
+    return [f"{file.path}: ignoring metadata keys Glimmer does not read: {', '.join(unread)}"] if unread else []
+
+
+def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> int:
+    """n, the layer count read from `key`, refused naming the key when over MAX_LAYERS (config.py), as config.json's
+    is: checked before anything is built per layer (10**9 layers without a pattern to go by took gigabytes).
+    `largest` names the release's count for the error."""
+    if n > MAX_LAYERS:
+        raise file.error(f"{key}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; {largest}): the "
+                         f"metadata is damaged; download the file again or {CONVERT_AGAIN}")
+    return n
 
 
 def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:

@@ -51,8 +51,9 @@ def _names_every_one_of(*names: str) -> ChangesNothing:
 
 
 def _best_of_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
-    """None, 1 or n: no more completions drawn than returned (the server's rule for /v1/completions too)."""
-    return value is None or (type(value) is int and value in (1, given.get("n", 1)))
+    """None or n (1 without n): as many completions drawn as returned (the server's rule for /v1/completions too).
+    A best_of below n is refused, as vLLM refused it (it cannot return n of fewer)."""
+    return value is None or (type(value) is int and value == given.get("n", 1))
 
 
 def _stream_interval_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
@@ -106,8 +107,9 @@ def _quantization_changes_nothing(value: object, given: Mapping[str, Any]) -> bo
 
 VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
     "best_of": VllmArgument(_best_of_changes_nothing, (
-        "not supported (vLLM samples best_of completions and returns the n of them most likely); sample "
-        "n=best_of completions with logprobs=0 and keep the best by CompletionOutput.cumulative_logprob")),
+        "not supported (vLLM samples best_of completions and returns the n of them most likely, so it refuses a "
+        "best_of below n); leave it out or set it equal to n, or sample n=best_of completions with logprobs=0 and "
+        "keep the best by CompletionOutput.cumulative_logprob")),
     "use_beam_search": VllmArgument(_only(False), (
         "beam search is LLM.beam_search(prompts, BeamSearchParams(beam_width=..., max_tokens=...)), as in vLLM since "
         "it left SamplingParams; leave it out here")),

@@ -1025,3 +1025,27 @@ def test_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming_them(si
     raw["text_config"].update(sizes)
     expect_error(raw, f"text_config sizes make a weight of {shape}, more than any checkpoint holds (at most 2**40)",
                  "use the config.json published with the weights")
+
+
+@pytest.mark.parametrize(("section", "sizes", "shape"), [
+    ("vision_config", {"hidden_size": 2**21, "intermediate_size": 2**21},
+     "vision_config sizes make a weight of hidden_size × hidden_size (q_proj, k_proj, v_proj, proj) = "
+     "4398046511104 elements"),
+    ("vision_config", {"intermediate_size": 2**40},
+     "vision_config sizes make a weight of intermediate_size × hidden_size (the MLP) = 35184372088832 elements"),
+    ("vision_config", {"patch_size": 2**20},
+     "vision_config sizes make a weight of patch_temporal·3·patch_size² × hidden_size (patch_embedding) = "
+     "211106232532992 elements"),
+    (None, {"projector_hidden_size": 2**40},
+     "config sizes make a weight of projector_hidden_size × out_hidden_size (vision_adapter.fc1) = "
+     "140737488355328 elements"),
+], ids=["vision-attention", "vision-mlp", "vision-patch-embedding", "adapter"])
+def test_vision_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming_them(section, sizes, shape):
+    """QA: the text decoder's sizes were bounded so (above), the vision tower's and its adapter's were not: such a
+    config was taken, and building the model failed deep inside torch with a raw traceback."""
+    raw = config_to_dict(tiny_model(), "canonical")
+    (raw[section] if section else raw).update(sizes)
+    vision = raw["vision_config"]
+    raw["out_hidden_size"] = vision["hidden_size"] * vision["merge_size"] ** 2  # the merged width, kept consistent
+    expect_error(raw, f"{shape}, more than any checkpoint holds (at most 2**40)",
+                 "use the config.json published with the weights")

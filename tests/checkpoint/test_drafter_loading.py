@@ -224,3 +224,19 @@ def test_a_drafter_layer_count_no_model_has_is_refused_before_its_layer_types_ar
                             preexec_fn=cap_memory)
     assert result.stdout.startswith("d/config.json: num_hidden_layers=1000000000 is more layers than Glimmer builds "
                                     "(at most 4096"), result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("sizes", "shape"), [
+    ({"intermediate_size": 2**40}, "intermediate_size × hidden_size (the MLP) = 7318349394477056 elements"),
+    ({"hidden_size": 2**20, "num_attention_heads": 2**20, "head_dim": 2**20},
+     "num_attention_heads·head_dim × hidden_size (q_proj, o_proj) = 1152921504606846976 elements"),
+], ids=["mlp", "attention"])
+def test_drafter_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming_them(sizes, shape):
+    """As the target's text and vision sizes: building the drafter from them failed deep inside torch."""
+    from glimmer.checkpoint.drafter import read_drafter_config
+
+    with pytest.raises(ConfigError) as error:
+        read_drafter_config({"model_type": "muse_glimmer_assistant", **sizes}, source="d/config.json",
+                            mask_token_id=lambda: 500)
+    assert str(error.value).startswith(f"d/config.json: drafter config sizes make a weight of {shape}, more than any "
+                                       "checkpoint holds (at most 2**40)"), str(error.value)

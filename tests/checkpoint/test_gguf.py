@@ -25,6 +25,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf_export import block_steps, canonical_state, export_text_gguf
 
 from glimmer.checkpoint.gguf_file import GGUFFile
+from glimmer.checkpoint.gguf_model import read_gguf_model
 from glimmer.checkpoint.tiny_tokenizer import TRAINING_CORPUS
 from glimmer.checkpoint.weight_layouts import interleaved_to_rotate_half
 from glimmer.engine.llm import LLM
@@ -232,6 +233,41 @@ def test_a_gguf_whose_rope_scaling_keys_scale_nothing_loads(f32_gguf, tmp_path):
         "muse-glimmer.rope.scale_linear": (0.0, _FLOAT)})
     assert torch.equal(logits(load_model(path, progress=False).model),
                        logits(load_model(f32_gguf, progress=False).model))
+
+
+@pytest.mark.parametrize(("key", "value", "refusal"), [
+    ("attn_logit_softcapping", (50.0, _FLOAT), "attn_logit_softcapping=50.0 is not supported; Muse Glimmer has no "
+                                               "attention-logit softcapping"),
+    ("attention.causal", (False, gguf.GGUFValueType.BOOL), "attention.causal=False is not supported; Muse Glimmer "
+                                                           "has no bidirectional attention"),
+], ids=["attention-softcap", "bidirectional"])
+def test_a_gguf_key_asking_for_a_feature_muse_glimmer_lacks_is_refused_by_its_key(f32_gguf, tmp_path, key, value,
+                                                                                 refusal):
+    """QA: llama.cpp caps the attention logits where attn_logit_softcapping is set; Glimmer ignored the key without a
+    word and ran the file uncapped, where config.json's attn_logit_softcapping (and use_bidirectional_attention) is
+    refused."""
+    from test_gguf_hostile import _rewrite
+
+    path = _rewrite(f32_gguf, tmp_path / "feature.gguf", {}, add={f"muse-glimmer.{key}": value})
+    with pytest.raises(CheckpointError) as err:
+        read_gguf_model(path)
+    assert str(err.value) == f"{path}: muse-glimmer.{refusal}: remove the key or convert the Hugging Face " \
+                             "checkpoint again with llama.cpp's convert_hf_to_gguf.py"
+
+
+def test_gguf_keys_glimmer_does_not_read_are_named_in_a_warning(f32_gguf, tmp_path):
+    """QA: muse-glimmer.expert_count and the like were ignored without a word, where config.json's unknown keys are
+    named in a warning; the keys for features left off (a softcap of 0, causal attention) are read silently."""
+    from test_gguf_hostile import _rewrite
+
+    assert not [w for w in read_gguf_model(f32_gguf).config.warnings if "does not read" in w]  # the converter's
+    path = _rewrite(f32_gguf, tmp_path / "unread.gguf", {}, add={
+        "muse-glimmer.expert_count": (8, gguf.GGUFValueType.UINT32),
+        "muse-glimmer.attn_logit_softcapping": (0.0, _FLOAT),
+        "muse-glimmer.attention.causal": (True, gguf.GGUFValueType.BOOL),
+        "muse-glimmer.shared_kv_layers": (2, gguf.GGUFValueType.UINT32)})
+    assert f"{path}: ignoring metadata keys Glimmer does not read: muse-glimmer.expert_count, " \
+           "muse-glimmer.shared_kv_layers" in read_gguf_model(path).config.warnings
 
 
 @pytest.mark.parametrize(("period", "full_layers"), [(4, [3, 7]), (3, [2, 5]), (0, [])])

@@ -5,6 +5,9 @@ drafter loader exactly as the HF drafter it came from."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gguf
 import numpy as np
 import pytest
@@ -22,7 +25,8 @@ CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
               rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
 
 
-def write_drafter_gguf(path, state, config, *, extra_tensor: bool = False, extra_keys: dict | None = None):
+def write_drafter_gguf(path, state, config, *, extra_tensor: bool = False, extra_keys: dict | None = None,
+                       with_pattern: bool = True):
     writer = gguf.GGUFWriter(path, "dflash")
     for key, (value, value_type) in (extra_keys or {}).items():
         writer.add_key_value(key, value, value_type)
@@ -39,7 +43,8 @@ def write_drafter_gguf(path, state, config, *, extra_tensor: bool = False, extra
     writer.add_uint32("dflash.block_size", config["block_size"])
     writer.add_array("dflash.target_layers", [t + 1 for t in config["target_layer_ids"]])
     writer.add_sliding_window(config["sliding_window"])
-    writer.add_sliding_window_pattern([True] * config["num_hidden_layers"])
+    if with_pattern:
+        writer.add_sliding_window_pattern([True] * config["num_hidden_layers"])
     writer.add_uint32("tokenizer.ggml.mask_token_id", config["mask_token_id"])
     writer.add_bos_token_id(config["bos_token_id"])
     writer.add_eos_token_id(config["eos_token_id"])
@@ -110,6 +115,30 @@ def test_a_drafter_asking_for_scaled_rope_is_refused_by_its_key(reference, tmp_p
         "dflash.rope.scaling.factor": (8.0, gguf.GGUFValueType.FLOAT32)})
     with pytest.raises(CheckpointError, match=r"dflash\.rope\.scaling\.factor=8\.0 asks for RoPE positions scaled"):
         read_gguf_drafter(path)
+
+
+def test_a_drafter_block_count_no_model_has_is_refused_by_its_key_before_its_layers_are_listed(reference, tmp_path):
+    """QA: dflash.block_count=10**9 without attention.sliding_window_pattern made a list of 10**9 layer kinds (8 GB)
+    before anything was checked. Read in a subprocess under an address-space cap, so the old behaviour fails with a
+    MemoryError, not the machine."""
+    import resource
+
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    state = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+    path = write_drafter_gguf(tmp_path / "d.gguf", state, CONFIG | {"num_hidden_layers": 10**9}, with_pattern=False)
+    code = ("import sys\n"
+            "from glimmer.checkpoint.gguf_drafter import read_gguf_drafter\n"
+            "from glimmer.errors import CheckpointError\n"
+            "try:\n"
+            "    read_gguf_drafter(sys.argv[1])\n"
+            "except CheckpointError as error:\n"
+            "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                            preexec_fn=cap_memory)
+    assert "dflash.block_count=1000000000 is more layers than Glimmer builds (at most 4096; the release's drafter " \
+           "has 5)" in result.stdout, result.stdout + result.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("change", "expected"), [

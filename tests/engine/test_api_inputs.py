@@ -96,7 +96,7 @@ def test_a_vllm_argument_glimmer_does_not_take_is_refused_with_what_to_do_instea
 
 
 @pytest.mark.parametrize("arguments", [
-    {"best_of": None}, {"best_of": 1}, {"n": 3, "best_of": 3}, {"n": 3, "best_of": 1}, {"use_beam_search": False},
+    {"best_of": None}, {"best_of": 1}, {"n": 3, "best_of": 3}, {"use_beam_search": False},
     {"length_penalty": 1.0}, {"early_stopping": False}, {"guided_decoding": None}, {"logits_processors": None},
     {"logits_processors": []},
     {"detokenize": True}, {"spaces_between_special_tokens": True}, {"spaces_between_special_tokens": False},
@@ -128,6 +128,18 @@ def test_a_vllm_argument_set_after_construction_is_refused_as_at_construction(na
         setattr(params, name, value)
     assert caught.value.param == name and advice in str(caught.value)
     assert vars(params).keys() == {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def test_a_best_of_below_n_is_refused_naming_it_and_the_fix():
+    """QA: SamplingParams(n=2, best_of=1) was taken as changing nothing, where vLLM refused a best_of below n (it
+    cannot return n of fewer) and Glimmer's server refuses it (400, param best_of); set after construction too."""
+    with pytest.raises(UnsupportedArgumentError) as caught:
+        SamplingParams(n=2, best_of=1)
+    assert caught.value.param == "best_of" and "refuses a best_of below n); leave it out or set it equal to n" in \
+        str(caught.value)
+    params = SamplingParams(n=3)
+    with pytest.raises(UnsupportedArgumentError, match="best_of below n"):
+        params.best_of = 1
 
 
 def test_a_misspelled_field_set_after_construction_names_the_field():
