@@ -406,7 +406,8 @@ def test_a_gguf_with_mmproj_stops_decoding_a_request_s_images_at_the_context(mak
     llm = LLM(str(model_file), mmproj=str(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")),
               max_model_len=40, progress=False, kv_cache_memory=16 << 20)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8))
-    with pytest.raises(MediaLimitError, match=r"^request: the images and videos need at least 54 tokens"):
+    with pytest.raises(MediaLimitError, match=r"^This model's maximum context length is 40 tokens \(max_model_len\), "
+                                              r"but the images and videos need at least 54 tokens together"):
         llm.generate({"prompt": "Look: <|patch|> <|patch|>", "multi_modal_data": {"image": [image, b"not an image"]}},
                      SamplingParams(max_tokens=3))
 
