@@ -353,10 +353,16 @@ class LLM:
             raise UnsupportedArgumentError(f"{name}.mm_processor_kwargs: not supported per prompt: image sizes are "
                                            "the checkpoint's processor settings; leave it out (or None, {})",
                                            param=f"{name}.mm_processor_kwargs")
-        data = prompt.get("multi_modal_data") or {}
-        unknown = set(data) - {"image", "video"}
+        data = prompt.get("multi_modal_data")
+        if data is None:
+            data = {}
+        elif not isinstance(data, Mapping):
+            raise RequestError(f"{name}.multi_modal_data must be a dict of the media by kind, {{\"image\": ..., "
+                               f"\"video\": ...}} (each an item or a list of items), not {type(data).__name__}",
+                               param=f"{name}.multi_modal_data")
+        unknown = sorted(map(str, set(data) - {"image", "video"}))
         if unknown:
-            raise RequestError(f"multi_modal_data keys {sorted(unknown)} are not supported; use 'image' and 'video'",
+            raise RequestError(f"multi_modal_data keys {unknown} are not supported; use 'image' and 'video'",
                                param=f"{name}.multi_modal_data")
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]

@@ -535,12 +535,8 @@ class LLMEngine:
         if vision is None:
             return None
         settings = checkpoint_media_settings(self.checkpoint_dir, vision, self.checkpoint.preprocessor_config)
-        if self.checkpoint.preprocessor_config is not None:
-            return MediaProcessor(settings, self.config.media_limits)
-        limits = self.config.media_limits
         # media tokens beyond the context can never be served: stop decoding a request's items there
-        context_bound = min(limits.max_media_tokens or self.max_model_len, self.max_model_len)
-        return MediaProcessor(settings, dataclasses.replace(limits, max_media_tokens=context_bound))
+        return MediaProcessor(settings, self.config.media_limits, max_model_len=self.max_model_len)
 
     @property
     def chat_template(self) -> ChatTemplate:

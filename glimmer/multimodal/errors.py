@@ -39,5 +39,21 @@ class MediaLimitError(MediaError):
     """An item (or all items together) exceeds a configured limit: pixels, frames or tokens."""
 
 
+class MediaContextLengthError(MediaLimitError):
+    """A request's items need more tokens than the model's context (max_model_len) holds: a context-length refusal,
+    whose message opens as `glimmer.errors.ContextLengthError`'s ("This model's maximum context length is N
+    tokens", what clients such as LiteLLM match) and whose code is OpenAI's `context_length_exceeded`."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, max_model_len: int, need: str):
+        # a refusal of all items together ("request"), never re-raised naming one part (`at`), so its message opens
+        # with the context rather than MediaError's "request: "
+        self.kind, self.index, self.max_model_len = "request", None, max_model_len
+        self.problem = (f"This model's maximum context length is {max_model_len} tokens (max_model_len), but the "
+                        f"images and videos need {need} tokens together; send fewer or smaller images or videos")
+        RequestError.__init__(self, self.problem, param="messages")
+
+
 class PlaceholderMismatchError(RequestError):
     """The prompt's `<|patch|>` / `<|video|>` placeholders do not match the number of media items."""

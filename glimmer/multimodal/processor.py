@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from glimmer.cancellation import CancelToken
-from glimmer.multimodal.errors import MediaDecodeError, MediaLimitError
+from glimmer.multimodal.errors import MediaContextLengthError, MediaDecodeError, MediaLimitError
 from glimmer.multimodal.image import (
     ImageInput,
     ProcessedImage,
@@ -61,9 +61,14 @@ class MultimodalPrompt:
 
 
 class MediaProcessor:
-    def __init__(self, settings: MediaSettings | None = None, limits: MediaLimits | None = None):
+    """`max_model_len`, where given, bounds a request's media tokens as `limits.max_media_tokens` does (the lower
+    decides), refused as a context-length error: tokens past the context can never be served."""
+
+    def __init__(self, settings: MediaSettings | None = None, limits: MediaLimits | None = None,
+                 max_model_len: int | None = None):
         self.settings = settings or MediaSettings()
         self.limits = limits or MediaLimits()
+        self.max_model_len = max_model_len
 
     @property
     def patch_dim(self) -> int:
@@ -106,7 +111,7 @@ class MediaProcessor:
         cancelled.
         """
         check_placeholder_counts(prompt, len(images), len(videos))  # before the expensive decoding
-        budget = _TokenBudget(self.limits.max_media_tokens)
+        budget = _TokenBudget(self.limits.max_media_tokens, self.max_model_len)
         processed_images = []
         for index, image in enumerate(images):
             if cancel is not None:
@@ -152,20 +157,24 @@ def _process_image(image: ImageInput, settings: MediaSettings, limits: MediaLimi
 
 
 class _TokenBudget:
-    """The media tokens of one request so far, refused as soon as they pass the limit (None: no limit), so a
-    request of many items stops at the first one too many instead of decoding them all."""
+    """The media tokens of one request so far, refused as soon as they pass the limit or the context (None: no
+    bound), so a request of many items stops at the first one too many instead of decoding them all."""
 
-    def __init__(self, limit: int | None):
+    def __init__(self, limit: int | None, context: int | None = None):
         self.limit = limit
+        self.context = context
         self.spent = 0
 
     def spend(self, item: ProcessedImage | ProcessedVideo, later_tokens: Callable[[], tuple[int, bool]]
               ) -> ProcessedImage | ProcessedVideo:
         """`later_tokens()`: (tokens, all counted) of the items not yet processed, so the error gives the total."""
         self.spent += item.num_tokens
-        if self.limit is not None and self.spent > self.limit:
+        bounds = [bound for bound in (self.limit, self.context) if bound is not None]
+        if bounds and self.spent > min(bounds):
             later, all_counted = later_tokens()
             need = f"{self.spent + later:,}" if all_counted else f"at least {self.spent + later:,}"
+            if self.context is not None and self.context == min(bounds):
+                raise MediaContextLengthError(self.context, need)
             raise MediaLimitError(
                 "request",
                 None,

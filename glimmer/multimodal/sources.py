@@ -185,6 +185,12 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
                                        f"not {detail!r}; Glimmer sends every image at its full size whatever it says",
                                        param=field if where else "messages")
                 value = value["url"]
+            elif key in (f"{kind}_url", "url") and isinstance(value, bool | int | float | list):
+                # JSON a client sent (`{"image_url": [url]}`, 5, true), which no image is; Python objects go on
+                field = f"{where}.{key}" if where else key
+                raise RequestError(f"{field} must be an object {{\"url\": ...}} or a string (a data: URL, a local path "
+                                   f"or an http(s) URL), not {type(value).__name__}",
+                                   param=field if where else "messages")
             return kind, value
     article = "an" if kind == "image" else "a"
     raise RequestError(f"{where or f'{article} {kind} content part'} has no {kind}, {kind}_url.url or url field",

@@ -280,6 +280,14 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     if isinstance(frames, np.ndarray):
         if not (frames.ndim == 3 or (frames.ndim == 4 and frames.shape[3] in (1, 3, 4))):
             raise MediaDecodeError("video", index, f"frames must be {_FRAME_ARRAYS}; got {frames.dtype} {frames.shape}")
+        if frames.ndim == 3 and frames.shape[2] in (1, 3, 4):
+            # one image's (H, W, C) array, which the reference reads as a one-frame video, would be read here as
+            # grey frames of 1 to 4 pixels wide, a silently other video
+            count, _, last = frames.shape
+            raise MediaDecodeError("video", index, f"frames of shape {frames.shape} read as (T, H, W) would be {count} "
+                                                   f"grey frames {last} pixel{'s' * (last > 1)} wide; for one (H, W, "
+                                                   f"{last}) image as a one-frame video pass frames[None], or send it "
+                                                   "as an image; for grey frames pass (T, H, W, 1)")
         # the dtype is checked (and floats scaled) frame by frame, by array_to_rgb, as an image's
         total_frames, height, width = frames.shape[:3]
     else:

@@ -392,6 +392,26 @@ def test_mmproj_encodes_images_like_the_safetensors_tower_and_refuses_videos(mak
         llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": [image, image]}})
 
 
+def test_a_gguf_with_mmproj_stops_decoding_a_request_s_images_at_the_context(make_tiny, tmp_path):
+    """README: a request's media stop decoding once they need more tokens than the context. A GGUF with --mmproj
+    decoded every image first (its media processor had no context bound), so the corrupt second image here was
+    reported, not the first image's tokens that the context cannot hold."""
+    from gguf_export import export_mmproj_gguf
+    from PIL import Image
+
+    from glimmer.multimodal import MediaLimitError
+
+    checkpoint = make_tiny(vision=True, seed=6)
+    model_file = export_text_gguf(checkpoint, tmp_path / "m.gguf")
+    llm = LLM(str(model_file), mmproj=str(export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")),
+              max_model_len=40, progress=False, kv_cache_memory=16 << 20)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8))
+    with pytest.raises(MediaLimitError, match=r"^This model's maximum context length is 40 tokens \(max_model_len\), "
+                                              r"but the images and videos need at least 54 tokens together"):
+        llm.generate({"prompt": "Look: <|patch|> <|patch|>", "multi_modal_data": {"image": [image, b"not an image"]}},
+                     SamplingParams(max_tokens=3))
+
+
 def test_glimmer_serve_a_gguf_with_mmproj(make_tiny, tmp_path):
     """`glimmer serve model.gguf --mmproj FILE` as a user runs it: an image chat answers, a video is HTTP 400."""
     import base64

@@ -130,3 +130,22 @@ def test_an_error_in_one_of_several_conversations_names_that_conversation(llm):
         with pytest.raises(RequestError) as caught:
             llm.chat(conversations, params)
         assert caught.value.param == param and str(caught.value).startswith(param), caught.value
+
+
+@pytest.mark.parametrize(("data", "given"), [([Image.new("RGB", (28, 28))], "list"), ("cat.png", "str"),
+                                             (("image",), "tuple")])
+def test_multi_modal_data_that_is_no_dict_is_refused_naming_it(llm, data, given):
+    """A list of images (an unhashable TypeError), a path (read as the keys '.', 'a', ...) or a tuple of key names (an
+    AttributeError) given as multi_modal_data itself, where it takes {"image": ...}."""
+    with pytest.raises(RequestError) as refused:
+        llm.generate({"prompt": PROMPT, "multi_modal_data": data}, SamplingParams(max_tokens=2))
+    assert str(refused.value) == ('prompt.multi_modal_data must be a dict of the media by kind, {"image": ..., '
+                                  f'"video": ...}} (each an item or a list of items), not {given}')
+    assert refused.value.param == "prompt.multi_modal_data"
+
+
+def test_multi_modal_data_keys_of_several_types_are_named(llm):
+    """Keys of several types could not be sorted for the message: a TypeError instead of the refusal."""
+    with pytest.raises(RequestError, match=r"^multi_modal_data keys \['1', 'images'\] are not supported; use 'image' "
+                                           r"and 'video'$"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {1: b"", "images": b""}}, SamplingParams(max_tokens=2))

@@ -23,6 +23,7 @@ from glimmer.multimodal import (
     image_expansion,
     video_expansion,
 )
+from glimmer.multimodal.errors import MediaContextLengthError
 
 TIME_FORMAT = "Time: {timestamp:.1f}s"
 
@@ -131,6 +132,24 @@ def test_processor_enforces_the_request_token_limit() -> None:
         MediaLimitError, match="request: the images and videos need 108 tokens together, more than the limit of 100"
     ):
         processor.process("<|patch|><|patch|>", [image, image])
+
+
+def test_media_past_the_context_are_a_context_length_refusal_the_lower_bound_deciding() -> None:
+    """Media tokens past max_model_len were refused as "more than the limit of N" with code null, telling the user
+    to lower max_image_tokens (a checkpoint setting); it is the context-length refusal clients recognise."""
+    image = np.zeros((150, 230, 3), dtype=np.uint8)  # 54 tokens
+    processor = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=200), max_model_len=100)
+    with pytest.raises(MediaContextLengthError) as refused:
+        processor.process("<|patch|>" * 3, [image, image, image])
+    assert str(refused.value) == ("This model's maximum context length is 100 tokens (max_model_len), but the images "
+                                  "and videos need 162 tokens together; send fewer or smaller images or videos")
+    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
+    assert isinstance(refused.value, MediaLimitError)
+    below_context = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=100),
+                                   max_model_len=200)
+    with pytest.raises(MediaLimitError, match="more than the limit of 100") as limited:
+        below_context.process("<|patch|>" * 2, [image, image])
+    assert not isinstance(limited.value, MediaContextLengthError) and limited.value.code is None
 
 
 def test_the_request_token_limit_error_gives_the_total_of_all_items() -> None:

@@ -204,6 +204,19 @@ def test_an_image_or_video_url_that_is_not_a_string_names_the_field(kind, url):
     assert err.value.param == f"messages[0].content[0].{kind}_url.url"
 
 
+@pytest.mark.parametrize("url", [5, ["data:image/png;base64,iVBORw0KGgo="], True], ids=["int", "list", "bool"])
+@pytest.mark.parametrize(("kind", "key"), [("image", "image_url"), ("video", "video_url"), ("image", "url")])
+def test_an_image_or_video_url_field_that_is_no_object_or_string_names_the_field(kind, key, url):
+    """`{"image_url": [url]}` said "unsupported image input of type list; send encoded bytes, a path, a PIL image, or
+    an array", Python inputs a JSON client cannot send, naming only the part."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": kind, key: url}]}]
+    with pytest.raises(RequestError) as err:
+        collect_media(messages)
+    assert str(err.value) == (f"messages[0].content[1].{key} must be an object {{\"url\": ...}} or a string (a data: "
+                              f"URL, a local path or an http(s) URL), not {type(url).__name__}")
+    assert err.value.param == f"messages[0].content[1].{key}"
+
+
 def test_local_and_remote_refusals_name_the_server_flag_and_the_python_argument():
     with pytest.raises(RequestError, match=r"LLM\(\.\.\., allowed_local_media_path=") as err:
         load_media_reference("/tmp/cat.png", "image", 0, MediaFetchPolicy())

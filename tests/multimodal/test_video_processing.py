@@ -438,3 +438,20 @@ def test_too_many_pixels_per_frame_raises_a_limit_error(tmp_path, video_writer) 
     path = video_writer(tmp_path / "clip.mkv", distinct_frames(2))
     with pytest.raises(MediaLimitError, match="video 0: 120×90 = 10,800 pixels per frame exceeds"):
         process_video(path, SMALL, MediaLimits(max_image_pixels=10_000))
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("wrap", [lambda a: a, lambda a: DecodedVideo(a, fps=2.0), lambda a: (a, {"fps": 2.0})],
+                         ids=["array", "DecodedVideo", "frames-and-metadata"])
+def test_one_image_s_array_given_as_a_video_is_refused_not_read_as_thin_grey_frames(channels, wrap):
+    """An (H, W, 3) image array sent as a video, which the reference reads as one frame, was read as 60 grey frames
+    90×3 pixels: 30 frame groups of an 8×2 grid, a silently other video."""
+    image = np.random.default_rng(0).integers(0, 256, (60, 90, channels), dtype=np.uint8)
+    with pytest.raises(MediaDecodeError) as refused:
+        process_video(wrap(image), SMALL, LIMITS)
+    wide = f"{channels} pixel{'s' * (channels > 1)} wide"
+    assert str(refused.value) == (f"video 0: frames of shape (60, 90, {channels}) read as (T, H, W) would be 60 grey "
+                                  f"frames {wide}; for one (H, W, {channels}) image as a one-frame video pass "
+                                  "frames[None], or send it as an image; for grey frames pass (T, H, W, 1)")
+    one_frame = process_video(DecodedVideo(image[None], fps=2.0), SMALL, LIMITS)
+    assert one_frame.grid_thw[0] == 1

@@ -193,3 +193,19 @@ def test_an_image_in_a_responses_function_call_output_is_seen_as_in_a_chat_tool_
         client.responses.create(model="tiny", max_output_tokens=16, input=broken, extra_body=EXTRA)
     assert err.value.body["param"] == "input[2].output[1]"
     assert err.value.body["message"].startswith("input[2].output[1] (image 0): ")
+
+
+def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoint):
+    """Images alone past max_model_len were a 400 with code null, "more than the limit of 120", telling the client
+    to lower max_image_tokens (no request field); a shorter prompt of one image was context_length_exceeded."""
+    import httpx
+
+    with live_server(checkpoint, engine_options={"max_model_len": 120}) as live:
+        parts = [{"type": "image_url", "image_url": {"url": _data_url(_png(seed, (300, 200)))}} for seed in range(3)]
+        response = httpx.post(live.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": parts}]})
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "This model's maximum context length is 120 tokens (max_model_len), but the images and videos "
+                   "need 162 tokens together; send fewer or smaller images or videos",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
