@@ -7,7 +7,7 @@ All of them are `RequestError`s, so the server answers 400 with the message. A m
 
 from __future__ import annotations
 
-from glimmer.errors import RequestError
+from glimmer.errors import ContextLengthError, RequestError
 
 
 class MediaError(RequestError):
@@ -39,10 +39,12 @@ class MediaLimitError(MediaError):
     """An item (or all items together) exceeds a configured limit: pixels, frames or tokens."""
 
 
-class MediaContextLengthError(MediaLimitError):
+class MediaContextLengthError(MediaLimitError, ContextLengthError):
     """A request's items need more tokens than the model's context (max_model_len) holds: a context-length refusal,
     whose message opens as `glimmer.errors.ContextLengthError`'s ("This model's maximum context length is N
-    tokens", what clients such as LiteLLM match) and whose code is OpenAI's `context_length_exceeded`."""
+    tokens", what clients such as LiteLLM match) and whose code is OpenAI's `context_length_exceeded`. It is a
+    `ContextLengthError` too, so code catching that catches it; the prompt's own token count is not measured yet
+    when the media refuse it (`prompt_tokens` None, no `parts`)."""
 
     code = "context_length_exceeded"
 
@@ -50,6 +52,7 @@ class MediaContextLengthError(MediaLimitError):
         # a refusal of all items together ("request"), never re-raised naming one part (`at`), so its message opens
         # with the context rather than MediaError's "request: "
         self.kind, self.index, self.max_model_len = "request", None, max_model_len
+        self.prompt_tokens, self.max_tokens, self.parts = None, None, []
         self.problem = (f"This model's maximum context length is {max_model_len} tokens (max_model_len), but the "
                         f"images and videos need {need} tokens together; send fewer or smaller images or videos")
         RequestError.__init__(self, self.problem, param="messages")

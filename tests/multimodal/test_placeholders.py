@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from glimmer.errors import RequestError
+from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal import (
     DecodedVideo,
     MediaLimitError,
@@ -144,7 +144,8 @@ def test_media_past_the_context_are_a_context_length_refusal_the_lower_bound_dec
     assert str(refused.value) == ("This model's maximum context length is 100 tokens (max_model_len), but the images "
                                   "and videos need 162 tokens together; send fewer or smaller images or videos")
     assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
-    assert isinstance(refused.value, MediaLimitError)
+    assert isinstance(refused.value, MediaLimitError) and isinstance(refused.value, ContextLengthError)
+    assert (refused.value.prompt_tokens, refused.value.parts) == (None, [])
     below_context = MediaProcessor(MediaSettings(max_image_tokens=64), MediaLimits(max_media_tokens=100),
                                    max_model_len=200)
     with pytest.raises(MediaLimitError, match="more than the limit of 100") as limited:
