@@ -60,6 +60,15 @@ MAX_SIZE = 2**63 - 1
 MAX_WEIGHT_ELEMENTS = 1 << 40
 
 
+def too_many_layers(name: str, n: int, largest: str) -> str | None:
+    """The problem of a layer count `n` (read from `name`) over MAX_LAYERS, or None: every reader (config.json, the
+    drafter's, GGUF metadata) checks it before anything is built per layer and adds its own fix. `largest` names the
+    release's count."""
+    if n <= MAX_LAYERS:
+        return None
+    return f"{name}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; {largest})"
+
+
 def _require_positive_int(owner: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a positive integer")

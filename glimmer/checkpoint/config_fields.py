@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import MAX_LAYERS
+from glimmer.checkpoint.config import too_many_layers
 from glimmer.errors import ConfigError
 
 # Written by PreTrainedConfig.to_dict / save_pretrained or by training code; none changes what the model
@@ -172,11 +172,10 @@ def positive_int(value: Any, name: str, notes: Notes) -> int:
 
 
 def layer_count(value: Any, name: str, notes: Notes) -> int:
-    """A positive number of layers of at most MAX_LAYERS (config.py), checked before anything is built per layer."""
+    """A positive number of layers of at most config.MAX_LAYERS, checked before anything is built per layer."""
     n = positive_int(value, name, notes)
-    if n > MAX_LAYERS:
-        raise notes.error(f"{name}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; the 30B has 52): the "
-                          "config is damaged; use the config.json published with the weights")
+    if problem := too_many_layers(name, n, "the 30B has 52"):
+        raise notes.error(f"{problem}: the config is damaged; use the config.json published with the weights")
     return n
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.config import MAX_LAYERS, DrafterConfig, TextConfig
+from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import unpickling_refusal
@@ -91,10 +91,10 @@ def read_drafter_config(
     else:
         mask, defaulted = mask_token_id(), [*defaulted, "mask_token_id"]
     layer_types = raw.get("layer_types")
-    if _as_count(values["num_hidden_layers"]) > MAX_LAYERS:  # checked before a list is made per layer
-        raise ConfigError(f"{source}: num_hidden_layers={values['num_hidden_layers']} is more layers than Glimmer "
-                          f"builds (at most {MAX_LAYERS}; the release's drafter has 5): the config is damaged; use "
-                          "the drafter's published config.json")
+    # checked before a list is made per layer
+    if problem := too_many_layers("num_hidden_layers", _as_count(values["num_hidden_layers"]),
+                                  "the release's drafter has 5"):
+        raise ConfigError(f"{source}: {problem}: the config is damaged; use the drafter's published config.json")
     if layer_types is None:  # an empty list is refused by DrafterConfig, as transformers refuses it
         layer_types = ["sliding_attention"] * _as_count(values["num_hidden_layers"])
     for key in ("layer_types", "target_layer_ids"):

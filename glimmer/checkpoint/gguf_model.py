@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from glimmer.checkpoint.config import (
-    MAX_LAYERS,
     ModelConfig,
     TextConfig,
     reference_text_layer_types,
+    too_many_layers,
 )
 from glimmer.checkpoint.config_common_fields import NEVER_FEATURES
 from glimmer.checkpoint.gguf_file import CONVERT_AGAIN, GGUFFile
@@ -310,12 +310,11 @@ def _check_unread_keys(file: GGUFFile) -> list[str]:
 
 
 def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> int:
-    """n, the layer count read from `key`, refused naming the key when over MAX_LAYERS (config.py), as config.json's
-    is: checked before anything is built per layer (10**9 layers without a pattern to go by took gigabytes).
-    `largest` names the release's count for the error."""
-    if n > MAX_LAYERS:
-        raise file.error(f"{key}={n} is more layers than Glimmer builds (at most {MAX_LAYERS}; {largest}): the "
-                         f"metadata is damaged; download the file again or {CONVERT_AGAIN}")
+    """n, the layer count read from `key`, refused naming the key when over config.MAX_LAYERS, as config.json's is:
+    checked before anything is built per layer (10**9 layers without a pattern to go by took gigabytes). `largest`
+    names the release's count for the error."""
+    if problem := too_many_layers(key, n, largest):
+        raise file.error(f"{problem}: the metadata is damaged; download the file again or {CONVERT_AGAIN}")
     return n
 
 
