@@ -204,15 +204,7 @@ class DFlashProposer:
         widened, copied = widen(logits)
         if seq.controller is not None:
             return self._under_grammar(logits, widened, copied, seq, rows)
-        constrained = constrain(widened, rows, in_place=copied, penalties=False)
-        probs = None
-        if seq.params.greedy:
-            tokens = constrained.argmax(dim=-1)
-        else:
-            keys = logits if logits.dtype in (torch.bfloat16, torch.float16) else None
-            probs = sampling_probs(constrained, rows, keys, moved=bool(seq.params.logit_bias))
-            tokens = draw(probs, [seq.generator] * k)
-        ids, open_ = torch.stack([tokens, torch.isfinite(constrained.amax(dim=-1)).long()]).tolist()
+        ids, open_, probs = _pick(logits, constrain(widened, rows, in_place=copied, penalties=False), rows, seq)
         n = open_.index(0) if 0 in open_ else k
         return Draft(ids[:n], None if probs is None else probs[:n])
 
@@ -229,17 +221,12 @@ class DFlashProposer:
             if mask is None:
                 break
             constrained = constrain(widened[j : j + 1], [row], mask[None], in_place=copied, penalties=False)
-            if row.params.greedy:
-                token = constrained.argmax(dim=-1)
-            else:
-                keys = logits[j : j + 1] if logits.dtype in (torch.bfloat16, torch.float16) else None
-                dists.append(sampling_probs(constrained, [row], keys, moved=bool(row.params.logit_bias)))
-                token = draw(dists[-1], [seq.generator])
-            token_id, open_ = torch.stack([token[0], torch.isfinite(constrained.amax()).long()]).tolist()
+            [token_id], [open_], probs = _pick(logits[j : j + 1], constrained, [row], seq)
             if not open_:
-                dists = dists[:j]
                 break
             ids.append(token_id)
+            if probs is not None:
+                dists.append(probs)
             walk.advance(token_id)
         return Draft(ids, torch.cat(dists) if dists else None)
 
@@ -249,6 +236,22 @@ class DFlashProposer:
         banned = seq.banned_ids(seq.output_token_ids + [-1] * j) if seq.bad_word_ids or seq.params.min_tokens else ()
         return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned,
                            self.token_count)
+
+
+def _pick(logits: torch.Tensor, constrained: torch.Tensor, rows: list[SamplingRow], seq: Sequence
+          ) -> tuple[list[int], list[int], torch.Tensor | None]:
+    """One draft token per row of `constrained` (`logits` under the rows' masks, float32): the argmax for a greedy
+    request; for a sampled one a draw from the distribution its sampling gives, returned beside the tokens (what
+    verification compares against). Also whether any token was left at each row (0 where all were masked)."""
+    probs = None
+    if seq.params.greedy:
+        tokens = constrained.argmax(dim=-1)
+    else:
+        keys = logits if logits.dtype in (torch.bfloat16, torch.float16) else None
+        probs = sampling_probs(constrained, rows, keys, moved=bool(seq.params.logit_bias))
+        tokens = draw(probs, [seq.generator] * len(rows))
+    ids, open_ = torch.stack([tokens, torch.isfinite(constrained.amax(dim=-1)).long()]).tolist()
+    return ids, open_, probs
 
 
 class ReplayProposer:
