@@ -91,10 +91,11 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
             raise RequestError(f"previous_response_id: the response {request.previous_response_id!r} is still being "
                                "generated; continue it once it has completed (after its stream's "
                                "response.completed event, or its JSON answer)", param="previous_response_id")
-        if previous is None:
-            raise RequestError(f"previous_response_id: no stored response {request.previous_response_id!r} (never "
-                               "stored, expired, or evicted; responses are kept in memory)",
-                               param="previous_response_id")
+        if previous is None:  # OpenAI's code, which clients match to resend the whole conversation instead
+            raise RequestError(f"previous_response_id: previous response {request.previous_response_id!r} not found "
+                               "(never stored, expired, evicted or deleted; responses are kept in memory); send the "
+                               "whole conversation as input instead", param="previous_response_id",
+                               code="previous_response_not_found")
         items, continued = previous.items + items, len(previous.items)
     fields: dict[str, Any] = {name: getattr(request, name) for name in _PASSED_THROUGH
                               if getattr(request, name) is not None}

@@ -746,6 +746,23 @@ def test_a_stored_response_can_be_fetched_and_an_unknown_one_is_refused(server, 
         client.responses.retrieve(unstored.id)
 
 
+@pytest.mark.parametrize("store", [False, "deleted", None])
+def test_an_unknown_previous_response_is_refused_with_openais_code(client, store):
+    """A previous_response_id naming no stored response (never stored, `store: false`, deleted) was a 400 with code
+    null, "no stored response ..."; OpenAI's code is `previous_response_not_found`, which clients (Codex and proxies
+    in front of it) match to resend the whole conversation instead of failing the turn."""
+    previous = "resp_missing"
+    if store is not None:
+        previous = _create(client, input="[greet] Hi", store=store is not False).id
+    if store == "deleted":
+        client.responses.delete(previous)
+    with pytest.raises(openai.BadRequestError) as refused:
+        _create(client, input="[greet]", previous_response_id=previous)
+    error = refused.value.body
+    assert (error["code"], error["param"]) == ("previous_response_not_found", "previous_response_id")
+    assert f"previous response {previous!r} not found" in error["message"]
+
+
 def test_retrieving_a_stored_response_as_a_stream_is_400_not_the_json_object(client):
     """`responses.retrieve(id, stream=True)` replays a background response's events; the query was ignored (the
     answer was the JSON object, not the events asked for), and so were unknown parameters."""
