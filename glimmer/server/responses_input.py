@@ -147,6 +147,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             raise RequestError(f"{where}.id: must be a string (the id a response gave the item), not "
                                f"{type(item_id).__name__}; leave it out for a new item", param=f"{where}.id")
         _refuse_duplicate(item_ids, item_id, where, f"{where}.id", "item id", "each item is sent once")
+        status = item.get("status")
+        if status is not None and status not in _ITEM_STATUSES:  # stored as sent, input_items would list it so
+            raise RequestError(f"{where}.status: {status!r} is not one of {', '.join(_ITEM_STATUSES)} (an output "
+                               "item's status, sent back as it came); leave it out for a new item",
+                               param=f"{where}.status")
         ends_turn = kind == "message" and item.get("role") != "assistant"
         if kind != "function_call_output" and (after_outputs or ends_turn):
             turn_calls, turn_ended_at = set(), where  # a new assistant turn, or a message that ends the turn
@@ -277,6 +282,7 @@ def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -
                        "with each call's call_id and the tool's result to input", param="input")
 
 
+_ITEM_STATUSES = ("in_progress", "completed", "incomplete")  # OpenAI's statuses of an item
 # The fields of each input item kind (besides `type`); `id` and `status` are what output items carry back.
 _ITEM_FIELDS = {
     "message": frozenset({"role", "content", "id", "status"}),

@@ -898,6 +898,22 @@ def test_fields_glimmer_cannot_honour_are_400_naming_them(server, fields, param)
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("status", ["done", "failed", 1, ["completed"]])
+def test_an_input_item_status_openai_does_not_know_is_refused_naming_it(server, client, status):
+    """An input item's `status` was taken whatever it held, stored as sent, and listed back by input_items ("done",
+    not one of the statuses an item has); it is a 400 naming `input[i].status`. The statuses output items carry,
+    which clients send back, are taken."""
+    items = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!", "status": status},
+             {"role": "user", "content": "[greet]"}]
+    response = httpx.post(server.base_url + "/responses", json={"model": "tiny", "input": items}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1].status" and "in_progress, completed, incomplete" in error["message"]
+    kept = _create(client, input=[{**item, "status": "incomplete"} for item in items])
+    listed = client.responses.input_items.list(kept.id, order="asc")
+    assert [item.status for item in listed.data] == ["incomplete"] * 3
+
+
 def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_does(client):
     """`safety_identifier`, `prompt_cache_key`, `prompt_cache_retention` were dropped from the response object, and
     `service_tier` was null: OpenAI reports the tier that served the request, and Glimmer has one."""
