@@ -9,7 +9,9 @@
   clients that replay only that when they store nothing), the assistant message and the
   `function_call` items that follow it make one assistant message: reasoning_content, content, tool_calls; but
   the template drops the content of a message with calls (§2.1), so an assistant message item followed by calls
-  is a message of its own that did not end the turn (`end_turn: false`), as the model wrote it;
+  is a message of its own that did not end the turn (`end_turn: false`), as the model wrote it; so is one followed
+  by another reasoning or assistant message item (the model's text to the user, then more reasoning, then its
+  answer: one turn, its messages ending `<|eom|>` but the last);
 - a `function_call_output` item is a tool message answering its `call_id` (its `output` a string, or text and
   `input_image` parts), which must name a `function_call` item before it, in the input or in the responses it
   continues (OpenAI refuses an answer to no call, as does Glimmer; a result rendered before its call would be read
@@ -131,6 +133,13 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             origins.append(assistant_origin)
             assistant = None
 
+    def flush_within_turn() -> None:
+        """Flush the assistant message that another assistant item of its turn follows. Its text did not end the turn
+        (`end_turn: false`, `<|eom|>`), as the model wrote it; the template ends one holding calls so itself."""
+        if assistant is not None and assistant.get("content") and not assistant.get("tool_calls"):
+            assistant["end_turn"] = False
+        flush()
+
     def open_assistant(where: str) -> dict[str, Any]:
         nonlocal assistant_origin
         if assistant is None:
@@ -158,7 +167,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         after_outputs = kind == "function_call_output"
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
-                flush()
+                flush_within_turn()
             assistant = open_assistant(where)
             text = _reasoning_text(item, where)
             _refuse_resent(said, "reasoning", text, where)
@@ -166,8 +175,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
             if assistant is not None and assistant.get("content") and not assistant.get("tool_calls"):
-                assistant["end_turn"] = False  # the model's text before its calls: rendered, not dropped
-                flush()
+                flush_within_turn()  # the model's text before its calls: rendered, not dropped
             assistant = open_assistant(where)
             call = _tool_call(item, where)
             _refuse_duplicate(called, call["id"], where, f"{where}.call_id", "function_call call_id",
@@ -177,7 +185,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant_origin.tool_calls.append(where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
-                flush()
+                flush_within_turn()
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), f"{where}.content")

@@ -289,6 +289,26 @@ def test_what_the_model_said_before_its_call_is_rendered_back_before_the_call(se
     assert said in runner.prompts[-1]
 
 
+def test_a_turn_of_several_messages_is_rendered_back_as_the_model_wrote_it(server, client):
+    """A turn where the model wrote to the user, reasoned again, then answered ([reasoning, message, reasoning,
+    message]) was rendered back with its first message ending the turn (<|eot|>, where the model wrote <|eom|>): the
+    continued prompt held two assistant turns with no user message between them, and missed the prefix cache from
+    there. Every message of the turn but the last renders as not ending it, with previous_response_id or with the
+    items sent back in `input`."""
+    runner = server.engine.engine.runner
+    turn = (" to=self<|message|>First.<|eom|><|start|>assistant to=user<|message|>On it.<|eom|><|start|>assistant"
+            " to=self<|message|>Second.<|eom|><|start|>assistant to=user<|message|>Done.<|eot|>")
+    runner.add("[preamble]", turn)
+    first = _create(client, input="[preamble] Go")
+    assert [item.type for item in first.output] == ["reasoning", "message", "reasoning", "message"]
+    asked = runner.prompts[-1]
+    _create(client, input="[greet] Thanks", previous_response_id=first.id)
+    assert runner.prompts[-1].startswith(asked + turn)
+    _create(client, input=[{"role": "user", "content": "[preamble] Go"}, *first.output,
+                           {"role": "user", "content": "[greet] Thanks"}])
+    assert runner.prompts[-1].startswith(asked + turn)
+
+
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
     calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
              for city in ("Paris", "Oslo")]
