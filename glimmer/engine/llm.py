@@ -140,10 +140,11 @@ class ChatOutput:
 
     @property
     def finish_reason(self) -> str | None:
-        """As the OpenAI API reports it: `stop` when a stop string ended the answer, else `length` (unless the reply
-        ended before the engine's limit, `ended_early`), else `tool_calls` when calls were made, else `stop`."""
+        """As the OpenAI API reports it, and the server (P-API-2): when a stop string ended the answer, `tool_calls`
+        if calls were made before it, else `stop`; else `length` (unless the reply ended before the engine's limit,
+        `ended_early`), else `tool_calls` when calls were made, else `stop`."""
         if self.stop_string is not None:
-            return "stop"
+            return "tool_calls" if self.tool_calls else "stop"
         if self.output.finish_reason == "length" and not self.ended_early:
             return "length"
         if self.tool_calls:

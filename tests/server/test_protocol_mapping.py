@@ -541,12 +541,14 @@ def test_a_strict_or_forced_call_may_write_closing_tags_in_a_string(client, tool
 
 @pytest.mark.parametrize(("key", "fields"), [("[invent-then-call]", {}), ("[invent-then-call]", {"max_tokens": 40}),
                                              ("[stop-then-call]", {"stop": ["HALT"]}),
-                                             ("[call-then-answer]", {"parallel_tool_calls": False})])
+                                             ("[call-then-answer]", {"parallel_tool_calls": False}),
+                                             ("[call-then-answer]", {"stop": ["sunny"]})])
 def test_llm_chat_ends_the_reply_where_the_server_ends_it(client, llm, key, fields):
     """The server ends a choice at another role's header (P-HDR-8), at a stop string in the answer (P-REQ-2) and, with
     parallel_tool_calls false, at the first call; LLM.chat read the turn on, and returned the call made for the
     invented user turn, the reasoning and call after the stop string, the answer after the call. A max_tokens that
-    cuts the invented turn does not end the reply: the header did (finish_reason stop)."""
+    cuts the invented turn does not end the reply: the header did (finish_reason stop). A stop string in an answer
+    after a call ends the reply with the call: finish_reason tool_calls (P-API-2), which LLM.chat said was stop."""
     stop, max_tokens = fields.get("stop"), fields.get("max_tokens", 200)
     request = _request(key, tools=TOOLS, max_tokens=max_tokens, **({"stop": stop} if stop else {}),
                        **({"parallel_tool_calls": False} if "parallel_tool_calls" in fields else {}))
