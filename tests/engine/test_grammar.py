@@ -563,6 +563,22 @@ def test_a_pattern_anchored_inside_a_group_is_refused_strict_and_a_hint_otherwis
     assert admits(compiler, tokenizer, _one_string_tool(schema, False), call("f", ("v", "zz")) + "<|eot|>")
 
 
+@pytest.mark.parametrize("pattern", ["^(?=.*[A-Z])(?=.*\\d).{8,}$", "\\bcat\\b", "(a)\\1", "(?<!x)y"])
+def test_a_pattern_beyond_the_grammar_engine_is_refused_strict_and_a_hint_otherwise(compiler, tokenizer, pattern):
+    """Lookarounds, word boundaries and backreferences are ECMA-262 (so JSON Schema) but beyond the grammar engine's
+    regexes. A non-strict tool's schema leaves such a pattern a hint, as it leaves keywords the engine does not
+    implement: it was a 400 under every tool_choice, auto included, where no grammar runs at all."""
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(RequestError, match="^tools: the grammar engine refused it: .*regex"):
+        _one_string_tool(schema, True)
+    assert admits(compiler, tokenizer, _one_string_tool(schema, False), call("f", ("v", "zz")) + "<|eot|>")
+    nested = {"type": "object", "properties": {"v": {"type": "array", "items": schema}}, "required": ["v"]}
+    check_json_schema(nested, "tools", strict=False)  # inside JSON values too
+    tools = normalize_tools([{"name": "f", "parameters": nested}])
+    assert admits(compiler, tokenizer, TurnConstraint(call_tools=tools, must_call=True),
+                  call("f", ("v", '["zz"]')) + "<|eot|>")
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_schema_nested_past_pythons_recursion_is_refused_naming_the_field(strict):
     """The schema walks (strict keywords, leap years) raised RecursionError from LLM.chat's tools and answers."""
