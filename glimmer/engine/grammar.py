@@ -18,6 +18,8 @@ Which grammar a chat turn gets (channel structure, typed ATEM calls, the answer)
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import logging
 import math
@@ -26,7 +28,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import llguidance
@@ -439,6 +441,7 @@ class GrammarCompiler:
         request when it does (P-CHAN-6). So is an answer that names a special token by id (Lark's `<[2049]>`):
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
+        constraint = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
             return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
                                 final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
@@ -524,7 +527,11 @@ def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = Fals
     when `strict` (a tool declared `"strict": true`), a keyword the engine does not implement (`uniqueItems`, which
     pydantic writes for a set; `if`/`then`), which a non-strict schema ignores. Needs no tokenizer and compiles
     nothing for tokens, so a request's tool schemas are checked when it is parsed, whatever its `tool_choice`."""
-    grammar = answer_grammar(StructuredOutputsParams(json=dict(schema), strict=strict), param)
+    try:
+        checked = schema if strict else without_patterns_beyond_the_engine(schema)
+    except RecursionError:
+        raise RequestError(f"{param}: the JSON schema is nested too deeply", param=param) from None
+    grammar = answer_grammar(StructuredOutputsParams(json=dict(checked), strict=strict), param)
     try:
         text = _grammar_text({"grammars": [grammar]}, param)
     except RequestError:
@@ -536,6 +543,41 @@ def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = Fals
         hint = (" (a strict tool's calls follow every keyword of its schema; without \"strict\": true, keywords "
                 "the grammar engine does not implement are ignored)") if strict else ""
         raise _refused(param, messages[0], hint=hint)
+
+
+def without_patterns_beyond_the_engine(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`schema` (a non-strict tool's parameters) without the `pattern`s the grammar engine's regexes cannot express:
+    lookarounds, word boundaries and backreferences are ECMA-262, as JSON Schema's `pattern` is, but no regular
+    language. A non-strict schema's keywords are hints, and the engine refuses a whole schema for one such pattern
+    (a strict tool's schema keeps it, and is refused for it). `schema` itself where it has none; may raise
+    RecursionError for a schema nested past Python's recursion."""
+    if not any(not _engine_reads_pattern(node["pattern"]) for node in _subschemas(schema)
+               if isinstance(node.get("pattern"), str)):
+        return schema
+    kept = copy.deepcopy(dict(schema))
+    for node in _subschemas(kept):
+        if isinstance(node.get("pattern"), str) and not _engine_reads_pattern(node["pattern"]):
+            del node["pattern"]
+    return kept
+
+
+@functools.lru_cache(maxsize=1024)
+def _engine_reads_pattern(pattern: str) -> bool:
+    grammar = json.dumps({"grammars": [{"json_schema": {"type": "string", "pattern": pattern}}]}, ensure_ascii=False)
+    if not llguidance.LLMatcher.validate_grammar_with_warnings(grammar)[0]:
+        return True
+    logger.warning("the JSON-schema pattern %r is beyond the grammar engine's regexes (a lookaround, word boundary or "
+                   "backreference): non-strict tools' calls are not held to it", pattern[:200])
+    return False
+
+
+def _lenient_tool(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A tool of a turn's grammar (normalized): a non-strict one without the patterns the grammar engine cannot
+    express (`without_patterns_beyond_the_engine`), as its schema was checked."""
+    function = tool["function"]
+    if function.get("strict") is True:
+        return tool
+    return {**tool, "function": {**function, "parameters": without_patterns_beyond_the_engine(function["parameters"])}}
 
 
 def _grammar_text(grammar: Mapping[str, Any], param: str) -> str:

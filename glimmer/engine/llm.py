@@ -14,7 +14,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -140,10 +140,11 @@ class ChatOutput:
 
     @property
     def finish_reason(self) -> str | None:
-        """As the OpenAI API reports it: `stop` when a stop string ended the answer, else `length` (unless the reply
-        ended before the engine's limit, `ended_early`), else `tool_calls` when calls were made, else `stop`."""
+        """As the OpenAI API reports it, and the server (P-API-2): when a stop string ended the answer, `tool_calls`
+        if calls were made before it, else `stop`; else `length` (unless the reply ended before the engine's limit,
+        `ended_early`), else `tool_calls` when calls were made, else `stop`."""
         if self.stop_string is not None:
-            return "stop"
+            return "tool_calls" if self.tool_calls else "stop"
         if self.output.finish_reason == "length" and not self.ended_early:
             return "length"
         if self.tool_calls:
@@ -164,18 +165,20 @@ class _ChatTurn:
 
 
 def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_ends: list[int] | None = None,
-                 armed_after: int = -1) -> tuple[str | None, str | None]:
+                 armed_after: int = -1, breaks: Collection[int] = ()) -> tuple[str | None, str | None]:
     """(the answer up to its first stop string, kept if `include`; that stop string), or (content, None).
 
     As on the server, with `min_tokens` a stop string counts only if it ends after character `armed_after` of the
     turn (where the min_tokens-th token's text ends): if the parser had read more of the turn than that when it
-    released the stop string's last character (`content_ends`, per character of `content`, `_content_ends`)."""
+    released the stop string's last character (`content_ends`, per character of `content`, `_content_ends`). Nor
+    does one count across `breaks` (`_content_breaks`)."""
     if not content or not stop:
         return content, None
     found = []
     for s in stop:
         at = content.find(s)
-        while at >= 0 and content_ends is not None and content_ends[at + len(s) - 1] <= armed_after:
+        while at >= 0 and ((content_ends is not None and content_ends[at + len(s) - 1] <= armed_after)
+                           or any(at < position < at + len(s) for position in breaks)):
             at = content.find(s, at + 1)
         if at >= 0:
             found.append((at, s))
@@ -198,6 +201,21 @@ def _content_ends(text: str, reading: Mapping[str, Any], token_ends: list[int]) 
     return ends + [len(text)] * len(parser.finish().content)
 
 
+def _content_breaks(text: str, reading: Mapping[str, Any]) -> list[int]:
+    """Where, in the answer of the turn `text`, reasoning or a call came between two pieces of it: no stop string
+    counts across such a place, as the server releases the answer text it holds back for a possible stop string
+    before another kind's output (server/choice_stream.py). `reading`: OutputParser's arguments."""
+    parser = OutputParser(**reading)
+    breaks: list[int] = []
+    length = 0
+    for kind, payload in [*parser.feed(text).events, *parser.finish().events]:
+        if kind == "content":
+            length += len(payload)
+        elif length and (not breaks or breaks[-1] != length):
+            breaks.append(length)
+    return breaks
+
+
 def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_ends: list[int], *, single_call: bool,
                                   stop: list[str], include_stop: bool, armed_after: int) -> tuple[str, bool]:
     """(the start of the generated turn `text` that the server reads, whether the server ends the choice there): it
@@ -210,8 +228,9 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
     whole = OutputParser(**reading)
     content = ParsedOutput.from_deltas([whole.feed(text), whole.finish()]).content
     ends = _content_ends(text, reading, token_ends) if stop and armed_after >= 0 else None
+    breaks = _content_breaks(text, reading) if stop else []
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
-            or _cut_at_stop(content, stop, include_stop, ends, armed_after)[1] is not None):
+            or _cut_at_stop(content, stop, include_stop, ends, armed_after, breaks)[1] is not None):
         return text, False
     parser = OutputParser(**reading)
     longest = max((len(s) for s in stop), default=0)
@@ -225,8 +244,8 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
             content += new_content
             ends += [end] * len(new_content)
             recent = content[-(longest + len(new_content)):]
-            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, ends,
-                                                               armed_after)[1] is not None:
+            if any(s in recent for s in stop) and _cut_at_stop(content, stop, include_stop, ends, armed_after,
+                                                               breaks)[1] is not None:
                 return text[:end], True
     return text, False
 
@@ -721,7 +740,9 @@ class LLM:
                 alone = replace(output, outputs=[completion])
                 ends = _content_ends(read, reading, [end for end in token_ends if end <= len(read)]
                                      ) if turn.stop and armed_after >= 0 else None
-                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, ends, armed_after)
+                breaks = _content_breaks(read, reading) if turn.stop else []
+                content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, ends, armed_after,
+                                                    breaks)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
                 calls = list(parsed.tool_calls)[: None if parallel_tool_calls else 1]
                 choice = ChatOutput(parsed.reasoning, content, calls, alone, stop_string=stop_string,

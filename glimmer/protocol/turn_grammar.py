@@ -354,13 +354,33 @@ def _resolved(schema: Any, root: Mapping[str, Any]) -> Mapping[str, Any]:
     return schema
 
 
+_TOOL_SCHEMA = "glimmer_tool_parameters"
+"""The `$defs` entry under which a parameter's standalone schema keeps the tool's whole `parameters` schema."""
+
+
 def _standalone(schema: Mapping[str, Any], root: Mapping[str, Any], strict: bool) -> dict[str, Any]:
-    """The parameter's schema as a document of its own: the tool's definitions come along for its `$ref`s."""
-    document = dict(schema)
-    for key in ("$defs", "definitions"):
-        if isinstance(root.get(key), Mapping) and key not in document:
-            document[key] = root[key]
+    """The parameter's schema as a document of its own. Its local `$ref`s name schemas of the tool's `parameters`
+    (`#` is the whole of it, `#/$defs/Item`, `#/properties/count`: zod-to-json-schema writes such a pointer for a
+    schema used twice), so they are rewritten to point into a copy of that schema kept under `$defs`, whose own
+    `$ref`s are rewritten alike."""
+    document = _rerooted(schema)
+    if document != schema:
+        document = {**document, "$defs": {**(document.get("$defs") or {}), _TOOL_SCHEMA: _rerooted(root)}}
     return laid_out_schema(document, strict=strict)
+
+
+def _rerooted(schema: Any) -> Any:
+    """`schema` with each local `$ref` (`#...`) pointing into the `$defs` entry `_TOOL_SCHEMA` of the document; the
+    values of `enum`, `const` and the other value keywords are left as they are."""
+    if isinstance(schema, list):
+        return [_rerooted(member) for member in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    kept = {key: value if key in _VALUE_KEYWORDS else _rerooted(value) for key, value in schema.items()}
+    reference = schema.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#"):
+        kept["$ref"] = f"#/$defs/{_TOOL_SCHEMA}{reference[1:]}"
+    return kept
 
 
 def _count(value: Any, default: int | None) -> int | None:

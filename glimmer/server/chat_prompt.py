@@ -77,7 +77,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
     effort = request.reasoning_effort
     if request.reasoning is not None and request.reasoning.effort is not None:
-        if effort is not None and effort != request.reasoning.effort:
+        if effort is not None and effort.lower() != request.reasoning.effort.lower():  # P-EFF-2: any case
             raise RequestError(f"reasoning.effort: {request.reasoning.effort!r} contradicts reasoning_effort "
                                f"{effort!r}; send one of them", param="reasoning.effort")
         effort = request.reasoning.effort

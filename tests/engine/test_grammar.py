@@ -225,15 +225,15 @@ def test_a_strict_tool_using_keywords_the_engine_does_not_implement_is_refused_n
 def test_a_turn_grammar_the_engine_refuses_is_refused_without_quoting_its_source(compiler):
     """llguidance lists the grammar's source after its error: for a turn that is Glimmer's own grammar (headers,
     ATEM tags, channel rules), nothing a client wrote or should read."""
-    parameters = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {  # a pointer the parameter's
-        "type": "array", "items": {"$ref": "#/properties/a"}}}, "required": ["b"]}  # own document lacks
+    parameters = {"type": "object", "properties": {"b": {"type": "integer", "minimum": 5, "maximum": 1}},
+                  "required": ["b"]}  # unchecked (check_json_schema would refuse it first)
     tool = normalize_tools([{"name": "f", "parameters": parameters}])[0]
     with pytest.raises(RequestError) as raised:
         compiler.turn(TurnConstraint(call_tools=[tool], must_call=True))
     assert raised.value.param == "tools"
     message = str(raised.value)
-    assert message == "tools: the grammar engine refused it: failed to compile JSON schema: Pointer '/properties/a' " \
-                      "does not exist", message
+    assert message == "tools: the grammar engine refused it: failed to compile JSON schema: Unsatisfiable schema: " \
+                      "minimum (5) is greater than maximum (1)", message
 
 
 def test_parallel_calls_follow_the_request(compiler, tokenizer):
@@ -555,12 +555,48 @@ def test_a_string_values_pattern_and_format_hold_a_forced_or_strict_call(compile
             assert not admits(compiler, tokenizer, constraint, call("f", ("v", value)) + "<|eot|>"), (strict, value)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_forced_call_follows_a_ref_into_the_tools_schema_as_the_tool_reads_it(compiler, tokenizer, strict):
+    """A parameter's JSON value is constrained by its schema as a document of its own, whose `#` was the parameter's
+    schema: a `$ref` to `#/properties/...` (zod-to-json-schema writes one for a schema used twice) was a 400 under a
+    forced call ("Pointer '/properties/count' does not exist"), and `#` named the parameter, not the tool's schema."""
+    parameters = {"type": "object", "additionalProperties": False, "required": ["count", "counts", "child"],
+                  "properties": {"count": {"type": "integer"}, "counts": {"type": "array",
+                                                                           "items": {"$ref": "#/properties/count"}},
+                                 "child": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}}
+    check_json_schema(parameters, "tools", strict)
+    constraint = TurnConstraint(call_tools=normalize_tools([{"name": "f", "strict": strict,
+                                                             "parameters": parameters}]), must_call=True)
+    child = '{"count": 1, "counts": [], "child": null}'
+    assert admits(compiler, tokenizer, constraint, call("f", ("count", "3"), ("counts", "[1, 2]"), ("child", child))
+                  + "<|eot|>")
+    assert not admits(compiler, tokenizer, constraint, call("f", ("count", "3"), ("counts", '["x"]')))
+    assert not admits(compiler, tokenizer, constraint, call("f", ("count", "3"), ("counts", "[]"),
+                                                            ("child", '{"counts": [], "child": null}')))
+
+
 def test_a_pattern_anchored_inside_a_group_is_refused_strict_and_a_hint_otherwise(compiler, tokenizer):
     schema = {"type": "string", "pattern": "(^a)b"}
     with pytest.raises(RequestError, match="pattern '\\(\\^a\\)b': a '\\^' or '\\$' inside a group") as raised:
         admits(compiler, tokenizer, _one_string_tool(schema, True), call("f", ("v", "ab")) + "<|eot|>")
     assert raised.value.param == "tools"
     assert admits(compiler, tokenizer, _one_string_tool(schema, False), call("f", ("v", "zz")) + "<|eot|>")
+
+
+@pytest.mark.parametrize("pattern", ["^(?=.*[A-Z])(?=.*\\d).{8,}$", "\\bcat\\b", "(a)\\1", "(?<!x)y"])
+def test_a_pattern_beyond_the_grammar_engine_is_refused_strict_and_a_hint_otherwise(compiler, tokenizer, pattern):
+    """Lookarounds, word boundaries and backreferences are ECMA-262 (so JSON Schema) but beyond the grammar engine's
+    regexes. A non-strict tool's schema leaves such a pattern a hint, as it leaves keywords the engine does not
+    implement: it was a 400 under every tool_choice, auto included, where no grammar runs at all."""
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(RequestError, match="^tools: the grammar engine refused it: .*regex"):
+        _one_string_tool(schema, True)
+    assert admits(compiler, tokenizer, _one_string_tool(schema, False), call("f", ("v", "zz")) + "<|eot|>")
+    nested = {"type": "object", "properties": {"v": {"type": "array", "items": schema}}, "required": ["v"]}
+    check_json_schema(nested, "tools", strict=False)  # inside JSON values too
+    tools = normalize_tools([{"name": "f", "parameters": nested}])
+    assert admits(compiler, tokenizer, TurnConstraint(call_tools=tools, must_call=True),
+                  call("f", ("v", '["zz"]')) + "<|eot|>")
 
 
 @pytest.mark.parametrize("strict", [False, True])

@@ -18,6 +18,8 @@ import pytest
 from PIL import Image
 from server_support import agent_server
 
+from glimmer.server.choice_stream import ChoiceStream
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
@@ -255,6 +257,39 @@ def test_a_connection_broken_mid_reply_is_said_so_and_the_conversation_goes_on(m
     browser.find_element(By.ID, "send").click()
     _wait(browser, lambda: browser.find_element(By.ID, "error").text.startswith("Cannot reach the server"))
     assert len(browser.execute_script("return state.history")) == 2
+
+
+def test_an_error_event_after_a_call_began_leaves_no_call_to_answer(make_tiny, browser, monkeypatch):
+    """The server failed mid-reply (an error event) after the call's first arguments had streamed: the page asked for
+    the result of a call whose arguments were no JSON and sent it back, and the server refused the conversation
+    (400 naming the arguments) at every try until New chat. As a reply cut off by a broken connection, it now keeps no
+    call to answer, and the conversation goes on."""
+    feed = ChoiceStream.feed
+
+    def failing_after_a_call_start(self, delta):
+        if getattr(self, "call_started", False):
+            raise RuntimeError("the engine failed")
+        released = feed(self, delta)
+        self.call_started = any(kind == "tool_call" for step in released for kind, _ in step.events)
+        return released
+
+    with agent_server(make_tiny(vision=True)) as live:
+        browser.get(live.url + "/")
+        _wait(browser, lambda: browser.find_element(By.ID, "model").text == "tiny")
+        browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+        browser.find_element(By.ID, "tools").send_keys(TOOLS_JSON)
+        live.engine.engine.runner.step_delay_s = 0.05  # a delta per token: the call's `}` comes after its start
+        with monkeypatch.context() as patch:
+            patch.setattr(ChoiceStream, "feed", failing_after_a_call_start)
+            turn = _send(browser, "[weather] Weather in Paris?")
+        assert turn.find_element(By.CSS_SELECTOR, ".tool-call").text == '→ get_weather({"city": "Paris")'  # cut short
+        assert browser.find_element(By.ID, "error").text
+        assert browser.execute_script("return state.pendingCalls") == []
+        assert "tool_calls" not in browser.execute_script("return state.history")[-1]
+        live.engine.engine.runner.step_delay_s = 0.0
+        again = _send(browser, "Try again.")  # the history still holds [weather]: the model calls once more
+        assert again.find_element(By.CSS_SELECTOR, ".tool-call").text == '→ get_weather({"city": "Paris"})'
+        assert not browser.find_element(By.ID, "error").is_displayed()
 
 
 def test_a_reply_cut_off_by_the_context_length_says_so(make_tiny, browser):

@@ -359,6 +359,15 @@ def test_conflicting_reasoning_knobs_are_refused(server):
     assert httpx.post(server.base_url + "/chat/completions", json=body, timeout=60).status_code == 200
 
 
+def test_the_two_reasoning_efforts_agree_whatever_their_case(server):
+    """P-EFF-2 reads an effort case-insensitively, as the effort given top-level and in chat_template_kwargs are
+    compared: `High` and `high` ask for the same strength, so they do not contradict each other (they were a 400)."""
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2, "chat_template_kwargs": PINNED_DATE,
+            "reasoning_effort": "High", "reasoning": {"effort": "high"}}
+    response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+
+
 def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stops_at_the_context_end(
         make_tiny, tmp_path):
     """A chat request that leaves them out takes generation_config.json's min_p, repetition_penalty and

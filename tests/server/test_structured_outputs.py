@@ -404,6 +404,30 @@ def test_a_responses_forced_call_of_a_tool_with_keywords_the_engine_does_not_imp
     assert called and set(called) == {"tagger"}
 
 
+PASSWORD = {"type": "function", "function": {"name": "set_password", "description": "Set the password.", "parameters": {
+    "type": "object", "properties": {"password": {"type": "string", "pattern": "^(?=.*[A-Z])(?=.*\\d).{8,}$",
+                                                   "maxLength": 12}},
+    "required": ["password"]}}}
+
+
+@pytest.mark.parametrize("choice", ["auto", "none", "required",
+                                    {"type": "function", "function": {"name": "set_password"}}])
+def test_a_pattern_beyond_the_grammar_engine_is_a_hint_in_a_non_strict_tool_and_a_400_in_a_strict_one(server, choice):
+    """A lookahead is ECMA-262, as JSON Schema's `pattern` is, but beyond the grammar engine's regexes: the tool's
+    every request was a 400 quoting the engine's regex parse error, under auto too, where no grammar runs."""
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 60, "seed": 0, "tool_choice": choice,
+            "chat_template_kwargs": PINNED_DATE, "thinking_token_budget": 0}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, "tools": [PASSWORD]})
+    assert response.status_code == 200, response.text
+    if choice not in ("auto", "none"):
+        ((call),) = response.json()["choices"][0]["message"]["tool_calls"]
+        assert set(json.loads(call["function"]["arguments"])) == {"password"}
+    strict = {"type": "function", "function": {**PASSWORD["function"], "strict": True}}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, "tools": [strict]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "tools[0].function.parameters"
+
+
 @pytest.mark.parametrize("choice", ["auto", "required", "none"])
 def test_a_strict_tool_with_keywords_the_engine_does_not_implement_is_a_400_naming_them(server, choice):
     strict = {"type": "function", "function": {**TAGGER["function"], "strict": True}}

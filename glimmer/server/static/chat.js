@@ -229,8 +229,9 @@ async function streamReply(body, signal) {
   turn.node.classList.add("streaming");
   try {
     for await (const chunk of serverSentEvents(response)) {
-      if (chunk.error) {
+      if (chunk.error) {  // the server ended the reply: a call it was streaming has no complete arguments
         showError(chunk.error.message);
+        turn.message.tool_calls = [];
         break;
       }
       for (const choice of chunk.choices || []) {
