@@ -9,7 +9,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
-from glimmer import LLM
+from glimmer import LLM, SamplingParams
 from glimmer.cli import main
 from glimmer.engine.model_loader import load_model
 from glimmer.errors import CheckpointError, ConfigError
@@ -94,6 +94,26 @@ def test_a_checkpoint_template_that_does_not_compile_is_named_by_its_file(tiny_c
     assert "chat_template.jinja does not compile (line 1:" in err and "--chat-template FILE" in err
     llm = LLM(str(checkpoint), progress=False)
     with pytest.raises(CheckpointError, match=r"chat_template\.jinja does not compile"):
+        llm.chat([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("marker", ["<|start|>", "<|message|>", "<|eot|>"])
+def test_a_template_writing_a_marker_the_tokenizer_lacks_is_refused_by_inspect_and_llm_chat(tiny_checkpoint, tmp_path,
+                                                                                            capsys, marker):
+    """A tokenizer without the protocol's markers (a tokenizer.json of another model beside Muse's template) tokenized
+    every chat prompt's markup as its characters, the reply parsed from text the model never saw as markup, without a
+    word: a marker it has but as no added token was refused already."""
+    checkpoint = tmp_path / "no-marker"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the token keeps its id under another spelling
+        (checkpoint / name).write_text((checkpoint / name).read_text().replace(marker, "<|renamed|>"))
+    words = f"the chat template writes {marker!r}, which is no token of the tokenizer"
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glimmer: error: ConfigError: ") and words in err
+    llm = LLM(str(checkpoint), progress=False)
+    assert llm.generate("hi", SamplingParams(max_tokens=1))[0].outputs[0].token_ids  # completions need no template
+    with pytest.raises(ConfigError, match=re.escape(words)):
         llm.chat([{"role": "user", "content": "hi"}])
 
 
