@@ -83,8 +83,9 @@ def read_drafter_config(
     if raw.get("quantization_config") is not None:  # null means none, as for the target (config_layouts.py)
         raise ConfigError(f"{source}: quantization_config is present: quantized drafters are not supported yet; use "
                           "the unquantized (bf16) drafter")
-    values = {key: raw.get(key, default) for key, default in _DEFAULTS.items()}
-    defaulted = [key for key in _DEFAULTS if key not in raw]
+    # target_layer_ids is the one such field transformers types `list | None`: null is its default, as absent is
+    defaulted = [key for key in _DEFAULTS if key not in raw or (key == "target_layer_ids" and raw[key] is None)]
+    values = {key: _DEFAULTS[key] if key in defaulted else raw[key] for key in _DEFAULTS}
     theta, rope_unknown = _rope_theta(raw, source)
     if theta is None:
         theta, defaulted = _RELEASED_ROPE_THETA, [*defaulted, "rope_parameters.rope_theta"]

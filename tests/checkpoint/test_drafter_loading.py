@@ -121,6 +121,19 @@ def test_a_scaled_rope_in_a_legacy_spelling_is_refused_naming_it(target, tmp_pat
         _load(path, target)
 
 
+def test_null_target_layer_ids_take_the_default_transformers_takes(target, tmp_path):
+    """`target_layer_ids: null` is the reference's own default ([1, 13, 25, 37, 49]), as an absent list is; it was
+    refused as no JSON list."""
+    from transformers import MuseGlimmerAssistantConfig
+
+    from glimmer.checkpoint.drafter import read_drafter_config
+
+    raw = json.loads((write_tiny_drafter(tmp_path / "d", target) / "config.json").read_text()) | {
+        "target_layer_ids": None}
+    config = read_drafter_config(raw, source="config.json", mask_token_id=lambda: 5)
+    assert list(config.target_layer_ids) == MuseGlimmerAssistantConfig.from_dict(raw).target_layer_ids
+
+
 @pytest.mark.parametrize("layout, flag", [("canonical", False), ("native", True)])
 def test_a_rope_is_neox_style_that_contradicts_the_weight_layout_is_refused(target, tmp_path, layout, flag):
     # the tensor names decide the q/k pairing, as for the target (formats.py); a flag that disagrees was ignored
