@@ -3,8 +3,10 @@
 Glimmer never invents a prompt format (P-TMPL-4): the template comes from the operator or from the
 checkpoint. Search order: the operator's `--chat-template FILE`, then `chat_template.jinja`, then the
 `chat_template` field of `tokenizer_config.json` (a string, or a list of named templates from which
-`default` is taken). A GGUF checkpoint carries its template in its metadata (`tokenizer.chat_template`),
-which the GGUF reader hands over as `embedded`.
+`default` is taken). A `tool_use` template other than the default (in that list, or transformers 5's
+`additional_chat_templates/tool_use.jinja`) is refused: transformers renders a chat with tools with it, and
+Glimmer renders every chat with one template. A GGUF checkpoint carries its template in its metadata
+(`tokenizer.chat_template`), which the GGUF reader hands over as `embedded`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ logger = logging.getLogger(__name__)
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 OVERRIDE_OPTION = "--chat-template FILE"
+# transformers 5 saves named templates beside chat_template.jinja in this folder, one NAME.jinja each
+ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
+# the named template transformers' apply_chat_template renders a chat with tools with (get_chat_template)
+TOOL_USE = "tool_use"
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,12 @@ def _from_checkpoint(directory: Path) -> ChatTemplateSource:
     for file in (jinja_file, config_file):  # not taken as absent: another template would render every prompt
         refuse_broken_link(file)
     if jinja_file.is_file():
-        return _source(_read_template_file(jinja_file), str(jinja_file))
+        source = _source(_read_template_file(jinja_file), str(jinja_file))
+        tool_use_file = directory / ADDITIONAL_TEMPLATES_DIR / f"{TOOL_USE}.jinja"
+        refuse_broken_link(tool_use_file)
+        if tool_use_file.is_file():
+            _refuse_another_tool_use_template(source, _read_template_file(tool_use_file), str(tool_use_file))
+        return source
     if config_file.is_file():
         source = _from_tokenizer_config(config_file)
         if source is not None:
@@ -125,11 +136,26 @@ def _from_tokenizer_config(config_file: Path) -> ChatTemplateSource | None:
                 f"{config_file}: chat_template lists templates {sorted(map(str, named))} but none named "
                 f"'default'; pass the one to use with {OVERRIDE_OPTION}"
             )
-        return _source(named["default"], f"{config_file} (chat_template 'default')")
+        source = _source(named["default"], f"{config_file} (chat_template 'default')")
+        if TOOL_USE in named:
+            _refuse_another_tool_use_template(source, named[TOOL_USE], f"{config_file} (chat_template {TOOL_USE!r})")
+        return source
     raise CheckpointError(
         f"{config_file}: chat_template is a {type(template).__name__}; expected a string or a list of "
         "{name, template} objects"
     )
+
+
+def _refuse_another_tool_use_template(default: ChatTemplateSource, tool_use: str, origin: str) -> None:
+    """CheckpointError where the checkpoint names a `tool_use` template other than its default: transformers' (and
+    through it vLLM's) apply_chat_template renders a chat with tools with it and every other chat with the default,
+    where Glimmer renders every chat with one template (a request with tools would get another prompt)."""
+    if tool_use != default.text:
+        raise CheckpointError(
+            f"the checkpoint has a {TOOL_USE!r} chat template ({origin}) beside its default one ({default.origin}): "
+            "transformers and vLLM render a chat with tools with it and every other chat with the default, but "
+            f"Glimmer renders every chat with one template; pass the one to use with {OVERRIDE_OPTION}"
+        )
 
 
 def _source(text: str, origin: str) -> ChatTemplateSource:

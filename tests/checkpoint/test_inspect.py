@@ -117,6 +117,20 @@ def test_a_template_writing_a_marker_the_tokenizer_lacks_is_refused_by_inspect_a
         llm.chat([{"role": "user", "content": "hi"}])
 
 
+def test_a_tool_use_template_beside_the_default_is_named_by_inspect_and_refused_by_llm_chat(tiny_checkpoint, tmp_path,
+                                                                                             capsys):
+    """transformers renders a chat with tools with the `tool_use` template; Glimmer rendered it with the default."""
+    checkpoint = tmp_path / "tool-use"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / "additional_chat_templates").mkdir()
+    (checkpoint / "additional_chat_templates" / "tool_use.jinja").write_text("{{ bos_token }}<|start|>assistant")
+    assert main(["inspect", str(checkpoint), "--json"]) == 0  # as any template serve refuses: a warning here
+    assert any("the checkpoint has a 'tool_use' chat template" in warning
+               for warning in json.loads(capsys.readouterr().out)["warnings"])
+    with pytest.raises(CheckpointError, match="'tool_use' chat template"):
+        LLM(str(checkpoint), progress=False).chat([{"role": "user", "content": "hi"}])
+
+
 def test_a_single_file_beside_an_index_of_other_shards_is_refused(make_tiny, tmp_path, capsys):
     """Two checkpoints' weights in one directory (one written over the other): reading either set could silently
     be the wrong model, so loading and inspect both refuse and say which files to remove."""
