@@ -6,7 +6,8 @@ checkpoint. Search order: the operator's `--chat-template FILE`, then `chat_temp
 `default` is taken). A `tool_use` template other than the default (in that list, or transformers 5's
 `additional_chat_templates/tool_use.jinja`) is refused: transformers renders a chat with tools with it, and
 Glimmer renders every chat with one template. A GGUF checkpoint carries its template in its metadata
-(`tokenizer.chat_template`), which the GGUF reader hands over as `embedded`.
+(`tokenizer.chat_template`, a `tool_use` one as `tokenizer.chat_template.tool_use`, which llama.cpp renders a chat
+with tools with), which the GGUF reader hands over as `embedded` (and `embedded_tool_use`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ def find_chat_template(
     override: str | os.PathLike[str] | None = None,
     *,
     embedded: str | None = None,
+    embedded_tool_use: str | None = None,
     is_file: bool = False,
 ) -> ChatTemplateSource:
     """The template to render with, by the P-TMPL-1 order. Logs its origin and sha256.
 
-    For a single-file checkpoint (`is_file`, a GGUF) the template is `embedded` (its metadata's), not a file.
+    For a single-file checkpoint (`is_file`, a GGUF) the template is `embedded` (its metadata's), not a file, and
+    `embedded_tool_use` its `tool_use` template (tokenizer.chat_template.tool_use), refused where it differs.
     Raises CheckpointError when the override file cannot be read, when a template found is empty or
     unreadable, or when no template exists anywhere searched.
     """
@@ -73,6 +76,9 @@ def find_chat_template(
             raise CheckpointError(f"{directory} has no tokenizer.chat_template in its metadata; pass the model's "
                                   f"template with {OVERRIDE_OPTION}")
         source = _source(embedded, f"{directory} (tokenizer.chat_template)")
+        if embedded_tool_use is not None:
+            _refuse_another_tool_use_template(source, embedded_tool_use,
+                                              f"{directory} (tokenizer.chat_template.{TOOL_USE})")
     else:
         source = _from_checkpoint(directory)
     logger.info("chat template from %s (sha256 %s)", source.origin, source.sha256)

@@ -128,9 +128,11 @@ def _checked_chat_template(opened: OpenedCheckpoint, tokenizer: Any, override: s
     """The template `glimmer serve` would render with, compiled and probed as the server does at start
     (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256. A checkpoint without a
     template (a base model) gets a warning instead: it completes text, and only chat needs a template."""
-    embedded = opened.tokenizer.chat_template if opened.tokenizer is not None else None
+    embedded = opened.tokenizer
     try:
-        source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
+        source = find_chat_template(opened.path, override, is_file=opened.path.is_file(),
+                                    embedded=embedded.chat_template if embedded is not None else None,
+                                    embedded_tool_use=embedded.tool_use_chat_template if embedded is not None else None)
     except CheckpointError as error:
         if override is not None:
             raise

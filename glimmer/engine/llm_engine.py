@@ -548,6 +548,7 @@ class LLMEngine:
             source = find_chat_template(  # logs origin and sha256
                 self.checkpoint_dir, self.config.chat_template, is_file=self.checkpoint_dir.is_file(),
                 embedded=embedded.chat_template if embedded is not None else None,
+                embedded_tool_use=embedded.tool_use_chat_template if embedded is not None else None,
             )
             template = source.compile()
             check_chat_template(template, self.tokenizer, max_chars=self.max_prompt_chars)
