@@ -18,6 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.errors import CheckpointError
@@ -83,6 +84,23 @@ def find_chat_template(
         source = _from_checkpoint(directory)
     logger.info("chat template from %s (sha256 %s)", source.origin, source.sha256)
     return source
+
+
+class EmbeddedTemplates(Protocol):
+    """The templates a single-file checkpoint carries (a GGUF's tokenizer, gguf_tokenizer.py)."""
+
+    chat_template: str | None
+    tool_use_chat_template: str | None
+
+
+def find_checkpoint_chat_template(
+    checkpoint: str | os.PathLike[str], override: str | os.PathLike[str] | None, embedded: EmbeddedTemplates | None
+) -> ChatTemplateSource:
+    """`find_chat_template` for a checkpoint directory or single file whose reader found `embedded` templates (a
+    GGUF's; None for a directory): what loading and `glimmer inspect` both read."""
+    return find_chat_template(checkpoint, override, is_file=Path(checkpoint).is_file(),
+                              embedded=embedded.chat_template if embedded is not None else None,
+                              embedded_tool_use=embedded.tool_use_chat_template if embedded is not None else None)
 
 
 def _from_checkpoint(directory: Path) -> ChatTemplateSource:
