@@ -287,6 +287,22 @@ def test_named_token_missing_from_vocabulary_is_an_error(tiny_dir, tmp_path):
         Tokenizer.from_dir(ckpt)
 
 
+def test_an_added_token_of_tokenizer_config_that_tokenizer_json_lacks_is_an_error(tiny_dir, tmp_path):
+    """transformers adds such a token to the vocabulary (a row the model's embedding lacks, at an id of its own choice)
+    and encodes its spelling as that one token, where Glimmer's encoding split it into its characters."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["added_tokens_decoder"]["511"] = {"content": "<|tool_x|>", "lstrip": False, "normalized": False,
+                                             "rstrip": False, "single_word": False, "special": True}
+    config_file.write_text(json.dumps(config))
+    hf = AutoTokenizer.from_pretrained(str(ckpt))
+    assert len(hf("<|tool_x|>", add_special_tokens=False)["input_ids"]) == 1
+    with pytest.raises(CheckpointError, match=r"added_tokens_decoder\['511'\] is '<\|tool_x\|>', which is not a "
+                                              r"token of .*tokenizer\.json.*do not belong together"):
+        Tokenizer.from_dir(ckpt)
+
+
 # -- caller text kept plain (issue 8): `literals` ------------------------------------------------------------
 
 PLACEHOLDER = "\u27ea123.0\u27eb"
