@@ -58,6 +58,8 @@ _DEFAULTS: dict[str, Any] = {
     "target_layer_ids": [1, 13, 25, 37, 49],
 }
 _RELEASED_ROPE_THETA = 500000.0  # the assistant class's default_theta (§1.4)
+# the config_layout of a native file read without a config.json: the released drafter's sizes, assumed
+CONVERTER_CONSTANTS_LAYOUT = "native (converter constants)"
 # the q/k row pairing of each layout's weights, as the `rope_is_neox_style` a config beside them may state it
 # (true = rotate-half); the tensor names decide it, and a flag that says otherwise is refused (§14.6)
 _ROPE_IS_NEOX_STYLE = {DRAFTER_CANONICAL: True, DRAFTER_NATIVE: False}
@@ -156,7 +158,7 @@ def released_drafter_config(mask_token_id: int) -> DrafterConfig:
         layer_types=("sliding_attention",) * values["num_hidden_layers"],
         mask_token_id=mask_token_id,
         target_layer_ids=tuple(values["target_layer_ids"]),
-        config_layout="native (converter constants)",
+        config_layout=CONVERTER_CONSTANTS_LAYOUT,
     )
 
 
@@ -240,6 +242,9 @@ class DrafterCheckpoint:
                 from glimmer.checkpoint.gguf_drafter import name_gguf_keys
 
                 message = name_gguf_keys(message)
+            if self.config.config_layout == CONVERTER_CONSTANTS_LAYOUT:  # the sizes above are none of the file's
+                message += (f" (no config.json beside {self.location}: the released drafter's sizes were assumed; put "
+                            "the drafter's config.json beside it)")
             raise ConfigError(message) from None
 
 

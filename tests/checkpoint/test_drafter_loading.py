@@ -134,6 +134,17 @@ def test_null_target_layer_ids_take_the_default_transformers_takes(target, tmp_p
     assert list(config.target_layer_ids) == MuseGlimmerAssistantConfig.from_dict(raw).target_layer_ids
 
 
+def test_a_native_drafter_without_config_json_that_does_not_fit_says_the_released_sizes_were_assumed(target,
+                                                                                                       tmp_path):
+    """Without config.json beside head.pt the released drafter's sizes are taken; a head.pt of another size was
+    refused with the release's numbers (hidden_size=6656) and no word of where they came from or of the fix."""
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    (path / "config.json").unlink()
+    with pytest.raises(ConfigError, match=r"hidden_size=6656 .*no config\.json beside .*head\.pt: the released "
+                                          r"drafter's sizes were assumed; put the drafter's config\.json beside it"):
+        _load(path, target)
+
+
 @pytest.mark.parametrize("layout, flag", [("canonical", False), ("native", True)])
 def test_a_rope_is_neox_style_that_contradicts_the_weight_layout_is_refused(target, tmp_path, layout, flag):
     # the tensor names decide the q/k pairing, as for the target (formats.py); a flag that disagrees was ignored
