@@ -207,6 +207,10 @@ class Tokenizer:
             backend = HFTokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises a bare Exception for any parse failure
             raise CheckpointError(f"{tokenizer_file} is not a valid tokenizers file: {exc}") from exc
+        # a truncation or padding saved in the file would cut or pad every prompt; transformers turns both off for
+        # every call that does not ask for them, which no prompt Glimmer encodes does
+        backend.no_truncation()
+        backend.no_padding()
 
         named_tokens = _read_named_tokens(directory)
         for name, token in named_tokens.items():

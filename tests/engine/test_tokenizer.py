@@ -303,6 +303,26 @@ def test_an_added_token_of_tokenizer_config_that_tokenizer_json_lacks_is_an_erro
         Tokenizer.from_dir(ckpt)
 
 
+@pytest.mark.parametrize("setting", [
+    {"truncation": {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}},
+    {"padding": {"strategy": {"Fixed": 32}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                 "pad_type_id": 0, "pad_token": "<|finetune_right_pad|>"}},
+], ids=["truncation", "padding"])
+def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_encoding(tiny_dir, tmp_path, setting):
+    """transformers turns a tokenizer.json's saved truncation and padding off for every call that does not ask for
+    them; Glimmer's encoding kept them, so every prompt, chat prompts included, was cut to 8 tokens without a word, and
+    padding made the load refuse the protocol's markers as "encoding as 32 tokens"."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    backend = json.loads((ckpt / "tokenizer.json").read_text())
+    (ckpt / "tokenizer.json").write_text(json.dumps(backend | setting))
+    text = "Hello world, this is a longer piece of text than eight tokens"
+    expected = AutoTokenizer.from_pretrained(str(ckpt))(text)["input_ids"]
+    assert len(expected) > 8
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.encode(text, add_special_tokens=True) == expected
+    assert tok.encode_text(text) == expected[1:]
+
+
 # -- caller text kept plain (issue 8): `literals` ------------------------------------------------------------
 
 PLACEHOLDER = "\u27ea123.0\u27eb"
