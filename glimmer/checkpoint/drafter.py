@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
+from glimmer.checkpoint.config_common_fields import read_rope_theta
+from glimmer.checkpoint.config_fields import Notes, Section
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import unpickling_refusal
@@ -56,6 +58,8 @@ _DEFAULTS: dict[str, Any] = {
     "target_layer_ids": [1, 13, 25, 37, 49],
 }
 _RELEASED_ROPE_THETA = 500000.0  # the assistant class's default_theta (§1.4)
+# the config_layout of a native file read without a config.json: the released drafter's sizes, assumed
+CONVERTER_CONSTANTS_LAYOUT = "native (converter constants)"
 # the q/k row pairing of each layout's weights, as the `rope_is_neox_style` a config beside them may state it
 # (true = rotate-half); the tensor names decide it, and a flag that says otherwise is refused (§14.6)
 _ROPE_IS_NEOX_STYLE = {DRAFTER_CANONICAL: True, DRAFTER_NATIVE: False}
@@ -81,9 +85,10 @@ def read_drafter_config(
     if raw.get("quantization_config") is not None:  # null means none, as for the target (config_layouts.py)
         raise ConfigError(f"{source}: quantization_config is present: quantized drafters are not supported yet; use "
                           "the unquantized (bf16) drafter")
-    values = {key: raw.get(key, default) for key, default in _DEFAULTS.items()}
-    defaulted = [key for key in _DEFAULTS if key not in raw]
-    theta = _rope_theta(raw, source)
+    # target_layer_ids is the one such field transformers types `list | None`: null is its default, as absent is
+    defaulted = [key for key in _DEFAULTS if key not in raw or (key == "target_layer_ids" and raw[key] is None)]
+    values = {key: _DEFAULTS[key] if key in defaulted else raw[key] for key in _DEFAULTS}
+    theta, rope_unknown = _rope_theta(raw, source)
     if theta is None:
         theta, defaulted = _RELEASED_ROPE_THETA, [*defaulted, "rope_parameters.rope_theta"]
     if "mask_token_id" in raw:
@@ -105,8 +110,9 @@ def read_drafter_config(
     neox = raw.get("rope_is_neox_style")
     if neox is not None and not isinstance(neox, bool):
         raise ConfigError(f"{source}: rope_is_neox_style={neox!r} is invalid; expected true or false")
-    unknown = sorted(set(raw) - set(_DEFAULTS) - _IGNORED - {"rope_parameters", "rope_theta", "mask_token_id",
-                                                               "layer_types", "vocab_size", "rope_is_neox_style"})
+    unknown = sorted(set(raw) - set(_DEFAULTS) - _IGNORED - {"rope_parameters", "rope_theta", "rope_scaling",
+                                                               "mask_token_id", "layer_types", "vocab_size",
+                                                               "rope_is_neox_style"}) + rope_unknown
     warnings = []
     if defaulted:
         warnings.append(f"{source}: absent fields took transformers' defaults: {', '.join(defaulted)}")
@@ -117,7 +123,7 @@ def read_drafter_config(
     try:
         return DrafterConfig(
             **{key: values[key] for key in _DEFAULTS if key != "target_layer_ids"},
-            rope_theta=float(theta) if isinstance(theta, int) and not isinstance(theta, bool) else theta,
+            rope_theta=theta,
             layer_types=tuple(layer_types),
             mask_token_id=mask,
             target_layer_ids=tuple(values["target_layer_ids"]),
@@ -129,24 +135,14 @@ def read_drafter_config(
         raise ConfigError(f"{source}: {exc}".replace("drafter config.", "")) from None
 
 
-def _rope_theta(raw: Mapping[str, Any], source: str) -> Any:
-    """rope_parameters.rope_theta (rope_type 'default' only) or a bare rope_theta; None when neither is given."""
-    params = raw.get("rope_parameters")
-    found = []
-    if params is not None:
-        if not isinstance(params, Mapping):
-            raise ConfigError(f"{source}: rope_parameters must be a JSON object, got {type(params).__name__}")
-        kind = params.get("rope_type", "default")
-        if kind != "default":
-            raise ConfigError(f"{source}: rope_parameters.rope_type={kind!r} is not supported; the DFlash drafter "
-                              "uses plain 'default' RoPE")
-        if "rope_theta" in params:
-            found.append(params["rope_theta"])
-    if raw.get("rope_theta") is not None:
-        found.append(raw["rope_theta"])
-    if len(set(map(repr, found))) > 1:
-        raise ConfigError(f"{source}: rope_parameters.rope_theta and rope_theta disagree ({found}); keep one")
-    return found[0] if found else None
+def _rope_theta(raw: Mapping[str, Any], source: str) -> tuple[Any, list[str]]:
+    """(theta, unknown keys of its objects) as transformers reads the theta: rope_parameters.rope_theta, a bare
+    rope_theta or the legacy rope_scaling (read in rope_parameters' place, `type` as `rope_type`), the target's rule
+    (config_common_fields.read_rope_theta); rope_type 'default' only. The theta is None when none gives it."""
+    notes = Notes(source, "drafter")
+    _, theta = read_rope_theta(Section(raw, "", notes), ("rope_parameters", "rope_theta", "rope_scaling"), "default",
+                               required=True)
+    return (None if notes.missing else theta), notes.unknown
 
 
 def _as_count(value: Any) -> int:
@@ -162,7 +158,7 @@ def released_drafter_config(mask_token_id: int) -> DrafterConfig:
         layer_types=("sliding_attention",) * values["num_hidden_layers"],
         mask_token_id=mask_token_id,
         target_layer_ids=tuple(values["target_layer_ids"]),
-        config_layout="native (converter constants)",
+        config_layout=CONVERTER_CONSTANTS_LAYOUT,
     )
 
 
@@ -246,6 +242,9 @@ class DrafterCheckpoint:
                 from glimmer.checkpoint.gguf_drafter import name_gguf_keys
 
                 message = name_gguf_keys(message)
+            if self.config.config_layout == CONVERTER_CONSTANTS_LAYOUT:  # the sizes above are none of the file's
+                message += (f" (no config.json beside {self.location}: the released drafter's sizes were assumed; put "
+                            "the drafter's config.json beside it)")
             raise ConfigError(message) from None
 
 

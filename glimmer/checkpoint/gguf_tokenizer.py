@@ -66,6 +66,8 @@ class GGUFTokenizer:
     # bos_token / eos_token / pad_token / unk_token → token string, as tokenizer_config.json names them
     named_tokens: dict[str, str]
     chat_template: str | None
+    # tokenizer.chat_template.tool_use: the template llama.cpp renders a chat with tools with, where there is one
+    tool_use_chat_template: str | None
     # a generation_config.json equivalent (eos_token_id: [eos, eot], bos_token_id, pad_token_id and the
     # general.sampling.* defaults as temperature, top_k, top_p), errors naming the GGUF keys
     generation_config: EmbeddedGenerationConfig
@@ -145,12 +147,13 @@ def read_gguf_tokenizer(file: GGUFFile) -> GGUFTokenizer:
         if name in named:
             generation[key] = vocab[named[name]]
     generation |= _sampling_defaults(file)
-    template = file.string("tokenizer.chat_template") if file.has("tokenizer.chat_template") else None
+    template, tool_use = (file.string(key) if file.has(key) else None
+                          for key in ("tokenizer.chat_template", "tokenizer.chat_template.tool_use"))
     # errors about these fields (generation_config.py) name the keys they were read from
     source_keys = _SAMPLING_SOURCE_KEYS | {"eos_token_id": " and ".join(stop_keys),
                                            "bos_token_id": _NAMED_IDS["bos_token"],
                                            "pad_token_id": _NAMED_IDS["pad_token"]}
-    return GGUFTokenizer(backend, named, template, EmbeddedGenerationConfig(generation, source_keys))
+    return GGUFTokenizer(backend, named, template, tool_use, EmbeddedGenerationConfig(generation, source_keys))
 
 
 def _token_id(file: GGUFFile, key: str, types: list[int]) -> int:

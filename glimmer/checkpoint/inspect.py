@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from glimmer.checkpoint.chat_template_source import find_chat_template
+from glimmer.checkpoint.chat_template_source import find_checkpoint_chat_template
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.formats import OpenedCheckpoint, is_config_only, open_checkpoint
 from glimmer.checkpoint.generation_config import load_generation_defaults
@@ -128,9 +128,8 @@ def _checked_chat_template(opened: OpenedCheckpoint, tokenizer: Any, override: s
     """The template `glimmer serve` would render with, compiled and probed as the server does at start
     (ChatTemplateError, ConfigError or CheckpointError otherwise): its origin and sha256. A checkpoint without a
     template (a base model) gets a warning instead: it completes text, and only chat needs a template."""
-    embedded = opened.tokenizer.chat_template if opened.tokenizer is not None else None
     try:
-        source = find_chat_template(opened.path, override, is_file=opened.path.is_file(), embedded=embedded)
+        source = find_checkpoint_chat_template(opened.path, override, opened.tokenizer)
     except CheckpointError as error:
         if override is not None:
             raise

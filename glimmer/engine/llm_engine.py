@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from glimmer.cancellation import CancelToken
-from glimmer.checkpoint.chat_template_source import find_chat_template
+from glimmer.checkpoint.chat_template_source import find_checkpoint_chat_template
 from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import (
@@ -65,7 +65,7 @@ from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, meas
 from glimmer.errors import CheckpointError, ConfigError, ContextLengthError, GlimmerError, RequestError
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
-from glimmer.protocol import ChatTemplate
+from glimmer.protocol import ChatTemplate, check_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -540,14 +540,15 @@ class LLMEngine:
 
     @property
     def chat_template(self) -> ChatTemplate:
-        """The checkpoint's (or the operator's) chat template, compiled once (P-TMPL-1)."""
+        """The checkpoint's (or the operator's) chat template, compiled and probed once (P-TMPL-1): CheckpointError
+        where there is none or it does not compile, ConfigError or ChatTemplateError where it breaks the protocol
+        with this tokenizer (`check_chat_template`, what the server's start and `glimmer inspect` check)."""
         if self._chat_template is None:
-            embedded = self.checkpoint.tokenizer
-            source = find_chat_template(  # logs origin and sha256
-                self.checkpoint_dir, self.config.chat_template, is_file=self.checkpoint_dir.is_file(),
-                embedded=embedded.chat_template if embedded is not None else None,
-            )
-            self._chat_template = source.compile()
+            source = find_checkpoint_chat_template(  # logs origin and sha256
+                self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
+            template = source.compile()
+            check_chat_template(template, self.tokenizer, max_chars=self.max_prompt_chars)
+            self._chat_template = template
         return self._chat_template
 
     @property

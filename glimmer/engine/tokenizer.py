@@ -207,6 +207,10 @@ class Tokenizer:
             backend = HFTokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises a bare Exception for any parse failure
             raise CheckpointError(f"{tokenizer_file} is not a valid tokenizers file: {exc}") from exc
+        # a truncation or padding saved in the file would cut or pad every prompt; transformers turns both off for
+        # every call that does not ask for them, which no prompt Glimmer encodes does
+        backend.no_truncation()
+        backend.no_padding()
 
         named_tokens = _read_named_tokens(directory)
         for name, token in named_tokens.items():
@@ -223,6 +227,7 @@ class Tokenizer:
         map_file = directory / SPECIAL_TOKENS_MAP_FILE
         legacy_map = ({} if "added_tokens_decoder" in config
                       else read_json_object(map_file, error=CheckpointError) or {})
+        _check_added_tokens_decoder(config, config_file, backend, tokenizer_file)
         extra = _read_extra_special_tokens(config, config_file, legacy_map, map_file)
         for token in extra.listed:
             if backend.token_to_id(token) is None:
@@ -537,6 +542,26 @@ def _read_named_tokens(directory: Path) -> dict[str, str]:
             if name not in named and config.get(name) is not None:
                 named[name] = _token_content(config[name], directory / filename, name)
     return named
+
+
+def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backend: HFTokenizer,
+                                tokenizer_file: Path) -> None:
+    """CheckpointError for an entry of tokenizer_config.json's `added_tokens_decoder` that is no token of
+    tokenizer.json: transformers adds it to the vocabulary (a row the model has no embedding for) and encodes its
+    spelling as that token, where this tokenizer would split it into characters."""
+    decoder = config.get("added_tokens_decoder")
+    if decoder is None:
+        return
+    if not isinstance(decoder, Mapping):
+        raise CheckpointError(f"{path}: added_tokens_decoder={decoder!r:.80} is invalid; expected an object of token "
+                              "ids to AddedToken objects")
+    for token_id, entry in decoder.items():
+        name = f"added_tokens_decoder[{token_id!r}]"
+        content = _token_content(entry, path, name)
+        if backend.token_to_id(content) is None:
+            raise CheckpointError(f"{path}: {name} is {content!r}, which is not a token of {tokenizer_file} "
+                                  "(transformers would add it as a new token, which the model has no row for); the "
+                                  "files do not belong together")
 
 
 def _read_extra_special_tokens(config: Mapping[str, object], path: Path, legacy_map: Mapping[str, object],

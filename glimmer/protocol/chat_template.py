@@ -34,7 +34,7 @@ import jinja2.meta
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.protocol.control_tokens import ControlTokenGuard, RenderedPrompt
 from glimmer.protocol.jinja_sandbox import make_environment
-from glimmer.protocol.tokens import BOS, EOS, GENERATION_PROMPT, PAD
+from glimmer.protocol.tokens import BOS, EOS, FRAMING_MARKERS, GENERATION_PROMPT, PAD
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,8 @@ _PROBE_KWARGS = {"current_date": "2026-01-01"}
 
 
 def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer, *, max_chars: int | None = None) -> None:
-    """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8) and hold one bos (P-TMPL-5).
+    """Render a probe chat: the prompt must end with the generation prompt (P-TMPL-8), each framing marker it writes
+    must be one token of the tokenizer (P-TOK-1), and it must hold one bos (P-TMPL-5).
     Raises ConfigError, or ChatTemplateError where the template fails to render (the server runs it at start and
     on a request's own template, `glimmer inspect` too). `max_chars`: a longer probe prompt is a ConfigError
     before it is tokenized."""
@@ -188,6 +189,11 @@ def check_chat_template(template: ChatTemplate, tokenizer: FramingTokenizer, *, 
     if max_chars is not None and len(prompt) > max_chars:
         raise ConfigError(f"the chat template renders a one-message probe chat as {len(prompt):,} characters, more "
                           f"than a prompt may have ({max_chars:,})")
+    for marker in FRAMING_MARKERS:
+        if marker in prompt and len(tokenizer.encode(marker, add_special_tokens=False)) != 1:
+            raise ConfigError(f"the chat template writes {marker!r}, which is no token of the tokenizer: every chat "
+                              "prompt's markup would be tokenized as text; use the tokenizer.json published with the "
+                              "model, or a template for this tokenizer")
     bos_id = tokenizer.bos_token_id
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     if bos_id is not None and (ids.count(bos_id) != 1 or ids[0] != bos_id):

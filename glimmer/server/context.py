@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.protocol import ChatTemplate, check_chat_template
+from glimmer.protocol import ChatTemplate
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.response_store import ResponseStore
@@ -30,11 +30,11 @@ class ServingContext:
 
     @classmethod
     def create(cls, engine: AsyncEngine, settings: ServerSettings) -> ServingContext:
-        """Raises CheckpointError (no chat template) or ConfigError (a template that breaks the protocol)."""
+        """Raises CheckpointError (no chat template) or ConfigError (a template that breaks the protocol: the engine
+        probes it as it compiles it)."""
         llm_engine = engine.engine
         tokenizer = llm_engine.tokenizer
         template = llm_engine.chat_template
-        check_chat_template(template, tokenizer)
         # index the vocabulary for the grammar engine at startup, not on the first structured request
         return cls(engine, settings, tokenizer, template, ServerMetrics(engine, settings.served_model_names[0]),
                    llm_engine.grammars, hidden_special_tokens=tokenizer.hidden_in_replies,

@@ -48,11 +48,47 @@ def test_tokenizer_config_string_template(tmp_path):
 def test_tokenizer_config_named_list_takes_default(tmp_path):
     write_config(
         tmp_path,
-        chat_template=[{"name": "tool_use", "template": "tools"}, {"name": "default", "template": JINJA}],
+        chat_template=[{"name": "rag", "template": "documents"}, {"name": "default", "template": JINJA}],
     )
     source = find_chat_template(tmp_path)
     assert source.text == JINJA
     assert "default" in source.origin
+
+
+def _tool_use_in_tokenizer_config(directory: Path, tool_use: str) -> None:
+    write_config(directory, chat_template=[{"name": "default", "template": JINJA},
+                                           {"name": "tool_use", "template": tool_use}])
+
+
+def _tool_use_beside_chat_template_jinja(directory: Path, tool_use: str) -> None:
+    (directory / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
+    (directory / "additional_chat_templates").mkdir()
+    (directory / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use, encoding="utf-8")
+
+
+@pytest.mark.parametrize("layout", [_tool_use_in_tokenizer_config, _tool_use_beside_chat_template_jinja])
+def test_a_tool_use_template_other_than_the_default_is_refused_naming_the_option(tmp_path, layout):
+    """transformers (and vLLM through it) renders a chat with tools with the `tool_use` template where a checkpoint
+    names one, and every other chat with `default`; Glimmer rendered both with `default`, so a request with tools
+    had another prompt than the reference's, without a word."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    layout(tmp_path, "{{ bos_token }}tools<|start|>assistant")
+    templates = {"default": JINJA, "tool_use": "{{ bos_token }}tools<|start|>assistant"}
+    holder = type("Holder", (), {"chat_template": templates})()  # transformers' choice, on the templates alone
+    assert PreTrainedTokenizerBase.get_chat_template(holder, tools=[{}]) == templates["tool_use"]
+    assert PreTrainedTokenizerBase.get_chat_template(holder) == templates["default"]
+    with pytest.raises(CheckpointError, match=r"'tool_use' chat template .* --chat-template FILE"):
+        find_chat_template(tmp_path)
+    override = tmp_path / "operator.jinja"
+    override.write_text(JINJA, encoding="utf-8")
+    assert find_chat_template(tmp_path, override=override).text == JINJA
+
+
+@pytest.mark.parametrize("layout", [_tool_use_in_tokenizer_config, _tool_use_beside_chat_template_jinja])
+def test_a_tool_use_template_equal_to_the_default_is_read(tmp_path, layout):
+    layout(tmp_path, JINJA)
+    assert find_chat_template(tmp_path).text == JINJA
 
 
 def test_named_list_without_default_is_an_error_listing_the_names(tmp_path):

@@ -936,6 +936,22 @@ def test_rope_scaling_is_read_as_rope_parameters_as_transformers_reads_it():
     expect_error(raw, "text_config.rope_scaling must be a JSON object")
 
 
+def test_a_vision_config_s_rope_scaling_is_read_as_its_rope_parameters_as_transformers_reads_it():
+    """The vision tower's legacy `rope_scaling` too: Glimmer consumed it without a word (no unknown-key warning) and ran
+    the default theta, 10000, where transformers takes the theta it holds: other image features."""
+    raw = config_to_dict(tiny_model(), "canonical")
+    del raw["vision_config"]["rope_parameters"]
+    raw["vision_config"]["rope_scaling"] = {"rope_type": "axial", "rope_theta": 100.0}
+    reference = MuseGlimmerConfig(**copy.deepcopy(raw)).vision_config.rope_parameters
+    normalized = normalize_config(copy.deepcopy(raw))
+    assert normalized.vision.rope_theta == reference["rope_theta"] == 100.0
+    assert normalized.warnings == ()
+    raw["vision_config"]["rope_scaling"] = {"type": "axial", "rope_theta": 100.0}
+    assert normalize_config(copy.deepcopy(raw)).vision.rope_theta == 100.0
+    raw["vision_config"]["rope_parameters"] = {"rope_type": "axial", "rope_theta": 10000.0}
+    expect_error(raw, "vision_config.rope_scaling=", "differ; transformers reads only rope_scaling")
+
+
 def test_aliases_that_disagree_are_refused():
     raw = config_to_dict(tiny_model(), "flat") | {"image_token_id": 12}
     expect_error(raw, "patch_token_id=10 and image_token_id=12 disagree")

@@ -88,6 +88,63 @@ def test_a_drafter_that_does_not_fit_is_refused_with_the_numbers(target, tmp_pat
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize("rope", [
+    {"rope_scaling": {"rope_type": "default", "rope_theta": 10000.0}},
+    {"rope_scaling": {"type": "default", "rope_theta": 1000.0}},
+    {"rope_theta": 2000.0, "rope_scaling": {"rope_type": "default"}},
+])
+def test_the_legacy_rope_scaling_gives_the_rope_theta_transformers_reads(target, tmp_path, rope):
+    """transformers reads `rope_scaling` in place of `rope_parameters` (and `type` as `rope_type`), as it does for the
+    target; the drafter took it for an unknown key and ran with the released theta, 500000."""
+    from transformers import MuseGlimmerAssistantConfig
+
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, **({"rope_parameters": None} | rope))
+    expected = MuseGlimmerAssistantConfig.from_dict(json.loads((path / "config.json").read_text())).rope_parameters
+    assert expected["rope_type"] == "default"
+    assert _load(path, target).config.rope_theta == expected["rope_theta"]
+
+
+@pytest.mark.parametrize(("rope", "message"), [
+    ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "rope_scaling.rope_type='linear' is not supported"),
+    ({"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 5e5}},
+     "rope_parameters.type='linear' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "rope_scaling": {"rope_type": "linear"}},
+     "differ; transformers reads only rope_scaling"),
+])
+def test_a_scaled_rope_in_a_legacy_spelling_is_refused_naming_it(target, tmp_path, rope, message):
+    """transformers scales the drafter's positions for these (its rope_parameters end up 'linear'); they loaded
+    unscaled, rope_scaling ignored with a warning and `type` not read."""
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, **({"rope_parameters": None} | rope))
+    with pytest.raises(ConfigError, match=message):
+        _load(path, target)
+
+
+def test_null_target_layer_ids_take_the_default_transformers_takes(target, tmp_path):
+    """`target_layer_ids: null` is the reference's own default ([1, 13, 25, 37, 49]), as an absent list is; it was
+    refused as no JSON list."""
+    from transformers import MuseGlimmerAssistantConfig
+
+    from glimmer.checkpoint.drafter import read_drafter_config
+
+    raw = json.loads((write_tiny_drafter(tmp_path / "d", target) / "config.json").read_text()) | {
+        "target_layer_ids": None}
+    config = read_drafter_config(raw, source="config.json", mask_token_id=lambda: 5)
+    assert list(config.target_layer_ids) == MuseGlimmerAssistantConfig.from_dict(raw).target_layer_ids
+
+
+def test_a_native_drafter_without_config_json_that_does_not_fit_says_the_released_sizes_were_assumed(target,
+                                                                                                       tmp_path):
+    """Without config.json beside head.pt the released drafter's sizes are taken; a head.pt of another size was
+    refused with the release's numbers (hidden_size=6656) and no word of where they came from or of the fix."""
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native")
+    (path / "config.json").unlink()
+    with pytest.raises(ConfigError, match=r"hidden_size=6656 .*no config\.json beside .*head\.pt: the released "
+                                          r"drafter's sizes were assumed; put the drafter's config\.json beside it"):
+        _load(path, target)
+
+
 @pytest.mark.parametrize("layout, flag", [("canonical", False), ("native", True)])
 def test_a_rope_is_neox_style_that_contradicts_the_weight_layout_is_refused(target, tmp_path, layout, flag):
     # the tensor names decide the q/k pairing, as for the target (formats.py); a flag that disagrees was ignored

@@ -270,6 +270,24 @@ def test_gguf_keys_glimmer_does_not_read_are_named_in_a_warning(f32_gguf, tmp_pa
            "muse-glimmer.shared_kv_layers" in read_gguf_model(path).config.warnings
 
 
+def test_a_tool_use_chat_template_other_than_the_default_is_refused_for_chat(f32_gguf, tmp_path):
+    """llama.cpp's converter writes a checkpoint's named templates as tokenizer.chat_template.NAME, and llama.cpp
+    renders a chat with tools with tokenizer.chat_template.tool_use (as transformers does); Glimmer rendered it with
+    the default, without a word. One equal to the default is read."""
+    from test_gguf_hostile import _rewrite
+
+    key = "tokenizer.chat_template.tool_use"
+    default = GGUFFile(f32_gguf).string("tokenizer.chat_template")
+    other = _rewrite(f32_gguf, tmp_path / "tool-use.gguf", {}, add={
+        key: ("{{ bos_token }}<|start|>assistant", gguf.GGUFValueType.STRING)})
+    llm = LLM(str(other))
+    assert llm.generate("hi", SamplingParams(max_tokens=1))[0].outputs[0].token_ids  # completions need no template
+    with pytest.raises(CheckpointError, match=rf"'tool_use' chat template \({other} \({key}\)\)"):
+        llm.chat([{"role": "user", "content": "hi"}])
+    same = _rewrite(f32_gguf, tmp_path / "same.gguf", {}, add={key: (default, gguf.GGUFValueType.STRING)})
+    assert LLM(str(same)).chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1))
+
+
 @pytest.mark.parametrize(("period", "full_layers"), [(4, [3, 7]), (3, [2, 5]), (0, [])])
 def test_a_sliding_window_period_gives_llama_cpps_layer_types(f32_gguf, tmp_path, period, full_layers):
     """llama.cpp's muse-glimmer loader reads attention.sliding_window_pattern as a period before it tries the bool

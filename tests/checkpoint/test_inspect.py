@@ -9,7 +9,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
-from glimmer import LLM
+from glimmer import LLM, SamplingParams
 from glimmer.cli import main
 from glimmer.engine.model_loader import load_model
 from glimmer.errors import CheckpointError, ConfigError
@@ -95,6 +95,40 @@ def test_a_checkpoint_template_that_does_not_compile_is_named_by_its_file(tiny_c
     llm = LLM(str(checkpoint), progress=False)
     with pytest.raises(CheckpointError, match=r"chat_template\.jinja does not compile"):
         llm.chat([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("marker", ["<|start|>", "<|message|>", "<|eot|>"])
+def test_a_template_writing_a_marker_the_tokenizer_lacks_is_refused_by_inspect_and_llm_chat(tiny_checkpoint, tmp_path,
+                                                                                            capsys, marker):
+    """A tokenizer without the protocol's markers (a tokenizer.json of another model beside Muse's template) tokenized
+    every chat prompt's markup as its characters, the reply parsed from text the model never saw as markup, without a
+    word: a marker it has but as no added token was refused already."""
+    checkpoint = tmp_path / "no-marker"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the token keeps its id under another spelling
+        (checkpoint / name).write_text((checkpoint / name).read_text().replace(marker, "<|renamed|>"))
+    words = f"the chat template writes {marker!r}, which is no token of the tokenizer"
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glimmer: error: ConfigError: ") and words in err
+    llm = LLM(str(checkpoint), progress=False)
+    assert llm.generate("hi", SamplingParams(max_tokens=1))[0].outputs[0].token_ids  # completions need no template
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        llm.chat([{"role": "user", "content": "hi"}])
+
+
+def test_a_tool_use_template_beside_the_default_is_named_by_inspect_and_refused_by_llm_chat(tiny_checkpoint, tmp_path,
+                                                                                             capsys):
+    """transformers renders a chat with tools with the `tool_use` template; Glimmer rendered it with the default."""
+    checkpoint = tmp_path / "tool-use"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / "additional_chat_templates").mkdir()
+    (checkpoint / "additional_chat_templates" / "tool_use.jinja").write_text("{{ bos_token }}<|start|>assistant")
+    assert main(["inspect", str(checkpoint), "--json"]) == 0  # as any template serve refuses: a warning here
+    assert any("the checkpoint has a 'tool_use' chat template" in warning
+               for warning in json.loads(capsys.readouterr().out)["warnings"])
+    with pytest.raises(CheckpointError, match="'tool_use' chat template"):
+        LLM(str(checkpoint), progress=False).chat([{"role": "user", "content": "hi"}])
 
 
 def test_a_single_file_beside_an_index_of_other_shards_is_refused(make_tiny, tmp_path, capsys):

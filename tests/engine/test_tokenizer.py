@@ -287,6 +287,42 @@ def test_named_token_missing_from_vocabulary_is_an_error(tiny_dir, tmp_path):
         Tokenizer.from_dir(ckpt)
 
 
+def test_an_added_token_of_tokenizer_config_that_tokenizer_json_lacks_is_an_error(tiny_dir, tmp_path):
+    """transformers adds such a token to the vocabulary (a row the model's embedding lacks, at an id of its own choice)
+    and encodes its spelling as that one token, where Glimmer's encoding split it into its characters."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["added_tokens_decoder"]["511"] = {"content": "<|tool_x|>", "lstrip": False, "normalized": False,
+                                             "rstrip": False, "single_word": False, "special": True}
+    config_file.write_text(json.dumps(config))
+    hf = AutoTokenizer.from_pretrained(str(ckpt))
+    assert len(hf("<|tool_x|>", add_special_tokens=False)["input_ids"]) == 1
+    with pytest.raises(CheckpointError, match=r"added_tokens_decoder\['511'\] is '<\|tool_x\|>', which is not a "
+                                              r"token of .*tokenizer\.json.*do not belong together"):
+        Tokenizer.from_dir(ckpt)
+
+
+@pytest.mark.parametrize("setting", [
+    {"truncation": {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}},
+    {"padding": {"strategy": {"Fixed": 32}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                 "pad_type_id": 0, "pad_token": "<|finetune_right_pad|>"}},
+], ids=["truncation", "padding"])
+def test_truncation_or_padding_saved_in_tokenizer_json_changes_no_encoding(tiny_dir, tmp_path, setting):
+    """transformers turns a tokenizer.json's saved truncation and padding off for every call that does not ask for
+    them; Glimmer's encoding kept them, so every prompt, chat prompts included, was cut to 8 tokens without a word, and
+    padding made the load refuse the protocol's markers as "encoding as 32 tokens"."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    backend = json.loads((ckpt / "tokenizer.json").read_text())
+    (ckpt / "tokenizer.json").write_text(json.dumps(backend | setting))
+    text = "Hello world, this is a longer piece of text than eight tokens"
+    expected = AutoTokenizer.from_pretrained(str(ckpt))(text)["input_ids"]
+    assert len(expected) > 8
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.encode(text, add_special_tokens=True) == expected
+    assert tok.encode_text(text) == expected[1:]
+
+
 # -- caller text kept plain (issue 8): `literals` ------------------------------------------------------------
 
 PLACEHOLDER = "\u27ea123.0\u27eb"
