@@ -248,9 +248,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # SIGTERM is heard from the model's loading on: as a container's PID 1, where a signal without a handler is
     # ignored, `docker stop` while the model loaded went unheard and the server went on to serve until killed
     sigterm_handler = contextlib.ExitStack()
-    sigterm_handler.enter_context(_sigterm_raises())
+    raise_if_terminated = sigterm_handler.enter_context(_sigterm_raises())
     try:
         engine, name, is_default = _engine_from_args(args)
+        raise_if_terminated()  # a SIGTERM the loading code dropped
         settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -470,18 +471,36 @@ class _Terminated(BaseException):
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
+def _sigterm_raises() -> Iterator[Callable[[], None]]:
     """SIGTERM raises _Terminated inside the block. uvicorn shuts down gracefully on SIGTERM and then raises the
     signal again to the handler it found: the default one would kill the process (status 143) before the engine
-    is shut down, where SIGTERM should end `glimmer serve` as cleanly as Ctrl-C does (status 0)."""
+    is shut down, where SIGTERM should end `glimmer serve` as cleanly as Ctrl-C does (status 0).
+
+    Yields a function that raises _Terminated if SIGTERM came at all: a signal handled while the main thread runs
+    a weakref callback or finalizer (an import lock's, as the loading code imports) raises where Python drops the
+    exception as unraisable, printing its traceback, and the server went on to serve."""
+    arrived = False
+
     def terminated(signum: int, frame: Any) -> None:
+        nonlocal arrived
+        arrived = True
         raise _Terminated()
 
+    def unraisable(report: Any) -> None:
+        if not isinstance(report.exc_value, _Terminated):  # a dropped _Terminated is raised again by the check
+            previous_hook(report)
+
+    def raise_if_terminated() -> None:
+        if arrived:
+            raise _Terminated()
+
     previous = signal.signal(signal.SIGTERM, terminated)
+    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
-        yield
+        yield raise_if_terminated
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
 
 
 def _shutdown_server(engine: Any, config: Any) -> Any:

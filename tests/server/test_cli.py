@@ -417,6 +417,39 @@ def test_sigterm_while_the_model_loads_stops_the_server_with_status_0(tiny_check
     assert not socket_path.exists()
 
 
+def test_sigterm_handled_in_a_weakref_callback_while_the_model_loads_still_stops_the_server(
+        tmp_path, monkeypatch, capsys):
+    """A SIGTERM handled while the loading code ran an import lock's weakref callback raised there, where Python drops
+    the exception (printing "Exception ignored in ..." and a traceback), and the server went on to serve."""
+    import weakref
+
+    import glimmer.cli
+
+    shut_down = []
+
+    class LoadedEngine:
+        def shutdown(self) -> None:
+            shut_down.append(True)
+
+    class Held:
+        pass
+
+    def load_through_a_dropped_sigterm(args):
+        held = Held()
+        reference = weakref.ref(held, lambda _: signal.raise_signal(signal.SIGTERM))
+        del held  # the callback runs here, and so does the handler
+        assert reference() is None
+        return LoadedEngine(), "tiny", False
+
+    monkeypatch.setattr(glimmer.cli, "_engine_from_args", load_through_a_dropped_sigterm)
+    assert glimmer.cli.main(["serve", str(tmp_path / "model"), "--uds", str(tmp_path / "s.sock")]) == 0
+    captured = capsys.readouterr()
+    assert "glimmer: stopped by SIGTERM before serving" in captured.err
+    assert "Traceback" not in captured.err and "Exception ignored" not in captured.err
+    assert shut_down == [True]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 def test_chat_in_process_with_the_default_model(cache_env):
     result = subprocess.run([sys.executable, "-m", "glimmer.cli", "chat", "--max-tokens", "80", "--no-color",
                              "--max-model-len", "2048", "--kv-cache-memory", "50MiB"],
