@@ -956,8 +956,8 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-prompt-tokens-details": {"action": "store_true"},
     "--enable-log-requests": {"action": "store_true"},
     "--response-role": {"metavar": "ROLE"},
-    "--allowed-methods": {"nargs": "+", "metavar": "METHOD"},
-    "--allowed-headers": {"nargs": "+", "metavar": "HEADER"},
+    "--allowed-methods": {"nargs": "+", "action": "extend", "metavar": "METHOD"},
+    "--allowed-headers": {"nargs": "+", "action": "extend", "metavar": "HEADER"},
     "--allow-credentials": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
@@ -1170,7 +1170,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                        help="require `Authorization: Bearer KEY` on /v1 and /openapi.json, any one of the keys given "
                             "(repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
-    serve.add_argument("--served-model-name", nargs="+", default=None,
+    serve.add_argument("--served-model-name", nargs="+", action="extend", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,
                        help="larger request bodies get HTTP 413 (default 4 MiB, 32 MiB for a model with vision)")
@@ -1183,7 +1183,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-remote-media", action="store_true",
                        help="let requests name http(s) image/video URLs on public addresses (fetched with size, time "
                             "and redirect limits; loopback, link-local and private addresses are refused)")
-    serve.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+    serve.add_argument("--allowed-media-domains", nargs="+", action="extend", default=[], metavar="HOST",
                        help="let requests fetch http(s) media from these hosts, even on private addresses (an internal "
                             "image store); alone, it allows only these hosts")
     serve.add_argument("--max-images-per-request", type=int, default=None,
@@ -1197,7 +1197,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--require-cache-salt", action="store_true",
                        help="refuse requests without a cache_salt (only requests with the same salt share "
                             "cached prompt blocks)")
-    serve.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+    serve.add_argument("--allowed-origins", nargs="+", action="extend", default=[], metavar="ORIGIN",
                        help="web origins (e.g. https://app.example.com, or *) whose pages may call the API from a "
                             "browser (CORS; default: none)")
     serve.add_argument("--metrics-require-api-key", action="store_true",
@@ -1258,13 +1258,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "\"body\"}, url /v1/chat/completions, /v1/completions or /v1/responses (- for stdin)")
     batch.add_argument("-o", "--output-file", required=True, metavar="FILE",
                        help="where to write one result record a line, in input order (- for stdout)")
-    batch.add_argument("--served-model-name", nargs="+", default=None,
+    batch.add_argument("--served-model-name", nargs="+", action="extend", default=None,
                        help="name(s) a body's `model` may give (default: the directory name, or MODEL as given)")
     batch.add_argument("--allowed-local-media-path", action="append", default=[], metavar="DIR",
                        help="let requests name image/video files under DIR (repeatable; default: none)")
     batch.add_argument("--allow-remote-media", action="store_true",
                        help="let requests name http(s) image/video URLs on public addresses (as serve's)")
-    batch.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+    batch.add_argument("--allowed-media-domains", nargs="+", action="extend", default=[], metavar="HOST",
                        help="let requests fetch http(s) media from these hosts, even on private addresses")
     batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")

@@ -624,6 +624,27 @@ def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, mo
 def test_a_served_model_name_given_twice_is_refused(capsys):
     _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "b", "a"],
                          "--served-model-name: 'a' given more than once")
+    _fails_with_one_line(capsys, ["serve", "--served-model-name", "a", "--served-model-name", "a"],
+                         "--served-model-name: 'a' given more than once")
+
+
+@pytest.mark.parametrize("command", ["serve", "run-batch"])
+@pytest.mark.parametrize(("flag", "dest"), [("--served-model-name", "served_model_name"),
+                                            ("--allowed-media-domains", "allowed_media_domains")])
+def test_a_list_option_given_twice_keeps_the_values_of_both(command, flag, dest):
+    """The flag given again replaced the values before it: `--served-model-name a --served-model-name b` served 'b'
+    alone, and clients asking for 'a' got 404; as --api-key and --allowed-local-media-path, it adds to them."""
+    batch_files = ["-i", "in.jsonl", "-o", "out.jsonl"] * (command == "run-batch")
+    args = build_parser().parse_args([command, "model", *batch_files, flag, "a", "b", flag, "c"])
+    assert getattr(args, dest) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(("flag", "dest"), [("--allowed-origins", "allowed_origins"),
+                                            ("--allowed-methods", "allowed_methods"),
+                                            ("--allowed-headers", "allowed_headers")])
+def test_a_cors_option_given_twice_keeps_the_values_of_both(flag, dest):
+    args = build_parser().parse_args(["serve", "model", flag, "a", flag, "b", "c"])
+    assert getattr(args, dest) == ["a", "b", "c"]
 
 
 def test_a_busy_port_is_reported_before_the_model_loads(capsys, tmp_path):
