@@ -1009,8 +1009,8 @@ def _limit_mm_per_prompt(text: str) -> dict[str, int]:
 def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], arguments: Mapping[str, Any]
                         ) -> list[str]:
     """UsageError naming the first of vLLM's `options` given with a value that would change something here (by its
-    rule in `arguments`, a table of vllm_arguments); otherwise a line for each given one that takes any value, saying
-    what Glimmer does in its place."""
+    rule in `arguments`, a table of vllm_arguments); otherwise a line for each given one, saying what Glimmer does in
+    its place (`--response-role assistant` too, though it takes no other value)."""
     notes = []
     for flag in options:
         dest = flag[2:].replace("-", "_")
@@ -1022,8 +1022,7 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             f"{flag} {' '.join(value) if isinstance(value, list) else value}")
         if not argument.changes_nothing(value, {"model": args.model}):
             raise UsageError(f"{shown}: {argument.instead}")
-        if argument.takes_any_value:
-            notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")
+        notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")
     return notes
 
 

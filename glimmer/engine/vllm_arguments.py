@@ -29,12 +29,6 @@ class VllmArgument:
     changes_nothing: ChangesNothing
     instead: str
 
-    @property
-    def takes_any_value(self) -> bool:
-        """Whether every value is taken: `instead` then says what Glimmer does in its place (noted where it is
-        taken, as `glimmer serve` notes its vLLM options at startup)."""
-        return self.changes_nothing is _any_value
-
 
 def _only(*values: object) -> ChangesNothing:
     """Changes nothing at these values alone, compared with their type (True is not 1, nor 0 False)."""

@@ -299,6 +299,7 @@ def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, c
     assert [record["response"]["body"]["model"] for record in records] == [tiny_checkpoint.name, str(tiny_checkpoint)]
     assert "wrote 2 records to stdout" in captured.err
     assert "vLLM's --output-tmp-dir /tmp changes nothing here" in captured.err
+    assert "vLLM's --response-role assistant changes nothing here" in captured.err
 
 
 def test_a_short_engine_queue_still_leaves_a_full_batch_in_flight(tiny_checkpoint, tmp_path, monkeypatch):

@@ -127,6 +127,21 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
     assert "(torch.float32)" in output  # --dtype auto: the CPU's default
 
 
+def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead():
+    """The README and --help say each is noted at startup: --response-role assistant and the CORS options given `*`
+    (taken at those values alone) changed nothing without a word."""
+    from glimmer.cli import _VLLM_SERVING_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    args = build_parser().parse_args(["serve", "--tool-call-parser", "hermes", "--response-role", "assistant",
+                                      "--allowed-methods", "*", "--allowed-headers", "*"])
+    notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
+    assert [note.split(" changes nothing here: ")[0] for note in notes] == [
+        "vLLM's --tool-call-parser hermes", "vLLM's --response-role assistant", "vLLM's --allowed-methods *",
+        "vLLM's --allowed-headers *"]
+    assert "replies always come from the assistant role" in notes[1]
+
+
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
                                              ("bfloat16", "bfloat16")])
 def test_dtype_takes_vllms_names(text, dtype):
