@@ -227,8 +227,8 @@ def takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callable[[Sha
 def glimmer_arguments(callee: str, known: list[str], vllm_only: Mapping[str, VllmArgument], kwargs: dict[str, Any]
                        ) -> dict[str, Any]:
     """`kwargs` without vLLM's arguments that change nothing. Raises UnsupportedArgumentError naming the first
-    argument that is no field of `cls`: with Glimmer's way to do it for one of vLLM's, with the closest field for
-    a misspelled one."""
+    argument that is no field of `cls`: with Glimmer's way to do it for one of vLLM's, with the closest field or
+    vLLM argument for a misspelled one."""
     taken = {}
     for name, value in kwargs.items():
         if name in known:
@@ -240,7 +240,7 @@ def glimmer_arguments(callee: str, known: list[str], vllm_only: Mapping[str, Vll
         if argument is not None:
             raise UnsupportedArgumentError(f"{name}: an argument of vLLM's {callee} that Glimmer's does not "
                                            f"take; {argument.instead}", param=name)
-        close = difflib.get_close_matches(name, known, n=1)
+        close = difflib.get_close_matches(name, [*known, *vllm_only], n=1)  # vLLM's taken ones are misspelled too
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UnsupportedArgumentError(f"{name}: {callee} has no argument {name!r}; {hint}its arguments are "
                                        f"{', '.join(known)}", param=name)

@@ -756,6 +756,15 @@ def test_a_misspelled_argument_of_generate_names_the_closest(llm):
         llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
 
 
+def test_a_misspelled_vllm_argument_names_the_closest_one_glimmer_takes():
+    """vLLM's arguments taken at the values that change nothing are arguments a script passes too: a misspelled
+    one (`tensor_paralel_size=1`) listed Glimmer's own fields with no suggestion."""
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'tensor_parallel_size'"):
+        LLM("/nonexistent/model/dir", progress=False, tensor_paralel_size=1)
+    with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_beam_search'"):
+        SamplingParams(use_beam_serach=False)
+
+
 # use_tqdm: vLLM's progress bar -----------------------------------------------------------------------------------
 
 class _RecordedBar:
