@@ -460,8 +460,7 @@ def get_response(response_id: str, raw_request: Request, context: ServingContext
         return JSONResponse(stored.response)
     in_progress = context.responses.in_progress(response_id)
     if in_progress is None:
-        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, or evicted)",
-                       param="response_id", code="not_found")
+        raise _not_stored(response_id)
     return JSONResponse(in_progress)  # as its response.created event showed it
 
 
@@ -472,8 +471,7 @@ def list_input_items(response_id: str, raw_request: Request, context: ServingCon
     stored = context.responses.get(response_id)
     if stored is None:
         _refuse_in_progress(response_id, context, "its input items are listed")
-        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
-                       param="response_id", code="not_found")
+        raise _not_stored(response_id)
     return JSONResponse(input_items_page(stored.input_items, query))
 
 
@@ -500,9 +498,7 @@ def cancel_response(response_id: str, context: ServingContext) -> Response:
             raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, "
                                "and Glimmer runs none (`background: true` is refused); this response is being "
                                "generated: close its connection to stop it", param="response_id")
-        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted; one "
-                       "still being generated is stopped by closing its connection)", param="response_id",
-                       code="not_found")
+        raise _not_stored(response_id, "; one still being generated is stopped by closing its connection")
     raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, and "
                        "Glimmer runs none (`background: true` is refused); this response has finished. To stop a "
                        "response while it is generated, close its connection", param="response_id")
@@ -522,9 +518,14 @@ def delete_response(response_id: str, context: ServingContext) -> Response:
     `previous_response_id` are refused."""
     if not context.responses.delete(response_id):
         _refuse_in_progress(response_id, context, "it can be deleted")
-        raise APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted)",
-                       param="response_id", code="not_found")
+        raise _not_stored(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def _not_stored(response_id: str, note: str = "") -> APIError:
+    """The 404 for a response the store does not hold, with every reason it may not (GET named all but deleting)."""
+    return APIError(404, f"no stored response {response_id!r} (never stored, expired, evicted or deleted{note})",
+                    param="response_id", code="not_found")
 
 
 def _refuse_in_progress(response_id: str, context: ServingContext, then: str) -> None:

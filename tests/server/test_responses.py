@@ -826,7 +826,7 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     response = _create(client, input="[greet] Hi")
     deleted = client.delete(f"/responses/{response.id}", cast_to=object)
     assert deleted == {"id": response.id, "object": "response", "deleted": True}
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError, match="or deleted"):  # it said "never stored, expired, or evicted"
         client.responses.retrieve(response.id)
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         _create(client, input="[greet]", previous_response_id=response.id)
