@@ -205,6 +205,23 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    # SIGTERM is heard from the start, before the imports (a second or two) and the checks that precede loading the
+    # model: as a container's PID 1, where a signal without a handler is ignored, `docker stop` then went unheard and
+    # the server went on to load and serve until killed
+    sigterm_handler = contextlib.ExitStack()
+    raise_if_terminated = sigterm_handler.enter_context(_sigterm_raises())
+    with sigterm_handler:
+        try:
+            return _serve(args, sigterm_handler, raise_if_terminated)
+        except _Terminated:  # before the model began to load: nothing to shut down
+            print("glimmer: stopped by SIGTERM before serving", file=sys.stderr)
+            return 0
+
+
+def _serve(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
+           raise_if_terminated: Callable[[], None]) -> int:
+    """`glimmer serve` with SIGTERM raising _Terminated until `sigterm_handler` is closed, which it is before the
+    engine shuts down."""
     import uvicorn
 
     import glimmer
@@ -245,10 +262,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     listener = _bind_unix(args.uds) if args.uds is not None else _bind(args.host, args.port)
     raise_open_file_limit()
     engine = server = None
-    # SIGTERM is heard from the model's loading on: as a container's PID 1, where a signal without a handler is
-    # ignored, `docker stop` while the model loaded went unheard and the server went on to serve until killed
-    sigterm_handler = contextlib.ExitStack()
-    raise_if_terminated = sigterm_handler.enter_context(_sigterm_raises())
     try:
         engine, name, is_default = _engine_from_args(args)
         raise_if_terminated()  # a SIGTERM the loading code dropped

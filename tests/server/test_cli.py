@@ -432,6 +432,20 @@ def test_sigterm_while_the_model_loads_stops_the_server_with_status_0(tiny_check
     assert not socket_path.exists()
 
 
+def test_sigterm_before_the_model_loads_stops_the_server_with_status_0(tmp_path):
+    """The handler came only after serve's imports (a second or two) and its checks: SIGTERM then killed the server
+    (status 143), and a container's PID 1, which ignores a signal without a handler, went on to load and serve."""
+    script = ("import signal, sys, glimmer.cli\n"
+              "glimmer.cli._check_engine_options = lambda args: signal.raise_signal(signal.SIGTERM)\n"
+              "sys.exit(glimmer.cli.main(sys.argv[1:]))\n")
+    socket_path = tmp_path / "s.sock"
+    result = subprocess.run([sys.executable, "-c", script, "serve", str(tmp_path / "model"), "--uds", str(socket_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "glimmer: stopped by SIGTERM before serving" in result.stderr and "Traceback" not in result.stderr
+    assert not socket_path.exists()
+
+
 def test_sigterm_handled_in_a_weakref_callback_while_the_model_loads_still_stops_the_server(
         tmp_path, monkeypatch, capsys):
     """A SIGTERM handled while the loading code ran an import lock's weakref callback raised there, where Python drops
