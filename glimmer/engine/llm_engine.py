@@ -547,7 +547,9 @@ class LLMEngine:
             source = find_checkpoint_chat_template(  # logs origin and sha256
                 self.checkpoint_dir, self.config.chat_template, self.checkpoint.tokenizer)
             template = source.compile()
-            check_chat_template(template, self.tokenizer, max_chars=self.max_prompt_chars)
+            # unbounded by max_prompt_chars, as before the engine probed it: a context too short for any chat (a
+            # tiny --max-model-len) is the chat's refusal, naming the flag, not the template's
+            check_chat_template(template, self.tokenizer)
             self._chat_template = template
         return self._chat_template
 
