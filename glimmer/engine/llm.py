@@ -522,12 +522,14 @@ class LLM:
                     zip(prompts, params_list, factories, strict=True)):
                 request_id = f"llm-{next(self._ids)}"
                 arrival_time = time.time()
+                # listed before it is queued: an interrupt (Ctrl-C) that lands once the engine holds the request,
+                # before this call knows it, still aborts it (aborting an id never queued does nothing)
+                order.append(request_id)
                 with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
                                         prompt_field == "messages" else f"{prompt_field}[{i}]"):
                     ids, items = self.engine.truncate_prompt(ids, items, params)
                     self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True,
                                             generated=generated[i] if generated else 0)
-                order.append(request_id)
                 results[request_id] = RequestOutput(
                     request_id=request_id,
                     prompt=text,

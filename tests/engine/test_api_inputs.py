@@ -409,6 +409,27 @@ def test_a_request_refused_after_others_were_queued_leaves_nothing_behind(llm):
     assert len(llm.generate(["a"], SamplingParams(max_tokens=2))) == 1
 
 
+def test_an_interrupt_landing_as_a_request_is_queued_leaves_nothing_behind(llm, monkeypatch):
+    """Ctrl-C arriving once the engine holds a prompt's request, before generate had noted it: that request stayed
+    queued, and every later generate failed with a KeyError on its id."""
+    queue = llm.engine.add_request
+    queued = []
+
+    def queue_then_interrupt(request_id, *args, **kwargs):
+        queue(request_id, *args, **kwargs)
+        queued.append(request_id)
+        if len(queued) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm.engine, "add_request", queue_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["a", "b", "c"], SamplingParams(max_tokens=4))
+    monkeypatch.undo()
+    assert not llm.engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+    assert len(llm.generate(["a"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
+
+
 def test_chat_takes_one_sampling_params_per_conversation(llm):
     """As vLLM's LLM.chat: a list of SamplingParams, one per conversation."""
     conversations = [MESSAGES, [{"role": "user", "content": "hello there"}]]
