@@ -70,6 +70,7 @@ from glimmer.protocol import (
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
+from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
@@ -759,8 +760,9 @@ class LLM:
                 structured, param = requested, "response_format"
         if thinking_token_budget is not None and (
                 not isinstance(thinking_token_budget, int) or isinstance(thinking_token_budget, bool)
-                or thinking_token_budget < 0):
-            raise RequestError("thinking_token_budget: must be an integer >= 0", param="thinking_token_budget")
+                or not 0 <= thinking_token_budget <= MAX_THINKING_TOKEN_BUDGET):
+            raise RequestError("thinking_token_budget: must be an integer from 0 to 2**64 - 1 (the grammar engine's "
+                               "largest count); a budget past the context caps nothing", param="thinking_token_budget")
         refuse_turn_grammar(prompt_end, plan, structured_param=param if structured is not None else None,
                             thinking_token_budget=thinking_token_budget)
         answer = chat_answer_grammar(structured, param) if structured is not None else None

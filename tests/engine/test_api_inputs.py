@@ -430,6 +430,16 @@ def test_an_interrupt_landing_as_a_request_is_queued_leaves_nothing_behind(llm, 
     assert len(llm.generate(["a"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
 
 
+def test_a_thinking_budget_past_the_grammar_engines_count_is_refused_naming_it(llm):
+    """10**30 was refused as `tools`, in the grammar engine's words ("error parsing unsigned integer"); the largest
+    budget a grammar states, 2**64 - 1, is taken."""
+    for budget in (2**64, 10**30):
+        _refused(lambda budget=budget: llm.chat(MESSAGES, SamplingParams(max_tokens=2), thinking_token_budget=budget),
+                 "thinking_token_budget")
+    assert llm.chat(MESSAGES, SamplingParams(max_tokens=2), thinking_token_budget=2**64 - 1)[0].output.outputs
+    assert not llm.engine.has_unfinished_requests
+
+
 def test_chat_takes_one_sampling_params_per_conversation(llm):
     """As vLLM's LLM.chat: a list of SamplingParams, one per conversation."""
     conversations = [MESSAGES, [{"role": "user", "content": "hello there"}]]
