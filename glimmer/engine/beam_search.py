@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from glimmer.engine.outputs import PositionLogprobs
 from glimmer.engine.sampler import TokenLogprobs
-from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, plain_number
+from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, is_number, plain_number
 from glimmer.errors import RequestError
 
 if TYPE_CHECKING:
@@ -77,10 +77,10 @@ class BeamSearchParams:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name}: must be a boolean", param=name)
-        if not (_is_finite(self.temperature) and self.temperature >= 0):
+        if not (is_number(self.temperature) and self.temperature >= 0):
             raise RequestError(f"temperature: must be a finite number >= 0, not {self.temperature!r} (beam search "
                                "ranks by the model's own logprobs whatever it is)", param="temperature")
-        if not _is_finite(self.length_penalty):
+        if not is_number(self.length_penalty):
             raise RequestError(f"length_penalty: must be a finite number, not {self.length_penalty!r}",
                                param="length_penalty")
 
@@ -105,10 +105,6 @@ def warn_if_beams_recompute(engine: LLMEngine) -> None:
     logger.warning("beam search runs without the prefix cache: every step computes the prompt and each beam's tokens "
                    "in full again (a cost growing with max_tokens squared, times beam_width); leave out "
                    "enable_prefix_caching=False / --no-enable-prefix-caching to share their KV")
-
-
-def _is_finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer import LLM, BeamSearchParams, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
 from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError, UnsupportedArgumentError
@@ -320,6 +320,26 @@ def test_the_largest_float32_temperature_samples_and_a_larger_one_is_refused(llm
     assert set(llm.generate("a", params)[0].outputs[0].token_ids) != {0}
     for temperature in (3.5e38, 1e39, 1e300):
         _refused(lambda t=temperature: SamplingParams(temperature=t), "temperature")
+
+
+def test_an_integer_temperature_past_int64_samples_as_its_float(llm):
+    """`temperature=2**63` (an int float32 holds) passed the check, then failed the step in the sampler, whose tensor
+    of int temperatures was int64: "Overflow when unpacking long long", for every request of the batch."""
+    params = SamplingParams(temperature=2**63, max_tokens=4, seed=1, ignore_eos=True)
+    assert params.temperature == float(2**63)
+    assert [len(out.outputs[0].token_ids) for out in llm.generate(["a", "b"], params)] == [4, 4]
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                   "repetition_penalty", "logit_bias"])
+def test_an_integer_too_large_for_a_float_is_refused_naming_its_field(field):
+    """10**400 raised a bare OverflowError ("int too large to convert to float") from the range check."""
+    _refused(lambda: SamplingParams(**{field: {5: 10**400} if field == "logit_bias" else 10**400}), field)
+
+
+def test_an_integer_too_large_for_a_float_is_refused_by_beam_search_naming_its_field():
+    for field in ("length_penalty", "temperature"):
+        _refused(lambda field=field: BeamSearchParams(beam_width=2, max_tokens=2, **{field: 10**400}), field)
 
 
 def test_min_tokens_with_structured_outputs_is_refused_at_construction():
