@@ -828,7 +828,12 @@ def _salted(params: SamplingParams, prompt: object, name: str) -> SamplingParams
 
 def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
     """RequestError for an argument of `LLM.chat` given in its `chat_template_kwargs`, where vLLM's `LLM.chat` also
-    reads it: the template never would, and a prompt rendered without it would be a silent wrong answer."""
+    reads it: the template never would, and a prompt rendered without it would be a silent wrong answer; and for a
+    key that is no string, which no template variable is named by."""
+    for key in chat_template_kwargs:
+        if not isinstance(key, str):
+            raise RequestError(f"chat_template_kwargs: the key {key!r} is no string; a template variable is named by "
+                               "one", param="chat_template_kwargs")
     for name in RENDERING_ARGUMENT_NAMES:
         if name in chat_template_kwargs:
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is an argument of LLM.chat, not a "

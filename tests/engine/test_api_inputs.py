@@ -460,6 +460,12 @@ def test_a_thinking_budget_past_the_grammar_engines_count_is_refused_naming_it(l
     assert not llm.engine.has_unfinished_requests
 
 
+def test_a_chat_template_kwargs_key_that_is_no_string_is_refused_naming_the_field(llm):
+    """{1: 2} failed rendering as "chat template error: TypeError: keywords must be strings", naming no field."""
+    _refused(lambda: llm.chat(MESSAGES, SamplingParams(max_tokens=2), chat_template_kwargs={1: 2}),
+             "chat_template_kwargs")
+
+
 def test_chat_takes_one_sampling_params_per_conversation(llm):
     """As vLLM's LLM.chat: a list of SamplingParams, one per conversation."""
     conversations = [MESSAGES, [{"role": "user", "content": "hello there"}]]
