@@ -10,8 +10,10 @@ each step computes the prompt and every beam in full, which `warn_if_beams_recom
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import sys
 import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from glimmer.engine.outputs import PositionLogprobs
 from glimmer.engine.sampler import TokenLogprobs
-from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, plain_number
+from glimmer.engine.sampling_params import MAX_LOGPROBS, SamplingParams, is_int, is_number, plain_number
 from glimmer.errors import RequestError
 
 if TYPE_CHECKING:
@@ -75,10 +77,10 @@ class BeamSearchParams:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(f"{name}: must be a boolean", param=name)
-        if not (_is_finite(self.temperature) and self.temperature >= 0):
+        if not (is_number(self.temperature) and self.temperature >= 0):
             raise RequestError(f"temperature: must be a finite number >= 0, not {self.temperature!r} (beam search "
                                "ranks by the model's own logprobs whatever it is)", param="temperature")
-        if not _is_finite(self.length_penalty):
+        if not is_number(self.length_penalty):
             raise RequestError(f"length_penalty: must be a finite number, not {self.length_penalty!r}",
                                param="length_penalty")
 
@@ -103,10 +105,6 @@ def warn_if_beams_recompute(engine: LLMEngine) -> None:
     logger.warning("beam search runs without the prefix cache: every step computes the prompt and each beam's tokens "
                    "in full again (a cost growing with max_tokens squared, times beam_width); leave out "
                    "enable_prefix_caching=False / --no-enable-prefix-caching to share their KV")
-
-
-def _is_finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -134,10 +132,38 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
+_LARGEST_LOG = math.log(sys.float_info.max)
+
+
 def beam_score(cum_logprob: float, length: int, length_penalty: float) -> float:
-    """vLLM's ranking: the cumulative logprob over the length (prompt included, a final stop id not) to the power of
-    length_penalty."""
-    return cum_logprob / (length ** length_penalty)
+    """vLLM's score of a beam: the cumulative logprob over the length (prompt included, a final stop id not) to the
+    power of length_penalty; -0.0 or -inf where it is past float's range (`compare_beams` ranks those too)."""
+    if cum_logprob >= 0:
+        return 0.0
+    exponent = math.log(-cum_logprob) - length_penalty * math.log(length)
+    return -math.exp(exponent) if exponent < _LARGEST_LOG else -math.inf
+
+
+def compare_beams(first: tuple[float, int], second: tuple[float, int], length_penalty: float) -> int:
+    """Whether vLLM's score ranks the first (cum_logprob, length) beam higher (1), the second (-1) or neither (0).
+
+    Compared in log space: the power itself leaves float's range for penalties any float is (12 ** 300 overflows, and
+    12 ** -300 is 0, which raised OverflowError or ZeroDivisionError), and in log space beams keep their order for
+    every finite length_penalty; two beams of one length compare by their logprobs alone."""
+    (cum_a, length_a), (cum_b, length_b) = first, second
+    kind_a, kind_b = _score_kind(cum_a), _score_kind(cum_b)
+    if kind_a != kind_b or kind_a:
+        return (kind_a > kind_b) - (kind_a < kind_b)
+    # a ranks higher when ln(-cum_a) - penalty * ln(length_a) is the smaller
+    margin = math.log(-cum_b) - math.log(-cum_a)
+    if length_a != length_b:
+        margin += length_penalty * (math.log(length_a) - math.log(length_b))
+    return (margin > 0) - (margin < 0)
+
+
+def _score_kind(cum_logprob: float) -> int:
+    """1 for a score of 0 (no beam ranks higher), -1 for one of -inf (none lower), 0 for the others."""
+    return 1 if cum_logprob >= 0 else -1 if cum_logprob == -math.inf else 0
 
 
 @dataclass
@@ -189,13 +215,15 @@ class BeamSearch:
         self.live = sorted(growing, key=lambda beam: -beam.cum_logprob)[: self.params.beam_width]
         self.steps += 1
 
-    def _score(self, beam: _Beam) -> float:
-        length = len(self.prompt_token_ids) + len(beam.token_ids) - (beam.stop_id is not None)
-        return beam_score(beam.cum_logprob, length, self.params.length_penalty)
+    def _scored(self, beam: _Beam) -> tuple[float, int]:
+        """`beam`'s cumulative logprob and the length its score divides by."""
+        return beam.cum_logprob, len(self.prompt_token_ids) + len(beam.token_ids) - (beam.stop_id is not None)
 
     def results(self, tokenizer: Tokenizer, eos_token_id: int | None) -> BeamSearchOutput:
         """The best beam_width of the finished and live beams, best first."""
-        ranked = sorted(self.finished + self.live, key=self._score, reverse=True)[: self.params.beam_width]
+        penalty = self.params.length_penalty
+        order = functools.cmp_to_key(lambda a, b: compare_beams(self._scored(a), self._scored(b), penalty))
+        ranked = sorted(self.finished + self.live, key=order, reverse=True)[: self.params.beam_width]
         sequences = []
         for beam in ranked:
             kept = beam.token_ids
@@ -209,6 +237,6 @@ class BeamSearch:
                 text=tokenizer.decode(tokens),
                 finish_reason="length" if beam.stop_id is None else "stop",
                 stop_reason=None if beam.stop_id in (None, eos_token_id) else beam.stop_id,
-                score=self._score(beam),
+                score=beam_score(*self._scored(beam), penalty),
             ))
         return BeamSearchOutput(sequences)

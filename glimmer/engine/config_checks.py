@@ -10,6 +10,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from glimmer.checkpoint.config import MAX_SIZE
 from glimmer.checkpoint.formats import COMPRESSED_TENSORS, GGUF, PICKLE, SAFETENSORS
 from glimmer.checkpoint.resolve import is_hub_id
 from glimmer.default_model import DEFAULT_DRAFTER_NAME
@@ -65,6 +66,8 @@ def check_engine_config(config: EngineConfig) -> None:
         value = getattr(config, name)
         if value is not None and (not _is_int(value) or value < 1):
             raise ConfigError(f"{name}={value!r} must be a positive integer (or None for the default)")
+        if value is not None and value > MAX_SIZE:  # the engine's tensors and step sizes are int64
+            raise ConfigError(f"{name}={value!r} must be at most 2**63 - 1 (torch's int64)")
     if not _is_int(config.block_size) or config.block_size < 1 or config.block_size & (config.block_size - 1):
         raise ConfigError(f"block_size={config.block_size!r} must be a positive integer, a power of two (16 is the "
                           "default)")

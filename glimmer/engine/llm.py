@@ -70,6 +70,7 @@ from glimmer.protocol import (
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
+from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
@@ -541,12 +542,14 @@ class LLM:
                     zip(prompts, params_list, factories, strict=True)):
                 request_id = f"llm-{next(self._ids)}"
                 arrival_time = time.time()
+                # listed before it is queued: an interrupt (Ctrl-C) that lands once the engine holds the request,
+                # before this call knows it, still aborts it (aborting an id never queued does nothing)
+                order.append(request_id)
                 with _naming_the_prompt(prompt_field if prompt_field == "prompt" or len(prompts) == 1 and
                                         prompt_field == "messages" else f"{prompt_field}[{i}]"):
                     ids, items = self.engine.truncate_prompt(ids, items, params)
                     self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True,
                                             generated=generated[i] if generated else 0)
-                order.append(request_id)
                 results[request_id] = RequestOutput(
                     request_id=request_id,
                     prompt=text,
@@ -778,8 +781,9 @@ class LLM:
                 structured, param = requested, "response_format"
         if thinking_token_budget is not None and (
                 not isinstance(thinking_token_budget, int) or isinstance(thinking_token_budget, bool)
-                or thinking_token_budget < 0):
-            raise RequestError("thinking_token_budget: must be an integer >= 0", param="thinking_token_budget")
+                or not 0 <= thinking_token_budget <= MAX_THINKING_TOKEN_BUDGET):
+            raise RequestError("thinking_token_budget: must be an integer from 0 to 2**64 - 1 (the grammar engine's "
+                               "largest count); a budget past the context caps nothing", param="thinking_token_budget")
         refuse_turn_grammar(prompt_end, plan, structured_param=param if structured is not None else None,
                             thinking_token_budget=thinking_token_budget)
         answer = chat_answer_grammar(structured, param) if structured is not None else None
@@ -845,7 +849,12 @@ def _salted(params: SamplingParams, prompt: object, name: str) -> SamplingParams
 
 def _refuse_rendering_arguments_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:
     """RequestError for an argument of `LLM.chat` given in its `chat_template_kwargs`, where vLLM's `LLM.chat` also
-    reads it: the template never would, and a prompt rendered without it would be a silent wrong answer."""
+    reads it: the template never would, and a prompt rendered without it would be a silent wrong answer; and for a
+    key that is no string, which no template variable is named by."""
+    for key in chat_template_kwargs:
+        if not isinstance(key, str):
+            raise RequestError(f"chat_template_kwargs: the key {key!r} is no string; a template variable is named by "
+                               "one", param="chat_template_kwargs")
     for name in RENDERING_ARGUMENT_NAMES:
         if name in chat_template_kwargs:
             raise RequestError(f"chat_template_kwargs may not set {name!r}: it is an argument of LLM.chat, not a "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,9 @@ _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _OPTIONAL_IN_FROM_OPTIONAL = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty",
                               "repetition_penalty")
 """The arguments for which vLLM's `SamplingParams.from_optional` reads None as the default."""
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+"""Fields the sampler reads as floats: an int given for one is taken, once checked, as the float it is (as the server
+takes JSON numbers): the sampler's tensor of int temperatures was int64, which 2**63 overflowed in the step."""
 _NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "logprobs",
                   "presence_penalty", "frequency_penalty", "repetition_penalty", "n", "prompt_logprobs",
                   "truncate_prompt_tokens")
@@ -60,7 +64,8 @@ def _vllm_logit_bias(logit_bias: dict[Any, Any]) -> dict[Any, Any]:
     [-100, 100]; whatever is no id or no number (NaN included) is left for `validate` to refuse."""
     low, high = LOGIT_BIAS_RANGE
     return {int(token) if isinstance(token, str) and token.isdecimal() else token:
-            min(high, max(low, bias)) if isinstance(bias, numbers.Real) and not math.isnan(bias) else bias
+            min(high, max(low, bias)) if isinstance(bias, numbers.Real) and (is_int(bias) or not math.isnan(bias))
+            else bias
             for token, bias in logit_bias.items()}
 
 
@@ -69,8 +74,12 @@ def _check(condition: bool, param: str, message: str) -> None:
         raise RequestError(f"{param}: {message}", param=param)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def is_number(value: object) -> bool:
+    """Whether `value` is a finite int or float; an int too large for a float is none (math.isfinite raised
+    OverflowError on it)."""
+    if is_int(value):
+        return abs(value) <= sys.float_info.max
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def is_int(value: object) -> bool:
@@ -300,16 +309,16 @@ class SamplingParams:
                 setattr(self, name, 1)
         _check(isinstance(self.stop, list), "stop", "must be a string or a list of strings")
         _check(isinstance(self.stop_token_ids, list), "stop_token_ids", "must be a list of token ids")
-        _check(_is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+        _check(is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
                f"must be a number from 0 to float32's largest value, {MAX_TEMPERATURE!r} (the sampler divides "
                "float32 logits by it)")
-        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        _check(is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         _check(
             isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= -1,
             "top_k",
             "must be an integer >= -1 (0 or -1 disables it)",
         )
-        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
+        _check(is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         if self.max_tokens is not None:
             _check(
                 isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 0,
@@ -347,13 +356,15 @@ class SamplingParams:
                 )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _check(_is_number(value) and -2 <= value <= 2, name, "must be in [-2, 2]")
+            _check(is_number(value) and -2 <= value <= 2, name, "must be in [-2, 2]")
         low, high = REPETITION_PENALTY_RANGE
         _check(
-            _is_number(self.repetition_penalty) and low <= self.repetition_penalty <= high,
+            is_number(self.repetition_penalty) and low <= self.repetition_penalty <= high,
             "repetition_penalty",
             f"must be a number in [{low:g}, {high:g}] (1 = off; beyond that range float32 logits overflow)",
         )
+        for name in _FLOAT_FIELDS:
+            setattr(self, name, float(getattr(self, name)))
         _check(is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"must be an integer in [1, {MAX_N}]")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", "must be a StructuredOutputsParams")
@@ -392,7 +403,7 @@ class SamplingParams:
             for token, bias in self.logit_bias.items():
                 _check(is_int(token) and token >= 0, "logit_bias",
                        f"key {token!r} is not a token id (an integer >= 0)")
-                _check(_is_number(bias) and low <= bias <= high, "logit_bias",
+                _check(is_number(bias) and low <= bias <= high, "logit_bias",
                        f"the bias of token {token} must be a number in [{low:g}, {high:g}]")
 
     @property

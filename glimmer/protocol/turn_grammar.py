@@ -98,6 +98,11 @@ def _with_leap_years(schema: Any) -> Any:
     return kept
 
 
+MAX_THINKING_TOKEN_BUDGET = 2**64 - 1
+"""The largest thinking budget a turn's grammar can state: llguidance reads a Lark `max_tokens=` count as an unsigned
+64-bit integer."""
+
+
 @dataclass(frozen=True)
 class TurnConstraint:
     """What a turn must look like.

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from glimmer import LLM, SamplingParams, StructuredOutputsParams
+from glimmer import LLM, BeamSearchParams, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sampling_params import MAX_N, MAX_TEMPERATURE
 from glimmer.engine.vllm_arguments import VLLM_ONLY_ARGUMENTS, VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError, UnsupportedArgumentError
@@ -322,6 +322,26 @@ def test_the_largest_float32_temperature_samples_and_a_larger_one_is_refused(llm
         _refused(lambda t=temperature: SamplingParams(temperature=t), "temperature")
 
 
+def test_an_integer_temperature_past_int64_samples_as_its_float(llm):
+    """`temperature=2**63` (an int float32 holds) passed the check, then failed the step in the sampler, whose tensor
+    of int temperatures was int64: "Overflow when unpacking long long", for every request of the batch."""
+    params = SamplingParams(temperature=2**63, max_tokens=4, seed=1, ignore_eos=True)
+    assert params.temperature == float(2**63)
+    assert [len(out.outputs[0].token_ids) for out in llm.generate(["a", "b"], params)] == [4, 4]
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                   "repetition_penalty", "logit_bias"])
+def test_an_integer_too_large_for_a_float_is_refused_naming_its_field(field):
+    """10**400 raised a bare OverflowError ("int too large to convert to float") from the range check."""
+    _refused(lambda: SamplingParams(**{field: {5: 10**400} if field == "logit_bias" else 10**400}), field)
+
+
+def test_an_integer_too_large_for_a_float_is_refused_by_beam_search_naming_its_field():
+    for field in ("length_penalty", "temperature"):
+        _refused(lambda field=field: BeamSearchParams(beam_width=2, max_tokens=2, **{field: 10**400}), field)
+
+
 def test_min_tokens_with_structured_outputs_is_refused_at_construction():
     _refused(lambda: SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+")),
              "min_tokens")
@@ -407,6 +427,43 @@ def test_a_request_refused_after_others_were_queued_leaves_nothing_behind(llm):
     _refused(lambda: llm.generate(["a", "b"], [SamplingParams(max_tokens=4), bad]), "temperature")
     assert not llm.engine.has_unfinished_requests
     assert len(llm.generate(["a"], SamplingParams(max_tokens=2))) == 1
+
+
+def test_an_interrupt_landing_as_a_request_is_queued_leaves_nothing_behind(llm, monkeypatch):
+    """Ctrl-C arriving once the engine holds a prompt's request, before generate had noted it: that request stayed
+    queued, and every later generate failed with a KeyError on its id."""
+    queue = llm.engine.add_request
+    queued = []
+
+    def queue_then_interrupt(request_id, *args, **kwargs):
+        queue(request_id, *args, **kwargs)
+        queued.append(request_id)
+        if len(queued) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(llm.engine, "add_request", queue_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["a", "b", "c"], SamplingParams(max_tokens=4))
+    monkeypatch.undo()
+    assert not llm.engine.has_unfinished_requests
+    assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+    assert len(llm.generate(["a"], SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
+
+
+def test_a_thinking_budget_past_the_grammar_engines_count_is_refused_naming_it(llm):
+    """10**30 was refused as `tools`, in the grammar engine's words ("error parsing unsigned integer"); the largest
+    budget a grammar states, 2**64 - 1, is taken."""
+    for budget in (2**64, 10**30):
+        _refused(lambda budget=budget: llm.chat(MESSAGES, SamplingParams(max_tokens=2), thinking_token_budget=budget),
+                 "thinking_token_budget")
+    assert llm.chat(MESSAGES, SamplingParams(max_tokens=2), thinking_token_budget=2**64 - 1)[0].output.outputs
+    assert not llm.engine.has_unfinished_requests
+
+
+def test_a_chat_template_kwargs_key_that_is_no_string_is_refused_naming_the_field(llm):
+    """{1: 2} failed rendering as "chat template error: TypeError: keywords must be strings", naming no field."""
+    _refused(lambda: llm.chat(MESSAGES, SamplingParams(max_tokens=2), chat_template_kwargs={1: 2}),
+             "chat_template_kwargs")
 
 
 def test_chat_takes_one_sampling_params_per_conversation(llm):

@@ -6,13 +6,15 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import replace
+from unittest.mock import MagicMock
 
 import pytest
 import torch
 from oracle import reference_logits, reference_model
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.beam_search import BeamSearchParams
+from glimmer.engine.beam_search import BeamSearch, BeamSearchParams
+from glimmer.engine.sampler import TokenLogprobs
 from glimmer.errors import RequestError, UnsupportedArgumentError
 from glimmer.tiny import TinySpec
 
@@ -90,6 +92,27 @@ def test_beams_match_a_brute_force_search_over_the_reference(llm, reference, bea
         scores = [sequence.score for sequence in output.sequences]
         assert scores == sorted(scores, reverse=True)
         assert output.sequences[0].text == llm.engine.tokenizer.decode(output.sequences[0].tokens)
+
+
+def _candidates(*logprobs: dict[int, float]) -> list[TokenLogprobs]:
+    return [TokenLogprobs(next(iter(top)), top[next(iter(top))], top) for top in logprobs]
+
+
+@pytest.mark.parametrize(("length_penalty", "best"), [
+    (300.0, [[5, 7], [5, 8]]), (-300.0, [[], [5, 7]]), (1e308, [[5, 7], [5, 8]]), (-1e308, [[], [5, 7]]),
+    (1.0, [[], [5, 7]])])
+def test_a_length_penalty_whose_power_leaves_floats_range_still_ranks_by_the_formula(length_penalty, best):
+    """20 ** 300 overflows float and 20 ** -300 is 0: ranking raised OverflowError or ZeroDivisionError (the server's
+    beam search answered 500 once its whole search had run). A large penalty puts the longer beams first, a large
+    negative one the shorter, as cum_logprob / length ** length_penalty orders them."""
+    params = BeamSearchParams(beam_width=2, max_tokens=2, length_penalty=length_penalty)
+    search = BeamSearch(list(range(20)), params, stop_ids={9}, budget=2)
+    search.advance(_candidates({9: -0.1, 5: -0.5, 6: -0.7, 4: -3.0}))  # 9 ends a beam: 20 tokens, the stop id not
+    search.advance(_candidates({7: -0.5, 8: -0.6, 3: -4.0, 2: -5.0}, {7: -0.6, 8: -0.9, 3: -4.0, 2: -5.0}))
+    results = search.results(MagicMock(decode=str), None).sequences
+    assert [sequence.tokens[20:] for sequence in results] == best
+    scores = [sequence.score for sequence in results]
+    assert scores == sorted(scores, reverse=True) and all(score <= 0 for score in scores)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.5])

@@ -46,6 +46,15 @@ def test_a_wrong_option_is_refused_naming_it_before_anything_loads(option, value
         LLM("/nonexistent/model/dir", progress=False, **{option: value})  # refused before the model is looked for
 
 
+@pytest.mark.parametrize("option", ["max_num_seqs", "max_num_batched_tokens", "max_model_len"])
+@pytest.mark.parametrize("value", [2**63, 10**400], ids=["2**63", "10**400"])
+def test_a_count_past_int64_is_refused_naming_it_before_anything_loads(option, value):
+    """10**400 max_num_batched_tokens raised a bare OverflowError while the KV cache was planned; 10**30 max_num_seqs
+    was taken, and the first grammar step failed its whole batch ("Overflow when unpacking long long")."""
+    with pytest.raises(ConfigError, match=f"{option}={value} must be at most 2\\*\\*63 - 1"):
+        LLM("/nonexistent/model/dir", progress=False, **{option: value})
+
+
 def test_vllms_none_for_enable_prefix_caching_is_its_default_on():
     """vLLM's engine argument defaults to None, which turns the prefix cache on; it was refused as not True or False."""
     assert EngineConfig(model="m", enable_prefix_caching=None).enable_prefix_caching is True

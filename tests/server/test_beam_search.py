@@ -107,6 +107,15 @@ def test_what_beam_search_cannot_take_is_a_400_naming_it(server, fields, param):
     assert error["param"] == param and error["message"].startswith(f"{param}: ")
 
 
+@pytest.mark.parametrize("length_penalty", [300.0, -300.0])
+def test_a_length_penalty_past_floats_range_is_served(server, length_penalty):
+    """A prompt of 18 tokens to the power 300 overflows float, and to -300 is 0: the search ran, then its ranking
+    raised OverflowError or ZeroDivisionError, a 500."""
+    response = post(server, **{**BEAM, "length_penalty": length_penalty})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == len(PROMPTS) * BEAM["n"]
+
+
 @pytest.mark.parametrize(("fields", "param"), [({"length_penalty": 0.5}, "length_penalty"),
                                                ({"early_stopping": True}, "early_stopping")])
 def test_beam_search_options_without_it_are_refused(server, fields, param):
