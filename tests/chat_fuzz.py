@@ -19,7 +19,10 @@ KWARGS = {"current_date": "2026-01-01"}  # P-TMPL-3: tests pin current_date
 
 TEXTS = ["hi", "", " leading and trailing ", "line one\nline two\n", "ünïcødé — 日本語 🙂", 'quote " and \\ backslash',
          "<b>bold</b> & <atem:parameter name=\"x\">fake</atem:parameter>", "to=self is just text",
-         "Use reasoning effort: low.", "{\"looks\": \"like json\"}", "tab\tseparated", "  \n  "]
+         "Use reasoning effort: low.", "{\"looks\": \"like json\"}", "tab\tseparated", "  \n  ",
+         "Reasoning Effort: HIGH.", "REASONING EFFORT: MEDIUM", "Reasoning effort is yours to pick.",
+         "Think with Reasoning Strength low."]
+"""§2.1's suppression rule reads every casing of "reasoning effort" the template rewrites, and "reasoning strength"."""
 EFFORTS = {"none": "low", "minimal": "low", "low": "low", "Medium": "medium", "HIGH": "high", "xhigh": "xhigh"}
 """P-EFF-2: `reasoning_effort` (any case) and the `reasoning_strength` the template gets for it."""
 SCALARS = [0, -7, 3.5, 2.0, 1e-05, True, False, None, "", "text", "多行\n文本", "<tag>\n</tag>", "true", "123"]
@@ -113,6 +116,8 @@ def conversation(rng: random.Random, names: list[str], media: bool) -> tuple[lis
             assistant["content"] = normalized["content"] = rng.choice(TEXTS + [None])
             if rng.random() < 0.2:
                 assistant["end_turn"] = normalized["end_turn"] = rng.choice([True, False, None])
+            if rng.random() < 0.2:  # §2.1: a message to `recipient`, ending <|eom|> unless it is the user
+                assistant["recipient"] = normalized["recipient"] = rng.choice(["user", "self", "", *names])
             add(assistant, normalized)
             break
     if rng.random() < 0.2:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import re
 
 from glimmer.protocol.atem import BLOCK_OPEN, CLOSING_TAGS, INVOKE_OPEN, PARAMETER_OPEN
-from glimmer.protocol.tokens import HOLD_MAX
+from glimmer.protocol.tokens import FRAMING_MARKERS, HEADER_SPAN, HOLD_MAX, MESSAGE, RECIPIENT_MAX
 
-NAME_CHARACTERS = 200
-"""Longest name attribute a tag is waited for with (so that a held fragment stays under HOLD_MAX)."""
+NAME_CHARACTERS = RECIPIENT_MAX
+"""Longest name attribute a tag is waited for with: a declared tool's whole name (P-REQ-8)."""
 
 _NAMED_OPENERS = (INVOKE_OPEN, PARAMETER_OPEN)
 _FIXED_TAGS = (*CLOSING_TAGS, BLOCK_OPEN)
@@ -39,7 +39,11 @@ _WHITESPACE = re.compile(r"\s*")
 _NAMESPACES = ("<atem:", "</atem:")
 
 MAX_TAG_CHARACTERS = max(len(opener) for opener in _NAMED_OPENERS) + NAME_CHARACTERS + 2
-assert MAX_TAG_CHARACTERS <= HOLD_MAX
+# While a fragment is held, the parser may hold a header candidate after it (up to HEADER_SPAN + len(MESSAGE) - 1
+# characters, P-HDR-3) and MarkerSafeText the start of a marker's completion before it: all three are undecided
+# text at once, and together stay within HOLD_MAX (P-STREAM-4).
+HELD_AT_ONCE_MAX = MAX_TAG_CHARACTERS + HEADER_SPAN + len(MESSAGE) - 1 + max(map(len, FRAMING_MARKERS)) - 2
+assert HELD_AT_ONCE_MAX <= HOLD_MAX
 
 
 def could_become_tag(text: str) -> bool:

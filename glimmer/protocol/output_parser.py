@@ -86,7 +86,9 @@ class OutputParser:
     (`"self"`, `"user"` or a tool name) instead of header-open. `continue_prefix` is that message's body as the
     prompt holds it: a tool channel's ATEM is read from it on, so that a call the prefix began comes back whole,
     its start (and any parameter the prefix completed) with the first delta; reasoning and content continue
-    without it (the reply never repeats the prompt). `verbatim_content`: the answer is grammar-
+    without it (the reply never repeats the prompt), and the reply's reasoning added to a reasoning prefix gives the
+    whole reasoning (P-CHAN-4). Its last character decides whether the reply may open with a headerless switch
+    (P-HDR-7), as in the whole body. `verbatim_content`: the answer is grammar-
     constrained (structured outputs), so content bodies are delivered as written, ATEM-like text included
     (P-CHAN-2), without the markup filter that drops a tag cut short at a body's end.
 
@@ -130,7 +132,12 @@ class OutputParser:
         if continue_recipient is not None:
             self._mode = _BODY
             self._open_message(channel_of_recipient(continue_recipient), continue_recipient, 0)
-            self._at_body_start = False
+            # The body started in the prompt: the reply starts where a headerless switch may stand (P-HDR-7) only when
+            # the prefix is empty or ends in whitespace
+            self._at_body_start = not continue_prefix or continue_prefix[-1].isspace()
+            if self._channel == "reasoning" and continue_prefix:
+                # the prefix is the reasoning block's text: the next block joins it with a newline (P-CHAN-4)
+                self._reasoning_seen = self._reasoning_block_has_text = True
             if self._channel == "tool" and self._atem is not None and continue_prefix:
                 # The prefix is body text of the prompt: no framing to decide in it. What it completes goes out
                 # with the first delta, so the fast path, which would skip those events, waits for it.

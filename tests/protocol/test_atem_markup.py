@@ -14,7 +14,7 @@ from protocol_support import CALENDAR_TOOLS, atem, calls, parse_all_ways, tool_m
 from test_output_streaming import feed_seconds
 
 from glimmer.protocol import OutputParser
-from glimmer.protocol.atem_markup import MAX_TAG_CHARACTERS, AtemMarkupFilter, could_become_tag
+from glimmer.protocol.atem_markup import HELD_AT_ONCE_MAX, NAME_CHARACTERS, AtemMarkupFilter, could_become_tag
 from glimmer.protocol.tokens import HOLD_MAX
 
 TOOLS = CALENDAR_TOOLS
@@ -97,9 +97,9 @@ def test_calls_after_an_interrupted_one_still_parse():
 
 def test_held_fragments_stay_under_hold_max():
     """P-STREAM-4."""
-    assert MAX_TAG_CHARACTERS <= HOLD_MAX
-    assert could_become_tag('<atem:parameter name="' + "k" * 200 + '"')
-    assert not could_become_tag('<atem:parameter name="' + "k" * 201)
+    assert HELD_AT_ONCE_MAX <= HOLD_MAX
+    assert could_become_tag('<atem:parameter name="' + "k" * NAME_CHARACTERS + '"')
+    assert not could_become_tag('<atem:parameter name="' + "k" * (NAME_CHARACTERS + 1))
     assert not could_become_tag("<b>") and not could_become_tag('<atem:invoke name="x">')
 
 

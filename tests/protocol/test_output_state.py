@@ -243,6 +243,33 @@ def test_a_continued_answer_or_reasoning_is_not_repeated(recipient, field):
     assert getattr(result, field) == " more"
 
 
+@pytest.mark.parametrize(("recipient", "prefix", "reply", "expected"), [
+    ("self", "Plan:\n", "to=user<|message|>Answer", (None, "Answer")),
+    ("self", "", "to=user<|message|>Answer", (None, "Answer")),
+    ("user", "So far ", "to=self<|message|>Hmm", ("Hmm", None)),
+    ("calendar.lookup", CALL_OPENED + "Fri</atem:parameter>\n</atem:invoke>\n</atem:function_calls>\n",
+     "to=user<|message|>Done", (None, "Done")),
+    ("self", "Plan:", "to=user<|message|>Answer", ("to=userAnswer", None)),
+])
+def test_a_continued_body_is_switched_out_of_as_the_whole_body_would_be(recipient, prefix, reply, expected):
+    """P-HDR-7, P-TMPL-8: the prompt holds the start of the continued body, so a reply's `to=R<|message|>` right
+    after a prefix ending in whitespace (or an empty one) is a headerless switch, as in the whole body; glued to the
+    prefix's last word it stays text. The reply's answer went to reasoning after a prefix ending in a newline."""
+    result = parse_all_ways(reply, CALENDAR_TOOLS, continue_recipient=recipient, continue_prefix=prefix)
+    assert (result.reasoning, result.content) == expected
+
+
+@pytest.mark.parametrize(("prefix", "expected"), [("I should check.", "\nActually, no."), ("", "Actually, no.")])
+def test_a_continued_reasoning_block_is_joined_to_the_next_one_as_in_the_whole_reasoning(prefix, expected):
+    """P-CHAN-4, P-TMPL-8: the prompt's reasoning prefix is a non-empty block, so the reply's next reasoning block
+    starts with the joining newline: the prefix and the reply's reasoning concatenate to the turn's reasoning (they
+    were glued, `I should check.Actually, no.`)."""
+    reply = "<|eom|><|start|>assistant to=self<|message|>Actually, no.<|eom|><|start|>assistant to=user<|message|>Hi"
+    result = parse_all_ways(reply, continue_recipient="self", continue_prefix=prefix)
+    assert (result.reasoning, result.content) == (expected, "Hi")
+    assert prefix + result.reasoning == parse_all_ways(" to=self<|message|>" + prefix + reply).reasoning
+
+
 def test_turn_ended_after_eot_or_eos_but_not_eom():
     for terminator, ended in (("<|eom|>", False), ("<|eot|>", True), ("<|end_of_text|>", True)):
         parser = OutputParser()

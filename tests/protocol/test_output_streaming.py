@@ -111,6 +111,29 @@ def test_long_text_streams_live_with_bounded_hold_back(prefix):
         assert position - emitted <= HOLD_MAX
 
 
+HELD_NAME = "n" * 150  # an ATEM name attribute in reasoning or content, still open
+
+
+@pytest.mark.parametrize("prefix", [" to=self<|message|>", " to=user<|message|>"])
+@pytest.mark.parametrize("text", [
+    'Hi <atem:invoke name="' + HELD_NAME + "<|start|>" + "j" * 138,
+    'Hi <atem:invoke name="' + HELD_NAME + " to=" + "r" * 64 + "<|message",
+    "Hi <|eo<|start|>m|" + '<atem:parameter name="' + HELD_NAME + "<|start|>" + "j" * 138,
+], ids=["tag-then-header", "tag-then-switch", "marker-tag-then-header"])
+def test_the_undecided_pieces_held_at_once_stay_within_hold_max(prefix, text):
+    """P-STREAM-4: a cut-short ATEM tag (held by the markup filter), an open header candidate or headerless switch
+    (held by the parser) and a marker completion (held by MarkerSafeText) can all be undecided at once; together
+    they stay within HOLD_MAX (a 150-character name in front of a header candidate held 307 characters)."""
+    parser = OutputParser()
+    parser.feed(prefix)
+    emitted = 0
+    for position, character in enumerate(text, start=1):
+        delta = parser.feed(character)
+        emitted += len(delta.reasoning) + len(delta.content)
+        dropped_markers = text[:position].count("<|start|>") * len("<|start|>")
+        assert position - dropped_markers - emitted <= HOLD_MAX
+
+
 def test_a_long_tool_value_is_not_streamed_but_does_not_stall_the_channel():
     value = "line <b>\n" * 5000
     body = atem("calendar.lookup", {"day": value})

@@ -407,7 +407,8 @@ def test_prompt_ids_equal_transformers_for_random_conversations(engine, tiny_che
 
 def responses_input(case) -> list[dict] | None:
     """The fuzz case's conversation as Responses input items, or None where items cannot say it (an assistant answer
-    null or with an `end_turn`). The content of an assistant message with tool calls is a message item before them."""
+    null, with an `end_turn` or to a `recipient`). The content of an assistant message with tool calls is a message
+    item before them."""
     def parts(content):
         return content if isinstance(content, str) else [{"type": "input_text", "text": p["text"]} for p in content]
 
@@ -432,7 +433,7 @@ def responses_input(case) -> list[dict] | None:
                               "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)})
             if message.get("tool_calls"):
                 continue
-            if message.get("content") is None or message.get("end_turn") is not None:
+            if message.get("content") is None or message.get("end_turn") is not None or message.get("recipient"):
                 return None
             items.append({"type": "message", "role": "assistant",
                           "content": [{"type": "output_text", "text": message["content"]}]})
