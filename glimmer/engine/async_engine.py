@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from glimmer.engine.grammar import ControllerFactory, GrammarFailure
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
@@ -132,6 +133,7 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._finished_callbacks: list[Callable[[FinishedCompletion], None]] = []
+        self._token_gap_callbacks: list[Callable[[float], None]] = []
         self._death_lock = threading.Lock()
         self._closing: str | None = None  # why new requests are refused (stop_serving), None while serving
         # what `num_waiting_requests` counts: requests (not their n completions) queued for admission, and those
@@ -264,16 +266,18 @@ class AsyncEngine:
         It runs on the engine thread: keep it short and thread-safe."""
         self._finished_callbacks.append(callback)
 
+    def on_token_gap(self, callback: Callable[[float], None]) -> None:
+        """Call `callback(seconds)` each time a step gives a completion tokens after an earlier step did: the time
+        since that step (vLLM's inter-token latency, one per step however many tokens it gave), measured as the engine
+        hands the tokens out, not as a caller reads them (one slow to read gets several steps' tokens at once).
+        It runs on the engine thread: keep it short and thread-safe."""
+        self._token_gap_callbacks.append(callback)
+
     def _finished(self, listener: _Listener, index: int, reason: str) -> None:
         clock = listener.clocks.pop(index, None)
         if clock is None:
             return
-        record = clock.finished(reason, listener)
-        for callback in self._finished_callbacks:
-            try:
-                callback(record)
-            except Exception:
-                logger.exception("a callback for a finished completion failed")
+        _notify(self._finished_callbacks, clock.finished(reason, listener), "a finished completion")
 
     def _end_all(self, listener: _Listener, reason: str) -> None:
         for index in list(listener.clocks):
@@ -449,6 +453,8 @@ class AsyncEngine:
             if clock is not None:
                 clock.first_scheduled_time = delta.first_scheduled_time or clock.first_scheduled_time
                 if delta.token_ids:
+                    if clock.last_token_time is not None:
+                        _notify(self._token_gap_callbacks, now - clock.last_token_time, "a gap between tokens")
                     clock.tokens += len(delta.token_ids)
                     clock.first_token_time = clock.first_token_time or now
                     clock.last_token_time = now
@@ -469,6 +475,19 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., object],
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # "Event loop is closed": nobody is left to receive it
         logger.debug("dropped output for a closed event loop")
+
+
+_Value = TypeVar("_Value")
+
+
+def _notify(callbacks: list[Callable[[_Value], None]], value: _Value, what: str) -> None:
+    """Call each statistics callback with `value`; one that fails is logged, and neither the others nor the engine
+    thread stop."""
+    for callback in callbacks:
+        try:
+            callback(value)
+        except Exception:
+            logger.exception("a callback for %s failed", what)
 
 
 def _deliver(items: list[tuple[asyncio.Queue, StepDelta]]) -> None:

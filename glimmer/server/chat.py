@@ -315,7 +315,7 @@ async def chat_updates(run: ChatRun, first: StepDelta,
     while delta is not None:
         choice = run.choices[delta.index]
         if not choice.done:
-            run.timer.tokens(delta.index, len(delta.token_ids))
+            run.timer.tokens(len(delta.token_ids))
             released = choice.feed(delta)
             if choice.done and delta.finish_reason is None:  # the server ended it (stop string, P-HDR-8, ...)
                 run.context.engine.abort(run.engine_id, index=choice.index, reason="stop")

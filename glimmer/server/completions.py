@@ -317,7 +317,7 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
             # the text as a sampled choice's: the stop id that ended it included, as its special tokens are (P-REQ-1)
             text = "".join(detokenizer.add(entry.token_id) for entry in sequence.logprobs)
             run.append(_Choice(num_tokens=len(sequence.logprobs), num_cached_tokens=cached[number]))
-            run.timer.tokens(index, len(sequence.logprobs))
+            run.timer.tokens(len(sequence.logprobs))
             choices.append(run.choice(index, _Piece(), text + detokenizer.flush(), sequence.finish_reason, [], [],
                                       None, sequence.stop_reason))
     run.timer.done()
@@ -338,7 +338,7 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
 async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDelta]]) -> dict[str, Any]:
     async with contextlib.aclosing(updates):
         async for index, delta in updates:
-            run.timer.tokens(index, len(delta.token_ids))
+            run.timer.tokens(len(delta.token_ids))
             run.add(index, delta)
     run.timer.done()
     choices = [run.choice(i, run.echo(i, c.prompt_logprobs), c.text, c.finish_reason, c.logprobs, c.text_offsets,
@@ -353,7 +353,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
     async with contextlib.aclosing(updates):
         try:
             async for index, delta in updates:
-                run.timer.tokens(index, len(delta.token_ids))
+                run.timer.tokens(len(delta.token_ids))
                 choice = run.add(index, delta)
                 echo = _Piece()
                 if not choice.started:
