@@ -303,15 +303,13 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
     """The response of `use_beam_search`: prompt i's best beams as choices i * n + j, best first; streamed, each
     choice comes whole in one chunk once the search has ended (as vLLM streams them)."""
     try:
-        searches, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
+        outputs, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
                                                                                beam, params))
     except RequestError as error:
         raise naming_the_prompt(error) from None
-    tokenizer = run.context.tokenizer
     choices = []
-    for number, search in enumerate(searches):
-        results = search.results(tokenizer, tokenizer.eos_token_id).sequences
-        for rank, sequence in enumerate(results):
+    for number, output in enumerate(outputs):
+        for rank, sequence in enumerate(output.sequences):
             index = number * run.n + rank
             detokenizer = run.detokenizer()
             # the text as a sampled choice's: the stop id that ended it included, as its special tokens are (P-REQ-1)
