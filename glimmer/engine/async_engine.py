@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from glimmer.engine.grammar import ControllerFactory, GrammarFailure
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
@@ -105,6 +106,7 @@ class _Listener:
     prompt_tokens: int = 0
     arrival: float = field(default_factory=time.time)
     clocks: dict[int, _Clock] = field(default_factory=dict)  # per completion index, until it finishes
+    counted: bool = True  # its tokens go into EngineMetrics (its completions have clocks only where it is counted)
 
 
 @dataclass
@@ -132,6 +134,7 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._death_callbacks: list[Callable[[BaseException], None]] = []
         self._finished_callbacks: list[Callable[[FinishedCompletion], None]] = []
+        self._token_gap_callbacks: list[Callable[[float], None]] = []
         self._death_lock = threading.Lock()
         self._closing: str | None = None  # why new requests are refused (stop_serving), None while serving
         # what `num_waiting_requests` counts: requests (not their n completions) queued for admission, and those
@@ -156,6 +159,7 @@ class AsyncEngine:
         controller_factory: ControllerFactory | None = None,
         queue_limit: bool = True,
         generated: int = 0,
+        counted: bool = True,
     ) -> AsyncIterator[StepDelta]:
         """Stream a request's deltas until every completion finishes.
 
@@ -164,7 +168,9 @@ class AsyncEngine:
         the request's constraint fails it while generating (GrammarFailure). Closing the iterator early
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the later prompts of one API request that passed it: they are one request to its client).
-        `generated`: as LLMEngine.add_request's (a beam's tokens).
+        `generated`: as LLMEngine.add_request's (a beam's tokens). `counted=False`: the request is left out of the
+        statistics (the token counters, `on_finished`, `on_token_gap`), being a part of a request its caller records
+        itself (`record_finished`): a beam search's one-token steps.
         """
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
@@ -177,7 +183,8 @@ class AsyncEngine:
             )
         loop = asyncio.get_running_loop()
         listener = _Listener(loop=loop, queue=asyncio.Queue(), remaining=params.n,
-                             prompt_tokens=len(prompt_token_ids), clocks={i: _Clock() for i in range(params.n)})
+                             prompt_tokens=len(prompt_token_ids),
+                             clocks={i: _Clock() for i in range(params.n)} if counted else {}, counted=counted)
         accepted: Future = Future()
         with self._death_lock:  # a dying thread fails every admission queued before it died
             if self._dead is not None:
@@ -264,16 +271,24 @@ class AsyncEngine:
         It runs on the engine thread: keep it short and thread-safe."""
         self._finished_callbacks.append(callback)
 
+    def record_finished(self, prompt_tokens: int, completions: list[FinishedCompletion]) -> None:
+        """Count a request the caller ran as uncounted parts (`generate(counted=False)`): its `prompt_tokens` and each
+        completion's generated tokens go into the token counters, and each completion to the `on_finished` callbacks
+        (thread-safe, returns at once; the engine thread records it)."""
+        self._commands.put(("record", "", (prompt_tokens, completions), None, None))
+
+    def on_token_gap(self, callback: Callable[[float], None]) -> None:
+        """Call `callback(seconds)` each time a step gives a completion tokens after an earlier step did: the time
+        since that step (vLLM's inter-token latency, one per step however many tokens it gave), measured as the engine
+        hands the tokens out, not as a caller reads them (one slow to read gets several steps' tokens at once).
+        It runs on the engine thread: keep it short and thread-safe."""
+        self._token_gap_callbacks.append(callback)
+
     def _finished(self, listener: _Listener, index: int, reason: str) -> None:
         clock = listener.clocks.pop(index, None)
         if clock is None:
             return
-        record = clock.finished(reason, listener)
-        for callback in self._finished_callbacks:
-            try:
-                callback(record)
-            except Exception:
-                logger.exception("a callback for a finished completion failed")
+        _notify(self._finished_callbacks, clock.finished(reason, listener), "a finished completion")
 
     def _end_all(self, listener: _Listener, reason: str) -> None:
         for index in list(listener.clocks):
@@ -412,9 +427,16 @@ class AsyncEngine:
             except BaseException as exc:
                 accepted.set_exception(exc)
                 return
-            self.metrics.prompt_tokens += len(prompt_token_ids)
+            if listener.counted:
+                self.metrics.prompt_tokens += len(prompt_token_ids)
             self._listeners[request_id] = listener
             accepted.set_result(None)
+        elif kind == "record":
+            prompt_tokens, completions = args
+            self.metrics.prompt_tokens += prompt_tokens
+            for completion in completions:
+                self.metrics.generation_tokens += completion.num_generation_tokens
+                _notify(self._finished_callbacks, completion, "a finished completion")
         elif kind == "stop_all":
             self._stop_requests(EngineShuttingDownError(args))
         elif kind == "abort":
@@ -441,14 +463,17 @@ class AsyncEngine:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepDelta]]] = {}
         now = time.time()
         for delta in deltas:
-            self.metrics.generation_tokens += len(delta.token_ids)
             listener = self._listeners.get(delta.request_id)
+            if listener is None or listener.counted:
+                self.metrics.generation_tokens += len(delta.token_ids)
             if listener is None:
                 continue
             clock = listener.clocks.get(delta.index)
             if clock is not None:
                 clock.first_scheduled_time = delta.first_scheduled_time or clock.first_scheduled_time
                 if delta.token_ids:
+                    if clock.last_token_time is not None:
+                        _notify(self._token_gap_callbacks, now - clock.last_token_time, "a gap between tokens")
                     clock.tokens += len(delta.token_ids)
                     clock.first_token_time = clock.first_token_time or now
                     clock.last_token_time = now
@@ -469,6 +494,19 @@ def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., object],
         loop.call_soon_threadsafe(callback, *args)
     except RuntimeError:  # "Event loop is closed": nobody is left to receive it
         logger.debug("dropped output for a closed event loop")
+
+
+_Value = TypeVar("_Value")
+
+
+def _notify(callbacks: list[Callable[[_Value], None]], value: _Value, what: str) -> None:
+    """Call each statistics callback with `value`; one that fails is logged, and neither the others nor the engine
+    thread stop."""
+    for callback in callbacks:
+        try:
+            callback(value)
+        except Exception:
+            logger.exception("a callback for %s failed", what)
 
 
 def _deliver(items: list[tuple[asyncio.Queue, StepDelta]]) -> None:

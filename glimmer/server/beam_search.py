@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from glimmer.engine.beam_search import BeamSearch, BeamSearchParams, warn_if_beams_recompute
+from glimmer.engine.async_engine import EngineDeadError, EngineOverloadedError, EngineStepError, FinishedCompletion
+from glimmer.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, warn_if_beams_recompute
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.sampling_params import SamplingParams
@@ -87,34 +90,88 @@ def refuse_beam_search_options(request: CompletionRequest | ChatCompletionReques
 
 async def run_beam_search(context: ServingContext, run_id: str, prompts: list[list[int]], params: BeamSearchParams,
                           generation: SamplingParams, multimodal: list[MultimodalItem] | None = None
-                          ) -> tuple[list[BeamSearch], list[int]]:
+                          ) -> tuple[list[BeamSearchOutput], list[int]]:
     """Search every prompt's beams (`generation`: the request's SamplingParams, for each prompt's budget and cache
-    salt; `multimodal`: the media of a single prompt); returns the searches and each prompt's cached prompt tokens (as
-    its first step read them)."""
+    salt; `multimodal`: the media of a single prompt); returns each prompt's best beams and its cached prompt tokens
+    (as its first step read them). The engine's statistics count the search as its prompts and their beam_width
+    completions each (`_SearchClock`), not as the one-token requests its steps run."""
     engine = context.engine.engine
     stop_ids = params.stop_ids(engine.generation_defaults.stop_token_ids)
     searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation)) for ids in prompts]
     warn_if_beams_recompute(engine)
     step_params = params.step_params(generation.cache_salt)
     cached = [0] * len(prompts)
+    clocks = [_SearchClock() for _ in prompts]
     step = 0
-    while not all(search.done for search in searches):
-        stepping = [(number, search.live_beams()) for number, search in enumerate(searches) if not search.done]
-        # the queue limit counts this API request once, at its first beam
-        streams = [context.engine.generate(f"{run_id}-{step}-{number}-{i}", beam, step_params, multimodal=multimodal,
-                                           queue_limit=step == 0 and not k, generated=step)
-                   for k, (number, live) in enumerate(stepping) for i, beam in enumerate(live)]
-        results = iter(await _all_next_tokens(streams))
-        for number, live in stepping:
-            entries = [next(results) for _ in live]
-            if step == 0:
-                cached[number] = entries[0][1]
-            searches[number].advance([entry for entry, _ in entries])
-        step += 1
-    return searches, cached
+    try:
+        while not all(search.done for search in searches):
+            stepping = [(number, search.live_beams()) for number, search in enumerate(searches) if not search.done]
+            # the queue limit counts this API request once, at its first beam
+            streams = [context.engine.generate(f"{run_id}-{step}-{number}-{i}", beam, step_params,
+                                               multimodal=multimodal, queue_limit=step == 0 and not k, generated=step,
+                                               counted=False)
+                       for k, (number, live) in enumerate(stepping) for i, beam in enumerate(live)]
+            results = iter(await _all_next_tokens(streams))
+            now = time.time()
+            for number, live in stepping:
+                entries = [next(results) for _ in live]
+                if step == 0:
+                    cached[number] = entries[0].cached_tokens
+                    clocks[number].first_scheduled_time = entries[0].first_scheduled_time
+                clocks[number].step_times.append(now)
+                searches[number].advance([entry.logprobs for entry in entries])
+            step += 1
+    except BaseException as error:
+        # a search refused at its first step (a 429, a prompt too long) never ran: as a refused request, not counted
+        if step or not isinstance(error, (RequestError, EngineOverloadedError)):
+            reason = "error" if isinstance(error, (EngineStepError, EngineDeadError)) else "abort"
+            beams = [_beams(_results(context, search)) if search.done else [(reason, search.steps)] * params.beam_width
+                     for search in searches]
+            _record(context, prompts, beams, clocks)
+        raise
+    outputs = [_results(context, search) for search in searches]
+    _record(context, prompts, [_beams(output) for output in outputs], clocks)
+    return outputs, cached
 
 
-async def _all_next_tokens(streams: list[AsyncIterator[StepDelta]]) -> list[tuple[TokenLogprobs, int]]:
+def _results(context: ServingContext, search: BeamSearch) -> BeamSearchOutput:
+    return search.results(context.tokenizer, context.tokenizer.eos_token_id)
+
+
+def _beams(output: BeamSearchOutput) -> list[tuple[str, int]]:
+    """A finished search's best beams as (finish reason, tokens)."""
+    return [(sequence.finish_reason, len(sequence.logprobs)) for sequence in output.sequences]
+
+
+@dataclass
+class _SearchClock:
+    """When one prompt's search was first scheduled, and when each of its steps' tokens came (wall-clock times)."""
+
+    arrival: float = field(default_factory=time.time)
+    first_scheduled_time: float | None = None
+    step_times: list[float] = field(default_factory=list)
+
+    def finished(self, reason: str, num_prompt_tokens: int, num_tokens: int) -> FinishedCompletion:
+        """A beam of `num_tokens` tokens, as a completion the engine ran alone would be recorded."""
+        scheduled, times = self.first_scheduled_time, self.step_times[:num_tokens]
+        return FinishedCompletion(
+            reason, num_prompt_tokens, num_tokens,
+            queue_time=None if scheduled is None else max(0.0, scheduled - self.arrival),
+            prefill_time=None if scheduled is None or not times else max(0.0, times[0] - scheduled),
+            decode_time=times[-1] - times[0] if times else None)
+
+
+def _record(context: ServingContext, prompts: list[list[int]], beams: list[list[tuple[str, int]]],
+            clocks: list[_SearchClock]) -> None:
+    """Count the search in the engine's statistics: each prompt once, and per prompt its beams as (finish reason,
+    tokens)."""
+    context.engine.record_finished(sum(map(len, prompts)), [
+        clock.finished(reason, len(prompt), num_tokens)
+        for prompt, prompt_beams, clock in zip(prompts, beams, clocks, strict=True)
+        for reason, num_tokens in prompt_beams])
+
+
+async def _all_next_tokens(streams: list[AsyncIterator[StepDelta]]) -> list[_StepResult]:
     """Each stream's `_next_token`. When one fails (the queue limit refusing the first beam, a failed step), the others
     are stopped, and their requests aborted, before the error is raised: they would otherwise run for nobody (a
     refused 429 left its other prompts' beams queued past the limit, and a batch retries a 429)."""
@@ -128,12 +185,22 @@ async def _all_next_tokens(streams: list[AsyncIterator[StepDelta]]) -> list[tupl
         raise
 
 
-async def _next_token(stream: AsyncIterator[StepDelta]) -> tuple[TokenLogprobs, int]:
-    """A one-token request's logprobs entry, and how many of its prompt tokens it read from the prefix cache."""
+@dataclass
+class _StepResult:
+    logprobs: TokenLogprobs  # the one token's entry, its candidates in `top`
+    cached_tokens: int  # prompt tokens read from the prefix cache
+    first_scheduled_time: float | None
+
+
+async def _next_token(stream: AsyncIterator[StepDelta]) -> _StepResult:
+    """A one-token request's logprobs entry, how many of its prompt tokens it read from the prefix cache, and when it
+    was scheduled."""
     entries: list[TokenLogprobs] = []
     cached = 0
+    scheduled = None
     async with contextlib.aclosing(stream):
         async for delta in stream:
             entries += delta.logprobs
             cached = delta.num_cached_tokens
-    return entries[0], cached
+            scheduled = scheduled or delta.first_scheduled_time
+    return _StepResult(entries[0], cached, scheduled)

@@ -282,11 +282,11 @@ async def start_beam_search_run(raw_request: Request, context: ServingContext, r
     run = await _prepared_run(raw_request, context, request, arrival, lambda prompt, params: [])
     prompt, params = run.prompt, run.params
     with _limit_named_as_sent(request):
-        searches, cached = await until_disconnect(raw_request, run_beam_search(
+        outputs, cached = await until_disconnect(raw_request, run_beam_search(
             context, run.engine_id, [prompt.token_ids], beam, params, prompt.multimodal))
     hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
     deltas = []
-    for rank, sequence in enumerate(searches[0].results(context.tokenizer, context.tokenizer.eos_token_id).sequences):
+    for rank, sequence in enumerate(outputs[0].sequences):
         run.choices.append(ChoiceStream(rank, prompt.tools.parser_tools, stop=[], hidden_tokens=hidden,
                                         single_call=request.parallel_tool_calls is False,
                                         continue_recipient=prompt.continue_recipient,
@@ -315,7 +315,7 @@ async def chat_updates(run: ChatRun, first: StepDelta,
     while delta is not None:
         choice = run.choices[delta.index]
         if not choice.done:
-            run.timer.tokens(delta.index, len(delta.token_ids))
+            run.timer.tokens(len(delta.token_ids))
             released = choice.feed(delta)
             if choice.done and delta.finish_reason is None:  # the server ended it (stop string, P-HDR-8, ...)
                 run.context.engine.abort(run.engine_id, index=choice.index, reason="stop")

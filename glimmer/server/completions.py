@@ -303,21 +303,19 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
     """The response of `use_beam_search`: prompt i's best beams as choices i * n + j, best first; streamed, each
     choice comes whole in one chunk once the search has ended (as vLLM streams them)."""
     try:
-        searches, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
+        outputs, cached = await until_disconnect(raw_request, run_beam_search(run.context, engine_id, run.prompts,
                                                                                beam, params))
     except RequestError as error:
         raise naming_the_prompt(error) from None
-    tokenizer = run.context.tokenizer
     choices = []
-    for number, search in enumerate(searches):
-        results = search.results(tokenizer, tokenizer.eos_token_id).sequences
-        for rank, sequence in enumerate(results):
+    for number, output in enumerate(outputs):
+        for rank, sequence in enumerate(output.sequences):
             index = number * run.n + rank
             detokenizer = run.detokenizer()
             # the text as a sampled choice's: the stop id that ended it included, as its special tokens are (P-REQ-1)
             text = "".join(detokenizer.add(entry.token_id) for entry in sequence.logprobs)
             run.append(_Choice(num_tokens=len(sequence.logprobs), num_cached_tokens=cached[number]))
-            run.timer.tokens(index, len(sequence.logprobs))
+            run.timer.tokens(len(sequence.logprobs))
             choices.append(run.choice(index, _Piece(), text + detokenizer.flush(), sequence.finish_reason, [], [],
                                       None, sequence.stop_reason))
     run.timer.done()
@@ -338,7 +336,7 @@ async def _beam_search_response(raw_request: Request, run: _CompletionRun, engin
 async def _collect(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDelta]]) -> dict[str, Any]:
     async with contextlib.aclosing(updates):
         async for index, delta in updates:
-            run.timer.tokens(index, len(delta.token_ids))
+            run.timer.tokens(len(delta.token_ids))
             run.add(index, delta)
     run.timer.done()
     choices = [run.choice(i, run.echo(i, c.prompt_logprobs), c.text, c.finish_reason, c.logprobs, c.text_offsets,
@@ -353,7 +351,7 @@ async def _stream(run: _CompletionRun, updates: AsyncIterator[tuple[int, StepDel
     async with contextlib.aclosing(updates):
         try:
             async for index, delta in updates:
-                run.timer.tokens(index, len(delta.token_ids))
+                run.timer.tokens(len(delta.token_ids))
                 choice = run.add(index, delta)
                 echo = _Piece()
                 if not choice.started:

@@ -159,7 +159,7 @@ class ServerMetrics:
             "glimmer_time_to_first_token_seconds", "From request arrival to its first generated token",
             buckets=_LATENCY_BUCKETS_S, registry=self.registry)
         self.inter_token_latency = Histogram(
-            "glimmer_inter_token_latency_seconds", "Between consecutive tokens of one completion",
+            "glimmer_inter_token_latency_seconds", "Between consecutive steps that gave one completion tokens",
             buckets=_LATENCY_BUCKETS_S, registry=self.registry)
         self.request_latency = Histogram(
             "glimmer_request_duration_seconds", "From request arrival to its last token",
@@ -189,6 +189,7 @@ class ServerMetrics:
             ("vllm:request_decode_time_seconds", "From a request's first token to its last",
              _VLLM_REQUEST_LATENCY_BUCKETS_S))}
         engine.on_finished(self._finished)
+        engine.on_token_gap(self.inter_token_latency.observe)
         self.registry.register(_EngineCollector(engine, model_name))
         self.registry.register(_VllmLatencies([
             ("vllm:time_to_first_token_seconds", self.time_to_first_token),
@@ -212,26 +213,21 @@ class ServerMetrics:
 
 
 class RequestTimer:
-    """Observes one request's time to first token, the gaps between each completion's tokens, and its
-    duration (arrival is `time.monotonic()` when the request came in)."""
+    """Observes one request's time to first token and its duration (arrival is `time.monotonic()` when the request
+    came in). The gaps between a completion's tokens are the engine's to time (`AsyncEngine.on_token_gap`): a
+    request read late gets several steps' tokens at once."""
 
     def __init__(self, metrics: ServerMetrics, arrival: float):
         self._metrics = metrics
         self._arrival = arrival
-        self._last_token_at: dict[int, float] = {}
+        self._first_token_seen = False
 
-    def tokens(self, completion_index: int, count: int) -> None:
-        """A delta of `count` new tokens of one completion; one of none (a scored prompt's logprobs, with
-        max_tokens 0) is no token, so a request that generates nothing has no time to first token."""
-        if not count:
-            return
-        now = time.monotonic()
-        if not self._last_token_at:
-            self._metrics.time_to_first_token.observe(now - self._arrival)
-        previous = self._last_token_at.get(completion_index)
-        if previous is not None:
-            self._metrics.inter_token_latency.observe(now - previous)
-        self._last_token_at[completion_index] = now
+    def tokens(self, count: int) -> None:
+        """A delta of `count` new tokens of one of the request's completions; one of none (a scored prompt's
+        logprobs, with max_tokens 0) is no token, so a request that generates nothing has no time to first token."""
+        if count and not self._first_token_seen:
+            self._first_token_seen = True
+            self._metrics.time_to_first_token.observe(time.monotonic() - self._arrival)
 
     def done(self) -> None:
         self._metrics.request_latency.observe(time.monotonic() - self._arrival)

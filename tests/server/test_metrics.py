@@ -1,0 +1,91 @@
+"""/metrics against what the responses say: the real server, a scripted model (server_support.ScriptedRunner)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from server_support import live_server
+
+
+def _grew(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    return after.get(name, 0) - before.get(name, 0)
+
+
+def test_inter_token_latency_counts_each_step_when_the_server_reads_the_tokens_late(make_tiny):
+    """A server busy elsewhere finds several steps' tokens waiting and reads them as one delta: inter-token latency
+    was observed once for them all (one gap as long as all of theirs), so its count fell short of the tokens and its
+    quantiles rose with the server's load, not the engine's pace. vLLM times each step's tokens as the engine made
+    them."""
+    with live_server(make_tiny(), scripted=True) as server:
+        server.engine.engine.runner.step_delay_s = 0.02
+
+        async def hold_the_event_loop() -> None:  # a handler that blocks the server's event loop a while
+            time.sleep(0.4)
+
+        server.app.add_api_route("/hold", hold_the_event_loop)
+        before = server.wait_for_idle()
+        answer = {}
+        request = threading.Thread(target=lambda: answer.update(httpx.post(server.base_url + "/completions", json={
+            "model": "tiny", "prompt": "x y", "max_tokens": 40, "ignore_eos": True}, timeout=30).json()))
+        request.start()
+        deadline = time.monotonic() + 30
+        while server.engine.metrics.generation_tokens - before["glimmer_generation_tokens_total"] < 3:
+            assert time.monotonic() < deadline, "the request generated no tokens"
+            time.sleep(0.005)
+        assert httpx.get(server.url + "/hold", timeout=30).status_code == 200
+        request.join()
+        after = server.wait_for_idle()
+    assert answer["usage"]["completion_tokens"] == 40
+    for name in ("glimmer_inter_token_latency_seconds_count",
+                 'vllm:inter_token_latency_seconds_count{model_name="tiny"}'):
+        assert _grew(before, after, name) == 39, name
+
+
+def test_a_beam_search_counts_as_its_choices_not_as_each_steps_one_token_requests(make_tiny):
+    """Beam search runs each step's beams as one-token requests on the engine: /metrics counted every one as a
+    finished request (`length`) with its prompt (the request's, then its beam's tokens), so a search of 2 beams and 3
+    tokens added 5 finished requests and 7 times its prompt tokens where its response had 2 choices."""
+    model = 'model_name="tiny"'
+    with live_server(make_tiny(), scripted=True) as server:
+        before = server.wait_for_idle()
+        usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        reasons: dict[str, int] = {}
+        for path, body in (("/completions", {"prompt": ["x y", "a b c"]}),
+                           ("/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+            answer = httpx.post(server.base_url + path, timeout=30, json={
+                "model": "tiny", "max_tokens": 4, "n": 2, "use_beam_search": True, "ignore_eos": True, **body}).json()
+            for field in usage:
+                usage[field] += answer["usage"][field]
+            for choice in answer["choices"]:
+                reasons[choice["finish_reason"]] = reasons.get(choice["finish_reason"], 0) + 1
+        after = server.wait_for_idle()
+    assert sum(reasons.values()) == 6
+    for reason in ("stop", "length", "abort", "error"):
+        assert _grew(before, after, f'vllm:request_success_total{{finished_reason="{reason}",{model}}}') == \
+            reasons.get(reason, 0), reason
+    assert _grew(before, after, "glimmer_prompt_tokens_total") == usage["prompt_tokens"]
+    assert _grew(before, after, "glimmer_generation_tokens_total") == usage["completion_tokens"]
+    assert _grew(before, after, f"vllm:request_generation_tokens_sum{{{model}}}") == usage["completion_tokens"]
+    for name in ("prompt_tokens", "generation_tokens", "queue_time_seconds", "prefill_time_seconds",
+                 "decode_time_seconds"):
+        assert _grew(before, after, f"vllm:request_{name}_count{{{model}}}") == 6, name
+
+
+def test_a_beam_search_the_client_leaves_counts_its_beams_as_aborted(make_tiny):
+    model = 'model_name="tiny"'
+    with live_server(make_tiny(), scripted=True) as server:
+        server.engine.engine.runner.step_delay_s = 0.02
+        before = server.wait_for_idle()
+        try:
+            httpx.post(server.base_url + "/completions", timeout=httpx.Timeout(30, read=0.5), json={
+                "model": "tiny", "prompt": "x y", "max_tokens": 500, "n": 3, "use_beam_search": True,
+                "ignore_eos": True})
+        except httpx.ReadTimeout:
+            pass
+        after = server.wait_for_idle()
+        prompt_tokens = httpx.post(server.url + "/tokenize", json={"model": "tiny", "prompt": "x y"}).json()["count"]
+    assert _grew(before, after, f'vllm:request_success_total{{finished_reason="abort",{model}}}') == 3
+    assert _grew(before, after, f'vllm:request_success_total{{finished_reason="length",{model}}}') == 0
+    assert _grew(before, after, "glimmer_prompt_tokens_total") == prompt_tokens  # once, not once per step
