@@ -18,6 +18,8 @@ import random
 
 import numpy as np
 import pytest
+import torch
+from oracle import reference_logits, reference_model
 from PIL import Image
 
 from glimmer import SamplingParams
@@ -204,3 +206,71 @@ def test_seeded_requests_through_every_logits_processor_keep_their_tokens_under_
     assert engine.scheduler.num_preemptions > 0 and engine.kv.prefix_cache_hit_rate() > 0  # it was under stress
     assert got.finish["beside-1", 0] == "abort"
     assert {key: got.tokens[key] for key in expected.tokens} == expected.tokens
+
+
+@torch.no_grad()
+def _reference_greedy(reference, ids: list[int], max_tokens: int, token_count: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their logprobs from the reference's forward without a cache, one token at a time
+    (architecture.md §12.2: its cached `generate` strays past the window)."""
+    ids, tokens, logprobs = list(ids), [], []
+    for _ in range(max_tokens):
+        row = torch.log_softmax(reference_logits(reference, ids)[-1], dim=-1)
+        token = int(row[:token_count].argmax())
+        tokens.append(token)
+        logprobs.append(row[token].item())
+        ids.append(token)
+    return tokens, logprobs
+
+
+@pytest.mark.parametrize(("layers", "window", "block_size", "budget", "lookahead", "kv_cache_memory"), [
+    # every prefill token a step of its own, laid out as a decode token is; a window of five one-position blocks (a
+    # budget of one runs one sequence at a time: no pool is small enough to preempt)
+    (4, 5, 1, 1, False, None),
+    # a full and a sliding layer: both groups' blocks one page; a window of three blocks and a half
+    (2, 7, 2, 3, True, 14_848),
+    # a budget of 17 tokens ends chunks across blocks and windows; a window straddling two blocks
+    (3, 5, 4, 17, False, 21_504),
+], ids=["budget1-block1", "budget3-block2-one-page-groups-lookahead", "budget17-block4"])
+def test_small_odd_token_budgets_and_small_blocks_under_stress_match_the_reference(
+        make_tiny, same_cpu_kernels, greedy_admission, layers, window, block_size, budget, lookahead, kv_cache_memory):
+    """Prefix-cache hits ending at, before and after a block boundary and the window's, the same prompt twice at once,
+    a cache salt, n = 2 and prompt logprobs, run under prefix caching, token budgets of 1, 3 and 17, blocks of 1 to 4
+    positions and a pool that holds little more than one sequence of max_model_len (preemption; the pages: 29 needed
+    and given, 18 and 21): each output's tokens and logprobs are the reference's forward without a cache."""
+    checkpoint = make_tiny(seed=29, spec=TinySpec(num_hidden_layers=layers, sliding_window=window))
+    reference = reference_model(checkpoint)
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, block_size=block_size, max_model_len=48,
+                                    kv_cache_memory=kv_cache_memory, max_num_seqs=4, max_num_batched_tokens=budget,
+                                    async_scheduling=lookahead))
+    rng = random.Random(layers)
+    shared = [rng.randrange(20, 400) for _ in range(30)]
+    cuts = [block_size - 1, block_size, block_size + 1, window - 1, window, window + 1, 2 * window + 1, 24, 24]
+    requests = []
+    for i, cut in enumerate(cuts):
+        ids = shared[: max(cut, 1)] + [rng.randrange(20, 400) for _ in range(i % 3)]
+        params = SamplingParams(temperature=0, max_tokens=11 + i % 2, ignore_eos=True, logprobs=0, n=1 + (i == 5),
+                                prompt_logprobs=0 if i == 4 else None, cache_salt="salt" if i == 6 else None)
+        requests.append((f"r{i}", ids, params))
+
+    got = _Outputs()
+    queue = list(requests)
+    while queue or engine.has_unfinished_requests:
+        if queue:  # one arrives a step: later ones find the blocks the earlier computed
+            engine.add_request(*queue.pop(0))
+        got.add(engine.step())
+    assert engine.kv.prefix_cache_hit_rate() > 0
+    assert engine.scheduler.num_preemptions > 0 or kv_cache_memory is None  # the small pools were short
+    assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+    for request_id, ids, params in requests:
+        tokens, logprobs = _reference_greedy(reference, ids, params.max_tokens, engine.token_count)
+        for index in range(params.n):
+            key = (request_id, index)
+            assert got.tokens[key] == tokens, key
+            assert [entry.logprob for entry in got.logprobs[key]] == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
+        if params.prompt_logprobs is not None:
+            rows = torch.log_softmax(reference_logits(reference, ids), dim=-1)
+            expected = [rows[p, ids[p + 1]].item() for p in range(len(ids) - 1)]
+            scored = got.prompt_logprobs[request_id, 0]
+            assert scored[0] is None
+            assert [entry.logprob for entry in scored[1:]] == pytest.approx(expected, abs=LOGPROB_TOLERANCE)
