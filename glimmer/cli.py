@@ -26,7 +26,7 @@ from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
-from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
+from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
 
 
 class UsageError(GlimmerError):
@@ -1206,8 +1206,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--uds", default=None, metavar="PATH",
                        help="listen on a Unix domain socket at PATH instead of --host and --port (vLLM's)")
     serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
-                       help="require `Authorization: Bearer KEY` on /v1 and /openapi.json, any one of the keys given "
-                            "(repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
+                       help=f"require `Authorization: Bearer KEY` on {', '.join(API_KEY_ROUTES[:-1])} and "
+                            f"{API_KEY_ROUTES[-1]} (and /metrics with --metrics-require-api-key), any one of the keys "
+                            "given (repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else "
+                            "none)")
     serve.add_argument("--served-model-name", nargs="+", action="extend", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,
