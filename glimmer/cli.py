@@ -26,7 +26,7 @@ from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
 from glimmer.multimodal.settings import MediaLimits
-from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
+from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
 
 
 class UsageError(GlimmerError):
@@ -205,17 +205,26 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    # SIGTERM is heard from the start, before the imports (a second or two) and the checks that precede loading the
-    # model: as a container's PID 1, where a signal without a handler is ignored, `docker stop` then went unheard and
-    # the server went on to load and serve until killed
+    # before the model began to load, or as it loaded: nothing serves yet, and SIGTERM ends serve with 0, as it does
+    # once it serves
+    return _heeding_sigterm(_serve, args, "glimmer: stopped by SIGTERM before serving", 0)
+
+
+def _heeding_sigterm(command: Callable[[argparse.Namespace, contextlib.ExitStack, Callable[[], None]], int],
+                     args: argparse.Namespace, stopped: str, stopped_status: int) -> int:
+    """`command(args, sigterm_handler, raise_if_terminated)` with SIGTERM raising _Terminated (_sigterm_raises) from
+    the start, before the imports (a second or two) and the checks that precede loading the model: as a container's
+    PID 1, where a signal without a handler is ignored, `docker stop` went unheard and the process went on to load
+    the model and work until killed. The command may close `sigterm_handler` early (serve does, for uvicorn); a
+    _Terminated it lets out prints `stopped` and returns `stopped_status`."""
     sigterm_handler = contextlib.ExitStack()
     raise_if_terminated = sigterm_handler.enter_context(_sigterm_raises())
     with sigterm_handler:
         try:
-            return _serve(args, sigterm_handler, raise_if_terminated)
-        except _Terminated:  # before the model began to load: nothing to shut down
-            print("glimmer: stopped by SIGTERM before serving", file=sys.stderr)
-            return 0
+            return command(args, sigterm_handler, raise_if_terminated)
+        except _Terminated:
+            print(stopped, file=sys.stderr)
+            return stopped_status
 
 
 def _serve(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
@@ -317,6 +326,13 @@ def _serve(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
 
 
 def _cmd_run_batch(args: argparse.Namespace) -> int:
+    return _heeding_sigterm(_run_batch, args, "run-batch: stopped by SIGTERM before the batch began",
+                            128 + signal.SIGTERM)
+
+
+def _run_batch(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
+               raise_if_terminated: Callable[[], None]) -> int:
+    """`glimmer run-batch` with SIGTERM raising _Terminated (a batch running stops as Ctrl-C stops it)."""
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
     from glimmer.server.batch import parse_batch_input
 
@@ -333,7 +349,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         raise UsageError(f"--input-file {args.input_file}: {error}") from None
     shown = "stdout" if args.output_file == "-" else args.output_file
     try:
-        summary, engine = _run_batch_file(args, lines)
+        summary, engine = _run_batch_file(args, lines, raise_if_terminated)
     except _Terminated:
         print(f"run-batch: stopped by SIGTERM; the records finished before it are in {shown}", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -348,9 +364,11 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_batch_file(args: argparse.Namespace, lines: list[Any]) -> tuple[Any, Any]:
+def _run_batch_file(args: argparse.Namespace, lines: list[Any],
+                    raise_if_terminated: Callable[[], None]) -> tuple[Any, Any]:
     """Load the engine and run `lines` through the server's routes into the output file: (BatchSummary, engine).
-    Raises _Terminated when SIGTERM stops the batch (the output holds the records finished before it)."""
+    Raises _Terminated when SIGTERM stops the loading or the batch (the output holds the records finished before
+    it)."""
     import asyncio
 
     from tqdm import tqdm
@@ -362,9 +380,10 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any]) -> tuple[Any, An
 
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
-        if is_default:
-            print(f"No MODEL given: {DEFAULT_MODEL_BLURB}", file=sys.stderr)
         try:
+            raise_if_terminated()  # a SIGTERM the loading code dropped
+            if is_default:
+                print(f"No MODEL given: {DEFAULT_MODEL_BLURB}", file=sys.stderr)
             # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
             # here, which vLLM's run-batch serves it as
             names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
@@ -664,6 +683,12 @@ def _bind_unix(path: str) -> socket.socket:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
+    return _heeding_sigterm(_chat, args, "glimmer: chat stopped by SIGTERM", 128 + signal.SIGTERM)
+
+
+def _chat(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
+          raise_if_terminated: Callable[[], None]) -> int:
+    """`glimmer chat` with SIGTERM raising _Terminated."""
     from glimmer.server.chat_client import run_chat
 
     options = _chat_request_options(args)
@@ -717,6 +742,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     engine, name, is_default = _engine_from_args(args)
     try:
+        raise_if_terminated()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not
         # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
         app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
@@ -1180,8 +1206,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--uds", default=None, metavar="PATH",
                        help="listen on a Unix domain socket at PATH instead of --host and --port (vLLM's)")
     serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
-                       help="require `Authorization: Bearer KEY` on /v1 and /openapi.json, any one of the keys given "
-                            "(repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else none)")
+                       help=f"require `Authorization: Bearer KEY` on {', '.join(API_KEY_ROUTES[:-1])} and "
+                            f"{API_KEY_ROUTES[-1]} (and /metrics with --metrics-require-api-key), any one of the keys "
+                            "given (repeatable, as vLLM's; default: $GLIMMER_API_KEY, else vLLM's $VLLM_API_KEY, else "
+                            "none)")
     serve.add_argument("--served-model-name", nargs="+", action="extend", default=None,
                        help="name(s) clients use as `model` (default: the directory name or Hub id)")
     serve.add_argument("--max-request-bytes", type=int, default=None,

@@ -17,13 +17,14 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from glimmer.cancellation import CancelToken
 from glimmer.checkpoint.chat_template_source import find_checkpoint_chat_template
-from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN
+from glimmer.checkpoint.drafter import RELEASED_MASK_TOKEN, open_drafter_checkpoint
 from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.generation_config import (
     GENERATION_CONFIG_FILE,
@@ -288,6 +289,18 @@ class LLMEngine:
                                           weights=config.load_format != "dummy")
         check_weight_format(config.load_format, self.checkpoint.format, self.checkpoint_dir)
         self.max_model_len = self._resolve_max_model_len()  # before the weights load: a wrong one is refused at once
+        # the tokenizer before the weights too: a drafter config without its mask token takes the target's token's id
+        self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.checkpoint.config)
+        self.drafter: LoadedDrafter | None = None
+        self.num_speculative_tokens = 0
+        spec_config = None
+        if config.speculative_config is not None:
+            spec_config = SpeculativeConfig.parse(config.speculative_config)
+            # from the drafter's config alone, before the target's weights load (minutes for the 30B): a
+            # num_speculative_tokens its block cannot hold is refused at once
+            drafter_config = open_drafter_checkpoint(self._drafter_location(spec_config, weights=False),
+                                                     mask_token_id=self._mask_token_id, weights=False).config
+            self.num_speculative_tokens = spec_config.proposed_tokens(drafter_config)
         if self.device.type == "cpu":  # before loading and the CPU path's timings, which the thread count changes
             fit_threads_to_cpu_quota()
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
@@ -296,7 +309,6 @@ class LLMEngine:
         prepare_for_cpu(self.loaded.model, self.device, self.dtype, config.max_num_seqs or CPU_MAX_NUM_SEQS)
         self.model_config = self.loaded.config
         embedded = self.checkpoint.tokenizer
-        self.tokenizer = load_checkpoint_tokenizer(self.checkpoint, self.model_config)
         self._eos_token_id = self.tokenizer.eos_token_id  # once: the property asks the tokenizer's backend each time
         text = self.model_config.text
         # the ids that are tokens: logit rows past the tokenizer's (a vocabulary padded to a multiple) are never
@@ -312,11 +324,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens or (8192 if on_cuda else 2048),
             max_model_len=self.max_model_len,
         )
-        self.drafter: LoadedDrafter | None = None
-        self.num_speculative_tokens = 0
-        spec_config = None
-        if config.speculative_config is not None:
-            spec_config = SpeculativeConfig.parse(config.speculative_config)
+        if spec_config is not None:
             self._load_drafter(spec_config)
         self.media = self._media_processor()
         self._working: WorkingMemory | None = None  # measured when a GPU's free memory sizes the KV cache
@@ -410,24 +418,15 @@ class LLMEngine:
 
     def _load_drafter(self, spec: SpeculativeConfig) -> None:
         """Load the drafter for speculative decoding and check the configuration can run it (ConfigError)."""
-        path = spec.drafter_path()
-        if path is None:  # a Hub id (config_checks refused anything else)
-            try:
-                path = download_drafter(spec.model, weights=self.config.load_format != "dummy")
-            except CheckpointError as exc:
-                raise CheckpointError(f"speculative_config.model: {exc}") from None
+        path = self._drafter_location(spec, weights=self.config.load_format != "dummy")
         self.drafter = load_drafter(
-            path, self.model_config,
-            lambda: self.tokenizer.require_token_id(RELEASED_MASK_TOKEN),
+            path, self.model_config, self._mask_token_id,
             dtype=self.dtype, device=self.device, progress=self.config.progress,
             load_format=self._weights_load_format, seed=self.config.seed,
         )
         prepare_for_cpu(self.drafter.model, self.device, self.dtype, self.scheduler_config.max_num_seqs)
-        most = self.drafter.config.num_draft_tokens
-        k = spec.num_speculative_tokens or most
-        if k > most:
-            raise ConfigError(f"speculative_config.num_speculative_tokens={k} exceeds what the drafter proposes per "
-                              f"step: its block_size is {self.drafter.config.block_size}, so at most {most}")
+        # read before the target loaded too: its files may have changed since
+        k = spec.proposed_tokens(self.drafter.config)
         budget = self.scheduler_config.max_num_batched_tokens
         check_verification_budget(budget, k)
         if budget < self.scheduler_config.max_num_seqs * (k + 1):
@@ -442,6 +441,22 @@ class LLMEngine:
                            "distribution, not token for token (its draws depend on whether its steps proposed)",
                            limit, self.scheduler_config.max_num_seqs)
         self.num_speculative_tokens = k
+
+    @staticmethod
+    def _drafter_location(spec: SpeculativeConfig, weights: bool) -> Path:
+        """The drafter's path: `spec.model`, or the local copy of the Hub id it names (its config, and its weights
+        where `weights`). Raises CheckpointError naming speculative_config.model."""
+        path = spec.drafter_path()
+        if path is not None:
+            return path
+        try:  # a Hub id (config_checks refused anything else)
+            return download_drafter(spec.model, weights=weights)
+        except CheckpointError as exc:
+            raise CheckpointError(f"speculative_config.model: {exc}") from None
+
+    def _mask_token_id(self) -> int:
+        """The target tokenizer's id of the released mask token, for a drafter config that names none."""
+        return self.tokenizer.require_token_id(RELEASED_MASK_TOKEN)
 
     def _speculation_reserve_bytes(self) -> int:
         """Device memory speculation needs besides the KV cache at most: float32 logits (raw, constrained and

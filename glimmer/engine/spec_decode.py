@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glimmer.checkpoint.config import DrafterConfig
 from glimmer.default_model import embedded_model_dir
 from glimmer.engine.draft_context import CommittedContext
 from glimmer.engine.draft_policy import DraftPolicy
@@ -94,6 +95,16 @@ class SpeculativeConfig:
         b = self.disable_by_batch_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"speculative_config.disable_by_batch_size={b!r} must be an integer >= 1")
+
+    def proposed_tokens(self, drafter: DrafterConfig) -> int:
+        """The most tokens proposed per sequence and step with `drafter`: num_speculative_tokens, else all its
+        block holds. Raises ConfigError where num_speculative_tokens asks for more than the block holds."""
+        most = drafter.num_draft_tokens
+        k = self.num_speculative_tokens or most
+        if k > most:
+            raise ConfigError(f"speculative_config.num_speculative_tokens={k} exceeds what the drafter proposes per "
+                              f"step: its block_size is {drafter.block_size}, so at most {most}")
+        return k
 
     def drafter_path(self) -> Path | None:
         """Where the drafter's files are: `model` as a path, else the embedded drafter it names (by the name

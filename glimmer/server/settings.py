@@ -22,6 +22,9 @@ MAX_BATCH_PROMPTS = 64
 DEFAULT_RESPONSES_STORE_BYTES = 64 << 20
 """Stored responses (for previous_response_id) beyond this size, as JSON, evict the oldest."""
 DEFAULT_RESPONSES_STORE_AGE_S = 3600.0
+API_KEY_ROUTES = ("/v1", "/tokenize", "/detokenize", "/invocations", "/openapi.json")
+"""The routes, each with every path under it, that a server's API key guards (app.py; /metrics too where
+metrics_require_api_key): what `glimmer serve --api-key` names."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 
@@ -29,8 +32,8 @@ MAX_STOP_STRING_CHARS = 256
 @dataclass(frozen=True)
 class ServerSettings:
     """served_model_names: the names clients may put in `model` (the first is reported in responses).
-    api_key: if set, every /v1 request (and /openapi.json, which describes them) needs `Authorization: Bearer
-    <api_key>`; several keys (a tuple, as vLLM's --api-key takes them): any one of them.
+    api_key: if set, every request to API_KEY_ROUTES needs `Authorization: Bearer <api_key>`; several keys (a
+    tuple, as vLLM's --api-key takes them): any one of them.
     default_reasoning_strength: passed to the template when a request names none (P-EFF-1).
     media_policy: where images and videos may come from (data URLs always; local files and http(s) only
         as the operator allows).

@@ -781,7 +781,8 @@ def test_a_path_object_names_the_drafter(target, drafter):
 
 def test_a_hub_id_names_the_drafter_as_it_names_the_target(target, drafter, plain, monkeypatch):
     """As vLLM takes one, and as LLM(model=...) does; it was refused as a path that does not exist. Only its config
-    and weights (safetensors or the native head.pt) are fetched, and with dummy weights its config alone."""
+    and weights (safetensors or the native head.pt) are fetched, its config first (read before the target's weights
+    load), and with dummy weights its config alone."""
     import huggingface_hub
 
     fetched = []
@@ -794,11 +795,13 @@ def test_a_hub_id_names_the_drafter_as_it_names_the_target(target, drafter, plai
     llm = LLM(str(target), progress=False, speculative_config=speculative("muse-org/tiny-assistant"))
     prompt = _prompts(1, seed=3)[0]
     assert llm.generate([prompt], GREEDY)[0].token_ids == plain.generate([prompt], GREEDY)[0].token_ids
-    [(repo, patterns)] = fetched
-    assert repo == "muse-org/tiny-assistant" and {"*.json", "*.safetensors", "head.pt"} <= set(patterns)
+    [(repo, config_patterns), (repo_again, patterns)] = fetched
+    assert repo == repo_again == "muse-org/tiny-assistant" and {"*.json", "*.safetensors", "head.pt"} <= set(patterns)
+    assert "*.json" in config_patterns and not {"*.safetensors", "head.pt"} & set(config_patterns)
     LLMEngine(EngineConfig(str(target), progress=False, load_format="dummy",
                            speculative_config=speculative("muse-org/tiny-assistant")))
-    assert "*.json" in fetched[1][1] and not {"*.safetensors", "head.pt"} & set(fetched[1][1])  # config alone
+    assert len(fetched) == 4 and all("*.json" in patterns and not {"*.safetensors", "head.pt"} & set(patterns)
+                                     for _, patterns in fetched[2:])  # its config alone, before and at loading
 
 
 def test_a_hub_id_drafter_that_cannot_be_fetched_is_refused_naming_speculative_config_model(target, monkeypatch):
@@ -852,6 +855,21 @@ def test_configurations_that_cannot_verify_are_refused_with_the_numbers(target, 
                                           r"\(1 \+ num_speculative_tokens = 6 tokens\)"):
         LLMEngine(EngineConfig(str(target), progress=False, max_num_batched_tokens=4,
                                speculative_config=speculative(drafter)))
+
+
+def test_more_speculative_tokens_than_the_drafter_proposes_are_refused_before_the_target_loads(target, drafter,
+                                                                                                monkeypatch):
+    """The drafter's config is read before the target's weights: it was refused only once the target and the
+    drafter had loaded (minutes for the 30B)."""
+    import glimmer.engine.llm_engine
+
+    def load_model(*args, **kwargs):
+        pytest.fail("the target's weights were loaded")
+
+    monkeypatch.setattr(glimmer.engine.llm_engine, "load_model", load_model)
+    with pytest.raises(ConfigError, match=r"^speculative_config\.num_speculative_tokens=8 exceeds what the drafter "
+                                          r"proposes per step: its block_size is 6, so at most 5$"):
+        LLM(str(target), progress=False, speculative_config=speculative(drafter, num_speculative_tokens=8))
 
 
 def test_a_token_budget_below_the_given_num_speculative_tokens_is_refused_before_the_model_is_looked_for():

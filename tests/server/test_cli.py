@@ -446,6 +446,48 @@ def test_sigterm_before_the_model_loads_stops_the_server_with_status_0(tmp_path)
     assert not socket_path.exists()
 
 
+def _run_batch_argv(tmp_path: Path) -> list[str]:
+    (tmp_path / "in.jsonl").write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+                                       '"body": {"model": "m", "prompt": "x"}}\n')
+    return ["run-batch", str(tmp_path / "model"), "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")]
+
+
+_SIGTERM_AS_THE_CHECKS_RUN = "glimmer.cli._check_engine_options = lambda args: signal.raise_signal(signal.SIGTERM)\n"
+_SIGTERM_DROPPED_AS_THE_MODEL_LOADS = """\
+class Engine:
+    def shutdown(self):
+        print("engine shut down", file=sys.stderr)
+
+class Held:
+    pass
+
+def load(args):  # the signal is handled in a weakref callback (an import lock's), where its exception is dropped
+    held = Held()
+    reference = weakref.ref(held, lambda _: signal.raise_signal(signal.SIGTERM))
+    del held
+    return Engine(), "tiny", False
+
+glimmer.cli._engine_from_args = load
+"""
+
+
+@pytest.mark.parametrize("moment", ["checks", "loading"])
+@pytest.mark.parametrize("command", ["run-batch", "chat"])
+def test_sigterm_before_or_while_the_model_loads_stops_run_batch_and_chat_with_status_143(tmp_path, command, moment):
+    """run-batch and an in-process chat had no SIGTERM handler until a batch ran (chat: none at all): SIGTERM killed
+    them, and a container's PID 1, which ignores a signal without a handler, went on to load the model and work."""
+    script = ("import signal, sys, weakref, glimmer.cli\n"
+              + (_SIGTERM_AS_THE_CHECKS_RUN if moment == "checks" else _SIGTERM_DROPPED_AS_THE_MODEL_LOADS)
+              + "sys.exit(glimmer.cli.main(sys.argv[1:]))\n")
+    argv = _run_batch_argv(tmp_path) if command == "run-batch" else ["chat", "--no-color"]
+    result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    stopped = {"run-batch": "run-batch: stopped by SIGTERM", "chat": "glimmer: chat stopped by SIGTERM"}[command]
+    assert stopped in result.stderr and "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+    assert ("engine shut down" in result.stderr) == (moment == "loading")
+
+
 def test_sigterm_handled_in_a_weakref_callback_while_the_model_loads_still_stops_the_server(
         tmp_path, monkeypatch, capsys):
     """A SIGTERM handled while the loading code ran an import lock's weakref callback raised there, where Python drops

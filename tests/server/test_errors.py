@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 
 import httpx
 import openai
@@ -82,6 +83,28 @@ def test_the_openapi_document_is_behind_the_api_key_and_the_docs_pages_are_not_s
     assert httpx.head(server.url + "/openapi.json").status_code == 401
     for page in ("/docs", "/redoc"):
         assert error_of(httpx.get(server.url + page, headers={"Authorization": f"Bearer {KEY}"}), 404)
+
+
+def test_serve_api_key_help_names_exactly_the_routes_behind_the_key(server):
+    """The help named /v1 and /openapi.json; /tokenize, /detokenize and /invocations need the key too. Every route
+    (the OpenAPI document's, and those the app serves outside it) is asked without the key; those answering 401 are
+    grouped by their first segment, as the help names them."""
+    from fastapi.routing import APIRoute
+
+    from glimmer.cli import build_parser
+
+    document = httpx.get(server.url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
+    routes = {(method.upper(), path) for path, operations in document["paths"].items() for method in operations}
+    routes |= {(method, route.path) for route in server.app.routes if isinstance(route, APIRoute)
+               for method in route.methods}
+    guarded, open_ = set(), set()
+    for method, path in routes:
+        status = httpx.request(method, server.url + re.sub(r"\{[^}]*\}", "x", path), timeout=30).status_code
+        (guarded if status == 401 else open_).add("/" + path.split("/")[1])
+    assert "/v1" in guarded and not guarded & open_  # every route under a guarded one is guarded
+    api_key = next(action for action in build_parser().commands["serve"]._actions if action.dest == "api_key")
+    named = set(re.findall(r"(?<![\w`])/[\w.]+", api_key.help))
+    assert named - {"/metrics"} == guarded and "/metrics with --metrics-require-api-key" in api_key.help
 
 
 @pytest.mark.parametrize("keys", [[KEY, "sk-wrong"], ["sk-wrong", KEY], [KEY, KEY]])
