@@ -26,8 +26,10 @@ from glimmer.server.schemas import (
     LogprobCount,
     Metadata,
     PositiveCount,
+    PromptCacheRetention,
     RequestBody,
     Seed,
+    ServiceTier,
     TopK,
     check_metadata,
 )
@@ -104,11 +106,10 @@ class ResponsesRequest(RequestBody):
     # accepted, echoed and ignored: they cannot change the output
     user: str | None = None
     metadata: Metadata | None = None
-    # the SDK's tiers; one serves them all here, "default"
-    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
+    service_tier: ServiceTier | None = None  # echoed as "default", the one tier that serves them all
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     prompt_cache_options: ResponsesPromptCacheOptions | None = None  # `prewarm: true` refused (check_supported)
     stream_options: ResponsesStreamOptions | None = None  # only with `stream: true` (check_supported)
     # refused unless unset (see _REFUSED)

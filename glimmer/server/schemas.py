@@ -10,7 +10,7 @@ right. Three groups of known fields:
   `allowed_token_ids` on completions), and vLLM's beam search (`use_beam_search`, `length_penalty`, `early_stopping`:
   server/beam_search.py);
 - accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
-  `service_tier`,
+  `service_tier` and `prompt_cache_retention` (values as the SDK types them),
   `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
   `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
@@ -157,6 +157,9 @@ class StructuredOutputsFields(RequestBody):
 
 
 Metadata = Annotated[dict[str, str], Field(fail_fast=True)]  # OpenAI's: string values; refused at the first bad one
+# the SDK's tiers (chat and Responses alike); one serves them all here, "default"
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+PromptCacheRetention = Literal["in_memory", "24h"]  # the SDK's values of the deprecated field
 _METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
@@ -215,10 +218,10 @@ class _SamplingFields(RequestBody):
     user: str | None = None
     metadata: Metadata | None = None  # within OpenAI's limits (check_metadata)
     store: bool | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
+    prompt_cache_retention: PromptCacheRetention | None = None
     prompt_cache_options: PromptCacheOptions | None = None
     spaces_between_special_tokens: bool | None = None  # P-REQ-1: always false
 

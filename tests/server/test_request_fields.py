@@ -633,3 +633,29 @@ def test_a_beam_searched_batch_streams_its_whole_usage_on_every_chunk(server):
     assert len(chunks) == len(BATCH) * BATCH_N + 1
     usage = _whole_batch_usage(server, use_beam_search=True)
     assert all(chunk["usage"] == usage for chunk in chunks)
+
+
+
+@pytest.mark.parametrize(("fields", "param"), [({"service_tier": "fastest"}, "service_tier"),
+                                               ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+                                               ({"prompt_cache_retention": "in-memory"}, "prompt_cache_retention")])
+def test_a_tier_or_cache_retention_openai_refuses_is_400_on_chat_as_on_responses(server, fields, param):
+    """Chat and completions took any string for `service_tier` and `prompt_cache_retention`, where /v1/responses
+    and OpenAI refuse a value the SDK does not type."""
+    assert chat_error(server, **fields)["param"] == param
+    response = httpx.post(server.base_url + "/completions", timeout=30,
+                          json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1, **fields})
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+def test_every_tier_and_cache_retention_of_the_openai_sdk_is_taken_on_chat_and_changes_nothing(client):
+    def answer(**hints):
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                              extra_body={"chat_template_kwargs": PINNED_DATE, **hints}
+                                              ).choices[0].message
+
+    plain = answer()
+    for tier in ("auto", "default", "flex", "scale", "priority", "fast", "ultrafast"):
+        assert answer(service_tier=tier) == plain
+    for retention in ("in_memory", "24h"):
+        assert answer(prompt_cache_retention=retention) == plain
