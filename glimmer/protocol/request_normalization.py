@@ -323,8 +323,9 @@ class _CallsSoFar:
 
     def check_result(self, message: Mapping[str, Any], index: int) -> str:
         """The name of the tool a tool message answers (§2.1): its `name`, else the function of the last earlier
-        assistant tool call with its `tool_call_id`. The template would otherwise render the raw id (or nothing) as the
-        tool's name, and the model would read a result of no call it made."""
+        assistant tool call with its `tool_call_id` (a `name` beside such an id must be that function's). The
+        template would otherwise render the raw id (or nothing), or another tool, as the tool's name, and the model
+        would read a result of no call it made."""
         field = f"messages[{index}].tool_call_id"
         call_id = message.get("tool_call_id")
         if call_id is not None and not isinstance(call_id, str):
@@ -336,8 +337,13 @@ class _CallsSoFar:
                                "result per call", param=field)
         if call_id:
             self.answered[call_id] = index
-        if message.get("name"):
-            return message["name"]
+        name = message.get("name")
+        if name and call_id in self.made and name != self.made[call_id]:
+            raise RequestError(f"messages[{index}].name: {name!r} is not the tool that call {call_id!r} called "
+                               f"({self.made[call_id]!r}), and the result would render as the output of {name!r}; "
+                               "send the call's name or leave name out", param=f"messages[{index}].name")
+        if name:
+            return name
         if not call_id:
             raise RequestError(f"messages[{index}]: a tool message needs the tool_call_id of the call it answers "
                                "(or the tool's name); without it the result would name no tool", param=field)

@@ -184,6 +184,18 @@ def test_a_history_tool_name_no_header_can_carry_is_refused_naming_it(name):
     assert caught.value.param == "messages[2].name"
 
 
+
+def test_a_tool_result_naming_another_tool_than_its_call_is_refused_naming_it():
+    """A result whose `tool_call_id` names a call of `calendar.lookup` but whose `name` is another tool rendered as
+    that other tool's output, for a call the model never made to it; the name its call has is taken."""
+    USER = {"role": "user", "content": "x"}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+    with pytest.raises(RequestError) as caught:
+        normalize_messages([USER, assistant_call("{}"), {**result, "name": "weather.get"}])
+    assert caught.value.param == "messages[2].name" and "'calendar.lookup'" in str(caught.value)
+    normalized = normalize_messages([USER, assistant_call("{}"), {**result, "name": "calendar.lookup"}])
+    assert normalized[2]["name"] == "calendar.lookup"
+
 def test_a_history_tool_name_a_header_can_carry_is_kept():
     call = {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "天气.查询", "arguments": "{}"}}]}
     result = {"role": "tool", "tool_call_id": "c1", "name": "", "content": "ok"}  # "" names no tool: the call's
