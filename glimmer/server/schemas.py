@@ -11,7 +11,7 @@ right. Three groups of known fields:
   server/beam_search.py);
 - accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
   `service_tier` and `prompt_cache_retention` (values as the SDK types them),
-  `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`; and
+  `safety_identifier`, `prompt_cache_key`, `prompt_cache_options`; and
   `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
   `function_call`, audio, predicted outputs, `suffix`, `best_of`.
