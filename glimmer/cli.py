@@ -210,26 +210,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return _heeding_sigterm(_serve, args, "glimmer: stopped by SIGTERM before serving", 0)
 
 
-def _heeding_sigterm(command: Callable[[argparse.Namespace, contextlib.ExitStack, Callable[[], None]], int],
-                     args: argparse.Namespace, stopped: str, stopped_status: int) -> int:
-    """`command(args, sigterm_handler, raise_if_terminated)` with SIGTERM raising _Terminated (_sigterm_raises) from
-    the start, before the imports (a second or two) and the checks that precede loading the model: as a container's
-    PID 1, where a signal without a handler is ignored, `docker stop` went unheard and the process went on to load
-    the model and work until killed. The command may close `sigterm_handler` early (serve does, for uvicorn); a
-    _Terminated it lets out prints `stopped` and returns `stopped_status`."""
-    sigterm_handler = contextlib.ExitStack()
-    raise_if_terminated = sigterm_handler.enter_context(_sigterm_raises())
-    with sigterm_handler:
-        try:
-            return command(args, sigterm_handler, raise_if_terminated)
-        except _Terminated:
-            print(stopped, file=sys.stderr)
-            return stopped_status
+def _heeding_sigterm(command: Callable[[argparse.Namespace, _SigtermWatch], int], args: argparse.Namespace,
+                     stopped: str, stopped_status: int) -> int:
+    """`command(args, sigterm)` with SIGTERM raising _Terminated (`sigterm`, a _SigtermWatch) from the start, before
+    the imports (a second or two) and the checks that precede loading the model: as a container's PID 1, where a
+    signal without a handler is ignored, `docker stop` went unheard and the process went on to load the model and
+    work until killed. The command may stop the watch early (serve does, for uvicorn); a _Terminated it lets out
+    prints `stopped` and returns `stopped_status`."""
+    sigterm = _SigtermWatch()
+    try:
+        return command(args, sigterm)
+    except _Terminated:
+        print(stopped, file=sys.stderr)
+        return stopped_status
+    finally:
+        sigterm.stop()
 
 
-def _serve(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
-           raise_if_terminated: Callable[[], None]) -> int:
-    """`glimmer serve` with SIGTERM raising _Terminated until `sigterm_handler` is closed, which it is before the
+def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
+    """`glimmer serve` with SIGTERM raising _Terminated until `sigterm` is stopped, which it is before the
     engine shuts down."""
     import uvicorn
 
@@ -273,7 +272,7 @@ def _serve(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
     engine = server = None
     try:
         engine, name, is_default = _engine_from_args(args)
-        raise_if_terminated()  # a SIGTERM the loading code dropped
+        sigterm.check()  # a SIGTERM the loading code dropped
         settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
         llm_engine = engine.engine
@@ -306,18 +305,16 @@ def _serve(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=[listener])
     except _Terminated:
-        pass
+        if server is None:  # before serving: _heeding_sigterm says so, once this has cleaned up
+            raise
     finally:
-        sigterm_handler.close()
+        sigterm.stop()
         if engine is not None:
             engine.shutdown()
         listener.close()
         if args.uds is not None:  # the socket file would outlive the server, which left it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(args.uds)
-    if server is None:
-        print("glimmer: stopped by SIGTERM before serving", file=sys.stderr)
-        return 0
     if engine.failure is not None:
         print(f"glimmer: error: the engine stopped after an internal error ({type(engine.failure).__name__}: "
               f"{engine.failure}); exiting so that a supervisor can restart the server", file=sys.stderr)
@@ -330,8 +327,7 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
                             128 + signal.SIGTERM)
 
 
-def _run_batch(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
-               raise_if_terminated: Callable[[], None]) -> int:
+def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     """`glimmer run-batch` with SIGTERM raising _Terminated (a batch running stops as Ctrl-C stops it)."""
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
     from glimmer.server.batch import parse_batch_input
@@ -349,7 +345,7 @@ def _run_batch(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
         raise UsageError(f"--input-file {args.input_file}: {error}") from None
     shown = "stdout" if args.output_file == "-" else args.output_file
     try:
-        summary, engine = _run_batch_file(args, lines, raise_if_terminated)
+        summary, engine = _run_batch_file(args, lines, sigterm)
     except _Terminated:
         print(f"run-batch: stopped by SIGTERM; the records finished before it are in {shown}", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -364,8 +360,7 @@ def _run_batch(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
     return 0
 
 
-def _run_batch_file(args: argparse.Namespace, lines: list[Any],
-                    raise_if_terminated: Callable[[], None]) -> tuple[Any, Any]:
+def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _SigtermWatch) -> tuple[Any, Any]:
     """Load the engine and run `lines` through the server's routes into the output file: (BatchSummary, engine).
     Raises _Terminated when SIGTERM stops the loading or the batch (the output holds the records finished before
     it)."""
@@ -381,7 +376,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any],
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
         try:
-            raise_if_terminated()  # a SIGTERM the loading code dropped
+            sigterm.check()  # a SIGTERM the loading code dropped
             if is_default:
                 print(f"No MODEL given: {DEFAULT_MODEL_BLURB}", file=sys.stderr)
             # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
@@ -502,37 +497,39 @@ class _Terminated(BaseException):
     for a failure of its own."""
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[Callable[[], None]]:
-    """SIGTERM raises _Terminated inside the block. uvicorn shuts down gracefully on SIGTERM and then raises the
-    signal again to the handler it found: the default one would kill the process (status 143) before the engine
-    is shut down, where SIGTERM should end `glimmer serve` as cleanly as Ctrl-C does (status 0).
+class _SigtermWatch:
+    """SIGTERM raises _Terminated from this watch's creation until `stop()`. uvicorn shuts down gracefully on SIGTERM
+    and then raises the signal again to the handler it found: the default one would kill the process (status 143)
+    before the engine is shut down, where SIGTERM should end `glimmer serve` as cleanly as Ctrl-C does (status 0).
 
-    Yields a function that raises _Terminated if SIGTERM came at all: a signal handled while the main thread runs
-    a weakref callback or finalizer (an import lock's, as the loading code imports) raises where Python drops the
-    exception as unraisable, printing its traceback, and the server went on to serve."""
-    arrived = False
+    `check()` raises _Terminated if SIGTERM came at all: a signal handled while the main thread runs a weakref
+    callback or finalizer (an import lock's, as the loading code imports) raises where Python drops the exception as
+    unraisable, printing its traceback, and the server went on to serve."""
 
-    def terminated(signum: int, frame: Any) -> None:
-        nonlocal arrived
-        arrived = True
+    def __init__(self) -> None:
+        self.arrived = False
+        self._stopped = False
+        self._previous = signal.signal(signal.SIGTERM, self._terminated)
+        self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        self.arrived = True
         raise _Terminated()
 
-    def unraisable(report: Any) -> None:
-        if not isinstance(report.exc_value, _Terminated):  # a dropped _Terminated is raised again by the check
-            previous_hook(report)
+    def _unraisable(self, report: Any) -> None:
+        if not isinstance(report.exc_value, _Terminated):  # a dropped _Terminated is raised again by `check`
+            self._previous_hook(report)
 
-    def raise_if_terminated() -> None:
-        if arrived:
+    def check(self) -> None:
+        if self.arrived:
             raise _Terminated()
 
-    previous = signal.signal(signal.SIGTERM, terminated)
-    previous_hook, sys.unraisablehook = sys.unraisablehook, unraisable
-    try:
-        yield raise_if_terminated
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        sys.unraisablehook = previous_hook
+    def stop(self) -> None:
+        """Give SIGTERM and unraisable exceptions back to the handlers found (once; later calls do nothing)."""
+        if not self._stopped:
+            self._stopped = True
+            signal.signal(signal.SIGTERM, self._previous)
+            sys.unraisablehook = self._previous_hook
 
 
 def _shutdown_server(engine: Any, config: Any) -> Any:
@@ -686,8 +683,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return _heeding_sigterm(_chat, args, "glimmer: chat stopped by SIGTERM", 128 + signal.SIGTERM)
 
 
-def _chat(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
-          raise_if_terminated: Callable[[], None]) -> int:
+def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     """`glimmer chat` with SIGTERM raising _Terminated."""
     from glimmer.server.chat_client import run_chat
 
@@ -742,7 +738,7 @@ def _chat(args: argparse.Namespace, sigterm_handler: contextlib.ExitStack,
         logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     engine, name, is_default = _engine_from_args(args)
     try:
-        raise_if_terminated()  # a SIGTERM the loading code dropped
+        sigterm.check()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not
         # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
         app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))

@@ -23,8 +23,9 @@ DEFAULT_RESPONSES_STORE_BYTES = 64 << 20
 """Stored responses (for previous_response_id) beyond this size, as JSON, evict the oldest."""
 DEFAULT_RESPONSES_STORE_AGE_S = 3600.0
 API_KEY_ROUTES = ("/v1", "/tokenize", "/detokenize", "/invocations", "/openapi.json")
-"""The routes, each with every path under it, that a server's API key guards (app.py; /metrics too where
-metrics_require_api_key): what `glimmer serve --api-key` names."""
+"""The routes, each with every path under it, that a server's API key guards (/metrics too where
+metrics_require_api_key): what `glimmer serve --api-key` names. app.py guards its routers itself; a test in
+tests/server/test_errors.py checks that the routes answering 401 without the key are these."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 
