@@ -78,6 +78,19 @@ class FinishedCompletion:
     prefill_time: float | None  # from its first step to its first token
     decode_time: float | None  # from its first token to its last
 
+    @classmethod
+    def timed(cls, reason: str, num_prompt_tokens: int, num_generation_tokens: int, arrival: float,
+              first_scheduled: float | None, first_token: float | None, last_token: float | None
+              ) -> FinishedCompletion:
+        """From the wall-clock times of the request's arrival, the completion's first step and its first and last
+        tokens (None where not reached)."""
+        return cls(
+            reason, num_prompt_tokens, num_generation_tokens,
+            queue_time=None if first_scheduled is None else max(0.0, first_scheduled - arrival),
+            prefill_time=None if first_scheduled is None or first_token is None
+            else max(0.0, first_token - first_scheduled),
+            decode_time=None if first_token is None or last_token is None else last_token - first_token)
+
 
 @dataclass
 class _Clock:
@@ -89,13 +102,8 @@ class _Clock:
     tokens: int = 0
 
     def finished(self, reason: str, listener: _Listener) -> FinishedCompletion:
-        queued = self.first_scheduled_time
-        return FinishedCompletion(
-            reason, listener.prompt_tokens, self.tokens,
-            queue_time=None if queued is None else max(0.0, queued - listener.arrival),
-            prefill_time=None if queued is None or self.first_token_time is None
-            else max(0.0, self.first_token_time - queued),
-            decode_time=None if self.first_token_time is None else self.last_token_time - self.first_token_time)
+        return FinishedCompletion.timed(reason, listener.prompt_tokens, self.tokens, listener.arrival,
+                                        self.first_scheduled_time, self.first_token_time, self.last_token_time)
 
 
 @dataclass

@@ -153,12 +153,9 @@ class _SearchClock:
 
     def finished(self, reason: str, num_prompt_tokens: int, num_tokens: int) -> FinishedCompletion:
         """A beam of `num_tokens` tokens, as a completion the engine ran alone would be recorded."""
-        scheduled, times = self.first_scheduled_time, self.step_times[:num_tokens]
-        return FinishedCompletion(
-            reason, num_prompt_tokens, num_tokens,
-            queue_time=None if scheduled is None else max(0.0, scheduled - self.arrival),
-            prefill_time=None if scheduled is None or not times else max(0.0, times[0] - scheduled),
-            decode_time=times[-1] - times[0] if times else None)
+        times = self.step_times[:num_tokens]
+        return FinishedCompletion.timed(reason, num_prompt_tokens, num_tokens, self.arrival, self.first_scheduled_time,
+                                        times[0] if times else None, times[-1] if times else None)
 
 
 def _record(context: ServingContext, prompts: list[list[int]], beams: list[list[tuple[str, int]]],
