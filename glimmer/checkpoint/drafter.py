@@ -97,11 +97,11 @@ def read_drafter_config(
         mask, defaulted = mask_token_id(), [*defaulted, "mask_token_id"]
     layer_types = raw.get("layer_types")
     # checked before a list is made per layer
-    if problem := too_many_layers("num_hidden_layers", _as_count(values["num_hidden_layers"]),
-                                  "the release's drafter has 5"):
+    num_layers = _as_count(values["num_hidden_layers"])
+    if problem := too_many_layers("num_hidden_layers", num_layers, "the release's drafter has 5"):
         raise ConfigError(f"{source}: {problem}: the config is damaged; use the drafter's published config.json")
     if layer_types is None:  # an empty list is refused by DrafterConfig, as transformers refuses it
-        layer_types = ["sliding_attention"] * _as_count(values["num_hidden_layers"])
+        layer_types = ["sliding_attention"] * num_layers
     for key in ("layer_types", "target_layer_ids"):
         value = layer_types if key == "layer_types" else values[key]
         if not isinstance(value, list):
@@ -142,7 +142,7 @@ def _rope_theta(raw: Mapping[str, Any], source: str) -> tuple[Any, list[str]]:
     notes = Notes(source, "drafter")
     _, theta = read_rope_theta(Section(raw, "", notes), ("rope_parameters", "rope_theta", "rope_scaling"), "default",
                                required=True)
-    return (None if notes.missing else theta), notes.unknown
+    return theta, notes.unknown  # read_rope_theta gives None where none is found (required)
 
 
 def _as_count(value: Any) -> int:

@@ -14,7 +14,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -61,11 +61,11 @@ from glimmer.engine.vllm_arguments import (
 from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
+    Delta,
     OutputParser,
     ParsedOutput,
     ToolCall,
     normalize_tools,
-    parse_output,
     resolve_reasoning_strength,
 )
 from glimmer.protocol.chat_template import REASONING_FIELDS
@@ -202,14 +202,20 @@ def _content_ends(text: str, reading: Mapping[str, Any], token_ends: list[int]) 
     return ends + [len(text)] * len(parser.finish().content)
 
 
-def _content_breaks(text: str, reading: Mapping[str, Any]) -> list[int]:
-    """Where, in the answer of the turn `text`, reasoning or a call came between two pieces of it: no stop string
-    counts across such a place, as the server releases the answer text it holds back for a possible stop string
-    before another kind's output (server/choice_stream.py). `reading`: OutputParser's arguments."""
+def _read_whole(text: str, reading: Mapping[str, Any]) -> list[Delta]:
+    """The deltas of an OutputParser (`reading`: its arguments) fed all of the turn `text`, then finished: what
+    `parse_output` assembles, kept for `_content_breaks` too."""
     parser = OutputParser(**reading)
+    return [parser.feed(text), parser.finish()]
+
+
+def _content_breaks(deltas: Iterable[Delta]) -> list[int]:
+    """Where, in the answer of a turn read as `deltas` (`_read_whole`), reasoning or a call came between two pieces
+    of it: no stop string counts across such a place, as the server releases the answer text it holds back for a
+    possible stop string before another kind's output (server/choice_stream.py)."""
     breaks: list[int] = []
     length = 0
-    for kind, payload in [*parser.feed(text).events, *parser.finish().events]:
+    for kind, payload in (event for delta in deltas for event in delta.events):
         if kind == "content":
             length += len(payload)
         elif length and (not breaks or breaks[-1] != length):
@@ -227,9 +233,10 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
     invented user turn, reasoning after the stop string) is no part of the reply. `reading`: OutputParser's
     arguments. The turn is read a token at a time only where one of those ends it."""
     whole = OutputParser(**reading)
-    content = ParsedOutput.from_deltas([whole.feed(text), whole.finish()]).content
+    deltas = [whole.feed(text), whole.finish()]
+    content = ParsedOutput.from_deltas(deltas).content
     ends = _content_ends(text, reading, token_ends) if stop and armed_after >= 0 else None
-    breaks = _content_breaks(text, reading) if stop else []
+    breaks = _content_breaks(deltas) if stop else []
     if not (whole.other_role_header_seen or (single_call and (whole.valid_call_names or whole.unresolved_call_count))
             or _cut_at_stop(content, stop, include_stop, ends, armed_after, breaks)[1] is not None):
         return text, False
@@ -739,11 +746,12 @@ class LLM:
                 read, ended_early = _turn_as_the_server_reads_it(
                     text, reading, token_ends, single_call=not parallel_tool_calls, stop=turn.stop,
                     include_stop=turn.include_stop, armed_after=armed_after)
-                parsed = parse_output(read, **reading)
+                deltas = _read_whole(read, reading)
+                parsed = ParsedOutput.from_deltas(deltas)
                 alone = replace(output, outputs=[completion])
                 ends = _content_ends(read, reading, [end for end in token_ends if end <= len(read)]
                                      ) if turn.stop and armed_after >= 0 else None
-                breaks = _content_breaks(read, reading) if turn.stop else []
+                breaks = _content_breaks(deltas) if turn.stop else []
                 content, stop_string = _cut_at_stop(parsed.content, turn.stop, turn.include_stop, ends, armed_after,
                                                     breaks)
                 # `parallel_tool_calls=False`: the first call, as the server returns it under any tool_choice
