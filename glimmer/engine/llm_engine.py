@@ -84,7 +84,7 @@ def warn_of_default_repetition_penalty(defaults: GenerationDefaults, penalized: 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 2 << 30
-_REPLAN_MARGIN_BYTES = 256 << 20  # beyond the shortfall, when a KV cache is sized again (`_working_shortfall`)
+_REPLAN_MARGIN_BYTES = 256 << 20  # taken off a KV cache sized again beyond the shortfall (`_working_shortfall`)
 CUDA_MAX_NUM_SEQS, CPU_MAX_NUM_SEQS = 256, 64  # max_num_seqs when the config leaves it unset
 
 
@@ -331,13 +331,22 @@ class LLMEngine:
         self._build_cache_and_runner(spec_config)
         shortfall = self._working_shortfall()
         if shortfall > 0:
-            # start-up (graph capture, the products' workspaces) kept more than planned: size the cache again with
-            # that much more left free, or the largest steps would run out of memory in service
+            # start-up (graph capture, the products' workspaces, kernels loaded) kept more than planned: a cache that
+            # much smaller, or the largest steps would run out of memory in service. The first budget less the
+            # shortfall, not the free memory less it: what start-up keeps for good (loaded kernels, cuBLAS
+            # workspaces) is already missing from the free memory, and was counted twice (an H100's 9.5 GB cache came
+            # out 7.3 GB after a 0.70 GiB shortfall)
+            budget = max(self._kv_budget - shortfall - _REPLAN_MARGIN_BYTES, 0)
             logger.warning("start-up kept %.2f GiB more device memory than planned beside the KV cache; sizing the "
-                           "cache again with that much more left free", shortfall / 2**30)
+                           "cache again, %.2f GiB smaller", shortfall / 2**30, (self._kv_budget - budget) / 2**30)
             self.runner = self.speculator = self.kv = None
             device_free_bytes(self.device)
-            self._build_cache_and_runner(spec_config, extra_reserve=shortfall + _REPLAN_MARGIN_BYTES)
+            self._build_cache_and_runner(spec_config, budget=budget)
+            still = self._working_shortfall()
+            if still > 0:
+                logger.warning("start-up still keeps %.2f GiB more device memory than planned beside the KV cache: "
+                               "the largest steps may run out of memory; lower --gpu-memory-utilization or give "
+                               "--kv-cache-memory", still / 2**30)
         self.scheduler = Scheduler(self.scheduler_config, self.kv, self.speculator)
         self._chat_template: ChatTemplate | None = None
         self._grammars: GrammarCompiler | None = None
@@ -357,9 +366,10 @@ class LLMEngine:
             self.dtype, self.max_model_len, self.kv_layout.describe(),
         )
 
-    def _build_cache_and_runner(self, spec_config: SpeculativeConfig | None, extra_reserve: int = 0) -> None:
-        """Size and allocate the KV cache, then the runner over it (its graphs captured) and the speculator."""
-        self.kv_layout = self._plan_kv_cache(extra_reserve)
+    def _build_cache_and_runner(self, spec_config: SpeculativeConfig | None, budget: int | None = None) -> None:
+        """Size and allocate the KV cache (in `budget` bytes where given), then the runner over it (its graphs
+        captured) and the speculator."""
+        self.kv_layout = self._plan_kv_cache(budget)
         self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=self.config.enable_prefix_caching)
         capture = self.drafter.config.target_layer_ids if self.drafter else ()
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
@@ -481,11 +491,14 @@ class LLMEngine:
         return KVDemand(self.config.block_size, self.max_model_len, self.scheduler_config.max_num_seqs,
                         self.scheduler_config.max_num_batched_tokens, draft)
 
-    def _plan_kv_cache(self, extra_reserve: int = 0) -> KVCacheLayout:
-        """The KV layout the budget gives (kv_planner.py); ConfigError where it cannot hold one sequence."""
+    def _plan_kv_cache(self, budget: int | None = None) -> KVCacheLayout:
+        """The KV layout the budget gives (kv_planner.py), in `budget` bytes where given; ConfigError where it
+        cannot hold one sequence."""
         text, demand = self.model_config.text, self._kv_demand()
         per_block = block_bytes(text, self.dtype, demand)
-        budget = self._kv_budget_bytes(per_block, wanted_blocks(text, demand), extra_reserve)
+        if budget is None:
+            budget = self._kv_budget_bytes(per_block, wanted_blocks(text, demand))
+        self._kv_budget = budget
         layout, short = plan_kv_layout(text, self.dtype, demand, budget)
         if short:
             bs = demand.block_size
@@ -507,7 +520,7 @@ class LLMEngine:
             )
         return layout
 
-    def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int], extra_reserve: int = 0) -> int:
+    def _kv_budget_bytes(self, per_block: dict[str, int], wanted: dict[str, int]) -> int:
         if self.config.kv_cache_memory is not None:  # a positive number of bytes (config_checks.py)
             self._check_kv_cache_fits(self.config.kv_cache_memory)
             return self.config.kv_cache_memory
@@ -524,7 +537,7 @@ class LLMEngine:
                 logger.info("steps beside the KV cache need up to %.2f GiB (%s)", self._working.total / 2**30,
                             ", ".join(f"{name} {value / 2**30:.2f}" for name, value in
                                       dataclasses.asdict(self._working).items()))
-            reserve = self._kept_free_bytes() + self._working.total + extra_reserve
+            reserve = self._kept_free_bytes() + self._working.total
             return max(device_free_bytes(self.device) - reserve, sum(per_block.values()))
         # on the CPU, enough for every sequence at full length, capped so the default stays modest
         if self.config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
