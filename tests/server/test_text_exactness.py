@@ -165,6 +165,22 @@ def test_chat_answer_is_the_decode_of_its_tokens_streamed_or_not_and_from_llm_ch
             assert [bytes(entry["bytes"]) for entry in entries] == [tok.token_bytes(i) for i in shown], (answer, skip)
 
 
+def test_an_answer_ending_in_an_incomplete_character_lists_no_logprob_of_the_token_after_it(server, tok):
+    """The U+FFFD of bytes an answer left incomplete comes with the text of the token after them (`<|eot|>`, whose
+    first byte cannot continue the character), yet it stands for the bytes: `<|eot|>` was listed among the answer's
+    logprobs, as if its text were the answer's, whenever the answer ended in a truncated character."""
+    answer = tok.encode_text("ok") + tok.encode_text("😀")[:2]
+    server.engine.engine.runner.add_ids("[cut-emoji]", tok.encode(" to=user<|message|>") + answer
+                                        + [tok.token_to_id(EOT)])
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "[cut-emoji] Hi"}], "temperature": 0,
+            "max_tokens": 50, "logprobs": True, "top_logprobs": 1, "chat_template_kwargs": PINNED_DATE}
+    whole, chunks = _chat(server, body)
+    assert whole["message"]["content"] == "ok\ufffd"
+    for entries in (whole["logprobs"]["content"],
+                    [entry for chunk in chunks if chunk.get("logprobs") for entry in chunk["logprobs"]["content"]]):
+        assert [bytes(entry["bytes"]) for entry in entries] == [tok.token_bytes(i) for i in answer]
+
+
 def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(make_tiny):
     """echo puts the prompt's decode (a character it cuts short shows as U+FFFD) before the text, streamed or not;
     prompt_logprobs' decoded_token is each token's own decode."""
