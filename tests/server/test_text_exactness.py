@@ -17,14 +17,25 @@ from server_support import PINNED_DATE, ScriptedRunner, live_server
 from glimmer import LLM, SamplingParams
 from glimmer.protocol.tokens import EOT
 
-TRICKY = ["😀", "👩\u200d👩\u200d👧", "東京の天気", "e\u0301", " héllo", "½°C", " b", "🦀x", "<|eo", "ab"]
+TRICKY = ["😀", "👩\u200d👩\u200d👧", "東京の天気", "e\u0301", " héllo", "½°C", " b", "🦀x", "<|eo", "ab", "\u2028\x85"]
 SHOWN_SPECIALS = ("<|image_end|>", "<|patch|>", "<|reserved_special_token_1|>")
 
 
 @pytest.fixture(scope="module")
-def server(make_tiny):
-    with live_server(make_tiny(), scripted=True) as live:
-        yield live
+def servers(make_tiny):
+    """A server whose turns are scripted, and one of the random tiny model itself."""
+    with live_server(make_tiny(), scripted=True) as scripted, live_server(make_tiny()) as model:
+        yield scripted, model
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def model_server(servers):
+    return servers[1]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +70,8 @@ def _random_ids(rng: random.Random, tok) -> list[int]:
 
 
 def _events(response: httpx.Response) -> list[dict[str, Any]]:
-    return [json.loads(line[6:]) for line in response.text.splitlines()
+    # split at "\n" alone, as SSE does: str.splitlines also splits at U+0085 and U+2028, which the JSON may hold
+    return [json.loads(line[6:]) for line in response.text.split("\n")
             if line.startswith("data: ") and line != "data: [DONE]"]
 
 
@@ -181,22 +193,38 @@ def test_an_answer_ending_in_an_incomplete_character_lists_no_logprob_of_the_tok
         assert [bytes(entry["bytes"]) for entry in entries] == [tok.token_bytes(i) for i in answer]
 
 
-def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(make_tiny):
+def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(model_server, tok):
     """echo puts the prompt's decode (a character it cuts short shows as U+FFFD) before the text, streamed or not;
     prompt_logprobs' decoded_token is each token's own decode."""
-    with live_server(make_tiny()) as live:
-        tok = live.engine.engine.tokenizer
-        prompt = tok.encode_text("東京 ") + tok.encode_text("😀")[:3]
-        for skip in (False, True):
-            body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True,
-                    "logprobs": 1, "prompt_logprobs": 1, "skip_special_tokens": skip, "seed": 0}
-            whole, chunks = _completion(live, body)
-            choice = whole["choices"][0]
-            generated = choice["logprobs"]["tokens"][len(prompt):]
-            assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
-            assert choice["text"].startswith("東京 \ufffd") and len(generated) == 4
-            offsets = choice["logprobs"]["text_offset"]
-            assert offsets == sorted(offsets) and offsets[len(prompt)] == len("東京 \ufffd")
-            for position in choice["prompt_logprobs"][1:]:
-                for token_id, entry in position.items():
-                    assert entry["decoded_token"] == tok._backend.decode([int(token_id)], skip_special_tokens=False)
+    prompt = tok.encode_text("東京 ") + tok.encode_text("😀")[:3]
+    for skip in (False, True):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True,
+                "logprobs": 1, "prompt_logprobs": 1, "skip_special_tokens": skip, "seed": 0}
+        whole, chunks = _completion(model_server, body)
+        choice = whole["choices"][0]
+        generated = choice["logprobs"]["tokens"][len(prompt):]
+        assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
+        assert choice["text"].startswith("東京 \ufffd") and len(generated) == 4
+        offsets = choice["logprobs"]["text_offset"]
+        assert offsets == sorted(offsets) and offsets[len(prompt)] == len("東京 \ufffd")
+        for position in choice["prompt_logprobs"][1:]:
+            for token_id, entry in position.items():
+                assert entry["decoded_token"] == tok._backend.decode([int(token_id)], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_real_model_sampling_byte_tokens_streams_the_decode_of_what_it_sampled(model_server, tok, seed):
+    """The model itself (no script) sampling among the byte tokens of an emoji and a CJK character and a shown special
+    (`allowed_token_ids`), so that characters come split, truncated and invalid: the streamed and the non-streamed
+    text are the `tokenizers` decode of the sampled ids (read back from the logprob tokens), skipped specials too."""
+    allowed = sorted(set(tok.encode_text("😀東é")) | {tok.token_to_id("<|image_end|>")})
+    id_of = {tok.token_bytes(token_id): token_id for token_id in allowed}
+    for skip in (False, True):
+        body = {"model": "tiny", "prompt": "Emoji:", "max_tokens": 16, "temperature": 1.0, "seed": seed,
+                "allowed_token_ids": allowed, "skip_special_tokens": skip, "logprobs": 0}
+        whole, chunks = _completion(model_server, body)
+        choice = whole["choices"][0]
+        ids = [id_of[_legacy_bytes(token)] for token in choice["logprobs"]["tokens"]]
+        assert len(ids) == 16 and len(set(ids)) > 1
+        assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
+        assert choice["text"] == tok._backend.decode(ids, skip_special_tokens=skip)
