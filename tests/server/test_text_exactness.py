@@ -228,3 +228,24 @@ def test_the_real_model_sampling_byte_tokens_streams_the_decode_of_what_it_sampl
         assert len(ids) == 16 and len(set(ids)) > 1
         assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
         assert choice["text"] == tok._backend.decode(ids, skip_special_tokens=skip)
+
+
+def test_a_line_separator_in_the_text_does_not_split_a_streamed_event(server, tok):
+    """U+2028, U+2029 and NEL (U+0085) are line breaks to str.splitlines, which httpx's `iter_lines()` (and so many an
+    SSE client) splits at: written raw into an event's JSON they cut it in two, and the client failed to parse it.
+    They are escaped (valid JSON, the same string); the text streamed is the text."""
+    text = "a\u2028b\u2029c\x85d"
+    server.engine.engine.runner.add_ids("[separators]", tok.encode_text(text))
+    server.engine.engine.runner.add_ids("[separators-chat]", tok.encode(" to=user<|message|>") + tok.encode_text(text)
+                                        + [tok.token_to_id(EOT)])
+    requests = [("/completions", {"prompt": "[separators]", "max_tokens": len(tok.encode_text(text))}, "text"),
+                ("/chat/completions", {"messages": [{"role": "user", "content": "[separators-chat]"}],
+                                       "chat_template_kwargs": PINNED_DATE}, "content")]
+    for path, fields, key in requests:
+        body = {"model": "tiny", "temperature": 0, "stream": True, **fields}
+        with httpx.stream("POST", server.base_url + path, json=body, timeout=30) as response:
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines), lines
+        choices = [json.loads(line[6:])["choices"] for line in lines[:-1]]
+        pieces = [(c[0].get("delta") or c[0]).get(key) or "" for c in choices if c]
+        assert "".join(pieces) == text
