@@ -13,7 +13,9 @@ request asked for, the same way whether the response streams or not (P-API-4):
   so reasoning and content never show them, unless the request sets `skip_special_tokens: false`. The
   engine still detokenizes with every special token kept (P-REQ-1): the framing must reach the parser.
 - Logprobs are those of the answer's tokens (`ContentTokens`): a token's entry is released once the parser
-  has decided its text, so the entries streamed add up to the non-streamed list.
+  has decided its text, so the entries streamed add up to the non-streamed list. The U+FFFD of bytes that
+  earlier tokens left incomplete, which comes at the start of the next token's text, is the earlier tokens'
+  text: the `<|eot|>` after an answer that ends in a truncated character is no answer token.
 
 A choice that ends for one of these reasons is `done` while the engine may still be generating it; the
 handler aborts the request once every choice is done.
@@ -25,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
@@ -90,11 +93,13 @@ class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
                  single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None,
                  min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
-                 continue_prefix: str = ""):
+                 continue_prefix: str = "", detokenizer: IncrementalDetokenizer | None = None):
         """min_tokens: stop strings are looked for in the answer once more than that many tokens were generated;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
         the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
-        message's body in the prompt (all three OutputParser's)."""
+        message's body in the prompt (all three OutputParser's); detokenizer: with logprobs, a fresh one decoding as
+        the engine does (every special token kept), which tells where each token's own text starts in the text it
+        released (after the U+FFFD of bytes earlier tokens left incomplete)."""
         self.index = index
         self._min_tokens = min_tokens
         self._hidden_tokens = hidden_tokens or {}
@@ -114,6 +119,7 @@ class ChoiceStream:
         self._has_calls = False
         self._token_spans: list[tuple[int, int]] = []
         self._characters_fed = 0
+        self._detokenizer = detokenizer
 
     @property
     def done(self) -> bool:
@@ -178,8 +184,18 @@ class ChoiceStream:
         self.num_cached_tokens = delta.num_cached_tokens
         if delta.logprobs:  # only when the request asked for them
             for token_id, span, entry in zip(delta.token_ids, spans, delta.logprobs, strict=True):
+                own_span = self._own_text(token_id, span)
                 if token_id not in self._hidden_tokens:  # the answer never shows it
-                    self._content_tokens.add(span, entry)
+                    self._content_tokens.add(own_span, entry)
+
+    def _own_text(self, token_id: int, span: tuple[int, int]) -> tuple[int, int]:
+        """The part of the text `token_id` released (`span`) that is its own: without the U+FFFD at its start that
+        stands for bytes earlier tokens left incomplete (its first byte cannot continue their character)."""
+        if self._detokenizer is None:
+            return span
+        _, held_replacements = self._detokenizer.add_at(token_id)
+        start, end = span
+        return min(start + held_replacements, end), end
 
     def _route(self, events: list[Event]) -> list[Event]:
         routed: list[Event] = []
