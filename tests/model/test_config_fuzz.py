@@ -15,6 +15,13 @@ norms and biases included. Each case checks:
   (which preempts a request when the prompts are long);
 * the same greedy tokens with GLIMMER_KERNELS=torch (every op on its plain-torch reference).
 
+A second fuzz writes each checkpoint with transformers itself (a random MuseGlimmerForConditionalGeneration,
+`save_pretrained`), as a user gets one, and takes `from_pretrained` of it as the reference: the config as the
+reference serializes it (derived or explicit layer patterns, an absent theta, the legacy `rope_theta` key, the
+top-level tie that drops lm_head.weight from the file), one to four layers, 1 to 6 heads, sliding windows of 1 to
+40 positions and blocks of 1, 2 and 8 positions. A last test checks that every RoPE scaling transformers knows,
+which Glimmer does not implement, is refused at load naming the field.
+
 A greedy comparison skips a step whose reference top-two logits are within 1e-4 (a tie float rounding may
 break either way); the fuzz fails if that leaves too few compared tokens.
 """
@@ -30,9 +37,12 @@ import torch
 from oracle import reference_model
 
 from glimmer import LLM, SamplingParams
+from glimmer.checkpoint.config_layouts import load_config
+from glimmer.checkpoint.random_weights import fill_random_
 from glimmer.checkpoint.tiny_tokenizer import write_tiny_tokenizer
 from glimmer.checkpoint.weight_layouts import CANONICAL
 from glimmer.engine.model_loader import load_model
+from glimmer.errors import ConfigError
 from glimmer.model.context import ForwardContext
 from glimmer.tiny import (
     TinySpec,
@@ -155,3 +165,129 @@ def _small_kv_budget(text) -> int:
     """Bytes for about 1.1 sequences of max_model_len=64 tokens in every layer (float32 keys and values)."""
     per_token = 2 * text.num_key_value_heads * text.head_dim * 4 * text.num_hidden_layers
     return per_token * 70
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints written by transformers' save_pretrained, against its from_pretrained
+
+_TINY_VISION = {"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1,
+                "pos_emb_height": 2, "pos_emb_width": 2}
+
+
+def _draw_reference_text_config(rng: random.Random, tokens) -> dict:
+    """MuseGlimmerTextConfig keyword arguments as a user writes them; the reference derives what is left out."""
+    heads = rng.choice([1, 2, 3, 4, 6])
+    layers = rng.choice([1, 2, 3, 4])
+    head_dim = rng.choice([2, 6, 8, 12, 16])
+    text = {
+        "vocab_size": tokens.vocab_size + rng.randint(0, 77), "hidden_size": heads * rng.choice([4, 5, 8]),
+        "intermediate_size": rng.choice([3, 17, 40]), "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": rng.choice([d for d in (1, 2, 3, 4, 6) if heads % d == 0]), "head_dim": head_dim,
+        "sliding_window": rng.choice([1, 2, 3, 5, 7, 13, 40]), "max_position_embeddings": rng.choice([64, 4096]),
+        "rms_norm_eps": 10 ** rng.uniform(-7, -2), "post_norm_eps": 10 ** rng.uniform(-9, -2),
+        "qk_scale_factor": rng.uniform(0.2, 0.95 * math.sqrt(head_dim)), "output_multiplier": rng.uniform(0.05, 2.0),
+        "final_logit_softcapping": rng.uniform(0.5, 60.0), "attention_bias": rng.random() < 0.4,
+        # text_config's own tie is ignored by the composite model (only the top-level one ties)
+        "tie_word_embeddings": rng.random() < 0.3,
+        "pad_token_id": rng.choice([None, rng.randrange(tokens.vocab_size)]),
+        "bos_token_id": tokens.bos_token_id, "eos_token_id": tokens.eos_token_id,
+    }
+    theta = 10 ** rng.uniform(0.5, 6)
+    rope = rng.choice(["absent", "legacy", "parameters"])  # absent: the reference's default theta, 10000
+    if rope == "legacy":
+        text["rope_theta"] = theta
+    elif rope == "parameters":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    if rng.random() < 0.5:  # else the reference derives both patterns from the layer count
+        full = [rng.random() < 0.4 for _ in range(layers)]
+        text["layer_types"] = ["full_attention" if f else "sliding_attention" for f in full]
+        # only zero (NoPE) and non-zero matter: a RoPE layer's own value is ignored (architecture.md §2.5)
+        text["layer_rope_theta"] = [0 if f else rng.choice([theta, 1.0, 7]) for f in full]
+    return text
+
+
+def _save_reference_checkpoint(out, seed: int):
+    from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
+
+    tokens = write_tiny_tokenizer(out)
+    rng = random.Random(seed)
+    text = _draw_reference_text_config(rng, tokens)
+    config = MuseGlimmerConfig(text_config=text, vision_config=_TINY_VISION, image_token_id=tokens.image_token_id,
+                               video_token_id=tokens.video_token_id, out_hidden_size=32, projector_hidden_size=8,
+                               tie_word_embeddings=rng.random() < 0.4)
+    model = MuseGlimmerForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # norms and biases too; not the rotary buffers
+            fill_random_(parameter.data, name, generator)
+    model.save_pretrained(out)
+    return text, tokens
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_checkpoint_saved_by_transformers_matches_its_from_pretrained(tmp_path, same_cpu_kernels, seed):
+    from transformers import MuseGlimmerForConditionalGeneration
+
+    text, tokens = _save_reference_checkpoint(tmp_path, seed)
+    reference = MuseGlimmerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ours = load_model(tmp_path, progress=False).model
+    rng = random.Random(2000 + seed)
+    words = [t for t in range(3, tokens.vocab_size) if t not in (tokens.image_token_id, tokens.video_token_id)]
+    window = text["sliding_window"]
+    prompts = [[rng.choice(words) for _ in range(n)] for n in (min(3 * window + 5, 40), window, 1)]
+
+    ctx = ForwardContext.without_cache([len(p) for p in prompts])
+    with torch.no_grad():
+        logits = ours.compute_logits(ours(torch.tensor(sum(prompts, [])), ctx)).float()
+    start = 0
+    for prompt in prompts:
+        expected = reference(input_ids=torch.tensor([prompt])).logits[0].float()
+        got = logits[start:start + len(prompt)]
+        start += len(prompt)
+        assert got.shape == expected.shape
+        difference = (got - expected).abs().max().item()
+        assert difference < TOLERANCE, (seed, text, difference)
+
+    requests = [prompts[0], prompts[0][: 2 * window + 1][:30] + [5, 6, 7], prompts[2]]
+    expected = [_reference_greedy(reference, p, NEW_TOKENS, tokens.vocab_size) for p in requests]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    block_size, budget = rng.choice([(1, 3), (2, 5), (8, 9)])
+    llm = LLM(str(tmp_path), device="cpu", progress=False, max_model_len=60, block_size=block_size,
+              max_num_batched_tokens=budget, max_num_seqs=3)
+    llm.generate([{"prompt_token_ids": requests[0]}], params, use_tqdm=False)  # fills the prefix cache
+    outputs = llm.generate([{"prompt_token_ids": p} for p in requests], params, use_tqdm=False)
+    compared = sum(_compare(want, clear, list(out.outputs[0].token_ids))
+                   for (want, clear), out in zip(expected, outputs, strict=True))
+    assert compared >= NEW_TOKENS, f"too many near-ties to compare ({compared} tokens)"
+
+
+# what each scaling needs beside its type for transformers to accept the config
+_ROPE_SCALING_FIELDS = {
+    "linear": {"factor": 2.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 2.0, "original_max_position_embeddings": 32},
+    "longrope": {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 32},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "proportional": {},
+}
+
+
+def test_the_rope_scalings_listed_here_are_every_one_transformers_knows():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    assert set(_ROPE_SCALING_FIELDS) == set(ROPE_INIT_FUNCTIONS)
+
+
+@pytest.mark.parametrize("rope_type", sorted(_ROPE_SCALING_FIELDS))
+def test_a_rope_scaling_transformers_runs_is_refused_at_load_naming_the_field(tmp_path, rope_type):
+    from transformers import MuseGlimmerConfig
+
+    tokens = write_tiny_tokenizer(tmp_path)
+    text = _draw_reference_text_config(random.Random(0), tokens)
+    text.pop("rope_theta", None)
+    text["rope_parameters"] = {"rope_type": rope_type, "rope_theta": 10000.0, **_ROPE_SCALING_FIELDS[rope_type]}
+    MuseGlimmerConfig(text_config=text, vision_config=_TINY_VISION, image_token_id=tokens.image_token_id,
+                      video_token_id=tokens.video_token_id, out_hidden_size=32,
+                      projector_hidden_size=8).save_pretrained(tmp_path)  # transformers accepts it
+    with pytest.raises(ConfigError, match=f"text_config.rope_parameters.rope_type='{rope_type}' is not supported"):
+        load_config(tmp_path)
