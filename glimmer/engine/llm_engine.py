@@ -33,7 +33,7 @@ from glimmer.checkpoint.generation_config import (
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
-from glimmer.engine.bad_words import bad_word_ids
+from glimmer.engine.bad_words import BadWordIds, bad_word_ids, banned_after
 from glimmer.engine.completion_rules import (
     generation_budget,
     silent_stop_ids,
@@ -268,6 +268,23 @@ def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
                         deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures],
                         causes=outcome.failures) from cause
     return outcome.deltas
+
+
+def _refuse_a_first_step_without_allowed_ids(params: SamplingParams, banned_words: BadWordIds,
+                                             stop_ids: frozenset[int]) -> None:
+    """RequestError where the request's first token could be none of its `allowed_token_ids`: the words of one token
+    ban theirs at every step, and min_tokens bans the stop ids at first (nothing would be left to sample; the
+    sampler's row would be all -inf and its token id 0)."""
+    by_words = set(banned_after(banned_words, ()))
+    if by_words.issuperset(params.allowed_token_ids):
+        raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at every "
+                           "step); allow an id no bad word is", param="bad_words")
+    if not params.min_tokens or not stop_ids.union(by_words).issuperset(params.allowed_token_ids):
+        return
+    raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
+                       "(before min_tokens tokens the stop ids may not be sampled)"
+                       + (" and that bad_words does not ban (a word of one token is banned at every step)"
+                          if by_words.intersection(params.allowed_token_ids) else ""), param="allowed_token_ids")
 
 
 _BESIDE_A_GRAMMAR = (
@@ -791,15 +808,9 @@ class LLMEngine:
                                        "outputs, a required or named tool choice, strict tools or "
                                        f"thinking_token_budget): the grammar {why}", param=name)
         banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
-        if params.allowed_token_ids and {ids[0] for ids in banned_words if len(ids) == 1} >= set(
-                params.allowed_token_ids):  # every step would have nothing left to sample
-            raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at "
-                               "every step); allow an id no bad word is", param="bad_words")
         stop_ids = stop_token_ids(params, self.generation_defaults.stop_token_ids)
-        if params.min_tokens and params.allowed_token_ids and stop_ids.issuperset(params.allowed_token_ids):
-            # min_tokens bans the stop ids at first: nothing would be left to sample
-            raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
-                               "(before min_tokens tokens the stop ids may not be sampled)", param="allowed_token_ids")
+        if params.allowed_token_ids:
+            _refuse_a_first_step_without_allowed_ids(params, banned_words, stop_ids)
         seqs = []
         for index in range(params.n):
             generator = self._shared_generator if params.seed is None else seeded_generator(

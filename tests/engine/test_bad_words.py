@@ -152,3 +152,19 @@ def test_bad_words_that_ban_every_allowed_id_are_refused(llm):
     spared = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
                                                  allowed_token_ids=[*token, 7], bad_words=["days"]))
     assert spared[0].outputs[0].token_ids == [7] * 4
+
+
+def test_one_token_words_and_the_stop_ids_min_tokens_bans_that_leave_no_allowed_id_are_refused(llm):
+    """Each alone left an id of allowed_token_ids to sample first (the word's token a stop id, the stop id the word's
+    token), but together they banned both: the first token was id 0, outside allowed_token_ids."""
+    token = llm.get_tokenizer().encode_text("days")
+    stop_id = min(llm.engine.generation_defaults.stop_token_ids)
+    with pytest.raises(RequestError) as caught:
+        llm.generate(["hi"], SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[*token, stop_id],
+                                            bad_words=["days"]))
+    assert caught.value.param == "allowed_token_ids"
+    assert "bad_words" in str(caught.value) and "min_tokens" in str(caught.value)
+    spared = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=2, min_tokens=2,
+                                                 allowed_token_ids=[*token, stop_id, 7], bad_words=["days"]))
+    assert spared[0].outputs[0].token_ids == [7, 7]
+
