@@ -63,7 +63,14 @@ from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder, ch
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
-from glimmer.errors import CheckpointError, ConfigError, ContextLengthError, GlimmerError, RequestError
+from glimmer.errors import (
+    CheckpointError,
+    ConfigError,
+    ConstraintFailure,
+    ContextLengthError,
+    GlimmerError,
+    RequestError,
+)
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from glimmer.protocol import ChatTemplate, check_chat_template
@@ -285,6 +292,18 @@ def _refuse_a_first_step_without_allowed_ids(params: SamplingParams, banned_word
                        "(before min_tokens tokens the stop ids may not be sampled)"
                        + (" and that bad_words does not ban (a word of one token is banned at every step)"
                           if by_words.intersection(params.allowed_token_ids) else ""), param="allowed_token_ids")
+
+
+def _refuse_an_unallowed_token(seq: Sequence) -> None:
+    """The ConstraintFailure of a sequence whose next token could be none of its `allowed_token_ids`: the sampler never
+    chooses an id it masks unless it masked every one (a row all -inf gives id 0). The first step is checked when the
+    request is added (`_refuse_a_first_step_without_allowed_ids`); a later one is left without an id by a word of
+    several tokens, whose last token is banned right after the output spells the rest of it."""
+    longest = max((len(ids) for ids in seq.bad_word_ids), default=1)
+    tail = seq.output_token_ids[len(seq.output_token_ids) - longest + 1:]
+    raise ConstraintFailure(f"bad_words: after the output's tokens {tail}, the words ban every id of "
+                            "allowed_token_ids that may follow them, leaving nothing to sample; allow an id no word "
+                            "ends with, or leave out the word that spells those tokens", param="bad_words")
 
 
 _BESIDE_A_GRAMMAR = (
@@ -1157,7 +1176,10 @@ class LLMEngine:
 
     def _accept_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> bool:
         """Append a sampled token and decide the stops that need no text (True: the sequence ends); the text
-        waits for `_release_text`."""
+        waits for `_release_text`. ConstraintFailure where the token is none the request allows: its allowed ids were
+        all banned there (`_refuse_an_unallowed_token`)."""
+        if seq.allowed_ids is not None and token not in seq.allowed_ids:
+            _refuse_an_unallowed_token(seq)
         seq.output_token_ids.append(token)
         stop = token_stop(seq, token, self._eos_token_id, seq.controller is not None and seq.controller.observe(token))
         if stop is None:

@@ -113,6 +113,11 @@ class Sequence:
         return banned
 
     @functools.cached_property
+    def allowed_ids(self) -> frozenset[int] | None:
+        """`params.allowed_token_ids` as a set, made once (None: every id is allowed)."""
+        return frozenset(self.params.allowed_token_ids) if self.params.allowed_token_ids else None
+
+    @functools.cached_property
     def prompt_id_array(self) -> np.ndarray:
         """The prompt's ids as an int64 array, made once (the sampler's repetition penalty reads them each step)."""
         return np.fromiter(self.prompt_token_ids, dtype=np.int64, count=len(self.prompt_token_ids))
