@@ -36,6 +36,7 @@ from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.bad_words import BadWordIds, bad_word_ids, banned_after
 from glimmer.engine.completion_rules import (
     generation_budget,
+    min_tokens_ids,
     silent_stop_ids,
     stop_strings_armed,
     stop_token_ids,
@@ -278,18 +279,18 @@ def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
 
 
 def _refuse_a_first_step_without_allowed_ids(params: SamplingParams, banned_words: BadWordIds,
-                                             stop_ids: frozenset[int]) -> None:
+                                             held_ids: frozenset[int]) -> None:
     """RequestError where the request's first token could be none of its `allowed_token_ids`: the words of one token
-    ban theirs at every step, and min_tokens bans the stop ids at first (nothing would be left to sample; the
-    sampler's row would be all -inf and its token id 0)."""
+    ban theirs at every step, and min_tokens bans `held_ids` (`min_tokens_ids`) at first (nothing would be left to
+    sample; the sampler's row would be all -inf and its token id 0)."""
     by_words = set(banned_after(banned_words, ()))
     if by_words.issuperset(params.allowed_token_ids):
         raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at every "
                            "step); allow an id no bad word is", param="bad_words")
-    if not params.min_tokens or not stop_ids.union(by_words).issuperset(params.allowed_token_ids):
+    if not params.min_tokens or not held_ids.union(by_words).issuperset(params.allowed_token_ids):
         return
-    raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
-                       "(before min_tokens tokens the stop ids may not be sampled)"
+    raise RequestError("allowed_token_ids: with min_tokens it must hold an id that is no stop id (before min_tokens "
+                       "tokens the request's and the checkpoint's stop ids may not be sampled, ignore_eos or not)"
                        + (" and that bad_words does not ban (a word of one token is banned at every step)"
                           if by_words.intersection(params.allowed_token_ids) else ""), param="allowed_token_ids")
 
@@ -828,8 +829,9 @@ class LLMEngine:
                                        f"thinking_token_budget): the grammar {why}", param=name)
         banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
         stop_ids = stop_token_ids(params, self.generation_defaults.stop_token_ids)
+        held_ids = min_tokens_ids(params, self.generation_defaults.stop_token_ids)
         if params.allowed_token_ids:
-            _refuse_a_first_step_without_allowed_ids(params, banned_words, stop_ids)
+            _refuse_a_first_step_without_allowed_ids(params, banned_words, held_ids)
         seqs = []
         for index in range(params.n):
             generator = self._shared_generator if params.seed is None else seeded_generator(
@@ -845,6 +847,7 @@ class LLMEngine:
                 index=index,
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
                 bad_word_ids=banned_words,
+                min_tokens_ids=held_ids,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(
