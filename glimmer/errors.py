@@ -45,6 +45,12 @@ class RequestError(GlimmerError, ValueError):
         return renamed
 
 
+class ConstraintFailure(RequestError):
+    """A request's own constraints failed its completion while generating, where they could not be foreseen when it
+    was added (a grammar hit a limit; bad_words left none of its allowed_token_ids to sample): the request's fault,
+    not the server's (HTTP 400 naming `param`, the field holding the constraint). It ends that request alone."""
+
+
 _CONVERSATION_FIELDS = ("messages", "input", "prompt")  # shortened, never removed
 
 

@@ -6,7 +6,7 @@ stops listening (a disconnected client) aborts its request: its KV blocks are fr
 stops computing for it. A caller may leave at any moment, even while its request is still being admitted.
 
 Failures stay with the requests they belong to: an invalid request is refused to its caller, a request whose
-constraint fails it while generating ends with a RequestError (GrammarFailure: its own fault), and a step that
+constraint fails it while generating ends with a RequestError (ConstraintFailure: its own fault), and a step that
 fails ends the requests of its batch (each caller gets EngineStepError) while the loop goes on. Only a
 failure outside any step, or several failing steps in a row, stops the thread; then every caller gets
 EngineDeadError and the callbacks registered with `notify_when_dead` run (the server exits, so that a
@@ -31,12 +31,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from glimmer.engine.grammar import ControllerFactory, GrammarFailure
+from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampling_params import SamplingParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import GlimmerError, RequestError
+from glimmer.errors import ConstraintFailure, GlimmerError, RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class AsyncEngine:
 
         Raises RequestError (invalid request), EngineOverloadedError (queue full) or EngineDeadError
         before the first delta, and EngineStepError or EngineDeadError after it; RequestError at any point when
-        the request's constraint fails it while generating (GrammarFailure). Closing the iterator early
+        the request's constraint fails it while generating (ConstraintFailure). Closing the iterator early
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
         is skipped (the later prompts of one API request that passed it: they are one request to its client).
         `generated`: as LLMEngine.add_request's (a beam's tokens). `counted=False`: the request is left out of the
@@ -360,10 +360,10 @@ class AsyncEngine:
 
     def _fail_requests(self, exc: StepError) -> None:
         """End the requests of a failed step, the loop going on. A request whose own constraint failed it
-        (GrammarFailure) is at fault: its caller gets a RequestError naming the constraint's field; the others'
+        (ConstraintFailure) is at fault: its caller gets a RequestError naming the constraint's field; the others'
         callers get EngineStepError, an internal error."""
         causes = {request_id: exc.cause_of(request_id) for request_id in exc.request_ids}
-        internal = [request_id for request_id, cause in causes.items() if not isinstance(cause, GrammarFailure)]
+        internal = [request_id for request_id, cause in causes.items() if not isinstance(cause, ConstraintFailure)]
         if internal:
             # the ids start with the responses' ids (`chatcmpl-...`), which the server's 500 and its access log lack
             logger.error("a step failed; stopping its %d request(s): %s", len(internal), ", ".join(internal),
@@ -371,7 +371,7 @@ class AsyncEngine:
             self.metrics.errors += 1
         for request_id, cause in causes.items():
             error: GlimmerError
-            if isinstance(cause, GrammarFailure):
+            if isinstance(cause, ConstraintFailure):
                 logger.warning("stopping request %s: %s", request_id, cause)
                 error = RequestError(f"{cause}; the request was stopped", param=cause.param)
             else:

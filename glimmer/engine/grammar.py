@@ -37,7 +37,7 @@ import torch
 
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
-from glimmer.errors import RequestError
+from glimmer.errors import ConstraintFailure, RequestError
 from glimmer.protocol.tokens import EOT, MESSAGE
 from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
 
@@ -51,10 +51,9 @@ COMPILED_CACHE_SIZE = 256
 """Compiled grammars kept for reuse (a matcher holds the grammar's lexer and parser tables, not a vocabulary)."""
 
 
-class GrammarFailure(RequestError):
-    """A request's constraint failed its completion while generating: the grammar engine hit a limit on it, or it
-    made a chat answer spell a framing marker. The request's fault, not the server's (HTTP 400 naming `param`, the
-    field holding the constraint): the compiler refuses what it can foresee, this is what it could not."""
+class GrammarFailure(ConstraintFailure):
+    """A request's grammar failed its completion while generating: the grammar engine hit a limit on it, or it made a
+    chat answer spell a framing marker. The compiler refuses what it can foresee, this is what it could not."""
 
 
 class MarkerSpelling:

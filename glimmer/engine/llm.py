@@ -597,7 +597,7 @@ class LLM:
 
     def _step(self) -> list[StepDelta]:
         """One engine step. A step that failed only by the requests' own fault (a constraint that failed while
-        generating: GrammarFailure) raises that RequestError, naming its field, as a refusal up front would; the
+        generating: ConstraintFailure) raises that RequestError, naming its field, as a refusal up front would; the
         StepError is its `__cause__`. Any other failure stays a StepError."""
         try:
             return self.engine.step()

@@ -33,9 +33,10 @@ from glimmer.checkpoint.generation_config import (
 )
 from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
-from glimmer.engine.bad_words import bad_word_ids
+from glimmer.engine.bad_words import BadWordIds, bad_word_ids, banned_after
 from glimmer.engine.completion_rules import (
     generation_budget,
+    min_tokens_ids,
     silent_stop_ids,
     stop_strings_armed,
     stop_token_ids,
@@ -63,7 +64,14 @@ from glimmer.engine.spec_decode import SpeculativeConfig, SpeculativeDecoder, ch
 from glimmer.engine.stop_strings import StopStringMatcher
 from glimmer.engine.tokenizer import load_checkpoint_tokenizer
 from glimmer.engine.working_memory import WorkingMemory, device_free_bytes, measure_working_memory
-from glimmer.errors import CheckpointError, ConfigError, ContextLengthError, GlimmerError, RequestError
+from glimmer.errors import (
+    CheckpointError,
+    ConfigError,
+    ConstraintFailure,
+    ContextLengthError,
+    GlimmerError,
+    RequestError,
+)
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from glimmer.protocol import ChatTemplate, check_chat_template
@@ -268,6 +276,35 @@ def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
                         deltas=[d for d in outcome.deltas if d.request_id not in outcome.failures],
                         causes=outcome.failures) from cause
     return outcome.deltas
+
+
+def _refuse_a_first_step_without_allowed_ids(params: SamplingParams, banned_words: BadWordIds,
+                                             held_ids: frozenset[int]) -> None:
+    """RequestError where the request's first token could be none of its `allowed_token_ids`: the words of one token
+    ban theirs at every step, and min_tokens bans `held_ids` (`min_tokens_ids`) at first (nothing would be left to
+    sample; the sampler's row would be all -inf and its token id 0)."""
+    by_words = set(banned_after(banned_words, ()))
+    if by_words.issuperset(params.allowed_token_ids):
+        raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at every "
+                           "step); allow an id no bad word is", param="bad_words")
+    if not params.min_tokens or not held_ids.union(by_words).issuperset(params.allowed_token_ids):
+        return
+    raise RequestError("allowed_token_ids: with min_tokens it must hold an id that is no stop id (before min_tokens "
+                       "tokens the request's and the checkpoint's stop ids may not be sampled, ignore_eos or not)"
+                       + (" and that bad_words does not ban (a word of one token is banned at every step)"
+                          if by_words.intersection(params.allowed_token_ids) else ""), param="allowed_token_ids")
+
+
+def _refuse_an_unallowed_token(seq: Sequence) -> None:
+    """The ConstraintFailure of a sequence whose next token could be none of its `allowed_token_ids`: the sampler never
+    chooses an id it masks unless it masked every one (a row all -inf gives id 0). The first step is checked when the
+    request is added (`_refuse_a_first_step_without_allowed_ids`); a later one is left without an id by a word of
+    several tokens, whose last token is banned right after the output spells the rest of it."""
+    longest = max((len(ids) for ids in seq.bad_word_ids), default=1)
+    tail = seq.output_token_ids[len(seq.output_token_ids) - longest + 1:]
+    raise ConstraintFailure(f"bad_words: after the output's tokens {tail}, the words ban every id of "
+                            "allowed_token_ids that may follow them, leaving nothing to sample; allow an id no word "
+                            "ends with, or leave out the word that spells those tokens", param="bad_words")
 
 
 _BESIDE_A_GRAMMAR = (
@@ -791,15 +828,10 @@ class LLMEngine:
                                        "outputs, a required or named tool choice, strict tools or "
                                        f"thinking_token_budget): the grammar {why}", param=name)
         banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
-        if params.allowed_token_ids and {ids[0] for ids in banned_words if len(ids) == 1} >= set(
-                params.allowed_token_ids):  # every step would have nothing left to sample
-            raise RequestError("bad_words: bans every id of allowed_token_ids (words of one token are banned at "
-                               "every step); allow an id no bad word is", param="bad_words")
         stop_ids = stop_token_ids(params, self.generation_defaults.stop_token_ids)
-        if params.min_tokens and params.allowed_token_ids and stop_ids.issuperset(params.allowed_token_ids):
-            # min_tokens bans the stop ids at first: nothing would be left to sample
-            raise RequestError("allowed_token_ids: with min_tokens it must hold an id that does not stop the request "
-                               "(before min_tokens tokens the stop ids may not be sampled)", param="allowed_token_ids")
+        held_ids = min_tokens_ids(params, self.generation_defaults.stop_token_ids)
+        if params.allowed_token_ids:
+            _refuse_a_first_step_without_allowed_ids(params, banned_words, held_ids)
         seqs = []
         for index in range(params.n):
             generator = self._shared_generator if params.seed is None else seeded_generator(
@@ -815,6 +847,7 @@ class LLMEngine:
                 index=index,
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
                 bad_word_ids=banned_words,
+                min_tokens_ids=held_ids,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(
@@ -1146,7 +1179,10 @@ class LLMEngine:
 
     def _accept_token(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None) -> bool:
         """Append a sampled token and decide the stops that need no text (True: the sequence ends); the text
-        waits for `_release_text`."""
+        waits for `_release_text`. ConstraintFailure where the token is none the request allows: its allowed ids were
+        all banned there (`_refuse_an_unallowed_token`)."""
+        if seq.allowed_ids is not None and token not in seq.allowed_ids:
+            _refuse_an_unallowed_token(seq)
         seq.output_token_ids.append(token)
         stop = token_stop(seq, token, self._eos_token_id, seq.controller is not None and seq.controller.observe(token))
         if stop is None:

@@ -96,21 +96,33 @@ class Sequence:
     # the ids its penalties read, kept across steps by the sampler (made on its first penalized step, dropped when
     # it finishes: it may hold a copy of the prompt on the device)
     penalty_ids: PenaltyIds | None = None
+    # the ids banned while fewer than min_tokens were generated (completion_rules.min_tokens_ids: the checkpoint's stop
+    # ids too under ignore_eos); None: its stop ids
+    min_tokens_ids: frozenset[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_tokens_ids is None:
+            self.min_tokens_ids = self.stop_token_ids
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def banned_ids(self, outputs: list[int]) -> tuple[int, ...]:
-        """The ids that may not follow `outputs` (its output ids, then any proposed after them): its stop ids while
-        fewer than min_tokens were generated (a token chosen by a step launched ahead counts, though the host has
-        not appended it yet) and what its bad words ban there. An id < 0 in `outputs` stands for a proposed token
+        """The ids that may not follow `outputs` (its output ids, then any proposed after them): `min_tokens_ids`
+        while fewer than min_tokens were generated (a token chosen by a step launched ahead counts, though the host
+        has not appended it yet) and what its bad words ban there. An id < 0 in `outputs` stands for a proposed token
         not chosen yet (the drafter masks all its positions at once): no bad word's prefix matches it."""
-        banned = tuple(self.stop_token_ids) if bans_stop_ids(len(outputs) + self.num_pending_tokens,
+        banned = tuple(self.min_tokens_ids) if bans_stop_ids(len(outputs) + self.num_pending_tokens,
                                                              self.params.min_tokens) else ()
         if self.bad_word_ids:  # (a sequence with a bad word of several tokens never runs ahead: no token is pending)
             banned += banned_after(self.bad_word_ids, outputs)
         return banned
+
+    @functools.cached_property
+    def allowed_ids(self) -> frozenset[int] | None:
+        """`params.allowed_token_ids` as a set, made once (None: every id is allowed)."""
+        return frozenset(self.params.allowed_token_ids) if self.params.allowed_token_ids else None
 
     @functools.cached_property
     def prompt_id_array(self) -> np.ndarray:

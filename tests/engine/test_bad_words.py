@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from glimmer import LLM, SamplingParams
+from glimmer.engine.llm_engine import StepError
 from glimmer.errors import RequestError
 
 PROMPT = "The quick brown fox"
@@ -152,3 +153,62 @@ def test_bad_words_that_ban_every_allowed_id_are_refused(llm):
     spared = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
                                                  allowed_token_ids=[*token, 7], bad_words=["days"]))
     assert spared[0].outputs[0].token_ids == [7] * 4
+
+
+def test_one_token_words_and_the_stop_ids_min_tokens_bans_that_leave_no_allowed_id_are_refused(llm):
+    """Each alone left an id of allowed_token_ids to sample first (the word's token a stop id, the stop id the word's
+    token), but together they banned both: the first token was id 0, outside allowed_token_ids."""
+    token = llm.get_tokenizer().encode_text("days")
+    stop_id = min(llm.engine.generation_defaults.stop_token_ids)
+    with pytest.raises(RequestError) as caught:
+        llm.generate(["hi"], SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[*token, stop_id],
+                                            bad_words=["days"]))
+    assert caught.value.param == "allowed_token_ids"
+    assert "bad_words" in str(caught.value) and "min_tokens" in str(caught.value)
+    spared = llm.generate(["hi"], SamplingParams(temperature=0, max_tokens=2, min_tokens=2,
+                                                 allowed_token_ids=[*token, stop_id, 7], bad_words=["days"]))
+    assert spared[0].outputs[0].token_ids == [7, 7]
+
+
+
+def _doubled_token(llm: LLM) -> int:
+    """A token whose text twice over tokenizes as it twice (a word of two tokens, both it), its spaced form not."""
+    tokenizer = llm.get_tokenizer()
+    for token in range(len(tokenizer)):
+        text = tokenizer.decode([token])
+        if text.isalnum() and tokenizer.encode_text(text * 2) == [token, token]:
+            return token
+    raise AssertionError("no token doubles")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_word_of_several_tokens_that_leaves_no_allowed_id_ends_its_request_with_an_error(llm, temperature):
+    """After the word's first token, its last, the only allowed id, was banned: nothing was left to sample, and the
+    request went on with id 0, outside allowed_token_ids. It fails naming bad_words, and the requests beside it go
+    on; a limit that ends the request before the dead end leaves it unharmed."""
+    token = _doubled_token(llm)
+    word = llm.get_tokenizer().decode([token, token])
+    cornered = SamplingParams(temperature=temperature, seed=0, max_tokens=4, ignore_eos=True,
+                              allowed_token_ids=[token], bad_words=[word])
+    with pytest.raises(RequestError) as caught:
+        llm.generate(["hi"], cornered)
+    assert caught.value.param == "bad_words" and "allowed_token_ids" in str(caught.value)
+    cornered.max_tokens = 1
+    assert llm.generate(["hi"], cornered)[0].outputs[0].token_ids == [token]
+    beside = llm.engine
+    beside.add_request("free", llm.get_tokenizer().encode("hi"), FREE)
+    beside.add_request("cornered", llm.get_tokenizer().encode("hi"), SamplingParams(
+        temperature=temperature, seed=0, max_tokens=4, ignore_eos=True, allowed_token_ids=[token], bad_words=[word]))
+    free, failed = [], []
+    while beside.has_unfinished_requests:
+        try:
+            deltas = beside.step()
+        except StepError as error:
+            assert not error.whole_batch
+            failed.extend(error.request_ids)
+            for request_id in error.request_ids:
+                beside.abort(request_id)
+            deltas = error.deltas
+        free.extend(t for delta in deltas if delta.request_id == "free" for t in delta.token_ids)
+        assert not any(delta.request_id == "cornered" and 0 in delta.token_ids for delta in deltas)
+    assert failed == ["cornered"] and len(free) == FREE.max_tokens

@@ -216,6 +216,18 @@ def test_min_tokens_holds_off_stop_ids(llm):
     assert len(held.token_ids) >= 4 and stop_at not in held.token_ids[:4]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_holds_off_the_checkpoints_stop_ids_under_ignore_eos_too_as_vllm(llm, temperature):
+    """vLLM's min_tokens bans every stop id of the request and the checkpoint (its `all_stop_token_ids`) until
+    min_tokens tokens were generated, ignore_eos or not; under ignore_eos the checkpoint's stop ids (pushed up by a
+    bias here) were sampled from the first token on. After min_tokens they are ordinary tokens, sampled again."""
+    stop_ids = sorted(llm.engine.generation_defaults.stop_token_ids)
+    pushed = SamplingParams(temperature=temperature, seed=0, max_tokens=6, min_tokens=4, ignore_eos=True,
+                            logit_bias={t: 100.0 for t in stop_ids})
+    tokens = llm.generate(["abc"], pushed)[0].outputs[0].token_ids
+    assert len(tokens) == 6 and not set(tokens[:4]) & set(stop_ids) and set(tokens[4:]) <= set(stop_ids)
+
+
 def test_min_tokens_holds_off_stop_strings(llm):
     """As vLLM: stop strings are looked for after the min_tokens-th token (a stop string in the first token's
     text used to end a min_tokens=4 request after one token)."""

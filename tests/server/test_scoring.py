@@ -146,3 +146,19 @@ def test_bad_words_on_completions_and_chat(server, client, make_tiny):
                                               "response_format": {"type": "json_object"}})]:
         response = httpx.post(server.base_url + path, timeout=30, json={"model": "tiny", **body})
         assert response.status_code == 400 and response.json()["error"]["param"] == "bad_words", response.text
+
+
+def test_a_completion_its_bad_words_leave_no_allowed_id_is_a_400_naming_bad_words(server, make_tiny):
+    """After the word's first token, its last, the only allowed id, was banned: the completion went on with id 0 (a
+    token it did not allow), and a request stopped then was a 500, an internal error."""
+    tokenizer = Tokenizer.from_dir(make_tiny())
+    token = next(t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]).isalnum()
+                 and tokenizer.encode_text(tokenizer.decode([t]) * 2) == [t, t])
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "allowed_token_ids": [token], "bad_words": [tokenizer.decode([token]) * 2]}
+    response = httpx.post(server.base_url + "/completions", timeout=30, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "bad_words" and "allowed_token_ids" in response.text
+    body["max_tokens"] = 1  # ends before the dead end
+    response = httpx.post(server.base_url + "/completions", timeout=30, json=body)
+    assert response.status_code == 200 and response.json()["choices"][0]["text"] == tokenizer.decode([token])
