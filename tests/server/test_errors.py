@@ -561,3 +561,28 @@ def test_metadata_over_openais_limits_is_refused_on_chat_and_completions_as_on_r
     within = {f"k{i}": "v" * 512 for i in range(16)}
     ok = post(server, {**body, "metadata": within}, path=path)
     assert ok.status_code == 200, ok.text
+
+
+def test_a_failed_step_is_a_500_the_sdk_does_not_retry(make_tiny, monkeypatch):
+    """The SDK retries a 500 twice: a request whose run fails its step each time (an activation too large for the
+    device) failed three steps in a row, its batch-mates' requests with it each time, and three failed steps in a
+    row is the count at which the engine takes itself for broken and the server exits."""
+    with live_server(make_tiny(), scripted=True) as live:
+        runner = live.engine.engine.runner
+        steps = []
+
+        def failing(step):
+            steps.append(step)
+            raise RuntimeError("out of device memory")
+
+        monkeypatch.setattr(runner, "execute", failing)
+        client = openai.OpenAI(base_url=live.base_url, api_key="none", max_retries=2)
+        for stream in (False, True):  # a stream's first step fails before its status line is sent
+            steps.clear()
+            with pytest.raises(openai.InternalServerError) as raised:
+                client.chat.completions.create(**sdk_chat(), stream=stream)
+            assert raised.value.response.headers["x-should-retry"] == "false"
+            assert len(steps) == 1
+        monkeypatch.undo()
+        assert live.engine.is_alive
+        assert client.chat.completions.create(**sdk_chat()).choices
