@@ -175,20 +175,17 @@ class AsyncEngine:
         before the first delta, and EngineStepError or EngineDeadError after it; RequestError at any point when
         the request's constraint fails it while generating (ConstraintFailure). Closing the iterator early
         aborts the request, as does cancelling the caller at any point. `queue_limit=False`: the queue-full check
-        is skipped (the later prompts of one API request that passed it: they are one request to its client).
-        `generated`: as LLMEngine.add_request's (a beam's tokens). `counted=False`: the request is left out of the
-        statistics (the token counters, `on_finished`, `on_token_gap`), being a part of a request its caller records
-        itself (`record_finished`): a beam search's one-token steps.
-        """
+        is skipped (the prompts of one API request that passed it, `check_queue_limit`: they are one request to its
+        client). `generated`: as LLMEngine.add_request's (a beam's tokens). `counted=False`: the request is left out of
+        the statistics (the token counters, `on_finished`, `on_token_gap`), being a part of a request its caller records
+        itself (`record_finished`): a beam search's one-token steps."""
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
                                param="sampling_params")
         # what the engine thread admits later is the request as it is now (its `n` completions are counted here)
         params = params.clone()
-        if queue_limit and self.num_waiting_requests >= self.max_waiting_requests:
-            raise EngineOverloadedError(
-                f"{self.num_waiting_requests} requests are already waiting; retry later"
-            )
+        if queue_limit:
+            self.check_queue_limit()
         loop = asyncio.get_running_loop()
         listener = _Listener(loop=loop, queue=asyncio.Queue(), remaining=params.n,
                              prompt_tokens=len(prompt_token_ids),
@@ -244,6 +241,12 @@ class AsyncEngine:
         the completion (a stop string it matched, say), not the client.
         """
         self._commands.put(("abort", request_id, (index, reason), None, None))
+
+    def check_queue_limit(self) -> None:
+        """Raises EngineOverloadedError while `max_waiting_requests` requests wait: the check `generate` makes, for a
+        caller that queues several requests as one API request (`queue_limit=False` for each), before it queues any."""
+        if self.num_waiting_requests >= self.max_waiting_requests:
+            raise EngineOverloadedError(f"{self.num_waiting_requests} requests are already waiting; retry later")
 
     @property
     def num_waiting_requests(self) -> int:

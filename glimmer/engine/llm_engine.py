@@ -896,7 +896,11 @@ class LLMEngine:
 
     @property
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work or bool(self._unreleased)
+        """Whether `step()` has work left: sequences to run, text to release, or a step launched ahead whose tokens
+        are not read yet. That step's sequences may all have ended since it was launched (a stop id, an abort): it is
+        read all the same, or an idle engine would keep it (its sequences, its logits) until the next request, and
+        the draft policy would time it from its launch, the idle time included."""
+        return self.scheduler.has_work or bool(self._unreleased) or self._launched is not None
 
     # stepping ---------------------------------------------------------------------------------------
 

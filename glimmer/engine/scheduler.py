@@ -96,12 +96,17 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.growth_ratio = RATIO_INITIAL
-        # pages the last admission check kept for the running sequences' growth (0 when none waited): why requests
-        # can wait while pages are free (/metrics)
-        self.reserved_pages = 0
+        self._reserved_pages = 0  # what the last admission check kept (`reserved_pages`)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    @property
+    def reserved_pages(self) -> int:
+        """Pages the last admission check kept for the running sequences' growth, leaving the first waiting request
+        waiting: why requests can wait while pages are free (/metrics). 0 while none waits: the request kept waiting
+        may have left the queue since (aborted), and an engine with nothing left to run takes no step to say so."""
+        return self._reserved_pages if self.waiting else 0
 
     @property
     def has_work(self) -> bool:
@@ -136,7 +141,7 @@ class Scheduler:
 
         self.growth_ratio = 1.0 if step.preempted else max(RATIO_MIN, self.growth_ratio - RATIO_DECAY)
         reserve = None  # pages the running sequences are expected to grow by (summed once a sequence waits)
-        self.reserved_pages = 0
+        self._reserved_pages = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = None  # tokens found in the prefix cache, where it was looked up
@@ -156,7 +161,7 @@ class Scheduler:
                     seq.num_computed_tokens)
                 if free < reserve + growth:
                     n = 0
-                    self.reserved_pages = reserve
+                    self._reserved_pages = reserve
             if n == 0:
                 # a waiting sequence holds no blocks: cached ones it found go back (still findable by hash),
                 # so they can never keep the sequences ahead of it from running

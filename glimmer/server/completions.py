@@ -276,8 +276,10 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     run.choices = [_Choice(detokenizer=run.detokenizer() if request.logprobs is not None else None)
                    for _ in range(len(prompts) * params.n)]
-    # the queue limit counts this API request once, however many prompts it holds
-    streams = [context.engine.generate(f"{engine_id}-{i}", ids, params, controller_factory=factory, queue_limit=i == 0)
+    # the queue limit counts this API request once, however many prompts it holds, before any is queued: prompts
+    # queued beside a refused first one ran for nobody, and the 429 waited for their first tokens
+    context.engine.check_queue_limit()
+    streams = [context.engine.generate(f"{engine_id}-{i}", ids, params, controller_factory=factory, queue_limit=False)
                for i, ids in enumerate(prompts)]
     try:
         firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),

@@ -3,6 +3,9 @@ running; outputs equal synchronous stepping's (glimmer/engine/lookahead.py)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -44,6 +47,7 @@ def _same_outputs(got, expected) -> None:
 def _idle(llm: LLM) -> None:
     engine = llm.engine
     assert not engine.has_unfinished_requests
+    assert engine._launched is None  # no step left running ahead, holding its sequences and logits
     assert all(used == 0 for used, _ in engine.kv.usage().values())
     assert all(seq.num_pending_tokens == 0 for seqs in engine._seqs.values() for seq in seqs)
 
@@ -132,6 +136,32 @@ def test_abort_while_a_step_runs_ahead(engines, launches, penalties):
     assert tokens["keep"] == reference
     assert 0 < len(tokens["drop"]) < 12
     _idle(engines[True])
+
+
+@pytest.mark.parametrize("ending", ["stop id", "abort"])
+def test_a_step_run_ahead_past_the_end_of_the_last_request_is_read_before_the_engine_is_idle(engines, ending):
+    """The step launched ahead for a request that a stop id ends, or that is aborted, while it runs is read before the
+    engine says no work is left: an idle engine kept it, and with it the request's sequence and the step's logits,
+    until the next request came."""
+    prompt = _prompts(1, seed=51)[0]
+    free = engines[False].generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    greedy = free[0].outputs[0].token_ids
+    at = next(j for j in range(4, 20) if greedy[j] not in greedy[:j])
+    engine = engines[True].engine
+    stop = [greedy[at]] if ending == "stop id" else []
+    engine.add_request("last", prompt, SamplingParams(temperature=0, max_tokens=20, stop_token_ids=stop,
+                                                      ignore_eos=not stop))
+    seq = weakref.ref(engine._seqs["last"][0])
+    tokens = []
+    while engine.has_unfinished_requests:
+        tokens += [token for delta in engine.step() for token in delta.token_ids]
+        if ending == "abort" and len(tokens) == at and "last" in engine._seqs:
+            assert engine._launched is not None
+            engine.abort("last")
+    assert tokens == greedy[: at + 1 if stop else at]
+    _idle(engines[True])
+    gc.collect()
+    assert seq() is None
 
 
 def test_penalized_steps_run_ahead_and_count_the_token_on_its_way(engines, launches, monkeypatch):

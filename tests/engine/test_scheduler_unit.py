@@ -280,6 +280,25 @@ def test_a_request_kept_waiting_for_the_others_growth_says_how_many_pages_were_k
     assert [s.request_id for s in scheduler.running] == [] and scheduler.reserved_pages == 0
 
 
+@pytest.mark.parametrize("leaving", [["next"], ["long", "next"]])
+def test_pages_kept_for_a_request_that_leaves_the_queue_are_no_longer_reported(leaving):
+    """A request kept waiting by the reserve that is aborted (its client left) takes the report with it: an engine
+    whose every request was aborted takes no more steps, and `/metrics` said pages were kept for nobody, idle."""
+    kv = KVCacheManager(KVCacheLayout(block_size=4, num_pages=14, pages_per_block={FULL: 1}, sliding_window=64))
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=56), kv)
+    seqs = {"long": _seq("long", list(range(10, 18)), max_total=56), "next": _seq("next", list(range(30, 38)),
+                                                                                  max_total=20)}
+    scheduler.add(seqs["long"])
+    _run_step(scheduler)
+    scheduler.add(seqs["next"])
+    _run_step(scheduler)
+    assert scheduler.reserved_pages > 0
+    for name in leaving:
+        scheduler.finish(seqs[name])
+    assert scheduler.reserved_pages == 0
+    assert scheduler.has_work == ("long" not in leaving)
+
+
 class _LaggingDrafter:
     """A drafter whose context is written `lag` positions behind the target's until a sequence ends."""
 

@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from oracle import reference_drafter, reference_model
 from spec_support import record_drafts
 
 from glimmer import LLM, SamplingParams
+from glimmer.engine import llm_engine, spec_decode
 from glimmer.engine.grammar import GrammarController, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
@@ -1226,6 +1228,29 @@ def test_steps_the_policy_proposes_nothing_for_run_ahead_with_the_same_drafts_an
     for cache, cache_ahead in zip(caches, caches_ahead, strict=True):
         torch.testing.assert_close(cache_ahead, cache, rtol=0, atol=0)
     assert launches["rows"] > 50  # (the synchronous run launches nothing ahead)
+
+
+def test_the_draft_policy_never_times_the_engine_idle_as_a_step(target, drafter, plain, monkeypatch):
+    """A request that a stop id ends while its next step runs ahead (async scheduling, as on CUDA) leaves that step
+    launched; read only when the next request came, it was timed from its launch, idle time included, and the adaptive
+    policy took that for what a step without proposals costs (after an hour idle, 191 s a step here: speculation
+    then won wherever it was compared). Here the clock moves only while the engine is idle."""
+    now = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(llm_engine, "time", clock)
+    monkeypatch.setattr(spec_decode, "time", clock)
+    prompt = _prompts(1, seed=41)[0]
+    greedy = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].token_ids
+    at = next(j for j in range(8, 20) if greedy[j] not in greedy[:j])
+    engine = LLMEngine(EngineConfig(str(target), progress=False, async_scheduling=True,
+                                    speculative_config=speculative(drafter, draft_policy="adaptive")))
+    policy = engine.speculator.policy
+    policy.choose = lambda batch: 0  # every step runs ahead
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[greedy[at]])
+    assert _generate(engine, [prompt], params) == [greedy[: at + 1]]
+    now[0] += 3600.0
+    assert _generate(engine, [prompt], params) == [greedy[: at + 1]]
+    assert policy.step_times(1) == {0: 0.0}
 
 
 def test_allowed_token_ids_apply_to_every_verified_position(target, drafter):

@@ -5,8 +5,10 @@ ones), stop ids and `include_stop_str_in_output`, message fields the template wo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import time
 
 import httpx
 import openai
@@ -14,6 +16,8 @@ import pytest
 import torch
 from oracle import reference_logits, reference_model
 from server_support import PINNED_DATE, live_server, spelled_text
+
+from glimmer.engine.sampling_params import SamplingParams
 
 PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -76,6 +80,44 @@ def test_a_completion_of_several_prompts_counts_once_toward_the_queue_limit(serv
         assert response.status_code == 200 and len(response.json()["choices"]) == 3, response.text
     finally:
         engine.max_waiting_requests = 1024
+
+
+def test_a_completion_of_several_prompts_the_full_queue_refuses_queues_none_of_them(make_tiny, monkeypatch):
+    """The queue limit refuses a request of several prompts before any is queued: its first prompt was refused (a
+    429) while the others, started beside it, were admitted past the limit, and the 429 waited for their first
+    tokens, so it came only once the requests ahead of them had run (here never, the one sequence slot held)."""
+    with live_server(make_tiny(), scripted=True, max_waiting_requests=1, engine_options={"max_num_seqs": 1}) as live:
+        engine = live.engine
+        added = []
+        add_request = engine.engine.add_request
+        monkeypatch.setattr(engine.engine, "add_request", lambda request_id, *args, **kwargs: (
+            added.append(request_id), add_request(request_id, *args, **kwargs))[1])
+
+        async def settle(done) -> None:
+            deadline = time.monotonic() + 5  # (the running request takes far longer to finish)
+            while not done():
+                assert time.monotonic() < deadline, (engine.num_waiting_requests, added)
+                await asyncio.sleep(0.01)
+
+        async def run() -> None:
+            running = engine.generate("running", PROMPT, SamplingParams(max_tokens=1900, ignore_eos=True))
+            await anext(running)  # it holds the one sequence slot for the whole test (a step takes 50 ms)
+            queued = asyncio.ensure_future(anext(engine.generate("waiting", PROMPT, SamplingParams(max_tokens=1))))
+            await settle(lambda: engine.num_waiting_requests == 1 and "waiting" in added)
+            body = {"model": "tiny", "prompt": [PROMPT, PROMPT[:5], PROMPT[:7]], "max_tokens": 2}
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(live.app), base_url="http://glimmer") as client:
+                refused = await asyncio.wait_for(client.post("/v1/completions", json=body), 10)
+            assert refused.status_code == 429, refused.text
+            # none of its prompts was added, nor is queued to be (queued ones count as waiting)
+            assert added == ["running", "waiting"] and engine.num_waiting_requests == 1
+            queued.cancel()
+            await running.aclose()
+            await settle(lambda: engine.num_waiting_requests == 0)
+
+        engine.engine.runner.step_delay_s = 0.05
+        asyncio.run(run())
+        engine.engine.runner.step_delay_s = 0.0
+        live.wait_for_idle()
 
 
 def test_seeds_take_the_whole_range_sampling_params_takes(server):
