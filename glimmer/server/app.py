@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import glimmer
@@ -135,9 +136,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else None
-        message = _unknown_route(request) if exc.status_code == 404 and exc.detail == "Not Found" else str(exc.detail)
+        message, headers = str(exc.detail), exc.headers
+        if exc.status_code == 404 and exc.detail == "Not Found":
+            message = _unknown_route(request)
+        elif exc.status_code == 405 and (allowed := _allowed_methods(app, request.scope)):
+            message = f"Method not allowed ({request.method} {request.scope['path']}); this route takes " \
+                      f"{', '.join(allowed)}"
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
         return JSONResponse(error_body(message, "invalid_request_error", None, code),
-                            status_code=exc.status_code, headers=exc.headers)
+                            status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
@@ -167,6 +174,18 @@ def _unknown_route(request: Request) -> str:
     if f"/v1{path}" in _ENDPOINTS:
         message += f"; this server serves /v1{path}: give the client a base URL ending in /v1 (http://HOST:PORT/v1)"
     return message
+
+
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods the routes of a request's path take, for a 405's `Allow` header (RFC 9110 §15.5.6: all of them):
+    Starlette's names only the first route's, and GET and HEAD, or /ping's POST, are routes of their own here. The
+    mounted page files (which answer their own 405) take none here."""
+    routes = [route for route in app.router.routes if not isinstance(route, Mount)]
+    return [method for method in _HTTP_METHODS
+            if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in routes)]
 
 
 def _behind_the_api_key(context: ServingContext) -> list[Any]:

@@ -424,6 +424,24 @@ def test_a_wrong_method_is_405_with_an_error_body(server):
     assert error_of(response, 405)["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("DELETE", "/ping", "GET, HEAD, POST"),
+    ("PUT", "/v1/responses/resp_x", "GET, HEAD, DELETE"),
+    ("POST", "/v1/models", "GET, HEAD"),
+    ("GET", "/tokenize", "POST"),
+])
+def test_a_405_allows_every_method_the_path_takes_and_names_them(server, method, path, allowed):
+    """Allow named only the first route's methods (`GET` for /ping, which takes HEAD and POST too), where RFC 9110
+    §15.5.6 has a 405 list all of them; the body said only "Method Not Allowed"."""
+    response = httpx.request(method, server.url + path, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.headers["allow"] == allowed
+    assert error_of(response, 405)["message"] == f"Method not allowed ({method} {path}); this route takes {allowed}"
+
+
+def test_a_wrong_method_on_a_page_file_is_a_405_too(server):
+    assert httpx.post(server.url + "/static/chat.js").status_code == 405
+
+
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
     auth = {"Authorization": f"Bearer {KEY}"}
     for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/v1/models/tiny", auth),
