@@ -94,6 +94,8 @@ def test_batch_records_hold_what_the_http_server_answers_for_the_same_bodies(tin
     ('{"custom_id": "a", "custom_id": "b", "method": "POST"}', "invalid_json_line", None, None),
     (_line(None, "/v1/completions", {"prompt": "x"}), "missing_required_parameter", "custom_id", None),
     (_line(7, "/v1/completions", {"prompt": "x"}), "invalid_parameter", "custom_id", None),
+    # an unpaired escape, which the UTF-8 output could not hold: writing its record ended the batch with a traceback
+    (_line("q\ud800", "/v1/completions", {"prompt": "x"}), "invalid_parameter", "custom_id", None),
     (_line("first", "/v1/completions", {"prompt": "x"}), "duplicate_custom_id", "custom_id", "first"),
     (_line("b", "/v1/embeddings", {"input": "x"}), "invalid_parameter", "url", "b"),
     (_line("b", "/v1/completions", {"prompt": "x"}, method="GET"), "invalid_parameter", "method", "b"),
