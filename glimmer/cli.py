@@ -372,6 +372,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     from glimmer.server.app import create_app
     from glimmer.server.batch import run_batch
     from glimmer.server.settings import ServerSettings
+    from glimmer.server.streaming import one_line_json
 
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
@@ -395,7 +396,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
 
             def write(record: dict[str, Any]) -> None:
-                write_text(json.dumps(record, ensure_ascii=False) + "\n")
+                write_text(one_line_json(record) + "\n")
 
             with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
                 summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,

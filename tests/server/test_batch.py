@@ -284,6 +284,17 @@ def test_run_batch_writes_a_record_for_each_line_and_exits_0(tiny_checkpoint, tm
     assert "wrote 9 records" in err and "5 answered with status 200, 4 failed" in err
 
 
+def test_a_record_stays_one_line_for_readers_that_split_at_unicode_line_breaks(tiny_checkpoint, tmp_path):
+    """U+2028, U+2029 and NEL, written raw in a record (here its custom_id; an answer's text too), end a line for
+    str.splitlines, as they did in streamed events: such a reader of the output read the record as two broken ones."""
+    custom_id = "a\u2028b\u2029c\x85d"
+    source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    source.write_text(_line(custom_id, "/v1/completions", {"prompt": "Once", "max_tokens": 1}) + "\n")
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(source), "-o", str(out), "--max-model-len", "2048"]) == 0
+    (line,) = out.read_text(encoding="utf-8").splitlines()
+    assert json.loads(line)["custom_id"] == custom_id
+
+
 def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, capsys):
     """A body's `model` may name the model as `glimmer serve` does (the directory's name) or as MODEL was given, which
     is how vLLM's run-batch serves it."""
