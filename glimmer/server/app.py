@@ -152,16 +152,17 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     # the last added is the outermost: the generic 500 is made inside CORSMiddleware, so it carries the CORS
     # headers every other response does (Starlette's own ServerErrorMiddleware sits outside all of them, and a
-    # browser page cannot read a response without them)
+    # browser page cannot read a response without them); the request id goes on outside CORSMiddleware, which answers
+    # a preflight itself
     app.add_middleware(_InternalErrors)
-    if settings.request_id_headers:
-        app.add_middleware(_RequestIdHeaders)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
         # `DELETE /v1/responses/{id}` (the SDK's responses.delete)
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
+    if settings.request_id_headers:
+        app.add_middleware(_RequestIdHeaders)
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 

@@ -110,6 +110,20 @@ def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(mak
         assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
 
 
+def test_request_id_headers_are_on_a_cors_preflights_answer_too(make_tiny):
+    """--enable-request-id-headers puts X-Request-Id on every response: a browser's preflight, which the CORS layer
+    answers itself, allowed (200) or refused (400), went without one."""
+    with live_server(make_tiny(), scripted=True, request_id_headers=True,
+                     allowed_origins=("http://page.example",)) as server:
+        for origin, status in (("http://page.example", 200), ("http://other.example", 400)):
+            preflight = httpx.options(server.base_url + "/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST", "X-Request-Id": "trace-9"})
+            assert (preflight.status_code, preflight.headers.get("x-request-id")) == (status, "trace-9"), origin
+        made = httpx.options(server.base_url + "/models", headers={"Origin": "http://page.example",
+                                                                   "Access-Control-Request-Method": "GET"})
+        assert made.status_code == 200 and made.headers["x-request-id"]
+
+
 RESPONSE = {"model": "tiny", "input": "[long] go", "max_output_tokens": 300, "temperature": 0,
             "chat_template_kwargs": PINNED_DATE}
 
