@@ -169,11 +169,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
 def _unknown_route(request: Request) -> str:
     """A 404's message for a path no route serves: the URL, as OpenAI's says it, and where this server serves it when
-    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip)."""
+    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip), or when a
+    route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for under it (the base URL joined to it)."""
     path = request.scope["path"]
     message = f"Invalid URL ({request.method} {path})"
+    at_root = path.removeprefix("/v1")
     if f"/v1{path}" in _ENDPOINTS:
         message += f"; this server serves /v1{path}: give the client a base URL ending in /v1 (http://HOST:PORT/v1)"
+    elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
+        message += f"; this server serves {at_root} at the root, beside /v1, as vLLM does (http://HOST:PORT{at_root})"
     return message
 
 

@@ -419,6 +419,15 @@ def test_a_client_whose_base_url_lacks_v1_is_told_where_the_route_is(server):
     assert (error["message"], error["code"]) == ("Invalid URL (GET /v1/nothing-here)", "not_found")
 
 
+def test_a_route_served_beside_v1_asked_for_under_it_is_told_where_the_route_is(server):
+    """A client joining its base URL (`http://HOST:PORT/v1`) to vLLM's /tokenize, /health, ... got a bare 404."""
+    error = error_of(post(server, {"prompt": "hi"}, path="/tokenize"), 404)
+    assert error["message"] == ("Invalid URL (POST /v1/tokenize); this server serves /tokenize at the root, beside "
+                                "/v1, as vLLM does (http://HOST:PORT/tokenize)")
+    assert "serves /health at the root" in error_of(httpx.get(server.base_url + "/health"), 404)["message"]
+    assert error_of(httpx.get(server.base_url + "/"), 404)["message"] == "Invalid URL (GET /v1/)"
+
+
 def test_a_wrong_method_is_405_with_an_error_body(server):
     response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert error_of(response, 405)["type"] == "invalid_request_error"
