@@ -21,7 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
-from starlette.routing import Match, Mount
+from starlette.routing import Match, Mount, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import glimmer
@@ -170,14 +170,17 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 def _unknown_route(request: Request) -> str:
     """A 404's message for a path no route serves: the URL, as OpenAI's says it, and where this server serves it when
     the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip), or when a
-    route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for under it (the base URL joined to it)."""
-    path = request.scope["path"]
-    message = f"Invalid URL ({request.method} {path})"
+    route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for under it (the base URL joined to it). The
+    URLs it gives are under --root-path, where the client reaches the server."""
+    root, path = request.scope.get("root_path", "").rstrip("/"), get_route_path(request.scope)
+    message = f"Invalid URL ({request.method} {root}{path})"
     at_root = path.removeprefix("/v1")
     if f"/v1{path}" in _ENDPOINTS:
-        message += f"; this server serves /v1{path}: give the client a base URL ending in /v1 (http://HOST:PORT/v1)"
+        message += f"; this server serves {root}/v1{path}: give the client a base URL ending in /v1 " \
+                   f"(http://HOST:PORT{root}/v1)"
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
-        message += f"; this server serves {at_root} at the root, beside /v1, as vLLM does (http://HOST:PORT{at_root})"
+        message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
+                   f"(http://HOST:PORT{root}{at_root})"
     return message
 
 
@@ -419,7 +422,7 @@ class _RequestAccounting(_HttpMiddleware):
 
 
 def _endpoint(scope: Scope) -> str:
-    path = scope["path"]
+    path = get_route_path(scope)  # under --root-path, uvicorn's path starts with it (as ASGI has it)
     if scope["method"] == "OPTIONS" and any(name == b"access-control-request-method" for name, _ in scope["headers"]):
         return "preflight"
     if path in _ENDPOINTS:
