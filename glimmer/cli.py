@@ -463,7 +463,8 @@ def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
         raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
                          "it), or - for stdout")
     path = Path(target).expanduser()
-    if target != "-" and source != "-" and path.exists() and path.resolve() == Path(source).expanduser().resolve():
+    # samefile: a hard link to the input (or a symbolic one, or another spelling of its path) is the input too
+    if target != "-" and source != "-" and path.exists() and path.samefile(Path(source).expanduser()):
         raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
     try:
         output = sys.stdout if target == "-" else path.open("w", encoding="utf-8")

@@ -376,6 +376,19 @@ def test_an_input_or_output_that_cannot_be_used_is_one_line_before_the_model_loa
     assert all(word in err for word in words) and "no-such-model" not in err
 
 
+def test_an_output_that_is_a_hard_link_to_the_input_is_refused_leaving_the_input_whole(capsys, tmp_path):
+    """Only the same resolved path was taken for the input: a hard link to it was opened for writing, which emptied the
+    input file (the batch ran from the bytes read before)."""
+    source = tmp_path / "in.jsonl"
+    text = _line("a", "/v1/completions", {"prompt": "x"}) + "\n"
+    source.write_text(text)
+    (tmp_path / "link.jsonl").hardlink_to(source)
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(source), "-o",
+                 str(tmp_path / "link.jsonl")]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert source.read_text() == text
+
+
 def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_checkpoint, tmp_path):
     """`docker stop` or a deleted Kubernetes Job sends SIGTERM: the requests in flight are aborted, the records
     finished before it are in the output, whole, and the exit code is 143 (SIGTERM killed it, the records still in
