@@ -158,9 +158,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
-        # `DELETE /v1/responses/{id}` (the SDK's responses.delete)
+        # `DELETE /v1/responses/{id}` (the SDK's responses.delete); X-Request-Id exposed to the page's script, which
+        # a browser otherwise hides from it (the OpenAI SDKs read it as a response's `_request_id`)
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
-                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
+                           expose_headers=[REQUEST_ID_HEADER])
     if settings.request_id_headers:
         app.add_middleware(_RequestIdHeaders)
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
