@@ -372,6 +372,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     from glimmer.server.app import create_app
     from glimmer.server.batch import run_batch
     from glimmer.server.settings import ServerSettings
+    from glimmer.server.streaming import one_line_json
 
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
@@ -395,7 +396,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             max_in_flight = max_num_seqs + min(max_num_seqs, args.max_waiting_requests)
 
             def write(record: dict[str, Any]) -> None:
-                write_text(json.dumps(record, ensure_ascii=False) + "\n")
+                write_text(one_line_json(record) + "\n")
 
             with tqdm(total=len(lines), desc="run-batch", unit="req", file=sys.stderr) as bar:
                 summary = asyncio.run(_cancelled_by_sigterm(run_batch(app, lines, write, max_in_flight=max_in_flight,
@@ -462,7 +463,8 @@ def _batch_output(target: str, source: str) -> Iterator[Callable[[str], None]]:
         raise UsageError(f"--output-file {target}: writing to a URL is not supported; give a local path (then upload "
                          "it), or - for stdout")
     path = Path(target).expanduser()
-    if target != "-" and source != "-" and path.exists() and path.resolve() == Path(source).expanduser().resolve():
+    # samefile: a hard link to the input (or a symbolic one, or another spelling of its path) is the input too
+    if target != "-" and source != "-" and path.exists() and path.samefile(Path(source).expanduser()):
         raise UsageError(f"--output-file {target} is the input file, which it would overwrite; give another path")
     try:
         output = sys.stdout if target == "-" else path.open("w", encoding="utf-8")

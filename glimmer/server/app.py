@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import glimmer
@@ -135,9 +136,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = "not_found" if exc.status_code == 404 else None
-        message = _unknown_route(request) if exc.status_code == 404 and exc.detail == "Not Found" else str(exc.detail)
+        message, headers = str(exc.detail), exc.headers
+        if exc.status_code == 404 and exc.detail == "Not Found":
+            message = _unknown_route(request)
+        elif exc.status_code == 405 and (allowed := _allowed_methods(app, request.scope)):
+            message = f"Method not allowed ({request.method} {request.scope['path']}); this route takes " \
+                      f"{', '.join(allowed)}"
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
         return JSONResponse(error_body(message, "invalid_request_error", None, code),
-                            status_code=exc.status_code, headers=exc.headers)
+                            status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(request: Request, exc: ClientDisconnected) -> Response:
@@ -145,28 +152,50 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     # the last added is the outermost: the generic 500 is made inside CORSMiddleware, so it carries the CORS
     # headers every other response does (Starlette's own ServerErrorMiddleware sits outside all of them, and a
-    # browser page cannot read a response without them)
+    # browser page cannot read a response without them); the request id goes on outside CORSMiddleware, which answers
+    # a preflight itself
     app.add_middleware(_InternalErrors)
-    if settings.request_id_headers:
-        app.add_middleware(_RequestIdHeaders)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
-        # `DELETE /v1/responses/{id}` (the SDK's responses.delete)
+        # `DELETE /v1/responses/{id}` (the SDK's responses.delete); X-Request-Id exposed to the page's script, which
+        # a browser otherwise hides from it (the OpenAI SDKs read it as a response's `_request_id`)
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
-                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"])
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
+                           expose_headers=[REQUEST_ID_HEADER])
+    if settings.request_id_headers:
+        app.add_middleware(_RequestIdHeaders)
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 
 
 def _unknown_route(request: Request) -> str:
     """A 404's message for a path no route serves: the URL, as OpenAI's says it, and where this server serves it when
-    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip)."""
-    path = request.scope["path"]
-    message = f"Invalid URL ({request.method} {path})"
+    the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip), or when a
+    route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for under it (the base URL joined to it). The
+    URLs it gives are under --root-path, where the client reaches the server."""
+    root, path = request.scope.get("root_path", "").rstrip("/"), get_route_path(request.scope)
+    message = f"Invalid URL ({request.method} {root}{path})"
+    at_root = path.removeprefix("/v1")
     if f"/v1{path}" in _ENDPOINTS:
-        message += f"; this server serves /v1{path}: give the client a base URL ending in /v1 (http://HOST:PORT/v1)"
+        message += f"; this server serves {root}/v1{path}: give the client a base URL ending in /v1 " \
+                   f"(http://HOST:PORT{root}/v1)"
+    elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
+        message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
+                   f"(http://HOST:PORT{root}{at_root})"
     return message
+
+
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods the routes of a request's path take, for a 405's `Allow` header (RFC 9110 §15.5.6: all of them):
+    Starlette's names only the first route's, and GET and HEAD, or /ping's POST, are routes of their own here. The
+    mounted page files (which answer their own 405) take none here."""
+    routes = [route for route in app.router.routes if not isinstance(route, Mount)]
+    return [method for method in _HTTP_METHODS
+            if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in routes)]
 
 
 def _behind_the_api_key(context: ServingContext) -> list[Any]:
@@ -395,7 +424,7 @@ class _RequestAccounting(_HttpMiddleware):
 
 
 def _endpoint(scope: Scope) -> str:
-    path = scope["path"]
+    path = get_route_path(scope)  # under --root-path, uvicorn's path starts with it (as ASGI has it)
     if scope["method"] == "OPTIONS" and any(name == b"access-control-request-method" for name, _ in scope["headers"]):
         return "preflight"
     if path in _ENDPOINTS:

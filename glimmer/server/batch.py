@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message
 
 from glimmer.server.body import UTF8_BYTE_ORDER_MARK, wide_text_encoding
 from glimmer.server.errors import INTERNAL_ERROR_MESSAGE, describe_error, error_body
+from glimmer.server.schemas import LONE_SURROGATE, lone_surrogate_error
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """The endpoints a batch line may name: those Glimmer serves that OpenAI's and vLLM's batch files name."""
@@ -103,6 +104,8 @@ def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
     if not isinstance(custom_id, str):
         return _line_error(number, None, "invalid_parameter",
                            f"custom_id must be a string, not {json.dumps(custom_id)}", "custom_id")
+    if LONE_SURROGATE.search(custom_id):  # the record could not name it: the output is UTF-8 text
+        return _line_error(number, None, "invalid_parameter", str(lone_surrogate_error("custom_id", "")), "custom_id")
     if custom_id in seen:
         return _line_error(number, custom_id, "duplicate_custom_id",
                            f"custom_id {custom_id!r} is line {seen[custom_id]}'s too; give each line a custom_id of "

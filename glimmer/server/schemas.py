@@ -346,7 +346,9 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A UTF-16 surrogate in a str: Python's JSON parser reads an unpaired `\\ud800` escape into one, which no UTF-8 text
+can hold."""
 
 
 def _lone_surrogate(body: bytes) -> RequestError | None:
@@ -360,18 +362,19 @@ def _lone_surrogate(body: bytes) -> RequestError | None:
     pending: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
     while pending:  # iterative, and children pushed in reverse: the first lone surrogate of the body is named
         item, loc = pending.pop()
-        if isinstance(item, str) and _LONE_SURROGATE.search(item):
-            return _surrogate_error(_field_path(loc) or None, "")
+        if isinstance(item, str) and LONE_SURROGATE.search(item):
+            return lone_surrogate_error(_field_path(loc) or None, "")
         if isinstance(item, dict):
-            if any(_LONE_SURROGATE.search(key) for key in item):  # a key holding one is named by its object
-                return _surrogate_error(_field_path(loc) or None, "a key of ")
+            if any(LONE_SURROGATE.search(key) for key in item):  # a key holding one is named by its object
+                return lone_surrogate_error(_field_path(loc) or None, "a key of ")
             pending += [(child, (*loc, key)) for key, child in reversed(item.items())]
         elif isinstance(item, list):
             pending += [(child, (*loc, index)) for index, child in reversed(list(enumerate(item)))]
     return None
 
 
-def _surrogate_error(field: str | None, what: str) -> RequestError:
+def lone_surrogate_error(field: str | None, what: str) -> RequestError:
+    """The 400 for `field` (or the body, for None) holding a lone surrogate; `what` comes before its name."""
     return RequestError(f"{what}{field or 'the request body'} holds a lone UTF-16 surrogate (an unpaired "
                         "\\uD800-\\uDFFF escape), which is no Unicode character; send valid Unicode text",
                         param=field)

@@ -74,7 +74,9 @@ async def detokenize(raw_request: Request, context: ServingContext) -> Response:
 def _token_ids(request: TokenizeRequest, context: ServingContext, cancel: CancelToken) -> list[int]:
     """Raises RequestError naming the field: both or neither of prompt and messages, a chat field beside a prompt,
     `add_special_tokens: true` with messages, a text too long for the context, or whatever chat refuses."""
-    given = request.model_fields_set
+    # null is unset, as on every route (schemas.drop_nulls keeps it only where None is a value): a `prompt: null` was
+    # tokenized as "", and a client sending its unset fields as null was refused for giving both forms
+    given = {name for name in request.model_fields_set if getattr(request, name) is not None}
     if ("prompt" in given) == ("messages" in given):
         raise RequestError("prompt, messages: give exactly one of them: `prompt` (text) or `messages` (a chat "
                            "conversation)", param="prompt" if "prompt" in given else "messages")

@@ -94,6 +94,8 @@ def test_batch_records_hold_what_the_http_server_answers_for_the_same_bodies(tin
     ('{"custom_id": "a", "custom_id": "b", "method": "POST"}', "invalid_json_line", None, None),
     (_line(None, "/v1/completions", {"prompt": "x"}), "missing_required_parameter", "custom_id", None),
     (_line(7, "/v1/completions", {"prompt": "x"}), "invalid_parameter", "custom_id", None),
+    # an unpaired escape, which the UTF-8 output could not hold: writing its record ended the batch with a traceback
+    (_line("q\ud800", "/v1/completions", {"prompt": "x"}), "invalid_parameter", "custom_id", None),
     (_line("first", "/v1/completions", {"prompt": "x"}), "duplicate_custom_id", "custom_id", "first"),
     (_line("b", "/v1/embeddings", {"input": "x"}), "invalid_parameter", "url", "b"),
     (_line("b", "/v1/completions", {"prompt": "x"}, method="GET"), "invalid_parameter", "method", "b"),
@@ -282,6 +284,17 @@ def test_run_batch_writes_a_record_for_each_line_and_exits_0(tiny_checkpoint, tm
     assert "wrote 9 records" in err and "5 answered with status 200, 4 failed" in err
 
 
+def test_a_record_stays_one_line_for_readers_that_split_at_unicode_line_breaks(tiny_checkpoint, tmp_path):
+    """U+2028, U+2029 and NEL, written raw in a record (here its custom_id; an answer's text too), end a line for
+    str.splitlines, as they did in streamed events: such a reader of the output read the record as two broken ones."""
+    custom_id = "a\u2028b\u2029c\x85d"
+    source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    source.write_text(_line(custom_id, "/v1/completions", {"prompt": "Once", "max_tokens": 1}) + "\n")
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(source), "-o", str(out), "--max-model-len", "2048"]) == 0
+    (line,) = out.read_text(encoding="utf-8").splitlines()
+    assert json.loads(line)["custom_id"] == custom_id
+
+
 def test_run_batch_reads_stdin_and_writes_stdout(tiny_checkpoint, monkeypatch, capsys):
     """A body's `model` may name the model as `glimmer serve` does (the directory's name) or as MODEL was given, which
     is how vLLM's run-batch serves it."""
@@ -361,6 +374,19 @@ def test_an_input_or_output_that_cannot_be_used_is_one_line_before_the_model_loa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
     assert all(word in err for word in words) and "no-such-model" not in err
+
+
+def test_an_output_that_is_a_hard_link_to_the_input_is_refused_leaving_the_input_whole(capsys, tmp_path):
+    """Only the same resolved path was taken for the input: a hard link to it was opened for writing, which emptied the
+    input file (the batch ran from the bytes read before)."""
+    source = tmp_path / "in.jsonl"
+    text = _line("a", "/v1/completions", {"prompt": "x"}) + "\n"
+    source.write_text(text)
+    (tmp_path / "link.jsonl").hardlink_to(source)
+    assert main(["run-batch", str(tmp_path / "no-such-model"), "-i", str(source), "-o",
+                 str(tmp_path / "link.jsonl")]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert source.read_text() == text
 
 
 def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_checkpoint, tmp_path):

@@ -419,9 +419,36 @@ def test_a_client_whose_base_url_lacks_v1_is_told_where_the_route_is(server):
     assert (error["message"], error["code"]) == ("Invalid URL (GET /v1/nothing-here)", "not_found")
 
 
+def test_a_route_served_beside_v1_asked_for_under_it_is_told_where_the_route_is(server):
+    """A client joining its base URL (`http://HOST:PORT/v1`) to vLLM's /tokenize, /health, ... got a bare 404."""
+    error = error_of(post(server, {"prompt": "hi"}, path="/tokenize"), 404)
+    assert error["message"] == ("Invalid URL (POST /v1/tokenize); this server serves /tokenize at the root, beside "
+                                "/v1, as vLLM does (http://HOST:PORT/tokenize)")
+    assert "serves /health at the root" in error_of(httpx.get(server.base_url + "/health"), 404)["message"]
+    assert error_of(httpx.get(server.base_url + "/"), 404)["message"] == "Invalid URL (GET /v1/)"
+
+
 def test_a_wrong_method_is_405_with_an_error_body(server):
     response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert error_of(response, 405)["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("DELETE", "/ping", "GET, HEAD, POST"),
+    ("PUT", "/v1/responses/resp_x", "GET, HEAD, DELETE"),
+    ("POST", "/v1/models", "GET, HEAD"),
+    ("GET", "/tokenize", "POST"),
+])
+def test_a_405_allows_every_method_the_path_takes_and_names_them(server, method, path, allowed):
+    """Allow named only the first route's methods (`GET` for /ping, which takes HEAD and POST too), where RFC 9110
+    §15.5.6 has a 405 list all of them; the body said only "Method Not Allowed"."""
+    response = httpx.request(method, server.url + path, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.headers["allow"] == allowed
+    assert error_of(response, 405)["message"] == f"Method not allowed ({method} {path}); this route takes {allowed}"
+
+
+def test_a_wrong_method_on_a_page_file_is_a_405_too(server):
+    assert httpx.post(server.url + "/static/chat.js").status_code == 405
 
 
 def test_head_answers_where_get_does_as_health_probes_send_it(server):

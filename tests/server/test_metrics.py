@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -11,6 +12,24 @@ from server_support import live_server
 
 def _grew(before: dict[str, float], after: dict[str, float], name: str) -> float:
     return after.get(name, 0) - before.get(name, 0)
+
+
+def test_under_a_root_path_requests_count_by_their_endpoint(make_tiny):
+    """Behind --root-path uvicorn hands the app paths that start with it (`/api/version`), as ASGI has them: every
+    request was counted as endpoint `other`, and a 404's hints were lost."""
+    async def get(path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=server.app, root_path="/api")  # the scope uvicorn makes
+        async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+            return await client.get("/api" + path)
+
+    name = 'glimmer_requests_total{endpoint="/version",status="200"}'
+    with live_server(make_tiny(), scripted=True) as server:
+        before = server.metrics()
+        assert asyncio.run(get("/version")).status_code == 200
+        assert _grew(before, server.metrics(), name) == 1
+        assert asyncio.run(get("/models")).json()["error"]["message"] == (
+            "Invalid URL (GET /api/models); this server serves /api/v1/models: give the client a base URL ending in "
+            "/v1 (http://HOST:PORT/api/v1)")
 
 
 def test_inter_token_latency_counts_each_step_when_the_server_reads_the_tokens_late(make_tiny):

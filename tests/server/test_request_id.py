@@ -110,6 +110,23 @@ def test_request_id_headers_echo_the_id_or_make_one_the_response_is_named_by(mak
         assert "x-request-id" not in _post(server, "/completions", COMPLETION, {"X-Request-Id": "t"}).headers
 
 
+def test_request_id_headers_are_on_a_cors_preflights_answer_too_and_exposed_to_the_page(make_tiny):
+    """--enable-request-id-headers puts X-Request-Id on every response: a browser's preflight, which the CORS layer
+    answers itself, allowed (200) or refused (400), went without one, and a cross-origin page could not read it."""
+    with live_server(make_tiny(), scripted=True, request_id_headers=True,
+                     allowed_origins=("http://page.example",)) as server:
+        for origin, status in (("http://page.example", 200), ("http://other.example", 400)):
+            preflight = httpx.options(server.base_url + "/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST", "X-Request-Id": "trace-9"})
+            assert (preflight.status_code, preflight.headers.get("x-request-id")) == (status, "trace-9"), origin
+        made = httpx.options(server.base_url + "/models", headers={"Origin": "http://page.example",
+                                                                   "Access-Control-Request-Method": "GET"})
+        assert made.status_code == 200 and made.headers["x-request-id"]
+        # and a page's script may read it (the OpenAI SDKs' `_request_id`): a browser hides a header not exposed
+        answer = httpx.get(server.base_url + "/models", headers={"Origin": "http://page.example"})
+        assert answer.headers["access-control-expose-headers"].lower() == "x-request-id"
+
+
 RESPONSE = {"model": "tiny", "input": "[long] go", "max_output_tokens": 300, "temperature": 0,
             "chat_template_kwargs": PINNED_DATE}
 

@@ -124,6 +124,20 @@ def test_a_prompt_that_is_no_string_is_refused_saying_tokenize_takes_one_text(se
         "type": "invalid_request_error", "param": "prompt", "code": None}
 
 
+@pytest.mark.parametrize("fields", [{"prompt": "The sky", "messages": None, "tools": None},
+                                    {"prompt": None, "messages": MESSAGES, "chat_template_kwargs": PINNED_DATE}],
+                         ids=["prompt", "messages"])
+def test_a_field_sent_as_null_is_unset(server, fields):
+    """A client that sends its unset fields as null (None in Python) was refused for giving both prompt and messages,
+    or a chat field beside a prompt."""
+    sent = {name: value for name, value in fields.items() if value is not None}
+    assert post(server, "/tokenize", **fields).json() == post(server, "/tokenize", **sent).json()
+
+
+def test_a_null_prompt_is_none_sent_not_an_empty_text(server):
+    assert error_param(post(server, "/tokenize", prompt=None)) == "messages"
+
+
 @pytest.mark.parametrize("fields", [{}, {"add_special_tokens": False}])
 def test_a_prompt_longer_than_the_context_can_hold_is_refused_before_tokenizing(server, fields):
     too_long = "x" * (server.engine.engine.max_prompt_chars + 1)
