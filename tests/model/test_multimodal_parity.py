@@ -111,6 +111,31 @@ def test_chunked_prefill_splitting_an_image_gives_the_same_tokens(checkpoint, ll
     assert chunked.generate(prompt, params)[0].token_ids == llm.generate(prompt, params)[0].token_ids
 
 
+MIXED_PROMPT = "<|patch|> then <|video|>, <|patch|> and <|patch|>"  # starts and ends inside an image's tokens
+
+
+@pytest.mark.parametrize(("budget", "block_size"), [(1, 4), (3, 1), (7, 16)])
+def test_images_and_a_video_chunked_anywhere_match_reference(checkpoint, reference, budget, block_size):
+    """Three images and a two-group video in one prompt that starts and ends with an image, prefilled in chunks
+    whose boundaries fall inside every placeholder run (and between a video's groups), then again from the prefix
+    cache: the reference's greedy tokens each time."""
+    images, video = [_image(50, 70, 1), _image(30, 30, 5), _image(90, 60, 6)], _video()
+    llm = LLM(str(checkpoint), progress=False, max_num_batched_tokens=budget, block_size=block_size)
+    ids, items = llm.engine.prepare_prompt(MIXED_PROMPT, images, [video])
+    expected = _reference_greedy(
+        reference, ids, llm.engine.token_count,
+        pixel_values=torch.cat([item.pixel_values for item in items[:3]]),
+        image_grid_thw=torch.cat([item.grid_thw for item in items[:3]]),
+        pixel_values_videos=items[3].pixel_values, video_grid_thw=items[3].grid_thw)
+    assert len(items[3].runs) == 2 and ids[-2] == llm.engine.model_config.image_token_id
+    prompt = {"prompt": MIXED_PROMPT, "multi_modal_data": {"image": images, "video": video}}
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    first, again = (llm.generate(prompt, params)[0] for _ in range(2))
+    assert first.prompt_token_ids == ids
+    assert first.token_ids == expected and again.token_ids == expected
+    assert again.num_cached_tokens > items[3].runs[1][0]
+
+
 def test_same_placeholders_with_different_pixels_never_share_cached_blocks(llm):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     text = "<|begin_of_text|>" + "x " * 40 + "<|patch|> what?"
