@@ -13,6 +13,11 @@ class GlimmerError(Exception):
     """Base class of every error Glimmer raises on purpose."""
 
 
+class EngineForkedError(GlimmerError, RuntimeError):
+    """A model was to run in a process forked from one that had loaded an engine, where it would wait for ever for
+    threads that stayed in the parent (glimmer/engine/fork_guard.py)."""
+
+
 class ConfigError(GlimmerError, ValueError):
     """A checkpoint's config.json (or generation_config.json) cannot be turned into a valid model config."""
 

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.outputs import StepDelta
@@ -179,6 +180,7 @@ class AsyncEngine:
         client). `generated`: as LLMEngine.add_request's (a beam's tokens). `counted=False`: the request is left out of
         the statistics (the token counters, `on_finished`, `on_token_gap`), being a part of a request its caller records
         itself (`record_finished`): a beam search's one-token steps."""
+        check_not_forked("AsyncEngine.generate")  # the engine thread stayed in the process that forked this one
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling params must be a SamplingParams, not {type(params).__name__}",
                                param="sampling_params")

@@ -41,6 +41,7 @@ from glimmer.engine.chat_rendering import (
     render_conversation,
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
+from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
@@ -450,6 +451,7 @@ class LLM:
         `use_tqdm`, as vLLM's: True shows a progress bar of the prompts finished (on stderr), False none, and a
         callable makes the bar (`functools.partial(tqdm, leave=False)`: called with `total` and `desc`). None (the
         default) shows it unless the LLM was made with `progress=False`: vLLM's default, True, unless told quiet."""
+        check_not_forked("LLM.generate")
         normalized = self._normalize_prompts(prompts)
         if sampling_params is None:
             params_list = [self.get_default_sampling_params()] * len(normalized)
@@ -482,6 +484,7 @@ class LLM:
         for one token with `logprobs=2 * beam_width`; the prefix cache shares the prompt's and the beams' KV. A
         max_tokens past max_model_len ends the beams there, as in `generate`. `use_tqdm` (default False, as vLLM's)
         shows the prompts whose search ended."""
+        check_not_forked("LLM.beam_search")
         if not isinstance(params, BeamSearchParams):
             raise RequestError(f"params must be a BeamSearchParams(beam_width=..., max_tokens=...), not "
                                f"{type(params).__name__}", param="params")
@@ -675,6 +678,7 @@ class LLM:
         as plain text, so that it cannot forge turns; `allow_control_tokens_in_content=True` (trusted input
         only) makes it those tokens instead. `use_tqdm` is `generate`'s.
         """
+        check_not_forked("LLM.chat")
         conversations = _conversations(messages)
         if isinstance(sampling_params, list | tuple):
             if len(sampling_params) != len(conversations):

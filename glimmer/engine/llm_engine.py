@@ -46,6 +46,7 @@ from glimmer.engine.config_checks import check_engine_config, check_weight_forma
 from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
+from glimmer.engine.fork_guard import check_not_forked, mark_loading
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
 from glimmer.engine.kv_planner import DraftKV, KVDemand, block_bytes, plan_kv_layout, wanted_blocks
@@ -317,6 +318,7 @@ _BESIDE_A_GRAMMAR = (
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
+        mark_loading()  # in a fork of a process that had loaded one, the load would hang: refused saying so
         self.config = config
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
@@ -918,6 +920,7 @@ class LLMEngine:
         (the others' deltas ride on the error), or every request of the batch if running the model or the
         sampler failed.
         """
+        check_not_forked("an engine step")
         started = time.perf_counter()
         if self._launched is not None:
             return self._step_ahead(*self._successor(self._launched), self._launched)
