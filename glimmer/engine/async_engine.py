@@ -26,6 +26,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -153,7 +154,7 @@ class AsyncEngine:
         self._waiting_requests = 0
         if sys.getswitchinterval() > ENGINE_SWITCH_INTERVAL_S:  # never lengthen one a host process chose
             sys.setswitchinterval(ENGINE_SWITCH_INTERVAL_S)
-        self._thread = threading.Thread(target=self._run, name="glimmer-engine", daemon=True)
+        self._thread = threading.Thread(target=_serve, args=(weakref.ref(self),), name="glimmer-engine", daemon=True)
         self._thread.start()
 
     # public, called from asyncio code --------------------------------------------------------------
@@ -329,36 +330,38 @@ class AsyncEngine:
 
     # the engine thread ------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        consecutive_failures = 0
+    def _serve_once(self, consecutive_failures: int) -> int | None:
+        """One turn of the engine thread: drain the commands and run a step. Returns how many steps in a row have
+        failed, or None once the thread is to end (shut down, or dead: every waiting caller was told)."""
+        if self._stopped.is_set():
+            error = EngineShuttingDownError(self._closing)  # shut down: set before the loop was told to stop
+            self._stop_requests(error)
+            self._fail_queued_admissions(error)
+            return None
         try:
-            while not self._stopped.is_set():
-                self._drain_commands(block=not self.engine.has_unfinished_requests)
-                self._count_waiting()
-                if not self.engine.has_unfinished_requests:
-                    continue
-                start = time.monotonic()
-                try:
-                    deltas = self.engine.step()
-                except StepError as exc:
-                    consecutive_failures = consecutive_failures + 1 if exc.whole_batch else 0
-                    if consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
-                        raise
-                    self._dispatch(exc.deltas)
-                    self._fail_requests(exc)
-                    continue
-                consecutive_failures = 0
-                self._count_waiting()
-                self.metrics.steps += 1
-                self.metrics.step_seconds += time.monotonic() - start
-                self._dispatch(deltas)
+            self._drain_commands(block=not self.engine.has_unfinished_requests)
+            self._count_waiting()
+            if not self.engine.has_unfinished_requests:
+                return consecutive_failures
+            start = time.monotonic()
+            try:
+                deltas = self.engine.step()
+            except StepError as exc:
+                consecutive_failures = consecutive_failures + 1 if exc.whole_batch else 0
+                if consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                    raise
+                self._dispatch(exc.deltas)
+                self._fail_requests(exc)
+                return consecutive_failures
+            self._count_waiting()
+            self.metrics.steps += 1
+            self.metrics.step_seconds += time.monotonic() - start
+            self._dispatch(deltas)
+            return 0
         except BaseException as exc:  # the loop must never die silently: fail every waiting caller
             logger.exception("engine thread failed")
             self._die(exc)
-            return
-        error = EngineShuttingDownError(self._closing)  # shut down: set before the loop was told to stop
-        self._stop_requests(error)
-        self._fail_queued_admissions(error)
+            return None
 
     def _count_waiting(self) -> None:
         self._waiting_requests = len({seq.request_id for seq in self.engine.scheduler.waiting})
@@ -498,6 +501,19 @@ class AsyncEngine:
                     self._listeners.pop(delta.request_id, None)
         for loop, items in by_loop.items():
             _call_soon(loop, _deliver, items)
+
+
+def _serve(engine_ref: weakref.ref[AsyncEngine]) -> None:
+    """The engine thread. It holds its AsyncEngine only for a turn (`_serve_once`: at most half a second while idle),
+    so an engine dropped without `shutdown()` is freed and its thread ends: one that held it kept the model, the KV
+    cache and the thread for the process's life. A caller still streaming holds the engine (its stream's frame)."""
+    consecutive_failures: int | None = 0
+    while consecutive_failures is not None:
+        engine = engine_ref()
+        if engine is None:
+            return
+        consecutive_failures = engine._serve_once(consecutive_failures)
+        del engine
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object) -> None:
