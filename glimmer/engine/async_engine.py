@@ -484,6 +484,11 @@ class AsyncEngine:
                 self.metrics.generation_tokens += len(delta.token_ids)
             if listener is None:
                 continue
+            if listener.loop.is_closed():  # its caller's event loop closed with the stream unread: nobody reads on
+                self._listeners.pop(delta.request_id)
+                self.engine.abort(delta.request_id)
+                self._end_all(listener, "abort")
+                continue
             clock = listener.clocks.get(delta.index)
             if clock is not None:
                 clock.first_scheduled_time = delta.first_scheduled_time or clock.first_scheduled_time

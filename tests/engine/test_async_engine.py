@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import weakref
 
 import pytest
@@ -114,3 +115,23 @@ def test_an_engine_dropped_without_shutdown_is_freed_and_its_thread_ends(tiny_ch
     assert not thread.is_alive()
     gc.collect()
     assert model() is None
+
+
+def test_a_request_whose_event_loop_closed_is_stopped(tiny_checkpoint):
+    """A thread that ran its own event loop to read a stream's first delta and closed it (loop.close(), the stream
+    unread): its output was dropped at each step, while the request ran on for nobody to its max_tokens."""
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20,
+                                      max_model_len=4096))
+    finished, ended = [], threading.Event()
+    engine.on_finished(lambda completion: (finished.append(completion), ended.set()))
+    loop = asyncio.new_event_loop()
+    stream = engine.generate("r", PROMPT, SamplingParams(max_tokens=4000, ignore_eos=True))
+    try:
+        assert loop.run_until_complete(anext(stream)).token_ids
+        loop.close()
+        assert ended.wait(60)
+        assert [completion.finish_reason for completion in finished] == ["abort"]
+        assert finished[0].num_generation_tokens < 4000
+        _assert_released(engine)
+    finally:
+        engine.shutdown()
