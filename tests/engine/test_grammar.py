@@ -505,6 +505,22 @@ def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_onl
         assert not admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2023-02-29"}')) + "<|eot|>")
 
 
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "format": "hostname"},
+    {"anyOf": [{"type": ["string", "null"], "format": "hostname"}, {"type": "integer"}]},
+])
+def test_a_hostname_format_takes_at_most_253_characters(compiler, tokenizer, schema):
+    """RFC 1034 §3.1, as a raw ATEM value's hostname regex holds: the grammar engine's own regex bounds each label to
+    63 characters but not the name, and a random walk of its masks wrote a 700-character host name."""
+    longest = ".".join(["a" * 63] * 3 + ["b" * 61])  # 253 characters
+    for strict in (True, False):
+        params = StructuredOutputsParams(json=schema, strict=strict)
+        assert _admits(compiler, tokenizer, params, json.dumps(longest))
+        assert _admits(compiler, tokenizer, params, '"example.com"')
+        assert not _admits(compiler, tokenizer, params, json.dumps(longest + "b"))
+        assert not _admits(compiler, tokenizer, params, json.dumps(longest + ".c"))
+
 def _one_string_tool(schema: dict, strict: bool) -> TurnConstraint:
     parameters = {"type": "object", "properties": {"v": schema}, "required": ["v"]}
     check_json_schema(parameters, "tools", strict)
