@@ -407,6 +407,28 @@ def test_a_strict_min_properties_beyond_the_required_keys_is_refused_naming_it(s
                        "additionalProperties": {"type": "integer"}, "minProperties": 1}, "p", strict=True)
 
 
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "prefixItems": [{"type": "null"}], "additionalItems": False},
+    {"type": "array", "prefixItems": [{"type": "null"}], "items": {"type": "boolean"}, "additionalItems": False},
+    {"type": "array", "prefixItems": [{"type": "null"}], "items": [{"type": "boolean"}]},
+    {"type": "object", "properties": {"pair": {"$ref": "#/$defs/pair"}},
+     "$defs": {"pair": {"type": "array", "prefixItems": [{"type": "null"}], "additionalItems": {"type": "integer"}}}},
+])
+def test_a_strict_prefix_items_beside_a_tuple_keyword_of_older_drafts_is_refused_naming_it(compiler, tokenizer, schema):
+    """The grammar engine reads additionalItems or an array items as the drafts before 2020-12 do and drops
+    prefixItems: `[202]` was written for a first item that must be null. A non-strict schema keeps them as hints."""
+    for param in ("response_format.json_schema.schema", "tools[0].function.parameters"):
+        with pytest.raises(RequestError) as raised:
+            check_json_schema(schema, param, strict=True)
+        assert raised.value.param == param and "prefixItems beside" in str(raised.value)
+    check_json_schema(schema, "p", strict=False)
+    served = [({"type": "array", "prefixItems": [{"type": "null"}], "items": {"type": "boolean"}}, "[null, true]"),
+              ({"type": "array", "items": [{"type": "null"}], "additionalItems": False}, "[null]")]  # draft 7's tuple
+    for good, text in served:
+        assert _admits(compiler, tokenizer, StructuredOutputsParams(json=good), text)
+        assert not _admits(compiler, tokenizer, StructuredOutputsParams(json=good), "[202]")
+
 def test_the_grammar_engine_lets_a_key_of_pattern_properties_repeat(compiler, tokenizer):
     """Why a strict minProperties beyond `required` is refused: `{"a": 1, "a": 2}` counts two keys, parses to one."""
     schema = {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 2}
