@@ -93,8 +93,10 @@ def _common_types(first: set[str], second: set[str]) -> set[str]:
 
 
 def object_shape(root: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """An object schema's properties and required names, through a `$ref` at its root and its `allOf` members
-    (a tool's parameters may be written either way)."""
+    """An object schema's properties and required names, through a `$ref` at its root (beside the root's own
+    keywords) and its `allOf` members (a tool's parameters may be written either way). A property that several of
+    them declare holds to each declaration: its schema is their `allOf`, where the last one declared replaced the
+    others (a value of `{"minimum": 5}` in one member and `{"maximum": 9}` in another could be 1)."""
     properties: dict[str, Any] = {}
     required: set[str] = set()
     pending: list[Any] = [root]
@@ -102,13 +104,13 @@ def object_shape(root: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
         if not pending:
             break
         schema = pending.pop(0)
-        if isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
-            target = resolve_local_reference(schema["$ref"], root)
-            schema = {**target, **schema} if isinstance(target, Mapping) else schema
         if not isinstance(schema, Mapping):
             continue
+        if isinstance(schema.get("$ref"), str):
+            pending.append(resolve_local_reference(schema["$ref"], root))
         if isinstance(schema.get("properties"), Mapping):
-            properties.update(schema["properties"])
+            for key, declared in schema["properties"].items():
+                properties[key] = {"allOf": [properties[key], declared]} if key in properties else declared
         if isinstance(schema.get("required"), list):
             required.update(key for key in schema["required"] if isinstance(key, str))
         if isinstance(schema.get("allOf"), list):

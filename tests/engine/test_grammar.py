@@ -26,6 +26,7 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
+from glimmer.protocol.output_parser import parse_output
 from glimmer.protocol.turn_grammar import TurnConstraint
 
 LOOKUP = normalize_tools([{"name": "lookup", "parameters": {
@@ -612,6 +613,32 @@ def test_a_forced_call_follows_a_ref_into_the_tools_schema_as_the_tool_reads_it(
     assert not admits(compiler, tokenizer, constraint, call("f", ("count", "3"), ("counts", "[]"),
                                                             ("child", '{"counts": [], "child": null}')))
 
+
+
+@pytest.mark.parametrize("parameters", [
+    {"allOf": [{"type": "object", "properties": {"n": {"type": "integer", "minimum": 5}}, "required": ["n"]},
+               {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}, "s": {"maxLength": 2}}},
+               {"properties": {"s": {"type": "string", "pattern": "^x"}}}]},
+    {"$ref": "#/$defs/base", "properties": {"n": {"maximum": 9}, "s": {"type": "string", "maxLength": 2}},
+     "$defs": {"base": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5},
+                                                         "s": {"pattern": "^x"}}, "required": ["n"]}}},
+])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_call_holds_a_parameter_to_each_of_the_root_schemas_that_declare_it(compiler, tokenizer, parameters,
+                                                                              strict):
+    """A parameter declared in two `allOf` members of a tool's parameters, or beside and behind a root `$ref`, held
+    only to the last declaration read (and behind a `$ref`, to the sibling's, which replaced the target's
+    properties): `n` could be 1 and `s` any text. The call is typed by both declarations alike."""
+    check_json_schema(parameters, "tools", strict)
+    tools = normalize_tools([{"name": "f", "strict": strict, "parameters": parameters}])
+    constraint = TurnConstraint(call_tools=tools, must_call=True)
+    assert admits(compiler, tokenizer, constraint, call("f", ("n", "7"), ("s", "xy")) + "<|eot|>")
+    for bad in (("n", "1"), ("n", "20")):
+        assert not admits(compiler, tokenizer, constraint, call("f", bad))
+    for bad in ("yy", "xyz"):
+        assert not admits(compiler, tokenizer, constraint, call("f", ("n", "7"), ("s", bad)))
+    parsed = parse_output(call("f", ("n", "7"), ("s", "xy")), tools)
+    assert json.loads(parsed.tool_calls[0].arguments) == {"n": 7, "s": "xy"}
 
 def test_a_pattern_anchored_inside_a_group_is_refused_strict_and_a_hint_otherwise(compiler, tokenizer):
     schema = {"type": "string", "pattern": "(^a)b"}
