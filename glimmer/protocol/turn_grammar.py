@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,7 +73,7 @@ def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any
     keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
     `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win."""
     custom = schema.get("x-guidance")
-    return {**_with_format_limits(schema), "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
+    return {**_held_by_the_engine(schema), "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
                                                           **(custom if isinstance(custom, Mapping) else {})}}
 
 
@@ -92,19 +93,39 @@ _VALUE_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 """Keywords whose values are JSON values, not schemas: left as they are."""
 
 
-def _with_format_limits(schema: Any) -> Any:
-    """`schema` with `_FORMAT_LIMITS` required (through `allOf`) beside every `format` they name. The maps of
-    subschemas (`properties`, `$defs`, ...) are walked as schemas too: a name maps to a schema, never to the string
-    `date`."""
+def _held_by_the_engine(schema: Any) -> Any:
+    """`schema` as the grammar engine holds it, at every level: `_FORMAT_LIMITS` required (through `allOf`) beside
+    every `format` they name, and a `number` whose `multipleOf` is an integer written as an `integer`
+    (`_as_integer`). The maps of subschemas (`properties`, `$defs`, ...) are walked as schemas too: a name maps to a
+    schema, never to the string `date`."""
     if isinstance(schema, list):
-        return [_with_format_limits(member) for member in schema]
+        return [_held_by_the_engine(member) for member in schema]
     if not isinstance(schema, Mapping):
         return schema
-    kept = {key: value if key in _VALUE_KEYWORDS else _with_format_limits(value) for key, value in schema.items()}
+    kept = {key: value if key in _VALUE_KEYWORDS else _held_by_the_engine(value) for key, value in schema.items()}
     limit = _FORMAT_LIMITS.get(schema["format"]) if isinstance(schema.get("format"), str) else None
     if limit is not None and isinstance(kept.get("allOf", []), list):
         kept["allOf"] = [*kept.get("allOf", []), limit]
+    types = kept.get("type")
+    numbers = types == "number" or isinstance(types, list) and "number" in types
+    if numbers and _is_integer_valued(kept.get("multipleOf")):
+        kept["type"] = _as_integer(types)
     return kept
+
+
+def _as_integer(types: str | list[Any]) -> str | list[Any]:
+    """The `type` of a number schema whose `multipleOf` is an integer, with `number` as `integer`: the values are the
+    same (a multiple of an integer is one), and the grammar engine, which writes a `number` multiple as an integer
+    part and a fraction it lets be left out, panicked ("assertion failed: !s.has_pending_lexeme_bytes()") where such
+    a number ended a chat answer before its `<|eot|>`: 11 of 12 answers of `multipleOf: 5` failed."""
+    if types == "number":
+        return "integer"
+    return list(dict.fromkeys("integer" if name == "number" else name for name in types))
+
+
+def _is_integer_valued(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float)
+            and math.isfinite(value) and value.is_integer()) and value > 0
 
 
 MAX_THINKING_TOKEN_BUDGET = 2**64 - 1
