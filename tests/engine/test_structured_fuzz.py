@@ -1,13 +1,15 @@
 """A seeded fuzz of structured outputs at the grammar's masks: random JSON schemas (nested objects and arrays,
 required and optional keys, `additionalProperties`, enums, consts, `anyOf`, `$defs`/`$ref`, length, item and numeric
-bounds, `multipleOf`, patterns, formats, nullable types, empty and boolean schemas), as a completion's constraint and
-as a strict tool's forced call, walked token by token through the tiny tokenizer's masks (each step a random token
-the mask allows, the stop token at random where it may end). Every text a walk completes must parse, and validate
-against its schema with jsonschema; a schema the engine cannot hold must be refused naming the field.
+bounds, `multipleOf`, patterns, formats, nullable types, empty and boolean schemas), as a completion's constraint, a
+chat turn's answer and a strict tool's forced call, walked token by token through the tiny tokenizer's masks (each
+step a random token the mask allows, the stop token at random where it may end). Every text a walk completes must
+parse, and validate against its schema with jsonschema; a schema the engine cannot hold must be refused naming the
+field.
 
 The walk reaches what a model rarely writes (1,000-character strings, numbers of 60 digits, every format's corner),
-which is where the grammar engine's own regexes went wrong (`format: hostname` of 700 characters) and where a call's
-grammar dropped its root's keywords (an `anyOf` of required keys, a property declared in two `allOf` members).
+which is where the grammar engine's own regexes went wrong (`format: hostname` of 700 characters), where a call's
+grammar dropped its root's keywords (an `anyOf` of required keys, a property declared in two `allOf` members), and
+where the engine panicked on a chat answer's number before its `<|eot|>`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jsonschema
 import pytest
 from jsonschema import validators
 
-from glimmer.engine.grammar import GrammarCompiler, GrammarMasks, check_json_schema
+from glimmer.engine.grammar import GrammarCompiler, GrammarMasks, chat_answer_grammar, check_json_schema
 from glimmer.engine.sampler import unpack_token_bitmask
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
@@ -171,24 +173,47 @@ def _stops(tokenizer) -> set[int]:
     return {tokenizer.require_token_id(token) for token in ("<|eot|>", "<|end_of_text|>")}
 
 
-@pytest.mark.parametrize("strict", [True, False])
-def test_random_schemas_walked_through_the_masks_give_valid_json(compiler, tokenizer, strict):
+def _completed_walks(factory, seed: int, tokenizer) -> list[str]:
+    """The texts of the walks (three, seeded) through `factory`'s controllers that completed."""
+    rng = random.Random(seed)
+    walks = (_walk(factory(), rng, _stops(tokenizer)) for _ in range(3))
+    return [tokenizer.decode(ids) for ids in walks if ids is not None]
+
+
+def _valid_walks(tokenizer, param: str, constrain, read) -> int:
+    """How many walks through `constrain(schema)`'s controllers completed, for the random schemas of 150 seeds; each
+    completed walk's text, as `read` takes the value out of it, validates. A schema refused names `param`."""
     completed = 0
     for seed in range(150):
         schemas = Schemas(seed)
         schema = schemas.with_defs({"anyOf": [schemas.value()]})
         try:
-            factory = compiler.structured_outputs(StructuredOutputsParams(json=schema, strict=strict))
+            factory = constrain(schema)
         except RequestError as error:  # an unsatisfiable schema (a required key no value can take, ...)
-            assert error.param == "structured_outputs" and str(error).startswith("structured_outputs: ")
+            assert error.param == param and str(error).startswith(f"{param}: ")
             continue
-        rng = random.Random(seed)
-        for _ in range(3):
-            ids = _walk(factory(), rng, _stops(tokenizer))
-            if ids is not None:
-                _validate(tokenizer.decode(ids), schema)
-                completed += 1
+        for text in _completed_walks(factory, seed, tokenizer):
+            _validate(read(text), schema)
+            completed += 1
+    return completed
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_random_schemas_walked_through_the_masks_give_valid_json(compiler, tokenizer, strict):
+    completed = _valid_walks(tokenizer, "structured_outputs", lambda schema: compiler.structured_outputs(
+        StructuredOutputsParams(json=schema, strict=strict)), lambda text: text)
     assert completed > 350  # most walks end: the schemas bound what they let a walk write
+
+
+def test_random_schemas_as_chat_answers_walked_through_the_turns_masks_give_valid_answers(compiler, tokenizer):
+    """The answer's grammar inside a turn's, ended by `<|eot|>` (a special token, where the grammar engine once
+    panicked after a number): every completed walk's answer, as the output parser reads it, validates."""
+    def constrain(schema):
+        answer = chat_answer_grammar(StructuredOutputsParams(json=schema), "response_format")
+        return compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0))
+
+    completed = _valid_walks(tokenizer, "response_format", constrain, lambda text: parse_output(text).content)
+    assert completed > 350
 
 
 def test_random_strict_tools_forced_calls_walked_through_the_masks_validate(compiler, tokenizer):
@@ -214,12 +239,8 @@ def test_random_strict_tools_forced_calls_walked_through_the_masks_validate(comp
         except RequestError as error:
             assert error.param in ("tools", "tools[0].parameters") and str(error).startswith(f"{error.param}: ")
             continue
-        rng = random.Random(seed)
-        for _ in range(3):
-            ids = _walk(factory(), rng, _stops(tokenizer))
-            if ids is None:
-                continue
-            calls = parse_output(tokenizer.decode(ids), tools).tool_calls
+        for text in _completed_walks(factory, seed, tokenizer):
+            calls = parse_output(text, tools).tool_calls
             assert calls
             for call in calls:
                 _validate(call.arguments, parameters)
