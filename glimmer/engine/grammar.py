@@ -665,7 +665,7 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
                                "schema may not; leave it out", param=param)
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
-                  or _integer_past_float_precision(node))
+                  or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
 
@@ -730,6 +730,21 @@ def _exclusive_bound_on_its_integer(node: dict[str, Any]) -> str | None:
                         f"the number be {written}; give a {inclusive} it instead")
     return None
 
+
+
+def _prefix_items_beside_tuple_keywords(node: dict[str, Any]) -> str | None:
+    """`prefixItems` (JSON Schema 2020-12's tuple) beside `additionalItems` or an array `items` (the tuple of the
+    drafts before it): the grammar engine then reads the array as those drafts do and leaves `prefixItems` out, so
+    `{"prefixItems": [{"type": "null"}], "additionalItems": false}` let it write `[202]`."""
+    if "prefixItems" not in node:
+        return None
+    older = "additionalItems" if "additionalItems" in node else "items" if isinstance(node.get("items"), list) else None
+    if older is None:
+        return None
+    written = "additionalItems" if older == "additionalItems" else "an array items"
+    return (f"prefixItems beside {written} cannot be enforced: the grammar engine reads the array as the drafts "
+            "before 2020-12 do and leaves prefixItems out; give the items after prefixItems as items (a schema, or "
+            "false for none), without additionalItems")
 
 _FLOAT_EXACT_INTEGERS = 2**53
 """Integers a 64-bit float holds exactly: the grammar engine reads every number of a schema as one."""

@@ -22,7 +22,7 @@ from glimmer.protocol.duplicate_keys import first_duplicate_key
 from glimmer.protocol.headers import channel_of_recipient, is_valid_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
-from glimmer.protocol.value_typing import allowed_types, strict_json_loads
+from glimmer.protocol.value_typing import allowed_types, object_shape, root_schemas, strict_json_loads
 
 logger = logging.getLogger(__name__)
 
@@ -611,6 +611,37 @@ def _check_parameters(parameters: Any, field: str, strict: bool, check_schema: S
                            f"admits {', '.join(sorted(types))}", param=field)
     if check_schema is not None:
         check_schema(parameters, field, strict)
+    if strict:
+        reason = _root_keyword_a_call_cannot_hold(parameters)
+        if reason:
+            raise RequestError(f"{field}: {reason}", param=field)
+
+
+def _root_keyword_a_call_cannot_hold(parameters: Mapping[str, Any]) -> str | None:
+    """A keyword of a strict tool's parameters object itself (`root_schemas`) that its calls are not held to: a call
+    writes each declared property as an ATEM parameter of its own (P-ATEM-1), as the turn grammar allows them, so an
+    `anyOf` or `oneOf` of object shapes, a `minProperties` beyond `required` or a `maxProperties` below the declared
+    properties would be ignored (a call with none of an `anyOf`'s required keys was taken)."""
+    properties, required = object_shape(parameters)
+    writable = [key for key in properties if '"' not in key]  # the others cannot be written (P-ATEM-1)
+    for schema in root_schemas(parameters):
+        for keyword in ("anyOf", "oneOf"):
+            if keyword in schema:
+                return (f"{keyword} at the root of a strict tool's parameters cannot be enforced (a call writes each "
+                        "declared property as a parameter of its own); declare the properties and required keys of "
+                        "one object, or make the tool non-strict, where it is a hint")
+        minimum, maximum = schema.get("minProperties"), schema.get("maxProperties")
+        if _is_count(minimum) and minimum > len(required):
+            return (f"minProperties {minimum} at the root of a strict tool's parameters cannot be enforced beyond the "
+                    f"{len(required)} keys in required; list the keys in required, or leave minProperties out")
+        if _is_count(maximum) and maximum < len(writable):
+            return (f"maxProperties {maximum} at the root of a strict tool's parameters cannot be enforced below the "
+                    f"{len(writable)} properties it declares; declare at most {maximum}, or leave maxProperties out")
+    return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:

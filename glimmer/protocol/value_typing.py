@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 _JSON_TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
@@ -92,27 +92,36 @@ def _common_types(first: set[str], second: set[str]) -> set[str]:
     return common
 
 
-def object_shape(root: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
-    """An object schema's properties and required names, through a `$ref` at its root and its `allOf` members
-    (a tool's parameters may be written either way)."""
-    properties: dict[str, Any] = {}
-    required: set[str] = set()
+def root_schemas(root: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """The schemas that describe an object schema's object itself: `root`, the target of a `$ref` at it (beside the
+    root's own keywords) and its `allOf` members, and theirs in turn (a tool's parameters may be written any of
+    these ways)."""
     pending: list[Any] = [root]
     for _ in range(_MAX_SCHEMA_DEPTH):
         if not pending:
-            break
+            return
         schema = pending.pop(0)
-        if isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
-            target = resolve_local_reference(schema["$ref"], root)
-            schema = {**target, **schema} if isinstance(target, Mapping) else schema
         if not isinstance(schema, Mapping):
             continue
-        if isinstance(schema.get("properties"), Mapping):
-            properties.update(schema["properties"])
-        if isinstance(schema.get("required"), list):
-            required.update(key for key in schema["required"] if isinstance(key, str))
+        yield schema
+        if isinstance(schema.get("$ref"), str):
+            pending.append(resolve_local_reference(schema["$ref"], root))
         if isinstance(schema.get("allOf"), list):
             pending.extend(schema["allOf"])
+
+
+def object_shape(root: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """An object schema's properties and required names, from its `root_schemas`. A property that several of them
+    declare holds to each declaration: its schema is their `allOf`, where the last one declared replaced the others
+    (a value of `{"minimum": 5}` in one member and `{"maximum": 9}` in another could be 1)."""
+    properties: dict[str, Any] = {}
+    required: set[str] = set()
+    for schema in root_schemas(root):
+        if isinstance(schema.get("properties"), Mapping):
+            for key, declared in schema["properties"].items():
+                properties[key] = {"allOf": [properties[key], declared]} if key in properties else declared
+        if isinstance(schema.get("required"), list):
+            required.update(key for key in schema["required"] if isinstance(key, str))
     return properties, required
 
 

@@ -26,6 +26,7 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
+from glimmer.protocol.output_parser import parse_output
 from glimmer.protocol.turn_grammar import TurnConstraint
 
 LOOKUP = normalize_tools([{"name": "lookup", "parameters": {
@@ -407,6 +408,28 @@ def test_a_strict_min_properties_beyond_the_required_keys_is_refused_naming_it(s
                        "additionalProperties": {"type": "integer"}, "minProperties": 1}, "p", strict=True)
 
 
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "prefixItems": [{"type": "null"}], "additionalItems": False},
+    {"type": "array", "prefixItems": [{"type": "null"}], "items": {"type": "boolean"}, "additionalItems": False},
+    {"type": "array", "prefixItems": [{"type": "null"}], "items": [{"type": "boolean"}]},
+    {"type": "object", "properties": {"pair": {"$ref": "#/$defs/pair"}},
+     "$defs": {"pair": {"type": "array", "prefixItems": [{"type": "null"}], "additionalItems": {"type": "integer"}}}},
+])
+def test_a_strict_prefix_items_beside_a_tuple_keyword_of_older_drafts_is_refused_naming_it(compiler, tokenizer, schema):
+    """The grammar engine reads additionalItems or an array items as the drafts before 2020-12 do and drops
+    prefixItems: `[202]` was written for a first item that must be null. A non-strict schema keeps them as hints."""
+    for param in ("response_format.json_schema.schema", "tools[0].function.parameters"):
+        with pytest.raises(RequestError) as raised:
+            check_json_schema(schema, param, strict=True)
+        assert raised.value.param == param and "prefixItems beside" in str(raised.value)
+    check_json_schema(schema, "p", strict=False)
+    served = [({"type": "array", "prefixItems": [{"type": "null"}], "items": {"type": "boolean"}}, "[null, true]"),
+              ({"type": "array", "items": [{"type": "null"}], "additionalItems": False}, "[null]")]  # draft 7's tuple
+    for good, text in served:
+        assert _admits(compiler, tokenizer, StructuredOutputsParams(json=good), text)
+        assert not _admits(compiler, tokenizer, StructuredOutputsParams(json=good), "[202]")
+
 def test_the_grammar_engine_lets_a_key_of_pattern_properties_repeat(compiler, tokenizer):
     """Why a strict minProperties beyond `required` is refused: `{"a": 1, "a": 2}` counts two keys, parses to one."""
     schema = {"type": "object", "patternProperties": {"^[a-c]$": {"type": "integer"}}, "minProperties": 2}
@@ -505,6 +528,44 @@ def test_a_date_in_a_tool_calls_json_value_takes_february_29th_in_leap_years_onl
         assert not admits(compiler, tokenizer, constraint, call("book", ("day", '{"on": "2023-02-29"}')) + "<|eot|>")
 
 
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "format": "hostname"},
+    {"anyOf": [{"type": ["string", "null"], "format": "hostname"}, {"type": "integer"}]},
+])
+def test_a_hostname_format_takes_at_most_253_characters(compiler, tokenizer, schema):
+    """RFC 1034 §3.1, as a raw ATEM value's hostname regex holds: the grammar engine's own regex bounds each label to
+    63 characters but not the name, and a random walk of its masks wrote a 700-character host name."""
+    longest = ".".join(["a" * 63] * 3 + ["b" * 61])  # 253 characters
+    for strict in (True, False):
+        params = StructuredOutputsParams(json=schema, strict=strict)
+        assert _admits(compiler, tokenizer, params, json.dumps(longest))
+        assert _admits(compiler, tokenizer, params, '"example.com"')
+        assert not _admits(compiler, tokenizer, params, json.dumps(longest + "b"))
+        assert not _admits(compiler, tokenizer, params, json.dumps(longest + ".c"))
+
+
+@pytest.mark.parametrize(("schema", "admitted"), [
+    ({"type": "number", "multipleOf": 5, "maximum": 1000}, {"0": True, "5": True, "200": True, "3": False,
+                                                            "2.5": False, "1005": False}),
+    ({"type": ["number", "null"], "multipleOf": 1.0, "exclusiveMaximum": 7.5}, {"0": True, "7": True, "null": True,
+                                                                                 "8": False, "2.5": False}),
+])
+def test_a_chat_answer_of_a_number_multiple_of_an_integer_ends_without_failing(compiler, tokenizer, schema, admitted):
+    """The grammar engine panicked ("assertion failed: !s.has_pending_lexeme_bytes()") filling the mask after such a
+    number where `<|eot|>` may follow it: 11 of 12 chat answers of `multipleOf: 5` failed their request. It is held as
+    an integer, the same values."""
+    eot = tokenizer.require_token_id("<|eot|>")
+    constraint = TurnConstraint(answer=chat_answer_grammar(StructuredOutputsParams(json=schema)),
+                                thinking_token_budget=0)
+    for answer, expected in admitted.items():
+        controller = compiler.turn(constraint)()
+        ids = tokenizer.encode("<|message|>" + answer)
+        taken = controller.matcher.try_consume_tokens(ids) == len(ids)
+        allowed = unpack_token_bitmask(GrammarMasks(512, 1).fill([controller]), 512)[0].nonzero().flatten().tolist()
+        assert controller.failure is None, (answer, controller.failure)
+        assert (taken and eot in allowed) is expected, answer
+
 def _one_string_tool(schema: dict, strict: bool) -> TurnConstraint:
     parameters = {"type": "object", "properties": {"v": schema}, "required": ["v"]}
     check_json_schema(parameters, "tools", strict)
@@ -574,6 +635,32 @@ def test_a_forced_call_follows_a_ref_into_the_tools_schema_as_the_tool_reads_it(
     assert not admits(compiler, tokenizer, constraint, call("f", ("count", "3"), ("counts", "[]"),
                                                             ("child", '{"counts": [], "child": null}')))
 
+
+
+@pytest.mark.parametrize("parameters", [
+    {"allOf": [{"type": "object", "properties": {"n": {"type": "integer", "minimum": 5}}, "required": ["n"]},
+               {"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}, "s": {"maxLength": 2}}},
+               {"properties": {"s": {"type": "string", "pattern": "^x"}}}]},
+    {"$ref": "#/$defs/base", "properties": {"n": {"maximum": 9}, "s": {"type": "string", "maxLength": 2}},
+     "$defs": {"base": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5},
+                                                         "s": {"pattern": "^x"}}, "required": ["n"]}}},
+])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_call_holds_a_parameter_to_each_of_the_root_schemas_that_declare_it(compiler, tokenizer, parameters,
+                                                                              strict):
+    """A parameter declared in two `allOf` members of a tool's parameters, or beside and behind a root `$ref`, held
+    only to the last declaration read (and behind a `$ref`, to the sibling's, which replaced the target's
+    properties): `n` could be 1 and `s` any text. The call is typed by both declarations alike."""
+    check_json_schema(parameters, "tools", strict)
+    tools = normalize_tools([{"name": "f", "strict": strict, "parameters": parameters}])
+    constraint = TurnConstraint(call_tools=tools, must_call=True)
+    assert admits(compiler, tokenizer, constraint, call("f", ("n", "7"), ("s", "xy")) + "<|eot|>")
+    for bad in (("n", "1"), ("n", "20")):
+        assert not admits(compiler, tokenizer, constraint, call("f", bad))
+    for bad in ("yy", "xyz"):
+        assert not admits(compiler, tokenizer, constraint, call("f", ("n", "7"), ("s", bad)))
+    parsed = parse_output(call("f", ("n", "7"), ("s", "xy")), tools)
+    assert json.loads(parsed.tool_calls[0].arguments) == {"n": 7, "s": "xy"}
 
 def test_a_pattern_anchored_inside_a_group_is_refused_strict_and_a_hint_otherwise(compiler, tokenizer):
     schema = {"type": "string", "pattern": "(^a)b"}

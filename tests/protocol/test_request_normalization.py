@@ -466,6 +466,32 @@ def test_each_declared_parameters_schema_goes_to_the_schema_check_with_its_field
     assert caught.value.param == "tools[0].parameters"
 
 
+_TWO = {"a": {"type": "integer"}, "b": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(("parameters", "keyword"), [
+    ({"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, "anyOf"),
+    ({"type": "object", "properties": _TWO, "allOf": [{"$ref": "#/$defs/one"}],
+      "$defs": {"one": {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}}}, "oneOf"),
+    ({"type": "object", "properties": _TWO, "additionalProperties": False, "minProperties": 1}, "minProperties 1"),
+    ({"type": "object", "properties": _TWO, "additionalProperties": False, "maxProperties": 1}, "maxProperties 1"),
+])
+def test_a_strict_tools_root_keyword_its_calls_cannot_hold_is_refused_naming_it(parameters, keyword):
+    """A call writes each declared property as an ATEM parameter of its own, so the turn grammar held a strict tool's
+    call to none of these: a call without parameters was taken under an `anyOf` whose members each require one, and
+    one with both under `maxProperties: 1`. A non-strict tool keeps them as hints."""
+    with pytest.raises(RequestError) as caught:
+        normalize_tools([{"name": "f", "strict": True, "parameters": parameters}])
+    assert caught.value.param == "tools[0].parameters" and keyword in str(caught.value)
+    normalize_tools([{"name": "f", "parameters": parameters}])
+
+
+def test_a_strict_tools_root_property_counts_its_calls_hold_are_taken():
+    held = {"type": "object", "properties": _TWO, "required": ["a"], "additionalProperties": False,
+            "minProperties": 1, "maxProperties": 2}
+    assert normalize_tools([{"name": "f", "strict": True, "parameters": held}])[0]["function"]["parameters"] == held
+
 @pytest.mark.parametrize("kind", ["code_interpreter", "retrieval", "web_search"])
 def test_a_tool_of_another_type_is_named_as_unsupported(kind):
     """Not "function.name must be a non-empty string": the type is what is wrong."""
