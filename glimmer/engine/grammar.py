@@ -544,6 +544,27 @@ def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = Fals
         raise _refused(param, messages[0], hint=hint)
 
 
+def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: bool = False) -> None:
+    """`check_json_schema` for a tool's `parameters`, and RequestError naming the parameter for an optional one that
+    no value satisfies (a `pattern` of two characters with `maxLength` 1): the grammar engine leaves such a property
+    out of JSON, but a call writes each parameter as a value of its own, so a call that began one failed while
+    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it."""
+    check_json_schema(parameters, param, strict)
+    properties, required = parameters.get("properties"), parameters.get("required", [])
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        return
+    for key in properties:
+        if key in required:
+            continue
+        try:
+            check_json_schema({**parameters, "required": [*required, key]}, param, strict)
+        except RequestError:
+            field = f"{param}.properties.{key}"
+            raise RequestError(f"{field}: no value satisfies the schema of this optional parameter, so a call that "
+                               "wrote it could never be finished; fix its schema, or leave the parameter out",
+                               param=field) from None
+
+
 def without_patterns_beyond_the_engine(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     """`schema` (a non-strict tool's parameters) without the `pattern`s the grammar engine's regexes cannot express:
     lookarounds, word boundaries and backreferences are ECMA-262, as JSON Schema's `pattern` is, but no regular

@@ -206,3 +206,23 @@ def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_refused_naming_
     with pytest.raises(RequestError) as raised:
         llm.chat(MESSAGES, SamplingParams(max_tokens=5), response_format=answer)
     assert named in str(raised.value) and raised.value.param.endswith(".properties.x"), raised.value.param
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tool_whose_optional_parameter_no_value_satisfies_is_refused_naming_it(llm, strict):
+    """A forced call that began writing such a parameter failed while generating with the grammar engine's bare
+    "NoExtensionBias"; a required one was refused already, and still is."""
+    never = {"type": "string", "pattern": "ab", "maxLength": 1}
+    for required in ([], ["x"]):
+        tool = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"}, "x": never}, "required": required}}}
+        with pytest.raises(RequestError) as raised:
+            llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[tool], tool_choice="required")
+        if required:
+            assert raised.value.param == "tools[0].function.parameters" and "'x'" in str(raised.value)
+        else:
+            assert raised.value.param == "tools[0].function.parameters.properties.x"
+            assert "no value satisfies the schema of this optional parameter" in str(raised.value)
+    satisfiable = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+        "type": "object", "properties": {"x": {**never, "maxLength": 2}}, "required": []}}}
+    llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[satisfiable], tool_choice="auto")

@@ -588,3 +588,15 @@ def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_a_400_naming_th
     field = ("tools[0].function.parameters" if where == "tools" else "response_format.json_schema.schema") \
         + ".properties.x"
     assert error["param"] == field and error["message"].startswith(f"{field}: {named}"), error
+
+
+def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
+    """A forced call that began writing it failed while generating with the grammar engine's "NoExtensionBias"."""
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "ab", "maxLength": 1}}, "required": []}}}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, "tools": [tool], "tool_choice": "required"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[0].function.parameters.properties.x", error
+    assert "optional parameter" in error["message"] and "NoExtensionBias" not in error["message"], error
