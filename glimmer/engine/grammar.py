@@ -544,6 +544,27 @@ def check_json_schema(schema: Mapping[str, Any], param: str, strict: bool = Fals
         raise _refused(param, messages[0], hint=hint)
 
 
+def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: bool = False) -> None:
+    """`check_json_schema` for a tool's `parameters`, and RequestError naming the parameter for an optional one that
+    no value satisfies (a `pattern` of two characters with `maxLength` 1): the grammar engine leaves such a property
+    out of JSON, but a call writes each parameter as a value of its own, so a call that began one failed while
+    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it."""
+    check_json_schema(parameters, param, strict)
+    properties, required = parameters.get("properties"), parameters.get("required", [])
+    if not isinstance(properties, Mapping) or not isinstance(required, list):
+        return
+    for key in properties:
+        if key in required:
+            continue
+        try:
+            check_json_schema({**parameters, "required": [*required, key]}, param, strict)
+        except RequestError:
+            field = f"{param}.properties.{key}"
+            raise RequestError(f"{field}: no value satisfies the schema of this optional parameter, so a call that "
+                               "wrote it could never be finished; fix its schema, or leave the parameter out",
+                               param=field) from None
+
+
 def without_patterns_beyond_the_engine(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     """`schema` (a non-strict tool's parameters) without the `pattern`s the grammar engine's regexes cannot express:
     lookarounds, word boundaries and backreferences are ECMA-262, as JSON Schema's `pattern` is, but no regular
@@ -663,6 +684,10 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
         if options.get(option) is True:
             raise RequestError(f"{param}: x-guidance.{option} true lets the output break the schema, which a strict "
                                "schema may not; leave it out", param=param)
+    for path, node in _subschemas_at(schema, "", _BRANCH_KEYWORDS):
+        contradiction = _contradicting_bounds(node)
+        if contradiction:
+            raise RequestError(f"{param}{path}: {contradiction}", param=f"{param}{path}")
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
                   or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node))
@@ -676,20 +701,58 @@ keywords it does not implement, write a `oneOf` as an `anyOf` (a value two branc
 
 
 def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
-    """Every object in `schema` that is a schema, `schema` itself first; `enum` and `const` values and annotations
-    are no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are."""
+    """Every object in `schema` that is a schema, `schema` itself first (`_subschemas_at`)."""
+    return (node for _, node in _subschemas_at(schema, ""))
+
+
+def _subschemas_at(schema: Any, path: str, skipped: Collection[str] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object in `schema` that is a schema, `schema` itself first, each with its path from `schema` as a
+    field path (`.properties.city`, `.anyOf[1]`; `schema` itself is `path`); `enum` and `const` values and
+    annotations are no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are.
+    The schemas under a keyword of `skipped` are left out."""
     if isinstance(schema, list):
-        for member in schema:
-            yield from _subschemas(member)
+        for index, member in enumerate(schema):
+            yield from _subschemas_at(member, f"{path}[{index}]", skipped)
         return
     if not isinstance(schema, dict):
         return
-    yield schema
+    yield path, schema
     for key, value in schema.items():
-        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
+        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const") or key in skipped:
             continue
-        yield from _subschemas(list(value.values()) if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict)
-                               else value)
+        if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            for name, member in value.items():
+                yield from _subschemas_at(member, f"{path}.{key}.{name}", skipped)
+        else:
+            yield from _subschemas_at(value, f"{path}.{key}", skipped)
+
+
+_BRANCH_KEYWORDS = ("anyOf", "oneOf", "not", "if", "then", "else")
+"""Keywords whose subschemas a value need not meet: a branch no value meets leaves the others (an `anyOf`)."""
+
+
+_COUNT_BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
+
+
+def _contradicting_bounds(node: dict[str, Any]) -> str | None:
+    """A lower bound of a schema above its upper bound (`minLength` 4 with `maxLength` 2, `exclusiveMinimum` 2 with
+    `maximum` 2), in words: no value meets both, and the grammar engine's refusal quoted Glimmer's own regex of the
+    bounds (`(.|\\n){4,2}`) instead of naming them."""
+    for low, high in _COUNT_BOUNDS:
+        if _is_number(node.get(low)) and _is_number(node.get(high)) and node[low] > node[high]:
+            return (f"{low} {node[low]} is above {high} {node[high]}, so no value meets both; lower {low} or raise "
+                    f"{high}")
+    for low in ("minimum", "exclusiveMinimum"):
+        for high in ("maximum", "exclusiveMaximum"):
+            lower, upper = node.get(low), node.get(high)
+            if not (_is_number(lower) and _is_number(upper)):
+                continue
+            exclusive = "exclusive" in low + high
+            if lower > upper or exclusive and lower == upper:
+                relation = "is above" if lower > upper else "is not below"
+                return (f"{low} {lower} {relation} {high} {upper}, so no number meets both; lower {low} or raise "
+                        f"{high}")
+    return None
 
 
 def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:

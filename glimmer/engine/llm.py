@@ -42,7 +42,7 @@ from glimmer.engine.chat_rendering import (
 )
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.fork_guard import check_not_forked
-from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
+from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
@@ -702,7 +702,7 @@ class LLM:
                                param="continue_final_message")
         template = self.engine.chat_template if chat_template is None else checked_template_argument(
             chat_template, self.engine.tokenizer, self.engine.max_prompt_chars)
-        plan = plan_tools(normalize_tools(tool_schemas(tools), check_schema=check_json_schema), tool_choice)
+        plan = plan_tools(normalize_tools(tool_schemas(tools), check_schema=check_tool_parameters), tool_choice)
         strength = resolve_reasoning_strength(reasoning_effort=reasoning_effort,
                                               chat_template_kwargs=chat_template_kwargs)
         kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k not in STRENGTH_KWARGS}

@@ -33,7 +33,7 @@ from glimmer.engine.chat_rendering import (
     refuse_turn_grammar,
     render_conversation,
 )
-from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_json_schema
+from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import PromptPart, RequestError
@@ -73,7 +73,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     if request.continue_final_message:
         check_final_message_is_the_assistants(request.messages)
     choice = request.tool_choice
-    tools = plan_tools(normalize_tools(request.tools, check_schema=check_json_schema),
+    tools = plan_tools(normalize_tools(request.tools, check_schema=check_tool_parameters),
                        choice.model_dump() if isinstance(choice, NamedToolChoice) else choice)
     effort = request.reasoning_effort
     if request.reasoning is not None and request.reasoning.effort is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES
-from glimmer.engine.grammar import check_json_schema
+from glimmer.engine.grammar import check_tool_parameters
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
 from glimmer.server.schemas import (
@@ -306,5 +306,5 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         converted.append({"type": "function", "function": function})
     # P-REQ-8 and valid schemas on the flat declarations (name, description, parameters, strict), so errors name
     # their fields (tools[0].name, tools[0].parameters)
-    normalize_tools(tools, check_schema=check_json_schema)
+    normalize_tools(tools, check_schema=check_tool_parameters)
     return converted

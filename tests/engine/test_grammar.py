@@ -946,3 +946,15 @@ def test_a_turns_free_answer_is_guarded_without_walking_a_copy_of_its_matcher_ea
     assert eot in _allowed_after(controller, header + tokenizer.encode_text("it is late"))
     assert walks == [] and controller.refusal is None
     assert controller.observe(eot)
+
+
+def test_a_strict_schema_with_an_anyof_branch_no_value_meets_is_taken_for_its_other_branches():
+    """Bounds that contradict each other are refused naming them (`minLength` 4 above `maxLength` 2), but not in a
+    branch of an `anyOf` or `oneOf`, which the other branches leave satisfiable."""
+    empty = {"type": "array", "minItems": 1, "maxItems": 0}
+    check_json_schema({"type": "object", "properties": {"p": {"anyOf": [empty, {"type": "integer"}]}},
+                       "required": ["p"]}, "response_format", strict=True)
+    with pytest.raises(RequestError) as raised:
+        check_json_schema({"type": "object", "properties": {"p": {"allOf": [empty]}}}, "response_format", strict=True)
+    assert raised.value.param == "response_format.properties.p.allOf[0]"
+    assert str(raised.value).startswith("response_format.properties.p.allOf[0]: minItems 1 is above maxItems 0")

@@ -183,3 +183,46 @@ def test_requests_failing_in_one_step_each_keep_their_own_cause(llm):
     for request_id in failure.value.request_ids:
         engine.abort(request_id)
     assert not engine.has_unfinished_requests
+
+
+CONTRADICTIONS = [
+    ({"type": "string", "minLength": 4, "maxLength": 2}, "minLength 4 is above maxLength 2"),
+    ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems 3 is above maxItems 1"),
+    ({"type": "integer", "minimum": 4, "maximum": 2}, "minimum 4 is above maximum 2"),
+    ({"type": "number", "exclusiveMinimum": 2, "maximum": 2}, "exclusiveMinimum 2 is not below maximum 2"),
+    ({"type": "object", "minProperties": 3, "maxProperties": 1}, "minProperties 3 is above maxProperties 1")]
+
+
+@pytest.mark.parametrize(("schema", "named"), CONTRADICTIONS)
+def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_refused_naming_both(llm, schema, named):
+    """A strict tool's `minLength` 4 with `maxLength` 2 was refused quoting Glimmer's own regex `(.|\\n){4,2}`."""
+    parameters = {"type": "object", "properties": {"x": schema}, "required": []}
+    strict = {"type": "function", "function": {"name": "f", "parameters": parameters, "strict": True}}
+    with pytest.raises(RequestError) as raised:
+        llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[strict], tool_choice="required")
+    assert raised.value.param == "tools[0].function.parameters.properties.x"
+    assert str(raised.value).startswith(f"tools[0].function.parameters.properties.x: {named}")
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": parameters, "strict": True}}
+    with pytest.raises(RequestError) as raised:
+        llm.chat(MESSAGES, SamplingParams(max_tokens=5), response_format=answer)
+    assert named in str(raised.value) and raised.value.param.endswith(".properties.x"), raised.value.param
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tool_whose_optional_parameter_no_value_satisfies_is_refused_naming_it(llm, strict):
+    """A forced call that began writing such a parameter failed while generating with the grammar engine's bare
+    "NoExtensionBias"; a required one was refused already, and still is."""
+    never = {"type": "string", "pattern": "ab", "maxLength": 1}
+    for required in ([], ["x"]):
+        tool = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"}, "x": never}, "required": required}}}
+        with pytest.raises(RequestError) as raised:
+            llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[tool], tool_choice="required")
+        if required:
+            assert raised.value.param == "tools[0].function.parameters" and "'x'" in str(raised.value)
+        else:
+            assert raised.value.param == "tools[0].function.parameters.properties.x"
+            assert "no value satisfies the schema of this optional parameter" in str(raised.value)
+    satisfiable = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+        "type": "object", "properties": {"x": {**never, "maxLength": 2}}, "required": []}}}
+    llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[satisfiable], tool_choice="auto")

@@ -1144,13 +1144,13 @@ def test_a_constraint_that_fails_while_generating_names_the_responses_field(serv
 def test_tool_schemas_slow_to_check_do_not_hold_the_other_requests(server, monkeypatch, path):
     """A Responses request's tool schemas were checked on the event loop: a body of a thousand strict tools held every
     other request and stream for 6 s (chat checks them off it, where it renders its prompt)."""
-    check = responses_schemas.check_json_schema
+    check = responses_schemas.check_tool_parameters
 
     def slow_check(*args, **kwargs):
         time.sleep(1.5)
         return check(*args, **kwargs)
 
-    monkeypatch.setattr(responses_schemas, "check_json_schema", slow_check)
+    monkeypatch.setattr(responses_schemas, "check_tool_parameters", slow_check)
     body = {"model": "tiny", "input": "[greet] Hi", "tools": [WEATHER_TOOL], **EXTRA}
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(httpx.post, server.base_url + path, json=body, timeout=60)

@@ -568,3 +568,35 @@ def test_a_constraint_naming_a_special_token_by_id_is_a_400_not_a_cut_or_framed_
     taken = httpx.post(server.base_url + "/completions", timeout=60, json={**body, "ignore_eos": True}).json()
     assert (taken["choices"][0]["text"], taken["choices"][0]["finish_reason"]) == ("ok<|eot|>more", "stop")
     assert _server_errors(server) == errors
+
+
+@pytest.mark.parametrize("where", ["tools", "response_format"])
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"type": "string", "minLength": 4, "maxLength": 2}, "minLength 4 is above maxLength 2"),
+    ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, "minimum 1 is not below exclusiveMaximum 1")])
+def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_a_400_naming_the_field(server, where, schema, named):
+    """A strict tool's `minLength` 4 with `maxLength` 2 was a 400 quoting Glimmer's own regex `(.|\\n){4,2}`."""
+    parameters = {"type": "object", "properties": {"x": schema}, "required": []}
+    fields = ({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters, "strict": True}}],
+               "tool_choice": "required"} if where == "tools" else
+              {"response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "a", "schema": parameters, "strict": True}}})
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, **fields})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    field = ("tools[0].function.parameters" if where == "tools" else "response_format.json_schema.schema") \
+        + ".properties.x"
+    assert error["param"] == field and error["message"].startswith(f"{field}: {named}"), error
+
+
+def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
+    """A forced call that began writing it failed while generating with the grammar engine's "NoExtensionBias"."""
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "ab", "maxLength": 1}}, "required": []}}}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 5, "tools": [tool], "tool_choice": "required"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools[0].function.parameters.properties.x", error
+    assert "optional parameter" in error["message"] and "NoExtensionBias" not in error["message"], error
