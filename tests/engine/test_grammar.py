@@ -958,3 +958,29 @@ def test_a_strict_schema_with_an_anyof_branch_no_value_meets_is_taken_for_its_ot
         check_json_schema({"type": "object", "properties": {"p": {"allOf": [empty]}}}, "response_format", strict=True)
     assert raised.value.param == "response_format.properties.p.allOf[0]"
     assert str(raised.value).startswith("response_format.properties.p.allOf[0]: minItems 1 is above maxItems 0")
+
+
+def test_a_tools_optional_parameters_are_checked_once_for_the_same_schema(monkeypatch):
+    # each optional parameter is checked as if required (a fraction of a millisecond each); an agent sends the same
+    # tools with every request, so the result is kept: the second request runs no grammar validation for them
+    import llguidance
+
+    from glimmer.engine import grammar
+
+    calls = []
+    validate = llguidance.LLMatcher.validate_grammar_with_warnings
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar_with_warnings",
+                        staticmethod(lambda text: calls.append(text) or validate(text)))
+    grammar._unsatisfiable_optional_parameter.cache_clear()
+    parameters = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5)}, "required": ["p0"]}
+    grammar.check_tool_parameters(parameters, "tools[0].function.parameters")
+    first = len(calls)
+    assert first == 1 + 4  # the schema, then each of the four optional parameters required
+    grammar.check_tool_parameters(parameters, "tools[3].function.parameters")
+    assert len(calls) == first + 1  # the schema alone
+    never = {**parameters, "properties": {**parameters["properties"], "x": {"type": "string", "pattern": "ab",
+                                                                           "maxLength": 1}}}
+    for index in (0, 2):  # the cached answer names the parameter at the tool's own place
+        with pytest.raises(RequestError) as raised:
+            grammar.check_tool_parameters(never, f"tools[{index}].function.parameters")
+        assert raised.value.param == f"tools[{index}].function.parameters.properties.x"
