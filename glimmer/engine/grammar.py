@@ -40,6 +40,7 @@ from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
 from glimmer.protocol.tokens import EOT, MESSAGE
 from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
+from glimmer.protocol.value_typing import is_json_number
 
 logger = logging.getLogger(__name__)
 
@@ -752,13 +753,13 @@ def _contradicting_bounds(node: dict[str, Any]) -> str | None:
     `maximum` 2), in words: no value meets both, and the grammar engine's refusal quoted Glimmer's own regex of the
     bounds (`(.|\\n){4,2}`) instead of naming them."""
     for low, high in _COUNT_BOUNDS:
-        if _is_number(node.get(low)) and _is_number(node.get(high)) and node[low] > node[high]:
+        if is_json_number(node.get(low)) and is_json_number(node.get(high)) and node[low] > node[high]:
             return (f"{low} {node[low]} is above {high} {node[high]}, so no value meets both; lower {low} or raise "
                     f"{high}")
     for low in ("minimum", "exclusiveMinimum"):
         for high in ("maximum", "exclusiveMaximum"):
             lower, upper = node.get(low), node.get(high)
-            if not (_is_number(lower) and _is_number(upper)):
+            if not (is_json_number(lower) and is_json_number(upper)):
                 continue
             exclusive = "exclusive" in low + high
             if lower > upper or exclusive and lower == upper:
@@ -775,7 +776,7 @@ def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:
     minimum = node.get("minProperties")
     required = node.get("required")
     required_keys = {key for key in required if isinstance(key, str)} if isinstance(required, list) else set()
-    if not _is_number(minimum) or minimum <= len(required_keys) or (
+    if not is_json_number(minimum) or minimum <= len(required_keys) or (
             node.get("additionalProperties", True) is False and not node.get("patternProperties")):
         return None
     return (f"minProperties {minimum} cannot be enforced beyond the {len(required_keys)} keys in required: the "
@@ -794,18 +795,17 @@ def _exclusive_bound_on_its_integer(node: dict[str, Any]) -> str | None:
     for exclusive, others in (("exclusiveMinimum", ("maximum", "exclusiveMaximum")),
                               ("exclusiveMaximum", ("minimum", "exclusiveMinimum"))):
         bound = node.get(exclusive)
-        if not _is_number(bound) or not (isinstance(bound, int) or math.isfinite(bound) and bound.is_integer()):
+        if not is_json_number(bound) or not (isinstance(bound, int) or math.isfinite(bound) and bound.is_integer()):
             continue
         for other in others:
             value = node.get(other)
-            if _is_number(value) and (isinstance(value, int) or math.isfinite(value)) and value != bound \
+            if is_json_number(value) and (isinstance(value, int) or math.isfinite(value)) and value != bound \
                     and math.trunc(value) == bound:
                 written = "-0" if bound == 0 and value < 0 else str(int(bound))
                 inclusive = "minimum just above" if exclusive == "exclusiveMinimum" else "maximum just below"
                 return (f"{exclusive} {bound} with {other} {value} cannot be enforced: the grammar engine would let "
                         f"the number be {written}; give a {inclusive} it instead")
     return None
-
 
 
 def _prefix_items_beside_tuple_keywords(node: dict[str, Any]) -> str | None:
@@ -821,6 +821,7 @@ def _prefix_items_beside_tuple_keywords(node: dict[str, Any]) -> str | None:
     return (f"prefixItems beside {written} cannot be enforced: the grammar engine reads the array as the drafts "
             "before 2020-12 do and leaves prefixItems out; give the items after prefixItems as items (a schema, or "
             "false for none), without additionalItems")
+
 
 _FLOAT_EXACT_INTEGERS = 2**53
 """Integers a 64-bit float holds exactly: the grammar engine reads every number of a schema as one."""
@@ -858,10 +859,6 @@ def _integers_in(value: Any) -> Iterator[int]:
             yield from _integers_in(member)
     elif isinstance(value, int) and not isinstance(value, bool):
         yield value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _special_in_chat_answer(param: str, spelled: str) -> GrammarFailure:

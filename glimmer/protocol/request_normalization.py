@@ -22,7 +22,7 @@ from glimmer.protocol.duplicate_keys import first_duplicate_key
 from glimmer.protocol.headers import channel_of_recipient, is_valid_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
-from glimmer.protocol.value_typing import allowed_types, object_shape, root_schemas, strict_json_loads
+from glimmer.protocol.value_typing import allowed_types, is_json_number, object_shape, root_schemas, strict_json_loads
 
 logger = logging.getLogger(__name__)
 
@@ -631,17 +631,13 @@ def _root_keyword_a_call_cannot_hold(parameters: Mapping[str, Any]) -> str | Non
                         "declared property as a parameter of its own); declare the properties and required keys of "
                         "one object, or make the tool non-strict, where it is a hint")
         minimum, maximum = schema.get("minProperties"), schema.get("maxProperties")
-        if _is_count(minimum) and minimum > len(required):
+        if is_json_number(minimum) and minimum > len(required):
             return (f"minProperties {minimum} at the root of a strict tool's parameters cannot be enforced beyond the "
                     f"{len(required)} keys in required; list the keys in required, or leave minProperties out")
-        if _is_count(maximum) and maximum < len(writable):
+        if is_json_number(maximum) and maximum < len(writable):
             return (f"maxProperties {maximum} at the root of a strict tool's parameters cannot be enforced below the "
                     f"{len(writable)} properties it declares; declare at most {maximum}, or leave maxProperties out")
     return None
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_tool_name(name: Any, where: str, seen_names: set[str]) -> None:

@@ -92,6 +92,11 @@ def _common_types(first: set[str], second: set[str]) -> set[str]:
     return common
 
 
+def is_json_number(value: Any) -> bool:
+    """Whether a parsed JSON value (a schema keyword's) is a number: an int or a float, never a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def root_schemas(root: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
     """The schemas that describe an object schema's object itself: `root`, the target of a `$ref` at it (beside the
     root's own keywords) and its `allOf` members, and theirs in turn (a tool's parameters may be written any of
