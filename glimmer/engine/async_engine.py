@@ -371,7 +371,8 @@ class AsyncEngine:
         (ConstraintFailure) is at fault: its caller gets a RequestError naming the constraint's field; the others'
         callers get EngineStepError, an internal error."""
         causes = {request_id: exc.cause_of(request_id) for request_id in exc.request_ids}
-        internal = [request_id for request_id, cause in causes.items() if not isinstance(cause, ConstraintFailure)]
+        at_fault = {request_id for request_id, cause in causes.items() if isinstance(cause, ConstraintFailure)}
+        internal = [request_id for request_id in causes if request_id not in at_fault]
         if internal:
             # the ids start with the responses' ids (`chatcmpl-...`), which the server's 500 and its access log lack
             logger.error("a step failed; stopping its %d request(s): %s", len(internal), ", ".join(internal),
@@ -379,7 +380,7 @@ class AsyncEngine:
             self.metrics.errors += 1
         for request_id, cause in causes.items():
             error: GlimmerError
-            if isinstance(cause, ConstraintFailure):
+            if request_id in at_fault:
                 logger.warning("stopping request %s: %s", request_id, cause)
                 error = RequestError(f"{cause}; the request was stopped", param=cause.param)
             else:

@@ -4,7 +4,7 @@ A sequence ends at a token-level stop, decided as each token is appended (`token
 request's stop_token_ids and, unless ignore_eos, the checkpoint's: `stop_token_ids`), the end of its grammar, or its
 length limit (`generation_budget`: max_tokens, or the room max_model_len leaves). A stop string ends it when its
 text is made (stop_strings.py). Before min_tokens tokens neither may: the stop ids (the checkpoint's too, under
-ignore_eos: `min_tokens_ids`) are banned from sampling (`bans_stop_ids`) and a stop string does not count
+ignore_eos: `all_stop_ids`) are banned from sampling (`bans_stop_ids`) and a stop string does not count
 (`stop_strings_armed`).
 """
 
@@ -28,13 +28,13 @@ def stop_token_ids(params: SamplingParams, checkpoint_stop_ids: Iterable[int]) -
     stop ids (its EOS, generation_config's eos_token_id)."""
     if params.ignore_eos:
         return frozenset(params.stop_token_ids)
-    return frozenset(params.stop_token_ids).union(checkpoint_stop_ids)
+    return all_stop_ids(params, checkpoint_stop_ids)
 
 
-def min_tokens_ids(params: SamplingParams, checkpoint_stop_ids: Iterable[int]) -> frozenset[int]:
-    """The ids min_tokens bans until that many tokens were generated: its own stop_token_ids and the checkpoint's stop
-    ids, ignore_eos or not (vLLM's `all_stop_token_ids`, which its min_tokens bans: under ignore_eos they end nothing,
-    but min_tokens still holds them off)."""
+def all_stop_ids(params: SamplingParams, checkpoint_stop_ids: Iterable[int]) -> frozenset[int]:
+    """Its own stop_token_ids and the checkpoint's stop ids, ignore_eos or not (vLLM's `all_stop_token_ids`): the
+    ids min_tokens bans until that many tokens were generated, which under ignore_eos end nothing but are still held
+    off."""
     return frozenset(params.stop_token_ids).union(checkpoint_stop_ids)
 
 

@@ -692,7 +692,9 @@ def _without_annotations(schema: Any) -> Any:
 def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str) -> None:
     """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
     not hold the output to, and for the schema's own engine options that relax it (`_RELAXING_OPTIONS`): a strict
-    schema promises every keyword; a non-strict one leaves them hints."""
+    schema promises every keyword; a non-strict one leaves them hints. Also RequestError(param and the node's path)
+    for bounds that contradict each other outside any branch (`_contradicting_bounds`), which the engine refuses
+    itself, but in words of its own regexes."""
     options = schema.get("x-guidance")
     for option in _RELAXING_OPTIONS if isinstance(options, Mapping) else ():
         if options.get(option) is True:

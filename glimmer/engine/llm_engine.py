@@ -35,8 +35,8 @@ from glimmer.checkpoint.host_memory import check_kv_cache_fits_in_host_memory
 from glimmer.checkpoint.resolve import download_drafter, resolve_checkpoint
 from glimmer.engine.bad_words import BadWordIds, bad_word_ids, banned_after
 from glimmer.engine.completion_rules import (
+    all_stop_ids,
     generation_budget,
-    min_tokens_ids,
     silent_stop_ids,
     stop_strings_armed,
     stop_token_ids,
@@ -282,7 +282,7 @@ def _deltas_or_failure(outcome: _StepOutcome) -> list[StepDelta]:
 def _refuse_a_first_step_without_allowed_ids(params: SamplingParams, banned_words: BadWordIds,
                                              held_ids: frozenset[int]) -> None:
     """RequestError where the request's first token could be none of its `allowed_token_ids`: the words of one token
-    ban theirs at every step, and min_tokens bans `held_ids` (`min_tokens_ids`) at first (nothing would be left to
+    ban theirs at every step, and min_tokens bans `held_ids` (`all_stop_ids`) at first (nothing would be left to
     sample; the sampler's row would be all -inf and its token id 0)."""
     by_words = set(banned_after(banned_words, ()))
     if by_words.issuperset(params.allowed_token_ids):
@@ -831,7 +831,7 @@ class LLMEngine:
                                        f"thinking_token_budget): the grammar {why}", param=name)
         banned_words = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else ()
         stop_ids = stop_token_ids(params, self.generation_defaults.stop_token_ids)
-        held_ids = min_tokens_ids(params, self.generation_defaults.stop_token_ids)
+        held_ids = all_stop_ids(params, self.generation_defaults.stop_token_ids)
         if params.allowed_token_ids:
             _refuse_a_first_step_without_allowed_ids(params, banned_words, held_ids)
         seqs = []

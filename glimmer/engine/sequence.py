@@ -96,7 +96,7 @@ class Sequence:
     # the ids its penalties read, kept across steps by the sampler (made on its first penalized step, dropped when
     # it finishes: it may hold a copy of the prompt on the device)
     penalty_ids: PenaltyIds | None = None
-    # the ids banned while fewer than min_tokens were generated (completion_rules.min_tokens_ids: the checkpoint's stop
+    # the ids banned while fewer than min_tokens were generated (completion_rules.all_stop_ids: the checkpoint's stop
     # ids too under ignore_eos); None: its stop ids
     min_tokens_ids: frozenset[int] | None = None
 

@@ -94,7 +94,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def chat_page(request: Request) -> Response:
-        root_path = request.scope.get("root_path", "").rstrip("/")
+        root_path = _root_path(request.scope)
         if not root_path:
             return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
         # the page's URLs are relative to the page; behind a proxy that strips --root-path, `/glimmer` (no slash)
@@ -139,10 +139,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         message, headers = str(exc.detail), exc.headers
         if exc.status_code == 404 and exc.detail == "Not Found":
             message = _unknown_route(request)
-        elif exc.status_code == 405 and (allowed := _allowed_methods(app, request.scope)):
-            message = f"Method not allowed ({request.method} {request.scope['path']}); this route takes " \
-                      f"{', '.join(allowed)}"
-            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+        elif exc.status_code == 405 and (allowed := ", ".join(_allowed_methods(app, request.scope))):
+            message = f"Method not allowed ({_request_line(request)}); this route takes {allowed}"
+            headers = {**(headers or {}), "Allow": allowed}
         return JSONResponse(error_body(message, "invalid_request_error", None, code),
                             status_code=exc.status_code, headers=headers)
 
@@ -174,8 +173,8 @@ def _unknown_route(request: Request) -> str:
     the client's base URL lacks its /v1 (`http://HOST:PORT` for `http://HOST:PORT/v1`, a common slip), or when a
     route served beside /v1 (vLLM's /tokenize, /health, ...) was asked for under it (the base URL joined to it). The
     URLs it gives are under --root-path, where the client reaches the server."""
-    root, path = request.scope.get("root_path", "").rstrip("/"), get_route_path(request.scope)
-    message = f"Invalid URL ({request.method} {root}{path})"
+    root, path = _root_path(request.scope), get_route_path(request.scope)
+    message = f"Invalid URL ({_request_line(request)})"
     at_root = path.removeprefix("/v1")
     if f"/v1{path}" in _ENDPOINTS:
         message += f"; this server serves {root}/v1{path}: give the client a base URL ending in /v1 " \
@@ -184,6 +183,16 @@ def _unknown_route(request: Request) -> str:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
     return message
+
+
+def _root_path(scope: Scope) -> str:
+    """The --root-path a proxy serves the API under, without a trailing slash ("" for none)."""
+    return scope.get("root_path", "").rstrip("/")
+
+
+def _request_line(request: Request) -> str:
+    """`METHOD /path` of a request as the client sent it, under --root-path, for an error's message."""
+    return f"{request.method} {_root_path(request.scope)}{get_route_path(request.scope)}"
 
 
 _HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")

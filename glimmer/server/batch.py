@@ -105,7 +105,7 @@ def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
         return _line_error(number, None, "invalid_parameter",
                            f"custom_id must be a string, not {json.dumps(custom_id)}", "custom_id")
     if LONE_SURROGATE.search(custom_id):  # the record could not name it: the output is UTF-8 text
-        return _line_error(number, None, "invalid_parameter", str(lone_surrogate_error("custom_id", "")), "custom_id")
+        return _line_error(number, None, "invalid_parameter", str(lone_surrogate_error("custom_id")), "custom_id")
     if custom_id in seen:
         return _line_error(number, custom_id, "duplicate_custom_id",
                            f"custom_id {custom_id!r} is line {seen[custom_id]}'s too; give each line a custom_id of "

@@ -363,7 +363,7 @@ def _lone_surrogate(body: bytes) -> RequestError | None:
     while pending:  # iterative, and children pushed in reverse: the first lone surrogate of the body is named
         item, loc = pending.pop()
         if isinstance(item, str) and LONE_SURROGATE.search(item):
-            return lone_surrogate_error(_field_path(loc) or None, "")
+            return lone_surrogate_error(_field_path(loc) or None)
         if isinstance(item, dict):
             if any(LONE_SURROGATE.search(key) for key in item):  # a key holding one is named by its object
                 return lone_surrogate_error(_field_path(loc) or None, "a key of ")
@@ -373,7 +373,7 @@ def _lone_surrogate(body: bytes) -> RequestError | None:
     return None
 
 
-def lone_surrogate_error(field: str | None, what: str) -> RequestError:
+def lone_surrogate_error(field: str | None, what: str = "") -> RequestError:
     """The 400 for `field` (or the body, for None) holding a lone surrogate; `what` comes before its name."""
     return RequestError(f"{what}{field or 'the request body'} holds a lone UTF-16 surrogate (an unpaired "
                         "\\uD800-\\uDFFF escape), which is no Unicode character; send valid Unicode text",
