@@ -35,7 +35,7 @@ from glimmer.engine.kv_cache_manager import KVCacheManager
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import StepInputs, build_step_inputs, target_groups
 from glimmer.model.kernels.paged_attention import triton_supports
-from glimmer.model.kernels.support import use_triton
+from glimmer.model.kernels.support import side_stream, use_triton
 from glimmer.model.kernels.tuned_gemm import cublas_only, forgo
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -52,25 +52,23 @@ def batch_size_ladder(max_num_seqs: int) -> tuple[int, ...]:
 STEP_MIN_GAIN = 0.005  # a batch size keeps its chosen products only if they make its decode step this much faster
 SHARED_POOL = object()  # `_capture`'s default: the memory pool every kept graph shares
 
-_side_streams: dict[torch.device, torch.cuda.Stream] = {}
-
 
 def record(forward: Callable[[], object], device: torch.device, pool: tuple | None
            ) -> tuple[Callable[[], None], object]:
     """Capture `forward` into a CUDA graph (in `pool`, or a private pool freed with the graph when None); returns
     (its replay, what the captured forward returned).
 
-    Every warm-up runs on one side stream per device: the caching allocator reuses a freed block only on the
-    stream that freed it, so with a stream per capture no warm-up reused the memory of the one before."""
-    stream = _side_streams.get(device)
-    if stream is None:
-        stream = _side_streams[device] = torch.cuda.Stream(device)
+    Every warm-up and capture runs on one side stream per device (kernels.support.side_stream): the caching
+    allocator reuses a freed block only on the stream that freed it, so with a stream per capture no warm-up reused
+    the memory of the one before; and a capture on PyTorch's own capture stream allocated that stream's cuBLAS
+    workspace in the graph's pool."""
+    stream = side_stream(device.index or 0)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         forward()  # warm-up: kernel compilation and lazy initializations must not happen inside the capture
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
         outputs = forward()
     return graph.replay, outputs
 

@@ -280,6 +280,26 @@ def test_the_kv_cache_takes_the_memory_left_and_the_largest_steps_still_fit(tmp_
     del llm, engine, ballast
 
 
+def test_a_first_start_that_measures_its_products_keeps_no_more_memory_than_planned(tmp_path, monkeypatch, caplog):
+    """A GPU's first start measures every product shape (kernels/tuned_gemm.py): what that keeps for good (cuBLAS's
+    workspace of the one stream it runs on, the products' own) is allocated before the free memory that sizes the
+    KV cache is measured. A stream per measured shape kept 32 MiB each, 1.05 GiB for the 30B, and the engine had
+    to size its cache again."""
+    from glimmer.model.kernels import tuned_gemm
+
+    monkeypatch.setattr(tuned_gemm, "_chosen", {})
+    monkeypatch.setattr(tuned_gemm, "_geometry", {})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing chosen yet: every shape is measured
+    path = _released_geometry(tmp_path, 4)
+    with caplog.at_level("WARNING", logger="glimmer.engine.llm_engine"):
+        llm = LLM(str(path), device="cuda", dtype="bfloat16", load_format="dummy", progress=False,
+                  max_model_len=4096, gpu_memory_utilization=0.5)
+    assert len(tuned_gemm._chosen) > 20
+    assert "more device memory than planned" not in caplog.text
+    assert llm.engine._working_shortfall() <= 0
+    del llm
+
+
 def test_the_vision_encoder_and_its_cache_of_features_are_left_room_beside_the_kv_cache(tmp_path):
     import numpy as np
     from PIL import Image
