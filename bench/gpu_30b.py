@@ -227,9 +227,13 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
         engine.add_request(f"bench-{time.monotonic_ns()}-{i}", prompt, params)
     first: dict[str, float] = {}
     steps: list[tuple[float, int, bool]] = []  # (when the step's tokens were read, how many, whether one ended)
+    made = 0  # tokens made so far: every request's context is its prompt and these
+    contexts: list[int] = []  # the requests' context positions altogether, at each step
     while engine.has_unfinished_requests:
         deltas = engine.step()
         now = time.perf_counter()
+        contexts.append(sum(map(len, prompts)) + made)
+        made += sum(len(d.token_ids) for d in deltas)
         steps.append((now, sum(len(d.token_ids) for d in deltas), any(d.finish_reason for d in deltas)))
         for delta in deltas:
             first.setdefault(delta.request_id, now)
@@ -237,7 +241,8 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
     produced = sum(tokens for _, tokens, _ in steps)
     prefill_done = max(first.values())
     first_end = next(when for when, _, ended in steps if ended)
-    full = [tokens for when, tokens, _ in steps if prefill_done < when <= first_end]
+    phase = [i for i, (when, _, _) in enumerate(steps) if prefill_done < when <= first_end]
+    full = [steps[i][1] for i in phase]
     return {
         "seconds": end - start,
         "output_tokens": produced,
@@ -245,6 +250,7 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: int,
         "ttft_s": min(first.values()) - start,
         "decode_tokens_per_s": sum(full) / (first_end - prefill_done) if full else 0.0,
         "decode_steps": len(full),
+        "decode_context_tokens": sum(contexts[i] for i in phase) / len(phase) if phase else 0.0,
         "most_decoding_at_once": max(tokens for _, tokens, _ in steps),
         "decode_step_s": (end - prefill_done) / (max_tokens - 1) if max_tokens > 1 else 0.0,
     }
@@ -309,6 +315,18 @@ def end_to_end_ceiling(floors: dict[str, float], batch: int, prompt_len: int, ne
     return batch * new_tokens / (prefill_s + (new_tokens - 1) * floors["matmul_step_s_1"])
 
 
+def kv_read_s(llm: LLM, floors: dict[str, float], batch: int, context_tokens: float) -> float:
+    """Seconds a decode step of `batch` sequences holding `context_tokens` positions in all takes at least to read
+    their keys and values once at the copy rate (a sliding layer reads its window at most): what the step's
+    attention adds to its weight matmuls however well it runs."""
+    text = llm.engine.model_config.text
+    per_layer = 2 * text.num_key_value_heads * text.head_dim * 2  # bf16 keys and values of one position
+    each = context_tokens / batch
+    positions = sum(min(each, text.sliding_window) if kind == "sliding_attention" else each
+                    for kind in text.layer_types)
+    return batch * positions * per_layer / floors["copy_bytes_per_s"]
+
+
 def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[str, float]:
     started = time.perf_counter()
     llm = LLM(str(path), dtype="bfloat16", load_format="dummy", progress=False, max_model_len=34 * 1024,
@@ -360,6 +378,12 @@ def glimmer_engine(path: Path, floors: dict[str, float], quick: bool) -> dict[st
         if result["decode_steps"]:
             record(f"{batch}-way, decode phase alone", result["decode_tokens_per_s"], "tok/s", floor,
                    f"matmul floor at batch {batch}")
+            kv_s = kv_read_s(llm, floors, batch, result["decode_context_tokens"])
+            out[f"batch_{batch}_decode_kv_read_s"] = kv_s
+            record(f"{batch}-way, decode phase alone, against matmuls and KV reads", result["decode_tokens_per_s"],
+                   "tok/s", batch / (floors[f"matmul_step_s_{batch}"] + kv_s),
+                   f"matmul floor plus reading {result['decode_context_tokens'] / batch:.0f} positions' keys and "
+                   "values a sequence at the copy rate")
         else:  # a GPU whose KV cache holds fewer requests than the batch: they never all decode in one step
             RESULTS[f"{batch}-way, decode phase alone"] = {"value": None, "unit": "tok/s",
                                                             "most_decoding_at_once": result["most_decoding_at_once"]}
