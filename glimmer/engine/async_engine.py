@@ -319,14 +319,17 @@ class AsyncEngine:
             self._commands.put(("stop_all", "", reason, None, None))
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine thread. A caller still streaming, or whose request waits to be admitted, gets
-        EngineShuttingDownError; so does a later `generate` (a stream that had not ended waited forever)."""
+        """Stop the engine thread, waiting up to `timeout_s` for it to end. A caller still streaming, or whose request
+        waits to be admitted, gets EngineShuttingDownError; so does a later `generate` (a stream that had not ended
+        waited forever). Called on the engine thread itself (from a callback), it returns at once: the thread ends
+        after its turn."""
         with self._death_lock:
             if self._closing is None:
                 self._closing = "the engine was shut down"
         self._stopped.set()
         self._commands.put(("wake", "", None, None, None))
-        self._thread.join(timeout_s)
+        if threading.current_thread() is not self._thread:  # a thread cannot wait for itself to end
+            self._thread.join(timeout_s)
 
     # the engine thread ------------------------------------------------------------------------------
 

@@ -612,9 +612,16 @@ class LLM:
 
     def _progress_bar(self, use_tqdm: bool | Callable[..., Any] | None, total: int) -> Any:
         """The bar of `total` prompts that `use_tqdm` asks for (None: shown unless `progress=False`); a callable
-        makes it. Raises RequestError naming `use_tqdm` for anything but a boolean, None or a callable."""
+        makes it. Raises RequestError naming `use_tqdm` for anything but a boolean, None or a callable, and for a
+        callable whose result is no bar (it lacks `update` or `close`)."""
         if callable(use_tqdm):
-            return use_tqdm(total=total, desc="Generating")
+            bar = use_tqdm(total=total, desc="Generating")
+            missing = [name for name in ("update", "close") if not callable(getattr(bar, name, None))]
+            if missing:
+                raise RequestError(f"use_tqdm: the callable made a {type(bar).__name__!r}, which has no "
+                                   f"{' or '.join(missing)} method; pass a callable that makes a tqdm bar (tqdm, "
+                                   "functools.partial(tqdm, leave=False))", param="use_tqdm")
+            return bar
         if use_tqdm is not None and not isinstance(use_tqdm, bool):
             raise RequestError(f"use_tqdm must be True, False, None or a callable that makes a tqdm bar, not "
                                f"{use_tqdm!r}", param="use_tqdm")

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from glimmer.engine.async_engine import EngineDeadError, EngineOverloadedError, EngineStepError, FinishedCompletion
+from glimmer.engine.async_engine import EngineDeadError, EngineStepError, FinishedCompletion
 from glimmer.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, warn_if_beams_recompute
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
@@ -103,14 +103,15 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
     cached = [0] * len(prompts)
     clocks = [_SearchClock() for _ in prompts]
     step = 0
+    # the queue limit counts this API request once, before any beam is queued: a search is refused whole or runs to
+    # its end (beams queued beside a refused first one were added past the limit, to be aborted)
+    context.engine.check_queue_limit()
     try:
         while not all(search.done for search in searches):
             stepping = [(number, search.live_beams()) for number, search in enumerate(searches) if not search.done]
-            # the queue limit counts this API request once, at its first beam
             streams = [context.engine.generate(f"{run_id}-{step}-{number}-{i}", beam, step_params,
-                                               multimodal=multimodal, queue_limit=step == 0 and not k, generated=step,
-                                               counted=False)
-                       for k, (number, live) in enumerate(stepping) for i, beam in enumerate(live)]
+                                               multimodal=multimodal, queue_limit=False, generated=step, counted=False)
+                       for number, live in stepping for i, beam in enumerate(live)]
             results = iter(await _all_next_tokens(streams))
             now = time.time()
             for number, live in stepping:
@@ -122,8 +123,8 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
                 searches[number].advance([entry.logprobs for entry in entries])
             step += 1
     except BaseException as error:
-        # a search refused at its first step (a 429, a prompt too long) never ran: as a refused request, not counted
-        if step or not isinstance(error, (RequestError, EngineOverloadedError)):
+        # a search refused at its first step (a prompt too long) never ran: as a refused request, not counted
+        if step or not isinstance(error, RequestError):
             reason = "error" if isinstance(error, (EngineStepError, EngineDeadError)) else "abort"
             beams = [_beams(_results(context, search)) if search.done else [(reason, search.steps)] * params.beam_width
                      for search in searches]
@@ -169,9 +170,8 @@ def _record(context: ServingContext, prompts: list[list[int]], beams: list[list[
 
 
 async def _all_next_tokens(streams: list[AsyncIterator[StepDelta]]) -> list[_StepResult]:
-    """Each stream's `_next_token`. When one fails (the queue limit refusing the first beam, a failed step), the others
-    are stopped, and their requests aborted, before the error is raised: they would otherwise run for nobody (a
-    refused 429 left its other prompts' beams queued past the limit, and a batch retries a 429)."""
+    """Each stream's `_next_token`. When one fails (a prompt refused as too long, a failed step), the others are
+    stopped, and their requests aborted, before the error is raised: they would otherwise run for nobody."""
     tasks = [asyncio.ensure_future(_next_token(stream)) for stream in streams]
     try:
         return await asyncio.gather(*tasks)

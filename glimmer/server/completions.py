@@ -279,22 +279,18 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
     # the queue limit counts this API request once, however many prompts it holds, before any is queued: prompts
     # queued beside a refused first one ran for nobody, and the 429 waited for their first tokens
     context.engine.check_queue_limit()
-    streams = [context.engine.generate(f"{engine_id}-{i}", ids, params, controller_factory=factory, queue_limit=False)
-               for i, ids in enumerate(prompts)]
+    updates = _merge([_naming_its_prompt(context.engine.generate(f"{engine_id}-{i}", ids, params,
+                                                                 controller_factory=factory, queue_limit=False),
+                                         f"prompt[{i}]" if _is_batch(request.prompt) else "prompt")
+                      for i, ids in enumerate(prompts)], params.n)
     try:
-        firsts = await until_disconnect(raw_request, asyncio.gather(*(anext(s) for s in streams),
-                                                                     return_exceptions=True))
-        failed = [(i, first) for i, first in enumerate(firsts) if isinstance(first, BaseException)]
-        if failed:
-            i, error = failed[0]
-            if isinstance(error, RequestError):
-                raise naming_the_prompt(error, f"prompt[{i}]" if _is_batch(request.prompt) else "prompt")
-            raise error
+        # the status waits for every prompt's first delta, or for the first prompt that fails: the others are then
+        # aborted (their first tokens, waited for, came for nobody)
+        begun = await until_disconnect(raw_request, _every_prompt_begun(updates, len(prompts), params.n))
     except BaseException:
-        for stream in streams:
-            await stream.aclose()
+        await updates.aclose()
         raise
-    updates = _merge(streams, firsts, params.n)
+    updates = _following(begun, updates)
     if request.stream:
         return SSEResponse(_stream(run, updates))
     return JSONResponse(await until_disconnect(raw_request, _collect(run, updates)))
@@ -396,9 +392,41 @@ def _coalesced(items: Iterable[tuple[int, Any]]) -> list[tuple[int, Any]]:
     return out
 
 
-async def _merge(streams: list[AsyncIterator[StepDelta]], firsts: list[StepDelta],
-                 n: int) -> AsyncIterator[tuple[int, StepDelta]]:
-    """(choice index, delta) from every prompt's stream as they come; closing this closes them all."""
+async def _naming_its_prompt(stream: AsyncIterator[StepDelta], name: str) -> AsyncIterator[StepDelta]:
+    """`stream`, whose RequestError names its prompt, `name` (`naming_the_prompt`)."""
+    async with contextlib.aclosing(stream):
+        try:
+            async for delta in stream:
+                yield delta
+        except RequestError as error:
+            raise naming_the_prompt(error, name) from None
+
+
+async def _every_prompt_begun(updates: AsyncIterator[tuple[int, StepDelta]], num_prompts: int,
+                              n: int) -> list[tuple[int, StepDelta]]:
+    """What `updates` gives until each of its prompts has given a delta; a prompt's failure is raised as it comes."""
+    received: list[tuple[int, StepDelta]] = []
+    begun: set[int] = set()
+    while len(begun) < num_prompts:
+        index, delta = await anext(updates)
+        received.append((index, delta))
+        begun.add(index // n)
+    return received
+
+
+async def _following(received: list[tuple[int, StepDelta]],
+                     updates: AsyncIterator[tuple[int, StepDelta]]) -> AsyncIterator[tuple[int, StepDelta]]:
+    """`received`, then the rest of `updates`; closing this closes `updates`."""
+    async with contextlib.aclosing(updates):
+        for item in received:
+            yield item
+        async for item in updates:
+            yield item
+
+
+async def _merge(streams: list[AsyncIterator[StepDelta]], n: int) -> AsyncIterator[tuple[int, StepDelta]]:
+    """(choice index, delta) from every prompt's stream as they come, a stream's error raised as it comes; closing
+    this closes them all."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(prompt_index: int, stream: AsyncIterator[StepDelta]) -> None:
@@ -412,8 +440,6 @@ async def _merge(streams: list[AsyncIterator[StepDelta]], firsts: list[StepDelta
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        for i, first in enumerate(firsts):
-            yield i * n + first.index, first
         remaining = len(tasks)
         pending: collections.deque = collections.deque()
         while remaining:

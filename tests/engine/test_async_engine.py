@@ -84,6 +84,37 @@ def test_shutting_down_ends_the_streams_still_read_and_refuses_later_requests(ti
     assert not engine.is_alive
 
 
+def test_shutting_down_from_an_on_finished_callback_stops_the_engine(tiny_checkpoint):
+    """The callback runs on the engine thread, which shutdown() joined: it raised "cannot join current thread" (logged
+    as a failed callback) on every completion that ended after it."""
+    engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))
+    raised = []
+
+    def shut_down(_finished) -> None:
+        try:
+            engine.shutdown()
+        except Exception as error:
+            raised.append(error)
+
+    engine.on_finished(shut_down)
+
+    async def one_ends_while_another_streams() -> None:
+        streaming = engine.generate("streaming", PROMPT, SamplingParams(max_tokens=4000, ignore_eos=True))
+        await anext(streaming)
+        async for _ in engine.generate("short", PROMPT, SamplingParams(max_tokens=1)):
+            pass
+        with pytest.raises(EngineShuttingDownError, match="shut down"):
+            async for _ in streaming:
+                pass
+
+    try:
+        asyncio.run(asyncio.wait_for(one_ends_while_another_streams(), 60))
+        engine._thread.join(10)
+        assert raised == [] and not engine.is_alive
+    finally:
+        engine.shutdown()
+
+
 def test_generate_refuses_what_is_not_a_sampling_params_naming_it(tiny_checkpoint):
     # it failed reading `.n` of it: AttributeError: 'dict' object has no attribute 'n'
     engine = AsyncEngine(EngineConfig(model=str(tiny_checkpoint), progress=False, kv_cache_memory=8 << 20))

@@ -804,6 +804,15 @@ def test_use_tqdm_takes_a_callable_that_makes_the_bar_as_vllms(llm):
     assert bar.arguments["total"] == 3 and bar.updates == 3 and bar.closed
 
 
+def test_a_use_tqdm_callable_that_makes_no_bar_is_refused_naming_it(llm):
+    """A callable whose result lacks `update` or `close` failed with Python's bare AttributeError ('object' object has
+    no attribute 'close'), raised while the prompts' requests were being aborted."""
+    with pytest.raises(RequestError, match="^use_tqdm: the callable made a .object., which has no update") as caught:
+        llm.generate(["Hello", "a"], SamplingParams(max_tokens=2), use_tqdm=lambda **arguments: object())
+    assert caught.value.param == "use_tqdm" and "close" in str(caught.value)
+    assert not llm.engine.has_unfinished_requests
+
+
 def test_use_tqdm_of_another_kind_is_refused_naming_it(llm):
     with pytest.raises(RequestError, match="^use_tqdm must be True, False, None or a callable") as caught:
         llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm="yes")

@@ -244,34 +244,33 @@ def test_a_search_without_the_prefix_cache_warns_once_that_it_recomputes(checkpo
     assert "without the prefix cache" in record.message and "--no-enable-prefix-caching" in record.message
 
 
-def test_a_search_the_full_queue_refuses_leaves_none_of_its_beams_queued(checkpoint, monkeypatch):
-    """The queue limit refuses a search at its first prompt's beam (a 429); its other prompts' beams, started beside
-    it, are aborted with it: none of them waits past the limit to run for nobody (a batch retries each 429)."""
+def test_a_search_the_full_queue_refuses_queues_none_of_its_beams(checkpoint, monkeypatch):
+    """The queue limit refuses a search whole, before any of its beams is queued (a 429): its other prompts' beams,
+    started beside its first one, were added to the engine past the limit and aborted only once the first was
+    refused."""
     with live_server(checkpoint, scripted=True, max_waiting_requests=1, engine_options={"max_num_seqs": 1}) as live:
         engine = live.engine
-        added, aborted = [], []
-        for name, seen in (("add_request", added), ("abort", aborted)):
-            method = getattr(engine.engine, name)
-            monkeypatch.setattr(engine.engine, name, lambda request_id, *args, method=method, seen=seen, **kwargs: (
-                seen.append(request_id), method(request_id, *args, **kwargs))[1])
+        added = []
+        add_request = engine.engine.add_request
+        monkeypatch.setattr(engine.engine, "add_request", lambda request_id, *args, **kwargs: (
+            added.append(request_id), add_request(request_id, *args, **kwargs))[1])
 
         async def settle(done: Callable[[], bool]) -> None:
             deadline = time.monotonic() + 5  # (the running request takes far longer to finish)
             while not done():
-                assert time.monotonic() < deadline, (engine.num_waiting_requests, added, aborted)
+                assert time.monotonic() < deadline, (engine.num_waiting_requests, added)
                 await asyncio.sleep(0.01)
 
         async def run() -> None:
             running = engine.generate("running", PROMPTS[1], SamplingParams(max_tokens=1900, ignore_eos=True))
             await anext(running)  # it holds the one sequence slot for the whole test (a step takes 50 ms)
             queued = asyncio.ensure_future(anext(engine.generate("waiting", PROMPTS[1], SamplingParams(max_tokens=1))))
-            await settle(lambda: engine.num_waiting_requests == 1)
+            await settle(lambda: engine.num_waiting_requests == 1 and "waiting" in added)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(live.app), base_url="http://glimmer") as client:
                 refused = await client.post("/v1/completions", json={**BEAM, "prompt": PROMPTS + [[7, 8, 9]]})
             assert refused.status_code == 429, refused.text
-            # a beam's request added to the engine is aborted, or it waits behind the running one, counted
-            await settle(lambda: engine.num_waiting_requests == 1 and set(added) - {"running", "waiting"} <= set(
-                aborted))
+            # none of its beams was added, nor is queued to be (queued ones count as waiting)
+            assert added == ["running", "waiting"] and engine.num_waiting_requests == 1
             queued.cancel()
             await running.aclose()
             await settle(lambda: engine.num_waiting_requests == 0)

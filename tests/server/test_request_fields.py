@@ -120,6 +120,34 @@ def test_a_completion_of_several_prompts_the_full_queue_refuses_queues_none_of_t
         live.wait_for_idle()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_completion_of_several_prompts_fails_as_soon_as_one_prompt_fails(make_tiny, stream):
+    """A prompt whose own constraint fails it while generating (bad_words leave none of allowed_token_ids after its
+    first token) is a 400 at once, and the other prompts are aborted, freeing their KV pages: the answer waited for
+    every prompt's first token, here a long prompt's, prefilled 16 tokens a step, which then ran for nobody."""
+    with live_server(make_tiny(), scripted=True, engine_options={"max_num_batched_tokens": 16}) as live:
+        engine = live.engine
+        engine.engine.runner.add("[q]", "qqqq")  # "q" is one token (80), "z" another (89): the words ban both after q
+        finished = []
+        engine.on_finished(finished.append)
+        body = {"model": "tiny", "prompt": ["[q] go", "[z]" + " go" * 600], "max_tokens": 4, "ignore_eos": True,
+                "allowed_token_ids": [80, 89], "bad_words": ["qq", "qz"], "stream": stream}
+
+        async def run() -> httpx.Response:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(live.app), base_url="http://glimmer") as client:
+                return await asyncio.wait_for(client.post("/v1/completions", json=body), 60)
+
+        engine.engine.runner.step_delay_s = 0.05  # the long prompt's prefill takes about 40 steps, 2 s
+        refused = asyncio.run(run())
+        engine.engine.runner.step_delay_s = 0.0
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "bad_words"
+        live.wait_for_idle()
+        # the long prompt was aborted before its first token
+        assert sorted((f.finish_reason, f.num_generation_tokens) for f in finished) == [("abort", 0), ("error", 1)]
+        assert all(used == 0 for used, _ in engine.engine.kv.usage().values()) and not engine._listeners
+
+
 def test_seeds_take_the_whole_range_sampling_params_takes(server):
     assert complete(server, temperature=1, seed=2**64 - 1)["text"] is not None
     assert complete(server, temperature=1, seed=2**63, n=2)["text"] is not None
