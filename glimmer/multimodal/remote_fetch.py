@@ -39,6 +39,14 @@ logger = logging.getLogger(__name__)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 ranges that Python's is_global (3.11) takes for global but that no public host is reached at: the last 32
+# bits of the first two hold an IPv4 address of the network translating them, a site's own for the third
+_NOT_PUBLIC_V6 = tuple(ipaddress.ip_network(net) for net in (
+    "::/96",  # IPv4-compatible (RFC 4291 §2.5.5.1, deprecated): ::7f00:1 is 127.0.0.1
+    "::ffff:0:0:0/96",  # IPv4-translated (RFC 2765 §2.1, SIIT): ::ffff:0:a00:1 is 10.0.0.1
+    "64:ff9b:1::/48",  # local-use IPv4/IPv6 translation (RFC 8215): a site's NAT64 to its own IPv4 network
+    "fec0::/10",  # site-local (RFC 3879, deprecated), routed inside a site where still configured
+))
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/*)[^/?#]*@")  # RFC 3986 §3.2.1: up to the last @ of the authority
 
 
@@ -64,6 +72,8 @@ def is_public_address(address: str) -> bool:
         if embedded is None and ip in _NAT64:
             embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if embedded is not None and not is_public_address(str(embedded)):
+            return False
+        if any(ip in network for network in _NOT_PUBLIC_V6):
             return False
     return ip.is_global and not ip.is_multicast
 

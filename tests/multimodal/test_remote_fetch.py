@@ -17,7 +17,8 @@ from glimmer.multimodal.settings import MediaFetchPolicy
 @pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254",
                                      "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "192.0.2.1", "::1",
                                      "fe80::1", "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "64:ff9b::7f00:1",
-                                     "2002:7f00:1::", "::", "ff02::1"])
+                                     "2002:7f00:1::", "::", "ff02::1", "::7f00:1", "::a00:1", "::ffff:0:7f00:1",
+                                     "64:ff9b:1::a00:1", "fec0::1"])
 def test_non_public_addresses_are_refused(address):
     assert not is_public_address(address)
 
