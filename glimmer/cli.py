@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
-from glimmer.multimodal.settings import MediaLimits
+from glimmer.multimodal.settings import MediaFetchPolicy, MediaLimits
 from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
 
 
@@ -233,7 +233,6 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     import uvicorn
 
     import glimmer
-    from glimmer.multimodal.sources import MediaFetchPolicy
     from glimmer.server.app import create_app
     from glimmer.server.connection import raise_open_file_limit, read_timeout_protocol
     from glimmer.server.settings import DEFAULT_MAX_REQUEST_BYTES_WITH_MEDIA, ServerSettings
@@ -247,8 +246,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             api_key=_serve_api_key(args),
             max_request_bytes=max_request_bytes,
             default_reasoning_strength=args.default_reasoning_strength,
-            media_policy=MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media,
-                                                 allowed_domains=args.allowed_media_domains),
+            media_policy=_media_policy(args),
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
             require_cache_salt=args.require_cache_salt,
@@ -337,7 +335,7 @@ def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     for note in _check_vllm_options(args, _VLLM_RUN_BATCH_OPTIONS, VLLM_RUN_BATCH_ARGUMENTS):
         print(note, file=sys.stderr)  # stdout may be the output
     _refuse_a_model_taken_by_a_list_option(args, "run-batch")
-    _check_media_directories(args)
+    _check_media_options(args)
     _check_served_model_names(args)
     try:  # an unreadable input before the model loads
         lines = parse_batch_input(_read_batch_input(args.input_file))
@@ -368,7 +366,6 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
 
     from tqdm import tqdm
 
-    from glimmer.multimodal.sources import MediaFetchPolicy
     from glimmer.server.app import create_app
     from glimmer.server.batch import run_batch
     from glimmer.server.settings import ServerSettings
@@ -386,9 +383,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             settings = ServerSettings(
                 served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
                 default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=MediaFetchPolicy.create(args.allowed_local_media_path,
-                                                     allow_remote=args.allow_remote_media,
-                                                     allowed_domains=args.allowed_media_domains))
+                media_policy=_media_policy(args))
             app = create_app(engine, settings)
             # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
             # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
@@ -849,7 +844,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     that does not exist (no file under it could ever be read), an origin no browser sends (CORS never matches);
     and for a MODEL that an option of several values took as one more."""
     _refuse_a_model_taken_by_a_list_option(args, "serve")
-    _check_media_directories(args)
+    _check_media_options(args)
     # ServerSettings would name its field (`max_request_bytes=0 is too small`), not the flag typed
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
@@ -932,11 +927,37 @@ def _check_served_model_names(args: argparse.Namespace) -> None:
                          "would list it twice); give each name once")
 
 
-def _check_media_directories(args: argparse.Namespace) -> None:
+def _check_media_options(args: argparse.Namespace) -> None:
     for directory in args.allowed_local_media_path:
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
                              "directory whose images and videos requests may name")
+    timeout = args.media_fetch_timeout
+    if timeout is not None and not 0 < timeout < math.inf:  # (nan too)
+        raise UsageError(f"--media-fetch-timeout {timeout:g} is not a time; give a number of seconds above 0, or "
+                         f"leave it out for {MediaFetchPolicy.timeout_s:g}")
+    if args.max_media_bytes is not None and args.max_media_bytes < 1:
+        raise UsageError(f"--max-media-bytes {args.max_media_bytes} is too small; give a size of at least 1 byte, or "
+                         f"leave it out for {MediaFetchPolicy.max_bytes >> 20} MiB")
+
+
+def _media_policy(args: argparse.Namespace) -> MediaFetchPolicy:
+    """The media policy of serve's and run-batch's media options."""
+    limits = {name: value for name, value in (("timeout_s", args.media_fetch_timeout),
+                                              ("max_bytes", args.max_media_bytes)) if value is not None}
+    return MediaFetchPolicy.create(args.allowed_local_media_path, allow_remote=args.allow_remote_media,
+                                   allowed_domains=args.allowed_media_domains, **limits)
+
+
+def _add_media_size_and_time_limits(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-media-bytes", type=parse_size, default=None, metavar="SIZE",
+                        help="the largest image or video file a request may send (in a data: URL), name (a local "
+                             "file) or have fetched (http(s)), such as 16MiB; a larger one gets HTTP 400 (default "
+                             f"{MediaFetchPolicy.max_bytes >> 20} MiB)")
+    parser.add_argument("--media-fetch-timeout", type=float, default=None, metavar="SECONDS",
+                        help="the longest one http(s) image or video download may take, name resolution, redirects "
+                             "and a slow server included; a slower one gets HTTP 400 (default "
+                             f"{MediaFetchPolicy.timeout_s:g})")
 
 
 def _is_origin(text: str) -> bool:
@@ -1224,6 +1245,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-media-domains", nargs="+", action="extend", default=[], metavar="HOST",
                        help="let requests fetch http(s) media from these hosts, even on private addresses (an internal "
                             "image store); alone, it allows only these hosts")
+    _add_media_size_and_time_limits(serve)
     serve.add_argument("--max-images-per-request", type=int, default=None,
                        help="more images in one request get HTTP 400 (default 16)")
     serve.add_argument("--max-videos-per-request", type=int, default=None,
@@ -1304,6 +1326,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let requests name http(s) image/video URLs on public addresses (as serve's)")
     batch.add_argument("--allowed-media-domains", nargs="+", action="extend", default=[], metavar="HOST",
                        help="let requests fetch http(s) media from these hosts, even on private addresses")
+    _add_media_size_and_time_limits(batch)
     batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
     vllm = batch.add_argument_group(

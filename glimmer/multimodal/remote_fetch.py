@@ -10,7 +10,9 @@ Proxy environment variables are not used: the check must see the address that is
 
 The whole fetch, name resolution and connections included, ends by `MediaFetchPolicy.timeout_s`: `getaddrinfo` has
 no timeout of its own (a resolver that drops queries holds it for seconds per nameserver), so it runs on a thread
-that is waited for only until then.
+that is waited for only until then. A socket's timeout bounds one read, not the fetch: a server that trickles its
+status line, headers or chunk sizes a byte at a time never lets a read time out, so at the deadline
+every connection is shut down (`_GuardedBackend.cut`), which ends whatever read is waiting on it.
 
 Every failure, from a refused address to a closed port, a 404 or a download over the size limit, reads the
 same to the client (`RemoteMediaError`), so that errors cannot map the network; the server log has the
@@ -37,6 +39,14 @@ logger = logging.getLogger(__name__)
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# IPv6 ranges that Python's is_global (3.11) takes for global but that no public host is reached at: the last 32
+# bits of the first two hold an IPv4 address of the network translating them, a site's own for the third
+_NOT_PUBLIC_V6 = tuple(ipaddress.ip_network(net) for net in (
+    "::/96",  # IPv4-compatible (RFC 4291 §2.5.5.1, deprecated): ::7f00:1 is 127.0.0.1
+    "::ffff:0:0:0/96",  # IPv4-translated (RFC 2765 §2.1, SIIT): ::ffff:0:a00:1 is 10.0.0.1
+    "64:ff9b:1::/48",  # local-use IPv4/IPv6 translation (RFC 8215): a site's NAT64 to its own IPv4 network
+    "fec0::/10",  # site-local (RFC 3879, deprecated), routed inside a site where still configured
+))
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/*)[^/?#]*@")  # RFC 3986 §3.2.1: up to the last @ of the authority
 
 
@@ -62,6 +72,8 @@ def is_public_address(address: str) -> bool:
         if embedded is None and ip in _NAT64:
             embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
         if embedded is not None and not is_public_address(str(embedded)):
+            return False
+        if any(ip in network for network in _NOT_PUBLIC_V6):
             return False
     return ip.is_global and not ip.is_multicast
 
@@ -91,6 +103,27 @@ class _GuardedBackend(httpcore.SyncBackend):
     def __init__(self, policy: MediaFetchPolicy, deadline: float):
         self._policy = policy
         self._deadline = deadline  # time.monotonic() by which the whole fetch ends
+        # a duplicate descriptor of each connection: shutdown(2) acts on the connection, whichever descriptor names
+        # it, and TLS detaches the socket httpcore was handed
+        self._connections: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.was_cut = False
+
+    def cut(self) -> None:
+        """Shut every connection down, ending a read in progress (the deadline has passed)."""
+        with self._lock:
+            self.was_cut = True
+            for connection in self._connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already closed by the peer
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
 
     def time_left(self, doing: str) -> float:
         """Seconds left until the deadline; RemoteMediaError naming what was `doing` once none are."""
@@ -113,9 +146,15 @@ class _GuardedBackend(httpcore.SyncBackend):
         for address in addresses:  # connect to an address that was checked, never to the name again
             left = self.time_left("connecting")
             try:
-                return super().connect_tcp(address, port, min(timeout or left, left), local_address, socket_options)
+                stream = super().connect_tcp(address, port, min(timeout or left, left), local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as failure:
                 error = failure
+                continue
+            with self._lock:
+                self._connections.append(stream.get_extra_info("socket").dup())
+                if self.was_cut:  # the deadline passed while connecting
+                    self._connections[-1].shutdown(socket.SHUT_RDWR)
+            return stream
         raise RemoteMediaError(f"cannot connect to {host!r} port {port}: {error!r}")
 
 
@@ -126,6 +165,18 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
     """
     deadline = time.monotonic() + policy.timeout_s
     backend = _GuardedBackend(policy, deadline)
+    watchdog = threading.Timer(policy.timeout_s, backend.cut)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return _fetch(url, policy, backend, deadline, cancel)
+    finally:
+        watchdog.cancel()
+        backend.close()
+
+
+def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadline: float,
+           cancel: CancelToken | None) -> bytes:
     with httpcore.ConnectionPool(ssl_context=ssl.create_default_context(), max_connections=1,
                                  network_backend=backend) as pool:
         for _ in range(policy.max_redirects + 1):
@@ -148,12 +199,15 @@ def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None 
                         continue
                     if response.status != 200:
                         raise RemoteMediaError(f"HTTP {response.status}")
-                    return _read_body(response, policy, deadline, cancel)
+                    body = _read_body(response, policy, deadline, cancel)
+                    if backend.was_cut:  # a body that ends with the connection was cut short, not complete
+                        raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
+                    return body
             except (RemoteMediaError, Cancelled):
                 raise
-            except httpcore.TimeoutException:
-                raise RemoteMediaError(f"no answer within {policy.timeout_s} s") from None
             except Exception as error:  # network, TLS, protocol and URL errors of every kind
+                if backend.was_cut or isinstance(error, httpcore.TimeoutException):
+                    raise RemoteMediaError(f"no answer within {policy.timeout_s} s") from None
                 raise RemoteMediaError(f"{type(error).__name__}: {error}") from None
     raise RemoteMediaError(f"more than {policy.max_redirects} redirects")
 

@@ -34,7 +34,7 @@ from glimmer.protocol.deltas import Delta, Event
 from glimmer.protocol.headers import channel_of_recipient
 from glimmer.server.beam_search import beam_search_params, refuse_beam_search_options, run_beam_search
 from glimmer.server.body import read_body
-from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt, prompt_parts
+from glimmer.server.chat_prompt import ChatPrompt, build_chat_prompt, prompt_parts, prompt_threads
 from glimmer.server.choice_stream import ChoiceStream, Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import describe_error
@@ -214,7 +214,8 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
     client_id = client_request_id(raw_request, request.request_id) if named_for is None else None
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
-    prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel))
+    prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel),
+                                    prompt_threads(request.messages, context))
     engine = context.engine.engine
     rendered_len = len(prompt.token_ids)
     # vLLM's truncate_prompt_tokens keeps the rendered prompt's end, the generation prompt the reply is parsed after

@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
+
+from anyio import CapacityLimiter
 
 from glimmer.cancellation import CancelToken
 from glimmer.engine.apply_chat_template import generation_prompt
@@ -198,6 +201,23 @@ def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, con
     if constraint is None:
         return None
     return context.grammars.turn(constraint, param or "tools")
+
+
+def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | None:
+    """The worker threads to build the prompt of a chat of `messages` on (`in_worker_thread`'s `threads`): where it
+    fetches media over http(s), the pool kept for such prompts (`ServingContext.remote_media_threads`), so that slow
+    image hosts hold none of the threads every other request's prompt is built on; else the default pool (None).
+    A part with no reference is left for `load_media` to refuse."""
+    if not context.settings.media_policy.allows_remote or not isinstance(messages, list):
+        return None
+    for _, path, part in media_parts(messages):
+        try:
+            media = media_from_part(part, path)
+        except RequestError:
+            continue
+        if media is not None and isinstance(media[1], str) and urlsplit(media[1]).scheme.lower() in ("http", "https"):
+            return context.remote_media_threads
+    return None
 
 
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from anyio import CapacityLimiter
+
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.grammar import GrammarCompiler
 from glimmer.engine.tokenizer import Tokenizer
@@ -12,7 +14,7 @@ from glimmer.protocol import ChatTemplate
 from glimmer.server.errors import APIError
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.response_store import ResponseStore
-from glimmer.server.settings import ServerSettings
+from glimmer.server.settings import REMOTE_MEDIA_THREADS, ServerSettings
 
 
 @dataclass
@@ -27,6 +29,8 @@ class ServingContext:
     hidden_special_tokens: dict[int, str] = field(default_factory=dict)
     """Special tokens chat answers do not show (every one but the framing markers): id → spelling."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
+    remote_media_threads: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(REMOTE_MEDIA_THREADS))
+    """The worker threads that build the prompts fetching media over http(s) (`chat_prompt.prompt_threads`)."""
 
     @classmethod
     def create(cls, engine: AsyncEngine, settings: ServerSettings) -> ServingContext:

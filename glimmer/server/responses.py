@@ -31,7 +31,7 @@ from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
-from glimmer.server.chat_prompt import build_chat_prompt
+from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
 from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
@@ -432,7 +432,8 @@ async def count_input_tokens(raw_request: Request, context: ServingContext) -> R
     context.check_model(request.model)
     try:
         prompt = await in_worker_thread(raw_request,
-                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel))
+                                        lambda cancel: build_chat_prompt(conversation.chat, context, cancel),
+                                        prompt_threads(conversation.chat.messages, context))
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)})

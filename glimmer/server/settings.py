@@ -26,6 +26,10 @@ API_KEY_ROUTES = ("/v1", "/tokenize", "/detokenize", "/invocations", "/openapi.j
 """The routes, each with every path under it, that a server's API key guards (/metrics too where
 metrics_require_api_key): what `glimmer serve --api-key` names. app.py guards its routers itself; a test in
 tests/server/test_errors.py checks that the routes answering 401 without the key are these."""
+REMOTE_MEDIA_THREADS = 40
+"""Prompts that fetch media over http(s) are built on a pool of threads of their own, this many at once (as many as
+anyio's default pool, where every other request's prompt is built): a slow image host holds a thread for up to the
+fetch's time limit per item, so a few dozen such requests would otherwise leave no thread to any other request."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 

@@ -14,9 +14,10 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from glimmer.cancellation import CancelToken
@@ -70,17 +71,20 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     return await _until_disconnect(request, asyncio.ensure_future(work), None)
 
 
-async def in_worker_thread(request: Request, function: Callable[[CancelToken], T]) -> T:
+async def in_worker_thread(request: Request, function: Callable[[CancelToken], T],
+                           threads: CapacityLimiter | None = None) -> T:
     """`function(cancel)` run on a worker thread, off the event loop. If the client disconnects (or the server
     stops the request) first, `cancel` is cancelled, so the work stops at its next check (a thread cannot be
     interrupted), and ClientDisconnected (or CancelledError) is raised once it has. So it is, with
     EngineShuttingDownError (503), when the server begins shutting down: the work (a slow media download) would
-    otherwise go on past uvicorn's grace period, whose cancellation cuts the request."""
+    otherwise go on past uvicorn's grace period, whose cancellation cuts the request. `threads`: the pool it runs
+    on, anyio's default one (40 threads at once, shared by every request) where None."""
     cancel = CancelToken()
     engine = request.app.state.context.engine
     try:
+        work = asyncio.ensure_future(anyio.to_thread.run_sync(function, cancel, limiter=threads))
         return await _until_disconnect(request, asyncio.ensure_future(_unless_closing(
-            asyncio.ensure_future(run_in_threadpool(function, cancel)), lambda: engine.closing_reason)), cancel.cancel)
+            work, lambda: engine.closing_reason)), cancel.cancel)
     finally:
         cancel.cancel()
 

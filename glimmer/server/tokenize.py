@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
 from glimmer.server.body import read_body
-from glimmer.server.chat_prompt import build_chat_prompt
+from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
 from glimmer.server.completions import checked_token_ids, naming_the_prompt, text_prompt_ids
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, Items, RequestBody, parse_body, validate_json
@@ -56,7 +56,8 @@ async def tokenize(raw_request: Request, context: ServingContext) -> Response:
     request = validate_json(TokenizeRequest, await read_body(raw_request, context),
                             TOKENIZE_FIELD_HINTS)
     context.check_model(request.model)
-    token_ids = await in_worker_thread(raw_request, lambda cancel: _token_ids(request, context, cancel))
+    token_ids = await in_worker_thread(raw_request, lambda cancel: _token_ids(request, context, cancel),
+                                       prompt_threads(request.messages, context))
     body: dict[str, Any] = {"count": len(token_ids), "max_model_len": context.engine.engine.max_model_len,
                             "tokens": token_ids}
     if request.return_token_strs:

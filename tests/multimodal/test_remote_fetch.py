@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import httpcore
@@ -16,7 +17,8 @@ from glimmer.multimodal.settings import MediaFetchPolicy
 @pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254",
                                      "100.64.0.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "192.0.2.1", "::1",
                                      "fe80::1", "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "64:ff9b::7f00:1",
-                                     "2002:7f00:1::", "::", "ff02::1"])
+                                     "2002:7f00:1::", "::", "ff02::1", "::7f00:1", "::a00:1", "::ffff:0:7f00:1",
+                                     "64:ff9b:1::a00:1", "fec0::1"])
 def test_non_public_addresses_are_refused(address):
     assert not is_public_address(address)
 
@@ -113,3 +115,30 @@ def test_allowed_domains_may_be_private_but_only_they_are_fetched(monkeypatch):
 def test_allowed_domains_must_be_host_names(name):
     with pytest.raises(ConfigError, match="not a host name"):
         MediaFetchPolicy.create(allowed_domains=[name])
+
+
+def test_a_server_trickling_its_headers_is_cut_off_at_the_time_limit():
+    """A socket timeout bounds one read: headers sent a line every 50 ms never let a read time out, so a 0.3 s fetch
+    waited the 2 s the server took and then returned its body."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = b"GIF89a" + b"\0" * 20
+
+    def trickle():
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            try:
+                connection.sendall(b"HTTP/1.1 200 OK\r\n")
+                for i in range(40):
+                    connection.sendall(f"X-Line-{i}: a\r\n".encode())
+                    time.sleep(0.05)
+                connection.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            except OSError:  # the fetcher hung up
+                pass
+
+    server = threading.Thread(target=trickle, daemon=True)
+    server.start()
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=0.3)
+    with listener, pytest.raises(RemoteMediaError, match=r"no answer within 0.3 s"):
+        fetch_remote(f"http://127.0.0.1:{listener.getsockname()[1]}/cat.gif", policy)
+    server.join()

@@ -44,6 +44,19 @@ def test_serve_options_parse():
     assert build_parser().parse_args(["serve"]).trust_request_chat_template is False
 
 
+@pytest.mark.parametrize("command", [["serve"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]])
+def test_media_size_and_download_time_limits_reach_the_media_policy(command):
+    """An image store slower than 10 s a download, or a server that must take less than 64 MiB an image, had no way
+    to say so."""
+    from glimmer.cli import _media_policy
+
+    given = build_parser().parse_args([*command, "--allow-remote-media", "--max-media-bytes", "16MiB",
+                                       "--media-fetch-timeout", "30"])
+    assert (_media_policy(given).max_bytes, _media_policy(given).timeout_s) == (16 << 20, 30.0)
+    default = _media_policy(build_parser().parse_args(command))
+    assert (default.max_bytes, default.timeout_s) == (64 << 20, 10.0)
+
+
 @pytest.mark.parametrize(("flags", "enabled"), [([], True), (["--no-enable-prefix-caching"], False),
                                                (["--enable-prefix-caching"], True)])
 def test_serve_takes_vllms_prefix_caching_flags(tiny_checkpoint, flags, enabled):
@@ -171,6 +184,9 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--root-path", "api"], ("--root-path api", "starting with /")),
     (["--request-read-timeout", "0"], ("--request-read-timeout 0 is not a time", "above 0")),
     (["--request-read-timeout", "nan"], ("--request-read-timeout nan is not a time",)),
+    (["--media-fetch-timeout", "0"], ("--media-fetch-timeout 0 is not a time", "above 0", "out for 10")),
+    (["--media-fetch-timeout", "inf"], ("--media-fetch-timeout inf is not a time",)),
+    (["--max-media-bytes", "0"], ("--max-media-bytes 0 is too small", "out for 64 MiB")),
     (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
     (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
     (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),

@@ -209,3 +209,51 @@ def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoi
         "message": "This model's maximum context length is 120 tokens (max_model_len), but the images and videos "
                    "need 162 tokens together; send fewer or smaller images or videos",
         "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
+
+
+def test_requests_waiting_on_remote_images_leave_other_requests_served(checkpoint):
+    """Building a prompt runs on a worker thread, and the threads are few (anyio's default, 40): as many requests
+    whose image host answers slowly held every one for the download's time limit, and a text-only request waited
+    behind them."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import anyio.to_thread
+    import httpx
+
+    async def default_threads() -> int:
+        return anyio.to_thread.current_default_thread_limiter().total_tokens
+
+    threads = asyncio.run(default_threads())
+    release, seen = threading.Event(), threading.Semaphore(0)
+
+    class SlowHost(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            seen.release()
+            release.wait(120)
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    host = ThreadingHTTPServer(("127.0.0.1", 0), SlowHost)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    slow_url = f"http://127.0.0.1:{host.server_address[1]}/cat.png"
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=120)
+    with live_server(checkpoint, media_policy=policy) as live, ThreadPoolExecutor(threads) as pool:
+        def chat(messages, timeout):
+            return httpx.post(f"{live.base_url}/chat/completions", timeout=timeout, json={
+                "model": "tiny", "messages": messages, "max_tokens": 2, **EXTRA})
+
+        try:
+            waiting = [pool.submit(chat, _messages(slow_url), 150) for _ in range(threads)]
+            for _ in range(threads):  # every one of them is downloading
+                assert seen.acquire(timeout=60)
+            answer = chat([{"role": "user", "content": "hi"}], 30)
+            assert answer.status_code == 200, answer.text
+        finally:
+            release.set()
+            host.shutdown()
+        assert all(request.result().status_code == 400 for request in waiting)
