@@ -17,6 +17,14 @@ chunks up to max_tokens):
 Prints the medians over the rounds, and the server's figures as ratios to the engine's. Inter-token latency is
 the median gap between chunks (or tokens) and the mean gap (first to last over the tokens between); a chunk of
 several tokens (a client slower than the engine gets them coalesced) shows in the mean, not the median.
+
+Then the share of a token's time spent outside the model's forward (Python: scheduling, step inputs, sampling,
+detokenizing, and on the server's side the protocol parser, the chunk's JSON, the HTTP layers and the hand-off
+between the engine thread and the event loop): the forward is the model's call and its logits, timed in this
+process's engine (a single stream's median decode step; under load, all of `LLM.generate`'s forward time over its
+output tokens), and the time outside it is each figure's time a token less that forward time. The server runs the
+same model on the same machine, so the engine's decode step stands for its own in the single-stream figures; under
+load the prefills differ between the processes, so only `LLM.generate`'s share is printed.
 """
 
 from __future__ import annotations
@@ -44,6 +52,30 @@ from glimmer.engine.llm import LLM  # noqa: E402
 from glimmer.engine.sampling_params import SamplingParams  # noqa: E402
 
 TEMPLATE_KWARGS = {"current_date": "2026-01-01"}  # the server and the engine render the same prompt on any day
+
+
+class ForwardClock:
+    """Seconds `LLM`'s model spends in its forward and logits (the model's call and `compute_logits`), per call."""
+
+    def __init__(self, llm: LLM):
+        self.seconds: list[float] = []
+        model = llm.engine.runner.model
+        for name in ("forward", "compute_logits"):
+            setattr(model, name, self._timed(getattr(model, name)))
+
+    def _timed(self, method):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - start)
+        return timed
+
+    def take(self) -> list[float]:
+        """The calls' seconds since the last take: a step's forward and its logits, in turn."""
+        seconds, self.seconds = self.seconds, []
+        return seconds
 
 
 @dataclass
@@ -111,19 +143,29 @@ def stream_chat(client: httpx.Client, url: str, number: int, max_tokens: int, in
     return Stream(first_chunk - start, [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)], tokens)
 
 
-def engine_stream(llm: LLM, number: int, max_tokens: int) -> Stream:
-    """The same request stepped through the engine: rendered, tokenized, added, and timed at each token."""
+def engine_stream(llm: LLM, clock: ForwardClock, number: int, max_tokens: int) -> tuple[Stream, float, float]:
+    """The same request stepped through the engine: rendered, tokenized, added, and timed at each token; and the
+    median seconds of a decode step's forward and of its time outside the forward (its first step, the prefill,
+    left out)."""
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     start = time.perf_counter()
     ids = prompt_ids(llm, number)
     engine.add_request(f"bench-{number}", ids, params)
     arrivals: list[float] = []
+    clock.take()
+    forwards: list[float] = []
+    outside: list[float] = []
     while engine.has_unfinished_requests:
+        stepped = time.perf_counter()
         deltas = engine.step()
         now = time.perf_counter()
         arrivals += [now for delta in deltas if delta.token_ids]
-    return Stream(arrivals[0] - start, [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)], len(arrivals))
+        forwards.append(sum(clock.take()))
+        outside.append(now - stepped - forwards[-1])
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    return (Stream(arrivals[0] - start, gaps, len(arrivals)), statistics.median(forwards[1:]),
+            statistics.median(outside[1:]))
 
 
 def prompt_ids(llm: LLM, number: int) -> list[int]:
@@ -153,11 +195,15 @@ def server_load(url: str, numbers: list[int], max_tokens: int) -> float:
     return sum(s.tokens for s in streams) / elapsed
 
 
-def engine_load(llm: LLM, numbers: list[int], max_tokens: int) -> float:
+def engine_load(llm: LLM, clock: ForwardClock, numbers: list[int], max_tokens: int) -> tuple[float, float]:
+    """Output tokens/s of `LLM.generate` of the prompts together, and its forward's seconds per output token."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    clock.take()
     start = time.perf_counter()
     outputs = llm.generate([prompt_ids(llm, number) for number in numbers], params, use_tqdm=False)
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return tokens / elapsed, sum(clock.take()) / tokens
 
 
 def main() -> None:
@@ -170,6 +216,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     with glimmer_serve(port):
         llm = LLM(str(default_model_dir()), progress=False)
+        clock = ForwardClock(llm)
         print(f"glimmer-nano on {llm.engine.device} ({llm.engine.dtype}); {args.max_tokens} tokens a stream, "
               f"{args.rounds} rounds; server: `glimmer serve` with the CLI's defaults")
         figures: dict[str, list[float]] = {}
@@ -179,21 +226,27 @@ def main() -> None:
 
         with httpx.Client() as client:
             stream_chat(client, url, -1, 16, include_usage=True)  # warm-up
-            engine_stream(llm, -1, 16)
+            engine_stream(llm, clock, -1, 16)
             for round_number in range(args.rounds):
                 # the engine and the server answer the same prompt (each process has its own prefix cache); the
                 # request with usage gets another, so that it finds no more of its prompt cached than the first did
                 number = round_number * (args.streams + 2)
                 for name, prompt, run in (
-                        ("engine", number, lambda n: engine_stream(llm, n, args.max_tokens)),
+                        ("engine", number, lambda n: engine_stream(llm, clock, n, args.max_tokens)),
                         ("server", number, lambda n: stream_chat(client, url, n, args.max_tokens, False)),
                         ("server+usage", number + 1, lambda n: stream_chat(client, url, n, args.max_tokens, True))):
                     stream = run(prompt)
+                    if name == "engine":
+                        stream, forward_s, outside_s = stream
+                        add("engine forward", forward_s)
+                        add("engine step outside", outside_s)
                     add(f"{name} ttft", stream.ttft_s)
                     add(f"{name} itl median", statistics.median(stream.gaps_s))
                     add(f"{name} itl mean", stream.mean_gap_s)
                 numbers = list(range(number + 2, number + 2 + args.streams))
-                add("engine load", engine_load(llm, numbers, args.max_tokens))
+                rate, forward_s = engine_load(llm, clock, numbers, args.max_tokens)
+                add("engine load", rate)
+                add("engine load forward", forward_s)
                 add("server load", server_load(url, numbers, args.max_tokens))
 
     def median(name: str) -> float:
@@ -207,6 +260,15 @@ def main() -> None:
     engine, server = median("engine load"), median("server load")
     print(f"{args.streams} streams: LLM.generate {engine:7.1f} tok/s   server {server:7.1f} tok/s "
           f"({server / engine:.2f})")
+    forward, outside = median("engine forward"), median("engine step outside")
+    print(f"outside the forward, a token: the forward {forward * 1e3:.3f} ms (a decode step's median); engine step "
+          f"{outside * 1e3:.3f} ms ({outside / (forward + outside):.0%} of its step)   " + "   ".join(
+              f"{name} {(median(f'{name} itl median') - forward) * 1e3:.3f} ms "
+              f"({1 - forward / median(f'{name} itl median'):.0%} of its median gap)"
+              for name in ("server", "server+usage")))
+    forward = median("engine load forward")
+    print(f"outside the forward, {args.streams} streams: LLM.generate's forward {forward * 1e3:.3f} ms an output token "
+          f"(its prefills included), outside it {(1 / engine - forward) * 1e3:.3f} ms ({1 - forward * engine:.0%})")
 
 
 if __name__ == "__main__":
