@@ -1114,7 +1114,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-video-frame-pixels", type=int, default=MediaLimits.max_video_frame_pixels,
                         help="videos with larger frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
-                        help="videos with more source frames are refused (HTTP 400; default %(default)s)")
+                        help="videos with more source frames, or more packets that hold no frame (empty, or cut by "
+                             "an edit list), are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="fraction of the GPU's memory Glimmer may use, KV cache included (default 0.9)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
