@@ -1268,7 +1268,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(<|start|>, <|eot|>, ...) becomes those tokens (default: it stays plain text)")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="trusted clients only: render a chat request's own Jinja chat_template (sandboxed, as "
-                            "the checkpoint's; default: such a request gets HTTP 400)")
+                            "the checkpoint's, from files and Python internals but not from the server's CPU and "
+                            "memory, which such a template may spend without bound; default: such a request gets "
+                            "HTTP 400)")
     serve.add_argument("--enable-request-id-headers", action="store_true",
                        help="every response carries X-Request-Id: the request's, else one made for it, which a "
                             "completion's id is then built on (as a client's: chatcmpl-ID)")
