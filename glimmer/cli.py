@@ -1114,7 +1114,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-video-frame-pixels", type=int, default=MediaLimits.max_video_frame_pixels,
                         help="videos with larger frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
-                        help="videos with more source frames are refused (HTTP 400; default %(default)s)")
+                        help="videos with more source frames, or more packets that hold no frame (empty, or cut by "
+                             "an edit list), are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="fraction of the GPU's memory Glimmer may use, KV cache included (default 0.9)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",
@@ -1267,7 +1268,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(<|start|>, <|eot|>, ...) becomes those tokens (default: it stays plain text)")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="trusted clients only: render a chat request's own Jinja chat_template (sandboxed, as "
-                            "the checkpoint's; default: such a request gets HTTP 400)")
+                            "the checkpoint's, from files and Python internals but not from the server's CPU and "
+                            "memory, which such a template may spend without bound; default: such a request gets "
+                            "HTTP 400)")
     serve.add_argument("--enable-request-id-headers", action="store_true",
                        help="every response carries X-Request-Id: the request's, else one made for it, which a "
                             "completion's id is then built on (as a client's: chatcmpl-ID)")

@@ -61,8 +61,8 @@ _CONVERSATION_FIELDS = ("messages", "input", "prompt")  # shortened, never remov
 
 @dataclass(frozen=True)
 class PromptPart:
-    """Tokens of a prompt that one part of the request made: `name` as the message says it (a field, or "images"),
-    `param` the field a client changes to shorten it."""
+    """Tokens of a prompt that one part of the request made (characters, in a `PromptTextTooLongError`): `name` as
+    the message says it (a field, or "images"), `param` the field a client changes to shorten it."""
 
     name: str
     tokens: int
@@ -84,14 +84,9 @@ class ContextLengthError(RequestError):
         self.max_model_len = max_model_len
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
-        # a part of less than a twentieth of the prompt is not what made it long
-        self.parts = sorted((part for part in parts if part.tokens > 0 and part.tokens * 20 >= prompt_tokens),
-                            key=lambda part: -part.tokens)
+        self.parts = _largest_parts(parts, prompt_tokens)
         opening = f"This model's maximum context length is {max_model_len} tokens (max_model_len), but"
-        listed = ", ".join(f"{part.name} {part.tokens}" for part in self.parts)
-        shares = f" ({listed})" if len(self.parts) > 1 else ""  # one part is the whole prompt: no news
-        largest = self.parts[0].name if self.parts else "messages"
-        shorten = f"shorten the {largest}" if largest in _CONVERSATION_FIELDS else f"shorten or remove {largest}"
+        shares, shorten = _shares_and_fix(self.parts)
         if max_tokens is None:
             full = ", which leaves no room to generate" if prompt_tokens == max_model_len else ""
             super().__init__(f"{opening} the prompt has {prompt_tokens} tokens{shares}{full}; {shorten}",
@@ -105,6 +100,42 @@ class ContextLengthError(RequestError):
     def naming(self, parts: Sequence[PromptPart]) -> "ContextLengthError":
         """This refusal saying what made the prompt long: `parts`."""
         return ContextLengthError(self.max_model_len, self.prompt_tokens, self.max_tokens, parts)
+
+
+class PromptTextTooLongError(ContextLengthError):
+    """A prompt text longer than any prompt the context holds (`max_prompt_chars`: max_model_len - 1 tokens of the
+    tokenizer's longest), refused before it is tokenized: a context-length refusal whose `parts`, where the caller
+    measured them, are counted in characters (the tokens are not counted); `prompt_tokens` is None."""
+
+    def __init__(self, max_model_len: int, prompt_chars: int, max_prompt_chars: int,
+                 parts: Sequence[PromptPart] = ()):
+        self.max_model_len, self.max_tokens, self.prompt_tokens = max_model_len, None, None
+        self.prompt_chars, self.max_prompt_chars = prompt_chars, max_prompt_chars
+        self.parts = _largest_parts(parts, prompt_chars)
+        shares, shorten = _shares_and_fix(self.parts)
+        RequestError.__init__(self, f"This model's maximum context length is {max_model_len} tokens (max_model_len), "
+                              f"but the prompt has {prompt_chars:,} characters{shares}, more than that can hold (at "
+                              f"most {max_prompt_chars:,}); {shorten}",
+                              param=self.parts[0].param if self.parts else "messages")
+
+    def naming(self, parts: Sequence[PromptPart]) -> "PromptTextTooLongError":
+        """This refusal saying what made the prompt long: `parts`, in characters."""
+        return PromptTextTooLongError(self.max_model_len, self.prompt_chars, self.max_prompt_chars, parts)
+
+
+def _largest_parts(parts: Sequence[PromptPart], total: int) -> list[PromptPart]:
+    """`parts` that made a prompt of `total` long, largest first: a part of less than a twentieth of it did not."""
+    return sorted((part for part in parts if part.tokens > 0 and part.tokens * 20 >= total),
+                  key=lambda part: -part.tokens)
+
+
+def _shares_and_fix(parts: list[PromptPart]) -> tuple[str, str]:
+    """The parts as a refusal lists them (` (tools 480, messages 40)`; nothing for one, the whole prompt) and what to
+    do: shorten the largest."""
+    listed = ", ".join(f"{part.name} {part.tokens}" for part in parts)
+    shares = f" ({listed})" if len(parts) > 1 else ""
+    largest = parts[0].name if parts else "messages"
+    return shares, f"shorten the {largest}" if largest in _CONVERSATION_FIELDS else f"shorten or remove {largest}"
 
 
 class UnsupportedArgumentError(RequestError, TypeError):

@@ -4,6 +4,7 @@ the engine or an option silently taken for something else."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from fractions import Fraction
@@ -18,6 +19,7 @@ from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.engine.spec_decode import SpeculativeConfig, check_verification_budget
 from glimmer.errors import ConfigError
 from glimmer.model.kernels.support import check_environment
+from glimmer.multimodal.settings import MediaFetchPolicy
 
 if TYPE_CHECKING:
     from glimmer.engine.llm_engine import EngineConfig
@@ -45,6 +47,51 @@ def parse_size(text: str) -> int:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def media_fetch_policy(allowed_local_media_path: object = None, allow_remote_media: object = False,
+                       allowed_media_domains: object = None, max_media_bytes: object = None,
+                       media_fetch_timeout: object = None) -> MediaFetchPolicy:
+    """The media policy of `LLM(...)`'s media arguments, named and bounded as `glimmer serve`'s media flags are
+    (`--allowed-local-media-path`, ..., `--max-media-bytes`, `--media-fetch-timeout`); a size may be given as text
+    (max_media_bytes='16MiB'). Raises ConfigError naming the argument: a string where a list belongs (each of its
+    characters was taken for a directory or a host), a directory that does not exist, a size or a time that is no
+    number above 0."""
+    for name, values, what in (("allowed_local_media_path", allowed_local_media_path, "directories"),
+                               ("allowed_media_domains", allowed_media_domains, "host names")):
+        if isinstance(values, str | os.PathLike):
+            raise ConfigError(f"{name}={values!r} must be a list of {what}; pass [{values!r}] for one")
+        if values is not None and not isinstance(values, list | tuple):
+            raise ConfigError(f"{name}={values!r} must be a list of {what} (or None for none)")
+    for directory in allowed_local_media_path or ():
+        if not isinstance(directory, str | os.PathLike) or not Path(directory).expanduser().is_dir():
+            raise ConfigError(f"allowed_local_media_path: {directory!r} is not an existing directory; give the "
+                              "directories whose images and videos prompts may name")
+    for host in allowed_media_domains or ():
+        if not isinstance(host, str):
+            raise ConfigError(f"allowed_media_domains: {host!r} is not a host name; give names like "
+                              "images.internal or 10.0.0.5")
+    if not isinstance(allow_remote_media, bool):
+        raise ConfigError(f"allow_remote_media={allow_remote_media!r} must be True or False")
+    limits: dict[str, int | float] = {}
+    if isinstance(max_media_bytes, str):
+        try:
+            max_media_bytes = parse_size(max_media_bytes)
+        except ValueError as exc:
+            raise ConfigError(f"max_media_bytes: {exc}") from None
+    if max_media_bytes is not None:
+        if not _is_int(max_media_bytes) or max_media_bytes < 1:
+            raise ConfigError(f"max_media_bytes={max_media_bytes!r} must be a size of at least 1 byte (a number of "
+                              f"bytes or text such as '16MiB'), or None for {MediaFetchPolicy.max_bytes >> 20} MiB")
+        limits["max_bytes"] = max_media_bytes
+    if media_fetch_timeout is not None:
+        if isinstance(media_fetch_timeout, bool) or not isinstance(media_fetch_timeout, int | float) \
+                or not 0 < media_fetch_timeout < math.inf:  # (nan too)
+            raise ConfigError(f"media_fetch_timeout={media_fetch_timeout!r} must be a number of seconds above 0, or "
+                              f"None for {MediaFetchPolicy.timeout_s:g}")
+        limits["timeout_s"] = float(media_fetch_timeout)
+    return MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
+                                   allowed_domains=allowed_media_domains, **limits)
 
 
 def check_engine_config(config: EngineConfig) -> None:

@@ -40,6 +40,7 @@ from glimmer.engine.chat_rendering import (
     refuse_turn_grammar,
     render_conversation,
 )
+from glimmer.engine.config_checks import media_fetch_policy
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
@@ -60,7 +61,7 @@ from glimmer.engine.vllm_arguments import (
     method_takes_vllm_arguments,
 )
 from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
-from glimmer.multimodal.sources import MediaFetchPolicy, collect_media, load_media_reference, naming_media_parts
+from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
     Delta,
     OutputParser,
@@ -289,6 +290,9 @@ class LLM:
     Other keyword arguments are `EngineConfig` fields (max_model_len, max_num_seqs,
     max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template); `progress=False`
     hides the progress bars of loading, and those of `generate` and `chat` unless their `use_tqdm` asks for one.
+    Media arguments are `glimmer serve`'s media flags in snake_case: allowed_local_media_path (a list of
+    directories), allow_remote_media, allowed_media_domains (a list of hosts), max_media_bytes (64 MiB; bytes or
+    '16MiB') and media_fetch_timeout (10 s); `media_limits=MediaLimits(...)` holds the pixel and frame bounds.
     """
 
     def __init__(
@@ -301,6 +305,8 @@ class LLM:
         allow_remote_media: bool = False,
         generation_config: str = "auto",
         allowed_media_domains: list[str] | None = None,
+        max_media_bytes: int | str | None = None,
+        media_fetch_timeout: float | None = None,
         **engine_options: Any,
     ):
         if generation_config not in GENERATION_CONFIG_MODES:
@@ -315,13 +321,14 @@ class LLM:
         known = sorted({f.name for f in dataclasses.fields(EngineConfig)} | _own_keywords())
         engine_options = glimmer_arguments("LLM", known, VLLM_ONLY_LLM_ARGUMENTS, {"model": model, **engine_options})
         del engine_options["model"]
+        media_policy = media_fetch_policy(allowed_local_media_path, allow_remote_media, allowed_media_domains,
+                                          max_media_bytes, media_fetch_timeout)
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, device=device, **engine_options))
         if generation_config == "auto":  # under "vllm" no call takes the checkpoint's penalty
             warn_of_default_repetition_penalty(self.engine.generation_defaults, "generate and chat calls without "
                                                "SamplingParams", "pass SamplingParams, or LLM(..., "
                                                "generation_config='vllm') for vLLM's plain defaults")
-        self.media_policy = MediaFetchPolicy.create(allowed_local_media_path, allow_remote=allow_remote_media,
-                                                    allowed_domains=allowed_media_domains)
+        self.media_policy = media_policy
         self.generation_config = generation_config
         self._ids = itertools.count()
         self._tokenizer = LLMTokenizer(self.engine)

@@ -69,8 +69,8 @@ from glimmer.errors import (
     CheckpointError,
     ConfigError,
     ConstraintFailure,
-    ContextLengthError,
     GlimmerError,
+    PromptTextTooLongError,
     RequestError,
 )
 from glimmer.multimodal import MediaLimits, MediaProcessor, checkpoint_media_settings
@@ -643,7 +643,7 @@ class LLMEngine:
 
     def check_prompt_chars(self, text: str) -> None:
         """Raises RequestError for a prompt that is not a string of valid Unicode (a lone surrogate cannot be
-        tokenized) or is longer than `max_prompt_chars`."""
+        tokenized), PromptTextTooLongError (a context-length refusal) for one longer than `max_prompt_chars`."""
         if not isinstance(text, str):
             raise RequestError(f"the prompt must be a string, not {type(text).__name__}", param="prompt")
         try:
@@ -652,10 +652,7 @@ class LLMEngine:
             raise RequestError(f"the prompt is not valid Unicode: {exc.reason} at character {exc.start}",
                                param="prompt") from None
         if len(text) > self.max_prompt_chars:
-            raise RequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens (max_model_len), but the prompt "
-                f"has {len(text):,} characters, more than that can hold (at most {self.max_prompt_chars:,}); shorten "
-                "the messages", param="messages", code=ContextLengthError.code)
+            raise PromptTextTooLongError(self.max_model_len, len(text), self.max_prompt_chars)
 
     def encode_prompt(self, text: str, literals: Mapping[str, str] | None = None) -> list[int]:
         """Token ids of a text prompt. BOS is added unless the text already starts with it: a prompt rendered

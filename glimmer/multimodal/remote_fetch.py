@@ -51,9 +51,13 @@ _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/*)[^/?#]*@")  # RFC 3986 §3
 
 
 def loggable_url(url: str) -> str:
-    """`url` without its userinfo (`user:password@`, a credential), cut at 200 characters: what may be logged or
-    repeated in an error."""
-    return _USERINFO.sub(r"\1", url)[:200]
+    """`url` without its userinfo (`user:password@`, a credential), its query and its fragment, cut at 200
+    characters: what may be logged or repeated in an error. A presigned URL's signature or token lives in the query
+    (`X-Amz-Signature=`, `sig=`, `token=`), so the query is cut whatever its names; `?…` marks that there was one."""
+    without_userinfo = _USERINFO.sub(r"\1", url)
+    without_fragment = without_userinfo.split("#", 1)[0]
+    address, query_mark, _ = without_fragment.partition("?")
+    return address[:200] + ("?…" if query_mark else "")
 
 
 class RemoteMediaError(Exception):

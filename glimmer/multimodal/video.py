@@ -11,7 +11,7 @@ What we do, and where it departs from the reference:
   flagged default, one of several frames), not a thumbnail or cover picture track before it.
 * Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does (leaving out
   those an edit list discards); the container header's count (`stream.frames`, used by transformers' PyAV
-  reader) can be missing or wrong.
+  reader) can be missing or wrong. The packets left out (empty or discarded) are bounded as frames are.
 * Frame rate: as torchcodec's exact mode measures it, the frames over the span their packets cover (the first's
   pts to the last's pts + duration), not the rate the header declares: a variable-frame-rate clip, or a Matroska
   file whose header declares another rate, samples as many frames as the reference's. A stream without timestamps
@@ -182,14 +182,27 @@ def _check_source_frames(count: int, index: int, limits: MediaLimits) -> None:
         )
 
 
+def _check_frameless_packets(count: int, index: int, limits: MediaLimits) -> None:
+    """Packets that hold no frame (empty, or cut by an edit list) cost a demux step each as frames do, and a file
+    of a few bytes a packet holds millions (a NUT packet with no data is about one byte): they are bounded as
+    frames are, by `max_video_source_frames`."""
+    if count > limits.max_video_source_frames:
+        raise MediaLimitError(
+            "video",
+            index,
+            f"the video has more than {limits.max_video_source_frames:,} packets that hold no frame (empty, or cut "
+            "by an edit list), the most this server reads; re-encode it, or send a shorter clip",
+        )
+
+
 def decode_video_file(
     source: bytes | str | os.PathLike, settings: MediaSettings, limits: MediaLimits, index: int = 0,
     cancel: CancelToken | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
     """Decode the sampled frames of an encoded video, already resized: (F, 3, h, w) uint8 and their times.
 
-    Raises MediaDecodeError for unreadable or unsupported data, MediaLimitError for too many pixels or frames,
-    Cancelled (checked at every packet and frame) once `cancel` is cancelled.
+    Raises MediaDecodeError for unreadable or unsupported data, MediaLimitError for too many pixels, frames or packets
+    without a frame, Cancelled (checked at every packet and frame) once `cancel` is cancelled.
     """
     try:
         with _open(source) as container:
@@ -205,7 +218,7 @@ def decode_video_file(
             header_width, header_height = stream.codec_context.width, stream.codec_context.height
             if header_width and header_height:  # some containers leave it to the first decoded frame
                 limits.check_frame_size("video", index, header_width, header_height)
-            total_frames = timed_frames = 0
+            total_frames = timed_frames = frameless_packets = 0
             first_pts = end_pts = None  # the span the timed packets cover: the first's pts, the last's pts + duration
             for packet in container.demux(stream):
                 if cancel is not None:
@@ -220,6 +233,9 @@ def decode_video_file(
                         first_pts = packet.pts if first_pts is None else min(first_pts, packet.pts)
                         packet_end = packet.pts + (packet.duration or 0)
                         end_pts = packet_end if end_pts is None else max(end_pts, packet_end)
+                else:
+                    frameless_packets += 1
+                    _check_frameless_packets(frameless_packets, index, limits)
             # in a container only timed packets are frames; in a raw elementary stream no packet is timed
             total_frames = timed_frames or total_frames
             video_fps = _measured_frame_rate(timed_frames, first_pts, end_pts, stream.time_base) or _frame_rate(

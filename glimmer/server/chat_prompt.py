@@ -16,7 +16,7 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,11 +39,12 @@ from glimmer.engine.chat_rendering import (
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.errors import PromptPart, RequestError
+from glimmer.errors import PromptPart, PromptTextTooLongError, RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part, media_parts, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
     ChatTemplateError,
+    RenderedPrompt,
     normalize_tools,
     resolve_reasoning_strength,
 )
@@ -105,7 +106,10 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
         check_continued_call_is_read(final, rendering)
         check_media_before_the_cut(request.messages, final)
     engine = context.engine.engine
-    engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
+    try:
+        engine.check_prompt_chars(rendered.text)  # before any media fetching, decoding or tokenizing
+    except PromptTextTooLongError as error:
+        raise error.naming(prompt_text_parts(request.messages, rendering, tokenizer)) from None
     with naming_media_parts(request.messages):  # an item's error names its content part
         images, videos = load_media(request.messages, context, cancel)
         multimodal: list[MultimodalItem] = []
@@ -132,20 +136,46 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     rest (the template's own markup included). A part the template cannot render without is left out (counted in
     `messages`). Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
     tokenizer = context.tokenizer
-    rendering = prompt.rendering
+    measured = _removable_parts(messages, prompt.rendering, tokenizer,
+                                lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)))
+    if measured is None:
+        return []
+    _, parts = measured
+    config = context.engine.engine.model_config
+    parts += [PromptPart("images", prompt.token_ids.count(config.image_token_id), "messages"),
+              PromptPart("videos", prompt.token_ids.count(config.video_token_id), "messages")]
+    parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.tokens, 0) for part in parts), "messages"))
+    return parts
 
-    def tokens_without(part_rendering: ChatRendering, conversation: list[dict[str, Any]]) -> int | None:
+
+def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, tokenizer: Any) -> list[PromptPart]:
+    """`prompt_parts` counted in characters of the rendered text, for a prompt refused before it is tokenized
+    (`PromptTextTooLongError`): tokenizing a text too long for any context is the work that refusal saves. Renders
+    the conversation once more for each part."""
+    measured = _removable_parts(messages, rendering, tokenizer, lambda rendered: len(rendered.text))
+    if measured is None:
+        return []
+    whole, parts = measured
+    return [*parts, PromptPart("messages", whole - sum(max(part.tokens, 0) for part in parts), "messages")]
+
+
+def _removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | None, tokenizer: Any,
+                     size: Callable[[RenderedPrompt], int]) -> tuple[int, list[PromptPart]] | None:
+    """The `size` of the whole rendered conversation, and of what `tools`, `chat_template_kwargs` and each system
+    message add to it (see `prompt_parts`); None where it cannot be rendered again."""
+
+    def size_without(part_rendering: ChatRendering, conversation: list[dict[str, Any]]) -> int | None:
         try:
             _, rendered, _ = render_conversation(conversation, part_rendering, tokenizer)
         except (RequestError, ChatTemplateError):
             return None
-        return len(tokenizer.encode(rendered.text, literals=rendered.literals))
+        return size(rendered)
 
     if rendering is None:
-        return []
-    whole = tokens_without(rendering, messages)
+        return None
+    whole = size_without(rendering, messages)
     if whole is None:
-        return []
+        return None
     system = [i for i, message in enumerate(messages)
               if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES]
     removals = []  # (name, param, the rendering and conversation without the part)
@@ -160,14 +190,10 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
                          [message for i, message in enumerate(messages) if i not in group]))
     parts = []
     for part_name, param, part_rendering, conversation in removals:
-        shorter = tokens_without(part_rendering, conversation)
+        shorter = size_without(part_rendering, conversation)
         if shorter is not None:
             parts.append(PromptPart(part_name, whole - shorter, param))
-    config = context.engine.engine.model_config
-    parts += [PromptPart("images", prompt.token_ids.count(config.image_token_id), "messages"),
-              PromptPart("videos", prompt.token_ids.count(config.video_token_id), "messages")]
-    parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.tokens, 0) for part in parts), "messages"))
-    return parts
+    return whole, parts
 
 
 def chat_template(request: ChatCompletionRequest, context: ServingContext) -> ChatTemplate:

@@ -55,6 +55,41 @@ def test_a_count_past_int64_is_refused_naming_it_before_anything_loads(option, v
         LLM("/nonexistent/model/dir", progress=False, **{option: value})
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("max_media_bytes", 0, "max_media_bytes=0 must be a size of at least 1 byte .* or None for 64 MiB"),
+    ("max_media_bytes", 1.5e6, "max_media_bytes=1500000.0 must be a size of at least 1 byte"),
+    ("max_media_bytes", True, "max_media_bytes=True must be a size"),
+    ("max_media_bytes", "lots", "max_media_bytes: 'lots' is not a size"),
+    ("media_fetch_timeout", 0, "media_fetch_timeout=0 must be a number of seconds above 0, or None for 10"),
+    ("media_fetch_timeout", float("nan"), "media_fetch_timeout=nan must be a number of seconds above 0"),
+    ("media_fetch_timeout", float("inf"), "media_fetch_timeout=inf must be a number of seconds above 0"),
+    ("media_fetch_timeout", "10", "media_fetch_timeout='10' must be a number of seconds above 0"),
+    ("allowed_local_media_path", "/tmp", "allowed_local_media_path='/tmp' must be a list of directories; pass "
+                                         "\\['/tmp'\\] for one"),
+    ("allowed_local_media_path", ["/nonexistent/images"], "allowed_local_media_path: '/nonexistent/images' is not "
+                                                          "an existing directory"),
+    ("allowed_media_domains", "images.internal", "allowed_media_domains='images.internal' must be a list of host "
+                                                 "names; pass \\['images.internal'\\] for one"),
+    ("allowed_media_domains", [5], "allowed_media_domains: 5 is not a host name"),
+    ("allow_remote_media", "no", "allow_remote_media='no' must be True or False"),
+])
+def test_a_wrong_media_option_is_refused_naming_it_before_anything_loads(option, value, message):
+    """The media options of `glimmer serve` under the same names; a string for a list was taken a character at a
+    time (allowed_media_domains='images.internal' allowed the hosts 'i', 'm', ...), 'no' allowed remote media."""
+    with pytest.raises(ConfigError, match=message):
+        LLM("/nonexistent/model/dir", progress=False, **{option: value})
+
+
+def test_media_size_and_time_limits_are_taken_as_serve_takes_them(tiny_checkpoint, tmp_path):
+    """--max-media-bytes and --media-fetch-timeout had no LLM(...) argument: a Python caller could not bound them."""
+    llm = LLM(str(tiny_checkpoint), progress=False, max_media_bytes="16MiB", media_fetch_timeout=2.5,
+              allowed_local_media_path=[tmp_path], allowed_media_domains=("Images.Internal.",))
+    policy = llm.media_policy
+    assert (policy.max_bytes, policy.timeout_s, policy.allowed_local_paths, policy.allowed_domains) == (
+        16 * 2**20, 2.5, (tmp_path.resolve(),), ("images.internal",))
+    assert LLM(str(tiny_checkpoint), progress=False, max_media_bytes=1000).media_policy.max_bytes == 1000
+
+
 def test_vllms_none_for_enable_prefix_caching_is_its_default_on():
     """vLLM's engine argument defaults to None, which turns the prefix cache on; it was refused as not True or False."""
     assert EngineConfig(model="m", enable_prefix_caching=None).enable_prefix_caching is True

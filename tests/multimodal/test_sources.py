@@ -269,16 +269,18 @@ def test_errors_about_all_items_together_are_left_as_they_are():
 
 @pytest.fixture
 def http_server():
-    """A loopback HTTP server: /cat.png (an image), /big (too large), /loop (redirects forever), /slow."""
+    """A loopback HTTP server: /cat.png (an image), /big (too large), /loop (redirects forever), /slow, /to-ftp
+    (redirects to a presigned ftp: URL)."""
     import threading
     import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the stdlib's name
-            if self.path == "/loop":
+            if self.path in ("/loop", "/to-ftp"):
                 self.send_response(302)
-                self.send_header("Location", "/loop")
+                self.send_header("Location", "/loop" if self.path == "/loop" else
+                                 "ftp://files.example/cat.png?X-Amz-Signature=redirected-secret")
                 self.end_headers()
                 return
             if self.path == "/slow":
@@ -327,3 +329,20 @@ def test_a_failed_fetch_is_logged_and_refused_without_the_urls_userinfo(http_ser
     assert "HTTP 404" in caplog.text and f"fetching {http_server}/missing failed" in caplog.text
     assert str(raised.value).startswith(f"image 0: {http_server}/missing could not be fetched")
     assert "s3cret" not in caplog.text + str(raised.value) and "alice" not in caplog.text + str(raised.value)
+
+
+def test_a_failed_fetch_is_logged_and_refused_without_the_urls_query_or_fragment(http_server, caplog):
+    """A presigned URL's signature is in its query (X-Amz-Signature, sig, token): no log line or error keeps it,
+    neither the requested URL's nor a redirect's."""
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=1.0)
+    for url, shown, logged in (
+            (f"{http_server}/missing?X-Amz-Signature=s1gnature&token=t0ken#part=fr4gment", f"{http_server}/missing?…",
+             "HTTP 404"),
+            (f"{http_server}/to-ftp#fr4gment", f"{http_server}/to-ftp", "'ftp://files.example/cat.png?…'")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO), pytest.raises(RequestError) as raised:
+            load_media_reference(url, "image", 0, policy)
+        assert f"fetching {shown} failed" in caplog.text and logged in caplog.text
+        assert str(raised.value).startswith(f"image 0: {shown} could not be fetched")
+        for secret in ("s1gnature", "t0ken", "fr4gment", "redirected-secret"):
+            assert secret not in caplog.text + str(raised.value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -432,6 +433,42 @@ def test_too_many_source_frames_raises_a_limit_error(tmp_path, video_writer) -> 
         process_video(path, SMALL, limits)
     with pytest.raises(MediaLimitError, match="more than 7 frames"):
         process_video(DecodedVideo(distinct_frames(8, 28, 28), fps=4.0), SMALL, limits)
+
+
+def _with_empty_packets(frames: np.ndarray, empty: int) -> bytes:
+    """A NUT file of `frames` (MPEG-4 Part 2, 10 fps) followed by `empty` packets that hold no data, about a byte
+    each in NUT: a few MiB hold millions."""
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="nut") as output:
+        stream = output.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.time_base = Fraction(1, 10)
+        for array in frames:
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+        output.mux(stream.encode())
+        for step in range(len(frames), len(frames) + empty):
+            packet = av.Packet(0)
+            packet.stream, packet.pts, packet.dts, packet.time_base = stream, step, step, Fraction(1, 10)
+            output.mux(packet)
+    return buffer.getvalue()
+
+
+def test_packets_without_a_frame_are_bounded_as_frames_are(tmp_path, video_writer) -> None:
+    """Empty packets and those an edit list discards were not counted: a file of a byte a packet made the decoder read
+    millions of them (2 MB of empty NUT packets, 3 s) under the 18,000-frame limit."""
+    limits = MediaLimits(max_video_source_frames=10)
+    with pytest.raises(MediaLimitError, match="video 0: the video has more than 10 packets that hold no frame"):
+        process_video(_with_empty_packets(distinct_frames(2, 16, 16), 11), SMALL, limits)
+    levels = np.arange(30, dtype=np.uint8)[:, None, None, None] * 8
+    source = video_writer(tmp_path / "source.mp4", np.broadcast_to(levels, (30, 56, 56, 3)).copy(), fps=10,
+                          codec="libx264", container="mp4")
+    # 25 packets discarded (and the demuxer's final flush packet, empty), 5 frames kept
+    cut = cut_without_reencoding(source, tmp_path / "cut.mp4", 2.5)
+    with pytest.raises(MediaLimitError, match="video 0: the video has more than 10 packets that hold no frame"):
+        process_video(cut, SMALL, limits)
+    assert process_video(cut, SMALL, MediaLimits(max_video_source_frames=30)).grid_thw[0] >= 1
 
 
 def test_too_many_pixels_per_frame_raises_a_limit_error(tmp_path, video_writer) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 
 import httpx
@@ -143,6 +144,23 @@ def test_a_prompt_refused_for_its_characters_before_tokenizing_is_a_context_leng
     error = _refusal(server, path, body)
     assert re.search(r"the prompt has [\d,]+ characters, more than that can hold", error["message"]), error
     assert error["param"] == {"/chat/completions": "messages", "/completions": "prompt", "/responses": "input"}[path]
+
+
+@pytest.mark.parametrize(("path", "fields", "param", "fix"), [
+    ("/responses", {"instructions": "INSTRUCTIONS", "input": "hi"}, "instructions", "shorten or remove instructions"),
+    ("/responses", {"input": "INSTRUCTIONS"}, "input", "shorten the input"),
+    ("/chat/completions", _chat(messages=[{"role": "system", "content": "INSTRUCTIONS"},
+                                          {"role": "user", "content": "hi"}]),
+     "messages[0]", "shorten or remove messages[0]"),
+])
+def test_a_prompt_refused_for_its_characters_names_the_field_that_made_it_long(server, path, fields, param, fix):
+    """Long instructions refused before tokenizing said "shorten the input", param `input`, though the input was
+    `hi`: the parts are measured in characters there, and the largest is named as the token count names it."""
+    text = "x" * (server.engine.engine.max_prompt_chars + 1)
+    body = json.loads(json.dumps(fields).replace('"INSTRUCTIONS"', json.dumps(text)))
+    error = _refusal(server, path, body)
+    assert re.search(r"the prompt has [\d,]+ characters\b.*, more than that can hold", error["message"]), error
+    assert error["param"] == param and error["message"].endswith(fix), error
 
 
 def test_the_refusal_is_recognised_by_the_phrase_litellm_matches():
