@@ -47,7 +47,8 @@ def main() -> None:
         rates = {}
         for seed, (name, reserve) in enumerate((("growth reserve", True), ("whatever fits", False)), start=300):
             if not reserve:
-                scheduler._expected_growth = lambda seq, held_end: 0  # the admission before the reserve
+                # the admission before the reserve
+                scheduler._expected_growth = lambda seq, held_end: [0] * len(scheduler.kv.page_pools)
             before = scheduler.num_preemptions
             result = run_engine(llm, fresh_prompts(args.requests, 1024, seed), args.max_tokens)
             rates[name] = result["output_tokens_per_s"]

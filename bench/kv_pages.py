@@ -70,7 +70,7 @@ def run_load(layout: KVCacheLayout, load: Load, reserve: bool) -> dict[str, floa
     scheduler = Scheduler(SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192,
                                           max_model_len=load.prompt + load.max_tokens), kv)
     if not reserve:
-        scheduler._expected_growth = lambda seq, held_end: 0
+        scheduler._expected_growth = lambda seq, held_end: [0] * len(kv.page_pools)
     rng = random.Random(0)
     lengths = load.outputs(rng)
     ends: dict[Sequence, int] = {}

@@ -111,4 +111,4 @@ def launches(monkeypatch):
 def greedy_admission(monkeypatch):
     """Admit a waiting sequence whenever its chunk fits now, as the scheduler did before it kept room for the running
     sequences' growth: for tests of preemption itself, which the growth reserve otherwise mostly avoids."""
-    monkeypatch.setattr(Scheduler, "_expected_growth", lambda self, seq, held_end: 0)
+    monkeypatch.setattr(Scheduler, "_expected_growth", lambda self, seq, held_end: [0] * len(self.kv.page_pools))

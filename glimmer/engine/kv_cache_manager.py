@@ -118,11 +118,15 @@ class KVCacheManager:
         self.pages = PagePool(layout.num_pages, layout.chunk_pages)
         self.pools = {group: KVBlockPool(self.pages, whole_chunk=pages > 1, group=group)
                       for group, pages in layout.pages_per_block.items()}
-        # per group of the shared pages: (pages a block, most blocks); `pages_for` runs per running sequence a step
-        self._page_terms = [(pages, most_blocks(self.windows.get(group), self.block_size))
-                            for group, pages in layout.pages_per_block.items()]
+        # the memories blocks come from: the shared pages, then the drafter's own pool where there is one
+        self.page_pools = [self.pages]
+        # per page pool, per group in it: (pages a block, most blocks); `pages_for` runs per running sequence a step
+        self._page_terms = [[(pages, most_blocks(self.windows.get(group), self.block_size))
+                             for group, pages in layout.pages_per_block.items()]]
         if layout.draft_blocks is not None:
             self.pools[DRAFT] = KVBlockPool(layout.draft_blocks, group=DRAFT)
+            self.page_pools.append(self.pools[DRAFT].pages)
+            self._page_terms.append([(1, most_blocks(layout.draft_window, self.block_size))])
         # prompt tokens of the requests looked up, and those found (their `num_cached_tokens`), as vLLM counts them
         self.prefix_cache_queried_tokens = 0
         self.prefix_cache_hit_tokens = 0
@@ -243,11 +247,12 @@ class KVCacheManager:
         if it must (the scheduler shrinks prefill chunks to fit): the admission check."""
         return blocks_needed(num_tokens, self.block_size, {group: self.windows.get(group) for group in self.pools})
 
-    def pages_for(self, num_tokens: int) -> int:
-        """Pages of the target's shared pool a sequence of `num_tokens` positions holds at most (in a windowed group
-        only the window's blocks)."""
+    def pages_for(self, num_tokens: int) -> list[int]:
+        """Pages of each page pool (`page_pools`) a sequence of `num_tokens` positions holds at most (in a windowed
+        group only the window's blocks)."""
         blocks = _ceil_div(num_tokens, self.block_size)
-        return sum(pages * (blocks if most is None else min(blocks, most)) for pages, most in self._page_terms)
+        return [sum(pages * (blocks if most is None else min(blocks, most)) for pages, most in terms)
+                for terms in self._page_terms]
 
     # prefix caching ----------------------------------------------------------------------------------
 
@@ -340,8 +345,8 @@ class KVCacheManager:
 
     def usage_fraction(self) -> float:
         """The fullest pool's pages in use, 0 to 1."""
-        pools = {pool.pages for pool in self.pools.values()}
-        return max(((p.num_pages - p.num_free_pages) / p.num_pages for p in pools if p.num_pages), default=0.0)
+        return max(((p.num_pages - p.num_free_pages) / p.num_pages for p in self.page_pools if p.num_pages),
+                   default=0.0)
 
     def prefix_cache_hit_rate(self) -> float:
         queries = sum(p.cache_queries for p in self.pools.values())

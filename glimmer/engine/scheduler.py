@@ -8,12 +8,14 @@ recently admitted other sequence is preempted: its blocks are freed and it goes 
 queue to be recomputed later (prefix caching usually makes that cheap). After the step ran, `postprocess` offers
 the full blocks it computed to the prefix cache and retires the sequences it ended. Knows nothing of tensors.
 
-Admission leaves room for the running sequences to grow (as SGLang's scheduler does): each is expected to
-generate `growth_ratio` of the tokens it may still generate (at most GROWTH_CLIP of them), and a waiting
-sequence is admitted while the free pages cover its chunk, the rest of its prompt and everyone's expected
-growth. The ratio falls by RATIO_DECAY a step towards RATIO_MIN while nothing is preempted, and a preemption
-sets it to 1: admitting whatever fits now made a full cache thrash, each re-admitted sequence preempted again
-as the others grew (the 30B's 256 × 1K-in/256-out load on a 7.2 GB cache recomputed 67% of its positions).
+Admission leaves room for the running sequences to grow (as SGLang's scheduler does): each is expected to generate
+`growth_ratio` of the tokens it may still generate (at most GROWTH_CLIP of them), and a waiting sequence is admitted
+while the free pages cover its chunk, the rest of its prompt and everyone's expected growth, in every page pool (the
+target's shared pages, and the drafter's own blocks under speculative decoding: past the target's sliding window
+those are the scarcer, the drafter seeing the whole context). The ratio falls by RATIO_DECAY a step towards
+RATIO_MIN while nothing is preempted, and a preemption sets it to 1: admitting whatever fits now made a full cache
+thrash, each re-admitted sequence preempted again as the others grew (the 30B's 256 × 1K-in/256-out load on a 7.2 GB
+cache recomputed 67% of its positions).
 """
 
 from __future__ import annotations
@@ -104,8 +106,9 @@ class Scheduler:
     @property
     def reserved_pages(self) -> int:
         """Pages the last admission check kept for the running sequences' growth, leaving the first waiting request
-        waiting: why requests can wait while pages are free (/metrics). 0 while none waits: the request kept waiting
-        may have left the queue since (aborted), and an engine with nothing left to run takes no step to say so."""
+        waiting (in the first page pool found short: the shared pages, else the drafter's blocks): why requests can wait
+        while pages are free (/metrics). 0 while none waits: the request kept waiting may have left the queue since
+        (aborted), and an engine with nothing left to run takes no step to say so."""
         return self._reserved_pages if self.waiting else 0
 
     @property
@@ -140,7 +143,7 @@ class Scheduler:
             index += 1
 
         self.growth_ratio = 1.0 if step.preempted else max(RATIO_MIN, self.growth_ratio - RATIO_DECAY)
-        reserve = None  # pages the running sequences are expected to grow by (summed once a sequence waits)
+        reserve = None  # per page pool, what the running sequences are expected to grow by (summed once one waits)
         self._reserved_pages = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -153,15 +156,16 @@ class Scheduler:
             if n and self.running:
                 if reserve is None:  # each running sequence holds what it computed and what it computes now
                     now = dict(zip(step.seqs, step.num_new_tokens, strict=True))
-                    reserve = sum(self._expected_growth(s, s.num_computed_tokens + now.get(s, 0))
-                                  for s in self.running)
+                    growths = [self._expected_growth(s, s.num_computed_tokens + now.get(s, 0)) for s in self.running]
+                    reserve = [sum(pool) for pool in zip(*growths, strict=True)]
                 chunk_end = seq.num_computed_tokens + n
                 growth = self._expected_growth(seq, chunk_end)
-                free = self.kv.pages.num_free_pages - self.kv.pages_for(chunk_end) + self.kv.pages_for(
-                    seq.num_computed_tokens)
-                if free < reserve + growth:
+                short = [kept for pool, taken, held, kept, grows in zip(
+                    self.kv.page_pools, self.kv.pages_for(chunk_end), self.kv.pages_for(seq.num_computed_tokens),
+                    reserve, growth, strict=True) if pool.num_free_pages - taken + held < kept + grows]
+                if short:
                     n = 0
-                    self._reserved_pages = reserve
+                    self._reserved_pages = short[0]
             if n == 0:
                 # a waiting sequence holds no blocks: cached ones it found go back (still findable by hash),
                 # so they can never keep the sequences ahead of it from running
@@ -179,16 +183,18 @@ class Scheduler:
             step.add(seq, n)
             budget -= n
             if reserve is not None:
-                reserve += growth
+                reserve = [kept + grows for kept, grows in zip(reserve, growth, strict=True)]
         return step
 
-    def _expected_growth(self, seq: Sequence, held_end: int) -> int:
-        """Pages `seq`, holding positions up to `held_end`, is expected to need beyond them: the rest of its prompt,
-        and `growth_ratio` of the tokens it may still generate (at most GROWTH_CLIP)."""
+    def _expected_growth(self, seq: Sequence, held_end: int) -> list[int]:
+        """Pages of each page pool (`KVCacheManager.page_pools`) `seq`, holding positions up to `held_end`, is
+        expected to need beyond them: the rest of its prompt, and `growth_ratio` of the tokens it may still generate
+        (at most GROWTH_CLIP)."""
         prompt_end = max(len(seq.prompt_token_ids), seq.num_tokens)
         may_generate = min(seq.max_total_tokens - prompt_end, GROWTH_CLIP)
         end = prompt_end + math.ceil(self.growth_ratio * max(may_generate, 0))
-        return max(0, self.kv.pages_for(end) - self.kv.pages_for(held_end))
+        return [max(0, grown - held) for grown, held in zip(self.kv.pages_for(end), self.kv.pages_for(held_end),
+                                                             strict=True)]
 
     def _fit_chunk(self, seq: Sequence, n: int) -> int:
         """The largest chunk of at most n tokens whose blocks can be allocated now (0 if none can).

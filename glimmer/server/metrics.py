@@ -53,7 +53,8 @@ class _EngineCollector(Collector):
                                 value=stats["waiting"])
         yield GaugeMetricFamily("glimmer_num_requests_running", "Sequences running", value=stats["running"])
         yield GaugeMetricFamily("glimmer_kv_pages_reserved", "KV pages kept for the running sequences' expected growth "
-                                "when the last step left the first waiting request waiting (0: none waited for that)",
+                                "when the last step left the first waiting request waiting (the drafter's blocks "
+                                "where only those were short; 0: none waited for that)",
                                 value=stats["kv_reserved_pages"])
         yield GaugeMetricFamily("glimmer_kv_growth_ratio", "Share of the tokens a running sequence may still generate "
                                 "that admission expects it to (falls while nothing is preempted; 1 after a "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glimmer import LLM, SamplingParams
+from glimmer import LLM, BeamSearchParams, SamplingParams, StructuredOutputsParams
 from glimmer.engine.kv_cache_manager import FULL, SLIDING
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.errors import ConfigError, RequestError
@@ -71,6 +71,30 @@ def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one
     assert bool(launches["steps"]) == lookahead
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == one_at_a_time
     assert all(used == 0 for used, _ in engine.kv.usage().values())
+
+
+def test_json_schema_outputs_under_preemption_and_beam_search_in_a_tiny_pool_match_each_request_alone(
+        checkpoint, greedy_admission):
+    """A grammar's state lives beside the KV cache: a preempted request recomputes its positions and must go on where
+    its grammar stood. A beam search runs each step's beams as one-token requests that find the earlier steps' blocks
+    in the prefix cache, here in a pool too small to keep them all (evicted blocks are computed again). The 24-page
+    pool of the preemption test above, admission without room kept for growth."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}},
+              "required": ["name", "ids"]}
+    constrained = SamplingParams(temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema))
+    beams = BeamSearchParams(beam_width=3, max_tokens=10)
+    prompts = _prompts(4)
+    alone = LLM(str(checkpoint), progress=False)
+    expected_json = [alone.generate([p], constrained)[0].outputs[0].token_ids for p in prompts]
+    expected_beams = [[b.tokens for b in alone.beam_search([p], beams)[0].sequences] for p in prompts[:2]]
+
+    tight = LLM(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=4, max_num_batched_tokens=32,
+                max_model_len=160)
+    assert [o.outputs[0].token_ids for o in tight.generate(prompts, constrained)] == expected_json
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert [[b.tokens for b in r.sequences] for r in tight.beam_search(prompts[:2], beams)] == expected_beams
+    assert all(used == 0 for used, _ in tight.engine.kv.usage().values())
 
 
 def test_the_cpu_default_kv_cache_runs_max_num_seqs_sequences_to_max_model_len_without_preemption(checkpoint):

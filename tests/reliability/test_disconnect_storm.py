@@ -27,6 +27,14 @@ def server(make_tiny):
         yield live
 
 
+@pytest.fixture(scope="module")
+def pressed_server(make_tiny):
+    """A KV cache of 26 pages: one sequence of max_model_len (256) and little more, for up to 6 at once."""
+    with live_server(make_tiny(), engine_options={"kv_cache_memory": 220_000, "max_model_len": 256, "max_num_seqs": 6,
+                                                  "max_num_batched_tokens": 32}) as live:
+        yield live
+
+
 def _body(rng: random.Random, stream: bool) -> tuple[str, bytes]:
     if rng.random() < 0.3:
         prompts = ["one", "two three"] if rng.random() < 0.5 else "story"
@@ -74,3 +82,20 @@ def test_clients_hanging_up_at_random_moments_never_harm_the_server(server):
                      if key.startswith("glimmer_requests_total") and 'status="5' in key}
     assert not any(server_errors.values()), server_errors
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_clients_hanging_up_while_requests_are_preempted_or_queued_leave_no_page_held(pressed_server):
+    """The storm on a KV cache too small for the load: requests of 1 to 3 completions are preempted and recomputed
+    or wait for pages while their clients leave. Those that stay succeed, and afterwards nothing runs or waits, every
+    page is free with no reference left (the prefix cache's included) and /metrics says so."""
+    server = pressed_server
+    before = server.metrics()
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda seed: _client(server, seed), range(60)))
+    stayed = [outcome for outcome in outcomes if outcome != "left"]
+    assert stayed and set(stayed) == {"200"}, outcomes
+    samples = assert_healthy(server)
+    assert samples["glimmer_preemptions_total"] > before.get("glimmer_preemptions_total", 0)
+    assert samples['vllm:kv_cache_usage_perc{model_name="tiny"}'] == 0
+    pages = server.engine.engine.kv.pages
+    assert pages.num_free_pages == pages.num_pages and not any(pages.ref_counts)
