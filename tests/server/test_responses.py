@@ -949,13 +949,18 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
 
 @pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "12h", "comparison_response_id": "resp_1"},
                                      {"mode": "implicit", "prewarm": False}])
-def test_prompt_cache_options_of_the_openai_sdk_are_accepted_echoed_and_change_nothing(client, options):
-    """`prompt_cache_options`, the SDK's successor of `prompt_cache_retention`, was a 400 as an unknown field."""
-    hinted = _create(client, input="[greet] Hi", prompt_cache_options=options)
+def test_prompt_cache_options_of_the_openai_sdk_are_accepted_echoed_and_change_nothing(server, client, options):
+    """`prompt_cache_options`, the SDK's successor of `prompt_cache_retention`, was a 400 as an unknown field. The echo
+    is the options applied, as the SDK's Response types them: `mode` and `ttl` are required there, and a request that
+    left one out had it echoed missing, a ValidationError for a client that validates the response."""
+    body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", "prompt_cache_options": options, **EXTRA}
+    created = httpx.post(server.base_url + "/responses", json=body, timeout=30).json()
+    stored = httpx.get(f"{server.base_url}/responses/{created['id']}", timeout=30).json()
+    hinted, again = (openai.types.responses.Response.model_validate(raw) for raw in (created, stored))
     plain = _create(client, input="[greet] Hi")
     assert hinted.output_text == plain.output_text and hinted.usage.input_tokens == plain.usage.input_tokens
-    echoed = {key: value for key, value in options.items() if key != "prewarm"}
-    for response in (hinted, client.responses.retrieve(hinted.id)):
+    echoed = {"mode": "implicit", "ttl": "30m", **{key: value for key, value in options.items() if key != "prewarm"}}
+    for response in (hinted, again):
         assert response.prompt_cache_options.model_dump(exclude_none=True) == echoed
     assert plain.prompt_cache_options is None
 
