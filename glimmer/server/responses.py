@@ -388,11 +388,17 @@ class _ResponseRun:
         return sse_event(payload, event=payload["type"])
 
 
+_PROMPT_CACHE_DEFAULTS = {"mode": "implicit", "ttl": "30m"}  # OpenAI's defaults for the two a request leaves out
+
+
 def _prompt_cache_options(request: ResponsesRequest) -> dict[str, Any] | None:
-    """The `prompt_cache_options` echoed, as the SDK's Response types them (`mode`, `ttl`, `comparison_response_id`;
-    `prewarm` was false or unset)."""
+    """The `prompt_cache_options` echoed as the options applied, as the SDK's Response types them: `mode` and `ttl`
+    are required there, so one a request left out is echoed at OpenAI's default; `comparison_response_id` as sent;
+    `prewarm` was false or unset, and a response has none."""
     options = request.prompt_cache_options
-    return None if options is None else options.model_dump(exclude_none=True, exclude={"prewarm"})
+    if options is None:
+        return None
+    return {**_PROMPT_CACHE_DEFAULTS, **options.model_dump(exclude_none=True, exclude={"prewarm"})}
 
 
 def _tool_choice(request: ResponsesRequest) -> Any:

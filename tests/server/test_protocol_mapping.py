@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, ScriptedRunner, live_server
 
 from glimmer import LLM, SamplingParams
@@ -569,3 +570,21 @@ def test_llm_chat_ends_the_reply_where_the_server_ends_it(client, llm, key, fiel
     calls = [(call.name, json.loads(call.arguments)) for call in reply.tool_calls]
     assert (reply.reasoning, reply.content, calls, reply.finish_reason) == (
         served["reasoning"], served["content"], served["calls"], served["finish_reason"])
+
+
+@pytest.mark.parametrize("key", ["[reason-answer]", "[two-calls]", "[call-then-answer]"])
+def test_the_body_and_every_chunk_validate_as_the_sdks_types(server, key):
+    """The SDK builds its objects without validating them (`construct`), so the tests above, which read through it,
+    would take a body of the wrong shape; clients and agent frameworks that validate (`model_validate`) would not.
+    Reasoning, parallel calls, logprobs, n > 1 and the usage chunk, each body validated as the SDK's type."""
+    body = _request(key, tools=TOOLS, logprobs=True, top_logprobs=2, n=2)
+    body.update(body.pop("extra_body"))
+    reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    whole = ChatCompletion.model_validate(reply.json())
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", server.base_url + "/chat/completions", json=stream, timeout=60) as events:
+        data = [line[len("data: "):] for line in events.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate_json(line) for line in data[:-1]]
+    assert [choice.index for choice in whole.choices] == [0, 1]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens

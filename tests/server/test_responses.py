@@ -13,7 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+import pydantic
 import pytest
+from openai.pagination import SyncCursorPage
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from server_support import PINNED_DATE, agent_server
 
 from glimmer.errors import RequestError
@@ -949,15 +952,57 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
 
 @pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "12h", "comparison_response_id": "resp_1"},
                                      {"mode": "implicit", "prewarm": False}])
-def test_prompt_cache_options_of_the_openai_sdk_are_accepted_echoed_and_change_nothing(client, options):
-    """`prompt_cache_options`, the SDK's successor of `prompt_cache_retention`, was a 400 as an unknown field."""
-    hinted = _create(client, input="[greet] Hi", prompt_cache_options=options)
+def test_prompt_cache_options_of_the_openai_sdk_are_accepted_echoed_and_change_nothing(server, client, options):
+    """`prompt_cache_options`, the SDK's successor of `prompt_cache_retention`, was a 400 as an unknown field. The echo
+    is the options applied, as the SDK's Response types them: `mode` and `ttl` are required there, and a request that
+    left one out had it echoed missing, a ValidationError for a client that validates the response."""
+    body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", "prompt_cache_options": options, **EXTRA}
+    created = httpx.post(server.base_url + "/responses", json=body, timeout=30).json()
+    stored = httpx.get(f"{server.base_url}/responses/{created['id']}", timeout=30).json()
+    hinted, again = (Response.model_validate(raw) for raw in (created, stored))
     plain = _create(client, input="[greet] Hi")
     assert hinted.output_text == plain.output_text and hinted.usage.input_tokens == plain.usage.input_tokens
-    echoed = {key: value for key, value in options.items() if key != "prewarm"}
-    for response in (hinted, client.responses.retrieve(hinted.id)):
+    echoed = {"mode": "implicit", "ttl": "30m", **{key: value for key, value in options.items() if key != "prewarm"}}
+    for response in (hinted, again):
         assert response.prompt_cache_options.model_dump(exclude_none=True) == echoed
     assert plain.prompt_cache_options is None
+
+
+def _validated_stream(server, body: dict) -> Response:
+    """Streams `body`, validating each event's JSON as the SDK's event union; returns the last event's response."""
+    with httpx.stream("POST", server.base_url + "/responses", json={**body, "stream": True}, timeout=30) as reply:
+        parsed = [pydantic.TypeAdapter(ResponseStreamEvent).validate_python(json.loads(line[len("data: "):]))
+                  for line in reply.iter_lines() if line.startswith("data: ")]
+    assert parsed[-1].type == "response.completed"
+    return parsed[-1].response
+
+
+def test_every_body_and_event_validates_as_the_sdks_types_with_every_echoed_field_set(server):
+    """The SDK builds its objects without validating them (`construct`), so a client using it reads a body missing a
+    required field as it is; agent frameworks and clients that validate (`Response.model_validate`) refused one:
+    `prompt_cache_options: {}` was echoed without the `mode` and `ttl` the SDK's Response requires. Each body here
+    (created, streamed event by event, continued, retrieved, its input items listed) is validated as the SDK's type,
+    with every field the response echoes set."""
+    echoed = {"instructions": "Be brief.", "tools": [WEATHER_TOOL], "tool_choice": "auto", "metadata": {"run": "1"},
+              "user": "u", "safety_identifier": "s", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
+              "prompt_cache_options": {}, "service_tier": "auto", "reasoning": {"summary": "auto", "effort": "low"},
+              "text": {"format": {"type": "text"}}, "include": LOGPROBS, "top_logprobs": 2, "max_output_tokens": 300,
+              "temperature": 0, **EXTRA}
+    call = Response.model_validate(httpx.post(server.base_url + "/responses", timeout=30, json={
+        "model": "tiny", "input": "[weather] Paris?", **echoed}).json())
+    (function_call,) = [item for item in call.output if item.type == "function_call"]
+    assert _validated_stream(server, {"model": "tiny", "input": "[weather] Paris?", **echoed}).output[-1].name == (
+        function_call.name)
+    answer_body = {"model": "tiny", "previous_response_id": call.id, **echoed, "input": [
+        {"type": "function_call_output", "call_id": function_call.call_id, "output": "[sunny-result] sunny"}]}
+    answer = Response.model_validate(httpx.post(server.base_url + "/responses", json=answer_body, timeout=30).json())
+    assert answer.output_text == _validated_stream(server, answer_body).output_text == "It is sunny in Paris."
+    assert answer.output[-1].content[0].logprobs
+    stored = httpx.get(f"{server.base_url}/responses/{answer.id}", timeout=30).json()
+    assert Response.model_validate(stored).output == answer.output
+    items = httpx.get(f"{server.base_url}/responses/{answer.id}/input_items", timeout=30).json()
+    page = SyncCursorPage[ResponseItem].model_validate(items)
+    assert [item.type for item in page.data] == ["function_call_output", "function_call", "reasoning", "message"]
 
 
 @pytest.mark.parametrize("tier", ["fast", "ultrafast"])
