@@ -549,17 +549,40 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
     """`check_json_schema` for a tool's `parameters`, and RequestError naming the parameter for an optional one that
     no value satisfies (a `pattern` of two characters with `maxLength` 1): the grammar engine leaves such a property
     out of JSON, but a call writes each parameter as a value of its own, so a call that began one failed while
-    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it."""
-    check_json_schema(parameters, param, strict)
+    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it.
+
+    An accepted schema is remembered by its JSON text (`_accepted_schema`): an agent sends the same tools with
+    every request, and the check takes up to a millisecond for a tool of nested parameters."""
+    try:
+        text = json.dumps(parameters, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # no JSON text to remember it by: the check names the fault
+        text = None
+    # the remembered schema equals `parameters` only where the text holds all of it (no tuple, no key of a number)
+    if text is None or _accepted_schema(text, strict) != parameters:
+        check_json_schema(parameters, param, strict)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
         return
-    key = _unsatisfiable_optional_parameter(json.dumps(parameters, ensure_ascii=False), strict)
+    key = _unsatisfiable_optional_parameter(text, strict)
     if key is not None:
         field = f"{param}.properties.{key}"
         raise RequestError(f"{field}: no value satisfies the schema of this optional parameter, so a call that wrote "
                            "it could never be finished; fix its schema, or leave the parameter out", param=field)
+
+
+@functools.lru_cache(maxsize=1024)
+def _accepted_schema(schema_text: str, strict: bool) -> Any:
+    """The schema of JSON text `schema_text` where `check_json_schema` accepts it at this strictness, else None.
+    Keyed by the whole text and the strictness, the verdict's only inputs (a field name only names a refusal), so a
+    hit is this schema's own verdict; the caller checks a refused one again, to raise the refusal naming its field.
+    Callers compare, never change, what it returns."""
+    try:
+        schema = json.loads(schema_text)
+        check_json_schema(schema, "parameters", strict)
+    except (RequestError, RecursionError):  # nested past the decoder's depth: the caller's check names it
+        return None
+    return schema
 
 
 @functools.lru_cache(maxsize=1024)
