@@ -325,6 +325,7 @@ class GrammarCompiler:
         """
         self.vocab_size = vocab_size
         self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
+        self._turn_texts: OrderedDict[str, tuple[TurnConstraint, str]] = OrderedDict()  # `_turn_grammar_text`'s
         self._lock = threading.Lock()
         self._text_tokenizer = tokenizer
         self._markers: MarkerSpelling | None = None
@@ -352,7 +353,14 @@ class GrammarCompiler:
         from where the gate opens (`GrammarController`). `final_token_ids`: ids the grammar places only at its end
         (`GrammarController`).
         """
-        text = _grammar_text(grammar, param)
+        return self._compile_text(_grammar_text(grammar, param), param, guard_markers=guard_markers,
+                                  internal=internal, failure_param=failure_param, answer_gate=answer_gate,
+                                  final_token_ids=final_token_ids)
+
+    def _compile_text(self, text: str, param: str, *, guard_markers: bool = False, internal: bool = False,
+                      failure_param: str | None = None, answer_gate: AnswerGate | None = None,
+                      final_token_ids: tuple[int, ...] = ()) -> ControllerFactory:
+        """`compile` of a grammar's JSON text (`_grammar_text`)."""
         compiled = self._kept(text, param, internal)
         markers = self._marker_spelling() if guard_markers else None
         failure_param = failure_param or param
@@ -441,10 +449,9 @@ class GrammarCompiler:
         request when it does (P-CHAN-6). So is an answer that names a special token by id (Lark's `<[2049]>`):
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
-        constraint = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
-            return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
-                                final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
+            return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
+                                      final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
         answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
                             internal=False)
         if b"<|" in answer.forced_text:
@@ -452,9 +459,35 @@ class GrammarCompiler:
         forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
         if forced_special:
             raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
-        return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
-                            failure_param=answer_param,
-                            answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+        return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
+                                  failure_param=answer_param,
+                                  answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+
+    def _turn_grammar_text(self, constraint: TurnConstraint) -> str:
+        """The JSON text of the turn's grammar (its tools without the patterns the engine cannot express), kept for
+        the last `COMPILED_CACHE_SIZE` constraints: an agent sends the same tools with every request, and building
+        the text walks every tool's schema (about 0.15 ms a tool of nested parameters). Kept by the constraint's
+        JSON text, and taken only for a constraint equal to the one it was built for (the text of a tuple or of a
+        number key is a list's or a string's). Raises RequestError naming `tools` as `turn_grammar` does."""
+        try:
+            key = json.dumps([constraint.answer, constraint.call_tools, constraint.must_call,
+                              constraint.parallel_calls, constraint.thinking_token_budget], ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):  # no JSON text to keep it by: built each time
+            key = None
+        with self._lock:
+            kept = self._turn_texts.get(key) if key is not None else None
+            if kept is not None and kept[0] == constraint:
+                self._turn_texts.move_to_end(key)
+                return kept[1]
+        lenient = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
+        text = _grammar_text(turn_grammar(lenient), "tools")
+        if key is not None:
+            with self._lock:
+                self._turn_texts[key] = (copy.deepcopy(constraint), text)
+                self._turn_texts.move_to_end(key)
+                while len(self._turn_texts) > COMPILED_CACHE_SIZE:
+                    self._turn_texts.popitem(last=False)
+        return text
 
 
 class _TokenTable:

@@ -1015,3 +1015,29 @@ def test_a_kept_schema_verdict_is_never_another_schemas(validations):
     grammar.check_tool_parameters({**accepted, "properties": {"a": {"enum": ["x", "z"]}}},
                                   "tools[1].function.parameters")
     assert len(validations) > before + 1
+
+
+def test_a_repeated_turn_grammar_is_built_once_for_an_equal_constraint_only(compiler, tokenizer, monkeypatch):
+    """An agent sends the same tools with every request: the turn's grammar text is built once for them (its tools'
+    schemas walked once), and taken again only for an equal constraint: not after a tool's schema was changed in
+    place, nor for one whose JSON text is the same but whose values are not (a tuple for a list)."""
+    from glimmer.engine import grammar
+
+    built = []
+    build = grammar.turn_grammar
+    monkeypatch.setattr(grammar, "turn_grammar", lambda constraint: built.append(constraint) or build(constraint))
+    tool = normalize_tools([{"name": "pick", "parameters": {"type": "object", "properties": {
+        "color": {"type": "string", "enum": ["teal", "plum"]}}, "required": ["color"]}}])[0]
+    constraint = TurnConstraint(call_tools=[tool], must_call=True)
+    first = compiler.turn(constraint)()
+    compiler.turn(TurnConstraint(call_tools=[json.loads(json.dumps(tool))], must_call=True))
+    assert len(built) == 1
+    tool["function"]["parameters"]["properties"]["color"]["enum"] = ["gold"]
+    changed = compiler.turn(constraint)()
+    assert len(built) == 2
+    compiler.turn(TurnConstraint(call_tools=(tool,), must_call=True))
+    assert len(built) == 3
+    call = ' to=pick<|message|><atem:function_calls>\n<atem:invoke name="pick">\n<atem:parameter name="color">'
+    teal = tokenizer.encode(call + "teal")  # each controller follows its own grammar: teal only before the change
+    assert first.accepted_prefix(teal) == len(teal)
+    assert changed.accepted_prefix(teal) < len(teal)
