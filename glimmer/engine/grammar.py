@@ -325,6 +325,7 @@ class GrammarCompiler:
         """
         self.vocab_size = vocab_size
         self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
+        self._turn_texts: OrderedDict[str, tuple[TurnConstraint, str]] = OrderedDict()  # `_turn_grammar_text`'s
         self._lock = threading.Lock()
         self._text_tokenizer = tokenizer
         self._markers: MarkerSpelling | None = None
@@ -352,7 +353,14 @@ class GrammarCompiler:
         from where the gate opens (`GrammarController`). `final_token_ids`: ids the grammar places only at its end
         (`GrammarController`).
         """
-        text = _grammar_text(grammar, param)
+        return self._compile_text(_grammar_text(grammar, param), param, guard_markers=guard_markers,
+                                  internal=internal, failure_param=failure_param, answer_gate=answer_gate,
+                                  final_token_ids=final_token_ids)
+
+    def _compile_text(self, text: str, param: str, *, guard_markers: bool = False, internal: bool = False,
+                      failure_param: str | None = None, answer_gate: AnswerGate | None = None,
+                      final_token_ids: tuple[int, ...] = ()) -> ControllerFactory:
+        """`compile` of a grammar's JSON text (`_grammar_text`)."""
         compiled = self._kept(text, param, internal)
         markers = self._marker_spelling() if guard_markers else None
         failure_param = failure_param or param
@@ -441,10 +449,9 @@ class GrammarCompiler:
         request when it does (P-CHAN-6). So is an answer that names a special token by id (Lark's `<[2049]>`):
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
-        constraint = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
-            return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
-                                final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
+            return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
+                                      final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
         answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
                             internal=False)
         if b"<|" in answer.forced_text:
@@ -452,9 +459,35 @@ class GrammarCompiler:
         forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
         if forced_special:
             raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
-        return self.compile(turn_grammar(constraint), "tools", guard_markers=True, internal=True,
-                            failure_param=answer_param,
-                            answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+        return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
+                                  failure_param=answer_param,
+                                  answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+
+    def _turn_grammar_text(self, constraint: TurnConstraint) -> str:
+        """The JSON text of the turn's grammar (its tools without the patterns the engine cannot express), kept for
+        the last `COMPILED_CACHE_SIZE` constraints: an agent sends the same tools with every request, and building
+        the text walks every tool's schema (about 0.15 ms a tool of nested parameters). Kept by the constraint's
+        JSON text, and taken only for a constraint equal to the one it was built for (the text of a tuple or of a
+        number key is a list's or a string's). Raises RequestError naming `tools` as `turn_grammar` does."""
+        try:
+            key = json.dumps([constraint.answer, constraint.call_tools, constraint.must_call,
+                              constraint.parallel_calls, constraint.thinking_token_budget], ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):  # no JSON text to keep it by: built each time
+            key = None
+        with self._lock:
+            kept = self._turn_texts.get(key) if key is not None else None
+            if kept is not None and kept[0] == constraint:
+                self._turn_texts.move_to_end(key)
+                return kept[1]
+        lenient = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
+        text = _grammar_text(turn_grammar(lenient), "tools")
+        if key is not None:
+            with self._lock:
+                self._turn_texts[key] = (copy.deepcopy(constraint), text)
+                self._turn_texts.move_to_end(key)
+                while len(self._turn_texts) > COMPILED_CACHE_SIZE:
+                    self._turn_texts.popitem(last=False)
+        return text
 
 
 class _TokenTable:
@@ -549,17 +582,40 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
     """`check_json_schema` for a tool's `parameters`, and RequestError naming the parameter for an optional one that
     no value satisfies (a `pattern` of two characters with `maxLength` 1): the grammar engine leaves such a property
     out of JSON, but a call writes each parameter as a value of its own, so a call that began one failed while
-    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it."""
-    check_json_schema(parameters, param, strict)
+    generating, with the engine's bare "NoExtensionBias". A required one the engine refuses itself, naming it.
+
+    An accepted schema is remembered by its JSON text (`_accepted_schema`): an agent sends the same tools with
+    every request, and the check takes up to a millisecond for a tool of nested parameters."""
+    try:
+        text = json.dumps(parameters, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):  # no JSON text to remember it by: the check names the fault
+        text = None
+    # the remembered schema equals `parameters` only where the text holds all of it (no tuple, no key of a number)
+    if text is None or _accepted_schema(text, strict) != parameters:
+        check_json_schema(parameters, param, strict)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
         return
-    key = _unsatisfiable_optional_parameter(json.dumps(parameters, ensure_ascii=False), strict)
+    key = _unsatisfiable_optional_parameter(text, strict)
     if key is not None:
         field = f"{param}.properties.{key}"
         raise RequestError(f"{field}: no value satisfies the schema of this optional parameter, so a call that wrote "
                            "it could never be finished; fix its schema, or leave the parameter out", param=field)
+
+
+@functools.lru_cache(maxsize=1024)
+def _accepted_schema(schema_text: str, strict: bool) -> Any:
+    """The schema of JSON text `schema_text` where `check_json_schema` accepts it at this strictness, else None.
+    Keyed by the whole text and the strictness, the verdict's only inputs (a field name only names a refusal), so a
+    hit is this schema's own verdict; the caller checks a refused one again, to raise the refusal naming its field.
+    Callers compare, never change, what it returns."""
+    try:
+        schema = json.loads(schema_text)
+        check_json_schema(schema, "parameters", strict)
+    except (RequestError, RecursionError):  # nested past the decoder's depth: the caller's check names it
+        return None
+    return schema
 
 
 @functools.lru_cache(maxsize=1024)

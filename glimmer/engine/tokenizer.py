@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from functools import cached_property
@@ -26,6 +26,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from glimmer.checkpoint.broken_links import refuse_broken_link
 from glimmer.checkpoint.json_files import read_json_object
+from glimmer.engine.token_pieces import PieceIds, pieces_encode_alone
 from glimmer.errors import CheckpointError, ConfigError
 from glimmer.multimodal.placeholders import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from glimmer.protocol.tokens import FRAMING_MARKERS
@@ -276,7 +277,18 @@ class Tokenizer:
         """
         if literals and any(placeholder in text for placeholder in literals):
             return self._encode_with_literals(text, literals, add_special_tokens)
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens or self._piece_ids is None:
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # the pieces between special tokens, each tokenized once across prompts (token_pieces.py)
+        split = list(self._split_at_special_tokens(text))
+        pieces = iter(self._piece_ids.ids([piece for piece, _ in split if piece]))
+        ids: list[int] = []
+        for piece, special_id in split:
+            if piece:
+                ids += next(pieces)
+            if special_id is not None:
+                ids.append(special_id)
+        return ids
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of `text` as plain text: special-token spellings stay text (`<|eot|>` is its characters)."""
@@ -288,16 +300,10 @@ class Tokenizer:
         its own too: added tokens split the text before the model runs)."""
         placeholder = re.compile("|".join(map(re.escape, literals)))
         pieces: list[int] = []
-        start = 0
-        for match in self._special_pattern.finditer(text):
-            token = self._special_tokens[match.group()]
-            piece_end = len(text[start:match.start()].rstrip()) + start if token.lstrip else match.start()
-            pieces += self._encode_literal_piece(text[start:piece_end], placeholder, literals)
-            pieces.append(self._backend.token_to_id(token.content))
-            start = match.end()
-            if token.rstrip:
-                start = len(text) - len(text[start:].lstrip())
-        pieces += self._encode_literal_piece(text[start:], placeholder, literals)
+        for piece, special_id in self._split_at_special_tokens(text):
+            pieces += self._encode_literal_piece(piece, placeholder, literals)
+            if special_id is not None:
+                pieces.append(special_id)
         if not add_special_tokens:
             return pieces
         # what the post-processor adds around a text's ids (a bos in front, for Muse)
@@ -305,6 +311,26 @@ class Tokenizer:
         framed = self._backend.encode("a", add_special_tokens=True).ids
         cut = next(i for i in range(len(framed)) if framed[i:i + len(bare)] == bare)
         return framed[:cut] + pieces + framed[cut + len(bare):]
+
+    def _split_at_special_tokens(self, text: str) -> Iterator[tuple[str, int | None]]:
+        """(the text before a special token, that token's id) in order, then (the rest, None): `text` split at its
+        special tokens as the backend splits it, a token that strips whitespace on a side taking it from its
+        piece."""
+        start = 0
+        for match in self._special_pattern.finditer(text):
+            token = self._special_tokens[match.group()]
+            piece_end = len(text[start:match.start()].rstrip()) + start if token.lstrip else match.start()
+            yield text[start:piece_end], self._backend.token_to_id(token.content)
+            start = match.end()
+            if token.rstrip:
+                start = len(text) - len(text[start:].lstrip())
+        yield text[start:], None
+
+    @cached_property
+    def _piece_ids(self) -> PieceIds | None:
+        """The ids of the pieces between special tokens, kept across prompts; None for a backend that does not see
+        each piece alone (`pieces_encode_alone`), whose texts are tokenized whole."""
+        return PieceIds(self._backend) if pieces_encode_alone(self._backend) else None
 
     def _encode_literal_piece(self, piece: str, placeholder: re.Pattern[str], literals: Mapping[str, str]) -> list[int]:
         if not piece:

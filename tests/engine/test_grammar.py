@@ -960,27 +960,84 @@ def test_a_strict_schema_with_an_anyof_branch_no_value_meets_is_taken_for_its_ot
     assert str(raised.value).startswith("response_format.properties.p.allOf[0]: minItems 1 is above maxItems 0")
 
 
-def test_a_tools_optional_parameters_are_checked_once_for_the_same_schema(monkeypatch):
-    # each optional parameter is checked as if required (a fraction of a millisecond each); an agent sends the same
-    # tools with every request, so the result is kept: the second request runs no grammar validation for them
+@pytest.fixture
+def validations(monkeypatch) -> list[str]:
+    """The grammars the grammar engine validates from here on, with the tool-schema caches emptied."""
     import llguidance
 
     from glimmer.engine import grammar
 
-    calls = []
+    calls: list[str] = []
     validate = llguidance.LLMatcher.validate_grammar_with_warnings
     monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar_with_warnings",
                         staticmethod(lambda text: calls.append(text) or validate(text)))
     grammar._unsatisfiable_optional_parameter.cache_clear()
+    grammar._accepted_schema.cache_clear()
+    return calls
+
+
+def test_a_tools_schema_and_optional_parameters_are_checked_once_for_the_same_schema(validations):
+    # the schema and each optional parameter as if required are checked (up to a millisecond each for nested
+    # parameters); an agent sends the same tools with every request, so the verdicts are kept: the second request
+    # runs no grammar validation for them
+    from glimmer.engine import grammar
+
     parameters = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5)}, "required": ["p0"]}
     grammar.check_tool_parameters(parameters, "tools[0].function.parameters")
-    first = len(calls)
+    first = len(validations)
     assert first == 1 + 4  # the schema, then each of the four optional parameters required
-    grammar.check_tool_parameters(parameters, "tools[3].function.parameters")
-    assert len(calls) == first + 1  # the schema alone
+    grammar.check_tool_parameters(json.loads(json.dumps(parameters)), "tools[3].function.parameters")
+    assert len(validations) == first
     never = {**parameters, "properties": {**parameters["properties"], "x": {"type": "string", "pattern": "ab",
                                                                            "maxLength": 1}}}
     for index in (0, 2):  # the cached answer names the parameter at the tool's own place
         with pytest.raises(RequestError) as raised:
             grammar.check_tool_parameters(never, f"tools[{index}].function.parameters")
         assert raised.value.param == f"tools[{index}].function.parameters.properties.x"
+
+
+def test_a_kept_schema_verdict_is_never_another_schemas(validations):
+    """The verdict kept for a tool's schema is keyed by its JSON text: a refused schema is refused again, naming
+    each request's own field; a schema of the same text that JSON does not hold whole (a tuple) is checked itself."""
+    from glimmer.engine import grammar
+
+    refused = {"type": "object", "properties": {"a": {"type": "strin"}}}
+    for index in (0, 4):
+        with pytest.raises(RequestError) as raised:
+            grammar.check_tool_parameters(refused, f"tools[{index}].function.parameters")
+        assert raised.value.param.startswith(f"tools[{index}].function.parameters")
+    accepted = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}}
+    grammar.check_tool_parameters(accepted, "tools[0].function.parameters")
+    before = len(validations)
+    grammar.check_tool_parameters({"type": "object", "properties": {"a": {"enum": ("x", "y")}}},
+                                  "tools[0].function.parameters")
+    assert len(validations) > before
+    grammar.check_tool_parameters({**accepted, "properties": {"a": {"enum": ["x", "z"]}}},
+                                  "tools[1].function.parameters")
+    assert len(validations) > before + 1
+
+
+def test_a_repeated_turn_grammar_is_built_once_for_an_equal_constraint_only(compiler, tokenizer, monkeypatch):
+    """An agent sends the same tools with every request: the turn's grammar text is built once for them (its tools'
+    schemas walked once), and taken again only for an equal constraint: not after a tool's schema was changed in
+    place, nor for one whose JSON text is the same but whose values are not (a tuple for a list)."""
+    from glimmer.engine import grammar
+
+    built = []
+    build = grammar.turn_grammar
+    monkeypatch.setattr(grammar, "turn_grammar", lambda constraint: built.append(constraint) or build(constraint))
+    tool = normalize_tools([{"name": "pick", "parameters": {"type": "object", "properties": {
+        "color": {"type": "string", "enum": ["teal", "plum"]}}, "required": ["color"]}}])[0]
+    constraint = TurnConstraint(call_tools=[tool], must_call=True)
+    first = compiler.turn(constraint)()
+    compiler.turn(TurnConstraint(call_tools=[json.loads(json.dumps(tool))], must_call=True))
+    assert len(built) == 1
+    tool["function"]["parameters"]["properties"]["color"]["enum"] = ["gold"]
+    changed = compiler.turn(constraint)()
+    assert len(built) == 2
+    compiler.turn(TurnConstraint(call_tools=(tool,), must_call=True))
+    assert len(built) == 3
+    call = ' to=pick<|message|><atem:function_calls>\n<atem:invoke name="pick">\n<atem:parameter name="color">'
+    teal = tokenizer.encode(call + "teal")  # each controller follows its own grammar: teal only before the change
+    assert first.accepted_prefix(teal) == len(teal)
+    assert changed.accepted_prefix(teal) < len(teal)

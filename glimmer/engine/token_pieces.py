@@ -1,0 +1,86 @@
+"""Token ids of the text between a prompt's special tokens, kept across prompts.
+
+An agent sends its whole conversation with every turn: the tools' declarations and each earlier message render to
+the same text as the turn before, and only the tail is new. Special tokens split a text before anything else runs
+(added tokens are matched first; the normalizer, pre-tokenizer and model then see each piece between them on its
+own), so a prompt's ids are its pieces' ids joined around the special tokens' ids, and a piece seen before needs no
+tokenizing. `PieceIds` keeps them, least recently used first out, within a budget of characters.
+
+This holds for a tokenizer whose pipeline sees each piece alone (`pieces_encode_alone`); a Metaspace pre-tokenizer
+that prefixes only the text's first piece, a special token matched after normalization or only as a whole word, or a
+non-special added token (matched beside the special ones) would break it, and such a tokenizer encodes each text
+whole.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+PIECE_CACHE_CHARS = 1 << 22  # 4 Mi characters of pieces (their ids as 4-byte integers: about 8 MiB in all)
+
+
+def pieces_encode_alone(backend: HFTokenizer) -> bool:
+    """Whether `backend` tokenizes each piece between its special tokens as it tokenizes that piece alone: every
+    added token is special, matched in the raw text anywhere (not normalized, not single-word), and no Metaspace
+    pre-tokenizer prefixes only the first piece (`prepend_scheme: first`)."""
+    added = backend.get_added_tokens_decoder().values()
+    if any(not token.special or token.normalized or token.single_word for token in added):
+        return False
+    return not _prefixes_first_piece_only(json.loads(backend.to_str()).get("pre_tokenizer"))
+
+
+def _prefixes_first_piece_only(pre_tokenizer: Any) -> bool:
+    if isinstance(pre_tokenizer, list):
+        return any(_prefixes_first_piece_only(item) for item in pre_tokenizer)
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    if pre_tokenizer.get("type") == "Metaspace" and pre_tokenizer.get("prepend_scheme") == "first":
+        return True
+    return _prefixes_first_piece_only(pre_tokenizer.get("pretokenizers"))
+
+
+class PieceIds:
+    """Token ids of text pieces, tokenized by `backend` (no special tokens added) and kept within `max_chars`
+    characters of pieces. Thread-safe: prompts are tokenized on several worker threads."""
+
+    def __init__(self, backend: HFTokenizer, max_chars: int = PIECE_CACHE_CHARS):
+        self._backend = backend
+        self._max_chars = max_chars
+        self._kept: OrderedDict[str, array] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def ids(self, pieces: Sequence[str]) -> list[list[int]]:
+        """Each piece's ids: kept ones from the cache, the others tokenized together (and kept)."""
+        found: dict[str, list[int]] = {}
+        with self._lock:
+            for piece in pieces:
+                kept = self._kept.get(piece)
+                if kept is not None:
+                    self._kept.move_to_end(piece)
+                    found[piece] = kept.tolist()
+        missing = list(dict.fromkeys(piece for piece in pieces if piece not in found))
+        if missing:
+            encoded = self._backend.encode_batch(missing, add_special_tokens=False)
+            for piece, encoding in zip(missing, encoded, strict=True):
+                found[piece] = encoding.ids
+            self._keep({piece: found[piece] for piece in missing})
+        return [found[piece] for piece in pieces]
+
+    def _keep(self, new: dict[str, list[int]]) -> None:
+        with self._lock:
+            for piece, ids in new.items():
+                if len(piece) > self._max_chars or piece in self._kept:
+                    continue
+                self._kept[piece] = array("i", ids)
+                self._chars += len(piece)
+            while self._chars > self._max_chars:
+                piece, _ = self._kept.popitem(last=False)
+                self._chars -= len(piece)
