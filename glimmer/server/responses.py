@@ -339,7 +339,7 @@ class _ResponseRun:
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs or 0,
             "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
                           "summary": reasoning_summary(request), "context": REASONING_CONTEXT, "mode": REASONING_MODE},
-            "text": {"format": (request.text or {}).get("format") or {"type": "text"}}, "truncation": "disabled",
+            "text": _text_config(request), "truncation": "disabled",
             "store": request.store is not False,
             "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
             "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
@@ -399,6 +399,14 @@ def _prompt_cache_options(request: ResponsesRequest) -> dict[str, Any] | None:
     if options is None:
         return None
     return {**_PROMPT_CACHE_DEFAULTS, **options.model_dump(exclude_none=True, exclude={"prewarm"})}
+
+
+def _text_config(request: ResponsesRequest) -> dict[str, Any]:
+    """The `text` echoed: its `format` (`text` when none was sent) and its `verbosity` where one was sent, the only
+    one taken ("medium", OpenAI's default: check_supported refuses the others)."""
+    text = request.text or {}
+    verbosity = {"verbosity": text["verbosity"]} if text.get("verbosity") is not None else {}
+    return {"format": text.get("format") or {"type": "text"}, **verbosity}
 
 
 def _tool_choice(request: ResponsesRequest) -> Any:

@@ -5,8 +5,8 @@ OpenAI checks them, echoed in the response object and otherwise ignored (`user`,
 `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`, whose `prewarm: true`
 is refused; `stream_options.include_obfuscation` is accepted with `stream: true`, not echoed); and fields Glimmer
 cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
-`prompt`, `max_tool_calls`, `context_management`,
-`truncation: "auto"`, `text.verbosity`, tools other than functions. `include` may name
+`prompt`, `max_tool_calls`, `context_management`, `truncation: "auto"`, `text.verbosity` but "medium" (OpenAI's
+default, taken and echoed), tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
 `logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`,
 which round-trips through `input`, and in `encrypted_content` too, encoded, for clients that replay only that).
@@ -21,6 +21,7 @@ from glimmer.engine.grammar import check_tool_parameters
 from glimmer.errors import RequestError
 from glimmer.protocol import normalize_tools
 from glimmer.server.schemas import (
+    DEFAULT_VERBOSITY,
     Count,
     Items,
     LogprobCount,
@@ -183,9 +184,10 @@ def check_supported(request: ResponsesRequest) -> None:
         field = f"text.{sorted(unknown)[0]}"
         raise RequestError(f"{field}: unknown field", param=field)
     chat_response_format(request)  # checks text.format's shape
-    if text.get("verbosity") is not None:
-        raise RequestError("text.verbosity: not supported; ask for brevity in the instructions instead",
-                           param="text.verbosity")
+    if text.get("verbosity") not in (None, DEFAULT_VERBOSITY):
+        raise RequestError(f"text.verbosity: {text['verbosity']!r} is not supported; only 'medium', OpenAI's default, "
+                           "is (Glimmer's model has no verbosity control): ask for brevity or detail in the "
+                           "instructions instead", param="text.verbosity")
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise RequestError("max_output_tokens: must be at least 1", param="max_output_tokens")
     for name in RENDERING_ARGUMENT_NAMES:

@@ -14,7 +14,7 @@ right. Three groups of known fields:
   `safety_identifier`, `prompt_cache_key`, `prompt_cache_options`; and
   `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
-  `function_call`, audio, predicted outputs, `suffix`, `best_of`.
+  `function_call`, audio, predicted outputs, `verbosity` but "medium" (OpenAI's default), `suffix`, `best_of`.
 
 Structured outputs (`response_format`, `structured_outputs`, `guided_*`) are checked in `structured_outputs.py`.
 """
@@ -160,6 +160,8 @@ Metadata = Annotated[dict[str, str], Field(fail_fast=True)]  # OpenAI's: string 
 # the SDK's tiers (chat and Responses alike); one serves them all here, "default"
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
 PromptCacheRetention = Literal["in_memory", "24h"]  # the SDK's values of the deprecated field
+Verbosity = Literal["low", "medium", "high"]  # the SDK's; Glimmer takes only the default, which changes nothing
+DEFAULT_VERBOSITY = "medium"
 _METADATA_MAX_PAIRS, _METADATA_MAX_KEY_CHARS, _METADATA_MAX_VALUE_CHARS = 16, 64, 512  # OpenAI's limits
 
 
@@ -254,7 +256,7 @@ class ChatCompletionRequest(_SamplingFields):
     modalities: Items[str] | None = None
     prediction: Any = None
     web_search_options: Any = None
-    verbosity: Any = None
+    verbosity: Verbosity | None = None  # "medium" (OpenAI's default) asks for nothing different: taken
 
 
 class CompletionRequest(_SamplingFields):
@@ -276,9 +278,11 @@ REFUSED_UNLESS_DEFAULT: dict[str, str] = {
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
-    "verbosity": "`verbosity` is not supported; ask for brevity in the messages instead",
+    "verbosity": "only 'medium', OpenAI's default, is supported: Glimmer's model has no verbosity control; ask for "
+                 "brevity or detail in the messages instead",
     "suffix": "`suffix` (insertion) is not supported",
 }
+NO_OP_VALUES: dict[str, Any] = {"verbosity": DEFAULT_VERBOSITY}  # taken beside null: what asks for nothing different
 
 
 def parse_body(model: type[RequestBody], body: bytes) -> Any:
@@ -443,7 +447,8 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
 
 def _refuse_unsupported(request: RequestBody) -> None:
     for name, reason in REFUSED_UNLESS_DEFAULT.items():
-        if name in type(request).model_fields and getattr(request, name) not in (None, False):
+        value = getattr(request, name, None)
+        if value not in (None, False) and value != NO_OP_VALUES.get(name):
             raise RequestError(f"{name}: {reason}", param=name)
     if request.stream_options is not None and not request.stream:
         raise RequestError("stream_options: only allowed when stream is true", param="stream_options")

@@ -729,3 +729,19 @@ def test_every_tier_and_cache_retention_of_the_openai_sdk_is_taken_on_chat_and_c
         assert answer(service_tier=tier) == plain
     for retention in ("in_memory", "24h"):
         assert answer(prompt_cache_retention=retention) == plain
+
+
+def test_verbosity_medium_openai_s_default_is_taken_and_changes_nothing(client):
+    """`verbosity` was a 400 whatever its value, "medium" too: OpenAI's default, which asks for nothing different."""
+    def answer(**fields):
+        return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                              extra_body={"chat_template_kwargs": PINNED_DATE}, **fields
+                                              ).choices[0].message
+
+    assert answer(verbosity="medium") == answer()
+
+
+@pytest.mark.parametrize("value", ["low", "high", "loud", 1])
+def test_a_verbosity_glimmer_cannot_honour_is_400_naming_it(server, value):
+    error = chat_error(server, verbosity=value)
+    assert error["param"] == "verbosity", error

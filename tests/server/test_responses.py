@@ -880,6 +880,9 @@ def test_a_response_being_generated_is_in_progress_not_unknown(server, client, m
 @pytest.mark.parametrize(("fields", "param"), [
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),  # Glimmer's model has no verbosity control
+    ({"text": {"verbosity": "high"}}, "text.verbosity"),
+    ({"text": {"verbosity": "loud"}}, "text.verbosity"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"text": {"format": {"type": "text"}, "colour": "red"}}, "text.colour"),  # was param "text"
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
@@ -948,6 +951,25 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
         assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
     created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
     assert created.type == "response.created" and created.response.safety_identifier == "s-1"
+
+
+def test_text_verbosity_medium_openai_s_default_is_taken_echoed_and_changes_nothing(server, client):
+    """`text.verbosity` was a 400 whatever its value, "medium" too: OpenAI's default, which asks for nothing
+    different. It is echoed in `text` as sent (created, streamed, retrieved), as the SDK's Response types it; a
+    request without it has none echoed, as before."""
+    text = {"format": {"type": "text"}, "verbosity": "medium"}
+    body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", **EXTRA}
+    created = httpx.post(server.base_url + "/responses", json={**body, "text": text}, timeout=30).json()
+    plain = httpx.post(server.base_url + "/responses", json=body, timeout=30).json()
+    stored = httpx.get(f"{server.base_url}/responses/{created['id']}", timeout=30).json()
+    assert created["text"] == stored["text"] == text and plain["text"] == {"format": {"type": "text"}}
+    assert Response.model_validate(created).text.verbosity == "medium"
+    assert created["output"][-1]["content"] == plain["output"][-1]["content"]
+    streamed = next(iter(_create(client, input="[greet] Hi", stream=True, text={"verbosity": "medium"})))
+    assert streamed.response.text.verbosity == "medium"
+    counted = httpx.post(server.base_url + "/responses/input_tokens", timeout=30,
+                         json={"model": "tiny", "input": "[greet] Hi", "text": text})
+    assert counted.status_code == 200, counted.text
 
 
 @pytest.mark.parametrize("options", [{}, {"mode": "explicit", "ttl": "12h", "comparison_response_id": "resp_1"},
