@@ -357,6 +357,9 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
 
 
 async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelta]) -> AsyncIterator[str]:
+    # The prompt's cached tokens are known at admission and come with its first delta, read before any chunk is
+    # sent: the role (and echo) chunks' usage (continuous_usage_stats) counts them, as every later chunk does.
+    run.choices[first.index].num_cached_tokens = first.num_cached_tokens
     async with contextlib.aclosing(stream):
         try:
             for choice in run.choices:

@@ -524,6 +524,20 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(server, pat
     assert answer[-1]["usage"] == last["usage"]
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_every_chat_chunk_reports_the_cached_prompt_tokens_the_role_chunk_too(server, n):
+    """The role chunks (and an echo's) went out before the first delta was read into its choice, so with
+    continuous_usage_stats they said `cached_tokens: 0` for a prompt found in the prefix cache and the next chunks
+    the real count. The count is known at admission and comes with the first delta, read before any chunk is sent."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    streamed_chunks(server, "/chat/completions", n=n, stream_options=options)  # fills the prefix cache
+    for fields in ({}, {"echo": True, "messages": [*MESSAGES, {"role": "assistant", "content": "Hi"}]}):
+        *answer, last = streamed_chunks(server, "/chat/completions", n=n, stream_options=options, **fields)
+        cached = last["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0 and answer[0]["choices"][0]["delta"].get("role") == "assistant", answer[0]
+        assert [chunk["usage"]["prompt_tokens_details"]["cached_tokens"] for chunk in answer] == [cached] * len(answer)
+
+
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
 def test_continuous_usage_stats_alone_adds_no_final_usage_chunk(server, path):
     chunks = streamed_chunks(server, path, stream_options={"continuous_usage_stats": True})
