@@ -1,6 +1,7 @@
 """The pieces between special tokens, tokenized once across prompts (glimmer/engine/token_pieces.py)."""
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,18 @@ def test_kept_pieces_stay_within_their_characters(tiny_dir):
     backend.texts.clear()
     pieces.ids(["ghij", "klmno", "abcdef"])
     assert backend.texts == ["abcdef"]
+
+
+def test_a_tokenizer_that_kept_pieces_pickles_without_them_and_its_copy_tokenizes_the_same(tiny_dir):
+    """The kept pieces' lock made a Tokenizer that had tokenized a prompt (any LLM.chat) unpicklable: "cannot
+    pickle '_thread.lock' object", where a fresh one is sent to worker processes. The copy starts with no kept
+    pieces (a cache of up to megabytes, rebuilt where it is used) and gives the same ids."""
+    tokenizer = Tokenizer.from_dir(tiny_dir)
+    text = _agent_prompt(2)
+    ids = tokenizer.encode(text)
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy._piece_ids is not None and copy._piece_ids._kept == {}
+    assert copy.encode(text) == ids and copy._piece_ids._kept
 
 
 def test_a_tokenizer_whose_pieces_depend_on_their_place_tokenizes_each_text_whole(tiny_dir):
