@@ -47,6 +47,7 @@ from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
 from glimmer.engine.llm_tokenizer import LLMTokenizer, is_token_id
 from glimmer.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput, StepDelta
+from glimmer.engine.prompt_parts import prompt_text_parts
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
@@ -60,7 +61,7 @@ from glimmer.engine.vllm_arguments import (
     glimmer_arguments,
     method_takes_vllm_arguments,
 )
-from glimmer.errors import ConfigError, RequestError, UnsupportedArgumentError
+from glimmer.errors import ConfigError, PromptPart, PromptTextTooLongError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts
 from glimmer.protocol import (
     Delta,
@@ -737,6 +738,11 @@ class LLM:
                 check_continued_call_is_read(final, rendering, index if len(conversations) > 1 else None)
                 check_media_before_the_cut(conversation, final, index if len(conversations) > 1 else None)
             continued.append(final)
+            try:  # before loading media, as the server checks it: a prompt too long is refused naming what made it so
+                self.engine.check_prompt_chars(rendered.text)
+            except PromptTextTooLongError as error:
+                parts = prompt_text_parts(conversation, rendering, self.engine.tokenizer, {"documents": "documents"})
+                raise error.naming(_in_conversation(parts, index if len(conversations) > 1 else None)) from None
             images, videos = [], []
             # an item's error names its content part, in its conversation
             with _naming_the_conversation(index if len(conversations) > 1 else None), naming_media_parts(conversation):
@@ -838,6 +844,19 @@ def _naming_the_prompt(name: str) -> Iterator[None]:
             raise
         message = str(error).replace("shorten the messages", "shorten the prompt")
         raise error.with_message(message if name == "prompt" else f"{name}: {message}", name) from error
+
+
+def _in_conversation(parts: list[PromptPart], index: int | None) -> list[PromptPart]:
+    """`parts` of the `index`-th of several conversations, named in it (`messages[index]`, `messages[index][j]`);
+    None: one conversation, whose parts are named as they are."""
+    if index is None:
+        return parts
+    named = f"messages[{index}]"
+
+    def renamed(text: str) -> str:
+        return named if text == "messages" else text.replace("messages[", f"{named}[", 1)
+
+    return [PromptPart(renamed(part.name), part.tokens, renamed(part.param)) for part in parts]
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,14 +37,13 @@ from glimmer.engine.chat_rendering import (
     render_conversation,
 )
 from glimmer.engine.grammar import ControllerFactory, chat_answer_grammar, check_tool_parameters
+from glimmer.engine.prompt_parts import prompt_text_parts, removable_parts
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import PromptPart, PromptTextTooLongError, RequestError
 from glimmer.multimodal.sources import load_media_reference, media_from_part, media_parts, naming_media_parts
 from glimmer.protocol import (
     ChatTemplate,
-    ChatTemplateError,
-    RenderedPrompt,
     normalize_tools,
     resolve_reasoning_strength,
 )
@@ -125,10 +124,6 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                       continue_prefix=final.body if final is not None else "", rendering=rendering)
 
 
-_SYSTEM_ROLES = ("system", "developer")
-_MEASURED_ONE_BY_ONE = 4  # system messages measured each on its own; more are measured together (a render each)
-
-
 def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext) -> list[PromptPart]:
     """The tokens each part of a chat request made of its prompt, to say which made it too long: `tools`,
     `chat_template_kwargs` and each system message (`messages[i]`; more than four together, `system messages`) the
@@ -136,8 +131,8 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     rest (the template's own markup included). A part the template cannot render without is left out (counted in
     `messages`). Renders and tokenizes the conversation once more for each part: for a refused prompt only."""
     tokenizer = context.tokenizer
-    measured = _removable_parts(messages, prompt.rendering, tokenizer,
-                                lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)))
+    measured = removable_parts(messages, prompt.rendering, tokenizer,
+                               lambda rendered: len(tokenizer.encode(rendered.text, literals=rendered.literals)))
     if measured is None:
         return []
     _, parts = measured
@@ -146,54 +141,6 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
               PromptPart("videos", prompt.token_ids.count(config.video_token_id), "messages")]
     parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.tokens, 0) for part in parts), "messages"))
     return parts
-
-
-def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, tokenizer: Any) -> list[PromptPart]:
-    """`prompt_parts` counted in characters of the rendered text, for a prompt refused before it is tokenized
-    (`PromptTextTooLongError`): tokenizing a text too long for any context is the work that refusal saves. Renders
-    the conversation once more for each part."""
-    measured = _removable_parts(messages, rendering, tokenizer, lambda rendered: len(rendered.text))
-    if measured is None:
-        return []
-    whole, parts = measured
-    return [*parts, PromptPart("messages", whole - sum(max(part.tokens, 0) for part in parts), "messages")]
-
-
-def _removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | None, tokenizer: Any,
-                     size: Callable[[RenderedPrompt], int]) -> tuple[int, list[PromptPart]] | None:
-    """The `size` of the whole rendered conversation, and of what `tools`, `chat_template_kwargs` and each system
-    message add to it (see `prompt_parts`); None where it cannot be rendered again."""
-
-    def size_without(part_rendering: ChatRendering, conversation: list[dict[str, Any]]) -> int | None:
-        try:
-            _, rendered, _ = render_conversation(conversation, part_rendering, tokenizer)
-        except (RequestError, ChatTemplateError):
-            return None
-        return size(rendered)
-
-    if rendering is None:
-        return None
-    whole = size_without(rendering, messages)
-    if whole is None:
-        return None
-    system = [i for i, message in enumerate(messages)
-              if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES]
-    removals = []  # (name, param, the rendering and conversation without the part)
-    if rendering.tools:
-        removals.append(("tools", "tools", replace(rendering, tools=None), messages))
-    if rendering.kwargs:
-        removals.append(("chat_template_kwargs", "chat_template_kwargs", replace(rendering, kwargs={}), messages))
-    groups = [[i] for i in system] if len(system) <= _MEASURED_ONE_BY_ONE else [system]
-    for group in groups:
-        name = f"messages[{group[0]}]" if len(group) == 1 else "system messages"
-        removals.append((name, name if len(group) == 1 else "messages", rendering,
-                         [message for i, message in enumerate(messages) if i not in group]))
-    parts = []
-    for part_name, param, part_rendering, conversation in removals:
-        shorter = size_without(part_rendering, conversation)
-        if shorter is not None:
-            parts.append(PromptPart(part_name, whole - shorter, param))
-    return whole, parts
 
 
 def chat_template(request: ChatCompletionRequest, context: ServingContext) -> ChatTemplate:

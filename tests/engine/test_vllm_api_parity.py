@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from glimmer import LLM, LLMTokenizer, SamplingParams
 from glimmer.default_model import default_model_dir
 from glimmer.engine.outputs import Logprob
-from glimmer.errors import CheckpointError, ConfigError, RequestError, UnsupportedArgumentError
+from glimmer.errors import CheckpointError, ConfigError, PromptTextTooLongError, RequestError, UnsupportedArgumentError
 from glimmer.protocol import parse_output
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -483,6 +483,32 @@ def test_prompt_errors_name_the_prompt(llm):
     with pytest.raises(RequestError) as caught:
         llm.generate({"prompt": "<|patch|>", "multi_modal_data": {"image": image}})
     assert caught.value.param == "prompt" and "vision" in str(caught.value)  # one prompt, not a list
+
+
+def test_a_chat_prompt_refused_for_its_characters_names_the_part_that_made_it_long(llm):
+    """LLM.chat named `messages`, "shorten the messages", whatever made a prompt too long to tokenize: a long system
+    message, tools or documents included. The parts are measured as the server measures them, the largest named (in
+    its conversation, of several); a conversation refused so loads none of its media."""
+    text = "x" * (llm.engine.max_prompt_chars + 1)
+    hi = {"role": "user", "content": "hi"}
+    tool = {"type": "function", "function": {"name": "f", "description": text, "parameters": {"type": "object"}}}
+    unreachable = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}}]}
+    cases = [
+        ({"messages": [{"role": "system", "content": text}, hi]}, "messages[0]", "shorten or remove messages[0]"),
+        ({"messages": [hi], "tools": [tool]}, "tools", "shorten or remove tools"),
+        ({"messages": [hi], "documents": [{"title": "t", "text": text}], "chat_template_kwargs": {"note": "n"},
+          "chat_template": "<|begin_of_text|>{% for m in messages %}{{ m.content }}{% endfor %}{{ documents }}"
+                           "{{ note }}{% if add_generation_prompt %}<|start|>assistant{% endif %}"},
+         "documents", "shorten or remove documents"),  # measured apart from the other template variables
+        ({"messages": [{"role": "user", "content": text}]}, "messages", "shorten the messages"),
+        ({"messages": [[hi], [{"role": "system", "content": text}, unreachable]]}, "messages[1][0]",
+         "shorten or remove messages[1][0]"),
+        ({"messages": [[hi], [{"role": "user", "content": text}]]}, "messages[1]", "shorten or remove messages[1]"),
+    ]
+    for arguments, param, fix in cases:
+        with pytest.raises(PromptTextTooLongError) as caught:
+            llm.chat(**arguments, sampling_params=SamplingParams(max_tokens=1))
+        assert caught.value.param == param and str(caught.value).endswith(fix), (param, str(caught.value))
 
 
 def test_stop_set_to_one_string_after_construction_is_taken(llm):
