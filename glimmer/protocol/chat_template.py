@@ -315,9 +315,29 @@ def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
     return aliased
 
 
+_JSON_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def _plain(value: Any, text: Callable[[str], str]) -> Any:
     """`value` rebuilt from JSON-like types, each string passed through `text`; anything else becomes an
-    inert `<TypeName>` placeholder."""
+    inert `<TypeName>` placeholder. What a request body parses to (exactly dict, list, str, int, float, bool, None)
+    takes a fast path, checked by exact type; the rest, subclasses, tuples and objects included, `_plain_any`."""
+    kind = type(value)
+    if kind is str:
+        return text(value)
+    if kind is dict:
+        return {text(key) if type(key) is str else _plain(key, text):
+                text(item) if type(item) is str else _plain(item, text) for key, item in value.items()}
+    if kind is list:
+        return [text(item) if type(item) is str else _plain(item, text) for item in value]
+    if kind in _JSON_SCALARS:
+        return value
+    return _plain_any(value, text)
+
+
+def _plain_any(value: Any, text: Callable[[str], str]) -> Any:
+    """`_plain` of any value, by the JSON-like type it is an instance of (a str subclass as its str, a Mapping as a
+    dict, ...), its items through `_plain`."""
     if value is None or type(value) in (int, float, bool):
         return value
     if isinstance(value, str):

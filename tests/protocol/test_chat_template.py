@@ -1,11 +1,14 @@
 """ChatTemplate / render_chat: HF apply_chat_template semantics in a sandbox (P-TMPL-2, P-TMPL-3)."""
 
+import dataclasses
 import datetime
 import decimal
 import hashlib
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glimmer.errors import GlimmerError, RequestError
 from glimmer.protocol import (
@@ -13,6 +16,7 @@ from glimmer.protocol import (
     ChatTemplate,
     ChatTemplateError,
     builtin_template_source,
+    chat_template,
     compiled_template,
     render_chat,
 )
@@ -177,6 +181,79 @@ def test_template_sees_plain_copies_of_rich_inputs():
     )
     with pytest.raises(ChatTemplateError):
         render_chat(messages, template="{{ messages[0].content.shout() }}")
+
+
+class _Text(str):
+    def __str__(self):  # the copy is the string's own characters, never what a subclass says it is
+        return "SUBCLASS"
+
+
+class _Number(int):
+    pass
+
+
+class _Mapping(dict):
+    def items(self):  # read as a Mapping: its own items, in order
+        return reversed(list(super().items()))
+
+
+class _List(list):
+    pass
+
+
+@dataclasses.dataclass
+class _Point:
+    x: object
+    y: object
+
+
+class _Opaque:
+    pass
+
+
+_CONTROL = ["<|start|>", "<|message|>", "<|eot|>"]
+_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=6),
+    st.sampled_from(_CONTROL), st.builds(_Text, st.text(max_size=4)), st.builds(_Number, st.integers()),
+    st.just(_Opaque()), st.just(datetime.date(2026, 1, 1)))
+_KEYS = st.one_of(st.text(max_size=4), st.sampled_from(_CONTROL), st.builds(_Text, st.text(max_size=3)),
+                  st.integers(), st.none(), st.booleans(), st.floats(allow_nan=False), st.tuples(st.integers()))
+_VALUES = st.recursive(_LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(_KEYS, inner, max_size=4),
+    st.builds(_Mapping, st.dictionaries(_KEYS, inner, max_size=3)), st.builds(_List, st.lists(inner, max_size=3)),
+    st.builds(_Point, inner, inner)), max_leaves=24)
+
+
+def _typed(value):
+    """`value` with the exact type of every part spelled out (floats by repr: NaN is not equal to itself)."""
+    if type(value) in (dict, _Mapping):
+        return type(value).__name__, [(_typed(key), _typed(item)) for key, item in value.items()]
+    if type(value) in (list, tuple, _List):
+        return type(value).__name__, [_typed(item) for item in value]
+    return type(value).__name__, repr(value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_VALUES)
+def test_the_fast_copy_of_json_types_is_the_general_copy(value):
+    """`_plain` copies exact dicts, lists, strings and scalars by their exact type, the rest through `_plain_any`
+    (subclasses, tuples, non-str keys, dataclasses, objects): the copy, its types and the strings passed to `text`,
+    in order (the control-token placeholders are numbered by it), are those of the general copy alone."""
+    def copy(plain):
+        seen = []
+
+        def text(string):
+            seen.append(string)
+            return f"[{string}]"
+
+        original = chat_template._plain
+        chat_template._plain = plain
+        try:
+            return _typed(plain(value, text)), seen
+        finally:
+            chat_template._plain = original
+
+    assert copy(chat_template._plain) == copy(chat_template._plain_any)
 
 
 def test_empty_tools_are_passed_as_none():
