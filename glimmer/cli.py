@@ -192,6 +192,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
+        block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling, load_format=args.load_format,
         enable_prefix_caching=args.enable_prefix_caching,
@@ -584,6 +585,9 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         if getattr(args, dest) is not None and getattr(args, dest) < 1:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive "
                              f"{'size' if dest == 'kv_cache_memory' else 'integer'}, or leave it out for the default")
+    if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
+        raise UsageError(f"--block-size {args.block_size} is invalid; give a power of two such as 16, or leave it out "
+                         "for 16")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is invalid; give a fraction in "
                          "(0, 1], or leave it out for 0.9")
@@ -999,6 +1003,7 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--disable-log-stats": {"action": "store_true"},
     "--max-seq-len-to-capture": {"type": int, "metavar": "N"},
     "--max-logprobs": {"type": int, "metavar": "N"},
+    "--num-gpu-blocks-override": {"type": int, "metavar": "N"},
     "--download-dir": {"metavar": "DIR"},
     "--task": {"metavar": "TASK"},
 }
@@ -1099,10 +1104,14 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                         help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
                              "CUDA, 2048 on the CPU)")
-    parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
-                        help="KV cache size, e.g. 8GiB or 512MiB (default: on a GPU, what "
+    parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=None,
+                        metavar="SIZE",
+                        help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "
+                             "is the same option) (default: on a GPU, what "
                              "--gpu-memory-utilization leaves after the weights; on the CPU, what --max-num-seqs "
                              "sequences of --max-model-len tokens need, 2 GiB at most)")
+    parser.add_argument("--block-size", type=int, default=None, metavar="N",
+                        help="tokens a KV cache block holds, a power of two (default 16, as vLLM's on CUDA)")
     parser.add_argument("--max-image-pixels", type=int, default=MediaLimits.max_image_pixels,
                         help="larger images or video frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-image-side", type=int, default=MediaLimits.max_image_side,

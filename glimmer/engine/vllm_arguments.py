@@ -325,6 +325,9 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool), (
         "a number of GiB (Glimmer recomputes preempted requests instead of swapping them, so any number changes "
         "nothing); leave it out")),
+    "num_gpu_blocks_override": VllmArgument(_only(None), (
+        "Glimmer sizes the KV cache in bytes, not blocks: give kv_cache_memory (--kv-cache-memory SIZE), N blocks "
+        "being N x block_size tokens of keys and values; leave it out")),
     "cpu_offload_gb": VllmArgument(_only(0, 0.0), "weights are not offloaded to the CPU; leave it out"),
     "max_seq_len_to_capture": VllmArgument(lambda value, given: value is None or type(value) is int, (
         "CUDA graphs cover every context length (max_model_len); leave it out")),

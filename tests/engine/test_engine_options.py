@@ -264,6 +264,16 @@ def test_vllm_engine_arguments_at_their_defaults_are_taken_and_others_refused_sa
         LLM(str(tiny_checkpoint), progress=False, model_impl="transformers")
 
 
+def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
+    """vLLM's LLM(kv_cache_memory_bytes=N) was refused as a misspelling ("did you mean 'kv_cache_memory'?")."""
+    llm = LLM(str(tiny_checkpoint), progress=False, kv_cache_memory_bytes=8 << 20)
+    assert llm.engine.config.kv_cache_memory == 8 << 20
+    with pytest.raises(ConfigError, match="kv_cache_memory and kv_cache_memory_bytes .* are both given"):
+        LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB", kv_cache_memory_bytes=8 << 20)
+    with pytest.raises(UnsupportedArgumentError, match="^num_gpu_blocks_override: .*sizes the KV cache in bytes"):
+        LLM(str(tiny_checkpoint), progress=False, num_gpu_blocks_override=64)
+
+
 def test_vllms_load_format_naming_the_checkpoints_format_reads_it_and_another_is_refused(tiny_checkpoint):
     """vLLM scripts pass load_format="safetensors"; it was refused ("use one of ['auto', 'dummy']")."""
     params = SamplingParams(max_tokens=3, temperature=0)

@@ -84,6 +84,31 @@ def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_c
     engine.shutdown()
 
 
+def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint):
+    """`vllm serve MODEL --block-size 32 --kv-cache-memory-bytes N` was refused as unrecognized arguments, though
+    LLM(block_size=...) took the block size."""
+    from glimmer.cli import _engine_from_args
+
+    args = build_parser().parse_args(["serve", str(tiny_checkpoint), "--block-size", "32",
+                                      "--kv-cache-memory-bytes", str(8 << 20)])
+    engine, _, _ = _engine_from_args(args)
+    try:
+        assert (engine.engine.config.block_size, engine.engine.config.kv_cache_memory) == (32, 8 << 20)
+        assert engine.engine.kv.block_size == 32
+    finally:
+        engine.shutdown()
+    assert build_parser().parse_args(["serve"]).block_size is None  # EngineConfig's default, 16
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--block-size", "24"], ("--block-size 24 is invalid", "power of two")),
+    (["--block-size", "0"], ("--block-size 0 is invalid", "power of two")),
+    (["--num-gpu-blocks-override", "64"], ("--num-gpu-blocks-override 64", "--kv-cache-memory SIZE")),
+])
+def test_a_block_option_that_glimmer_cannot_take_is_refused_before_loading(capsys, flags, words):
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
+
+
 @pytest.mark.parametrize(("flags", "words"), [
     (["--tensor-parallel-size", "2"], ("--tensor-parallel-size 2", "one device")),
     (["--no-enable-chunked-prefill"], ("--no-enable-chunked-prefill", "always chunked")),
