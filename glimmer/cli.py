@@ -986,6 +986,17 @@ def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
     return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """The value of vLLM's options that take a JSON object (--hf-overrides, --compilation-config, ...)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object such as '{{}}'")
+    return value
+
+
 # `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
 # the same ones by the same rule), with how argparse reads each
 _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -1006,6 +1017,27 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--num-gpu-blocks-override": {"type": int, "metavar": "N"},
     "--download-dir": {"metavar": "DIR"},
     "--task": {"metavar": "TASK"},
+    "--cpu-offload-gb": {"type": float, "metavar": "GIB"},
+    "--disable-custom-all-reduce": {"action": argparse.BooleanOptionalAction},
+    "--hf-overrides": {"type": _json_object, "metavar": "JSON"},
+    "--revision": {"metavar": "REVISION"},
+    "--tokenizer-revision": {"metavar": "REVISION"},
+    "--code-revision": {"metavar": "REVISION"},
+    "--hf-token": {"nargs": "?", "const": True, "metavar": "TOKEN"},
+    "--logprobs-mode": {"metavar": "MODE"},
+    "--enable-lora": {"action": argparse.BooleanOptionalAction},
+    "--enable-sleep-mode": {"action": argparse.BooleanOptionalAction},
+    "--skip-tokenizer-init": {"action": argparse.BooleanOptionalAction},
+    "--enable-expert-parallel": {"action": argparse.BooleanOptionalAction},
+    "--compilation-config": {"type": _json_object, "metavar": "JSON"},
+    "--mm-processor-kwargs": {"type": _json_object, "metavar": "JSON"},
+    "--override-generation-config": {"type": _json_object, "metavar": "JSON"},
+    "--scheduling-policy": {"metavar": "POLICY"},
+    "--disable-async-output-proc": {"action": argparse.BooleanOptionalAction},
+    "--max-parallel-loading-workers": {"type": int, "metavar": "N"},
+    "--model-impl": {"metavar": "IMPL"},
+    "--config-format": {"metavar": "FORMAT"},
+    "--runner": {"metavar": "RUNNER"},
 }
 
 
@@ -1069,6 +1101,17 @@ def _limit_mm_per_prompt(text: str) -> dict[str, int]:
     return limits
 
 
+_SECRET_VLLM_OPTIONS = {"--hf-token"}
+"""vLLM's options whose value is never repeated in a note or an error (its metavar is shown instead)."""
+
+
+def _shown_value(value: Any) -> str:
+    """An option's value as the command line gave it: a list's items apart, a JSON object as JSON."""
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
 def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], arguments: Mapping[str, Any]
                         ) -> list[str]:
     """UsageError naming the first of vLLM's `options` given with a value that would change something here (by its
@@ -1081,8 +1124,12 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             continue
         value = getattr(args, dest)
         argument = arguments[dest]
-        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else (
-            f"{flag} {' '.join(value) if isinstance(value, list) else value}")
+        if isinstance(value, bool):
+            shown = flag if value else f"--no-{flag[2:]}"
+        elif flag in _SECRET_VLLM_OPTIONS:  # the error line and the notes go to logs
+            shown = f"{flag} {options[flag]['metavar']}"
+        else:
+            shown = f"{flag} {_shown_value(value)}"
         if not argument.changes_nothing(value, {"model": args.model}):
             raise UsageError(f"{shown}: {argument.instead}")
         notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")

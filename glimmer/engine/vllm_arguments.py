@@ -365,14 +365,14 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
         "Muse Glimmer is dense, with no experts; leave it out")),
     "compilation_config": VllmArgument(lambda value, given: value is None or value == {}, (
-        "Glimmer compiles with its own settings; enforce_eager=True runs without CUDA graphs")),
+        "Glimmer compiles with its own settings; enforce_eager=True (--enforce-eager) runs without CUDA graphs")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
                                                   "any value changes nothing"),
     "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
         "not supported: image sizes are the checkpoint's processor settings; leave it out")),
     "override_generation_config": VllmArgument(lambda value, given: value is None or value == {}, (
-        "give the values in SamplingParams (or generation_config='vllm' to ignore the checkpoint's "
-        "generation_config.json)")),
+        "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm' to "
+        "ignore the checkpoint's generation_config.json)")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "

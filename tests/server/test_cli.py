@@ -121,6 +121,54 @@ def test_a_vllm_option_that_would_change_something_is_refused_before_loading(cap
     _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
 
 
+def test_every_vllm_engine_argument_llm_takes_is_a_serve_option_by_the_same_rule():
+    """`vllm serve --scheduling-policy fcfs` (and --revision, --hf-overrides, --compilation-config, ...) was refused
+    as unrecognized arguments though LLM(scheduling_policy="fcfs") was taken; serve has its own --served-model-name
+    and --limit-mm-per-prompt."""
+    from glimmer.cli import _VLLM_SERVE_OPTIONS
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    flags = {flag[2:].replace("-", "_") for flag in _VLLM_SERVE_OPTIONS}
+    assert set(VLLM_ONLY_LLM_ARGUMENTS) - {"served_model_name", "limit_mm_per_prompt"} == flags
+
+
+def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    args = build_parser().parse_args([
+        "serve", "--scheduling-policy", "fcfs", "--cpu-offload-gb", "0", "--no-enable-expert-parallel",
+        "--hf-overrides", "{}", "--compilation-config", "{}", "--mm-processor-kwargs", "{}",
+        "--override-generation-config", "{}", "--hf-token", "--logprobs-mode", "raw_logprobs", "--model-impl", "auto",
+        "--runner", "generate", "--config-format", "hf", "--max-parallel-loading-workers", "2",
+        "--disable-custom-all-reduce", "--no-enable-lora", "--no-enable-sleep-mode", "--no-skip-tokenizer-init"])
+    notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+    assert len(notes) == 17 and all(" changes nothing here: " in note for note in notes)
+    assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
+        notes)
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--scheduling-policy", "priority"], ("--scheduling-policy priority", "first come, first served")),
+    (["--cpu-offload-gb", "4"], ("--cpu-offload-gb 4.0", "not offloaded")),
+    (["--enable-expert-parallel"], ("--enable-expert-parallel", "no experts")),
+    (["--hf-overrides", '{"rope_theta": 1}'], ('--hf-overrides {"rope_theta": 1}', "config.json is read as it is")),
+    (["--revision", "v2"], ("--revision v2", "hf download MODEL --revision R")),
+    (["--compilation-config", '{"level": 3}'], ("--compilation-config", "--enforce-eager")),
+    (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
+    (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
+    (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
+])
+def test_a_vllm_engine_option_llm_refuses_is_refused_by_serve_saying_why(capsys, flags, words):
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
+
+
+def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
+    err = _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), "--hf-token",
+                                        "hf_secret123"], "--hf-token TOKEN", "HF_TOKEN")
+    assert "hf_secret123" not in err
+
+
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a certificate")
@@ -641,6 +689,8 @@ def _fails_with_one_line(capsys, argv, *words):
     (["serve", "--tools", "t.json"], ("unrecognized arguments: --tools", "see glimmer serve --help")),
     (["serve", "--limit-mm-per-prompt", '{"audio": 1}'], ("--limit-mm-per-prompt", "images and videos only")),
     (["serve", "--limit-mm-per-prompt", "{not json"], ("--limit-mm-per-prompt", "not a JSON object")),
+    (["serve", "--hf-overrides", "[1]"], ("--hf-overrides", "is not a JSON object")),
+    (["serve", "--compilation-config", "{not json"], ("--compilation-config", "is not a JSON object")),
     (["serve", "--dtype", "fp8"], ("--dtype", "auto, half, float")),
     (["serve", "--max-model-len", "auto"], ("--max-model-len: 'auto'", "not supported",
                                             "leave the option out for the model's own context")),
