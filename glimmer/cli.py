@@ -1038,7 +1038,12 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--model-impl": {"metavar": "IMPL"},
     "--config-format": {"metavar": "FORMAT"},
     "--runner": {"metavar": "RUNNER"},
+    "--optimization-level": {"type": int, "metavar": "LEVEL"},
+    "--cuda-graph-sizes": {"type": int, "nargs": "+", "metavar": "N"},
+    "--max-cudagraph-capture-size": {"type": int, "metavar": "N"},
+    "--max-num-partial-prefills": {"type": int, "metavar": "N"},
 }
+_VLLM_SHORT_OPTIONS = {"--optimization-level": "-O"}  # vLLM's -O3 is --optimization-level 3
 
 
 _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
@@ -1203,7 +1208,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
                       help="vLLM's older form of MODEL (vllm serve --model NAME), taken as MODEL")
     for flag, options in _VLLM_SERVE_OPTIONS.items():
-        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
+        short = (_VLLM_SHORT_OPTIONS[flag],) if flag in _VLLM_SHORT_OPTIONS else ()
+        vllm.add_argument(flag, *short, default=argparse.SUPPRESS, help="vLLM's", **options)
 
 
 def _add_format_options(parser: argparse.ArgumentParser) -> None:

@@ -373,6 +373,21 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "override_generation_config": VllmArgument(lambda value, given: value is None or value == {}, (
         "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm' to "
         "ignore the checkpoint's generation_config.json)")),
+    "optimization_level": VllmArgument(lambda value, given: type(value) is int and 1 <= value <= 3, (
+        "1, 2 or 3 alone, and each changes nothing (Glimmer runs its own kernels and, on CUDA, replays captured "
+        "decode graphs at any level); for vLLM's level 0 (-O0, no CUDA graphs) pass enforce_eager=True "
+        "(--enforce-eager)")),
+    "cuda_graph_sizes": VllmArgument(lambda value, given: value is None or (isinstance(value, list | tuple) and all(
+        type(size) is int and size >= 1 for size in value)), (
+        "batch sizes (positive integers), which change no output: Glimmer captures decode graphs for its own batch "
+        "sizes up to max_num_seqs; leave it out")),
+    "max_cudagraph_capture_size": VllmArgument(lambda value, given: value is None or (
+        type(value) is int and value >= 1), (
+        "a batch size (a positive integer), which changes no output: Glimmer captures decode graphs for its own "
+        "batch sizes up to max_num_seqs; leave it out")),
+    "max_num_partial_prefills": VllmArgument(_only(1), (
+        "not supported: a step's max_num_batched_tokens go to the running sequences first, then to as many waiting "
+        "prompts (whole, or a chunk) as fit; leave it out or 1")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "

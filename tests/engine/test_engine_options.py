@@ -264,6 +264,18 @@ def test_vllm_engine_arguments_at_their_defaults_are_taken_and_others_refused_sa
         LLM(str(tiny_checkpoint), progress=False, model_impl="transformers")
 
 
+def test_vllms_compilation_and_prefill_arguments_are_taken_where_they_change_no_output(tiny_checkpoint):
+    """vLLM's optimization_level, cuda_graph_sizes, max_cudagraph_capture_size and max_num_partial_prefills were
+    refused as misspellings."""
+    llm = LLM(str(tiny_checkpoint), progress=False, optimization_level=3, cuda_graph_sizes=[1, 2, 4],
+              max_cudagraph_capture_size=512, max_num_partial_prefills=1)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    with pytest.raises(UnsupportedArgumentError, match="^optimization_level: .*enforce_eager=True"):
+        LLM(str(tiny_checkpoint), progress=False, optimization_level=0)
+    with pytest.raises(UnsupportedArgumentError, match="^max_num_partial_prefills: .*leave it out or 1"):
+        LLM(str(tiny_checkpoint), progress=False, max_num_partial_prefills=2)
+
+
 def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
     """vLLM's LLM(kv_cache_memory_bytes=N) was refused as a misspelling ("did you mean 'kv_cache_memory'?")."""
     llm = LLM(str(tiny_checkpoint), progress=False, kv_cache_memory_bytes=8 << 20)

@@ -141,9 +141,11 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
         "--hf-overrides", "{}", "--compilation-config", "{}", "--mm-processor-kwargs", "{}",
         "--override-generation-config", "{}", "--hf-token", "--logprobs-mode", "raw_logprobs", "--model-impl", "auto",
         "--runner", "generate", "--config-format", "hf", "--max-parallel-loading-workers", "2",
-        "--disable-custom-all-reduce", "--no-enable-lora", "--no-enable-sleep-mode", "--no-skip-tokenizer-init"])
+        "--disable-custom-all-reduce", "--no-enable-lora", "--no-enable-sleep-mode", "--no-skip-tokenizer-init",
+        "-O3", "--cuda-graph-sizes", "1", "2", "4", "--max-cudagraph-capture-size", "512",
+        "--max-num-partial-prefills", "1"])
     notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
-    assert len(notes) == 17 and all(" changes nothing here: " in note for note in notes)
+    assert len(notes) == 21 and all(" changes nothing here: " in note for note in notes)
     assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
         notes)
 
@@ -158,6 +160,9 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
     (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
     (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
     (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
+    (["-O0"], ("--optimization-level 0", "-O0", "--enforce-eager")),
+    (["--cuda-graph-sizes", "0", "8"], ("--cuda-graph-sizes 0 8", "positive integers")),
+    (["--max-num-partial-prefills", "4"], ("--max-num-partial-prefills 4", "leave it out or 1")),
 ])
 def test_a_vllm_engine_option_llm_refuses_is_refused_by_serve_saying_why(capsys, flags, words):
     _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
