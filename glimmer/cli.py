@@ -1059,6 +1059,12 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--allowed-methods": {"nargs": "+", "action": "extend", "metavar": "METHOD"},
     "--allowed-headers": {"nargs": "+", "action": "extend", "metavar": "HEADER"},
     "--allow-credentials": {"action": "store_true"},
+    "--return-tokens-as-token-ids": {"action": "store_true"},
+    "--chat-template-content-format": {"metavar": "FORMAT"},
+    "--guided-decoding-backend": {"metavar": "BACKEND"},
+    "--structured-outputs-config": {"type": _json_object, "metavar": "JSON"},
+    "--enable-force-include-usage": {"action": "store_true"},
+    "--disable-frontend-multiprocessing": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 

@@ -167,6 +167,7 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
 (`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are its fields."""
 
 
+_ONE_GRAMMAR_ENGINE = "Glimmer compiles every constraint with llguidance (vLLM's 'guidance' backend) and has no other"
 _JSON_LAYOUT = ("not supported: Glimmer lays JSON out as json.dumps writes it (', ' and ': ', no other whitespace) "
                 "whatever the schema; leave it out")
 VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
@@ -178,8 +179,7 @@ VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
         "not supported; for tool calls declare the tools (LLM.chat(..., tools=..., tool_choice='required')), whose "
         "calls are then valid by construction; for other text give json, regex, choice or grammar")),
     # vLLM's GuidedDecodingParams', which structured_outputs replaces (see guided_decoding above)
-    "backend": VllmArgument(_only(None), ("Glimmer compiles every constraint with llguidance (vLLM's 'guidance' "
-                                         "backend) and has no other; leave it out")),
+    "backend": VllmArgument(_only(None), f"{_ONE_GRAMMAR_ENGINE}; leave it out"),
     "disable_fallback": VllmArgument(_only(True, False), (
         "True or False alone, and either changes nothing (Glimmer has one grammar engine and never falls back to "
         "another: a schema it cannot compile is refused); leave it out")),
@@ -405,6 +405,15 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
 (`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""
 
 
+def _structured_outputs_config_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """vLLM's --structured-outputs-config with its backend 'auto' or 'guidance' (Glimmer's llguidance) and its
+    other fields at their defaults, or disable_fallback either way (there is no other engine to fall back to)."""
+    defaults = {"backend": ("auto", "guidance"), "disable_fallback": (True, False),
+                "disable_any_whitespace": (False,), "disable_additional_properties": (False,)}
+    return isinstance(value, dict) and all(key in defaults and any(
+        type(field) is type(allowed) and field == allowed for allowed in defaults[key]) for key, field in value.items())
+
+
 VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_auto_tool_choice": VllmArgument(_any_value, "tool calls are parsed under any tool_choice"),
     "tool_call_parser": VllmArgument(_any_value, "tool calls are parsed by the model's own ATEM parser"),
@@ -424,6 +433,19 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "allow_credentials": VllmArgument(_only(False), (
         "CORS never allows credentials (cookies): clients send the API key as `Authorization: Bearer KEY`; "
         "leave it out")),
+    "return_tokens_as_token_ids": VllmArgument(_only(False), (
+        "not supported: logprobs name each token by its text and bytes, as OpenAI's do; leave it out")),
+    "chat_template_content_format": VLLM_ONLY_CHAT_ARGUMENTS["chat_template_content_format"],
+    "guided_decoding_backend": VllmArgument(_only("auto", "guidance"), (
+        f"{_ONE_GRAMMAR_ENGINE}; leave it out, or 'auto' or 'guidance'")),
+    "structured_outputs_config": VllmArgument(_structured_outputs_config_changes_nothing, (
+        f"{_ONE_GRAMMAR_ENGINE} and lays JSON out as json.dumps writes it: give backend 'auto' or 'guidance', "
+        "disable_fallback either way, disable_any_whitespace and disable_additional_properties false, or leave it "
+        "out")),
+    "enable_force_include_usage": VllmArgument(_only(False), (
+        "not supported: a streamed reply ends with its usage where the request asks for it "
+        "(stream_options: {\"include_usage\": true}), and a reply that is not streamed always has it; leave it out")),
+    "disable_frontend_multiprocessing": VllmArgument(_any_value, "the server and the engine run in one process"),
 }
 """Options of `vllm serve` beside its engine arguments that `glimmer serve` has no option for: Glimmer reads tool calls
 and reasoning with the model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts;

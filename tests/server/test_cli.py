@@ -233,6 +233,36 @@ def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead
     assert "replies always come from the assistant role" in notes[1]
 
 
+def test_vllms_structured_output_and_content_format_serving_options_are_noted_where_they_change_nothing():
+    """`vllm serve --guided-decoding-backend guidance --chat-template-content-format auto ...` was refused as
+    unrecognized arguments."""
+    from glimmer.cli import _VLLM_SERVING_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    args = build_parser().parse_args([
+        "serve", "--guided-decoding-backend", "auto", "--structured-outputs-config",
+        '{"backend": "guidance", "disable_fallback": true}', "--chat-template-content-format", "auto",
+        "--disable-frontend-multiprocessing"])
+    notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
+    assert [note.split(" changes nothing here: ")[0] for note in notes] == [
+        "vLLM's --chat-template-content-format auto", "vLLM's --guided-decoding-backend auto",
+        "vLLM's --structured-outputs-config {\"backend\": \"guidance\", \"disable_fallback\": true}",
+        "vLLM's --disable-frontend-multiprocessing"]
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--return-tokens-as-token-ids"], ("--return-tokens-as-token-ids", "not supported")),
+    (["--chat-template-content-format", "string"], ("--chat-template-content-format string", "as it is given")),
+    (["--guided-decoding-backend", "xgrammar"], ("--guided-decoding-backend xgrammar", "llguidance")),
+    (["--structured-outputs-config", '{"backend": "outlines"}'], ("--structured-outputs-config", "llguidance")),
+    (["--structured-outputs-config", '{"disable_any_whitespace": true}'], ("--structured-outputs-config",
+                                                                          "json.dumps")),
+    (["--enable-force-include-usage"], ("--enable-force-include-usage", "include_usage")),
+])
+def test_a_vllm_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
+    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
+
+
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
                                              ("bfloat16", "bfloat16")])
 def test_dtype_takes_vllms_names(text, dtype):
