@@ -202,7 +202,9 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         # started with stderr closed (as some daemonizers start a server), Python has none: the bars would write to None
         progress=sys.stderr is not None,
     )
-    return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
+    engine = AsyncEngine(config, max_waiting_requests=args.max_waiting_requests,
+                         generation_config=args.generation_config)
+    return engine, name, is_default
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -256,6 +258,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             allow_control_tokens_in_content=args.allow_control_tokens_in_content,
             trust_request_chat_template=args.trust_request_chat_template,
             request_id_headers=args.enable_request_id_headers,
+            generation_config=args.generation_config,
         )
 
     _check_engine_options(args)
@@ -384,7 +387,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             settings = ServerSettings(
                 served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
                 default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=_media_policy(args))
+                media_policy=_media_policy(args), generation_config=args.generation_config)
             app = create_app(engine, settings)
             # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
             # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
@@ -742,7 +745,8 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         sigterm.check()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not
         # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
-        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
+        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize,
+                                                generation_config=args.generation_config))
         _check_chat_fits_context(app.state.context, args, options, tools)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
@@ -986,6 +990,18 @@ def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
     return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
+def _generation_config(text: str) -> str:
+    """--generation-config's value: vLLM's auto or vllm (vLLM's third form, a folder to read the file from, is
+    refused)."""
+    from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
+
+    if text not in GENERATION_CONFIG_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or vllm (a folder of its own generation_config.json, "
+                                         "vLLM's third form, is not supported: edit the checkpoint's file, or set "
+                                         "the values in each request)")
+    return text
+
+
 def _json_object(text: str) -> dict[str, Any]:
     """The value of vLLM's options that take a JSON object (--hf-overrides, --compilation-config, ...)."""
     try:
@@ -1196,6 +1212,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help='speculative decoding, as vLLM: \'{"method": "dflash", "model": DRAFTER_DIR, '
                              '"num_speculative_tokens": 15}\' (keys: method, model, num_speculative_tokens, '
                              'draft_policy adaptive|always, disable_by_batch_size)')
+    parser.add_argument("--generation-config", type=_generation_config, default="auto", metavar="{auto,vllm}",
+                        help="auto: the sampling fields a request leaves out take the checkpoint's "
+                             "generation_config.json values (max_new_tokens as a chat request's max_tokens); vllm: "
+                             "OpenAI's defaults, as vLLM's flag (default auto)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 
 from tqdm.auto import tqdm
 
+from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
 from glimmer.engine.apply_chat_template import (
     FinalMessageTag,
     checked_documents,
@@ -74,7 +75,6 @@ from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
-GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
 

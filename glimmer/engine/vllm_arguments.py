@@ -371,8 +371,8 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
         "not supported: image sizes are the checkpoint's processor settings; leave it out")),
     "override_generation_config": VllmArgument(lambda value, given: value is None or value == {}, (
-        "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm' to "
-        "ignore the checkpoint's generation_config.json)")),
+        "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm', "
+        "--generation-config vllm, to ignore the checkpoint's generation_config.json)")),
     "optimization_level": VllmArgument(lambda value, given: type(value) is int and 1 <= value <= 3, (
         "1, 2 or 3 alone, and each changes nothing (Glimmer runs its own kernels and, on CUDA, replays captured "
         "decode graphs at any level); for vLLM's level 0 (-O0, no CUDA graphs) pass enforce_eager=True "

@@ -42,6 +42,9 @@ def test_serve_options_parse():
         4096, 8, "bfloat16", "cpu", 2048)
     assert build_parser().parse_args(["serve"]).model is None
     assert build_parser().parse_args(["serve"]).trust_request_chat_template is False
+    assert build_parser().parse_args(["serve"]).generation_config == "auto"
+    for command in (["serve"], ["chat"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]):
+        assert build_parser().parse_args([*command, "--generation-config", "vllm"]).generation_config == "vllm"
 
 
 @pytest.mark.parametrize("command", [["serve"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]])
@@ -725,6 +728,7 @@ def _fails_with_one_line(capsys, argv, *words):
     (["serve", "--limit-mm-per-prompt", '{"audio": 1}'], ("--limit-mm-per-prompt", "images and videos only")),
     (["serve", "--limit-mm-per-prompt", "{not json"], ("--limit-mm-per-prompt", "not a JSON object")),
     (["serve", "--hf-overrides", "[1]"], ("--hf-overrides", "is not a JSON object")),
+    (["serve", "--generation-config", "/models/gen"], ("--generation-config: '/models/gen'", "auto or vllm")),
     (["serve", "--compilation-config", "{not json"], ("--compilation-config", "is not a JSON object")),
     (["serve", "--dtype", "fp8"], ("--dtype", "auto, half, float")),
     (["serve", "--max-model-len", "auto"], ("--max-model-len: 'auto'", "not supported",
