@@ -298,6 +298,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
                                 # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
                                 use_colors=False if _no_color() or sys.stdout is None else None,
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                                ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
                                 http=read_timeout_protocol(args.request_read_timeout))
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
@@ -892,6 +893,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         except (OSError, ssl.SSLError) as error:
             raise UsageError(f"--ssl-keyfile {args.ssl_keyfile} --ssl-certfile {args.ssl_certfile}: {error}; give a "
                              "PEM private key and the PEM certificate (chain) it belongs to") from None
+    _check_client_certificate_options(args)
     if args.root_path and not args.root_path.startswith("/"):
         raise UsageError(f"--root-path {args.root_path}: give a path starting with /, such as /glimmer")
     if not args.host.strip():  # `--host "$HOST"` with HOST unset: the socket would listen on every interface
@@ -906,6 +908,29 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         if not _is_origin(origin):
             raise UsageError(f"--allowed-origins {origin}: not a web origin; give scheme://host[:port] with no "
                              "path (e.g. https://app.example.com), or * for any origin")
+
+
+def _check_client_certificate_options(args: argparse.Namespace) -> None:
+    """UsageError naming vLLM's --ssl-ca-certs or --ssl-cert-reqs where the server could not use them: without
+    HTTPS, a CA file that holds no certificate, or client certificates asked for with no CA to verify them by."""
+    import ssl
+
+    if args.ssl_cert_reqs not in (ssl.CERT_NONE, ssl.CERT_OPTIONAL, ssl.CERT_REQUIRED):
+        raise UsageError(f"--ssl-cert-reqs {args.ssl_cert_reqs} is invalid; give 0 (no client certificate, the "
+                         "default), 1 (optional) or 2 (required), as Python's ssl.CERT_* values")
+    if args.ssl_keyfile is None and (args.ssl_ca_certs is not None or args.ssl_cert_reqs != ssl.CERT_NONE):
+        given = "--ssl-ca-certs" if args.ssl_ca_certs is not None else f"--ssl-cert-reqs {args.ssl_cert_reqs}"
+        raise UsageError(f"{given}: client certificates are checked over HTTPS only; add --ssl-keyfile KEY.pem "
+                         "--ssl-certfile CERT.pem")
+    if args.ssl_cert_reqs != ssl.CERT_NONE and args.ssl_ca_certs is None:
+        raise UsageError(f"--ssl-cert-reqs {args.ssl_cert_reqs} asks clients for a certificate, which needs the CA "
+                         "certificates to verify it by: add --ssl-ca-certs CA.pem")
+    if args.ssl_ca_certs is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(cafile=args.ssl_ca_certs)
+        except (OSError, ssl.SSLError) as error:
+            raise UsageError(f"--ssl-ca-certs {args.ssl_ca_certs}: {error}; give a PEM file of CA certificates") \
+                from None
 
 
 def _refuse_a_model_taken_by_a_list_option(args: argparse.Namespace, command: str) -> None:
@@ -1366,6 +1391,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve HTTPS: the server's private key (PEM), with --ssl-certfile")
     serve.add_argument("--ssl-certfile", default=None, metavar="FILE",
                        help="serve HTTPS: the server's certificate chain (PEM), with --ssl-keyfile")
+    serve.add_argument("--ssl-ca-certs", default=None, metavar="FILE",
+                       help="with HTTPS: the CA certificates (PEM) that verify client certificates, as vLLM's")
+    serve.add_argument("--ssl-cert-reqs", type=int, default=0, metavar="{0,1,2}",
+                       help="with HTTPS and --ssl-ca-certs: 1 asks clients for a certificate, 2 requires one (as "
+                            "vLLM's, Python's ssl.CERT_* values; default 0, none)")
     serve.add_argument("--root-path", default="", metavar="PATH",
                        help="the path prefix a proxy serves the API under, which the proxy strips (ASGI root_path, "
                             "as uvicorn's)")

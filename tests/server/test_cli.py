@@ -104,20 +104,26 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
 
 
 @pytest.mark.parametrize(("flags", "words"), [
-    (["--block-size", "24"], ("--block-size 24 is invalid", "power of two")),
-    (["--block-size", "0"], ("--block-size 0 is invalid", "power of two")),
-    (["--num-gpu-blocks-override", "64"], ("--num-gpu-blocks-override 64", "--kv-cache-memory SIZE")),
-])
-def test_a_block_option_that_glimmer_cannot_take_is_refused_before_loading(capsys, flags, words):
-    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
-
-
-@pytest.mark.parametrize(("flags", "words"), [
     (["--tensor-parallel-size", "2"], ("--tensor-parallel-size 2", "one device")),
     (["--no-enable-chunked-prefill"], ("--no-enable-chunked-prefill", "always chunked")),
     (["--quantization", "awq"], ("--quantization awq", "GGUF, MLX")),
     (["--tokenizer", "other/tokenizer"], ("--tokenizer other/tokenizer", "model's directory")),
     (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "hf download")),
+    (["--block-size", "24"], ("--block-size 24 is invalid", "power of two")),
+    (["--block-size", "0"], ("--block-size 0 is invalid", "power of two")),
+    (["--num-gpu-blocks-override", "64"], ("--num-gpu-blocks-override 64", "--kv-cache-memory SIZE")),
+    (["--scheduling-policy", "priority"], ("--scheduling-policy priority", "first come, first served")),
+    (["--cpu-offload-gb", "4"], ("--cpu-offload-gb 4.0", "not offloaded")),
+    (["--enable-expert-parallel"], ("--enable-expert-parallel", "no experts")),
+    (["--hf-overrides", '{"rope_theta": 1}'], ('--hf-overrides {"rope_theta": 1}', "config.json is read as it is")),
+    (["--revision", "v2"], ("--revision v2", "hf download MODEL --revision R")),
+    (["--compilation-config", '{"level": 3}'], ("--compilation-config", "--enforce-eager")),
+    (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
+    (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
+    (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
+    (["-O0"], ("--optimization-level 0", "-O0", "--enforce-eager")),
+    (["--cuda-graph-sizes", "0", "8"], ("--cuda-graph-sizes 0 8", "positive integers")),
+    (["--max-num-partial-prefills", "4"], ("--max-num-partial-prefills 4", "leave it out or 1")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
@@ -151,24 +157,6 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
     assert len(notes) == 21 and all(" changes nothing here: " in note for note in notes)
     assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
         notes)
-
-
-@pytest.mark.parametrize(("flags", "words"), [
-    (["--scheduling-policy", "priority"], ("--scheduling-policy priority", "first come, first served")),
-    (["--cpu-offload-gb", "4"], ("--cpu-offload-gb 4.0", "not offloaded")),
-    (["--enable-expert-parallel"], ("--enable-expert-parallel", "no experts")),
-    (["--hf-overrides", '{"rope_theta": 1}'], ('--hf-overrides {"rope_theta": 1}', "config.json is read as it is")),
-    (["--revision", "v2"], ("--revision v2", "hf download MODEL --revision R")),
-    (["--compilation-config", '{"level": 3}'], ("--compilation-config", "--enforce-eager")),
-    (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
-    (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
-    (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
-    (["-O0"], ("--optimization-level 0", "-O0", "--enforce-eager")),
-    (["--cuda-graph-sizes", "0", "8"], ("--cuda-graph-sizes 0 8", "positive integers")),
-    (["--max-num-partial-prefills", "4"], ("--max-num-partial-prefills 4", "leave it out or 1")),
-])
-def test_a_vllm_engine_option_llm_refuses_is_refused_by_serve_saying_why(capsys, flags, words):
-    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
 
 
 def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
@@ -221,6 +209,40 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
     assert "(torch.float32)" in output  # --dtype auto: the CPU's default
 
 
+def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert_reqs(tiny_checkpoint, tmp_path):
+    """`vllm serve ... --ssl-ca-certs CA.pem --ssl-cert-reqs 2` (mutual TLS) was refused as unrecognized arguments;
+    now a client without a certificate the CA signed is turned away in the TLS handshake."""
+    (tmp_path / "server").mkdir()
+    (tmp_path / "client").mkdir()
+    key, cert = _self_signed(tmp_path / "server")
+    client_key, client_cert = _self_signed(tmp_path / "client")  # self-signed: its own CA
+    without = ssl.create_default_context(cafile=str(cert))
+    with_certificate = ssl.create_default_context(cafile=str(cert))
+    with_certificate.load_cert_chain(str(client_cert), str(client_key))
+    port = free_port()
+    process = subprocess.Popen([
+        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
+        "32MiB", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-ca-certs", str(client_cert),
+        "--ssl-cert-reqs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_health(process, port, scheme="https", verify=with_certificate)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"https://127.0.0.1:{port}/health", verify=without, timeout=5)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+
+
+def test_client_certificates_asked_for_without_a_ca_or_with_no_ca_file_are_refused(capsys, tmp_path):
+    key, cert = _self_signed(tmp_path)
+    https = ["serve", "/no/such/model", "--port", str(free_port()), "--ssl-keyfile", str(key), "--ssl-certfile",
+             str(cert)]
+    _fails_with_one_line(capsys, [*https, "--ssl-cert-reqs", "1"], "--ssl-cert-reqs 1", "add --ssl-ca-certs CA.pem")
+    _fails_with_one_line(capsys, [*https, "--ssl-ca-certs", str(tmp_path / "none.pem")], "--ssl-ca-certs",
+                         "give a PEM file of CA certificates")
+
+
 def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead():
     """The README and --help say each is noted at startup: --response-role assistant and the CORS options given `*`
     (taken at those values alone) changed nothing without a word."""
@@ -251,19 +273,6 @@ def test_vllms_structured_output_and_content_format_serving_options_are_noted_wh
         "vLLM's --chat-template-content-format auto", "vLLM's --guided-decoding-backend auto",
         "vLLM's --structured-outputs-config {\"backend\": \"guidance\", \"disable_fallback\": true}",
         "vLLM's --disable-frontend-multiprocessing"]
-
-
-@pytest.mark.parametrize(("flags", "words"), [
-    (["--return-tokens-as-token-ids"], ("--return-tokens-as-token-ids", "not supported")),
-    (["--chat-template-content-format", "string"], ("--chat-template-content-format string", "as it is given")),
-    (["--guided-decoding-backend", "xgrammar"], ("--guided-decoding-backend xgrammar", "llguidance")),
-    (["--structured-outputs-config", '{"backend": "outlines"}'], ("--structured-outputs-config", "llguidance")),
-    (["--structured-outputs-config", '{"disable_any_whitespace": true}'], ("--structured-outputs-config",
-                                                                          "json.dumps")),
-    (["--enable-force-include-usage"], ("--enable-force-include-usage", "include_usage")),
-])
-def test_a_vllm_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
-    _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
 
 
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
@@ -301,6 +310,16 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
     (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
     (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),
+    (["--return-tokens-as-token-ids"], ("--return-tokens-as-token-ids", "not supported")),
+    (["--chat-template-content-format", "string"], ("--chat-template-content-format string", "as it is given")),
+    (["--guided-decoding-backend", "xgrammar"], ("--guided-decoding-backend xgrammar", "llguidance")),
+    (["--structured-outputs-config", '{"backend": "outlines"}'], ("--structured-outputs-config", "llguidance")),
+    (["--structured-outputs-config", '{"disable_any_whitespace": true}'], ("--structured-outputs-config",
+                                                                          "json.dumps")),
+    (["--enable-force-include-usage"], ("--enable-force-include-usage", "include_usage")),
+    (["--ssl-ca-certs", "ca.pem"], ("--ssl-ca-certs", "over HTTPS only")),
+    (["--ssl-cert-reqs", "2"], ("--ssl-cert-reqs 2", "over HTTPS only")),
+    (["--ssl-cert-reqs", "3"], ("--ssl-cert-reqs 3 is invalid", "ssl.CERT_*")),
 ])
 def test_a_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
