@@ -1083,6 +1083,18 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--cuda-graph-sizes": {"type": int, "nargs": "+", "metavar": "N"},
     "--max-cudagraph-capture-size": {"type": int, "metavar": "N"},
     "--max-num-partial-prefills": {"type": int, "metavar": "N"},
+    "--max-long-partial-prefills": {"type": int, "metavar": "N"},
+    "--long-prefill-token-threshold": {"type": int, "metavar": "N"},
+    "--attention-backend": {"metavar": "NAME"},
+    "--disable-sliding-window": {"action": argparse.BooleanOptionalAction},
+    "--disable-cascade-attn": {"action": argparse.BooleanOptionalAction},
+    "--enable-prompt-embeds": {"action": argparse.BooleanOptionalAction},
+    "--logits-processors": {"nargs": "+", "action": "extend", "metavar": "NAME"},
+    "--use-tqdm-on-load": {"action": argparse.BooleanOptionalAction},
+    "--prefix-caching-hash-algo": {"metavar": "ALGO"},
+    "--calculate-kv-scales": {"action": argparse.BooleanOptionalAction},
+    "--enable-eplb": {"action": argparse.BooleanOptionalAction},
+    "--kv-transfer-config": {"type": _json_object, "metavar": "JSON"},
 }
 _VLLM_SHORT_OPTIONS = {"--optimization-level": "-O"}  # vLLM's -O3 is --optimization-level 3
 

@@ -388,6 +388,35 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "max_num_partial_prefills": VllmArgument(_only(1), (
         "not supported: a step's max_num_batched_tokens go to the running sequences first, then to as many waiting "
         "prompts (whole, or a chunk) as fit; leave it out or 1")),
+    "max_long_partial_prefills": VllmArgument(_only(1), (
+        "an option of max_num_partial_prefills, which Glimmer does not take; leave it out or 1")),
+    "long_prefill_token_threshold": VllmArgument(_only(0), (
+        "an option of max_num_partial_prefills, which Glimmer does not take; leave it out or 0")),
+    "attention_backend": VllmArgument(lambda value, given: value is None or isinstance(value, str), (
+        "a backend's name, which changes nothing: Glimmer runs its own attention kernels (their plain torch "
+        "reference on the CPU); leave it out")),
+    "disable_sliding_window": VllmArgument(_only(False), (
+        "not supported: Muse Glimmer's sliding-window layers are part of the model, and running them over the "
+        "whole context would change its outputs; leave it out")),
+    "disable_cascade_attn": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing (Glimmer has no cascade attention); leave it out")),
+    "enable_prompt_embeds": VllmArgument(_only(False), (
+        "not supported: prompts are text, token ids, or chat messages with images and videos; leave it out")),
+    "logits_processors": VllmArgument(_only(None, []), (
+        "not supported (Python code on every step's logits); a request's logit_bias biases tokens, structured "
+        "outputs constrain the text")),
+    "use_tqdm_on_load": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing but whether a loading bar shows (Glimmer's shows unless "
+        "LLM(progress=False)); leave it out")),
+    "prefix_caching_hash_algo": VllmArgument(lambda value, given: value in ("builtin", "sha256", "sha256_cbor"), (
+        "'builtin', 'sha256' or 'sha256_cbor', which change no output: Glimmer keys its prefix cache by SHA-256 of "
+        "each block's parent key, token ids and media whatever the name (engine/cache_keys.py); leave it out")),
+    "calculate_kv_scales": VllmArgument(_only(False), (
+        "an option of an fp8 KV cache, which Glimmer has not (the KV cache holds the model's dtype); leave it out")),
+    "enable_eplb": VllmArgument(_only(False), (
+        "Muse Glimmer is dense, with no experts to balance, and runs on one device; leave it out")),
+    "kv_transfer_config": VllmArgument(lambda value, given: value is None or value == {}, (
+        "not supported (the KV cache stays in this process: no disaggregated prefill); leave it out")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "

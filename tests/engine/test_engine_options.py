@@ -276,6 +276,18 @@ def test_vllms_compilation_and_prefill_arguments_are_taken_where_they_change_no_
         LLM(str(tiny_checkpoint), progress=False, max_num_partial_prefills=2)
 
 
+def test_vllms_attention_and_loading_arguments_are_taken_where_they_change_no_output(tiny_checkpoint):
+    """vLLM's attention_backend, disable_cascade_attn, use_tqdm_on_load, prefix_caching_hash_algo, ... were refused
+    as misspellings; disable_sliding_window=True, which would change the model, is refused saying so."""
+    llm = LLM(str(tiny_checkpoint), progress=False, attention_backend="FLASH_ATTN", disable_cascade_attn=True,
+              use_tqdm_on_load=False, prefix_caching_hash_algo="sha256", disable_sliding_window=False,
+              enable_prompt_embeds=False, calculate_kv_scales=False, enable_eplb=False, kv_transfer_config=None,
+              max_long_partial_prefills=1, long_prefill_token_threshold=0, logits_processors=None)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    with pytest.raises(UnsupportedArgumentError, match="^disable_sliding_window: .*would change its outputs"):
+        LLM(str(tiny_checkpoint), progress=False, disable_sliding_window=True)
+
+
 def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
     """vLLM's LLM(kv_cache_memory_bytes=N) was refused as a misspelling ("did you mean 'kv_cache_memory'?")."""
     llm = LLM(str(tiny_checkpoint), progress=False, kv_cache_memory_bytes=8 << 20)

@@ -124,6 +124,11 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["-O0"], ("--optimization-level 0", "-O0", "--enforce-eager")),
     (["--cuda-graph-sizes", "0", "8"], ("--cuda-graph-sizes 0 8", "positive integers")),
     (["--max-num-partial-prefills", "4"], ("--max-num-partial-prefills 4", "leave it out or 1")),
+    (["--disable-sliding-window"], ("--disable-sliding-window", "would change its outputs")),
+    (["--enable-prompt-embeds"], ("--enable-prompt-embeds", "not supported")),
+    (["--logits-processors", "my.Processor"], ("--logits-processors my.Processor", "logit_bias")),
+    (["--prefix-caching-hash-algo", "md5"], ("--prefix-caching-hash-algo md5", "SHA-256")),
+    (["--kv-transfer-config", '{"kv_connector": "X"}'], ("--kv-transfer-config", "disaggregated prefill")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
@@ -152,9 +157,12 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
         "--runner", "generate", "--config-format", "hf", "--max-parallel-loading-workers", "2",
         "--disable-custom-all-reduce", "--no-enable-lora", "--no-enable-sleep-mode", "--no-skip-tokenizer-init",
         "-O3", "--cuda-graph-sizes", "1", "2", "4", "--max-cudagraph-capture-size", "512",
-        "--max-num-partial-prefills", "1"])
+        "--max-num-partial-prefills", "1", "--max-long-partial-prefills", "1", "--long-prefill-token-threshold", "0",
+        "--attention-backend", "FLASH_ATTN", "--no-disable-sliding-window", "--disable-cascade-attn",
+        "--no-enable-prompt-embeds", "--no-use-tqdm-on-load", "--prefix-caching-hash-algo", "sha256",
+        "--no-calculate-kv-scales", "--no-enable-eplb", "--kv-transfer-config", "{}"])
     notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
-    assert len(notes) == 21 and all(" changes nothing here: " in note for note in notes)
+    assert len(notes) == 32 and all(" changes nothing here: " in note for note in notes)
     assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
         notes)
 
