@@ -1118,6 +1118,15 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--structured-outputs-config": {"type": _json_object, "metavar": "JSON"},
     "--enable-force-include-usage": {"action": "store_true"},
     "--disable-frontend-multiprocessing": {"action": "store_true"},
+    "--tool-parser-plugin": {"metavar": "FILE"},
+    "--api-server-count": {"type": int, "metavar": "N"},
+    "--headless": {"action": "store_true"},
+    "--enable-log-outputs": {"action": "store_true"},
+    "--log-config-file": {"metavar": "FILE"},
+    "--enable-tokenizer-info-endpoint": {"action": "store_true"},
+    "--default-chat-template-kwargs": {"type": _json_object, "metavar": "JSON"},
+    "--enable-server-load-tracking": {"action": "store_true"},
+    "--enable-ssl-refresh": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 

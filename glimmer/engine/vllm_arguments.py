@@ -475,6 +475,27 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
         "not supported: a streamed reply ends with its usage where the request asks for it "
         "(stream_options: {\"include_usage\": true}), and a reply that is not streamed always has it; leave it out")),
     "disable_frontend_multiprocessing": VllmArgument(_any_value, "the server and the engine run in one process"),
+    "tool_parser_plugin": VllmArgument(_any_value, "tool calls are parsed by the model's own ATEM parser"),
+    "api_server_count": VllmArgument(_only(1), (
+        "one server process serves the engine, in the same process; run more servers behind a load balancer, and "
+        "leave it out or 1")),
+    "headless": VllmArgument(_only(False), (
+        "not supported: the engine runs inside the server's process (no engine-only node); leave it out")),
+    "enable_log_outputs": VllmArgument(_only(False), (
+        "Glimmer never logs requests' prompts or outputs (/metrics counts requests and tokens); leave it out")),
+    "log_config_file": VllmArgument(_only(None), (
+        "not supported: --log-level sets Glimmer's logging and --uvicorn-log-level uvicorn's; leave it out")),
+    "enable_tokenizer_info_endpoint": VllmArgument(_only(False), (
+        "not supported (no /tokenizer_info route): /tokenize and /detokenize are served, and the checkpoint's "
+        "tokenizer.json is the tokenizer; leave it out")),
+    "default_chat_template_kwargs": VllmArgument(lambda value, given: value == {}, (
+        "not supported as a server default: send chat_template_kwargs in each request (a reasoning effort a request "
+        "leaves out is --default-reasoning-strength); leave it out")),
+    "enable_server_load_tracking": VllmArgument(_only(False), (
+        "not supported (no /load route): /metrics has the running and waiting requests; leave it out")),
+    "enable_ssl_refresh": VllmArgument(_only(False), (
+        "not supported: the certificate is read when the server starts; restart it to serve a new one, and leave it "
+        "out")),
 }
 """Options of `vllm serve` beside its engine arguments that `glimmer serve` has no option for: Glimmer reads tool calls
 and reasoning with the model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts;

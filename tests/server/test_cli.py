@@ -275,12 +275,14 @@ def test_vllms_structured_output_and_content_format_serving_options_are_noted_wh
     args = build_parser().parse_args([
         "serve", "--guided-decoding-backend", "auto", "--structured-outputs-config",
         '{"backend": "guidance", "disable_fallback": true}', "--chat-template-content-format", "auto",
-        "--disable-frontend-multiprocessing"])
+        "--disable-frontend-multiprocessing", "--tool-parser-plugin", "parsers.py", "--api-server-count", "1",
+        "--default-chat-template-kwargs", "{}"])
     notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
     assert [note.split(" changes nothing here: ")[0] for note in notes] == [
         "vLLM's --chat-template-content-format auto", "vLLM's --guided-decoding-backend auto",
         "vLLM's --structured-outputs-config {\"backend\": \"guidance\", \"disable_fallback\": true}",
-        "vLLM's --disable-frontend-multiprocessing"]
+        "vLLM's --disable-frontend-multiprocessing", "vLLM's --tool-parser-plugin parsers.py",
+        "vLLM's --api-server-count 1", "vLLM's --default-chat-template-kwargs {}"]
 
 
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
@@ -325,6 +327,15 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--structured-outputs-config", '{"disable_any_whitespace": true}'], ("--structured-outputs-config",
                                                                           "json.dumps")),
     (["--enable-force-include-usage"], ("--enable-force-include-usage", "include_usage")),
+    (["--api-server-count", "4"], ("--api-server-count 4", "load balancer")),
+    (["--headless"], ("--headless", "inside the server's process")),
+    (["--enable-log-outputs"], ("--enable-log-outputs", "never logs")),
+    (["--log-config-file", "log.json"], ("--log-config-file log.json", "--log-level")),
+    (["--enable-tokenizer-info-endpoint"], ("--enable-tokenizer-info-endpoint", "/tokenize")),
+    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], ("--default-chat-template-kwargs",
+                                                                       "chat_template_kwargs in each request")),
+    (["--enable-server-load-tracking"], ("--enable-server-load-tracking", "/metrics")),
+    (["--enable-ssl-refresh"], ("--enable-ssl-refresh", "restart")),
     (["--ssl-ca-certs", "ca.pem"], ("--ssl-ca-certs", "over HTTPS only")),
     (["--ssl-cert-reqs", "2"], ("--ssl-cert-reqs 2", "over HTTPS only")),
     (["--ssl-cert-reqs", "3"], ("--ssl-cert-reqs 3 is invalid", "ssl.CERT_*")),
