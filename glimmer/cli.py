@@ -192,6 +192,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         model=model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, chat_template=args.chat_template, seed=args.seed,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=args.kv_cache_memory,
+        block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         async_scheduling=args.async_scheduling, load_format=args.load_format,
         enable_prefix_caching=args.enable_prefix_caching,
@@ -201,7 +202,9 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
         # started with stderr closed (as some daemonizers start a server), Python has none: the bars would write to None
         progress=sys.stderr is not None,
     )
-    return AsyncEngine(config, max_waiting_requests=args.max_waiting_requests), name, is_default
+    engine = AsyncEngine(config, max_waiting_requests=args.max_waiting_requests,
+                         generation_config=args.generation_config)
+    return engine, name, is_default
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -255,6 +258,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             allow_control_tokens_in_content=args.allow_control_tokens_in_content,
             trust_request_chat_template=args.trust_request_chat_template,
             request_id_headers=args.enable_request_id_headers,
+            generation_config=args.generation_config,
         )
 
     _check_engine_options(args)
@@ -294,6 +298,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
                                 # None: uvicorn decides, colouring on a terminal (it asks sys.stdout: none if closed)
                                 use_colors=False if _no_color() or sys.stdout is None else None,
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                                ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
                                 http=read_timeout_protocol(args.request_read_timeout))
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
@@ -383,7 +388,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             settings = ServerSettings(
                 served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
                 default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=_media_policy(args))
+                media_policy=_media_policy(args), generation_config=args.generation_config)
             app = create_app(engine, settings)
             # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
             # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
@@ -584,6 +589,9 @@ def _check_engine_options(args: argparse.Namespace) -> None:
         if getattr(args, dest) is not None and getattr(args, dest) < 1:
             raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive "
                              f"{'size' if dest == 'kv_cache_memory' else 'integer'}, or leave it out for the default")
+    if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
+        raise UsageError(f"--block-size {args.block_size} is invalid; give a power of two such as 16, or leave it out "
+                         "for 16")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError(f"--gpu-memory-utilization {args.gpu_memory_utilization} is invalid; give a fraction in "
                          "(0, 1], or leave it out for 0.9")
@@ -738,7 +746,8 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         sigterm.check()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not
         # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
-        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
+        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize,
+                                                generation_config=args.generation_config))
         _check_chat_fits_context(app.state.context, args, options, tools)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
@@ -884,6 +893,7 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         except (OSError, ssl.SSLError) as error:
             raise UsageError(f"--ssl-keyfile {args.ssl_keyfile} --ssl-certfile {args.ssl_certfile}: {error}; give a "
                              "PEM private key and the PEM certificate (chain) it belongs to") from None
+    _check_client_certificate_options(args)
     if args.root_path and not args.root_path.startswith("/"):
         raise UsageError(f"--root-path {args.root_path}: give a path starting with /, such as /glimmer")
     if not args.host.strip():  # `--host "$HOST"` with HOST unset: the socket would listen on every interface
@@ -898,6 +908,29 @@ def _check_serve_options(args: argparse.Namespace) -> None:
         if not _is_origin(origin):
             raise UsageError(f"--allowed-origins {origin}: not a web origin; give scheme://host[:port] with no "
                              "path (e.g. https://app.example.com), or * for any origin")
+
+
+def _check_client_certificate_options(args: argparse.Namespace) -> None:
+    """UsageError naming vLLM's --ssl-ca-certs or --ssl-cert-reqs where the server could not use them: without
+    HTTPS, a CA file that holds no certificate, or client certificates asked for with no CA to verify them by."""
+    import ssl
+
+    if args.ssl_cert_reqs not in (ssl.CERT_NONE, ssl.CERT_OPTIONAL, ssl.CERT_REQUIRED):
+        raise UsageError(f"--ssl-cert-reqs {args.ssl_cert_reqs} is invalid; give 0 (no client certificate, the "
+                         "default), 1 (optional) or 2 (required), as Python's ssl.CERT_* values")
+    if args.ssl_keyfile is None and (args.ssl_ca_certs is not None or args.ssl_cert_reqs != ssl.CERT_NONE):
+        given = "--ssl-ca-certs" if args.ssl_ca_certs is not None else f"--ssl-cert-reqs {args.ssl_cert_reqs}"
+        raise UsageError(f"{given}: client certificates are checked over HTTPS only; add --ssl-keyfile KEY.pem "
+                         "--ssl-certfile CERT.pem")
+    if args.ssl_cert_reqs != ssl.CERT_NONE and args.ssl_ca_certs is None:
+        raise UsageError(f"--ssl-cert-reqs {args.ssl_cert_reqs} asks clients for a certificate, which needs the CA "
+                         "certificates to verify it by: add --ssl-ca-certs CA.pem")
+    if args.ssl_ca_certs is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(cafile=args.ssl_ca_certs)
+        except (OSError, ssl.SSLError) as error:
+            raise UsageError(f"--ssl-ca-certs {args.ssl_ca_certs}: {error}; give a PEM file of CA certificates") \
+                from None
 
 
 def _refuse_a_model_taken_by_a_list_option(args: argparse.Namespace, command: str) -> None:
@@ -982,6 +1015,29 @@ def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
     return os.environ.get("GLIMMER_API_KEY") or os.environ.get("VLLM_API_KEY") or None
 
 
+def _generation_config(text: str) -> str:
+    """--generation-config's value: vLLM's auto or vllm (vLLM's third form, a folder to read the file from, is
+    refused)."""
+    from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
+
+    if text not in GENERATION_CONFIG_MODES:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or vllm (a folder of its own generation_config.json, "
+                                         "vLLM's third form, is not supported: edit the checkpoint's file, or set "
+                                         "the values in each request)")
+    return text
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """The value of vLLM's options that take a JSON object (--hf-overrides, --compilation-config, ...)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object such as '{{}}'")
+    return value
+
+
 # `vllm serve` options for the engine arguments Glimmer's has no field for (VLLM_ONLY_LLM_ARGUMENTS: `LLM(...)` takes
 # the same ones by the same rule), with how argparse reads each
 _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -999,9 +1055,48 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--disable-log-stats": {"action": "store_true"},
     "--max-seq-len-to-capture": {"type": int, "metavar": "N"},
     "--max-logprobs": {"type": int, "metavar": "N"},
+    "--num-gpu-blocks-override": {"type": int, "metavar": "N"},
     "--download-dir": {"metavar": "DIR"},
     "--task": {"metavar": "TASK"},
+    "--cpu-offload-gb": {"type": float, "metavar": "GIB"},
+    "--disable-custom-all-reduce": {"action": argparse.BooleanOptionalAction},
+    "--hf-overrides": {"type": _json_object, "metavar": "JSON"},
+    "--revision": {"metavar": "REVISION"},
+    "--tokenizer-revision": {"metavar": "REVISION"},
+    "--code-revision": {"metavar": "REVISION"},
+    "--hf-token": {"nargs": "?", "const": True, "metavar": "TOKEN"},
+    "--logprobs-mode": {"metavar": "MODE"},
+    "--enable-lora": {"action": argparse.BooleanOptionalAction},
+    "--enable-sleep-mode": {"action": argparse.BooleanOptionalAction},
+    "--skip-tokenizer-init": {"action": argparse.BooleanOptionalAction},
+    "--enable-expert-parallel": {"action": argparse.BooleanOptionalAction},
+    "--compilation-config": {"type": _json_object, "metavar": "JSON"},
+    "--mm-processor-kwargs": {"type": _json_object, "metavar": "JSON"},
+    "--override-generation-config": {"type": _json_object, "metavar": "JSON"},
+    "--scheduling-policy": {"metavar": "POLICY"},
+    "--disable-async-output-proc": {"action": argparse.BooleanOptionalAction},
+    "--max-parallel-loading-workers": {"type": int, "metavar": "N"},
+    "--model-impl": {"metavar": "IMPL"},
+    "--config-format": {"metavar": "FORMAT"},
+    "--runner": {"metavar": "RUNNER"},
+    "--optimization-level": {"type": int, "metavar": "LEVEL"},
+    "--cuda-graph-sizes": {"type": int, "nargs": "+", "metavar": "N"},
+    "--max-cudagraph-capture-size": {"type": int, "metavar": "N"},
+    "--max-num-partial-prefills": {"type": int, "metavar": "N"},
+    "--max-long-partial-prefills": {"type": int, "metavar": "N"},
+    "--long-prefill-token-threshold": {"type": int, "metavar": "N"},
+    "--attention-backend": {"metavar": "NAME"},
+    "--disable-sliding-window": {"action": argparse.BooleanOptionalAction},
+    "--disable-cascade-attn": {"action": argparse.BooleanOptionalAction},
+    "--enable-prompt-embeds": {"action": argparse.BooleanOptionalAction},
+    "--logits-processors": {"nargs": "+", "action": "extend", "metavar": "NAME"},
+    "--use-tqdm-on-load": {"action": argparse.BooleanOptionalAction},
+    "--prefix-caching-hash-algo": {"metavar": "ALGO"},
+    "--calculate-kv-scales": {"action": argparse.BooleanOptionalAction},
+    "--enable-eplb": {"action": argparse.BooleanOptionalAction},
+    "--kv-transfer-config": {"type": _json_object, "metavar": "JSON"},
 }
+_VLLM_SHORT_OPTIONS = {"--optimization-level": "-O"}  # vLLM's -O3 is --optimization-level 3
 
 
 _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
@@ -1017,6 +1112,21 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--allowed-methods": {"nargs": "+", "action": "extend", "metavar": "METHOD"},
     "--allowed-headers": {"nargs": "+", "action": "extend", "metavar": "HEADER"},
     "--allow-credentials": {"action": "store_true"},
+    "--return-tokens-as-token-ids": {"action": "store_true"},
+    "--chat-template-content-format": {"metavar": "FORMAT"},
+    "--guided-decoding-backend": {"metavar": "BACKEND"},
+    "--structured-outputs-config": {"type": _json_object, "metavar": "JSON"},
+    "--enable-force-include-usage": {"action": "store_true"},
+    "--disable-frontend-multiprocessing": {"action": "store_true"},
+    "--tool-parser-plugin": {"metavar": "FILE"},
+    "--api-server-count": {"type": int, "metavar": "N"},
+    "--headless": {"action": "store_true"},
+    "--enable-log-outputs": {"action": "store_true"},
+    "--log-config-file": {"metavar": "FILE"},
+    "--enable-tokenizer-info-endpoint": {"action": "store_true"},
+    "--default-chat-template-kwargs": {"type": _json_object, "metavar": "JSON"},
+    "--enable-server-load-tracking": {"action": "store_true"},
+    "--enable-ssl-refresh": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 
@@ -1064,6 +1174,17 @@ def _limit_mm_per_prompt(text: str) -> dict[str, int]:
     return limits
 
 
+_SECRET_VLLM_OPTIONS = {"--hf-token"}
+"""vLLM's options whose value is never repeated in a note or an error (its metavar is shown instead)."""
+
+
+def _shown_value(value: Any) -> str:
+    """An option's value as the command line gave it: a list's items apart, a JSON object as JSON."""
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return json.dumps(value) if isinstance(value, dict) else str(value)
+
+
 def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], arguments: Mapping[str, Any]
                         ) -> list[str]:
     """UsageError naming the first of vLLM's `options` given with a value that would change something here (by its
@@ -1076,8 +1197,12 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             continue
         value = getattr(args, dest)
         argument = arguments[dest]
-        shown = (flag if value else f"--no-{flag[2:]}") if isinstance(value, bool) else (
-            f"{flag} {' '.join(value) if isinstance(value, list) else value}")
+        if isinstance(value, bool):
+            shown = flag if value else f"--no-{flag[2:]}"
+        elif flag in _SECRET_VLLM_OPTIONS:  # the error line and the notes go to logs
+            shown = f"{flag} {options[flag]['metavar']}"
+        else:
+            shown = f"{flag} {_shown_value(value)}"
         if not argument.changes_nothing(value, {"model": args.model}):
             raise UsageError(f"{shown}: {argument.instead}")
         notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")
@@ -1099,10 +1224,14 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                         help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
                              "CUDA, 2048 on the CPU)")
-    parser.add_argument("--kv-cache-memory", type=parse_size, default=None, metavar="SIZE",
-                        help="KV cache size, e.g. 8GiB or 512MiB (default: on a GPU, what "
+    parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=None,
+                        metavar="SIZE",
+                        help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "
+                             "is the same option) (default: on a GPU, what "
                              "--gpu-memory-utilization leaves after the weights; on the CPU, what --max-num-seqs "
                              "sequences of --max-model-len tokens need, 2 GiB at most)")
+    parser.add_argument("--block-size", type=int, default=None, metavar="N",
+                        help="tokens a KV cache block holds, a power of two (default 16, as vLLM's on CUDA)")
     parser.add_argument("--max-image-pixels", type=int, default=MediaLimits.max_image_pixels,
                         help="larger images or video frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-image-side", type=int, default=MediaLimits.max_image_side,
@@ -1129,6 +1258,10 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help='speculative decoding, as vLLM: \'{"method": "dflash", "model": DRAFTER_DIR, '
                              '"num_speculative_tokens": 15}\' (keys: method, model, num_speculative_tokens, '
                              'draft_policy adaptive|always, disable_by_batch_size)')
+    parser.add_argument("--generation-config", type=_generation_config, default="auto", metavar="{auto,vllm}",
+                        help="auto: the sampling fields a request leaves out take the checkpoint's "
+                             "generation_config.json values (max_new_tokens as a chat request's max_tokens); vllm: "
+                             "OpenAI's defaults, as vLLM's flag (default auto)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="on CUDA, run every step eagerly instead of replaying captured decode graphs")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
@@ -1147,7 +1280,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
                       help="vLLM's older form of MODEL (vllm serve --model NAME), taken as MODEL")
     for flag, options in _VLLM_SERVE_OPTIONS.items():
-        vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
+        short = (_VLLM_SHORT_OPTIONS[flag],) if flag in _VLLM_SHORT_OPTIONS else ()
+        vllm.add_argument(flag, *short, default=argparse.SUPPRESS, help="vLLM's", **options)
 
 
 def _add_format_options(parser: argparse.ArgumentParser) -> None:
@@ -1278,6 +1412,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve HTTPS: the server's private key (PEM), with --ssl-certfile")
     serve.add_argument("--ssl-certfile", default=None, metavar="FILE",
                        help="serve HTTPS: the server's certificate chain (PEM), with --ssl-keyfile")
+    serve.add_argument("--ssl-ca-certs", default=None, metavar="FILE",
+                       help="with HTTPS: the CA certificates (PEM) that verify client certificates, as vLLM's")
+    serve.add_argument("--ssl-cert-reqs", type=int, default=0, metavar="{0,1,2}",
+                       help="with HTTPS and --ssl-ca-certs: 1 asks clients for a certificate, 2 requires one (as "
+                            "vLLM's, Python's ssl.CERT_* values; default 0, none)")
     serve.add_argument("--root-path", default="", metavar="PATH",
                        help="the path prefix a proxy serves the API under, which the proxy strips (ASGI root_path, "
                             "as uvicorn's)")

@@ -23,6 +23,9 @@ from glimmer.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 GENERATION_CONFIG_FILE = "generation_config.json"
+GENERATION_CONFIG_MODES = ("auto", "vllm")
+"""vLLM's generation_config: "auto" takes the checkpoint's sampling defaults for what a request leaves out, "vllm"
+plain SamplingParams() (OpenAI's defaults on the server)."""
 # SamplingParams' bounds (engine/sampling_params.py: MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, float32's limits
 # in the sampler), so that no default is one every request taking it would be refused for
 MAX_TEMPERATURE = 3.4028234663852886e38

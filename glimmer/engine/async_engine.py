@@ -132,10 +132,14 @@ class EngineMetrics:
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig, *, max_waiting_requests: int = 1024):
+    def __init__(self, config: EngineConfig, *, max_waiting_requests: int = 1024, generation_config: str = "auto"):
+        """generation_config: the server's (ServerSettings.generation_config); under "vllm" no request takes the
+        checkpoint's repetition penalty, so none is warned of."""
         self.engine = LLMEngine(config)
-        warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",
-                                           "send repetition_penalty 1 to turn it off")
+        if generation_config == "auto":
+            warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",
+                                               "send repetition_penalty 1 (or serve with --generation-config vllm) "
+                                               "to turn it off")
         self.max_waiting_requests = max_waiting_requests
         self.metrics = EngineMetrics()
         self._commands: queue.Queue = queue.Queue()

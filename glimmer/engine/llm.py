@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 
 from tqdm.auto import tqdm
 
+from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
 from glimmer.engine.apply_chat_template import (
     FinalMessageTag,
     checked_documents,
@@ -75,7 +76,6 @@ from glimmer.protocol.chat_template import REASONING_FIELDS
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
-GENERATION_CONFIG_MODES = ("auto", "vllm")
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
 
@@ -289,7 +289,8 @@ class LLM:
     the checkpoint's generation_config.json (temperature, top_p, top_k), as the server does; "vllm" uses
     plain `SamplingParams()`.
     Other keyword arguments are `EngineConfig` fields (max_model_len, max_num_seqs,
-    max_num_batched_tokens, kv_cache_memory, block_size, enable_prefix_caching, seed, chat_template); `progress=False`
+    max_num_batched_tokens, kv_cache_memory (or vLLM's kv_cache_memory_bytes), block_size, enable_prefix_caching, seed,
+    chat_template); `progress=False`
     hides the progress bars of loading, and those of `generate` and `chat` unless their `use_tqdm` asks for one.
     Media arguments are `glimmer serve`'s media flags in snake_case: allowed_local_media_path (a list of
     directories), allow_remote_media, allowed_media_domains (a list of hosts), max_media_bytes (64 MiB; bytes or
@@ -315,6 +316,11 @@ class LLM:
                               f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
         # a path as its text; anything else as given, for the config check to name (str(None) was a path 'None')
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        if "kv_cache_memory_bytes" in engine_options:  # vLLM's name for kv_cache_memory (bytes; a size here too)
+            if "kv_cache_memory" in engine_options:
+                raise ConfigError("kv_cache_memory and kv_cache_memory_bytes (vLLM's name for it) are both given; "
+                                  "pass one of them")
+            engine_options["kv_cache_memory"] = engine_options.pop("kv_cache_memory_bytes")
         # vLLM's engine arguments Glimmer has no field for: dropped where they change nothing, else refused naming
         # what to do instead (`model` rides along for `tokenizer=model`); a misspelled option names the closest
         # LLM's own keyword parameters are listed and matched too (`dtyp` is "did you mean 'dtype'"), though they

@@ -167,6 +167,7 @@ VLLM_ONLY_ARGUMENTS: dict[str, VllmArgument] = {
 (`include_stop_str_in_output`, `skip_special_tokens`, `prompt_logprobs`, `logit_bias`, ...) are its fields."""
 
 
+_ONE_GRAMMAR_ENGINE = "Glimmer compiles every constraint with llguidance (vLLM's 'guidance' backend) and has no other"
 _JSON_LAYOUT = ("not supported: Glimmer lays JSON out as json.dumps writes it (', ' and ': ', no other whitespace) "
                 "whatever the schema; leave it out")
 VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
@@ -178,8 +179,7 @@ VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS: dict[str, VllmArgument] = {
         "not supported; for tool calls declare the tools (LLM.chat(..., tools=..., tool_choice='required')), whose "
         "calls are then valid by construction; for other text give json, regex, choice or grammar")),
     # vLLM's GuidedDecodingParams', which structured_outputs replaces (see guided_decoding above)
-    "backend": VllmArgument(_only(None), ("Glimmer compiles every constraint with llguidance (vLLM's 'guidance' "
-                                         "backend) and has no other; leave it out")),
+    "backend": VllmArgument(_only(None), f"{_ONE_GRAMMAR_ENGINE}; leave it out"),
     "disable_fallback": VllmArgument(_only(True, False), (
         "True or False alone, and either changes nothing (Glimmer has one grammar engine and never falls back to "
         "another: a schema it cannot compile is refused); leave it out")),
@@ -325,6 +325,9 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "swap_space": VllmArgument(lambda value, given: isinstance(value, int | float) and not isinstance(value, bool), (
         "a number of GiB (Glimmer recomputes preempted requests instead of swapping them, so any number changes "
         "nothing); leave it out")),
+    "num_gpu_blocks_override": VllmArgument(_only(None), (
+        "Glimmer sizes the KV cache in bytes, not blocks: give kv_cache_memory (--kv-cache-memory SIZE), N blocks "
+        "being N x block_size tokens of keys and values; leave it out")),
     "cpu_offload_gb": VllmArgument(_only(0, 0.0), "weights are not offloaded to the CPU; leave it out"),
     "max_seq_len_to_capture": VllmArgument(lambda value, given: value is None or type(value) is int, (
         "CUDA graphs cover every context length (max_model_len); leave it out")),
@@ -362,14 +365,58 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
         "Muse Glimmer is dense, with no experts; leave it out")),
     "compilation_config": VllmArgument(lambda value, given: value is None or value == {}, (
-        "Glimmer compiles with its own settings; enforce_eager=True runs without CUDA graphs")),
+        "Glimmer compiles with its own settings; enforce_eager=True (--enforce-eager) runs without CUDA graphs")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
                                                   "any value changes nothing"),
     "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
         "not supported: image sizes are the checkpoint's processor settings; leave it out")),
     "override_generation_config": VllmArgument(lambda value, given: value is None or value == {}, (
-        "give the values in SamplingParams (or generation_config='vllm' to ignore the checkpoint's "
-        "generation_config.json)")),
+        "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm', "
+        "--generation-config vllm, to ignore the checkpoint's generation_config.json)")),
+    "optimization_level": VllmArgument(lambda value, given: type(value) is int and 1 <= value <= 3, (
+        "1, 2 or 3 alone, and each changes nothing (Glimmer runs its own kernels and, on CUDA, replays captured "
+        "decode graphs at any level); for vLLM's level 0 (-O0, no CUDA graphs) pass enforce_eager=True "
+        "(--enforce-eager)")),
+    "cuda_graph_sizes": VllmArgument(lambda value, given: value is None or (isinstance(value, list | tuple) and all(
+        type(size) is int and size >= 1 for size in value)), (
+        "batch sizes (positive integers), which change no output: Glimmer captures decode graphs for its own batch "
+        "sizes up to max_num_seqs; leave it out")),
+    "max_cudagraph_capture_size": VllmArgument(lambda value, given: value is None or (
+        type(value) is int and value >= 1), (
+        "a batch size (a positive integer), which changes no output: Glimmer captures decode graphs for its own "
+        "batch sizes up to max_num_seqs; leave it out")),
+    "max_num_partial_prefills": VllmArgument(_only(1), (
+        "not supported: a step's max_num_batched_tokens go to the running sequences first, then to as many waiting "
+        "prompts (whole, or a chunk) as fit; leave it out or 1")),
+    "max_long_partial_prefills": VllmArgument(_only(1), (
+        "an option of max_num_partial_prefills, which Glimmer does not take; leave it out or 1")),
+    "long_prefill_token_threshold": VllmArgument(_only(0), (
+        "an option of max_num_partial_prefills, which Glimmer does not take; leave it out or 0")),
+    "attention_backend": VllmArgument(lambda value, given: value is None or isinstance(value, str), (
+        "a backend's name, which changes nothing: Glimmer runs its own attention kernels (their plain torch "
+        "reference on the CPU); leave it out")),
+    "disable_sliding_window": VllmArgument(_only(False), (
+        "not supported: Muse Glimmer's sliding-window layers are part of the model, and running them over the "
+        "whole context would change its outputs; leave it out")),
+    "disable_cascade_attn": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing (Glimmer has no cascade attention); leave it out")),
+    "enable_prompt_embeds": VllmArgument(_only(False), (
+        "not supported: prompts are text, token ids, or chat messages with images and videos; leave it out")),
+    "logits_processors": VllmArgument(_only(None, []), (
+        "not supported (Python code on every step's logits); a request's logit_bias biases tokens, structured "
+        "outputs constrain the text")),
+    "use_tqdm_on_load": VllmArgument(_only(True, False), (
+        "True or False alone, and either changes nothing but whether a loading bar shows (Glimmer's shows unless "
+        "LLM(progress=False)); leave it out")),
+    "prefix_caching_hash_algo": VllmArgument(lambda value, given: value in ("builtin", "sha256", "sha256_cbor"), (
+        "'builtin', 'sha256' or 'sha256_cbor', which change no output: Glimmer keys its prefix cache by SHA-256 of "
+        "each block's parent key, token ids and media whatever the name (engine/cache_keys.py); leave it out")),
+    "calculate_kv_scales": VllmArgument(_only(False), (
+        "an option of an fp8 KV cache, which Glimmer has not (the KV cache holds the model's dtype); leave it out")),
+    "enable_eplb": VllmArgument(_only(False), (
+        "Muse Glimmer is dense, with no experts to balance, and runs on one device; leave it out")),
+    "kv_transfer_config": VllmArgument(lambda value, given: value is None or value == {}, (
+        "not supported (the KV cache stays in this process: no disaggregated prefill); leave it out")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "
@@ -385,6 +432,15 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
 }
 """Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares
 (`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""
+
+
+def _structured_outputs_config_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """vLLM's --structured-outputs-config with its backend 'auto' or 'guidance' (Glimmer's llguidance) and its
+    other fields at their defaults, or disable_fallback either way (there is no other engine to fall back to)."""
+    defaults = {"backend": ("auto", "guidance"), "disable_fallback": (True, False),
+                "disable_any_whitespace": (False,), "disable_additional_properties": (False,)}
+    return isinstance(value, dict) and all(key in defaults and any(
+        type(field) is type(allowed) and field == allowed for allowed in defaults[key]) for key, field in value.items())
 
 
 VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
@@ -406,6 +462,40 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "allow_credentials": VllmArgument(_only(False), (
         "CORS never allows credentials (cookies): clients send the API key as `Authorization: Bearer KEY`; "
         "leave it out")),
+    "return_tokens_as_token_ids": VllmArgument(_only(False), (
+        "not supported: logprobs name each token by its text and bytes, as OpenAI's do; leave it out")),
+    "chat_template_content_format": VLLM_ONLY_CHAT_ARGUMENTS["chat_template_content_format"],
+    "guided_decoding_backend": VllmArgument(_only("auto", "guidance"), (
+        f"{_ONE_GRAMMAR_ENGINE}; leave it out, or 'auto' or 'guidance'")),
+    "structured_outputs_config": VllmArgument(_structured_outputs_config_changes_nothing, (
+        f"{_ONE_GRAMMAR_ENGINE} and lays JSON out as json.dumps writes it: give backend 'auto' or 'guidance', "
+        "disable_fallback either way, disable_any_whitespace and disable_additional_properties false, or leave it "
+        "out")),
+    "enable_force_include_usage": VllmArgument(_only(False), (
+        "not supported: a streamed reply ends with its usage where the request asks for it "
+        "(stream_options: {\"include_usage\": true}), and a reply that is not streamed always has it; leave it out")),
+    "disable_frontend_multiprocessing": VllmArgument(_any_value, "the server and the engine run in one process"),
+    "tool_parser_plugin": VllmArgument(_any_value, "tool calls are parsed by the model's own ATEM parser"),
+    "api_server_count": VllmArgument(_only(1), (
+        "one server process serves the engine, in the same process; run more servers behind a load balancer, and "
+        "leave it out or 1")),
+    "headless": VllmArgument(_only(False), (
+        "not supported: the engine runs inside the server's process (no engine-only node); leave it out")),
+    "enable_log_outputs": VllmArgument(_only(False), (
+        "Glimmer never logs requests' prompts or outputs (/metrics counts requests and tokens); leave it out")),
+    "log_config_file": VllmArgument(_only(None), (
+        "not supported: --log-level sets Glimmer's logging and --uvicorn-log-level uvicorn's; leave it out")),
+    "enable_tokenizer_info_endpoint": VllmArgument(_only(False), (
+        "not supported (no /tokenizer_info route): /tokenize and /detokenize are served, and the checkpoint's "
+        "tokenizer.json is the tokenizer; leave it out")),
+    "default_chat_template_kwargs": VllmArgument(lambda value, given: value == {}, (
+        "not supported as a server default: send chat_template_kwargs in each request (a reasoning effort a request "
+        "leaves out is --default-reasoning-strength); leave it out")),
+    "enable_server_load_tracking": VllmArgument(_only(False), (
+        "not supported (no /load route): /metrics has the running and waiting requests; leave it out")),
+    "enable_ssl_refresh": VllmArgument(_only(False), (
+        "not supported: the certificate is read when the server starts; restart it to serve a new one, and leave it "
+        "out")),
 }
 """Options of `vllm serve` beside its engine arguments that `glimmer serve` has no option for: Glimmer reads tool calls
 and reasoning with the model's own protocol parser (ATEM), always and under any tool_choice; it never logs prompts;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
 from glimmer.errors import ConfigError
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import REASONING_STRENGTHS
@@ -56,6 +57,9 @@ class ServerSettings:
         is refused (400).
     request_id_headers: every response carries the request's `X-Request-Id`, or one made for it (vLLM's
         --enable-request-id-headers).
+    generation_config: "auto", the sampling fields a request leaves out take the checkpoint's generation_config.json
+        values (max_new_tokens as a chat request's max_tokens); "vllm", OpenAI's defaults (vLLM's
+        --generation-config vllm).
     """
 
     served_model_names: tuple[str, ...]
@@ -74,6 +78,7 @@ class ServerSettings:
     allow_control_tokens_in_content: bool = False
     trust_request_chat_template: bool = False
     request_id_headers: bool = False
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):
@@ -94,6 +99,9 @@ class ServerSettings:
             raise ConfigError("metrics_require_api_key needs an api_key (--api-key) to require")
         if self.max_n < 1:
             raise ConfigError(f"max_n={self.max_n} must be at least 1")
+        if self.generation_config not in GENERATION_CONFIG_MODES:
+            raise ConfigError(f"generation_config={self.generation_config!r} is not supported; use "
+                              f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
         strength = self.default_reasoning_strength
         if strength is not None and strength not in REASONING_STRENGTHS:
             raise ConfigError(f"default_reasoning_strength={strength!r} is not one of {', '.join(REASONING_STRENGTHS)}")

@@ -264,6 +264,40 @@ def test_vllm_engine_arguments_at_their_defaults_are_taken_and_others_refused_sa
         LLM(str(tiny_checkpoint), progress=False, model_impl="transformers")
 
 
+def test_vllms_compilation_and_prefill_arguments_are_taken_where_they_change_no_output(tiny_checkpoint):
+    """vLLM's optimization_level, cuda_graph_sizes, max_cudagraph_capture_size and max_num_partial_prefills were
+    refused as misspellings."""
+    llm = LLM(str(tiny_checkpoint), progress=False, optimization_level=3, cuda_graph_sizes=[1, 2, 4],
+              max_cudagraph_capture_size=512, max_num_partial_prefills=1)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    with pytest.raises(UnsupportedArgumentError, match="^optimization_level: .*enforce_eager=True"):
+        LLM(str(tiny_checkpoint), progress=False, optimization_level=0)
+    with pytest.raises(UnsupportedArgumentError, match="^max_num_partial_prefills: .*leave it out or 1"):
+        LLM(str(tiny_checkpoint), progress=False, max_num_partial_prefills=2)
+
+
+def test_vllms_attention_and_loading_arguments_are_taken_where_they_change_no_output(tiny_checkpoint):
+    """vLLM's attention_backend, disable_cascade_attn, use_tqdm_on_load, prefix_caching_hash_algo, ... were refused
+    as misspellings; disable_sliding_window=True, which would change the model, is refused saying so."""
+    llm = LLM(str(tiny_checkpoint), progress=False, attention_backend="FLASH_ATTN", disable_cascade_attn=True,
+              use_tqdm_on_load=False, prefix_caching_hash_algo="sha256", disable_sliding_window=False,
+              enable_prompt_embeds=False, calculate_kv_scales=False, enable_eplb=False, kv_transfer_config=None,
+              max_long_partial_prefills=1, long_prefill_token_threshold=0, logits_processors=None)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    with pytest.raises(UnsupportedArgumentError, match="^disable_sliding_window: .*would change its outputs"):
+        LLM(str(tiny_checkpoint), progress=False, disable_sliding_window=True)
+
+
+def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
+    """vLLM's LLM(kv_cache_memory_bytes=N) was refused as a misspelling ("did you mean 'kv_cache_memory'?")."""
+    llm = LLM(str(tiny_checkpoint), progress=False, kv_cache_memory_bytes=8 << 20)
+    assert llm.engine.config.kv_cache_memory == 8 << 20
+    with pytest.raises(ConfigError, match="kv_cache_memory and kv_cache_memory_bytes .* are both given"):
+        LLM(str(tiny_checkpoint), progress=False, kv_cache_memory="8MiB", kv_cache_memory_bytes=8 << 20)
+    with pytest.raises(UnsupportedArgumentError, match="^num_gpu_blocks_override: .*sizes the KV cache in bytes"):
+        LLM(str(tiny_checkpoint), progress=False, num_gpu_blocks_override=64)
+
+
 def test_vllms_load_format_naming_the_checkpoints_format_reads_it_and_another_is_refused(tiny_checkpoint):
     """vLLM scripts pass load_format="safetensors"; it was refused ("use one of ['auto', 'dummy']")."""
     params = SamplingParams(max_tokens=3, temperature=0)

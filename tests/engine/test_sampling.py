@@ -406,6 +406,12 @@ def test_a_checkpoint_repetition_penalty_is_warned_of_where_requests_take_it(tin
         engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20))
     engine.shutdown()
     assert "repetition_penalty=1.2: requests that leave it out are penalized" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # a server's requests take no checkpoint default under --generation-config vllm
+        engine = AsyncEngine(EngineConfig(model=str(model), progress=False, kv_cache_memory=8 << 20),
+                             generation_config="vllm")
+    engine.shutdown()
+    assert "repetition_penalty" not in caplog.text
 
 
 def test_min_p_filters_before_top_p_as_vllm_does():

@@ -42,6 +42,9 @@ def test_serve_options_parse():
         4096, 8, "bfloat16", "cpu", 2048)
     assert build_parser().parse_args(["serve"]).model is None
     assert build_parser().parse_args(["serve"]).trust_request_chat_template is False
+    assert build_parser().parse_args(["serve"]).generation_config == "auto"
+    for command in (["serve"], ["chat"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]):
+        assert build_parser().parse_args([*command, "--generation-config", "vllm"]).generation_config == "vllm"
 
 
 @pytest.mark.parametrize("command", [["serve"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]])
@@ -84,16 +87,90 @@ def test_serve_runs_a_vllm_command_line_whose_vllm_options_change_nothing(tiny_c
     engine.shutdown()
 
 
+def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint):
+    """`vllm serve MODEL --block-size 32 --kv-cache-memory-bytes N` was refused as unrecognized arguments, though
+    LLM(block_size=...) took the block size."""
+    from glimmer.cli import _engine_from_args
+
+    args = build_parser().parse_args(["serve", str(tiny_checkpoint), "--block-size", "32",
+                                      "--kv-cache-memory-bytes", str(8 << 20)])
+    engine, _, _ = _engine_from_args(args)
+    try:
+        assert (engine.engine.config.block_size, engine.engine.config.kv_cache_memory) == (32, 8 << 20)
+        assert engine.engine.kv.block_size == 32
+    finally:
+        engine.shutdown()
+    assert build_parser().parse_args(["serve"]).block_size is None  # EngineConfig's default, 16
+
+
 @pytest.mark.parametrize(("flags", "words"), [
     (["--tensor-parallel-size", "2"], ("--tensor-parallel-size 2", "one device")),
     (["--no-enable-chunked-prefill"], ("--no-enable-chunked-prefill", "always chunked")),
     (["--quantization", "awq"], ("--quantization awq", "GGUF, MLX")),
     (["--tokenizer", "other/tokenizer"], ("--tokenizer other/tokenizer", "model's directory")),
     (["--download-dir", "/tmp/x"], ("--download-dir /tmp/x", "hf download")),
+    (["--block-size", "24"], ("--block-size 24 is invalid", "power of two")),
+    (["--block-size", "0"], ("--block-size 0 is invalid", "power of two")),
+    (["--num-gpu-blocks-override", "64"], ("--num-gpu-blocks-override 64", "--kv-cache-memory SIZE")),
+    (["--scheduling-policy", "priority"], ("--scheduling-policy priority", "first come, first served")),
+    (["--cpu-offload-gb", "4"], ("--cpu-offload-gb 4.0", "not offloaded")),
+    (["--enable-expert-parallel"], ("--enable-expert-parallel", "no experts")),
+    (["--hf-overrides", '{"rope_theta": 1}'], ('--hf-overrides {"rope_theta": 1}', "config.json is read as it is")),
+    (["--revision", "v2"], ("--revision v2", "hf download MODEL --revision R")),
+    (["--compilation-config", '{"level": 3}'], ("--compilation-config", "--enforce-eager")),
+    (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
+    (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
+    (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
+    (["-O0"], ("--optimization-level 0", "-O0", "--enforce-eager")),
+    (["--cuda-graph-sizes", "0", "8"], ("--cuda-graph-sizes 0 8", "positive integers")),
+    (["--max-num-partial-prefills", "4"], ("--max-num-partial-prefills 4", "leave it out or 1")),
+    (["--disable-sliding-window"], ("--disable-sliding-window", "would change its outputs")),
+    (["--enable-prompt-embeds"], ("--enable-prompt-embeds", "not supported")),
+    (["--logits-processors", "my.Processor"], ("--logits-processors my.Processor", "logit_bias")),
+    (["--prefix-caching-hash-algo", "md5"], ("--prefix-caching-hash-algo md5", "SHA-256")),
+    (["--kv-transfer-config", '{"kv_connector": "X"}'], ("--kv-transfer-config", "disaggregated prefill")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
     _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), *flags], *words)
+
+
+def test_every_vllm_engine_argument_llm_takes_is_a_serve_option_by_the_same_rule():
+    """`vllm serve --scheduling-policy fcfs` (and --revision, --hf-overrides, --compilation-config, ...) was refused
+    as unrecognized arguments though LLM(scheduling_policy="fcfs") was taken; serve has its own --served-model-name
+    and --limit-mm-per-prompt."""
+    from glimmer.cli import _VLLM_SERVE_OPTIONS
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    flags = {flag[2:].replace("-", "_") for flag in _VLLM_SERVE_OPTIONS}
+    assert set(VLLM_ONLY_LLM_ARGUMENTS) - {"served_model_name", "limit_mm_per_prompt"} == flags
+
+
+def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    args = build_parser().parse_args([
+        "serve", "--scheduling-policy", "fcfs", "--cpu-offload-gb", "0", "--no-enable-expert-parallel",
+        "--hf-overrides", "{}", "--compilation-config", "{}", "--mm-processor-kwargs", "{}",
+        "--override-generation-config", "{}", "--hf-token", "--logprobs-mode", "raw_logprobs", "--model-impl", "auto",
+        "--runner", "generate", "--config-format", "hf", "--max-parallel-loading-workers", "2",
+        "--disable-custom-all-reduce", "--no-enable-lora", "--no-enable-sleep-mode", "--no-skip-tokenizer-init",
+        "-O3", "--cuda-graph-sizes", "1", "2", "4", "--max-cudagraph-capture-size", "512",
+        "--max-num-partial-prefills", "1", "--max-long-partial-prefills", "1", "--long-prefill-token-threshold", "0",
+        "--attention-backend", "FLASH_ATTN", "--no-disable-sliding-window", "--disable-cascade-attn",
+        "--no-enable-prompt-embeds", "--no-use-tqdm-on-load", "--prefix-caching-hash-algo", "sha256",
+        "--no-calculate-kv-scales", "--no-enable-eplb", "--kv-transfer-config", "{}"])
+    notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+    assert len(notes) == 32 and all(" changes nothing here: " in note for note in notes)
+    assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
+        notes)
+
+
+def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
+    err = _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), "--hf-token",
+                                        "hf_secret123"], "--hf-token TOKEN", "HF_TOKEN")
+    assert "hf_secret123" not in err
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
@@ -140,6 +217,40 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
     assert "(torch.float32)" in output  # --dtype auto: the CPU's default
 
 
+def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert_reqs(tiny_checkpoint, tmp_path):
+    """`vllm serve ... --ssl-ca-certs CA.pem --ssl-cert-reqs 2` (mutual TLS) was refused as unrecognized arguments;
+    now a client without a certificate the CA signed is turned away in the TLS handshake."""
+    (tmp_path / "server").mkdir()
+    (tmp_path / "client").mkdir()
+    key, cert = _self_signed(tmp_path / "server")
+    client_key, client_cert = _self_signed(tmp_path / "client")  # self-signed: its own CA
+    without = ssl.create_default_context(cafile=str(cert))
+    with_certificate = ssl.create_default_context(cafile=str(cert))
+    with_certificate.load_cert_chain(str(client_cert), str(client_key))
+    port = free_port()
+    process = subprocess.Popen([
+        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
+        "32MiB", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-ca-certs", str(client_cert),
+        "--ssl-cert-reqs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_health(process, port, scheme="https", verify=with_certificate)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"https://127.0.0.1:{port}/health", verify=without, timeout=5)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+
+
+def test_client_certificates_asked_for_without_a_ca_or_with_no_ca_file_are_refused(capsys, tmp_path):
+    key, cert = _self_signed(tmp_path)
+    https = ["serve", "/no/such/model", "--port", str(free_port()), "--ssl-keyfile", str(key), "--ssl-certfile",
+             str(cert)]
+    _fails_with_one_line(capsys, [*https, "--ssl-cert-reqs", "1"], "--ssl-cert-reqs 1", "add --ssl-ca-certs CA.pem")
+    _fails_with_one_line(capsys, [*https, "--ssl-ca-certs", str(tmp_path / "none.pem")], "--ssl-ca-certs",
+                         "give a PEM file of CA certificates")
+
+
 def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead():
     """The README and --help say each is noted at startup: --response-role assistant and the CORS options given `*`
     (taken at those values alone) changed nothing without a word."""
@@ -153,6 +264,25 @@ def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead
         "vLLM's --tool-call-parser hermes", "vLLM's --response-role assistant", "vLLM's --allowed-methods *",
         "vLLM's --allowed-headers *"]
     assert "replies always come from the assistant role" in notes[1]
+
+
+def test_vllms_structured_output_and_content_format_serving_options_are_noted_where_they_change_nothing():
+    """`vllm serve --guided-decoding-backend guidance --chat-template-content-format auto ...` was refused as
+    unrecognized arguments."""
+    from glimmer.cli import _VLLM_SERVING_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    args = build_parser().parse_args([
+        "serve", "--guided-decoding-backend", "auto", "--structured-outputs-config",
+        '{"backend": "guidance", "disable_fallback": true}', "--chat-template-content-format", "auto",
+        "--disable-frontend-multiprocessing", "--tool-parser-plugin", "parsers.py", "--api-server-count", "1",
+        "--default-chat-template-kwargs", "{}"])
+    notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
+    assert [note.split(" changes nothing here: ")[0] for note in notes] == [
+        "vLLM's --chat-template-content-format auto", "vLLM's --guided-decoding-backend auto",
+        "vLLM's --structured-outputs-config {\"backend\": \"guidance\", \"disable_fallback\": true}",
+        "vLLM's --disable-frontend-multiprocessing", "vLLM's --tool-parser-plugin parsers.py",
+        "vLLM's --api-server-count 1", "vLLM's --default-chat-template-kwargs {}"]
 
 
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
@@ -190,6 +320,25 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--allowed-methods", "GET", "POST"], ("--allowed-methods GET POST", "GET, POST, DELETE")),
     (["--allowed-headers", "Authorization"], ("--allowed-headers Authorization", "every request header")),
     (["--allow-credentials"], ("--allow-credentials", "never allows credentials")),
+    (["--return-tokens-as-token-ids"], ("--return-tokens-as-token-ids", "not supported")),
+    (["--chat-template-content-format", "string"], ("--chat-template-content-format string", "as it is given")),
+    (["--guided-decoding-backend", "xgrammar"], ("--guided-decoding-backend xgrammar", "llguidance")),
+    (["--structured-outputs-config", '{"backend": "outlines"}'], ("--structured-outputs-config", "llguidance")),
+    (["--structured-outputs-config", '{"disable_any_whitespace": true}'], ("--structured-outputs-config",
+                                                                          "json.dumps")),
+    (["--enable-force-include-usage"], ("--enable-force-include-usage", "include_usage")),
+    (["--api-server-count", "4"], ("--api-server-count 4", "load balancer")),
+    (["--headless"], ("--headless", "inside the server's process")),
+    (["--enable-log-outputs"], ("--enable-log-outputs", "never logs")),
+    (["--log-config-file", "log.json"], ("--log-config-file log.json", "--log-level")),
+    (["--enable-tokenizer-info-endpoint"], ("--enable-tokenizer-info-endpoint", "/tokenize")),
+    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], ("--default-chat-template-kwargs",
+                                                                       "chat_template_kwargs in each request")),
+    (["--enable-server-load-tracking"], ("--enable-server-load-tracking", "/metrics")),
+    (["--enable-ssl-refresh"], ("--enable-ssl-refresh", "restart")),
+    (["--ssl-ca-certs", "ca.pem"], ("--ssl-ca-certs", "over HTTPS only")),
+    (["--ssl-cert-reqs", "2"], ("--ssl-cert-reqs 2", "over HTTPS only")),
+    (["--ssl-cert-reqs", "3"], ("--ssl-cert-reqs 3 is invalid", "ssl.CERT_*")),
 ])
 def test_a_serving_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     _fails_with_one_line(capsys, ["serve", "/no/such/model", *flags], *words)
@@ -616,6 +765,9 @@ def _fails_with_one_line(capsys, argv, *words):
     (["serve", "--tools", "t.json"], ("unrecognized arguments: --tools", "see glimmer serve --help")),
     (["serve", "--limit-mm-per-prompt", '{"audio": 1}'], ("--limit-mm-per-prompt", "images and videos only")),
     (["serve", "--limit-mm-per-prompt", "{not json"], ("--limit-mm-per-prompt", "not a JSON object")),
+    (["serve", "--hf-overrides", "[1]"], ("--hf-overrides", "is not a JSON object")),
+    (["serve", "--generation-config", "/models/gen"], ("--generation-config: '/models/gen'", "auto or vllm")),
+    (["serve", "--compilation-config", "{not json"], ("--compilation-config", "is not a JSON object")),
     (["serve", "--dtype", "fp8"], ("--dtype", "auto, half, float")),
     (["serve", "--max-model-len", "auto"], ("--max-model-len: 'auto'", "not supported",
                                             "leave the option out for the model's own context")),

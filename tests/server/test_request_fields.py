@@ -438,25 +438,38 @@ def test_the_two_reasoning_efforts_agree_whatever_their_case(server):
     assert response.status_code == 200, response.text
 
 
+def _with_sampling_defaults(checkpoint, tmp_path):
+    """A copy of `checkpoint` whose generation_config.json sets temperature 0, min_p 0.1, repetition_penalty 1.2 and
+    max_new_tokens 60."""
+    model = tmp_path / "model"
+    shutil.copytree(checkpoint, model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation |= {"temperature": 0.0, "min_p": 0.1, "repetition_penalty": 1.2, "max_new_tokens": 60}
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    return model
+
+
+def _recording_params(live) -> list[SamplingParams]:
+    """The SamplingParams of each request `live`'s engine is given from now on, in order."""
+    seen = []
+    generate = live.engine.generate
+
+    def recording(request_id, ids, params, **options):
+        seen.append(params)
+        return generate(request_id, ids, params, **options)
+
+    live.engine.generate = recording
+    return seen
+
+
 def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stops_at_the_context_end(
         make_tiny, tmp_path):
     """A chat request that leaves them out takes generation_config.json's min_p, repetition_penalty and
     max_new_tokens (as max_tokens), as vLLM's "auto" does; the default is clamped where the context ends
     (the request asked for nothing past it), while an explicit max_tokens past it stays a 400."""
-    model = tmp_path / "model"
-    shutil.copytree(make_tiny(), model)
-    generation = json.loads((model / "generation_config.json").read_text())
-    generation |= {"temperature": 0.0, "min_p": 0.1, "repetition_penalty": 1.2, "max_new_tokens": 60}
-    (model / "generation_config.json").write_text(json.dumps(generation))
+    model = _with_sampling_defaults(make_tiny(), tmp_path)
     with live_server(model, engine_options={"max_model_len": 230}) as live:
-        seen = []
-        generate = live.engine.generate
-
-        def recording(request_id, ids, params, **options):
-            seen.append(params)
-            return generate(request_id, ids, params, **options)
-
-        live.engine.generate = recording
+        seen = _recording_params(live)
 
         def chat(text, **fields):
             body = {"model": "tiny", "messages": [{"role": "user", "content": text}], "ignore_eos": True,
@@ -483,6 +496,22 @@ def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stop
         beyond = chat("hi", min_tokens=1000)
         assert beyond.status_code == 400 and beyond.json()["error"]["param"] == "min_tokens", beyond.text
         assert "max_model_len=230" in beyond.json()["error"]["message"]  # not a max_tokens the request never sent
+
+
+def test_a_server_of_generation_config_vllm_takes_no_default_from_the_checkpoint(make_tiny, tmp_path):
+    """vLLM's `--generation-config vllm`: fields a request leaves out take OpenAI's defaults, and a chat request
+    without max_tokens runs to the end of the context, whatever generation_config.json says (the flag was an
+    unrecognized argument)."""
+    model = _with_sampling_defaults(make_tiny(), tmp_path)
+    with live_server(model, engine_options={"max_model_len": 230}, generation_config="vllm") as live:
+        seen = _recording_params(live)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True,
+                "chat_template_kwargs": PINNED_DATE}
+        reply = httpx.post(live.base_url + "/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text
+        usage = reply.json()["usage"]
+        assert usage["completion_tokens"] == 230 - usage["prompt_tokens"] > 60
+        assert (seen[0].temperature, seen[0].min_p, seen[0].repetition_penalty) == (1.0, 0.0, 1.0)
 
 
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
