@@ -4,7 +4,8 @@ An agent sends its whole conversation with every turn: the tools' declarations a
 the same text as the turn before, and only the tail is new. Special tokens split a text before anything else runs
 (added tokens are matched first; the normalizer, pre-tokenizer and model then see each piece between them on its
 own), so a prompt's ids are its pieces' ids joined around the special tokens' ids, and a piece seen before needs no
-tokenizing. `PieceIds` keeps them, least recently used first out, within a budget of characters.
+tokenizing. `PieceIds` keeps them, least recently used first out, within a budget of bytes: each entry's text, ids
+and place in the cache, so that many short pieces (a conversation of one-word messages) cost what they hold.
 
 This holds for a tokenizer whose pipeline sees each piece alone (`pieces_encode_alone`); a Metaspace pre-tokenizer
 that prefixes only the text's first piece, a special token matched after normalization or only as a whole word, or a
@@ -15,6 +16,7 @@ whole.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from array import array
 from collections import OrderedDict
@@ -23,7 +25,8 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-PIECE_CACHE_CHARS = 1 << 22  # 4 Mi characters of pieces (their ids as 4-byte integers: about 8 MiB in all)
+PIECE_CACHE_BYTES = 16 << 20  # 16 MiB of kept pieces, their ids and the cache's own entries
+ENTRY_BYTES = 200  # an OrderedDict's memory for a key (its node, slot, spare room): 196 bytes under churn, CPython 3.11
 
 
 def pieces_encode_alone(backend: HFTokenizer) -> bool:
@@ -47,14 +50,14 @@ def _prefixes_first_piece_only(pre_tokenizer: Any) -> bool:
 
 
 class PieceIds:
-    """Token ids of text pieces, tokenized by `backend` (no special tokens added) and kept within `max_chars`
-    characters of pieces. Thread-safe: prompts are tokenized on several worker threads."""
+    """Token ids of text pieces, tokenized by `backend` (no special tokens added) and kept within `max_bytes` of
+    memory (`entry_bytes`). Thread-safe: prompts are tokenized on several worker threads."""
 
-    def __init__(self, backend: HFTokenizer, max_chars: int = PIECE_CACHE_CHARS):
+    def __init__(self, backend: HFTokenizer, max_bytes: int = PIECE_CACHE_BYTES):
         self._backend = backend
-        self._max_chars = max_chars
+        self._max_bytes = max_bytes
         self._kept: OrderedDict[str, array] = OrderedDict()
-        self._chars = 0
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[type[PieceIds], tuple[HFTokenizer, int]]:
@@ -82,10 +85,16 @@ class PieceIds:
     def _keep(self, new: dict[str, list[int]]) -> None:
         with self._lock:
             for piece, ids in new.items():
-                if len(piece) > self._max_chars or piece in self._kept:
+                kept = array("i", ids)
+                if entry_bytes(piece, kept) > self._max_bytes or piece in self._kept:
                     continue
-                self._kept[piece] = array("i", ids)
-                self._chars += len(piece)
-            while self._chars > self._max_chars:
-                piece, _ = self._kept.popitem(last=False)
-                self._chars -= len(piece)
+                self._kept[piece] = kept
+                self._bytes += entry_bytes(piece, kept)
+            while self._bytes > self._max_bytes:
+                self._bytes -= entry_bytes(*self._kept.popitem(last=False))
+
+
+def entry_bytes(piece: str, ids: array) -> int:
+    """The memory a kept piece takes: its text (1, 2 or 4 bytes a character), its ids and its cache entry. A budget of
+    characters alone let a million pieces of four characters (350 bytes each in all) keep 190 MiB."""
+    return sys.getsizeof(piece) + sys.getsizeof(ids) + ENTRY_BYTES

@@ -2,6 +2,8 @@
 
 import json
 import pickle
+import tracemalloc
+from array import array
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 
 from glimmer.checkpoint.tiny_tokenizer import BOS_TOKEN, EOM_TOKEN, EOT_TOKEN, SPECIAL_TOKENS, write_tiny_tokenizer
-from glimmer.engine.token_pieces import PieceIds, pieces_encode_alone
+from glimmer.engine.token_pieces import PieceIds, entry_bytes, pieces_encode_alone
 from glimmer.engine.tokenizer import Tokenizer
 
 
@@ -81,12 +83,13 @@ def test_ids_from_kept_pieces_are_the_whole_texts_ids(recorded, texts):
         assert tokenizer.encode(text) == backend.backend.encode(text, add_special_tokens=False).ids
 
 
-def test_kept_pieces_stay_within_their_characters(tiny_dir):
+def test_kept_pieces_stay_within_their_bytes(tiny_dir):
     backend = RecordingBackend(Tokenizer.from_dir(tiny_dir)._backend)
-    pieces = PieceIds(backend, max_chars=10)
-    assert pieces.ids(["abcdef", "ghij"]) == [backend.backend.encode(p, add_special_tokens=False).ids
-                                              for p in ("abcdef", "ghij")]
-    pieces.ids(["klmno"])  # 15 characters: the least recently used piece goes
+    ids = {p: backend.backend.encode(p, add_special_tokens=False).ids for p in ("abcdef", "ghij", "klmno")}
+    cost = {p: entry_bytes(p, array("i", ids[p])) for p in ids}
+    pieces = PieceIds(backend, max_bytes=sum(cost.values()) - 1)
+    assert pieces.ids(["abcdef", "ghij"]) == [ids["abcdef"], ids["ghij"]]
+    pieces.ids(["klmno"])  # over the budget: the least recently used piece goes
     backend.texts.clear()
     pieces.ids(["ghij", "klmno", "abcdef"])
     assert backend.texts == ["abcdef"]
@@ -102,6 +105,21 @@ def test_a_tokenizer_that_kept_pieces_pickles_without_them_and_its_copy_tokenize
     copy = pickle.loads(pickle.dumps(tokenizer))
     assert copy._piece_ids is not None and copy._piece_ids._kept == {}
     assert copy.encode(text) == ids and copy._piece_ids._kept
+def test_many_short_pieces_keep_no_more_memory_than_the_budget(tiny_dir):
+    """A budget of characters let 64 Ki pieces of four characters keep 15 MiB where 256 KiB was meant."""
+    backend = Tokenizer.from_dir(tiny_dir)._backend
+    budget = 256 << 10
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        pieces = PieceIds(backend, budget)
+        for start in range(0, 80_000, 4_000):
+            pieces.ids([f"{n:04x}" for n in range(start, start + 4_000)])
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < budget * 1.25
+    assert pieces.ids(["0000", "ffff"]) == [backend.encode(p, add_special_tokens=False).ids for p in ("0000", "ffff")]
 
 
 def test_a_tokenizer_whose_pieces_depend_on_their_place_tokenizes_each_text_whole(tiny_dir):

@@ -9,6 +9,7 @@ import datetime
 import json
 
 import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from glimmer.protocol import DEFAULT_SPECIAL_TOKENS, ChatTemplateError, builtin_template_source, render_chat
 
@@ -304,6 +305,37 @@ def test_tool_message_without_name_takes_the_last_earlier_call_with_its_id():
     ]
     rendered = after_system(render(messages))
     assert '<|start|>tool second.fn<|message|><tool_output name="second.fn">\n42\n' in rendered
+
+
+def test_tool_messages_without_name_take_their_calls_ids_of_any_spelling():
+    ids = ["_private", "__class__", "a b", "", "1"]
+    messages = [{"role": "assistant", "tool_calls": [call(call_id, f"fn{n}") for n, call_id in enumerate(ids)]},
+                *(tool_result(tool_call_id=call_id) for call_id in ids), tool_result(tool_call_id=1)]
+    rendered = after_system(render(messages))
+    assert [f'<|start|>tool fn{n}<|message|>' in rendered for n in range(len(ids))] == [True] * len(ids)
+    assert rendered.endswith('<|start|>tool 1<|message|><tool_output name="1">\n42\n</tool_output><|eot|>')
+
+
+def test_tool_messages_without_name_render_in_work_linear_in_the_conversation(monkeypatch):
+    """An agent's tool results name their call by `tool_call_id` alone, as OpenAI clients send them; looking each
+    one up in every earlier message made rendering quadratic (662 ms for 200 calls, 18 ms with names)."""
+    lookups = []
+    for method in ("getattr", "getitem", "call"):
+        original = getattr(ImmutableSandboxedEnvironment, method)
+        monkeypatch.setattr(ImmutableSandboxedEnvironment, method,
+                            lambda *args, _original=original, **kwargs: lookups.append(1) or _original(*args, **kwargs))
+
+    def work(calls: int) -> int:
+        messages = [{"role": "user", "content": "go"}]
+        for n in range(calls):
+            messages += [{"role": "assistant", "tool_calls": [call(f"c{n}", "read")]},
+                         tool_result(tool_call_id=f"c{n}")]
+        lookups.clear()
+        rendered = render_chat(messages, template=TEMPLATE, current_date=DATE)
+        assert rendered.count("<|start|>tool read<|message|>") == calls
+        return len(lookups)
+
+    assert work(160) < 2.2 * work(80)
 
 
 def test_tool_message_falls_back_to_the_raw_call_id_then_to_empty():
