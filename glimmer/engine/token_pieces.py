@@ -63,7 +63,7 @@ class PieceIds:
     def __reduce__(self) -> tuple[type[PieceIds], tuple[HFTokenizer, int]]:
         """Pickled (with its Tokenizer, sent to another process) as an empty cache of the same backend and size: its
         lock cannot be pickled, and the kept ids, up to megabytes, are rebuilt where they are used."""
-        return PieceIds, (self._backend, self._max_chars)
+        return PieceIds, (self._backend, self._max_bytes)
 
     def ids(self, pieces: Sequence[str]) -> list[list[int]]:
         """Each piece's ids: kept ones from the cache, the others tokenized together (and kept)."""

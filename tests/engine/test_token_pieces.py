@@ -105,6 +105,8 @@ def test_a_tokenizer_that_kept_pieces_pickles_without_them_and_its_copy_tokenize
     copy = pickle.loads(pickle.dumps(tokenizer))
     assert copy._piece_ids is not None and copy._piece_ids._kept == {}
     assert copy.encode(text) == ids and copy._piece_ids._kept
+
+
 def test_many_short_pieces_keep_no_more_memory_than_the_budget(tiny_dir):
     """A budget of characters let 64 Ki pieces of four characters keep 15 MiB where 256 KiB was meant."""
     backend = Tokenizer.from_dir(tiny_dir)._backend
