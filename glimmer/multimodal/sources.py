@@ -140,7 +140,9 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
     """
     if not isinstance(reference, str):
         return reference
-    scheme = urlparse(reference).scheme.lower()
+    scheme = url_scheme(reference)
+    if scheme is None:
+        raise _error(kind, index, "not a URL urllib can read (an unclosed '[' of an IPv6 address?)")
     if scheme == "data":
         return _decode_data_url(reference, kind, index, policy)
     if scheme in ("http", "https"):
@@ -150,6 +152,15 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
     if scheme and len(scheme) > 1:
         raise _error(kind, index, f"unsupported URL scheme {scheme!r}; use data:, a local path or http(s)")
     return _read_local(reference, kind, index, policy)
+
+
+def url_scheme(reference: str) -> str | None:
+    """The scheme of a media reference, lower-cased ("" for a path); None for a string urllib cannot split (an
+    unclosed IPv6 bracket, `http://[::1/x`), which it answers with ValueError."""
+    try:
+        return urlparse(reference).scheme.lower()
+    except ValueError:
+        return None
 
 
 # OpenAI's image_url.detail (`original`: the image at its own size); accepted and not acted on, as vLLM does

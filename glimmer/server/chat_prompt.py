@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from anyio import CapacityLimiter
 
@@ -41,7 +40,13 @@ from glimmer.engine.prompt_parts import prompt_text_parts, removable_parts
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import PromptPart, PromptTextTooLongError, RequestError
-from glimmer.multimodal.sources import load_media_reference, media_from_part, media_parts, naming_media_parts
+from glimmer.multimodal.sources import (
+    load_media_reference,
+    media_from_part,
+    media_parts,
+    naming_media_parts,
+    url_scheme,
+)
 from glimmer.protocol import (
     ChatTemplate,
     normalize_tools,
@@ -188,7 +193,7 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
             media = media_from_part(part, path)
         except RequestError:
             continue
-        if media is not None and isinstance(media[1], str) and urlsplit(media[1]).scheme.lower() in ("http", "https"):
+        if media is not None and isinstance(media[1], str) and url_scheme(media[1]) in ("http", "https"):
             return context.remote_media_threads
     return None
 

@@ -34,6 +34,12 @@ def test_data_url_is_decoded():
     assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
 
 
+@pytest.mark.parametrize("url", ["http://[::1/x.png", "https://[x", "file://[::1/etc/passwd"])
+def test_a_url_urllib_cannot_split_is_refused_naming_the_item(url):
+    with pytest.raises(MediaError, match="image 0.*not a URL"):
+        load_media_reference(url, "image", 0, MediaFetchPolicy.create(allow_remote=True))
+
+
 def test_data_url_base64_marker_is_case_insensitive():
     url = "DATA:image/PNG;BASE64," + base64.b64encode(_png()).decode()
     assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()

@@ -227,12 +227,22 @@ def test_remote_errors_do_not_tell_closed_ports_from_open_ones(checkpoint):
             messages = set()
             for url in (f"http://127.0.0.1:{closed}/x.png", f"http://127.0.0.1:{port}/missing.png",
                         f"http://127.0.0.1:{port}/redirect?to=/redirect?to=/redirect?to=/redirect?to=/x",
+                        f"http://127.0.0.1:{port}/redirect?to=http://[x/y.png",  # a Location urllib cannot split
                         f"{live.url}/v1/models"):
                 response = post(live, image_request(url))
                 assert response.status_code == 400
                 # the message names the URL as the log does, its query cut (a presigned URL's signature)
                 messages.add(response.json()["error"]["message"].replace(loggable_url(url), "URL"))
             assert len(messages) == 1, messages
+
+
+def test_a_url_urllib_cannot_split_is_a_400_naming_its_part(server):
+    """An unclosed IPv6 bracket made urllib raise ValueError on the event loop, while the server chose the threads to
+    build the prompt on: a 500 with a traceback in the log."""
+    response = post(server, image_request("http://[::1/x.png"))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith("messages[0].content[0] (image 0): ")
+    assert_healthy(server)
 
 
 def test_a_download_stops_when_its_client_leaves(checkpoint):
