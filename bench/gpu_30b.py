@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from glimmer import LLM, SamplingParams  # noqa: E402
 from glimmer.engine.lookahead import LaunchedStep  # noqa: E402
+from glimmer.model.kernels.support import side_stream  # noqa: E402
 from glimmer.tiny import write_tiny_checkpoint  # noqa: E402
 
 VOCAB_TEXT = 200_000  # random prompt ids stay among the base tokens
@@ -103,13 +104,13 @@ def weight_matmul_step(weights: list[torch.Tensor], batch: int) -> float:
     """Seconds for one step's weight matmuls alone at `batch` rows, replayed from one CUDA graph."""
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device="cuda", dtype=w.dtype) for w in weights}
     graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
+    stream = side_stream(torch.device("cuda"))  # the engine's: a stream of its own would keep a cuBLAS workspace more
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for w in weights:
             F.linear(inputs[w.shape[1]], w)
     torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for w in weights:
             F.linear(inputs[w.shape[1]], w)
     seconds = cuda_time(graph.replay, repeats=5)
@@ -320,7 +321,7 @@ def kv_read_s(llm: LLM, floors: dict[str, float], batch: int, context_tokens: fl
     their keys and values once at the copy rate (a sliding layer reads its window at most): what the step's
     attention adds to its weight matmuls however well it runs."""
     text = llm.engine.model_config.text
-    per_layer = 2 * text.num_key_value_heads * text.head_dim * 2  # bf16 keys and values of one position
+    per_layer = 2 * text.num_key_value_heads * text.head_dim * llm.engine.dtype.itemsize  # a position's K and V
     each = context_tokens / batch
     positions = sum(min(each, text.sliding_window) if kind == "sliding_attention" else each
                     for kind in text.layer_types)

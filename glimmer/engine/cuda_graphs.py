@@ -62,7 +62,7 @@ def record(forward: Callable[[], object], device: torch.device, pool: tuple | No
     allocator reuses a freed block only on the stream that freed it, so with a stream per capture no warm-up reused
     the memory of the one before; and a capture on PyTorch's own capture stream allocated that stream's cuBLAS
     workspace in the graph's pool."""
-    stream = side_stream(device.index or 0)
+    stream = side_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         forward()  # warm-up: kernel compilation and lazy initializations must not happen inside the capture

@@ -24,7 +24,7 @@ from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_
 from glimmer.engine.model_runner import PROMPT_LOGITS_ROWS
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import build_step_inputs
-from glimmer.model.kernels.tuned_gemm import keep_workspaces
+from glimmer.model.kernels.tuned_gemm import allocate_kept_workspaces
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
 SAMPLER_ROW_COPIES = 6
@@ -94,7 +94,7 @@ def measure_working_memory(
 ) -> WorkingMemory:
     """Run the largest steps over padding rows on a stand-in cache, and the vision encoder on each of
     `vision_grids` (patch grids t, h, w), and measure their peaks (see the module)."""
-    keep_workspaces(device.index or 0)  # what products keep for good is then missing from the free memory measured
+    allocate_kept_workspaces(device)  # what products keep for good is then missing from the free memory measured
     text = model.config.text
     geometry = page_geometry(text)
     kv = KVCacheManager(KVCacheLayout(block_size, geometry.chunk_pages, geometry.pages_per_block, text.sliding_window),

@@ -102,11 +102,21 @@ def multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream per GPU that warm-ups, graph captures and timings run on (`device` without an index: the
+    current GPU, as `torch.cuda.Stream(device)` takes it). One, not one per call: cuBLAS keeps a workspace (32 MiB on
+    Hopper) for every stream it ever ran on until the process ends, so a stream per timed product left 1.05 GiB
+    allocated after the 30B's first start measured its 33 product shapes."""
+    return _side_stream(cuda_index(device))
+
+
+def cuda_index(device: torch.device) -> int:
+    """The index of the GPU `device` names: the current one where it names none (`"cuda"`)."""
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 @functools.cache
-def side_stream(device_index: int) -> torch.cuda.Stream:
-    """The one side stream per GPU that warm-ups, graph captures and timings run on. One, not one per call: cuBLAS
-    keeps a workspace (32 MiB on Hopper) for every stream it ever ran on until the process ends, so a stream per
-    timed product left 1.05 GiB allocated after the 30B's first start measured its 33 product shapes."""
+def _side_stream(device_index: int) -> torch.cuda.Stream:
     return torch.cuda.Stream(device_index)
 
 

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from glimmer.model.kernels.support import gemm_tuning_allowed, side_stream
+from glimmer.model.kernels.support import cuda_index, gemm_tuning_allowed, side_stream
 
 logger = logging.getLogger(__name__)
 
@@ -128,14 +128,14 @@ def _workspace(device_index: int) -> torch.Tensor:
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=torch.device("cuda", device_index))
 
 
-def keep_workspaces(device_index: int) -> None:
+def allocate_kept_workspaces(device: torch.device) -> None:
     """Allocate now what running products keeps allocated for good: cuBLAS's workspace for the side stream that
     warm-ups, captures and timings run on (cuBLAS keeps one per stream), and the chosen products' workspace. The
     engine calls it before it measures the free memory that sizes the KV cache, which then already lacks them."""
+    device = torch.device("cuda", cuda_index(device))
+    stream = side_stream(device)
     if gemm_tuning_allowed() and library() is not None:
-        _workspace(device_index)
-    device = torch.device("cuda", device_index)
-    stream = side_stream(device_index)
+        _workspace(device.index)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         x = torch.ones((2, 8), device=device, dtype=torch.bfloat16)
@@ -392,7 +392,7 @@ def close_to_reference(out: torch.Tensor, exact: torch.Tensor, cublas_error: flo
 
 def _graph_time_us(launches: Callable[[], object], device: torch.device, replays: int = 5) -> float:
     """Median GPU time of `launches` replayed from a CUDA graph (so the host's launch cost is not timed)."""
-    stream = side_stream(device.index or 0)
+    stream = side_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         launches()
