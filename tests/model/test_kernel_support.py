@@ -23,3 +23,19 @@ def test_cuda_with_triton_is_no_warning(monkeypatch):
     monkeypatch.delenv("GLIMMER_KERNELS", raising=False)
     monkeypatch.setattr(support, "triton_importable", lambda: True)
     assert support.triton_missing_warning(torch.device("cuda")) is None
+
+
+def test_the_side_stream_is_one_per_gpu_and_the_current_gpus_for_a_device_without_an_index(monkeypatch):
+    """Simulated on the CPU (the streams are stand-ins): `"cuda"` names the current GPU, as torch.cuda.Stream takes
+    it, and every call for one GPU gets the same stream (cuBLAS keeps a workspace per stream it ran on)."""
+    made = []
+    monkeypatch.setattr(support.torch.cuda, "Stream", lambda index: made.append(index) or object())
+    monkeypatch.setattr(support.torch.cuda, "current_device", lambda: 1)
+    support._side_stream.cache_clear()
+    try:
+        plain = support.side_stream(torch.device("cuda"))
+        assert support.side_stream(torch.device("cuda", 1)) is plain
+        assert support.side_stream(torch.device("cuda", 0)) is not plain
+        assert made == [1, 0]
+    finally:
+        support._side_stream.cache_clear()
