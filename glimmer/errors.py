@@ -61,11 +61,11 @@ _CONVERSATION_FIELDS = ("messages", "input", "prompt")  # shortened, never remov
 
 @dataclass(frozen=True)
 class PromptPart:
-    """Tokens of a prompt that one part of the request made (characters, in a `PromptTextTooLongError`): `name` as
-    the message says it (a field, or "images"), `param` the field a client changes to shorten it."""
+    """What one part of the request made of a prompt, `size` tokens (characters, in a `PromptTextTooLongError`):
+    `name` as the message says it (a field, or "images"), `param` the field a client changes to shorten it."""
 
     name: str
-    tokens: int
+    size: int
     param: str
 
 
@@ -125,14 +125,14 @@ class PromptTextTooLongError(ContextLengthError):
 
 def _largest_parts(parts: Sequence[PromptPart], total: int) -> list[PromptPart]:
     """`parts` that made a prompt of `total` long, largest first: a part of less than a twentieth of it did not."""
-    return sorted((part for part in parts if part.tokens > 0 and part.tokens * 20 >= total),
-                  key=lambda part: -part.tokens)
+    return sorted((part for part in parts if part.size > 0 and part.size * 20 >= total),
+                  key=lambda part: -part.size)
 
 
 def _shares_and_fix(parts: list[PromptPart]) -> tuple[str, str]:
     """The parts as a refusal lists them (` (tools 480, messages 40)`; nothing for one, the whole prompt) and what to
     do: shorten the largest."""
-    listed = ", ".join(f"{part.name} {part.tokens}" for part in parts)
+    listed = ", ".join(f"{part.name} {part.size}" for part in parts)
     shares = f" ({listed})" if len(parts) > 1 else ""
     largest = parts[0].name if parts else "messages"
     return shares, f"shorten the {largest}" if largest in _CONVERSATION_FIELDS else f"shorten or remove {largest}"

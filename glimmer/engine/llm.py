@@ -862,7 +862,7 @@ def _in_conversation(parts: list[PromptPart], index: int | None) -> list[PromptP
     def renamed(text: str) -> str:
         return named if text == "messages" else text.replace("messages[", f"{named}[", 1)
 
-    return [PromptPart(renamed(part.name), part.tokens, renamed(part.param)) for part in parts]
+    return [PromptPart(renamed(part.name), part.size, renamed(part.param)) for part in parts]
 
 
 @contextlib.contextmanager

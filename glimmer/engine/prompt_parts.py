@@ -30,7 +30,7 @@ def prompt_text_parts(messages: list[dict[str, Any]], rendering: ChatRendering, 
     if measured is None:
         return []
     whole, parts = measured
-    return [*parts, PromptPart("messages", whole - sum(max(part.tokens, 0) for part in parts), "messages")]
+    return [*parts, PromptPart("messages", whole - sum(max(part.size, 0) for part in parts), "messages")]
 
 
 def removable_parts(messages: list[dict[str, Any]], rendering: ChatRendering | None, tokenizer: Any,

@@ -76,9 +76,9 @@ class PieceIds:
                     found[piece] = kept.tolist()
         missing = list(dict.fromkeys(piece for piece in pieces if piece not in found))
         if missing:
-            encoded = self._backend.encode_batch(missing, add_special_tokens=False)
-            for piece, encoding in zip(missing, encoded, strict=True):
-                found[piece] = encoding.ids
+            for piece in missing:  # one at a time: encode_batch would start the tokenizers' thread pool, after which
+                # a fork makes the library warn and turn its parallelism off
+                found[piece] = self._backend.encode(piece, add_special_tokens=False).ids
             self._keep({piece: found[piece] for piece in missing})
         return [found[piece] for piece in pieces]
 

@@ -21,6 +21,7 @@ reason.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import re
@@ -157,7 +158,8 @@ class _GuardedBackend(httpcore.SyncBackend):
             with self._lock:
                 self._connections.append(stream.get_extra_info("socket").dup())
                 if self.was_cut:  # the deadline passed while connecting
-                    self._connections[-1].shutdown(socket.SHUT_RDWR)
+                    with contextlib.suppress(OSError):  # already closed by the peer
+                        self._connections[-1].shutdown(socket.SHUT_RDWR)
             return stream
         raise RemoteMediaError(f"cannot connect to {host!r} port {port}: {error!r}")
 

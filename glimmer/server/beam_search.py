@@ -98,14 +98,14 @@ async def run_beam_search(context: ServingContext, run_id: str, prompts: list[li
     engine = context.engine.engine
     stop_ids = params.stop_ids(engine.generation_defaults.stop_token_ids)
     searches = [BeamSearch(ids, params, stop_ids, engine.generation_budget(len(ids), generation)) for ids in prompts]
-    warn_if_beams_recompute(engine)
+    # the queue limit counts this API request once, before any beam is queued: a search is refused whole or runs to
+    # its end (beams queued beside a refused first one were added past the limit, to be aborted)
+    context.engine.check_queue_limit()
+    warn_if_beams_recompute(engine)  # after: a refused search warns of nothing
     step_params = params.step_params(generation.cache_salt)
     cached = [0] * len(prompts)
     clocks = [_SearchClock() for _ in prompts]
     step = 0
-    # the queue limit counts this API request once, before any beam is queued: a search is refused whole or runs to
-    # its end (beams queued beside a refused first one were added past the limit, to be aborted)
-    context.engine.check_queue_limit()
     try:
         while not all(search.done for search in searches):
             stepping = [(number, search.live_beams()) for number, search in enumerate(searches) if not search.done]

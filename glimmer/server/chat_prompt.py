@@ -144,7 +144,7 @@ def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: Se
     config = context.engine.engine.model_config
     parts += [PromptPart("images", prompt.token_ids.count(config.image_token_id), "messages"),
               PromptPart("videos", prompt.token_ids.count(config.video_token_id), "messages")]
-    parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.tokens, 0) for part in parts), "messages"))
+    parts.append(PromptPart("messages", len(prompt.token_ids) - sum(max(part.size, 0) for part in parts), "messages"))
     return parts
 
 
