@@ -78,6 +78,8 @@ from glimmer.protocol.turn_grammar import MAX_THINKING_TOKEN_BUDGET
 
 _Prepared = tuple[str | None, list[int], list[MultimodalItem]]
 _CONTINUABLE_FIELDS = ("content", *REASONING_FIELDS)
+"""What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
+final message's `recipient`), a reasoning field the reasoning."""
 
 
 @functools.cache
@@ -85,8 +87,8 @@ def _own_keywords() -> frozenset[str]:
     """The keyword parameters `LLM.__init__` names itself (`dtype`, `device`, the media ones, ...)."""
     parameters = inspect.signature(LLM.__init__).parameters.values()
     return frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
-"""What `LLM.chat(continue_final_message=...)` can continue: True or "content" the answer (or the message to the
-final message's `recipient`), a reasoning field the reasoning."""
+
+
 _ENCODING_HINT = ("; this is a tokenizer's encoding ({'input_ids', 'attention_mask'}, what apply_chat_template returns "
                   "by default, as transformers 5's): pass its ['input_ids'], or call apply_chat_template(..., "
                   "return_dict=False)")
