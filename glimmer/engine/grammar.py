@@ -390,9 +390,7 @@ class GrammarCompiler:
                 return kept
         kept = self._build(text, param, internal)
         with self._lock:
-            self._compiled[text] = kept
-            while len(self._compiled) > COMPILED_CACHE_SIZE:
-                self._compiled.popitem(last=False)
+            _keep_last(self._compiled, text, kept)
         return kept
 
     def _matcher(self, text: str) -> llguidance.LLMatcher:
@@ -483,10 +481,7 @@ class GrammarCompiler:
         text = _grammar_text(turn_grammar(lenient), "tools")
         if key is not None:
             with self._lock:
-                self._turn_texts[key] = (copy.deepcopy(constraint), text)
-                self._turn_texts.move_to_end(key)
-                while len(self._turn_texts) > COMPILED_CACHE_SIZE:
-                    self._turn_texts.popitem(last=False)
+                _keep_last(self._turn_texts, key, (copy.deepcopy(constraint), text))
         return text
 
 
@@ -668,6 +663,15 @@ def _lenient_tool(tool: Mapping[str, Any]) -> Mapping[str, Any]:
     if function.get("strict") is True:
         return tool
     return {**tool, "function": {**function, "parameters": without_patterns_beyond_the_engine(function["parameters"])}}
+
+
+def _keep_last(kept: OrderedDict, key: object, value: object) -> None:
+    """Keep `value` under `key` as the most recently used, dropping the least recently used beyond
+    `COMPILED_CACHE_SIZE` (the caller holds the compiler's lock)."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > COMPILED_CACHE_SIZE:
+        kept.popitem(last=False)
 
 
 def _grammar_text(grammar: Mapping[str, Any], param: str) -> str:

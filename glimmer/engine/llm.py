@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from tqdm.auto import tqdm
 
-from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
+from glimmer.checkpoint.generation_config import check_generation_config_mode
 from glimmer.engine.apply_chat_template import (
     FinalMessageTag,
     checked_documents,
@@ -313,9 +313,7 @@ class LLM:
         media_fetch_timeout: float | None = None,
         **engine_options: Any,
     ):
-        if generation_config not in GENERATION_CONFIG_MODES:
-            raise ConfigError(f"generation_config={generation_config!r} is not supported; use "
-                              f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
+        check_generation_config_mode(generation_config)
         # a path as its text; anything else as given, for the config check to name (str(None) was a path 'None')
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
         if "kv_cache_memory_bytes" in engine_options:  # vLLM's name for kv_cache_memory (bytes; a size here too)
@@ -738,22 +736,23 @@ class LLM:
         prepared: list[_Prepared] = []
         continued: list[FinalMessageTag | None] = []  # per conversation, the message its prompt ends inside
         for index, conversation in enumerate(conversations):
+            which = index if len(conversations) > 1 else None  # one conversation's parts are named as they are
             if continue_final_message:
-                check_final_message_is_the_assistants(conversation, index if len(conversations) > 1 else None)
-            with _naming_the_conversation(index if len(conversations) > 1 else None):
+                check_final_message_is_the_assistants(conversation, which)
+            with _naming_the_conversation(which):
                 _, rendered, final = render_conversation(conversation, rendering, self.engine.tokenizer)
             if final is not None:
-                check_continued_call_is_read(final, rendering, index if len(conversations) > 1 else None)
-                check_media_before_the_cut(conversation, final, index if len(conversations) > 1 else None)
+                check_continued_call_is_read(final, rendering, which)
+                check_media_before_the_cut(conversation, final, which)
             continued.append(final)
             try:  # before loading media, as the server checks it: a prompt too long is refused naming what made it so
                 self.engine.check_prompt_chars(rendered.text)
             except PromptTextTooLongError as error:
                 parts = prompt_text_parts(conversation, rendering, self.engine.tokenizer, {"documents": "documents"})
-                raise error.naming(_in_conversation(parts, index if len(conversations) > 1 else None)) from None
+                raise error.naming(_in_conversation(parts, which)) from None
             images, videos = [], []
             # an item's error names its content part, in its conversation
-            with _naming_the_conversation(index if len(conversations) > 1 else None), naming_media_parts(conversation):
+            with _naming_the_conversation(which), naming_media_parts(conversation):
                 for kind, reference in collect_media(conversation):
                     target = images if kind == "image" else videos
                     target.append(load_media_reference(reference, kind, len(target), self.media_policy))
@@ -859,12 +858,16 @@ def _in_conversation(parts: list[PromptPart], index: int | None) -> list[PromptP
     None: one conversation, whose parts are named as they are."""
     if index is None:
         return parts
-    named = f"messages[{index}]"
+    return [PromptPart(_path_in_conversation(part.name, index), part.size, _path_in_conversation(part.param, index))
+            for part in parts]
 
-    def renamed(text: str) -> str:
-        return named if text == "messages" else text.replace("messages[", f"{named}[", 1)
 
-    return [PromptPart(renamed(part.name), part.size, renamed(part.param)) for part in parts]
+def _path_in_conversation(path: str, index: int) -> str:
+    """`path` (`messages`, `messages[j]...`) in the `index`-th of several conversations, `messages[index]...`; a path
+    outside the messages (`tools`) as it is."""
+    if path == "messages" or path.startswith("messages["):
+        return f"messages[{index}]{path.removeprefix('messages')}"
+    return path
 
 
 @contextlib.contextmanager
@@ -878,7 +881,7 @@ def _naming_the_conversation(index: int | None) -> Iterator[None]:
         param = error.param or ""
         if index is None or not param.startswith("messages["):
             raise
-        named = f"messages[{index}]{param.removeprefix('messages')}"
+        named = _path_in_conversation(param, index)
         message = str(error)
         error.args = (named + message.removeprefix(param) if message.startswith(param) else
                       f"messages[{index}]: {message}",)

@@ -39,6 +39,11 @@ def _any_value(value: object, given: Mapping[str, Any]) -> bool:
     return True
 
 
+def _none_or_empty(value: object, given: Mapping[str, Any]) -> bool:
+    """Changes nothing left out or empty (a mapping of options: none given)."""
+    return value is None or value == {}
+
+
 def _names_every_one_of(*names: str) -> ChangesNothing:
     """Changes nothing when the list (vLLM's CORS methods) has `*` or names each of `names`."""
     return lambda value, given: "*" in value or {name.upper() for name in value} >= set(names)
@@ -267,7 +272,7 @@ def method_takes_vllm_arguments(vllm_only: Mapping[str, VllmArgument]) -> Callab
 
 _LORA = VllmArgument(_only(None), "LoRA adapters are not supported (the checkpoint's weights serve every request); "
                                   "leave it out")
-_TOKENIZATION_KWARGS = VllmArgument(lambda value, given: value is None or value == {}, (
+_TOKENIZATION_KWARGS = VllmArgument(_none_or_empty, (
     "not supported: prompts are tokenized as the checkpoint's tokenizer does (no truncation); tokenize yourself "
     "(llm.get_tokenizer()) and pass {'prompt_token_ids': ids}"))
 VLLM_ONLY_GENERATE_ARGUMENTS: dict[str, VllmArgument] = {
@@ -291,7 +296,7 @@ VLLM_ONLY_CHAT_ARGUMENTS: dict[str, VllmArgument] = {
     "chat_template_content_format": VllmArgument(_only("auto"), (
         "Glimmer hands the template each message's content as it is given (a string, or OpenAI content parts), "
         "which the Muse template reads either way; leave it out (or 'auto')")),
-    "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
+    "mm_processor_kwargs": VllmArgument(_none_or_empty, (
         "not supported per call: image sizes are the checkpoint's processor settings (or the server's "
         "--max-image-pixels); leave it out")),
     "tokenization_kwargs": _TOKENIZATION_KWARGS,
@@ -335,9 +340,9 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "prefills are always chunked (max_num_batched_tokens tokens a step); leave it out")),
     "disable_log_stats": VllmArgument(_only(True, False), "leave it out (the server exports its metrics at /metrics)"),
     "disable_custom_all_reduce": VllmArgument(_only(True, False), _ONE_GPU),
-    "limit_mm_per_prompt": VllmArgument(lambda value, given: value is None or value == {}, (
+    "limit_mm_per_prompt": VllmArgument(_none_or_empty, (
         "set media limits with media_limits=MediaLimits(...) (glimmer.multimodal.settings)")),
-    "hf_overrides": VllmArgument(lambda value, given: value is None or value == {}, (
+    "hf_overrides": VllmArgument(_none_or_empty, (
         "not supported: the checkpoint's config.json is read as it is (a wrong field is refused, never patched); "
         "edit a copy of the checkpoint's config instead")),
     "revision": VllmArgument(_only(None), _DOWNLOAD_REVISION),
@@ -364,13 +369,13 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_expert_parallel": VllmArgument(_only(False), (
         "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
         "Muse Glimmer is dense, with no experts; leave it out")),
-    "compilation_config": VllmArgument(lambda value, given: value is None or value == {}, (
+    "compilation_config": VllmArgument(_none_or_empty, (
         "Glimmer compiles with its own settings; enforce_eager=True (--enforce-eager) runs without CUDA graphs")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
                                                   "any value changes nothing"),
-    "mm_processor_kwargs": VllmArgument(lambda value, given: value is None or value == {}, (
+    "mm_processor_kwargs": VllmArgument(_none_or_empty, (
         "not supported: image sizes are the checkpoint's processor settings; leave it out")),
-    "override_generation_config": VllmArgument(lambda value, given: value is None or value == {}, (
+    "override_generation_config": VllmArgument(_none_or_empty, (
         "give the values in SamplingParams or in each request's sampling fields (or generation_config='vllm', "
         "--generation-config vllm, to ignore the checkpoint's generation_config.json)")),
     "optimization_level": VllmArgument(lambda value, given: type(value) is int and 1 <= value <= 3, (
@@ -415,7 +420,7 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "an option of an fp8 KV cache, which Glimmer has not (the KV cache holds the model's dtype); leave it out")),
     "enable_eplb": VllmArgument(_only(False), (
         "Muse Glimmer is dense, with no experts to balance, and runs on one device; leave it out")),
-    "kv_transfer_config": VllmArgument(lambda value, given: value is None or value == {}, (
+    "kv_transfer_config": VllmArgument(_none_or_empty, (
         "not supported (the KV cache stays in this process: no disaggregated prefill); leave it out")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (

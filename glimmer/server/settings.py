@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
+from glimmer.checkpoint.generation_config import check_generation_config_mode
 from glimmer.errors import ConfigError
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import REASONING_STRENGTHS
@@ -99,9 +99,7 @@ class ServerSettings:
             raise ConfigError("metrics_require_api_key needs an api_key (--api-key) to require")
         if self.max_n < 1:
             raise ConfigError(f"max_n={self.max_n} must be at least 1")
-        if self.generation_config not in GENERATION_CONFIG_MODES:
-            raise ConfigError(f"generation_config={self.generation_config!r} is not supported; use "
-                              f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
+        check_generation_config_mode(self.generation_config)
         strength = self.default_reasoning_strength
         if strength is not None and strength not in REASONING_STRENGTHS:
             raise ConfigError(f"default_reasoning_strength={strength!r} is not one of {', '.join(REASONING_STRENGTHS)}")
