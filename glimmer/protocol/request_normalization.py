@@ -58,7 +58,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
       "arguments"}}`), which chat templates read;
     - `reasoning` fills a missing `reasoning_content` (unless `thinking`, which templates read before it, is given);
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
-      message may leave it out or null. A text part needs a string `text`;
+      message may leave it out, null or an empty list (which renders the empty turn null does). A text part needs a
+      string `text`;
     - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
       tool call has as its `id` (else RequestError naming `messages[i].tool_call_id`); each call is answered once
       and the calls of one turn have distinct ids (`_CallsSoFar`);
@@ -98,10 +99,10 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         if role != "assistant":
             calls.end_turn()
         content = message.get("content")
-        if content is None and role in CONTENT_ROLES:
-            raise RequestError(f"messages[{index}].content: a {role} message needs its content (a string or a list "
-                               "of content parts); only an assistant message may leave it out or null",
-                               param=f"messages[{index}].content")
+        if (content is None or content == []) and role in CONTENT_ROLES:  # [] renders the empty turn null would
+            raise RequestError(f"messages[{index}].content: a {role} message needs its content (a string or a "
+                               f"non-empty list of content parts, got {'null' if content is None else '[]'}); only "
+                               "an assistant message may leave it out or null", param=f"messages[{index}].content")
         if isinstance(content, list):
             message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")
                                   for part_index, part in enumerate(content)]

@@ -580,9 +580,10 @@ def test_many_tool_results_render_in_time_linear_in_their_number():
 
 
 @pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
-@pytest.mark.parametrize("absent", [{}, {"content": None}])
+@pytest.mark.parametrize("absent", [{}, {"content": None}, {"content": []}])
 def test_a_message_without_content_is_refused_unless_it_is_the_assistant_s(role, absent):
-    """The template renders a missing user content as an empty turn, and the model makes a question up."""
+    """The template renders a missing user content as an empty turn, and the model makes a question up; an empty
+    list of parts renders the same empty turn (OpenAI refuses it: "empty array")."""
     message = {"role": role, **absent, **({"name": "f"} if role == "tool" else {})}
     with pytest.raises(RequestError) as caught:
         normalize_messages([USER, message])

@@ -388,6 +388,8 @@ _CALL = {"role": "assistant", "content": None, "tool_calls": [
     ([{"role": "system"}, *MESSAGES], "messages[0].content"),
     ([{"role": "developer", "content": None}, *MESSAGES], "messages[0].content"),
     ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1"}], "messages[2].content"),
+    ([{"role": "user", "content": []}], "messages[0].content"),  # no part renders the empty turn null does
+    ([*MESSAGES, _CALL, {"role": "tool", "tool_call_id": "c1", "content": []}], "messages[2].content"),
 ])
 def test_a_turn_the_template_would_render_empty_or_misnamed_is_refused(server, messages, param):
     """A tool result answering no call of the history was rendered under its raw id as the tool's name (§2.1), one
