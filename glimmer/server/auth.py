@@ -20,9 +20,14 @@ def check_api_key(request: Request, api_key: str | tuple[str, ...] | None) -> No
     if len(sent) > 1:  # a field sent once (RFC 9110 §11.6.2): which line counts is a guess a proxy may guess otherwise
         raise APIError(401, f"the request has {len(sent)} Authorization headers; send exactly one, "
                             "`Authorization: Bearer KEY`", code="invalid_api_key")
-    scheme, _, token = (sent[0] if sent else "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    if not sent or not sent[0].strip():
         raise APIError(401, "missing API key; send it as `Authorization: Bearer KEY`", code="invalid_api_key")
+    scheme, _, token = sent[0].strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        # the header's value is never echoed: it may be the key itself, sent without its scheme
+        raise APIError(401, "the Authorization header is not `Bearer KEY` (the key alone, another scheme or "
+                            "`Bearer` without a key); send the key as `Authorization: Bearer KEY`",
+                       code="invalid_api_key")
     # a key read from a secret file or variable may end in a newline, which no header can carry (and the token is
     # stripped): compared as it was, no client could ever be let in
     sent_key = token.strip().encode()

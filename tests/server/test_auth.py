@@ -41,6 +41,15 @@ def test_any_one_of_several_keys_lets_its_client_in():
         check_api_key(_request(), ("sk-old", "sk-new"))
 
 
+@pytest.mark.parametrize("authorization", ["sk-key", "Basic c2sta2V5", "Bearer", "Bearer  ", "Token sk-key"])
+def test_an_authorization_header_that_is_not_bearer_key_says_so_without_echoing_it(authorization):
+    """`curl -H "Authorization: sk-key"` (the key without its scheme) was told "missing API key", though the header
+    was there, holding the right key: the 401 says what is wrong with the header, and never repeats its value."""
+    with pytest.raises(APIError, match="is not `Bearer KEY`") as caught:
+        check_api_key(_request(authorization), "sk-key")
+    assert caught.value.status == 401 and "sk-key" not in str(caught.value) and "c2sta2V5" not in str(caught.value)
+
+
 @pytest.mark.parametrize("keys", [(), ("sk-key", "")])
 def test_no_keys_or_an_empty_one_among_them_is_refused_as_empty(keys):
     with pytest.raises(ConfigError, match="api_key must not be empty"):
