@@ -546,6 +546,9 @@ def _is_encodable(text: str) -> bool:
     return True
 
 
+_FUNCTION_FIELDS = frozenset({"name", "description", "parameters", "strict"})  # a flat (bare) declaration's
+
+
 def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> list[dict[str, Any]]:
     """The request's tools as complete OpenAI-style objects (P-TMPL-6), validated by P-REQ-8.
 
@@ -577,6 +580,10 @@ def normalize_tools(tools: Any, *, check_schema: SchemaCheck | None = None) -> l
         function = function_of(tool)
         if function is None or ("function" in tool and not isinstance(tool["function"], Mapping)):
             raise RequestError(f"tools[{index}].function must be an object", param=f"tools[{index}].function")
+        if "function" not in tool and not _FUNCTION_FIELDS & tool.keys():  # `{"type": "function"}`, `funtion`: {...}
+            raise RequestError(f'tools[{index}] declares no function: give the function\'s "name" (and its '
+                               '"description" and "parameters") in a "function" object, {"type": "function", '
+                               '"function": {"name": NAME, ...}}, or flat beside "type"', param=f"tools[{index}]")
         # a nested declaration's fields sit under .function, a flat (Responses) one's on the tool itself
         where = f"tools[{index}].function" if "function" in tool else f"tools[{index}]"
         name = function.get("name")

@@ -392,6 +392,17 @@ def test_tool_names_are_validated(name):
     assert str(caught.value).startswith("tools[1].function.name ")
 
 
+@pytest.mark.parametrize("tool", [{"type": "function"}, {}, {"type": "function", "funtion": {"name": "f"}}])
+def test_a_tool_declaring_no_function_says_what_a_tool_is(tool):
+    """`{"type": "function"}` (its `function` object left out or misspelled) was "tools[0].name must be a non-empty
+    string", read as a flat declaration that had lost only its name; a flat one without its name still is that."""
+    with pytest.raises(RequestError, match='declares no function: give the function\'s "name"') as error:
+        normalize_tools([{"type": "function", "function": {"name": "ok"}}, tool])
+    assert error.value.param == "tools[1]"
+    with pytest.raises(RequestError, match=r"^tools\[0\]\.name must be a non-empty string"):
+        normalize_tools([{"type": "function", "description": "d"}])
+
+
 def test_tool_names_must_be_unique():
     with pytest.raises(RequestError, match="twice") as caught:
         normalize_tools([{"name": "a"}, {"type": "function", "function": {"name": "a"}}])
