@@ -457,10 +457,7 @@ def get_response(response_id: str, raw_request: Request, context: ServingContext
     """GET /v1/responses/{id} (the SDK's `responses.retrieve`). Its `stream` and `starting_after` replay a background
     response's events, and Glimmer runs none: refused (400 naming them) rather than answered with the JSON object;
     `include` is checked as on create (output parts hold the logprobs they were made with)."""
-    query = _query(raw_request)
-    unknown = sorted(set(query) - {"include", "stream", "starting_after", "include_obfuscation"})
-    if unknown:
-        raise RequestError(f"{unknown[0]}: unknown query parameter", param=unknown[0])
+    query = _query(raw_request, ("include", "stream", "starting_after", "include_obfuscation"))
     check_include(list(query.get("include", [])))
     for name in ("stream", "include_obfuscation"):  # either case: Python's `requests` writes False as "False"
         if query.get(name, "false").lower() not in ("true", "false"):
@@ -490,9 +487,9 @@ def list_input_items(response_id: str, raw_request: Request, context: ServingCon
     return JSONResponse(input_items_page(stored.input_items, query))
 
 
-def _query(raw_request: Request) -> dict[str, str | list[str]]:
+def _query(raw_request: Request, known: tuple[str, ...] | None = None) -> dict[str, str | list[str]]:
     """The query parameters, `include` as a list (the SDK sends `include[]=...`); RequestError for another one
-    given twice."""
+    given twice, or for one not `known` (where the route says which it takes; `()` for none)."""
     query: dict[str, str | list[str]] = {}
     for name, value in raw_request.query_params.multi_items():
         if name in ("include", "include[]"):
@@ -501,13 +498,19 @@ def _query(raw_request: Request) -> dict[str, str | list[str]]:
             raise RequestError(f"{name}: given more than once", param=name)
         else:
             query[name] = value
+    unknown = sorted(set(query) - set(known)) if known is not None else []
+    if unknown:
+        takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
+        raise RequestError(f"{unknown[0]}: unknown query parameter ({takes})", param=unknown[0])
     return query
 
 
-def cancel_response(response_id: str, context: ServingContext) -> Response:
+def cancel_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """POST /v1/responses/{id}/cancel: OpenAI cancels only responses created with `background: true`, which
     Glimmer refuses, so no response can be cancelled: 404 for one not stored, 400 for a stored one (it has
-    finished). A response being generated stops when its client closes the connection."""
+    finished). A response being generated stops when its client closes the connection. It takes no query
+    parameter."""
+    _query(raw_request, ())
     if context.responses.get(response_id) is None:
         if context.responses.in_progress(response_id) is not None:
             raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, "
@@ -528,9 +531,11 @@ def refuse_compaction() -> NoReturn:
                        "model's context", param=None)
 
 
-def delete_response(response_id: str, context: ServingContext) -> Response:
+def delete_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """DELETE /v1/responses/{id}: forget a stored response, as OpenAI's API does; later requests naming it as
-    `previous_response_id` are refused."""
+    `previous_response_id` are refused. It takes no query parameter (one misspelt or meant for another route is a
+    400 before anything is deleted, as GET's and input_items' unknown ones are)."""
+    _query(raw_request, ())
     if not context.responses.delete(response_id):
         _refuse_in_progress(response_id, context, "it can be deleted")
         raise _not_stored(response_id)

@@ -841,6 +841,20 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
         client.responses.retrieve(kept.id)
 
 
+def test_delete_and_cancel_refuse_a_query_parameter_as_get_refuses_an_unknown_one(server, client):
+    """DELETE /v1/responses/{id}?anything deleted the response, the parameter ignored, while GET and input_items
+    refuse one they do not know: a 400 naming it, and the response is kept."""
+    response = _create(client, input="[greet] Hi")
+    url = f"{server.base_url}/responses/{response.id}"
+    for method, path in (("DELETE", url), ("POST", url + "/cancel"), ("GET", url)):
+        refused = httpx.request(method, path, params={"dry_run": "true"}, timeout=30)
+        assert refused.status_code == 400, (method, path, refused.text)
+        error = refused.json()["error"]
+        assert error["param"] == "dry_run" and "unknown query parameter" in error["message"], error
+    assert client.responses.retrieve(response.id).id == response.id
+    client.responses.delete(response.id)
+
+
 def test_a_response_being_generated_is_in_progress_not_unknown(server, client, monkeypatch):
     """While a stored response is generated, the routes naming it said it was never stored, expired or evicted, and a
     request continuing it was told the same: GET shows it `in_progress` (as its response.created event did), and
