@@ -345,7 +345,7 @@ class _ResponseRun:
             "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
             "prompt_cache_options": _prompt_cache_options(request),
             "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
-            "background": False, "max_tool_calls": None, "error": error,
+            "background": False, "max_tool_calls": request.max_tool_calls, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": self.usage(choice) if done else None,
         }

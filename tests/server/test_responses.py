@@ -919,7 +919,8 @@ def test_a_response_being_generated_is_in_progress_not_unknown(server, client, m
     ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
     ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
     ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
-    ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
+    ({"max_tool_calls": -1}, "max_tool_calls"),
+    ({"max_tool_calls": 1.5}, "max_tool_calls"),
     ({"service_tier": "fastest"}, "service_tier"),
     ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
     # a cache filled without generating: Glimmer would generate instead
@@ -965,6 +966,21 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
         assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
     created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
     assert created.type == "response.created" and created.response.safety_identifier == "s-1"
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_max_tool_calls_is_taken_and_echoed_and_bounds_no_function_call_as_openai(client, bound):
+    """`max_tool_calls` was a 400 whatever its value. OpenAI's bounds calls to its built-in tools, which function calls
+    do not count against, and Glimmer has function tools only: any count is taken, echoed (created, streamed,
+    retrieved) and the function call is made as without it."""
+    plain = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    bounded = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], max_tool_calls=bound)
+    assert [item.type for item in bounded.output] == [item.type for item in plain.output]
+    assert "function_call" in [item.type for item in bounded.output]
+    streamed = list(_create(client, input="[greet] Hi", max_tool_calls=bound, stream=True))
+    for echoed in (bounded, client.responses.retrieve(bounded.id), streamed[0].response, streamed[-1].response):
+        assert echoed.max_tool_calls == bound
+    assert plain.max_tool_calls is None
 
 
 def test_text_verbosity_medium_openai_s_default_is_taken_echoed_and_changes_nothing(server, client):
