@@ -36,7 +36,7 @@ from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.request_id import response_id
-from glimmer.server.response_store import ResponseStore
+from glimmer.server.response_store import ResponseStore, StoredResponse
 from glimmer.server.responses_input import (
     MessageSource,
     chat_messages,
@@ -78,6 +78,8 @@ class _Conversation:
     items: list[dict[str, Any]]
     chat: ChatCompletionRequest
     sources: list[MessageSource]  # where each chat message came from, for errors naming the request's fields
+    previous: StoredResponse | None = None  # the response continued, as read: its items are the first `continued`
+    continued: int = 0
 
 
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
@@ -85,6 +87,7 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     check_supported(request)
     items = [_with_stored_reasoning(item, store) for item in input_items(request.input)]
     continued = 0  # items of the response continued, before the request's own input
+    previous = None
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
         if previous is None and store.in_progress(request.previous_response_id) is not None:
@@ -123,7 +126,7 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
         chat = ChatCompletionRequest.model_validate(fields, strict=False)
     except ValidationError as exc:
         raise responses_error(request_error(exc), sources) from None
-    return _Conversation(items, chat, sources)
+    return _Conversation(items, chat, sources, previous, continued)
 
 
 def _with_stored_reasoning(item: Any, store: ResponseStore) -> Any:
@@ -380,7 +383,9 @@ class _ResponseRun:
 
     def keep(self, response: dict[str, Any]) -> None:
         if self.request.store is not False:  # input items get their ids here, which they keep down the chain
-            self.store.put(self.id, with_item_ids(self.conversation.items) + response["output"], response)
+            conversation = self.conversation
+            own = with_item_ids(conversation.items[conversation.continued:])
+            self.store.put(self.id, own + response["output"], response, conversation.previous)
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}

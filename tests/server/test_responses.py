@@ -5,6 +5,7 @@ The network is scripted (`ScriptedRunner`): the model's turn is known, everythin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
@@ -824,6 +825,47 @@ def test_retrieve_reads_its_boolean_query_parameters_in_either_case_and_refuses_
         assert error["param"] == param and error["message"].endswith("is not a boolean (true or false)")
 
 
+def test_a_chain_of_responses_is_stored_in_size_linear_in_its_length(server, client):
+    """Each stored response held its whole conversation, so a chain of previous_response_id responses was counted (and
+    kept) in size growing with the square of its length: the 30th link added 15 times the bytes of the second. Each
+    response keeps the items it added, linked to those it continues: every link adds about the same."""
+    store = server.app.state.context.responses
+    before, previous, added = store.size_bytes, None, []
+    for _ in range(30):
+        previous = _create(client, input="[greet] Hi", previous_response_id=previous).id
+        added.append(store.size_bytes - before)
+        before = store.size_bytes
+    assert max(added[1:]) < 1.2 * min(added[1:]), added
+    listed = client.responses.input_items.list(previous, order="asc", limit=100).data
+    assert [item.type for item in listed] == ["message", "reasoning", "message"] * 29 + ["message"]  # whole
+
+
+def test_a_kept_response_keeps_its_whole_conversation_when_those_it_continues_are_evicted(make_tiny):
+    """The responses a chain continues go first (the oldest); the items they added stay, counted, while a stored
+    response continues them: continuing the chain's last response reads the whole conversation, as it did when
+    each response held all of it, and forgetting every response gives all their bytes back."""
+    with agent_server(make_tiny(), responses_store_bytes=24_000) as live:
+        store = live.app.state.context.responses
+        client = openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0)
+        chain = [_create(client, input="[greet] Hi").id]
+        for _ in range(2):
+            chain.append(_create(client, input="[greet] Hi", previous_response_id=chain[-1]).id)
+        others = []
+        while store.get(chain[0]) is not None:
+            others.append(_create(client, input="[greet] Hello").id)
+            assert store.size_bytes <= store.max_bytes
+        assert store.get(chain[-1]) is not None
+        with pytest.raises(openai.BadRequestError, match="previous_response_not_found|not found"):
+            _create(client, input="[greet] Hi", previous_response_id=chain[0])
+        continued = _create(client, input="[greet] Hi", previous_response_id=chain[-1])
+        listed = client.responses.input_items.list(continued.id, order="asc", limit=100).data
+        assert [item.type for item in listed] == ["message", "reasoning", "message"] * 3 + ["message"]
+        for response_id in [*chain, *others, continued.id]:
+            with contextlib.suppress(openai.NotFoundError):
+                client.responses.delete(response_id)
+        assert store.size_bytes == 0 and len(store) == 0
+
+
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
     """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
     response = _create(client, input="[greet] Hi")
@@ -1190,6 +1232,22 @@ def test_the_store_is_bounded_by_size_and_age():
     for i in range(3):  # the deleted one's bytes were given back: two fit again
         store.put(f"s{i}", [{"text": "x" * 50}], {"id": f"s{i}"})
     assert store.get("s1") is not None and store.get("s2") is not None
+
+
+def test_a_response_continuing_one_forgotten_meanwhile_keeps_and_counts_its_conversation():
+    """A response continues the one it read, even if that one was deleted (or evicted) while it was generated: the
+    items it continues are kept and counted again for as long as it is stored, and given back with it."""
+    store = ResponseStore(max_bytes=10_000, max_age_s=10)
+    store.put("a", [{"text": "question"}, {"text": "answer"}], {"id": "a", "output": [{"text": "answer"}]})
+    read = store.get("a")
+    assert store.delete("a") and store.size_bytes == 0
+    store.put("b", [{"text": "again"}, {"text": "reply"}], {"id": "b", "output": [{"text": "reply"}]}, read)
+    assert store.get("b").items == [{"text": "question"}, {"text": "answer"}, {"text": "again"}, {"text": "reply"}]
+    assert store.get("b").input_items == store.get("b").items[:3]
+    kept = store.get("b")  # a's items counted again, its response object not (a stays deleted)
+    assert store.get("a") is None and store.size_bytes == read.segment.size_bytes + kept.size_bytes + \
+        kept.segment.size_bytes
+    assert store.delete("b") and store.size_bytes == 0
 
 
 def test_an_expired_response_lends_no_reasoning_item_by_its_id():
