@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from glimmer.engine.outputs import StepDelta
 from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
+from glimmer.protocol.reasoning_strength import TEMPLATE_DEFAULT_STRENGTH
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
 from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
@@ -340,7 +341,7 @@ class _ResponseRun:
             # as OpenAI and vLLM echo them: the values sampled with (a field left out has the checkpoint's default)
             "temperature": self.chat.params.temperature, "top_p": self.chat.params.top_p,
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs or 0,
-            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
+            "reasoning": {"effort": _reasoning_effort(request, self.chat.prompt.rendering.strength),
                           "summary": reasoning_summary(request), "context": REASONING_CONTEXT, "mode": REASONING_MODE},
             "text": _text_config(request), "truncation": "disabled",
             "store": request.store is not False,
@@ -412,6 +413,15 @@ def _text_config(request: ResponsesRequest) -> dict[str, Any]:
     text = request.text or {}
     verbosity = {"verbosity": text["verbosity"]} if text.get("verbosity") is not None else {}
     return {"format": text.get("format") or {"type": "text"}, **verbosity}
+
+
+def _reasoning_effort(request: ResponsesRequest, strength: str | None) -> str:
+    """The `reasoning.effort` echoed, as OpenAI echoes a reasoning model's (its default too, never null): the one
+    sent, else the strength the prompt was rendered with (`reasoning_strength`, `chat_template_kwargs`,
+    `enable_thinking: false`, the server's default), else the template's own."""
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        return request.reasoning.effort.lower()  # taken in any case (P-EFF-2); the SDK types it lower-case
+    return strength or TEMPLATE_DEFAULT_STRENGTH
 
 
 def _tool_choice(request: ResponsesRequest) -> Any:

@@ -128,6 +128,24 @@ def test_the_reasoning_context_and_mode_glimmer_runs_are_taken_and_reported(clie
         assert (echoed.reasoning.context, echoed.reasoning.mode) == ("all_turns", "standard")
 
 
+@pytest.mark.parametrize(("fields", "effort"), [
+    ({}, "high"),  # the template's default (P-EFF-1)
+    ({"reasoning": {"effort": "minimal"}}, "minimal"),  # as sent, though it renders as low (P-EFF-2)
+    ({"reasoning": {"effort": "Medium"}}, "medium"),
+    ({"extra_body": {"reasoning_strength": "low", **EXTRA}}, "low"),
+    ({"extra_body": {"chat_template_kwargs": {**PINNED_DATE, "enable_thinking": False}}}, "low"),
+])
+def test_the_reasoning_effort_echoed_is_the_one_reasoned_with_never_null(client, fields, effort):
+    """`reasoning.effort` was echoed as sent, null when none was: OpenAI echoes a reasoning model's effort, its
+    default too. It is the one sent, else the strength the prompt was rendered with (Glimmer's reasoning_strength,
+    enable_thinking false, the server's default), else the template's, high."""
+    body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", "extra_body": EXTRA, **fields}
+    response = client.responses.create(**body)
+    created = next(iter(client.responses.create(**body, stream=True)))
+    for echoed in (response, client.responses.retrieve(response.id), created.response):
+        assert echoed.reasoning.effort == effort
+
+
 def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], reasoning={"summary": "auto"})
     call = next(item for item in first.output if item.type == "function_call")
