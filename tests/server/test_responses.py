@@ -146,6 +146,32 @@ def test_the_reasoning_effort_echoed_is_the_one_reasoned_with_never_null(client,
         assert echoed.reasoning.effort == effort
 
 
+def test_a_refusal_part_is_an_assistant_message_s_text_and_refused_elsewhere(server, client):
+    """A `refusal` part (OpenAI's output part for the model's refusal) was taken as text anywhere: in a user message
+    its text was read as the user's. It is what the assistant said in an assistant message item, rendered as that
+    text; in another item it is a 400 naming the part."""
+    def counted(content):
+        items = [{"role": "user", "content": "Help?"}, {"role": "assistant", "content": content},
+                 {"role": "user", "content": "[greet] Please"}]
+        return client.responses.input_tokens.count(model="tiny", input=items).input_tokens
+    said = "I can't help with that."
+    assert counted([{"type": "refusal", "refusal": said}]) == counted([{"type": "output_text", "text": said}])
+    assert counted([{"type": "refusal", "refusal": said}]) != counted([{"type": "output_text", "text": "No."}])
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    for items, param in (
+            ([{"role": "user", "content": [{"type": "refusal", "refusal": said}]}], "input[0].content[0]"),
+            ([{"role": "developer", "content": [{"type": "input_text", "text": "Hi"},
+                                                {"type": "refusal", "refusal": said}]}], "input[0].content[1]"),
+            ([call, {"type": "function_call_output", "call_id": "c1", "output": [{"type": "refusal",
+                                                                                   "refusal": said}]}],
+             "input[1].output[0]"),
+            ([{"role": "assistant", "content": [{"type": "refusal", "text": said}]}], "input[0].content[0].refusal")):
+        response = httpx.post(server.base_url + "/responses", timeout=30,
+                              json={"model": "tiny", "input": items, "tools": [WEATHER_TOOL]})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param, response.text
+
+
 def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], reasoning={"summary": "auto"})
     call = next(item for item in first.output if item.type == "function_call")
