@@ -41,6 +41,7 @@ from typing import Any
 from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal.sources import IMAGE_DETAILS
 from glimmer.protocol.request_normalization import tool_results_in_call_order
+from glimmer.server.chat_prompt import MediaLimitError
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -81,6 +82,8 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
         error = error.naming([replace(part, name=_responses_field(part.name, sources) or part.name,
                                       param=_responses_field(part.param, sources) or part.param)
                               for part in error.parts])
+    if isinstance(error, MediaLimitError):
+        error = _counting_the_chain(error, sources)
     param = error.param
     if param is None:
         return error
@@ -90,6 +93,18 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     # the field itself, not a longer name ending in it (chat_template_kwargs.reasoning_effort keeps its name)
     message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", lambda _: renamed, str(error))
     return error.with_message(message, renamed)
+
+
+def _counting_the_chain(error: MediaLimitError, sources: list[MessageSource]) -> RequestError:
+    """`error` saying how many of the images (or videos) it counted came from the responses previous_response_id
+    continues, where any did: the request's input may hold fewer than the limit."""
+    chained = sum(1 for param in error.counted if (match := _MESSAGE_PARAM.match(param)) is not None
+                  and int(match[1]) < len(sources) and sources[int(match[1])].path == _CHAIN)
+    if not chained:
+        return error
+    return error.with_message(f"{error}; {chained} of the {error.kind}s counted are in the responses "
+                              "previous_response_id continues, which the prompt holds too: send fewer, or start a "
+                              f"new conversation without the {error.kind}s no longer needed", error.param)
 
 
 def _responses_field(param: str, sources: list[MessageSource]) -> str | None:
