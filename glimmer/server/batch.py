@@ -70,8 +70,9 @@ def parse_batch_input(data: bytes) -> list[BatchLine]:
     lines = []
     seen: dict[str, int] = {}  # custom_id → the line that named it first
     for number, raw in enumerate(data.split(b"\n"), start=1):
-        if number == 1:
-            raw = raw.removeprefix(UTF8_BYTE_ORDER_MARK)  # as some editors write
+        # as some editors write at a file's start; at a line's, where files so written were joined (`cat a b`): the
+        # mark is no part of a line's JSON wherever it is
+        raw = raw.removeprefix(UTF8_BYTE_ORDER_MARK)
         if not raw.strip():
             continue
         lines.append(_parse_line(raw, number, seen))

@@ -123,6 +123,17 @@ def test_a_line_that_is_no_utf_8_or_starts_with_a_byte_order_mark():
     assert second.error["error"]["code"] == "invalid_json_line" and "UTF-8" in second.error["error"]["message"]
 
 
+def test_files_written_with_a_byte_order_mark_and_joined_run_every_line():
+    """`cat a.jsonl b.jsonl` of two files an editor saved with a byte order mark puts the second's mark at the start of
+    a line in the middle: that line was an error record ("not a JSON object"). The mark is dropped at any line's start;
+    one inside a line's JSON is still its error."""
+    saved = [b"\xef\xbb\xbf" + _line(custom_id, "/v1/completions", {"prompt": "x"}).encode() + b"\n"
+             for custom_id in "ab"]
+    lines = parse_batch_input(b"".join(saved) + b'{"custom_id": \xef\xbb\xbf"c"}\n')
+    assert [(line.custom_id, line.error) for line in lines[:2]] == [("a", None), ("b", None)]
+    assert lines[2].error["error"]["code"] == "invalid_json_line" and lines[2].error["error"]["line"] == 3
+
+
 @pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16 or UTF-32"),
                                               ("utf-32", "UTF-32"), ("utf-32-le", "UTF-16 or UTF-32")])
 def test_a_file_in_utf_16_or_32_is_refused_whole(capsys, tmp_path, encoding, named):
