@@ -88,6 +88,39 @@ def test_batch_records_hold_what_the_http_server_answers_for_the_same_bodies(tin
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
 
 
+def test_a_responses_line_continuing_an_earlier_line_s_response_runs_after_it(tiny_checkpoint):
+    """Lines run concurrently, so a line whose previous_response_id named the response an earlier line makes (its
+    request_id) ran before that response was stored and failed "not found" or "still being generated". It runs once
+    that line's record is ready; after a line that failed it fails saying so, and naming a later line's response is
+    an error record of its own."""
+    def responses(custom_id, **fields):
+        return _line(custom_id, "/v1/responses", {"model": "tiny", "input": f"Turn {custom_id}",
+                                                   "max_output_tokens": 4, "temperature": 0, **fields})
+    text = "\n".join([
+        responses("a", request_id="resp-a"),
+        *[responses(custom_id, request_id=f"resp-{custom_id}", previous_response_id=f"resp-{before}")
+          for before, custom_id in zip("abc", "bcd", strict=True)],
+        responses("early", previous_response_id="resp-late"),
+        responses("late", request_id="resp-late"),
+        responses("broken", request_id="resp-broken", max_output_tokens=0),
+        responses("after-broken", previous_response_id="resp-broken"),
+        responses("alone")])
+    with live_server(tiny_checkpoint) as live:
+        records = {record["custom_id"]: record for record in _run(live.app, text, max_in_flight=16)}
+    assert {custom_id: record["response"]["status_code"] for custom_id, record in records.items()} == {
+        "a": 200, "b": 200, "c": 200, "d": 200, "early": 400, "late": 200, "broken": 400, "after-broken": 400,
+        "alone": 200}
+    chain = [records[custom_id]["response"]["body"] for custom_id in "abcd"]
+    assert [body["previous_response_id"] for body in chain] == [None, "resp-a", "resp-b", "resp-c"]
+    sizes = [body["usage"]["input_tokens"] for body in chain]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 4  # each read the turns before it
+    early = records["early"]["error"]["error"]
+    assert (early["param"], early["line"]) == ("body.previous_response_id", 5)
+    assert "'resp-late' is the response line 6 makes" in early["message"]
+    after = records["after-broken"]["error"]["error"]
+    assert after["code"] == "previous_response_not_found" and "line 7 failed" in after["message"]
+
+
 @pytest.mark.parametrize(("line", "code", "param", "custom_id"), [
     ("not json", "invalid_json_line", None, None),
     ('["a", "list"]', "invalid_json_line", None, None),
