@@ -27,6 +27,9 @@ from glimmer.errors import ConfigError, RequestError
 REASONING_STRENGTHS = ("low", "medium", "high", "xhigh")
 """Values of the template's `reasoning_strength` kwarg (the model card's vocabulary)."""
 
+TEMPLATE_DEFAULT_STRENGTH = "high"
+"""The strength the template reasons at when none is passed (P-EFF-1)."""
+
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 """Accepted values of OpenAI `reasoning_effort`."""
 

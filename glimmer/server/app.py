@@ -236,8 +236,8 @@ def _v1_router(context: ServingContext) -> APIRouter:
     _get_and_head(router, "/responses/{response_id}", stored_response)
 
     @router.delete("/responses/{response_id}")
-    async def forget_response(response_id: str) -> Response:
-        return delete_response(response_id, context)
+    async def forget_response(response_id: str, request: Request) -> Response:
+        return delete_response(response_id, request, context)
 
     @router.post("/responses/compact")
     async def compact() -> Response:
@@ -253,8 +253,8 @@ def _v1_router(context: ServingContext) -> APIRouter:
     _get_and_head(router, "/responses/{response_id}/input_items", response_input_items)
 
     @router.post("/responses/{response_id}/cancel")
-    async def cancel(response_id: str) -> Response:
-        return cancel_response(response_id, context)
+    async def cancel(response_id: str, request: Request) -> Response:
+        return cancel_response(response_id, request, context)
 
     async def models() -> Response:
         return JSONResponse({"object": "list", "data": [_model_card(context, name)

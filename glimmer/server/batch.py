@@ -12,6 +12,11 @@ vLLM's run_batch writes it: `response.body` null, `response.status_code` the ser
 error body, `{"error": {"message", "type", "param", "code"}}`. A line that is no request the server could answer (not
 JSON, no `custom_id`, a `custom_id` an earlier line has, a method or URL not served, `stream: true`) fails so too, with
 status 400 (vLLM's) and `error.error.line` its line; the batch goes on.
+
+A `/v1/responses` line whose `previous_response_id` names the response an earlier line makes (its body's
+`request_id`, the id vLLM stores a response under) runs once that line's record is ready, so that the response it
+continues is stored; if that line failed, it fails saying so, without running. One naming the response of a later
+line (or its own) is an error record: it could only ever run before it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class BatchLine:
     url: str | None = None
     body: bytes | None = None
     error: dict[str, Any] | None = None
+    makes: str | None = None  # the id of the stored response it makes (a /v1/responses body's `request_id`)
+    continues: str | None = None  # the `previous_response_id` of a /v1/responses body
+    after: int | None = None  # the index (in the lines) of the earlier line whose response it continues
 
 
 @dataclass
@@ -70,11 +78,32 @@ def parse_batch_input(data: bytes) -> list[BatchLine]:
     lines = []
     seen: dict[str, int] = {}  # custom_id → the line that named it first
     for number, raw in enumerate(data.split(b"\n"), start=1):
-        if number == 1:
-            raw = raw.removeprefix(UTF8_BYTE_ORDER_MARK)  # as some editors write
+        # as some editors write at a file's start; at a line's, where files so written were joined (`cat a b`): the
+        # mark is no part of a line's JSON wherever it is
+        raw = raw.removeprefix(UTF8_BYTE_ORDER_MARK)
         if not raw.strip():
             continue
         lines.append(_parse_line(raw, number, seen))
+    return _ordered_continuations(lines)
+
+
+def _ordered_continuations(lines: list[BatchLine]) -> list[BatchLine]:
+    """`lines`, each that continues the response an earlier line makes knowing that line (`after`, the latest such
+    line before it), one that names the response of itself or a later line an error record."""
+    made_by = {}  # response id → index of the latest line so far that makes it
+    makers = {line.makes: line.number for line in reversed(lines) if line.makes is not None}  # the first line of each
+    for index, line in enumerate(lines):
+        if line.continues in made_by:
+            line.after = made_by[line.continues]
+        elif line.continues in makers:
+            lines[index] = _line_error(line.number, line.custom_id, "invalid_parameter",
+                                       f"body.previous_response_id {line.continues!r} is the response line "
+                                       f"{makers[line.continues]} makes (its request_id), which does not come before "
+                                       "this line: a line continues only the response of an earlier line, which it "
+                                       "runs after", "body.previous_response_id")
+            continue
+        if line.makes is not None:
+            made_by[line.makes] = index
     return lines
 
 
@@ -127,7 +156,12 @@ def _parse_line(raw: bytes, number: int, seen: dict[str, int]) -> BatchLine:
     if body.get("stream") is True:
         return _line_error(number, custom_id, "invalid_parameter", "body.stream true is not supported in a batch: "
                            "each result is written whole; leave stream out or false", "body.stream")
-    return BatchLine(number, custom_id, url, members["body"][1].encode())
+    line = BatchLine(number, custom_id, url, members["body"][1].encode())
+    if url == "/v1/responses":  # the server checks both; a value it refuses orders nothing
+        stored = body.get("store") is not False
+        line.makes = body["request_id"] if stored and isinstance(body.get("request_id"), str) else None
+        line.continues = body["previous_response_id"] if isinstance(body.get("previous_response_id"), str) else None
+    return line
 
 
 def _json_type(value: Any) -> str:
@@ -176,11 +210,15 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
     limit = asyncio.Semaphore(max_in_flight)
     stop = asyncio.Event()  # set: every request in flight sees its client leave
     failures: list[Exception] = []
+    # the record of each line another continues, once ready: its response is stored by then
+    continued = {line.after: asyncio.get_running_loop().create_future() for line in lines if line.after is not None}
 
     def ready(index: int, record: dict[str, Any]) -> None:
         if stop.is_set():
             return
         records[index] = record
+        if index in continued:
+            continued[index].set_result(record)
         on_done()
         while summary.written in records:
             written = records.pop(summary.written)
@@ -190,6 +228,13 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
 
     async def run(index: int, line: BatchLine) -> None:
         try:
+            if line.after is not None:  # it holds its place in flight: the line it waits for is in flight before it
+                before = await _unless_stopped(continued[line.after], stop)
+                if before is None:
+                    return
+                if before["error"] is not None:
+                    ready(index, _record(line.custom_id, 400, _failed_before(line, lines[line.after])))
+                    return
             ready(index, await _answer(app, line, stop))
         except Exception as error:  # writing the record failed (a full disk): the batch stops, saying why
             failures.append(error)
@@ -219,6 +264,24 @@ async def run_batch(app: ASGIApp, lines: list[BatchLine], write: Callable[[dict[
     if failures:
         raise failures[0]
     return summary
+
+
+async def _unless_stopped(record: asyncio.Future, stop: asyncio.Event) -> dict[str, Any] | None:
+    """The record `record` will hold, or None once `stop` is set first."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({record, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    return record.result() if record.done() and not stop.is_set() else None
+
+
+def _failed_before(line: BatchLine, before: BatchLine) -> dict[str, Any]:
+    """The error of `line`, not run: the line whose response it continues failed, so no such response was stored."""
+    return _line_error(line.number, line.custom_id, "previous_response_not_found",
+                       f"body.previous_response_id {line.continues!r} is the response line {before.number} makes, "
+                       f"and line {before.number} failed (see its record), so this line was not run",
+                       "body.previous_response_id").error
 
 
 async def _answer(app: ASGIApp, line: BatchLine, stop: asyncio.Event) -> dict[str, Any]:

@@ -198,6 +198,16 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
     return None
 
 
+class MediaLimitError(RequestError):
+    """More images (or videos) in one request than the server takes: `param` the first part over the limit,
+    `counted` the parts of its `kind` taken before it."""
+
+    def __init__(self, message: str, param: str, kind: str, counted: tuple[str, ...]):
+        super().__init__(message, param=param)
+        self.kind = kind
+        self.counted = counted
+
+
 def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
                cancel: CancelToken | None = None) -> tuple[list[Any], list[Any]]:
     """The images and videos of the messages (as the client sent them, so that an error names the client's part),
@@ -208,6 +218,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     """
     settings = context.settings
     found: dict[str, list[Any]] = {"image": [], "video": []}
+    counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
     for kind, param, part in media_parts(messages):
         if not context.model_has_vision:
@@ -219,10 +230,12 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
                                param=param)
         _, reference = media_from_part(part, param)
         if len(found[kind]) == limits[kind]:
-            raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
-                               f"--max-{kind}s-per-request limit)", param=param)
+            raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
+                                  f"--max-{kind}s-per-request limit)", param=param, kind=kind,
+                                  counted=tuple(counted[kind]))
         if cancel is not None:
             cancel.check()
+        counted[kind].append(param)
         found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
                                                 cancel))
     return found["image"], found["video"]

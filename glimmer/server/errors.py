@@ -93,16 +93,17 @@ def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 # headers HTTP asks of these statuses: how to authenticate (RFC 9110 §15.5.2), when to come back (§10.2.3)
 _STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}, 503: {"Retry-After": "1"}}
-# 500s the openai SDKs must not retry (they retry a 500 twice unless told not to): a forced call the same request
-# would miss again, each retry running the whole generation once more; a step that failed, which the same request
-# would likely fail again, its batch-mates' requests with it, and three failed steps in a row stop the engine
-# (async_engine.MAX_CONSECUTIVE_STEP_FAILURES); a stopped engine, which no retry finds alive
-_NOT_RETRIED = (ToolChoiceUnsatisfiedError, EngineStepError, EngineDeadError)
 
 
 def error_response(exc: BaseException) -> JSONResponse:
+    """The error's response. A 500 says `x-should-retry: false`, which the openai SDKs honour (they retry a 500 twice
+    unless told not to): every 500 of Glimmer's comes of the request itself, which a retry sends to the same code
+    again, rerunning its work each time: a forced call the same request would miss again, a step that failed, which
+    would likely fail again, its batch-mates' requests with it (three failed steps in a row stop the engine,
+    async_engine.MAX_CONSECUTIVE_STEP_FAILURES), a stopped engine no retry finds alive, an internal error (a bug) met
+    on its way. What a retry can mend is a 429 (a full queue) or a 503 (shutting down), which stay retried."""
     status, body = describe_error(exc)
     headers = dict(_STATUS_HEADERS.get(status, {}))
-    if isinstance(exc, _NOT_RETRIED):
+    if status == 500:
         headers["x-should-retry"] = "false"
     return JSONResponse(body, status_code=status, headers=headers or None)

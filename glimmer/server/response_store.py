@@ -1,8 +1,12 @@
 """Stored responses, for `previous_response_id`, `GET` and `DELETE /v1/responses/{id}`: in memory, bounded.
 
-A stored response keeps the conversation it ends (the input items, its own and those of the responses before
-it, followed by its output items) and its response object. The store holds at most `max_bytes` of them (sized
-as JSON) and forgets each after `max_age_s`; the oldest go first. A server restart forgets everything.
+A stored response keeps its response object and the items it added to its conversation (its own input items, then
+its output items, a `_Segment`), linked to the segment of the response it continues: a chain of responses holds each
+item once, so its stored size grows with its length, not with its square. The store holds at most `max_bytes` (sized
+as JSON: each response object, and each segment once, however many responses continue it) and forgets each response
+after `max_age_s`; the oldest go first. A segment stays while a stored response holds it, as its own or down its
+chain: forgetting a response forgets its items only once no stored response continues it, so a response that is kept
+always has its whole conversation, and what the store holds is what it counts. A server restart forgets everything.
 
 A response is stored when it ends; while it is generated the store knows it as in progress (`generating`), so that
 the routes naming it can tell a response not yet finished from one that does not exist.
@@ -20,17 +24,42 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False))
+
+
+@dataclass(eq=False)
+class _Segment:
+    """The items one response added to its conversation, after those of the segment it continues (`previous`)."""
+
+    items: list[dict[str, Any]]
+    previous: _Segment | None
+    size_bytes: int
+    holders: int = 0  # the stored response it is the segment of, and the kept segments continuing it
+
+
 @dataclass(frozen=True)
 class StoredResponse:
-    items: list[dict[str, Any]]
     response: dict[str, Any]
-    size_bytes: int
+    segment: _Segment
+    size_bytes: int  # of the response object; the segment is counted apart, once
     stored_at: float
+
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """The conversation the response ends: the items of the responses it continues, its input, its output."""
+        segments = []
+        segment: _Segment | None = self.segment
+        while segment is not None:
+            segments.append(segment.items)
+            segment = segment.previous
+        return [item for items in reversed(segments) for item in items]
 
     @property
     def input_items(self) -> list[dict[str, Any]]:
         """The items the response read: those of the responses it continues, then its own input."""
-        return self.items[:len(self.items) - len(self.response["output"])]
+        items = self.items
+        return items[:len(items) - len(self.response["output"])]
 
 
 class ResponseStore:
@@ -43,18 +72,28 @@ class ResponseStore:
         self._generating: dict[str, Callable[[], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any]) -> None:
-        """Keep a response, in place of one stored under its id (a client's `request_id` named both); one larger than
-        the whole store is not kept."""
-        size = len(json.dumps(items, ensure_ascii=False)) + len(json.dumps(response, ensure_ascii=False))
+    @property
+    def size_bytes(self) -> int:
+        """What the store holds, as it counts it against max_bytes."""
+        return self._size_bytes
+
+    def put(self, response_id: str, items: list[dict[str, Any]], response: dict[str, Any],
+            previous: StoredResponse | None = None) -> None:
+        """Keep a response that added `items` (its own input items, then its output items) to the conversation of
+        `previous`, the response it continues as it was read (held on even if forgotten since), in place of one
+        stored under its id (a client's `request_id` named both). One larger than the whole store is not kept, nor
+        one whose conversation is: the oldest responses go first, it too once no other is left."""
+        segment = _Segment(items, previous.segment if previous is not None else None, _json_bytes(items))
+        size = _json_bytes(response)
         with self._lock:
             replaced = self._entries.pop(response_id, None)
             if replaced is not None:
-                self._size_bytes -= replaced.size_bytes
-            if size > self.max_bytes:
+                self._forget(replaced)
+            if size + segment.size_bytes > self.max_bytes:
                 return
-            self._entries[response_id] = StoredResponse(items, response, size, self._clock())
+            self._entries[response_id] = StoredResponse(response, segment, size, self._clock())
             self._size_bytes += size
+            self._hold(segment)
             while self._size_bytes > self.max_bytes:
                 self._evict_oldest()
 
@@ -102,7 +141,7 @@ class ResponseStore:
             entry = self._entries.pop(response_id, None)
             if entry is None:  # evicted between the two
                 return False
-            self._size_bytes -= entry.size_bytes
+            self._forget(entry)
             return True
 
     def __len__(self) -> int:
@@ -115,4 +154,26 @@ class ResponseStore:
 
     def _evict_oldest(self) -> None:
         _, entry = self._entries.popitem(last=False)
+        self._forget(entry)
+
+    def _forget(self, entry: StoredResponse) -> None:
+        """Uncount a response taken out of the entries: its object, and its segments that nothing else holds."""
         self._size_bytes -= entry.size_bytes
+        segment: _Segment | None = entry.segment
+        while segment is not None:
+            segment.holders -= 1
+            if segment.holders:
+                return
+            self._size_bytes -= segment.size_bytes
+            segment = segment.previous
+
+    def _hold(self, segment: _Segment) -> None:
+        """Count a segment a new response holds, and the segments it continues that nothing held any longer (a
+        response continued after it was forgotten brings its conversation back, which is kept again)."""
+        current: _Segment | None = segment
+        while current is not None:
+            current.holders += 1
+            if current.holders > 1:
+                return
+            self._size_bytes += current.size_bytes
+            current = current.previous

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from glimmer.engine.outputs import StepDelta
 from glimmer.errors import RequestError
 from glimmer.protocol.deltas import Event
+from glimmer.protocol.reasoning_strength import TEMPLATE_DEFAULT_STRENGTH
 from glimmer.server.body import read_body
 from glimmer.server.chat import ChatRun, chat_updates, start_chat_run
 from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
@@ -36,7 +37,7 @@ from glimmer.server.choice_stream import Released, coalesced
 from glimmer.server.context import ServingContext
 from glimmer.server.errors import APIError, describe_error
 from glimmer.server.request_id import response_id
-from glimmer.server.response_store import ResponseStore
+from glimmer.server.response_store import ResponseStore, StoredResponse
 from glimmer.server.responses_input import (
     MessageSource,
     chat_messages,
@@ -78,6 +79,8 @@ class _Conversation:
     items: list[dict[str, Any]]
     chat: ChatCompletionRequest
     sources: list[MessageSource]  # where each chat message came from, for errors naming the request's fields
+    previous: StoredResponse | None = None  # the response continued, as read: its items are the first `continued`
+    continued: int = 0
 
 
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
@@ -85,6 +88,7 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     check_supported(request)
     items = [_with_stored_reasoning(item, store) for item in input_items(request.input)]
     continued = 0  # items of the response continued, before the request's own input
+    previous = None
     if request.previous_response_id is not None:
         previous = store.get(request.previous_response_id)
         if previous is None and store.in_progress(request.previous_response_id) is not None:
@@ -123,7 +127,7 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
         chat = ChatCompletionRequest.model_validate(fields, strict=False)
     except ValidationError as exc:
         raise responses_error(request_error(exc), sources) from None
-    return _Conversation(items, chat, sources)
+    return _Conversation(items, chat, sources, previous, continued)
 
 
 def _with_stored_reasoning(item: Any, store: ResponseStore) -> Any:
@@ -337,7 +341,7 @@ class _ResponseRun:
             # as OpenAI and vLLM echo them: the values sampled with (a field left out has the checkpoint's default)
             "temperature": self.chat.params.temperature, "top_p": self.chat.params.top_p,
             "max_output_tokens": request.max_output_tokens, "top_logprobs": request.top_logprobs or 0,
-            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None,
+            "reasoning": {"effort": _reasoning_effort(request, self.chat.prompt.rendering.strength),
                           "summary": reasoning_summary(request), "context": REASONING_CONTEXT, "mode": REASONING_MODE},
             "text": _text_config(request), "truncation": "disabled",
             "store": request.store is not False,
@@ -345,7 +349,7 @@ class _ResponseRun:
             "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
             "prompt_cache_options": _prompt_cache_options(request),
             "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
-            "background": False, "max_tool_calls": None, "error": error,
+            "background": False, "max_tool_calls": request.max_tool_calls, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": self.usage(choice) if done else None,
         }
@@ -380,7 +384,9 @@ class _ResponseRun:
 
     def keep(self, response: dict[str, Any]) -> None:
         if self.request.store is not False:  # input items get their ids here, which they keep down the chain
-            self.store.put(self.id, with_item_ids(self.conversation.items) + response["output"], response)
+            conversation = self.conversation
+            own = with_item_ids(conversation.items[conversation.continued:])
+            self.store.put(self.id, own + response["output"], response, conversation.previous)
 
     def event(self, payload: dict[str, Any]) -> str:
         payload = {**payload, "sequence_number": self.sequence_number}
@@ -407,6 +413,15 @@ def _text_config(request: ResponsesRequest) -> dict[str, Any]:
     text = request.text or {}
     verbosity = {"verbosity": text["verbosity"]} if text.get("verbosity") is not None else {}
     return {"format": text.get("format") or {"type": "text"}, **verbosity}
+
+
+def _reasoning_effort(request: ResponsesRequest, strength: str | None) -> str:
+    """The `reasoning.effort` echoed, as OpenAI echoes a reasoning model's (its default too, never null): the one
+    sent, else the strength the prompt was rendered with (`reasoning_strength`, `chat_template_kwargs`,
+    `enable_thinking: false`, the server's default), else the template's own."""
+    if request.reasoning is not None and request.reasoning.effort is not None:
+        return request.reasoning.effort.lower()  # taken in any case (P-EFF-2); the SDK types it lower-case
+    return strength or TEMPLATE_DEFAULT_STRENGTH
 
 
 def _tool_choice(request: ResponsesRequest) -> Any:
@@ -457,10 +472,7 @@ def get_response(response_id: str, raw_request: Request, context: ServingContext
     """GET /v1/responses/{id} (the SDK's `responses.retrieve`). Its `stream` and `starting_after` replay a background
     response's events, and Glimmer runs none: refused (400 naming them) rather than answered with the JSON object;
     `include` is checked as on create (output parts hold the logprobs they were made with)."""
-    query = _query(raw_request)
-    unknown = sorted(set(query) - {"include", "stream", "starting_after", "include_obfuscation"})
-    if unknown:
-        raise RequestError(f"{unknown[0]}: unknown query parameter", param=unknown[0])
+    query = _query(raw_request, ("include", "stream", "starting_after", "include_obfuscation"))
     check_include(list(query.get("include", [])))
     for name in ("stream", "include_obfuscation"):  # either case: Python's `requests` writes False as "False"
         if query.get(name, "false").lower() not in ("true", "false"):
@@ -490,9 +502,9 @@ def list_input_items(response_id: str, raw_request: Request, context: ServingCon
     return JSONResponse(input_items_page(stored.input_items, query))
 
 
-def _query(raw_request: Request) -> dict[str, str | list[str]]:
+def _query(raw_request: Request, known: tuple[str, ...] | None = None) -> dict[str, str | list[str]]:
     """The query parameters, `include` as a list (the SDK sends `include[]=...`); RequestError for another one
-    given twice."""
+    given twice, or for one not `known` (where the route says which it takes; `()` for none)."""
     query: dict[str, str | list[str]] = {}
     for name, value in raw_request.query_params.multi_items():
         if name in ("include", "include[]"):
@@ -501,13 +513,19 @@ def _query(raw_request: Request) -> dict[str, str | list[str]]:
             raise RequestError(f"{name}: given more than once", param=name)
         else:
             query[name] = value
+    unknown = sorted(set(query) - set(known)) if known is not None else []
+    if unknown:
+        takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
+        raise RequestError(f"{unknown[0]}: unknown query parameter ({takes})", param=unknown[0])
     return query
 
 
-def cancel_response(response_id: str, context: ServingContext) -> Response:
+def cancel_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """POST /v1/responses/{id}/cancel: OpenAI cancels only responses created with `background: true`, which
     Glimmer refuses, so no response can be cancelled: 404 for one not stored, 400 for a stored one (it has
-    finished). A response being generated stops when its client closes the connection."""
+    finished). A response being generated stops when its client closes the connection. It takes no query
+    parameter."""
+    _query(raw_request, ())
     if context.responses.get(response_id) is None:
         if context.responses.in_progress(response_id) is not None:
             raise RequestError(f"response_id: {response_id!r} cannot be cancelled: only background responses can be, "
@@ -528,9 +546,11 @@ def refuse_compaction() -> NoReturn:
                        "model's context", param=None)
 
 
-def delete_response(response_id: str, context: ServingContext) -> Response:
+def delete_response(response_id: str, raw_request: Request, context: ServingContext) -> Response:
     """DELETE /v1/responses/{id}: forget a stored response, as OpenAI's API does; later requests naming it as
-    `previous_response_id` are refused."""
+    `previous_response_id` are refused. It takes no query parameter (one misspelt or meant for another route is a
+    400 before anything is deleted, as GET's and input_items' unknown ones are)."""
+    _query(raw_request, ())
     if not context.responses.delete(response_id):
         _refuse_in_progress(response_id, context, "it can be deleted")
         raise _not_stored(response_id)

@@ -2,7 +2,8 @@
 
 - a string input is one user message; `instructions` become a system message first (developer messages in
   the input then join it, as on chat);
-- message items keep their role; `input_text` / `output_text` parts become text, `input_image` parts
+- message items keep their role; `input_text` / `output_text` parts become text (so do an assistant message's
+  `refusal` parts, what the model said in refusing; elsewhere one is refused), `input_image` parts
   image_url parts; other parts (`input_file`, `input_audio`, …) are refused naming the part;
 - a `reasoning` item (its `content` text, else its summary text, else the text its `encrypted_content` holds: what
   Glimmer returns there, with `include: ["reasoning.encrypted_content"]`, is the text encoded, not encrypted, for
@@ -40,6 +41,7 @@ from typing import Any
 from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal.sources import IMAGE_DETAILS
 from glimmer.protocol.request_normalization import tool_results_in_call_order
+from glimmer.server.chat_prompt import MediaLimitError
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -80,6 +82,8 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
         error = error.naming([replace(part, name=_responses_field(part.name, sources) or part.name,
                                       param=_responses_field(part.param, sources) or part.param)
                               for part in error.parts])
+    if isinstance(error, MediaLimitError):
+        error = _counting_the_chain(error, sources)
     param = error.param
     if param is None:
         return error
@@ -89,6 +93,18 @@ def responses_error(error: RequestError, sources: list[MessageSource]) -> Reques
     # the field itself, not a longer name ending in it (chat_template_kwargs.reasoning_effort keeps its name)
     message = re.sub(rf"(?<![\w.]){re.escape(param)}(?!\w)", lambda _: renamed, str(error))
     return error.with_message(message, renamed)
+
+
+def _counting_the_chain(error: MediaLimitError, sources: list[MessageSource]) -> RequestError:
+    """`error` saying how many of the images (or videos) it counted came from the responses previous_response_id
+    continues, where any did: the request's input may hold fewer than the limit."""
+    chained = sum(1 for param in error.counted if (match := _MESSAGE_PARAM.match(param)) is not None
+                  and int(match[1]) < len(sources) and sources[int(match[1])].path == _CHAIN)
+    if not chained:
+        return error
+    return error.with_message(f"{error}; {chained} of the {error.kind}s counted are in the responses "
+                              "previous_response_id continues, which the prompt holds too: send fewer, or start a "
+                              f"new conversation without the {error.kind}s no longer needed", error.param)
 
 
 def _responses_field(param: str, sources: list[MessageSource]) -> str | None:
@@ -188,7 +204,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                 flush_within_turn()
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
-            assistant["content"] = _text_of(item.get("content"), f"{where}.content")
+            assistant["content"] = _text_of(item.get("content"), f"{where}.content", refusal=True)
             _refuse_resent(said, "assistant message", assistant["content"], where)
         elif kind == "message":
             flush()
@@ -349,12 +365,19 @@ def _unsealed_reasoning(value: Any, where: str) -> str:
                        "here); send the reasoning text in `content`", param=where)
 
 
-def _part_text(part: Any, where: str, accepted: str = "text parts") -> str:
-    """The text of a text part; RequestError for any other part, saying that `accepted` parts are taken there."""
+def _part_text(part: Any, where: str, accepted: str = "text parts", refusal: bool = False) -> str:
+    """The text of a text part, or with `refusal` (an assistant message's content) of a `refusal` part, the text the
+    model said to the user in refusing; RequestError for any other part, saying that `accepted` parts are taken
+    there."""
     if isinstance(part, dict) and isinstance(part.get("text"), str) and part.get("type") in (
             *_TEXT_PARTS, "reasoning_text", "summary_text"):
         return part["text"]
-    if isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+    if isinstance(part, dict) and part.get("type") == "refusal":
+        if not refusal:  # the model's words in someone else's turn: a user's text would be read as the model's
+            raise RequestError(f"{where}: a refusal part is the model's refusal, taken in an assistant message item's "
+                               "content only; send other text as an input_text part", param=where)
+        if not isinstance(part.get("refusal"), str):
+            raise RequestError(f"{where}.refusal: a refusal part needs a string `refusal`", param=f"{where}.refusal")
         return part["refusal"]
     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
     if kind in (*_TEXT_PARTS, "reasoning_text", "summary_text"):  # a text part without its text
@@ -362,11 +385,11 @@ def _part_text(part: Any, where: str, accepted: str = "text parts") -> str:
     raise RequestError(f"{where}: parts of type {kind!r} are not supported here ({accepted} are)", param=where)
 
 
-def _text_of(content: Any, field: str, accepted: str = "text parts") -> str:
+def _text_of(content: Any, field: str, accepted: str = "text parts", refusal: bool = False) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(_part_text(part, f"{field}[{j}]", accepted) for j, part in enumerate(content))
+        return "".join(_part_text(part, f"{field}[{j}]", accepted, refusal) for j, part in enumerate(content))
     raise RequestError(f"{field}: must be a string or a list of text parts", param=field)
 
 

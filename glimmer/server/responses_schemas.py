@@ -3,9 +3,10 @@
 As for chat, unknown fields are refused (400 naming them); fields that cannot change the output are checked as
 OpenAI checks them, echoed in the response object and otherwise ignored (`user`, `metadata`, `service_tier`,
 `safety_identifier`, `prompt_cache_key`, `prompt_cache_retention`, `prompt_cache_options`, whose `prewarm: true`
-is refused; `stream_options.include_obfuscation` is accepted with `stream: true`, not echoed); and fields Glimmer
+is refused; `max_tool_calls`, which bounds calls to OpenAI's built-in tools, not function calls, and Glimmer has only
+function tools; `stream_options.include_obfuscation` is accepted with `stream: true`, not echoed); and fields Glimmer
 cannot honour are refused unless unset (or `background: false`): `background`, `conversation`,
-`prompt`, `max_tool_calls`, `context_management`, `truncation: "auto"`, `text.verbosity` but "medium" (OpenAI's
+`prompt`, `context_management`, `truncation: "auto"`, `text.verbosity` but "medium" (OpenAI's
 default, taken and echoed), tools other than functions. `include` may name
 `message.output_text.logprobs` (the answer's token logprobs, with `top_logprobs` alternatives each, as chat's
 `logprobs` and `top_logprobs`) and `reasoning.encrypted_content` (reasoning items carry their text in `content`,
@@ -113,11 +114,13 @@ class ResponsesRequest(RequestBody):
     prompt_cache_retention: PromptCacheRetention | None = None
     prompt_cache_options: ResponsesPromptCacheOptions | None = None  # `prewarm: true` refused (check_supported)
     stream_options: ResponsesStreamOptions | None = None  # only with `stream: true` (check_supported)
+    # OpenAI's bound on calls to its built-in tools (web search, file search, ...), which function calls do not count
+    # against: Glimmer has function tools only, so no value changes what the model may call
+    max_tool_calls: Count | None = None
     # refused unless unset (see _REFUSED)
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
-    max_tool_calls: Count | None = None
     context_management: Any = None
     # chat's rendering fields: refused whatever their value, naming the endpoint that takes them (check_supported)
     add_generation_prompt: Any = None
@@ -151,7 +154,6 @@ _REFUSED = {
     "background": "background responses are not supported; leave `background` unset",
     "conversation": "conversations are not supported; chain responses with `previous_response_id`",
     "prompt": "stored prompt templates are not supported; send `input` and `instructions`",
-    "max_tool_calls": "`max_tool_calls` is not supported (it limits built-in tools, which Glimmer has none of)",
     "context_management": "`context_management` (compaction) is not supported",
 }
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"
@@ -163,7 +165,7 @@ def check_supported(request: ResponsesRequest) -> None:
     """Raises RequestError naming a field Glimmer cannot honour (HTTP 400) rather than ignore it."""
     for name, reason in _REFUSED.items():
         value = getattr(request, name)
-        if value is not None and value is not False:  # `max_tool_calls: 0` too (0 == False)
+        if value is not None and value is not False:
             raise RequestError(f"{name}: {reason}", param=name)
     check_metadata(request.metadata or {})
     if request.stream_options is not None and not request.stream:  # as chat's: it shapes a stream only

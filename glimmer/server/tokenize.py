@@ -3,7 +3,8 @@
 `/tokenize` takes either a `prompt` (text, tokenized as /v1/completions tokenizes it: bos added unless
 `add_special_tokens` is false or the text starts with one) or chat `messages` (rendered exactly as
 /v1/chat/completions renders them, so `count` is that request's `usage.prompt_tokens`), and answers `count`,
-`max_model_len` and `tokens` (with `token_strs`, the vocabulary entries, when `return_token_strs`).
+`max_model_len`, `tokens` and `token_strs` (the vocabulary entries with `return_token_strs`, else null, as vLLM's
+TokenizeResponse is sent).
 `/detokenize` takes `tokens` and answers their text as `prompt`, special tokens kept (P-TOK-3).
 """
 
@@ -58,11 +59,9 @@ async def tokenize(raw_request: Request, context: ServingContext) -> Response:
     context.check_model(request.model)
     token_ids = await in_worker_thread(raw_request, lambda cancel: _token_ids(request, context, cancel),
                                        prompt_threads(request.messages, context))
-    body: dict[str, Any] = {"count": len(token_ids), "max_model_len": context.engine.engine.max_model_len,
-                            "tokens": token_ids}
-    if request.return_token_strs:
-        body["token_strs"] = [context.tokenizer.id_to_token(token_id) for token_id in token_ids]
-    return JSONResponse(body)
+    strs = [context.tokenizer.id_to_token(token_id) for token_id in token_ids] if request.return_token_strs else None
+    return JSONResponse({"count": len(token_ids), "max_model_len": context.engine.engine.max_model_len,
+                         "tokens": token_ids, "token_strs": strs})
 
 
 async def detokenize(raw_request: Request, context: ServingContext) -> Response:

@@ -88,6 +88,39 @@ def test_batch_records_hold_what_the_http_server_answers_for_the_same_bodies(tin
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
 
 
+def test_a_responses_line_continuing_an_earlier_line_s_response_runs_after_it(tiny_checkpoint):
+    """Lines run concurrently, so a line whose previous_response_id named the response an earlier line makes (its
+    request_id) ran before that response was stored and failed "not found" or "still being generated". It runs once
+    that line's record is ready; after a line that failed it fails saying so, and naming a later line's response is
+    an error record of its own."""
+    def responses(custom_id, **fields):
+        return _line(custom_id, "/v1/responses", {"model": "tiny", "input": f"Turn {custom_id}",
+                                                   "max_output_tokens": 4, "temperature": 0, **fields})
+    text = "\n".join([
+        responses("a", request_id="resp-a"),
+        *[responses(custom_id, request_id=f"resp-{custom_id}", previous_response_id=f"resp-{before}")
+          for before, custom_id in zip("abc", "bcd", strict=True)],
+        responses("early", previous_response_id="resp-late"),
+        responses("late", request_id="resp-late"),
+        responses("broken", request_id="resp-broken", max_output_tokens=0),
+        responses("after-broken", previous_response_id="resp-broken"),
+        responses("alone")])
+    with live_server(tiny_checkpoint) as live:
+        records = {record["custom_id"]: record for record in _run(live.app, text, max_in_flight=16)}
+    assert {custom_id: record["response"]["status_code"] for custom_id, record in records.items()} == {
+        "a": 200, "b": 200, "c": 200, "d": 200, "early": 400, "late": 200, "broken": 400, "after-broken": 400,
+        "alone": 200}
+    chain = [records[custom_id]["response"]["body"] for custom_id in "abcd"]
+    assert [body["previous_response_id"] for body in chain] == [None, "resp-a", "resp-b", "resp-c"]
+    sizes = [body["usage"]["input_tokens"] for body in chain]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 4  # each read the turns before it
+    early = records["early"]["error"]["error"]
+    assert (early["param"], early["line"]) == ("body.previous_response_id", 5)
+    assert "'resp-late' is the response line 6 makes" in early["message"]
+    after = records["after-broken"]["error"]["error"]
+    assert after["code"] == "previous_response_not_found" and "line 7 failed" in after["message"]
+
+
 @pytest.mark.parametrize(("line", "code", "param", "custom_id"), [
     ("not json", "invalid_json_line", None, None),
     ('["a", "list"]', "invalid_json_line", None, None),
@@ -121,6 +154,17 @@ def test_a_line_that_is_no_utf_8_or_starts_with_a_byte_order_mark():
                                       + b"\n\xff\xfe{}\n")
     assert first.error is None and first.custom_id == "a"
     assert second.error["error"]["code"] == "invalid_json_line" and "UTF-8" in second.error["error"]["message"]
+
+
+def test_files_written_with_a_byte_order_mark_and_joined_run_every_line():
+    """`cat a.jsonl b.jsonl` of two files an editor saved with a byte order mark puts the second's mark at the start of
+    a line in the middle: that line was an error record ("not a JSON object"). The mark is dropped at any line's start;
+    one inside a line's JSON is still its error."""
+    saved = [b"\xef\xbb\xbf" + _line(custom_id, "/v1/completions", {"prompt": "x"}).encode() + b"\n"
+             for custom_id in "ab"]
+    lines = parse_batch_input(b"".join(saved) + b'{"custom_id": \xef\xbb\xbf"c"}\n')
+    assert [(line.custom_id, line.error) for line in lines[:2]] == [("a", None), ("b", None)]
+    assert lines[2].error["error"]["code"] == "invalid_json_line" and lines[2].error["error"]["line"] == 3
 
 
 @pytest.mark.parametrize(("encoding", "named"), [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16 or UTF-32"),

@@ -517,6 +517,25 @@ def test_an_internal_failure_is_500_without_a_stack_trace_and_is_logged(server, 
     assert error["type"] == "internal_error"
     assert "secret" not in response.text and "Traceback" not in response.text
     assert any("the secret internals" in (record.exc_text or "") or record.exc_info for record in caplog.records)
+    assert response.headers["x-should-retry"] == "false"
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("a bug"), glimmer.errors.ConfigError("a config read mid-request")])
+def test_an_internal_error_is_a_500_the_sdk_does_not_retry(server, monkeypatch, raised):
+    """Only a failed step, a dead engine and a missed forced call said `x-should-retry: false`: the SDK sent a request
+    meeting any other internal error twice more (rendering its prompt each time), though the same request meets the
+    same code. Every 500 says so; the retried statuses are 429 and 503."""
+    context, calls = server.app.state.context, []
+
+    def broken(*args, **kwargs):
+        calls.append(args)
+        raise raised
+
+    monkeypatch.setattr(context.template, "render_prompt", broken)
+    client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=2)
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.chat.completions.create(**sdk_chat())
+    assert refused.value.response.headers["x-should-retry"] == "false" and len(calls) == 1
 
 
 def test_template_errors_map_to_400_with_the_template_message():

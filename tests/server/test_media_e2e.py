@@ -117,6 +117,29 @@ def test_too_many_images_is_a_400_naming_the_limit(client):
         client.chat.completions.create(model="tiny", messages=_messages(url, url, url), max_tokens=2, extra_body=EXTRA)
 
 
+def test_the_image_limit_says_when_it_counted_the_images_of_the_responses_continued(client):
+    """/v1/responses counts the images of the responses previous_response_id continues (the prompt holds them): a
+    request sending one image past them was refused "more than 2 images in one request", naming its one image. The
+    message says how many of those counted came from the chain; a request over the limit alone says nothing of it."""
+    url = _data_url(_png(5, size=(30, 30)))
+    images = [{"type": "input_image", "image_url": url}] * 2
+    first = client.responses.create(model="tiny", max_output_tokens=2, extra_body=EXTRA, input=[
+        {"role": "user", "content": [*images, {"type": "input_text", "text": "Compare them."}]}])
+    one_more = [{"role": "user", "content": [images[0], {"type": "input_text", "text": "And this?"}]}]
+    for create in (client.responses.create, client.responses.input_tokens.count):
+        with pytest.raises(openai.BadRequestError) as refused:
+            create(model="tiny", input=one_more, previous_response_id=first.id, extra_body=EXTRA)
+        assert refused.value.body["param"] == "input[0].content[0]"
+        message = refused.value.body["message"]
+        assert message.startswith("input[0].content[0]: more than 2 images in one request"), message
+        assert "2 of the images counted are in the responses previous_response_id continues" in message
+    with pytest.raises(openai.BadRequestError) as alone:
+        client.responses.create(model="tiny", max_output_tokens=2, extra_body=EXTRA, input=[
+            {"role": "user", "content": [*images, *images]}])
+    assert alone.value.body["param"] == "input[0].content[2]"
+    assert "previous_response_id" not in alone.value.body["message"]
+
+
 def test_the_server_keeps_serving_after_bad_media(client):
     response = client.chat.completions.create(model="tiny", messages=_messages(_data_url(_png(6))), max_tokens=2,
                                               extra_body=EXTRA)

@@ -5,6 +5,7 @@ The network is scripted (`ScriptedRunner`): the model's turn is known, everythin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import threading
@@ -125,6 +126,50 @@ def test_the_reasoning_context_and_mode_glimmer_runs_are_taken_and_reported(clie
     assert response.output_text == plain.output_text and response.usage.input_tokens == plain.usage.input_tokens
     for echoed in (response, plain):
         assert (echoed.reasoning.context, echoed.reasoning.mode) == ("all_turns", "standard")
+
+
+@pytest.mark.parametrize(("fields", "effort"), [
+    ({}, "high"),  # the template's default (P-EFF-1)
+    ({"reasoning": {"effort": "minimal"}}, "minimal"),  # as sent, though it renders as low (P-EFF-2)
+    ({"reasoning": {"effort": "Medium"}}, "medium"),
+    ({"extra_body": {"reasoning_strength": "low", **EXTRA}}, "low"),
+    ({"extra_body": {"chat_template_kwargs": {**PINNED_DATE, "enable_thinking": False}}}, "low"),
+])
+def test_the_reasoning_effort_echoed_is_the_one_reasoned_with_never_null(client, fields, effort):
+    """`reasoning.effort` was echoed as sent, null when none was: OpenAI echoes a reasoning model's effort, its
+    default too. It is the one sent, else the strength the prompt was rendered with (Glimmer's reasoning_strength,
+    enable_thinking false, the server's default), else the template's, high."""
+    body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", "extra_body": EXTRA, **fields}
+    response = client.responses.create(**body)
+    created = next(iter(client.responses.create(**body, stream=True)))
+    for echoed in (response, client.responses.retrieve(response.id), created.response):
+        assert echoed.reasoning.effort == effort
+
+
+def test_a_refusal_part_is_an_assistant_message_s_text_and_refused_elsewhere(server, client):
+    """A `refusal` part (OpenAI's output part for the model's refusal) was taken as text anywhere: in a user message
+    its text was read as the user's. It is what the assistant said in an assistant message item, rendered as that
+    text; in another item it is a 400 naming the part."""
+    def counted(content):
+        items = [{"role": "user", "content": "Help?"}, {"role": "assistant", "content": content},
+                 {"role": "user", "content": "[greet] Please"}]
+        return client.responses.input_tokens.count(model="tiny", input=items).input_tokens
+    said = "I can't help with that."
+    assert counted([{"type": "refusal", "refusal": said}]) == counted([{"type": "output_text", "text": said}])
+    assert counted([{"type": "refusal", "refusal": said}]) != counted([{"type": "output_text", "text": "No."}])
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+    for items, param in (
+            ([{"role": "user", "content": [{"type": "refusal", "refusal": said}]}], "input[0].content[0]"),
+            ([{"role": "developer", "content": [{"type": "input_text", "text": "Hi"},
+                                                {"type": "refusal", "refusal": said}]}], "input[0].content[1]"),
+            ([call, {"type": "function_call_output", "call_id": "c1", "output": [{"type": "refusal",
+                                                                                   "refusal": said}]}],
+             "input[1].output[0]"),
+            ([{"role": "assistant", "content": [{"type": "refusal", "text": said}]}], "input[0].content[0].refusal")):
+        response = httpx.post(server.base_url + "/responses", timeout=30,
+                              json={"model": "tiny", "input": items, "tools": [WEATHER_TOOL]})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param, response.text
 
 
 def test_a_reasoning_item_with_its_summary_sent_back_renders_as_without(client):
@@ -824,6 +869,47 @@ def test_retrieve_reads_its_boolean_query_parameters_in_either_case_and_refuses_
         assert error["param"] == param and error["message"].endswith("is not a boolean (true or false)")
 
 
+def test_a_chain_of_responses_is_stored_in_size_linear_in_its_length(server, client):
+    """Each stored response held its whole conversation, so a chain of previous_response_id responses was counted (and
+    kept) in size growing with the square of its length: the 30th link added 15 times the bytes of the second. Each
+    response keeps the items it added, linked to those it continues: every link adds about the same."""
+    store = server.app.state.context.responses
+    before, previous, added = store.size_bytes, None, []
+    for _ in range(30):
+        previous = _create(client, input="[greet] Hi", previous_response_id=previous).id
+        added.append(store.size_bytes - before)
+        before = store.size_bytes
+    assert max(added[1:]) < 1.2 * min(added[1:]), added
+    listed = client.responses.input_items.list(previous, order="asc", limit=100).data
+    assert [item.type for item in listed] == ["message", "reasoning", "message"] * 29 + ["message"]  # whole
+
+
+def test_a_kept_response_keeps_its_whole_conversation_when_those_it_continues_are_evicted(make_tiny):
+    """The responses a chain continues go first (the oldest); the items they added stay, counted, while a stored
+    response continues them: continuing the chain's last response reads the whole conversation, as it did when
+    each response held all of it, and forgetting every response gives all their bytes back."""
+    with agent_server(make_tiny(), responses_store_bytes=24_000) as live:
+        store = live.app.state.context.responses
+        client = openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0)
+        chain = [_create(client, input="[greet] Hi").id]
+        for _ in range(2):
+            chain.append(_create(client, input="[greet] Hi", previous_response_id=chain[-1]).id)
+        others = []
+        while store.get(chain[0]) is not None:
+            others.append(_create(client, input="[greet] Hello").id)
+            assert store.size_bytes <= store.max_bytes
+        assert store.get(chain[-1]) is not None
+        with pytest.raises(openai.BadRequestError, match="previous_response_not_found|not found"):
+            _create(client, input="[greet] Hi", previous_response_id=chain[0])
+        continued = _create(client, input="[greet] Hi", previous_response_id=chain[-1])
+        listed = client.responses.input_items.list(continued.id, order="asc", limit=100).data
+        assert [item.type for item in listed] == ["message", "reasoning", "message"] * 3 + ["message"]
+        for response_id in [*chain, *others, continued.id]:
+            with contextlib.suppress(openai.NotFoundError):
+                client.responses.delete(response_id)
+        assert store.size_bytes == 0 and len(store) == 0
+
+
 def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client):
     """DELETE /v1/responses/{id} (the SDK's `responses.delete`) was a 405."""
     response = _create(client, input="[greet] Hi")
@@ -839,6 +925,20 @@ def test_a_stored_response_can_be_deleted_as_openai_deletes_them(server, client)
     client.responses.delete(kept.id)  # the SDK's own call
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(kept.id)
+
+
+def test_delete_and_cancel_refuse_a_query_parameter_as_get_refuses_an_unknown_one(server, client):
+    """DELETE /v1/responses/{id}?anything deleted the response, the parameter ignored, while GET and input_items
+    refuse one they do not know: a 400 naming it, and the response is kept."""
+    response = _create(client, input="[greet] Hi")
+    url = f"{server.base_url}/responses/{response.id}"
+    for method, path in (("DELETE", url), ("POST", url + "/cancel"), ("GET", url)):
+        refused = httpx.request(method, path, params={"dry_run": "true"}, timeout=30)
+        assert refused.status_code == 400, (method, path, refused.text)
+        error = refused.json()["error"]
+        assert error["param"] == "dry_run" and "unknown query parameter" in error["message"], error
+    assert client.responses.retrieve(response.id).id == response.id
+    client.responses.delete(response.id)
 
 
 def test_a_response_being_generated_is_in_progress_not_unknown(server, client, monkeypatch):
@@ -905,7 +1005,8 @@ def test_a_response_being_generated_is_in_progress_not_unknown(server, client, m
     ({"reasoning": {"mode": "pro"}}, "reasoning.mode"),
     ({"reasoning": {"generate_summary": "concise"}}, "reasoning.generate_summary"),
     ({"reasoning": {"summary": "auto", "generate_summary": "detailed"}}, "reasoning.generate_summary"),
-    ({"max_tool_calls": 0}, "max_tool_calls"),  # was accepted and ignored: 0 passed as `False`
+    ({"max_tool_calls": -1}, "max_tool_calls"),
+    ({"max_tool_calls": 1.5}, "max_tool_calls"),
     ({"service_tier": "fastest"}, "service_tier"),
     ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
     # a cache filled without generating: Glimmer would generate instead
@@ -951,6 +1052,21 @@ def test_the_response_echoes_the_fields_that_cannot_change_the_output_as_openai_
         assert (echoed.service_tier, echoed.background, echoed.max_tool_calls) == ("default", False, None)
     created = next(iter(_create(client, input="[greet] Hi", stream=True, **fields)))
     assert created.type == "response.created" and created.response.safety_identifier == "s-1"
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_max_tool_calls_is_taken_and_echoed_and_bounds_no_function_call_as_openai(client, bound):
+    """`max_tool_calls` was a 400 whatever its value. OpenAI's bounds calls to its built-in tools, which function calls
+    do not count against, and Glimmer has function tools only: any count is taken, echoed (created, streamed,
+    retrieved) and the function call is made as without it."""
+    plain = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
+    bounded = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL], max_tool_calls=bound)
+    assert [item.type for item in bounded.output] == [item.type for item in plain.output]
+    assert "function_call" in [item.type for item in bounded.output]
+    streamed = list(_create(client, input="[greet] Hi", max_tool_calls=bound, stream=True))
+    for echoed in (bounded, client.responses.retrieve(bounded.id), streamed[0].response, streamed[-1].response):
+        assert echoed.max_tool_calls == bound
+    assert plain.max_tool_calls is None
 
 
 def test_text_verbosity_medium_openai_s_default_is_taken_echoed_and_changes_nothing(server, client):
@@ -1160,6 +1276,22 @@ def test_the_store_is_bounded_by_size_and_age():
     for i in range(3):  # the deleted one's bytes were given back: two fit again
         store.put(f"s{i}", [{"text": "x" * 50}], {"id": f"s{i}"})
     assert store.get("s1") is not None and store.get("s2") is not None
+
+
+def test_a_response_continuing_one_forgotten_meanwhile_keeps_and_counts_its_conversation():
+    """A response continues the one it read, even if that one was deleted (or evicted) while it was generated: the
+    items it continues are kept and counted again for as long as it is stored, and given back with it."""
+    store = ResponseStore(max_bytes=10_000, max_age_s=10)
+    store.put("a", [{"text": "question"}, {"text": "answer"}], {"id": "a", "output": [{"text": "answer"}]})
+    read = store.get("a")
+    assert store.delete("a") and store.size_bytes == 0
+    store.put("b", [{"text": "again"}, {"text": "reply"}], {"id": "b", "output": [{"text": "reply"}]}, read)
+    assert store.get("b").items == [{"text": "question"}, {"text": "answer"}, {"text": "again"}, {"text": "reply"}]
+    assert store.get("b").input_items == store.get("b").items[:3]
+    kept = store.get("b")  # a's items counted again, its response object not (a stays deleted)
+    assert store.get("a") is None and store.size_bytes == read.segment.size_bytes + kept.size_bytes + \
+        kept.segment.size_bytes
+    assert store.delete("b") and store.size_bytes == 0
 
 
 def test_an_expired_response_lends_no_reasoning_item_by_its_id():
