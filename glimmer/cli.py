@@ -180,10 +180,8 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     from glimmer.default_model import default_model_dir
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
-    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
     from glimmer.multimodal import MediaLimits
 
-    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
     is_default = args.model is None
     model = str(default_model_dir()) if is_default else args.model
     local = Path(model).expanduser()
@@ -263,6 +261,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
 
     _check_engine_options(args)
     _check_serve_options(args)
+    _note_vllm_engine_options(args)
     from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
 
     for note in _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS):
@@ -332,11 +331,11 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
 
 def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     """`glimmer run-batch` with SIGTERM raising _Terminated (a batch running stops as Ctrl-C stops it)."""
-    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
+    from glimmer.engine.vllm_arguments import VLLM_RUN_BATCH_ARGUMENTS
     from glimmer.server.batch import parse_batch_input
 
     _check_engine_options(args)
-    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)  # before the output file is opened
+    _note_vllm_engine_options(args)  # before the output file is opened
     for note in _check_vllm_options(args, _VLLM_RUN_BATCH_OPTIONS, VLLM_RUN_BATCH_ARGUMENTS):
         print(note, file=sys.stderr)  # stdout may be the output
     _refuse_a_model_taken_by_a_list_option(args, "run-batch")
@@ -741,6 +740,7 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags)
         # would land in the middle of the reply being printed, which shows the parsed call
         logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
+    _note_vllm_engine_options(args)
     engine, name, is_default = _engine_from_args(args)
     try:
         sigterm.check()  # a SIGTERM the loading code dropped
@@ -1207,6 +1207,15 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
             raise UsageError(f"{shown}: {argument.instead}")
         notes.append(f"vLLM's {shown} changes nothing here: {argument.instead}")
     return notes
+
+
+def _note_vllm_engine_options(args: argparse.Namespace) -> None:
+    """UsageError naming the first of vLLM's engine options given with a value that would change something here;
+    otherwise a line on stderr for each given one (stdout may be run-batch's output, or the chat)."""
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    for note in _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS):
+        print(note, file=sys.stderr)
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:

@@ -167,6 +167,27 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
         notes)
 
 
+@pytest.mark.parametrize("command", ["serve", "chat", "run-batch"])
+def test_vllm_engine_options_that_change_nothing_are_noted_once_on_stderr(capsys, tmp_path, command):
+    """The notes of vLLM's engine options taken (--scheduling-policy fcfs, ...) were computed and dropped: serve,
+    chat and run-batch said nothing of them, where the serving options were noted."""
+    from glimmer.cli import main
+
+    argv = [command, str(tmp_path / "missing"), "--scheduling-policy", "fcfs", "--swap-space", "4"]
+    if command == "serve":
+        argv += ["--port", str(free_port())]
+    if command == "run-batch":
+        batch = tmp_path / "in.jsonl"
+        batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", '
+                         '"messages": [{"role": "user", "content": "hi"}]}}\n')
+        argv += ["-i", str(batch), "-o", str(tmp_path / "out.jsonl")]
+    assert main(argv) == 2  # the model is missing: the notes come before it is loaded
+    captured = capsys.readouterr()
+    assert captured.err.count("vLLM's --scheduling-policy fcfs changes nothing here: ") == 1
+    assert captured.err.count("vLLM's --swap-space 4.0 changes nothing here: ") == 1
+    assert "changes nothing here" not in captured.out
+
+
 def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
     err = _fails_with_one_line(capsys, ["serve", "/no/such/model", "--port", str(free_port()), "--hf-token",
                                         "hf_secret123"], "--hf-token TOKEN", "HF_TOKEN")
