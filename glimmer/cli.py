@@ -563,6 +563,28 @@ _MEDIA_LIMIT_OPTIONS = {"max_image_pixels": "max_image_pixels", "max_image_side"
                         "max_video_frames": "max_video_source_frames"}
 
 
+class _StoreNamingTheFlag(argparse.Action):
+    """Stores the value, and which of the option's spellings was typed (vLLM's --kv-cache-memory-bytes for
+    --kv-cache-memory) as `<dest>_flag`, for errors to name the flag the user wrote."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
+
+
+def _flag_typed(args: argparse.Namespace, dest: str) -> str:
+    """The flag of `dest` as the command line spelled it (its first spelling if not given, or stored plainly)."""
+    return getattr(args, f"{dest}_flag", None) or f"--{dest.replace('_', '-')}"
+
+
+def _with_flags_as_typed(message: str, args: argparse.Namespace) -> str:
+    """An engine error's `message`, whose fix names --kv-cache-memory, naming --kv-cache-memory-bytes where the
+    user gave that spelling."""
+    typed = _flag_typed(args, "kv_cache_memory")
+    return re.sub(r"--kv-cache-memory(?![\w-])", typed, message) if typed != "--kv-cache-memory" else message
+
+
 def _refuse_empty_path(value: str, name: str, fix: str) -> None:
     """UsageError for an empty path argument (`"$DIR"` with DIR unset), which Path("") would read as the current
     directory."""
@@ -586,7 +608,7 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     # EngineConfig would name its field and Python's None (`max_model_len=0 ... (or None for the default)`)
     for dest in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
         if getattr(args, dest) is not None and getattr(args, dest) < 1:
-            raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive "
+            raise UsageError(f"{_flag_typed(args, dest)} {getattr(args, dest)} is invalid; give a positive "
                              f"{'size' if dest == 'kv_cache_memory' else 'integer'}, or leave it out for the default")
     if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
         raise UsageError(f"--block-size {args.block_size} is invalid; give a power of two such as 16, or leave it out "
@@ -931,6 +953,10 @@ def _check_client_certificate_options(args: argparse.Namespace) -> None:
         except (OSError, ssl.SSLError) as error:
             raise UsageError(f"--ssl-ca-certs {args.ssl_ca_certs}: {error}; give a PEM file of CA certificates") \
                 from None
+        if args.ssl_cert_reqs == ssl.CERT_NONE:  # uvicorn (and vLLM) load the CA, and ask no client to be verified
+            print(f"glimmer: warning: --ssl-ca-certs {args.ssl_ca_certs} with --ssl-cert-reqs 0 (the default) asks "
+                  "no client for a certificate, so the CA verifies nothing; add --ssl-cert-reqs 2 to require client "
+                  "certificates (1: check those sent), or leave --ssl-ca-certs out", file=sys.stderr)
 
 
 def _refuse_a_model_taken_by_a_list_option(args: argparse.Namespace, command: str) -> None:
@@ -1234,7 +1260,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
                              "CUDA, 2048 on the CPU)")
     parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=None,
-                        metavar="SIZE",
+                        metavar="SIZE", action=_StoreNamingTheFlag,
                         help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "
                              "is the same option) (default: on a GPU, what "
                              "--gpu-memory-utilization leaves after the weights; on the CPU, what --max-num-seqs "
@@ -1454,8 +1480,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "type each call's result when the model calls one")
     chat.add_argument("--reasoning-effort", default=None, help="none, minimal, low, medium, high or xhigh")
     chat.add_argument("--max-tokens", type=int, default=None,
-                      help="most tokens per reply (default: the model's generation_config max_new_tokens, else up to "
-                           "the context)")
+                      help="the most tokens the model may generate for each reply, its reasoning included (default: "
+                           "in-process, the checkpoint's generation_config.json max_new_tokens, else up to the end of "
+                           "the context, as with --generation-config vllm; with --url, the server's default)")
     chat.add_argument("--temperature", type=float, default=None,
                       help="sampling temperature (default: the model's generation_config, else 1)")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
@@ -1532,7 +1559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"glimmer: error: {exc}", file=sys.stderr)
         return 2
     except GlimmerError as exc:
-        print(f"glimmer: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"glimmer: error: {type(exc).__name__}: {_with_flags_as_typed(str(exc), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -263,6 +263,20 @@ def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert
     assert process.returncode == 0, output
 
 
+def test_a_ca_file_without_client_certificates_asked_for_is_warned_of(capsys, tmp_path):
+    """--ssl-ca-certs with --ssl-cert-reqs 0 (the default) verifies no client, as uvicorn and vLLM take it: the server
+    started as if it were mutual TLS without a word."""
+    from glimmer.cli import _check_client_certificate_options
+
+    key, cert = _self_signed(tmp_path)
+    https = ["serve", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-ca-certs", str(cert)]
+    _check_client_certificate_options(build_parser().parse_args(https))
+    err = capsys.readouterr().err
+    assert err.startswith("glimmer: warning: --ssl-ca-certs") and "--ssl-cert-reqs 2" in err
+    _check_client_certificate_options(build_parser().parse_args([*https, "--ssl-cert-reqs", "2"]))
+    assert capsys.readouterr().err == ""
+
+
 def test_client_certificates_asked_for_without_a_ca_or_with_no_ca_file_are_refused(capsys, tmp_path):
     key, cert = _self_signed(tmp_path)
     https = ["serve", "/no/such/model", "--port", str(free_port()), "--ssl-keyfile", str(key), "--ssl-certfile",
@@ -1004,6 +1018,24 @@ def test_token_counts_take_vllms_suffixes(flag, dest, text, tokens):
     assert getattr(build_parser().parse_args(["serve", flag, text]), dest) == tokens
 
 
+@pytest.mark.parametrize("flag", ["--kv-cache-memory", "--kv-cache-memory-bytes"])
+def test_a_kv_cache_size_refused_is_named_by_the_flag_typed(capsys, tmp_path, tiny_checkpoint, flag):
+    """vLLM's --kv-cache-memory-bytes is --kv-cache-memory: its errors named --kv-cache-memory, a flag the user had
+    not typed."""
+    from glimmer.cli import main
+
+    _fails_with_one_line(capsys, ["serve", str(tmp_path), "--port", str(free_port()), flag, "0"],
+                         f"{flag} 0 is invalid")
+    batch = tmp_path / "in.jsonl"
+    batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", '
+                     '"prompt": "hi"}}\n')
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(batch), "-o", str(tmp_path / "out.jsonl"), flag,
+                 "1000TiB"]) == 2  # more than this machine's memory: the engine's error names the flag to lower
+    err = capsys.readouterr().err
+    assert f"give the KV cache less ({flag} SIZE" in err
+    assert "--kv-cache-memory SIZE" not in err or flag == "--kv-cache-memory"
+
+
 def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
     """It was `max_model_len=10000000 must be between 2 and the model's ...`: a field the command line never takes,
     and no fix."""
@@ -1326,6 +1358,15 @@ def test_a_media_directory_that_does_not_exist_is_one_line_before_the_model_load
                                             "--allowed-local-media-path", str(directory)],
                                    f"--allowed-local-media-path {directory}", "no such directory")
         assert "missing" not in err
+
+
+def test_chat_max_tokens_help_says_what_it_bounds_and_whose_default_it_is():
+    """It said "most tokens per reply (default: the model's generation_config max_new_tokens ...)": with --url the
+    server's default holds, with --generation-config vllm the context's end, and the reasoning counts."""
+    chat = dict(_subcommands())["chat"]
+    help_text = next(action.help for action in chat._actions if "--max-tokens" in action.option_strings)
+    assert "reasoning included" in help_text and "--url, the server's default" in help_text
+    assert "--generation-config vllm" in help_text
 
 
 def test_help_gives_the_defaults_users_ask_for():
