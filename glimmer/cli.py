@@ -1121,6 +1121,8 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--calculate-kv-scales": {"action": argparse.BooleanOptionalAction},
     "--enable-eplb": {"action": argparse.BooleanOptionalAction},
     "--kv-transfer-config": {"type": _json_object, "metavar": "JSON"},
+    "--ignore-patterns": {"nargs": "+", "action": "extend", "metavar": "PATTERN"},
+    "--tokenizer-pool-size": {"type": int, "metavar": "N"},
 }
 _VLLM_SHORT_OPTIONS = {"--optimization-level": "-O"}  # vLLM's -O3 is --optimization-level 3
 
@@ -1153,6 +1155,7 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--default-chat-template-kwargs": {"type": _json_object, "metavar": "JSON"},
     "--enable-server-load-tracking": {"action": "store_true"},
     "--enable-ssl-refresh": {"action": "store_true"},
+    "--lora-modules": {"nargs": "+", "action": "extend", "metavar": "NAME=PATH"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 

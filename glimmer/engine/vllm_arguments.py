@@ -309,6 +309,15 @@ VLLM_ONLY_BEAM_SEARCH_ARGUMENTS: dict[str, VllmArgument] = {
         "batch, and leave it out")),
 }
 """Arguments of vLLM's `LLM.beam_search` that Glimmer's does not take."""
+def _ignore_patterns_change_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None, or patterns (one, or a list) that each hold a `/`: they match files in a subfolder alone (vLLM's default
+    'original/**/*', a Llama checkpoint's second copy), and Glimmer reads only the weight files of the checkpoint's
+    top folder."""
+    patterns = [value] if isinstance(value, str) else value
+    return value is None or (isinstance(patterns, list | tuple) and all(
+        isinstance(pattern, str) and "/" in pattern for pattern in patterns))
+
+
 _DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
@@ -422,6 +431,13 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "Muse Glimmer is dense, with no experts to balance, and runs on one device; leave it out")),
     "kv_transfer_config": VllmArgument(_none_or_empty, (
         "not supported (the KV cache stays in this process: no disaggregated prefill); leave it out")),
+    "ignore_patterns": VllmArgument(_ignore_patterns_change_nothing, (
+        "Glimmer reads the weight files of the checkpoint's top folder (safetensors, or a GGUF) and skips none by "
+        "pattern, so patterns of a subfolder (vLLM's default 'original/**/*') change nothing; to leave out a file "
+        "of the top folder, pass a copy of the checkpoint without it")),
+    "tokenizer_pool_size": VllmArgument(lambda value, given: type(value) is int and value >= 0, (
+        "a number of tokenizer workers (0 or more), which changes no token: Glimmer tokenizes on the server's own "
+        "threads; leave it out")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "
@@ -493,6 +509,9 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_tokenizer_info_endpoint": VllmArgument(_only(False), (
         "not supported (no /tokenizer_info route): /tokenize and /detokenize are served, and the checkpoint's "
         "tokenizer.json is the tokenizer; leave it out")),
+    "lora_modules": VllmArgument(_only(None), (
+        "LoRA adapters are not supported (the checkpoint's weights serve every request): merge the adapter into "
+        "the weights (peft's merge_and_unload) and serve that checkpoint")),
     "default_chat_template_kwargs": VllmArgument(lambda value, given: value == {}, (
         "not supported as a server default: send chat_template_kwargs in each request (a reasoning effort a request "
         "leaves out is --default-reasoning-strength); leave it out")),

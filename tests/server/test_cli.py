@@ -129,6 +129,8 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["--logits-processors", "my.Processor"], ("--logits-processors my.Processor", "logit_bias")),
     (["--prefix-caching-hash-algo", "md5"], ("--prefix-caching-hash-algo md5", "SHA-256")),
     (["--kv-transfer-config", '{"kv_connector": "X"}'], ("--kv-transfer-config", "disaggregated prefill")),
+    (["--ignore-patterns", "original/**/*", "*.pt"], ("--ignore-patterns original/**/* *.pt", "top folder")),
+    (["--tokenizer-pool-size", "-1"], ("--tokenizer-pool-size -1", "0 or more")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
@@ -160,9 +162,10 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
         "--max-num-partial-prefills", "1", "--max-long-partial-prefills", "1", "--long-prefill-token-threshold", "0",
         "--attention-backend", "FLASH_ATTN", "--no-disable-sliding-window", "--disable-cascade-attn",
         "--no-enable-prompt-embeds", "--no-use-tqdm-on-load", "--prefix-caching-hash-algo", "sha256",
-        "--no-calculate-kv-scales", "--no-enable-eplb", "--kv-transfer-config", "{}"])
+        "--no-calculate-kv-scales", "--no-enable-eplb", "--kv-transfer-config", "{}",
+        "--ignore-patterns", "original/**/*", "--tokenizer-pool-size", "4"])
     notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
-    assert len(notes) == 32 and all(" changes nothing here: " in note for note in notes)
+    assert len(notes) == 34 and all(" changes nothing here: " in note for note in notes)
     assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
         notes)
 
@@ -371,6 +374,8 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
                                                                        "chat_template_kwargs in each request")),
     (["--enable-server-load-tracking"], ("--enable-server-load-tracking", "/metrics")),
     (["--enable-ssl-refresh"], ("--enable-ssl-refresh", "restart")),
+    (["--lora-modules", "sql=/adapters/sql"], ("--lora-modules sql=/adapters/sql", "LoRA adapters are not supported",
+                                               "merge")),
     (["--ssl-ca-certs", "ca.pem"], ("--ssl-ca-certs", "over HTTPS only")),
     (["--ssl-cert-reqs", "2"], ("--ssl-cert-reqs 2", "over HTTPS only")),
     (["--ssl-cert-reqs", "3"], ("--ssl-cert-reqs 3 is invalid", "ssl.CERT_*")),
