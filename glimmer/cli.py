@@ -387,7 +387,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             settings = ServerSettings(
                 served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
                 default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=_media_policy(args), generation_config=args.generation_config)
+                media_policy=_media_policy(args), generation_config=args.generation_config, **_media_counts(args))
             app = create_app(engine, settings)
             # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
             # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
@@ -718,7 +718,8 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     if args.url:
         from glimmer.server.chat_client import ChatClientError, check_server_url
 
-        ignored = _engine_options_given(args)
+        # the server's own limits hold for what it is sent
+        ignored = _engine_options_given(args) + ["--limit-mm-per-prompt"] * (args.limit_mm_per_prompt is not None)
         if ignored:
             pronoun = "it" if len(ignored) == 1 else "them"
             raise UsageError(f"--url chats with the model the server at {args.url} serves; {', '.join(ignored)} "
@@ -763,6 +764,9 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         # would land in the middle of the reply being printed, which shows the parsed call
         logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
     _note_vllm_engine_options(args)
+    if args.limit_mm_per_prompt is not None:
+        print(f"vLLM's --limit-mm-per-prompt {_shown_value(args.limit_mm_per_prompt)} changes nothing here: the "
+              "terminal chat sends text only, no images or videos", file=sys.stderr)
     engine, name, is_default = _engine_from_args(args)
     try:
         sigterm.check()  # a SIGTERM the loading code dropped
@@ -1184,6 +1188,12 @@ def _dtype(text: str) -> str | None:
     return names[text]
 
 
+def _media_counts(args: argparse.Namespace) -> dict[str, int]:
+    """The ServerSettings media counts run-batch's --limit-mm-per-prompt gives (those it names)."""
+    limits = args.limit_mm_per_prompt or {}
+    return {f"max_{kind}s_per_request": limits[kind] for kind in ("image", "video") if kind in limits}
+
+
 def _limit_mm_per_prompt(text: str) -> dict[str, int]:
     """vLLM's --limit-mm-per-prompt: a JSON object (or `image=N,video=M`) of the most images and videos a request
     may hold."""
@@ -1488,6 +1498,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "the context, as with --generation-config vllm; with --url, the server's default)")
     chat.add_argument("--temperature", type=float, default=None,
                       help="sampling temperature (default: the model's generation_config, else 1)")
+    chat.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
+                      help="vLLM's media limits, taken in-process and noted: the terminal chat sends text only, so "
+                           "they change nothing (with --url they are the server's)")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
     chat.set_defaults(func=_cmd_chat)
 
@@ -1510,6 +1523,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_media_size_and_time_limits(batch)
     batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
+    batch.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
+                       help='the most images and videos a request may hold, as vLLM\'s: \'{"image": 4, "video": 1}\' '
+                            '(or image=4,video=1; default 16 images, 2 videos); more get HTTP 400')
     vllm = batch.add_argument_group(
         "vLLM's run-batch options", "taken where their value changes nothing here (no metrics server, no upload), "
         "each noted at startup; another value is refused saying what to do instead")

@@ -219,8 +219,8 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
                                param=param)
         _, reference = media_from_part(part, param)
         if len(found[kind]) == limits[kind]:
-            raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
-                               f"--max-{kind}s-per-request limit)", param=param)
+            raise RequestError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's limit: "
+                               f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param)
         if cancel is not None:
             cancel.check()
         found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,

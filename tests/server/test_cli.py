@@ -890,6 +890,18 @@ def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(caps
                          "MODEL would be ignored: leave it out, or leave out --url")
 
 
+def test_chat_takes_vllms_limit_mm_per_prompt_in_process_and_refuses_it_with_a_url(capsys, tmp_path):
+    """`--limit-mm-per-prompt` (serve's) was an unrecognized argument of chat: in-process it is noted (the terminal
+    sends text only); with --url the server's limits hold, so it is refused as the engine options are."""
+    from glimmer.cli import main
+
+    assert main(["chat", str(tmp_path / "missing"), "--limit-mm-per-prompt", "image=2"]) == 2  # noted, then loading
+    assert "vLLM's --limit-mm-per-prompt {\"image\": 2} changes nothing here: the terminal chat sends text only" in (
+        capsys.readouterr().err)
+    _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--limit-mm-per-prompt", "image=2"],
+                         "--limit-mm-per-prompt would be ignored")
+
+
 def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, monkeypatch, tmp_path):
     """In-process there is no server to ask for --served-model or to send --api-key to: they would be ignored.
     $GLIMMER_API_KEY alone is not a flag given, and stays the --url default."""
