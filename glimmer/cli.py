@@ -257,6 +257,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             trust_request_chat_template=args.trust_request_chat_template,
             request_id_headers=args.enable_request_id_headers,
             generation_config=args.generation_config,
+            max_header_count=args.h11_max_header_count,
         )
 
     _check_engine_options(args)
@@ -298,7 +299,11 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
                                 use_colors=False if _no_color() or sys.stdout is None else None,
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
                                 ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-                                http=read_timeout_protocol(args.request_read_timeout))
+                                # a head (or body piece) h11 holds unparsed beyond this size is refused with 400;
+                                # given, h11 parses every request, as httptools has no such limit
+                                h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+                                http=read_timeout_protocol(args.request_read_timeout,
+                                                           h11=args.h11_max_incomplete_event_size is not None))
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
@@ -884,6 +889,12 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
                          "it out for the default")
+    if args.h11_max_header_count < 1:  # ServerSettings would name its field
+        raise UsageError(f"--h11-max-header-count {args.h11_max_header_count} would refuse every request; give at "
+                         f"least 1, or leave it out for {_H11_MAX_HEADER_COUNT}")
+    if args.h11_max_incomplete_event_size is not None and args.h11_max_incomplete_event_size < 1:
+        raise UsageError(f"--h11-max-incomplete-event-size {args.h11_max_incomplete_event_size} would refuse every "
+                         "request; give a size such as 64KiB, or leave it out for h11's 16 KiB")
     if not 0 < args.request_read_timeout < math.inf:  # (nan too)
         raise UsageError(f"--request-read-timeout {args.request_read_timeout:g} is not a time; give a number of "
                          f"seconds above 0, or leave it out for {DEFAULT_REQUEST_READ_TIMEOUT_S:g}")
@@ -1341,6 +1352,8 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
                              "because unpickling can run code")
 
 
+_H11_MAX_HEADER_COUNT = 256  # vLLM's default
+
 _DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -1465,6 +1478,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ssl-cert-reqs", type=int, default=0, metavar="{0,1,2}",
                        help="with HTTPS and --ssl-ca-certs: 1 asks clients for a certificate, 2 requires one (as "
                             "vLLM's, Python's ssl.CERT_* values; default 0, none)")
+    serve.add_argument("--h11-max-incomplete-event-size", type=parse_size, default=None, metavar="SIZE",
+                       help="the most bytes of a request head (its line and headers) the HTTP parser holds while "
+                            "it is incomplete, as vLLM's; a larger head gets HTTP 400 (default h11's, 16 KiB; given, "
+                            "every connection is parsed by h11)")
+    serve.add_argument("--h11-max-header-count", type=int, default=_H11_MAX_HEADER_COUNT, metavar="N",
+                       help="requests with more header fields get HTTP 431, as vLLM's (default "
+                            f"{_H11_MAX_HEADER_COUNT}, vLLM's)")
     serve.add_argument("--root-path", default="", metavar="PATH",
                        help="the path prefix a proxy serves the API under, which the proxy strips (ASGI root_path, "
                             "as uvicorn's)")

@@ -241,6 +241,33 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
     assert "(torch.float32)" in output  # --dtype auto: the CPU's default
 
 
+def test_serve_takes_vllms_h11_limits_refusing_a_head_too_large_or_too_many_headers(tiny_checkpoint):
+    """vLLM's --h11-max-incomplete-event-size and --h11-max-header-count were unrecognized arguments."""
+    port = free_port()
+    process = subprocess.Popen([
+        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
+        "32MiB", "--h11-max-incomplete-event-size", "1MiB", "--h11-max-header-count", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_health(process, port)
+        url = f"http://127.0.0.1:{port}/health"
+        # the server reads a head in pieces (asyncio's 256 KiB): this one outgrows h11's default limit (16 KiB) but
+        # not the one given, the next that one
+        assert httpx.get(url, headers={"x-note": "a" * 600_000}, timeout=10).status_code == 200
+        try:  # uvicorn answers 400 and closes, which may reset the connection before the client reads the answer
+            refused = httpx.get(url, headers={"x-note": "a" * 2_000_000}, timeout=10).status_code
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+            refused = "reset"
+        assert refused in (400, "reset")
+        too_many = httpx.get(url, headers={f"x-extra-{i}": "1" for i in range(4)}, timeout=10)  # httpx sends 5
+        assert too_many.status_code == 431
+        assert "more than the server's limit of 8 (--h11-max-header-count)" in too_many.json()["error"]["message"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+
+
 def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert_reqs(tiny_checkpoint, tmp_path):
     """`vllm serve ... --ssl-ca-certs CA.pem --ssl-cert-reqs 2` (mutual TLS) was refused as unrecognized arguments;
     now a client without a certificate the CA signed is turned away in the TLS handshake."""
@@ -374,6 +401,8 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
                                                                        "chat_template_kwargs in each request")),
     (["--enable-server-load-tracking"], ("--enable-server-load-tracking", "/metrics")),
     (["--enable-ssl-refresh"], ("--enable-ssl-refresh", "restart")),
+    (["--h11-max-header-count", "0"], ("--h11-max-header-count 0 would refuse every request",)),
+    (["--h11-max-incomplete-event-size", "0"], ("--h11-max-incomplete-event-size 0 would refuse every request",)),
     (["--lora-modules", "sql=/adapters/sql"], ("--lora-modules sql=/adapters/sql", "LoRA adapters are not supported",
                                                "merge")),
     (["--ssl-ca-certs", "ca.pem"], ("--ssl-ca-certs", "over HTTPS only")),
