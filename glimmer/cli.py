@@ -1171,6 +1171,7 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-server-load-tracking": {"action": "store_true"},
     "--enable-ssl-refresh": {"action": "store_true"},
     "--lora-modules": {"nargs": "+", "action": "extend", "metavar": "NAME=PATH"},
+    "--exclude-tools-when-tool-choice-none": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 

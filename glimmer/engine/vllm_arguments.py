@@ -509,6 +509,8 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_tokenizer_info_endpoint": VllmArgument(_only(False), (
         "not supported (no /tokenizer_info route): /tokenize and /detokenize are served, and the checkpoint's "
         "tokenizer.json is the tokenizer; leave it out")),
+    "exclude_tools_when_tool_choice_none": VllmArgument(_any_value, (
+        "tools are always left out of the prompt under tool_choice \"none\" (chat completions and /v1/responses)")),
     "lora_modules": VllmArgument(_only(None), (
         "LoRA adapters are not supported (the checkpoint's weights serve every request): merge the adapter into "
         "the weights (peft's merge_and_unload) and serve that checkpoint")),

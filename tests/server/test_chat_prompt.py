@@ -227,6 +227,27 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     assert prompt.continue_recipient == "get_weather"
 
 
+@pytest.mark.parametrize(("choice", "declared"), [("none", False), ("auto", True), (None, True)])
+def test_tools_are_left_out_of_the_prompt_under_tool_choice_none(engine, choice, declared):
+    """P-REQ-3, vLLM's --exclude-tools-when-tool-choice-none (which Glimmer always does): the prompt of a chat request
+    and of the same /v1/responses request declares the tools only where they may be called."""
+    from glimmer.server.responses import _conversation
+    from glimmer.server.responses_schemas import ResponsesRequest
+
+    ctx = context(engine)
+    chat = prompt_text(engine, ctx, tools=TOOLS, chat_template_kwargs=DATE,
+                       **({"tool_choice": choice} if choice else {}))
+    without_tools = prompt_text(engine, ctx, chat_template_kwargs=DATE)
+    assert ("get_weather" in chat) is declared and (chat == without_tools) is not declared
+    responses_tools = [{"type": "function", "name": tool["function"]["name"],
+                        "parameters": tool["function"].get("parameters")} for tool in TOOLS]
+    body = {"model": "tiny", "input": "hi", "tools": responses_tools, **({"tool_choice": choice} if choice else {})}
+    conversation = _conversation(ResponsesRequest.model_validate(body), ctx.responses)
+    responses = engine.engine.tokenizer.decode(build_chat_prompt(
+        conversation.chat.model_copy(update={"chat_template_kwargs": DATE}), ctx).token_ids)
+    assert responses == chat
+
+
 @pytest.mark.parametrize("fields", [{}, {"tools": TOOLS, "tool_choice": "none"}], ids=["no-tools", "tool-choice-none"])
 def test_a_continued_message_to_a_tool_with_no_tools_offered_is_refused(engine, fields):
     """P-TMPL-8, P-NAME-4: the reply continues the tool's call, and with no tools the parser returns none: the reply

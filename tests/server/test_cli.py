@@ -331,6 +331,18 @@ def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead
     assert "replies always come from the assistant role" in notes[1]
 
 
+def test_vllms_exclude_tools_when_tool_choice_none_is_noted_as_what_glimmer_always_does():
+    """`vllm serve --exclude-tools-when-tool-choice-none` was an unrecognized argument; Glimmer leaves the tools out
+    of a tool_choice "none" prompt always (P-REQ-3; tests/server/test_chat_prompt.py checks the prompts)."""
+    from glimmer.cli import _VLLM_SERVING_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    args = build_parser().parse_args(["serve", "--exclude-tools-when-tool-choice-none"])
+    (note,) = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
+    assert note.startswith("vLLM's --exclude-tools-when-tool-choice-none changes nothing here: tools are always left "
+                           "out of the prompt")
+
+
 def test_vllms_structured_output_and_content_format_serving_options_are_noted_where_they_change_nothing():
     """`vllm serve --guided-decoding-backend guidance --chat-template-content-format auto ...` was refused as
     unrecognized arguments."""
