@@ -246,7 +246,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             # an empty --api-key (`--api-key "$KEY"` with KEY unset) is refused by the settings, not read as no key
             api_key=_serve_api_key(args),
             max_request_bytes=max_request_bytes,
-            default_reasoning_strength=args.default_reasoning_strength,
+            **_template_defaults(args),
             media_policy=_media_policy(args),
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
@@ -947,6 +947,32 @@ def _check_serve_options(args: argparse.Namespace) -> None:
                              "path (e.g. https://app.example.com), or * for any origin")
 
 
+def _template_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """ServerSettings' default_reasoning_strength and default_chat_template_kwargs: --default-reasoning-strength, and
+    vLLM's --default-chat-template-kwargs, whose reasoning variables (enable_thinking, reasoning_effort,
+    reasoning_strength) give the default strength, which a request's own reasoning fields replace as its
+    chat_template_kwargs replace the other defaults. UsageError naming the flag for a value a request could not
+    send either, or two default strengths."""
+    from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES, STRENGTH_KWARGS
+    from glimmer.protocol.reasoning_strength import resolve_reasoning_strength
+
+    kwargs = args.default_chat_template_kwargs or {}
+    rendering = [name for name in RENDERING_ARGUMENT_NAMES if name in kwargs]
+    if rendering:
+        raise UsageError(f"--default-chat-template-kwargs: {rendering[0]!r} is no template variable but a field of "
+                         "the chat request; leave it out (requests send it beside messages)")
+    try:
+        strength = resolve_reasoning_strength(chat_template_kwargs=kwargs)
+    except RequestError as error:
+        raise UsageError(f"--default-chat-template-kwargs: {error}") from None
+    if strength is not None and args.default_reasoning_strength not in (None, strength):
+        raise UsageError(f"--default-chat-template-kwargs asks for reasoning strength {strength!r} and "
+                         f"--default-reasoning-strength {args.default_reasoning_strength}; give one of them")
+    return {"default_reasoning_strength": args.default_reasoning_strength or strength,
+            "default_chat_template_kwargs": {name: value for name, value in kwargs.items()
+                                             if name not in STRENGTH_KWARGS}}
+
+
 def _check_client_certificate_options(args: argparse.Namespace) -> None:
     """UsageError naming vLLM's --ssl-ca-certs or --ssl-cert-reqs where the server could not use them: without
     HTTPS, a CA file that holds no certificate, or client certificates asked for with no CA to verify them by."""
@@ -1167,7 +1193,6 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-log-outputs": {"action": "store_true"},
     "--log-config-file": {"metavar": "FILE"},
     "--enable-tokenizer-info-endpoint": {"action": "store_true"},
-    "--default-chat-template-kwargs": {"type": _json_object, "metavar": "JSON"},
     "--enable-server-load-tracking": {"action": "store_true"},
     "--enable-ssl-refresh": {"action": "store_true"},
     "--lora-modules": {"nargs": "+", "action": "extend", "metavar": "NAME=PATH"},
@@ -1451,6 +1476,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help='vLLM\'s form of the two limits above: \'{"image": 4, "video": 1}\' (or image=4,video=1)')
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
+    serve.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+                       help="template variables every chat request gets, under its own chat_template_kwargs (whose "
+                            "values win), as vLLM's: '{\"current_date\": \"2026-01-01\"}'; enable_thinking, "
+                            "reasoning_effort or reasoning_strength set the default reasoning strength (as "
+                            "--default-reasoning-strength)")
     serve.add_argument("--require-cache-salt", action="store_true",
                        help="refuse requests without a cache_salt (only requests with the same salt share "
                             "cached prompt blocks)")

@@ -514,9 +514,6 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "lora_modules": VllmArgument(_only(None), (
         "LoRA adapters are not supported (the checkpoint's weights serve every request): merge the adapter into "
         "the weights (peft's merge_and_unload) and serve that checkpoint")),
-    "default_chat_template_kwargs": VllmArgument(lambda value, given: value == {}, (
-        "not supported as a server default: send chat_template_kwargs in each request (a reasoning effort a request "
-        "leaves out is --default-reasoning-strength); leave it out")),
     "enable_server_load_tracking": VllmArgument(_only(False), (
         "not supported (no /load route): /metrics has the running and waiting requests; leave it out")),
     "enable_ssl_refresh": VllmArgument(_only(False), (

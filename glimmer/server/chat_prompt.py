@@ -75,7 +75,8 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
     settings = context.settings
-    template_kwargs = dict(request.chat_template_kwargs or {})
+    # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
+    template_kwargs = {**settings.default_chat_template_kwargs, **(request.chat_template_kwargs or {})}
     _refuse_rendering_fields_in_kwargs(template_kwargs)
     ends_with_generation_prompt = generation_prompt(request.add_generation_prompt, request.continue_final_message)
     if request.continue_final_message:

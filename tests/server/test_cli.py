@@ -331,6 +331,20 @@ def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead
     assert "replies always come from the assistant role" in notes[1]
 
 
+@pytest.mark.parametrize(("kwargs", "strength", "variables"), [
+    ('{"current_date": "2030-05-05", "enable_thinking": false}', "low", {"current_date": "2030-05-05"}),
+    ('{"reasoning_effort": "high"}', "high", {}), ("{}", None, {})])
+def test_vllms_default_chat_template_kwargs_become_the_servers_defaults(kwargs, strength, variables):
+    """`vllm serve --default-chat-template-kwargs '{"enable_thinking": false}'` was refused unless empty: its
+    reasoning variables are the default strength, the others template variables under each request's own."""
+    from glimmer.cli import _check_serve_options, _template_defaults
+
+    args = build_parser().parse_args(["serve", "--default-chat-template-kwargs", kwargs])
+    _check_serve_options(args)
+    assert _template_defaults(args) == {"default_reasoning_strength": strength,
+                                        "default_chat_template_kwargs": variables}
+
+
 def test_vllms_exclude_tools_when_tool_choice_none_is_noted_as_what_glimmer_always_does():
     """`vllm serve --exclude-tools-when-tool-choice-none` was an unrecognized argument; Glimmer leaves the tools out
     of a tool_choice "none" prompt always (P-REQ-3; tests/server/test_chat_prompt.py checks the prompts)."""
@@ -352,14 +366,13 @@ def test_vllms_structured_output_and_content_format_serving_options_are_noted_wh
     args = build_parser().parse_args([
         "serve", "--guided-decoding-backend", "auto", "--structured-outputs-config",
         '{"backend": "guidance", "disable_fallback": true}', "--chat-template-content-format", "auto",
-        "--disable-frontend-multiprocessing", "--tool-parser-plugin", "parsers.py", "--api-server-count", "1",
-        "--default-chat-template-kwargs", "{}"])
+        "--disable-frontend-multiprocessing", "--tool-parser-plugin", "parsers.py", "--api-server-count", "1"])
     notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
     assert [note.split(" changes nothing here: ")[0] for note in notes] == [
         "vLLM's --chat-template-content-format auto", "vLLM's --guided-decoding-backend auto",
         "vLLM's --structured-outputs-config {\"backend\": \"guidance\", \"disable_fallback\": true}",
         "vLLM's --disable-frontend-multiprocessing", "vLLM's --tool-parser-plugin parsers.py",
-        "vLLM's --api-server-count 1", "vLLM's --default-chat-template-kwargs {}"]
+        "vLLM's --api-server-count 1"]
 
 
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
@@ -409,8 +422,12 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--enable-log-outputs"], ("--enable-log-outputs", "never logs")),
     (["--log-config-file", "log.json"], ("--log-config-file log.json", "--log-level")),
     (["--enable-tokenizer-info-endpoint"], ("--enable-tokenizer-info-endpoint", "/tokenize")),
-    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], ("--default-chat-template-kwargs",
-                                                                       "chat_template_kwargs in each request")),
+    (["--default-chat-template-kwargs", '{"add_generation_prompt": false}'], ("--default-chat-template-kwargs",
+                                                                           "'add_generation_prompt' is no template")),
+    (["--default-chat-template-kwargs", '{"reasoning_effort": "huge"}'], ("--default-chat-template-kwargs",
+                                                                         "reasoning_effort='huge'")),
+    (["--default-chat-template-kwargs", '{"enable_thinking": false}', "--default-reasoning-strength", "high"], (
+        "reasoning strength 'low'", "--default-reasoning-strength high", "give one of them")),
     (["--enable-server-load-tracking"], ("--enable-server-load-tracking", "/metrics")),
     (["--enable-ssl-refresh"], ("--enable-ssl-refresh", "restart")),
     (["--h11-max-header-count", "0"], ("--h11-max-header-count 0 would refuse every request",)),
