@@ -45,12 +45,101 @@ class _ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"glimmer: error: {message}; see {self.prog} --help\n")
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
-        """As argparse's, but an option the command does not take points at that command's help, not glimmer's."""
+        """As argparse's, but an option the command does not take points at that command's help, not glimmer's, and
+        vLLM's dotted keys of JSON options are taken (_with_dotted_keys_joined)."""
+        if self.commands:  # the top parser
+            json_options = {option for command in self.commands.values() for action in command._actions
+                            if action.type in (_json_object, _limit_mm_per_prompt)
+                            or action.dest == "speculative_config" for option in action.option_strings}
+            try:
+                args = _with_dotted_keys_joined(list(sys.argv[1:] if args is None else args), json_options)
+            except UsageError as error:
+                self.error(str(error))
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             self.commands.get(getattr(parsed, "command", None), self).error(
                 f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+
+def _with_dotted_keys_joined(argv: list[str], json_options: set[str]) -> list[str]:
+    """`argv` with vLLM's dotted keys of its JSON options (`--speculative-config.num_speculative_tokens 4`,
+    `--compilation-config.level=3`, `-O.level=3` for --compilation-config, `--hf-overrides.a.b 1`, a list's items
+    `--x.key+ 1 --x.key+=2,3`) joined into one JSON object per option: over the option's own JSON object where it is
+    given too (a dotted key wins), else given after the others. A value is read as JSON where it is JSON (3, true,
+    [1]), else as text. Raises UsageError naming the key for a key without a value, or one that is not an object."""
+    dotted: dict[str, dict[str, Any]] = {}
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token == "--":
+            rest += argv[index:]
+            break
+        name, dot, path = token.partition(".")
+        name = "--compilation-config" if name == "-O" else name  # vLLM's -O.level=3
+        if not dot or name not in json_options:
+            rest.append(token)
+            index += 1
+            continue
+        path, equals, value = path.partition("=")
+        if not equals:
+            if index + 1 >= len(argv):
+                raise UsageError(f"{token} needs a value: {token} VALUE, or {token}=VALUE")
+            index += 1
+            value = argv[index]
+        index += 1
+        keys = path.split(".")
+        if not all(keys) or keys[-1] == "+":
+            raise UsageError(f"{token}: a key is empty; give {name}.KEY VALUE (KEY.SUBKEY for a nested one)")
+        target = dotted.setdefault(name, {})
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise UsageError(f"{token}: {key!r} was given a value, which has no keys")
+        if keys[-1].endswith("+"):  # list items, one or several apart with commas
+            items = target.setdefault(keys[-1][:-1], [])
+            if not isinstance(items, list):
+                raise UsageError(f"{token}: {keys[-1][:-1]!r} was given a value that is not a list")
+            items += [_json_or_text(item) for item in value.split(",")]
+        else:
+            target[keys[-1]] = _json_or_text(value)
+    for name, keys in dotted.items():
+        rest += _joined_json_option(rest, name, keys)
+    return rest
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _joined_json_option(argv: list[str], name: str, keys: dict[str, Any]) -> list[str]:
+    """The option `name` with its dotted `keys`: merged into its last JSON value in `argv` (rewritten there; []
+    returned), else the option and its value to add."""
+    for index in range(len(argv) - 1, -1, -1):
+        given, equals, text = argv[index].partition("=")
+        if given != name or (not equals and index + 1 == len(argv)):
+            continue
+        if not equals:
+            index, text = index + 1, argv[index + 1]
+        value = _json_or_text(text)
+        if not isinstance(value, dict):
+            raise UsageError(f"{name} {text}: not a JSON object, so its dotted keys ({name}.KEY) have none to go into")
+        argv[index] = json.dumps(_merged(value, keys)) if not equals else f"{name}={json.dumps(_merged(value, keys))}"
+        return []
+    return [name, json.dumps(keys)]
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s keys, nested objects merged key by key."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = (_merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict)
+                       else value)
+    return merged
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

@@ -378,8 +378,11 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_expert_parallel": VllmArgument(_only(False), (
         "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
         "Muse Glimmer is dense, with no experts; leave it out")),
-    "compilation_config": VllmArgument(_none_or_empty, (
-        "Glimmer compiles with its own settings; enforce_eager=True (--enforce-eager) runs without CUDA graphs")),
+    "compilation_config": VllmArgument(lambda value, given: _none_or_empty(value, given) or (
+        isinstance(value, dict) and all(key in ("level", "mode") and type(level) is int and 1 <= level <= 3
+                                        for key, level in value.items())), (
+        "Glimmer compiles with its own settings, so vLLM's level (or mode) 1, 2 or 3 alone changes nothing, as -O1 "
+        "to -O3; for level 0 (no CUDA graphs) pass enforce_eager=True (--enforce-eager)")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
                                                   "any value changes nothing"),
     "mm_processor_kwargs": VllmArgument(_none_or_empty, (

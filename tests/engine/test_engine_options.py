@@ -209,7 +209,7 @@ def test_a_misspelled_keyword_of_llm_itself_names_it(typo, meant):
     ("hf_overrides", {"max_position_embeddings": 4}, "never patched"), ("revision", "main", "--revision"),
     ("download_dir", "/data/models", "HF_HUB_CACHE"), ("max_logprobs", 50, "fixed at vLLM's default, 20"),
     ("enable_lora", True, "LoRA adapters are not supported"), ("logprobs_mode", "processed_logprobs", "model's own"),
-    ("task", "embed", "generative models only"), ("compilation_config", {"level": 3}, "enforce_eager=True"),
+    ("task", "embed", "generative models only"), ("compilation_config", {"level": 0}, "enforce_eager=True"),
     ("distributed_executor_backend", "ray", "one device"), ("hf_token", "hf_abc", "HF_TOKEN"),
     ("ignore_patterns", ["*.safetensors"], "top folder"), ("ignore_patterns", "consolidated*", "top folder"),
     ("tokenizer_pool_size", -1, "0 or more"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pty
@@ -117,7 +118,10 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["--enable-expert-parallel"], ("--enable-expert-parallel", "no experts")),
     (["--hf-overrides", '{"rope_theta": 1}'], ('--hf-overrides {"rope_theta": 1}', "config.json is read as it is")),
     (["--revision", "v2"], ("--revision v2", "hf download MODEL --revision R")),
-    (["--compilation-config", '{"level": 3}'], ("--compilation-config", "--enforce-eager")),
+    (["--compilation-config", '{"level": 0}'], ("--compilation-config", "--enforce-eager")),
+    (["--compilation-config.level", "0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
+    (["-O.level=0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
+    (["--compilation-config.backend", "eager"], ("--compilation-config", "level (or mode) 1, 2 or 3 alone")),
     (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
     (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
     (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
@@ -189,6 +193,52 @@ def test_vllm_engine_options_that_change_nothing_are_noted_once_on_stderr(capsys
     assert captured.err.count("vLLM's --scheduling-policy fcfs changes nothing here: ") == 1
     assert captured.err.count("vLLM's --swap-space 4.0 changes nothing here: ") == 1
     assert "changes nothing here" not in captured.out
+
+
+def test_vllms_dotted_keys_of_json_options_are_joined_into_their_objects():
+    """`vllm serve -O.level=3 --speculative-config.num_speculative_tokens 4 ...` (vLLM's dotted keys of its JSON
+    options) were unrecognized arguments."""
+    args = build_parser().parse_args([
+        "serve", "-O.level=3", "--speculative-config", '{"method": "dflash", "model": "/drafter"}',
+        "--speculative-config.num_speculative_tokens", "4", "--hf-overrides.text_config.rope_theta=1e6",
+        "--limit-mm-per-prompt.image", "2", "--default-chat-template-kwargs.current_date", "2030-05-05",
+        "--kv-transfer-config.kv_role+", "a,b", "-O3"])
+    assert args.compilation_config == {"level": 3} and args.optimization_level == 3
+    assert json.loads(args.speculative_config) == {"method": "dflash", "model": "/drafter", "num_speculative_tokens": 4}
+    assert args.hf_overrides == {"text_config": {"rope_theta": 1e6}}
+    assert args.limit_mm_per_prompt == {"image": 2}
+    assert args.default_chat_template_kwargs == {"current_date": "2030-05-05"}
+    assert args.kv_transfer_config == {"kv_role": ["a", "b"]}
+    chat = build_parser().parse_args(["chat", "--speculative-config.method=dflash", "--compilation-config.mode", "2"])
+    assert json.loads(chat.speculative_config) == {"method": "dflash"} and chat.compilation_config == {"mode": 2}
+
+
+def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    args = build_parser().parse_args(["serve", "--compilation-config.level", "3"])
+    (note,) = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+    assert note.startswith('vLLM\'s --compilation-config {"level": 3} changes nothing here')
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["serve", "--speculative-config.num_speculative_tokens"], ("--speculative-config.num_speculative_tokens needs a "
+                                                                "value",)),
+    (["serve", "--hf-overrides..x", "1"], ("--hf-overrides..x: a key is empty",)),
+    (["serve", "--hf-overrides.a", "1", "--hf-overrides.a.b", "2"], ("'a' was given a value, which has no keys",)),
+    (["serve", "--speculative-config", "[1]", "--speculative-config.method", "dflash"], ("--speculative-config [1]: "
+                                                                                         "not a JSON object",)),
+])
+def test_a_dotted_key_that_cannot_be_joined_is_one_line(capsys, argv, words):
+    from glimmer.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    assert all(word in err for word in words), err
 
 
 def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
