@@ -45,12 +45,101 @@ class _ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"glimmer: error: {message}; see {self.prog} --help\n")
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
-        """As argparse's, but an option the command does not take points at that command's help, not glimmer's."""
+        """As argparse's, but an option the command does not take points at that command's help, not glimmer's, and
+        vLLM's dotted keys of JSON options are taken (_with_dotted_keys_joined)."""
+        if self.commands:  # the top parser
+            json_options = {option for command in self.commands.values() for action in command._actions
+                            if action.type in (_json_object, _limit_mm_per_prompt)
+                            or action.dest == "speculative_config" for option in action.option_strings}
+            try:
+                args = _with_dotted_keys_joined(list(sys.argv[1:] if args is None else args), json_options)
+            except UsageError as error:
+                self.error(str(error))
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             self.commands.get(getattr(parsed, "command", None), self).error(
                 f"unrecognized arguments: {' '.join(extras)}")
         return parsed
+
+
+def _with_dotted_keys_joined(argv: list[str], json_options: set[str]) -> list[str]:
+    """`argv` with vLLM's dotted keys of its JSON options (`--speculative-config.num_speculative_tokens 4`,
+    `--compilation-config.level=3`, `-O.level=3` for --compilation-config, `--hf-overrides.a.b 1`, a list's items
+    `--x.key+ 1 --x.key+=2,3`) joined into one JSON object per option: over the option's own JSON object where it is
+    given too (a dotted key wins), else given after the others. A value is read as JSON where it is JSON (3, true,
+    [1]), else as text. Raises UsageError naming the key for a key without a value, or one that is not an object."""
+    dotted: dict[str, dict[str, Any]] = {}
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token == "--":
+            rest += argv[index:]
+            break
+        name, dot, path = token.partition(".")
+        name = "--compilation-config" if name == "-O" else name  # vLLM's -O.level=3
+        if not dot or name not in json_options:
+            rest.append(token)
+            index += 1
+            continue
+        path, equals, value = path.partition("=")
+        if not equals:
+            if index + 1 >= len(argv):
+                raise UsageError(f"{token} needs a value: {token} VALUE, or {token}=VALUE")
+            index += 1
+            value = argv[index]
+        index += 1
+        keys = path.split(".")
+        if not all(keys) or keys[-1] == "+":
+            raise UsageError(f"{token}: a key is empty; give {name}.KEY VALUE (KEY.SUBKEY for a nested one)")
+        target = dotted.setdefault(name, {})
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise UsageError(f"{token}: {key!r} was given a value, which has no keys")
+        if keys[-1].endswith("+"):  # list items, one or several apart with commas
+            items = target.setdefault(keys[-1][:-1], [])
+            if not isinstance(items, list):
+                raise UsageError(f"{token}: {keys[-1][:-1]!r} was given a value that is not a list")
+            items += [_json_or_text(item) for item in value.split(",")]
+        else:
+            target[keys[-1]] = _json_or_text(value)
+    for name, keys in dotted.items():
+        rest += _joined_json_option(rest, name, keys)
+    return rest
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _joined_json_option(argv: list[str], name: str, keys: dict[str, Any]) -> list[str]:
+    """The option `name` with its dotted `keys`: merged into its last JSON value in `argv` (rewritten there; []
+    returned), else the option and its value to add."""
+    for index in range(len(argv) - 1, -1, -1):
+        given, equals, text = argv[index].partition("=")
+        if given != name or (not equals and index + 1 == len(argv)):
+            continue
+        if not equals:
+            index, text = index + 1, argv[index + 1]
+        value = _json_or_text(text)
+        if not isinstance(value, dict):
+            raise UsageError(f"{name} {text}: not a JSON object, so its dotted keys ({name}.KEY) have none to go into")
+        argv[index] = json.dumps(_merged(value, keys)) if not equals else f"{name}={json.dumps(_merged(value, keys))}"
+        return []
+    return [name, json.dumps(keys)]
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s keys, nested objects merged key by key."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = (_merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict)
+                       else value)
+    return merged
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -180,10 +269,8 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     from glimmer.default_model import default_model_dir
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
-    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
     from glimmer.multimodal import MediaLimits
 
-    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
     is_default = args.model is None
     model = str(default_model_dir()) if is_default else args.model
     local = Path(model).expanduser()
@@ -248,7 +335,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             # an empty --api-key (`--api-key "$KEY"` with KEY unset) is refused by the settings, not read as no key
             api_key=_serve_api_key(args),
             max_request_bytes=max_request_bytes,
-            default_reasoning_strength=args.default_reasoning_strength,
+            **_template_defaults(args),
             media_policy=_media_policy(args),
             max_images_per_request=args.max_images_per_request,
             max_videos_per_request=args.max_videos_per_request,
@@ -259,10 +346,12 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             trust_request_chat_template=args.trust_request_chat_template,
             request_id_headers=args.enable_request_id_headers,
             generation_config=args.generation_config,
+            max_header_count=args.h11_max_header_count,
         )
 
     _check_engine_options(args)
     _check_serve_options(args)
+    _note_vllm_engine_options(args)
     from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
 
     for note in _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS):
@@ -299,7 +388,11 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
                                 use_colors=False if _no_color() or sys.stdout is None else None,
                                 root_path=args.root_path, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
                                 ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
-                                http=read_timeout_protocol(args.request_read_timeout))
+                                # a head (or body piece) h11 holds unparsed beyond this size is refused with 400;
+                                # given, h11 parses every request, as httptools has no such limit
+                                h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+                                http=read_timeout_protocol(args.request_read_timeout,
+                                                           h11=args.h11_max_incomplete_event_size is not None))
         server = _shutdown_server(engine, config)
         # A dead engine thread makes the server useless: stop serving and exit non-zero, so that a supervisor
         # (systemd, Kubernetes) restarts the process instead of keeping a server that only answers 503.
@@ -332,11 +425,11 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
 
 def _run_batch(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     """`glimmer run-batch` with SIGTERM raising _Terminated (a batch running stops as Ctrl-C stops it)."""
-    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS, VLLM_RUN_BATCH_ARGUMENTS
+    from glimmer.engine.vllm_arguments import VLLM_RUN_BATCH_ARGUMENTS
     from glimmer.server.batch import parse_batch_input
 
     _check_engine_options(args)
-    _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)  # before the output file is opened
+    _note_vllm_engine_options(args)  # before the output file is opened
     for note in _check_vllm_options(args, _VLLM_RUN_BATCH_OPTIONS, VLLM_RUN_BATCH_ARGUMENTS):
         print(note, file=sys.stderr)  # stdout may be the output
     _refuse_a_model_taken_by_a_list_option(args, "run-batch")
@@ -388,7 +481,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             settings = ServerSettings(
                 served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
                 default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=_media_policy(args), generation_config=args.generation_config)
+                media_policy=_media_policy(args), generation_config=args.generation_config, **_media_counts(args))
             app = create_app(engine, settings)
             # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
             # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
@@ -564,6 +657,28 @@ _MEDIA_LIMIT_OPTIONS = {"max_image_pixels": "max_image_pixels", "max_image_side"
                         "max_video_frames": "max_video_source_frames"}
 
 
+class _StoreNamingTheFlag(argparse.Action):
+    """Stores the value, and which of the option's spellings was typed (vLLM's --kv-cache-memory-bytes for
+    --kv-cache-memory) as `<dest>_flag`, for errors to name the flag the user wrote."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_flag", option_string)
+
+
+def _flag_typed(args: argparse.Namespace, dest: str) -> str:
+    """The flag of `dest` as the command line spelled it (its first spelling if not given, or stored plainly)."""
+    return getattr(args, f"{dest}_flag", None) or f"--{dest.replace('_', '-')}"
+
+
+def _with_flags_as_typed(message: str, args: argparse.Namespace) -> str:
+    """An engine error's `message`, whose fix names --kv-cache-memory, naming --kv-cache-memory-bytes where the
+    user gave that spelling."""
+    typed = _flag_typed(args, "kv_cache_memory")
+    return re.sub(r"--kv-cache-memory(?![\w-])", typed, message) if typed != "--kv-cache-memory" else message
+
+
 def _refuse_empty_path(value: str, name: str, fix: str) -> None:
     """UsageError for an empty path argument (`"$DIR"` with DIR unset), which Path("") would read as the current
     directory."""
@@ -587,7 +702,7 @@ def _check_engine_options(args: argparse.Namespace) -> None:
     # EngineConfig would name its field and Python's None (`max_model_len=0 ... (or None for the default)`)
     for dest in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
         if getattr(args, dest) is not None and getattr(args, dest) < 1:
-            raise UsageError(f"--{dest.replace('_', '-')} {getattr(args, dest)} is invalid; give a positive "
+            raise UsageError(f"{_flag_typed(args, dest)} {getattr(args, dest)} is invalid; give a positive "
                              f"{'size' if dest == 'kv_cache_memory' else 'integer'}, or leave it out for the default")
     if args.block_size is not None and (args.block_size < 1 or args.block_size & (args.block_size - 1)):
         raise UsageError(f"--block-size {args.block_size} is invalid; give a power of two such as 16, or leave it out "
@@ -697,7 +812,8 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     if args.url:
         from glimmer.server.chat_client import ChatClientError, check_server_url
 
-        ignored = _engine_options_given(args)
+        # the server's own limits hold for what it is sent
+        ignored = _engine_options_given(args) + ["--limit-mm-per-prompt"] * (args.limit_mm_per_prompt is not None)
         if ignored:
             pronoun = "it" if len(ignored) == 1 else "them"
             raise UsageError(f"--url chats with the model the server at {args.url} serves; {', '.join(ignored)} "
@@ -741,6 +857,10 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         # what the protocol parser notices in the model's output (a repeated parameter, stray text between tags)
         # would land in the middle of the reply being printed, which shows the parsed call
         logging.getLogger("glimmer.protocol").setLevel(logging.ERROR)
+    _note_vllm_engine_options(args)
+    if args.limit_mm_per_prompt is not None:
+        print(f"vLLM's --limit-mm-per-prompt {_shown_value(args.limit_mm_per_prompt)} changes nothing here: the "
+              "terminal chat sends text only, no images or videos", file=sys.stderr)
     engine, name, is_default = _engine_from_args(args)
     try:
         sigterm.check()  # a SIGTERM the loading code dropped
@@ -858,6 +978,12 @@ def _check_serve_options(args: argparse.Namespace) -> None:
     if args.max_request_bytes is not None and args.max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {args.max_request_bytes} is too small; give at least 1024, or leave "
                          "it out for the default")
+    if args.h11_max_header_count < 1:  # ServerSettings would name its field
+        raise UsageError(f"--h11-max-header-count {args.h11_max_header_count} would refuse every request; give at "
+                         f"least 1, or leave it out for {_H11_MAX_HEADER_COUNT}")
+    if args.h11_max_incomplete_event_size is not None and args.h11_max_incomplete_event_size < 1:
+        raise UsageError(f"--h11-max-incomplete-event-size {args.h11_max_incomplete_event_size} would refuse every "
+                         "request; give a size such as 64KiB, or leave it out for h11's 16 KiB")
     if not 0 < args.request_read_timeout < math.inf:  # (nan too)
         raise UsageError(f"--request-read-timeout {args.request_read_timeout:g} is not a time; give a number of "
                          f"seconds above 0, or leave it out for {DEFAULT_REQUEST_READ_TIMEOUT_S:g}")
@@ -910,6 +1036,32 @@ def _check_serve_options(args: argparse.Namespace) -> None:
                              "path (e.g. https://app.example.com), or * for any origin")
 
 
+def _template_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """ServerSettings' default_reasoning_strength and default_chat_template_kwargs: --default-reasoning-strength, and
+    vLLM's --default-chat-template-kwargs, whose reasoning variables (enable_thinking, reasoning_effort,
+    reasoning_strength) give the default strength, which a request's own reasoning fields replace as its
+    chat_template_kwargs replace the other defaults. UsageError naming the flag for a value a request could not
+    send either, or two default strengths."""
+    from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES, STRENGTH_KWARGS
+    from glimmer.protocol.reasoning_strength import resolve_reasoning_strength
+
+    kwargs = args.default_chat_template_kwargs or {}
+    rendering = [name for name in RENDERING_ARGUMENT_NAMES if name in kwargs]
+    if rendering:
+        raise UsageError(f"--default-chat-template-kwargs: {rendering[0]!r} is no template variable but a field of "
+                         "the chat request; leave it out (requests send it beside messages)")
+    try:
+        strength = resolve_reasoning_strength(chat_template_kwargs=kwargs)
+    except RequestError as error:
+        raise UsageError(f"--default-chat-template-kwargs: {error}") from None
+    if strength is not None and args.default_reasoning_strength not in (None, strength):
+        raise UsageError(f"--default-chat-template-kwargs asks for reasoning strength {strength!r} and "
+                         f"--default-reasoning-strength {args.default_reasoning_strength}; give one of them")
+    return {"default_reasoning_strength": args.default_reasoning_strength or strength,
+            "default_chat_template_kwargs": {name: value for name, value in kwargs.items()
+                                             if name not in STRENGTH_KWARGS}}
+
+
 def _check_client_certificate_options(args: argparse.Namespace) -> None:
     """UsageError naming vLLM's --ssl-ca-certs or --ssl-cert-reqs where the server could not use them: without
     HTTPS, a CA file that holds no certificate, or client certificates asked for with no CA to verify them by."""
@@ -931,6 +1083,10 @@ def _check_client_certificate_options(args: argparse.Namespace) -> None:
         except (OSError, ssl.SSLError) as error:
             raise UsageError(f"--ssl-ca-certs {args.ssl_ca_certs}: {error}; give a PEM file of CA certificates") \
                 from None
+        if args.ssl_cert_reqs == ssl.CERT_NONE:  # uvicorn (and vLLM) load the CA, and ask no client to be verified
+            print(f"glimmer: warning: --ssl-ca-certs {args.ssl_ca_certs} with --ssl-cert-reqs 0 (the default) asks "
+                  "no client for a certificate, so the CA verifies nothing; add --ssl-cert-reqs 2 to require client "
+                  "certificates (1: check those sent), or leave --ssl-ca-certs out", file=sys.stderr)
 
 
 def _refuse_a_model_taken_by_a_list_option(args: argparse.Namespace, command: str) -> None:
@@ -1095,6 +1251,8 @@ _VLLM_SERVE_OPTIONS: dict[str, dict[str, Any]] = {
     "--calculate-kv-scales": {"action": argparse.BooleanOptionalAction},
     "--enable-eplb": {"action": argparse.BooleanOptionalAction},
     "--kv-transfer-config": {"type": _json_object, "metavar": "JSON"},
+    "--ignore-patterns": {"nargs": "+", "action": "extend", "metavar": "PATTERN"},
+    "--tokenizer-pool-size": {"type": int, "metavar": "N"},
 }
 _VLLM_SHORT_OPTIONS = {"--optimization-level": "-O"}  # vLLM's -O3 is --optimization-level 3
 
@@ -1124,9 +1282,10 @@ _VLLM_SERVING_OPTIONS: dict[str, dict[str, Any]] = {
     "--enable-log-outputs": {"action": "store_true"},
     "--log-config-file": {"metavar": "FILE"},
     "--enable-tokenizer-info-endpoint": {"action": "store_true"},
-    "--default-chat-template-kwargs": {"type": _json_object, "metavar": "JSON"},
     "--enable-server-load-tracking": {"action": "store_true"},
     "--enable-ssl-refresh": {"action": "store_true"},
+    "--lora-modules": {"nargs": "+", "action": "extend", "metavar": "NAME=PATH"},
+    "--exclude-tools-when-tool-choice-none": {"action": "store_true"},
 }
 """`vllm serve`'s serving options (VLLM_SERVING_ARGUMENTS), with how argparse reads each."""
 
@@ -1153,6 +1312,12 @@ def _dtype(text: str) -> str | None:
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from float32, bfloat16, float16, or "
                                          "vLLM's auto, half, float)")
     return names[text]
+
+
+def _media_counts(args: argparse.Namespace) -> dict[str, int]:
+    """The ServerSettings media counts run-batch's --limit-mm-per-prompt gives (those it names)."""
+    limits = args.limit_mm_per_prompt or {}
+    return {f"max_{kind}s_per_request": limits[kind] for kind in ("image", "video") if kind in limits}
 
 
 def _limit_mm_per_prompt(text: str) -> dict[str, int]:
@@ -1209,6 +1374,15 @@ def _check_vllm_options(args: argparse.Namespace, options: Mapping[str, Any], ar
     return notes
 
 
+def _note_vllm_engine_options(args: argparse.Namespace) -> None:
+    """UsageError naming the first of vLLM's engine options given with a value that would change something here;
+    otherwise a line on stderr for each given one (stdout may be run-batch's output, or the chat)."""
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    for note in _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS):
+        print(note, file=sys.stderr)
+
+
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="checkpoint directory, .gguf file or Hugging Face Hub id (default: the embedded "
@@ -1225,7 +1399,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
                              "CUDA, 2048 on the CPU)")
     parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=None,
-                        metavar="SIZE",
+                        metavar="SIZE", action=_StoreNamingTheFlag,
                         help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "
                              "is the same option) (default: on a GPU, what "
                              "--gpu-memory-utilization leaves after the weights; on the CPU, what --max-num-seqs "
@@ -1292,6 +1466,8 @@ def _add_format_options(parser: argparse.ArgumentParser) -> None:
                         help="read *.bin / *.pt weights (only through torch.load(weights_only=True)); off by default "
                              "because unpickling can run code")
 
+
+_H11_MAX_HEADER_COUNT = 256  # vLLM's default
 
 _DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -1389,6 +1565,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help='vLLM\'s form of the two limits above: \'{"image": 4, "video": 1}\' (or image=4,video=1)')
     serve.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
+    serve.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+                       help="template variables every chat request gets, under its own chat_template_kwargs (whose "
+                            "values win), as vLLM's: '{\"current_date\": \"2026-01-01\"}'; enable_thinking, "
+                            "reasoning_effort or reasoning_strength set the default reasoning strength (as "
+                            "--default-reasoning-strength)")
     serve.add_argument("--require-cache-salt", action="store_true",
                        help="refuse requests without a cache_salt (only requests with the same salt share "
                             "cached prompt blocks)")
@@ -1417,6 +1598,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ssl-cert-reqs", type=int, default=0, metavar="{0,1,2}",
                        help="with HTTPS and --ssl-ca-certs: 1 asks clients for a certificate, 2 requires one (as "
                             "vLLM's, Python's ssl.CERT_* values; default 0, none)")
+    serve.add_argument("--h11-max-incomplete-event-size", type=parse_size, default=None, metavar="SIZE",
+                       help="the most bytes of a request head (its line and headers) the HTTP parser holds while "
+                            "it is incomplete, as vLLM's; a larger head gets HTTP 400 (default h11's, 16 KiB; given, "
+                            "every connection is parsed by h11)")
+    serve.add_argument("--h11-max-header-count", type=int, default=_H11_MAX_HEADER_COUNT, metavar="N",
+                       help="requests with more header fields get HTTP 431, as vLLM's (default "
+                            f"{_H11_MAX_HEADER_COUNT}, vLLM's)")
     serve.add_argument("--root-path", default="", metavar="PATH",
                        help="the path prefix a proxy serves the API under, which the proxy strips (ASGI root_path, "
                             "as uvicorn's)")
@@ -1445,10 +1633,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "type each call's result when the model calls one")
     chat.add_argument("--reasoning-effort", default=None, help="none, minimal, low, medium, high or xhigh")
     chat.add_argument("--max-tokens", type=int, default=None,
-                      help="most tokens per reply (default: the model's generation_config max_new_tokens, else up to "
-                           "the context)")
+                      help="the most tokens the model may generate for each reply, its reasoning included (default: "
+                           "in-process, the checkpoint's generation_config.json max_new_tokens, else up to the end of "
+                           "the context, as with --generation-config vllm; with --url, the server's default)")
     chat.add_argument("--temperature", type=float, default=None,
                       help="sampling temperature (default: the model's generation_config, else 1)")
+    chat.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
+                      help="vLLM's media limits, taken in-process and noted: the terminal chat sends text only, so "
+                           "they change nothing (with --url they are the server's)")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
     chat.set_defaults(func=_cmd_chat)
 
@@ -1471,6 +1663,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_media_size_and_time_limits(batch)
     batch.add_argument("--default-reasoning-strength", choices=["low", "medium", "high", "xhigh"], default=None,
                        help="when a request names none (default: the template's own, high)")
+    batch.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
+                       help='the most images and videos a request may hold, as vLLM\'s: \'{"image": 4, "video": 1}\' '
+                            '(or image=4,video=1; default 16 images, 2 videos); more get HTTP 400')
     vllm = batch.add_argument_group(
         "vLLM's run-batch options", "taken where their value changes nothing here (no metrics server, no upload), "
         "each noted at startup; another value is refused saying what to do instead")
@@ -1523,7 +1718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"glimmer: error: {exc}", file=sys.stderr)
         return 2
     except GlimmerError as exc:
-        print(f"glimmer: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"glimmer: error: {type(exc).__name__}: {_with_flags_as_typed(str(exc), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

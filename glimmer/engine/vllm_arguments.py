@@ -309,6 +309,15 @@ VLLM_ONLY_BEAM_SEARCH_ARGUMENTS: dict[str, VllmArgument] = {
         "batch, and leave it out")),
 }
 """Arguments of vLLM's `LLM.beam_search` that Glimmer's does not take."""
+def _ignore_patterns_change_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """None, or patterns (one, or a list) that each hold a `/`: they match files in a subfolder alone (vLLM's default
+    'original/**/*', a Llama checkpoint's second copy), and Glimmer reads only the weight files of the checkpoint's
+    top folder."""
+    patterns = [value] if isinstance(value, str) else value
+    return value is None or (isinstance(patterns, list | tuple) and all(
+        isinstance(pattern, str) and "/" in pattern for pattern in patterns))
+
+
 _DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
@@ -369,8 +378,11 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_expert_parallel": VllmArgument(_only(False), (
         "Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine), and "
         "Muse Glimmer is dense, with no experts; leave it out")),
-    "compilation_config": VllmArgument(_none_or_empty, (
-        "Glimmer compiles with its own settings; enforce_eager=True (--enforce-eager) runs without CUDA graphs")),
+    "compilation_config": VllmArgument(lambda value, given: _none_or_empty(value, given) or (
+        isinstance(value, dict) and all(key in ("level", "mode") and type(level) is int and 1 <= level <= 3
+                                        for key, level in value.items())), (
+        "Glimmer compiles with its own settings, so vLLM's level (or mode) 1, 2 or 3 alone changes nothing, as -O1 "
+        "to -O3; for level 0 (no CUDA graphs) pass enforce_eager=True (--enforce-eager)")),
     "served_model_name": VllmArgument(_any_value, "the name the server reports; the offline LLM has none to set, so "
                                                   "any value changes nothing"),
     "mm_processor_kwargs": VllmArgument(_none_or_empty, (
@@ -422,6 +434,13 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "Muse Glimmer is dense, with no experts to balance, and runs on one device; leave it out")),
     "kv_transfer_config": VllmArgument(_none_or_empty, (
         "not supported (the KV cache stays in this process: no disaggregated prefill); leave it out")),
+    "ignore_patterns": VllmArgument(_ignore_patterns_change_nothing, (
+        "Glimmer reads the weight files of the checkpoint's top folder (safetensors, or a GGUF) and skips none by "
+        "pattern, so patterns of a subfolder (vLLM's default 'original/**/*') change nothing; to leave out a file "
+        "of the top folder, pass a copy of the checkpoint without it")),
+    "tokenizer_pool_size": VllmArgument(lambda value, given: type(value) is int and value >= 0, (
+        "a number of tokenizer workers (0 or more), which changes no token: Glimmer tokenizes on the server's own "
+        "threads; leave it out")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "
@@ -493,9 +512,11 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "enable_tokenizer_info_endpoint": VllmArgument(_only(False), (
         "not supported (no /tokenizer_info route): /tokenize and /detokenize are served, and the checkpoint's "
         "tokenizer.json is the tokenizer; leave it out")),
-    "default_chat_template_kwargs": VllmArgument(lambda value, given: value == {}, (
-        "not supported as a server default: send chat_template_kwargs in each request (a reasoning effort a request "
-        "leaves out is --default-reasoning-strength); leave it out")),
+    "exclude_tools_when_tool_choice_none": VllmArgument(_any_value, (
+        "tools are always left out of the prompt under tool_choice \"none\" (chat completions and /v1/responses)")),
+    "lora_modules": VllmArgument(_only(None), (
+        "LoRA adapters are not supported (the checkpoint's weights serve every request): merge the adapter into "
+        "the weights (peft's merge_and_unload) and serve that checkpoint")),
     "enable_server_load_tracking": VllmArgument(_only(False), (
         "not supported (no /load route): /metrics has the running and waiting requests; leave it out")),
     "enable_ssl_refresh": VllmArgument(_only(False), (

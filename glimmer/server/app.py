@@ -32,7 +32,7 @@ from glimmer.server.chat import create_chat_completion
 from glimmer.server.completions import create_completion
 from glimmer.server.connection import REQUEST_TIMED_OUT
 from glimmer.server.context import ServingContext
-from glimmer.server.errors import error_body, error_response
+from glimmer.server.errors import APIError, error_body, error_response
 from glimmer.server.invocations import invoke
 from glimmer.server.metrics import ServerMetrics
 from glimmer.server.request_id import HEADER as REQUEST_ID_HEADER
@@ -164,6 +164,8 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                            expose_headers=[REQUEST_ID_HEADER])
     if settings.request_id_headers:
         app.add_middleware(_RequestIdHeaders)
+    if settings.max_header_count is not None:
+        app.add_middleware(_HeaderCountLimit, max_header_count=settings.max_header_count)
     app.add_middleware(_RequestAccounting, metrics=context.metrics)
     return app
 
@@ -353,6 +355,24 @@ class _InternalErrors(_HttpMiddleware):
                 logger.error("internal error after the response started", exc_info=exc)
             else:
                 await error_response(exc)(scope, receive, send)
+
+
+class _HeaderCountLimit(_HttpMiddleware):
+    """vLLM's --h11-max-header-count: a request with more header fields is answered 431 before any route reads it
+    (thousands of small headers cost the server time in every middleware and route that looks one up)."""
+
+    def __init__(self, app: ASGIApp, max_header_count: int):
+        super().__init__(app)
+        self.max_header_count = max_header_count
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        count = len(scope["headers"])
+        if count <= self.max_header_count:
+            await self.app(scope, receive, send)
+            return
+        await error_response(APIError(431, f"the request has {count} header fields, more than the server's limit of "
+                                           f"{self.max_header_count} (--h11-max-header-count)",
+                                      code="request_header_fields_too_large"))(scope, receive, send)
 
 
 class _RequestIdHeaders(_HttpMiddleware):

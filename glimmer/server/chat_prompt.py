@@ -75,7 +75,8 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
     settings = context.settings
-    template_kwargs = dict(request.chat_template_kwargs or {})
+    # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
+    template_kwargs = {**settings.default_chat_template_kwargs, **(request.chat_template_kwargs or {})}
     _refuse_rendering_fields_in_kwargs(template_kwargs)
     ends_with_generation_prompt = generation_prompt(request.add_generation_prompt, request.continue_final_message)
     if request.continue_final_message:
@@ -230,8 +231,8 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
                                param=param)
         _, reference = media_from_part(part, param)
         if len(found[kind]) == limits[kind]:
-            raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's "
-                                  f"--max-{kind}s-per-request limit)", param=param, kind=kind,
+            raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's limit: "
+                                  f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
                                   counted=tuple(counted[kind]))
         if cancel is not None:
             cancel.check()

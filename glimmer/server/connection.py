@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from glimmer.errors import ConfigError
 from glimmer.server.errors import error_body
@@ -183,13 +184,15 @@ def _serve_untimed(protocol: Any, error: AttributeError) -> None:
                        error)
 
 
-def read_timeout_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
+def read_timeout_protocol(read_timeout_s: float, *, h11: bool = False) -> type[asyncio.Protocol]:
     """uvicorn's `http` protocol class for connections that time out after `read_timeout_s` seconds of waiting
     for request bytes (uvicorn.Config(http=...)), built on the protocol uvicorn picks (httptools where it is
-    installed, else h11). Raises ConfigError unless it is a number of seconds above 0."""
+    installed, else h11), or on h11's with `h11` (whose limits uvicorn.Config's h11_* options set: httptools has
+    none of them). Raises ConfigError unless it is a number of seconds above 0."""
     if not 0 < read_timeout_s < math.inf:
         raise ConfigError(f"request_read_timeout_s={read_timeout_s!r} is not a time; give a number of seconds above 0")
-    return type("ReadTimeoutProtocol", (ReadTimeout, AutoHTTPProtocol), {"read_timeout_s": read_timeout_s})
+    base = H11Protocol if h11 else AutoHTTPProtocol
+    return type("ReadTimeoutProtocol", (ReadTimeout, base), {"read_timeout_s": read_timeout_s})
 
 
 def tcp_listener(host: str, port: int) -> socket.socket:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from glimmer.checkpoint.generation_config import check_generation_config_mode
 from glimmer.errors import ConfigError
@@ -57,6 +59,10 @@ class ServerSettings:
         is refused (400).
     request_id_headers: every response carries the request's `X-Request-Id`, or one made for it (vLLM's
         --enable-request-id-headers).
+    default_chat_template_kwargs: template variables every chat request gets, under its own chat_template_kwargs,
+        whose values win (vLLM's --default-chat-template-kwargs); reasoning variables are default_reasoning_strength.
+    max_header_count: more header fields in a request are answered 431 (vLLM's --h11-max-header-count); None: no
+        limit but the HTTP parser's on the head's size.
     generation_config: "auto", the sampling fields a request leaves out take the checkpoint's generation_config.json
         values (max_new_tokens as a chat request's max_tokens); "vllm", OpenAI's defaults (vLLM's
         --generation-config vllm).
@@ -79,6 +85,8 @@ class ServerSettings:
     trust_request_chat_template: bool = False
     request_id_headers: bool = False
     generation_config: str = "auto"
+    max_header_count: int | None = None
+    default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(isinstance(n, str) and n for n in self.served_model_names):
@@ -97,6 +105,14 @@ class ServerSettings:
                 raise ConfigError(f"{name}={getattr(self, name)} must not be negative")
         if self.metrics_require_api_key and self.api_key is None:
             raise ConfigError("metrics_require_api_key needs an api_key (--api-key) to require")
+        if self.max_header_count is not None and self.max_header_count < 1:
+            raise ConfigError(f"max_header_count={self.max_header_count} would refuse every request; give at least 1")
+        from glimmer.engine.chat_rendering import RENDERING_ARGUMENT_NAMES, STRENGTH_KWARGS  # (torch: not for --help)
+
+        for name in (*RENDERING_ARGUMENT_NAMES, *STRENGTH_KWARGS):
+            if name in self.default_chat_template_kwargs:
+                fix = "give default_reasoning_strength" if name in STRENGTH_KWARGS else "it is a request's field"
+                raise ConfigError(f"default_chat_template_kwargs may not set {name!r}: {fix}")
         if self.max_n < 1:
             raise ConfigError(f"max_n={self.max_n} must be at least 1")
         check_generation_config_mode(self.generation_config)

@@ -209,8 +209,10 @@ def test_a_misspelled_keyword_of_llm_itself_names_it(typo, meant):
     ("hf_overrides", {"max_position_embeddings": 4}, "never patched"), ("revision", "main", "--revision"),
     ("download_dir", "/data/models", "HF_HUB_CACHE"), ("max_logprobs", 50, "fixed at vLLM's default, 20"),
     ("enable_lora", True, "LoRA adapters are not supported"), ("logprobs_mode", "processed_logprobs", "model's own"),
-    ("task", "embed", "generative models only"), ("compilation_config", {"level": 3}, "enforce_eager=True"),
+    ("task", "embed", "generative models only"), ("compilation_config", {"level": 0}, "enforce_eager=True"),
     ("distributed_executor_backend", "ray", "one device"), ("hf_token", "hf_abc", "HF_TOKEN"),
+    ("ignore_patterns", ["*.safetensors"], "top folder"), ("ignore_patterns", "consolidated*", "top folder"),
+    ("tokenizer_pool_size", -1, "0 or more"),
 ])
 def test_a_vllm_engine_argument_glimmer_lacks_is_refused_naming_what_to_do(name, value, advice):
     # vLLM's first line, LLM(model, tensor_parallel_size=..., trust_remote_code=True), was a bare TypeError
@@ -256,7 +258,9 @@ def test_vllm_engine_arguments_at_their_defaults_are_taken_and_others_refused_sa
     """vLLM's LLM(...) takes these (older scripts pass disable_async_output_proc; scheduling_policy='fcfs' is its
     default); they were refused as misspellings ("did you mean 'model'?" for model_impl)."""
     llm = LLM(str(tiny_checkpoint), progress=False, scheduling_policy="fcfs", disable_async_output_proc=True,
-              max_parallel_loading_workers=2, model_impl="auto", config_format="hf")
+              max_parallel_loading_workers=2, model_impl="auto", config_format="hf",
+              # vLLM's default patterns (a Llama checkpoint's second copy in original/), and its tokenizer workers
+              ignore_patterns=["original/**/*"], tokenizer_pool_size=4)
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
     with pytest.raises(UnsupportedArgumentError, match="^scheduling_policy: .*first come, first served"):
         LLM(str(tiny_checkpoint), progress=False, scheduling_policy="priority")

@@ -328,6 +328,24 @@ def test_run_batch_writes_a_record_for_each_line_and_exits_0(tiny_checkpoint, tm
     assert "wrote 9 records" in err and "5 answered with status 200, 4 failed" in err
 
 
+def test_run_batch_takes_vllms_limit_mm_per_prompt(make_tiny, tmp_path):
+    """`vllm run-batch ... --limit-mm-per-prompt '{"image": 0}'` was refused as an unrecognized argument (serve took
+    it): a request with more images than it allows gets a 400 record naming the image over the limit (refused
+    before it is read)."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    source, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    source.write_text(_line("two", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [image, image, {"type": "text", "text": "Compare"}]}],
+        "max_tokens": 1}) + "\n")
+    assert main(["run-batch", str(make_tiny(vision=True)), "-i", str(source), "-o", str(out), "--max-model-len",
+                 "2048", "--limit-mm-per-prompt", '{"image": 0}']) == 0
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["response"]["status_code"] == 400
+    error = record["error"]["error"]
+    assert error["param"] == "messages[0].content[0]" and "more than 0 images" in error["message"]
+    assert "--limit-mm-per-prompt" in error["message"]
+
+
 def test_a_record_stays_one_line_for_readers_that_split_at_unicode_line_breaks(tiny_checkpoint, tmp_path):
     """U+2028, U+2029 and NEL, written raw in a record (here its custom_id; an answer's text too), end a line for
     str.splitlines, as they did in streamed events: such a reader of the output read the record as two broken ones."""

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.chat_rendering import STRENGTH_KWARGS
 from glimmer.engine.llm_engine import EngineConfig
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 from glimmer.protocol import ChatTemplateError
 from glimmer.server.chat_prompt import build_chat_prompt
 from glimmer.server.context import ServingContext
@@ -225,6 +225,43 @@ def test_continue_final_message_ends_the_prompt_inside_the_assistant_message_and
     prompt = build_chat_prompt(request(messages=[ANSWERED[0], call], tools=TOOLS, chat_template_kwargs=DATE,
                                        continue_final_message=True), ctx)
     assert prompt.continue_recipient == "get_weather"
+
+
+def test_the_servers_default_template_variables_go_under_the_requests_own(engine):
+    """vLLM's --default-chat-template-kwargs: each request's chat_template_kwargs win, key by key."""
+    ctx = context(engine, default_chat_template_kwargs={"current_date": "2030-05-05"})
+    assert prompt_text(engine, ctx) == prompt_text(engine, context(engine), chat_template_kwargs={
+        "current_date": "2030-05-05"})
+    assert "2030-05-05" in prompt_text(engine, ctx)
+    own = prompt_text(engine, ctx, chat_template_kwargs=DATE)
+    assert "2026-01-01" in own and "2030-05-05" not in own
+
+
+@pytest.mark.parametrize("name", ["enable_thinking", "add_generation_prompt"])
+def test_default_template_variables_that_are_no_variables_are_refused(name):
+    with pytest.raises(ConfigError, match=f"default_chat_template_kwargs may not set '{name}'"):
+        ServerSettings(served_model_names=("tiny",), default_chat_template_kwargs={name: False})
+
+
+@pytest.mark.parametrize(("choice", "declared"), [("none", False), ("auto", True), (None, True)])
+def test_tools_are_left_out_of_the_prompt_under_tool_choice_none(engine, choice, declared):
+    """P-REQ-3, vLLM's --exclude-tools-when-tool-choice-none (which Glimmer always does): the prompt of a chat request
+    and of the same /v1/responses request declares the tools only where they may be called."""
+    from glimmer.server.responses import _conversation
+    from glimmer.server.responses_schemas import ResponsesRequest
+
+    ctx = context(engine)
+    chat = prompt_text(engine, ctx, tools=TOOLS, chat_template_kwargs=DATE,
+                       **({"tool_choice": choice} if choice else {}))
+    without_tools = prompt_text(engine, ctx, chat_template_kwargs=DATE)
+    assert ("get_weather" in chat) is declared and (chat == without_tools) is not declared
+    responses_tools = [{"type": "function", "name": tool["function"]["name"],
+                        "parameters": tool["function"].get("parameters")} for tool in TOOLS]
+    body = {"model": "tiny", "input": "hi", "tools": responses_tools, **({"tool_choice": choice} if choice else {})}
+    conversation = _conversation(ResponsesRequest.model_validate(body), ctx.responses)
+    responses = engine.engine.tokenizer.decode(build_chat_prompt(
+        conversation.chat.model_copy(update={"chat_template_kwargs": DATE}), ctx).token_ids)
+    assert responses == chat
 
 
 @pytest.mark.parametrize("fields", [{}, {"tools": TOOLS, "tool_choice": "none"}], ids=["no-tools", "tool-choice-none"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pty
@@ -117,7 +118,10 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["--enable-expert-parallel"], ("--enable-expert-parallel", "no experts")),
     (["--hf-overrides", '{"rope_theta": 1}'], ('--hf-overrides {"rope_theta": 1}', "config.json is read as it is")),
     (["--revision", "v2"], ("--revision v2", "hf download MODEL --revision R")),
-    (["--compilation-config", '{"level": 3}'], ("--compilation-config", "--enforce-eager")),
+    (["--compilation-config", '{"level": 0}'], ("--compilation-config", "--enforce-eager")),
+    (["--compilation-config.level", "0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
+    (["-O.level=0"], ('--compilation-config {"level": 0}', "--enforce-eager")),
+    (["--compilation-config.backend", "eager"], ("--compilation-config", "level (or mode) 1, 2 or 3 alone")),
     (["--override-generation-config", '{"temperature": 0.5}'], ("--override-generation-config", "sampling fields")),
     (["--enable-lora"], ("--enable-lora", "LoRA adapters are not supported")),
     (["--model-impl", "transformers"], ("--model-impl transformers", "its own Muse Glimmer model")),
@@ -129,6 +133,8 @@ def test_serve_takes_vllms_block_size_and_kv_cache_memory_bytes(tiny_checkpoint)
     (["--logits-processors", "my.Processor"], ("--logits-processors my.Processor", "logit_bias")),
     (["--prefix-caching-hash-algo", "md5"], ("--prefix-caching-hash-algo md5", "SHA-256")),
     (["--kv-transfer-config", '{"kv_connector": "X"}'], ("--kv-transfer-config", "disaggregated prefill")),
+    (["--ignore-patterns", "original/**/*", "*.pt"], ("--ignore-patterns original/**/* *.pt", "top folder")),
+    (["--tokenizer-pool-size", "-1"], ("--tokenizer-pool-size -1", "0 or more")),
 ])
 def test_a_vllm_option_that_would_change_something_is_refused_before_loading(capsys, flags, words):
     # a free port: the Quick start's `glimmer serve` may hold 8000, the default, which is checked first
@@ -160,11 +166,79 @@ def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
         "--max-num-partial-prefills", "1", "--max-long-partial-prefills", "1", "--long-prefill-token-threshold", "0",
         "--attention-backend", "FLASH_ATTN", "--no-disable-sliding-window", "--disable-cascade-attn",
         "--no-enable-prompt-embeds", "--no-use-tqdm-on-load", "--prefix-caching-hash-algo", "sha256",
-        "--no-calculate-kv-scales", "--no-enable-eplb", "--kv-transfer-config", "{}"])
+        "--no-calculate-kv-scales", "--no-enable-eplb", "--kv-transfer-config", "{}",
+        "--ignore-patterns", "original/**/*", "--tokenizer-pool-size", "4"])
     notes = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
-    assert len(notes) == 32 and all(" changes nothing here: " in note for note in notes)
+    assert len(notes) == 34 and all(" changes nothing here: " in note for note in notes)
     assert "vLLM's --scheduling-policy fcfs changes nothing here: scheduling priorities are not supported" in "\n".join(
         notes)
+
+
+@pytest.mark.parametrize("command", ["serve", "chat", "run-batch"])
+def test_vllm_engine_options_that_change_nothing_are_noted_once_on_stderr(capsys, tmp_path, command):
+    """The notes of vLLM's engine options taken (--scheduling-policy fcfs, ...) were computed and dropped: serve,
+    chat and run-batch said nothing of them, where the serving options were noted."""
+    from glimmer.cli import main
+
+    argv = [command, str(tmp_path / "missing"), "--scheduling-policy", "fcfs", "--swap-space", "4"]
+    if command == "serve":
+        argv += ["--port", str(free_port())]
+    if command == "run-batch":
+        batch = tmp_path / "in.jsonl"
+        batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", '
+                         '"messages": [{"role": "user", "content": "hi"}]}}\n')
+        argv += ["-i", str(batch), "-o", str(tmp_path / "out.jsonl")]
+    assert main(argv) == 2  # the model is missing: the notes come before it is loaded
+    captured = capsys.readouterr()
+    assert captured.err.count("vLLM's --scheduling-policy fcfs changes nothing here: ") == 1
+    assert captured.err.count("vLLM's --swap-space 4.0 changes nothing here: ") == 1
+    assert "changes nothing here" not in captured.out
+
+
+def test_vllms_dotted_keys_of_json_options_are_joined_into_their_objects():
+    """`vllm serve -O.level=3 --speculative-config.num_speculative_tokens 4 ...` (vLLM's dotted keys of its JSON
+    options) were unrecognized arguments."""
+    args = build_parser().parse_args([
+        "serve", "-O.level=3", "--speculative-config", '{"method": "dflash", "model": "/drafter"}',
+        "--speculative-config.num_speculative_tokens", "4", "--hf-overrides.text_config.rope_theta=1e6",
+        "--limit-mm-per-prompt.image", "2", "--default-chat-template-kwargs.current_date", "2030-05-05",
+        "--kv-transfer-config.kv_role+", "a,b", "-O3"])
+    assert args.compilation_config == {"level": 3} and args.optimization_level == 3
+    assert json.loads(args.speculative_config) == {"method": "dflash", "model": "/drafter", "num_speculative_tokens": 4}
+    assert args.hf_overrides == {"text_config": {"rope_theta": 1e6}}
+    assert args.limit_mm_per_prompt == {"image": 2}
+    assert args.default_chat_template_kwargs == {"current_date": "2030-05-05"}
+    assert args.kv_transfer_config == {"kv_role": ["a", "b"]}
+    chat = build_parser().parse_args(["chat", "--speculative-config.method=dflash", "--compilation-config.mode", "2"])
+    assert json.loads(chat.speculative_config) == {"method": "dflash"} and chat.compilation_config == {"mode": 2}
+
+
+def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
+    from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
+
+    args = build_parser().parse_args(["serve", "--compilation-config.level", "3"])
+    (note,) = _check_vllm_options(args, _VLLM_SERVE_OPTIONS, VLLM_ONLY_LLM_ARGUMENTS)
+    assert note.startswith('vLLM\'s --compilation-config {"level": 3} changes nothing here')
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["serve", "--speculative-config.num_speculative_tokens"], ("--speculative-config.num_speculative_tokens needs a "
+                                                                "value",)),
+    (["serve", "--hf-overrides..x", "1"], ("--hf-overrides..x: a key is empty",)),
+    (["serve", "--hf-overrides.a", "1", "--hf-overrides.a.b", "2"], ("'a' was given a value, which has no keys",)),
+    (["serve", "--speculative-config", "[1]", "--speculative-config.method", "dflash"], ("--speculative-config [1]: "
+                                                                                         "not a JSON object",)),
+])
+def test_a_dotted_key_that_cannot_be_joined_is_one_line(capsys, argv, words):
+    from glimmer.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("glimmer: error:"), err
+    assert all(word in err for word in words), err
 
 
 def test_a_vllm_hf_token_is_refused_without_repeating_it(capsys):
@@ -217,6 +291,33 @@ def test_serve_runs_a_vllm_serve_command_line_with_its_serving_options(tiny_chec
     assert "(torch.float32)" in output  # --dtype auto: the CPU's default
 
 
+def test_serve_takes_vllms_h11_limits_refusing_a_head_too_large_or_too_many_headers(tiny_checkpoint):
+    """vLLM's --h11-max-incomplete-event-size and --h11-max-header-count were unrecognized arguments."""
+    port = free_port()
+    process = subprocess.Popen([
+        sys.executable, "-m", "glimmer.cli", "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory",
+        "32MiB", "--h11-max-incomplete-event-size", "1MiB", "--h11-max-header-count", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_health(process, port)
+        url = f"http://127.0.0.1:{port}/health"
+        # the server reads a head in pieces (asyncio's 256 KiB): this one outgrows h11's default limit (16 KiB) but
+        # not the one given, the next that one
+        assert httpx.get(url, headers={"x-note": "a" * 600_000}, timeout=10).status_code == 200
+        try:  # uvicorn answers 400 and closes, which may reset the connection before the client reads the answer
+            refused = httpx.get(url, headers={"x-note": "a" * 2_000_000}, timeout=10).status_code
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+            refused = "reset"
+        assert refused in (400, "reset")
+        too_many = httpx.get(url, headers={f"x-extra-{i}": "1" for i in range(4)}, timeout=10)  # httpx sends 5
+        assert too_many.status_code == 431
+        assert "more than the server's limit of 8 (--h11-max-header-count)" in too_many.json()["error"]["message"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0]
+    assert process.returncode == 0, output
+
+
 def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert_reqs(tiny_checkpoint, tmp_path):
     """`vllm serve ... --ssl-ca-certs CA.pem --ssl-cert-reqs 2` (mutual TLS) was refused as unrecognized arguments;
     now a client without a certificate the CA signed is turned away in the TLS handshake."""
@@ -240,6 +341,20 @@ def test_serve_requires_client_certificates_with_vllms_ssl_ca_certs_and_ssl_cert
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=60)[0]
     assert process.returncode == 0, output
+
+
+def test_a_ca_file_without_client_certificates_asked_for_is_warned_of(capsys, tmp_path):
+    """--ssl-ca-certs with --ssl-cert-reqs 0 (the default) verifies no client, as uvicorn and vLLM take it: the server
+    started as if it were mutual TLS without a word."""
+    from glimmer.cli import _check_client_certificate_options
+
+    key, cert = _self_signed(tmp_path)
+    https = ["serve", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-ca-certs", str(cert)]
+    _check_client_certificate_options(build_parser().parse_args(https))
+    err = capsys.readouterr().err
+    assert err.startswith("glimmer: warning: --ssl-ca-certs") and "--ssl-cert-reqs 2" in err
+    _check_client_certificate_options(build_parser().parse_args([*https, "--ssl-cert-reqs", "2"]))
+    assert capsys.readouterr().err == ""
 
 
 def test_client_certificates_asked_for_without_a_ca_or_with_no_ca_file_are_refused(capsys, tmp_path):
@@ -266,6 +381,32 @@ def test_every_vllm_serving_option_given_is_noted_with_what_glimmer_does_instead
     assert "replies always come from the assistant role" in notes[1]
 
 
+@pytest.mark.parametrize(("kwargs", "strength", "variables"), [
+    ('{"current_date": "2030-05-05", "enable_thinking": false}', "low", {"current_date": "2030-05-05"}),
+    ('{"reasoning_effort": "high"}', "high", {}), ("{}", None, {})])
+def test_vllms_default_chat_template_kwargs_become_the_servers_defaults(kwargs, strength, variables):
+    """`vllm serve --default-chat-template-kwargs '{"enable_thinking": false}'` was refused unless empty: its
+    reasoning variables are the default strength, the others template variables under each request's own."""
+    from glimmer.cli import _check_serve_options, _template_defaults
+
+    args = build_parser().parse_args(["serve", "--default-chat-template-kwargs", kwargs])
+    _check_serve_options(args)
+    assert _template_defaults(args) == {"default_reasoning_strength": strength,
+                                        "default_chat_template_kwargs": variables}
+
+
+def test_vllms_exclude_tools_when_tool_choice_none_is_noted_as_what_glimmer_always_does():
+    """`vllm serve --exclude-tools-when-tool-choice-none` was an unrecognized argument; Glimmer leaves the tools out
+    of a tool_choice "none" prompt always (P-REQ-3; tests/server/test_chat_prompt.py checks the prompts)."""
+    from glimmer.cli import _VLLM_SERVING_OPTIONS, _check_vllm_options
+    from glimmer.engine.vllm_arguments import VLLM_SERVING_ARGUMENTS
+
+    args = build_parser().parse_args(["serve", "--exclude-tools-when-tool-choice-none"])
+    (note,) = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
+    assert note.startswith("vLLM's --exclude-tools-when-tool-choice-none changes nothing here: tools are always left "
+                           "out of the prompt")
+
+
 def test_vllms_structured_output_and_content_format_serving_options_are_noted_where_they_change_nothing():
     """`vllm serve --guided-decoding-backend guidance --chat-template-content-format auto ...` was refused as
     unrecognized arguments."""
@@ -275,14 +416,13 @@ def test_vllms_structured_output_and_content_format_serving_options_are_noted_wh
     args = build_parser().parse_args([
         "serve", "--guided-decoding-backend", "auto", "--structured-outputs-config",
         '{"backend": "guidance", "disable_fallback": true}', "--chat-template-content-format", "auto",
-        "--disable-frontend-multiprocessing", "--tool-parser-plugin", "parsers.py", "--api-server-count", "1",
-        "--default-chat-template-kwargs", "{}"])
+        "--disable-frontend-multiprocessing", "--tool-parser-plugin", "parsers.py", "--api-server-count", "1"])
     notes = _check_vllm_options(args, _VLLM_SERVING_OPTIONS, VLLM_SERVING_ARGUMENTS)
     assert [note.split(" changes nothing here: ")[0] for note in notes] == [
         "vLLM's --chat-template-content-format auto", "vLLM's --guided-decoding-backend auto",
         "vLLM's --structured-outputs-config {\"backend\": \"guidance\", \"disable_fallback\": true}",
         "vLLM's --disable-frontend-multiprocessing", "vLLM's --tool-parser-plugin parsers.py",
-        "vLLM's --api-server-count 1", "vLLM's --default-chat-template-kwargs {}"]
+        "vLLM's --api-server-count 1"]
 
 
 @pytest.mark.parametrize(("text", "dtype"), [("auto", None), ("half", "float16"), ("float", "float32"),
@@ -332,10 +472,18 @@ def test_limit_mm_per_prompt_sets_the_media_limits(flags, limits):
     (["--enable-log-outputs"], ("--enable-log-outputs", "never logs")),
     (["--log-config-file", "log.json"], ("--log-config-file log.json", "--log-level")),
     (["--enable-tokenizer-info-endpoint"], ("--enable-tokenizer-info-endpoint", "/tokenize")),
-    (["--default-chat-template-kwargs", '{"enable_thinking": false}'], ("--default-chat-template-kwargs",
-                                                                       "chat_template_kwargs in each request")),
+    (["--default-chat-template-kwargs", '{"add_generation_prompt": false}'], ("--default-chat-template-kwargs",
+                                                                           "'add_generation_prompt' is no template")),
+    (["--default-chat-template-kwargs", '{"reasoning_effort": "huge"}'], ("--default-chat-template-kwargs",
+                                                                         "reasoning_effort='huge'")),
+    (["--default-chat-template-kwargs", '{"enable_thinking": false}', "--default-reasoning-strength", "high"], (
+        "reasoning strength 'low'", "--default-reasoning-strength high", "give one of them")),
     (["--enable-server-load-tracking"], ("--enable-server-load-tracking", "/metrics")),
     (["--enable-ssl-refresh"], ("--enable-ssl-refresh", "restart")),
+    (["--h11-max-header-count", "0"], ("--h11-max-header-count 0 would refuse every request",)),
+    (["--h11-max-incomplete-event-size", "0"], ("--h11-max-incomplete-event-size 0 would refuse every request",)),
+    (["--lora-modules", "sql=/adapters/sql"], ("--lora-modules sql=/adapters/sql", "LoRA adapters are not supported",
+                                               "merge")),
     (["--ssl-ca-certs", "ca.pem"], ("--ssl-ca-certs", "over HTTPS only")),
     (["--ssl-cert-reqs", "2"], ("--ssl-cert-reqs 2", "over HTTPS only")),
     (["--ssl-cert-reqs", "3"], ("--ssl-cert-reqs 3 is invalid", "ssl.CERT_*")),
@@ -850,6 +998,18 @@ def test_chat_with_a_url_refuses_a_model_and_engine_options_it_would_ignore(caps
                          "MODEL would be ignored: leave it out, or leave out --url")
 
 
+def test_chat_takes_vllms_limit_mm_per_prompt_in_process_and_refuses_it_with_a_url(capsys, tmp_path):
+    """`--limit-mm-per-prompt` (serve's) was an unrecognized argument of chat: in-process it is noted (the terminal
+    sends text only); with --url the server's limits hold, so it is refused as the engine options are."""
+    from glimmer.cli import main
+
+    assert main(["chat", str(tmp_path / "missing"), "--limit-mm-per-prompt", "image=2"]) == 2  # noted, then loading
+    assert "vLLM's --limit-mm-per-prompt {\"image\": 2} changes nothing here: the terminal chat sends text only" in (
+        capsys.readouterr().err)
+    _fails_with_one_line(capsys, ["chat", "--url", "http://127.0.0.1:9", "--limit-mm-per-prompt", "image=2"],
+                         "--limit-mm-per-prompt would be ignored")
+
+
 def test_chat_without_a_url_refuses_the_flags_only_a_url_server_reads(capsys, monkeypatch, tmp_path):
     """In-process there is no server to ask for --served-model or to send --api-key to: they would be ignored.
     $GLIMMER_API_KEY alone is not a flag given, and stays the --url default."""
@@ -981,6 +1141,24 @@ def test_an_engine_option_out_of_range_is_refused_by_its_flag_before_the_model_l
 def test_token_counts_take_vllms_suffixes(flag, dest, text, tokens):
     """`vllm serve --max-model-len 32k` (vLLM's human-readable numbers) was an argparse error."""
     assert getattr(build_parser().parse_args(["serve", flag, text]), dest) == tokens
+
+
+@pytest.mark.parametrize("flag", ["--kv-cache-memory", "--kv-cache-memory-bytes"])
+def test_a_kv_cache_size_refused_is_named_by_the_flag_typed(capsys, tmp_path, tiny_checkpoint, flag):
+    """vLLM's --kv-cache-memory-bytes is --kv-cache-memory: its errors named --kv-cache-memory, a flag the user had
+    not typed."""
+    from glimmer.cli import main
+
+    _fails_with_one_line(capsys, ["serve", str(tmp_path), "--port", str(free_port()), flag, "0"],
+                         f"{flag} 0 is invalid")
+    batch = tmp_path / "in.jsonl"
+    batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", '
+                     '"prompt": "hi"}}\n')
+    assert main(["run-batch", str(tiny_checkpoint), "-i", str(batch), "-o", str(tmp_path / "out.jsonl"), flag,
+                 "1000TiB"]) == 2  # more than this machine's memory: the engine's error names the flag to lower
+    err = capsys.readouterr().err
+    assert f"give the KV cache less ({flag} SIZE" in err
+    assert "--kv-cache-memory SIZE" not in err or flag == "--kv-cache-memory"
 
 
 def test_a_max_model_len_beyond_the_models_is_refused_naming_the_flag(capsys, make_tiny):
@@ -1305,6 +1483,15 @@ def test_a_media_directory_that_does_not_exist_is_one_line_before_the_model_load
                                             "--allowed-local-media-path", str(directory)],
                                    f"--allowed-local-media-path {directory}", "no such directory")
         assert "missing" not in err
+
+
+def test_chat_max_tokens_help_says_what_it_bounds_and_whose_default_it_is():
+    """It said "most tokens per reply (default: the model's generation_config max_new_tokens ...)": with --url the
+    server's default holds, with --generation-config vllm the context's end, and the reasoning counts."""
+    chat = dict(_subcommands())["chat"]
+    help_text = next(action.help for action in chat._actions if "--max-tokens" in action.option_strings)
+    assert "reasoning included" in help_text and "--url, the server's default" in help_text
+    assert "--generation-config vllm" in help_text
 
 
 def test_help_gives_the_defaults_users_ask_for():
