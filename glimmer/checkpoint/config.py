@@ -126,7 +126,8 @@ class TextConfig(_AttentionWidths):
     rope_theta: float
     sliding_window: int
     layer_types: tuple[str, ...]
-    # rope_layers[i] is False on NoPE layers (the reference's layer_rope_theta[i] == 0) — §2.5
+    # rope_layers[i] is False on NoPE layers (the reference's layer_rope_theta[i] == 0) — §2.5; independent of
+    # layer_types, as in the reference (the release puts full attention exactly on its NoPE layers)
     rope_layers: tuple[bool, ...]
     # the folded multiplier applied to q after QK-norm (3.87), on top of 1/sqrt(head_dim) — §15.1
     qk_scale_factor: float
@@ -187,17 +188,6 @@ class TextConfig(_AttentionWidths):
         if len(self.rope_layers) != n:
             raise ConfigError(
                 f"{owner}: the NoPE pattern has {len(self.rope_layers)} entries but num_hidden_layers={n}"
-            )
-        mismatched = [
-            i
-            for i, (kind, rope) in enumerate(zip(self.layer_types, self.rope_layers, strict=True))
-            if (kind == "full_attention") == rope
-        ]
-        if mismatched:
-            raise ConfigError(
-                f"{owner}.layer_types is inconsistent with the NoPE pattern at layers {mismatched}: Muse Glimmer "
-                "uses full attention exactly on its NoPE layers and sliding-window attention on its RoPE layers; "
-                "fix layer_types or the NoPE flags (layer_rope_theta / no_rope_layers)"
             )
         if not self.eos_token_id:
             raise ConfigError(f"{owner}.eos_token_id is empty; set the end-of-text token id")

@@ -73,8 +73,9 @@ NoPE pattern (`rope_layers`) and layer types:
   last layer), else follows the NoPE pattern.
 * Every source that is present must agree with the one used (in canonical configs too, where
   `no_rope_layers` / `every_n_layers_nope` are not reference fields): two disagreeing descriptions of the
-  same layers are refused rather than resolved by guessing. `TextConfig` then refuses layer types that
-  do not put full attention exactly on the NoPE layers.
+  same layers are refused rather than resolved by guessing. The flat schemas then refuse layer types that
+  do not put full attention exactly on the NoPE layers (their `no_rope_layers` says both); the canonical
+  layout takes any combination, full attention with RoPE and sliding windows without it, as the reference.
 
 Unknown keys produce one warning listing them all; keys that only bookkeep or train (`architectures`,
 `dtype`, `use_cache`, `attention_dropout`, …, see `config_fields._IGNORED_KEYS`) are accepted silently, except

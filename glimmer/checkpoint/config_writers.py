@@ -81,6 +81,13 @@ def write_flat(config: ModelConfig, *, vendor: bool) -> dict[str, Any]:
             "value qk·√head_dim, which must be at least √head_dim and is read back to 12 significant digits; "
             "use 'canonical'"
         )
+    decoupled = [i for i, (kind, rope) in enumerate(zip(text.layer_types, text.rope_layers, strict=True))
+                 if (kind == "full_attention") == rope]
+    if decoupled:
+        raise ConfigError(
+            f"layers {decoupled} are full attention with RoPE or sliding-window attention without it, which the "
+            f"{layout} layout cannot hold (its NoPE layers are its full-attention ones); use 'canonical'"
+        )
     out = {"model_type": MODEL_TYPE} | _text_entries(
         text, rope={"rope_theta": text.rope_theta}, nope={}, qk_scale_factor=raw_qk, names=FLAT_TEXT_NAMES
     )

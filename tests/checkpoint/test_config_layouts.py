@@ -791,12 +791,27 @@ def test_unsupported_activation_is_refused_with_the_name_in_the_file():
     expect_error(raw, "vision_config.hidden_act='quick_gelu' is not supported")
 
 
-def test_layer_types_inconsistent_with_the_nope_pattern_are_refused():
+def test_canonical_layer_types_and_nope_pattern_are_independent_as_in_the_reference():
+    """The reference derives layer_types and layer_rope_theta independently and runs any pair (architecture.md §1.1):
+    a full-attention layer with RoPE and a sliding one without are read as written, and written back."""
     raw = config_to_dict(tiny_model(), "canonical")
-    raw["text_config"]["layer_types"] = ["sliding_attention"] * 4
-    expect_error(raw, "text_config.layer_types is inconsistent with the NoPE pattern at layers [3]", "fix layer_types")
+    raw["text_config"]["layer_types"] = ["full_attention", "sliding_attention", "sliding_attention",
+                                         "sliding_attention"]
+    raw["text_config"]["layer_rope_theta"] = [500000.0, 0, 500000.0, 500000.0]
+    config = normalize_config(raw)
+    assert config.text.layer_types == tuple(raw["text_config"]["layer_types"])
+    assert config.text.rope_layers == (True, False, True, True)
+    assert normalize_config(config_to_dict(config, "canonical")) == config
+    for layout in ("flat", "vendor"):
+        with pytest.raises(ConfigError, match=r"layers \[0, 1\] are full attention with RoPE .* use 'canonical'"):
+            config_to_dict(config, layout)
+
+
+def test_flat_layer_types_inconsistent_with_the_nope_pattern_are_refused():
     raw = config_to_dict(tiny_model(), "flat") | {"layer_types": ["full_attention"] * 4}
-    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [0, 1, 2]")
+    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [0, 1, 2]", "canonical layout")
+    raw = config_to_dict(tiny_model(), "vendor") | {"layer_types": ["sliding_attention"] * 4}
+    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [3]")
 
 
 def test_sliding_window_pattern_inconsistent_with_the_nope_pattern_is_refused_by_name():

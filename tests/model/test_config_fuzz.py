@@ -1,10 +1,11 @@
 """Seeded differential fuzz of the text decoder across its config space, against transformers 5.23.
 
 Each case draws a tiny random text config over every field the forward depends on (architecture.md §1.1,
-§2): head_dim unrelated to hidden/heads, GQA ratios, sliding_window, a random full/sliding (NoPE/RoPE)
-layer pattern, rope_theta, qk_scale_factor, output_multiplier, final_logit_softcapping, both eps values,
-attention_bias, tie_word_embeddings and a vocabulary that is no multiple of 64; every weight is random,
-norms and biases included. Each case checks:
+§2): head_dim unrelated to hidden/heads, GQA ratios, sliding_window, a random full/sliding layer pattern and
+a NoPE pattern that mostly follows it (full attention with RoPE and sliding windows without it included),
+rope_theta, qk_scale_factor, output_multiplier, final_logit_softcapping, both eps values, attention_bias,
+tie_word_embeddings and a vocabulary that is no multiple of 64; every weight is random, norms and biases
+included. Each case checks:
 
 * prefill logits of a batch of prompts (some longer than the window) against the reference forward
   without cache: max abs difference below 1e-4 in float32;
@@ -69,12 +70,14 @@ def _draw_config(rng: random.Random, tokens):
                     sliding_window=rng.randint(2, 12), max_position_embeddings=256,
                     rope_theta=10 ** rng.uniform(1, 6))
     base = tiny_model_config(tokens, spec).text
-    pattern = [rng.random() < 0.35 for _ in range(layers)]  # True: a full-attention NoPE layer
+    pattern = [rng.random() < 0.35 for _ in range(layers)]  # True: a full-attention layer
+    # NoPE mostly on the full layers, as released, but any layer may go either way (the reference allows it)
+    nope = [full != (rng.random() < 0.3) for full in pattern]
     text = dataclasses.replace(
         base,
         vocab_size=tokens.vocab_size + rng.randint(0, 90),
         layer_types=tuple("full_attention" if full else "sliding_attention" for full in pattern),
-        rope_layers=tuple(not full for full in pattern),
+        rope_layers=tuple(not no_rope for no_rope in nope),
         rms_norm_eps=10 ** rng.uniform(-7, -2),
         post_norm_eps=10 ** rng.uniform(-9, -2),
         # the canonical layout holds the folded multiplier, below √head_dim (architecture.md §15.1)
@@ -201,8 +204,10 @@ def _draw_reference_text_config(rng: random.Random, tokens) -> dict:
     if rng.random() < 0.5:  # else the reference derives both patterns from the layer count
         full = [rng.random() < 0.4 for _ in range(layers)]
         text["layer_types"] = ["full_attention" if f else "sliding_attention" for f in full]
-        # only zero (NoPE) and non-zero matter: a RoPE layer's own value is ignored (architecture.md §2.5)
-        text["layer_rope_theta"] = [0 if f else rng.choice([theta, 1.0, 7]) for f in full]
+        # only zero (NoPE) and non-zero matter: a RoPE layer's own value is ignored (architecture.md §2.5); NoPE
+        # mostly on the full layers, but full attention with RoPE and sliding windows without it run too
+        nope = [f != (rng.random() < 0.3) for f in full]
+        text["layer_rope_theta"] = [0 if n else rng.choice([theta, 1.0, 7]) for n in nope]
     return text
 
 
