@@ -89,7 +89,7 @@ def read_flat(raw: Mapping[str, Any], notes: Notes) -> ModelConfig:
     fields.read("qk_scale_factor")
     fields.read("output_multiplier")
     fields.read("final_logit_softcapping", FLAT_TEXT_NAMES["final_logit_softcapping"], "final_logit_softcapping")
-    theta = read_shared_text_fields(fields, TEXT_DEFAULTS, ("rope_theta", "rope_parameters", "rope_scaling"))
+    theta, scaling = read_shared_text_fields(fields, TEXT_DEFAULTS, ("rope_theta", "rope_parameters", "rope_scaling"))
     nope_sources = read_nope_sources(section)
     _, layer_types = section.get("layer_types")
     _, window_pattern = section.get("sliding_window_pattern")
@@ -117,7 +117,7 @@ def read_flat(raw: Mapping[str, Any], notes: Notes) -> ModelConfig:
     if types is None:  # an empty list is refused by TextConfig, as the reference refuses it
         types = tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers)
     _check_one_pattern(types, rope_layers, fields.names["layer_types"], notes)
-    text = build_text_config(fields, theta, rope_layers, types, qk)
+    text = build_text_config(fields, theta, scaling, rope_layers, types, qk)
     vision = vision_reader() if vision_reader else None
     return build_model_config(text, vision, head, notes)
 
