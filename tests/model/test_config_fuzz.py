@@ -364,3 +364,21 @@ def test_longrope_runs_up_to_its_original_length_and_refuses_a_longer_max_model_
     with pytest.raises(ConfigError, match=r"max_model_len=33 must be between 2 and the model's 32 "
                                           r"\(rope_parameters.original_max_position_embeddings"):
         LLM(str(tmp_path), device="cpu", progress=False, max_model_len=33)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "longrope"])
+def test_a_scaled_table_s_16_bit_logits_are_the_reference_own(tmp_path, rope_type):
+    """The attention factor multiplies cos and sin in float32, before their cast to the model dtype, as the reference
+    does: in bfloat16 each prompt's logits are the reference's bits (from_pretrained keeps its frequencies float32)."""
+    from transformers import MuseGlimmerForConditionalGeneration
+
+    _save_scaled_reference_checkpoint(tmp_path, {"rope_type": rope_type, "rope_theta": 100.0,
+                                                 **_ROPE_SCALING_FIELDS[rope_type]})
+    reference = MuseGlimmerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    ours = load_model(tmp_path, dtype=torch.bfloat16, progress=False).model
+    ids = list(range(7, 37))
+    with torch.no_grad():
+        got = ours.compute_logits(ours(torch.tensor(ids), ForwardContext.without_cache([len(ids)])))
+        expected = reference(input_ids=torch.tensor([ids])).logits[0]
+    assert got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
