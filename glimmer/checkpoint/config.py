@@ -285,6 +285,12 @@ def _check_rope_scaling(owner: str, scaling: RopeScaling, head_dim: int, theta: 
             raise ConfigError(f"{name}.original_max_position_embeddings=1 leaves longrope's attention factor "
                               "undefined (it divides by log(original_max_position_embeddings)); give "
                               f"{name}.attention_factor or a longer original length")
+    if scaling.rope_type == "proportional" and (scaling.partial_rotary_factor or 1.0) > 1:
+        raise ConfigError(f"{name}.partial_rotary_factor={scaling.partial_rotary_factor!r} is more than the whole "
+                          "head; expected at most 1")
+    if scaling.rope_type == "llama3" and 0 in (scaling.low_freq_factor, scaling.high_freq_factor):
+        raise ConfigError(f"{name}.low_freq_factor and high_freq_factor must not be 0 (llama3 RoPE divides the "
+                          "original length by each)")
     if scaling.rope_type == "llama3" and scaling.low_freq_factor == scaling.high_freq_factor:
         raise ConfigError(f"{name}.low_freq_factor and high_freq_factor are both {scaling.low_freq_factor!r}; llama3 "
                           "RoPE divides by their difference")
