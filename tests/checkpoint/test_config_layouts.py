@@ -974,6 +974,15 @@ def test_rope_parameters_the_reference_cannot_run_are_refused_naming_the_key(rop
     expect_error(raw, *fragments)
 
 
+def test_a_dynamic_rope_needs_a_head_of_more_than_two():
+    """transformers raises its NTK base to head_dim/(head_dim-2): with a head of 2 it divides by zero."""
+    from glimmer.checkpoint.config import RopeScaling
+
+    with pytest.raises(ConfigError, match=r"rope_parameters.rope_type='dynamic' needs head_dim > 2"):
+        tiny_text(head_dim=2, rope_scaling=RopeScaling("dynamic", factor=2.0))
+    assert tiny_text(head_dim=4, rope_scaling=RopeScaling("dynamic", factor=2.0)).rope_scaling.factor == 2.0
+
+
 def test_partial_rotary_factor_is_ignored_by_the_default_type_and_taken_from_the_top_level_by_proportional():
     """transformers' default RoPE rotates the whole head whatever partial_rotary_factor says (a warning says so), and
     its standardization moves a top-level partial_rotary_factor into rope_parameters, where proportional reads it."""
