@@ -193,9 +193,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if config.has_vision:
         vision = f"yes (images only: {config.video_unsupported_reason})" if config.video_unsupported_reason else "yes"
     print(f"vision:          {vision}")
-    print(f"layers:          {text.num_hidden_layers} ({len(text.full_attention_layers)} full-attention NoPE at "
-          f"{list(text.full_attention_layers)}, {len(text.sliding_attention_layers)} sliding-window RoPE, "
-          f"window {text.sliding_window})")
+    nope = [i for i, rope in enumerate(text.rope_layers) if not rope]
+    print(f"layers:          {text.num_hidden_layers} ({len(text.full_attention_layers)} full-attention at "
+          f"{list(text.full_attention_layers)}, {len(text.sliding_attention_layers)} sliding-window, "
+          f"window {text.sliding_window}; NoPE at {nope})")
     print("parameters:")
     for label, count in report.parameter_counts.items():
         print(f"  {label:34s} {count:,}")

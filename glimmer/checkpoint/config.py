@@ -92,6 +92,55 @@ def _refuse_huge_weights(owner: str, matrices: dict[str, int]) -> None:
                               "published with the weights")
 
 
+# transformers' ROPE_INIT_FUNCTIONS (5.23), which the reference's rotary table takes from rope_parameters.rope_type
+ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A scaled RoPE: transformers' rope_parameters other than the default type, field by field as the file states
+    them (None: absent). One table from these serves every RoPE layer, as the reference's does (architecture.md §2.5);
+    `glimmer.model.rope` computes it."""
+
+    rope_type: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    attention_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    partial_rotary_factor: float | None = None
+
+    def original_length(self, max_position_embeddings: int) -> int:
+        """The pretraining length: the file's, else max_position_embeddings (transformers' standardization)."""
+        return self.original_max_position_embeddings or max_position_embeddings
+
+    def exact_positions(self, max_position_embeddings: int) -> int:
+        """How many positions run exactly as the reference: longrope switches from its short to its long factors
+        (for the whole sequence, cached keys included) once a sequence passes the pretraining length, which a KV
+        cache cannot follow, so Glimmer stops there; the dynamic type equals the default table up to
+        max_position_embeddings, past which Glimmer never runs; the other tables do not depend on the length."""
+        if self.rope_type == "longrope":
+            return min(self.original_length(max_position_embeddings), max_position_embeddings)
+        return max_position_embeddings
+
+    def as_json(self, theta: float) -> dict[str, Any]:
+        """The rope_parameters object, as transformers reads it."""
+        out: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": theta}
+        if self.rope_type == "yarn":
+            out["factor"] = None  # a key transformers requires, null when derived from the lengths
+        for name, value in asdict(self).items():
+            if name != "rope_type" and value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
 class _AttentionWidths:
     """Row counts of the q and k/v projections, for decoders with num_(key_value_)heads and head_dim."""
 
@@ -124,9 +173,12 @@ class TextConfig(_AttentionWidths):
     # post-attention and post-FFN norms use this eps (1e-8 in the release), not rms_norm_eps — §2.1
     post_norm_eps: float
     rope_theta: float
+    # None: the default RoPE; else transformers' scaled table of that type (RopeScaling)
+    rope_scaling: RopeScaling | None
     sliding_window: int
     layer_types: tuple[str, ...]
-    # rope_layers[i] is False on NoPE layers (the reference's layer_rope_theta[i] == 0) — §2.5
+    # rope_layers[i] is False on NoPE layers (the reference's layer_rope_theta[i] == 0) — §2.5; independent of
+    # layer_types, as in the reference (the release puts full attention exactly on its NoPE layers)
     rope_layers: tuple[bool, ...]
     # the folded multiplier applied to q after QK-norm (3.87), on top of 1/sqrt(head_dim) — §15.1
     qk_scale_factor: float
@@ -170,6 +222,9 @@ class TextConfig(_AttentionWidths):
             )
         if self.head_dim % 2:
             raise ConfigError(f"{owner}.head_dim={self.head_dim} is odd; rotary embeddings need an even head_dim")
+        if self.rope_scaling is not None:
+            _check_rope_scaling(owner, self.rope_scaling, self.head_dim, self.rope_theta,
+                                self.max_position_embeddings)
         _refuse_huge_weights(owner, {
             "vocab_size × hidden_size (embed_tokens, lm_head)": self.vocab_size * self.hidden_size,
             "num_attention_heads·head_dim × hidden_size (q_proj, gate_proj, o_proj)": self.q_size * self.hidden_size,
@@ -187,17 +242,6 @@ class TextConfig(_AttentionWidths):
         if len(self.rope_layers) != n:
             raise ConfigError(
                 f"{owner}: the NoPE pattern has {len(self.rope_layers)} entries but num_hidden_layers={n}"
-            )
-        mismatched = [
-            i
-            for i, (kind, rope) in enumerate(zip(self.layer_types, self.rope_layers, strict=True))
-            if (kind == "full_attention") == rope
-        ]
-        if mismatched:
-            raise ConfigError(
-                f"{owner}.layer_types is inconsistent with the NoPE pattern at layers {mismatched}: Muse Glimmer "
-                "uses full attention exactly on its NoPE layers and sliding-window attention on its RoPE layers; "
-                "fix layer_types or the NoPE flags (layer_rope_theta / no_rope_layers)"
             )
         if not self.eos_token_id:
             raise ConfigError(f"{owner}.eos_token_id is empty; set the end-of-text token id")
@@ -219,6 +263,40 @@ class TextConfig(_AttentionWidths):
     @property
     def sliding_attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == "sliding_attention")
+
+
+def _check_rope_scaling(owner: str, scaling: RopeScaling, head_dim: int, theta: float,
+                        max_position_embeddings: int) -> None:
+    """What the reference's table needs of the head: where it would fail (a ZeroDivisionError, a broadcast error in
+    the attention), the config is refused here instead."""
+    name = f"{owner}.rope_parameters"
+    for key in ("short_factor", "long_factor"):
+        factors = getattr(scaling, key)
+        if factors is not None and len(factors) not in (1, head_dim // 2):
+            raise ConfigError(f"{name}.{key} has {len(factors)} entries; expected head_dim/2 = {head_dim // 2} "
+                              "(one per rotated pair) or 1")
+    if scaling.rope_type == "dynamic" and head_dim <= 2:
+        raise ConfigError(f"{name}.rope_type='dynamic' needs head_dim > 2 (its base is raised to the power "
+                          f"head_dim/(head_dim-2)); head_dim={head_dim}")
+    if scaling.rope_type == "longrope" and scaling.attention_factor is None:
+        original = scaling.original_length(max_position_embeddings)
+        factor = scaling.factor or max_position_embeddings / original
+        if factor > 1 and original == 1:
+            raise ConfigError(f"{name}.original_max_position_embeddings=1 leaves longrope's attention factor "
+                              "undefined (it divides by log(original_max_position_embeddings)); give "
+                              f"{name}.attention_factor or a longer original length")
+    if scaling.rope_type == "proportional" and (scaling.partial_rotary_factor or 1.0) > 1:
+        raise ConfigError(f"{name}.partial_rotary_factor={scaling.partial_rotary_factor!r} is more than the whole "
+                          "head; expected at most 1")
+    if scaling.rope_type == "llama3" and 0 in (scaling.low_freq_factor, scaling.high_freq_factor):
+        raise ConfigError(f"{name}.low_freq_factor and high_freq_factor must not be 0 (llama3 RoPE divides the "
+                          "original length by each)")
+    if scaling.rope_type == "llama3" and scaling.low_freq_factor == scaling.high_freq_factor:
+        raise ConfigError(f"{name}.low_freq_factor and high_freq_factor are both {scaling.low_freq_factor!r}; llama3 "
+                          "RoPE divides by their difference")
+    if scaling.rope_type == "yarn" and theta == 1:
+        raise ConfigError(f"{name}.rope_type='yarn' needs rope_theta other than 1 (its correction range divides by "
+                          "log(rope_theta))")
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,15 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import TEXT_SIZE_FIELDS, ModelConfig, TextConfig, VisionConfig
+from glimmer.checkpoint.config import TEXT_SIZE_FIELDS, ModelConfig, RopeScaling, TextConfig, VisionConfig
 from glimmer.checkpoint.config_common_fields import VISION_PATH_FIELDS
 from glimmer.checkpoint.config_fields import Fields, Notes, as_float, checked_bool, token_ids
 from glimmer.errors import ConfigError
 
 
 def build_text_config(
-    fields: Fields, theta: Any, rope_layers: tuple[bool, ...], layer_types: tuple[str, ...], qk: Any
+    fields: Fields, theta: Any, scaling: RopeScaling | None, rope_layers: tuple[bool, ...],
+    layer_types: tuple[str, ...], qk: Any
 ) -> TextConfig:
     values, notes = fields.values, fields.section.notes
     return construct(
@@ -28,6 +29,7 @@ def build_text_config(
         rms_norm_eps=values["rms_norm_eps"],
         post_norm_eps=values["post_norm_eps"],
         rope_theta=theta,
+        rope_scaling=scaling,
         layer_types=layer_types,
         rope_layers=rope_layers,
         qk_scale_factor=as_float(qk),

@@ -106,7 +106,7 @@ def _read_canonical_text_fields(section: Section) -> Callable[[], TextConfig]:
     notes = section.notes
     fields = _sub_config_fields(section, TEXT_MODEL_TYPE, TEXT_SIZE_FIELDS)
     fields.read("hidden_activation", default="silu")
-    theta = read_shared_text_fields(
+    theta, scaling = read_shared_text_fields(
         fields, TEXT_DEFAULTS | _CANONICAL_HEAD_DEFAULTS, ("rope_parameters", "rope_theta", "rope_scaling")
     )
     check_rope_flag_type(section)
@@ -130,7 +130,7 @@ def _read_canonical_text_fields(section: Section) -> Callable[[], TextConfig]:
         types = explicit_layer_types(layer_types, section.path("layer_types"), notes)
         types = reference_text_layer_types(n) if types is None else types
         fields.names["layer_types"] = section.path("layer_types")
-        return build_text_config(fields, theta, rope_layers, types, qk)
+        return build_text_config(fields, theta, scaling, rope_layers, types, qk)
 
     return build
 
@@ -140,7 +140,7 @@ def read_canonical_vision_fields(section: Section) -> Callable[[], VisionConfig]
     fields = _sub_config_fields(section, VISION_MODEL_TYPE, _VISION_SIZE_FIELDS)
     fields.read("hidden_act", default="gelu")
     fields.read("layer_norm_eps", default=VISION_LAYER_NORM_EPS)
-    theta_name, theta = read_rope_theta(section, ("rope_parameters", "rope_theta", "rope_scaling"), "axial",
+    theta_name, theta, _ = read_rope_theta(section, ("rope_parameters", "rope_theta", "rope_scaling"), "axial",
                                         required=False)
     fields.names["rope_theta"] = theta_name
     _, layer_types = section.get("layer_types")

@@ -8,7 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from glimmer.checkpoint.config import RopeScaling
 from glimmer.checkpoint.config_fields import MISSING, Fields, Section, as_float
+from glimmer.checkpoint.config_rope import read_rope_scaling
 
 TEXT_MODEL_TYPE = "muse_glimmer_text"
 MODEL_TYPE = "muse_glimmer"
@@ -51,24 +53,33 @@ NEVER_FEATURES = {
 }
 
 
-def read_shared_text_fields(fields: Fields, defaults: Mapping[str, Any], theta_keys: tuple[str, ...]) -> Any:
+def read_shared_text_fields(
+    fields: Fields, defaults: Mapping[str, Any], theta_keys: tuple[str, ...]
+) -> tuple[Any, RopeScaling | None]:
     """Read what every layout reads alike after its own text fields: the `defaults` (each taken when absent),
-    pad_token_id, the rope theta (under the first of `theta_keys` present) and the feature flags; return the theta."""
+    pad_token_id, the rope theta (under the first of `theta_keys` present), its scaling and the feature flags; return
+    the theta and the scaling."""
     section = fields.section
     for name, default in defaults.items():
         fields.read(name, default=default)
     fields.read_nullable("pad_token_id")
-    theta_name, theta = read_rope_theta(section, theta_keys, "default", required=True)
+    theta_name, theta, scaling = read_rope_theta(section, theta_keys, "default", required=True, scaled=True)
     fields.names["rope_theta"] = theta_name
     _check_feature_flags(section)
-    return theta
+    return theta, scaling
 
 
-def read_rope_theta(section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool) -> tuple[str, Any]:
-    """(name in the file, theta) from rope_parameters.rope_theta or a bare rope_theta; they must agree.
+def read_rope_theta(
+    section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool, scaled: bool = False
+) -> tuple[str, Any, RopeScaling | None]:
+    """(name in the file, theta, scaling) from rope_parameters.rope_theta or a bare rope_theta; they must agree.
     `rope_scaling`, where `keys` names it, is read as another `rope_parameters` (transformers reads the legacy
-    name in its place), and must agree with the others too."""
+    name in its place), and must agree with the others too. `scaled`: the text decoder's objects may name any of
+    transformers' RoPE scalings (config_rope.py), else only `rope_type` is allowed."""
     notes = section.notes
+    scalings: list[RopeScaling | None] = []
+    # a top-level partial_rotary_factor goes into the rope object that lacks one (transformers' standardization)
+    _, top_partial = section.get("partial_rotary_factor") if scaled else (None, MISSING)
     _, legacy = section.get("rope_scaling")
     _, current = section.get("rope_parameters")
     if "rope_scaling" in keys and isinstance(legacy, Mapping) and legacy and current not in (MISSING, None) \
@@ -85,17 +96,28 @@ def read_rope_theta(section: Section, keys: tuple[str, ...], rope_type: str, *, 
             continue
         if not isinstance(value, Mapping):
             raise notes.error(f"{section.path(key)} must be a JSON object, got {type(value).__name__}")
+        if top_partial not in (MISSING, None) and "partial_rotary_factor" not in value:
+            value = {**value, "partial_rotary_factor": top_partial}
         sub = Section(value, section.path(key), notes)
+        nested = [layer_type for layer_type in ("full_attention", "sliding_attention") if layer_type in value]
+        if nested:
+            raise notes.error(
+                f"{sub.path(nested[0])}: rope parameters per layer type are not supported; the reference reads one "
+                f"{key} object (rope_type, rope_theta, ...) for every RoPE layer and fails on nested ones"
+            )
         # `type` is the legacy spelling of `rope_type`, which transformers still reads (`{"type": "linear"}` scales)
         kind_key, kind = sub.get("rope_type", "type")
-        allowed = ("default", "axial") if rope_type == "axial" else ("default",)
-        if kind is not MISSING and kind not in allowed:
-            raise notes.error(
-                f"{sub.path(kind_key)}={kind!r} is not supported; Muse Glimmer uses {rope_type!r} RoPE"
-            )
-        _, partial = sub.get("partial_rotary_factor")
-        if partial is not MISSING and partial != 1:
-            raise notes.error(f"{sub.path('partial_rotary_factor')}={partial!r} is not supported; expected 1.0")
+        if scaled:
+            scalings.append(read_rope_scaling(sub, "default" if kind is MISSING else kind, sub.path(kind_key)))
+        else:
+            allowed = ("default", "axial") if rope_type == "axial" else ("default",)
+            if kind is not MISSING and kind not in allowed:
+                raise notes.error(
+                    f"{sub.path(kind_key)}={kind!r} is not supported; Muse Glimmer uses {rope_type!r} RoPE"
+                )
+            _, partial = sub.get("partial_rotary_factor")
+            if partial is not MISSING and partial != 1:
+                raise notes.error(f"{sub.path('partial_rotary_factor')}={partial!r} is not supported; expected 1.0")
         _, theta = sub.get("rope_theta")
         if theta is not MISSING:
             found.append((sub.path("rope_theta"), theta))
@@ -103,14 +125,19 @@ def read_rope_theta(section: Section, keys: tuple[str, ...], rope_type: str, *, 
     for name, value in found[1:]:
         if value != found[0][1]:
             raise notes.error(f"{found[0][0]}={found[0][1]!r} and {name}={value!r} disagree; keep one rope theta")
+    # the objects agree (checked above), so the first one's scaling is every one's
+    scaling = scalings[0] if scalings else None
+    if not scalings and top_partial not in (MISSING, None, 1):
+        notes.warnings.append(f"{section.path('partial_rotary_factor')}={top_partial!r} is ignored, as the "
+                              "reference's default RoPE ignores it: the whole head is rotated")
     if found:
-        return found[0][0], as_float(found[0][1])
+        return found[0][0], as_float(found[0][1]), scaling
     name = section.path("rope_parameters.rope_theta" if "rope_parameters" == keys[0] else keys[0])
     if required:
         notes.missing.append(name)
-        return name, None
+        return name, None, scaling
     notes.defaulted.append(f"{name}={VISION_ROPE_THETA!r}")
-    return name, VISION_ROPE_THETA
+    return name, VISION_ROPE_THETA, scaling
 
 
 def check_rope_flag_type(section: Section) -> None:

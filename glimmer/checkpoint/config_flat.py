@@ -89,7 +89,7 @@ def read_flat(raw: Mapping[str, Any], notes: Notes) -> ModelConfig:
     fields.read("qk_scale_factor")
     fields.read("output_multiplier")
     fields.read("final_logit_softcapping", FLAT_TEXT_NAMES["final_logit_softcapping"], "final_logit_softcapping")
-    theta = read_shared_text_fields(fields, TEXT_DEFAULTS, ("rope_theta", "rope_parameters", "rope_scaling"))
+    theta, scaling = read_shared_text_fields(fields, TEXT_DEFAULTS, ("rope_theta", "rope_parameters", "rope_scaling"))
     nope_sources = read_nope_sources(section)
     _, layer_types = section.get("layer_types")
     _, window_pattern = section.get("sliding_window_pattern")
@@ -116,9 +116,27 @@ def read_flat(raw: Mapping[str, Any], notes: Notes) -> ModelConfig:
             types, fields.names["layer_types"] = from_pattern, "sliding_window_pattern"
     if types is None:  # an empty list is refused by TextConfig, as the reference refuses it
         types = tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers)
-    text = build_text_config(fields, theta, rope_layers, types, qk)
+    _check_one_pattern(types, rope_layers, fields.names["layer_types"], notes)
+    text = build_text_config(fields, theta, scaling, rope_layers, types, qk)
     vision = vision_reader() if vision_reader else None
     return build_model_config(text, vision, head, notes)
+
+
+def _check_one_pattern(types: tuple[str, ...], rope_layers: tuple[bool, ...], name: str, notes: Notes) -> None:
+    """The flat schemas describe one layer pattern (`no_rope_layers`: 1 = RoPE + sliding window, 0 = NoPE + full
+    attention): layer types that put full attention elsewhere than on the NoPE layers contradict it. (The canonical
+    layout, as the reference, takes the two patterns independently.)"""
+    if len(types) != len(rope_layers):
+        return  # TextConfig names the wrong length
+    mismatched = [i for i, (kind, rope) in enumerate(zip(types, rope_layers, strict=True))
+                  if (kind == "full_attention") == rope]
+    if mismatched:
+        raise notes.error(
+            f"{name} is inconsistent with the NoPE pattern at layers {mismatched}: the flat and vendor schemas put "
+            "full attention exactly on the NoPE layers and sliding-window attention on the RoPE layers; fix "
+            f"{name} or the NoPE flags (no_rope_layers / layer_rope_theta), or write the config in the canonical "
+            "layout, whose layer_types and layer_rope_theta are independent"
+        )
 
 
 def _read_flat_vision(section: Section, head: Fields) -> Callable[[], VisionConfig] | None:

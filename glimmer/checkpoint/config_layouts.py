@@ -55,13 +55,13 @@ cannot be written in it.
 Feature flags some engines write (`use_qk_norm`, `use_attn_output_gate`, `mlp_bias`, `attn_logit_softcapping`,
 `use_bidirectional_attention`) are accepted when they describe Muse Glimmer and refused otherwise. `rope_scaling`,
 the legacy name transformers reads in place of `rope_parameters`, is read as one, in text_config and vision_config
-alike (plain RoPE only, axial for the vision tower; beside a `rope_parameters` it must be the same object, as
-transformers would ignore the other). `normalize_tok_embeddings: false` (older exports baked the embedding norm into
-the table) only warns, since the weightless norm is idempotent. `rope_is_neox_style` (in every layout, at the top
-level or in `text_config`) describes the weights' RoPE pairing, which the weight loader decides from the tensor
-names, so here it is only checked to be a boolean; `formats.py` refuses one that contradicts the names. The vendor
-writer emits the native form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE
-pattern has a period.
+alike (axial RoPE only for the vision tower, any scaling transformers runs for the text decoder, `config_rope.py`;
+beside a `rope_parameters` it must be the same object, as transformers would ignore the other).
+`normalize_tok_embeddings: false` (older exports baked the embedding norm into the table) only warns, since the
+weightless norm is idempotent. `rope_is_neox_style` (in every layout, at the top level or in `text_config`)
+describes the weights' RoPE pairing, which the weight loader decides from the tensor names, so here it is only
+checked to be a boolean; `formats.py` refuses one that contradicts the names. The vendor writer emits the native
+form: `rope_is_neox_style: false`, `no_rope_layers`, and `every_n_layers_nope` when the NoPE pattern has a period.
 
 NoPE pattern (`rope_layers`) and layer types:
 * canonical: from `layer_rope_theta` (0 = NoPE; other non-zero values than the global theta are ignored by
@@ -73,8 +73,9 @@ NoPE pattern (`rope_layers`) and layer types:
   last layer), else follows the NoPE pattern.
 * Every source that is present must agree with the one used (in canonical configs too, where
   `no_rope_layers` / `every_n_layers_nope` are not reference fields): two disagreeing descriptions of the
-  same layers are refused rather than resolved by guessing. `TextConfig` then refuses layer types that
-  do not put full attention exactly on the NoPE layers.
+  same layers are refused rather than resolved by guessing. The flat schemas then refuse layer types that
+  do not put full attention exactly on the NoPE layers (their `no_rope_layers` says both); the canonical
+  layout takes any combination, full attention with RoPE and sliding windows without it, as the reference.
 
 Unknown keys produce one warning listing them all; keys that only bookkeep or train (`architectures`,
 `dtype`, `use_cache`, `attention_dropout`, …, see `config_fields._IGNORED_KEYS`) are accepted silently, except

@@ -31,7 +31,7 @@ def write_canonical_text(text: TextConfig, layout: str) -> dict[str, Any]:
         )
     return {"model_type": TEXT_MODEL_TYPE} | _text_entries(
         text,
-        rope={"rope_parameters": {"rope_type": "default", "rope_theta": text.rope_theta}},
+        rope={"rope_parameters": _rope_parameters(text)},
         nope={"layer_rope_theta": [text.rope_theta if rope else 0 for rope in text.rope_layers]},
         qk_scale_factor=text.qk_scale_factor,
         names={},
@@ -81,8 +81,16 @@ def write_flat(config: ModelConfig, *, vendor: bool) -> dict[str, Any]:
             "value qk·√head_dim, which must be at least √head_dim and is read back to 12 significant digits; "
             "use 'canonical'"
         )
+    decoupled = [i for i, (kind, rope) in enumerate(zip(text.layer_types, text.rope_layers, strict=True))
+                 if (kind == "full_attention") == rope]
+    if decoupled:
+        raise ConfigError(
+            f"layers {decoupled} are full attention with RoPE or sliding-window attention without it, which the "
+            f"{layout} layout cannot hold (its NoPE layers are its full-attention ones); use 'canonical'"
+        )
     out = {"model_type": MODEL_TYPE} | _text_entries(
-        text, rope={"rope_theta": text.rope_theta}, nope={}, qk_scale_factor=raw_qk, names=FLAT_TEXT_NAMES
+        text, rope={"rope_theta": text.rope_theta} if text.rope_scaling is None else
+        {"rope_parameters": _rope_parameters(text)}, nope={}, qk_scale_factor=raw_qk, names=FLAT_TEXT_NAMES
     )
     if vendor:
         out |= {
@@ -105,6 +113,12 @@ def write_flat(config: ModelConfig, *, vendor: bool) -> dict[str, Any]:
     if config.vision is not None:
         out |= _write_flat_vision(config, layout)
     return out
+
+
+def _rope_parameters(text: TextConfig) -> dict[str, Any]:
+    if text.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": text.rope_theta}
+    return text.rope_scaling.as_json(text.rope_theta)
 
 
 def _write_flat_vision(config: ModelConfig, layout: str) -> dict[str, Any]:

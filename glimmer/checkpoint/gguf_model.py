@@ -250,6 +250,7 @@ def _text_config(file: GGUFFile) -> tuple[TextConfig, list[str]]:
             rms_norm_eps=file.number(_key("attention.layer_norm_rms_epsilon")),
             post_norm_eps=POST_NORM_EPS,
             rope_theta=theta,
+            rope_scaling=None,  # a GGUF asking for scaled RoPE is refused (refuse_rope_scaling)
             sliding_window=int(optional("attention.sliding_window")),
             layer_types=layer_types,
             # llama.cpp applies RoPE exactly on the sliding-window layers (muse-glimmer.cpp: use_rope = is_swa)
@@ -319,9 +320,10 @@ def refuse_too_many_layers(file: GGUFFile, key: str, n: int, largest: str) -> in
 
 
 def refuse_rope_scaling(file: GGUFFile, arch: str) -> None:
-    """Refuse a file whose metadata asks for scaled RoPE: Muse Glimmer's RoPE is plain ('default', architecture.md
-    §1.1), and run unscaled such a file would answer otherwise than llama.cpp runs it, without a word (a config.json
-    asking for scaling is refused the same way). Raises CheckpointError naming the key."""
+    """Refuse a file whose metadata asks for scaled RoPE: the released RoPE is plain ('default', architecture.md
+    §1.1), and run unscaled such a file would answer otherwise than llama.cpp runs it, without a word. (A config.json's
+    scalings run, `config_rope.py`; llama.cpp's keys do not map onto them exactly: its llama3 and longrope tables come
+    as tensors, its yarn reads other defaults.) Raises CheckpointError naming the key."""
     fix = "Muse Glimmer's RoPE is unscaled ('default'): use a GGUF converted without RoPE scaling"
     for name in _ROPE_SCALING_FACTORS:
         key = f"{arch}.{name}"

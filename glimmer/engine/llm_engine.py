@@ -459,12 +459,22 @@ class LLMEngine:
         return "dummy" if self.config.load_format == "dummy" else "auto"
 
     def _resolve_max_model_len(self) -> int:
-        limit = self.checkpoint.config.text.max_position_embeddings
+        text = self.checkpoint.config.text
+        limit = text.max_position_embeddings
+        why = ""
+        if text.rope_scaling is not None and text.rope_scaling.exact_positions(limit) < limit:
+            limit = text.rope_scaling.exact_positions(limit)
+            # the reference switches every position, cached keys included, to longrope's long factors past it
+            why = (" (rope_parameters.original_max_position_embeddings: past it the reference's longrope table "
+                   "changes for the whole sequence, which a KV cache cannot follow)")
         requested = self.config.max_model_len
         if requested is None:
+            if why:
+                logger.warning("max_model_len is %d, not max_position_embeddings=%d%s", limit,
+                               text.max_position_embeddings, why)
             return limit
         if requested < 2 or requested > limit:
-            raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}; give "
+            raise ConfigError(f"max_model_len={requested} must be between 2 and the model's {limit}{why}; give "
                               f"--max-model-len / max_model_len= in that range, or leave it out for {limit}")
         return requested
 

@@ -10,10 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glimmer.checkpoint.config import RopeScaling
 from glimmer.model.kernels.linear import linear
 from glimmer.model.kernels.packed_linear import PackedLinear, can_pack
 from glimmer.model.kernels.residual_norm import NormSpec
 from glimmer.model.kernels.silu_mul import silu_mul
+from glimmer.model.rope import rope_frequencies
 
 
 def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,31 +86,38 @@ class NormedEmbedding(nn.Embedding):
 
 
 class RotaryTable(nn.Module):
-    """Default (unscaled) RoPE in the rotate-half layout used by HF-layout weights (§2.5.4).
+    """RoPE tables in the rotate-half layout used by HF-layout weights (§2.5.4): the default type, or a scaled one
+    (`glimmer.model.rope`), whose attention factor multiplies cos and sin.
 
     One table from the global theta serves every RoPE layer; per-layer thetas only mark NoPE layers.
     cos/sin are computed in fp32 and cast to the activation dtype before use, as the reference does.
-    The inverse frequencies are derived, not stored, so a model materialized from the meta device
-    needs no buffer initialization.
+    The inverse frequencies are computed on the CPU at construction (like the reference's, so every device gets the
+    same bits) and kept as a plain tensor, not a buffer, so a model materialized from the meta device needs no
+    buffer initialization.
     """
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None,
+                 max_position_embeddings: int | None = None):
         super().__init__()
         self.head_dim = head_dim
         self.theta = theta
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+        if scaling is not None and max_position_embeddings is None:
+            raise ValueError("a scaled RoPE table needs max_position_embeddings")
+        cpu_inv_freq, self.attention_scaling = rope_frequencies(head_dim, theta, scaling, max_position_embeddings or 0)
+        self._inv_freq: dict[torch.device, torch.Tensor] = {torch.device("cpu"): cpu_inv_freq}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq:
-            # computed on the CPU like the reference, so every device gets the same bits
-            exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-            self._inv_freq[device] = (1.0 / (self.theta**exponents)).to(device)
+            self._inv_freq[device] = self._inv_freq[torch.device("cpu")].to(device)
         return self._inv_freq[device]
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_scaling != 1.0:  # yarn's and longrope's factor, in fp32 before the cast (§2.5.4)
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

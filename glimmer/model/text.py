@@ -2,8 +2,9 @@
 
 Deltas from a Gemma2-style decoder, each visible below: weightless embedding norm; four centered
 (1+w) sandwich norms with two eps values; weightless fp32 QK-norm, then q·qk_scale_factor, then RoPE,
-then the usual 1/sqrt(head_dim); NoPE full-attention layers and sliding-window RoPE layers; an
-elementwise sigmoid output gate before o_proj; a plain-scale final norm.
+then the usual 1/sqrt(head_dim); NoPE and RoPE layers, each full or sliding-window attention (the release
+puts NoPE exactly on its full-attention layers); an elementwise sigmoid output gate before o_proj; a
+plain-scale final norm.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ class TextModel(nn.Module):
         self.embed_tokens = NormedEmbedding(config.vocab_size, config.hidden_size, config.rms_norm_eps)
         self.layers = nn.ModuleList(TextDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = ScaledRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryTable(config.head_dim, config.rope_theta)
+        self.rotary = RotaryTable(config.head_dim, config.rope_theta, config.rope_scaling,
+                                  config.max_position_embeddings)
         self.fused = False
         # formed by fuse_for_inference: the first layer's input norm, then per layer its post-attention,
         # pre-feedforward and post-feedforward norms and the norm after it (the next input norm, or the final one)

@@ -68,6 +68,7 @@ def tiny_text(**changes) -> TextConfig:
         rms_norm_eps=1e-5,
         post_norm_eps=1e-8,
         rope_theta=500000.0,
+        rope_scaling=None,
         sliding_window=8,
         layer_types=tuple("sliding_attention" if rope else "full_attention" for rope in rope_layers),
         rope_layers=rope_layers,
@@ -791,12 +792,27 @@ def test_unsupported_activation_is_refused_with_the_name_in_the_file():
     expect_error(raw, "vision_config.hidden_act='quick_gelu' is not supported")
 
 
-def test_layer_types_inconsistent_with_the_nope_pattern_are_refused():
+def test_canonical_layer_types_and_nope_pattern_are_independent_as_in_the_reference():
+    """The reference derives layer_types and layer_rope_theta independently and runs any pair (architecture.md §1.1):
+    a full-attention layer with RoPE and a sliding one without are read as written, and written back."""
     raw = config_to_dict(tiny_model(), "canonical")
-    raw["text_config"]["layer_types"] = ["sliding_attention"] * 4
-    expect_error(raw, "text_config.layer_types is inconsistent with the NoPE pattern at layers [3]", "fix layer_types")
+    raw["text_config"]["layer_types"] = ["full_attention", "sliding_attention", "sliding_attention",
+                                         "sliding_attention"]
+    raw["text_config"]["layer_rope_theta"] = [500000.0, 0, 500000.0, 500000.0]
+    config = normalize_config(raw)
+    assert config.text.layer_types == tuple(raw["text_config"]["layer_types"])
+    assert config.text.rope_layers == (True, False, True, True)
+    assert normalize_config(config_to_dict(config, "canonical")) == config
+    for layout in ("flat", "vendor"):
+        with pytest.raises(ConfigError, match=r"layers \[0, 1\] are full attention with RoPE .* use 'canonical'"):
+            config_to_dict(config, layout)
+
+
+def test_flat_layer_types_inconsistent_with_the_nope_pattern_are_refused():
     raw = config_to_dict(tiny_model(), "flat") | {"layer_types": ["full_attention"] * 4}
-    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [0, 1, 2]")
+    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [0, 1, 2]", "canonical layout")
+    raw = config_to_dict(tiny_model(), "vendor") | {"layer_types": ["sliding_attention"] * 4}
+    expect_error(raw, "layer_types is inconsistent with the NoPE pattern at layers [3]")
 
 
 def test_sliding_window_pattern_inconsistent_with_the_nope_pattern_is_refused_by_name():
@@ -892,10 +908,93 @@ def test_architecture_variants_glimmer_does_not_have_are_refused(key, value, fra
     expect_error(config_to_dict(tiny_model(), "vendor") | {key: value}, fragment)
 
 
-def test_unsupported_rope_type_is_refused():
+def test_rope_scalings_are_read_as_transformers_reads_them_and_written_back():
+    """Every scaled RoPE the reference runs is read field by field (a pretraining length left out is the model's
+    max_position_embeddings, as transformers' standardization fills it in) and written back in every layout."""
+    scalings = {
+        "linear": {"factor": 4.0},
+        "dynamic": {"factor": 2},
+        "yarn": {"factor": None, "original_max_position_embeddings": 64, "attention_factor": None, "beta_fast": 8,
+                 "truncate": False},
+        "longrope": {"short_factor": [1.0] * 8, "long_factor": [4] * 8},
+        "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 128},
+        "proportional": {"partial_rotary_factor": 0.25},
+    }
+    for rope_type, fields in scalings.items():
+        raw = config_to_dict(tiny_model(), "canonical")
+        raw["text_config"]["rope_parameters"] = {"rope_type": rope_type, "rope_theta": 1000.0, **fields}
+        MuseGlimmerConfig(**copy.deepcopy(raw))  # the reference takes it
+        config = normalize_config(copy.deepcopy(raw))
+        scaling = config.text.rope_scaling
+        assert scaling.rope_type == rope_type and config.text.rope_theta == 1000.0
+        for key, value in fields.items():
+            got = getattr(scaling, key)
+            assert (list(got) if isinstance(got, tuple) else got) == value, (rope_type, key)
+        for layout in ("canonical", "flat", "vendor"):
+            assert normalize_config(config_to_dict(config, layout)).text == config.text, (rope_type, layout)
+    raw["text_config"]["rope_parameters"] = {"type": "linear", "rope_theta": 1000.0, "factor": 2.0}  # legacy spelling
+    assert normalize_config(raw).text.rope_scaling.rope_type == "linear"
+    assert normalize_config(config_to_dict(tiny_model(), "canonical")).text.rope_scaling is None
+
+
+@pytest.mark.parametrize(
+    ("rope_parameters", "fragments"),
+    [
+        ({"rope_type": "ntk", "factor": 2.0}, ["rope_parameters.rope_type='ntk' is not supported", "'longrope'"]),
+        ({"rope_type": "linear"}, ["rope_parameters.factor is missing; rope_type 'linear' needs ['factor']"]),
+        ({"rope_type": "linear", "factor": None}, ["rope_parameters.factor is null"]),
+        ({"rope_type": "linear", "factor": 0}, ["rope_parameters.factor=0 is invalid"]),
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0},
+         ["low_freq_factor and high_freq_factor are both 2.0"]),
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0, "high_freq_factor": 4.0},
+         ["low_freq_factor and high_freq_factor must not be 0"]),
+        ({"rope_type": "yarn", "factor": 2.0, "rope_theta": 1.0}, ["rope_type='yarn' needs rope_theta other than 1"]),
+        ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0], "original_max_position_embeddings": 1},
+         ["original_max_position_embeddings=1 leaves longrope's attention factor undefined"]),
+        ({"rope_type": "proportional", "partial_rotary_factor": 1.5},
+         ["rope_parameters.partial_rotary_factor=1.5 is more than the whole head"]),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 8},
+         ["rope_parameters.short_factor has 3 entries; expected head_dim/2 = 8"]),
+        ({"rope_type": "longrope", "short_factor": "1", "long_factor": [1.0]},
+         ["short_factor must be a non-empty list"]),
+        ({"rope_type": "yarn", "factor": 2.0, "beta_fast": -1}, ["rope_parameters.beta_fast=-1 is invalid"]),
+        ({"rope_type": "yarn", "factor": 2.0, "truncate": "yes"}, ["rope_parameters.truncate='yes' is invalid"]),
+        # the reference's table would not fit the head: its forward fails
+        ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+         ["partial_rotary_factor=0.5 is not supported with rope_type 'linear'", "only 'proportional'"]),
+        # the reference reads one object for every layer and fails on per-layer-type ones
+        ({"sliding_attention": {"rope_type": "default"}, "full_attention": {"rope_type": "linear", "factor": 2.0}},
+         ["rope_parameters.full_attention: rope parameters per layer type are not supported"]),
+    ],
+)
+def test_rope_parameters_the_reference_cannot_run_are_refused_naming_the_key(rope_parameters, fragments):
     raw = config_to_dict(tiny_model(), "canonical")
-    raw["text_config"]["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0}
-    expect_error(raw, "text_config.rope_parameters.rope_type='yarn' is not supported")
+    raw["text_config"]["rope_parameters"] = {"rope_theta": 1000.0, **rope_parameters}
+    expect_error(raw, *fragments)
+
+
+def test_a_dynamic_rope_needs_a_head_of_more_than_two():
+    """transformers raises its NTK base to head_dim/(head_dim-2): with a head of 2 it divides by zero."""
+    from glimmer.checkpoint.config import RopeScaling
+
+    with pytest.raises(ConfigError, match=r"rope_parameters.rope_type='dynamic' needs head_dim > 2"):
+        tiny_text(head_dim=2, rope_scaling=RopeScaling("dynamic", factor=2.0))
+    assert tiny_text(head_dim=4, rope_scaling=RopeScaling("dynamic", factor=2.0)).rope_scaling.factor == 2.0
+
+
+def test_partial_rotary_factor_is_ignored_by_the_default_type_and_taken_from_the_top_level_by_proportional():
+    """transformers' default RoPE rotates the whole head whatever partial_rotary_factor says (a warning says so), and
+    its standardization moves a top-level partial_rotary_factor into rope_parameters, where proportional reads it."""
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["rope_parameters"]["partial_rotary_factor"] = 0.5
+    config = normalize_config(copy.deepcopy(raw))
+    assert config.text.rope_scaling is None
+    assert any("partial_rotary_factor=0.5 is ignored" in warning for warning in config.warnings)
+    raw["text_config"]["rope_parameters"] = {"rope_type": "proportional", "rope_theta": 1000.0}
+    raw["text_config"]["partial_rotary_factor"] = 0.25
+    assert MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters["partial_rotary_factor"] == 0.25
+    assert normalize_config(raw).text.rope_scaling.partial_rotary_factor == 0.25
 
 
 def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
@@ -904,7 +1003,7 @@ def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
     raw = config_to_dict(tiny_model(), "canonical")
     raw["text_config"]["rope_parameters"] = {"type": "linear", "rope_theta": 500000.0, "factor": 4.0}
     assert MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters["rope_type"] == "linear"
-    expect_error(raw, "text_config.rope_parameters.type='linear' is not supported; Muse Glimmer uses 'default' RoPE")
+    assert normalize_config(copy.deepcopy(raw)).text.rope_scaling.factor == 4.0
     raw["text_config"]["rope_parameters"] = {"type": "default", "rope_theta": 500000.0}
     assert normalize_config(raw).warnings == ()
     raw["text_config"]["rope_parameters"] = {"type": "linear", "rope_type": "default", "rope_theta": 500000.0}
@@ -923,7 +1022,7 @@ def test_rope_scaling_is_read_as_rope_parameters_as_transformers_reads_it():
     assert normalized.text.rope_theta == reference["rope_theta"] == 123456.0
     raw["text_config"]["rope_scaling"] = {"rope_type": "linear", "rope_theta": 123456.0, "factor": 4.0}
     assert MuseGlimmerConfig(**copy.deepcopy(raw)).text_config.rope_parameters["rope_type"] == "linear"
-    expect_error(raw, "text_config.rope_scaling.rope_type='linear' is not supported")
+    assert normalize_config(copy.deepcopy(raw)).text.rope_scaling.rope_type == "linear"
     # beside rope_parameters transformers takes rope_scaling alone: two different objects are refused
     raw["text_config"]["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
     raw["text_config"]["rope_scaling"] = {"rope_type": "default"}

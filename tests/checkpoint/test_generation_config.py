@@ -36,6 +36,7 @@ def text_config(info: TinyTokenizerInfo, eos: tuple[int, ...] | None = None) -> 
         rms_norm_eps=1e-5,
         post_norm_eps=1e-8,
         rope_theta=500000.0,
+        rope_scaling=None,
         sliding_window=8,
         layer_types=reference_text_layer_types(4),
         rope_layers=reference_rope_layers(4),

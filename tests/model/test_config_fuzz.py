@@ -1,10 +1,11 @@
 """Seeded differential fuzz of the text decoder across its config space, against transformers 5.23.
 
 Each case draws a tiny random text config over every field the forward depends on (architecture.md §1.1,
-§2): head_dim unrelated to hidden/heads, GQA ratios, sliding_window, a random full/sliding (NoPE/RoPE)
-layer pattern, rope_theta, qk_scale_factor, output_multiplier, final_logit_softcapping, both eps values,
-attention_bias, tie_word_embeddings and a vocabulary that is no multiple of 64; every weight is random,
-norms and biases included. Each case checks:
+§2): head_dim unrelated to hidden/heads, GQA ratios, sliding_window, a random full/sliding layer pattern and
+a NoPE pattern that mostly follows it (full attention with RoPE and sliding windows without it included),
+rope_theta, qk_scale_factor, output_multiplier, final_logit_softcapping, both eps values, attention_bias,
+tie_word_embeddings and a vocabulary that is no multiple of 64; every weight is random, norms and biases
+included. Each case checks:
 
 * prefill logits of a batch of prompts (some longer than the window) against the reference forward
   without cache: max abs difference below 1e-4 in float32;
@@ -37,7 +38,6 @@ import torch
 from oracle import reference_model
 
 from glimmer import LLM, SamplingParams
-from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.random_weights import fill_random_
 from glimmer.checkpoint.tiny_tokenizer import write_tiny_tokenizer
 from glimmer.checkpoint.weight_layouts import CANONICAL
@@ -69,12 +69,14 @@ def _draw_config(rng: random.Random, tokens):
                     sliding_window=rng.randint(2, 12), max_position_embeddings=256,
                     rope_theta=10 ** rng.uniform(1, 6))
     base = tiny_model_config(tokens, spec).text
-    pattern = [rng.random() < 0.35 for _ in range(layers)]  # True: a full-attention NoPE layer
+    pattern = [rng.random() < 0.35 for _ in range(layers)]  # True: a full-attention layer
+    # NoPE mostly on the full layers, as released, but any layer may go either way (the reference allows it)
+    nope = [full != (rng.random() < 0.3) for full in pattern]
     text = dataclasses.replace(
         base,
         vocab_size=tokens.vocab_size + rng.randint(0, 90),
         layer_types=tuple("full_attention" if full else "sliding_attention" for full in pattern),
-        rope_layers=tuple(not full for full in pattern),
+        rope_layers=tuple(not no_rope for no_rope in nope),
         rms_norm_eps=10 ** rng.uniform(-7, -2),
         post_norm_eps=10 ** rng.uniform(-9, -2),
         # the canonical layout holds the folded multiplier, below √head_dim (architecture.md §15.1)
@@ -201,8 +203,10 @@ def _draw_reference_text_config(rng: random.Random, tokens) -> dict:
     if rng.random() < 0.5:  # else the reference derives both patterns from the layer count
         full = [rng.random() < 0.4 for _ in range(layers)]
         text["layer_types"] = ["full_attention" if f else "sliding_attention" for f in full]
-        # only zero (NoPE) and non-zero matter: a RoPE layer's own value is ignored (architecture.md §2.5)
-        text["layer_rope_theta"] = [0 if f else rng.choice([theta, 1.0, 7]) for f in full]
+        # only zero (NoPE) and non-zero matter: a RoPE layer's own value is ignored (architecture.md §2.5); NoPE
+        # mostly on the full layers, but full attention with RoPE and sliding windows without it run too
+        nope = [f != (rng.random() < 0.3) for f in full]
+        text["layer_rope_theta"] = [0 if n else rng.choice([theta, 1.0, 7]) for n in nope]
     return text
 
 
@@ -224,6 +228,22 @@ def _save_reference_checkpoint(out, seed: int):
     return text, tokens
 
 
+def _assert_prefill_matches(ours, reference, prompts: list[list[int]], context) -> torch.Tensor:
+    """Our batched prefill logits against the reference forward of each prompt alone (float32); returns ours."""
+    ctx = ForwardContext.without_cache([len(p) for p in prompts])
+    with torch.no_grad():
+        logits = ours.compute_logits(ours(torch.tensor(sum(prompts, [])), ctx)).float()
+        start = 0
+        for prompt in prompts:
+            expected = reference(input_ids=torch.tensor([prompt])).logits[0].float()
+            got = logits[start:start + len(prompt)]
+            start += len(prompt)
+            assert got.shape == expected.shape
+            difference = (got - expected).abs().max().item()
+            assert difference < TOLERANCE, (context, difference)
+    return logits
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_checkpoint_saved_by_transformers_matches_its_from_pretrained(tmp_path, same_cpu_kernels, seed):
     from transformers import MuseGlimmerForConditionalGeneration
@@ -235,18 +255,7 @@ def test_checkpoint_saved_by_transformers_matches_its_from_pretrained(tmp_path, 
     words = [t for t in range(3, tokens.vocab_size) if t not in (tokens.image_token_id, tokens.video_token_id)]
     window = text["sliding_window"]
     prompts = [[rng.choice(words) for _ in range(n)] for n in (min(3 * window + 5, 40), window, 1)]
-
-    ctx = ForwardContext.without_cache([len(p) for p in prompts])
-    with torch.no_grad():
-        logits = ours.compute_logits(ours(torch.tensor(sum(prompts, [])), ctx)).float()
-    start = 0
-    for prompt in prompts:
-        expected = reference(input_ids=torch.tensor([prompt])).logits[0].float()
-        got = logits[start:start + len(prompt)]
-        start += len(prompt)
-        assert got.shape == expected.shape
-        difference = (got - expected).abs().max().item()
-        assert difference < TOLERANCE, (seed, text, difference)
+    _assert_prefill_matches(ours, reference, prompts, (seed, text))
 
     requests = [prompts[0], prompts[0][: 2 * window + 1][:30] + [5, 6, 7], prompts[2]]
     expected = [_reference_greedy(reference, p, NEW_TOKENS, tokens.vocab_size) for p in requests]
@@ -261,14 +270,17 @@ def test_checkpoint_saved_by_transformers_matches_its_from_pretrained(tmp_path, 
     assert compared >= NEW_TOKENS, f"too many near-ties to compare ({compared} tokens)"
 
 
-# what each scaling needs beside its type for transformers to accept the config
+# what each scaling needs beside its type for transformers to accept the config; head_dim 16 (8 rotated pairs),
+# max_position_embeddings 64, and a pretraining length of 32 where the type has one
 _ROPE_SCALING_FIELDS = {
-    "linear": {"factor": 2.0},
+    "linear": {"factor": 2.5},
     "dynamic": {"factor": 2.0},
-    "yarn": {"factor": 2.0, "original_max_position_embeddings": 32},
-    "longrope": {"short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 32},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16, "mscale": 0.8,
+             "mscale_all_dim": 0.5},
+    "longrope": {"short_factor": [1.0, 1.3, 1.9, 2.4, 3.0, 4.2, 5.5, 7.0], "long_factor": [9.0] * 8,
+                 "original_max_position_embeddings": 32},
     "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-    "proportional": {},
+    "proportional": {"partial_rotary_factor": 0.5, "factor": 1.5},
 }
 
 
@@ -278,16 +290,95 @@ def test_the_rope_scalings_listed_here_are_every_one_transformers_knows():
     assert set(_ROPE_SCALING_FIELDS) == set(ROPE_INIT_FUNCTIONS)
 
 
-@pytest.mark.parametrize("rope_type", sorted(_ROPE_SCALING_FIELDS))
-def test_a_rope_scaling_transformers_runs_is_refused_at_load_naming_the_field(tmp_path, rope_type):
-    from transformers import MuseGlimmerConfig
+def _save_scaled_reference_checkpoint(out, rope_parameters: dict, seed: int = 0):
+    """A checkpoint saved by transformers with `rope_parameters`, every weight random (norms included)."""
+    from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
 
-    tokens = write_tiny_tokenizer(tmp_path)
-    text = _draw_reference_text_config(random.Random(0), tokens)
-    text.pop("rope_theta", None)
-    text["rope_parameters"] = {"rope_type": rope_type, "rope_theta": 10000.0, **_ROPE_SCALING_FIELDS[rope_type]}
-    MuseGlimmerConfig(text_config=text, vision_config=_TINY_VISION, image_token_id=tokens.image_token_id,
-                      video_token_id=tokens.video_token_id, out_hidden_size=32,
-                      projector_hidden_size=8).save_pretrained(tmp_path)  # transformers accepts it
-    with pytest.raises(ConfigError, match=f"text_config.rope_parameters.rope_type='{rope_type}' is not supported"):
-        load_config(tmp_path)
+    tokens = write_tiny_tokenizer(out)
+    text = {"vocab_size": tokens.vocab_size, "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 5,
+            "max_position_embeddings": 64, "qk_scale_factor": 2.5, "rope_parameters": rope_parameters,
+            "bos_token_id": tokens.bos_token_id, "eos_token_id": tokens.eos_token_id,
+            # RoPE on a full-attention layer and on sliding ones, NoPE on one sliding layer
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "layer_rope_theta": [rope_parameters["rope_theta"], rope_parameters["rope_theta"], 0, 0]}
+    config = MuseGlimmerConfig(text_config=text, vision_config=_TINY_VISION, image_token_id=tokens.image_token_id,
+                               video_token_id=tokens.video_token_id, out_hidden_size=32, projector_hidden_size=8)
+    model = MuseGlimmerForConditionalGeneration(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            fill_random_(parameter.data, name, generator)
+    model.save_pretrained(out)
+    return tokens
+
+
+@pytest.mark.parametrize("rope_type", sorted(_ROPE_SCALING_FIELDS))
+def test_every_rope_scaling_transformers_runs_matches_its_forward_and_greedy_decoding(tmp_path, same_cpu_kernels,
+                                                                                     rope_type):
+    """Each scaled table (inverse frequencies and the attention factor on cos and sin) is the reference's: prefill
+    logits to 1e-4 and greedy tokens through LLM (prompts past the window, chunked prefill, a prefix-cache hit) against
+    the reference forward without cache. longrope runs up to its original length (32 positions), where its table
+    stays the short one; dynamic's equals the default table up to max_position_embeddings, Glimmer's limit."""
+    from transformers import MuseGlimmerForConditionalGeneration
+
+    rope_parameters = {"rope_type": rope_type, "rope_theta": 100.0, **_ROPE_SCALING_FIELDS[rope_type]}
+    tokens = _save_scaled_reference_checkpoint(tmp_path, rope_parameters)
+    reference = MuseGlimmerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ours = load_model(tmp_path, progress=False).model
+    assert ours.config.text.rope_scaling.rope_type == rope_type
+    rng = random.Random(7)
+    words = [t for t in range(3, tokens.vocab_size) if t not in (tokens.image_token_id, tokens.video_token_id)]
+    prompts = [[rng.choice(words) for _ in range(n)] for n in (25, 5, 1)]
+    logits = _assert_prefill_matches(ours, reference, prompts, rope_parameters)
+    if rope_type != "dynamic":  # the scaling changes the answer (dynamic's table is the default one here)
+        default = dict(rope_parameters, rope_type="default")
+        for key in _ROPE_SCALING_FIELDS[rope_type]:
+            default.pop(key)
+        unscaled = tmp_path / "unscaled"
+        _save_scaled_reference_checkpoint(unscaled, default)
+        unscaled_reference = MuseGlimmerForConditionalGeneration.from_pretrained(unscaled, dtype=torch.float32)
+        with torch.no_grad():
+            unscaled_logits = unscaled_reference(input_ids=torch.tensor([prompts[0]])).logits[0].float()
+        assert (logits[:len(prompts[0])] - unscaled_logits).abs().max().item() > 100 * TOLERANCE
+
+    requests = [prompts[0], prompts[0][:11] + [5, 6, 7], prompts[2]]
+    expected = [_reference_greedy(reference, p, NEW_TOKENS, tokens.vocab_size) for p in requests]
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm = LLM(str(tmp_path), device="cpu", progress=False, max_model_len=32, block_size=2, max_num_batched_tokens=5,
+              max_num_seqs=3)
+    llm.generate([{"prompt_token_ids": requests[0]}], params, use_tqdm=False)  # fills the prefix cache
+    outputs = llm.generate([{"prompt_token_ids": p} for p in requests], params, use_tqdm=False)
+    compared = sum(_compare(want, clear, list(out.outputs[0].token_ids))
+                   for (want, clear), out in zip(expected, outputs, strict=True))
+    assert compared >= NEW_TOKENS, f"too many near-ties to compare ({compared} tokens)"
+
+
+def test_longrope_runs_up_to_its_original_length_and_refuses_a_longer_max_model_len(tmp_path):
+    """Past original_max_position_embeddings the reference's longrope switches every position, cached keys included,
+    to its long factors, which no KV cache can follow: max_model_len defaults to the original length, and a longer one
+    is refused naming the field."""
+    rope_parameters = {"rope_type": "longrope", "rope_theta": 100.0, **_ROPE_SCALING_FIELDS["longrope"]}
+    _save_scaled_reference_checkpoint(tmp_path, rope_parameters)
+    assert LLM(str(tmp_path), device="cpu", progress=False).engine.max_model_len == 32
+    with pytest.raises(ConfigError, match=r"max_model_len=33 must be between 2 and the model's 32 "
+                                          r"\(rope_parameters.original_max_position_embeddings"):
+        LLM(str(tmp_path), device="cpu", progress=False, max_model_len=33)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "longrope"])
+def test_a_scaled_table_s_16_bit_logits_are_the_reference_own(tmp_path, rope_type):
+    """The attention factor multiplies cos and sin in float32, before their cast to the model dtype, as the reference
+    does: in bfloat16 each prompt's logits are the reference's bits (from_pretrained keeps its frequencies float32)."""
+    from transformers import MuseGlimmerForConditionalGeneration
+
+    _save_scaled_reference_checkpoint(tmp_path, {"rope_type": rope_type, "rope_theta": 100.0,
+                                                 **_ROPE_SCALING_FIELDS[rope_type]})
+    reference = MuseGlimmerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    ours = load_model(tmp_path, dtype=torch.bfloat16, progress=False).model
+    ids = list(range(7, 37))
+    with torch.no_grad():
+        got = ours.compute_logits(ours(torch.tensor(ids), ForwardContext.without_cache([len(ids)])))
+        expected = reference(input_ids=torch.tensor([ids])).logits[0]
+    assert got.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
