@@ -80,7 +80,8 @@ def inspect_checkpoint(
 
     model_factory(config) must build the model (on the meta device) whose parameters are expected;
     tokenizer_factory(opened, config) must load the checkpoint's tokenizer as the engine does and check that it
-    fits the config (anything with `token_to_id`). Raises ConfigError / CheckpointError like loading does.
+    fits the config (anything with `token_to_id` and `eos_token_id`). Raises ConfigError / CheckpointError like
+    loading does.
     """
     config_only = is_config_only(checkpoint)
     opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle, weights=not config_only)
@@ -97,7 +98,8 @@ def inspect_checkpoint(
         checkpoint_media_settings(opened.path, config.vision, opened.preprocessor_config)
     tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
-    load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)
+    load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded,
+                             tokenizer_eos_id=tokenizer.eos_token_id)
     warnings = list(config.warnings)
     if config_only:
         warnings.append(f"no weights: {opened.path} holds a config only (as `glimmer make-tiny --config-only` "
