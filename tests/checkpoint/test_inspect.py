@@ -245,6 +245,24 @@ def test_inspect_strict_exits_1_for_warnings_and_0_for_a_checkpoint_without(tiny
     assert main(["inspect", str(broken), "--strict", *json_flag]) == 2
 
 
+def test_a_warning_logged_while_the_checkpoint_is_read_is_in_the_report_and_fails_strict(tiny_checkpoint, tmp_path,
+                                                                                         capsys):
+    """A caveat the loaders only logged (here config.json's null eos_token_id) was missing from the report, so
+    --strict passed a checkpoint that loads with a warning."""
+    checkpoint = tmp_path / "null-eos"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    (checkpoint / "generation_config.json").unlink()
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["text_config"]["eos_token_id"] = None
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert [w for w in warnings if "eos_token_id is null" in w] == [
+        f"config.json's eos_token_id is null and {checkpoint / 'generation_config.json'} names none: generation stops "
+        "at the tokenizer's eos_token (where it names one) and at <|eot|> (the protocol's turn end)"]
+    assert main(["inspect", str(checkpoint), "--strict"]) == 1
+
+
 def test_inspect_help_states_its_exit_status(capsys):
     with pytest.raises(SystemExit):
         main(["inspect", "--help"])
