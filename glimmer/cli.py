@@ -142,6 +142,11 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+INSPECT_EXIT_STATUS = ("exit status: 0 when the checkpoint loads as serve would load it, warnings or not; 1 with "
+                       "--strict when it loads but the report has warnings; 2 when it is refused (the reason on "
+                       "stderr) or the command line is wrong")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     _refuse_empty_path(args.model, "MODEL", "give the checkpoint directory, .gguf file or Hub id to inspect")
     import torch
@@ -165,7 +170,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
                                     for key, value in report.chat_template.items()}
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
-        return 0
+        return _inspect_status(report.warnings, args.strict)
     config = report.config
     text = config.text
     print(f"checkpoint:      {args.model}")
@@ -208,6 +213,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             print(f"  - {warning}")
     else:
         print("warnings: none")
+    return _inspect_status(report.warnings, args.strict)
+
+
+def _inspect_status(warnings: list[str], strict: bool) -> int:
+    """inspect's exit status (INSPECT_EXIT_STATUS): 1 for a checkpoint that loads but has warnings under --strict,
+    said on stderr too (the report may be JSON piped elsewhere); 0 otherwise. A refusal is 2, as for every command."""
+    if strict and warnings:
+        print(f"glimmer: inspect: {len(warnings)} warning{'s' if len(warnings) > 1 else ''} (--strict)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -1674,12 +1689,15 @@ def build_parser() -> argparse.ArgumentParser:
         vllm.add_argument(flag, default=argparse.SUPPRESS, help="vLLM's", **options)
     batch.set_defaults(func=_cmd_run_batch)
 
-    inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes")
+    inspect = sub.add_parser("inspect", help="validate a checkpoint and print its layout, config and sizes",
+                             epilog=INSPECT_EXIT_STATUS)
     inspect.add_argument("model", help="checkpoint directory, .gguf file or Hugging Face Hub id")
     _add_format_options(inspect)
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.add_argument("--chat-template", default=None, metavar="FILE",
                          help="check this Jinja chat template instead of the checkpoint's (as serve would use it)")
+    inspect.add_argument("--strict", action="store_true",
+                         help="exit with status 1 when the checkpoint loads but the report has warnings")
     inspect.set_defaults(func=_cmd_inspect)
 
     tiny = sub.add_parser("make-tiny", help="write a small random checkpoint (for tests and demos)")

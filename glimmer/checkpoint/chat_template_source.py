@@ -1,13 +1,21 @@
 """Finding the chat template a checkpoint should be rendered with (P-TMPL-1).
 
 Glimmer never invents a prompt format (P-TMPL-4): the template comes from the operator or from the
-checkpoint. Search order: the operator's `--chat-template FILE`, then `chat_template.jinja`, then the
-`chat_template` field of `tokenizer_config.json` (a string, or a list of named templates from which
-`default` is taken). A `tool_use` template other than the default (in that list, or transformers 5's
-`additional_chat_templates/tool_use.jinja`) is refused: transformers renders a chat with tools with it, and
-Glimmer renders every chat with one template. A GGUF checkpoint carries its template in its metadata
-(`tokenizer.chat_template`, a `tool_use` one as `tokenizer.chat_template.tool_use`, which llama.cpp renders a chat
-with tools with), which the GGUF reader hands over as `embedded` (and `embedded_tool_use`).
+checkpoint. The operator's `--chat-template FILE` wins. A checkpoint directory's template is the one transformers
+5.23 and vLLM render with:
+- the tokenizer's: `chat_template.jinja`, else the `chat_template` field of `tokenizer_config.json` (a string, or a
+  list of named templates from which `default` is taken). transformers 5 saves named templates beside it in
+  `additional_chat_templates/NAME.jinja`; where that folder holds templates, the tokenizer takes them (with
+  `chat_template.jinja` as `default`, a `default.jinja` there replacing it) in place of `tokenizer_config.json`'s.
+- the processor's, which vLLM renders a chat without tools with, the tokenizer's rendering a chat with tools:
+  `processor_config.json`'s `chat_template`, else the older separate file `chat_template.json`
+  (`{"chat_template": ...}`), else the tokenizer's files above.
+Glimmer renders every chat with one template, so two that differ, where transformers or vLLM would render one chat
+with one and another with the other, are refused rather than one picked: a `tool_use` template other than the
+default, a processor template other than the tokenizer's, or a `default.jinja` other than `chat_template.jinja`. A
+GGUF checkpoint carries its template in its metadata (`tokenizer.chat_template`, a `tool_use` one as
+`tokenizer.chat_template.tool_use`, which llama.cpp renders a chat with tools with), which the GGUF reader hands
+over as `embedded` (and `embedded_tool_use`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# the processor's older places for its template (transformers' ProcessorMixin still reads both, before the .jinja)
+LEGACY_CHAT_TEMPLATE_FILE = "chat_template.json"
+PROCESSOR_CONFIG_FILE = "processor_config.json"
 OVERRIDE_OPTION = "--chat-template FILE"
 # transformers 5 saves named templates beside chat_template.jinja in this folder, one NAME.jinja each
 ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
@@ -104,25 +115,113 @@ def find_checkpoint_chat_template(
 
 
 def _from_checkpoint(directory: Path) -> ChatTemplateSource:
+    tokenizer_source = _tokenizer_template(directory)
+    processor_source = _processor_template(directory)
+    if processor_source is None:
+        if tokenizer_source is None:
+            raise CheckpointError(
+                f"no chat template found; searched {directory / CHAT_TEMPLATE_FILE}, the 'chat_template' field of "
+                f"{directory / TOKENIZER_CONFIG_FILE}, {directory / LEGACY_CHAT_TEMPLATE_FILE} and the "
+                f"'chat_template' field of {directory / PROCESSOR_CONFIG_FILE}. Pass the model's template with "
+                f"{OVERRIDE_OPTION}"
+            )
+        return tokenizer_source
+    if tokenizer_source is not None and tokenizer_source.text != processor_source.text:
+        raise CheckpointError(
+            f"the checkpoint has two chat templates that differ: the processor's ({processor_source.origin}) and the "
+            f"tokenizer's ({tokenizer_source.origin}). transformers' processor renders with the first and its "
+            "tokenizer with the second, and vLLM renders a chat without tools with the first and one with tools with "
+            f"the second, but Glimmer renders every chat with one template; remove the one that is stale, or pass "
+            f"the one to use with {OVERRIDE_OPTION}"
+        )
+    return processor_source
+
+
+def _tokenizer_template(directory: Path) -> ChatTemplateSource | None:
+    """The tokenizer's default template as transformers' tokenizer loads it (None where it has none):
+    `chat_template.jinja` and `additional_chat_templates/*.jinja` in place of tokenizer_config.json's field."""
     jinja_file = directory / CHAT_TEMPLATE_FILE
     config_file = directory / TOKENIZER_CONFIG_FILE
     for file in (jinja_file, config_file):  # not taken as absent: another template would render every prompt
         refuse_broken_link(file)
+    named = _additional_templates(directory)
     if jinja_file.is_file():
-        source = _source(_read_template_file(jinja_file), str(jinja_file))
-        tool_use_file = directory / ADDITIONAL_TEMPLATES_DIR / f"{TOOL_USE}.jinja"
-        refuse_broken_link(tool_use_file)
-        if tool_use_file.is_file():
-            _refuse_another_tool_use_template(source, _read_template_file(tool_use_file), str(tool_use_file))
-        return source
+        default = _source(_read_template_file(jinja_file), str(jinja_file))
+        other = named.get("default")
+        if other is not None and other.text != default.text:
+            raise CheckpointError(
+                f"the checkpoint has two default chat templates that differ, {jinja_file} and {other.origin}: "
+                "transformers' tokenizer takes the second and its processor the first; remove one, or pass the one "
+                f"to use with {OVERRIDE_OPTION}"
+            )
+        named = {**named, "default": default}
+    elif named and "default" not in named:
+        raise CheckpointError(
+            f"{directory / ADDITIONAL_TEMPLATES_DIR} holds chat templates {sorted(named)} but {jinja_file} does not "
+            f"exist: transformers then takes these in place of {config_file}'s chat_template and has no default "
+            f"to render a chat with; add the default as {jinja_file}, or pass it with {OVERRIDE_OPTION}"
+        )
+    if named:
+        if TOOL_USE in named:
+            _refuse_another_tool_use_template(named["default"], named[TOOL_USE].text, named[TOOL_USE].origin)
+        return named["default"]
     if config_file.is_file():
-        source = _from_tokenizer_config(config_file)
-        if source is not None:
-            return source
-    raise CheckpointError(
-        f"no chat template found; searched {jinja_file} and the 'chat_template' field of {config_file}. "
-        f"Pass the model's template with {OVERRIDE_OPTION}"
-    )
+        return _from_tokenizer_config(config_file)
+    return None
+
+
+def _additional_templates(directory: Path) -> dict[str, ChatTemplateSource]:
+    """transformers 5's named templates, `additional_chat_templates/NAME.jinja` → NAME."""
+    folder = directory / ADDITIONAL_TEMPLATES_DIR
+    if not folder.is_dir():
+        return {}
+    named = {}
+    for file in sorted(folder.glob("*.jinja")):
+        refuse_broken_link(file)
+        named[file.name.removesuffix(".jinja")] = _source(_read_template_file(file), str(file))
+    return named
+
+
+def _processor_template(directory: Path) -> ChatTemplateSource | None:
+    """The processor's template from its older places, as transformers' ProcessorMixin reads them (None where
+    neither holds one): processor_config.json's `chat_template`, else chat_template.json's."""
+    processor_file = directory / PROCESSOR_CONFIG_FILE
+    legacy_file = directory / LEGACY_CHAT_TEMPLATE_FILE
+    for file in (processor_file, legacy_file):
+        refuse_broken_link(file)
+    if processor_file.is_file():
+        template = _read_json_object(processor_file).get("chat_template")
+        if template is not None:
+            return _source(_template_string(template, processor_file), f"{processor_file} (chat_template)")
+    if not legacy_file.is_file():
+        return None
+    if _additional_templates(directory):  # transformers' processor raises a ValueError for the pair
+        raise CheckpointError(
+            f"{legacy_file} (the older layout) sits beside {directory / ADDITIONAL_TEMPLATES_DIR}, which transformers "
+            f"refuses to load together; replace {legacy_file} by {directory / CHAT_TEMPLATE_FILE}"
+        )
+    config = _read_json_object(legacy_file)
+    if "chat_template" not in config:
+        raise CheckpointError(f"{legacy_file} has no 'chat_template' field; it must be "
+                              '{"chat_template": "<the Jinja template>"}, or remove the file')
+    return _source(_template_string(config["chat_template"], legacy_file), f"{legacy_file} (chat_template)")
+
+
+def _read_json_object(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(config).__name__}; expected an object")
+    return config
+
+
+def _template_string(template: object, path: Path) -> str:
+    if not isinstance(template, str):
+        raise CheckpointError(f"{path}: chat_template is a {type(template).__name__}; expected the template's text, "
+                              f"a string (or pass the template to use with {OVERRIDE_OPTION})")
+    return template
 
 
 def _read_template_file(path: Path) -> str:

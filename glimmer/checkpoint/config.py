@@ -188,6 +188,8 @@ class TextConfig(_AttentionWidths):
     tie_word_embeddings: bool
     max_position_embeddings: int
     bos_token_id: int | None
+    # empty where config.json says null: the stop ids then come from generation_config.json, else the tokenizer's
+    # eos_token and <|eot|> (generation_config.py)
     eos_token_id: tuple[int, ...]
     pad_token_id: int | None
 
@@ -243,8 +245,6 @@ class TextConfig(_AttentionWidths):
             raise ConfigError(
                 f"{owner}: the NoPE pattern has {len(self.rope_layers)} entries but num_hidden_layers={n}"
             )
-        if not self.eos_token_id:
-            raise ConfigError(f"{owner}.eos_token_id is empty; set the end-of-text token id")
         for name in ("bos_token_id", "pad_token_id"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):

@@ -194,5 +194,7 @@ def _text_entries(
     return {names.get(name, name): value for name, value in entries.items()}
 
 
-def _eos_json(ids: tuple[int, ...]) -> int | list[int]:
+def _eos_json(ids: tuple[int, ...]) -> int | list[int] | None:
+    if not ids:  # read from a null
+        return None
     return ids[0] if len(ids) == 1 else list(ids)

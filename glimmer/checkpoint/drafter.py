@@ -13,7 +13,6 @@ The mapping of native names onto canonical ones is a table in `weight_layouts.py
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
 from collections.abc import Callable, Mapping
@@ -32,8 +31,6 @@ from glimmer.checkpoint.pickle_files import unpickling_refusal
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
-
-logger = logging.getLogger(__name__)
 
 ASSISTANT_MODEL_TYPE = "muse_glimmer_assistant"
 NATIVE_FILE = "head.pt"
@@ -74,8 +71,9 @@ _IGNORED = frozenset(
 def read_drafter_config(
     raw: Mapping[str, Any], *, source: str, mask_token_id: Callable[[], int]
 ) -> DrafterConfig:
-    """Validate a `muse_glimmer_assistant` config.json. Absent fields take transformers' defaults (logged);
-    an absent mask_token_id is the target tokenizer's id of the released mask token (`mask_token_id()`).
+    """Validate a `muse_glimmer_assistant` config.json. Absent fields take transformers' defaults, said in the
+    config's `warnings` (not logged here: the engine reads a drafter's config twice, and `load_drafter` logs them
+    once); an absent mask_token_id is the target tokenizer's id of the released mask token (`mask_token_id()`).
     Raises ConfigError naming the key and the fix."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
@@ -118,8 +116,6 @@ def read_drafter_config(
         warnings.append(f"{source}: absent fields took transformers' defaults: {', '.join(defaulted)}")
     if unknown:
         warnings.append(f"{source}: ignoring unknown keys: {', '.join(unknown)}")
-    for warning in warnings:
-        logger.warning("%s", warning)
     try:
         return DrafterConfig(
             **{key: values[key] for key in _DEFAULTS if key != "target_layer_ids"},
@@ -290,9 +286,7 @@ def open_drafter_checkpoint(
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError too
             raise ConfigError(f"{config_path}: cannot be read as JSON ({exc})") from None
         config = read_drafter_config(raw, source=str(config_path), mask_token_id=mask_token_id)
-    elif native is not None:
-        logger.info("%s has no config.json: using the released drafter's hyper-parameters (converter constants)",
-                    native)
+    elif native is not None:  # said by load_drafter (config_layout CONVERTER_CONSTANTS_LAYOUT), once
         config = released_drafter_config(mask_token_id())
     else:
         raise CheckpointError(f"speculative_config.model={str(path)!r}: {directory} holds no DFlash drafter: "

@@ -83,11 +83,15 @@ def load_generation_defaults(
     text_config: TextConfig,
     token_to_id: Callable[[str], int | None],
     embedded: EmbeddedGenerationConfig | None = None,
+    *,
+    tokenizer_eos_id: int | None = None,
 ) -> GenerationDefaults:
     """Read `generation_config.json` (optional) and resolve the stop ids (P-TOK-2).
 
     `embedded`: the same fields carried by the checkpoint itself (a GGUF's tokenizer metadata), used
     instead of the file; `checkpoint_dir` then names the checkpoint in errors, and a field its source key.
+    `tokenizer_eos_id`: the tokenizer's eos_token id, the end-of-text stop id where config.json's eos_token_id is
+    null and generation_config.json names none (vLLM stops at it whatever the configs say).
     Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, or no
     stop id remains.
     """
@@ -102,6 +106,13 @@ def load_generation_defaults(
     if configured_eos is None:
         configured_eos, key = text_config.eos_token_id, "eos_token_id"
         origin = f"config.json {key}"
+        if not configured_eos:
+            # transformers' generate then stops at no id and vLLM at the tokenizer's eos_token alone, which would let
+            # a chat turn run on past its <|eot|>: the engine stops at both (P-TOK-2)
+            configured_eos = (tokenizer_eos_id,) if tokenizer_eos_id is not None else ()
+            logger.warning("config.json's eos_token_id is null and %s names none: generation stops at the "
+                           "tokenizer's eos_token (where it names one) and at %s (the protocol's turn end)", path,
+                           EOT_TOKEN)
     else:
         key = fields.key("eos_token_id")
         origin = f"{path} {key}"
@@ -164,7 +175,8 @@ def _stop_token_ids(
             stop_ids = (*stop_ids, eot_id)
     if not stop_ids:
         raise ConfigError(
-            f"{origin} leaves no stop token; set {key} to the end-of-text and {EOT_TOKEN} ids"
+            f"{origin} leaves no stop token (and the tokenizer has no {EOT_TOKEN}); set {key} to the end-of-text and "
+            f"{EOT_TOKEN} ids"
         )
     return stop_ids
 

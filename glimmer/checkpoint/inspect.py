@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from glimmer.captured_warnings import captured_warnings
 from glimmer.checkpoint.chat_template_source import find_checkpoint_chat_template
 from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.formats import OpenedCheckpoint, is_config_only, open_checkpoint
@@ -76,12 +77,24 @@ def inspect_checkpoint(
 ) -> CheckpointReport:
     """Validate config, weight plan, preprocessor configs, tokenizer, generation config and chat template
     (`chat_template`, a file, in place of the checkpoint's) exactly as loading and serving would, and count
-    parameters per part.
+    parameters per part. The report's warnings are the config's and inspect's own, then those Glimmer logged while
+    reading the checkpoint (a tokenizer or generation config that loads with a caveat).
 
     model_factory(config) must build the model (on the meta device) whose parameters are expected;
     tokenizer_factory(opened, config) must load the checkpoint's tokenizer as the engine does and check that it
-    fits the config (anything with `token_to_id`). Raises ConfigError / CheckpointError like loading does.
+    fits the config (anything with `token_to_id` and `eos_token_id`). Raises ConfigError / CheckpointError like
+    loading does.
     """
+    # the caveats a loader only logs (a tokenizer or generation config that loads with one), for the report
+    with captured_warnings("glimmer") as logged:
+        report = _inspect(checkpoint, model_factory, tokenizer_factory, mmproj, allow_pickle, chat_template)
+    report.warnings += [message for message in dict.fromkeys(logged) if message not in report.warnings]
+    return report
+
+
+def _inspect(checkpoint: str | os.PathLike, model_factory: Any,
+             tokenizer_factory: Callable[[OpenedCheckpoint, ModelConfig], Any], mmproj: str | os.PathLike | None,
+             allow_pickle: bool, chat_template: str | os.PathLike | None) -> CheckpointReport:
     config_only = is_config_only(checkpoint)
     opened = open_checkpoint(checkpoint, mmproj=mmproj, allow_pickle=allow_pickle, weights=not config_only)
     if config_only:  # the parameters are counted from the config, as `--load-format dummy` would draw them
@@ -97,7 +110,8 @@ def inspect_checkpoint(
         checkpoint_media_settings(opened.path, config.vision, opened.preprocessor_config)
     tokenizer = tokenizer_factory(opened, config)
     embedded = opened.tokenizer.generation_config if opened.tokenizer is not None else None
-    load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded)
+    load_generation_defaults(opened.path, config.text, tokenizer.token_to_id, embedded=embedded,
+                             tokenizer_eos_id=tokenizer.eos_token_id)
     warnings = list(config.warnings)
     if config_only:
         warnings.append(f"no weights: {opened.path} holds a config only (as `glimmer make-tiny --config-only` "

@@ -359,6 +359,7 @@ class LLMEngine:
         self.generation_defaults: GenerationDefaults = load_generation_defaults(
             self.checkpoint_dir, text, self.tokenizer.token_to_id,
             embedded=embedded.generation_config if embedded is not None else None,
+            tokenizer_eos_id=self.tokenizer.eos_token_id,
         )
         on_cuda = self.device.type == "cuda"
         self.scheduler_config = SchedulerConfig(
@@ -673,6 +674,9 @@ class LLMEngine:
         """
         self.check_prompt_chars(text)
         bos = self.tokenizer.bos_token
+        if literals is None:  # a caller's text: its BOS spelling is text where split_special_tokens makes it so
+            starts_with_bos = bos is not None and text.startswith(bos) and not self.tokenizer.split_special_tokens
+            return self.tokenizer.encode_input_text(text, add_special_tokens=not starts_with_bos)
         return self.tokenizer.encode(text, add_special_tokens=not (bos is not None and text.startswith(bos)),
                                      literals=literals)
 
@@ -685,6 +689,12 @@ class LLMEngine:
         `cancel` stops the media processing between items and frames (raising Cancelled)."""
         if not images and not videos:
             return self.encode_prompt(text, literals), []
+        if literals is None and self.tokenizer.split_special_tokens:
+            raise RequestError(
+                "the checkpoint's tokenizer_config.json sets split_special_tokens, so a text prompt's "
+                f"{IMAGE_PLACEHOLDER} / {VIDEO_PLACEHOLDER} placeholders are text, as transformers tokenizes them, "
+                "and mark no media; give the prompt as token ids (prompt_token_ids) with its multi_modal_data, or "
+                "use chat", param="prompt")
         media = self._media_for(videos, param="messages")
         self.check_prompt_chars(text)  # before decoding media that could not fit anyway
         processed = media.process(text, images, videos, cancel=cancel)

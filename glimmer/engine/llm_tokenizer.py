@@ -238,7 +238,7 @@ class LLMTokenizer:
             raise TypeError(f"add_special_tokens must be True or False, not {add_special_tokens!r}; a second text "
                             "(transformers' text_pair) is not supported: encode the texts one by one")
         if padding is False and truncation is False and return_tensors is None:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return self.tokenizer.encode_input_text(text, add_special_tokens=add_special_tokens)
         return self(text, add_special_tokens, padding=padding, truncation=truncation, max_length=max_length,
                     return_tensors=return_tensors)["input_ids"]
 
@@ -276,7 +276,7 @@ class LLMTokenizer:
         """The vocabulary entries of `text`'s tokens, without BOS unless asked (as transformers' `tokenize`)."""
         if not isinstance(text, str):
             raise TypeError(f"LLMTokenizer.tokenize() takes a string, not {type(text).__name__}")
-        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        ids = self.tokenizer.encode_input_text(text, add_special_tokens=add_special_tokens)
         return [self.tokenizer.id_to_token(i) for i in ids]
 
     def decode(self, ids: int | SequenceABC[int] | SequenceABC[SequenceABC[int]], skip_special_tokens: bool = False,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from glimmer.checkpoint.config import DrafterConfig, ModelConfig
-from glimmer.checkpoint.drafter import open_drafter_checkpoint
+from glimmer.checkpoint.drafter import CONVERTER_CONSTANTS_LAYOUT, open_drafter_checkpoint
 from glimmer.checkpoint.formats import OpenedCheckpoint, open_checkpoint
 from glimmer.checkpoint.host_memory import check_fits_in_host_memory
 from glimmer.checkpoint.random_weights import randomize_parameters_
@@ -267,6 +267,12 @@ def load_drafter(
         raise ConfigError(f"load_format={load_format!r} is not supported; use one of {list(LOAD_FORMATS)}")
     checkpoint = open_drafter_checkpoint(path, mask_token_id=mask_token_id, weights=load_format != "dummy")
     config = checkpoint.config
+    # said here, once: the engine's earlier read of the config (weights=False) is silent
+    if config.config_layout == CONVERTER_CONSTANTS_LAYOUT:
+        logger.info("%s has no config.json: using the released drafter's hyper-parameters (converter constants)",
+                    checkpoint.location)
+    for warning in config.warnings:
+        logger.warning("%s", warning)
     checkpoint.check_fits(target.text)
     with torch.device("meta"):
         model = DFlashDrafter(config).to(dtype)

@@ -180,8 +180,11 @@ class Tokenizer:
 
     def __init__(self, backend: HFTokenizer, named_tokens: dict[str, str], tokenizer_file: Path,
                  clean_up: CleanUpSettings = CleanUpSettings(), shape: ShapeSettings = ShapeSettings(),
-                 extra: ExtraSpecialTokens = ExtraSpecialTokens()):
+                 extra: ExtraSpecialTokens = ExtraSpecialTokens(), split_special_tokens: bool = False):
         self._backend = backend
+        # tokenizer_config.json's: a caller's text prompt is tokenized with special-token spellings as text
+        # (`encode_input_text`), as transformers' tokenizer call tokenizes it
+        self.split_special_tokens = split_special_tokens
         self._named_tokens = named_tokens
         self.extra = extra
         self.tokenizer_file = tokenizer_file
@@ -236,8 +239,9 @@ class Tokenizer:
                 raise CheckpointError(f"the special token {token!r} of {config_file} is not a token of "
                                       f"{tokenizer_file}; the files do not belong together")
         extra = _without_unknown_model_specific(extra, backend, config_file)
+        split_special_tokens = _read_split_special_tokens(config, config_file)
         tokenizer = cls(backend, named_tokens, tokenizer_file, _read_clean_up_settings(config),
-                        _read_shape_settings(config, config_file), extra)
+                        _read_shape_settings(config, config_file), extra, split_special_tokens)
         logger.info(
             "loaded tokenizer %s: %d tokens, bos=%r eos=%r pad=%r",
             tokenizer_file,
@@ -289,6 +293,15 @@ class Tokenizer:
             if special_id is not None:
                 ids.append(special_id)
         return ids
+
+    def encode_input_text(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of a caller's text prompt (a completion's, `LLM.generate`'s, the tokenizer call's), as
+        transformers' tokenizer call makes them: special-token spellings become those tokens, or stay text where
+        tokenizer_config.json sets `split_special_tokens`. A rendered chat prompt is `encode(text, literals=...)`:
+        its template's markup stays control tokens whatever the setting."""
+        if self.split_special_tokens:
+            return self._literal_backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of `text` as plain text: special-token spellings stay text (`<|eot|>` is its characters)."""
@@ -647,6 +660,23 @@ def _read_clean_up_settings(config: Mapping[str, object]) -> CleanUpSettings:
     """The decode clean-up fields of tokenizer_config.json, read as transformers reads them (for their truth)."""
     return CleanUpSettings(bool(config.get("clean_up_tokenization_spaces")),
                            bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+
+
+def _read_split_special_tokens(config: Mapping[str, object], path: Path) -> bool:
+    """tokenizer_config.json's `split_special_tokens` (False where absent, as in transformers). Raises
+    CheckpointError for a value that is not true or false. Where true, a text prompt's special-token spellings are
+    text, as transformers' tokenizer call makes them; a chat prompt keeps its template's control tokens, where
+    transformers' `apply_chat_template(tokenize=True)` and vLLM would split those too: logged as a warning."""
+    split = config.get("split_special_tokens", False)
+    if not isinstance(split, bool):
+        raise CheckpointError(f"split_special_tokens={split!r} in {path} is not true or false")
+    if split:
+        logger.warning("%s sets split_special_tokens: special-token spellings in a text prompt (completions, "
+                       "LLM.generate, the tokenizer call) are tokenized as text, as transformers does. Chat prompts "
+                       "keep the chat template's control tokens (user text in them is always plain text), where "
+                       "transformers' apply_chat_template(tokenize=True) and vLLM would tokenize the template's own "
+                       "markup as text too", path)
+    return split
 
 
 def _read_shape_settings(config: Mapping[str, object], path: Path) -> ShapeSettings:

@@ -218,7 +218,7 @@ def text_prompt_ids(text: str, add_special_tokens: bool, context: ServingContext
     if add_special_tokens:
         return engine.encode_prompt(text)
     engine.check_prompt_chars(text)
-    return context.tokenizer.encode(text)
+    return context.tokenizer.encode_input_text(text)
 
 
 def checked_token_ids(token_ids: list[int], name: str, vocabulary_size: int) -> list[int]:

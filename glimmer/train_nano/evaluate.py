@@ -23,11 +23,11 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from glimmer.captured_warnings import captured_warnings
 from glimmer.protocol import ParsedOutput, normalize_messages, normalize_tools, parse_output
 from glimmer.train_nano.corpus import Conversation, TurnExpectation
 from glimmer.train_nano.dataset import conversation_at
@@ -51,28 +51,9 @@ def held_out_conversations(count: int, seed: int = EVAL_SEED) -> list[Conversati
     return conversations
 
 
-class _Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextmanager
-def protocol_warnings() -> Iterator[list[str]]:
+def protocol_warnings() -> AbstractContextManager[list[str]]:
     """The warnings the protocol parser logs inside the block (each one is a defect of the parsed text)."""
-    handler = _Warnings()
-    protocol_logger = logging.getLogger("glimmer.protocol")
-    level = protocol_logger.level
-    protocol_logger.setLevel(logging.WARNING)
-    protocol_logger.addHandler(handler)
-    try:
-        yield handler.messages
-    finally:
-        protocol_logger.removeHandler(handler)
-        protocol_logger.setLevel(level)
+    return captured_warnings("glimmer.protocol", at_warning_level=True)
 
 
 def framing_is_well_formed(text: str) -> bool:

@@ -162,3 +162,109 @@ def test_unreadable_tokenizer_config_is_named(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{oops", encoding="utf-8")
     with pytest.raises(CheckpointError, match="tokenizer_config.json"):
         find_chat_template(tmp_path)
+
+
+# --- the checkpoint layouts transformers 5.23 reads, and vLLM's choice between processor and tokenizer ------------
+
+OTHER = JINJA.replace("<|eot|>", "<|eot|>\n")
+TOOLS = "{{ bos_token }}tools<|start|>assistant"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory):
+    from glimmer.checkpoint.tiny_tokenizer import write_tiny_tokenizer
+
+    directory = tmp_path_factory.mktemp("tokenizer")
+    write_tiny_tokenizer(directory)
+    return directory
+
+
+def _write(directory: Path, files: dict[str, object]) -> None:
+    for name, content in files.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if name == "tokenizer_config.json":  # the tokenizer's own fields, with this chat_template
+            config = json.loads(path.read_text(encoding="utf-8"))
+            path.write_text(json.dumps({**config, "chat_template": content}), encoding="utf-8")
+        else:
+            path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+
+
+def _vllm_choices(directory: Path) -> tuple[str | None, str | None]:
+    """(the template vLLM renders a chat without tools with, the one for a chat with tools), by transformers 5.23's
+    loading: the processor's template where it has one, else the tokenizer's; with tools, the tokenizer's
+    (`resolve_hf_chat_template`). None where transformers raises or finds none."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.processing_utils import ProcessorMixin
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
+
+    def choice(pick):
+        try:
+            return pick()
+        except (ValueError, KeyError):
+            return None
+
+    def without_tools():
+        template = ProcessorMixin.get_processor_dict(str(directory))[0].get("chat_template")
+        if isinstance(template, dict):  # ProcessorMixin._resolve_chat_template
+            template = template["default"]
+        return template if template is not None else tokenizer.get_chat_template()
+
+    return choice(without_tools), choice(lambda: tokenizer.get_chat_template(tools=[{}]))
+
+
+@pytest.mark.parametrize(("files", "origin"), [
+    ({"chat_template.json": {"chat_template": JINJA}}, "chat_template.json (chat_template)"),
+    ({"chat_template.json": {"chat_template": JINJA}, "chat_template.jinja": JINJA}, "chat_template.json"),
+    ({"chat_template.json": {"chat_template": JINJA}, "tokenizer_config.json": JINJA}, "chat_template.json"),
+    ({"chat_template.json": {"chat_template": JINJA}, "chat_template.jinja": OTHER}, None),
+    ({"chat_template.json": {"chat_template": JINJA}, "tokenizer_config.json": OTHER}, None),
+    ({"chat_template.json": {"chat_template": JINJA}, "additional_chat_templates/tool_use.jinja": JINJA}, None),
+    ({"processor_config.json": {"chat_template": JINJA}}, "processor_config.json (chat_template)"),
+    ({"processor_config.json": {"chat_template": JINJA}, "chat_template.json": {"chat_template": OTHER},
+      "chat_template.jinja": JINJA}, "processor_config.json"),
+    ({"processor_config.json": {"chat_template": OTHER}, "chat_template.jinja": JINJA}, None),
+    ({"chat_template.jinja": JINJA, "additional_chat_templates/default.jinja": JINJA}, "chat_template.jinja"),
+    ({"chat_template.jinja": JINJA, "additional_chat_templates/default.jinja": OTHER}, None),
+    ({"chat_template.jinja": JINJA, "additional_chat_templates/rag.jinja": OTHER}, "chat_template.jinja"),
+    ({"additional_chat_templates/default.jinja": JINJA, "tokenizer_config.json": OTHER}, "default.jinja"),
+    ({"additional_chat_templates/tool_use.jinja": TOOLS, "tokenizer_config.json": JINJA}, None),
+    ({"additional_chat_templates/rag.jinja": OTHER, "tokenizer_config.json": JINJA}, None),
+    ({"chat_template.jinja": JINJA, "tokenizer_config.json": OTHER}, "chat_template.jinja"),
+])
+def test_the_template_is_the_one_transformers_and_vllm_render_every_chat_with_or_refused(tokenizer_files, tmp_path,
+                                                                                          files, origin):
+    """chat_template.json (transformers' older processor file) was not read, and a template in
+    additional_chat_templates/ without chat_template.jinja left tokenizer_config.json's in use where transformers
+    drops it. Glimmer renders every chat with one template: the one vLLM renders a chat without tools with (the
+    processor's, else the tokenizer's) where the one for a chat with tools (the tokenizer's) is none or the same;
+    otherwise it refuses, as it does where transformers finds no template or raises."""
+    import shutil
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tokenizer_files, checkpoint)
+    _write(checkpoint, files)
+    without_tools, with_tools = _vllm_choices(checkpoint)
+    agreed = without_tools is not None and with_tools in (None, without_tools)
+    assert agreed == (origin is not None)  # the table's expectation is transformers' own
+    if origin is None:
+        with pytest.raises(CheckpointError, match="--chat-template FILE"):
+            find_chat_template(checkpoint)
+        return
+    source = find_chat_template(checkpoint)
+    assert source.text == without_tools and origin in source.origin
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ({"template": JINJA}, "has no 'chat_template' field"),
+    ({"chat_template": [JINJA]}, "chat_template is a list; expected the template's text"),
+    ([JINJA], "holds a JSON list; expected an object"),
+    ("{", "is not readable JSON"),
+])
+def test_a_chat_template_json_without_a_template_string_is_refused_naming_the_file(tmp_path, content, words):
+    (tmp_path / "chat_template.jinja").write_text(JINJA, encoding="utf-8")
+    _write(tmp_path, {"chat_template.json": content})
+    with pytest.raises(CheckpointError, match="chat_template.json") as excinfo:
+        find_chat_template(tmp_path)
+    assert words in str(excinfo.value)

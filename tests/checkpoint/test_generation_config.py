@@ -233,3 +233,38 @@ def test_only_eom_configured_leaves_eot(tmp_path, tiny):
     info, _ = tiny
     defaults = load(tmp_path, tiny, {"eos_token_id": [info.eom_token_id]})
     assert defaults.stop_token_ids == (info.eot_token_id,)
+
+
+def test_a_null_eos_in_config_json_stops_at_the_tokenizers_eos_and_eot(make_tiny, tmp_path, caplog):
+    """config.json's `eos_token_id: null` was refused ("text_config.eos_token_id is empty"). transformers' generate
+    then stops at no id and vLLM at the tokenizer's eos_token alone; the engine stops at that and at <|eot|>, which
+    ends a chat turn (P-TOK-2), and says so."""
+    import shutil
+
+    from glimmer import LLM, SamplingParams
+    from glimmer.checkpoint.config_writers import write_canonical
+
+    checkpoint = tmp_path / "null-eos"
+    shutil.copytree(make_tiny(), checkpoint)
+    (checkpoint / "generation_config.json").unlink()
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["text_config"]["eos_token_id"] = None
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.generation_config"):
+        llm = LLM(str(checkpoint), progress=False)
+    assert "config.json's eos_token_id is null" in caplog.text
+    assert write_canonical(llm.engine.model_config)["text_config"]["eos_token_id"] is None  # written back as read
+    tokenizer = llm.engine.tokenizer
+    eos, eot = tokenizer.eos_token_id, tokenizer.token_to_id("<|eot|>")
+    assert llm.engine.generation_defaults.stop_token_ids == (eos, eot)
+    for stop in (eos, eot):
+        out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=8, logit_bias={stop: 100}))[0].outputs[0]
+        assert (out.token_ids, out.finish_reason) == ([stop], "stop")
+
+
+def test_a_null_eos_with_no_eot_in_the_tokenizer_is_refused_naming_the_field(tmp_path, tiny):
+    info, tok = tiny
+    with pytest.raises(ConfigError, match=r"config\.json eos_token_id leaves no stop token \(and the tokenizer has no "
+                                          r"<\|eot\|>\); set eos_token_id"):
+        load_generation_defaults(tmp_path, text_config(info, eos=()),
+                                 lambda token: None if token == "<|eot|>" else tok.token_to_id(token))

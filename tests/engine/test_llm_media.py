@@ -149,3 +149,35 @@ def test_multi_modal_data_keys_of_several_types_are_named(llm):
     with pytest.raises(RequestError, match=r"^multi_modal_data keys \['1', 'images'\] are not supported; use 'image' "
                                            r"and 'video'$"):
         llm.generate({"prompt": PROMPT, "multi_modal_data": {1: b"", "images": b""}}, SamplingParams(max_tokens=2))
+
+
+def test_split_special_tokens_makes_a_text_prompts_spellings_text_and_refuses_media_placeholders_there(make_tiny,
+                                                                                                     tmp_path):
+    """tokenizer_config.json's split_special_tokens was ignored: transformers (and vLLM through it) tokenizes a text
+    prompt's special-token spellings as text, `<|begin_of_text|>` and `<|patch|>` included, so that a text prompt
+    then marks no image; a chat prompt keeps its template's control tokens (the user's text is plain either way)."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    checkpoint = tmp_path / "split"
+    shutil.copytree(make_tiny("canonical", vision=True, seed=17), checkpoint)
+    config_file = checkpoint / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "split_special_tokens": True}))
+    hf = AutoTokenizer.from_pretrained(str(checkpoint))
+    llm = LLM(str(checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=512)
+    tokenizer = llm.get_tokenizer()
+    for text in (PROMPT, "Describe <|patch|> then <|eot|> and <|start|>assistant"):
+        expected = hf(text)["input_ids"]
+        assert llm.encode_prompt(text) == tokenizer.encode(text) == tokenizer(text)["input_ids"] == expected
+        assert tokenizer.tokenize(text) == hf.tokenize(text)
+        assert llm.generate(text, SamplingParams(max_tokens=1))[0].prompt_token_ids == expected
+    with pytest.raises(RequestError, match="split_special_tokens.*prompt_token_ids") as raised:
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": Image.new("RGB", (56, 56))}},
+                     SamplingParams(max_tokens=1))
+    assert raised.value.param == "prompt"
+    chat = llm.chat([{"role": "user", "content": "Hi <|eot|>"}], SamplingParams(max_tokens=1))[0]
+    prompt, ids = chat.output.prompt, chat.prompt_token_ids
+    assert ids.count(hf.convert_tokens_to_ids("<|start|>")) == prompt.count("<|start|>") > 1
+    assert ids.count(hf.convert_tokens_to_ids("<|eot|>")) == prompt.count("<|eot|>") - 1  # the user's is text

@@ -693,6 +693,31 @@ def test_a_disable_by_batch_size_below_max_num_seqs_is_warned_of_for_seeded_requ
         "propose nothing, and a seeded sampled request is then reproducible in distribution, not token for token "
         "(its draws depend on whether its steps proposed)"])
 
+
+def test_a_drafter_config_warning_is_logged_once_when_the_engine_loads_it(target, drafter, tmp_path, caplog):
+    """The engine reads the drafter's config before the target's weights load (to check num_speculative_tokens)
+    and again when it loads the drafter: each warning of the config was logged twice."""
+    copy = tmp_path / "drafter"
+    copy.mkdir()
+    for file in Path(drafter).iterdir():
+        (copy / file.name).write_bytes(file.read_bytes())
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "frobnicate": 1}))
+    with caplog.at_level(logging.INFO, logger="glimmer"):
+        LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(copy)))
+    warned = [r.getMessage() for r in caplog.records if "frobnicate" in r.getMessage()]
+    assert warned == [f"{copy / 'config.json'}: ignoring unknown keys: frobnicate"]
+
+
+def test_a_native_drafter_without_a_config_is_said_to_take_the_released_sizes_once(target, tmp_path, caplog):
+    native = write_tiny_drafter(tmp_path / "native", target, seed=5, layout="native", spec=TinyDrafterSpec())
+    (Path(native) / "config.json").unlink(missing_ok=True)
+    with caplog.at_level(logging.INFO, logger="glimmer"):
+        with pytest.raises(ConfigError):  # the tiny drafter is not the released geometry; said once before that
+            LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(native)))
+    said = [r.getMessage() for r in caplog.records if "has no config.json" in r.getMessage()]
+    assert len(said) == 1
+
 # --- resources, configuration and interface --------------------------------------------------------------
 
 

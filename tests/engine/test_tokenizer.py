@@ -369,3 +369,39 @@ def test_text_without_placeholders_ignores_literals(tok):
 
 def test_control_tokens_are_the_special_added_tokens(tok):
     assert set(tok.control_tokens) == set(SPECIAL_TOKENS)
+
+
+# -- tokenizer_config.json's split_special_tokens ------------------------------------------------------------
+
+
+def with_split_special_tokens(tiny_dir: Path, dest: Path, value: object = True) -> Path:
+    ckpt = copy_tokenizer(tiny_dir, dest)
+    config_file = ckpt / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "split_special_tokens": value}))
+    return ckpt
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_text_prompt_is_tokenized_as_transformers_tokenizes_it_under_split_special_tokens(tiny_dir, tmp_path,
+                                                                                            split):
+    """split_special_tokens was ignored: a completion's `<|eot|>` became the control token where transformers (and
+    vLLM through it) tokenizes the checkpoint's text prompts with special-token spellings as text."""
+    ckpt = with_split_special_tokens(tiny_dir, tmp_path / "ckpt", split)
+    hf = AutoTokenizer.from_pretrained(str(ckpt))
+    tok = Tokenizer.from_dir(ckpt)
+    assert tok.split_special_tokens is split
+    for text in VARIED_TEXTS:
+        for add_special_tokens in (True, False):
+            expected = hf(text, add_special_tokens=add_special_tokens)["input_ids"]
+            assert tok.encode_input_text(text, add_special_tokens=add_special_tokens) == expected, text
+    # a rendered chat prompt keeps its template's markup as control tokens, and its user text plain, either way
+    rendered = "<|begin_of_text|><|start|>user<|message|>" + PLACEHOLDER + "<|eot|><|start|>assistant"
+    assert tok.encode(rendered, literals={PLACEHOLDER: "<|eot|>"}) == Tokenizer.from_dir(tiny_dir).encode(
+        rendered, literals={PLACEHOLDER: "<|eot|>"})
+
+
+def test_a_split_special_tokens_that_is_no_boolean_is_refused_naming_it(tiny_dir, tmp_path):
+    ckpt = with_split_special_tokens(tiny_dir, tmp_path / "ckpt", "yes")
+    with pytest.raises(CheckpointError, match=r"split_special_tokens='yes' in .*tokenizer_config\.json is not true "
+                                              r"or false"):
+        Tokenizer.from_dir(ckpt)

@@ -158,3 +158,30 @@ def test_the_routes_are_behind_the_api_key_and_counted_in_the_metrics(server, pa
     assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
     samples = server.metrics()
     assert samples[f'glimmer_requests_total{{endpoint="{path}",status="401"}}'] >= 1
+
+
+def test_a_checkpoint_that_splits_special_tokens_has_a_text_prompts_spellings_tokenized_as_text(server, make_tiny,
+                                                                                                tmp_path):
+    """tokenizer_config.json's split_special_tokens: /tokenize and /v1/completions read a text prompt's `<|eot|>` as
+    its characters, as transformers and vLLM do (it was the control token); a chat's markup stays control tokens."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    checkpoint = tmp_path / "split"
+    shutil.copytree(make_tiny(), checkpoint)
+    config_file = checkpoint / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "split_special_tokens": True}))
+    hf = AutoTokenizer.from_pretrained(str(checkpoint))
+    text = "<|begin_of_text|>Stop at <|eot|> here"
+    scored = {"model": "tiny", "max_tokens": 0, "echo": True, "logprobs": 0}
+    with live_server(checkpoint, api_key=KEY) as split:
+        for add_special_tokens in (True, False):
+            expected = hf(text, add_special_tokens=add_special_tokens)["input_ids"]
+            assert post(split, "/tokenize", prompt=text, add_special_tokens=add_special_tokens).json()["tokens"] == \
+                expected
+            completion = post(split, "/v1/completions", prompt=text, add_special_tokens=add_special_tokens, **scored)
+            assert completion.json()["usage"]["prompt_tokens"] == len(expected)
+        chat = post(split, "/tokenize", messages=MESSAGES, add_generation_prompt=True).json()["tokens"]
+    assert chat == post(server, "/tokenize", messages=MESSAGES, add_generation_prompt=True).json()["tokens"]
