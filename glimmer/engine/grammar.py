@@ -38,6 +38,7 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
+from glimmer.protocol.schema_bounds import empty_bounds
 from glimmer.protocol.tokens import EOT, MESSAGE
 from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
 from glimmer.protocol.value_typing import is_json_number
@@ -587,16 +588,17 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
         text = None
     # the remembered schema equals `parameters` only where the text holds all of it (no tuple, no key of a number)
     if text is None or _accepted_schema(text, strict) != parameters:
+        if strict:  # a call may write any parameter: an optional one's bounds are named before the other checks
+            _refuse_empty_bounds(parameters, param, every_property=True)
         check_json_schema(parameters, param, strict)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
         return
-    key = _unsatisfiable_optional_parameter(text, strict)
-    if key is not None:
-        field = f"{param}.properties.{key}"
-        raise RequestError(f"{field}: no value satisfies the schema of this optional parameter, so a call that wrote "
-                           "it could never be finished; fix its schema, or leave the parameter out", param=field)
+    unsatisfiable = _unsatisfiable_optional_parameter(text, strict)
+    if unsatisfiable is not None:
+        path, reason = unsatisfiable
+        raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -614,11 +616,16 @@ def _accepted_schema(schema_text: str, strict: bool) -> Any:
 
 
 @functools.lru_cache(maxsize=1024)
-def _unsatisfiable_optional_parameter(parameters_text: str, strict: bool) -> str | None:
-    """The first optional parameter of a tool's `parameters` (JSON text, checked by `check_json_schema`) that no
-    value satisfies, found by checking the schema with each one required; None if none. Cached: the checks take a
+def _unsatisfiable_optional_parameter(parameters_text: str, strict: bool) -> tuple[str, str] | None:
+    """The path (`.properties.x`, or in a strict tool the schema whose bounds no value meets, `empty_bounds`) and the
+    reason of the first optional parameter of a tool's `parameters` (JSON text, checked by `check_json_schema`) that
+    no value satisfies, found by checking the schema with each one required; None if none. Cached: the checks take a
     fraction of a millisecond each, and an agent sends the same tools with every request."""
     parameters = json.loads(parameters_text)
+    if strict:  # the required parameters' bounds were checked with the schema: what is found is an optional one's
+        empty = empty_bounds(parameters, every_property=True)
+        if empty is not None:
+            return empty
     required = parameters.get("required", [])
     for key in parameters["properties"]:
         if key in required:
@@ -626,7 +633,8 @@ def _unsatisfiable_optional_parameter(parameters_text: str, strict: bool) -> str
         try:
             check_json_schema({**parameters, "required": [*required, key]}, "parameters", strict)
         except RequestError:
-            return key
+            return (f".properties.{key}", "no value satisfies the schema of this optional parameter, so a call that "
+                    "wrote it could never be finished; fix its schema, or leave the parameter out")
     return None
 
 
@@ -753,22 +761,28 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
     """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
     not hold the output to, and for the schema's own engine options that relax it (`_RELAXING_OPTIONS`): a strict
     schema promises every keyword; a non-strict one leaves them hints. Also RequestError(param and the node's path)
-    for bounds that contradict each other outside any branch (`_contradicting_bounds`), which the engine refuses
-    itself, but in words of its own regexes."""
+    for bounds no value meets in a schema every instance needs (`schema_bounds.empty_bounds`), which the engine
+    refuses itself, but in words naming neither the keyword nor where it is."""
     options = schema.get("x-guidance")
     for option in _RELAXING_OPTIONS if isinstance(options, Mapping) else ():
         if options.get(option) is True:
             raise RequestError(f"{param}: x-guidance.{option} true lets the output break the schema, which a strict "
                                "schema may not; leave it out", param=param)
-    for path, node in _subschemas_at(schema, "", _BRANCH_KEYWORDS):
-        contradiction = _contradicting_bounds(node)
-        if contradiction:
-            raise RequestError(f"{param}{path}: {contradiction}", param=f"{param}{path}")
+    _refuse_empty_bounds(schema, param)
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
                   or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
+
+
+def _refuse_empty_bounds(schema: Mapping[str, Any], param: str, *, every_property: bool = False) -> None:
+    """RequestError naming the path in `param` of the first schema every instance needs whose bounds no value meets
+    (`empty_bounds`, whose `every_property` this passes on)."""
+    empty = empty_bounds(schema, every_property=every_property)
+    if empty is not None:
+        path, reason = empty
+        raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
 
 
 _RELAXING_OPTIONS = ("lenient", "coerce_one_of")
@@ -777,58 +791,23 @@ keywords it does not implement, write a `oneOf` as an `anyOf` (a value two branc
 
 
 def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
-    """Every object in `schema` that is a schema, `schema` itself first (`_subschemas_at`)."""
-    return (node for _, node in _subschemas_at(schema, ""))
-
-
-def _subschemas_at(schema: Any, path: str, skipped: Collection[str] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every object in `schema` that is a schema, `schema` itself first, each with its path from `schema` as a
-    field path (`.properties.city`, `.anyOf[1]`; `schema` itself is `path`); `enum` and `const` values and
-    annotations are no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are.
-    The schemas under a keyword of `skipped` are left out."""
+    """Every object in `schema` that is a schema, `schema` itself first; `enum` and `const` values and annotations are
+    no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are."""
     if isinstance(schema, list):
-        for index, member in enumerate(schema):
-            yield from _subschemas_at(member, f"{path}[{index}]", skipped)
+        for member in schema:
+            yield from _subschemas(member)
         return
     if not isinstance(schema, dict):
         return
-    yield path, schema
+    yield schema
     for key, value in schema.items():
-        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const") or key in skipped:
+        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
             continue
         if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            for name, member in value.items():
-                yield from _subschemas_at(member, f"{path}.{key}.{name}", skipped)
+            for member in value.values():
+                yield from _subschemas(member)
         else:
-            yield from _subschemas_at(value, f"{path}.{key}", skipped)
-
-
-_BRANCH_KEYWORDS = ("anyOf", "oneOf", "not", "if", "then", "else")
-"""Keywords whose subschemas a value need not meet: a branch no value meets leaves the others (an `anyOf`)."""
-
-
-_COUNT_BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
-
-
-def _contradicting_bounds(node: dict[str, Any]) -> str | None:
-    """A lower bound of a schema above its upper bound (`minLength` 4 with `maxLength` 2, `exclusiveMinimum` 2 with
-    `maximum` 2), in words: no value meets both, and the grammar engine's refusal quoted Glimmer's own regex of the
-    bounds (`(.|\\n){4,2}`) instead of naming them."""
-    for low, high in _COUNT_BOUNDS:
-        if is_json_number(node.get(low)) and is_json_number(node.get(high)) and node[low] > node[high]:
-            return (f"{low} {node[low]} is above {high} {node[high]}, so no value meets both; lower {low} or raise "
-                    f"{high}")
-    for low in ("minimum", "exclusiveMinimum"):
-        for high in ("maximum", "exclusiveMaximum"):
-            lower, upper = node.get(low), node.get(high)
-            if not (is_json_number(lower) and is_json_number(upper)):
-                continue
-            exclusive = "exclusive" in low + high
-            if lower > upper or exclusive and lower == upper:
-                relation = "is above" if lower > upper else "is not below"
-                return (f"{low} {lower} {relation} {high} {upper}, so no number meets both; lower {low} or raise "
-                        f"{high}")
-    return None
+            yield from _subschemas(value)
 
 
 def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:

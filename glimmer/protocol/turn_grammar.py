@@ -37,6 +37,7 @@ from typing import Any
 
 from glimmer.errors import RequestError
 from glimmer.protocol.atem import BLOCK_CLOSE, BLOCK_OPEN, INVOKE_CLOSE, INVOKE_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN
+from glimmer.protocol.schema_bounds import without_references_to_empty
 from glimmer.protocol.string_patterns import FORMATS, UnsupportedPattern, search_regex
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE, START
 from glimmer.protocol.value_typing import allowed_types, object_shape, resolve_local_reference
@@ -71,10 +72,12 @@ _BOUNDED_RAW_VALUE_WITHOUT_TAGS = r"/[^<]{length}<\/atem:parameter>/"
 def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
     """`schema` with the grammar engine's options (`x-guidance`): JSON laid out as `JSON_LAYOUT` and, unless `strict`,
     keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
-    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win."""
+    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win. A `$ref` to a schema
+    no value meets is written `false` (`without_references_to_empty`), which the engine takes where another value
+    may be written (an `anyOf` branch, an optional property)."""
     custom = schema.get("x-guidance")
-    return {**_held_by_the_engine(schema), "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
-                                                          **(custom if isinstance(custom, Mapping) else {})}}
+    options = {**JSON_LAYOUT, "lenient": not strict, **(custom if isinstance(custom, Mapping) else {})}
+    return {**_held_by_the_engine(without_references_to_empty(schema)), "x-guidance": options}
 
 
 _LEAP_AWARE_DATE = ("^(?:[0-9]{4}-(?:0[13-9]|1[0-2])|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])|"

@@ -955,7 +955,8 @@ def test_a_strict_schema_with_an_anyof_branch_no_value_meets_is_taken_for_its_ot
     check_json_schema({"type": "object", "properties": {"p": {"anyOf": [empty, {"type": "integer"}]}},
                        "required": ["p"]}, "response_format", strict=True)
     with pytest.raises(RequestError) as raised:
-        check_json_schema({"type": "object", "properties": {"p": {"allOf": [empty]}}}, "response_format", strict=True)
+        check_json_schema({"type": "object", "properties": {"p": {"allOf": [empty]}}, "required": ["p"]},
+                          "response_format", strict=True)
     assert raised.value.param == "response_format.properties.p.allOf[0]"
     assert str(raised.value).startswith("response_format.properties.p.allOf[0]: minItems 1 is above maxItems 0")
 

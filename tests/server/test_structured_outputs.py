@@ -573,10 +573,18 @@ def test_a_constraint_naming_a_special_token_by_id_is_a_400_not_a_cut_or_framed_
 @pytest.mark.parametrize("where", ["tools", "response_format"])
 @pytest.mark.parametrize(("schema", "named"), [
     ({"type": "string", "minLength": 4, "maxLength": 2}, "minLength 4 is above maxLength 2"),
-    ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, "minimum 1 is not below exclusiveMaximum 1")])
-def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_a_400_naming_the_field(server, where, schema, named):
-    """A strict tool's `minLength` 4 with `maxLength` 2 was a 400 quoting Glimmer's own regex `(.|\\n){4,2}`."""
-    parameters = {"type": "object", "properties": {"x": schema}, "required": []}
+    ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, "minimum 1 is not below exclusiveMaximum 1"),
+    ({"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 3},
+     "no integer lies between exclusiveMinimum 2 and exclusiveMaximum 3"),
+    ({"type": "integer", "minimum": 2.5, "maximum": 2.9}, "no integer lies between minimum 2.5 and maximum 2.9"),
+    ({"type": "integer", "minimum": 3, "maximum": 5, "multipleOf": 7},
+     "no integer multiple of multipleOf 7 lies between minimum 3 and maximum 5")])
+def test_a_strict_schema_whose_bounds_no_value_meets_is_a_400_naming_the_field(server, where, schema, named):
+    """A strict tool's `minLength` 4 with `maxLength` 2 was a 400 quoting Glimmer's own regex `(.|\\n){4,2}`; an
+    integer between 2 and 3 (exclusive), or a multiple of 7 between 3 and 5, a 400 naming only the schema's root in
+    the grammar engine's words ("required property 'x' is unsatisfiable"). A tool's optional parameter counts (a call
+    may write it); an answer's optional property does not (`{}` meets the schema: the next test)."""
+    parameters = {"type": "object", "properties": {"x": schema}, "required": [] if where == "tools" else ["x"]}
     fields = ({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters, "strict": True}}],
                "tool_choice": "required"} if where == "tools" else
               {"response_format": {"type": "json_schema",
@@ -588,6 +596,25 @@ def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_a_400_naming_th
     field = ("tools[0].function.parameters" if where == "tools" else "response_format.json_schema.schema") \
         + ".properties.x"
     assert error["param"] == field and error["message"].startswith(f"{field}: {named}"), error
+
+
+def test_a_strict_answer_schema_some_value_meets_is_taken_whatever_bounds_its_unneeded_schemas_hold(server):
+    """An unused `$defs` entry, one a single `anyOf` branch points to and an optional property with bounds no value
+    meets made a strict schema a 400, though values meet it; the grammar engine refused a `$ref` to such an entry
+    even in a branch. The answers follow the schema (here the other branch, and no `x`)."""
+    gap = {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 3}
+    schema = {"type": "object", "properties": {"n": {"anyOf": [{"$ref": "#/$defs/gap"}, {"type": "null"}]},
+                                               "x": {"type": "string", "minLength": 4, "maxLength": 2}},
+              "required": ["n"], "additionalProperties": False,
+              "$defs": {"gap": gap, "unused": {"type": "array", "minItems": 2, "maxItems": 1}}}
+    for stream in (False, True):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": _messages(0), "max_tokens": 40, "thinking_token_budget": 0, "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
+                                                                       "strict": True}}})
+        assert response.status_code == 200, response.text
+        if not stream:
+            assert json.loads(response.json()["choices"][0]["message"]["content"]) == {"n": None}
 
 
 def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
