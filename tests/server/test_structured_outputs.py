@@ -300,6 +300,11 @@ def test_vllms_other_structured_outputs_fields_are_taken_where_they_change_nothi
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    # OpenAI's rule for the name: a-z, A-Z, 0-9, '_' and '-', at most 64
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "my answer", "schema": {}}}},
+     "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a" * 65, "schema": {}}}},
+     "response_format.json_schema.name"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"structured_outputs": {"regex": "(open"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"grammar": "start: nowhere"}}, "structured_outputs.grammar"),
@@ -330,6 +335,15 @@ def test_an_invalid_constraint_is_a_400_naming_the_field(server, fields, param):
         client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, extra_body=fields)
     assert raised.value.body["param"] == param, raised.value.body
     client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=2)  # the engine lives on
+
+
+@pytest.mark.parametrize("name", ["Answer_v2-final", "a" * 64, "0"])
+def test_a_response_format_name_openai_takes_is_taken(server, name):
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 30, "thinking_token_budget": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": {"enum": ["ok"]}}}})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == '"ok"'
 
 
 @pytest.mark.parametrize(("fields", "named"), [
