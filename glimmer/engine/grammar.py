@@ -40,7 +40,14 @@ from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
 from glimmer.protocol.schema_bounds import empty_bounds
 from glimmer.protocol.tokens import EOT, MESSAGE
-from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
+from glimmer.protocol.turn_grammar import (
+    ANSWER_HEADER,
+    TurnConstraint,
+    laid_out_schema,
+    lark_string,
+    patterned_raw_values,
+    turn_grammar,
+)
 from glimmer.protocol.value_typing import is_json_number
 
 logger = logging.getLogger(__name__)
@@ -480,10 +487,31 @@ class GrammarCompiler:
                 return kept[1]
         lenient = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
         text = _grammar_text(turn_grammar(lenient), "tools")
+        self._refuse_raw_values_no_text_meets(lenient.call_tools)
         if key is not None:
             with self._lock:
                 _keep_last(self._turn_texts, key, (copy.deepcopy(constraint), text))
         return text
+
+
+    def _refuse_raw_values_no_text_meets(self, tools: Iterable[Mapping[str, Any]]) -> None:
+        """RequestError naming `tools` for a parameter written as raw text whose `pattern` (or `format`) only text
+        holding `<|` or the value's closer `</atem:parameter>` meets: no raw value may hold either (the first is
+        framing, P-CHAN-6; the second ends the value, P-ATEM-2). The grammar engine finds such a value's terminal
+        empty only when a call reaches it: the first mask of the value alone fails ("NoExtensionBias")."""
+        for tool in tools:
+            for key, grammar in patterned_raw_values(tool):
+                matcher = self._matcher(json.dumps({"grammars": [{"lark_grammar": grammar}]}))
+                if matcher.is_error():  # not this check's fault: the turn's own grammar is refused for it
+                    continue
+                matcher.compute_bitmask()
+                if matcher.is_error():
+                    name = tool["function"]["name"]
+                    raise RequestError(f"tools: parameter {key!r} of {name!r} is written as raw text, and its pattern "
+                                       "(or format) is met only by text holding '<|' or '</atem:parameter>', which a "
+                                       "raw value cannot hold (framing, or the end of the value), so a call could "
+                                       "never finish it; change the pattern so that text without them meets it",
+                                       param="tools")
 
 
 class _TokenTable:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,6 +249,26 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
     pieces += [_raw_value_terminal(rules, low, high, patterns) for low, high, patterns in bounds]
     pieces += [_raw_choice_terminal(rules, texts, patterns) for texts, patterns in matched]
     return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
+
+
+def patterned_raw_values(tool: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """The name and a Lark grammar of its value (`start:` the value and its closer, as a call writes it) of each
+    parameter of `tool` (normalized) written as raw text held to a `pattern` or `format`. Such a value's terminal is the
+    pattern intersected with what a raw value may hold (no `<|`, no closer inside); the grammar engine finds that
+    intersection empty only while generating, so the compiler checks these grammars before a turn uses them."""
+    function = tool["function"]
+    strict = function.get("strict") is True
+    parameters = function.get("parameters")
+    root = parameters if isinstance(parameters, Mapping) else {}
+    properties, _ = object_shape(root)
+    for key, schema in properties.items():
+        types = allowed_types(schema, root)
+        if '"' in key or types and "string" not in types or not any(
+                shape.patterns for shape in _raw_shapes(schema, root, 0, strict)):
+            continue
+        rules = _GrammarRules()
+        rules.add("start", _value(rules, schema, root, strict), first=True)
+        yield key, rules.text()
 
 
 _CLOSER_REGEX = r"<\/atem:parameter>"

@@ -631,6 +631,32 @@ def test_a_strict_answer_schema_some_value_meets_is_taken_whatever_bounds_its_un
             assert json.loads(response.json()["choices"][0]["message"]["content"]) == {"n": None}
 
 
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("pattern", ["^<\\|x$", "^a</atem:parameter>b$", "(<\\|)+"])
+def test_a_raw_parameter_whose_pattern_only_framing_text_meets_is_a_400_before_generating(server, pattern, strict):
+    """A string parameter is written as raw text, which cannot hold `<|` or `</atem:parameter>`: a pattern met only
+    by text holding one was taken, and the forced call failed while generating (the grammar engine's bare
+    "NoExtensionBias", the request stopped). It is a 400 up front; a pattern other text meets is taken."""
+    errors = _server_errors(server)
+
+    def tool(pattern: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}, "required": ["a"]}}}
+
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 60, "thinking_token_budget": 0,
+            "tool_choice": "required", "parallel_tool_calls": False}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, "tools": [tool(pattern)]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools" and "parameter 'a' of 'f'" in error["message"], error
+    assert "NoExtensionBias" not in error["message"] and "stopped" not in error["message"], error
+    taken = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, "tools": [tool("^x<\\|?$")]})
+    assert taken.status_code == 200, taken.text
+    call = taken.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert json.loads(call["arguments"]) == {"a": "x<"}  # `x<|` cannot be written
+    assert _server_errors(server) == errors
+
+
 def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
     """A forced call that began writing it failed while generating with the grammar engine's "NoExtensionBias"."""
     tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
