@@ -39,7 +39,7 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
 from glimmer.protocol.schema_bounds import empty_bounds
-from glimmer.protocol.tokens import EOT, MESSAGE
+from glimmer.protocol.tokens import EOM, EOT, MESSAGE
 from glimmer.protocol.turn_grammar import (
     ANSWER_HEADER,
     TurnConstraint,
@@ -456,18 +456,40 @@ class GrammarCompiler:
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
-            return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
-                                      final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
-        answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
-                            internal=False)
-        if b"<|" in answer.forced_text:
-            raise _marker_in_chat_answer(answer_param)
-        forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
-        if forced_special:
-            raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
-        return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
-                                  failure_param=answer_param,
-                                  answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+            factory = self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True,
+                                         internal=True, final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
+        else:
+            answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
+                                internal=False)
+            if b"<|" in answer.forced_text:
+                raise _marker_in_chat_answer(answer_param)
+            forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
+            if forced_special:
+                raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
+            factory = self._compile_text(
+                self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
+                failure_param=answer_param,
+                answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+        if not constraint.must_call or constraint.thinking_token_budget == 0:
+            return factory
+        return self._refusing_end_of_message_stop(factory)
+
+    def _refusing_end_of_message_stop(self, factory: ControllerFactory) -> ControllerFactory:
+        """`factory` for a turn that must call and may reason first, refusing to stop at `<|eom|>`
+        (RequestError naming `stop_token_ids`): a reasoning message ends with `<|eom|>` before the call's message
+        begins, so a turn that reasoned stopped there, its call never written, and the request failed while
+        generating (mid-stream when streamed) saying that the constraint needs `<|eom|>`."""
+        end_of_message = self._text_tokenizer.require_token_id(EOM)
+
+        def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
+            if stop_token_ids is not None and end_of_message in stop_token_ids:
+                raise RequestError(f"stop_token_ids: {EOM} ({end_of_message}) ends each reasoning message, before the "
+                                   "call that a required or named tool_choice needs, so a turn that reasoned would "
+                                   f"stop with no call; leave {EOM} out of stop_token_ids, or set "
+                                   "thinking_token_budget to 0 (no reasoning)", param="stop_token_ids")
+            return factory(stop_token_ids)
+
+        return controller
 
     def _turn_grammar_text(self, constraint: TurnConstraint) -> str:
         """The JSON text of the turn's grammar (its tools without the patterns the engine cannot express), kept for

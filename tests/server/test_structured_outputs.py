@@ -657,6 +657,28 @@ def test_a_raw_parameter_whose_pattern_only_framing_text_meets_is_a_400_before_g
     assert _server_errors(server) == errors
 
 
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "clock"}}])
+def test_a_required_call_stopping_at_the_end_of_message_token_is_a_400_before_generating(server, tool_choice):
+    """`<|eom|>` ends a reasoning message, before the call's own message: a required or named call that stops there
+    failed while generating once the turn reasoned ("the constraint needs <|eom|>", the request stopped; mid-stream
+    when streamed). It is a 400 naming stop_token_ids up front; without reasoning the call needs no `<|eom|>`."""
+    errors = _server_errors(server)
+    eom = server.engine.engine.tokenizer.require_token_id("<|eom|>")
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 60, "tools": TOOLS, "tool_choice": tool_choice,
+            "stop_token_ids": [eom]}
+    for fields in ({}, {"thinking_token_budget": 3}, {"thinking_token_budget": 3, "stream": True}):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, **fields})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "stop_token_ids" and "<|eom|>" in error["message"], error
+    taken = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        **body, "thinking_token_budget": 0, "parallel_tool_calls": False, "chat_template_kwargs": PINNED_DATE})
+    assert taken.status_code == 200, taken.text
+    called = taken.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+    assert called == "clock" if tool_choice != "required" else called in ("clock", "lookup")
+    assert _server_errors(server) == errors
+
+
 def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
     """A forced call that began writing it failed while generating with the grammar engine's "NoExtensionBias"."""
     tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
