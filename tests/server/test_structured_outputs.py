@@ -679,6 +679,30 @@ def test_a_required_call_stopping_at_the_end_of_message_token_is_a_400_before_ge
     assert _server_errors(server) == errors
 
 
+def test_a_non_strict_tool_whose_parameters_are_alternatives_calls_with_their_parameters(server):
+    """Parameters given as a root `anyOf` of object shapes (zod's and pydantic's unions; a hint in a non-strict tool)
+    declared no property the turn grammar knew, so every forced call was `{}`. Their members' properties are the
+    call's parameters, typed as their declarations (here `a` an integer, `b` a string of at most 4)."""
+    parameters = {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                             "required": ["a"]},
+                            {"$ref": "#/$defs/B"}],
+                  "$defs": {"B": {"type": "object", "properties": {"b": {"type": "string", "maxLength": 4}},
+                                  "required": ["b"]}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    written = []
+    for seed in range(6):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": _messages(seed), "max_tokens": 60, "thinking_token_budget": 0,
+            "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False, "seed": seed,
+            "temperature": 1.0})
+        assert response.status_code == 200, response.text
+        arguments = json.loads(response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+        assert set(arguments) <= {"a", "b"}, arguments
+        assert isinstance(arguments.get("a", 0), int) and len(arguments.get("b", "")) <= 4, arguments
+        written += arguments
+    assert written, "no call wrote a parameter"
+
+
 def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
     """A forced call that began writing it failed while generating with the grammar engine's "NoExtensionBias"."""
     tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
