@@ -180,6 +180,8 @@ class GrammarController:
                                  if special is not None and answer_gate is not None else None)
         self.answer_open = False  # the answer's header was consumed: its own grammar runs
         self.refusal: GrammarFailure | None = None  # every token the grammar allowed here was one it may not take
+        self.consumed = 0  # tokens observed: where the matcher is
+        self.last_walk: GrammarWalk | None = None  # the drafter's latest walk from here (`walked`)
 
     def check_mask(self, row: torch.Tensor) -> None:
         """After `row` (this completion's packed mask) was filled from the matcher: a matcher in its error state
@@ -278,20 +280,34 @@ class GrammarController:
             raise self._failure_error()
         if guarded and not self.matcher.is_accepting():
             raise self._refused([token_id], in_answer)
+        self.consumed += 1
         self.answer_open = in_answer or self.opens_answer(self.matcher, token_id)
         return self.matcher.is_stopped()
+
+    def walked(self, drafts: list[int]) -> GrammarWalk | None:
+        """The drafter's walk that proposed `drafts` from where the matcher is now, its masks those verification
+        fills (`GrammarWalk`); None where another proposer's drafts, or others, are verified. Taken once."""
+        walk, self.last_walk = self.last_walk, None
+        if walk is None or walk.start != self.consumed or not drafts or walk.tokens[:len(drafts)] != drafts:
+            return None
+        return walk if len(walk.masks) > len(drafts) or walk.tokens == drafts else None
 
 
 class GrammarWalk:
     """A copy of a controller's matcher walked through tokens the drafter proposes: the mask at each position, as
     verification will fill it (`GrammarMasks.fill_verification`: the grammar's, guarded by `guard_row`), while the
-    controller's own matcher stays as it is."""
+    controller's own matcher stays as it is. The walk is kept on the controller with its masks, which verification
+    takes instead of computing them again (`GrammarController.walked`)."""
 
     def __init__(self, controller: GrammarController):
         self.controller = controller
         self.matcher = controller.matcher.deep_copy()
         self.in_answer = controller.answer_open
         self.words = (controller.num_token_ids + 31) // 32
+        self.start = controller.consumed
+        self.tokens: list[int] = []  # advanced through
+        self.masks: list[torch.Tensor] = []  # masks[j]: the mask after tokens[:j]
+        controller.last_walk = self
 
     def mask(self) -> torch.Tensor | None:
         """The packed mask of the next position; None where nothing more may be proposed: the grammar stopped,
@@ -300,10 +316,14 @@ class GrammarWalk:
                 or self.matcher.is_error():
             return None
         mask = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)[:self.words]
-        return None if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None else mask
+        if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None:
+            return None
+        self.masks.append(mask)
+        return mask
 
     def advance(self, token_id: int) -> None:
         self.matcher.consume_token(token_id)
+        self.tokens.append(token_id)
         self.in_answer = self.in_answer or self.controller.opens_answer(self.matcher, token_id)
 
 
@@ -1028,10 +1048,19 @@ class GrammarMasks:
         row = 0
         for controller, drafts in zip(controllers, proposed, strict=True):
             if controller is not None:
-                valid = controller.accepted_prefix(drafts)
-                matcher = controller.matcher.deep_copy() if valid else controller.matcher
-                in_answer = controller.answer_open
-                for j in range(valid + 1):
+                walk = controller.walked(drafts)
+                if walk is not None:  # the drafter's walk filled the rows before each draft: only the last is new
+                    kept = walk.masks[:len(drafts) + 1]
+                    for j, mask in enumerate(kept):
+                        bitmask[row + j] = mask
+                    controller.check_mask(bitmask[row])
+                    first, valid = len(kept), len(drafts)
+                    matcher, in_answer = walk.matcher, walk.in_answer
+                else:
+                    first, valid = 0, controller.accepted_prefix(drafts)
+                    matcher = controller.matcher.deep_copy() if valid else controller.matcher
+                    in_answer = controller.answer_open
+                for j in range(first, valid + 1):
                     if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used
                         break
                     mask = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
