@@ -38,8 +38,16 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
-from glimmer.protocol.tokens import EOT, MESSAGE
-from glimmer.protocol.turn_grammar import ANSWER_HEADER, TurnConstraint, laid_out_schema, lark_string, turn_grammar
+from glimmer.protocol.schema_bounds import empty_bounds
+from glimmer.protocol.tokens import EOM, EOT, MESSAGE
+from glimmer.protocol.turn_grammar import (
+    ANSWER_HEADER,
+    TurnConstraint,
+    laid_out_schema,
+    lark_string,
+    patterned_raw_values,
+    turn_grammar,
+)
 from glimmer.protocol.value_typing import is_json_number
 
 logger = logging.getLogger(__name__)
@@ -172,6 +180,8 @@ class GrammarController:
                                  if special is not None and answer_gate is not None else None)
         self.answer_open = False  # the answer's header was consumed: its own grammar runs
         self.refusal: GrammarFailure | None = None  # every token the grammar allowed here was one it may not take
+        self.consumed = 0  # tokens observed: where the matcher is
+        self.last_walk: GrammarWalk | None = None  # the drafter's latest walk from here (`walked`)
 
     def check_mask(self, row: torch.Tensor) -> None:
         """After `row` (this completion's packed mask) was filled from the matcher: a matcher in its error state
@@ -270,20 +280,34 @@ class GrammarController:
             raise self._failure_error()
         if guarded and not self.matcher.is_accepting():
             raise self._refused([token_id], in_answer)
+        self.consumed += 1
         self.answer_open = in_answer or self.opens_answer(self.matcher, token_id)
         return self.matcher.is_stopped()
+
+    def walked(self, drafts: list[int]) -> GrammarWalk | None:
+        """The drafter's walk that proposed `drafts` from where the matcher is now, its masks those verification
+        fills (`GrammarWalk`); None where another proposer's drafts, or others, are verified. Taken once."""
+        walk, self.last_walk = self.last_walk, None
+        if walk is None or walk.start != self.consumed or not drafts or walk.tokens[:len(drafts)] != drafts:
+            return None
+        return walk if len(walk.masks) > len(drafts) or walk.tokens == drafts else None
 
 
 class GrammarWalk:
     """A copy of a controller's matcher walked through tokens the drafter proposes: the mask at each position, as
     verification will fill it (`GrammarMasks.fill_verification`: the grammar's, guarded by `guard_row`), while the
-    controller's own matcher stays as it is."""
+    controller's own matcher stays as it is. The walk is kept on the controller with its masks, which verification
+    takes instead of computing them again (`GrammarController.walked`)."""
 
     def __init__(self, controller: GrammarController):
         self.controller = controller
         self.matcher = controller.matcher.deep_copy()
         self.in_answer = controller.answer_open
         self.words = (controller.num_token_ids + 31) // 32
+        self.start = controller.consumed
+        self.tokens: list[int] = []  # advanced through
+        self.masks: list[torch.Tensor] = []  # masks[j]: the mask after tokens[:j]
+        controller.last_walk = self
 
     def mask(self) -> torch.Tensor | None:
         """The packed mask of the next position; None where nothing more may be proposed: the grammar stopped,
@@ -292,10 +316,14 @@ class GrammarWalk:
                 or self.matcher.is_error():
             return None
         mask = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)[:self.words]
-        return None if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None else mask
+        if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None:
+            return None
+        self.masks.append(mask)
+        return mask
 
     def advance(self, token_id: int) -> None:
         self.matcher.consume_token(token_id)
+        self.tokens.append(token_id)
         self.in_answer = self.in_answer or self.controller.opens_answer(self.matcher, token_id)
 
 
@@ -448,18 +476,40 @@ class GrammarCompiler:
         refused when every answer begins with one, and kept from taking one, or failed if it must, while generating.
         """
         if constraint.answer is None:  # the turn's own grammar names `<|eot|>` only where the turn ends
-            return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
-                                      final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
-        answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
-                            internal=False)
-        if b"<|" in answer.forced_text:
-            raise _marker_in_chat_answer(answer_param)
-        forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
-        if forced_special:
-            raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
-        return self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
-                                  failure_param=answer_param,
-                                  answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+            factory = self._compile_text(self._turn_grammar_text(constraint), "tools", guard_markers=True,
+                                         internal=True, final_token_ids=(self._text_tokenizer.require_token_id(EOT),))
+        else:
+            answer = self._kept(_grammar_text({"grammars": [dict(constraint.answer)]}, answer_param), answer_param,
+                                internal=False)
+            if b"<|" in answer.forced_text:
+                raise _marker_in_chat_answer(answer_param)
+            forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
+            if forced_special:
+                raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
+            factory = self._compile_text(
+                self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
+                failure_param=answer_param,
+                answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+        if not constraint.must_call or constraint.thinking_token_budget == 0:
+            return factory
+        return self._refusing_end_of_message_stop(factory)
+
+    def _refusing_end_of_message_stop(self, factory: ControllerFactory) -> ControllerFactory:
+        """`factory` for a turn that must call and may reason first, refusing to stop at `<|eom|>`
+        (RequestError naming `stop_token_ids`): a reasoning message ends with `<|eom|>` before the call's message
+        begins, so a turn that reasoned stopped there, its call never written, and the request failed while
+        generating (mid-stream when streamed) saying that the constraint needs `<|eom|>`."""
+        end_of_message = self._text_tokenizer.require_token_id(EOM)
+
+        def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
+            if stop_token_ids is not None and end_of_message in stop_token_ids:
+                raise RequestError(f"stop_token_ids: {EOM} ({end_of_message}) ends each reasoning message, before the "
+                                   "call that a required or named tool_choice needs, so a turn that reasoned would "
+                                   f"stop with no call; leave {EOM} out of stop_token_ids, or set "
+                                   "thinking_token_budget to 0 (no reasoning)", param="stop_token_ids")
+            return factory(stop_token_ids)
+
+        return controller
 
     def _turn_grammar_text(self, constraint: TurnConstraint) -> str:
         """The JSON text of the turn's grammar (its tools without the patterns the engine cannot express), kept for
@@ -479,10 +529,31 @@ class GrammarCompiler:
                 return kept[1]
         lenient = replace(constraint, call_tools=[_lenient_tool(tool) for tool in constraint.call_tools])
         text = _grammar_text(turn_grammar(lenient), "tools")
+        self._refuse_raw_values_no_text_meets(lenient.call_tools)
         if key is not None:
             with self._lock:
                 _keep_last(self._turn_texts, key, (copy.deepcopy(constraint), text))
         return text
+
+
+    def _refuse_raw_values_no_text_meets(self, tools: Iterable[Mapping[str, Any]]) -> None:
+        """RequestError naming `tools` for a parameter written as raw text whose `pattern` (or `format`) only text
+        holding `<|` or the value's closer `</atem:parameter>` meets: no raw value may hold either (the first is
+        framing, P-CHAN-6; the second ends the value, P-ATEM-2). The grammar engine finds such a value's terminal
+        empty only when a call reaches it: the first mask of the value alone fails ("NoExtensionBias")."""
+        for tool in tools:
+            for key, grammar in patterned_raw_values(tool):
+                matcher = self._matcher(json.dumps({"grammars": [{"lark_grammar": grammar}]}))
+                if matcher.is_error():  # not this check's fault: the turn's own grammar is refused for it
+                    continue
+                matcher.compute_bitmask()
+                if matcher.is_error():
+                    name = tool["function"]["name"]
+                    raise RequestError(f"tools: parameter {key!r} of {name!r} is written as raw text, and its pattern "
+                                       "(or format) is met only by text holding '<|' or '</atem:parameter>', which a "
+                                       "raw value cannot hold (framing, or the end of the value), so a call could "
+                                       "never finish it; change the pattern so that text without them meets it",
+                                       param="tools")
 
 
 class _TokenTable:
@@ -587,16 +658,17 @@ def check_tool_parameters(parameters: Mapping[str, Any], param: str, strict: boo
         text = None
     # the remembered schema equals `parameters` only where the text holds all of it (no tuple, no key of a number)
     if text is None or _accepted_schema(text, strict) != parameters:
+        if strict:  # a call may write any parameter: an optional one's bounds are named before the other checks
+            _refuse_empty_bounds(parameters, param, every_property=True)
         check_json_schema(parameters, param, strict)
     properties, required = parameters.get("properties"), parameters.get("required", [])
     if not isinstance(properties, Mapping) or not isinstance(required, list) or all(
             key in required for key in properties):
         return
-    key = _unsatisfiable_optional_parameter(text, strict)
-    if key is not None:
-        field = f"{param}.properties.{key}"
-        raise RequestError(f"{field}: no value satisfies the schema of this optional parameter, so a call that wrote "
-                           "it could never be finished; fix its schema, or leave the parameter out", param=field)
+    unsatisfiable = _unsatisfiable_optional_parameter(text, strict)
+    if unsatisfiable is not None:
+        path, reason = unsatisfiable
+        raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -614,11 +686,16 @@ def _accepted_schema(schema_text: str, strict: bool) -> Any:
 
 
 @functools.lru_cache(maxsize=1024)
-def _unsatisfiable_optional_parameter(parameters_text: str, strict: bool) -> str | None:
-    """The first optional parameter of a tool's `parameters` (JSON text, checked by `check_json_schema`) that no
-    value satisfies, found by checking the schema with each one required; None if none. Cached: the checks take a
+def _unsatisfiable_optional_parameter(parameters_text: str, strict: bool) -> tuple[str, str] | None:
+    """The path (`.properties.x`, or in a strict tool the schema whose bounds no value meets, `empty_bounds`) and the
+    reason of the first optional parameter of a tool's `parameters` (JSON text, checked by `check_json_schema`) that
+    no value satisfies, found by checking the schema with each one required; None if none. Cached: the checks take a
     fraction of a millisecond each, and an agent sends the same tools with every request."""
     parameters = json.loads(parameters_text)
+    if strict:  # the required parameters' bounds were checked with the schema: what is found is an optional one's
+        empty = empty_bounds(parameters, every_property=True)
+        if empty is not None:
+            return empty
     required = parameters.get("required", [])
     for key in parameters["properties"]:
         if key in required:
@@ -626,7 +703,8 @@ def _unsatisfiable_optional_parameter(parameters_text: str, strict: bool) -> str
         try:
             check_json_schema({**parameters, "required": [*required, key]}, "parameters", strict)
         except RequestError:
-            return key
+            return (f".properties.{key}", "no value satisfies the schema of this optional parameter, so a call that "
+                    "wrote it could never be finished; fix its schema, or leave the parameter out")
     return None
 
 
@@ -753,22 +831,28 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
     """RequestError(param) for keywords of a strict schema (at any level) that the grammar engine takes but would
     not hold the output to, and for the schema's own engine options that relax it (`_RELAXING_OPTIONS`): a strict
     schema promises every keyword; a non-strict one leaves them hints. Also RequestError(param and the node's path)
-    for bounds that contradict each other outside any branch (`_contradicting_bounds`), which the engine refuses
-    itself, but in words of its own regexes."""
+    for bounds no value meets in a schema every instance needs (`schema_bounds.empty_bounds`), which the engine
+    refuses itself, but in words naming neither the keyword nor where it is."""
     options = schema.get("x-guidance")
     for option in _RELAXING_OPTIONS if isinstance(options, Mapping) else ():
         if options.get(option) is True:
             raise RequestError(f"{param}: x-guidance.{option} true lets the output break the schema, which a strict "
                                "schema may not; leave it out", param=param)
-    for path, node in _subschemas_at(schema, "", _BRANCH_KEYWORDS):
-        contradiction = _contradicting_bounds(node)
-        if contradiction:
-            raise RequestError(f"{param}{path}: {contradiction}", param=f"{param}{path}")
+    _refuse_empty_bounds(schema, param)
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
                   or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
+
+
+def _refuse_empty_bounds(schema: Mapping[str, Any], param: str, *, every_property: bool = False) -> None:
+    """RequestError naming the path in `param` of the first schema every instance needs whose bounds no value meets
+    (`empty_bounds`, whose `every_property` this passes on)."""
+    empty = empty_bounds(schema, every_property=every_property)
+    if empty is not None:
+        path, reason = empty
+        raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
 
 
 _RELAXING_OPTIONS = ("lenient", "coerce_one_of")
@@ -777,58 +861,23 @@ keywords it does not implement, write a `oneOf` as an `anyOf` (a value two branc
 
 
 def _subschemas(schema: Any) -> Iterator[dict[str, Any]]:
-    """Every object in `schema` that is a schema, `schema` itself first (`_subschemas_at`)."""
-    return (node for _, node in _subschemas_at(schema, ""))
-
-
-def _subschemas_at(schema: Any, path: str, skipped: Collection[str] = ()) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every object in `schema` that is a schema, `schema` itself first, each with its path from `schema` as a
-    field path (`.properties.city`, `.anyOf[1]`; `schema` itself is `path`); `enum` and `const` values and
-    annotations are no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are.
-    The schemas under a keyword of `skipped` are left out."""
+    """Every object in `schema` that is a schema, `schema` itself first; `enum` and `const` values and annotations are
+    no schemas, and of the maps of subschemas (`properties`, `$defs`, ...) only the values are."""
     if isinstance(schema, list):
-        for index, member in enumerate(schema):
-            yield from _subschemas_at(member, f"{path}[{index}]", skipped)
+        for member in schema:
+            yield from _subschemas(member)
         return
     if not isinstance(schema, dict):
         return
-    yield path, schema
+    yield schema
     for key, value in schema.items():
-        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const") or key in skipped:
+        if key in _ANNOTATION_KEYWORDS or key in ("enum", "const"):
             continue
         if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            for name, member in value.items():
-                yield from _subschemas_at(member, f"{path}.{key}.{name}", skipped)
+            for member in value.values():
+                yield from _subschemas(member)
         else:
-            yield from _subschemas_at(value, f"{path}.{key}", skipped)
-
-
-_BRANCH_KEYWORDS = ("anyOf", "oneOf", "not", "if", "then", "else")
-"""Keywords whose subschemas a value need not meet: a branch no value meets leaves the others (an `anyOf`)."""
-
-
-_COUNT_BOUNDS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
-
-
-def _contradicting_bounds(node: dict[str, Any]) -> str | None:
-    """A lower bound of a schema above its upper bound (`minLength` 4 with `maxLength` 2, `exclusiveMinimum` 2 with
-    `maximum` 2), in words: no value meets both, and the grammar engine's refusal quoted Glimmer's own regex of the
-    bounds (`(.|\\n){4,2}`) instead of naming them."""
-    for low, high in _COUNT_BOUNDS:
-        if is_json_number(node.get(low)) and is_json_number(node.get(high)) and node[low] > node[high]:
-            return (f"{low} {node[low]} is above {high} {node[high]}, so no value meets both; lower {low} or raise "
-                    f"{high}")
-    for low in ("minimum", "exclusiveMinimum"):
-        for high in ("maximum", "exclusiveMaximum"):
-            lower, upper = node.get(low), node.get(high)
-            if not (is_json_number(lower) and is_json_number(upper)):
-                continue
-            exclusive = "exclusive" in low + high
-            if lower > upper or exclusive and lower == upper:
-                relation = "is above" if lower > upper else "is not below"
-                return (f"{low} {lower} {relation} {high} {upper}, so no number meets both; lower {low} or raise "
-                        f"{high}")
-    return None
+            yield from _subschemas(value)
 
 
 def _min_properties_of_repeatable_keys(node: dict[str, Any]) -> str | None:
@@ -999,10 +1048,19 @@ class GrammarMasks:
         row = 0
         for controller, drafts in zip(controllers, proposed, strict=True):
             if controller is not None:
-                valid = controller.accepted_prefix(drafts)
-                matcher = controller.matcher.deep_copy() if valid else controller.matcher
-                in_answer = controller.answer_open
-                for j in range(valid + 1):
+                walk = controller.walked(drafts)
+                if walk is not None:  # the drafter's walk filled the rows before each draft: only the last is new
+                    kept = walk.masks[:len(drafts) + 1]
+                    for j, mask in enumerate(kept):
+                        bitmask[row + j] = mask
+                    controller.check_mask(bitmask[row])
+                    first, valid = len(kept), len(drafts)
+                    matcher, in_answer = walk.matcher, walk.in_answer
+                else:
+                    first, valid = 0, controller.accepted_prefix(drafts)
+                    matcher = controller.matcher.deep_copy() if valid else controller.matcher
+                    in_answer = controller.answer_open
+                for j in range(first, valid + 1):
                     if matcher.is_stopped():  # the proposal before ended the sequence: the rest is never used
                         break
                     mask = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)

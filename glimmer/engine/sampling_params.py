@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,10 @@ def plain_number(value: object) -> object:
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
+_RESPONSE_FORMAT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+"""OpenAI's rule for `response_format.json_schema.name` (its API refuses another name with a 400)."""
+
+
 @takes_vllm_arguments(VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS)
 @dataclass
 class StructuredOutputsParams:
@@ -174,6 +179,10 @@ class StructuredOutputsParams:
                                param=f"response_format.json_schema.{unknown[0]}")
         if not isinstance(spec.get("name"), str) or not spec["name"]:
             raise RequestError("response_format.json_schema.name: required, a non-empty string",
+                               param="response_format.json_schema.name")
+        if not _RESPONSE_FORMAT_NAME.fullmatch(spec["name"]):
+            raise RequestError(f"response_format.json_schema.name: {spec['name'][:80]!r} is not a name OpenAI takes: "
+                               "letters a-z and A-Z, digits, '_' and '-', at most 64 of them",
                                param="response_format.json_schema.name")
         schema = spec.get("schema")
         if schema is None:  # optional in OpenAI's chat API (any JSON value); null is the field left out

@@ -31,12 +31,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from glimmer.errors import RequestError
 from glimmer.protocol.atem import BLOCK_CLOSE, BLOCK_OPEN, INVOKE_CLOSE, INVOKE_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN
+from glimmer.protocol.schema_bounds import without_references_to_empty
 from glimmer.protocol.string_patterns import FORMATS, UnsupportedPattern, search_regex
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE, START
 from glimmer.protocol.value_typing import allowed_types, object_shape, resolve_local_reference
@@ -71,10 +72,12 @@ _BOUNDED_RAW_VALUE_WITHOUT_TAGS = r"/[^<]{length}<\/atem:parameter>/"
 def laid_out_schema(schema: Mapping[str, Any], *, strict: bool) -> dict[str, Any]:
     """`schema` with the grammar engine's options (`x-guidance`): JSON laid out as `JSON_LAYOUT` and, unless `strict`,
     keywords the engine does not implement (`uniqueItems`, `if`, ...) ignored rather than refused (llguidance's
-    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win."""
+    `lenient`), as OpenAI's non-strict schemas are hints. Options the schema sets itself win. A `$ref` to a schema
+    no value meets is written `false` (`without_references_to_empty`), which the engine takes where another value
+    may be written (an `anyOf` branch, an optional property)."""
     custom = schema.get("x-guidance")
-    return {**_held_by_the_engine(schema), "x-guidance": {**JSON_LAYOUT, "lenient": not strict,
-                                                          **(custom if isinstance(custom, Mapping) else {})}}
+    options = {**JSON_LAYOUT, "lenient": not strict, **(custom if isinstance(custom, Mapping) else {})}
+    return {**_held_by_the_engine(without_references_to_empty(schema)), "x-guidance": options}
 
 
 _LEAP_AWARE_DATE = ("^(?:[0-9]{4}-(?:0[13-9]|1[0-2])|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])|"
@@ -246,6 +249,26 @@ def _value(rules: _GrammarRules, schema: Any, root: Mapping[str, Any], strict: b
     pieces += [_raw_value_terminal(rules, low, high, patterns) for low, high, patterns in bounds]
     pieces += [_raw_choice_terminal(rules, texts, patterns) for texts, patterns in matched]
     return pieces[0] if len(pieces) == 1 else f"({' | '.join(pieces)})"
+
+
+def patterned_raw_values(tool: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """The name and a Lark grammar of its value (`start:` the value and its closer, as a call writes it) of each
+    parameter of `tool` (normalized) written as raw text held to a `pattern` or `format`. Such a value's terminal is the
+    pattern intersected with what a raw value may hold (no `<|`, no closer inside); the grammar engine finds that
+    intersection empty only while generating, so the compiler checks these grammars before a turn uses them."""
+    function = tool["function"]
+    strict = function.get("strict") is True
+    parameters = function.get("parameters")
+    root = parameters if isinstance(parameters, Mapping) else {}
+    properties, _ = object_shape(root)
+    for key, schema in properties.items():
+        types = allowed_types(schema, root)
+        if '"' in key or types and "string" not in types or not any(
+                shape.patterns for shape in _raw_shapes(schema, root, 0, strict)):
+            continue
+        rules = _GrammarRules()
+        rules.add("start", _value(rules, schema, root, strict), first=True)
+        yield key, rules.text()
 
 
 _CLOSER_REGEX = r"<\/atem:parameter>"

@@ -97,11 +97,11 @@ def is_json_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def root_schemas(root: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    """The schemas that describe an object schema's object itself: `root`, the target of a `$ref` at it (beside the
-    root's own keywords) and its `allOf` members, and theirs in turn (a tool's parameters may be written any of
-    these ways)."""
-    pending: list[Any] = [root]
+def root_schemas(root: Mapping[str, Any], start: Any = None) -> Iterator[Mapping[str, Any]]:
+    """The schemas that describe an object schema's object itself: `root` (or `start`, a schema inside it), the target
+    of a `$ref` at it (beside its own keywords) and its `allOf` members, and theirs in turn (a tool's parameters may
+    be written any of these ways); `$ref`s point into `root`."""
+    pending: list[Any] = [root if start is None else start]
     for _ in range(_MAX_SCHEMA_DEPTH):
         if not pending:
             return
@@ -118,15 +118,42 @@ def root_schemas(root: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
 def object_shape(root: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
     """An object schema's properties and required names, from its `root_schemas`. A property that several of them
     declare holds to each declaration: its schema is their `allOf`, where the last one declared replaced the others
-    (a value of `{"minimum": 5}` in one member and `{"maximum": 9}` in another could be 1)."""
+    (a value of `{"minimum": 5}` in one member and `{"maximum": 9}` in another could be 1).
+
+    The properties the members of a root `anyOf` or `oneOf` declare (a non-strict tool's alternatives; a strict
+    tool's are refused) are properties too, of the `anyOf` of their declarations where the root declares none, and
+    required where every member requires them: without them a call could write none of an alternative's
+    parameters, and was forced to `{}`."""
+    return _object_shape(root, root, set())
+
+
+def _object_shape(start: Any, root: Mapping[str, Any], expanded: set[int]) -> tuple[dict[str, Any], set[str]]:
+    """`object_shape` of `start`, a schema in `root`; the `anyOf`/`oneOf` members of `expanded` (ids) are not read
+    again (a member that points back to the root would repeat it for ever)."""
     properties: dict[str, Any] = {}
     required: set[str] = set()
-    for schema in root_schemas(root):
+    alternatives: list[list[Any]] = []
+    for schema in root_schemas(root, start):
         if isinstance(schema.get("properties"), Mapping):
             for key, declared in schema["properties"].items():
                 properties[key] = {"allOf": [properties[key], declared]} if key in properties else declared
         if isinstance(schema.get("required"), list):
             required.update(key for key in schema["required"] if isinstance(key, str))
+        for keyword in ("anyOf", "oneOf"):
+            members = schema.get(keyword)
+            if isinstance(members, list) and members and id(members) not in expanded:
+                expanded.add(id(members))
+                alternatives.append(members)
+    for members in alternatives:
+        shapes = [_object_shape(member, root, expanded) for member in members]
+        declared: dict[str, list[Any]] = {}
+        for member_properties, _ in shapes:
+            for key, schema in member_properties.items():
+                declared.setdefault(key, []).append(schema)
+        for key, schemas in declared.items():
+            if key not in properties:
+                properties[key] = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        required.update(set.intersection(*(member_required for _, member_required in shapes)))
     return properties, required
 
 

@@ -955,7 +955,8 @@ def test_a_strict_schema_with_an_anyof_branch_no_value_meets_is_taken_for_its_ot
     check_json_schema({"type": "object", "properties": {"p": {"anyOf": [empty, {"type": "integer"}]}},
                        "required": ["p"]}, "response_format", strict=True)
     with pytest.raises(RequestError) as raised:
-        check_json_schema({"type": "object", "properties": {"p": {"allOf": [empty]}}}, "response_format", strict=True)
+        check_json_schema({"type": "object", "properties": {"p": {"allOf": [empty]}}, "required": ["p"]},
+                          "response_format", strict=True)
     assert raised.value.param == "response_format.properties.p.allOf[0]"
     assert str(raised.value).startswith("response_format.properties.p.allOf[0]: minItems 1 is above maxItems 0")
 
@@ -1041,3 +1042,49 @@ def test_a_repeated_turn_grammar_is_built_once_for_an_equal_constraint_only(comp
     teal = tokenizer.encode(call + "teal")  # each controller follows its own grammar: teal only before the change
     assert first.accepted_prefix(teal) == len(teal)
     assert changed.accepted_prefix(teal) < len(teal)
+
+
+@pytest.mark.parametrize("stopped_early", [False, True])
+def test_verification_takes_the_masks_the_drafters_walk_computed(compiler, tokenizer, stopped_early):
+    """The drafter walks a copy of the matcher through its drafts, computing the mask before each (`GrammarWalk`);
+    verification computed those masks again, and the one after the last draft: it takes the walk's and computes only
+    the last (the walk's own where it has it). The rows are those computed afresh; drafts the walk did not propose,
+    or proposed from another position, are computed afresh."""
+    from glimmer.engine.grammar import GrammarWalk
+
+    factory = compiler.structured_outputs(StructuredOutputsParams(json=SCHEMA), "response_format")
+    drafts = tokenizer.encode_text('{"ok": ')
+    opened = tokenizer.encode_text("{")
+
+    def walked(controller: GrammarController, tokens: list[int]) -> GrammarWalk:
+        walk = GrammarWalk(controller)
+        for token in tokens:
+            assert walk.mask() is not None
+            walk.advance(token)
+        if stopped_early:  # the drafter looked at the next position and proposed nothing there
+            assert walk.mask() is not None
+        return walk
+
+    fresh = GrammarMasks(512, 1).fill_verification([factory()], [drafts])
+    controller = factory()
+    walk = walked(controller, drafts)
+    walk.masks[0][0] = 12345  # a mark: a row taken from the walk, not computed again
+    taken = GrammarMasks(512, 1).fill_verification([controller], [drafts])
+    assert taken[0, 0] == 12345 and torch.equal(taken[1:], fresh[1:]) and torch.equal(taken[0, 1:], fresh[0, 1:])
+    assert controller.last_walk is None  # taken once
+    controller = factory()
+    walked(controller, drafts)
+    assert torch.equal(GrammarMasks(512, 1).fill_verification([controller], [drafts[:-1] + opened]),
+                       GrammarMasks(512, 1).fill_verification([factory()], [drafts[:-1] + opened]))
+    controller = factory()
+    walk = walked(controller, drafts)
+    walk.masks[0][0] = 12345
+    controller.observe(drafts[0])  # the walk began before this token: its masks are another position's
+    assert torch.equal(GrammarMasks(512, 1).fill_verification([controller], [drafts[1:]]),
+                       GrammarMasks(512, 1).fill_verification([_observed(factory(), drafts[:1])], [drafts[1:]]))
+
+
+def _observed(controller: GrammarController, tokens: list[int]) -> GrammarController:
+    for token in tokens:
+        controller.observe(token)
+    return controller

@@ -202,7 +202,8 @@ def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_refused_naming_
         llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[strict], tool_choice="required")
     assert raised.value.param == "tools[0].function.parameters.properties.x"
     assert str(raised.value).startswith(f"tools[0].function.parameters.properties.x: {named}")
-    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": parameters, "strict": True}}
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": {**parameters, "required": ["x"]},
+                                                     "strict": True}}  # an optional property no value needs
     with pytest.raises(RequestError) as raised:
         llm.chat(MESSAGES, SamplingParams(max_tokens=5), response_format=answer)
     assert named in str(raised.value) and raised.value.param.endswith(".properties.x"), raised.value.param

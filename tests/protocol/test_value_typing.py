@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from glimmer.protocol.value_typing import allowed_types, parameter_value_json
+from glimmer.protocol.value_typing import allowed_types, object_shape, parameter_value_json
 
 
 def typed(raw, schema, root=None):
@@ -131,3 +131,18 @@ def test_json_holding_a_lone_surrogate_falls_back_to_the_raw_string(raw):
     for schema in ({"type": "object"}, {"type": "array"}, None):
         text = parameter_value_json(raw, schema, {})
         assert json.loads(text) == raw and text.encode()
+
+
+def test_the_properties_of_root_alternatives_are_the_objects_properties():
+    """A root `anyOf`/`oneOf` of object shapes declares the properties a call may write: each of the `anyOf` of its
+    declarations where the root declares none (the root's own holds), required where every member requires it, a
+    `$ref` member read in the root; a member pointing back to the root is read once."""
+    root = {"type": "object", "properties": {"a": {"type": "integer"}},
+            "oneOf": [{"$ref": "#/$defs/B"}, {"properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                                               "required": ["b", "c"]}, {"$ref": "#"}],
+            "$defs": {"B": {"properties": {"b": {"type": "null"}}, "required": ["c"]}}}
+    properties, required = object_shape(root)
+    assert properties == {"a": {"type": "integer"}, "b": {"anyOf": [{"type": "null"}, {"type": "string"}]}}
+    assert required == set()  # the member `#` (the root again) requires nothing more
+    assert object_shape({**root, "oneOf": root["oneOf"][:2]})[1] == {"c"}
+    assert object_shape({"anyOf": [{"$ref": "#"}, {"$ref": "#"}]}) == ({}, set())

@@ -300,6 +300,11 @@ def test_vllms_other_structured_outputs_fields_are_taken_where_they_change_nothi
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    # OpenAI's rule for the name: a-z, A-Z, 0-9, '_' and '-', at most 64
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "my answer", "schema": {}}}},
+     "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a" * 65, "schema": {}}}},
+     "response_format.json_schema.name"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"structured_outputs": {"regex": "(open"}}, "structured_outputs.regex"),
     ({"structured_outputs": {"grammar": "start: nowhere"}}, "structured_outputs.grammar"),
@@ -330,6 +335,15 @@ def test_an_invalid_constraint_is_a_400_naming_the_field(server, fields, param):
         client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=5, extra_body=fields)
     assert raised.value.body["param"] == param, raised.value.body
     client.chat.completions.create(model="tiny", messages=_messages(0), max_tokens=2)  # the engine lives on
+
+
+@pytest.mark.parametrize("name", ["Answer_v2-final", "a" * 64, "0"])
+def test_a_response_format_name_openai_takes_is_taken(server, name):
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": _messages(0), "max_tokens": 30, "thinking_token_budget": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": {"enum": ["ok"]}}}})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == '"ok"'
 
 
 @pytest.mark.parametrize(("fields", "named"), [
@@ -573,10 +587,18 @@ def test_a_constraint_naming_a_special_token_by_id_is_a_400_not_a_cut_or_framed_
 @pytest.mark.parametrize("where", ["tools", "response_format"])
 @pytest.mark.parametrize(("schema", "named"), [
     ({"type": "string", "minLength": 4, "maxLength": 2}, "minLength 4 is above maxLength 2"),
-    ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, "minimum 1 is not below exclusiveMaximum 1")])
-def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_a_400_naming_the_field(server, where, schema, named):
-    """A strict tool's `minLength` 4 with `maxLength` 2 was a 400 quoting Glimmer's own regex `(.|\\n){4,2}`."""
-    parameters = {"type": "object", "properties": {"x": schema}, "required": []}
+    ({"type": "number", "minimum": 1, "exclusiveMaximum": 1}, "minimum 1 is not below exclusiveMaximum 1"),
+    ({"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 3},
+     "no integer lies between exclusiveMinimum 2 and exclusiveMaximum 3"),
+    ({"type": "integer", "minimum": 2.5, "maximum": 2.9}, "no integer lies between minimum 2.5 and maximum 2.9"),
+    ({"type": "integer", "minimum": 3, "maximum": 5, "multipleOf": 7},
+     "no integer multiple of multipleOf 7 lies between minimum 3 and maximum 5")])
+def test_a_strict_schema_whose_bounds_no_value_meets_is_a_400_naming_the_field(server, where, schema, named):
+    """A strict tool's `minLength` 4 with `maxLength` 2 was a 400 quoting Glimmer's own regex `(.|\\n){4,2}`; an
+    integer between 2 and 3 (exclusive), or a multiple of 7 between 3 and 5, a 400 naming only the schema's root in
+    the grammar engine's words ("required property 'x' is unsatisfiable"). A tool's optional parameter counts (a call
+    may write it); an answer's optional property does not (`{}` meets the schema: the next test)."""
+    parameters = {"type": "object", "properties": {"x": schema}, "required": [] if where == "tools" else ["x"]}
     fields = ({"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters, "strict": True}}],
                "tool_choice": "required"} if where == "tools" else
               {"response_format": {"type": "json_schema",
@@ -588,6 +610,97 @@ def test_a_strict_schema_whose_lower_bound_is_above_its_upper_is_a_400_naming_th
     field = ("tools[0].function.parameters" if where == "tools" else "response_format.json_schema.schema") \
         + ".properties.x"
     assert error["param"] == field and error["message"].startswith(f"{field}: {named}"), error
+
+
+def test_a_strict_answer_schema_some_value_meets_is_taken_whatever_bounds_its_unneeded_schemas_hold(server):
+    """An unused `$defs` entry, one a single `anyOf` branch points to and an optional property with bounds no value
+    meets made a strict schema a 400, though values meet it; the grammar engine refused a `$ref` to such an entry
+    even in a branch. The answers follow the schema (here the other branch, and no `x`)."""
+    gap = {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 3}
+    schema = {"type": "object", "properties": {"n": {"anyOf": [{"$ref": "#/$defs/gap"}, {"type": "null"}]},
+                                               "x": {"type": "string", "minLength": 4, "maxLength": 2}},
+              "required": ["n"], "additionalProperties": False,
+              "$defs": {"gap": gap, "unused": {"type": "array", "minItems": 2, "maxItems": 1}}}
+    for stream in (False, True):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": _messages(0), "max_tokens": 40, "thinking_token_budget": 0, "stream": stream,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema,
+                                                                       "strict": True}}})
+        assert response.status_code == 200, response.text
+        if not stream:
+            assert json.loads(response.json()["choices"][0]["message"]["content"]) == {"n": None}
+
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("pattern", ["^<\\|x$", "^a</atem:parameter>b$", "(<\\|)+"])
+def test_a_raw_parameter_whose_pattern_only_framing_text_meets_is_a_400_before_generating(server, pattern, strict):
+    """A string parameter is written as raw text, which cannot hold `<|` or `</atem:parameter>`: a pattern met only
+    by text holding one was taken, and the forced call failed while generating (the grammar engine's bare
+    "NoExtensionBias", the request stopped). It is a 400 up front; a pattern other text meets is taken."""
+    errors = _server_errors(server)
+
+    def tool(pattern: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}, "required": ["a"]}}}
+
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 60, "thinking_token_budget": 0,
+            "tool_choice": "required", "parallel_tool_calls": False}
+    response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, "tools": [tool(pattern)]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools" and "parameter 'a' of 'f'" in error["message"], error
+    assert "NoExtensionBias" not in error["message"] and "stopped" not in error["message"], error
+    taken = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, "tools": [tool("^x<\\|?$")]})
+    assert taken.status_code == 200, taken.text
+    call = taken.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert json.loads(call["arguments"]) == {"a": "x<"}  # `x<|` cannot be written
+    assert _server_errors(server) == errors
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "clock"}}])
+def test_a_required_call_stopping_at_the_end_of_message_token_is_a_400_before_generating(server, tool_choice):
+    """`<|eom|>` ends a reasoning message, before the call's own message: a required or named call that stops there
+    failed while generating once the turn reasoned ("the constraint needs <|eom|>", the request stopped; mid-stream
+    when streamed). It is a 400 naming stop_token_ids up front; without reasoning the call needs no `<|eom|>`."""
+    errors = _server_errors(server)
+    eom = server.engine.engine.tokenizer.require_token_id("<|eom|>")
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 60, "tools": TOOLS, "tool_choice": tool_choice,
+            "stop_token_ids": [eom]}
+    for fields in ({}, {"thinking_token_budget": 3}, {"thinking_token_budget": 3, "stream": True}):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={**body, **fields})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "stop_token_ids" and "<|eom|>" in error["message"], error
+    taken = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        **body, "thinking_token_budget": 0, "parallel_tool_calls": False, "chat_template_kwargs": PINNED_DATE})
+    assert taken.status_code == 200, taken.text
+    called = taken.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"]
+    assert called == "clock" if tool_choice != "required" else called in ("clock", "lookup")
+    assert _server_errors(server) == errors
+
+
+def test_a_non_strict_tool_whose_parameters_are_alternatives_calls_with_their_parameters(server):
+    """Parameters given as a root `anyOf` of object shapes (zod's and pydantic's unions; a hint in a non-strict tool)
+    declared no property the turn grammar knew, so every forced call was `{}`. Their members' properties are the
+    call's parameters, typed as their declarations (here `a` an integer, `b` a string of at most 4)."""
+    parameters = {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                             "required": ["a"]},
+                            {"$ref": "#/$defs/B"}],
+                  "$defs": {"B": {"type": "object", "properties": {"b": {"type": "string", "maxLength": 4}},
+                                  "required": ["b"]}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    written = []
+    for seed in range(6):
+        response = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": _messages(seed), "max_tokens": 60, "thinking_token_budget": 0,
+            "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False, "seed": seed,
+            "temperature": 1.0})
+        assert response.status_code == 200, response.text
+        arguments = json.loads(response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+        assert set(arguments) <= {"a", "b"}, arguments
+        assert isinstance(arguments.get("a", 0), int) and len(arguments.get("b", "")) <= 4, arguments
+        written += arguments
+    assert written, "no call wrote a parameter"
 
 
 def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_naming_it(server):
