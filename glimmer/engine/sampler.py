@@ -432,6 +432,10 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p). The generator most rows share
     (the engine's one for unseeded requests) fills the whole noise tensor in one launch; every other row is then
     drawn from its own, so a seeded row's noise depends only on its generator.
+
+    A draw of exactly 0 (about 2**-53 per element) is raised to the dtype's smallest normal number: p / 0 was
+    inf, or NaN for a token filtered out (p = 0), which argmax takes as the largest, so a filtered token could
+    win. Every other draw, and so every seeded result without a zero, is unchanged.
     """
     noise = torch.empty_like(probs)
     shared, rows_sharing = _most_shared(generators)
@@ -440,7 +444,7 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     for j, generator in enumerate(generators):
         if rows_sharing == 1 or generator is not shared:
             noise[j].exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
 
 
 # torch's CPU generator seeds mt19937 with the low 32 bits of the seed only

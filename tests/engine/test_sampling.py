@@ -146,6 +146,33 @@ def test_rows_sharing_a_generator_draw_in_one_call_and_a_seeded_row_from_its_own
         draw(probs[i:i + 1], [torch.Generator().manual_seed(20 + i)]).item() for i in range(3)]
 
 
+def test_an_exponential_draw_of_zero_never_picks_a_filtered_token(monkeypatch):
+    """The race argmax(p / E) with E ~ Exp(1) meets E == 0 about once in 2**53 draws: p / 0 was NaN for a token
+    filtered out (p = 0), which argmax takes as the largest. A zero draw is the dtype's smallest normal number now;
+    every other draw, and so every seeded result, stays what it was."""
+    from glimmer.engine.sampler import draw
+
+    exponential = torch.Tensor.exponential_
+    zero_at: list[int] = []
+
+    def with_zeros(self, *args, **kwargs):
+        exponential(self, *args, **kwargs)
+        self.view(-1)[zero_at] = 0.0
+        return self
+
+    probs = torch.tensor([[0.0, 0.2, 0.5, 0.3], [0.1, 0.0, 0.0, 0.9]])
+    seeded = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    unforced = draw(probs, seeded).tolist()
+    monkeypatch.setattr(torch.Tensor, "exponential_", with_zeros)
+    zero_at[:] = [0]  # each row's first element: row 0's token 0 is filtered out, row 1's is not
+    seeded = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    first, second = draw(probs, seeded).tolist()
+    assert first == unforced[0]  # was token 0, of probability 0
+    assert second == 0  # a zero draw wins the race for a token of non-zero probability, as E -> 0 does
+    zero_at[:] = [1, 2]  # two filtered tokens of row 1 (each row is drawn from its own generator)
+    assert draw(probs[1:], [torch.Generator().manual_seed(6)]).item() == unforced[1]
+
+
 def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_differ(tiny_checkpoint):
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, n=2)
     runs = [LLM(str(tiny_checkpoint), seed=7, progress=False).generate(["hello there", "more"], params)
