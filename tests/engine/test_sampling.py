@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -533,23 +534,24 @@ def test_logprob_alternatives_and_ranks_come_from_the_tokenizers_ids_only():
 
 
 def test_a_token_tied_with_others_sits_at_its_rank_among_the_alternatives():
-    """Tokens of equal logprob (a bf16 logit row has many; a softcap saturates to them): the token's rank is 1 + the
-    tokens more likely, and topk placed its equals in any order, or left it out for one of them, so a token of rank 1
-    was third among the alternatives, or missing from them with k = 2 (vLLM's dict then ranked it twice)."""
+    """Tokens of equal logprob (a bf16 logit row has many; a softcap saturates to them): the token's rank is vLLM's,
+    the number of tokens at least as likely, itself included (vllm/v1/sample/ops/logprobs.py counts `x >= value`),
+    whichever of its equals it is, and it sits last among its equals in the alternatives, which topk placed in any
+    order or where topk kept it though its rank is past k (it was 1 + the tokens more likely, first among equals)."""
     from glimmer.engine.outputs import PositionLogprobs
     from glimmer.engine.sampler import scored_token_logprobs
 
     logits = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0, 0.0],    # four tied for the first place
                            [5.0, 1.0, 1.0, 1.0, 1.0, 0.0]])   # four tied for the second
-    forced = [3, 4]  # the bias forces a tie's last token; logprobs stay the model's
-    for k in (1, 2, 3, 5):
+    for forced, k in itertools.product(([3, 4], [0, 1], [1, 2]), (1, 2, 3, 4, 5)):
+        # the bias forces a token of each tie; logprobs stay the model's
         rows = [SamplingRow(SamplingParams(temperature=0, logprobs=k, logit_bias={t: 50.0}), [], [], None)
                 for t in forced]
         sampled = sample(logits, rows)
         scored = scored_token_logprobs(logits, forced, k)
         assert sampled.token_ids == forced
+        assert [entry.rank for entry in sampled.logprobs] == [entry.rank for entry in scored] == [4, 5]
         for entries in (sampled.logprobs, scored):
-            assert [entry.rank for entry in entries] == [1, 2]
             for entry in entries:
                 alternatives = list(entry.top)
                 assert len(alternatives) == k
