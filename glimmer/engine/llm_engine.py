@@ -775,6 +775,7 @@ class LLMEngine:
         *,
         clamp_max_tokens: bool = False,
         generated: int = 0,
+        hidden_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         """Queue a request; raises RequestError (naming the field) if it can never be served.
 
@@ -784,6 +785,9 @@ class LLMEngine:
         vLLM's offline LLM does, instead of refusing the request as the server does (a 400).
         generated: how many of the last prompt ids the model generated (a beam's, in beam search): placeholder ids
         among them are embedded as decoding embeds them, not refused as the prompt's own.
+        hidden_token_ids: special tokens left out of the text, as `skip_special_tokens` leaves out all (a chat reply's
+        hidden ones, `Tokenizer.hidden_in_replies`): dropped before their bytes are decoded, so a character whose bytes
+        they split comes out whole.
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -851,7 +855,7 @@ class LLMEngine:
                 bad_word_ids=banned_words,
                 min_tokens_ids=held_ids,
             )
-            skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
+            skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else hidden_token_ids
             self._completions[id(seq)] = _Completion(
                 detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),

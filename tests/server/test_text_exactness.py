@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Collection
 from typing import Any
 
 import httpx
@@ -142,17 +141,6 @@ def test_a_stop_string_cuts_the_decoded_text_at_its_first_occurrence(server, llm
             assert whole["choices"][0]["stop_reason"] == output.stop_reason == stop
 
 
-def _runs_between(ids: list[int], separators: Collection[int]) -> list[list[int]]:
-    """`ids` split at the `separators`, which are left out."""
-    runs: list[list[int]] = [[]]
-    for token_id in ids:
-        if token_id in separators:
-            runs.append([])
-        else:
-            runs[-1].append(token_id)
-    return runs
-
-
 def _turn(rng: random.Random, tok, answer: list[int]) -> list[int]:
     """A chat turn whose answer is `answer`, with or without reasoning before it."""
     head = tok.encode(" to=user<|message|>")
@@ -182,14 +170,32 @@ def test_chat_answer_is_the_decode_of_its_tokens_streamed_or_not_and_from_llm_ch
                              chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
             streamed = "".join(chunk["delta"].get("content") or "" for chunk in chunks)
             content = (whole["message"]["content"], streamed or None, reply.content)
-            # a hidden token is left out where it stands in the decode with every special kept (P-REQ-1): the bytes
-            # on either side of it are decoded apart, as if it were still there
-            expected = "".join(tok.decode(run) for run in _runs_between(answer, hidden if skip else {}))
+            # a hidden token is left out before the bytes are decoded (as skip_special_tokens leaves tokens out): a
+            # character whose bytes it splits comes out whole
+            expected = tok.decode(shown)
             assert content == (expected or None,) * 3, (answer, skip)  # P-API-1: null when empty
             entries = whole["logprobs"]["content"]
             assert entries == [entry for chunk in chunks if chunk.get("logprobs")
                                for entry in chunk["logprobs"]["content"]]
             assert [bytes(entry["bytes"]) for entry in entries] == [tok.token_bytes(i) for i in shown], (answer, skip)
+
+
+def test_a_hidden_special_token_between_the_bytes_of_a_character_leaves_it_whole(server, llm, tok):
+    """A special token the reply hides (`<|patch|>`), generated between the bytes of an emoji, left the bytes on either
+    side decoded apart: U+FFFDs in the answer, streamed or not, where skip_special_tokens' decode has the emoji."""
+    emoji = tok.encode_text("😀")
+    answer = tok.encode_text("ok ") + emoji[:2] + [tok.token_to_id("<|patch|>")] + emoji[2:] + tok.encode_text("!")
+    _script(server, llm, "[split-emoji]", tok.encode(" to=user<|message|>") + answer + [tok.token_to_id(EOT)])
+    messages = [{"role": "user", "content": "[split-emoji] Hi"}]
+    for logprobs in (False, True):
+        body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 50, "logprobs": logprobs,
+                "chat_template_kwargs": PINNED_DATE}
+        whole, chunks = _chat(server, body)
+        streamed = [chunk["delta"]["content"] for chunk in chunks if chunk["delta"].get("content")]
+        assert whole["message"]["content"] == "".join(streamed) == "ok 😀!"
+    reply = llm.chat(messages, SamplingParams(temperature=0, max_tokens=50), chat_template_kwargs=PINNED_DATE,
+                     use_tqdm=False)[0]
+    assert reply.content == "ok 😀!"
 
 
 def test_an_answer_ending_in_an_incomplete_character_lists_no_logprob_of_the_token_after_it(server, tok):
