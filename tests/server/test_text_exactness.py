@@ -215,8 +215,9 @@ def test_an_answer_ending_in_an_incomplete_character_lists_no_logprob_of_the_tok
 
 
 def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(model_server, tok):
-    """echo puts the prompt's decode (a character it cuts short shows as U+FFFD) before the text, streamed or not;
-    prompt_logprobs' decoded_token is each token's own decode."""
+    """echo puts the prompt's decode before the text, streamed or not (a character it cuts short is the output's to
+    complete: whole if the model's first token does, else U+FFFD); prompt_logprobs' decoded_token is each token's own
+    decode."""
     prompt = tok.encode_text("東京 ") + tok.encode_text("😀")[:3]
     for skip in (False, True):
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True,
@@ -225,12 +226,40 @@ def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(model_s
         choice = whole["choices"][0]
         generated = choice["logprobs"]["tokens"][len(prompt):]
         assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
-        assert choice["text"].startswith("東京 \ufffd") and len(generated) == 4
+        assert choice["text"].startswith("東京 ") and len(generated) == 4
         offsets = choice["logprobs"]["text_offset"]
-        assert offsets == sorted(offsets) and offsets[len(prompt)] == len("東京 \ufffd")
+        completes = not choice["text"].startswith("東京 \ufffd")  # this seed's first token does: 😢
+        assert offsets == sorted(offsets) and offsets[len(prompt)] == len("東京 \ufffd") - completes
         for position in choice["prompt_logprobs"][1:]:
             for token_id, entry in position.items():
                 assert entry["decoded_token"] == tok._backend.decode([int(token_id)], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1, 3])
+def test_echo_of_a_prompt_whose_character_the_output_completes_spells_it_whole(server, tok, max_tokens):
+    """The echo was decoded apart from the output: a character whose bytes the prompt begins and the output ends came
+    out as U+FFFDs on both sides. The choice's text is the decode of prompt and output together, streamed or not, and
+    each token's `text_offset` is where its text starts in it (the token that completes the character, at the
+    character); with max_tokens 0 or an output that does not complete it, the bytes are one U+FFFD, as before."""
+    emoji = tok.encode_text("😀")
+    prompt = tok.encode("Say [echo-split] 東京 ") + emoji[:2]
+    server.engine.engine.runner.add_ids("[echo-split]", emoji[2:] + tok.encode_text("!"))
+    for skip in (False, True):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "echo": True,
+                "logprobs": 0, "skip_special_tokens": skip}
+        whole, chunks = _completion(server, body)
+        choice = whole["choices"][0]
+        output = choice["logprobs"]["tokens"][len(prompt):]
+        assert len(output) == max_tokens
+        expected = tok._backend.decode(prompt + (emoji[2:] + tok.encode_text("!"))[:max_tokens],
+                                       skip_special_tokens=skip)
+        assert choice["text"] == "".join(chunk["text"] for chunk in chunks) == expected
+        assert "\ufffd" not in expected or max_tokens < 2
+        offsets = choice["logprobs"]["text_offset"]
+        assert offsets == sorted(offsets)
+        assert offsets == [offset for chunk in chunks for offset in chunk["logprobs"]["text_offset"]]
+        before = len(tok._backend.decode(prompt[:-2], skip_special_tokens=skip))
+        assert offsets[len(prompt) - 2:] == [before] * min(max_tokens + 2, 4) + [before + 1] * (max_tokens == 3)
 
 
 @pytest.mark.parametrize("seed", range(4))
