@@ -52,6 +52,7 @@ from glimmer.engine.prompt_parts import prompt_text_parts
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
+from glimmer.engine.stop_strings import first_to_end
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_BEAM_SEARCH_ARGUMENTS,
@@ -190,7 +191,7 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_en
             found.append((at, s))
     if not found:
         return content, None
-    at, matched = min(found, key=lambda item: item[0])
+    at, matched = first_to_end(found)
     return content[: at + len(matched) if include else at] or None, matched
 
 

@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.sampler import SamplingRow, sample, seeded_generator
@@ -354,6 +356,65 @@ def test_stop_string_matcher_holds_back_only_possible_prefixes():
     assert tail.flush() == "E"
     included = StopStringMatcher(["END"], include_in_output=True)
     assert included.feed("abcEND") == ("abcEND", "END")
+
+
+def _stop_reference(text: str, stop: list[str], include: bool) -> tuple[str, str | None]:
+    """The text cut at the stop string that ends first, of those ending at one place the longest (as matching after
+    each character finds)."""
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stop if s and text[:end].endswith(s)]
+        if ending:
+            longest = max(ending, key=len)
+            return text[:end] if include else text[:end - len(longest)], longest
+    return text, None
+
+
+def _fed(stop: list[str], include: bool, pieces: list[str]) -> tuple[str, str | None]:
+    matcher = StopStringMatcher(stop, include_in_output=include)
+    released = ""
+    for piece in pieces:
+        text, matched = matcher.feed(piece)
+        released += text
+        if matched is not None:
+            return released, matched
+    return released + matcher.flush(), None
+
+
+@pytest.mark.parametrize(("stop", "pieces", "expected"), [
+    (["bc", "abcd"], ["xabcd"], ("xa", "bc")),  # overlapping: "bc" ends first, wherever the tokens split
+    (["bc", "abcd"], ["xa", "b", "cd"], ("xa", "bc")),
+    (["abcd", "bc"], ["xabcd"], ("xa", "bc")),  # the list's order does not matter
+    (["ab", "abc"], ["xabc"], ("x", "ab")),  # a prefix of another ends first
+    (["abc", "bc"], ["xab", "c"], ("x", "abc")),  # both end at "c": the longer, which starts first
+    (["abc", "bc"], ["xabc"], ("x", "abc")),
+    (["lo w", "wor"], ["hel", "lo ", "wo", "rld"], ("hel", "lo w")),  # spans three tokens
+])
+def test_overlapping_stop_strings_cut_where_the_first_to_end_begins_however_the_text_is_split(stop, pieces, expected):
+    """Glimmer's rule: the stop string that ends first, of those ending at one place the longest. It is what
+    matching after each character finds, so a text cuts the same streamed or whole, token by token or in one piece
+    (vLLM takes the first of its list among those the last token completed; OpenAI does not say)."""
+    assert _fed(stop, False, pieces) == expected
+    assert _fed(stop, True, pieces) == (expected[0] + expected[1], expected[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="abc ", max_size=14), stop=st.lists(st.text(alphabet="abc", min_size=1, max_size=4),
+                                                                  min_size=1, max_size=4),
+       cuts=st.lists(st.integers(min_value=0, max_value=14), max_size=6), include=st.booleans())
+def test_a_stop_string_cuts_the_same_text_however_it_is_split(text, stop, cuts, include):
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = [text[i:j] for i, j in itertools.pairwise(bounds)]
+    assert _fed(stop, include, pieces) == _fed(stop, include, list(text)) == _stop_reference(text, stop, include)
+
+
+def test_llm_chat_cuts_its_answer_at_the_stop_string_the_server_would():
+    """LLM.chat cuts a whole answer; the server cut it as it streamed: with ["bc", "abcd"] LLM.chat cut "xabcd" at
+    "abcd" (the earliest to start), the server at "bc" (the first to end)."""
+    from glimmer.engine.llm import _cut_at_stop
+
+    assert _cut_at_stop("xabcd!", ["bc", "abcd"], False) == ("xa", "bc")
+    assert _cut_at_stop("xabcd!", ["abcd", "bc"], True) == ("xabc", "bc")
+    assert _cut_at_stop("abc", ["abc", "bc"], False) == (None, "abc")
 
 
 def test_top_k_candidates_filter_exactly_as_a_full_sort(monkeypatch):

@@ -141,6 +141,36 @@ def test_a_stop_string_cuts_the_decoded_text_at_its_first_occurrence(server, llm
             assert whole["choices"][0]["stop_reason"] == output.stop_reason == stop
 
 
+@pytest.mark.parametrize(("stop", "expected"), [
+    (["ram", "parameter"], "xpa"), (["parameter", "ram"], "xpa"),  # one token completes both: "ram" ends first
+    (["para", "parameter"], "x"), (["meter", "ameter"], "xpar"),  # a prefix; two ending at one place: the longer
+    (["r d", "ter day"], "xparamete"),  # across tokens: both complete in the token "day", "r d" ends first
+])
+def test_overlapping_stop_strings_cut_at_the_first_to_end_everywhere(server, llm, tok, stop, expected):
+    """Of overlapping stop strings (or one a prefix of another) the one that ends first cuts the text, of those ending
+    at one place the longest: the same streamed and not, on /v1/completions, LLM.generate, chat and LLM.chat, the
+    answer being a few tokens that each hold several characters (LLM.chat cut its whole answer at the earliest to
+    start; the server at the first its tokens completed)."""
+    answer = tok.encode_text("x") + tok.encode_text("parameter") + tok.encode_text(" day")
+    assert len(answer) == 4  # the tiny vocabulary has "parameter" and "day" as tokens
+    key = f"[overlap-{'-'.join(stop)}]"
+    _script(server, llm, key, answer)
+    body = {"model": "tiny", "prompt": f"Say {key}", "max_tokens": len(answer), "temperature": 0, "stop": stop}
+    whole, chunks = _completion(server, body)
+    output = llm.generate(f"Say {key}", SamplingParams(temperature=0, max_tokens=len(answer), stop=stop),
+                          use_tqdm=False)[0]
+    assert whole["choices"][0]["text"] == "".join(c["text"] for c in chunks) == output.text == expected
+    chat_key = f"[overlap-chat-{'-'.join(stop)}]"
+    _script(server, llm, chat_key, tok.encode(" to=user<|message|>") + answer + [tok.token_to_id(EOT)])
+    messages = [{"role": "user", "content": f"{chat_key} Hi"}]
+    reply, chat_chunks = _chat(server, {"model": "tiny", "messages": messages, "temperature": 0, "stop": stop,
+                                        "chat_template_kwargs": PINNED_DATE})
+    offline = llm.chat(messages, SamplingParams(temperature=0, stop=stop), chat_template_kwargs=PINNED_DATE,
+                       use_tqdm=False)[0]
+    streamed = "".join(chunk["delta"].get("content") or "" for chunk in chat_chunks)
+    assert reply["message"]["content"] == streamed == offline.content == expected
+
+
 def _turn(rng: random.Random, tok, answer: list[int]) -> list[int]:
     """A chat turn whose answer is `answer`, with or without reasoning before it."""
     head = tok.encode(" to=user<|message|>")
