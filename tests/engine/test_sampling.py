@@ -407,9 +407,9 @@ def test_a_stop_string_cuts_the_same_text_however_it_is_split(text, stop, cuts, 
     assert _fed(stop, include, pieces) == _fed(stop, include, list(text)) == _stop_reference(text, stop, include)
 
 
-def test_llm_chat_cuts_its_answer_at_the_stop_string_the_server_would():
-    """LLM.chat cuts a whole answer; the server cut it as it streamed: with ["bc", "abcd"] LLM.chat cut "xabcd" at
-    "abcd" (the earliest to start), the server at "bc" (the first to end)."""
+def test_llm_chat_cuts_an_answer_at_the_stop_string_that_ends_first():
+    """LLM.chat's cut of an answer read so far follows the matcher's rule: with ["bc", "abcd"] it cut "xabcd" at
+    "abcd" (the earliest to start) where the text had come letter by letter."""
     from glimmer.engine.llm import _cut_at_stop
 
     assert _cut_at_stop("xabcd!", ["bc", "abcd"], False) == ("xa", "bc")
