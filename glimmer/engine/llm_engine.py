@@ -225,6 +225,7 @@ class _Completion:
     silent_stop_ids: frozenset[int] = frozenset()
     num_tokens: int = 0  # released so far
     text: str = ""
+    decoded_chars: int = 0  # the text decoded so far, `text` and what stop strings hold back or cut
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_prompt_tokens: int = 0
     # per prompt position when prompt logprobs were asked for (the first is None); delivered with the first delta
@@ -1236,7 +1237,10 @@ class LLMEngine:
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
         armed = not done.min_tokens or stop_strings_armed(done.num_tokens, done.min_tokens)
-        text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token), armed=armed)
+        decoded, start = ("", 0) if silent else done.detokenizer.add_at(item.token)
+        starts = [done.decoded_chars + start] if item.logprobs is not None else []
+        done.decoded_chars += len(decoded)
+        text, stop_string = done.stops.feed(decoded, armed=armed)
         if stop_string is None and finish_reason is not None:
             # the U+FFFD of bytes left incomplete can complete a stop string too: then it ends the text as any does
             tail, stop_string = done.stops.feed(done.detokenizer.flush(), armed=armed)
@@ -1255,6 +1259,7 @@ class LLMEngine:
             num_prompt_tokens=done.num_prompt_tokens,
             num_cached_tokens=item.seq.num_cached_tokens,
             prompt_logprobs=done.take_prompt_logprobs(),
+            token_text_starts=starts,
             first_scheduled_time=item.seq.first_scheduled_time,
         )
 

@@ -255,9 +255,7 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
         return [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
                              include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
                              min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
-                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix,
-                             detokenizer=IncrementalDetokenizer(context.tokenizer, skip_token_ids=hidden)
-                             if request.logprobs else None)
+                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
                 for i in range(params.n)]
 
     run = await _prepared_run(raw_request, context, request, arrival, choices, named_for)

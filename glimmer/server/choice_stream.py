@@ -28,7 +28,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
@@ -93,14 +92,12 @@ class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
                  single_call: bool, include_stop: bool = False, hidden_tokens: Collection[int] = (),
                  min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
-                 continue_prefix: str = "", detokenizer: IncrementalDetokenizer | None = None):
+                 continue_prefix: str = ""):
         """min_tokens: stop strings are looked for in the answer once more than that many tokens were generated;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
         the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
         message's body in the prompt (all three OutputParser's); hidden_tokens: the special tokens the engine left
-        out of the text (`hidden_token_ids`), which have no answer logprob; detokenizer: with logprobs, a fresh one
-        decoding as the engine does (`hidden_tokens` skipped), which tells where each token's own text starts in the
-        text it released (after the U+FFFD of bytes earlier tokens left incomplete)."""
+        out of the text (`hidden_token_ids`), which have no answer logprob."""
         self.index = index
         self._min_tokens = min_tokens
         self._hidden_tokens = frozenset(hidden_tokens)
@@ -120,7 +117,6 @@ class ChoiceStream:
         self._has_calls = False
         self._token_spans: list[tuple[int, int]] = []
         self._characters_fed = 0
-        self._detokenizer = detokenizer
 
     @property
     def done(self) -> bool:
@@ -175,19 +171,14 @@ class ChoiceStream:
         self.num_tokens += len(delta.token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
         if delta.logprobs:  # only when the request asked for them
-            for token_id, span, entry in zip(delta.token_ids, spans, delta.logprobs, strict=True):
-                own_span = self._own_text(token_id, span)
+            # a token's own text starts where the engine says (`token_text_starts`: the engine's text is the one fed
+            # here, from its first character), after the U+FFFD at the start of its span that stands for bytes earlier
+            # tokens left incomplete (its first byte cannot continue their character)
+            starts = delta.token_text_starts or [span_start for span_start, _ in spans]
+            for token_id, (span_start, end), own_start, entry in zip(delta.token_ids, spans, starts, delta.logprobs,
+                                                                     strict=True):
                 if token_id not in self._hidden_tokens:  # the answer never shows it
-                    self._content_tokens.add(own_span, entry)
-
-    def _own_text(self, token_id: int, span: tuple[int, int]) -> tuple[int, int]:
-        """The part of the text `token_id` released (`span`) that is its own: without the U+FFFD at its start that
-        stands for bytes earlier tokens left incomplete (its first byte cannot continue their character)."""
-        if self._detokenizer is None:
-            return span
-        _, held_replacements = self._detokenizer.add_at(token_id)
-        start, end = span
-        return min(start + held_replacements, end), end
+                    self._content_tokens.add((min(max(own_start, span_start), end), end), entry)
 
     def _route(self, events: list[Event]) -> list[Event]:
         routed: list[Event] = []

@@ -66,21 +66,13 @@ class _Choice:
     num_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
-    text_offsets: list[int] = field(default_factory=list)  # where each token's text starts in `text`
+    text_offsets: list[int] = field(default_factory=list)  # where each token's own text starts (`token_text_starts`)
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     started: bool = False  # streaming: the first chunk (which carries the echo) was sent
     echo_chars: int = 0  # streaming: length of the echoed prompt that comes before `text`
-    # with logprobs: the tokens' own text, decoded one by one, for `text_offsets` (the released text can lag a
-    # token's: text that might begin a stop string is held back and released with a later token)
-    detokenizer: IncrementalDetokenizer | None = None
-    decoded_chars: int = 0
 
     def add(self, delta: StepDelta) -> None:
-        if self.detokenizer is not None:
-            for token_id in delta.token_ids:
-                text, start = self.detokenizer.add_at(token_id)
-                self.text_offsets.append(self.decoded_chars + start)
-                self.decoded_chars += len(text)
+        self.text_offsets.extend(delta.token_text_starts)
         self.logprobs.extend(delta.logprobs)
         self.text += delta.text
         self.num_tokens += len(delta.token_ids)
@@ -116,11 +108,10 @@ class _CompletionRun:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model_name,
                 "choices": choices}
 
-    def detokenizer(self, held_bytes: bytes = b"") -> IncrementalDetokenizer:
-        """A fresh detokenizer that decodes as the engine does for this request (special tokens kept or skipped),
-        after `held_bytes` (`held_bytes`)."""
+    def detokenizer(self) -> IncrementalDetokenizer:
+        """A fresh detokenizer that decodes as the engine does for this request (special tokens kept or skipped)."""
         skipped = frozenset(self.context.tokenizer.all_special_ids) if self.request.skip_special_tokens else frozenset()
-        return IncrementalDetokenizer(self.context.tokenizer, skip_token_ids=skipped, held_bytes=held_bytes)
+        return IncrementalDetokenizer(self.context.tokenizer, skip_token_ids=skipped)
 
     def held_bytes(self, prompt_index: int) -> bytes:
         """With `echo`, the bytes of a character prompt `prompt_index` begins and does not complete: its echo leaves
@@ -286,8 +277,7 @@ async def create_completion(raw_request: Request, context: ServingContext) -> Re
         return await _beam_search_response(raw_request, run, engine_id, beam, params)
     factory = await in_worker_thread(raw_request, lambda cancel: _controller_factory(request, context))
     held = [run.held_bytes(i) for i in range(len(prompts))]
-    run.choices = [_Choice(detokenizer=run.detokenizer(held[i // params.n]) if request.logprobs is not None else None)
-                   for i in range(len(prompts) * params.n)]
+    run.choices = [_Choice() for _ in range(len(prompts) * params.n)]
     # the queue limit counts this API request once, however many prompts it holds, before any is queued: prompts
     # queued beside a refused first one ran for nobody, and the 429 waited for their first tokens
     context.engine.check_queue_limit()

@@ -310,6 +310,36 @@ def test_the_real_model_sampling_byte_tokens_streams_the_decode_of_what_it_sampl
         assert choice["text"] == tok._backend.decode(ids, skip_special_tokens=skip)
 
 
+def test_a_request_with_logprobs_decodes_each_generated_token_once(server, tok, monkeypatch):
+    """The engine says where each token's own text starts (`token_text_starts`); the server decoded every generated
+    token a second time for that, a legacy completion for its `text_offset`, a chat answer for its logprobs."""
+    from glimmer.engine.detokenizer import IncrementalDetokenizer
+
+    decoded: list[int] = []
+    for name in ("add", "add_at"):
+        method = getattr(IncrementalDetokenizer, name)
+
+        def counting(self, token_id, _method=method):
+            decoded.append(token_id)
+            return _method(self, token_id)
+
+        monkeypatch.setattr(IncrementalDetokenizer, name, counting)
+    answer = tok.encode_text("ok ") + tok.encode_text("😀")[:2] + tok.encode_text("東京!")
+    server.engine.engine.runner.add_ids("[decoded-once]", answer)
+    body = {"model": "tiny", "prompt": "[decoded-once]", "max_tokens": len(answer), "temperature": 0, "logprobs": 1}
+    for stream in (False, True):
+        decoded.clear()
+        response = httpx.post(server.base_url + "/completions", json={**body, "stream": stream}, timeout=30)
+        assert response.status_code == 200 and sorted(decoded) == sorted(answer)
+    turn = tok.encode(" to=user<|message|>") + answer + [tok.token_to_id(EOT)]
+    server.engine.engine.runner.add_ids("[decoded-once-chat]", turn)
+    decoded.clear()
+    reply, _ = _chat(server, {"model": "tiny", "messages": [{"role": "user", "content": "[decoded-once-chat]"}],
+                              "temperature": 0, "logprobs": True, "chat_template_kwargs": PINNED_DATE})
+    assert reply["message"]["content"] == "ok \ufffd東京!"
+    assert sorted(decoded) == sorted(turn * 2)  # the whole response, then the streamed one
+
+
 def test_a_line_separator_in_the_text_does_not_split_a_streamed_event(server, tok):
     """U+2028, U+2029 and NEL (U+0085) are line breaks to str.splitlines, which httpx's `iter_lines()` (and so many an
     SSE client) splits at: written raw into an event's JSON they cut it in two, and the client failed to parse it.
