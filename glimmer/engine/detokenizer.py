@@ -27,7 +27,9 @@ from glimmer.errors import CheckpointError
 class IncrementalDetokenizer:
     """Turns one sequence's generated ids into text deltas. One instance per sequence."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_token_ids: frozenset[int] = frozenset()):
+    def __init__(self, tokenizer: Tokenizer, skip_token_ids: frozenset[int] = frozenset(), held_bytes: bytes = b""):
+        """held_bytes: bytes that begin a character the first tokens may complete (`held_bytes()` of the detokenizer
+        of the text before, an echoed prompt's); its first text then holds that character, whole or as U+FFFDs."""
         if not tokenizer.is_byte_level:
             raise CheckpointError(
                 f"{tokenizer.tokenizer_file} does not use a ByteLevel decoder; Glimmer streams text only "
@@ -36,6 +38,11 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_token_ids = skip_token_ids
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._utf8.setstate((held_bytes, 0))
+
+    def held_bytes(self) -> bytes:
+        """The bytes held back: a character begun by the tokens so far and not yet complete."""
+        return self._utf8.getstate()[0]
 
     def add(self, token_id: int) -> str:
         """The text completed by this token; "" while a character is still incomplete or the token is skipped."""

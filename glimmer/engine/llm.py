@@ -52,7 +52,8 @@ from glimmer.engine.prompt_parts import prompt_text_parts
 from glimmer.engine.prompts import PROMPT_KEYS, PromptType
 from glimmer.engine.sampling_params import CHAT_ALLOWED_TOKEN_IDS_REFUSAL, SamplingParams, StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
-from glimmer.engine.tokenizer import Tokenizer, without_hidden_tokens
+from glimmer.engine.stop_strings import first_to_end
+from glimmer.engine.tokenizer import Tokenizer
 from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_BEAM_SEARCH_ARGUMENTS,
     VLLM_ONLY_CHAT_ARGUMENTS,
@@ -190,7 +191,7 @@ def _cut_at_stop(content: str | None, stop: list[str], include: bool, content_en
             found.append((at, s))
     if not found:
         return content, None
-    at, matched = min(found, key=lambda item: item[0])
+    at, matched = first_to_end(found)
     return content[: at + len(matched) if include else at] or None, matched
 
 
@@ -263,17 +264,16 @@ def _turn_as_the_server_reads_it(text: str, reading: Mapping[str, Any], token_en
     return text, False
 
 
-def _visible_pieces(tokenizer: Tokenizer, text: str, token_ids: list[int], hidden: Mapping[int, str]) -> list[str]:
-    """Per token of the turn `token_ids`, the text it released in `text` (found by detokenizing the turn again),
-    without the `hidden` special tokens, as the server's chat reads the turn: each hidden token is removed where its
-    own token's text ends, so model text that merely spells one stays, before the token or after it. What the turn's
-    end released (bytes left incomplete) joins the last piece."""
-    detokenizer = IncrementalDetokenizer(tokenizer)
+def _token_pieces(tokenizer: Tokenizer, text: str, token_ids: list[int], hidden: frozenset[int]) -> list[str]:
+    """Per token of the turn `token_ids`, the text it released in `text` (found by detokenizing the turn again, the
+    `hidden` special tokens left out as the engine left them out), as the server's chat reads the turn. What the
+    turn's end released (bytes left incomplete) joins the last piece."""
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_token_ids=hidden)
     pieces: list[str] = []
     start = 0
     for token_id in token_ids:
         end = start + len(detokenizer.add(token_id))
-        pieces.append(without_hidden_tokens(text[start:end], [token_id], hidden))
+        pieces.append(text[start:end])
         start = end
     if pieces:
         pieces[-1] += text[start:]
@@ -535,10 +535,12 @@ class LLM:
     def _run(self, prompts: list[_Prepared], params_list: list[SamplingParams],
              use_tqdm: bool | Callable[..., Any] | None,
              controller_factories: list[ControllerFactory | None] | None = None,
-             prompt_field: str = "messages", generated: list[int] | None = None) -> list[RequestOutput]:
+             prompt_field: str = "messages", generated: list[int] | None = None,
+             hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
         """Generate every prompt. As vLLM's offline LLM, a max_tokens past max_model_len ends the output there
         (finish_reason "length"); only a prompt with no room for one token is refused. Errors about a prompt
-        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). Calls from
+        name it as `prompt_field[i]` (as `prompt_field` alone for one "prompt" or one conversation). `generated` and
+        `hidden`, per prompt: LLMEngine.add_request's `generated` and `hidden_token_ids`. Calls from
         several threads run one after another; a call made inside another on the same thread (from a `use_tqdm`
         callable) is refused, as it would wait for itself."""
         if self._running_thread == threading.get_ident():
@@ -548,14 +550,15 @@ class LLM:
             self._running_thread = threading.get_ident()
             try:
                 return self._run_alone(prompts, params_list, use_tqdm, controller_factories, prompt_field,
-                                       generated)
+                                       generated, hidden)
             finally:
                 self._running_thread = None
 
     def _run_alone(self, prompts: list[_Prepared], params_list: list[SamplingParams],
                    use_tqdm: bool | Callable[..., Any] | None,
                    controller_factories: list[ControllerFactory | None] | None, prompt_field: str,
-                   generated: list[int] | None = None) -> list[RequestOutput]:
+                   generated: list[int] | None = None,
+                   hidden: list[frozenset[int]] | None = None) -> list[RequestOutput]:
         """`_run`, with no other call of this LLM stepping its engine."""
         results: dict[str, RequestOutput] = {}
         order = []
@@ -573,7 +576,8 @@ class LLM:
                                         prompt_field == "messages" else f"{prompt_field}[{i}]"):
                     ids, items = self.engine.truncate_prompt(ids, items, params)
                     self.engine.add_request(request_id, ids, params, items, factory, clamp_max_tokens=True,
-                                            generated=generated[i] if generated else 0)
+                                            generated=generated[i] if generated else 0,
+                                            hidden_token_ids=hidden[i] if hidden else frozenset())
                 results[request_id] = RequestOutput(
                     request_id=request_id,
                     prompt=text,
@@ -759,14 +763,16 @@ class LLM:
                 ids, items = self.engine.prepare_prompt(rendered.text, images, videos, literals=rendered.literals)
             prepared.append((rendered.display_text, ids, items))
         chat_turns = [turns[id(params)] for params in requested]
+        # the special tokens a reply hides are left out of its text by the engine (before their bytes are decoded)
+        hidden = [frozenset() if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
+                  for turn in chat_turns]
         outputs = self._run(prepared, [turn.params for turn in chat_turns], use_tqdm,
-                            [turn.controller_factory for turn in chat_turns])
+                            [turn.controller_factory for turn in chat_turns], hidden=hidden)
         chats = []
         for number, (output, turn, final) in enumerate(zip(outputs, chat_turns, continued, strict=True)):
             choices = []
-            hidden = {} if turn.skip_special_tokens is False else self.engine.tokenizer.hidden_in_replies
             for completion in output.outputs:
-                pieces = _visible_pieces(self.engine.tokenizer, completion.text, completion.token_ids, hidden)
+                pieces = _token_pieces(self.engine.tokenizer, completion.text, completion.token_ids, hidden[number])
                 text, token_ends = "".join(pieces), list(itertools.accumulate(map(len, pieces)))
                 # P-TMPL-8: a continued message's reply is read inside its channel, a tool's from the message's body
                 reading = {"tools": plan.parser_tools, "continue_recipient": final.recipient if final else None,

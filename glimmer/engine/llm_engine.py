@@ -225,6 +225,7 @@ class _Completion:
     silent_stop_ids: frozenset[int] = frozenset()
     num_tokens: int = 0  # released so far
     text: str = ""
+    decoded_chars: int = 0  # the text decoded so far, `text` and what stop strings hold back or cut
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     num_prompt_tokens: int = 0
     # per prompt position when prompt logprobs were asked for (the first is None); delivered with the first delta
@@ -795,6 +796,8 @@ class LLMEngine:
         *,
         clamp_max_tokens: bool = False,
         generated: int = 0,
+        hidden_token_ids: frozenset[int] = frozenset(),
+        held_bytes: bytes = b"",
     ) -> None:
         """Queue a request; raises RequestError (naming the field) if it can never be served.
 
@@ -804,6 +807,12 @@ class LLMEngine:
         vLLM's offline LLM does, instead of refusing the request as the server does (a 400).
         generated: how many of the last prompt ids the model generated (a beam's, in beam search): placeholder ids
         among them are embedded as decoding embeds them, not refused as the prompt's own.
+        hidden_token_ids: special tokens left out of the text, as `skip_special_tokens` leaves out all (a chat reply's
+        hidden ones, `Tokenizer.hidden_in_replies`): dropped before their bytes are decoded, so a character whose bytes
+        they split comes out whole.
+        held_bytes: the text before the output (an echoed prompt) ends in these bytes of a character it has not
+        completed; the output's text starts with that character, so that the two texts add up to the decode of the
+        prompt and the output (`IncrementalDetokenizer`'s), whole where the output completes it, else U+FFFDs.
         """
         if request_id in self._seqs:
             raise RequestError(f"request id {request_id!r} is already in use", param="request_id")
@@ -871,9 +880,9 @@ class LLMEngine:
                 bad_word_ids=banned_words,
                 min_tokens_ids=held_ids,
             )
-            skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
+            skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else hidden_token_ids
             self._completions[id(seq)] = _Completion(
-                detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped),
+                detokenizer=IncrementalDetokenizer(self.tokenizer, skip_token_ids=skipped, held_bytes=held_bytes),
                 stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
                 min_tokens=params.min_tokens,
                 silent_stop_ids=silent_stop_ids(params, self.tokenizer.all_special_ids),
@@ -1195,7 +1204,7 @@ class LLMEngine:
     def _finish_unsampled(self, seq: Sequence) -> StepDelta:
         """The final delta of a max_tokens=0 sequence, whose prompt is computed (the caller retires it)."""
         done = self._completions.pop(id(seq))
-        return StepDelta(seq.request_id, seq.index, [], "", finish_reason="length",
+        return StepDelta(seq.request_id, seq.index, [], done.detokenizer.flush(), finish_reason="length",
                          num_prompt_tokens=done.num_prompt_tokens, num_cached_tokens=seq.num_cached_tokens,
                          prompt_logprobs=done.take_prompt_logprobs(),
                          first_scheduled_time=seq.first_scheduled_time)
@@ -1248,7 +1257,10 @@ class LLMEngine:
         finish_reason, stop_reason = item.finish_reason, item.stop_reason
         silent = stop_reason is not None and item.token in done.silent_stop_ids
         armed = not done.min_tokens or stop_strings_armed(done.num_tokens, done.min_tokens)
-        text, stop_string = done.stops.feed("" if silent else done.detokenizer.add(item.token), armed=armed)
+        decoded, start = ("", 0) if silent else done.detokenizer.add_at(item.token)
+        starts = [done.decoded_chars + start] if item.logprobs is not None else []
+        done.decoded_chars += len(decoded)
+        text, stop_string = done.stops.feed(decoded, armed=armed)
         if stop_string is None and finish_reason is not None:
             # the U+FFFD of bytes left incomplete can complete a stop string too: then it ends the text as any does
             tail, stop_string = done.stops.feed(done.detokenizer.flush(), armed=armed)
@@ -1267,6 +1279,7 @@ class LLMEngine:
             num_prompt_tokens=done.num_prompt_tokens,
             num_cached_tokens=item.seq.num_cached_tokens,
             prompt_logprobs=done.take_prompt_logprobs(),
+            token_text_starts=starts,
             first_scheduled_time=item.seq.first_scheduled_time,
         )
 

@@ -177,6 +177,10 @@ class StepDelta:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     # where each token's released text ends in `text`; empty: all of it ends with the last token (one step's delta)
     token_text_ends: list[int] = field(default_factory=list)
+    # with logprobs, per token: where its own text starts in the completion's decoded text (counted from its first
+    # character; after the U+FFFD of bytes earlier tokens left incomplete, `IncrementalDetokenizer.add_at`), which a
+    # legacy completion's `text_offset` and a chat answer's logprobs read; empty without logprobs
+    token_text_starts: list[int] = field(default_factory=list)
     # wall-clock time (time.time()) the scheduler first admitted the completion into a step; None if unknown
     first_scheduled_time: float | None = None
 
@@ -201,6 +205,7 @@ class StepDelta:
                 token_ids=[token],
                 text=self.text[start:end],
                 logprobs=self.logprobs[i : i + 1],
+                token_text_starts=self.token_text_starts[i : i + 1],
                 finish_reason=self.finish_reason if i == last else None,
                 stop_reason=self.stop_reason if i == last else None,
                 num_prompt_tokens=self.num_prompt_tokens,
@@ -226,6 +231,7 @@ class StepDelta:
             num_cached_tokens=later.num_cached_tokens,
             prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
             token_text_ends=self.text_ends() + [offset + end for end in later.text_ends()],
+            token_text_starts=self.token_text_starts + later.token_text_starts,
             first_scheduled_time=self.first_scheduled_time if self.first_scheduled_time is not None else
             later.first_scheduled_time,
         )

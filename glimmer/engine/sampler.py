@@ -118,7 +118,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: dict[int, float]
-    rank: int | None = None  # 1 for the most likely token id of the tokenizer's (vocabulary padding rows never count)
+    rank: int | None = None  # `token_ranks`: tokens at least as likely, itself included (padding rows never count)
 
 
 @dataclass
@@ -432,6 +432,10 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     Exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p / sum(p). The generator most rows share
     (the engine's one for unseeded requests) fills the whole noise tensor in one launch; every other row is then
     drawn from its own, so a seeded row's noise depends only on its generator.
+
+    A draw of exactly 0 (about 2**-53 per element) is raised to the dtype's smallest normal number: p / 0 was
+    inf, or NaN for a token filtered out (p = 0), which argmax takes as the largest, so a filtered token could
+    win. Every other draw, and so every seeded result without a zero, is unchanged.
     """
     noise = torch.empty_like(probs)
     shared, rows_sharing = _most_shared(generators)
@@ -440,7 +444,7 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch
     for j, generator in enumerate(generators):
         if rows_sharing == 1 or generator is not shared:
             noise[j].exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+    return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
 
 
 # torch's CPU generator seeds mt19937 with the low 32 bits of the seed only
@@ -491,15 +495,21 @@ def chosen_logprobs(
 
 def logprob_tensors(raw_logprobs: torch.Tensor, tokens: torch.Tensor, ks: list[int | None],
                     token_count: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """On the device: each row's chosen-token logprob, its top max(ks) logprobs and their ids, and the chosen
-    token's rank. Alternatives and ranks come from the tokenizer's ids only (the first `token_count` columns): the
-    rows a vocabulary is padded with are no token, though their logprobs stay in the raw distribution."""
+    """On the device: each row's chosen-token logprob, its top max(ks) + 1 logprobs and their ids (`ranked_top`
+    takes k of them), and the chosen token's rank (`token_ranks`). Alternatives and ranks come from the tokenizer's
+    ids only (the first `token_count` columns): the rows a vocabulary is padded with are no token, though their
+    logprobs stay in the raw distribution."""
     chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
     real = raw_logprobs if token_count is None else raw_logprobs[:, :token_count]
-    ranks = (real > chosen[:, None]).sum(dim=-1) + 1
-    k_max = min(max(k or 0 for k in ks), real.shape[1])
-    top_values, top_ids = real.topk(k_max, dim=-1) if k_max else (chosen[:, None], tokens[:, None])
-    return chosen, top_values, top_ids, ranks
+    top_values, top_ids = real.topk(min(max(k or 0 for k in ks) + 1, real.shape[1]), dim=-1)
+    return chosen, top_values, top_ids, token_ranks(real, chosen[:, None])
+
+
+def token_ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each row's rank of its token of logprob `chosen` (one column): vLLM's, the number of tokens at least as likely,
+    the token included (vllm/v1/sample/ops/logprobs.py), so 1 for the only most likely token and, among tokens of
+    equal logprob, the last place of their run (four tied for the first place are each of rank 4)."""
+    return (logprobs >= chosen).sum(dim=-1)
 
 
 def token_logprobs(tokens: list[int], chosen: list[float], top_values: list[list[float]], top_ids: list[list[int]],
@@ -509,22 +519,22 @@ def token_logprobs(tokens: list[int], chosen: list[float], top_values: list[list
     for i, k in enumerate(ks):
         if k is None:
             continue
-        top = ranked_top(tokens[i], chosen[i], ranks[i], top_ids[i][:k], top_values[i][:k])
+        top = ranked_top(tokens[i], chosen[i], ranks[i], top_ids[i][:k + 1], top_values[i][:k + 1], k)
         out[i] = TokenLogprobs(token_id=tokens[i], logprob=chosen[i], top=top, rank=ranks[i])
     return out
 
 
-def ranked_top(token_id: int, logprob: float, rank: int, ids: list[int], values: list[float]) -> dict[int, float]:
-    """The alternatives `ids` (most likely first, as topk gives them) with the token at its `rank`, 1 + the number
-    of tokens more likely, where that is among them. Among tokens of equal logprob topk's order, and which of them
-    it keeps at its end, is arbitrary: the token sampled (or scored) comes first among its equals, so that its rank
-    is its place in `top` (and in vLLM's dict of them) and the tokens before it are the more likely ones."""
-    top = list(zip(ids, values, strict=True))
-    if rank <= len(top) and top[rank - 1][0] != token_id:
-        top = [(t, v) for t, v in top if t != token_id]
+def ranked_top(token_id: int, logprob: float, rank: int, ids: list[int], values: list[float],
+               k: int) -> dict[int, float]:
+    """The `k` most likely alternatives, from `ids` (the k + 1 most likely, as topk gives them), with the token at
+    its `rank` (`token_ranks`) where that is at most k. Among tokens of equal logprob topk's order, and which of them
+    it keeps at its end, is arbitrary: the token sampled (or scored) comes last among its equals, so that its rank
+    is its place in `top` (and in vLLM's dict of them) and the tokens before it are those at least as likely. The
+    (k + 1)-th is the one that takes its place where a tie ranks it past k though topk kept it."""
+    top = [(t, v) for t, v in zip(ids, values, strict=True) if t != token_id]
+    if rank <= k:
         top.insert(rank - 1, (token_id, logprob))
-        top = top[:len(ids)]
-    return dict(top)
+    return dict(top[:k])
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], token_bitmask: torch.Tensor | None = None) -> SampleResult:
@@ -609,12 +619,10 @@ def scored_token_logprobs(logits: torch.Tensor, token_ids: list[int], k: int,
     real = raw if token_count is None else raw[:, :token_count]
     targets = torch.tensor(token_ids, dtype=torch.int64, device=raw.device)
     chosen = raw.gather(1, targets[:, None])
-    ranks = ((real > chosen).sum(dim=-1) + 1).tolist()
-    tops: list[dict[int, float]] = [{} for _ in token_ids]
-    if k > 0:
-        values, ids = real.topk(min(k, real.shape[1]), dim=-1)
-        tops = [dict(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    ranks = token_ranks(real, chosen).tolist()
+    values, ids = real.topk(min(k + 1, real.shape[1]), dim=-1)
+    tops = [dict(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
     logprobs = chosen.squeeze(1).tolist()
-    return [TokenLogprobs(token_id=t, logprob=lp, top=ranked_top(t, lp, rank, list(top), list(top.values())),
+    return [TokenLogprobs(token_id=t, logprob=lp, top=ranked_top(t, lp, rank, list(top), list(top.values()), k),
                           rank=rank)
             for t, lp, top, rank in zip(token_ids, logprobs, tops, ranks, strict=True)]

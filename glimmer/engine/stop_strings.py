@@ -3,6 +3,11 @@
 Text that could still be the start of a stop string is held back; once a stop string appears, the
 text before it (and, if asked, the stop string) is released and generation ends. Each call costs
 O(len(new text) + longest stop string).
+
+Of overlapping stop strings, the one that ends first wins, and of those that end at one place the longest (the
+earliest to start): what matching after each character finds, so the text cut does not depend on how it came in
+tokens (`["bc", "abcd"]` cuts "abcd" before "bc" whether it came as one token or four). vLLM takes the first in the
+list among those its last token completed; OpenAI documents only that the text stops at a stop sequence.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ class StopStringMatcher:
         if not self.stop:
             return text, None
         buffer = self._pending + text
-        match: tuple[int, str] | None = None
+        found = []
         for s in self.stop if armed else ():
             # it must end in `text`: the held text may hold a whole stop string from unarmed text (a prefix of a
             # longer one), which counts no more than it did then
             at = buffer.find(s, max(0, len(self._pending) - len(s) + 1))
-            if at >= 0 and (match is None or at < match[0]):
-                match = (at, s)
+            if at >= 0:
+                found.append((at, s))
+        match = first_to_end(found)
         if match is not None:
             at, s = match
             self._pending = ""
@@ -47,3 +53,9 @@ class StopStringMatcher:
         """Release whatever was held back (generation ended for another reason)."""
         pending, self._pending = self._pending, ""
         return pending
+
+
+def first_to_end(found: list[tuple[int, str]]) -> tuple[int, str] | None:
+    """Of stop strings `found` (where each starts, the string), the one that ends first, of those ending at one place
+    the one that starts first; None if none was found."""
+    return min(found, key=lambda item: (item[0] + len(item[1]), item[0]), default=None)

@@ -478,11 +478,11 @@ class Tokenizer:
         return tuple(sorted(token_id for token_id, added in decoder.items() if added.special))
 
     @cached_property
-    def hidden_in_replies(self) -> dict[int, str]:
-        """The special tokens a chat reply does not show, id → spelling: every one but the framing markers the
-        output parser reads (P-REQ-1). The server's chat and `LLM.chat` hide them (`without_hidden_tokens`)."""
-        spellings = {i: self.decode([i]) for i in self.all_special_ids}
-        return {i: text for i, text in spellings.items() if text not in FRAMING_MARKERS}
+    def hidden_in_replies(self) -> frozenset[int]:
+        """The special tokens a chat reply does not show: every one but the framing markers the output parser reads
+        (P-REQ-1). The server's chat and `LLM.chat` have the engine leave them out of the text
+        (`LLMEngine.add_request`'s `hidden_token_ids`)."""
+        return frozenset(i for i in self.all_special_ids if self.decode([i]) not in FRAMING_MARKERS)
 
     @property
     def decoder_type(self) -> str | None:
@@ -516,22 +516,6 @@ class Tokenizer:
     def _named_token_id(self, name: str) -> int | None:
         token = self._named_tokens.get(name)
         return None if token is None else self._backend.token_to_id(token)
-
-
-def without_hidden_tokens(text: str, token_ids: Sequence[int], hidden: Mapping[int, str]) -> str:
-    """`text` (what `token_ids` released) without the `hidden` special tokens, removed by token identity: model text
-    that merely spells one after it stays. Give one token's text at a time where earlier text may spell one: each
-    spelling is looked for from where the last was removed."""
-    if not hidden:
-        return text
-    cursor = 0
-    for token_id in token_ids:
-        spelling = hidden.get(token_id)
-        if spelling is not None:
-            at = text.find(spelling, cursor)
-            if at >= 0:
-                text, cursor = text[:at] + text[at + len(spelling):], at
-    return text
 
 
 class _ByteLevelInverse:

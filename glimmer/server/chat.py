@@ -249,20 +249,19 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
     overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the
     response the run makes, where it is not the chat completion's (`_prepared_run`)."""
     stop = stop_strings(request)
-    hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
+    hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
 
     def choices(prompt: ChatPrompt, params: SamplingParams) -> list[ChoiceStream]:
         return [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
                              include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
                              min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
-                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix,
-                             detokenizer=IncrementalDetokenizer(context.tokenizer) if request.logprobs else None)
+                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
                 for i in range(params.n)]
 
     run = await _prepared_run(raw_request, context, request, arrival, choices, named_for)
     prompt = run.prompt
     stream = context.engine.generate(run.engine_id, prompt.token_ids, run.params, multimodal=prompt.multimodal,
-                                     controller_factory=prompt.controller_factory)
+                                     controller_factory=prompt.controller_factory, hidden_token_ids=hidden)
     try:
         first = await until_disconnect(raw_request, anext(stream))
     except BaseException as error:
@@ -286,7 +285,7 @@ async def start_beam_search_run(raw_request: Request, context: ServingContext, r
     with _limit_named_as_sent(request):
         outputs, cached = await until_disconnect(raw_request, run_beam_search(
             context, run.engine_id, [prompt.token_ids], beam, params, prompt.multimodal))
-    hidden = {} if request.skip_special_tokens is False else context.hidden_special_tokens
+    hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
     deltas = []
     for rank, sequence in enumerate(outputs[0].sequences):
         run.choices.append(ChoiceStream(rank, prompt.tools.parser_tools, stop=[], hidden_tokens=hidden,
@@ -294,7 +293,7 @@ async def start_beam_search_run(raw_request: Request, context: ServingContext, r
                                         continue_recipient=prompt.continue_recipient,
                                         continue_prefix=prompt.continue_prefix))
         token_ids = [entry.token_id for entry in sequence.logprobs]  # the turn as generated, its stop id included
-        detokenizer = IncrementalDetokenizer(context.tokenizer)
+        detokenizer = IncrementalDetokenizer(context.tokenizer, skip_token_ids=hidden)
         pieces = [detokenizer.add(token_id) for token_id in token_ids]
         pieces[-1] += detokenizer.flush()
         # where each token's text ends: the choice reads the turn token by token, as it reads a generated one

@@ -11,7 +11,8 @@ request asked for, the same way whether the response streams or not (P-API-4):
   turn (P-HDR-8).
 - Special tokens other than the framing markers (`<|image_end|>`, say) are left out of the parser's input,
   so reasoning and content never show them, unless the request sets `skip_special_tokens: false`. The
-  engine still detokenizes with every special token kept (P-REQ-1): the framing must reach the parser.
+  engine leaves them out of the text (`hidden_token_ids`) before their bytes are decoded, so a character whose
+  bytes one splits comes out whole; it keeps every other special token (P-REQ-1): the framing must reach the parser.
 - Logprobs are those of the answer's tokens (`ContentTokens`): a token's entry is released once the parser
   has decided its text, so the entries streamed add up to the non-streamed list. The U+FFFD of bytes that
   earlier tokens left incomplete, which comes at the start of the next token's text, is the earlier tokens'
@@ -23,15 +24,13 @@ handler aborts the request once every choice is done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
 from glimmer.engine.stop_strings import StopStringMatcher
-from glimmer.engine.tokenizer import without_hidden_tokens
 from glimmer.protocol import ContentTokens, OutputParser, count_reasoning_tokens, finish_reason
 from glimmer.protocol.deltas import Event, ToolCallDelta
 
@@ -91,18 +90,17 @@ def _joined(first: Released, second: Released) -> Released | None:
 
 class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
-                 single_call: bool, include_stop: bool = False, hidden_tokens: Mapping[int, str] | None = None,
+                 single_call: bool, include_stop: bool = False, hidden_tokens: Collection[int] = (),
                  min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
-                 continue_prefix: str = "", detokenizer: IncrementalDetokenizer | None = None):
+                 continue_prefix: str = ""):
         """min_tokens: stop strings are looked for in the answer once more than that many tokens were generated;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
         the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
-        message's body in the prompt (all three OutputParser's); detokenizer: with logprobs, a fresh one decoding as
-        the engine does (every special token kept), which tells where each token's own text starts in the text it
-        released (after the U+FFFD of bytes earlier tokens left incomplete)."""
+        message's body in the prompt (all three OutputParser's); hidden_tokens: the special tokens the engine left
+        out of the text (`hidden_token_ids`), which have no answer logprob."""
         self.index = index
         self._min_tokens = min_tokens
-        self._hidden_tokens = hidden_tokens or {}
+        self._hidden_tokens = frozenset(hidden_tokens)
         self.parser = OutputParser(tools, continue_recipient=continue_recipient, continue_prefix=continue_prefix,
                                    verbatim_content=verbatim_content)
         self.finish_reason: str | None = None
@@ -119,7 +117,6 @@ class ChoiceStream:
         self._has_calls = False
         self._token_spans: list[tuple[int, int]] = []
         self._characters_fed = 0
-        self._detokenizer = detokenizer
 
     @property
     def done(self) -> bool:
@@ -145,9 +142,8 @@ class ChoiceStream:
         return released
 
     def _feed_step(self, delta: StepDelta) -> list[Event]:
-        visible = self._visible_text(delta)
-        self._count_tokens(delta, visible)
-        events = self._route(self.parser.feed(visible).events)
+        self._count_tokens(delta)
+        events = self._route(self.parser.feed(delta.text).events)
         if self._stop_matched:
             return events + self._end("stop", flush_parser=False)
         parser = self.parser
@@ -160,20 +156,12 @@ class ChoiceStream:
             return events + self._end(delta.finish_reason)
         return events
 
-    def _visible_text(self, delta: StepDelta) -> str:
-        """The delta's text without the special tokens the answer must not show (all but the framing the parser
-        reads)."""
-        return without_hidden_tokens(delta.text, delta.token_ids, self._hidden_tokens)
-
-    def _count_tokens(self, delta: StepDelta, visible: str) -> None:
-        # A token's span is the text it released to the parser (`visible`: the parser's offsets are in it); tokens
-        # whose text is still held, and hidden special tokens, get an empty one.
+    def _count_tokens(self, delta: StepDelta) -> None:
+        # A token's span is the text it released to the parser (the parser's offsets are in it); tokens whose text
+        # is still held, and hidden special tokens, get an empty one.
         start = self._characters_fed
-        self._characters_fed += len(visible)
+        self._characters_fed += len(delta.text)
         ends = delta.text_ends()
-        if len(visible) != len(delta.text):
-            ends = [len(without_hidden_tokens(delta.text[:end], delta.token_ids[:i + 1], self._hidden_tokens))
-                    for i, end in enumerate(ends)]
         previous = 0
         spans = []
         for end in ends:
@@ -183,19 +171,14 @@ class ChoiceStream:
         self.num_tokens += len(delta.token_ids)
         self.num_cached_tokens = delta.num_cached_tokens
         if delta.logprobs:  # only when the request asked for them
-            for token_id, span, entry in zip(delta.token_ids, spans, delta.logprobs, strict=True):
-                own_span = self._own_text(token_id, span)
+            # a token's own text starts where the engine says (`token_text_starts`: the engine's text is the one fed
+            # here, from its first character), after the U+FFFD at the start of its span that stands for bytes earlier
+            # tokens left incomplete (its first byte cannot continue their character)
+            starts = delta.token_text_starts or [span_start for span_start, _ in spans]
+            for token_id, (span_start, end), own_start, entry in zip(delta.token_ids, spans, starts, delta.logprobs,
+                                                                     strict=True):
                 if token_id not in self._hidden_tokens:  # the answer never shows it
-                    self._content_tokens.add(own_span, entry)
-
-    def _own_text(self, token_id: int, span: tuple[int, int]) -> tuple[int, int]:
-        """The part of the text `token_id` released (`span`) that is its own: without the U+FFFD at its start that
-        stands for bytes earlier tokens left incomplete (its first byte cannot continue their character)."""
-        if self._detokenizer is None:
-            return span
-        _, held_replacements = self._detokenizer.add_at(token_id)
-        start, end = span
-        return min(start + held_replacements, end), end
+                    self._content_tokens.add((min(max(own_start, span_start), end), end), entry)
 
     def _route(self, events: list[Event]) -> list[Event]:
         routed: list[Event] = []

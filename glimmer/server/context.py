@@ -26,8 +26,8 @@ class ServingContext:
     metrics: ServerMetrics
     grammars: GrammarCompiler
     created: int = field(default_factory=lambda: int(time.time()))
-    hidden_special_tokens: dict[int, str] = field(default_factory=dict)
-    """Special tokens chat answers do not show (every one but the framing markers): id → spelling."""
+    hidden_special_tokens: frozenset[int] = frozenset()
+    """Special tokens chat answers do not show (every one but the framing markers), `Tokenizer.hidden_in_replies`."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
     remote_media_threads: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(REMOTE_MEDIA_THREADS))
     """The worker threads that build the prompts fetching media over http(s) (`chat_prompt.prompt_threads`)."""

@@ -439,6 +439,11 @@ def request_error(error: ValidationError, hints: dict[str, str] = _UNION_FIELD_H
                             "ignore something that might change the output", param=param)
     if first["type"] == "greater_than_equal" and first["input"] == -1 and param in LOGPROB_COUNT_FIELDS:
         return RequestError(f"{param}: {EVERY_TOKEN_LOGPROBS_REFUSAL}", param=param)  # vLLM's server takes -1
+    if first["type"] == "int_type" and isinstance(first["input"], bool) and param in LOGPROB_COUNT_FIELDS:
+        # vLLM's server reads true as 1, false as 0; chat's `logprobs` is the boolean, this field a count
+        return RequestError(f"{param}: {str(first['input']).lower()} is not a number; give the number of most likely "
+                            f"tokens wanted, 0 to {MAX_LOGPROBS} (chat completions' logprobs is the boolean)",
+                            param=param)
     hinted = next((field for field in hints if param == field or param.startswith((f"{field}.", f"{field}["))), None)
     if hinted is not None:  # pydantic names the union member it tried last (`guided_json.str`), not a field
         return RequestError(f"{hinted}: {hints[hinted]}", param=hinted)

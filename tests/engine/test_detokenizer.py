@@ -93,6 +93,17 @@ def test_add_many_equals_the_sum_of_adds(tok, ids, split):
     assert detok.flush() == tail
 
 
+@PROPERTY_SETTINGS
+@given(ids=st.lists(st.integers(min_value=0, max_value=505), max_size=24), split=st.integers(0, 24))
+def test_a_detokenizer_started_on_the_held_bytes_of_another_continues_its_text(tok, ids, split):
+    """An echoed prompt and its output: the prompt's text without its held bytes, then the output's started on them
+    (`held_bytes`), add up to the decode of both together, a character straddling them whole."""
+    before = IncrementalDetokenizer(tok)
+    head = before.add_many(ids[:split])
+    after = IncrementalDetokenizer(tok, held_bytes=before.held_bytes())
+    assert head + "".join(after.add(i) for i in ids[split:]) + after.flush() == tok.decode(ids)
+
+
 def test_multi_byte_character_is_held_until_complete(tok):
     ids = tok.encode("🦀")
     assert len(ids) > 1, "the tiny vocabulary has no token for the crab; pick a rarer character"

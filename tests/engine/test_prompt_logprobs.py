@@ -39,7 +39,7 @@ def _check_against_reference(reference, prompt, scored, k, token_count):
         entry, row = scored[position], expected[position - 1]
         assert entry.token_id == prompt[position]
         assert abs(entry.logprob - row[prompt[position]].item()) < TOLERANCE
-        assert entry.rank == int((row[:token_count] > row[prompt[position]]).sum()) + 1
+        assert entry.rank == int((row[:token_count] >= row[prompt[position]]).sum())
         top_values, top_ids = row[:token_count].topk(k)
         assert list(entry.top) == top_ids.tolist()
         for i, value in zip(top_ids.tolist(), top_values.tolist(), strict=True):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine.sampler import SamplingRow, sample, seeded_generator
@@ -144,6 +147,33 @@ def test_rows_sharing_a_generator_draw_in_one_call_and_a_seeded_row_from_its_own
     own = [torch.Generator().manual_seed(20 + i) for i in range(3)]
     assert draw(probs[:3], own).tolist() == [
         draw(probs[i:i + 1], [torch.Generator().manual_seed(20 + i)]).item() for i in range(3)]
+
+
+def test_an_exponential_draw_of_zero_never_picks_a_filtered_token(monkeypatch):
+    """The race argmax(p / E) with E ~ Exp(1) meets E == 0 about once in 2**53 draws: p / 0 was NaN for a token
+    filtered out (p = 0), which argmax takes as the largest. A zero draw is the dtype's smallest normal number now;
+    every other draw, and so every seeded result, stays what it was."""
+    from glimmer.engine.sampler import draw
+
+    exponential = torch.Tensor.exponential_
+    zero_at: list[int] = []
+
+    def with_zeros(self, *args, **kwargs):
+        exponential(self, *args, **kwargs)
+        self.view(-1)[zero_at] = 0.0
+        return self
+
+    probs = torch.tensor([[0.0, 0.2, 0.5, 0.3], [0.1, 0.0, 0.0, 0.9]])
+    seeded = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    unforced = draw(probs, seeded).tolist()
+    monkeypatch.setattr(torch.Tensor, "exponential_", with_zeros)
+    zero_at[:] = [0]  # each row's first element: row 0's token 0 is filtered out, row 1's is not
+    seeded = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    first, second = draw(probs, seeded).tolist()
+    assert first == unforced[0]  # was token 0, of probability 0
+    assert second == 0  # a zero draw wins the race for a token of non-zero probability, as E -> 0 does
+    zero_at[:] = [1, 2]  # two filtered tokens of row 1 (each row is drawn from its own generator)
+    assert draw(probs[1:], [torch.Generator().manual_seed(6)]).item() == unforced[1]
 
 
 def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_differ(tiny_checkpoint):
@@ -328,6 +358,65 @@ def test_stop_string_matcher_holds_back_only_possible_prefixes():
     assert included.feed("abcEND") == ("abcEND", "END")
 
 
+def _stop_reference(text: str, stop: list[str], include: bool) -> tuple[str, str | None]:
+    """The text cut at the stop string that ends first, of those ending at one place the longest (as matching after
+    each character finds)."""
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stop if s and text[:end].endswith(s)]
+        if ending:
+            longest = max(ending, key=len)
+            return text[:end] if include else text[:end - len(longest)], longest
+    return text, None
+
+
+def _fed(stop: list[str], include: bool, pieces: list[str]) -> tuple[str, str | None]:
+    matcher = StopStringMatcher(stop, include_in_output=include)
+    released = ""
+    for piece in pieces:
+        text, matched = matcher.feed(piece)
+        released += text
+        if matched is not None:
+            return released, matched
+    return released + matcher.flush(), None
+
+
+@pytest.mark.parametrize(("stop", "pieces", "expected"), [
+    (["bc", "abcd"], ["xabcd"], ("xa", "bc")),  # overlapping: "bc" ends first, wherever the tokens split
+    (["bc", "abcd"], ["xa", "b", "cd"], ("xa", "bc")),
+    (["abcd", "bc"], ["xabcd"], ("xa", "bc")),  # the list's order does not matter
+    (["ab", "abc"], ["xabc"], ("x", "ab")),  # a prefix of another ends first
+    (["abc", "bc"], ["xab", "c"], ("x", "abc")),  # both end at "c": the longer, which starts first
+    (["abc", "bc"], ["xabc"], ("x", "abc")),
+    (["lo w", "wor"], ["hel", "lo ", "wo", "rld"], ("hel", "lo w")),  # spans three tokens
+])
+def test_overlapping_stop_strings_cut_where_the_first_to_end_begins_however_the_text_is_split(stop, pieces, expected):
+    """Glimmer's rule: the stop string that ends first, of those ending at one place the longest. It is what
+    matching after each character finds, so a text cuts the same streamed or whole, token by token or in one piece
+    (vLLM takes the first of its list among those the last token completed; OpenAI does not say)."""
+    assert _fed(stop, False, pieces) == expected
+    assert _fed(stop, True, pieces) == (expected[0] + expected[1], expected[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="abc ", max_size=14), stop=st.lists(st.text(alphabet="abc", min_size=1, max_size=4),
+                                                                  min_size=1, max_size=4),
+       cuts=st.lists(st.integers(min_value=0, max_value=14), max_size=6), include=st.booleans())
+def test_a_stop_string_cuts_the_same_text_however_it_is_split(text, stop, cuts, include):
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = [text[i:j] for i, j in itertools.pairwise(bounds)]
+    assert _fed(stop, include, pieces) == _fed(stop, include, list(text)) == _stop_reference(text, stop, include)
+
+
+def test_llm_chat_cuts_an_answer_at_the_stop_string_that_ends_first():
+    """LLM.chat's cut of an answer read so far follows the matcher's rule: with ["bc", "abcd"] it cut "xabcd" at
+    "abcd" (the earliest to start) where the text had come letter by letter."""
+    from glimmer.engine.llm import _cut_at_stop
+
+    assert _cut_at_stop("xabcd!", ["bc", "abcd"], False) == ("xa", "bc")
+    assert _cut_at_stop("xabcd!", ["abcd", "bc"], True) == ("xabc", "bc")
+    assert _cut_at_stop("abc", ["abc", "bc"], False) == (None, "abc")
+
+
 def test_top_k_candidates_filter_exactly_as_a_full_sort(monkeypatch):
     """topk over the candidates gives the same kept set and values as sorting the whole vocabulary."""
     import glimmer.engine.sampler as sampler
@@ -506,23 +595,24 @@ def test_logprob_alternatives_and_ranks_come_from_the_tokenizers_ids_only():
 
 
 def test_a_token_tied_with_others_sits_at_its_rank_among_the_alternatives():
-    """Tokens of equal logprob (a bf16 logit row has many; a softcap saturates to them): the token's rank is 1 + the
-    tokens more likely, and topk placed its equals in any order, or left it out for one of them, so a token of rank 1
-    was third among the alternatives, or missing from them with k = 2 (vLLM's dict then ranked it twice)."""
+    """Tokens of equal logprob (a bf16 logit row has many; a softcap saturates to them): the token's rank is vLLM's,
+    the number of tokens at least as likely, itself included (vllm/v1/sample/ops/logprobs.py counts `x >= value`),
+    whichever of its equals it is, and it sits last among its equals in the alternatives, which topk placed in any
+    order or where topk kept it though its rank is past k (it was 1 + the tokens more likely, first among equals)."""
     from glimmer.engine.outputs import PositionLogprobs
     from glimmer.engine.sampler import scored_token_logprobs
 
     logits = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0, 0.0],    # four tied for the first place
                            [5.0, 1.0, 1.0, 1.0, 1.0, 0.0]])   # four tied for the second
-    forced = [3, 4]  # the bias forces a tie's last token; logprobs stay the model's
-    for k in (1, 2, 3, 5):
+    for forced, k in itertools.product(([3, 4], [0, 1], [1, 2]), (1, 2, 3, 4, 5)):
+        # the bias forces a token of each tie; logprobs stay the model's
         rows = [SamplingRow(SamplingParams(temperature=0, logprobs=k, logit_bias={t: 50.0}), [], [], None)
                 for t in forced]
         sampled = sample(logits, rows)
         scored = scored_token_logprobs(logits, forced, k)
         assert sampled.token_ids == forced
+        assert [entry.rank for entry in sampled.logprobs] == [entry.rank for entry in scored] == [4, 5]
         for entries in (sampled.logprobs, scored):
-            assert [entry.rank for entry in entries] == [1, 2]
             for entry in entries:
                 alternatives = list(entry.top)
                 assert len(alternatives) == k

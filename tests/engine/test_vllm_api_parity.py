@@ -58,14 +58,15 @@ def test_chat_parses_the_turn_whatever_skip_special_tokens_says(nano):
                                                                            kept.tool_calls)
 
 
-def test_chat_hides_stray_special_tokens_by_token_identity_unless_told_to_keep_them():
-    from glimmer.engine.tokenizer import without_hidden_tokens as _visible_text
+def test_chat_hides_stray_special_tokens_by_token_identity_unless_told_to_keep_them(llm):
+    from glimmer.engine.detokenizer import IncrementalDetokenizer
 
-    hidden = {7: "<|patch|>"}
-    text = "a<|patch|>b<|patch|>"
-    assert _visible_text(text, [1, 7, 2, 5], hidden) == "ab<|patch|>"  # token 5 only spells it: it stays
-    assert _visible_text(text, [1, 7, 2, 7], hidden) == "ab"
-    assert _visible_text(text, [1, 7, 2, 7], {}) == text
+    tok = llm.engine.tokenizer
+    patch = tok.token_to_id("<|patch|>")
+    assert patch in tok.hidden_in_replies
+    ids = tok.encode_text("a") + [patch] + tok.encode_text("b<|patch|>")  # the last tokens only spell it: it stays
+    assert IncrementalDetokenizer(tok, skip_token_ids=tok.hidden_in_replies).add_many(ids) == "ab<|patch|>"
+    assert IncrementalDetokenizer(tok).add_many(ids) == "a<|patch|>b<|patch|>"
 
 
 # 2. get_tokenizer() -----------------------------------------------------------------------------------------------

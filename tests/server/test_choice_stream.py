@@ -39,8 +39,9 @@ def test_each_delta_reports_the_logprobs_of_the_answer_tokens_it_decided():
 
 
 def test_a_hidden_special_token_has_no_answer_logprob():
-    choice = ChoiceStream(0, None, stop=[], single_call=False, hidden_tokens={9: "<|image_end|>"})
-    for token_id, text in [(100, " to=user<|message|>"), (101, "Hi"), (9, "<|image_end|>"), (102, "!")]:
+    choice = ChoiceStream(0, None, stop=[], single_call=False, hidden_tokens={9})
+    # the engine leaves a hidden token out of the text (`hidden_token_ids`)
+    for token_id, text in [(100, " to=user<|message|>"), (101, "Hi"), (9, ""), (102, "!")]:
         choice.feed(StepDelta("r", 0, [token_id], text, logprobs=[TokenLogprobs(token_id, -0.1, {})]))
     choice.feed(StepDelta("r", 0, [8], "<|eot|>", logprobs=[TokenLogprobs(8, -0.1, {})], finish_reason="stop"))
     assert [entry.token_id for entry in choice.content_logprobs] == [101, 102]

@@ -295,6 +295,22 @@ def test_vllms_every_token_logprobs_is_refused_saying_so(server, path, body, par
                                 "number of most likely tokens wanted, at most 20")
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "logprobs": True}, "logprobs"),
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "logprobs": False}, "logprobs"),
+    ("/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1, "prompt_logprobs": True}, "prompt_logprobs"),
+    ("/chat/completions", chat(logprobs=True, top_logprobs=True), "top_logprobs"),
+    ("/responses", {"model": "tiny", "input": "hi", "top_logprobs": True}, "top_logprobs"),
+])
+def test_a_boolean_logprob_count_is_refused_saying_it_takes_a_number(server, path, body, param):
+    """Legacy completions' `logprobs` is a count (OpenAI's API types it an integer, 0 to 5); chat's is the boolean.
+    vLLM's server reads true as 1 silently; the 400 says what to send (was 'Input should be a valid integer')."""
+    error = error_of(post(server, body, path=path), 400)
+    assert error["param"] == param
+    assert error["message"] == (f"{param}: {str(body[param]).lower()} is not a number; give the number of most likely "
+                                "tokens wanted, 0 to 20 (chat completions' logprobs is the boolean)")
+
+
 @pytest.mark.parametrize("n", [0, -1, 5, 10**9, 2**70])
 @pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
 def test_every_n_out_of_range_gets_one_message_naming_the_range(server, n, path):

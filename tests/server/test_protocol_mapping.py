@@ -424,8 +424,8 @@ def test_llm_chat_holds_off_a_stop_string_in_the_min_tokens_of_an_answer_of_two_
 def test_llm_chat_ends_the_answer_at_the_stop_string_the_server_ends_it_at_within_a_token(client, server, llm,
                                                                                          include):
     """Two stop strings starting at one place in one token's text ("ight" then "ig" in the token "ight"): the server
-    ends the answer at the first listed, as vLLM does; LLM.chat read the turn a character at a time and ended it at
-    the shorter one, which it met first."""
+    and LLM.chat end the answer at the one that ends first, "ig", as they would had the text come in smaller tokens
+    (vLLM takes the first listed among those a token completed, so its answer depends on the tokens)."""
     tokenizer = server.engine.engine.tokenizer
     assert tokenizer.token_to_id("ight") in tokenizer.encode(ANSWER_WITH_LIGHT)  # "ig" lies within one token
     stop = ["ight", "ig"]
@@ -435,8 +435,8 @@ def test_llm_chat_ends_the_answer_at_the_stop_string_the_server_ends_it_at_withi
     reply = llm.chat(request["messages"], SamplingParams(temperature=0, max_tokens=200, stop=stop,
                                                          include_stop_str_in_output=include),
                      chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
-    assert served["content"] == ("The light" if include else "The l")
-    assert (reply.content, reply.stop_string) == (served["content"], "ight")
+    assert served["content"] == ("The lig" if include else "The l")
+    assert (reply.content, reply.stop_string) == (served["content"], "ig")
 
 
 def test_special_tokens_stay_out_of_reasoning_and_answer_unless_asked_for(client):

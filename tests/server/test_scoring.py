@@ -96,7 +96,7 @@ def test_vllm_prompt_logprobs_name_the_prompt_token_its_rank_and_the_top_alterna
         row = expected[position - 1, :token_count]
         entry = scored[position][str(PROMPT[position])]
         assert abs(entry["logprob"] - row[PROMPT[position]].item()) < 1e-4
-        assert entry["rank"] == int((row > row[PROMPT[position]]).sum()) + 1
+        assert entry["rank"] == int((row >= row[PROMPT[position]]).sum())
         best = str(int(row.argmax()))
         assert scored[position][best]["rank"] == 1
     chat = httpx.post(server.base_url + "/chat/completions", timeout=60, json={

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Collection
 from typing import Any
 
 import httpx
@@ -142,15 +141,34 @@ def test_a_stop_string_cuts_the_decoded_text_at_its_first_occurrence(server, llm
             assert whole["choices"][0]["stop_reason"] == output.stop_reason == stop
 
 
-def _runs_between(ids: list[int], separators: Collection[int]) -> list[list[int]]:
-    """`ids` split at the `separators`, which are left out."""
-    runs: list[list[int]] = [[]]
-    for token_id in ids:
-        if token_id in separators:
-            runs.append([])
-        else:
-            runs[-1].append(token_id)
-    return runs
+@pytest.mark.parametrize(("stop", "expected"), [
+    (["ram", "parameter"], "xpa"), (["parameter", "ram"], "xpa"),  # one token completes both: "ram" ends first
+    (["para", "parameter"], "x"), (["meter", "ameter"], "xpar"),  # a prefix; two ending at one place: the longer
+    (["r d", "ter day"], "xparamete"),  # across tokens: both complete in the token "day", "r d" ends first
+])
+def test_overlapping_stop_strings_cut_at_the_first_to_end_everywhere(server, llm, tok, stop, expected):
+    """Of overlapping stop strings (or one a prefix of another) the one that ends first cuts the text, of those ending
+    at one place the longest: the same streamed and not, on /v1/completions, LLM.generate, chat and LLM.chat, the
+    answer being a few tokens that each hold several characters (LLM.chat cut its whole answer at the earliest to
+    start; the server at the first its tokens completed)."""
+    answer = tok.encode_text("x") + tok.encode_text("parameter") + tok.encode_text(" day")
+    assert len(answer) == 4  # the tiny vocabulary has "parameter" and "day" as tokens
+    key = f"[overlap-{'-'.join(stop)}]"
+    _script(server, llm, key, answer)
+    body = {"model": "tiny", "prompt": f"Say {key}", "max_tokens": len(answer), "temperature": 0, "stop": stop}
+    whole, chunks = _completion(server, body)
+    output = llm.generate(f"Say {key}", SamplingParams(temperature=0, max_tokens=len(answer), stop=stop),
+                          use_tqdm=False)[0]
+    assert whole["choices"][0]["text"] == "".join(c["text"] for c in chunks) == output.text == expected
+    chat_key = f"[overlap-chat-{'-'.join(stop)}]"
+    _script(server, llm, chat_key, tok.encode(" to=user<|message|>") + answer + [tok.token_to_id(EOT)])
+    messages = [{"role": "user", "content": f"{chat_key} Hi"}]
+    reply, chat_chunks = _chat(server, {"model": "tiny", "messages": messages, "temperature": 0, "stop": stop,
+                                        "chat_template_kwargs": PINNED_DATE})
+    offline = llm.chat(messages, SamplingParams(temperature=0, stop=stop), chat_template_kwargs=PINNED_DATE,
+                       use_tqdm=False)[0]
+    streamed = "".join(chunk["delta"].get("content") or "" for chunk in chat_chunks)
+    assert reply["message"]["content"] == streamed == offline.content == expected
 
 
 def _turn(rng: random.Random, tok, answer: list[int]) -> list[int]:
@@ -182,14 +200,32 @@ def test_chat_answer_is_the_decode_of_its_tokens_streamed_or_not_and_from_llm_ch
                              chat_template_kwargs=PINNED_DATE, use_tqdm=False)[0]
             streamed = "".join(chunk["delta"].get("content") or "" for chunk in chunks)
             content = (whole["message"]["content"], streamed or None, reply.content)
-            # a hidden token is left out where it stands in the decode with every special kept (P-REQ-1): the bytes
-            # on either side of it are decoded apart, as if it were still there
-            expected = "".join(tok.decode(run) for run in _runs_between(answer, hidden if skip else {}))
+            # a hidden token is left out before the bytes are decoded (as skip_special_tokens leaves tokens out): a
+            # character whose bytes it splits comes out whole
+            expected = tok.decode(shown)
             assert content == (expected or None,) * 3, (answer, skip)  # P-API-1: null when empty
             entries = whole["logprobs"]["content"]
             assert entries == [entry for chunk in chunks if chunk.get("logprobs")
                                for entry in chunk["logprobs"]["content"]]
             assert [bytes(entry["bytes"]) for entry in entries] == [tok.token_bytes(i) for i in shown], (answer, skip)
+
+
+def test_a_hidden_special_token_between_the_bytes_of_a_character_leaves_it_whole(server, llm, tok):
+    """A special token the reply hides (`<|patch|>`), generated between the bytes of an emoji, left the bytes on either
+    side decoded apart: U+FFFDs in the answer, streamed or not, where skip_special_tokens' decode has the emoji."""
+    emoji = tok.encode_text("😀")
+    answer = tok.encode_text("ok ") + emoji[:2] + [tok.token_to_id("<|patch|>")] + emoji[2:] + tok.encode_text("!")
+    _script(server, llm, "[split-emoji]", tok.encode(" to=user<|message|>") + answer + [tok.token_to_id(EOT)])
+    messages = [{"role": "user", "content": "[split-emoji] Hi"}]
+    for logprobs in (False, True):
+        body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 50, "logprobs": logprobs,
+                "chat_template_kwargs": PINNED_DATE}
+        whole, chunks = _chat(server, body)
+        streamed = [chunk["delta"]["content"] for chunk in chunks if chunk["delta"].get("content")]
+        assert whole["message"]["content"] == "".join(streamed) == "ok 😀!"
+    reply = llm.chat(messages, SamplingParams(temperature=0, max_tokens=50), chat_template_kwargs=PINNED_DATE,
+                     use_tqdm=False)[0]
+    assert reply.content == "ok 😀!"
 
 
 def test_an_answer_ending_in_an_incomplete_character_lists_no_logprob_of_the_token_after_it(server, tok):
@@ -209,8 +245,9 @@ def test_an_answer_ending_in_an_incomplete_character_lists_no_logprob_of_the_tok
 
 
 def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(model_server, tok):
-    """echo puts the prompt's decode (a character it cuts short shows as U+FFFD) before the text, streamed or not;
-    prompt_logprobs' decoded_token is each token's own decode."""
+    """echo puts the prompt's decode before the text, streamed or not (a character it cuts short is the output's to
+    complete: whole if the model's first token does, else U+FFFD); prompt_logprobs' decoded_token is each token's own
+    decode."""
     prompt = tok.encode_text("東京 ") + tok.encode_text("😀")[:3]
     for skip in (False, True):
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True,
@@ -219,12 +256,40 @@ def test_echo_and_prompt_logprobs_spell_a_prompt_that_splits_a_character(model_s
         choice = whole["choices"][0]
         generated = choice["logprobs"]["tokens"][len(prompt):]
         assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
-        assert choice["text"].startswith("東京 \ufffd") and len(generated) == 4
+        assert choice["text"].startswith("東京 ") and len(generated) == 4
         offsets = choice["logprobs"]["text_offset"]
-        assert offsets == sorted(offsets) and offsets[len(prompt)] == len("東京 \ufffd")
+        completes = not choice["text"].startswith("東京 \ufffd")  # this seed's first token does: 😢
+        assert offsets == sorted(offsets) and offsets[len(prompt)] == len("東京 \ufffd") - completes
         for position in choice["prompt_logprobs"][1:]:
             for token_id, entry in position.items():
                 assert entry["decoded_token"] == tok._backend.decode([int(token_id)], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1, 3])
+def test_echo_of_a_prompt_whose_character_the_output_completes_spells_it_whole(server, tok, max_tokens):
+    """The echo was decoded apart from the output: a character whose bytes the prompt begins and the output ends came
+    out as U+FFFDs on both sides. The choice's text is the decode of prompt and output together, streamed or not, and
+    each token's `text_offset` is where its text starts in it (the token that completes the character, at the
+    character); with max_tokens 0 or an output that does not complete it, the bytes are one U+FFFD, as before."""
+    emoji = tok.encode_text("😀")
+    prompt = tok.encode("Say [echo-split] 東京 ") + emoji[:2]
+    server.engine.engine.runner.add_ids("[echo-split]", emoji[2:] + tok.encode_text("!"))
+    for skip in (False, True):
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "echo": True,
+                "logprobs": 0, "skip_special_tokens": skip}
+        whole, chunks = _completion(server, body)
+        choice = whole["choices"][0]
+        output = choice["logprobs"]["tokens"][len(prompt):]
+        assert len(output) == max_tokens
+        expected = tok._backend.decode(prompt + (emoji[2:] + tok.encode_text("!"))[:max_tokens],
+                                       skip_special_tokens=skip)
+        assert choice["text"] == "".join(chunk["text"] for chunk in chunks) == expected
+        assert "\ufffd" not in expected or max_tokens < 2
+        offsets = choice["logprobs"]["text_offset"]
+        assert offsets == sorted(offsets)
+        assert offsets == [offset for chunk in chunks for offset in chunk["logprobs"]["text_offset"]]
+        before = len(tok._backend.decode(prompt[:-2], skip_special_tokens=skip))
+        assert offsets[len(prompt) - 2:] == [before] * min(max_tokens + 2, 4) + [before + 1] * (max_tokens == 3)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -243,6 +308,36 @@ def test_the_real_model_sampling_byte_tokens_streams_the_decode_of_what_it_sampl
         assert len(ids) == 16 and len(set(ids)) > 1
         assert choice["text"] == "".join(chunk["text"] for chunk in chunks)
         assert choice["text"] == tok._backend.decode(ids, skip_special_tokens=skip)
+
+
+def test_a_request_with_logprobs_decodes_each_generated_token_once(server, tok, monkeypatch):
+    """The engine says where each token's own text starts (`token_text_starts`); the server decoded every generated
+    token a second time for that, a legacy completion for its `text_offset`, a chat answer for its logprobs."""
+    from glimmer.engine.detokenizer import IncrementalDetokenizer
+
+    decoded: list[int] = []
+    for name in ("add", "add_at"):
+        method = getattr(IncrementalDetokenizer, name)
+
+        def counting(self, token_id, _method=method):
+            decoded.append(token_id)
+            return _method(self, token_id)
+
+        monkeypatch.setattr(IncrementalDetokenizer, name, counting)
+    answer = tok.encode_text("ok ") + tok.encode_text("😀")[:2] + tok.encode_text("東京!")
+    server.engine.engine.runner.add_ids("[decoded-once]", answer)
+    body = {"model": "tiny", "prompt": "[decoded-once]", "max_tokens": len(answer), "temperature": 0, "logprobs": 1}
+    for stream in (False, True):
+        decoded.clear()
+        response = httpx.post(server.base_url + "/completions", json={**body, "stream": stream}, timeout=30)
+        assert response.status_code == 200 and sorted(decoded) == sorted(answer)
+    turn = tok.encode(" to=user<|message|>") + answer + [tok.token_to_id(EOT)]
+    server.engine.engine.runner.add_ids("[decoded-once-chat]", turn)
+    decoded.clear()
+    reply, _ = _chat(server, {"model": "tiny", "messages": [{"role": "user", "content": "[decoded-once-chat]"}],
+                              "temperature": 0, "logprobs": True, "chat_template_kwargs": PINNED_DATE})
+    assert reply["message"]["content"] == "ok \ufffd東京!"
+    assert sorted(decoded) == sorted(turn * 2)  # the whole response, then the streamed one
 
 
 def test_a_line_separator_in_the_text_does_not_split_a_streamed_event(server, tok):
