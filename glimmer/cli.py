@@ -481,8 +481,8 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
 
     from glimmer.server.app import create_app
     from glimmer.server.batch import run_batch
+    from glimmer.server.json_text import one_line_json
     from glimmer.server.settings import ServerSettings
-    from glimmer.server.streaming import one_line_json
 
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
