@@ -870,7 +870,7 @@ class LLMEngine:
                 index=index,
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
                 bad_word_ids=banned_words,
-                min_tokens_ids=held_ids,
+                held_ids=held_ids,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(
