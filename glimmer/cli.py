@@ -361,7 +361,6 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
             allow_control_tokens_in_content=args.allow_control_tokens_in_content,
             trust_request_chat_template=args.trust_request_chat_template,
             request_id_headers=args.enable_request_id_headers,
-            generation_config=args.generation_config,
             max_header_count=args.h11_max_header_count,
         )
 
@@ -482,8 +481,8 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
 
     from glimmer.server.app import create_app
     from glimmer.server.batch import run_batch
+    from glimmer.server.json_text import one_line_json
     from glimmer.server.settings import ServerSettings
-    from glimmer.server.streaming import one_line_json
 
     with _batch_output(args.output_file, args.input_file) as write_text:
         engine, name, is_default = _engine_from_args(args)
@@ -497,7 +496,7 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
             settings = ServerSettings(
                 served_model_names=names, max_request_bytes=sys.maxsize,  # a line is no upload to limit
                 default_reasoning_strength=args.default_reasoning_strength,
-                media_policy=_media_policy(args), generation_config=args.generation_config, **_media_counts(args))
+                media_policy=_media_policy(args), **_media_counts(args))
             app = create_app(engine, settings)
             # twice the batch the engine runs keeps it full as requests finish; those beyond it wait in its queue,
             # whose --max-waiting-requests they stay within (beyond, the engine's 429 would only be retried)
@@ -882,8 +881,7 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         sigterm.check()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not
         # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
-        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize,
-                                                generation_config=args.generation_config))
+        app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
         _check_chat_fits_context(app.state.context, args, options, tools)
         if is_default:
             print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
@@ -1190,12 +1188,10 @@ def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
 def _generation_config(text: str) -> str:
     """--generation-config's value: vLLM's auto or vllm (vLLM's third form, a folder to read the file from, is
     refused)."""
-    from glimmer.checkpoint.generation_config import GENERATION_CONFIG_MODES
+    from glimmer.checkpoint.generation_config import FOLDER_MODE_REFUSED, GENERATION_CONFIG_MODES
 
     if text not in GENERATION_CONFIG_MODES:
-        raise argparse.ArgumentTypeError(f"{text!r}: give auto or vllm (a folder of its own generation_config.json, "
-                                         "vLLM's third form, is not supported: edit the checkpoint's file, or set "
-                                         "the values in each request)")
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or vllm ({FOLDER_MODE_REFUSED})")
     return text
 
 

@@ -26,13 +26,15 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 GENERATION_CONFIG_MODES = ("auto", "vllm")
 """vLLM's generation_config: "auto" takes the checkpoint's sampling defaults for what a request leaves out, "vllm"
 plain SamplingParams() (OpenAI's defaults on the server)."""
+FOLDER_MODE_REFUSED = ("a folder of its own generation_config.json, vLLM's third form, is not supported: edit the "
+                       "checkpoint's file, or set the values in each request")
 
 
 def check_generation_config_mode(mode: object) -> None:
     """ConfigError naming `generation_config` for a mode other than `GENERATION_CONFIG_MODES`'."""
     if mode not in GENERATION_CONFIG_MODES:
         raise ConfigError(f"generation_config={mode!r} is not supported; use "
-                          f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))}")
+                          f"{' or '.join(map(repr, GENERATION_CONFIG_MODES))} ({FOLDER_MODE_REFUSED})")
 
 # SamplingParams' bounds (engine/sampling_params.py: MAX_TEMPERATURE, REPETITION_PENALTY_RANGE, float32's limits
 # in the sampler), so that no default is one every request taking it would be refused for

@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from glimmer.checkpoint.generation_config import check_generation_config_mode
 from glimmer.engine.fork_guard import check_not_forked
 from glimmer.engine.grammar import ControllerFactory
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError, warn_of_default_repetition_penalty
@@ -133,8 +134,11 @@ class EngineMetrics:
 
 class AsyncEngine:
     def __init__(self, config: EngineConfig, *, max_waiting_requests: int = 1024, generation_config: str = "auto"):
-        """generation_config: the server's (ServerSettings.generation_config); under "vllm" no request takes the
-        checkpoint's repetition penalty, so none is warned of."""
+        """generation_config: "auto", the sampling fields a request leaves out take the checkpoint's
+        generation_config.json values; "vllm", OpenAI's defaults (vLLM's --generation-config, its engine's as here:
+        the server built over this engine reads it). Raises ConfigError naming it for another value, before loading."""
+        check_generation_config_mode(generation_config)
+        self.generation_config = generation_config
         self.engine = LLMEngine(config)
         if generation_config == "auto":
             warn_of_default_repetition_penalty(self.engine.generation_defaults, "requests that leave it out",

@@ -13,7 +13,7 @@ import os
 
 from glimmer.errors import EngineForkedError
 
-_loaded = False  # whether this process (or the one it forked from) has loaded an engine
+_loaded = False  # whether this process (or the one it forked from) has begun loading a model
 _forked_from: int | None = None  # the pid of the process that had, where this one is a fork of it
 
 
@@ -39,8 +39,10 @@ def check_not_forked(what: str) -> None:
         "SamplingParams")
 
 
-def mark_loading() -> None:
-    """Record that this process loads an engine (its forked children refuse to run one); refuses where it is one."""
+def mark_model_started() -> None:
+    """Record that this process's engine load has reached the model: the weights' load starts torch's OpenMP team
+    (and on a GPU a CUDA context), so from here its forked children refuse to run an engine, whether this load goes
+    on to succeed or not. A load refused before (a wrong path or option, a checkpoint or max_model_len refused)
+    started no thread and touched no device, and leaves forks free to load one."""
     global _loaded
-    check_not_forked("loading an engine")
     _loaded = True

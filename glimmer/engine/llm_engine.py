@@ -46,7 +46,7 @@ from glimmer.engine.config_checks import check_engine_config, check_weight_forma
 from glimmer.engine.cpu_threads import fit_threads_to_cpu_quota
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.draft_policy import draft_choices
-from glimmer.engine.fork_guard import check_not_forked, mark_loading
+from glimmer.engine.fork_guard import check_not_forked, mark_model_started
 from glimmer.engine.grammar import ControllerFactory, GrammarCompiler, GrammarMasks
 from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_geometry
 from glimmer.engine.kv_planner import DraftKV, KVDemand, block_bytes, plan_kv_layout, wanted_blocks
@@ -322,7 +322,7 @@ _BESIDE_A_GRAMMAR = (
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
-        mark_loading()  # in a fork of a process that had loaded one, the load would hang: refused saying so
+        check_not_forked("loading an engine")  # in a fork of a process that had loaded one it would hang
         self.config = config
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
@@ -344,6 +344,7 @@ class LLMEngine:
             drafter_config = open_drafter_checkpoint(self._drafter_location(spec_config, weights=False),
                                                      mask_token_id=self._mask_token_id, weights=False).config
             self.num_speculative_tokens = spec_config.proposed_tokens(drafter_config)
+        mark_model_started()  # what follows starts the model's threads: forks of this process refuse engines
         if self.device.type == "cpu":  # before loading and the CPU path's timings, which the thread count changes
             fit_threads_to_cpu_quota()
         self.loaded: LoadedModel = load_model(self.checkpoint, dtype=self.dtype, device=self.device,
@@ -878,7 +879,7 @@ class LLMEngine:
                 index=index,
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
                 bad_word_ids=banned_words,
-                min_tokens_ids=held_ids,
+                held_ids=held_ids,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else hidden_token_ids
             self._completions[id(seq)] = _Completion(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -96,13 +96,13 @@ class Sequence:
     # the ids its penalties read, kept across steps by the sampler (made on its first penalized step, dropped when
     # it finishes: it may hold a copy of the prompt on the device)
     penalty_ids: PenaltyIds | None = None
-    # the ids banned while fewer than min_tokens were generated (completion_rules.all_stop_ids: the checkpoint's stop
-    # ids too under ignore_eos); None: its stop ids
-    min_tokens_ids: frozenset[int] | None = None
+    # the ids banned while fewer than min_tokens were generated: `held_ids` (completion_rules.all_stop_ids, the
+    # checkpoint's stop ids too under ignore_eos), or its stop ids where none are given
+    min_tokens_ids: frozenset[int] = field(init=False)
+    held_ids: InitVar[frozenset[int] | None] = None
 
-    def __post_init__(self) -> None:
-        if self.min_tokens_ids is None:
-            self.min_tokens_ids = self.stop_token_ids
+    def __post_init__(self, held_ids: frozenset[int] | None) -> None:
+        self.min_tokens_ids = self.stop_token_ids if held_ids is None else held_ids
 
     @property
     def num_tokens(self) -> int:

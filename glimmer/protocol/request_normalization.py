@@ -22,7 +22,14 @@ from glimmer.protocol.duplicate_keys import first_duplicate_key
 from glimmer.protocol.headers import channel_of_recipient, is_valid_recipient
 from glimmer.protocol.tokens import RECIPIENT_MAX
 from glimmer.protocol.tool_registry import function_of
-from glimmer.protocol.value_typing import allowed_types, is_json_number, object_shape, root_schemas, strict_json_loads
+from glimmer.protocol.value_typing import (
+    LoneSurrogateError,
+    allowed_types,
+    is_json_number,
+    object_shape,
+    root_schemas,
+    strict_json_loads,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -493,6 +500,8 @@ def _decoded_arguments(arguments: Any, field: str) -> dict[str, Any]:
         return {}
     try:
         decoded = strict_json_loads(arguments)  # NaN, Infinity or 1e400 would render as nan / inf
+    except LoneSurrogateError:
+        raise lone_surrogate_error(field) from None
     except (ValueError, RecursionError) as error:
         raise RequestError(f"{field} is not valid JSON: {error}", param=field) from None
     if not isinstance(decoded, dict):
@@ -515,8 +524,7 @@ def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
         value, depth = pending.pop()
         if isinstance(value, str):
             if not value.isascii() and not _is_encodable(value):
-                raise RequestError(f"{field} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape); "
-                                   "send valid Unicode text", param=field)
+                raise lone_surrogate_error(field)
             continue
         if isinstance(value, float) and not math.isfinite(value):
             raise RequestError(f"{field} holds the number {value!r}, which is no JSON value (the prompt would show "
@@ -536,6 +544,13 @@ def _check_arguments_value(arguments: Mapping[str, Any], field: str) -> None:
             pending.append((item, depth + 1))
             if key is not None:
                 pending.append((key, depth + 1))
+
+
+def lone_surrogate_error(field: str | None, what: str = "") -> RequestError:
+    """The 400 for `field` (or the body, for None) holding a lone surrogate; `what` comes before its name."""
+    return RequestError(f"{what}{field or 'the request body'} holds a lone UTF-16 surrogate (an unpaired "
+                        "\\uD800-\\uDFFF escape), which is no Unicode character; send valid Unicode text",
+                        param=field)
 
 
 def _is_encodable(text: str) -> bool:

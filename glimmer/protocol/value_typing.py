@@ -198,16 +198,20 @@ def _strict_json(text: str) -> Any:
         raise _NotJson from error
 
 
+class LoneSurrogateError(ValueError):
+    """JSON text whose string escapes decode to a lone UTF-16 surrogate (`strict_json_loads`)."""
+
+
 def strict_json_loads(text: str) -> Any:
     """json.loads without NaN/Infinity, without overflowing floats (1e400 would become inf) and without lone
     surrogates (JSON's `\\ud800` escape decodes to one; such text cannot be encoded as UTF-8, so a value holding
-    one could not be sent back). Raises ValueError (or RecursionError) for anything else."""
+    one could not be sent back: LoneSurrogateError). Raises ValueError (or RecursionError) for anything else."""
     value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     if "\\u" in text:
         try:
             json.dumps(value, ensure_ascii=False).encode()
         except UnicodeEncodeError:
-            raise ValueError("the JSON holds a lone UTF-16 surrogate") from None
+            raise LoneSurrogateError("the JSON holds a lone UTF-16 surrogate") from None
     return value
 
 

@@ -31,9 +31,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message
 
+from glimmer.protocol.request_normalization import lone_surrogate_error
 from glimmer.server.body import UTF8_BYTE_ORDER_MARK, wide_text_encoding
 from glimmer.server.errors import INTERNAL_ERROR_MESSAGE, describe_error, error_body
-from glimmer.server.schemas import LONE_SURROGATE, lone_surrogate_error
+from glimmer.server.schemas import LONE_SURROGATE
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 """The endpoints a batch line may name: those Glimmer serves that OpenAI's and vLLM's batch files name."""

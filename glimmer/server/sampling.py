@@ -2,7 +2,8 @@
 
 Fields a request leaves out take the checkpoint's `generation_config.json` value where it has one
 (temperature, top_p, top_k, min_p, repetition_penalty; max_new_tokens as a chat request's max_tokens) unless the
-server's generation_config is "vllm", else the OpenAI default (completions keep OpenAI's max_tokens default, 16).
+engine's generation_config (AsyncEngine's, --generation-config) is "vllm", else the OpenAI default (completions
+keep OpenAI's max_tokens default, 16).
 Chat `stop` strings are not given to the engine: the server matches them against the answer text only (P-REQ-2, see
 `choice_stream`).
 """
@@ -61,7 +62,7 @@ def apply_default_max_tokens(params: SamplingParams, context: ServingContext, pr
     context ends if that comes first (a default never turns a request into a 400: the request did not ask for it).
     Without the field it runs to the end of the context. A `min_tokens` the context cannot hold is left to the
     engine, which refuses it naming min_tokens (capping the default below it would blame a max_tokens never sent)."""
-    checkpoint = context.settings.generation_config == "auto"
+    checkpoint = context.engine.generation_config == "auto"
     default = context.engine.engine.generation_defaults.max_new_tokens if checkpoint else None
     room = context.engine.engine.max_model_len - prompt_len
     if params.max_tokens is None and default is not None and 1 <= room and params.min_tokens <= room:
@@ -86,7 +87,7 @@ def _params(request: ChatCompletionRequest | CompletionRequest, context: Serving
         raise RequestError("cache_salt: this server requires a cache_salt on every request (a non-empty string; "
                            "only requests with the same salt share cached prompt blocks)", param="cache_salt")
     defaults = context.engine.engine.generation_defaults.sampling_defaults() if (
-        context.settings.generation_config == "auto") else {}
+        context.engine.generation_config == "auto") else {}
     return SamplingParams(
         temperature=_first(request.temperature, defaults.get("temperature"), 1.0),
         top_p=_first(request.top_p, defaults.get("top_p"), 1.0),

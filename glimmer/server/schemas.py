@@ -34,6 +34,7 @@ from glimmer.engine.sampling_params import EVERY_TOKEN_LOGPROBS_REFUSAL, MAX_LOG
 from glimmer.engine.vllm_arguments import VLLM_ONLY_STRUCTURED_OUTPUTS_ARGUMENTS
 from glimmer.errors import RequestError
 from glimmer.protocol.duplicate_keys import first_duplicate_key
+from glimmer.protocol.request_normalization import lone_surrogate_error
 
 # Every integer field has a range here, so that no value reaches a C conversion (torch, tokenizers) unchecked:
 # a top_k of 2**63 once overflowed inside the sampler and stopped the engine. Tighter, server-specific limits
@@ -375,13 +376,6 @@ def _lone_surrogate(body: bytes) -> RequestError | None:
         elif isinstance(item, list):
             pending += [(child, (*loc, index)) for index, child in reversed(list(enumerate(item)))]
     return None
-
-
-def lone_surrogate_error(field: str | None, what: str = "") -> RequestError:
-    """The 400 for `field` (or the body, for None) holding a lone surrogate; `what` comes before its name."""
-    return RequestError(f"{what}{field or 'the request body'} holds a lone UTF-16 surrogate (an unpaired "
-                        "\\uD800-\\uDFFF escape), which is no Unicode character; send valid Unicode text",
-                        param=field)
 
 
 def _field_path(loc: tuple[str | int, ...]) -> str:

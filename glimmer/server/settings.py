@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from glimmer.checkpoint.generation_config import check_generation_config_mode
 from glimmer.errors import ConfigError
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import REASONING_STRENGTHS
@@ -63,9 +62,6 @@ class ServerSettings:
         whose values win (vLLM's --default-chat-template-kwargs); reasoning variables are default_reasoning_strength.
     max_header_count: more header fields in a request are answered 431 (vLLM's --h11-max-header-count); None: no
         limit but the HTTP parser's on the head's size.
-    generation_config: "auto", the sampling fields a request leaves out take the checkpoint's generation_config.json
-        values (max_new_tokens as a chat request's max_tokens); "vllm", OpenAI's defaults (vLLM's
-        --generation-config vllm).
     """
 
     served_model_names: tuple[str, ...]
@@ -84,7 +80,6 @@ class ServerSettings:
     allow_control_tokens_in_content: bool = False
     trust_request_chat_template: bool = False
     request_id_headers: bool = False
-    generation_config: str = "auto"
     max_header_count: int | None = None
     default_chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -115,7 +110,6 @@ class ServerSettings:
                 raise ConfigError(f"default_chat_template_kwargs may not set {name!r}: {fix}")
         if self.max_n < 1:
             raise ConfigError(f"max_n={self.max_n} must be at least 1")
-        check_generation_config_mode(self.generation_config)
         strength = self.default_reasoning_strength
         if strength is not None and strength not in REASONING_STRENGTHS:
             raise ConfigError(f"default_reasoning_strength={strength!r} is not one of {', '.join(REASONING_STRENGTHS)}")

@@ -10,7 +10,6 @@ non-streaming request is run under `until_disconnect`, which does the same, and 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,24 +21,12 @@ from starlette.types import Receive, Scope, Send
 
 from glimmer.cancellation import CancelToken
 from glimmer.engine.async_engine import EngineShuttingDownError
+from glimmer.server.json_text import one_line_json
 
 T = TypeVar("T")
 
 DONE_EVENT = "data: [DONE]\n\n"
-# U+2028, U+2029 and NEL end a line for str.splitlines, where httpx's `iter_lines()` (and so many an SSE client) splits
-# a stream, though SSE splits at CR and LF alone, and so does many a reader of a JSON Lines file (`read_text().
-# splitlines()`): escaped, a JSON text stays on its line and reads the same
-_LINE_BREAKS_ESCAPED = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 SHUTDOWN_CHECK_INTERVAL_S = 0.1  # how often an upload or a prompt being prepared looks whether the server stops
-
-
-def one_line_json(payload: Any, separators: tuple[str, str] | None = None) -> str:
-    """`payload` as JSON text (UTF-8's characters as they are) that every reader of lines sees as one line: JSON
-    escapes CR and LF, and this U+2028, U+2029 and NEL too. `separators` as json.dumps takes them."""
-    text = json.dumps(payload, ensure_ascii=False, separators=separators)
-    if "\u2028" in text or "\u2029" in text or "\x85" in text:  # rare: the check costs a fraction of translating
-        text = text.translate(_LINE_BREAKS_ESCAPED)
-    return text
 
 
 def sse_event(payload: dict[str, Any], event: str | None = None) -> str:

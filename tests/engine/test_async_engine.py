@@ -13,7 +13,7 @@ import pytest
 from glimmer import SamplingParams
 from glimmer.engine.async_engine import AsyncEngine, EngineShuttingDownError
 from glimmer.engine.llm_engine import EngineConfig
-from glimmer.errors import RequestError
+from glimmer.errors import ConfigError, RequestError
 
 PROMPT = [5, 77, 130, 42, 99]
 
@@ -166,3 +166,11 @@ def test_a_request_whose_event_loop_closed_is_stopped(tiny_checkpoint):
         _assert_released(engine)
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["./my-generation-config", "VLLM", None])
+def test_a_generation_config_other_than_auto_or_vllm_is_refused_before_loading(mode):
+    # vLLM's third form, a folder of its own generation_config.json, is refused as LLM(...) and --generation-config
+    # refuse it; it was taken silently, the server then taking the checkpoint's defaults
+    with pytest.raises(ConfigError, match="generation_config=.*'auto' or 'vllm'"):
+        AsyncEngine(EngineConfig(model="/nonexistent/checkpoint", progress=False), generation_config=mode)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -77,3 +80,60 @@ def test_an_async_engine_used_in_a_forked_child_is_refused(llm, tiny_checkpoint)
     finally:
         engine.shutdown()
     assert answer.startswith("EngineForkedError: AsyncEngine.generate"), answer
+
+
+_FAILED_LOAD_THEN_FORK = """
+import multiprocessing, sys
+from glimmer import LLM, SamplingParams
+
+checkpoint, failure = sys.argv[1], sys.argv[2]
+options = dict(device="cpu", progress=False, kv_cache_memory=16 << 20, max_model_len=256)
+# "early": refused before the weights load (no thread started); "late": the weights loaded, then the cache is too small
+failing = {"early": dict(options, max_model_len=1 << 30), "late": dict(options, kv_cache_memory=1)}[failure]
+try:
+    LLM(checkpoint, **failing)
+except Exception as error:
+    print("parent:", type(error).__name__, flush=True)
+else:
+    raise SystemExit("the load did not fail")
+
+
+def child(answers):
+    try:
+        llm = LLM(checkpoint, **options)
+        outputs = llm.generate([[1, 10, 11]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        answers.put(f"generated {len(outputs[0].outputs[0].token_ids)}")
+    except BaseException as error:
+        answers.put(f"{type(error).__name__}: {error}")
+
+
+context = multiprocessing.get_context("fork")
+answers = context.SimpleQueue()
+process = context.Process(target=child, args=(answers,), daemon=True)
+process.start()
+process.join(120)
+if process.is_alive():
+    process.kill()
+    raise SystemExit("the forked child hung")
+print("child:", answers.get())
+"""
+
+
+def _fork_after_a_failed_load(tiny_checkpoint, failure: str) -> str:
+    """The output of a fresh interpreter whose LLM load failed (`failure` "early" or "late") and whose forked child
+    then loaded and ran one (this test process has loaded engines, so its own forks are refused anyway)."""
+    done = subprocess.run([sys.executable, "-c", _FAILED_LOAD_THEN_FORK, str(tiny_checkpoint), failure],
+                          capture_output=True, text=True, timeout=2 * HANG_GUARD_S, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_load_refused_before_the_weights_leaves_forked_children_free_to_load(tiny_checkpoint):
+    answer = _fork_after_a_failed_load(tiny_checkpoint, "early")
+    assert "parent: ConfigError" in answer, answer
+    assert "child: generated 2" in answer, answer
+
+
+def test_a_load_that_failed_after_the_weights_loaded_still_refuses_forked_children(tiny_checkpoint):
+    answer = _fork_after_a_failed_load(tiny_checkpoint, "late")
+    assert "child: EngineForkedError: loading an engine" in answer, answer

@@ -125,10 +125,10 @@ class LiveServer:
 @contextlib.contextmanager
 def live_server(checkpoint: Path, *, scripted: bool = False, max_waiting_requests: int = 1024,
                 engine_options: dict[str, Any] | None = None, request_read_timeout_s: float = 30.0,
-                **settings: Any) -> Iterator[LiveServer]:
+                generation_config: str = "auto", **settings: Any) -> Iterator[LiveServer]:
     config = EngineConfig(**{"model": str(checkpoint), "progress": False, "kv_cache_memory": 32 << 20,
                              "max_model_len": 2048, "max_num_seqs": 64, **(engine_options or {})})
-    engine = AsyncEngine(config, max_waiting_requests=max_waiting_requests)
+    engine = AsyncEngine(config, max_waiting_requests=max_waiting_requests, generation_config=generation_config)
     try:
         if scripted:
             engine.engine.runner = ScriptedRunner(engine.engine)

@@ -503,7 +503,8 @@ def test_chat_defaults_come_from_generation_config_and_a_default_max_tokens_stop
 def test_a_server_of_generation_config_vllm_takes_no_default_from_the_checkpoint(make_tiny, tmp_path):
     """vLLM's `--generation-config vllm`: fields a request leaves out take OpenAI's defaults, and a chat request
     without max_tokens runs to the end of the context, whatever generation_config.json says (the flag was an
-    unrecognized argument)."""
+    unrecognized argument). The mode is the engine's, as vLLM's is its model config's: an AsyncEngine(...,
+    generation_config="vllm") served by create_app took the checkpoint's defaults (it only silenced a warning)."""
     model = _with_sampling_defaults(make_tiny(), tmp_path)
     with live_server(model, engine_options={"max_model_len": 230}, generation_config="vllm") as live:
         seen = _recording_params(live)
