@@ -1072,17 +1072,18 @@ def test_max_tool_calls_is_taken_and_echoed_and_bounds_no_function_call_as_opena
 def test_text_verbosity_medium_openai_s_default_is_taken_echoed_and_changes_nothing(server, client):
     """`text.verbosity` was a 400 whatever its value, "medium" too: OpenAI's default, which asks for nothing
     different. It is echoed in `text` as sent (created, streamed, retrieved), as the SDK's Response types it; a
-    request without it has none echoed, as before."""
+    request without it has "medium" echoed too, as OpenAI echoes its default (none was echoed)."""
     text = {"format": {"type": "text"}, "verbosity": "medium"}
     body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", **EXTRA}
     created = httpx.post(server.base_url + "/responses", json={**body, "text": text}, timeout=30).json()
     plain = httpx.post(server.base_url + "/responses", json=body, timeout=30).json()
     stored = httpx.get(f"{server.base_url}/responses/{created['id']}", timeout=30).json()
-    assert created["text"] == stored["text"] == text and plain["text"] == {"format": {"type": "text"}}
+    assert created["text"] == stored["text"] == plain["text"] == text
     assert Response.model_validate(created).text.verbosity == "medium"
     assert created["output"][-1]["content"] == plain["output"][-1]["content"]
     streamed = next(iter(_create(client, input="[greet] Hi", stream=True, text={"verbosity": "medium"})))
-    assert streamed.response.text.verbosity == "medium"
+    unsent = next(iter(_create(client, input="[greet] Hi", stream=True)))
+    assert streamed.response.text.verbosity == unsent.response.text.verbosity == "medium"
     counted = httpx.post(server.base_url + "/responses/input_tokens", timeout=30,
                          json={"model": "tiny", "input": "[greet] Hi", "text": text})
     assert counted.status_code == 200, counted.text
