@@ -42,7 +42,7 @@ from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.request_id import client_request_id, engine_request_id
 from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
-from glimmer.server.schemas import ChatCompletionRequest, chunk_usage, parse_body
+from glimmer.server.schemas import SERVED_SERVICE_TIER, ChatCompletionRequest, chunk_usage, parse_body
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class ChatRun:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         chunk: dict[str, Any] = {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_name,
-            "choices": [{**choice, **(extra_choice or {})}], **(extra or {}),
+            "service_tier": SERVED_SERVICE_TIER, "choices": [{**choice, **(extra_choice or {})}], **(extra or {}),
             **chunk_usage(self.request.stream_options, self.usage),
         }
         return sse_event(chunk)
@@ -352,7 +352,7 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
             "stop_reason": choice.stop_reason,
         })
     response = {"id": run.id, "object": "chat.completion", "created": run.created, "model": run.model_name,
-                "choices": response_choices, "usage": run.usage()}
+                "service_tier": SERVED_SERVICE_TIER, "choices": response_choices, "usage": run.usage()}
     return {**response, **run.vllm_prompt_logprobs()}
 
 
@@ -379,7 +379,8 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
                                     extra_choice={"stop_reason": choice.stop_reason})
             if run.include_usage:
                 yield sse_event({"id": run.id, "object": "chat.completion.chunk", "created": run.created,
-                                 "model": run.model_name, "choices": [], "usage": run.usage()})
+                                 "model": run.model_name, "service_tier": SERVED_SERVICE_TIER, "choices": [],
+                                 "usage": run.usage()})
         except Exception as exc:  # the status line is sent: report the error as an event (P-REQ-4)
             yield sse_event(describe_error(exc)[1])
     yield DONE_EVENT

@@ -776,6 +776,21 @@ def test_every_tier_and_cache_retention_of_the_openai_sdk_is_taken_on_chat_and_c
         assert answer(prompt_cache_retention=retention) == plain
 
 
+@pytest.mark.parametrize("tier", [None, "auto", "flex", "priority"])
+def test_a_chat_completion_reports_the_default_tier_that_served_it_as_openai_and_responses_do(client, tier):
+    """A chat completion (and each of its chunks) left `service_tier` out, which the SDK reads as None, where OpenAI
+    reports the tier that served the request and /v1/responses reports "default": Glimmer serves every request in one
+    tier, whatever tier was asked for."""
+    hints = {} if tier is None else {"service_tier": tier}
+    completion = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                                extra_body={"chat_template_kwargs": PINNED_DATE, **hints})
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"chat_template_kwargs": PINNED_DATE, **hints}))
+    assert chunks[-1].usage is not None and not chunks[-1].choices
+    assert {completion.service_tier} | {chunk.service_tier for chunk in chunks} == {"default"}
+
+
 def test_verbosity_medium_openai_s_default_is_taken_and_changes_nothing(client):
     """`verbosity` was a 400 whatever its value, "medium" too: OpenAI's default, which asks for nothing different."""
     def answer(**fields):
