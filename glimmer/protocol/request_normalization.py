@@ -377,6 +377,32 @@ class _CallsSoFar:
         return self.made[call_id]
 
 
+def prefix_message_index(messages: Any) -> int | None:
+    """The index of the final message when it is an assistant message with `"prefix": true` (DeepSeek's and Kimi's
+    assistant prefill: the reply continues that message, as vLLM's `continue_final_message` continues the final
+    message), else None. RequestError naming `messages[i].prefix` for a prefix that is not a boolean (null is
+    false), or true on a message that is not the final one or not an assistant's: no reply could continue it, and
+    rendering it as a finished message would answer what the client did not ask. Malformed messages are left to
+    `normalize_messages`."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        return None
+    found = None
+    for index, message in enumerate(messages):
+        prefix = message.get("prefix") if isinstance(message, Mapping) else None
+        if prefix is None or prefix is False:
+            continue
+        field = f"messages[{index}].prefix"
+        if prefix is not True:
+            raise RequestError(f"{field} must be true or false (true: the reply continues this final assistant "
+                               f"message), not {prefix!r}", param=field)
+        if message.get("role") != "assistant" or index != len(messages) - 1:
+            raise RequestError(f"{field}: only the final message, an assistant's, can be a prefix (the reply "
+                               f"continues it); this is {'a' if index == len(messages) - 1 else 'a non-final'} "
+                               f"{message.get('role')!r} message: leave prefix out here", param=field)
+        found = index
+    return found
+
+
 # Fields of an assistant message that hold something the model said, which the template cannot render: audio, a
 # legacy function call. A serving API refuses them (non-empty) rather than drop what they hold. (A refusal is the
 # assistant's text: `_refusal_as_content`.)
