@@ -27,7 +27,11 @@ from glimmer.multimodal.sources import media_kind
 from glimmer.protocol import ChatTemplate, ChatTemplateError, RenderedPrompt, compiled_template, normalize_messages
 from glimmer.protocol.chat_template import RENDERING_ARGUMENTS, check_chat_template
 from glimmer.protocol.headers import channel_of_recipient
-from glimmer.protocol.request_normalization import refuse_unmatched_tool_messages, refuse_unrendered
+from glimmer.protocol.request_normalization import (
+    prefix_message_index,
+    refuse_unmatched_tool_messages,
+    refuse_unrendered,
+)
 from glimmer.protocol.tool_choice import ToolPlan
 
 STRENGTH_KWARGS = ("reasoning_strength", "reasoning_effort", "enable_thinking")
@@ -67,6 +71,10 @@ def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: 
     with the message's body before the cut (None unless `rendering.continue_final_message`). Raises RequestError
     naming what the template cannot render, ChatTemplateError where the template fails."""
     final = None
+    prefix = prefix_message_index(conversation)
+    if prefix is not None and not rendering.continue_final_message:  # the server continues it (chat_prompt)
+        raise RequestError(f"messages[{prefix}].prefix: the final message is a prefix for the reply to continue; "
+                           "pass continue_final_message=True to continue it", param=f"messages[{prefix}].prefix")
     if rendering.continue_final_message:
         conversation, final = tag_final_message(conversation, rendering.continue_final_message,
                                                 rendering.template.source)

@@ -67,6 +67,8 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     - content is a string or a list of content parts (anything else raises RequestError); only an assistant
       message may leave it out, null or an empty list (which renders the empty turn null does). A text part needs a
       string `text`;
+    - an assistant message's `refusal` (beside null content) is its content, and a `refusal` content part of an
+      assistant message a text part: what the model said in refusing is the assistant's text (elsewhere RequestError);
     - a tool message names its tool: by `name`, else by a string `tool_call_id` that an earlier assistant message's
       tool call has as its `id` (else RequestError naming `messages[i].tool_call_id`); each call is answered once
       and the calls of one turn have distinct ids (`_CallsSoFar`);
@@ -111,7 +113,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                                f"non-empty list of content parts, got {'null' if content is None else '[]'}); only "
                                "an assistant message may leave it out or null", param=f"messages[{index}].content")
         if isinstance(content, list):
-            message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]")
+            message["content"] = [_normalized_part(part, f"messages[{index}].content[{part_index}]", role)
                                   for part_index, part in enumerate(content)]
             if role in ("system", "developer"):
                 _instruction_text(message["content"], index)  # text only, as developer messages always were
@@ -128,6 +130,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                                    param=f"messages[{index}].{key}")
         if role == "assistant":
             _check_recipient(message.get("recipient"), index)
+            _refusal_as_content(message, index)
         if message.get("tool_calls") is not None:
             message["tool_calls"] = _normalized_tool_calls(message["tool_calls"], index)
             if role == "assistant":
@@ -140,6 +143,25 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                        ", ".join(repr(role) if len(role) <= 64 else f"{role[:64]!r}… ({len(role):,} characters)"
                                  for role in unrendered_roles))
     return _merged_instructions(normalized) if developer_as_system else normalized
+
+
+def _refusal_as_content(message: dict[str, Any], index: int) -> None:
+    """An assistant message's `refusal` (OpenAI's field for what the model said in refusing, beside a null content)
+    moved into its content: it is the assistant's text, as a /v1/responses refusal part is, and OpenAI keeps refusals
+    in the conversation. RequestError naming it when it is not a string, or beside content, which a reply never has
+    with a refusal (neither would say where the other goes)."""
+    refusal = message.pop("refusal", None)
+    if refusal is None or refusal == "":
+        return
+    field = f"messages[{index}].refusal"
+    if not isinstance(refusal, str):
+        raise RequestError(f"{field} must be a string, what the model said in refusing; got {type(refusal).__name__}",
+                           param=field)
+    if message.get("content"):
+        raise RequestError(f"{field}: an assistant message holds its refusal or its content, not both (a reply has "
+                           "one of them); send the text the model said as content, or as refusal with content null",
+                           param=field)
+    message["content"] = refusal
 
 
 def _check_recipient(recipient: Any, index: int) -> None:
@@ -362,15 +384,42 @@ class _CallsSoFar:
         return self.made[call_id]
 
 
-# Fields of an assistant message that hold something the model said, which the template cannot render: a
-# refusal, audio, a legacy function call. A serving API refuses them (non-empty) rather than drop what they hold.
-UNRENDERED_ASSISTANT_FIELDS = frozenset({"refusal", "audio", "function_call"})
+def prefix_message_index(messages: Any) -> int | None:
+    """The index of the final message when it is an assistant message with `"prefix": true` (DeepSeek's and Kimi's
+    assistant prefill: the reply continues that message, as vLLM's `continue_final_message` continues the final
+    message), else None. RequestError naming `messages[i].prefix` for a prefix that is not a boolean (null is
+    false), or true on a message that is not the final one or not an assistant's: no reply could continue it, and
+    rendering it as a finished message would answer what the client did not ask. Malformed messages are left to
+    `normalize_messages`."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        return None
+    found = None
+    for index, message in enumerate(messages):
+        prefix = message.get("prefix") if isinstance(message, Mapping) else None
+        if prefix is None or prefix is False:
+            continue
+        field = f"messages[{index}].prefix"
+        if prefix is not True:
+            raise RequestError(f"{field} must be true or false (true: the reply continues this final assistant "
+                               f"message), not {prefix!r}", param=field)
+        if message.get("role") != "assistant" or index != len(messages) - 1:
+            raise RequestError(f"{field}: only the final message, an assistant's, can be a prefix (the reply "
+                               f"continues it); this is {'a' if index == len(messages) - 1 else 'a non-final'} "
+                               f"{message.get('role')!r} message: leave prefix out here", param=field)
+        found = index
+    return found
+
+
+# Fields of an assistant message that hold something the model said, which the template cannot render: audio, a
+# legacy function call. A serving API refuses them (non-empty) rather than drop what they hold. (A refusal is the
+# assistant's text: `_refusal_as_content`.)
+UNRENDERED_ASSISTANT_FIELDS = frozenset({"audio", "function_call"})
 
 
 def refuse_unrendered(messages: Sequence[Mapping[str, Any]]) -> None:
     """RequestError naming the first message of a request (as sent, before `normalize_messages` merges developer
     messages) whose role the template does not render, or whose assistant turn holds something it would drop (a
-    non-empty `refusal`, `audio` or legacy `function_call`): a serving API refuses them rather than drop them
+    non-empty `audio` or legacy `function_call`): a serving API refuses them rather than drop them
     from the prompt. Other fields the template does not read are metadata clients and agent frameworks send back
     as they got them (`name`, `annotations`, litellm's `provider_specific_fields`, ids) and are ignored, as
     OpenAI and vLLM ignore them."""
@@ -427,11 +476,13 @@ def _instruction_text(content: Any, index: int) -> str:
                        param=f"messages[{index}].content")
 
 
-def _normalized_part(part: Any, field: str) -> Any:
+def _normalized_part(part: Any, field: str, role: str) -> Any:
     if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
         raise RequestError(f'{field} must be an object with a string "type" (text, image_url, video_url)',
                            param=field)
     kind = part["type"]
+    if kind == "refusal":
+        return _refusal_part_as_text(part, field, role)
     if kind == "text" and not isinstance(part.get("text"), str):
         raise RequestError(f'{field}: a text part needs a string "text"', param=field)
     if kind in _MEDIA_PART_TYPES:
@@ -440,6 +491,18 @@ def _normalized_part(part: Any, field: str) -> Any:
         raise RequestError(f"{field}: content parts of type {kind!r} are not supported (this model takes "
                            "text, image_url and video_url parts); remove the part", param=field)
     return part
+
+
+def _refusal_part_as_text(part: Mapping[str, Any], field: str, role: str) -> dict[str, Any]:
+    """An assistant message's `refusal` content part (OpenAI's, for what the model said in refusing) as a text part
+    of its words, as /v1/responses takes one; RequestError naming it in another role's message, where the model's
+    words would be read as that turn's."""
+    if role != "assistant":
+        raise RequestError(f"{field}: a refusal part is the model's refusal, taken in an assistant message only; send "
+                           f"the {role} message's words as a text part", param=field)
+    if not isinstance(part.get("refusal"), str):
+        raise RequestError(f"{field}.refusal: a refusal part needs a string `refusal`", param=f"{field}.refusal")
+    return {"type": "text", "text": part["refusal"]}
 
 
 def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str, Any]]:

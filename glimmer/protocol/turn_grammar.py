@@ -473,3 +473,24 @@ class _GrammarRules:
 
     def text(self) -> str:
         return "\n".join(self._rules) + "\n"
+
+
+def shortest_kept_calls(tool: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The shortest outputs of a turn grammar's call of `tool` (`_call`) in which the call is kept (P-ATEM-5), each as
+    pieces, a text or the `<|message|>` special token: its header, then the block and invoke openers and what
+    materializes the call (P-ATEM-4), one complete parameter or the invoke's close. The grammar writes the parameters
+    in declaration order, required ones always: the first is any of them up to the first required one, or, with
+    none required, `</atem:invoke>` closes it empty. Values are left empty (none is shorter). Every output that holds
+    a call of the tool (P-REQ-4) spells one of these and more, so their fewest tokens are the fewest it takes."""
+    function = tool["function"]
+    name = function["name"]
+    parameters = function.get("parameters")
+    properties, required = object_shape(parameters if isinstance(parameters, Mapping) else {})
+    keys = [*properties, *sorted(required - set(properties))]  # `_call`'s order
+    first_required = next((n for n, key in enumerate(keys) if key in required), None)
+    firsts = [f'{PARAMETER_OPEN}{key}">{PARAMETER_CLOSE}' for key in keys[:None if first_required is None
+                                                                             else first_required + 1] if '"' not in key]
+    if first_required is None:
+        firsts.append(INVOKE_CLOSE)
+    opener = f'{BLOCK_OPEN}\n{INVOKE_OPEN}{name}">\n'
+    return [(f" to={name}", MESSAGE, opener + first) for first in firsts]

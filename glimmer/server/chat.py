@@ -24,6 +24,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from glimmer.cancellation import CancelToken
+from glimmer.engine.call_length import fewest_call_tokens
 from glimmer.engine.detokenizer import IncrementalDetokenizer
 from glimmer.engine.outputs import StepDelta
 from glimmer.engine.sampler import TokenLogprobs
@@ -42,7 +44,7 @@ from glimmer.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from glimmer.server.metrics import RequestTimer
 from glimmer.server.request_id import client_request_id, engine_request_id
 from glimmer.server.sampling import apply_default_max_tokens, chat_sampling_params, stop_strings
-from glimmer.server.schemas import ChatCompletionRequest, chunk_usage, parse_body
+from glimmer.server.schemas import SERVED_SERVICE_TIER, ChatCompletionRequest, chunk_usage, parse_body
 from glimmer.server.streaming import DONE_EVENT, SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 logger = logging.getLogger(__name__)
@@ -108,7 +110,7 @@ class ChatRun:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         chunk: dict[str, Any] = {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model_name,
-            "choices": [{**choice, **(extra_choice or {})}], **(extra or {}),
+            "service_tier": SERVED_SERVICE_TIER, "choices": [{**choice, **(extra_choice or {})}], **(extra or {}),
             **chunk_usage(self.request.stream_options, self.usage),
         }
         return sse_event(chunk)
@@ -192,6 +194,25 @@ def limit_named_as_sent(error: RequestError, request: ChatCompletionRequest) -> 
     return error.with_message(_MAX_TOKENS.sub(limit_field, str(error)), param)
 
 
+def _check_room_for_the_forced_call(request: ChatCompletionRequest, prompt: ChatPrompt, context: ServingContext
+                                    ) -> None:
+    """RequestError naming the request's token limit when it is below the fewest tokens of any reply holding a call
+    that a required or named `tool_choice` allows (`fewest_call_tokens`): every such reply would be cut short
+    without the call, a 500 once generated (P-REQ-4)."""
+    limit = request.max_tokens if request.max_tokens is not None else request.max_completion_tokens
+    tools = prompt.tools
+    if limit is None or tools.required_names is None:
+        return
+    allowed = [tool for tool in tools.parser_tools or () if tool["function"]["name"] in tools.required_names]
+    fewest = fewest_call_tokens(allowed, context.tokenizer)
+    if limit < fewest:
+        field = token_limit_field(request)
+        what = f"a call of {allowed[0]['function']['name']!r}" if len(allowed) == 1 else "a tool call"
+        raise RequestError(f"{field}: {limit} tokens cannot hold {what}, which tool_choice asks for: the shortest "
+                           f"takes {fewest} tokens (its header and ATEM tags, values empty); raise {field} to at "
+                           f"least {fewest}, more for the reasoning and the values", param=field)
+
+
 @contextlib.contextmanager
 def _limit_named_as_sent(request: ChatCompletionRequest) -> Iterator[None]:
     """A RequestError raised inside, naming the token limit as the request set it (`limit_named_as_sent`)."""
@@ -214,8 +235,12 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
     client_id = client_request_id(raw_request, request.request_id) if named_for is None else None
     with _limit_named_as_sent(request):
         params = chat_sampling_params(request, context)
-    prompt = await in_worker_thread(raw_request, lambda cancel: build_chat_prompt(request, context, cancel),
-                                    prompt_threads(request.messages, context))
+    def build(cancel: CancelToken) -> ChatPrompt:  # off the event loop: counting a forced call's tokens takes a while
+        prompt = build_chat_prompt(request, context, cancel)
+        _check_room_for_the_forced_call(request, prompt, context)
+        return prompt
+
+    prompt = await in_worker_thread(raw_request, build, prompt_threads(request.messages, context))
     engine = context.engine.engine
     rendered_len = len(prompt.token_ids)
     # vLLM's truncate_prompt_tokens keeps the rendered prompt's end, the generation prompt the reply is parsed after
@@ -351,7 +376,7 @@ async def _collect(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDel
             "stop_reason": choice.stop_reason,
         })
     response = {"id": run.id, "object": "chat.completion", "created": run.created, "model": run.model_name,
-                "choices": response_choices, "usage": run.usage()}
+                "service_tier": SERVED_SERVICE_TIER, "choices": response_choices, "usage": run.usage()}
     return {**response, **run.vllm_prompt_logprobs()}
 
 
@@ -378,7 +403,8 @@ async def _stream(run: ChatRun, first: StepDelta, stream: AsyncIterator[StepDelt
                                     extra_choice={"stop_reason": choice.stop_reason})
             if run.include_usage:
                 yield sse_event({"id": run.id, "object": "chat.completion.chunk", "created": run.created,
-                                 "model": run.model_name, "choices": [], "usage": run.usage()})
+                                 "model": run.model_name, "service_tier": SERVED_SERVICE_TIER, "choices": [],
+                                 "usage": run.usage()})
         except Exception as exc:  # the status line is sent: report the error as an event (P-REQ-4)
             yield sse_event(describe_error(exc)[1])
     yield DONE_EVENT

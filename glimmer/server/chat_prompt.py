@@ -16,7 +16,8 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ from glimmer.protocol import (
     normalize_tools,
     resolve_reasoning_strength,
 )
+from glimmer.protocol.request_normalization import prefix_message_index
 from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
@@ -74,12 +76,19 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                       cancel: CancelToken | None = None) -> ChatPrompt:
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
+    with _naming_the_prefix(request):
+        return _built_chat_prompt(request, context, cancel)
+
+
+def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None
+                       ) -> ChatPrompt:
     settings = context.settings
     # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
     template_kwargs = {**settings.default_chat_template_kwargs, **(request.chat_template_kwargs or {})}
     _refuse_rendering_fields_in_kwargs(template_kwargs)
-    ends_with_generation_prompt = generation_prompt(request.add_generation_prompt, request.continue_final_message)
-    if request.continue_final_message:
+    continue_final_message = _continues_final_message(request)
+    ends_with_generation_prompt = generation_prompt(request.add_generation_prompt, continue_final_message)
+    if continue_final_message:
         check_final_message_is_the_assistants(request.messages)
     choice = request.tool_choice
     tools = plan_tools(normalize_tools(request.tools, check_schema=check_tool_parameters),
@@ -101,7 +110,7 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
         template_kwargs.pop(knob, None)
     rendering = ChatRendering(chat_template(request, context), tools.render_tools, strength, template_kwargs,
                               settings.allow_control_tokens_in_content, ends_with_generation_prompt,
-                              request.continue_final_message)
+                              continue_final_message)
     structured, param = requested_structured_outputs(request)
     refuse_turn_grammar(rendering.prompt_end, tools, structured_param=param if structured is not None else None,
                         thinking_token_budget=request.thinking_token_budget)
@@ -128,6 +137,35 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                       multimodal, constrained_answer=structured is not None,
                       continue_recipient=final.recipient if final is not None else None,
                       continue_prefix=final.body if final is not None else "", rendering=rendering)
+
+
+def _continues_final_message(request: ChatCompletionRequest) -> bool:
+    """Whether the prompt ends inside the final message: `continue_final_message`, or an assistant prefix (DeepSeek's
+    and Kimi's `"prefix": true` on the final message, which vLLM continues so for the models whose API has it).
+    RequestError naming `messages[i].prefix` for a prefix beside `add_generation_prompt: true`, which ends the prompt
+    after it instead (and for a misplaced prefix: `prefix_message_index`)."""
+    prefix = prefix_message_index(request.messages)
+    if prefix is not None and request.add_generation_prompt:
+        raise RequestError(f"messages[{prefix}].prefix: the reply continues a prefix message, and "
+                           "add_generation_prompt true starts a new turn after it instead; leave add_generation_prompt "
+                           "out or false", param=f"messages[{prefix}].prefix")
+    return request.continue_final_message or prefix is not None
+
+
+@contextmanager
+def _naming_the_prefix(request: ChatCompletionRequest) -> Iterator[None]:
+    """Errors of continuing the final message name its `prefix` where that (not `continue_final_message`) asked for
+    it, as the client sent: "nothing to continue", tool calls in it, a tool continued with no tools declared, a turn
+    grammar (forced tool call, structured output) that cannot start inside a message."""
+    prefix = None if request.continue_final_message else prefix_message_index(request.messages)
+    try:
+        yield
+    except RequestError as error:
+        if prefix is None or error.param != "continue_final_message":
+            raise
+        field = f"messages[{prefix}].prefix"
+        message = str(error).removeprefix("continue_final_message: ")
+        raise error.with_message(f"{field} (the reply continues this message): {message}", field) from None
 
 
 def prompt_parts(messages: list[dict[str, Any]], prompt: ChatPrompt, context: ServingContext) -> list[PromptPart]:

@@ -60,7 +60,13 @@ from glimmer.server.responses_schemas import (
     check_supported,
     reasoning_summary,
 )
-from glimmer.server.schemas import ChatCompletionRequest, request_error, validate_json
+from glimmer.server.schemas import (
+    DEFAULT_VERBOSITY,
+    SERVED_SERVICE_TIER,
+    ChatCompletionRequest,
+    request_error,
+    validate_json,
+)
 from glimmer.server.streaming import SSEResponse, in_worker_thread, sse_event, until_disconnect
 
 _PASSED_THROUGH = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -348,7 +354,7 @@ class _ResponseRun:
             "metadata": request.metadata or {}, "user": request.user, "safety_identifier": request.safety_identifier,
             "prompt_cache_key": request.prompt_cache_key, "prompt_cache_retention": request.prompt_cache_retention,
             "prompt_cache_options": _prompt_cache_options(request),
-            "service_tier": "default",  # the tier that served it, as OpenAI reports: Glimmer has one
+            "service_tier": SERVED_SERVICE_TIER,
             "background": False, "max_tool_calls": request.max_tool_calls, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "usage": self.usage(choice) if done else None,
@@ -408,11 +414,10 @@ def _prompt_cache_options(request: ResponsesRequest) -> dict[str, Any] | None:
 
 
 def _text_config(request: ResponsesRequest) -> dict[str, Any]:
-    """The `text` echoed: its `format` (`text` when none was sent) and its `verbosity` where one was sent, the only
-    one taken ("medium", OpenAI's default: check_supported refuses the others)."""
+    """The `text` echoed: its `format` (`text` when none was sent) and its `verbosity`, "medium" (OpenAI's default,
+    which OpenAI echoes when none was sent, and the only one taken: check_supported refuses the others)."""
     text = request.text or {}
-    verbosity = {"verbosity": text["verbosity"]} if text.get("verbosity") is not None else {}
-    return {"format": text.get("format") or {"type": "text"}, **verbosity}
+    return {"format": text.get("format") or {"type": "text"}, "verbosity": DEFAULT_VERBOSITY}
 
 
 def _reasoning_effort(request: ResponsesRequest, strength: str | None) -> str:

@@ -10,7 +10,8 @@ right. Three groups of known fields:
   `allowed_token_ids` on completions), and vLLM's beam search (`use_beam_search`, `length_penalty`, `early_stopping`:
   server/beam_search.py);
 - accepted and ignored, because they cannot change the output: `user`, `metadata` (held to OpenAI's limits), `store`,
-  `service_tier` and `prompt_cache_retention` (values as the SDK types them),
+  `service_tier` (a chat completion reports "default", the one tier that serves every request, as OpenAI reports
+  the tier that served it) and `prompt_cache_retention` (values as the SDK types them),
   `safety_identifier`, `prompt_cache_key`, `prompt_cache_options`; and
   `spaces_between_special_tokens`, which the server always overrides to false (P-REQ-1);
 - refused unless they hold a value that changes nothing (`REFUSED_UNLESS_DEFAULT`): the legacy `functions` /
@@ -160,6 +161,7 @@ class StructuredOutputsFields(RequestBody):
 Metadata = Annotated[dict[str, str], Field(fail_fast=True)]  # OpenAI's: string values; refused at the first bad one
 # the SDK's tiers (chat and Responses alike); one serves them all here, "default"
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+SERVED_SERVICE_TIER = "default"  # the tier a chat completion or response reports serving it, as OpenAI reports one
 PromptCacheRetention = Literal["in_memory", "24h"]  # the SDK's values of the deprecated field
 Verbosity = Literal["low", "medium", "high"]  # the SDK's; Glimmer takes only the default, which changes nothing
 DEFAULT_VERBOSITY = "medium"

@@ -119,7 +119,7 @@ def test_images_on_a_text_only_checkpoint_are_refused(tiny_checkpoint):
 
 # continue_final_message with media: the prompt is cut inside the final message ---------------------------------------
 
-def _continued(parts: list[dict], **fields) -> list[dict]:
+def _continued(parts: list[dict] | str, **fields) -> list[dict]:
     return [{"role": "user", "content": "Describe it."}, {"role": "assistant", "content": parts, **fields}]
 
 
@@ -147,6 +147,18 @@ def test_media_the_continued_prompt_cuts_off_is_refused_naming_the_part(llm, par
     with pytest.raises(RequestError, match=words) as caught:
         llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, **arguments)
     assert caught.value.param == "continue_final_message"
+
+
+def test_an_assistant_prefix_is_continued_only_as_continue_final_message_asks(llm):
+    """`"prefix": true` on the final assistant message (DeepSeek's prefill, which the server continues) was ignored
+    by LLM.chat: the message rendered finished. LLM.chat continues the final message as continue_final_message says,
+    so a prefix without it is a RequestError naming it; with it, the prompt is the one continue_final_message makes."""
+    messages = _continued("The answer is", prefix=True)
+    with pytest.raises(RequestError, match="continue_final_message=True") as caught:
+        llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS)
+    assert caught.value.param == "messages[1].prefix"
+    out = llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs=KWARGS, continue_final_message=True)
+    assert out[0].output.prompt.endswith("<|message|>The answer is")
 
 
 def test_a_tool_call_left_unanswered_is_refused_as_on_the_server(llm):

@@ -22,9 +22,11 @@ import httpx
 import torch
 
 from glimmer.engine.async_engine import AsyncEngine
+from glimmer.engine.call_length import fewest_call_tokens
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine
 from glimmer.engine.model_runner import StepLogits
 from glimmer.engine.scheduler import ScheduledStep
+from glimmer.protocol import normalize_tools
 from glimmer.protocol.tokens import EOT
 from glimmer.server.app import create_app
 from glimmer.server.background import BackgroundServer
@@ -202,3 +204,9 @@ class ScriptedRunner:
             if not preferred:
                 logits[row, self.eot_id] = 100.0
         return StepLogits(logits, sampling, {})
+
+
+def fewest_forced_call_tokens(server: LiveServer, tools: list[dict[str, Any]]) -> int:
+    """The fewest tokens of a reply holding a call of one of `tools` (chat's or /v1/responses' flat declarations): a
+    forced call's smallest max_tokens the server takes (a smaller one is a 400)."""
+    return fewest_call_tokens(normalize_tools(tools), server.engine.engine.tokenizer)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 from server_support import PINNED_DATE, WEATHER_TOOL, live_server
 
@@ -128,6 +129,48 @@ def test_a_reply_after_the_final_message_is_read_from_the_headers_the_model_writ
     assert choice["finish_reason"] == "tool_calls"
     assert streamed_reasoning(streamed_deltas(server, **fields)) == "Look it up."
     assert streamed_message(server, **fields) == {"content": "", "calls": {0: ("get_weather", '{"city": "Oslo"}')}}
+
+
+def test_an_assistant_prefix_is_continued_as_continue_final_message_continues_it_streamed_or_not(server):
+    """DeepSeek's and Kimi's assistant prefill, `"prefix": true` on the final assistant message (as vLLM continues it
+    for the models whose API has it), was ignored: the message rendered finished and a new turn began after it. The
+    reply continues it, as with `continue_final_message`, the openai SDK sending the field as an extra key."""
+    prefixed = [COLOR[0], {**COLOR[1], "prefix": True}]
+    response = chat(server, messages=prefixed)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == (" blue, of course.", "stop")
+    assert server.engine.engine.runner.prompts[-1].endswith("<|start|>assistant to=user<|message|>My favorite is")
+    assert streamed_message(server, messages=prefixed)["content"] == " blue, of course."
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="tiny", messages=prefixed, max_tokens=40, temperature=0,
+                                           extra_body={"chat_template_kwargs": PINNED_DATE})
+    assert reply.choices[0].message.content == " blue, of course."
+    tokens = [httpx.post(server.url + "/tokenize", timeout=30, json={
+        "messages": messages, "chat_template_kwargs": PINNED_DATE, **fields}).json()["tokens"]
+        for messages, fields in ((prefixed, {}), (COLOR, {"continue_final_message": True}))]
+    assert tokens[0] == tokens[1]
+    called = chat(server, messages=[WEATHER[0], {**WEATHER[1], "prefix": True}], tools=[WEATHER_TOOL])
+    assert called.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize(("messages", "fields", "param", "says"), [
+    ([{**COLOR[0], "prefix": True}], {}, "messages[0].prefix", "'user' message"),
+    ([COLOR[0], {**COLOR[1], "prefix": True}, COLOR[0]], {},
+     "messages[1].prefix", "non-final 'assistant'"),
+    ([COLOR[0], {**COLOR[1], "prefix": "yes"}], {}, "messages[1].prefix", "must be true or false"),
+    ([COLOR[0], {**COLOR[1], "prefix": True}], {"add_generation_prompt": True}, "messages[1].prefix",
+     "add_generation_prompt"),
+    ([COLOR[0], {"role": "assistant", "content": None, "prefix": True}], {}, "messages[1].prefix",
+     "nothing to continue"),
+    ([COLOR[0], {**COLOR[1], "prefix": True}], {"tool_choice": "required", "tools": [WEATHER_TOOL]},
+     "messages[1].prefix", "cannot be combined with tool_choice"),
+])
+def test_a_prefix_that_cannot_be_continued_is_a_400_naming_it(server, messages, fields, param, says):
+    response = chat(server, messages=messages, **fields)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and says in error["message"], error
 
 
 def test_a_refused_combination_is_a_400_naming_the_field(server):

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, live_server
+from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, fewest_forced_call_tokens, live_server
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
 EXTRA = {"chat_template_kwargs": PINNED_DATE}
@@ -128,7 +128,8 @@ def test_an_unsatisfied_tool_choice_is_not_retried_by_the_sdk(server):
     named = {"type": "function", "function": {"name": "get_weather"}}
     with pytest.raises(openai.InternalServerError) as raised:
         retrying.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER_TOOL], tool_choice=named,
-                                         max_tokens=1, extra_body=EXTRA)
+                                         max_tokens=fewest_forced_call_tokens(server, [WEATHER_TOOL]),
+                                         temperature=0, extra_body=EXTRA)
     assert raised.value.body["type"] == "tool_choice_unsatisfied"
     assert raised.value.response.headers["x-should-retry"] == "false"
     assert len(sent) == 1

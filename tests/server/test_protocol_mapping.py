@@ -14,7 +14,14 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from server_support import PINNED_DATE, TIME_TOOL, WEATHER_TOOL, ScriptedRunner, live_server
+from server_support import (
+    PINNED_DATE,
+    TIME_TOOL,
+    WEATHER_TOOL,
+    ScriptedRunner,
+    fewest_forced_call_tokens,
+    live_server,
+)
 
 from glimmer import LLM, SamplingParams
 
@@ -78,6 +85,8 @@ SCRIPTS = {
     "[call-then-answer]": [CALL_THEN_ANSWER],
     "[answer-in-two]": [ANSWER_IN_TWO_MESSAGES],
     "[light]": [ANSWER_WITH_LIGHT],
+    "[empty-call]": [' to=get_time<|message|><atem:function_calls>\n<atem:invoke name="get_time">\n</atem:invoke>\n'
+                     '</atem:function_calls><|eot|>'],
 }
 TOOLS = [WEATHER_TOOL, TIME_TOOL]
 WEATHER_ARGUMENTS = {"city": "Paris", "days": 3}
@@ -289,12 +298,13 @@ def test_named_choice_steers_away_from_another_tool(client):
 @pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
 def test_a_forced_call_cut_short_before_it_is_written_is_tool_choice_unsatisfied(client, server, limit):
     # P-REQ-4: the model only knows how to answer; the grammar steers it into a call of a declared tool, which
-    # max_tokens cuts short before a call is written. Never success with empty tool_calls: a 500 of type
-    # tool_choice_unsatisfied, streamed an error event, saying what cut the reply and what to raise.
+    # max_tokens cuts short before a call is written (the fewest tokens a call takes, which the model spends on
+    # reasoning first). Never success with empty tool_calls: a 500 of type tool_choice_unsatisfied, streamed an
+    # error event, saying what cut the reply and what to raise.
     before = server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0)
     request = _request("[answer-only]", tools=TOOLS, tool_choice="required")
     del request["max_tokens"]
-    request[limit] = 12
+    request[limit] = fewest_forced_call_tokens(server, TOOLS)
     with pytest.raises(openai.InternalServerError) as refused:
         client.chat.completions.create(**request)
     streamed = client.chat.completions.create(**request, stream=True)
@@ -306,6 +316,39 @@ def test_a_forced_call_cut_short_before_it_is_written_is_tool_choice_unsatisfied
         assert f"raise {limit}" in error["message"]
     assert "finish_reasons" not in locals()  # no chunk ended the choice as a success
     assert server.metrics().get("glimmer_tool_choice_unsatisfied_total", 0) == before + 2
+
+
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_token_limit_below_the_shortest_forced_call_is_a_400_naming_it_and_the_minimum(client, server, limit, choice):
+    """A forced call (P-REQ-4) that max_tokens cannot hold was generated and failed, a 500, however few tokens were
+    allowed. A limit below the fewest tokens of any call the turn grammar allows (its header and ATEM tags with
+    values empty, counted with the model's tokenizer) is a 400 up front naming the field and the minimum."""
+    allowed = TOOLS if choice == "required" else [WEATHER_TOOL]
+    fewest = fewest_forced_call_tokens(server, allowed)
+    request = _request("[answer-only]", tools=TOOLS, tool_choice=choice)
+    del request["max_tokens"]
+    for too_few in (1, fewest - 1):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**{**request, limit: too_few})
+        error = refused.value.body
+        assert error["param"] == limit and f"the shortest takes {fewest} tokens" in error["message"], error
+        assert f"raise {limit} to at least {fewest}" in error["message"]
+
+
+def test_a_forced_call_the_shortest_output_holds_comes_back_at_the_minimum_limit(client, server):
+    """The minimum is no more than a call needs: a call of a tool without required parameters, written in the fewest
+    tokens (the empty invoke closed), comes back whole at that limit, cut short before its block's close (P-ATEM-5)."""
+    named = {"type": "function", "function": {"name": "get_time"}}
+    fewest = fewest_forced_call_tokens(server, [TIME_TOOL])
+    request = {**_request("[empty-call]", tools=TOOLS, tool_choice=named), "max_tokens": fewest}
+    result = _both(client, **request)
+    assert (result["calls"], result["finish_reason"]) == ([("get_time", {})], "length")
+    assert result["usage"].completion_tokens == fewest
+    shortest = (' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+                '<atem:parameter name="city"></atem:parameter>')  # a required parameter, its value empty
+    assert fewest_forced_call_tokens(server, [WEATHER_TOOL]) == len(server.engine.engine.tokenizer.encode(shortest))
 
 
 def test_a_forced_call_cut_short_by_the_end_of_the_context_says_to_shorten_the_conversation(client, server):

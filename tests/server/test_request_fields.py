@@ -361,12 +361,48 @@ def test_a_stop_token_id_leaves_its_text_out_unless_include_stop_str_in_output(s
 
 
 @pytest.mark.parametrize(("messages", "param"), [
-    ([*MESSAGES, {"role": "assistant", "content": None, "refusal": "I won't."}, *MESSAGES], "messages[1].refusal"),
     ([*MESSAGES, {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
       *MESSAGES], "messages[1].function_call"),
     ([{"role": "developer", "content": "a"}, {"role": "critic", "content": "x"}], "messages[1].role"),
 ])
 def test_what_an_assistant_said_that_the_template_cannot_render_is_refused(server, messages, param):
+    assert chat_error(server, messages=messages)["param"] == param
+
+
+def test_an_assistant_refusal_is_rendered_as_what_the_assistant_said_as_on_responses(server, client):
+    """An assistant message's non-empty `refusal` was a 400 ("cannot be rendered") where /v1/responses renders a
+    refusal part as what the model said: the field (beside null content, as OpenAI sends it back) and a `refusal`
+    content part render as the assistant's text, as the openai SDK types both."""
+    said = "I can't help with that."
+
+    def prompt(assistant: dict) -> list[int]:
+        messages = [*MESSAGES, {"role": "assistant", **assistant}, {"role": "user", "content": "Why?"}]
+        response = httpx.post(server.url + "/tokenize", timeout=30,
+                              json={"messages": messages, "chat_template_kwargs": PINNED_DATE})
+        assert response.status_code == 200, response.text
+        return response.json()["tokens"]
+
+    as_text = prompt({"content": said})
+    assert prompt({"content": None, "refusal": said}) == prompt({"content": [{"type": "refusal", "refusal": said}]})
+    assert prompt({"content": None, "refusal": said}) == as_text != prompt({"content": "No."})
+    assert prompt({"content": [{"type": "text", "text": "Sorry. "}, {"type": "refusal", "refusal": said}]}) == (
+        prompt({"content": "Sorry. " + said}))
+    refused = {"role": "assistant", "content": None, "refusal": said}
+    answered = client.chat.completions.create(model="tiny", max_tokens=2, temperature=0,
+                                              messages=[*MESSAGES, refused, {"role": "user", "content": "Why?"}],
+                                              extra_body={"chat_template_kwargs": PINNED_DATE})
+    assert answered.usage.prompt_tokens == len(as_text)
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([*MESSAGES, {"role": "assistant", "content": "Sure.", "refusal": "I won't."}, *MESSAGES], "messages[1].refusal"),
+    ([*MESSAGES, {"role": "assistant", "content": None, "refusal": ["I won't."]}, *MESSAGES], "messages[1].refusal"),
+    ([{"role": "user", "content": [{"type": "refusal", "refusal": "I won't."}]}], "messages[0].content[0]"),
+    ([*MESSAGES, {"role": "assistant", "content": [{"type": "refusal", "text": "No."}]}, *MESSAGES],
+     "messages[1].content[0].refusal"),
+])
+def test_a_refusal_beside_content_outside_an_assistant_message_or_not_a_string_is_400_naming_it(server, messages,
+                                                                                              param):
     assert chat_error(server, messages=messages)["param"] == param
 
 
@@ -775,6 +811,21 @@ def test_every_tier_and_cache_retention_of_the_openai_sdk_is_taken_on_chat_and_c
         assert answer(service_tier=tier) == plain
     for retention in ("in_memory", "24h"):
         assert answer(prompt_cache_retention=retention) == plain
+
+
+@pytest.mark.parametrize("tier", [None, "auto", "flex", "priority"])
+def test_a_chat_completion_reports_the_default_tier_that_served_it_as_openai_and_responses_do(client, tier):
+    """A chat completion (and each of its chunks) left `service_tier` out, which the SDK reads as None, where OpenAI
+    reports the tier that served the request and /v1/responses reports "default": Glimmer serves every request in one
+    tier, whatever tier was asked for."""
+    hints = {} if tier is None else {"service_tier": tier}
+    completion = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                                extra_body={"chat_template_kwargs": PINNED_DATE, **hints})
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"chat_template_kwargs": PINNED_DATE, **hints}))
+    assert chunks[-1].usage is not None and not chunks[-1].choices
+    assert {completion.service_tier} | {chunk.service_tier for chunk in chunks} == {"default"}
 
 
 def test_verbosity_medium_openai_s_default_is_taken_and_changes_nothing(client):

@@ -18,7 +18,7 @@ import pydantic
 import pytest
 from openai.pagination import SyncCursorPage
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
-from server_support import PINNED_DATE, agent_server
+from server_support import PINNED_DATE, agent_server, fewest_forced_call_tokens
 
 from glimmer.errors import RequestError
 from glimmer.server import responses_schemas
@@ -636,10 +636,23 @@ def test_a_summary_cut_by_max_output_tokens_is_marked_incomplete_as_its_item(cli
     assert [e.status for e in whole if e.type == "response.reasoning_summary_part.done"] == [None]
 
 
+def test_a_max_output_tokens_below_the_shortest_forced_call_is_a_400_naming_it(server, client):
+    """A forced call max_output_tokens cannot hold was generated and failed (a 500): it is a 400 up front naming
+    max_output_tokens and the fewest tokens any allowed call takes."""
+    fewest = fewest_forced_call_tokens(server, [WEATHER_TOOL])
+    with pytest.raises(openai.BadRequestError) as refused:
+        _create(client, input="[greet] Hello!", tools=[WEATHER_TOOL], tool_choice="required",
+                max_output_tokens=fewest - 1)
+    error = refused.value.body
+    assert error["param"] == "max_output_tokens" and "max_tokens" not in error["message"], error
+    assert f"raise max_output_tokens to at least {fewest}" in error["message"]
+
+
 def test_a_forced_call_cut_short_before_it_is_written_fails_as_tool_choice_unsatisfied(server, client):
     """P-REQ-4: never `incomplete` with no call when tool_choice forced one: a 500 of type tool_choice_unsatisfied,
     streamed an `error` event then response.failed, saying max_output_tokens cut the reply and to raise it."""
-    fields = {"input": "[greet] Hello!", "tools": [WEATHER_TOOL], "tool_choice": "required", "max_output_tokens": 6}
+    fields = {"input": "[greet] Hello!", "tools": [WEATHER_TOOL], "tool_choice": "required",
+              "max_output_tokens": fewest_forced_call_tokens(server, [WEATHER_TOOL])}
     with pytest.raises(openai.InternalServerError) as refused:
         _create(client, **fields)
     body = {"model": "tiny", "temperature": 0, **EXTRA, **fields}
@@ -1072,17 +1085,18 @@ def test_max_tool_calls_is_taken_and_echoed_and_bounds_no_function_call_as_opena
 def test_text_verbosity_medium_openai_s_default_is_taken_echoed_and_changes_nothing(server, client):
     """`text.verbosity` was a 400 whatever its value, "medium" too: OpenAI's default, which asks for nothing
     different. It is echoed in `text` as sent (created, streamed, retrieved), as the SDK's Response types it; a
-    request without it has none echoed, as before."""
+    request without it has "medium" echoed too, as OpenAI echoes its default (none was echoed)."""
     text = {"format": {"type": "text"}, "verbosity": "medium"}
     body = {"model": "tiny", "temperature": 0, "input": "[greet] Hi", **EXTRA}
     created = httpx.post(server.base_url + "/responses", json={**body, "text": text}, timeout=30).json()
     plain = httpx.post(server.base_url + "/responses", json=body, timeout=30).json()
     stored = httpx.get(f"{server.base_url}/responses/{created['id']}", timeout=30).json()
-    assert created["text"] == stored["text"] == text and plain["text"] == {"format": {"type": "text"}}
+    assert created["text"] == stored["text"] == plain["text"] == text
     assert Response.model_validate(created).text.verbosity == "medium"
     assert created["output"][-1]["content"] == plain["output"][-1]["content"]
     streamed = next(iter(_create(client, input="[greet] Hi", stream=True, text={"verbosity": "medium"})))
-    assert streamed.response.text.verbosity == "medium"
+    unsent = next(iter(_create(client, input="[greet] Hi", stream=True)))
+    assert streamed.response.text.verbosity == unsent.response.text.verbosity == "medium"
     counted = httpx.post(server.base_url + "/responses/input_tokens", timeout=30,
                          json={"model": "tiny", "input": "[greet] Hi", "text": text})
     assert counted.status_code == 200, counted.text

@@ -355,7 +355,7 @@ def test_a_response_format_name_openai_takes_is_taken(server, name):
 def test_min_tokens_beside_a_grammar_is_refused_naming_what_makes_the_grammar(server, fields, named):
     """thinking_token_budget and a strict tool under `auto` make a grammar too, but the 400 said "cannot be combined
     with structured outputs or a forced tool choice": neither of which the request had."""
-    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 20, "min_tokens": 2, **fields}
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 80, "min_tokens": 2, **fields}
     response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
