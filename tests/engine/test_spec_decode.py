@@ -236,7 +236,7 @@ def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(t
     prompts = _prompts(6)
     longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     known = _continuations(plain, prompts, longer)
-    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=300_000, max_num_seqs=3,
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=250_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160,
                                     speculative_config=speculative(drafter)))
     _replay(engine, known, _cycle(K, 1, 3))
