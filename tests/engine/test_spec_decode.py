@@ -780,6 +780,9 @@ def test_aborting_a_request_whose_proposals_wait_for_verification_leaves_the_oth
         ({"method": "eagle", "model": "x"}, "method='eagle' is not supported"),
         ({"method": "dflash"}, "needs 'model'"),
         ({"method": "dflash", "model": "x", "num_speculative_tokens": 0}, "must be an integer >= 1"),
+        ({"method": "dflash", "model": "x", "num_speculative_tokens": 4.5}, "=4.5 must be an integer >= 1 (a whole"),
+        ('{"method": "dflash", "model": "x", "disable_by_batch_size": 2.5}', "=2.5 must be an integer >= 1 (a whole"),
+        ({"method": "dflash", "model": "x", "num_speculative_tokens": float("inf")}, "=inf must be an integer"),
         ({"method": "dflash", "model": "x", "draft_tensor_parallel_size": 1}, "unknown key(s)"),
         ({"method": "dflash", "model": "x", "draft_policy": "sometimes"}, "draft_policy='sometimes'"),
         ("{not json", "not valid JSON"),
@@ -789,6 +792,14 @@ def test_bad_speculative_configs_are_refused(target, config, message):
     with pytest.raises(ConfigError) as error:
         LLMEngine(EngineConfig(str(target), progress=False, speculative_config=config))
     assert message in str(error.value)
+
+
+def test_integral_floats_are_taken_as_their_integers_as_vllm_takes_them():
+    """vLLM's SpeculativeConfig (a pydantic dataclass, lax) takes 4.0 for its int fields; JSON writers emit it."""
+    config = SpeculativeConfig.parse('{"method": "dflash", "model": "x", "num_speculative_tokens": 4.0, '
+                                     '"disable_by_batch_size": 8.0}')
+    assert (config.num_speculative_tokens, config.disable_by_batch_size) == (4, 8)
+    assert type(config.num_speculative_tokens) is int and type(config.disable_by_batch_size) is int
 
 
 def test_null_options_take_their_defaults():
