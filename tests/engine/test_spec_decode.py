@@ -1333,6 +1333,26 @@ def test_bad_words_inside_proposals_match_greedy_without(target, drafter, plain,
     assert len(words) >= 3 and llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
 
 
+@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.8), dict(presence_penalty=1.5),
+                                       dict(frequency_penalty=1.2, presence_penalty=0.4, repetition_penalty=1.2)])
+def test_penalties_the_drafter_ignores_are_applied_in_verification_so_greedy_matches_without(target, drafter, plain,
+                                                                                             penalties):
+    """The drafter proposes without penalties: proposals of the run without them (accepted in full where the
+    penalties change nothing) are verified under the penalties, counting the proposed tokens before each position as
+    generated, so the tokens are those of a penalized run without speculation."""
+    prompts = _prompts(4, seed=17)
+    free = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    known = _continuations(plain, prompts, free)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, **penalties)
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    _replay(llm.engine, known, lambda seq, k: k)  # the unpenalized run's tokens, proposed as they are
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+    assert sum(e != known[tuple(p)] for e, p in zip(expected, prompts, strict=True)) >= 3  # the penalties count
+    stats = llm.engine.speculator.stats
+    assert stats.num_accepted_tokens > 0 and stats.acceptance_lengths[1] > 0  # accepted runs and rejections
+
+
 # --- drafts under the request's masks ---------------------------------------------------------------------------
 
 
