@@ -871,6 +871,7 @@ class LLMEngine:
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
                 bad_word_ids=banned_words,
                 min_tokens_ids=held_ids,
+                counts_prefix_lookup=generated == 0,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else frozenset()
             self._completions[id(seq)] = _Completion(

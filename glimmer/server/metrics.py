@@ -72,7 +72,8 @@ class _EngineCollector(Collector):
                                 value=stats["prefix_cache_hit_rate"])
         # the rate over a window (rate(hits) / rate(queries)), which the gauge, since the start, cannot give
         yield CounterMetricFamily("glimmer_prefix_cache_queries", "Prompt tokens looked up in the prefix cache, per "
-                                  "sequence (n per request)", value=stats["prefix_cache_queries"])
+                                  "sequence (n per request; a beam search's prompt once)",
+                                  value=stats["prefix_cache_queries"])
         yield CounterMetricFamily("glimmer_prefix_cache_hits", "Prompt tokens found in the prefix cache, per sequence "
                                   "(a request's cached_tokens with n 1)", value=stats["prefix_cache_hits"])
         yield GaugeMetricFamily("glimmer_engine_alive", "1 while the engine thread serves requests",

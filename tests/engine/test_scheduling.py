@@ -359,3 +359,19 @@ def test_a_token_budget_below_max_num_seqs_is_refused_naming_both():
     with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=3 is below max_num_seqs=4: .* raise "
                                           r"--max-num-batched-tokens / max_num_batched_tokens= to at least"):
         LLMEngine(EngineConfig("/nonexistent/model/dir", progress=False, max_num_seqs=4, max_num_batched_tokens=3))
+
+
+def test_a_beam_search_looks_its_prompt_up_in_the_prefix_cache_once(checkpoint):
+    """Its steps past the first are requests whose prompts continue tokens the search generated, as a preempted
+    sequence re-admitted looks up blocks it wrote: counted, they made a 40-token prompt searched 2 beams wide for 6
+    tokens 470 queried tokens, 320 of them hits. The prefix-cache counters count each search's prompt once, as usage's
+    cached_tokens does."""
+    llm = LLM(str(checkpoint), progress=False)
+    prompt = _prompts(1)[0][:1] * 40
+    beams = BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True)
+    llm.beam_search([{"prompt_token_ids": prompt}], beams)
+    kv = llm.engine.kv
+    assert (kv.prefix_cache_queried_tokens, kv.prefix_cache_hit_tokens) == (40, 0)
+    llm.beam_search([{"prompt_token_ids": prompt}], beams)  # its prompt's two full blocks are found the second time
+    assert (kv.prefix_cache_queried_tokens, kv.prefix_cache_hit_tokens) == (80, 32)
+    assert llm.engine.stats()["prefix_cache_hit_rate"] == 2 / 4
