@@ -345,6 +345,22 @@ def test_min_tokens_max_tokens_1_and_n_2_with_accepted_runs_match_greedy_without
     assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
 
 
+def test_proposals_accepted_past_a_stop_count_as_accepted_as_vllm_counts_them(target, drafter, plain):
+    """The accepted-tokens counter measures the drafter (vLLM's scheduler counts before its stop checks): a run of
+    right proposals a stop token ends midway counts whole, while the output, and the generation tokens, end at the
+    stop."""
+    prompt = _prompts(1, seed=4)[0]
+    known = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].token_ids
+    stop = known[13]
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    _replay(llm.engine, {tuple(prompt): known}, lambda seq, k: k)  # every proposal right
+    got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop]))[0]
+    assert got.token_ids == known[:known.index(stop) + 1]
+    stats = llm.engine.speculator.stats
+    # the tokens after the prefill's: each verification's accepted proposals and one more, up to the stop
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > len(got.token_ids) - 1 - stats.num_drafts
+
+
 @pytest.mark.parametrize("pattern", [(K,), (3, 0, K, 1)], ids=["all-accepted", "mixed"])
 def test_async_scheduling_with_speculation_matches_synchronous_plain_decoding(target, drafter, plain, pattern):
     """Text made a step late: a stop string found inside an accepted run ends the sequence, its later tokens
