@@ -1026,7 +1026,7 @@ def test_a_preempted_sequence_keeps_no_pending_drafter_context(target, drafter, 
     identical sibling) cannot write it into a shared cached block. Greedy outputs stay those without speculation."""
     prompts = [prompt[:10] for prompt in _prompts(12) if len(prompt) >= 10][:4]
     longer = SamplingParams(temperature=0, max_tokens=70, ignore_eos=True)
-    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=230_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160,
                                     speculative_config=speculative(drafter)))
     scheduler, proposer, runner = engine.scheduler, engine.speculator.proposer, engine.runner
