@@ -1408,8 +1408,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="most sequences in one batch (default 256 on CUDA, 64 on the CPU)")
     parser.add_argument("--max-num-batched-tokens", type=token_count, default=None,
-                        help="token budget of one step; longer prompts are prefilled in chunks (default 8192 on "
-                             "CUDA, 2048 on the CPU)")
+                        help="token budget of one step, each decoding sequence taking one (at least "
+                             "--max-num-seqs where both are given); longer prompts are prefilled in chunks (default "
+                             "8192 on CUDA, 2048 on the CPU)")
     parser.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", type=parse_size, default=None,
                         metavar="SIZE", action=_StoreNamingTheFlag,
                         help="KV cache size, e.g. 8GiB, 512MiB or a number of bytes (vLLM's --kv-cache-memory-bytes "

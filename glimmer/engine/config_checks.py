@@ -115,6 +115,12 @@ def check_engine_config(config: EngineConfig) -> None:
             raise ConfigError(f"{name}={value!r} must be a positive integer (or None for the default)")
         if value is not None and value > MAX_SIZE:  # the engine's tensors and step sizes are int64
             raise ConfigError(f"{name}={value!r} must be at most 2**63 - 1 (torch's int64)")
+    seqs, budget = config.max_num_seqs, config.max_num_batched_tokens
+    if seqs is not None and budget is not None and budget < seqs:  # as vLLM's SchedulerConfig refuses it
+        raise ConfigError(f"max_num_batched_tokens={budget} is below max_num_seqs={seqs}: a decoding sequence takes "
+                          f"a token of a step's budget, so no more than {budget} could ever run at once; raise "
+                          "--max-num-batched-tokens / max_num_batched_tokens= to at least max_num_seqs, or lower "
+                          "--max-num-seqs / max_num_seqs=")
     if not _is_int(config.block_size) or config.block_size < 1 or config.block_size & (config.block_size - 1):
         raise ConfigError(f"block_size={config.block_size!r} must be a positive integer, a power of two (16 is the "
                           "default)")

@@ -413,8 +413,12 @@ class LLMEngine:
 
     def _build_cache_and_runner(self, spec_config: SpeculativeConfig | None, budget: int | None = None) -> None:
         """Size and allocate the KV cache (in `budget` bytes where given), then the runner over it (its graphs
-        captured) and the speculator."""
-        self.kv_layout = self._plan_kv_cache(budget)
+        captured) and the speculator. The budget spent is kept (`_kv_budget`): a second sizing starts from it."""
+        text, demand = self.model_config.text, self._kv_demand()
+        if budget is None:
+            budget = self._kv_budget_bytes(block_bytes(text, self.dtype, demand), wanted_blocks(text, demand))
+        self._kv_budget = budget
+        self.kv_layout = self._plan_kv_cache(demand, budget)
         self.kv = KVCacheManager(self.kv_layout, enable_prefix_caching=self.config.enable_prefix_caching)
         capture = self.drafter.config.target_layer_ids if self.drafter else ()
         self.runner = ModelRunner(self.loaded.model, self.kv_layout, self.kv, self.device, self.dtype,
@@ -546,14 +550,11 @@ class LLMEngine:
         return KVDemand(self.config.block_size, self.max_model_len, self.scheduler_config.max_num_seqs,
                         self.scheduler_config.max_num_batched_tokens, draft)
 
-    def _plan_kv_cache(self, budget: int | None = None) -> KVCacheLayout:
-        """The KV layout the budget gives (kv_planner.py), in `budget` bytes where given; ConfigError where it
-        cannot hold one sequence."""
-        text, demand = self.model_config.text, self._kv_demand()
+    def _plan_kv_cache(self, demand: KVDemand, budget: int) -> KVCacheLayout:
+        """The KV layout `budget` bytes give `demand` (kv_planner.py); ConfigError where it cannot hold one
+        sequence."""
+        text = self.model_config.text
         per_block = block_bytes(text, self.dtype, demand)
-        if budget is None:
-            budget = self._kv_budget_bytes(per_block, wanted_blocks(text, demand))
-        self._kv_budget = budget
         layout, short = plan_kv_layout(text, self.dtype, demand, budget)
         if short:
             bs = demand.block_size
@@ -880,6 +881,7 @@ class LLMEngine:
                 controller=controller_factory(stop_ids) if controller_factory is not None else None,
                 bad_word_ids=banned_words,
                 held_ids=held_ids,
+                counts_prefix_lookup=generated == 0,
             )
             skipped = frozenset(self.tokenizer.all_special_ids) if params.skip_special_tokens else hidden_token_ids
             self._completions[id(seq)] = _Completion(

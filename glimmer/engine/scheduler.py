@@ -173,7 +173,8 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
-            if cached is not None and seq.num_preemptions == 0:  # as usage's cached_tokens: a request's prompt once
+            if cached is not None and seq.num_preemptions == 0 and seq.counts_prefix_lookup:  # as usage's
+                # cached_tokens: a request's prompt once, a beam search's at its first step
                 self.kv.record_prefix_lookup(seq, cached)
             self.kv.allocate(seq, n)
             if seq.first_scheduled_time is None:  # a preempted sequence re-admitted keeps its first time

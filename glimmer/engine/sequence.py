@@ -82,6 +82,9 @@ class Sequence:
     # leading full blocks already offered to the prefix cache (reset when the blocks are freed)
     num_registered_blocks: int = 0
     num_preemptions: int = 0
+    # whether its first admission counts in the prefix-cache statistics: not a beam-search step past the first, whose
+    # prompt continues tokens the search generated (the search's prompt was counted at its first step)
+    counts_prefix_lookup: bool = True
     # prompt tokens found in the prefix cache when the sequence was first admitted
     num_cached_tokens: int = 0
     # which of the request's `n` completions this is

@@ -84,9 +84,11 @@ class SpeculativeConfig:
             object.__setattr__(self, "model", os.fspath(self.model))
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("speculative_config.model must name the drafter (a directory or a head.pt file)")
+        for key in _COUNTS:
+            object.__setattr__(self, key, _whole_number(getattr(self, key)))
         n = self.num_speculative_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(f"speculative_config.num_speculative_tokens={n!r} must be an integer >= 1")
+            raise ConfigError(f"speculative_config.num_speculative_tokens={n!r} must be an integer >= 1{_NOT_FRACTION}")
         if self.draft_policy is None:  # as num_speculative_tokens and disable_by_batch_size take null: the default
             object.__setattr__(self, "draft_policy", "adaptive")
         if self.draft_policy not in DRAFT_POLICIES:
@@ -94,7 +96,7 @@ class SpeculativeConfig:
                               f"{list(DRAFT_POLICIES)}")
         b = self.disable_by_batch_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
-            raise ConfigError(f"speculative_config.disable_by_batch_size={b!r} must be an integer >= 1")
+            raise ConfigError(f"speculative_config.disable_by_batch_size={b!r} must be an integer >= 1{_NOT_FRACTION}")
 
     def proposed_tokens(self, drafter: DrafterConfig) -> int:
         """The most tokens proposed per sequence and step with `drafter`: num_speculative_tokens, else all its
@@ -111,6 +113,16 @@ class SpeculativeConfig:
         served); None when neither exists."""
         path = Path(self.model).expanduser()
         return path if path.exists() else embedded_model_dir(self.model)
+
+
+_COUNTS = ("num_speculative_tokens", "disable_by_batch_size")  # vLLM's int fields among the keys
+_NOT_FRACTION = " (a whole number: 4.0 is taken as 4)"
+
+
+def _whole_number(value: object) -> object:
+    """An integral float as its int, as vLLM's config (a pydantic dataclass, lax) takes 4.0 for an int field: JSON
+    writers emit numbers as floats. Anything else as it is, for the caller's check (4.5 is refused)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _check_method(method: object) -> None:

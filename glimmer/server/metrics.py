@@ -21,6 +21,10 @@ _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 _VLLM_REQUEST_LATENCY_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 _VLLM_FINISH_REASONS = ("stop", "length", "abort", "error")
+# as vLLM counts them (its scheduler, before the stop checks): a measure of the drafter, whose acceptance rate a stop
+# would otherwise lower; the tokens delivered are the generation tokens
+_ACCEPTED_HELP = ("Proposed tokens the target's verification accepted, those past a stop that ended the output "
+                  "included (as vLLM counts them)")
 
 
 def _vllm_token_buckets(max_model_len: int) -> list[int]:
@@ -61,8 +65,10 @@ class _EngineCollector(Collector):
                                 "preemption)", value=stats["kv_growth_ratio"])
         used = GaugeMetricFamily("glimmer_kv_blocks_used", "KV cache blocks in use, per attention group",
                                  labels=["group"])
-        free = GaugeMetricFamily("glimmer_kv_blocks_free", "KV cache blocks an attention group could take now (its "
-                                 "groups share the free memory)", labels=["group"])
+        free = GaugeMetricFamily("glimmer_kv_blocks_free", "KV cache blocks an attention group could take now, were "
+                                 "no other group to take any: the model's groups share the free pages (a sliding "
+                                 "block takes several, only in a free chunk), so the groups' figures are not to be "
+                                 "summed", labels=["group"])
         for group, (in_use, available) in stats["kv_blocks"].items():
             used.add_metric([group], in_use)
             free.add_metric([group], available)
@@ -72,7 +78,8 @@ class _EngineCollector(Collector):
                                 value=stats["prefix_cache_hit_rate"])
         # the rate over a window (rate(hits) / rate(queries)), which the gauge, since the start, cannot give
         yield CounterMetricFamily("glimmer_prefix_cache_queries", "Prompt tokens looked up in the prefix cache, per "
-                                  "sequence (n per request)", value=stats["prefix_cache_queries"])
+                                  "sequence (n per request; a beam search's prompt once)",
+                                  value=stats["prefix_cache_queries"])
         yield CounterMetricFamily("glimmer_prefix_cache_hits", "Prompt tokens found in the prefix cache, per sequence "
                                   "(a request's cached_tokens with n 1)", value=stats["prefix_cache_hits"])
         yield GaugeMetricFamily("glimmer_engine_alive", "1 while the engine thread serves requests",
@@ -90,8 +97,7 @@ class _EngineCollector(Collector):
             ("vllm:spec_decode_num_drafts", CounterMetricFamily, "Verifications of proposed tokens", spec.num_drafts),
             ("vllm:spec_decode_num_draft_tokens", CounterMetricFamily, "Proposed tokens verified",
              spec.num_draft_tokens),
-            ("vllm:spec_decode_num_accepted_tokens", CounterMetricFamily, "Proposed tokens accepted",
-             spec.num_accepted_tokens))
+            ("vllm:spec_decode_num_accepted_tokens", CounterMetricFamily, _ACCEPTED_HELP, spec.num_accepted_tokens))
         for name, family, documentation, value in (*speculation,
                 ("vllm:num_requests_running", GaugeMetricFamily, "Sequences running", stats["running"]),
                 ("vllm:num_requests_waiting", GaugeMetricFamily, "Sequences waiting to be scheduled",
@@ -120,7 +126,7 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
                               "sequence and step)", value=spec.num_drafts)
     yield CounterMetricFamily("glimmer_spec_decode_num_draft_tokens", "Proposed tokens verified",
                               value=spec.num_draft_tokens)
-    yield CounterMetricFamily("glimmer_spec_decode_num_accepted_tokens", "Proposed tokens accepted",
+    yield CounterMetricFamily("glimmer_spec_decode_num_accepted_tokens", _ACCEPTED_HELP,
                               value=spec.num_accepted_tokens)
     cumulative, buckets, total = 0, [], 0
     for length, count in enumerate(spec.acceptance_lengths):
@@ -129,8 +135,9 @@ def _spec_decode_metrics(spec) -> Iterator[Metric]:
             total += length * count
             buckets.append((str(length), cumulative))
     buckets.append(("+Inf", cumulative))
-    yield HistogramMetricFamily("glimmer_spec_decode_acceptance_length", "Tokens one verification emitted "
-                                "(accepted proposals + 1)", buckets=buckets, sum_value=total)
+    yield HistogramMetricFamily("glimmer_spec_decode_acceptance_length", "Accepted proposals + 1 per verification: "
+                                "the tokens it emitted, but for a stop inside the run (see the accepted tokens)",
+                                buckets=buckets, sum_value=total)
 
 
 class _VllmLatencies(Collector):

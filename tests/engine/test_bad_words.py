@@ -212,3 +212,17 @@ def test_a_word_of_several_tokens_that_leaves_no_allowed_id_ends_its_request_wit
         free.extend(t for delta in deltas if delta.request_id == "free" for t in delta.token_ids)
         assert not any(delta.request_id == "cornered" and 0 in delta.token_ids for delta in deltas)
     assert failed == ["cornered"] and len(free) == FREE.max_tokens
+
+
+def test_a_word_is_matched_against_the_output_alone_from_its_first_token():
+    """vLLM's rule (v1/sample/ops/bad_words.py, and its GPU runner's kernel): a word's other tokens are looked for
+    among the generated tokens only, so at the first position only one-token words ban; a word of three tokens bans
+    its last once two outputs spell the rest, wherever they end the output, and never on a partial match."""
+    from glimmer.engine.bad_words import banned_after
+
+    words = ((7,), (1, 2), (3, 4, 5))
+    assert banned_after(words, ()) == (7,)  # the prompt's last tokens spell nothing
+    assert banned_after(words, (1,)) == (7, 2)
+    assert banned_after(words, (4,)) == (7,)  # (3, 4) is not all there: the prompt does not supply the 3
+    assert banned_after(words, (9, 3, 4)) == (7, 5)
+    assert banned_after(words, (3, 4, 1)) == (7, 2)

@@ -240,7 +240,8 @@ def test_small_odd_token_budgets_and_small_blocks_under_stress_match_the_referen
     checkpoint = make_tiny(seed=29, spec=TinySpec(num_hidden_layers=layers, sliding_window=window))
     reference = reference_model(checkpoint)
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, block_size=block_size, max_model_len=48,
-                                    kv_cache_memory=kv_cache_memory, max_num_seqs=4, max_num_batched_tokens=budget,
+                                    kv_cache_memory=kv_cache_memory, max_num_batched_tokens=budget,
+                                    max_num_seqs=min(4, budget),  # a budget below it is refused, as vLLM refuses it
                                     async_scheduling=lookahead))
     rng = random.Random(layers)
     shared = [rng.randrange(20, 400) for _ in range(30)]

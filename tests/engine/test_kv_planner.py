@@ -39,13 +39,31 @@ def test_a_budget_a_page_short_of_one_sequence_says_how_short(max_model_len):
     assert plan_kv_layout(TEXT, torch.bfloat16, demand, needed * PAGE - 1)[1] == {"pages": (needed - 1, needed)}
 
 
-def test_the_drafter_gets_its_share_and_never_leaves_the_model_short_of_one_sequence():
+def _sequences_held(layout, max_model_len: int) -> tuple[float, float]:
+    """Sequences of max_model_len the drafter's blocks and the model's pages each hold."""
+    return layout.draft_blocks / math.ceil(max_model_len / 16), layout.num_pages / _pages_for_one(max_model_len)
+
+
+def test_the_drafter_and_the_model_hold_as_many_sequences_at_max_model_len():
+    """A drafter that sees its whole context needs every position's block, the model's sliding group a window's: a
+    split by bytes per block gave the drafter (the released assistant's 5 layers of 8 heads, unbounded) 4.1 sequences
+    of 32k tokens in 10 GB beside pages for 13.9; split by bytes per sequence, both hold 8.4."""
+    draft = DraftKV(bytes_per_block=5 * 2 * 16 * 8 * 128 * 2, max_visible_distance=None)
+    demand = KVDemand(block_size=16, max_model_len=32768, max_num_seqs=8, max_num_batched_tokens=8192, draft=draft)
+    layout, short = plan_kv_layout(TEXT, torch.bfloat16, demand, 10**10)
+    drafter_seqs, model_seqs = _sequences_held(layout, 32768)
+    assert short == {} and round(drafter_seqs, 1) == round(model_seqs, 1) == 8.4
+    assert layout.num_pages == (10**10 - layout.draft_blocks * draft.bytes_per_block) // PAGE
+    # a drafter with a window needs a window's blocks per sequence too: the split counts it
+    windowed = KVDemand(block_size=16, max_model_len=32768, max_num_seqs=64, max_num_batched_tokens=8192,
+                        draft=DraftKV(bytes_per_block=draft.bytes_per_block, max_visible_distance=2047))
+    layout = plan_kv_layout(TEXT, torch.bfloat16, windowed, 10**10)[0]
+    assert round(layout.draft_blocks / (2048 // 16 + 1), 1) == round(layout.num_pages / _pages_for_one(32768), 1)
+
+
+def test_the_drafter_never_leaves_the_model_short_of_one_sequence():
     draft = DraftKV(bytes_per_block=PAGE // 13, max_visible_distance=None)  # one layer's block
     demand = KVDemand(block_size=16, max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=8192, draft=draft)
-    layout, short = plan_kv_layout(TEXT, torch.bfloat16, demand, 10**9)
-    share = 10**9 * draft.bytes_per_block // (PAGE + 3 * PAGE + draft.bytes_per_block)
-    assert short == {} and layout.draft_blocks == share // draft.bytes_per_block
-    assert layout.num_pages == (10**9 - layout.draft_blocks * draft.bytes_per_block) // PAGE
     # a budget that holds one sequence in every group and no more: the proportional share would leave the model's
     # pages short; the drafter keeps what one sequence needs and the model gets the rest
     tight = _pages_for_one(4096) * PAGE + 256 * draft.bytes_per_block

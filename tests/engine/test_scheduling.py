@@ -330,3 +330,48 @@ def test_changing_a_sampling_params_after_submitting_it_leaves_the_request_as_su
         deltas += engine.step()
     assert sum((d.token_ids for d in deltas), []) == expected
     assert not any(d.logprobs for d in deltas)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 16])
+def test_decode_steps_batch_as_many_sequences_as_the_token_budget_holds(checkpoint, budget):
+    """A decoding sequence takes one token of a step's budget: a budget of 1 runs one sequence a step, of 2 two, of a
+    block (16) sixteen; the scheduler serializes nothing the budget could hold (2 x budget one-token prompts run in
+    two waves, every step full)."""
+    engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, enable_prefix_caching=False,
+                                    max_num_seqs=budget, max_num_batched_tokens=budget))
+    batch_sizes = []
+    schedule = engine.scheduler.schedule
+
+    def recorded():
+        step = schedule()
+        batch_sizes.append(len(step.seqs))
+        return step
+
+    engine.scheduler.schedule = recorded
+    tokens = _drive(engine, {0: [(f"r{i}", [10 + i]) for i in range(2 * budget)]},
+                    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert batch_sizes == [budget] * 12 and all(len(t) == 6 for t in tokens.values())
+
+
+def test_a_token_budget_below_max_num_seqs_is_refused_naming_both():
+    """As vLLM's SchedulerConfig: no more than the budget's sequences could ever run at once. Refused before the
+    model is looked for."""
+    with pytest.raises(ConfigError, match=r"^max_num_batched_tokens=3 is below max_num_seqs=4: .* raise "
+                                          r"--max-num-batched-tokens / max_num_batched_tokens= to at least"):
+        LLMEngine(EngineConfig("/nonexistent/model/dir", progress=False, max_num_seqs=4, max_num_batched_tokens=3))
+
+
+def test_a_beam_search_looks_its_prompt_up_in_the_prefix_cache_once(checkpoint):
+    """Its steps past the first are requests whose prompts continue tokens the search generated, as a preempted
+    sequence re-admitted looks up blocks it wrote: counted, they made a 40-token prompt searched 2 beams wide for 6
+    tokens 470 queried tokens, 320 of them hits. The prefix-cache counters count each search's prompt once, as usage's
+    cached_tokens does."""
+    llm = LLM(str(checkpoint), progress=False)
+    prompt = _prompts(1)[0][:1] * 40
+    beams = BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True)
+    llm.beam_search([{"prompt_token_ids": prompt}], beams)
+    kv = llm.engine.kv
+    assert (kv.prefix_cache_queried_tokens, kv.prefix_cache_hit_tokens) == (40, 0)
+    llm.beam_search([{"prompt_token_ids": prompt}], beams)  # its prompt's two full blocks are found the second time
+    assert (kv.prefix_cache_queried_tokens, kv.prefix_cache_hit_tokens) == (80, 32)
+    assert llm.engine.stats()["prefix_cache_hit_rate"] == 2 / 4

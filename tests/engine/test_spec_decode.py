@@ -236,7 +236,7 @@ def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(t
     prompts = _prompts(6)
     longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     known = _continuations(plain, prompts, longer)
-    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=300_000, max_num_seqs=3,
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=250_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160,
                                     speculative_config=speculative(drafter)))
     _replay(engine, known, _cycle(K, 1, 3))
@@ -343,6 +343,22 @@ def test_min_tokens_max_tokens_1_and_n_2_with_accepted_runs_match_greedy_without
     assert ends == [("stop", repeated, 13, 1), ("length", None, 1, 1), ("length", None, 30, 2)]
     assert llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
     assert all(used == 0 for used, _ in llm.engine.kv.usage().values())
+
+
+def test_proposals_accepted_past_a_stop_count_as_accepted_as_vllm_counts_them(target, drafter, plain):
+    """The accepted-tokens counter measures the drafter (vLLM's scheduler counts before its stop checks): a run of
+    right proposals a stop token ends midway counts whole, while the output, and the generation tokens, end at the
+    stop."""
+    prompt = _prompts(1, seed=4)[0]
+    known = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].token_ids
+    stop = known[13]
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    _replay(llm.engine, {tuple(prompt): known}, lambda seq, k: k)  # every proposal right
+    got = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop]))[0]
+    assert got.token_ids == known[:known.index(stop) + 1]
+    stats = llm.engine.speculator.stats
+    # the tokens after the prefill's: each verification's accepted proposals and one more, up to the stop
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > len(got.token_ids) - 1 - stats.num_drafts
 
 
 @pytest.mark.parametrize("pattern", [(K,), (3, 0, K, 1)], ids=["all-accepted", "mixed"])
@@ -780,6 +796,9 @@ def test_aborting_a_request_whose_proposals_wait_for_verification_leaves_the_oth
         ({"method": "eagle", "model": "x"}, "method='eagle' is not supported"),
         ({"method": "dflash"}, "needs 'model'"),
         ({"method": "dflash", "model": "x", "num_speculative_tokens": 0}, "must be an integer >= 1"),
+        ({"method": "dflash", "model": "x", "num_speculative_tokens": 4.5}, "=4.5 must be an integer >= 1 (a whole"),
+        ('{"method": "dflash", "model": "x", "disable_by_batch_size": 2.5}', "=2.5 must be an integer >= 1 (a whole"),
+        ({"method": "dflash", "model": "x", "num_speculative_tokens": float("inf")}, "=inf must be an integer"),
         ({"method": "dflash", "model": "x", "draft_tensor_parallel_size": 1}, "unknown key(s)"),
         ({"method": "dflash", "model": "x", "draft_policy": "sometimes"}, "draft_policy='sometimes'"),
         ("{not json", "not valid JSON"),
@@ -789,6 +808,14 @@ def test_bad_speculative_configs_are_refused(target, config, message):
     with pytest.raises(ConfigError) as error:
         LLMEngine(EngineConfig(str(target), progress=False, speculative_config=config))
     assert message in str(error.value)
+
+
+def test_integral_floats_are_taken_as_their_integers_as_vllm_takes_them():
+    """vLLM's SpeculativeConfig (a pydantic dataclass, lax) takes 4.0 for its int fields; JSON writers emit it."""
+    config = SpeculativeConfig.parse('{"method": "dflash", "model": "x", "num_speculative_tokens": 4.0, '
+                                     '"disable_by_batch_size": 8.0}')
+    assert (config.num_speculative_tokens, config.disable_by_batch_size) == (4, 8)
+    assert type(config.num_speculative_tokens) is int and type(config.disable_by_batch_size) is int
 
 
 def test_null_options_take_their_defaults():
@@ -999,7 +1026,7 @@ def test_a_preempted_sequence_keeps_no_pending_drafter_context(target, drafter, 
     identical sibling) cannot write it into a shared cached block. Greedy outputs stay those without speculation."""
     prompts = [prompt[:10] for prompt in _prompts(12) if len(prompt) >= 10][:4]
     longer = SamplingParams(temperature=0, max_tokens=70, ignore_eos=True)
-    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
+    engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=230_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160,
                                     speculative_config=speculative(drafter)))
     scheduler, proposer, runner = engine.scheduler, engine.speculator.proposer, engine.runner
@@ -1320,6 +1347,26 @@ def test_bad_words_inside_proposals_match_greedy_without(target, drafter, plain,
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     assert sum(o.outputs[0].token_ids != known[tuple(p)] for o, p in zip(expected, prompts, strict=True)) >= 3
     assert len(words) >= 3 and llm.engine.speculator.stats.acceptance_lengths[K + 1] > 0
+
+
+@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.8), dict(presence_penalty=1.5),
+                                       dict(frequency_penalty=1.2, presence_penalty=0.4, repetition_penalty=1.2)])
+def test_penalties_the_drafter_ignores_are_applied_in_verification_so_greedy_matches_without(target, drafter, plain,
+                                                                                             penalties):
+    """The drafter proposes without penalties: proposals of the run without them (accepted in full where the
+    penalties change nothing) are verified under the penalties, counting the proposed tokens before each position as
+    generated, so the tokens are those of a penalized run without speculation."""
+    prompts = _prompts(4, seed=17)
+    free = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    known = _continuations(plain, prompts, free)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, **penalties)
+    llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
+    _replay(llm.engine, known, lambda seq, k: k)  # the unpenalized run's tokens, proposed as they are
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+    assert sum(e != known[tuple(p)] for e, p in zip(expected, prompts, strict=True)) >= 3  # the penalties count
+    stats = llm.engine.speculator.stats
+    assert stats.num_accepted_tokens > 0 and stats.acceptance_lengths[1] > 0  # accepted runs and rejections
 
 
 # --- drafts under the request's masks ---------------------------------------------------------------------------

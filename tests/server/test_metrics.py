@@ -87,6 +87,9 @@ def test_a_beam_search_counts_as_its_choices_not_as_each_steps_one_token_request
     assert _grew(before, after, "glimmer_prompt_tokens_total") == usage["prompt_tokens"]
     assert _grew(before, after, "glimmer_generation_tokens_total") == usage["completion_tokens"]
     assert _grew(before, after, f"vllm:request_generation_tokens_sum{{{model}}}") == usage["completion_tokens"]
+    # each search's prompt is looked up in the prefix cache once, not again with each step's beams
+    assert _grew(before, after, "glimmer_prefix_cache_queries_total") == usage["prompt_tokens"]
+    assert _grew(before, after, f"vllm:prefix_cache_queries_total{{{model}}}") == usage["prompt_tokens"]
     for name in ("prompt_tokens", "generation_tokens", "queue_time_seconds", "prefill_time_seconds",
                  "decode_time_seconds"):
         assert _grew(before, after, f"vllm:request_{name}_count{{{model}}}") == 6, name

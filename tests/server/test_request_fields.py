@@ -125,7 +125,8 @@ def test_a_completion_of_several_prompts_fails_as_soon_as_one_prompt_fails(make_
     """A prompt whose own constraint fails it while generating (bad_words leave none of allowed_token_ids after its
     first token) is a 400 at once, and the other prompts are aborted, freeing their KV pages: the answer waited for
     every prompt's first token, here a long prompt's, prefilled 16 tokens a step, which then ran for nobody."""
-    with live_server(make_tiny(), scripted=True, engine_options={"max_num_batched_tokens": 16}) as live:
+    with live_server(make_tiny(), scripted=True, engine_options={"max_num_batched_tokens": 16,
+                                                                    "max_num_seqs": 16}) as live:
         engine = live.engine
         engine.engine.runner.add("[q]", "qqqq")  # "q" is one token (80), "z" another (89): the words ban both after q
         finished = []
