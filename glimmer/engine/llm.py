@@ -477,9 +477,8 @@ class LLM:
                                    f"not {type(sampling_params).__name__}", param="sampling_params")
             params_list = list(sampling_params)
             if len(params_list) != len(normalized):
-                raise RequestError(
-                    f"got {len(params_list)} SamplingParams for {len(normalized)} prompts", param="sampling_params"
-                )
+                raise RequestError(f"sampling_params: {len(params_list)} for {len(normalized)} prompts; give one, or "
+                                   "one per prompt", param="sampling_params")
             _check_sampling_params(params_list)
         single = _is_single_prompt(prompts)
         params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in

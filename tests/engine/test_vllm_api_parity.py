@@ -778,6 +778,15 @@ def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
                     mm_processor_kwargs={})[0].output.token_ids == chat
 
 
+def test_sampling_params_of_another_count_than_the_prompts_are_refused_naming_the_argument(llm):
+    """generate said "got 1 SamplingParams for 2 prompts", naming neither the argument nor the fix, where chat names
+    both."""
+    with pytest.raises(RequestError, match=r"^sampling_params: 1 for 2 prompts; give one, or one per prompt$"):
+        llm.generate(["a", "b"], [SamplingParams(max_tokens=1)])
+    with pytest.raises(RequestError, match=r"^sampling_params: 2 for 1 conversations; give one, or one per "):
+        llm.chat([[{"role": "user", "content": "a"}]], [SamplingParams(max_tokens=1)] * 2)
+
+
 def test_a_misspelled_argument_of_generate_names_the_closest(llm):
     with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_tqdm'"):
         llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
