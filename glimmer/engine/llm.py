@@ -60,6 +60,7 @@ from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_GENERATE_ARGUMENTS,
     VLLM_ONLY_LLM_ARGUMENTS,
     VLLM_ONLY_LLM_METHODS,
+    VLLM_ONLY_PROMPT_KEYS,
     glimmer_arguments,
     method_takes_vllm_arguments,
 )
@@ -386,7 +387,12 @@ class LLM:
 
     def _prepare_dict_prompt(self, prompt: dict[str, Any], name: str) -> _Prepared:
         """A prompt dict's text, token ids and media; errors name it as `name` ("prompt" or "prompts[i]")."""
-        unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
+        for key, value in prompt.items():
+            vllm_key = VLLM_ONLY_PROMPT_KEYS.get(key)
+            if vllm_key is not None and not vllm_key.changes_nothing(value, prompt):
+                raise UnsupportedArgumentError(f"{name}.{key}: a key of vLLM's prompt dicts that Glimmer's do not "
+                                               f"take; {vllm_key.instead}", param=f"{name}.{key}")
+        unknown = sorted(map(str, set(prompt) - PROMPT_KEYS - set(VLLM_ONLY_PROMPT_KEYS)))
         if unknown:
             raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
                                f"{', '.join(sorted(PROMPT_KEYS))}{_ENCODING_HINT if 'input_ids' in prompt else ''}",

@@ -340,6 +340,23 @@ _LORA_OPTION = VllmArgument(_any_value, (
 _GENERATIVE_ONLY = "Glimmer runs generative models only, not vLLM's pooling runner; leave it out"
 
 
+_DECODER_ONLY = VllmArgument(_only(None), (
+    "Muse Glimmer is decoder-only: give the prompt alone as a string, token ids or a prompt dict"))
+VLLM_ONLY_PROMPT_KEYS: dict[str, VllmArgument] = {
+    "multi_modal_uuids": VllmArgument(_none_or_empty, (
+        "Glimmer identifies each image and video by its content (the prefix and encoder caches hash it), so a cached "
+        "item is not named by an id; give the media in multi_modal_data and leave it out")),
+    "prompt_embeds": VllmArgument(_only(None), (
+        "not supported: prompts are text or token ids, with images and videos in multi_modal_data; leave it out")),
+    "token_type_ids": VllmArgument(_only(None), (
+        "Glimmer runs generative models only, which read no token types (vLLM's cross-encoders do); leave it out")),
+    "encoder_prompt": _DECODER_ONLY,
+    "decoder_prompt": _DECODER_ONLY,
+}
+"""Keys of vLLM's prompt dicts (`TextPrompt`, `TokensPrompt`, its encoder-decoder and embeddings prompts) that
+Glimmer's do not take (PROMPT_KEYS are those it does)."""
+
+
 _DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "

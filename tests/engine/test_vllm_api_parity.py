@@ -787,6 +787,26 @@ def test_sampling_params_of_another_count_than_the_prompts_are_refused_naming_th
         llm.chat([[{"role": "user", "content": "a"}]], [SamplingParams(max_tokens=1)] * 2)
 
 
+@pytest.mark.parametrize(("prompt", "key", "fix"), [
+    ({"prompt": "hi", "multi_modal_uuids": {"image": ["cat-1"]}}, "multi_modal_uuids", "by its content"),
+    ({"prompt_embeds": torch.zeros(2, 8)}, "prompt_embeds", "prompts are text or token ids"),
+    ({"prompt_token_ids": [1, 2], "token_type_ids": [0, 0]}, "token_type_ids", "generative models only"),
+    ({"encoder_prompt": "hi", "decoder_prompt": None}, "encoder_prompt", "decoder-only"),
+])
+def test_a_key_of_vllms_prompt_dicts_glimmer_lacks_is_refused_saying_what_to_do(llm, prompt, key, fix):
+    """They were "unknown key(s)", listed beside the keys taken, with no word of what Glimmer does instead."""
+    with pytest.raises(UnsupportedArgumentError, match=rf"^prompt\.{key}: a key of vLLM's prompt dicts .*{fix}"):
+        llm.generate(prompt, SamplingParams(max_tokens=1))
+
+
+def test_a_key_of_vllms_prompt_dicts_at_a_value_that_changes_nothing_is_taken(llm):
+    params = SamplingParams(max_tokens=2, temperature=0)
+    plain = llm.generate({"prompt": "hi"}, params)[0].outputs[0].token_ids
+    keyed = llm.generate({"prompt": "hi", "multi_modal_uuids": None, "prompt_embeds": None, "token_type_ids": None},
+                         params)
+    assert keyed[0].outputs[0].token_ids == plain
+
+
 def test_a_misspelled_argument_of_generate_names_the_closest(llm):
     with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_tqdm'"):
         llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
