@@ -939,6 +939,16 @@ def test_vllms_prompt_types_build_the_prompts_generate_takes(llm):
     assert by_ids.prompt_token_ids == by_text.prompt_token_ids and by_ids.token_ids == by_text.token_ids
 
 
+def test_the_prompt_types_declare_every_key_generate_takes():
+    """TokensPrompt left out multi_modal_data, which generate takes with token ids (as vLLM's TokensPrompt declares
+    it), so a type checker refused TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": image})."""
+    from glimmer import TextPrompt, TokensPrompt
+    from glimmer.engine.prompts import PROMPT_KEYS
+
+    assert set(TokensPrompt.__annotations__) == PROMPT_KEYS
+    assert set(TextPrompt.__annotations__) == PROMPT_KEYS - {"prompt_token_ids"}
+
+
 def test_a_prompts_cache_salt_salts_its_request_as_vllms(llm, monkeypatch):
     """vLLM takes `cache_salt` on the prompt; Glimmer refused the key (its salt is a SamplingParams field)."""
     submitted = []
