@@ -60,6 +60,7 @@ from glimmer.engine.vllm_arguments import (
     VLLM_ONLY_GENERATE_ARGUMENTS,
     VLLM_ONLY_LLM_ARGUMENTS,
     VLLM_ONLY_LLM_METHODS,
+    VLLM_ONLY_PROMPT_KEYS,
     glimmer_arguments,
     method_takes_vllm_arguments,
 )
@@ -386,7 +387,12 @@ class LLM:
 
     def _prepare_dict_prompt(self, prompt: dict[str, Any], name: str) -> _Prepared:
         """A prompt dict's text, token ids and media; errors name it as `name` ("prompt" or "prompts[i]")."""
-        unknown = sorted(map(str, set(prompt) - PROMPT_KEYS))
+        for key, value in prompt.items():
+            vllm_key = VLLM_ONLY_PROMPT_KEYS.get(key)
+            if vllm_key is not None and not vllm_key.changes_nothing(value, prompt):
+                raise UnsupportedArgumentError(f"{name}.{key}: a key of vLLM's prompt dicts that Glimmer's do not "
+                                               f"take; {vllm_key.instead}", param=f"{name}.{key}")
+        unknown = sorted(map(str, set(prompt) - PROMPT_KEYS - set(VLLM_ONLY_PROMPT_KEYS)))
         if unknown:
             raise RequestError(f"{name}: unknown key(s) {unknown}; a prompt dict takes "
                                f"{', '.join(sorted(PROMPT_KEYS))}{_ENCODING_HINT if 'input_ids' in prompt else ''}",
@@ -477,9 +483,8 @@ class LLM:
                                    f"not {type(sampling_params).__name__}", param="sampling_params")
             params_list = list(sampling_params)
             if len(params_list) != len(normalized):
-                raise RequestError(
-                    f"got {len(params_list)} SamplingParams for {len(normalized)} prompts", param="sampling_params"
-                )
+                raise RequestError(f"sampling_params: {len(params_list)} for {len(normalized)} prompts; give one, or "
+                                   "one per prompt", param="sampling_params")
             _check_sampling_params(params_list)
         single = _is_single_prompt(prompts)
         params_list = [_salted(params, prompt, "prompt" if single else f"prompts[{i}]") for i, (params, prompt) in

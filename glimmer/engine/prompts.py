@@ -17,10 +17,12 @@ class TextPrompt(TypedDict):
 
 
 class TokensPrompt(TypedDict):
-    """A prompt of token ids, taken as they are (no BOS added); `prompt` is its text as the output reports it."""
+    """A prompt of token ids, taken as they are (no BOS added), with images or videos for its placeholder ids as
+    vLLM's takes them; `prompt` is its text as the output reports it."""
 
     prompt_token_ids: list[int]
     prompt: NotRequired[str]
+    multi_modal_data: NotRequired[dict[str, Any] | None]
     mm_processor_kwargs: NotRequired[dict[str, Any] | None]
     cache_salt: NotRequired[str]
 

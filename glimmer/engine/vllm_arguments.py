@@ -318,6 +318,45 @@ def _ignore_patterns_change_nothing(value: object, given: Mapping[str, Any]) -> 
         isinstance(pattern, str) and "/" in pattern for pattern in patterns))
 
 
+def _structured_outputs_config_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
+    """vLLM's structured_outputs_config left out (None, LLM's default), or with its backend 'auto' or 'guidance'
+    (Glimmer's llguidance) and its other fields at their defaults, or disable_fallback either way (there is no other
+    engine to fall back to)."""
+    defaults = {"backend": ("auto", "guidance"), "disable_fallback": (True, False),
+                "disable_any_whitespace": (False,), "disable_additional_properties": (False,)}
+    return value is None or isinstance(value, dict) and all(key in defaults and any(
+        type(field) is type(allowed) and field == allowed for allowed in defaults[key]) for key, field in value.items())
+
+
+_GUIDED_DECODING_BACKEND = VllmArgument(_only(None, "auto", "guidance"), (
+    f"{_ONE_GRAMMAR_ENGINE}; leave it out, or 'auto' or 'guidance'"))
+_STRUCTURED_OUTPUTS_CONFIG = VllmArgument(_structured_outputs_config_changes_nothing, (
+    f"{_ONE_GRAMMAR_ENGINE} and lays JSON out as json.dumps writes it: give backend 'auto' or 'guidance', "
+    "disable_fallback either way, disable_any_whitespace and disable_additional_properties false, or leave it "
+    "out"))
+_LORA_OPTION = VllmArgument(_any_value, (
+    "an option of enable_lora, which Glimmer takes only as False (as vLLM, it changes nothing without LoRA); "
+    "LoRA adapters are not supported: merge the adapter into the weights and pass that checkpoint"))
+_GENERATIVE_ONLY = "Glimmer runs generative models only, not vLLM's pooling runner; leave it out"
+
+
+_DECODER_ONLY = VllmArgument(_only(None), (
+    "Muse Glimmer is decoder-only: give the prompt alone as a string, token ids or a prompt dict"))
+VLLM_ONLY_PROMPT_KEYS: dict[str, VllmArgument] = {
+    "multi_modal_uuids": VllmArgument(_none_or_empty, (
+        "Glimmer identifies each image and video by its content (the prefix and encoder caches hash it), so a cached "
+        "item is not named by an id; give the media in multi_modal_data and leave it out")),
+    "prompt_embeds": VllmArgument(_only(None), (
+        "not supported: prompts are text or token ids, with images and videos in multi_modal_data; leave it out")),
+    "token_type_ids": VllmArgument(_only(None), (
+        "Glimmer runs generative models only, which read no token types (vLLM's cross-encoders do); leave it out")),
+    "encoder_prompt": _DECODER_ONLY,
+    "decoder_prompt": _DECODER_ONLY,
+}
+"""Keys of vLLM's prompt dicts (`TextPrompt`, `TokensPrompt`, its encoder-decoder and embeddings prompts) that
+Glimmer's do not take (PROMPT_KEYS are those it does)."""
+
+
 _DOWNLOAD_REVISION = ("download the revision first (hf download MODEL --revision R) and pass its "
                       "directory")
 _ONE_GPU = ("Glimmer runs a model on one device (multi-GPU serving goes through an existing distributed engine); "
@@ -368,6 +407,11 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "'raw_logprobs'); leave it out")),
     "enable_lora": VllmArgument(_only(False), "LoRA adapters are not supported; merge the adapter into the weights "
                                               "and pass that checkpoint"),
+    "max_lora_rank": _LORA_OPTION,
+    "max_loras": _LORA_OPTION,
+    "max_cpu_loras": _LORA_OPTION,
+    "fully_sharded_loras": _LORA_OPTION,
+    "lora_dtype": _LORA_OPTION,
     "enable_sleep_mode": VllmArgument(_only(False), "LLM.sleep is not supported; leave it out"),
     "skip_tokenizer_init": VllmArgument(_only(False), "Glimmer always loads the checkpoint's tokenizer (chat and "
                                                       "stop strings need it); leave it out"),
@@ -442,6 +486,16 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
         "a number of tokenizer workers (0 or more), which changes no token: Glimmer tokenizes on the server's own "
         "threads; leave it out")),
     "task": VllmArgument(_only("auto", "generate"), "Glimmer runs generative models only; leave it out"),
+    "convert": VllmArgument(_only("auto", "none"), _GENERATIVE_ONLY),
+    "pooler_config": VllmArgument(_none_or_empty, _GENERATIVE_ONLY),
+    "override_pooler_config": VllmArgument(_none_or_empty, _GENERATIVE_ONLY),
+    # vLLM's structured outputs options (the server's too, among its serving options)
+    "guided_decoding_backend": _GUIDED_DECODING_BACKEND,
+    "structured_outputs_config": _STRUCTURED_OUTPUTS_CONFIG,
+    "reasoning_parser": VllmArgument(_only(None, ""), (
+        "LLM.chat reads the model's reasoning with its own channel parser (ChatOutput.reasoning) and a structured "
+        "output constrains the answer after it, while LLM.generate constrains the raw text from its start (vLLM's "
+        "parser would leave reasoning there free); leave it out")),
     "scheduling_policy": VllmArgument(_only("fcfs"), (
         "scheduling priorities are not supported: requests are served first come, first served (vLLM's 'fcfs'); "
         "leave it out or 'fcfs'")),
@@ -456,15 +510,6 @@ VLLM_ONLY_LLM_ARGUMENTS: dict[str, VllmArgument] = {
 }
 """Arguments of vLLM's `LLM(...)` (its engine arguments) that Glimmer's does not take; the ones it shares
 (`dtype`, `max_model_len`, `gpu_memory_utilization`, `enforce_eager`, `seed`, ...) are `EngineConfig` fields."""
-
-
-def _structured_outputs_config_changes_nothing(value: object, given: Mapping[str, Any]) -> bool:
-    """vLLM's --structured-outputs-config with its backend 'auto' or 'guidance' (Glimmer's llguidance) and its
-    other fields at their defaults, or disable_fallback either way (there is no other engine to fall back to)."""
-    defaults = {"backend": ("auto", "guidance"), "disable_fallback": (True, False),
-                "disable_any_whitespace": (False,), "disable_additional_properties": (False,)}
-    return isinstance(value, dict) and all(key in defaults and any(
-        type(field) is type(allowed) and field == allowed for allowed in defaults[key]) for key, field in value.items())
 
 
 VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
@@ -489,12 +534,8 @@ VLLM_SERVING_ARGUMENTS: dict[str, VllmArgument] = {
     "return_tokens_as_token_ids": VllmArgument(_only(False), (
         "not supported: logprobs name each token by its text and bytes, as OpenAI's do; leave it out")),
     "chat_template_content_format": VLLM_ONLY_CHAT_ARGUMENTS["chat_template_content_format"],
-    "guided_decoding_backend": VllmArgument(_only("auto", "guidance"), (
-        f"{_ONE_GRAMMAR_ENGINE}; leave it out, or 'auto' or 'guidance'")),
-    "structured_outputs_config": VllmArgument(_structured_outputs_config_changes_nothing, (
-        f"{_ONE_GRAMMAR_ENGINE} and lays JSON out as json.dumps writes it: give backend 'auto' or 'guidance', "
-        "disable_fallback either way, disable_any_whitespace and disable_additional_properties false, or leave it "
-        "out")),
+    "guided_decoding_backend": _GUIDED_DECODING_BACKEND,
+    "structured_outputs_config": _STRUCTURED_OUTPUTS_CONFIG,
     "enable_force_include_usage": VllmArgument(_only(False), (
         "not supported: a streamed reply ends with its usage where the request asks for it "
         "(stream_options: {\"include_usage\": true}), and a reply that is not streamed always has it; leave it out")),

@@ -292,6 +292,25 @@ def test_vllms_attention_and_loading_arguments_are_taken_where_they_change_no_ou
         LLM(str(tiny_checkpoint), progress=False, disable_sliding_window=True)
 
 
+def test_vllms_lora_pooling_and_structured_outputs_arguments_are_taken_where_they_change_nothing(tiny_checkpoint):
+    """vLLM's LoRA options beside enable_lora, its pooling options, guided_decoding_backend, structured_outputs_config
+    and reasoning_parser were refused as misspellings of another argument ("did you mean 'max_logprobs'?" for
+    max_loras), with no word of what Glimmer does instead."""
+    llm = LLM(str(tiny_checkpoint), progress=False, max_lora_rank=64, max_loras=4, max_cpu_loras=8,
+              fully_sharded_loras=True, lora_dtype="bfloat16", convert="none", pooler_config=None,
+              override_pooler_config={}, guided_decoding_backend="auto",
+              structured_outputs_config={"backend": "guidance"}, reasoning_parser="")
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+    for name, value, fix in [
+            ("convert", "embed", "generative models only"),
+            ("pooler_config", {"pooling_type": "MEAN"}, "generative models only"),
+            ("guided_decoding_backend", "xgrammar", "compiles every constraint with llguidance"),
+            ("structured_outputs_config", {"backend": "outlines"}, "compiles every constraint with llguidance"),
+            ("reasoning_parser", "deepseek_r1", "LLM.generate constrains the raw text from its start")]:
+        with pytest.raises(UnsupportedArgumentError, match=rf"^{name}: an argument of vLLM's LLM .*{fix}"):
+            LLM("/nonexistent/model/dir", progress=False, **{name: value})
+
+
 def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
     """vLLM's LLM(kv_cache_memory_bytes=N) was refused as a misspelling ("did you mean 'kv_cache_memory'?")."""
     llm = LLM(str(tiny_checkpoint), progress=False, kv_cache_memory_bytes=8 << 20)

@@ -778,6 +778,35 @@ def test_vllm_arguments_of_generate_and_chat_that_change_nothing_are_taken(llm):
                     mm_processor_kwargs={})[0].output.token_ids == chat
 
 
+def test_sampling_params_of_another_count_than_the_prompts_are_refused_naming_the_argument(llm):
+    """generate said "got 1 SamplingParams for 2 prompts", naming neither the argument nor the fix, where chat names
+    both."""
+    with pytest.raises(RequestError, match=r"^sampling_params: 1 for 2 prompts; give one, or one per prompt$"):
+        llm.generate(["a", "b"], [SamplingParams(max_tokens=1)])
+    with pytest.raises(RequestError, match=r"^sampling_params: 2 for 1 conversations; give one, or one per "):
+        llm.chat([[{"role": "user", "content": "a"}]], [SamplingParams(max_tokens=1)] * 2)
+
+
+@pytest.mark.parametrize(("prompt", "key", "fix"), [
+    ({"prompt": "hi", "multi_modal_uuids": {"image": ["cat-1"]}}, "multi_modal_uuids", "by its content"),
+    ({"prompt_embeds": torch.zeros(2, 8)}, "prompt_embeds", "prompts are text or token ids"),
+    ({"prompt_token_ids": [1, 2], "token_type_ids": [0, 0]}, "token_type_ids", "generative models only"),
+    ({"encoder_prompt": "hi", "decoder_prompt": None}, "encoder_prompt", "decoder-only"),
+])
+def test_a_key_of_vllms_prompt_dicts_glimmer_lacks_is_refused_saying_what_to_do(llm, prompt, key, fix):
+    """They were "unknown key(s)", listed beside the keys taken, with no word of what Glimmer does instead."""
+    with pytest.raises(UnsupportedArgumentError, match=rf"^prompt\.{key}: a key of vLLM's prompt dicts .*{fix}"):
+        llm.generate(prompt, SamplingParams(max_tokens=1))
+
+
+def test_a_key_of_vllms_prompt_dicts_at_a_value_that_changes_nothing_is_taken(llm):
+    params = SamplingParams(max_tokens=2, temperature=0)
+    plain = llm.generate({"prompt": "hi"}, params)[0].outputs[0].token_ids
+    keyed = llm.generate({"prompt": "hi", "multi_modal_uuids": None, "prompt_embeds": None, "token_type_ids": None},
+                         params)
+    assert keyed[0].outputs[0].token_ids == plain
+
+
 def test_a_misspelled_argument_of_generate_names_the_closest(llm):
     with pytest.raises(UnsupportedArgumentError, match="did you mean 'use_tqdm'"):
         llm.generate("hi", SamplingParams(max_tokens=1), use_tqmd=False)
@@ -908,6 +937,16 @@ def test_vllms_prompt_types_build_the_prompts_generate_takes(llm):
     ids = llm.get_tokenizer().encode("Hello")
     by_ids, by_text = llm.generate([TokensPrompt(prompt_token_ids=ids), TextPrompt(prompt="Hello")], greedy)
     assert by_ids.prompt_token_ids == by_text.prompt_token_ids and by_ids.token_ids == by_text.token_ids
+
+
+def test_the_prompt_types_declare_every_key_generate_takes():
+    """TokensPrompt left out multi_modal_data, which generate takes with token ids (as vLLM's TokensPrompt declares
+    it), so a type checker refused TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": image})."""
+    from glimmer import TextPrompt, TokensPrompt
+    from glimmer.engine.prompts import PROMPT_KEYS
+
+    assert set(TokensPrompt.__annotations__) == PROMPT_KEYS
+    assert set(TextPrompt.__annotations__) == PROMPT_KEYS - {"prompt_token_ids"}
 
 
 def test_a_prompts_cache_salt_salts_its_request_as_vllms(llm, monkeypatch):

@@ -144,12 +144,14 @@ def test_a_vllm_option_that_would_change_something_is_refused_before_loading(cap
 def test_every_vllm_engine_argument_llm_takes_is_a_serve_option_by_the_same_rule():
     """`vllm serve --scheduling-policy fcfs` (and --revision, --hf-overrides, --compilation-config, ...) was refused
     as unrecognized arguments though LLM(scheduling_policy="fcfs") was taken; serve has its own --served-model-name
-    and --limit-mm-per-prompt."""
+    and --limit-mm-per-prompt, and takes vLLM's structured outputs options among its serving options."""
     from glimmer.cli import _VLLM_SERVE_OPTIONS
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
 
     flags = {flag[2:].replace("-", "_") for flag in _VLLM_SERVE_OPTIONS}
-    assert set(VLLM_ONLY_LLM_ARGUMENTS) - {"served_model_name", "limit_mm_per_prompt"} == flags
+    serves_its_own = {"served_model_name", "limit_mm_per_prompt", "guided_decoding_backend",
+                      "structured_outputs_config", "reasoning_parser"}
+    assert set(VLLM_ONLY_LLM_ARGUMENTS) - serves_its_own == flags
 
 
 def test_vllm_engine_options_at_values_that_change_nothing_are_noted():
