@@ -1439,7 +1439,8 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
                         help="videos with larger frames are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--max-video-frames", type=int, default=MediaLimits.max_video_source_frames,
                         help="videos with more source frames, or more packets that hold no frame (empty, or cut by "
-                             "an edit list), are refused (HTTP 400; default %(default)s)")
+                             "an edit list), or more than 64 times as many packets of other streams (audio, "
+                             "subtitles), are refused (HTTP 400; default %(default)s)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="fraction of the GPU's memory Glimmer may use, KV cache included (default 0.9)")
     parser.add_argument("--chat-template", default=None, metavar="FILE",

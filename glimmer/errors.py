@@ -50,6 +50,13 @@ class RequestError(GlimmerError, ValueError):
         return renamed
 
 
+class ServiceBusyError(RequestError):
+    """A sound request needing something the server shares among requests, none of it free for now: HTTP 503 with
+    Retry-After, which clients retry. `param` names the field that needed it."""
+
+    code = "service_busy"
+
+
 class ConstraintFailure(RequestError):
     """A request's own constraints failed its completion while generating, where they could not be foreseen when it
     was added (a grammar hit a limit; bad_words left none of its allowed_token_ids to sample): the request's fault,

@@ -7,7 +7,7 @@ All of them are `RequestError`s, so the server answers 400 with the message. A m
 
 from __future__ import annotations
 
-from glimmer.errors import ContextLengthError, RequestError
+from glimmer.errors import ContextLengthError, RequestError, ServiceBusyError
 
 
 class MediaError(RequestError):
@@ -29,6 +29,12 @@ class MediaError(RequestError):
     def at(self, part: str) -> MediaError:
         """The same error (same class) naming the content part `part` it came from."""
         return type(self)(self.kind, self.index, self.problem, part=part)
+
+
+class MediaFetchBusyError(MediaError, ServiceBusyError):
+    """An http(s) reference that cannot be fetched for now: every host-name lookup the process allows is still
+    waiting on the resolver (`remote_fetch.MAX_PENDING_LOOKUPS`). A 503 to retry, not a 400: the reference may be
+    sound."""
 
 
 class MediaDecodeError(MediaError):

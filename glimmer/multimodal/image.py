@@ -190,8 +190,24 @@ def _pil_to_rgb(image: Image.Image, kind: str, index: int) -> np.ndarray:
     if has_alpha:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return np.asarray(Image.alpha_composite(white, rgba).convert("RGB"))
-    return np.asarray(image.convert("RGB"))
+        return _rgb_array(Image.alpha_composite(white, rgba).convert("RGB"))
+    return _rgb_array(image if image.mode == "RGB" else image.convert("RGB"))
+
+
+_BAND_BYTES = 1 << 20  # Pillow's pixels copied into the array this many at a time
+
+
+def _rgb_array(image: Image.Image) -> np.ndarray:
+    """The (H, W, 3) uint8 array of an RGB image, copied a band of rows at a time. `np.asarray(image)` goes through
+    `tobytes`, which holds the pixels twice more (its chunks and their join) beside Pillow's own copy (4 bytes a
+    pixel), and `convert("RGB")` of an RGB image copies it once more: a 10,000 × 10,000 PNG peaked 1.3 GiB over the
+    process's memory before, 0.75 GiB now (Pillow's 0.37 GiB and the array's 0.28 GiB). The pixels are the same."""
+    array = np.empty((image.height, image.width, 3), dtype=np.uint8)
+    band_rows = max(1, _BAND_BYTES // (4 * max(image.width, 1)))
+    for top in range(0, image.height, band_rows):
+        bottom = min(top + band_rows, image.height)
+        array[top:bottom] = np.asarray(image.crop((0, top, image.width, bottom)))
+    return array
 
 
 def _unit_floats_to_levels(values: np.ndarray, kind: str, index: int, what: str, levels_fix: str) -> np.ndarray:

@@ -10,7 +10,10 @@ Proxy environment variables are not used: the check must see the address that is
 
 The whole fetch, name resolution and connections included, ends by `MediaFetchPolicy.timeout_s`: `getaddrinfo` has
 no timeout of its own (a resolver that drops queries holds it for seconds per nameserver), so it runs on a thread
-that is waited for only until then. A socket's timeout bounds one read, not the fetch: a server that trickles its
+that is waited for only until then. That thread outlives the fetch until the resolver answers, so at most
+MAX_PENDING_LOOKUPS lookups wait in the process at once: a flood of requests naming a host whose resolver never
+answers would otherwise pile up a thread per request; beyond them a fetch is refused at once (`LookupsBusyError`).
+A socket's timeout bounds one read, not the fetch: a server that trickles its
 status line, headers or chunk sizes a byte at a time never lets a read time out, so at the deadline
 every connection is shut down (`_GuardedBackend.cut`), which ends whatever read is waiting on it.
 
@@ -83,9 +86,21 @@ def is_public_address(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+class LookupsBusyError(Exception):
+    """Every host-name lookup the process allows (MAX_PENDING_LOOKUPS) is still waiting on the resolver."""
+
+
+MAX_PENDING_LOOKUPS = 64  # over the 40 fetches a server's loop runs at once, so that only stuck lookups fill it
+# one for the process, as the threads it counts are: every server, loop and LLM fetching shares them
+_PENDING_LOOKUPS = threading.BoundedSemaphore(MAX_PENDING_LOOKUPS)
+
+
 def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tuple]:
     """`socket.getaddrinfo(host, port)`, given up after `timeout_s` (the lookup itself cannot be interrupted: it ends on
-    its daemon thread). Raises RemoteMediaError naming `limit_s`, the whole fetch's limit."""
+    its daemon thread, which holds one of the MAX_PENDING_LOOKUPS until then). Raises RemoteMediaError naming
+    `limit_s`, the whole fetch's limit; LookupsBusyError where all MAX_PENDING_LOOKUPS are held."""
+    if not _PENDING_LOOKUPS.acquire(blocking=False):
+        raise LookupsBusyError(f"{MAX_PENDING_LOOKUPS} host-name lookups are still waiting on the DNS resolver")
     outcome: list = []
 
     def look_up() -> None:
@@ -93,6 +108,8 @@ def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tup
             outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
         except (OSError, UnicodeError) as error:
             outcome.append(error)
+        finally:
+            _PENDING_LOOKUPS.release()
 
     thread = threading.Thread(target=look_up, name="glimmer-media-resolve", daemon=True)
     thread.start()
@@ -167,7 +184,8 @@ class _GuardedBackend(httpcore.SyncBackend):
 def fetch_remote(url: str, policy: MediaFetchPolicy, cancel: CancelToken | None = None) -> bytes:
     """The body of a 200 response to GET `url`, following redirects.
 
-    Raises RemoteMediaError for any failure (with the reason for the log), Cancelled once `cancel` is.
+    Raises RemoteMediaError for any failure (with the reason for the log), LookupsBusyError where the resolver is
+    held up by too many lookups, Cancelled once `cancel` is.
     """
     deadline = time.monotonic() + policy.timeout_s
     backend = _GuardedBackend(policy, deadline)
@@ -209,7 +227,7 @@ def _fetch(url: str, policy: MediaFetchPolicy, backend: _GuardedBackend, deadlin
                     if backend.was_cut:  # a body that ends with the connection was cut short, not complete
                         raise RemoteMediaError(f"the download took longer than {policy.timeout_s} s")
                     return body
-            except (RemoteMediaError, Cancelled):
+            except (RemoteMediaError, LookupsBusyError, Cancelled):
                 raise
             except Exception as error:  # network, TLS, protocol and URL errors of every kind
                 if backend.was_cut or isinstance(error, httpcore.TimeoutException):

@@ -23,9 +23,9 @@ from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 from glimmer.cancellation import CancelToken
 from glimmer.errors import RequestError
-from glimmer.multimodal.errors import MediaError
+from glimmer.multimodal.errors import MediaError, MediaFetchBusyError
 from glimmer.multimodal.image import is_image_data
-from glimmer.multimodal.remote_fetch import RemoteMediaError, fetch_remote, loggable_url
+from glimmer.multimodal.remote_fetch import LookupsBusyError, RemoteMediaError, fetch_remote, loggable_url
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.multimodal.video import is_video_data
 from glimmer.protocol.request_normalization import tool_results_in_call_order
@@ -123,6 +123,10 @@ def _fetch_remote(url: str, kind: str, index: int, policy: MediaFetchPolicy, can
             # a decoding error would tell the client that something answered 200 there
             raise RemoteMediaError(f"the body ({len(data):,} bytes) is not a recognizable {kind}")
         return data
+    except LookupsBusyError as error:
+        logger.warning("%s %d: not fetching %s: %s", kind, index, loggable_url(url), error)
+        raise MediaFetchBusyError(kind, index, f"{loggable_url(url)} cannot be fetched now: the server has too many "
+                                               "host-name lookups in progress; try again later") from None
     except RemoteMediaError as error:
         logger.info("%s %d: fetching %s failed: %s", kind, index, loggable_url(url), error.reason)
         what = "an image" if kind == "image" else "a video"

@@ -11,7 +11,8 @@ What we do, and where it departs from the reference:
   flagged default, one of several frames), not a thumbnail or cover picture track before it.
 * Frame count: one demux pass counts the stream's packets, as torchcodec's exact mode does (leaving out
   those an edit list discards); the container header's count (`stream.frames`, used by transformers' PyAV
-  reader) can be missing or wrong. The packets left out (empty or discarded) are bounded as frames are.
+  reader) can be missing or wrong. The packets left out (empty or discarded) are bounded as frames are, and the
+  other streams' (audio, subtitles, data) are demuxed and dropped in Python, bounded and cancellable (`_video_packets`).
 * Frame rate: as torchcodec's exact mode measures it, the frames over the span their packets cover (the first's
   pts to the last's pts + duration), not the rate the header declares: a variable-frame-rate clip, or a Matroska
   file whose header declares another rate, samples as many frames as the reference's. A stream without timestamps
@@ -41,7 +42,7 @@ import logging
 import math
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Union
@@ -195,6 +196,33 @@ def _check_frameless_packets(count: int, index: int, limits: MediaLimits) -> Non
         )
 
 
+# packets of a clip's other streams (audio, subtitles, data) read for each frame `max_video_source_frames` allows:
+# a 48 kHz audio track is about 47 packets a second, so one track under a video of 1 fps or more fits
+OTHER_STREAM_PACKETS_PER_FRAME = 64
+
+
+def _video_packets(container: av.container.InputContainer, stream: av.video.stream.VideoStream, index: int,
+                   limits: MediaLimits, cancel: CancelToken | None) -> Iterator[av.Packet]:
+    """The packets of `stream`, the decoder's flush packet last. Every stream is demuxed here, not in PyAV's loop:
+    `container.demux(stream)` skips the other streams' packets in C, where no cancellation is checked and none is
+    counted, so a file of millions of empty audio packets held a worker thread for tens of seconds. Each packet
+    checks `cancel`; the other streams' are bounded by OTHER_STREAM_PACKETS_PER_FRAME × max_video_source_frames.
+
+    Raises MediaLimitError past that bound, Cancelled once `cancel` is cancelled."""
+    other_packets, other_limit = 0, OTHER_STREAM_PACKETS_PER_FRAME * limits.max_video_source_frames
+    for packet in container.demux():
+        if cancel is not None:
+            cancel.check()
+        if packet.stream.index == stream.index:  # a flush packet's stream_index is 0 whatever its stream
+            yield packet
+            continue
+        other_packets += 1
+        if other_packets > other_limit:
+            raise MediaLimitError("video", index, f"the file has more than {other_limit:,} packets in streams other "
+                                                  "than its video (audio, subtitles, data), the most this server "
+                                                  "reads; re-encode it without them, or send a shorter clip")
+
+
 def decode_video_file(
     source: bytes | str | os.PathLike, settings: MediaSettings, limits: MediaLimits, index: int = 0,
     cancel: CancelToken | None = None,
@@ -220,9 +248,7 @@ def decode_video_file(
                 limits.check_frame_size("video", index, header_width, header_height)
             total_frames = timed_frames = frameless_packets = 0
             first_pts = end_pts = None  # the span the timed packets cover: the first's pts, the last's pts + duration
-            for packet in container.demux(stream):
-                if cancel is not None:
-                    cancel.check()
+            for packet in _video_packets(container, stream, index, limits, cancel):
                 # a packet an MP4 edit list cuts (a clip cut without re-encoding) is decoded and its frame dropped:
                 # no frame, and torchcodec, the reference's decoder, does not count it either
                 if packet.size and not packet.is_discard:
@@ -255,7 +281,9 @@ def decode_video_file(
             stream = container.streams[stream_index]
             stream.thread_type = "AUTO"
             target = None
-            for frame_index, frame in enumerate(container.decode(stream)):
+            frames_of_packets = (frame for packet in _video_packets(container, stream, index, limits, cancel)
+                                 for frame in packet.decode())
+            for frame_index, frame in enumerate(frames_of_packets):
                 if cancel is not None:
                     cancel.check()
                 decoded += 1

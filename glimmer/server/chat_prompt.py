@@ -222,9 +222,9 @@ def turn_controller_factory(request: ChatCompletionRequest, tools: ToolPlan, con
 
 def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | None:
     """The worker threads to build the prompt of a chat of `messages` on (`in_worker_thread`'s `threads`): where it
-    fetches media over http(s), the pool kept for such prompts (`ServingContext.remote_media_threads`), so that slow
-    image hosts hold none of the threads every other request's prompt is built on; else the default pool (None).
-    A part with no reference is left for `load_media` to refuse."""
+    fetches media over http(s), the running loop's pool kept for such prompts (`ServingContext.remote_media_threads`),
+    so that slow image hosts hold none of the threads every other request's prompt is built on; else the default pool
+    (None). A part with no reference is left for `load_media` to refuse."""
     if not context.settings.media_policy.allows_remote or not isinstance(messages, list):
         return None
     for _, path, part in media_parts(messages):
@@ -233,7 +233,7 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
         except RequestError:
             continue
         if media is not None and isinstance(media[1], str) and url_scheme(media[1]) in ("http", "https"):
-            return context.remote_media_threads
+            return context.remote_media_threads()
     return None
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 from anyio import CapacityLimiter
 
@@ -29,8 +31,8 @@ class ServingContext:
     hidden_special_tokens: frozenset[int] = frozenset()
     """Special tokens chat answers do not show (every one but the framing markers), `Tokenizer.hidden_in_replies`."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
-    remote_media_threads: CapacityLimiter = field(default_factory=lambda: CapacityLimiter(REMOTE_MEDIA_THREADS))
-    """The worker threads that build the prompts fetching media over http(s) (`chat_prompt.prompt_threads`)."""
+    _remote_media_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, CapacityLimiter] = field(
+        default_factory=WeakKeyDictionary, repr=False)
 
     @classmethod
     def create(cls, engine: AsyncEngine, settings: ServerSettings) -> ServingContext:
@@ -43,6 +45,18 @@ class ServingContext:
         return cls(engine, settings, tokenizer, template, ServerMetrics(engine, settings.served_model_names[0]),
                    llm_engine.grammars, hidden_special_tokens=tokenizer.hidden_in_replies,
                    responses=ResponseStore(settings.responses_store_bytes, settings.responses_store_age_s))
+
+    def remote_media_threads(self) -> CapacityLimiter:
+        """The worker threads that build the prompts fetching media over http(s) (`chat_prompt.prompt_threads`), a pool
+        of REMOTE_MEDIA_THREADS for each event loop serving this context, as anyio's default pool is. One limiter is
+        bound to one loop: a thread returning its token wakes the next waiter on the returning thread's loop, so a
+        limiter shared by two loops (two servers over one engine, a test client's portals) left the other loop's
+        waiters asleep for good once the pool was full."""
+        loop = asyncio.get_running_loop()
+        limiter = self._remote_media_limiters.get(loop)
+        if limiter is None:
+            limiter = self._remote_media_limiters.setdefault(loop, CapacityLimiter(REMOTE_MEDIA_THREADS))
+        return limiter
 
     @property
     def model_has_vision(self) -> bool:

@@ -19,7 +19,7 @@ from glimmer.engine.async_engine import (
     EngineShuttingDownError,
     EngineStepError,
 )
-from glimmer.errors import GlimmerError, RequestError, ToolChoiceUnsatisfiedError
+from glimmer.errors import GlimmerError, RequestError, ServiceBusyError, ToolChoiceUnsatisfiedError
 from glimmer.protocol import ChatTemplateError
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ def describe_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
         return exc.status, error_body(str(exc), exc.type, exc.param, exc.code)
     if isinstance(exc, ChatTemplateError):
         return 400, error_body(str(exc), "invalid_request_error", "messages", "chat_template_error")
+    if isinstance(exc, ServiceBusyError):
+        return 503, error_body(str(exc), "service_unavailable", exc.param, exc.code)
     if isinstance(exc, RequestError):
         return 400, error_body(str(exc), "invalid_request_error", exc.param, exc.code)
     if isinstance(exc, EngineShuttingDownError):

@@ -408,3 +408,32 @@ def test_ordinary_image_formats_are_read(format_name) -> None:
     encoded = io.BytesIO()
     noise_image(48, 48).save(encoded, format=format_name)
     assert process_image(encoded.getvalue(), SETTINGS, LIMITS).grid_thw == (1, 2, 2)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "P", "CMYK", "RGBA"])
+def test_an_image_becomes_its_rgb_array_holding_the_pixels_about_once_more(mode) -> None:
+    """np.asarray(image) went through tobytes, which held the pixels twice beside Pillow's own copy, and convert("RGB")
+    copied an RGB image once more: a 10,000 × 10,000 image peaked 1.3 GiB over its decoded size. The array is copied
+    from Pillow's band by band now, the pixels those of np.asarray(image.convert("RGB")), onto white where
+    transparent, and writable (no copy for torch)."""
+    import tracemalloc
+
+    from glimmer.multimodal.image import pil_to_rgb
+
+    levels = np.random.default_rng(3).integers(0, 256, (1500, 2001, 4), dtype=np.uint8)
+    image = Image.fromarray(levels, "RGBA").convert(mode)
+    if mode == "RGBA":
+        image.putpixel((0, 0), (9, 9, 9, 0))  # transparent: white
+        expected = np.asarray(Image.alpha_composite(Image.new("RGBA", image.size, "white"), image).convert("RGB"))
+        assert expected[0, 0].tolist() == [255, 255, 255]
+    else:
+        expected = np.asarray(image.convert("RGB"))
+    tracemalloc.start()
+    try:
+        rgb = pil_to_rgb(image, "image", 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(rgb, expected) and rgb.flags.writeable
+    extra = 4 * 1500 * 2001 if mode == "RGBA" else 0  # the composite onto white is a Pillow image of its own
+    assert peak < 1.5 * rgb.nbytes + extra

@@ -5,13 +5,23 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpcore
 import pytest
 
-from glimmer.errors import ConfigError
-from glimmer.multimodal.remote_fetch import RemoteMediaError, _GuardedBackend, fetch_remote, is_public_address
+from glimmer.errors import ConfigError, ServiceBusyError
+from glimmer.multimodal.errors import MediaFetchBusyError
+from glimmer.multimodal.remote_fetch import (
+    MAX_PENDING_LOOKUPS,
+    LookupsBusyError,
+    RemoteMediaError,
+    _GuardedBackend,
+    fetch_remote,
+    is_public_address,
+)
 from glimmer.multimodal.settings import MediaFetchPolicy
+from glimmer.multimodal.sources import load_media_reference
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "172.16.0.9", "192.168.1.1", "169.254.169.254",
@@ -142,3 +152,45 @@ def test_a_server_trickling_its_headers_is_cut_off_at_the_time_limit():
     with listener, pytest.raises(RemoteMediaError, match=r"no answer within 0.3 s"):
         fetch_remote(f"http://127.0.0.1:{listener.getsockname()[1]}/cat.gif", policy)
     server.join()
+
+
+def resolver_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "glimmer-media-resolve"]
+
+
+def test_lookups_a_resolver_never_answers_are_bounded_and_fetches_past_them_are_refused_at_once(monkeypatch):
+    """A lookup outlives its fetch until the resolver answers: a flood of requests naming a host whose resolver never
+    answers left a thread each. At most MAX_PENDING_LOOKUPS wait; a fetch past them is a 503 to retry, naming the
+    part, and a lookup that answers frees its place."""
+    for thread in resolver_threads():  # other tests' slow lookups, ending within seconds
+        thread.join()
+    answer = threading.Event()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: answer.wait() and [])
+    policy = MediaFetchPolicy(allow_remote=True, timeout_s=5.0)
+
+    def fetch(index: int) -> Exception:
+        with pytest.raises((RemoteMediaError, LookupsBusyError)) as failed:
+            fetch_remote(f"http://stuck-{index}.example/a.png", policy)
+        return failed.value
+
+    try:
+        with ThreadPoolExecutor(2 * MAX_PENDING_LOOKUPS) as pool:
+            errors = list(pool.map(fetch, range(2 * MAX_PENDING_LOOKUPS)))
+        assert len(resolver_threads()) == MAX_PENDING_LOOKUPS
+        assert sum(isinstance(error, LookupsBusyError) for error in errors) == MAX_PENDING_LOOKUPS
+        assert all("cannot resolve" in str(error) for error in errors if isinstance(error, RemoteMediaError))
+        with pytest.raises(MediaFetchBusyError, match=r"messages\[0\]\.content\[1\] \(image 0\): "
+                           r"http://stuck\.example/a\.png cannot be fetched now.*try again later") as refused:
+            try:
+                load_media_reference("http://stuck.example/a.png", "image", 0, policy)
+            except MediaFetchBusyError as error:
+                raise error.at("messages[0].content[1]") from None
+        assert isinstance(refused.value, ServiceBusyError) and refused.value.param == "messages[0].content[1]"
+    finally:
+        answer.set()
+        for thread in resolver_threads():
+            thread.join()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
+    with pytest.raises(RemoteMediaError, match="non-public"):  # resolved: the lookups' places are free again
+        fetch_remote("http://answered.example/a.png", policy)

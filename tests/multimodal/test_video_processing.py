@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from glimmer.cancellation import Cancelled, CancelToken
 from glimmer.errors import RequestError
 from glimmer.multimodal import (
     DecodedVideo,
@@ -27,6 +28,7 @@ from glimmer.multimodal import (
     video_expansion,
 )
 from glimmer.multimodal.patches import patch_rows
+from glimmer.multimodal.video import OTHER_STREAM_PACKETS_PER_FRAME
 
 LIMITS = MediaLimits()
 SMALL = MediaSettings(max_video_frame_tokens=16)  # 120×90 frames → 6×8 patches, 12 tokens per group
@@ -469,6 +471,58 @@ def test_packets_without_a_frame_are_bounded_as_frames_are(tmp_path, video_write
     with pytest.raises(MediaLimitError, match="video 0: the video has more than 10 packets that hold no frame"):
         process_video(cut, SMALL, limits)
     assert process_video(cut, SMALL, MediaLimits(max_video_source_frames=30)).grid_thw[0] >= 1
+
+
+def _with_audio_packets(frames: np.ndarray, audio_packets: int) -> bytes:
+    """A NUT file of `frames` (MPEG-4 Part 2, 10 fps) followed by `audio_packets` empty packets of a PCM audio stream:
+    about two bytes each, a few MiB hold millions."""
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="nut") as output:
+        stream = output.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.time_base = Fraction(1, 10)
+        audio = output.add_stream("pcm_s16le", rate=8000)
+        for array in frames:
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+        output.mux(stream.encode())
+        for step in range(audio_packets):
+            packet = av.Packet(0)
+            packet.stream, packet.pts, packet.dts, packet.time_base = audio, step, step, Fraction(1, 8000)
+            output.mux(packet)
+    return buffer.getvalue()
+
+
+class CancelledAfterChecks(CancelToken):
+    """Cancelled once `checks` checks have passed."""
+
+    def __init__(self, checks: int):
+        super().__init__()
+        self.checks_left = checks
+
+    def check(self) -> None:
+        self.checks_left -= 1
+        if self.checks_left < 0:
+            self.cancel()
+        super().check()
+
+
+def test_packets_of_other_streams_are_bounded_and_cancellable_as_the_videos_are() -> None:
+    """PyAV's demux of the video stream skipped the audio, subtitle and data packets in C: neither counted nor
+    cancellable, 64 MiB of empty audio packets held the decoder about 40 s. Every packet checks the cancellation now,
+    and a file's other streams hold at most OTHER_STREAM_PACKETS_PER_FRAME per frame of max_video_source_frames."""
+    frames = distinct_frames(4, 16, 16)
+    limits = MediaLimits(max_video_source_frames=10)
+    bound = OTHER_STREAM_PACKETS_PER_FRAME * 10
+    with pytest.raises(Cancelled):
+        process_video(_with_audio_packets(frames, bound), SMALL, limits, cancel=CancelledAfterChecks(bound // 2))
+    with pytest.raises(MediaLimitError, match=f"video 0: the file has more than {bound:,} packets in streams other "
+                                              r"than its video \(audio, subtitles, data\)"):
+        process_video(_with_audio_packets(frames, bound + 1), SMALL, limits)
+    alone = process_video(_with_audio_packets(frames, 0), SMALL, limits)
+    with_audio = process_video(_with_audio_packets(frames, bound - 1), SMALL, limits)  # and the audio's flush packet
+    assert with_audio.grid_thw == alone.grid_thw and torch.equal(with_audio.pixel_values, alone.pixel_values)
 
 
 def test_too_many_pixels_per_frame_raises_a_limit_error(tmp_path, video_writer) -> None:

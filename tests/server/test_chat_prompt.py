@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
 import re
+import threading
 
+import anyio.to_thread
 import pytest
 from chat_fuzz import cases as fuzz_cases
 from PIL import Image
@@ -16,8 +19,9 @@ from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.chat_rendering import STRENGTH_KWARGS
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import ConfigError, RequestError
+from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import ChatTemplateError
-from glimmer.server.chat_prompt import build_chat_prompt
+from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
 from glimmer.server.context import ServingContext
 from glimmer.server.responses_input import chat_messages
 from glimmer.server.schemas import ChatCompletionRequest
@@ -500,3 +504,36 @@ def test_responses_prompt_ids_equal_transformers_for_random_conversations(engine
         assert token_ids == reference, items
         checked += 1
     assert checked >= 30
+
+
+def test_remote_media_prompts_of_two_event_loops_wait_on_pools_of_their_own(engine):
+    """A second loop in the process (another server over the engine, a test client's portal) waiting for a full remote
+    media pool is woken when a thread of its own loop returns a token: the pool was one anyio limiter for every loop,
+    whose release on one loop left the other loop's waiter asleep for good."""
+    ctx = context(engine, media_policy=MediaFetchPolicy(allow_remote=True))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://images.example/a.png"}}]}]
+    first_holds, release_first, outcome = threading.Event(), threading.Event(), {}
+
+    async def hold_the_whole_pool() -> None:
+        threads = prompt_threads(messages, ctx)
+        threads.total_tokens = 1
+        await anyio.to_thread.run_sync(lambda: (first_holds.set(), release_first.wait()), limiter=threads)
+
+    async def run_once_the_first_loop_is_done() -> None:
+        threads = prompt_threads(messages, ctx)
+        threads.total_tokens = 1
+        waiting = asyncio.ensure_future(anyio.to_thread.run_sync(lambda: None, limiter=threads))
+        for _ in range(3):  # into the limiter's queue, where a shared pool keeps it
+            await asyncio.sleep(0)
+        release_first.set()
+        outcome["ran"] = await asyncio.wait_for(waiting, timeout=10) is None
+
+    first = threading.Thread(target=lambda: asyncio.run(hold_the_whole_pool()))
+    first.start()
+    first_holds.wait()
+    try:
+        asyncio.run(run_once_the_first_loop_is_done())
+    finally:
+        release_first.set()
+        first.join()
+    assert outcome == {"ran": True}

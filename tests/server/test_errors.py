@@ -13,6 +13,7 @@ import pytest
 from server_support import PINNED_DATE, WEATHER_TOOL, live_server
 
 import glimmer
+from glimmer.multimodal.errors import MediaFetchBusyError
 from glimmer.protocol import ChatTemplateError
 from glimmer.server.errors import describe_error
 
@@ -558,6 +559,14 @@ def test_template_errors_map_to_400_with_the_template_message():
     status, body = describe_error(ChatTemplateError("tool call arguments must be an object"))
     assert status == 400
     assert "tool call arguments must be an object" in body["error"]["message"]
+
+
+def test_a_media_fetch_refused_for_now_is_a_503_naming_the_part():
+    busy = MediaFetchBusyError("image", 0, "http://a.example/b.png cannot be fetched now").at("messages[0].content[1]")
+    status, body = describe_error(busy)
+    assert status == 503
+    assert body["error"]["param"] == "messages[0].content[1]" and body["error"]["code"] == "service_busy"
+    assert body["error"]["type"] == "service_unavailable"
 
 
 def test_bad_requests_never_affect_good_ones(server):
