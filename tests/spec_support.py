@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from glimmer.engine.llm_engine import LLMEngine
+from glimmer.tiny import TinyDrafterSpec, TinySpec
+
+TARGET = TinySpec(sliding_window=16)
+DRAFTER = TinyDrafterSpec(sliding_window=12)  # contexts cross the drafter's window too
+K = DRAFTER.block_size - 1  # the most proposals a step makes
 
 
 def record_drafts(engine: LLMEngine) -> list[list[int]]:

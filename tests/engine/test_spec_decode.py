@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from oracle import reference_drafter, reference_model
-from spec_support import record_drafts
+from spec_support import DRAFTER, TARGET, K, record_drafts
 
 from glimmer import LLM, SamplingParams
 from glimmer.engine import llm_engine, spec_decode
@@ -37,9 +37,6 @@ from glimmer.errors import CheckpointError, ConfigError
 from glimmer.model.context import ForwardContext
 from glimmer.tiny import TinyDrafterSpec, TinySpec, write_tiny_drafter
 
-TARGET = TinySpec(sliding_window=16)
-DRAFTER = TinyDrafterSpec(sliding_window=12)  # contexts cross the drafter's window too
-K = DRAFTER.block_size - 1
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
