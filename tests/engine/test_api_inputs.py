@@ -381,7 +381,9 @@ def test_chat_refuses_a_role_the_template_would_drop(llm):
     """The server refused it; LLM.chat used to render the conversation without the message."""
     _refused(lambda: llm.chat([{"role": "wizard", "content": "What's the weather?"}], SamplingParams(max_tokens=2)),
              "messages[0].role")
-    _refused(lambda: llm.chat([{"role": "user", "content": "hi"}, {"role": "assistant", "refusal": "No."},
+    # a refusal beside content (a refusal alone now renders as the assistant's text)
+    _refused(lambda: llm.chat([{"role": "user", "content": "hi"},
+                               {"role": "assistant", "content": "Sure.", "refusal": "No."},
                                {"role": "user", "content": "hi"}], SamplingParams(max_tokens=2)),
              "messages[1].refusal")
 
