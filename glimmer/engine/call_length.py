@@ -19,9 +19,11 @@ from glimmer.protocol.turn_grammar import shortest_kept_calls
 def fewest_call_tokens(tools: Sequence[Mapping[str, Any]], tokenizer: Tokenizer) -> int:
     """The fewest tokens of an output holding a call of one of `tools` (normalized), as their turn grammar writes it
     (`shortest_kept_calls`): `<|message|>` one token, each text its fewest (one where no split of the vocabulary
-    spells it, which a vocabulary without every byte may lack: the count stays a lower bound)."""
-    return min(sum(1 if piece == MESSAGE else fewest_tokens(piece, tokenizer) or 1 for piece in pieces)
-               for tool in tools for pieces in shortest_kept_calls(tool))
+    spells it, which a vocabulary without every byte may lack: the count stays a lower bound). 0 where no call of
+    them can be written (a required parameter's name holding `"`, which the turn grammar refuses, naming it): no
+    token limit is too low for the call then, the refusal being the grammar's."""
+    return min((sum(1 if piece == MESSAGE else fewest_tokens(piece, tokenizer) or 1 for piece in pieces)
+                for tool in tools for pieces in shortest_kept_calls(tool)), default=0)
 
 
 @functools.lru_cache(maxsize=1024)  # an agent sends the same tools with every request

@@ -600,6 +600,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
         if not isinstance(schema, dict):
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
         try:
+            _refuse_integer_past_float_range(schema, param)
             if params.strict:
                 _refuse_what_the_engine_cannot_enforce(schema, param)
             return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
@@ -954,10 +955,34 @@ def _integer_past_float_precision(node: dict[str, Any]) -> str | None:
 
 
 def _nearest_float(value: int) -> float:
+    """The float nearest `value`, an infinity of its sign past a float's range (math.copysign would convert it)."""
     try:
         return float(value)
     except OverflowError:
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
+
+
+def _refuse_integer_past_float_range(schema: Any, param: str) -> None:
+    """RequestError naming the path in `param` of the first integer anywhere in `schema` (a bound, `multipleOf`,
+    `minItems`, an `enum` member, a `default`) past a 64-bit float's range (about ±1.8e308, `10**400`): the grammar
+    engine reads the schema's JSON text with every number a float or a 64-bit integer, and refuses such a number as
+    "number out of range at line 1 column 501", naming neither the keyword nor where it is."""
+    path = _integer_past_float_range(schema, "")
+    if path is not None:
+        raise RequestError(f"{param}{path}: the integer there is past the range of a 64-bit float (about "
+                           "±1.8e308), the widest number the grammar engine reads in a schema; give a value within "
+                           "it, or leave the keyword out", param=f"{param}{path}")
+
+
+def _integer_past_float_range(value: Any, path: str) -> str | None:
+    """The path (`.properties.n.minimum`, `.enum[2]`) in `value` of its first integer past a float's range; None."""
+    if isinstance(value, Mapping):
+        found = (_integer_past_float_range(member, f"{path}.{key}") for key, member in value.items())
+    elif isinstance(value, list):
+        found = (_integer_past_float_range(member, f"{path}[{index}]") for index, member in enumerate(value))
+    else:
+        return path if isinstance(value, int) and math.isinf(_nearest_float(value)) else None
+    return next((found_path for found_path in found if found_path is not None), None)
 
 
 def _integers_in(value: Any) -> Iterator[int]:

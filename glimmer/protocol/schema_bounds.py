@@ -105,7 +105,7 @@ def _needed_members(node: Mapping[str, Any], path: str, whole_object: bool) -> I
                     if isinstance(name, str) and name in node["properties"])
     if types == {"array"}:
         least = node.get("minItems")
-        least = least if is_json_number(least) and math.isfinite(least) else 0
+        least = least if _finite(least) else 0
         prefix = node.get("prefixItems")
         prefix = prefix if isinstance(prefix, list) else []
         yield from ((f"{path}.prefixItems[{index}]", member, False) for index, member in enumerate(prefix)
@@ -171,7 +171,7 @@ def _empty_number_range(node: Mapping[str, Any]) -> str | None:
         relation = "is above" if low_value > high_value else "is not below"
         return f"{low} {node[low]} {relation} {high} {node[high]}, so no number meets both; lower {low} or raise {high}"
     step = node.get("multipleOf")
-    step = Fraction(repr(step)) if is_json_number(step) and math.isfinite(step) and step > 0 else None
+    step = _exact(step) if _finite(step) and step > 0 else None
     if "number" not in types:
         first = math.floor(low_value) + 1 if low_open else math.ceil(low_value)
         last = math.ceil(high_value) - 1 if high_open else math.floor(high_value)
@@ -192,13 +192,25 @@ def _empty_number_range(node: Mapping[str, Any]) -> str | None:
 def _tightest(node: Mapping[str, Any], keywords: tuple[str, str]) -> tuple[str, Fraction, bool] | None:
     """The tighter of a schema's inclusive and exclusive lower (or upper) bounds: its keyword, value and whether it is
     exclusive; None without either. Values are read as the decimals the request wrote (`0.1` is one tenth)."""
-    bounds = [(keyword, Fraction(repr(node[keyword])), keyword.startswith("exclusive")) for keyword in keywords
-              if is_json_number(node.get(keyword)) and math.isfinite(node[keyword])]
+    bounds = [(keyword, _exact(node[keyword]), keyword.startswith("exclusive")) for keyword in keywords
+              if _finite(node.get(keyword))]
     if not bounds:
         return None
     upper = keywords == _UPPER_BOUNDS
     # tighter: a higher lower bound (a lower upper one), and at the same value the exclusive one
     return max(bounds, key=lambda bound: ((-bound[1] if upper else bound[1]), bound[2]))
+
+
+def _finite(value: Any) -> bool:
+    """Whether `value` is a JSON number other than NaN or an infinity. An integer always is, however large: one past
+    a float's range (`10**400`) is compared as the integer it is, never made a float (an OverflowError)."""
+    return is_json_number(value) and (isinstance(value, int) or math.isfinite(value))
+
+
+def _exact(value: int | float) -> Fraction:
+    """A finite JSON number as the exact value the request wrote: an integer as itself, a float as its shortest
+    decimal (`0.1` is one tenth, not the float's binary value)."""
+    return Fraction(value) if isinstance(value, int) else Fraction(repr(value))
 
 
 def _first_multiple(low: Fraction, exclusive: bool, step: Fraction) -> Fraction:

@@ -60,3 +60,12 @@ def test_a_text_no_split_of_the_vocabulary_spells_counts_as_one_token(tokenizer,
     assert fewest_tokens("é", tokenizer) is None
     assert fewest_call_tokens([_tool("café")], tokenizer) == 3  # its header, <|message|>, its tags
     call_length.fewest_tokens.cache_clear()
+
+
+def test_a_tool_no_call_of_which_can_be_written_has_no_fewest_tokens(tokenizer):
+    """A required parameter's name holding `"` cannot be written in a call's tag (the turn grammar refuses it,
+    naming it): the count left it out, and min() of no calls raised ValueError."""
+    quoted = _tool("f", {"type": "object", "properties": {'say "hi"': {"type": "string"}}, "required": ['say "hi"']})
+    assert shortest_kept_calls(quoted) == []
+    assert fewest_call_tokens([quoted], tokenizer) == 0
+    assert fewest_call_tokens([quoted, _tool("now")], tokenizer) == fewest_call_tokens([_tool("now")], tokenizer)

@@ -484,6 +484,24 @@ def test_an_integer_past_2_to_the_53_a_float_holds_exactly_is_served_strict(comp
     assert _admits(compiler, tokenizer, StructuredOutputsParams(json=schema), json.dumps(value))
 
 
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize(("schema", "path"), [
+    ({"type": "object", "properties": {"a": {"type": "integer", "minimum": 10**400, "maximum": 10**401}},
+      "required": ["a"]}, ".properties.a.minimum"),
+    ({"type": "integer", "maximum": -(10**400)}, ".maximum"),
+    ({"anyOf": [{"type": "string"}, {"enum": [1, [2, 10**400]]}]}, ".anyOf[1].enum[1][1]"),
+    ({"type": "integer", "default": 10**400}, ".default"),  # no keyword the engine enforces, but JSON it reads
+])
+def test_an_integer_past_the_float_range_is_refused_naming_its_path(schema, path, strict):
+    """The grammar engine reads every number of a schema as a float or a 64-bit integer and refused 10**400 as
+    "number out of range at line 1 column 501"; a strict schema's check of integers past 2^53 made it a float, an
+    OverflowError."""
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "response_format", strict)
+    assert raised.value.param == f"response_format{path}"
+    assert "past the range of a 64-bit float" in str(raised.value)
+
+
 @pytest.mark.parametrize(("schema", "broken", "option"), [
     ({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True}, "[1, 1]", "lenient"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "7", "coerce_one_of"),

@@ -7,7 +7,7 @@ import pytest
 
 from glimmer.engine.grammar import check_json_schema, check_tool_parameters
 from glimmer.errors import RequestError
-from glimmer.protocol.schema_bounds import empty_bounds
+from glimmer.protocol.schema_bounds import empty_bounds, without_references_to_empty
 
 
 def _required(schema: dict) -> dict:
@@ -56,6 +56,33 @@ def test_bounds_no_value_meets_are_named_with_their_path(schema, reason):
 def test_bounds_some_value_meets_are_taken(schema):
     assert empty_bounds(_required(schema)) is None
     check_json_schema(_required(schema), "response_format", strict=True)
+
+
+PAST_FLOAT_RANGE = 10**400  # an integer JSON holds exactly that float() cannot convert
+
+
+@pytest.mark.parametrize(("schema", "reason"), [
+    ({"type": "integer", "minimum": PAST_FLOAT_RANGE + 1, "maximum": PAST_FLOAT_RANGE}, "is above maximum"),
+    ({"type": "integer", "exclusiveMinimum": PAST_FLOAT_RANGE, "maximum": PAST_FLOAT_RANGE}, "is not below maximum"),
+    ({"type": "number", "minimum": 1.5, "maximum": -PAST_FLOAT_RANGE}, "minimum 1.5 is above maximum"),
+    ({"type": "integer", "minimum": 1, "maximum": 5, "multipleOf": PAST_FLOAT_RANGE}, "no integer multiple"),
+    ({"type": "array", "minItems": PAST_FLOAT_RANGE + 1, "maxItems": PAST_FLOAT_RANGE}, "minItems 1000"),
+])
+def test_integers_past_the_float_range_are_compared_exactly(schema, reason):
+    """Bounds were made floats (math.isfinite), an OverflowError past the float range, a 500 for the request."""
+    assert reason in empty_bounds(_required(schema))[1]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "minimum": PAST_FLOAT_RANGE, "maximum": PAST_FLOAT_RANGE + 1},
+    {"type": "array", "items": {"type": "string"}, "minItems": PAST_FLOAT_RANGE},
+    {"type": "array", "prefixItems": [{"type": "string"}], "minItems": PAST_FLOAT_RANGE},
+    {"type": "number", "minimum": 0.5, "maximum": 1, "multipleOf": 0.5, "exclusiveMaximum": PAST_FLOAT_RANGE},
+])
+def test_bounds_past_the_float_range_some_value_meets_are_taken(schema):
+    assert empty_bounds(_required(schema)) is None
+    referring = {"$defs": {"a": schema}, "anyOf": [{"$ref": "#/$defs/a"}, {"type": "string"}]}
+    assert without_references_to_empty(referring) is referring
 
 
 EMPTY = {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 3}

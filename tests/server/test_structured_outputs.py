@@ -713,3 +713,76 @@ def test_a_strict_tool_whose_optional_parameter_no_value_satisfies_is_a_400_nami
     error = response.json()["error"]
     assert error["param"] == "tools[0].function.parameters.properties.x", error
     assert "optional parameter" in error["message"] and "NoExtensionBias" not in error["message"], error
+
+
+PAST_FLOAT_RANGE = 10**400
+"""An integer JSON holds and Python reads exactly, but no 64-bit float reaches (float() overflows)."""
+HUGE_INTEGER_PLACES = {
+    "minimum": {"type": "integer", "minimum": PAST_FLOAT_RANGE},
+    "maximum": {"type": "integer", "maximum": -PAST_FLOAT_RANGE},
+    "exclusiveMinimum": {"type": "number", "exclusiveMinimum": PAST_FLOAT_RANGE},
+    "exclusiveMaximum": {"type": "number", "exclusiveMaximum": PAST_FLOAT_RANGE},
+    "multipleOf": {"type": "integer", "multipleOf": PAST_FLOAT_RANGE},
+    "minItems": {"type": "array", "items": {"type": "string"}, "minItems": PAST_FLOAT_RANGE},
+    "maxItems": {"type": "array", "maxItems": PAST_FLOAT_RANGE},
+    "minLength": {"type": "string", "minLength": PAST_FLOAT_RANGE},
+    "maxLength": {"type": "string", "maxLength": PAST_FLOAT_RANGE},
+    "minProperties": {"type": "object", "minProperties": PAST_FLOAT_RANGE},
+    "enum[1]": {"enum": [1, PAST_FLOAT_RANGE]},
+    "const": {"const": PAST_FLOAT_RANGE},
+}
+
+
+def _huge_integer_requests(schema: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any], str]]:
+    """Each entry point of a JSON schema: its endpoint, the request fields holding `schema`, and the field naming
+    it."""
+    def tool(strict: bool) -> dict[str, Any]:
+        return {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": strict}}],
+                "tool_choice": "required"}
+
+    def response_format(strict: bool) -> dict[str, Any]:
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                                           "strict": strict}}}
+    return {
+        "response_format strict": ("/chat/completions", response_format(True), "response_format.json_schema.schema"),
+        "response_format": ("/chat/completions", response_format(False), "response_format.json_schema.schema"),
+        "tool strict": ("/chat/completions", tool(True), "tools[0].function.parameters"),
+        "tool": ("/chat/completions", tool(False), "tools[0].function.parameters"),
+        "structured_outputs": ("/chat/completions", {"structured_outputs": {"json": schema}},
+                               "structured_outputs.json"),
+        "guided_json": ("/completions", {"guided_json": schema}, "guided_json"),
+        "text.format": ("/responses", {"text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}},
+                        "text.format.schema"),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_huge_integer_requests({})))
+@pytest.mark.parametrize("place", list(HUGE_INTEGER_PLACES))
+def test_an_integer_past_the_float_range_in_a_schema_is_a_400_naming_where_it_is(server, entry, place):
+    """10**400 is a JSON integer no float holds: the bounds checks made it a float (an OverflowError, a 500), and
+    the grammar engine refuses it as "number out of range", naming no field."""
+    schema = {"type": "object", "properties": {"a": HUGE_INTEGER_PLACES[place]}, "required": ["a"],
+              "additionalProperties": False}
+    path, fields, param = _huge_integer_requests(schema)[entry]
+    prompt = {"/responses": {"input": "hi", "max_output_tokens": 40},
+              "/completions": {"prompt": "hi", "max_tokens": 40},
+              "/chat/completions": {"messages": _messages(0), "max_tokens": 40}}[path]
+    body = {"model": "tiny", **prompt, **fields}
+    response = httpx.post(server.base_url + path, content=json.dumps(body), timeout=60,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == f"{param}.properties.a.{place}", response.text
+    assert "past the range of a 64-bit float" in response.json()["error"]["message"]
+
+
+def test_a_reference_to_a_bound_past_the_float_range_in_an_optional_branch_is_a_400(server):
+    """A non-strict schema's `$ref` in an `anyOf` is looked through for empty bounds (schema_bounds), which made the
+    bound a float: a 500."""
+    schema = {"$defs": {"big": {"type": "integer", "minimum": PAST_FLOAT_RANGE}},
+              "anyOf": [{"$ref": "#/$defs/big"}, {"type": "string"}]}
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 5,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    response = httpx.post(server.base_url + "/chat/completions", content=json.dumps(body), timeout=60,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "response_format.json_schema.schema.$defs.big.minimum"
