@@ -69,6 +69,27 @@ def read_shared_text_fields(
     return theta, scaling
 
 
+# transformers 5.23's standardize_rope_params copies a text config's top-level original_max_position_embeddings (Phi-3
+# and DeepSeek configs keep it beside the rope object) into the rope object of these types, over the object's own
+_ORIGINAL_LENGTH = "original_max_position_embeddings"
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+
+
+def _top_level_original_length(section: Section, rope: Mapping[str, Any], *, warn: bool) -> dict[str, Any]:
+    """{original_max_position_embeddings: the top-level value} where transformers moves it into `rope` (a rope object
+    of `section`), else {}; `warn`: say so where the object's own value differs (it is overridden)."""
+    _, original = section.get(_ORIGINAL_LENGTH)
+    if original is MISSING or rope.get("rope_type", rope.get("type")) not in _ORIGINAL_LENGTH_TYPES:
+        return {}
+    own = rope.get(_ORIGINAL_LENGTH, MISSING)
+    if warn and own is not MISSING and own != original:
+        section.notes.warnings.append(
+            f"{section.path(_ORIGINAL_LENGTH)}={original!r} is used and the rope object's "
+            f"{_ORIGINAL_LENGTH}={own!r} ignored, as transformers gives the top-level one priority; keep one"
+        )
+    return {_ORIGINAL_LENGTH: original}
+
+
 def read_rope_theta(
     section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool, scaled: bool = False
 ) -> tuple[str, Any, RopeScaling | None]:
@@ -98,7 +119,8 @@ def read_rope_theta(
             raise notes.error(f"{section.path(key)} must be a JSON object, got {type(value).__name__}")
         if top_partial not in (MISSING, None) and "partial_rotary_factor" not in value:
             value = {**value, "partial_rotary_factor": top_partial}
-        sub = Section(value, section.path(key), notes)
+        moved = _top_level_original_length(section, value, warn=not scalings) if scaled else {}
+        sub = Section({**value, **moved}, section.path(key), notes, {name: section.path(name) for name in moved})
         nested = [layer_type for layer_type in ("full_attention", "sliding_attention") if layer_type in value]
         if nested:
             raise notes.error(
@@ -130,6 +152,10 @@ def read_rope_theta(
     if not scalings and top_partial not in (MISSING, None, 1):
         notes.warnings.append(f"{section.path('partial_rotary_factor')}={top_partial!r} is ignored, as the "
                               "reference's default RoPE ignores it: the whole head is rotated")
+    _, original = section.get(_ORIGINAL_LENGTH) if scaled else (None, MISSING)
+    if original not in (MISSING, None) and (scaling is None or scaling.rope_type not in _ORIGINAL_LENGTH_TYPES):
+        notes.warnings.append(f"{section.path(_ORIGINAL_LENGTH)}={original!r} is ignored, as the reference reads it "
+                              f"only for rope_type {' or '.join(map(repr, _ORIGINAL_LENGTH_TYPES))}")
     if found:
         return found[0][0], as_float(found[0][1]), scaling
     name = section.path("rope_parameters.rope_theta" if "rope_parameters" == keys[0] else keys[0])

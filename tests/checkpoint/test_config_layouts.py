@@ -997,6 +997,42 @@ def test_partial_rotary_factor_is_ignored_by_the_default_type_and_taken_from_the
     assert normalize_config(raw).text.rope_scaling.partial_rotary_factor == 0.25
 
 
+def test_a_top_level_original_max_position_embeddings_is_read_where_transformers_reads_it():
+    """transformers' standardization moves a text config's top-level original_max_position_embeddings into the rope
+    object for llama3, yarn and longrope only (the forward comparison: test_config_fuzz.py); Glimmer reads it there in
+    every layout, says it is ignored by the other types, and refuses a bad one naming the top-level key."""
+
+    def reference_rope(raw: dict) -> dict:
+        text = MuseGlimmerConfig(**copy.deepcopy(raw)).text_config
+        text.standardize_rope_params()  # again, as each rotary table does once the config holds the top-level key
+        return text.rope_parameters
+
+    raw = config_to_dict(tiny_model(), "canonical")
+    theta = raw["text_config"]["rope_parameters"]["rope_theta"]
+    raw["text_config"]["rope_parameters"] = {"rope_type": "yarn", "rope_theta": theta, "factor": 2.0}
+    raw["text_config"]["original_max_position_embeddings"] = 24
+    assert reference_rope(raw)["original_max_position_embeddings"] == 24
+    config = normalize_config(copy.deepcopy(raw))
+    assert config.text.rope_scaling.original_max_position_embeddings == 24 and config.warnings == ()
+    for layout in ("flat", "vendor"):
+        flat = config_to_dict(config, layout)
+        rope_key = "rope_scaling" if "rope_scaling" in flat else "rope_parameters"
+        flat[rope_key].pop("original_max_position_embeddings")
+        assert normalize_config(flat | {"original_max_position_embeddings": 24}).text == config.text, layout
+    raw["text_config"]["original_max_position_embeddings"] = True
+    expect_error(copy.deepcopy(raw), "text_config.original_max_position_embeddings=True is invalid")
+    raw["text_config"]["original_max_position_embeddings"] = None  # transformers copies the null: its table fails
+    expect_error(copy.deepcopy(raw), "text_config.original_max_position_embeddings is null")
+    raw["text_config"]["original_max_position_embeddings"] = 24
+    raw["text_config"]["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": 2.0}
+    assert "original_max_position_embeddings" not in reference_rope(raw)
+    ignored = normalize_config(copy.deepcopy(raw)).warnings
+    assert len(ignored) == 1 and "text_config.original_max_position_embeddings=24 is ignored" in ignored[0]
+    del raw["text_config"]["rope_parameters"]
+    raw["text_config"]["rope_theta"] = theta
+    assert "original_max_position_embeddings=24 is ignored" in normalize_config(raw).warnings[0]
+
+
 def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
     """transformers reads `type` as `rope_type` ({"type": "linear"} scales the positions); Glimmer took it for an
     unknown key and loaded plain RoPE with a warning, a silently different model."""
