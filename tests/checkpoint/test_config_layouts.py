@@ -1033,6 +1033,43 @@ def test_a_top_level_original_max_position_embeddings_is_read_where_transformers
     assert "original_max_position_embeddings=24 is ignored" in normalize_config(raw).warnings[0]
 
 
+@pytest.mark.parametrize(
+    ("layout", "rope", "fragment"),
+    [
+        ("canonical", {"rope_type": "linear", "factor": 2.0},
+         "config.json: text_config.partial_rotary_factor=0.5 is not supported with rope_type 'linear'"),
+        ("canonical", {"rope_type": "proportional"}, "config.json: text_config.partial_rotary_factor=1.5 is more than"),
+        ("flat", {"rope_type": "linear", "factor": 2.0},
+         "config.json: partial_rotary_factor=0.5 is not supported with rope_type 'linear'"),
+        ("flat", {"rope_type": "proportional"}, "config.json: partial_rotary_factor=1.5 is more than"),
+    ],
+)
+def test_a_top_level_partial_rotary_factor_is_named_where_the_file_has_it(layout, rope, fragment):
+    """transformers moves a top-level partial_rotary_factor into the rope object; a refusal of it named
+    `text_config.rope_parameters.partial_rotary_factor`, a key the file does not have."""
+    raw = config_to_dict(tiny_model(), layout)
+    text = raw["text_config"] if layout == "canonical" else raw
+    theta = text.pop("rope_parameters", {}).get("rope_theta") or text.pop("rope_theta")
+    text["rope_scaling"] = {"rope_theta": theta, **rope}
+    text["partial_rotary_factor"] = 1.5 if rope["rope_type"] == "proportional" else 0.5
+    assert "rope_parameters" not in expect_error(raw, fragment)
+
+
+def test_the_default_type_s_ignored_partial_rotary_factor_is_named_where_the_file_has_it():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["partial_rotary_factor"] = 0.5
+    warnings = normalize_config(raw).warnings
+    assert len(warnings) == 1 and "config.json: text_config.partial_rotary_factor=0.5 is ignored" in warnings[0]
+
+
+def test_a_flat_config_s_scaling_is_named_as_the_file_names_it():
+    """TextConfig's checks of a scaling named `text_config.rope_parameters.<key>` in a flat file as well."""
+    raw = config_to_dict(tiny_model(), "flat")
+    raw["rope_scaling"] = {"rope_type": "longrope", "rope_theta": raw.pop("rope_theta"), "short_factor": [1.0] * 3,
+                           "long_factor": [1.0]}
+    expect_error(raw, "config.json: rope_scaling.short_factor has 3 entries")
+
+
 def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
     """transformers reads `type` as `rope_type` ({"type": "linear"} scales the positions); Glimmer took it for an
     unknown key and loaded plain RoPE with a warning, a silently different model."""
