@@ -49,6 +49,14 @@ def build_model_config(text: TextConfig, vision: VisionConfig | None, head: Fiel
     return construct(ModelConfig, head.names, notes, text=text, vision=vision, **top)
 
 
+def _file_name(field: str, names: Mapping[str, str], default: str) -> str:
+    """The file's name of `field` (`rope_parameters.factor`: the key's own name, else its object's name + `.factor`)."""
+    if field in names:
+        return names[field]
+    head, _, rest = field.partition(".")
+    return f"{names[head]}.{rest}" if rest and head in names else default
+
+
 def construct(factory: Callable[..., Any], names: Mapping[str, str], notes: Notes, **kwargs: Any) -> Any:
     """Build a dataclass; its validation errors are re-raised with the fields named as in the user's file."""
     try:
@@ -59,9 +67,10 @@ def construct(factory: Callable[..., Any], names: Mapping[str, str], notes: Note
     if owner is None:  # ModelConfig: its messages start with a bare top-level field name
         message = re.sub(r"^(\w+)=", lambda m: f"{names.get(m.group(1), m.group(1))}=", message)
     else:
-        # `text_config.hidden_size` anywhere, and a bare `num_attention_heads=` naming a second field
-        pattern = rf"(?<![\w.])(?:{owner}\.(\w+)|(\w+)(?==))"
-        message = re.sub(pattern, lambda m: names.get(m.group(1) or m.group(2), m.group(0)), message)
+        # `text_config.hidden_size` or `text_config.rope_parameters.factor` anywhere, and a bare
+        # `num_attention_heads=` naming a second field
+        pattern = rf"(?<![\w.])(?:{owner}\.(\w+(?:\.\w+)*)|(\w+)(?==))"
+        message = re.sub(pattern, lambda m: _file_name(m.group(1) or m.group(2), names, m.group(0)), message)
         if not any(name.startswith(f"{owner}.") for name in names.values()):
             message = message.replace(f"{owner}: ", "vision fields: " if owner == "vision_config" else "")
     raise notes.error(message) from None

@@ -63,21 +63,47 @@ def read_shared_text_fields(
     for name, default in defaults.items():
         fields.read(name, default=default)
     fields.read_nullable("pad_token_id")
-    theta_name, theta, scaling = read_rope_theta(section, theta_keys, "default", required=True, scaled=True)
+    theta_name, theta, scaling, scaling_names = read_rope_theta(section, theta_keys, "default", required=True,
+                                                                scaled=True)
     fields.names["rope_theta"] = theta_name
+    fields.names.update(scaling_names)
     _check_feature_flags(section)
     return theta, scaling
 
 
+# transformers 5.23's standardize_rope_params copies a text config's top-level original_max_position_embeddings (Phi-3
+# and DeepSeek configs keep it beside the rope object) into the rope object of these types, over the object's own
+_ORIGINAL_LENGTH = "original_max_position_embeddings"
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+
+
+def _top_level_original_length(section: Section, rope: Mapping[str, Any], *, warn: bool) -> dict[str, Any]:
+    """{original_max_position_embeddings: the top-level value} where transformers moves it into `rope` (a rope object
+    of `section`), else {}; `warn`: say so where the object's own value differs (it is overridden)."""
+    _, original = section.get(_ORIGINAL_LENGTH)
+    if original is MISSING or rope.get("rope_type", rope.get("type")) not in _ORIGINAL_LENGTH_TYPES:
+        return {}
+    own = rope.get(_ORIGINAL_LENGTH, MISSING)
+    if warn and own is not MISSING and own != original:
+        section.notes.warnings.append(
+            f"{section.path(_ORIGINAL_LENGTH)}={original!r} is used and the rope object's "
+            f"{_ORIGINAL_LENGTH}={own!r} ignored, as transformers gives the top-level one priority; keep one"
+        )
+    return {_ORIGINAL_LENGTH: original}
+
+
 def read_rope_theta(
     section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool, scaled: bool = False
-) -> tuple[str, Any, RopeScaling | None]:
-    """(name in the file, theta, scaling) from rope_parameters.rope_theta or a bare rope_theta; they must agree.
+) -> tuple[str, Any, RopeScaling | None, dict[str, str]]:
+    """(name in the file, theta, scaling, scaling names) from rope_parameters.rope_theta or a bare rope_theta; they must
+    agree. The scaling names give the file's name of the rope object (under `rope_parameters`) and of each of its keys
+    (`rope_parameters.<key>`), for the messages of TextConfig's checks (config_build.construct).
     `rope_scaling`, where `keys` names it, is read as another `rope_parameters` (transformers reads the legacy
     name in its place), and must agree with the others too. `scaled`: the text decoder's objects may name any of
     transformers' RoPE scalings (config_rope.py), else only `rope_type` is allowed."""
     notes = section.notes
     scalings: list[RopeScaling | None] = []
+    scaling_names: dict[str, str] = {}
     # a top-level partial_rotary_factor goes into the rope object that lacks one (transformers' standardization)
     _, top_partial = section.get("partial_rotary_factor") if scaled else (None, MISSING)
     _, legacy = section.get("rope_scaling")
@@ -96,9 +122,10 @@ def read_rope_theta(
             continue
         if not isinstance(value, Mapping):
             raise notes.error(f"{section.path(key)} must be a JSON object, got {type(value).__name__}")
+        moved = _top_level_original_length(section, value, warn=not scalings) if scaled else {}
         if top_partial not in (MISSING, None) and "partial_rotary_factor" not in value:
-            value = {**value, "partial_rotary_factor": top_partial}
-        sub = Section(value, section.path(key), notes)
+            moved["partial_rotary_factor"] = top_partial
+        sub = Section({**value, **moved}, section.path(key), notes, {name: section.path(name) for name in moved})
         nested = [layer_type for layer_type in ("full_attention", "sliding_attention") if layer_type in value]
         if nested:
             raise notes.error(
@@ -108,6 +135,9 @@ def read_rope_theta(
         # `type` is the legacy spelling of `rope_type`, which transformers still reads (`{"type": "linear"}` scales)
         kind_key, kind = sub.get("rope_type", "type")
         if scaled:
+            if not scalings:
+                scaling_names = {"rope_parameters": section.path(key), "rope_parameters.rope_type": sub.path(kind_key),
+                                 **{f"rope_parameters.{name}": sub.path(name) for name in moved}}
             scalings.append(read_rope_scaling(sub, "default" if kind is MISSING else kind, sub.path(kind_key)))
         else:
             allowed = ("default", "axial") if rope_type == "axial" else ("default",)
@@ -130,14 +160,18 @@ def read_rope_theta(
     if not scalings and top_partial not in (MISSING, None, 1):
         notes.warnings.append(f"{section.path('partial_rotary_factor')}={top_partial!r} is ignored, as the "
                               "reference's default RoPE ignores it: the whole head is rotated")
+    _, original = section.get(_ORIGINAL_LENGTH) if scaled else (None, MISSING)
+    if original not in (MISSING, None) and (scaling is None or scaling.rope_type not in _ORIGINAL_LENGTH_TYPES):
+        notes.warnings.append(f"{section.path(_ORIGINAL_LENGTH)}={original!r} is ignored, as the reference reads it "
+                              f"only for rope_type {' or '.join(map(repr, _ORIGINAL_LENGTH_TYPES))}")
     if found:
-        return found[0][0], as_float(found[0][1]), scaling
+        return found[0][0], as_float(found[0][1]), scaling, scaling_names
     name = section.path("rope_parameters.rope_theta" if "rope_parameters" == keys[0] else keys[0])
     if required:
         notes.missing.append(name)
-        return name, None, scaling
+        return name, None, scaling, scaling_names
     notes.defaulted.append(f"{name}={VISION_ROPE_THETA!r}")
-    return name, VISION_ROPE_THETA, scaling
+    return name, VISION_ROPE_THETA, scaling, scaling_names
 
 
 def check_rope_flag_type(section: Section) -> None:

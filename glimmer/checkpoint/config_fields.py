@@ -86,14 +86,17 @@ class Notes:
 class Section:
     """One JSON object of config.json (the top level, text_config, vision_config) and the keys read from it."""
 
-    def __init__(self, data: Mapping[str, Any], path: str, notes: Notes):
+    def __init__(self, data: Mapping[str, Any], path: str, notes: Notes, names: Mapping[str, str] | None = None):
+        """`names`: the file's name of each key of `data` that the file holds elsewhere (a key transformers moves
+        into this object from the enclosing one)."""
         self.data = data
         self.prefix = f"{path}." if path else ""
         self.notes = notes
+        self.names = names or {}
         self.read: set[str] = set()
 
     def path(self, key: str) -> str:
-        return self.prefix + key
+        return self.names.get(key, self.prefix + key)
 
     def has(self, key: str) -> bool:
         return key in self.data

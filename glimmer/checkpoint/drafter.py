@@ -136,8 +136,8 @@ def _rope_theta(raw: Mapping[str, Any], source: str) -> tuple[Any, list[str]]:
     rope_theta or the legacy rope_scaling (read in rope_parameters' place, `type` as `rope_type`), the target's rule
     (config_common_fields.read_rope_theta); rope_type 'default' only. The theta is None when none gives it."""
     notes = Notes(source, "drafter")
-    _, theta, _ = read_rope_theta(Section(raw, "", notes), ("rope_parameters", "rope_theta", "rope_scaling"), "default",
-                               required=True)
+    _, theta, _, _ = read_rope_theta(Section(raw, "", notes), ("rope_parameters", "rope_theta", "rope_scaling"),
+                                     "default", required=True)
     return theta, notes.unknown  # read_rope_theta gives None where none is found (required)
 
 

@@ -997,6 +997,79 @@ def test_partial_rotary_factor_is_ignored_by_the_default_type_and_taken_from_the
     assert normalize_config(raw).text.rope_scaling.partial_rotary_factor == 0.25
 
 
+def test_a_top_level_original_max_position_embeddings_is_read_where_transformers_reads_it():
+    """transformers' standardization moves a text config's top-level original_max_position_embeddings into the rope
+    object for llama3, yarn and longrope only (the forward comparison: test_config_fuzz.py); Glimmer reads it there in
+    every layout, says it is ignored by the other types, and refuses a bad one naming the top-level key."""
+
+    def reference_rope(raw: dict) -> dict:
+        text = MuseGlimmerConfig(**copy.deepcopy(raw)).text_config
+        text.standardize_rope_params()  # again, as each rotary table does once the config holds the top-level key
+        return text.rope_parameters
+
+    raw = config_to_dict(tiny_model(), "canonical")
+    theta = raw["text_config"]["rope_parameters"]["rope_theta"]
+    raw["text_config"]["rope_parameters"] = {"rope_type": "yarn", "rope_theta": theta, "factor": 2.0}
+    raw["text_config"]["original_max_position_embeddings"] = 24
+    assert reference_rope(raw)["original_max_position_embeddings"] == 24
+    config = normalize_config(copy.deepcopy(raw))
+    assert config.text.rope_scaling.original_max_position_embeddings == 24 and config.warnings == ()
+    for layout in ("flat", "vendor"):
+        flat = config_to_dict(config, layout)
+        rope_key = "rope_scaling" if "rope_scaling" in flat else "rope_parameters"
+        flat[rope_key].pop("original_max_position_embeddings")
+        assert normalize_config(flat | {"original_max_position_embeddings": 24}).text == config.text, layout
+    raw["text_config"]["original_max_position_embeddings"] = True
+    expect_error(copy.deepcopy(raw), "text_config.original_max_position_embeddings=True is invalid")
+    raw["text_config"]["original_max_position_embeddings"] = None  # transformers copies the null: its table fails
+    expect_error(copy.deepcopy(raw), "text_config.original_max_position_embeddings is null")
+    raw["text_config"]["original_max_position_embeddings"] = 24
+    raw["text_config"]["rope_parameters"] = {"rope_type": "linear", "rope_theta": theta, "factor": 2.0}
+    assert "original_max_position_embeddings" not in reference_rope(raw)
+    ignored = normalize_config(copy.deepcopy(raw)).warnings
+    assert len(ignored) == 1 and "text_config.original_max_position_embeddings=24 is ignored" in ignored[0]
+    del raw["text_config"]["rope_parameters"]
+    raw["text_config"]["rope_theta"] = theta
+    assert "original_max_position_embeddings=24 is ignored" in normalize_config(raw).warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("layout", "rope", "fragment"),
+    [
+        ("canonical", {"rope_type": "linear", "factor": 2.0},
+         "config.json: text_config.partial_rotary_factor=0.5 is not supported with rope_type 'linear'"),
+        ("canonical", {"rope_type": "proportional"}, "config.json: text_config.partial_rotary_factor=1.5 is more than"),
+        ("flat", {"rope_type": "linear", "factor": 2.0},
+         "config.json: partial_rotary_factor=0.5 is not supported with rope_type 'linear'"),
+        ("flat", {"rope_type": "proportional"}, "config.json: partial_rotary_factor=1.5 is more than"),
+    ],
+)
+def test_a_top_level_partial_rotary_factor_is_named_where_the_file_has_it(layout, rope, fragment):
+    """transformers moves a top-level partial_rotary_factor into the rope object; a refusal of it named
+    `text_config.rope_parameters.partial_rotary_factor`, a key the file does not have."""
+    raw = config_to_dict(tiny_model(), layout)
+    text = raw["text_config"] if layout == "canonical" else raw
+    theta = text.pop("rope_parameters", {}).get("rope_theta") or text.pop("rope_theta")
+    text["rope_scaling"] = {"rope_theta": theta, **rope}
+    text["partial_rotary_factor"] = 1.5 if rope["rope_type"] == "proportional" else 0.5
+    assert "rope_parameters" not in expect_error(raw, fragment)
+
+
+def test_the_default_type_s_ignored_partial_rotary_factor_is_named_where_the_file_has_it():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["partial_rotary_factor"] = 0.5
+    warnings = normalize_config(raw).warnings
+    assert len(warnings) == 1 and "config.json: text_config.partial_rotary_factor=0.5 is ignored" in warnings[0]
+
+
+def test_a_flat_config_s_scaling_is_named_as_the_file_names_it():
+    """TextConfig's checks of a scaling named `text_config.rope_parameters.<key>` in a flat file as well."""
+    raw = config_to_dict(tiny_model(), "flat")
+    raw["rope_scaling"] = {"rope_type": "longrope", "rope_theta": raw.pop("rope_theta"), "short_factor": [1.0] * 3,
+                           "long_factor": [1.0]}
+    expect_error(raw, "config.json: rope_scaling.short_factor has 3 entries")
+
+
 def test_a_rope_type_in_its_legacy_spelling_type_is_read_as_the_rope_type():
     """transformers reads `type` as `rope_type` ({"type": "linear"} scales the positions); Glimmer took it for an
     unknown key and loaded plain RoPE with a warning, a silently different model."""

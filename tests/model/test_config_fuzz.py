@@ -30,6 +30,7 @@ break either way); the fuzz fails if that leaves too few compared tokens.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 
@@ -352,6 +353,38 @@ def test_every_rope_scaling_transformers_runs_matches_its_forward_and_greedy_dec
     compared = sum(_compare(want, clear, list(out.outputs[0].token_ids))
                    for (want, clear), out in zip(expected, outputs, strict=True))
     assert compared >= NEW_TOKENS, f"too many near-ties to compare ({compared} tokens)"
+
+
+@pytest.mark.parametrize("rope_type", ["llama3", "yarn", "longrope"])
+@pytest.mark.parametrize("own_length", [None, 32])
+def test_a_top_level_original_length_is_the_pretraining_length_of_the_types_that_read_it(tmp_path, same_cpu_kernels,
+                                                                                         rope_type, own_length):
+    """Phi-3 and DeepSeek configs keep original_max_position_embeddings beside rope_parameters: transformers'
+    standardization takes it for llama3, yarn and longrope, over the object's own. Glimmer ignored it as an unknown key
+    and took max_position_embeddings (64): other logits, and longrope's max_model_len past its switch."""
+    from transformers import MuseGlimmerForConditionalGeneration
+
+    rope_parameters = {"rope_type": rope_type, "rope_theta": 100.0, **_ROPE_SCALING_FIELDS[rope_type]}
+    tokens = _save_scaled_reference_checkpoint(tmp_path, rope_parameters)
+    config = json.loads((tmp_path / "config.json").read_text())
+    text = config["text_config"]
+    text["original_max_position_embeddings"] = 20
+    text["rope_parameters"].pop("original_max_position_embeddings")
+    if own_length is not None:
+        text["rope_parameters"]["original_max_position_embeddings"] = own_length
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = MuseGlimmerForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert reference.config.text_config.rope_parameters["original_max_position_embeddings"] == 20
+    ours = load_model(tmp_path, progress=False).model
+    assert ours.config.text.rope_scaling.original_max_position_embeddings == 20
+    # the key is known (no "unknown keys" warning); an overridden own value is named
+    overridden = "text_config.original_max_position_embeddings=20 is used and the rope object's"
+    assert [overridden in warning for warning in ours.config.warnings] == ([] if own_length is None else [True])
+    rng = random.Random(7)
+    words = [t for t in range(3, tokens.vocab_size) if t not in (tokens.image_token_id, tokens.video_token_id)]
+    _assert_prefill_matches(ours, reference, [[rng.choice(words) for _ in range(n)] for n in (20, 5, 1)], rope_type)
+    if rope_type == "longrope":  # past 20 positions the reference switches to the long factors
+        assert LLM(str(tmp_path), device="cpu", progress=False).engine.max_model_len == 20
 
 
 def test_longrope_runs_up_to_its_original_length_and_refuses_a_longer_max_model_len(tmp_path):
