@@ -66,15 +66,17 @@ def _with_dotted_keys_joined(argv: list[str], json_options: set[str]) -> list[st
     """`argv` with vLLM's dotted keys of its JSON options (`--speculative-config.num_speculative_tokens 4`,
     `--compilation-config.level=3`, `-O.level=3` for --compilation-config, `--hf-overrides.a.b 1`, a list's items
     `--x.key+ 1 --x.key+=2,3`) joined into one JSON object per option: over the option's own JSON object where it is
-    given too (a dotted key wins), else given after the others. A value is read as JSON where it is JSON (3, true,
-    [1]), else as text. Raises UsageError naming the key for a key without a value, or one that is not an object."""
+    given too (a dotted key wins), else given after the other options (before a `--`, after which all is
+    positional). A value is read as JSON where it is JSON (3, true, [1]), else as text. Raises UsageError naming the
+    key for a key without a value, or one that is not an object."""
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
+    positional: list[str] = []  # `--` and what follows it
     index = 0
     while index < len(argv):
         token = argv[index]
         if token == "--":
-            rest += argv[index:]
+            positional = argv[index:]
             break
         name, dot, path = token.partition(".")
         name = "--compilation-config" if name == "-O" else name  # vLLM's -O.level=3
@@ -106,7 +108,7 @@ def _with_dotted_keys_joined(argv: list[str], json_options: set[str]) -> list[st
             target[keys[-1]] = _json_or_text(value)
     for name, keys in dotted.items():
         rest += _joined_json_option(rest, name, keys)
-    return rest
+    return rest + positional
 
 
 def _json_or_text(value: str) -> Any:

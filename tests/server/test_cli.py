@@ -215,6 +215,12 @@ def test_vllms_dotted_keys_of_json_options_are_joined_into_their_objects():
     assert json.loads(chat.speculative_config) == {"method": "dflash"} and chat.compilation_config == {"mode": 2}
 
 
+def test_a_joined_dotted_key_goes_before_a_double_dash():
+    """Joined after a `--`, the option was read as a positional argument: "unrecognized arguments"."""
+    args = build_parser().parse_args(["serve", "--speculative-config.num_speculative_tokens", "4", "--", "/model"])
+    assert args.model == "/model" and json.loads(args.speculative_config) == {"num_speculative_tokens": 4}
+
+
 def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
     from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
