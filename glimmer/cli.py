@@ -125,10 +125,12 @@ def _json_or_text(value: str) -> Any:
 def _joined_json_option(argv: list[str], name: str, keys: dict[str, Any], parse: Callable[[str], dict[str, Any]]
                         ) -> list[str]:
     """The option `name` with its dotted `keys`: merged into its last value in `argv`, read by `parse` (rewritten
-    there as JSON; [] returned), else the option and its value to add."""
+    there as JSON; [] returned), else the option and its value to add. The option may be abbreviated, as argparse
+    takes it (`--limit-mm`): added after it, the joined value would replace the one given."""
     for index in range(len(argv) - 1, -1, -1):
         given, equals, text = argv[index].partition("=")
-        if given != name or (not equals and index + 1 == len(argv)):
+        named = given == name or (len(given) > 2 and given.startswith("--") and name.startswith(given))
+        if not named or (not equals and index + 1 == len(argv)):
             continue
         if not equals:
             index, text = index + 1, argv[index + 1]

@@ -231,6 +231,13 @@ def test_a_dotted_key_joins_an_own_value_in_its_option_s_other_form():
     assert args.limit_mm_per_prompt == {"image": 2, "video": 1}
 
 
+def test_a_dotted_key_joins_the_value_of_its_option_abbreviated():
+    """argparse takes `--hf-overr` for --hf-overrides: the joined keys went after it, replacing its value silently."""
+    args = build_parser().parse_args(["serve", "m", "--hf-overr", '{"a": 1}', "--hf-overrides.b", "2",
+                                      "--limit-mm=image=4", "--limit-mm-per-prompt.video", "1"])
+    assert args.hf_overrides == {"a": 1, "b": 2} and args.limit_mm_per_prompt == {"image": 4, "video": 1}
+
+
 def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
     from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
