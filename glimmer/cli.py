@@ -48,7 +48,9 @@ class _ArgumentParser(argparse.ArgumentParser):
         """As argparse's, but an option the command does not take points at that command's help, not glimmer's, and
         vLLM's dotted keys of JSON options are taken (_with_dotted_keys_joined)."""
         if self.commands:  # the top parser
-            json_options = {option for command in self.commands.values() for action in command._actions
+            # each JSON option with the parser of its value (--speculative-config's is a JSON object, read later)
+            json_options = {option: action.type or _json_object for command in self.commands.values()
+                            for action in command._actions
                             if action.type in (_json_object, _limit_mm_per_prompt)
                             or action.dest == "speculative_config" for option in action.option_strings}
             try:
@@ -62,19 +64,23 @@ class _ArgumentParser(argparse.ArgumentParser):
         return parsed
 
 
-def _with_dotted_keys_joined(argv: list[str], json_options: set[str]) -> list[str]:
+def _with_dotted_keys_joined(argv: list[str], json_options: Mapping[str, Callable[[str], dict[str, Any]]]
+                             ) -> list[str]:
     """`argv` with vLLM's dotted keys of its JSON options (`--speculative-config.num_speculative_tokens 4`,
     `--compilation-config.level=3`, `-O.level=3` for --compilation-config, `--hf-overrides.a.b 1`, a list's items
-    `--x.key+ 1 --x.key+=2,3`) joined into one JSON object per option: over the option's own JSON object where it is
-    given too (a dotted key wins), else given after the others. A value is read as JSON where it is JSON (3, true,
-    [1]), else as text. Raises UsageError naming the key for a key without a value, or one that is not an object."""
+    `--x.key+ 1 --x.key+=2,3`) joined into one JSON object per option: over the option's own value where it is given
+    too (read by the option's parser in `json_options`, so `--limit-mm-per-prompt image=4` is an object; a dotted key
+    wins), else given after the other options (before a `--`, after which all is positional). A value is read as JSON
+    where it is JSON (3, true, [1]), else as text. Raises UsageError naming the key for a key without a value, or one
+    that is not an object, and naming the option for an own value its parser refuses."""
     dotted: dict[str, dict[str, Any]] = {}
     rest: list[str] = []
+    positional: list[str] = []  # `--` and what follows it
     index = 0
     while index < len(argv):
         token = argv[index]
         if token == "--":
-            rest += argv[index:]
+            positional = argv[index:]
             break
         name, dot, path = token.partition(".")
         name = "--compilation-config" if name == "-O" else name  # vLLM's -O.level=3
@@ -105,8 +111,8 @@ def _with_dotted_keys_joined(argv: list[str], json_options: set[str]) -> list[st
         else:
             target[keys[-1]] = _json_or_text(value)
     for name, keys in dotted.items():
-        rest += _joined_json_option(rest, name, keys)
-    return rest
+        rest += _joined_json_option(rest, name, keys, json_options[name])
+    return rest + positional
 
 
 def _json_or_text(value: str) -> Any:
@@ -116,18 +122,22 @@ def _json_or_text(value: str) -> Any:
         return value
 
 
-def _joined_json_option(argv: list[str], name: str, keys: dict[str, Any]) -> list[str]:
-    """The option `name` with its dotted `keys`: merged into its last JSON value in `argv` (rewritten there; []
-    returned), else the option and its value to add."""
+def _joined_json_option(argv: list[str], name: str, keys: dict[str, Any], parse: Callable[[str], dict[str, Any]]
+                        ) -> list[str]:
+    """The option `name` with its dotted `keys`: merged into its last value in `argv`, read by `parse` (rewritten
+    there as JSON; [] returned), else the option and its value to add. The option may be abbreviated, as argparse
+    takes it (`--limit-mm`): added after it, the joined value would replace the one given."""
     for index in range(len(argv) - 1, -1, -1):
         given, equals, text = argv[index].partition("=")
-        if given != name or (not equals and index + 1 == len(argv)):
+        named = given == name or (len(given) > 2 and given.startswith("--") and name.startswith(given))
+        if not named or (not equals and index + 1 == len(argv)):
             continue
         if not equals:
             index, text = index + 1, argv[index + 1]
-        value = _json_or_text(text)
-        if not isinstance(value, dict):
-            raise UsageError(f"{name} {text}: not a JSON object, so its dotted keys ({name}.KEY) have none to go into")
+        try:
+            value = parse(text)
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(f"{name}: {error} (its dotted keys, {name}.KEY, go into this value)") from None
         argv[index] = json.dumps(_merged(value, keys)) if not equals else f"{name}={json.dumps(_merged(value, keys))}"
         return []
     return [name, json.dumps(keys)]

@@ -90,7 +90,8 @@ def parse_batch_input(data: bytes) -> list[BatchLine]:
 
 def _ordered_continuations(lines: list[BatchLine]) -> list[BatchLine]:
     """`lines`, each that continues the response an earlier line makes knowing that line (`after`, the latest such
-    line before it), one that names the response of itself or a later line an error record."""
+    line before it), one that names the response of itself or a later line an error record. A line so refused still
+    counts as the maker of its response: a later line continuing it fails as after any line that failed."""
     made_by = {}  # response id → index of the latest line so far that makes it
     makers = {line.makes: line.number for line in reversed(lines) if line.makes is not None}  # the first line of each
     for index, line in enumerate(lines):
@@ -102,7 +103,6 @@ def _ordered_continuations(lines: list[BatchLine]) -> list[BatchLine]:
                                        f"{makers[line.continues]} makes (its request_id), which does not come before "
                                        "this line: a line continues only the response of an earlier line, which it "
                                        "runs after", "body.previous_response_id")
-            continue
         if line.makes is not None:
             made_by[line.makes] = index
     return lines

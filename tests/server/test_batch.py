@@ -235,6 +235,22 @@ def test_a_request_the_engine_queue_refuses_is_sent_again():
     assert app.refused_busy and record["response"]["status_code"] == 200
 
 
+def test_a_line_continuing_the_response_of_a_line_refused_for_its_order_fails_after_that_line():
+    """Line 1 makes 'resp-x' but is refused, continuing line 2's response: line 3, continuing 'resp-x', said line 1
+    "does not come before this line", which it does. It fails, not run, saying line 1 failed."""
+    app = _SlowApp()
+    records = _run(app, "\n".join([
+        _line("a", "/v1/responses", {"request_id": "resp-x", "previous_response_id": "resp-y"}),
+        _line("b", "/v1/responses", {"request_id": "resp-y"}),
+        _line("c", "/v1/responses", {"previous_response_id": "resp-x"})]))
+    assert [record["response"]["status_code"] for record in records] == [400, 200, 400]
+    first, last = records[0]["error"]["error"], records[2]["error"]["error"]
+    assert "'resp-y' is the response line 2 makes" in first["message"]
+    assert (last["code"], last["line"]) == ("previous_response_not_found", 3)
+    assert last["param"] == "body.previous_response_id"
+    assert "'resp-x' is the response line 1 makes, and line 1 failed" in last["message"]
+
+
 class _WaitingApp:
     """An ASGI app that, as the server's handlers do while a request generates, waits for its client to leave."""
 

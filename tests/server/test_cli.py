@@ -215,6 +215,29 @@ def test_vllms_dotted_keys_of_json_options_are_joined_into_their_objects():
     assert json.loads(chat.speculative_config) == {"method": "dflash"} and chat.compilation_config == {"mode": 2}
 
 
+def test_a_joined_dotted_key_goes_before_a_double_dash():
+    """Joined after a `--`, the option was read as a positional argument: "unrecognized arguments"."""
+    args = build_parser().parse_args(["serve", "--speculative-config.num_speculative_tokens", "4", "--", "/model"])
+    assert args.model == "/model" and json.loads(args.speculative_config) == {"num_speculative_tokens": 4}
+
+
+def test_a_dotted_key_joins_an_own_value_in_its_option_s_other_form():
+    """--limit-mm-per-prompt takes `image=4,video=1` as well as JSON: given so, its dotted keys were refused, "not a
+    JSON object"."""
+    parser = build_parser()
+    args = parser.parse_args(["serve", "m", "--limit-mm-per-prompt", "image=4", "--limit-mm-per-prompt.video", "1"])
+    assert args.limit_mm_per_prompt == {"image": 4, "video": 1}
+    args = parser.parse_args(["chat", "--limit-mm-per-prompt=image=4,video=1", "--limit-mm-per-prompt.image", "2"])
+    assert args.limit_mm_per_prompt == {"image": 2, "video": 1}
+
+
+def test_a_dotted_key_joins_the_value_of_its_option_abbreviated():
+    """argparse takes `--hf-overr` for --hf-overrides: the joined keys went after it, replacing its value silently."""
+    args = build_parser().parse_args(["serve", "m", "--hf-overr", '{"a": 1}', "--hf-overrides.b", "2",
+                                      "--limit-mm=image=4", "--limit-mm-per-prompt.video", "1"])
+    assert args.hf_overrides == {"a": 1, "b": 2} and args.limit_mm_per_prompt == {"image": 4, "video": 1}
+
+
 def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
     from glimmer.cli import _VLLM_SERVE_OPTIONS, _check_vllm_options
     from glimmer.engine.vllm_arguments import VLLM_ONLY_LLM_ARGUMENTS
@@ -229,8 +252,10 @@ def test_vllms_compilation_level_1_to_3_is_noted_as_changing_nothing():
                                                                 "value",)),
     (["serve", "--hf-overrides..x", "1"], ("--hf-overrides..x: a key is empty",)),
     (["serve", "--hf-overrides.a", "1", "--hf-overrides.a.b", "2"], ("'a' was given a value, which has no keys",)),
-    (["serve", "--speculative-config", "[1]", "--speculative-config.method", "dflash"], ("--speculative-config [1]: "
-                                                                                         "not a JSON object",)),
+    (["serve", "--speculative-config", "[1]", "--speculative-config.method", "dflash"], (
+        "--speculative-config: '[1]' is not a JSON object", "--speculative-config.KEY")),
+    (["serve", "--limit-mm-per-prompt", "audio=1", "--limit-mm-per-prompt.image", "2"], (
+        "--limit-mm-per-prompt: 'audio': this model takes images and videos only",)),
 ])
 def test_a_dotted_key_that_cannot_be_joined_is_one_line(capsys, argv, words):
     from glimmer.cli import main
