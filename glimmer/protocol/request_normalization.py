@@ -482,7 +482,8 @@ def _normalized_part(part: Any, field: str, role: str) -> Any:
                            param=field)
     kind = part["type"]
     if kind == "refusal":
-        return _refusal_part_as_text(part, field, role)
+        return {"type": "text", "text": refusal_part_text(part, field, role == "assistant",
+                                                          f"send the {role} message's words as a text part")}
     if kind == "text" and not isinstance(part.get("text"), str):
         raise RequestError(f'{field}: a text part needs a string "text"', param=field)
     if kind in _MEDIA_PART_TYPES:
@@ -493,16 +494,16 @@ def _normalized_part(part: Any, field: str, role: str) -> Any:
     return part
 
 
-def _refusal_part_as_text(part: Mapping[str, Any], field: str, role: str) -> dict[str, Any]:
-    """An assistant message's `refusal` content part (OpenAI's, for what the model said in refusing) as a text part
-    of its words, as /v1/responses takes one; RequestError naming it in another role's message, where the model's
-    words would be read as that turn's."""
-    if role != "assistant":
-        raise RequestError(f"{field}: a refusal part is the model's refusal, taken in an assistant message only; send "
-                           f"the {role} message's words as a text part", param=field)
+def refusal_part_text(part: Mapping[str, Any], field: str, in_assistant_message: bool, instead: str) -> str:
+    """The words of a `refusal` content part (OpenAI's, for what the model said in refusing), which an assistant
+    message takes as its text (chat's messages, /v1/responses' message items); RequestError naming it elsewhere,
+    where the model's words would be read as another turn's (`instead` says what to send), or without its string."""
+    if not in_assistant_message:
+        raise RequestError(f"{field}: a refusal part is the model's refusal, taken in an assistant message only; "
+                           f"{instead}", param=field)
     if not isinstance(part.get("refusal"), str):
         raise RequestError(f"{field}.refusal: a refusal part needs a string `refusal`", param=f"{field}.refusal")
-    return {"type": "text", "text": part["refusal"]}
+    return part["refusal"]
 
 
 def _normalized_tool_calls(tool_calls: Any, message_index: int) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ from typing import Any
 
 from glimmer.errors import ContextLengthError, RequestError
 from glimmer.multimodal.sources import IMAGE_DETAILS
-from glimmer.protocol.request_normalization import tool_results_in_call_order
+from glimmer.protocol.request_normalization import refusal_part_text, tool_results_in_call_order
 from glimmer.server.chat_prompt import MediaLimitError
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -373,12 +373,7 @@ def _part_text(part: Any, where: str, accepted: str = "text parts", refusal: boo
             *_TEXT_PARTS, "reasoning_text", "summary_text"):
         return part["text"]
     if isinstance(part, dict) and part.get("type") == "refusal":
-        if not refusal:  # the model's words in someone else's turn: a user's text would be read as the model's
-            raise RequestError(f"{where}: a refusal part is the model's refusal, taken in an assistant message item's "
-                               "content only; send other text as an input_text part", param=where)
-        if not isinstance(part.get("refusal"), str):
-            raise RequestError(f"{where}.refusal: a refusal part needs a string `refusal`", param=f"{where}.refusal")
-        return part["refusal"]
+        return refusal_part_text(part, where, refusal, "send other text as an input_text part")
     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
     if kind in (*_TEXT_PARTS, "reasoning_text", "summary_text"):  # a text part without its text
         raise RequestError(f"{where}.text: a part of type {kind!r} needs a string `text`", param=f"{where}.text")
