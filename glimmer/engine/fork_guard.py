@@ -13,13 +13,13 @@ import os
 
 from glimmer.errors import EngineForkedError
 
-_loaded = False  # whether this process (or the one it forked from) has begun loading a model
+_model_started = False  # whether this process (or the one it forked from) has reached loading a model
 _forked_from: int | None = None  # the pid of the process that had, where this one is a fork of it
 
 
 def _after_fork_in_child() -> None:
     global _forked_from
-    if _loaded and _forked_from is None:  # a grandchild names the process that had loaded it
+    if _model_started and _forked_from is None:  # a grandchild names the process that had loaded it
         _forked_from = os.getppid()
 
 
@@ -44,5 +44,5 @@ def mark_model_started() -> None:
     (and on a GPU a CUDA context), so from here its forked children refuse to run an engine, whether this load goes
     on to succeed or not. A load refused before (a wrong path or option, a checkpoint or max_model_len refused)
     started no thread and touched no device, and leaves forks free to load one."""
-    global _loaded
-    _loaded = True
+    global _model_started
+    _model_started = True

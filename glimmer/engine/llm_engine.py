@@ -469,8 +469,9 @@ class LLMEngine:
         text = self.checkpoint.config.text
         limit = text.max_position_embeddings
         why = ""
-        if text.rope_scaling is not None and text.rope_scaling.exact_positions(limit) < limit:
-            limit = text.rope_scaling.exact_positions(limit)
+        exact = limit if text.rope_scaling is None else text.rope_scaling.exact_positions(limit)
+        if exact < limit:
+            limit = exact
             # the reference switches every position, cached keys included, to longrope's long factors past it
             why = (" (rope_parameters.original_max_position_embeddings: past it the reference's longrope table "
                    "changes for the whole sequence, which a KV cache cannot follow)")
@@ -554,9 +555,9 @@ class LLMEngine:
         """The KV layout `budget` bytes give `demand` (kv_planner.py); ConfigError where it cannot hold one
         sequence."""
         text = self.model_config.text
-        per_block = block_bytes(text, self.dtype, demand)
         layout, short = plan_kv_layout(text, self.dtype, demand, budget)
         if short:
+            per_block = block_bytes(text, self.dtype, demand)
             bs = demand.block_size
             reserved = self._speculation_reserve_bytes()
             spec_note = (f" after {reserved:,} bytes set aside for verifying {self.num_speculative_tokens} proposed "

@@ -86,10 +86,11 @@ class PieceIds:
         with self._lock:
             for piece, ids in new.items():
                 kept = array("i", ids)
-                if entry_bytes(piece, kept) > self._max_bytes or piece in self._kept:
+                size = entry_bytes(piece, kept)
+                if size > self._max_bytes or piece in self._kept:
                     continue
                 self._kept[piece] = kept
-                self._bytes += entry_bytes(piece, kept)
+                self._bytes += size
             while self._bytes > self._max_bytes:
                 self._bytes -= entry_bytes(*self._kept.popitem(last=False))
 

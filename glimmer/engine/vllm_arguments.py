@@ -309,6 +309,8 @@ VLLM_ONLY_BEAM_SEARCH_ARGUMENTS: dict[str, VllmArgument] = {
         "batch, and leave it out")),
 }
 """Arguments of vLLM's `LLM.beam_search` that Glimmer's does not take."""
+
+
 def _ignore_patterns_change_nothing(value: object, given: Mapping[str, Any]) -> bool:
     """None, or patterns (one, or a list) that each hold a `/`: they match files in a subfolder alone (vLLM's default
     'original/**/*', a Llama checkpoint's second copy), and Glimmer reads only the weight files of the checkpoint's

@@ -99,8 +99,6 @@ class RotaryTable(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None,
                  max_position_embeddings: int | None = None):
         super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
         if scaling is not None and max_position_embeddings is None:
             raise ValueError("a scaled RoPE table needs max_position_embeddings")
         cpu_inv_freq, self.attention_scaling = rope_frequencies(head_dim, theta, scaling, max_position_embeddings or 0)

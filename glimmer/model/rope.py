@@ -68,7 +68,7 @@ def _yarn(scaling: RopeScaling, theta: float, head_dim: int, max_positions: int)
         high += 0.001  # as the reference, against a zero-width ramp
     ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32, device=_CPU) - low) / (high - low), 0, 1)
     extrapolated_share = 1 - ramp
-    position_frequencies = theta ** (torch.arange(0, head_dim, 2, device=_CPU).float() / head_dim)
+    position_frequencies = theta ** _exponents(head_dim)
     extrapolated = 1.0 / position_frequencies
     interpolated = 1.0 / (factor * position_frequencies)
     return interpolated * (1 - extrapolated_share) + extrapolated * extrapolated_share, attention
