@@ -76,17 +76,18 @@ def build_chat_prompt(request: ChatCompletionRequest, context: ServingContext,
                       cancel: CancelToken | None = None) -> ChatPrompt:
     """Raises RequestError (400 naming the field), ChatTemplateError (400 with the template's message), or
     Cancelled once `cancel` is cancelled (checked between media items and frames)."""
-    with _naming_the_prefix(request):
-        return _built_chat_prompt(request, context, cancel)
+    prefix = prefix_message_index(request.messages)  # RequestError naming a misplaced prefix
+    with _naming_the_prefix(request, prefix):
+        return _built_chat_prompt(request, context, cancel, prefix)
 
 
-def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None
-                       ) -> ChatPrompt:
+def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, cancel: CancelToken | None,
+                       prefix: int | None) -> ChatPrompt:
     settings = context.settings
+    _refuse_rendering_fields_in_kwargs(request.chat_template_kwargs or {})  # the defaults' were checked at start
     # the server's defaults under the request's own (vLLM's --default-chat-template-kwargs)
     template_kwargs = {**settings.default_chat_template_kwargs, **(request.chat_template_kwargs or {})}
-    _refuse_rendering_fields_in_kwargs(template_kwargs)
-    continue_final_message = _continues_final_message(request)
+    continue_final_message = _continues_final_message(request, prefix)
     ends_with_generation_prompt = generation_prompt(request.add_generation_prompt, continue_final_message)
     if continue_final_message:
         check_final_message_is_the_assistants(request.messages)
@@ -139,12 +140,11 @@ def _built_chat_prompt(request: ChatCompletionRequest, context: ServingContext, 
                       continue_prefix=final.body if final is not None else "", rendering=rendering)
 
 
-def _continues_final_message(request: ChatCompletionRequest) -> bool:
+def _continues_final_message(request: ChatCompletionRequest, prefix: int | None) -> bool:
     """Whether the prompt ends inside the final message: `continue_final_message`, or an assistant prefix (DeepSeek's
-    and Kimi's `"prefix": true` on the final message, which vLLM continues so for the models whose API has it).
-    RequestError naming `messages[i].prefix` for a prefix beside `add_generation_prompt: true`, which ends the prompt
-    after it instead (and for a misplaced prefix: `prefix_message_index`)."""
-    prefix = prefix_message_index(request.messages)
+    and Kimi's `"prefix": true` on the final message, at `prefix`, which vLLM continues so for the models whose API
+    has it). RequestError naming `messages[i].prefix` for a prefix beside `add_generation_prompt: true`, which ends
+    the prompt after it instead."""
     if prefix is not None and request.add_generation_prompt:
         raise RequestError(f"messages[{prefix}].prefix: the reply continues a prefix message, and "
                            "add_generation_prompt true starts a new turn after it instead; leave add_generation_prompt "
@@ -153,11 +153,12 @@ def _continues_final_message(request: ChatCompletionRequest) -> bool:
 
 
 @contextmanager
-def _naming_the_prefix(request: ChatCompletionRequest) -> Iterator[None]:
+def _naming_the_prefix(request: ChatCompletionRequest, prefix: int | None) -> Iterator[None]:
     """Errors of continuing the final message name its `prefix` where that (not `continue_final_message`) asked for
     it, as the client sent: "nothing to continue", tool calls in it, a tool continued with no tools declared, a turn
     grammar (forced tool call, structured output) that cannot start inside a message."""
-    prefix = None if request.continue_final_message else prefix_message_index(request.messages)
+    if request.continue_final_message:
+        prefix = None
     try:
         yield
     except RequestError as error:
