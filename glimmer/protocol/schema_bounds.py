@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
-from glimmer.protocol.value_typing import is_json_number
+from glimmer.protocol.value_typing import is_json_number, local_reference_target
 
 _COUNT_BOUNDS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"),
                  ("minProperties", "maxProperties", "object"))
@@ -53,7 +53,7 @@ def without_references_to_empty(schema: Any) -> Any:
 
     def empty(reference: str) -> bool:
         if reference not in verdicts:
-            target = _pointed_to(reference, schema)
+            target = local_reference_target(reference, schema)
             verdicts[reference] = target is not None and empty_bounds(schema, start=target) is not None
         return verdicts[reference]
 
@@ -86,7 +86,7 @@ def _needed_schemas(root: Mapping[str, Any], start: tuple[str, Any],
         needed = list(_needed_members(node, path, whole_object))
         reference = node.get("$ref")
         if isinstance(reference, str):
-            target = _pointed_to(reference, root)
+            target = local_reference_target(reference, root)
             if target is not None:
                 needed.append((*target, whole_object))
         pending.extend(reversed(needed))
@@ -123,24 +123,6 @@ def _own_types(node: Mapping[str, Any]) -> set[str] | None:
     if isinstance(declared, list) and all(isinstance(name, str) for name in declared):
         return set(declared)
     return None
-
-
-def _pointed_to(reference: str, root: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """The path and schema a local `$ref` (`#`, `#/$defs/Item`) points to in `root`; None for another reference."""
-    if reference == "#":
-        return "", root
-    if not reference.startswith("#/"):
-        return None
-    path, target = "", root
-    for token in reference[2:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(target, Mapping) and token in target:
-            path, target = f"{path}.{token}", target[token]
-        elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
-            path, target = f"{path}[{token}]", target[int(token)]
-        else:
-            return None
-    return path, target
 
 
 def _count_bounds_past_each_other(node: Mapping[str, Any]) -> str | None:

@@ -244,20 +244,24 @@ def _json_type_of(value: Any) -> str:
 
 def resolve_local_reference(reference: str, root: Mapping[str, Any]) -> Any:
     """The schema a local `$ref` (`#`, `#/$defs/Name`, …) points to inside `root`, or None."""
-    if not reference.startswith("#"):
+    found = local_reference_target(reference, root)
+    return None if found is None else found[1]
+
+
+def local_reference_target(reference: str, root: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The path (`.$defs.Item`, `.prefixItems[0]`; "" for `#`) and schema a local `$ref` points to in `root`; None
+    for another reference, or one that points nowhere."""
+    if reference == "#":
+        return "", root
+    if not reference.startswith("#/"):
         return None
-    target: Any = root
-    pointer = reference[1:]
-    if not pointer:
-        return target
-    if not pointer.startswith("/"):
-        return None
-    for token in pointer[1:].split("/"):
+    path, target = "", root
+    for token in reference[2:].split("/"):
         token = token.replace("~1", "/").replace("~0", "~")
         if isinstance(target, Mapping) and token in target:
-            target = target[token]
+            path, target = f"{path}.{token}", target[token]
         elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
-            target = target[int(token)]
+            path, target = f"{path}[{token}]", target[int(token)]
         else:
             return None
-    return target
+    return path, target
