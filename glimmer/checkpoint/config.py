@@ -99,10 +99,6 @@ def _refuse_huge_weights(owner: str, matrices: dict[str, int]) -> None:
                               "published with the weights")
 
 
-# transformers' ROPE_INIT_FUNCTIONS (5.23), which the reference's rotary table takes from rope_parameters.rope_type
-ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
-
-
 @dataclass(frozen=True)
 class RopeScaling:
     """A scaled RoPE: transformers' rope_parameters other than the default type, field by field as the file states

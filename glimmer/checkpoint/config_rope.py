@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from glimmer.checkpoint.config import ROPE_SCALING_TYPES, RopeScaling
+from glimmer.checkpoint.config import RopeScaling
 from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_int, is_number
 
 # rope_type → (required keys, optional keys), beside rope_type and rope_theta
@@ -27,6 +27,9 @@ _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor"), ("original_max_position_embeddings",)),
     "proportional": ((), ("factor", "partial_rotary_factor")),
 }
+# transformers' ROPE_INIT_FUNCTIONS (5.23), which the reference's rotary table takes from rope_parameters.rope_type;
+# a tuple, as a rope_type read from JSON may be unhashable (a list)
+ROPE_SCALING_TYPES = tuple(_KEYS)
 # keys whose null the reference reads as absent (`dict.get`); yarn and longrope derive a null factor from
 # max_position_embeddings / the original length. Any other null fails the reference's table, so it is refused.
 _NULL_AS_ABSENT = {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}
