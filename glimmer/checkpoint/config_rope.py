@@ -36,17 +36,21 @@ _NULL_AS_ABSENT = {"attention_factor", "beta_fast", "beta_slow", "mscale", "msca
 _NULL_FACTOR_TYPES = ("yarn", "longrope")
 
 
+def warn_partial_rotary_ignored(notes: Notes, name: str, partial: Any) -> None:
+    """Warns that `partial` (a partial_rotary_factor named `name`, MISSING where absent) is ignored, unless it is
+    absent, null or 1: the reference's default RoPE rotates the whole head."""
+    if partial not in (MISSING, None, 1):
+        notes.warnings.append(f"{name}={partial!r} is ignored, as the reference's default RoPE ignores it: the whole "
+                              "head is rotated")
+
+
 def read_rope_scaling(sub: Section, kind: str, kind_name: str) -> RopeScaling | None:
     """The scaling `sub` (a rope_parameters object of rope_type `kind`, named `kind_name`) describes; None for the
     default type. Raises ConfigError naming the key for a missing or invalid one."""
     notes = sub.notes
     _, partial = sub.get("partial_rotary_factor")
     if kind == "default":
-        if partial not in (MISSING, None, 1):
-            notes.warnings.append(
-                f"{sub.path('partial_rotary_factor')}={partial!r} is ignored, as the reference's default RoPE ignores "
-                "it: the whole head is rotated"
-            )
+        warn_partial_rotary_ignored(notes, sub.path("partial_rotary_factor"), partial)
         return None
     if kind not in ROPE_SCALING_TYPES:
         raise notes.error(
