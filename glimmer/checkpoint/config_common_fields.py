@@ -63,7 +63,7 @@ def read_shared_text_fields(
     for name, default in defaults.items():
         fields.read(name, default=default)
     fields.read_nullable("pad_token_id")
-    theta_name, theta, scaling, scaling_names = read_rope_theta(section, theta_keys, "default", required=True,
+    theta_name, theta, scaling, scaling_names = read_rope_parameters(section, theta_keys, "default", required=True,
                                                                 scaled=True)
     fields.names["rope_theta"] = theta_name
     fields.names.update(scaling_names)
@@ -92,7 +92,7 @@ def _top_level_original_length(section: Section, rope: Mapping[str, Any], *, war
     return {_ORIGINAL_LENGTH: original}
 
 
-def read_rope_theta(
+def read_rope_parameters(
     section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool, scaled: bool = False
 ) -> tuple[str, Any, RopeScaling | None, dict[str, str]]:
     """(name in the file, theta, scaling, scaling names) from rope_parameters.rope_theta or a bare rope_theta; they must

@@ -1,4 +1,4 @@
-"""The RoPE scaling of a text config (`config_common_fields.read_rope_theta`): the fields of `rope_parameters` (or
+"""The RoPE scaling of a text config (`config_common_fields.read_rope_parameters`): the fields of `rope_parameters` (or
 the legacy `rope_scaling`) that transformers' ROPE_INIT_FUNCTIONS read for each `rope_type`, checked as the reference
 needs them, into a `RopeScaling`.
 
