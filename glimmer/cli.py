@@ -138,7 +138,8 @@ def _joined_json_option(argv: list[str], name: str, keys: dict[str, Any], parse:
             value = parse(text)
         except argparse.ArgumentTypeError as error:
             raise UsageError(f"{name}: {error} (its dotted keys, {name}.KEY, go into this value)") from None
-        argv[index] = json.dumps(_merged(value, keys)) if not equals else f"{name}={json.dumps(_merged(value, keys))}"
+        merged = json.dumps(_merged(value, keys))
+        argv[index] = f"{name}={merged}" if equals else merged
         return []
     return [name, json.dumps(keys)]
 
@@ -1198,10 +1199,12 @@ def _serve_api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
 def _generation_config(text: str) -> str:
     """--generation-config's value: vLLM's auto or vllm (vLLM's third form, a folder to read the file from, is
     refused)."""
-    from glimmer.checkpoint.generation_config import FOLDER_MODE_REFUSED, GENERATION_CONFIG_MODES
+    from glimmer.checkpoint.generation_config import FOLDER_MODE_REFUSED, check_generation_config_mode
 
-    if text not in GENERATION_CONFIG_MODES:
-        raise argparse.ArgumentTypeError(f"{text!r}: give auto or vllm ({FOLDER_MODE_REFUSED})")
+    try:
+        check_generation_config_mode(text)
+    except ConfigError:  # worded for the option, not the config field
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or vllm ({FOLDER_MODE_REFUSED})") from None
     return text
 
 

@@ -115,8 +115,9 @@ def find_checkpoint_chat_template(
 
 
 def _from_checkpoint(directory: Path) -> ChatTemplateSource:
-    tokenizer_source = _tokenizer_template(directory)
-    processor_source = _processor_template(directory)
+    named = _additional_templates(directory)
+    tokenizer_source = _tokenizer_template(directory, named)
+    processor_source = _processor_template(directory, named)
     if processor_source is None:
         if tokenizer_source is None:
             raise CheckpointError(
@@ -137,14 +138,14 @@ def _from_checkpoint(directory: Path) -> ChatTemplateSource:
     return processor_source
 
 
-def _tokenizer_template(directory: Path) -> ChatTemplateSource | None:
+def _tokenizer_template(directory: Path, named: dict[str, ChatTemplateSource]) -> ChatTemplateSource | None:
     """The tokenizer's default template as transformers' tokenizer loads it (None where it has none):
-    `chat_template.jinja` and `additional_chat_templates/*.jinja` in place of tokenizer_config.json's field."""
+    `chat_template.jinja` and the `additional_chat_templates/*.jinja` read into `named` in place of
+    tokenizer_config.json's field."""
     jinja_file = directory / CHAT_TEMPLATE_FILE
     config_file = directory / TOKENIZER_CONFIG_FILE
     for file in (jinja_file, config_file):  # not taken as absent: another template would render every prompt
         refuse_broken_link(file)
-    named = _additional_templates(directory)
     if jinja_file.is_file():
         default = _source(_read_template_file(jinja_file), str(jinja_file))
         other = named.get("default")
@@ -182,9 +183,10 @@ def _additional_templates(directory: Path) -> dict[str, ChatTemplateSource]:
     return named
 
 
-def _processor_template(directory: Path) -> ChatTemplateSource | None:
+def _processor_template(directory: Path, named: dict[str, ChatTemplateSource]) -> ChatTemplateSource | None:
     """The processor's template from its older places, as transformers' ProcessorMixin reads them (None where
-    neither holds one): processor_config.json's `chat_template`, else chat_template.json's."""
+    neither holds one): processor_config.json's `chat_template`, else chat_template.json's (refused beside the
+    additional templates `named`)."""
     processor_file = directory / PROCESSOR_CONFIG_FILE
     legacy_file = directory / LEGACY_CHAT_TEMPLATE_FILE
     for file in (processor_file, legacy_file):
@@ -195,7 +197,7 @@ def _processor_template(directory: Path) -> ChatTemplateSource | None:
             return _source(_template_string(template, processor_file), f"{processor_file} (chat_template)")
     if not legacy_file.is_file():
         return None
-    if _additional_templates(directory):  # transformers' processor raises a ValueError for the pair
+    if named:  # transformers' processor raises a ValueError for the pair
         raise CheckpointError(
             f"{legacy_file} (the older layout) sits beside {directory / ADDITIONAL_TEMPLATES_DIR}, which transformers "
             f"refuses to load together; replace {legacy_file} by {directory / CHAT_TEMPLATE_FILE}"

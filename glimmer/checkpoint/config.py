@@ -44,6 +44,13 @@ def reference_rope_layers(num_layers: int) -> tuple[bool, ...]:
     return tuple((num_layers - 1 - i) % 4 != 0 for i in range(num_layers))
 
 
+def off_the_flat_pattern(layer_types: tuple[str, ...], rope_layers: tuple[bool, ...]) -> list[int]:
+    """The layers the flat and vendor layouts cannot describe: full attention with RoPE, or sliding-window attention
+    without it (those layouts put full attention exactly on their NoPE layers)."""
+    return [i for i, (kind, rope) in enumerate(zip(layer_types, rope_layers, strict=True))
+            if (kind == "full_attention") == rope]
+
+
 def reference_vision_layer_types(num_layers: int) -> tuple[str, ...]:
     """Full attention on layers 3, 7, 11, … and always on the last one — architecture.md §1.2."""
     return tuple(
@@ -90,10 +97,6 @@ def _refuse_huge_weights(owner: str, matrices: dict[str, int]) -> None:
             raise ConfigError(f"{owner} sizes make a weight of {shape} = {elements} elements, more than any "
                               "checkpoint holds (at most 2**40): the config is damaged; use the config.json "
                               "published with the weights")
-
-
-# transformers' ROPE_INIT_FUNCTIONS (5.23), which the reference's rotary table takes from rope_parameters.rope_type
-ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from glimmer.checkpoint.config_common_fields import (
     VISION_MODEL_TYPE,
     VISION_PATH_FIELDS,
     check_rope_flag_type,
-    read_rope_theta,
+    read_rope_parameters,
     read_shared_text_fields,
     read_vision_path_fields,
 )
@@ -140,8 +140,8 @@ def read_canonical_vision_fields(section: Section) -> Callable[[], VisionConfig]
     fields = _sub_config_fields(section, VISION_MODEL_TYPE, _VISION_SIZE_FIELDS)
     fields.read("hidden_act", default="gelu")
     fields.read("layer_norm_eps", default=VISION_LAYER_NORM_EPS)
-    theta_name, theta, _, _ = read_rope_theta(section, ("rope_parameters", "rope_theta", "rope_scaling"), "axial",
-                                           required=False)
+    theta_name, theta, _, _ = read_rope_parameters(section, ("rope_parameters", "rope_theta", "rope_scaling"),
+                                                "axial", required=False)
     fields.names["rope_theta"] = theta_name
     _, layer_types = section.get("layer_types")
     section.ignore("max_position_embeddings")  # pos_emb_height × width; unused by the reference (§1.2)

@@ -10,7 +10,7 @@ from typing import Any
 
 from glimmer.checkpoint.config import RopeScaling
 from glimmer.checkpoint.config_fields import MISSING, Fields, Section, as_float
-from glimmer.checkpoint.config_rope import read_rope_scaling
+from glimmer.checkpoint.config_rope import read_rope_scaling, warn_partial_rotary_ignored
 
 TEXT_MODEL_TYPE = "muse_glimmer_text"
 MODEL_TYPE = "muse_glimmer"
@@ -63,7 +63,7 @@ def read_shared_text_fields(
     for name, default in defaults.items():
         fields.read(name, default=default)
     fields.read_nullable("pad_token_id")
-    theta_name, theta, scaling, scaling_names = read_rope_theta(section, theta_keys, "default", required=True,
+    theta_name, theta, scaling, scaling_names = read_rope_parameters(section, theta_keys, "default", required=True,
                                                                 scaled=True)
     fields.names["rope_theta"] = theta_name
     fields.names.update(scaling_names)
@@ -92,7 +92,7 @@ def _top_level_original_length(section: Section, rope: Mapping[str, Any], *, war
     return {_ORIGINAL_LENGTH: original}
 
 
-def read_rope_theta(
+def read_rope_parameters(
     section: Section, keys: tuple[str, ...], rope_type: str, *, required: bool, scaled: bool = False
 ) -> tuple[str, Any, RopeScaling | None, dict[str, str]]:
     """(name in the file, theta, scaling, scaling names) from rope_parameters.rope_theta or a bare rope_theta; they must
@@ -157,9 +157,8 @@ def read_rope_theta(
             raise notes.error(f"{found[0][0]}={found[0][1]!r} and {name}={value!r} disagree; keep one rope theta")
     # the objects agree (checked above), so the first one's scaling is every one's
     scaling = scalings[0] if scalings else None
-    if not scalings and top_partial not in (MISSING, None, 1):
-        notes.warnings.append(f"{section.path('partial_rotary_factor')}={top_partial!r} is ignored, as the "
-                              "reference's default RoPE ignores it: the whole head is rotated")
+    if not scalings:
+        warn_partial_rotary_ignored(notes, section.path("partial_rotary_factor"), top_partial)
     _, original = section.get(_ORIGINAL_LENGTH) if scaled else (None, MISSING)
     if original not in (MISSING, None) and (scaling is None or scaling.rope_type not in _ORIGINAL_LENGTH_TYPES):
         notes.warnings.append(f"{section.path(_ORIGINAL_LENGTH)}={original!r} is ignored, as the reference reads it "

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import TEXT_SIZE_FIELDS, ModelConfig, VisionConfig
+from glimmer.checkpoint.config import TEXT_SIZE_FIELDS, ModelConfig, VisionConfig, off_the_flat_pattern
 from glimmer.checkpoint.config_build import build_model_config, build_text_config, construct
 from glimmer.checkpoint.config_canonical import read_canonical_vision_fields
 from glimmer.checkpoint.config_common_fields import (
@@ -128,8 +128,7 @@ def _check_one_pattern(types: tuple[str, ...], rope_layers: tuple[bool, ...], na
     layout, as the reference, takes the two patterns independently.)"""
     if len(types) != len(rope_layers):
         return  # TextConfig names the wrong length
-    mismatched = [i for i, (kind, rope) in enumerate(zip(types, rope_layers, strict=True))
-                  if (kind == "full_attention") == rope]
+    mismatched = off_the_flat_pattern(types, rope_layers)
     if mismatched:
         raise notes.error(
             f"{name} is inconsistent with the NoPE pattern at layers {mismatched}: the flat and vendor schemas put "

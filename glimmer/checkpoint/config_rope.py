@@ -1,4 +1,4 @@
-"""The RoPE scaling of a text config (`config_common_fields.read_rope_theta`): the fields of `rope_parameters` (or
+"""The RoPE scaling of a text config (`config_common_fields.read_rope_parameters`): the fields of `rope_parameters` (or
 the legacy `rope_scaling`) that transformers' ROPE_INIT_FUNCTIONS read for each `rope_type`, checked as the reference
 needs them, into a `RopeScaling`.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from glimmer.checkpoint.config import ROPE_SCALING_TYPES, RopeScaling
+from glimmer.checkpoint.config import RopeScaling
 from glimmer.checkpoint.config_fields import MISSING, Notes, Section, is_int, is_number
 
 # rope_type → (required keys, optional keys), beside rope_type and rope_theta
@@ -27,10 +27,21 @@ _KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor"), ("original_max_position_embeddings",)),
     "proportional": ((), ("factor", "partial_rotary_factor")),
 }
+# transformers' ROPE_INIT_FUNCTIONS (5.23), which the reference's rotary table takes from rope_parameters.rope_type;
+# a tuple, as a rope_type read from JSON may be unhashable (a list)
+ROPE_SCALING_TYPES = tuple(_KEYS)
 # keys whose null the reference reads as absent (`dict.get`); yarn and longrope derive a null factor from
 # max_position_embeddings / the original length. Any other null fails the reference's table, so it is refused.
 _NULL_AS_ABSENT = {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"}
 _NULL_FACTOR_TYPES = ("yarn", "longrope")
+
+
+def warn_partial_rotary_ignored(notes: Notes, name: str, partial: Any) -> None:
+    """Warns that `partial` (a partial_rotary_factor named `name`, MISSING where absent) is ignored, unless it is
+    absent, null or 1: the reference's default RoPE rotates the whole head."""
+    if partial not in (MISSING, None, 1):
+        notes.warnings.append(f"{name}={partial!r} is ignored, as the reference's default RoPE ignores it: the whole "
+                              "head is rotated")
 
 
 def read_rope_scaling(sub: Section, kind: str, kind_name: str) -> RopeScaling | None:
@@ -39,11 +50,7 @@ def read_rope_scaling(sub: Section, kind: str, kind_name: str) -> RopeScaling | 
     notes = sub.notes
     _, partial = sub.get("partial_rotary_factor")
     if kind == "default":
-        if partial not in (MISSING, None, 1):
-            notes.warnings.append(
-                f"{sub.path('partial_rotary_factor')}={partial!r} is ignored, as the reference's default RoPE ignores "
-                "it: the whole head is rotated"
-            )
+        warn_partial_rotary_ignored(notes, sub.path("partial_rotary_factor"), partial)
         return None
     if kind not in ROPE_SCALING_TYPES:
         raise notes.error(

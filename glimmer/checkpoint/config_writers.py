@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from glimmer.checkpoint.config import ModelConfig, TextConfig, reference_rope_layers
+from glimmer.checkpoint.config import ModelConfig, TextConfig, off_the_flat_pattern, reference_rope_layers
 from glimmer.checkpoint.config_common_fields import (
     MODEL_TYPE,
     TEXT_MODEL_TYPE,
@@ -81,8 +81,7 @@ def write_flat(config: ModelConfig, *, vendor: bool) -> dict[str, Any]:
             "value qk·√head_dim, which must be at least √head_dim and is read back to 12 significant digits; "
             "use 'canonical'"
         )
-    decoupled = [i for i, (kind, rope) in enumerate(zip(text.layer_types, text.rope_layers, strict=True))
-                 if (kind == "full_attention") == rope]
+    decoupled = off_the_flat_pattern(text.layer_types, text.rope_layers)
     if decoupled:
         raise ConfigError(
             f"layers {decoupled} are full attention with RoPE or sliding-window attention without it, which the "

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
-from glimmer.checkpoint.config_common_fields import read_rope_theta
+from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
@@ -134,11 +134,11 @@ def read_drafter_config(
 def _rope_theta(raw: Mapping[str, Any], source: str) -> tuple[Any, list[str]]:
     """(theta, unknown keys of its objects) as transformers reads the theta: rope_parameters.rope_theta, a bare
     rope_theta or the legacy rope_scaling (read in rope_parameters' place, `type` as `rope_type`), the target's rule
-    (config_common_fields.read_rope_theta); rope_type 'default' only. The theta is None when none gives it."""
+    (config_common_fields.read_rope_parameters); rope_type 'default' only. The theta is None when none gives it."""
     notes = Notes(source, "drafter")
-    _, theta, _, _ = read_rope_theta(Section(raw, "", notes), ("rope_parameters", "rope_theta", "rope_scaling"),
-                                     "default", required=True)
-    return theta, notes.unknown  # read_rope_theta gives None where none is found (required)
+    _, theta, _, _ = read_rope_parameters(Section(raw, "", notes), ("rope_parameters", "rope_theta", "rope_scaling"),
+                                          "default", required=True)
+    return theta, notes.unknown  # read_rope_parameters gives None where none is found (required)
 
 
 def _as_count(value: Any) -> int:
