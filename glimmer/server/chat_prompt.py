@@ -254,10 +254,11 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     in the order the template renders their placeholders.
 
     Raises RequestError naming the part: on a model without a vision tower, over the per-request limits,
-    or when a reference cannot be loaded under the operator's media policy.
+    or when a reference cannot be loaded under the operator's media policy. Every part is checked before any is
+    loaded, so a request refused for a later part (one over the limits, one without its URL) fetches nothing.
     """
     settings = context.settings
-    found: dict[str, list[Any]] = {"image": [], "video": []}
+    references: list[tuple[str, Any]] = []
     counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
     for kind, param, part in media_parts(messages):
@@ -269,13 +270,16 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
             raise RequestError(f"{param}: this model cannot take videos: {context.video_unsupported_reason}",
                                param=param)
         _, reference = media_from_part(part, param)
-        if len(found[kind]) == limits[kind]:
+        if len(counted[kind]) == limits[kind]:
             raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's limit: "
                                   f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
                                   counted=tuple(counted[kind]))
+        counted[kind].append(param)
+        references.append((kind, reference))
+    found: dict[str, list[Any]] = {"image": [], "video": []}
+    for kind, reference in references:
         if cancel is not None:
             cancel.check()
-        counted[kind].append(param)
         found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
                                                 cancel))
     return found["image"], found["video"]

@@ -117,6 +117,25 @@ def test_too_many_images_is_a_400_naming_the_limit(client):
         client.chat.completions.create(model="tiny", messages=_messages(url, url, url), max_tokens=2, extra_body=EXTRA)
 
 
+def test_a_request_over_the_media_limits_is_refused_before_any_item_is_loaded(client, monkeypatch):
+    """The per-request limits and every part's shape are checked before any reference is loaded: the server fetched
+    (or read) each image and video in turn and refused the one past the limit only on reaching it, so 2 remote videos
+    (64 MiB and 10 s each) and a third, or 16 slow image URLs and one more, were all downloaded to be refused."""
+    import glimmer.server.chat_prompt as chat_prompt
+
+    loaded = []
+    monkeypatch.setattr(chat_prompt, "load_media_reference", lambda reference, *args: loaded.append(reference))
+    url = _data_url(_png(5, size=(30, 30)))
+    with pytest.raises(openai.BadRequestError, match="more than 2 images") as over:
+        client.chat.completions.create(model="tiny", messages=_messages(url, url, url), max_tokens=2, extra_body=EXTRA)
+    assert over.value.body["param"] == "messages[0].content[2]"
+    no_url = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                           {"type": "image_url", "image_url": {}}]}]
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]\.image_url\.url is missing"):
+        client.chat.completions.create(model="tiny", messages=no_url, max_tokens=2, extra_body=EXTRA)
+    assert loaded == []
+
+
 def test_the_image_limit_says_when_it_counted_the_images_of_the_responses_continued(client):
     """/v1/responses counts the images of the responses previous_response_id continues (the prompt holds them): a
     request sending one image past them was refused "more than 2 images in one request", naming its one image. The
