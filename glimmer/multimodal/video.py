@@ -368,14 +368,30 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
     return resized, frame_timestamps_s(wanted, fps)
 
 
+def _frame_indices(indices: object, index: int) -> list[int]:
+    """A (frames, metadata) video's `frames_indices` (a list, array or tensor of frame numbers) as ints. Raises
+    MediaDecodeError naming it for anything else: a number, a string, nested lists, fractions."""
+    try:
+        values = np.asarray(indices)
+    except (TypeError, ValueError, RuntimeError):  # ragged lists, a tensor on a device
+        values = None
+    if values is None or values.ndim != 1 or values.dtype.kind not in "iuf" or (
+            values.dtype.kind == "f" and not np.all(np.mod(values, 1) == 0)):
+        raise MediaDecodeError("video", index, "metadata frames_indices must be a list of integers, the frames' "
+                                               "indices (0, 1, ... for every frame)")
+    return [int(value) for value in values]
+
+
 def _from_frames_and_metadata(frames: object, metadata: Mapping, index: int) -> DecodedVideo:
     """vLLM's `(frames, metadata)` video: every frame of the video, at `metadata["fps"]`. Frames already sampled
     (`do_sample_frames` false, or `frames_indices` other than 0..T-1) are refused: sampling them again would keep
     other frames than the reference keeps, and their times would be wrong."""
     count = len(frames) if isinstance(frames, np.ndarray | Sequence) else None
     indices = metadata.get("frames_indices")
+    if indices is not None:
+        indices = _frame_indices(indices, index)
     if metadata.get("do_sample_frames") is False or (
-            indices is not None and count is not None and list(indices) != list(range(count))):
+            indices is not None and count is not None and indices != list(range(count))):
         raise MediaDecodeError("video", index, "a (frames, metadata) video must hold every frame of the video "
                                                "(frames already sampled are not supported: the model samples its "
                                                "own); pass all decoded frames, or the encoded video")

@@ -71,6 +71,22 @@ def test_frames_already_sampled_are_refused_naming_the_fix(llm, metadata):
                      SamplingParams(max_tokens=2))
 
 
+@pytest.mark.parametrize("indices", [5, np.arange(4)[:, None], "0123", [0.5, 1, 2, 3]])
+def test_frames_indices_that_are_no_list_of_integers_are_refused_naming_them(llm, indices):
+    """A (frames, metadata) video's frames_indices of 5 raised TypeError ('int' object is not iterable) out of
+    LLM.generate, a (4, 1) array of them was taken as they are; a string or fractions were refused as
+    frames already sampled. Whole numbers in any form (an int array, floats 0.0, 1.0, ...) are indices."""
+    frames = np.zeros((4, 60, 90, 3), dtype=np.uint8)
+    with pytest.raises(RequestError, match="metadata frames_indices must be a list of integers"):
+        llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, {"fps": 3.0,
+                                                                                    "frames_indices": indices})}},
+                     SamplingParams(max_tokens=2))
+    for whole in (np.arange(4), np.arange(4.0)):
+        llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": (frames, {"fps": 3.0,
+                                                                                    "frames_indices": whole})}},
+                     SamplingParams(max_tokens=2))
+
+
 def test_token_ids_with_media_are_expanded_as_their_text_is(llm):
     """vLLM's `{"prompt_token_ids": ids, "multi_modal_data": ...}` was refused ("needs a text prompt"): code that
     tokenizes its own prompts could not send an image. The ids hold one placeholder id per item, as the text does,
