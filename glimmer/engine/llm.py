@@ -66,6 +66,7 @@ from glimmer.engine.vllm_arguments import (
 )
 from glimmer.errors import ConfigError, PromptPart, PromptTextTooLongError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts
+from glimmer.multimodal.video import is_frame_list
 from glimmer.protocol import (
     Delta,
     OutputParser,
@@ -418,14 +419,16 @@ class LLM:
                 hint = _ENCODING_HINT if isinstance(ids, Mapping) and "input_ids" in ids else ""
                 raise RequestError(f"{name}.prompt_token_ids must be a list of token ids (integers){hint}",
                                    param=f"{name}.prompt_token_ids")
-            images, videos = (self._decoded_data_urls(_as_list(data.get(kind)), kind) for kind in ("image", "video"))
+            images, videos = (self._decoded_data_urls(_as_list(data.get(kind), kind), kind)
+                              for kind in ("image", "video"))
             ids, items = self.engine.prepare_token_prompt([operator.index(t) for t in ids], images, videos,
                                                           param=name)
             return prompt.get("prompt"), ids, items
         text = prompt.get("prompt")
         if not isinstance(text, str):
             raise RequestError(f"{name} needs a 'prompt' string or 'prompt_token_ids'", param=name)
-        images, videos = (self._decoded_data_urls(_as_list(data.get(kind)), kind) for kind in ("image", "video"))
+        images, videos = (self._decoded_data_urls(_as_list(data.get(kind), kind), kind)
+                          for kind in ("image", "video"))
         ids, items = self.engine.prepare_prompt(text, images, videos)
         return text, ids, items
 
@@ -957,9 +960,12 @@ def _conversations(messages: Any) -> list[Any]:
     return conversations
 
 
-def _as_list(value: Any) -> list:
+def _as_list(value: Any, kind: str) -> list:
+    """multi_modal_data's items of `kind`, as vLLM parses them: an item alone, or a list of them."""
     if value is None:
         return []
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
         return [value]  # one video as vLLM takes it, (frames, metadata), not two items
+    if kind == "video" and is_frame_list(value):
+        return [value]  # one video's frames, not a video a frame
     return list(value) if isinstance(value, list | tuple) else [value]

@@ -398,6 +398,12 @@ def _from_frames_and_metadata(frames: object, metadata: Mapping, index: int) -> 
     return DecodedVideo(frames, fps=metadata.get("fps"))
 
 
+def is_frame_list(value: object) -> bool:
+    """Whether `value` is a list of PIL images: one video's frames, as vLLM's multi_modal_data reads such a list (its
+    `_parse_video_data`), not as that many videos."""
+    return isinstance(value, list) and bool(value) and all(isinstance(frame, Image.Image) for frame in value)
+
+
 def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,
                   cancel: CancelToken | None = None) -> ProcessedVideo:
     """Decode, sample, resize (one size per video), normalise and patchify one video.
@@ -406,7 +412,7 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
     """
     if isinstance(video, bytearray | memoryview):
         video = bytes(video)
-    if isinstance(video, np.ndarray):  # frames alone, as vLLM's multi_modal_data takes them: the rate is unknown
+    if isinstance(video, np.ndarray) or is_frame_list(video):  # frames alone, as vLLM takes them: the rate is unknown
         video = DecodedVideo(video)
     if isinstance(video, tuple) and len(video) == 2 and isinstance(video[1], Mapping):
         video = _from_frames_and_metadata(*video, index)
@@ -419,7 +425,7 @@ def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimit
             "video",
             index,
             f"unsupported video input of type {type(video).__name__}; send encoded bytes, a path, DecodedVideo "
-            "frames, a frames array or (frames, {\"fps\": ...})",
+            "frames, a frames array, a list of PIL images or (frames, {\"fps\": ...})",
         )
     rows, grid = patch_rows(frames, settings)
     return ProcessedVideo(
