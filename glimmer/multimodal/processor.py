@@ -9,6 +9,7 @@ keeps them; the model scatters image rows into `<|patch|>` positions and video r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -79,14 +80,22 @@ class MediaProcessor:
         return image_token_count(height, width, self.settings)
 
     def largest_grids(self) -> list[tuple[int, int, int]]:
-        """The patch grids (t, h, w) of the largest image and the largest video one item can have: an image at the
-        token cap, and a video of video_max_frames frames each at the frame cap (what the engine sizes the vision
-        encoder's memory and its cache of features by)."""
-        s, side = self.settings, self.limits.max_image_side
-        frame_height, frame_width = smart_resize(side, side, s.resize_factor, s.max_video_frame_tokens)
+        """The patch grids (t, h, w) of the largest image and the largest video one item can have (what the engine
+        sizes the vision encoder's memory and its cache of features by): an image, and each of video_max_frames
+        frames, at the larger of a square's grid and the most elongated one the limits allow. The token cap alone
+        does not bound them: where it leaves less than one row of merged patches, smart_resize keeps one row (as the
+        reference does), so a 200:1 video frame gets 170 merged tokens under the cap of 144."""
+        s, limits = self.settings, self.limits
+        side = limits.max_image_side
+        shapes = ((side, side), (-(-side // limits.max_image_aspect_ratio), side))
+
+        def frame_grid(height: int, width: int) -> tuple[int, int]:
+            frame_height, frame_width = smart_resize(height, width, s.resize_factor, s.max_video_frame_tokens)
+            return frame_height // s.patch_size, frame_width // s.patch_size
+
         groups = -(-s.video_max_frames // s.temporal_patch_size)
-        video = (groups, frame_height // s.patch_size, frame_width // s.patch_size)
-        return [image_grid(side, side, s), video]
+        video = max(((groups, *frame_grid(*shape)) for shape in shapes), key=math.prod)
+        return [max((image_grid(*shape, s) for shape in shapes), key=math.prod), video]
 
     def largest_item_tokens(self) -> int:
         """Placeholder tokens (vision feature rows) of the larger of `largest_grids`."""

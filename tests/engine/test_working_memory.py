@@ -2,13 +2,16 @@
 graphs' kept logits and of the encoder's cache of features (the measured peaks run on the GPU:
 test_cuda_engine.py)."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
 from glimmer.engine.cuda_graphs import batch_size_ladder
 from glimmer.engine.model_runner import EncoderCache
 from glimmer.engine.working_memory import WorkingMemory, graph_output_bytes
-from glimmer.multimodal import MediaProcessor, MediaSettings
+from glimmer.multimodal import MediaLimits, MediaProcessor, MediaSettings, image_grid, smart_resize
 
 
 def test_each_captured_decode_graph_keeps_its_batch_of_logits():
@@ -51,11 +54,30 @@ def test_the_encoder_cache_holds_a_bounded_number_of_rows_and_always_the_newest_
     assert cache.get(b"huge") is None
 
 
-def test_the_largest_items_are_an_image_at_the_token_cap_and_a_video_of_every_frame_at_the_frame_cap():
+def test_the_largest_items_are_an_image_at_the_token_cap_and_a_video_of_every_frame_at_its_largest():
     settings = MediaSettings(max_image_tokens=1024, max_video_frame_tokens=64, video_max_frames=9)
     image, video = MediaProcessor(settings).largest_grids()
     assert image == (1, 64, 64) and image[1] * image[2] // 4 == 1024
-    assert video == (5, 16, 16)  # 9 frames in groups of 2 (the last padded), 64 tokens a frame
+    # 9 frames in groups of 2 (the last padded); a 200:1 frame keeps one merged row of 113 tokens over the cap of 64
+    assert video == (5, 2, 226)
+
+
+@pytest.mark.parametrize("settings", [MediaSettings(), MediaSettings(max_image_tokens=64, max_video_frame_tokens=16)])
+def test_no_image_or_video_the_limits_allow_has_a_grid_larger_than_the_largest(settings):
+    """The largest grids were a square image's and a square-framed video's: an elongated one needs more where the
+    token cap leaves less than one merged row, which smart_resize keeps (the reference's rule), so a video of 200:1
+    frames took 8,160 tokens where the engine had planned the vision encoder's memory for 6,912."""
+    limits = MediaLimits()
+    processor = MediaProcessor(settings, limits)
+    image, video = processor.largest_grids()
+    groups = video[0]
+    for shorter in range(1, 400, 3):
+        most = min(limits.max_image_side, shorter * limits.max_image_aspect_ratio)
+        for longer in sorted({*np.geomspace(shorter, most, 40).astype(int).tolist(), most}):
+            for height, width in ((shorter, longer), (longer, shorter)):
+                assert math.prod(image_grid(height, width, settings)) <= math.prod(image)
+                frame_h, frame_w = smart_resize(height, width, settings.resize_factor, settings.max_video_frame_tokens)
+                assert groups * (frame_h // settings.patch_size) * (frame_w // settings.patch_size) <= math.prod(video)
 
 
 def test_a_cache_sized_again_after_a_shortfall_is_the_first_budget_less_the_shortfall(tiny_checkpoint, monkeypatch,
