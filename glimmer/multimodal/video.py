@@ -364,8 +364,13 @@ def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaL
         selected = np.stack([array_to_rgb(frames[i], "video", index, "a video frame array") for i in wanted])
     else:
         selected = np.stack([pil_to_rgb(frames[i], "video", index) for i in wanted])
+    times = frame_timestamps_s(wanted, fps)
+    if not all(map(math.isfinite, times)):  # a rate float32 holds as 0, or whose 1 / fps overflows it
+        raise MediaDecodeError("video", index, f"fps={fps!r} is too small: the frames' times (index / fps, in float32 "
+                                               "as the reference holds them) are not finite, and the prompt would read "
+                                               "'Time: nans'; give the frames' real rate")
     resized = resize_frames(as_frame_tensor(selected), *_target_size(height, width, settings))
-    return resized, frame_timestamps_s(wanted, fps)
+    return resized, times
 
 
 def _frame_indices(indices: object, index: int) -> list[int]:

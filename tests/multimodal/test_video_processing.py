@@ -61,9 +61,17 @@ def test_sampling_caps_at_num_frames() -> None:
 
 def test_a_vanishing_frame_rate_samples_every_frame_up_to_the_cap() -> None:
     """total · fps / video_fps overflowed to infinity and int() raised OverflowError, a crash of `LLM.generate`."""
-    frames = DecodedVideo(distinct_frames(6, 28, 28), fps=1e-308)
     assert sample_frame_indices(6, 1e-308, MediaSettings()) == sample_frame_indices(6, 1e-3, MediaSettings())
-    assert process_video(frames, SMALL, LIMITS).grid_thw == (3, 2, 2)
+    video = process_video(DecodedVideo(distinct_frames(6, 28, 28), fps=1e-30), SMALL, LIMITS)
+    assert video.grid_thw == (3, 2, 2) and video.group_timestamps_s == (0.0, pytest.approx(2e30), pytest.approx(4e30))
+
+
+@pytest.mark.parametrize("fps", [1e-308, 1e-40])
+def test_a_frame_rate_whose_frame_times_leave_float32_is_refused_naming_it(fps) -> None:
+    """Frame times are index / fps in float32, as the reference holds them: a rate float32 holds as 0 (1e-308) gave
+    the first frame group 'Time: nans' in the prompt, one whose 1 / fps overflows it (1e-40) 'Time: infs'."""
+    with pytest.raises(MediaDecodeError, match=rf"fps={fps!r} is too small: the frames' times"):
+        process_video(DecodedVideo(distinct_frames(6, 28, 28), fps=fps), SMALL, LIMITS)
 
 
 def test_spec_example_from_a_file(tmp_path, video_writer) -> None:
