@@ -26,7 +26,8 @@ What we do, and where it departs from the reference:
   "{timestamp:.1f}" prints some times differently in float64 (60 fps frame 63 is 1.05 s, "1.0" in float32,
   "1.1" in float64).
 * Only a demuxer allow-list of ordinary video containers is opened (no playlists or concat scripts,
-  which could make FFmpeg open other files).
+  which could make FFmpeg open other files), and FFmpeg reads bytes or a file Python opened, never a name it would
+  read as a URL (`_open`).
 * Rotation: a frame is turned upright by its display matrix (a phone's portrait video is stored landscape,
   with a matrix saying turn it a quarter), as the reference's decoder does: torchcodec ≥ 0.11 rotates by the
   matrix's counter-clockwise angle rounded to a quarter turn, and ignores a mirroring in it (`_upright`).
@@ -37,6 +38,7 @@ What we do, and where it departs from the reference:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -146,11 +148,15 @@ def _measured_frame_rate(frames: int, first_pts: int | None, end_pts: int | None
     return frames / span_s if span_s > 0 else None
 
 
-def _open(source: bytes | str | os.PathLike) -> av.container.InputContainer:
-    return av.open(
-        io.BytesIO(source) if isinstance(source, bytes) else os.fspath(source),
-        options={"format_whitelist": ALLOWED_DEMUXERS},
-    )
+@contextlib.contextmanager
+def _open(source: bytes | str | os.PathLike) -> Iterator[av.container.InputContainer]:
+    """The container of encoded bytes or of a file. A path is opened by Python and FFmpeg reads the open file: FFmpeg
+    reads a name as a URL of its own protocols (`pipe:0` is standard input, `http://...` a download past the media
+    fetch policy's hosts, limits and time, `tcp://...?listen` a server socket waiting for a peer), which a path that
+    is no file must never become. Raises OSError (FileNotFoundError) for a path that cannot be opened."""
+    with contextlib.ExitStack() as stack:
+        file = io.BytesIO(source) if isinstance(source, bytes) else stack.enter_context(open(os.fspath(source), "rb"))
+        yield stack.enter_context(av.open(file, options={"format_whitelist": ALLOWED_DEMUXERS}))
 
 
 def is_video_data(data: bytes) -> bool:

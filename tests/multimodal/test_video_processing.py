@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 from fractions import Fraction
@@ -72,6 +73,38 @@ def test_a_frame_rate_whose_frame_times_leave_float32_is_refused_naming_it(fps) 
     the first frame group 'Time: nans' in the prompt, one whose 1 / fps overflows it (1e-40) 'Time: infs'."""
     with pytest.raises(MediaDecodeError, match=rf"fps={fps!r} is too small: the frames' times"):
         process_video(DecodedVideo(distinct_frames(6, 28, 28), fps=fps), SMALL, LIMITS)
+
+
+def test_a_video_path_is_read_as_a_file_never_as_an_ffmpeg_url(tmp_path, video_writer, monkeypatch) -> None:
+    """A path was handed to FFmpeg, which reads a name as a URL of its protocols: LLM.generate's multi_modal_data video
+    "http://127.0.0.1:port/clip.mp4" was downloaded past the media fetch policy (remote media off, loopback refused,
+    no size or time limit), "pipe:0" read standard input until it closed, "tcp://...?listen" waited for a peer. A
+    path is a file's name: one that is no file is 'no such file', and a file named like a URL is that file."""
+    import socket
+    import threading
+
+    connections = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def answer() -> None:  # closes at once whatever connects, so that the old code failed instead of waiting
+            with contextlib.suppress(OSError):
+                while True:
+                    connection, _ = listener.accept()
+                    connections.append(connection)
+                    connection.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/clip.mkv"
+        with pytest.raises(MediaDecodeError, match=f"no such file: '{url}'"):
+            process_video(url, SMALL, LIMITS)
+    assert connections == []
+    frames = distinct_frames(4)
+    video_writer(tmp_path / "http:clip.mkv", frames, fps=4)
+    monkeypatch.chdir(tmp_path)
+    expected = process_video(DecodedVideo(frames, fps=4.0), SMALL, LIMITS)
+    assert torch.equal(process_video("http:clip.mkv", SMALL, LIMITS).pixel_values, expected.pixel_values)
 
 
 def test_spec_example_from_a_file(tmp_path, video_writer) -> None:
