@@ -43,6 +43,7 @@ _PART_KINDS = {"image": "image", "image_url": "image", "image_pil": "image", "vi
 # WHATWG forgiving-base64: ASCII whitespace (tab, LF, FF, CR, space) is dropped; the alphabet has no - or _
 _BASE64_WHITESPACE = str.maketrans("", "", "\t\n\f\r ")
 _BASE64_ALPHABET = re.compile(r"[A-Za-z0-9+/]*")
+_BASE64_MARK = re.compile(r"; *base64$", re.IGNORECASE)
 
 
 def _error(kind: str, index: int, message: str) -> MediaError:
@@ -67,7 +68,9 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
     header, sep, payload = url.partition("#")[0].partition(",")
     if not sep:
         raise _error(kind, index, "malformed data URL (no ',' separating the header from the data)")
-    base64_encoded = header.lower().endswith(";base64")  # case-insensitive, as in browsers (WHATWG fetch)
+    # the MIME type, stripped of ASCII whitespace, ending in ";base64", spaces allowed before it and in any case, as
+    # in browsers (WHATWG fetch)
+    base64_encoded = _BASE64_MARK.search(header.strip("\t\n\f\r ")) is not None
     if base64_encoded:
         if "%" in payload:  # one character a byte (isomorphic decode): a non-ASCII byte is no base64 either
             payload = unquote_to_bytes(payload).decode("latin-1")

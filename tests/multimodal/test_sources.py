@@ -40,6 +40,14 @@ def test_a_url_urllib_cannot_split_is_refused_naming_the_item(url):
         load_media_reference(url, "image", 0, MediaFetchPolicy.create(allow_remote=True))
 
 
+@pytest.mark.parametrize("header", ["data:image/png; base64", "data:image/png;  BASE64 ", "data:image/png;base64\t"])
+def test_data_url_base64_marker_may_follow_spaces_as_browsers_read_it(header):
+    """WHATWG fetch's data: URL processor strips the MIME type's ASCII whitespace and reads ";" then spaces then
+    "base64" as the marker; `; base64` was read as percent-encoded text, the image refused as no image format."""
+    data = _png()
+    assert load_media_reference(f"{header}," + base64.b64encode(data).decode(), "image", 0, MediaFetchPolicy()) == data
+
+
 def test_data_url_base64_marker_is_case_insensitive():
     url = "DATA:image/PNG;BASE64," + base64.b64encode(_png()).decode()
     assert load_media_reference(url, "image", 0, MediaFetchPolicy()) == _png()
