@@ -75,8 +75,10 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
         if "%" in payload:  # one character a byte (isomorphic decode): a non-ASCII byte is no base64 either
             payload = unquote_to_bytes(payload).decode("latin-1")
         payload = payload.translate(_BASE64_WHITESPACE)  # `base64` breaks lines; the size is the data's
-    if len(payload) > policy.max_bytes * 4 // 3 + 4:
-        raise _error(kind, index, f"data URL is larger than the limit of {policy.max_bytes:,} bytes")
+    # before decoding, the most text the limit's bytes take: 4 characters for 3 bytes in base64, `%XX` for a byte
+    too_large = _error(kind, index, f"data URL is larger than the limit of {policy.max_bytes:,} bytes")
+    if len(payload) > (policy.max_bytes * 4 // 3 + 4 if base64_encoded else policy.max_bytes * 3):
+        raise too_large
     if base64_encoded:
         try:
             data = _forgiving_base64(payload)
@@ -86,6 +88,8 @@ def _decode_data_url(url: str, kind: str, index: int, policy: MediaFetchPolicy) 
         data = unquote_to_bytes(payload)  # %89 is the byte 0x89, not a UTF-8 sequence to decode
     if not data:
         raise _error(kind, index, "data URL is empty")
+    if len(data) > policy.max_bytes:
+        raise too_large
     return data
 
 

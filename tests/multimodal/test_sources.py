@@ -123,6 +123,21 @@ def test_data_url_over_the_size_limit_is_refused_before_decoding():
         load_media_reference(url, "image", 0, MediaFetchPolicy(max_bytes=1000))
 
 
+def test_the_data_url_size_limit_is_on_the_decoded_bytes():
+    """The limit is --max-media-bytes of data: a percent-encoded data URL of as many bytes (3 characters a byte) was
+    refused as larger than it, being measured as base64's 4 characters for 3 bytes, and a base64 one up to 3 bytes
+    over the limit was taken."""
+    png = _png()
+    policy = MediaFetchPolicy(max_bytes=len(png))
+    escaped = "".join(f"%{byte:02X}" for byte in png)
+    assert load_media_reference("data:image/png," + escaped, "image", 0, policy) == png
+    assert load_media_reference("data:image/png;base64," + base64.b64encode(png).decode(), "image", 0, policy) == png
+    smaller = MediaFetchPolicy(max_bytes=len(png) - 1)
+    for url in ("data:image/png," + escaped, "data:image/png;base64," + base64.b64encode(png).decode()):
+        with pytest.raises(RequestError, match=f"larger than the limit of {len(png) - 1:,} bytes"):
+            load_media_reference(url, "image", 0, smaller)
+
+
 def test_local_files_need_an_allowed_directory(tmp_path):
     image = tmp_path / "allowed" / "cat.png"
     image.parent.mkdir()
