@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlparse
 
 from tqdm.auto import tqdm
 
@@ -65,7 +64,7 @@ from glimmer.engine.vllm_arguments import (
     method_takes_vllm_arguments,
 )
 from glimmer.errors import ConfigError, PromptPart, PromptTextTooLongError, RequestError, UnsupportedArgumentError
-from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts
+from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts, url_scheme
 from glimmer.multimodal.video import is_frame_list
 from glimmer.protocol import (
     Delta,
@@ -436,7 +435,7 @@ class LLM:
         """multi_modal_data items with each data: URL decoded to its bytes, as `chat` reads it (RequestError if it is
         malformed); paths, bytes, images and frames are left for the engine to open."""
         return [load_media_reference(item, kind, index, self.media_policy)
-                if isinstance(item, str) and urlparse(item).scheme.lower() == "data" else item
+                if isinstance(item, str) and url_scheme(item) == "data" else item
                 for index, item in enumerate(items)]
 
     def _normalize_prompts(self, prompts: PromptType | SequenceABC[PromptType]) -> list[_Prepared]:

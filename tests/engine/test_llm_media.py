@@ -47,6 +47,15 @@ def test_a_bad_data_url_in_generate_is_refused_without_echoing_it(llm):
     assert raised.value.param == "prompt"
 
 
+def test_a_string_urllib_cannot_split_is_refused_naming_the_item(llm):
+    """multi_modal_data's "http://[::1/x.png" (an unclosed IPv6 bracket) raised urllib's bare ValueError ("Invalid
+    IPv6 URL") out of LLM.generate while it looked for data: URLs; it is a path that names no file, as the server
+    already refused such a URL naming its part."""
+    with pytest.raises(RequestError, match=r"image 0: no such file: 'http://\[::1/x.png'"):
+        llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": "http://[::1/x.png"}},
+                     SamplingParams(max_tokens=2))
+
+
 def test_generate_takes_a_video_as_vllm_takes_it_frames_and_metadata(llm):
     """vLLM's `{"video": (frames, metadata)}` (or a list of such) is one video at metadata's fps; it was read as two
     videos, the metadata dict being the second."""
