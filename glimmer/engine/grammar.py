@@ -222,6 +222,11 @@ class GrammarController:
 
     def _refused(self, token_ids: list[int], in_answer: bool) -> GrammarFailure:
         spelled = self._special.spelled(token_ids) if self._special is not None else str(token_ids)
+        added = [t for t in token_ids if t in self._stops and (self._special is None or t not in self._special.ids)]
+        if added:  # text tokens the request made stop ids: that field is the one to change
+            return GrammarFailure(f"stop_token_ids: {self._special.spelled(added) if self._special else added} ends "
+                                  f"generation, but the output of the constraint ({self.param}) needs it here, before "
+                                  "it is complete; leave it out of stop_token_ids", param="stop_token_ids")
         if in_answer:
             return _special_in_chat_answer(self.param, spelled)
         return GrammarFailure(f"{self.param}: the constraint needs {spelled} before it is complete, which ends "
@@ -486,13 +491,29 @@ class GrammarCompiler:
             forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
             if forced_special:
                 raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
-            factory = self._compile_text(
+            factory = self._refusing_answer_stops(self._compile_text(
                 self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
                 failure_param=answer_param,
-                answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+                answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE))),
+                answer.forced_tokens, answer_param)
         if not constraint.must_call or constraint.thinking_token_budget == 0:
             return factory
         return self._refusing_end_of_message_stop(factory)
+
+    def _refusing_answer_stops(self, factory: ControllerFactory, answer_tokens: tuple[int, ...], answer_param: str
+                               ) -> ControllerFactory:
+        """`factory` for a turn whose answer begins with `answer_tokens` (every answer's), refusing stop ids among
+        them (RequestError naming `stop_token_ids`): the turn's own forced tokens end at the answer's free
+        reasoning, so the check `compile` makes cannot see them, and the request failed while generating."""
+        end_of_turn = self._text_tokenizer.require_token_id(EOT)
+
+        def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
+            if stop_token_ids is not None:  # the turn's `<|eot|>` follows the answer: each of its tokens is before it
+                _refuse_forced_stop(answer_tokens + (end_of_turn,), frozenset(stop_token_ids), self._stop_token_ids,
+                                    self.special, answer_param)
+            return factory(stop_token_ids)
+
+        return controller
 
     def _refusing_end_of_message_stop(self, factory: ControllerFactory) -> ControllerFactory:
         """`factory` for a turn that must call and may reason first, refusing to stop at `<|eom|>`

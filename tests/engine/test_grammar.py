@@ -1106,3 +1106,26 @@ def _observed(controller: GrammarController, tokens: list[int]) -> GrammarContro
     for token in tokens:
         controller.observe(token)
     return controller
+
+
+def test_a_stop_token_the_request_added_that_a_chat_answer_needs_names_stop_token_ids(compiler, tokenizer):
+    """`stop_token_ids` holding a text token that a chat answer's constraint needs (`y` of a choice `yes`) failed the
+    request while generating saying that a chat answer cannot contain special tokens, naming the constraint, whose
+    answers hold no special token: the field to change is `stop_token_ids`, as on completions. Every answer holding
+    it is refused up front; an answer that comes to need it fails there, naming `stop_token_ids`."""
+    y = tokenizer.require_token_id("y")
+    stops = frozenset(tokenizer.require_token_id(t) for t in ("<|eot|>", "<|end_of_text|>")) | {y}
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+
+    def answer_turn(choice: list[str]):
+        answer = chat_answer_grammar(StructuredOutputsParams(choice=choice), "guided_choice")
+        return compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0), "guided_choice")
+
+    with pytest.raises(RequestError, match="leave it out of stop_token_ids") as raised:
+        answer_turn(["yes"])(stops)
+    assert raised.value.param == "stop_token_ids" and "y ends generation" in str(raised.value)
+    controller = answer_turn(["ok", "xyz"])(stops)
+    assert _allowed_after(controller, header + tokenizer.encode_text("x")) == [y]
+    with pytest.raises(GrammarFailure, match="leave it out of stop_token_ids") as raised:
+        controller.observe(y)
+    assert raised.value.param == "stop_token_ids" and "special tokens" not in str(raised.value)
