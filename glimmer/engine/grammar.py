@@ -67,8 +67,9 @@ class GrammarFailure(ConstraintFailure):
 
 class MarkerSpelling:
     """Which tokens spell (part of) a framing marker's opening `<|` in text: a chat turn's text may not (the
-    output parser reads framing in text, P-CHAN-6), so a grammar that makes the answer spell one fails its
-    request rather than return an answer the parser cut. Special tokens are framing, not text, and pass."""
+    output parser reads framing in text, P-CHAN-6). The mask keeps them out where the grammar offers other tokens
+    (a JSON string the schema leaves free); a grammar that makes the answer spell one fails its request rather than
+    return an answer the parser cut. Special tokens are framing, not text, and pass."""
 
     def __init__(self, tokenizer: Tokenizer):
         special = set(tokenizer.all_special_ids)
@@ -85,6 +86,19 @@ class MarkerSpelling:
                 self.ends_open.add(token_id)
             if data.startswith(b"|"):
                 self.starts_bar.add(token_id)
+        self._inside_bits = _TokenBits(self.inside, tokenizer.vocab_size)
+        self._inside_or_bar_bits = _TokenBits(self.inside | self.starts_bar, tokenizer.vocab_size)
+
+    def steer(self, words: np.ndarray, after_open: bool) -> None:
+        """Clear from a mask row (as uint32 words) the tokens that would spell `<|` next (`after_open`: the text so
+        far ends with `<`), unless they are all it allows: then the row stays, and the token taken fails the
+        request (`GrammarController.observe`)."""
+        spelling = (self._inside_or_bar_bits if after_open else self._inside_bits).allowed(words)
+        if not spelling:
+            return
+        _set_bits(words, spelling, allowed=False)
+        if not words.any():
+            _set_bits(words, spelling, allowed=True)
 
 
 class SpecialTokens:
@@ -193,16 +207,21 @@ class GrammarController:
             logger.warning("grammar engine error while filling a mask: %s", self.failure)
             return
         if self.refusal is None:
-            self.refusal = self.guard_row(row, self.matcher, self.answer_open)
+            self.refusal = self.guard_row(row, self.matcher, self.answer_open, self._after_open)
 
-    def guard_row(self, row: torch.Tensor, matcher: llguidance.LLMatcher, in_answer: bool) -> GrammarFailure | None:
+    def guard_row(self, row: torch.Tensor, matcher: llguidance.LLMatcher, in_answer: bool, after_open: bool
+                  ) -> GrammarFailure | None:
         """Clear from `row`, the mask filled from `matcher` (this completion's, or a copy walked through proposed
-        tokens), the stop tokens that would end the output before the grammar is complete and, `in_answer` (a chat
-        answer's open), the special tokens that would not complete the turn. When those were all the row allowed,
-        the row is left as it was (the sampler needs an allowed token) and the refusal returned: its request fails."""
+        tokens), in a chat turn the tokens that would spell `<|` (`MarkerSpelling.steer`; `after_open`: the text
+        there ends with `<`), the stop tokens that would end the output before the grammar is complete and,
+        `in_answer` (a chat answer's open), the special tokens that would not complete the turn. When those were all
+        the row allowed, the row is left as it was (the sampler needs an allowed token) and the refusal returned:
+        its request fails."""
+        words = row.numpy().view(np.uint32)
+        if self._markers is not None:
+            self._markers.steer(words, after_open)
         if (not self._stops and self._in_answer_guard is None) or matcher.is_accepting():
             return None
-        words = row.numpy().view(np.uint32)
         refused = [t for t in self._guarded(in_answer).allowed(words) if t not in self._final
                    and not _completes(matcher, t)]
         if not refused:
@@ -215,6 +234,13 @@ class GrammarController:
 
     def _guarded(self, in_answer: bool) -> _TokenBits:
         return self._in_answer_guard if in_answer and self._in_answer_guard is not None else self._stops
+
+    def ends_open(self, token_id: int | None) -> bool:
+        """Whether the text a turn's matcher reads ends with `<` after `token_id` (None: after what this completion
+        observed), for `guard_row`."""
+        if token_id is None:
+            return self._after_open
+        return self._markers is not None and token_id in self._markers.ends_open
 
     def opens_answer(self, matcher: llguidance.LLMatcher, token_id: int) -> bool:
         """Whether `token_id`, just consumed by `matcher` (this completion's or a copy), opened a chat answer."""
@@ -321,7 +347,8 @@ class GrammarWalk:
                 or self.matcher.is_error():
             return None
         mask = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)[:self.words]
-        if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None:
+        after_open = self.controller.ends_open(self.tokens[-1] if self.tokens else None)
+        if self.controller.guard_row(mask, self.matcher, self.in_answer, after_open) is not None:
             return None
         self.masks.append(mask)
         return mask
@@ -1114,7 +1141,7 @@ class GrammarMasks:
                     if j == 0:  # the row the sequence samples from when every proposal is rejected
                         controller.check_mask(bitmask[row])
                     else:
-                        controller.guard_row(bitmask[row + j], matcher, in_answer)
+                        controller.guard_row(bitmask[row + j], matcher, in_answer, controller.ends_open(drafts[j - 1]))
                     if j == valid:
                         break
                     matcher.consume_token(drafts[j])

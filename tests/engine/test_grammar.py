@@ -1129,3 +1129,23 @@ def test_a_stop_token_the_request_added_that_a_chat_answer_needs_names_stop_toke
     with pytest.raises(GrammarFailure, match="leave it out of stop_token_ids") as raised:
         controller.observe(y)
     assert raised.value.param == "stop_token_ids" and "special tokens" not in str(raised.value)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "object"}])
+def test_a_chat_answers_free_text_is_steered_around_a_framing_marker(compiler, tokenizer, schema):
+    """A JSON string (or an object's key) the schema leaves free may hold `<|`, which a chat answer cannot spell
+    (P-CHAN-6): the request failed with a 400 blaming a valid `response_format` whenever the model wrote it, as a
+    random model (or one quoting code) does. The mask keeps such tokens out where the grammar offers others, and
+    the failure stays for an answer that needs one (`test_a_chat_answer_that_spells_a_framing_marker_...`)."""
+    answer = chat_answer_grammar(StructuredOutputsParams(json=schema), "response_format")
+    controller = compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0), "response_format")()
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+    opening = tokenizer.encode_text('"' if schema["type"] == "string" else '{"')
+    texts = {t: tokenizer.token_bytes(t) for t in range(tokenizer.vocab_size) if t not in tokenizer.all_special_ids}
+    spelling = {t for t, text in texts.items() if b"<|" in text}  # none in the tiny vocabulary: `<` then `|`
+    bars = {t for t, text in texts.items() if text.startswith(b"|")}
+    allowed = set(_allowed_after(controller, header + opening))
+    assert not allowed & spelling and tokenizer.encode_text("<")[0] in allowed
+    after_open = set(_allowed_after(controller, tokenizer.encode_text("<")))
+    assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
+    assert controller.refusal is None and controller.failure is None
