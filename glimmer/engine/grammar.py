@@ -890,7 +890,8 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
     _refuse_empty_bounds(schema, param)
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
-                  or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node))
+                  or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node)
+                  or _format_on_a_number(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
 
@@ -981,6 +982,21 @@ def _prefix_items_beside_tuple_keywords(node: dict[str, Any]) -> str | None:
     return (f"prefixItems beside {written} cannot be enforced: the grammar engine reads the array as the drafts "
             "before 2020-12 do and leaves prefixItems out; give the items after prefixItems as items (a schema, or "
             "false for none), without additionalItems")
+
+
+def _format_on_a_number(node: dict[str, Any]) -> str | None:
+    """A `format` on a schema of numbers (OpenAPI's `int32`, `int64`, `float`): the grammar engine holds `format` on
+    strings only (and refuses one it does not know there), so `{"type": "integer", "format": "int32"}` let it write
+    71231649312021020256420255402740202. Beside `enum` or `const` the values are held already; where strings are
+    admitted too, the engine judges the format itself."""
+    written = node.get("format")
+    kinds = node.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if not isinstance(written, str) or "enum" in node or "const" in node or "string" in kinds \
+            or not {"integer", "number"} & set(kinds):
+        return None
+    return (f"format {written!r} on a number cannot be enforced: the grammar engine holds format on strings only; "
+            "give the range it means as minimum and maximum (int32: -2147483648 to 2147483647), or leave format out")
 
 
 _FLOAT_EXACT_INTEGERS = 2**53

@@ -1149,3 +1149,16 @@ def test_a_chat_answers_free_text_is_steered_around_a_framing_marker(compiler, t
     after_open = set(_allowed_after(controller, tokenizer.encode_text("<")))
     assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
     assert controller.refusal is None and controller.failure is None
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "format": "int32"}, {"type": "number", "format": "float"},
+                                    {"type": ["integer", "null"], "format": "uint8"}])
+def test_a_strict_format_on_a_number_is_refused_naming_it(compiler, tokenizer, schema):
+    """The grammar engine holds `format` on strings only (an unknown one there it refuses): OpenAPI's `int32` on an
+    integer was taken by a strict schema and ignored, and the answer was 71231649312021020256420255402740202. A
+    non-strict schema keeps it as a hint; a format beside `enum` or on a string schema is the engine's to judge."""
+    assert _admits(compiler, tokenizer, StructuredOutputsParams(json=schema, strict=False), "99999999999")
+    raised = _strict_refusal(schema)
+    assert f"format {schema['format']!r}" in str(raised) and "minimum and maximum" in str(raised)
+    check_json_schema({**schema, "enum": [1, 2]}, "p", strict=True)
+    check_json_schema({"type": ["string", "integer"], "format": "date"}, "p", strict=True)
