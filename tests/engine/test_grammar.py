@@ -1162,3 +1162,16 @@ def test_a_strict_format_on_a_number_is_refused_naming_it(compiler, tokenizer, s
     assert f"format {schema['format']!r}" in str(raised) and "minimum and maximum" in str(raised)
     check_json_schema({**schema, "enum": [1, 2]}, "p", strict=True)
     check_json_schema({"type": ["string", "integer"], "format": "date"}, "p", strict=True)
+
+
+def test_a_forced_calls_json_value_is_steered_around_a_framing_marker(compiler, tokenizer):
+    """A typed value's JSON string (`tags`' items) may hold `<|` as its schema reads; the call would end there
+    (P-CHAN-6), and the request failed with a 400 blaming the tool's schema whenever the model wrote it. The mask
+    keeps `|` from following `<` there too."""
+    controller = compiler.turn(TurnConstraint(call_tools=[LOOKUP], must_call=True, thinking_token_budget=0))()
+    written = call("lookup", ("city", "Oslo"), ("days", "2")).split("</atem:invoke>")[0]
+    prefix = written + '<atem:parameter name="tags">["'
+    bars = {t for t in range(tokenizer.vocab_size) if t not in tokenizer.all_special_ids
+            and tokenizer.token_bytes(t).startswith(b"|")}
+    after_open = set(_allowed_after(controller, tokenizer.encode(prefix) + tokenizer.encode_text("<")))
+    assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
