@@ -67,8 +67,9 @@ class GrammarFailure(ConstraintFailure):
 
 class MarkerSpelling:
     """Which tokens spell (part of) a framing marker's opening `<|` in text: a chat turn's text may not (the
-    output parser reads framing in text, P-CHAN-6), so a grammar that makes the answer spell one fails its
-    request rather than return an answer the parser cut. Special tokens are framing, not text, and pass."""
+    output parser reads framing in text, P-CHAN-6). The mask keeps them out where the grammar offers other tokens
+    (a JSON string the schema leaves free); a grammar that makes the answer spell one fails its request rather than
+    return an answer the parser cut. Special tokens are framing, not text, and pass."""
 
     def __init__(self, tokenizer: Tokenizer):
         special = set(tokenizer.all_special_ids)
@@ -85,6 +86,19 @@ class MarkerSpelling:
                 self.ends_open.add(token_id)
             if data.startswith(b"|"):
                 self.starts_bar.add(token_id)
+        self._inside_bits = _TokenBits(self.inside, tokenizer.vocab_size)
+        self._inside_or_bar_bits = _TokenBits(self.inside | self.starts_bar, tokenizer.vocab_size)
+
+    def steer(self, words: np.ndarray, after_open: bool) -> None:
+        """Clear from a mask row (as uint32 words) the tokens that would spell `<|` next (`after_open`: the text so
+        far ends with `<`), unless they are all it allows: then the row stays, and the token taken fails the
+        request (`GrammarController.observe`)."""
+        spelling = (self._inside_or_bar_bits if after_open else self._inside_bits).allowed(words)
+        if not spelling:
+            return
+        _set_bits(words, spelling, allowed=False)
+        if not words.any():
+            _set_bits(words, spelling, allowed=True)
 
 
 class SpecialTokens:
@@ -193,16 +207,21 @@ class GrammarController:
             logger.warning("grammar engine error while filling a mask: %s", self.failure)
             return
         if self.refusal is None:
-            self.refusal = self.guard_row(row, self.matcher, self.answer_open)
+            self.refusal = self.guard_row(row, self.matcher, self.answer_open, self._after_open)
 
-    def guard_row(self, row: torch.Tensor, matcher: llguidance.LLMatcher, in_answer: bool) -> GrammarFailure | None:
+    def guard_row(self, row: torch.Tensor, matcher: llguidance.LLMatcher, in_answer: bool, after_open: bool
+                  ) -> GrammarFailure | None:
         """Clear from `row`, the mask filled from `matcher` (this completion's, or a copy walked through proposed
-        tokens), the stop tokens that would end the output before the grammar is complete and, `in_answer` (a chat
-        answer's open), the special tokens that would not complete the turn. When those were all the row allowed,
-        the row is left as it was (the sampler needs an allowed token) and the refusal returned: its request fails."""
+        tokens), in a chat turn the tokens that would spell `<|` (`MarkerSpelling.steer`; `after_open`: the text
+        there ends with `<`), the stop tokens that would end the output before the grammar is complete and,
+        `in_answer` (a chat answer's open), the special tokens that would not complete the turn. When those were all
+        the row allowed, the row is left as it was (the sampler needs an allowed token) and the refusal returned:
+        its request fails."""
+        words = row.numpy().view(np.uint32)
+        if self._markers is not None:
+            self._markers.steer(words, after_open)
         if (not self._stops and self._in_answer_guard is None) or matcher.is_accepting():
             return None
-        words = row.numpy().view(np.uint32)
         refused = [t for t in self._guarded(in_answer).allowed(words) if t not in self._final
                    and not _completes(matcher, t)]
         if not refused:
@@ -216,12 +235,24 @@ class GrammarController:
     def _guarded(self, in_answer: bool) -> _TokenBits:
         return self._in_answer_guard if in_answer and self._in_answer_guard is not None else self._stops
 
+    def ends_open(self, token_id: int | None) -> bool:
+        """Whether the text a turn's matcher reads ends with `<` after `token_id` (None: after what this completion
+        observed), for `guard_row`."""
+        if token_id is None:
+            return self._after_open
+        return self._markers is not None and token_id in self._markers.ends_open
+
     def opens_answer(self, matcher: llguidance.LLMatcher, token_id: int) -> bool:
         """Whether `token_id`, just consumed by `matcher` (this completion's or a copy), opened a chat answer."""
         return self._answer_gate is not None and self._answer_gate.opens(matcher, token_id)
 
     def _refused(self, token_ids: list[int], in_answer: bool) -> GrammarFailure:
         spelled = self._special.spelled(token_ids) if self._special is not None else str(token_ids)
+        added = [t for t in token_ids if t in self._stops and (self._special is None or t not in self._special.ids)]
+        if added:  # text tokens the request made stop ids: that field is the one to change
+            return GrammarFailure(f"stop_token_ids: {self._special.spelled(added) if self._special else added} ends "
+                                  f"generation, but the output of the constraint ({self.param}) needs it here, before "
+                                  "it is complete; leave it out of stop_token_ids", param="stop_token_ids")
         if in_answer:
             return _special_in_chat_answer(self.param, spelled)
         return GrammarFailure(f"{self.param}: the constraint needs {spelled} before it is complete, which ends "
@@ -316,7 +347,8 @@ class GrammarWalk:
                 or self.matcher.is_error():
             return None
         mask = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)[:self.words]
-        if self.controller.guard_row(mask, self.matcher, self.in_answer) is not None:
+        after_open = self.controller.ends_open(self.tokens[-1] if self.tokens else None)
+        if self.controller.guard_row(mask, self.matcher, self.in_answer, after_open) is not None:
             return None
         self.masks.append(mask)
         return mask
@@ -486,13 +518,29 @@ class GrammarCompiler:
             forced_special = [token_id for token_id in answer.forced_tokens if token_id in self.special.ids]
             if forced_special:
                 raise _special_in_chat_answer(answer_param, self.special.spelled(forced_special[:1]))
-            factory = self._compile_text(
+            factory = self._refusing_answer_stops(self._compile_text(
                 self._turn_grammar_text(constraint), "tools", guard_markers=True, internal=True,
                 failure_param=answer_param,
-                answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE)))
+                answer_gate=AnswerGate(ANSWER_HEADER, self._text_tokenizer.require_token_id(MESSAGE))),
+                answer.forced_tokens, answer_param)
         if not constraint.must_call or constraint.thinking_token_budget == 0:
             return factory
         return self._refusing_end_of_message_stop(factory)
+
+    def _refusing_answer_stops(self, factory: ControllerFactory, answer_tokens: tuple[int, ...], answer_param: str
+                               ) -> ControllerFactory:
+        """`factory` for a turn whose answer begins with `answer_tokens` (every answer's), refusing stop ids among
+        them (RequestError naming `stop_token_ids`): the turn's own forced tokens end at the answer's free
+        reasoning, so the check `compile` makes cannot see them, and the request failed while generating."""
+        end_of_turn = self._text_tokenizer.require_token_id(EOT)
+
+        def controller(stop_token_ids: Collection[int] | None = None) -> GrammarController:
+            if stop_token_ids is not None:  # the turn's `<|eot|>` follows the answer: each of its tokens is before it
+                _refuse_forced_stop(answer_tokens + (end_of_turn,), frozenset(stop_token_ids), self._stop_token_ids,
+                                    self.special, answer_param)
+            return factory(stop_token_ids)
+
+        return controller
 
     def _refusing_end_of_message_stop(self, factory: ControllerFactory) -> ControllerFactory:
         """`factory` for a turn that must call and may reason first, refusing to stop at `<|eom|>`
@@ -842,7 +890,8 @@ def _refuse_what_the_engine_cannot_enforce(schema: Mapping[str, Any], param: str
     _refuse_empty_bounds(schema, param)
     for node in _subschemas(schema):
         reason = (_min_properties_of_repeatable_keys(node) or _exclusive_bound_on_its_integer(node)
-                  or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node))
+                  or _integer_past_float_precision(node) or _prefix_items_beside_tuple_keywords(node)
+                  or _format_on_a_number(node))
         if reason:
             raise RequestError(f"{param}: {reason}", param=param)
 
@@ -933,6 +982,21 @@ def _prefix_items_beside_tuple_keywords(node: dict[str, Any]) -> str | None:
     return (f"prefixItems beside {written} cannot be enforced: the grammar engine reads the array as the drafts "
             "before 2020-12 do and leaves prefixItems out; give the items after prefixItems as items (a schema, or "
             "false for none), without additionalItems")
+
+
+def _format_on_a_number(node: dict[str, Any]) -> str | None:
+    """A `format` on a schema of numbers (OpenAPI's `int32`, `int64`, `float`): the grammar engine holds `format` on
+    strings only (and refuses one it does not know there), so `{"type": "integer", "format": "int32"}` let it write
+    71231649312021020256420255402740202. Beside `enum` or `const` the values are held already; where strings are
+    admitted too, the engine judges the format itself."""
+    written = node.get("format")
+    kinds = node.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if not isinstance(written, str) or "enum" in node or "const" in node or "string" in kinds \
+            or not {"integer", "number"} & set(kinds):
+        return None
+    return (f"format {written!r} on a number cannot be enforced: the grammar engine holds format on strings only; "
+            "give the range it means as minimum and maximum (int32: -2147483648 to 2147483647), or leave format out")
 
 
 _FLOAT_EXACT_INTEGERS = 2**53
@@ -1093,7 +1157,7 @@ class GrammarMasks:
                     if j == 0:  # the row the sequence samples from when every proposal is rejected
                         controller.check_mask(bitmask[row])
                     else:
-                        controller.guard_row(bitmask[row + j], matcher, in_answer)
+                        controller.guard_row(bitmask[row + j], matcher, in_answer, controller.ends_open(drafts[j - 1]))
                     if j == valid:
                         break
                     matcher.consume_token(drafts[j])

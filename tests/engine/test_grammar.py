@@ -1106,3 +1106,72 @@ def _observed(controller: GrammarController, tokens: list[int]) -> GrammarContro
     for token in tokens:
         controller.observe(token)
     return controller
+
+
+def test_a_stop_token_the_request_added_that_a_chat_answer_needs_names_stop_token_ids(compiler, tokenizer):
+    """`stop_token_ids` holding a text token that a chat answer's constraint needs (`y` of a choice `yes`) failed the
+    request while generating saying that a chat answer cannot contain special tokens, naming the constraint, whose
+    answers hold no special token: the field to change is `stop_token_ids`, as on completions. Every answer holding
+    it is refused up front; an answer that comes to need it fails there, naming `stop_token_ids`."""
+    y = tokenizer.require_token_id("y")
+    stops = frozenset(tokenizer.require_token_id(t) for t in ("<|eot|>", "<|end_of_text|>")) | {y}
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+
+    def answer_turn(choice: list[str]):
+        answer = chat_answer_grammar(StructuredOutputsParams(choice=choice), "guided_choice")
+        return compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0), "guided_choice")
+
+    with pytest.raises(RequestError, match="leave it out of stop_token_ids") as raised:
+        answer_turn(["yes"])(stops)
+    assert raised.value.param == "stop_token_ids" and "y ends generation" in str(raised.value)
+    controller = answer_turn(["ok", "xyz"])(stops)
+    assert _allowed_after(controller, header + tokenizer.encode_text("x")) == [y]
+    with pytest.raises(GrammarFailure, match="leave it out of stop_token_ids") as raised:
+        controller.observe(y)
+    assert raised.value.param == "stop_token_ids" and "special tokens" not in str(raised.value)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "object"}])
+def test_a_chat_answers_free_text_is_steered_around_a_framing_marker(compiler, tokenizer, schema):
+    """A JSON string (or an object's key) the schema leaves free may hold `<|`, which a chat answer cannot spell
+    (P-CHAN-6): the request failed with a 400 blaming a valid `response_format` whenever the model wrote it, as a
+    random model (or one quoting code) does. The mask keeps such tokens out where the grammar offers others, and
+    the failure stays for an answer that needs one (`test_a_chat_answer_that_spells_a_framing_marker_...`)."""
+    answer = chat_answer_grammar(StructuredOutputsParams(json=schema), "response_format")
+    controller = compiler.turn(TurnConstraint(answer=answer, thinking_token_budget=0), "response_format")()
+    header = tokenizer.encode_text(" to=user") + [tokenizer.require_token_id("<|message|>")]
+    opening = tokenizer.encode_text('"' if schema["type"] == "string" else '{"')
+    texts = {t: tokenizer.token_bytes(t) for t in range(tokenizer.vocab_size) if t not in tokenizer.all_special_ids}
+    spelling = {t for t, text in texts.items() if b"<|" in text}  # none in the tiny vocabulary: `<` then `|`
+    bars = {t for t, text in texts.items() if text.startswith(b"|")}
+    allowed = set(_allowed_after(controller, header + opening))
+    assert not allowed & spelling and tokenizer.encode_text("<")[0] in allowed
+    after_open = set(_allowed_after(controller, tokenizer.encode_text("<")))
+    assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
+    assert controller.refusal is None and controller.failure is None
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "format": "int32"}, {"type": "number", "format": "float"},
+                                    {"type": ["integer", "null"], "format": "uint8"}])
+def test_a_strict_format_on_a_number_is_refused_naming_it(compiler, tokenizer, schema):
+    """The grammar engine holds `format` on strings only (an unknown one there it refuses): OpenAPI's `int32` on an
+    integer was taken by a strict schema and ignored, and the answer was 71231649312021020256420255402740202. A
+    non-strict schema keeps it as a hint; a format beside `enum` or on a string schema is the engine's to judge."""
+    assert _admits(compiler, tokenizer, StructuredOutputsParams(json=schema, strict=False), "99999999999")
+    raised = _strict_refusal(schema)
+    assert f"format {schema['format']!r}" in str(raised) and "minimum and maximum" in str(raised)
+    check_json_schema({**schema, "enum": [1, 2]}, "p", strict=True)
+    check_json_schema({"type": ["string", "integer"], "format": "date"}, "p", strict=True)
+
+
+def test_a_forced_calls_json_value_is_steered_around_a_framing_marker(compiler, tokenizer):
+    """A typed value's JSON string (`tags`' items) may hold `<|` as its schema reads; the call would end there
+    (P-CHAN-6), and the request failed with a 400 blaming the tool's schema whenever the model wrote it. The mask
+    keeps `|` from following `<` there too."""
+    controller = compiler.turn(TurnConstraint(call_tools=[LOOKUP], must_call=True, thinking_token_budget=0))()
+    written = call("lookup", ("city", "Oslo"), ("days", "2")).split("</atem:invoke>")[0]
+    prefix = written + '<atem:parameter name="tags">["'
+    bars = {t for t in range(tokenizer.vocab_size) if t not in tokenizer.all_special_ids
+            and tokenizer.token_bytes(t).startswith(b"|")}
+    after_open = set(_allowed_after(controller, tokenizer.encode(prefix) + tokenizer.encode_text("<")))
+    assert bars and not after_open & bars and tokenizer.encode_text("a")[0] in after_open
