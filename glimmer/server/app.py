@@ -67,11 +67,30 @@ PAGE_HEADERS = {
                                "connect-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    "Accept-Ranges": "none",  # _WholeFile
 }
 
 
+def _without_range(scope: Scope) -> Scope:
+    """`scope` without its Range header: the page's files are sent whole, as RFC 9110 §14.2 lets a server answer any
+    Range. Starlette answered one it could not read (`bytes=abc`, or `items=0-1`, whose unit §14.2 has a server
+    ignore) with a plain-text 400, and one past the file's end with an empty 416, where every other error here is an
+    OpenAI-style body; files of a few kilobytes need no parts."""
+    return {**scope, "headers": [(name, value) for name, value in scope["headers"] if name != b"range"]}
+
+
+class _WholeFile(FileResponse):
+    """A file of the page, sent whole (`_without_range`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(_without_range(scope), receive, send)
+
+
 class _PageFiles(StaticFiles):
-    """The page's static files, with PAGE_HEADERS."""
+    """The page's static files, with PAGE_HEADERS, each sent whole (`_without_range`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(_without_range(scope), receive, send)
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
@@ -96,7 +115,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def chat_page(request: Request) -> Response:
         root_path = _root_path(request.scope)
         if not root_path:
-            return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+            return _WholeFile(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
         # the page's URLs are relative to the page; behind a proxy that strips --root-path, `/glimmer` (no slash)
         # reaches this route as `/glimmer/` does, and a browser would resolve them against `/`, outside the prefix
         base = f'<head>\n  <base href="{html.escape(root_path)}/">'

@@ -468,6 +468,17 @@ def test_a_wrong_method_on_a_page_file_is_a_405_too(server):
     assert httpx.post(server.url + "/static/chat.js").status_code == 405
 
 
+@pytest.mark.parametrize("asked", ["bytes=abc", "items=0-1", "bytes=5-1", "bytes=999999999-", "bytes=0-9"])
+def test_the_page_s_files_are_sent_whole_whatever_range_is_asked(server, asked):
+    """A Range Starlette could not read was a plain-text 400, one past the file an empty 416 (RFC 9110 §14.2 lets a
+    server ignore Range; it has one ignore a unit it does not know, as `items`)."""
+    for path in ("/", "/static/chat.js"):
+        whole = httpx.get(server.url + path)
+        response = httpx.get(server.url + path, headers={"Range": asked})
+        assert response.status_code == 200 and response.content == whole.content, (path, response.text[:200])
+        assert response.headers["accept-ranges"] == "none" and "content-range" not in response.headers, path
+
+
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
     auth = {"Authorization": f"Bearer {KEY}"}
     for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/v1/models/tiny", auth),
