@@ -422,8 +422,8 @@ class _RequestAccounting(_HttpMiddleware):
 
     A request whose client left before its response was complete counts as 499, whatever status line was sent:
     a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
-    upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
-    connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
+    upload whose chunked framing breaks: the connection answers that one itself (connection.INVALID_HTTP_RESPONSE)
+    and closes, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
     A request whose body did not come within the read timeout counts as 408: the connection layer wrote that answer
     and closed, and the handler saw the same disconnect (connection.REQUEST_TIMED_OUT tells them apart). One whose
     head did not come in time reached no handler and is not counted (nor is its endpoint known).
