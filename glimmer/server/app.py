@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -178,7 +179,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
         # `DELETE /v1/responses/{id}` (the SDK's responses.delete); X-Request-Id exposed to the page's script, which
         # a browser otherwise hides from it (the OpenAI SDKs read it as a response's `_request_id`)
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+        app.add_middleware(_Cors, allow_origins=list(settings.allowed_origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
                            expose_headers=[REQUEST_ID_HEADER])
     if settings.request_id_headers:
@@ -374,6 +375,24 @@ class _InternalErrors(_HttpMiddleware):
                 logger.error("internal error after the response started", exc_info=exc)
             else:
                 await error_response(exc)(scope, receive, send)
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS handling, a preflight it refuses answered with an OpenAI-style 400 (Starlette's body is plain
+    text, "Disallowed CORS origin") carrying the CORS headers Starlette's carries."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        headers = {name: value for name, value in response.headers.items()
+                   if name.startswith("access-control-") or name == "vary"}
+        message = (f"CORS preflight refused: the {refused} it asks for (Origin, Access-Control-Request-*) "
+                   "is not allowed; the server allows the origins --allowed-origins names, the methods GET, POST and "
+                   "DELETE, and any headers")
+        return JSONResponse(error_body(message, "invalid_request_error", code="cors_preflight_refused"),
+                            status_code=response.status_code, headers=headers)
 
 
 class _HeaderCountLimit(_HttpMiddleware):

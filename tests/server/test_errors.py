@@ -479,6 +479,20 @@ def test_the_page_s_files_are_sent_whole_whatever_range_is_asked(server, asked):
         assert response.headers["accept-ranges"] == "none" and "content-range" not in response.headers, path
 
 
+@pytest.mark.parametrize(("asked", "refused"), [
+    ({"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}, "origin"),
+    ({"Origin": "https://app.example", "Access-Control-Request-Method": "PATCH"}, "method"),
+])
+def test_a_refused_cors_preflight_is_an_openai_style_400_with_the_cors_headers(make_tiny, asked, refused):
+    """Starlette's refusal was plain text ("Disallowed CORS origin")."""
+    with live_server(make_tiny(), scripted=True, allowed_origins=("https://app.example",)) as live:
+        response = httpx.options(live.base_url + "/chat/completions", headers=asked)
+    error = error_of(response, 400)
+    assert error["code"] == "cors_preflight_refused" and f"the {refused} it asks for" in error["message"]
+    assert response.headers["access-control-allow-methods"] == "GET, POST, DELETE"
+    assert "origin" in response.headers["vary"].lower()
+
+
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
     auth = {"Authorization": f"Bearer {KEY}"}
     for path, headers in (("/health", {}), ("/", {}), ("/v1/models", auth), ("/v1/models/tiny", auth),
