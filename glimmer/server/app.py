@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import logging
 import os
 import uuid
@@ -174,6 +175,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     # browser page cannot read a response without them); the request id goes on outside CORSMiddleware, which answers
     # a preflight itself
     app.add_middleware(_InternalErrors)
+    app.add_middleware(_RefuseWebSockets)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
@@ -354,6 +356,31 @@ class _HttpMiddleware:
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         raise NotImplementedError
+
+
+class _RefuseWebSockets(_HttpMiddleware):
+    """Answers a WebSocket handshake, which no route here takes (an OpenAI Realtime client's, say), with an
+    OpenAI-style 400 (RFC 6455 §4.2.2) where the server can send one (ASGI's websocket.http.response extension);
+    Starlette only closed it, which uvicorn sends as a bodiless 403. Other scopes pass on as they came."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await _refuse_websocket(scope, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+async def _refuse_websocket(scope: Scope, send: Send) -> None:
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = json.dumps(error_body(
+        f"this server takes no WebSocket connections (asked at {_root_path(scope)}{get_route_path(scope)}): its API "
+        "is plain HTTP requests, a reply streamed as server-sent events with `stream: true`",
+        "invalid_request_error", code="websocket_not_supported")).encode()
+    await send({"type": "websocket.http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 class _InternalErrors(_HttpMiddleware):

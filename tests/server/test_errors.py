@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 
 import httpx
 import openai
@@ -491,6 +492,21 @@ def test_a_refused_cors_preflight_is_an_openai_style_400_with_the_cors_headers(m
     assert error["code"] == "cors_preflight_refused" and f"the {refused} it asks for" in error["message"]
     assert response.headers["access-control-allow-methods"] == "GET, POST, DELETE"
     assert "origin" in response.headers["vary"].lower()
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime?model=tiny", "/v1/chat/completions"])
+def test_a_websocket_handshake_is_an_openai_style_400(server, path):
+    """No route takes a WebSocket: Starlette closed the handshake, which uvicorn sent as a bodiless 403."""
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port), timeout=30) as connection:
+        connection.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        received = b"".join(iter(lambda: connection.recv(65536), b""))
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), received
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "websocket_not_supported"
+    assert f"asked at {path.split('?')[0]}" in error["message"]
 
 
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
