@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import logging
 import os
 import uuid
@@ -20,6 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,11 +69,30 @@ PAGE_HEADERS = {
                                "connect-src 'self'; base-uri 'self'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    "Accept-Ranges": "none",  # _WholeFile
 }
 
 
+def _without_range(scope: Scope) -> Scope:
+    """`scope` without its Range header: the page's files are sent whole, as RFC 9110 §14.2 lets a server answer any
+    Range. Starlette answered one it could not read (`bytes=abc`, or `items=0-1`, whose unit §14.2 has a server
+    ignore) with a plain-text 400, and one past the file's end with an empty 416, where every other error here is an
+    OpenAI-style body; files of a few kilobytes need no parts."""
+    return {**scope, "headers": [(name, value) for name, value in scope["headers"] if name != b"range"]}
+
+
+class _WholeFile(FileResponse):
+    """A file of the page, sent whole (`_without_range`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(_without_range(scope), receive, send)
+
+
 class _PageFiles(StaticFiles):
-    """The page's static files, with PAGE_HEADERS."""
+    """The page's static files, with PAGE_HEADERS, each sent whole (`_without_range`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(_without_range(scope), receive, send)
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
@@ -96,7 +117,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def chat_page(request: Request) -> Response:
         root_path = _root_path(request.scope)
         if not root_path:
-            return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+            return _WholeFile(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
         # the page's URLs are relative to the page; behind a proxy that strips --root-path, `/glimmer` (no slash)
         # reaches this route as `/glimmer/` does, and a browser would resolve them against `/`, outside the prefix
         base = f'<head>\n  <base href="{html.escape(root_path)}/">'
@@ -154,12 +175,13 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     # browser page cannot read a response without them); the request id goes on outside CORSMiddleware, which answers
     # a preflight itself
     app.add_middleware(_InternalErrors)
+    app.add_middleware(_RefuseWebSockets)
     if settings.allowed_origins:  # off by default: browsers then refuse other sites' pages the responses
         # any request header, as vLLM allows: the OpenAI JS SDK sends X-Stainless-* (and OpenAI-Organization, ...) on
         # every request, and no header can stand in for the API key, which is what guards the routes; DELETE for
         # `DELETE /v1/responses/{id}` (the SDK's responses.delete); X-Request-Id exposed to the page's script, which
         # a browser otherwise hides from it (the OpenAI SDKs read it as a response's `_request_id`)
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+        app.add_middleware(_Cors, allow_origins=list(settings.allowed_origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"],
                            expose_headers=[REQUEST_ID_HEADER])
     if settings.request_id_headers:
@@ -336,6 +358,31 @@ class _HttpMiddleware:
         raise NotImplementedError
 
 
+class _RefuseWebSockets(_HttpMiddleware):
+    """Answers a WebSocket handshake, which no route here takes (an OpenAI Realtime client's, say), with an
+    OpenAI-style 400 (RFC 6455 §4.2.2) where the server can send one (ASGI's websocket.http.response extension);
+    Starlette only closed it, which uvicorn sends as a bodiless 403. Other scopes pass on as they came."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await _refuse_websocket(scope, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+async def _refuse_websocket(scope: Scope, send: Send) -> None:
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = json.dumps(error_body(
+        f"this server takes no WebSocket connections (asked at {_root_path(scope)}{get_route_path(scope)}): its API "
+        "is plain HTTP requests, a reply streamed as server-sent events with `stream: true`",
+        "invalid_request_error", code="websocket_not_supported")).encode()
+    await send({"type": "websocket.http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
 class _InternalErrors(_HttpMiddleware):
     """Turns an unexpected exception into a generic 500 (logged here with its traceback; the client never sees one).
     One raised after the response started can only be logged: the status line is sent."""
@@ -355,6 +402,24 @@ class _InternalErrors(_HttpMiddleware):
                 logger.error("internal error after the response started", exc_info=exc)
             else:
                 await error_response(exc)(scope, receive, send)
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS handling, a preflight it refuses answered with an OpenAI-style 400 (Starlette's body is plain
+    text, "Disallowed CORS origin") carrying the CORS headers Starlette's carries."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code == 200:
+            return response
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        headers = {name: value for name, value in response.headers.items()
+                   if name.startswith("access-control-") or name == "vary"}
+        message = (f"CORS preflight refused: the {refused} it asks for (Origin, Access-Control-Request-*) "
+                   "is not allowed; the server allows the origins --allowed-origins names, the methods GET, POST and "
+                   "DELETE, and any headers")
+        return JSONResponse(error_body(message, "invalid_request_error", code="cors_preflight_refused"),
+                            status_code=response.status_code, headers=headers)
 
 
 class _HeaderCountLimit(_HttpMiddleware):
@@ -403,8 +468,8 @@ class _RequestAccounting(_HttpMiddleware):
 
     A request whose client left before its response was complete counts as 499, whatever status line was sent:
     a stream cut short after its `200` as well as a non-streaming request that answered 499 to nobody. So does an
-    upload whose chunked framing breaks: uvicorn answers that one itself (a plain-text 400) and closes the
-    connection, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
+    upload whose chunked framing breaks: the connection answers that one itself (connection.INVALID_HTTP_RESPONSE)
+    and closes, and the app, which could not answer anyway, sees the same disconnect as from a client that left.
     A request whose body did not come within the read timeout counts as 408: the connection layer wrote that answer
     and closed, and the handler saw the same disconnect (connection.REQUEST_TIMED_OUT tells them apart). One whose
     head did not come in time reached no handler and is not counted (nor is its endpoint known).

@@ -45,17 +45,31 @@ _HEAD = "head"  # waiting for a request's line and headers (or for the rest of a
 _BODY = "body"  # waiting for the body of a request whose handler runs
 
 
-def _request_timeout_response(read_timeout_s: float) -> bytes:
-    """The whole `408 Request Timeout` written before the connection closes (RFC 9110 §15.5.9), with an
-    OpenAI-style error body."""
-    body = json.dumps(error_body(
-        f"the request did not arrive in time: the server waits {read_timeout_s:g} s for a request's line and "
-        f"headers, and for its body {read_timeout_s:g} s more per 64 KiB; send the whole request without pausing",
-        "invalid_request_error",
-        code="request_timeout")).encode()
-    head = (f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+def _closing_error_response(status: str, message: str, code: str) -> bytes:
+    """A whole response (`status` its status line's code and reason) with an OpenAI-style error body, written by the
+    connection itself before it closes, where no handler answers."""
+    body = json.dumps(error_body(message, "invalid_request_error", code=code)).encode()
+    head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n")
     return head.encode() + body
+
+
+def _request_timeout_response(read_timeout_s: float) -> bytes:
+    """The whole `408 Request Timeout` written before the connection closes (RFC 9110 §15.5.9)."""
+    return _closing_error_response(
+        "408 Request Timeout",
+        f"the request did not arrive in time: the server waits {read_timeout_s:g} s for a request's line and "
+        f"headers, and for its body {read_timeout_s:g} s more per 64 KiB; send the whole request without pausing",
+        "request_timeout")
+
+
+INVALID_HTTP_RESPONSE = _closing_error_response(
+    "400 Bad Request",
+    "the request is not valid HTTP/1.1 (a malformed request line or header, a Content-Length that is no number or "
+    "is given twice, a body's chunked framing broken, or a request head over the server's size limit); the "
+    "connection is closed",
+    "invalid_http_request")
+"""The answer to bytes uvicorn's parser cannot read as a request, where uvicorn writes a plain-text one."""
 
 
 class ReadTimeout:
@@ -88,6 +102,14 @@ class ReadTimeout:
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser cannot read as a request (`msg`, "Invalid HTTP request received.",
+        uvicorn has logged), as INVALID_HTTP_RESPONSE, an OpenAI-style body where uvicorn's is plain text; then the
+        connection closes, as uvicorn closes it. Where an answer is under way no other can follow: it is only closed."""
+        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+            self.transport.write(INVALID_HTTP_RESPONSE)
+        self.transport.close()
 
     def _timed(self, step: Any, *args: Any) -> None:
         """step(*args), a part of the timeout's bookkeeping, unless this connection is served untimed; it becomes so

@@ -144,6 +144,26 @@ def test_a_request_head_that_stalls_is_not_counted(server, sent):
     assert _request_counts(server) == before
 
 
+@pytest.mark.parametrize("sent", [
+    HEAD + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    HEAD + b"Content-Length: -1\r\n\r\n{}",
+    HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    HEAD + b"a header without a colon\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+], ids=["two-lengths", "negative-length", "chunk-framing", "header-line", "tls-hello"])
+def test_bytes_that_are_no_http_request_get_an_openai_style_400_and_the_server_serves_on(server, sent):
+    """uvicorn answered them itself with a plain-text 400 ("Invalid HTTP request received.")."""
+    with _connect(server) as connection:
+        connection.sendall(sent)
+        received = _read_until_closed(connection)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"content-type: application/json" in head, received
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_http_request" and "not valid HTTP/1.1" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    _still_serves(server)
+
+
 def test_a_connection_that_sends_nothing_is_closed_without_a_response(server):
     with _connect(server) as connection:
         assert _read_until_closed(connection) == b""

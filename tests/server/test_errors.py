@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 
 import httpx
 import openai
@@ -466,6 +467,46 @@ def test_a_405_allows_every_method_the_path_takes_and_names_them(server, method,
 
 def test_a_wrong_method_on_a_page_file_is_a_405_too(server):
     assert httpx.post(server.url + "/static/chat.js").status_code == 405
+
+
+@pytest.mark.parametrize("asked", ["bytes=abc", "items=0-1", "bytes=5-1", "bytes=999999999-", "bytes=0-9"])
+def test_the_page_s_files_are_sent_whole_whatever_range_is_asked(server, asked):
+    """A Range Starlette could not read was a plain-text 400, one past the file an empty 416 (RFC 9110 §14.2 lets a
+    server ignore Range; it has one ignore a unit it does not know, as `items`)."""
+    for path in ("/", "/static/chat.js"):
+        whole = httpx.get(server.url + path)
+        response = httpx.get(server.url + path, headers={"Range": asked})
+        assert response.status_code == 200 and response.content == whole.content, (path, response.text[:200])
+        assert response.headers["accept-ranges"] == "none" and "content-range" not in response.headers, path
+
+
+@pytest.mark.parametrize(("asked", "refused"), [
+    ({"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}, "origin"),
+    ({"Origin": "https://app.example", "Access-Control-Request-Method": "PATCH"}, "method"),
+])
+def test_a_refused_cors_preflight_is_an_openai_style_400_with_the_cors_headers(make_tiny, asked, refused):
+    """Starlette's refusal was plain text ("Disallowed CORS origin")."""
+    with live_server(make_tiny(), scripted=True, allowed_origins=("https://app.example",)) as live:
+        response = httpx.options(live.base_url + "/chat/completions", headers=asked)
+    error = error_of(response, 400)
+    assert error["code"] == "cors_preflight_refused" and f"the {refused} it asks for" in error["message"]
+    assert response.headers["access-control-allow-methods"] == "GET, POST, DELETE"
+    assert "origin" in response.headers["vary"].lower()
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime?model=tiny", "/v1/chat/completions"])
+def test_a_websocket_handshake_is_an_openai_style_400(server, path):
+    """No route takes a WebSocket: Starlette closed the handshake, which uvicorn sent as a bodiless 403."""
+    url = httpx.URL(server.url)
+    with socket.create_connection((url.host, url.port), timeout=30) as connection:
+        connection.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        received = b"".join(iter(lambda: connection.recv(65536), b""))
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), received
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "websocket_not_supported"
+    assert f"asked at {path.split('?')[0]}" in error["message"]
 
 
 def test_head_answers_where_get_does_as_health_probes_send_it(server):
