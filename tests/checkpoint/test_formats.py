@@ -3,6 +3,7 @@ torch.load(weights_only=True); checkpoint code never executed, with a warning (R
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import shutil
@@ -11,7 +12,7 @@ import pytest
 import torch
 from gguf_export import canonical_state
 
-from glimmer.checkpoint.formats import open_checkpoint
+from glimmer.checkpoint.formats import is_config_only, open_checkpoint
 from glimmer.cli import main
 from glimmer.engine.model_loader import load_model
 from glimmer.errors import CheckpointError
@@ -53,6 +54,37 @@ def test_allowed_pickle_weights_load_like_the_safetensors(tiny_checkpoint, pickl
 class _RunsCode:
     def __reduce__(self):
         return (print, ("pickle code ran",))
+
+
+@dataclasses.dataclass
+class TrainingArguments:  # stands in for transformers' class, which a Trainer pickles into training_args.bin
+    learning_rate: float = 2e-5
+
+
+def _save_training_state(directory) -> None:
+    """What transformers' Trainer writes beside a fine-tuned model's weights (save_model) and into its checkpoint-N
+    folders: none of it weights, training_args.bin an object weights_only refuses."""
+    torch.save(TrainingArguments(), directory / "training_args.bin")
+    torch.save({"state": {}, "param_groups": [{"lr": 2e-5}]}, directory / "optimizer.pt")
+    torch.save({"last_epoch": 3}, directory / "scheduler.pt")
+    torch.save({"python": 1, "cpu": torch.zeros(4)}, directory / "rng_state.pth")
+
+
+def test_a_trainers_training_state_beside_pickle_weights_is_left_out(tiny_checkpoint, pickle_checkpoint):
+    """training_args.bin was read as a weight file: the load failed, refused by weights_only, though transformers
+    and vLLM load such a fine-tuned model."""
+    _save_training_state(pickle_checkpoint)
+    loaded = load_model(pickle_checkpoint, progress=False, allow_pickle=True)
+    assert torch.equal(logits(loaded.model), logits(load_model(tiny_checkpoint, progress=False).model))
+
+
+def test_a_config_beside_training_state_alone_is_config_only(tiny_checkpoint, tmp_path):
+    out = tmp_path / "no-weights"
+    out.mkdir()
+    for name in SIDE_FILES:
+        shutil.copy(tiny_checkpoint / name, out / name)
+    _save_training_state(out)
+    assert is_config_only(out)
 
 
 def test_a_pickle_that_would_run_code_is_refused_even_when_allowed(pickle_checkpoint, capsys):
