@@ -13,12 +13,15 @@ from glimmer.errors import ConfigError, GlimmerError
 def read_json_object(path: Path, *, error: type[GlimmerError] = ConfigError) -> dict[str, Any] | None:
     """The JSON object in `path`, or None when the file does not exist.
 
-    Raises `error` naming the file when it is unreadable, not JSON, or not an object, or a broken link (not taken
-    as absent: the checkpoint would go on without what it says).
+    Raises `error` naming the file when it is unreadable, not JSON, or not an object, or a broken link or a
+    directory (neither taken as absent: the checkpoint would go on without what it says).
     """
     refuse_broken_link(path, error)
-    if not path.is_file():
+    if not path.exists():
         return None
+    if not path.is_file():
+        raise error(f"{path} is not a file (a directory, or another kind of entry); put the JSON file there, or "
+                    "remove it")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and an
