@@ -93,6 +93,8 @@ def open_checkpoint(
     weights=False (dummy weights): a directory's config alone is read; `tensors` is then None.
     """
     path = Path(path)
+    if mmproj is not None:  # `~/mmproj.gguf` is the user's, as the model path is (resolve.py)
+        mmproj = os.path.expanduser(mmproj)
     if path.is_file():
         if not is_gguf_path(path):
             raise CheckpointError(f"model path {path} is a file but not a GGUF file; pass a checkpoint directory "
