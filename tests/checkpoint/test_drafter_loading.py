@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -244,6 +245,20 @@ def test_a_malicious_head_pt_is_refused_in_one_line_without_unsafe_advice(target
 
 class _Arbitrary:
     pass
+
+
+@pytest.mark.parametrize(("layout", "name"), [("native", "head.pt"), ("native", "config.json"),
+                                              ("canonical", "config.json")])
+def test_a_drafter_file_that_is_a_broken_link_is_refused_naming_its_target(target, tmp_path, layout, name):
+    """A Hugging Face cache whose blob is gone: a broken head.pt was passed over for the HF layout ("no weights found
+    ... pass --load-format dummy"), a broken config.json of a native drafter for the released sizes, and of an HF
+    one for "holds no DFlash drafter"."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout=layout)
+    (out / name).unlink()
+    (out / name).symlink_to("../../blobs/0123abcd")
+    with pytest.raises((CheckpointError, ConfigError), match=re.escape(
+            f"{out / name} is a symbolic link to ../../blobs/0123abcd, a file that does not exist")):
+        _load(out, target)
 
 
 def test_a_directory_without_a_drafter_is_refused(tmp_path, target):
