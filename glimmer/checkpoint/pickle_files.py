@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
+from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, refuse_broken_link
 from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, read_weight_map, shard_path
 from glimmer.errors import CheckpointError
 
@@ -44,6 +44,7 @@ def is_training_state(path: Path) -> bool:
 def pickle_files(directory: Path) -> list[Path]:
     """The pickle weight files of a directory (an index's shards when there is one)."""
     index = directory / PICKLE_INDEX_FILE
+    refuse_broken_link(index)  # not taken as absent, as model.safetensors.index.json is not
     if index.is_file():
         shards = sorted({shard_path(directory, index, shard) for shard in read_weight_map(index).values()})
     else:

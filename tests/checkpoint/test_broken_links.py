@@ -40,3 +40,15 @@ def test_a_chat_template_that_is_a_broken_link_is_not_replaced_by_another(tiny_c
     assert main(["inspect", str(checkpoint), "--json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert any(f"chat_template.jinja is a symbolic link to {tmp_path}/gone.jinja" in w for w in warnings), warnings
+
+
+def test_a_shard_index_that_is_a_broken_link_is_refused_naming_its_target(make_tiny, tmp_path, capsys):
+    """QA: a broken model.safetensors.index.json was taken as absent and every *.safetensors file read without it (a
+    stale model.safetensors beside the shards alone, with a warning)."""
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(make_tiny(num_shards=2), checkpoint)
+    (checkpoint / "model.safetensors.index.json").unlink()
+    (checkpoint / "model.safetensors.index.json").symlink_to("../../blobs/0123abcd")
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint / 'model.safetensors.index.json'} is a symbolic link to ../../blobs/0123abcd" in err

@@ -235,3 +235,10 @@ def test_an_mmproj_that_is_a_broken_link_names_its_target(tiny_checkpoint, tmp_p
     with pytest.raises(CheckpointError, match=rf"mmproj\.gguf is a symbolic link to {tmp_path}/gone\.gguf, a file that "
                                               "does not exist"):
         open_checkpoint(model, mmproj=tmp_path / "mmproj.gguf")
+
+
+def test_a_pickle_index_that_is_a_broken_link_is_refused_naming_its_target(pickle_checkpoint):
+    """A broken pytorch_model.bin.index.json was taken as absent: every *.bin file was read without it."""
+    (pickle_checkpoint / "pytorch_model.bin.index.json").symlink_to("../../blobs/0123abcd")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin\.index\.json is a symbolic link to \.\./\.\./blobs"):
+        open_checkpoint(pickle_checkpoint, allow_pickle=True)
