@@ -42,3 +42,11 @@ def refuse_broken_link(path: Path, error: type[GlimmerError] = CheckpointError) 
     takes a file that is not there as one the checkpoint does without (generation_config.json, a chat template)."""
     if is_broken_link(path):
         raise error(f"{path} {broken_link_problem(path)}")
+
+
+def refuse_not_a_file(path: Path, error: type[GlimmerError] = CheckpointError) -> None:
+    """`refuse_broken_link`, and raise `error` naming `path` where it is there but no file (a directory): neither is
+    taken as a file the checkpoint does without."""
+    refuse_broken_link(path, error)
+    if path.exists() and not path.is_file():
+        raise error(f"{path} is not a file (a directory, or another kind of entry); put the file there, or remove it")

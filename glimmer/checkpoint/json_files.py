@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.broken_links import refuse_broken_link
+from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.errors import ConfigError, GlimmerError
 
 
@@ -16,12 +16,9 @@ def read_json_object(path: Path, *, error: type[GlimmerError] = ConfigError) -> 
     Raises `error` naming the file when it is unreadable, not JSON, or not an object, or a broken link or a
     directory (neither taken as absent: the checkpoint would go on without what it says).
     """
-    refuse_broken_link(path, error)
-    if not path.exists():
-        return None
+    refuse_not_a_file(path, error)
     if not path.is_file():
-        raise error(f"{path} is not a file (a directory, or another kind of entry); put the JSON file there, or "
-                    "remove it")
+        return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and an

@@ -52,3 +52,20 @@ def test_a_shard_index_that_is_a_broken_link_is_refused_naming_its_target(make_t
     assert main(["inspect", str(checkpoint)]) == 2
     err = capsys.readouterr().err
     assert f"{checkpoint / 'model.safetensors.index.json'} is a symbolic link to ../../blobs/0123abcd" in err
+
+
+def test_a_chat_template_file_that_is_a_directory_is_not_replaced_by_another(tiny_checkpoint, tmp_path, capsys):
+    """QA: a directory named chat_template.jinja was passed over for tokenizer_config.json's template, as a broken
+    link was, rendering every prompt with another template."""
+    import json
+
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "{{ 'other' }}"}))
+    (checkpoint / "chat_template.jinja").unlink()
+    (checkpoint / "chat_template.jinja").mkdir()
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chat_template"]["origin"] is None
+    assert any(f"{checkpoint / 'chat_template.jinja'} is not a file" in w for w in report["warnings"]), report
