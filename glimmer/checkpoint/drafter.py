@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import refuse_broken_link
+from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section
@@ -275,14 +275,14 @@ def open_drafter_checkpoint(
     elif location.is_dir():
         directory = location
         for candidate in (directory / NATIVE_FILE, directory / NATIVE_FILE_IN_VENDOR_CHECKOUT):
-            refuse_broken_link(candidate)  # else passed over for the HF layout, and "no weights found"
+            refuse_not_a_file(candidate)  # else passed over for the HF layout, and "no weights found"
         native = next((directory / p for p in (Path(NATIVE_FILE), NATIVE_FILE_IN_VENDOR_CHECKOUT)
                        if (directory / p).is_file()), None)
     else:
         raise CheckpointError(f"drafter path {location} does not exist; speculative_config.model must be a local "
                               "drafter directory or a native head.pt file")
     config_path = directory / "config.json"
-    refuse_broken_link(config_path, ConfigError)  # else "holds no DFlash drafter", or the released sizes assumed
+    refuse_not_a_file(config_path, ConfigError)  # else "holds no DFlash drafter", or the released sizes assumed
     raw: Any = {}
     if config_path.is_file():
         try:

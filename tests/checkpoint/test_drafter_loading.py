@@ -312,3 +312,15 @@ def test_drafter_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming
                             mask_token_id=lambda: 500)
     assert str(error.value).startswith(f"d/config.json: drafter config sizes make a weight of {shape}, more than any "
                                        "checkpoint holds (at most 2**40)"), str(error.value)
+
+
+@pytest.mark.parametrize(("layout", "name"), [("native", "head.pt"), ("native", "config.json"),
+                                              ("canonical", "config.json")])
+def test_a_drafter_file_that_is_a_directory_is_refused_naming_it(target, tmp_path, layout, name):
+    """A directory named head.pt was passed over for the HF layout ("no weights found ... pass --load-format dummy"),
+    one named config.json for the released sizes (native) or "holds no DFlash drafter" (HF)."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout=layout)
+    (out / name).unlink()
+    (out / name).mkdir()
+    with pytest.raises((CheckpointError, ConfigError), match=re.escape(f"{out / name} is not a file")):
+        _load(out, target)
