@@ -25,7 +25,7 @@ import torch
 from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
-from glimmer.checkpoint.config_fields import Notes, Section
+from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import unpickling_refusal
@@ -117,6 +117,7 @@ def read_drafter_config(
         warnings.append(f"{source}: absent fields took transformers' defaults: {', '.join(defaulted)}")
     if unknown:
         warnings.append(f"{source}: ignoring unknown keys: {', '.join(unknown)}")
+    warnings.extend(f"{source}: {warning}" for warning in dtype_field_warnings(raw))
     try:
         return DrafterConfig(
             **{key: values[key] for key in _DEFAULTS if key != "target_layer_ids"},

@@ -324,3 +324,13 @@ def test_a_drafter_file_that_is_a_directory_is_refused_naming_it(target, tmp_pat
     (out / name).mkdir()
     with pytest.raises((CheckpointError, ConfigError), match=re.escape(f"{out / name} is not a file")):
         _load(out, target)
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_a_dtype_field_naming_no_floating_point_dtype_is_named_in_a_warning(target, tmp_path, key):
+    """The target's config.json says so of such a field; the drafter's took any value without a word."""
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, **{key: "float128"})
+    warnings = _load(path, target).config.warnings
+    assert any(f"config.json: ignoring {key}='float128': not a torch floating-point dtype name" in w
+               for w in warnings), warnings
