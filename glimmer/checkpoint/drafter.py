@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import refuse_not_a_file
+from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
@@ -185,6 +185,7 @@ class TorchFileTensors:
     def __init__(self, file: Path):
         self.directory = file.parent
         self.file = file
+        refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
         try:
             try:
                 loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from glimmer.checkpoint.broken_links import refuse_not_a_file
+from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
 from glimmer.errors import ConfigError, GlimmerError
 
 
@@ -19,6 +19,7 @@ def read_json_object(path: Path, *, error: type[GlimmerError] = ConfigError) -> 
     refuse_not_a_file(path, error)
     if not path.is_file():
         return None
+    refuse_lfs_pointer(path, error)  # else "not valid JSON: Expecting value: line 1 column 1"
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and an

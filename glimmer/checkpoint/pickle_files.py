@@ -17,7 +17,12 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, refuse_broken_link
+from glimmer.checkpoint.broken_links import (
+    broken_link_problem,
+    is_broken_link,
+    refuse_broken_link,
+    refuse_lfs_pointer,
+)
 from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, read_weight_map, shard_path
 from glimmer.errors import CheckpointError
 
@@ -96,6 +101,7 @@ class PickleCheckpoint:
 
 
 def _load(file: Path) -> dict[str, torch.Tensor]:
+    refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
     try:
         try:
             state: Any = torch.load(file, map_location="cpu", weights_only=True, mmap=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
-from glimmer.checkpoint.broken_links import refuse_broken_link
+from glimmer.checkpoint.broken_links import refuse_broken_link, refuse_lfs_pointer
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.engine.token_pieces import PieceIds, pieces_encode_alone
 from glimmer.errors import CheckpointError, ConfigError
@@ -207,6 +207,7 @@ class Tokenizer:
             raise CheckpointError(
                 f"{tokenizer_file} not found; a checkpoint needs the tokenizer.json that came with the model"
             )
+        refuse_lfs_pointer(tokenizer_file)  # else "not a valid tokenizers file: expected value at line 1 column 1"
         try:
             backend = HFTokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises a bare Exception for any parse failure

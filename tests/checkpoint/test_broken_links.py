@@ -69,3 +69,23 @@ def test_a_chat_template_file_that_is_a_directory_is_not_replaced_by_another(tin
     report = json.loads(capsys.readouterr().out)
     assert report["chat_template"]["origin"] is None
     assert any(f"{checkpoint / 'chat_template.jinja'} is not a file" in w for w in report["warnings"]), report
+
+
+def _lfs_pointer(path) -> None:
+    path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 17209920\n")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "pytorch_model.bin", "generation_config.json"])
+def test_a_git_lfs_pointer_in_place_of_a_file_is_named_with_the_fix(tiny_checkpoint, tmp_path, capsys, name):
+    """A repository cloned without git-lfs: tokenizer.json was "not a valid tokenizers file: expected value at line 1
+    column 1", pytorch_model.bin "refused by torch.load(weights_only=True)" as if it ran code, a JSON file "not valid
+    JSON" (safetensors and GGUF files already said what they were)."""
+    checkpoint = tmp_path / "clone"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    if name == "pytorch_model.bin":
+        (checkpoint / "model.safetensors").unlink()
+    _lfs_pointer(checkpoint / name)
+    assert main(["inspect", str(checkpoint), "--allow-pickle"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{checkpoint / name} is a Git LFS pointer to a file of 17,209,920 bytes, which was never downloaded: "
+            "fetch it with `git lfs pull` in its repository (or download the file with `hf download`)") in err, err

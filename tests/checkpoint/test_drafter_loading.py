@@ -334,3 +334,13 @@ def test_a_dtype_field_naming_no_floating_point_dtype_is_named_in_a_warning(targ
     warnings = _load(path, target).config.warnings
     assert any(f"config.json: ignoring {key}='float128': not a torch floating-point dtype name" in w
                for w in warnings), warnings
+
+
+def test_a_git_lfs_pointer_in_place_of_head_pt_is_named_with_the_fix(target, tmp_path):
+    """A drafter cloned without git-lfs: its head.pt was "refused by torch.load(weights_only=True)", as if it ran
+    code."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout="native")
+    (out / "head.pt").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 9\n")
+    pointer = f"{out / 'head.pt'} is a Git LFS pointer to a file of 9 bytes"
+    with pytest.raises(CheckpointError, match=re.escape(pointer)):
+        _load(out, target)
