@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 import shutil
 
 import pytest
@@ -15,7 +16,7 @@ from gguf_export import canonical_state
 from glimmer.checkpoint.formats import is_config_only, open_checkpoint
 from glimmer.cli import main
 from glimmer.engine.model_loader import load_model
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, ConfigError
 from glimmer.model.context import ForwardContext
 
 IDS = list(range(3, 40))
@@ -242,3 +243,22 @@ def test_a_pickle_index_that_is_a_broken_link_is_refused_naming_its_target(pickl
     (pickle_checkpoint / "pytorch_model.bin.index.json").symlink_to("../../blobs/0123abcd")
     with pytest.raises(CheckpointError, match=r"pytorch_model\.bin\.index\.json is a symbolic link to \.\./\.\./blobs"):
         open_checkpoint(pickle_checkpoint, allow_pickle=True)
+
+
+def test_a_peft_adapter_passed_as_the_model_is_refused_saying_to_merge_it(tmp_path):
+    """An adapter folder (adapter_config.json, adapter_model.safetensors) was "config.json: not found; a checkpoint
+    directory must contain config.json", which says nothing of what the folder is or what to do with it."""
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    with pytest.raises(ConfigError, match=r"adapter_config\.json says this is a PEFT \(LoRA\) adapter, which Glimmer "
+                                          r"does not apply: merge it into its base model"):
+        open_checkpoint(adapter)
+
+
+def test_a_folder_holding_the_checkpoint_further_down_names_it(tiny_checkpoint, tmp_path):
+    """A Hugging Face cache's model folder (models--owner--name) passed for its snapshot."""
+    snapshot = tmp_path / "models--owner--name" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_checkpoint, snapshot)
+    with pytest.raises(ConfigError, match=re.escape(f"did you mean {snapshot}?")):
+        open_checkpoint(tmp_path / "models--owner--name")
