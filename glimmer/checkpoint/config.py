@@ -250,10 +250,13 @@ class TextConfig(_AttentionWidths):
             )
         for name in ("bos_token_id", "pad_token_id"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a token id or null")
+        if self.bos_token_id is not None and self.bos_token_id < 0:
+            raise ConfigError(f"{owner}.bos_token_id={self.bos_token_id!r} is invalid; expected a token id or null")
         # a BOS id names a row of the embedding (prompts start with it), as the eos ids do (generation_config.py);
-        # pad_token_id is left alone: converted checkpoints often set it to vocab_size, an id no prompt carries
+        # pad_token_id is left alone: converted checkpoints often set it to vocab_size or -1, ids no prompt carries,
+        # which transformers and vLLM load
         if self.bos_token_id is not None and self.bos_token_id >= self.vocab_size:
             raise ConfigError(f"{owner}.bos_token_id={self.bos_token_id} is outside the model's vocabulary "
                               f"(vocab_size={self.vocab_size}); the config and the model do not match: set the "
