@@ -622,10 +622,12 @@ def _extra_fields(config: Mapping[str, object], path: Path, *, strings_only: boo
         model_specific |= {name: _token_content(value, path, f"extra_special_tokens.{name}")
                            for name, value in listed.items()}
         listed = None
-    listed = listed or config.get("additional_special_tokens")
+    key = "extra_special_tokens"
+    if not listed:  # the older name, which errors name as the file does
+        key, listed = "additional_special_tokens", config.get("additional_special_tokens")
     if not isinstance(listed, list | tuple | type(None)):
-        raise CheckpointError(f"{path}: extra_special_tokens={listed!r} is invalid; expected a list of tokens")
-    return [_token_content(value, path, "extra_special_tokens") for value in listed or ()], model_specific
+        raise CheckpointError(f"{path}: {key}={listed!r} is invalid; expected a list of tokens")
+    return [_token_content(value, path, key) for value in listed or ()], model_specific
 
 
 def _without_unknown_model_specific(extra: ExtraSpecialTokens, backend: HFTokenizer, path: Path) -> ExtraSpecialTokens:
