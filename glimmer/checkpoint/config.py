@@ -404,9 +404,12 @@ class ModelConfig:
                 raise ConfigError(f"{name}={value!r} is invalid; a checkpoint with a vision tower needs it")
         merged = self.vision.hidden_size * self.vision.merge_size**2
         if self.out_hidden_size != merged:
+            # the vision fields by their values: ModelConfig's errors rename only their leading field as the file
+            # names it, and a flat config has no vision_config
             raise ConfigError(
-                f"out_hidden_size={self.out_hidden_size} does not match the merged vision width "
-                f"vision_config.hidden_size × merge_size² = {merged}; the adapter weights cannot be formed"
+                f"out_hidden_size={self.out_hidden_size} does not match the merged vision width, the vision tower's "
+                f"hidden size {self.vision.hidden_size} × its merge size {self.vision.merge_size}² = {merged}; the "
+                "adapter weights cannot be formed"
             )
         _refuse_huge_weights("config", {
             "projector_hidden_size × out_hidden_size (vision_adapter.fc1)":

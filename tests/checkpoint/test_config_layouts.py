@@ -885,6 +885,10 @@ def test_vision_geometry_that_cannot_form_the_weights_is_refused():
     expect_error(raw, "vision_latent_dim=32 is not a multiple of vision_heads=3")
     raw = config_to_dict(tiny_model(), "flat") | {"vision_output_dim": 100}
     expect_error(raw, "vision_output_dim=100 does not match the merged vision width")
+    # the merged width's fields were named vision_config.hidden_size × merge_size², which a flat config lacks
+    raw = config_to_dict(tiny_model(), "flat") | {"vision_downsample_factor": 3}
+    expect_error(raw, "vision_output_dim=128 does not match the merged vision width, the vision tower's hidden size 32 "
+                      "× its merge size 3² = 288")
     raw = config_to_dict(tiny_model(), "flat") | {"vision_mlp_ratio": 1.9}
     expect_error(raw, "vision_mlp_ratio=1.9 × vision_latent_dim=32", "not a whole number")
     raw = config_to_dict(tiny_model(), "flat") | {"vision_pos_emb_grid_w": 8}
