@@ -581,6 +581,9 @@ def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backen
                               "ids to AddedToken objects")
     for token_id, entry in decoder.items():
         name = f"added_tokens_decoder[{token_id!r}]"
+        if not (token_id.isascii() and token_id.isdecimal()):  # transformers fails on int(key) for it
+            raise CheckpointError(f"{path}: {name}: the key is not a token id; each key is the id of its token in "
+                                  f"{tokenizer_file}, as a string of digits")
         content = _token_content(entry, path, name)
         if backend.token_to_id(content) is None:
             raise CheckpointError(f"{path}: {name} is {content!r}, which is not a token of {tokenizer_file} "
