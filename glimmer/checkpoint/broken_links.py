@@ -37,8 +37,28 @@ def lfs_pointer_problem(head: bytes) -> str | None:
             "repository (or download the file with `hf download`)")
 
 
+def refuse_lfs_pointer(path: Path, error: type[GlimmerError] = CheckpointError) -> None:
+    """Raise `error` naming `path` if it is a Git LFS pointer in place of its content (a repository cloned without
+    git-lfs), which a reader would otherwise refuse as a damaged file of its format, or as a pickle that runs code."""
+    try:
+        with path.open("rb") as file:
+            problem = lfs_pointer_problem(file.read(1024))
+    except OSError:  # the reader names what it cannot read
+        return
+    if problem is not None:
+        raise error(f"{path} {problem}")
+
+
 def refuse_broken_link(path: Path, error: type[GlimmerError] = CheckpointError) -> None:
     """Raise `error` naming `path` and its missing target if `path` is a broken link: a reader calls it before it
     takes a file that is not there as one the checkpoint does without (generation_config.json, a chat template)."""
     if is_broken_link(path):
         raise error(f"{path} {broken_link_problem(path)}")
+
+
+def refuse_not_a_file(path: Path, error: type[GlimmerError] = CheckpointError) -> None:
+    """`refuse_broken_link`, and raise `error` naming `path` where it is there but no file (a directory): neither is
+    taken as a file the checkpoint does without."""
+    refuse_broken_link(path, error)
+    if path.exists() and not path.is_file():
+        raise error(f"{path} is not a file (a directory, or another kind of entry); put the file there, or remove it")

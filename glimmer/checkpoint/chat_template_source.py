@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from glimmer.checkpoint.broken_links import refuse_broken_link
+from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.errors import CheckpointError
 from glimmer.protocol import ChatTemplate, ChatTemplateError
 
@@ -145,7 +145,7 @@ def _tokenizer_template(directory: Path, named: dict[str, ChatTemplateSource]) -
     jinja_file = directory / CHAT_TEMPLATE_FILE
     config_file = directory / TOKENIZER_CONFIG_FILE
     for file in (jinja_file, config_file):  # not taken as absent: another template would render every prompt
-        refuse_broken_link(file)
+        refuse_not_a_file(file)
     if jinja_file.is_file():
         default = _source(_read_template_file(jinja_file), str(jinja_file))
         other = named.get("default")
@@ -178,7 +178,7 @@ def _additional_templates(directory: Path) -> dict[str, ChatTemplateSource]:
         return {}
     named = {}
     for file in sorted(folder.glob("*.jinja")):
-        refuse_broken_link(file)
+        refuse_not_a_file(file)
         named[file.name.removesuffix(".jinja")] = _source(_read_template_file(file), str(file))
     return named
 
@@ -190,7 +190,7 @@ def _processor_template(directory: Path, named: dict[str, ChatTemplateSource]) -
     processor_file = directory / PROCESSOR_CONFIG_FILE
     legacy_file = directory / LEGACY_CHAT_TEMPLATE_FILE
     for file in (processor_file, legacy_file):
-        refuse_broken_link(file)
+        refuse_not_a_file(file)
     if processor_file.is_file():
         template = _read_json_object(processor_file).get("chat_template")
         if template is not None:

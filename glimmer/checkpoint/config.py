@@ -250,10 +250,13 @@ class TextConfig(_AttentionWidths):
             )
         for name in ("bos_token_id", "pad_token_id"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ConfigError(f"{owner}.{name}={value!r} is invalid; expected a token id or null")
+        if self.bos_token_id is not None and self.bos_token_id < 0:
+            raise ConfigError(f"{owner}.bos_token_id={self.bos_token_id!r} is invalid; expected a token id or null")
         # a BOS id names a row of the embedding (prompts start with it), as the eos ids do (generation_config.py);
-        # pad_token_id is left alone: converted checkpoints often set it to vocab_size, an id no prompt carries
+        # pad_token_id is left alone: converted checkpoints often set it to vocab_size or -1, ids no prompt carries,
+        # which transformers and vLLM load
         if self.bos_token_id is not None and self.bos_token_id >= self.vocab_size:
             raise ConfigError(f"{owner}.bos_token_id={self.bos_token_id} is outside the model's vocabulary "
                               f"(vocab_size={self.vocab_size}); the config and the model do not match: set the "
@@ -401,9 +404,12 @@ class ModelConfig:
                 raise ConfigError(f"{name}={value!r} is invalid; a checkpoint with a vision tower needs it")
         merged = self.vision.hidden_size * self.vision.merge_size**2
         if self.out_hidden_size != merged:
+            # the vision fields by their values: ModelConfig's errors rename only their leading field as the file
+            # names it, and a flat config has no vision_config
             raise ConfigError(
-                f"out_hidden_size={self.out_hidden_size} does not match the merged vision width "
-                f"vision_config.hidden_size × merge_size² = {merged}; the adapter weights cannot be formed"
+                f"out_hidden_size={self.out_hidden_size} does not match the merged vision width, the vision tower's "
+                f"hidden size {self.vision.hidden_size} × its merge size {self.vision.merge_size}² = {merged}; the "
+                "adapter weights cannot be formed"
             )
         _refuse_huge_weights("config", {
             "projector_hidden_size × out_hidden_size (vision_adapter.fc1)":

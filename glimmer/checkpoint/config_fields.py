@@ -126,10 +126,10 @@ class Section:
             for key in sorted(self.data)
             if key not in self.read and key not in _IGNORED_KEYS and key not in CODE_KEYS
         )
-        self.notes.warnings.extend(_dtype_field_warnings(self.data, self.prefix))
+        self.notes.warnings.extend(dtype_field_warnings(self.data, self.prefix))
 
 
-def _dtype_field_warnings(section: Mapping[str, Any], prefix: str = "") -> list[str]:
+def dtype_field_warnings(section: Mapping[str, Any], prefix: str = "") -> list[str]:
     """A warning for each `dtype` / `torch_dtype` of `section` that is not a torch floating-point dtype name
     (FLOAT_DTYPE_NAMES); `prefix`: the section's path in the file, dot-terminated ("text_config.")."""
     return [

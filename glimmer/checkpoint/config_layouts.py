@@ -160,7 +160,7 @@ def load_config(checkpoint_dir: str | os.PathLike[str]) -> ModelConfig:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         refuse_broken_link(path, ConfigError)
-        raise ConfigError(f"{path}: not found; a checkpoint directory must contain config.json") from None
+        raise ConfigError(f"{path}: not found; {_without_config_fix(path.parent)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read as UTF-8 text ({exc})") from None
     try:
@@ -170,6 +170,19 @@ def load_config(checkpoint_dir: str | os.PathLike[str]) -> ModelConfig:
     except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits; arrays nested too deep
         raise ConfigError(f"{path}: not readable JSON ({exc})") from None
     return normalize_config(raw, source=str(path))
+
+
+def _without_config_fix(directory: Path) -> str:
+    """What to do about a directory without config.json: a PEFT adapter's is merged into its model first; one that
+    holds a checkpoint a level or two down (a Hugging Face cache's models--owner--name/snapshots/REV) is named."""
+    adapter = directory / "adapter_config.json"
+    if adapter.is_file():
+        return (f"{adapter} says this is a PEFT (LoRA) adapter, which Glimmer does not apply: merge it into its base "
+                "model (peft's merge_and_unload, then save_pretrained) and pass that checkpoint")
+    below = sorted(p.parent for pattern in ("*/config.json", "*/*/config.json") for p in directory.glob(pattern))
+    if below:
+        return f"a checkpoint directory must contain config.json; did you mean {below[0]}?"
+    return "a checkpoint directory must contain config.json"
 
 
 def config_to_dict(config: ModelConfig, layout: str) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
-from glimmer.checkpoint.config_fields import Notes, Section
+from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
 from glimmer.checkpoint.pickle_files import unpickling_refusal
@@ -116,6 +117,7 @@ def read_drafter_config(
         warnings.append(f"{source}: absent fields took transformers' defaults: {', '.join(defaulted)}")
     if unknown:
         warnings.append(f"{source}: ignoring unknown keys: {', '.join(unknown)}")
+    warnings.extend(f"{source}: {warning}" for warning in dtype_field_warnings(raw))
     try:
         return DrafterConfig(
             **{key: values[key] for key in _DEFAULTS if key != "target_layer_ids"},
@@ -183,6 +185,7 @@ class TorchFileTensors:
     def __init__(self, file: Path):
         self.directory = file.parent
         self.file = file
+        refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
         try:
             try:
                 loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
@@ -273,12 +276,15 @@ def open_drafter_checkpoint(
         native, directory = location, location.parent
     elif location.is_dir():
         directory = location
+        for candidate in (directory / NATIVE_FILE, directory / NATIVE_FILE_IN_VENDOR_CHECKOUT):
+            refuse_not_a_file(candidate)  # else passed over for the HF layout, and "no weights found"
         native = next((directory / p for p in (Path(NATIVE_FILE), NATIVE_FILE_IN_VENDOR_CHECKOUT)
                        if (directory / p).is_file()), None)
     else:
         raise CheckpointError(f"drafter path {location} does not exist; speculative_config.model must be a local "
                               "drafter directory or a native head.pt file")
     config_path = directory / "config.json"
+    refuse_not_a_file(config_path, ConfigError)  # else "holds no DFlash drafter", or the released sizes assumed
     raw: Any = {}
     if config_path.is_file():
         try:

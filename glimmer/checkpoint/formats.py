@@ -35,7 +35,13 @@ from glimmer.checkpoint.config import ModelConfig
 from glimmer.checkpoint.config_layouts import load_config
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.json_files import read_json_object
-from glimmer.checkpoint.pickle_files import PICKLE_INDEX_FILE, PICKLE_PATTERNS, PickleCheckpoint, pickle_files
+from glimmer.checkpoint.pickle_files import (
+    PICKLE_INDEX_FILE,
+    PICKLE_PATTERNS,
+    PickleCheckpoint,
+    is_training_state,
+    pickle_files,
+)
 from glimmer.checkpoint.safetensors_files import INDEX_FILE, SafetensorsCheckpoint
 from glimmer.checkpoint.weight_layouts import (
     CANONICAL,
@@ -87,6 +93,8 @@ def open_checkpoint(
     weights=False (dummy weights): a directory's config alone is read; `tensors` is then None.
     """
     path = Path(path)
+    if mmproj is not None:  # `~/mmproj.gguf` is the user's, as the model path is (resolve.py)
+        mmproj = os.path.expanduser(mmproj)
     if path.is_file():
         if not is_gguf_path(path):
             raise CheckpointError(f"model path {path} is a file but not a GGUF file; pass a checkpoint directory "
@@ -121,7 +129,7 @@ def is_config_only(path: str | os.PathLike) -> bool:
     if not (path.is_dir() and (path / "config.json").is_file()):
         return False
     weight_files = ("*.safetensors", INDEX_FILE, PICKLE_INDEX_FILE, *PICKLE_PATTERNS, "*.gguf")
-    return not any(any(path.glob(pattern)) for pattern in weight_files)
+    return not any(not is_training_state(p) for pattern in weight_files for p in path.glob(pattern))
 
 
 def _refuse_gguf_directory(path: Path, lacking: str = "config.json") -> None:

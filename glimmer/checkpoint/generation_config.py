@@ -130,10 +130,11 @@ def load_generation_defaults(
     if bos is not None and bos[0] >= text_config.vocab_size:
         raise ConfigError(f"{path}: {fields.key('bos_token_id')}={bos[0]} is outside the model's vocabulary "
                           f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match")
-    pad = fields.token_ids("pad_token_id", single=True)
-    if pad is not None and pad[0] >= text_config.vocab_size:
+    pad = fields.token_ids("pad_token_id", single=True, negative=True)
+    if pad is not None and not 0 <= pad[0] < text_config.vocab_size:
         # a warning, not bos's error: nothing pads with it (config.py leaves config.json's alone for the same reason;
-        # converted checkpoints often set it to vocab_size), but a file naming no row of the model is worth a look
+        # converted checkpoints often set it to vocab_size or -1), but a file naming no row of the model is worth a
+        # look
         logger.warning("%s: %s=%d is outside the model's vocabulary (vocab_size=%d); Glimmer does not use it (it pads "
                        "nothing), so loading goes on, but the file may belong to another model", path,
                        fields.key("pad_token_id"), pad[0], text_config.vocab_size)
@@ -208,12 +209,13 @@ class _Fields:
     def _invalid(self, name: str, expected: str) -> ConfigError:
         return ConfigError(f"{self._path}: {self.key(name)}={self._config[name]!r} is invalid; expected {expected}")
 
-    def token_ids(self, name: str, single: bool = False) -> tuple[int, ...] | None:
+    def token_ids(self, name: str, single: bool = False, *, negative: bool = False) -> tuple[int, ...] | None:
+        """negative: an id below 0 is read too (a pad_token_id of -1, which names no token), not refused."""
         value = self._config.get(name)
         if value is None:
             return None
         ids = value if isinstance(value, list) and not single else [value]
-        if not ids or not all(_is_int(i) and i >= 0 for i in ids):
+        if not ids or not all(_is_int(i) and (negative or i >= 0) for i in ids):
             raise self._invalid(
                 name, "a token id" if single else "a token id or a non-empty list of token ids"
             )

@@ -8,6 +8,7 @@ The files are memory-mapped where torch can (the zip format); names are read up 
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import pickle
 import re
@@ -16,7 +17,12 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
+from glimmer.checkpoint.broken_links import (
+    broken_link_problem,
+    is_broken_link,
+    refuse_broken_link,
+    refuse_lfs_pointer,
+)
 from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, read_weight_map, shard_path
 from glimmer.errors import CheckpointError
 
@@ -27,16 +33,32 @@ PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth")
 _DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64"}
 # wrappers some exporters put around the state dict (the native vendor shards nest it under "weights", §5.1)
 _WRAPPER_KEYS = ("state_dict", "weights", "model")
+# the training state transformers' Trainer saves beside the weights of a fine-tuned model (save_model's
+# training_args.bin) and in its checkpoint-N folders (optimizer, scheduler, grad scaler, RNG states): no weights of
+# the model, and training_args.bin is a pickled TrainingArguments object that weights_only refuses. transformers
+# and vLLM leave them out of a model's weights too
+TRAINING_STATE_PATTERNS = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt",
+                           "rng_state*.pth")
+
+
+def is_training_state(path: Path) -> bool:
+    """Whether `path` is a file of the training state Trainer saves (TRAINING_STATE_PATTERNS), not weights."""
+    return any(fnmatch.fnmatchcase(path.name, pattern) for pattern in TRAINING_STATE_PATTERNS)
 
 
 def pickle_files(directory: Path) -> list[Path]:
     """The pickle weight files of a directory (an index's shards when there is one)."""
     index = directory / PICKLE_INDEX_FILE
+    refuse_broken_link(index)  # not taken as absent, as model.safetensors.index.json is not
     if index.is_file():
         shards = sorted({shard_path(directory, index, shard) for shard in read_weight_map(index).values()})
     else:
-        shards = sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file() or
-                        is_broken_link(p))
+        found = sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file() or
+                       is_broken_link(p))
+        shards = [p for p in found if not is_training_state(p)]
+        if len(shards) < len(found):
+            logger.info("%s: leaving out %s: training state saved beside the weights, not weights", directory,
+                        ", ".join(p.name for p in found if is_training_state(p)))
     for shard in shards:  # each would be read: without it the checkpoint is short of its tensors
         if is_broken_link(shard):
             raise CheckpointError(f"{shard}, a file of the checkpoint, {broken_link_problem(shard)}")
@@ -79,6 +101,7 @@ class PickleCheckpoint:
 
 
 def _load(file: Path) -> dict[str, torch.Tensor]:
+    refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
     try:
         try:
             state: Any = torch.load(file, map_location="cpu", weights_only=True, mmap=True)

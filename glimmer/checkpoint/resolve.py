@@ -14,6 +14,7 @@ from pathlib import Path
 
 from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link
 from glimmer.checkpoint.gguf_file import is_gguf_path
+from glimmer.checkpoint.pickle_files import PICKLE_PATTERNS, TRAINING_STATE_PATTERNS
 from glimmer.default_model import DEFAULT_MODEL_NAME, embedded_model_dir
 from glimmer.errors import CheckpointError
 
@@ -23,18 +24,24 @@ _HUB_WEIGHTS = ["*.safetensors"]
 _HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the vendor's native head.pt
 
 
-def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True) -> Path:
+def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True,
+                       allow_pickle: bool = False) -> Path:
     """A local checkpoint directory (or GGUF file) for `model`.
 
     A directory or a GGUF file that exists is used as it is. The names of the embedded models (`glimmer-nano`,
     `glimmer-nano-dflash`, the names the server reports) are those models. Otherwise a Hub id (`owner/name`) is
     downloaded (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and
-    template files are. Raises CheckpointError saying what was tried and how to fix it.
+    template files are. Its weights are its safetensors files; with `allow_pickle`, a repository that has none
+    gives its pickle weights instead (not the training state a Trainer uploads beside them), as vLLM falls back to
+    `*.bin`. Raises CheckpointError saying what was tried and how to fix it.
     """
     local = _local_checkpoint(model)
     if local is not None:
         return local
-    return _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
+    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
+    if weights and allow_pickle and not any(snapshot.glob("*.safetensors")):
+        snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), list(TRAINING_STATE_PATTERNS))
+    return snapshot
 
 
 @contextmanager
@@ -92,14 +99,15 @@ def download_drafter(hub_id: str, *, weights: bool = True) -> Path:
     return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []))
 
 
-def _download(text: str, revision: str | None, patterns: list[str]) -> Path:
+def _download(text: str, revision: str | None, patterns: list[str], ignored: list[str] | None = None) -> Path:
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:  # pragma: no cover - huggingface_hub is a dependency
         raise CheckpointError(f"cannot resolve Hub id {text!r}: huggingface_hub is not installed") from exc
     try:
-        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns))
+        ignoring = {"ignore_patterns": ignored} if ignored else {}  # the call as before where nothing is left out
+        return Path(snapshot_download(text, revision=revision, allow_patterns=patterns, **ignoring))
     except LocalEntryNotFoundError as exc:
         raise CheckpointError(
             f"model {text!r} is not a local directory and could not be downloaded from the Hugging Face Hub "

@@ -34,7 +34,12 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import torch
 from safetensors import safe_open
 
-from glimmer.checkpoint.broken_links import broken_link_problem, is_broken_link, lfs_pointer_problem
+from glimmer.checkpoint.broken_links import (
+    broken_link_problem,
+    is_broken_link,
+    lfs_pointer_problem,
+    refuse_broken_link,
+)
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -189,6 +194,9 @@ class SafetensorsCheckpoint:
     def _files_and_names(self) -> dict[Path, list[str] | None]:
         """Shard path → the names the index assigns to it (None: every tensor in the file)."""
         index_path = self.directory / INDEX_FILE
+        # not taken as absent: every *.safetensors file would be read without the map, a stale model.safetensors
+        # beside the shards alone
+        refuse_broken_link(index_path)
         if index_path.is_file():
             weight_map = read_weight_map(index_path)
             by_file: dict[Path, list[str]] = {}

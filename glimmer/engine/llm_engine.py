@@ -326,7 +326,8 @@ class LLMEngine:
         self.config = config
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
-        self.checkpoint_dir = resolve_checkpoint(config.model, weights=config.load_format != "dummy")
+        self.checkpoint_dir = resolve_checkpoint(config.model, weights=config.load_format != "dummy",
+                                                 allow_pickle=config.allow_pickle)
         # a directory, or a GGUF file; with dummy weights only the config, tokenizer and template are read
         self.checkpoint = open_checkpoint(self.checkpoint_dir, mmproj=config.mmproj, allow_pickle=config.allow_pickle,
                                           weights=config.load_format != "dummy")

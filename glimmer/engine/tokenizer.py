@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
-from glimmer.checkpoint.broken_links import refuse_broken_link
+from glimmer.checkpoint.broken_links import refuse_broken_link, refuse_lfs_pointer
 from glimmer.checkpoint.json_files import read_json_object
 from glimmer.engine.token_pieces import PieceIds, pieces_encode_alone
 from glimmer.errors import CheckpointError, ConfigError
@@ -207,6 +207,7 @@ class Tokenizer:
             raise CheckpointError(
                 f"{tokenizer_file} not found; a checkpoint needs the tokenizer.json that came with the model"
             )
+        refuse_lfs_pointer(tokenizer_file)  # else "not a valid tokenizers file: expected value at line 1 column 1"
         try:
             backend = HFTokenizer.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises a bare Exception for any parse failure
@@ -580,6 +581,9 @@ def _check_added_tokens_decoder(config: Mapping[str, object], path: Path, backen
                               "ids to AddedToken objects")
     for token_id, entry in decoder.items():
         name = f"added_tokens_decoder[{token_id!r}]"
+        if not (token_id.isascii() and token_id.isdecimal()):  # transformers fails on int(key) for it
+            raise CheckpointError(f"{path}: {name}: the key is not a token id; each key is the id of its token in "
+                                  f"{tokenizer_file}, as a string of digits")
         content = _token_content(entry, path, name)
         if backend.token_to_id(content) is None:
             raise CheckpointError(f"{path}: {name} is {content!r}, which is not a token of {tokenizer_file} "
@@ -621,10 +625,12 @@ def _extra_fields(config: Mapping[str, object], path: Path, *, strings_only: boo
         model_specific |= {name: _token_content(value, path, f"extra_special_tokens.{name}")
                            for name, value in listed.items()}
         listed = None
-    listed = listed or config.get("additional_special_tokens")
+    key = "extra_special_tokens"
+    if not listed:  # the older name, which errors name as the file does
+        key, listed = "additional_special_tokens", config.get("additional_special_tokens")
     if not isinstance(listed, list | tuple | type(None)):
-        raise CheckpointError(f"{path}: extra_special_tokens={listed!r} is invalid; expected a list of tokens")
-    return [_token_content(value, path, "extra_special_tokens") for value in listed or ()], model_specific
+        raise CheckpointError(f"{path}: {key}={listed!r} is invalid; expected a list of tokens")
+    return [_token_content(value, path, key) for value in listed or ()], model_specific
 
 
 def _without_unknown_model_specific(extra: ExtraSpecialTokens, backend: HFTokenizer, path: Path) -> ExtraSpecialTokens:

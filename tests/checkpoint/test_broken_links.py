@@ -40,3 +40,52 @@ def test_a_chat_template_that_is_a_broken_link_is_not_replaced_by_another(tiny_c
     assert main(["inspect", str(checkpoint), "--json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert any(f"chat_template.jinja is a symbolic link to {tmp_path}/gone.jinja" in w for w in warnings), warnings
+
+
+def test_a_shard_index_that_is_a_broken_link_is_refused_naming_its_target(make_tiny, tmp_path, capsys):
+    """QA: a broken model.safetensors.index.json was taken as absent and every *.safetensors file read without it (a
+    stale model.safetensors beside the shards alone, with a warning)."""
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(make_tiny(num_shards=2), checkpoint)
+    (checkpoint / "model.safetensors.index.json").unlink()
+    (checkpoint / "model.safetensors.index.json").symlink_to("../../blobs/0123abcd")
+    assert main(["inspect", str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert f"{checkpoint / 'model.safetensors.index.json'} is a symbolic link to ../../blobs/0123abcd" in err
+
+
+def test_a_chat_template_file_that_is_a_directory_is_not_replaced_by_another(tiny_checkpoint, tmp_path, capsys):
+    """QA: a directory named chat_template.jinja was passed over for tokenizer_config.json's template, as a broken
+    link was, rendering every prompt with another template."""
+    import json
+
+    checkpoint = tmp_path / "snapshot"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "{{ 'other' }}"}))
+    (checkpoint / "chat_template.jinja").unlink()
+    (checkpoint / "chat_template.jinja").mkdir()
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chat_template"]["origin"] is None
+    assert any(f"{checkpoint / 'chat_template.jinja'} is not a file" in w for w in report["warnings"]), report
+
+
+def _lfs_pointer(path) -> None:
+    path.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 17209920\n")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "pytorch_model.bin", "generation_config.json"])
+def test_a_git_lfs_pointer_in_place_of_a_file_is_named_with_the_fix(tiny_checkpoint, tmp_path, capsys, name):
+    """A repository cloned without git-lfs: tokenizer.json was "not a valid tokenizers file: expected value at line 1
+    column 1", pytorch_model.bin "refused by torch.load(weights_only=True)" as if it ran code, a JSON file "not valid
+    JSON" (safetensors and GGUF files already said what they were)."""
+    checkpoint = tmp_path / "clone"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    if name == "pytorch_model.bin":
+        (checkpoint / "model.safetensors").unlink()
+    _lfs_pointer(checkpoint / name)
+    assert main(["inspect", str(checkpoint), "--allow-pickle"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{checkpoint / name} is a Git LFS pointer to a file of 17,209,920 bytes, which was never downloaded: "
+            "fetch it with `git lfs pull` in its repository (or download the file with `hf download`)") in err, err

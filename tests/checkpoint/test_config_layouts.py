@@ -639,6 +639,21 @@ def test_an_empty_layer_types_list_is_refused_not_derived(layout, section):
     expect_error(raw, f"{name} has 0 entries but")
 
 
+@pytest.mark.parametrize("layout", ["canonical", "flat"])
+def test_a_pad_token_id_of_minus_one_is_read_as_transformers_reads_it(layout):
+    """Converted configs write -1 for "no pad token" (transformers and vLLM load them; nothing pads with it): it was
+    refused, "pad_token_id=-1 is invalid; expected a token id or null"."""
+    raw = config_to_dict(tiny_model(), layout)
+    (raw["text_config"] if layout == "canonical" else raw)["pad_token_id"] = -1
+    assert normalize_config(raw).text.pad_token_id == -1
+
+
+def test_a_negative_bos_token_id_is_refused():
+    raw = config_to_dict(tiny_model(), "canonical")
+    raw["text_config"]["bos_token_id"] = -1
+    expect_error(raw, "text_config.bos_token_id=-1 is invalid; expected a token id or null")
+
+
 def test_token_ids_may_be_lists_or_null():
     raw = config_to_dict(tiny_model(), "canonical")
     raw["text_config"] |= {"eos_token_id": [2, 7], "bos_token_id": None, "pad_token_id": None}
@@ -870,6 +885,10 @@ def test_vision_geometry_that_cannot_form_the_weights_is_refused():
     expect_error(raw, "vision_latent_dim=32 is not a multiple of vision_heads=3")
     raw = config_to_dict(tiny_model(), "flat") | {"vision_output_dim": 100}
     expect_error(raw, "vision_output_dim=100 does not match the merged vision width")
+    # the merged width's fields were named vision_config.hidden_size × merge_size², which a flat config lacks
+    raw = config_to_dict(tiny_model(), "flat") | {"vision_downsample_factor": 3}
+    expect_error(raw, "vision_output_dim=128 does not match the merged vision width, the vision tower's hidden size 32 "
+                      "× its merge size 3² = 288")
     raw = config_to_dict(tiny_model(), "flat") | {"vision_mlp_ratio": 1.9}
     expect_error(raw, "vision_mlp_ratio=1.9 × vision_latent_dim=32", "not a whole number")
     raw = config_to_dict(tiny_model(), "flat") | {"vision_pos_emb_grid_w": 8}

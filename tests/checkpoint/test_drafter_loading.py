@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -246,6 +247,20 @@ class _Arbitrary:
     pass
 
 
+@pytest.mark.parametrize(("layout", "name"), [("native", "head.pt"), ("native", "config.json"),
+                                              ("canonical", "config.json")])
+def test_a_drafter_file_that_is_a_broken_link_is_refused_naming_its_target(target, tmp_path, layout, name):
+    """A Hugging Face cache whose blob is gone: a broken head.pt was passed over for the HF layout ("no weights found
+    ... pass --load-format dummy"), a broken config.json of a native drafter for the released sizes, and of an HF
+    one for "holds no DFlash drafter"."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout=layout)
+    (out / name).unlink()
+    (out / name).symlink_to("../../blobs/0123abcd")
+    with pytest.raises((CheckpointError, ConfigError), match=re.escape(
+            f"{out / name} is a symbolic link to ../../blobs/0123abcd, a file that does not exist")):
+        _load(out, target)
+
+
 def test_a_directory_without_a_drafter_is_refused(tmp_path, target):
     with pytest.raises(CheckpointError, match="holds no DFlash drafter") as error:
         _load(tmp_path, target)
@@ -297,3 +312,35 @@ def test_drafter_sizes_that_make_a_weight_no_checkpoint_holds_are_refused_naming
                             mask_token_id=lambda: 500)
     assert str(error.value).startswith(f"d/config.json: drafter config sizes make a weight of {shape}, more than any "
                                        "checkpoint holds (at most 2**40)"), str(error.value)
+
+
+@pytest.mark.parametrize(("layout", "name"), [("native", "head.pt"), ("native", "config.json"),
+                                              ("canonical", "config.json")])
+def test_a_drafter_file_that_is_a_directory_is_refused_naming_it(target, tmp_path, layout, name):
+    """A directory named head.pt was passed over for the HF layout ("no weights found ... pass --load-format dummy"),
+    one named config.json for the released sizes (native) or "holds no DFlash drafter" (HF)."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout=layout)
+    (out / name).unlink()
+    (out / name).mkdir()
+    with pytest.raises((CheckpointError, ConfigError), match=re.escape(f"{out / name} is not a file")):
+        _load(out, target)
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_a_dtype_field_naming_no_floating_point_dtype_is_named_in_a_warning(target, tmp_path, key):
+    """The target's config.json says so of such a field; the drafter's took any value without a word."""
+    path = write_tiny_drafter(tmp_path / "d", target)
+    _edit_config(path, **{key: "float128"})
+    warnings = _load(path, target).config.warnings
+    assert any(f"config.json: ignoring {key}='float128': not a torch floating-point dtype name" in w
+               for w in warnings), warnings
+
+
+def test_a_git_lfs_pointer_in_place_of_head_pt_is_named_with_the_fix(target, tmp_path):
+    """A drafter cloned without git-lfs: its head.pt was "refused by torch.load(weights_only=True)", as if it ran
+    code."""
+    out = write_tiny_drafter(tmp_path / "drafter", target, layout="native")
+    (out / "head.pt").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "ab" * 32 + "\nsize 9\n")
+    pointer = f"{out / 'head.pt'} is a Git LFS pointer to a file of 9 bytes"
+    with pytest.raises(CheckpointError, match=re.escape(pointer)):
+        _load(out, target)

@@ -3,18 +3,20 @@ torch.load(weights_only=True); checkpoint code never executed, with a warning (R
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
+import re
 import shutil
 
 import pytest
 import torch
 from gguf_export import canonical_state
 
-from glimmer.checkpoint.formats import open_checkpoint
+from glimmer.checkpoint.formats import is_config_only, open_checkpoint
 from glimmer.cli import main
 from glimmer.engine.model_loader import load_model
-from glimmer.errors import CheckpointError
+from glimmer.errors import CheckpointError, ConfigError
 from glimmer.model.context import ForwardContext
 
 IDS = list(range(3, 40))
@@ -53,6 +55,37 @@ def test_allowed_pickle_weights_load_like_the_safetensors(tiny_checkpoint, pickl
 class _RunsCode:
     def __reduce__(self):
         return (print, ("pickle code ran",))
+
+
+@dataclasses.dataclass
+class TrainingArguments:  # stands in for transformers' class, which a Trainer pickles into training_args.bin
+    learning_rate: float = 2e-5
+
+
+def _save_training_state(directory) -> None:
+    """What transformers' Trainer writes beside a fine-tuned model's weights (save_model) and into its checkpoint-N
+    folders: none of it weights, training_args.bin an object weights_only refuses."""
+    torch.save(TrainingArguments(), directory / "training_args.bin")
+    torch.save({"state": {}, "param_groups": [{"lr": 2e-5}]}, directory / "optimizer.pt")
+    torch.save({"last_epoch": 3}, directory / "scheduler.pt")
+    torch.save({"python": 1, "cpu": torch.zeros(4)}, directory / "rng_state.pth")
+
+
+def test_a_trainers_training_state_beside_pickle_weights_is_left_out(tiny_checkpoint, pickle_checkpoint):
+    """training_args.bin was read as a weight file: the load failed, refused by weights_only, though transformers
+    and vLLM load such a fine-tuned model."""
+    _save_training_state(pickle_checkpoint)
+    loaded = load_model(pickle_checkpoint, progress=False, allow_pickle=True)
+    assert torch.equal(logits(loaded.model), logits(load_model(tiny_checkpoint, progress=False).model))
+
+
+def test_a_config_beside_training_state_alone_is_config_only(tiny_checkpoint, tmp_path):
+    out = tmp_path / "no-weights"
+    out.mkdir()
+    for name in SIDE_FILES:
+        shutil.copy(tiny_checkpoint / name, out / name)
+    _save_training_state(out)
+    assert is_config_only(out)
 
 
 def test_a_pickle_that_would_run_code_is_refused_even_when_allowed(pickle_checkpoint, capsys):
@@ -203,3 +236,29 @@ def test_an_mmproj_that_is_a_broken_link_names_its_target(tiny_checkpoint, tmp_p
     with pytest.raises(CheckpointError, match=rf"mmproj\.gguf is a symbolic link to {tmp_path}/gone\.gguf, a file that "
                                               "does not exist"):
         open_checkpoint(model, mmproj=tmp_path / "mmproj.gguf")
+
+
+def test_a_pickle_index_that_is_a_broken_link_is_refused_naming_its_target(pickle_checkpoint):
+    """A broken pytorch_model.bin.index.json was taken as absent: every *.bin file was read without it."""
+    (pickle_checkpoint / "pytorch_model.bin.index.json").symlink_to("../../blobs/0123abcd")
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin\.index\.json is a symbolic link to \.\./\.\./blobs"):
+        open_checkpoint(pickle_checkpoint, allow_pickle=True)
+
+
+def test_a_peft_adapter_passed_as_the_model_is_refused_saying_to_merge_it(tmp_path):
+    """An adapter folder (adapter_config.json, adapter_model.safetensors) was "config.json: not found; a checkpoint
+    directory must contain config.json", which says nothing of what the folder is or what to do with it."""
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    with pytest.raises(ConfigError, match=r"adapter_config\.json says this is a PEFT \(LoRA\) adapter, which Glimmer "
+                                          r"does not apply: merge it into its base model"):
+        open_checkpoint(adapter)
+
+
+def test_a_folder_holding_the_checkpoint_further_down_names_it(tiny_checkpoint, tmp_path):
+    """A Hugging Face cache's model folder (models--owner--name) passed for its snapshot."""
+    snapshot = tmp_path / "models--owner--name" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_checkpoint, snapshot)
+    with pytest.raises(ConfigError, match=re.escape(f"did you mean {snapshot}?")):
+        open_checkpoint(tmp_path / "models--owner--name")

@@ -229,6 +229,13 @@ def test_pad_outside_the_model_vocabulary_is_a_warning_naming_it(tmp_path, tiny,
     assert "pad_token_id" not in caplog.text
 
 
+def test_a_pad_of_minus_one_is_a_warning_naming_it(tmp_path, tiny, caplog):
+    """-1 ("no pad token", as converted checkpoints write it) was refused: "pad_token_id=-1 is invalid"."""
+    with caplog.at_level(logging.WARNING, logger="glimmer.checkpoint.generation_config"):
+        assert load(tmp_path, tiny, {"pad_token_id": -1}).pad_token_id == -1
+    assert re.search(r"generation_config\.json: pad_token_id=-1 is outside the model's vocabulary", caplog.text)
+
+
 def test_only_eom_configured_leaves_eot(tmp_path, tiny):
     info, _ = tiny
     defaults = load(tmp_path, tiny, {"eos_token_id": [info.eom_token_id]})

@@ -24,6 +24,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf_export import block_steps, canonical_state, export_text_gguf
 
+from glimmer.checkpoint.formats import open_checkpoint
 from glimmer.checkpoint.gguf_file import GGUFFile
 from glimmer.checkpoint.gguf_model import read_gguf_model
 from glimmer.checkpoint.tiny_tokenizer import TRAINING_CORPUS
@@ -408,6 +409,17 @@ def test_mmproj_encodes_images_like_the_safetensors_tower_and_refuses_videos(mak
     assert len(out[0].outputs[0].token_ids) == 3
     with pytest.raises(RequestError, match="safetensors"):
         llm.generate({"prompt": "<|video|>", "multi_modal_data": {"video": [image, image]}})
+
+
+def test_an_mmproj_path_under_the_home_directory_is_expanded_as_the_models_is(make_tiny, tmp_path, monkeypatch):
+    """LLM("~/m.gguf") read the model, but mmproj="~/mmproj.gguf" was refused: "No such file or directory"."""
+    from gguf_export import export_mmproj_gguf
+
+    checkpoint = make_tiny(vision=True, seed=6)
+    export_text_gguf(checkpoint, tmp_path / "m.gguf")
+    export_mmproj_gguf(checkpoint, tmp_path / "mmproj.gguf")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert open_checkpoint(tmp_path / "m.gguf", mmproj="~/mmproj.gguf").config.has_vision
 
 
 def test_a_gguf_with_mmproj_stops_decoding_a_request_s_images_at_the_context(make_tiny, tmp_path):

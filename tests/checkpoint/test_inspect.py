@@ -32,6 +32,14 @@ def _breakages():
     def list_generation_config(path):
         (path / "generation_config.json").write_text("[1, 2]")
 
+    def generation_config_a_directory(path):  # was taken as absent: the checkpoint's stop ids and defaults unread
+        (path / "generation_config.json").unlink()
+        (path / "generation_config.json").mkdir()
+
+    def tokenizer_config_a_directory(path):  # was taken as absent: its special tokens unread
+        (path / "tokenizer_config.json").unlink()
+        (path / "tokenizer_config.json").mkdir()
+
     def unclosed_template_tag(path):
         (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
 
@@ -46,6 +54,8 @@ def _breakages():
             (bos_of_another_token, "CheckpointError", "begins a prompt with '<|begin_of_text|>'"),
             (hot_temperature, "ConfigError", "temperature='hot'"),
             (list_generation_config, "ConfigError", "must hold a JSON object"),
+            (generation_config_a_directory, "ConfigError", "generation_config.json is not a file"),
+            (tokenizer_config_a_directory, "CheckpointError", "tokenizer_config.json is not a file"),
             (unclosed_template_tag, "CheckpointError", "chat_template.jinja does not compile (line 1: Unexpected end"),
             (template_without_generation_prompt, "ConfigError", "P-TMPL-8"),
             (template_that_fails_to_render, "ChatTemplateError", "no chat here")]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 import pytest
+import torch
 
 from glimmer.checkpoint.resolve import resolve_checkpoint
 from glimmer.errors import CheckpointError
@@ -69,3 +72,53 @@ def test_vllm_download_arguments_name_commands_huggingface_hub_installs(argument
     commands = re.findall(r"\((\S+) (?:download|auth|login)", instead)
     assert commands, instead
     assert set(commands) <= _huggingface_hub_commands(), instead
+
+
+def _serve_as_hub(monkeypatch, repo: Path, tmp_path: Path) -> list[dict]:
+    """snapshot_download answers every Hub id from the files of `repo`, filtered by allow_patterns and
+    ignore_patterns as the Hub client filters a repository's listing; returns the calls it received."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    calls: list[dict] = []
+
+    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, ignore_patterns=None):
+        calls.append({"allow_patterns": allow_patterns, "ignore_patterns": ignore_patterns})
+        snapshot = tmp_path / "hub" / repo_id / "snapshot"
+        names = [p.name for p in repo.iterdir()]
+        for name in filter_repo_objects(names, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns):
+            snapshot.mkdir(parents=True, exist_ok=True)
+            shutil.copy(repo / name, snapshot / name)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+def test_a_hub_repository_of_pickle_weights_loads_with_allow_pickle(monkeypatch, tmp_path, tiny_checkpoint):
+    """With allow_pickle the download fetched the safetensors files alone: a repository of pytorch_model.bin was
+    refused as having no weights ("pass --load-format dummy"), though the flag was given for it."""
+    from gguf_export import canonical_state
+
+    from glimmer import LLM, SamplingParams
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_checkpoint, repo, ignore=shutil.ignore_patterns("*.safetensors*"))
+    torch.save(canonical_state(tiny_checkpoint), repo / "pytorch_model.bin")
+    torch.save({"state": {}, "param_groups": []}, repo / "optimizer.pt")  # a Trainer's upload: never downloaded
+    _serve_as_hub(monkeypatch, repo, tmp_path)
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    pickled = LLM("owner/pickled", allow_pickle=True, device="cpu").generate(["Hello"], greedy)
+    assert not (tmp_path / "hub" / "owner" / "pickled" / "snapshot" / "optimizer.pt").exists()
+    expected = LLM(str(tiny_checkpoint), device="cpu").generate(["Hello"], greedy)
+    assert pickled[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+
+
+def test_a_hub_repository_with_safetensors_downloads_no_pickle_weights(monkeypatch, tmp_path, tiny_checkpoint):
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_checkpoint, repo)
+    (repo / "pytorch_model.bin").write_bytes(b"a second copy of the weights")
+    calls = _serve_as_hub(monkeypatch, repo, tmp_path)
+    snapshot = resolve_checkpoint("owner/both", allow_pickle=True)
+    assert (snapshot / "model.safetensors").is_file() and not (snapshot / "pytorch_model.bin").exists()
+    assert len(calls) == 1

@@ -254,6 +254,29 @@ def test_special_tokens_given_as_added_token_objects(tiny_dir, tmp_path):
     assert tok.eos_token_id == tok.token_to_id("<|eot|>")
 
 
+@pytest.mark.parametrize(("value", "refused"), [("<|eot|>", "additional_special_tokens='<|eot|>' is invalid"),
+                                               ([5], "additional_special_tokens=5 is invalid")])
+def test_a_bad_additional_special_tokens_is_named_as_the_file_names_it(tiny_dir, tmp_path, value, refused):
+    """Refused as extra_special_tokens, the newer name of the field, which the file does not have."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"additional_special_tokens": value}))
+    with pytest.raises(CheckpointError, match=re.escape(f"tokenizer_config.json: {refused}")):
+        Tokenizer.from_dir(ckpt)
+
+
+def test_an_added_tokens_decoder_key_that_is_no_token_id_is_refused(tiny_dir, tmp_path):
+    """It was passed over, where transformers fails to read the file (int() of the key)."""
+    ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
+    config_file = ckpt / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["added_tokens_decoder"]["eot"] = {"content": "<|eot|>", "special": True}
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=re.escape("tokenizer_config.json: added_tokens_decoder['eot']: the key "
+                                                        "is not a token id")):
+        Tokenizer.from_dir(ckpt)
+
+
 def test_special_tokens_map_fills_names_the_config_lacks(tiny_dir, tmp_path):
     ckpt = copy_tokenizer(tiny_dir, tmp_path / "ckpt")
     config_file = ckpt / "tokenizer_config.json"
