@@ -18,8 +18,14 @@ class Cancelled(GlimmerError):
 
 
 class CancelToken:
-    def __init__(self) -> None:
+    def __init__(self, parent: CancelToken | None = None) -> None:
         self._event = threading.Event()
+        self._parent = parent
+
+    def child(self) -> CancelToken:
+        """A token cancelled with this one, and also on its own (the rest of a request's downloads, once one of them
+        has failed it) without cancelling this one."""
+        return CancelToken(self)
 
     def cancel(self) -> None:
         """Ask the work to stop at its next check (thread-safe)."""
@@ -27,10 +33,10 @@ class CancelToken:
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return self._event.is_set() or (self._parent is not None and self._parent.cancelled)
 
     def check(self) -> None:
         """Raises Cancelled if the work has been cancelled."""
-        if self._event.is_set():
+        if self.cancelled:
             raise Cancelled("the request was cancelled")
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from glimmer.default_model import DEFAULT_MODEL_BLURB
 from glimmer.engine.sampling_params import SEED_RANGE
 from glimmer.errors import ConfigError, GlimmerError, RequestError
-from glimmer.multimodal.settings import MediaFetchPolicy, MediaLimits
+from glimmer.multimodal.settings import NOT_A_HOST_NAME, MediaFetchPolicy, MediaLimits, host_name
 from glimmer.server.settings import API_KEY_ROUTES, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_READ_TIMEOUT_S
 
 
@@ -1146,6 +1146,11 @@ def _check_media_options(args: argparse.Namespace) -> None:
         if not Path(directory).expanduser().is_dir():
             raise UsageError(f"--allowed-local-media-path {directory}: no such directory; give an existing "
                              "directory whose images and videos requests may name")
+    for name in args.allowed_media_domains:
+        try:
+            host_name(name)
+        except ConfigError:  # worded for the policy's field, not the option
+            raise UsageError(f"--allowed-media-domains {name or repr(name)} {NOT_A_HOST_NAME}") from None
     timeout = args.media_fetch_timeout
     if timeout is not None and not 0 < timeout < math.inf:  # (nan too)
         raise UsageError(f"--media-fetch-timeout {timeout:g} is not a time; give a number of seconds above 0, or "

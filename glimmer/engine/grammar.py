@@ -38,7 +38,7 @@ import torch
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.tokenizer import Tokenizer
 from glimmer.errors import ConstraintFailure, RequestError
-from glimmer.protocol.schema_bounds import empty_bounds
+from glimmer.protocol.schema_bounds import empty_bounds, endless_reference
 from glimmer.protocol.tokens import EOM, EOT, MESSAGE
 from glimmer.protocol.turn_grammar import (
     ANSWER_HEADER,
@@ -649,6 +649,7 @@ def answer_grammar(params: StructuredOutputsParams, param: str = "structured_out
             raise RequestError(f"{param}: a JSON schema must be an object", param=param)
         try:
             _refuse_integer_past_float_range(schema, param)
+            _refuse_endless_reference(schema, param)
             if params.strict:
                 _refuse_what_the_engine_cannot_enforce(schema, param)
             return {"json_schema": laid_out_schema(schema, strict=bool(params.strict))}
@@ -903,6 +904,20 @@ def _refuse_empty_bounds(schema: Mapping[str, Any], param: str, *, every_propert
     if empty is not None:
         path, reason = empty
         raise RequestError(f"{param}{path}: {reason}", param=f"{param}{path}")
+
+
+def _refuse_endless_reference(schema: Mapping[str, Any], param: str) -> None:
+    """RequestError naming the path in `param` of a `$ref` every instance needs that only an endless value meets
+    (`endless_reference`): the grammar engine took it, and the output never finished (a forced call cut short by
+    max_tokens, a 500; an answer stopped with "NoExtensionBias")."""
+    endless = endless_reference(schema)
+    if endless is not None:
+        path, reference = endless
+        what = f"$ref {reference!r}" if reference else "every branch of it holds a $ref that"
+        raise RequestError(f"{param}{path}: {what} leads back to itself with no way out (each value it admits must "
+                           "hold another such value), so only an endless value meets it; give the "
+                           "recursion an end: an optional property, an anyOf branch without the $ref, or an array "
+                           "that may be empty", param=f"{param}{path}")
 
 
 _RELAXING_OPTIONS = ("lenient", "coerce_one_of")

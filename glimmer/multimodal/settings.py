@@ -187,7 +187,7 @@ class MediaFetchPolicy:
                allowed_domains: list[str] | None = None, **kwargs: Any) -> MediaFetchPolicy:
         """A policy from operator input: paths resolved, domain names normalized (lower case, no final dot)."""
         roots = tuple(Path(p).expanduser().resolve() for p in (allowed_local_paths or []))
-        domains = tuple(_host_name(name) for name in (allowed_domains or []))
+        domains = tuple(host_name(name) for name in (allowed_domains or []))
         return cls(allowed_local_paths=roots, allowed_domains=domains, **kwargs)
 
     @property
@@ -198,16 +198,19 @@ class MediaFetchPolicy:
         return self.allow_remote or host in self.allowed_domains
 
 
-def _host_name(name: str) -> str:
-    """`name` as URLs spell a host once parsed: lower case, no final dot, IPv6 without brackets."""
+NOT_A_HOST_NAME = "is not a host name; give names like images.internal or 10.0.0.5, without scheme, port or path"
+
+
+def host_name(name: str) -> str:
+    """`name` as URLs spell a host once parsed: lower case, no final dot, IPv6 without brackets; ConfigError for a
+    name that is none (`http://x`, `x:80`), NOT_A_HOST_NAME."""
     host = name.strip().lower().rstrip(".").removeprefix("[").removesuffix("]")
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
         pass
     if not re.fullmatch(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*", host):
-        raise ConfigError(f"allowed media domain {name!r} is not a host name; give names like images.internal or "
-                          "10.0.0.5, without scheme, port or path")
+        raise ConfigError(f"allowed media domain {name!r} {NOT_A_HOST_NAME}")
     return host
 
 

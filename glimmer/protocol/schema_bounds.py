@@ -11,6 +11,10 @@ may be met), an optional property or an array's items beyond `minItems` (they ma
 nothing needed points to are not: a schema with such bounds there is still met by some value. A bound is read only
 where the schema's own `type` admits no value it does not bound (`minLength` of a `["string", "integer"]` leaves
 integers free).
+
+`endless_reference` finds the other schema no value meets that the engine takes: a `$ref` cycle with no way out (a
+property that refers to itself, or an object that requires a property of its own kind), which only an endless value
+would meet, so a forced call or an answer held to it never finished.
 """
 
 from __future__ import annotations
@@ -69,6 +73,55 @@ def without_references_to_empty(schema: Any) -> Any:
 
     kept = {key: value if key in ("enum", "const") else rewritten(value) for key, value in schema.items()}
     return schema if kept == schema else kept
+
+
+def endless_reference(schema: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The path of the first `$ref` every instance of `schema` needs (`_needed_schemas`) whose target only an endless
+    value meets, and the reference ("" and "" where every `anyOf` branch leads into such a cycle); None when a finite
+    value may meet `schema`. A target is met by a finite value where some way through it reaches no reference back
+    (an `anyOf` branch, an optional property, an array that may be empty, a type beside `object`/`array`): the
+    references that have one are found by widening the set from none, so a cycle stays outside. Only local
+    references are followed; another is taken as met."""
+    targets: dict[str, Any] = {}  # each reference met so far, and its target schema
+    finite: set[str] = set()
+    while True:
+        known = (len(targets), len(finite))
+        root_met = _finitely_met(schema, schema, finite, targets)
+        for reference, target in list(targets.items()):
+            if reference not in finite and (target is None or _finitely_met(target[1], schema, finite, targets)):
+                finite.add(reference)
+        if known == (len(targets), len(finite)):
+            break
+    if root_met:
+        return None
+    for path, node in _needed_schemas(schema, ("", schema), False):
+        if isinstance(node.get("$ref"), str) and node["$ref"] not in finite:
+            return path, node["$ref"]
+    return "", ""  # the cycle lies in branches (`anyOf`) none of which leaves it
+
+
+def _finitely_met(node: Any, root: Mapping[str, Any], finite: set[str], targets: dict[str, Any]) -> bool:
+    """Whether a finite value may meet `node` of `root`, given the references known to be met by one; each reference
+    looked at is added to `targets` (`endless_reference`)."""
+    if not isinstance(node, Mapping):
+        return True  # `false` and the like are no cycle: the engine refuses them by itself
+    reference = node.get("$ref")
+    if isinstance(reference, str) and reference not in finite:
+        targets.setdefault(reference, local_reference_target(reference, root))
+        return False
+    every = node.get("allOf")
+    if isinstance(every, list) and not all(_finitely_met(member, root, finite, targets) for member in every):
+        return False
+    for keyword in ("anyOf", "oneOf"):
+        branches = node.get(keyword)
+        if isinstance(branches, list) and branches and not any(
+                _finitely_met(member, root, finite, targets) for member in branches):
+            return False
+    types = _own_types(node)
+    if not types or types - {"object", "array"}:
+        return True
+    return any(all(_finitely_met(member, root, finite, targets) for _, member, _ in
+                   _needed_members({**node, "type": kind}, "", False)) for kind in types)
 
 
 def _needed_schemas(root: Mapping[str, Any], start: tuple[str, Any],

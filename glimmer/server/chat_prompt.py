@@ -233,9 +233,14 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
             media = media_from_part(part, path)
         except RequestError:
             continue
-        if media is not None and isinstance(media[1], str) and url_scheme(media[1]) in ("http", "https"):
+        if media is not None and _is_remote(media[1]):
             return context.remote_media_threads()
     return None
+
+
+def _is_remote(reference: Any) -> bool:
+    """Whether a media reference is fetched over http(s)."""
+    return isinstance(reference, str) and url_scheme(reference) in ("http", "https")
 
 
 class MediaLimitError(RequestError):
@@ -277,12 +282,36 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
         counted[kind].append(param)
         references.append((kind, reference))
     found: dict[str, list[Any]] = {"image": [], "video": []}
-    for kind, reference in references:
-        if cancel is not None:
-            cancel.check()
-        found[kind].append(load_media_reference(reference, kind, len(found[kind]), settings.media_policy,
-                                                cancel))
+    for (kind, _), item in zip(references, _loaded(references, context, cancel), strict=True):
+        found[kind].append(item)
     return found["image"], found["video"]
+
+
+def _loaded(references: list[tuple[str, Any]], context: ServingContext,
+            cancel: CancelToken | None) -> Iterator[Any]:
+    """The media of `references` (kind, reference), in their order. Where two or more are http(s) URLs, they are
+    downloaded beside each other on the server's fetch threads (`ServingContext.media_fetches`), so a request's
+    slow images take about one's time, not one's time each; the others load here. The error raised is the first
+    failing item's in this order, whichever failed first; the downloads after it are then stopped."""
+    policy = context.settings.media_policy
+    indexed, counts = [], {"image": 0, "video": 0}  # load_media_reference's first arguments: the item's index
+    for kind, reference in references:
+        indexed.append((reference, kind, counts[kind]))
+        counts[kind] += 1
+    remote = [place for place, (reference, _, _) in enumerate(indexed) if _is_remote(reference)]
+    rest = CancelToken() if cancel is None else cancel.child()  # cancelled when an item fails: the later ones stop
+    fetches = {place: context.media_fetches.submit(load_media_reference, *indexed[place], policy, rest)
+               for place in remote} if len(remote) > 1 else {}
+    try:
+        for place, item in enumerate(indexed):
+            if cancel is not None:
+                cancel.check()
+            fetch = fetches.get(place)
+            yield fetch.result() if fetch is not None else load_media_reference(*item, policy, rest)
+    finally:
+        rest.cancel()  # nothing is left to load where every item was: this stops the rest after a failure
+        for fetch in fetches.values():
+            fetch.cancel()
 
 
 def _refuse_rendering_fields_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
@@ -31,6 +32,11 @@ class ServingContext:
     hidden_special_tokens: frozenset[int] = frozenset()
     """Special tokens chat answers do not show (every one but the framing markers), `Tokenizer.hidden_in_replies`."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
+    media_fetches: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        REMOTE_MEDIA_THREADS, thread_name_prefix="glimmer-media-fetch"), repr=False)
+    """The threads that download a request's http(s) images and videos beside each other (`chat_prompt.load_media`),
+    REMOTE_MEDIA_THREADS at most for the whole server, as many as the prompts that may fetch at once: a prompt's
+    thread waits on them, never the other way round, so none waits for a thread it holds."""
     _remote_media_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, CapacityLimiter] = field(
         default_factory=WeakKeyDictionary, repr=False)
 

@@ -242,6 +242,7 @@ class ChatCompletionRequest(_SamplingFields):
     enable_thinking: bool | None = None
     include_reasoning: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM's: {} (no overrides) alone, as LLM.generate takes it
     # vLLM's: where the prompt ends (None: with the generation prompt unless the final message is continued)
     add_generation_prompt: bool | None = None
     continue_final_message: bool = False
@@ -465,6 +466,11 @@ def _refuse_unsupported_chat(request: ChatCompletionRequest) -> None:
     if request.modalities is not None and request.modalities != ["text"]:
         raise RequestError(f"modalities: {request.modalities} is not supported; only ['text'] is",
                            param="modalities")
+    if request.mm_processor_kwargs:
+        key = next(iter(request.mm_processor_kwargs))
+        raise RequestError(f"mm_processor_kwargs.{key}: not supported per request: image and video sizes are the "
+                           "checkpoint's processor settings (bounded by the server's --max-image-pixels); leave "
+                           "mm_processor_kwargs out, or send {}", param=f"mm_processor_kwargs.{key}")
     for index, tool in enumerate(request.tools or []):
         _refuse_unknown_tool_fields(tool, index)
 

@@ -7,7 +7,7 @@ import pytest
 
 from glimmer.engine.grammar import check_json_schema, check_tool_parameters
 from glimmer.errors import RequestError
-from glimmer.protocol.schema_bounds import empty_bounds, without_references_to_empty
+from glimmer.protocol.schema_bounds import empty_bounds, endless_reference, without_references_to_empty
 
 
 def _required(schema: dict) -> dict:
@@ -148,3 +148,53 @@ def test_a_strict_tools_optional_parameter_with_empty_bounds_is_refused_naming_t
     check_tool_parameters({**parameters, "$defs": {"gap": EMPTY, "free": {"type": "integer"}},
                            "properties": {"a": {"type": "string"}, "x": {"$ref": "#/$defs/free"}}},
                           "tools[1].function.parameters", strict=True)
+
+
+SELF = {"$ref": "#/$defs/a"}
+NO_END = {"type": "object", "properties": {"b": {"$ref": "#/$defs/a"}}, "required": ["b"]}
+
+
+@pytest.mark.parametrize(("schema", "path", "reference"), [
+    ({"type": "object", "properties": {"a": SELF}, "required": ["a"], "$defs": {"a": SELF}}, ".properties.a",
+     "#/$defs/a"),
+    ({"type": "object", "properties": {"a": SELF}, "required": ["a"], "$defs": {"a": NO_END}}, ".properties.a",
+     "#/$defs/a"),
+    ({"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}, ".properties.x", "#"),
+    ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, ".items", "#"),
+    ({"type": "object", "properties": {"a": {"anyOf": [SELF, {"$ref": "#/$defs/b"}]}}, "required": ["a"],
+      "$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"type": "array", "items": SELF, "minItems": 2}}},
+     "", ""),
+])
+def test_a_reference_cycle_with_no_end_is_refused_naming_the_reference(schema, path, reference):
+    """The grammar engine took these, which only an endless value meets: a forced call of such a parameter was cut
+    short by max_tokens (a 500), an answer stopped mid-way with "NoExtensionBias" or at its first token."""
+    assert endless_reference(schema) == (path, reference)
+    with pytest.raises(RequestError) as raised:
+        check_json_schema(schema, "response_format")
+    assert "leads back to itself with no way out" in str(raised.value)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": SELF}, "$defs": {"a": SELF}},  # optional: `{}` meets it
+    {"type": "object", "properties": {"a": SELF}, "required": ["a"], "$defs": {"a": {**NO_END, "required": []}}},
+    {"type": "object", "properties": {"a": SELF}, "required": ["a"],
+     "$defs": {"a": {"anyOf": [{"type": "null"}, {"type": "array", "items": SELF, "minItems": 1}]}}},
+    {"type": "object", "properties": {"a": SELF}, "required": ["a"], "$defs": {"a": {**NO_END, "type": ["object",
+                                                                                                 "null"]}}},
+    {"type": "object", "properties": {"x": {"$ref": "#"}}},
+    {"type": "array", "items": {"$ref": "#"}},
+    {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}, "required": ["a"]},
+])
+def test_a_reference_cycle_a_finite_value_leaves_is_taken(schema):
+    assert endless_reference(schema) is None
+
+
+def test_a_tools_required_or_optional_parameter_of_an_endless_reference_is_refused_naming_it():
+    parameters = {"type": "object", "properties": {"a": SELF, "b": {"type": "string"}}, "required": ["a"],
+                  "$defs": {"a": SELF}}
+    with pytest.raises(RequestError) as raised:
+        check_tool_parameters(parameters, "tools[0].function.parameters")
+    assert raised.value.param == "tools[0].function.parameters.properties.a"
+    with pytest.raises(RequestError) as raised:
+        check_tool_parameters({**parameters, "required": ["b"]}, "tools[0].function.parameters")
+    assert raised.value.param == "tools[0].function.parameters.properties.a"

@@ -1475,7 +1475,7 @@ def test_a_hub_model_after_the_api_keys_is_refused_naming_it(capsys, monkeypatch
 @pytest.mark.parametrize(("flags", "words"), [
     (["--served-model-name", ""], "--served-model-name: a name is empty"),
     (["--allowed-origins", ""], "--allowed-origins : not a web origin"),
-    (["--allowed-media-domains", ""], "allowed media domain '' is not a host name")])
+    (["--allowed-media-domains", ""], "--allowed-media-domains '' is not a host name")])
 def test_an_empty_last_value_with_no_model_is_refused_as_empty_not_as_the_model(capsys, monkeypatch, flags, words):
     """`--served-model-name "$NAME"` with NAME unset and no MODEL was refused as having taken "the model " (an empty
     path is the current directory, which exists), telling the user to put a model first that they never gave."""
@@ -1510,6 +1510,17 @@ def test_a_media_directory_that_does_not_exist_is_one_line_before_the_model_load
                                             "--allowed-local-media-path", str(directory)],
                                    f"--allowed-local-media-path {directory}", "no such directory")
         assert "missing" not in err
+
+
+@pytest.mark.parametrize("command", [["serve"], ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"]])
+@pytest.mark.parametrize("name", ["http://x", "x:80", "images.internal/path"])
+def test_a_media_domain_that_is_no_host_name_is_refused_as_the_other_flags_are(capsys, command, name):
+    """It read "glimmer: error: ConfigError: allowed media domain 'http://x' ...", naming the policy's field in the
+    engine's words where every other flag's error names the flag as typed."""
+    err = _fails_with_one_line(capsys, [*command, "/no/such/model", "--allowed-media-domains", "images.internal",
+                                        name], f"--allowed-media-domains {name} is not a host name",
+                               "without scheme, port or path")
+    assert "ConfigError" not in err
 
 
 def test_chat_max_tokens_help_says_what_it_bounds_and_whose_default_it_is():

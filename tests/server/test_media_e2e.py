@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import openai
@@ -253,14 +256,97 @@ def test_images_past_the_context_are_a_400_with_the_context_length_code(checkpoi
         "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}
 
 
+@contextlib.contextmanager
+def _image_host(answer):
+    """The base URL of a local http image host: `answer(path)` gives a GET's body (None: 404), a thread a request."""
+    class Host(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            body = answer(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    host = ThreadingHTTPServer(("127.0.0.1", 0), Host)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{host.server_address[1]}"
+    finally:
+        host.shutdown()
+        host.server_close()
+
+
+@pytest.fixture(scope="module")
+def remote_client(checkpoint):
+    policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=60)
+    with live_server(checkpoint, media_policy=policy) as live:
+        yield openai.OpenAI(base_url=live.base_url, api_key="unused", max_retries=0)
+
+
+def test_a_requests_remote_images_are_fetched_beside_each_other_and_kept_in_order(remote_client):
+    """They were fetched one after another: 16 images from a slow host took 16 times its delay, 16 times the fetch
+    time limit where it never answered. The host answers none until all are asked for at once (or 10 s passed)."""
+    images = [_png(seed, size=(30 + 10 * seed % 40, 40)) for seed in (21, 22, 23, 24)]
+    lock, connections = threading.Lock(), {"open": 0, "most": 0}
+    all_asked = threading.Barrier(len(images), timeout=10)
+
+    def answer(path):
+        with lock:
+            connections["open"] += 1
+            connections["most"] = max(connections["most"], connections["open"])
+        try:
+            all_asked.wait()
+        except threading.BrokenBarrierError:  # asked one after another: the first waited out the 10 s
+            pass
+        finally:
+            with lock:  # before answering: the next one may be asked for once this answer is read
+                connections["open"] -= 1
+        return images[int(path.strip("/").removesuffix(".png"))]
+
+    def chat(urls):
+        return remote_client.chat.completions.create(model="tiny", messages=_messages(*urls), max_tokens=6,
+                                                     temperature=0, extra_body=EXTRA)
+
+    with _image_host(answer) as base:
+        fetched = chat([f"{base}/{i}.png" for i in range(len(images))])
+    assert connections["most"] == len(images)
+    sent = chat([_data_url(image) for image in images])
+    assert fetched.choices[0].message.content == sent.choices[0].message.content
+    assert fetched.usage.prompt_tokens == sent.usage.prompt_tokens
+
+
+def test_of_a_requests_remote_images_the_first_that_fails_in_its_order_is_named(remote_client):
+    """The second image's host refuses it at once, the first's only after that: the error names the first."""
+    second_refused = threading.Event()
+
+    def answer(path):
+        if path == "/second.png":
+            second_refused.set()
+        else:
+            second_refused.wait(10)
+        return _png(5) if path == "/third.png" else None
+
+    with _image_host(answer) as base, pytest.raises(openai.BadRequestError) as err:
+        remote_client.chat.completions.create(model="tiny", messages=_messages(
+            f"{base}/first.png", f"{base}/second.png", f"{base}/third.png"), max_tokens=2, extra_body=EXTRA)
+    assert second_refused.is_set()
+    assert err.value.body["param"] == "messages[0].content[0]", err.value.body
+    assert "first.png could not be fetched" in err.value.body["message"]
+
+
 def test_requests_waiting_on_remote_images_leave_other_requests_served(checkpoint):
     """Building a prompt runs on a worker thread, and the threads are few (anyio's default, 40): as many requests
     whose image host answers slowly held every one for the download's time limit, and a text-only request waited
     behind them."""
     import asyncio
-    import threading
     from concurrent.futures import ThreadPoolExecutor
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     import anyio.to_thread
     import httpx
@@ -271,20 +357,15 @@ def test_requests_waiting_on_remote_images_leave_other_requests_served(checkpoin
     threads = asyncio.run(default_threads())
     release, seen = threading.Event(), threading.Semaphore(0)
 
-    class SlowHost(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the stdlib's name
-            seen.release()
-            release.wait(120)
-            self.send_error(404)
+    def slow_404(path):
+        seen.release()
+        release.wait(120)
 
-        def log_message(self, *args):
-            pass
-
-    host = ThreadingHTTPServer(("127.0.0.1", 0), SlowHost)
-    threading.Thread(target=host.serve_forever, daemon=True).start()
-    slow_url = f"http://127.0.0.1:{host.server_address[1]}/cat.png"
     policy = MediaFetchPolicy.create(allowed_domains=["127.0.0.1"], timeout_s=120)
-    with live_server(checkpoint, media_policy=policy) as live, ThreadPoolExecutor(threads) as pool:
+    with (live_server(checkpoint, media_policy=policy) as live, ThreadPoolExecutor(threads) as pool,
+          _image_host(slow_404) as host):
+        slow_url = f"{host}/cat.png"
+
         def chat(messages, timeout):
             return httpx.post(f"{live.base_url}/chat/completions", timeout=timeout, json={
                 "model": "tiny", "messages": messages, "max_tokens": 2, **EXTRA})
@@ -297,5 +378,4 @@ def test_requests_waiting_on_remote_images_leave_other_requests_served(checkpoin
             assert answer.status_code == 200, answer.text
         finally:
             release.set()
-            host.shutdown()
         assert all(request.result().status_code == 400 for request in waiting)

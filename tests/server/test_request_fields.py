@@ -843,3 +843,17 @@ def test_verbosity_medium_openai_s_default_is_taken_and_changes_nothing(client):
 def test_a_verbosity_glimmer_cannot_honour_is_400_naming_it(server, value):
     error = chat_error(server, verbosity=value)
     assert error["param"] == "verbosity", error
+
+
+def test_an_empty_mm_processor_kwargs_is_no_overrides_and_a_key_is_refused_naming_it(server, client):
+    """vLLM's chat request takes `mm_processor_kwargs`, and LLM.generate takes it empty (None or {}): the server
+    refused even `{}` as an unknown field. A key is refused naming it, as LLM.generate refuses any."""
+    fields = {"chat_template_kwargs": PINNED_DATE}
+    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                           extra_body=fields)
+    empty = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                           extra_body={**fields, "mm_processor_kwargs": {}})
+    assert empty.choices[0].message.content == plain.choices[0].message.content
+    error = chat_error(server, mm_processor_kwargs={"max_pixels": 1024, "fps": 2})
+    assert error["param"] == "mm_processor_kwargs.max_pixels" and "not supported per request" in error["message"]
+    assert chat_error(server, mm_processor_kwargs=[1])["param"] == "mm_processor_kwargs"

@@ -362,6 +362,26 @@ def test_min_tokens_beside_a_grammar_is_refused_naming_what_makes_the_grammar(se
     assert error["param"] == "min_tokens" and named in error["message"], error
 
 
+ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"],
+           "$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/a"}}, "required": ["b"]}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+def test_a_required_parameter_only_an_endless_value_meets_is_a_400_naming_it(server, choice):
+    """The grammar engine took a `$ref` cycle with no way out, and a forced call of it was written until max_tokens
+    cut it short: a 500 "tool_choice_unsatisfied". response_format refused the same schema only once generating."""
+    tools = [CLOCK, {"type": "function", "function": {"name": "f", "parameters": ENDLESS}}]
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 200, "tools": tools, "tool_choice": choice}
+    response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "tools[1].function.parameters.properties.a"
+    body = {"model": "tiny", "messages": _messages(0), "max_tokens": 200, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": ENDLESS}}}
+    response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "response_format.json_schema.schema.properties.a"
+
+
 BAD_PARAMETERS = [{"type": "object", "properties": {"city": {"type": "nonsense"}}, "required": ["city"]},
                   {"type": "object", "properties": {"city": {"$ref": "#/$defs/missing"}}, "required": ["city"]},
                   {"type": "nonsense"}]
