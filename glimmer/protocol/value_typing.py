@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 
 _JSON_TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
@@ -180,8 +181,12 @@ def _fitted(parsed: Any, allowed: set[str], raw: str) -> Any:
     if isinstance(parsed, float):
         if "number" in allowed:
             return parsed
-        if "integer" in allowed and parsed.is_integer():
-            return int(parsed)
+        if "integer" in allowed:
+            # the number the text says, not its float: 1e23 is 10**23 (the float, 99999999999999991611392), and
+            # 1.0000000000000000001 is no integer (its float is 1.0); the float is finite, so at most 309 digits
+            exact = Decimal(raw.strip())
+            if exact == exact.to_integral_value():
+                return int(exact)
         return raw
     if isinstance(parsed, dict):
         return parsed if "object" in allowed else raw

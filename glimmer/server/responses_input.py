@@ -14,10 +14,11 @@
   by another reasoning or assistant message item (the model's text to the user, then more reasoning, then its
   answer: one turn, its messages ending `<|eom|>` but the last);
 - a `function_call_output` item is a tool message answering its `call_id` (its `output` a string, or text and
-  `input_image` parts), which must name a `function_call` item before it, in the input or in the responses it
-  continues (OpenAI refuses an answer to no call, as does Glimmer; a result rendered before its call would be read
-  as a result of nothing). The outputs answering one turn's calls render in the order of the calls, whatever their
-  order in the input: the prompt matches a result to its call by position, OpenAI by call_id;
+  `input_image` parts; not missing, null or [], as chat refuses such a tool message), which must name a
+  `function_call` item before it, in the input or in the responses it continues (OpenAI refuses an answer to no
+  call, as does Glimmer; a result rendered before its call would be read as a result of nothing). The outputs
+  answering one turn's calls render in the order of the calls, whatever their order in the input: the prompt
+  matches a result to its call by position, OpenAI by call_id;
 - every `function_call` item, in the input or in the responses it continues, needs a `function_call_output` after
   it (OpenAI: 400 "No tool output found for function call ..."): a call left unanswered would render as a turn
   whose result never came;
@@ -241,6 +242,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    "function_call_output right after the function_call items of its turn, before "
                                    "the next message", param=f"{where}.call_id")
             output = item.get("output")
+            if output is None or output == []:  # chat refuses the tool message this would be (an empty result: "")
+                raise RequestError(f"{where}.output: a function_call_output needs its output (a string or a "
+                                   f"non-empty list of parts, got {'[]' if output == [] else 'null'}); send \"\" "
+                                   "for a tool that returned nothing", param=f"{where}.output")
             has_image = isinstance(output, list) and any(isinstance(part, dict) and part.get("type") == "input_image"
                                                          for part in output)
             messages.append({"role": "tool", "tool_call_id": call_id,

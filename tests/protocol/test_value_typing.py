@@ -63,6 +63,19 @@ def test_values_that_do_not_fit_the_schema_fall_back_to_the_raw_untrimmed_string
     assert typed(raw, schema) == raw
 
 
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("1e23", "100000000000000000000000"),  # the float 1e23 is 99999999999999991611392
+    ("12345678901234567890.0", "12345678901234567890"),  # its float, 12345678901234567168
+    (" -4.5e22 ", "-45000000000000000000000"),
+    ("1.0000000000000000001", '"1.0000000000000000001"'),  # no integer, though its float is 1.0
+])
+def test_an_integer_parameter_is_the_integer_the_text_says_not_its_float(raw, expected):
+    """P-VAL-2: an integral number satisfies integer, emitted as an integer: the model's number, not the one its
+    float rounds it to (the call gave a tool another integer than the model wrote); a number that is no integer
+    keeps its text."""
+    assert parameter_value_json(raw, {"type": "integer"}, {}) == expected
+
+
 @pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "[1e400]", '{"a": NaN}'])
 def test_non_finite_numbers_fall_back_to_strings_so_arguments_stay_valid_json(raw):
     """P-VAL-4: serialization refuses non-finite numbers; the arguments are always valid JSON."""

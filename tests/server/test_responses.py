@@ -388,6 +388,21 @@ def test_an_item_sent_twice_is_refused_naming_it_and_where_it_was_first(items, p
     assert refused.value.param == param and str(refused.value).startswith(f"{param}: {message}")
 
 
+@pytest.mark.parametrize(("output", "got"), [(None, "null"), ([], "[]"), (..., "null")])
+def test_a_function_call_output_without_its_output_is_refused_as_chat_refuses_the_tool_message(output, got):
+    """A missing, null or [] `output` rendered an empty tool result where chat refuses the same tool message (400:
+    "a tool message needs its content"): one conversation, a prompt on one API and a 400 on the other (P-TMPL-6),
+    and a client that forgot the field got an answer to a result it never sent. OpenAI refuses it too."""
+    answer = {"type": "function_call_output", "call_id": "cP"} | ({} if output is ... else {"output": output})
+    with pytest.raises(RequestError) as refused:
+        chat_messages([{"role": "user", "content": "[weather]"}, CALL_P, answer], None)
+    assert refused.value.param == "input[2].output"
+    assert str(refused.value) == (f"input[2].output: a function_call_output needs its output (a string or a non-empty "
+                                  f'list of parts, got {got}); send "" for a tool that returned nothing')
+    empty = chat_messages([{"role": "user", "content": "[weather]"}, CALL_P, {**OUTPUT_P, "output": ""}], None)
+    assert empty[-1] == {"role": "tool", "tool_call_id": "cP", "content": ""}
+
+
 @pytest.mark.parametrize("item", [{}, {"type": "message", "content": "hi"}, {"content": "hi", "role": None}])
 def test_a_message_item_without_a_role_is_refused_asking_for_one(item):
     """It was refused with "input[1].role: None is not one of user, ...": Python's word, a value no client sent."""
