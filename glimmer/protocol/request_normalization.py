@@ -696,12 +696,25 @@ def _check_parameters(parameters: Any, field: str, strict: bool, check_schema: S
         raise RequestError(f'{field} must be a JSON schema of type "object" (a call\'s arguments are an object of '
                            f"named parameters), or be omitted or {{}} for a function without parameters; this one "
                            f"admits {', '.join(sorted(types))}", param=field)
+    _refuse_unwritable_parameter_names(parameters, field)
     if check_schema is not None:
         check_schema(parameters, field, strict)
     if strict:
         reason = _root_keyword_a_call_cannot_hold(parameters)
         if reason:
             raise RequestError(f"{field}: {reason}", param=field)
+
+
+def _refuse_unwritable_parameter_names(parameters: Mapping[str, Any], field: str) -> None:
+    """RequestError naming the parameter for a declared parameter name holding `"`: a call writes each parameter's
+    name into an ATEM tag, `<atem:parameter name="NAME">`, whose name ends at the first `"` (P-ATEM-1), so no call
+    can pass it, and the model's attempt reads as another name (its value was lost). Such a name is refused in a
+    call of the history too (`_check_argument_names`); nested object keys are JSON inside a value and may hold one."""
+    properties, required = object_shape(parameters)
+    for name in [*properties, *sorted(required - set(properties))]:
+        if '"' in name:
+            raise RequestError(f"{field}: the parameter name {name!r} holds '\"', which ends a parameter name in the "
+                               "chat format (no call could pass it); rename it", param=f"{field}.properties.{name}")
 
 
 def _root_keyword_a_call_cannot_hold(parameters: Mapping[str, Any]) -> str | None:

@@ -133,6 +133,29 @@ def test_an_argument_name_holding_a_quote_is_refused_naming_the_arguments(argume
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
 
 
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("parameters", [
+    {"type": "object", "properties": {"city": {"type": "string"}, 'say "hi"': {"type": "boolean"}}},
+    {"type": "object", "properties": {'say "hi"': {"type": "boolean"}}, "required": ['say "hi"']},
+    {"type": "object", "required": ['"']},
+])
+def test_a_declared_parameter_name_holding_a_quote_is_refused_naming_it(parameters, strict):
+    """P-ATEM-1: a call writes each parameter's name into `<atem:parameter name="NAME">`, which ends at its first `"`,
+    so no call can pass such a parameter. An optional one was taken (tool_choice auto), and the model's call of it
+    came back without it, its value silently lost; a history call naming it is refused already (above)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters, "strict": strict}}
+    with pytest.raises(RequestError, match="parameter name") as caught:
+        normalize_tools([tool])
+    assert caught.value.param.startswith("tools[0].function.parameters.properties.")
+    assert '"' in caught.value.param
+
+
+def test_a_quote_in_a_nested_object_key_is_a_json_value_and_taken():
+    """Only a parameter's own name goes into an ATEM tag: keys inside an object value are JSON text."""
+    nested = {"type": "object", "properties": {"options": {"type": "object", "properties": {'say "hi"': {}}}}}
+    assert normalize_tools([{"type": "function", "function": {"name": "f", "parameters": nested}}])
+
+
 @pytest.mark.parametrize("name", [1, None, (1, 2)])
 def test_an_argument_name_that_is_no_string_is_refused_naming_the_arguments(name):
     """P-TMPL-6: a Python caller's arguments dict keyed by an int or None failed with a bare TypeError ("argument of
