@@ -64,7 +64,8 @@ def build(args: argparse.Namespace, root: Path) -> LLMEngine:
     most = max(args.batches)
     config = EngineConfig(
         model=str(target), device=args.device, dtype=args.dtype, load_format="dummy", progress=False,
-        max_num_seqs=most, max_num_batched_tokens=max(most * 16, most * args.prompt_len),
+        max_num_seqs=most,
+        max_num_batched_tokens=args.max_num_batched_tokens or max(most * 16, most * args.prompt_len),
         max_model_len=args.prompt_len + args.new_tokens + 32,
         speculative_config={"method": "dflash", "model": str(drafter), "draft_policy": "always"},
     )
@@ -142,6 +143,9 @@ class TimedProposer:
     def release(self, seq):
         self.inner.release(seq)
 
+    def write_pending(self):  # a sequence's end, not a proposing step: untimed
+        self.inner.write_pending()
+
     def propose(self, context, requests):
         if not requests:
             self.calls.append((0, 0, 0.0))
@@ -165,6 +169,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--acceptance", type=float, nargs="+", default=[1.0, 2.96, 4.4, 15.0])
     parser.add_argument("--adaptive-acceptance", type=float, nargs="+", default=[1.0, 2.96, 4.4])
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="the engine's prefill chunk (default: every batch's prompts in one step); long prompts "
+                             "on a smaller GPU need a smaller one")
     parser.add_argument("--check", action="store_true", help="first check exactness with tiny float32 models")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

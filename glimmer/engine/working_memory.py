@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,6 +25,7 @@ from glimmer.engine.kv_cache_manager import KVCacheLayout, KVCacheManager, page_
 from glimmer.engine.model_runner import PROMPT_LOGITS_ROWS
 from glimmer.engine.scheduler import ScheduledStep
 from glimmer.engine.step_inputs import build_step_inputs
+from glimmer.errors import ConfigError
 from glimmer.model.kernels.tuned_gemm import allocate_kept_workspaces
 from glimmer.model.muse_glimmer import MuseGlimmerForConditionalGeneration
 
@@ -79,6 +81,18 @@ def _peak_bytes(device: torch.device, run: Callable[[], object]) -> int:
     return torch.cuda.max_memory_allocated(device) - base
 
 
+@contextmanager
+def _out_of_memory_refused(step: str, fix: str) -> Iterator[None]:
+    """ConfigError naming `step` and `fix` for a measuring step the GPU cannot hold beside the weights: torch's
+    OutOfMemoryError came out of the engine's construction as a traceback naming no setting."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        found = str(exc).split(". ")[:2]  # "CUDA out of memory. Tried to allocate 2.44 GiB"
+        raise ConfigError(f"the GPU cannot run {step} beside the weights ({'. '.join(found)}), so no KV cache "
+                          f"could be sized; {fix}, or free GPU memory") from None
+
+
 def graph_output_bytes(max_num_seqs: int, query_lens: tuple[int, ...], vocab_size: int, element: int) -> int:
     """The logits the decode graphs keep, one (size, vocab) tensor per captured batch size (graphs of 1 + k tokens
     per sequence keep only hidden states; their logits are computed outside)."""
@@ -119,9 +133,14 @@ def measure_working_memory(
 
     chunk = max_num_batched_tokens
     spread = min(max_num_seqs, chunk)
-    # a prompt scored for logprobs takes PROMPT_LOGITS_ROWS rows of logits at once
-    prefill = max(peak(1, chunk, min(chunk, PROMPT_LOGITS_ROWS)), peak(spread, chunk // spread, spread))
-    decode = peak(max_num_seqs, 1, max_num_seqs)
+    with _out_of_memory_refused(f"a prefill chunk of max_num_batched_tokens={chunk} tokens",
+                                "lower max_num_batched_tokens (--max-num-batched-tokens / max_num_batched_tokens=): a "
+                                "longer prompt is prefilled in chunks of that many tokens, so it needs no more"):
+        # a prompt scored for logprobs takes PROMPT_LOGITS_ROWS rows of logits at once
+        prefill = max(peak(1, chunk, min(chunk, PROMPT_LOGITS_ROWS)), peak(spread, chunk // spread, spread))
+    with _out_of_memory_refused(f"a decode step of max_num_seqs={max_num_seqs} sequences",
+                                "lower max_num_seqs (--max-num-seqs / max_num_seqs=)"):
+        decode = peak(max_num_seqs, 1, max_num_seqs)
     kv_caches.clear()
 
     def encode(grid: tuple[int, int, int]) -> object:
@@ -130,7 +149,9 @@ def measure_working_memory(
         pixels = torch.zeros((math.prod(grid), vision.patch_temporal * 3 * vision.patch_size**2), device=device)
         return model.encode_vision(pixels, torch.tensor([grid], device=device))
 
-    vision = max((_peak_bytes(device, partial(encode, grid)) for grid in vision_grids), default=0)
+    with _out_of_memory_refused("the vision encoder on the largest image or video item the media limits allow",
+                                "lower the media limits (--max-image-side, --max-video-frames; media_limits=)"):
+        vision = max((_peak_bytes(device, partial(encode, grid)) for grid in vision_grids), default=0)
     device_free_bytes(device)
     element = torch.empty((), dtype=dtype).element_size()
     return WorkingMemory(

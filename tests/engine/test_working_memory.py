@@ -113,3 +113,31 @@ def test_a_shortfall_left_after_sizing_the_cache_again_is_reported(tiny_checkpoi
         LLMEngine(EngineConfig(str(tiny_checkpoint), progress=False, kv_cache_memory=2**31))
     assert "start-up kept 0.50 GiB more" in caplog.text and "0.75 GiB smaller" in caplog.text
     assert "start-up still keeps 0.25 GiB more" in caplog.text and "--gpu-memory-utilization" in caplog.text
+
+
+@pytest.mark.parametrize("failing_call, named", [
+    (0, "max_num_batched_tokens=4096"), (1, "max_num_batched_tokens=4096"), (2, "max_num_seqs=4")])
+def test_a_measuring_step_the_gpu_cannot_hold_is_a_config_error_naming_its_setting(tiny_checkpoint, monkeypatch,
+                                                                                   failing_call, named):
+    # the 30B with its drafter on an H100 and max_num_batched_tokens=65536: the prefill chunk's measurement ran out
+    # of memory, and the engine's construction failed with torch's traceback, naming no setting. Simulated on the
+    # CPU: the measuring run numbered `failing_call` (prefill as one sequence, prefill spread, decode) fails
+    import glimmer.engine.working_memory as working_memory
+    from glimmer.engine.llm_engine import EngineConfig, LLMEngine
+    from glimmer.errors import ConfigError
+
+    model = LLMEngine(EngineConfig(str(tiny_checkpoint), progress=False, kv_cache_memory=2**22)).loaded.model
+    calls = iter(range(10))
+
+    def peak(device, run):
+        if next(calls) == failing_call:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.44 GiB. GPU 0 has a total capacity "
+                                         "of 79.18 GiB of which 1.26 GiB is free.")
+        return 0
+
+    monkeypatch.setattr(working_memory, "allocate_kept_workspaces", lambda device: None)
+    monkeypatch.setattr(working_memory, "_peak_bytes", peak)
+    with pytest.raises(ConfigError, match=named) as caught:
+        working_memory.measure_working_memory(model, torch.device("cpu"), torch.float32, block_size=16,
+                                              max_num_seqs=4, max_num_batched_tokens=4096)
+    assert "Tried to allocate 2.44 GiB" in str(caught.value) and ("--max-num-" in str(caught.value))
