@@ -252,7 +252,8 @@ def open_drafter_checkpoint(
 ) -> DrafterCheckpoint:
     """Find a drafter's config and weights at `path`: an HF directory (config.json + safetensors), a native
     directory (head.pt, or pytorch_weights/dflash/head.pt, with or without config.json), a native .pt file,
-    or a llama.cpp DFlash GGUF. With `weights=False` (dummy weights) a directory needs only its config.json.
+    or a llama.cpp DFlash GGUF. A directory holding both head.pt and safetensors is refused (which one is the
+    drafter is not known). With `weights=False` (dummy weights) a directory needs only its config.json.
 
     `mask_token_id()` gives the target tokenizer's id of the released mask token, for configs that omit it.
     Raises CheckpointError / ConfigError saying what was looked for.
@@ -299,11 +300,28 @@ def open_drafter_checkpoint(
                               "expected config.json with safetensors (HF layout), or "
                               f"{NATIVE_FILE} / {NATIVE_FILE_IN_VENDOR_CHECKOUT} (native layout)")
     if native is not None:
+        if location.is_dir():
+            _refuse_two_weight_sets(directory, native)
         _check_rope_flag(raw, config_path, DRAFTER_NATIVE)
         return DrafterCheckpoint(config, TorchFileTensors(native) if weights else None, DRAFTER_NATIVE, native)
     _check_rope_flag(raw, config_path, DRAFTER_CANONICAL)
     files = SafetensorsCheckpoint(directory) if weights else None
     return DrafterCheckpoint(config, files, DRAFTER_CANONICAL, directory)
+
+
+def _refuse_two_weight_sets(directory: Path, native: Path) -> None:
+    """Refuse a drafter directory holding both a native `head.pt` and safetensors: the two are in different layouts
+    (fused and interleaved against split and rotate-half, §10.2), so telling whether they hold the same drafter
+    means reading both in full; taking either silently may serve the other's weights."""
+    safetensors = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not safetensors:
+        return
+    shown = ", ".join(safetensors[:3]) + (f" (and {len(safetensors) - 3} more)" if len(safetensors) > 3 else "")
+    raise CheckpointError(
+        f"drafter directory {directory} holds two weight sets, the native {native.relative_to(directory)} and "
+        f"safetensors ({shown}), which may differ; remove the set that is not the drafter (or pass {native} itself "
+        "to load the native one)"
+    )
 
 
 def _check_rope_flag(raw: Mapping[str, Any], config_path: Path, layout: str) -> None:

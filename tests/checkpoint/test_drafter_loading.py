@@ -208,6 +208,18 @@ def test_native_file_without_config_must_have_the_released_geometry(target, tmp_
         _load(path / "head.pt", target)
 
 
+def test_a_directory_with_both_head_pt_and_safetensors_is_refused_naming_both(target, tmp_path):
+    """The two layouts cannot be compared without reading both in full: head.pt was taken silently."""
+    path = write_tiny_drafter(tmp_path / "d", target, layout="native", seed=1)
+    other = write_tiny_drafter(tmp_path / "other", target, seed=2)
+    (path / "model.safetensors").write_bytes((other / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError) as err:
+        _load(path, target)
+    message = str(err.value)
+    assert "head.pt" in message and "model.safetensors" in message and "remove" in message
+    assert _load(path / "head.pt", target).weight_layout == "drafter-native"  # the file named is not ambiguous
+
+
 def test_native_file_with_foreign_content_is_refused(target, tmp_path):
     path = write_tiny_drafter(tmp_path / "d", target, layout="native")
     torch.save({"layers.0.attention.wqkv.weight": torch.zeros(2), "step": 3}, path / "head.pt")
