@@ -311,7 +311,7 @@ def decode_video_file(
                                                    "(an image_url part, or multi_modal_data's \"image\"), or an "
                                                    "animated one as MP4 or WebM, or as DecodedVideo frames") from None
         raise MediaDecodeError(
-            "video", index, f"the data is not a decodable video (MP4, WebM, MKV, AVI, MPEG-TS, ...): {error}"
+            "video", index, f"not a video FFmpeg can decode (MP4, WebM, MKV, AVI, MPEG-TS, ...): {_reason(error)}"
         ) from None
     if len(frames) < len(wanted):
         raise MediaDecodeError(
@@ -323,6 +323,16 @@ def decode_video_file(
     first = times[0]
     # float32, as the reference holds a time (`frame_timestamps_s`)
     return torch.cat(frames), torch.tensor([time - first for time in times], dtype=torch.float64).float().tolist()
+
+
+def _reason(error: Exception) -> str:
+    """Why FFmpeg (or the file) failed, in its own words but without what only a debugger needs: PyAV's text is
+    `[Errno 1094995529] Invalid data found when processing input: '<none>'` (FFmpeg's error code and the stream's
+    name, none for bytes); its `strerror` is the phrase alone."""
+    strerror = getattr(error, "strerror", None)  # av.FFmpegError's and OSError's
+    reason = strerror if isinstance(strerror, str) and strerror.strip() else str(error)
+    reason = (reason.strip().splitlines() or [type(error).__name__])[0]
+    return reason[:1].lower() + reason[1:]
 
 
 def _decoded_frames(video: DecodedVideo, settings: MediaSettings, limits: MediaLimits, index: int):

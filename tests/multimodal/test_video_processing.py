@@ -360,8 +360,8 @@ def test_a_frames_array_alone_is_a_video_at_the_references_24_fps(caplog) -> Non
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [
-        pytest.param(b"not a video at all" * 20, "not a decodable video", id="garbage-bytes"),
-        pytest.param(b"", "not a decodable video", id="empty-bytes"),
+        pytest.param(b"not a video at all" * 20, "not a video FFmpeg can decode", id="garbage-bytes"),
+        pytest.param(b"", "not a video FFmpeg can decode", id="empty-bytes"),
         pytest.param("PNG", r"the data is an image, not a video; send it as an image", id="an-image-file"),
         pytest.param("PNG-BYTES", r"the data is an image, not a video; send it as an image \(an image_url part",
                      id="image-bytes"),

@@ -217,6 +217,19 @@ def test_media_errors_name_the_content_part(client):
     assert "must be a string" in err.value.body["message"]
 
 
+def test_a_video_ffmpeg_cannot_read_is_a_400_in_plain_words(client):
+    """It said `... decodable video (...): [Errno 1094995529] Invalid data found when processing input: '<none>'`,
+    PyAV's text with FFmpeg's error code and the stream's name."""
+    url = "data:video/mp4;base64," + base64.b64encode(b"not a video at all" * 20).decode()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                             {"type": "video_url", "video_url": {"url": url}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=EXTRA)
+    assert err.value.status_code == 400 and err.value.body["param"] == "messages[0].content[1]"
+    assert err.value.body["message"] == ("messages[0].content[1] (video 0): not a video FFmpeg can decode (MP4, WebM, "
+                                         "MKV, AVI, MPEG-TS, ...): invalid data found when processing input")
+
+
 def test_an_image_in_a_responses_function_call_output_is_seen_as_in_a_chat_tool_message(client):
     """The openai SDK's function_call_output takes input_image parts, as chat's tool messages take images; they were
     refused as 'not supported here (text parts are)'. The prompt is the chat one, token for token."""
