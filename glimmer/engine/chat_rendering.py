@@ -30,7 +30,6 @@ from glimmer.protocol.headers import channel_of_recipient
 from glimmer.protocol.request_normalization import (
     prefix_message_index,
     refuse_unmatched_tool_messages,
-    refuse_unrendered,
 )
 from glimmer.protocol.tool_choice import ToolPlan
 
@@ -78,8 +77,7 @@ def render_conversation(conversation: Any, rendering: ChatRendering, tokenizer: 
     if rendering.continue_final_message:
         conversation, final = tag_final_message(conversation, rendering.continue_final_message,
                                                 rendering.template.source)
-    normalized = normalize_messages(conversation)
-    refuse_unrendered(conversation)
+    normalized = normalize_messages(conversation, refuse_unrendered=True)
     refuse_unmatched_tool_messages(conversation, final_turn_is_history=not rendering.generation_prompt)
     rendered = rendering.template.render_prompt(
         normalized,

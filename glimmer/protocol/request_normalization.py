@@ -56,7 +56,8 @@ MAX_ARGUMENTS_DEPTH = 64
 exhaust the renderer's recursion)."""
 
 
-def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> list[dict[str, Any]]:
+def normalize_messages(messages: Any, *, developer_as_system: bool = True,
+                       refuse_unrendered: bool = False) -> list[dict[str, Any]]:
     """Copies of `messages` ready to render (P-TMPL-6, P-TMPL-7).
 
     - assistant tool-call `arguments` given as a JSON string are decoded (`""` is `{}`); arguments that are
@@ -81,7 +82,10 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
     - `developer` messages are instructions, rendered as the system message (`developer_as_system`, on by
       default): with no system message the first developer message becomes one; every other developer
       message's text joins the first system message's, after a blank line, in message order;
-    - other roles the template does not render pass unchanged (they render nothing) with a warning.
+    - other roles the template does not render pass unchanged (they render nothing) with a warning, unless
+      `refuse_unrendered` (a serving API): then such a role, or an assistant turn holding something the template
+      would drop, raises RequestError naming the message (`_refuse_unrendered`), and nothing is logged: a request
+      that is refused leaves no warning.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise RequestError("messages must be a list of message objects", param="messages")
@@ -96,7 +100,9 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
         role = message.get("role")
         if not isinstance(role, str):
             raise RequestError(f"messages[{index}].role must be a string", param=f"messages[{index}].role")
-        if role not in RENDERED_ROLES and role not in unrendered_roles and not (
+        if refuse_unrendered:
+            _refuse_unrendered(message, index)
+        elif role not in RENDERED_ROLES and role not in unrendered_roles and not (
                 role == "developer" and developer_as_system):
             unrendered_roles.append(role)
         if role == "tool":
@@ -137,7 +143,7 @@ def normalize_messages(messages: Any, *, developer_as_system: bool = True) -> li
                 calls.add_calls(message["tool_calls"], index)
         normalized.append(message)
     normalized = _content_before_calls([normalized[i] for i in tool_results_in_call_order(normalized)])
-    if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server then refuse them
+    if unrendered_roles:  # P-TMPL-7; says nothing of dropping, since LLM.chat and the server refuse them
         logger.warning("messages with role(s) %s are not rendered by the chat template: they render nothing "
                        "(LLM.chat and glimmer serve refuse them)",
                        ", ".join(repr(role) if len(role) <= 64 else f"{role[:64]!r}… ({len(role):,} characters)"
@@ -416,25 +422,24 @@ def prefix_message_index(messages: Any) -> int | None:
 UNRENDERED_ASSISTANT_FIELDS = frozenset({"audio", "function_call"})
 
 
-def refuse_unrendered(messages: Sequence[Mapping[str, Any]]) -> None:
-    """RequestError naming the first message of a request (as sent, before `normalize_messages` merges developer
-    messages) whose role the template does not render, or whose assistant turn holds something it would drop (a
+def _refuse_unrendered(message: Mapping[str, Any], i: int) -> None:
+    """RequestError naming message `i` of a request (as sent, before `normalize_messages` merges developer messages)
+    when its role is one the template does not render, or its assistant turn holds something it would drop (a
     non-empty `audio` or legacy `function_call`): a serving API refuses them rather than drop them
     from the prompt. Other fields the template does not read are metadata clients and agent frameworks send back
     as they got them (`name`, `annotations`, litellm's `provider_specific_fields`, ids) and are ignored, as
     OpenAI and vLLM ignore them."""
-    for i, message in enumerate(messages):
-        role = message["role"]
-        if role not in RENDERED_ROLES and role != "developer":
-            raise RequestError(f"messages[{i}].role: {role!r} is not a role this model takes (system, "
-                               "developer, user, assistant, tool)", param=f"messages[{i}].role")
-        if role != "assistant":
-            continue
-        for key in sorted(UNRENDERED_ASSISTANT_FIELDS & set(message)):
-            if message[key]:
-                raise RequestError(f"messages[{i}].{key}: an assistant message's {key} cannot be rendered (Muse "
-                                   "Glimmer's chat format has no place for it); leave it out or null",
-                                   param=f"messages[{i}].{key}")
+    role = message["role"]
+    if role not in RENDERED_ROLES and role != "developer":
+        raise RequestError(f"messages[{i}].role: {role!r} is not a role this model takes (system, "
+                           "developer, user, assistant, tool)", param=f"messages[{i}].role")
+    if role != "assistant":
+        return
+    for key in sorted(UNRENDERED_ASSISTANT_FIELDS & set(message)):
+        if message[key]:
+            raise RequestError(f"messages[{i}].{key}: an assistant message's {key} cannot be rendered (Muse "
+                               "Glimmer's chat format has no place for it); leave it out or null",
+                               param=f"messages[{i}].{key}")
 
 
 def _content_before_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

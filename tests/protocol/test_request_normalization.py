@@ -274,6 +274,15 @@ def test_unrendered_roles_pass_unchanged_with_a_warning_naming_them(caplog):
     assert "dropped" not in caplog.text and "refuse" in caplog.text
 
 
+def test_a_refused_unrendered_role_is_named_and_logs_nothing(caplog):
+    """A serving API's refusal (refuse_unrendered) is the request's error, not a warning too."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "critic", "content": "secret"}]
+    with caplog.at_level(logging.DEBUG, logger="glimmer.protocol.request_normalization"), \
+            pytest.raises(RequestError, match=r"messages\[1\]\.role: 'critic' is not a role") as caught:
+        normalize_messages(messages, refuse_unrendered=True)
+    assert caught.value.param == "messages[1].role" and caplog.records == []
+
+
 def test_a_developer_message_becomes_the_system_message():
     normalized = normalize_messages([{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "x"}])
     assert normalized == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "x"}]

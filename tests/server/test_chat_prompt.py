@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import re
 import threading
 
@@ -117,10 +118,12 @@ def test_a_developer_message_changes_the_prompt_exactly_as_a_system_message_woul
     assert rendered({"role": "developer", "content": "Be brief."}) != rendered()
 
 
-def test_a_role_the_model_does_not_take_is_refused(engine):
-    with pytest.raises(RequestError, match="critic") as caught:
+def test_a_role_the_model_does_not_take_is_refused_without_a_warning(engine, caplog):
+    """Normalization logged a warning for the role before the request was refused: each hostile request a log line."""
+    with caplog.at_level(logging.WARNING), pytest.raises(RequestError, match="critic") as caught:
         prompt_text(engine, context(engine), messages=[{"role": "critic", "content": "x"}])
     assert caught.value.param == "messages[0].role"
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
 
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
