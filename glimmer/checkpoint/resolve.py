@@ -22,6 +22,10 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 _HUB_WEIGHTS = ["*.safetensors"]
 _HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the vendor's native head.pt
+# the pickle fallback's files left out: the training state, and every pickle file below the top level (a Trainer's
+# checkpoint-N folders), which the loader never reads (pickle_files takes the top level) and the Hub client's
+# patterns, matched against the whole path, would otherwise fetch
+_HUB_PICKLE_IGNORED = list(TRAINING_STATE_PATTERNS) + [f"*/{pattern}" for pattern in PICKLE_PATTERNS]
 
 
 def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None, weights: bool = True,
@@ -32,15 +36,16 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     `glimmer-nano-dflash`, the names the server reports) are those models. Otherwise a Hub id (`owner/name`) is
     downloaded (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and
     template files are. Its weights are its safetensors files; with `allow_pickle`, a repository that has none
-    gives its pickle weights instead (not the training state a Trainer uploads beside them), as vLLM falls back to
-    `*.bin`. Raises CheckpointError saying what was tried and how to fix it.
+    gives its top-level pickle weights instead (not the training state a Trainer uploads beside them, nor its
+    `checkpoint-N/` folders), as vLLM falls back to `*.bin`. Raises CheckpointError saying what was tried and how
+    to fix it.
     """
     local = _local_checkpoint(model)
     if local is not None:
         return local
     snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
     if weights and allow_pickle and not any(snapshot.glob("*.safetensors")):
-        snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), list(TRAINING_STATE_PATTERNS))
+        snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), _HUB_PICKLE_IGNORED)
     return snapshot
 
 

@@ -85,9 +85,9 @@ def _serve_as_hub(monkeypatch, repo: Path, tmp_path: Path) -> list[dict]:
     def snapshot_download(repo_id, *, revision=None, allow_patterns=None, ignore_patterns=None):
         calls.append({"allow_patterns": allow_patterns, "ignore_patterns": ignore_patterns})
         snapshot = tmp_path / "hub" / repo_id / "snapshot"
-        names = [p.name for p in repo.iterdir()]
+        names = [p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()]
         for name in filter_repo_objects(names, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns):
-            snapshot.mkdir(parents=True, exist_ok=True)
+            (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(repo / name, snapshot / name)
         return str(snapshot)
 
@@ -112,6 +112,22 @@ def test_a_hub_repository_of_pickle_weights_loads_with_allow_pickle(monkeypatch,
     assert not (tmp_path / "hub" / "owner" / "pickled" / "snapshot" / "optimizer.pt").exists()
     expected = LLM(str(tiny_checkpoint), device="cpu").generate(["Hello"], greedy)
     assert pickled[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+
+
+def test_a_hub_pickle_fallback_downloads_no_intermediate_checkpoints(monkeypatch, tmp_path):
+    """The training-state patterns were bare file names, which the Hub client matches against the whole path: a
+    Trainer's upload had every `checkpoint-N/` folder (its weights, optimizer and RNG states) downloaded, though
+    the loader reads the top-level weight files alone."""
+    repo = tmp_path / "repo"
+    (repo / "checkpoint-500").mkdir(parents=True)
+    (repo / "config.json").write_text("{}")
+    for name in ("pytorch_model.bin", "checkpoint-500/pytorch_model.bin", "checkpoint-500/optimizer.pt",
+                 "checkpoint-500/rng_state.pth", "checkpoint-500/training_args.bin"):
+        (repo / name).write_bytes(b"pickled")
+    _serve_as_hub(monkeypatch, repo, tmp_path)
+    snapshot = resolve_checkpoint("owner/trained", allow_pickle=True)
+    assert (snapshot / "pytorch_model.bin").is_file()
+    assert not (snapshot / "checkpoint-500").exists()
 
 
 def test_a_hub_repository_with_safetensors_downloads_no_pickle_weights(monkeypatch, tmp_path, tiny_checkpoint):
