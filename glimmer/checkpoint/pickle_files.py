@@ -55,10 +55,12 @@ def pickle_files(directory: Path) -> list[Path]:
     else:
         found = sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file() or
                        is_broken_link(p))
-        shards = [p for p in found if not is_training_state(p)]
-        if len(shards) < len(found):
+        shards, training_state = [], []
+        for p in found:
+            (training_state if is_training_state(p) else shards).append(p)
+        if training_state:
             logger.info("%s: leaving out %s: training state saved beside the weights, not weights", directory,
-                        ", ".join(p.name for p in found if is_training_state(p)))
+                        ", ".join(p.name for p in training_state))
     for shard in shards:  # each would be read: without it the checkpoint is short of its tensors
         if is_broken_link(shard):
             raise CheckpointError(f"{shard}, a file of the checkpoint, {broken_link_problem(shard)}")
