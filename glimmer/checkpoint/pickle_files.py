@@ -20,10 +20,14 @@ import torch
 from glimmer.checkpoint.broken_links import (
     broken_link_problem,
     is_broken_link,
-    refuse_broken_link,
     refuse_lfs_pointer,
 )
-from glimmer.checkpoint.safetensors_files import TensorInfo, is_ignored_buffer, read_weight_map, shard_path
+from glimmer.checkpoint.safetensors_files import (
+    TensorInfo,
+    is_ignored_buffer,
+    read_weight_map_if_present,
+    shard_path,
+)
 from glimmer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -49,9 +53,9 @@ def is_training_state(path: Path) -> bool:
 def pickle_files(directory: Path) -> list[Path]:
     """The pickle weight files of a directory (an index's shards when there is one)."""
     index = directory / PICKLE_INDEX_FILE
-    refuse_broken_link(index)  # not taken as absent, as model.safetensors.index.json is not
-    if index.is_file():
-        shards = sorted({shard_path(directory, index, shard) for shard in read_weight_map(index).values()})
+    weight_map = read_weight_map_if_present(index)
+    if weight_map is not None:
+        shards = sorted({shard_path(directory, index, shard) for shard in weight_map.values()})
     else:
         found = sorted(p for pattern in PICKLE_PATTERNS for p in directory.glob(pattern) if p.is_file() or
                        is_broken_link(p))

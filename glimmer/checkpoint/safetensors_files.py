@@ -86,6 +86,13 @@ def read_weight_map(index_path: Path) -> dict[str, object]:
     return weight_map
 
 
+def read_weight_map_if_present(index_path: Path) -> dict[str, object] | None:
+    """`read_weight_map` of the index at `index_path`, or None where there is none. A broken link there is not
+    taken as absent (without the map every weight file beside it would be read): it raises CheckpointError."""
+    refuse_broken_link(index_path)
+    return read_weight_map(index_path) if index_path.is_file() else None
+
+
 def shard_path(directory: Path, index_path: Path, shard: object) -> Path:
     """The file an index's weight_map names, which must lie inside the checkpoint directory: an index that
     points elsewhere ("../../x.safetensors", "/abs/x") would load another checkpoint's weights unnoticed.
@@ -194,11 +201,8 @@ class SafetensorsCheckpoint:
     def _files_and_names(self) -> dict[Path, list[str] | None]:
         """Shard path → the names the index assigns to it (None: every tensor in the file)."""
         index_path = self.directory / INDEX_FILE
-        # not taken as absent: every *.safetensors file would be read without the map, a stale model.safetensors
-        # beside the shards alone
-        refuse_broken_link(index_path)
-        if index_path.is_file():
-            weight_map = read_weight_map(index_path)
+        weight_map = read_weight_map_if_present(index_path)  # a broken link refused: not a stale file beside shards
+        if weight_map is not None:
             by_file: dict[Path, list[str]] = {}
             for name, shard in weight_map.items():
                 path = shard_path(self.directory, index_path, shard)
