@@ -137,14 +137,8 @@ class TimedProposer:
         self.max_draft_tokens = inner.max_draft_tokens
         self.calls: list[tuple[int, int, float]] = []  # (sequences proposed for, most tokens, seconds)
 
-    def first_pending(self, seq):
-        return self.inner.first_pending(seq)
-
-    def release(self, seq):
-        self.inner.release(seq)
-
-    def write_pending(self):  # a sequence's end, not a proposing step: untimed
-        self.inner.write_pending()
+    def __getattr__(self, name):  # every other method (first_pending, release, write_pending) untimed, as it is
+        return getattr(self.inner, name)
 
     def propose(self, context, requests):
         if not requests:
