@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +21,13 @@ from typing import Any
 
 import torch
 
-from glimmer.checkpoint.broken_links import refuse_lfs_pointer, refuse_not_a_file
+from glimmer.checkpoint.broken_links import refuse_not_a_file
 from glimmer.checkpoint.config import DrafterConfig, TextConfig, too_many_layers
 from glimmer.checkpoint.config_common_fields import read_rope_parameters
 from glimmer.checkpoint.config_fields import Notes, Section, dtype_field_warnings
 from glimmer.checkpoint.gguf_file import is_gguf_path
 from glimmer.checkpoint.mapped_tensors import MappedTensors
-from glimmer.checkpoint.pickle_files import unpickling_refusal
+from glimmer.checkpoint.pickle_files import load_weights_only
 from glimmer.checkpoint.safetensors_files import SafetensorsCheckpoint, TensorInfo
 from glimmer.checkpoint.weight_layouts import DRAFTER_CANONICAL, DRAFTER_NATIVE
 from glimmer.errors import CheckpointError, ConfigError
@@ -185,19 +184,10 @@ class TorchFileTensors:
     def __init__(self, file: Path):
         self.directory = file.parent
         self.file = file
-        refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
         try:
-            try:
-                loaded = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as exc:
-                if "mmap" not in str(exc):
-                    raise
-                loaded = torch.load(file, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise CheckpointError(
-                f"{file}: refused by torch.load(weights_only=True), which only admits tensors and plain containers: "
-                f"{unpickling_refusal(exc)}"
-            ) from None
+            loaded = load_weights_only(file)
+        except CheckpointError:  # an LFS pointer, or an object the restricted unpickler refuses: worded already
+            raise
         except Exception as exc:  # truncated file, not a torch file: many types
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(

@@ -106,20 +106,29 @@ class PickleCheckpoint:
         return sum(f.stat().st_size for f in self._state)
 
 
-def _load(file: Path) -> dict[str, torch.Tensor]:
+def load_weights_only(file: Path) -> Any:
+    """What `torch.load(weights_only=True)` reads from `file`, memory-mapped where its format allows (the zip
+    format; the legacy one is read whole). Raises CheckpointError for a Git LFS pointer and for an object the
+    restricted unpickler refuses (naming it); any other failure (a truncated file, not a torch file) is raised as
+    torch raised it, for the caller to word."""
     refuse_lfs_pointer(file)  # else "refused by torch.load(weights_only=True)", as if it ran code
     try:
         try:
-            state: Any = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as exc:
             if "mmap" not in str(exc):
                 raise
-            state = torch.load(file, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
+            return torch.load(file, map_location="cpu", weights_only=True)  # the legacy (non-zip) format
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{file}: refused by torch.load(weights_only=True), which only admits tensors and plain containers: "
             f"{unpickling_refusal(exc)}"
         ) from None
+
+
+def _load(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = load_weights_only(file)
     except (OSError, RuntimeError, EOFError, ValueError) as exc:
         raise CheckpointError(f"{file}: not a readable PyTorch weights file: {exc}") from None
     for key in _WRAPPER_KEYS:
