@@ -17,6 +17,7 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,8 @@ from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
 from glimmer.server.structured_outputs import requested_structured_outputs
+
+CANCEL_CHECK_S = 0.05  # how often a prompt waiting on its downloads looks whether its client has left
 
 
 @dataclass
@@ -307,11 +310,19 @@ def _loaded(references: list[tuple[str, Any]], context: ServingContext,
             if cancel is not None:
                 cancel.check()
             fetch = fetches.get(place)
-            yield fetch.result() if fetch is not None else load_media_reference(*item, policy, rest)
+            yield _downloaded(fetch, cancel) if fetch is not None else load_media_reference(*item, policy, rest)
     finally:
         rest.cancel()  # nothing is left to load where every item was: this stops the rest after a failure
         for fetch in fetches.values():
             fetch.cancel()
+
+
+def _downloaded(fetch: Future, cancel: CancelToken | None) -> Any:
+    """`fetch`'s result, or Cancelled once `cancel` is, though the download still waits in the queue of
+    `ServingContext.media_fetches` behind other prompts' (it looks every CANCEL_CHECK_S)."""
+    while cancel is not None and not wait([fetch], timeout=CANCEL_CHECK_S).done:
+        cancel.check()
+    return fetch.result()
 
 
 def _refuse_rendering_fields_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:

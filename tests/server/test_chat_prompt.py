@@ -9,6 +9,8 @@ import json
 import logging
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import anyio.to_thread
 import pytest
@@ -16,12 +18,14 @@ from chat_fuzz import cases as fuzz_cases
 from PIL import Image
 from transformers import AutoTokenizer
 
+from glimmer.cancellation import Cancelled, CancelToken
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.chat_rendering import STRENGTH_KWARGS
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import ChatTemplateError
+from glimmer.server import chat_prompt
 from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
 from glimmer.server.context import ServingContext
 from glimmer.server.responses_input import chat_messages
@@ -540,3 +544,39 @@ def test_remote_media_prompts_of_two_event_loops_wait_on_pools_of_their_own(engi
         release_first.set()
         first.join()
     assert outcome == {"ran": True}
+
+
+class _LeavesOnceChecked(CancelToken):
+    """A client that leaves just after the prompt last looked, while its downloads wait in the queue."""
+
+    def check(self) -> None:
+        super().check()
+        self.cancel()
+
+
+def test_a_prompt_whose_client_leaves_while_its_downloads_wait_for_a_fetch_thread_stops_at_once(monkeypatch):
+    """A prompt waited for its first download's result without looking at its token: where every fetch thread was
+    busy with other prompts' downloads, its thread stayed blocked after the client left until one came free."""
+    loaded = []
+    monkeypatch.setattr(chat_prompt, "load_media_reference", lambda reference, *args: loaded.append(reference))
+    busy, outcome = threading.Event(), {}
+    references = [("image", "https://images.example/a.png"), ("image", "https://images.example/b.png")]
+    context = SimpleNamespace(settings=SimpleNamespace(media_policy=MediaFetchPolicy(allow_remote=True)))
+
+    def load() -> None:
+        try:
+            list(chat_prompt._loaded(references, context, _LeavesOnceChecked()))
+        except Cancelled as error:
+            outcome["error"] = error
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(busy.wait)  # another prompt's download holds the only fetch thread
+        context.media_fetches = pool
+        prompt = threading.Thread(target=load)
+        prompt.start()
+        prompt.join(timeout=30)  # blocked for good before the fix: ends when the pool frees, well after this
+        stopped_while_busy = not prompt.is_alive()
+        busy.set()
+        prompt.join()
+    assert stopped_while_busy and isinstance(outcome.get("error"), Cancelled)
+    assert loaded == []  # the queued downloads were dropped, not run once a thread came free
