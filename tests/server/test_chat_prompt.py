@@ -30,7 +30,7 @@ from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
 from glimmer.server.context import ServingContext
 from glimmer.server.responses_input import chat_messages
 from glimmer.server.schemas import ChatCompletionRequest
-from glimmer.server.settings import ServerSettings
+from glimmer.server.settings import REMOTE_MEDIA_THREADS, ServerSettings
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -580,3 +580,11 @@ def test_a_prompt_whose_client_leaves_while_its_downloads_wait_for_a_fetch_threa
         prompt.join()
     assert stopped_while_busy and isinstance(outcome.get("error"), Cancelled)
     assert loaded == []  # the queued downloads were dropped, not run once a thread came free
+
+
+def test_the_threads_fetching_remote_media_are_one_pool_for_the_process_whatever_its_contexts():
+    """Each ServingContext started a pool of REMOTE_MEDIA_THREADS it never shut down, though the bound was said to be
+    the whole server's: a process serving several apps (or building contexts in tests) piled up pools."""
+    first, second = (ServingContext(*[None] * 6) for _ in range(2))
+    assert first.media_fetches is second.media_fetches
+    assert first.media_fetches._max_workers == REMOTE_MEDIA_THREADS
