@@ -266,7 +266,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     loaded, so a request refused for a later part (one over the limits, one without its URL) fetches nothing.
     """
     settings = context.settings
-    references: list[tuple[str, Any]] = []
+    references: list[tuple[Any, str, int]] = []  # load_media_reference's first arguments: the item's index by kind
     counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
     for kind, param, part in media_parts(messages):
@@ -282,31 +282,28 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
             raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's limit: "
                                   f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
                                   counted=tuple(counted[kind]))
+        references.append((reference, kind, len(counted[kind])))
         counted[kind].append(param)
-        references.append((kind, reference))
     found: dict[str, list[Any]] = {"image": [], "video": []}
-    for (kind, _), item in zip(references, _loaded(references, context, cancel), strict=True):
+    for (_, kind, _), item in zip(references, _loaded(references, context, cancel), strict=True):
         found[kind].append(item)
     return found["image"], found["video"]
 
 
-def _loaded(references: list[tuple[str, Any]], context: ServingContext,
+def _loaded(references: list[tuple[Any, str, int]], context: ServingContext,
             cancel: CancelToken | None) -> Iterator[Any]:
-    """The media of `references` (kind, reference), in their order. Where two or more are http(s) URLs, they are
-    downloaded beside each other on the server's fetch threads (`ServingContext.media_fetches`), so a request's
-    slow images take about one's time, not one's time each; the others load here. The error raised is the first
+    """The media of `references` (reference, kind, index among the request's items of its kind), in their order.
+    Where two or more are http(s) URLs, they are downloaded beside each other on the server's fetch threads
+    (`ServingContext.media_fetches`), so a request's slow images take about one's time, not one's time each; the
+    others load here. The error raised is the first
     failing item's in this order, whichever failed first; the downloads after it are then stopped."""
     policy = context.settings.media_policy
-    indexed, counts = [], {"image": 0, "video": 0}  # load_media_reference's first arguments: the item's index
-    for kind, reference in references:
-        indexed.append((reference, kind, counts[kind]))
-        counts[kind] += 1
-    remote = [place for place, (reference, _, _) in enumerate(indexed) if _is_remote(reference)]
+    remote = [place for place, (reference, _, _) in enumerate(references) if _is_remote(reference)]
     rest = CancelToken() if cancel is None else cancel.child()  # cancelled when an item fails: the later ones stop
-    fetches = {place: context.media_fetches.submit(load_media_reference, *indexed[place], policy, rest)
+    fetches = {place: context.media_fetches.submit(load_media_reference, *references[place], policy, rest)
                for place in remote} if len(remote) > 1 else {}
     try:
-        for place, item in enumerate(indexed):
+        for place, item in enumerate(references):
             if cancel is not None:
                 cancel.check()
             fetch = fetches.get(place)

@@ -560,7 +560,7 @@ def test_a_prompt_whose_client_leaves_while_its_downloads_wait_for_a_fetch_threa
     loaded = []
     monkeypatch.setattr(chat_prompt, "load_media_reference", lambda reference, *args: loaded.append(reference))
     busy, outcome = threading.Event(), {}
-    references = [("image", "https://images.example/a.png"), ("image", "https://images.example/b.png")]
+    references = [("https://images.example/a.png", "image", 0), ("https://images.example/b.png", "image", 1)]
     context = SimpleNamespace(settings=SimpleNamespace(media_policy=MediaFetchPolicy(allow_remote=True)))
 
     def load() -> None:
