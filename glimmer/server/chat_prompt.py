@@ -43,11 +43,11 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import PromptPart, PromptTextTooLongError, RequestError
 from glimmer.multimodal.sources import (
+    is_remote_reference,
     load_media_reference,
     media_from_part,
     media_parts,
     naming_media_parts,
-    url_scheme,
 )
 from glimmer.protocol import (
     ChatTemplate,
@@ -236,14 +236,9 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
             media = media_from_part(part, path)
         except RequestError:
             continue
-        if media is not None and _is_remote(media[1]):
+        if media is not None and is_remote_reference(media[1]):
             return context.remote_media_threads()
     return None
-
-
-def _is_remote(reference: Any) -> bool:
-    """Whether a media reference is fetched over http(s)."""
-    return isinstance(reference, str) and url_scheme(reference) in ("http", "https")
 
 
 class MediaLimitError(RequestError):
@@ -298,7 +293,7 @@ def _loaded(references: list[tuple[Any, str, int]], context: ServingContext,
     others load here. The error raised is the first
     failing item's in this order, whichever failed first; the downloads after it are then stopped."""
     policy = context.settings.media_policy
-    remote = [place for place, (reference, _, _) in enumerate(references) if _is_remote(reference)]
+    remote = [place for place, (reference, _, _) in enumerate(references) if is_remote_reference(reference)]
     rest = CancelToken() if cancel is None else cancel.child()  # cancelled when an item fails: the later ones stop
     fetches = {place: context.media_fetches.submit(load_media_reference, *references[place], policy, rest)
                for place in remote} if len(remote) > 1 else {}
