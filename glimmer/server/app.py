@@ -81,18 +81,20 @@ def _without_range(scope: Scope) -> Scope:
     return {**scope, "headers": [(name, value) for name, value in scope["headers"] if name != b"range"]}
 
 
-class _WholeFile(FileResponse):
-    """A file of the page, sent whole (`_without_range`)."""
+class _SentWhole:
+    """Mixed into a Starlette ASGI app that sends files (a response, a static mount): each is sent whole
+    (`_without_range`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(_without_range(scope), receive, send)
+        await super().__call__(_without_range(scope), receive, send)  # type: ignore[misc]
 
 
-class _PageFiles(StaticFiles):
-    """The page's static files, with PAGE_HEADERS, each sent whole (`_without_range`)."""
+class _WholeFile(_SentWhole, FileResponse):
+    """A file of the page, sent whole."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(_without_range(scope), receive, send)
+
+class _PageFiles(_SentWhole, StaticFiles):
+    """The page's static files, with PAGE_HEADERS, each sent whole."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
