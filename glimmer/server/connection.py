@@ -75,7 +75,9 @@ INVALID_HTTP_RESPONSE = _closing_error_response(
 class ReadTimeout:
     """Mixed into uvicorn's HTTP protocol (its h11 or httptools one, which keep a request's state alike, in `cycle`):
     closes a connection whose client keeps the server waiting for request bytes longer than `read_timeout_s` (module
-    docstring), answering `408 Request Timeout` where part of a request came."""
+    docstring), answering `408 Request Timeout` where part of a request came. It also answers bytes uvicorn cannot
+    parse as a request with an OpenAI-style 400 in place of uvicorn's plain-text one (`send_400_response`), so
+    every connection the server serves, timed or not, gets that answer."""
 
     read_timeout_s = DEFAULT_REQUEST_READ_TIMEOUT_S
 
