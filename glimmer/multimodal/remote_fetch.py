@@ -112,7 +112,11 @@ def _resolve(host: str, port: int, timeout_s: float, limit_s: float) -> list[tup
             _PENDING_LOOKUPS.release()
 
     thread = threading.Thread(target=look_up, name="glimmer-media-resolve", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except BaseException:  # no thread ("can't start new thread"), so none will release the place taken for it
+        _PENDING_LOOKUPS.release()
+        raise
     thread.join(max(timeout_s, 0))
     if not outcome:
         raise RemoteMediaError(f"cannot resolve {host!r} within {limit_s} s")

@@ -156,7 +156,7 @@ def load_media_reference(reference: Any, kind: str, index: int, policy: MediaFet
         raise _error(kind, index, "not a URL urllib can read (an unclosed '[' of an IPv6 address?)")
     if scheme == "data":
         return _decode_data_url(reference, kind, index, policy)
-    if scheme in ("http", "https"):
+    if is_remote_reference(reference):
         return _fetch_remote(reference, kind, index, policy, cancel)
     if scheme == "file":
         return _read_local(unquote(urlparse(reference).path), kind, index, policy)
@@ -172,6 +172,11 @@ def url_scheme(reference: str) -> str | None:
         return urlparse(reference).scheme.lower()
     except ValueError:
         return None
+
+
+def is_remote_reference(reference: Any) -> bool:
+    """Whether a media reference is a URL fetched over http(s) (`remote_fetch`)."""
+    return isinstance(reference, str) and url_scheme(reference) in ("http", "https")
 
 
 # OpenAI's image_url.detail (`original`: the image at its own size); accepted and not acted on, as vLLM does

@@ -81,18 +81,20 @@ def _without_range(scope: Scope) -> Scope:
     return {**scope, "headers": [(name, value) for name, value in scope["headers"] if name != b"range"]}
 
 
-class _WholeFile(FileResponse):
-    """A file of the page, sent whole (`_without_range`)."""
+class _SentWhole:
+    """Mixed into a Starlette ASGI app that sends files (a response, a static mount): each is sent whole
+    (`_without_range`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(_without_range(scope), receive, send)
+        await super().__call__(_without_range(scope), receive, send)  # type: ignore[misc]
 
 
-class _PageFiles(StaticFiles):
-    """The page's static files, with PAGE_HEADERS, each sent whole (`_without_range`)."""
+class _WholeFile(_SentWhole, FileResponse):
+    """A file of the page, sent whole."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await super().__call__(_without_range(scope), receive, send)
+
+class _PageFiles(_SentWhole, StaticFiles):
+    """The page's static files, with PAGE_HEADERS, each sent whole."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
@@ -358,29 +360,28 @@ class _HttpMiddleware:
         raise NotImplementedError
 
 
-class _RefuseWebSockets(_HttpMiddleware):
+class _RefuseWebSockets:
     """Answers a WebSocket handshake, which no route here takes (an OpenAI Realtime client's, say), with an
     OpenAI-style 400 (RFC 6455 §4.2.2) where the server can send one (ASGI's websocket.http.response extension);
     Starlette only closed it, which uvicorn sends as a bodiless 403. Other scopes pass on as they came."""
 
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            await _refuse_websocket(scope, send)
-        else:
+        if scope["type"] != "websocket":
             await self.app(scope, receive, send)
-
-
-async def _refuse_websocket(scope: Scope, send: Send) -> None:
-    if "websocket.http.response" not in scope.get("extensions", {}):
-        await send({"type": "websocket.close", "code": 1008})
-        return
-    body = json.dumps(error_body(
-        f"this server takes no WebSocket connections (asked at {_root_path(scope)}{get_route_path(scope)}): its API "
-        "is plain HTTP requests, a reply streamed as server-sent events with `stream: true`",
-        "invalid_request_error", code="websocket_not_supported")).encode()
-    await send({"type": "websocket.http.response.start", "status": 400,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "websocket.http.response.body", "body": body})
+            return
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = json.dumps(error_body(
+            f"this server takes no WebSocket connections (asked at {_root_path(scope)}{get_route_path(scope)}): its "
+            "API is plain HTTP requests, a reply streamed as server-sent events with `stream: true`",
+            "invalid_request_error", code="websocket_not_supported")).encode()
+        await send({"type": "websocket.http.response.start", "status": 400, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
 
 
 class _InternalErrors(_HttpMiddleware):

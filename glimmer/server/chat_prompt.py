@@ -17,6 +17,7 @@ own `chat_template` replaces the checkpoint's only where the operator trusts req
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,11 +43,11 @@ from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import MultimodalItem
 from glimmer.errors import PromptPart, PromptTextTooLongError, RequestError
 from glimmer.multimodal.sources import (
+    is_remote_reference,
     load_media_reference,
     media_from_part,
     media_parts,
     naming_media_parts,
-    url_scheme,
 )
 from glimmer.protocol import (
     ChatTemplate,
@@ -58,6 +59,8 @@ from glimmer.protocol.tool_choice import ToolPlan, plan_tools
 from glimmer.server.context import ServingContext
 from glimmer.server.schemas import ChatCompletionRequest, NamedToolChoice
 from glimmer.server.structured_outputs import requested_structured_outputs
+
+CANCEL_CHECK_S = 0.05  # how often a prompt waiting on its downloads looks whether its client has left
 
 
 @dataclass
@@ -233,14 +236,9 @@ def prompt_threads(messages: Any, context: ServingContext) -> CapacityLimiter | 
             media = media_from_part(part, path)
         except RequestError:
             continue
-        if media is not None and _is_remote(media[1]):
+        if media is not None and is_remote_reference(media[1]):
             return context.remote_media_threads()
     return None
-
-
-def _is_remote(reference: Any) -> bool:
-    """Whether a media reference is fetched over http(s)."""
-    return isinstance(reference, str) and url_scheme(reference) in ("http", "https")
 
 
 class MediaLimitError(RequestError):
@@ -263,7 +261,7 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
     loaded, so a request refused for a later part (one over the limits, one without its URL) fetches nothing.
     """
     settings = context.settings
-    references: list[tuple[str, Any]] = []
+    references: list[tuple[Any, str, int]] = []  # load_media_reference's first arguments: the item's index by kind
     counted: dict[str, list[str]] = {"image": [], "video": []}  # the parts of each kind taken so far
     limits = {"image": settings.max_images_per_request, "video": settings.max_videos_per_request}
     for kind, param, part in media_parts(messages):
@@ -279,39 +277,44 @@ def load_media(messages: list[Mapping[str, Any]], context: ServingContext,
             raise MediaLimitError(f"{param}: more than {limits[kind]} {kind}s in one request (the server's limit: "
                                   f"--max-{kind}s-per-request, or --limit-mm-per-prompt)", param=param, kind=kind,
                                   counted=tuple(counted[kind]))
+        references.append((reference, kind, len(counted[kind])))
         counted[kind].append(param)
-        references.append((kind, reference))
     found: dict[str, list[Any]] = {"image": [], "video": []}
-    for (kind, _), item in zip(references, _loaded(references, context, cancel), strict=True):
+    for (_, kind, _), item in zip(references, _loaded(references, context, cancel), strict=True):
         found[kind].append(item)
     return found["image"], found["video"]
 
 
-def _loaded(references: list[tuple[str, Any]], context: ServingContext,
+def _loaded(references: list[tuple[Any, str, int]], context: ServingContext,
             cancel: CancelToken | None) -> Iterator[Any]:
-    """The media of `references` (kind, reference), in their order. Where two or more are http(s) URLs, they are
-    downloaded beside each other on the server's fetch threads (`ServingContext.media_fetches`), so a request's
-    slow images take about one's time, not one's time each; the others load here. The error raised is the first
+    """The media of `references` (reference, kind, index among the request's items of its kind), in their order.
+    Where two or more are http(s) URLs, they are downloaded beside each other on the server's fetch threads
+    (`ServingContext.media_fetches`), so a request's slow images take about one's time, not one's time each; the
+    others load here. The error raised is the first
     failing item's in this order, whichever failed first; the downloads after it are then stopped."""
     policy = context.settings.media_policy
-    indexed, counts = [], {"image": 0, "video": 0}  # load_media_reference's first arguments: the item's index
-    for kind, reference in references:
-        indexed.append((reference, kind, counts[kind]))
-        counts[kind] += 1
-    remote = [place for place, (reference, _, _) in enumerate(indexed) if _is_remote(reference)]
+    remote = [place for place, (reference, _, _) in enumerate(references) if is_remote_reference(reference)]
     rest = CancelToken() if cancel is None else cancel.child()  # cancelled when an item fails: the later ones stop
-    fetches = {place: context.media_fetches.submit(load_media_reference, *indexed[place], policy, rest)
+    fetches = {place: context.media_fetches.submit(load_media_reference, *references[place], policy, rest)
                for place in remote} if len(remote) > 1 else {}
     try:
-        for place, item in enumerate(indexed):
+        for place, item in enumerate(references):
             if cancel is not None:
                 cancel.check()
             fetch = fetches.get(place)
-            yield fetch.result() if fetch is not None else load_media_reference(*item, policy, rest)
+            yield _downloaded(fetch, cancel) if fetch is not None else load_media_reference(*item, policy, rest)
     finally:
         rest.cancel()  # nothing is left to load where every item was: this stops the rest after a failure
         for fetch in fetches.values():
             fetch.cancel()
+
+
+def _downloaded(fetch: Future, cancel: CancelToken | None) -> Any:
+    """`fetch`'s result, or Cancelled once `cancel` is, though the download still waits in the queue of
+    `ServingContext.media_fetches` behind other prompts' (it looks every CANCEL_CHECK_S)."""
+    while cancel is not None and not wait([fetch], timeout=CANCEL_CHECK_S).done:
+        cancel.check()
+    return fetch.result()
 
 
 def _refuse_rendering_fields_in_kwargs(chat_template_kwargs: Mapping[str, Any]) -> None:

@@ -75,7 +75,9 @@ INVALID_HTTP_RESPONSE = _closing_error_response(
 class ReadTimeout:
     """Mixed into uvicorn's HTTP protocol (its h11 or httptools one, which keep a request's state alike, in `cycle`):
     closes a connection whose client keeps the server waiting for request bytes longer than `read_timeout_s` (module
-    docstring), answering `408 Request Timeout` where part of a request came."""
+    docstring), answering `408 Request Timeout` where part of a request came. It also answers bytes uvicorn cannot
+    parse as a request with an OpenAI-style 400 in place of uvicorn's plain-text one (`send_400_response`), so
+    every connection the server serves, timed or not, gets that answer."""
 
     read_timeout_s = DEFAULT_REQUEST_READ_TIMEOUT_S
 
@@ -106,10 +108,19 @@ class ReadTimeout:
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser cannot read as a request (`msg`, "Invalid HTTP request received.",
         uvicorn has logged), as INVALID_HTTP_RESPONSE, an OpenAI-style body where uvicorn's is plain text; then the
-        connection closes, as uvicorn closes it. Where an answer is under way no other can follow: it is only closed."""
-        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
-            self.transport.write(INVALID_HTTP_RESPONSE)
-        self.transport.close()
+        connection closes, as uvicorn closes it. Where an answer is under way no other can follow: it is only closed.
+        A uvicorn keeping its request state under other names answers as plain uvicorn does (_serve_untimed)."""
+        try:
+            cycle = getattr(self, "cycle", None)
+            try:
+                answering = cycle is None or cycle.response_complete or not cycle.response_started
+            except AttributeError as error:
+                _serve_untimed(self, error)
+                answering = True
+            if answering:
+                self.transport.write(INVALID_HTTP_RESPONSE)
+        finally:
+            self.transport.close()
 
     def _timed(self, step: Any, *args: Any) -> None:
         """step(*args), a part of the timeout's bookkeeping, unless this connection is served untimed; it becomes so

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from glimmer.server.metrics import ServerMetrics
 from glimmer.server.response_store import ResponseStore
 from glimmer.server.settings import REMOTE_MEDIA_THREADS, ServerSettings
 
+_media_fetches: ThreadPoolExecutor | None = None  # ServingContext.media_fetches, one for the process
+_media_fetches_lock = threading.Lock()
+
 
 @dataclass
 class ServingContext:
@@ -32,11 +36,6 @@ class ServingContext:
     hidden_special_tokens: frozenset[int] = frozenset()
     """Special tokens chat answers do not show (every one but the framing markers), `Tokenizer.hidden_in_replies`."""
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0, 0.0))
-    media_fetches: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        REMOTE_MEDIA_THREADS, thread_name_prefix="glimmer-media-fetch"), repr=False)
-    """The threads that download a request's http(s) images and videos beside each other (`chat_prompt.load_media`),
-    REMOTE_MEDIA_THREADS at most for the whole server, as many as the prompts that may fetch at once: a prompt's
-    thread waits on them, never the other way round, so none waits for a thread it holds."""
     _remote_media_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, CapacityLimiter] = field(
         default_factory=WeakKeyDictionary, repr=False)
 
@@ -63,6 +62,19 @@ class ServingContext:
         if limiter is None:
             limiter = self._remote_media_limiters.setdefault(loop, CapacityLimiter(REMOTE_MEDIA_THREADS))
         return limiter
+
+    @property
+    def media_fetches(self) -> ThreadPoolExecutor:
+        """The threads that download a request's http(s) images and videos beside each other (`chat_prompt._loaded`):
+        one pool of REMOTE_MEDIA_THREADS for the process, whatever its servers and contexts, as the host-name lookups
+        are one bound for the process (`remote_fetch.MAX_PENDING_LOOKUPS`), started on first use and left to Python's
+        exit to end, as anyio's own worker threads are. A prompt's thread waits on them, never the other way round,
+        so none waits for a thread it holds."""
+        global _media_fetches
+        with _media_fetches_lock:
+            if _media_fetches is None:
+                _media_fetches = ThreadPoolExecutor(REMOTE_MEDIA_THREADS, thread_name_prefix="glimmer-media-fetch")
+            return _media_fetches
 
     @property
     def model_has_vision(self) -> bool:

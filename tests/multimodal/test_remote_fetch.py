@@ -17,6 +17,7 @@ from glimmer.multimodal.remote_fetch import (
     LookupsBusyError,
     RemoteMediaError,
     _GuardedBackend,
+    _resolve,
     fetch_remote,
     is_public_address,
 )
@@ -194,3 +195,20 @@ def test_lookups_a_resolver_never_answers_are_bounded_and_fetches_past_them_are_
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
     with pytest.raises(RemoteMediaError, match="non-public"):  # resolved: the lookups' places are free again
         fetch_remote("http://answered.example/a.png", policy)
+
+
+def test_a_lookup_whose_thread_cannot_start_gives_its_place_back(monkeypatch):
+    """The place among MAX_PENDING_LOOKUPS is taken before the lookup's thread starts; where the thread cannot start
+    (the process is out of threads) no thread would release it, so each such failure lost a place for good, until
+    every fetch was refused as busy."""
+    def refuse(thread: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    for _ in range(MAX_PENDING_LOOKUPS + 1):
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            _resolve("example.com", 80, 1.0, 1.0)
+    monkeypatch.undo()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kwargs: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", port))])
+    assert _resolve("example.com", 80, 5.0, 5.0)[0][4] == ("10.0.0.7", 80)

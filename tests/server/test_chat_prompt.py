@@ -9,6 +9,8 @@ import json
 import logging
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import anyio.to_thread
 import pytest
@@ -16,17 +18,19 @@ from chat_fuzz import cases as fuzz_cases
 from PIL import Image
 from transformers import AutoTokenizer
 
+from glimmer.cancellation import Cancelled, CancelToken
 from glimmer.engine.async_engine import AsyncEngine
 from glimmer.engine.chat_rendering import STRENGTH_KWARGS
 from glimmer.engine.llm_engine import EngineConfig
 from glimmer.errors import ConfigError, RequestError
 from glimmer.multimodal.settings import MediaFetchPolicy
 from glimmer.protocol import ChatTemplateError
+from glimmer.server import chat_prompt
 from glimmer.server.chat_prompt import build_chat_prompt, prompt_threads
 from glimmer.server.context import ServingContext
 from glimmer.server.responses_input import chat_messages
 from glimmer.server.schemas import ChatCompletionRequest
-from glimmer.server.settings import ServerSettings
+from glimmer.server.settings import REMOTE_MEDIA_THREADS, ServerSettings
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -540,3 +544,47 @@ def test_remote_media_prompts_of_two_event_loops_wait_on_pools_of_their_own(engi
         release_first.set()
         first.join()
     assert outcome == {"ran": True}
+
+
+class _LeavesOnceChecked(CancelToken):
+    """A client that leaves just after the prompt last looked, while its downloads wait in the queue."""
+
+    def check(self) -> None:
+        super().check()
+        self.cancel()
+
+
+def test_a_prompt_whose_client_leaves_while_its_downloads_wait_for_a_fetch_thread_stops_at_once(monkeypatch):
+    """A prompt waited for its first download's result without looking at its token: where every fetch thread was
+    busy with other prompts' downloads, its thread stayed blocked after the client left until one came free."""
+    loaded = []
+    monkeypatch.setattr(chat_prompt, "load_media_reference", lambda reference, *args: loaded.append(reference))
+    busy, outcome = threading.Event(), {}
+    references = [("https://images.example/a.png", "image", 0), ("https://images.example/b.png", "image", 1)]
+    context = SimpleNamespace(settings=SimpleNamespace(media_policy=MediaFetchPolicy(allow_remote=True)))
+
+    def load() -> None:
+        try:
+            list(chat_prompt._loaded(references, context, _LeavesOnceChecked()))
+        except Cancelled as error:
+            outcome["error"] = error
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(busy.wait)  # another prompt's download holds the only fetch thread
+        context.media_fetches = pool
+        prompt = threading.Thread(target=load)
+        prompt.start()
+        prompt.join(timeout=30)  # blocked for good before the fix: ends when the pool frees, well after this
+        stopped_while_busy = not prompt.is_alive()
+        busy.set()
+        prompt.join()
+    assert stopped_while_busy and isinstance(outcome.get("error"), Cancelled)
+    assert loaded == []  # the queued downloads were dropped, not run once a thread came free
+
+
+def test_the_threads_fetching_remote_media_are_one_pool_for_the_process_whatever_its_contexts():
+    """Each ServingContext started a pool of REMOTE_MEDIA_THREADS it never shut down, though the bound was said to be
+    the whole server's: a process serving several apps (or building contexts in tests) piled up pools."""
+    first, second = (ServingContext(*[None] * 6) for _ in range(2))
+    assert first.media_fetches is second.media_fetches
+    assert first.media_fetches._max_workers == REMOTE_MEDIA_THREADS

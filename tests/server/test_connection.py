@@ -334,6 +334,35 @@ def test_a_uvicorn_keeping_its_request_state_under_other_names_serves_untimed(ma
     assert len(warnings) == 1 and "body_expected" in warnings[0].getMessage()
 
 
+class _Transport:
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("state", ["no-cycle-attribute", "cycle-fields-renamed"])
+def test_a_uvicorn_keeping_its_request_state_under_other_names_still_answers_unreadable_bytes_and_closes(
+        state, monkeypatch):
+    """The 400 for bytes uvicorn cannot parse read `self.cycle` and its fields directly: under other names it raised
+    AttributeError before closing the connection, which stayed open with no answer."""
+    import glimmer.server.connection as connection
+
+    monkeypatch.setattr(connection, "_unknown_uvicorn_logged", False)
+    protocol = object.__new__(read_timeout_protocol(READ_TIMEOUT_S))
+    protocol.transport, protocol._timing, protocol._read_timer = _Transport(), True, None
+    if state == "cycle-fields-renamed":
+        protocol.cycle = object()
+    protocol.send_400_response("Invalid HTTP request received.")
+    assert protocol.transport.closed
+    assert protocol.transport.written.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+
+
 resource = pytest.importorskip("resource")  # (not on Windows, which has no such limit)
 LOW_FILE_LIMIT = 256
 IDLE_CONNECTIONS = 400  # more than LOW_FILE_LIMIT
