@@ -10,6 +10,7 @@ chosen acceptance.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -312,11 +313,25 @@ def forced_acceptance(mean_accepted: float) -> Callable[[Sequence, int], int]:
     """A `correct` schedule for ReplayProposer whose long-run mean of correct tokens per step is
     `mean_accepted` (so the mean acceptance length is mean_accepted + 1): floor((t+1)·m) − floor(t·m) at a
     sequence's t-th proposal."""
-    counts: dict[int, int] = {}
+    counts: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
 
     def correct(seq: Sequence, k: int) -> int:
-        t = counts.get(id(seq), 0)
-        counts[id(seq)] = t + 1
+        t = counts.get(seq, 0)
+        counts[seq] = t + 1
         return int((t + 1) * mean_accepted) - int(t * mean_accepted)
+
+    return correct
+
+
+def cycling_acceptance(*pattern: int) -> Callable[[Sequence, int], int]:
+    """A `correct` schedule for ReplayProposer: a sequence's t-th proposal has pattern[t % len(pattern)] correct
+    tokens (at most k). Kept per sequence object, weakly: a finished sequence's id can be a new one's, and a new
+    sequence must start the pattern afresh (a schedule keyed by id() made seeded runs differ by chance)."""
+    counts: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
+
+    def correct(seq: Sequence, k: int) -> int:
+        t = counts.get(seq, 0)
+        counts[seq] = t + 1
+        return pattern[t % len(pattern)]
 
     return correct

@@ -15,7 +15,6 @@ computes k + 1 positions in one forward, a batch has other matmul shapes), withi
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -23,7 +22,7 @@ import torch
 from spec_support import DRAFTER, TARGET, K, record_drafts
 
 from glimmer import LLM, SamplingParams
-from glimmer.engine.proposers import ReplayProposer
+from glimmer.engine.proposers import ReplayProposer, cycling_acceptance
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.tiny import write_tiny_drafter
 
@@ -53,10 +52,9 @@ def speculating(checkpoints, same_cpu_kernels_in_module):
     llm = LLM(str(target), progress=False, enable_prefix_caching=False,
               speculative_config={"method": "dflash", "model": str(drafter), "draft_policy": "always"})
     known: dict[tuple[int, ...], list[int]] = {}
-    counters: dict[int, itertools.cycle] = {}
     spec = llm.engine.speculator
     spec.proposer = ReplayProposer(lambda seq: known.get(tuple(seq.prompt_token_ids)),
-                                   lambda seq, k: next(counters.setdefault(id(seq), itertools.cycle((K, 0, 2, 1)))),
+                                   cycling_acceptance(K, 0, 2, 1),
                                    llm.engine.model_config.text.vocab_size, K, inner=spec.proposer)
     llm.known = known
     return llm

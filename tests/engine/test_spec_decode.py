@@ -28,7 +28,7 @@ from glimmer.engine import llm_engine, spec_decode
 from glimmer.engine.grammar import GrammarController, GrammarMasks
 from glimmer.engine.kv_cache_manager import DRAFT
 from glimmer.engine.llm_engine import EngineConfig, LLMEngine, StepError
-from glimmer.engine.proposers import Draft, ReplayProposer
+from glimmer.engine.proposers import Draft, ReplayProposer, cycling_acceptance, forced_acceptance
 from glimmer.engine.sampler import SamplingRow, constrain, sampling_probs
 from glimmer.engine.sampling_params import StructuredOutputsParams
 from glimmer.engine.sequence import Sequence
@@ -78,12 +78,6 @@ def _replay(engine: LLMEngine, known: dict[tuple[int, ...], list[int]], correct,
                                    inner=spec.proposer if keep_drafter else None, mistake=mistake)
 
 
-def _cycle(*pattern: int):
-    """Correct tokens per proposal, cycling through `pattern` per sequence (K means all)."""
-    counters: dict[int, itertools.cycle] = {}
-    return lambda seq, k: next(counters.setdefault(id(seq), itertools.cycle(pattern)))
-
-
 def _drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]], params=GREEDY):
     tokens: dict[str, list[int]] = {}
     step = 0
@@ -104,6 +98,22 @@ def _generate(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
 
 
 # --- against transformers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", [lambda: cycling_acceptance(K, 0, 2), lambda: forced_acceptance(0.5)])
+def test_a_replay_schedule_starts_afresh_for_each_new_sequence_whose_id_a_finished_one_had(schedule):
+    """The schedules are kept per sequence object: CPython hands a finished sequence's id to the next one made,
+    and a schedule keyed by id() gave that one the old sequence's place in the pattern, so seeded sampled runs
+    with speculation differed batched and alone by chance (a CI failure of test_feature_differential.py)."""
+
+    class Seq:  # the schedules need only a weakly referable object
+        pass
+
+    correct = schedule()
+    first = [correct(Seq(), K) for _ in range(50)]  # each object dies at once; its id is reused
+    assert first == [first[0]] * 50
+    seq = Seq()
+    assert [correct(seq, K) for _ in range(4)] == ([K, 0, 2, K] if first[0] == K else [0, 1, 0, 1])
 
 
 def test_drafts_and_tokens_match_transformers_dflash_generate_at_batch_1(make_tiny, tmp_path):
@@ -160,7 +170,7 @@ def test_full_partial_and_zero_acceptance_match_greedy_without(target, drafter, 
     prompts = _prompts(16, seed=2)
     known = _continuations(plain, prompts, GREEDY)
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
-    _replay(engine, known, _cycle(K, 2, 0))
+    _replay(engine, known, cycling_acceptance(K, 2, 0))
     arrivals: dict[int, list] = {}
     for i, prompt in enumerate(prompts):
         arrivals.setdefault(i * 2, []).append((f"r{i}", prompt))
@@ -183,7 +193,7 @@ def test_verification_steps_replayed_from_static_graph_buffers_match_greedy_with
     runner.graphs = DecodeGraphs(engine.loaded.model, runner.kv_caches, engine.kv, runner.null_blocks, 8,
                                  engine.kv.blocks_needed_for(engine.max_model_len), engine.device,
                                  capture_layers=runner.capture_layers, max_query_len=1 + K, eager_replay=True)
-    _replay(engine, known, _cycle(K, 2, 0))
+    _replay(engine, known, cycling_acceptance(K, 2, 0))
     tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts[:3])],
                              2: [(f"r{i}", p) for i, p in enumerate(prompts[3:], start=3)]})
     assert [tokens[f"r{i}"] for i in range(5)] == [known[tuple(p)] for p in prompts]
@@ -236,7 +246,7 @@ def test_preemption_and_chunked_prefill_under_a_tiny_pool_match_greedy_without(t
     engine = LLMEngine(EngineConfig(str(target), progress=False, kv_cache_memory=250_000, max_num_seqs=3,
                                     max_num_batched_tokens=32, max_model_len=160,
                                     speculative_config=speculative(drafter)))
-    _replay(engine, known, _cycle(K, 1, 3))
+    _replay(engine, known, cycling_acceptance(K, 1, 3))
     tokens = _drive(engine, {0: [(f"r{i}", p) for i, p in enumerate(prompts)]}, longer)
     assert engine.scheduler.num_preemptions > 0
     assert [tokens[f"r{i}"] for i in range(len(prompts))] == [known[tuple(p)] for p in prompts]
@@ -272,7 +282,7 @@ def test_an_image_prompt_matches_greedy_without(make_tiny, tmp_path):
     expected = LLM(str(checkpoint), progress=False).generate(prompt, params)[0].token_ids
     llm = LLM(str(checkpoint), progress=False, speculative_config=speculative(drafter_dir))
     ids = llm.engine.prepare_prompt(prompt["prompt"], [image])[0]
-    _replay(llm.engine, {tuple(ids): expected}, _cycle(3, K, 0))
+    _replay(llm.engine, {tuple(ids): expected}, cycling_acceptance(3, K, 0))
     output = llm.generate(prompt, params)[0]
     assert output.token_ids == expected
     assert llm.engine.speculator.stats.num_accepted_tokens > 0
@@ -377,7 +387,7 @@ def test_async_scheduling_with_speculation_matches_synchronous_plain_decoding(ta
         SamplingParams(temperature=0, max_tokens=40, stop=[texts[5], "zz"] if texts[5] else ["zz"], ignore_eos=True),
     ]
     llm = LLM(str(target), progress=False, async_scheduling=True, speculative_config=speculative(drafter))
-    _replay(llm.engine, known, _cycle(*pattern))
+    _replay(llm.engine, known, cycling_acceptance(*pattern))
     expected = plain.generate(prompts, params)
     got = llm.generate(prompts, params)
     assert [(o.token_ids, o.text, o.finish_reason, o.stop_reason) for r in got for o in r.outputs] == [
@@ -396,7 +406,7 @@ def test_scoring_with_max_tokens_0_and_prompt_logprobs_beside_speculating_reques
     expected_scores = plain.generate([prompts[0]], scored)[0].prompt_logprobs
     known = _continuations(plain, prompts[1:], GREEDY)
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
-    _replay(engine, known, _cycle(K, 1))
+    _replay(engine, known, cycling_acceptance(K, 1))
     engine.add_request("g1", prompts[1], GREEDY)
     engine.step()  # g1 decodes (and verifies proposals) while the scored prompt and g2 arrive
     engine.add_request("s", prompts[0], scored)
@@ -458,7 +468,7 @@ def test_a_grammar_mask_applies_to_every_verified_position(target, drafter):
     assert sum(f != t for p, o in zip(prompts, expected, strict=True)
                for f, t in zip(favourites[tuple(p)], o, strict=False)) > 10
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
-    _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, _cycle(2, 0, K),
+    _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, cycling_acceptance(2, 0, K),
             mistake=lambda seq, index, right: (favourites[tuple(seq.prompt_token_ids)] + [right + 1] * K)[index])
     got = _generate(engine, prompts, LETTERS)
     assert got == expected
@@ -475,7 +485,7 @@ def test_a_grammar_failing_mid_run_ends_its_request_alone(target, drafter, plain
     prompts = _prompts(2, seed=16)
     known = {**_continuations(plain, prompts[:1], GREEDY), **_continuations(plain, prompts[1:], LETTERS)}
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
-    _replay(engine, known, _cycle(K, 1))
+    _replay(engine, known, cycling_acceptance(K, 1))
     real = getattr(broken_class, method)
     calls = itertools.count()
 
@@ -516,7 +526,7 @@ def test_a_chat_turn_steered_into_a_tool_call_matches_without(target, drafter):
     expected = LLM(str(target), progress=False).chat(messages, params, **kwargs)[0].output
     llm = LLM(str(target), progress=False, speculative_config=speculative(drafter))
     prompt = tuple(expected.prompt_token_ids)
-    _replay(llm.engine, {prompt: expected.token_ids}, _cycle(K, 0, 2))
+    _replay(llm.engine, {prompt: expected.token_ids}, cycling_acceptance(K, 0, 2))
     got = llm.chat(messages, params, **kwargs)[0].output
     assert (got.token_ids, got.finish_reason) == (expected.token_ids, expected.finish_reason)
     assert llm.engine.speculator.stats.num_accepted_tokens > 0
@@ -770,7 +780,7 @@ def test_aborting_a_request_whose_proposals_wait_for_verification_leaves_the_oth
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     engine = LLMEngine(EngineConfig(str(target), progress=False, async_scheduling=async_scheduling,
                                     speculative_config=speculative(drafter)))
-    _replay(engine, _continuations(plain, prompts, params), _cycle(K, 2))
+    _replay(engine, _continuations(plain, prompts, params), cycling_acceptance(K, 2))
     for name, prompt in zip("ab", prompts, strict=True):
         engine.add_request(name, prompt, params)
     tokens: dict[str, list[int]] = {"a": [], "b": []}
@@ -1215,7 +1225,7 @@ def test_a_follow_up_turn_finds_every_full_block_of_the_first_turn_in_the_prefix
     llm = LLM(str(target), progress=False, speculative_config=speculative(drafter) if proposals else None,
               async_scheduling=async_scheduling)  # True: plain decode steps run ahead (lookahead.py), as on CUDA
     if proposals == "replayed":  # the drafter runs, but the target's own continuation is proposed: long runs accepted
-        _replay(llm.engine, {tuple(prompt): expected_first}, _cycle(K, K - 1, 2))
+        _replay(llm.engine, {tuple(prompt): expected_first}, cycling_acceptance(K, K - 1, 2))
     first = llm.generate([prompt], params)[0].token_ids
     second = llm.generate([prompt + first + [7]], GREEDY)[0]
     computed = len(prompt) + len(first) - 1  # the last token was sampled, never an input
@@ -1314,7 +1324,7 @@ def test_allowed_token_ids_apply_to_every_verified_position(target, drafter):
     favourites = {tuple(p): _favourites(plain, p, o) for p, o in zip(prompts, expected, strict=True)}
     assert sum(f not in params.allowed_token_ids for f in itertools.chain(*favourites.values())) > 10
     engine = LLMEngine(EngineConfig(str(target), progress=False, speculative_config=speculative(drafter)))
-    _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, _cycle(2, 0, K),
+    _replay(engine, {tuple(p): o for p, o in zip(prompts, expected, strict=True)}, cycling_acceptance(2, 0, K),
             mistake=lambda seq, index, right: (favourites[tuple(seq.prompt_token_ids)] + [right + 1] * K)[index])
     assert _generate(engine, prompts, params) == expected
     stats = engine.speculator.stats
