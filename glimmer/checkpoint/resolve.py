@@ -22,6 +22,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 _HUB_WEIGHTS = ["*.safetensors"]
 _HUB_DRAFTER_WEIGHTS = ["*.safetensors", "head.pt"]  # the HF export, or the vendor's native head.pt
+# the weights the loaders never read: safetensors below the top level (a Trainer's checkpoint-N/ and
+# last-checkpoint/ folders), which the Hub client's patterns, matched against the whole path, would otherwise fetch
+_HUB_NESTED_WEIGHTS = ["*/*.safetensors"]
 # the pickle fallback's files left out: the training state, and every pickle file below the top level (a Trainer's
 # checkpoint-N folders), which the loader never reads (pickle_files takes the top level) and the Hub client's
 # patterns, matched against the whole path, would otherwise fetch
@@ -35,7 +38,8 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     A directory or a GGUF file that exists is used as it is. The names of the embedded models (`glimmer-nano`,
     `glimmer-nano-dflash`, the names the server reports) are those models. Otherwise a Hub id (`owner/name`) is
     downloaded (or found in the local Hugging Face cache); with `weights=False` only its config, tokenizer and
-    template files are. Its weights are its safetensors files; with `allow_pickle`, a repository that has none
+    template files are. Its weights are its top-level safetensors files (those below, a Trainer's `checkpoint-N/`
+    folders, are not downloaded: the loader never reads them); with `allow_pickle`, a repository that has none
     gives its top-level pickle weights instead (not the training state a Trainer uploads beside them, nor its
     `checkpoint-N/` folders), as vLLM falls back to `*.bin`. Raises CheckpointError saying what was tried and how
     to fix it.
@@ -43,7 +47,8 @@ def resolve_checkpoint(model: str | os.PathLike, *, revision: str | None = None,
     local = _local_checkpoint(model)
     if local is not None:
         return local
-    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []))
+    snapshot = _download(str(model), revision, _HUB_FILES + (_HUB_WEIGHTS if weights else []),
+                         _HUB_NESTED_WEIGHTS if weights else None)
     if weights and allow_pickle and not any(snapshot.glob("*.safetensors")):
         snapshot = _download(str(model), revision, _HUB_FILES + list(PICKLE_PATTERNS), _HUB_PICKLE_IGNORED)
     return snapshot
@@ -100,8 +105,9 @@ def is_hub_id(text: str) -> bool:
 def download_drafter(hub_id: str, *, weights: bool = True) -> Path:
     """The local directory of the DFlash drafter `hub_id` (owner/name): its config and weights (safetensors, or
     the vendor's native head.pt; with `weights=False` the config alone) downloaded, or found in the local Hugging
-    Face cache. Raises CheckpointError."""
-    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []))
+    Face cache; safetensors below its top level are not, as for a model. Raises CheckpointError."""
+    return _download(hub_id, None, _HUB_FILES + (_HUB_DRAFTER_WEIGHTS if weights else []),
+                     _HUB_NESTED_WEIGHTS if weights else None)
 
 
 def _download(text: str, revision: str | None, patterns: list[str], ignored: list[str] | None = None) -> Path:

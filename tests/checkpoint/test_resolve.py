@@ -130,6 +130,27 @@ def test_a_hub_pickle_fallback_downloads_no_intermediate_checkpoints(monkeypatch
     assert not (snapshot / "checkpoint-500").exists()
 
 
+def test_a_hub_download_fetches_no_safetensors_below_the_top_level(monkeypatch, tmp_path, tiny_checkpoint):
+    """`*.safetensors` is matched against the whole path: a Trainer's upload had every `checkpoint-N/` (and
+    `last-checkpoint/`) folder's weights downloaded beside the model's, a full model's size each, though the loader
+    reads the top-level files alone. The model still loads and answers as from its directory."""
+    from glimmer import LLM, SamplingParams
+
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_checkpoint, repo)
+    for folder in ("checkpoint-500", "last-checkpoint", "checkpoint-500/nested"):
+        (repo / folder).mkdir(parents=True, exist_ok=True)
+        shutil.copy(tiny_checkpoint / "model.safetensors", repo / folder / "model.safetensors")
+    _serve_as_hub(monkeypatch, repo, tmp_path)
+    snapshot = resolve_checkpoint("owner/trained")
+    assert (snapshot / "model.safetensors").is_file()
+    assert sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*.safetensors")) == ["model.safetensors"]
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    got = LLM("owner/trained", device="cpu").generate(["Hello"], greedy)
+    expected = LLM(str(tiny_checkpoint), device="cpu").generate(["Hello"], greedy)
+    assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+
+
 def test_a_hub_repository_with_safetensors_downloads_no_pickle_weights(monkeypatch, tmp_path, tiny_checkpoint):
     repo = tmp_path / "repo"
     shutil.copytree(tiny_checkpoint, repo)

@@ -846,10 +846,11 @@ def test_a_hub_id_names_the_drafter_as_it_names_the_target(target, drafter, plai
     load), and with dummy weights its config alone."""
     import huggingface_hub
 
-    fetched = []
+    fetched, ignored = [], []
 
-    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, ignore_patterns=None):
         fetched.append((repo_id, allow_patterns))
+        ignored.append(ignore_patterns)
         return str(drafter)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
@@ -859,6 +860,7 @@ def test_a_hub_id_names_the_drafter_as_it_names_the_target(target, drafter, plai
     [(repo, config_patterns), (repo_again, patterns)] = fetched
     assert repo == repo_again == "muse-org/tiny-assistant" and {"*.json", "*.safetensors", "head.pt"} <= set(patterns)
     assert "*.json" in config_patterns and not {"*.safetensors", "head.pt"} & set(config_patterns)
+    assert ignored[1] == ["*/*.safetensors"]  # no weights below the top level (a Trainer's checkpoint-N/ folders)
     LLMEngine(EngineConfig(str(target), progress=False, load_format="dummy",
                            speculative_config=speculative("muse-org/tiny-assistant")))
     assert len(fetched) == 4 and all("*.json" in patterns and not {"*.safetensors", "head.pt"} & set(patterns)
@@ -869,7 +871,7 @@ def test_a_hub_id_drafter_that_cannot_be_fetched_is_refused_naming_speculative_c
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    def offline(repo_id, revision=None, allow_patterns=None):
+    def offline(repo_id, revision=None, allow_patterns=None, ignore_patterns=None):
         raise LocalEntryNotFoundError("offline")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
