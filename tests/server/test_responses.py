@@ -357,6 +357,27 @@ def test_a_turn_of_several_messages_is_rendered_back_as_the_model_wrote_it(serve
     assert runner.prompts[-1].startswith(asked + turn)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_message_of_one_channel_is_an_item_of_its_own_rendered_back_as_written(server, client, stream):
+    """Two messages in a row to one channel (two answers to the user, two reasoning messages) made one item: the
+    answers' text ran together ("One.Two.") and was rendered back as one message, so the continued prompt held a
+    turn the model had not written (and missed the prefix cache from there). Each message is an item of its own, with
+    the logprobs of its own tokens."""
+    runner = server.engine.engine.runner
+    turn = (" to=self<|message|>First.<|eom|><|start|>assistant to=self<|message|>Second.<|eom|>"
+            "<|start|>assistant to=user<|message|>One.<|eom|><|start|>assistant to=user<|message|>Two.<|eot|>")
+    runner.add("[two-by-two]", turn)
+    created = _create(client, input="[two-by-two] Go", stream=stream, include=["message.output_text.logprobs"])
+    first = list(created)[-1].response if stream else created
+    assert [(item.type, item.content[0].text) for item in first.output] == [
+        ("reasoning", "First."), ("reasoning", "Second."), ("message", "One."), ("message", "Two.")]
+    assert ["".join(entry.token for entry in item.content[0].logprobs) for item in first.output[2:]] == ["One.", "Two."]
+    asked = runner.prompts[-1]
+    _create(client, input="[greet] Thanks", previous_response_id=first.id)
+    answers = "<|start|>assistant to=user<|message|>One.<|eom|><|start|>assistant to=user<|message|>Two.<|eot|>"
+    assert runner.prompts[-1].startswith(asked) and answers in runner.prompts[-1]
+
+
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
     calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
              for city in ("Paris", "Oslo")]
