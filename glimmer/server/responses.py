@@ -92,7 +92,7 @@ class _Conversation:
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
     """Raises RequestError for an unknown previous response or anything the model cannot take."""
     check_supported(request)
-    items = [_with_stored_reasoning(item, store) for item in input_items(request.input)]
+    items = [_with_stored_reasoning(item, store, f"input[{i}]") for i, item in enumerate(input_items(request.input))]
     continued = 0  # items of the response continued, before the request's own input
     previous = None
     if request.previous_response_id is not None:
@@ -136,17 +136,21 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     return _Conversation(items, chat, sources, previous, continued)
 
 
-def _with_stored_reasoning(item: Any, store: ResponseStore) -> Any:
+def _with_stored_reasoning(item: Any, store: ResponseStore, where: str) -> Any:
     """A reasoning item sent back with no text (`content` and `summary` empty, no `encrypted_content`), filled with
     the text of the stored output item of its `id`, as OpenAI reads a stored item by its id: LangChain's stream
     builds a reasoning item from `response.output_item.added`, before its text, and sends it back so. Any other
-    item, or one no stored response holds, is returned as it is."""
+    item is returned as it is. Raises RequestError naming `where` (the item's place in the input) for one whose id
+    no stored response holds: it would render as no reasoning at all."""
     if not isinstance(item, dict) or item.get("type") != "reasoning" or not isinstance(item.get("id"), str) or any(
             item.get(name) for name in ("content", "summary", "encrypted_content")):
         return item
     stored = store.output_item(item["id"])
     if stored is None or stored.get("type") != "reasoning":
-        return item
+        raise RequestError(f"{where}: the reasoning item {item['id']!r} has no text (its content, summary and "
+                           "encrypted_content are empty) and no stored response holds a reasoning item of that id "
+                           "(never stored, store: false, expired, evicted or deleted; responses are kept in memory); "
+                           "send its text in content, or leave the item out", param=where)
     return {**item, "content": stored["content"]}
 
 

@@ -237,6 +237,29 @@ def test_a_reasoning_item_sent_back_without_its_text_renders_the_stored_text_of_
     assert replayed.output_text == "It is sunny in Paris."
 
 
+@pytest.mark.parametrize("store", [True, False])
+def test_a_reasoning_item_sent_back_without_its_text_and_not_stored_is_400_naming_it(server, client, store):
+    """A reasoning item sent back with no text renders the stored text of its id; one whose id no stored response
+    holds (created with store: false, expired, evicted, deleted, or the server restarted) rendered as no reasoning at
+    all, silently: the model lost what it had thought. It is refused naming the item, as OpenAI refuses an item id it
+    does not find."""
+    first = _create(client, input="[greet] Hello!", store=store)
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning"
+    as_langchain_sends = {"id": reasoning.id, "summary": [], "type": "reasoning", "content": [],
+                          "status": "in_progress"}
+    body = {"model": "tiny", "input": [{"role": "user", "content": "[greet] Hello!"}, as_langchain_sends,
+                                       {"role": "assistant", "content": first.output_text},
+                                       {"role": "user", "content": "[greet] Again!"}], **EXTRA}
+    response = httpx.post(server.base_url + "/responses", json=body)
+    if store:
+        assert response.status_code == 200
+        return
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "input[1]" and reasoning.id in error["message"] and "content" in error["message"]
+
+
 def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
