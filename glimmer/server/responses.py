@@ -307,7 +307,7 @@ class OutputBuilder:
         out: list[dict[str, Any]] = []
         if item["type"] == "function_call":
             out.append({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
-                        "arguments": item["arguments"]})
+                        "name": item["name"], "arguments": item["arguments"]})
         else:
             part = item["content"][0]
             done_type = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"

@@ -662,6 +662,14 @@ def test_a_streamed_call_sends_argument_deltas(client):
     assert json.loads(arguments) == {"city": "Paris"} and done[0].arguments == arguments
 
 
+def test_the_arguments_done_event_names_the_function_called(client):
+    """OpenAI's API reference lists `name` among the required fields of response.function_call_arguments.done (the
+    clients generated from its OpenAPI spec read it); the event carried only the arguments."""
+    events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
+    done, = [e.model_dump() for e in events if e.type == "response.function_call_arguments.done"]
+    assert done["name"] == "get_weather"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_completed_response_says_when_it_completed_and_an_incomplete_one_does_not(client, stream):
     """`completed_at`, which the SDK's Response types and OpenAI sets on a completed response, was left out (None)."""
