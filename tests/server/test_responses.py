@@ -511,6 +511,24 @@ def test_an_answer_sent_again_without_its_ids_beside_previous_response_id_is_400
     assert httpx.post(server.base_url + "/responses", json=body, timeout=30).status_code == 200
 
 
+def test_a_new_assistant_message_saying_what_the_chain_said_before_is_taken(server, client):
+    """Beside previous_response_id, an assistant message item after a new user message was refused as the previous
+    response's answer sent again whenever an earlier answer said the same ("Hello there!" twice): a conversation
+    where the model repeats itself could not be continued. What the chain holds is refused only while the input
+    repeats the chain (its answer first, or its whole conversation again)."""
+    first = _create(client, input="[greet] Hello!")
+    said = first.output_text
+    body = {"model": "tiny", "previous_response_id": first.id, "max_output_tokens": 4, **EXTRA,
+            "input": [{"role": "user", "content": "Say it once more"}, {"role": "assistant", "content": said},
+                      {"role": "user", "content": "[greet] Thanks"}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    body["input"] = [{"role": "user", "content": "[greet] Hello!"}, {"role": "assistant", "content": said},
+                     {"role": "user", "content": "[greet] Thanks"}]
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input[1]", response.text
+
+
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     def refused(**fields):
         body = {"model": "tiny", "tools": [WEATHER_TOOL], **fields}
