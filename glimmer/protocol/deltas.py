@@ -31,8 +31,10 @@ Event = (
     tuple[Literal["reasoning"], str]
     | tuple[Literal["content"], str]
     | tuple[Literal["tool_call"], ToolCallDelta]
+    | tuple[Literal["message"], Literal["reasoning", "content"]]
 )
-"""One piece of parser output, in wire order."""
+"""One piece of parser output, in wire order. A `("message", channel)` event (only from a parser made with
+`mark_messages`) says that a message of that channel starts: the text that follows is its own, not the one before's."""
 
 
 _new_tuple = tuple.__new__

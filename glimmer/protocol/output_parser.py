@@ -90,15 +90,21 @@ class OutputParser:
     whole reasoning (P-CHAN-4). Its last character decides whether the reply may open with a headerless switch
     (P-HDR-7), as in the whole body. `verbatim_content`: the answer is grammar-
     constrained (structured outputs), so content bodies are delivered as written, ATEM-like text included
-    (P-CHAN-2), without the markup filter that drops a tag cut short at a body's end.
+    (P-CHAN-2), without the markup filter that drops a tag cut short at a body's end. `mark_messages`: each
+    reasoning or content message a header opens sends a `("message", channel)` event before its first text, so that
+    a reader can tell two messages of one channel apart (the Responses API makes an output item of each); orphan text
+    continues the content before it.
 
     State the engine reads (all O(1)): `channel`, `other_role_header_seen`, `reasoning_spans`, `content_spans`,
     `decided_offset`, `valid_call_names`, `has_valid_call`, `unresolved_call_count`, `turn_ended`.
     """
 
     def __init__(self, tools: Iterable[Mapping[str, Any]] | None = None, *,
-                 continue_recipient: str | None = None, continue_prefix: str = "", verbatim_content: bool = False):
+                 continue_recipient: str | None = None, continue_prefix: str = "", verbatim_content: bool = False,
+                 mark_messages: bool = False):
         self._tools = ToolRegistry(tools)
+        self._mark_messages = mark_messages
+        self._message_unmarked = False  # the open message's `("message", channel)` event is still to be sent
         self._verbatim_content = verbatim_content
         self._events: list[list[Any]] = []
         self._ledger = CallLedger(self._emit_call)
@@ -431,6 +437,7 @@ class OutputParser:
 
     def _open_message(self, channel: Channel, recipient: str | None, start_offset: int) -> None:
         self._channel = channel
+        self._message_unmarked = self._mark_messages and channel in ("reasoning", "content")
         self._at_body_start = True
         self._dropped_characters = 0
         if channel == "reasoning":
@@ -459,6 +466,7 @@ class OutputParser:
         elif channel == "reasoning":
             self._closed_reasoning_spans.append((self._reasoning_span_start, end_offset))
         self._channel = _ORPHAN
+        self._message_unmarked = False
         self._at_body_start = True
         self._dropped_characters = 0
 
@@ -478,6 +486,9 @@ class OutputParser:
         if not text:
             return
         channel = self._channel
+        if self._message_unmarked:  # sent with the message's first text: an empty message makes no event
+            self._message_unmarked = False
+            self._events.append(["message", channel])
         if channel == "reasoning":
             if not self._reasoning_block_has_text:
                 # P-CHAN-4: reasoning blocks are joined by one newline, sent with the next block's first text.
@@ -516,19 +527,20 @@ class OutputParser:
 
     def _delta(self) -> Delta:
         """The events since the last delta, as one Delta; they are drained (every path that emits ends here)."""
-        if len(self._events) == 1 and self._events[0][0] != "tool_call":
+        if len(self._events) == 1 and self._events[0][0] in ("reasoning", "content"):
             kind, parts = self._events[0]
             self._events = []
             return Delta.single(kind, "".join(parts))
         events: list[Any] = []
         for kind, payload in self._events:
-            events.append((kind, payload) if kind == "tool_call" else (kind, "".join(payload)))
+            events.append((kind, "".join(payload)) if kind in ("reasoning", "content") else (kind, payload))
         self._events = []
         return Delta.from_events(events)
 
     def _fast_path_channel(self) -> str | None:
         """Which channel plain text can go to without scanning, or None (see `feed`)."""
-        if "<" in self._buffer or self._mode is _HEADER or self._at_body_start or not self._markup.is_settled:
+        if ("<" in self._buffer or self._mode is _HEADER or self._at_body_start or self._message_unmarked
+                or not self._markup.is_settled):
             return None
         channel = self._channel
         if channel == "content" or channel == _ORPHAN:

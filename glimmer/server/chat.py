@@ -268,11 +268,12 @@ async def _prepared_run(raw_request: Request, context: ServingContext, request: 
 
 
 async def start_chat_run(raw_request: Request, context: ServingContext, request: ChatCompletionRequest,
-                         arrival: float, named_for: str | None = None
+                         arrival: float, named_for: str | None = None, *, mark_messages: bool = False
                          ) -> tuple[ChatRun, StepDelta, AsyncIterator[StepDelta]]:
     """Render, submit and wait for the first delta. Raises before any output: an invalid request (400), an
     overloaded or stopped engine, or a client that left (the request is then aborted). `named_for`: the id of the
-    response the run makes, where it is not the chat completion's (`_prepared_run`)."""
+    response the run makes, where it is not the chat completion's (`_prepared_run`); `mark_messages`: the choices'
+    events mark where each reasoning or content message starts (OutputParser's)."""
     stop = stop_strings(request)
     hidden = frozenset() if request.skip_special_tokens is False else context.hidden_special_tokens
 
@@ -280,7 +281,8 @@ async def start_chat_run(raw_request: Request, context: ServingContext, request:
         return [ChoiceStream(i, prompt.tools.parser_tools, stop=stop, single_call=request.parallel_tool_calls is False,
                              include_stop=request.include_stop_str_in_output, hidden_tokens=hidden,
                              min_tokens=params.min_tokens, verbatim_content=prompt.constrained_answer,
-                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix)
+                             continue_recipient=prompt.continue_recipient, continue_prefix=prompt.continue_prefix,
+                             mark_messages=mark_messages)
                 for i in range(params.n)]
 
     run = await _prepared_run(raw_request, context, request, arrival, choices, named_for)

@@ -77,7 +77,7 @@ def _joined(first: Released, second: Released) -> Released | None:
     if not first.events:  # held-back entries go with the answer text that follows them
         return Released(second.events, logprobs) if kind == "content" else None
     (first_kind, first_payload), = first.events
-    if kind != first_kind:
+    if kind != first_kind or kind == "message":  # each message start stays an event of its own
         return None
     if kind == "tool_call":
         if payload.is_start or payload.index != first_payload.index:
@@ -92,17 +92,18 @@ class ChoiceStream:
     def __init__(self, index: int, tools: Iterable[Mapping[str, Any]] | None, *, stop: list[str],
                  single_call: bool, include_stop: bool = False, hidden_tokens: Collection[int] = (),
                  min_tokens: int = 0, verbatim_content: bool = False, continue_recipient: str | None = None,
-                 continue_prefix: str = ""):
+                 continue_prefix: str = "", mark_messages: bool = False):
         """min_tokens: stop strings are looked for in the answer once more than that many tokens were generated;
         verbatim_content: the answer is grammar-constrained, its text goes to content as written; continue_recipient:
         the prompt ends inside a message to this recipient, which the reply continues, and continue_prefix is that
-        message's body in the prompt (all three OutputParser's); hidden_tokens: the special tokens the engine left
-        out of the text (`hidden_token_ids`), which have no answer logprob."""
+        message's body in the prompt; mark_messages: a `("message", channel)` event starts each reasoning or content
+        message (all four OutputParser's); hidden_tokens: the special tokens the engine left out of the text
+        (`hidden_token_ids`), which have no answer logprob."""
         self.index = index
         self._min_tokens = min_tokens
         self._hidden_tokens = frozenset(hidden_tokens)
         self.parser = OutputParser(tools, continue_recipient=continue_recipient, continue_prefix=continue_prefix,
-                                   verbatim_content=verbatim_content)
+                                   verbatim_content=verbatim_content, mark_messages=mark_messages)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's field)
         self.num_tokens = 0

@@ -3,9 +3,9 @@ chat machinery.
 
 The request becomes a chat request (`responses_input`, `responses_schemas`): the same rendering, engine run,
 parser and tool-choice checks as /v1/chat/completions (`chat.start_chat_run`, `chat.chat_updates`). The
-parser's events, in wire order, drive one `OutputBuilder`: reasoning text opens a `reasoning` item (its text
-in `content` as `reasoning_text`), answer text a `message` item (`output_text`), each call a `function_call`
-item. Streaming sends the builder's events as they happen (response.created, response.in_progress,
+parser's events, in wire order, drive one `OutputBuilder`: each reasoning message is a `reasoning` item (its
+text in `content` as `reasoning_text`), each answer message a `message` item (`output_text`), each call a
+`function_call` item. Streaming sends the builder's events as they happen (response.created, response.in_progress,
 response.output_item.added, response.content_part.added, response.*_text.delta / .done,
 response.function_call_arguments.delta / .done, response.content_part.done, response.output_item.done,
 then response.completed, or response.incomplete when max_output_tokens ran out); the non-streamed response
@@ -92,7 +92,7 @@ class _Conversation:
 def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversation:
     """Raises RequestError for an unknown previous response or anything the model cannot take."""
     check_supported(request)
-    items = [_with_stored_reasoning(item, store) for item in input_items(request.input)]
+    items = [_with_stored_reasoning(item, store, f"input[{i}]") for i, item in enumerate(input_items(request.input))]
     continued = 0  # items of the response continued, before the request's own input
     previous = None
     if request.previous_response_id is not None:
@@ -136,17 +136,21 @@ def _conversation(request: ResponsesRequest, store: ResponseStore) -> _Conversat
     return _Conversation(items, chat, sources, previous, continued)
 
 
-def _with_stored_reasoning(item: Any, store: ResponseStore) -> Any:
+def _with_stored_reasoning(item: Any, store: ResponseStore, where: str) -> Any:
     """A reasoning item sent back with no text (`content` and `summary` empty, no `encrypted_content`), filled with
     the text of the stored output item of its `id`, as OpenAI reads a stored item by its id: LangChain's stream
     builds a reasoning item from `response.output_item.added`, before its text, and sends it back so. Any other
-    item, or one no stored response holds, is returned as it is."""
+    item is returned as it is. Raises RequestError naming `where` (the item's place in the input) for one whose id
+    no stored response holds: it would render as no reasoning at all."""
     if not isinstance(item, dict) or item.get("type") != "reasoning" or not isinstance(item.get("id"), str) or any(
             item.get(name) for name in ("content", "summary", "encrypted_content")):
         return item
     stored = store.output_item(item["id"])
     if stored is None or stored.get("type") != "reasoning":
-        return item
+        raise RequestError(f"{where}: the reasoning item {item['id']!r} has no text (its content, summary and "
+                           "encrypted_content are empty) and no stored response holds a reasoning item of that id "
+                           "(never stored, store: false, expired, evicted or deleted; responses are kept in memory); "
+                           "send its text in content, or leave the item out", param=where)
     return {**item, "content": stored["content"]}
 
 
@@ -181,14 +185,20 @@ class OutputBuilder:
     seal_reasoning: bool = False
 
     def feed(self, events: list[Event], logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided."""
-        self._pending_logprobs += logprobs or []
+        """The stream events of the parser's `events`; `logprobs`: the answer's token entries they decided, which go
+        with their answer text (not with the message a start in `events` closes before it)."""
+        decided = logprobs or []
         out: list[dict[str, Any]] = []
         for kind, payload in events:
+            if kind == "content" and decided:
+                self._pending_logprobs, decided = self._pending_logprobs + decided, []
             if kind == "tool_call":
                 out += self._call(payload)
+            elif kind == "message":
+                out += self._message_start(payload)
             else:
                 out += self._text(kind, payload)
+        self._pending_logprobs += decided
         return out
 
     def finish(self, incomplete: bool = False, cut_channel: str | None = None) -> list[dict[str, Any]]:
@@ -206,6 +216,15 @@ class OutputBuilder:
 
     def _index(self, item: dict[str, Any]) -> int:
         return self.items.index(item)
+
+    def _message_start(self, channel: str) -> list[dict[str, Any]]:
+        """A message of `channel` starts: the item of the message before it closes if it is of the same type, so that
+        each message is an item of its own (two answers in a row rendered back as one would not be what the model
+        wrote); its text then opens the next item."""
+        wanted = "reasoning" if channel == "reasoning" else "message"
+        if self._open is not None and self._open["type"] == wanted:
+            return self._close()
+        return []
 
     def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -288,7 +307,7 @@ class OutputBuilder:
         out: list[dict[str, Any]] = []
         if item["type"] == "function_call":
             out.append({"type": "response.function_call_arguments.done", "item_id": item["id"], "output_index": index,
-                        "arguments": item["arguments"]})
+                        "name": item["name"], "arguments": item["arguments"]})
         else:
             part = item["content"][0]
             done_type = "response.reasoning_text.done" if item["type"] == "reasoning" else "response.output_text.done"
@@ -444,7 +463,8 @@ async def create_response(raw_request: Request, context: ServingContext) -> Resp
     named = response_id(raw_request, request.request_id)
     conversation = await in_worker_thread(raw_request, lambda cancel: _conversation(request, context.responses))
     try:
-        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, named)
+        chat, first, stream = await start_chat_run(raw_request, context, conversation.chat, arrival, named,
+                                                   mark_messages=True)
     except RequestError as exc:  # raised naming chat fields: name the Responses request's own
         raise responses_error(exc, conversation.sources) from None
     summarize = reasoning_summary(request) is not None

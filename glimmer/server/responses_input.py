@@ -26,7 +26,8 @@
   and the responses it continues (OpenAI: 400 "Duplicate item found with id ..."); a call answered twice, or the
   previous response's items sent again beside `previous_response_id`, would render twice. Items sent again without
   their ids are caught too: a reasoning or assistant message item of the input saying what one of the continued
-  responses says;
+  responses says, while every item of the input before it says what the chain says (after a new item, the same
+  words are new words);
 - a string input must not be empty, and a message item needs its content (either would be an empty turn).
 Anything else is refused with 400 naming `input[i]`: nothing is silently dropped.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -134,7 +136,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
     called: dict[str, str] = {}  # call_id → where, of the function_call items so far: an output answers an earlier call
     answered: dict[str, str] = {}  # call_id → where, of the function_call_output items
     item_ids: dict[str, str] = {}  # id → where, of the items that carry one
-    said: set[tuple[str, str]] = set()  # (kind, text) of the reasoning and assistant messages of the continued chain
+    echo = _ChainEcho()  # what the continued chain says, to catch it sent again without its ids
     turn_calls: set[str] = set()  # call_ids of the current assistant turn, which the outputs right after it answer
     turn_ended_at: str | None = None  # the message item after which no output of the turn's calls may come
     after_outputs = False  # the last item was a function_call_output: an assistant item starts a new turn
@@ -187,7 +189,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                 flush_within_turn()
             assistant = open_assistant(where)
             text = _reasoning_text(item, where)
-            _refuse_resent(said, "reasoning", text, where)
+            echo.read("reasoning", text, where, refused=True)
             previous = assistant.get("reasoning_content")
             assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
         elif kind == "function_call":
@@ -200,13 +202,14 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant.setdefault("tool_calls", []).append(call)
             turn_calls.add(call["id"])
             assistant_origin.tool_calls.append(where)
+            echo.read_new(where)
         elif kind == "message" and item.get("role") == "assistant":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush_within_turn()
             assistant = open_assistant(where)
             assistant_origin.path = where  # after a reasoning item: the message item holds the content
             assistant["content"] = _text_of(item.get("content"), f"{where}.content", refusal=True)
-            _refuse_resent(said, "assistant message", assistant["content"], where)
+            echo.read("assistant message", assistant["content"], where, refused=True)
         elif kind == "message":
             flush()
             role = item.get("role")
@@ -218,6 +221,9 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                                    param=f"{where}.role")
             messages.append({"role": role, "content": _content(item.get("content"), where)})
             origins.append(MessageSource(where))
+            content = item["content"]  # a string or a list of parts (`_content` refused anything else)
+            echo.read(role, content if isinstance(content, str) else json.dumps(content, sort_keys=True), where,
+                      refused=False)
         elif kind == "function_call_output":
             flush()
             call_id = item.get("call_id")
@@ -252,6 +258,7 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
                              "content": _parts(output, f"{where}.output") if has_image
                              else _text_of(output, f"{where}.output", "text and input_image parts")})
             origins.append(MessageSource(where, content="output"))
+            echo.read_new(where)
         else:
             raise RequestError(f"{where}.type: input items of type {kind!r} are not supported (message, reasoning, "
                                "function_call and function_call_output are)", param=f"{where}.type")
@@ -285,19 +292,35 @@ def _refuse_duplicate(seen: dict[str, str], key: Any, where: str, field: str, wh
     seen[key] = where
 
 
-def _refuse_resent(said: set[tuple[str, str]], kind: str, text: str, where: str) -> None:
-    """Records the text of a reasoning or assistant message item of the responses a request continues; RequestError
-    naming an item of the request's own input that says the same. The previous response's output items re-sent
-    without their ids beside previous_response_id (an SDK's copy of `response.output`, ids dropped) rendered twice:
-    the model read its last turn twice. Items with ids are caught by id (`_refuse_duplicate`), function calls by
-    call_id; nothing marks a message or reasoning item as the same but its text."""
-    if not text:
-        return
-    if where == _CHAIN:
-        said.add((kind, text))
-    elif (kind, text) in said:
-        raise RequestError(f"{where}: duplicate {kind} item: a {kind} of the responses previous_response_id "
-                           f"continues says the same, so the prompt would hold it twice{_CHAIN_HINT}", param=where)
+@dataclass
+class _ChainEcho:
+    """What the items of the responses a request continues say, to catch them sent again without their ids beside
+    previous_response_id (an SDK's copy of `response.output`, ids dropped, or the whole conversation again): they
+    rendered twice, and the model read its last turn twice. Items with ids are caught by id (`_refuse_duplicate`),
+    function calls by call_id; nothing marks a message or reasoning item as the same but its text. The input repeats
+    the chain while each of its items says what an item of the chain says; once one says something new, the same
+    words are new words (a model may answer "Hello there!" twice)."""
+
+    said: set[tuple[str, str]] = field(default_factory=set)  # (kind, text) of the chain's messages and reasoning
+    repeating: bool = True  # every item of the input so far says what the chain says
+
+    def read(self, kind: str, text: str, where: str, *, refused: bool) -> None:
+        """Records what an item of the chain says, or reads an item of the input at `where`; RequestError naming it
+        when it is `refused` (a reasoning or assistant message item) and the input repeats the chain up to it."""
+        if not text:
+            return
+        if where == _CHAIN:
+            self.said.add((kind, text))
+        elif (kind, text) not in self.said:
+            self.repeating = False
+        elif refused and self.repeating:
+            raise RequestError(f"{where}: duplicate {kind} item: a {kind} of the responses previous_response_id "
+                               f"continues says the same, so the prompt would hold it twice{_CHAIN_HINT}", param=where)
+
+    def read_new(self, where: str) -> None:
+        """Reads an item of the input that the chain cannot hold (a call or an output its call_id makes new)."""
+        if where != _CHAIN:
+            self.repeating = False
 
 
 def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -> None:

@@ -297,3 +297,42 @@ def test_lenient_about_malformed_tool_declarations():
     tools = [None, "x", {"function": None}, {"name": 3}, {"name": "ok", "parameters": "bad"}]
     text = tool_message("ok", atem("ok", {"a": "1"}), first=True)
     assert parse_all_ways(text, tools).tool_calls[0].arguments == '{"a": "1"}'
+
+
+
+
+def _merged(events: list) -> list:
+    """`events` with adjacent text of one kind merged and call ids left out (each parser makes its own)."""
+    merged: list = []
+    for kind, payload in events:
+        if kind == "tool_call":
+            merged.append((kind, (payload.index, payload.name, payload.arguments)))
+        elif merged and kind in ("reasoning", "content") and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + payload)
+        else:
+            merged.append((kind, payload))
+    return merged
+
+
+def _events_fed_in(text: str, size: int, *, marks: bool) -> list:
+    """The events of a parser (with or without `mark_messages`) fed `text` `size` characters at a time."""
+    parser = OutputParser(CALENDAR_TOOLS, mark_messages=marks)
+    deltas = [parser.feed(text[i:i + size]) for i in range(0, len(text), size)] + [parser.finish()]
+    return [event for delta in deltas for event in delta.events]
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_marked_messages_start_each_reasoning_and_content_message_and_change_nothing_else(size):
+    """With mark_messages, a ("message", channel) event goes before the first text of each reasoning or content
+    message a header opens (not before orphan text, nor for an empty message), however the text is fed; the text and
+    calls are the unmarked parser's."""
+    turn = (TURN.removesuffix("<|eot|>") + "<|eom|><|start|>assistant to=user<|message|>Any more?<|eom|> orphan"
+            "<|start|>assistant to=self<|message|><|eom|><|eot|>")
+    raw = _events_fed_in(turn, size, marks=True)
+    marked = _merged(raw)
+    starts = [i for i, (kind, _) in enumerate(marked) if kind == "message"]
+    assert [(marked[i][1], marked[i + 1]) for i in starts] == [
+        ("reasoning", ("reasoning", "Friday was asked about.")), ("reasoning", ("reasoning", "\nNow answer.")),
+        ("content", ("content", "One event on Friday.")), ("content", ("content", "Any more?orphan"))]
+    assert _merged([event for event in raw if event[0] != "message"]) == _merged(
+        _events_fed_in(turn, size, marks=False))

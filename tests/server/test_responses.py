@@ -237,6 +237,29 @@ def test_a_reasoning_item_sent_back_without_its_text_renders_the_stored_text_of_
     assert replayed.output_text == "It is sunny in Paris."
 
 
+@pytest.mark.parametrize("store", [True, False])
+def test_a_reasoning_item_sent_back_without_its_text_and_not_stored_is_400_naming_it(server, client, store):
+    """A reasoning item sent back with no text renders the stored text of its id; one whose id no stored response
+    holds (created with store: false, expired, evicted, deleted, or the server restarted) rendered as no reasoning at
+    all, silently: the model lost what it had thought. It is refused naming the item, as OpenAI refuses an item id it
+    does not find."""
+    first = _create(client, input="[greet] Hello!", store=store)
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning"
+    as_langchain_sends = {"id": reasoning.id, "summary": [], "type": "reasoning", "content": [],
+                          "status": "in_progress"}
+    body = {"model": "tiny", "input": [{"role": "user", "content": "[greet] Hello!"}, as_langchain_sends,
+                                       {"role": "assistant", "content": first.output_text},
+                                       {"role": "user", "content": "[greet] Again!"}], **EXTRA}
+    response = httpx.post(server.base_url + "/responses", json=body)
+    if store:
+        assert response.status_code == 200
+        return
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "input[1]" and reasoning.id in error["message"] and "content" in error["message"]
+
+
 def test_a_function_tool_round_trip_with_input_items_and_with_previous_response_id(client):
     first = _create(client, input="[weather] Weather in Paris?", tools=[WEATHER_TOOL])
     calls = [item for item in first.output if item.type == "function_call"]
@@ -357,6 +380,27 @@ def test_a_turn_of_several_messages_is_rendered_back_as_the_model_wrote_it(serve
     assert runner.prompts[-1].startswith(asked + turn)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_message_of_one_channel_is_an_item_of_its_own_rendered_back_as_written(server, client, stream):
+    """Two messages in a row to one channel (two answers to the user, two reasoning messages) made one item: the
+    answers' text ran together ("One.Two.") and was rendered back as one message, so the continued prompt held a
+    turn the model had not written (and missed the prefix cache from there). Each message is an item of its own, with
+    the logprobs of its own tokens."""
+    runner = server.engine.engine.runner
+    turn = (" to=self<|message|>First.<|eom|><|start|>assistant to=self<|message|>Second.<|eom|>"
+            "<|start|>assistant to=user<|message|>One.<|eom|><|start|>assistant to=user<|message|>Two.<|eot|>")
+    runner.add("[two-by-two]", turn)
+    created = _create(client, input="[two-by-two] Go", stream=stream, include=["message.output_text.logprobs"])
+    first = list(created)[-1].response if stream else created
+    assert [(item.type, item.content[0].text) for item in first.output] == [
+        ("reasoning", "First."), ("reasoning", "Second."), ("message", "One."), ("message", "Two.")]
+    assert ["".join(entry.token for entry in item.content[0].logprobs) for item in first.output[2:]] == ["One.", "Two."]
+    asked = runner.prompts[-1]
+    _create(client, input="[greet] Thanks", previous_response_id=first.id)
+    answers = "<|start|>assistant to=user<|message|>One.<|eom|><|start|>assistant to=user<|message|>Two.<|eot|>"
+    assert runner.prompts[-1].startswith(asked) and answers in runner.prompts[-1]
+
+
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
     calls = [{"type": "function_call", "call_id": f"c{city}", "name": "get_weather", "arguments": "{}"}
              for city in ("Paris", "Oslo")]
@@ -465,6 +509,24 @@ def test_an_answer_sent_again_without_its_ids_beside_previous_response_id_is_400
         assert error["param"] == param and "send only the new items" in error["message"], error
     body["input"] = body["input"][1:]
     assert httpx.post(server.base_url + "/responses", json=body, timeout=30).status_code == 200
+
+
+def test_a_new_assistant_message_saying_what_the_chain_said_before_is_taken(server, client):
+    """Beside previous_response_id, an assistant message item after a new user message was refused as the previous
+    response's answer sent again whenever an earlier answer said the same ("Hello there!" twice): a conversation
+    where the model repeats itself could not be continued. What the chain holds is refused only while the input
+    repeats the chain (its answer first, or its whole conversation again)."""
+    first = _create(client, input="[greet] Hello!")
+    said = first.output_text
+    body = {"model": "tiny", "previous_response_id": first.id, "max_output_tokens": 4, **EXTRA,
+            "input": [{"role": "user", "content": "Say it once more"}, {"role": "assistant", "content": said},
+                      {"role": "user", "content": "[greet] Thanks"}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    body["input"] = [{"role": "user", "content": "[greet] Hello!"}, {"role": "assistant", "content": said},
+                     {"role": "user", "content": "[greet] Thanks"}]
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input[1]", response.text
 
 
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
@@ -616,6 +678,14 @@ def test_a_streamed_call_sends_argument_deltas(client):
     arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert json.loads(arguments) == {"city": "Paris"} and done[0].arguments == arguments
+
+
+def test_the_arguments_done_event_names_the_function_called(client):
+    """OpenAI's API reference lists `name` among the required fields of response.function_call_arguments.done (the
+    clients generated from its OpenAPI spec read it); the event carried only the arguments."""
+    events = list(_create(client, input="[weather] Weather?", tools=[WEATHER_TOOL], stream=True))
+    done, = [e.model_dump() for e in events if e.type == "response.function_call_arguments.done"]
+    assert done["name"] == "get_weather"
 
 
 @pytest.mark.parametrize("stream", [False, True])
