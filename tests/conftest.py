@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 from glimmer.engine import model_loader
 from glimmer.engine.lookahead import LaunchedStep
@@ -14,6 +15,12 @@ from glimmer.engine.scheduler import Scheduler
 from glimmer.tiny import TinySpec, write_tiny_checkpoint
 
 DEFAULT_SPEC = TinySpec()
+
+# No property test has a deadline: hypothesis fails an example slower than 200 ms as "unreliable test timings", and
+# on a loaded CI machine one garbage collection or lost time slice in a long run makes any example that slow. The
+# tests that declare their own settings inherit this.
+settings.register_profile("glimmer", deadline=None)
+settings.load_profile("glimmer")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -94,11 +94,11 @@ def test_countless_wrong_entries_are_refused_at_the_first_without_holding_the_se
     """Validation collected an error for every wrong list item, unknown field or dict value, on the event loop: a
     3 MB body of them held every other request, stream and /health for 3 to 55 s (a few such bodies kept the server
     from answering at all)."""
-    started = time.monotonic()
+    started = time.process_time()  # the server is this process's threads: CPU time, which a busy machine keeps
     response = httpx.post(server.url + path, content=json.dumps({"model": "tiny", **body}, separators=(",", ":")),
                           headers={"Content-Type": "application/json"}, timeout=120)
     assert error_of(response, 400)["param"] == param
-    assert time.monotonic() - started < 5
+    assert time.process_time() - started < 5  # 0.2 to 1.5 s; 3 to 55 s when every entry was checked
     assert_healthy(server)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+from collections.abc import Callable
 
 import pytest
 from server_support import PINNED_DATE, WEATHER_TOOL, live_server
@@ -47,15 +49,16 @@ async def _call(app, path: str, body: dict, sent: list[dict]) -> None:
     await app(scope, receive, send)
 
 
-async def _cancel_once(call, ready, settle_s: float = 0.0) -> None:
-    """Run `call` as a handler task, cancel it once `ready()` holds (and `settle_s` more seconds passed), and check
-    that the cancellation came out of it."""
+async def _cancel_once(call, ready, settle_s: float = 0.0, cancelled: Callable[[], object] = lambda: None) -> None:
+    """Run `call` as a handler task, cancel it once `ready()` holds (and `settle_s` more seconds passed), call
+    `cancelled()`, and check that the cancellation came out of it."""
     handler = asyncio.ensure_future(call)
     while not ready():
         await asyncio.sleep(0.005)
     if settle_s:
         await asyncio.sleep(settle_s)
     handler.cancel()
+    cancelled()
     with pytest.raises(asyncio.CancelledError):
         await handler
 
@@ -73,19 +76,28 @@ async def _cancel_once(call, ready, settle_s: float = 0.0) -> None:
     ("/v1/completions", {**COMPLETION, "use_beam_search": True, "n": 2, "max_tokens": 4}),
 ], ids=["completion", "completion-stream", "completion-batch-n2", "chat", "chat-stream-n2", "responses",
         "responses-stream", "chat-tool-choice-required", "completion-json-stream", "completion-beam-search"])
-def test_a_handler_cancelled_while_its_first_tokens_are_awaited(server, path, body, caplog):
+def test_a_handler_cancelled_while_its_first_tokens_are_awaited(server, path, body, caplog, monkeypatch):
     runner = server.engine.engine.runner
     scheduler = server.engine.engine.scheduler
     sent: list[dict] = []
+    # its first step ends only once the handler is cancelled (a step of a fixed time, however long, could end
+    # first where the machine is slow to run the test's event loop)
+    cancelled = threading.Event()
+    execute = runner.execute
 
-    runner.step_delay_s = 0.3
+    def execute_once_cancelled(step):
+        cancelled.wait(timeout=60)
+        return execute(step)
+
+    monkeypatch.setattr(runner, "execute", execute_once_cancelled)
     try:
         with caplog.at_level(logging.WARNING):
-            # admitted; its first step takes a while
+            # admitted; its first step is awaited
             asyncio.run(_cancel_once(_call(server.app, path, body, sent),
-                                     lambda: scheduler.running or scheduler.waiting, settle_s=0.05))
+                                     lambda: scheduler.running or scheduler.waiting, settle_s=0.05,
+                                     cancelled=cancelled.set))
     finally:
-        runner.step_delay_s = 0.0
+        cancelled.set()
     samples = server.wait_for_idle()
     assert {name: value for name, value in samples.items() if value and name.startswith(BUSY)} == {}
     assert server.engine.num_waiting_requests == 0  # the queue-limit slot is free again
