@@ -107,7 +107,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     context = ServingContext.create(engine, settings)
     # no /docs or /redoc pages; the OpenAPI document describes the guarded API, so it is served behind its key (vLLM
     # leaves it open beside /v1, a gap its security guide documents)
-    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirect from a path with a trailing slash to its route (Starlette's 307): a POST client that follows none
+    # (curl without -L) got no answer, and behind a proxy its Location may be a URL the client cannot reach; such a
+    # path is a 404 naming the route (`_unknown_route`), as OpenAI answers an unknown URL
+    app = FastAPI(title="Glimmer", version=glimmer.__version__, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     app.state.context = context
     app.include_router(_v1_router(context))
     app.include_router(_tokenizer_router(context))
@@ -208,7 +212,15 @@ def _unknown_route(request: Request) -> str:
     elif path.startswith("/v1/") and at_root != "/" and at_root in _ENDPOINTS:
         message += f"; this server serves {root}{at_root} at the root, beside /v1, as vLLM does " \
                    f"(http://HOST:PORT{root}{at_root})"
+    elif path != "/" and path.endswith("/") and _routed(request.app, {**request.scope, "path": request.scope[
+            "path"].rstrip("/")}):
+        message += f"; this server serves {root}{path.rstrip('/')}: drop the trailing slash"
     return message
+
+
+def _routed(app: FastAPI, scope: Scope) -> bool:
+    """Whether a route (the page files' mount aside) serves the path of `scope`, by any method."""
+    return any(route.matches(scope)[0] != Match.NONE for route in app.router.routes if not isinstance(route, Mount))
 
 
 def _root_path(scope: Scope) -> str:
@@ -289,6 +301,8 @@ def _v1_router(context: ServingContext) -> APIRouter:
     _get_and_head(router, "/models", models)
 
     async def model(model: str) -> Response:
+        if not model:  # `/v1/models/`: the list's path with a trailing slash, answered as every such path is
+            raise HTTPException(404)
         return JSONResponse(_model_card(context, context.check_model(model)))
 
     _get_and_head(router, "/models/{model:path}", model)

@@ -446,6 +446,23 @@ def test_a_route_served_beside_v1_asked_for_under_it_is_told_where_the_route_is(
     assert error_of(httpx.get(server.base_url + "/"), 404)["message"] == "Invalid URL (GET /v1/)"
 
 
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/chat/completions/"), ("POST", "/v1/completions/"), ("POST", "/v1/responses/"),
+    ("GET", "/v1/models/"), ("GET", "/v1/responses/resp_x/"), ("POST", "/tokenize/"), ("GET", "/health/"),
+    ("GET", "/metrics/"), ("POST", "/invocations/"),
+])
+def test_a_path_with_a_trailing_slash_is_an_openai_404_naming_the_route(server, method, path):
+    """Such a path was a 307 redirect to the route without the slash: a POST client that follows no redirect (curl
+    without -L, many an HTTP library's default) got no answer, and behind a proxy the redirect could name a URL the
+    client cannot reach. It is a 404 in OpenAI's shape, as OpenAI answers an unknown URL, naming the route."""
+    response = httpx.request(method, server.url + path, json={}, headers={"Authorization": f"Bearer {KEY}"})
+    error = error_of(response, 404)
+    assert "location" not in response.headers
+    assert error["message"] == (f"Invalid URL ({method} {path}); this server serves {path.rstrip('/')}: drop the "
+                                "trailing slash")
+    assert error["code"] == "not_found"
+
+
 def test_a_wrong_method_is_405_with_an_error_body(server):
     response = httpx.get(server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY}"})
     assert error_of(response, 405)["type"] == "invalid_request_error"
