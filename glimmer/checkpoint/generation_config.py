@@ -87,6 +87,7 @@ def load_generation_defaults(
     embedded: EmbeddedGenerationConfig | None = None,
     *,
     tokenizer_eos_id: int | None = None,
+    tokenizer_size: int | None = None,
 ) -> GenerationDefaults:
     """Read `generation_config.json` (optional) and resolve the stop ids (P-TOK-2).
 
@@ -94,8 +95,9 @@ def load_generation_defaults(
     instead of the file; `checkpoint_dir` then names the checkpoint in errors, and a field its source key.
     `tokenizer_eos_id`: the tokenizer's eos_token id, the end-of-text stop id where config.json's eos_token_id is
     null and generation_config.json names none (vLLM stops at it whatever the configs say).
-    Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, or no
-    stop id remains.
+    `tokenizer_size`: how many tokens the tokenizer has; a stop id at or past it names no token.
+    Raises ConfigError naming the file when it is not valid JSON, a field has the wrong type, no stop id
+    remains, or a stop id is outside the model's vocabulary or names no token.
     """
     if embedded is not None:
         path, config, source_keys = Path(checkpoint_dir), embedded.fields, embedded.source_keys
@@ -123,7 +125,16 @@ def load_generation_defaults(
     if out_of_range:
         raise ConfigError(
             f"{origin}: stop ids {out_of_range} are outside the model's vocabulary "
-            f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match"
+            f"(vocab_size={text_config.vocab_size}); the tokenizer and model do not match: "
+            f"{_stop_ids_fix(key, tokenizer_eos_id, token_to_id)}"
+        )
+    # the model's rows past the tokenizer's tokens (a vocabulary padded to a multiple) are never sampled
+    no_token = [i for i in stop_ids if tokenizer_size is not None and i >= tokenizer_size]
+    if no_token:
+        raise ConfigError(
+            f"{origin}: stop ids {no_token} name no token of the tokenizer (it has {tokenizer_size} tokens; the "
+            f"model's vocab_size={text_config.vocab_size} pads it), so generation never stops there; "
+            f"{_stop_ids_fix(key, tokenizer_eos_id, token_to_id)}"
         )
 
     bos = fields.token_ids("bos_token_id", single=True)
@@ -151,6 +162,14 @@ def load_generation_defaults(
         max_new_tokens=fields.integer("max_new_tokens", minimum=1),
         max_length=fields.integer("max_length", minimum=1),
     )
+
+
+def _stop_ids_fix(key: str, tokenizer_eos_id: int | None, token_to_id: Callable[[str], int | None]) -> str:
+    """The fix for stop ids that are no tokens of the model: the ids to set `key` to, where the tokenizer has them."""
+    ids = [i for i in dict.fromkeys((tokenizer_eos_id, token_to_id(EOT_TOKEN))) if i is not None]
+    named = f", {ids}" if ids else ""
+    return (f"set {key} to the tokenizer's eos_token and {EOT_TOKEN} ids{named}, or use the tokenizer the model was "
+            "trained with")
 
 
 def _stop_token_ids(

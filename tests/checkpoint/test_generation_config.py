@@ -275,3 +275,24 @@ def test_a_null_eos_with_no_eot_in_the_tokenizer_is_refused_naming_the_field(tmp
                                           r"<\|eot\|>\); set eos_token_id"):
         load_generation_defaults(tmp_path, text_config(info, eos=()),
                                  lambda token: None if token == "<|eot|>" else tok.token_to_id(token))
+
+
+@pytest.mark.parametrize("eos", [[485, 500], 511])
+def test_a_stop_id_in_the_models_padded_vocabulary_but_no_token_is_refused_naming_the_fix(make_tiny, tmp_path, eos):
+    """The tiny model's vocabulary (512 rows) pads its tokenizer's 499 tokens. An eos_token_id naming a padding row
+    (a generation_config.json from another model) loaded without a word: no token has that id, so generation never
+    stopped there. It is refused naming the file, the field, and the ids to set."""
+    import shutil
+
+    from glimmer import LLM
+
+    checkpoint = tmp_path / "padding-eos"
+    shutil.copytree(make_tiny(), checkpoint)
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    unknown = [i for i in (eos if isinstance(eos, list) else [eos]) if i >= 499]
+    with pytest.raises(ConfigError) as raised:
+        LLM(str(checkpoint), progress=False)
+    assert str(raised.value) == (
+        f"{checkpoint / 'generation_config.json'} eos_token_id: stop ids {unknown} name no token of the tokenizer "
+        "(it has 499 tokens; the model's vocab_size=512 pads it), so generation never stops there; set eos_token_id "
+        "to the tokenizer's eos_token and <|eot|> ids, [485, 481], or use the tokenizer the model was trained with")
