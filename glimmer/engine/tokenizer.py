@@ -469,14 +469,17 @@ class Tokenizer:
 
     @cached_property
     def all_special_ids(self) -> tuple[int, ...]:
-        """Ids of every added token flagged special in tokenizer.json, ascending.
+        """Ids of every added token flagged special in tokenizer.json, and of the protocol's framing markers whatever
+        their flag (P-TOK-3: they carry the turn's framing; a tokenizer flagging `<|eot|>` `special: false` had every
+        grammar-backed chat turn refused and its `<|eot|>` kept as text), ascending.
 
         This is the set `skip_special_tokens` would drop (as transformers' `decode` drops them), wider than
         transformers' `all_special_ids` (named tokens only, `LLMTokenizer.all_special_ids`): for Muse it includes the
         framing and media tokens and the reserved ones.
         """
         decoder = self._backend.get_added_tokens_decoder()
-        return tuple(sorted(token_id for token_id, added in decoder.items() if added.special))
+        return tuple(sorted(token_id for token_id, added in decoder.items()
+                            if added.special or added.content in FRAMING_MARKERS))
 
     @cached_property
     def hidden_in_replies(self) -> frozenset[int]:

@@ -227,3 +227,26 @@ def test_a_tool_whose_optional_parameter_no_value_satisfies_is_refused_naming_it
     satisfiable = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
         "type": "object", "properties": {"x": {**never, "maxLength": 2}}, "required": []}}}
     llm.chat(MESSAGES, SamplingParams(max_tokens=5), tools=[satisfiable], tool_choice="auto")
+
+
+def test_an_end_of_turn_token_not_flagged_special_ends_constrained_turns_and_is_skipped(tiny_checkpoint, tmp_path):
+    """tokenizer.json may flag `<|eot|>` `special: false` (a converted or hand-edited tokenizer). Every grammar-backed
+    chat turn then failed with 'tools: the grammar engine refused it: unknown special token: "<|eot|>"' (for a
+    request that declared no tools), and `skip_special_tokens` left `<|eot|>` in the text. A protocol marker is a
+    special token whatever the flag says."""
+    import shutil
+
+    checkpoint = tmp_path / "eot-not-special"
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    state = json.loads((checkpoint / "tokenizer.json").read_text(encoding="utf-8"))
+    next(added for added in state["added_tokens"] if added["content"] == "<|eot|>")["special"] = False
+    (checkpoint / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    llm = LLM(str(checkpoint), progress=False, kv_cache_memory=16 << 20, max_model_len=2048)
+    choice = SamplingParams(max_tokens=30, seed=1, structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    answer = llm.chat(MESSAGES, choice, thinking_token_budget=0, chat_template_kwargs=KWARGS)[0]
+    assert (answer.content, answer.finish_reason) in (("yes", "stop"), ("no", "stop"))
+    eot = llm.get_tokenizer().convert_tokens_to_ids("<|eot|>")
+    forced = SamplingParams(max_tokens=3, temperature=0, logit_bias={eot: 100}, ignore_eos=True,
+                            skip_special_tokens=True)
+    output = llm.generate("Hi", forced)[0].outputs[0]
+    assert (output.token_ids, output.text) == ([eot] * 3, "")
