@@ -65,7 +65,7 @@ from glimmer.engine.vllm_arguments import (
 )
 from glimmer.errors import ConfigError, PromptPart, PromptTextTooLongError, RequestError, UnsupportedArgumentError
 from glimmer.multimodal.sources import collect_media, load_media_reference, naming_media_parts, url_scheme
-from glimmer.multimodal.video import is_frame_list
+from glimmer.multimodal.video import is_frame_list, unstacked
 from glimmer.protocol import (
     Delta,
     OutputParser,
@@ -967,4 +967,7 @@ def _as_list(value: Any, kind: str) -> list:
         return [value]  # one video as vLLM takes it, (frames, metadata), not two items
     if kind == "video" and is_frame_list(value):
         return [value]  # one video's frames, not a video a frame
+    stacked = unstacked(value, kind)
+    if stacked is not None:
+        return stacked
     return list(value) if isinstance(value, list | tuple) else [value]

@@ -425,6 +425,19 @@ def is_frame_list(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(frame, Image.Image) for frame in value)
 
 
+STACKED_ITEM_NDIM = {"image": 4, "video": 5}
+"""The dimensions of an array stacking several items of a kind: (N, H, W, C) images, (N, T, H, W, C) videos."""
+
+
+def unstacked(value: object, kind: str) -> list | None:
+    """The items of an array (or tensor) stacking several of `kind` along its first axis, one per index, as vLLM's
+    multi_modal_data reads such an array (its `_parse_image_data` / `_parse_video_data`), not as one item; None for
+    anything else."""
+    if isinstance(value, np.ndarray | torch.Tensor) and value.ndim == STACKED_ITEM_NDIM[kind]:
+        return list(value)
+    return None
+
+
 def process_video(video: VideoInput, settings: MediaSettings, limits: MediaLimits, index: int = 0,
                   cancel: CancelToken | None = None) -> ProcessedVideo:
     """Decode, sample, resize (one size per video), normalise and patchify one video.

@@ -88,6 +88,22 @@ def test_a_list_of_pil_images_is_one_video_as_vllm_reads_it(llm):
         assert out.outputs[0].token_ids == expected.outputs[0].token_ids
 
 
+def test_an_array_stacking_images_or_videos_is_that_many_items_as_vllm_reads_it(llm):
+    """vLLM's multi_modal_data reads an (N, H, W, C) image array or an (N, T, H, W, C) video array as N items (its
+    _parse_image_data / _parse_video_data). Glimmer read it as one item: a prompt with a placeholder for each was
+    refused for "2 placeholder(s) but 1 image(s) were given", though two were."""
+    rng = np.random.RandomState(7)
+    images = rng.randint(0, 256, (2, 60, 90, 3), dtype=np.uint8)
+    videos = rng.randint(0, 256, (2, 4, 60, 90, 3), dtype=np.uint8)
+    params = SamplingParams(temperature=0, max_tokens=3)
+    for kind, stacked, prompt in (("image", images, "<|begin_of_text|>Compare <|patch|> and <|patch|>."),
+                                  ("video", videos, "<|begin_of_text|>Compare <|video|> and <|video|>.")):
+        expected = llm.generate({"prompt": prompt, "multi_modal_data": {kind: list(stacked)}}, params)[0]
+        out = llm.generate({"prompt": prompt, "multi_modal_data": {kind: stacked}}, params)[0]
+        assert out.prompt_token_ids == expected.prompt_token_ids
+        assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+
+
 @pytest.mark.parametrize("metadata", [{"fps": 3.0, "do_sample_frames": False},
                                       {"fps": 3.0, "frames_indices": [0, 4, 8, 12]}])
 def test_frames_already_sampled_are_refused_naming_the_fix(llm, metadata):
