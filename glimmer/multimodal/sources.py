@@ -194,7 +194,14 @@ def media_from_part(part: Mapping[str, Any], where: str | None = None) -> tuple[
     kind = part.get("type")
     if kind not in MEDIA_KINDS:
         return None
-    for key in (kind, f"{kind}_url", "url", "path", f"{kind}_pil"):
+    keys = (kind, f"{kind}_url", "url", "path", f"{kind}_pil")
+    given = [key for key in keys if part.get(key) is not None]
+    if len(given) > 1:  # which one the client meant is not known; taking the first dropped the others silently
+        times = "twice" if len(given) == 2 else f"{len(given)} times"
+        named = f"{', '.join(given[:-1])} and {given[-1]}"
+        raise RequestError(f"{where or f'a {kind} content part'} gives its {kind} {times}, as {named}; give it once",
+                           param=where or "messages")
+    for key in keys:
         if key in part and part[key] is not None:
             value = part[key]
             if isinstance(value, Mapping):

@@ -239,3 +239,29 @@ def test_split_special_tokens_makes_a_text_prompts_spellings_text_and_refuses_me
     prompt, ids = chat.output.prompt, chat.prompt_token_ids
     assert ids.count(hf.convert_tokens_to_ids("<|start|>")) == prompt.count("<|start|>") > 1
     assert ids.count(hf.convert_tokens_to_ids("<|eot|>")) == prompt.count("<|eot|>") - 1  # the user's is text
+
+
+@pytest.mark.parametrize(("part", "named"), [
+    ({"type": "image_url", "image_url": {"url": "A"}, "image": "B"}, "image and image_url"),
+    ({"type": "image", "image": "A", "url": "B"}, "image and url"),
+    ({"type": "video_url", "video_url": {"url": "A"}, "path": "B"}, "video_url and path"),
+])
+def test_a_media_part_giving_its_item_twice_is_refused_naming_both(llm, part, named):
+    """A part may give its item under any of several keys (OpenAI's image_url, HF's image, url, path, vLLM's
+    image_pil); one giving two took the first of them silently and dropped the other, another image than the client
+    may have meant. Other keys of a part are metadata and ignored, as a message's are."""
+    images = [_png(40, 40), _png(50, 70)]
+    urls = ["data:image/png;base64," + base64.b64encode(image).decode() for image in images]
+    sources = dict(zip("AB", urls, strict=True))
+    part = {key: ({"url": sources[value["url"]]} if isinstance(value, dict) else sources.get(value, value))
+            for key, value in part.items()}
+    with pytest.raises(RequestError) as raised:
+        llm.chat([{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}], SamplingParams(max_tokens=2))
+    assert str(raised.value) == (f"messages[0].content[0] gives its {part['type'].removesuffix('_url')} twice, "
+                                 f"as {named}; give it once")
+    assert raised.value.param == "messages[0].content[0]"
+    metadata = {"type": "image_url", "image_url": {"url": urls[0]}, "cache_control": {"type": "ephemeral"}, "uuid": "x"}
+    params = SamplingParams(max_tokens=2, temperature=0)
+    plain = llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[0]}}]}], params)[0]
+    assert llm.chat([{"role": "user", "content": [metadata]}], params)[0].outputs[0].token_ids == \
+        plain.outputs[0].token_ids
