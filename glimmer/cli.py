@@ -1680,7 +1680,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sampling temperature (default: the model's generation_config, else 1)")
     chat.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
                       help="vLLM's media limits, taken in-process and noted: the terminal chat sends text only, so "
-                           "they change nothing (with --url they are the server's)")
+                           "they change nothing; refused with --url, where the server's own limits hold")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
     chat.set_defaults(func=_cmd_chat)
 
