@@ -10,6 +10,7 @@ Then prints the same ratio for the released Muse Glimmer geometry (52 layers, 13
 
 from __future__ import annotations
 
+import argparse
 import math
 import tempfile
 
@@ -54,5 +55,7 @@ def released_geometry() -> None:
 
 
 if __name__ == "__main__":
-    measure()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--window", type=int, default=64, help="the tiny model's sliding window (default 64)")
+    measure(window=parser.parse_args().window)
     released_geometry()

@@ -291,8 +291,20 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
-    """(AsyncEngine, served name, whether it is the embedded default) for `serve` and in-process `chat`."""
+def _default_model_note(args: argparse.Namespace) -> str | None:
+    """What a command with no MODEL tells the user it runs: the embedded demo, or with --load-format dummy only its
+    geometry, whose random weights call no tools (the demo's blurb promised they did); None where MODEL is given."""
+    if args.model is not None:
+        return None
+    if args.load_format == "dummy":
+        return ("this is the embedded demo model glimmer-nano's geometry with random weights (--load-format dummy): "
+                "its replies are noise and it calls no tools; leave out --load-format dummy for the trained demo.")
+    return DEFAULT_MODEL_BLURB
+
+
+def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, str | None]:
+    """(AsyncEngine, served name, the note on the embedded default where it is one) for `serve`, in-process `chat` and
+    `run-batch`."""
     from glimmer.default_model import default_model_dir
     from glimmer.engine.async_engine import AsyncEngine
     from glimmer.engine.llm_engine import EngineConfig
@@ -318,7 +330,7 @@ def _engine_from_args(args: argparse.Namespace) -> tuple[Any, str, bool]:
     )
     engine = AsyncEngine(config, max_waiting_requests=args.max_waiting_requests,
                          generation_config=args.generation_config)
-    return engine, name, is_default
+    return engine, name, _default_model_note(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -388,7 +400,7 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     raise_open_file_limit()
     engine = server = None
     try:
-        engine, name, is_default = _engine_from_args(args)
+        engine, name, default_note = _engine_from_args(args)
         sigterm.check()  # a SIGTERM the loading code dropped
         settings = server_settings(name, engine.engine.model_config.has_vision)
         app = create_app(engine, settings)
@@ -396,8 +408,8 @@ def _serve(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
         print(f"Glimmer {glimmer.__version__} serving {', '.join(map(repr, settings.served_model_names))} "
               f"from {llm_engine.checkpoint_dir} on {llm_engine.device} ({llm_engine.dtype}), "
               f"max_model_len {llm_engine.max_model_len}")
-        if is_default:
-            print(f"No MODEL given: {DEFAULT_MODEL_BLURB} Run `glimmer serve MODEL` with a checkpoint directory or "
+        if default_note is not None:
+            print(f"No MODEL given: {default_note} Run `glimmer serve MODEL` with a checkpoint directory or "
                   "Hub id to serve a real model.")
         address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"  # IPv6 in brackets
         scheme = "https" if args.ssl_keyfile else "http"
@@ -496,11 +508,11 @@ def _run_batch_file(args: argparse.Namespace, lines: list[Any], sigterm: _Sigter
     from glimmer.server.settings import ServerSettings
 
     with _batch_output(args.output_file, args.input_file) as write_text:
-        engine, name, is_default = _engine_from_args(args)
+        engine, name, default_note = _engine_from_args(args)
         try:
             sigterm.check()  # a SIGTERM the loading code dropped
-            if is_default:
-                print(f"No MODEL given: {DEFAULT_MODEL_BLURB}", file=sys.stderr)
+            if default_note is not None:
+                print(f"No MODEL given: {default_note}", file=sys.stderr)
             # the body's `model` may name the model as `glimmer serve` does (the directory's name) or as it was given
             # here, which vLLM's run-batch serves it as
             names = tuple(args.served_model_name or dict.fromkeys([name, args.model or name]))
@@ -887,15 +899,15 @@ def _chat(args: argparse.Namespace, sigterm: _SigtermWatch) -> int:
     if args.limit_mm_per_prompt is not None:
         print(f"vLLM's --limit-mm-per-prompt {_shown_value(args.limit_mm_per_prompt)} changes nothing here: the "
               "terminal chat sends text only, no images or videos", file=sys.stderr)
-    engine, name, is_default = _engine_from_args(args)
+    engine, name, default_note = _engine_from_args(args)
     try:
         sigterm.check()  # a SIGTERM the loading code dropped
         # the terminal is the server's only client: a message too long is refused by the context length it does not
         # fit (HTTP 400 naming it), not by a body limit that drops the connection (and the reason) mid-upload
         app = create_app(engine, ServerSettings(served_model_names=(name,), max_request_bytes=sys.maxsize))
         _check_chat_fits_context(app.state.context, args, options, tools)
-        if is_default:
-            print(f"No MODEL given: {DEFAULT_MODEL_BLURB}")
+        if default_note is not None:
+            print(f"No MODEL given: {default_note}")
         with BackgroundServer(app) as server:
             run_chat(server.url, model=name, api_key=None, max_model_len=engine.engine.max_model_len, in_process=True,
                      **chat)
@@ -1680,7 +1692,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sampling temperature (default: the model's generation_config, else 1)")
     chat.add_argument("--limit-mm-per-prompt", type=_limit_mm_per_prompt, default=None, metavar="JSON",
                       help="vLLM's media limits, taken in-process and noted: the terminal chat sends text only, so "
-                           "they change nothing (with --url they are the server's)")
+                           "they change nothing; refused with --url, where the server's own limits hold")
     chat.add_argument("--no-color", action="store_true", help="plain text, no ANSI styles")
     chat.set_defaults(func=_cmd_chat)
 

@@ -222,7 +222,7 @@ def test_readme_shell_commands_parse():
                .parse_args}
     checked = set()
     for line, command in _shell_commands():
-        words = shlex.split(command.replace("$KEY", "KEY"))
+        words = shlex.split(command)
         if words[0] == "glimmer":
             program, argv = "glimmer", words[1:]
         elif words[:2] == ["python", "-m"] and words[2] in parsers:
@@ -240,3 +240,18 @@ def test_readme_shell_commands_parse():
             SpeculativeConfig.parse(options.speculative_config)
         checked.add(program)
     assert checked == set(parsers)
+
+
+def test_the_api_key_a_serve_command_takes_is_the_one_the_client_blocks_read():
+    """The Server section started the server with `--api-key $KEY` and its client read `GLIMMER_API_KEY`: run as
+    written, the client sent "none" and got HTTP 401. Each `--api-key $VAR` is a variable the README's clients read."""
+    import itertools
+    import shlex
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    read = set(re.findall(r'os\.environ\.get\("(\w+)"', readme))
+    given = [(line, value.removeprefix("$")) for line, command in _shell_commands()
+             for option, value in itertools.pairwise(shlex.split(command))
+             if option == "--api-key" and value.startswith("$")]
+    assert given and read
+    assert [(line, name) for line, name in given if name not in read] == []

@@ -491,3 +491,16 @@ def test_sigterm_stops_a_batch_as_ctrl_c_does_keeping_the_records_written(tiny_c
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [record["custom_id"] for record in records] == [f"quick-{index}" for index in range(3)][:len(records)]
     assert "stopped by SIGTERM" in err.read_text() and "Traceback" not in err.read_text()
+
+
+def test_no_model_with_dummy_weights_does_not_claim_the_trained_demo(capsys, tmp_path):
+    """`--load-format dummy` without MODEL draws random weights in glimmer-nano's geometry, but the note said "this is
+    the embedded demo model glimmer-nano ...: it calls tools like those it was trained on"; it says the weights are
+    random and how to get the trained demo."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 1}) + "\n")
+    assert main(["run-batch", "--load-format", "dummy", "-i", str(source), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    note = next(line for line in err.splitlines() if line.startswith("No MODEL given"))
+    assert "random weights (--load-format dummy)" in note and "leave out --load-format dummy" in note, note
+    assert "calls tools like those it was trained on" not in note

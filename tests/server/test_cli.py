@@ -1532,6 +1532,14 @@ def test_chat_max_tokens_help_says_what_it_bounds_and_whose_default_it_is():
     assert "--generation-config vllm" in help_text
 
 
+def test_chat_limit_mm_per_prompt_help_says_it_is_refused_with_a_url():
+    """It said "(with --url they are the server's)", read as the flag being passed on to the server; with --url it is
+    refused ("--limit-mm-per-prompt would be ignored"), as the README says."""
+    chat = dict(_subcommands())["chat"]
+    help_text = next(action.help for action in chat._actions if "--limit-mm-per-prompt" in action.option_strings)
+    assert "refused with --url" in help_text and "they are the server's" not in help_text
+
+
 def test_help_gives_the_defaults_users_ask_for():
     """Audit: these options' help left out their defaults; the template option cited an internal requirement id."""
     parser = dict(_subcommands())["serve"]

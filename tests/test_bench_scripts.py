@@ -1,0 +1,22 @@
+"""bench/: each script is run as `python bench/NAME.py`, and `--help` says how without running the benchmark."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_help_prints_the_usage_and_runs_nothing(script):
+    """`python bench/kv_memory.py --help` ran the benchmark (a model built, a sequence of 2,048 tokens generated)
+    and printed its table, not a usage line."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: "), done.stdout[:300]
