@@ -327,7 +327,8 @@ def test_make_tiny_quantize_nvfp4_writes_what_the_reference_quantizer_writes(tmp
     assert quantized == 8 * len(LINEARS)
 
 
-def test_make_tiny_writes_a_drafter_for_a_quantized_target_that_decodes_as_the_target(nvfp4, tmp_path):
+def test_make_tiny_writes_a_drafter_for_a_quantized_target_that_decodes_as_the_target(nvfp4, tmp_path,
+                                                                                     same_cpu_kernels):
     from glimmer.cli import main
 
     directory, _ = nvfp4

@@ -95,7 +95,8 @@ def _serve_as_hub(monkeypatch, repo: Path, tmp_path: Path) -> list[dict]:
     return calls
 
 
-def test_a_hub_repository_of_pickle_weights_loads_with_allow_pickle(monkeypatch, tmp_path, tiny_checkpoint):
+def test_a_hub_repository_of_pickle_weights_loads_with_allow_pickle(monkeypatch, tmp_path, tiny_checkpoint,
+                                                                    same_cpu_kernels):
     """With allow_pickle the download fetched the safetensors files alone: a repository of pytorch_model.bin was
     refused as having no weights ("pass --load-format dummy"), though the flag was given for it."""
     from gguf_export import canonical_state

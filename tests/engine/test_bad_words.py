@@ -14,7 +14,7 @@ FREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def llm(make_tiny):
+def llm(make_tiny, same_cpu_kernels_in_module):
     return LLM(str(make_tiny()), progress=False, enable_prefix_caching=False)
 
 
@@ -95,7 +95,7 @@ def test_a_word_of_two_tokens_bans_the_second_only_after_the_first(llm):
 
 
 @pytest.mark.parametrize("two_tokens", [False, True], ids=["one-token-words", "two-token-word"])
-def test_bad_words_decode_the_same_running_ahead(make_tiny, llm, launches, two_tokens):
+def test_bad_words_decode_the_same_running_ahead(make_tiny, llm, launches, two_tokens, same_cpu_kernels):
     """A one-token word bans the same token at every step: its steps run ahead of the host. A word of several tokens
     needs the token before, not read yet then: its sequence runs step by step."""
     prompt = _prompt_ids(llm)

@@ -19,12 +19,12 @@ LAYOUT = KVCacheLayout(block_size=16, num_pages=16, pages_per_block={FULL: 1}, s
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_checkpoint):
+def llm(tiny_checkpoint, same_cpu_kernels_in_module):
     return LLM(str(tiny_checkpoint), progress=False)
 
 
 @pytest.fixture(scope="module")
-def uncached(tiny_checkpoint):
+def uncached(tiny_checkpoint, same_cpu_kernels_in_module):
     return LLM(str(tiny_checkpoint), progress=False, enable_prefix_caching=False)
 
 

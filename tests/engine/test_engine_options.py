@@ -321,7 +321,8 @@ def test_vllms_kv_cache_memory_bytes_sizes_the_kv_cache(tiny_checkpoint):
         LLM(str(tiny_checkpoint), progress=False, num_gpu_blocks_override=64)
 
 
-def test_vllms_load_format_naming_the_checkpoints_format_reads_it_and_another_is_refused(tiny_checkpoint):
+def test_vllms_load_format_naming_the_checkpoints_format_reads_it_and_another_is_refused(tiny_checkpoint,
+                                                                                        same_cpu_kernels):
     """vLLM scripts pass load_format="safetensors"; it was refused ("use one of ['auto', 'dummy']")."""
     params = SamplingParams(max_tokens=3, temperature=0)
     auto = LLM(str(tiny_checkpoint), progress=False).generate([1, 2, 3], params)[0].outputs[0].token_ids

@@ -187,7 +187,8 @@ def test_penalized_steps_run_ahead_and_count_the_token_on_its_way(engines, launc
     _idle(engines[True])
 
 
-def test_a_step_run_ahead_that_finds_the_kv_pools_short_lets_the_scheduler_preempt(make_tiny, launches):
+def test_a_step_run_ahead_that_finds_the_kv_pools_short_lets_the_scheduler_preempt(make_tiny, launches,
+                                                                                   same_cpu_kernels):
     """Two sequences outgrow a 12-block full-attention pool with nothing waiting: the step planned ahead cannot
     get its blocks, so the running step is read first and the scheduler preempts; outputs are unchanged."""
     checkpoint = make_tiny(spec=TinySpec(sliding_window=16), seed=21)

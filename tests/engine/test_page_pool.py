@@ -179,7 +179,7 @@ def kv_seqs(engine) -> list[Sequence]:
     return [seq for seq in engine.scheduler.running if seq.blocks]
 
 
-def test_a_budget_that_holds_every_sequence_runs_them_all_at_once(make_tiny):
+def test_a_budget_that_holds_every_sequence_runs_them_all_at_once(make_tiny, same_cpu_kernels):
     """Sixteen sequences of 48 positions, below the 64-position window: each needs as many sliding-window blocks as
     full-attention ones (three), and a sliding block is three times the bytes. A cache of exactly their pages runs
     them all at once; split in half between the groups (before the groups shared their pages) it held ten of them,

@@ -176,7 +176,8 @@ def test_an_exponential_draw_of_zero_never_picks_a_filtered_token(monkeypatch):
     assert draw(probs[1:], [torch.Generator().manual_seed(6)]).item() == unforced[1]
 
 
-def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_differ(tiny_checkpoint):
+def test_unseeded_requests_share_the_engine_generator_reproducibly_and_siblings_differ(tiny_checkpoint,
+                                                                                     same_cpu_kernels):
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, n=2)
     runs = [LLM(str(tiny_checkpoint), seed=7, progress=False).generate(["hello there", "more"], params)
             for _ in range(2)]

@@ -27,7 +27,7 @@ def _prompts(count: int = 6) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def one_at_a_time(checkpoint) -> list[list[int]]:
+def one_at_a_time(checkpoint, same_cpu_kernels_in_module) -> list[list[int]]:
     llm = LLM(str(checkpoint), progress=False, enable_prefix_caching=False)
     return [llm.generate([p], GREEDY)[0].token_ids for p in _prompts()]
 
@@ -47,7 +47,7 @@ def _drive(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int]]]], 
     return tokens
 
 
-def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one_at_a_time):
+def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one_at_a_time, same_cpu_kernels):
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, max_num_batched_tokens=48))
     prompts = _prompts()
     arrivals: dict[int, list[tuple[str, list[int]]]] = {}
@@ -58,7 +58,8 @@ def test_requests_joining_at_different_steps_match_one_at_a_time(checkpoint, one
 
 
 @pytest.mark.parametrize("lookahead", [False, True], ids=["sync", "lookahead"])
-def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, launches):
+def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one_at_a_time, lookahead, launches,
+                                                                  same_cpu_kernels):
     # 24 pages (a full-attention block takes one, a sliding-window block three) for three running sequences of up
     # to 99 positions each, which need 13 pages each at the end: the pages run out mid-generation. With lookahead, a
     # step launched ahead finds the pages short and lets the scheduler preempt after its read.
@@ -74,7 +75,7 @@ def test_preemption_under_a_tiny_kv_pool_keeps_outputs_identical(checkpoint, one
 
 
 def test_json_schema_outputs_under_preemption_and_beam_search_in_a_tiny_pool_match_each_request_alone(
-        checkpoint, greedy_admission):
+        checkpoint, greedy_admission, same_cpu_kernels):
     """A grammar's state lives beside the KV cache: a preempted request recomputes its positions and must go on where
     its grammar stood. A beam search runs each step's beams as one-token requests that find the earlier steps' blocks
     in the prefix cache, here in a pool too small to keep them all (evicted blocks are computed again). The 24-page
@@ -114,7 +115,7 @@ def test_the_cpu_default_kv_cache_runs_max_num_seqs_sequences_to_max_model_len_w
     assert steps == 32  # one prefill step for all eight, then 31 decode steps of eight
 
 
-def test_prefix_cache_hits_give_identical_outputs(checkpoint):
+def test_prefix_cache_hits_give_identical_outputs(checkpoint, same_cpu_kernels):
     llm = LLM(str(checkpoint), progress=False)
     shared = list(range(20, 100))  # 80 tokens = 5 full blocks
     first = llm.generate([shared + [7, 8]], GREEDY)[0]
@@ -186,7 +187,8 @@ def test_a_kv_cache_smaller_than_one_block_is_refused_not_given_a_block_past_it(
     (66_000, 32, 2 * 3 + 2),  # an even split gave the windows 1 block of 2
 ])
 def test_a_kv_cache_that_holds_one_full_length_sequence_in_every_group_is_not_refused(checkpoint, kv_cache_memory,
-                                                                                     max_model_len, pages):
+                                                                                     max_model_len, pages,
+                                                                                     same_cpu_kernels):
     """A budget that holds one sequence at max_model_len in every group was refused where a fixed split between the
     groups left one short; the sequence runs to max_model_len alone."""
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=kv_cache_memory,
@@ -224,7 +226,8 @@ def test_abort_frees_blocks_and_stops_computing(checkpoint):
     assert all(used == 0 for used, _ in engine.kv.usage().values())
 
 
-def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpoint, one_at_a_time, greedy_admission):
+def test_abort_in_every_state_frees_every_block_and_the_engine_serves_on(checkpoint, one_at_a_time, greedy_admission,
+                                                                        same_cpu_kernels):
     """Aborting a request that waits, prefills, was preempted, has finished, was aborted already or never existed:
     the first three end with one 'abort' delta each and give back their blocks; the others are no-ops."""
     engine = LLMEngine(EngineConfig(str(checkpoint), progress=False, kv_cache_memory=200_000, max_num_seqs=3,
@@ -279,7 +282,7 @@ def test_aborting_one_completion_leaves_the_others_running(checkpoint):
     assert finished == {0: "length", 2: "length"}
 
 
-def test_shared_prefixes_under_a_tiny_pool_never_stall_and_match_one_at_a_time(checkpoint):
+def test_shared_prefixes_under_a_tiny_pool_never_stall_and_match_one_at_a_time(checkpoint, same_cpu_kernels):
     """Prefix-cache hits, chunked prefill and preemption together: every step makes progress."""
     generator = torch.Generator().manual_seed(3)
     shared = torch.randint(0, 480, (40,), generator=generator).tolist()
@@ -317,7 +320,7 @@ def test_an_aborted_completions_final_delta_keeps_its_prefix_cache_hit_and_first
     assert (aborted.num_cached_tokens, aborted.first_scheduled_time) == (48, first.first_scheduled_time)
 
 
-def test_changing_a_sampling_params_after_submitting_it_leaves_the_request_as_submitted(checkpoint):
+def test_changing_a_sampling_params_after_submitting_it_leaves_the_request_as_submitted(checkpoint, same_cpu_kernels):
     # the request read the caller's object at every step: reusing it for the next request (another temperature,
     # logprobs) changed the one running, as vLLM's copy on submission does not
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -39,6 +39,10 @@ from glimmer.tiny import TinyDrafterSpec, TinySpec, write_tiny_drafter
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
+# nearly every test compares the tokens of two engines (with and without the drafter, or two runs) exactly: each
+# engine of the module takes the same CPU kernels, not the ones its load-time timing chose
+pytestmark = pytest.mark.usefixtures("same_cpu_kernels")
+
 
 @pytest.fixture(scope="module")
 def target(make_tiny):
@@ -55,7 +59,7 @@ def speculative(drafter, **policy) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plain(target):
+def plain(target, same_cpu_kernels_in_module):
     return LLM(str(target), progress=False, enable_prefix_caching=False)
 
 

@@ -36,7 +36,7 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_checkpoint):
+def llm(tiny_checkpoint, same_cpu_kernels_in_module):
     return LLM(str(tiny_checkpoint), device="cpu", progress=False, kv_cache_memory=16 << 20, max_model_len=1024)
 
 

@@ -27,7 +27,7 @@ def checkpoint(make_tiny):
 
 
 @pytest.fixture(scope="module")
-def llm(checkpoint):
+def llm(checkpoint, same_cpu_kernels_in_module):
     return LLM(str(checkpoint), progress=False)
 
 
@@ -104,7 +104,7 @@ def test_greedy_generation_with_a_video_matches_reference(llm, reference):
                                                  video_grid_thw=items[0].grid_thw)
 
 
-def test_chunked_prefill_splitting_an_image_gives_the_same_tokens(checkpoint, llm):
+def test_chunked_prefill_splitting_an_image_gives_the_same_tokens(checkpoint, llm, same_cpu_kernels):
     prompt = {"prompt": IMAGE_PROMPT, "multi_modal_data": {"image": _image(150, 230, 0)}}
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     chunked = LLM(str(checkpoint), progress=False, max_num_batched_tokens=7, enable_prefix_caching=False)

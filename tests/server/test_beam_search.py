@@ -28,7 +28,7 @@ def checkpoint(make_tiny):
 
 
 @pytest.fixture(scope="module")
-def server(checkpoint):
+def server(checkpoint, same_cpu_kernels_in_module):
     with live_server(checkpoint) as live:
         yield live
 
@@ -37,7 +37,7 @@ def post(server, **body) -> httpx.Response:
     return httpx.post(server.base_url + "/completions", json=body, timeout=120)
 
 
-def test_choices_are_each_prompts_best_beams_best_first(server, checkpoint):
+def test_choices_are_each_prompts_best_beams_best_first(server, checkpoint, same_cpu_kernels):
     response = post(server, **BEAM)
     assert response.status_code == 200, response.text
     body = response.json()
@@ -133,7 +133,7 @@ def chat(server, **body) -> httpx.Response:
     return httpx.post(server.base_url + "/chat/completions", json={**CHAT, **body}, timeout=120)
 
 
-def test_a_chat_choice_is_its_beams_turn_read_as_any_reply(server, checkpoint):
+def test_a_chat_choice_is_its_beams_turn_read_as_any_reply(server, checkpoint, same_cpu_kernels):
     """Width 1 is greedy decoding: its choice is the greedy reply, message and usage alike; wider, the n choices are
     the beams LLM.beam_search finds for the rendered prompt, best first, each read as a reply."""
     greedy = chat(server, temperature=0).json()
@@ -173,7 +173,8 @@ def test_what_beam_search_cannot_take_on_chat_is_a_400_naming_it(server, fields,
     assert response.json()["error"]["param"] == param
 
 
-def test_a_chat_beam_ended_by_a_stop_id_reads_as_the_reply_it_ended(server, checkpoint, monkeypatch):
+def test_a_chat_beam_ended_by_a_stop_id_reads_as_the_reply_it_ended(server, checkpoint, monkeypatch,
+                                                                    same_cpu_kernels):
     """The random model never ends its turn; the test makes a stop id of the greedy reply's third token, so the
     greedy reply and the width-1 beam both end there: the same message, finish_reason and stop_reason."""
     engine = server.engine.engine
@@ -189,7 +190,8 @@ def test_a_chat_beam_ended_by_a_stop_id_reads_as_the_reply_it_ended(server, chec
         key: greedy[key] for key in ("message", "finish_reason", "stop_reason")}
 
 
-def test_a_completion_beam_ended_by_a_stop_id_reads_as_the_sampled_choice_it_ended(server, checkpoint, monkeypatch):
+def test_a_completion_beam_ended_by_a_stop_id_reads_as_the_sampled_choice_it_ended(server, checkpoint, monkeypatch,
+                                                                                   same_cpu_kernels):
     """As for chat: with a stop id made of the greedy completion's third token, the greedy choice and the width-1
     beam end there alike, the stop id's text kept in both (a completion's raw text keeps the token that ended it)."""
     engine = server.engine.engine

@@ -99,7 +99,7 @@ def test_the_embedded_drafter_is_named_in_a_speculative_config():
     assert len(llm.generate(["Hello"], params)[0].outputs[0].token_ids) == 12
 
 
-def test_speculative_decoding_keeps_a_thinking_budget_turn_exact():
+def test_speculative_decoding_keeps_a_thinking_budget_turn_exact(same_cpu_kernels):
     """The budget's grammar cannot be rolled back in llguidance; verification used to try, and the speculative
     engine answered `to=self` with no call where the plain one called the tool."""
     options = {"progress": False, "max_model_len": 1024, "device": "cpu", "max_num_seqs": 4}

@@ -21,7 +21,7 @@ PROMPT = [5, 77, 130, 42, 99, 310, 12, 8, 250, 61]
 
 
 @pytest.fixture(scope="module")
-def server(make_tiny):
+def server(make_tiny, same_cpu_kernels_in_module):
     with live_server(make_tiny()) as live:
         yield live
 
@@ -125,7 +125,7 @@ def test_vllm_fields_glimmer_cannot_honour_are_refused_by_name(server, field):
     assert response.status_code == 400 and field in response.json()["error"]["message"]
 
 
-def test_bad_words_on_completions_and_chat(server, client, make_tiny):
+def test_bad_words_on_completions_and_chat(server, client, make_tiny, same_cpu_kernels):
     """vLLM's `bad_words` was refused (a 400); on /v1/completions a word of the greedy output is now avoided as
     `SamplingParams(bad_words=...)` avoids it, chat takes it (over the raw turn; words are tokenized as plain text,
     so the framing is never banned), and beside a grammar it is refused naming the field."""

@@ -30,7 +30,7 @@ def _reply(live) -> tuple[str | None, object]:
     return response.choices[0].message.content, response.usage
 
 
-def test_replies_usage_and_metrics_with_speculation(make_tiny, drafter):
+def test_replies_usage_and_metrics_with_speculation(make_tiny, drafter, same_cpu_kernels):
     with live_server(make_tiny()) as plain:
         expected_reply, expected_usage = _reply(plain)
     config = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4, "draft_policy": "always"}
