@@ -159,6 +159,15 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             assistant["end_turn"] = False
         flush()
 
+    def flush_reasoning_alone() -> None:
+        """Flush the assistant message holding only reasoning that another reasoning item follows, as the message to
+        `self` the model wrote (`to=self`, `<|eom|>`: §2.1 ends a non-user recipient's message so). As reasoning
+        alone, the template would render an empty answer after it, and joined to the next item's reasoning one
+        `to=self` message where the model wrote two."""
+        nonlocal assistant
+        assistant = {"role": "assistant", "recipient": "self", "content": assistant["reasoning_content"]}
+        flush()
+
     def open_assistant(where: str) -> dict[str, Any]:
         nonlocal assistant_origin
         if assistant is None:
@@ -187,11 +196,12 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
         if kind == "reasoning":
             if assistant is not None and (assistant.get("content") or assistant.get("tool_calls")):
                 flush_within_turn()
+            elif assistant is not None and assistant.get("reasoning_content"):
+                flush_reasoning_alone()
             assistant = open_assistant(where)
             text = _reasoning_text(item, where)
             echo.read("reasoning", text, where, refused=True)
-            previous = assistant.get("reasoning_content")
-            assistant["reasoning_content"] = f"{previous}\n{text}" if previous else text
+            assistant["reasoning_content"] = text
         elif kind == "function_call":
             if assistant is not None and assistant.get("content") and not assistant.get("tool_calls"):
                 flush_within_turn()  # the model's text before its calls: rendered, not dropped

@@ -385,7 +385,8 @@ def test_each_message_of_one_channel_is_an_item_of_its_own_rendered_back_as_writ
     """Two messages in a row to one channel (two answers to the user, two reasoning messages) made one item: the
     answers' text ran together ("One.Two.") and was rendered back as one message, so the continued prompt held a
     turn the model had not written (and missed the prefix cache from there). Each message is an item of its own, with
-    the logprobs of its own tokens."""
+    the logprobs of its own tokens, rendered back as its own message (two `to=self` messages, not one holding
+    "First.\nSecond."), with previous_response_id or with the items sent back in `input`."""
     runner = server.engine.engine.runner
     turn = (" to=self<|message|>First.<|eom|><|start|>assistant to=self<|message|>Second.<|eom|>"
             "<|start|>assistant to=user<|message|>One.<|eom|><|start|>assistant to=user<|message|>Two.<|eot|>")
@@ -397,8 +398,10 @@ def test_each_message_of_one_channel_is_an_item_of_its_own_rendered_back_as_writ
     assert ["".join(entry.token for entry in item.content[0].logprobs) for item in first.output[2:]] == ["One.", "Two."]
     asked = runner.prompts[-1]
     _create(client, input="[greet] Thanks", previous_response_id=first.id)
-    answers = "<|start|>assistant to=user<|message|>One.<|eom|><|start|>assistant to=user<|message|>Two.<|eot|>"
-    assert runner.prompts[-1].startswith(asked) and answers in runner.prompts[-1]
+    assert runner.prompts[-1].startswith(asked + turn)
+    _create(client, input=[{"role": "user", "content": "[two-by-two] Go"}, *first.output,
+                           {"role": "user", "content": "[greet] Thanks"}])
+    assert runner.prompts[-1].startswith(asked + turn)
 
 
 def test_the_conversion_puts_outputs_in_call_order_and_keeps_their_sources():
