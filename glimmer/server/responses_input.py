@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -229,11 +230,10 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None,
             if role not in _MESSAGE_ROLES:
                 raise RequestError(f"{where}.role: {role!r} is not one of {', '.join(_MESSAGE_ROLES)}",
                                    param=f"{where}.role")
-            messages.append({"role": role, "content": _content(item.get("content"), where)})
+            content = _content(item.get("content"), where)
+            messages.append({"role": role, "content": content})
             origins.append(MessageSource(where))
-            content = item["content"]  # a string or a list of parts (`_content` refused anything else)
-            echo.read(role, content if isinstance(content, str) else json.dumps(content, sort_keys=True), where,
-                      refused=False)
+            echo.read(role, _said(content), where, refused=False)
         elif kind == "function_call_output":
             flush()
             call_id = item.get("call_id")
@@ -324,13 +324,25 @@ class _ChainEcho:
         elif (kind, text) not in self.said:
             self.repeating = False
         elif refused and self.repeating:
-            raise RequestError(f"{where}: duplicate {kind} item: a {kind} of the responses previous_response_id "
-                               f"continues says the same, so the prompt would hold it twice{_CHAIN_HINT}", param=where)
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise RequestError(f"{where}: duplicate {kind} item: {article} {kind} of the responses "
+                               f"previous_response_id continues says the same, so the prompt would hold it "
+                               f"twice{_CHAIN_HINT}", param=where)
 
     def read_new(self, where: str) -> None:
         """Reads an item of the input that the chain cannot hold (a call or an output its call_id makes new)."""
         if where != _CHAIN:
             self.repeating = False
+
+
+def _said(content: str | list[dict[str, Any]]) -> str:
+    """What a message's chat content says, the same whatever form the client gave it: its text, which is how text
+    parts render (joined, nothing between them); with images a digest of its parts, not their data URLs kept whole."""
+    if isinstance(content, str):
+        return content
+    if all(part["type"] == "text" for part in content):
+        return "".join(part["text"] for part in content)
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _refuse_unanswered_calls(called: dict[str, str], answered: dict[str, str]) -> None:

@@ -532,6 +532,26 @@ def test_a_new_assistant_message_saying_what_the_chain_said_before_is_taken(serv
     assert response.status_code == 400 and response.json()["error"]["param"] == "input[1]", response.text
 
 
+@pytest.mark.parametrize("content", [
+    [{"type": "input_text", "text": "[greet] Hello!"}],
+    [{"type": "input_text", "text": "[greet] "}, {"type": "input_text", "text": "Hello!"}],
+])
+def test_the_conversation_sent_again_with_its_user_message_as_parts_is_400(server, client, content):
+    """Beside previous_response_id, the whole conversation sent again was caught with the user message as the string
+    it was first sent as, but not as input_text parts saying the same: the user message read as new, the previous
+    answer after it was taken, and the prompt held that answer twice. The user message is compared as it renders."""
+    first = _create(client, input="[greet] Hello!")
+    body = {"model": "tiny", "previous_response_id": first.id, "max_output_tokens": 4, **EXTRA,
+            "input": [{"role": "user", "content": content}, {"role": "assistant", "content": first.output_text},
+                      {"role": "user", "content": "[greet] Thanks"}]}
+    response = httpx.post(server.base_url + "/responses", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "input[1]", error
+    assert error["message"].startswith("input[1]: duplicate assistant message item: an assistant message of the "
+                                       "responses previous_response_id continues says the same"), error
+
+
 def test_an_output_answering_no_call_is_400_naming_its_call_id(server, client):
     def refused(**fields):
         body = {"model": "tiny", "tools": [WEATHER_TOOL], **fields}
