@@ -301,7 +301,10 @@ def _v1_router(context: ServingContext) -> APIRouter:
     _get_and_head(router, "/models", models)
 
     async def model(model: str) -> Response:
-        if not model:  # `/v1/models/`: the list's path with a trailing slash, answered as every such path is
+        served = context.settings.served_model_names
+        # `/v1/models/`, the list's path, or `/v1/models/tiny/` a served model's, with a trailing slash: answered as
+        # every such path is. A model id may hold "/", so only a path naming no served model but for its slash.
+        if not model or (model not in served and model.endswith("/") and model.rstrip("/") in served):
             raise HTTPException(404)
         return JSONResponse(_model_card(context, context.check_model(model)))
 

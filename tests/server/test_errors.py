@@ -448,13 +448,14 @@ def test_a_route_served_beside_v1_asked_for_under_it_is_told_where_the_route_is(
 
 @pytest.mark.parametrize(("method", "path"), [
     ("POST", "/v1/chat/completions/"), ("POST", "/v1/completions/"), ("POST", "/v1/responses/"),
-    ("GET", "/v1/models/"), ("GET", "/v1/responses/resp_x/"), ("POST", "/tokenize/"), ("GET", "/health/"),
-    ("GET", "/metrics/"), ("POST", "/invocations/"),
+    ("GET", "/v1/models/"), ("GET", "/v1/models/tiny/"), ("GET", "/v1/responses/resp_x/"), ("POST", "/tokenize/"),
+    ("GET", "/health/"), ("GET", "/metrics/"), ("POST", "/invocations/"),
 ])
 def test_a_path_with_a_trailing_slash_is_an_openai_404_naming_the_route(server, method, path):
     """Such a path was a 307 redirect to the route without the slash: a POST client that follows no redirect (curl
     without -L, many an HTTP library's default) got no answer, and behind a proxy the redirect could name a URL the
-    client cannot reach. It is a 404 in OpenAI's shape, as OpenAI answers an unknown URL, naming the route."""
+    client cannot reach. It is a 404 in OpenAI's shape, as OpenAI answers an unknown URL, naming the route; a served
+    model's path with the slash too, which read as a model 'tiny/' that does not exist."""
     response = httpx.request(method, server.url + path, json={}, headers={"Authorization": f"Bearer {KEY}"})
     error = error_of(response, 404)
     assert "location" not in response.headers
