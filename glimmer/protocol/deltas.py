@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-EventKind = Literal["reasoning", "content", "tool_call"]
+EventKind = Literal["reasoning", "content", "tool_call", "message"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,8 @@ class Delta(tuple):
 
     `reasoning` and `content` are the new text of each channel and `tool_calls` the new call pieces.
     `events` is the same output in wire order across kinds (P-STREAM-7): `("reasoning", text)`,
-    `("content", text)` and `("tool_call", ToolCallDelta)` items, adjacent text of one kind merged.
+    `("content", text)`, `("tool_call", ToolCallDelta)` and, from a parser made with `mark_messages`,
+    `("message", channel)` items, adjacent text of one kind (and one message) merged.
     A Delta is falsy when it carries nothing. (It is a tuple underneath only because the parser makes one
     per chunk and a tuple is the cheapest object Python builds.)
     """
@@ -57,7 +58,7 @@ class Delta(tuple):
         return _new_tuple(cls, (reasoning, content, [] if tool_calls is None else tool_calls, events))
 
     @classmethod
-    def single(cls, kind: EventKind, text: str) -> Delta:
+    def single(cls, kind: Literal["reasoning", "content"], text: str) -> Delta:
         """A Delta of one text event (the parser's fast path)."""
         if kind == "reasoning":
             return _new_tuple(cls, (text, "", [], None))

@@ -190,6 +190,8 @@ class OutputBuilder:
         decided = logprobs or []
         out: list[dict[str, Any]] = []
         for kind, payload in events:
+            # One token's logprobs go with its first content event: right while no token releases the text of two
+            # messages, which only text held back for a possible stop string could, and /v1/responses takes no `stop`
             if kind == "content" and decided:
                 self._pending_logprobs, decided = self._pending_logprobs + decided, []
             if kind == "tool_call":

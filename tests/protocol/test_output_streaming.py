@@ -299,8 +299,6 @@ def test_lenient_about_malformed_tool_declarations():
     assert parse_all_ways(text, tools).tool_calls[0].arguments == '{"a": "1"}'
 
 
-
-
 def _merged(events: list) -> list:
     """`events` with adjacent text of one kind merged and call ids left out (each parser makes its own)."""
     merged: list = []
