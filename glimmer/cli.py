@@ -671,6 +671,7 @@ def _shutdown_server(engine: Any, config: Any) -> Any:
     on until uvicorn's grace period runs out and cuts them (truncated streams, plain-text 500s). It logs a
     connection it cannot accept for want of file descriptors in one line a minute (log_accept_failures_briefly)."""
     import asyncio
+    import functools
 
     import uvicorn
 
@@ -682,7 +683,18 @@ def _shutdown_server(engine: Any, config: Any) -> Any:
             await super().startup(sockets)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            engine.stop_serving("the server is shutting down; retry on another replica or after restart")
+            # uvicorn runs this signal handler on the event loop's thread, between two bytecodes of whatever runs
+            # there: maybe generate() or abort() holding the engine's command-queue locks, which stop_serving takes
+            # too. Called here, it waited on its own thread forever; the loop runs it once the interrupted code is
+            # done (call_soon_threadsafe takes no lock)
+            stop = functools.partial(engine.stop_serving,
+                                     "the server is shutting down; retry on another replica or after restart")
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop runs (uvicorn not yet serving): nothing on this thread holds the locks
+                stop()
+            else:
+                loop.call_soon_threadsafe(stop)
             super().handle_exit(sig, frame)
 
     return ShutdownServer(config)

@@ -1611,3 +1611,53 @@ def test_metrics_require_api_key_takes_vllms_api_key_from_the_environment(capsys
     err = _fails_with_one_line(capsys, ["serve", str(tmp_path / "no-such-model"), "--port", str(free_port()),
                                         "--metrics-require-api-key"], "no-such-model")
     assert "--metrics-require-api-key" not in err
+
+
+# A shutdown signal raised on the event loop's thread while it holds the lock of `lock_site`: uvicorn runs its
+# handler there (signal.signal), between any two bytecodes of the code it interrupts
+_SIGNAL_WHILE_QUEUEING = """\
+import queue, signal, sys, glimmer.cli
+from glimmer.engine.async_engine import AsyncEngine
+
+class SignalledQueue(queue.Queue):
+    def put(self, item, *args, **kwargs):
+        if item[0] == sys.argv[1]:  # in generate() this runs inside _death_lock, and either way in put's mutex
+            with self.mutex:
+                signal.raise_signal(int(sys.argv[2]))
+        super().put(item, *args, **kwargs)
+
+start = AsyncEngine.__init__
+def patched(self, *args, **kwargs):
+    start(self, *args, **kwargs)
+    self._commands = SignalledQueue()
+AsyncEngine.__init__ = patched
+sys.exit(glimmer.cli.main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("shutdown_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("command", ["add", "abort"])
+def test_a_shutdown_signal_while_a_request_is_queued_stops_the_server(tiny_checkpoint, shutdown_signal, command):
+    """uvicorn's handler stopped the engine's requests at once, taking the locks of the engine's command queue: a
+    signal arriving as the event loop queued a request (or its abort) held them, and the process waited on itself
+    forever, alive and no longer serving, until killed."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", _SIGNAL_WHILE_QUEUEING, command, str(int(shutdown_signal)),
+                                "serve", str(tiny_checkpoint), "--port", str(port), "--kv-cache-memory", "32MiB",
+                                "--served-model-name", "tiny"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_health(process, port)
+        body = {"model": "tiny", "prompt": "go", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30) as stream:
+            lines = stream.iter_lines()
+            for _ in range(3):  # a stream's first lines, then the client leaves: the request is aborted
+                next(lines, None)
+        output = process.communicate(timeout=30)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, output
+    assert "Finished server process" in output and "Traceback" not in output
